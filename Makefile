@@ -1,0 +1,36 @@
+# Two entry points: `make run` (the main job on the embedded default) and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+export DO_NOT_TRACK := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+
+.PHONY: install run test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[all]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/focus collect
+
+lint: $(STAMP)
+	$(BIN)/ruff check focus tasks flows storage deployments tests benchmarks examples
+	$(BIN)/ruff format --check focus tasks flows storage deployments
+	$(BIN)/mypy focus
+
+test: $(STAMP) lint
+	$(BIN)/python -m pytest -q -n 2 tests
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/estimator_quality.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

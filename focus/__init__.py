@@ -1,0 +1,48 @@
+"""FOCUS: branching rollout collection for reinforcement learning of LLM agents.
+
+Assemble a run from the names exported here; model clients live in
+``focus.backends``; extension interfaces are re-exported by ``focus.extend``.
+Names are loaded on first use, so ``import focus`` stays light (no torch, Prefect or
+Dask at import time).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    # task side
+    "Task": "focus.env", "Env": "focus.env", "Reset": "focus.env", "StepResult": "focus.env",
+    "Action": "focus.env", "Message": "focus.env",
+    "Tool": "focus.tools", "ToolEnv": "focus.tools", "tool": "focus.tools",
+    "Workspace": "focus.workspace", "MemoryWorkspace": "focus.workspace", "DirectoryWorkspace": "focus.workspace",
+    # model side
+    "SamplingParams": "focus.policy", "Policy": "focus.policy", "Completion": "focus.policy",
+    "PolicyFormat": "focus.format", "ByteCodec": "focus.format",
+    "FinalAnswerParser": "focus.format", "JsonToolCallParser": "focus.format", "XmlToolCallParser": "focus.format",
+    "AppendOnly": "focus.context", "Segments": "focus.context", "Summarize": "focus.context",
+    "EveryDecision": "focus.branching", "SparseCheckpoints": "focus.branching",
+    # running
+    "Agent": "focus.agent", "BranchState": "focus.agent",
+    "Tree": "focus.tree", "Batch": "focus.batch",
+    "Collector": "focus.collector", "Phase": "focus.priority", "Selective": "focus.priority",
+    "Uniform": "focus.priority", "Execution": "focus.execution", "DirectBranchTd": "focus.estimation",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'focus' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

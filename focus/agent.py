@@ -1,0 +1,199 @@
+"""Running a policy in an env: one rollout from a branch state to a leaf.
+
+:class:`Agent` is the only place where model calls and env steps happen. It records
+every model turn token-exactly and, at each decision point that the branch-point rule
+allows, a checkpoint: a :class:`BranchState` that search can continue from later,
+possibly on another worker. A rollout never raises for a model or env failure: it ends
+in a ``failed`` leaf whose cause is kept, and the finished segments before it stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from focus.branching import BranchPoints, EveryDecision
+from focus.context import Context, ContextManager, Segments
+from focus.env import Env, EnvError, Message, Task, check_reset, check_step_result
+from focus.format import ParseError, PolicyFormat
+from focus.policy import Completion, Policy, PolicyError, SamplingParams
+from focus.tree import Turn
+from focus.workspace import Workspace
+
+
+@dataclass(frozen=True)
+class BranchState:
+    """Everything needed to continue an episode from a decision point. Picklable."""
+
+    task: Task
+    env_state: Any
+    workspace: Workspace | None
+    context: Context
+    steps: int = 0
+    transitions: int = 0
+
+    def fork(self) -> BranchState:
+        """A copy whose workspace is independent of this one's."""
+        return replace(self, workspace=self.workspace.fork() if self.workspace is not None else None)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A segment of a rollout and the node it ends in.
+
+    ``kind`` is ``checkpoint`` (``state`` set) or a leaf kind: ``terminal``,
+    ``truncated`` or ``failed`` (``cause`` set).
+    """
+
+    turns: tuple[Turn, ...]
+    kind: str
+    steps: int
+    context_ids: tuple[int, ...]
+    state: BranchState | None = None
+    cause: str = ""
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """The pieces of one rollout from a start state, in order; the last is the leaf."""
+
+    task_id: str
+    pieces: tuple[Piece, ...]
+    wall_s: float = 0.0
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def leaf(self) -> Piece:
+        return self.pieces[-1]
+
+    @property
+    def turns(self) -> list[Turn]:
+        return [t for p in self.pieces for t in p.turns]
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 31-bit seed from any parts (same parts, same seed, on every machine)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+class Agent:
+    """Runs ``policy`` in ``env`` with a context manager and a branch-point rule.
+
+    ``max_steps`` limits rollout steps (model calls, compactions included) from the
+    root; a rollout that reaches it ends in a ``truncated`` leaf. ``env_timeout_s``
+    bounds one env step; a step that hangs fails the rollout, not the collection.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        env: Env,
+        format: PolicyFormat,
+        *,
+        context: ContextManager | None = None,
+        branch_points: BranchPoints | None = None,
+        max_steps: int = 8,
+        sampling: SamplingParams | None = None,
+        max_prompt_tokens: int | None = None,
+        env_timeout_s: float = 60.0,
+    ) -> None:
+        if max_steps < 1:
+            raise ValueError("Agent.max_steps must be at least 1")
+        self.policy = policy
+        self.env = env
+        self.format = format
+        self.context = context or Segments()
+        self.branch_points = branch_points or EveryDecision()
+        self.max_steps = max_steps
+        self.sampling = sampling or SamplingParams()
+        codec_stops = tuple(format.codec.stop_token_ids)
+        if codec_stops and not set(codec_stops) <= set(self.sampling.stop_token_ids):
+            self.sampling = self.sampling.model_copy(
+                update={"stop_token_ids": tuple(dict.fromkeys(self.sampling.stop_token_ids + codec_stops))}
+            )
+        self.max_prompt_tokens = max_prompt_tokens
+        self.env_timeout_s = env_timeout_s
+
+    async def start(self, task: Task) -> BranchState:
+        """The root branch state of ``task``."""
+        workspace = self.env.make_workspace(task)
+        reset = check_reset(
+            await asyncio.wait_for(self.env.reset(task, workspace), self.env_timeout_s), f"{type(self.env).__name__}.reset"
+        )
+        ctx = self.context.start(self.format.codec, reset.messages)
+        return BranchState(task, reset.state, workspace, ctx)
+
+    async def rollout(self, start: BranchState, seed: int) -> Rollout:
+        """Run from ``start`` (which is forked first) to a leaf."""
+        t0 = time.perf_counter()
+        state = start.fork()
+        counters = {"parse_errors": 0, "tool_errors": 0}
+        pieces: list[Piece] = []
+        turns: list[Turn] = []
+        codec = self.format.codec
+        while True:
+            if state.steps >= self.max_steps:
+                pieces.append(Piece(tuple(turns), "truncated", state.steps, state.context.prompt_ids))
+                break
+            if turns and self.branch_points.eligible(state):
+                pieces.append(Piece(tuple(turns), "checkpoint", state.steps, state.context.prompt_ids, state.fork()))
+                turns = []
+            params = self.sampling.with_seed(derive_seed(seed, state.steps))
+            try:
+                if self.context.needs_compaction(state.context):
+                    c = await self.context.compact(state.context, codec, self.policy, params)
+                    turns.append(_turn(c.prompt_ids, c.completion, c.loss_mask, "compaction", 0.0, False, ""))
+                    state = replace(state, context=c.context, steps=state.steps + 1)
+                    continue
+                prompt = state.context.prompt_ids
+                if self.max_prompt_tokens is not None and len(prompt) > self.max_prompt_tokens:
+                    pieces.append(Piece(tuple(turns), "truncated", state.steps, prompt, cause="context limit"))
+                    break
+                completion = await self.policy.sample(prompt, params)
+            except (PolicyError, NotImplementedError) as e:
+                pieces.append(Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=f"model: {e}"))
+                break
+            text = codec.decode(completion.token_ids)
+            action = self.format.parser.parse(text)
+            if isinstance(action, ParseError):
+                counters["parse_errors"] += 1
+                turns.append(_turn(prompt, completion, 1, "action", 0.0, False, action.message))
+                obs = [Message("user", action.message)]
+                ctx = self.context.extend(state.context, codec, completion, text, obs)
+                state = replace(state, context=ctx, steps=state.steps + 1)
+                continue
+            try:
+                result = check_step_result(
+                    await asyncio.wait_for(self.env.step(state.env_state, action, state.workspace), self.env_timeout_s),
+                    f"{type(self.env).__name__}.step",
+                )
+            except asyncio.TimeoutError:
+                cause = f"env: step timed out after {self.env_timeout_s:g} s"
+                pieces.append(Piece(tuple(turns), "failed", state.steps, prompt, cause=cause))
+                break
+            except Exception as e:  # noqa: BLE001 - env code failing ends this rollout only
+                cause = f"env: {type(e).__name__}: {e}" if not isinstance(e, EnvError) else f"env: {e}"
+                pieces.append(Piece(tuple(turns), "failed", state.steps, prompt, cause=cause))
+                break
+            counters["tool_errors"] += int(result.info.get("tool_error", 0))
+            turns.append(_turn(prompt, completion, 1, "action", float(result.reward), True, result.observation))
+            state = replace(state, env_state=result.state, steps=state.steps + 1, transitions=state.transitions + 1)
+            if result.done:
+                pieces.append(Piece(tuple(turns), "terminal", state.steps, ()))
+                break
+            obs = [Message("tool" if action.kind == "tool" else "user", result.observation)]
+            state = replace(state, context=self.context.extend(state.context, codec, completion, text, obs))
+        return Rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
+
+    async def rollouts(self, starts: Sequence[tuple[BranchState, int]]) -> list[Rollout]:
+        """Run several rollouts concurrently (the caller bounds concurrency)."""
+        return list(await asyncio.gather(*(self.rollout(s, seed) for s, seed in starts)))
+
+
+def _turn(prompt: Sequence[int], c: Completion, mask: int, kind: str, reward: float, transition: bool, obs: str) -> Turn:
+    return Turn(tuple(prompt), tuple(c.token_ids), tuple(c.logprobs), mask, c.finish_reason, kind, reward, transition, obs)

@@ -1,0 +1,124 @@
+"""What the model sees at each step.
+
+A :class:`Context` is plain data: the conversation as messages and the exact prompt ids
+of the next model call. Managers differ in how a turn extends it:
+
+* :class:`AppendOnly` keeps every message and re-renders the prompt with the codec at
+  each call (sampled turns are emitted from their ids, so nothing is re-tokenised).
+  Use it with chat templates that render earlier turns differently.
+* :class:`Segments` never re-renders: the next prompt is the previous prompt plus the
+  completion ids plus the codec's observation ids. A continuation from a checkpoint
+  sends exactly the prefix recorded there, so a server's prefix cache serves it.
+* :class:`Summarize` appends like Segments until the prompt passes a token threshold,
+  then compacts: a model call summarises the progress and the context restarts from
+  the opening messages plus the summary ids. Compaction is a rollout step, not a task
+  transition; its turn is recorded with loss mask 0 unless ``train_on_summary``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from focus.env import Message
+from focus.format import ChatCodec
+from focus.policy import Completion, Policy, SamplingParams
+
+
+@dataclass(frozen=True)
+class Context:
+    """The live context of one branch."""
+
+    #: Opening messages of the episode (system, task); kept through compactions.
+    opening: tuple[Message, ...]
+    #: Messages after the opening, assistant ones with their exact ids.
+    history: tuple[Message, ...]
+    #: Exact ids of the next prompt.
+    prompt_ids: tuple[int, ...]
+    compactions: int = 0
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        return self.opening + self.history
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """Result of a compaction: the new context and the model turn that produced it."""
+
+    context: Context
+    prompt_ids: tuple[int, ...]
+    completion: Completion
+    loss_mask: int
+
+
+class ContextManager(abc.ABC):
+    """Builds and extends contexts. Implement :meth:`extend`; compaction is optional."""
+
+    def start(self, codec: ChatCodec, opening: Sequence[Message]) -> Context:
+        return Context(tuple(opening), (), tuple(codec.render(opening)))
+
+    @abc.abstractmethod
+    def extend(
+        self, ctx: Context, codec: ChatCodec, completion: Completion, text: str, observations: Sequence[Message]
+    ) -> Context:
+        """The context after the model answered ``completion`` and the env replied."""
+
+    def needs_compaction(self, ctx: Context) -> bool:
+        return False
+
+    async def compact(self, ctx: Context, codec: ChatCodec, policy: Policy, params: SamplingParams) -> Compaction:
+        raise NotImplementedError(f"{type(self).__name__} does not compact")
+
+
+def _assistant(completion: Completion, text: str) -> Message:
+    return Message("assistant", text, tuple(completion.token_ids))
+
+
+class AppendOnly(ContextManager):
+    """The full conversation, re-rendered by the codec at each call."""
+
+    def extend(
+        self, ctx: Context, codec: ChatCodec, completion: Completion, text: str, observations: Sequence[Message]
+    ) -> Context:
+        history = ctx.history + (_assistant(completion, text), *observations)
+        return replace(ctx, history=history, prompt_ids=tuple(codec.render(ctx.opening + history)))
+
+
+class Segments(ContextManager):
+    """Append-only token prefix: prompt(t+1) = prompt(t) + completion + observation ids."""
+
+    def extend(
+        self, ctx: Context, codec: ChatCodec, completion: Completion, text: str, observations: Sequence[Message]
+    ) -> Context:
+        history = ctx.history + (_assistant(completion, text), *observations)
+        ids = ctx.prompt_ids + tuple(completion.token_ids) + tuple(codec.observation_ids(completion.token_ids, observations))
+        return replace(ctx, history=history, prompt_ids=ids)
+
+
+class Summarize(Segments):
+    """Segments plus compaction by a model call when the prompt exceeds ``max_prompt_tokens``."""
+
+    def __init__(
+        self,
+        max_prompt_tokens: int,
+        instruction: str = "Summarize the progress so far: facts found, steps taken, what remains.",
+        train_on_summary: bool = False,
+    ) -> None:
+        if max_prompt_tokens <= 0:
+            raise ValueError("Summarize.max_prompt_tokens must be positive")
+        self.max_prompt_tokens = max_prompt_tokens
+        self.instruction = instruction
+        self.train_on_summary = train_on_summary
+
+    def needs_compaction(self, ctx: Context) -> bool:
+        return len(ctx.prompt_ids) > self.max_prompt_tokens and bool(ctx.history)
+
+    async def compact(self, ctx: Context, codec: ChatCodec, policy: Policy, params: SamplingParams) -> Compaction:
+        prompt = tuple(codec.render(ctx.messages + (Message("user", self.instruction),)))
+        completion = await policy.sample(prompt, params)
+        summary = Message("user", "Summary of progress so far:", None)
+        history = (summary, Message("assistant", codec.decode(completion.token_ids), tuple(completion.token_ids)))
+        new = Context(ctx.opening, history, tuple(codec.render(ctx.opening + history)), ctx.compactions + 1)
+        return Compaction(new, prompt, completion, int(self.train_on_summary))

@@ -1,0 +1,115 @@
+"""The task side: what the agent can do, how state changes, rewards and the end.
+
+An :class:`Env` is stateless; the state of one branch is plain, picklable data that the
+env returns and receives back. That is what lets FOCUS checkpoint a decision point,
+ship it to another worker and continue it there as often as the search wants. Mutable
+task data that does not fit in plain data (files, a browser) lives in a
+:class:`~focus.workspace.Workspace`, which each branch forks.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from focus.workspace import Workspace
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem to collect on. ``data`` holds whatever the env needs (prompt, answer)."""
+
+    id: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Message:
+    """A chat message. Assistant messages carry the exact sampled ids in ``token_ids``."""
+
+    role: str
+    content: str
+    token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Reset:
+    """The start of an episode: its state and the messages that open the conversation."""
+
+    state: Any
+    messages: tuple[Message, ...]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Outcome of one task transition."""
+
+    state: Any
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Action:
+    """What a parser extracted from a model response.
+
+    ``kind`` is ``"tool"`` (``name`` and ``arguments`` set), ``"answer"`` (``text`` set)
+    or ``"text"`` (free text for envs without tools).
+    """
+
+    kind: str
+    text: str = ""
+    name: str = ""
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+class EnvError(RuntimeError):
+    """Env or tool code broke its contract (raised, hung, returned the wrong type)."""
+
+
+class Env(abc.ABC):
+    """A task environment. Implement :meth:`reset` and :meth:`step`.
+
+    Both are coroutines so that tools may call services without blocking the rollouts
+    that share an event loop. ``state`` must be picklable; do not mutate it in place -
+    return a new one (sibling branches may hold the old one).
+    """
+
+    @abc.abstractmethod
+    async def reset(self, task: Task, workspace: Workspace | None) -> Reset:
+        """Create the initial state and opening messages for ``task``."""
+
+    @abc.abstractmethod
+    async def step(self, state: Any, action: Action, workspace: Workspace | None) -> StepResult:
+        """Apply ``action``; return the next state, an observation, a reward and done."""
+
+    def make_workspace(self, task: Task) -> Workspace | None:
+        """The workspace a fresh episode starts with; ``None`` when the env needs none."""
+        return None
+
+
+def check_step_result(result: object, where: str) -> StepResult:
+    """Validate what an env returned, so a bad env fails with its name, not deep inside."""
+    if not isinstance(result, StepResult):
+        raise EnvError(f"{where} returned {type(result).__name__}, expected StepResult")
+    if not isinstance(result.observation, str):
+        raise EnvError(f"{where} returned an observation of type {type(result.observation).__name__}, expected str")
+    try:
+        float(result.reward)
+    except (TypeError, ValueError):
+        raise EnvError(f"{where} returned a non-numeric reward {result.reward!r}") from None
+    if not isinstance(result.done, bool):
+        raise EnvError(f"{where} returned done={result.done!r}, expected a bool")
+    return result
+
+
+def check_reset(result: object, where: str) -> Reset:
+    if not isinstance(result, Reset):
+        raise EnvError(f"{where} returned {type(result).__name__}, expected Reset")
+    if not result.messages or not all(isinstance(m, Message) for m in result.messages):
+        raise EnvError(f"{where} returned no opening messages (a tuple of Message)")
+    return result

@@ -1,0 +1,99 @@
+"""The model side: what a policy is asked and what it must answer.
+
+A policy is token-in/token-out. It receives the exact prompt token ids and returns the
+exact sampled token ids with the log-probability of each sampled token under the
+distribution it actually sampled from. Generated text is never re-tokenised anywhere in
+FOCUS: everything downstream (contexts, checkpoints, batches) is built from these ids.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplingParams(BaseModel):
+    """Limits and randomness of one model response.
+
+    ``max_tokens`` bounds one response; it is not a rollout budget (that is
+    ``Agent(max_steps=...)``) nor a search budget (that is ``Phase``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(256, gt=0)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def with_seed(self, seed: int | None) -> SamplingParams:
+        return self.model_copy(update={"seed": seed})
+
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled response: ids, their behaviour log-probs and why sampling ended."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str = "stop"
+    #: Prompt tokens the server reports as served from its prefix cache, if it says.
+    cached_prompt_tokens: int | None = None
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise PolicyError(
+                f"completion has {len(self.token_ids)} tokens but {len(self.logprobs)} log-probs"
+            )
+        for lp in self.logprobs:
+            if not math.isfinite(lp) or lp > 1e-6:
+                raise PolicyError(f"completion has an invalid log-prob {lp!r}")
+        if self.finish_reason not in FINISH_REASONS:
+            raise PolicyError(f"unknown finish reason {self.finish_reason!r}")
+
+
+class PolicyError(RuntimeError):
+    """A model call failed for good (after retries) or returned something unusable."""
+
+
+class Policy(abc.ABC):
+    """A model service that samples one response from exact prompt token ids.
+
+    Implementations: ``focus.backends`` (OpenAI-compatible completions, SGLang native,
+    Tinker, the embedded local model). Subclass and implement :meth:`sample` to connect
+    another service; ``focus.testing.PolicyConformance`` checks the contract.
+    """
+
+    #: Size of the token vocabulary when known; prompts are checked against it.
+    vocab_size: int | None = None
+    #: An identifier of the weights producing samples, recorded in every batch row.
+    policy_version: str = "0"
+
+    @abc.abstractmethod
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        """Sample one response continuing exactly ``prompt_ids``."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release connections. The default has nothing to release."""
+
+    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        """Reject prompts a server would reject, naming the offending id."""
+        if not prompt_ids:
+            raise PolicyError("empty prompt: a model call needs at least one token id")
+        if self.vocab_size is not None:
+            for i, t in enumerate(prompt_ids):
+                if not 0 <= t < self.vocab_size:
+                    raise PolicyError(
+                        f"prompt token id {t} at position {i} is outside the vocabulary "
+                        f"[0, {self.vocab_size})"
+                    )

@@ -1,0 +1,179 @@
+"""Test doubles and conformance mixins shipped beside the interfaces.
+
+The mixins hold the contract every implementation must keep. Inherit one in a pytest
+class named ``Test...`` and provide the factory::
+
+    class TestMyEnv(EnvConformance):
+        def make_env(self): return MyEnv()
+        def make_task(self): return Task("t0", {"prompt": "..."})
+        def make_action(self): return Action("answer", text="42")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import pickle
+from collections.abc import Sequence
+
+from focus.env import Action, Env, Reset, StepResult, Task
+from focus.format import ByteCodec, ChatCodec
+from focus.policy import Completion, Policy, SamplingParams
+from focus.workspace import Workspace
+
+
+class ScriptedPolicy(Policy):
+    """Answers with scripted texts in turn, encoded by ``codec``; log-prob -1 per token.
+
+    A double for unit tests of one piece. It records every prompt it was sent.
+    """
+
+    def __init__(self, responses: Sequence[str], codec: ChatCodec | None = None, *, end_turn: bool = True) -> None:
+        if not responses:
+            raise ValueError("ScriptedPolicy needs at least one response")
+        self.responses = list(responses)
+        self.codec = codec or ByteCodec()
+        self.vocab_size = self.codec.vocab_size
+        self.end_turn = end_turn
+        self.prompts: list[tuple[int, ...]] = []
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        self.check_prompt(prompt_ids)
+        text = self.responses[len(self.prompts) % len(self.responses)]
+        self.prompts.append(tuple(prompt_ids))
+        ids = list(text.encode())[: params.max_tokens]
+        finish = "length" if len(ids) < len(text.encode()) else "stop"
+        if self.end_turn and finish == "stop" and self.codec.stop_token_ids:
+            ids.append(self.codec.stop_token_ids[0])
+        return Completion(tuple(ids), tuple(-1.0 for _ in ids), finish)
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    """Run a coroutine from a synchronous test."""
+    return asyncio.run(coro)
+
+
+class EnvConformance:
+    """Contract of :class:`focus.env.Env`."""
+
+    def make_env(self) -> Env:
+        raise NotImplementedError
+
+    def make_task(self) -> Task:
+        raise NotImplementedError
+
+    def make_action(self) -> Action:
+        raise NotImplementedError
+
+    def test_reset_returns_messages_and_picklable_state(self) -> None:
+        env, task = self.make_env(), self.make_task()
+        reset = run(env.reset(task, env.make_workspace(task)))
+        assert isinstance(reset, Reset) and reset.messages
+        assert pickle.loads(pickle.dumps(reset.state)) == reset.state
+
+    def test_step_returns_step_result(self) -> None:
+        env, task = self.make_env(), self.make_task()
+        ws = env.make_workspace(task)
+        reset = run(env.reset(task, ws))
+        result = run(env.step(reset.state, self.make_action(), ws))
+        assert isinstance(result, StepResult)
+        assert isinstance(result.observation, str) and isinstance(result.done, bool)
+        assert math.isfinite(float(result.reward))
+        pickle.dumps(result.state)
+
+    def test_step_does_not_mutate_the_old_state(self) -> None:
+        env, task = self.make_env(), self.make_task()
+        ws = env.make_workspace(task)
+        reset = run(env.reset(task, ws))
+        before = pickle.dumps(reset.state)
+        run(env.step(reset.state, self.make_action(), ws))
+        assert pickle.dumps(reset.state) == before
+
+    def test_env_pickles(self) -> None:
+        pickle.loads(pickle.dumps(self.make_env()))
+
+
+class WorkspaceConformance:
+    """Contract of :class:`focus.workspace.Workspace`."""
+
+    def make_workspace(self) -> Workspace:
+        raise NotImplementedError
+
+    def test_write_read_list_delete(self) -> None:
+        ws = self.make_workspace()
+        ws.write("a/b.txt", b"one")
+        ws.write_text("c.txt", "two")
+        assert ws.read("a/b.txt") == b"one" and ws.read_text("c.txt") == "two"
+        assert ws.list() == ["a/b.txt", "c.txt"]
+        ws.delete("c.txt")
+        assert ws.list() == ["a/b.txt"] and not ws.exists("c.txt")
+
+    def test_missing_file_raises_file_not_found(self) -> None:
+        ws = self.make_workspace()
+        try:
+            ws.read("nope")
+        except FileNotFoundError:
+            return
+        raise AssertionError("reading a missing file must raise FileNotFoundError")
+
+    def test_path_escape_is_rejected(self) -> None:
+        from focus.workspace import WorkspaceError
+
+        ws = self.make_workspace()
+        try:
+            ws.write("../x", b"1")
+        except WorkspaceError:
+            return
+        raise AssertionError("a path leaving the workspace must be rejected")
+
+    def test_fork_is_independent(self) -> None:
+        ws = self.make_workspace()
+        ws.write("f", b"base")
+        a, b = ws.fork(), ws.fork()
+        a.write("f", b"a")
+        b.write("g", b"b")
+        assert ws.read("f") == b"base" and ws.list() == ["f"]
+        assert a.read("f") == b"a" and a.list() == ["f"]
+        assert b.read("f") == b"base" and b.list() == ["f", "g"]
+
+    def test_pickle_round_trip_keeps_contents_and_independence(self) -> None:
+        ws = self.make_workspace()
+        ws.write("d/x.bin", bytes(range(256)))
+        restored = pickle.loads(pickle.dumps(ws))
+        assert restored.snapshot() == ws.snapshot()
+        restored.write("d/x.bin", b"changed")
+        assert ws.read("d/x.bin") == bytes(range(256))
+
+
+class PolicyConformance:
+    """Contract of :class:`focus.policy.Policy`: ids and log-probs aligned, seeds honoured."""
+
+    def make_policy(self) -> Policy:
+        raise NotImplementedError
+
+    def make_prompt(self) -> list[int]:
+        return ByteCodec().render([])
+
+    def test_sample_returns_aligned_finite_logprobs(self) -> None:
+        async def go() -> Completion:
+            p = self.make_policy()
+            try:
+                return await p.sample(self.make_prompt(), SamplingParams(max_tokens=8, seed=1))
+            finally:
+                await p.aclose()
+
+        c = run(go())
+        assert 0 < len(c.token_ids) <= 8
+        assert len(c.logprobs) == len(c.token_ids)
+        assert all(math.isfinite(x) and x <= 0 for x in c.logprobs)
+        assert c.finish_reason in ("stop", "length")
+
+    def test_max_tokens_is_respected(self) -> None:
+        async def go() -> Completion:
+            p = self.make_policy()
+            try:
+                return await p.sample(self.make_prompt(), SamplingParams(max_tokens=3, seed=2))
+            finally:
+                await p.aclose()
+
+        assert len(run(go()).token_ids) <= 3

@@ -1,0 +1,152 @@
+"""Mutable task data of one branch, forkable so sibling branches never interfere.
+
+A workspace is a small file system: paths to bytes. ``fork()`` gives an independent
+copy for a new branch. Both built-ins pickle to their full contents, so a workspace
+survives a checkpoint to object storage and a restore on another worker.
+"""
+
+from __future__ import annotations
+
+import abc
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+
+
+class WorkspaceError(RuntimeError):
+    pass
+
+
+def _clean(path: str) -> str:
+    p = PurePosixPath("/" + path.lstrip("/"))
+    parts: list[str] = []
+    for part in p.parts[1:]:
+        if part == "..":
+            raise WorkspaceError(f"workspace path {path!r} leaves the workspace")
+        if part not in (".", ""):
+            parts.append(part)
+    if not parts:
+        raise WorkspaceError(f"workspace path {path!r} names no file")
+    return "/".join(parts)
+
+
+class Workspace(abc.ABC):
+    """Files of one branch. Implement read/write/delete/list/fork; text helpers follow."""
+
+    @abc.abstractmethod
+    def read(self, path: str) -> bytes:
+        """Contents of ``path``; ``FileNotFoundError`` if absent."""
+
+    @abc.abstractmethod
+    def write(self, path: str, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def delete(self, path: str) -> None: ...
+
+    @abc.abstractmethod
+    def list(self) -> list[str]:
+        """All paths, sorted."""
+
+    @abc.abstractmethod
+    def fork(self) -> Workspace:
+        """An independent copy: writes to either never show in the other."""
+
+    def exists(self, path: str) -> bool:
+        return _clean(path) in self.list()
+
+    def read_text(self, path: str) -> str:
+        return self.read(path).decode()
+
+    def write_text(self, path: str, text: str) -> None:
+        self.write(path, text.encode())
+
+    def snapshot(self) -> dict[str, bytes]:
+        return {p: self.read(p) for p in self.list()}
+
+
+class MemoryWorkspace(Workspace):
+    """Files in a dict; fork copies the dict (bytes are immutable, so that is cheap)."""
+
+    def __init__(self, files: dict[str, bytes] | None = None) -> None:
+        self._files: dict[str, bytes] = {_clean(k): bytes(v) for k, v in (files or {}).items()}
+
+    def read(self, path: str) -> bytes:
+        try:
+            return self._files[_clean(path)]
+        except KeyError:
+            raise FileNotFoundError(path) from None
+
+    def write(self, path: str, data: bytes) -> None:
+        self._files[_clean(path)] = bytes(data)
+
+    def delete(self, path: str) -> None:
+        self._files.pop(_clean(path), None)
+
+    def list(self) -> list[str]:
+        return sorted(self._files)
+
+    def fork(self) -> MemoryWorkspace:
+        return MemoryWorkspace(dict(self._files))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Workspace) and self.snapshot() == other.snapshot()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class DirectoryWorkspace(Workspace):
+    """Files in a real directory, for tools that need paths. Fork copies the tree.
+
+    Pickling packs the directory into a tar archive; unpickling unpacks it into a new
+    temporary directory, so a restored workspace on another worker is a true copy.
+    """
+
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="focus-ws-"))
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, path: str) -> Path:
+        return self.root / _clean(path)
+
+    def read(self, path: str) -> bytes:
+        p = self._path(path)
+        if not p.is_file():
+            raise FileNotFoundError(path)
+        return p.read_bytes()
+
+    def write(self, path: str, data: bytes) -> None:
+        p = self._path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + ".tmp-focus")
+        tmp.write_bytes(data)
+        tmp.replace(p)
+
+    def delete(self, path: str) -> None:
+        self._path(path).unlink(missing_ok=True)
+
+    def list(self) -> list[str]:
+        return sorted(p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file())
+
+    def fork(self) -> DirectoryWorkspace:
+        new = Path(tempfile.mkdtemp(prefix="focus-ws-"))
+        shutil.copytree(self.root, new, dirs_exist_ok=True)
+        return DirectoryWorkspace(new)
+
+    def __getstate__(self) -> dict[str, bytes]:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(self.root, arcname=".")
+        return {"tar": buf.getvalue()}
+
+    def __setstate__(self, state: dict[str, bytes]) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="focus-ws-"))
+        with tarfile.open(fileobj=io.BytesIO(state["tar"]), mode="r") as tar:
+            tar.extractall(self.root, filter="data")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Workspace) and self.snapshot() == other.snapshot()
+
+    __hash__ = None  # type: ignore[assignment]

@@ -1,0 +1,99 @@
+"""Agent rollouts with a scripted policy: turns recorded exactly, checkpoints, failures."""
+
+from __future__ import annotations
+
+import pickle
+
+from focus.agent import Agent
+from focus.branching import EveryDecision, SparseCheckpoints
+from focus.context import AppendOnly, Segments
+from focus.env import Action, Env, Message, Reset, StepResult, Task
+from focus.format import ByteCodec, PolicyFormat, XmlToolCallParser
+from focus.testing import ScriptedPolicy, run
+from focus.tools import Tool, ToolEnv
+from focus.workspace import MemoryWorkspace
+
+
+async def _note(args, ctx):
+    ctx.workspace.write_text(f"notes/{len(ctx.workspace.list())}", args["text"])
+    return f"saved {len(ctx.workspace.list())} notes"
+
+
+def make_env() -> ToolEnv:
+    note = Tool("note", "save a note", {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}, _note)
+    return ToolEnv([note], judge=lambda task, ans: float(ans == task.data["answer"]), workspace_factory=lambda t: MemoryWorkspace())
+
+
+CALL = '<tool_call>{"name": "note", "arguments": {"text": "x"}}</tool_call>'
+TASK = Task("t1", {"prompt": "say 42", "answer": "42"})
+
+
+def test_tool_rollout_is_token_exact_over_many_turns():
+    codec = ByteCodec()
+    policy = ScriptedPolicy([CALL] * 5 + ["<answer>42</answer>"], codec)
+    agent = Agent(policy, make_env(), PolicyFormat(codec, XmlToolCallParser()), context=Segments(),
+                  branch_points=EveryDecision(), max_steps=10)
+    root = run(agent.start(TASK))
+    ro = run(agent.rollout(root, seed=0))
+    turns = ro.turns
+    assert [p.kind for p in ro.pieces] == ["checkpoint"] * 5 + ["terminal"]
+    assert len(turns) == 6 and turns[-1].reward == 1.0
+    # each prompt is exactly the previous prompt + completion + observation ids
+    for a, b in zip(turns, turns[1:], strict=False):
+        assert b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)] == a.prompt_ids + a.completion_ids
+    # the policy was sent exactly the recorded prompts
+    assert policy.prompts == [t.prompt_ids for t in turns]
+    # the checkpoint's recorded prefix is the prompt of the next turn
+    assert ro.pieces[2].state.context.prompt_ids == turns[3].prompt_ids
+    # the workspace at each checkpoint is a snapshot, not shared with the live branch
+    assert len(ro.pieces[0].state.workspace.list()) == 1
+    assert len(ro.pieces[3].state.workspace.list()) == 4
+
+
+def test_continuation_resends_checkpoint_prefix_and_forks_workspace():
+    codec = ByteCodec()
+    policy = ScriptedPolicy([CALL, CALL, "<answer>7</answer>"], codec)
+    agent = Agent(policy, make_env(), PolicyFormat(codec, XmlToolCallParser()), max_steps=10)
+    ro = run(agent.rollout(run(agent.start(TASK)), seed=0))
+    cp = pickle.loads(pickle.dumps(ro.pieces[0].state))  # survives a trip through bytes
+    policy.prompts.clear()
+    ro2 = run(agent.rollout(cp, seed=1))
+    assert policy.prompts[0] == cp.context.prompt_ids
+    assert ro2.turns[0].prompt_ids == ro.turns[1].prompt_ids
+    assert cp.workspace.list() == ["notes/0"]  # the continuation forked it
+
+
+def test_parse_errors_become_observations_and_max_steps_truncates():
+    codec = ByteCodec()
+    agent = Agent(ScriptedPolicy(["<tool_call>{bad json</tool_call>"], codec), make_env(),
+                  PolicyFormat(codec, XmlToolCallParser()), branch_points=SparseCheckpoints(every=2), max_steps=4)
+    ro = run(agent.rollout(run(agent.start(TASK)), seed=0))
+    assert ro.leaf.kind == "truncated" and ro.counters["parse_errors"] == 4
+    assert all(not t.transition for t in ro.turns)
+    assert "not valid JSON" in codec.decode(ro.turns[1].prompt_ids)
+    assert [p.kind for p in ro.pieces] == ["checkpoint", "truncated"]
+
+
+class _Broken(Env):
+    async def reset(self, task, workspace):
+        return Reset(0, (Message("user", "hi"),))
+
+    async def step(self, state, action, workspace):
+        return {"not": "a StepResult"}
+
+
+def test_env_returning_wrong_type_fails_the_rollout_with_cause():
+    codec = ByteCodec()
+    agent = Agent(ScriptedPolicy(["Answer: 1"], codec), _Broken(), PolicyFormat(codec, XmlToolCallParser()))
+    ro = run(agent.rollout(run(agent.start(TASK)), seed=0))
+    assert ro.leaf.kind == "failed" and "expected StepResult" in ro.leaf.cause
+
+
+def test_append_only_renders_same_ids_as_segments_for_byte_codec():
+    codec = ByteCodec()
+    outs = []
+    for ctx in (AppendOnly(), Segments()):
+        agent = Agent(ScriptedPolicy([CALL, "<answer>42</answer>"], codec), make_env(),
+                      PolicyFormat(codec, XmlToolCallParser()), context=ctx)
+        outs.append([t.prompt_ids for t in run(agent.rollout(run(agent.start(TASK)), seed=0)).turns])
+    assert outs[0] == outs[1]
