@@ -90,7 +90,10 @@ class EnvConformance:
         assert pickle.dumps(reset.state) == before
 
     def test_env_pickles(self) -> None:
-        pickle.loads(pickle.dumps(self.make_env()))
+        """Envs travel to workers with cloudpickle (lambdas and closures allowed)."""
+        import cloudpickle
+
+        cloudpickle.loads(cloudpickle.dumps(self.make_env()))
 
 
 class WorkspaceConformance:

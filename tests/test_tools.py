@@ -1,0 +1,84 @@
+"""ToolEnv: tool failures become observations; the Env contract holds."""
+
+from __future__ import annotations
+
+import asyncio
+
+from focus.env import Action, Task
+from focus.testing import EnvConformance, run
+from focus.tools import Tool, ToolEnv
+from focus.workspace import MemoryWorkspace
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+async def _double(args, ctx):
+    return str(args["n"] * 2)
+
+
+async def _slow(args, ctx):
+    await asyncio.sleep(5)
+    return "late"
+
+
+def _raises(args, ctx):
+    raise ValueError("boom")
+
+
+def _wrong(args, ctx):
+    return 12
+
+
+def make_env():
+    tools = [Tool("double", "x2", SCHEMA, _double), Tool("slow", "sleeps", {}, _slow, timeout_s=0.05),
+             Tool("raises", "fails", {}, _raises), Tool("wrong", "returns int", {}, _wrong)]
+    return ToolEnv(tools, judge=lambda t, a: float(a == t.data["answer"]), max_tool_calls=3,
+                   workspace_factory=lambda t: MemoryWorkspace())
+
+
+class TestToolEnv(EnvConformance):
+    def make_env(self):
+        return make_env()
+
+    def make_task(self):
+        return Task("t", {"prompt": "double 2", "answer": "4"})
+
+    def make_action(self):
+        return Action("tool", name="double", arguments={"n": 2})
+
+
+def _step(action):
+    env = make_env()
+    task = Task("t", {"prompt": "p", "answer": "4"})
+    reset = run(env.reset(task, None))
+    return run(env.step(reset.state, action, None))
+
+
+def test_tool_call_and_answer():
+    assert _step(Action("tool", name="double", arguments={"n": 2})).observation == "4"
+    r = _step(Action("answer", text="4"))
+    assert r.done and r.reward == 1.0
+
+
+def test_tool_failures_are_observations():
+    cases = [
+        (Action("tool", name="nope"), "Unknown tool"),
+        (Action("tool", name="double", arguments={}), "needs the argument 'n'"),
+        (Action("tool", name="double", arguments={"n": "2"}), "must be of type integer"),
+        (Action("tool", name="slow"), "timed out"),
+        (Action("tool", name="raises"), "ValueError: boom"),
+        (Action("tool", name="wrong"), "returned int"),
+    ]
+    for action, text in cases:
+        r = _step(action)
+        assert text in r.observation and r.info["tool_error"] == 1 and not r.done, (action, r)
+
+
+def test_missing_prompt_field_names_the_field():
+    env = make_env()
+    try:
+        run(env.reset(Task("t9", {}), None))
+    except KeyError as e:
+        assert "prompt" in str(e) and "t9" in str(e)
+    else:
+        raise AssertionError("expected KeyError")

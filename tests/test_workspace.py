@@ -1,0 +1,42 @@
+"""Both built-in workspaces keep the Workspace contract and survive a byte store."""
+
+from __future__ import annotations
+
+import pickle
+
+import fsspec
+
+from focus.agent import BranchState
+from focus.context import Segments
+from focus.env import Message, Task
+from focus.format import ByteCodec
+from focus.testing import WorkspaceConformance
+from focus.workspace import DirectoryWorkspace, MemoryWorkspace
+
+
+class TestMemoryWorkspace(WorkspaceConformance):
+    def make_workspace(self):
+        return MemoryWorkspace()
+
+
+class TestDirectoryWorkspace(WorkspaceConformance):
+    def make_workspace(self):
+        return DirectoryWorkspace()
+
+
+def test_branch_state_round_trips_through_a_byte_store():
+    ws = DirectoryWorkspace()
+    ws.write_text("history.txt", "page 1\npage 2\n")
+    ctx = Segments().start(ByteCodec(), [Message("user", "hello")])
+    state = BranchState(Task("t", {"q": 1}), {"pos": 3}, ws, ctx, steps=2, transitions=2)
+    fs = fsspec.filesystem("memory")
+    with fs.open("/ckpt/state.pkl", "wb") as f:
+        f.write(pickle.dumps(state))
+    with fs.open("/ckpt/state.pkl", "rb") as f:
+        restored = pickle.loads(f.read())
+    assert restored.env_state == state.env_state and restored.context == state.context
+    assert restored.workspace.read_text("history.txt") == "page 1\npage 2\n"
+    assert restored.workspace.root != ws.root
+    forked = restored.fork()
+    forked.workspace.write_text("history.txt", "other")
+    assert restored.workspace.read_text("history.txt") == "page 1\npage 2\n"
