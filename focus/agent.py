@@ -123,7 +123,8 @@ class Agent:
         """The root branch state of ``task``."""
         workspace = self.env.make_workspace(task)
         reset = check_reset(
-            await asyncio.wait_for(self.env.reset(task, workspace), self.env_timeout_s), f"{type(self.env).__name__}.reset"
+            await asyncio.wait_for(self.env.reset(task, workspace), self.env_timeout_s),
+            f"{type(self.env).__name__}.reset",
         )
         ctx = self.context.start(self.format.codec, reset.messages)
         return BranchState(task, reset.state, workspace, ctx)
@@ -172,7 +173,7 @@ class Agent:
                     await asyncio.wait_for(self.env.step(state.env_state, action, state.workspace), self.env_timeout_s),
                     f"{type(self.env).__name__}.step",
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 cause = f"env: step timed out after {self.env_timeout_s:g} s"
                 pieces.append(Piece(tuple(turns), "failed", state.steps, prompt, cause=cause))
                 break
@@ -195,5 +196,9 @@ class Agent:
         return list(await asyncio.gather(*(self.rollout(s, seed) for s, seed in starts)))
 
 
-def _turn(prompt: Sequence[int], c: Completion, mask: int, kind: str, reward: float, transition: bool, obs: str) -> Turn:
-    return Turn(tuple(prompt), tuple(c.token_ids), tuple(c.logprobs), mask, c.finish_reason, kind, reward, transition, obs)
+def _turn(
+    prompt: Sequence[int], c: Completion, mask: int, kind: str, reward: float, transition: bool, obs: str
+) -> Turn:
+    return Turn(
+        tuple(prompt), tuple(c.token_ids), tuple(c.logprobs), mask, c.finish_reason, kind, reward, transition, obs
+    )

@@ -35,7 +35,9 @@ class SparseCheckpoints(BranchPoints):
     to share), which keeps the tree small on long-horizon tasks.
     """
 
-    def __init__(self, every: int = 2, *, offset: int = 0, max_step: int | None = None, min_prompt_tokens: int = 0) -> None:
+    def __init__(
+        self, every: int = 2, *, offset: int = 0, max_step: int | None = None, min_prompt_tokens: int = 0
+    ) -> None:
         if every < 1:
             raise ValueError("SparseCheckpoints.every must be at least 1")
         self.every, self.offset, self.max_step, self.min_prompt_tokens = every, offset, max_step, min_prompt_tokens

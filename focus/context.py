@@ -93,7 +93,11 @@ class Segments(ContextManager):
         self, ctx: Context, codec: ChatCodec, completion: Completion, text: str, observations: Sequence[Message]
     ) -> Context:
         history = ctx.history + (_assistant(completion, text), *observations)
-        ids = ctx.prompt_ids + tuple(completion.token_ids) + tuple(codec.observation_ids(completion.token_ids, observations))
+        ids = (
+            ctx.prompt_ids
+            + tuple(completion.token_ids)
+            + tuple(codec.observation_ids(completion.token_ids, observations))
+        )
         return replace(ctx, history=history, prompt_ids=ids)
 
 

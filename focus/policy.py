@@ -52,9 +52,7 @@ class Completion:
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
-            raise PolicyError(
-                f"completion has {len(self.token_ids)} tokens but {len(self.logprobs)} log-probs"
-            )
+            raise PolicyError(f"completion has {len(self.token_ids)} tokens but {len(self.logprobs)} log-probs")
         for lp in self.logprobs:
             if not math.isfinite(lp) or lp > 1e-6:
                 raise PolicyError(f"completion has an invalid log-prob {lp!r}")
@@ -94,6 +92,5 @@ class Policy(abc.ABC):
             for i, t in enumerate(prompt_ids):
                 if not 0 <= t < self.vocab_size:
                     raise PolicyError(
-                        f"prompt token id {t} at position {i} is outside the vocabulary "
-                        f"[0, {self.vocab_size})"
+                        f"prompt token id {t} at position {i} is outside the vocabulary [0, {self.vocab_size})"
                     )

@@ -74,7 +74,9 @@ class Tool:
         return None
 
 
-def tool(name: str, description: str, parameters: Mapping[str, Any], timeout_s: float = 30.0) -> Callable[[ToolFn], Tool]:
+def tool(
+    name: str, description: str, parameters: Mapping[str, Any], timeout_s: float = 30.0
+) -> Callable[[ToolFn], Tool]:
     """Decorator form: ``@tool("search", "...", {...})`` over ``async def fn(args, ctx)``."""
 
     def wrap(fn: ToolFn) -> Tool:
@@ -166,7 +168,7 @@ class ToolEnv(Env):
             out = t.fn(action.arguments, ctx)
             if inspect.isawaitable(out):
                 out = await asyncio.wait_for(out, t.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return f"Tool {t.name} timed out after {t.timeout_s:g} s.", {"tool_error": 1, "tool_timeout": 1}
         except Exception as e:  # noqa: BLE001 - a tool failure is the model's observation
             return f"Tool {t.name} failed: {type(e).__name__}: {e}", {"tool_error": 1}

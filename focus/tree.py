@@ -117,8 +117,17 @@ class Tree:
     def root(self) -> Node:
         return self.nodes[self.ROOT]
 
-    def add_node(self, parent: int, turns: tuple[Turn, ...], kind: str, *, steps: int, context_ids: tuple[int, ...] = (),
-                 rollout: int = 0, cause: str = "") -> Node:
+    def add_node(
+        self,
+        parent: int,
+        turns: tuple[Turn, ...],
+        kind: str,
+        *,
+        steps: int,
+        context_ids: tuple[int, ...] = (),
+        rollout: int = 0,
+        cause: str = "",
+    ) -> Node:
         """Append a segment from ``parent`` ending in a new node; return the node."""
         if kind not in NODE_KINDS:
             raise ValueError(f"unknown node kind {kind!r}")

@@ -9,5 +9,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 pytest_plugins = sorted(
-    f"fixtures.{p.stem}" for p in (pathlib.Path(__file__).parent / "fixtures").glob("*.py") if not p.stem.startswith("_")
+    f"fixtures.{p.stem}"
+    for p in (pathlib.Path(__file__).parent / "fixtures").glob("*.py")
+    if not p.stem.startswith("_")
 )

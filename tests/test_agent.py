@@ -7,7 +7,7 @@ import pickle
 from focus.agent import Agent
 from focus.branching import EveryDecision, SparseCheckpoints
 from focus.context import AppendOnly, Segments
-from focus.env import Action, Env, Message, Reset, StepResult, Task
+from focus.env import Env, Message, Reset, Task
 from focus.format import ByteCodec, PolicyFormat, XmlToolCallParser
 from focus.testing import ScriptedPolicy, run
 from focus.tools import Tool, ToolEnv
@@ -20,8 +20,15 @@ async def _note(args, ctx):
 
 
 def make_env() -> ToolEnv:
-    note = Tool("note", "save a note", {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}, _note)
-    return ToolEnv([note], judge=lambda task, ans: float(ans == task.data["answer"]), workspace_factory=lambda t: MemoryWorkspace())
+    note = Tool(
+        "note",
+        "save a note",
+        {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        _note,
+    )
+    return ToolEnv(
+        [note], judge=lambda task, ans: float(ans == task.data["answer"]), workspace_factory=lambda t: MemoryWorkspace()
+    )
 
 
 CALL = '<tool_call>{"name": "note", "arguments": {"text": "x"}}</tool_call>'
@@ -31,8 +38,14 @@ TASK = Task("t1", {"prompt": "say 42", "answer": "42"})
 def test_tool_rollout_is_token_exact_over_many_turns():
     codec = ByteCodec()
     policy = ScriptedPolicy([CALL] * 5 + ["<answer>42</answer>"], codec)
-    agent = Agent(policy, make_env(), PolicyFormat(codec, XmlToolCallParser()), context=Segments(),
-                  branch_points=EveryDecision(), max_steps=10)
+    agent = Agent(
+        policy,
+        make_env(),
+        PolicyFormat(codec, XmlToolCallParser()),
+        context=Segments(),
+        branch_points=EveryDecision(),
+        max_steps=10,
+    )
     root = run(agent.start(TASK))
     ro = run(agent.rollout(root, seed=0))
     turns = ro.turns
@@ -65,8 +78,13 @@ def test_continuation_resends_checkpoint_prefix_and_forks_workspace():
 
 def test_parse_errors_become_observations_and_max_steps_truncates():
     codec = ByteCodec()
-    agent = Agent(ScriptedPolicy(["<tool_call>{bad json</tool_call>"], codec), make_env(),
-                  PolicyFormat(codec, XmlToolCallParser()), branch_points=SparseCheckpoints(every=2), max_steps=4)
+    agent = Agent(
+        ScriptedPolicy(["<tool_call>{bad json</tool_call>"], codec),
+        make_env(),
+        PolicyFormat(codec, XmlToolCallParser()),
+        branch_points=SparseCheckpoints(every=2),
+        max_steps=4,
+    )
     ro = run(agent.rollout(run(agent.start(TASK)), seed=0))
     assert ro.leaf.kind == "truncated" and ro.counters["parse_errors"] == 4
     assert all(not t.transition for t in ro.turns)
@@ -93,7 +111,11 @@ def test_append_only_renders_same_ids_as_segments_for_byte_codec():
     codec = ByteCodec()
     outs = []
     for ctx in (AppendOnly(), Segments()):
-        agent = Agent(ScriptedPolicy([CALL, "<answer>42</answer>"], codec), make_env(),
-                      PolicyFormat(codec, XmlToolCallParser()), context=ctx)
+        agent = Agent(
+            ScriptedPolicy([CALL, "<answer>42</answer>"], codec),
+            make_env(),
+            PolicyFormat(codec, XmlToolCallParser()),
+            context=ctx,
+        )
         outs.append([t.prompt_ids for t in run(agent.rollout(run(agent.start(TASK)), seed=0)).turns])
     assert outs[0] == outs[1]

@@ -28,10 +28,16 @@ def test_byte_codec_keeps_invalid_utf8_ids_verbatim():
 
 def test_xml_parser():
     p = XmlToolCallParser()
-    assert p.parse('x <tool_call>{"name": "s", "arguments": {"q": "a"}}</tool_call>') == Action("tool", name="s", arguments={"q": "a"})
+    assert p.parse('x <tool_call>{"name": "s", "arguments": {"q": "a"}}</tool_call>') == Action(
+        "tool", name="s", arguments={"q": "a"}
+    )
     assert p.parse("<answer> 42 </answer>") == Action("answer", text="42")
-    for bad, why in [("<tool_call>{nope</tool_call>", "not valid JSON"), ("<tool_call>{}", "not closed"),
-                     ('<tool_call>{"arguments": {}}</tool_call>', "no tool 'name'"), ("hmm", "Call a tool")]:
+    for bad, why in [
+        ("<tool_call>{nope</tool_call>", "not valid JSON"),
+        ("<tool_call>{}", "not closed"),
+        ('<tool_call>{"arguments": {}}</tool_call>', "no tool 'name'"),
+        ("hmm", "Call a tool"),
+    ]:
         out = p.parse(bad)
         assert isinstance(out, ParseError) and why in out.message, (bad, out)
 

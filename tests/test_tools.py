@@ -30,10 +30,18 @@ def _wrong(args, ctx):
 
 
 def make_env():
-    tools = [Tool("double", "x2", SCHEMA, _double), Tool("slow", "sleeps", {}, _slow, timeout_s=0.05),
-             Tool("raises", "fails", {}, _raises), Tool("wrong", "returns int", {}, _wrong)]
-    return ToolEnv(tools, judge=lambda t, a: float(a == t.data["answer"]), max_tool_calls=3,
-                   workspace_factory=lambda t: MemoryWorkspace())
+    tools = [
+        Tool("double", "x2", SCHEMA, _double),
+        Tool("slow", "sleeps", {}, _slow, timeout_s=0.05),
+        Tool("raises", "fails", {}, _raises),
+        Tool("wrong", "returns int", {}, _wrong),
+    ]
+    return ToolEnv(
+        tools,
+        judge=lambda t, a: float(a == t.data["answer"]),
+        max_tool_calls=3,
+        workspace_factory=lambda t: MemoryWorkspace(),
+    )
 
 
 class TestToolEnv(EnvConformance):
