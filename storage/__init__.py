@@ -1,0 +1,47 @@
+"""Durable storage of a collection's outputs, addressed by URL (any fsspec protocol).
+
+- :class:`BatchStore`: training batches as Parquet (actor and critic tables, stats),
+  made visible by a manifest written last.
+- :class:`CheckpointStore`: search state per (collection, phase, wave), for resume.
+
+Plain paths mean the local disk; ``s3://`` goes through s3fs (credentials and endpoint
+from ``AWS_*`` environment variables or ``storage_options``).
+"""
+
+from storage.batches import PARQUET_OPTIONS, BatchStore, BatchTables
+from storage.checkpoints import CheckpointStore
+from storage.errors import (
+    BatchExistsError,
+    BatchNotFound,
+    CheckpointNotFound,
+    CorruptDataError,
+    ManifestError,
+    PathOutsideRoot,
+    SchemaError,
+    StorageError,
+    StorageUnavailable,
+)
+from storage.manifest import Manifest
+from storage.schema import ACTOR_SCHEMA, CRITIC_SCHEMA, SCHEMA_VERSION
+from storage.urls import Retry
+
+__all__ = [
+    "ACTOR_SCHEMA",
+    "CRITIC_SCHEMA",
+    "PARQUET_OPTIONS",
+    "SCHEMA_VERSION",
+    "BatchExistsError",
+    "BatchNotFound",
+    "BatchStore",
+    "BatchTables",
+    "CheckpointNotFound",
+    "CheckpointStore",
+    "CorruptDataError",
+    "Manifest",
+    "ManifestError",
+    "PathOutsideRoot",
+    "Retry",
+    "SchemaError",
+    "StorageError",
+    "StorageUnavailable",
+]

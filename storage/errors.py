@@ -1,0 +1,43 @@
+"""Errors of the storage layer: each names the URL and the cause, so an operator can act.
+
+They derive from the builtin the caller would otherwise catch (``FileNotFoundError``,
+``ValueError``, ``ConnectionError``), so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base of every error raised by :mod:`storage`."""
+
+
+class PathOutsideRoot(StorageError, ValueError):
+    """A URL or id that would read or write outside the store's configured root."""
+
+
+class StorageUnavailable(StorageError, ConnectionError):
+    """The object store could not be reached after the configured retries."""
+
+
+class BatchNotFound(StorageError, FileNotFoundError):
+    """No manifest at the batch URL: the batch was never written or its write did not finish."""
+
+
+class BatchExistsError(StorageError, FileExistsError):
+    """A different batch already exists at the URL; it is kept unless ``overwrite=True``."""
+
+
+class ManifestError(StorageError, ValueError):
+    """A manifest is present but unreadable or incomplete."""
+
+
+class CorruptDataError(StorageError, ValueError):
+    """A data file is missing, truncated or differs from its manifest's checksum."""
+
+
+class SchemaError(StorageError, ValueError):
+    """A table does not have the columns, types or per-row shapes the batch schema requires."""
+
+
+class CheckpointNotFound(StorageError, FileNotFoundError):
+    """No finished checkpoint for this (collection, phase, wave)."""

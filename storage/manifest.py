@@ -1,0 +1,113 @@
+"""Manifests: the small JSON document whose presence makes a batch or a checkpoint exist.
+
+Data files are written first, the manifest last. A reader trusts nothing that the
+manifest does not list, and checks each listed file's size and SHA-256, so a crash
+between the two leaves either the previous state or nothing, never a half batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from storage.errors import ManifestError
+
+FORMAT = "focus-manifest"
+FORMAT_VERSION = 1
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One data file: its path relative to the manifest's folder, size, checksum, rows."""
+
+    path: str
+    bytes: int
+    sha256: str
+    rows: int | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What was written, listed completely enough to verify it on read."""
+
+    kind: str  # "batch" or "checkpoint"
+    collection_id: str
+    files: tuple[FileEntry, ...]
+    #: Identity of the content (batch: actor and critic files; checkpoint: the pickle).
+    fingerprint: str
+    schema_version: int = 1
+    created_at: str = ""
+    #: Kind-specific fields: iteration and summary for a batch; phase, wave and seq for a checkpoint.
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def file(self, path: str) -> FileEntry:
+        for f in self.files:
+            if f.path == path:
+                return f
+        raise ManifestError(f"manifest lists no file {path!r}")
+
+    def to_json(self) -> bytes:
+        doc = {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(self)}
+        return json.dumps(doc, indent=1, sort_keys=True, default=_json_default).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> Manifest:
+        try:
+            doc = json.loads(data.decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ManifestError(f"{where}: manifest is not valid JSON ({e}); the write may have been cut short") from e
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ManifestError(
+                f"{where}: not a FOCUS manifest (format field is {doc.get('format') if isinstance(doc, dict) else doc!r})"
+            )
+        if doc.get("format_version") != FORMAT_VERSION:
+            raise ManifestError(
+                f"{where}: manifest format version {doc.get('format_version')!r}, this reader knows {FORMAT_VERSION}"
+            )
+        required = ("kind", "collection_id", "files", "fingerprint", "schema_version", "created_at", "info")
+        missing = [k for k in required if k not in doc]
+        if missing:
+            raise ManifestError(f"{where}: manifest lacks field(s) {missing}")
+        try:
+            files = tuple(
+                FileEntry(
+                    str(f["path"]), int(f["bytes"]), str(f["sha256"]), None if f.get("rows") is None else int(f["rows"])
+                )
+                for f in doc["files"]
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ManifestError(f"{where}: manifest has a malformed file entry ({type(e).__name__}: {e})") from e
+        for f in files:
+            if f.path.startswith("/") or ".." in f.path.split("/"):
+                raise ManifestError(f"{where}: manifest file path {f.path!r} leaves the manifest's folder")
+        if not isinstance(doc["info"], dict):
+            raise ManifestError(f"{where}: manifest field 'info' must be an object")
+        return cls(
+            kind=str(doc["kind"]),
+            collection_id=str(doc["collection_id"]),
+            files=files,
+            fingerprint=str(doc["fingerprint"]),
+            schema_version=int(doc["schema_version"]),
+            created_at=str(doc["created_at"]),
+            info=doc["info"],
+        )
+
+
+def _json_default(value: Any) -> Any:
+    """JSON for numpy scalars and tuples in statistics; anything else is a clear error."""
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"statistics value {value!r} of type {type(value).__name__} is not JSON-serialisable")
+
+
+def dumps_json(value: Any) -> bytes:
+    """Statistics as JSON; non-finite floats are kept (Python's JSON extension) and typed errors name the value."""
+    return json.dumps(value, indent=1, sort_keys=True, default=_json_default).encode()

@@ -1,0 +1,262 @@
+"""The batch's Parquet schema and the conversions between rows and Arrow tables.
+
+The schema is the contract with trainers and query tools (DuckDB, polars); every
+column is documented in ``docs/batch-schema.md``. Token ids are ``int32`` (every
+tokenizer in use has fewer than 2^31 ids), behaviour log-probs are ``float64`` so that
+the values read back are exactly those the sampler returned, and loss masks are
+``int8``. Conversions work on whole columns (numpy offsets and values) rather than row
+by row, because a batch holds millions of tokens and a per-row Python loop would
+dominate the write.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from focus.batch import ActorRow, CriticRow
+from storage.errors import SchemaError
+
+SCHEMA_VERSION = 1
+
+_TOKEN = pa.int32()
+_I32 = np.iinfo(np.int32)
+
+ACTOR_SCHEMA = pa.schema(
+    [
+        pa.field("collection_id", pa.string(), nullable=False),
+        pa.field("iteration", pa.int64(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("tree_id", pa.string(), nullable=False),
+        pa.field("node_id", pa.int64(), nullable=False),
+        pa.field("edge_id", pa.int64(), nullable=False),
+        pa.field("turn_index", pa.int32(), nullable=False),
+        pa.field("policy_version", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("prompt_ids", pa.list_(pa.field("item", _TOKEN, nullable=False)), nullable=False),
+        pa.field("completion_ids", pa.list_(pa.field("item", _TOKEN, nullable=False)), nullable=False),
+        pa.field("logprobs", pa.list_(pa.field("item", pa.float64(), nullable=False)), nullable=False),
+        pa.field("loss_mask", pa.list_(pa.field("item", pa.int8(), nullable=False)), nullable=False),
+        pa.field("advantage", pa.float64(), nullable=False),
+        pa.field("reward", pa.float64(), nullable=False),
+        pa.field("finish_reason", pa.string(), nullable=False),
+    ],
+    metadata={"focus.table": "actor", "focus.schema_version": str(SCHEMA_VERSION)},
+)
+
+CRITIC_SCHEMA = pa.schema(
+    [
+        pa.field("collection_id", pa.string(), nullable=False),
+        pa.field("iteration", pa.int64(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("tree_id", pa.string(), nullable=False),
+        pa.field("node_id", pa.int64(), nullable=False),
+        pa.field("context_ids", pa.list_(pa.field("item", _TOKEN, nullable=False)), nullable=False),
+        pa.field("target", pa.float64(), nullable=False),
+        pa.field("weight", pa.float64(), nullable=False),
+        pa.field("prediction", pa.float64(), nullable=True),
+    ],
+    metadata={"focus.table": "critic", "focus.schema_version": str(SCHEMA_VERSION)},
+)
+
+SCHEMAS = {"actor": ACTOR_SCHEMA, "critic": CRITIC_SCHEMA}
+
+
+def _list_array(seqs: Sequence[Sequence[Any]], value_type: pa.DataType, dtype: Any, column: str) -> pa.Array:
+    n = len(seqs)
+    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    if total > _I32.max:
+        raise SchemaError(f"column {column!r} holds {total} values in one file; lower rows_per_file")
+    if dtype is np.int32:
+        wide = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=total)
+        if total and (wide.min() < _I32.min or wide.max() > _I32.max):
+            raise SchemaError(f"column {column!r} has a token id outside int32: {int(wide.min())}..{int(wide.max())}")
+        values = wide.astype(np.int32)
+    else:
+        values = np.fromiter(itertools.chain.from_iterable(seqs), dtype=dtype, count=total)
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type))
+
+
+def check_rows(actor: Sequence[ActorRow], critic: Sequence[CriticRow]) -> None:
+    """Per-row shape rules, checked before anything is written."""
+    for i, r in enumerate(actor):
+        n = len(r.completion_ids)
+        if len(r.logprobs) != n or len(r.loss_mask) != n:
+            raise SchemaError(
+                f"actor row {i} (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}): "
+                f"{n} completion ids, {len(r.logprobs)} log-probs, {len(r.loss_mask)} mask entries; they must match"
+            )
+        if any(m not in (0, 1) for m in r.loss_mask):
+            raise SchemaError(f"actor row {i}: loss mask entries must be 0 or 1, got {sorted(set(r.loss_mask))}")
+
+
+def actor_table(rows: Sequence[ActorRow]) -> pa.Table:
+    cols: dict[str, pa.Array] = {
+        "collection_id": pa.array([r.collection_id for r in rows], pa.string()),
+        "iteration": pa.array([r.iteration for r in rows], pa.int64()),
+        "task_id": pa.array([r.task_id for r in rows], pa.string()),
+        "tree_id": pa.array([r.tree_id for r in rows], pa.string()),
+        "node_id": pa.array([r.node_id for r in rows], pa.int64()),
+        "edge_id": pa.array([r.edge_id for r in rows], pa.int64()),
+        "turn_index": pa.array([r.turn_index for r in rows], pa.int32()),
+        "policy_version": pa.array([r.policy_version for r in rows], pa.string()),
+        "kind": pa.array([r.kind for r in rows], pa.string()),
+        "prompt_ids": _list_array([r.prompt_ids for r in rows], _TOKEN, np.int32, "prompt_ids"),
+        "completion_ids": _list_array([r.completion_ids for r in rows], _TOKEN, np.int32, "completion_ids"),
+        "logprobs": _list_array([r.logprobs for r in rows], pa.float64(), np.float64, "logprobs"),
+        "loss_mask": _list_array([r.loss_mask for r in rows], pa.int8(), np.int8, "loss_mask"),
+        "advantage": pa.array([r.advantage for r in rows], pa.float64()),
+        "reward": pa.array([r.reward for r in rows], pa.float64()),
+        "finish_reason": pa.array([r.finish_reason for r in rows], pa.string()),
+    }
+    return pa.Table.from_arrays(list(cols.values()), schema=ACTOR_SCHEMA)
+
+
+def critic_table(rows: Sequence[CriticRow]) -> pa.Table:
+    cols = [
+        pa.array([r.collection_id for r in rows], pa.string()),
+        pa.array([r.iteration for r in rows], pa.int64()),
+        pa.array([r.task_id for r in rows], pa.string()),
+        pa.array([r.tree_id for r in rows], pa.string()),
+        pa.array([r.node_id for r in rows], pa.int64()),
+        _list_array([r.context_ids for r in rows], _TOKEN, np.int32, "context_ids"),
+        pa.array([r.target for r in rows], pa.float64()),
+        pa.array([r.weight for r in rows], pa.float64()),
+        pa.array([r.prediction for r in rows], pa.float64()),
+    ]
+    return pa.Table.from_arrays(cols, schema=CRITIC_SCHEMA)
+
+
+def validate(table: pa.Table, kind: str, where: str) -> pa.Table:
+    """``table`` cast to the exact schema of ``kind``, or :class:`SchemaError` naming what differs.
+
+    Column order and Parquet's nullability flags are not significant (other writers,
+    e.g. polars or DuckDB, may drop them); names, types, nulls and per-row list lengths are.
+    """
+    schema = SCHEMAS[kind]
+    names = set(table.schema.names)
+    missing = [f.name for f in schema if f.name not in names]
+    extra = sorted(names - set(schema.names))
+    if missing or extra:
+        raise SchemaError(
+            f"{where}: {kind} table columns differ from schema v{SCHEMA_VERSION}: missing {missing}, unexpected {extra}"
+        )
+    version = (table.schema.metadata or {}).get(b"focus.schema_version")
+    if version is not None and version.decode() != str(SCHEMA_VERSION):
+        raise SchemaError(
+            f"{where}: written with schema version {version.decode()}, this reader knows {SCHEMA_VERSION}"
+        )
+    cols = []
+    for f in schema:
+        col = table.column(f.name)
+        got = col.type
+        if not _same_type(got, f.type):
+            raise SchemaError(f"{where}: {kind} column {f.name!r} has type {got}, expected {f.type}")
+        if not f.nullable and col.null_count:
+            raise SchemaError(f"{where}: {kind} column {f.name!r} has {col.null_count} null value(s)")
+        if pa.types.is_list(f.type) and col.null_count == 0 and pc.sum(pc.list_value_length(col).is_null()).as_py():
+            raise SchemaError(f"{where}: {kind} column {f.name!r} has null lists")
+        cols.append(col.cast(f.type) if got != f.type else col)
+    out = pa.Table.from_arrays(cols, schema=schema)
+    if kind == "actor" and out.num_rows:
+        n = pc.list_value_length(out.column("completion_ids"))
+        for other in ("logprobs", "loss_mask"):
+            bad = pc.not_equal(n, pc.list_value_length(out.column(other)))
+            if pc.any(bad).as_py():
+                i = pc.index(bad, True).as_py()
+                raise SchemaError(
+                    f"{where}: actor row {i} has a {other!r} list whose length differs from completion_ids"
+                )
+    return out
+
+
+def _same_type(got: pa.DataType, want: pa.DataType) -> bool:
+    if pa.types.is_list(want) or pa.types.is_large_list(want):
+        return (pa.types.is_list(got) or pa.types.is_large_list(got)) and got.value_type == want.value_type
+    return got == want or (pa.types.is_string(want) and (pa.types.is_large_string(got) or pa.types.is_dictionary(got)))
+
+
+def _lists(col: pa.ChunkedArray, cast: type) -> list[tuple[Any, ...]]:
+    arr = col.combine_chunks()
+    if not len(arr):
+        return []
+    offsets = arr.offsets.to_numpy()
+    flat = arr.values.slice(offsets[0], offsets[-1] - offsets[0]).to_numpy(zero_copy_only=False).tolist()
+    base = offsets[0]
+    o = (offsets - base).tolist()
+    return [tuple(flat[o[i] : o[i + 1]]) for i in range(len(arr))]
+
+
+def actor_rows(table: pa.Table) -> list[ActorRow]:
+    """Typed rows of a validated actor table."""
+    c = {name: table.column(name) for name in ACTOR_SCHEMA.names}
+    scalars = {
+        k: c[k].to_pylist()
+        for k in (
+            "collection_id",
+            "iteration",
+            "task_id",
+            "tree_id",
+            "node_id",
+            "edge_id",
+            "turn_index",
+            "policy_version",
+            "kind",
+            "advantage",
+            "reward",
+            "finish_reason",
+        )
+    }
+    lists = {
+        k: _lists(c[k], int if k != "logprobs" else float)
+        for k in ("prompt_ids", "completion_ids", "logprobs", "loss_mask")
+    }
+    return [
+        ActorRow(
+            collection_id=scalars["collection_id"][i],
+            iteration=scalars["iteration"][i],
+            task_id=scalars["task_id"][i],
+            tree_id=scalars["tree_id"][i],
+            node_id=scalars["node_id"][i],
+            edge_id=scalars["edge_id"][i],
+            turn_index=scalars["turn_index"][i],
+            policy_version=scalars["policy_version"][i],
+            prompt_ids=lists["prompt_ids"][i],
+            completion_ids=lists["completion_ids"][i],
+            logprobs=lists["logprobs"][i],
+            loss_mask=lists["loss_mask"][i],
+            advantage=scalars["advantage"][i],
+            reward=scalars["reward"][i],
+            finish_reason=scalars["finish_reason"][i],
+            kind=scalars["kind"][i],
+        )
+        for i in range(table.num_rows)
+    ]
+
+
+def critic_rows(table: pa.Table) -> list[CriticRow]:
+    """Typed rows of a validated critic table."""
+    s = {k: table.column(k).to_pylist() for k in CRITIC_SCHEMA.names if k != "context_ids"}
+    ctx = _lists(table.column("context_ids"), int)
+    return [
+        CriticRow(
+            collection_id=s["collection_id"][i],
+            iteration=s["iteration"][i],
+            task_id=s["task_id"][i],
+            tree_id=s["tree_id"][i],
+            node_id=s["node_id"][i],
+            context_ids=ctx[i],
+            target=s["target"][i],
+            weight=s["weight"][i],
+            prediction=s["prediction"][i],
+        )
+        for i in range(table.num_rows)
+    ]

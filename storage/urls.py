@@ -1,0 +1,253 @@
+"""Addressing by URL: a store root, names under it, and bounded retries around I/O.
+
+Every store is configured with one root URL (``file://``, a plain path, ``s3://``,
+``memory://`` or any fsspec protocol). All names a store builds or accepts must stay
+under that root: ids are checked against a strict pattern and URLs handed back to a
+store are normalised and compared with the root, so a stray ``..`` can never read or
+overwrite another collection's data.
+
+Retries live here, not in the stores, so that one policy bounds every call and an
+unreachable bucket fails after a known time with :class:`StorageUnavailable` instead
+of hanging or retrying inside three layers of clients.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import re
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from pydantic import BaseModel, ConfigDict, Field
+
+from storage.errors import PathOutsideRoot, StorageUnavailable
+
+T = TypeVar("T")
+
+#: Ids that become one path component: no separators, no dot-only names.
+_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=-]{0,199}$")
+
+#: Exception class names (anywhere in the MRO) that mean "try again later".
+_TRANSIENT_NAMES = {
+    "ConnectionError",
+    "TimeoutError",
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ClientConnectorError",
+    "ServerDisconnectedError",
+    "ClientOSError",
+}
+_TRANSIENT_ERRNO = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH}
+
+
+class Retry(BaseModel):
+    """How often and how patiently to retry a transient storage failure."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    attempts: int = Field(3, ge=1)
+    backoff_s: float = Field(0.2, ge=0.0)
+    max_backoff_s: float = Field(2.0, ge=0.0)
+
+    def delay(self, attempt: int) -> float:
+        """Pause after failed attempt number ``attempt`` (1-based): exponential, capped."""
+        return min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a connection-level failure worth retrying (not a missing key)."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNO:
+        return True
+    return any(c.__name__ in _TRANSIENT_NAMES for c in type(exc).__mro__)
+
+
+def retrying(op: Callable[[], T], what: str, retry: Retry, *, sleep: Callable[[float], None] = time.sleep) -> T:
+    """Run ``op``; retry transient failures up to ``retry.attempts`` times in all.
+
+    Non-transient errors (missing files, permissions, bad data) propagate at once.
+    """
+    last: BaseException | None = None
+    for attempt in range(1, retry.attempts + 1):
+        try:
+            return op()
+        except Exception as e:  # noqa: BLE001 - classified below
+            if not is_transient(e):
+                raise
+            last = e
+            if attempt < retry.attempts:
+                sleep(retry.delay(attempt))
+    raise StorageUnavailable(
+        f"{what}: storage unreachable after {retry.attempts} attempt(s): {type(last).__name__}: {last}"
+    ) from last
+
+
+def check_id(value: str, what: str) -> str:
+    """``value`` if it is safe as one path component, else :class:`PathOutsideRoot`."""
+    if not isinstance(value, str) or not _ID.match(value) or value in (".", ".."):
+        raise PathOutsideRoot(
+            f"{what} {value!r} is not a valid storage name: use letters, digits, '_', '-', '.', '=' "
+            "(at most 200, not starting with '.' or '-'), so it cannot leave the store's root"
+        )
+    return value
+
+
+def _normalise_root(root: str | os.PathLike[str]) -> str:
+    text = os.fspath(root)
+    if not text:
+        raise ValueError("storage root is empty: give a URL such as file:///data/focus or s3://bucket/prefix")
+    if "://" not in text:
+        text = "file://" + os.path.abspath(os.path.expanduser(text))
+    protocol, _, rest = text.partition("://")
+    rest = posixpath.normpath("/" + rest).lstrip("/") if protocol != "file" else posixpath.normpath(rest)
+    if protocol == "file" and not rest.startswith("/"):
+        rest = os.path.abspath(rest)
+    return f"{protocol}://{rest}".rstrip("/")
+
+
+class Location:
+    """A root URL and its fsspec filesystem; builds and checks URLs under the root.
+
+    The filesystem is created on first use and dropped when pickled, so a store can be
+    shipped to a worker process that opens its own connection.
+    """
+
+    #: Defaults for s3fs: one attempt inside botocore and s3fs, since :func:`retrying`
+    #: owns the retry budget; a short connect timeout so an unreachable endpoint is fast.
+    S3_DEFAULTS: dict[str, Any] = {"config_kwargs": {"connect_timeout": 5, "retries": {"max_attempts": 1}}}
+
+    def __init__(self, root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> None:
+        self.root = _normalise_root(root)
+        self.protocol = self.root.partition("://")[0]
+        self.storage_options = dict(storage_options or {})
+        self._fs: fsspec.AbstractFileSystem | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root": self.root, "protocol": self.protocol, "storage_options": self.storage_options, "_fs": None}
+
+    def __repr__(self) -> str:
+        return f"Location({self.root!r})"
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        if self._fs is None:
+            options = dict(self.storage_options)
+            if self.protocol in ("s3", "s3a"):
+                for k, v in self.S3_DEFAULTS.items():
+                    options.setdefault(k, v)
+            fs, _ = fsspec.core.url_to_fs(self.root, **options)
+            if self.protocol in ("s3", "s3a") and "retries" not in self.storage_options:
+                fs.retries = 1  # s3fs's own retry loop; ours bounds the total
+            self._fs = fs
+        return self._fs
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
+
+    def url(self, *parts: str) -> str:
+        """URL of ``parts`` under the root (each part already checked by the caller)."""
+        return "/".join([self.root, *parts])
+
+    def path(self, url: str) -> str:
+        """The filesystem path of ``url``; :class:`PathOutsideRoot` unless it lies under the root."""
+        text = url
+        if "://" not in text:
+            text = "file://" + os.path.abspath(text)
+        protocol, _, rest = text.partition("://")
+        norm = f"{protocol}://{posixpath.normpath('/' + rest).lstrip('/') if protocol != 'file' else posixpath.normpath(rest)}"
+        if norm != self.root and not norm.startswith(self.root + "/"):
+            raise PathOutsideRoot(f"{url!r} is outside the store's root {self.root!r}")
+        return self.fs._strip_protocol(norm)
+
+    def relative(self, url: str) -> str:
+        """``url``'s parts below the root, joined by '/' ('' for the root itself)."""
+        self.path(url)
+        return url.rstrip("/")[len(self.root) :].lstrip("/")
+
+    # --- I/O with retries -------------------------------------------------------------
+
+    def cat(self, url: str, retry: Retry) -> bytes:
+        path = self.path(url)
+        return retrying(lambda: self.fs.cat_file(path), f"read {url}", retry)
+
+    def cat_many(self, urls: list[str], retry: Retry) -> list[bytes]:
+        """Contents of several files, fetched concurrently where the filesystem is async."""
+        paths = [self.path(u) for u in urls]
+        if not paths:
+            return []
+
+        def fetch() -> list[bytes]:
+            got = self.fs.cat(paths, on_error="return")
+            out: list[bytes] = []
+            for u, p in zip(urls, paths, strict=True):
+                v = got.get(p) if isinstance(got, dict) else got
+                if v is None or isinstance(v, FileNotFoundError):
+                    raise FileNotFoundError(u)
+                if isinstance(v, BaseException):
+                    raise v
+                out.append(bytes(v))
+            return out
+
+        return retrying(fetch, f"read {len(urls)} file(s) under {self.root}", retry)
+
+    def put_bytes(self, url: str, data: bytes, retry: Retry, *, atomic: bool = False) -> None:
+        """Write ``data`` at ``url``; on a local disk with ``atomic``, write then rename.
+
+        Object stores make a single PUT visible all at once, so no rename is needed there.
+        """
+        path = self.path(url)
+
+        def put() -> None:
+            if self.is_local:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                if atomic:
+                    tmp = f"{path}.tmp-{os.getpid()}"
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, path)
+                    return
+            self.fs.pipe_file(path, data)
+
+        retrying(put, f"write {url}", retry)
+
+    def exists(self, url: str, retry: Retry) -> bool:
+        path = self.path(url)
+        return retrying(lambda: bool(self.fs.exists(path)), f"stat {url}", retry)
+
+    def list_files(self, url: str, retry: Retry) -> list[str]:
+        """URLs of every file under ``url`` (recursively); empty if there is none."""
+        path = self.path(url)
+
+        def find() -> list[str]:
+            self.fs.invalidate_cache(path)
+            try:
+                return sorted(self.fs.find(path))
+            except FileNotFoundError:
+                return []
+
+        base = self.fs._strip_protocol(self.root)
+        return [
+            self.url(p[len(base) :].lstrip("/")) if p.startswith(base) else p
+            for p in retrying(find, f"list {url}", retry)
+        ]
+
+    def remove(self, url: str, retry: Retry) -> None:
+        path = self.path(url)
+
+        def rm() -> None:
+            try:
+                self.fs.rm_file(path)
+            except FileNotFoundError:
+                pass
+
+        retrying(rm, f"delete {url}", retry)

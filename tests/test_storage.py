@@ -1,0 +1,449 @@
+"""Batch and checkpoint stores on memory:// and local folders: round trips, idempotence, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import random
+from collections.abc import Sequence
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from focus.agent import Agent, BranchState
+from focus.batch import ActorRow, Batch, CriticRow
+from focus.env import Task
+from focus.format import ByteCodec, PolicyFormat, XmlToolCallParser
+from focus.policy import Completion, SamplingParams
+from focus.testing import ScriptedPolicy, run
+from focus.tools import Tool, ToolEnv
+from focus.tree import Tree
+from focus.workspace import DirectoryWorkspace
+from storage import (
+    BatchExistsError,
+    BatchNotFound,
+    BatchStore,
+    CheckpointNotFound,
+    CheckpointStore,
+    CorruptDataError,
+    ManifestError,
+    PathOutsideRoot,
+    Retry,
+    SchemaError,
+    StorageUnavailable,
+)
+from storage.urls import Location, retrying
+
+# --- real test data: rollouts of an Agent, grown into a branching tree ----------------------
+
+
+class VaryingLogprobPolicy(ScriptedPolicy):
+    """Scripted texts with distinct, awkward log-probs, so a lossy float column would show."""
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        c = await super().sample(prompt_ids, params)
+        lps = tuple(-((i * 0.1234567891011 + len(prompt_ids) * 1e-7) % 7.0) - 1e-12 for i in range(len(c.token_ids)))
+        return Completion(c.token_ids, lps, c.finish_reason)
+
+
+async def _note(args, ctx):
+    ctx.workspace.write_text(f"notes/{len(ctx.workspace.list())}.txt", args["text"])
+    return f"saved {len(ctx.workspace.list())} notes"
+
+
+CALL = '<tool_call>{"name": "note", "arguments": {"text": "x"}}</tool_call>'
+
+
+def make_agent(answers: Sequence[str] = ("<answer>42</answer>",)) -> Agent:
+    note = Tool(
+        "note",
+        "save a note",
+        {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        _note,
+    )
+    env = ToolEnv(
+        [note],
+        judge=lambda task, ans: float(ans == task.data["answer"]),
+        workspace_factory=lambda t: DirectoryWorkspace(),
+    )
+    codec = ByteCodec()
+    policy = VaryingLogprobPolicy([CALL, CALL, *answers], codec)
+    return Agent(policy, env, PolicyFormat(codec, XmlToolCallParser()), max_steps=6)
+
+
+def graft(tree: Tree, node_id: int, rollout) -> None:  # type: ignore[no-untyped-def]
+    parent = node_id
+    for piece in rollout.pieces:
+        node = tree.add_node(parent, piece.turns, piece.kind, steps=piece.steps, context_ids=piece.context_ids)
+        if piece.state is not None:
+            tree.states[node.id] = piece.state
+        parent = node.id
+
+
+def grow_tree(task_id: str = "t1", branches: int = 2) -> Tree:
+    """A root rollout, then ``branches`` continuations from its first checkpoint."""
+    agent = make_agent(["<answer>42</answer>", "<answer>7</answer>"])
+    task = Task(task_id, {"prompt": f"say 42 ({task_id})", "answer": "42"})
+    root = run(agent.start(task))
+    tree = Tree.new(task.id, root, root.context.prompt_ids)
+    graft(tree, 0, run(agent.rollout(root, seed=0)))
+    first_cp = next(n.id for n in tree.checkpoints() if n.id != 0)
+    for b in range(branches):
+        graft(tree, first_cp, run(agent.rollout(tree.states[first_cp], seed=b + 1)))
+    return tree
+
+
+def batch_from_trees(trees: Sequence[Tree], collection_id: str = "c1", iteration: int = 0) -> Batch:
+    """Actor rows per turn and critic rows per checkpoint, with made-up learning signals."""
+    actor, critic = [], []
+    for ti, tree in enumerate(trees):
+        tree_id = f"{tree.task_id}-{ti}"
+        for e in tree.edges.values():
+            adv = math.sin(e.id + 0.5) / 3
+            for k, t in enumerate(e.turns):
+                actor.append(
+                    ActorRow(
+                        collection_id,
+                        iteration,
+                        tree.task_id,
+                        tree_id,
+                        e.parent,
+                        e.id,
+                        k,
+                        "v0",
+                        t.prompt_ids,
+                        t.completion_ids,
+                        t.logprobs,
+                        (t.loss_mask,) * len(t.completion_ids),
+                        adv,
+                        t.reward,
+                        t.finish_reason,
+                        t.kind,
+                    )
+                )
+        for n in tree.checkpoints():
+            critic.append(
+                CriticRow(
+                    collection_id,
+                    iteration,
+                    tree.task_id,
+                    tree_id,
+                    n.id,
+                    n.context_ids,
+                    1 / (n.id + 3),
+                    float(len(n.children)),
+                    None if n.id % 2 else 0.25 + n.id / 100,
+                )
+            )
+    stats = {
+        "transitions": sum(t.stats()["transitions"] for t in trees),
+        "wall_s": random.random(),
+        "phases": {"evidence": {"rollouts": len(trees)}},
+    }
+    return Batch(collection_id, iteration, actor, critic, stats)
+
+
+@pytest.fixture(scope="module")
+def trees() -> list[Tree]:
+    return [grow_tree("t1"), grow_tree("t2", branches=1)]
+
+
+@pytest.fixture(scope="module")
+def batch(trees) -> Batch:
+    return batch_from_trees(trees)
+
+
+def _root(tmp_path, kind: str) -> str:
+    return {
+        "memory": f"memory://store-{os.urandom(6).hex()}",
+        "file": f"file://{tmp_path}/store",
+        "path": str(tmp_path / "p"),
+    }[kind]
+
+
+# --- batches ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["memory", "file", "path"])
+def test_batch_round_trip_is_exact(tmp_path, batch, kind):
+    store = BatchStore(_root(tmp_path, kind))
+    url = store.write(batch)
+    assert url == store.url_for("c1", 0) and store.exists(url)
+    back = store.read(url)
+    assert back.actor == batch.actor  # exact ids, float64 log-probs, masks, kinds
+    assert back.critic == batch.critic  # including a None prediction
+    assert back.stats == batch.stats and back.collection_id == "c1" and back.iteration == 0
+    assert store.list() == [url] and store.list("c1") == [url]
+    # a store pickles (to a worker) and reads the same batch there
+    assert pickle.loads(pickle.dumps(store)).read(url).actor == batch.actor
+
+
+def test_batch_tables_are_queryable_with_duckdb(tmp_path, batch):
+    url = BatchStore(tmp_path).write(batch)
+    path = url.removeprefix("file://")
+    got = duckdb.sql(
+        f"select count(*), sum(len(completion_ids)), sum(list_sum(loss_mask)) from read_parquet('{path}/actor/*.parquet')"
+    ).fetchall()[0]
+    assert got == (len(batch.actor), batch.n_tokens, sum(sum(r.loss_mask) for r in batch.actor))
+    meta = json.loads(open(f"{path}/_manifest.json").read())
+    assert meta["info"]["summary"]["actor_rows"] == len(batch.actor)
+
+
+def test_large_tables_split_into_parts_and_come_back_in_order(tmp_path, batch):
+    store = BatchStore(tmp_path, rows_per_file=3)
+    url = store.write(batch)
+    parts = sorted(os.listdir(url.removeprefix("file://") + "/actor"))
+    assert len(parts) == math.ceil(len(batch.actor) / 3)
+    assert store.read(url).actor == batch.actor
+
+
+def test_writing_the_same_batch_twice_leaves_one_copy(tmp_path, batch):
+    store = BatchStore(tmp_path)
+    url = store.write(batch)
+    folder = url.removeprefix("file://")
+    before = {p: os.stat(os.path.join(dp, p)).st_mtime_ns for dp, _, fs in os.walk(folder) for p in fs}
+    rerun = Batch(
+        batch.collection_id, batch.iteration, list(batch.actor), list(batch.critic), {**batch.stats, "wall_s": 99.0}
+    )
+    assert store.write(rerun) == url
+    after = {p: os.stat(os.path.join(dp, p)).st_mtime_ns for dp, _, fs in os.walk(folder) for p in fs}
+    assert after == before  # nothing rewritten, no second copy
+    assert store.read(url).stats["wall_s"] == batch.stats["wall_s"]
+
+
+def test_a_different_batch_is_refused_unless_overwrite(tmp_path, batch):
+    store = BatchStore(tmp_path)
+    url = store.write(batch)
+    other = Batch("c1", 0, batch.actor[:2], batch.critic[:1], {})
+    with pytest.raises(BatchExistsError, match="overwrite=True"):
+        store.write(other)
+    assert store.read(url).actor == batch.actor  # the finished batch is intact
+    store.write(other, overwrite=True)
+    assert store.read(url).actor == batch.actor[:2]
+
+
+def test_half_written_batch_does_not_exist_and_a_rewrite_completes_it(tmp_path, batch, monkeypatch):
+    store = BatchStore(tmp_path, rows_per_file=2)
+    real_put = Location.put_bytes
+
+    def crash_on_manifest(self, url, data, retry, *, atomic=False):
+        if url.endswith("_manifest.json"):
+            raise KeyboardInterrupt("killed before the manifest")
+        real_put(self, url, data, retry, atomic=atomic)
+
+    monkeypatch.setattr(Location, "put_bytes", crash_on_manifest)
+    with pytest.raises(KeyboardInterrupt):
+        store.write(batch)
+    monkeypatch.setattr(Location, "put_bytes", real_put)
+    url = store.url_for("c1", 0)
+    with pytest.raises(BatchNotFound, match="without a manifest.*interrupted"):
+        store.read(url)
+    assert not store.exists(url) and store.list() == []
+    # the rerun writes fewer parts: the leftovers of the crashed write are removed
+    small = BatchStore(tmp_path, rows_per_file=1000)
+    small.write(batch)
+    assert os.listdir(url.removeprefix("file://") + "/actor") == ["part-00000.parquet"]
+    assert small.read(url).actor == batch.actor
+
+
+def test_missing_and_corrupt_manifests_are_clear_errors(tmp_path, batch):
+    store = BatchStore(tmp_path)
+    with pytest.raises(BatchNotFound, match="no batch at .*_manifest.json is missing"):
+        store.read(store.url_for("nope", 3))
+    url = store.write(batch)
+    manifest = url.removeprefix("file://") + "/_manifest.json"
+    good = open(manifest, "rb").read()
+    open(manifest, "wb").write(good[: len(good) // 2])
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        store.read(url)
+    with pytest.raises(ManifestError, match="overwrite=True"):
+        store.write(batch)  # a damaged batch is not silently replaced
+    doc = json.loads(good)
+    del doc["fingerprint"]
+    open(manifest, "w").write(json.dumps(doc))
+    with pytest.raises(ManifestError, match="lacks field.*fingerprint"):
+        store.read(url)
+    store.write(batch, overwrite=True)
+    assert store.read(url).actor == batch.actor
+
+
+def test_truncated_or_missing_data_files_are_detected(tmp_path, batch):
+    store = BatchStore(tmp_path)
+    url = store.write(batch)
+    part = url.removeprefix("file://") + "/actor/part-00000.parquet"
+    data = open(part, "rb").read()
+    open(part, "wb").write(data[:-100])
+    with pytest.raises(CorruptDataError, match="part-00000.parquet.*checksum"):
+        store.read(url)
+    os.remove(part)
+    with pytest.raises(CorruptDataError, match="missing"):
+        store.read(url)
+
+
+def test_schema_mismatch_is_named(tmp_path, batch):
+    """A file whose checksum is right but whose columns are wrong (another writer's bug)."""
+    store = BatchStore(tmp_path)
+    url = store.write(batch)
+    folder = url.removeprefix("file://")
+    table = pq.read_table(f"{folder}/actor/part-00000.parquet")
+    bad = table.set_column(table.schema.get_field_index("advantage"), "advantage", pa.array(["high"] * table.num_rows))
+    _replace_part(folder, "actor/part-00000.parquet", bad)
+    with pytest.raises(SchemaError, match="'advantage' has type string"):
+        store.read(url)
+    _replace_part(folder, "actor/part-00000.parquet", table.drop_columns(["loss_mask"]))
+    with pytest.raises(SchemaError, match=r"missing \['loss_mask'\]"):
+        store.read(url)
+    lp = table.column("logprobs").to_pylist()
+    lp[1] = lp[1][:-1]
+    _replace_part(
+        folder,
+        "actor/part-00000.parquet",
+        table.set_column(11, "logprobs", pa.array(lp, table.schema.field("logprobs").type)),
+    )
+    with pytest.raises(SchemaError, match="actor row 1 has a 'logprobs' list whose length differs"):
+        store.read(url)
+
+
+def _replace_part(folder: str, rel: str, table: pa.Table) -> None:
+    """Write ``table`` as ``rel`` and fix the manifest's checksum, as a buggy writer would."""
+    from storage.manifest import sha256
+
+    pq.write_table(table, f"{folder}/{rel}")
+    data = open(f"{folder}/{rel}", "rb").read()
+    doc = json.loads(open(f"{folder}/_manifest.json").read())
+    for f in doc["files"]:
+        if f["path"] == rel:
+            f["bytes"], f["sha256"] = len(data), sha256(data)
+    open(f"{folder}/_manifest.json", "w").write(json.dumps(doc))
+
+
+def test_bad_rows_are_rejected_before_anything_is_written(tmp_path, batch):
+    store = BatchStore(tmp_path)
+    r = batch.actor[0]
+    short = ActorRow(**{**r.__dict__, "logprobs": r.logprobs[:-1]})
+    with pytest.raises(SchemaError, match="log-probs"):
+        store.write(Batch("c1", 0, [short], [], {}))
+    wrong = ActorRow(**{**r.__dict__, "collection_id": "other"})
+    with pytest.raises(SchemaError, match="belongs to collection 'other'"):
+        store.write(Batch("c1", 0, [wrong], [], {}))
+    huge = ActorRow(**{**r.__dict__, "completion_ids": (2**40,), "logprobs": (-1.0,), "loss_mask": (1,)})
+    with pytest.raises(SchemaError, match="outside int32"):
+        store.write(Batch("c1", 0, [huge], [], {}))
+    with pytest.raises(TypeError, match="not JSON-serialisable"):
+        store.write(Batch("c1", 0, [], [], {"bad": object()}))
+    assert store.list() == [] and not os.path.exists(tmp_path / "batches")
+
+
+def test_paths_outside_the_root_are_refused(tmp_path, batch):
+    store = BatchStore(tmp_path / "root")
+    with pytest.raises(PathOutsideRoot, match="outside the store's root"):
+        store.read(f"file://{tmp_path}/elsewhere")
+    with pytest.raises(PathOutsideRoot, match="outside"):
+        store.read(f"file://{tmp_path}/root/../elsewhere")
+    with pytest.raises(PathOutsideRoot, match="outside"):
+        store.read("memory://root")
+    with pytest.raises(PathOutsideRoot, match="not a valid storage name"):
+        store.write(Batch("../escape", 0, [], [], {}))
+    with pytest.raises(PathOutsideRoot):
+        CheckpointStore(tmp_path).save("c1", "../../x", 0, 1)
+
+
+def test_retries_are_bounded_and_only_for_transient_errors():
+    calls: list[int] = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError(104, "reset by peer")
+        return "ok"
+
+    slept: list[float] = []
+    assert retrying(flaky, "read x", Retry(attempts=3, backoff_s=0.1), sleep=slept.append) == "ok"
+    assert slept == [0.1, 0.2]
+
+    def missing():
+        calls.append(1)
+        raise FileNotFoundError("x")
+
+    calls.clear()
+    with pytest.raises(FileNotFoundError):
+        retrying(missing, "read x", Retry(attempts=5), sleep=slept.append)
+    assert len(calls) == 1
+
+    with pytest.raises(StorageUnavailable, match="read x: storage unreachable after 2 attempt"):
+        retrying(lambda: (_ for _ in ()).throw(TimeoutError("slow")), "read x", Retry(attempts=2), sleep=lambda s: None)
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_checkpoint_round_trip_keeps_trees_branch_states_and_directory_workspaces(tmp_path, trees, kind):
+    store = CheckpointStore(_root(tmp_path, kind))
+    tree = trees[0]
+    state = {"trees": trees, "accounting": {"transitions": 7}}
+    url = store.save("c1", 1, 0, state)
+    assert url.endswith("checkpoints/c1/p001-w00000.pkl")
+    back = store.load("c1", 1, 0)
+    t = back["trees"][0]
+    assert t.nodes == tree.nodes and t.edges == tree.edges and back["accounting"] == {"transitions": 7}
+    for nid, bs in tree.states.items():
+        got = t.states[nid]
+        assert isinstance(got, BranchState) and got.context == bs.context and got.env_state == bs.env_state
+        assert isinstance(got.workspace, DirectoryWorkspace)
+        assert got.workspace.root != bs.workspace.root  # a real copy in a new folder
+        assert got.workspace.snapshot() == bs.workspace.snapshot()
+    assert any(s.workspace.list() for s in t.states.values())  # the notes survived
+    # the restored state continues: same prefix sent, workspace forked from the restored copy
+    agent = make_agent()
+    cp = next(n for n in t.nodes if n and t.nodes[n].kind == "checkpoint")
+    ro = run(agent.rollout(t.states[cp], seed=5))
+    assert agent.policy.prompts[0] == t.states[cp].context.prompt_ids
+    assert ro.pieces[-1].kind in ("terminal", "truncated")
+
+
+def test_checkpoint_latest_list_and_idempotent_save(tmp_path):
+    store = CheckpointStore(tmp_path)
+    assert store.latest("c1") is None and store.list("c1") == []
+    store.save("c1", 0, 0, {"wave": "evidence"})
+    store.save("c1", 1, 0, {"wave": 0})
+    store.save("c1", 1, 1, {"wave": 1})
+    store.save("c1", "final", 0, "done")
+    store.save("c2", 0, 0, "other collection")
+    assert store.list("c1") == [(0, 0), (1, 0), (1, 1), ("final", 0)]
+    assert store.latest("c1") == ("final", 0) and store.latest("c2") == (0, 0)
+    # saving a finished wave again keeps the first copy and changes no order
+    store.save("c1", 1, 0, {"wave": "recomputed"})
+    assert store.load("c1", 1, 0) == {"wave": 0} and store.latest("c1") == ("final", 0)
+    assert sorted(os.listdir(tmp_path / "checkpoints" / "c1")).count("p001-w00000.pkl") == 1
+    assert store.exists("c1", 1, 1) and not store.exists("c1", 1, 2)
+
+
+def test_checkpoint_bad_input(tmp_path):
+    store = CheckpointStore(tmp_path)
+    with pytest.raises(CheckpointNotFound, match="phase 2 wave 3"):
+        store.load("c1", 2, 3)
+    url = store.save("c1", 2, 3, list(range(100)))
+    path = url.removeprefix("file://")
+    os.remove(path.removesuffix(".pkl") + ".manifest.json")
+    with pytest.raises(CheckpointNotFound, match="interrupted"):
+        store.load("c1", 2, 3)  # data without manifest: not a checkpoint
+    assert store.latest("c1") is None
+    store.save("c1", 2, 3, list(range(100)))
+    open(path, "r+b").write(b"\x00\x01")
+    with pytest.raises(CorruptDataError, match="checksum"):
+        store.load("c1", 2, 3)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        store.save("c1", 2, 4, _Unpicklable())
+    assert not store.exists("c1", 2, 4)
+    with pytest.raises(ValueError, match="wave"):
+        store.save("c1", 0, -1, 1)
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("holds a socket")
