@@ -15,6 +15,10 @@ class PathOutsideRoot(StorageError, ValueError):
     """A URL or id that would read or write outside the store's configured root."""
 
 
+class RootNotFound(StorageError, FileNotFoundError):
+    """A write failed because the root's bucket (or parent folder) does not exist."""
+
+
 class StorageUnavailable(StorageError, ConnectionError):
     """The object store could not be reached after the configured retries."""
 

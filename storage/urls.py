@@ -25,7 +25,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage.errors import PathOutsideRoot, StorageUnavailable
+from storage.errors import PathOutsideRoot, RootNotFound, StorageUnavailable
 
 T = TypeVar("T")
 
@@ -218,7 +218,10 @@ class Location:
                     return
             self.fs.pipe_file(path, data)
 
-        retrying(put, f"write {url}", retry)
+        try:
+            retrying(put, f"write {url}", retry)
+        except FileNotFoundError as e:
+            raise RootNotFound(f"write {url}: {e}; create the bucket or check the store's root {self.root!r}") from e
 
     def exists(self, url: str, retry: Retry) -> bool:
         path = self.path(url)
