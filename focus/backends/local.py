@@ -1,0 +1,168 @@
+"""The embedded default model service: the tiny torch model on a loopback port.
+
+:class:`LocalModelServer` starts ``python -m focus.tinylm.server`` as a subprocess on
+127.0.0.1, waits until it answers ``/health``, and stops it by PID on exit (also at
+interpreter exit, and the server exits by itself when its parent dies). Clients talk
+to it over HTTP exactly as they would to vLLM or SGLang, so the whole pipeline is
+exercised with the same code paths it uses in production. Torch is imported only in
+the subprocess.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from focus.policy import PolicyError
+
+
+class LocalModelServer:
+    """Context manager around the tiny model's HTTP server.
+
+    ``weights``: a weights file (default: the committed initial weights).
+    ``port``: 0 picks a free one. ``debug``: enable prompt recording and fault
+    injection (``/debug/...``), for tests. ``workers``: generation threads.
+    """
+
+    def __init__(
+        self,
+        weights: str | os.PathLike[str] | None = None,
+        port: int = 0,
+        *,
+        debug: bool = False,
+        workers: int = 2,
+        torch_threads: int = 1,
+        startup_timeout_s: float = 60.0,
+    ) -> None:
+        self.weights = str(weights) if weights is not None else None
+        self.port = port
+        self.debug = debug
+        self.workers = workers
+        self.torch_threads = torch_threads
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    @property
+    def url(self) -> str:
+        if self.proc is None:
+            raise RuntimeError("LocalModelServer is not started")
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> LocalModelServer:
+        if self.proc is not None:
+            return self
+        tmp = Path(tempfile.mkdtemp(prefix="focus-tinylm-"))
+        port_file = tmp / "port"
+        cmd = [
+            sys.executable,
+            "-m",
+            "focus.tinylm.server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--port-file",
+            str(port_file),
+            "--workers",
+            str(self.workers),
+            "--torch-threads",
+            str(self.torch_threads),
+            "--parent-pid",
+            str(os.getpid()),
+        ]
+        if self.weights:
+            cmd += ["--weights", self.weights]
+        if self.debug:
+            cmd.append("--debug")
+        self._log = open(tmp / "server.log", "w+b")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        atexit.register(self.stop)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                log = self._read_log()
+                self.stop()
+                raise RuntimeError(f"tinylm server did not start (command {' '.join(cmd)}):\n{log}")
+            time.sleep(0.05)
+        self.port = int(port_file.read_text())
+        self._wait_healthy(deadline)
+        return self
+
+    def _wait_healthy(self, deadline: float) -> None:
+        while True:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"tinylm server on port {self.port} never answered /health")
+            time.sleep(0.05)
+
+    def _read_log(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> LocalModelServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- convenience --------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """The server's ``/v1/models`` card (includes ``policy_version``)."""
+        data = httpx.get(f"{self.url}/v1/models", timeout=10.0).json()
+        return dict(data["data"][0])
+
+    @property
+    def policy_version(self) -> str:
+        return str(self.info()["policy_version"])
+
+    def reload(self, weights: str | os.PathLike[str]) -> str:
+        """Load new weights into the running server; returns the new policy version."""
+        resp = httpx.post(f"{self.url}/update_weights_from_disk", json={"model_path": str(weights)}, timeout=60.0)
+        data = resp.json()
+        if resp.status_code != 200 or not data.get("success"):
+            raise PolicyError(f"weight reload from {weights} failed: {data.get('message', resp.text)}")
+        self.weights = str(weights)
+        return str(data["policy_version"])
+
+    def policy(self, **kwargs: Any) -> Any:
+        """An :class:`OpenAICompatPolicy` for this server, with the codec's vocabulary."""
+        from focus.backends.openai_compat import OpenAICompatPolicy
+        from focus.format import ByteCodec
+
+        kwargs.setdefault("vocab_size", ByteCodec.vocab_size)
+        return OpenAICompatPolicy(self.url, **kwargs)

@@ -1,0 +1,128 @@
+"""OpenAI-compatible completions, the way vLLM serves them, token-in/token-out.
+
+The prompt goes as a list of token ids (vLLM accepts ``prompt: list[int]``), so the
+server never re-tokenises text. ``return_token_ids`` makes vLLM return the sampled
+ids (``choices[0].token_ids``); ``return_tokens_as_token_ids`` makes the log-prob
+entries name ids as ``"token_id:<id>"``, a second source of the ids that works on
+older vLLM releases without ``return_token_ids``. ``logprobs: 0`` asks for the
+log-prob of the sampled token only. Answers whose ids and log-probs do not line up,
+or carry non-finite log-probs, are treated as malformed and retried.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from focus.backends.http import HttpClient, HttpConfig, MalformedResponse
+from focus.policy import Completion, Policy, SamplingParams
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error", "eos": "stop"}
+
+
+class OpenAICompatPolicy(Policy):
+    """``POST {base_url}/v1/completions`` with token-id prompts (vLLM and compatibles).
+
+    ``base_url`` is the server root (``http://host:8000``); a trailing ``/v1`` is
+    accepted too. ``policy_version`` starts as ``model`` and follows the server's
+    ``policy_version`` field when it reports one (the embedded server does).
+    ``extra_body`` is merged into every request (e.g. ``{"top_k": 20}``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str = "focus-tinylm",
+        *,
+        config: HttpConfig | None = None,
+        vocab_size: int | None = None,
+        extra_body: dict[str, Any] | None = None,
+        transport: Any = None,
+    ) -> None:
+        root = base_url.rstrip("/")
+        root = root[: -len("/v1")] if root.endswith("/v1") else root
+        self.http = HttpClient(root, config, transport=transport)
+        self.model = model
+        self.vocab_size = vocab_size
+        self.policy_version = model
+        self.extra_body = dict(extra_body or {})
+
+    @property
+    def url(self) -> str:
+        return f"{self.http.base_url}/v1/completions"
+
+    def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": list(prompt_ids),
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+            "n": 1,
+        }
+        if params.stop:
+            body["stop"] = list(params.stop)
+        if params.stop_token_ids:
+            body["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None:
+            body["seed"] = params.seed
+        body.update(self.extra_body)
+        return body
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        self.check_prompt(prompt_ids)
+        body = self.request_body(prompt_ids, params)
+        completion = await self.http.request("POST", "/v1/completions", body, parse_completion)
+        version = completion.meta.get("policy_version")
+        if isinstance(version, str) and version:
+            self.policy_version = version
+        return completion
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+def _token_id(tok: Any) -> int:
+    if isinstance(tok, str) and tok.startswith("token_id:"):
+        return int(tok[len("token_id:") :])
+    raise MalformedResponse(f"log-prob token {tok!r} is not of the form 'token_id:<id>'")
+
+
+def parse_completion(data: Any) -> Completion:
+    """A vLLM completions answer -> Completion; MalformedResponse when it cannot be trusted."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not choices or not isinstance(choices, list):
+        raise MalformedResponse("no 'choices' in the answer")
+    ch = choices[0]
+    lp = ch.get("logprobs")
+    if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs"), list):
+        raise MalformedResponse("the choice has no 'logprobs.token_logprobs' (was 'logprobs' dropped?)")
+    logprobs = lp["token_logprobs"]
+    ids = ch.get("token_ids")
+    if ids is None:
+        ids = [_token_id(t) for t in lp.get("tokens") or []]
+    elif lp.get("tokens") and all(isinstance(t, str) and t.startswith("token_id:") for t in lp["tokens"]):
+        if [_token_id(t) for t in lp["tokens"]] != list(ids):
+            raise MalformedResponse("'token_ids' and the ids in 'logprobs.tokens' disagree")
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        raise MalformedResponse("'token_ids' is not a list of ints")
+    if len(logprobs) != len(ids):
+        raise MalformedResponse(f"{len(ids)} tokens but {len(logprobs)} log-probs")
+    values = []
+    for i, x in enumerate(logprobs):
+        if not isinstance(x, int | float) or not math.isfinite(x):
+            raise MalformedResponse(f"log-prob {x!r} of token {i} is not a finite number")
+        values.append(float(x))
+    finish = _FINISH.get(str(ch.get("finish_reason")))
+    if finish is None:
+        raise MalformedResponse(f"unknown finish_reason {ch.get('finish_reason')!r}")
+    usage = data.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    meta = {k: data[k] for k in ("policy_version", "model", "id") if k in data}
+    return Completion(tuple(ids), tuple(values), finish, cached, meta)

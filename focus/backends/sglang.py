@@ -1,0 +1,104 @@
+"""SGLang's native ``POST /generate``, token-in/token-out.
+
+The request sends ``input_ids`` and ``sampling_params`` (``max_new_tokens``,
+``temperature``, ``top_p``, ``stop``, ``stop_token_ids``, ``sampling_seed``) with
+``return_logprob: true``. SGLang answers ``output_ids`` and, in ``meta_info``,
+``output_token_logprobs`` as ``[logprob, token_id, text_or_null]`` triples, a
+``finish_reason`` object (``{"type": "stop" | "length" | "abort", ...}``) and
+``cached_tokens``. The ids in the log-prob triples are the authority; ``output_ids``,
+when present, must agree with them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from focus.backends.http import HttpClient, HttpConfig, MalformedResponse
+from focus.policy import Completion, Policy, SamplingParams
+
+
+class SGLangPolicy(Policy):
+    """``POST {base_url}/generate`` of an SGLang server (or the embedded one)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        config: HttpConfig | None = None,
+        vocab_size: int | None = None,
+        policy_version: str = "sglang",
+        extra_sampling_params: dict[str, Any] | None = None,
+        transport: Any = None,
+    ) -> None:
+        self.http = HttpClient(base_url, config, transport=transport)
+        self.vocab_size = vocab_size
+        self.policy_version = policy_version
+        self.extra_sampling_params = dict(extra_sampling_params or {})
+
+    @property
+    def url(self) -> str:
+        return f"{self.http.base_url}/generate"
+
+    def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
+        sp: dict[str, Any] = {
+            "max_new_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "skip_special_tokens": False,
+        }
+        if params.stop:
+            sp["stop"] = list(params.stop)
+        if params.stop_token_ids:
+            sp["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None:
+            sp["sampling_seed"] = params.seed
+        sp.update(self.extra_sampling_params)
+        return {"input_ids": list(prompt_ids), "sampling_params": sp, "return_logprob": True, "stream": False}
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        self.check_prompt(prompt_ids)
+        completion = await self.http.request("POST", "/generate", self.request_body(prompt_ids, params), parse_generate)
+        version = completion.meta.get("policy_version")
+        if isinstance(version, str) and version:
+            self.policy_version = version
+        return completion
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+def parse_generate(data: Any) -> Completion:
+    """An SGLang ``/generate`` answer -> Completion; MalformedResponse when untrustworthy."""
+    if isinstance(data, list):  # a batch answer; we send one prompt
+        if len(data) != 1:
+            raise MalformedResponse(f"expected one result, got {len(data)}")
+        data = data[0]
+    meta = data.get("meta_info") if isinstance(data, dict) else None
+    if not isinstance(meta, dict):
+        raise MalformedResponse("no 'meta_info' in the answer")
+    triples = meta.get("output_token_logprobs")
+    if not isinstance(triples, list):
+        raise MalformedResponse("no 'meta_info.output_token_logprobs' (was return_logprob dropped?)")
+    ids: list[int] = []
+    lps: list[float] = []
+    for i, tr in enumerate(triples):
+        if not isinstance(tr, list | tuple) or len(tr) < 2 or not isinstance(tr[1], int):
+            raise MalformedResponse(f"log-prob entry {i} is not [logprob, token_id, text]: {tr!r}")
+        lp = tr[0]
+        if not isinstance(lp, int | float) or not math.isfinite(lp):
+            raise MalformedResponse(f"log-prob {lp!r} of token {i} is not a finite number")
+        ids.append(tr[1])
+        lps.append(float(lp))
+    out_ids = data.get("output_ids")
+    if out_ids is not None and list(out_ids) != ids:
+        raise MalformedResponse(f"'output_ids' ({len(out_ids)} ids) disagree with the log-prob ids ({len(ids)})")
+    fr = meta.get("finish_reason")
+    kind = fr.get("type") if isinstance(fr, dict) else fr
+    finish = {"stop": "stop", "length": "length", "abort": "abort"}.get(str(kind))
+    if finish is None:
+        raise MalformedResponse(f"unknown finish_reason {fr!r}")
+    cached = meta.get("cached_tokens")
+    extra = {k: meta[k] for k in ("policy_version", "id") if k in meta}
+    return Completion(tuple(ids), tuple(lps), finish, cached if isinstance(cached, int) else None, extra)

@@ -1,0 +1,275 @@
+"""The tiny model, its engine and its HTTP server: exact log-probs, seeds, cache, reload."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+
+import httpx
+import pytest
+import torch
+
+from focus.env import Message
+from focus.format import ByteCodec
+from focus.tinylm import pretrain
+from focus.tinylm.engine import Engine, EngineError, GenRequest
+from focus.tinylm.model import (
+    DEFAULT_WEIGHTS,
+    TinyConfig,
+    TinyLM,
+    load,
+    prompt_logprobs,
+    sampling_distribution,
+    save,
+    weights_version,
+)
+from focus.toy import opening_text
+
+CODEC = ByteCodec()
+PROMPT = tuple(CODEC.render([Message("user", opening_text(11))]))
+
+
+def expected_logprobs(model: TinyLM, prompt, ids, temperature: float, top_p: float) -> list[float]:
+    """Log-probs of ``ids`` recomputed from one full forward pass of prompt + ids."""
+    lp = prompt_logprobs(model, list(prompt) + list(ids))
+    out = []
+    for i, tok in enumerate(ids):
+        probs = sampling_distribution(lp[len(prompt) - 1 + i], temperature, top_p)
+        out.append(math.log(float(probs[tok])))
+    return out
+
+
+def test_kv_cache_matches_full_forward():
+    torch.manual_seed(0)
+    model = TinyLM(TinyConfig(n_layers=2)).eval()
+    ids = torch.randint(0, 263, (1, 40))
+    full, _ = model(ids)
+    part, cache = model(ids[:, :25])
+    step, cache = model(ids[:, 25:30], cache)
+    rest = []
+    for t in range(30, 40):
+        out, cache = model(ids[:, t : t + 1], cache)
+        rest.append(out)
+    inc = torch.cat([part, step, *rest], dim=1)
+    assert torch.allclose(full, inc, atol=1e-5)
+
+
+def test_sampling_distribution_applies_temperature_then_top_p():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    p = sampling_distribution(logits, 1.0, 1.0)
+    assert torch.allclose(p, torch.softmax(logits.double(), 0))
+    cold = sampling_distribution(logits, 0.5, 1.0)
+    assert torch.allclose(cold, torch.softmax(logits.double() / 0.5, 0))
+    nucleus = sampling_distribution(logits, 1.0, 0.7)
+    # softmax = [.644, .237, .087, .032]: the top two reach 0.7; renormalised over them
+    assert nucleus[2] == 0 and nucleus[3] == 0
+    assert torch.allclose(nucleus[:2], p[:2] / p[:2].sum())
+    greedy = sampling_distribution(logits, 0.0, 1.0)
+    assert greedy.tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine()
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (1.3, 0.5)])
+def test_engine_logprobs_are_those_of_the_sampled_distribution(engine, temperature, top_p):
+    res = engine.generate(
+        GenRequest(PROMPT, max_tokens=12, temperature=temperature, top_p=top_p, seed=5, ignore_eos=True)
+    )
+    assert len(res.token_ids) == 12 and res.finish_reason == "length"
+    want = expected_logprobs(engine.model, PROMPT, res.token_ids, temperature, top_p)
+    assert res.logprobs == pytest.approx(want, abs=1e-4)
+
+
+def test_engine_seed_reproduces_and_prefix_cache_does_not_change_results(engine):
+    cold = Engine(prefix_cache_size=0)
+    req = GenRequest(PROMPT, max_tokens=10, seed=123, ignore_eos=True)
+    a, b, c = engine.generate(req), engine.generate(req), cold.generate(req)
+    assert a.token_ids == b.token_ids == c.token_ids
+    assert b.cached_tokens == len(PROMPT) and c.cached_tokens == 0
+    assert b.logprobs == pytest.approx(c.logprobs, abs=1e-5)
+    others = {engine.generate(GenRequest(PROMPT, max_tokens=10, seed=s, ignore_eos=True)).token_ids for s in range(6)}
+    assert len(others) > 1
+    # a longer prompt sharing the prefix reuses it
+    longer = PROMPT + tuple(a.token_ids[:3])
+    assert engine.generate(GenRequest(longer, max_tokens=2, seed=1)).cached_tokens == len(PROMPT)
+
+
+def test_engine_stops_on_end_of_turn_stop_ids_and_strings(engine):
+    res = engine.generate(GenRequest(PROMPT, max_tokens=20, seed=0))
+    assert res.finish_reason == "stop" and res.token_ids[-1] == ByteCodec.EOT and res.matched == ByteCodec.EOT
+    first = res.token_ids[0]
+    by_id = engine.generate(GenRequest(PROMPT, max_tokens=20, seed=0, stop_token_ids=(first,)))
+    assert by_id.token_ids == (first,) and by_id.matched == first
+    by_str = engine.generate(GenRequest(PROMPT, max_tokens=20, seed=0, stop=(chr(first),)))
+    assert by_str.token_ids == (first,) and by_str.matched == chr(first)
+
+
+@pytest.mark.parametrize(
+    "req,match",
+    [
+        (GenRequest(()), "empty prompt"),
+        (GenRequest((1, 999)), "token id 999 at position 1"),
+        (GenRequest((1,), max_tokens=5000), "exceeds the model's context"),
+        (GenRequest((1,), top_p=0.0), "invalid temperature"),
+    ],
+)
+def test_engine_rejects_bad_requests_with_the_cause(engine, req, match):
+    with pytest.raises(EngineError, match=match):
+        engine.generate(req)
+
+
+def test_weights_load_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no tinylm weights"):
+        load(tmp_path / "missing.pt")
+    bad = tmp_path / "bad.pt"
+    torch.save({"something": 1}, bad)
+    with pytest.raises(ValueError, match="not a tinylm weights file"):
+        load(bad)
+
+
+def test_committed_weights_are_small_and_pretraining_is_deterministic(tmp_path):
+    assert DEFAULT_WEIGHTS.stat().st_size < 3_000_000
+    assert 500_000 <= load().n_params() <= 1_000_000
+    versions = []
+    for name in ("a.pt", "b.pt"):
+        torch.manual_seed(99)  # pretrain.train seeds itself; this must not matter
+        versions.append(save(pretrain.train(steps=3, batch_size=4, log_every=0), tmp_path / name))
+    assert versions[0] == versions[1]
+    ids, mask = pretrain.episode(__import__("random").Random(0), CODEC)
+    # trained tokens are exactly the moves: a digit then end-of-turn
+    trained = [t for t, m in zip(ids, mask, strict=True) if m]
+    assert all(chr(d) in "123456789" and e == ByteCodec.EOT for d, e in zip(trained[::2], trained[1::2], strict=True))
+
+
+# --- over HTTP -------------------------------------------------------------------------
+
+
+def test_server_health_models_tokenize_detokenize(local_model_server):
+    url = local_model_server.url
+    health = httpx.get(f"{url}/health").json()
+    card = local_model_server.info()
+    assert health["status"] == "ok" and health["policy_version"] == card["policy_version"] == weights_version(
+        DEFAULT_WEIGHTS
+    )
+    assert card["max_model_len"] == 4096
+    toks = httpx.post(f"{url}/tokenize", json={"prompt": "Total 5."}).json()
+    assert toks["tokens"] == list(b"Total 5.") and toks["count"] == 8
+    assert httpx.post(f"{url}/detokenize", json={"tokens": [*b"hi", ByteCodec.EOT]}).json()["prompt"] == "hi"
+    err = httpx.post(f"{url}/detokenize", json={"tokens": [400]})
+    assert err.status_code == 400 and "outside the vocabulary" in err.json()["message"]
+
+
+def test_server_completion_logprobs_match_direct_forward_pass(local_model_server):
+    model = load()
+    body = {
+        "prompt": list(PROMPT),
+        "max_tokens": 8,
+        "temperature": 0.8,
+        "top_p": 0.95,
+        "seed": 7,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "ignore_eos": True,
+    }
+    data = httpx.post(f"{local_model_server.url}/v1/completions", json=body).json()
+    ch = data["choices"][0]
+    assert ch["prompt_token_ids"] == list(PROMPT) and len(ch["token_ids"]) == 8
+    want = expected_logprobs(model, PROMPT, ch["token_ids"], 0.8, 0.95)
+    assert ch["logprobs"]["token_logprobs"] == pytest.approx(want, abs=1e-4)
+    # the same seed over HTTP reproduces the sample; SGLang's endpoint samples the same way
+    again = httpx.post(f"{local_model_server.url}/v1/completions", json=body).json()["choices"][0]
+    assert again["token_ids"] == ch["token_ids"]
+    sg = httpx.post(
+        f"{local_model_server.url}/generate",
+        json={
+            "input_ids": list(PROMPT),
+            "return_logprob": True,
+            "sampling_params": {
+                "max_new_tokens": 8,
+                "temperature": 0.8,
+                "top_p": 0.95,
+                "sampling_seed": 7,
+                "ignore_eos": True,
+            },
+        },
+    ).json()
+    assert sg["output_ids"] == ch["token_ids"]
+    assert [t[0] for t in sg["meta_info"]["output_token_logprobs"]] == pytest.approx(want, abs=1e-4)
+    assert sg["meta_info"]["finish_reason"] == {"type": "length", "length": 8}
+
+
+def test_server_rejects_bad_prompts_with_400_and_keeps_serving(local_model_server):
+    url = local_model_server.url
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": [1, 2, 300], "max_tokens": 2})
+    assert r.status_code == 400 and "token id 300 at position 2" in r.json()["message"]
+    r = httpx.post(f"{url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["message"]
+    r = httpx.post(f"{url}/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 200
+
+
+def test_server_serves_concurrent_requests_without_blocking_health(local_model_server):
+    url = local_model_server.url
+
+    async def go():
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            body = {
+                "prompt": list(PROMPT),
+                "max_tokens": 64,
+                "ignore_eos": True,
+                "logprobs": 0,
+                "return_token_ids": True,
+            }
+            gens = [asyncio.create_task(c.post("/v1/completions", json={**body, "seed": i})) for i in range(12)]
+            await asyncio.sleep(0.05)
+            t0 = time.perf_counter()
+            health = await c.get("/health")
+            health_s = time.perf_counter() - t0
+            results = await asyncio.gather(*gens)
+            return health, health_s, results
+
+    health, health_s, results = asyncio.run(go())
+    assert health.status_code == 200
+    assert all(r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 64 for r in results)
+    assert len({tuple(r.json()["choices"][0]["token_ids"]) for r in results}) > 1
+    assert health_s < 1.0, f"/health took {health_s:.2f} s while generating: the event loop is blocked"
+
+
+def test_weight_reload_changes_outputs_and_version(tmp_path):
+    from focus.backends import LocalModelServer
+
+    model = load()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    new_path = tmp_path / "perturbed.pt"
+    new_version = save(model, new_path)
+    body = {
+        "prompt": list(PROMPT),
+        "max_tokens": 16,
+        "seed": 3,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "ignore_eos": True,
+    }
+    with LocalModelServer() as server:
+        pid = server.pid
+        before = httpx.post(f"{server.url}/v1/completions", json=body).json()
+        assert server.reload(new_path) == new_version == server.policy_version
+        after = httpx.post(f"{server.url}/v1/completions", json=body).json()
+        assert after["policy_version"] == new_version != before["policy_version"]
+        assert after["choices"][0]["logprobs"] != before["choices"][0]["logprobs"]
+        assert after["choices"][0]["logprobs"]["token_logprobs"] == pytest.approx(
+            expected_logprobs(load(new_path), PROMPT, after["choices"][0]["token_ids"], 1.0, 1.0), abs=1e-4
+        )
+        with pytest.raises(Exception, match="no tinylm weights file"):
+            server.reload(tmp_path / "nope.pt")
+        assert server.policy_version == new_version  # a failed reload keeps the loaded weights
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
