@@ -1,0 +1,264 @@
+"""Training records for external trainers, built token for token from a batch.
+
+Both exporters start from the same pure step, :func:`actor_sequences`: the actor rows
+of one segment (edge) are joined into one token sequence when each turn's prompt
+extends the previous prompt plus its completion (the ``Segments`` and ``AppendOnly``
+contexts guarantee this), so a multi-turn segment becomes one training sequence in
+which the tool observations between turns carry mask 0. Turns are never joined across
+segments: sibling branches share their parent's tokens, and joining would train on
+those tokens once per branch. Nothing is re-tokenised: every id comes from the rows.
+
+- :func:`to_tinker_datums` builds ``tinker.Datum`` with the tinker-cookbook RL
+  convention: ``model_input = tokens[:-1]``, and ``target_tokens``, ``logprobs``,
+  ``advantages`` and ``mask`` aligned with ``tokens[1:]``. Tinker's built-in
+  ``importance_sampling`` loss takes only the first three; the cookbook drops ``mask``
+  before sending, as ``include_mask=False`` does here.
+- :func:`to_slime_samples` builds slime ``Sample`` objects (``tokens`` = prompt +
+  response, ``response_length``, ``loss_mask`` and ``rollout_log_probs`` over the
+  response). Every sample of one tree gets the same ``group_index``, so slime's grouped
+  advantage code only ever compares samples of one tree. slime is not installable
+  here; when it is not importable a field-for-field mirror, :class:`SlimeSample`, is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Literal
+
+from focus.batch import ActorRow, Batch
+
+if TYPE_CHECKING:
+    import tinker
+
+
+@dataclass(frozen=True)
+class TokenSequence:
+    """One training sequence: consecutive turns of one segment, aligned per token.
+
+    ``tokens`` is the first turn's prompt followed by every completion and the
+    observation ids between them. ``logprobs``, ``advantages`` and ``mask`` have one
+    entry per token: the behaviour log-prob, the row's advantage and the loss mask for
+    completion tokens; 0 for prompt and observation tokens. ``prompt_length`` is the
+    length of the first turn's prompt (everything after it is the "response").
+    """
+
+    rows: tuple[ActorRow, ...]
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    advantages: tuple[float, ...]
+    mask: tuple[int, ...]
+    prompt_length: int
+
+    @property
+    def advantage(self) -> float:
+        return self.rows[0].advantage
+
+    @property
+    def reward(self) -> float:
+        return sum(r.reward for r in self.rows)
+
+
+def _extends(prev: ActorRow, nxt: ActorRow) -> bool:
+    head = prev.prompt_ids + prev.completion_ids
+    return len(nxt.prompt_ids) >= len(head) and nxt.prompt_ids[: len(head)] == head
+
+
+def _sequence(rows: list[ActorRow]) -> TokenSequence:
+    first = rows[0]
+    tokens: list[int] = list(first.prompt_ids)
+    lps: list[float] = [0.0] * len(tokens)
+    advs: list[float] = [0.0] * len(tokens)
+    mask: list[int] = [0] * len(tokens)
+    for r in rows:
+        obs = r.prompt_ids[len(tokens) :]  # the observation ids appended since the last turn
+        tokens += obs
+        lps += [0.0] * len(obs)
+        advs += [0.0] * len(obs)
+        mask += [0] * len(obs)
+        tokens += r.completion_ids
+        lps += r.logprobs
+        advs += [r.advantage if m else 0.0 for m in r.loss_mask]
+        mask += r.loss_mask
+    return TokenSequence(tuple(rows), tuple(tokens), tuple(lps), tuple(advs), tuple(mask), len(first.prompt_ids))
+
+
+def actor_sequences(batch: Batch, *, merge_turns: bool = True, skip_unmasked: bool = True) -> list[TokenSequence]:
+    """The batch's actor rows as training sequences, in the batch's order of segments.
+
+    With ``merge_turns`` the turns of one segment are joined while each prompt extends
+    the previous turn and the advantage stays the same; otherwise each turn is its own
+    sequence. With ``skip_unmasked`` sequences without a single trained token (e.g. a
+    lone compaction turn) are left out, since they carry no gradient.
+    """
+    segments: dict[tuple[str, str, int], list[ActorRow]] = {}
+    for r in batch.actor:
+        if len(r.logprobs) != len(r.completion_ids) or len(r.loss_mask) != len(r.completion_ids):
+            raise ValueError(
+                f"actor row (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}) has "
+                f"{len(r.completion_ids)} ids, {len(r.logprobs)} log-probs and {len(r.loss_mask)} mask entries"
+            )
+        segments.setdefault((r.task_id, r.tree_id, r.edge_id), []).append(r)
+    out: list[TokenSequence] = []
+    for rows in segments.values():
+        rows = sorted(rows, key=lambda r: r.turn_index)
+        run: list[ActorRow] = []
+        for r in rows:
+            if run and not (merge_turns and _extends(run[-1], r) and r.advantage == run[-1].advantage):
+                out.append(_sequence(run))
+                run = []
+            run.append(r)
+        if run:
+            out.append(_sequence(run))
+    return [s for s in out if any(s.mask)] if skip_unmasked else out
+
+
+# --- Tinker ----------------------------------------------------------------------------------
+
+
+def tinker_datum(seq: TokenSequence, *, include_mask: bool = True) -> tinker.Datum:
+    """A ``tinker.Datum`` for one sequence, shifted as the tinker cookbook does."""
+    import numpy as np
+    import tinker
+
+    if len(seq.tokens) < 2:
+        raise ValueError(f"a sequence of {len(seq.tokens)} token(s) has nothing to predict")
+    inputs: dict[str, Any] = {
+        "target_tokens": tinker.TensorData.from_numpy(np.asarray(seq.tokens[1:], dtype=np.int64)),
+        "logprobs": tinker.TensorData.from_numpy(np.asarray(seq.logprobs[1:], dtype=np.float32)),
+        "advantages": tinker.TensorData.from_numpy(np.asarray(seq.advantages[1:], dtype=np.float32)),
+    }
+    if include_mask:
+        inputs["mask"] = tinker.TensorData.from_numpy(np.asarray(seq.mask[1:], dtype=np.float32))
+    return tinker.Datum(model_input=tinker.ModelInput.from_ints(list(seq.tokens[:-1])), loss_fn_inputs=inputs)
+
+
+def to_tinker_datums(
+    batch: Batch, *, merge_turns: bool = True, include_mask: bool = True, skip_unmasked: bool = True
+) -> list[tinker.Datum]:
+    """One ``tinker.Datum`` per sequence of :func:`actor_sequences` (same order)."""
+    seqs = actor_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)
+    return [tinker_datum(s, include_mask=include_mask) for s in seqs]
+
+
+# --- slime -----------------------------------------------------------------------------------
+
+
+@dataclass
+class SlimeSample:
+    """Field-for-field mirror of ``slime.utils.types.Sample`` (THUDM/slime), used only
+    when slime is not importable. Field names, order and defaults follow slime's
+    dataclass; its helper methods that need slime's runtime are left out.
+    """
+
+    class Status(Enum):
+        PENDING = "pending"
+        COMPLETED = "completed"
+        TRUNCATED = "truncated"
+        ABORTED = "aborted"
+        FAILED = "failed"
+
+    @dataclass
+    class SpecInfo:
+        spec_accept_token_num: int = 0
+        spec_draft_token_num: int = 0
+        spec_verify_ct: int = 0
+        completion_token_num: int = 0
+
+    @dataclass
+    class PrefixCacheInfo:
+        cached_tokens: int = 0
+        total_prompt_tokens: int = 0
+
+    group_index: int | None = None
+    index: int | None = None
+    prompt: str | list[dict[str, str]] = ""
+    tokens: list[int] = field(default_factory=list)
+    multimodal_inputs: dict[str, Any] | None = None
+    multimodal_train_inputs: dict[str, Any] | None = None
+    response: str = ""
+    response_length: int = 0
+    label: str | None = None
+    reward: float | dict[str, Any] | None = None
+    loss_mask: list[int] | None = None
+    weight_versions: list[str] = field(default_factory=list)
+    rollout_log_probs: list[float] | None = None
+    rollout_routed_experts: list[list[int]] | None = None
+    remove_sample: bool = False
+    teacher_log_probs: list[float] | None = None
+    mopd_teacher_log_probs: dict[str, list[float]] | None = None
+    status: SlimeSample.Status = Status.PENDING
+    metadata: dict = field(default_factory=dict)
+    generate_function_path: str | None = None
+    train_metadata: dict | None = None
+    session_id: str | None = None
+    non_generation_time: float = 0.0
+    spec_info: SlimeSample.SpecInfo = field(default_factory=SpecInfo)
+    prefix_cache_info: SlimeSample.PrefixCacheInfo = field(default_factory=PrefixCacheInfo)
+
+    @property
+    def effective_response_length(self) -> int:
+        return sum(self.loss_mask) if self.loss_mask is not None else self.response_length
+
+
+def slime_sample_class() -> type:
+    """slime's own ``Sample`` when slime is installed, else :class:`SlimeSample`."""
+    try:
+        from slime.utils.types import Sample
+    except ImportError:
+        return SlimeSample
+    return Sample  # type: ignore[no-any-return]
+
+
+_STATUS = {"stop": "COMPLETED", "length": "TRUNCATED", "abort": "ABORTED", "error": "FAILED"}
+
+
+def to_slime_samples(
+    batch: Batch,
+    *,
+    reward: Literal["advantage", "reward"] = "advantage",
+    merge_turns: bool = True,
+    skip_unmasked: bool = True,
+) -> list[Any]:
+    """One slime ``Sample`` per sequence of :func:`actor_sequences` (same order).
+
+    ``reward="advantage"`` (default) puts the segment's FOCUS advantage in
+    ``Sample.reward``, so slime's stock per-sample advantage path trains on it;
+    ``"reward"`` puts the env reward of the segment there instead. Both values, the
+    per-token advantages and the ids are in ``Sample.metadata`` either way.
+    """
+    if reward not in ("advantage", "reward"):
+        raise ValueError(f"reward must be 'advantage' or 'reward', got {reward!r}")
+    cls: Any = slime_sample_class()
+    groups: dict[tuple[str, str], int] = {}
+    out = []
+    for i, seq in enumerate(actor_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)):
+        first, last = seq.rows[0], seq.rows[-1]
+        group = groups.setdefault((first.task_id, first.tree_id), len(groups))
+        p = seq.prompt_length
+        out.append(
+            cls(
+                group_index=group,
+                index=i,
+                tokens=list(seq.tokens),
+                response_length=len(seq.tokens) - p,
+                reward=seq.advantage if reward == "advantage" else seq.reward,
+                loss_mask=list(seq.mask[p:]),
+                rollout_log_probs=list(seq.logprobs[p:]),
+                weight_versions=[r.policy_version for r in seq.rows],
+                status=cls.Status[_STATUS.get(last.finish_reason, "COMPLETED")],
+                metadata={
+                    "collection_id": first.collection_id,
+                    "iteration": first.iteration,
+                    "task_id": first.task_id,
+                    "tree_id": first.tree_id,
+                    "node_id": first.node_id,
+                    "edge_id": first.edge_id,
+                    "turns": [r.turn_index for r in seq.rows],
+                    "advantage": seq.advantage,
+                    "reward": seq.reward,
+                    "advantages": list(seq.advantages[p:]),
+                },
+            )
+        )
+    return out

@@ -1,0 +1,180 @@
+"""Tinker and slime exporters: real SDK types (tinker), real field names (slime), token alignment."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tinker
+from test_storage import CALL, VaryingLogprobPolicy, _note, batch_from_trees, graft
+
+from focus.agent import Agent
+from focus.batch import ActorRow, Batch
+from focus.branching import SparseCheckpoints
+from focus.env import Task
+from focus.exporters import (
+    SlimeSample,
+    TokenSequence,
+    actor_sequences,
+    slime_sample_class,
+    to_slime_samples,
+    to_tinker_datums,
+)
+from focus.format import ByteCodec, PolicyFormat, XmlToolCallParser
+from focus.testing import run
+from focus.tools import Tool, ToolEnv
+from focus.tree import Tree
+from focus.workspace import MemoryWorkspace
+
+#: Fields of slime's ``Sample`` dataclass, in order, as found in THUDM/slime
+#: slime/utils/types.py (commit 0d234f3e3a83c81b7d37209994e0b994deacbb24).
+SLIME_SAMPLE_FIELDS = [
+    "group_index", "index", "prompt", "tokens", "multimodal_inputs", "multimodal_train_inputs", "response",
+    "response_length", "label", "reward", "loss_mask", "weight_versions", "rollout_log_probs",
+    "rollout_routed_experts", "remove_sample", "teacher_log_probs", "mopd_teacher_log_probs", "status", "metadata",
+    "generate_function_path", "train_metadata", "session_id", "non_generation_time", "spec_info", "prefix_cache_info",
+]  # fmt: skip
+SLIME_STATUS = ["PENDING", "COMPLETED", "TRUNCATED", "ABORTED", "FAILED"]
+
+
+def multi_turn_tree(task_id: str) -> Tree:
+    """Checkpoints every 2 steps, so segments hold 2 turns (one a parse error shown back)."""
+    note = Tool("note", "save a note", {"type": "object", "properties": {"text": {"type": "string"}}}, _note)
+    env = ToolEnv(
+        [note], judge=lambda t, a: float(a == t.data["answer"]), workspace_factory=lambda t: MemoryWorkspace()
+    )
+    codec = ByteCodec()
+    policy = VaryingLogprobPolicy([CALL, "no tags here", CALL, CALL, "<answer>42</answer>"], codec)
+    agent = Agent(
+        policy, env, PolicyFormat(codec, XmlToolCallParser()), branch_points=SparseCheckpoints(2), max_steps=8
+    )
+    root = run(agent.start(Task(task_id, {"prompt": "say 42", "answer": "42"})))
+    tree = Tree.new(task_id, root, root.context.prompt_ids)
+    graft(tree, 0, run(agent.rollout(root, seed=0)))
+    cp = next(n.id for n in tree.checkpoints() if n.id != 0)
+    graft(tree, cp, run(agent.rollout(tree.states[cp], seed=1)))
+    return tree
+
+
+@pytest.fixture(scope="module")
+def batch() -> Batch:
+    b = batch_from_trees([multi_turn_tree("a"), multi_turn_tree("b")], "cx", 1)
+    assert any(r.turn_index == 1 for r in b.actor), "the test needs multi-turn segments"
+    return b
+
+
+def _positions(seq: TokenSequence) -> list[tuple[ActorRow, int, int]]:
+    """(row, index in completion, position in seq.tokens) of every completion token, found
+    independently of the exporter: each row's prompt must be a prefix of the sequence."""
+    out = []
+    for r in seq.rows:
+        assert seq.tokens[: len(r.prompt_ids)] == r.prompt_ids  # the exact prompt this turn was sampled from
+        for i in range(len(r.completion_ids)):
+            out.append((r, i, len(r.prompt_ids) + i))
+    return out
+
+
+def test_turns_of_a_segment_merge_and_segments_never_merge(batch):
+    seqs = actor_sequences(batch)
+    segments = {(r.task_id, r.tree_id, r.edge_id) for r in batch.actor}
+    assert len(seqs) == len(segments) < len(batch.actor)
+    # every trained token of the batch appears exactly once
+    assert sum(sum(s.mask) for s in seqs) == sum(sum(r.loss_mask) for r in batch.actor)
+    assert len(actor_sequences(batch, merge_turns=False)) == len(batch.actor)
+
+
+def test_tinker_datums_align_token_for_token(batch):
+    seqs = actor_sequences(batch)
+    datums = to_tinker_datums(batch)
+    assert len(datums) == len(seqs)
+    for seq, d in zip(seqs, datums, strict=True):
+        assert isinstance(d, tinker.Datum)
+        inputs = d.model_input.to_ints()
+        f = {k: v.to_numpy() for k, v in d.loss_fn_inputs.items()}
+        assert set(f) == {"target_tokens", "logprobs", "advantages", "mask"}
+        assert inputs == list(seq.tokens[:-1]) and f["target_tokens"].tolist() == list(seq.tokens[1:])
+        assert f["target_tokens"].dtype == np.int64 and d.model_input.length == len(f["target_tokens"])
+        trained = np.zeros(len(seq.tokens) - 1, dtype=bool)
+        for row, i, pos in _positions(seq):
+            j = pos - 1  # target index that predicts token ``pos`` from inputs[:pos]
+            assert f["target_tokens"][j] == row.completion_ids[i]
+            assert f["logprobs"][j] == np.float32(row.logprobs[i])
+            assert f["mask"][j] == row.loss_mask[i]
+            assert f["advantages"][j] == np.float32(row.advantage * row.loss_mask[i])
+            trained[j] = True
+        # prompt and observation tokens: no loss, no advantage, no log-prob
+        assert (
+            not f["mask"][~trained].any() and not f["advantages"][~trained].any() and not f["logprobs"][~trained].any()
+        )
+    tinker.types.ForwardBackwardInput(data=to_tinker_datums(batch, include_mask=False), loss_fn="importance_sampling")
+    assert {k for d in to_tinker_datums(batch, include_mask=False) for k in d.loss_fn_inputs} == {
+        "target_tokens",
+        "logprobs",
+        "advantages",
+    }
+
+
+def test_untrained_turns_and_broken_prefixes(batch):
+    r = batch.actor[0]
+    compaction = dataclasses.replace(r, edge_id=99, kind="compaction", loss_mask=(0,) * len(r.completion_ids))
+    assert to_tinker_datums(Batch("cx", 1, [compaction])) == []  # no trained token, no datum
+    kept = to_tinker_datums(Batch("cx", 1, [compaction]), skip_unmasked=False)
+    assert len(kept) == 1 and not kept[0].loss_fn_inputs["advantages"].to_numpy().any()
+    # a turn whose prompt does not extend the previous turn starts a new sequence
+    second = dataclasses.replace(r, turn_index=1, prompt_ids=(7, 7, 7))
+    assert len(actor_sequences(Batch("cx", 1, [r, second]))) == 2
+    follow = dataclasses.replace(r, turn_index=1, prompt_ids=r.prompt_ids + r.completion_ids + (5,))
+    assert len(actor_sequences(Batch("cx", 1, [follow, r]))) == 1  # order by turn index, not row order
+    with pytest.raises(ValueError, match="log-probs"):
+        actor_sequences(Batch("cx", 1, [dataclasses.replace(r, logprobs=())]))
+
+
+def test_slime_mirror_has_slime_field_names():
+    assert [f.name for f in dataclasses.fields(SlimeSample)] == SLIME_SAMPLE_FIELDS
+    assert [s.name for s in SlimeSample.Status] == SLIME_STATUS
+    cls = slime_sample_class()
+    assert [f.name for f in dataclasses.fields(cls)][: len(SLIME_SAMPLE_FIELDS)] == SLIME_SAMPLE_FIELDS
+
+
+def test_slime_samples_align_and_group_by_tree(batch):
+    seqs = actor_sequences(batch)
+    samples = to_slime_samples(batch)
+    assert len(samples) == len(seqs)
+    tree_of_group: dict[int, str] = {}
+    for seq, s in zip(seqs, samples, strict=True):
+        p = seq.prompt_length
+        assert s.tokens == list(seq.tokens) and s.tokens[:p] == list(seq.rows[0].prompt_ids)
+        assert s.response_length == len(s.tokens) - p == len(s.loss_mask) == len(s.rollout_log_probs)
+        for row, i, pos in _positions(seq):
+            assert s.tokens[pos] == row.completion_ids[i]
+            assert s.rollout_log_probs[pos - p] == row.logprobs[i]  # exact float64, not re-rounded
+            assert s.loss_mask[pos - p] == row.loss_mask[i]
+            assert s.metadata["advantages"][pos - p] == row.advantage * row.loss_mask[i]
+        assert s.reward == seq.rows[0].advantage and s.metadata["reward"] == sum(r.reward for r in seq.rows)
+        assert s.status.name == {"stop": "COMPLETED", "length": "TRUNCATED"}[seq.rows[-1].finish_reason]
+        assert tree_of_group.setdefault(s.group_index, s.metadata["tree_id"]) == s.metadata["tree_id"]
+        assert s.effective_response_length == sum(s.loss_mask)
+    assert len(tree_of_group) == len({r.tree_id for r in batch.actor}) == 2
+    assert [s.index for s in samples] == list(range(len(samples)))
+    by_reward = to_slime_samples(batch, reward="reward")
+    assert [s.reward for s in by_reward] == [sum(r.reward for r in q.rows) for q in seqs]
+    with pytest.raises(ValueError, match="reward must be"):
+        to_slime_samples(batch, reward="value")  # type: ignore[arg-type]
+
+
+def test_exports_from_a_batch_read_back_from_storage(tmp_path, batch):
+    from storage import BatchStore
+
+    store = BatchStore(tmp_path)
+    back = store.read(store.write(batch))
+    a, b = to_tinker_datums(batch), to_tinker_datums(back)
+    assert [d.model_input.to_ints() for d in a] == [d.model_input.to_ints() for d in b]
+    assert all(
+        np.array_equal(x.loss_fn_inputs[k].to_numpy(), y.loss_fn_inputs[k].to_numpy())
+        for x, y in zip(a, b, strict=True)
+        for k in x.loss_fn_inputs
+    )
+    assert [s.rollout_log_probs for s in to_slime_samples(back)] == [
+        s.rollout_log_probs for s in to_slime_samples(batch)
+    ]
