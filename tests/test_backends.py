@@ -1,0 +1,401 @@
+"""Policy backends against the real loopback server: conformance, exact tokens, retries."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import pickle
+import socket
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+from tinker import types as ttypes
+
+from focus.agent import Agent
+from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy, TinkerPolicy
+from focus.backends.http import MalformedResponse
+from focus.backends.openai_compat import parse_completion
+from focus.backends.sglang import parse_generate
+from focus.branching import EveryDecision
+from focus.context import Segments
+from focus.env import Message, Task
+from focus.format import ByteCodec, PolicyFormat, XmlToolCallParser
+from focus.policy import PolicyError, SamplingParams
+from focus.testing import PolicyConformance, run
+from focus.tools import Tool, ToolEnv
+from focus.toy import opening_text
+
+CODEC = ByteCodec()
+PROMPT = CODEC.render([Message("user", opening_text(9))])
+FAST = HttpConfig(backoff_s=0.01, backoff_max_s=0.05, max_retries=3, timeout_s=10)
+
+
+def fault(server, **spec) -> None:
+    assert httpx.post(f"{server.url}/debug/faults", json=spec).status_code == 200
+
+
+def recorded(server) -> list[tuple[int, ...]]:
+    return [tuple(r["prompt_ids"]) for r in httpx.get(f"{server.url}/debug/requests").json()["requests"]]
+
+
+def clear_recorded(server) -> None:
+    httpx.delete(f"{server.url}/debug/requests")
+
+
+async def sample_once(policy, prompt=PROMPT, **kw):
+    try:
+        return await policy.sample(prompt, SamplingParams(**{"max_tokens": 8, "seed": 1, **kw}))
+    finally:
+        await policy.aclose()
+
+
+class TestOpenAICompatConformance(PolicyConformance):
+    @pytest.fixture(autouse=True)
+    def _server(self, local_model_server):
+        self.server = local_model_server
+
+    def make_policy(self):
+        return OpenAICompatPolicy(self.server.url, vocab_size=CODEC.vocab_size, config=FAST)
+
+
+class TestSGLangConformance(PolicyConformance):
+    @pytest.fixture(autouse=True)
+    def _server(self, local_model_server):
+        self.server = local_model_server
+
+    def make_policy(self):
+        return SGLangPolicy(self.server.url, vocab_size=CODEC.vocab_size, config=FAST)
+
+
+@pytest.mark.parametrize("cls", [OpenAICompatPolicy, SGLangPolicy])
+def test_seeded_samples_reproduce_and_report_version_and_cache(local_model_server, cls):
+    a = run(sample_once(cls(local_model_server.url, config=FAST), max_tokens=12, stop_token_ids=(ByteCodec.EOT,)))
+    policy = cls(local_model_server.url, config=FAST)
+    b = run(sample_once(policy, max_tokens=12, stop_token_ids=(ByteCodec.EOT,)))
+    assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs)
+    assert b.cached_prompt_tokens == len(PROMPT)  # the second identical prompt hit the prefix cache
+    assert policy.policy_version == local_model_server.policy_version
+    others = {run(sample_once(cls(local_model_server.url, config=FAST), seed=s)).token_ids for s in range(2, 8)}
+    assert len(others) > 1
+
+
+def test_both_http_backends_sample_identically(local_model_server):
+    a = run(sample_once(OpenAICompatPolicy(local_model_server.url), temperature=0.9, top_p=0.8, max_tokens=10))
+    b = run(sample_once(SGLangPolicy(local_model_server.url), temperature=0.9, top_p=0.8, max_tokens=10))
+    assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+    assert a.logprobs == pytest.approx(b.logprobs, abs=1e-9)
+
+
+@pytest.mark.parametrize("cls", [OpenAICompatPolicy, SGLangPolicy])
+@pytest.mark.parametrize(
+    "spec,cause",
+    [
+        ({"status": 500}, "server error"),
+        ({"status": 429}, "server error"),
+        ({"malformed": True}, "malformed response"),
+        ({"nan_logprobs": True}, "malformed response"),
+        ({"delay_s": 1.0}, "timeout"),
+    ],
+)
+def test_transient_failures_are_retried(local_model_server, cls, spec, cause):
+    policy = cls(local_model_server.url, config=FAST.model_copy(update={"timeout_s": 0.4}))
+    fault(local_model_server, count=2, **spec)
+    c = run(sample_once(policy))
+    assert len(c.token_ids) > 0 and all(math.isfinite(x) for x in c.logprobs)
+    assert policy.http.retries == {cause: 2}
+
+
+@pytest.mark.parametrize("cls", [OpenAICompatPolicy, SGLangPolicy])
+def test_persistent_failure_raises_policy_error_naming_url_status_and_cause(local_model_server, cls):
+    policy = cls(local_model_server.url, config=FAST.model_copy(update={"max_retries": 2}))
+    fault(local_model_server, count=3, status=503)
+    with pytest.raises(PolicyError) as e:
+        run(sample_once(policy))
+    msg = str(e.value)
+    assert policy.url in msg and "3 attempt(s)" in msg and "status 503" in msg and "injected fault" in msg
+
+
+def test_client_errors_are_not_retried(local_model_server):
+    policy = OpenAICompatPolicy(local_model_server.url, config=FAST)  # no vocab_size: the server must refuse
+    with pytest.raises(PolicyError, match="rejected with status 400.*token id 999"):
+        run(sample_once(policy, prompt=[1, 999]))
+    assert policy.http.retries == {}
+    with pytest.raises(PolicyError, match="outside the vocabulary"):  # checked before sending when known
+        run(sample_once(OpenAICompatPolicy(local_model_server.url, vocab_size=263), prompt=[1, 999]))
+
+
+def test_refused_connection_is_retried_then_reported():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    policy = SGLangPolicy(f"http://127.0.0.1:{port}", config=FAST.model_copy(update={"max_retries": 1}))
+    with pytest.raises(PolicyError, match=rf"127\.0\.0\.1:{port}/generate failed after 2 attempt.*connection"):
+        run(sample_once(policy))
+
+
+def test_backoff_grows_exponentially_with_bounded_jitter():
+    from focus.backends.http import HttpClient
+
+    c = HttpClient("http://127.0.0.1:1", HttpConfig(backoff_s=0.1, backoff_max_s=1.0, jitter=0.5))
+    for attempt, base in [(0, 0.1), (1, 0.2), (2, 0.4), (5, 1.0)]:
+        waits = [c.backoff(attempt) for _ in range(50)]
+        assert all(base <= w <= base * 1.5 for w in waits) and len(set(waits)) > 1
+    assert c.backoff(0, retry_after=0.7) == 0.7
+
+
+def _vllm(ids, lps, finish="stop", **choice):
+    return {
+        "choices": [
+            {
+                "token_ids": ids,
+                "finish_reason": finish,
+                **choice,
+                "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": lps},
+            }
+        ]
+    }
+
+
+def test_completion_parser_validates_alignment_and_values():
+    c = parse_completion({**_vllm([5, 6], [-0.5, -1.0]), "usage": {"prompt_tokens_details": {"cached_tokens": 3}}})
+    assert c.token_ids == (5, 6) and c.logprobs == (-0.5, -1.0) and c.cached_prompt_tokens == 3
+    no_ids = _vllm([5, 6], [-0.5, -1.0])
+    del no_ids["choices"][0]["token_ids"]  # older vLLM: ids only in 'token_id:<id>' strings
+    assert parse_completion(no_ids).token_ids == (5, 6)
+    for bad, match in [
+        (_vllm([5, 6], [-0.5]), "2 tokens but 1 log-probs"),
+        (_vllm([5, 6], [-0.5, float("nan")]), "not a finite number"),
+        (_vllm([5, 6], [-0.5, None]), "not a finite number"),
+        (
+            {
+                "choices": [
+                    {
+                        "token_ids": [5],
+                        "finish_reason": "stop",
+                        "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-1.0]},
+                    }
+                ]
+            },
+            "disagree",
+        ),
+        ({"choices": [{"token_ids": [5], "finish_reason": "stop", "logprobs": None}]}, "no 'logprobs"),
+        (_vllm([5], [-1.0], finish="weird"), "unknown finish_reason"),
+        ({"choices": []}, "no 'choices'"),
+    ]:
+        with pytest.raises(MalformedResponse, match=match):
+            parse_completion(bad)
+
+
+def test_generate_parser_reads_sglang_triples():
+    ok = {
+        "output_ids": [3, 4],
+        "meta_info": {
+            "output_token_logprobs": [[-0.1, 3, None], [-0.2, 4, None]],
+            "finish_reason": {"type": "length", "length": 2},
+            "cached_tokens": 7,
+        },
+    }
+    c = parse_generate(ok)
+    assert (
+        c.token_ids == (3, 4)
+        and c.logprobs == (-0.1, -0.2)
+        and c.finish_reason == "length"
+        and c.cached_prompt_tokens == 7
+    )
+    for mutate, match in [
+        (lambda d: d.update(output_ids=[3, 5]), "disagree"),
+        (lambda d: d["meta_info"]["output_token_logprobs"].__setitem__(1, [float("inf"), 4, None]), "not a finite"),
+        (lambda d: d["meta_info"].pop("output_token_logprobs"), "return_logprob"),
+        (lambda d: d["meta_info"].update(finish_reason=None), "unknown finish_reason"),
+    ]:
+        bad = {
+            "output_ids": [3, 4],
+            "meta_info": {
+                **ok["meta_info"],
+                "output_token_logprobs": [list(t) for t in ok["meta_info"]["output_token_logprobs"]],
+            },
+        }
+        mutate(bad)
+        with pytest.raises(MalformedResponse, match=match):
+            parse_generate(bad)
+
+
+def test_policy_pickles_after_use_and_works_in_a_new_event_loop(local_model_server):
+    policy = OpenAICompatPolicy(local_model_server.url, config=FAST)
+    first = run(policy.sample(PROMPT, SamplingParams(max_tokens=4, seed=3)))  # client left open on a dead loop
+    clone = pickle.loads(pickle.dumps(policy))
+    assert clone.http._client is None and clone.http.config == FAST
+    assert run(sample_once(clone, max_tokens=4, seed=3)).token_ids == first.token_ids
+    assert run(sample_once(policy, max_tokens=4, seed=3)).token_ids == first.token_ids  # new loop, new client
+
+
+def test_concurrency_is_bounded_by_the_semaphore(local_model_server):
+    policy = OpenAICompatPolicy(local_model_server.url, config=HttpConfig(max_concurrency=2))
+    in_flight, peak = 0, 0
+
+    class Counting(httpx.AsyncHTTPTransport):
+        async def handle_async_request(self, request):
+            nonlocal in_flight, peak
+            in_flight += 1
+            peak = max(peak, in_flight)
+            try:
+                return await super().handle_async_request(request)
+            finally:
+                in_flight -= 1
+
+    policy.http._transport = Counting()
+
+    async def go():
+        try:
+            return await asyncio.gather(
+                *(policy.sample(PROMPT, SamplingParams(max_tokens=6, seed=i)) for i in range(8))
+            )
+        finally:
+            await policy.aclose()
+
+    assert len(run(go())) == 8 and peak == 2
+
+
+def test_importing_backends_loads_neither_torch_nor_tinker():
+    code = (
+        "import sys, focus.backends as b; [getattr(b, n) for n in b.__all__]; "
+        "bad = [m for m in ('torch', 'tinker', 'prefect', 'dask') if m in sys.modules]; assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- token exactness through the agent -------------------------------------------------
+
+
+async def _note(args, ctx):
+    return f"noted {args.get('text', '')!r}"
+
+
+def tool_agent(policy) -> Agent:
+    note = Tool("note", "save a note", {"type": "object", "properties": {"text": {"type": "string"}}}, _note)
+    env = ToolEnv([note], judge=lambda task, ans: float(ans == "42"))
+    return Agent(
+        policy,
+        env,
+        PolicyFormat(CODEC, XmlToolCallParser()),
+        context=Segments(),
+        branch_points=EveryDecision(),
+        max_steps=6,
+        sampling=SamplingParams(max_tokens=24, temperature=1.0),
+    )
+
+
+def test_tool_rollout_over_real_server_is_token_exact(local_model_server):
+    policy = local_model_server.policy(config=FAST)
+    agent = tool_agent(policy)
+    task = Task("t", {"prompt": "What is 6*7?"})
+
+    async def go():
+        try:
+            root = await agent.start(task)
+            clear_recorded(local_model_server)
+            return await agent.rollout(root, seed=11)
+        finally:
+            await policy.aclose()
+
+    ro = run(go())
+    turns = ro.turns
+    assert len(turns) >= 5, [p.kind for p in ro.pieces]
+    # what the server received is exactly what the rollout recorded, call by call
+    assert recorded(local_model_server) == [t.prompt_ids for t in turns]
+    for a, b in zip(turns, turns[1:], strict=False):
+        assert b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)] == a.prompt_ids + a.completion_ids
+        obs = b.prompt_ids[len(a.prompt_ids) + len(a.completion_ids) :]
+        assert list(obs) == CODEC.observation_ids(
+            a.completion_ids, [Message("tool" if "noted" in a.observation else "user", a.observation)]
+        )
+    for t in turns:
+        assert len(t.logprobs) == len(t.completion_ids) > 0 and all(math.isfinite(x) and x <= 0 for x in t.logprobs)
+
+
+def test_continuation_from_mid_rollout_checkpoint_resends_identical_prefix(local_model_server):
+    policy = local_model_server.policy(config=FAST)
+    agent = tool_agent(policy)
+    task = Task("t", {"prompt": "What is 6*7?"})
+
+    async def go():
+        try:
+            ro = await agent.rollout(await agent.start(task), seed=5)
+            checkpoints = [p for p in ro.pieces if p.kind == "checkpoint"]
+            mid = pickle.loads(pickle.dumps(checkpoints[len(checkpoints) // 2].state))
+            clear_recorded(local_model_server)
+            cont = await agent.rollout(mid, seed=99)
+            probe = await policy.sample(mid.context.prompt_ids, SamplingParams(max_tokens=1, seed=0))
+            return ro, mid, cont, probe
+        finally:
+            await policy.aclose()
+
+    ro, mid, cont, probe = run(go())
+    sent = recorded(local_model_server)
+    assert sent[0] == mid.context.prompt_ids == cont.turns[0].prompt_ids
+    assert mid.context.prompt_ids in [t.prompt_ids for t in ro.turns]  # the same prefix the first rollout sent
+    assert all(p[: len(sent[0])] == sent[0] for p in sent)  # every later prompt extends it
+    assert probe.cached_prompt_tokens == len(mid.context.prompt_ids)  # server-side prefix cache hit
+
+
+# --- Tinker ----------------------------------------------------------------------------
+
+
+class FakeSamplingClient:
+    """Answers like tinker.SamplingClient.sample: an awaitable of a real SampleResponse."""
+
+    def __init__(self, *, logprobs: bool = True, sync: bool = False) -> None:
+        self.calls: list[tuple[list[int], ttypes.SamplingParams]] = []
+        self.logprobs, self.sync = logprobs, sync
+
+    def sample(self, prompt, num_samples, sampling_params, **kw):
+        assert isinstance(prompt, ttypes.ModelInput) and num_samples == 1
+        self.calls.append((prompt.to_ints(), sampling_params))
+        rng = np.random.default_rng(sampling_params.seed)
+        n = min(sampling_params.max_tokens, 5)
+        toks = rng.integers(0, 256, n).astype(np.int32)
+        stop = "length"
+        if isinstance(sampling_params.stop, list) and sampling_params.stop and n < sampling_params.max_tokens:
+            toks = np.append(toks, np.int32(sampling_params.stop[0]))
+            stop = "stop"
+        seq = ttypes.SampledSequence(
+            stop_reason=stop,
+            sequence_id="s0",
+            tokens_np=toks,
+            logprobs_np=-rng.random(len(toks)).astype(np.float32) if self.logprobs else None,
+        )
+        resp = ttypes.SampleResponse(sequences=[seq], prompt_cache_hit_tokens=4)
+        if self.sync:
+            fut: __import__("concurrent.futures").futures.Future = __import__("concurrent.futures").futures.Future()
+            fut.set_result(resp)
+            return fut
+
+        async def later():
+            return resp
+
+        return later()
+
+
+class TestTinkerConformance(PolicyConformance):
+    def make_policy(self):
+        return TinkerPolicy(FakeSamplingClient(), vocab_size=CODEC.vocab_size)
+
+
+def test_tinker_policy_sends_exact_ids_and_params_and_reads_sequences():
+    client = FakeSamplingClient()
+    policy = TinkerPolicy(client, policy_version="tinker://run/1")
+    c = run(
+        policy.sample(PROMPT, SamplingParams(max_tokens=9, temperature=0.7, top_p=0.9, seed=4, stop_token_ids=(257,)))
+    )
+    ids, params = client.calls[0]
+    assert ids == list(PROMPT)
+    assert (params.max_tokens, params.temperature, params.top_p, params.seed, params.stop) == (9, 0.7, 0.9, 4, [257])
+    assert c.token_ids[-1] == 257 and c.finish_reason == "stop" and c.cached_prompt_tokens == 4
+    assert len(c.logprobs) == len(c.token_ids) and policy.policy_version == "tinker://run/1"
+    sync = run(TinkerPolicy(FakeSamplingClient(sync=True)).sample(PROMPT, SamplingParams(max_tokens=3, seed=4)))
+    assert sync.finish_reason == "length" and len(sync.token_ids) == 3
+    with pytest.raises(PolicyError, match="no log-probs"):
+        run(TinkerPolicy(FakeSamplingClient(logprobs=False)).sample(PROMPT, SamplingParams(max_tokens=3)))
