@@ -1,0 +1,122 @@
+"""A ChatCodec over a Hugging Face ``tokenizers`` tokenizer read from a local file.
+
+Real chat models (Qwen, many others) use ChatML: ``<|im_start|>role\\ncontent<|im_end|>\\n``
+per message and ``<|im_start|>assistant\\n`` to open the reply. This codec renders that
+layout from ids, encoding each piece of text on its own (the role header, the
+content, the separator) instead of tokenising the whole rendered string at once. That
+costs exact agreement with ``apply_chat_template`` at piece boundaries (BPE could
+merge across them), and buys the property FOCUS depends on: rendering is a
+concatenation of per-message ids, so ``render(messages + [reply, *observations])``
+equals ``render(messages) + reply ids + observation_ids(...)``, and sampled replies go
+in verbatim. Nothing is fetched from a hub: ``tokenizer_path`` is a ``tokenizer.json``
+file or a folder holding one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from focus.env import Message
+from focus.format import ChatCodec
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """The text around each message. ``{role}`` in ``turn_start`` is replaced by the role.
+
+    ``turn_end`` must be a single special token: it is the stop id a reply ends with.
+    """
+
+    turn_start: str = "<|im_start|>{role}\n"
+    turn_end: str = "<|im_end|>"
+    separator: str = "\n"
+    begin: str = ""
+    roles: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+
+CHATML = ChatTemplate()
+TEMPLATES = {"chatml": CHATML}
+
+
+class HFChatCodec(ChatCodec):
+    """ChatML (or another :class:`ChatTemplate`) over a local ``tokenizers`` tokenizer."""
+
+    def __init__(self, tokenizer_path: str | os.PathLike[str], chat_template: str | ChatTemplate = "chatml") -> None:
+        from tokenizers import Tokenizer
+
+        path = Path(tokenizer_path)
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no tokenizer file at {path} (give a tokenizer.json or a folder holding one)")
+        if isinstance(chat_template, str):
+            if chat_template not in TEMPLATES:
+                raise ValueError(
+                    f"unknown chat template {chat_template!r}; known: {sorted(TEMPLATES)} or a ChatTemplate"
+                )
+            chat_template = TEMPLATES[chat_template]
+        self.path = str(path)
+        self.template = chat_template
+        self._tok: Any = Tokenizer.from_file(self.path)
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        end = self._tok.token_to_id(chat_template.turn_end)
+        if end is None:
+            raise ValueError(
+                f"tokenizer {self.path} has no token {chat_template.turn_end!r}: the turn end must be one "
+                "special token (add it as a special token when building the tokenizer)"
+            )
+        self.end_id: int = end
+        self.stop_token_ids = (end,)
+        self._role_ids = {r: self.encode_text(chat_template.turn_start.format(role=r)) for r in chat_template.roles}
+        self._sep = self.encode_text(chat_template.separator)
+        self._begin = self.encode_text(chat_template.begin)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_tok"] = self._tok.to_str()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from tokenizers import Tokenizer
+
+        state["_tok"] = Tokenizer.from_str(state["_tok"])
+        self.__dict__.update(state)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of plain text (special-token strings in it map to their ids)."""
+        return list(self._tok.encode(text, add_special_tokens=False).ids) if text else []
+
+    def _header(self, role: str) -> list[int]:
+        try:
+            return self._role_ids[role]
+        except KeyError:
+            raise ValueError(f"chat template has no role {role!r}; known: {list(self._role_ids)}") from None
+
+    def _message(self, m: Message) -> list[int]:
+        body = list(m.token_ids) if m.token_ids is not None else self.encode_text(m.content)
+        if not body or body[-1] != self.end_id:
+            body.append(self.end_id)
+        return [*self._header(m.role), *body, *self._sep]
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+        ids = list(self._begin)
+        for m in messages:
+            ids += self._message(m)
+        if add_generation_prompt:
+            ids += self._header("assistant")
+        return ids
+
+    def observation_ids(self, completion_ids: Sequence[int], messages: Sequence[Message]) -> list[int]:
+        ids = [] if completion_ids and completion_ids[-1] == self.end_id else [self.end_id]
+        ids += self._sep
+        for m in messages:
+            ids += self._message(m)
+        ids += self._header("assistant")
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=True))

@@ -1,0 +1,117 @@
+"""HFChatCodec over a tiny BPE tokenizer built in tmp_path (nothing from a hub)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from focus.agent import Agent
+from focus.context import AppendOnly, Segments
+from focus.env import Message, Task
+from focus.format import PolicyFormat, XmlToolCallParser
+from focus.hf_codec import ChatTemplate, HFChatCodec
+from focus.policy import Completion, Policy, SamplingParams
+from focus.testing import run
+from focus.tools import Tool, ToolEnv
+
+CORPUS = [
+    "You are a helpful assistant. Call tools with <tool_call> and answer with <answer>.",
+    '{"name": "note", "arguments": {"text": "hello world"}}',
+    "What is 6*7? The answer is 42. Total 12. Reach 15.",
+    "user system assistant tool noted saved",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    d = tmp_path_factory.mktemp("tok")
+    tok.save(str(d / "tokenizer.json"))
+    return d
+
+
+MSGS = [Message("system", "You are a helpful assistant."), Message("user", "What is 6*7?")]
+
+
+def test_render_is_chatml_and_round_trips(tokenizer_dir):
+    codec = HFChatCodec(tokenizer_dir)
+    ids = codec.render(MSGS)
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    text = tok.decode(ids, skip_special_tokens=False)
+    assert text == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert codec.stop_token_ids == (tok.token_to_id("<|im_end|>"),)
+    assert codec.vocab_size == tok.get_vocab_size(with_added_tokens=True)
+    assert codec.render(MSGS, add_generation_prompt=False) == ids[: -len(codec._header("assistant"))]
+    assert codec.decode(codec.encode_text("The answer is 42.") + [codec.end_id]) == "The answer is 42."
+
+
+@pytest.mark.parametrize("ends_turn", [True, False])
+def test_render_of_extended_conversation_equals_prefix_plus_completion_plus_observation(tokenizer_dir, ends_turn):
+    codec = HFChatCodec(tokenizer_dir)
+    prefix = codec.render(MSGS)
+    # a "sampled" completion: arbitrary ids, possibly an odd split no tokenizer would produce
+    completion = codec.encode_text("<tool_call>") + codec.encode_text('{"name": "no') + codec.encode_text('te"}')
+    if ends_turn:
+        completion.append(codec.end_id)
+    obs = [Message("tool", "saved 1 note"), Message("user", "Go on.")]
+    extended = codec.render([*MSGS, Message("assistant", "ignored text", tuple(completion)), *obs])
+    assert extended == prefix + completion + codec.observation_ids(completion, obs)
+
+
+def test_agent_contexts_agree_and_prompts_extend_exactly(tokenizer_dir):
+    codec = HFChatCodec(tokenizer_dir)
+    note = Tool("note", "save", {"type": "object", "properties": {"text": {"type": "string"}}}, lambda a, c: "saved")
+    env = ToolEnv([note], judge=lambda t, a: float(a == "42"))
+    call = '<tool_call>{"name": "note", "arguments": {"text": "x"}}</tool_call>'
+    prompts = []
+    for ctx in (Segments(), AppendOnly()):
+        policy = _HFScripted(codec, [call, call, "<answer>42</answer>"])
+        agent = Agent(policy, env, PolicyFormat(codec, XmlToolCallParser()), context=ctx, max_steps=5)
+        ro = run(agent.rollout(run(agent.start(Task("t", {"prompt": "What is 6*7?"}))), seed=0))
+        assert ro.leaf.kind == "terminal" and ro.turns[-1].reward == 1.0
+        prompts.append([t.prompt_ids for t in ro.turns])
+        assert policy.prompts == prompts[-1]
+        for a, b in zip(ro.turns, ro.turns[1:], strict=False):
+            assert b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)] == a.prompt_ids + a.completion_ids
+    assert prompts[0] == prompts[1]
+
+
+class _HFScripted(Policy):
+    """Scripted replies encoded with the HF tokenizer (ScriptedPolicy encodes bytes)."""
+
+    def __init__(self, codec: HFChatCodec, texts: list[str]) -> None:
+        self.codec, self.texts, self.vocab_size = codec, texts, codec.vocab_size
+        self.prompts: list[tuple[int, ...]] = []
+
+    async def sample(self, prompt_ids, params: SamplingParams) -> Completion:
+        self.check_prompt(prompt_ids)
+        ids = [*self.codec.encode_text(self.texts[len(self.prompts)]), self.codec.end_id]
+        self.prompts.append(tuple(prompt_ids))
+        return Completion(tuple(ids), tuple(-0.5 for _ in ids), "stop")
+
+
+def test_codec_pickles_and_errors_name_the_cause(tokenizer_dir, tmp_path):
+    codec = HFChatCodec(tokenizer_dir / "tokenizer.json")
+    clone = pickle.loads(pickle.dumps(codec))
+    assert clone.render(MSGS) == codec.render(MSGS)
+    with pytest.raises(FileNotFoundError, match="no tokenizer file"):
+        HFChatCodec(tmp_path)
+    with pytest.raises(ValueError, match="unknown chat template"):
+        HFChatCodec(tokenizer_dir, chat_template="llama9")
+    with pytest.raises(ValueError, match="has no token '<eot>'"):
+        HFChatCodec(tokenizer_dir, chat_template=ChatTemplate(turn_end="<eot>"))
+    with pytest.raises(ValueError, match="no role 'robot'"):
+        codec.render([Message("robot", "beep")])
