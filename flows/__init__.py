@@ -1,0 +1,1 @@
+"""Prefect flows: collect (one iteration) and train_loop (collect -> train -> collect)."""

@@ -1,0 +1,121 @@
+"""The ``collect`` flow: one iteration of collection, phase by phase, resumable.
+
+The flow is a loop over Prefect tasks (one per phase, one per wave): check the
+configuration, evidence rollouts, critic scoring, then for each continuation phase
+waves of prioritised continuations (each followed by scoring) until the phase's plan is
+empty, then preparation and export. Every task is idempotent on (collection id, phase,
+wave) through the checkpoint store, so running the flow again - a retry of the same
+flow run, a rerun from the UI, or the CLI with the same collection id - skips what is
+finished and continues from the last finished wave.
+
+Services the configuration leaves implicit are started for the duration of the run
+(:func:`services`): the embedded model server when ``model.kind`` is ``local`` without
+a URL, and a Dask LocalCluster when ``execution.kind`` is ``dask`` without an address.
+Tasks receive their URL and address in the config; nothing is shared in-process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from focus.config import FocusConfig
+from focus.progress import CollectionProgress
+from tasks.phases import (
+    check_config,
+    continuation_wave,
+    critic_scoring,
+    evidence_rollouts,
+    prepare_export,
+    publish_report,
+)
+from tasks.steps import EVIDENCE, EVIDENCE_SCORED, Key, score_key, wave_key
+
+
+@contextlib.contextmanager
+def services(config: FocusConfig, server: Any = None) -> Iterator[FocusConfig]:
+    """Start what the config needs but does not name; yield the config that names them.
+
+    ``server`` is an already running model server to use (the train loop keeps one
+    across iterations).
+    """
+    with contextlib.ExitStack() as stack:
+        updates: dict[str, Any] = {}
+        if config.model.kind == "local" and config.model.url is None:
+            if server is None:
+                from focus.backends import LocalModelServer
+
+                kwargs = {"weights": config.model.weights} if config.model.weights else {}
+                server = stack.enter_context(LocalModelServer(**kwargs))
+            updates["model.url"] = server.url
+        if config.execution.kind == "dask" and config.execution.address is None:
+            from focus.dask_execution import DaskExecution
+
+            ex = config.execution
+            cluster = stack.enter_context(
+                DaskExecution(n_workers=ex.n_workers, threads_per_worker=ex.threads_per_worker, processes=ex.processes)
+            )
+            cluster.client()
+            updates["execution.address"] = cluster.scheduler_address
+        yield config.with_updates(**updates) if updates else config
+
+
+def collection_id_for_run(config: FocusConfig) -> FocusConfig:
+    """Give the config a collection id: its own, or one derived from the flow run, so a
+    retry of the same flow run resumes the same collection."""
+    if config.collection_id:
+        return config
+    from prefect.runtime import flow_run
+
+    run_id = str(flow_run.id or "")
+    name = str(flow_run.name or "run")
+    return config.with_updates(collection_id=f"{name}-{run_id[:8]}" if run_id else name)
+
+
+def run_collection(config: FocusConfig) -> dict[str, Any]:
+    """The phases of one collection as Prefect tasks (call inside a flow)."""
+    log = get_run_logger()
+    t0 = time.perf_counter()
+    records: list[dict[str, Any]] = [check_config(config)]
+    first = evidence_rollouts(config)
+    records.append(first)
+    log.info("collection %s: evidence %s", config.collection_id, "reused" if first["reused"] else "done")
+    records.append(critic_scoring(config, EVIDENCE.phase, EVIDENCE.wave, EVIDENCE_SCORED.phase, 0))
+    source: Key = EVIDENCE_SCORED
+    phases = config.search.phases
+    with CollectionProgress(config, enabled=config.progress, log=log) as progress:
+        for p in range(1, len(phases)):
+            progress.start_phase(p, phases[p])
+            wave = 0
+            while True:
+                rec = continuation_wave(config, source.phase, source.wave, p, wave)
+                records.append(rec)
+                if rec.get("done"):
+                    break
+                target = score_key(config, p, wave)
+                records.append(critic_scoring(config, wave_key(config, p, wave).phase, wave, target.phase, wave))
+                progress.wave_done(rec)
+                source = target
+                wave += 1
+    result = prepare_export(config, source.phase, source.wave)
+    publish_report(config, result, records)
+    stats = {
+        **result.get("summary", {}),
+        "steps": len(records),
+        "steps_reused": sum(1 for r in records if r.get("reused")),
+        "flow_wall_s": time.perf_counter() - t0,
+    }
+    log.info("collection %s: batch at %s", config.collection_id, result["batch_url"])
+    return {"collection_id": config.collection_id, "batch_url": result["batch_url"], "stats": stats}
+
+
+@flow(name="collect", log_prints=True)
+def collect(config: FocusConfig | None = None) -> dict[str, Any]:
+    """Collect one iteration; returns the batch URL and statistics."""
+    config = collection_id_for_run(config or FocusConfig())
+    with services(config) as cfg:
+        return run_collection(cfg)

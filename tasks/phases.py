@@ -1,0 +1,107 @@
+"""Prefect tasks, one per collection phase, as thin wrappers over :mod:`tasks.steps`.
+
+Each task takes the (small, picklable) config and checkpoint keys, does its work
+through :class:`tasks.steps.Steps` - which persists the big data to object storage -
+and returns a small JSON-able record. Prefect's own result caching is off
+(``NO_CACHE``): idempotency lives in the checkpoint store, so it holds across flow
+runs, retries, UI reruns and CLI reruns alike, and does not depend on Prefect's
+result storage being configured.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from focus.config import ExecutionConfig, FocusConfig
+from tasks.steps import Key, Steps
+
+
+def make_execution(ex: ExecutionConfig) -> Any:
+    """The execution service a step runs its rollouts on."""
+    if ex.kind == "dask":
+        from focus.dask_execution import DaskExecution
+
+        return DaskExecution(
+            address=ex.address,
+            n_workers=ex.n_workers,
+            threads_per_worker=ex.threads_per_worker,
+            processes=ex.processes,
+            shard_size=ex.shard_size,
+            max_concurrency=ex.max_concurrency,
+        )
+    from focus.execution import Execution
+
+    return Execution(max_concurrency=ex.max_concurrency)
+
+
+def steps_for(config: FocusConfig) -> Steps:
+    from storage import BatchStore, CheckpointStore
+
+    root = config.storage.root
+    return Steps(config, CheckpointStore(root), BatchStore(root), lambda: make_execution(config.execution))
+
+
+_OPTS: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
+
+
+@task(name="check-config", **_OPTS)
+def check_config(config: FocusConfig) -> dict[str, Any]:
+    return steps_for(config).check_config()
+
+
+@task(name="evidence-rollouts", **_OPTS)
+def evidence_rollouts(config: FocusConfig) -> dict[str, Any]:
+    """Phase 0: complete rollouts from every task's root."""
+    return steps_for(config).evidence()
+
+
+@task(name="critic-scoring", task_run_name="score-{target_phase}-{target_wave}", **_OPTS)
+def critic_scoring(
+    config: FocusConfig, source_phase: str, source_wave: int, target_phase: str, target_wave: int
+) -> dict[str, Any]:
+    """Critic predictions on the checkpoints the previous step added."""
+    return steps_for(config).score(Key(source_phase, source_wave), Key(target_phase, target_wave))
+
+
+@task(name="continuation-wave", task_run_name="wave-{phase_index}-{wave}", **_OPTS)
+def continuation_wave(
+    config: FocusConfig, source_phase: str, source_wave: int, phase_index: int, wave: int
+) -> dict[str, Any]:
+    """One wave of prioritised continuations (fanned out by the execution service)."""
+    return steps_for(config).wave(Key(source_phase, source_wave), phase_index, wave)
+
+
+@task(name="prepare-export", **_OPTS)
+def prepare_export(config: FocusConfig, source_phase: str, source_wave: int) -> dict[str, Any]:
+    """Estimator, critic targets and the Parquet batch; returns its URL and statistics."""
+    return steps_for(config).export(Key(source_phase, source_wave))
+
+
+@task(name="publish-report", **_OPTS)
+def publish_report(config: FocusConfig, result: dict[str, Any], steps: list[dict[str, Any]]) -> None:
+    """Prefect artifacts: a statistics table and a picture of the search trees."""
+    cid = config.collection_id or "collection"
+    rows = [{"statistic": k, "value": v} for k, v in result.get("summary", {}).items()]
+    rows.append({"statistic": "batch_url", "value": result.get("batch_url")})
+    create_table_artifact(rows, key=_artifact_key(cid, "stats"), description=f"Collection {cid}: batch statistics")
+    step_rows = [{k: s.get(k) for k in ("phase", "wave", "reused", "wall_s", "transitions", "jobs")} for s in steps]
+    create_table_artifact(step_rows, key=_artifact_key(cid, "steps"), description=f"Collection {cid}: steps")
+    png = steps_for(config).tree_picture()
+    if png:
+        body = base64.b64encode(png).decode()
+        create_markdown_artifact(
+            f"### Search trees of {cid}\n\n![search trees](data:image/png;base64,{body})\n",
+            key=_artifact_key(cid, "trees"),
+            description=f"Collection {cid}: search trees (first trees, nodes coloured by kind)",
+        )
+
+
+def _artifact_key(cid: str, what: str) -> str:
+    """Artifact keys allow lowercase letters, digits and dashes only."""
+    clean = "".join(c if c.isalnum() else "-" for c in cid.lower()).strip("-") or "collection"
+    return f"{clean[:60]}-{what}"

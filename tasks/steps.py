@@ -1,0 +1,293 @@
+"""The steps of one collection, each idempotent on (collection id, phase, wave).
+
+A step loads its input checkpoint, runs one piece of the Collector's step-wise API,
+saves its output checkpoint to object storage and returns a small JSON-able record.
+If its output checkpoint already exists, it returns at once (``reused: True``): that is
+what makes a rerun - a flow retry, a rerun from the UI or the CLI with the same
+collection id - resume after the last finished step and recompute nothing finished.
+Nothing here imports Prefect: the Prefect tasks in :mod:`tasks.phases` are thin
+wrappers, and these functions are testable and benchmarkable on their own.
+
+Checkpoint keys (phase, wave), in the order a collection writes them::
+
+    ("config", 0)          the configuration fingerprint (guards resumes)
+    ("evidence", 0)        search state after the evidence rollouts
+    ("evidence.score", 0)  ... after critic scoring
+    ("<p>.<name>", w)      ... after wave w of continuation phase p
+    ("<p>.<name>.score", w)... after scoring that wave's new checkpoints
+    ("<p>.<name>.end", 0)  marker: phase p planned an empty wave (it is done)
+    ("export", 0)          the batch URL and statistics
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from focus.config import FocusConfig
+
+#: Fields that may differ between a run and its resume (where things run, not what).
+RUNTIME_FIELDS = ("model.url", "execution", "progress", "storage")
+
+
+class ResumeMismatch(RuntimeError):
+    """A collection id reused with a different configuration."""
+
+
+@dataclass(frozen=True)
+class Key:
+    phase: str
+    wave: int = 0
+
+
+EVIDENCE = Key("evidence")
+EVIDENCE_SCORED = Key("evidence.score")
+EXPORT = Key("export")
+TREES_PNG = Key("trees.png")
+CONFIG = Key("config")
+
+
+def wave_key(config: FocusConfig, phase_index: int, wave: int) -> Key:
+    return Key(f"{phase_index}.{config.search.phases[phase_index].name}", wave)
+
+
+def score_key(config: FocusConfig, phase_index: int, wave: int) -> Key:
+    return Key(f"{phase_index}.{config.search.phases[phase_index].name}.score", wave)
+
+
+def end_key(config: FocusConfig, phase_index: int) -> Key:
+    return Key(f"{phase_index}.{config.search.phases[phase_index].name}.end")
+
+
+def fingerprint(config: FocusConfig) -> dict[str, Any]:
+    """What determines a collection's result: the config without where things run."""
+    data = config.model_dump(mode="json")
+    data.pop("execution", None)
+    data.pop("progress", None)
+    data.pop("storage", None)
+    data.get("model", {}).pop("url", None)
+    return data
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+class Steps:
+    """The steps of one collection against one checkpoint store.
+
+    ``store`` is a :class:`storage.CheckpointStore`; ``make_execution`` builds the
+    execution service a step runs rollouts on (in-process or Dask), and is closed after
+    the step.
+    """
+
+    def __init__(self, config: FocusConfig, store: Any, batch_store: Any, make_execution: Callable[[], Any]) -> None:
+        if not config.collection_id:
+            raise ValueError("a collection needs a collection_id before its steps run")
+        self.config = config
+        self.cid: str = config.collection_id
+        self.store = store
+        self.batch_store = batch_store
+        self.make_execution = make_execution
+
+    # ---- checkpoints ----
+
+    def load(self, key: Key) -> Any:
+        return self.store.load(self.cid, key.phase, key.wave)
+
+    def done(self, key: Key) -> bool:
+        return bool(self.store.exists(self.cid, key.phase, key.wave))
+
+    def save(self, key: Key, obj: Any) -> None:
+        self.store.save(self.cid, key.phase, key.wave, obj)
+
+    # ---- running collector pieces ----
+
+    def _run(self, fn: Callable[[Any, list[Any]], Any]) -> Any:
+        """Build a collector, run ``fn(collector, tasks)`` (a coroutine) and release everything."""
+        policy = self.config.build_policy()
+        agent, tasks = self.config.build_agent(policy)
+        execution = self.make_execution()
+        collector = self.config.build_collector(agent, execution)
+
+        async def go() -> Any:
+            try:
+                return await fn(collector, tasks)
+            finally:
+                await policy.aclose()
+
+        try:
+            return asyncio.run(go())
+        finally:
+            close = getattr(execution, "close", None)
+            if close is not None:
+                close()
+
+    def _record(self, key: Key, reused: bool, t0: float, state: Any = None, **extra: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "phase": key.phase,
+            "wave": key.wave,
+            "reused": reused,
+            "wall_s": time.perf_counter() - t0,
+        }
+        if state is not None:
+            out.update(state_stats(state))
+        out.update(extra)
+        return out
+
+    def tree_picture(self) -> bytes:
+        """The PNG written by :meth:`export` (empty if none)."""
+        return self.load(TREES_PNG) if self.done(TREES_PNG) else b""
+
+    # ---- the steps ----
+
+    def check_config(self) -> dict[str, Any]:
+        """Record the config on first run; refuse to resume a collection with another one."""
+        mine = fingerprint(self.config)
+        if self.done(CONFIG):
+            stored = json.loads(self.load(CONFIG))
+            if stored != mine:
+                fields = ", ".join(_diff(stored, mine)) or "?"
+                raise ResumeMismatch(
+                    f"collection {self.cid!r} already exists in {self.config.storage.root} with a different "
+                    f"configuration (differs in: {fields}); resume it with the same configuration or use a new "
+                    "collection id"
+                )
+            return {"phase": CONFIG.phase, "reused": True}
+        self.save(CONFIG, json.dumps(mine, sort_keys=True))
+        return {"phase": CONFIG.phase, "reused": False}
+
+    def evidence(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        if self.done(EVIDENCE):
+            return self._record(EVIDENCE, True, t0)
+
+        async def fn(c: Any, tasks: list[Any]) -> Any:
+            state = await c.start(tasks)
+            if c.search_config.phases[0].is_evidence:
+                state = await _rollouts(c, state, c.plan_wave(state, 0, 0))
+            return state
+
+        state = self._run(fn)
+        self.save(EVIDENCE, state)
+        return self._record(EVIDENCE, False, t0, state)
+
+    def score(self, source: Key, target: Key) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        if self.done(target):
+            return self._record(target, True, t0)
+        state = self.load(source)
+
+        async def fn(c: Any, _tasks: list[Any]) -> Any:
+            return await c.score(state)
+
+        state = self._run(fn)
+        self.save(target, state)
+        return self._record(target, False, t0, state)
+
+    def wave(self, source: Key, phase_index: int, wave: int) -> dict[str, Any]:
+        """Plan and run wave ``wave`` of continuation phase ``phase_index``.
+
+        Returns ``done: True`` (and writes the phase's end marker) when the plan is
+        empty: the phase's budget is spent or nothing is left to continue.
+        """
+        t0 = time.perf_counter()
+        key, end = wave_key(self.config, phase_index, wave), end_key(self.config, phase_index)
+        if self.done(key):
+            return self._record(key, True, t0, done=False)
+        if self.done(end) and self.load(end) == wave:
+            return self._record(key, True, t0, done=True)
+        state = self.load(source)
+
+        async def fn(c: Any, _tasks: list[Any]) -> Any:
+            plan = c.plan_wave(state, phase_index, wave)
+            if plan.empty:
+                return None, 0
+            return await _rollouts(c, state, plan), len(plan.jobs)
+
+        new_state, jobs = self._run(fn)
+        if new_state is None:
+            self.save(end, wave)
+            return self._record(key, False, t0, done=True, jobs=0)
+        self.save(key, new_state)
+        used = new_state.usage(phase_index)
+        return self._record(
+            key,
+            False,
+            t0,
+            new_state,
+            done=False,
+            jobs=jobs,
+            phase_transitions=int(used["transitions"]),
+            phase_tokens=int(used["tokens"]),
+        )
+
+    def export(self, source: Key) -> dict[str, Any]:
+        """Prepare the batch from the final state and write it; the batch URL comes back."""
+        t0 = time.perf_counter()
+        if self.done(EXPORT):
+            return {**self.load(EXPORT), "reused": True}
+        state = self.load(source)
+        policy = self.config.build_policy()
+        agent, _ = self.config.build_agent(policy)
+        collector = self.config.build_collector(agent)
+        batch = collector.prepare(state.trees)
+        url = self.batch_store.write(batch)
+        self.save(TREES_PNG, _tree_png(state.trees))
+        result = {"phase": EXPORT.phase, "batch_url": url, "summary": _jsonable(batch.summary()), "wall_s": 0.0}
+        result["wall_s"] = time.perf_counter() - t0
+        self.save(EXPORT, result)
+        return {**result, "reused": False}
+
+
+async def _rollouts(collector: Any, state: Any, plan: Any) -> Any:
+    """Run a wave's jobs and graft them, leaving scoring to the scoring step.
+
+    This is ``Collector.run_wave`` without its final ``score``: the pipeline scores in
+    its own task, so a failing critic service fails (and is retried as) the scoring
+    step, never a finished wave. Critic predictions depend only on a node's context, so
+    the result equals ``Collector.run_wave``'s (the pipeline tests check it).
+    """
+    from focus.search import graft
+
+    t0 = time.perf_counter()
+    rollouts = await collector.execution.run(collector.agent, list(plan.jobs))
+    name = collector.search_config.phases[plan.phase_index].name
+    return graft(state, plan, rollouts, name, wave_wall_s=time.perf_counter() - t0)
+
+
+def _tree_png(trees: list[Any]) -> bytes:
+    """The trees picture, or nothing when matplotlib is not installed (it is optional)."""
+    try:
+        from focus.report import tree_png
+
+        return tree_png(trees)
+    except ImportError:
+        return b""
+
+
+def state_stats(state: Any) -> dict[str, int]:
+    """Totals over a search state's trees (what progress and statistics show)."""
+    totals: dict[str, int] = {}
+    for tree in state.trees:
+        for k, v in tree.stats().items():
+            totals[k] = totals.get(k, 0) + v
+    return {k: totals.get(k, 0) for k in ("transitions", "tokens", "model_calls", "nodes")}
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v if isinstance(v, (int, float, str, bool)) or v is None else str(v) for k, v in d.items()}
+
+
+def config_hash(config: FocusConfig) -> str:
+    return hashlib.sha256(json.dumps(fingerprint(config), sort_keys=True).encode()).hexdigest()[:12]
