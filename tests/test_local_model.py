@@ -273,3 +273,26 @@ def test_weight_reload_changes_outputs_and_version(tmp_path):
         assert server.policy_version == new_version  # a failed reload keeps the loaded weights
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_server_exits_when_its_parent_dies_without_cleanup(tmp_path):
+    """A crashed test process (no atexit, no __exit__) must not leave a server behind."""
+    import subprocess
+    import sys
+
+    pid_file = tmp_path / "pid"
+    code = (
+        "import os, pathlib; from focus.backends import LocalModelServer; "
+        f"s = LocalModelServer().start(); pathlib.Path({str(pid_file)!r}).write_text(str(s.pid)); os._exit(0)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, 9)
+    raise AssertionError(f"server {pid} outlived its parent")
