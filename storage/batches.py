@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -36,10 +38,11 @@ from storage.errors import (
 )
 from storage.manifest import FileEntry, Manifest, dumps_json, sha256
 from storage.schema import (
+    ACTOR_SCHEMA,
+    CRITIC_SCHEMA,
     SCHEMA_VERSION,
     actor_rows,
     actor_table,
-    check_rows,
     critic_rows,
     critic_table,
     validate,
@@ -68,7 +71,8 @@ class BatchStore:
 
     ``storage_options`` go to fsspec (for s3: ``endpoint_url``, ``key`` ...; by default
     s3fs reads the ``AWS_*`` environment variables). ``retry`` bounds every network call.
-    ``rows_per_file`` splits large tables into several Parquet files.
+    ``rows_per_file`` splits large tables into several Parquet files; ``threads`` encode
+    and upload them concurrently; ``group_tokens`` bounds the token ids per row group.
     """
 
     def __init__(
@@ -78,12 +82,16 @@ class BatchStore:
         storage_options: dict[str, Any] | None = None,
         retry: Retry | None = None,
         rows_per_file: int = 100_000,
+        threads: int = 4,
+        group_tokens: int = 1 << 19,
     ) -> None:
         if rows_per_file < 1:
             raise ValueError("rows_per_file must be at least 1")
         self.loc = Location(root, storage_options)
         self.retry = retry or Retry()
         self.rows_per_file = rows_per_file
+        self.threads = max(1, threads)
+        self.group_tokens = max(1, group_tokens)
 
     @property
     def root(self) -> str:
@@ -101,7 +109,12 @@ class BatchStore:
     # --- writing ----------------------------------------------------------------------
 
     def encode(self, batch: Batch) -> list[tuple[str, bytes, int | None]]:
-        """The files of ``batch`` as (relative path, bytes, rows), without writing anything."""
+        """The files of ``batch`` as (relative path, bytes, rows), without writing anything.
+
+        Row-to-Arrow conversion holds the GIL but Parquet encoding does not, so with
+        ``threads > 1`` each file is encoded on its own thread, one row group at a time,
+        while the main thread converts the next rows.
+        """
         rows: list[ActorRow | CriticRow] = [*batch.actor, *batch.critic]
         for i, r in enumerate(rows):
             if r.collection_id != batch.collection_id or r.iteration != batch.iteration:
@@ -111,45 +124,51 @@ class BatchStore:
                     f"{what} row {index} belongs to collection {r.collection_id!r} iteration {r.iteration}, "
                     f"but the batch is {batch.collection_id!r} iteration {batch.iteration}"
                 )
-        check_rows(batch.actor, batch.critic)
+        stats = dumps_json(batch.stats)
         n = self.rows_per_file
-        files: list[tuple[str, bytes, int | None]] = []
         actor_parts = [batch.actor[i : i + n] for i in range(0, len(batch.actor), n)] or [[]]
         critic_parts = [batch.critic[i : i + n] for i in range(0, len(batch.critic), n)] or [[]]
-        for k, a in enumerate(actor_parts):
-            files.append((f"actor/part-{k:05d}.parquet", parquet_bytes(actor_table(a)), len(a)))
-        for k, c in enumerate(critic_parts):
-            files.append((f"critic/part-{k:05d}.parquet", parquet_bytes(critic_table(c)), len(c)))
-        files.append((STATS, dumps_json(batch.stats), None))
-        return files
+        parts: list[tuple[str, Callable[[Any], pa.Table], pa.Schema, Sequence[Any]]] = [
+            *((f"actor/part-{k:05d}.parquet", actor_table, ACTOR_SCHEMA, a) for k, a in enumerate(actor_parts)),
+            *((f"critic/part-{k:05d}.parquet", critic_table, CRITIC_SCHEMA, c) for k, c in enumerate(critic_parts)),
+        ]
+        pending: list[tuple[str, Future[bytes], int]] = []
+        try:
+            for path, build, schema, chunk in parts:
+                encoder = _Encoder(schema, threaded=self.threads > 1)
+                try:
+                    for group in _row_groups(chunk, self.group_tokens):
+                        encoder.add(build(group))
+                finally:
+                    pending.append((path, encoder.finish(), len(chunk)))
+            files: list[tuple[str, bytes, int | None]] = [(path, f.result(), rows) for path, f, rows in pending]
+        finally:
+            for _, f, _ in pending:
+                f.cancel()
+        return [*files, (STATS, stats, None)]
 
     def write(self, batch: Batch, *, overwrite: bool = False) -> str:
         """Write ``batch``; return its URL. Idempotent; see the module docstring."""
         url = self.url_for(batch.collection_id, batch.iteration)
-        files = self.encode(batch)
-        entries = tuple(FileEntry(path, len(data), sha256(data), rows) for path, data, rows in files)
-        fingerprint = sha256("\n".join(f"{e.path}:{e.sha256}" for e in entries if e.path != STATS).encode())
-        manifest_url = f"{url}/{MANIFEST}"
-        try:
-            existing = self.manifest(url)
-        except BatchNotFound:
-            existing = None
-        except ManifestError as e:
-            if not overwrite:
-                raise ManifestError(f"{e}; refusing to write over it (pass overwrite=True to replace it)") from e
-            existing = None
-        if existing is not None:
-            if existing.fingerprint == fingerprint:
-                return url
-            if not overwrite:
-                raise BatchExistsError(
-                    f"{url} already holds a different batch ({existing.info.get('summary', {}).get('actor_rows')} actor rows, "
-                    f"written {existing.created_at}); pass overwrite=True to replace it"
-                )
-        if existing is not None or overwrite:
-            self.loc.remove(manifest_url, self.retry)  # the old batch stops existing before its files change
-        for path, data, _ in files:
-            self.loc.put_bytes(f"{url}/{path}", data, self.retry)
+        with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="focus-batch") as pool:
+            existing_f = pool.submit(self._existing, url, overwrite)
+            files = self.encode(batch)
+            existing = existing_f.result()
+            entries = tuple(FileEntry(path, len(data), sha256(data), rows) for path, data, rows in files)
+            fingerprint = sha256("\n".join(f"{e.path}:{e.sha256}" for e in entries if e.path != STATS).encode())
+            manifest_url = f"{url}/{MANIFEST}"
+            if existing is not None:
+                if existing.fingerprint == fingerprint:
+                    return url
+                if not overwrite:
+                    raise BatchExistsError(
+                        f"{url} already holds a different batch "
+                        f"({existing.info.get('summary', {}).get('actor_rows')} actor rows, written {existing.created_at}); "
+                        "pass overwrite=True to replace it"
+                    )
+            if existing is not None or overwrite:
+                self.loc.remove(manifest_url, self.retry)  # the old batch stops existing before its files change
+            list(pool.map(lambda f: self.loc.put_bytes(f"{url}/{f[0]}", f[1], self.retry), files))
         keep = {f"{url}/{path}" for path, _, _ in files} | {manifest_url}
         for stale in self.loc.list_files(url, self.retry):
             if stale not in keep:
@@ -166,21 +185,34 @@ class BatchStore:
         self.loc.put_bytes(manifest_url, manifest.to_json(), self.retry, atomic=True)
         return url
 
+    def _existing(self, url: str, overwrite: bool) -> Manifest | None:
+        """The manifest already at ``url``, ``None`` if there is none (or it is damaged and
+        ``overwrite`` is set); a damaged one without ``overwrite`` is an error."""
+        try:
+            return self.manifest(url, hint=False)
+        except BatchNotFound:
+            return None
+        except ManifestError as e:
+            if not overwrite:
+                raise ManifestError(f"{e}; refusing to write over it (pass overwrite=True to replace it)") from e
+            return None
+
     # --- reading ----------------------------------------------------------------------
 
-    def manifest(self, url: str) -> Manifest:
-        """The manifest of the batch at ``url``; :class:`BatchNotFound` if there is none."""
+    def manifest(self, url: str, *, hint: bool = True) -> Manifest:
+        """The manifest of the batch at ``url``; :class:`BatchNotFound` if there is none
+        (with ``hint``, the error says whether files of an interrupted write are there)."""
         url = url.rstrip("/")
         try:
             data = self.loc.cat(f"{url}/{MANIFEST}", self.retry)
         except FileNotFoundError:
-            leftovers = self.loc.list_files(url, self.retry)
-            hint = (
+            leftovers = self.loc.list_files(url, self.retry) if hint else []
+            note = (
                 f"; {len(leftovers)} file(s) without a manifest are there: a write was interrupted, write the batch again"
                 if leftovers
                 else ""
             )
-            raise BatchNotFound(f"no batch at {url}: {MANIFEST} is missing{hint}") from None
+            raise BatchNotFound(f"no batch at {url}: {MANIFEST} is missing{note}") from None
         m = Manifest.from_json(data, f"{url}/{MANIFEST}")
         if m.kind != "batch":
             raise ManifestError(f"{url}/{MANIFEST}: describes a {m.kind!r}, not a batch")
@@ -240,6 +272,60 @@ class BatchStore:
             else self.loc.url("batches")
         )
         return sorted(f.rsplit("/", 1)[0] for f in self.loc.list_files(base, self.retry) if f.endswith("/" + MANIFEST))
+
+
+def _row_groups(rows: Sequence[Any], group_tokens: int) -> list[Sequence[Any]]:
+    """Consecutive slices of ``rows`` holding about ``group_tokens`` token ids each."""
+    groups: list[Sequence[Any]] = []
+    start, tokens = 0, 0
+    for i, r in enumerate(rows):
+        tokens += len(r.prompt_ids) + len(r.completion_ids) if isinstance(r, ActorRow) else len(r.context_ids)
+        if tokens >= group_tokens:
+            groups.append(rows[start : i + 1])
+            start, tokens = i + 1, 0
+    if start < len(rows) or not groups:
+        groups.append(rows[start:])
+    return groups
+
+
+class _Encoder:
+    """One Parquet file in memory, fed row groups in order; encodes on its own thread if asked.
+
+    A single worker thread keeps the row groups in order; Parquet encoding releases the
+    GIL, so it overlaps with the caller converting the next rows.
+    """
+
+    def __init__(self, schema: pa.Schema, *, threaded: bool) -> None:
+        self.sink = pa.BufferOutputStream()
+        self.writer = pq.ParquetWriter(self.sink, schema, **PARQUET_OPTIONS)
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="focus-parquet") if threaded else None
+        self.futures: list[Future[None]] = []
+
+    def add(self, table: pa.Table) -> None:
+        if self.executor is None:
+            self.writer.write_table(table)
+        else:
+            self.futures.append(self.executor.submit(self.writer.write_table, table))
+
+    def _close(self) -> bytes:
+        try:
+            for f in self.futures:
+                f.result()
+        finally:
+            self.writer.close()
+        return bytes(self.sink.getvalue().to_pybytes())
+
+    def finish(self) -> Future[bytes]:
+        if self.executor is None:
+            done: Future[bytes] = Future()
+            try:
+                done.set_result(self._close())
+            except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+                done.set_exception(e)
+            return done
+        f = self.executor.submit(self._close)
+        self.executor.shutdown(wait=False)
+        return f
 
 
 def parquet_bytes(table: pa.Table) -> bytes:

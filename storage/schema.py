@@ -68,37 +68,42 @@ SCHEMAS = {"actor": ACTOR_SCHEMA, "critic": CRITIC_SCHEMA}
 
 
 def _list_array(seqs: Sequence[Sequence[Any]], value_type: pa.DataType, dtype: Any, column: str) -> pa.Array:
+    """A list column from Python sequences, built from numpy offsets and values in one pass."""
     n = len(seqs)
-    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=n)
     offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    np.cumsum(np.fromiter(map(len, seqs), dtype=np.int64, count=n), out=offsets[1:])
     total = int(offsets[-1])
     if total > _I32.max:
         raise SchemaError(f"column {column!r} holds {total} values in one file; lower rows_per_file")
-    if dtype is np.int32:
-        wide = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=total)
-        if total and (wide.min() < _I32.min or wide.max() > _I32.max):
-            raise SchemaError(f"column {column!r} has a token id outside int32: {int(wide.min())}..{int(wide.max())}")
-        values = wide.astype(np.int32)
-    else:
+    try:
         values = np.fromiter(itertools.chain.from_iterable(seqs), dtype=dtype, count=total)
+    except OverflowError as e:
+        raise SchemaError(f"column {column!r} has a value outside {np.dtype(dtype).name}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise SchemaError(f"column {column!r} has a non-numeric value: {e}") from None
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type))
 
 
-def check_rows(actor: Sequence[ActorRow], critic: Sequence[CriticRow]) -> None:
-    """Per-row shape rules, checked before anything is written."""
-    for i, r in enumerate(actor):
-        n = len(r.completion_ids)
-        if len(r.logprobs) != n or len(r.loss_mask) != n:
+def _check_actor_shapes(table: pa.Table, where: str) -> None:
+    """Every row has one log-prob and one mask entry per completion token; masks are 0/1."""
+    if not table.num_rows:
+        return
+    n = pc.list_value_length(table.column("completion_ids"))
+    for other in ("logprobs", "loss_mask"):
+        bad = pc.not_equal(n, pc.list_value_length(table.column(other)))
+        if pc.any(bad).as_py():
+            i = pc.index(bad, True).as_py()
             raise SchemaError(
-                f"actor row {i} (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}): "
-                f"{n} completion ids, {len(r.logprobs)} log-probs, {len(r.loss_mask)} mask entries; they must match"
+                f"{where}: actor row {i} has {n[i].as_py()} completion ids but "
+                f"{pc.list_value_length(table.column(other))[i].as_py()} {other} entries; they must match"
             )
-        if any(m not in (0, 1) for m in r.loss_mask):
-            raise SchemaError(f"actor row {i}: loss mask entries must be 0 or 1, got {sorted(set(r.loss_mask))}")
+    mask = pc.list_flatten(table.column("loss_mask"))
+    if len(mask) and pc.any(pc.and_(pc.not_equal(mask, 0), pc.not_equal(mask, 1))).as_py():
+        raise SchemaError(f"{where}: loss_mask entries must be 0 or 1")
 
 
 def actor_table(rows: Sequence[ActorRow]) -> pa.Table:
+    """The actor rows as a table of :data:`ACTOR_SCHEMA`; :class:`SchemaError` for bad shapes."""
     cols: dict[str, pa.Array] = {
         "collection_id": pa.array([r.collection_id for r in rows], pa.string()),
         "iteration": pa.array([r.iteration for r in rows], pa.int64()),
@@ -117,7 +122,9 @@ def actor_table(rows: Sequence[ActorRow]) -> pa.Table:
         "reward": pa.array([r.reward for r in rows], pa.float64()),
         "finish_reason": pa.array([r.finish_reason for r in rows], pa.string()),
     }
-    return pa.Table.from_arrays(list(cols.values()), schema=ACTOR_SCHEMA)
+    table = pa.Table.from_arrays(list(cols.values()), schema=ACTOR_SCHEMA)
+    _check_actor_shapes(table, "batch")
+    return table
 
 
 def critic_table(rows: Sequence[CriticRow]) -> pa.Table:
@@ -166,15 +173,8 @@ def validate(table: pa.Table, kind: str, where: str) -> pa.Table:
             raise SchemaError(f"{where}: {kind} column {f.name!r} has null lists")
         cols.append(col.cast(f.type) if got != f.type else col)
     out = pa.Table.from_arrays(cols, schema=schema)
-    if kind == "actor" and out.num_rows:
-        n = pc.list_value_length(out.column("completion_ids"))
-        for other in ("logprobs", "loss_mask"):
-            bad = pc.not_equal(n, pc.list_value_length(out.column(other)))
-            if pc.any(bad).as_py():
-                i = pc.index(bad, True).as_py()
-                raise SchemaError(
-                    f"{where}: actor row {i} has a {other!r} list whose length differs from completion_ids"
-                )
+    if kind == "actor":
+        _check_actor_shapes(out, where)
     return out
 
 
