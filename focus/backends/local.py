@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,7 @@ class LocalModelServer:
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None
+        self._tmp: Path | None = None
 
     @property
     def url(self) -> str:
@@ -64,7 +66,7 @@ class LocalModelServer:
     def start(self) -> LocalModelServer:
         if self.proc is not None:
             return self
-        tmp = Path(tempfile.mkdtemp(prefix="focus-tinylm-"))
+        tmp = self._tmp = Path(tempfile.mkdtemp(prefix="focus-tinylm-"))
         port_file = tmp / "port"
         cmd = [
             sys.executable,
@@ -132,6 +134,9 @@ class LocalModelServer:
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
         atexit.unregister(self.stop)
 
     def __enter__(self) -> LocalModelServer:
