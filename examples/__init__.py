@@ -1,0 +1,1 @@
+"""Runnable examples. Each folder is a package: ``python -m examples.<name>.run``."""
