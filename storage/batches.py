@@ -152,6 +152,7 @@ class BatchStore:
         url = self.url_for(batch.collection_id, batch.iteration)
         with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="focus-batch") as pool:
             existing_f = pool.submit(self._existing, url, overwrite)
+            listed_f = pool.submit(self.loc.list_files, url, self.retry)  # leftovers of an interrupted write
             files = self.encode(batch)
             existing = existing_f.result()
             entries = tuple(FileEntry(path, len(data), sha256(data), rows) for path, data, rows in files)
@@ -169,10 +170,8 @@ class BatchStore:
             if existing is not None or overwrite:
                 self.loc.remove(manifest_url, self.retry)  # the old batch stops existing before its files change
             list(pool.map(lambda f: self.loc.put_bytes(f"{url}/{f[0]}", f[1], self.retry), files))
-        keep = {f"{url}/{path}" for path, _, _ in files} | {manifest_url}
-        for stale in self.loc.list_files(url, self.retry):
-            if stale not in keep:
-                self.loc.remove(stale, self.retry)
+            keep = {f"{url}/{path}" for path, _, _ in files} | {manifest_url}
+            list(pool.map(lambda stale: self.loc.remove(stale, self.retry), set(listed_f.result()) - keep))
         manifest = Manifest(
             kind="batch",
             collection_id=batch.collection_id,
