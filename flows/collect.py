@@ -52,6 +52,9 @@ def services(config: FocusConfig, server: Any = None) -> Iterator[FocusConfig]:
                 kwargs = {"weights": config.model.weights} if config.model.weights else {}
                 server = stack.enter_context(LocalModelServer(**kwargs))
             updates["model.url"] = server.url
+            if config.model.policy_version is None:
+                # the batch records which weights sampled it; prepare runs in its own task
+                updates["model.policy_version"] = server.policy_version
         if config.execution.kind == "dask" and config.execution.address is None:
             from focus.dask_execution import DaskExecution
 
