@@ -103,6 +103,9 @@ class Tree:
     states: dict[int, Any] = field(default_factory=dict)
     #: Rollouts started from each node (children plus rollouts still running).
     rollouts: int = 0
+    #: One record per rollout grafted by search (phase, wave, start node, seed, usage),
+    #: so batch statistics can be derived from the trees alone.
+    log: list[dict[str, Any]] = field(default_factory=list)
 
     ROOT = 0
 
@@ -175,7 +178,7 @@ class Tree:
 
     def without_states(self) -> Tree:
         """A copy without branch states (what a batch or a report needs)."""
-        return Tree(self.task_id, self.nodes, self.edges, {}, self.rollouts)
+        return Tree(self.task_id, self.nodes, self.edges, {}, self.rollouts, self.log)
 
     def stats(self) -> dict[str, int]:
         kinds = {k: 0 for k in NODE_KINDS}

@@ -1,0 +1,218 @@
+"""The critic: predicted remaining return from a checkpoint's context.
+
+A :class:`Critic` maps the exact context token ids of checkpoints to value predictions,
+in batches and asynchronously (a critic is usually a service). It may also report an
+uncertainty per prediction. Search uses predictions to rank checkpoints; preparation
+shrinks observed returns toward them (``focus.estimation``). Actor and critic stay
+fixed while a tree is collected; training updates them between collections.
+
+Backends: :class:`ConstantCritic` (no model: the same value everywhere),
+:class:`HttpCritic` (a scoring service over HTTP) and :class:`LocalCritic` (a small
+trainable model on CPU, fitted on the critic targets of prepared batches; see
+``focus.local_critic``... kept in this module, torch imported lazily).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import json
+import math
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+
+
+class CriticError(RuntimeError):
+    """The critic could not score (service down, malformed answer, bad input)."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    value: float
+    std: float | None = None
+
+
+class Critic(abc.ABC):
+    """Predicted remaining return of checkpoint contexts. Implement :meth:`predict`."""
+
+    @abc.abstractmethod
+    async def predict(self, contexts: Sequence[Sequence[int]]) -> list[float]:
+        """One predicted value per context, in order."""
+
+    async def predict_with_std(self, contexts: Sequence[Sequence[int]]) -> list[Prediction]:
+        """Predictions with an uncertainty; the default reports none."""
+        return [Prediction(v) for v in await self.predict(contexts)]
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; the default holds none."""
+
+
+def _check_values(values: Sequence[Any], n: int, where: str) -> list[float]:
+    if len(values) != n:
+        raise CriticError(f"{where} returned {len(values)} values for {n} contexts")
+    out = []
+    for i, v in enumerate(values):
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise CriticError(f"{where} returned a non-numeric value {v!r} at position {i}") from None
+        if not math.isfinite(f):
+            raise CriticError(f"{where} returned a non-finite value {f!r} at position {i}")
+        out.append(f)
+    return out
+
+
+class ConstantCritic(Critic):
+    """The same prediction everywhere (e.g. 0.5 for success rewards): no model needed."""
+
+    def __init__(self, value: float = 0.0, std: float | None = None) -> None:
+        if not math.isfinite(value):
+            raise ValueError(f"ConstantCritic value must be finite, got {value}")
+        self.value, self.std = float(value), std
+
+    async def predict(self, contexts: Sequence[Sequence[int]]) -> list[float]:
+        return [self.value] * len(contexts)
+
+    async def predict_with_std(self, contexts: Sequence[Sequence[int]]) -> list[Prediction]:
+        return [Prediction(self.value, self.std)] * len(contexts)
+
+
+class HttpCritic(Critic):
+    """A scoring service: ``POST url`` with a JSON list of contexts (lists of token ids).
+
+    The answer is a JSON list of numbers, or ``{"values": [...], "stds": [...]}``.
+    Requests are split into batches of ``batch_size``; connection errors and 5xx
+    answers are retried ``retries`` times with exponential backoff, then raise
+    :class:`CriticError` naming the URL and the cause.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        batch_size: int = 64,
+        timeout_s: float = 30.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("HttpCritic.batch_size must be at least 1")
+        self.url, self.batch_size, self.timeout_s = url, batch_size, timeout_s
+        self.retries, self.backoff_s, self.headers = retries, backoff_s, dict(headers or {})
+        self._client: httpx.AsyncClient | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_client"} | {"_client": None}
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers)
+        return self._client
+
+    async def _post(self, batch: list[list[int]]) -> list[Prediction]:
+        last: str = ""
+        for attempt in range(self.retries + 1):
+            try:
+                r = await self._http().post(self.url, json=batch)
+            except httpx.HTTPError as e:
+                last = f"{type(e).__name__}: {e}"
+            else:
+                if r.status_code < 500:
+                    if r.status_code != 200:
+                        raise CriticError(f"critic at {self.url} answered {r.status_code}: {r.text[:300]}")
+                    return self._parse(r, len(batch))
+                last = f"status {r.status_code}: {r.text[:200]}"
+            if attempt < self.retries:
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+        raise CriticError(f"critic at {self.url} failed after {self.retries + 1} attempts: {last}")
+
+    def _parse(self, r: httpx.Response, n: int) -> list[Prediction]:
+        try:
+            body = r.json()
+        except json.JSONDecodeError:
+            raise CriticError(f"critic at {self.url} answered non-JSON: {r.text[:200]!r}") from None
+        stds: list[float | None] = [None] * n
+        if isinstance(body, dict):
+            if "values" not in body:
+                raise CriticError(f"critic at {self.url} answered an object without 'values': keys {sorted(body)}")
+            values = body["values"]
+            if body.get("stds") is not None:
+                stds = list(_check_values(body["stds"], n, f"critic at {self.url} (stds)"))
+        else:
+            values = body
+        if not isinstance(values, list):
+            raise CriticError(f"critic at {self.url} answered {type(values).__name__}, expected a list of numbers")
+        vals = _check_values(values, n, f"critic at {self.url}")
+        return [Prediction(v, s) for v, s in zip(vals, stds, strict=True)]
+
+    async def predict_with_std(self, contexts: Sequence[Sequence[int]]) -> list[Prediction]:
+        batches = [[int(t) for t in c] for c in contexts]
+        parts = [batches[i : i + self.batch_size] for i in range(0, len(batches), self.batch_size)]
+        results = await asyncio.gather(*(self._post(p) for p in parts))
+        return [p for part in results for p in part]
+
+    async def predict(self, contexts: Sequence[Sequence[int]]) -> list[float]:
+        return [p.value for p in await self.predict_with_std(contexts)]
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+@contextmanager
+def serve_critic(critic: Critic, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve ``critic`` over HTTP (the protocol :class:`HttpCritic` speaks) in a thread.
+
+    Yields the URL. Used to put a locally trained critic behind the same interface a
+    remote scoring service has, and by the tests as a real loopback server.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # silence per-request logs
+            pass
+
+        def _send(self, code: int, body: object) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server naming
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"null")
+                if not isinstance(body, list) or not all(
+                    isinstance(c, list) and all(isinstance(t, int) for t in c) for c in body
+                ):
+                    self._send(400, {"error": "expected a JSON list of contexts, each a list of integer token ids"})
+                    return
+                preds = asyncio.run(critic.predict_with_std(body))
+            except json.JSONDecodeError as e:
+                self._send(400, {"error": f"body is not JSON: {e.msg}"})
+                return
+            except Exception as e:  # noqa: BLE001 - report, keep serving
+                self._send(500, {"error": f"{type(e).__name__}: {e}"})
+                return
+            stds = [p.std for p in preds]
+            self._send(
+                200, {"values": [p.value for p in preds], "stds": stds if all(s is not None for s in stds) else None}
+            )
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    thread = threading.Thread(target=server.serve_forever, name="focus-critic-server", daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{server.server_address[1]}/score"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -1,0 +1,57 @@
+"""The execution service: where and how concurrently rollout jobs run.
+
+:class:`Execution` runs a wave's jobs in this process on asyncio, at most
+``max_concurrency`` at once (the model service is the bottleneck; rollouts mostly
+wait on it). Subclasses run elsewhere - ``focus.dask_execution.DaskExecution`` ships
+shards of jobs to Dask workers, each of which runs its shard with this class.
+
+A job that raises is not allowed to take the wave down with it: it comes back as a
+rollout ending in a ``failed`` leaf whose cause names the exception, and the other
+jobs' work is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from focus.agent import Piece, Rollout
+
+if TYPE_CHECKING:
+    from focus.agent import Agent
+    from focus.search import RolloutJob
+
+log = logging.getLogger(__name__)
+
+
+class Execution(BaseModel):
+    """Runs rollout jobs in-process with bounded concurrency."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_concurrency: int = Field(64, ge=1)
+
+    async def run(self, agent: Agent, jobs: list[RolloutJob]) -> list[Rollout]:
+        """One rollout per job, in job order."""
+        sem = asyncio.Semaphore(self.max_concurrency)
+
+        async def one(job: RolloutJob) -> Rollout:
+            async with sem:
+                t0 = time.perf_counter()
+                try:
+                    return await agent.rollout(job.start, job.seed)
+                except Exception as e:  # noqa: BLE001 - one broken rollout must not lose the wave
+                    log.warning("rollout from node %s of tree %s failed: %r", job.node_id, job.tree_index, e)
+                    return failed_rollout(job, f"error: {type(e).__name__}: {e}", time.perf_counter() - t0)
+
+        return list(await asyncio.gather(*(one(j) for j in jobs)))
+
+
+def failed_rollout(job: RolloutJob, cause: str, wall_s: float = 0.0) -> Rollout:
+    """A rollout that produced nothing but a failed leaf (used for crashed jobs)."""
+    leaf = Piece((), "failed", job.start.steps, job.start.context.prompt_ids, cause=cause)
+    return Rollout(job.start.task.id, (leaf,), wall_s, {})

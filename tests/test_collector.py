@@ -1,0 +1,255 @@
+"""Collector contract: step-wise API, determinism and resume, batch rows, failures."""
+
+from __future__ import annotations
+
+import pickle
+
+import cloudpickle
+import pytest
+
+from focus.agent import Agent
+from focus.collector import Collector
+from focus.context import Summarize
+from focus.critic import ConstantCritic
+from focus.env import Action, Env, EnvError, Message, Reset, StepResult, Task
+from focus.estimation import DirectBranchTd
+from focus.execution import Execution
+from focus.format import ByteCodec, FinalAnswerParser, PolicyFormat
+from focus.priority import Phase, Selective, Uniform
+from focus.search import SearchState
+from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
+from focus.testing import ScriptedPolicy, run
+
+PHASES = [
+    Phase("evidence", rollouts_per_task=3),
+    Phase("continue", transitions=60, wave_size=8, max_branches=4, max_depth=8),
+]
+
+
+def synthetic(seed: int = 0, search=None, critic_noise: float = 0.1, max_steps: int = 20, execution=None):
+    mdps = [SHAPES[s](i) for i, s in enumerate(["uniform", "critical", "long"])]
+    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=max_steps)
+    tasks = [Task(f"t{i}", {"mdp": i}) for i in range(3)]
+    col = Collector(
+        agent,
+        search or Selective(phases=PHASES),
+        SyntheticCritic(mdps, critic_noise),
+        DirectBranchTd(),
+        execution or Execution(max_concurrency=4),
+        collection_id="c1",
+        iteration=2,
+        seed=seed,
+    )
+    return col, tasks, mdps
+
+
+def batch_key(batch):
+    return (
+        [(r.tree_id, r.edge_id, r.turn_index, r.completion_ids, round(r.advantage, 12)) for r in batch.actor],
+        [(r.tree_id, r.node_id, round(r.target, 12), r.weight) for r in batch.critic],
+    )
+
+
+def test_stepwise_api_matches_collect_and_is_deterministic():
+    col, tasks, _ = synthetic()
+    whole = run(col.collect(tasks))
+
+    async def steps():
+        state = await col.run_evidence(tasks)
+        state = await col.score(state)  # idempotent: nothing left unscored
+        wave = 0
+        while not (plan := col.plan_wave(state, 1, wave)).empty:
+            assert all(j.seed == col.plan_wave(state, 1, wave).jobs[i].seed for i, j in enumerate(plan.jobs))
+            state = await col.run_wave(state, plan)
+            wave += 1
+        return state
+
+    state = run(steps())
+    assert batch_key(col.prepare(state.trees)) == batch_key(whole)
+    assert batch_key(run(synthetic(seed=0)[0].collect(tasks))) == batch_key(whole)
+    assert batch_key(run(synthetic(seed=1)[0].collect(tasks))) != batch_key(whole)
+
+
+def test_resume_from_a_pickled_state_reproduces_the_batch():
+    col, tasks, _ = synthetic(seed=3)
+    whole = run(col.collect(tasks))
+
+    async def interrupted():
+        state = await col.run_evidence(tasks)
+        state = await col.run_wave(state, col.plan_wave(state, 1, 0))
+        blob = cloudpickle.dumps(state)  # what the pipeline persists after a wave
+        fresh, _, _ = synthetic(seed=3)  # a new process: new collector, same config
+        state = pickle.loads(blob)
+        wave = state.waves_done(1)
+        while not (plan := fresh.plan_wave(state, 1, wave)).empty:
+            state = await fresh.run_wave(state, plan)
+            wave += 1
+        return fresh.prepare(state)
+
+    assert batch_key(run(interrupted())) == batch_key(whole)
+
+
+def test_plan_is_pure_and_checks_wave_order():
+    col, tasks, _ = synthetic()
+    state = run(col.run_evidence(tasks))
+    before = cloudpickle.dumps(state.trees)
+    a, b = col.plan_wave(state, 1, 0), col.plan_wave(state, 1, 0)
+    assert [(j.tree_index, j.node_id, j.seed, j.branch) for j in a.jobs] == [
+        (j.tree_index, j.node_id, j.seed, j.branch) for j in b.jobs
+    ]
+    assert cloudpickle.dumps(state.trees) == before
+    assert col.plan_wave(state, 0, 1).empty  # evidence is one wave
+    with pytest.raises(ValueError, match="cannot plan wave 2"):
+        col.plan_wave(state, 1, 2)
+    with pytest.raises(ValueError, match="out of range"):
+        col.plan_wave(state, 5, 0)
+    new = run(col.run_wave(state, a))
+    with pytest.raises(ValueError, match="already grafted"):
+        run(col.run_wave(new, a))
+
+
+def test_budget_accounting_is_exact():
+    col, tasks, _ = synthetic()
+    state = run(col.run_search(tasks))
+    batch = col.prepare(state)
+    ev, cont = batch.stats["phases"]
+    trees_transitions = sum(t.stats()["transitions"] for t in state.trees)
+    assert batch.stats["transitions"] == ev["transitions"] + cont["transitions"] == trees_transitions
+    assert batch.stats["tokens"] == sum(t.stats()["tokens"] for t in state.trees) == batch.n_tokens
+    assert ev["rollouts"] == 3 * len(tasks) and ev["waves"] == 1
+    # the continuation phase stops launching once its budget is covered; launched
+    # rollouts finish, so it overshoots by less than one wave of full rollouts
+    assert 60 <= cont["transitions"] < 60 + 8 * 20
+    last_wave = max(r["wave"] for t in state.trees for r in t.log if r["phase"] == 1)
+    before_last = sum(r["transitions"] for t in state.trees for r in t.log if r["phase"] == 1 and r["wave"] < last_wave)
+    assert before_last < 60
+    # branch limits hold
+    for t in state.trees:
+        for n in t.checkpoints():
+            continued = sum(1 for r in t.log if r["node"] == n.id)
+            assert continued <= 4 or n.id == t.ROOT
+
+
+def test_batch_rows_cover_every_turn_with_the_segment_advantage():
+    col, tasks, _ = synthetic()
+    state = run(col.run_search(tasks))
+    batch = col.prepare(state)
+    n_turns = sum(len(e.turns) for t in state.trees for e in t.edges.values())
+    assert len(batch.actor) == n_turns
+    assert len(batch.critic) == sum(1 for t in state.trees for _ in t.checkpoints())
+    est = DirectBranchTd()
+    for ti, t in enumerate(state.trees):
+        adv = est.advantages(list(t.edges.values()), est.values(t))
+        for r in (r for r in batch.actor if r.tree_id == f"{t.task_id}#{ti}"):
+            e = t.edges[r.edge_id]
+            assert r.advantage == pytest.approx(adv[e.id])
+            turn = e.turns[r.turn_index]
+            assert r.completion_ids == turn.completion_ids and r.prompt_ids == turn.prompt_ids
+            assert r.loss_mask == (1,) * len(r.completion_ids) and r.logprobs == turn.logprobs
+    root_rows = [r for r in batch.critic if r.node_id == 0]
+    assert all(r.weight >= 3 and r.prediction is not None for r in root_rows)
+
+
+class _FlakyEnv(SyntheticEnv):
+    """Fails on a fixed subset of (state, action) pairs."""
+
+    async def step(self, state, action, workspace):
+        if state[1] % 5 == 3:
+            raise EnvError("simulated tool crash")
+        return await super().step(state, action, workspace)
+
+
+def test_failed_rollouts_are_excluded_and_counted():
+    col, tasks, mdps = synthetic()
+    col.agent.env = _FlakyEnv(mdps)
+    state = run(col.run_search(tasks))
+    batch = col.prepare(state)
+    assert batch.stats["failed_rollouts"] > 0
+    assert "env: simulated tool crash" in batch.stats["failure_causes"]
+    failed_edges = {
+        (f"{t.task_id}#{ti}", e.id)
+        for ti, t in enumerate(state.trees)
+        for e in t.edges.values()
+        if t.nodes[e.child].kind == "failed"
+    }
+    assert failed_edges and not failed_edges & {(r.tree_id, r.edge_id) for r in batch.actor}
+    assert batch.stats["excluded_segments"] >= len(failed_edges)
+    # values stay finite and only valid children are backed up
+    assert all(abs(r.advantage) < 10 for r in batch.actor)
+
+
+class _Exploding(Execution):
+    async def run(self, agent, jobs):
+        async def boom(start, seed):
+            if seed % 2:
+                raise RuntimeError("kaboom")
+            return await original(start, seed)
+
+        original = agent.rollout
+        agent.rollout = boom
+        try:
+            return await super().run(agent, jobs)
+        finally:
+            del agent.rollout
+
+
+def test_a_crashing_job_becomes_a_failed_rollout_and_keeps_the_others():
+    col, tasks, _ = synthetic(execution=_Exploding(max_concurrency=2))
+    state = run(col.run_evidence(tasks))
+    leaves = [r["leaf"] for t in state.trees for r in t.log]
+    assert "failed" in leaves and set(leaves) - {"failed"}
+    causes = {r["cause"] for t in state.trees for r in t.log if r["failed"]}
+    assert causes == {"error: RuntimeError: kaboom"}
+
+
+class _Counter(Env):
+    """Reward 1 for answering the number of the step; the prompt grows every step."""
+
+    async def reset(self, task, workspace):
+        return Reset(0, (Message("user", "count"),))
+
+    async def step(self, state, action: Action, workspace):
+        return StepResult(state + 1, "more " * 10, float(action.text == str(state + 1)), state + 1 >= 4)
+
+
+def test_compaction_turns_keep_their_mask_and_use_no_transition():
+    codec = ByteCodec()
+    agent = Agent(
+        ScriptedPolicy(["Answer: 1", "Answer: 2"], codec),
+        _Counter(),
+        PolicyFormat(codec, FinalAnswerParser()),
+        context=Summarize(max_prompt_tokens=120),
+        max_steps=12,
+    )
+    col = Collector(
+        agent,
+        Uniform(phases=[Phase("evidence", rollouts_per_task=2), Phase("more", transitions=6, wave_size=2)]),
+        ConstantCritic(0.5),
+        collection_id="c",
+        seed=0,
+    )
+    batch = run(col.collect([Task("a")]))
+    comp = [r for r in batch.actor if r.kind == "compaction"]
+    assert comp and all(set(r.loss_mask) == {0} for r in comp)
+    assert batch.stats["compactions"] == len(comp)
+    assert batch.stats["rollout_steps"] == batch.stats["transitions"] + batch.stats["compactions"]
+
+
+def test_bad_configuration_fails_clearly():
+    with pytest.raises(ValueError, match="rollouts_per_task .* or transitions"):
+        Phase("x")
+    with pytest.raises(ValueError, match="only the first phase"):
+        Selective(phases=[Phase("a", transitions=3), Phase("b", rollouts_per_task=2)])
+    col, _, _ = synthetic()
+    with pytest.raises(ValueError, match="at least one task"):
+        run(col.collect([]))
+
+
+def test_configs_and_state_pickle():
+    s = Selective(phases=PHASES, kappa=2.0)
+    assert pickle.loads(pickle.dumps(s)) == s
+    assert pickle.loads(pickle.dumps(Execution(max_concurrency=3))).max_concurrency == 3
+    col, tasks, _ = synthetic()
+    state = run(col.run_evidence(tasks))
+    again = pickle.loads(pickle.dumps(state))
+    assert isinstance(again, SearchState) and len(again.trees) == 3 and again.waves == [(0, 0)]
