@@ -106,7 +106,7 @@ def uniform_tree(seed: int, branching: int = 3, depth: int = 4) -> TreeMDP:
         if len(path) == depth:
             return []
         probs = _dirichlet(random.Random(hash((seed, path))), branching)
-        out = []
+        out: list[Transition] = []
         for a in range(branching):
             child = (*path, a)
             rates[child] = min(1.0, max(0.0, rates.get(path, 0.5) + rng.uniform(-0.35, 0.35)))
@@ -132,7 +132,7 @@ def critical_decision(seed: int, depth: int = 6, critical: int = 1, p_good: floa
             opts = [((t + 1, 1, luck), p_good), ((t + 1, 0, luck), 1 - p_good)]
         else:
             opts = [((t + 1, good, luck + 1), 0.5), ((t + 1, good, luck), 0.5)]
-        out = []
+        out: list[Transition] = []
         for a, (nk, p) in enumerate(opts):
             r = 0.8 * nk[1] + 0.2 * float(nk[2] >= (depth - 1) / 2) if last else 0.0
             out.append((nk, r, p, lengths[(t, a)]))
@@ -152,7 +152,7 @@ def long_horizon(seed: int, horizon: int = 12, target: int = 2) -> TreeMDP:
         if t == horizon:
             return []
         last = t + 1 == horizon
-        out = []
+        out: list[Transition] = []
         for nx, p in ((x + 1, bias[(t, x)]), (x - 1, 1 - bias[(t, x)])):
             out.append(((t + 1, nx), float(nx >= target) if last else 0.0, p, lengths[(t, x)]))
         return out
