@@ -231,13 +231,14 @@ def test_server_serves_concurrent_requests_without_blocking_health(local_model_s
             health = await c.get("/health")
             health_s = time.perf_counter() - t0
             results = await asyncio.gather(*gens)
-            return health, health_s, results
+            return health, health_s, time.perf_counter() - t0, results
 
-    health, health_s, results = asyncio.run(go())
+    health, health_s, total_s, results = asyncio.run(go())
     assert health.status_code == 200
     assert all(r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 64 for r in results)
     assert len({tuple(r.json()["choices"][0]["token_ids"]) for r in results}) > 1
-    assert health_s < 1.0, f"/health took {health_s:.2f} s while generating: the event loop is blocked"
+    # a blocked loop would answer /health only after the queued generations (health_s ~ total_s)
+    assert health_s < 0.3 * total_s, f"/health took {health_s:.2f} of {total_s:.2f} s: the event loop is blocked"
 
 
 def test_weight_reload_changes_outputs_and_version(tmp_path):
