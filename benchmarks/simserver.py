@@ -1,0 +1,418 @@
+"""A simulated model service for measuring the rollout engine (benchmark only).
+
+It answers the subset of vLLM's OpenAI-compatible ``POST /v1/completions`` that
+``focus.backends.OpenAICompatPolicy`` sends and that ``focus.tinylm.server`` serves
+(token-id prompts, ``logprobs``, ``return_token_ids``, ``return_tokens_as_token_ids``,
+``stop_token_ids``, ``seed``, ``usage.prompt_tokens_details.cached_tokens``), but
+instead of running a model it *waits*: each call holds one of ``slots`` serving slots
+for ``latency_s + per_token_s * generated tokens``. Requests beyond the slots queue in
+arrival order, as in a real server whose batch is full. That makes the model service
+an exact, cheap bottleneck, so what the benchmark measures is the engine.
+
+A prefix cache (a token trie over every prompt + completion seen, like vLLM's automatic
+prefix caching or SGLang's radix cache) reports how many prompt tokens a real server
+would have served from cache. It is what shows whether continuations resend the exact
+prefix of their checkpoint.
+
+The server is a small HTTP/1.1 keep-alive server on raw asyncio streams rather than
+FastAPI: the benchmark runs server and engine on the same cores, and the server's own
+CPU time should be small next to the engine's. Each request is logged with its seed,
+so the benchmark can find the first call of every continuation afterwards
+(``GET /requests``); ``GET /stats`` gives totals including busy slot-seconds.
+
+Sampled tokens are deterministic in the request's seed: ``completion_tokens - 1``
+ASCII digits 1-9, then the first stop id (finish ``stop``), or only digits when no stop
+id was asked (finish ``length``). Digits make every answer a valid move in
+``focus.toy.ReachTarget``.
+
+Run: ``python benchmarks/simserver.py --slots 128 --latency-s 0.2 [--port-file F]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DIGITS = tuple(range(ord("1"), ord("9") + 1))
+DIGIT_LOGPROB = -math.log(len(DIGITS))
+STOP_LOGPROB = -0.05
+
+
+class SimConfig(BaseModel):
+    """Serving capacity and timing of the simulated model service."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: Requests served at once; more queue (first come, first served).
+    slots: int = Field(128, ge=1)
+    #: Seconds a call holds its slot, plus ``per_token_s`` per generated token.
+    latency_s: float = Field(0.2, ge=0.0)
+    per_token_s: float = Field(0.0, ge=0.0)
+    #: Tokens generated per call (the last is the stop id when one is asked).
+    completion_tokens: int = Field(3, ge=1)
+    #: Token ids the prefix cache keeps before it is flushed (0: no cache).
+    cache_capacity_tokens: int = Field(5_000_000, ge=0)
+    vocab_size: int = Field(263, ge=len(DIGITS))
+
+
+class PrefixCache:
+    """A token trie of sequences seen; ``match`` is the longest cached prefix of a prompt.
+
+    Nodes are plain dicts (token id -> child), which is compact enough for a few million
+    tokens. When the stored tokens pass ``capacity`` the whole trie is dropped (counted in
+    ``flushes``): cruder than LRU, but it never overstates the hit ratio.
+    """
+
+    def __init__(self, capacity: int = 5_000_000) -> None:
+        self.capacity = capacity
+        self.root: dict[int, Any] = {}
+        self.size = 0
+        self.flushes = 0
+
+    def match(self, ids: Sequence[int]) -> int:
+        node = self.root
+        n = 0
+        for t in ids:
+            child = node.get(t)
+            if child is None:
+                break
+            node = child
+            n += 1
+        return n
+
+    def insert(self, ids: Sequence[int]) -> None:
+        if self.capacity <= 0:
+            return
+        node = self.root
+        for t in ids:
+            child = node.get(t)
+            if child is None:
+                child = node[t] = {}
+                self.size += 1
+            node = child
+        if self.size > self.capacity:
+            self.root, self.size = {}, 0
+            self.flushes += 1
+
+
+def sample(
+    prompt_ids: Sequence[int], n: int, max_tokens: int, stop_ids: Sequence[int], seed: int | None
+) -> tuple[list[int], list[float], str]:
+    """Deterministic stand-in for sampling: ids, their log-probs and the finish reason."""
+    rng = random.Random(seed if seed is not None else hash(tuple(prompt_ids[-16:])))
+    body = n - 1 if stop_ids else n
+    ids = [DIGITS[rng.randrange(len(DIGITS))] for _ in range(min(body, max_tokens))]
+    lps = [DIGIT_LOGPROB] * len(ids)
+    if stop_ids and len(ids) < max_tokens:
+        ids.append(int(stop_ids[0]))
+        lps.append(STOP_LOGPROB)
+        return ids, lps, "stop"
+    return ids, lps, "length"
+
+
+class BadRequest(ValueError):
+    pass
+
+
+class SimServer:
+    """State of one simulated server: slots, cache, request log and counters."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.cache = PrefixCache(config.cache_capacity_tokens)
+        self.slots = asyncio.Semaphore(config.slots)
+        self.in_flight = 0
+        self.waiting = 0
+        self.t_start = time.monotonic()
+        self.reset()
+
+    def reset(self) -> None:
+        self.requests = 0
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.completion_tokens = 0
+        self.busy_slot_s = 0.0
+        self.max_in_flight = 0
+        self.max_waiting = 0
+        #: One row per request: arrival, slot acquired, done (s since start), seed, prompt, cached, completion tokens.
+        self.log: list[tuple[float, float, float, int | None, int, int, int]] = []
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "now_s": time.monotonic() - self.t_start,
+            "slots": self.config.slots,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+            "busy_slot_s": self.busy_slot_s,
+            "in_flight": self.in_flight,
+            "waiting": self.waiting,
+            "max_in_flight": self.max_in_flight,
+            "max_waiting": self.max_waiting,
+            "cache_tokens": self.cache.size,
+            "cache_flushes": self.cache.flushes,
+            "config": self.config.model_dump(),
+        }
+
+    async def complete(self, data: dict[str, Any]) -> dict[str, Any]:
+        prompt = data.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+            prompt = prompt[0] if len(prompt) == 1 else None
+        if not isinstance(prompt, list) or not prompt or not all(type(t) is int for t in prompt):
+            raise BadRequest("'prompt' must be a non-empty list of token ids")
+        bad = next((t for t in prompt if not 0 <= t < self.config.vocab_size), None)
+        if bad is not None:
+            raise BadRequest(f"prompt token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
+        if int(data.get("n", 1)) != 1:
+            raise BadRequest("this server samples one completion per request (n=1)")
+        max_tokens = int(data.get("max_tokens") or 16)
+        stop_ids = data.get("stop_token_ids") or []
+        seed = data.get("seed")
+        arrived = time.monotonic()
+        self.waiting += 1
+        self.max_waiting = max(self.max_waiting, self.waiting)
+        async with self.slots:
+            self.waiting -= 1
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            acquired = time.monotonic()
+            try:
+                cached = self.cache.match(prompt)
+                ids, lps, finish = sample(prompt, self.config.completion_tokens, max_tokens, stop_ids, seed)
+                await asyncio.sleep(self.config.latency_s + self.config.per_token_s * len(ids))
+                self.cache.insert(prompt + ids)
+            finally:
+                self.in_flight -= 1
+                done = time.monotonic()
+                self.busy_slot_s += done - acquired
+        self.requests += 1
+        self.prompt_tokens += len(prompt)
+        self.cached_tokens += cached
+        self.completion_tokens += len(ids)
+        t0 = self.t_start
+        self.log.append((arrived - t0, acquired - t0, done - t0, seed, len(prompt), cached, len(ids)))
+        tokens = [f"token_id:{t}" for t in ids]
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": bytes(t for t in ids if t < 256).decode(errors="replace"),
+            "finish_reason": finish,
+            "logprobs": {"tokens": tokens, "token_logprobs": lps},
+        }
+        if data.get("return_token_ids"):
+            choice["token_ids"] = ids
+        return {
+            "id": f"sim-{self.requests}",
+            "object": "text_completion",
+            "model": str(data.get("model", "sim")),
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(ids),
+                "total_tokens": len(prompt) + len(ids),
+                "prompt_tokens_details": {"cached_tokens": cached},
+            },
+        }
+
+    async def route(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
+        path = path.split("?", 1)[0]
+        if method == "POST" and path == "/v1/completions":
+            try:
+                data = json.loads(body)
+            except ValueError as e:
+                return 400, _error(f"request body is not valid JSON: {e}")
+            if not isinstance(data, dict):
+                return 400, _error("request body must be a JSON object")
+            try:
+                return 200, await self.complete(data)
+            except (BadRequest, TypeError, ValueError) as e:
+                return 400, _error(str(e))
+        if method == "GET" and path == "/health":
+            return 200, {"status": "ok"}
+        if method == "GET" and path == "/stats":
+            return 200, self.stats()
+        if method == "GET" and path == "/requests":
+            return 200, {
+                "columns": ["arrived", "acquired", "done", "seed", "prompt", "cached", "completion"],
+                "rows": self.log,
+            }
+        if method == "POST" and path == "/reset":
+            self.reset()
+            return 200, {"reset": True}
+        return 404, _error(f"no route {method} {path}", 404)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """HTTP/1.1 with keep-alive and Content-Length bodies (what httpx sends)."""
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                length, close = 0, False
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    name = name.strip().lower()
+                    if name == "content-length":
+                        length = int(value)
+                    elif name == "connection" and value.strip().lower() == "close":
+                        close = True
+                body = await reader.readexactly(length) if length else b""
+                status, payload = await self.route(method, path, body)
+                out = json.dumps(payload, separators=(",", ":")).encode()
+                reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
+                writer.write(
+                    f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+                    f"content-length: {len(out)}\r\n\r\n".encode()
+                    + out
+                )
+                await writer.drain()
+                if close:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+
+def _error(message: str, code: int = 400) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": "BadRequestError", "code": code}
+
+
+def _watch_parent(pid: int) -> None:
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(0)
+
+
+async def serve(config: SimConfig, host: str, port: int, port_file: Path | None) -> None:
+    sim = SimServer(config)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = await asyncio.start_server(sim.handle, sock=sock, backlog=4096)
+    if port_file is not None:
+        tmp = port_file.with_suffix(".tmp")
+        tmp.write_text(str(sock.getsockname()[1]))
+        tmp.replace(port_file)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Simulated OpenAI-compatible completions server (benchmark only).")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--port-file", type=Path)
+    ap.add_argument("--parent-pid", type=int)
+    ap.add_argument("--config", default="{}", help="SimConfig as JSON")
+    args = ap.parse_args(argv)
+    config = SimConfig.model_validate_json(args.config)
+    if args.parent_pid:
+        threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
+    asyncio.run(serve(config, args.host, args.port, args.port_file))
+
+
+class SimServerProcess:
+    """Runs the simulated server in its own process on 127.0.0.1 (so its CPU is not the
+    engine's); stops it by PID on exit. The server also exits when its parent dies."""
+
+    def __init__(self, config: SimConfig | None = None, startup_timeout_s: float = 20.0) -> None:
+        self.config = config or SimConfig()
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> SimServerProcess:
+        import httpx
+
+        tmp = Path(tempfile.mkdtemp(prefix="focus-simserver-"))
+        port_file = tmp / "port"
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--port-file",
+            str(port_file),
+            "--parent-pid",
+            str(os.getpid()),
+            "--config",
+            self.config.model_dump_json(),
+        ]
+        self._log = open(tmp / "log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(
+                    f"simulated server did not start: {(tmp / 'log').read_text(errors='replace')[-2000:]}"
+                )
+            time.sleep(0.02)
+        self.port = int(port_file.read_text())
+        httpx.get(f"{self.url}/health", timeout=5.0).raise_for_status()
+        return self
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def stats(self) -> dict[str, Any]:
+        import httpx
+
+        return dict(httpx.get(f"{self.url}/stats", timeout=10.0).json())
+
+    def requests(self) -> list[list[Any]]:
+        import httpx
+
+        return list(httpx.get(f"{self.url}/requests", timeout=60.0).json()["rows"])
+
+    def reset(self) -> None:
+        import httpx
+
+        httpx.post(f"{self.url}/reset", timeout=10.0).raise_for_status()
+
+    def __enter__(self) -> SimServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":
+    main()
