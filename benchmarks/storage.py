@@ -140,6 +140,7 @@ def measure(name: str, root_factory: Callable[[], str], batch: Batch, repeats: i
         store_ws.append(t)
     # the fastest run is the least disturbed by other processes (as timeit reports)
     raw_w, w = min(raw_ws), min(store_ws)
+    convert_s, _ = timed(lambda: (actor_table(batch.actor), critic_table(batch.critic)), repeats)
     raw_r, _ = timed(lambda: raw_read(raw_root), repeats)
     r_tables, _ = timed(lambda: store.read_tables(url), repeats)
     r_rows, back = timed(lambda: store.read(url), repeats)
@@ -164,6 +165,7 @@ def measure(name: str, root_factory: Callable[[], str], batch: Batch, repeats: i
         "pyarrow_write_s": raw_w,
         "pyarrow_read_s": raw_r,
         "write_ratio_vs_pyarrow": w / raw_w,
+        "rows_to_arrow_s": convert_s,
         "write_s_median": statistics.median(store_ws),
         "pyarrow_write_s_median": statistics.median(raw_ws),
         "write_cpu_s": min(store_cpu),

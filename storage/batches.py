@@ -52,7 +52,13 @@ from storage.urls import Location, Retry, check_id
 MANIFEST = "_manifest.json"
 STATS = "stats.json"
 #: Parquet settings of every table the store writes (the benchmark's yardstick uses the same).
-PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 3, "use_dictionary": True}
+#: Dictionary encoding only for the id strings: on token-id lists it costs a dictionary per
+#: row group and loses to plain zstd (1.78 vs 2.16 bytes per token on the benchmark batch).
+PARQUET_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    "compression_level": 3,
+    "use_dictionary": ["collection_id", "task_id", "tree_id", "policy_version", "kind", "finish_reason"],
+}
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,7 @@ class BatchStore:
         retry: Retry | None = None,
         rows_per_file: int = 100_000,
         threads: int = 4,
-        group_tokens: int = 1 << 19,
+        group_tokens: int = 1 << 17,
     ) -> None:
         if rows_per_file < 1:
             raise ValueError("rows_per_file must be at least 1")

@@ -428,6 +428,8 @@ def test_checkpoint_latest_list_and_idempotent_save(tmp_path):
     assert store.load("c1", 1, 0) == {"wave": 0} and store.latest("c1") == ("final", 0)
     assert sorted(os.listdir(tmp_path / "checkpoints" / "c1")).count("p001-w00000.pkl") == 1
     assert store.exists("c1", 1, 1) and not store.exists("c1", 1, 2)
+    shipped = pickle.loads(pickle.dumps(CheckpointStore(tmp_path, retry=Retry(attempts=5))))
+    assert shipped.retry.attempts == 5 and shipped.load("c1", 1, 1) == {"wave": 1}
 
 
 def test_checkpoint_bad_input(tmp_path):
