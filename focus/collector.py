@@ -203,8 +203,13 @@ class Collector:
                 }
             )
         causes = Counter(r["cause"] for r in records if r["failed"])
+        # A tree none of whose rollouts completed (e.g. its whole evidence phase failed)
+        # contributes no actor rows; name it so it is not mistaken for a finished task.
+        failed_trees = [t.task_id for t in trees if t.rollouts and not t.reaches_valid_leaf(t.ROOT)]
         return {
             "trees": len(trees),
+            "failed_trees": len(failed_trees),
+            "failed_tree_ids": failed_trees,
             **usage_of(records),
             "excluded_segments": excluded_segments,
             "checkpoints": sum(1 for t in trees for _ in t.checkpoints()),

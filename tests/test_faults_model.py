@@ -1,0 +1,157 @@
+"""Model-service faults on a real socket: the tiny model server behind a fault proxy.
+
+Every kind the proxy injects (429, 5xx, timeouts, closed and reset connections,
+non-JSON bodies, fewer log-probs than tokens, NaN log-probs) is retried with backoff;
+when retries succeed the collection's batch is exactly the fault-free one (no row lost,
+none duplicated). When a fault persists past the retries, that rollout - only that one -
+ends in a failed leaf whose cause names the fault, the learning signals leave it out
+without treating the partial group as complete, and the batch statistics count it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from fixtures.faults import KINDS, FaultProxy
+
+from focus.agent import Agent
+from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy
+from focus.collector import Collector
+from focus.critic import ConstantCritic
+from focus.estimation import DirectBranchTd
+from focus.execution import Execution
+from focus.format import ByteCodec
+from focus.policy import SamplingParams
+from focus.priority import Phase, Selective
+from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+pytestmark = pytest.mark.timeout(120)
+
+RETRIES = 4
+HTTP = HttpConfig(backoff_s=0.01, backoff_max_s=0.05, max_retries=RETRIES, timeout_s=1.5, connect_timeout_s=2)
+PHASES = [Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=30, wave_size=6, max_depth=6)]
+
+#: The cause word the HTTP client records for each injected kind.
+CAUSE = {
+    "429": "status 429",
+    "500": "status 500",
+    "502": "status 502",
+    "503": "status 503",
+    "timeout": "timeout",
+    "close": "connection",
+    "reset": "connection",
+    "malformed": "not JSON",
+    "short_logprobs": "log-probs",
+    "nan_logprobs": "not a finite number",
+}
+
+
+def collector(url: str, *, phases=PHASES, concurrency: int = 8, backend=OpenAICompatPolicy, http=HTTP) -> Collector:
+    policy = backend(url, vocab_size=ByteCodec.vocab_size, config=http)
+    agent = Agent(policy, ReachTarget(), toy_format(), max_steps=6, sampling=SamplingParams(max_tokens=8))
+    return Collector(
+        agent,
+        search=Selective(phases=phases),
+        critic=ConstantCritic(0.5),
+        estimator=DirectBranchTd(),
+        execution=Execution(max_concurrency=concurrency),
+        collection_id="faults",
+        seed=3,
+    )
+
+
+def collect(col: Collector, n_tasks: int = 3):
+    async def go():
+        try:
+            return await col.run_search(reach_target_tasks(n_tasks, seed=5))
+        finally:
+            await col.agent.policy.aclose()
+
+    state = asyncio.run(go())
+    return state, col.prepare(state)
+
+
+def key(batch):
+    """Everything but log-prob rounding: ids, tokens, advantages, targets."""
+    actor = [
+        (r.tree_id, r.edge_id, r.turn_index, r.prompt_ids, r.completion_ids, r.loss_mask, round(r.advantage, 9))
+        for r in batch.actor
+    ]
+    critic = [(r.tree_id, r.node_id, round(r.target, 9), r.weight) for r in batch.critic]
+    return actor, critic
+
+
+def same_logprobs(a, b) -> bool:
+    return all(x.logprobs == pytest.approx(y.logprobs, abs=1e-5) for x, y in zip(a.actor, b.actor, strict=True))
+
+
+@pytest.fixture(scope="module")
+def clean(local_model_server):
+    """The fault-free collection, straight to the server."""
+    return collect(collector(local_model_server.url))
+
+
+@pytest.mark.parametrize("backend", [OpenAICompatPolicy, SGLangPolicy])
+def test_every_fault_kind_is_retried_and_the_batch_is_unchanged(local_model_server, clean, backend):
+    _, want = clean
+    with FaultProxy(local_model_server.url, rate=0.15, seed=1, hang_s=2.5) as proxy:
+        for kind in KINDS:  # each kind at least once, on the first requests
+            proxy.queue(kind)
+        col = collector(proxy.url, backend=backend)
+        state, got = collect(col)
+    assert set(proxy.injected) == set(KINDS)
+    # every injected fault was retried, none escaped into the batch
+    assert sum(col.agent.policy.http.retries.values()) == sum(proxy.injected.values())
+    assert got.stats["failed_rollouts"] == 0 and got.stats["failure_causes"] == {}
+    assert key(got) == key(want) and same_logprobs(got, want)
+    ids = [(r.tree_id, r.edge_id, r.turn_index) for r in got.actor]
+    assert len(ids) == len(set(ids)) == len(want.actor)  # rows lost: 0, duplicated: 0
+    assert all(math.isfinite(x) for r in got.actor for x in r.logprobs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_persistent_fault_fails_only_that_rollout_with_its_cause(local_model_server, kind):
+    """Concurrency 1 makes the first requests the first rollout's: it gets every attempt
+    faulted; its sibling from the same root completes."""
+    evidence_only = [Phase("evidence", rollouts_per_task=2)]
+    http = HTTP.model_copy(update={"max_retries": 1, "timeout_s": 0.6})
+    with FaultProxy(local_model_server.url, hang_s=1.0) as proxy:
+        proxy.queue(kind, count=2)  # both attempts of the first call
+        col = collector(proxy.url, phases=evidence_only, concurrency=1, http=http)
+        state, batch = collect(col, n_tasks=1)
+    (tree,) = state.trees
+    leaves = [tree.nodes[tree.edges[e].child] for e in tree.root.children]
+    assert leaves[0].kind == "failed" and leaves[1].kind != "failed"
+    assert leaves[0].cause.startswith("model: POST ") and "after 2 attempt(s)" in leaves[0].cause
+    assert CAUSE[kind] in leaves[0].cause
+    # statistics count it, with its cause
+    assert batch.stats["failed_rollouts"] == 1 and batch.stats["rollouts"] == 2
+    assert list(batch.stats["failure_causes"].values()) == [1]
+    assert CAUSE[kind] in next(iter(batch.stats["failure_causes"]))
+    # the failed rollout adds no rows and does not count as evidence for the root
+    assert {r.edge_id for r in batch.actor} == {tree.root.children[1]} | {
+        e.id for e in tree.edges.values() if e.parent != tree.ROOT
+    }
+    root_row = next(r for r in batch.critic if r.node_id == tree.ROOT)
+    assert root_row.weight == 1.0  # m(root) = 1 valid child, not the 2 started
+
+
+def test_a_tree_whose_evidence_failed_is_reported_not_dropped(local_model_server):
+    evidence_only = [Phase("evidence", rollouts_per_task=2)]
+    http = HTTP.model_copy(update={"max_retries": 1})
+    with FaultProxy(local_model_server.url) as proxy:
+        proxy.queue("503", count=4)  # both rollouts of the first tree, both attempts each
+        col = collector(proxy.url, phases=evidence_only, concurrency=1, http=http)
+        state, batch = collect(col, n_tasks=2)
+    dead, alive = state.trees
+    assert all(n.kind == "failed" for n in dead.leaves()) and not dead.reaches_valid_leaf(dead.ROOT)
+    assert alive.reaches_valid_leaf(alive.ROOT)
+    assert batch.stats["trees"] == 2 and batch.stats["failed_rollouts"] == 2
+    assert batch.stats["failed_trees"] == 1 and batch.stats["failed_tree_ids"] == [dead.task_id]
+    assert batch.summary()["failed_trees"] == 1
+    # its root still has a critic row, with weight 0: nothing is learned from it, visibly
+    root_rows = [r for r in batch.critic if r.task_id == dead.task_id]
+    assert [(r.node_id, r.weight) for r in root_rows] == [(0, 0.0)]
+    assert {r.task_id for r in batch.actor} == {alive.task_id}
