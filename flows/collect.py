@@ -37,20 +37,16 @@ from tasks.steps import EVIDENCE, EVIDENCE_SCORED, Key, score_key, wave_key
 
 
 @contextlib.contextmanager
-def services(config: FocusConfig, server: Any = None) -> Iterator[FocusConfig]:
-    """Start what the config needs but does not name; yield the config that names them.
-
-    ``server`` is an already running model server to use (the train loop keeps one
-    across iterations).
-    """
+def services(config: FocusConfig) -> Iterator[tuple[FocusConfig, Any]]:
+    """Start what the config needs but does not name; yield the config that names them
+    and the local model server started (``None`` if none was)."""
     with contextlib.ExitStack() as stack:
         updates: dict[str, Any] = {}
+        server = None
         if config.model.kind == "local" and config.model.url is None:
-            if server is None:
-                from focus.backends import LocalModelServer
+            from focus.backends import LocalModelServer
 
-                kwargs = {"weights": config.model.weights} if config.model.weights else {}
-                server = stack.enter_context(LocalModelServer(**kwargs))
+            server = stack.enter_context(LocalModelServer(config.model.weights))
             updates["model.url"] = server.url
             if config.model.policy_version is None:
                 # the batch records which weights sampled it; prepare runs in its own task
@@ -64,7 +60,7 @@ def services(config: FocusConfig, server: Any = None) -> Iterator[FocusConfig]:
             )
             cluster.client()
             updates["execution.address"] = cluster.scheduler_address
-        yield config.with_updates(**updates) if updates else config
+        yield (config.with_updates(**updates) if updates else config), server
 
 
 def collection_id_for_run(config: FocusConfig) -> FocusConfig:
@@ -120,5 +116,5 @@ def run_collection(config: FocusConfig) -> dict[str, Any]:
 def collect(config: FocusConfig | None = None) -> dict[str, Any]:
     """Collect one iteration; returns the batch URL and statistics."""
     config = collection_id_for_run(config or FocusConfig())
-    with services(config) as cfg:
+    with services(config) as (cfg, _server):
         return run_collection(cfg)

@@ -21,6 +21,7 @@ import os
 import pathlib
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -457,3 +458,32 @@ def load_config(
     if overrides:
         sources.append("flags")
     return validate_config(data, "from " + "; ".join(sources) if sources else "")
+
+
+# ---- the trainer hook of the train loop ----
+
+
+@dataclass(frozen=True)
+class TrainContext:
+    """What a trainer step is given besides the batch URL.
+
+    ``weights`` is the weights file the batch was sampled with (``None``: the model's
+    default); ``workdir`` is a local folder the trainer may write new weights into.
+    """
+
+    iteration: int
+    config: FocusConfig
+    weights: str | None
+    policy_version: str | None
+    workdir: str
+    model_url: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a trainer step returns: the new policy version and, for the embedded model,
+    the weights file the flow reloads into the model server before the next collection."""
+
+    policy_version: str
+    weights: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
