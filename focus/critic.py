@@ -102,6 +102,8 @@ class HttpCritic(Critic):
         backoff_s: float = 0.2,
         headers: dict[str, str] | None = None,
     ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"HttpCritic url must start with http:// or https://, got {url!r}")
         if batch_size < 1:
             raise ValueError("HttpCritic.batch_size must be at least 1")
         self.url, self.batch_size, self.timeout_s = url, batch_size, timeout_s

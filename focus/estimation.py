@@ -40,7 +40,8 @@ class TreeValues:
     """
 
     gamma: float
-    kappa: float
+    #: κ(n) used for each node's refined value.
+    kappa: Mapping[int, float]
     kind: Mapping[int, str]
     v_hat: Mapping[int, float | None]
     #: Refined value V(n).
@@ -139,7 +140,7 @@ def tree_values(tree: Tree, *, gamma: float = 1.0, kappa: float | Mapping[int, f
     root_return = {i: (ret_sum[i] / ret_n[i] if ret_n[i] else None) for i in tree.nodes}
     return TreeValues(
         gamma,
-        float(kappa) if not isinstance(kappa, Mapping) else math.nan,
+        {i: _kappa_of(kappa, i) for i in tree.nodes},
         kind,
         v_hat,
         value,
@@ -150,6 +151,22 @@ def tree_values(tree: Tree, *, gamma: float = 1.0, kappa: float | Mapping[int, f
         root_return,
         tuple(leaf_returns[::-1]),
     )
+
+
+def node_kappa(tree: Tree, kappa: float, return_variance: float, kappa_max: float) -> float | dict[int, float]:
+    """Per-node κ from the critic's reported uncertainty; ``kappa`` where none is reported.
+
+    Treating v̂(n) as a prior with variance s(n)² and each backed-up child value as an
+    observation with variance ``return_variance``, the posterior mean is the refined
+    value with κ(n) = return_variance / s(n)².
+    """
+    if all(n.value_std is None for n in tree.nodes.values()):
+        return kappa
+    out: dict[int, float] = {}
+    for i, n in tree.nodes.items():
+        s = n.value_std
+        out[i] = kappa if s is None else (kappa_max if s <= 0 else min(kappa_max, return_variance / (s * s)))
+    return out
 
 
 class Estimator(BaseModel, abc.ABC):
@@ -164,9 +181,17 @@ class Estimator(BaseModel, abc.ABC):
 
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     kappa: float = Field(1.0, ge=0.0)
+    #: When the critic reports an uncertainty s(n), use κ(n) = return_variance / s(n)²
+    #: (the Bayes weight of a prediction against sampled returns; capped at kappa_max).
+    adaptive_kappa: bool = False
+    return_variance: float = Field(0.25, gt=0.0)
+    kappa_max: float = Field(1e4, gt=0.0)
+
+    def node_kappa(self, tree: Tree) -> float | dict[int, float]:
+        return node_kappa(tree, self.kappa, self.return_variance, self.kappa_max) if self.adaptive_kappa else self.kappa
 
     def values(self, tree: Tree) -> TreeValues:
-        return tree_values(tree, gamma=self.gamma, kappa=self.kappa)
+        return tree_values(tree, gamma=self.gamma, kappa=self.node_kappa(tree))
 
     @abc.abstractmethod
     def advantages(self, edges: Sequence[Edge], values: TreeValues) -> dict[int, float]:

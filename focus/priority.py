@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from focus.estimation import TreeValues
+from focus.estimation import TreeValues, node_kappa, tree_values
 from focus.tree import Tree
 
 
@@ -119,6 +119,10 @@ class Priority(BaseModel, abc.ABC):
             raise ValueError(f"phase names must be unique, got {names}")
         return self
 
+    def values(self, tree: Tree) -> TreeValues:
+        """Refined values the ranking reads (the estimator computes its own)."""
+        return tree_values(tree, gamma=self.gamma, kappa=self.kappa)
+
     @abc.abstractmethod
     def __call__(self, node: NodeEvidence) -> float:
         """Score of continuing ``node`` once more; higher first."""
@@ -146,6 +150,27 @@ class Selective(Priority):
     prior_weight: float = Field(1.0, ge=0.0)
     disagreement_weight: float = Field(1.0, ge=0.0)
     use_influence: bool = True
+    #: Rank by reduction per expected task transition (the budget's unit), so a
+    #: continuation near the leaves, which is cheap, is not ranked like a full rollout.
+    per_transition: bool = True
+    #: κ(n) from a reported critic uncertainty, as in the estimator.
+    adaptive_kappa: bool = False
+    return_variance: float = Field(0.25, gt=0.0)
+    kappa_max: float = Field(1e4, gt=0.0)
+
+    def values(self, tree: Tree) -> TreeValues:
+        kappa = (
+            node_kappa(tree, self.kappa, self.return_variance, self.kappa_max) if self.adaptive_kappa else self.kappa
+        )
+        return tree_values(tree, gamma=self.gamma, kappa=kappa)
+
+    def node_kappa(self, node: NodeEvidence) -> float:
+        if node.value is None:
+            return 0.0
+        s = node.value_std
+        if not self.adaptive_kappa or s is None:
+            return self.kappa
+        return self.kappa_max if s <= 0 else min(self.kappa_max, self.return_variance / (s * s))
 
     def variance(self, node: NodeEvidence) -> float:
         lo, hi = self.reward_range
@@ -161,16 +186,18 @@ class Selective(Priority):
         denom = self.prior_weight + max(m - 1, 0)
         spread = (self.prior_weight * prior + max(m - 1, 0) * s2) / denom if denom > 0 else prior
         dis = 0.0
-        if node.value is not None and node.q_bar is not None:
-            dis = max(0.0, (node.value - node.q_bar) ** 2 - (s2 / m if m >= 2 else 0.0))
+        if node.value is not None and node.q_bar is not None and m:
+            # (v̂ − Q̄)² overstates the critic's error by the sampling variance of Q̄
+            dis = max(0.0, (node.value - node.q_bar) ** 2 - spread / m)
         return spread + self.disagreement_weight * dis
 
     def __call__(self, node: NodeEvidence) -> float:
-        k = self.kappa if node.value is not None else 0.0
+        k = self.node_kappa(node)
         n = node.m + node.pending
         gain = (1.0 / (k + n) if k + n > 0 else 1.0) - 1.0 / (k + n + 1)
         infl = node.influence if self.use_influence else 1.0
-        return self.variance(node) * gain * infl
+        cost = node.expected_transitions if self.per_transition else 1.0
+        return self.variance(node) * gain * infl / cost
 
 
 def expected_lengths(tree: Tree) -> dict[int, float]:
@@ -203,7 +230,6 @@ def node_evidence(
     lengths = expected_lengths(tree)
     leaves = [n for n in tree.leaves() if n.kind != "failed"]
     default_len = (sum(n.transitions for n in leaves) / len(leaves)) if leaves else 1.0
-    kappa = 0.0 if math.isnan(values.kappa) else values.kappa
     direct: dict[int, float] = {}
     for node in tree.checkpoints():
         own = 1.0
@@ -218,7 +244,8 @@ def node_evidence(
         if node.parent_edge is not None:
             e = tree.edges[node.parent_edge]
             mp = values.m.get(e.parent, 0)
-            coef = values.gamma**e.k / (kappa + mp) if kappa + mp > 0 else 0.0
+            kp = values.kappa.get(e.parent, 0.0) if node.value is not None else 0.0
+            coef = values.gamma**e.k / (kp + mp) if kp + mp > 0 else 0.0
             infl += coef * coef * influence[e.parent]
         influence[i] = infl
     out: dict[int, NodeEvidence] = {}

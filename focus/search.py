@@ -21,7 +21,6 @@ from typing import Any
 
 from focus.agent import BranchState, Rollout, derive_seed
 from focus.env import Task
-from focus.estimation import tree_values
 from focus.priority import Priority, node_evidence
 from focus.tree import Tree
 
@@ -141,7 +140,7 @@ def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index
         return WavePlan(phase_index, wave_index)
     evidence = {}
     for ti, tree in enumerate(state.trees):
-        values = tree_values(tree, gamma=search.gamma, kappa=search.kappa)
+        values = search.values(tree)
         for nid, ev in node_evidence(tree, ti, values).items():
             if nid in tree.states and ev.depth <= phase.max_depth and ev.branches < phase.max_branches:
                 evidence[(ti, nid)] = ev
