@@ -19,6 +19,7 @@ import importlib
 import json
 import os
 import pathlib
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -172,6 +173,8 @@ class CriticConfig(_Model):
     def _needs(self) -> CriticConfig:
         if self.kind == "http" and not self.url:
             raise ValueError("critic.url is required when critic.kind is 'http'")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"critic.url {self.url!r} must start with http:// or https://")
         if self.kind == "factory" and not self.factory:
             raise ValueError("critic.factory (an import path) is required when critic.kind is 'factory'")
         return self
@@ -207,7 +210,18 @@ class StorageConfig(_Model):
         if not v.strip():
             raise ValueError("storage.root must not be empty")
         if "://" not in v:
+            if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", v):  # "s3:/bucket": a URL missing a slash
+                raise ValueError(f"{v!r} is not a valid URL: write the protocol as 'scheme://...'")
             return "file://" + str(pathlib.Path(v).expanduser().resolve())
+        from fsspec import get_filesystem_class
+
+        protocol = v.partition("://")[0]
+        try:
+            get_filesystem_class(protocol)
+        except ValueError:
+            raise ValueError(f"unknown storage protocol {protocol!r} in {v!r}") from None
+        except ImportError as e:
+            raise ValueError(f"storage protocol {protocol!r} needs a package that is missing: {e}") from None
         return v
 
 

@@ -58,6 +58,7 @@ class DaskExecution(Execution):
     threads_per_worker: int = Field(1, ge=1)
     processes: bool = True
     shard_size: int | None = Field(None, ge=1)
+    connect_timeout_s: float = Field(10.0, gt=0)
 
     _client: Any = PrivateAttr(None)
     _cluster: Any = PrivateAttr(None)
@@ -97,7 +98,7 @@ class DaskExecution(Execution):
                     self._client = Client(self._cluster)
                 else:
                     try:
-                        self._client = Client(self.address, timeout="10s")
+                        self._client = Client(self.address, timeout=f"{self.connect_timeout_s}s")
                     except OSError as e:
                         raise RuntimeError(f"cannot reach the Dask scheduler at {self.address!r}: {e}") from e
             return self._client

@@ -93,7 +93,9 @@ def test_run_button_completes_and_retry_resumes(prefect_server, prefect_env, tmp
         arts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": [f"{cid}-steps"]}}}).json()
         assert arts, f"no steps artifact for {cid}"
         data = arts[0]["data"]
-        steps = {(s["phase"], s.get("wave")): s["reused"] for s in (json.loads(data) if isinstance(data, str) else data)}
+        steps = {
+            (s["phase"], s.get("wave")): s["reused"] for s in (json.loads(data) if isinstance(data, str) else data)
+        }
         assert steps[("evidence", 0)] is True and steps[("evidence.score", 0)] is False
     finally:
         kill_tree(proc)

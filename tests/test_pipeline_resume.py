@@ -50,7 +50,9 @@ def test_kill_9_mid_continuation_then_resume_gives_same_batch(prefect_env, prefe
     cmd = [sys.executable, "-m", "focus.cli", "collect", "--config", str(cfg_file), "--json"]
     store = CheckpointStore(root)
 
-    proc = subprocess.Popen(cmd, env=prefect_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=prefect_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 150
         while not any(p == "1.continue.score" and w >= 1 for p, w in store.list("killed")):

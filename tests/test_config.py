@@ -1,0 +1,64 @@
+"""Configuration: file (TOML/YAML) < FOCUS_* environment < flags; one clear error; pickles."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from focus.config import ConfigError, FocusConfig, import_object, load_config
+
+
+def test_sources_layer_file_env_flags(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('seed = 1\n[env]\nn_tasks = 5\n[model]\nkind = "openai"\nurl = "http://127.0.0.1:9"\n')
+    cfg = load_config(f, {"seed": 3}, environ={"FOCUS_SEED": "2", "FOCUS_ENV__N_TASKS": "6", "OTHER": "x"})
+    assert (cfg.seed, cfg.env.n_tasks, cfg.model.url) == (3, 6, "http://127.0.0.1:9")
+    y = tmp_path / "c.yaml"
+    y.write_text("search:\n  phases:\n    - {name: evidence, rollouts_per_task: 3}\n")
+    cfg = load_config(y, {"search.phases.0.rollouts_per_task": 5}, environ={})
+    assert [p.rollouts_per_task for p in cfg.search.phases] == [5]
+
+
+def test_defaults_are_the_embedded_run_and_pickle():
+    cfg = load_config(environ={})
+    assert (cfg.model.kind, cfg.model.url, cfg.env.kind, cfg.execution.kind) == ("local", None, "reach_target", "dask")
+    assert cfg.storage.root.startswith("file:///") and cfg.storage.root.endswith("/runs")
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert FocusConfig.model_validate(cfg.model_dump(mode="json")) == cfg  # travels as JSON flow parameters
+
+
+def test_invalid_config_names_every_field_and_reason(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            overrides={"model.kind": "openai", "search.phases.1.wave_size": 0, "typo": 1},
+            environ={"FOCUS_EXECUTION__N_WORKERS": "-1"},
+        )
+    msg = str(e.value)
+    assert "model.url is required when model.kind is 'openai'" in msg
+    assert "search.phases.1.wave_size: Input should be greater than or equal to 1" in msg
+    assert "execution.n_workers: Input should be greater than 0" in msg
+    assert "typo: unknown field" in msg
+    assert "FOCUS_EXECUTION__N_WORKERS" in msg  # says where values came from
+    with pytest.raises(ConfigError, match="only the first phase may be an evidence phase"):
+        load_config(overrides={"search.phases.1": {"name": "again", "rollouts_per_task": 2}}, environ={})
+
+
+def test_bad_files_and_import_paths_are_named(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("seed = [")
+    with pytest.raises(ConfigError, match="bad.toml.*not valid TOML"):
+        load_config(bad, environ={})
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "missing.toml", environ={})
+    with pytest.raises(ConfigError, match="model.factory"):
+        load_config(overrides={"model.kind": "factory", "model.factory": "no_colon"}, environ={})
+    with pytest.raises(ConfigError, match="has no attribute 'nope'"):
+        import_object("focus.toy:nope")
+
+
+def test_with_updates_validates():
+    cfg = load_config(environ={})
+    assert cfg.with_updates(**{"execution.address": "tcp://127.0.0.1:1"}).execution.address == "tcp://127.0.0.1:1"
+    with pytest.raises(ConfigError, match="iteration"):
+        cfg.with_updates(iteration=-1)

@@ -1,0 +1,56 @@
+"""DaskExecution: shards over a real LocalCluster (worker processes) give exactly the
+rollouts in-process execution gives, in job order; a pickled copy reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+import pytest
+from fixtures.prefect import DigitPolicy
+
+from focus.agent import Agent
+from focus.dask_execution import DaskExecution
+from focus.execution import Execution
+from focus.search import RolloutJob
+from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def turns(rollouts):
+    return [[(t.prompt_ids, t.completion_ids, t.logprobs) for t in r.turns] + [r.leaf.kind] for r in rollouts]
+
+
+def test_shards_on_worker_processes_match_in_process_and_keep_order():
+    agent = Agent(DigitPolicy(latency_s=0.002), ReachTarget(), toy_format(), max_steps=6)
+    starts = [asyncio.run(agent.start(t)) for t in reach_target_tasks(3, seed=1)]
+    jobs = [RolloutJob(i % 3, 0, 1000 + i, starts[i % 3]) for i in range(23)]
+    local = asyncio.run(Execution(max_concurrency=8).run(agent, jobs))
+    with DaskExecution(n_workers=2, shard_size=5) as ex:
+        assert [len(s) for s in ex.shards(jobs, 2)] == [5, 5, 5, 5, 3]
+        remote = asyncio.run(ex.run(agent, jobs))
+        assert turns(remote) == turns(local)
+        # checkpoint branch states came back through pickling and can be continued
+        cp = next(p.state for r in remote for p in r.pieces if p.kind == "checkpoint")
+        assert (
+            cp.context.prompt_ids
+            == next(p.state for r in local for p in r.pieces if p.kind == "checkpoint").context.prompt_ids
+        )
+        copy = pickle.loads(pickle.dumps(ex))
+        assert copy.address == ex.scheduler_address and copy.address.startswith("tcp://127.0.0.1:")
+        try:
+            assert turns(asyncio.run(copy.run(agent, jobs[:4]))) == turns(local[:4])
+        finally:
+            copy.close()
+    assert asyncio.run(DaskExecution().run(agent, [])) == []
+
+
+def test_unreachable_scheduler_is_named():
+    from fixtures.prefect import free_port
+
+    ex = DaskExecution(address=f"tcp://127.0.0.1:{free_port()}", connect_timeout_s=1.0)
+    agent = Agent(DigitPolicy(), ReachTarget(), toy_format())
+    start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+    with pytest.raises(RuntimeError, match="cannot reach the Dask scheduler"):
+        asyncio.run(ex.run(agent, [RolloutJob(0, 0, 1, start)]))
