@@ -120,13 +120,26 @@ class Agent:
         self.env_timeout_s = env_timeout_s
 
     async def start(self, task: Task) -> BranchState:
-        """The root branch state of ``task``."""
-        workspace = self.env.make_workspace(task)
-        reset = check_reset(
-            await asyncio.wait_for(self.env.reset(task, workspace), self.env_timeout_s),
-            f"{type(self.env).__name__}.reset",
-        )
+        """The root branch state of ``task``.
+
+        Runs before any rollout, so a broken env or a codec that does not fit the
+        model fails here, naming the task, instead of failing every rollout later.
+        """
+        where = f"{type(self.env).__name__}.reset"
+        try:
+            workspace = self.env.make_workspace(task)
+            reset = check_reset(await asyncio.wait_for(self.env.reset(task, workspace), self.env_timeout_s), where)
+        except TimeoutError:
+            raise EnvError(f"{where} of task {task.id!r} timed out after {self.env_timeout_s:g} s") from None
+        except EnvError as e:
+            raise EnvError(f"task {task.id!r}: {e}") from e
+        except Exception as e:
+            raise EnvError(f"{where} of task {task.id!r} failed: {type(e).__name__}: {e}") from e
         ctx = self.context.start(self.format.codec, reset.messages)
+        try:
+            self.policy.check_prompt(ctx.prompt_ids)
+        except PolicyError as e:
+            raise PolicyError(f"opening context of task {task.id!r}: {e} (does the codec match the model?)") from e
         return BranchState(task, reset.state, workspace, ctx)
 
     async def rollout(self, start: BranchState, seed: int) -> Rollout:

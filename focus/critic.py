@@ -9,7 +9,7 @@ fixed while a tree is collected; training updates them between collections.
 Backends: :class:`ConstantCritic` (no model: the same value everywhere),
 :class:`HttpCritic` (a scoring service over HTTP) and :class:`LocalCritic` (a small
 trainable model on CPU, fitted on the critic targets of prepared batches; see
-``focus.local_critic``... kept in this module, torch imported lazily).
+torch imported lazily).
 """
 
 from __future__ import annotations
@@ -218,3 +218,142 @@ def serve_critic(critic: Critic, host: str = "127.0.0.1", port: int = 0) -> Iter
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+class LocalCritic(Critic):
+    """A small trainable critic on CPU: an MLP over hashed n-gram features of the context.
+
+    Features are counts of the 1..``ngram``-grams among the last ``window`` token ids,
+    hashed into ``buckets`` slots (log-scaled); the tail of a context is where the
+    latest observations are. :meth:`fit` trains on critic rows (``context_ids``,
+    ``target``, ``weight``: a prepared batch's ``critic`` list) with a weighted squared
+    error. Cheap enough to refit between collections; torch is imported on first use.
+    """
+
+    def __init__(
+        self,
+        *,
+        buckets: int = 4096,
+        ngram: int = 3,
+        window: int = 64,
+        hidden: int = 64,
+        seed: int = 0,
+        default: float = 0.0,
+    ) -> None:
+        if buckets < 1 or ngram < 1 or window < 1 or hidden < 1:
+            raise ValueError("LocalCritic sizes must be positive")
+        self.config: dict[str, Any] = {
+            "buckets": buckets,
+            "ngram": ngram,
+            "window": window,
+            "hidden": hidden,
+            "seed": seed,
+            "default": default,
+        }
+        self._model: Any = None
+        self.fitted = False
+
+    def _features(self, contexts: Sequence[Sequence[int]]) -> Any:
+        import torch
+
+        b, n, w = self.config["buckets"], self.config["ngram"], self.config["window"]
+        x = torch.zeros(len(contexts), b)
+        for row, ctx in enumerate(contexts):
+            tail = [int(t) for t in ctx[-w:]]
+            for k in range(1, n + 1):
+                for i in range(len(tail) - k + 1):
+                    x[row, hash((k, *tail[i : i + k])) % b] += 1.0
+        return torch.log1p(x)
+
+    def _net(self) -> Any:
+        import torch
+
+        if self._model is None:
+            torch.manual_seed(self.config["seed"])
+            self._model = torch.nn.Sequential(
+                torch.nn.Linear(self.config["buckets"], self.config["hidden"]),
+                torch.nn.Tanh(),
+                torch.nn.Linear(self.config["hidden"], 1),
+            )
+            with torch.no_grad():
+                self._model[2].bias.fill_(self.config["default"])
+        return self._model
+
+    def fit(self, rows: Sequence[Any], *, epochs: int = 200, lr: float = 3e-3, batch_size: int = 256) -> float:
+        """Fit on rows with ``context_ids``, ``target`` and ``weight``; returns the final
+        weighted mean squared error on the rows. Rows of weight 0 are skipped."""
+        import torch
+
+        rows = [r for r in rows if float(r.weight) > 0]
+        if not rows:
+            raise ValueError("LocalCritic.fit needs rows with positive weight (context_ids, target, weight)")
+        x = self._features([r.context_ids for r in rows])
+        y = torch.tensor([float(r.target) for r in rows])
+        w = torch.tensor([float(r.weight) for r in rows])
+        w = w / w.mean()
+        net = self._net()
+        opt = torch.optim.Adam(net.parameters(), lr=lr)
+        gen = torch.Generator().manual_seed(self.config["seed"])
+        for _ in range(epochs):
+            for idx in torch.randperm(len(rows), generator=gen).split(batch_size):
+                loss = (w[idx] * (net(x[idx]).squeeze(-1) - y[idx]) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        self.fitted = True
+        with torch.no_grad():
+            return float((w * (net(x).squeeze(-1) - y) ** 2).mean() / w.mean())
+
+    async def predict(self, contexts: Sequence[Sequence[int]]) -> list[float]:
+        import torch
+
+        if not contexts:
+            return []
+        if not self.fitted:
+            return [float(self.config["default"])] * len(contexts)
+        with torch.no_grad():
+            return [float(v) for v in self._net()(self._features(contexts)).squeeze(-1)]
+
+    def save(self, url: str) -> None:
+        """Write config and weights to any fsspec URL."""
+        import fsspec
+        import torch
+
+        with fsspec.open(url, "wb") as f:
+            torch.save(
+                {
+                    "config": self.config,
+                    "fitted": self.fitted,
+                    "state": self._net().state_dict() if self.fitted else None,
+                },
+                f,
+            )
+
+    @classmethod
+    def load(cls, url: str) -> LocalCritic:
+        import fsspec
+        import torch
+
+        try:
+            with fsspec.open(url, "rb") as f:
+                blob = torch.load(f, weights_only=True)
+        except FileNotFoundError:
+            raise CriticError(f"no saved LocalCritic at {url}") from None
+        if not isinstance(blob, dict) or "config" not in blob:
+            raise CriticError(f"{url} is not a saved LocalCritic")
+        critic = cls(**blob["config"])
+        if blob["fitted"]:
+            critic._net().load_state_dict(blob["state"])
+            critic.fitted = True
+        return critic
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {"config": self.config, "fitted": self.fitted, "weights": None}
+        if self.fitted:
+            state["weights"] = {k: v.clone() for k, v in self._net().state_dict().items()}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.config, self.fitted, self._model = state["config"], state["fitted"], None
+        if state["weights"] is not None:
+            self._net().load_state_dict(state["weights"])

@@ -43,6 +43,8 @@ _TRANSIENT_NAMES = {
     "ServerDisconnectedError",
     "ClientOSError",
 }
+#: "s3:/bucket", "gs:bucket": a protocol with a missing slash, not a relative path.
+_SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:(?!//)")
 _TRANSIENT_ERRNO = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH}
 
 
@@ -104,8 +106,18 @@ def _normalise_root(root: str | os.PathLike[str]) -> str:
     if not text:
         raise ValueError("storage root is empty: give a URL such as file:///data/focus or s3://bucket/prefix")
     if "://" not in text:
+        if _SCHEME_LIKE.match(text):
+            raise ValueError(f"storage root {text!r} is not a valid URL: write the protocol as 'scheme://...'")
         text = "file://" + os.path.abspath(os.path.expanduser(text))
     protocol, _, rest = text.partition("://")
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise ValueError(
+            f"storage root {text!r}: unknown protocol {protocol!r} (no fsspec filesystem for it)"
+        ) from None
+    except ImportError as e:
+        raise ValueError(f"storage root {text!r}: protocol {protocol!r} needs a package that is missing: {e}") from None
     rest = posixpath.normpath("/" + rest).lstrip("/") if protocol != "file" else posixpath.normpath(rest)
     if protocol == "file" and not rest.startswith("/"):
         rest = os.path.abspath(rest)

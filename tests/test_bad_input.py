@@ -1,0 +1,216 @@
+"""Bad input fails early with an error naming its cause, before rollouts are spent.
+
+Configs (invalid values, unknown fields and backends, malformed URLs), storage roots,
+token ids outside the vocabulary and envs returning the wrong types. Where the check
+can run before any model call, the tests prove that no request reached the model
+server (the fault proxy counts every generation request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from focus.agent import Agent
+from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy
+from focus.collector import Collector
+from focus.config import ConfigError, load_config
+from focus.critic import HttpCritic
+from focus.env import Env, EnvError, Reset, Task
+from focus.execution import Execution
+from focus.format import ByteCodec, PolicyFormat
+from focus.policy import PolicyError, SamplingParams
+from focus.priority import Phase, Selective
+from focus.toy import FirstDigitParser, ReachTarget, reach_target_tasks, toy_format
+from storage import BatchStore, CheckpointStore
+
+pytestmark = pytest.mark.timeout(60)
+
+FAST = HttpConfig(backoff_s=0.01, backoff_max_s=0.02, max_retries=2, timeout_s=5)
+
+
+def config_error(**overrides) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=overrides, environ={})
+    return str(e.value)
+
+
+# ---- configuration ----
+
+
+def test_invalid_values_are_all_named_at_once():
+    msg = config_error(**{"agent.max_steps": 0, "search.phases.1.transitions": -5, "execution.max_concurrency": 0})
+    for field in ("agent.max_steps", "search.phases.1.transitions", "execution.max_concurrency"):
+        assert field in msg
+
+
+@pytest.mark.parametrize(
+    "overrides,names",
+    [
+        ({"model.kind": "vllm"}, ["model.kind", "'openai'"]),
+        ({"critic.kind": "oracle"}, ["critic.kind"]),
+        ({"execution.kind": "ray"}, ["execution.kind"]),
+        ({"model.urll": "http://x"}, ["model.urll", "unknown field"]),
+        ({"model.kind": "openai"}, ["model.url is required"]),
+        ({"model.kind": "factory", "model.factory": "no_colon"}, ["model.factory", "package.module:name"]),
+        ({"model.kind": "openai", "model.url": "localhost:8000"}, ["'localhost:8000'", "http://"]),
+        ({"critic.kind": "http", "critic.url": "ftp://scores"}, ["critic", "'ftp://scores'", "http://"]),
+        ({"storage.root": "nope://bucket/x"}, ["storage.root", "'nope'"]),
+        ({"storage.root": "s3:/bucket/x"}, ["storage.root", "'s3:/bucket/x'", "://"]),
+        ({"collection_id": "../other"}, ["collection_id"]),
+    ],
+)
+def test_bad_config_names_the_field_and_cause(overrides, names):
+    msg = config_error(**overrides)
+    for name in names:
+        assert name in msg, msg
+
+
+def test_env_variable_overrides_are_named_as_the_source():
+    with pytest.raises(ConfigError) as e:
+        load_config(environ={"FOCUS_AGENT__MAX_STEPS": "-1"})
+    assert "FOCUS_AGENT__MAX_STEPS" in str(e.value) and "agent.max_steps" in str(e.value)
+
+
+def test_unimportable_factory_fails_when_built_naming_the_path():
+    cfg = load_config(overrides={"env.kind": "factory", "env.factory": "no_such_module:make"}, environ={})
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_module'"):
+        cfg.build_env()
+
+
+def test_cli_reports_a_bad_config_file_without_a_traceback(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\nkind = "vllm"\n[agent]\nmax_steps = 0\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "focus.cli", "collect", "--config", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "model.kind" in text and "agent.max_steps" in text and str(bad) in text
+    assert "Traceback" not in text
+
+
+# ---- URLs given to the library directly ----
+
+
+@pytest.mark.parametrize("url", ["localhost:8000", "127.0.0.1:8000/v1", "ws://127.0.0.1:1"])
+@pytest.mark.parametrize("cls", [OpenAICompatPolicy, SGLangPolicy])
+def test_policy_rejects_a_malformed_url_at_construction(cls, url):
+    with pytest.raises(ValueError, match="http:// or https://"):
+        cls(url)
+
+
+def test_http_critic_rejects_a_malformed_url_at_construction():
+    with pytest.raises(ValueError, match="http:// or https://"):
+        HttpCritic("scores.internal/predict")
+
+
+@pytest.mark.parametrize("store", [BatchStore, CheckpointStore])
+@pytest.mark.parametrize("root,cause", [("nope://bucket/x", "'nope'"), ("s3:/bucket/x", "://")])
+def test_stores_reject_unknown_protocols_and_malformed_urls_at_construction(store, root, cause):
+    with pytest.raises(ValueError) as e:
+        store(root)
+    assert cause in str(e.value) and root in str(e.value)
+
+
+# ---- token ids and env types, checked before the first model call ----
+
+
+class WideCodec(ByteCodec):
+    """A codec whose ids do not fit the model's vocabulary (the wrong codec for the model)."""
+
+    def render(self, messages):
+        return [300 + t for t in super().render(messages)]
+
+
+def toy_collector(url: str, *, env: Env | None = None, fmt: PolicyFormat | None = None) -> Collector:
+    policy = OpenAICompatPolicy(url, vocab_size=ByteCodec.vocab_size, config=FAST)
+    agent = Agent(policy, env or ReachTarget(), fmt or toy_format(), max_steps=4, sampling=SamplingParams(max_tokens=4))
+    search = Selective(phases=[Phase("evidence", rollouts_per_task=2)])
+    return Collector(agent, search=search, execution=Execution(max_concurrency=4), collection_id="bad")
+
+
+def run_collect(col: Collector, tasks):
+    async def go():
+        try:
+            return await col.collect(tasks)
+        finally:
+            await col.agent.policy.aclose()
+
+    return asyncio.run(go())
+
+
+def test_prompt_ids_outside_the_vocabulary_fail_before_any_model_call(fault_proxy):
+    col = toy_collector(fault_proxy.url, fmt=PolicyFormat(WideCodec(), FirstDigitParser()))
+    tasks = reach_target_tasks(2, seed=1)
+    with pytest.raises(PolicyError) as e:
+        run_collect(col, tasks)
+    msg = str(e.value)
+    assert (
+        tasks[0].id in msg
+        and f"outside the vocabulary [0, {ByteCodec.vocab_size})" in msg
+        and "prompt token id 556 at position 0" in msg
+    )
+    assert fault_proxy.requests == 0
+
+
+def test_a_server_rejecting_ids_outside_its_vocabulary_is_not_retried(fault_proxy):
+    policy = OpenAICompatPolicy(fault_proxy.url, config=FAST)  # vocab unknown to the client
+
+    async def go():
+        try:
+            return await policy.sample([1, 2, 100_000], SamplingParams(max_tokens=4))
+        finally:
+            await policy.aclose()
+
+    with pytest.raises(PolicyError, match="rejected with status 400") as e:
+        asyncio.run(go())
+    assert "100000" in str(e.value)
+    assert fault_proxy.requests == 1 and policy.http.retries == {}
+
+
+class BadReset(Env):
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    async def reset(self, task, workspace):
+        if self.mode == "dict":
+            return {"state": 0, "messages": ["hi"]}
+        if self.mode == "no_messages":
+            return Reset(0, ())
+        if self.mode == "hang":
+            await asyncio.sleep(30)
+        raise LookupError("dataset row missing")
+
+    async def step(self, state, action, workspace):  # pragma: no cover - never reached
+        raise AssertionError
+
+
+@pytest.mark.parametrize(
+    "mode,cause",
+    [
+        ("dict", "BadReset.reset returned dict, expected Reset"),
+        ("no_messages", "no opening messages"),
+        ("raise", "LookupError: dataset row missing"),
+        ("hang", "timed out after 0.3 s"),
+    ],
+)
+def test_an_env_reset_breaking_its_contract_fails_before_any_model_call(fault_proxy, mode, cause):
+    col = toy_collector(fault_proxy.url, env=BadReset(mode))
+    col.agent.env_timeout_s = 0.3
+    with pytest.raises(EnvError) as e:
+        run_collect(col, [Task("task-7")])
+    assert cause in str(e.value) and "'task-7'" in str(e.value)
+    assert fault_proxy.requests == 0
+
+
+def test_tasks_of_the_wrong_type_are_refused_before_any_work(fault_proxy):
+    col = toy_collector(fault_proxy.url)
+    with pytest.raises(TypeError, match="focus.env.Task"):
+        run_collect(col, [{"id": "t", "target": 5}])
+    with pytest.raises(ValueError, match="at least one task"):
+        run_collect(col, [])
+    assert fault_proxy.requests == 0
