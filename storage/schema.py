@@ -12,6 +12,7 @@ dominate the write.
 from __future__ import annotations
 
 import itertools
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,21 +68,96 @@ CRITIC_SCHEMA = pa.schema(
 SCHEMAS = {"actor": ACTOR_SCHEMA, "critic": CRITIC_SCHEMA}
 
 
-def _list_array(seqs: Sequence[Sequence[Any]], value_type: pa.DataType, dtype: Any, column: str) -> pa.Array:
-    """A list column from Python sequences, built from numpy offsets and values in one pass."""
-    n = len(seqs)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, seqs), dtype=np.int64, count=n), out=offsets[1:])
-    total = int(offsets[-1])
-    if total > _I32.max:
-        raise SchemaError(f"column {column!r} holds {total} values in one file; lower rows_per_file")
+#: struct codes of the list value types; struct packs a tuple of Python numbers faster than
+#: ``np.fromiter`` (one C loop over an argument tuple instead of an iterator protocol per item).
+_CODES = {np.dtype(np.int32): "i", np.dtype(np.float64): "d", np.dtype(np.int8): "b"}
+
+
+def _offsets(seqs: Sequence[Sequence[Any]], column: str) -> np.ndarray:
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs)), out=offsets[1:])
+    if int(offsets[-1]) > _I32.max:
+        raise SchemaError(f"column {column!r} holds {int(offsets[-1])} values in one file; lower rows_per_file")
+    return offsets
+
+
+def _values(seqs: Sequence[Sequence[Any]], dtype: Any, column: str) -> np.ndarray:
+    """The numbers of ``seqs`` back to back, as one numpy array of ``dtype``.
+
+    Packed row by row with :mod:`struct`; if a row does not pack (a value out of range, not
+    a number, a float among ints), ``np.fromiter`` redoes the column, so the outcome is
+    numpy's conversion and the error names the column and the cause.
+    """
+    dt = np.dtype(dtype)
+    code = _CODES[dt]
     try:
-        values = np.fromiter(itertools.chain.from_iterable(seqs), dtype=dtype, count=total)
+        return np.frombuffer(b"".join([struct.pack(f"{len(s)}{code}", *s) for s in seqs]), dtype=dt)
+    except (struct.error, TypeError, OverflowError):
+        pass
+    count = sum(map(len, seqs))
+    try:
+        return np.fromiter(itertools.chain.from_iterable(seqs), dtype=dt, count=count)
     except OverflowError as e:
-        raise SchemaError(f"column {column!r} has a value outside {np.dtype(dtype).name}: {e}") from None
+        raise SchemaError(f"column {column!r} has a value outside {dt.name}: {e}") from None
     except (TypeError, ValueError) as e:
         raise SchemaError(f"column {column!r} has a non-numeric value: {e}") from None
+
+
+def _list_array(seqs: Sequence[Sequence[Any]], value_type: pa.DataType, dtype: Any, column: str) -> pa.Array:
+    """A list column from Python sequences, built from numpy offsets and values in one pass."""
+    offsets = _offsets(seqs, column)
+    values = _values(seqs, dtype, column)
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type))
+
+
+class TokenPool:
+    """Token-id sequences already converted while building the tables of one batch.
+
+    Converting Python ints is most of the cost of turning rows into Arrow columns, and the
+    same id tuple object recurs: sibling branches send their checkpoint's very prefix, and a
+    critic row's context is the tuple the first turn after that checkpoint was sent (pickling
+    keeps that sharing). A sequence met again, by object identity, is copied inside numpy
+    instead. Identity, not equality: looking an object up costs the same whatever its
+    length, and the pool keeps every sequence it has seen alive, so ids stay unique.
+    """
+
+    def __init__(self) -> None:
+        self._at: dict[int, tuple[np.ndarray, int]] = {}
+        self._keep: list[Sequence[Sequence[int]]] = []
+
+    def get(self, seq: Sequence[int]) -> tuple[np.ndarray, int] | None:
+        return self._at.get(id(seq))
+
+    def add(self, seqs: Sequence[Sequence[int]], values: np.ndarray, starts: dict[int, int]) -> None:
+        self._keep.append(seqs)
+        for key, start in starts.items():
+            self._at.setdefault(key, (values, start))
+
+
+def _token_array(seqs: Sequence[Sequence[int]], column: str, pool: TokenPool | None) -> pa.Array:
+    """A token-id list column; each distinct sequence object is converted once (see :class:`TokenPool`)."""
+    offsets = _offsets(seqs, column)
+    pieces: list[tuple[np.ndarray | None, int, int]] = []  # per row: source (None: this call's), start, length
+    fresh: list[Sequence[int]] = []
+    starts: dict[int, int] = {}  # id() of a sequence converted here -> its start in ``values``
+    n = 0
+    for s in seqs:
+        hit = pool.get(s) if pool is not None else None
+        if hit is not None:
+            pieces.append((hit[0], hit[1], len(s)))
+            continue
+        start = starts.get(id(s))
+        if start is None:
+            start = starts[id(s)] = n
+            fresh.append(s)
+            n += len(s)
+        pieces.append((None, start, len(s)))
+    values = _values(fresh, np.int32, column)
+    if pool is not None:
+        pool.add(seqs, values, starts)
+    if n != int(offsets[-1]):  # some rows repeat: lay every row out from its source
+        values = np.concatenate([(values if a is None else a)[i : i + k] for a, i, k in pieces] or [values])
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=_TOKEN))
 
 
 def _check_actor_shapes(table: pa.Table, where: str) -> None:
@@ -102,8 +178,11 @@ def _check_actor_shapes(table: pa.Table, where: str) -> None:
         raise SchemaError(f"{where}: loss_mask entries must be 0 or 1")
 
 
-def actor_table(rows: Sequence[ActorRow]) -> pa.Table:
-    """The actor rows as a table of :data:`ACTOR_SCHEMA`; :class:`SchemaError` for bad shapes."""
+def actor_table(rows: Sequence[ActorRow], pool: TokenPool | None = None) -> pa.Table:
+    """The actor rows as a table of :data:`ACTOR_SCHEMA`; :class:`SchemaError` for bad shapes.
+
+    Tables built with the same ``pool`` convert a shared token-id tuple once.
+    """
     cols: dict[str, pa.Array] = {
         "collection_id": pa.array([r.collection_id for r in rows], pa.string()),
         "iteration": pa.array([r.iteration for r in rows], pa.int64()),
@@ -114,8 +193,8 @@ def actor_table(rows: Sequence[ActorRow]) -> pa.Table:
         "turn_index": pa.array([r.turn_index for r in rows], pa.int32()),
         "policy_version": pa.array([r.policy_version for r in rows], pa.string()),
         "kind": pa.array([r.kind for r in rows], pa.string()),
-        "prompt_ids": _list_array([r.prompt_ids for r in rows], _TOKEN, np.int32, "prompt_ids"),
-        "completion_ids": _list_array([r.completion_ids for r in rows], _TOKEN, np.int32, "completion_ids"),
+        "prompt_ids": _token_array([r.prompt_ids for r in rows], "prompt_ids", pool),
+        "completion_ids": _token_array([r.completion_ids for r in rows], "completion_ids", pool),
         "logprobs": _list_array([r.logprobs for r in rows], pa.float64(), np.float64, "logprobs"),
         "loss_mask": _list_array([r.loss_mask for r in rows], pa.int8(), np.int8, "loss_mask"),
         "advantage": pa.array([r.advantage for r in rows], pa.float64()),
@@ -127,14 +206,14 @@ def actor_table(rows: Sequence[ActorRow]) -> pa.Table:
     return table
 
 
-def critic_table(rows: Sequence[CriticRow]) -> pa.Table:
+def critic_table(rows: Sequence[CriticRow], pool: TokenPool | None = None) -> pa.Table:
     cols = [
         pa.array([r.collection_id for r in rows], pa.string()),
         pa.array([r.iteration for r in rows], pa.int64()),
         pa.array([r.task_id for r in rows], pa.string()),
         pa.array([r.tree_id for r in rows], pa.string()),
         pa.array([r.node_id for r in rows], pa.int64()),
-        _list_array([r.context_ids for r in rows], _TOKEN, np.int32, "context_ids"),
+        _token_array([r.context_ids for r in rows], "context_ids", pool),
         pa.array([r.target for r in rows], pa.float64()),
         pa.array([r.weight for r in rows], pa.float64()),
         pa.array([r.prediction for r in rows], pa.float64()),
