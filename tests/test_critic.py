@@ -1,0 +1,187 @@
+"""Critic backends: constant, HTTP against a real loopback server, local trainable."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from focus.agent import Agent
+from focus.collector import Collector
+from focus.critic import ConstantCritic, Critic, CriticError, HttpCritic, LocalCritic, serve_critic
+from focus.env import Task
+from focus.priority import Phase, Uniform
+from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, read_state, synthetic_format
+from focus.testing import run
+
+CONTEXTS = [[256, 1, 2, 3], [256, 7], [256, 9, 9, 9, 9, 9]]
+
+
+class CriticConformance:
+    """Contract of :class:`focus.critic.Critic`: one finite value per context, in order."""
+
+    def make_critic(self) -> Critic:
+        raise NotImplementedError
+
+    def test_one_finite_value_per_context_in_order(self):
+        c = self.make_critic()
+        vals = run(c.predict(CONTEXTS))
+        assert len(vals) == len(CONTEXTS) and all(isinstance(v, float) for v in vals)
+        single = [run(c.predict([ctx]))[0] for ctx in CONTEXTS]
+        assert single == pytest.approx(vals)
+        preds = run(c.predict_with_std(CONTEXTS))
+        assert [p.value for p in preds] == pytest.approx(vals)
+        assert run(c.predict([])) == []
+        run(c.aclose())
+
+
+class TestConstant(CriticConformance):
+    def make_critic(self):
+        return ConstantCritic(0.5)
+
+    def test_value(self):
+        assert run(ConstantCritic(0.25).predict(CONTEXTS)) == [0.25] * 3
+        with pytest.raises(ValueError, match="finite"):
+            ConstantCritic(float("nan"))
+
+
+class TestHttpAgainstServedLocalCritic(CriticConformance):
+    """HttpCritic talking to a real HTTP server on 127.0.0.1 serving a fitted critic."""
+
+    @pytest.fixture(autouse=True)
+    def _server(self):
+        with serve_critic(ConstantCritic(0.75, std=0.1)) as url:
+            self.url = url
+            yield
+
+    def make_critic(self):
+        return HttpCritic(self.url, batch_size=2)
+
+    def test_values_and_stds_cross_the_wire(self):
+        preds = run(HttpCritic(self.url, batch_size=2).predict_with_std(CONTEXTS))
+        assert [(p.value, p.std) for p in preds] == [(0.75, 0.1)] * 3
+
+    def test_pickles_without_its_connection(self):
+        c = HttpCritic(self.url)
+        run(c.predict(CONTEXTS))
+        again = pickle.loads(pickle.dumps(c))
+        assert run(again.predict(CONTEXTS[:1])) == [0.75]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_http_critic_names_the_url_when_the_service_is_down():
+    url = f"http://127.0.0.1:{_free_port()}/score"
+    with pytest.raises(CriticError, match=f"critic at {url} failed after 2 attempts"):
+        run(HttpCritic(url, retries=1, backoff_s=0.01).predict(CONTEXTS))
+
+
+class _Bad(BaseHTTPRequestHandler):
+    answers: list[tuple[int, object]] = []
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        code, body = type(self).answers.pop(0)
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def bad_server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Bad)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/score"
+    srv.shutdown()
+    srv.server_close()
+    t.join(5)
+
+
+def test_http_critic_rejects_malformed_answers_and_retries_5xx(bad_server):
+    _Bad.answers[:] = [(200, [0.1])]
+    with pytest.raises(CriticError, match="returned 1 values for 3 contexts"):
+        run(HttpCritic(bad_server).predict(CONTEXTS))
+    _Bad.answers[:] = [(200, {"vals": []})]
+    with pytest.raises(CriticError, match="without 'values'"):
+        run(HttpCritic(bad_server).predict(CONTEXTS))
+    _Bad.answers[:] = [(200, ["x", 1, 2])]
+    with pytest.raises(CriticError, match="non-numeric value 'x' at position 0"):
+        run(HttpCritic(bad_server).predict(CONTEXTS))
+    _Bad.answers[:] = [(404, {"error": "no"})]
+    with pytest.raises(CriticError, match="answered 404"):
+        run(HttpCritic(bad_server).predict(CONTEXTS))
+    _Bad.answers[:] = [(503, "busy"), (200, [1, 2, 3])]
+    assert run(HttpCritic(bad_server, backoff_s=0.01).predict(CONTEXTS)) == [1.0, 2.0, 3.0]
+
+
+def test_served_critic_rejects_bad_requests():
+    import httpx
+
+    with serve_critic(ConstantCritic(0.0)) as url:
+        r = httpx.post(url, json={"not": "a list"})
+        assert r.status_code == 400 and "list of contexts" in r.json()["error"]
+
+
+def _synthetic_rows(seed: int):
+    mdps = [SHAPES["long"](seed + i) for i in range(4)]
+    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=14)
+    search = Uniform(phases=[Phase("evidence", rollouts_per_task=3), Phase("more", transitions=300, wave_size=16)])
+    col = Collector(agent, search, ConstantCritic(0.5), seed=seed)
+    batch = run(col.collect([Task(f"t{i}", {"mdp": i}) for i in range(4)]))
+    return batch.critic, SyntheticCritic(mdps)
+
+
+class TestLocal(CriticConformance):
+    def make_critic(self):
+        c = LocalCritic(buckets=256, hidden=8)
+        rows, _ = _synthetic_rows(0)
+        c.fit(rows, epochs=2)
+        return c
+
+    def test_fit_beats_a_constant_on_exact_values(self):
+        rows, exact = _synthetic_rows(0)
+        critic = LocalCritic(buckets=512, hidden=16, default=0.5)
+        critic.fit(rows, epochs=150, lr=1e-2)
+        ctxs = [r.context_ids for r in rows]
+        truth = [exact.value(*read_state(c)) for c in ctxs]
+        pred = run(critic.predict(ctxs))
+        mse = sum((p - t) ** 2 for p, t in zip(pred, truth, strict=True)) / len(truth)
+        const = sum((0.5 - t) ** 2 for t in truth) / len(truth)
+        assert mse < 0.5 * const
+
+    def test_unfitted_predicts_default_and_empty_fit_fails(self):
+        c = LocalCritic(default=0.3)
+        assert run(c.predict(CONTEXTS)) == [0.3] * 3
+        with pytest.raises(ValueError, match="positive weight"):
+            c.fit([])
+
+    def test_save_load_and_pickle_round_trip(self, tmp_path):
+        c = self.make_critic()
+        before = run(c.predict(CONTEXTS))
+        url = f"file://{tmp_path}/critic.pt"
+        c.save(url)
+        assert run(LocalCritic.load(url).predict(CONTEXTS)) == pytest.approx(before)
+        c.save("memory://critics/c.pt")
+        assert run(LocalCritic.load("memory://critics/c.pt").predict(CONTEXTS)) == pytest.approx(before)
+        assert run(pickle.loads(pickle.dumps(c)).predict(CONTEXTS)) == pytest.approx(before)
+        with pytest.raises(CriticError, match="no saved LocalCritic"):
+            LocalCritic.load(f"file://{tmp_path}/missing.pt")
+
+    def test_served_over_http(self):
+        c = self.make_critic()
+        with serve_critic(c) as url:
+            assert run(HttpCritic(url).predict(CONTEXTS)) == pytest.approx(run(c.predict(CONTEXTS)))
