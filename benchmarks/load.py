@@ -1,0 +1,221 @@
+"""Load under faults: a long collection against a loopback model server with injected faults.
+
+A fault proxy (``tests/fixtures/faults.py``) sits in front of the model server and
+injects every fault kind at ``--fault-rate`` of the generation requests (429, 5xx,
+timeouts, closed and reset connections, non-JSON bodies, short and NaN log-probs). The
+collection runs wave by wave (evidence, then one continuation phase sized to reach
+``--transitions``); after each wave the process's resident memory is sampled, so the
+report shows memory against transitions collected. The same collection without faults
+runs first in the same process as the baseline: with retries succeeding, both must give
+the same batch (rows lost 0, duplicated 0), and faults must not add memory.
+
+Server: ``sim`` (benchmarks/simserver.py: fixed latency, no model; the default, so 20k
+transitions take minutes) or ``tinylm`` (the embedded tiny model; ~50 transitions/s on
+2 cores).
+
+Run: ``python benchmarks/load.py --transitions 20000 --fault-rate 0.1 --json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import pickle
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "tests", ROOT / "benchmarks"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from fixtures.faults import FaultProxy  # noqa: E402
+
+from focus.agent import Agent  # noqa: E402
+from focus.backends import HttpConfig, OpenAICompatPolicy  # noqa: E402
+from focus.collector import Collector  # noqa: E402
+from focus.critic import ConstantCritic  # noqa: E402
+from focus.execution import Execution  # noqa: E402
+from focus.format import ByteCodec  # noqa: E402
+from focus.policy import SamplingParams  # noqa: E402
+from focus.priority import Phase, Selective  # noqa: E402
+from focus.toy import ReachTarget, reach_target_tasks, toy_format  # noqa: E402
+
+
+def rss_bytes() -> tuple[int, int]:
+    """(current resident set, its high-water mark) of this process, from /proc."""
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        k, _, v = line.partition(":")
+        if k in ("VmRSS", "VmHWM"):
+            fields[k] = int(v.split()[0]) * 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def make_collector(url: str, transitions: int, n_tasks: int, concurrency: int, timeout_s: float) -> Collector:
+    http = HttpConfig(
+        max_retries=6, backoff_s=0.02, backoff_max_s=0.2, timeout_s=timeout_s, max_concurrency=concurrency
+    )
+    policy = OpenAICompatPolicy(url, vocab_size=ByteCodec.vocab_size, config=http)
+    agent = Agent(policy, ReachTarget(), toy_format(), max_steps=8, sampling=SamplingParams(max_tokens=8))
+    evidence = 2
+    phases = [
+        Phase("evidence", rollouts_per_task=evidence),
+        Phase("continue", transitions=max(1, transitions - n_tasks * evidence * 2), wave_size=256, max_depth=8),
+    ]
+    return Collector(
+        agent,
+        search=Selective(phases=phases),
+        critic=ConstantCritic(0.5),
+        execution=Execution(max_concurrency=concurrency),
+        collection_id="load",
+        seed=0,
+    )
+
+
+async def run_collection(col: Collector, n_tasks: int) -> tuple[Any, list[dict[str, float]]]:
+    """Every phase, wave by wave, sampling memory after each wave."""
+    samples = []
+    t0 = time.perf_counter()
+
+    def sample(state: Any) -> None:
+        rss, hwm = rss_bytes()
+        used = state.usage()
+        samples.append({"transitions": used["transitions"], "rss": rss, "peak_rss": hwm, "s": time.perf_counter() - t0})
+
+    try:
+        state = await col.run_evidence(reach_target_tasks(n_tasks, seed=0))
+        sample(state)
+        wave = 0
+        while True:
+            plan = col.plan_wave(state, 1, wave)
+            if plan.empty:
+                break
+            state = await col.run_wave(state, plan)
+            sample(state)
+            wave += 1
+    finally:
+        await col.agent.policy.aclose()
+    return state, samples
+
+
+def run(
+    url: str,
+    *,
+    transitions: int,
+    fault_rate: float,
+    n_tasks: int,
+    concurrency: int,
+    seed: int = 0,
+    timeout_s: float = 2.0,
+) -> dict[str, Any]:
+    """One collection through a fault proxy at ``fault_rate``; its figures and its batch."""
+    gc.collect()
+    with FaultProxy(url, rate=fault_rate, seed=seed, hang_s=timeout_s * 1.5) as proxy:
+        col = make_collector(proxy.url, transitions, n_tasks, concurrency, timeout_s)
+        t0 = time.perf_counter()
+        state, samples = asyncio.run(run_collection(col, n_tasks))
+        wall = time.perf_counter() - t0
+        batch = col.prepare(state)
+    keys = [(r.tree_id, r.edge_id, r.turn_index) for r in batch.actor]
+    return {
+        "fault_rate": fault_rate,
+        "transitions": batch.stats["transitions"],
+        "rollouts": batch.stats["rollouts"],
+        "failed_rollouts": batch.stats["failed_rollouts"],
+        "failure_causes": batch.stats["failure_causes"],
+        "failed_trees": batch.stats["failed_trees"],
+        "requests": proxy.requests,
+        "faults_injected": dict(sorted(proxy.injected.items())),
+        "retries": dict(col.agent.policy.http.retries),
+        "actor_rows": len(batch.actor),
+        "duplicated_rows": len(keys) - len(set(keys)),
+        "wall_s": round(wall, 2),
+        "transitions_per_s": round(batch.stats["transitions"] / wall, 1),
+        "state_pickle_bytes": len(pickle.dumps(state)),
+        "memory": samples,
+        "peak_rss": max(s["peak_rss"] for s in samples),
+        "_batch": batch,
+    }
+
+
+def compare(faulty: dict[str, Any], clean: dict[str, Any]) -> dict[str, Any]:
+    """Rows lost and duplicated in the faulty batch relative to the clean one."""
+
+    def key(r: Any) -> tuple[Any, ...]:
+        return (r.tree_id, r.edge_id, r.turn_index, r.completion_ids, round(r.advantage, 9))
+
+    got = [key(r) for r in faulty["_batch"].actor]
+    want = [key(r) for r in clean["_batch"].actor]
+    return {
+        "identical_batches": got == want,
+        "rows_lost": len(set(want) - set(got)),
+        "rows_duplicated": len(got) - len(set(got)),
+    }
+
+
+def growth(samples: list[dict[str, float]]) -> dict[str, float]:
+    """Memory per transition over the second half of the run (least squares slope)."""
+    tail = samples[len(samples) // 2 :]
+    if len(tail) < 2:
+        return {"bytes_per_transition": float("nan")}
+    xs, ys = [s["transitions"] for s in tail], [s["rss"] for s in tail]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs) or 1.0
+    return {"bytes_per_transition": sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var}
+
+
+@contextlib.contextmanager
+def server(kind: str, concurrency: int):
+    if kind == "tinylm":
+        from focus.backends import LocalModelServer
+
+        with LocalModelServer(workers=2) as s:
+            yield s.url
+    else:
+        from simserver import SimConfig, SimServerProcess
+
+        with SimServerProcess(SimConfig(slots=concurrency, latency_s=0.01)) as s:
+            yield s.url
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--transitions", type=int, default=20_000)
+    ap.add_argument("--fault-rate", type=float, default=0.1)
+    ap.add_argument("--tasks", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--server", choices=["sim", "tinylm"], default="sim")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    with server(args.server, args.concurrency) as url:
+        common = {"transitions": args.transitions, "n_tasks": args.tasks, "concurrency": args.concurrency}
+        clean = run(url, fault_rate=0.0, **common)
+        faulty = run(url, fault_rate=args.fault_rate, **common)
+    report = {
+        "command": "python benchmarks/load.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "server": args.server,
+        "baseline": {k: v for k, v in clean.items() if k not in ("_batch", "memory")},
+        "faulty": {k: v for k, v in faulty.items() if k not in ("_batch", "memory")},
+        "memory_growth_faulty": growth(faulty["memory"]),
+        "memory_growth_baseline": growth(clean["memory"]),
+        "memory_samples_faulty": [
+            {"transitions": s["transitions"], "rss_mib": round(s["rss"] / 2**20, 1)}
+            for s in faulty["memory"][:: max(1, len(faulty["memory"]) // 10)]
+        ],
+        **compare(faulty, clean),
+    }
+    if args.json:
+        print(json.dumps(report, default=str))
+        return
+    for k, v in report.items():
+        print(f"{k}: {v}")
+
+
+if __name__ == "__main__":
+    main()
