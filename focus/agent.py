@@ -182,10 +182,11 @@ class Agent:
                 state = replace(state, context=ctx, steps=state.steps + 1)
                 continue
             try:
-                result = check_step_result(
-                    await asyncio.wait_for(self.env.step(state.env_state, action, state.workspace), self.env_timeout_s),
-                    f"{type(self.env).__name__}.step",
-                )
+                # asyncio.timeout, not wait_for: wait_for wraps every step in a new task,
+                # a measurable share of the engine's CPU per transition.
+                async with asyncio.timeout(self.env_timeout_s):
+                    stepped = await self.env.step(state.env_state, action, state.workspace)
+                result = check_step_result(stepped, f"{type(self.env).__name__}.step")
             except TimeoutError:
                 cause = f"env: step timed out after {self.env_timeout_s:g} s"
                 pieces.append(Piece(tuple(turns), "failed", state.steps, prompt, cause=cause))

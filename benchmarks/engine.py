@@ -1,0 +1,295 @@
+"""Engine throughput: does collection keep a model service's slots busy, cheaply?
+
+The model service is ``benchmarks/simserver.py`` in its own process: a real HTTP server
+speaking the OpenAI-compatible completions subset, with a fixed number of serving
+slots, a fixed latency per call (plus per generated token) and a prefix cache. The
+engine is the real one: ``focus.Collector`` with ``Selective`` search (an evidence
+phase and a continuation phase in waves), ``focus.toy.ReachTarget`` (several steps per
+episode, a checkpoint at every decision), ``OpenAICompatPolicy`` over HTTP, and
+``Execution`` in-process or ``DaskExecution`` on 1 and 2 workers.
+
+Figures, all from one run:
+
+* ``slot_utilisation``: busy slot-seconds / (slots x wall time of the search).
+* ``transitions_per_s`` against ``ideal_transitions_per_s`` = slots / call latency.
+* ``engine_cpu_ms_per_transition``: CPU time of this (collecting) process during the
+  search / transitions; the server's CPU is in another process and not counted.
+* ``prefix_cache_hit_ratio``: over the first model call of every continuation (the call
+  that resends a checkpoint's prefix), prompt tokens the server found in its prefix
+  cache / prompt tokens. The calls are found in the server's request log by their seed
+  (the agent seeds call ``s`` of a rollout with ``derive_seed(rollout_seed, s)``).
+* ``scaling_1_to_2_workers``: transitions/s with ``DaskExecution(n_workers=2)`` over
+  ``n_workers=1``, against a server with slots to spare and a short latency, so the
+  engine rather than the server limits throughput.
+
+    .venv/bin/python benchmarks/engine.py [--json out.json] [--small] [--profile]
+
+``--small`` runs a tiny configuration in seconds, Dask workers as threads (used by
+tests/test_simserver.py; its scaling figure means nothing).
+``--profile`` prints a pyinstrument profile of the in-process search.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from simserver import SimConfig, SimServerProcess  # noqa: E402
+
+from focus.agent import Agent, derive_seed  # noqa: E402
+from focus.backends.http import HttpConfig  # noqa: E402
+from focus.backends.openai_compat import OpenAICompatPolicy  # noqa: E402
+from focus.collector import Collector  # noqa: E402
+from focus.critic import ConstantCritic  # noqa: E402
+from focus.execution import Execution  # noqa: E402
+from focus.format import ByteCodec  # noqa: E402
+from focus.policy import SamplingParams  # noqa: E402
+from focus.priority import Phase, Selective  # noqa: E402
+from focus.search import SearchState  # noqa: E402
+from focus.toy import ReachTarget, reach_target_tasks, toy_format  # noqa: E402
+
+GOALS = {
+    "slot_utilisation": 0.90,
+    "engine_cpu_ms_per_transition": 1.0,
+    "prefix_cache_hit_ratio": 0.95,
+    "scaling_1_to_2_workers": 1.7,
+}
+
+
+def make_agent(url: str, concurrency: int) -> Agent:
+    policy = OpenAICompatPolicy(
+        url,
+        config=HttpConfig(max_concurrency=concurrency, timeout_s=120.0),
+        vocab_size=ByteCodec.vocab_size,
+    )
+    return Agent(policy, ReachTarget(), toy_format(), max_steps=16, sampling=SamplingParams(max_tokens=8))
+
+
+def make_collector(agent: Agent, execution: Execution, *, transitions: int, wave_size: int, seed: int) -> Collector:
+    search = Selective(
+        phases=(
+            Phase("evidence", rollouts_per_task=2),
+            Phase("continue", transitions=transitions, wave_size=wave_size, max_branches=4, max_depth=8),
+        )
+    )
+    return Collector(
+        agent, search=search, critic=ConstantCritic(0.5), execution=execution, collection_id="bench", seed=seed
+    )
+
+
+def continuation_cache_ratio(state: SearchState, rows: list[list[Any]]) -> dict[str, Any]:
+    """Cache hits of the first call of every continuation, found in the server log by seed."""
+    by_seed = {r[3]: r for r in rows}
+    prompt = cached = calls = missing = 0
+    for tree in state.trees:
+        for rec in tree.log:
+            if rec["phase_name"] == "evidence" or rec["node"] == tree.ROOT:
+                continue
+            steps = tree.states[rec["node"]].steps
+            row = by_seed.get(derive_seed(rec["seed"], steps))
+            if row is None:
+                missing += 1
+                continue
+            calls += 1
+            prompt += row[4]
+            cached += row[5]
+    total_prompt = sum(r[4] for r in rows)
+    return {
+        "prefix_cache_hit_ratio": cached / prompt if prompt else float("nan"),
+        "continuation_first_calls": calls,
+        "continuation_calls_not_found": missing,
+        "all_calls_cache_hit_ratio": sum(r[5] for r in rows) / total_prompt if total_prompt else float("nan"),
+    }
+
+
+def _search(collector: Collector, tasks: list[Any]) -> SearchState:
+    """``run_search`` on a fresh loop. The state leaves through a holder, not as the main
+    task's result: Python 3.11's ``asyncio.run`` formats the repr of its main task (result
+    included) on exit, which for a large state costs about a second of CPU."""
+    out: list[SearchState] = []
+
+    async def go() -> None:
+        try:
+            out.append(await collector.run_search(tasks))
+        finally:
+            await collector.agent.policy.aclose()
+
+    asyncio.run(go())
+    return out[0]
+
+
+def run_in_process(args: argparse.Namespace) -> dict[str, Any]:
+    """Utilisation, CPU per transition and prefix-cache hits at ``args.slots`` slots."""
+    sim = SimConfig(
+        slots=args.slots, latency_s=args.latency_s, per_token_s=args.per_token_s, completion_tokens=args.tokens
+    )
+    latency = sim.latency_s + sim.per_token_s * sim.completion_tokens
+    concurrency = 2 * args.slots  # rollouts between calls (env step, bookkeeping) must not leave a slot empty
+    tasks = reach_target_tasks(args.tasks, seed=1, low=20, high=40)
+    with SimServerProcess(sim) as server:
+        agent = make_agent(server.url, concurrency)
+        collector = make_collector(
+            agent,
+            Execution(max_concurrency=concurrency),
+            transitions=args.transitions,
+            wave_size=args.wave_size,
+            seed=0,
+        )
+        before = server.stats()
+        profiler = None
+        if args.profile:
+            import pyinstrument
+
+            profiler = pyinstrument.Profiler()
+            profiler.start()
+        c0, t0 = time.process_time(), time.perf_counter()
+        state = _search(collector, tasks)
+        cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+        if profiler is not None:
+            profiler.stop()
+            print(profiler.output_text(unicode=False, color=False), file=sys.stderr)
+        after = server.stats()
+        c1 = time.process_time()
+        batch = collector.prepare(state)
+        prepare_cpu = time.process_time() - c1
+        rows = server.requests()
+    usage = state.usage()
+    transitions = usage["transitions"]
+    busy = after["busy_slot_s"] - before["busy_slot_s"]
+    out = {
+        "slots": args.slots,
+        "call_latency_s": latency,
+        "tasks": args.tasks,
+        "wave_size": args.wave_size,
+        "execution_concurrency": concurrency,
+        "transitions": transitions,
+        "model_calls": usage["model_calls"],
+        "rollouts": usage["rollouts"],
+        "failed_rollouts": usage["failed_rollouts"],
+        "waves": len(state.waves),
+        "search_wall_s": wall,
+        "transitions_per_s": transitions / wall,
+        "ideal_transitions_per_s": args.slots / latency,
+        "slot_utilisation": busy / (args.slots * wall),
+        "server_max_waiting": after["max_waiting"],
+        "engine_cpu_s": cpu,
+        "engine_cpu_ms_per_transition": 1000 * cpu / transitions,
+        "prepare_cpu_ms_per_transition": 1000 * prepare_cpu / transitions,
+        "actor_rows": len(batch.actor),
+        **continuation_cache_ratio(state, rows),
+    }
+    out["throughput_vs_ideal"] = out["transitions_per_s"] / out["ideal_transitions_per_s"]
+    return out
+
+
+def run_dask(args: argparse.Namespace) -> dict[str, Any]:
+    """Transitions/s on 1 and 2 Dask workers, with the server far from saturated."""
+    from focus.dask_execution import DaskExecution
+
+    sim = SimConfig(slots=100_000, latency_s=args.scale_latency_s, completion_tokens=args.tokens)
+    tasks = reach_target_tasks(args.scale_tasks, seed=2, low=20, high=40)
+    out: dict[str, Any] = {
+        "scale_call_latency_s": sim.latency_s,
+        "scale_tasks": args.scale_tasks,
+        "dask_worker_processes": args.dask_processes,
+    }
+    with SimServerProcess(sim) as server:
+        for workers in (1, 2):
+            with DaskExecution(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=args.dask_processes,
+                max_concurrency=args.scale_concurrency,
+            ) as ex:
+                ex.client().wait_for_workers(workers)
+                warm = make_collector(
+                    make_agent(server.url, args.scale_concurrency), ex, transitions=16, wave_size=8, seed=99
+                )
+                _search(warm, reach_target_tasks(4, seed=3, low=20, high=40))  # imports on the workers
+                collector = make_collector(
+                    make_agent(server.url, args.scale_concurrency),
+                    ex,
+                    transitions=args.scale_transitions,
+                    wave_size=args.scale_wave_size,
+                    seed=0,
+                )
+                before = server.stats()
+                t0 = time.perf_counter()
+                state = _search(collector, tasks)
+                wall = time.perf_counter() - t0
+                after = server.stats()
+            n = state.usage()["transitions"]
+            out[f"dask_{workers}_workers"] = {
+                "transitions": n,
+                "wall_s": wall,
+                "transitions_per_s": n / wall,
+                "server_max_in_flight": after["max_in_flight"],
+                "server_busy_slot_s": after["busy_slot_s"] - before["busy_slot_s"],
+            }
+    out["scaling_1_to_2_workers"] = (
+        out["dask_2_workers"]["transitions_per_s"] / out["dask_1_workers"]["transitions_per_s"]
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", type=Path, help="write every figure here")
+    ap.add_argument("--small", action="store_true", help="tiny sizes, seconds (a smoke run)")
+    ap.add_argument("--profile", action="store_true", help="pyinstrument profile of the in-process search")
+    ap.add_argument("--no-dask", action="store_true", help="skip the 1 -> 2 worker scaling run")
+    ap.add_argument("--slots", type=int, default=128)
+    ap.add_argument("--latency-s", type=float, default=0.2)
+    ap.add_argument("--per-token-s", type=float, default=0.01)
+    ap.add_argument("--tokens", type=int, default=3, help="tokens generated per call")
+    ap.add_argument("--tasks", type=int, default=256)
+    ap.add_argument("--transitions", type=int, default=6000, help="continuation phase budget")
+    ap.add_argument("--wave-size", type=int, default=768)
+    ap.add_argument("--scale-tasks", type=int, default=256)
+    ap.add_argument("--scale-transitions", type=int, default=4000)
+    ap.add_argument("--scale-wave-size", type=int, default=1024)
+    ap.add_argument("--scale-latency-s", type=float, default=0.05)
+    ap.add_argument("--scale-concurrency", type=int, default=256)
+    ap.add_argument(
+        "--dask-threads", dest="dask_processes", action="store_false", help="Dask workers as threads (smoke runs)"
+    )
+    args = ap.parse_args(argv)
+    if args.small:
+        args.slots, args.tasks, args.transitions, args.wave_size = 8, 8, 40, 16
+        args.latency_s, args.per_token_s = 0.01, 0.0
+        args.scale_tasks, args.scale_transitions, args.scale_wave_size, args.scale_latency_s = 8, 40, 16, 0.01
+        args.scale_concurrency, args.dask_processes = 16, False
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    t0 = time.perf_counter()
+    figures: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+    }
+    figures.update(run_in_process(args))
+    if not args.no_dask:
+        figures.update(run_dask(args))
+    figures["benchmark_wall_s"] = time.perf_counter() - t0
+    figures["goals"] = {
+        k: {"goal": g, "met": (figures[k] >= g) if k != "engine_cpu_ms_per_transition" else figures[k] <= g}
+        for k, g in GOALS.items()
+        if k in figures
+    }
+    text = json.dumps(figures, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text)
+    return figures
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The simulated model server of benchmarks/engine.py, and the benchmark at tiny size."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from simserver import PrefixCache, SimConfig, SimServerProcess, sample  # noqa: E402
+
+from focus.backends import HttpConfig, OpenAICompatPolicy  # noqa: E402
+from focus.format import ByteCodec  # noqa: E402
+from focus.policy import PolicyError, SamplingParams  # noqa: E402
+
+PARAMS = SamplingParams(max_tokens=8, stop_token_ids=(ByteCodec.EOT,))
+
+
+def test_prefix_cache_matches_longest_seen_prefix_and_flushes_when_full():
+    cache = PrefixCache(capacity=10)
+    assert cache.match([1, 2, 3]) == 0
+    cache.insert([1, 2, 3, 4])
+    assert cache.match([1, 2, 3, 4, 5]) == 4 and cache.match([1, 2, 9]) == 2 and cache.match([2]) == 0
+    cache.insert([1, 2, 7, 8])
+    assert cache.size == 6 and cache.match([1, 2, 7]) == 3
+    cache.insert(list(range(100, 110)))  # passes capacity: everything goes
+    assert cache.flushes == 1 and cache.size == 0 and cache.match([1, 2]) == 0
+
+
+def test_sampling_is_deterministic_in_the_seed_and_respects_limits():
+    ids, lps, finish = sample([1, 2], n=4, max_tokens=8, stop_ids=[ByteCodec.EOT], seed=5)
+    assert (ids, lps, finish) == sample([9], n=4, max_tokens=8, stop_ids=[ByteCodec.EOT], seed=5)
+    assert len(ids) == 4 and ids[-1] == ByteCodec.EOT and finish == "stop"
+    assert all(ord("1") <= t <= ord("9") for t in ids[:-1]) and all(lp < 0 for lp in lps)
+    short = sample([1], n=4, max_tokens=2, stop_ids=[ByteCodec.EOT], seed=5)
+    assert short[0] == ids[:2] and short[2] == "length"
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimServerProcess(SimConfig(slots=2, latency_s=0.2, completion_tokens=3)) as server:
+        yield server
+
+
+def test_policy_talks_to_the_server_and_resent_prefixes_hit_the_cache(sim):
+    async def go():
+        policy = OpenAICompatPolicy(sim.url, vocab_size=ByteCodec.vocab_size)
+        try:
+            first = await policy.sample([1, 2, 3, 4], PARAMS.with_seed(1))
+            prompt = [1, 2, 3, 4, *first.token_ids, 5, 6]
+            second = await policy.sample(prompt, PARAMS.with_seed(2))
+            again = await policy.sample(prompt, PARAMS.with_seed(3))
+            return first, second, again
+        finally:
+            await policy.aclose()
+
+    first, second, again = asyncio.run(go())
+    assert len(first.token_ids) == 3 and first.token_ids[-1] == ByteCodec.EOT and first.finish_reason == "stop"
+    assert first.cached_prompt_tokens == 0
+    assert second.cached_prompt_tokens == 4 + 3  # prompt + completion of the first call, not the new ids
+    assert again.cached_prompt_tokens == 4 + 3 + 2  # the exact prefix was seen: all of it is cached
+    rows = {r[3]: r for r in sim.requests()}
+    assert rows[3][4:6] == [9, 9] and rows[1][4:6] == [4, 0]
+
+
+def test_slots_bound_the_requests_in_service_and_the_rest_queue(sim):
+    sim.reset()
+
+    async def go():
+        policy = OpenAICompatPolicy(sim.url, config=HttpConfig(max_concurrency=16))
+        try:
+            t0 = time.perf_counter()
+            await asyncio.gather(*(policy.sample([7, i], PARAMS.with_seed(i)) for i in range(6)))
+            return time.perf_counter() - t0
+        finally:
+            await policy.aclose()
+
+    wall = asyncio.run(go())
+    stats = sim.stats()
+    assert stats["requests"] == 6 and stats["max_in_flight"] == 2 and stats["max_waiting"] >= 3
+    assert wall >= 3 * 0.2 - 0.01  # 6 calls through 2 slots: three rounds of the latency
+    # each call held a slot for at least the latency; two slots cannot be busy for longer than the wall time
+    assert 6 * 0.2 - 0.01 <= stats["busy_slot_s"] <= 2 * wall
+
+
+def test_bad_requests_get_a_clear_error(sim):
+    async def go(prompt):
+        policy = OpenAICompatPolicy(sim.url, config=HttpConfig(max_retries=0))
+        try:
+            return await policy.sample(prompt, PARAMS)
+        finally:
+            await policy.aclose()
+
+    with pytest.raises(PolicyError, match="rejected with status 400.*token id 999 is outside the vocabulary"):
+        asyncio.run(go([1, 999]))
+
+
+def test_without_a_cache_nothing_is_served_from_it():
+    with SimServerProcess(SimConfig(slots=4, latency_s=0.0, cache_capacity_tokens=0)) as server:
+
+        async def go():
+            policy = OpenAICompatPolicy(server.url)
+            try:
+                return [await policy.sample([1, 2, 3], PARAMS.with_seed(i)) for i in range(2)]
+            finally:
+                await policy.aclose()
+
+        assert [c.cached_prompt_tokens for c in asyncio.run(go())] == [0, 0]
+
+
+@pytest.mark.timeout(120)
+def test_engine_benchmark_runs_at_tiny_size_and_reports_every_figure(tmp_path):
+    import engine
+
+    out = tmp_path / "engine.json"
+    figures = engine.main(["--small", "--json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(figures))
+    for key in ("slot_utilisation", "engine_cpu_ms_per_transition", "prefix_cache_hit_ratio", "scaling_1_to_2_workers"):
+        assert key in figures and figures[key] == figures[key]  # present and not NaN
+    assert 0 < figures["slot_utilisation"] <= 1.0 and figures["engine_cpu_ms_per_transition"] > 0
+    assert figures["transitions"] > 0 and figures["failed_rollouts"] == 0
+    # continuations resend their checkpoint's exact prefix, which the earlier call left in the cache
+    assert figures["continuation_first_calls"] > 0 and figures["continuation_calls_not_found"] == 0
+    assert figures["prefix_cache_hit_ratio"] == 1.0
+    assert figures["dask_1_workers"]["transitions"] > 0 and figures["dask_2_workers"]["transitions"] > 0
