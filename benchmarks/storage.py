@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from focus.batch import ActorRow, Batch, CriticRow  # noqa: E402
 from storage import PARQUET_OPTIONS, BatchStore  # noqa: E402
-from storage.schema import actor_table, critic_table  # noqa: E402
+from storage.schema import TokenPool, actor_table, critic_table  # noqa: E402
 
 #: The yardstick's Parquet settings; do not tune (see the module docstring).
 YARDSTICK_OPTIONS: dict[str, Any] = {
@@ -135,12 +135,12 @@ def measure(name: str, root_factory: Callable[[], str], batch: Batch, repeats: i
                     rows += pq.read_table(pa.BufferReader(f.read())).num_rows
         return rows
 
-    def store_write() -> tuple[BatchStore, str]:
-        store = BatchStore(root_factory())
+    def store_write(threads: int = 4) -> tuple[BatchStore, str]:
+        store = BatchStore(root_factory(), threads=threads)
         return store, store.write(batch)
 
     # alternate the yardstick and the store in every repeat, so load from other processes hits both alike
-    raw_ws, store_ws, same_ws, raw_cpu, store_cpu = [], [], [], [], []
+    raw_ws, store_ws, same_ws, one_ws, raw_cpu, store_cpu = [], [], [], [], [], []
     for _ in range(repeats):
         c0 = time.process_time()
         t, raw_root = timed(raw_write, 1)
@@ -151,11 +151,18 @@ def measure(name: str, root_factory: Callable[[], str], batch: Batch, repeats: i
         store_cpu.append(time.process_time() - c0)
         store_ws.append(t)
         same_ws.append(timed(lambda: raw_write(PARQUET_OPTIONS), 1)[0])
+        one_ws.append(timed(lambda: store_write(threads=1), 1)[0])
     raw_w, w = min(raw_ws), min(store_ws)  # the fastest run is the least disturbed (as timeit reports)
     ratios = [s / r for s, r in zip(store_ws, raw_ws, strict=True)]
     same_ratios = [s / r for s, r in zip(store_ws, same_ws, strict=True)]
     cpu_ratios = [s / r for s, r in zip(store_cpu, raw_cpu, strict=True)]
-    convert_s, _ = timed(lambda: (actor_table(batch.actor), critic_table(batch.critic)), repeats)
+    one_ratios = [s / r for s, r in zip(one_ws, raw_ws, strict=True)]
+
+    def convert() -> tuple[pa.Table, pa.Table]:
+        pool = TokenPool()
+        return actor_table(batch.actor, pool), critic_table(batch.critic, pool)
+
+    convert_s, _ = timed(convert, repeats)
     raw_r, _ = timed(lambda: raw_read(raw_root), repeats)
     r_tables, _ = timed(lambda: store.read_tables(url), repeats)
     r_rows, back = timed(lambda: store.read(url), repeats)
@@ -185,6 +192,7 @@ def measure(name: str, root_factory: Callable[[], str], batch: Batch, repeats: i
         "write_ratios": ratios,
         "write_ratio_of_fastest": w / raw_w,
         "same_settings_ratio": statistics.median(same_ratios),
+        "threads1_write_ratio_vs_pyarrow": statistics.median(one_ratios),
         "rows_to_arrow_s": convert_s,
         "write_s_median": statistics.median(store_ws),
         "pyarrow_write_s_median": statistics.median(raw_ws),
@@ -251,7 +259,8 @@ def main() -> None:
         print(
             f"{m['target']:>20}: write {m['write_s'] * 1e3:7.1f} ms ({m['write_mb_s']:6.1f} MB/s, {m['write_rows_s']:8,.0f} rows/s, "
             f"median ratio {m['write_ratio_vs_pyarrow']:.2f}x pyarrow {m['pyarrow_write_s'] * 1e3:.1f} ms; CPU "
-            f"{m['write_cpu_ratio_vs_pyarrow']:.2f}x; same settings {m['same_settings_ratio']:.2f}x) | "
+            f"{m['write_cpu_ratio_vs_pyarrow']:.2f}x; same settings {m['same_settings_ratio']:.2f}x; "
+            f"threads=1 {m['threads1_write_ratio_vs_pyarrow']:.2f}x) | "
             f"read tables {m['read_tables_s'] * 1e3:7.1f} ms ({m['read_tables_mb_s']:6.1f} MB/s, "
             f"{m['read_tables_ratio_vs_pyarrow']:.2f}x pyarrow) | read rows {m['read_rows_s'] * 1e3:7.1f} ms "
             f"({m['read_rows_per_s']:8,.0f} rows/s) | {m['bytes'] / 1e6:.2f} MB, {m['bytes_per_token']:.2f} B/token "

@@ -20,10 +20,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -49,6 +49,8 @@ from storage.schema import (
     validate,
 )
 from storage.urls import Location, Retry, check_id
+
+T = TypeVar("T")
 
 MANIFEST = "_manifest.json"
 STATS = "stats.json"
@@ -112,7 +114,7 @@ class BatchStore:
         retry: Retry | None = None,
         rows_per_file: int = 100_000,
         threads: int = 4,
-        group_tokens: int = 1 << 17,
+        group_tokens: int = 1 << 20,
     ) -> None:
         if rows_per_file < 1:
             raise ValueError("rows_per_file must be at least 1")
@@ -187,7 +189,14 @@ class BatchStore:
     def write(self, batch: Batch, *, overwrite: bool = False) -> str:
         """Write ``batch``; return its URL. Idempotent; see the module docstring."""
         url = self.url_for(batch.collection_id, batch.iteration)
-        with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="focus-batch") as pool:
+        # Object stores answer in milliseconds, so their requests overlap with encoding; a
+        # local disk answers in microseconds, less than handing work to a thread costs.
+        io: Executor = (
+            _Inline()
+            if self.loc.is_local
+            else ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="focus-batch")
+        )
+        with io as pool:
             existing_f = pool.submit(self._existing, url, overwrite)
             listed_f = pool.submit(self.loc.list_files, url, self.retry)  # leftovers of an interrupted write
             files = self._encode(batch)
@@ -311,17 +320,35 @@ class BatchStore:
 
 
 def _row_groups(rows: Sequence[Any], group_tokens: int) -> list[Sequence[Any]]:
-    """Consecutive slices of ``rows`` holding about ``group_tokens`` token ids each."""
+    """Consecutive slices of ``rows`` of about equal token counts, at most about ``group_tokens`` each.
+
+    Equal groups, rather than full ones and a small remainder, let the encoder thread work
+    on one group for as long as the caller converts the next.
+    """
+    sizes = [len(r.prompt_ids) + len(r.completion_ids) if isinstance(r, ActorRow) else len(r.context_ids) for r in rows]
+    total = sum(sizes)
+    k = max(1, -(-total // group_tokens))
     groups: list[Sequence[Any]] = []
     start, tokens = 0, 0
-    for i, r in enumerate(rows):
-        tokens += len(r.prompt_ids) + len(r.completion_ids) if isinstance(r, ActorRow) else len(r.context_ids)
-        if tokens >= group_tokens:
+    for i, n in enumerate(sizes):
+        tokens += n
+        if tokens * k >= total * (len(groups) + 1) and len(groups) < k - 1:
             groups.append(rows[start : i + 1])
-            start, tokens = i + 1, 0
-    if start < len(rows) or not groups:
-        groups.append(rows[start:])
+            start = i + 1
+    groups.append(rows[start:])
     return groups
+
+
+class _Inline(Executor):
+    """Runs each call at once in the caller's thread (an executor without threads)."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        done: Future[T] = Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+            done.set_exception(e)
+        return done
 
 
 class _Encoder:

@@ -110,6 +110,23 @@ def _list_array(seqs: Sequence[Sequence[Any]], value_type: pa.DataType, dtype: A
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type))
 
 
+def _mask_array(seqs: Sequence[Sequence[int]], column: str) -> pa.Array:
+    """A loss-mask list column. The collector gives every token of a turn the turn's one flag,
+    so a row is usually one value repeated: ``tuple.count`` checks that at C speed (small
+    ints are shared objects) and numpy repeats the flag, instead of converting each entry."""
+    firsts = [s[0] if len(s) else 0 for s in seqs]
+    if all(type(s) is tuple for s in seqs) and all(s.count(f) == len(s) for s, f in zip(seqs, firsts, strict=True)):
+        try:
+            flags = np.array(firsts, dtype=np.int8)
+        except (OverflowError, TypeError, ValueError):
+            pass  # _values names the bad entry
+        else:
+            offsets = _offsets(seqs, column)
+            values = np.repeat(flags, np.diff(offsets))
+            return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=pa.int8()))
+    return _list_array(seqs, pa.int8(), np.int8, column)
+
+
 class TokenPool:
     """Token-id sequences already converted while building the tables of one batch.
 
@@ -125,8 +142,9 @@ class TokenPool:
         self._at: dict[int, tuple[np.ndarray, int]] = {}
         self._keep: list[Sequence[Sequence[int]]] = []
 
-    def get(self, seq: Sequence[int]) -> tuple[np.ndarray, int] | None:
-        return self._at.get(id(seq))
+    def find(self, keys: list[int]) -> list[tuple[np.ndarray, int] | None]:
+        """Where each sequence (by ``id()``) was converted before, ``None`` if it was not."""
+        return list(map(self._at.get, keys))
 
     def add(self, seqs: Sequence[Sequence[int]], values: np.ndarray, starts: dict[int, int]) -> None:
         self._keep.append(seqs)
@@ -137,26 +155,31 @@ class TokenPool:
 def _token_array(seqs: Sequence[Sequence[int]], column: str, pool: TokenPool | None) -> pa.Array:
     """A token-id list column; each distinct sequence object is converted once (see :class:`TokenPool`)."""
     offsets = _offsets(seqs, column)
+    keys = list(map(id, seqs))
+    hits = pool.find(keys) if pool is not None else [None] * len(seqs)
+    if len(set(keys)) == len(keys) and not any(hits):  # nothing repeats: convert the column as it is
+        values = _values(seqs, np.int32, column)
+        if pool is not None:
+            pool.add(seqs, values, dict(zip(keys, offsets[:-1].tolist(), strict=True)))
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=_TOKEN))
     pieces: list[tuple[np.ndarray | None, int, int]] = []  # per row: source (None: this call's), start, length
     fresh: list[Sequence[int]] = []
     starts: dict[int, int] = {}  # id() of a sequence converted here -> its start in ``values``
     n = 0
-    for s in seqs:
-        hit = pool.get(s) if pool is not None else None
+    for s, key, hit in zip(seqs, keys, hits, strict=True):
         if hit is not None:
             pieces.append((hit[0], hit[1], len(s)))
             continue
-        start = starts.get(id(s))
+        start = starts.get(key)
         if start is None:
-            start = starts[id(s)] = n
+            start = starts[key] = n
             fresh.append(s)
             n += len(s)
         pieces.append((None, start, len(s)))
     values = _values(fresh, np.int32, column)
     if pool is not None:
         pool.add(seqs, values, starts)
-    if n != int(offsets[-1]):  # some rows repeat: lay every row out from its source
-        values = np.concatenate([(values if a is None else a)[i : i + k] for a, i, k in pieces] or [values])
+    values = np.concatenate([(values if a is None else a)[i : i + k] for a, i, k in pieces] or [values])
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=_TOKEN))
 
 
@@ -196,7 +219,7 @@ def actor_table(rows: Sequence[ActorRow], pool: TokenPool | None = None) -> pa.T
         "prompt_ids": _token_array([r.prompt_ids for r in rows], "prompt_ids", pool),
         "completion_ids": _token_array([r.completion_ids for r in rows], "completion_ids", pool),
         "logprobs": _list_array([r.logprobs for r in rows], pa.float64(), np.float64, "logprobs"),
-        "loss_mask": _list_array([r.loss_mask for r in rows], pa.int8(), np.int8, "loss_mask"),
+        "loss_mask": _mask_array([r.loss_mask for r in rows], "loss_mask"),
         "advantage": pa.array([r.advantage for r in rows], pa.float64()),
         "reward": pa.array([r.reward for r in rows], pa.float64()),
         "finish_reason": pa.array([r.finish_reason for r in rows], pa.string()),
