@@ -156,6 +156,7 @@ class SimServer:
     def stats(self) -> dict[str, Any]:
         return {
             "now_s": time.monotonic() - self.t_start,
+            "cpu_s": time.process_time(),
             "slots": self.config.slots,
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,

@@ -65,7 +65,16 @@ class Execution(BaseModel):
                     log.warning("rollout from node %s of tree %s failed: %r", job.node_id, job.tree_index, e)
                     return failed_rollout(job, f"error: {type(e).__name__}: {e}", time.perf_counter() - t0)
 
-        return list(await asyncio.gather(*(one(j) for j in jobs)))
+        # Start the jobs with the most steps left first (fewest steps taken: the best
+        # guess without a model of the task), so a wave's tail is made of short rollouts
+        # and slots do not sit idle behind a few long ones started last. The semaphore
+        # admits waiters in order; results still come back in job order.
+        order = sorted(range(len(jobs)), key=lambda i: jobs[i].start.steps)
+        done = await asyncio.gather(*(one(jobs[i]) for i in order))
+        out: list[Rollout] = [done[0]] * len(jobs) if jobs else []
+        for i, rollout in zip(order, done, strict=True):
+            out[i] = rollout
+        return out
 
 
 def failed_rollout(job: RolloutJob, cause: str, wall_s: float = 0.0) -> Rollout:
