@@ -14,23 +14,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from examples import common
 from examples.math.env import MathEnv, default_tasks
 from focus.agent import Agent
 from focus.collector import Collector
 from focus.critic import ConstantCritic
 from focus.execution import Execution
-from focus.format import ByteCodec, ChatCodec, FinalAnswerParser, PolicyFormat
+from focus.format import ChatCodec, FinalAnswerParser, PolicyFormat
 from focus.policy import SamplingParams
 from focus.priority import Phase, Selective
-from focus.tree import Tree
 
 
 class MathConfig(BaseModel):
@@ -55,11 +53,7 @@ class MathConfig(BaseModel):
 
 
 def make_codec(config: MathConfig) -> ChatCodec:
-    if config.tokenizer:
-        from focus.hf_codec import HFChatCodec
-
-        return HFChatCodec(config.tokenizer)
-    return ByteCodec()
+    return common.make_codec(config.tokenizer)
 
 
 def make_collector(config: MathConfig, url: str) -> Collector:
@@ -90,27 +84,6 @@ def make_collector(config: MathConfig, url: str) -> Collector:
     )
 
 
-def solve_rate(trees: list[Tree]) -> float:
-    """Share of finished rollouts (non-failed leaves) that earned a reward."""
-    leaves = [(t, n) for t in trees for n in t.leaves() if n.kind != "failed"]
-    if not leaves:
-        return 0.0
-    solved = sum(1 for t, n in leaves if any(e.rewards and max(e.rewards) > 0 for e in t.path_to(n.id)))
-    return solved / len(leaves)
-
-
-@contextlib.contextmanager
-def model_url(config: MathConfig) -> Iterator[str]:
-    """The configured server, or the embedded tiny model started for this run."""
-    if config.model_url:
-        yield config.model_url
-        return
-    from focus.backends import LocalModelServer
-
-    with LocalModelServer() as server:
-        yield server.url
-
-
 async def collect(config: MathConfig, url: str) -> dict[str, Any]:
     from storage import BatchStore
 
@@ -125,7 +98,7 @@ async def collect(config: MathConfig, url: str) -> dict[str, Any]:
     return {
         "batch": batch_url,
         "tasks": len(tasks),
-        "solve_rate": round(solve_rate(state.trees), 4),
+        "solve_rate": round(common.solve_rate(state.trees), 4),
         **{k: v for k, v in batch.summary().items() if k in ("actor_rows", "critic_rows", "tokens", "transitions")},
     }
 
@@ -147,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.tokenizer and not args.model_url:
         ap.error("--tokenizer belongs to a model served at --model-url; the embedded model uses its byte codec")
     config = MathConfig(**{k: v for k, v in vars(args).items() if v is not None})
-    with model_url(config) as url:
+    with common.model_server(config.model_url) as url:
         result = asyncio.run(collect(config, url))
     json.dump(result, sys.stdout, indent=2)
     print()

@@ -1,0 +1,1 @@
+"""Train the embedded tiny model on the toy task with batches FOCUS collected."""
