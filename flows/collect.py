@@ -33,7 +33,7 @@ from tasks.phases import (
     prepare_export,
     publish_report,
 )
-from tasks.steps import EVIDENCE, EVIDENCE_SCORED, Key, score_key, wave_key
+from tasks.steps import EVIDENCE, EVIDENCE_SCORED, Handoff, Key, score_key, wave_key
 
 
 @contextlib.contextmanager
@@ -80,10 +80,11 @@ def run_collection(config: FocusConfig) -> dict[str, Any]:
     log = get_run_logger()
     t0 = time.perf_counter()
     records: list[dict[str, Any]] = [check_config(config)]
-    first = evidence_rollouts(config)
+    handoff = Handoff()  # the live state, step to step, within this process
+    first = evidence_rollouts(config, handoff)
     records.append(first)
     log.info("collection %s: evidence %s", config.collection_id, "reused" if first["reused"] else "done")
-    records.append(critic_scoring(config, EVIDENCE.phase, EVIDENCE.wave, EVIDENCE_SCORED.phase, 0))
+    records.append(critic_scoring(config, EVIDENCE.phase, EVIDENCE.wave, EVIDENCE_SCORED.phase, 0, handoff))
     source: Key = EVIDENCE_SCORED
     phases = config.search.phases
     with CollectionProgress(config, enabled=config.progress, log=log) as progress:
@@ -91,16 +92,18 @@ def run_collection(config: FocusConfig) -> dict[str, Any]:
             progress.start_phase(p, phases[p])
             wave = 0
             while True:
-                rec = continuation_wave(config, source.phase, source.wave, p, wave)
+                rec = continuation_wave(config, source.phase, source.wave, p, wave, handoff)
                 records.append(rec)
                 if rec.get("done"):
                     break
                 target = score_key(config, p, wave)
-                records.append(critic_scoring(config, wave_key(config, p, wave).phase, wave, target.phase, wave))
+                records.append(
+                    critic_scoring(config, wave_key(config, p, wave).phase, wave, target.phase, wave, handoff)
+                )
                 progress.wave_done(rec)
                 source = target
                 wave += 1
-    result = prepare_export(config, source.phase, source.wave)
+    result = prepare_export(config, source.phase, source.wave, handoff)
     publish_report(config, result, records)
     stats = {
         **result.get("summary", {}),

@@ -18,7 +18,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from focus.config import ExecutionConfig, FocusConfig
-from tasks.steps import Key, Steps
+from tasks.steps import Handoff, Key, Steps
 
 
 def make_execution(ex: ExecutionConfig) -> Any:
@@ -39,11 +39,11 @@ def make_execution(ex: ExecutionConfig) -> Any:
     return Execution(max_concurrency=ex.max_concurrency)
 
 
-def steps_for(config: FocusConfig) -> Steps:
+def steps_for(config: FocusConfig, handoff: Handoff | None = None) -> Steps:
     from storage import BatchStore, CheckpointStore
 
     root = config.storage.root
-    return Steps(config, CheckpointStore(root), BatchStore(root), lambda: make_execution(config.execution))
+    return Steps(config, CheckpointStore(root), BatchStore(root), lambda: make_execution(config.execution), handoff)
 
 
 _OPTS: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
@@ -55,31 +55,43 @@ def check_config(config: FocusConfig) -> dict[str, Any]:
 
 
 @task(name="evidence-rollouts", **_OPTS)
-def evidence_rollouts(config: FocusConfig) -> dict[str, Any]:
+def evidence_rollouts(config: FocusConfig, handoff: Handoff | None = None) -> dict[str, Any]:
     """Phase 0: complete rollouts from every task's root."""
-    return steps_for(config).evidence()
+    return steps_for(config, handoff).evidence()
 
 
 @task(name="critic-scoring", task_run_name="score-{target_phase}-{target_wave}", **_OPTS)
 def critic_scoring(
-    config: FocusConfig, source_phase: str, source_wave: int, target_phase: str, target_wave: int
+    config: FocusConfig,
+    source_phase: str,
+    source_wave: int,
+    target_phase: str,
+    target_wave: int,
+    handoff: Handoff | None = None,
 ) -> dict[str, Any]:
     """Critic predictions on the checkpoints the previous step added."""
-    return steps_for(config).score(Key(source_phase, source_wave), Key(target_phase, target_wave))
+    return steps_for(config, handoff).score(Key(source_phase, source_wave), Key(target_phase, target_wave))
 
 
 @task(name="continuation-wave", task_run_name="wave-{phase_index}-{wave}", **_OPTS)
 def continuation_wave(
-    config: FocusConfig, source_phase: str, source_wave: int, phase_index: int, wave: int
+    config: FocusConfig,
+    source_phase: str,
+    source_wave: int,
+    phase_index: int,
+    wave: int,
+    handoff: Handoff | None = None,
 ) -> dict[str, Any]:
     """One wave of prioritised continuations (fanned out by the execution service)."""
-    return steps_for(config).wave(Key(source_phase, source_wave), phase_index, wave)
+    return steps_for(config, handoff).wave(Key(source_phase, source_wave), phase_index, wave)
 
 
 @task(name="prepare-export", **_OPTS)
-def prepare_export(config: FocusConfig, source_phase: str, source_wave: int) -> dict[str, Any]:
+def prepare_export(
+    config: FocusConfig, source_phase: str, source_wave: int, handoff: Handoff | None = None
+) -> dict[str, Any]:
     """Estimator, critic targets and the Parquet batch; returns its URL and statistics."""
-    return steps_for(config).export(Key(source_phase, source_wave))
+    return steps_for(config, handoff).export(Key(source_phase, source_wave))
 
 
 @task(name="publish-report", **_OPTS)

@@ -11,12 +11,20 @@ wrappers, and these functions are testable and benchmarkable on their own.
 Checkpoint keys (phase, wave), in the order a collection writes them::
 
     ("config", 0)          the configuration fingerprint (guards resumes)
-    ("evidence", 0)        search state after the evidence rollouts
-    ("evidence.score", 0)  ... after critic scoring
-    ("<p>.<name>", w)      ... after wave w of continuation phase p
-    ("<p>.<name>.score", w)... after scoring that wave's new checkpoints
-    ("<p>.<name>.end", 0)  marker: phase p planned an empty wave (it is done)
+    ("evidence", 0)        the full search state after the evidence rollouts
+    ("evidence.score", 0)  the critic's predictions added by scoring (a delta)
+    ("<p>.<name>", w)      the rollouts of wave w of continuation phase p (a delta)
+    ("<p>.<name>.score", w)the predictions for that wave's new checkpoints (a delta)
+    ("<p>.<name>.end", 0)  marker: phase p planned an empty wave at that wave index
     ("export", 0)          the batch URL and statistics
+
+Only the evidence state is stored whole; later checkpoints are deltas, so a wave's
+checkpoint costs in proportion to the wave, not to everything collected so far (the
+full state grows with every wave; pickling it after each one made the flow several
+times slower than ``Collector.collect()``). The live state passes from step to step in
+memory through a :class:`Handoff`; after a crash it is rebuilt from the checkpoints by
+replaying the deltas - re-planning each wave (planning is a pure function of the state
+and the seed) and grafting its stored rollouts - which recomputes no rollout.
 """
 
 from __future__ import annotations
@@ -83,6 +91,24 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix.rstrip(".")]
 
 
+class Handoff:
+    """The live search state of one flow run and the checkpoint key it corresponds to.
+
+    Passed explicitly to every step of a run so a step need not reload what the
+    previous step just computed; a fresh process starts empty and replays from storage.
+    """
+
+    def __init__(self) -> None:
+        self.key: Key | None = None
+        self.state: Any = None
+
+    def put(self, key: Key, state: Any) -> None:
+        self.key, self.state = key, state
+
+    def get(self, key: Key) -> Any:
+        return self.state if self.key == key else None
+
+
 class Steps:
     """The steps of one collection against one checkpoint store.
 
@@ -91,7 +117,14 @@ class Steps:
     the step.
     """
 
-    def __init__(self, config: FocusConfig, store: Any, batch_store: Any, make_execution: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        config: FocusConfig,
+        store: Any,
+        batch_store: Any,
+        make_execution: Callable[[], Any],
+        handoff: Handoff | None = None,
+    ) -> None:
         if not config.collection_id:
             raise ValueError("a collection needs a collection_id before its steps run")
         self.config = config
@@ -99,6 +132,7 @@ class Steps:
         self.store = store
         self.batch_store = batch_store
         self.make_execution = make_execution
+        self.handoff = handoff if handoff is not None else Handoff()
 
     # ---- checkpoints ----
 
@@ -111,13 +145,50 @@ class Steps:
     def save(self, key: Key, obj: Any) -> None:
         self.store.save(self.cid, key.phase, key.wave, obj)
 
+    def state_at(self, key: Key) -> Any:
+        """The search state as of checkpoint ``key``: from the handoff, else replayed."""
+        state = self.handoff.get(key)
+        if state is not None:
+            return state
+        from focus.search import graft, plan_wave
+
+        state = self.load(EVIDENCE)
+        at = EVIDENCE
+        if key != at:
+            state, at = _apply_scores(state, self.load(EVIDENCE_SCORED)), EVIDENCE_SCORED
+        priority = self.config.search.priority()
+        for p in range(1, len(self.config.search.phases)):
+            w = 0
+            while key != at and self.done(wave_key(self.config, p, w)):
+                delta = self.load(wave_key(self.config, p, w))
+                plan = plan_wave(state, priority, p, w)
+                name = self.config.search.phases[p].name
+                state, at = (
+                    graft(state, plan, delta["rollouts"], name, delta["wave_wall_s"]),
+                    wave_key(self.config, p, w),
+                )
+                if key != at:
+                    state, at = (
+                        _apply_scores(state, self.load(score_key(self.config, p, w))),
+                        score_key(self.config, p, w),
+                    )
+                w += 1
+        if key != at:
+            raise RuntimeError(f"collection {self.cid!r}: cannot rebuild the state at {key} from its checkpoints")
+        self.handoff.put(key, state)
+        return state
+
     # ---- running collector pieces ----
 
-    def _run(self, fn: Callable[[Any, list[Any]], Any]) -> Any:
-        """Build a collector, run ``fn(collector, tasks)`` (a coroutine) and release everything."""
+    def _run(self, fn: Callable[[Any, list[Any]], Any], rollouts: bool = True) -> Any:
+        """Build a collector, run ``fn(collector, tasks)`` (a coroutine) and release everything.
+
+        ``rollouts=False`` (scoring) skips connecting to the execution service."""
+        from focus.execution import Execution
+
         policy = self.config.build_policy()
         agent, tasks = self.config.build_agent(policy)
-        execution = self.make_execution()
+        execution = self.make_execution() if rollouts else Execution()
         collector = self.config.build_collector(agent, execution)
 
         async def go() -> Any:
@@ -175,25 +246,31 @@ class Steps:
         async def fn(c: Any, tasks: list[Any]) -> Any:
             state = await c.start(tasks)
             if c.search_config.phases[0].is_evidence:
-                state = await _rollouts(c, state, c.plan_wave(state, 0, 0))
+                state, _, _ = await _rollouts(c, state, c.plan_wave(state, 0, 0))
             return state
 
         state = self._run(fn)
         self.save(EVIDENCE, state)
+        self.handoff.put(EVIDENCE, state)
         return self._record(EVIDENCE, False, t0, state)
 
     def score(self, source: Key, target: Key) -> dict[str, Any]:
+        """Critic predictions for the nodes that have none; stores only those predictions."""
         t0 = time.perf_counter()
         if self.done(target):
             return self._record(target, True, t0)
-        state = self.load(source)
+        state = self.state_at(source)
 
         async def fn(c: Any, _tasks: list[Any]) -> Any:
-            return await c.score(state)
+            try:
+                return await c.score(state)
+            finally:
+                await c.critic.aclose()
 
-        state = self._run(fn)
-        self.save(target, state)
-        return self._record(target, False, t0, state)
+        scored = self._run(fn, rollouts=False)
+        self.save(target, _score_delta(state, scored))
+        self.handoff.put(target, scored)
+        return self._record(target, False, t0, scored)
 
     def wave(self, source: Key, phase_index: int, wave: int) -> dict[str, Any]:
         """Plan and run wave ``wave`` of continuation phase ``phase_index``.
@@ -207,19 +284,21 @@ class Steps:
             return self._record(key, True, t0, done=False)
         if self.done(end) and self.load(end) == wave:
             return self._record(key, True, t0, done=True)
-        state = self.load(source)
+        state = self.state_at(source)
 
         async def fn(c: Any, _tasks: list[Any]) -> Any:
             plan = c.plan_wave(state, phase_index, wave)
             if plan.empty:
-                return None, 0
-            return await _rollouts(c, state, plan), len(plan.jobs)
+                return None
+            return await _rollouts(c, state, plan)
 
-        new_state, jobs = self._run(fn)
-        if new_state is None:
+        ran = self._run(fn)
+        if ran is None:
             self.save(end, wave)
             return self._record(key, False, t0, done=True, jobs=0)
-        self.save(key, new_state)
+        new_state, rollouts, wall = ran
+        self.save(key, {"rollouts": rollouts, "wave_wall_s": wall})
+        self.handoff.put(key, new_state)
         used = new_state.usage(phase_index)
         return self._record(
             key,
@@ -227,7 +306,7 @@ class Steps:
             t0,
             new_state,
             done=False,
-            jobs=jobs,
+            jobs=len(rollouts),
             phase_transitions=int(used["transitions"]),
             phase_tokens=int(used["tokens"]),
         )
@@ -237,7 +316,7 @@ class Steps:
         t0 = time.perf_counter()
         if self.done(EXPORT):
             return {**self.load(EXPORT), "reused": True}
-        state = self.load(source)
+        state = self.state_at(source)
         policy = self.config.build_policy()
         agent, _ = self.config.build_agent(policy)
         collector = self.config.build_collector(agent)
@@ -262,8 +341,31 @@ async def _rollouts(collector: Any, state: Any, plan: Any) -> Any:
 
     t0 = time.perf_counter()
     rollouts = await collector.execution.run(collector.agent, list(plan.jobs))
+    wall = time.perf_counter() - t0
     name = collector.search_config.phases[plan.phase_index].name
-    return graft(state, plan, rollouts, name, wave_wall_s=time.perf_counter() - t0)
+    return graft(state, plan, rollouts, name, wave_wall_s=wall), rollouts, wall
+
+
+def _score_delta(before: Any, after: Any) -> dict[tuple[int, int], tuple[float | None, float | None]]:
+    """(tree index, node id) -> (value, std) of the nodes scoring filled in."""
+    out = {}
+    for ti, (a, b) in enumerate(zip(before.trees, after.trees, strict=True)):
+        for nid, node in b.nodes.items():
+            old = a.nodes.get(nid)
+            if node.value is not None and (old is None or old.value is None):
+                out[(ti, nid)] = (node.value, node.value_std)
+    return out
+
+
+def _apply_scores(state: Any, delta: dict[tuple[int, int], tuple[float | None, float | None]]) -> Any:
+    """``state`` with stored predictions filled in, as ``Collector.score`` fills them."""
+    from focus.search import copy_state
+
+    new = copy_state(state)
+    for (ti, nid), (value, std) in delta.items():
+        node = new.trees[ti].nodes[nid]
+        node.value, node.value_std = value, std
+    return new
 
 
 def _tree_png(trees: list[Any]) -> bytes:
