@@ -84,23 +84,41 @@ def _offsets(seqs: Sequence[Sequence[Any]], column: str) -> np.ndarray:
 def _values(seqs: Sequence[Sequence[Any]], dtype: Any, column: str) -> np.ndarray:
     """The numbers of ``seqs`` back to back, as one numpy array of ``dtype``.
 
-    Packed row by row with :mod:`struct`; if a row does not pack (a value out of range, not
-    a number, a float among ints), ``np.fromiter`` redoes the column, so the outcome is
-    numpy's conversion and the error names the column and the cause.
+    Packed row by row with :mod:`struct`. If a row does not pack (a value out of range,
+    not a number, a float among ints), :class:`SchemaError` names the column and the cause.
     """
     dt = np.dtype(dtype)
     code = _CODES[dt]
+    # One compiled Struct per row length: struct's own cache holds 100 formats, fewer than
+    # the lengths in a column, and recompiling a format costs more than packing a row.
+    packers: dict[int, struct.Struct] = {}
+    chunks: list[bytes] = []
     try:
-        return np.frombuffer(b"".join([struct.pack(f"{len(s)}{code}", *s) for s in seqs]), dtype=dt)
+        for s in seqs:
+            packer = packers.get(len(s))
+            if packer is None:
+                packer = packers[len(s)] = struct.Struct(f"{len(s)}{code}")
+            chunks.append(packer.pack(*s))
+        return np.frombuffer(b"".join(chunks), dtype=dt)
     except (struct.error, TypeError, OverflowError):
         pass
     count = sum(map(len, seqs))
     try:
-        return np.fromiter(itertools.chain.from_iterable(seqs), dtype=dt, count=count)
+        np.fromiter(itertools.chain.from_iterable(seqs), dtype=dt, count=count)
     except OverflowError as e:
         raise SchemaError(f"column {column!r} has a value outside {dt.name}: {e}") from None
     except (TypeError, ValueError) as e:
         raise SchemaError(f"column {column!r} has a non-numeric value: {e}") from None
+    # numpy converted what struct refused (it truncates floats to ints): name the value
+    one = struct.Struct(code)
+    for v in itertools.chain.from_iterable(seqs):
+        try:
+            one.pack(v)
+        except (struct.error, TypeError, OverflowError) as e:
+            raise SchemaError(
+                f"column {column!r} has a value {v!r} ({type(v).__name__}) that is not {dt.name}: {e}"
+            ) from None
+    raise SchemaError(f"column {column!r} could not be converted to {dt.name}")
 
 
 def _list_array(seqs: Sequence[Sequence[Any]], value_type: pa.DataType, dtype: Any, column: str) -> pa.Array:
@@ -115,7 +133,8 @@ def _mask_array(seqs: Sequence[Sequence[int]], column: str) -> pa.Array:
     so a row is usually one value repeated: ``tuple.count`` checks that at C speed (small
     ints are shared objects) and numpy repeats the flag, instead of converting each entry."""
     firsts = [s[0] if len(s) else 0 for s in seqs]
-    if all(type(s) is tuple for s in seqs) and all(s.count(f) == len(s) for s, f in zip(seqs, firsts, strict=True)):
+    uniform = all(type(s) is tuple for s in seqs) and all(type(f) in (int, bool) for f in firsts)
+    if uniform and all(s.count(f) == len(s) for s, f in zip(seqs, firsts, strict=True)):
         try:
             flags = np.array(firsts, dtype=np.int8)
         except (OverflowError, TypeError, ValueError):
