@@ -94,13 +94,15 @@ class MeasuredExecution(Execution):
     can be told apart from the rollouts. No other behaviour changes."""
 
     _cpu_s: float = PrivateAttr(0.0)
+    _wall_s: float = PrivateAttr(0.0)
 
     async def run(self, agent: Agent, jobs: list[Any]) -> list[Any]:
-        c0 = time.process_time()
+        c0, t0 = time.process_time(), time.perf_counter()
         try:
             return await super().run(agent, jobs)
         finally:
             self._cpu_s += time.process_time() - c0
+            self._wall_s += time.perf_counter() - t0
 
 
 def continuation_cache_ratio(state: SearchState, rows: list[list[Any]]) -> dict[str, Any]:
@@ -150,7 +152,9 @@ def run_in_process(args: argparse.Namespace) -> dict[str, Any]:
         slots=args.slots, latency_s=args.latency_s, per_token_s=args.per_token_s, completion_tokens=args.tokens
     )
     latency = sim.latency_s + sim.per_token_s * sim.completion_tokens
-    concurrency = 2 * args.slots  # rollouts between calls (env step, bookkeeping) must not leave a slot empty
+    # More rollouts than slots keeps a queue at the server: a slot freed while the engine
+    # is busy elsewhere (between calls, in GC) is refilled from the queue at once.
+    concurrency = args.rollouts_per_slot * args.slots
     tasks = reach_target_tasks(args.tasks, seed=1, low=20, high=40)
     with SimServerProcess(sim) as server:
         agent = make_agent(server.url, concurrency)
@@ -198,6 +202,9 @@ def run_in_process(args: argparse.Namespace) -> dict[str, Any]:
         "transitions_per_s": transitions / wall,
         "ideal_transitions_per_s": args.slots / latency,
         "slot_utilisation": busy / (args.slots * wall),
+        # the same while waves run; the rest of the wall time is planning, grafting and scoring between waves
+        "slot_utilisation_within_waves": busy / (args.slots * execution._wall_s),
+        "between_waves_s": wall - execution._wall_s,
         "server_max_waiting": after["max_waiting"],
         "engine_cpu_s": cpu,
         "engine_cpu_ms_per_transition": 1000 * cpu / transitions,
@@ -218,7 +225,12 @@ def run_dask(args: argparse.Namespace) -> dict[str, Any]:
     """Transitions/s on 1 and 2 Dask workers, with the server far from saturated."""
     from focus.dask_execution import DaskExecution
 
-    sim = SimConfig(slots=100_000, latency_s=args.scale_latency_s, completion_tokens=args.tokens)
+    # Slots to spare and no prefix cache (the trie is most of the server's CPU): the
+    # server, which shares the machine's cores with the workers, should limit as little
+    # as it can.
+    sim = SimConfig(
+        slots=100_000, latency_s=args.scale_latency_s, completion_tokens=args.tokens, cache_capacity_tokens=0
+    )
     tasks = reach_target_tasks(args.scale_tasks, seed=2, low=20, high=40)
     out: dict[str, Any] = {
         "scale_call_latency_s": sim.latency_s,
@@ -255,6 +267,7 @@ def run_dask(args: argparse.Namespace) -> dict[str, Any]:
                 "transitions": n,
                 "wall_s": wall,
                 "transitions_per_s": n / wall,
+                "server_cpu_share": (after["cpu_s"] - before["cpu_s"]) / wall,
                 "server_max_in_flight": after["max_in_flight"],
                 "server_busy_slot_s": after["busy_slot_s"] - before["busy_slot_s"],
             }
@@ -274,6 +287,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--latency-s", type=float, default=0.2)
     ap.add_argument("--per-token-s", type=float, default=0.01)
     ap.add_argument("--tokens", type=int, default=3, help="tokens generated per call")
+    ap.add_argument("--rollouts-per-slot", type=int, default=4, help="in-process execution concurrency / slots")
     ap.add_argument("--tasks", type=int, default=256)
     ap.add_argument("--transitions", type=int, default=12000, help="continuation phase budget")
     ap.add_argument("--wave-size", type=int, default=4096)
