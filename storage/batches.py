@@ -102,8 +102,12 @@ class BatchStore:
 
     ``storage_options`` go to fsspec (for s3: ``endpoint_url``, ``key`` ...; by default
     s3fs reads the ``AWS_*`` environment variables). ``retry`` bounds every network call.
-    ``rows_per_file`` splits large tables into several Parquet files; ``threads`` encode
-    and upload them concurrently; ``group_tokens`` bounds the token ids per row group.
+    ``rows_per_file`` splits large tables into several Parquet files; ``threads`` bounds
+    the concurrent requests to an object store; ``group_tokens`` bounds the token ids per
+    row group. ``overlap`` encodes each file on its own thread while the caller converts
+    the next rows: faster with a free core, slower on a saturated one (each hand-over of
+    the GIL then waits for the scheduler), so off by default; a write is a small part of
+    an iteration either way (benchmarks/README.md).
     """
 
     def __init__(
@@ -115,6 +119,7 @@ class BatchStore:
         rows_per_file: int = 100_000,
         threads: int = 4,
         group_tokens: int = 1 << 20,
+        overlap: bool = False,
     ) -> None:
         if rows_per_file < 1:
             raise ValueError("rows_per_file must be at least 1")
@@ -123,6 +128,7 @@ class BatchStore:
         self.rows_per_file = rows_per_file
         self.threads = max(1, threads)
         self.group_tokens = max(1, group_tokens)
+        self.overlap = overlap
 
     @property
     def root(self) -> str:
@@ -147,8 +153,8 @@ class BatchStore:
         """The files of ``batch`` as (relative path, bytes, rows, SHA-256).
 
         Row-to-Arrow conversion holds the GIL but Parquet encoding and hashing do not, so
-        with ``threads > 1`` each file is encoded and hashed on its own thread, one row
-        group at a time, while the main thread converts the next rows.
+        with ``overlap`` each file is encoded and hashed on its own thread, one row group
+        at a time, while the main thread converts the next rows.
         """
         rows: list[ActorRow | CriticRow] = [*batch.actor, *batch.critic]
         for i, r in enumerate(rows):
@@ -171,7 +177,7 @@ class BatchStore:
         pool = TokenPool()  # critic contexts and sibling prompts share tuples with earlier rows
         try:
             for path, build, schema, chunk in parts:
-                encoder = _Encoder(schema, threaded=self.threads > 1)
+                encoder = _Encoder(schema, threaded=self.overlap)
                 try:
                     for group in _row_groups(chunk, self.group_tokens):
                         encoder.add(build(group, pool))

@@ -4,9 +4,10 @@ The schema is the contract with trainers and query tools (DuckDB, polars); every
 column is documented in ``docs/batch-schema.md``. Token ids are ``int32`` (every
 tokenizer in use has fewer than 2^31 ids), behaviour log-probs are ``float64`` so that
 the values read back are exactly those the sampler returned, and loss masks are
-``int8``. Conversions work on whole columns (numpy offsets and values) rather than row
-by row, because a batch holds millions of tokens and a per-row Python loop would
-dominate the write.
+``int8``. Rows become columns without a Python step per value: each row's numbers are
+packed by one ``struct`` call, columns are assembled from numpy offsets and values, and a
+token tuple shared by several rows is converted once (:class:`TokenPool`), because a batch
+holds millions of token ids and converting them is most of a write.
 """
 
 from __future__ import annotations
