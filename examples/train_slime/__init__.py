@@ -1,0 +1,1 @@
+"""Train with slime: a FOCUS collection as slime's custom rollout function."""

@@ -1,0 +1,161 @@
+"""A slime rollout function that collects with FOCUS and returns grouped Samples.
+
+slime loads it with ``--rollout-function-path examples.train_slime.rollout.generate_rollout``
+and calls ``generate_rollout(args, rollout_id, data_source, evaluation=False)``. For
+training it returns ``RolloutFnTrainOutput(samples=list[list[Sample]])``: one group per
+task tree, built token for token by ``focus.exporters.to_slime_samples`` (tokens,
+response_length, loss_mask, rollout_log_probs, and the segment's FOCUS advantage as
+``reward``). For evaluation it returns ``RolloutFnEvalOutput(data={...})`` with one
+plain rollout per task.
+
+The model is slime's SGLang router (``http://{sglang_router_ip}:{sglang_router_port}``,
+native ``/generate``) unless ``args.focus_model_url`` names another server. Tasks come
+from ``data_source.get_samples(args.rollout_batch_size)`` (each group's first Sample:
+``prompt`` is the target, ``label`` unused), or from the toy task generator when
+``data_source`` is None. Search budgets: ``args.n_samples_per_prompt`` evidence
+rollouts per task, ``args.focus_transitions`` continuation transitions.
+
+Groups have as many samples as their tree has segments, not ``n_samples_per_prompt``:
+run slime with ``--advantage-estimator grpo --disable-rewards-normalization`` so the
+reward (already an advantage) is used as is. When slime is not installed (here) the
+output classes are field-for-field stand-ins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from focus.env import Task
+
+
+@dataclass
+class _TrainOutput:
+    """Mirror of ``slime.rollout.base_types.RolloutFnTrainOutput``."""
+
+    samples: list[list[Any]]
+    metrics: dict[str, Any] | None = None
+
+
+@dataclass
+class _EvalOutput:
+    """Mirror of ``slime.rollout.base_types.RolloutFnEvalOutput``."""
+
+    data: dict[str, dict[str, Any]]
+    metrics: dict[str, Any] | None = None
+
+
+def output_classes() -> tuple[type, type]:
+    try:
+        from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
+    except ImportError:
+        return _TrainOutput, _EvalOutput
+    return RolloutFnTrainOutput, RolloutFnEvalOutput
+
+
+def _run(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``coro`` whether or not the caller already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def model_url(args: Any) -> str:
+    url = getattr(args, "focus_model_url", None)
+    if url:
+        return str(url)
+    ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
+    if not ip or not port:
+        raise ValueError("no model server: set args.focus_model_url or slime's sglang_router_ip/sglang_router_port")
+    return f"http://{ip}:{port}"
+
+
+def tasks_from(args: Any, rollout_id: int, data_source: Any) -> list[Task]:
+    from focus.toy import reach_target_tasks
+
+    n = int(args.rollout_batch_size)
+    if data_source is None:
+        return reach_target_tasks(n, seed=int(getattr(args, "seed", 0)) * 100_003 + rollout_id)
+    tasks = []
+    for i, group in enumerate(data_source.get_samples(n)):
+        first = group[0]
+        try:
+            target = int(str(first.prompt).strip())
+        except ValueError:
+            raise ValueError(f"sample group {i}: prompt {first.prompt!r} is not a target number") from None
+        tasks.append(Task(f"slime-{rollout_id}-{i}", {"target": target}))
+    return tasks
+
+
+def make_agent(args: Any) -> Any:
+    from focus.agent import Agent
+    from focus.backends import SGLangPolicy
+    from focus.format import ByteCodec
+    from focus.policy import SamplingParams
+    from focus.toy import ReachTarget, toy_format
+
+    policy = SGLangPolicy(model_url(args), vocab_size=ByteCodec.vocab_size)
+    sampling = SamplingParams(max_tokens=4, temperature=float(getattr(args, "rollout_temperature", 1.0)))
+    return Agent(policy, ReachTarget(), toy_format(), max_steps=12, sampling=sampling)
+
+
+async def _collect(args: Any, rollout_id: int, tasks: list[Task]) -> Any:
+    from focus.collector import Collector
+    from focus.critic import ConstantCritic
+    from focus.priority import Phase, Selective
+
+    agent = make_agent(args)
+    search = Selective(
+        phases=(
+            Phase("evidence", rollouts_per_task=int(getattr(args, "n_samples_per_prompt", 4))),
+            Phase("continue", transitions=int(getattr(args, "focus_transitions", 32)), wave_size=16),
+        )
+    )
+    collector = Collector(
+        agent,
+        search=search,
+        critic=ConstantCritic(0.3),
+        collection_id="slime",
+        iteration=rollout_id,
+        seed=int(getattr(args, "seed", 0)) * 100_003 + rollout_id,
+    )
+    try:
+        return await collector.collect(tasks)
+    finally:
+        await agent.policy.aclose()
+
+
+async def _evaluate(args: Any, tasks: list[Task]) -> list[float]:
+    from focus.agent import derive_seed
+
+    agent = make_agent(args)
+    try:
+        starts = [await agent.start(t) for t in tasks]
+        rollouts = await asyncio.gather(*(agent.rollout(s, derive_seed("slime-eval", i)) for i, s in enumerate(starts)))
+    finally:
+        await agent.policy.aclose()
+    return [sum(t.reward for t in r.turns) for r in rollouts]
+
+
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+    """slime's custom rollout entry point (see the module docstring)."""
+    from focus.exporters import to_slime_samples
+
+    train_cls, eval_cls = output_classes()
+    tasks = tasks_from(args, rollout_id, data_source)
+    if evaluation:
+        rewards = _run(_evaluate(args, tasks))
+        data = {"focus_toy": {"rewards": rewards, "truncated": [False] * len(rewards), "samples": []}}
+        return eval_cls(data=data, metrics={"focus_toy/success": sum(r > 0 for r in rewards) / len(rewards)})
+    batch = _run(_collect(args, rollout_id, tasks))
+    groups: dict[int, list[Any]] = {}
+    for s in to_slime_samples(batch, reward="advantage"):
+        groups.setdefault(s.group_index, []).append(s)
+    metrics = {f"focus/{k}": v for k, v in batch.summary().items() if isinstance(v, int | float)}
+    return train_cls(samples=[groups[g] for g in sorted(groups)], metrics=metrics)
