@@ -30,7 +30,7 @@ from focus.toy import ReachTarget, reach_target_tasks, toy_format
 pytestmark = pytest.mark.timeout(120)
 
 RETRIES = 4
-HTTP = HttpConfig(backoff_s=0.01, backoff_max_s=0.05, max_retries=RETRIES, timeout_s=1.5, connect_timeout_s=2)
+HTTP = HttpConfig(backoff_s=0.01, backoff_max_s=0.05, max_retries=RETRIES, timeout_s=2.5, connect_timeout_s=2)
 PHASES = [Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=30, wave_size=6, max_depth=6)]
 
 #: The cause word the HTTP client records for each injected kind.
@@ -96,14 +96,19 @@ def clean(local_model_server):
 @pytest.mark.parametrize("backend", [OpenAICompatPolicy, SGLangPolicy])
 def test_every_fault_kind_is_retried_and_the_batch_is_unchanged(local_model_server, clean, backend):
     _, want = clean
-    with FaultProxy(local_model_server.url, rate=0.15, seed=1, hang_s=2.5) as proxy:
+    with FaultProxy(local_model_server.url, rate=0.15, seed=1, hang_s=3.0) as proxy:
         for kind in KINDS:  # each kind at least once, on the first requests
             proxy.queue(kind)
         col = collector(proxy.url, backend=backend)
         state, got = collect(col)
     assert set(proxy.injected) == set(KINDS)
-    # every injected fault was retried, none escaped into the batch
-    assert sum(col.agent.policy.http.retries.values()) == sum(proxy.injected.values())
+    # every injected fault was retried (a slow answer on a loaded machine may add a retry), none escaped
+    retries = col.agent.policy.http.retries
+    assert sum(retries.values()) >= sum(proxy.injected.values())
+    assert retries["malformed response"] >= sum(
+        proxy.injected[k] for k in ("malformed", "short_logprobs", "nan_logprobs")
+    )
+    assert retries["server error"] >= sum(proxy.injected[k] for k in ("429", "500", "502", "503"))
     assert got.stats["failed_rollouts"] == 0 and got.stats["failure_causes"] == {}
     assert key(got) == key(want) and same_logprobs(got, want)
     ids = [(r.tree_id, r.edge_id, r.turn_index) for r in got.actor]
