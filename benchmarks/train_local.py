@@ -1,0 +1,70 @@
+"""Local trainer speed: one policy update with and without prefix packing, 1 vs 2 threads.
+
+Collects one toy batch on the embedded model (Selective search, as the training loop
+does), then times ``PolicyTrainer.update`` on it from the same initial weights in each
+setting, ``--repeats`` times, and prints the median wall time and tokens forwarded.
+
+    .venv/bin/python benchmarks/train_local.py --tasks 32 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+from focus.exporters import actor_sequences
+from focus.train_local import LoopConfig, PolicyTrainer, TrainConfig, pack_prefixes, toy_agent
+
+
+async def collect(url: str, tasks: int):
+    from focus.collector import Collector
+    from focus.critic import ConstantCritic
+    from focus.priority import Phase, Selective
+    from focus.toy import reach_target_tasks
+
+    cfg = LoopConfig()
+    agent = toy_agent(url)
+    search = Selective(
+        phases=(
+            Phase("evidence", rollouts_per_task=cfg.rollouts_per_task),
+            Phase("continue", transitions=cfg.transitions, wave_size=cfg.wave_size),
+        )
+    )
+    try:
+        return await Collector(agent, search=search, critic=ConstantCritic(0.3)).collect(reach_target_tasks(tasks))
+    finally:
+        await agent.policy.aclose()
+
+
+def main() -> None:
+    from focus.backends import LocalModelServer
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    with LocalModelServer() as server:
+        batch = asyncio.run(collect(server.url, args.tasks))
+    seqs = actor_sequences(batch)
+    packed = pack_prefixes(seqs)
+    print(
+        f"batch: {len(batch.actor)} actor rows, {len(seqs)} sequences ({sum(len(s.tokens) for s in seqs)} tokens); "
+        f"packed: {len(packed)} sequences ({sum(len(s.tokens) for s in packed)} tokens)"
+    )
+    print(f"{'setting':28s} {'median s':>9s} {'runs':>24s}")
+    for pack in (False, True):
+        for threads in (2, 1):
+            runs = []
+            for _ in range(args.repeats):
+                trainer = PolicyTrainer(config=TrainConfig(pack=pack, torch_threads=threads))
+                t0 = time.perf_counter()
+                trainer.update(batch)
+                runs.append(time.perf_counter() - t0)
+            name = f"pack={pack} threads={threads}"
+            print(f"{name:28s} {statistics.median(runs):9.2f} {' '.join(f'{r:.2f}' for r in runs):>24s}")
+
+
+if __name__ == "__main__":
+    main()
