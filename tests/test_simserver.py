@@ -128,3 +128,34 @@ def test_engine_benchmark_runs_at_tiny_size_and_reports_every_figure(tmp_path):
     assert figures["continuation_first_calls"] > 0 and figures["continuation_calls_not_found"] == 0
     assert figures["prefix_cache_hit_ratio"] == 1.0
     assert figures["dask_1_workers"]["transitions"] > 0 and figures["dask_2_workers"]["transitions"] > 0
+
+
+def test_execution_starts_jobs_with_most_steps_left_first_and_keeps_job_order():
+    """Engine tweaks measured by the benchmark: longest-first start order, GC frozen only
+    while the wave runs. A recording agent stands in for the real one (unit test)."""
+    import gc
+    from types import SimpleNamespace
+
+    from focus.execution import Execution
+
+    started: list[int] = []
+    frozen_during: list[int] = []
+
+    class Recording:
+        async def rollout(self, start, seed):
+            started.append(start.steps)
+            frozen_during.append(gc.get_freeze_count())
+            await asyncio.sleep(0.001 * start.steps)
+            return ("rollout", seed)
+
+    steps = [3, 0, 5, 1, 0, 2]
+    jobs = [
+        SimpleNamespace(start=SimpleNamespace(steps=s), seed=i, node_id=i, tree_index=0) for i, s in enumerate(steps)
+    ]
+    out = asyncio.run(Execution(max_concurrency=2).run(Recording(), jobs))  # type: ignore[arg-type]
+    assert out == [("rollout", i) for i in range(len(steps))]
+    assert started == sorted(steps)
+    assert all(n > 0 for n in frozen_during) and gc.get_freeze_count() == 0
+    started.clear()
+    asyncio.run(Execution(max_concurrency=2, freeze_gc=False).run(Recording(), jobs))  # type: ignore[arg-type]
+    assert frozen_during[-1] == 0
