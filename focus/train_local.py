@@ -64,7 +64,7 @@ class TrainConfig(BaseModel):
     scale_advantages: bool = True
     weight_decay: float = Field(0.0, ge=0.0)
     #: Torch threads during an update. One is fastest on a 2-core machine that also
-    #: runs the model server (measured: 2 threads were 3-5x slower there).
+    #: runs the model server (measured: 2 threads were 11x slower, benchmarks/README.md).
     torch_threads: int = Field(1, ge=1)
     #: Train prefix-sharing sequences in one forward pass (see :func:`pack_prefixes`).
     pack: bool = True
