@@ -292,8 +292,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--transitions", type=int, default=12000, help="continuation phase budget")
     ap.add_argument("--wave-size", type=int, default=4096)
     ap.add_argument("--scale-tasks", type=int, default=256)
-    ap.add_argument("--scale-transitions", type=int, default=4000)
-    ap.add_argument("--scale-wave-size", type=int, default=1024)
+    ap.add_argument("--scale-transitions", type=int, default=6000)
+    ap.add_argument("--scale-wave-size", type=int, default=4096)
     ap.add_argument("--scale-latency-s", type=float, default=0.05)
     ap.add_argument("--scale-concurrency", type=int, default=256)
     ap.add_argument(
