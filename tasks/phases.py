@@ -103,11 +103,11 @@ def publish_report(config: FocusConfig, result: dict[str, Any], steps: list[dict
     create_table_artifact(rows, key=_artifact_key(cid, "stats"), description=f"Collection {cid}: batch statistics")
     step_rows = [{k: s.get(k) for k in ("phase", "wave", "reused", "wall_s", "transitions", "jobs")} for s in steps]
     create_table_artifact(step_rows, key=_artifact_key(cid, "steps"), description=f"Collection {cid}: steps")
-    png = steps_for(config).tree_picture()
-    if png:
-        body = base64.b64encode(png).decode()
+    svg = steps_for(config).tree_picture()
+    if svg:
+        body = base64.b64encode(svg.encode()).decode()
         create_markdown_artifact(
-            f"### Search trees of {cid}\n\n![search trees](data:image/png;base64,{body})\n",
+            f"### Search trees of {cid}\n\n![search trees](data:image/svg+xml;base64,{body})\n",
             key=_artifact_key(cid, "trees"),
             description=f"Collection {cid}: search trees (first trees, nodes coloured by kind)",
         )

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from focus.config import FocusConfig
+from focus.report import tree_svg
 
 #: Fields that may differ between a run and its resume (where things run, not what).
 RUNTIME_FIELDS = ("model.url", "execution", "progress", "storage")
@@ -56,7 +57,7 @@ class Key:
 EVIDENCE = Key("evidence")
 EVIDENCE_SCORED = Key("evidence.score")
 EXPORT = Key("export")
-TREES_PNG = Key("trees.png")
+TREES_SVG = Key("trees.svg")
 CONFIG = Key("config")
 
 
@@ -216,9 +217,9 @@ class Steps:
         out.update(extra)
         return out
 
-    def tree_picture(self) -> bytes:
-        """The PNG written by :meth:`export` (empty if none)."""
-        return self.load(TREES_PNG) if self.done(TREES_PNG) else b""
+    def tree_picture(self) -> str:
+        """The SVG written by :meth:`export` (empty if none)."""
+        return str(self.load(TREES_SVG)) if self.done(TREES_SVG) else ""
 
     # ---- the steps ----
 
@@ -322,7 +323,7 @@ class Steps:
         collector = self.config.build_collector(agent)
         batch = collector.prepare(state.trees)
         url = self.batch_store.write(batch)
-        self.save(TREES_PNG, _tree_png(state.trees))
+        self.save(TREES_SVG, tree_svg(state.trees))
         result = {"phase": EXPORT.phase, "batch_url": url, "summary": _jsonable(batch.summary()), "wall_s": 0.0}
         result["wall_s"] = time.perf_counter() - t0
         self.save(EXPORT, result)
@@ -366,16 +367,6 @@ def _apply_scores(state: Any, delta: dict[tuple[int, int], tuple[float | None, f
         node = new.trees[ti].nodes[nid]
         node.value, node.value_std = value, std
     return new
-
-
-def _tree_png(trees: list[Any]) -> bytes:
-    """The trees picture, or nothing when matplotlib is not installed (it is optional)."""
-    try:
-        from focus.report import tree_png
-
-        return tree_png(trees)
-    except ImportError:
-        return b""
 
 
 def state_stats(state: Any) -> dict[str, int]:

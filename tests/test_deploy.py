@@ -40,10 +40,22 @@ root = "{root}"
 """
 
 
+def create_run(api: str, deployment_id: str) -> dict:
+    """POST create_flow_run; a busy SQLite-backed server may answer 503 (Prefect's own
+    client retries those too), so retry a few times."""
+    for _ in range(20):
+        r = httpx.post(f"{api}/deployments/{deployment_id}/create_flow_run", json={}, timeout=30)
+        if r.status_code != 503:
+            break
+        time.sleep(1.0)
+    assert r.status_code in (200, 201), r.text
+    return r.json()
+
+
 def wait_state(api: str, run_id: str, want: set[str], timeout: float = 120) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        run = httpx.get(f"{api}/flow_runs/{run_id}").json()
+        run = httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()
         if run["state_type"] in want:
             return run
         time.sleep(0.3)
@@ -72,12 +84,12 @@ def test_run_button_completes_and_retry_resumes(prefect_server, prefect_env, tmp
         assert [s["schedule"]["cron"] for s in scheduled["schedules"]] == ["0 3 * * *"]
 
         # the Run button
-        run = httpx.post(f"{api}/deployments/{manual['id']}/create_flow_run", json={}).json()
+        run = create_run(api, manual["id"])
         assert wait_state(api, run["id"], {"COMPLETED", "FAILED", "CRASHED"})["state_type"] == "COMPLETED"
 
         # a run that fails in critic scoring, after its evidence rollouts are stored
         marker.write_text("down")
-        run = httpx.post(f"{api}/deployments/{manual['id']}/create_flow_run", json={}).json()
+        run = create_run(api, manual["id"])
         assert wait_state(api, run["id"], {"COMPLETED", "FAILED", "CRASHED"})["state_type"] == "FAILED"
         marker.unlink()
         # the Retry button

@@ -83,7 +83,7 @@ def test_flow_batch_equals_direct_collect_and_rerun_reuses(prefect_api, tmp_path
     kinds = {a["key"]: a["type"] for a in r.json()}
     assert kinds == {"flow-eq-stats": "table", "flow-eq-trees": "markdown"}
     trees = [a for a in r.json() if a["key"] == "flow-eq-trees"][0]
-    assert "data:image/png;base64,iVBOR" in trees["data"]
+    assert "data:image/svg+xml;base64,PHN2Zy" in trees["data"]  # "<svg"
 
 
 def test_resume_with_another_config_is_refused(prefect_api, tmp_path):
