@@ -22,7 +22,7 @@ from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, critic_targets
 from focus.execution import Execution
 from focus.priority import Priority, Selective
-from focus.search import SearchState, WavePlan, copy_state, graft, plan_wave, usage_of
+from focus.search import SearchState, WavePlan, graft, plan_wave, unscored, usage_of, with_predictions
 from focus.tree import Tree
 
 
@@ -73,22 +73,13 @@ class Collector:
 
     async def score(self, state: SearchState) -> SearchState:
         """Critic predictions for checkpoints and truncated leaves that have none yet."""
-        todo = [
-            (ti, n.id)
-            for ti, t in enumerate(state.trees)
-            for n in t.nodes.values()
-            if n.value is None and n.kind in ("checkpoint", "truncated") and n.context_ids
-        ]
+        todo = unscored(state)
         if not todo:
             return state
         preds = await self.critic.predict_with_std([state.trees[ti].nodes[nid].context_ids for ti, nid in todo])
         if len(preds) != len(todo):
             raise ValueError(f"{type(self.critic).__name__} returned {len(preds)} predictions for {len(todo)} contexts")
-        new = copy_state(state)
-        for (ti, nid), p in zip(todo, preds, strict=True):
-            node = new.trees[ti].nodes[nid]
-            node.value, node.value_std = float(p.value), p.std
-        return new
+        return with_predictions(state, {key: (float(p.value), p.std) for key, p in zip(todo, preds, strict=True)})
 
     def plan_wave(self, state: SearchState, phase_index: int, wave_index: int) -> WavePlan:
         """The jobs of one wave (pure); empty when the phase is done."""

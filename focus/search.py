@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from focus.agent import BranchState, Rollout, derive_seed
 from focus.env import Task
-from focus.priority import Priority, node_evidence
-from focus.tree import Tree
+from focus.priority import NodeEvidence, Priority, node_evidence
+from focus.tree import Node, Tree
 
 #: Usage counters recorded per rollout and summed per phase.
 USAGE_KEYS = ("transitions", "rollout_steps", "model_calls", "tokens", "compactions")
@@ -55,7 +55,18 @@ class WavePlan:
 
 @dataclass
 class SearchState:
-    """Trees of one collection plus the record of the waves that built them."""
+    """Trees of one collection plus the record of the waves that built them.
+
+    The trees of a state are treated as immutable once the state exists: :func:`graft`
+    and :func:`with_predictions` return a new state that shares every tree (and every
+    node) they did not change, so a wave costs in proportion to the trees it touched.
+    Code that wants to edit a tree in place edits a :func:`copy_state` copy.
+
+    ``_derived`` holds facts derived from the trees (ranked checkpoints, budget spent,
+    unscored nodes), filled on first use and carried over for untouched trees; it is
+    never pickled and is rebuilt deterministically, so planning a resumed state gives
+    the same plan as planning the live one.
+    """
 
     collection_id: str
     seed: int
@@ -63,6 +74,7 @@ class SearchState:
     trees: list[Tree]
     #: (phase index, wave index) of every wave grafted, in order.
     waves: list[tuple[int, int]] = field(default_factory=list)
+    _derived: dict[int, _TreeFacts] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def waves_done(self, phase_index: int) -> int:
         return sum(1 for p, _ in self.waves if p == phase_index)
@@ -71,6 +83,109 @@ class SearchState:
         """What the rollouts of one phase (or all) actually used, from the tree logs."""
         recs = [r for t in self.trees for r in t.log if phase_index is None or r["phase"] == phase_index]
         return usage_of(recs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_derived", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._derived = {}
+
+    def facts(self, tree_index: int) -> _TreeFacts:
+        """Derived facts of one tree, recomputed if its tree object changed."""
+        tree = self.trees[tree_index]
+        f = self._derived.get(tree_index)
+        if f is None or not f.describes(tree, tree_index):
+            f = self._derived[tree_index] = _TreeFacts(tree, tree_index)
+        return f
+
+
+#: A ranking entry: (-priority, seeded tie-break, tree index, node id); smallest first.
+Entry = tuple[float, float, int, int]
+
+_SCORED_KINDS = ("checkpoint", "truncated")
+
+
+class _TreeFacts:
+    """What planning and scoring derive from one tree object, computed lazily.
+
+    Valid only for the tree object it was made from (and while that tree has the same
+    number of nodes and rollouts, a guard against grafts done in place); ranking facts
+    are also tied to one search configuration. Everything here is a pure function of
+    the tree, the tree's index, the collection seed and the search configuration.
+    """
+
+    __slots__ = ("tree", "index", "size", "_spent", "_unscored", "search", "_evidence", "_ranked")
+
+    def __init__(
+        self,
+        tree: Tree,
+        index: int,
+        *,
+        spent: dict[int, int] | None = None,
+        unscored: tuple[int, ...] | None = None,
+    ) -> None:
+        self.tree, self.index = tree, index
+        self.size = (len(tree.nodes), tree.rollouts)
+        self._spent, self._unscored = spent, unscored
+        self.search: Priority | None = None
+        self._evidence: dict[int, NodeEvidence] | None = None
+        self._ranked: dict[int, list[Entry]] = {}
+
+    def describes(self, tree: Tree, index: int) -> bool:
+        return self.tree is tree and self.index == index and self.size == (len(tree.nodes), tree.rollouts)
+
+    @property
+    def spent(self) -> dict[int, int]:
+        """Budget spent per phase: task transitions, at least one per rollout."""
+        if self._spent is None:
+            self._spent = {}
+            for r in self.tree.log:
+                self._spent[r["phase"]] = self._spent.get(r["phase"], 0) + max(1, int(r["transitions"]))
+        return self._spent
+
+    @property
+    def unscored(self) -> tuple[int, ...]:
+        """Nodes the critic should score: checkpoints and truncated leaves without a value."""
+        if self._unscored is None:
+            self._unscored = tuple(
+                n.id for n in self.tree.nodes.values() if n.value is None and n.kind in _SCORED_KINDS and n.context_ids
+            )
+        return self._unscored
+
+    def _use(self, search: Priority) -> None:
+        if self.search is search:
+            return
+        if self.search is None or self.search != search:
+            self._evidence, self._ranked = None, {}
+        self.search = search
+
+    def evidence(self, search: Priority) -> dict[int, NodeEvidence]:
+        self._use(search)
+        if self._evidence is None:
+            self._evidence = node_evidence(self.tree, self.index, search.values(self.tree))
+        return self._evidence
+
+    def ranked(self, search: Priority, phase_index: int, seed: int) -> list[Entry]:
+        """Eligible checkpoints of phase ``phase_index``, best first (nothing pending)."""
+        self._use(search)
+        out = self._ranked.get(phase_index)
+        if out is None:
+            phase = search.phases[phase_index]
+            out = sorted(
+                _entry(search, seed, ev)
+                for nid, ev in self.evidence(search).items()
+                if nid in self.tree.states and ev.depth <= phase.max_depth and ev.branches < phase.max_branches
+            )
+            self._ranked[phase_index] = out
+        return out
+
+
+def _entry(search: Priority, seed: int, ev: NodeEvidence) -> Entry:
+    tie = derive_seed("tie", seed, ev.tree_index, ev.node_id, ev.branches + ev.pending) / 2**31
+    return (-float(search(ev)), tie, ev.tree_index, ev.node_id)
 
 
 def usage_of(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -134,52 +249,82 @@ def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index
         return WavePlan(phase_index, wave_index)
     # A rollout that made no task transition (only parse errors or compactions) still
     # counts one against the budget, so a phase always ends.
-    spent = sum(max(1, int(r["transitions"])) for t in state.trees for r in t.log if r["phase"] == phase_index)
-    remaining = (phase.transitions or 0) - spent
+    facts = [state.facts(ti) for ti in range(len(state.trees))]
+    remaining = (phase.transitions or 0) - sum(f.spent.get(phase_index, 0) for f in facts)
     if remaining <= 0:
         return WavePlan(phase_index, wave_index)
-    evidence = {}
-    for ti, tree in enumerate(state.trees):
-        values = search.values(tree)
-        for nid, ev in node_evidence(tree, ti, values).items():
-            if nid in tree.states and ev.depth <= phase.max_depth and ev.branches < phase.max_branches:
-                evidence[(ti, nid)] = ev
-
-    def entry(ev: Any) -> tuple[float, float, int, int]:
-        tie = derive_seed("tie", state.seed, ev.tree_index, ev.node_id, ev.branches + ev.pending) / 2**31
-        return (-float(search(ev)), tie, ev.tree_index, ev.node_id)
-
-    heap = [entry(ev) for ev in evidence.values()]
+    # Each tree's eligible checkpoints are ranked once per tree version (cached in the
+    # state); the wave merges the per-tree rankings. The heap holds the next entry of
+    # every tree's ranking plus the re-ranked entries of checkpoints already planned,
+    # so it pops exactly the order a heap of every eligible checkpoint would.
+    ranked = [f.ranked(search, phase_index, state.seed) for f in facts]
+    heap: list[tuple[float, float, int, int, int]] = [(*r[0], 0) for r in ranked if r]
     heapq.heapify(heap)
+    pending: dict[tuple[int, int], int] = {}
     jobs = []
     planned = 0.0
     while heap and len(jobs) < phase.wave_size and planned < remaining:
-        _, _, ti, nid = heapq.heappop(heap)
-        ev = evidence[(ti, nid)]
+        _, _, ti, nid, pos = heapq.heappop(heap)
+        if pos >= 0 and pos + 1 < len(ranked[ti]):
+            heapq.heappush(heap, (*ranked[ti][pos + 1], pos + 1))
+        ev = facts[ti].evidence(search)[nid]
+        ev = dataclasses.replace(ev, pending=pending.get((ti, nid), 0))
         branch = ev.branches + ev.pending
-        tree = state.trees[ti]
-        jobs.append(RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), tree.states[nid], branch))
+        jobs.append(RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), state.trees[ti].states[nid], branch))
         planned += ev.expected_transitions
         ev = dataclasses.replace(ev, pending=ev.pending + 1)
-        evidence[(ti, nid)] = ev
+        pending[(ti, nid)] = ev.pending
         if ev.branches + ev.pending < phase.max_branches:
-            heapq.heappush(heap, entry(ev))
+            heapq.heappush(heap, (*_entry(search, state.seed, ev), -1))
     return WavePlan(phase_index, wave_index, tuple(jobs))
+
+
+def _cow_tree(tree: Tree) -> Tree:
+    """A new tree object sharing nodes, edges, states and log records with ``tree``;
+    a node is copied (:func:`_own`) before it is changed."""
+    return Tree(tree.task_id, dict(tree.nodes), dict(tree.edges), dict(tree.states), tree.rollouts, list(tree.log))
+
+
+def _own(tree: Tree, node_id: int, owned: set[int]) -> Node:
+    """Node ``node_id`` of ``tree`` as a private copy, safe to change."""
+    if node_id not in owned:
+        node = tree.nodes[node_id]
+        tree.nodes[node_id] = dataclasses.replace(node, children=list(node.children))
+        owned.add(node_id)
+    return tree.nodes[node_id]
+
+
+def _successor(state: SearchState, trees: list[Tree], derived: dict[int, _TreeFacts], waves: list[Any]) -> SearchState:
+    new = SearchState(state.collection_id, state.seed, state.tasks, trees, waves)
+    new._derived = derived
+    return new
 
 
 def graft(
     state: SearchState, plan: WavePlan, rollouts: Sequence[Rollout], phase_name: str = "", wave_wall_s: float = 0.0
 ) -> SearchState:
-    """A new state with each rollout added below its job's checkpoint (in job order)."""
+    """A new state with each rollout added below its job's checkpoint (in job order).
+
+    ``state`` is left as it was. The new state shares the trees no job touched, and in
+    a touched tree every node but the continued checkpoints, so a wave costs in
+    proportion to its own rollouts, not to the collection.
+    """
     if len(rollouts) != len(plan.jobs):
         raise ValueError(f"wave has {len(plan.jobs)} jobs but {len(rollouts)} rollouts came back")
     if (plan.phase_index, plan.wave_index) in state.waves:
         raise ValueError(f"wave {plan.wave_index} of phase {plan.phase_index} is already grafted onto this state")
-    new = copy_state(state)
+    trees = list(state.trees)
+    owned: dict[int, set[int]] = {}
     for job, ro in zip(plan.jobs, rollouts, strict=True):
-        tree = new.trees[job.tree_index]
+        ti = job.tree_index
+        if not 0 <= ti < len(trees):
+            raise ValueError(f"job continues tree {ti}, but the state has {len(trees)} trees")
+        if ti not in owned:
+            trees[ti], owned[ti] = _cow_tree(trees[ti]), set()
+        tree = trees[ti]
         if job.node_id not in tree.nodes or tree.nodes[job.node_id].is_leaf:
-            raise ValueError(f"job continues node {job.node_id} of tree {job.tree_index}, which is not a checkpoint")
+            raise ValueError(f"job continues node {job.node_id} of tree {ti}, which is not a checkpoint")
+        _own(tree, job.node_id, owned[ti])
         index = tree.rollouts
         parent = job.node_id
         for piece in ro.pieces:
@@ -192,6 +337,7 @@ def graft(
                 rollout=index,
                 cause=piece.cause,
             )
+            owned[ti].add(node.id)
             if piece.kind == "checkpoint":
                 tree.states[node.id] = piece.state
             parent = node.id
@@ -218,5 +364,54 @@ def graft(
                 "wave_wall_s": wave_wall_s,
             }
         )
-    new.waves.append((plan.phase_index, plan.wave_index))
-    return new
+    derived = {ti: f for ti, f in state._derived.items() if ti not in owned}
+    for ti in owned:
+        derived[ti] = _grown_facts(state, ti, trees[ti])
+    return _successor(state, trees, derived, [*state.waves, (plan.phase_index, plan.wave_index)])
+
+
+def _grown_facts(state: SearchState, ti: int, tree: Tree) -> _TreeFacts:
+    """Facts of ``tree`` (tree ``ti`` of ``state`` with rollouts appended), updated from
+    the old tree's where those were computed: the new log records and nodes come last."""
+    old = state._derived.get(ti)
+    if old is None or not old.describes(state.trees[ti], ti):
+        return _TreeFacts(tree, ti)
+    spent = None
+    if old._spent is not None:
+        spent = dict(old._spent)
+        for r in tree.log[len(old.tree.log) :]:
+            spent[r["phase"]] = spent.get(r["phase"], 0) + max(1, int(r["transitions"]))
+    unscored = None
+    if old._unscored is not None:
+        new_nodes = (tree.nodes[i] for i in range(len(old.tree.nodes), len(tree.nodes)))
+        fresh = (n.id for n in new_nodes if n.value is None and n.kind in _SCORED_KINDS and n.context_ids)
+        unscored = old._unscored + tuple(fresh)
+    return _TreeFacts(tree, ti, spent=spent, unscored=unscored)
+
+
+def unscored(state: SearchState) -> list[tuple[int, int]]:
+    """(tree index, node id) of every node the critic has not scored yet, in tree order."""
+    return [(ti, nid) for ti in range(len(state.trees)) for nid in state.facts(ti).unscored]
+
+
+def with_predictions(
+    state: SearchState, predictions: Mapping[tuple[int, int], tuple[float | None, float | None]]
+) -> SearchState:
+    """A new state with critic predictions ``{(tree, node): (value, std)}`` filled in.
+
+    Like :func:`graft`, copies only the trees and nodes it changes.
+    """
+    trees = list(state.trees)
+    owned: dict[int, set[int]] = {}
+    for (ti, nid), (value, std) in predictions.items():
+        if ti not in owned:
+            trees[ti], owned[ti] = _cow_tree(trees[ti]), set()
+        node = _own(trees[ti], nid, owned[ti])
+        node.value, node.value_std = value, std
+    derived = {ti: f for ti, f in state._derived.items() if ti not in owned}
+    for ti, nids in owned.items():
+        old = state._derived.get(ti)
+        if old is not None and old.describes(state.trees[ti], ti):
+            left = None if old._unscored is None else tuple(n for n in old._unscored if n not in nids)
+            derived[ti] = _TreeFacts(trees[ti], ti, spent=old._spent, unscored=left)
+    return _successor(state, trees, derived, list(state.waves))
