@@ -80,6 +80,9 @@ def tree_values(tree: Tree, *, gamma: float = 1.0, kappa: float | Mapping[int, f
     m: dict[int, int] = {}
     mc_sum: dict[int, float] = {}
     mc_n: dict[int, int] = {}
+    # Per segment, once: (child, discounted reward, γ^k); read again by every pass below.
+    edges = tree.edges
+    seg = {i: (e.child, e.discounted_reward(gamma), gamma**e.k) for i, e in edges.items()}
     for node in tree.postorder():
         i = node.id
         if node.kind == "terminal":
@@ -92,14 +95,14 @@ def tree_values(tree: Tree, *, gamma: float = 1.0, kappa: float | Mapping[int, f
         else:
             qs: list[float] = []
             s, cnt = 0.0, 0
-            for e in tree.child_edges(i):
-                vc = value[e.child]
-                disc = gamma**e.k
+            for eid in node.children:
+                child, dr, disc = seg[eid]
+                vc = value[child]
                 if vc is not None:
-                    qs.append(e.discounted_reward(gamma) + disc * vc)
-                if mc_n[e.child]:
-                    s += mc_n[e.child] * e.discounted_reward(gamma) + disc * mc_sum[e.child]
-                    cnt += mc_n[e.child]
+                    qs.append(dr + disc * vc)
+                if mc_n[child]:
+                    s += mc_n[child] * dr + disc * mc_sum[child]
+                    cnt += mc_n[child]
             child_q[i] = tuple(qs)
             m[i] = len(qs)
             q_bar[i] = sum(qs) / len(qs) if qs else None
@@ -118,9 +121,9 @@ def tree_values(tree: Tree, *, gamma: float = 1.0, kappa: float | Mapping[int, f
     for i in sorted(tree.nodes):
         node = tree.nodes[i]
         if node.parent_edge is not None:
-            e = tree.edges[node.parent_edge]
-            r, d = prefix[e.parent]
-            prefix[i] = (r + d * e.discounted_reward(gamma), d * gamma**e.k)
+            r, d = prefix[edges[node.parent_edge].parent]
+            _, dr, disc = seg[node.parent_edge]
+            prefix[i] = (r + d * dr, d * disc)
     ret_sum: dict[int, float] = {}
     ret_n: dict[int, int] = {}
     leaf_returns: list[float] = []
@@ -135,8 +138,8 @@ def tree_values(tree: Tree, *, gamma: float = 1.0, kappa: float | Mapping[int, f
                 ret_sum[i], ret_n[i] = g, 1
                 leaf_returns.append(g)
         else:
-            ret_sum[i] = sum(ret_sum[e.child] for e in tree.child_edges(i))
-            ret_n[i] = sum(ret_n[e.child] for e in tree.child_edges(i))
+            ret_sum[i] = sum(ret_sum[seg[eid][0]] for eid in node.children)
+            ret_n[i] = sum(ret_n[seg[eid][0]] for eid in node.children)
     root_return = {i: (ret_sum[i] / ret_n[i] if ret_n[i] else None) for i in tree.nodes}
     return TreeValues(
         gamma,

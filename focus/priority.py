@@ -202,13 +202,18 @@ class Selective(Priority):
 
 def expected_lengths(tree: Tree) -> dict[int, float]:
     """Expected task transitions from each checkpoint to a leaf, backed up through children."""
+    return _expected_lengths(tree, {i: e.k for i, e in tree.edges.items()})
+
+
+def _expected_lengths(tree: Tree, k: dict[int, int]) -> dict[int, float]:
     out: dict[int, float] = {}
+    edges = tree.edges
     for node in tree.postorder():
         if node.is_leaf:
             out[node.id] = 0.0
             continue
-        edges = tree.child_edges(node.id)
-        out[node.id] = sum(e.k + out[e.child] for e in edges) / len(edges) if edges else math.nan
+        ch = node.children
+        out[node.id] = sum(k[e] + out[edges[e].child] for e in ch) / len(ch) if ch else math.nan
     return out
 
 
@@ -224,18 +229,20 @@ def node_evidence(
     relative to the tree's mean segment, the target counts 1.
     """
     pending = pending or {}
-    edges = list(tree.edges.values())
-    mean_tokens = (sum(e.n_tokens for e in edges) / len(edges)) if edges else 1.0
+    # Segment facts once per call: every pass below reads them again.
+    tokens = {i: e.n_tokens for i, e in tree.edges.items()}
+    mean_tokens = (sum(tokens.values()) / len(tokens)) if tokens else 1.0
     mean_tokens = mean_tokens or 1.0
-    lengths = expected_lengths(tree)
+    k = {i: e.k for i, e in tree.edges.items()}
+    lengths = _expected_lengths(tree, k)
     leaves = [n for n in tree.leaves() if n.kind != "failed"]
     default_len = (sum(n.transitions for n in leaves) / len(leaves)) if leaves else 1.0
     direct: dict[int, float] = {}
     for node in tree.checkpoints():
         own = 1.0
         if node.parent_edge is not None:
-            own += tree.edges[node.parent_edge].n_tokens / mean_tokens
-        own += sum(e.n_tokens for e in tree.child_edges(node.id)) / mean_tokens
+            own += tokens[node.parent_edge] / mean_tokens
+        own += sum(tokens[e] for e in node.children) / mean_tokens
         direct[node.id] = own
     influence: dict[int, float] = {}
     for i in sorted(direct):
@@ -245,7 +252,7 @@ def node_evidence(
             e = tree.edges[node.parent_edge]
             mp = values.m.get(e.parent, 0)
             kp = values.kappa.get(e.parent, 0.0) if node.value is not None else 0.0
-            coef = values.gamma**e.k / (kp + mp) if kp + mp > 0 else 0.0
+            coef = values.gamma ** k[e.id] / (kp + mp) if kp + mp > 0 else 0.0
             infl += coef * coef * influence[e.parent]
         influence[i] = infl
     out: dict[int, NodeEvidence] = {}
