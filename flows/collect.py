@@ -80,30 +80,31 @@ def run_collection(config: FocusConfig) -> dict[str, Any]:
     log = get_run_logger()
     t0 = time.perf_counter()
     records: list[dict[str, Any]] = [check_config(config)]
-    handoff = Handoff()  # the live state, step to step, within this process
-    first = evidence_rollouts(config, handoff)
-    records.append(first)
-    log.info("collection %s: evidence %s", config.collection_id, "reused" if first["reused"] else "done")
-    records.append(critic_scoring(config, EVIDENCE.phase, EVIDENCE.wave, EVIDENCE_SCORED.phase, 0, handoff))
-    source: Key = EVIDENCE_SCORED
-    phases = config.search.phases
-    with CollectionProgress(config, enabled=config.progress, log=log) as progress:
-        for p in range(1, len(phases)):
-            progress.start_phase(p, phases[p])
-            wave = 0
-            while True:
-                rec = continuation_wave(config, source.phase, source.wave, p, wave, handoff)
-                records.append(rec)
-                if rec.get("done"):
-                    break
-                target = score_key(config, p, wave)
-                records.append(
-                    critic_scoring(config, wave_key(config, p, wave).phase, wave, target.phase, wave, handoff)
-                )
-                progress.wave_done(rec)
-                source = target
-                wave += 1
-    result = prepare_export(config, source.phase, source.wave, handoff)
+    # the live state and the agent/collector, step to step, within this process
+    with Handoff() as handoff:
+        first = evidence_rollouts(config, handoff)
+        records.append(first)
+        log.info("collection %s: evidence %s", config.collection_id, "reused" if first["reused"] else "done")
+        records.append(critic_scoring(config, EVIDENCE.phase, EVIDENCE.wave, EVIDENCE_SCORED.phase, 0, handoff))
+        source: Key = EVIDENCE_SCORED
+        phases = config.search.phases
+        with CollectionProgress(config, enabled=config.progress, log=log) as progress:
+            for p in range(1, len(phases)):
+                progress.start_phase(p, phases[p])
+                wave = 0
+                while True:
+                    rec = continuation_wave(config, source.phase, source.wave, p, wave, handoff)
+                    records.append(rec)
+                    if rec.get("done"):
+                        break
+                    target = score_key(config, p, wave)
+                    records.append(
+                        critic_scoring(config, wave_key(config, p, wave).phase, wave, target.phase, wave, handoff)
+                    )
+                    progress.wave_done(rec)
+                    source = target
+                    wave += 1
+        result = prepare_export(config, source.phase, source.wave, handoff)
     publish_report(config, result, records)
     stats = {
         **result.get("summary", {}),

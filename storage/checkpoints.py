@@ -13,12 +13,17 @@ Layout under the store root::
 manifest does. Saving a (collection, phase, wave) that already exists keeps the first
 copy and writes nothing: a wave's state is a pure function of its inputs and the seed,
 and later waves may already have been computed from the first copy. ``latest`` returns
-the checkpoint saved last, by a sequence number kept in each manifest.
+the checkpoint saved last, by a sequence number kept in each manifest: the wall clock
+in nanoseconds when the save started (raised above the last number this store object
+gave, so two saves through one object never tie). Numbering reads nothing, so a save
+costs the same with 5 checkpoints in the collection or 500; counting the manifests
+already written, as an earlier version did, made each save O(checkpoints).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,6 +58,7 @@ class CheckpointStore:
     ) -> None:
         self.loc = Location(root, storage_options)
         self.retry = retry or Retry()
+        self._last_seq = 0
 
     @property
     def root(self) -> str:
@@ -95,7 +101,7 @@ class CheckpointStore:
             raise TypeError(
                 f"checkpoint {collection_id}/{phase}/{wave}: state cannot be pickled: {type(e).__name__}: {e}"
             ) from e
-        seq = max((int(m.info["seq"]) for m in self._manifests(collection_id)), default=0) + 1
+        seq = self._last_seq = max(time.time_ns(), self._last_seq + 1)
         self.loc.put_bytes(url, data, self.retry)
         manifest = Manifest(
             kind="checkpoint",

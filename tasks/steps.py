@@ -29,8 +29,6 @@ and the seed) and grafting its stored rollouts - which recomputes no rollout.
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import hashlib
 import json
 import time
@@ -40,6 +38,7 @@ from typing import Any
 
 from focus.config import FocusConfig
 from focus.report import tree_svg
+from tasks.runtime import Runtime
 
 #: Fields that may differ between a run and its resume (where things run, not what).
 RUNTIME_FIELDS = ("model.url", "execution", "progress", "storage")
@@ -94,21 +93,98 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 
 class Handoff:
-    """The live search state of one flow run and the checkpoint key it corresponds to.
+    """The live search state of one flow run, the checkpoint key it corresponds to, and
+    the :class:`~tasks.runtime.Runtime` the run's steps share.
 
     Passed explicitly to every step of a run so a step need not reload what the
-    previous step just computed; a fresh process starts empty and replays from storage.
+    previous step just computed, nor rebuild the agent and collector; a fresh process
+    starts empty and replays from storage. Close it (or use it as a context manager)
+    when the run ends, to close the runtime's clients and event loop.
     """
 
     def __init__(self) -> None:
         self.key: Key | None = None
         self.state: Any = None
+        self._runtime: Runtime | None = None
+        #: tree index -> running sums over that tree's log (see :meth:`stats`).
+        self._totals: dict[int, _LogTotals] = {}
 
     def put(self, key: Key, state: Any) -> None:
         self.key, self.state = key, state
 
     def get(self, key: Key) -> Any:
         return self.state if self.key == key else None
+
+    def runtime(self, config: FocusConfig, make_execution: Callable[[], Any]) -> Runtime:
+        """The runtime for ``config``: the one already built if its config is equal."""
+        if self._runtime is None or not self._runtime.matches(config):
+            self.release()
+            self._runtime = Runtime(config, make_execution)
+        return self._runtime
+
+    def release(self) -> None:
+        """Close the runtime (the live state stays)."""
+        rt, self._runtime = self._runtime, None
+        if rt is not None:
+            rt.close()
+
+    def close(self) -> None:
+        self.release()
+        self._totals.clear()
+
+    def __enter__(self) -> Handoff:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stats(self, state: Any, phase_index: int | None = None) -> dict[str, int]:
+        """:func:`state_stats` of ``state`` plus, with ``phase_index``, that phase's
+        transitions and tokens (``phase_transitions``, ``phase_tokens``).
+
+        Per tree, only the log records added since the tree was last seen are counted
+        (a graft copies a tree's log list but shares its records and appends new ones),
+        so a step's record costs in proportion to the step, not to the collection.
+        """
+        out: dict[str, int] = {"nodes": 0}
+        seen = self._totals
+        for ti, tree in enumerate(state.trees):
+            hit = seen.get(ti)
+            log = tree.log
+            if hit is None or hit.n > len(log) or (hit.n and log[hit.n - 1] is not hit.last):
+                hit = seen[ti] = _LogTotals()
+            hit.add(log)
+            out["nodes"] += len(tree.nodes)
+            for k, v in hit.all.items():
+                out[k] = out.get(k, 0) + v
+            if phase_index is not None:
+                pt, pk = hit.phases.get(phase_index, (0, 0))
+                out["phase_transitions"] = out.get("phase_transitions", 0) + pt
+                out["phase_tokens"] = out.get("phase_tokens", 0) + pk
+        return out
+
+
+class _LogTotals:
+    """Running sums over one tree's rollout log (records are appended, never edited)."""
+
+    __slots__ = ("n", "last", "all", "phases")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.last: dict[str, Any] | None = None
+        self.all = {"transitions": 0, "tokens": 0, "model_calls": 0}
+        self.phases: dict[int, tuple[int, int]] = {}
+
+    def add(self, log: list[dict[str, Any]]) -> None:
+        for r in log[self.n :]:
+            tr, tok = int(r["transitions"]), int(r["tokens"])
+            self.all["transitions"] += tr
+            self.all["tokens"] += tok
+            self.all["model_calls"] += int(r["model_calls"])
+            pt, pk = self.phases.get(r["phase"], (0, 0))
+            self.phases[r["phase"]] = (pt + tr, pk + tok)
+        self.n = len(log)
+        self.last = log[-1] if log else None
 
 
 class Steps:
@@ -134,6 +210,9 @@ class Steps:
         self.store = store
         self.batch_store = batch_store
         self.make_execution = make_execution
+        #: A Steps made without a handoff keeps the live state but closes its runtime
+        #: after each step, as nobody else would close it.
+        self._owns_handoff = handoff is None
         self.handoff = handoff if handoff is not None else Handoff()
 
     # ---- checkpoints ----
@@ -182,34 +261,16 @@ class Steps:
 
     # ---- running collector pieces ----
 
-    def _run(self, fn: Callable[[Any, list[Any]], Any], rollouts: bool = True) -> Any:
-        """Build a collector, run ``fn(collector, tasks)`` (a coroutine) and release everything.
+    def runtime(self) -> Runtime:
+        return self.handoff.runtime(self.config, self.make_execution)
 
-        ``rollouts=False`` (scoring) skips connecting to the execution service."""
-        from focus.execution import Execution
-
-        policy = self.config.build_policy()
-        agent, tasks = self.config.build_agent(policy)
-        execution = self.make_execution() if rollouts else Execution()
-        collector = self.config.build_collector(agent, execution)
-
-        async def go() -> Any:
-            try:
-                return await fn(collector, tasks)
-            finally:
-                await policy.aclose()
-
-        # The search state is a large graph of small objects that lives through the step;
-        # without freezing it every full collection scans all of it (Prefect allocates a
-        # lot between steps), which cost seconds per step at 10k transitions.
-        gc.freeze()
+    def _run(self, fn: Callable[[Any, list[Any]], Any]) -> Any:
+        """Run ``fn(collector, tasks)`` (a coroutine) on the run's shared runtime."""
         try:
-            return asyncio.run(go())
+            return self.runtime().run(fn)
         finally:
-            gc.unfreeze()
-            close = getattr(execution, "close", None)
-            if close is not None:
-                close()
+            if self._owns_handoff:
+                self.handoff.release()
 
     def _record(self, key: Key, reused: bool, t0: float, state: Any = None, **extra: Any) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -219,7 +280,7 @@ class Steps:
             "wall_s": time.perf_counter() - t0,
         }
         if state is not None:
-            out.update(state_stats(state))
+            out.update(self.handoff.stats(state, extra.pop("phase_index", None)))
         out.update(extra)
         return out
 
@@ -269,13 +330,13 @@ class Steps:
         state = self.state_at(source)
 
         async def fn(c: Any, _tasks: list[Any]) -> Any:
-            try:
-                return await c.score(state)
-            finally:
-                await c.critic.aclose()
+            return await c.score(state)  # the runtime closes the critic's client at the end
 
-        scored = self._run(fn, rollouts=False)
-        self.save(target, _score_delta(state, scored))
+        from focus.search import unscored
+
+        todo = unscored(state)  # cached per tree in the state: cheap
+        scored = self._run(fn)
+        self.save(target, _score_delta(todo, scored))
         self.handoff.put(target, scored)
         return self._record(target, False, t0, scored)
 
@@ -306,17 +367,7 @@ class Steps:
         new_state, rollouts, wall = ran
         self.save(key, {"rollouts": rollouts, "wave_wall_s": wall})
         self.handoff.put(key, new_state)
-        used = new_state.usage(phase_index)
-        return self._record(
-            key,
-            False,
-            t0,
-            new_state,
-            done=False,
-            jobs=len(rollouts),
-            phase_transitions=int(used["transitions"]),
-            phase_tokens=int(used["tokens"]),
-        )
+        return self._record(key, False, t0, new_state, done=False, jobs=len(rollouts), phase_index=phase_index)
 
     def export(self, source: Key) -> dict[str, Any]:
         """Prepare the batch from the final state and write it; the batch URL comes back."""
@@ -324,10 +375,11 @@ class Steps:
         if self.done(EXPORT):
             return {**self.load(EXPORT), "reused": True}
         state = self.state_at(source)
-        policy = self.config.build_policy()
-        agent, _ = self.config.build_agent(policy)
-        collector = self.config.build_collector(agent)
-        batch = collector.prepare(state.trees)
+        try:
+            batch = self.runtime().collector.prepare(state.trees)
+        finally:
+            if self._owns_handoff:
+                self.handoff.release()
         url = self.batch_store.write(batch)
         self.save(TREES_SVG, tree_svg(state.trees))
         result = {"phase": EXPORT.phase, "batch_url": url, "summary": _jsonable(batch.summary()), "wall_s": 0.0}
@@ -353,30 +405,26 @@ async def _rollouts(collector: Any, state: Any, plan: Any) -> Any:
     return graft(state, plan, rollouts, name, wave_wall_s=wall), rollouts, wall
 
 
-def _score_delta(before: Any, after: Any) -> dict[tuple[int, int], tuple[float | None, float | None]]:
-    """(tree index, node id) -> (value, std) of the nodes scoring filled in."""
+def _score_delta(keys: list[tuple[int, int]], after: Any) -> dict[tuple[int, int], tuple[float | None, float | None]]:
+    """(tree index, node id) -> (value, std) of the nodes ``keys`` that scoring filled in."""
     out = {}
-    for ti, (a, b) in enumerate(zip(before.trees, after.trees, strict=True)):
-        for nid, node in b.nodes.items():
-            old = a.nodes.get(nid)
-            if node.value is not None and (old is None or old.value is None):
-                out[(ti, nid)] = (node.value, node.value_std)
+    for ti, nid in keys:
+        node = after.trees[ti].nodes[nid]
+        if node.value is not None:
+            out[(ti, nid)] = (node.value, node.value_std)
     return out
 
 
 def _apply_scores(state: Any, delta: dict[tuple[int, int], tuple[float | None, float | None]]) -> Any:
     """``state`` with stored predictions filled in, as ``Collector.score`` fills them."""
-    from focus.search import copy_state
+    from focus.search import with_predictions
 
-    new = copy_state(state)
-    for (ti, nid), (value, std) in delta.items():
-        node = new.trees[ti].nodes[nid]
-        node.value, node.value_std = value, std
-    return new
+    return with_predictions(state, delta)
 
 
 def state_stats(state: Any) -> dict[str, int]:
-    """Totals over a search state's trees (what progress and statistics show)."""
+    """Totals over a search state's trees, from the trees' nodes and edges (what
+    progress and statistics show; :meth:`Handoff.stats` gives the same incrementally)."""
     totals: dict[str, int] = {}
     for tree in state.trees:
         for k, v in tree.stats().items():

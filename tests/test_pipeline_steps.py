@@ -1,0 +1,60 @@
+"""The steps of a collection without Prefect, sharing one Handoff as a flow run does:
+one runtime for every step, incremental statistics equal to a full recount, the same
+batch as Collector.collect(), and a runtime closed with the handoff."""
+
+from __future__ import annotations
+
+from test_pipeline import direct_batch, rows, small_config
+
+from storage import BatchStore
+from tasks.phases import steps_for
+from tasks.steps import EVIDENCE, EVIDENCE_SCORED, Handoff, score_key, state_stats, wave_key
+
+
+def test_steps_share_one_runtime_and_count_incrementally(tmp_path):
+    cfg = small_config(str(tmp_path / "store"), "steps")
+    with Handoff() as handoff:
+        steps = steps_for(cfg, handoff)
+        steps.check_config()
+        steps.evidence()
+        runtime = handoff.runtime(cfg, steps.make_execution)
+        steps.score(EVIDENCE, EVIDENCE_SCORED)
+        source, wave = EVIDENCE_SCORED, 0
+        while True:
+            rec = steps_for(cfg, handoff).wave(source, 1, wave)  # a new Steps per task, as in the flow
+            if rec["done"]:
+                break
+            state = handoff.get(wave_key(cfg, 1, wave))
+            full = state_stats(state)
+            assert {k: rec[k] for k in full} == full
+            assert (rec["phase_transitions"], rec["phase_tokens"]) == (
+                state.usage(1)["transitions"],
+                state.usage(1)["tokens"],
+            )
+            source = score_key(cfg, 1, wave)
+            steps.score(wave_key(cfg, 1, wave), source)
+            wave += 1
+        assert wave >= 2
+        # equal configs (even a copy) reuse the runtime; another config replaces it
+        assert handoff.runtime(cfg.with_updates(), steps.make_execution) is runtime
+        result = steps.export(source)
+        assert handoff.runtime(cfg, steps.make_execution) is runtime and not runtime.closed
+    assert runtime.closed and runtime.loop.is_closed()
+    batch = BatchStore(cfg.storage.root).read(result["batch_url"])
+    assert rows(batch) == rows(direct_batch(cfg))
+    # checkpoints are listed in the order they were saved
+    saved = steps.store.list("steps")
+    assert saved[:3] == [("config", 0), ("evidence", 0), ("evidence.score", 0)] and saved[-1] == ("export", 0)
+
+
+def test_a_steps_object_without_a_handoff_closes_its_runtime_after_each_step(tmp_path):
+    cfg = small_config(
+        str(tmp_path / "store"), "own", **{"search.phases": [{"name": "evidence", "rollouts_per_task": 1}]}
+    )
+    steps = steps_for(cfg)
+    steps.check_config()
+    steps.evidence()
+    assert steps.handoff._runtime is None  # nothing left open
+    steps.score(EVIDENCE, EVIDENCE_SCORED)
+    assert steps.export(EVIDENCE_SCORED)["batch_url"]
+    assert steps.handoff._runtime is None
