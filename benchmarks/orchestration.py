@@ -75,20 +75,35 @@ def config(root: str, cid: str, transitions: int, latency_s: float) -> FocusConf
     )
 
 
-def direct(cfg: FocusConfig) -> tuple[float, int]:
+def direct(cfg: FocusConfig) -> tuple[float, Any]:
     t0 = time.perf_counter()
     policy = cfg.build_policy()
     agent, tasks = cfg.build_agent(policy)
     batch = asyncio.run(cfg.build_collector(agent).collect(tasks))
-    return time.perf_counter() - t0, int(batch.stats["transitions"])
+    return time.perf_counter() - t0, batch
 
 
-def through_flow(cfg: FocusConfig) -> tuple[float, int, int]:
+def through_flow(cfg: FocusConfig) -> tuple[float, Any, int]:
+    """Time of the flow run (it also writes the batch and checkpoints); the batch it
+    wrote, read back afterwards (not timed), and its number of steps."""
     from flows.collect import collect
+    from storage import BatchStore
 
     t0 = time.perf_counter()
     out = collect(cfg)
-    return time.perf_counter() - t0, int(out["stats"]["transitions"]), int(out["stats"]["steps"])
+    took = time.perf_counter() - t0
+    return took, BatchStore(cfg.storage.root).read(out["batch_url"]), int(out["stats"]["steps"])
+
+
+def same_batch(a: Any, b: Any) -> bool:
+    """Same rows apart from the collection id (the two runs use different ids)."""
+
+    def key(batch: Any) -> tuple[list[Any], list[Any]]:
+        actor = [(r.tree_id, r.edge_id, r.turn_index, r.prompt_ids, r.completion_ids, r.advantage) for r in batch.actor]
+        critic = [(r.tree_id, r.node_id, r.context_ids, r.target, r.weight) for r in batch.critic]
+        return actor, critic
+
+    return key(a) == key(b)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -110,9 +125,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for label, budget in (("2k", 1_700), ("10k", 9_700)):
             d_times, f_times = [], []
             for r in range(args.repeats):
-                d, d_tr = direct(config(f"{tmp}/d", f"d{label}{r}", budget, lat))
-                f, f_tr, steps = through_flow(config(f"{tmp}/f{r}", f"f{label}{r}", budget, lat))
-                assert d_tr == f_tr, f"flow used {f_tr} transitions, direct {d_tr}: not the same collection"
+                d, d_batch = direct(config(f"{tmp}/d", f"d{label}{r}", budget, lat))
+                f, f_batch, steps = through_flow(config(f"{tmp}/f{r}", f"f{label}{r}", budget, lat))
+                d_tr = int(d_batch.stats["transitions"])
+                assert same_batch(d_batch, f_batch), f"{label}: the flow's batch differs from the direct one"
                 d_times.append(d)
                 f_times.append(f)
             d, f = min(d_times), min(f_times)

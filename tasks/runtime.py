@@ -36,6 +36,7 @@ class Runtime:
         self.collector = config.build_collector(self.agent, self.execution)
         self.loop = asyncio.new_event_loop()
         self.closed = False
+        self._froze_gc = False
 
     def matches(self, config: FocusConfig) -> bool:
         return not self.closed and (config is self.config or config == self.config)
@@ -56,15 +57,16 @@ class Runtime:
             out.append(await fn(self.collector, self.tasks))
 
         # The search state is a large graph of small objects that lives through the
-        # step; without freezing it every full collection scans all of it.
-        frozen = gc.get_freeze_count() == 0
-        if frozen:
+        # whole run; left to the collector, every full collection - and Prefect
+        # allocates enough between steps to trigger them - scans all of it. So what
+        # exists when a step starts is moved out of the collector's sight until the
+        # runtime closes (unless someone else froze objects first: then leave GC be).
+        # Only garbage collection timing changes, never a result.
+        if not self._froze_gc:
+            self._froze_gc = gc.get_freeze_count() == 0
+        if self._froze_gc:
             gc.freeze()
-        try:
-            self.loop.run_until_complete(go())
-        finally:
-            if frozen:
-                gc.unfreeze()
+        self.loop.run_until_complete(go())
         return out[0]
 
     def close(self) -> None:
@@ -84,6 +86,8 @@ class Runtime:
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         finally:
             self.loop.close()
+            if self._froze_gc:
+                gc.unfreeze()
             close = getattr(self.execution, "close", None)
             if close is not None:
                 close()

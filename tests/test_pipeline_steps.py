@@ -4,6 +4,8 @@ batch as Collector.collect(), and a runtime closed with the handoff."""
 
 from __future__ import annotations
 
+import gc
+
 from test_pipeline import direct_batch, rows, small_config
 
 from storage import BatchStore
@@ -40,6 +42,7 @@ def test_steps_share_one_runtime_and_count_incrementally(tmp_path):
         result = steps.export(source)
         assert handoff.runtime(cfg, steps.make_execution) is runtime and not runtime.closed
     assert runtime.closed and runtime.loop.is_closed()
+    assert gc.get_freeze_count() == 0  # the state was kept out of GC only while the run lasted
     batch = BatchStore(cfg.storage.root).read(result["batch_url"])
     assert rows(batch) == rows(direct_batch(cfg))
     # checkpoints are listed in the order they were saved
