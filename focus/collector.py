@@ -6,10 +6,16 @@ phases), a critic, an estimator and an execution service. ``collect()`` is
 ``plan_wave``, ``run_wave``) are what the durable pipeline calls, one Prefect task
 each; every step is a function of its inputs and the collection seed, so a resumed
 collection rebuilds the same trees and the same batch.
+
+With ``Execution(streaming=True)``, ``run_search`` runs each continuation phase with
+:meth:`Collector.stream_phase` instead of in waves: no barrier, results depend on the
+order rollouts finish in (see :class:`focus.execution.Execution`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -22,7 +28,17 @@ from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, critic_targets
 from focus.execution import Execution
 from focus.priority import Priority, Selective
-from focus.search import SearchState, WavePlan, graft, plan_wave, unscored, usage_of, with_predictions
+from focus.search import (
+    InFlight,
+    SearchState,
+    WavePlan,
+    graft,
+    plan_refill,
+    plan_wave,
+    unscored,
+    usage_of,
+    with_predictions,
+)
 from focus.tree import Tree
 
 
@@ -99,9 +115,19 @@ class Collector:
 
     async def run_search(self, tasks: Sequence[Task]) -> SearchState:
         """Every phase in order; a phase ends when its plan comes back empty."""
+        if self.execution.streaming:
+            for phase in self.search_config.phases:
+                if phase.max_waves is not None:
+                    raise ValueError(
+                        f"phase {phase.name!r} sets max_waves, which streaming mode has no waves to count; "
+                        "drop max_waves or run with Execution(streaming=False)"
+                    )
         state = await self.run_evidence(tasks)
         for pi, phase in enumerate(self.search_config.phases):
             if phase.is_evidence:
+                continue
+            if self.execution.streaming:
+                state = await self.stream_phase(state, pi)
                 continue
             wave = state.waves_done(pi)
             while True:
@@ -111,6 +137,52 @@ class Collector:
                 state = await self.run_wave(state, plan)
                 wave += 1
         return state
+
+    async def stream_phase(self, state: SearchState, phase_index: int) -> SearchState:
+        """Run continuation phase ``phase_index`` keeping up to ``max_concurrency``
+        rollouts in flight (streaming mode; not resumable part-way).
+
+        Whenever rollouts finish, they are grafted (in (tree, node, branch) order, as
+        one recorded "wave" of the phase), new nodes are scored, and
+        :func:`focus.search.plan_refill` fills the free slots, counting the rollouts
+        still running toward branch limits and the budget. The phase ends when nothing
+        runs and the planner has nothing more. Which rollouts a refill sees finished
+        depends on timing, so two runs may plan differently; each rollout is still
+        fixed by its job's seed.
+        """
+        phase = self.search_config.phases[phase_index]
+        cap = self.execution.max_concurrency
+        running: dict[asyncio.Task[Any], InFlight] = {}
+        wave = state.waves_done(phase_index)
+        frozen = self.execution.freeze_gc and gc.get_freeze_count() == 0
+        t_last = time.perf_counter()
+        try:
+            while True:
+                refill = plan_refill(state, self.search_config, phase_index, list(running.values()), cap - len(running))
+                # longest-remaining first, as in a wave
+                for f in sorted(refill, key=lambda f: f.job.start.steps):
+                    running[self.execution.launch(self.agent, f.job)] = f
+                if not running:
+                    return state
+                if frozen:
+                    # Keep the trees (most of the heap) out of cyclic GC while rollouts run;
+                    # freezing again moves only what was created since (O(1)).
+                    gc.freeze()
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                finished = sorted(
+                    ((running.pop(t), t.result()) for t in done),
+                    key=lambda p: (p[0].job.tree_index, p[0].job.node_id, p[0].job.branch),
+                )
+                now = time.perf_counter()
+                plan = WavePlan(phase_index, wave, tuple(f.job for f, _ in finished))
+                state = graft(state, plan, [r for _, r in finished], phase.name, wave_wall_s=now - t_last)
+                state = await self.score(state)
+                t_last, wave = now, wave + 1
+        finally:
+            for t in running:
+                t.cancel()
+            if frozen:
+                gc.unfreeze()
 
     async def search(self, tasks: Sequence[Task]) -> list[Tree]:
         return (await self.run_search(tasks)).trees

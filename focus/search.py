@@ -254,29 +254,114 @@ def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index
     if remaining <= 0:
         return WavePlan(phase_index, wave_index)
     # Each tree's eligible checkpoints are ranked once per tree version (cached in the
-    # state); the wave merges the per-tree rankings. The heap holds the next entry of
-    # every tree's ranking plus the re-ranked entries of checkpoints already planned,
-    # so it pops exactly the order a heap of every eligible checkpoint would.
-    ranked = [f.ranked(search, phase_index, state.seed) for f in facts]
-    heap: list[tuple[float, float, int, int, int]] = [(*r[0], 0) for r in ranked if r]
-    heapq.heapify(heap)
+    # state); the wave merges the per-tree rankings.
+    chosen = _greedy(state, search, phase_index, facts, {}, phase.wave_size, remaining)
+    return WavePlan(phase_index, wave_index, tuple(c.job for c in chosen))
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A continuation launched but not yet grafted, with the transitions it was
+    expected to take when planned (what :func:`plan_refill` holds back from the budget)."""
+
+    job: RolloutJob
+    expected_transitions: float
+
+
+def plan_refill(
+    state: SearchState, search: Priority, phase_index: int, in_flight: Sequence[InFlight], slots: int
+) -> tuple[InFlight, ...]:
+    """Up to ``slots`` more continuations of phase ``phase_index`` while ``in_flight``
+    run (pure; empty when nothing is eligible or the budget is covered).
+
+    The streaming counterpart of :func:`plan_wave` with the same greedy choice: an
+    in-flight continuation counts as ``pending`` at its checkpoint (toward
+    ``max_branches`` and in the priority), and its expected transitions are held back
+    from what is left of the phase budget. A refill is also capped at ``wave_size``.
+    Branch indices continue after every continuation started from the checkpoint
+    (grafted or in flight), so seeds stay a function of (tree, node, branch).
+    """
+    if not 0 <= phase_index < len(search.phases):
+        raise ValueError(f"phase index {phase_index} out of range: the search has {len(search.phases)} phases")
+    phase = search.phases[phase_index]
+    if phase.is_evidence:
+        raise ValueError(f"phase {phase.name!r} is an evidence phase: it runs as one wave, not by refills")
+    if slots <= 0:
+        return ()
+    facts = [state.facts(ti) for ti in range(len(state.trees))]
+    remaining = (
+        (phase.transitions or 0)
+        - sum(f.spent.get(phase_index, 0) for f in facts)
+        - sum(f.expected_transitions for f in in_flight)
+    )
+    if remaining <= 0:
+        return ()
     pending: dict[tuple[int, int], int] = {}
-    jobs = []
+    for f in in_flight:
+        key = (f.job.tree_index, f.job.node_id)
+        pending[key] = pending.get(key, 0) + 1
+    return _greedy(state, search, phase_index, facts, pending, min(slots, phase.wave_size), remaining)
+
+
+def _greedy(
+    state: SearchState,
+    search: Priority,
+    phase_index: int,
+    facts: list[_TreeFacts],
+    pending: dict[tuple[int, int], int],
+    limit: int,
+    remaining: float,
+) -> tuple[InFlight, ...]:
+    """Greedily take the highest-priority eligible checkpoint, count the planned
+    continuation into its evidence (``pending``) and re-rank it, until ``limit`` jobs
+    are planned or their expected transitions cover ``remaining``.
+
+    ``pending`` holds continuations already running (streaming mode; empty for a wave):
+    their checkpoints leave the cached rankings (ranked with nothing pending) and enter
+    the heap re-ranked with their pending count. The heap holds the next entry of every
+    tree's ranking plus the re-ranked entries, so it pops exactly the order a heap of
+    every eligible checkpoint would.
+    """
+    phase = search.phases[phase_index]
+    ranked = [f.ranked(search, phase_index, state.seed) for f in facts]
+    heap: list[tuple[float, float, int, int, int]] = []
+    busy = dict(pending)
+    for (ti, nid), n in pending.items():
+        ev = facts[ti].evidence(search).get(nid)
+        if ev is None or nid not in state.trees[ti].states or ev.depth > phase.max_depth:
+            continue
+        ev = dataclasses.replace(ev, pending=n)
+        if ev.branches + n < phase.max_branches:
+            heap.append((*_entry(search, state.seed, ev), -1))
+
+    def push_next(ti: int, pos: int) -> None:
+        # the next entry of tree ti's ranking at or after pos whose node has nothing in flight
+        r = ranked[ti]
+        while pos < len(r) and busy and (ti, r[pos][3]) in busy:
+            pos += 1
+        if pos < len(r):
+            heapq.heappush(heap, (*r[pos], pos))
+
+    for ti in range(len(ranked)):
+        push_next(ti, 0)
+    heapq.heapify(heap)
+    jobs: list[InFlight] = []
     planned = 0.0
-    while heap and len(jobs) < phase.wave_size and planned < remaining:
+    while heap and len(jobs) < limit and planned < remaining:
         _, _, ti, nid, pos = heapq.heappop(heap)
-        if pos >= 0 and pos + 1 < len(ranked[ti]):
-            heapq.heappush(heap, (*ranked[ti][pos + 1], pos + 1))
+        if pos >= 0:
+            push_next(ti, pos + 1)
         ev = facts[ti].evidence(search)[nid]
         ev = dataclasses.replace(ev, pending=pending.get((ti, nid), 0))
         branch = ev.branches + ev.pending
-        jobs.append(RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), state.trees[ti].states[nid], branch))
+        job = RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), state.trees[ti].states[nid], branch)
+        jobs.append(InFlight(job, ev.expected_transitions))
         planned += ev.expected_transitions
         ev = dataclasses.replace(ev, pending=ev.pending + 1)
         pending[(ti, nid)] = ev.pending
         if ev.branches + ev.pending < phase.max_branches:
             heapq.heappush(heap, (*_entry(search, state.seed, ev), -1))
-    return WavePlan(phase_index, wave_index, tuple(jobs))
+    return tuple(jobs)
 
 
 def _cow_tree(tree: Tree) -> Tree:
