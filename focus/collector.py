@@ -142,42 +142,61 @@ class Collector:
         """Run continuation phase ``phase_index`` keeping up to ``max_concurrency``
         rollouts in flight (streaming mode; not resumable part-way).
 
-        Whenever rollouts finish, they are grafted (in (tree, node, branch) order, as
-        one recorded "wave" of the phase), new nodes are scored, and
-        :func:`focus.search.plan_refill` fills the free slots, counting the rollouts
-        still running toward branch limits and the budget. The phase ends when nothing
-        runs and the planner has nothing more. Which rollouts a refill sees finished
+        Refilling and grafting are decoupled, because re-ranking a tree after a graft
+        costs in proportion to the tree: whenever at least ``refill_at`` slots are free,
+        :func:`focus.search.plan_refill` fills them from the last grafted state,
+        counting rollouts running *and* finished-but-not-grafted toward branch limits and
+        (by their expected transitions) the budget; finished rollouts are grafted (in
+        (tree, node, branch) order, recorded as one "wave" of the phase) and their new
+        nodes scored once ``graft_at`` of them have piled up, when a refill comes up
+        short, or when nothing runs. The phase ends when nothing runs, nothing waits to
+        be grafted and the planner has nothing more. Which rollouts a refill sees
         depends on timing, so two runs may plan differently; each rollout is still
         fixed by its job's seed.
         """
         phase = self.search_config.phases[phase_index]
         cap = self.execution.max_concurrency
-        running: dict[asyncio.Task[Any], InFlight] = {}
+        refill_at = max(1, int(cap * self.execution.refill_fraction))
+        graft_at = max(1, int(cap * self.execution.graft_fraction))
+        running: dict[asyncio.Future[Any], InFlight] = {}
+        finished: list[tuple[InFlight, Any]] = []
+        done: asyncio.Queue[asyncio.Future[Any]] = asyncio.Queue()
         wave = state.waves_done(phase_index)
         frozen = self.execution.freeze_gc and gc.get_freeze_count() == 0
         t_last = time.perf_counter()
         try:
             while True:
-                refill = plan_refill(state, self.search_config, phase_index, list(running.values()), cap - len(running))
-                # longest-remaining first, as in a wave
-                for f in sorted(refill, key=lambda f: f.job.start.steps):
-                    running[self.execution.launch(self.agent, f.job)] = f
+                free = cap - len(running)
+                short = False
+                if free >= refill_at or not running:
+                    waiting = [*running.values(), *(f for f, _ in finished)]
+                    refill = plan_refill(state, self.search_config, phase_index, waiting, free)
+                    short = len(refill) < free
+                    # longest-remaining first, as in a wave
+                    for f in sorted(refill, key=lambda f: f.job.start.steps):
+                        launched = self.execution.launch(self.agent, f.job)
+                        launched.add_done_callback(done.put_nowait)
+                        running[launched] = f
+                if finished and (not running or len(finished) >= graft_at or (short and len(finished) >= refill_at)):
+                    finished.sort(key=lambda p: (p[0].job.tree_index, p[0].job.node_id, p[0].job.branch))
+                    now = time.perf_counter()
+                    plan = WavePlan(phase_index, wave, tuple(f.job for f, _ in finished))
+                    state = graft(state, plan, [r for _, r in finished], phase.name, wave_wall_s=now - t_last)
+                    state = await self.score(state)
+                    finished, t_last, wave = [], now, wave + 1
+                    continue
                 if not running:
                     return state
                 if frozen:
                     # Keep the trees (most of the heap) out of cyclic GC while rollouts run;
                     # freezing again moves only what was created since (O(1)).
                     gc.freeze()
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                finished = sorted(
-                    ((running.pop(t), t.result()) for t in done),
-                    key=lambda p: (p[0].job.tree_index, p[0].job.node_id, p[0].job.branch),
-                )
-                now = time.perf_counter()
-                plan = WavePlan(phase_index, wave, tuple(f.job for f, _ in finished))
-                state = graft(state, plan, [r for _, r in finished], phase.name, wave_wall_s=now - t_last)
-                state = await self.score(state)
-                t_last, wave = now, wave + 1
+                task = await done.get()
+                while True:
+                    finished.append((running.pop(task), task.result()))
+                    if done.empty():
+                        break
+                    task = done.get_nowait()
         finally:
             for t in running:
                 t.cancel()

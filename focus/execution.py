@@ -56,6 +56,15 @@ class Execution(BaseModel):
     #: (collection seed, tree, node, branch). The default, wave-synchronous mode is
     #: deterministic and unchanged.
     streaming: bool = False
+    #: Streaming mode: refill once this share of ``max_concurrency`` is free (planning
+    #: costs a pass over every tree, so not after every single rollout) ...
+    refill_fraction: float = Field(1 / 8, gt=0.0, le=1.0)
+    #: ... and graft finished rollouts once this multiple of ``max_concurrency`` has
+    #: piled up (may exceed 1: finished rollouts hold no slot). A graft re-ranks every
+    #: tree it touches, which costs in proportion to the tree, so grafting after every
+    #: rollout would cost more CPU than the rollouts; smaller values plan on fresher
+    #: trees, larger ones on fewer re-rankings (benchmarks/README.md, engine section).
+    graft_fraction: float = Field(1.0, gt=0.0)
     #: Whether this class runs streamed jobs the way it runs waves. A subclass that
     #: overrides :meth:`run` to send jobs elsewhere (Dask) does not stream through
     #: :meth:`launch` unless it says so.

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+# appended, not prepended: benchmarks/storage.py must not shadow the storage package
+if str(Path(__file__).resolve().parents[1] / "benchmarks") not in sys.path:
+    sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from simserver import PrefixCache, SimConfig, SimServerProcess, sample  # noqa: E402
 

@@ -23,7 +23,9 @@ from focus.search import InFlight, plan_refill, plan_wave, rollout_seed
 from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
 from focus.testing import run
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+# appended, not prepended: benchmarks/storage.py must not shadow the storage package
+if str(Path(__file__).resolve().parents[1] / "benchmarks") not in sys.path:
+    sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 BUDGET, CAP, MAX_BRANCHES, MAX_STEPS = 80, 6, 3, 20
 PHASES = (
