@@ -42,7 +42,9 @@ class _Jittery(SyntheticPolicy):
         return await super().sample(prompt_ids, params)
 
 
-def synthetic(*, streaming: bool, seed: int = 0, cap: int = CAP, phases=PHASES) -> tuple[Collector, list]:  # type: ignore[no-untyped-def]
+def synthetic(
+    *, streaming: bool, seed: int = 0, cap: int = CAP, phases=PHASES, graft: float = 1.0
+) -> tuple[Collector, list]:  # type: ignore[no-untyped-def]
     mdps = [SHAPES[s](i) for i, s in enumerate(["uniform", "critical", "long", "critical"])]
     agent = Agent(_Jittery(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=MAX_STEPS)
     col = Collector(
@@ -50,7 +52,7 @@ def synthetic(*, streaming: bool, seed: int = 0, cap: int = CAP, phases=PHASES) 
         Selective(phases=phases),
         SyntheticCritic(mdps, 0.1),
         DirectBranchTd(),
-        Execution(max_concurrency=cap, streaming=streaming),
+        Execution(max_concurrency=cap, streaming=streaming, graft_fraction=graft),
         collection_id="s",
         seed=seed,
     )
@@ -107,8 +109,11 @@ def _branches(state, ti: int, nid: int) -> int:  # type: ignore[no-untyped-def]
 # -- the collector loop on synthetic tasks ---------------------------------------------
 
 
-def test_streaming_collection_respects_budget_and_branch_limits_and_gives_a_valid_batch():
-    col, tasks = synthetic(streaming=True)
+@pytest.mark.parametrize("graft", [0.2, 1.0, 3.0])
+def test_streaming_collection_respects_budget_and_branch_limits_and_gives_a_valid_batch(graft: float):
+    """Grafting after every finished rollout, after a cap's worth, and after three: the
+    rollouts finished but not grafted count toward limits and budget like running ones."""
+    col, tasks = synthetic(streaming=True, graft=graft)
     state = run(col.run_search(tasks))
     batch = col.prepare(state)
     ev, cont = batch.stats["phases"]
@@ -198,7 +203,7 @@ def test_streaming_keeps_the_model_server_busy_over_http():
 
     from focus.toy import reach_target_tasks
 
-    slots, latency = 8, 0.02
+    slots, latency = 8, 0.05
     tasks = reach_target_tasks(16, seed=1, low=20, high=40)
     figures = {}
     with SimServerProcess(SimConfig(slots=slots, latency_s=latency, completion_tokens=3)) as server:
@@ -235,5 +240,6 @@ def test_streaming_keeps_the_model_server_busy_over_http():
             batch = col.prepare(state)
             assert batch.actor and all(r.logprobs and len(r.logprobs) == len(r.completion_ids) for r in batch.actor)
     # time-averaged requests in service / slots
-    assert figures[True] >= 0.75, figures
+    print("slot utilisation, waves / streaming:", figures)
+    assert figures[True] >= 0.8, figures
     assert figures[True] > figures[False], figures
