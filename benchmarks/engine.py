@@ -30,7 +30,7 @@ Figures, all from one run:
   ``n_workers=1``, against a server with slots to spare and a short latency, so the
   engine rather than the server limits throughput.
 
-    .venv/bin/python benchmarks/engine.py [--json out.json] [--small] [--profile]
+    .venv/bin/python benchmarks/engine.py [--json out.json] [--small] [--profile] [--no-streaming] [--no-dask]
 
 ``--small`` runs a tiny configuration in seconds, Dask workers as threads (used by
 tests/test_simserver.py; its scaling figure means nothing).
