@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from focus.policy import SamplingParams
 from focus.priority import Phase, Priority, Selective, Uniform
 
 if TYPE_CHECKING:
@@ -122,18 +123,13 @@ class EnvConfig(_Model):
         return self
 
 
-class SamplingConfig(_Model):
-    max_tokens: int = Field(48, gt=0)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-
-
 class AgentConfig(_Model):
     max_steps: int = Field(6, ge=1)
     context: Literal["segments", "append_only"] = "segments"
     branch_points: Literal["every", "sparse"] = "every"
     sparse_every: int = Field(2, ge=1)
-    sampling: SamplingConfig = SamplingConfig()
+    #: Sampling of one model response; the same model the library uses, so its fields are documented once.
+    sampling: SamplingParams = SamplingParams(max_tokens=48)
 
 
 def _default_phases() -> list[Phase]:
@@ -311,7 +307,6 @@ class FocusConfig(_Model):
         from focus.agent import Agent
         from focus.branching import EveryDecision, SparseCheckpoints
         from focus.context import AppendOnly, Segments
-        from focus.policy import SamplingParams
 
         env, fmt, tasks = self.build_env()
         a = self.agent
@@ -322,7 +317,7 @@ class FocusConfig(_Model):
             context=Segments() if a.context == "segments" else AppendOnly(),
             branch_points=EveryDecision() if a.branch_points == "every" else SparseCheckpoints(every=a.sparse_every),
             max_steps=a.max_steps,
-            sampling=SamplingParams(**a.sampling.model_dump()),
+            sampling=a.sampling,
         )
         return agent, tasks
 
