@@ -49,6 +49,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from focus.backends.local import stop_process
+
 DIGITS = tuple(range(ord("1"), ord("9") + 1))
 DIGIT_LOGPROB = -math.log(len(DIGITS))
 STOP_LOGPROB = -0.05
@@ -382,13 +384,7 @@ class SimServerProcess:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop_process(proc)
         if self._log is not None:
             self._log.close()
             self._log = None

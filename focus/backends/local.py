@@ -25,6 +25,18 @@ import httpx
 from focus.policy import PolicyError
 
 
+def stop_process(proc: subprocess.Popen[Any] | None, timeout_s: float = 5.0) -> None:
+    """Terminate a server process we started, then kill it if it does not exit in time."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout_s)
+
+
 class LocalModelServer:
     """Context manager around the tiny model's HTTP server.
 
@@ -124,13 +136,7 @@ class LocalModelServer:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop_process(proc)
         if self._log is not None:
             self._log.close()
             self._log = None
