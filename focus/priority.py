@@ -34,6 +34,10 @@ class Phase(BaseModel):
     * ``wave_size``: continuations launched per wave (re-ranked between waves).
     * ``max_branches``: most continuations started from one checkpoint (all phases).
     * ``max_depth``: deepest checkpoint continued (root = 0; 0 means root only).
+
+    With ``Execution(streaming=True)`` a continuation phase has no wave barriers: the
+    collector refills free slots as rollouts finish (``wave_size`` is then unused), so
+    the model service never drains between waves, at the price of per-wave resume.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
