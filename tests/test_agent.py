@@ -119,3 +119,29 @@ def test_append_only_renders_same_ids_as_segments_for_byte_codec():
         )
         outs.append([t.prompt_ids for t in run(agent.rollout(run(agent.start(TASK)), seed=0)).turns])
     assert outs[0] == outs[1]
+
+
+def test_summarize_compacts_with_the_summary_ids_verbatim_and_no_transition():
+    from focus.context import Summarize
+
+    codec = ByteCodec()
+    policy = ScriptedPolicy([CALL, CALL, "SUMMARY-\xff", "<answer>42</answer>"], codec)
+    agent = Agent(policy, make_env(), PolicyFormat(codec, XmlToolCallParser()),
+                  context=Summarize(max_prompt_tokens=400, train_on_summary=True), branch_points=EveryDecision(),
+                  max_steps=10)
+    root = run(agent.start(TASK))
+    assert len(root.context.prompt_ids) < 400
+    ro = run(agent.rollout(root, seed=0))
+    kinds = [t.kind for t in ro.turns]
+    assert kinds == ["action", "action", "compaction", "action"], kinds
+    comp, after = ro.turns[2], ro.turns[3]
+    assert not comp.transition and comp.loss_mask == 1  # train_on_summary
+    # the compaction prompt asks for a summary of the full context
+    assert comp.prompt_ids[: len(ro.turns[1].prompt_ids)] == ro.turns[1].prompt_ids
+    # the next prompt restarts from the opening messages and carries the summary ids verbatim
+    opening = codec.render(root.context.opening, add_generation_prompt=False)
+    assert after.prompt_ids[: len(opening)] == tuple(opening)
+    start = after.prompt_ids.index(codec.ASSISTANT, len(opening))
+    assert after.prompt_ids[start + 1 : start + 1 + len(comp.completion_ids)] == comp.completion_ids
+    assert len(after.prompt_ids) < len(comp.prompt_ids)
+    assert ro.leaf.kind == "terminal" and sum(t.transition for t in ro.turns) == 3
