@@ -11,8 +11,7 @@ Names load on first use: importing this package imports neither torch nor tinker
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from focus._lazy import lazy_exports
 
 _EXPORTS = {
     "HttpConfig": "focus.backends.http",
@@ -26,14 +25,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'focus.backends' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
