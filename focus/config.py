@@ -23,7 +23,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -70,7 +70,28 @@ def import_object(path: str) -> Any:
     return obj
 
 
-class ModelConfig(_Model):
+class _Pluggable(_Model):
+    """A section whose ``kind="factory"`` names a callable by import path, given ``options``."""
+
+    _section: ClassVar[str]
+    factory: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("factory")
+    @classmethod
+    def _check_factory(cls, v: str | None) -> str | None:
+        return _check_import_path(v)
+
+    @model_validator(mode="after")
+    def _needs_factory(self) -> _Pluggable:
+        if getattr(self, "kind", None) == "factory" and not self.factory:
+            raise ValueError(
+                f"{self._section}.factory (an import path) is required when {self._section}.kind is 'factory'"
+            )
+        return self
+
+
+class ModelConfig(_Pluggable):
     """The policy's model service.
 
     ``local`` with no ``url`` starts the embedded tiny model on loopback for the run;
@@ -78,49 +99,29 @@ class ModelConfig(_Model):
     ``options`` as keyword arguments), for services FOCUS has no backend for.
     """
 
+    _section: ClassVar[str] = "model"
     kind: Literal["local", "openai", "sglang", "tinker", "factory"] = "local"
     url: str | None = None
     model: str | None = None
     weights: str | None = None
-    factory: str | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
     policy_version: str | None = None
-
-    @field_validator("factory")
-    @classmethod
-    def _check_factory(cls, v: str | None) -> str | None:
-        return _check_import_path(v)
 
     @model_validator(mode="after")
     def _needs(self) -> ModelConfig:
         if self.kind in ("openai", "sglang") and not self.url:
             raise ValueError(f"model.url is required when model.kind is {self.kind!r}")
-        if self.kind == "factory" and not self.factory:
-            raise ValueError("model.factory (an import path) is required when model.kind is 'factory'")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"model.url {self.url!r} must start with http:// or https://")
         return self
 
 
-class EnvConfig(_Model):
+class EnvConfig(_Pluggable):
     """The task set: the embedded toy task, or a factory returning ``(env, format, tasks)``."""
 
+    _section: ClassVar[str] = "env"
     kind: Literal["reach_target", "factory"] = "reach_target"
     n_tasks: int = Field(8, gt=0)
     task_seed: int = 0
-    factory: str | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("factory")
-    @classmethod
-    def _check_factory(cls, v: str | None) -> str | None:
-        return _check_import_path(v)
-
-    @model_validator(mode="after")
-    def _needs(self) -> EnvConfig:
-        if self.kind == "factory" and not self.factory:
-            raise ValueError("env.factory (an import path) is required when env.kind is 'factory'")
-        return self
 
 
 class AgentConfig(_Model):
@@ -153,17 +154,11 @@ class SearchConfig(_Model):
         return cls(phases=tuple(self.phases), kappa=self.kappa)
 
 
-class CriticConfig(_Model):
+class CriticConfig(_Pluggable):
+    _section: ClassVar[str] = "critic"
     kind: Literal["constant", "http", "local", "factory"] = "constant"
     value: float = 0.5
     url: str | None = None
-    factory: str | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("factory")
-    @classmethod
-    def _check_factory(cls, v: str | None) -> str | None:
-        return _check_import_path(v)
 
     @model_validator(mode="after")
     def _needs(self) -> CriticConfig:
@@ -171,8 +166,6 @@ class CriticConfig(_Model):
             raise ValueError("critic.url is required when critic.kind is 'http'")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"critic.url {self.url!r} must start with http:// or https://")
-        if self.kind == "factory" and not self.factory:
-            raise ValueError("critic.factory (an import path) is required when critic.kind is 'factory'")
         return self
 
 
