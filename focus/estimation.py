@@ -201,18 +201,21 @@ class Estimator(BaseModel, abc.ABC):
         """``{edge_id: advantage}`` for the segments that get a learning signal."""
 
 
+def _segment_td(edges: Sequence[Edge], value: Mapping[int, float | None], gamma: float) -> dict[int, float]:
+    """``r(e) + γ^k(e) V(c) − V(p)`` for each segment whose two ends have a value."""
+    out: dict[int, float] = {}
+    for e in edges:
+        vc, vp = value.get(e.child), value.get(e.parent)
+        if vc is not None and vp is not None:
+            out[e.id] = e.discounted_reward(gamma) + gamma**e.k * vc - vp
+    return out
+
+
 class DirectBranchTd(Estimator):
     """Segment TD advantage over refined values: ``A(e) = r(e) + γ^k V(c) − V(p)``."""
 
     def advantages(self, edges: Sequence[Edge], values: TreeValues) -> dict[int, float]:
-        out: dict[int, float] = {}
-        g = values.gamma
-        for e in edges:
-            vc, vp = values.value.get(e.child), values.value.get(e.parent)
-            if vc is None or vp is None:
-                continue
-            out[e.id] = e.discounted_reward(g) + g**e.k * vc - vp
-        return out
+        return _segment_td(edges, values.value, values.gamma)
 
 
 class GroupNormalized(Estimator):
@@ -247,14 +250,7 @@ class NodeMonteCarlo(Estimator):
     favoured (the reason DirectBranchTd backs up through children instead)."""
 
     def advantages(self, edges: Sequence[Edge], values: TreeValues) -> dict[int, float]:
-        out: dict[int, float] = {}
-        g = values.gamma
-        for e in edges:
-            vc, vp = values.mc.get(e.child), values.mc.get(e.parent)
-            if vc is None or vp is None:
-                continue
-            out[e.id] = e.discounted_reward(g) + g**e.k * vc - vp
-        return out
+        return _segment_td(edges, values.mc, values.gamma)
 
 
 @dataclass(frozen=True)
