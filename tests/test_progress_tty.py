@@ -1,0 +1,235 @@
+"""Issue #5: progress of long phases - a rich bar on a terminal, log lines elsewhere.
+
+The CLI tests run the real ``focus collect`` (the local model server on loopback, the
+session's Prefect server) once under a pseudo-terminal and once with its output on
+pipes, and check the figures shown against the batch read back with ``focus inspect``.
+The unit test drives :class:`CollectionProgress` with a fake clock on a forced-terminal
+console to check the arithmetic of each figure.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+from io import StringIO
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from fixtures.prefect import kill_tree
+from rich.console import Console
+from typer.testing import CliRunner
+
+import focus.progress as progress_mod
+from focus.cli import app
+from focus.priority import Phase
+from focus.progress import CollectionProgress
+
+BUDGET = 12
+WAVE_SIZE = 2
+COLUMNS, LINES = 160, 40
+#: CSI sequences (colours, cursor, erase) and OSC sequences (titles, links).
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][0-9A-Za-z]")
+BAR = re.compile(r"1\.continue\s.*?(\d+)/(\d+) transitions ([\d.]+) transitions/s, (\d+) tokens/s, budget left (\d+)")
+LOG_LINE = re.compile(
+    r"1\.continue wave (\d+): (\d+) transitions, ([\d.]+) transitions/s, (\d+) tokens/s, budget left (\d+)"
+)
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI.sub("", text)
+
+
+def _command(tmp_path: Path, cid: str) -> list[str]:
+    """A small embedded-default collection (test_cli's), in-process rollouts, several waves."""
+    cmd = [sys.executable, "-m", "focus.cli", "collect", "--tasks", "2", "--transitions", str(BUDGET)]
+    cmd += ["--collection-id", cid, "--local", "--store", str(tmp_path / "runs"), "--json"]
+    for s in ("agent.sampling.max_tokens=8", "agent.max_steps=4", f"search.phases.1.wave_size={WAVE_SIZE}"):
+        cmd += ["--set", s]
+    return cmd
+
+
+def _env(prefect_env: dict[str, str], **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in prefect_env.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    env.update(COLUMNS=str(COLUMNS), LINES=str(LINES), TERM="xterm-256color", **extra)
+    return env
+
+
+def _run_in_pty(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float) -> tuple[int, bytes]:
+    """Run ``cmd`` with stdout and stderr on a pseudo-terminal; everything it wrote."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", LINES, COLUMNS, 0, 0))
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, start_new_session=True
+    )
+    os.close(slave)
+    out = bytearray()
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"focus collect did not finish in {timeout} s; output:\n{out[-3000:]!r}")
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every holder of the slave side has closed it
+                break
+            if not chunk:
+                break
+            out += chunk
+        return proc.wait(timeout=30), bytes(out)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            kill_tree(proc)
+
+
+def _inspect(url: str) -> dict[str, Any]:
+    done = CliRunner().invoke(app, ["inspect", url, "--json"])
+    assert done.exit_code == 0, done.output
+    return dict(json.loads(done.output))
+
+
+def _result_json(text: str) -> dict[str, Any]:
+    line = [ln for ln in text.splitlines() if ln.startswith('{"collection_id"')][-1]
+    return dict(json.loads(line))
+
+
+@pytest.mark.timeout(150)
+def test_collect_on_a_terminal_shows_the_rich_bar(tmp_path, prefect_env):
+    code, raw = _run_in_pty(_command(tmp_path, "tty"), _env(prefect_env), tmp_path, timeout=120)
+    text = raw.decode("utf-8", errors="replace")
+    assert code == 0, text[-3000:]
+    assert "\x1b[?25l" in text and "\x1b[2K" in text, "no live display (cursor hidden, line redrawn)"
+    plain = strip_ansi(text)
+    frames = [m.groups() for m in BAR.finditer(plain)]
+    assert len(frames) >= 2, plain[-3000:]
+    done = [int(f[0]) for f in frames]
+    assert done == sorted(done), f"the bar went backwards: {done}"
+    assert {int(f[1]) for f in frames} == {BUDGET}
+
+    phase = _inspect(_result_json(plain)["batch_url"])["phases"][1]
+    assert phase["name"] == "continue" and phase["transition_budget"] == BUDGET
+    final_t, _, rate_t, rate_k, left = frames[-1]
+    # the bar counts what the phase used, which may pass the budget (running rollouts finish)
+    assert int(final_t) == phase["transitions"] >= BUDGET
+    assert int(left) == max(BUDGET - phase["transitions"], 0)
+    # both rates are over the same wall time: their ratio is the phase's tokens per transition
+    assert float(rate_t) > 0 and int(rate_k) > 0
+    ratio = phase["tokens"] / phase["transitions"]
+    assert abs(int(rate_k) - float(rate_t) * ratio) <= 0.5 + 0.05 * ratio + 1e-9, (rate_t, rate_k, ratio)
+    # the rate is over the phase's wall time, which includes the waves' own wall time
+    assert float(rate_t) <= phase["transitions"] / phase["wall_s"] * 1.01
+
+
+@pytest.mark.timeout(150)
+def test_collect_into_a_pipe_logs_lines_without_control_sequences(tmp_path, prefect_env):
+    env = _env(prefect_env, PREFECT_LOGGING_LEVEL="INFO")
+    done = subprocess.run(_command(tmp_path, "pipe"), cwd=tmp_path, env=env, capture_output=True, timeout=120)
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0, out[-2000:] + err[-3000:]
+    assert "\x1b" not in out and "\x1b" not in err, "control sequences in a pipe"
+    assert "━" not in out + err, "a progress bar drawn into a pipe"
+    lines = [m.groups() for m in LOG_LINE.finditer(err)]
+    phase = _inspect(_result_json(out)["batch_url"])["phases"][1]
+    # one line per measured wave (the last planned wave is empty: the phase's end)
+    assert [int(g[0]) for g in lines] == list(range(phase["waves"])), err[-3000:]
+    used = [int(g[1]) for g in lines]
+    assert used == sorted(used) and used[-1] == phase["transitions"]
+    assert [int(g[4]) for g in lines] == [max(BUDGET - u, 0) for u in used]
+    assert all(float(g[2]) > 0 for g in lines)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def _final_frame(console: Console) -> str:
+    text = strip_ansi(console.file.getvalue())  # type: ignore[attr-defined]
+    return [ln for ln in re.split(r"[\r\n]", text) if "transitions" in ln][-1]
+
+
+def test_figures_after_wave_records(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(progress_mod, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    console = Console(file=StringIO(), force_terminal=True, width=200, color_system="truecolor")
+    log = SimpleNamespace(info=lambda *a: pytest.fail(f"logged on a terminal: {a}"))
+    with CollectionProgress(None, log=log, console=console) as progress:
+        assert progress.interactive
+        progress.start_phase(1, Phase("continue", transitions=100))
+        clock.now += 2.0
+        line = progress.wave_done({"wave": 0, "phase_transitions": 30, "phase_tokens": 900})
+        assert line == "1.continue wave 0: 30 transitions, 15.0 transitions/s, 450 tokens/s, budget left 70"
+        assert progress.wave_done({"wave": 1, "reused": True}) == ""  # not measured: nothing shown
+        clock.now += 3.0
+        line = progress.wave_done({"wave": 2, "phase_transitions": 110, "phase_tokens": 2000})
+        # over the phase's 5 s; the phase ran past its budget (nothing left, not negative)
+        assert line.endswith("110 transitions, 22.0 transitions/s, 400 tokens/s, budget left 0")
+    frame = _final_frame(console)
+    assert "1.continue" in frame and "110/100 transitions" in frame
+    assert "22.0 transitions/s, 400 tokens/s, budget left 0" in frame
+
+
+def test_resumed_phase_takes_its_first_measured_wave_as_the_baseline(monkeypatch):
+    """Reused waves' transitions are in the first measured total: counting them over this
+    process's time would report a rate the phase never had."""
+    clock = _Clock()
+    monkeypatch.setattr(progress_mod, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    console = Console(file=StringIO(), force_terminal=True, width=200)
+    with CollectionProgress(None, console=console) as progress:
+        progress.start_phase(2, Phase("deep", transitions=50))
+        assert progress.wave_done({"wave": 0, "reused": True}) == ""
+        clock.now += 0.5
+        first = progress.wave_done({"wave": 1, "phase_transitions": 40, "phase_tokens": 400})
+        assert first == "2.deep wave 1: 40 transitions, rates from the next wave (resumed), budget left 10"
+        clock.now += 2.0
+        second = progress.wave_done({"wave": 2, "phase_transitions": 50, "phase_tokens": 500})
+        assert second == "2.deep wave 2: 50 transitions, 5.0 transitions/s, 50 tokens/s, budget left 0"
+    assert "50/50 transitions 5.0 transitions/s" in _final_frame(console)
+
+
+def test_not_a_terminal_logs_lines_and_draws_nothing():
+    console = Console(file=StringIO(), force_terminal=False)
+    logged: list[str] = []
+    with CollectionProgress(None, log=SimpleNamespace(info=logged.append), console=console) as progress:
+        assert not progress.interactive
+        progress.start_phase(1, Phase("continue", transitions=10))
+        line = progress.wave_done({"wave": 0, "phase_transitions": 4, "phase_tokens": 8})
+    assert logged == [line] == progress.lines and line.endswith("budget left 6")
+    assert console.file.getvalue() == ""  # type: ignore[attr-defined]
+
+
+def test_disabled_shows_and_logs_nothing():
+    console = Console(file=StringIO(), force_terminal=True)
+    logged: list[str] = []
+    with CollectionProgress(None, enabled=False, log=SimpleNamespace(info=logged.append), console=console) as p:
+        p.start_phase(1, Phase("continue", transitions=10))
+        p.wave_done({"wave": 0, "phase_transitions": 4, "phase_tokens": 8})
+    assert logged == [] and console.file.getvalue() == ""  # type: ignore[attr-defined]
+
+
+def test_dumb_terminal_gets_lines_not_a_bar(monkeypatch):
+    """rich cannot redraw on TERM=dumb; a bar would appear only at the end."""
+    monkeypatch.setenv("TERM", "dumb")
+    console = Console(file=StringIO(), force_terminal=True)
+    logged: list[str] = []
+    with CollectionProgress(None, log=SimpleNamespace(info=logged.append), console=console) as progress:
+        progress.start_phase(1, Phase("continue", transitions=10))
+        progress.wave_done({"wave": 0, "phase_transitions": 4, "phase_tokens": 8})
+    assert not progress.interactive and len(logged) == 1
