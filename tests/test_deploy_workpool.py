@@ -1,0 +1,206 @@
+"""The ``deployments/prefect.yaml`` path against a real Prefect server: a process work
+pool, ``prefect deploy --all``, the two deployments with their schedules, and a run of
+the manual deployment (the Run button's call, with a config parameter) picked up by
+``prefect worker start`` and completed with its batch in storage.
+
+tests/test_deploy.py covers the ``deployments/serve.py`` path; this one covers what an
+operator does with a work pool. The CLI runs as subprocesses with the session server's
+environment (its own PREFECT_HOME); the worker is started in its own session and killed
+by PID. The deployments and the pool are deleted afterwards, so the ``collect/...``
+names are free again for other tests that use the same server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+import pytest
+from fixtures.prefect import ROOT, kill_tree
+
+from storage import BatchStore
+
+pytestmark = pytest.mark.timeout(120)
+
+YAML = ROOT / "deployments" / "prefect.yaml"
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+NAMES = ("collect/scheduled", "collect/manual")
+
+
+def toy_config(root: Path) -> dict[str, Any]:
+    """A small collection of the embedded toy task with the digit policy: the test
+    measures the deployment path, not the model, so the run takes a few seconds."""
+    return {
+        "seed": 5,
+        "progress": False,
+        "model": {"kind": "factory", "factory": "fixtures.prefect:digit_policy"},
+        "env": {"n_tasks": 2},
+        "search": {
+            "phases": [
+                {"name": "evidence", "rollouts_per_task": 2},
+                {"name": "continue", "transitions": 6, "wave_size": 3},
+            ]
+        },
+        "execution": {"kind": "local"},
+        "storage": {"root": str(root)},
+    }
+
+
+def cli(
+    args: list[str], env: dict[str, str], timeout: float = 90, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run a ``prefect`` CLI command from the repository root; fail with its output."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=True,
+    )
+    assert proc.returncode == 0 or not check, (
+        f"prefect {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    )
+    return proc
+
+
+async def _forget(pool: str) -> None:
+    """Delete the yaml's deployments (their scheduled runs go with them) and the pool."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    async with get_client() as client:
+        for name in NAMES:
+            try:
+                await client.delete_deployment((await client.read_deployment_by_name(name)).id)
+            except ObjectNotFound:
+                pass
+        try:
+            await client.delete_work_pool(pool)
+        except ObjectNotFound:
+            pass
+
+
+@pytest.fixture
+def deployed(prefect_api: str, prefect_env: dict[str, str]) -> Iterator[tuple[str, dict[str, str]]]:
+    """A fresh process work pool with the yaml's deployments in it: (pool, worker env)."""
+    pool = f"focus-test-{uuid.uuid4().hex[:8]}"
+    # FOCUS_WORK_POOL is read by `prefect deploy`; FOCUS_PROJECT_DIR is left to the worker,
+    # where each flow run's pull step reads it (set at deploy time, it would be stored)
+    env = {**prefect_env, "FOCUS_WORK_POOL": pool}
+    try:
+        cli(["work-pool", "create", pool, "--type", "process"], env)
+        cli(["deploy", "--all", "--prefect-file", str(YAML)], env)
+        yield pool, {**env, "FOCUS_PROJECT_DIR": str(ROOT)}
+    finally:
+        asyncio.run(_forget(pool))
+
+
+async def _wait_final(client: Any, run_id: Any, worker: subprocess.Popen, log: Path, timeout: float = 90) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        run = await client.read_flow_run(run_id)
+        if run.state_type.value in FINAL:
+            return run
+        if worker.poll() is not None:
+            raise AssertionError(f"worker exited with {worker.returncode}: {log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"flow run stayed {run.state_type.value}; worker log: {log.read_text()[-3000:]}")
+        await asyncio.sleep(0.3)
+
+
+async def _deploy_and_run(pool: str, env: dict[str, str], store: Path, tmp_path: Path) -> Any:
+    """Check the deployments, start the manual one with a config, let a worker run it."""
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        scheduled = await client.read_deployment_by_name("collect/scheduled")
+        manual = await client.read_deployment_by_name("collect/manual")
+        assert scheduled.work_pool_name == pool and manual.work_pool_name == pool
+        assert scheduled.entrypoint == manual.entrypoint == "flows/collect.py:collect"
+        assert [s.schedule.cron for s in scheduled.schedules] == ["0 * * * *"]
+        assert all(s.active for s in scheduled.schedules)
+        assert manual.schedules == []
+        assert scheduled.parameters == {"config": {"storage": {"root": "runs"}}} and manual.parameters == {}
+        # the pull step is stored unresolved: the worker's FOCUS_PROJECT_DIR decides at run time
+        assert manual.pull_steps == [
+            {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $FOCUS_PROJECT_DIR }}"}}
+        ]
+        # near the top of the hour the scheduler would hand this pool an hourly run with the
+        # default (heavy) config: drop the scheduled deployment before a worker starts
+        await client.delete_deployment(scheduled.id)
+
+        # the Run button: a flow run of the deployment with an edited config parameter
+        run = await client.create_flow_run_from_deployment(manual.id, parameters={"config": toy_config(store)})
+        log = tmp_path / "worker.log"
+        with open(log, "wb") as out:
+            # cwd is not the project: the pull step must move the flow run there
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
+                env=env,
+                cwd=tmp_path,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                done = await _wait_final(client, run.id, worker, log)
+            finally:
+                kill_tree(worker)
+        assert done.state_type.value == "COMPLETED", log.read_text()[-3000:]
+        assert done.deployment_id == manual.id and done.work_pool_name == pool
+
+        # the flow's return value is not persisted; its batch URL is in the stats artifact
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+        arts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[done.id]))
+        )
+        return done, [a for a in arts if (a.key or "").endswith("-stats")]
+
+
+def test_prefect_yaml_work_pool_deploys_and_runs(deployed, tmp_path):
+    pool, env = deployed
+    store = tmp_path / "store"
+    done, stats_artifacts = asyncio.run(_deploy_and_run(pool, env, store, tmp_path))
+
+    assert len(stats_artifacts) == 1
+    data = stats_artifacts[0].data
+    stats = {r["statistic"]: r["value"] for r in (json.loads(data) if isinstance(data, str) else data)}
+    # a run without a collection id gets one from its flow run: name and id prefix
+    cid = f"{done.name}-{str(done.id)[:8]}"
+    batch_url = BatchStore(str(store)).url_for(cid, 0)
+    assert stats["batch_url"] == batch_url
+
+    # the batch, read back from its Parquet files by DuckDB and polars
+    path = Path(batch_url.removeprefix("file://"))
+    assert batch_url.startswith("file://") and (path / "_manifest.json").is_file()
+    with duckdb.connect() as db:
+        rows, cids, tasks = db.execute(
+            "select count(*), count(distinct collection_id), count(distinct task_id) "
+            f"from read_parquet('{path}/actor/*.parquet')"
+        ).fetchone()
+    assert rows > 0 and cids == 1 and tasks == 2
+    actor = pl.read_parquet(path / "actor" / "*.parquet")
+    assert actor["collection_id"].unique().to_list() == [cid]
+    assert (actor["completion_ids"].list.len() == actor["logprobs"].list.len()).all()
+    assert pl.read_parquet(path / "critic" / "*.parquet").height > 0
+
+
+def test_prefect_yaml_without_pool_variable_fails_naming_it(prefect_env):
+    """Prefect's templating has no defaults: an unset FOCUS_WORK_POOL must stop the deploy
+    with an error that names the unresolved pool, not register deployments nobody runs."""
+    proc = cli(["deploy", "--all", "--prefect-file", str(YAML)], prefect_env, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "{{ $FOCUS_WORK_POOL }}" in out and "does not exist" in out, out
