@@ -51,15 +51,39 @@ def fast_policy(**options: Any) -> FastDigits:
     return FastDigits(**options)
 
 
-def config(root: str, cid: str, transitions: int, latency_s: float) -> FocusConfig:
+def model_overrides(service_url: str | None, latency_s: float) -> dict[str, Any]:
+    """The simulated model service over HTTP, or (no URL) the in-process digit policy."""
+    if service_url:
+        return {
+            "model.kind": "factory",
+            "model.factory": "orchestration:service_policy",
+            "model.options": {"url": service_url},
+            "agent.sampling": {"max_tokens": 8},
+        }
+    return {
+        "model.kind": "factory",
+        "model.factory": "orchestration:fast_policy",
+        "model.options": {"latency_s": latency_s},
+    }
+
+
+def service_policy(url: str) -> Policy:
+    """A vLLM-style client of the simulated service, as many calls in flight as jobs."""
+    from focus.backends import OpenAICompatPolicy
+    from focus.backends.http import HttpConfig
+
+    return OpenAICompatPolicy(
+        url, config=HttpConfig(max_concurrency=256, timeout_s=120.0), vocab_size=ByteCodec.vocab_size
+    )
+
+
+def config(root: str, cid: str, transitions: int, model: dict[str, Any]) -> FocusConfig:
     n_tasks = 64
     return load_config(
         overrides={
             "collection_id": cid,
             "seed": 1,
-            "model.kind": "factory",
-            "model.factory": "orchestration:fast_policy",
-            "model.options": {"latency_s": latency_s},
+            **model,
             "env.n_tasks": n_tasks,
             "agent.max_steps": 8,
             "search.phases": [
@@ -75,12 +99,26 @@ def config(root: str, cid: str, transitions: int, latency_s: float) -> FocusConf
     )
 
 
-def direct(cfg: FocusConfig) -> tuple[float, Any]:
+def direct(cfg: FocusConfig) -> tuple[float, float, Any]:
+    """``Collector.collect()`` then writing its batch, as a script without the pipeline
+    would: seconds collecting, seconds writing, and the batch."""
+    from storage import BatchStore
+
+    out: list[Any] = []
+
+    async def go() -> None:
+        policy = cfg.build_policy()
+        try:
+            agent, tasks = cfg.build_agent(policy)
+            out.append(await cfg.build_collector(agent).collect(tasks))
+        finally:
+            await policy.aclose()
+
     t0 = time.perf_counter()
-    policy = cfg.build_policy()
-    agent, tasks = cfg.build_agent(policy)
-    batch = asyncio.run(cfg.build_collector(agent).collect(tasks))
-    return time.perf_counter() - t0, batch
+    asyncio.run(go())  # the batch leaves through a list: see tasks/runtime.py on asyncio.run
+    t1 = time.perf_counter()
+    BatchStore(cfg.storage.root).write(out[0])
+    return t1 - t0, time.perf_counter() - t1, out[0]
 
 
 def through_flow(cfg: FocusConfig) -> tuple[float, Any, int]:
@@ -106,10 +144,50 @@ def same_batch(a: Any, b: Any) -> bool:
     return key(a) == key(b)
 
 
+def measure(tmp: str, model: dict[str, Any], repeats: int, suffix: str) -> dict[str, Any]:
+    """Both paths at both sizes against one policy; figures keyed ``<name>_<size><suffix>``."""
+    figures: dict[str, Any] = {}
+    through_flow(config(f"{tmp}/warm{suffix}", f"warmup{suffix}", 64, model))  # API up, imports done
+    for label, budget in (("2k", 1_700), ("10k", 9_700)):
+        runs = []
+        for r in range(repeats):
+            c, w, d_batch = direct(config(f"{tmp}/d", f"d{label}{r}{suffix}", budget, model))
+            f, f_batch, steps = through_flow(config(f"{tmp}/f{r}", f"f{label}{r}{suffix}", budget, model))
+            assert same_batch(d_batch, f_batch), f"{label}{suffix}: the flow's batch differs from the direct one"
+            runs.append((c, w, f))
+        c, w, f = min(runs, key=lambda x: x[2] / (x[0] + x[1]))[:3] if repeats > 1 else runs[0]
+        key = f"{label}{suffix}"
+        figures.update(
+            {
+                f"transitions_{key}": int(d_batch.stats["transitions"]),
+                f"flow_steps_{key}": steps,
+                f"direct_collect_s_{key}": round(c, 3),
+                f"direct_write_s_{key}": round(w, 3),
+                f"direct_s_{key}": round(c + w, 3),
+                f"flow_s_{key}": round(f, 3),
+                f"overhead_s_{key}": round(f - c - w, 3),
+                f"overhead_ratio_{key}": round(f / (c + w), 3),
+                f"overhead_ratio_vs_collect_only_{key}": round(f / c, 3),
+            }
+        )
+        print(
+            f"{key}: {figures[f'transitions_{key}']} transitions, direct {c:.2f} s + write {w:.2f} s, "
+            f"flow {f:.2f} s ({steps} steps), ratio {f / (c + w):.3f} ({f / c:.3f} against collecting alone)"
+        )
+    return figures
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None, help="write every figure here")
-    ap.add_argument("--latency-ms", type=float, default=2.0, help="simulated model latency per call")
+    ap.add_argument(
+        "--policy",
+        choices=("both", "service", "inprocess"),
+        default="both",
+        help="the simulated HTTP model service (the headline figures), the in-process digit policy, or both",
+    )
+    ap.add_argument("--service-latency-s", type=float, default=0.2, help="seconds per call of the simulated service")
+    ap.add_argument("--latency-ms", type=float, default=2.0, help="latency per call of the in-process policy")
     ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args(argv)
     os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -118,30 +196,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not os.environ.get("PREFECT_API_URL"):
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_ENABLED", "true")
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    lat = args.latency_ms / 1000
-    figures: dict[str, Any] = {"latency_ms": args.latency_ms, "repeats": args.repeats}
+    figures: dict[str, Any] = {
+        "repeats": args.repeats,
+        "service_latency_s": args.service_latency_s,
+        "inprocess_latency_ms": args.latency_ms,
+        "cpu_count": os.cpu_count(),
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        through_flow(config(f"{tmp}/warm", "warmup", 64, lat))  # start the API before timing
-        for label, budget in (("2k", 1_700), ("10k", 9_700)):
-            d_times, f_times = [], []
-            for r in range(args.repeats):
-                d, d_batch = direct(config(f"{tmp}/d", f"d{label}{r}", budget, lat))
-                f, f_batch, steps = through_flow(config(f"{tmp}/f{r}", f"f{label}{r}", budget, lat))
-                d_tr = int(d_batch.stats["transitions"])
-                assert same_batch(d_batch, f_batch), f"{label}: the flow's batch differs from the direct one"
-                d_times.append(d)
-                f_times.append(f)
-            d, f = min(d_times), min(f_times)
-            figures.update(
-                {
-                    f"transitions_{label}": d_tr,
-                    f"flow_steps_{label}": steps,
-                    f"direct_s_{label}": round(d, 3),
-                    f"flow_s_{label}": round(f, 3),
-                    f"overhead_ratio_{label}": round(f / d, 3),
-                }
-            )
-            print(f"{label}: {d_tr} transitions, direct {d:.2f} s, flow {f:.2f} s ({steps} steps), ratio {f / d:.3f}")
+        if args.policy in ("both", "service"):
+            from simserver import SimConfig, SimServerProcess
+
+            sim = SimConfig(slots=256, latency_s=args.service_latency_s, completion_tokens=2)
+            with SimServerProcess(sim) as server:
+                figures.update(measure(tmp, model_overrides(server.url, 0.0), args.repeats, ""))
+        if args.policy in ("both", "inprocess"):
+            figures.update(measure(tmp, model_overrides(None, args.latency_ms / 1000), args.repeats, "_inprocess"))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return figures

@@ -45,7 +45,9 @@ class Execution(BaseModel):
     #: branch states: most of the heap) out of cyclic garbage collection, and put them
     #: back afterwards. Each full collection otherwise walks every node and turn of every
     #: tree, stalling the event loop for up to half a second while serving slots sit
-    #: idle (measured in benchmarks/engine.py). Skipped if the caller froze objects itself.
+    #: idle (measured in benchmarks/engine.py). Skipped if the caller froze objects itself;
+    #: finding that out walks every frozen object (``gc.get_freeze_count`` counts a
+    #: list), so a caller that keeps objects frozen across waves passes ``False``.
     freeze_gc: bool = True
     #: Opt-in: continuation phases keep ``max_concurrency`` rollouts in flight instead
     #: of running in waves, so the model service does not drain while a wave's slowest

@@ -22,7 +22,12 @@ from tasks.steps import Handoff, Key, Steps
 
 
 def make_execution(ex: ExecutionConfig) -> Any:
-    """The execution service a step runs its rollouts on."""
+    """The execution service a step runs its rollouts on.
+
+    ``freeze_gc`` is off: the step's :class:`tasks.runtime.Runtime` keeps the search
+    state out of garbage collection for the whole flow run, and the execution service
+    checking for that itself would walk every frozen object once per wave.
+    """
     if ex.kind == "dask":
         from focus.dask_execution import DaskExecution
 
@@ -33,10 +38,11 @@ def make_execution(ex: ExecutionConfig) -> Any:
             processes=ex.processes,
             shard_size=ex.shard_size,
             max_concurrency=ex.max_concurrency,
+            freeze_gc=False,
         )
     from focus.execution import Execution
 
-    return Execution(max_concurrency=ex.max_concurrency)
+    return Execution(max_concurrency=ex.max_concurrency, freeze_gc=False)
 
 
 def steps_for(config: FocusConfig, handoff: Handoff | None = None) -> Steps:

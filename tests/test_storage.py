@@ -456,3 +456,34 @@ def test_checkpoint_bad_input(tmp_path):
 class _Unpicklable:
     def __reduce__(self):
         raise RuntimeError("holds a socket")
+
+
+def test_checkpoint_of_main_classes_and_lambdas_loads_in_another_process(tmp_path):
+    """The standard pickler stores classes by reference; a class of ``__main__`` or a
+    lambda would not resolve in a resumed process, so those go by value (cloudpickle)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        from dataclasses import dataclass
+        from storage import CheckpointStore
+
+        @dataclass
+        class Point:
+            x: int
+
+        store = CheckpointStore({str(tmp_path)!r})
+        store.save("c", "main", 0, {{"p": Point(3), "f": lambda v: v + 1}})
+        store.save("c", "plain", 0, {{"trees": list(range(5))}})
+        """
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=root, env={**os.environ, "PYTHONPATH": root})
+    store = CheckpointStore(tmp_path)
+    got = store.load("c", "main", 0)
+    assert got["p"].x == 3 and got["f"](1) == 2
+    assert store.load("c", "plain", 0) == {"trees": [0, 1, 2, 3, 4]}
+    plain = open(store.url_for("c", "plain", 0).removeprefix("file://"), "rb").read()
+    assert plain == pickle.dumps({"trees": [0, 1, 2, 3, 4]}, protocol=5)  # the standard pickler, byte for byte
