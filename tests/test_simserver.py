@@ -130,6 +130,7 @@ def test_engine_benchmark_runs_at_tiny_size_and_reports_every_figure(tmp_path):
     assert figures["continuation_first_calls"] > 0 and figures["continuation_calls_not_found"] == 0
     assert figures["prefix_cache_hit_ratio"] == 1.0
     assert figures["dask_1_workers"]["transitions"] > 0 and figures["dask_2_workers"]["transitions"] > 0
+    assert figures["scale_env_cpu_ms"] > 0 and figures["dask_2_workers_toy_env"]["transitions"] > 0
 
 
 def test_execution_starts_jobs_with_most_steps_left_first_and_keeps_job_order():
