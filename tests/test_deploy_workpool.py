@@ -13,7 +13,10 @@ names are free again for other tests that use the same server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -119,6 +122,20 @@ async def _wait_final(client: Any, run_id: Any, worker: subprocess.Popen, log: P
         await asyncio.sleep(0.3)
 
 
+async def _kill_unfinished_run(client: Any, run_id: Any) -> None:
+    """A worker may start a flow run in a session of its own, out of reach of killing the
+    worker's group: if the run did not finish, kill it by the PID the worker recorded."""
+    run = await client.read_flow_run(run_id)
+    if run.state_type.value in FINAL or not run.infrastructure_pid:
+        return
+    pid = int(str(run.infrastructure_pid).rpartition(":")[2])
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+
+
 async def _deploy_and_run(pool: str, env: dict[str, str], store: Path, tmp_path: Path) -> Any:
     """Check the deployments, start the manual one with a config, let a worker run it."""
     from prefect.client.orchestration import get_client
@@ -157,6 +174,7 @@ async def _deploy_and_run(pool: str, env: dict[str, str], store: Path, tmp_path:
                 done = await _wait_final(client, run.id, worker, log)
             finally:
                 kill_tree(worker)
+                await _kill_unfinished_run(client, run.id)
         assert done.state_type.value == "COMPLETED", log.read_text()[-3000:]
         assert done.deployment_id == manual.id and done.work_pool_name == pool
 
