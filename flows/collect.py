@@ -2,8 +2,8 @@
 
 The flow is a loop over Prefect tasks (one per phase, one per wave): check the
 configuration, evidence rollouts, critic scoring, then for each continuation phase
-waves of prioritised continuations (each followed by scoring) until the phase's plan is
-empty, then preparation and export. Every task is idempotent on (collection id, phase,
+waves of prioritised continuations (each task run also scores the checkpoints its wave
+added) until the phase's plan is empty, then preparation and export. Every task is idempotent on (collection id, phase,
 wave) through the checkpoint store, so running the flow again - a retry of the same
 flow run, a rerun from the UI, or the CLI with the same collection id - skips what is
 finished and continues from the last finished wave.
@@ -33,7 +33,7 @@ from tasks.phases import (
     prepare_export,
     publish_report,
 )
-from tasks.steps import EVIDENCE, EVIDENCE_SCORED, Handoff, Key, score_key, wave_key
+from tasks.steps import EVIDENCE, EVIDENCE_SCORED, Handoff, Key, score_key
 
 
 @contextlib.contextmanager
@@ -93,16 +93,12 @@ def run_collection(config: FocusConfig) -> dict[str, Any]:
                 progress.start_phase(p, phases[p])
                 wave = 0
                 while True:
-                    rec = continuation_wave(config, source.phase, source.wave, p, wave, handoff)
-                    records.append(rec)
-                    if rec.get("done"):
+                    recs = continuation_wave(config, source.phase, source.wave, p, wave, handoff)
+                    records.extend(recs)
+                    if recs[0].get("done"):
                         break
-                    target = score_key(config, p, wave)
-                    records.append(
-                        critic_scoring(config, wave_key(config, p, wave).phase, wave, target.phase, wave, handoff)
-                    )
-                    progress.wave_done(rec)
-                    source = target
+                    progress.wave_done(recs[0])
+                    source = score_key(config, p, wave)
                     wave += 1
         result = prepare_export(config, source.phase, source.wave, handoff)
     publish_report(config, result, records)

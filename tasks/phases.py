@@ -18,7 +18,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from focus.config import ExecutionConfig, FocusConfig
-from tasks.steps import Handoff, Key, Steps
+from tasks.steps import Handoff, Key, Steps, score_key, wave_key
 
 
 def make_execution(ex: ExecutionConfig) -> Any:
@@ -75,7 +75,8 @@ def critic_scoring(
     target_wave: int,
     handoff: Handoff | None = None,
 ) -> dict[str, Any]:
-    """Critic predictions on the checkpoints the previous step added."""
+    """Critic predictions on the checkpoints the previous step added (the evidence
+    rollouts'; each continuation wave scores its own, see :func:`continuation_wave`)."""
     return steps_for(config, handoff).score(Key(source_phase, source_wave), Key(target_phase, target_wave))
 
 
@@ -87,9 +88,22 @@ def continuation_wave(
     phase_index: int,
     wave: int,
     handoff: Handoff | None = None,
-) -> dict[str, Any]:
-    """One wave of prioritised continuations (fanned out by the execution service)."""
-    return steps_for(config, handoff).wave(Key(source_phase, source_wave), phase_index, wave)
+) -> list[dict[str, Any]]:
+    """One wave of prioritised continuations (fanned out by the execution service), then
+    the critic's predictions for the checkpoints it added, which the next wave ranks by.
+
+    Two steps with two checkpoints in one task run: a task run costs the flow several
+    milliseconds of Prefect bookkeeping, and a separate scoring task per wave doubled
+    that. A critic failure still loses no rollout: the wave's checkpoint is written
+    before scoring starts, so a retry or rerun only scores. Returns the step records
+    (one, marked ``done``, when the phase had nothing left to plan).
+    """
+    steps = steps_for(config, handoff)
+    rec = steps.wave(Key(source_phase, source_wave), phase_index, wave)
+    if rec.get("done"):
+        return [rec]
+    scored = steps.score(wave_key(config, phase_index, wave), score_key(config, phase_index, wave))
+    return [rec, scored]
 
 
 @task(name="prepare-export", **_OPTS)
