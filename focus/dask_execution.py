@@ -111,12 +111,21 @@ class DaskExecution(Execution):
                         raise RuntimeError(f"cannot reach the Dask scheduler at {self.address!r}: {e}") from e
             return self._client
 
-    def shards(self, jobs: list[Any], workers: int) -> list[list[Any]]:
-        """Jobs cut into consecutive shards (pure: same jobs, same shards)."""
+    def shards(self, jobs: list[Any], workers: int) -> list[list[int]]:
+        """Indices of the jobs of each shard (pure: same jobs, same shards).
+
+        Jobs are dealt out round-robin, in order of the steps their start has taken
+        (fewest first), so every shard gets the same mix of long and short rollouts and
+        the workers finish a wave together. Consecutive slices of a plan, which lists
+        jobs by priority, gave one worker most of the long rollouts while the other
+        idled at the end of the wave.
+        """
         if not jobs:
             return []
         size = self.shard_size or max(1, math.ceil(len(jobs) / max(1, workers)))
-        return [jobs[i : i + size] for i in range(0, len(jobs), size)]
+        n = math.ceil(len(jobs) / size)
+        order = sorted(range(len(jobs)), key=lambda i: jobs[i].start.steps)
+        return [order[k::n] for k in range(n)]
 
     async def run(self, agent: Agent, jobs: list[Any]) -> list[Rollout]:
         if not jobs:
@@ -130,12 +139,19 @@ class DaskExecution(Execution):
         threads = sum(client.nthreads().values()) or 1
         shards = self.shards(jobs, threads)
         payload = client.scatter(cloudpickle.dumps(agent), broadcast=True, hash=False)
-        futures = [client.submit(_run_shard, payload, shard, self.max_concurrency, pure=False) for shard in shards]
+        futures = [
+            client.submit(_run_shard, payload, [jobs[i] for i in shard], self.max_concurrency, pure=False)
+            for shard in shards
+        ]
         try:
             results = client.gather(futures)
         finally:
             client.cancel([*futures, payload])
-        return [r for shard in results for r in shard]
+        out: list[Any] = [None] * len(jobs)
+        for shard, rollouts in zip(shards, results, strict=True):
+            for i, rollout in zip(shard, rollouts, strict=True):
+                out[i] = rollout
+        return out
 
     def close(self) -> None:
         """Close the client, and the LocalCluster if this object started it."""

@@ -28,7 +28,11 @@ def test_shards_on_worker_processes_match_in_process_and_keep_order():
     jobs = [RolloutJob(i % 3, 0, 1000 + i, starts[i % 3]) for i in range(23)]
     local = asyncio.run(Execution(max_concurrency=8).run(agent, jobs))
     with DaskExecution(n_workers=2, shard_size=5) as ex:
-        assert [len(s) for s in ex.shards(jobs, 2)] == [5, 5, 5, 5, 3]
+        shards = ex.shards(jobs, 2)
+        assert [len(s) for s in shards] == [5, 5, 5, 4, 4] and sorted(i for s in shards for i in s) == list(range(23))
+        # dealt round-robin by steps taken: every shard gets a like mix of long and short rollouts
+        steps = [[jobs[i].start.steps for i in s] for s in shards]
+        assert max(map(sum, steps)) - min(map(sum, steps)) <= max(j.start.steps for j in jobs)
         remote = asyncio.run(ex.run(agent, jobs))
         assert turns(remote) == turns(local)
         # checkpoint branch states came back through pickling and can be continued
