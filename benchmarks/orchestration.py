@@ -149,11 +149,19 @@ def same_batch(a: Any, b: Any) -> bool:
     return key(a) == key(b)
 
 
-def measure(tmp: str, model: dict[str, Any], repeats: int, suffix: str) -> dict[str, Any]:
+#: (label, continuation budget): with 256 evidence rollouts, about 2k and 10k transitions.
+SIZES = (("2k", 1_700), ("10k", 9_700))
+#: ``--small``: a smoke run of seconds (tests/test_bench_orchestration.py); its figures mean nothing.
+SMALL_SIZES = (("2k", 40), ("10k", 120))
+
+
+def measure(
+    tmp: str, model: dict[str, Any], repeats: int, suffix: str, sizes: Sequence[tuple[str, int]] = SIZES
+) -> dict[str, Any]:
     """Both paths at both sizes against one policy; figures keyed ``<name>_<size><suffix>``."""
     figures: dict[str, Any] = {}
     through_flow(config(f"{tmp}/warm{suffix}", f"warmup{suffix}", 64, model))  # API up, imports done
-    for label, budget in (("2k", 1_700), ("10k", 9_700)):
+    for label, budget in sizes:
         runs = []
         for r in range(repeats):
             c, w, d_batch = direct(config(f"{tmp}/d", f"d{label}{r}{suffix}", budget, model))
@@ -196,7 +204,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--service-latency-s", type=float, default=0.2, help="seconds per call of the simulated service")
     ap.add_argument("--latency-ms", type=float, default=2.0, help="latency per call of the in-process policy")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--small", action="store_true", help="tiny budgets, seconds (a smoke run)")
     args = ap.parse_args(argv)
+    sizes = SMALL_SIZES if args.small else SIZES
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -215,9 +225,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
             sim = SimConfig(slots=256, latency_s=args.service_latency_s, completion_tokens=2)
             with SimServerProcess(sim) as server:
-                figures.update(measure(tmp, model_overrides(server.url, 0.0), args.repeats, ""))
+                figures.update(measure(tmp, model_overrides(server.url, 0.0), args.repeats, "", sizes))
         if args.policy in ("both", "inprocess"):
-            figures.update(measure(tmp, model_overrides(None, args.latency_ms / 1000), args.repeats, "_inprocess"))
+            figures.update(
+                measure(tmp, model_overrides(None, args.latency_ms / 1000), args.repeats, "_inprocess", sizes)
+            )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return figures
