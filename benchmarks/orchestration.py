@@ -133,7 +133,7 @@ def through_flow(cfg: FocusConfig) -> tuple[float, Any, int]:
     from storage import BatchStore
 
     t0 = time.perf_counter()
-    out = collect(cfg)
+    out = asyncio.run(collect(cfg))
     took = time.perf_counter() - t0
     return took, BatchStore(cfg.storage.root).read(out["batch_url"]), int(out["stats"]["steps"])
 

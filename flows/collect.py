@@ -16,9 +16,10 @@ Tasks receive their URL and address in the config; nothing is shared in-process.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -63,6 +64,22 @@ def services(config: FocusConfig) -> Iterator[tuple[FocusConfig, Any]]:
         yield (config.with_updates(**updates) if updates else config), server
 
 
+@contextlib.asynccontextmanager
+async def services_in_thread(config: FocusConfig) -> AsyncIterator[tuple[FocusConfig, Any]]:
+    """:func:`services` entered and left in a worker thread, for async flows: starting a
+    model server or a Dask cluster blocks, and Dask's synchronous client must not be
+    created on a thread whose event loop is running."""
+    cm = services(config)
+    value = await asyncio.to_thread(cm.__enter__)
+    try:
+        yield value
+    except BaseException as e:
+        if not await asyncio.to_thread(cm.__exit__, type(e), e, e.__traceback__):
+            raise
+    else:
+        await asyncio.to_thread(cm.__exit__, None, None, None)
+
+
 def collection_id_for_run(config: FocusConfig) -> FocusConfig:
     """Give the config a collection id: its own, or one derived from the flow run, so a
     retry of the same flow run resumes the same collection."""
@@ -75,17 +92,18 @@ def collection_id_for_run(config: FocusConfig) -> FocusConfig:
     return config.with_updates(collection_id=f"{name}-{run_id[:8]}" if run_id else name)
 
 
-def run_collection(config: FocusConfig) -> dict[str, Any]:
-    """The phases of one collection as Prefect tasks (call inside a flow)."""
+async def run_collection(config: FocusConfig) -> dict[str, Any]:
+    """The phases of one collection as Prefect tasks (await inside a flow)."""
     log = get_run_logger()
     t0 = time.perf_counter()
-    records: list[dict[str, Any]] = [check_config(config)]
+    records: list[dict[str, Any]] = [await check_config(config)]
     # the live state and the agent/collector, step to step, within this process
-    with Handoff() as handoff:
-        first = evidence_rollouts(config, handoff)
+    handoff = Handoff()
+    try:
+        first = await evidence_rollouts(config, handoff)
         records.append(first)
         log.info("collection %s: evidence %s", config.collection_id, "reused" if first["reused"] else "done")
-        records.append(critic_scoring(config, EVIDENCE.phase, EVIDENCE.wave, EVIDENCE_SCORED.phase, 0, handoff))
+        records.append(await critic_scoring(config, EVIDENCE.phase, EVIDENCE.wave, EVIDENCE_SCORED.phase, 0, handoff))
         source: Key = EVIDENCE_SCORED
         phases = config.search.phases
         with CollectionProgress(config, enabled=config.progress, log=log) as progress:
@@ -93,15 +111,18 @@ def run_collection(config: FocusConfig) -> dict[str, Any]:
                 progress.start_phase(p, phases[p])
                 wave = 0
                 while True:
-                    recs = continuation_wave(config, source.phase, source.wave, p, wave, handoff)
+                    recs = await continuation_wave(config, source.phase, source.wave, p, wave, handoff)
                     records.extend(recs)
                     if recs[0].get("done"):
                         break
                     progress.wave_done(recs[0])
                     source = score_key(config, p, wave)
                     wave += 1
-        result = prepare_export(config, source.phase, source.wave, handoff)
-    publish_report(config, result, records)
+        result = await prepare_export(config, source.phase, source.wave, handoff)
+    finally:
+        # the runtime's loop is closed where the steps ran it: outside the flow's loop
+        await asyncio.to_thread(handoff.close)
+    await publish_report(config, result, records)
     stats = {
         **result.get("summary", {}),
         "steps": len(records),
@@ -113,8 +134,12 @@ def run_collection(config: FocusConfig) -> dict[str, Any]:
 
 
 @flow(name="collect", log_prints=True)
-def collect(config: FocusConfig | None = None) -> dict[str, Any]:
-    """Collect one iteration; returns the batch URL and statistics."""
+async def collect(config: FocusConfig | None = None) -> dict[str, Any]:
+    """Collect one iteration; returns the batch URL and statistics.
+
+    An async flow (see :mod:`tasks.phases` for why): from synchronous code run it with
+    ``asyncio.run(collect(config))``; inside another async flow, ``await`` it.
+    """
     config = collection_id_for_run(config or FocusConfig())
-    with services(config) as (cfg, _server):
-        return run_collection(cfg)
+    async with services_in_thread(config) as (cfg, _server):
+        return await run_collection(cfg)

@@ -15,6 +15,7 @@ reloads the last weights before continuing.
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,17 +23,24 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.collect import collect, collection_id_for_run, services
+from flows.collect import collect, collection_id_for_run, services_in_thread
 from focus.config import ConfigError, FocusConfig, TrainContext, TrainResult, import_object
 
 TRAIN_PHASE = "train"
 
 
 @task(name="train-step", task_run_name="train-{iteration}", cache_policy=NO_CACHE, persist_result=False)
-def train_step(
+async def train_step(
     config: FocusConfig, base_id: str, iteration: int, batch_url: str, weights: str | None, version: str | None
 ) -> dict[str, Any]:
     """Run the trainer on one batch (or reuse its saved result); returns a small record."""
+    return await asyncio.to_thread(_train_step, config, base_id, iteration, batch_url, weights, version)
+
+
+def _train_step(
+    config: FocusConfig, base_id: str, iteration: int, batch_url: str, weights: str | None, version: str | None
+) -> dict[str, Any]:
+    """The trainer call, in a worker thread: it blocks for as long as training takes."""
     from storage import CheckpointStore
 
     store = CheckpointStore(config.storage.root)
@@ -51,8 +59,11 @@ def train_step(
 
 
 @flow(name="train_loop", log_prints=True)
-def train_loop(config: FocusConfig | None = None) -> list[dict[str, Any]]:
-    """``train.iterations`` rounds of collect then train; one record per iteration."""
+async def train_loop(config: FocusConfig | None = None) -> list[dict[str, Any]]:
+    """``train.iterations`` rounds of collect then train; one record per iteration.
+
+    Async like :func:`flows.collect.collect`: ``asyncio.run(train_loop(config))``.
+    """
     config = collection_id_for_run(config or FocusConfig())
     if not config.train.trainer:
         raise ConfigError("train.trainer is not set: name a trainer step 'module:function' (see docs/pipeline.md)")
@@ -60,7 +71,7 @@ def train_loop(config: FocusConfig | None = None) -> list[dict[str, Any]]:
     log = get_run_logger()
     base = config.collection_id or "train"
     records: list[dict[str, Any]] = []
-    with services(config) as (cfg, server):
+    async with services_in_thread(config) as (cfg, server):
         weights, version = cfg.model.weights, cfg.model.policy_version
         for i in range(cfg.train.iterations):
             it_cfg = cfg.with_updates(
@@ -68,10 +79,10 @@ def train_loop(config: FocusConfig | None = None) -> list[dict[str, Any]]:
                 iteration=i,
                 **{"model.weights": weights, "model.policy_version": version},
             )
-            out = collect(it_cfg)
-            trained = train_step(it_cfg, base, i, out["batch_url"], weights, version)
+            out = await collect(it_cfg)
+            trained = await train_step(it_cfg, base, i, out["batch_url"], weights, version)
             if trained["weights"] and server is not None:
-                version = server.reload(trained["weights"])
+                version = await asyncio.to_thread(server.reload, trained["weights"])
                 weights = trained["weights"]
             else:
                 version, weights = trained["policy_version"], trained["weights"] or weights

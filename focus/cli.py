@@ -9,6 +9,7 @@ starts. Prefect and Dask are imported inside the commands, so ``focus --help`` i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -106,7 +107,7 @@ def collect(
     from flows.collect import collect as collect_flow
 
     t0 = time.perf_counter()
-    result = collect_flow(cfg)
+    result = asyncio.run(collect_flow(cfg))
     result["stats"]["cli_wall_s"] = round(time.perf_counter() - t0, 3)
     if as_json:
         typer.echo(json.dumps(result, default=str))
@@ -132,7 +133,7 @@ def train(
     _prefect_offline_defaults()
     from flows.train_loop import train_loop
 
-    for rec in train_loop(cfg):
+    for rec in asyncio.run(train_loop(cfg)):
         typer.echo(json.dumps(rec, default=str))
 
 

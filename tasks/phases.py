@@ -6,10 +6,18 @@ and returns a small JSON-able record. Prefect's own result caching is off
 (``NO_CACHE``): idempotency lives in the checkpoint store, so it holds across flow
 runs, retries, UI reruns and CLI reruns alike, and does not depend on Prefect's
 result storage being configured.
+
+The tasks are async and run their step in a worker thread (``asyncio.to_thread``, which
+carries the task run's context along): a step drives its own event loop (the run's
+:class:`tasks.runtime.Runtime`), which cannot run inside the flow's. The flow is async
+for a measured reason: Prefect's sync flow engine joins its heartbeat thread on exit,
+and that thread sleeps in one-second slices, so every sync flow run waited up to a
+second for it (benchmarks/README.md, orchestration section).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
@@ -56,18 +64,18 @@ _OPTS: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
 
 
 @task(name="check-config", **_OPTS)
-def check_config(config: FocusConfig) -> dict[str, Any]:
-    return steps_for(config).check_config()
+async def check_config(config: FocusConfig) -> dict[str, Any]:
+    return await asyncio.to_thread(steps_for(config).check_config)
 
 
 @task(name="evidence-rollouts", **_OPTS)
-def evidence_rollouts(config: FocusConfig, handoff: Handoff | None = None) -> dict[str, Any]:
+async def evidence_rollouts(config: FocusConfig, handoff: Handoff | None = None) -> dict[str, Any]:
     """Phase 0: complete rollouts from every task's root."""
-    return steps_for(config, handoff).evidence()
+    return await asyncio.to_thread(steps_for(config, handoff).evidence)
 
 
 @task(name="critic-scoring", task_run_name="score-{target_phase}-{target_wave}", **_OPTS)
-def critic_scoring(
+async def critic_scoring(
     config: FocusConfig,
     source_phase: str,
     source_wave: int,
@@ -77,11 +85,12 @@ def critic_scoring(
 ) -> dict[str, Any]:
     """Critic predictions on the checkpoints the previous step added (the evidence
     rollouts'; each continuation wave scores its own, see :func:`continuation_wave`)."""
-    return steps_for(config, handoff).score(Key(source_phase, source_wave), Key(target_phase, target_wave))
+    steps = steps_for(config, handoff)
+    return await asyncio.to_thread(steps.score, Key(source_phase, source_wave), Key(target_phase, target_wave))
 
 
 @task(name="continuation-wave", task_run_name="wave-{phase_index}-{wave}", **_OPTS)
-def continuation_wave(
+async def continuation_wave(
     config: FocusConfig,
     source_phase: str,
     source_wave: int,
@@ -99,34 +108,39 @@ def continuation_wave(
     (one, marked ``done``, when the phase had nothing left to plan).
     """
     steps = steps_for(config, handoff)
-    rec = steps.wave(Key(source_phase, source_wave), phase_index, wave)
-    if rec.get("done"):
-        return [rec]
-    scored = steps.score(wave_key(config, phase_index, wave), score_key(config, phase_index, wave))
-    return [rec, scored]
+
+    def both() -> list[dict[str, Any]]:
+        rec = steps.wave(Key(source_phase, source_wave), phase_index, wave)
+        if rec.get("done"):
+            return [rec]
+        return [rec, steps.score(wave_key(config, phase_index, wave), score_key(config, phase_index, wave))]
+
+    return await asyncio.to_thread(both)
 
 
 @task(name="prepare-export", **_OPTS)
-def prepare_export(
+async def prepare_export(
     config: FocusConfig, source_phase: str, source_wave: int, handoff: Handoff | None = None
 ) -> dict[str, Any]:
     """Estimator, critic targets and the Parquet batch; returns its URL and statistics."""
-    return steps_for(config, handoff).export(Key(source_phase, source_wave))
+    return await asyncio.to_thread(steps_for(config, handoff).export, Key(source_phase, source_wave))
 
 
 @task(name="publish-report", **_OPTS)
-def publish_report(config: FocusConfig, result: dict[str, Any], steps: list[dict[str, Any]]) -> None:
+async def publish_report(config: FocusConfig, result: dict[str, Any], steps: list[dict[str, Any]]) -> None:
     """Prefect artifacts: a statistics table and a picture of the search trees."""
     cid = config.collection_id or "collection"
     rows = [{"statistic": k, "value": v} for k, v in result.get("summary", {}).items()]
     rows.append({"statistic": "batch_url", "value": result.get("batch_url")})
-    create_table_artifact(rows, key=_artifact_key(cid, "stats"), description=f"Collection {cid}: batch statistics")
+    await create_table_artifact(
+        rows, key=_artifact_key(cid, "stats"), description=f"Collection {cid}: batch statistics"
+    )
     step_rows = [{k: s.get(k) for k in ("phase", "wave", "reused", "wall_s", "transitions", "jobs")} for s in steps]
-    create_table_artifact(step_rows, key=_artifact_key(cid, "steps"), description=f"Collection {cid}: steps")
-    svg = steps_for(config).tree_picture()
+    await create_table_artifact(step_rows, key=_artifact_key(cid, "steps"), description=f"Collection {cid}: steps")
+    svg = await asyncio.to_thread(steps_for(config).tree_picture)
     if svg:
         body = base64.b64encode(svg.encode()).decode()
-        create_markdown_artifact(
+        await create_markdown_artifact(
             f"### Search trees of {cid}\n\n![search trees](data:image/svg+xml;base64,{body})\n",
             key=_artifact_key(cid, "trees"),
             description=f"Collection {cid}: search trees (first trees, nodes coloured by kind)",

@@ -62,7 +62,7 @@ def test_flow_batch_equals_direct_collect_and_rerun_reuses(prefect_api, tmp_path
     from flows.collect import collect
 
     cfg = small_config(str(tmp_path / "store"), "flow-eq")
-    out = collect(cfg)
+    out = asyncio.run(collect(cfg))
     assert out["collection_id"] == "flow-eq" and out["stats"]["steps_reused"] == 0
     batch = BatchStore(cfg.storage.root).read(out["batch_url"])
     assert rows(batch) == rows(direct_batch(cfg))
@@ -72,7 +72,7 @@ def test_flow_batch_equals_direct_collect_and_rerun_reuses(prefect_api, tmp_path
     n = duckdb.sql(f"select count(*) from read_parquet('{path}/actor/*.parquet')").fetchall()[0][0]
     assert n == len(batch.actor) > 0
 
-    again = collect(cfg)
+    again = asyncio.run(collect(cfg))
     assert again["batch_url"] == out["batch_url"]
     assert again["stats"]["steps_reused"] == again["stats"]["steps"]
 
@@ -92,9 +92,9 @@ def test_resume_with_another_config_is_refused(prefect_api, tmp_path):
 
     root = str(tmp_path / "store")
     cfg = small_config(root, "mismatch", **{"search.phases": [{"name": "evidence", "rollouts_per_task": 1}]})
-    collect(cfg)
+    asyncio.run(collect(cfg))
     with pytest.raises(ResumeMismatch, match=r"differs in: seed"):
-        collect(cfg.with_updates(seed=8))
+        asyncio.run(collect(cfg.with_updates(seed=8)))
 
 
 def test_state_is_rebuilt_from_delta_checkpoints(prefect_api, tmp_path):
@@ -104,7 +104,7 @@ def test_state_is_rebuilt_from_delta_checkpoints(prefect_api, tmp_path):
     from tasks.steps import score_key
 
     cfg = small_config(str(tmp_path / "store"), "replay")
-    out = collect(cfg)
+    out = asyncio.run(collect(cfg))
     steps = steps_for(cfg)  # a new Handoff: nothing in memory
     last = max(w for p, w in steps.store.list("replay") if p == "1.continue.score")
     state = steps.state_at(score_key(cfg, 1, last))

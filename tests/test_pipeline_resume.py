@@ -4,6 +4,7 @@ uninterrupted run with the same seed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -83,7 +84,7 @@ def test_kill_9_mid_continuation_then_resume_gives_same_batch(prefect_env, prefe
     )
     from flows.collect import collect
 
-    clean = BatchStore(root).read(collect(fresh)["batch_url"])
+    clean = BatchStore(root).read(asyncio.run(collect(fresh))["batch_url"])
     assert rows(resumed) == rows(clean)
     assert len(resumed.actor) > 0 and resumed.stats["transitions"] >= 60
 

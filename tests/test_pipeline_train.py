@@ -3,6 +3,8 @@ embedded model, whose new weights the flow reloads into the running model server
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from focus.config import load_config
@@ -33,7 +35,7 @@ def test_train_loop_reloads_trained_weights_into_the_local_model(prefect_api, tm
         },
         environ={},
     )
-    records = train_loop(cfg)
+    records = asyncio.run(train_loop(cfg))
     assert [r["iteration"] for r in records] == [0, 1]
     b0, b1 = (BatchStore(cfg.storage.root).read(r["batch_url"]) for r in records)
     v0 = {r.policy_version for r in b0.actor}
@@ -45,6 +47,6 @@ def test_train_loop_reloads_trained_weights_into_the_local_model(prefect_api, tm
     assert b1.iteration == 1 and b1.collection_id == "loop-it1"
 
     # rerunning the loop reuses both collections and both training steps
-    again = train_loop(cfg)
+    again = asyncio.run(train_loop(cfg))
     assert [r["train"]["reused"] for r in again] == [True, True]
     assert [r["stats"]["steps_reused"] == r["stats"]["steps"] for r in again] == [True, True]
