@@ -22,7 +22,7 @@ import base64
 from typing import Any
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from focus.config import ExecutionConfig, FocusConfig
@@ -132,15 +132,15 @@ async def publish_report(config: FocusConfig, result: dict[str, Any], steps: lis
     cid = config.collection_id or "collection"
     rows = [{"statistic": k, "value": v} for k, v in result.get("summary", {}).items()]
     rows.append({"statistic": "batch_url", "value": result.get("batch_url")})
-    await create_table_artifact(
+    await acreate_table_artifact(
         rows, key=_artifact_key(cid, "stats"), description=f"Collection {cid}: batch statistics"
     )
     step_rows = [{k: s.get(k) for k in ("phase", "wave", "reused", "wall_s", "transitions", "jobs")} for s in steps]
-    await create_table_artifact(step_rows, key=_artifact_key(cid, "steps"), description=f"Collection {cid}: steps")
+    await acreate_table_artifact(step_rows, key=_artifact_key(cid, "steps"), description=f"Collection {cid}: steps")
     svg = await asyncio.to_thread(steps_for(config).tree_picture)
     if svg:
         body = base64.b64encode(svg.encode()).decode()
-        await create_markdown_artifact(
+        await acreate_markdown_artifact(
             f"### Search trees of {cid}\n\n![search trees](data:image/svg+xml;base64,{body})\n",
             key=_artifact_key(cid, "trees"),
             description=f"Collection {cid}: search trees (first trees, nodes coloured by kind)",
