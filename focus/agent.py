@@ -161,6 +161,7 @@ class Agent:
             try:
                 if self.context.needs_compaction(state.context):
                     c = await self.context.compact(state.context, codec, self.policy, params)
+                    self.policy.check_completion(c.completion)
                     turns.append(_turn(c.prompt_ids, c.completion, c.loss_mask, "compaction", 0.0, False, ""))
                     state = replace(state, context=c.context, steps=state.steps + 1)
                     continue
@@ -169,6 +170,7 @@ class Agent:
                     pieces.append(Piece(tuple(turns), "truncated", state.steps, prompt, cause="context limit"))
                     break
                 completion = await self.policy.sample(prompt, params)
+                self.policy.check_completion(completion)
             except (PolicyError, NotImplementedError) as e:
                 pieces.append(Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=f"model: {e}"))
                 break

@@ -94,3 +94,19 @@ class Policy(abc.ABC):
                     raise PolicyError(
                         f"prompt token id {t} at position {i} is outside the vocabulary [0, {self.vocab_size})"
                     )
+
+    def check_completion(self, completion: Completion) -> None:
+        """Reject sampled ids outside the vocabulary, naming the first.
+
+        A server running another tokenizer (or a corrupted answer) would otherwise put
+        ids into the batch that the next prompt - and every trainer - rejects; since
+        generated ids are never re-tokenised, this is the one place to catch them.
+        """
+        if self.vocab_size is None:
+            return
+        for i, t in enumerate(completion.token_ids):
+            if not 0 <= t < self.vocab_size:
+                raise PolicyError(
+                    f"sampled token id {t} at position {i} is outside the vocabulary [0, {self.vocab_size}) "
+                    "(does the model match the codec?)"
+                )

@@ -9,6 +9,7 @@ from focus.branching import EveryDecision, SparseCheckpoints
 from focus.context import AppendOnly, Segments
 from focus.env import Env, Message, Reset, Task
 from focus.format import ByteCodec, PolicyFormat, XmlToolCallParser
+from focus.policy import Completion
 from focus.testing import ScriptedPolicy, run
 from focus.tools import Tool, ToolEnv
 from focus.workspace import MemoryWorkspace
@@ -126,9 +127,14 @@ def test_summarize_compacts_with_the_summary_ids_verbatim_and_no_transition():
 
     codec = ByteCodec()
     policy = ScriptedPolicy([CALL, CALL, "SUMMARY-\xff", "<answer>42</answer>"], codec)
-    agent = Agent(policy, make_env(), PolicyFormat(codec, XmlToolCallParser()),
-                  context=Summarize(max_prompt_tokens=400, train_on_summary=True), branch_points=EveryDecision(),
-                  max_steps=10)
+    agent = Agent(
+        policy,
+        make_env(),
+        PolicyFormat(codec, XmlToolCallParser()),
+        context=Summarize(max_prompt_tokens=400, train_on_summary=True),
+        branch_points=EveryDecision(),
+        max_steps=10,
+    )
     root = run(agent.start(TASK))
     assert len(root.context.prompt_ids) < 400
     ro = run(agent.rollout(root, seed=0))
@@ -145,3 +151,23 @@ def test_summarize_compacts_with_the_summary_ids_verbatim_and_no_transition():
     assert after.prompt_ids[start + 1 : start + 1 + len(comp.completion_ids)] == comp.completion_ids
     assert len(after.prompt_ids) < len(comp.prompt_ids)
     assert ro.leaf.kind == "terminal" and sum(t.transition for t in ro.turns) == 3
+
+
+class _OutOfVocab(ScriptedPolicy):
+    """Answers with one id past the byte codec's vocabulary after the scripted text."""
+
+    async def sample(self, prompt_ids, params):
+        c = await super().sample(prompt_ids, params)
+        return Completion(
+            (*c.token_ids[:-1], self.vocab_size + 7, c.token_ids[-1]), (*c.logprobs, 0.0), c.finish_reason
+        )
+
+
+def test_sampled_id_outside_the_vocabulary_fails_the_rollout_naming_it():
+    codec = ByteCodec()
+    policy = _OutOfVocab(["Answer: 1"], codec)
+    assert policy.vocab_size == codec.vocab_size
+    agent = Agent(policy, _Broken(), PolicyFormat(codec, XmlToolCallParser()))
+    ro = run(agent.rollout(run(agent.start(TASK)), seed=0))
+    assert ro.leaf.kind == "failed" and not ro.turns
+    assert f"sampled token id {codec.vocab_size + 7}" in ro.leaf.cause and "outside the vocabulary" in ro.leaf.cause
