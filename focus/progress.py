@@ -28,13 +28,15 @@ class WaveFigures:
     transitions: int
     tokens: int
     budget: int | None
+    #: Budget spent as the planner counts it (at least one transition per rollout).
+    spent: int
     #: Transitions and tokens per second since the baseline; ``None`` for the baseline itself.
     transitions_per_s: float | None
     tokens_per_s: float | None
 
     @property
     def budget_left(self) -> int | None:
-        return None if self.budget is None else max(self.budget - self.transitions, 0)
+        return None if self.budget is None else max(self.budget - self.spent, 0)
 
     def rates(self) -> str:
         """The part of the line the bar shows next to its count."""
@@ -55,11 +57,12 @@ def wave_figures(
     ``base`` is ``None`` when the record itself becomes the baseline (after reused waves).
     """
     used_t, used_k = int(record["phase_transitions"]), int(record.get("phase_tokens", 0))
+    spent = int(record.get("phase_spent", used_t))
     rate_t = rate_k = None
     if base is not None:
         dt = max(now - base[2], 1e-9)
         rate_t, rate_k = (used_t - base[0]) / dt, (used_k - base[1]) / dt
-    return WaveFigures(record.get("wave"), used_t, used_k, budget, rate_t, rate_k)
+    return WaveFigures(record.get("wave"), used_t, used_k, budget, spent, rate_t, rate_k)
 
 
 class CollectionProgress:

@@ -140,7 +140,8 @@ class Handoff:
 
     def stats(self, state: Any, phase_index: int | None = None) -> dict[str, int]:
         """:func:`state_stats` of ``state`` plus, with ``phase_index``, that phase's
-        transitions and tokens (``phase_transitions``, ``phase_tokens``).
+        transitions and tokens (``phase_transitions``, ``phase_tokens``) and its budget
+        spent as the planner counts it (``phase_spent``: at least one per rollout).
 
         Per tree, only the log records added since the tree was last seen are counted
         (a graft copies a tree's log list but shares its records and appends new ones),
@@ -158,9 +159,10 @@ class Handoff:
             for k, v in hit.all.items():
                 out[k] = out.get(k, 0) + v
             if phase_index is not None:
-                pt, pk = hit.phases.get(phase_index, (0, 0))
+                pt, pk, ps = hit.phases.get(phase_index, (0, 0, 0))
                 out["phase_transitions"] = out.get("phase_transitions", 0) + pt
                 out["phase_tokens"] = out.get("phase_tokens", 0) + pk
+                out["phase_spent"] = out.get("phase_spent", 0) + ps
         return out
 
 
@@ -173,7 +175,8 @@ class _LogTotals:
         self.n = 0
         self.last: dict[str, Any] | None = None
         self.all = {"transitions": 0, "tokens": 0, "model_calls": 0}
-        self.phases: dict[int, tuple[int, int]] = {}
+        #: phase -> (transitions, tokens, budget spent: at least 1 per rollout, as planned)
+        self.phases: dict[int, tuple[int, int, int]] = {}
 
     def add(self, log: list[dict[str, Any]]) -> None:
         for r in log[self.n :]:
@@ -181,8 +184,8 @@ class _LogTotals:
             self.all["transitions"] += tr
             self.all["tokens"] += tok
             self.all["model_calls"] += int(r["model_calls"])
-            pt, pk = self.phases.get(r["phase"], (0, 0))
-            self.phases[r["phase"]] = (pt + tr, pk + tok)
+            pt, pk, ps = self.phases.get(r["phase"], (0, 0, 0))
+            self.phases[r["phase"]] = (pt + tr, pk + tok, ps + max(1, tr))
         self.n = len(log)
         self.last = log[-1] if log else None
 

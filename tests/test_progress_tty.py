@@ -233,3 +233,28 @@ def test_dumb_terminal_gets_lines_not_a_bar(monkeypatch):
         progress.start_phase(1, Phase("continue", transitions=10))
         progress.wave_done({"wave": 0, "phase_transitions": 4, "phase_tokens": 8})
     assert not progress.interactive and len(logged) == 1
+
+
+def test_budget_left_counts_as_the_planner_does():
+    """A rollout that made no transition (a failed first call) still spends one unit of
+    the phase budget in the planner: the line says what the planner has left."""
+    figures = progress_mod.wave_figures(
+        {"wave": 3, "phase_transitions": 20, "phase_tokens": 40, "phase_spent": 23}, 30, None, 0.0
+    )
+    assert (figures.transitions, figures.spent, figures.budget_left) == (20, 23, 7)
+    assert progress_mod.wave_figures({"phase_transitions": 20}, 30, None, 0.0).budget_left == 10  # older records
+
+
+def test_wave_records_carry_the_planners_budget_count():
+    """Handoff.stats sums max(1, transitions) per rollout, the planner's count."""
+    from types import SimpleNamespace as NS
+
+    from tasks.steps import Handoff
+
+    log = [
+        {"phase": 1, "transitions": 3, "tokens": 6, "model_calls": 3},
+        {"phase": 1, "transitions": 0, "tokens": 0, "model_calls": 1},  # failed at its first call
+        {"phase": 0, "transitions": 5, "tokens": 10, "model_calls": 5},
+    ]
+    stats = Handoff().stats(NS(trees=[NS(log=log, nodes={0: None})]), phase_index=1)
+    assert (stats["phase_transitions"], stats["phase_spent"], stats["transitions"]) == (3, 4, 8)
