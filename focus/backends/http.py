@@ -24,14 +24,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import aiohttp
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from focus.policy import PolicyError
+from focus.policy import Completion, Policy, PolicyError, SamplingParams
 
 T = TypeVar("T")
 
@@ -215,6 +215,40 @@ class HttpClient:
 
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+class HttpPolicy(Policy):
+    """A policy behind one HTTP endpoint of a model server.
+
+    Subclasses name the endpoint (``path``), build the request (:meth:`request_body`)
+    and parse the answer (:meth:`parse`, raising :class:`MalformedResponse` on an answer
+    that cannot be trusted); sending with retries, following the ``policy_version`` the
+    server reports and closing the connections are the same for every server.
+    """
+
+    path: ClassVar[str]
+    http: HttpClient
+
+    @property
+    def url(self) -> str:
+        return f"{self.http.base_url}{self.path}"
+
+    def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def parse(self, data: Any) -> Completion:
+        raise NotImplementedError
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        self.check_prompt(prompt_ids)
+        completion = await self.http.request("POST", self.path, self.request_body(prompt_ids, params), self.parse)
+        version = completion.meta.get("policy_version")
+        if isinstance(version, str) and version:
+            self.policy_version = version
+        return completion
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
 
 
 def _text(content: bytes) -> str:

@@ -15,13 +15,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from focus.backends.http import HttpClient, HttpConfig, MalformedResponse
-from focus.policy import Completion, Policy, SamplingParams
+from focus.backends.http import HttpClient, HttpConfig, HttpPolicy, MalformedResponse
+from focus.policy import Completion, SamplingParams
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error", "eos": "stop"}
 
 
-class OpenAICompatPolicy(Policy):
+class OpenAICompatPolicy(HttpPolicy):
     """``POST {base_url}/v1/completions`` with token-id prompts (vLLM and compatibles).
 
     ``base_url`` is the server root (``http://host:8000``); a trailing ``/v1`` is
@@ -29,6 +29,8 @@ class OpenAICompatPolicy(Policy):
     ``policy_version`` field when it reports one (the embedded server does).
     ``extra_body`` is merged into every request (e.g. ``{"top_k": 20}``).
     """
+
+    path = "/v1/completions"
 
     def __init__(
         self,
@@ -47,10 +49,6 @@ class OpenAICompatPolicy(Policy):
         self.vocab_size = vocab_size
         self.policy_version = model
         self.extra_body = dict(extra_body or {})
-
-    @property
-    def url(self) -> str:
-        return f"{self.http.base_url}/v1/completions"
 
     def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -74,17 +72,8 @@ class OpenAICompatPolicy(Policy):
         body.update(self.extra_body)
         return body
 
-    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        self.check_prompt(prompt_ids)
-        body = self.request_body(prompt_ids, params)
-        completion = await self.http.request("POST", "/v1/completions", body, parse_completion)
-        version = completion.meta.get("policy_version")
-        if isinstance(version, str) and version:
-            self.policy_version = version
-        return completion
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
+    def parse(self, data: Any) -> Completion:
+        return parse_completion(data)
 
 
 def _token_id(tok: Any) -> int:

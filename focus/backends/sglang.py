@@ -15,12 +15,14 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from focus.backends.http import HttpClient, HttpConfig, MalformedResponse
-from focus.policy import Completion, Policy, SamplingParams
+from focus.backends.http import HttpClient, HttpConfig, HttpPolicy, MalformedResponse
+from focus.policy import Completion, SamplingParams
 
 
-class SGLangPolicy(Policy):
+class SGLangPolicy(HttpPolicy):
     """``POST {base_url}/generate`` of an SGLang server (or the embedded one)."""
+
+    path = "/generate"
 
     def __init__(
         self,
@@ -36,10 +38,6 @@ class SGLangPolicy(Policy):
         self.vocab_size = vocab_size
         self.policy_version = policy_version
         self.extra_sampling_params = dict(extra_sampling_params or {})
-
-    @property
-    def url(self) -> str:
-        return f"{self.http.base_url}/generate"
 
     def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
         sp: dict[str, Any] = {
@@ -57,16 +55,8 @@ class SGLangPolicy(Policy):
         sp.update(self.extra_sampling_params)
         return {"input_ids": list(prompt_ids), "sampling_params": sp, "return_logprob": True, "stream": False}
 
-    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        self.check_prompt(prompt_ids)
-        completion = await self.http.request("POST", "/generate", self.request_body(prompt_ids, params), parse_generate)
-        version = completion.meta.get("policy_version")
-        if isinstance(version, str) and version:
-            self.policy_version = version
-        return completion
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
+    def parse(self, data: Any) -> Completion:
+        return parse_generate(data)
 
 
 def parse_generate(data: Any) -> Completion:
