@@ -24,7 +24,7 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check focus tasks flows storage deployments tests benchmarks examples
 	$(BIN)/ruff format --check focus tasks flows storage deployments
-	$(BIN)/mypy focus
+	$(BIN)/mypy focus tasks flows storage deployments
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -n 2 tests

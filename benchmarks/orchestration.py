@@ -31,9 +31,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from focus.config import FocusConfig, load_config  # noqa: E402
 from focus.format import ByteCodec  # noqa: E402
 from focus.policy import Completion, Policy, SamplingParams  # noqa: E402
+from tasks.config import FocusConfig, load_config  # noqa: E402
 
 
 class FastDigits(Policy):

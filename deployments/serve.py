@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from focus.config import FocusConfig, load_config
+from tasks.config import FocusConfig, load_config
 
 SCHEDULED = "scheduled"
 MANUAL = "manual"

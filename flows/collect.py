@@ -24,8 +24,8 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from focus.config import FocusConfig
-from focus.progress import CollectionProgress
+from flows.progress import CollectionProgress
+from tasks.config import FocusConfig
 from tasks.phases import (
     check_config,
     continuation_wave,

@@ -24,7 +24,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.collect import collect, collection_id_for_run, services_in_thread
-from focus.config import ConfigError, FocusConfig, TrainContext, TrainResult, import_object
+from tasks.config import ConfigError, FocusConfig, TrainContext, TrainResult, import_object
 
 TRAIN_PHASE = "train"
 

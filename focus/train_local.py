@@ -15,7 +15,7 @@ alignment the Tinker and slime exporters use. The critic
 
 :func:`run_loop` is the whole loop against a running
 :class:`focus.backends.LocalModelServer`: evaluate, collect with the FOCUS collector,
-write and read back the batch (``storage.BatchStore``), train, save the weights, reload
+write and read back the batch (through the store it is given), train, save the weights, reload
 them into the server (``/update_weights_from_disk``), repeat. Torch is imported
 lazily, so importing this module stays light.
 """
@@ -411,20 +411,22 @@ async def run_loop(
     config: LoopConfig,
     server: LocalModelServer,
     workdir: str | os.PathLike[str],
+    store: Any,
     *,
     on_iteration: Callable[[IterationRecord], None] | None = None,
 ) -> list[IterationRecord]:
     """``config.iterations`` rounds of evaluate -> collect -> export -> train -> reload,
-    then a final evaluation (its record has no batch). Returns one record per round."""
+    then a final evaluation (its record has no batch). Returns one record per round.
+
+    ``store`` writes and reads back each batch (a ``storage.BatchStore``: the pipeline's
+    store, passed in because the library does not import the pipeline)."""
     from focus.collector import Collector
     from focus.execution import Execution
     from focus.priority import Phase, Selective
     from focus.toy import reach_target_tasks
-    from storage import BatchStore
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    store = BatchStore(config.store)
     trainer = PolicyTrainer(server.weights, config.train)
     critic = make_critic(config.critic, config.seed)
     eval_tasks = reach_target_tasks(config.eval_tasks, seed=10_000 + config.seed)

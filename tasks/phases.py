@@ -25,7 +25,7 @@ from prefect import task
 from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from focus.config import ExecutionConfig, FocusConfig
+from tasks.config import ExecutionConfig, FocusConfig
 from tasks.steps import Handoff, Key, Steps, score_key, wave_key
 
 

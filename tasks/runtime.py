@@ -20,7 +20,7 @@ import gc
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from focus.config import FocusConfig
+from tasks.config import FocusConfig
 
 
 class Runtime:

@@ -36,8 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from focus.config import FocusConfig
 from focus.report import tree_svg
+from tasks.config import FocusConfig
 from tasks.runtime import Runtime
 
 #: Fields that may differ between a run and its resume (where things run, not what).

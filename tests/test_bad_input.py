@@ -17,7 +17,6 @@ import pytest
 from focus.agent import Agent
 from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy
 from focus.collector import Collector
-from focus.config import ConfigError, load_config
 from focus.critic import HttpCritic
 from focus.env import Env, EnvError, Reset, Task
 from focus.execution import Execution
@@ -26,6 +25,7 @@ from focus.policy import PolicyError, SamplingParams
 from focus.priority import Phase, Selective
 from focus.toy import FirstDigitParser, ReachTarget, reach_target_tasks, toy_format
 from storage import BatchStore, CheckpointStore
+from tasks.config import ConfigError, load_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,7 +85,7 @@ def test_cli_reports_a_bad_config_file_without_a_traceback(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[model]\nkind = "vllm"\n[agent]\nmax_steps = 0\n')
     out = subprocess.run(
-        [sys.executable, "-m", "focus.cli", "collect", "--config", str(bad)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "flows.cli", "collect", "--config", str(bad)], capture_output=True, text=True, timeout=60
     )
     text = out.stdout + out.stderr
     assert out.returncode != 0

@@ -11,7 +11,7 @@ import pytest
 from fixtures.prefect import base_env
 from typer.testing import CliRunner
 
-from focus.cli import app
+from flows.cli import app
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(240)
 def test_collect_embedded_default_then_inspect(tmp_path):
     """No model, no Prefect server, no Dask address: everything starts locally."""
     env = {**base_env(tmp_path / "prefect"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
-    cmd = [sys.executable, "-m", "focus.cli", "collect", "--tasks", "2", "--transitions", "6", "--collection-id", "emb"]
+    cmd = [sys.executable, "-m", "flows.cli", "collect", "--tasks", "2", "--transitions", "6", "--collection-id", "emb"]
     cmd += ["--set", "agent.sampling.max_tokens=8", "--set", "agent.max_steps=4", "--json"]
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=220)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

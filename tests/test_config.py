@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from focus.config import ConfigError, FocusConfig, import_object, load_config
+from tasks.config import ConfigError, FocusConfig, import_object, load_config
 
 
 def test_sources_layer_file_env_flags(tmp_path):

@@ -26,13 +26,13 @@ from fixtures.prefect import DigitPolicy
 from focus.agent import Agent
 from focus.backends import HttpConfig, OpenAICompatPolicy
 from focus.collector import Collector
-from focus.config import load_config
 from focus.execution import Execution
 from focus.format import ByteCodec
 from focus.policy import SamplingParams
 from focus.priority import Phase, Selective
 from focus.toy import ReachTarget, reach_target_tasks, toy_format
 from storage import BatchNotFound, BatchStore, CheckpointNotFound, CheckpointStore, Retry, StorageUnavailable
+from tasks.config import load_config
 from tasks.steps import EVIDENCE, EVIDENCE_SCORED, Steps, score_key, wave_key
 
 pytestmark = pytest.mark.timeout(150)

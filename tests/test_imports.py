@@ -42,3 +42,42 @@ def test_library_import_pulls_no_torch_prefect_or_dask():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+PIPELINE = ("tasks", "flows", "storage", "deployments")
+
+
+def _imported_modules(path):
+    """Every module an ``import``/``from`` statement in ``path`` names, at any depth
+    (imports inside functions count: a lazy import is still a dependency)."""
+    import ast
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module, node.lineno
+
+
+def test_library_imports_nothing_from_the_pipeline():
+    """Layers point one way: focus -> (nothing of the pipeline). The check is static, so
+    it also sees imports that only run in a rarely used function."""
+    from pathlib import Path
+
+    root = Path(focus.__file__).parent
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        for module, line in _imported_modules(path):
+            if module.split(".")[0] in PIPELINE:
+                bad.append(f"{path.relative_to(root.parent)}:{line} imports {module}")
+    assert not bad, "the library imports the pipeline:\n" + "\n".join(bad)
+
+
+def test_the_import_check_sees_lazy_imports(tmp_path):
+    """The checker itself: a function-level ``from storage import X`` is found."""
+    src = tmp_path / "m.py"
+    src.write_text("def f():\n    from storage import BatchStore\n    import flows.collect\n")
+    found = {m for m, _ in _imported_modules(src)}
+    assert {"storage", "flows.collect"} <= found

@@ -9,8 +9,8 @@ import duckdb
 import httpx
 import pytest
 
-from focus.config import FocusConfig, load_config
 from storage import BatchStore
+from tasks.config import FocusConfig, load_config
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from focus.config import load_config
 from storage import BatchStore
+from tasks.config import load_config
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -30,10 +30,10 @@ from fixtures.prefect import kill_tree
 from rich.console import Console
 from typer.testing import CliRunner
 
-import focus.progress as progress_mod
-from focus.cli import app
+import flows.progress as progress_mod
+from flows.cli import app
+from flows.progress import CollectionProgress
 from focus.priority import Phase
-from focus.progress import CollectionProgress
 
 BUDGET = 12
 WAVE_SIZE = 2
@@ -52,7 +52,7 @@ def strip_ansi(text: str) -> str:
 
 def _command(tmp_path: Path, cid: str) -> list[str]:
     """A small embedded-default collection (test_cli's), in-process rollouts, several waves."""
-    cmd = [sys.executable, "-m", "focus.cli", "collect", "--tasks", "2", "--transitions", str(BUDGET)]
+    cmd = [sys.executable, "-m", "flows.cli", "collect", "--tasks", "2", "--transitions", str(BUDGET)]
     cmd += ["--collection-id", cid, "--local", "--store", str(tmp_path / "runs"), "--json"]
     for s in ("agent.sampling.max_tokens=8", "agent.max_steps=4", f"search.phases.1.wave_size={WAVE_SIZE}"):
         cmd += ["--set", s]

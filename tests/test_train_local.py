@@ -23,6 +23,7 @@ from focus.train_local import (
     pad_sequences,
     run_loop,
 )
+from storage import BatchStore
 
 CODEC = ByteCodec()
 
@@ -105,7 +106,6 @@ def test_update_moves_probability_toward_positive_advantages():
 
 def test_loop_trains_saves_and_reloads_into_the_server(tmp_path):
     from focus.backends import LocalModelServer
-    from storage import BatchStore
 
     config = LoopConfig(
         iterations=1,
@@ -119,7 +119,7 @@ def test_loop_trains_saves_and_reloads_into_the_server(tmp_path):
     )
     with LocalModelServer() as server:
         initial = server.policy_version
-        records = asyncio.run(run_loop(config, server, tmp_path / "w"))
+        records = asyncio.run(run_loop(config, server, tmp_path / "w", BatchStore(config.store)))
         served = server.policy_version
     assert [r.iteration for r in records] == [0, 1]
     assert records[0].policy_version == initial != records[1].policy_version == served

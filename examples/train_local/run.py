@@ -35,7 +35,9 @@ def run_seed(config: LoopConfig, workdir: Path, log: bool = True) -> list[Iterat
             )
 
     with LocalModelServer() as server:
-        return asyncio.run(run_loop(config, server, workdir, on_iteration=show))
+        from storage import BatchStore
+
+        return asyncio.run(run_loop(config, server, workdir, BatchStore(config.store), on_iteration=show))
 
 
 def table(results: dict[int, list[IterationRecord]]) -> str:

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from focus.config import ConfigError, FocusConfig, load_config
+from tasks.config import ConfigError, FocusConfig, load_config
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="FOCUS: branching rollout collection for RL of LLM agents."
