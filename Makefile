@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,8 +29,12 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -n 2 tests
 
+# the edit-test loop: library and unit tests, no servers or processes (about a minute)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 -m "not integration" tests
+
 bench: $(STAMP)
-	$(BIN)/python benchmarks/estimator_quality.py
+	$(BIN)/python -m benchmarks.estimator_quality
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,6 +1,6 @@
 """Engine throughput: does collection keep a model service's slots busy, cheaply?
 
-The model service is ``benchmarks/simserver.py`` in its own process: a real HTTP server
+The model service is ``focus/testing/simserver.py`` in its own process: a real HTTP server
 speaking the OpenAI-compatible completions subset, with a fixed number of serving
 slots, a fixed latency per call (plus per generated token) and a prefix cache. The
 engine is the real one: ``focus.Collector`` with ``Selective`` search (an evidence
@@ -36,7 +36,7 @@ Figures, all from one run:
   the plain toy env, where the engine's own ~0.7 ms per transition is the workers' only
   work and the server's CPU per call is of the same order.
 
-    .venv/bin/python benchmarks/engine.py [--json out.json] [--small] [--profile] [--no-streaming] [--no-dask]
+    .venv/bin/python -m benchmarks.engine [--json out.json] [--small] [--profile] [--no-streaming] [--no-dask]
 
 ``--small`` runs a tiny configuration in seconds, Dask workers as threads (used by
 tests/test_simserver.py; its scaling figure means nothing).
@@ -56,24 +56,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-# appended, not prepended: benchmarks/storage.py must not shadow the storage package
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.append(str(Path(__file__).resolve().parent))
+from pydantic import PrivateAttr
 
-from pydantic import PrivateAttr  # noqa: E402
-from simserver import SimConfig, SimServerProcess  # noqa: E402
-
-from focus.agent import Agent, derive_seed  # noqa: E402
-from focus.backends.http import HttpConfig  # noqa: E402
-from focus.backends.openai_compat import OpenAICompatPolicy  # noqa: E402
-from focus.collector import Collector  # noqa: E402
-from focus.critic import ConstantCritic  # noqa: E402
-from focus.execution import Execution  # noqa: E402
-from focus.format import ByteCodec  # noqa: E402
-from focus.policy import SamplingParams  # noqa: E402
-from focus.priority import Phase, Selective  # noqa: E402
-from focus.search import SearchState  # noqa: E402
-from focus.toy import ReachTarget, reach_target_tasks, toy_format  # noqa: E402
+from focus.agent import Agent, derive_seed
+from focus.backends.http import HttpConfig
+from focus.backends.openai_compat import OpenAICompatPolicy
+from focus.collector import Collector
+from focus.critic import ConstantCritic
+from focus.execution import Execution
+from focus.format import ByteCodec
+from focus.policy import SamplingParams
+from focus.priority import Phase, Selective
+from focus.search import SearchState
+from focus.testing.simserver import SimConfig, SimServerProcess
+from focus.toy import ReachTarget, reach_target_tasks, toy_format
 
 GOALS = {
     "slot_utilisation": 0.90,

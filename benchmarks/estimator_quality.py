@@ -15,7 +15,7 @@ Metrics: token-weighted MSE of the segment advantages against the exact ones, si
 agreement (tokens whose exact advantage is non-zero), critic-target MSE (weighted by
 the target weights) against the exact state values.
 
-    .venv/bin/python benchmarks/estimator_quality.py [--quick] [--json PATH]
+    .venv/bin/python -m benchmarks.estimator_quality [--quick] [--json PATH]
 """
 
 from __future__ import annotations

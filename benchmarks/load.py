@@ -1,6 +1,6 @@
 """Load under faults: a long collection against a loopback model server with injected faults.
 
-A fault proxy (``tests/fixtures/faults.py``) sits in front of the model server and
+A fault proxy (``focus/testing/faults.py``) sits in front of the model server and
 injects every fault kind at ``--fault-rate`` of the generation requests (429, 5xx,
 timeouts, closed and reset connections, non-JSON bodies, short and NaN log-probs). The
 collection runs wave by wave (evidence, then one continuation phase sized to reach
@@ -9,11 +9,11 @@ report shows memory against transitions collected. The same collection without f
 runs first in the same process as the baseline: with retries succeeding, both must give
 the same batch (rows lost 0, duplicated 0), and faults must not add memory.
 
-Server: ``sim`` (benchmarks/simserver.py: fixed latency, no model; the default, so 20k
+Server: ``sim`` (focus/testing/simserver.py: fixed latency, no model; the default, so 20k
 transitions take minutes) or ``tinylm`` (the embedded tiny model; ~50 transitions/s on
 2 cores).
 
-Run: ``python benchmarks/load.py --transitions 20000 --fault-rate 0.1 --json``.
+Run: ``python -m benchmarks.load --transitions 20000 --fault-rate 0.1 --json``.
 """
 
 from __future__ import annotations
@@ -29,22 +29,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "tests", ROOT / "benchmarks"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-from fixtures.faults import FaultProxy  # noqa: E402
-
-from focus.agent import Agent  # noqa: E402
-from focus.backends import HttpConfig, OpenAICompatPolicy  # noqa: E402
-from focus.collector import Collector  # noqa: E402
-from focus.critic import ConstantCritic  # noqa: E402
-from focus.execution import Execution  # noqa: E402
-from focus.format import ByteCodec  # noqa: E402
-from focus.policy import SamplingParams  # noqa: E402
-from focus.priority import Phase, Selective  # noqa: E402
-from focus.toy import ReachTarget, reach_target_tasks, toy_format  # noqa: E402
+from focus.agent import Agent
+from focus.backends import HttpConfig, OpenAICompatPolicy
+from focus.collector import Collector
+from focus.critic import ConstantCritic
+from focus.execution import Execution
+from focus.format import ByteCodec
+from focus.policy import SamplingParams
+from focus.priority import Phase, Selective
+from focus.testing.faults import FaultProxy
+from focus.toy import ReachTarget, reach_target_tasks, toy_format
 
 
 def rss_bytes() -> tuple[int, int]:
@@ -178,7 +172,7 @@ def server(kind: str, concurrency: int):
         with LocalModelServer(workers=2) as s:
             yield s.url
     else:
-        from simserver import SimConfig, SimServerProcess
+        from focus.testing.simserver import SimConfig, SimServerProcess
 
         with SimServerProcess(SimConfig(slots=concurrency, latency_s=0.01)) as s:
             yield s.url
@@ -198,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         clean = run(url, fault_rate=0.0, **common)
         faulty = run(url, fault_rate=args.fault_rate, **common)
     report = {
-        "command": "python benchmarks/load.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m benchmarks.load " + " ".join(sys.argv[1:] if argv is None else argv),
         "server": args.server,
         "baseline": {k: v for k, v in clean.items() if k not in ("_batch", "memory")},
         "faulty": {k: v for k, v in faulty.items() if k not in ("_batch", "memory")},

@@ -1,6 +1,6 @@
 """Embedded model server: throughput under concurrency, and what the prefix cache saves.
 
-Run: ``.venv/bin/python benchmarks/local_model.py``. Baselines are measured in the same
+Run: ``.venv/bin/python -m benchmarks.local_model``. Baselines are measured in the same
 run: sequential requests vs concurrent ones, and a cold prompt vs the same prompt again
 (a continuation from a checkpoint resends its prefix, which the server's prefix cache
 serves).

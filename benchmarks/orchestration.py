@@ -2,7 +2,7 @@
 the Prefect flow (one task per phase and wave, a checkpoint after each), in one run.
 
 Two policies. ``service`` (the headline figures): the simulated model service of
-benchmarks/engine.py (benchmarks/simserver.py, its own process on 127.0.0.1, 0.2 s per
+benchmarks/engine.py (focus/testing/simserver.py, its own process on 127.0.0.1, 0.2 s per
 call) through the real OpenAI-compatible client: a collection bound by a model service,
 as collections are in use. ``inprocess`` (figures suffixed ``_inprocess``): a seeded
 digit chooser in this process with 2 ms of simulated latency, a stress case where the
@@ -11,7 +11,7 @@ shows. The direct path also writes its batch (the flow's product is a stored bat
 the ratio against collecting alone is reported too. The Prefect API (ephemeral unless
 PREFECT_API_URL is set) is started by a warm-up flow run before anything is timed.
 
-    .venv/bin/python benchmarks/orchestration.py --repeats 3 --json /tmp/bench_orch.json
+    .venv/bin/python -m benchmarks.orchestration --repeats 3 --json /tmp/bench_orch.json
 """
 
 from __future__ import annotations
@@ -22,18 +22,15 @@ import json
 import math
 import os
 import random
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from focus.format import ByteCodec  # noqa: E402
-from focus.policy import Completion, Policy, SamplingParams  # noqa: E402
-from tasks.config import FocusConfig, load_config  # noqa: E402
+from focus.format import ByteCodec
+from focus.policy import Completion, Policy, SamplingParams
+from tasks.config import FocusConfig, load_config
 
 
 class FastDigits(Policy):
@@ -61,13 +58,13 @@ def model_overrides(service_url: str | None, latency_s: float) -> dict[str, Any]
     if service_url:
         return {
             "model.kind": "factory",
-            "model.factory": "orchestration:service_policy",
+            "model.factory": "benchmarks.orchestration:service_policy",
             "model.options": {"url": service_url},
             "agent.sampling": {"max_tokens": 8},
         }
     return {
         "model.kind": "factory",
-        "model.factory": "orchestration:fast_policy",
+        "model.factory": "benchmarks.orchestration:fast_policy",
         "model.options": {"latency_s": latency_s},
     }
 
@@ -221,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     with tempfile.TemporaryDirectory() as tmp:
         if args.policy in ("both", "service"):
-            from simserver import SimConfig, SimServerProcess
+            from focus.testing.simserver import SimConfig, SimServerProcess
 
             sim = SimConfig(slots=256, latency_s=args.service_latency_s, completion_tokens=2)
             with SimServerProcess(sim) as server:

@@ -14,7 +14,7 @@ rollouts themselves:
 
 Medians over the measured waves, in milliseconds::
 
-    .venv/bin/python benchmarks/search_planning.py [--tasks 40 200 1000] [--waves 8] [--json PATH]
+    .venv/bin/python -m benchmarks.search_planning [--tasks 40 200 1000] [--waves 8] [--json PATH]
 """
 
 from __future__ import annotations
@@ -23,20 +23,17 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from focus.agent import Agent  # noqa: E402
-from focus.collector import Collector  # noqa: E402
-from focus.env import Task  # noqa: E402
-from focus.execution import Execution  # noqa: E402
-from focus.priority import Phase, Selective  # noqa: E402
-from focus.search import SearchState, copy_state, graft, plan_wave  # noqa: E402
-from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format  # noqa: E402
+from focus.agent import Agent
+from focus.collector import Collector
+from focus.env import Task
+from focus.execution import Execution
+from focus.priority import Phase, Selective
+from focus.search import SearchState, copy_state, graft, plan_wave
+from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
 
 
 def make(n_tasks: int, wave_size: int) -> tuple[Collector, list[Task]]:

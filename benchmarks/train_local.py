@@ -4,7 +4,7 @@ Collects one toy batch on the embedded model (Selective search, as the training 
 does), then times ``PolicyTrainer.update`` on it from the same initial weights in each
 setting, ``--repeats`` times, and prints the median wall time and tokens forwarded.
 
-    .venv/bin/python benchmarks/train_local.py --tasks 32 --repeats 3
+    .venv/bin/python -m benchmarks.train_local --tasks 32 --repeats 3
 """
 
 from __future__ import annotations

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-if str(BENCH) not in sys.path:
-    sys.path.append(str(BENCH))
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def test_orchestration_benchmark_runs_small_and_reports_every_figure(prefect_api, tmp_path):
-    import orchestration
+    from benchmarks import orchestration
 
     out = tmp_path / "orch.json"
     figures = orchestration.main(

@@ -16,6 +16,7 @@ from flows.cli import app
 pytestmark = pytest.mark.timeout(240)
 
 
+@pytest.mark.integration
 def test_collect_embedded_default_then_inspect(tmp_path):
     """No model, no Prefect server, no Dask address: everything starts locally."""
     env = {**base_env(tmp_path / "prefect"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from fixtures.faults import FaultProxy
 from fixtures.prefect import DigitPolicy
 
 from focus.agent import Agent
@@ -30,6 +29,7 @@ from focus.execution import Execution
 from focus.format import ByteCodec
 from focus.policy import SamplingParams
 from focus.priority import Phase, Selective
+from focus.testing.faults import FaultProxy
 from focus.toy import ReachTarget, reach_target_tasks, toy_format
 from storage import BatchNotFound, BatchStore, CheckpointNotFound, CheckpointStore, Retry, StorageUnavailable
 from tasks.config import load_config

@@ -14,7 +14,6 @@ import asyncio
 import math
 
 import pytest
-from fixtures.faults import KINDS, FaultProxy
 
 from focus.agent import Agent
 from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy
@@ -25,6 +24,7 @@ from focus.execution import Execution
 from focus.format import ByteCodec
 from focus.policy import SamplingParams
 from focus.priority import Phase, Selective
+from focus.testing.faults import KINDS, FaultProxy
 from focus.toy import ReachTarget, reach_target_tasks, toy_format
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,13 +8,9 @@ fault-free one row for row, and memory grows no faster than the collection does.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import load  # noqa: E402
+from benchmarks import load
 
 pytestmark = pytest.mark.timeout(240)
 

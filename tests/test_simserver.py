@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-# appended, not prepended: benchmarks/storage.py must not shadow the storage package
-if str(Path(__file__).resolve().parents[1] / "benchmarks") not in sys.path:
-    sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from simserver import PrefixCache, SimConfig, SimServerProcess, sample  # noqa: E402
-
-from focus.backends import HttpConfig, OpenAICompatPolicy  # noqa: E402
-from focus.format import ByteCodec  # noqa: E402
-from focus.policy import PolicyError, SamplingParams  # noqa: E402
+from focus.backends import HttpConfig, OpenAICompatPolicy
+from focus.format import ByteCodec
+from focus.policy import PolicyError, SamplingParams
+from focus.testing.simserver import PrefixCache, SimConfig, SimServerProcess, sample
 
 PARAMS = SamplingParams(max_tokens=8, stop_token_ids=(ByteCodec.EOT,))
 
@@ -116,8 +109,9 @@ def test_without_a_cache_nothing_is_served_from_it():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.integration
 def test_engine_benchmark_runs_at_tiny_size_and_reports_every_figure(tmp_path):
-    import engine
+    from benchmarks import engine
 
     out = tmp_path / "engine.json"
     figures = engine.main(["--small", "--json", str(out)])

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -22,10 +20,6 @@ from focus.priority import Phase, Selective
 from focus.search import InFlight, plan_refill, plan_wave, rollout_seed
 from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
 from focus.testing import run
-
-# appended, not prepended: benchmarks/storage.py must not shadow the storage package
-if str(Path(__file__).resolve().parents[1] / "benchmarks") not in sys.path:
-    sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 BUDGET, CAP, MAX_BRANCHES, MAX_STEPS = 80, 6, 3, 20
 PHASES = (
@@ -195,12 +189,12 @@ def test_a_crashing_streamed_job_becomes_a_failed_rollout():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.integration
 def test_streaming_keeps_the_model_server_busy_over_http():
     """At a slot-bound server, streaming keeps requests near the slot cap for the whole
     continuation phase, where waves drain it at every barrier."""
-    import engine
-    from simserver import SimConfig, SimServerProcess
-
+    from benchmarks import engine
+    from focus.testing.simserver import SimConfig, SimServerProcess
     from focus.toy import reach_target_tasks
 
     slots, latency = 8, 0.05

@@ -25,7 +25,7 @@ ASCII digits 1-9, then the first stop id (finish ``stop``), or only digits when 
 id was asked (finish ``length``). Digits make every answer a valid move in
 ``focus.toy.ReachTarget``.
 
-Run: ``python benchmarks/simserver.py --slots 128 --latency-s 0.2 [--port-file F]``.
+Run: ``python -m focus.testing.simserver --slots 128 --latency-s 0.2 [--port-file F]``.
 """
 
 from __future__ import annotations
@@ -360,7 +360,8 @@ class SimServerProcess:
         port_file = tmp / "port"
         cmd = [
             sys.executable,
-            str(Path(__file__).resolve()),
+            "-m",
+            "focus.testing.simserver",
             "--port-file",
             str(port_file),
             "--parent-pid",

@@ -11,7 +11,7 @@ Yardstick and store alternate in every repeat; the reported ratio is the median 
 per-repeat ratios, so load from other processes hits both alike. ``same_settings_ratio``
 compares with pyarrow writing with the store's own settings (strictest, for reference).
 
-    .venv/bin/python benchmarks/storage.py [--tokens 1000000] [--repeats 3] [--json out.json]
+    .venv/bin/python -m benchmarks.batch_write [--tokens 1000000] [--repeats 3] [--json out.json]
 
 Tokens counted are every token id stored: prompt, completion and critic context ids.
 """
@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -35,11 +34,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from focus.batch import ActorRow, Batch, CriticRow  # noqa: E402
-from storage import PARQUET_OPTIONS, BatchStore  # noqa: E402
-from storage.schema import TokenPool, actor_table, critic_table  # noqa: E402
+from focus.batch import ActorRow, Batch, CriticRow
+from storage import PARQUET_OPTIONS, BatchStore
+from storage.schema import TokenPool, actor_table, critic_table
 
 #: The yardstick's Parquet settings; do not tune (see the module docstring).
 YARDSTICK_OPTIONS: dict[str, Any] = {

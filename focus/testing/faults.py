@@ -1,0 +1,345 @@
+"""Fault injection on real loopback sockets: a model-service proxy and a cuttable TCP relay.
+
+:class:`FaultProxy` is an HTTP/1.1 keep-alive proxy on 127.0.0.1 in front of a model
+server (the tiny model server, or any OpenAI-compatible / SGLang one). On generation
+requests (``/v1/completions``, ``/generate``) it injects the failures a long collection
+meets: 429 and 5xx answers, answers that never come (a timeout), connections closed or
+reset without an answer, a 200 whose body is not JSON, and well-formed answers carrying
+fewer log-probs than tokens or NaN log-probs. Faults are queued for the next requests
+(deterministic tests) or drawn at ``rate`` from a seeded generator (load runs); every
+injected fault is counted by kind. The tiny model server's own ``/debug/faults`` cannot
+close connections or shorten log-prob lists, and a proxy also works in front of a server
+without a debug mode, which is why this exists beside it.
+
+:class:`TcpRelay` forwards raw TCP to another loopback port (moto's S3 server in the
+tests) and can be *cut* - the listening socket closed and every open connection reset -
+and restored on the same port, which is an object store that is unreachable for a while
+without losing the data behind it.
+
+Both run their own asyncio loop in a daemon thread and are stopped by :meth:`stop` (or
+the context manager), so a test leaves no thread listening.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import socket
+import struct
+import threading
+from collections import Counter, deque
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+#: Every fault kind the proxy can inject on a generation request.
+KINDS = ("429", "500", "502", "503", "timeout", "close", "reset", "malformed", "short_logprobs", "nan_logprobs")
+GENERATION_PATHS = ("/v1/completions", "/generate")
+
+
+class _LoopThread:
+    """An asyncio loop running in a daemon thread; ``call`` runs a coroutine on it."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.call(self._cancel_all(), timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+    @staticmethod
+    async def _cancel_all() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with RST (SO_LINGER 0), as a crashed peer or a load balancer would."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+class FaultProxy:
+    """HTTP proxy to ``upstream`` that injects model-service faults (see module docs).
+
+    ``rate``: probability that a generation request gets a fault drawn uniformly from
+    ``kinds`` (seeded by ``seed``). ``hang_s``: how long a ``timeout`` fault holds the
+    request before closing (set it above the client's read timeout). ``latency_s``:
+    extra delay on every generation request (to keep shards busy long enough to kill a
+    worker in the middle of one).
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        rate: float = 0.0,
+        kinds: Sequence[str] = KINDS,
+        seed: int = 0,
+        hang_s: float = 3.0,
+        latency_s: float = 0.0,
+    ) -> None:
+        unknown = set(kinds) - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {KINDS}")
+        self.upstream = upstream.rstrip("/")
+        self.rate = rate
+        self.kinds = tuple(kinds)
+        self.hang_s = hang_s
+        self.latency_s = latency_s
+        self._rng = random.Random(seed)
+        self._queue: deque[str] = deque()
+        self._lock = threading.Lock()
+        #: Faults injected so far, by kind.
+        self.injected: Counter[str] = Counter()
+        #: Generation requests seen (faulted or not).
+        self.requests = 0
+        self.port = 0
+        self._lt: _LoopThread | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # ---- control (any thread) ----
+
+    def queue(self, kind: str, count: int = 1) -> None:
+        """Inject ``kind`` on the next ``count`` generation requests (before random ones)."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; known: {KINDS}")
+        with self._lock:
+            self._queue.extend([kind] * count)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def _next_fault(self) -> str | None:
+        with self._lock:
+            self.requests += 1
+            if self._queue:
+                kind: str | None = self._queue.popleft()
+            elif self.rate and self._rng.random() < self.rate:
+                kind = self._rng.choice(self.kinds)
+            else:
+                kind = None
+            if kind is not None:
+                self.injected[kind] += 1
+            return kind
+
+    # ---- lifecycle ----
+
+    def start(self) -> FaultProxy:
+        self._lt = _LoopThread("fault-proxy")
+        self._lt.call(self._start())
+        return self
+
+    async def _start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=256), timeout=aiohttp.ClientTimeout(total=120)
+        )
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, limit=1 << 24)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._writers):
+            w.transport.abort()
+        if self._session is not None:
+            await self._session.close()
+
+    def stop(self) -> None:
+        if self._lt is None:
+            return
+        with contextlib.suppress(Exception):
+            self._lt.call(self._stop(), timeout=10)
+        self._lt.close()
+        self._lt = None
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- serving ----
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {}
+                for line in lines[1:]:
+                    if ":" in line:
+                        k, v = line.split(":", 1)
+                        headers[k.strip().lower()] = v.strip()
+                body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+                fault = self._next_fault() if path.split("?")[0] in GENERATION_PATHS else None
+                if fault in ("close", "reset"):
+                    (_reset(writer) if fault == "reset" else writer.close())
+                    return
+                if fault == "timeout":
+                    await asyncio.sleep(self.hang_s)
+                    writer.close()
+                    return
+                if self.latency_s and path.split("?")[0] in GENERATION_PATHS:
+                    await asyncio.sleep(self.latency_s)
+                status, payload, ctype, extra = await self._answer(method, path, headers, body, fault)
+                head_lines = [f"HTTP/1.1 {status} X", f"Content-Type: {ctype}", f"Content-Length: {len(payload)}"]
+                head_lines += [f"{k}: {v}" for k, v in extra.items()]
+                writer.write(("\r\n".join(head_lines) + "\r\n\r\n").encode() + payload)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            return
+        finally:
+            self._writers.discard(writer)
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _answer(
+        self, method: str, path: str, headers: dict[str, str], body: bytes, fault: str | None
+    ) -> tuple[int, bytes, str, dict[str, str]]:
+        if fault is not None and fault.isdigit():
+            err = {"object": "error", "message": f"injected {fault}", "type": "InjectedFault", "code": int(fault)}
+            extra = {"Retry-After": "0"} if fault == "429" else {}
+            return int(fault), json.dumps(err).encode(), "application/json", extra
+        if fault == "malformed":
+            return 200, b'{"choices": [{"text": "', "application/json", {}
+        assert self._session is not None
+        fwd = {k: v for k, v in headers.items() if k in ("content-type", "authorization")}
+        async with self._session.request(method, self.upstream + path, data=body, headers=fwd) as resp:
+            status, payload, ctype = resp.status, await resp.read(), resp.headers.get("content-type", "")
+        if fault in ("short_logprobs", "nan_logprobs") and status == 200:
+            payload = json.dumps(_damage(json.loads(payload), fault)).encode()  # NaN is written as NaN
+        return status, payload, ctype or "application/json", {}
+
+
+def _damage(data: dict[str, Any], fault: str) -> dict[str, Any]:
+    """Drop the last log-prob, or make every log-prob NaN, in a vLLM or SGLang answer."""
+    lists: list[list[Any]] = []
+    for ch in data.get("choices") or []:
+        lp = ch.get("logprobs") or {}
+        if isinstance(lp.get("token_logprobs"), list):
+            lists.append(lp["token_logprobs"])
+    meta = data.get("meta_info") or {}
+    if isinstance(meta.get("output_token_logprobs"), list):
+        lists.append(meta["output_token_logprobs"])
+    for values in lists:
+        if fault == "short_logprobs":
+            if values:
+                values.pop()
+        else:
+            for i, v in enumerate(values):
+                values[i] = [float("nan"), *v[1:]] if isinstance(v, list) else float("nan")
+    return data
+
+
+class TcpRelay:
+    """Raw TCP relay on 127.0.0.1 to ``target_port``; :meth:`cut` and :meth:`restore` it."""
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self.target = (target_host, target_port)
+        self.port = 0
+        self.connections = 0
+        self._lt: _LoopThread | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def is_cut(self) -> bool:
+        return self._server is None
+
+    def start(self) -> TcpRelay:
+        self._lt = _LoopThread("tcp-relay")
+        self._lt.call(self._listen())
+        return self
+
+    async def _listen(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _cut(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for w in list(self._writers):
+            _reset(w)
+        self._writers.clear()
+
+    def cut(self) -> None:
+        """Refuse new connections and reset every open one (the store is unreachable)."""
+        assert self._lt is not None
+        self._lt.call(self._cut())
+
+    def restore(self) -> None:
+        """Listen again on the same port."""
+        assert self._lt is not None
+        self._lt.call(self._listen())
+
+    def stop(self) -> None:
+        if self._lt is None:
+            return
+        with contextlib.suppress(Exception):
+            self._lt.call(self._cut(), timeout=10)
+        self._lt.close()
+        self._lt = None
+
+    def __enter__(self) -> TcpRelay:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            _reset(writer)
+            return
+        self._writers.update((writer, up_writer))
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(1 << 16):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers.difference_update((writer, up_writer))
