@@ -74,10 +74,19 @@ def prometheus_text(engine: Engine, model_name: str) -> str:
             suffix = "_total" if kind == "counter" else ""
             lines.append(f"{name}{suffix}{{{lab}}} {float(value)}")
 
-    metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", [("", engine.num_running)])
-    metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", [("", engine.num_waiting)])
+    metric(
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        [("", engine.num_running)],
+    )
+    metric(
+        "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", [("", engine.num_waiting)]
+    )
     metric("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", [("", engine.prompt_tokens)])
-    metric("vllm:generation_tokens", "counter", "Number of generation tokens processed.", [("", engine.generation_tokens)])
+    metric(
+        "vllm:generation_tokens", "counter", "Number of generation tokens processed.", [("", engine.generation_tokens)]
+    )
     metric(
         "vllm:prefix_cache_queries",
         "counter",

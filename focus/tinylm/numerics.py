@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -183,17 +183,19 @@ class InvariantLM:
             assert m.weight is not None and m.bias is not None
             return LayerNorm(m.weight.detach().double(), m.bias.detach().double(), m.eps)
 
-        self.blocks = [
-            _Block(
-                ln(b.ln1),
-                Linear.of(b.qkv.weight, b.qkv.bias),
-                Linear.of(b.proj.weight, b.proj.bias),
-                ln(b.ln2),
-                Linear.of(b.mlp[0].weight, b.mlp[0].bias),
-                Linear.of(b.mlp[2].weight, b.mlp[2].bias),
+        self.blocks = []
+        for blk in model.blocks:
+            b: Any = blk
+            self.blocks.append(
+                _Block(
+                    ln(b.ln1),
+                    Linear.of(b.qkv.weight, b.qkv.bias),
+                    Linear.of(b.proj.weight, b.proj.bias),
+                    ln(b.ln2),
+                    Linear.of(b.mlp[0].weight, b.mlp[0].bias),
+                    Linear.of(b.mlp[2].weight, b.mlp[2].bias),
+                )
             )
-            for b in model.blocks  # type: ignore[union-attr]
-        ]
         self.ln_f = ln(model.ln_f)
         self.scale = 1.0 / math.sqrt(self.head_dim)
 

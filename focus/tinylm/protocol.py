@@ -275,7 +275,9 @@ class ChatCompletionRequest(_SamplingFields):
             if self.top_logprobs > 0 and not self.logprobs:
                 raise RequestError("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
         if self.tool_choice not in (None, "none"):
-            raise RequestError("tool calling is not supported by this server (tool_choice must be 'none')", "tool_choice")
+            raise RequestError(
+                "tool calling is not supported by this server (tool_choice must be 'none')", "tool_choice"
+            )
         if self.continue_final_message and self.add_generation_prompt:
             raise RequestError(
                 "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",

@@ -66,6 +66,7 @@ from focus.tinylm.serving import (
     trim_stop,
 )
 
+
 def _uid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -159,7 +160,7 @@ def router(state: ServerState) -> APIRouter:
         req.check()
         state.check_model(req.model)
         if req.messages is not None:
-            ids = _render(req.messages, req.add_generation_prompt, False)
+            ids = list(_render(req.messages, req.add_generation_prompt, False))
         else:
             ids = codec.encode_text(req.prompt or "")
         strs = [token_str(t) for t in ids] if req.return_token_strs else None
@@ -233,7 +234,7 @@ def _render(messages: Sequence[ChatMessageParam], add_generation_prompt: bool, c
         msgs.append(Message(role, m.text()))
     ids = ByteCodec().render(msgs, add_generation_prompt=add_generation_prompt and not continue_final)
     if continue_final and ids and ids[-1] == ByteCodec.EOT:
-        ids = ids[:-1]
+        return tuple(ids[:-1])
     return tuple(ids)
 
 
@@ -347,7 +348,9 @@ class _TextStream:
         return delta
 
     def finish(self, res: GenResult) -> str:
-        text = trim_stop(token_text(res.token_ids, self.req.skip_special_tokens), res, self.req.include_stop_str_in_output)
+        text = trim_stop(
+            token_text(res.token_ids, self.req.skip_special_tokens), res, self.req.include_stop_str_in_output
+        )
         delta = text[len(self.sent) :] if text.startswith(self.sent) else ""
         self.sent = text
         return delta
@@ -400,7 +403,9 @@ async def _stream_completion(state: ServerState, req: CompletionRequest, gen: li
                     )
                     offsets[i] += len(s)
                 tid = [d.token] if req.return_token_ids else None
-                yield chunk(i, CompletionResponseStreamChoice(index=i, text=texts[i].push(d.token), logprobs=lp, token_ids=tid))
+                yield chunk(
+                    i, CompletionResponseStreamChoice(index=i, text=texts[i].push(d.token), logprobs=lp, token_ids=tid)
+                )
             elif isinstance(ev, GenResult):
                 done[i] = ev
                 tail = texts[i].finish(ev)
@@ -427,7 +432,9 @@ async def _stream_completion(state: ServerState, req: CompletionRequest, gen: li
 
 async def _stream_chat(state: ServerState, req: ChatCompletionRequest, gen: list[GenRequest]) -> AsyncIterator[str]:
     engine = state.engine
-    head = ChatCompletionStreamResponse(id=_uid("chatcmpl"), created=int(time.time()), model=state.model_name, choices=[])
+    head = ChatCompletionStreamResponse(
+        id=_uid("chatcmpl"), created=int(time.time()), model=state.model_name, choices=[]
+    )
     texts = [_TextStream(req) for _ in gen]
     done: list[GenResult | None] = [None] * len(gen)
 
@@ -443,12 +450,18 @@ async def _stream_chat(state: ServerState, req: ChatCompletionRequest, gen: list
         return _data(body)
 
     for i in range(len(gen)):
-        yield chunk(ChatCompletionResponseStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")), i == 0)
+        yield chunk(
+            ChatCompletionResponseStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")), i == 0
+        )
     try:
         async for i, ev in run(engine, gen, stream=True):
             if isinstance(ev, TokenEvent):
                 d = ev.draw
-                lp = ChatCompletionLogProbs(content=[_chat_entry(d.token, d.logprob, d.top, req)]) if req.logprobs else None
+                lp = (
+                    ChatCompletionLogProbs(content=[_chat_entry(d.token, d.logprob, d.top, req)])
+                    if req.logprobs
+                    else None
+                )
                 tid = [d.token] if req.return_token_ids else None
                 delta = DeltaMessage(content=texts[i].push(d.token))
                 yield chunk(ChatCompletionResponseStreamChoice(index=i, delta=delta, logprobs=lp, token_ids=tid))

@@ -72,7 +72,10 @@ def router(state: ServerState) -> APIRouter:
         if req.stream:
             return StreamingResponse(_stream(engine, req, jobs), media_type="text/event-stream")
         res = await results(engine, [g for g, _, _ in jobs])
-        out = [_response(g, sp, opts, rr, req.return_text_in_logprobs).model_dump() for (g, sp, opts), rr in zip(jobs, res, strict=True)]
+        out = [
+            _response(g, sp, opts, rr, req.return_text_in_logprobs).model_dump()
+            for (g, sp, opts), rr in zip(jobs, res, strict=True)
+        ]
         return out if batch or len(out) > 1 else out[0]
 
     @r.post("/update_weights_from_disk")
@@ -133,7 +136,11 @@ def _gen_request(sp: SamplingParams, ids: tuple[int, ...], j: int, opts: dict[st
     )
 
 
-def _triple(lp: float | None, tok: int, with_text: bool) -> tuple[float | None, int, str | None]:
+def _triple(lp: float, tok: int, with_text: bool) -> tuple[float, int, str | None]:
+    return (finite(lp), tok, token_str(tok) if with_text else None)
+
+
+def _in_triple(lp: float | None, tok: int, with_text: bool) -> tuple[float | None, int, str | None]:
     return (None if lp is None else finite(lp), tok, token_str(tok) if with_text else None)
 
 
@@ -155,20 +162,17 @@ def _response(
     )
     if opts["return_logprob"]:
         meta.output_token_logprobs = [
-            _triple(lp, t, with_text) for t, lp in zip(res.token_ids, res.logprobs, strict=True)  # type: ignore[misc]
+            _triple(lp, t, with_text) for t, lp in zip(res.token_ids, res.logprobs, strict=True)
         ]
         if opts["top"] > 0:
-            meta.output_top_logprobs = [[_triple(v, t, with_text) for t, v in top] for top in res.top_logprobs]  # type: ignore[misc]
+            meta.output_top_logprobs = [[_triple(v, t, with_text) for t, v in top] for top in res.top_logprobs]
         if res.prompt_logprobs is not None:
             start = opts["start"]
             entries = list(zip(g.prompt_ids, res.prompt_logprobs, strict=True))[start:]
-            meta.input_token_logprobs = [
-                _triple(None if e is None else e.logprob, t, with_text) for t, e in entries
-            ]
+            meta.input_token_logprobs = [_in_triple(None if e is None else e.logprob, t, with_text) for t, e in entries]
             if opts["top"] > 0:
                 meta.input_top_logprobs = [
-                    None if e is None else [_triple(v, tt, with_text) for tt, v in e.top]  # type: ignore[misc]
-                    for _, e in entries
+                    None if e is None else [_triple(v, tt, with_text) for tt, v in e.top] for _, e in entries
                 ]
     text = token_text(res.token_ids, sp.skip_special_tokens)
     if not sp.no_stop_trim:

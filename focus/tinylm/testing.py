@@ -108,7 +108,7 @@ class FaultLayer:
 def _nan_logprobs(obj: Any) -> Any:
     """Every log-prob number in an answer replaced by NaN."""
     if isinstance(obj, dict):
-        out = {}
+        out: dict[str, Any] = {}
         for k, v in obj.items():
             if k in ("token_logprobs",) and isinstance(v, list):
                 out[k] = [math.nan for _ in v]
