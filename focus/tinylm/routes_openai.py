@@ -367,7 +367,9 @@ def _incomplete_utf8(data: bytes) -> bool:
 
 async def _stream_completion(state: ServerState, req: CompletionRequest, gen: list[GenRequest]) -> AsyncIterator[str]:
     engine = state.engine
-    head = CompletionStreamResponse(id=_uid("cmpl"), created=int(time.time()), model=state.model_name, choices=[])
+    head = CompletionStreamResponse(
+        id=_uid("cmpl"), object="text_completion", created=int(time.time()), model=state.model_name, choices=[]
+    )
     texts = [_TextStream(req) for _ in gen]
     offsets = [0] * len(gen)
     started = [False] * len(gen)
