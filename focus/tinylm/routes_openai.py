@@ -435,7 +435,11 @@ async def _stream_completion(state: ServerState, req: CompletionRequest, gen: li
 async def _stream_chat(state: ServerState, req: ChatCompletionRequest, gen: list[GenRequest]) -> AsyncIterator[str]:
     engine = state.engine
     head = ChatCompletionStreamResponse(
-        id=_uid("chatcmpl"), created=int(time.time()), model=state.model_name, choices=[]
+        id=_uid("chatcmpl"),
+        object="chat.completion.chunk",
+        created=int(time.time()),
+        model=state.model_name,
+        choices=[],
     )
     texts = [_TextStream(req) for _ in gen]
     done: list[GenResult | None] = [None] * len(gen)
