@@ -216,5 +216,14 @@ def _turn(
     prompt: Sequence[int], c: Completion, mask: int, kind: str, reward: float, transition: bool, obs: str
 ) -> Turn:
     return Turn(
-        tuple(prompt), tuple(c.token_ids), tuple(c.logprobs), mask, c.finish_reason, kind, reward, transition, obs
+        tuple(prompt),
+        tuple(c.token_ids),
+        tuple(c.logprobs),
+        mask,
+        c.finish_reason,
+        kind,
+        reward,
+        transition,
+        obs,
+        c.policy_version,
     )

@@ -237,7 +237,7 @@ class Collector:
                             e.parent,
                             e.id,
                             j,
-                            version,
+                            t.policy_version or version,
                             t.prompt_ids,
                             t.completion_ids,
                             t.logprobs,

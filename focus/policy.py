@@ -49,6 +49,8 @@ class Completion:
     #: Prompt tokens the server reports as served from its prefix cache, if it says.
     cached_prompt_tokens: int | None = None
     meta: dict = field(default_factory=dict, compare=False)
+    #: The version of the weights that sampled it, as the server reports it (None: unknown).
+    policy_version: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):

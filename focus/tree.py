@@ -36,6 +36,8 @@ class Turn:
     #: Whether the turn caused a task transition (parse errors and compactions do not).
     transition: bool = True
     observation: str = ""
+    #: Policy version that sampled the turn (server-reported); None: the policy's at preparation.
+    policy_version: str | None = None
 
 
 @dataclass

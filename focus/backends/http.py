@@ -222,8 +222,9 @@ class HttpPolicy(Policy):
 
     Subclasses name the endpoint (``path``), build the request (:meth:`request_body`)
     and parse the answer (:meth:`parse`, raising :class:`MalformedResponse` on an answer
-    that cannot be trusted); sending with retries, following the ``policy_version`` the
-    server reports and closing the connections are the same for every server.
+    that cannot be trusted, and setting the completion's ``policy_version`` to the
+    version the server reports); sending with retries, following that version and
+    closing the connections are the same for every server.
     """
 
     path: ClassVar[str]
@@ -242,9 +243,8 @@ class HttpPolicy(Policy):
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         self.check_prompt(prompt_ids)
         completion = await self.http.request("POST", self.path, self.request_body(prompt_ids, params), self.parse)
-        version = completion.meta.get("policy_version")
-        if isinstance(version, str) and version:
-            self.policy_version = version
+        if completion.policy_version:
+            self.policy_version = completion.policy_version
         return completion
 
     async def aclose(self) -> None:

@@ -41,8 +41,13 @@ class LocalModelServer:
     """Context manager around the tiny model's HTTP server.
 
     ``weights``: a weights file (default: the committed initial weights).
-    ``port``: 0 picks a free one. ``debug``: enable prompt recording and fault
-    injection (``/debug/...``), for tests. ``workers``: generation threads.
+    ``port``: 0 picks a free one. ``debug``: wrap the app in the test fault layer
+    (:mod:`focus.tinylm.testing`: prompt recording and injected faults, ``/debug/...``).
+    ``logprobs_mode``: which log-probs the server reports (vLLM's names, see
+    :mod:`focus.tinylm.sampler`; the default is what :mod:`focus.train_local` assumes).
+    ``extra_args``: more server flags (``--max-num-seqs``, ``--prefix-cache-tokens``...).
+    ``workers`` and ``torch_threads`` are kept for compatibility: one engine thread with
+    one torch thread serves all requests (batched), which the invariant numerics need.
     """
 
     def __init__(
@@ -51,10 +56,14 @@ class LocalModelServer:
         port: int = 0,
         *,
         debug: bool = False,
-        workers: int = 2,
+        workers: int = 1,
         torch_threads: int = 1,
         startup_timeout_s: float = 60.0,
+        logprobs_mode: str = "processed_logprobs",
+        extra_args: list[str] | None = None,
     ) -> None:
+        self.logprobs_mode = logprobs_mode
+        self.extra_args = list(extra_args or [])
         self.weights = str(weights) if weights is not None else None
         self.port = port
         self.debug = debug
@@ -99,6 +108,7 @@ class LocalModelServer:
         ]
         if self.weights:
             cmd += ["--weights", self.weights]
+        cmd += ["--logprobs-mode", self.logprobs_mode, *self.extra_args]
         if self.debug:
             cmd.append("--debug")
         self._log = open(tmp / "server.log", "w+b")  # noqa: SIM115 - closed in stop()

@@ -25,8 +25,9 @@ class OpenAICompatPolicy(HttpPolicy):
     """``POST {base_url}/v1/completions`` with token-id prompts (vLLM and compatibles).
 
     ``base_url`` is the server root (``http://host:8000``); a trailing ``/v1`` is
-    accepted too. ``policy_version`` starts as ``model`` and follows the server's
-    ``policy_version`` field when it reports one (the embedded server does).
+    accepted too. ``policy_version`` starts as ``model`` and follows what the server
+    reports: its ``policy_version`` field (the embedded server's weights version), else
+    the answer's ``model`` (vLLM's served model name); each completion carries it.
     ``extra_body`` is merged into every request (e.g. ``{"top_k": 20}``).
     """
 
@@ -114,4 +115,7 @@ def parse_completion(data: Any) -> Completion:
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     meta = {k: data[k] for k in ("policy_version", "model", "id") if k in data}
-    return Completion(tuple(ids), tuple(values), finish, cached, meta)
+    # the embedded server names its weights; vLLM names the served model (or LoRA adapter)
+    version = data.get("policy_version") or data.get("model")
+    version = version if isinstance(version, str) and version else None
+    return Completion(tuple(ids), tuple(values), finish, cached, meta, version)

@@ -5,8 +5,10 @@ The request sends ``input_ids`` and ``sampling_params`` (``max_new_tokens``,
 ``return_logprob: true``. SGLang answers ``output_ids`` and, in ``meta_info``,
 ``output_token_logprobs`` as ``[logprob, token_id, text_or_null]`` triples, a
 ``finish_reason`` object (``{"type": "stop" | "length" | "abort", ...}``) and
-``cached_tokens``. The ids in the log-prob triples are the authority; ``output_ids``,
-when present, must agree with them.
+``cached_tokens``, and ``weight_version``, the version of the weights that sampled it,
+which each completion (and so each recorded turn) carries as its ``policy_version``.
+The ids in the log-prob triples are the authority; ``output_ids``, when present, must
+agree with them.
 """
 
 from __future__ import annotations
@@ -90,5 +92,8 @@ def parse_generate(data: Any) -> Completion:
     if finish is None:
         raise MalformedResponse(f"unknown finish_reason {fr!r}")
     cached = meta.get("cached_tokens")
-    extra = {k: meta[k] for k in ("policy_version", "id") if k in meta}
-    return Completion(tuple(ids), tuple(lps), finish, cached if isinstance(cached, int) else None, extra)
+    extra = {k: meta[k] for k in ("policy_version", "weight_version", "id") if k in meta}
+    # SGLang names the weights that sampled the answer (set by weight updates)
+    version = meta.get("weight_version") or meta.get("policy_version")
+    version = version if isinstance(version, str) and version else None
+    return Completion(tuple(ids), tuple(lps), finish, cached if isinstance(cached, int) else None, extra, version)

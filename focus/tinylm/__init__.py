@@ -1,0 +1,1 @@
+"""The embedded tiny model: weights, invariant serving numerics, engine and HTTP server."""

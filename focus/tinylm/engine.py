@@ -1,10 +1,21 @@
-"""Generation for the tiny model: KV-cached decoding, exact log-probs, a prefix cache.
+"""The tiny model's inference engine: continuous batching over a prefix cache.
 
-The engine is synchronous and thread-safe; the HTTP server runs it in worker threads
-so its event loop never blocks. The prefix cache is what a real server's radix/prefix
-cache does for FOCUS: continuations from a checkpoint resend the identical prompt
-prefix, and the engine reports how many prompt tokens it did not recompute
-(``cached_tokens``), which tests use to observe prefix reuse from the server side.
+One scheduler thread owns the model. Each iteration it (1) admits queued requests and
+prefills their prompts in chunks (a bounded number of tokens per iteration, so running
+sequences keep decoding), reusing the longest cached prefix; (2) samples the next token
+of every running sequence at once (:func:`focus.tinylm.sampler.sample`); (3) runs one
+forward over all sequences that continue, each attending to exactly its own keys in a
+shared slot buffer. Requests that arrive while others decode join at the next
+iteration; finished ones leave and their keys and values go to the prefix cache.
+
+Numerics are cache- and batch-invariant (:mod:`focus.tinylm.numerics`): a request's ids
+and log-probs do not depend on what is cached or on what else is decoded. Sampling
+draws from a per-request generator (seeded by the request's ``seed``; sample ``i`` of
+``n`` uses ``seed + i``, as vLLM does).
+
+Weights are swapped with :meth:`Engine.reload` while serving: requests already
+admitted finish on the weights they started with (their own batch drains); requests
+admitted afterwards use the new weights; the prefix cache is cleared.
 """
 
 from __future__ import annotations
@@ -12,77 +23,289 @@ from __future__ import annotations
 import os
 import random
 import threading
-from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from focus.format import ByteCodec
-from focus.tinylm.model import KVCache, TinyLM, load, sampling_distribution, weights_version
+from focus.tinylm.cache import Hit, LayerKV, PrefixCache
+from focus.tinylm.model import DEFAULT_WEIGHTS, TinyLM, load, weights_version
+from focus.tinylm.numerics import InvariantLM, log_softmax
+from focus.tinylm.sampler import LOGPROBS_MODES, Draw, RowParams, describe, sample
 
 
 @dataclass(frozen=True)
 class GenRequest:
     prompt_ids: tuple[int, ...]
+    #: 0 only scores the prompt (SGLang's ``max_new_tokens: 0``, vLLM's echo-only).
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    min_tokens: int = 0
+    #: Alternatives reported per sampled token besides it (vLLM ``logprobs``).
+    logprobs: int = 0
+    #: None: no prompt log-probs; k: every prompt token's log-prob and k alternatives.
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True)
 class GenResult:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
-    #: "stop" (a stop id or string, or end of turn) or "length".
+    #: "stop" (a stop id or string, or end of turn), "length" or "abort".
     finish_reason: str
     #: The stop id or string that ended sampling, if any.
     matched: int | str | None
     cached_tokens: int
     policy_version: str
+    #: Per sampled token: its rank and the requested top alternatives (id, value).
+    ranks: tuple[int, ...] = ()
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    #: Per prompt token (None for the first), when asked for.
+    prompt_logprobs: tuple[Draw | None, ...] | None = None
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sampled token of a streaming request (``index`` in the completion)."""
+
+    index: int
+    draw: Draw
 
 
 class EngineError(ValueError):
     """The request cannot be served (bad ids, too long); the server answers 400."""
 
 
+@dataclass(eq=False)
+class _Weights:
+    model: TinyLM
+    lm: InvariantLM
+    version: str
+    path: str
+
+
+@dataclass(eq=False)
+class _Seq:
+    req: GenRequest
+    on_event: Callable[[Any], None]
+    stream: bool
+    gen: torch.Generator
+    weights: _Weights | None = None
+    kv: LayerKV = field(default_factory=list)
+    done: int = 0
+    cached: int = 0
+    logits: torch.Tensor | None = None
+    ids: list[int] = field(default_factory=list)
+    draws: list[Draw] = field(default_factory=list)
+    prompt_lp: list[Draw | None] | None = None
+    cancelled: bool = False
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self.req.prompt_ids
+
+
+class Handle:
+    """A submitted request; :meth:`cancel` aborts it (a client that went away)."""
+
+    def __init__(self, seq: _Seq, engine: Engine) -> None:
+        self._seq, self._engine = seq, engine
+
+    def cancel(self) -> None:
+        self._seq.cancelled = True
+        self._engine._wake()
+
+
+class _SeqStore:
+    """Keys and values of one sequence being prefilled (grown chunk by chunk)."""
+
+    def __init__(self, seq: _Seq) -> None:
+        self.seq = seq
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        old_k, old_v = self.seq.kv[layer]
+        nk, nv = torch.cat([old_k, k[0]], dim=1), torch.cat([old_v, v[0]], dim=1)
+        self.seq.kv[layer] = (nk, nv)
+        return nk[None].double(), nv[None].double()
+
+
+class _Batch:
+    """The running sequences of one set of weights, in a shared slot buffer.
+
+    Slot ``i`` holds ``seqs[i]``'s keys and values: float32 (slots, heads, capacity,
+    head_dim) per layer. Slots stay contiguous (a leaving sequence's slot is refilled
+    from the last one), so a decode step reads one view ``[:B, :, :L]``.
+    """
+
+    def __init__(self, weights: _Weights) -> None:
+        self.weights = weights
+        lm = weights.lm
+        self.shape = (lm.n_heads, lm.head_dim)
+        self.seqs: list[_Seq] = []
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self._alloc(8, 64)
+        self.positions = torch.zeros(0, dtype=torch.long)
+
+    def _alloc(self, slots: int, cap: int) -> None:
+        h, hd = self.shape
+        old = (self.k, self.v)
+        self.k = [torch.zeros(slots, h, cap, hd) for _ in range(self.weights.lm.n_layers)]
+        self.v = [torch.zeros(slots, h, cap, hd) for _ in range(self.weights.lm.n_layers)]
+        if old[0]:
+            s, c = min(slots, old[0][0].shape[0]), min(cap, old[0][0].shape[2])
+            for new, prev in ((self.k, old[0]), (self.v, old[1])):
+                for n, p in zip(new, prev, strict=True):
+                    n[:s, :, :c] = p[:s, :, :c]
+
+    def _ensure(self, slots: int, length: int) -> None:
+        cur_s, cur_c = self.k[0].shape[0], self.k[0].shape[2]
+        if slots > cur_s or length > cur_c:
+            s, c = cur_s, cur_c
+            while s < slots:
+                s *= 2
+            while c < length:
+                c *= 2
+            self._alloc(s, c)
+
+    def add(self, seq: _Seq) -> None:
+        n = seq.kv[0][0].shape[1]
+        self._ensure(len(self.seqs) + 1, n + 1)
+        slot = len(self.seqs)
+        for layer, (k, v) in enumerate(seq.kv):
+            self.k[layer][slot, :, :n] = k
+            self.v[layer][slot, :, :n] = v
+        seq.kv = []
+        self.seqs.append(seq)
+
+    def kv_of(self, slot: int, n: int) -> LayerKV:
+        return [(k[slot, :, :n].clone(), v[slot, :, :n].clone()) for k, v in zip(self.k, self.v, strict=True)]
+
+    def remove(self, slot: int) -> None:
+        last = len(self.seqs) - 1
+        if slot != last:
+            n = len(self.seqs[last].prompt) + len(self.seqs[last].ids)
+            for k, v in zip(self.k, self.v, strict=True):
+                k[slot, :, :n] = k[last, :, :n]
+                v[slot, :, :n] = v[last, :, :n]
+            self.seqs[slot] = self.seqs[last]
+        self.seqs.pop()
+
+    # KVStore for a decode step: token b is written at self.positions[b]
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b = k.shape[0]
+        rows = torch.arange(b)
+        self.k[layer][rows, :, self.positions] = k[:, :, 0]
+        self.v[layer][rows, :, self.positions] = v[:, :, 0]
+        n = int(self.positions.max()) + 1
+        return self.k[layer][:b, :, :n].double(), self.v[layer][:b, :, :n].double()
+
+    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """Logits (B, V) after feeding one token to every sequence (in slot order)."""
+        self._ensure(len(tokens), max(positions) + 1)
+        self.positions = torch.tensor(positions)
+        n = max(positions) + 1
+        valid = (torch.arange(n)[None, :] <= self.positions[:, None])[:, None, :]
+        lm = self.weights.lm
+        h = lm.forward(torch.tensor(tokens)[:, None], self.positions[:, None], self, valid)
+        return lm.logits(h[:, 0])
+
+
 class Engine:
-    """Loads weights, samples, reloads weights; keeps a small LRU prefix cache."""
+    """Loads weights, schedules and batches requests, reloads weights; thread-safe.
 
-    def __init__(self, weights: str | os.PathLike[str] | None = None, *, prefix_cache_size: int = 64) -> None:
-        self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[int, ...], tuple[KVCache, torch.Tensor]] = OrderedDict()
-        self.prefix_cache_size = prefix_cache_size
+    ``prefix_cache_tokens``: token budget of the prefix cache (0 disables it).
+    ``max_num_seqs``: sequences decoded together at most (vLLM's ``--max-num-seqs``).
+    ``prefill_chunk``: prompt tokens prefilled per iteration (vLLM's chunked prefill).
+    ``logprobs_mode``: which log-probs are reported (:mod:`focus.tinylm.sampler`).
+    The numerics are invariant with one intra-op thread, which the engine sets.
+    """
+
+    def __init__(
+        self,
+        weights: str | os.PathLike[str] | None = None,
+        *,
+        prefix_cache_tokens: int = 65536,
+        max_num_seqs: int = 64,
+        prefill_chunk: int = 256,
+        logprobs_mode: str = "processed_logprobs",
+        version: str | None = None,
+    ) -> None:
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"unknown logprobs mode {logprobs_mode!r}; one of {LOGPROBS_MODES}")
+        torch.set_num_threads(1)
         self.codec = ByteCodec()
-        self.model, self.policy_version, self.weights_path = self._load(weights)
+        self.logprobs_mode = logprobs_mode
+        self.max_num_seqs = max_num_seqs
+        self.prefill_chunk = prefill_chunk
+        self.cache = PrefixCache(prefix_cache_tokens)
+        self._current = self._load(weights, version)
+        self._cache_weights = self._current
+        self._cond = threading.Condition()
+        self._queue: deque[_Seq] = deque()
+        self._prefilling: deque[_Seq] = deque()
+        self._batches: dict[int, _Batch] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._flush = False
+        self._n_running = 0
+        self.generation_tokens = 0
+        self.prompt_tokens = 0
+        self.finished: dict[str, int] = {}
 
+    # --- weights -----------------------------------------------------------------------
     @staticmethod
-    def _load(weights: str | os.PathLike[str] | None) -> tuple[TinyLM, str, str]:
-        from focus.tinylm.model import DEFAULT_WEIGHTS
-
+    def _load(weights: str | os.PathLike[str] | None, version: str | None = None) -> _Weights:
         path = str(weights) if weights is not None else str(DEFAULT_WEIGHTS)
-        return load(path), weights_version(path), path
+        model = load(path)
+        return _Weights(model, InvariantLM(model), version or weights_version(path), path)
+
+    @property
+    def model(self) -> TinyLM:
+        return self._current.model
+
+    @property
+    def policy_version(self) -> str:
+        return self._current.version
+
+    @property
+    def weights_path(self) -> str:
+        return self._current.path
 
     @property
     def max_len(self) -> int:
-        return self.model.cfg.max_len
+        return self._current.model.cfg.max_len
 
     @property
     def vocab_size(self) -> int:
-        return self.model.cfg.vocab_size
+        return self._current.model.cfg.vocab_size
 
-    def reload(self, weights: str | os.PathLike[str]) -> str:
-        """Swap in new weights atomically; running requests finish on the old ones."""
-        model, version, path = self._load(weights)
-        with self._lock:
-            self.model, self.policy_version, self.weights_path = model, version, path
-            self._cache.clear()
-        return version
+    def reload(self, weights: str | os.PathLike[str], version: str | None = None) -> str:
+        """Serve new weights from now on; admitted requests finish on the old ones."""
+        new = self._load(Path(weights), version)
+        with self._cond:
+            self._current = new
+            self._cond.notify()
+        return new.version
 
+    def flush_cache(self) -> None:
+        """Empty the prefix cache (at the engine's next iteration)."""
+        with self._cond:
+            self._flush = True
+            self._cond.notify()
+
+    # --- requests -----------------------------------------------------------------------
     def check(self, req: GenRequest) -> None:
         if not req.prompt_ids:
             raise EngineError("empty prompt: send at least one token id")
@@ -91,79 +314,245 @@ class Engine:
                 raise EngineError(
                     f"prompt token id {t} at position {i} is outside the vocabulary [0, {self.vocab_size})"
                 )
+        if req.max_tokens < 0:
+            raise EngineError("max_tokens must be at least 0")
         if len(req.prompt_ids) + req.max_tokens > self.max_len:
             raise EngineError(
-                f"prompt of {len(req.prompt_ids)} tokens plus max_tokens {req.max_tokens} exceeds "
-                f"the model's context of {self.max_len} tokens"
+                f"This model's maximum context length is {self.max_len} tokens. However, you requested "
+                f"{len(req.prompt_ids) + req.max_tokens} tokens ({len(req.prompt_ids)} in the messages, "
+                f"{req.max_tokens} in the completion). Please reduce the length of the messages or completion."
             )
-        if req.max_tokens < 1:
-            raise EngineError("max_tokens must be at least 1")
-        if req.temperature < 0 or not 0 < req.top_p <= 1:
-            raise EngineError(f"invalid temperature {req.temperature} or top_p {req.top_p}")
+        if req.temperature < 0 or not 0 < req.top_p <= 1 or not 0 <= req.min_p <= 1:
+            raise EngineError(f"invalid temperature {req.temperature}, top_p {req.top_p} or min_p {req.min_p}")
 
-    def _lookup(self, prompt: tuple[int, ...]) -> tuple[int, KVCache | None, torch.Tensor | None]:
-        """Longest cached prefix of ``prompt``: (length, cache, logits after it)."""
-        best: tuple[int, KVCache | None, torch.Tensor | None] = (0, None, None)
-        with self._lock:
-            for key, (kv, logits) in self._cache.items():
-                n = len(key)
-                if n <= len(prompt) and n > best[0] and prompt[:n] == key:
-                    best = (n, kv, logits)
-            if best[0]:
-                self._cache.move_to_end(prompt[: best[0]])
-        return best
-
-    def _store(self, prompt: tuple[int, ...], kv: KVCache, logits: torch.Tensor, model: TinyLM) -> None:
-        with self._lock:
-            if model is not self.model:  # weights changed while we ran: the cache is stale
-                return
-            self._cache[prompt] = (kv, logits)
-            self._cache.move_to_end(prompt)
-            while len(self._cache) > self.prefix_cache_size:
-                self._cache.popitem(last=False)
-
-    @torch.no_grad()
-    def generate(self, req: GenRequest) -> GenResult:
+    def submit(self, req: GenRequest, on_event: Callable[[Any], None], *, stream: bool = False) -> Handle:
+        """Queue ``req``; ``on_event`` gets :class:`TokenEvent` s (if ``stream``) and then the
+        :class:`GenResult` (or an :class:`Exception`), from the engine thread."""
         self.check(req)
-        with self._lock:
-            model, version = self.model, self.policy_version
-        prompt = req.prompt_ids
-        n_cached, kv, logits = self._lookup(prompt)
-        if n_cached < len(prompt):
-            out, kv = model(torch.tensor([prompt[n_cached:]]), kv)
-            logits = out[0, -1]
-            self._store(prompt, kv, logits, model)
-        assert kv is not None and logits is not None
         seed = req.seed if req.seed is not None else random.SystemRandom().randrange(2**63)
-        gen = torch.Generator().manual_seed(seed)
-        stops = set(req.stop_token_ids)
+        seq = _Seq(req, on_event, stream, torch.Generator().manual_seed(seed % 2**64))
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._queue.append(seq)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tinylm-engine", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return Handle(seq, self)
+
+    def generate(self, req: GenRequest) -> GenResult:
+        """Blocking convenience: submit and wait for the result."""
+        done = threading.Event()
+        box: list[Any] = []
+
+        def on_event(ev: Any) -> None:
+            if isinstance(ev, GenResult | Exception):
+                box.append(ev)
+                done.set()
+
+        self.submit(req, on_event)
+        done.wait()
+        if isinstance(box[0], Exception):
+            raise box[0]
+        return box[0]
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._queue)
+
+    @property
+    def num_running(self) -> int:
+        """Requests admitted and not finished (prefilling or decoding)."""
+        return self._n_running
+
+    @property
+    def cache_usage(self) -> float:
+        return self.cache.tokens / self.cache.max_tokens if self.cache.max_tokens else 0.0
+
+    def _count_running(self) -> int:
+        self._n_running = len(self._prefilling) + sum(len(b.seqs) for b in self._batches.values())
+        return self._n_running
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    # --- the scheduler thread -------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not (self._queue or self._prefilling or self._batches):
+                    self._cond.wait()
+                if self._closed:
+                    return
+            try:
+                self._iteration()
+            except Exception as e:  # noqa: BLE001 - fail what was running, keep serving
+                for seq in [*self._prefilling, *(s for b in self._batches.values() for s in b.seqs)]:
+                    seq.on_event(RuntimeError(f"engine failure: {type(e).__name__}: {e}"))
+                self._prefilling.clear()
+                self._batches.clear()
+
+    def _iteration(self) -> None:
+        if self._cache_weights is not self._current or self._flush:
+            self.cache.clear()
+            self._cache_weights, self._flush = self._current, False
+        budget = self.prefill_chunk
+        while budget > 0:
+            seq = self._next_prefill()
+            if seq is None:
+                break
+            budget -= self._prefill(seq, budget)
+        for key, batch in list(self._batches.items()):
+            self._step(batch)
+            if not batch.seqs:
+                del self._batches[key]
+        self._count_running()
+
+    def _next_prefill(self) -> _Seq | None:
+        while self._prefilling and self._prefilling[0].cancelled:
+            self._finish(self._prefilling.popleft(), "abort", None)
+        if self._prefilling:
+            return self._prefilling[0]
+        if self._count_running() >= self.max_num_seqs:
+            return None
+        with self._cond:
+            if not self._queue:
+                return None
+            seq = self._queue.popleft()
+            seq.weights = self._current
+        if seq.cancelled:
+            self._finish(seq, "abort", None)
+            return self._next_prefill()
+        self.prompt_tokens += len(seq.prompt)
+        lm = seq.weights.lm
+        if seq.req.prompt_logprobs is None and self.cache.max_tokens > 0:
+            hit = self.cache.lookup(seq.prompt)
+        else:
+            hit = Hit(0, None, None)
+            seq.prompt_lp = [None]
+        empty = torch.zeros(lm.n_heads, 0, lm.head_dim)
+        seq.kv = list(hit.kv) if hit.kv is not None else [(empty, empty) for _ in range(lm.n_layers)]
+        seq.done = seq.cached = hit.n
+        seq.logits = hit.logits
+        self._prefilling.append(seq)
+        return seq
+
+    def _prefill(self, seq: _Seq, budget: int) -> int:
+        """Prefill up to ``budget`` prompt tokens of ``seq``; returns how many."""
+        assert seq.weights is not None
+        lm = seq.weights.lm
+        n = min(len(seq.prompt) - seq.done, budget)
+        if n > 0:
+            start = seq.done
+            pos = torch.arange(start, start + n)
+            valid = (torch.arange(start + n)[None, :] <= pos[:, None])[None]
+            hidden = lm.forward(torch.tensor([seq.prompt[start : start + n]]), pos[None], _SeqStore(seq), valid)
+            seq.done += n
+            if seq.prompt_lp is not None:
+                logits = lm.logits(hidden[0])
+                lp = log_softmax(logits)
+                targets = [seq.prompt[p + 1] for p in range(start, start + n) if p + 1 < len(seq.prompt)]
+                k = seq.req.prompt_logprobs or 0
+                seq.prompt_lp.extend(describe(lp[: len(targets)], targets, [k] * len(targets)))
+                seq.logits = logits[-1]
+            elif seq.done == len(seq.prompt):
+                seq.logits = lm.logits(hidden[0, -1:])[0]
+        if seq.done < len(seq.prompt):
+            return max(n, 1)
+        self._prefilling.popleft()
+        assert seq.logits is not None
+        if self.cache.max_tokens > 0 and seq.weights is self._current and seq.cached < len(seq.prompt):
+            self.cache.store(seq.prompt, [(k.clone(), v.clone()) for k, v in seq.kv], seq.logits)
+        if seq.req.max_tokens == 0 or seq.cancelled:
+            self._finish(seq, "abort" if seq.cancelled else "length", None)
+        else:
+            key = id(seq.weights)
+            if key not in self._batches:
+                self._batches[key] = _Batch(seq.weights)
+            self._batches[key].add(seq)
+        return max(n, 1)
+
+    def _step(self, batch: _Batch) -> None:
+        seqs = batch.seqs
+        params = [
+            RowParams(
+                s.req.temperature,
+                s.req.top_p,
+                s.req.top_k,
+                s.req.min_p,
+                tuple(self._stop_ids(s.req)) if len(s.ids) < s.req.min_tokens else (),
+                s.req.logprobs,
+            )
+            for s in seqs
+        ]
+        logits = torch.stack([s.logits for s in seqs if s.logits is not None])
+        draws = sample(logits, params, [s.gen for s in seqs], self.logprobs_mode)
+        self.generation_tokens += len(draws)
+        ending: list[tuple[int, str, int | str | None]] = []
+        for i, (s, d) in enumerate(zip(seqs, draws, strict=True)):
+            s.ids.append(d.token)
+            s.draws.append(d)
+            if s.stream:
+                s.on_event(TokenEvent(len(s.ids) - 1, d))
+            end = self._stopped(s, d.token)
+            if end is not None:
+                ending.append((i, *end))
+        for i, reason, matched in sorted(ending, reverse=True):
+            s = seqs[i]
+            n = len(s.prompt) + len(s.ids) - 1
+            if self.cache.max_tokens > 0 and batch.weights is self._current and s.logits is not None:
+                self.cache.store(s.prompt + tuple(s.ids[:-1]), batch.kv_of(i, n), s.logits)
+            batch.remove(i)
+            self._finish(s, reason, matched)
+        if seqs:
+            positions = [len(s.prompt) + len(s.ids) - 1 for s in seqs]
+            out = batch.decode([s.ids[-1] for s in seqs], positions)
+            for s, row in zip(seqs, out, strict=True):
+                s.logits = row
+
+    def _stop_ids(self, req: GenRequest) -> set[int]:
+        ids = set(req.stop_token_ids)
         if not req.ignore_eos:
-            stops.add(ByteCodec.EOT)
-        ids: list[int] = []
-        lps: list[float] = []
-        finish: str = "length"
-        matched: int | str | None = None
-        for _ in range(req.max_tokens):
-            probs = sampling_distribution(logits, req.temperature, req.top_p)
-            tok = int(torch.multinomial(probs, 1, generator=gen)) if req.temperature > 0 else int(probs.argmax())
-            ids.append(tok)
-            lps.append(float(torch.log(probs[tok])))
-            if tok in stops:
-                finish, matched = "stop", tok
-                break
-            hit = _stop_string(self.codec.decode(ids), req.stop)
-            if hit is not None:
-                finish, matched = "stop", hit
-                break
-            if len(ids) == req.max_tokens:
-                break
-            out, kv = model(torch.tensor([[tok]]), kv)
-            logits = out[0, -1]
-        return GenResult(tuple(ids), tuple(lps), finish, matched, n_cached, version)
+            ids.add(ByteCodec.EOT)
+        return ids
 
+    def _stopped(self, s: _Seq, tok: int) -> tuple[str, int | str | None] | None:
+        if s.cancelled:
+            return "abort", None
+        if tok in self._stop_ids(s.req):
+            return "stop", tok
+        if s.req.stop:
+            text = self.codec.decode(s.ids)
+            for stop in s.req.stop:
+                if stop and stop in text:
+                    return "stop", stop
+        if len(s.ids) >= s.req.max_tokens:
+            return "length", None
+        return None
 
-def _stop_string(text: str, stops: Sequence[str]) -> str | None:
-    for s in stops:
-        if s and s in text:
-            return s
-    return None
+    def _finish(self, s: _Seq, reason: str, matched: int | str | None) -> None:
+        self.finished[reason] = self.finished.get(reason, 0) + 1
+        assert s.weights is not None or reason == "abort"
+        version = s.weights.version if s.weights is not None else self.policy_version
+        s.on_event(
+            GenResult(
+                tuple(s.ids),
+                tuple(d.logprob for d in s.draws),
+                reason,
+                matched,
+                s.cached,
+                version,
+                tuple(d.rank for d in s.draws),
+                tuple(d.top for d in s.draws),
+                tuple(s.prompt_lp) if s.prompt_lp is not None else None,
+            )
+        )

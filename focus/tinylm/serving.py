@@ -1,0 +1,179 @@
+"""What every route shares: the engine bridge, request parsing, errors and token text.
+
+Routes run on the asyncio loop; the engine runs on its own thread. :func:`run` submits
+engine requests and yields their events on the loop (each token for streaming
+requests, then the result); leaving early (a client that disconnected) cancels them.
+Bodies are parsed with the protocol models; any failure is answered in vLLM's error
+layout (``{"error": {"message", "type", "param", "code"}}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+
+from focus.format import ByteCodec
+from focus.tinylm.engine import Engine, EngineError, GenRequest, GenResult, Handle, TokenEvent
+from focus.tinylm.protocol import ErrorInfo, ErrorResponse, RequestError
+
+M = TypeVar("M", bound=BaseModel)
+
+MODEL_NAME = "focus-tinylm"
+_SPECIAL = {
+    ByteCodec.BOS: "<bos>",
+    ByteCodec.EOT: "<eot>",
+    ByteCodec.SYSTEM: "<system>",
+    ByteCodec.USER: "<user>",
+    ByteCodec.ASSISTANT: "<assistant>",
+    ByteCodec.TOOL: "<tool>",
+    ByteCodec.PAD: "<pad>",
+}
+
+
+@dataclass
+class ServerState:
+    engine: Engine
+    model_name: str = MODEL_NAME
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise RequestError(f"The model `{model}` does not exist.", "model", status=404)
+
+
+def error_response(message: str, status: int = 400, param: str | None = None) -> JSONResponse:
+    kind = {404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailableError"}.get(
+        status, "BadRequestError"
+    )
+    body = ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=status))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+async def parse(request: Request, model: type[M]) -> M:
+    """The body as ``model``; RequestError (400) on bad JSON, types or values."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError as e:
+        raise RequestError(f"request body is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise RequestError("request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = ".".join(str(x) for x in first["loc"]) if first.get("loc") else None
+        raise RequestError(f"{e.error_count()} validation error(s): {summary(e)}", param) from e
+
+
+def summary(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors()[:5]:
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        parts.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(parts)
+
+
+async def run(engine: Engine, requests: Sequence[GenRequest], *, stream: bool = False) -> AsyncIterator[Any]:
+    """Submit ``requests``; yield ``(index, event)`` pairs until every one finished."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    handles: list[Handle] = []
+
+    def sink(i: int) -> Any:
+        return lambda ev: loop.call_soon_threadsafe(queue.put_nowait, (i, ev))
+
+    try:
+        for i, req in enumerate(requests):
+            handles.append(engine.submit(req, sink(i), stream=stream))
+        remaining = len(requests)
+        while remaining:
+            i, ev = await queue.get()
+            if isinstance(ev, Exception):
+                raise ev
+            if isinstance(ev, GenResult):
+                remaining -= 1
+            yield i, ev
+    finally:
+        for h in handles:
+            h.cancel()
+
+
+async def results(engine: Engine, requests: Sequence[GenRequest]) -> list[GenResult]:
+    out: list[GenResult | None] = [None] * len(requests)
+    async for i, ev in run(engine, requests):
+        if isinstance(ev, GenResult):
+            out[i] = ev
+    return [r for r in out if r is not None]
+
+
+def token_str(t: int, as_id: bool = False) -> str:
+    """The text of one token in log-prob listings (vLLM: ``token_id:<id>`` if asked)."""
+    if as_id:
+        return f"token_id:{t}"
+    if t in _SPECIAL:
+        return _SPECIAL[t]
+    return bytes([t]).decode("utf-8", errors="replace") if 0 <= t < 256 else f"<{t}>"
+
+
+def token_text(ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    """Text of ids; special tokens are dropped unless ``skip_special_tokens`` is false."""
+    if skip_special_tokens:
+        return bytes(t for t in ids if 0 <= t < 256).decode("utf-8", errors="replace")
+    out: list[str] = []
+    run_ = bytearray()
+    for t in ids:
+        if 0 <= t < 256:
+            run_.append(t)
+        else:
+            out.append(run_.decode("utf-8", errors="replace"))
+            run_ = bytearray()
+            out.append(_SPECIAL.get(t, ""))
+    out.append(run_.decode("utf-8", errors="replace"))
+    return "".join(out)
+
+
+def finite(x: float) -> float:
+    """-inf (a token outside the truncation set) as vLLM writes it: -9999.0."""
+    return max(x, -9999.0)
+
+
+def stop_reason(res: GenResult) -> int | str | None:
+    """vLLM's ``stop_reason``: the stop string or id; None for end-of-turn (EOS)."""
+    return None if res.matched == ByteCodec.EOT else res.matched
+
+
+def trim_stop(text: str, res: GenResult, include: bool) -> str:
+    """Completion text ends before a matched stop string (after it if ``include``)."""
+    if isinstance(res.matched, str) and res.matched:
+        cut = text.find(res.matched)
+        if cut >= 0:
+            return text[: cut + (len(res.matched) if include else 0)]
+    return text
+
+
+def engine_error(e: EngineError) -> RequestError:
+    return RequestError(str(e), "prompt")
+
+
+__all__ = [
+    "MODEL_NAME",
+    "ServerState",
+    "TokenEvent",
+    "error_response",
+    "finite",
+    "parse",
+    "results",
+    "run",
+    "stop_reason",
+    "summary",
+    "token_str",
+    "token_text",
+    "trim_stop",
+]
