@@ -228,20 +228,21 @@ def test_server_serves_concurrent_requests_without_blocking_health(local_model_s
             }
             gens = [asyncio.create_task(c.post("/v1/completions", json={**body, "seed": i})) for i in range(12)]
             await asyncio.sleep(0.05)
-            t0 = time.perf_counter()
             health = await c.get("/health")
-            health_s = time.perf_counter() - t0
+            # how many generations had finished when /health answered: an order, not a time
+            finished_before_health = sum(g.done() for g in gens)
             results = await asyncio.gather(*gens)
-            return health, health_s, time.perf_counter() - t0, results
+            return health, finished_before_health, results
 
-    health, health_s, total_s, results = asyncio.run(go())
+    health, finished_before_health, results = asyncio.run(go())
     assert health.status_code == 200
     assert all(r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 64 for r in results)
     assert len({tuple(r.json()["choices"][0]["token_ids"]) for r in results}) > 1
-    # a blocked loop would answer /health only after the queued generations (health_s ~ total_s)
-    assert health_s < 0.3 * total_s, f"/health took {health_s:.2f} of {total_s:.2f} s: the event loop is blocked"
+    # a blocked loop would answer /health only after every queued generation finished
+    assert finished_before_health < len(results), "/health waited for every generation: the event loop is blocked"
 
 
+@pytest.mark.integration
 def test_weight_reload_changes_outputs_and_version(tmp_path):
     from focus.backends import LocalModelServer
 
@@ -277,6 +278,7 @@ def test_weight_reload_changes_outputs_and_version(tmp_path):
         os.kill(pid, 0)
 
 
+@pytest.mark.integration
 def test_server_exits_when_its_parent_dies_without_cleanup(tmp_path):
     """A crashed test process (no atexit, no __exit__) must not leave a server behind."""
     import subprocess

@@ -354,6 +354,7 @@ def test_same_request_is_bit_identical_cold_cached_and_batched_with_others(local
 # --- weight reload --------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_reload_while_serving_finishes_running_requests_on_the_old_weights(tmp_path):
     model = load()
     torch.manual_seed(1)
