@@ -36,6 +36,7 @@ from storage.errors import (
     ManifestError,
     SchemaError,
 )
+from storage.lease import check_writer
 from storage.manifest import FileEntry, Manifest, dumps_json, sha256
 from storage.schema import (
     ACTOR_SCHEMA,
@@ -233,6 +234,7 @@ class BatchStore:
             created_at=datetime.now(UTC).isoformat(),
             info={"iteration": batch.iteration, "summary": batch.summary()},
         )
+        check_writer(self.root, batch.collection_id)
         self.loc.put_bytes(manifest_url, manifest.to_json(), self.retry, atomic=True)
         return url
 
