@@ -133,6 +133,7 @@ def create_app(engine: Engine, *, debug: bool = False, workers: int = 2) -> Fast
             "object": "model",
             "owned_by": "focus",
             "max_model_len": engine.max_len,
+            "vocab_size": engine.vocab_size,
             "policy_version": engine.policy_version,
             "root": engine.weights_path,
         }
