@@ -142,9 +142,24 @@ class Location:
         self.protocol = self.root.partition("://")[0]
         self.storage_options = dict(storage_options or {})
         self._fs: fsspec.AbstractFileSystem | None = None
+        #: Local folders this object made or found (a write then skips ``makedirs``).
+        self._folders: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"root": self.root, "protocol": self.protocol, "storage_options": self.storage_options, "_fs": None}
+        return {
+            "root": self.root,
+            "protocol": self.protocol,
+            "storage_options": self.storage_options,
+            "_fs": None,
+            "_folders": set(),
+        }
+
+    def _folder_of(self, path: str) -> None:
+        """Make sure the local folder of ``path`` exists (once per folder and object)."""
+        folder = os.path.dirname(path)
+        if folder not in self._folders:
+            os.makedirs(folder, exist_ok=True)
+            self._folders.add(folder)
 
     def __repr__(self) -> str:
         return f"Location({self.root!r})"
@@ -228,8 +243,17 @@ class Location:
         path = self.path(url)
 
         def put() -> bool:
+            try:
+                return write()
+            except FileNotFoundError:
+                if not self.is_local or os.path.dirname(path) not in self._folders:
+                    raise
+                self._folders.clear()  # a folder was removed behind our back: make it again
+                return write()
+
+        def write() -> bool:
             if self.is_local:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self._folder_of(path)
                 if atomic or exclusive:
                     tmp = _write_temp(path, data)
                     try:
