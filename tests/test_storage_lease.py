@@ -113,6 +113,7 @@ os._exit(0)  # as if killed: no release
 """
 
 
+@pytest.mark.integration  # starts a process
 def test_a_lease_of_a_process_that_died_on_this_host_is_taken_over_at_once(tmp_path, caplog):
     out = subprocess.run(
         [sys.executable, "-c", _HOLD_AND_DIE, str(tmp_path)],
@@ -224,6 +225,7 @@ except LeaseHeld as e:
 """
 
 
+@pytest.mark.integration  # starts processes
 def test_two_processes_started_together_one_writes_the_other_is_refused(tmp_path):
     import time
 
