@@ -93,7 +93,15 @@ def collection_id_for_run(config: FocusConfig) -> FocusConfig:
 
 
 async def run_collection(config: FocusConfig) -> dict[str, Any]:
-    """The phases of one collection as Prefect tasks (await inside a flow)."""
+    """The phases of one collection as Prefect tasks (await inside a flow), holding the
+    collection's write lease throughout: a second run of the same collection is refused."""
+    from storage import collection_lease
+
+    with collection_lease(config.storage.root, str(config.collection_id)):
+        return await _run_collection(config)
+
+
+async def _run_collection(config: FocusConfig) -> dict[str, Any]:
     log = get_run_logger()
     t0 = time.perf_counter()
     records: list[dict[str, Any]] = [await check_config(config)]

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from focus.agent import Agent
-from focus.batch import ActorRow, Batch, CriticRow
+from focus.batch import Batch, BatchBuilder
 from focus.critic import ConstantCritic, Critic
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, critic_targets
@@ -211,61 +211,42 @@ class Collector:
 
     def prepare(self, trees: Sequence[Tree] | SearchState) -> Batch:
         """Actor rows (one per model turn of every segment with an advantage) and critic
-        rows (one per checkpoint), plus what the collection actually used."""
+        rows (one per checkpoint), plus what the collection actually used.
+
+        The batch is built as Arrow columns (:class:`focus.batch.BatchBuilder`): each
+        turn's ids, log-probs and mask go straight into the column buffers, and a token
+        tuple shared by several rows (a checkpoint's prefix, sent by every branch from
+        it and stored as the critic's context) is converted once.
+        """
         if isinstance(trees, SearchState):
             trees = trees.trees
         est = self.estimator
         version = str(getattr(self.agent.policy, "policy_version", "0"))
-        actor: list[ActorRow] = []
-        critic: list[CriticRow] = []
+        out = BatchBuilder(self.collection_id, self.iteration)
+        add_turn, add_checkpoint = out.add_turn, out.add_checkpoint
         excluded = 0
         for ti, tree in enumerate(trees):
             tree_id = f"{tree.task_id}#{ti}"
+            task_id = tree.task_id
             values = est.values(tree)
             adv = est.advantages(list(tree.edges.values()), values)
             for e in tree.edges.values():
-                if e.id not in adv:
+                a = adv.get(e.id)
+                if a is None:
                     excluded += 1
                     continue
+                a = float(a)
                 for j, t in enumerate(e.turns):
-                    actor.append(
-                        ActorRow(
-                            self.collection_id,
-                            self.iteration,
-                            tree.task_id,
-                            tree_id,
-                            e.parent,
-                            e.id,
-                            j,
-                            t.policy_version or version,
-                            t.prompt_ids,
-                            t.completion_ids,
-                            t.logprobs,
-                            (t.loss_mask,) * len(t.completion_ids),
-                            float(adv[e.id]),
-                            float(t.reward),
-                            t.finish_reason,
-                            t.kind,
-                        )
-                    )
+                    add_turn(
+                        task_id, tree_id, e.parent, e.id, j,
+                        t.policy_version or version,  # the weights that sampled this turn
+                        t.kind, t.prompt_ids, t.completion_ids, t.logprobs, t.loss_mask,
+                        a, float(t.reward), t.finish_reason,
+                    )  # fmt: skip
             for nid, tgt in sorted(critic_targets(tree, gamma=est.gamma).items()):
                 node = tree.nodes[nid]
-                critic.append(
-                    CriticRow(
-                        self.collection_id,
-                        self.iteration,
-                        tree.task_id,
-                        tree_id,
-                        nid,
-                        node.context_ids,
-                        tgt.target,
-                        tgt.weight,
-                        node.value,
-                    )
-                )
-        return Batch(
-            self.collection_id, self.iteration, actor, critic, self.statistics(trees, excluded_segments=excluded)
-        )
+                add_checkpoint(task_id, tree_id, nid, node.context_ids, tgt.target, tgt.weight, node.value)
+        return out.build(self.statistics(trees, excluded_segments=excluded))
 
     def statistics(self, trees: Sequence[Tree], *, excluded_segments: int = 0) -> dict[str, Any]:
         """Usage per phase and in total, from the rollout logs of the trees."""

@@ -84,7 +84,14 @@ class ByteCodec(ChatCodec):
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        """Text of the byte ids; role markers are skipped. An id outside the vocabulary
+        raises :class:`ValueError` naming it, never dropped: it means the model behind
+        the policy is not this codec's (``Policy.check_completion`` catches it first
+        when the policy knows its ``vocab_size``)."""
+        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
+            bad = next(i for i in ids if not 0 <= i < self.vocab_size)
+            raise ValueError(f"ByteCodec cannot decode token id {bad}: outside its vocabulary [0, {self.vocab_size})")
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
     def encode_text(self, text: str) -> list[int]:
         """Plain bytes of ``text`` (for prompts and training targets, never for samples)."""

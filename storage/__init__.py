@@ -3,6 +3,8 @@
 - :class:`BatchStore`: training batches as Parquet (actor and critic tables, stats),
   made visible by a manifest written last.
 - :class:`CheckpointStore`: search state per (collection, phase, wave), for resume.
+- :func:`collection_lease`: one writer per collection (a lease object in the store,
+  renewed while the run lives).
 
 Plain paths mean the local disk; ``s3://`` goes through s3fs (credentials and endpoint
 from ``AWS_*`` environment variables or ``storage_options``).
@@ -15,6 +17,8 @@ from storage.errors import (
     BatchNotFound,
     CheckpointNotFound,
     CorruptDataError,
+    LeaseHeld,
+    LeaseLost,
     ManifestError,
     PathOutsideRoot,
     RootNotFound,
@@ -22,6 +26,7 @@ from storage.errors import (
     StorageError,
     StorageUnavailable,
 )
+from storage.lease import Lease, collection_lease
 from storage.manifest import Manifest
 from storage.schema import ACTOR_SCHEMA, CRITIC_SCHEMA, SCHEMA_VERSION
 from storage.urls import Retry
@@ -38,6 +43,9 @@ __all__ = [
     "CheckpointNotFound",
     "CheckpointStore",
     "CorruptDataError",
+    "Lease",
+    "LeaseHeld",
+    "LeaseLost",
     "Manifest",
     "ManifestError",
     "PathOutsideRoot",
@@ -46,4 +54,5 @@ __all__ = [
     "SchemaError",
     "StorageError",
     "StorageUnavailable",
+    "collection_lease",
 ]

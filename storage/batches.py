@@ -13,22 +13,27 @@ and critic content written again is a no-op (statistics such as wall time may di
 between reruns and do not count), and different content at the same URL is refused
 unless ``overwrite=True``, so a finished batch is never silently replaced. Part files
 left by an interrupted write are replaced or removed before the manifest goes out.
+The batch comes as Arrow columns (:mod:`focus.batch`; the collector builds them as it
+prepares the batch), so writing is Parquet encoding, checksums and the manifest.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from focus.batch import ActorRow, Batch, CriticRow
+from focus.batch import Batch, BatchError
 from storage.errors import (
     BatchExistsError,
     BatchNotFound,
@@ -36,18 +41,9 @@ from storage.errors import (
     ManifestError,
     SchemaError,
 )
+from storage.lease import check_writer
 from storage.manifest import FileEntry, Manifest, dumps_json, sha256
-from storage.schema import (
-    ACTOR_SCHEMA,
-    CRITIC_SCHEMA,
-    SCHEMA_VERSION,
-    TokenPool,
-    actor_rows,
-    actor_table,
-    critic_rows,
-    critic_table,
-    validate,
-)
+from storage.schema import ACTOR_SCHEMA, CRITIC_SCHEMA, SCHEMA_VERSION, validate
 from storage.urls import Location, Retry, check_id
 
 T = TypeVar("T")
@@ -104,10 +100,11 @@ class BatchStore:
     s3fs reads the ``AWS_*`` environment variables). ``retry`` bounds every network call.
     ``rows_per_file`` splits large tables into several Parquet files; ``threads`` bounds
     the concurrent requests to an object store; ``group_tokens`` bounds the token ids per
-    row group. ``overlap`` encodes each file on its own thread while the caller converts
-    the next rows: faster with a free core, slower on a saturated one (each hand-over of
-    the GIL then waits for the scheduler), so off by default; a write is a small part of
-    an iteration either way (benchmarks/README.md).
+    row group. The batch arrives as Arrow columns (``focus.batch``), so a write is
+    slicing, Parquet encoding and hashing. ``overlap`` encodes the files on threads of
+    their own, in parallel (encoding releases the GIL): faster with a free core, slower
+    on a saturated one (each hand-over then waits for the scheduler), so off by default;
+    a write is a small part of an iteration either way (benchmarks/README.md).
     """
 
     def __init__(
@@ -152,37 +149,32 @@ class BatchStore:
     def _encode(self, batch: Batch) -> list[tuple[str, bytes, int | None, str]]:
         """The files of ``batch`` as (relative path, bytes, rows, SHA-256).
 
-        Row-to-Arrow conversion holds the GIL but Parquet encoding and hashing do not, so
-        with ``overlap`` each file is encoded and hashed on its own thread, one row group
-        at a time, while the main thread converts the next rows.
+        The batch is already columnar (``focus.batch``: the collector fills Arrow columns
+        as it prepares it), so this is slicing and Parquet encoding. A batch made of typed
+        rows is converted first. With ``overlap`` each file is encoded and hashed on its
+        own thread (both release the GIL), so files encode in parallel.
         """
-        rows: list[ActorRow | CriticRow] = [*batch.actor, *batch.critic]
-        for i, r in enumerate(rows):
-            if r.collection_id != batch.collection_id or r.iteration != batch.iteration:
-                what = "actor" if i < len(batch.actor) else "critic"
-                index = i if i < len(batch.actor) else i - len(batch.actor)
-                raise SchemaError(
-                    f"{what} row {index} belongs to collection {r.collection_id!r} iteration {r.iteration}, "
-                    f"but the batch is {batch.collection_id!r} iteration {batch.iteration}"
-                )
+        try:
+            actor, critic = batch.tables()
+        except BatchError as e:
+            raise SchemaError(str(e)) from None
+        actor, critic = validate(actor, "actor", "batch"), validate(critic, "critic", "batch")
+        for what, table in (("actor", actor), ("critic", critic)):
+            _check_same_batch(table, what, batch.collection_id, batch.iteration)
         stats = dumps_json(batch.stats)
-        n = self.rows_per_file
-        actor_parts = [batch.actor[i : i + n] for i in range(0, len(batch.actor), n)] or [[]]
-        critic_parts = [batch.critic[i : i + n] for i in range(0, len(batch.critic), n)] or [[]]
-        parts: list[tuple[str, Callable[[Any, TokenPool], pa.Table], pa.Schema, Sequence[Any]]] = [
-            *((f"actor/part-{k:05d}.parquet", actor_table, ACTOR_SCHEMA, a) for k, a in enumerate(actor_parts)),
-            *((f"critic/part-{k:05d}.parquet", critic_table, CRITIC_SCHEMA, c) for k, c in enumerate(critic_parts)),
+        parts = [
+            *((f"actor/part-{k:05d}.parquet", ACTOR_SCHEMA, t) for k, t in enumerate(self._parts(actor))),
+            *((f"critic/part-{k:05d}.parquet", CRITIC_SCHEMA, t) for k, t in enumerate(self._parts(critic))),
         ]
         pending: list[tuple[str, Future[tuple[bytes, str]], int]] = []
-        pool = TokenPool()  # critic contexts and sibling prompts share tuples with earlier rows
         try:
-            for path, build, schema, chunk in parts:
+            for path, schema, table in parts:
                 encoder = _Encoder(schema, threaded=self.overlap)
                 try:
-                    for group in _row_groups(chunk, self.group_tokens):
-                        encoder.add(build(group, pool))
+                    for start, end in _row_groups(_tokens_per_row(table), self.group_tokens):
+                        encoder.add(table.slice(start, end - start))
                 finally:
-                    pending.append((path, encoder.finish(), len(chunk)))
+                    pending.append((path, encoder.finish(), table.num_rows))
             files: list[tuple[str, bytes, int | None, str]] = []
             for path, f, n_rows in pending:
                 data, digest = f.result()
@@ -191,6 +183,11 @@ class BatchStore:
             for _, f, _ in pending:
                 f.cancel()
         return [*files, (STATS, stats, None, sha256(stats))]
+
+    def _parts(self, table: pa.Table) -> list[pa.Table]:
+        """``table`` in slices of at most ``rows_per_file`` rows (one, maybe empty, at least)."""
+        n = self.rows_per_file
+        return [table.slice(k, n) for k in range(0, table.num_rows, n)] or [table]
 
     def write(self, batch: Batch, *, overwrite: bool = False) -> str:
         """Write ``batch``; return its URL. Idempotent; see the module docstring."""
@@ -233,6 +230,7 @@ class BatchStore:
             created_at=datetime.now(UTC).isoformat(),
             info={"iteration": batch.iteration, "summary": batch.summary()},
         )
+        check_writer(self.root, batch.collection_id)
         self.loc.put_bytes(manifest_url, manifest.to_json(), self.retry, atomic=True)
         return url
 
@@ -303,17 +301,17 @@ class BatchStore:
             except (pa.ArrowInvalid, OSError) as e:
                 raise CorruptDataError(f"{where}: not a readable Parquet file ({e})") from e
             tables[kind].append(validate(t, kind, where))
-        actor = pa.concat_tables(tables["actor"]) if tables["actor"] else actor_table([])
-        critic = pa.concat_tables(tables["critic"]) if tables["critic"] else critic_table([])
+        actor = pa.concat_tables(tables["actor"]) if tables["actor"] else ACTOR_SCHEMA.empty_table()
+        critic = pa.concat_tables(tables["critic"]) if tables["critic"] else CRITIC_SCHEMA.empty_table()
         return BatchTables(url, m, actor, critic, stats)
 
     def read(self, url: str) -> Batch:
-        """The batch at ``url`` as typed rows (:class:`focus.batch.Batch`)."""
+        """The batch at ``url`` (:class:`focus.batch.Batch`: columns, with typed rows on demand)."""
         t = self.read_tables(url)
         iteration = t.manifest.info.get("iteration")
         if not isinstance(iteration, int):
             raise ManifestError(f"{url}/{MANIFEST}: 'info.iteration' must be an int, got {iteration!r}")
-        return Batch(t.manifest.collection_id, iteration, actor_rows(t.actor), critic_rows(t.critic), t.stats)
+        return Batch(t.manifest.collection_id, iteration, t.actor, t.critic, t.stats)
 
     def list(self, collection_id: str | None = None) -> list[str]:
         """URLs of every finished batch (with a manifest), optionally of one collection."""
@@ -325,24 +323,46 @@ class BatchStore:
         return sorted(f.rsplit("/", 1)[0] for f in self.loc.list_files(base, self.retry) if f.endswith("/" + MANIFEST))
 
 
-def _row_groups(rows: Sequence[Any], group_tokens: int) -> list[Sequence[Any]]:
-    """Consecutive slices of ``rows`` of about equal token counts, at most about ``group_tokens`` each.
+def _tokens_per_row(table: pa.Table) -> np.ndarray:
+    """Token ids stored per row: prompt + completion (actor), context (critic)."""
+    cols = ["prompt_ids", "completion_ids"] if "prompt_ids" in table.column_names else ["context_ids"]
+    out = np.zeros(table.num_rows, dtype=np.int64)
+    for c in cols:
+        out += pc.list_value_length(table.column(c)).to_numpy(zero_copy_only=False).astype(np.int64)
+    return out
 
-    Equal groups, rather than full ones and a small remainder, let the encoder thread work
-    on one group for as long as the caller converts the next.
+
+def _row_groups(sizes: np.ndarray, group_tokens: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges [start, end) of about equal token counts, at most about
+    ``group_tokens`` each (``sizes``: tokens per row); one range, maybe empty, at least.
+
+    Equal groups, rather than full ones and a small remainder, keep the row groups alike
+    for readers that fetch one group at a time.
     """
-    sizes = [len(r.prompt_ids) + len(r.completion_ids) if isinstance(r, ActorRow) else len(r.context_ids) for r in rows]
-    total = sum(sizes)
+    total = int(sizes.sum())
     k = max(1, -(-total // group_tokens))
-    groups: list[Sequence[Any]] = []
-    start, tokens = 0, 0
-    for i, n in enumerate(sizes):
-        tokens += n
-        if tokens * k >= total * (len(groups) + 1) and len(groups) < k - 1:
-            groups.append(rows[start : i + 1])
-            start = i + 1
-    groups.append(rows[start:])
-    return groups
+    if k == 1 or len(sizes) <= 1:
+        return [(0, len(sizes))]
+    # group g ends at the first row where the running total reaches g/k of all tokens
+    cum = np.cumsum(sizes)
+    cuts = np.searchsorted(cum * k, total * np.arange(1, k), side="left") + 1
+    bounds = [0, *sorted({int(c) for c in cuts if 0 < c < len(sizes)}), len(sizes)]
+    return list(itertools.pairwise(bounds))
+
+
+def _check_same_batch(table: pa.Table, what: str, collection_id: str, iteration: int) -> None:
+    """Every row belongs to the batch's collection and iteration, or :class:`SchemaError` names the first that does not."""
+    if not table.num_rows:
+        return
+    bad = pc.or_(
+        pc.not_equal(table.column("collection_id"), collection_id), pc.not_equal(table.column("iteration"), iteration)
+    )
+    if pc.any(bad).as_py():
+        i = pc.index(bad, True).as_py()
+        raise SchemaError(
+            f"{what} row {i} belongs to collection {table.column('collection_id')[i].as_py()!r} iteration "
+            f"{table.column('iteration')[i].as_py()}, but the batch is {collection_id!r} iteration {iteration}"
+        )
 
 
 class _Inline(Executor):
@@ -360,8 +380,8 @@ class _Inline(Executor):
 class _Encoder:
     """One Parquet file in memory, fed row groups in order; encodes on its own thread if asked.
 
-    A single worker thread keeps the row groups in order; Parquet encoding releases the
-    GIL, so it overlaps with the caller converting the next rows.
+    A single worker thread per file keeps its row groups in order; Parquet encoding
+    releases the GIL, so the files of a batch encode in parallel.
     """
 
     def __init__(self, schema: pa.Schema, *, threaded: bool) -> None:

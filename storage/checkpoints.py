@@ -10,13 +10,25 @@ anything defined in ``__main__`` - is serialised with cloudpickle instead (see
 
 Layout under the store root::
 
-    checkpoints/<collection_id>/<phase>-w<wave:05d>.pkl
+    checkpoints/<collection_id>/<phase>-w<wave:05d>.<sha256[:16]>.pkl
     checkpoints/<collection_id>/<phase>-w<wave:05d>.manifest.json   written last
 
 ``phase`` is a phase index (int) or a phase name (str). A checkpoint exists when its
 manifest does. Saving a (collection, phase, wave) that already exists keeps the first
 copy and writes nothing: a wave's state is a pure function of its inputs and the seed,
-and later waves may already have been computed from the first copy. ``latest`` returns
+and later waves may already have been computed from the first copy.
+
+A checkpoint's data can never disagree with its manifest, even with two writers racing
+(the pipeline also keeps a second writer out with a lease, :mod:`storage.lease`): the
+data file is named by its content's digest, so two writers never write one name with
+different bytes; it is complete before the manifest goes out (a local file is written
+under a unique temporary name and renamed); and the manifest is created only if none
+exists (``Location.put_bytes(exclusive=True)``: a hard link locally, ``If-None-Match: *`` on S3), so the
+first save wins and a later one removes its own data file. ``load`` checks size and
+SHA-256 against the manifest. What an interrupted save leaves (temporary files, data
+without a manifest) is removed by :meth:`CheckpointStore.sweep`, which the pipeline
+runs when it takes the collection's lease. Checkpoints written before data files were
+named by digest (``<phase>-w<wave>.pkl``) load the same: the manifest names the file. ``latest`` returns
 the checkpoint saved last, by a sequence number kept in each manifest: the wall clock
 in nanoseconds when the save started (raised above the last number this store object
 gave, so two saves through one object never tie). Numbering reads nothing, so a save
@@ -35,8 +47,9 @@ from typing import Any
 import cloudpickle
 
 from storage.errors import CheckpointNotFound, CorruptDataError, ManifestError
+from storage.lease import check_writer
 from storage.manifest import FileEntry, Manifest, sha256
-from storage.urls import Location, Retry, check_id
+from storage.urls import TEMP_MARK, Location, Retry, check_id
 
 _SUFFIX = ".manifest.json"
 
@@ -89,11 +102,12 @@ class CheckpointStore:
         return f"CheckpointStore({self.root!r})"
 
     def url_for(self, collection_id: str, phase: int | str, wave: int) -> str:
-        """URL of the pickled state of (collection, phase, wave)."""
+        """URL of (collection, phase, wave) without suffix: the manifest is this plus
+        ``.manifest.json``, the data file this plus ``.<digest>.pkl``."""
         check_id(collection_id, "collection id")
         if isinstance(wave, bool) or not isinstance(wave, int) or wave < 0:
             raise ValueError(f"wave must be a non-negative int, got {wave!r}")
-        return self.loc.url("checkpoints", collection_id, f"{_phase_key(phase)}-w{wave:05d}.pkl")
+        return self.loc.url("checkpoints", collection_id, f"{_phase_key(phase)}-w{wave:05d}")
 
     def _manifests(self, collection_id: str) -> list[Manifest]:
         base = self.loc.url("checkpoints", check_id(collection_id, "collection id"))
@@ -111,11 +125,14 @@ class CheckpointStore:
         return m
 
     def save(self, collection_id: str, phase: int | str, wave: int, obj: Any) -> str:
-        """Store ``obj``; return its URL. An existing checkpoint is kept (see module docs)."""
-        url = self.url_for(collection_id, phase, wave)
-        manifest_url = url.removesuffix(".pkl") + _SUFFIX
-        if self.loc.exists(manifest_url, self.retry):
-            return url
+        """Store ``obj``; return its data file's URL. An existing checkpoint is kept (see module docs)."""
+        base = self.url_for(collection_id, phase, wave)
+        manifest_url = base + _SUFFIX
+        folder = base.rsplit("/", 1)[0]
+        try:
+            return f"{folder}/{self._read_manifest(manifest_url).files[0].path}"
+        except FileNotFoundError:
+            pass
         try:
             data = dumps(obj)
         except Exception as e:
@@ -123,36 +140,53 @@ class CheckpointStore:
                 f"checkpoint {collection_id}/{phase}/{wave}: state cannot be pickled: {type(e).__name__}: {e}"
             ) from e
         seq = self._last_seq = max(time.time_ns(), self._last_seq + 1)
-        self.loc.put_bytes(url, data, self.retry)
         digest = sha256(data)
+        name = f"{base.rsplit('/', 1)[1]}.{digest[:16]}.pkl"
+        url = f"{folder}/{name}"
+        check_writer(self.root, collection_id)
+        self.loc.put_bytes(url, data, self.retry, atomic=True)  # complete before the manifest
         manifest = Manifest(
             kind="checkpoint",
             collection_id=collection_id,
-            files=(FileEntry(url.rsplit("/", 1)[1], len(data), digest),),
+            files=(FileEntry(name, len(data), digest),),
             fingerprint=digest,
             created_at=datetime.now(UTC).isoformat(),
             info={"phase": phase, "wave": wave, "seq": seq, "type": f"{type(obj).__module__}.{type(obj).__qualname__}"},
         )
-        self.loc.put_bytes(manifest_url, manifest.to_json(), self.retry, atomic=True)
-        return url
+        check_writer(self.root, collection_id)
+        if self.loc.put_bytes(manifest_url, manifest.to_json(), self.retry, exclusive=True):
+            return url
+        # another writer saved this checkpoint first: keep its copy, drop ours unless it is the same file
+        first = self._read_manifest(manifest_url).files[0].path
+        if first != name:
+            self.loc.remove(url, self.retry)
+        return f"{folder}/{first}"
+
+    def _read_manifest(self, manifest_url: str) -> Manifest:
+        """The checkpoint manifest at ``manifest_url``; ``FileNotFoundError`` if there is none."""
+        return self._parse(self.loc.cat(manifest_url, self.retry), manifest_url)
 
     def exists(self, collection_id: str, phase: int | str, wave: int) -> bool:
-        url = self.url_for(collection_id, phase, wave)
-        return self.loc.exists(url.removesuffix(".pkl") + _SUFFIX, self.retry)
+        return self.loc.exists(self.url_for(collection_id, phase, wave) + _SUFFIX, self.retry)
 
     def load(self, collection_id: str, phase: int | str, wave: int) -> Any:
         """The object saved for (collection, phase, wave), checked against its manifest."""
-        url = self.url_for(collection_id, phase, wave)
-        manifest_url = url.removesuffix(".pkl") + _SUFFIX
+        base = self.url_for(collection_id, phase, wave)
+        manifest_url = base + _SUFFIX
         try:
-            m = self._parse(self.loc.cat(manifest_url, self.retry), manifest_url)
+            m = self._read_manifest(manifest_url)
         except FileNotFoundError:
-            half = self.loc.exists(url, self.retry)
+            stem = base.rsplit("/", 1)[1] + "."
+            half = any(
+                u.rsplit("/", 1)[1].startswith(stem) and ".pkl" in u
+                for u in self.loc.list_files(base.rsplit("/", 1)[0], self.retry)
+            )
             raise CheckpointNotFound(
                 f"no checkpoint for collection {collection_id!r} phase {phase!r} wave {wave}"
                 + (" (its data file exists without a manifest: the save was interrupted)" if half else "")
             ) from None
         entry = m.files[0]
+        url = f"{base.rsplit('/', 1)[0]}/{entry.path}"
         try:
             data = self.loc.cat(url, self.retry)
         except FileNotFoundError:
@@ -165,6 +199,35 @@ class CheckpointStore:
             return pickle.loads(data)
         except Exception as e:
             raise CorruptDataError(f"{url}: checksum matches but unpickling failed: {type(e).__name__}: {e}") from e
+
+    def sweep(self, collection_id: str) -> list[str]:
+        """Remove what interrupted saves of ``collection_id`` left; return the URLs removed.
+
+        Temporary files of unfinished writes, and data files that no manifest lists (a
+        save cut short before its manifest, or the loser of a race). Run it only while
+        nobody else writes the collection (the pipeline does, holding the lease): a
+        concurrent save's data file has no manifest yet either. If a manifest cannot be
+        read, only temporary files are removed. Also removes temporary files under the
+        collection's batches.
+        """
+        folder = self.loc.url("checkpoints", check_id(collection_id, "collection id"))
+        files = self.loc.list_files(folder, self.retry)
+        doomed = [u for u in files if TEMP_MARK in u.rsplit("/", 1)[1]]
+        manifests = [u for u in files if u.endswith(_SUFFIX)]
+        try:
+            listed = {
+                f"{folder}/{self._parse(data, u).files[0].path}"
+                for u, data in zip(manifests, self.loc.cat_many(manifests, self.retry), strict=True)
+            }
+        except (ManifestError, FileNotFoundError):
+            listed = None
+        if listed is not None:
+            doomed += [u for u in files if u.endswith(".pkl") and u not in listed and TEMP_MARK not in u]
+        batches = self.loc.url("batches", collection_id)
+        doomed += [u for u in self.loc.list_files(batches, self.retry) if TEMP_MARK in u.rsplit("/", 1)[1]]
+        for u in doomed:
+            self.loc.remove(u, self.retry)
+        return doomed
 
     def list(self, collection_id: str) -> list[tuple[int | str, int]]:
         """(phase, wave) of every finished checkpoint, in the order they were saved."""

@@ -45,3 +45,11 @@ class SchemaError(StorageError, ValueError):
 
 class CheckpointNotFound(StorageError, FileNotFoundError):
     """No finished checkpoint for this (collection, phase, wave)."""
+
+
+class LeaseHeld(StorageError, RuntimeError):
+    """Another run holds the collection's write lease (the message names it and its expiry)."""
+
+
+class LeaseLost(StorageError, RuntimeError):
+    """This run's write lease expired or was taken over; it must stop writing the collection."""

@@ -17,7 +17,9 @@ import errno
 import os
 import posixpath
 import re
+import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -140,9 +142,24 @@ class Location:
         self.protocol = self.root.partition("://")[0]
         self.storage_options = dict(storage_options or {})
         self._fs: fsspec.AbstractFileSystem | None = None
+        #: Local folders this object made or found (a write then skips ``makedirs``).
+        self._folders: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"root": self.root, "protocol": self.protocol, "storage_options": self.storage_options, "_fs": None}
+        return {
+            "root": self.root,
+            "protocol": self.protocol,
+            "storage_options": self.storage_options,
+            "_fs": None,
+            "_folders": set(),
+        }
+
+    def _folder_of(self, path: str) -> None:
+        """Make sure the local folder of ``path`` exists (once per folder and object)."""
+        folder = os.path.dirname(path)
+        if folder not in self._folders:
+            os.makedirs(folder, exist_ok=True)
+            self._folders.add(folder)
 
     def __repr__(self) -> str:
         return f"Location({self.root!r})"
@@ -210,30 +227,70 @@ class Location:
 
         return retrying(fetch, f"read {len(urls)} file(s) under {self.root}", retry)
 
-    def put_bytes(self, url: str, data: bytes, retry: Retry, *, atomic: bool = False) -> None:
-        """Write ``data`` at ``url``; on a local disk with ``atomic``, write then rename.
+    def put_bytes(self, url: str, data: bytes, retry: Retry, *, atomic: bool = False, exclusive: bool = False) -> bool:
+        """Write ``data`` at ``url``; return whether it was written.
 
-        Object stores make a single PUT visible all at once, so no rename is needed there.
+        ``atomic``: readers see the old content or the new, never part of it (on a local
+        disk: written under a unique temporary name, then renamed; object stores make a
+        single PUT visible all at once). ``exclusive``: create ``url`` only if nothing is
+        there, and return ``False`` if something is (implies ``atomic``). That create is
+        atomic where the store allows it: on a local disk the complete temporary file is
+        hard-linked to the name (``link`` fails if the name exists, like
+        ``O_CREAT|O_EXCL``); on S3 a conditional PUT (``If-None-Match: *``). Other fsspec
+        stores get a check then a write under a process-wide lock: atomic for in-process
+        stores (``memory://``), not between processes sharing a remote store.
         """
         path = self.path(url)
 
-        def put() -> None:
+        def put() -> bool:
+            try:
+                return write()
+            except FileNotFoundError:
+                if not self.is_local or os.path.dirname(path) not in self._folders:
+                    raise
+                self._folders.clear()  # a folder was removed behind our back: make it again
+                return write()
+
+        def write() -> bool:
             if self.is_local:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                if atomic:
-                    tmp = f"{path}.tmp-{os.getpid()}"
-                    with open(tmp, "wb") as f:
-                        f.write(data)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    os.replace(tmp, path)
-                    return
+                self._folder_of(path)
+                if atomic or exclusive:
+                    tmp = _write_temp(path, data)
+                    try:
+                        if not exclusive:
+                            os.replace(tmp, path)
+                            return True
+                        try:
+                            os.link(tmp, path)
+                            return True
+                        except FileExistsError:
+                            return False
+                    finally:
+                        _unlink(tmp)
+            elif exclusive and self.is_s3:
+                try:
+                    self.fs.pipe_file(path, data, mode="create")
+                except FileExistsError:
+                    return False
+                return True
+            elif exclusive:
+                with _PLAIN_CREATE:
+                    self.fs.invalidate_cache(path)
+                    if self.fs.exists(path):
+                        return False
+                    self.fs.pipe_file(path, data)
+                    return True
             self.fs.pipe_file(path, data)
+            return True
 
         try:
-            retrying(put, f"write {url}", retry)
+            return retrying(put, f"write {url}", retry)
         except FileNotFoundError as e:
             raise RootNotFound(f"write {url}: {e}; create the bucket or check the store's root {self.root!r}") from e
+
+    @property
+    def is_s3(self) -> bool:
+        return self.protocol in ("s3", "s3a")
 
     def exists(self, url: str, retry: Retry) -> bool:
         path = self.path(url)
@@ -266,3 +323,36 @@ class Location:
                 pass
 
         retrying(rm, f"delete {url}", retry)
+
+
+#: Serialises check-then-write creation on stores without an atomic create (see ``put_bytes``).
+_PLAIN_CREATE = threading.Lock()
+
+#: Marks temporary files of writes in progress; a leftover with it is an interrupted write.
+TEMP_MARK = ".tmp-"
+
+
+def temp_name(path: str) -> str:
+    """A name next to ``path`` that no other writer (process or thread) picks."""
+    return f"{path}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def _write_temp(path: str, data: bytes) -> str:
+    """``data`` in a fresh temporary file next to ``path``, flushed to disk; its name."""
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return tmp
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -105,6 +105,10 @@ class ModelConfig(_Pluggable):
     model: str | None = None
     weights: str | None = None
     policy_version: str | None = None
+    #: Token ids the model knows: a sampled id outside [0, vocab_size) fails its rollout.
+    #: Unset, it is asked from the server (``local``) or taken from the env codec's
+    #: tokenizer; required where neither knows it (see :func:`vocab_size_for`).
+    vocab_size: int | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _needs(self) -> ModelConfig:
@@ -280,6 +284,9 @@ class FocusConfig(_Model):
             policy = TinkerPolicy(**({"model": m.model} if m.model else {}), **m.options)
         if m.policy_version is not None:
             policy.policy_version = m.policy_version
+        vocab = m.vocab_size or (served_vocab_size(url) if m.kind == "local" and url else None)
+        if vocab is not None:
+            policy.vocab_size = vocab
         return policy
 
     def build_env(self) -> tuple[Env, PolicyFormat, list[Task]]:
@@ -302,6 +309,8 @@ class FocusConfig(_Model):
         from focus.context import AppendOnly, Segments
 
         env, fmt, tasks = self.build_env()
+        if policy.vocab_size is None:  # no foreign ids in a batch: the codec's tokenizer knows the vocabulary
+            policy.vocab_size = vocab_size_for(fmt.codec, self.model.kind)
         a = self.agent
         agent = Agent(
             policy,
@@ -342,6 +351,31 @@ class FocusConfig(_Model):
             iteration=self.iteration,
             seed=self.seed,
         )
+
+
+def served_vocab_size(url: str) -> int | None:
+    """The ``vocab_size`` a model server reports on ``/v1/models`` (the embedded server
+    does), or ``None`` if it reports none or cannot be asked now."""
+    import httpx
+
+    root = url.rstrip("/").removesuffix("/v1")
+    try:
+        card = httpx.get(f"{root}/v1/models", timeout=5.0).json()["data"][0]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    value = card.get("vocab_size") if isinstance(card, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def vocab_size_for(codec: Any, kind: str) -> int:
+    """The vocabulary size of ``codec``'s tokenizer; :class:`ConfigError` if it has none."""
+    value = getattr(codec, "vocab_size", None)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise ConfigError(
+        f"model.vocab_size is required: the {kind!r} model service does not report its vocabulary and the "
+        f"env's codec {type(codec).__name__} has no vocab_size, so sampled ids could not be checked"
+    )
 
 
 # ---- loading ----

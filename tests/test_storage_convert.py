@@ -1,8 +1,8 @@
-"""Rows to Arrow and Parquet on the store's fast path: shared tuples, struct packing, encodings.
+"""Rows to Arrow columns (focus.batch.BatchBuilder) and Parquet: shared tuples, packing, encodings.
 
 The oracle for every conversion is pyarrow's own ``pa.array`` over plain lists, built from
-copies of the rows (no shared objects), so the pool, the mask shortcut and the packing
-are checked against an independent implementation.
+copies of the rows (no shared objects), so the token buffer, the mask flags and the
+packing are checked against an independent implementation.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from focus.batch import ActorRow, Batch, CriticRow
+from focus.batch import ACTOR_SCHEMA, CRITIC_SCHEMA, ActorRow, Batch, BatchBuilder, BatchError, CriticRow
 from storage import BatchStore, SchemaError
-from storage.batches import _row_groups
-from storage.schema import ACTOR_SCHEMA, CRITIC_SCHEMA, TokenPool, actor_table, critic_table
+from storage.batches import _row_groups, _tokens_per_row
+from storage.schema import actor_table, critic_table
 
 
 def _branching_batch(seed: int = 0, trees: int = 6) -> Batch:
@@ -99,12 +99,19 @@ def test_shared_tuples_convert_exactly_like_distinct_copies():
     batch = _branching_batch()
     shared = sum(1 for r in batch.critic if any(r.context_ids is a.prompt_ids for a in batch.actor))
     assert shared >= len(batch.critic) // 2  # the data really shares tuples across tables
-    pool = TokenPool()
-    actor, critic = actor_table(batch.actor, pool), critic_table(batch.critic, pool)
+    builder = BatchBuilder("c", 0).add_rows(batch.actor, batch.critic)
+    actor, critic = builder.tables()
     assert actor.equals(_reference(batch.actor, ACTOR_SCHEMA))
     assert critic.equals(_reference(batch.critic, CRITIC_SCHEMA))
     copy = _copy(batch)
     assert actor.equals(actor_table(copy.actor)) and critic.equals(critic_table(copy.critic))
+    # each shared tuple was packed once: the buffer holds fewer ids than the tables
+    stored = sum(len(r.prompt_ids) + len(r.completion_ids) for r in batch.actor)
+    stored += sum(len(r.context_ids) for r in batch.critic)
+    assert len(builder.tokens.values()) < stored * 0.8
+    built = Batch.from_rows("c", 0, batch.actor, batch.critic, batch.stats)
+    assert built.columnar and built.actor == batch.actor and built.critic == batch.critic
+    assert built.summary() == batch.summary()
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -163,10 +170,42 @@ def test_files_use_the_documented_encodings_and_other_readers_agree(tmp_path):
 def test_row_groups_are_balanced_and_keep_every_row_in_order():
     batch = _branching_batch(seed=3)
     rows = batch.actor
-    total = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-    groups = _row_groups(rows, total // 3 + 1)
-    assert len(groups) == 3 and [r for g in groups for r in g] == rows
-    sizes = [sum(len(r.prompt_ids) + len(r.completion_ids) for r in g) for g in groups]
-    biggest_row = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-    assert max(sizes) - min(sizes) <= 2 * biggest_row
-    assert _row_groups(rows, 10**9) == [rows] and _row_groups([], 10) == [[]]
+    per_row = _tokens_per_row(batch.actor_table)
+    assert per_row.tolist() == [len(r.prompt_ids) + len(r.completion_ids) for r in rows]
+    total = int(per_row.sum())
+    groups = _row_groups(per_row, total // 3 + 1)
+    assert len(groups) == 3 and groups[0][0] == 0 and groups[-1][1] == len(rows)
+    assert all(a[1] == b[0] for a, b in zip(groups, groups[1:], strict=False))  # consecutive, in order
+    sizes = [int(per_row[a:b].sum()) for a, b in groups]
+    assert max(sizes) - min(sizes) <= 2 * int(per_row.max())
+    assert _row_groups(per_row, 10**9) == [(0, len(rows))] and _row_groups(per_row[:0], 10) == [(0, 0)]
+
+
+def test_the_builder_refuses_bad_values_at_the_row_that_carries_them():
+    b = BatchBuilder("c", 0)
+    b.add_turn("t", "tr", 0, 0, 0, "v", "action", (1, 2), (5, 6), (-0.1, -0.2), 1, 0.5, 0.0, "stop")
+    with pytest.raises(BatchError, match="'completion_ids' has a value outside int32: 2147483648"):
+        b.add_turn("t", "tr", 0, 1, 0, "v", "action", (1,), (2**31,), (-0.1,), 1, 0.5, 0.0, "stop")
+    with pytest.raises(BatchError, match="loss_mask entries must be 0 or 1, got 3"):
+        b.add_turn("t", "tr", 0, 1, 0, "v", "action", (1,), (2,), (-0.1,), 3, 0.5, 0.0, "stop")
+    with pytest.raises(BatchError, match="actor row 1 has 1 completion ids but 2 logprobs"):
+        b.add_turn("t", "tr", 0, 1, 0, "v", "action", (1,), (2,), (-0.1, -0.2), 1, 0.5, 0.0, "stop")
+    b.add_checkpoint("t", "tr", 0, (1, 2), 0.5, 1.0, None)
+    with pytest.raises(BatchError, match="'context_ids' has a value '1'"):
+        b.add_checkpoint("t", "tr", 1, ("1",), 0.5, 1.0, None)
+    batch = b.build({"transitions": 1})
+    assert len(batch.actor) == 1 and len(batch.critic) == 1  # the refused rows left nothing behind
+    assert batch.actor[0].loss_mask == (1, 1) and batch.critic[0].context_ids == (1, 2)
+
+
+def test_a_columnar_batch_keeps_rows_and_tables_apart_from_a_row_batch():
+    batch = _branching_batch(seed=4)
+    built = Batch.from_rows(batch.collection_id, batch.iteration, batch.actor, batch.critic, dict(batch.stats))
+    assert built == batch and built.n_tokens == batch.n_tokens > 0
+    assert built.actor_table is built.actor_table  # stored, not rebuilt
+    again = Batch(batch.collection_id, batch.iteration, built.actor_table, built.critic_table, {})
+    assert again.actor == batch.actor and again.summary()["tasks"] == batch.summary()["tasks"]
+    with pytest.raises(BatchError, match="batch schema"):
+        Batch("c", 0, built.critic_table, built.critic_table)
+    empty = BatchBuilder("c", 0).build()
+    assert empty.actor == [] and empty.critic == [] and empty.actor_table.num_rows == 0

@@ -84,6 +84,7 @@ def router(state: ServerState) -> APIRouter:
         card = ModelCard(id=state.model_name, owned_by="focus", root=engine.weights_path, max_model_len=engine.max_len)
         out = ModelList(data=[card]).model_dump()
         out["data"][0]["policy_version"] = engine.policy_version
+        out["data"][0]["vocab_size"] = engine.vocab_size  # clients check sampled ids against it
         return out
 
     @r.post("/v1/completions", response_model=None)

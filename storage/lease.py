@@ -1,0 +1,463 @@
+"""One writer per collection: a lease object in the store, renewed while its run lives.
+
+Two runs writing one collection (same id, same store) would interleave their waves: a
+resume would replay checkpoints from both and, before checkpoints were written by
+content, one run's data could sit under the other's manifest. So a run takes the
+collection's lease before it writes anything and holds it until it ends::
+
+    <root>/leases/<collection_id>.json   {"owner", "host", "pid", "expires_at", ...}
+
+- **Taking it** is an atomic create of that object, which exactly one of any number of
+  racing runs wins: on a local disk a hard link of a fully written temporary file (fails
+  if the name exists, like ``O_CREAT|O_EXCL``), on S3 a conditional PUT
+  (``If-None-Match: *``). A run that finds the lease held by someone else fails at once
+  with :class:`LeaseHeld`, one line naming the owner and the expiry.
+- **Keeping it**: a background thread renews the expiry every ``ttl_s / 3`` seconds.
+  Renewal (and release) are compare-and-swap: on S3 a PUT with ``If-Match: <etag>``, on
+  a local disk a replace under an exclusive ``flock`` of the leases folder. A renewal
+  that finds another owner marks the lease lost; the stores then refuse to write
+  (:func:`check_writer`, called before every checkpoint and batch manifest).
+- **Taking over** happens only after expiry (a run that died; clocks of the machines
+  involved must agree to well within ``ttl_s``), or at once when the owner is a process
+  on this host that no longer exists (a run killed with ``kill -9`` and resumed here).
+  The take-over is the same compare-and-swap, so two runs racing for a dead lease cannot
+  both win.
+
+Other fsspec stores (``memory://``, GCS, Azure ...) get a check-then-write: atomic within
+one process, not between processes (see ``Location.put_bytes(exclusive=True)``).
+
+The pipeline holds the lease for the whole flow run through :func:`collection_lease`,
+which also removes what interrupted writes left behind (``CheckpointStore.sweep``):
+with the lease held nobody else is writing, so anything half-written is a leftover.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from storage.errors import LeaseHeld, LeaseLost, StorageError
+from storage.manifest import sha256
+from storage.urls import Location, Retry, check_id, retrying
+
+log = logging.getLogger(__name__)
+
+LEASES = "leases"
+FORMAT = "focus-lease"
+#: Default time a lease stays valid without renewal.
+DEFAULT_TTL_S = 30.0
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """What the lease object holds: who writes the collection and until when."""
+
+    collection_id: str
+    owner: str  # "host:pid:token", unique per Lease object
+    host: str
+    pid: int
+    #: Start time of the owner process (``/proc/<pid>/stat``), to tell a reused pid apart.
+    pid_start: str | None
+    token: str
+    acquired_at: float
+    expires_at: float  # Unix time
+    ttl_s: float
+
+    def to_json(self) -> bytes:
+        return json.dumps({"format": FORMAT, **asdict(self)}, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> LeaseRecord | None:
+        """The record, or ``None`` if ``data`` is not a lease (treated as stale)."""
+        try:
+            doc = json.loads(data.decode())
+            if doc.pop("format", None) != FORMAT:
+                return None
+            return cls(**doc)
+        except (UnicodeDecodeError, ValueError, TypeError):
+            return None
+
+    def until(self, now: float) -> str:
+        at = datetime.fromtimestamp(self.expires_at, UTC).isoformat(timespec="seconds")
+        left = self.expires_at - now
+        return f"{at} ({left:.0f} s from now)" if left >= 0 else f"{at} ({-left:.0f} s ago)"
+
+
+def _pid_state(pid: int) -> tuple[str, str] | None:
+    """(state letter, start time) of a live process on this host, ``None`` if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return fields[0], fields[19]  # state, starttime (fields 3 and 22 of stat)
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return "?", ""
+
+
+def _owner_gone(rec: LeaseRecord) -> bool:
+    """Whether the owner was a process on this host that has exited (or is a zombie)."""
+    if rec.host != socket.gethostname():
+        return False
+    state = _pid_state(rec.pid)
+    if state is None or state[0] in ("Z", "X"):
+        return True
+    return rec.pid_start is not None and state[1] != "" and state[1] != rec.pid_start
+
+
+# --- the lease object's atomic operations, per kind of store ------------------------------
+
+
+class _Slot:
+    """The lease object at ``url`` and the four atomic operations a lease needs.
+
+    ``read`` gives the content and a version; ``swap`` and ``delete`` act only if the
+    object is still at that version (compare-and-swap).
+    """
+
+    def __init__(self, loc: Location, url: str, retry: Retry) -> None:
+        self.loc, self.url, self.retry = loc, url, retry
+        self.path = loc.path(url)
+
+    def create(self, data: bytes) -> bool:
+        return self.loc.put_bytes(self.url, data, self.retry, exclusive=True)
+
+    def read(self) -> tuple[bytes, str] | None:
+        try:
+            data = self.loc.cat(self.url, self.retry)
+        except FileNotFoundError:
+            return None
+        return data, sha256(data)
+
+    def swap(self, data: bytes, version: str) -> bool:
+        with self._mutex():
+            cur = self.read()
+            if cur is None or cur[1] != version:
+                return False
+            self.loc.put_bytes(self.url, data, self.retry, atomic=True)
+            return True
+
+    def delete(self, version: str) -> bool:
+        with self._mutex():
+            cur = self.read()
+            if cur is None or cur[1] != version:
+                return False
+            self.loc.remove(self.url, self.retry)
+            return True
+
+    @contextlib.contextmanager
+    def _mutex(self) -> Iterator[None]:
+        """Check-then-act made atomic: within the process for stores without conditional
+        writes; on a local disk also between processes (``flock`` of the leases folder)."""
+        with _PROCESS_MUTEX:
+            if not self.loc.is_local:
+                yield
+                return
+            folder = os.path.dirname(self.path)
+            os.makedirs(folder, exist_ok=True)
+            fd = os.open(folder, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # closing drops the lock
+
+
+_PROCESS_MUTEX = threading.RLock()
+
+
+class _S3Slot(_Slot):
+    """S3 conditional writes: ``If-None-Match: *`` to create, ``If-Match: <etag>`` to swap."""
+
+    def read(self) -> tuple[bytes, str] | None:
+        def get() -> tuple[bytes, str] | None:
+            fs = self.loc.fs
+            try:
+                # the ETag first: if the object changes before the read, the swap with
+                # this (older) ETag fails, so a decision is never based on a newer body
+                etag = str(fs.info(self.path, refresh=True)["ETag"])
+                return fs.cat_file(self.path), etag
+            except FileNotFoundError:
+                return None
+
+        return retrying(get, f"read {self.url}", self.retry)
+
+    def swap(self, data: bytes, version: str) -> bool:
+        def put() -> bool:
+            try:
+                self.loc.fs.pipe_file(self.path, data, IfMatch=version)
+            except FileNotFoundError:
+                return False
+            except OSError as e:
+                text = str(e).lower()
+                if e.errno == errno.EINVAL and ("pre-condition" in text or "precondition" in text):
+                    return False  # If-Match failed: the object changed since it was read
+                raise
+            return True
+
+        return retrying(put, f"renew {self.url}", self.retry)
+
+    def delete(self, version: str) -> bool:
+        # S3 general-purpose buckets have no conditional delete in every deployment; a
+        # holder deletes only its own unexpired lease, which nobody else may take.
+        cur = self.read()
+        if cur is None or cur[1] != version:
+            return False
+        self.loc.remove(self.url, self.retry)
+        return True
+
+
+def _slot(loc: Location, url: str, retry: Retry) -> _Slot:
+    return _S3Slot(loc, url, retry) if loc.is_s3 else _Slot(loc, url, retry)
+
+
+# --- the lease -----------------------------------------------------------------------------
+
+#: Leases held by this process, by (store root, collection id): the stores' fence.
+_HELD: dict[tuple[str, str], Lease] = {}
+_HELD_LOCK = threading.Lock()
+
+
+def check_writer(root: str, collection_id: str) -> None:
+    """Raise :class:`LeaseLost` if this process holds the collection's lease and lost it.
+
+    Called by the stores before a manifest goes out; costs a dict look-up (the renewer
+    thread keeps the lease's state). Writers that hold no lease are not fenced.
+    """
+    lease = _HELD.get((root, collection_id))
+    if lease is not None:
+        lease.check()
+
+
+class Lease:
+    """The write lease of one collection in one store; see the module docstring.
+
+    ``acquire``/``release`` by hand, or as a context manager, which also runs the
+    background renewer. ``clock`` is for tests.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        collection_id: str,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        storage_options: dict[str, Any] | None = None,
+        retry: Retry | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s}")
+        self.collection_id = check_id(collection_id, "collection id")
+        self.loc = Location(root, storage_options)
+        self.retry = retry or Retry()
+        self.ttl_s = float(ttl_s)
+        self.clock = clock
+        self.url = self.loc.url(LEASES, f"{collection_id}.json")
+        self.token = uuid.uuid4().hex
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.owner = f"{self.host}:{self.pid}:{self.token[:8]}"
+        self._slot = _slot(self.loc, self.url, self.retry)
+        self._version: str | None = None  # of the object as this lease last wrote it
+        self._expires_at = 0.0
+        self._lost: str | None = None
+        self._stop = threading.Event()
+        self._renewed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # renewals from the thread vs. release
+
+    def __repr__(self) -> str:
+        return f"Lease({self.url!r}, owner={self.owner!r}, held={self.held})"
+
+    @property
+    def root(self) -> str:
+        return self.loc.root
+
+    @property
+    def held(self) -> bool:
+        return self._version is not None and self._lost is None
+
+    def _record(self, acquired_at: float | None = None) -> LeaseRecord:
+        now = self.clock()
+        state = _pid_state(self.pid)
+        return LeaseRecord(
+            collection_id=self.collection_id,
+            owner=self.owner,
+            host=self.host,
+            pid=self.pid,
+            pid_start=state[1] if state and state[1] else None,
+            token=self.token,
+            acquired_at=now if acquired_at is None else acquired_at,
+            expires_at=now + self.ttl_s,
+            ttl_s=self.ttl_s,
+        )
+
+    def acquire(self) -> Lease:
+        """Take the lease, or raise :class:`LeaseHeld` naming its owner and expiry."""
+        for _ in range(5):  # only a lease released or taken over mid-way makes this loop
+            rec = self._record()
+            data = rec.to_json()
+            if self._slot.create(data):
+                return self._took(rec, data, None)
+            cur = self._slot.read()
+            if cur is None:
+                continue  # released in between: try to create again
+            other = LeaseRecord.from_json(cur[0])
+            now = self.clock()
+            if other is not None and other.token != self.token:
+                gone = _owner_gone(other)
+                if other.expires_at > now and not gone:
+                    raise LeaseHeld(
+                        f"collection {self.collection_id!r} in {self.root} is being written by another run: "
+                        f"lease held by {other.owner} (host {other.host}, pid {other.pid}) until "
+                        f"{other.until(now)}; wait for that run to end, or for the lease to expire"
+                    )
+                why = f"its owner {other.owner} has exited" if gone else f"it expired at {other.until(now)}"
+            else:
+                why = "it was unreadable" if other is None else "it was this lease's own"
+            if self._slot.swap(data, cur[1]):
+                return self._took(rec, data, why)
+        raise LeaseHeld(
+            f"collection {self.collection_id!r} in {self.root}: the lease changed hands five times while "
+            "this run tried to take it; another run is starting the same collection"
+        )
+
+    def _took(self, rec: LeaseRecord, data: bytes, takeover: str | None) -> Lease:
+        # read back: the create or swap was ours only if the object now holds our token
+        cur = self._slot.read()
+        got = LeaseRecord.from_json(cur[0]) if cur is not None else None
+        if cur is None or got is None or got.token != self.token:
+            owner = got.owner if got is not None else "nobody"
+            raise LeaseHeld(
+                f"collection {self.collection_id!r} in {self.root}: another run took the lease at the same "
+                f"moment (now held by {owner}); this store's writes may not be atomic"
+            )
+        self._version, self._expires_at, self._lost = cur[1], rec.expires_at, None
+        if takeover:
+            log.warning("collection %s: took over the write lease (%s)", self.collection_id, takeover)
+        with _HELD_LOCK:
+            _HELD[(self.root, self.collection_id)] = self
+        return self
+
+    def renew(self) -> None:
+        """Push the expiry ``ttl_s`` ahead; :class:`LeaseLost` if another run owns it now."""
+        with self._lock:
+            if self._version is None:
+                raise LeaseLost(f"collection {self.collection_id!r}: the lease is not held")
+            rec = self._record()
+            data = rec.to_json()
+            if not self._slot.swap(data, self._version):
+                cur = self._slot.read()
+                other = LeaseRecord.from_json(cur[0]) if cur is not None else None
+                who = f"now held by {other.owner}" if other is not None else "the lease object is gone"
+                self._lost = (
+                    f"collection {self.collection_id!r} in {self.root}: this run's write lease was lost ({who})"
+                )
+                raise LeaseLost(self._lost)
+            cur = self._slot.read()
+            if cur is None:
+                self._lost = f"collection {self.collection_id!r}: the lease object vanished right after renewal"
+                raise LeaseLost(self._lost)
+            self._version, self._expires_at = cur[1], rec.expires_at
+        self._renewed.set()
+
+    def wait_renewed(self, timeout_s: float) -> bool:
+        """Wait until the next successful renewal (for tests and diagnostics)."""
+        self._renewed.clear()
+        return self._renewed.wait(timeout_s)
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if the lease was lost or ran out without renewal."""
+        if self._lost is not None:
+            raise LeaseLost(self._lost + "; stopping before writing more")
+        if self._version is not None and self.clock() > self._expires_at:
+            raise LeaseLost(
+                f"collection {self.collection_id!r} in {self.root}: this run's write lease expired at "
+                f"{datetime.fromtimestamp(self._expires_at, UTC).isoformat(timespec='seconds')} without a renewal "
+                "(was the store unreachable?); stopping before writing more"
+            )
+
+    def release(self) -> None:
+        """Give the lease up (if still ours); stops the renewer."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
+        with _HELD_LOCK:
+            if _HELD.get((self.root, self.collection_id)) is self:
+                del _HELD[(self.root, self.collection_id)]
+        with self._lock:
+            version, self._version = self._version, None
+            if version is None or self._lost is not None:
+                return
+            try:
+                if not self._slot.delete(version):
+                    log.warning("collection %s: the write lease was no longer ours at release", self.collection_id)
+            except StorageError as e:  # it expires on its own
+                log.warning("collection %s: could not release the write lease (%s)", self.collection_id, e)
+
+    # --- the renewer ------------------------------------------------------------------------
+
+    def start_renewing(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._renew_loop, name=f"focus-lease-{self.collection_id}", daemon=True)
+        self._thread.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                self.renew()
+            except LeaseLost as e:
+                log.error("%s", e)
+                return
+            except Exception as e:  # noqa: BLE001 - try again next tick; check() fences at expiry
+                log.warning("collection %s: renewing the write lease failed: %s", self.collection_id, e)
+
+    def __enter__(self) -> Lease:
+        self.acquire()
+        self.start_renewing()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@contextlib.contextmanager
+def collection_lease(
+    root: str | os.PathLike[str],
+    collection_id: str,
+    *,
+    ttl_s: float = DEFAULT_TTL_S,
+    storage_options: dict[str, Any] | None = None,
+) -> Iterator[Lease]:
+    """Hold the write lease of ``collection_id`` for the block, renewed in the background.
+
+    On entry, after taking the lease, removes what interrupted writes of the collection
+    left behind (temporary files, checkpoint data without a manifest). Raises
+    :class:`LeaseHeld` if another live run holds it.
+    """
+    from storage.checkpoints import CheckpointStore
+
+    with Lease(root, collection_id, ttl_s=ttl_s, storage_options=storage_options) as lease:
+        removed = CheckpointStore(root, storage_options=storage_options).sweep(collection_id)
+        if removed:
+            log.info("collection %s: removed %d leftover(s) of interrupted writes", collection_id, len(removed))
+        yield lease
