@@ -28,7 +28,6 @@ from typing import Any
 from focus.backends.retry import HttpConfig
 
 
-
 class CriticError(RuntimeError):
     """The critic could not score (service down, malformed answer, bad input)."""
 

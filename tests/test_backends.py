@@ -23,8 +23,8 @@ from tinker import types as ttypes
 from focus.agent import Agent
 from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy, TinkerPolicy
 from focus.backends.http import HttpClient, MalformedResponse
-from focus.backends.retry import RetryPolicy, parse_retry_after
 from focus.backends.openai_compat import parse_completion
+from focus.backends.retry import RetryPolicy, parse_retry_after
 from focus.backends.sglang import parse_generate
 from focus.branching import EveryDecision
 from focus.context import Segments

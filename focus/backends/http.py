@@ -279,7 +279,9 @@ class HttpClient:
                     finally:
                         await response.aclose()
             except TimeoutError as e:
-                what = "the call's deadline passed" if limit < self.config.timeout_s else f"no answer within {limit:g} s"
+                what = (
+                    "the call's deadline passed" if limit < self.config.timeout_s else f"no answer within {limit:g} s"
+                )
                 raise _Retryable("timeout", None, what) from e
             except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
                 raise _classify(e) from e

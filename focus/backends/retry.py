@@ -28,7 +28,7 @@ from __future__ import annotations
 import email.utils
 import random
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,7 +154,7 @@ class ClientStats:
         self.attempts = 0
         self.retries: Counter[str] = Counter()
         self.failed_calls: Counter[str] = Counter()
-        self.lost_s: Counter[str] = Counter()
+        self.lost_s: defaultdict[str, float] = defaultdict(float)
         self.deadline_exceeded = 0
         self.hedges = 0
         self.hedge_wins = 0
