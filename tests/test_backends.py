@@ -24,7 +24,7 @@ from focus.agent import Agent
 from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy, TinkerPolicy
 from focus.backends.http import HttpClient, MalformedResponse
 from focus.backends.openai_compat import parse_completion
-from focus.backends.retry import RetryPolicy, parse_retry_after
+from focus.backends.retry import CallRecord, ClientStats, RetryPolicy, parse_retry_after
 from focus.backends.sglang import parse_generate
 from focus.branching import EveryDecision
 from focus.context import Segments
@@ -293,6 +293,24 @@ def test_retry_after_reads_seconds_and_http_dates():
     now = 1_700_000_000.0
     assert parse_retry_after(email.utils.formatdate(now + 4, usegmt=True), now=now) == pytest.approx(4.0)
     assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+
+
+def test_client_stats_total_call_records():
+    """What an engine does with the records of many completions (and each client with its own)."""
+    stats = ClientStats()
+    stats.add(CallRecord(3, 1.5, (("timeout", 1.0), ("server error", 0.25))))  # answered on the third attempt
+    stats.add(CallRecord(2, 0.7, (("connection", 0.1), ("connection", 0.6)), failed="connection", deadline=True))
+    stats.add(CallRecord(1, 0.4, hedges=1, hedge_won=True))
+    assert stats.as_dict() == {
+        "calls": 3,
+        "attempts": 6,
+        "retries": {"timeout": 1, "server error": 1, "connection": 1},  # a call's last failed attempt is not retried
+        "failed_calls": {"connection": 1},
+        "lost_s": {"timeout": 1.0, "server error": 0.25, "connection": 0.7},
+        "deadline_exceeded": 1,
+        "hedges": 1,
+        "hedge_wins": 1,
+    }
 
 
 class _Scripted(BaseHTTPRequestHandler):

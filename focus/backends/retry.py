@@ -73,7 +73,8 @@ class RetryPolicy(BaseModel):
     #: beyond the attempts. A retry that cannot finish by then is not started.
     deadline_s: float | None = Field(600.0, gt=0)
     #: Send a second identical request when an attempt has not answered after this
-    #: many seconds, and take the first good answer; None: never hedge.
+    #: many seconds (if shorter than ``timeout_s``), and take the first good answer;
+    #: None: never hedge.
     hedge_after_s: float | None = Field(None, gt=0)
 
     def backoff(self, retry: int, rng: random.Random, retry_after: float | None = None) -> float:
@@ -144,7 +145,7 @@ class ClientStats:
     :meth:`as_dict` fields: ``calls`` (finished calls, answered or not), ``attempts``
     (first requests and retries; hedges not included), ``retries`` (failed attempts that
     were retried, by cause), ``failed_calls`` (calls that gave up, by the cause of their
-    last attempt), ``lost_s`` (seconds lost to failed attempts and their waits, by
+    last attempt, or ``rejected``: a 4xx the client does not retry), ``lost_s`` (seconds lost to failed attempts and their waits, by
     cause), ``deadline_exceeded`` (calls ended by their deadline), ``hedges`` (second
     requests sent) and ``hedge_wins`` (answers that came from a hedge).
     """
