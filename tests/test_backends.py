@@ -236,6 +236,9 @@ def test_policy_pickles_after_use_and_works_in_a_new_event_loop(local_model_serv
     first = run(policy.sample(PROMPT, SamplingParams(max_tokens=4, seed=3)))  # client left open on a dead loop
     clone = pickle.loads(pickle.dumps(policy))
     assert clone.http._live is None and clone.http.config == FAST
+    blob = pickle.dumps(policy)  # copies of one pickle (Dask workers) draw their own jitter
+    a, b = pickle.loads(blob).http, pickle.loads(blob).http
+    assert [a._rng.random() for _ in range(3)] != [b._rng.random() for _ in range(3)]
     assert clone.stats()["calls"] == 0  # counts are per process: a pickled copy starts from zero
     assert run(sample_once(clone, max_tokens=4, seed=3)).token_ids == first.token_ids
     assert run(sample_once(policy, max_tokens=4, seed=3)).token_ids == first.token_ids  # new loop, new client

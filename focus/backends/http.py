@@ -124,8 +124,12 @@ class HttpClient:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_loop=None, _live=None, _sem=None, _transport=None, _urls={}, _stats=ClientStats())
+        state.update(_loop=None, _live=None, _sem=None, _transport=None, _urls={}, _stats=ClientStats(), _rng=None)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._rng = random.Random()  # each copy its own jitter: copies must not retry in lockstep
 
     def _make_headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json", **self.config.headers}
