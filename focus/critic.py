@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import httpx
+from focus.backends.retry import HttpConfig
 
 
 class CriticError(RuntimeError):
@@ -87,9 +87,13 @@ class HttpCritic(Critic):
     """A scoring service: ``POST url`` with a JSON list of contexts (lists of token ids).
 
     The answer is a JSON list of numbers, or ``{"values": [...], "stds": [...]}``.
-    Requests are split into batches of ``batch_size``; connection errors and 5xx
-    answers are retried ``retries`` times with exponential backoff, then raise
-    :class:`CriticError` naming the URL and the cause.
+    Requests are split into batches of ``batch_size`` and sent through the model
+    clients' HTTP stack under the same retry policy (``config``, an
+    :class:`~focus.backends.HttpConfig`: timeouts, retries with backoff, deadline,
+    hedging; a score does not depend on which copy of a hedged request answers). After
+    the last attempt a :class:`CriticError` names the URL and the cause; an answer of
+    the wrong shape counts as malformed and is retried like one. ``transport``: an
+    httpx transport to send through instead of the default (tests, proxies).
     """
 
     def __init__(
@@ -97,49 +101,29 @@ class HttpCritic(Critic):
         url: str,
         *,
         batch_size: int = 64,
-        timeout_s: float = 30.0,
-        retries: int = 3,
-        backoff_s: float = 0.2,
-        headers: dict[str, str] | None = None,
+        config: HttpConfig | None = None,
+        transport: Any = None,
     ) -> None:
+        from focus.backends.http import HttpClient  # the HTTP stack loads with the first HTTP critic
+
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"HttpCritic url must start with http:// or https://, got {url!r}")
         if batch_size < 1:
             raise ValueError("HttpCritic.batch_size must be at least 1")
-        self.url, self.batch_size, self.timeout_s = url, batch_size, timeout_s
-        self.retries, self.backoff_s, self.headers = retries, backoff_s, dict(headers or {})
-        self._client: httpx.AsyncClient | None = None
+        self.url, self.batch_size = url, batch_size
+        scheme, _, rest = url.partition("://")
+        host, slash, path = rest.partition("/")
+        self.http = HttpClient(f"{scheme}://{host}", config, transport=transport, error=CriticError)
+        self._path = slash + path
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_client"} | {"_client": None}
-
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers)
-        return self._client
+    def stats(self) -> dict[str, Any]:
+        """The HTTP client's totals in this process (``HttpClient.stats``)."""
+        return self.http.stats()
 
     async def _post(self, batch: list[list[int]]) -> list[Prediction]:
-        last: str = ""
-        for attempt in range(self.retries + 1):
-            try:
-                r = await self._http().post(self.url, json=batch)
-            except httpx.HTTPError as e:
-                last = f"{type(e).__name__}: {e}"
-            else:
-                if r.status_code < 500:
-                    if r.status_code != 200:
-                        raise CriticError(f"critic at {self.url} answered {r.status_code}: {r.text[:300]}")
-                    return self._parse(r, len(batch))
-                last = f"status {r.status_code}: {r.text[:200]}"
-            if attempt < self.retries:
-                await asyncio.sleep(self.backoff_s * 2**attempt)
-        raise CriticError(f"critic at {self.url} failed after {self.retries + 1} attempts: {last}")
+        return await self.http.request("POST", self._path, batch, lambda body: self._parse(body, len(batch)))
 
-    def _parse(self, r: httpx.Response, n: int) -> list[Prediction]:
-        try:
-            body = r.json()
-        except json.JSONDecodeError:
-            raise CriticError(f"critic at {self.url} answered non-JSON: {r.text[:200]!r}") from None
+    def _parse(self, body: Any, n: int) -> list[Prediction]:
         stds: list[float | None] = [None] * n
         if isinstance(body, dict):
             if "values" not in body:
@@ -164,9 +148,7 @@ class HttpCritic(Critic):
         return [p.value for p in await self.predict_with_std(contexts)]
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self.http.aclose()
 
 
 @contextmanager

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from focus.backends.retry import HttpConfig, RetryPolicy
 from focus.policy import SamplingParams
 from focus.priority import Phase, Priority, Selective, Uniform
 
@@ -109,6 +110,14 @@ class ModelConfig(_Pluggable):
     #: Unset, it is asked from the server (``local``) or taken from the env codec's
     #: tokenizer; required where neither knows it (see :func:`vocab_size_for`).
     vocab_size: int | None = Field(None, gt=0)
+    #: Timeouts, retries, deadline and hedging of the HTTP client (local, openai, sglang).
+    http: RetryPolicy = RetryPolicy()
+
+    @model_validator(mode="after")
+    def _one_place_for_http(self) -> ModelConfig:
+        if "config" in self.options:
+            raise ValueError("model.options.config is not accepted: set timeouts and retries in model.http")
+        return self
 
     @model_validator(mode="after")
     def _needs(self) -> ModelConfig:
@@ -163,6 +172,14 @@ class CriticConfig(_Pluggable):
     kind: Literal["constant", "http", "local", "factory"] = "constant"
     value: float = 0.5
     url: str | None = None
+    #: Timeouts, retries, deadline and hedging of the HTTP critic's client (kind http).
+    http: RetryPolicy = RetryPolicy()
+
+    @model_validator(mode="after")
+    def _one_place_for_http(self) -> CriticConfig:
+        if "config" in self.options:
+            raise ValueError("critic.options.config is not accepted: set timeouts and retries in critic.http")
+        return self
 
     @model_validator(mode="after")
     def _needs(self) -> CriticConfig:
@@ -266,6 +283,8 @@ class FocusConfig(_Model):
         """The policy client; ``url`` overrides ``model.url`` (a server started for the run)."""
         m = self.model
         url = url or m.url
+        # the client may keep as many calls in flight as the execution runs rollouts
+        http = HttpConfig(**m.http.model_dump(), max_concurrency=self.execution.max_concurrency)
         if m.kind == "factory":
             policy = import_object(m.factory or "")(**m.options)
         elif m.kind in ("local", "openai"):
@@ -273,11 +292,11 @@ class FocusConfig(_Model):
 
             if url is None:
                 raise ConfigError("model.url is not set and no local model server was started")
-            policy = OpenAICompatPolicy(url, **({"model": m.model} if m.model else {}), **m.options)
+            policy = OpenAICompatPolicy(url, **({"model": m.model} if m.model else {}), config=http, **m.options)
         elif m.kind == "sglang":
             from focus.backends import SGLangPolicy
 
-            policy = SGLangPolicy(url, **m.options)
+            policy = SGLangPolicy(url, config=http, **m.options)
         else:
             from focus.backends import TinkerPolicy
 
@@ -330,7 +349,7 @@ class FocusConfig(_Model):
         if c.kind == "constant":
             return critics.ConstantCritic(c.value)
         if c.kind == "http":
-            return critics.HttpCritic(c.url or "", **c.options)
+            return critics.HttpCritic(c.url or "", config=HttpConfig(**c.http.model_dump()), **c.options)
         if c.kind == "local":
             return critics.LocalCritic(**c.options)  # type: ignore[attr-defined]
         return import_object(c.factory or "")(**c.options)

@@ -41,7 +41,9 @@ from tasks.config import FocusConfig
 from tasks.runtime import Runtime
 
 #: Fields that may differ between a run and its resume (where things run, not what).
-RUNTIME_FIELDS = ("model.url", "execution", "progress", "storage")
+#: The HTTP clients' timeouts, retries and hedging change how patiently a result is
+#: fetched, not the result (requests are seeded).
+RUNTIME_FIELDS = ("model.url", "model.http", "critic.http", "execution", "progress", "storage")
 
 
 class ResumeMismatch(RuntimeError):
@@ -76,14 +78,19 @@ def end_key(config: FocusConfig, phase_index: int) -> Key:
 def fingerprint(config: FocusConfig) -> dict[str, Any]:
     """What determines a collection's result: the config without where things run."""
     data = config.model_dump(mode="json")
-    data.pop("execution", None)
-    data.pop("progress", None)
-    data.pop("storage", None)
-    data.get("model", {}).pop("url", None)
+    for dotted in RUNTIME_FIELDS:
+        *path, last = dotted.split(".")
+        node = data
+        for part in path:
+            node = node.get(part, {})
+        node.pop(last, None)
     return data
 
 
 def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the fields that differ. A field one side lacks counts as ``None``,
+    so a field added to the config since a collection was stored, left unset, is no
+    difference (the collection resumes)."""
     if isinstance(a, dict) and isinstance(b, dict):
         out: list[str] = []
         for k in sorted(set(a) | set(b)):
@@ -298,7 +305,7 @@ class Steps:
         mine = fingerprint(self.config)
         if self.done(CONFIG):
             stored = json.loads(self.load(CONFIG))
-            if stored != mine:
+            if _diff(stored, mine):
                 fields = ", ".join(_diff(stored, mine)) or "?"
                 raise ResumeMismatch(
                     f"collection {self.cid!r} already exists in {self.config.storage.root} with a different "

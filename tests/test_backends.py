@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import json
 import math
 import pickle
+import random
 import socket
 import subprocess
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import numpy as np
@@ -16,8 +22,9 @@ from tinker import types as ttypes
 
 from focus.agent import Agent
 from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy, TinkerPolicy
-from focus.backends.http import MalformedResponse
+from focus.backends.http import HttpClient, MalformedResponse
 from focus.backends.openai_compat import parse_completion
+from focus.backends.retry import CallRecord, ClientStats, RetryPolicy, parse_retry_after
 from focus.backends.sglang import parse_generate
 from focus.branching import EveryDecision
 from focus.context import Segments
@@ -108,6 +115,13 @@ def test_transient_failures_are_retried(local_model_server, cls, spec, cause):
     c = run(sample_once(policy))
     assert len(c.token_ids) > 0 and all(math.isfinite(x) for x in c.logprobs)
     assert policy.http.retries == {cause: 2}
+    stats = policy.stats()
+    assert (stats["calls"], stats["attempts"], stats["failed_calls"]) == (1, 3, {})
+    assert set(stats["lost_s"]) == {cause} and stats["lost_s"][cause] > 0
+    record = c.meta["http"]  # the same figures, per call, for the engine to total
+    assert record.attempts == 3 and [k for k, _ in record.errors] == [cause, cause] and record.failed is None
+    if "delay_s" in spec:  # each timed-out attempt lost at least its timeout
+        assert stats["lost_s"]["timeout"] >= 2 * timeout
 
 
 @pytest.mark.parametrize("cls", [OpenAICompatPolicy, SGLangPolicy])
@@ -118,13 +132,15 @@ def test_persistent_failure_raises_policy_error_naming_url_status_and_cause(loca
         run(sample_once(policy))
     msg = str(e.value)
     assert policy.url in msg and "3 attempt(s)" in msg and "status 503" in msg and "injected fault" in msg
+    stats = policy.stats()
+    assert stats["retries"] == {"server error": 2} and stats["failed_calls"] == {"server error": 1}
 
 
 def test_client_errors_are_not_retried(local_model_server):
     policy = OpenAICompatPolicy(local_model_server.url, config=FAST)  # no vocab_size: the server must refuse
     with pytest.raises(PolicyError, match="rejected with status 400.*token id 999"):
         run(sample_once(policy, prompt=[1, 999]))
-    assert policy.http.retries == {}
+    assert policy.http.retries == {} and policy.stats()["failed_calls"] == {"rejected": 1}
     with pytest.raises(PolicyError, match="outside the vocabulary"):  # checked before sending when known
         run(sample_once(OpenAICompatPolicy(local_model_server.url, vocab_size=263), prompt=[1, 999]))
 
@@ -136,16 +152,6 @@ def test_refused_connection_is_retried_then_reported():
     policy = SGLangPolicy(f"http://127.0.0.1:{port}", config=FAST.model_copy(update={"max_retries": 1}))
     with pytest.raises(PolicyError, match=rf"127\.0\.0\.1:{port}/generate failed after 2 attempt.*connection"):
         run(sample_once(policy))
-
-
-def test_backoff_grows_exponentially_with_bounded_jitter():
-    from focus.backends.http import HttpClient
-
-    c = HttpClient("http://127.0.0.1:1", HttpConfig(backoff_s=0.1, backoff_max_s=1.0, jitter=0.5))
-    for attempt, base in [(0, 0.1), (1, 0.2), (2, 0.4), (5, 1.0)]:
-        waits = [c.backoff(attempt) for _ in range(50)]
-        assert all(base <= w <= base * 1.5 for w in waits) and len(set(waits)) > 1
-    assert c.backoff(0, retry_after=0.7) == 0.7
 
 
 def _vllm(ids, lps, finish="stop", **choice):
@@ -229,7 +235,11 @@ def test_policy_pickles_after_use_and_works_in_a_new_event_loop(local_model_serv
     policy = OpenAICompatPolicy(local_model_server.url, config=FAST)
     first = run(policy.sample(PROMPT, SamplingParams(max_tokens=4, seed=3)))  # client left open on a dead loop
     clone = pickle.loads(pickle.dumps(policy))
-    assert clone.http._client is None and clone.http.config == FAST
+    assert clone.http._live is None and clone.http.config == FAST
+    blob = pickle.dumps(policy)  # copies of one pickle (Dask workers) draw their own jitter
+    a, b = pickle.loads(blob).http, pickle.loads(blob).http
+    assert [a._rng.random() for _ in range(3)] != [b._rng.random() for _ in range(3)]
+    assert clone.stats()["calls"] == 0  # counts are per process: a pickled copy starts from zero
     assert run(sample_once(clone, max_tokens=4, seed=3)).token_ids == first.token_ids
     assert run(sample_once(policy, max_tokens=4, seed=3)).token_ids == first.token_ids  # new loop, new client
 
@@ -259,6 +269,180 @@ def test_concurrency_is_bounded_by_the_semaphore(local_model_server):
             await policy.aclose()
 
     assert len(run(go())) == 8 and peak == 2
+
+
+# --- one retry policy: backoff, Retry-After, deadline, hedging, transports -------------
+
+
+def test_backoff_is_full_jitter_under_an_exponential_cap():
+    policy = RetryPolicy(backoff_s=0.1, backoff_max_s=1.0)
+    for retry, cap in [(0, 0.1), (1, 0.2), (2, 0.4), (3, 0.8), (6, 1.0)]:
+        waits = [policy.backoff(retry, rng) for rng in [random.Random(retry)] for _ in range(400)]
+        assert all(0.0 <= w <= cap for w in waits)
+        # uniform over [0, cap]: 400 seeded draws reach both ends and average cap/2
+        # (the mean's standard error is cap/69, so 10% of cap/2 is 3.5 of them)
+        assert min(waits) < 0.05 * cap and max(waits) > 0.95 * cap
+        assert sum(waits) / len(waits) == pytest.approx(cap / 2, rel=0.1)
+        again = random.Random(retry)
+        assert waits == [policy.backoff(retry, again) for _ in range(400)]  # the seed fixes the draws
+    assert RetryPolicy(backoff_s=0.1, backoff_max_s=1.0, jitter=False).backoff(2, random.Random(0)) == 0.4
+    # Retry-After is a floor on the wait, up to the cap
+    assert policy.backoff(0, random.Random(0), retry_after=0.7) == 0.7
+    assert policy.backoff(0, random.Random(0), retry_after=30.0) == 1.0
+
+
+def test_retry_after_reads_seconds_and_http_dates():
+    assert parse_retry_after("3") == 3.0 and parse_retry_after(" 0.5 ") == 0.5 and parse_retry_after("-2") == 0.0
+    now = 1_700_000_000.0
+    assert parse_retry_after(email.utils.formatdate(now + 4, usegmt=True), now=now) == pytest.approx(4.0)
+    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+
+
+def test_client_stats_total_call_records():
+    """What an engine does with the records of many completions (and each client with its own)."""
+    stats = ClientStats()
+    stats.add(CallRecord(3, 1.5, (("timeout", 1.0), ("server error", 0.25))))  # answered on the third attempt
+    stats.add(CallRecord(2, 0.7, (("connection", 0.1), ("connection", 0.6)), failed="connection", deadline=True))
+    stats.add(CallRecord(1, 0.4, hedges=1, hedge_won=True))
+    assert stats.as_dict() == {
+        "calls": 3,
+        "attempts": 6,
+        "retries": {"timeout": 1, "server error": 1, "connection": 1},  # a call's last failed attempt is not retried
+        "failed_calls": {"connection": 1},
+        "lost_s": {"timeout": 1.0, "server error": 0.25, "connection": 0.7},
+        "deadline_exceeded": 1,
+        "hedges": 1,
+        "hedge_wins": 1,
+    }
+
+
+class _Scripted(BaseHTTPRequestHandler):
+    """Answers POSTs from a script of (status, headers, JSON body); the last one repeats."""
+
+    script: list[tuple[int, dict[str, str], object]] = []
+    arrivals: list[float] = []
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        cls = type(self)
+        cls.arrivals.append(time.monotonic())
+        status, headers, body = cls.script.pop(0) if len(cls.script) > 1 else cls.script[0]
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        for k, v in {**headers, "Content-Length": str(len(data))}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def scripted():
+    _Scripted.script, _Scripted.arrivals = [], []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+    t.join(5)
+
+
+async def _post(client: HttpClient, body=None):
+    try:
+        return await client.request("POST", "/x", body or {}, lambda d: d)
+    finally:
+        await client.aclose()
+
+
+def test_retry_after_is_honoured(scripted):
+    _Scripted.script[:] = [(429, {"Retry-After": "0.4"}, {"error": "busy"}), (200, {}, {"ok": 1})]
+    client = HttpClient(scripted, HttpConfig(backoff_s=0.001, backoff_max_s=5.0))
+    assert run(_post(client)) == {"ok": 1}
+    # jitter alone would wait at most 1 ms; the server asked for 0.4 s
+    assert _Scripted.arrivals[1] - _Scripted.arrivals[0] >= 0.4
+    stats = client.stats()
+    assert stats["retries"] == {"server error": 1} and stats["lost_s"]["server error"] >= 0.4
+
+
+def test_a_retry_that_cannot_finish_by_the_deadline_is_not_started(scripted):
+    _Scripted.script[:] = [(503, {"Retry-After": "10"}, {"error": "down"}), (200, {}, {"ok": 1})]
+    client = HttpClient(scripted, HttpConfig(backoff_max_s=5.0, deadline_s=3.0))
+    t0 = time.monotonic()
+    with pytest.raises(PolicyError, match=r"failed after 1 attempt\(s\) in .* \(deadline 3 s\); last: status 503"):
+        run(_post(client))
+    # the wait asked for (10 s, capped at 5) would end past the deadline: give up now, send nothing more
+    assert time.monotonic() - t0 < 3.0 and len(_Scripted.arrivals) == 1
+    assert client.stats()["deadline_exceeded"] == 1 and client.stats()["failed_calls"] == {"server error": 1}
+
+
+def test_an_explicit_httpx_transport_carries_every_request():
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        if len(seen) == 1:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, json=_vllm([5, 6], [-0.5, -1.0]))
+
+    policy = OpenAICompatPolicy("http://model.invalid", config=FAST, transport=httpx.MockTransport(handler))
+    c = run(sample_once(policy))
+    assert c.token_ids == (5, 6) and len(seen) == 2 and seen[1]["prompt"] == list(PROMPT) and seen[1]["seed"] == 1
+    assert policy.http.retries == {"connection": 1}
+
+
+def hedged(cls, url, after_s: float):
+    return cls(url, config=HttpConfig(**{**FAST.model_dump(), "hedge_after_s": after_s}))
+
+
+@pytest.mark.parametrize("cls", [OpenAICompatPolicy, SGLangPolicy])
+def test_a_hedged_request_returns_the_same_tokens_and_is_counted(local_model_server, cls):
+    want = run(sample_once(cls(local_model_server.url, config=FAST), seed=21, max_tokens=12))
+    policy = hedged(cls, local_model_server.url, 0.3)
+    fault(local_model_server, count=1, delay_s=5.0)  # the first copy is held; the hedge is not
+    t0 = time.monotonic()
+    got = run(sample_once(policy, seed=21, max_tokens=12))
+    assert time.monotonic() - t0 < 5.0  # answered by the hedge, not by the held copy
+    # the seed makes both copies the same sample (log-probs to the server's cache-dependent rounding)
+    assert got.token_ids == want.token_ids and got.logprobs == pytest.approx(want.logprobs, abs=1e-5)
+    record = got.meta["http"]
+    assert (record.attempts, record.hedges, record.hedge_won, record.errors) == (1, 1, True, ())
+    stats = policy.stats()
+    assert (stats["hedges"], stats["hedge_wins"], stats["retries"]) == (1, 1, {})
+
+
+def test_unseeded_requests_are_not_hedged(local_model_server):
+    """Two unseeded copies sample different answers; taking the faster one would favour
+    short completions, so only seeded requests are hedged."""
+    policy = hedged(OpenAICompatPolicy, local_model_server.url, 0.1)
+    fault(local_model_server, count=1, delay_s=0.6)
+    c = run(sample_once(policy, seed=None))
+    assert c.meta["http"].hedges == 0 and policy.stats()["hedges"] == 0
+
+
+def test_config_file_env_and_flags_set_the_model_client():
+    from flows.cli import _overrides
+    from tasks.config import ConfigError, load_config
+
+    flags = _overrides(["model.http.timeout_s=7", "model.http.max_retries=1", "model.http.hedge_after_s=2.5"])
+    cfg = load_config(
+        overrides={**flags, "model.kind": "sglang", "model.url": "http://127.0.0.1:9", "execution.max_concurrency": 96},
+        environ={"FOCUS_MODEL__HTTP__DEADLINE_S": "30"},
+    )
+    policy = cfg.build_policy()
+    assert isinstance(policy, SGLangPolicy)
+    c = policy.http.config
+    assert (c.timeout_s, c.max_retries, c.hedge_after_s, c.deadline_s) == (7, 1, 2.5, 30)
+    assert c.max_concurrency == 96  # as many calls in flight as the execution runs rollouts
+    for key, value, msg in [
+        ("model.http.timeout_s", 0, "model.http.timeout_s: Input should be greater than 0"),
+        ("model.http.retries", 3, "model.http.retries: unknown field"),
+        ("model.options", {"config": {"timeout_s": 1}}, "set timeouts and retries in model.http"),
+    ]:
+        with pytest.raises(ConfigError, match=msg):
+            load_config(overrides={key: value}, environ={})
 
 
 def test_importing_backends_loads_neither_torch_nor_tinker():

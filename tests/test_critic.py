@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from focus.agent import Agent
+from focus.backends import HttpConfig
 from focus.collector import Collector
 from focus.critic import ConstantCritic, Critic, CriticError, HttpCritic, LocalCritic, serve_critic
 from focus.env import Task
@@ -87,21 +88,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+FAST = HttpConfig(backoff_s=0.01, backoff_max_s=0.02, max_retries=1, timeout_s=10)
+
+
 def test_http_critic_names_the_url_when_the_service_is_down():
     url = f"http://127.0.0.1:{_free_port()}/score"
-    with pytest.raises(CriticError, match=f"critic at {url} failed after 2 attempts"):
-        run(HttpCritic(url, retries=1, backoff_s=0.01).predict(CONTEXTS))
+    with pytest.raises(CriticError, match=f"POST {url} failed after 2 attempt.*connection"):
+        run(HttpCritic(url, config=FAST).predict(CONTEXTS))
 
 
 class _Bad(BaseHTTPRequestHandler):
+    """Answers from a list of (status, body); the last answer repeats."""
+
     answers: list[tuple[int, object]] = []
+    paths: list[str] = []
 
     def log_message(self, *a):
         pass
 
     def do_POST(self):  # noqa: N802
         self.rfile.read(int(self.headers["Content-Length"]))
-        code, body = type(self).answers.pop(0)
+        type(self).paths.append(self.path)
+        answers = type(self).answers
+        code, body = answers.pop(0) if len(answers) > 1 else answers[0]
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Length", str(len(data)))
@@ -111,6 +120,7 @@ class _Bad(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def bad_server():
+    _Bad.paths = []
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Bad)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
@@ -120,21 +130,60 @@ def bad_server():
     t.join(5)
 
 
-def test_http_critic_rejects_malformed_answers_and_retries_5xx(bad_server):
-    _Bad.answers[:] = [(200, [0.1])]
-    with pytest.raises(CriticError, match="returned 1 values for 3 contexts"):
-        run(HttpCritic(bad_server).predict(CONTEXTS))
-    _Bad.answers[:] = [(200, {"vals": []})]
-    with pytest.raises(CriticError, match="without 'values'"):
-        run(HttpCritic(bad_server).predict(CONTEXTS))
-    _Bad.answers[:] = [(200, ["x", 1, 2])]
-    with pytest.raises(CriticError, match="non-numeric value 'x' at position 0"):
-        run(HttpCritic(bad_server).predict(CONTEXTS))
+def test_http_critic_retries_malformed_answers_then_names_them(bad_server):
+    for answer, match in [
+        ([0.1], "returned 1 values for 3 contexts"),
+        ({"vals": []}, "without 'values'"),
+        (["x", 1, 2], "non-numeric value 'x' at position 0"),
+        ([1.0, float("inf"), 2.0], "non-finite value inf at position 1"),
+    ]:
+        _Bad.answers[:] = [(200, answer)]
+        critic = HttpCritic(bad_server, config=FAST)
+        with pytest.raises(CriticError, match=f"failed after 2 attempt.*malformed response.*{match}"):
+            run(critic.predict(CONTEXTS))
+        assert critic.stats()["retries"] == {"malformed response": 1}
+    _Bad.answers[:] = [(200, "not a list"), (200, [1, 2, 3])]  # garbled once, then right
+    critic = HttpCritic(bad_server, config=FAST)
+    assert run(critic.predict(CONTEXTS)) == [1.0, 2.0, 3.0]
+    assert critic.stats()["retries"] == {"malformed response": 1}
+
+
+def test_http_critic_retries_5xx_and_429_and_not_other_4xx(bad_server):
     _Bad.answers[:] = [(404, {"error": "no"})]
-    with pytest.raises(CriticError, match="answered 404"):
-        run(HttpCritic(bad_server).predict(CONTEXTS))
-    _Bad.answers[:] = [(503, "busy"), (200, [1, 2, 3])]
-    assert run(HttpCritic(bad_server, backoff_s=0.01).predict(CONTEXTS)) == [1.0, 2.0, 3.0]
+    critic = HttpCritic(bad_server, config=FAST)
+    with pytest.raises(CriticError, match="rejected with status 404"):
+        run(critic.predict(CONTEXTS))
+    assert critic.stats()["failed_calls"] == {"rejected": 1} and critic.stats()["retries"] == {}
+    _Bad.answers[:] = [(503, "busy"), (429, "slow down"), (200, [1, 2, 3])]
+    critic = HttpCritic(bad_server, config=FAST.model_copy(update={"max_retries": 2}))
+    assert run(critic.predict(CONTEXTS)) == [1.0, 2.0, 3.0]
+    assert critic.stats()["retries"] == {"server error": 2}
+    assert set(_Bad.paths) == {"/score"}  # the path of the URL is kept
+
+
+def test_http_critic_sends_through_an_explicit_httpx_transport():
+    import httpx
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        contexts = json.loads(request.content)
+        return httpx.Response(200, json={"values": [float(len(c)) for c in contexts], "stds": [0.5] * len(contexts)})
+
+    critic = HttpCritic("http://critic.invalid/v1/score", batch_size=2, transport=httpx.MockTransport(handler))
+    preds = run(critic.predict_with_std(CONTEXTS))
+    assert [(p.value, p.std) for p in preds] == [(4.0, 0.5), (2.0, 0.5), (6.0, 0.5)]
+    assert critic.stats()["calls"] == 2  # two batches
+
+
+def test_config_builds_the_http_critic_with_its_retry_policy():
+    from tasks.config import load_config
+
+    cfg = load_config(
+        overrides={"critic.kind": "http", "critic.url": "http://127.0.0.1:9/score", "critic.http.max_retries": 0},
+        environ={"FOCUS_CRITIC__HTTP__TIMEOUT_S": "3"},
+    )
+    critic = cfg.build_critic()
+    assert isinstance(critic, HttpCritic)
+    assert (critic.http.config.max_retries, critic.http.config.timeout_s) == (0, 3.0)
 
 
 def test_served_critic_rejects_bad_requests():

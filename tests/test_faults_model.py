@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
 
@@ -22,7 +23,7 @@ from focus.critic import ConstantCritic
 from focus.estimation import DirectBranchTd
 from focus.execution import Execution
 from focus.format import ByteCodec
-from focus.policy import SamplingParams
+from focus.policy import PolicyError, SamplingParams
 from focus.priority import Phase, Selective
 from focus.testing.faults import KINDS, FaultProxy
 from focus.toy import ReachTarget, reach_target_tasks, toy_format
@@ -160,3 +161,60 @@ def test_a_tree_whose_evidence_failed_is_reported_not_dropped(local_model_server
     root_rows = [r for r in batch.critic if r.task_id == dead.task_id]
     assert [(r.node_id, r.weight) for r in root_rows] == [(0, 0.0)]
     assert {r.task_id for r in batch.actor} == {alive.task_id}
+
+
+def sample(policy, seed: int | None = 7):
+    async def go():
+        try:
+            return await policy.sample([256, 1, 2, 3], SamplingParams(max_tokens=6, seed=seed))
+        finally:
+            await policy.aclose()
+
+    return asyncio.run(go())
+
+
+def test_a_service_that_hangs_for_good_ends_the_call_at_its_deadline(local_model_server):
+    """Every answer hangs past the attempt's timeout: the call gives up at its deadline,
+    not after ``max_retries`` timeouts, and says so."""
+    http = HttpConfig(timeout_s=0.5, max_retries=50, backoff_s=0.01, backoff_max_s=0.05, deadline_s=2.0)
+    with FaultProxy(local_model_server.url, hang_s=5.0) as proxy:
+        proxy.queue("timeout", count=100)
+        policy = OpenAICompatPolicy(proxy.url, config=http)
+        t0 = time.monotonic()
+        with pytest.raises(
+            PolicyError, match=r"failed after \d+ attempt\(s\) in .*\(deadline 2 s\); last: no status: timeout"
+        ):
+            sample(policy)
+        elapsed = time.monotonic() - t0
+    # the deadline bounds the call (scheduling slack aside); 50 retries of 0.5 s would take 25 s
+    assert 2.0 - 0.05 <= elapsed < 4.0
+    stats = policy.stats()
+    assert stats["deadline_exceeded"] == 1 and stats["failed_calls"] == {"timeout": 1}
+    assert stats["retries"]["timeout"] == stats["attempts"] - 1 >= 2
+    assert sum(stats["lost_s"].values()) == pytest.approx(elapsed, abs=0.5)
+
+
+def test_hedging_past_a_hang_on_the_simulated_server_returns_the_same_tokens():
+    """The simulated server samples from the request's seed, so a hedge sent while the
+    first copy hangs in the proxy answers exactly what the first would have."""
+    from focus.testing.simserver import SimConfig, SimServerProcess
+
+    plain = HTTP.model_copy(update={"timeout_s": 5.0})
+    with SimServerProcess(SimConfig(latency_s=0.01, completion_tokens=5)) as sim:
+        want = [sample(OpenAICompatPolicy(sim.url, config=plain), seed=s) for s in (7, 8)]
+        with FaultProxy(sim.url, hang_s=4.0) as proxy:
+            proxy.queue("timeout")  # the first copy of the first call hangs past the hedge
+            policy = OpenAICompatPolicy(proxy.url, config=plain.model_copy(update={"hedge_after_s": 1.0}))
+            got = [sample(policy, seed=s) for s in (7, 8)]
+            requests = proxy.requests
+    assert [(c.token_ids, c.logprobs) for c in got] == [(c.token_ids, c.logprobs) for c in want]
+    assert [c.meta["http"].hedges for c in got] == [1, 0] and got[0].meta["http"].hedge_won
+    assert requests == 3  # two copies of the first call, one of the second
+    stats = policy.stats()
+    assert (stats["calls"], stats["attempts"], stats["hedges"], stats["hedge_wins"], stats["retries"]) == (
+        2,
+        2,
+        1,
+        1,
+        {},
+    )

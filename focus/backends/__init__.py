@@ -4,7 +4,8 @@
 * :class:`SGLangPolicy` - SGLang's native ``/generate``.
 * :class:`TinkerPolicy` - a Tinker ``SamplingClient``.
 * :class:`LocalModelServer` - the tiny torch model served on loopback.
-* :class:`HttpConfig` - timeouts, retries and concurrency of the HTTP backends.
+* :class:`RetryPolicy` - timeouts, retries, deadline and hedging of every HTTP client;
+  :class:`HttpConfig` adds concurrency and headers.
 
 Names load on first use: importing this package imports neither torch nor tinker.
 """
@@ -14,7 +15,8 @@ from __future__ import annotations
 from focus._lazy import lazy_exports
 
 _EXPORTS = {
-    "HttpConfig": "focus.backends.http",
+    "HttpConfig": "focus.backends.retry",
+    "RetryPolicy": "focus.backends.retry",
     "HttpClient": "focus.backends.http",
     "OpenAICompatPolicy": "focus.backends.openai_compat",
     "SGLangPolicy": "focus.backends.sglang",

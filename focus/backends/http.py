@@ -1,22 +1,32 @@
-"""Transport shared by every HTTP policy backend: pooling, concurrency, retries.
+"""The one HTTP stack of every model and critic client: sending, retries, hedges, stats.
 
-A collection makes thousands of model calls; a few will meet an overloaded server
-(429/503), a restart (closed connection), a timeout or a garbled answer. Those are
-retried with exponential backoff and jitter; anything else (a 4xx saying the request
-is wrong) fails at once. After the last try the caller gets one :class:`PolicyError`
-naming the URL, the last status and the cause - and the Agent turns that into a
-``failed`` leaf, so finished work is kept.
+Requests are ``httpx.Request`` objects handed to an httpx *transport*; answers are
+``httpx.Response`` objects. The default transport is ``httpx_aiohttp.AiohttpTransport``
+(aiohttp's connection pool and parser behind httpx's transport interface); any other
+httpx transport - ``httpx.MockTransport``, a proxy, an instrumented
+``httpx.AsyncHTTPTransport`` - plugs into the same place (``transport=``), so tests and
+production share every line above the socket.
 
-Requests go through aiohttp by default: a collection keeps 100+ calls in flight from
-one process, and httpx's pure-Python pool and h11 parser cost 2-9 ms of CPU per call at
-that concurrency against aiohttp's ~0.3 ms (measured in benchmarks/engine.py), which
-would make the engine, not the model service, the bottleneck. An explicit httpx
-``transport`` (mocks, proxies, instrumentation in tests) selects the httpx path; both
-paths share retry, status and parsing rules.
+Why this stack (``python -m benchmarks.http_client``, figures in benchmarks/README.md):
+a collection keeps 64-256 calls in flight from one process, and the client's CPU per
+call is what stands between the engine and the model service. httpx's own transport
+(httpcore + h11) costs 4-6 ms of CPU per call at that concurrency, 20-40x aiohttp;
+``httpx.AsyncClient`` over the aiohttp transport still doubles aiohttp's cost with
+machinery a model API never uses (cookies, redirects, auth flows, event hooks), so the
+client hands prepared requests to the transport itself: 1.6-1.7x bare aiohttp, about
+0.1 ms more per call, for one stack that takes any httpx transport.
 
-The client session and the semaphore belong to one event loop. Policies are pickled to
-Dask workers and used from several ``asyncio.run`` calls, so both are created lazily
-for the running loop and dropped when pickling.
+Every call follows one :class:`~focus.backends.retry.RetryPolicy` (see that module):
+bounded attempts, full-jitter backoff, ``Retry-After``, a deadline per call and
+optional hedging; anything else (a 4xx saying the request is wrong) fails at once.
+After the last try the caller gets one error (``PolicyError`` for policies,
+``CriticError`` for critics) naming the URL, the last status and the cause. What each
+call cost is a :class:`~focus.backends.retry.CallRecord`; :meth:`HttpClient.stats`
+totals them.
+
+The transport and the semaphore belong to one event loop. Policies are pickled to Dask
+workers and used from several ``asyncio.run`` calls, so both are created lazily for
+the running loop and dropped when pickling.
 """
 
 from __future__ import annotations
@@ -24,39 +34,26 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import aiohttp
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
 
+from focus.backends.retry import (
+    CallRecord,
+    ClientStats,
+    HttpConfig,
+    RetryPolicy,
+    is_retry_status,
+    parse_retry_after,
+)
 from focus.policy import Completion, Policy, PolicyError, SamplingParams
 
+__all__ = ["HttpClient", "HttpConfig", "HttpPolicy", "MalformedResponse", "RetryPolicy", "default_transport"]
+
 T = TypeVar("T")
-
-RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
-
-
-class HttpConfig(BaseModel):
-    """Timeouts, retries and concurrency of one backend's HTTP client."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    #: Seconds to wait for one answer (read); a long generation needs a long timeout.
-    timeout_s: float = Field(120.0, gt=0)
-    connect_timeout_s: float = Field(5.0, gt=0)
-    #: Retries after the first try (so ``max_retries + 1`` attempts at most).
-    max_retries: int = Field(4, ge=0)
-    #: First backoff in seconds; doubles each retry, capped at ``backoff_max_s``.
-    backoff_s: float = Field(0.5, ge=0)
-    backoff_max_s: float = Field(10.0, ge=0)
-    #: Random extra wait, as a fraction of the backoff, so clients do not retry in lockstep.
-    jitter: float = Field(0.5, ge=0)
-    #: Requests in flight at once from this client (per event loop).
-    max_concurrency: int = Field(64, gt=0)
-    headers: dict[str, str] = Field(default_factory=dict)
-    api_key: str | None = None
 
 
 class MalformedResponse(ValueError):
@@ -64,157 +61,272 @@ class MalformedResponse(ValueError):
 
 
 class _Retryable(Exception):
-    def __init__(self, status: int | None, cause: str) -> None:
-        super().__init__(cause)
-        self.status, self.cause = status, cause
+    """A failed attempt of one of the :data:`~focus.backends.retry.CAUSES`."""
+
+    def __init__(self, kind: str, status: int | None, detail: str, retry_after: float | None = None) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind, self.status, self.retry_after = kind, status, retry_after
+        #: A hedge was sent in this attempt (and failed too).
+        self.hedged = False
+
+
+class _Rejected(Exception):
+    """The server refused the request itself (a 4xx other than the retried ones)."""
+
+
+def default_transport(config: HttpConfig) -> httpx.AsyncBaseTransport:
+    """aiohttp's pool behind httpx's transport interface, sized to the client's concurrency.
+
+    The session is made on first use, inside the running event loop."""
+    from httpx_aiohttp import AiohttpTransport
+
+    n = config.max_concurrency
+
+    def session() -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=n, limit_per_host=0),
+            timeout=aiohttp.ClientTimeout(total=None),
+            skip_auto_headers=("User-Agent",),
+        )
+
+    return AiohttpTransport(client=session)
 
 
 class HttpClient:
-    """JSON over HTTP with retries; one per backend instance, safe to pickle."""
+    """JSON over HTTP under one retry policy; one per backend instance, safe to pickle.
+
+    ``error`` is the exception class a call that gives up raises (``PolicyError`` for
+    policies, ``CriticError`` for critics); it is also the class a ``parse`` function
+    may raise for an answer it cannot trust, which is retried like a malformed body.
+    """
 
     def __init__(
-        self, base_url: str, config: HttpConfig | None = None, *, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        base_url: str,
+        config: HttpConfig | None = None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        error: type[Exception] = PolicyError,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.config = config or HttpConfig()
+        self.error = error
         self._transport = transport
         self._rng = random.Random()
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: aiohttp.ClientSession, or httpx.AsyncClient when a transport is given.
-        self._client: Any = None
+        self._live: httpx.AsyncBaseTransport | None = None
         self._sem: asyncio.Semaphore | None = None
-        #: Attempts that were retried, by cause, since creation (for stats and tests).
-        self.retries: dict[str, int] = {}
+        self._headers = self._make_headers()
+        self._urls: dict[str, httpx.URL] = {}
+        self._stats = ClientStats()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_loop=None, _client=None, _sem=None, _transport=None)
+        state.update(_loop=None, _live=None, _sem=None, _transport=None, _urls={}, _stats=ClientStats(), _rng=None)
         return state
 
-    def _headers(self) -> dict[str, str]:
-        headers = dict(self.config.headers)
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._rng = random.Random()  # each copy its own jitter: copies must not retry in lockstep
+
+    def _make_headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", **self.config.headers}
         if self.config.api_key:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
         return headers
 
-    def _session(self) -> tuple[Any, asyncio.Semaphore]:
-        """The client of the running loop: an aiohttp session, or httpx over ``_transport``."""
+    # ---- statistics ----
+
+    def stats(self) -> dict[str, Any]:
+        """Totals of this client's calls in this process (fields: :class:`ClientStats`)."""
+        return self._stats.as_dict()
+
+    @property
+    def retries(self) -> dict[str, int]:
+        """Failed attempts that were retried, by cause (``stats()["retries"]``)."""
+        return dict(self._stats.retries)
+
+    # ---- sending ----
+
+    def _for_loop(self) -> tuple[httpx.AsyncBaseTransport, asyncio.Semaphore]:
+        """The transport and semaphore of the running loop, made on first use there."""
         loop = asyncio.get_running_loop()
-        client = self._client
-        closed = client is None or (client.is_closed if isinstance(client, httpx.AsyncClient) else client.closed)
-        if closed or self._sem is None or self._loop is not loop:
-            n = self.config.max_concurrency
-            if self._transport is not None:
-                limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-                timeout = httpx.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s)
-                self._client = httpx.AsyncClient(
-                    headers=self._headers(), limits=limits, timeout=timeout, transport=self._transport
-                )
-            else:
-                self._client = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(limit=n, limit_per_host=0),
-                    timeout=aiohttp.ClientTimeout(
-                        total=None, sock_connect=self.config.connect_timeout_s, sock_read=self.config.timeout_s
-                    ),
-                    headers=self._headers(),
-                    skip_auto_headers=("User-Agent",),
-                )
-            self._sem = asyncio.Semaphore(n)
+        if self._live is None or self._sem is None or self._loop is not loop:
+            self._live = self._transport if self._transport is not None else default_transport(self.config)
+            self._sem = asyncio.Semaphore(self.config.max_concurrency)
             self._loop = loop
-        assert self._sem is not None
-        return self._client, self._sem
+        return self._live, self._sem
 
-    def backoff(self, attempt: int, retry_after: float | None = None) -> float:
-        """Seconds to wait before retry number ``attempt`` (0-based)."""
-        base = min(self.config.backoff_max_s, self.config.backoff_s * 2**attempt)
-        wait = base * (1 + self.config.jitter * self._rng.random())
-        return max(wait, retry_after or 0.0)
+    async def request(
+        self, method: str, path: str, body: Any | None, parse: Callable[[Any], T], *, hedge: bool = True
+    ) -> T:
+        """Send, decode JSON, ``parse`` it; retry transient failures; raise ``self.error``."""
+        value, _ = await self.call(method, path, body, parse, hedge=hedge)
+        return value
 
-    async def request(self, method: str, path: str, body: Any | None, parse: Callable[[Any], T]) -> T:
-        """Send, decode JSON, ``parse`` it; retry transient failures; raise PolicyError."""
-        url = f"{self.base_url}{path}"
-        attempts = self.config.max_retries + 1
-        last = _Retryable(None, "not sent")
-        for attempt in range(attempts):
-            retry_after = None
+    async def call(
+        self, method: str, path: str, body: Any | None, parse: Callable[[Any], T], *, hedge: bool = True
+    ) -> tuple[T, CallRecord]:
+        """:meth:`request`, also returning what the call cost. ``hedge=False`` for a
+        request whose answer may differ between two identical sends (an unseeded sample)."""
+        cfg = self.config
+        url = self._urls.get(path)
+        if url is None:  # parsed once per path: httpx's URL parser costs ~20 us a call
+            url = self._urls[path] = httpx.URL(f"{self.base_url}{path}")
+        content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        hedge_after = cfg.hedge_after_s if hedge else None
+        t0 = time.monotonic()
+        deadline = None if cfg.deadline_s is None else t0 + cfg.deadline_s
+        errors: list[tuple[str, float]] = []
+        hedges = 0
+        attempts = 0
+        last: _Retryable | None = None
+        out_of_time = False
+        for retry in range(cfg.max_retries + 1):
+            started = time.monotonic()
+            attempts += 1
             try:
-                return await self._once(method, url, body, parse)
+                value, sent, won = await self._attempt(method, url, content, parse, hedge_after, deadline)
             except _Retryable as e:
                 last = e
-                retry_after = getattr(e, "retry_after", None)
-            self.retries[last.cause.split(":")[0]] = self.retries.get(last.cause.split(":")[0], 0) + 1
-            if attempt + 1 < attempts:
-                await asyncio.sleep(self.backoff(attempt, retry_after))
-        status = f"status {last.status}" if last.status is not None else "no status"
-        raise PolicyError(f"{method} {url} failed after {attempts} attempt(s); last: {status}: {last.cause}")
-
-    async def _once(self, method: str, url: str, body: Any | None, parse: Callable[[Any], T]) -> T:
-        client, sem = self._session()
-        async with sem:
-            if isinstance(client, httpx.AsyncClient):
-                status, content, retry_after = await self._send_httpx(client, method, url, body)
+                hedges += e.hedged
+            except _Rejected as e:
+                errors.append(("rejected", time.monotonic() - started))
+                self._stats.add(CallRecord(attempts, time.monotonic() - t0, tuple(errors), "rejected", hedges=hedges))
+                raise self.error(str(e)) from None
             else:
-                status, content, retry_after = await self._send_aiohttp(client, method, url, body)
-        if status in RETRY_STATUSES or status >= 500:
-            err = _Retryable(status, f"server error: {_snippet(_text(content))}")
-            if retry_after is not None:
-                try:
-                    err.retry_after = min(float(retry_after), self.config.backoff_max_s)  # type: ignore[attr-defined]
-                except ValueError:
-                    pass
-            raise err
+                record = CallRecord(attempts, time.monotonic() - t0, tuple(errors), hedges=hedges + sent, hedge_won=won)
+                self._stats.add(record)
+                return value, record
+            if retry == cfg.max_retries:
+                break
+            wait = cfg.backoff(retry, self._rng, last.retry_after)
+            if deadline is not None and time.monotonic() + wait >= deadline:
+                out_of_time = True
+                break
+            await asyncio.sleep(wait)
+            errors.append((last.kind, time.monotonic() - started))
+        assert last is not None
+        errors.append((last.kind, time.monotonic() - started))
+        elapsed = time.monotonic() - t0
+        out_of_time = out_of_time or (deadline is not None and time.monotonic() >= deadline)
+        self._stats.add(CallRecord(attempts, elapsed, tuple(errors), last.kind, out_of_time, hedges))
+        status = f"status {last.status}" if last.status is not None else "no status"
+        within = f" in {elapsed:.1f} s (deadline {cfg.deadline_s:g} s)" if out_of_time else ""
+        raise self.error(f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}")
+
+    async def _attempt(
+        self,
+        method: str,
+        url: httpx.URL,
+        content: bytes | None,
+        parse: Callable[[Any], T],
+        hedge_after: float | None,
+        deadline: float | None,
+    ) -> tuple[T, int, bool]:
+        """One attempt: the value, hedges sent (0 or 1) and whether the hedge answered.
+
+        Without a hedge it is one request. With one, the first request gets
+        ``hedge_after`` seconds alone, then an identical second request races it; the
+        first good answer wins and the other request is cancelled. A request the server
+        rejects (4xx) ends the attempt at once: its copy would be rejected the same way.
+        """
+        if hedge_after is None or hedge_after >= self.config.timeout_s:
+            return await self._send(method, url, content, parse, deadline), 0, False
+        tasks = [asyncio.ensure_future(self._send(method, url, content, parse, deadline))]
+        pending = set(tasks)
+        failures: list[_Retryable] = []
+        try:
+            while pending:
+                wait_s = hedge_after if len(tasks) == 1 else None
+                done, pending = await asyncio.wait(pending, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+                for task in tasks:  # the first request's outcome counts first
+                    if task in done:
+                        exc = task.exception()
+                        if exc is None:
+                            return task.result(), len(tasks) - 1, task is not tasks[0]
+                        if not isinstance(exc, _Retryable):
+                            raise exc
+                        failures.append(exc)
+                if not done:  # no answer after hedge_after: send the copy
+                    tasks.append(asyncio.ensure_future(self._send(method, url, content, parse, deadline)))
+                    pending.add(tasks[-1])
+        finally:
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        failures[0].hedged = len(tasks) > 1
+        raise failures[0]
+
+    async def _send(
+        self, method: str, url: httpx.URL, content: bytes | None, parse: Callable[[Any], T], deadline: float | None
+    ) -> T:
+        """One request: send, read, check the status, decode and parse; raise _Retryable."""
+        transport, sem = self._for_loop()
+        async with sem:
+            limit = self.config.timeout_s
+            if deadline is not None:
+                limit = min(limit, deadline - time.monotonic())
+            request = httpx.Request(
+                method,
+                url,
+                content=content,
+                headers=self._headers,
+                extensions={"timeout": {"connect": self.config.connect_timeout_s}},
+            )
+            try:
+                async with asyncio.timeout(max(limit, 0.0)):
+                    response = await transport.handle_async_request(request)
+                    try:
+                        data = await response.aread()
+                    finally:
+                        await response.aclose()
+            except TimeoutError as e:
+                what = (
+                    "the call's deadline passed" if limit < self.config.timeout_s else f"no answer within {limit:g} s"
+                )
+                raise _Retryable("timeout", None, what) from e
+            except (httpx.RequestError, aiohttp.ClientError, OSError) as e:
+                raise _classify(e) from e
+        status = response.status_code
+        if is_retry_status(status):
+            raise _Retryable(
+                "server error", status, _snippet(_text(data)), parse_retry_after(response.headers.get("retry-after"))
+            )
         if status >= 400:
-            raise PolicyError(f"{method} {url} was rejected with status {status}: {_snippet(_text(content))}")
+            raise _Rejected(f"{method} {url} was rejected with status {status}: {_snippet(_text(data))}")
         try:
-            data = json.loads(content)
+            decoded = json.loads(data)
         except ValueError as e:
-            raise _Retryable(status, f"malformed response: not JSON ({e}): {_snippet(_text(content))}") from e
+            raise _Retryable("malformed response", status, f"not JSON ({e}): {_snippet(_text(data))}") from e
         try:
-            return parse(data)
-        except (MalformedResponse, PolicyError, KeyError, TypeError, IndexError, ValueError) as e:
-            raise _Retryable(status, f"malformed response: {type(e).__name__}: {e}") from e
-
-    async def _send_aiohttp(
-        self, session: aiohttp.ClientSession, method: str, url: str, body: Any | None
-    ) -> tuple[int, bytes, str | None]:
-        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        headers = None if body is None else _JSON_HEADERS
-        try:
-            async with session.request(method, url, data=data, headers=headers) as resp:
-                return resp.status, await resp.read(), resp.headers.get("retry-after")
-        except (TimeoutError, aiohttp.ServerTimeoutError) as e:
-            raise _Retryable(None, f"timeout: {type(e).__name__} after {self.config.timeout_s:g} s") from e
-        except aiohttp.ClientError as e:  # refused, reset, closed mid-answer
-            raise _Retryable(None, f"connection: {type(e).__name__}: {e}") from e
-
-    async def _send_httpx(
-        self, client: httpx.AsyncClient, method: str, url: str, body: Any | None
-    ) -> tuple[int, bytes, str | None]:
-        try:
-            resp = await client.request(method, url, json=body)
-        except httpx.TimeoutException as e:
-            raise _Retryable(None, f"timeout: {type(e).__name__} after {self.config.timeout_s:g} s") from e
-        except httpx.TransportError as e:  # refused, reset, closed mid-answer
-            raise _Retryable(None, f"connection: {type(e).__name__}: {e}") from e
-        return resp.status_code, resp.content, resp.headers.get("retry-after")
+            return parse(decoded)
+        except (MalformedResponse, self.error, KeyError, TypeError, IndexError, ValueError) as e:
+            raise _Retryable("malformed response", status, f"{type(e).__name__}: {e}") from e
 
     async def aclose(self) -> None:
-        client, self._client, self._sem, self._loop = self._client, None, None, None
-        if client is None:
+        live, self._live, self._sem, self._loop = self._live, None, None, None
+        if live is None:
             return
         try:
-            if isinstance(client, httpx.AsyncClient):
-                if not client.is_closed:
-                    await client.aclose()
-            elif not client.closed:
-                await client.close()
-        except RuntimeError:  # created on a loop that is gone; nothing left to release
+            await live.aclose()
+        except RuntimeError:  # made on a loop that is gone; nothing left to release
             pass
 
 
-_JSON_HEADERS = {"Content-Type": "application/json"}
+def _classify(e: BaseException) -> _Retryable:
+    """A transport error -> timeout, connection or (an undecodable body) malformed.
+    httpx-aiohttp maps every aiohttp connection error to ``httpx.ConnectTimeout``; the
+    aiohttp error it chains says which it was."""
+    if isinstance(e, httpx.DecodingError):
+        return _Retryable("malformed response", None, f"{type(e).__name__}: {e}")
+    cause = e.__cause__ if isinstance(e, httpx.TransportError) and e.__cause__ is not None else e
+    if isinstance(cause, TimeoutError) or (cause is e and isinstance(e, httpx.TimeoutException)):
+        return _Retryable("timeout", None, f"{type(cause).__name__}: {cause}")
+    return _Retryable("connection", None, f"{type(cause).__name__}: {cause}")
 
 
 class HttpPolicy(Policy):
@@ -224,7 +336,10 @@ class HttpPolicy(Policy):
     and parse the answer (:meth:`parse`, raising :class:`MalformedResponse` on an answer
     that cannot be trusted, and setting the completion's ``policy_version`` to the
     version the server reports); sending with retries, following that version and
-    closing the connections are the same for every server.
+    closing the connections are the same for every server. Every completion carries its
+    :class:`~focus.backends.retry.CallRecord` in ``meta["http"]``. Only seeded requests
+    are hedged: both copies then sample the same tokens, so taking the faster one
+    changes nothing but the wait.
     """
 
     path: ClassVar[str]
@@ -242,10 +357,16 @@ class HttpPolicy(Policy):
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         self.check_prompt(prompt_ids)
-        completion = await self.http.request("POST", self.path, self.request_body(prompt_ids, params), self.parse)
+        body = self.request_body(prompt_ids, params)
+        completion, record = await self.http.call("POST", self.path, body, self.parse, hedge=params.seed is not None)
         if completion.policy_version:
             self.policy_version = completion.policy_version
+        completion.meta["http"] = record  # meta is the parser's own new dict
         return completion
+
+    def stats(self) -> dict[str, Any]:
+        """The HTTP client's totals in this process (:meth:`HttpClient.stats`)."""
+        return self.http.stats()
 
     async def aclose(self) -> None:
         await self.http.aclose()
