@@ -137,16 +137,22 @@ CRASHES = [
         [("1.continue", 2)],
         {"execution.kind": "dask", "execution.n_workers": 2},
     ),
-    ("model server killed with the run", "saved:1.continue:2", [("1.continue", 2)], [("1.continue.score", 2)], {}),
+    (
+        "after a wave, before its scoring, with the model server",
+        "saved:1.continue:2",
+        [("1.continue", 2)],
+        [("1.continue.score", 2)],
+        {},
+    ),
     ("during export", "batch-file:actor", [("1.continue.end", 0)], [("export", 0)], {}),
 ]
 
 
 def test_kill_9_at_six_points_resumes_to_the_uninterrupted_batch_bit_for_bit(prefect_env, reference, tmp_path):
     """One collection killed (SIGKILL to its process group) six times, each run resuming
-    the previous one's checkpoints, then finished: its batch equals an uninterrupted
-    run's bit for bit. The server keeps its warm cache across the kills, except at the
-    fifth, where it is killed too and a fresh one (cold cache, new port) serves the rest."""
+    the previous one's checkpoints, then finished: its batch equals the uninterrupted
+    reference's bit for bit. The server keeps its warm cache across the kills, except at
+    the fifth, where it is killed too and a fresh one (cold cache, new port) serves the rest."""
     server = LocalModelServer().start()
     try:
         root = str(tmp_path / "crashed")
@@ -155,7 +161,8 @@ def test_kill_9_at_six_points_resumes_to_the_uninterrupted_batch_bit_for_bit(pre
             where = crash_at(spec, cli_args(root, server.url, **more), prefect_env, tmp_path)
             held = set(store.list(CID))
             assert set(present) <= held and not set(absent) & held, f"{name} ({where}): store holds {sorted(held)}"
-            if name.startswith("model server"):
+            print(f"killed {name}: at {where}, {len(held)} checkpoints stored")
+            if name.endswith("with the model server"):
                 assert cache_hits(server.url) > 0  # resumed runs until now met a warm cache
                 os.kill(server.pid, signal.SIGKILL)
                 server.stop()
