@@ -8,10 +8,9 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 
 import pytest
-from fixtures.prefect import kill_tree
+from fixtures.resume import kill_when, spawn
 from test_pipeline import rows, small_config
 
 from storage import BatchStore, CheckpointStore
@@ -51,18 +50,13 @@ def test_kill_9_mid_continuation_then_resume_gives_same_batch(prefect_env, prefe
     cmd = [sys.executable, "-m", "flows.cli", "collect", "--config", str(cfg_file), "--json"]
     store = CheckpointStore(root)
 
-    proc = subprocess.Popen(
-        cmd, env=prefect_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    kill_when(  # SIGKILL to the CLI and everything it started (Dask workers)
+        spawn(cmd, prefect_env, tmp_path / "killed.log"),
+        lambda: any(p == "1.continue.score" and w >= 1 for p, w in store.list("killed")),
+        timeout_s=150,
+        what="a finished continuation wave",
+        log=tmp_path / "killed.log",
     )
-    try:
-        deadline = time.monotonic() + 150
-        while not any(p == "1.continue.score" and w >= 1 for p, w in store.list("killed")):
-            assert proc.poll() is None, proc.stdout.read().decode()[-3000:] if proc.stdout else ""
-            assert time.monotonic() < deadline, "no continuation wave finished in time"
-            time.sleep(0.05)
-    finally:
-        kill_tree(proc)  # SIGKILL to the CLI and everything it started (Dask workers)
-    assert proc.returncode == -9
     before = [k for k in store.list("killed") if k[0] != "config"]
     assert ("export", 0) not in before, "the run finished before it could be killed"
 
