@@ -19,7 +19,9 @@ from storage.errors import (
     PathOutsideRoot,
     RootNotFound,
     SchemaError,
+    StorageAccessDenied,
     StorageError,
+    StorageFull,
     StorageUnavailable,
 )
 from storage.manifest import Manifest
@@ -44,6 +46,8 @@ __all__ = [
     "Retry",
     "RootNotFound",
     "SchemaError",
+    "StorageAccessDenied",
     "StorageError",
+    "StorageFull",
     "StorageUnavailable",
 ]

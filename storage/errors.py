@@ -45,3 +45,12 @@ class SchemaError(StorageError, ValueError):
 
 class CheckpointNotFound(StorageError, FileNotFoundError):
     """No finished checkpoint for this (collection, phase, wave)."""
+
+
+class StorageAccessDenied(StorageError, PermissionError):
+    """The store refused access: wrong or missing credentials, a folder without write
+    permission, or a read-only file system."""
+
+
+class StorageFull(StorageError, OSError):
+    """No space left (or quota exceeded) where the store writes."""
