@@ -467,7 +467,7 @@ def inspect(
     except typer.Exit:
         raise
     except Exception as e:  # noqa: BLE001 - every error becomes one line
-        _fail(f"cannot read {url}: {one_line(e)}", 1)
+        _fail(f"cannot read batch: {one_line(e)}", 1)
     if as_json:
         typer.echo(json.dumps(summary, default=str))
         return

@@ -397,12 +397,13 @@ class Steps:
             # the batch no longer matches its manifest: write it again from the checkpoints
         state = self.state_at(source)
         try:
-            batch = self.runtime().collector.prepare(state.trees)
+            collector = self.runtime().collector
+            batch = collector.prepare(state.trees)
         finally:
             if self._owns_handoff:
                 self.handoff.release()
         url = self.batch_store.write(batch, overwrite=damaged is not None)
-        self.save(TREES_SVG, tree_svg(state.trees))
+        self.save(TREES_SVG, tree_svg(state.trees, estimator=collector.estimator))
         result = {
             "phase": EXPORT.phase,
             "batch_url": url,
