@@ -55,7 +55,7 @@ class DeploySpec:
     cron: str = "0 * * * *"
     limit: int = 1
     #: Seconds without a heartbeat before the watchdog marks a run Crashed (0: no watchdog).
-    crash_after_s: float = 60.0
+    crash_after_s: float = 30.0
 
 
 def build_deployments(spec: DeploySpec) -> list[Any]:
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--manual-config", help="configuration of the manual deployment only")
     ap.add_argument("--cron", default="0 * * * *")
     ap.add_argument("--limit", type=int, default=1, help="most flow runs at once (default 1)")
-    ap.add_argument("--crash-after", type=float, default=60.0, help="seconds without heartbeat -> Crashed")
+    ap.add_argument("--crash-after", type=float, default=30.0, help="seconds without heartbeat -> Crashed")
     args = ap.parse_args(argv)
     spec = DeploySpec(
         scheduled=explicit_config(args.scheduled_config or args.config),

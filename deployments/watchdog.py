@@ -15,7 +15,7 @@ by default), so detection would take minutes; ours are as frequent as configured
 
 ``focus deploy`` installs it; for the ``prefect.yaml`` work-pool path run once::
 
-    python -m deployments.watchdog --crash-after 60
+    python -m deployments.watchdog --crash-after 30
 
 It is created or updated by name, so running it again changes the timeout in place.
 """
@@ -27,6 +27,8 @@ from datetime import timedelta
 from typing import Any
 
 NAME = "focus: mark silent collections crashed"
+#: Prefect refuses proactive triggers over shorter windows.
+MIN_CRASH_AFTER_S = 10
 HEARTBEAT_EVENT = "focus.flow-run.heartbeat"
 #: Events after which no heartbeat is expected any more.
 FINAL_EVENTS = (
@@ -45,8 +47,11 @@ def watchdog_automation(crash_after_s: float) -> Any:
     from prefect.events.schemas.automations import EventTrigger, Posture
     from prefect.events.schemas.events import ResourceSpecification
 
-    if crash_after_s <= 0:
-        raise ValueError("crash_after_s must be positive")
+    if crash_after_s < MIN_CRASH_AFTER_S:
+        raise ValueError(
+            f"the watchdog's timeout must be at least {MIN_CRASH_AFTER_S} s (Prefect's shortest proactive trigger), "
+            f"got {crash_after_s:g}"
+        )
     return Automation(
         name=NAME,
         description=(
@@ -97,7 +102,7 @@ def ensure_watchdog(crash_after_s: float) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Install the FOCUS watchdog automation on the Prefect server.")
-    ap.add_argument("--crash-after", type=float, default=60.0, help="seconds without a heartbeat (default 60)")
+    ap.add_argument("--crash-after", type=float, default=30.0, help="seconds without a heartbeat (default 30)")
     args = ap.parse_args(argv)
     auto = ensure_watchdog(args.crash_after)
     print(f"automation {auto.name!r} ({auto.id}): Crashed after {args.crash_after:g} s without a heartbeat")

@@ -586,10 +586,11 @@ def deploy(
     crash_after: Annotated[
         float,
         typer.Option(
-            help="Mark a run Crashed after this many seconds without a heartbeat (node loss); 0 disables.",
+            help="Mark a run Crashed after this many seconds without a heartbeat (node loss; at least 10); "
+            "0 installs no watchdog.",
             metavar="SECONDS",
         ),
-    ] = 60.0,
+    ] = 30.0,
     sets: SetOpt = None,
     debug: DebugOpt = False,
 ) -> None:
@@ -604,6 +605,8 @@ def deploy(
         _fail("focus deploy needs a Prefect server: set PREFECT_API_URL (e.g. after 'prefect server start')")
     if limit < 1:
         _fail("--limit must be at least 1")
+    if 0 < crash_after < 10:
+        _fail("--crash-after must be 0 (no watchdog) or at least 10 seconds (Prefect's shortest proactive trigger)")
     from deployments.serve import DeploySpec, explicit_config, serve_deployments
 
     out = _Console(0, debug, None, "deploy")
