@@ -214,13 +214,15 @@ async def collect(config: FocusConfig | None = None) -> dict[str, Any]:
     raises the original error when its message already names the cause, else
     :class:`flows.errors.CollectionFailed` with one line that does.
     """
-    config = collection_id_for_run(config_at_runtime(config))
+    cid = getattr(config, "collection_id", None)
     try:
+        config = collection_id_for_run(config_at_runtime(config))
+        cid = config.collection_id
         with heartbeats(config.execution.heartbeat_s):
             async with services_in_thread(config) as (cfg, _server):
                 return await run_collection(cfg)
     except Exception as e:
-        get_run_logger().error("collection %s failed: %s", config.collection_id, one_line(e), exc_info=True)
+        get_run_logger().error("collection %s failed: %s", cid, one_line(e), exc_info=True)
         failure = as_failure(e)
         if failure is e:
             raise

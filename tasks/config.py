@@ -563,11 +563,19 @@ def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """Dotted-key overrides from ``FOCUS_A__B=value`` variables."""
+    """Dotted-key overrides from ``FOCUS_A__B=value`` variables.
+
+    Only variables whose first part names a configuration section or field count:
+    others with the prefix belong to other tools (``FOCUS_WORK_POOL`` and
+    ``FOCUS_PROJECT_DIR`` of ``deployments/prefect.yaml``). Below that, a misspelt field
+    is still an error naming the variable.
+    """
     out: dict[str, Any] = {}
     for name, value in environ.items():
         if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
-            out[name[len(ENV_PREFIX) :].lower().replace("__", ".")] = _parse_scalar(value)
+            key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+            if key.split(".", 1)[0] in FocusConfig.model_fields:
+                out[key] = _parse_scalar(value)
     return out
 
 
