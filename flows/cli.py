@@ -50,8 +50,9 @@ app = typer.Typer(
 
 
 def _d(text: str, default: Any) -> str:
-    """Help text with the default the configuration gives when the option is not used."""
-    return f"{text} [default: {default}]"
+    """Help text with the default the configuration gives when the option is not used
+    (the bracket escaped: help text is rich markup)."""
+    return f"{text} \\[default: {default}]"
 
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML or YAML configuration file.")]
@@ -145,6 +146,8 @@ def _services(out: _Console, cfg: FocusConfig, *, start_model: bool) -> Iterator
     """The Prefect API (the configured one, or a temporary server) and, for a collection
     of the embedded model, the model server - started side by side, while this process
     imports the flows. Yields the config naming the model server."""
+    import logging
+
     from flows.server import TemporaryServer, configured_api_url
 
     _offline_defaults()
@@ -152,6 +155,7 @@ def _services(out: _Console, cfg: FocusConfig, *, start_model: bool) -> Iterator
     model_server: Any = None
     started: dict[str, Any] = {}
     log = None
+    t0 = time.perf_counter()
     try:
         if not configured_api_url():
             out.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -168,6 +172,7 @@ def _services(out: _Console, cfg: FocusConfig, *, start_model: bool) -> Iterator
                 try:
                     model_server.start()
                     started["version"] = model_server.policy_version
+                    started["at"] = time.perf_counter() - t0
                 except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
                     started["error"] = e
 
@@ -180,10 +185,19 @@ def _services(out: _Console, cfg: FocusConfig, *, start_model: bool) -> Iterator
         out.setup_logging()
         if out.verbosity == 0:
             os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")  # worker processes inherit it
-        if prefect_server is not None:
-            prefect_server.wait()
+        what = [w for w, on in (("Prefect server", prefect_server), ("model server", thread)) if on is not None]
+        with out.console.status(f"starting the {' and the '.join(what)}", spinner="dots") if what else _nothing():
+            if prefect_server is not None:
+                prefect_server.wait()
+            ready_at = time.perf_counter() - t0
+            if thread is not None:
+                thread.join()
+        logging.getLogger("focus.cli").info(
+            "start-up: temporary Prefect server %s, model server %s (seconds after the preflight)",
+            f"ready at {ready_at:.2f}" if prefect_server is not None else "not needed",
+            f"ready at {started['at']:.2f}" if "at" in started else "not needed",
+        )
         if thread is not None:
-            thread.join()
             if "error" in started:
                 raise started["error"]
             updates: dict[str, Any] = {"model.url": model_server.url}
@@ -192,14 +206,23 @@ def _services(out: _Console, cfg: FocusConfig, *, start_model: bool) -> Iterator
             cfg = cfg.with_updates(**updates)
         yield cfg
     finally:
-        if model_server is not None:
-            model_server.stop()
         if "prefect" in sys.modules:
             _drain_prefect()
+        # both servers shut down at once: terminate both, then wait for both
+        for proc in (getattr(model_server, "proc", None), getattr(prefect_server, "proc", None)):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+        if model_server is not None:
+            model_server.stop()
         if prefect_server is not None:
             prefect_server.stop()
         if log is not None:
             log.close()
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 def _drain_prefect(timeout_s: float = 5.0) -> None:

@@ -50,10 +50,11 @@ def strip_ansi(text: str) -> str:
     return ANSI.sub("", text)
 
 
-def _command(tmp_path: Path, cid: str) -> list[str]:
+def _command(tmp_path: Path, cid: str, *, as_json: bool = True) -> list[str]:
     """A small embedded-default collection (test_cli's), in-process rollouts, several waves."""
     cmd = [sys.executable, "-m", "flows.cli", "collect", "--tasks", "2", "--transitions", str(BUDGET)]
-    cmd += ["--collection-id", cid, "--local", "--store", str(tmp_path / "runs"), "--json"]
+    cmd += ["--collection-id", cid, "--store", str(tmp_path / "runs"), "--log-file", str(tmp_path / "log")]
+    cmd += ["--json"] if as_json else []
     for s in ("agent.sampling.max_tokens=8", "agent.max_steps=4", f"search.phases.1.wave_size={WAVE_SIZE}"):
         cmd += ["--set", s]
     return cmd
@@ -109,18 +110,24 @@ def _result_json(text: str) -> dict[str, Any]:
 
 @pytest.mark.timeout(150)
 def test_collect_on_a_terminal_shows_the_rich_bar(tmp_path, prefect_env):
-    code, raw = _run_in_pty(_command(tmp_path, "tty"), _env(prefect_env), tmp_path, timeout=120)
+    code, raw = _run_in_pty(_command(tmp_path, "tty", as_json=False), _env(prefect_env), tmp_path, timeout=120)
     text = raw.decode("utf-8", errors="replace")
     assert code == 0, text[-3000:]
     assert "\x1b[?25l" in text and "\x1b[2K" in text, "no live display (cursor hidden, line redrawn)"
     plain = strip_ansi(text)
     frames = [m.groups() for m in BAR.finditer(plain)]
     assert frames, plain[-3000:]
+    # a bar for the evidence phase too, and the whole output fits a screen
+    assert re.search(r"0\.evidence\s.*?(\d+)/\1 rollouts", plain), plain[-3000:]
+    assert text.count("\n") <= 30, plain
+    assert "INFO" not in plain and "distributed" not in plain
     done = [int(f[0]) for f in frames]
     assert done == sorted(done), f"the bar went backwards: {done}"
     assert {int(f[1]) for f in frames} == {BUDGET}
 
-    phase = _inspect(_result_json(plain)["batch_url"])["phases"][1]
+    batch_url = re.findall(r"^batch: (\S+)", plain, re.M)[-1]
+    assert "actor_rows" in plain and "flow_wall_s" in plain  # the result table
+    phase = _inspect(batch_url)["phases"][1]
     assert phase["name"] == "continue" and phase["transition_budget"] == BUDGET
     final_t, _, rate_t, rate_k, left = frames[-1]
     # the bar counts what the phase used, which may pass the budget (running rollouts finish)
@@ -143,6 +150,7 @@ def test_collect_into_a_pipe_logs_lines_without_control_sequences(tmp_path, pref
     assert "\x1b" not in out and "\x1b" not in err, "control sequences in a pipe"
     assert "━" not in out + err, "a progress bar drawn into a pipe"
     lines = [m.groups() for m in LOG_LINE.finditer(err)]
+    assert re.search(r"^0\.evidence: \d+ rollouts, \d+ transitions", err, re.M), err[-3000:]
     phase = _inspect(_result_json(out)["batch_url"])["phases"][1]
     # one line per measured wave (the last planned wave is empty: the phase's end)
     assert [int(g[0]) for g in lines] == list(range(phase["waves"])), err[-3000:]
