@@ -149,7 +149,7 @@ async def run_collection(config: FocusConfig) -> dict[str, Any]:
     try:
         with CollectionProgress(config, enabled=config.progress, log=log) as progress:
             if phases[0].is_evidence:
-                progress.start_evidence(phases[0], config.env.n_tasks * phases[0].rollouts_per_task)
+                progress.start_evidence(phases[0], config.env.n_tasks * (phases[0].rollouts_per_task or 1))
             first = await evidence_rollouts(config, handoff)
             records.append(first)
             if phases[0].is_evidence:

@@ -84,7 +84,7 @@ def _keyword_params(fn: Any) -> dict[str, Any]:
     import inspect
     import typing
 
-    target = fn.__init__ if isinstance(fn, type) else fn
+    target = getattr(fn, "__init__") if isinstance(fn, type) else fn  # noqa: B009 - the class's, not an instance's
     try:
         sig = inspect.signature(target)
     except (TypeError, ValueError):
