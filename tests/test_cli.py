@@ -99,7 +99,12 @@ def test_help_shows_no_placeholder_for_flags_and_says_the_defaults(command):
     assert out.exit_code == 0, out.output
     assert "<bool>" not in out.output
     if command == "collect":
-        for option, default in (("--tasks", "8"), ("--seed", "0"), ("--transitions", "200"), ("--model-timeout", "120.0")):
+        for option, default in (
+            ("--tasks", "8"),
+            ("--seed", "0"),
+            ("--transitions", "200"),
+            ("--model-timeout", "120.0"),
+        ):
             line = next(ln for ln in out.output.splitlines() if option in ln)
             assert f"[default: {default}]" in line, line
         assert re.search(r"--json\s+Print", out.output)  # a flag: no type placeholder
@@ -111,5 +116,12 @@ def test_every_statistic_shown_is_defined_in_the_docs():
     """Each figure the CLI shows has a line saying what it means (docs/pipeline.md, "The statistics")."""
     text = (ROOT / "docs" / "pipeline.md").read_text()
     section = text[text.index("### The statistics") :]
-    for name in (*SHOWN, "failure_causes", "already_finished", "policy_versions", "advantage_mean", "critic_target_mean"):
+    for name in (
+        *SHOWN,
+        "failure_causes",
+        "already_finished",
+        "policy_versions",
+        "advantage_mean",
+        "critic_target_mean",
+    ):
         assert re.search(rf"^\| `{name}` \| \w|`{name}`\s*(and `\w+`\s*)?\(", section, re.M), f"{name} is not defined"

@@ -201,7 +201,9 @@ def test_prefect_yaml_work_pool_deploys_and_runs(deployed, tmp_path):
     stats = {r["statistic"]: r["value"] for r in (json.loads(data) if isinstance(data, str) else data)}
     # a run without a collection id gets a readable one: deployment, scheduled time, random part
     cid = stats["collection_id"]
-    assert re.fullmatch(r"pool-manual-\d{8}-\d{6}-[0-9a-f]{6}", cid) and cid.endswith(str(done.id).replace("-", "")[-6:])
+    assert re.fullmatch(r"pool-manual-\d{8}-\d{6}-[0-9a-f]{6}", cid) and cid.endswith(
+        str(done.id).replace("-", "")[-6:]
+    )
     # the worker's FOCUS_STORAGE__ROOT decided where the batch went
     batch_url = BatchStore(str(store)).url_for(cid, 0)
     assert stats["batch_url"] == batch_url

@@ -236,7 +236,14 @@ def test_disk_full_mid_run_is_one_line_and_the_runs_state(tmp_path, prefect_env,
     disk.mkdir()
     log = tmp_path / "focus.log"
     args = [*SMALL, "--collection-id", "full", "--store", str(disk), "--log-file", str(log)]
-    args += ["--transitions", "40", "--set", "search.phases.1.wave_size=2", "--set", 'model.options={"latency_s": 0.05}']
+    args += [
+        "--transitions",
+        "40",
+        "--set",
+        "search.phases.1.wave_size=2",
+        "--set",
+        'model.options={"latency_s": 0.05}',
+    ]
     # a small disk that fills up while the collection runs: once the evidence checkpoint
     # is written, another process takes every byte left
     evidence = disk / "checkpoints" / "full" / "n-evidence-w00000.manifest.json"

@@ -215,7 +215,9 @@ def test_resumed_phase_takes_its_first_measured_wave_as_the_baseline(monkeypatch
 def test_not_a_terminal_logs_lines_and_draws_nothing():
     console = Console(file=StringIO(), force_terminal=False)
     logged: list[str] = []
-    with CollectionProgress(None, log=SimpleNamespace(info=lambda line, **_: logged.append(line)), console=console) as progress:
+    with CollectionProgress(
+        None, log=SimpleNamespace(info=lambda line, **_: logged.append(line)), console=console
+    ) as progress:
         assert not progress.interactive
         progress.start_phase(1, Phase("continue", transitions=10))
         line = progress.wave_done({"wave": 0, "phase_transitions": 4, "phase_tokens": 8})
@@ -226,7 +228,9 @@ def test_not_a_terminal_logs_lines_and_draws_nothing():
 def test_disabled_shows_and_logs_nothing():
     console = Console(file=StringIO(), force_terminal=True)
     logged: list[str] = []
-    with CollectionProgress(None, enabled=False, log=SimpleNamespace(info=lambda line, **_: logged.append(line)), console=console) as p:
+    with CollectionProgress(
+        None, enabled=False, log=SimpleNamespace(info=lambda line, **_: logged.append(line)), console=console
+    ) as p:
         p.start_phase(1, Phase("continue", transitions=10))
         p.wave_done({"wave": 0, "phase_transitions": 4, "phase_tokens": 8})
     assert logged == [] and console.file.getvalue() == ""  # type: ignore[attr-defined]
@@ -237,7 +241,9 @@ def test_dumb_terminal_gets_lines_not_a_bar(monkeypatch):
     monkeypatch.setenv("TERM", "dumb")
     console = Console(file=StringIO(), force_terminal=True)
     logged: list[str] = []
-    with CollectionProgress(None, log=SimpleNamespace(info=lambda line, **_: logged.append(line)), console=console) as progress:
+    with CollectionProgress(
+        None, log=SimpleNamespace(info=lambda line, **_: logged.append(line)), console=console
+    ) as progress:
         progress.start_phase(1, Phase("continue", transitions=10))
         progress.wave_done({"wave": 0, "phase_transitions": 4, "phase_tokens": 8})
     assert not progress.interactive and len(logged) == 1
