@@ -121,9 +121,11 @@ def _log_of(proc: Any) -> str:
 
 
 def deploy(env: dict[str, str], *args: str, log: Path) -> subprocess.Popen[bytes]:
+    """``focus deploy`` in the test's folder (a run that names no store writes under ./runs)."""
     out = open(log, "wb")  # noqa: SIM115 - the child keeps it; closed with the process
     proc = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "deploy", *args],
+        cwd=log.parent,
         env=env,
         stdout=out,
         stderr=subprocess.STDOUT,
@@ -133,8 +135,9 @@ def deploy(env: dict[str, str], *args: str, log: Path) -> subprocess.Popen[bytes
     return proc
 
 
-def deployment(api: str, name: str, proc: subprocess.Popen[bytes], log: Path, since: float = 0.0) -> dict[str, Any]:
-    """The deployment once this ``focus deploy`` (re)registered it (updated after ``since``)."""
+def deployment(api: str, name: str, proc: subprocess.Popen[bytes], log: Path, since: float) -> dict[str, Any]:
+    """The deployment once this ``focus deploy`` (re)registered it: updated after ``since``
+    (an earlier test's registration of the same name has other parameters)."""
     deadline = time.monotonic() + 90
     while True:
         r = httpx.get(f"{api}/deployments/name/collect/{name}", timeout=30)
@@ -171,10 +174,11 @@ def test_quick_run_custom_run_and_retry(prefect_server, prefect_env, tmp_path):
     env = {**prefect_env, "FOCUS_STORAGE__ROOT": str(store), "FOCUS_EXECUTION__KIND": "local"}
     log = tmp_path / "deploy.log"
     args = ["--scheduled-config", str(sched_cfg), "--manual-config", str(manual_cfg), "--cron", "0 3 * * *"]
+    since = time.time() - 1
     proc = deploy(env, *args, "--limit", "1", log=log)
     try:
-        manual = deployment(api, "manual", proc, log)
-        scheduled = deployment(api, "scheduled", proc, log)
+        manual = deployment(api, "manual", proc, log, since)
+        scheduled = deployment(api, "scheduled", proc, log, since)
         assert [s["schedule"]["cron"] for s in scheduled["schedules"]] == ["0 3 * * *"]
         # only what the files name is stored: defaults and the store come at run time
         assert manual["parameters"]["config"]["search"]["phases"][1]["transitions"] == 9
@@ -233,23 +237,24 @@ def test_node_loss_is_crashed_quickly_and_retry_resumes(prefect_server, prefect_
     store = tmp_path / "store"
     cfg = tmp_path / "manual.toml"
     cfg.write_text(
-        BASE.format(transitions=60, marker=tmp_path / "never", progress="false", latency=0.05)
+        BASE.format(transitions=30, marker=tmp_path / "never", progress="false", latency=0.05)
         + f'[execution]\nkind = "local"\nheartbeat_s = 0.5\n[storage]\nroot = "{store}"\n'
     )
     crash_after = 10
     args = ["--config", str(cfg), "--crash-after", str(crash_after)]
     log = tmp_path / "deploy.log"
+    since = time.time() - 1
     proc = deploy(prefect_env, *args, log=log)
     second = None
     try:
-        manual = deployment(api, "manual", proc, log)
+        manual = deployment(api, "manual", proc, log, since)
         run = create_run(api, manual["id"])
         wait_state(api, run["id"], {"RUNNING"}, proc=proc)
         checkpoints = CheckpointStore(str(store))
         deadline = time.monotonic() + 90
         cid = None
         while cid is None or not any(p == "1.continue.score" for p, _ in checkpoints.list(cid)):
-            assert time.monotonic() < deadline, "no continuation wave finished in time"
+            assert time.monotonic() < deadline, f"no continuation wave finished in time: {read_run(api, run['id'])}"
             ck = store / "checkpoints"
             cid = next((p.name for p in ck.iterdir()), None) if ck.exists() else None
             time.sleep(0.1)
@@ -268,7 +273,7 @@ def test_node_loss_is_crashed_quickly_and_retry_resumes(prefect_server, prefect_
         before = [k for k in checkpoints.list(cid) if k[0] != "config"]
         since = time.time()
         second = deploy(prefect_env, *args, log=tmp_path / "deploy2.log")
-        deployment(api, "manual", second, tmp_path / "deploy2.log", since=since - 1)
+        deployment(api, "manual", second, tmp_path / "deploy2.log", since - 1)
         retry(api, run["id"])
         done = wait_state(api, run["id"], FINAL, proc=second)
         assert done["state_type"] == "COMPLETED" and done["run_count"] == 2
@@ -276,7 +281,7 @@ def test_node_loss_is_crashed_quickly_and_retry_resumes(prefect_server, prefect_
         reused = sum(1 for s in steps if s["reused"])
         assert reused >= len(before), (reused, before)  # every step finished before the kill
         stats = {r["statistic"]: r["value"] for r in table(artifacts(api, run["id"])["stats"])}
-        assert stats["collection_id"] == cid and stats["transitions"] >= 60
+        assert stats["collection_id"] == cid and stats["transitions"] >= 30
     finally:
         kill_tree(proc)
         if second is not None:
