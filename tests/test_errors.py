@@ -301,3 +301,30 @@ def test_corrupt_checkpoint_and_damaged_finished_batch(tmp_path, prefect_env, pr
     assert str(evidence) in line and "checksum differs from the manifest" in line
     state = flow_run_state(prefect_server, "dmg")
     assert state["type"] == "FAILED" and str(evidence) in state["message"]
+
+
+# ---- failed rollouts: a warning per step, causes in the result and the stats artifact ----
+
+
+def test_failed_rollouts_warn_and_show_their_causes(tmp_path, prefect_env, prefect_server):
+    store = tmp_path / "store"
+    args = [*SMALL, "--collection-id", "brittle", "--store", str(store), "--transitions", "30"]
+    args += ["--set", "env.kind=factory", "--set", "env.factory=fixtures.failing:brittle_env", "--tasks", "4"]
+    done = run_cli(args, prefect_env, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cause = "env: RuntimeError: the env cannot move by 7"
+    # one warning per step whose rollouts failed, naming how many and why
+    warnings = [ln for ln in done.stderr.splitlines() if ln.startswith("warning: ")]
+    assert warnings, done.stderr[-3000:]
+    for w in warnings:
+        assert re.fullmatch(
+            rf"warning: \d+\.\w+( wave \d+)?: \d+ of \d+ rollouts failed: {re.escape(cause)} \(x\d+\)", w
+        ), w
+    shown = re.search(rf"failure cause \((\d+)x\): {re.escape(cause)}", done.stdout)
+    assert shown, done.stdout
+    query = {"flow_runs": {"name": {"any_": ["brittle"]}}}
+    assert httpx.post(f"{prefect_server}/flow_runs/filter", json=query).json()[0]["state_type"] == "COMPLETED"
+    arts = httpx.post(f"{prefect_server}/artifacts/filter", json={"artifacts": {"key": {"any_": ["brittle-stats"]}}})
+    data = arts.json()[0]["data"]
+    rows = {r["statistic"]: r["value"] for r in (json.loads(data) if isinstance(data, str) else data)}
+    assert rows[f"failure cause: {cause}"] == int(shown.group(1)) == rows["failed_rollouts"] > 0
