@@ -290,7 +290,7 @@ def _pairs_table(title: str, items: list[tuple[str, Any]]) -> Any:
     return table
 
 
-def _print_result(out: _Console, result: dict[str, Any], note: str = "") -> None:
+def _print_result(result: dict[str, Any], note: str = "") -> None:
     from rich.console import Console
 
     stats = result["stats"]
@@ -389,7 +389,7 @@ def collect(
         if as_json:
             typer.echo(json.dumps(result, default=str))
         else:
-            _print_result(out, result, " (already finished: nothing to do)")
+            _print_result(result, " (already finished: nothing to do)")
         return
     if pre.damaged:
         typer.secho(f"warning: {pre.damaged}; writing the batch again", fg=typer.colors.YELLOW, err=True)
@@ -408,7 +408,7 @@ def collect(
     if as_json:
         typer.echo(json.dumps(result, default=str))
         return
-    _print_result(out, result)
+    _print_result(result)
     typer.echo(f"rerun or resume: focus collect --collection-id {result['collection_id']}")
 
 

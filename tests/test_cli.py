@@ -125,3 +125,17 @@ def test_every_statistic_shown_is_defined_in_the_docs():
         "critic_target_mean",
     ):
         assert re.search(rf"^\| `{name}` \| \w|`{name}`\s*(and `\w+`\s*)?\(", section, re.M), f"{name} is not defined"
+
+
+def test_the_configured_prefect_server_is_found_without_importing_prefect(tmp_path):
+    from flows.server import configured_api_url
+
+    assert configured_api_url({"PREFECT_API_URL": "http://a:1/api"}) == "http://a:1/api"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "profiles.toml").write_text(
+        'active = "team"\n[profiles.team]\nPREFECT_API_URL = "http://prefect.internal:4200/api"\n[profiles.other]\n'
+    )
+    assert configured_api_url({"PREFECT_HOME": str(home)}) == "http://prefect.internal:4200/api"
+    assert configured_api_url({"PREFECT_HOME": str(home), "PREFECT_PROFILE": "other"}) is None
+    assert configured_api_url({"PREFECT_HOME": str(tmp_path / "none")}) is None
