@@ -38,6 +38,44 @@ ROOT = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][0-9A-Za-z]")
 
 
+_CSI = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][0-9A-Za-z]")
+
+
+def screen_lines(text: str) -> list[str]:
+    """The lines a terminal shows after ``text`` was written to it (what a person reads
+    in the scrollback): a small emulation of line feeds, carriage returns, cursor-up and
+    erase-line, the only moves rich's live display makes. Counting raw line feeds would
+    also count the ones a live bar spends redrawing itself."""
+    lines: list[str] = [""]
+    row = col = 0
+    pos = 0
+    for m in list(_CSI.finditer(text)) + [None]:
+        chunk = text[pos : m.start() if m else len(text)]
+        for ch in chunk:
+            if ch == "\n":
+                row += 1
+                col = 0
+                while len(lines) <= row:
+                    lines.append("")
+            elif ch == "\r":
+                col = 0
+            else:
+                line = lines[row].ljust(col)
+                lines[row] = line[:col] + ch + line[col + 1 :]
+                col += 1
+        if m is None:
+            break
+        pos = m.end()
+        arg, cmd = m.group(1), m.group(2)
+        if cmd == "A":  # cursor up
+            row = max(0, row - int(arg or 1))
+        elif cmd == "K":  # erase in line
+            lines[row] = "" if arg in ("2",) else lines[row][:col]
+        elif cmd == "G":
+            col = max(0, int(arg or 1) - 1)
+    return [ln.rstrip() for ln in lines if ln.strip()]
+
+
 def _env(home: Path, checkout: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "FOCUS_"))}
     env.update(
@@ -101,7 +139,8 @@ def collection(checkout: Path, work: Path, home: Path, cid: str) -> dict[str, An
     out: dict[str, Any] = {
         "exit": code,
         "wall_s": round(wall, 2),
-        "lines": text.count("\n"),
+        "lines": len(screen_lines(text)),
+        "line_feeds": text.count("\n"),
         "flow_wall_s": float(flow.group(1)) if flow else None,
     }
     out["ratio_to_flow"] = round(wall / out["flow_wall_s"], 2) if out["flow_wall_s"] else None

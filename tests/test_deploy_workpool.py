@@ -159,6 +159,21 @@ async def _deploy_and_run(pool: str, env: dict[str, str], store: Path, tmp_path:
         # default (heavy) config: drop the scheduled deployment before a worker starts
         await client.delete_deployment(scheduled.id)
 
+        # `focus deploy`'s deployments registered next to these do not replace them
+        from deployments.serve import DeploySpec, build_deployments
+
+        served = await asyncio.to_thread(build_deployments, DeploySpec(manual={"seed": 42}, cron="0 3 * * *"))
+        try:
+            for d in served:
+                await d.aapply()
+            after = await client.read_deployment_by_name("collect/pool-manual")
+            assert after.id == manual.id and after.parameters == {} and after.work_pool_name == pool
+            assert (await client.read_deployment_by_name("collect/manual")).parameters == {"config": {"seed": 42}}
+        finally:
+            for d in served:
+                with contextlib.suppress(Exception):
+                    await client.delete_deployment((await client.read_deployment_by_name(f"collect/{d.name}")).id)
+
         # the Run button: a flow run of the deployment with an edited config parameter
         run = await client.create_flow_run_from_deployment(manual.id, parameters={"config": toy_config()})
         log = tmp_path / "worker.log"
