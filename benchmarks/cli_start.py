@@ -14,7 +14,7 @@ Measures, each as the wall time of the whole command (process start to exit):
 With ``--baseline PATH`` (a checkout, e.g. the main branch before these changes) the
 first collection and a rerun are also measured with that checkout's CLI in the same run.
 
-    python -m benchmarks.cli_start --json /tmp/bench_cli.json [--baseline /work/main] [--repeats 3]
+    python -m benchmarks.cli_start --json /tmp/bench_cli.json [--baseline /work/main] [--repeats 3] [--with-server]
 """
 
 from __future__ import annotations
@@ -129,10 +129,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def collection(checkout: Path, work: Path, home: Path, cid: str) -> dict[str, Any]:
-    """The first collection of ``cid`` with ``checkout``'s CLI, then its rerun."""
+def collection(checkout: Path, work: Path, home: Path, cid: str, api: str | None = None) -> dict[str, Any]:
+    """The first collection of ``cid`` with ``checkout``'s CLI, then its rerun (with
+    ``api``: against that running Prefect server)."""
     cmd = [sys.executable, "-m", "flows.cli", "collect", "--collection-id", cid]
     env = _env(home, checkout)
+    if api:
+        env["PREFECT_API_URL"] = api
     code, wall, text = run_pty(cmd, env, work)
     plain = ANSI.sub("", text)
     flow = re.search(r"flow_wall_s\s*[│|]\s*([\d.]+)", plain)
@@ -209,6 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, default=None, help="write every figure here")
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout to measure in the same run")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--with-server", action="store_true", help="also measure against a running `prefect server`")
     args = ap.parse_args(argv)
     figures: dict[str, Any] = {"command": " ".join(["python -m benchmarks.cli_start", *(argv or sys.argv[1:])])}
     figures["load_before"] = os.getloadavg()
@@ -225,6 +229,35 @@ def main(argv: list[str] | None = None) -> None:
             for k in ("wall_s", "lines", "flow_wall_s", "ratio_to_flow", "rerun_wall_s")
         }
         figures["errors"] = errors(work, home, "warm0")
+        if args.with_server:
+            port = _free_port()
+            shome = work / "prefect-server"
+            server = subprocess.Popen(
+                [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                env={**_env(shome, ROOT), "PREFECT_SERVER_API_HOST": "127.0.0.1"},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                import httpx
+
+                api = f"http://127.0.0.1:{port}/api"
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    try:
+                        if httpx.get(f"{api}/health", timeout=1).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        time.sleep(0.3)
+                runs = [collection(ROOT, work, home, f"srv{i}", api) for i in range(args.repeats)]
+                figures["with_running_server"] = runs
+                figures["with_running_server_median"] = {
+                    k: statistics.median(r[k] for r in runs)
+                    for k in ("wall_s", "lines", "flow_wall_s", "ratio_to_flow")
+                }
+            finally:
+                server.terminate()
+                server.wait(timeout=30)
         if args.baseline is not None:
             bhome = work / "prefect-baseline"
             collection(args.baseline, work, bhome, "bcold")  # migrations
