@@ -206,16 +206,26 @@ def _services(out: _Console, cfg: FocusConfig, *, start_model: bool) -> Iterator
             cfg = cfg.with_updates(**updates)
         yield cfg
     finally:
+        t_end = time.perf_counter()
+        # both servers shut down at once: terminate the model server now (nothing uses it
+        # any more), the Prefect server once Prefect's pending logs and events are sent
+        model_proc = getattr(model_server, "proc", None)
+        if model_proc is not None and model_proc.poll() is None:
+            model_proc.terminate()
         if "prefect" in sys.modules:
             _drain_prefect()
-        # both servers shut down at once: terminate both, then wait for both
-        for proc in (getattr(model_server, "proc", None), getattr(prefect_server, "proc", None)):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
+        t_drained = time.perf_counter()
+        if prefect_server is not None and prefect_server.proc is not None:
+            prefect_server.proc.terminate()
         if model_server is not None:
             model_server.stop()
         if prefect_server is not None:
             prefect_server.stop()
+        logging.getLogger("focus.cli").info(
+            "shut-down: Prefect's logs and events sent in %.2f s, servers stopped in %.2f s",
+            t_drained - t_end,
+            time.perf_counter() - t_drained,
+        )
         if log is not None:
             log.close()
 
@@ -651,8 +661,24 @@ def deploy(
 
 
 def main() -> None:  # pragma: no cover - console entry point
-    app()
+    """``focus``: run the command, then leave without Python's finalisation when Prefect
+    was loaded. Tearing down its ~1500 modules took 1.4 s after every collection
+    (measured); everything is written and closed by then (logs flushed, servers stopped,
+    Prefect's logs and events sent), so nothing is lost by skipping it."""
+    try:
+        app()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    if "prefect" not in sys.modules:
+        sys.exit(code)
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())
+    main()
