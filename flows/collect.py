@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -130,7 +131,11 @@ def heartbeats(every_s: float) -> Iterator[None]:
                 emit_event(event=HEARTBEAT_EVENT, resource=resource)
             stop.wait(every_s)
 
-    thread = threading.Thread(target=beat, name="focus-heartbeat", daemon=True)
+    # the thread runs in a copy of this context: Prefect's settings (the API URL) live in
+    # context variables, and a thread started without them made Prefect start an
+    # ephemeral server of its own for the events (found leaked by the tests)
+    ctx = contextvars.copy_context()
+    thread = threading.Thread(target=ctx.run, args=(beat,), name="focus-heartbeat", daemon=True)
     thread.start()
     try:
         yield
