@@ -1,56 +1,112 @@
-"""Serve the collection deployments: ``python -m deployments.serve`` or ``focus deploy``.
+"""Serve the collection deployments: ``focus deploy`` or ``python -m deployments.serve``.
 
 Two deployments of the ``collect`` flow are registered with the Prefect server named by
 ``PREFECT_API_URL`` and served by this process:
 
-* ``collect/scheduled`` runs on a cron schedule with the configuration given here;
-  each run gets a fresh collection id derived from its flow run.
-* ``collect/manual`` has no schedule; start it from the UI's Run button (or
-  ``prefect deployment run collect/manual``) and edit its ``config`` parameter there.
+* ``collect/scheduled`` runs on a cron schedule; each run gets a fresh, readable
+  collection id (``scheduled-<UTC time>-<hex>``, :func:`flows.preflight.new_collection_id`).
+* ``collect/manual`` has no schedule; start it from the UI's Run button (Quick run, or
+  Custom run to edit its ``config`` parameter) or ``prefect deployment run collect/manual``.
 
-A rerun of a failed or crashed run from the UI (Retry) re-runs the same flow run, whose
-collection id is the same, so it resumes after the last finished wave.
+Each may have its own configuration file. A deployment stores only the fields its file
+(and ``--set``) name; the ``FOCUS_*`` variables of this process fill in the rest when a
+run starts (:func:`tasks.config.config_at_runtime`), exactly as on a worker of the
+``prefect.yaml`` path, whose deployments have other names (``pool-scheduled``,
+``pool-manual``) so that neither path overwrites the other's.
+
+``limit`` bounds the flow runs this process executes at once: each starts its own
+model server (and Dask cluster, if configured), so the default is one. A watchdog
+automation (:mod:`deployments.watchdog`) marks a run ``Crashed`` once its heartbeats stop
+- the node running it is gone - so the UI offers Retry within a minute instead of
+leaving it ``Running``. A Retry re-runs the same flow run, whose collection id is the
+same, so it resumes after the last finished wave.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.config import FocusConfig, load_config
+from tasks.config import read_file, set_dotted, validate_config
 
 SCHEDULED = "scheduled"
 MANUAL = "manual"
 
 
-def build_deployments(config: FocusConfig, cron: str = "0 * * * *") -> list[Any]:
+def explicit_config(path: str | os.PathLike[str] | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a deployment stores as its ``config`` parameter: the fields the file and the
+    overrides (dotted keys) name, validated, without defaults and without this shell's
+    ``FOCUS_*`` variables (those apply where and when each run starts)."""
+    data = read_file(path) if path is not None else {}
+    for key, value in (overrides or {}).items():
+        set_dotted(data, key, value)
+    source = " and ".join(x for x in (f"from {path}" if path else "", "--set" if overrides else "") if x)
+    return validate_config(data, source).model_dump(mode="json", exclude_unset=True)
+
+
+@dataclass(frozen=True)
+class DeploySpec:
+    """The two deployments and how this process serves them."""
+
+    scheduled: dict[str, Any] = field(default_factory=dict)
+    manual: dict[str, Any] = field(default_factory=dict)
+    cron: str = "0 * * * *"
+    limit: int = 1
+    #: Seconds without a heartbeat before the watchdog marks a run Crashed (0: no watchdog).
+    crash_after_s: float = 30.0
+
+
+def build_deployments(spec: DeploySpec) -> list[Any]:
     """The two RunnerDeployments (not yet registered)."""
     from flows.collect import collect
 
-    params = {"config": config.model_dump(mode="json", exclude={"collection_id"})}
     scheduled = collect.to_deployment(
-        name=SCHEDULED, cron=cron, parameters=params, description="Scheduled collection (one iteration per run)."
+        name=SCHEDULED,
+        cron=spec.cron,
+        parameters={"config": spec.scheduled},
+        description="Scheduled collection (one iteration per run, a fresh collection id each).",
+        tags=["focus"],
     )
     manual = collect.to_deployment(
-        name=MANUAL, parameters=params, description="Manual collection: edit 'config' and press Run."
+        name=MANUAL,
+        parameters={"config": spec.manual},
+        description="Manual collection: Quick run, or Custom run to edit 'config'.",
+        tags=["focus"],
     )
     return [scheduled, manual]
 
 
-def serve_deployments(config: FocusConfig, cron: str = "0 * * * *", **serve_kwargs: Any) -> None:
-    """Register both deployments and run their flow runs in this process until stopped."""
+def serve_deployments(spec: DeploySpec, **serve_kwargs: Any) -> None:
+    """Register both deployments and the watchdog, then run their flow runs in this
+    process (at most ``spec.limit`` at once) until stopped."""
     from prefect import serve
 
-    serve(*build_deployments(config, cron), **serve_kwargs)
+    if spec.crash_after_s > 0:
+        from deployments.watchdog import ensure_watchdog
+
+        ensure_watchdog(spec.crash_after_s)
+    serve(*build_deployments(spec), limit=spec.limit, **serve_kwargs)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", help="TOML or YAML configuration of the collections")
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--config", help="TOML or YAML configuration of both deployments")
+    ap.add_argument("--scheduled-config", help="configuration of the scheduled deployment only")
+    ap.add_argument("--manual-config", help="configuration of the manual deployment only")
     ap.add_argument("--cron", default="0 * * * *")
-    ap.add_argument("--limit", type=int, default=None, help="most flow runs at once")
+    ap.add_argument("--limit", type=int, default=1, help="most flow runs at once (default 1)")
+    ap.add_argument("--crash-after", type=float, default=30.0, help="seconds without heartbeat -> Crashed")
     args = ap.parse_args(argv)
-    serve_deployments(load_config(args.config), cron=args.cron, limit=args.limit)
+    spec = DeploySpec(
+        scheduled=explicit_config(args.scheduled_config or args.config),
+        manual=explicit_config(args.manual_config or args.config),
+        cron=args.cron,
+        limit=args.limit,
+        crash_after_s=args.crash_after,
+    )
+    serve_deployments(spec)
 
 
 if __name__ == "__main__":

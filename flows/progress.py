@@ -1,10 +1,14 @@
-"""Progress of a long collection: transitions/s, tokens/s and budget left per phase.
+"""Progress of a collection: a bar per phase, transitions/s, tokens/s and budget left.
 
-On a terminal it is a rich progress bar (one per continuation phase, advanced after
-every wave); elsewhere (a deployment's worker, CI, a pipe) it logs one line per wave
-instead, since a redrawn bar in a log file helps no one. Whether the output is a
-terminal is rich's own decision (a TTY, ``FORCE_COLOR``/``TTY_COMPATIBLE``, not
-``TERM=dumb``), so the bar and the colours of the rest of the CLI agree.
+On a terminal it is a rich progress bar per phase - the evidence phase (rollouts done,
+filled when its task finishes, with its elapsed time while it runs) and each
+continuation phase (advanced after every wave); elsewhere (a deployment's worker, CI, a
+pipe) it logs one line per step instead, since a redrawn bar in a log file helps no one.
+Whether the output is a terminal is rich's own decision (a TTY, ``FORCE_COLOR``/
+``TTY_COMPATIBLE``, not ``TERM=dumb``), so the bar and the colours of the rest of the CLI
+agree. Bars and lines go to standard error, so ``focus collect --json`` keeps standard
+output for the result. A step whose rollouts failed adds a WARNING line naming how many
+and why, on the console and in the run's Prefect log.
 
 Rates are over the phase's wall time as this process saw it. A resumed phase reports
 its reused waves without measurements, and their transitions are already in the first
@@ -18,6 +22,32 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from flows.logs import console_extra
+
+_CONSOLE: Any = None
+
+
+def console() -> Any:
+    """The process's rich console on standard error (bars and log lines share it, so
+    lines print above a live bar instead of through it)."""
+    global _CONSOLE
+    if _CONSOLE is None:
+        from rich.console import Console
+
+        _CONSOLE = Console(stderr=True)
+    return _CONSOLE
+
+
+def failure_line(label: str, record: dict[str, Any]) -> str | None:
+    """The WARNING line for a step whose rollouts failed (``None`` if none did)."""
+    failed = int(record.get("failed_rollouts") or 0)
+    if not failed:
+        return None
+    total = record.get("jobs") or record.get("rollouts")
+    causes = "; ".join(f"{c} (x{n})" for c, n in (record.get("failure_causes") or {}).items())
+    of = f" of {total}" if total else ""
+    return f"{label}: {failed}{of} rollouts failed: {causes or 'cause unknown'}"
 
 
 @dataclass(frozen=True)
@@ -66,10 +96,12 @@ def wave_figures(
 
 
 class CollectionProgress:
-    """Reports wave records (the phase's ``phase_transitions`` and ``phase_tokens``) against its budget.
+    """Reports step records: the evidence step's, then each wave's (the phase's
+    ``phase_transitions`` and ``phase_tokens``) against its budget.
 
-    ``console`` is the rich console to draw on (default: rich's console for stdout);
-    ``log`` receives one ``info`` line per wave when that console is not a terminal.
+    ``console`` is the rich console to draw on (default: :func:`console`, standard
+    error); ``log`` receives one ``info`` line per step when that console is not a
+    terminal, and a ``warning`` for every step whose rollouts failed.
     """
 
     def __init__(self, config: Any, *, enabled: bool = True, log: Any = None, console: Any = None) -> None:
@@ -95,20 +127,18 @@ class CollectionProgress:
     def __enter__(self) -> CollectionProgress:
         if not self.enabled:
             return self
-        from rich.console import Console
-
-        console = self.console if self.console is not None else Console()
+        console_ = self.console if self.console is not None else console()
         # A dumb terminal cannot redraw a line: rich would print the bar only at the end.
-        if console.is_terminal and not console.is_dumb_terminal:
+        if console_.is_terminal and not console_.is_dumb_terminal:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
-                TextColumn("{task.completed:.0f}/{task.total:.0f} transitions"),
+                TextColumn("{task.completed:.0f}/{task.total:.0f} {task.fields[unit]}"),
                 TextColumn("{task.fields[rates]}"),
                 TimeElapsedColumn(),
-                console=console,
+                console=console_,
                 transient=False,
             )
             self._progress.start()
@@ -126,7 +156,58 @@ class CollectionProgress:
         self._reused = False
         self._base = None
         if self._progress is not None:
-            self._task = self._progress.add_task(self._label, total=phase.transitions or 0, rates="")
+            self._task = self._progress.add_task(
+                self._label, total=phase.transitions or 0, rates="", unit="transitions"
+            )
+
+    def start_evidence(self, phase: Any, rollouts: int) -> None:
+        """The evidence phase: ``rollouts`` complete rollouts, filled when its step ends."""
+        self._phase = phase
+        self._label = f"0.{phase.name}"
+        self._t0 = time.perf_counter()
+        if self._progress is not None:
+            self._task = self._progress.add_task(self._label, total=rollouts, rates="running", unit="rollouts")
+
+    def evidence_done(self, record: dict[str, Any]) -> str:
+        """Fill the evidence bar from its step record; returns the line it shows or logs."""
+        if "transitions" not in record:  # reused: nothing measured in this process
+            line = f"{self._label}: reused from storage"
+            rates = "reused from storage"
+            done = None
+        else:
+            dt = max(time.perf_counter() - self._t0, 1e-9)
+            n = int(record.get("rollouts") or 0)
+            rates = (
+                f"{int(record['transitions'])} transitions, {int(record['transitions']) / dt:.1f} transitions/s, "
+                f"{int(record.get('tokens', 0)) / dt:.0f} tokens/s"
+            )
+            line = f"{self._label}: {n} rollouts, {rates}"
+            done = n
+        self._show(line, rates, done)
+        self.warn_failures(self._label, record)
+        return line
+
+    def warn_failures(self, label: str, record: dict[str, Any]) -> str | None:
+        """Log a WARNING (console and the run's log) when a step's rollouts failed."""
+        line = failure_line(label, record)
+        if line is not None:
+            self.lines.append(line)
+            if self.log is not None:
+                self.log.warning(line, extra=console_extra())
+        return line
+
+    def _show(self, line: str, rates: str, completed: int | None) -> None:
+        self.lines.append(line)
+        if self._progress is not None and self._task is not None:
+            update: dict[str, Any] = {"rates": rates}
+            if completed is not None:
+                update["completed"] = completed
+                update["total"] = max(completed, 1)
+            else:
+                update["completed"] = next(t.total for t in self._progress.tasks if t.id == self._task)
+            self._progress.update(self._task, **update)
+        elif self.enabled and self.log is not None:
+            self.log.info(line, extra=console_extra())
 
     def wave_done(self, record: dict[str, Any]) -> str:
         """Update from a wave record; returns the line it shows or logs ("" for a reused wave)."""
@@ -145,5 +226,6 @@ class CollectionProgress:
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=fig.transitions, rates=fig.rates())
         elif self.enabled and self.log is not None:
-            self.log.info(line)
+            self.log.info(line, extra=console_extra())
+        self.warn_failures(f"{self._label} wave {fig.wave}", record)
         return line

@@ -23,7 +23,9 @@ from storage.errors import (
     PathOutsideRoot,
     RootNotFound,
     SchemaError,
+    StorageAccessDenied,
     StorageError,
+    StorageFull,
     StorageUnavailable,
 )
 from storage.lease import Lease, collection_lease
@@ -52,7 +54,9 @@ __all__ = [
     "Retry",
     "RootNotFound",
     "SchemaError",
+    "StorageAccessDenied",
     "StorageError",
+    "StorageFull",
     "StorageUnavailable",
     "collection_lease",
 ]

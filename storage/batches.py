@@ -208,8 +208,8 @@ class BatchStore:
             fingerprint = sha256("\n".join(f"{e.path}:{e.sha256}" for e in entries if e.path != STATS).encode())
             manifest_url = f"{url}/{MANIFEST}"
             if existing is not None:
-                if existing.fingerprint == fingerprint:
-                    return url
+                if existing.fingerprint == fingerprint and not overwrite:
+                    return url  # the same batch (with overwrite: rewrite it, e.g. to repair damaged files)
                 if not overwrite:
                     raise BatchExistsError(
                         f"{url} already holds a different batch "
@@ -270,9 +270,8 @@ class BatchStore:
     def exists(self, url: str) -> bool:
         return self.loc.exists(f"{url.rstrip('/')}/{MANIFEST}", self.retry)
 
-    def read_tables(self, url: str) -> BatchTables:
-        """The batch at ``url`` as validated Arrow tables; verifies every file's checksum."""
-        url = url.rstrip("/")
+    def _verified(self, url: str) -> tuple[Manifest, list[bytes]]:
+        """The manifest at ``url`` and its files' bytes, each checked against the manifest."""
         m = self.manifest(url)
         if m.schema_version != SCHEMA_VERSION:
             raise SchemaError(
@@ -282,14 +281,26 @@ class BatchStore:
             blobs = self.loc.cat_many([f"{url}/{f.path}" for f in m.files], self.retry)
         except FileNotFoundError as e:
             raise CorruptDataError(f"{url}: the manifest lists {e} but the file is missing") from None
+        for f, data in zip(m.files, blobs, strict=True):
+            if len(data) != f.bytes or sha256(data) != f.sha256:
+                raise CorruptDataError(
+                    f"{url}/{f.path}: {len(data)} bytes with a checksum that differs from the manifest ({f.bytes} bytes)"
+                )
+        return m, blobs
+
+    def verify(self, url: str) -> Manifest:
+        """The manifest of the batch at ``url`` once every file it lists has the listed size
+        and SHA-256; :class:`BatchNotFound`, :class:`CorruptDataError` or :class:`ManifestError` if not."""
+        return self._verified(url.rstrip("/"))[0]
+
+    def read_tables(self, url: str) -> BatchTables:
+        """The batch at ``url`` as validated Arrow tables; verifies every file's checksum."""
+        url = url.rstrip("/")
+        m, blobs = self._verified(url)
         tables: dict[str, list[pa.Table]] = {"actor": [], "critic": []}
         stats: dict[str, Any] = {}
         for f, data in zip(m.files, blobs, strict=True):
             where = f"{url}/{f.path}"
-            if len(data) != f.bytes or sha256(data) != f.sha256:
-                raise CorruptDataError(
-                    f"{where}: {len(data)} bytes with a checksum that differs from the manifest ({f.bytes} bytes)"
-                )
             if f.path == STATS:
                 stats = json.loads(data)
                 continue

@@ -53,3 +53,12 @@ class LeaseHeld(StorageError, RuntimeError):
 
 class LeaseLost(StorageError, RuntimeError):
     """This run's write lease expired or was taken over; it must stop writing the collection."""
+
+
+class StorageAccessDenied(StorageError, PermissionError):
+    """The store refused access: wrong or missing credentials, a folder without write
+    permission, or a read-only file system."""
+
+
+class StorageFull(StorageError, OSError):
+    """No space left (or quota exceeded) where the store writes."""

@@ -27,7 +27,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage.errors import PathOutsideRoot, RootNotFound, StorageUnavailable
+from storage.errors import PathOutsideRoot, RootNotFound, StorageAccessDenied, StorageFull, StorageUnavailable
 
 T = TypeVar("T")
 
@@ -84,6 +84,9 @@ def retrying(op: Callable[[], T], what: str, retry: Retry, *, sleep: Callable[[f
             return op()
         except Exception as e:  # noqa: BLE001 - classified below
             if not is_transient(e):
+                typed = refused(e, what)
+                if typed is not None:
+                    raise typed from e
                 raise
             last = e
             if attempt < retry.attempts:
@@ -91,6 +94,25 @@ def retrying(op: Callable[[], T], what: str, retry: Retry, *, sleep: Callable[[f
     raise StorageUnavailable(
         f"{what}: storage unreachable after {retry.attempts} attempt(s): {type(last).__name__}: {last}"
     ) from last
+
+
+_FULL_ERRNO = {errno.ENOSPC, errno.EDQUOT}
+
+
+def refused(exc: BaseException, what: str) -> StorageAccessDenied | StorageFull | None:
+    """``exc`` as the storage error an operator can act on, if it is one: access denied
+    (credentials, permissions, a read-only file system) or no space left; else ``None``."""
+    if isinstance(exc, StorageAccessDenied | StorageFull):
+        return None
+    if isinstance(exc, PermissionError) or (isinstance(exc, OSError) and exc.errno == errno.EROFS):
+        cause = "read-only file system" if getattr(exc, "errno", None) == errno.EROFS else (str(exc) or "forbidden")
+        return StorageAccessDenied(
+            f"{what}: access denied ({cause}); check the credentials (for S3: AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY) or that the folder is writable"
+        )
+    if isinstance(exc, OSError) and exc.errno in _FULL_ERRNO:
+        return StorageFull(f"{what}: no space left on the device (or quota exceeded); free space or use another root")
+    return None
 
 
 def check_id(value: str, what: str) -> str:

@@ -71,6 +71,122 @@ def import_object(path: str) -> Any:
     return obj
 
 
+# ---- checks of option mappings and factories, before anything starts ----
+#
+# ``options`` are keyword arguments of a constructor or factory. A wrong name or shape
+# (``model.options = {config = {...}}``, a mapping where the client wants an HttpConfig)
+# used to pass validation and then fail every rollout; these checks name it up front.
+
+
+def _keyword_params(fn: Any) -> dict[str, Any]:
+    """Keyword parameters of ``fn`` (a class: its ``__init__``) with resolved annotations;
+    an empty dict means "accepts anything" (``**kwargs`` or no signature)."""
+    import inspect
+    import typing
+
+    target = getattr(fn, "__init__") if isinstance(fn, type) else fn  # noqa: B009 - the class's, not an instance's
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return {}
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: check names only
+        hints = {}
+    return {
+        name: hints.get(name, Any)
+        for name, p in sig.parameters.items()
+        if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+
+
+def _option_target(section: _Pluggable) -> tuple[Any, dict[str, str | None]] | None:
+    """What a built-in kind is constructed with, and the parameters set by other fields
+    of the section (``None``: not settable from a configuration at all)."""
+    kind = getattr(section, "kind", None)
+    if isinstance(section, ModelConfig):
+        if kind in ("local", "openai"):
+            from focus.backends.openai_compat import OpenAICompatPolicy
+
+            return OpenAICompatPolicy, {
+                "base_url": "model.url",
+                "model": "model.model",
+                "config": "model.http",
+                "transport": None,
+            }
+        if kind == "sglang":
+            from focus.backends.sglang import SGLangPolicy
+
+            return SGLangPolicy, {"base_url": "model.url", "config": "model.http", "transport": None}
+        return None  # tinker: optional dependency; factory: checked by check_factories
+    if isinstance(section, CriticConfig):
+        from focus import critic as critics
+
+        if kind == "http":
+            return critics.HttpCritic, {"url": "critic.url"}
+        if kind == "local":
+            return critics.LocalCritic, {}  # type: ignore[attr-defined]
+        if kind == "constant":
+            return (lambda: None), {}  # the value is critic.value; no options
+    return None
+
+
+def check_options(section: _Pluggable) -> None:
+    """``ValueError`` naming an option a built-in kind does not take, or of the wrong type."""
+    if not section.options:
+        return
+    target = _option_target(section)
+    if target is None:
+        return
+    fn, reserved = target
+    from pydantic import TypeAdapter
+
+    where = f"{section._section}.options"
+    params = _keyword_params(fn)
+    accepted = sorted(set(params) - set(reserved))
+    for name, value in section.options.items():
+        if name in reserved:
+            other = reserved[name]
+            raise ValueError(
+                f"{where}.{name}: set {other} instead" if other else f"{where}.{name} cannot be set in a configuration"
+            )
+        if name not in params:
+            takes = f"it takes {', '.join(accepted)}" if accepted else "it takes none"
+            raise ValueError(f"{where}: kind {section.kind!r} has no option {name!r} ({takes})")  # type: ignore[attr-defined]
+        try:
+            TypeAdapter(params[name]).validate_python(value)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise ValueError(f"{where}.{name}: {err['msg']} (got {value!r})") from None
+
+
+def check_factories(config: FocusConfig) -> None:
+    """Import every factory the configuration names and bind its options to it, so a
+    missing module or a misspelt option fails before any server or cluster starts."""
+    import inspect
+
+    sections: list[tuple[_Pluggable, dict[str, Any]]] = [
+        (config.model, {}),
+        (config.env, {"n_tasks": config.env.n_tasks, "seed": config.env.task_seed}),
+        (config.critic, {}),
+    ]
+    for section, fixed in sections:
+        if getattr(section, "kind", None) != "factory" or not section.factory:
+            continue
+        fn = import_object(section.factory)
+        name = f"{section._section}.factory {section.factory!r}"
+        if not callable(fn):
+            raise ConfigError(f"{name} is a {type(fn).__name__}, not a callable")
+        try:
+            inspect.signature(fn).bind(**fixed, **section.options)
+        except TypeError as e:
+            raise ConfigError(f"{name} cannot be called with {section._section}.options: {e}") from None
+        except ValueError:
+            pass  # no signature to check (a builtin)
+
+
 class _Pluggable(_Model):
     """A section whose ``kind="factory"`` names a callable by import path, given ``options``."""
 
@@ -97,7 +213,10 @@ class ModelConfig(_Pluggable):
 
     ``local`` with no ``url`` starts the embedded tiny model on loopback for the run;
     ``factory`` names a callable returning a :class:`focus.policy.Policy` (called with
-    ``options`` as keyword arguments), for services FOCUS has no backend for.
+    ``options`` as keyword arguments), for services FOCUS has no backend for. ``http``
+    holds the HTTP client's timeouts and retries (:class:`focus.backends.HttpConfig`)
+    for the ``local``, ``openai`` and ``sglang`` kinds; it says how patiently to talk to
+    the service, not what it computes, so it may change when a collection is resumed.
     """
 
     _section: ClassVar[str] = "model"
@@ -125,6 +244,7 @@ class ModelConfig(_Pluggable):
             raise ValueError(f"model.url is required when model.kind is {self.kind!r}")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"model.url {self.url!r} must start with http:// or https://")
+        check_options(self)
         return self
 
 
@@ -187,6 +307,7 @@ class CriticConfig(_Pluggable):
             raise ValueError("critic.url is required when critic.kind is 'http'")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"critic.url {self.url!r} must start with http:// or https://")
+        check_options(self)
         return self
 
 
@@ -195,18 +316,30 @@ class EstimatorConfig(_Model):
 
 
 class ExecutionConfig(_Model):
-    """Where rollouts run: in the task's process (``local``) or on Dask (``dask``).
+    """Where rollouts run: in the task's process (``local``, the default) or on Dask (``dask``).
 
-    ``dask`` without an ``address`` starts a LocalCluster for the run.
+    ``dask`` without an ``address`` starts a LocalCluster for the run; an ``address``
+    selects ``dask``. In-process is the default because the rollouts
+    wait on the model service, not on this process's CPU: on the embedded default it
+    finished the flow in 1.2-1.9 s against 2.3-3.0 s on a 2-worker LocalCluster, which
+    also took 1.5-2.5 s to start (docs/pipeline.md, "Start-up and wall time").
+    ``heartbeat_s`` is how often a running collection tells the Prefect server it is
+    alive (see ``deployments/watchdog.py``); it says nothing about the result.
     """
 
-    kind: Literal["local", "dask"] = "dask"
+    kind: Literal["local", "dask"] = "local"
     address: str | None = None
     n_workers: int = Field(2, gt=0)
     threads_per_worker: int = Field(1, gt=0)
     processes: bool = True
     max_concurrency: int = Field(64, gt=0)
     shard_size: int = Field(16, gt=0)
+    heartbeat_s: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _address_means_dask(self) -> ExecutionConfig:
+        """A scheduler address is only used by Dask: giving one selects it."""
+        return self.model_copy(update={"kind": "dask"}) if self.address and self.kind != "dask" else self
 
 
 class StorageConfig(_Model):
@@ -424,6 +557,9 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
         node[last] = value
 
 
+set_dotted = _set_dotted  # public: deployments build partial configurations with it
+
+
 def _index(part: str, key: str) -> int:
     if not part.isdigit():
         raise ConfigError(f"invalid configuration key {key!r}: {part!r} must be a list index")
@@ -441,9 +577,14 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The mapping in a TOML or YAML file; errors name the file."""
     p = pathlib.Path(path)
     try:
-        text = p.read_text()
+        text = p.read_bytes().decode("utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read config file {str(p)!r}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {str(p)!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+            "save it as UTF-8"
+        ) from None
     try:
         if p.suffix == ".toml":
             data: Any = tomllib.loads(text)
@@ -473,11 +614,19 @@ def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """Dotted-key overrides from ``FOCUS_A__B=value`` variables."""
+    """Dotted-key overrides from ``FOCUS_A__B=value`` variables.
+
+    Only variables whose first part names a configuration section or field count:
+    others with the prefix belong to other tools (``FOCUS_WORK_POOL`` and
+    ``FOCUS_PROJECT_DIR`` of ``deployments/prefect.yaml``). Below that, a misspelt field
+    is still an error naming the variable.
+    """
     out: dict[str, Any] = {}
     for name, value in environ.items():
         if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
-            out[name[len(ENV_PREFIX) :].lower().replace("__", ".")] = _parse_scalar(value)
+            key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+            if key.split(".", 1)[0] in FocusConfig.model_fields:
+                out[key] = _parse_scalar(value)
     return out
 
 
@@ -513,6 +662,28 @@ def load_config(
     if overrides:
         sources.append("flags")
     return validate_config(data, "from " + "; ".join(sources) if sources else "")
+
+
+def config_at_runtime(config: FocusConfig | None, environ: Mapping[str, str] | None = None) -> FocusConfig:
+    """The configuration a flow run uses: the defaults, then the ``FOCUS_*`` variables of
+    the process running it, then the fields its ``config`` parameter sets.
+
+    A deployment stores only the fields its configuration files name (pydantic remembers
+    which fields a parameter set), so a worker's or a ``focus deploy`` process's
+    ``FOCUS_*`` variables - where the model service and the store are, say - fill in the
+    rest at run time, the same way on both paths; what a run's parameters say explicitly
+    (a deployment's file, an edit in the UI's Custom run) wins. A config built by
+    :func:`load_config` sets every field, so a CLI run is unchanged.
+    """
+    explicit = config.model_dump(mode="json", exclude_unset=True) if config is not None else {}
+    env = env_overrides(os.environ if environ is None else environ)
+    if not env:
+        return config if config is not None else FocusConfig()
+    data = FocusConfig.model_construct().model_dump()
+    for key, value in env.items():
+        _set_dotted(data, key, value)
+    names = ", ".join(ENV_PREFIX + k.upper().replace(".", "__") for k in sorted(env))
+    return validate_config(_merge(data, explicit), f"from environment {names}; the run's config parameter")
 
 
 # ---- the trainer hook of the train loop ----

@@ -25,7 +25,7 @@ from prefect import task
 from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from tasks.config import ExecutionConfig, FocusConfig
+from tasks.config import ExecutionConfig, FocusConfig, check_factories
 from tasks.steps import Handoff, Key, Steps, score_key, wave_key
 
 
@@ -65,7 +65,13 @@ _OPTS: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
 
 @task(name="check-config", **_OPTS)
 async def check_config(config: FocusConfig) -> dict[str, Any]:
-    return await asyncio.to_thread(steps_for(config).check_config)
+    """Factories importable with their options; the stored configuration, if any, the same."""
+
+    def both() -> dict[str, Any]:
+        check_factories(config)
+        return steps_for(config).check_config()
+
+    return await asyncio.to_thread(both)
 
 
 @task(name="evidence-rollouts", **_OPTS)
@@ -131,11 +137,16 @@ async def publish_report(config: FocusConfig, result: dict[str, Any], steps: lis
     """Prefect artifacts: a statistics table and a picture of the search trees."""
     cid = config.collection_id or "collection"
     rows = [{"statistic": k, "value": v} for k, v in result.get("summary", {}).items()]
+    # why rollouts failed, most frequent first (docs/operations.md, "Reading failure statistics")
+    rows += [{"statistic": f"failure cause: {c}", "value": n} for c, n in result.get("failure_causes", {}).items()]
     rows.append({"statistic": "batch_url", "value": result.get("batch_url")})
     await acreate_table_artifact(
         rows, key=_artifact_key(cid, "stats"), description=f"Collection {cid}: batch statistics"
     )
-    step_rows = [{k: s.get(k) for k in ("phase", "wave", "reused", "wall_s", "transitions", "jobs")} for s in steps]
+    step_rows = [
+        {k: s.get(k) for k in ("phase", "wave", "reused", "wall_s", "transitions", "jobs", "failed_rollouts")}
+        for s in steps
+    ]
     await acreate_table_artifact(step_rows, key=_artifact_key(cid, "steps"), description=f"Collection {cid}: steps")
     svg = await asyncio.to_thread(steps_for(config).tree_picture)
     if svg:
@@ -143,7 +154,7 @@ async def publish_report(config: FocusConfig, result: dict[str, Any], steps: lis
         await acreate_markdown_artifact(
             f"### Search trees of {cid}\n\n![search trees](data:image/svg+xml;base64,{body})\n",
             key=_artifact_key(cid, "trees"),
-            description=f"Collection {cid}: search trees (first trees, nodes coloured by kind)",
+            description=f"Collection {cid}: search trees (nodes coloured by refined value, edges by advantage)",
         )
 
 

@@ -87,6 +87,18 @@ def fingerprint(config: FocusConfig) -> dict[str, Any]:
     return data
 
 
+def resume_mismatch(config: FocusConfig, stored: dict[str, Any], mine: dict[str, Any]) -> ResumeMismatch | None:
+    """The error for resuming ``config``'s collection, whose stored fingerprint is
+    ``stored``, with the fingerprint ``mine`` (``None`` if they agree)."""
+    fields = ", ".join(_diff(stored, mine))
+    if not fields:
+        return None
+    return ResumeMismatch(
+        f"collection {config.collection_id!r} already exists in {config.storage.root} with a different "
+        f"configuration (differs in: {fields}); resume it with the same configuration or use a new collection id"
+    )
+
+
 def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
     """Dotted names of the fields that differ. A field one side lacks counts as ``None``,
     so a field added to the config since a collection was stored, left unset, is no
@@ -304,14 +316,9 @@ class Steps:
         """Record the config on first run; refuse to resume a collection with another one."""
         mine = fingerprint(self.config)
         if self.done(CONFIG):
-            stored = json.loads(self.load(CONFIG))
-            if _diff(stored, mine):
-                fields = ", ".join(_diff(stored, mine)) or "?"
-                raise ResumeMismatch(
-                    f"collection {self.cid!r} already exists in {self.config.storage.root} with a different "
-                    f"configuration (differs in: {fields}); resume it with the same configuration or use a new "
-                    "collection id"
-                )
+            error = resume_mismatch(self.config, json.loads(self.load(CONFIG)), mine)
+            if error is not None:
+                raise error
             return {"phase": CONFIG.phase, "reused": True}
         self.save(CONFIG, json.dumps(mine, sort_keys=True))
         return {"phase": CONFIG.phase, "reused": False}
@@ -330,7 +337,9 @@ class Steps:
         state = self._run(fn)
         self.save(EVIDENCE, state)
         self.handoff.put(EVIDENCE, state)
-        return self._record(EVIDENCE, False, t0, state)
+        causes = (r["cause"] for t in state.trees for r in t.log if r["failed"])
+        rollouts = sum(len(t.log) for t in state.trees)
+        return self._record(EVIDENCE, False, t0, state, rollouts=rollouts, **failures(causes))
 
     def score(self, source: Key, target: Key) -> dict[str, Any]:
         """Critic predictions for the nodes that have none; stores only those predictions."""
@@ -377,25 +386,51 @@ class Steps:
         new_state, rollouts, wall = ran
         self.save(key, {"rollouts": rollouts, "wave_wall_s": wall})
         self.handoff.put(key, new_state)
-        return self._record(key, False, t0, new_state, done=False, jobs=len(rollouts), phase_index=phase_index)
+        causes = (ro.leaf.cause for ro in rollouts if ro.leaf.kind == "failed")
+        return self._record(
+            key, False, t0, new_state, done=False, jobs=len(rollouts), phase_index=phase_index, **failures(causes)
+        )
 
     def export(self, source: Key) -> dict[str, Any]:
         """Prepare the batch from the final state and write it; the batch URL comes back."""
         t0 = time.perf_counter()
+        damaged = None
         if self.done(EXPORT):
-            return {**self.load(EXPORT), "reused": True}
+            stored = self.load(EXPORT)
+            damaged = self.batch_problem(stored["batch_url"])
+            if damaged is None:
+                return {**stored, "reused": True}
+            # the batch no longer matches its manifest: write it again from the checkpoints
         state = self.state_at(source)
         try:
-            batch = self.runtime().collector.prepare(state.trees)
+            collector = self.runtime().collector
+            batch = collector.prepare(state.trees)
         finally:
             if self._owns_handoff:
                 self.handoff.release()
-        url = self.batch_store.write(batch)
-        self.save(TREES_SVG, tree_svg(state.trees))
-        result = {"phase": EXPORT.phase, "batch_url": url, "summary": _jsonable(batch.summary()), "wall_s": 0.0}
+        url = self.batch_store.write(batch, overwrite=damaged is not None)
+        self.save(TREES_SVG, tree_svg(state.trees, estimator=collector.estimator))
+        result = {
+            "phase": EXPORT.phase,
+            "batch_url": url,
+            "summary": _jsonable(batch.summary()),
+            "failure_causes": dict(batch.stats.get("failure_causes", {})),
+            "wall_s": 0.0,
+        }
         result["wall_s"] = time.perf_counter() - t0
         self.save(EXPORT, result)
-        return {**result, "reused": False}
+        return {**result, "reused": False, "repaired": damaged}
+
+    def batch_problem(self, url: str) -> str | None:
+        """Why the finished batch at ``url`` cannot be trusted (missing, or a file that
+        differs from its manifest), or ``None`` if every file checks out."""
+        from storage import BatchNotFound, CorruptDataError, ManifestError
+
+        try:
+            self.batch_store.verify(url)
+        except (BatchNotFound, CorruptDataError, ManifestError) as e:
+            return str(e)
+        return None
 
 
 async def _rollouts(collector: Any, state: Any, plan: Any) -> Any:
@@ -440,6 +475,14 @@ def state_stats(state: Any) -> dict[str, int]:
         for k, v in tree.stats().items():
             totals[k] = totals.get(k, 0) + v
     return {k: totals.get(k, 0) for k in ("transitions", "tokens", "model_calls", "nodes")}
+
+
+def failures(causes: Any) -> dict[str, Any]:
+    """``failed_rollouts`` and the most frequent ``failure_causes`` of one step's rollouts."""
+    from collections import Counter
+
+    counted = Counter(c or "unknown" for c in causes)
+    return {"failed_rollouts": sum(counted.values()), "failure_causes": dict(counted.most_common(5))}
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:

@@ -1,40 +1,75 @@
-"""The focus command: the embedded default end to end, inspect, and config errors before work."""
+"""The focus command: the embedded default end to end (quietly), reruns and errors
+decided before anything starts, inspect, and help that says what the defaults are."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from fixtures.prefect import base_env
+from fixtures.prefect import ROOT, base_env, free_port
 from typer.testing import CliRunner
 
-from flows.cli import app
+from flows.cli import SHOWN, app
 
 pytestmark = pytest.mark.timeout(240)
 
+SMALL = ["--tasks", "2", "--transitions", "6", "--set", "agent.sampling.max_tokens=8", "--set", "agent.max_steps=4"]
+
+
+def focus(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 220) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
 
 @pytest.mark.integration
-def test_collect_embedded_default_then_inspect(tmp_path):
-    """No model, no Prefect server, no Dask address: everything starts locally."""
-    env = {**base_env(tmp_path / "prefect"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
-    cmd = [sys.executable, "-m", "flows.cli", "collect", "--tasks", "2", "--transitions", "6", "--collection-id", "emb"]
-    cmd += ["--set", "agent.sampling.max_tokens=8", "--set", "agent.max_steps=4", "--json"]
-    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=220)
+def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
+    """No model, no Prefect server, no Dask: everything starts locally; the console
+    shows the result and nothing of Prefect's or Dask's logging, which is in the log file."""
+    env = {**base_env(tmp_path / "prefect"), "PREFECT_LOGGING_LEVEL": "INFO"}
+    log = tmp_path / "collect.log"
+    done = focus(["collect", *SMALL, "--collection-id", "emb", "--json", "--log-file", str(log)], env, tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["batch_url"] == f"file://{os.path.realpath(tmp_path)}/runs/batches/emb/iter-000000"
     assert result["stats"]["transitions"] >= 6 and result["stats"]["failed_rollouts"] == 0
+    for chatter in ("INFO", "distributed", "Traceback", "temporary server", "prefect"):
+        assert chatter not in done.stderr, done.stderr
+    assert len(done.stdout.strip().splitlines()) == 1  # --json: the result alone on standard output
+    text = log.read_text()
+    assert "Beginning flow run 'emb'" in text and "Finished in state Completed" in text
+
+    # the rerun is decided from the store: nothing starts (the API URL is a closed port)
+    rerun_env = {**env, "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
+    again = focus(["collect", *SMALL, "--collection-id", "emb", "--json"], rerun_env, tmp_path, timeout=60)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rerun = json.loads(again.stdout.strip().splitlines()[-1])
+    assert rerun["already_finished"] is True and rerun["batch_url"] == result["batch_url"]
+    mismatch = focus(["collect", *SMALL, "--collection-id", "emb", "--seed", "5"], rerun_env, tmp_path, timeout=60)
+    lines = (mismatch.stdout + mismatch.stderr).strip().splitlines()
+    assert mismatch.returncode == 2 and len(lines) == 1 and "differs in: seed" in lines[0], lines
 
     out = CliRunner().invoke(app, ["inspect", result["batch_url"], "--json"])
     assert out.exit_code == 0, out.output
     summary = json.loads(out.output)
     assert summary["actor_rows"] == result["stats"]["actor_rows"] > 0
     assert summary["policy_versions"] and summary["phases"][1]["name"] == "continue"
-    table = CliRunner().invoke(app, ["inspect", result["batch_url"]])
-    assert "actor_rows" in table.output and "advantage_mean" in table.output
+    wide = CliRunner().invoke(app, ["inspect", result["batch_url"]], env={"COLUMNS": "250"})
+    # every phase, every figure, nothing cut
+    assert "actor_rows" in wide.output and "advantage_mean" in wide.output
+    assert "evidence" in wide.output and "continue" in wide.output and "transition_budget" in wide.output
+    folder = result["batch_url"].rsplit("/", 1)[0]
+    listing = CliRunner().invoke(app, ["inspect", folder, "--json"])
+    assert listing.exit_code == 0, listing.output
+    its = json.loads(listing.output)["iterations"]
+    assert [(i["iteration"], i["url"]) for i in its] == [(0, result["batch_url"])]
+    assert its[0]["actor_rows"] == summary["actor_rows"]
+    assert "1 finished iteration" in CliRunner().invoke(app, ["inspect", folder], env={"COLUMNS": "250"}).output
 
 
 def test_invalid_config_fails_before_any_work(tmp_path):
@@ -43,13 +78,64 @@ def test_invalid_config_fails_before_any_work(tmp_path):
     )
     assert out.exit_code == 2
     assert "search.phases.1.wave_size: Input should be greater than or equal to 1" in out.output
+    assert len(out.output.strip().splitlines()) == 1
     assert not (tmp_path / "s").exists()
     out = CliRunner().invoke(app, ["collect", "--set", "nokey"])
     assert out.exit_code == 2 and "expected KEY=VALUE" in out.output
 
 
-def test_inspect_names_a_missing_batch(tmp_path):
+def test_inspect_names_a_missing_batch_and_a_bad_url(tmp_path):
     out = CliRunner().invoke(app, ["inspect", f"file://{tmp_path}/batches/none/iter-000000"])
-    assert out.exit_code == 1 and "cannot read batch" in out.output
+    assert out.exit_code == 1 and "cannot read batch" in out.output and "_manifest.json is missing" in out.output
+    out = CliRunner().invoke(app, ["inspect", f"file://{tmp_path}/batches/none"])
+    assert out.exit_code == 1 and "no finished batch" in out.output
     out = CliRunner().invoke(app, ["inspect", str(tmp_path)])
-    assert out.exit_code == 2 and "not a batch URL" in out.output
+    assert out.exit_code == 2 and "neither a batch URL" in out.output
+
+
+@pytest.mark.parametrize("command", ["collect", "deploy", "train", "inspect", "serve-model"])
+def test_help_shows_no_placeholder_for_flags_and_says_the_defaults(command):
+    out = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "250", "NO_COLOR": "1"})
+    assert out.exit_code == 0, out.output
+    assert "<bool>" not in out.output
+    if command == "collect":
+        for option, default in (
+            ("--tasks", "8"),
+            ("--seed", "0"),
+            ("--transitions", "200"),
+            ("--model-timeout", "120.0"),
+        ):
+            line = next(ln for ln in out.output.splitlines() if option in ln)
+            assert f"[default: {default}]" in line, line
+        assert re.search(r"--json\s+Print", out.output)  # a flag: no type placeholder
+    if command == "deploy":
+        assert "[default: 1]" in next(ln for ln in out.output.splitlines() if "--limit" in ln)
+
+
+def test_every_statistic_shown_is_defined_in_the_docs():
+    """Each figure the CLI shows has a line saying what it means (docs/pipeline.md, "The statistics")."""
+    text = (ROOT / "docs" / "pipeline.md").read_text()
+    section = text[text.index("### The statistics") :]
+    for name in (
+        *SHOWN,
+        "failure_causes",
+        "already_finished",
+        "policy_versions",
+        "advantage_mean",
+        "critic_target_mean",
+    ):
+        assert re.search(rf"^\| `{name}` \| \w|`{name}`\s*(and `\w+`\s*)?\(", section, re.M), f"{name} is not defined"
+
+
+def test_the_configured_prefect_server_is_found_without_importing_prefect(tmp_path):
+    from flows.server import configured_api_url
+
+    assert configured_api_url({"PREFECT_API_URL": "http://a:1/api"}) == "http://a:1/api"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "profiles.toml").write_text(
+        'active = "team"\n[profiles.team]\nPREFECT_API_URL = "http://prefect.internal:4200/api"\n[profiles.other]\n'
+    )
+    assert configured_api_url({"PREFECT_HOME": str(home)}) == "http://prefect.internal:4200/api"
+    assert configured_api_url({"PREFECT_HOME": str(home), "PREFECT_PROFILE": "other"}) is None
+    assert configured_api_url({"PREFECT_HOME": str(tmp_path / "none")}) is None

@@ -22,7 +22,7 @@ def test_sources_layer_file_env_flags(tmp_path):
 
 def test_defaults_are_the_embedded_run_and_pickle():
     cfg = load_config(environ={})
-    assert (cfg.model.kind, cfg.model.url, cfg.env.kind, cfg.execution.kind) == ("local", None, "reach_target", "dask")
+    assert (cfg.model.kind, cfg.model.url, cfg.env.kind, cfg.execution.kind) == ("local", None, "reach_target", "local")
     assert cfg.storage.root.startswith("file:///") and cfg.storage.root.endswith("/runs")
     assert pickle.loads(pickle.dumps(cfg)) == cfg
     assert FocusConfig.model_validate(cfg.model_dump(mode="json")) == cfg  # travels as JSON flow parameters

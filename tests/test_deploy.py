@@ -1,25 +1,48 @@
-"""Deployments against a real Prefect server: the UI's Run button (create_flow_run)
-completes a run, and its Retry button (set_state AwaitingRetry) resumes a failed run."""
+"""``focus deploy`` against a real Prefect server, driven through the calls the UI makes.
+
+- Quick run: ``POST /api/deployments/{id}/create_flow_run`` with no parameters.
+- Custom run: the same call with a ``config`` parameter (the UI's edited form).
+- Retry: ``POST /api/flow_runs/{id}/set_state`` with ``{"type": "SCHEDULED", "name": "AwaitingRetry"}``.
+
+Checked: the states and their messages, the artifacts (statistics with failure causes,
+steps, the tree picture), per-deployment configuration files, ``FOCUS_*`` variables of
+the serving process applied at run time, readable collection ids that differ for runs
+created together, ``--limit`` (runs do not overlap), and node loss: the whole process
+tree killed with SIGKILL, the watchdog marks the run Crashed within a bounded time, a
+new ``focus deploy`` picks up the Retry and the run resumes from its checkpoints.
+"""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
+from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from fixtures.prefect import kill_tree
 
+from storage import BatchStore, CheckpointStore
+
 pytestmark = pytest.mark.timeout(240)
 
-CONFIG = """
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+BASE = """
 seed = 3
-progress = false
+progress = {progress}
 [model]
 kind = "factory"
 factory = "fixtures.prefect:digit_policy"
+options = {{latency_s = {latency}}}
 [env]
 n_tasks = 2
 [[search.phases]]
@@ -27,87 +50,240 @@ name = "evidence"
 rollouts_per_task = 2
 [[search.phases]]
 name = "continue"
-transitions = 12
+transitions = {transitions}
 wave_size = 3
 [critic]
 kind = "factory"
 factory = "fixtures.prefect:flaky_critic"
 options = {{marker = "{marker}"}}
-[execution]
-kind = "local"
-[storage]
-root = "{root}"
 """
 
 
-def create_run(api: str, deployment_id: str) -> dict:
-    """POST create_flow_run; a busy SQLite-backed server may answer 503 (Prefect's own
-    client retries those too), so retry a few times."""
+def create_run(api: str, deployment_id: str, parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The UI's Quick run (no body) or Custom run (edited parameters). A busy
+    SQLite-backed server may answer 503 (Prefect's client retries those too)."""
+    body = {"parameters": parameters} if parameters is not None else {}
     for _ in range(20):
-        r = httpx.post(f"{api}/deployments/{deployment_id}/create_flow_run", json={}, timeout=30)
+        r = httpx.post(f"{api}/deployments/{deployment_id}/create_flow_run", json=body, timeout=30)
         if r.status_code != 503:
             break
         time.sleep(1.0)
     assert r.status_code in (200, 201), r.text
-    return r.json()
+    return dict(r.json())
 
 
-def wait_state(api: str, run_id: str, want: set[str], timeout: float = 120) -> dict:
+def retry(api: str, run_id: str) -> None:
+    """The UI's Retry button."""
+    r = httpx.post(
+        f"{api}/flow_runs/{run_id}/set_state",
+        json={"state": {"type": "SCHEDULED", "name": "AwaitingRetry"}},
+        timeout=30,
+    )
+    assert r.status_code in (200, 201), r.text
+
+
+def read_run(api: str, run_id: str) -> dict[str, Any]:
+    return dict(httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json())
+
+
+def wait_state(api: str, run_id: str, want: set[str], timeout: float = 120, proc: Any = None) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
+    run: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        run = httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()
+        run = read_run(api, run_id)
         if run["state_type"] in want:
             return run
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"focus deploy exited with {proc.returncode}: {_log_of(proc)}")
         time.sleep(0.3)
-    raise AssertionError(f"flow run {run_id} stayed {run['state_type']} (wanted {want})")
+    raise AssertionError(f"flow run {run_id} stayed {run.get('state_type')} (wanted {want})")
 
 
-def test_run_button_completes_and_retry_resumes(prefect_server, prefect_env, tmp_path):
-    api = prefect_server
-    marker = tmp_path / "critic-down"
-    cfg = tmp_path / "deploy.toml"
-    cfg.write_text(CONFIG.format(marker=marker, root=tmp_path / "store"))
+def artifacts(api: str, run_id: str) -> dict[str, dict[str, Any]]:
+    """The run's artifacts by the part of their key after the collection id."""
+    arts = httpx.post(
+        f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}, timeout=30
+    ).json()
+    return {a["key"].rsplit("-", 1)[1]: a for a in arts if a.get("key")}
+
+
+def table(artifact: dict[str, Any]) -> list[dict[str, Any]]:
+    data = artifact["data"]
+    return list(json.loads(data) if isinstance(data, str) else data)
+
+
+_LOGS: dict[int, Path] = {}
+
+
+def _log_of(proc: Any) -> str:
+    path = _LOGS.get(proc.pid)
+    return path.read_text()[-3000:] if path is not None and path.exists() else ""
+
+
+def deploy(env: dict[str, str], *args: str, log: Path) -> subprocess.Popen[bytes]:
+    """``focus deploy`` in the test's folder (a run that names no store writes under ./runs)."""
+    out = open(log, "wb")  # noqa: SIM115 - the child keeps it; closed with the process
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deployments.serve", "--config", str(cfg), "--cron", "0 3 * * *"],
-        env=prefect_env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "flows.cli", "deploy", *args],
+        cwd=log.parent,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    _LOGS[proc.pid] = log
+    return proc
+
+
+def deployment(api: str, name: str, proc: subprocess.Popen[bytes], log: Path, since: float) -> dict[str, Any]:
+    """The deployment once this ``focus deploy`` (re)registered it: updated after ``since``
+    (an earlier test's registration of the same name has other parameters)."""
+    deadline = time.monotonic() + 90
+    while True:
+        r = httpx.get(f"{api}/deployments/name/collect/{name}", timeout=30)
+        if r.status_code == 200:
+            d = dict(r.json())
+            if datetime.fromisoformat(d["updated"]).timestamp() > since:
+                return d
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "deployments were not registered"
+        time.sleep(0.3)
+
+
+def kill_run_process(run: dict[str, Any]) -> None:
+    """A runner may start a flow run in a session of its own: kill it by the PID it recorded."""
+    pid_text = str(run.get("infrastructure_pid") or "")
+    if not pid_text:
+        return
+    pid = int(pid_text.rpartition(":")[2])
+    with suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_quick_run_custom_run_and_retry(prefect_server, prefect_env, tmp_path):
+    api = prefect_server
+    marker = tmp_path / "critic-down"
+    # per-deployment files; neither names a store: FOCUS_STORAGE__ROOT of the serving process does
+    sched_cfg, manual_cfg = tmp_path / "scheduled.toml", tmp_path / "manual.toml"
+    sched_cfg.write_text(BASE.format(transitions=6, marker=marker, progress="true", latency=0))
+    manual_cfg.write_text(BASE.format(transitions=9, marker=marker, progress="false", latency=0))
+    store = tmp_path / "store"
+    env = {**prefect_env, "FOCUS_STORAGE__ROOT": str(store), "FOCUS_EXECUTION__KIND": "local"}
+    log = tmp_path / "deploy.log"
+    args = ["--scheduled-config", str(sched_cfg), "--manual-config", str(manual_cfg), "--cron", "0 3 * * *"]
+    since = time.time() - 1
+    proc = deploy(env, *args, "--limit", "1", log=log)
     try:
-        deadline = time.monotonic() + 90
-        while (r := httpx.get(f"{api}/deployments/name/collect/manual")).status_code != 200:
-            assert proc.poll() is None and time.monotonic() < deadline, "deployments were not registered"
-            time.sleep(0.3)
-        manual = r.json()
-        scheduled = httpx.get(f"{api}/deployments/name/collect/scheduled").json()
+        manual = deployment(api, "manual", proc, log, since)
+        scheduled = deployment(api, "scheduled", proc, log, since)
         assert [s["schedule"]["cron"] for s in scheduled["schedules"]] == ["0 3 * * *"]
+        # only what the files name is stored: defaults and the store come at run time
+        assert manual["parameters"]["config"]["search"]["phases"][1]["transitions"] == 9
+        assert scheduled["parameters"]["config"]["search"]["phases"][1]["transitions"] == 6
+        assert "storage" not in manual["parameters"]["config"] and "execution" not in manual["parameters"]["config"]
 
-        # the Run button
-        run = create_run(api, manual["id"])
-        assert wait_state(api, run["id"], {"COMPLETED", "FAILED", "CRASHED"})["state_type"] == "COMPLETED"
+        # Quick run of the scheduled deployment, twice at once: --limit 1 runs them one after the other
+        runs = [create_run(api, scheduled["id"]), create_run(api, scheduled["id"])]
+        done = [wait_state(api, r["id"], FINAL, proc=proc) for r in runs]
+        assert [d["state_type"] for d in done] == ["COMPLETED", "COMPLETED"]
+        first, second = sorted(done, key=lambda d: d["start_time"])
+        assert second["start_time"] >= first["end_time"], "runs overlapped despite --limit 1"
+        ids = []
+        for d in done:
+            arts = artifacts(api, d["id"])
+            stats = {r["statistic"]: r["value"] for r in table(arts["stats"])}
+            ids.append(stats["collection_id"])
+            # FOCUS_STORAGE__ROOT of the serving process decided where the batch went
+            assert stats["batch_url"] == BatchStore(str(store)).url_for(stats["collection_id"], 0)
+            assert BatchStore(str(store)).verify(stats["batch_url"])
+            assert arts["trees"]["type"] == "markdown"
+            svg = base64.b64decode(re.search(r"base64,([A-Za-z0-9+/=]+)", arts["trees"]["data"]).group(1)).decode()
+            assert svg.startswith("<svg") and "refined value" in svg and "advantage" in svg
+        assert len(set(ids)) == 2 and all(re.fullmatch(r"scheduled-\d{8}-\d{6}-[0-9a-f]{6}", i) for i in ids), ids
 
-        # a run that fails in critic scoring, after its evidence rollouts are stored
+        # Custom run of the manual deployment with an edited config: the critic is down
         marker.write_text("down")
-        run = create_run(api, manual["id"])
-        assert wait_state(api, run["id"], {"COMPLETED", "FAILED", "CRASHED"})["state_type"] == "FAILED"
+        edited = {**manual["parameters"]["config"], "seed": 9}
+        run = create_run(api, manual["id"], {"config": edited})
+        failed = wait_state(api, run["id"], FINAL, proc=proc)
+        assert failed["state_type"] == "FAILED"
+        assert f"critic service unavailable (marker {marker} present)" in failed["state"]["message"]
         marker.unlink()
-        # the Retry button
-        r = httpx.post(
-            f"{api}/flow_runs/{run['id']}/set_state", json={"state": {"type": "SCHEDULED", "name": "AwaitingRetry"}}
-        )
-        assert r.status_code in (200, 201), r.text
-        done = wait_state(api, run["id"], {"COMPLETED", "FAILED", "CRASHED"})
-        assert done["state_type"] == "COMPLETED" and done["run_count"] == 2
-
-        # the retry reused the stored evidence rollouts instead of redoing them
-        cid = f"{done['name']}-{run['id'][:8]}"
-        arts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": [f"{cid}-steps"]}}}).json()
-        assert arts, f"no steps artifact for {cid}"
-        data = arts[0]["data"]
-        steps = {
-            (s["phase"], s.get("wave")): s["reused"] for s in (json.loads(data) if isinstance(data, str) else data)
-        }
+        retry(api, run["id"])  # the Retry button: the same flow run, so the same collection
+        done_run = wait_state(api, run["id"], FINAL, proc=proc)
+        assert done_run["state_type"] == "COMPLETED" and done_run["run_count"] == 2
+        steps = {(s["phase"], s.get("wave")): s["reused"] for s in table(artifacts(api, run["id"])["steps"])}
         assert steps[("evidence", 0)] is True and steps[("evidence.score", 0)] is False
+        stats = {r["statistic"]: r["value"] for r in table(artifacts(api, run["id"])["stats"])}
+        assert stats["collection_id"].startswith("manual-")
+        # the edited seed reached the run: it is in the stored configuration
+        assert json.loads(CheckpointStore(str(store)).load(stats["collection_id"], "config", 0))["seed"] == 9
+
+        # the watchdog automation is installed
+        autos = httpx.post(f"{api}/automations/filter", json={}, timeout=30).json()
+        assert any(a["name"] == "focus: mark silent collections crashed" for a in autos)
     finally:
         kill_tree(proc)
+
+
+def test_node_loss_is_crashed_quickly_and_retry_resumes(prefect_server, prefect_env, tmp_path):
+    """kill -9 of everything (the serving process and the flow run it started): the
+    watchdog marks the run Crashed within crash-after + its evaluation period; a new
+    ``focus deploy`` picks up the Retry and the run resumes from its checkpoints."""
+    api = prefect_server
+    store = tmp_path / "store"
+    cfg = tmp_path / "manual.toml"
+    cfg.write_text(
+        BASE.format(transitions=30, marker=tmp_path / "never", progress="false", latency=0.05)
+        + f'[execution]\nkind = "local"\nheartbeat_s = 0.5\n[storage]\nroot = "{store}"\n'
+    )
+    crash_after = 10
+    args = ["--config", str(cfg), "--crash-after", str(crash_after)]
+    log = tmp_path / "deploy.log"
+    since = time.time() - 1
+    proc = deploy(prefect_env, *args, log=log)
+    second = None
+    try:
+        manual = deployment(api, "manual", proc, log, since)
+        run = create_run(api, manual["id"])
+        wait_state(api, run["id"], {"RUNNING"}, proc=proc)
+        checkpoints = CheckpointStore(str(store))
+        deadline = time.monotonic() + 90
+        cid = None
+        while cid is None or not any(p == "1.continue.score" for p, _ in checkpoints.list(cid)):
+            assert time.monotonic() < deadline, f"no continuation wave finished in time: {read_run(api, run['id'])}"
+            ck = store / "checkpoints"
+            cid = next((p.name for p in ck.iterdir()), None) if ck.exists() else None
+            time.sleep(0.1)
+        running = read_run(api, run["id"])
+        kill_tree(proc)  # the node is gone: the serving process ...
+        kill_run_process(running)  # ... and the flow run it started
+        killed_at = time.monotonic()
+        assert read_run(api, run["id"])["state_type"] == "RUNNING"  # nobody reported the loss
+
+        crashed = wait_state(api, run["id"], {"CRASHED", "COMPLETED", "FAILED"}, timeout=60)
+        waited = time.monotonic() - killed_at
+        assert crashed["state_type"] == "CRASHED" and "no heartbeat" in crashed["state"]["message"]
+        # heartbeats every 0.5 s, crash after 10 s, proactive evaluation every 5 s, plus slack
+        print(f"node loss: Crashed {waited:.1f} s after the kill")
+        assert waited < crash_after + 5 + 15, waited
+
+        before = [k for k in checkpoints.list(cid) if k[0] != "config"]
+        since = time.time()
+        second = deploy(prefect_env, *args, log=tmp_path / "deploy2.log")
+        deployment(api, "manual", second, tmp_path / "deploy2.log", since - 1)
+        retry(api, run["id"])
+        done = wait_state(api, run["id"], FINAL, proc=second)
+        assert done["state_type"] == "COMPLETED" and done["run_count"] == 2
+        steps = table(artifacts(api, run["id"])["steps"])
+        reused = sum(1 for s in steps if s["reused"])
+        assert reused >= len(before), (reused, before)  # every step finished before the kill
+        stats = {r["statistic"]: r["value"] for r in table(artifacts(api, run["id"])["stats"])}
+        assert stats["collection_id"] == cid and stats["transitions"] >= 30
+    finally:
+        kill_tree(proc)
+        if second is not None:
+            kill_tree(second)

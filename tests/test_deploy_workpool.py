@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,12 +37,13 @@ pytestmark = pytest.mark.timeout(120)
 
 YAML = ROOT / "deployments" / "prefect.yaml"
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-NAMES = ("collect/scheduled", "collect/manual")
+NAMES = ("collect/pool-scheduled", "collect/pool-manual")
 
 
-def toy_config(root: Path) -> dict[str, Any]:
+def toy_config() -> dict[str, Any]:
     """A small collection of the embedded toy task with the digit policy: the test
-    measures the deployment path, not the model, so the run takes a few seconds."""
+    measures the deployment path, not the model, so the run takes a few seconds. It
+    names no store and no execution: the worker's FOCUS_* variables do, at run time."""
     return {
         "seed": 5,
         "progress": False,
@@ -53,8 +55,6 @@ def toy_config(root: Path) -> dict[str, Any]:
                 {"name": "continue", "transitions": 6, "wave_size": 3},
             ]
         },
-        "execution": {"kind": "local"},
-        "storage": {"root": str(root)},
     }
 
 
@@ -141,14 +141,16 @@ async def _deploy_and_run(pool: str, env: dict[str, str], store: Path, tmp_path:
     from prefect.client.orchestration import get_client
 
     async with get_client() as client:
-        scheduled = await client.read_deployment_by_name("collect/scheduled")
-        manual = await client.read_deployment_by_name("collect/manual")
+        scheduled = await client.read_deployment_by_name("collect/pool-scheduled")
+        manual = await client.read_deployment_by_name("collect/pool-manual")
         assert scheduled.work_pool_name == pool and manual.work_pool_name == pool
         assert scheduled.entrypoint == manual.entrypoint == "flows/collect.py:collect"
         assert [s.schedule.cron for s in scheduled.schedules] == ["0 * * * *"]
         assert all(s.active for s in scheduled.schedules)
         assert manual.schedules == []
-        assert scheduled.parameters == {"config": {"storage": {"root": "runs"}}} and manual.parameters == {}
+        phases = scheduled.parameters["config"]["search"]["phases"]
+        assert [p["name"] for p in phases] == ["evidence", "continue"] and manual.parameters == {}
+        assert scheduled.global_concurrency_limit.limit == manual.global_concurrency_limit.limit == 1
         # the pull step is stored unresolved: the worker's FOCUS_PROJECT_DIR decides at run time
         assert manual.pull_steps == [
             {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $FOCUS_PROJECT_DIR }}"}}
@@ -157,14 +159,31 @@ async def _deploy_and_run(pool: str, env: dict[str, str], store: Path, tmp_path:
         # default (heavy) config: drop the scheduled deployment before a worker starts
         await client.delete_deployment(scheduled.id)
 
+        # `focus deploy`'s deployments registered next to these do not replace them
+        from deployments.serve import DeploySpec, build_deployments
+
+        served = await asyncio.to_thread(build_deployments, DeploySpec(manual={"seed": 42}, cron="0 3 * * *"))
+        try:
+            for d in served:
+                await d.aapply()
+            after = await client.read_deployment_by_name("collect/pool-manual")
+            assert after.id == manual.id and after.parameters == {} and after.work_pool_name == pool
+            assert (await client.read_deployment_by_name("collect/manual")).parameters == {"config": {"seed": 42}}
+        finally:
+            for d in served:
+                with contextlib.suppress(Exception):
+                    await client.delete_deployment((await client.read_deployment_by_name(f"collect/{d.name}")).id)
+
         # the Run button: a flow run of the deployment with an edited config parameter
-        run = await client.create_flow_run_from_deployment(manual.id, parameters={"config": toy_config(store)})
+        run = await client.create_flow_run_from_deployment(manual.id, parameters={"config": toy_config()})
         log = tmp_path / "worker.log"
         with open(log, "wb") as out:
             # cwd is not the project: the pull step must move the flow run there
+            # where the store is and how rollouts run: the worker's environment, read at run time
+            run_env = {**env, "FOCUS_STORAGE__ROOT": str(store), "FOCUS_EXECUTION__KIND": "local"}
             worker = subprocess.Popen(
                 [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
-                env=env,
+                env=run_env,
                 cwd=tmp_path,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -195,8 +214,12 @@ def test_prefect_yaml_work_pool_deploys_and_runs(deployed, tmp_path):
     assert len(stats_artifacts) == 1
     data = stats_artifacts[0].data
     stats = {r["statistic"]: r["value"] for r in (json.loads(data) if isinstance(data, str) else data)}
-    # a run without a collection id gets one from its flow run: name and id prefix
-    cid = f"{done.name}-{str(done.id)[:8]}"
+    # a run without a collection id gets a readable one: deployment, scheduled time, random part
+    cid = stats["collection_id"]
+    assert re.fullmatch(r"pool-manual-\d{8}-\d{6}-[0-9a-f]{6}", cid) and cid.endswith(
+        str(done.id).replace("-", "")[-6:]
+    )
+    # the worker's FOCUS_STORAGE__ROOT decided where the batch went
     batch_url = BatchStore(str(store)).url_for(cid, 0)
     assert stats["batch_url"] == batch_url
 

@@ -31,6 +31,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import flows.progress as progress_mod
+from benchmarks.cli_start import screen_lines
 from flows.cli import app
 from flows.progress import CollectionProgress
 from focus.priority import Phase
@@ -50,10 +51,11 @@ def strip_ansi(text: str) -> str:
     return ANSI.sub("", text)
 
 
-def _command(tmp_path: Path, cid: str) -> list[str]:
+def _command(tmp_path: Path, cid: str, *, as_json: bool = True) -> list[str]:
     """A small embedded-default collection (test_cli's), in-process rollouts, several waves."""
     cmd = [sys.executable, "-m", "flows.cli", "collect", "--tasks", "2", "--transitions", str(BUDGET)]
-    cmd += ["--collection-id", cid, "--local", "--store", str(tmp_path / "runs"), "--json"]
+    cmd += ["--collection-id", cid, "--store", str(tmp_path / "runs"), "--log-file", str(tmp_path / "log")]
+    cmd += ["--json"] if as_json else []
     for s in ("agent.sampling.max_tokens=8", "agent.max_steps=4", f"search.phases.1.wave_size={WAVE_SIZE}"):
         cmd += ["--set", s]
     return cmd
@@ -109,18 +111,25 @@ def _result_json(text: str) -> dict[str, Any]:
 
 @pytest.mark.timeout(150)
 def test_collect_on_a_terminal_shows_the_rich_bar(tmp_path, prefect_env):
-    code, raw = _run_in_pty(_command(tmp_path, "tty"), _env(prefect_env), tmp_path, timeout=120)
+    code, raw = _run_in_pty(_command(tmp_path, "tty", as_json=False), _env(prefect_env), tmp_path, timeout=120)
     text = raw.decode("utf-8", errors="replace")
     assert code == 0, text[-3000:]
     assert "\x1b[?25l" in text and "\x1b[2K" in text, "no live display (cursor hidden, line redrawn)"
     plain = strip_ansi(text)
     frames = [m.groups() for m in BAR.finditer(plain)]
     assert frames, plain[-3000:]
+    # a bar for the evidence phase too, and the whole output fits a screen
+    assert re.search(r"0\.evidence\s.*?(\d+)/\1 rollouts", plain), plain[-3000:]
+    shown = screen_lines(text)  # what the terminal shows at the end, not the bars' redraws
+    assert len(shown) <= 30 and shown[0].startswith("0.evidence") and shown[1].startswith("1.continue"), shown
+    assert "INFO" not in plain and "distributed" not in plain
     done = [int(f[0]) for f in frames]
     assert done == sorted(done), f"the bar went backwards: {done}"
     assert {int(f[1]) for f in frames} == {BUDGET}
 
-    phase = _inspect(_result_json(plain)["batch_url"])["phases"][1]
+    batch_url = re.findall(r"^batch: (\S+)", plain, re.M)[-1]
+    assert "actor_rows" in plain and "flow_wall_s" in plain  # the result table
+    phase = _inspect(batch_url)["phases"][1]
     assert phase["name"] == "continue" and phase["transition_budget"] == BUDGET
     final_t, _, rate_t, rate_k, left = frames[-1]
     # the bar counts what the phase used, which may pass the budget (running rollouts finish)
@@ -143,6 +152,7 @@ def test_collect_into_a_pipe_logs_lines_without_control_sequences(tmp_path, pref
     assert "\x1b" not in out and "\x1b" not in err, "control sequences in a pipe"
     assert "━" not in out + err, "a progress bar drawn into a pipe"
     lines = [m.groups() for m in LOG_LINE.finditer(err)]
+    assert re.search(r"^0\.evidence: \d+ rollouts, \d+ transitions", err, re.M), err[-3000:]
     phase = _inspect(_result_json(out)["batch_url"])["phases"][1]
     # one line per measured wave (the last planned wave is empty: the phase's end)
     assert [int(g[0]) for g in lines] == list(range(phase["waves"])), err[-3000:]
@@ -207,7 +217,9 @@ def test_resumed_phase_takes_its_first_measured_wave_as_the_baseline(monkeypatch
 def test_not_a_terminal_logs_lines_and_draws_nothing():
     console = Console(file=StringIO(), force_terminal=False)
     logged: list[str] = []
-    with CollectionProgress(None, log=SimpleNamespace(info=logged.append), console=console) as progress:
+    with CollectionProgress(
+        None, log=SimpleNamespace(info=lambda line, **_: logged.append(line)), console=console
+    ) as progress:
         assert not progress.interactive
         progress.start_phase(1, Phase("continue", transitions=10))
         line = progress.wave_done({"wave": 0, "phase_transitions": 4, "phase_tokens": 8})
@@ -218,7 +230,9 @@ def test_not_a_terminal_logs_lines_and_draws_nothing():
 def test_disabled_shows_and_logs_nothing():
     console = Console(file=StringIO(), force_terminal=True)
     logged: list[str] = []
-    with CollectionProgress(None, enabled=False, log=SimpleNamespace(info=logged.append), console=console) as p:
+    with CollectionProgress(
+        None, enabled=False, log=SimpleNamespace(info=lambda line, **_: logged.append(line)), console=console
+    ) as p:
         p.start_phase(1, Phase("continue", transitions=10))
         p.wave_done({"wave": 0, "phase_transitions": 4, "phase_tokens": 8})
     assert logged == [] and console.file.getvalue() == ""  # type: ignore[attr-defined]
@@ -229,7 +243,9 @@ def test_dumb_terminal_gets_lines_not_a_bar(monkeypatch):
     monkeypatch.setenv("TERM", "dumb")
     console = Console(file=StringIO(), force_terminal=True)
     logged: list[str] = []
-    with CollectionProgress(None, log=SimpleNamespace(info=logged.append), console=console) as progress:
+    with CollectionProgress(
+        None, log=SimpleNamespace(info=lambda line, **_: logged.append(line)), console=console
+    ) as progress:
         progress.start_phase(1, Phase("continue", transitions=10))
         progress.wave_done({"wave": 0, "phase_transitions": 4, "phase_tokens": 8})
     assert not progress.interactive and len(logged) == 1

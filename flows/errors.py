@@ -1,0 +1,97 @@
+"""One line per error: what ``focus`` prints when a collection stops, and what the
+failed Prefect run's state message says.
+
+An operator meets errors from many layers - the configuration, the object store (a
+missing bucket, refused credentials, a full disk), the model service, a Dask worker -
+and each layer phrases them its own way, some over several lines. :func:`one_line`
+maps an exception to a single line that names the cause; the full traceback goes to the
+log file (or the terminal with ``--debug``). Exceptions are matched by class name along
+their MRO, so new error types of the library (a model-service outage, say) get a clear
+line without this module importing them: any exception whose message already names its
+cause is shown as ``<message>``, anything else as ``<Type>: <message>``.
+"""
+
+from __future__ import annotations
+
+import errno
+
+#: Errors whose message is written for the operator: shown as they are (one line).
+SELF_EXPLAINED = frozenset(
+    {
+        "ConfigError",
+        "ResumeMismatch",
+        "StorageError",
+        "PolicyError",
+        "CriticError",
+        "EnvError",
+        "CollectionFailed",
+        "ModelServiceOutage",
+        "ModelServiceError",
+        "CollectionLocked",
+        "LeaseHeld",
+    }
+)
+#: Errors the user caused and can fix by changing what they asked for (exit status 2).
+USAGE = frozenset({"ConfigError", "ResumeMismatch", "CollectionLocked", "LeaseHeld"})
+MAX_CHARS = 600
+
+
+class CollectionFailed(RuntimeError):
+    """A collection stopped; ``str()`` is the one line naming the cause, the original
+    exception is ``__cause__``. Raised by the flow so Prefect's state message is that line."""
+
+
+def _names(exc: BaseException) -> list[str]:
+    return [c.__name__ for c in type(exc).__mro__]
+
+
+def _flatten(text: str, sep: str = " ") -> str:
+    parts = [line.strip() for line in text.splitlines() if line.strip()]
+    out = sep.join(parts)
+    return out if len(out) <= MAX_CHARS else out[: MAX_CHARS - 1] + "…"
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The exception to describe: the first of an exception group, else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def one_line(exc: BaseException) -> str:
+    """The cause of ``exc`` in one line an operator can act on."""
+    exc = root_cause(exc)
+    names = _names(exc)
+    text = str(exc)
+    if "ConfigError" in names:
+        head, _, rest = text.partition("\n")
+        return _flatten(head + (" " + _flatten(rest, "; ") if rest else ""))
+    if SELF_EXPLAINED.intersection(names):
+        return _flatten(text) or names[0]
+    if "KilledWorker" in names:
+        return _flatten(f"a Dask worker died running rollouts more often than allowed ({text}); rerun to resume")
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {exc.filename}" if exc.filename else ""
+        return f"no space left on the device{where}; free space and rerun to resume"
+    if isinstance(exc, PermissionError) or (isinstance(exc, OSError) and exc.errno == errno.EROFS):
+        where = f" on {exc.filename}" if exc.filename else ""
+        return _flatten(f"permission denied{where}: {exc.strerror or text or 'forbidden'}")
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted; rerun with the same collection id to resume"
+    return _flatten(f"{names[0]}: {text}") if text else names[0]
+
+
+def exit_code(exc: BaseException) -> int:
+    """2 for what the user asked for wrongly (configuration, resume), 1 for everything else."""
+    return 2 if USAGE.intersection(_names(root_cause(exc))) else 1
+
+
+def as_failure(exc: BaseException) -> BaseException:
+    """What the flow raises for ``exc``: ``exc`` itself if its message is already the one
+    line (so callers can still catch its type), else :class:`CollectionFailed` with the line."""
+    line = one_line(exc)
+    if isinstance(exc, Exception) and str(exc) == line:
+        return exc
+    failed = CollectionFailed(line)
+    failed.__cause__ = exc
+    return failed

@@ -1,0 +1,111 @@
+"""Logging of the ``focus`` command: quiet on the console, everything in a log file.
+
+By default the console shows what an operator needs - the progress bars (or, into a
+pipe, one line per wave), warnings about failed rollouts, the result or one error line
+- and nothing of Prefect's or Dask's INFO chatter. Every record at INFO and above, with
+tracebacks, goes to a log file whose path the error line names. ``-v`` adds Prefect's and
+Dask's INFO records to the console (``-vv``: DEBUG).
+
+Which records are "ours" is marked on the record (``extra={"focus_console": True}``, see
+:func:`console_extra`), so a line logged through Prefect's run logger reaches the UI
+(Prefect's API handler) and the console alike, while Prefect's own messages about the
+same run stay in the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+#: Marks a record for the console in quiet mode.
+CONSOLE_FLAG = "focus_console"
+_FORMAT = "%(asctime)s.%(msecs)03d | %(levelname)-7s | %(name)s - %(message)s"
+_CHATTY = ("prefect", "distributed", "dask", "httpx", "asyncio", "urllib3", "botocore", "s3fs", "aiobotocore", "fsspec")
+
+
+def console_extra() -> dict[str, Any]:
+    """``extra=`` for a log call whose message the console should show in quiet mode."""
+    return {CONSOLE_FLAG: True}
+
+
+def default_log_file(kind: str = "collect") -> Path:
+    """A fresh file under ``$XDG_STATE_HOME/focus/logs`` (``~/.local/state/focus/logs``)."""
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "focus" / "logs"
+    return base / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+
+
+class _ConsoleHandler(logging.Handler):
+    """Prints records through a rich console, so lines appear above a live progress bar."""
+
+    def __init__(self, console: Any, quiet: bool) -> None:
+        super().__init__()
+        self.console = console
+        self.quiet = quiet
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.quiet or bool(getattr(record, CONSOLE_FLAG, False))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if self.quiet:
+                msg = record.getMessage()
+                if record.levelno >= logging.WARNING:
+                    msg = f"{record.levelname.lower()}: {msg}"
+            else:
+                msg = self.format(record)
+            style = (
+                "yellow" if record.levelno == logging.WARNING else "red" if record.levelno > logging.WARNING else None
+            )
+            self.console.print(msg, style=style, markup=False, highlight=False, soft_wrap=True)
+        except Exception:  # noqa: BLE001 - logging must never raise
+            self.handleError(record)
+
+
+def setup(console: Any, *, verbosity: int = 0, log_file: Path | None = None) -> Path | None:
+    """Route the process's logging: ``console`` (a rich Console) gets our lines (and with
+    ``verbosity`` Prefect's and Dask's), ``log_file`` everything at INFO and above.
+
+    Call after Prefect is imported (it installs its own console handler on import).
+    Returns the log file's path (``None`` if it could not be created).
+    """
+    level = logging.DEBUG if verbosity > 1 else logging.INFO
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if type(h).__name__ in ("PrefectConsoleHandler", "_ConsoleHandler", "_SafeStreamHandler"):
+            root.removeHandler(h)
+    console_handler = _ConsoleHandler(console, quiet=verbosity == 0)
+    console_handler.setFormatter(logging.Formatter(_FORMAT, "%H:%M:%S"))
+    console_handler.setLevel(level if verbosity else logging.INFO)
+    root.addHandler(console_handler)
+    path = None
+    if log_file is not None:
+        try:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            fh = logging.FileHandler(log_file, encoding="utf-8", delay=True)
+        except OSError:
+            fh = None
+        if fh is not None:
+            fh.setFormatter(logging.Formatter(_FORMAT, "%H:%M:%S"))
+            fh.setLevel(level)
+            root.addHandler(fh)
+            path = log_file
+    root.setLevel(level)
+    for name in _CHATTY:
+        lg = logging.getLogger(name)
+        lg.setLevel(level)
+        for h in list(lg.handlers):
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                lg.removeHandler(h)  # distributed installs its own stderr handler
+        lg.propagate = True
+    if verbosity < 2:  # one line per HTTP request says nothing until one debugs the client
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+    # Prefect's internal logger writes to stderr on its own; keep it for -v only
+    internal = logging.getLogger("prefect._internal")
+    internal.propagate = True
+    for h in list(internal.handlers):
+        internal.removeHandler(h)
+    logging.captureWarnings(True)
+    return path

@@ -1,0 +1,147 @@
+"""What ``focus collect`` decides before Prefect, Dask or a model server start.
+
+A rerun of a finished collection, a collection id reused with another configuration, a
+factory that does not import, a storage root that cannot be reached, read or written:
+each is known from the configuration and a few small reads of the store, in well under
+a second, and used to surface only after a Prefect server, a Dask cluster and the model
+server had started (15-45 s, hundreds of lines). :func:`preflight` reads the checkpoint
+store directly - the same checkpoints and the same comparison the flow's ``check-config``
+step uses - and starts nothing.
+
+The one thing it cannot know is the policy version of an embedded model it has not
+started yet (the server reports it); when the configuration leaves it open, that field
+is left out of the comparison here, and the flow's own check compares it once the server
+is up.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from tasks.config import FocusConfig, check_factories
+
+#: Below this many free bytes a local store is treated as full before anything starts.
+MIN_FREE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the store says about a collection before it runs."""
+
+    config: FocusConfig
+    #: The stored result of a finished collection whose batch checks out (``None``: not finished).
+    finished: dict[str, Any] | None = None
+    #: Whether the collection exists (its configuration is stored) and will be resumed.
+    resumed: bool = False
+    #: Why a finished collection's batch must be written again (``None``: nothing to repair).
+    damaged: str | None = None
+
+
+def new_collection_id(prefix: str = "collect", when: datetime | None = None, token: str | None = None) -> str:
+    """A readable, unique collection id: ``<prefix>-<UTC yyyymmdd-HHMMSS>-<6 hex>``.
+
+    The time sorts ids in the order runs were scheduled; the hex part is random (a fresh
+    UUID's or the flow run id's random tail), so ids of runs scheduled in the same second
+    differ. Flow run ids are time-ordered UUIDs whose first characters are the time:
+    their prefixes collided for runs created together, which is why the tail is used.
+    """
+    when = when or datetime.now(UTC)
+    token = (token or uuid.uuid4().hex).replace("-", "")[-6:]
+    clean = "".join(c if c.isalnum() or c in "-_." else "-" for c in prefix).strip("-.") or "collect"
+    return f"{clean[:80]}-{when.astimezone(UTC):%Y%m%d-%H%M%S}-{token}"
+
+
+def _embedded_version_open(config: FocusConfig) -> bool:
+    return config.model.kind == "local" and config.model.url is None and config.model.policy_version is None
+
+
+def check_root(root: str) -> None:
+    """Fail with a storage error naming the cause if ``root`` cannot be used: a local
+    folder that is not writable or whose disk is full, a bucket that does not exist or
+    refuses the credentials, an endpoint that does not answer (after the store's retries)."""
+    from storage.errors import RootNotFound, StorageAccessDenied, StorageFull
+    from storage.urls import Location, Retry, retrying
+
+    loc = Location(root)
+    if loc.protocol == "file":
+        path = loc.path(loc.root)
+        probe = path
+        while not os.path.exists(probe):
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                break
+            probe = parent
+        if not os.path.isdir(probe):
+            raise RootNotFound(f"storage root {root}: {probe} is a file, not a folder")
+        if not os.access(probe, os.W_OK | os.X_OK):
+            ro = _read_only(probe)
+            raise StorageAccessDenied(
+                f"storage root {root}: {probe} is "
+                + ("on a read-only file system" if ro else "not writable (permission denied)")
+            )
+        if shutil.disk_usage(probe).free < MIN_FREE_BYTES:
+            raise StorageFull(f"storage root {root}: no space left on the device of {probe}")
+        return
+    if loc.protocol in ("s3", "s3a", "gs", "gcs", "abfs", "az"):
+        bucket = loc.root.partition("://")[2].split("/", 1)[0]
+        try:
+            retrying(lambda: loc.fs.info(bucket), f"open bucket {bucket!r} of {root}", Retry())
+        except FileNotFoundError:
+            raise RootNotFound(
+                f"storage root {root}: bucket {bucket!r} does not exist; create it or fix storage.root"
+            ) from None
+        except StorageAccessDenied as e:
+            raise StorageAccessDenied(
+                f"storage root {root}: access to bucket {bucket!r} denied ({e.__cause__ or e}); check the "
+                "credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) and the bucket's policy"
+            ) from e
+
+
+def _read_only(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError as e:
+        return e.errno == errno.EROFS
+
+
+def preflight(config: FocusConfig) -> Preflight:
+    """Check ``config`` against its store before anything starts (see the module docs).
+
+    Raises :class:`tasks.config.ConfigError` (a factory that does not import or take its
+    options), a :class:`storage.StorageError` (a root that cannot be used, a damaged
+    checkpoint) or :class:`tasks.steps.ResumeMismatch`.
+    """
+    from storage import BatchStore, CheckpointStore
+    from tasks.steps import CONFIG, EXPORT, Steps, fingerprint, resume_mismatch
+
+    check_factories(config)
+    check_root(config.storage.root)
+    if not config.collection_id:
+        return Preflight(config)
+    root = config.storage.root
+    # no execution service: nothing here runs a rollout (tasks.phases would import Prefect)
+    steps = Steps(config, CheckpointStore(root), BatchStore(root), lambda: None)
+    if not steps.done(CONFIG):
+        return Preflight(config)
+    stored, mine = json.loads(steps.load(CONFIG)), fingerprint(config)
+    if _embedded_version_open(config):
+        # the server started later reports the version; the flow compares it then
+        stored.get("model", {}).pop("policy_version", None)
+        mine.get("model", {}).pop("policy_version", None)
+    error = resume_mismatch(config, stored, mine)
+    if error is not None:
+        raise error
+    if not steps.done(EXPORT):
+        return Preflight(config, resumed=True)
+    record = steps.load(EXPORT)
+    damaged = steps.batch_problem(record["batch_url"])
+    if damaged is not None:
+        return Preflight(config, resumed=True, damaged=damaged)
+    return Preflight(config, finished=record, resumed=True)

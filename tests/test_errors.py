@@ -1,0 +1,330 @@
+"""One line per error: every error a user can cause or meet ends ``focus collect`` with
+one line naming the cause and a non-zero exit, the traceback in the log file, and - when
+the flow had started - the same line as the failed Prefect run's state message.
+
+Errors decided before anything starts (configuration, factories, option shapes, files
+that are not UTF-8, resume with another configuration, storage roots that cannot be
+used) run the CLI with ``PREFECT_API_URL`` pointing at a closed port: reaching Prefect
+would fail, so a clean one-line answer proves nothing was started. The others run
+against real servers on loopback: the session's Prefect server, moto's S3 (with its
+credential check switched on for the bad-credentials case) and, for a full and a
+read-only disk, a real tmpfs mounted in a private mount namespace (``unshare``; skipped
+where the machine allows no such namespace).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from fixtures.prefect import base_env, free_port
+
+from flows.errors import CollectionFailed, as_failure, exit_code, one_line
+from storage.errors import StorageAccessDenied, StorageFull
+from storage.urls import Retry, refused, retrying
+from tasks.config import ConfigError, load_config
+
+pytestmark = pytest.mark.timeout(180)
+
+SMALL = [
+    "--tasks",
+    "2",
+    "--transitions",
+    "8",
+    "--set",
+    "agent.max_steps=4",
+    "--set",
+    "model.kind=factory",
+    "--set",
+    "model.factory=fixtures.prefect:digit_policy",
+]
+
+
+def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", "collect", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+#: Progress lines (into a pipe the bars become one line per step), printed before an error.
+PROGRESS = re.compile(r"^\d+\.\w+( wave \d+)?: ")
+
+
+def error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The one line naming the error; fails if the command exited 0 or printed anything
+    else but progress lines (no traceback, no log chatter)."""
+    lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert lines and lines[-1].startswith("error: "), lines[-20:]
+    others = [ln for ln in lines[:-1] if not PROGRESS.match(ln)]
+    assert not others, others
+    assert "Traceback" not in done.stderr
+    return lines[-1]
+
+
+def no_prefect_env(tmp_path: Path) -> dict[str, str]:
+    """Offline env whose Prefect API is a closed port: anything reaching Prefect fails."""
+    return {**base_env(tmp_path / "prefect"), "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
+
+
+# ---- the mapping itself ----
+
+
+def test_one_line_flattens_and_names_causes():
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={"agent.max_steps": 0, "seed": "x"}, environ={})
+    line = one_line(e.value)
+    assert "\n" not in line and "agent.max_steps" in line and "seed" in line and exit_code(e.value) == 2
+    full = OSError(errno.ENOSPC, "No space left on device", "/data/x.pkl")
+    assert one_line(full) == "no space left on the device writing /data/x.pkl; free space and rerun to resume"
+    assert one_line(PermissionError("Forbidden")) == "permission denied: Forbidden"
+    assert one_line(ValueError("a\nb")) == "ValueError: a b" and exit_code(ValueError()) == 1
+
+    class ModelServiceOutage(RuntimeError):  # a library error this module does not import
+        pass
+
+    outage = ModelServiceOutage("wave 1.continue/3: 9 of 16 rollouts failed on the model service")
+    assert one_line(outage) == str(outage) and as_failure(outage) is outage
+    wrapped = as_failure(PermissionError("Forbidden"))
+    assert isinstance(wrapped, CollectionFailed) and str(wrapped) == "permission denied: Forbidden"
+    assert one_line(ExceptionGroup("g", [KeyError("k")])) == "KeyError: 'k'"
+
+
+def test_storage_errors_are_typed_at_the_edge():
+    assert isinstance(refused(PermissionError("Forbidden"), "write s3://b/x"), StorageAccessDenied)
+    assert isinstance(refused(OSError(errno.EROFS, "Read-only file system"), "write /x"), StorageAccessDenied)
+    assert isinstance(refused(OSError(errno.ENOSPC, "No space"), "write /x"), StorageFull)
+    assert refused(FileNotFoundError("x"), "read /x") is None
+
+    def full() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(StorageFull, match="write /x: no space left"):
+        retrying(full, "write /x", Retry(attempts=2, backoff_s=0))
+
+
+def test_model_client_timeout_and_retries_from_file_and_flags(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text(
+        '[model]\nkind = "openai"\nurl = "http://127.0.0.1:9"\n[model.http]\ntimeout_s = 7.5\nmax_retries = 1\n'
+    )
+    cfg = load_config(f, environ={})
+    assert cfg.build_policy().http.config.timeout_s == 7.5  # type: ignore[attr-defined]
+    cfg = load_config(f, {"model.http.max_retries": 0}, environ={"FOCUS_MODEL__HTTP__TIMEOUT_S": "3"})
+    policy = cfg.build_policy()
+    assert (policy.http.config.timeout_s, policy.http.config.max_retries) == (3.0, 0)  # type: ignore[attr-defined]
+    # the CLI flags set the same fields (checked through --set to stay in-process)
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    out = CliRunner().invoke(app, ["collect", "--help"], env={"COLUMNS": "200"})
+    assert "--model-timeout" in out.output and "--model-retries" in out.output
+
+
+# ---- decided before anything starts ----
+
+
+@pytest.mark.parametrize(
+    "extra,needle,code",
+    [
+        (["--set", "model.factory=no_such_module:make"], "cannot import module 'no_such_module'", 2),
+        (
+            ["--set", "env.kind=factory", "--set", "env.factory=focus.toy:toy_format"],
+            "env.factory 'focus.toy:toy_format' cannot be called",
+            2,
+        ),
+        (["--set", "env.kind=factory", "--set", "env.factory=focus.toy:nope"], "has no attribute 'nope'", 2),
+        (["--store", "s3:/bucket"], "storage.root", 2),
+    ],
+)
+def test_usage_errors_before_prefect(tmp_path, extra, needle, code):
+    done = run_cli([*SMALL, "--collection-id", "u", *extra], no_prefect_env(tmp_path), tmp_path, timeout=60)
+    line = error_line(done)
+    assert needle in line and done.returncode == code
+
+
+def test_option_mapping_of_the_wrong_shape_and_non_utf8_file(tmp_path):
+    env = no_prefect_env(tmp_path)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\nkind = "openai"\nurl = "http://127.0.0.1:9"\n[model.options.config]\ntimeout_s = 5\n')
+    line = error_line(run_cli(["--config", str(cfg)], env, tmp_path, timeout=60))
+    assert "model.options.config: set model.http instead" in line
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes("seed = 1\n# café\n".encode("latin-1"))
+    line = error_line(run_cli(["--config", str(latin)], env, tmp_path, timeout=60))
+    assert str(latin) in line and "not UTF-8" in line and "0xe9" in line
+
+
+def test_storage_root_that_is_a_file(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    done = run_cli([*SMALL, "--store", str(blocker / "runs")], no_prefect_env(tmp_path), tmp_path, timeout=60)
+    line = error_line(done)
+    assert str(blocker) in line and "is a file, not a folder" in line and done.returncode == 1
+
+
+# ---- object storage: moto's S3 server ----
+
+
+def test_s3_bucket_missing_and_endpoint_down(tmp_path, s3_server):
+    env = {**no_prefect_env(tmp_path)}
+    done = run_cli([*SMALL, "--store", "s3://no-such-bucket-focus/runs"], env, tmp_path, timeout=60)
+    line = error_line(done)
+    assert "bucket 'no-such-bucket-focus' does not exist" in line
+    down = {**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+    line = error_line(run_cli([*SMALL, "--store", "s3://any-bucket/runs"], down, tmp_path, timeout=60))
+    assert "storage unreachable after 3 attempt(s)" in line and "any-bucket" in line
+
+
+def test_s3_bad_credentials(tmp_path, s3_server):
+    bucket = s3_server.make_bucket()
+    reset = f"{s3_server.endpoint_url}/moto-api/reset-auth"
+    assert httpx.post(reset, content=b"0").status_code == 200  # moto checks credentials from now on
+    try:
+        env = {**no_prefect_env(tmp_path), "AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG1", "AWS_SECRET_ACCESS_KEY": "nope"}
+        line = error_line(run_cli([*SMALL, "--store", f"{bucket}/runs"], env, tmp_path, timeout=60))
+    finally:
+        httpx.post(reset, content=b"inf")
+    assert "access to bucket" in line and "denied" in line and "AWS_ACCESS_KEY_ID" in line
+
+
+# ---- real file systems: a full and a read-only tmpfs in a private mount namespace ----
+
+
+def _can_mount() -> list[str] | None:
+    """The unshare prefix that gives a private mount namespace here, or None."""
+    if not shutil.which("unshare"):
+        return None
+    for prefix in (["unshare", "-m"], ["unshare", "-rm"]):
+        probe = subprocess.run([*prefix, "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /tmp 2>/dev/null"], timeout=10)
+        if probe.returncode == 0:
+            return prefix
+    return None
+
+
+def in_tmpfs(prefix: list[str], mount: Path, opts: str, cmd: list[str]) -> list[str]:
+    script = f'mount -t tmpfs -o {opts} tmpfs "{mount}" && exec "$@"'
+    return [*prefix, "sh", "-c", script, "sh", *cmd]
+
+
+def flow_run_state(api: str, name: str) -> dict:
+    """The state of the latest flow run named ``name`` (runs are named after their collection)."""
+    query = {"flow_runs": {"name": {"any_": [name]}}, "sort": "EXPECTED_START_TIME_DESC", "limit": 1}
+    runs = httpx.post(f"{api}/flow_runs/filter", json=query).json()
+    assert runs, f"no flow run named {name}"
+    return runs[0]["state"]
+
+
+def test_disk_full_mid_run_is_one_line_and_the_runs_state(tmp_path, prefect_env, prefect_server):
+    prefix = _can_mount()
+    if prefix is None:
+        pytest.skip("no private mount namespace here (unshare -m / -rm)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    log = tmp_path / "focus.log"
+    args = [*SMALL, "--collection-id", "full", "--store", str(disk), "--log-file", str(log)]
+    args += [
+        "--transitions",
+        "40",
+        "--set",
+        "search.phases.1.wave_size=2",
+        "--set",
+        'model.options={"latency_s": 0.05}',
+    ]
+    # a small disk that fills up while the collection runs: once the evidence checkpoint
+    # is written, another process takes every byte left
+    evidence = disk / "checkpoints" / "full" / "n-evidence-w00000.manifest.json"
+    filler = f'while [ ! -e "{evidence}" ]; do sleep 0.05; done; cat /dev/zero > "{disk}/filler" 2>/dev/null'
+    script = f'mount -t tmpfs -o size=4m tmpfs "{disk}" || exit 97; ({filler}) & exec "$@"'
+    cmd = [*prefix, "sh", "-c", script, "sh", sys.executable, "-m", "flows.cli", "collect", *args]
+    done = subprocess.run(cmd, env=prefect_env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
+    line = error_line(done)
+    assert "no space left on the device" in line and f"traceback: {log}" in line
+    assert "Traceback" in log.read_text()  # the full story is in the log file
+    state = flow_run_state(prefect_server, "full")
+    cause = line.removeprefix("error: ").split(" (traceback:")[0]
+    assert state["type"] == "FAILED" and cause in state["message"]
+
+
+def test_read_only_disk_is_refused_before_work(tmp_path):
+    prefix = _can_mount()
+    if prefix is None:
+        pytest.skip("no private mount namespace here (unshare -m / -rm)")
+    disk = tmp_path / "ro"
+    disk.mkdir()
+    cmd = in_tmpfs(
+        prefix, disk, "ro,size=64k", [sys.executable, "-m", "flows.cli", "collect", *SMALL, "--store", str(disk)]
+    )
+    done = subprocess.run(cmd, env=no_prefect_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    line = error_line(done)
+    assert str(disk) in line and "read-only file system" in line
+
+
+# ---- damaged stored data ----
+
+
+def test_corrupt_checkpoint_and_damaged_finished_batch(tmp_path, prefect_env, prefect_server):
+    """A finished collection whose Parquet part was damaged is written again (the same
+    bytes); a damaged checkpoint of an unfinished one stops the resume with one line."""
+    store = tmp_path / "store"
+    args = [*SMALL, "--collection-id", "dmg", "--store", str(store), "--json"]
+    first = run_cli(args, prefect_env, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    url = json.loads(first.stdout.splitlines()[-1])["batch_url"]
+    part = Path(url.removeprefix("file://")) / "actor" / "part-00000.parquet"
+    good = part.read_bytes()
+    part.write_bytes(good[:-10] + b"0123456789")
+    again = run_cli(args, prefect_env, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "checksum that differs from the manifest" in again.stderr and "writing the batch again" in again.stderr
+    assert part.read_bytes() == good
+
+    # an unfinished collection with a damaged wave checkpoint
+    ck = store / "checkpoints" / "dmg"
+    (ck / "n-export-w00000.manifest.json").unlink()
+    evidence = ck / "n-evidence-w00000.pkl"
+    evidence.write_bytes(evidence.read_bytes()[:-1] + b"\x00")
+    line = error_line(run_cli(args, prefect_env, tmp_path))
+    assert str(evidence) in line and "checksum differs from the manifest" in line
+    state = flow_run_state(prefect_server, "dmg")
+    assert state["type"] == "FAILED" and str(evidence) in state["message"]
+
+
+# ---- failed rollouts: a warning per step, causes in the result and the stats artifact ----
+
+
+def test_failed_rollouts_warn_and_show_their_causes(tmp_path, prefect_env, prefect_server):
+    store = tmp_path / "store"
+    args = [*SMALL, "--collection-id", "brittle", "--store", str(store), "--transitions", "30"]
+    args += ["--set", "env.kind=factory", "--set", "env.factory=fixtures.failing:brittle_env", "--tasks", "4"]
+    done = run_cli(args, prefect_env, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cause = "env: RuntimeError: the env cannot move by 7"
+    # one warning per step whose rollouts failed, naming how many and why
+    warnings = [ln for ln in done.stderr.splitlines() if ln.startswith("warning: ")]
+    assert warnings, done.stderr[-3000:]
+    for w in warnings:
+        assert re.fullmatch(
+            rf"warning: \d+\.\w+( wave \d+)?: \d+ of \d+ rollouts failed: {re.escape(cause)} \(x\d+\)", w
+        ), w
+    shown = re.search(rf"failure cause \((\d+)x\): {re.escape(cause)}", done.stdout)
+    assert shown, done.stdout
+    query = {"flow_runs": {"name": {"any_": ["brittle"]}}}
+    assert httpx.post(f"{prefect_server}/flow_runs/filter", json=query).json()[0]["state_type"] == "COMPLETED"
+    arts = httpx.post(f"{prefect_server}/artifacts/filter", json={"artifacts": {"key": {"any_": ["brittle-stats"]}}})
+    data = arts.json()[0]["data"]
+    rows = {r["statistic"]: r["value"] for r in (json.loads(data) if isinstance(data, str) else data)}
+    assert rows[f"failure cause: {cause}"] == int(shown.group(1)) == rows["failed_rollouts"] > 0
