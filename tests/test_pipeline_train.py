@@ -1,52 +1,119 @@
-"""train_loop: collect -> train -> collect with a trainer that really updates the
-embedded model, whose new weights the flow reloads into the running model server."""
+"""train_loop: collect -> train -> publish -> collect with the shipped local trainer on
+the embedded model: weights and critic go to the store beside the batches, the server
+loads them without a restart, the next batch is sampled by them; the Tinker trainer's
+dry run builds and checks every request; a user trainer is an import path."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
-from storage import BatchStore
+from storage import BatchStore, CheckpointStore
+from storage.weights import WeightStore
 from tasks.config import load_config
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def test_train_loop_reloads_trained_weights_into_the_local_model(prefect_api, tmp_path):
-    from flows.train_loop import train_loop
-    from focus.tinylm.model import weights_version
-
-    cfg = load_config(
+def loop_config(root: str, **extra):
+    return load_config(
         overrides={
             "collection_id": "loop",
-            "env.n_tasks": 2,
+            "env.n_tasks": 3,
             "agent.max_steps": 4,
-            "agent.sampling.max_tokens": 8,
+            "agent.sampling.max_tokens": 4,
             "search.phases": [
                 {"name": "evidence", "rollouts_per_task": 2},
                 {"name": "continue", "transitions": 6, "wave_size": 3, "max_depth": 3},
             ],
+            "critic.kind": "local",
+            "critic.options": {"buckets": 256, "hidden": 8},
             "execution.kind": "local",
-            "storage.root": str(tmp_path / "store"),
+            "storage.root": root,
             "train.iterations": 2,
-            "train.trainer": "fixtures.prefect:reinforce_trainer",
             "progress": False,
+            **extra,
         },
         environ={},
     )
-    records = asyncio.run(train_loop(cfg))
-    assert [r["iteration"] for r in records] == [0, 1]
-    b0, b1 = (BatchStore(cfg.storage.root).read(r["batch_url"]) for r in records)
-    v0 = {r.policy_version for r in b0.actor}
-    v1 = {r.policy_version for r in b1.actor}
-    trained = records[0]["train"]
-    # iteration 1 sampled from the weights the trainer wrote after iteration 0
-    assert v1 == {weights_version(trained["weights"])} == {trained["policy_version"]}
-    assert v0 != v1 and len(v0) == 1
-    assert b1.iteration == 1 and b1.collection_id == "loop-it1"
 
-    # rerunning the loop reuses both collections and both training steps
+
+def test_local_trainer_publishes_weights_the_next_collection_samples_from(prefect_api, tmp_path):
+    from flows.train_loop import train_loop
+    from focus.tinylm.model import weights_version
+
+    cfg = loop_config(str(tmp_path / "store"), **{"train.eval_tasks": 4})
+    records = asyncio.run(train_loop(cfg))
+    assert [r["iteration"] for r in records] == [0, 1, 2]  # the last one evaluates the final weights
+    assert "batch_url" not in records[2] and records[2]["eval"]["episodes"] == 4
+    batches = [BatchStore(cfg.storage.root).read(r["batch_url"]) for r in records[:2]]
+    weights = WeightStore(cfg.storage.root)
+    for i, (rec, batch) in enumerate(zip(records, batches, strict=False)):
+        trained = rec["train"]
+        # version i+1 lives in the store beside the batches: policy, critic, optimizer state
+        assert trained["weights"] == f"{cfg.storage.root}/weights/loop/v{i + 1:06d}/policy.pt"
+        assert trained["critic"].endswith(f"v{i + 1:06d}/critic.pt") and trained["state"].endswith("optimizer.pt")
+        local = weights.local_copy(trained["weights"])
+        assert weights_version(local) == trained["policy_version"]
+        assert batch.iteration == i and batch.collection_id == f"loop-it{i}"
+        assert {r.policy_version for r in batch.actor} == {rec["policy_version"]}
+        assert trained["metrics"]["critic_fitted"] == 1.0
+    # iteration 1 sampled from what iteration 0 trained, and the final eval used version 2
+    assert records[1]["policy_version"] == records[0]["train"]["policy_version"] != records[0]["policy_version"]
+    assert records[2]["policy_version"] == records[1]["train"]["policy_version"]
+    assert len({r["eval"]["policy_version"] for r in records}) == 3
+    # fresh tasks each iteration
+    assert {r.task_id for r in batches[0].actor}.isdisjoint({r.task_id for r in batches[1].actor})
+
+    # rerunning reuses every collection, training step and evaluation
     again = asyncio.run(train_loop(cfg))
-    assert [r["train"]["reused"] for r in again] == [True, True]
-    assert [r["stats"]["steps_reused"] == r["stats"]["steps"] for r in again] == [True, True]
+    assert [r["train"]["reused"] for r in again[:2]] == [True, True]
+    assert all(r["eval"]["reused"] for r in again)
+    assert [r["stats"]["steps_reused"] == r["stats"]["steps"] for r in again[:2]] == [True, True]
+    assert again[1]["train"]["weights"] == records[1]["train"]["weights"]
+
+
+def test_tinker_trainer_dry_run_checks_every_request(prefect_api, tmp_path, monkeypatch):
+    from flows.train_loop import train_loop
+    from focus.exporters import actor_sequences
+
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    cfg = loop_config(
+        str(tmp_path / "store"),
+        **{"train.trainer": "tinker", "train.iterations": 1, "train.tinker.base_model": "Qwen/Qwen3-4B-Instruct-2507"},
+    )
+    (rec,) = asyncio.run(train_loop(cfg))
+    m = rec["train"]["metrics"]
+    batch = BatchStore(cfg.storage.root).read(rec["batch_url"])
+    seqs = actor_sequences(batch)
+    assert m["sent"] == 0.0 and m["datums"] == len(seqs) > 0
+    assert m["tokens"] == sum(len(s.tokens) - 1 for s in seqs)
+    assert m["forward_backward_bytes"] > m["tokens"]  # ids, log-probs and advantages all serialised
+    folder = WeightStore(cfg.storage.root).folder("loop", 1)
+    report = json.loads(WeightStore(cfg.storage.root).read(f"{folder}/requests.json"))
+    assert "TINKER_API_KEY is not set" in report["reason"] and report["sent"] is False
+    assert report["requests"] == {
+        "forward_backward": "ForwardBackwardRequest",
+        "start": "CreateModelRequest",
+        "optim_step": "OptimStepRequest",
+        "save_state": "SaveWeightsRequest",
+        "save_for_sampler": "SaveWeightsForSamplerRequest",
+    }
+    assert report["optim_step"]["adam_params"]["learning_rate"] == cfg.train.tinker.learning_rate
+    # nothing was trained: the policy and its version stay
+    assert rec["train"]["weights"] is None and rec["train"]["policy_version"] == rec["policy_version"]
+    assert CheckpointStore(cfg.storage.root).exists("loop", "train", 0)
+
+
+def test_loop_refuses_the_local_trainer_for_a_remote_model(tmp_path):
+    from flows.train_loop import _check
+    from tasks.config import ConfigError
+
+    cfg = loop_config(str(tmp_path), **{"model.kind": "openai", "model.url": "http://127.0.0.1:9"})
+    with pytest.raises(ConfigError, match="trains the embedded model"):
+        _check(cfg)
+    bad = loop_config(str(tmp_path), **{"train.trainer": "no_such_module_xyz:train"})
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_module_xyz'"):
+        _check(bad)
