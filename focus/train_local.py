@@ -263,8 +263,8 @@ class PolicyTrainer:
             blob = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
             self.optimizer.load_state_dict(blob["optimizer"])
             self.updates = int(blob["updates"])
-        except (KeyError, TypeError, RuntimeError, ValueError) as e:
-            raise ValueError(f"not a PolicyTrainer state: {e}") from e
+        except Exception as e:  # noqa: BLE001 - torch raises many kinds on bad bytes
+            raise ValueError(f"not a PolicyTrainer state: {type(e).__name__}: {e}") from e
         # hyper-parameters are this trainer's, not the saved ones
         for group in self.optimizer.param_groups:
             group["lr"], group["weight_decay"] = self.config.lr, self.config.weight_decay

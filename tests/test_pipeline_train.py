@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -17,23 +18,24 @@ from tasks.config import load_config
 pytestmark = pytest.mark.timeout(240)
 
 
+LOOP_TOML = Path(__file__).resolve().parents[1] / "configs" / "loop.toml"
+
+
 def loop_config(root: str, **extra):
+    """configs/loop.toml (what `focus train -c configs/loop.toml` runs), made small."""
     return load_config(
+        LOOP_TOML,
         overrides={
             "collection_id": "loop",
             "env.n_tasks": 3,
             "agent.max_steps": 4,
-            "agent.sampling.max_tokens": 4,
-            "search.phases": [
-                {"name": "evidence", "rollouts_per_task": 2},
-                {"name": "continue", "transitions": 6, "wave_size": 3, "max_depth": 3},
-            ],
-            "critic.kind": "local",
+            "search.phases.0.rollouts_per_task": 2,
+            "search.phases.1.transitions": 6,
+            "search.phases.1.wave_size": 3,
             "critic.options": {"buckets": 256, "hidden": 8},
-            "execution.kind": "local",
             "storage.root": root,
             "train.iterations": 2,
-            "progress": False,
+            "train.eval_tasks": 0,
             **extra,
         },
         environ={},
@@ -117,3 +119,24 @@ def test_loop_refuses_the_local_trainer_for_a_remote_model(tmp_path):
     bad = loop_config(str(tmp_path), **{"train.trainer": "no_such_module_xyz:train"})
     with pytest.raises(ConfigError, match="cannot import module 'no_such_module_xyz'"):
         _check(bad)
+
+
+def test_collect_toml_runs(prefect_api, tmp_path):
+    from flows.collect import collect
+
+    cfg = load_config(
+        LOOP_TOML.parent / "collect.toml",
+        overrides={
+            "collection_id": "c",
+            "env.n_tasks": 2,
+            "agent.max_steps": 3,
+            "agent.sampling.max_tokens": 4,
+            "search.phases.1.transitions": 4,
+            "execution.kind": "local",
+            "storage.root": str(tmp_path),
+            "progress": False,
+        },
+        environ={},
+    )
+    out = asyncio.run(collect(cfg))
+    assert BatchStore(cfg.storage.root).read(out["batch_url"]).actor
