@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from focus.backends.tinker_backend import TinkerTrainConfig
+from focus.backends.tinker_backend import TinkerUpdateConfig
 from focus.policy import SamplingParams
 from focus.priority import Phase, Priority, Selective, Uniform
 from focus.train_local import UpdateConfig
@@ -261,8 +261,8 @@ class TrainConfig(_Model):
     options: dict[str, Any] = Field(default_factory=dict)
     #: Hyper-parameters of the local trainer (``focus.train_local.UpdateConfig``).
     local: UpdateConfig = UpdateConfig()
-    #: Settings of the Tinker trainer (``focus.backends.tinker_backend.TinkerTrainConfig``).
-    tinker: TinkerTrainConfig = TinkerTrainConfig()
+    #: Settings of the Tinker trainer (``focus.backends.tinker_backend.TinkerUpdateConfig``).
+    tinker: TinkerUpdateConfig = TinkerUpdateConfig()
     #: Held-out tasks evaluated (one plain rollout each) before training and after each
     #: iteration; 0 turns evaluation off.
     eval_tasks: int = Field(0, ge=0)

@@ -123,12 +123,12 @@ def tinker_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainRe
     another model's). Either way every request is built and checked, and what it would
     send is written to ``ctx.out`` as ``requests.json``.
     """
-    from focus.backends.tinker_backend import TinkerTrainConfig, TinkerTrainer, build_requests, check_requests
+    from focus.backends.tinker_backend import TinkerUpdateConfig, TinkerTrainer, build_requests, check_requests
     from focus.exporters import to_tinker_datums
     from storage.weights import WeightStore
 
     cfg = ctx.config
-    tcfg = TinkerTrainConfig(**{**cfg.train.tinker.model_dump(), **options})
+    tcfg = TinkerUpdateConfig(**{**cfg.train.tinker.model_dump(), **options})
     base_model = tcfg.base_model or cfg.model.model
     if not base_model:
         raise ConfigError("the tinker trainer needs train.tinker.base_model (or model.model): the model to fine-tune")

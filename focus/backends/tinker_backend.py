@@ -156,7 +156,7 @@ def parse_sample_response(resp: Any) -> Completion:
 RL_LOSS_INPUTS = ("advantages", "logprobs", "target_tokens")
 
 
-class TinkerTrainConfig(BaseModel):
+class TinkerUpdateConfig(BaseModel):
     """One Tinker training step per loop iteration (the pipeline's ``train.tinker``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -188,7 +188,7 @@ class TinkerRequests:
     save_for_sampler: Any  # SaveWeightsForSamplerRequest
 
 
-def adam_params(cfg: TinkerTrainConfig) -> Any:
+def adam_params(cfg: TinkerUpdateConfig) -> Any:
     import tinker
 
     return tinker.AdamParams(learning_rate=cfg.learning_rate)
@@ -196,7 +196,7 @@ def adam_params(cfg: TinkerTrainConfig) -> Any:
 
 def build_requests(
     datums: Sequence[Any],
-    cfg: TinkerTrainConfig,
+    cfg: TinkerUpdateConfig,
     *,
     base_model: str,
     name: str,
@@ -299,7 +299,7 @@ class TinkerStep:
 class TinkerTrainer:
     """One LoRA training step per call on the Tinker service (needs ``TINKER_API_KEY``)."""
 
-    def __init__(self, cfg: TinkerTrainConfig, base_model: str, service: Any = None) -> None:
+    def __init__(self, cfg: TinkerUpdateConfig, base_model: str, service: Any = None) -> None:
         self.cfg = cfg
         self.base_model = base_model
         self._service = service
