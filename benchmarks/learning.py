@@ -234,7 +234,7 @@ def goal(runs: Sequence[dict[str, Any]], task: str) -> dict[str, Any]:
     for m in ("focus", "uniform"):
         x = reach(median_curve(by[m]), target)
         out[f"{m}_transitions_to_grpo_final"] = x
-        out[f"{m}_ratio"] = None if x is None or total <= 0 else x / total
+        out[f"{m}_ratio"] = None if x is None or total <= 0 else round(x / total, 6)
     # the initial weights are the same for every method: reaching GRPO's final success at
     # version 0 means GRPO did not improve on them, which says nothing about FOCUS
     out["grpo_improved"] = target > grpo[0][1]

@@ -140,3 +140,52 @@ def test_collect_toml_runs(prefect_api, tmp_path):
     )
     out = asyncio.run(collect(cfg))
     assert BatchStore(cfg.storage.root).read(out["batch_url"]).actor
+
+
+USER_TRAINER = """
+import json, pathlib
+from tasks.trainers import local_trainer
+
+def train(batch_url, ctx, note):
+    result = local_trainer(batch_url, ctx)
+    pathlib.Path("called.json").write_text(json.dumps({"note": note, "batch": batch_url, "out": ctx.out}))
+    return result
+"""
+
+
+def test_focus_train_runs_a_user_trainer_from_the_users_folder(prefect_env, tmp_path):
+    """As the installed `focus` command runs: the script is elsewhere, the user's folder
+    (holding the trainer module) is the current directory and on no import path."""
+    import subprocess
+    import sys
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "mytrainer.py").write_text(USER_TRAINER)
+    launcher = tmp_path / "bin" / "focus_cli.py"
+    launcher.parent.mkdir()
+    launcher.write_text("import sys\nfrom flows.cli import app\nsys.argv[0] = 'focus'\napp()\n")
+    root = tmp_path / "store"
+    sets = {
+        "collection_id": "mine",
+        "env.n_tasks": 2,
+        "agent.max_steps": 3,
+        "search.phases.0.rollouts_per_task": 2,
+        "search.phases.1.transitions": 4,
+        "critic.options": '{"buckets": 64, "hidden": 4}',
+        "storage.root": str(root),
+        "train.iterations": 1,
+        "train.eval_tasks": 2,
+        "train.options": '{"note": "hello"}',
+    }
+    cmd = [sys.executable, str(launcher), "train", "-c", str(LOOP_TOML), "--trainer", "mytrainer:train", "--json"]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    done = subprocess.run(cmd, cwd=user, env=prefect_env, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["iteration"] for r in records] == [0, 1] and "eval" in records[1]
+    called = json.loads((user / "called.json").read_text())
+    assert called["note"] == "hello" and called["batch"] == records[0]["batch_url"]
+    assert records[0]["train"]["weights"] == called["out"] + "/policy.pt"
+    assert records[1]["policy_version"] == records[0]["train"]["policy_version"]
