@@ -235,6 +235,19 @@ def goal(runs: Sequence[dict[str, Any]], task: str) -> dict[str, Any]:
         x = reach(median_curve(by[m]), target)
         out[f"{m}_transitions_to_grpo_final"] = x
         out[f"{m}_ratio"] = None if x is None or total <= 0 else round(x / total, 6)
+    # per seed (paired: the same tasks, evaluation and initial weights)
+    per_seed = {}
+    for g_run in by["grpo"]:
+        f_run = next((r for r in by["focus"] if r["seed"] == g_run["seed"]), None)
+        if f_run is None:
+            continue
+        g_curve = [(p["transitions"], p["success"]) for p in g_run["points"]]
+        x = reach([(p["transitions"], p["success"]) for p in f_run["points"]], g_curve[-1][1])
+        per_seed[str(g_run["seed"])] = {
+            "focus_ratio": None if x is None or g_curve[-1][0] <= 0 else round(x / g_curve[-1][0], 6),
+            "focus_minus_grpo_final": round(f_run["points"][-1]["success"] - g_curve[-1][1], 6),
+        }
+    out["per_seed"] = per_seed
     # the initial weights are the same for every method: reaching GRPO's final success at
     # version 0 means GRPO did not improve on them, which says nothing about FOCUS
     out["grpo_improved"] = target > grpo[0][1]
@@ -294,9 +307,13 @@ def table(runs: Sequence[dict[str, Any]], tasks: Sequence[str], goals: dict[str,
             trans = statistics.median(r["points"][-1]["transitions"] for r in mine)
             wall = statistics.median(r["points"][-1]["wall_s"] for r in mine)
             ratio = goals[task].get(f"{m}_ratio") if m != "grpo" else 1.0
+            if not goals[task]["grpo_improved"]:
+                reached = "n/a (GRPO did not improve)"
+            else:
+                reached = "not reached" if ratio is None else f"{ratio:.2f}"
             lines.append(
                 f"| {task} | {m} | {first:.3f} | {statistics.median(finals):.3f} [{min(finals):.3f}, {max(finals):.3f}]"
-                f" | {trans:.0f} | {wall:.0f} | {'not reached' if ratio is None else f'{ratio:.2f}'} |"
+                f" | {trans:.0f} | {wall:.0f} | {reached} |"
             )
     return "\n".join(lines)
 
@@ -318,6 +335,17 @@ async def run_task(name: str, sizes: Sizes, seeds: Sequence[int], workdir: Path,
     return runs
 
 
+def _print_goals(goals: dict[str, Any]) -> None:
+    for t, g in goals.items():
+        ratio = g["focus_ratio"]
+        print(
+            f"{t}: GRPO final success {g['grpo_final_success']:.3f} after {g['grpo_transitions']:.0f} transitions "
+            f"({'improved on' if g['grpo_improved'] else 'no better than'} the initial weights); FOCUS reaches it "
+            f"at {'never' if ratio is None else f'{ratio:.2f} of them'}; goal (<= 0.5 with GRPO improving) "
+            f"{'met' if g['goal_met'] else 'not met'}"
+        )
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one seed: a smoke run")
@@ -325,7 +353,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 3 4 (--quick: 0)")
     ap.add_argument("--out", default="runs/learning", help="folder for learning.json and learning.png")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--report", metavar="JSON", help="print the table and redraw the plot of a saved run; run nothing")
     args = ap.parse_args(argv)
+    if args.report:
+        saved = json.loads(Path(args.report).read_text())
+        tasks = list(saved["goals"])
+        goals = {t: goal(saved["runs"], t) for t in tasks}
+        plot(saved["runs"], tasks, Path(args.report).with_suffix(".png"))
+        print(table(saved["runs"], tasks, goals))
+        _print_goals(goals)
+        return {**saved, "goals": goals}
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else SEEDS)
     sizes = QUICK if args.quick else DEFAULT
     out = Path(args.out)
@@ -348,13 +385,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (out / "learning.json").write_text(json.dumps(result, indent=1))
     plot(runs, args.tasks, out / "learning.png")
     print(table(runs, args.tasks, goals))
-    for t, g in goals.items():
-        ratio = g["focus_ratio"]
-        print(
-            f"{t}: GRPO final success {g['grpo_final_success']:.3f} after {g['grpo_transitions']:.0f} transitions; "
-            f"FOCUS reaches it at {'never' if ratio is None else f'{ratio:.2f} of them'}; "
-            f"goal (<= 0.5, GRPO improved) {'met' if g['goal_met'] else 'not met'}"
-        )
+    _print_goals(goals)
     print(f"wrote {out / 'learning.json'} and {out / 'learning.png'} in {result['wall_s']:.0f} s")
     return result
 
