@@ -18,7 +18,7 @@ interrupted one is recomputed from the previous version's weights and optimizer 
 so a loop killed at any point and run again with the same id ends with the same
 weights as one that never stopped (``tests/test_train_resume.py``). With
 ``train.eval_tasks`` each version is evaluated on held-out tasks, once, and recorded
-as (``eval``, version).
+as (``eval-n<tasks>``, version).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.collect import collect, collection_id_for_run, services_in_thread
-from tasks.config import ConfigError, FocusConfig, TrainContext, TrainResult, import_object
+from tasks.config import ConfigError, FocusConfig, TrainConfig, TrainContext, TrainResult, import_object
 
 TRAIN_PHASE = "train"
 EVAL_PHASE = "eval"
@@ -113,8 +113,9 @@ def _evaluate(config: FocusConfig, base_id: str, version: int) -> dict[str, Any]
     from storage import CheckpointStore
 
     store = CheckpointStore(config.storage.root)
-    if store.exists(base_id, EVAL_PHASE, version):
-        return {**store.load(base_id, EVAL_PHASE, version), "reused": True}
+    phase = f"{EVAL_PHASE}-n{config.env.n_tasks}"  # another evaluation size is another evaluation
+    if store.exists(base_id, phase, version):
+        return {**store.load(base_id, phase, version), "reused": True}
 
     async def run() -> Any:
         policy = config.build_policy()
@@ -125,7 +126,7 @@ def _evaluate(config: FocusConfig, base_id: str, version: int) -> dict[str, Any]
             await policy.aclose()
 
     record = {**asdict(asyncio.run(run())), "policy_version": config.model.policy_version}
-    store.save(base_id, EVAL_PHASE, version, record)
+    store.save(base_id, phase, version, record)
     return {**record, "reused": False}
 
 
@@ -181,20 +182,24 @@ async def train_loop(config: FocusConfig | None = None) -> list[dict[str, Any]]:
         loaded = latest["weights"]
         n = cfg.train.iterations
         for i in range(n + 1):
-            it_cfg = iteration_config(cfg, base, i, latest)
             record: dict[str, Any] = {"run_id": base, "iteration": i, "policy_version": latest["policy_version"]}
             if cfg.train.eval_tasks:
                 record["eval"] = await evaluate_step(eval_config(cfg, latest), base, i)
-            if i == n:
+            if i == n:  # the last record only evaluates the final weights
                 if "eval" in record:
                     records.append(record)
                 break
-            out = await collect(it_cfg)
+            it_cfg = iteration_config(cfg, base, i, latest)
+            # the collection does not depend on the train section: leaving it out of the
+            # collection's config lets a loop be extended (more iterations) or its trainer
+            # retuned and rerun, reusing every finished collection
+            out = await collect(it_cfg.with_updates(train=TrainConfig().model_dump()))
             trained = await train_step(it_cfg, base, i, out["batch_url"], latest)
+            # a trainer that returns no weights or critic leaves them as they were
             latest = {
                 "weights": trained["weights"] or latest["weights"],
                 "policy_version": trained["policy_version"],
-                "critic": trained["critic"],
+                "critic": trained["critic"] or latest["critic"],
                 "state": trained["state"],
             }
             if server is not None and latest["weights"] != loaded:

@@ -76,6 +76,12 @@ def test_local_trainer_publishes_weights_the_next_collection_samples_from(prefec
     assert [r["stats"]["steps_reused"] == r["stats"]["steps"] for r in again[:2]] == [True, True]
     assert again[1]["train"]["weights"] == records[1]["train"]["weights"]
 
+    # one more iteration, another evaluation size: the finished iterations are reused
+    more = asyncio.run(train_loop(cfg.with_updates(**{"train.iterations": 3, "train.eval_tasks": 2})))
+    assert [r["train"]["reused"] for r in more[:3]] == [True, True, False]
+    assert more[2]["policy_version"] == records[2]["policy_version"]
+    assert [r["eval"]["episodes"] for r in more] == [2, 2, 2, 2] and not more[0]["eval"]["reused"]
+
 
 def test_tinker_trainer_dry_run_checks_every_request(prefect_api, tmp_path, monkeypatch):
     from flows.train_loop import train_loop
