@@ -167,8 +167,9 @@ def train(
             "yes" if tr.get("reused") else ("no" if tr else "-"),
         )
     Console().print(table)
-    if records and records[-1].get("train", {}).get("weights"):
-        typer.echo(f"weights: {records[-1]['train']['weights']}")
+    trained = [r["train"] for r in records if r.get("train", {}).get("weights")]
+    if trained:
+        typer.echo(f"weights: {trained[-1]['weights']}")
     typer.echo(f"resume or rerun with the same options and: --collection-id {run_id}")
 
 

@@ -45,3 +45,57 @@ def test_bad_requests_are_named():
         check_requests(build_requests([tinker_datum(nan, include_mask=False)], cfg, base_model="m", name="n"))
     with pytest.raises(SystemExit):
         main([])
+
+
+class _Done:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class _Recorder:
+    """Records the calls a TinkerTrainer makes on the service (the service itself needs a key)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            if name.startswith("create_"):
+                return _Done(self)
+            if name == "forward_backward":
+                return _Done(type("Out", (), {"metrics": {"loss:sum": 1.5}})())
+            if name in ("save_state", "save_weights_for_sampler"):
+                kind = "weights" if name == "save_state" else "sampler_weights"
+                return _Done(type("Saved", (), {"path": f"tinker://run/{kind}/{args[0]}"})())
+            return _Done(None)
+
+        return call
+
+
+def test_trainer_step_sends_the_calls_in_order_and_continues_from_the_saved_state():
+    from focus.backends.tinker_backend import TinkerTrainer
+
+    seq = TokenSequence((), (1, 2, 3, 4), (0.0, -0.5, -0.2, -0.1), (0.0, 1.0, 1.0, 1.0), (0, 1, 1, 1), 1)
+    datums = [tinker_datum(seq, include_mask=False)]
+    svc = _Recorder()
+    trainer = TinkerTrainer(TinkerUpdateConfig(lora_rank=8, learning_rate=2e-5), "base/m", service=svc)
+    first = trainer.step(datums, "v1")
+    assert [c[0] for c in svc.calls] == [
+        "create_lora_training_client",
+        "forward_backward",
+        "optim_step",
+        "save_state",
+        "save_weights_for_sampler",
+    ]
+    assert svc.calls[0][1] == ("base/m",) and svc.calls[0][2] == {"rank": 8, "seed": 0}
+    assert svc.calls[1][1] == (datums, "importance_sampling")
+    assert svc.calls[2][1][0].learning_rate == 2e-5
+    assert first.sampler_path == "tinker://run/sampler_weights/v1" and first.state_path == "tinker://run/weights/v1"
+    assert first.metrics == {"loss:sum": 1.5}
+    svc.calls.clear()
+    trainer.step(datums, "v2", state_path=first.state_path)
+    assert svc.calls[0] == ("create_training_client_from_state_with_optimizer", ("tinker://run/weights/v1",), {})

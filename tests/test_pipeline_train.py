@@ -195,3 +195,40 @@ def test_focus_train_runs_a_user_trainer_from_the_users_folder(prefect_env, tmp_
     assert called["note"] == "hello" and called["batch"] == records[0]["batch_url"]
     assert records[0]["train"]["weights"] == called["out"] + "/policy.pt"
     assert records[1]["policy_version"] == records[0]["train"]["policy_version"]
+
+
+def test_focus_train_prints_a_table_per_version(monkeypatch, tmp_path):
+    """The command's output (the flow itself is exercised above)."""
+    from typer.testing import CliRunner
+
+    import flows.train_loop
+    from flows.cli import app
+
+    seen = {}
+
+    async def fake_loop(cfg):
+        seen["cfg"] = cfg
+        train = {"metrics": {"train_loss": -0.125}, "reused": False, "weights": "file:///s/weights/x/v000001/policy.pt"}
+        return [
+            {
+                "run_id": "x",
+                "iteration": 0,
+                "policy_version": "abc",
+                "eval": {"success_rate": 0.25},
+                "stats": {"transitions": 40},
+                "train": train,
+                "batch_url": "file:///s/batches/x-it0/iter-000000",
+            },
+            {"run_id": "x", "iteration": 1, "policy_version": "def", "eval": {"success_rate": 0.5}},
+        ]
+
+    monkeypatch.setattr(flows.train_loop, "train_loop", fake_loop)
+    out = CliRunner().invoke(
+        app, ["train", "-c", str(LOOP_TOML), "--iterations", "1", "--set", f"storage.root={tmp_path}"], env={}
+    )
+    assert out.exit_code == 0, out.output
+    assert seen["cfg"].train.iterations == 1 and seen["cfg"].train.trainer == "local"
+    assert "0.250" in out.output and "0.500" in out.output and "-0.125" in out.output
+    assert "weights: file:///s/weights/x/v000001/policy.pt" in out.output and "--collection-id x" in out.output
+    js = CliRunner().invoke(app, ["train", "-c", str(LOOP_TOML), "--json"], env={})
+    assert [json.loads(line)["iteration"] for line in js.output.splitlines()] == [0, 1]
