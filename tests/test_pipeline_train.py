@@ -32,7 +32,9 @@ def loop_config(root: str, **extra):
             "search.phases.0.rollouts_per_task": 2,
             "search.phases.1.transitions": 6,
             "search.phases.1.wave_size": 3,
-            "critic.options": {"buckets": 256, "hidden": 8},
+            # an untrained critic predicting 0.3 gives every segment an advantage even when no
+            # rollout of a tiny batch succeeds, so every update changes the weights
+            "critic.options": {"buckets": 256, "hidden": 8, "default": 0.3},
             "storage.root": root,
             "train.iterations": 2,
             "train.eval_tasks": 0,

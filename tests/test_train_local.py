@@ -147,7 +147,7 @@ def test_train_iteration_reloads_into_a_real_server(tmp_path):
     from focus.priority import Phase, Selective
     from focus.toy import reach_target_tasks
 
-    critic = LocalCritic(buckets=256, hidden=8)
+    critic = LocalCritic(buckets=256, hidden=8, default=0.3)  # advantages even if nothing succeeds
     search = Selective(phases=(Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=8, wave_size=4)))
     with LocalModelServer() as server:
         initial = server.policy_version
