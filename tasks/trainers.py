@@ -123,7 +123,7 @@ def tinker_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainRe
     another model's). Either way every request is built and checked, and what it would
     send is written to ``ctx.out`` as ``requests.json``.
     """
-    from focus.backends.tinker_backend import TinkerUpdateConfig, TinkerTrainer, build_requests, check_requests
+    from focus.backends.tinker_backend import TinkerTrainer, TinkerUpdateConfig, build_requests, check_requests
     from focus.exporters import to_tinker_datums
     from storage.weights import WeightStore
 

@@ -66,7 +66,9 @@ def plot(results: dict[int, list[dict[str, Any]]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     n = max(len(v) for v in results.values())
     for seed, recs in sorted(results.items()):
-        ax.plot(range(len(recs)), [r["eval"]["success_rate"] for r in recs], marker="o", alpha=0.5, label=f"seed {seed}")
+        ax.plot(
+            range(len(recs)), [r["eval"]["success_rate"] for r in recs], marker="o", alpha=0.5, label=f"seed {seed}"
+        )
     mean = [sum(results[s][i]["eval"]["success_rate"] for s in results) / len(results) for i in range(n)]
     ax.plot(range(n), mean, color="black", linewidth=2.5, label="mean")
     ax.set_xlabel("policy version (0 = initial weights; v = after v updates)")
