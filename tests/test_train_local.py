@@ -149,16 +149,19 @@ def test_train_iteration_reloads_into_a_real_server(tmp_path):
 
     critic = LocalCritic(buckets=256, hidden=8, default=0.3)  # advantages even if nothing succeeds
     search = Selective(phases=(Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=8, wave_size=4)))
+
+    async def evaluate_and_collect(url):
+        agent = toy_agent(url, max_steps=6)
+        try:
+            before = await evaluate(agent, reach_target_tasks(8, seed=99), seed=1)
+            col = Collector(agent, search=search, critic=critic, collection_id="it")
+            return before, await col.collect(reach_target_tasks(6))
+        finally:
+            await agent.policy.aclose()
+
     with LocalModelServer() as server:
         initial = server.policy_version
-        agent = toy_agent(server.url, max_steps=6)
-        try:
-            before = asyncio.run(evaluate(agent, reach_target_tasks(8, seed=99), seed=1))
-            batch = asyncio.run(
-                Collector(agent, search=search, critic=critic, collection_id="it").collect(reach_target_tasks(6))
-            )
-        finally:
-            asyncio.run(agent.policy.aclose())
+        before, batch = asyncio.run(evaluate_and_collect(server.url))
         url = BatchStore(str(tmp_path / "store")).write(batch)
         stored = BatchStore(str(tmp_path / "store")).read(url)
         out = train_iteration(PolicyTrainer(), critic, stored, tmp_path / "policy.pt")
