@@ -1,8 +1,9 @@
 """Local trainer speed: one policy update with and without prefix packing, 1 vs 2 threads.
 
-Collects one toy batch on the embedded model (Selective search, as the training loop
-does), then times ``PolicyTrainer.update`` on it from the same initial weights in each
-setting, ``--repeats`` times, and prints the median wall time and tokens forwarded.
+Collects one toy batch on the embedded model with the search of ``configs/loop.toml``
+(what ``focus train -c configs/loop.toml`` collects per iteration), then times
+``PolicyTrainer.update`` on it from the same initial weights in each setting,
+``--repeats`` times, and prints the median wall time and tokens forwarded.
 
     .venv/bin/python -m benchmarks.train_local --tasks 32 --repeats 3
 """
@@ -15,23 +16,21 @@ import statistics
 import time
 
 from focus.exporters import actor_sequences
-from focus.train_local import LoopConfig, PolicyTrainer, TrainConfig, pack_prefixes, toy_agent
+from focus.train_local import PolicyTrainer, UpdateConfig, pack_prefixes, toy_agent
 
 
 async def collect(url: str, tasks: int):
+    from pathlib import Path
+
     from focus.collector import Collector
     from focus.critic import ConstantCritic
-    from focus.priority import Phase, Selective
+    from focus.priority import Selective
     from focus.toy import reach_target_tasks
+    from tasks.config import load_config
 
-    cfg = LoopConfig()
-    agent = toy_agent(url)
-    search = Selective(
-        phases=(
-            Phase("evidence", rollouts_per_task=cfg.rollouts_per_task),
-            Phase("continue", transitions=cfg.transitions, wave_size=cfg.wave_size),
-        )
-    )
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "loop.toml", environ={})
+    agent = toy_agent(url, max_steps=cfg.agent.max_steps)
+    search = Selective(phases=tuple(cfg.search.phases))
     try:
         return await Collector(agent, search=search, critic=ConstantCritic(0.3)).collect(reach_target_tasks(tasks))
     finally:
@@ -58,7 +57,7 @@ def main() -> None:
         for threads in (2, 1):
             runs = []
             for _ in range(args.repeats):
-                trainer = PolicyTrainer(config=TrainConfig(pack=pack, torch_threads=threads))
+                trainer = PolicyTrainer(config=UpdateConfig(pack=pack, torch_threads=threads))
                 t0 = time.perf_counter()
                 trainer.update(batch)
                 runs.append(time.perf_counter() - t0)

@@ -422,6 +422,9 @@ def collect(
     typer.echo(f"rerun or resume: focus collect --collection-id {result['collection_id']}")
 
 
+# ==== train and config commands (train-loop work; keep edits here self-contained) ====
+
+
 @app.command()
 def train(
     config: ConfigOpt = None,
@@ -429,13 +432,17 @@ def train(
         str | None, typer.Option(help=_d("Base name; iteration i uses <id>-it<i>.", "derived from the flow run"))
     ] = None,
     iterations: Annotated[int | None, typer.Option(help=_d("Collect/train iterations.", _D.train.iterations))] = None,
-    trainer: Annotated[str | None, typer.Option(help="Trainer import path 'module:function'.")] = None,
+    trainer: Annotated[
+        str | None,
+        typer.Option(help=_d("'local', 'tinker' or your trainer's import path 'module:function'.", _D.train.trainer)),
+    ] = None,
     sets: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON record per iteration.")] = False,
     verbose: VerboseOpt = 0,
     debug: DebugOpt = False,
     log_file: LogFileOpt = None,
 ) -> None:
-    """collect -> train -> collect ... with the configured trainer step."""
+    """collect -> train -> publish weights -> collect ...; the same id resumes the loop."""
     cfg = _load(
         config,
         _overrides(sets, collection_id=collection_id, **{"train.iterations": iterations, "train.trainer": trainer}),
@@ -456,8 +463,65 @@ def train(
             records = asyncio.run(train_loop(ready))
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         out.fail(e)
+    if as_json:
+        for rec in records:
+            typer.echo(json.dumps(rec, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    run_id = records[0]["run_id"] if records else cfg.collection_id
+    table = Table(title=f"train loop {run_id}")
+    for col in ("iteration", "policy version", "eval success", "transitions", "loss", "reused"):
+        table.add_column(col, justify="right")
     for rec in records:
-        typer.echo(json.dumps(rec, default=str))
+        tr = rec.get("train", {})
+        ev = rec.get("eval")
+        table.add_row(
+            str(rec["iteration"]),
+            str(rec["policy_version"])[:16],
+            f"{ev['success_rate']:.3f}" if ev else "-",
+            str(rec.get("stats", {}).get("transitions", "-")),
+            f"{tr['metrics']['train_loss']:.4g}" if "train_loss" in tr.get("metrics", {}) else "-",
+            "yes" if tr.get("reused") else ("no" if tr else "-"),
+        )
+    Console().print(table)
+    trained = [r["train"] for r in records if r.get("train", {}).get("weights")]
+    if trained:
+        typer.echo(f"weights: {trained[-1]['weights']}")
+    typer.echo(f"resume or rerun with the same options and: --collection-id {run_id}")
+
+
+config_app = typer.Typer(no_args_is_help=True, help="Show the effective configuration.")
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("show")
+def config_show(
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {field: {value, source}} as JSON.")] = False,
+) -> None:
+    """Every field of the effective configuration, its value and where it came from
+    (default, the file, a FOCUS_* variable or --set), after validation."""
+    from tasks.config import explain_config
+
+    try:
+        _cfg, rows = explain_config(config, _overrides(sets))
+    except ConfigError as e:
+        _fail(str(e))
+        raise  # unreachable
+    if as_json:
+        typer.echo(json.dumps({k: {"value": v, "source": src} for k, v, src in rows}, default=str))
+        return
+    width = max(len(k) for k, _, _ in rows)
+    texts = [json.dumps(v, default=str) for _, v, _ in rows]
+    vwidth = min(48, max(len(t) for t in texts))
+    for (key, _, source), text in zip(rows, texts, strict=True):
+        typer.echo(f"{key:<{width}} = {text:<{vwidth}}  # {source}")
+
+
+# ==== end of the train and config commands ====
 
 
 def _split_batch_url(url: str) -> tuple[str, str, str | None]:

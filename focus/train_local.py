@@ -1,8 +1,10 @@
 """The local trainer: updates the embedded tiny model from an exported batch, on CPU.
 
-It closes the loop of the embedded default (collect -> export -> train -> reload ->
-collect) without any service. The actor update is an importance-weighted policy
-gradient with PPO's clipped ratio, over the batch's exact tokens:
+It is the shipped trainer of the embedded default: the ``train_loop`` flow
+(``focus train``, ``flows/train_loop.py``) runs collect -> train -> publish weights ->
+collect with it, through the trainer step ``tasks.trainers:local_trainer``. The actor
+update is an importance-weighted policy gradient with PPO's clipped ratio, over the
+batch's exact tokens:
 
     ratio_t = exp(log pi_theta(y_t | y_<t) - log mu(y_t | y_<t))
     loss    = - sum_t mask_t * min(ratio_t * A_t, clip(ratio_t, 1-eps, 1+eps) * A_t) / sum_t mask_t
@@ -11,25 +13,26 @@ where ``mu`` is the behaviour log-prob recorded at sampling time and ``A_t`` the
 segment advantage (``focus.estimation``) carried by each generated token. The
 sequences come from :func:`focus.exporters.actor_sequences`, the same token
 alignment the Tinker and slime exporters use. The critic
-(:class:`focus.critic.LocalCritic`) is fitted on the batch's critic table.
+(:class:`focus.critic.LocalCritic`) is fitted on the batch's critic table
+(:func:`fit_critic`); :func:`train_iteration` does both and writes the new weights.
 
-:func:`run_loop` is the whole loop against a running
-:class:`focus.backends.LocalModelServer`: evaluate, collect with the FOCUS collector,
-write and read back the batch (through the store it is given), train, save the weights, reload
-them into the server (``/update_weights_from_disk``), repeat. Torch is imported
+An update is deterministic: one torch thread, minibatch order drawn from
+``(seed, update index)``, and the optimizer state saved and restored with the
+weights (:meth:`PolicyTrainer.state_bytes`), so a loop resumed from its last saved
+version computes the same weights as one that never stopped. Torch is imported
 lazily, so importing this module stays light.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import math
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,33 +44,44 @@ if TYPE_CHECKING:
     import torch
 
     from focus.agent import Agent
-    from focus.backends.local import LocalModelServer
     from focus.critic import Critic
     from focus.env import Task
 
 
-class TrainConfig(BaseModel):
-    """Hyper-parameters of one policy update (several epochs over one batch)."""
+class UpdateConfig(BaseModel):
+    """Hyper-parameters of one policy update (several epochs over one batch).
+
+    The pipeline's ``train.local`` section (``tasks.config.TrainConfig``) is this model.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    #: AdamW learning rate.
     lr: float = Field(1e-3, gt=0.0)
+    #: Passes over the batch per update.
     epochs: int = Field(1, ge=1)
+    #: Sequences per optimizer step.
     minibatch: int = Field(32, ge=1)
+    #: PPO clip range of the importance ratio.
     clip: float = Field(0.2, gt=0.0)
+    #: Gradient norm clip.
     max_grad_norm: float = Field(1.0, gt=0.0)
     #: Sampling temperature the batch was collected at; the new log-probs use it too,
-    #: so that the ratio compares the same distributions (top-p must be 1).
-    temperature: float = Field(1.0, gt=0.0)
+    #: so that the ratio compares the same distributions (top-p must be 1). Empty: 1.0,
+    #: or in the pipeline the collection's own ``agent.sampling.temperature``.
+    temperature: float | None = Field(None, gt=0.0)
     #: Scale advantages to unit standard deviation over the batch (their mean is kept:
     #: TD advantages already have a baseline).
     scale_advantages: bool = True
+    #: AdamW weight decay.
     weight_decay: float = Field(0.0, ge=0.0)
     #: Torch threads during an update. One is fastest on a 2-core machine that also
-    #: runs the model server (measured: 2 threads were 11x slower, benchmarks/README.md).
+    #: runs the model server (measured: 2 threads were 11x slower, benchmarks/README.md),
+    #: and one thread makes the update bit-for-bit reproducible.
     torch_threads: int = Field(1, ge=1)
     #: Train prefix-sharing sequences in one forward pass (see :func:`pack_prefixes`).
     pack: bool = True
+    #: Seeds the minibatch order (with the update index).
     seed: int = 0
 
 
@@ -207,23 +221,53 @@ class PolicyTrainer:
     """Holds the tiny model and its optimizer across iterations.
 
     ``weights``: the file to start from (default: the committed initial weights).
+    ``state``: bytes from :meth:`state_bytes` of the trainer that wrote ``weights``
+    (optimizer moments and update count), to continue exactly where it stopped.
     """
 
-    def __init__(self, weights: str | os.PathLike[str] | None = None, config: TrainConfig | None = None) -> None:
+    def __init__(
+        self,
+        weights: str | os.PathLike[str] | None = None,
+        config: UpdateConfig | None = None,
+        *,
+        state: bytes | None = None,
+    ) -> None:
         import torch
 
         from focus.format import ByteCodec
         from focus.tinylm.model import load
 
-        self.config = config or TrainConfig()
+        self.config = config or UpdateConfig()
         torch.manual_seed(self.config.seed)
         self.model = load(weights)
         self.pad_id = ByteCodec.PAD
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay
         )
-        self._rng = random.Random(self.config.seed)
         self.updates = 0
+        if state is not None:
+            self.load_state_bytes(state)
+
+    def state_bytes(self) -> bytes:
+        """The optimizer state and update count (the model weights go with :meth:`save`)."""
+        import torch
+
+        buf = io.BytesIO()
+        torch.save({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, buf)
+        return buf.getvalue()
+
+    def load_state_bytes(self, data: bytes) -> None:
+        import torch
+
+        try:
+            blob = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            self.optimizer.load_state_dict(blob["optimizer"])
+            self.updates = int(blob["updates"])
+        except Exception as e:  # noqa: BLE001 - torch raises many kinds on bad bytes
+            raise ValueError(f"not a PolicyTrainer state: {type(e).__name__}: {e}") from e
+        # hyper-parameters are this trainer's, not the saved ones
+        for group in self.optimizer.param_groups:
+            group["lr"], group["weight_decay"] = self.config.lr, self.config.weight_decay
 
     def update(self, batch: Batch) -> TrainStats:
         """Several epochs of clipped policy gradient over the batch's actor sequences."""
@@ -246,7 +290,7 @@ class PolicyTrainer:
         torch.set_flush_denormal(True)
         torch.set_num_threads(cfg.torch_threads)
         try:
-            losses, agg, steps = self._epochs(seqs, scale)
+            losses, agg, steps = self._epochs(seqs, scale, random.Random(f"{cfg.seed}/{self.updates}"))
         finally:
             torch.set_num_threads(threads)
             torch.set_flush_denormal(False)
@@ -265,7 +309,7 @@ class PolicyTrainer:
         )
 
     def _epochs(
-        self, seqs: Sequence[TokenSequence | Packed], scale: float
+        self, seqs: Sequence[TokenSequence | Packed], scale: float, rng: random.Random
     ) -> tuple[list[float], dict[str, float], int]:
         import torch
 
@@ -276,14 +320,14 @@ class PolicyTrainer:
         steps = 0
         # Minibatches of similar lengths (less padding: the forward pass is the cost on
         # CPU), visited in a fresh random order each epoch.
-        by_len = sorted(range(len(seqs)), key=lambda i: len(seqs[i].tokens))
+        by_len = sorted(range(len(seqs)), key=lambda i: (len(seqs[i].tokens), seqs[i].tokens))
         chunks = [by_len[i : i + cfg.minibatch] for i in range(0, len(by_len), cfg.minibatch)]
         for _ in range(cfg.epochs):
-            self._rng.shuffle(chunks)
+            rng.shuffle(chunks)
             for idx in chunks:
                 chunk = [seqs[i] for i in idx]
                 p = pad_sequences(chunk, self.pad_id)
-                new = token_logprobs(self.model, p.inputs, p.targets, cfg.temperature)
+                new = token_logprobs(self.model, p.inputs, p.targets, cfg.temperature or 1.0)
                 loss, stats = clipped_loss(new, p, cfg.clip, p.advantages * scale)
                 self.optimizer.zero_grad()
                 loss.backward()  # type: ignore[no-untyped-call]
@@ -302,7 +346,8 @@ class PolicyTrainer:
 
         version = save(self.model, path)
         # The file holds fp16 weights; train on from exactly what the server will serve,
-        # so the next batch's behaviour log-probs match this model's at ratio 1.
+        # so the next batch's behaviour log-probs match this model's at ratio 1, and a
+        # trainer restarted from the file continues from the same numbers.
         self.model.load_state_dict(load(path).state_dict())
         return version
 
@@ -321,49 +366,54 @@ def fit_critic(critic: Critic, batch: Batch) -> dict[str, Any]:
     return {"fitted": True, "rows": len(rows), "mse": float(mse), "wall_s": time.perf_counter() - t0}
 
 
-# --- the loop ---------------------------------------------------------------------------------
+def train_iteration(
+    trainer: PolicyTrainer, critic: Critic | None, batch: Batch, weights_path: str | os.PathLike[str]
+) -> dict[str, Any]:
+    """One training step of the loop: update the policy, fit the critic (if it is
+    trainable), write the new weights to ``weights_path``. Returns the new policy
+    version and what the update and the fit did."""
+    stats = trainer.update(batch)
+    fitted = fit_critic(critic, batch) if critic is not None else {"fitted": False, "rows": 0}
+    version = trainer.save(weights_path)
+    return {"policy_version": version, "train": asdict(stats), "critic": fitted}
 
 
-class LoopConfig(BaseModel):
-    """One run of collect -> train -> reload on the toy task."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    iterations: int = Field(6, ge=1)
-    seed: int = 0
-    tasks_per_iteration: int = Field(32, ge=1)
-    eval_tasks: int = Field(128, ge=1)
-    rollouts_per_task: int = Field(4, ge=1)
-    transitions: int = Field(96, ge=0)
-    wave_size: int = Field(32, ge=1)
-    max_branches: int = Field(3, ge=1)
-    max_steps: int = Field(12, ge=1)
-    max_concurrency: int = Field(32, ge=1)
-    critic: str = Field("local", pattern="^(local|constant)$")
-    train: TrainConfig = TrainConfig()
-    store: str = "runs/train_local"
-    collection_id: str = "train-local"
+# --- evaluation -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class IterationRecord:
-    """One row of the loop's table. ``success_rate`` is measured before the update."""
+class Evaluation:
+    """One plain rollout per held-out task: share solved (return > 0) and mean return."""
 
-    iteration: int
-    policy_version: str
+    episodes: int
     success_rate: float
-    batch_url: str | None
-    actor_rows: int
+    mean_return: float
     transitions: int
-    train: dict[str, Any] | None
-    critic: dict[str, Any] | None
-    wall_s: float
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+
+async def evaluate(agent: Agent, tasks: Sequence[Task], seed: int, max_concurrency: int = 32) -> Evaluation:
+    """Run one rollout per task with fixed per-task seeds (the same every call, so
+    evaluations of different weights differ by the weights, not by the dice)."""
+    from focus.agent import derive_seed
+
+    if not tasks:
+        raise ValueError("evaluate needs at least one task")
+    sem = asyncio.Semaphore(max_concurrency)
+
+    async def one(i: int, task: Task) -> tuple[float, int]:
+        async with sem:
+            rollout = await agent.rollout(await agent.start(task), derive_seed("eval", seed, i))
+        return sum(t.reward for t in rollout.turns), len(rollout.turns)
+
+    results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
+    n = len(results)
+    return Evaluation(
+        n, sum(1 for r, _ in results if r > 0) / n, sum(r for r, _ in results) / n, sum(k for _, k in results)
+    )
 
 
 def toy_agent(url: str, max_steps: int = 12, temperature: float = 1.0) -> Agent:
+    """An agent for the toy task on an OpenAI-compatible server of the embedded model."""
     from focus.agent import Agent
     from focus.backends import OpenAICompatPolicy
     from focus.format import ByteCodec
@@ -378,114 +428,3 @@ def toy_agent(url: str, max_steps: int = 12, temperature: float = 1.0) -> Agent:
         max_steps=max_steps,
         sampling=SamplingParams(max_tokens=4, temperature=temperature),
     )
-
-
-async def success_rate(agent: Agent, tasks: Sequence[Task], seed: int, max_concurrency: int = 32) -> float:
-    """Share of ``tasks`` solved by one plain rollout each (same seeds every call, so
-    evaluations of different weights differ by the weights, not by the dice)."""
-    from focus.agent import derive_seed
-
-    sem = asyncio.Semaphore(max_concurrency)
-
-    async def one(i: int, task: Task) -> bool:
-        async with sem:
-            rollout = await agent.rollout(await agent.start(task), derive_seed("eval", seed, i))
-        return any(t.reward > 0 for t in rollout.turns)
-
-    results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
-    return sum(results) / len(results)
-
-
-def make_critic(kind: str, seed: int) -> Critic:
-    from focus.critic import ConstantCritic
-
-    if kind == "constant":
-        return ConstantCritic(0.3)
-    from focus.critic import LocalCritic
-
-    critic: Critic = LocalCritic(seed=seed)
-    return critic
-
-
-async def run_loop(
-    config: LoopConfig,
-    server: LocalModelServer,
-    workdir: str | os.PathLike[str],
-    store: Any,
-    *,
-    on_iteration: Callable[[IterationRecord], None] | None = None,
-) -> list[IterationRecord]:
-    """``config.iterations`` rounds of evaluate -> collect -> export -> train -> reload,
-    then a final evaluation (its record has no batch). Returns one record per round.
-
-    ``store`` writes and reads back each batch (a ``storage.BatchStore``: the pipeline's
-    store, passed in because the library does not import the pipeline)."""
-    from focus.collector import Collector
-    from focus.execution import Execution
-    from focus.priority import Phase, Selective
-    from focus.toy import reach_target_tasks
-
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    trainer = PolicyTrainer(server.weights, config.train)
-    critic = make_critic(config.critic, config.seed)
-    eval_tasks = reach_target_tasks(config.eval_tasks, seed=10_000 + config.seed)
-    search = Selective(
-        phases=(
-            Phase("evidence", rollouts_per_task=config.rollouts_per_task),
-            Phase(
-                "continue",
-                transitions=config.transitions,
-                wave_size=config.wave_size,
-                max_branches=config.max_branches,
-            ),
-        )
-    )
-    records: list[IterationRecord] = []
-    for it in range(config.iterations + 1):
-        t0 = time.perf_counter()
-        agent = toy_agent(server.url, config.max_steps, config.train.temperature)
-        try:
-            rate = await success_rate(agent, eval_tasks, config.seed, config.max_concurrency)
-            version = server.policy_version
-            if it == config.iterations:
-                records.append(IterationRecord(it, version, rate, None, 0, 0, None, None, time.perf_counter() - t0))
-                if on_iteration:
-                    on_iteration(records[-1])
-                break
-            collector = Collector(
-                agent,
-                search=search,
-                critic=critic,
-                execution=Execution(max_concurrency=config.max_concurrency),
-                collection_id=config.collection_id,
-                iteration=it,
-                seed=config.seed * 1000 + it,
-            )
-            batch = await collector.collect(
-                reach_target_tasks(config.tasks_per_iteration, seed=config.seed * 1000 + it)
-            )
-        finally:
-            await agent.policy.aclose()
-        url = store.write(batch, overwrite=True)
-        stored = store.read(url)  # train on what was exported, exactly as a remote trainer would
-        stats = trainer.update(stored)
-        critic_info = fit_critic(critic, stored)
-        weights = workdir / f"policy-{it + 1:04d}.pt"
-        trainer.save(weights)
-        await asyncio.to_thread(server.reload, weights)
-        rec = IterationRecord(
-            it,
-            version,
-            rate,
-            url,
-            len(stored.actor),
-            int(stored.stats.get("transitions", 0)),
-            asdict(stats),
-            critic_info,
-            time.perf_counter() - t0,
-        )
-        records.append(rec)
-        if on_iteration:
-            on_iteration(rec)
-    return records

@@ -20,6 +20,7 @@ import json
 import os
 import pathlib
 import re
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,8 +29,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from focus.backends.retry import HttpConfig, RetryPolicy
+from focus.backends.tinker_backend import TinkerUpdateConfig
 from focus.policy import SamplingParams
 from focus.priority import Phase, Priority, Selective, Uniform
+from focus.train_local import UpdateConfig
 
 if TYPE_CHECKING:
     from focus.agent import Agent
@@ -55,9 +58,14 @@ def _check_import_path(value: str | None) -> str | None:
 
 
 def import_object(path: str) -> Any:
-    """The object named by ``package.module:attribute``; errors name the path."""
+    """The object named by ``package.module:attribute``; errors name the path.
+
+    The current directory is searched too (as ``python -m`` does), so a module in the
+    folder a command runs from works with the installed ``focus`` command as well.
+    """
     _check_import_path(path)
     module_name, attr = path.split(":")
+    _cwd_on_path()
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -187,6 +195,12 @@ def check_factories(config: FocusConfig) -> None:
             pass  # no signature to check (a builtin)
 
 
+def _cwd_on_path() -> None:
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
 class _Pluggable(_Model):
     """A section whose ``kind="factory"`` names a callable by import path, given ``options``."""
 
@@ -222,7 +236,10 @@ class ModelConfig(_Pluggable):
     _section: ClassVar[str] = "model"
     kind: Literal["local", "openai", "sglang", "tinker", "factory"] = "local"
     url: str | None = None
+    #: The served model's name (OpenAI-compatible ``model`` field); for ``tinker`` the base model.
     model: str | None = None
+    #: ``local``: the weights file the embedded server starts from; ``tinker``: a
+    #: ``tinker://`` sampler path to sample from instead of the base model.
     weights: str | None = None
     policy_version: str | None = None
     #: Token ids the model knows: a sampled id outside [0, vocab_size) fails its rollout.
@@ -242,6 +259,8 @@ class ModelConfig(_Pluggable):
     def _needs(self) -> ModelConfig:
         if self.kind in ("openai", "sglang") and not self.url:
             raise ValueError(f"model.url is required when model.kind is {self.kind!r}")
+        if self.kind == "tinker" and not (self.model or self.weights):
+            raise ValueError("model.model (a base model) or model.weights (a tinker:// path) is required for tinker")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"model.url {self.url!r} must start with http:// or https://")
         check_options(self)
@@ -300,6 +319,10 @@ class CriticConfig(_Pluggable):
         if "config" in self.options:
             raise ValueError("critic.options.config is not accepted: set timeouts and retries in critic.http")
         return self
+
+    #: ``local``: a saved ``LocalCritic`` (fsspec URL) to start from; the train loop
+    #: sets it to the critic each iteration trained.
+    weights: str | None = None
 
     @model_validator(mode="after")
     def _needs(self) -> CriticConfig:
@@ -368,17 +391,52 @@ class StorageConfig(_Model):
         return v
 
 
-class TrainConfig(_Model):
-    """The train loop: ``trainer`` is an import path of ``f(batch_url, context) -> TrainResult``."""
+# ==== the train loop: TrainConfig (train-loop work; keep edits here self-contained) ====
 
+#: Trainers shipped with FOCUS, by the short name ``train.trainer`` accepts.
+BUILTIN_TRAINERS = {"local": "tasks.trainers:local_trainer", "tinker": "tasks.trainers:tinker_trainer"}
+
+
+class TrainConfig(_Model):
+    """The train loop (``focus train``): collect -> train -> publish weights -> collect.
+
+    ``trainer`` is ``local`` (the embedded model, :mod:`focus.train_local`, tuned by
+    ``local``), ``tinker`` (LoRA on Tinker, tuned by ``tinker``; a dry run without
+    ``TINKER_API_KEY``) or the import path ``package.module:function`` of your own
+    ``f(batch_url, TrainContext, **options) -> TrainResult`` (the current directory is
+    on the import path). Iteration ``i`` collects ``env.n_tasks`` fresh tasks: its seed
+    and task seed are derived from ``seed``, ``env.task_seed`` and ``i``.
+    """
+
+    #: Collect/train rounds.
     iterations: int = Field(2, gt=0)
-    trainer: str | None = None
+    #: ``local``, ``tinker`` or ``package.module:function``.
+    trainer: str = "local"
+    #: Keyword options of a trainer named by import path.
     options: dict[str, Any] = Field(default_factory=dict)
+    #: Hyper-parameters of the local trainer (``focus.train_local.UpdateConfig``).
+    local: UpdateConfig = UpdateConfig()
+    #: Settings of the Tinker trainer (``focus.backends.tinker_backend.TinkerUpdateConfig``).
+    tinker: TinkerUpdateConfig = TinkerUpdateConfig()
+    #: Held-out tasks evaluated (one plain rollout each) before training and after each
+    #: iteration; 0 turns evaluation off.
+    eval_tasks: int = Field(0, ge=0)
 
     @field_validator("trainer")
     @classmethod
-    def _check_trainer(cls, v: str | None) -> str | None:
-        return _check_import_path(v)
+    def _check_trainer(cls, v: str) -> str:
+        if v in BUILTIN_TRAINERS:
+            return v
+        if _check_import_path(v) is None:
+            raise ValueError("train.trainer must be 'local', 'tinker' or an import path")
+        return v
+
+    def trainer_path(self) -> str:
+        """The import path of the trainer step."""
+        return BUILTIN_TRAINERS.get(self.trainer, self.trainer)
+
+
+# ==== end of the train loop part ====
 
 
 class FocusConfig(_Model):
@@ -433,7 +491,8 @@ class FocusConfig(_Model):
         else:
             from focus.backends import TinkerPolicy
 
-            policy = TinkerPolicy(**({"model": m.model} if m.model else {}), **m.options)
+            # the sampling client is created on first use, where the policy samples
+            policy = TinkerPolicy(base_model=m.model, model_path=m.weights, **m.options)
         if m.policy_version is not None:
             policy.policy_version = m.policy_version
         vocab = m.vocab_size or (served_vocab_size(url) if m.kind == "local" and url else None)
@@ -484,7 +543,9 @@ class FocusConfig(_Model):
         if c.kind == "http":
             return critics.HttpCritic(c.url or "", config=HttpConfig(**c.http.model_dump()), **c.options)
         if c.kind == "local":
-            return critics.LocalCritic(**c.options)  # type: ignore[attr-defined]
+            if c.weights:
+                return critics.LocalCritic.load(c.weights)
+            return critics.LocalCritic(**c.options)
         return import_object(c.factory or "")(**c.options)
 
     def build_collector(self, agent: Agent, execution: Any = None) -> Any:
@@ -686,15 +747,19 @@ def config_at_runtime(config: FocusConfig | None, environ: Mapping[str, str] | N
     return validate_config(_merge(data, explicit), f"from environment {names}; the run's config parameter")
 
 
-# ---- the trainer hook of the train loop ----
+# ==== the trainer hook of the train loop (train-loop work) ====
 
 
 @dataclass(frozen=True)
 class TrainContext:
     """What a trainer step is given besides the batch URL.
 
-    ``weights`` is the weights file the batch was sampled with (``None``: the model's
-    default); ``workdir`` is a local folder the trainer may write new weights into.
+    ``weights`` is the weights URL (or path) the batch was sampled with (``None``: the
+    model's default), ``critic`` the critic weights it was scored with, ``state`` the
+    previous step's :attr:`TrainResult.state` (``None`` on the first step). ``out`` is
+    the folder URL under the store root where this step's version goes
+    (``storage.WeightStore``: ``weights/<run>/v<iteration + 1>``); ``workdir`` a local
+    scratch folder.
     """
 
     iteration: int
@@ -703,13 +768,86 @@ class TrainContext:
     policy_version: str | None
     workdir: str
     model_url: str | None = None
+    out: str = ""
+    critic: str | None = None
+    state: str | None = None
 
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What a trainer step returns: the new policy version and, for the embedded model,
-    the weights file the flow reloads into the model server before the next collection."""
+    """What a trainer step returns: the new policy version and where its weights are.
+
+    For the embedded model ``weights`` is a weights file (URL or path) the flow loads
+    into the model server before the next collection; for Tinker, the ``tinker://``
+    sampler path the next collection samples from. ``critic`` is the critic to score
+    the next collection with, ``state`` whatever the next step needs to continue
+    (passed back as :attr:`TrainContext.state`). ``metrics`` are numbers to report.
+    """
 
     policy_version: str
     weights: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    critic: str | None = None
+    state: str | None = None
+
+
+# ==== where each value of a configuration comes from (`focus config show`) ====
+
+
+def field_paths(cls: type[BaseModel] = FocusConfig, prefix: str = "", *, into_lists: bool = False) -> list[str]:
+    """Dotted names of every leaf field of ``cls``: nested models are walked, other
+    values (lists, mappings, scalars) are leaves. With ``into_lists``, a list of models
+    (``search.phases``) is walked too, as ``search.phases[].name``."""
+    import typing
+
+    out: list[str] = []
+    for name, info in cls.model_fields.items():
+        ann = info.annotation
+        key = f"{prefix}{name}"
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out += field_paths(ann, key + ".", into_lists=into_lists)
+            continue
+        args = typing.get_args(ann)
+        if into_lists and typing.get_origin(ann) is list and args and issubclass(args[0], BaseModel):
+            out += field_paths(args[0], key + "[].", into_lists=True)
+            continue
+        out.append(key)
+    return out
+
+
+def _set_keys(data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        out += _set_keys(v, key + ".") if isinstance(v, Mapping) and v else [key]
+    return out
+
+
+def explain_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[FocusConfig, list[tuple[str, Any, str]]]:
+    """The effective configuration (as :func:`load_config` builds it) and, per leaf
+    field, ``(dotted name, value, source)``: ``default``, the file, the environment
+    variable or ``--set`` that set it last."""
+    config = load_config(path, overrides, environ)
+    layers: list[tuple[str, list[str]]] = []
+    if path is not None:
+        layers.append((str(path), _set_keys(read_file(path))))
+    for key in env_overrides(os.environ if environ is None else environ):
+        layers.append((ENV_PREFIX + key.upper().replace(".", "__"), [key]))
+    for key in overrides or {}:
+        layers.append((f"--set {key}", [key]))
+    data = config.model_dump(mode="json")
+    rows = []
+    for leaf in field_paths():
+        value: Any = data
+        for part in leaf.split("."):
+            value = value[part]
+        source = "default"
+        for name, keys in layers:
+            if any(k == leaf or k.startswith(leaf + ".") or leaf.startswith(k + ".") for k in keys):
+                source = name
+        rows.append((leaf, value, source))
+    return config, rows

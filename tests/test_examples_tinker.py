@@ -1,11 +1,13 @@
-"""examples/train_tinker without a key: conversion of a real batch and the dry-run report."""
+"""examples/train_tinker without a key: a real batch becomes SDK requests, built with the
+SDK's own types and checked as serialised for sending; nothing is sent."""
 
 from __future__ import annotations
 
 import pytest
 
-from examples.train_tinker.run import describe, main
-from focus.exporters import actor_sequences
+from examples.train_tinker.run import main
+from focus.backends.tinker_backend import TinkerUpdateConfig, build_requests, check_requests
+from focus.exporters import TokenSequence, actor_sequences, tinker_datum
 from storage import BatchStore
 
 
@@ -20,14 +22,80 @@ def test_dry_run_converts_a_collected_batch(local_model_server, tmp_path, monkey
     assert result["tokens"] == sum(len(s.tokens) - 1 for s in seqs)
     assert result["tokens_with_advantage"] <= sum(sum(s.mask) for s in seqs)
     assert result["loss_fn_inputs"] == ["advantages", "logprobs", "target_tokens"]
+    assert result["requests"]["start"] == "CreateModelRequest" and result["forward_backward_bytes"] > 0
     assert '"sent": false' in capsys.readouterr().out
-    # the same batch, addressed by URL, and the PPO loss
-    again = main(["--store", str(tmp_path), "--batch-url", result["batch"], "--loss-fn", "ppo", "--dry-run"])
+    # the same batch, addressed by URL, the PPO loss, continuing from a saved state
+    again = main(
+        ["--store", str(tmp_path), "--batch-url", result["batch"], "--loss-fn", "ppo", "--dry-run"]
+        + ["--state", "tinker://run-1/weights/focus-step"]
+    )
     assert again["datums"] == result["datums"] and again["loss_fn"] == "ppo" and "--dry-run" in again["reason"]
+    assert again["requests"]["start"] == "LoadWeightsRequest"
 
 
-def test_bad_inputs_are_named():
+def test_bad_requests_are_named():
+    good = TokenSequence((), (1, 2, 3, 4), (0.0, -0.5, -0.2, -0.1), (0.0, 1.0, 1.0, 1.0), (0, 1, 1, 1), 1)
+    cfg = TinkerUpdateConfig()
     with pytest.raises(ValueError, match="nothing to send"):
-        describe([], "ppo")
+        check_requests(build_requests([], cfg, base_model="m", name="n"))
+    with pytest.raises(ValueError, match="loss inputs"):  # the mask is not an input of the RL losses
+        check_requests(build_requests([tinker_datum(good)], cfg, base_model="m", name="n"))
+    nan = TokenSequence((), (1, 2, 3), (0.0, float("nan"), -0.1), (0.0, 1.0, 1.0), (0, 1, 1), 1)
+    with pytest.raises(ValueError, match="not finite"):
+        check_requests(build_requests([tinker_datum(nan, include_mask=False)], cfg, base_model="m", name="n"))
     with pytest.raises(SystemExit):
         main([])
+
+
+class _Done:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class _Recorder:
+    """Records the calls a TinkerTrainer makes on the service (the service itself needs a key)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            if name.startswith("create_"):
+                return _Done(self)
+            if name == "forward_backward":
+                return _Done(type("Out", (), {"metrics": {"loss:sum": 1.5}})())
+            if name in ("save_state", "save_weights_for_sampler"):
+                kind = "weights" if name == "save_state" else "sampler_weights"
+                return _Done(type("Saved", (), {"path": f"tinker://run/{kind}/{args[0]}"})())
+            return _Done(None)
+
+        return call
+
+
+def test_trainer_step_sends_the_calls_in_order_and_continues_from_the_saved_state():
+    from focus.backends.tinker_backend import TinkerTrainer
+
+    seq = TokenSequence((), (1, 2, 3, 4), (0.0, -0.5, -0.2, -0.1), (0.0, 1.0, 1.0, 1.0), (0, 1, 1, 1), 1)
+    datums = [tinker_datum(seq, include_mask=False)]
+    svc = _Recorder()
+    trainer = TinkerTrainer(TinkerUpdateConfig(lora_rank=8, learning_rate=2e-5), "base/m", service=svc)
+    first = trainer.step(datums, "v1")
+    assert [c[0] for c in svc.calls] == [
+        "create_lora_training_client",
+        "forward_backward",
+        "optim_step",
+        "save_state",
+        "save_weights_for_sampler",
+    ]
+    assert svc.calls[0][1] == ("base/m",) and svc.calls[0][2] == {"rank": 8, "seed": 0}
+    assert svc.calls[1][1] == (datums, "importance_sampling")
+    assert svc.calls[2][1][0].learning_rate == 2e-5
+    assert first.sampler_path == "tinker://run/sampler_weights/v1" and first.state_path == "tinker://run/weights/v1"
+    assert first.metrics == {"loss:sum": 1.5}
+    svc.calls.clear()
+    trainer.step(datums, "v2", state_path=first.state_path)
+    assert svc.calls[0] == ("create_training_client_from_state_with_optimizer", ("tinker://run/weights/v1",), {})

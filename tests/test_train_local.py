@@ -1,5 +1,6 @@
-"""focus.train_local: the clipped policy-gradient update, prefix packing, and the loop
-against a real embedded model server (weights change, the served version advances)."""
+"""focus.train_local: the clipped policy-gradient update, prefix packing, bit-for-bit
+reproducible updates that resume from saved state, and one training iteration against
+a real embedded model server (weights change, the served version advances)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ from focus.exporters import TokenSequence, actor_sequences
 from focus.format import ByteCodec
 from focus.tinylm.model import load, prompt_logprobs
 from focus.train_local import (
-    LoopConfig,
     PolicyTrainer,
-    TrainConfig,
+    UpdateConfig,
     clipped_loss,
+    evaluate,
     pack_prefixes,
     pad_sequences,
-    run_loop,
+    toy_agent,
+    train_iteration,
 )
 from storage import BatchStore
 
@@ -95,7 +97,7 @@ def test_update_moves_probability_toward_positive_advantages():
 
     before_good, before_bad = lp(model, good), lp(model, bad)
     batch = Batch("c", 0, [_row(prompt, good, before_good, 1.0, 0), _row(prompt, bad, before_bad, -1.0, 1)])
-    trainer = PolicyTrainer(config=TrainConfig(lr=3e-3, epochs=4, scale_advantages=False))
+    trainer = PolicyTrainer(config=UpdateConfig(lr=3e-3, epochs=4, scale_advantages=False))
     stats = trainer.update(batch)
     assert stats.sequences == 2 and stats.tokens == 4 and math.isfinite(stats.loss)
     assert lp(trainer.model, good)[0] > before_good[0] + 0.05
@@ -104,32 +106,71 @@ def test_update_moves_probability_toward_positive_advantages():
         trainer.update(Batch("c", 1, []))
 
 
-def test_loop_trains_saves_and_reloads_into_the_server(tmp_path):
-    from focus.backends import LocalModelServer
+def _toy_batch(iteration, completions):
+    prompt = CODEC.render([Message("user", f"Reach {7 + iteration}. Total 0.")])
+    rows = [_row(prompt, [ord(d), ByteCodec.EOT], [-2.2, -0.01], adv, i) for i, (d, adv) in enumerate(completions)]
+    return Batch("c", iteration, rows)
 
-    config = LoopConfig(
-        iterations=1,
-        tasks_per_iteration=6,
-        eval_tasks=8,
-        rollouts_per_task=2,
-        transitions=8,
-        wave_size=4,
-        store=str(tmp_path / "store"),
-        critic="local",
-    )
+
+def test_updates_are_reproducible_and_resume_from_saved_state(tmp_path):
+    b0 = _toy_batch(0, [("7", 1.0), ("3", -1.0), ("5", 0.5)])
+    b1 = _toy_batch(1, [("8", 1.0), ("2", -0.5), ("9", -1.0)])
+    cfg = UpdateConfig(lr=3e-3, epochs=3, minibatch=2, seed=4)
+    # one trainer through both batches
+    straight = PolicyTrainer(config=cfg)
+    straight.update(b0)
+    straight.save(tmp_path / "a0.pt")
+    straight.update(b1)
+    va = straight.save(tmp_path / "a1.pt")
+    # a trainer that stops after the first batch, and a new one that continues from its files
+    first = PolicyTrainer(config=cfg)
+    first.update(b0)
+    first.save(tmp_path / "b0.pt")
+    resumed = PolicyTrainer(tmp_path / "b0.pt", cfg, state=first.state_bytes())
+    assert resumed.updates == 1
+    resumed.update(b1)
+    vb = resumed.save(tmp_path / "b1.pt")
+    assert va == vb and (tmp_path / "a1.pt").read_bytes() == (tmp_path / "b1.pt").read_bytes()
+    # without the optimizer state the second update differs (Adam's moments matter)
+    fresh = PolicyTrainer(tmp_path / "b0.pt", cfg)
+    fresh.update(b1)
+    assert fresh.save(tmp_path / "c1.pt") != va
+    with pytest.raises(ValueError, match="not a PolicyTrainer state"):
+        PolicyTrainer(config=cfg, state=b"junk")
+
+
+@pytest.mark.integration
+def test_train_iteration_reloads_into_a_real_server(tmp_path):
+    from focus.backends import LocalModelServer
+    from focus.collector import Collector
+    from focus.critic import LocalCritic
+    from focus.priority import Phase, Selective
+    from focus.toy import reach_target_tasks
+
+    critic = LocalCritic(buckets=256, hidden=8, default=0.3)  # advantages even if nothing succeeds
+    search = Selective(phases=(Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=8, wave_size=4)))
+
+    async def evaluate_and_collect(url):
+        agent = toy_agent(url, max_steps=6)
+        try:
+            before = await evaluate(agent, reach_target_tasks(8, seed=99), seed=1)
+            col = Collector(agent, search=search, critic=critic, collection_id="it")
+            return before, await col.collect(reach_target_tasks(6))
+        finally:
+            await agent.policy.aclose()
+
     with LocalModelServer() as server:
         initial = server.policy_version
-        records = asyncio.run(run_loop(config, server, tmp_path / "w", BatchStore(config.store)))
-        served = server.policy_version
-    assert [r.iteration for r in records] == [0, 1]
-    assert records[0].policy_version == initial != records[1].policy_version == served
-    assert records[0].critic["fitted"] and math.isfinite(records[0].critic["mse"])
-    assert math.isfinite(records[0].train["loss"]) and records[0].train["steps"] >= 1
-    new = load(tmp_path / "w" / "policy-0001.pt").state_dict()
+        before, batch = asyncio.run(evaluate_and_collect(server.url))
+        url = BatchStore(str(tmp_path / "store")).write(batch)
+        stored = BatchStore(str(tmp_path / "store")).read(url)
+        out = train_iteration(PolicyTrainer(), critic, stored, tmp_path / "policy.pt")
+        served = server.reload(tmp_path / "policy.pt")
+        assert served == out["policy_version"] == server.policy_version != initial
+    assert before.episodes == 8 and 0.0 <= before.success_rate <= 1.0 and before.transitions >= 8
+    assert out["critic"]["fitted"] and math.isfinite(out["critic"]["mse"]) and critic.fitted
+    assert math.isfinite(out["train"]["loss"]) and out["train"]["steps"] >= 1
+    new = load(tmp_path / "policy.pt").state_dict()
     old = load().state_dict()
     assert any(not torch.equal(new[k], old[k]) for k in old)
-    # the batch trained on is the exported one, readable with its exact tokens
-    batch = BatchStore(str(tmp_path / "store")).read(records[0].batch_url)
-    assert len(batch.actor) == records[0].actor_rows > 0
-    assert {r.policy_version for r in batch.actor} == {initial}
-    assert actor_sequences(batch)
+    assert {r.policy_version for r in stored.actor} == {initial} and actor_sequences(stored)

@@ -1,18 +1,23 @@
-"""Send a FOCUS batch to Tinker: Datums, ``forward_backward``, ``optim_step``.
+"""Send a FOCUS batch to Tinker: Datums, ``forward_backward``, ``optim_step``, new sampler.
 
 The batch (a URL from ``storage.BatchStore``) becomes ``tinker.Datum`` records with
 ``focus.exporters.to_tinker_datums``: ``model_input`` = tokens[:-1], and
 ``target_tokens``, ``logprobs`` (behaviour), ``advantages`` aligned with tokens[1:]
-(0 on prompt and observation tokens). With ``TINKER_API_KEY`` set, a LoRA training
-client on ``--base-model`` runs one ``forward_backward`` with the chosen built-in loss
-(``importance_sampling`` or ``ppo``) and one ``optim_step``. Without a key (or with
-``--dry-run``) it converts and reports what it would send: counts, shapes, loss.
+(0 on prompt and observation tokens). One step of the library's Tinker trainer
+(``focus.backends.tinker_backend``, the same one ``focus train`` runs with
+``train.trainer = "tinker"``) builds every request with the SDK's own types and checks
+it as serialised for sending; with ``TINKER_API_KEY`` set it then runs
+``forward_backward`` (built-in loss ``importance_sampling`` or ``ppo``) and
+``optim_step`` on a LoRA training client of ``--base-model`` (or from ``--state``),
+saves its state and sampler weights, and prints the ``tinker://`` paths: the sampler
+path is what the next collection samples from (``model.kind = "tinker"``,
+``model.weights = <path>``). Without a key (or with ``--dry-run``) it sends nothing
+and prints what it would send.
 
 The tokens must be the base model's: collect the batch with that model (Tinker's
 sampler through ``focus.backends.TinkerPolicy``, or a vLLM server of the same model with
 ``focus.hf_codec.HFChatCodec``). ``--collect-toy`` makes a small batch with the
-embedded tiny model, which is enough to see the conversion but not to train a
-Tinker model.
+embedded tiny model, which is enough to see the requests but not to train a Tinker model.
 
     python -m examples.train_tinker.run --store runs/math --batch-url file://.../iter-000000
     python -m examples.train_tinker.run --collect-toy --out /tmp/focus-tinker      # no key: dry run
@@ -25,47 +30,11 @@ import asyncio
 import json
 import os
 import sys
-from collections import Counter
 from typing import Any
 
 from focus.batch import Batch
 
 LOSS_FNS = ("importance_sampling", "ppo")
-
-
-def describe(datums: list[Any], loss_fn: str) -> dict[str, Any]:
-    """What a request would carry (pure): counts, shapes and the loss."""
-    if not datums:
-        raise ValueError("the batch has no trainable sequences: nothing to send")
-    inputs = [d.model_input.length for d in datums]
-    fields: Counter[str] = Counter()
-    trained = 0
-    for i, d in enumerate(datums):
-        for key, t in d.loss_fn_inputs.items():
-            if list(t.shape) != [inputs[i]]:
-                raise ValueError(f"datum {i}: {key} has shape {t.shape}, model_input has {inputs[i]} tokens")
-            fields[key] += 1
-        trained += sum(1 for a in d.loss_fn_inputs["advantages"].data if a != 0.0)
-    return {
-        "datums": len(datums),
-        "loss_fn": loss_fn,
-        "loss_fn_inputs": sorted(fields),
-        "tokens": sum(inputs),
-        "tokens_with_advantage": trained,
-        "max_len": max(inputs),
-        "shapes": [[n] for n in inputs[:5]] + ([["..."]] if len(inputs) > 5 else []),
-    }
-
-
-def train(datums: list[Any], base_model: str, loss_fn: str, lr: float) -> dict[str, Any]:
-    """One forward_backward and one optim_step on a fresh LoRA client."""
-    import tinker
-
-    service = tinker.ServiceClient()
-    client = service.create_lora_training_client(base_model=base_model)
-    out = client.forward_backward(datums, loss_fn).result()
-    client.optim_step(adam_params=tinker.AdamParams(learning_rate=lr)).result()
-    return {"metrics": dict(out.metrics)}
 
 
 async def toy_batch(out: str, url: str | None = None) -> tuple[str, Batch]:
@@ -91,6 +60,7 @@ async def toy_batch(out: str, url: str | None = None) -> tuple[str, Batch]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from focus.backends.tinker_backend import TinkerTrainer, TinkerUpdateConfig, build_requests, check_requests
     from focus.exporters import to_tinker_datums
     from storage import BatchStore
 
@@ -101,9 +71,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default="runs/tinker", help="store root for --collect-toy")
     ap.add_argument("--model-url", help="server for --collect-toy (default: the embedded tiny model)")
     ap.add_argument("--base-model", default="Qwen/Qwen3-4B-Instruct-2507")
+    ap.add_argument("--state", help="tinker:// state saved by the previous step (default: a new LoRA run)")
+    ap.add_argument("--name", default="focus-step", help="name of the saved state and sampler weights")
     ap.add_argument("--loss-fn", choices=LOSS_FNS, default="importance_sampling")
     ap.add_argument("--lr", type=float, default=1e-5)
-    ap.add_argument("--dry-run", action="store_true", help="convert and report, even with a key")
+    ap.add_argument("--dry-run", action="store_true", help="build and check every request, even with a key")
     args = ap.parse_args(argv)
     if args.collect_toy:
         url, batch = asyncio.run(toy_batch(args.out, args.model_url))
@@ -111,17 +83,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         url, batch = args.batch_url, BatchStore(args.store).read(args.batch_url)
     else:
         ap.error("give --store and --batch-url, or --collect-toy")
+    cfg = TinkerUpdateConfig(loss_fn=args.loss_fn, learning_rate=args.lr, dry_run=args.dry_run)
     # Tinker's built-in RL losses take target_tokens, logprobs and advantages only.
     datums = to_tinker_datums(batch, include_mask=False)
-    result: dict[str, Any] = {"batch": url, **describe(datums, args.loss_fn)}
+    requests = build_requests(datums, cfg, base_model=args.base_model, name=args.name, state_path=args.state)
+    result: dict[str, Any] = {"batch": url, **check_requests(requests)}
     if os.environ.get("TINKER_API_KEY") and not args.dry_run:
-        result |= {"sent": True, "base_model": args.base_model, **train(datums, args.base_model, args.loss_fn, args.lr)}
+        step = TinkerTrainer(cfg, args.base_model).step(datums, args.name, args.state)
+        result |= {"sent": True, "sampler_path": step.sampler_path, "state_path": step.state_path}
+        result |= {"metrics": step.metrics}
     else:
         why = "--dry-run" if args.dry_run else "TINKER_API_KEY is not set"
         result |= {
             "sent": False,
-            "reason": f"{why}: would call forward_backward(datums, {args.loss_fn!r}) and "
-            f"optim_step(AdamParams(learning_rate={args.lr})) on a LoRA client of {args.base_model}",
+            "reason": f"{why}: built and checked {', '.join(result['requests'].values())}; would call "
+            f"forward_backward(datums, {args.loss_fn!r}) and optim_step(AdamParams(learning_rate={args.lr})) "
+            f"on a LoRA client of {args.base_model}",
         }
     json.dump(result, sys.stdout, indent=2)
     print()

@@ -1,0 +1,168 @@
+"""The trainer steps FOCUS ships for the train loop: ``train.trainer = "local" | "tinker"``.
+
+A trainer step is ``f(batch_url, TrainContext, **options) -> TrainResult``
+(:mod:`tasks.config`); the ``train_loop`` flow calls it once per iteration, in a worker
+thread, and records its result. Both built-ins read the batch back from the store
+(exactly what was exported) and write what they produce as one version of the
+:class:`storage.weights.WeightStore`, beside the batches under the store root:
+
+- :func:`local_trainer` trains the embedded tiny model (:mod:`focus.train_local`):
+  clipped policy gradient on the batch's advantages, and the local critic fitted on
+  its critic targets. It starts from the previous version's weights *and optimizer
+  state*, so a rerun after a crash computes bit for bit what an uninterrupted run does.
+- :func:`tinker_trainer` runs ``forward_backward`` + ``optim_step`` on Tinker
+  (:class:`focus.backends.tinker_backend.TinkerTrainer`) and returns the ``tinker://``
+  sampler path the next collection samples from. Without ``TINKER_API_KEY`` (or with
+  ``train.tinker.dry_run``) it builds and checks every request with the SDK's types
+  and sends none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tasks.config import ConfigError, FocusConfig, TrainContext, TrainResult
+
+
+def local_weights(url: str | None, root: str) -> str | None:
+    """A local path holding the weights at ``url`` (a path, a ``file://`` URL, or any
+    fsspec URL; files of the weight store under ``root`` are checked against their
+    manifest). ``None`` stays ``None`` (the model's default weights)."""
+    if url is None:
+        return None
+    if "://" not in url:
+        return url
+    if url.startswith("file://"):
+        return url.removeprefix("file://")
+    from storage.weights import WeightStore
+
+    store = WeightStore(root)
+    try:
+        store.loc.relative(url)
+    except Exception:  # noqa: BLE001 - not under the root: fetch it as it is
+        import fsspec
+
+        from storage.manifest import sha256
+
+        with fsspec.open(url, "rb") as f:
+            data = f.read()
+        path = Path(tempfile.gettempdir()) / "focus-weights" / f"{sha256(data)[:32]}-{url.rsplit('/', 1)[-1]}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.is_file():
+            tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        return str(path)
+    return str(store.local_copy(url))
+
+
+def _read_batch(config: FocusConfig, batch_url: str) -> Any:
+    from storage import BatchStore
+
+    return BatchStore(config.storage.root).read(batch_url)
+
+
+def local_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainResult:
+    """Train the embedded model and the local critic on one batch; publish the version.
+
+    ``options`` override fields of ``train.local`` (``focus.train_local.UpdateConfig``).
+    Writes ``policy.pt``, ``optimizer.pt`` and (with ``critic.kind = "local"``)
+    ``critic.pt`` into ``ctx.out``.
+    """
+    from focus.train_local import PolicyTrainer, UpdateConfig, train_iteration
+    from storage.weights import WeightStore
+
+    cfg = ctx.config
+    if cfg.model.kind != "local":
+        raise ConfigError(f"train.trainer 'local' trains the embedded model; model.kind is {cfg.model.kind!r}")
+    if cfg.agent.sampling.top_p != 1.0:
+        raise ConfigError("the local trainer needs agent.sampling.top_p = 1 (its ratio assumes full softmax sampling)")
+    update = UpdateConfig(**{**cfg.train.local.model_dump(), **options})
+    if update.temperature is None:
+        update = update.model_copy(update={"temperature": cfg.agent.sampling.temperature})
+    store = WeightStore(cfg.storage.root)
+    batch = _read_batch(cfg, batch_url)
+    state = store.read(ctx.state) if ctx.state else None
+    trainer = PolicyTrainer(local_weights(ctx.weights, cfg.storage.root), update, state=state)
+    critic = None
+    if cfg.critic.kind == "local":
+        from focus.critic import LocalCritic
+
+        critic = LocalCritic.load(ctx.critic) if ctx.critic else cfg.build_critic()
+    work = Path(ctx.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    out = train_iteration(trainer, critic, batch, work / "policy.pt")
+    files = {"policy.pt": (work / "policy.pt").read_bytes(), "optimizer.pt": trainer.state_bytes()}
+    if critic is not None and out["critic"]["fitted"]:
+        critic.save(str(work / "critic.pt"))
+        files["critic.pt"] = (work / "critic.pt").read_bytes()
+    metrics = {f"train_{k}": float(v) for k, v in out["train"].items()}
+    metrics |= {f"critic_{k}": float(v) for k, v in out["critic"].items()}
+    folder = store.put(
+        ctx.out, files, {"iteration": ctx.iteration, "batch_url": batch_url, "policy_version": out["policy_version"]}
+    )
+    return TrainResult(
+        policy_version=out["policy_version"],
+        weights=f"{folder}/policy.pt",
+        metrics=metrics,
+        critic=f"{folder}/critic.pt" if "critic.pt" in files else ctx.critic,
+        state=f"{folder}/optimizer.pt",
+    )
+
+
+def tinker_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainResult:
+    """One LoRA step on Tinker per batch; the next collection samples the new weights.
+
+    ``options`` override fields of ``train.tinker``. Sends nothing (a dry run) when
+    ``dry_run`` is set, when ``TINKER_API_KEY`` is not, or when the batch was not
+    sampled from a Tinker model (``model.kind`` is not ``tinker``: its token ids are
+    another model's). Either way every request is built and checked, and what it would
+    send is written to ``ctx.out`` as ``requests.json``.
+    """
+    from focus.backends.tinker_backend import TinkerTrainer, TinkerUpdateConfig, build_requests, check_requests
+    from focus.exporters import to_tinker_datums
+    from storage.weights import WeightStore
+
+    cfg = ctx.config
+    tcfg = TinkerUpdateConfig(**{**cfg.train.tinker.model_dump(), **options})
+    base_model = tcfg.base_model or cfg.model.model
+    if not base_model:
+        raise ConfigError("the tinker trainer needs train.tinker.base_model (or model.model): the model to fine-tune")
+    batch = _read_batch(cfg, batch_url)
+    # Tinker's built-in RL losses take target_tokens, logprobs and advantages only
+    datums = to_tinker_datums(batch, include_mask=False)
+    name = f"{ctx.config.collection_id or 'focus'}-v{ctx.iteration + 1:06d}"
+    report = check_requests(build_requests(datums, tcfg, base_model=base_model, name=name, state_path=ctx.state))
+    why = None
+    if tcfg.dry_run:
+        why = "train.tinker.dry_run is set"
+    elif not os.environ.get("TINKER_API_KEY"):
+        why = "TINKER_API_KEY is not set"
+    elif cfg.model.kind != "tinker":
+        why = f"model.kind is {cfg.model.kind!r}: the batch's token ids are not {base_model}'s"
+    store = WeightStore(cfg.storage.root)
+    counts = {k: float(report[k]) for k in ("datums", "tokens", "tokens_with_advantage", "forward_backward_bytes")}
+    if why is not None:
+        report |= {"sent": False, "reason": f"{why}: built and checked every request, sent none"}
+        store.put(ctx.out, {"requests.json": json.dumps(report, indent=1).encode()}, {"iteration": ctx.iteration})
+        return TrainResult(
+            policy_version=ctx.policy_version or "0",
+            weights=ctx.weights,
+            metrics={**counts, "sent": 0.0},
+            critic=ctx.critic,
+            state=ctx.state,
+        )
+    step = TinkerTrainer(tcfg, base_model).step(datums, name, ctx.state)
+    report |= {"sent": True, "sampler_path": step.sampler_path, "state_path": step.state_path, "metrics": step.metrics}
+    store.put(ctx.out, {"requests.json": json.dumps(report, indent=1).encode()}, {"iteration": ctx.iteration})
+    return TrainResult(
+        policy_version=step.sampler_path,
+        weights=step.sampler_path,
+        metrics={**counts, **step.metrics, "sent": 1.0},
+        critic=ctx.critic,
+        state=step.state_path,
+    )

@@ -1,0 +1,153 @@
+"""A train loop on the embedded model killed with SIGKILL mid-collection, mid-training
+and in the next iteration, then run again with the same id, ends with the weights of a
+run that was never interrupted; finished steps are reused, not recomputed.
+
+The loop runs as the installed ``focus`` command would: from the user's own folder,
+which holds the trainer module (``slowtrain.py``), with that folder on no import path
+but the current directory's."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from fixtures.prefect import kill_tree
+
+from storage import BatchStore, CheckpointStore
+from storage.weights import WeightStore
+from tasks.config import load_config
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    # Equal weights need equal log-probs from the model server whatever else it serves
+    # (its prefix cache, its batching): the embedded server's invariant numerics.
+    pytest.mark.skipif(
+        importlib.util.find_spec("focus.tinylm.numerics") is None,
+        reason="needs the embedded server's batch-invariant numerics (focus.tinylm.numerics)",
+    ),
+]
+
+CONFIG = """
+collection_id = "r"
+seed = 5
+progress = false
+[env]
+n_tasks = 3
+[agent]
+max_steps = 4
+sampling = {{max_tokens = 4}}
+[[search.phases]]
+name = "evidence"
+rollouts_per_task = 2
+[[search.phases]]
+name = "continue"
+transitions = 30
+wave_size = 2
+max_depth = 3
+[critic]
+kind = "local"
+options = {{buckets = 256, hidden = 8}}
+[execution]
+kind = "local"
+[storage]
+root = "{root}"
+[train]
+iterations = 2
+trainer = "slowtrain:train"
+options = {{marker_dir = "{markers}", pause_s = {pause}}}
+"""
+
+TRAINER = '''
+"""A user's trainer: the shipped local trainer, with marks and pauses to be killed in."""
+import pathlib
+import time
+
+from tasks.trainers import local_trainer
+
+
+def train(batch_url, ctx, marker_dir, pause_s):
+    mark = pathlib.Path(marker_dir)
+    mark.mkdir(parents=True, exist_ok=True)
+    result = local_trainer(batch_url, ctx)
+    (mark / f"trained-{ctx.iteration}").touch()  # weights published, result not yet recorded
+    time.sleep(pause_s)
+    return result
+'''
+
+LAUNCHER = "import sys\nfrom flows.cli import main\nsys.argv[0] = 'focus'\nmain()\n"
+
+
+def _wait(proc, what, cond, timeout=150):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert proc.poll() is None, f"the run ended before {what}: " + (
+            proc.stdout.read().decode()[-3000:] if proc.stdout else ""
+        )
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_weights(prefect_env, prefect_api, tmp_path, monkeypatch):
+    user = tmp_path / "user"  # the user's folder: config and trainer module
+    user.mkdir()
+    (user / "slowtrain.py").write_text(textwrap.dedent(TRAINER))
+    launcher = tmp_path / "bin" / "focus_cli.py"  # like the console script: not in the user's folder
+    launcher.parent.mkdir()
+    launcher.write_text(LAUNCHER)
+    root, markers = tmp_path / "store", tmp_path / "markers"
+    (user / "loop.toml").write_text(CONFIG.format(root=root, markers=markers, pause=6))
+    cmd = [sys.executable, str(launcher), "train", "-c", "loop.toml", "--json"]
+    store = CheckpointStore(str(root))
+
+    def start():
+        return subprocess.Popen(
+            cmd, cwd=user, env=prefect_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    kills = [
+        ("mid-collection of iteration 0", lambda: any(p == "1.continue.score" for p, _ in store.list("r-it0"))),
+        ("mid-training of iteration 0", lambda: (markers / "trained-0").exists()),
+        ("mid-collection of iteration 1", lambda: any(p == "1.continue" for p, _ in store.list("r-it1"))),
+    ]
+    for what, cond in kills:
+        proc = start()
+        try:
+            _wait(proc, what, cond)
+        finally:
+            kill_tree(proc)  # SIGKILL to the CLI and everything it started (the model server)
+        assert proc.returncode == -9, what
+    assert store.exists("r", "train", 0) and not store.exists("r", "train", 1)
+    assert not store.exists("r-it1", "export", 0), "iteration 1 finished before it could be killed"
+
+    done = subprocess.run(cmd, cwd=user, env=prefect_env, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    resumed = [json.loads(line) for line in done.stdout.strip().splitlines() if line.startswith("{")]
+    assert [r["iteration"] for r in resumed] == [0, 1]
+    # iteration 0 is reused whole; iteration 1 resumes its collection
+    assert resumed[0]["train"]["reused"] and resumed[0]["stats"]["steps_reused"] == resumed[0]["stats"]["steps"]
+    assert not resumed[1]["train"]["reused"] and 0 < resumed[1]["stats"]["steps_reused"]
+
+    # the same loop, never interrupted, in this process, from the user's folder
+    monkeypatch.chdir(user)
+    clean_root = tmp_path / "clean"
+    cfg = load_config(user / "loop.toml", {"storage.root": str(clean_root), "train.options.pause_s": 0}, environ={})
+    from flows.train_loop import train_loop
+
+    clean = asyncio.run(train_loop(cfg))
+    for a, b in zip(resumed, clean, strict=True):
+        assert a["train"]["policy_version"] == b["train"]["policy_version"]
+        ra = BatchStore(str(root)).read(a["batch_url"])
+        rb = BatchStore(str(clean_root)).read(b["batch_url"])
+        assert ra.actor == rb.actor and ra.critic == rb.critic
+    for name in ("policy.pt", "critic.pt", "optimizer.pt"):
+        got = WeightStore(str(root)).read(f"{WeightStore(str(root)).folder('r', 2)}/{name}")
+        want = WeightStore(str(clean_root)).read(f"{WeightStore(str(clean_root)).folder('r', 2)}/{name}")
+        assert got == want, name
+    assert Path(resumed[1]["train"]["weights"]).name == "policy.pt"

@@ -1,0 +1,134 @@
+"""Weights that travel: the weight store (memory:// here, any fsspec URL in use) and the
+shipped local trainer step, which publishes each version beside the batches and
+continues bit for bit from the previous version's weights and optimizer state."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from storage import BatchStore
+from storage.errors import CorruptDataError, PathOutsideRoot
+from storage.weights import WeightStore
+from tasks.config import TrainContext, load_config
+
+
+def memory_root() -> str:
+    return f"memory://focus-test-{uuid.uuid4().hex[:8]}"
+
+
+def test_weight_store_versions_checks_and_local_copies(tmp_path):
+    store = WeightStore(memory_root())
+    folder = store.folder("run", 3)
+    assert folder == f"{store.root}/weights/run/v000003" and not store.exists("run", 3)
+    assert store.put(folder, {"policy.pt": b"abc", "critic.pt": b"xyz"}, {"iteration": 2}) == folder
+    assert store.exists("run", 3) and store.manifest(folder).info == {"version": 3, "iteration": 2}
+    assert store.read(f"{folder}/policy.pt") == b"abc"
+    local = store.local_copy(f"{folder}/policy.pt", cache=tmp_path)
+    assert local.read_bytes() == b"abc" and store.local_copy(f"{folder}/policy.pt", cache=tmp_path) == local
+    store.loc.fs.pipe_file(store.loc.path(f"{folder}/critic.pt"), b"xyZ")  # corrupted after the fact
+    with pytest.raises(CorruptDataError, match="checksum"):
+        store.read(f"{folder}/critic.pt")
+    with pytest.raises(CorruptDataError, match="no manifest"):
+        store.read(f"{store.folder('run', 4)}/policy.pt")
+    with pytest.raises(PathOutsideRoot):
+        store.folder("../x", 1)
+    with pytest.raises(ValueError, match="not a weights version folder"):
+        store.put(f"{store.root}/batches/x", {"a": b""})
+
+
+def _batch(root: str, iteration: int) -> str:
+    """A small real batch: the toy task's format, rows with advantages of both signs."""
+    from focus.batch import ActorRow, Batch, CriticRow
+    from focus.env import Message
+    from focus.format import ByteCodec
+
+    codec = ByteCodec()
+    prompt = codec.render([Message("user", f"Reach {7 + iteration}. Total 0.")])
+    rows, critic = [], []
+    for i, (d, adv) in enumerate([("7", 1.0), ("3", -1.0), ("5", 0.4), ("9", -0.3)]):
+        rows.append(
+            ActorRow(
+                "c",
+                iteration,
+                "t",
+                "t#0",
+                0,
+                i,
+                0,
+                "v",
+                tuple(prompt),
+                (ord(d), ByteCodec.EOT),
+                (-2.2, -0.01),
+                (1, 1),
+                adv,
+                float(adv > 0),
+                "stop",
+            )
+        )
+        critic.append(CriticRow("c", iteration, "t", "t#0", i, tuple(prompt) + (ord(d),), adv / 2, 1.0, 0.0))
+    return BatchStore(root).write(Batch("c", iteration, rows, critic, {"transitions": 4}))
+
+
+def _train_twice(root: str, tmp_path, *, fresh_second: bool = False) -> list:
+    from tasks.trainers import local_trainer
+
+    cfg = load_config(
+        overrides={
+            "collection_id": "w",
+            "storage.root": root,
+            "critic.kind": "local",
+            "critic.options": {"buckets": 64, "hidden": 4, "seed": 1},
+            "train.local.epochs": 2,
+            "train.local.minibatch": 2,
+        },
+        environ={},
+    )
+    store = WeightStore(root)
+    results = []
+    latest = {"weights": None, "policy_version": None, "critic": None, "state": None}
+    for i in range(2):
+        ctx = TrainContext(
+            i,
+            cfg,
+            latest["weights"],
+            latest["policy_version"],
+            str(tmp_path / f"w{i}"),
+            out=store.folder("w", i + 1),
+            critic=latest["critic"],
+            state=latest["state"],
+        )
+        res = local_trainer(_batch(root, i), ctx)
+        results.append(res)
+        latest = {
+            "weights": res.weights,
+            "policy_version": res.policy_version,
+            "critic": res.critic,
+            "state": None if fresh_second else res.state,
+        }
+    return results
+
+
+def test_local_trainer_publishes_versions_and_is_reproducible(tmp_path):
+    from focus.tinylm.model import weights_version
+
+    root = memory_root()
+    first = _train_twice(root, tmp_path / "a")
+    store = WeightStore(root)
+    for i, res in enumerate(first):
+        folder = store.folder("w", i + 1)
+        assert res.weights == f"{folder}/policy.pt" and res.critic == f"{folder}/critic.pt"
+        assert res.state == f"{folder}/optimizer.pt"
+        assert weights_version(store.local_copy(res.weights, cache=tmp_path / "cache")) == res.policy_version
+        assert res.metrics["critic_fitted"] == 1.0 and res.metrics["train_steps"] == 4.0
+    assert first[0].policy_version != first[1].policy_version
+    # the same steps again (another store): the same bytes, weights, critic and optimizer state
+    root2 = memory_root()
+    again = _train_twice(root2, tmp_path / "b")
+    for a, b in zip(first, again, strict=True):
+        for name in ("weights", "critic", "state"):
+            assert WeightStore(root).read(getattr(a, name)) == WeightStore(root2).read(getattr(b, name))
+    # the second step without the first's optimizer state differs: the state is what makes resume exact
+    fresh = _train_twice(memory_root(), tmp_path / "c", fresh_second=True)
+    assert fresh[0].policy_version == first[0].policy_version != fresh[1].policy_version != first[1].policy_version
