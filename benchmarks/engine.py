@@ -234,7 +234,7 @@ def run_in_process(args: argparse.Namespace, *, streaming: bool) -> dict[str, An
         prepare_cpu = time.process_time() - c1
         rows = server.requests()
     usage = state.usage()
-    transitions = usage["transitions"]
+    transitions = usage.transitions
     busy = after["busy_slot_s"] - before["busy_slot_s"]
     assert collector.mark is not None
     t_mark, at_mark = collector.mark
@@ -247,9 +247,9 @@ def run_in_process(args: argparse.Namespace, *, streaming: bool) -> dict[str, An
         "wave_size": args.wave_size,
         "execution_concurrency": concurrency,
         "transitions": transitions,
-        "model_calls": usage["model_calls"],
-        "rollouts": usage["rollouts"],
-        "failed_rollouts": usage["failed_rollouts"],
+        "model_calls": usage.model_calls,
+        "rollouts": usage.rollouts,
+        "failed_rollouts": usage.failed_rollouts,
         "waves": len(state.waves),
         "search_wall_s": wall,
         "transitions_per_s": transitions / wall,
@@ -335,7 +335,7 @@ def run_dask(args: argparse.Namespace, env_cpu_ms: float, suffix: str) -> dict[s
                 state = _search(collector, tasks)
                 wall = time.perf_counter() - t0
                 after = server.stats()
-            n = state.usage()["transitions"]
+            n = state.usage().transitions
             out[f"dask_{workers}_workers{suffix}"] = {
                 "transitions": n,
                 "wall_s": wall,

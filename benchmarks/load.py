@@ -80,7 +80,7 @@ async def run_collection(col: Collector, n_tasks: int) -> tuple[Any, list[dict[s
     def sample(state: Any) -> None:
         rss, hwm = rss_bytes()
         used = state.usage()
-        samples.append({"transitions": used["transitions"], "rss": rss, "peak_rss": hwm, "s": time.perf_counter() - t0})
+        samples.append({"transitions": used.transitions, "rss": rss, "peak_rss": hwm, "s": time.perf_counter() - t0})
 
     try:
         state = await col.run_evidence(reach_target_tasks(n_tasks, seed=0))

@@ -135,7 +135,10 @@ async def publish_report(config: FocusConfig, result: dict[str, Any], steps: lis
     await acreate_table_artifact(
         rows, key=_artifact_key(cid, "stats"), description=f"Collection {cid}: batch statistics"
     )
-    step_rows = [{k: s.get(k) for k in ("phase", "wave", "reused", "wall_s", "transitions", "jobs")} for s in steps]
+    step_rows = [
+        {**{k: s.get(k) for k in ("phase", "wave", "reused", "wall_s", "jobs")}, "transitions": _used(s, "transitions")}
+        for s in steps
+    ]
     await acreate_table_artifact(step_rows, key=_artifact_key(cid, "steps"), description=f"Collection {cid}: steps")
     svg = await asyncio.to_thread(steps_for(config).tree_picture)
     if svg:
@@ -145,6 +148,11 @@ async def publish_report(config: FocusConfig, result: dict[str, Any], steps: lis
             key=_artifact_key(cid, "trees"),
             description=f"Collection {cid}: search trees (first trees, nodes coloured by kind)",
         )
+
+
+def _used(record: dict[str, Any], what: str) -> Any:
+    """A figure of a step record's usage (``None`` for steps that ran no rollouts)."""
+    return (record.get("usage") or {}).get(what)
 
 
 def _artifact_key(cid: str, what: str) -> str:
