@@ -27,10 +27,23 @@ if TYPE_CHECKING:
     from focus.agent import Agent, Rollout
 
 
-def _run_shard(agent_bytes: bytes, jobs: list[Any], max_concurrency: int) -> list[Rollout]:
-    """Body of one Dask task: unpickle the agent and run the shard on a fresh loop."""
+def _run_shard(
+    agent_bytes: bytes, jobs: list[Any], max_concurrency: int, max_outage_share: float = 1.0
+) -> list[Rollout]:
+    """Body of one Dask task: unpickle the agent and run the shard on a fresh loop.
+
+    The shard leaves the worker's thread pool first (``secede``): it mostly waits on the
+    model service, and a wave planned ahead must be able to start its shards while this
+    one still runs, instead of queueing behind it for a thread.
+    """
     import cloudpickle
 
+    try:
+        from distributed import secede
+
+        secede()
+    except ValueError:  # not inside a Dask worker (called directly)
+        pass
     agent = cloudpickle.loads(agent_bytes)
     out: list[Rollout] = []
 
@@ -40,7 +53,8 @@ def _run_shard(agent_bytes: bytes, jobs: list[Any], max_concurrency: int) -> lis
         # included) while restoring the SIGINT handler, which for a shard of rollouts
         # cost ~0.5 s of CPU per shard.
         try:
-            out.extend(await Execution(max_concurrency=max_concurrency).run(agent, jobs))
+            ex = Execution(max_concurrency=max_concurrency, max_outage_share=max_outage_share)
+            out.extend(await ex.run(agent, jobs))
         finally:
             await agent.policy.aclose()
 
@@ -74,11 +88,12 @@ class DaskExecution(Execution):
         state = super().__getstate__()
         fields = dict(state["__dict__"])
         fields["address"] = self.scheduler_address
-        return {**state, "__dict__": fields, "__pydantic_private__": {"_client": None, "_cluster": None}}
+        return {**state, "__dict__": fields, "__pydantic_private__": {"_client": None, "_cluster": None, "_limits": {}}}
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
         super().__setstate__(state)
-        object.__setattr__(self, "__pydantic_private__", {"_client": None, "_cluster": None, "_lock": threading.Lock()})
+        private: dict[str, Any] = {"_client": None, "_cluster": None, "_lock": threading.Lock(), "_limits": {}}
+        object.__setattr__(self, "__pydantic_private__", private)
 
     @property
     def scheduler_address(self) -> str | None:
@@ -130,9 +145,21 @@ class DaskExecution(Execution):
     async def run(self, agent: Agent, jobs: list[Any]) -> list[Rollout]:
         if not jobs:
             return []
-        return await asyncio.to_thread(self._run_sync, agent, list(jobs))
+        jobs = list(jobs)
+        client, shards, futures, payload = await asyncio.to_thread(self._submit, agent, jobs)
+        try:
+            results = await asyncio.to_thread(client.gather, futures)
+        finally:
+            # also when this wave is cancelled (another wave hit an outage, the run
+            # ends): the shards stop, and the thread blocked in gather returns
+            await asyncio.to_thread(client.cancel, [*futures, payload])
+        out: list[Any] = [None] * len(jobs)
+        for shard, rollouts in zip(shards, results, strict=True):
+            for i, rollout in zip(shard, rollouts, strict=True):
+                out[i] = rollout
+        return out
 
-    def _run_sync(self, agent: Agent, jobs: list[Any]) -> list[Rollout]:
+    def _submit(self, agent: Agent, jobs: list[Any]) -> tuple[Any, list[list[int]], list[Any], Any]:
         import cloudpickle
 
         client = self.client()
@@ -140,18 +167,17 @@ class DaskExecution(Execution):
         shards = self.shards(jobs, threads)
         payload = client.scatter(cloudpickle.dumps(agent), broadcast=True, hash=False)
         futures = [
-            client.submit(_run_shard, payload, [jobs[i] for i in shard], self.max_concurrency, pure=False)
+            client.submit(
+                _run_shard,
+                payload,
+                [jobs[i] for i in shard],
+                self.max_concurrency,
+                self.max_outage_share,
+                pure=False,
+            )
             for shard in shards
         ]
-        try:
-            results = client.gather(futures)
-        finally:
-            client.cancel([*futures, payload])
-        out: list[Any] = [None] * len(jobs)
-        for shard, rollouts in zip(shards, results, strict=True):
-            for i, rollout in zip(shard, rollouts, strict=True):
-                out[i] = rollout
-        return out
+        return client, shards, futures, payload
 
     def close(self) -> None:
         """Close the client, and the LocalCluster if this object started it."""

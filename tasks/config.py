@@ -186,6 +186,8 @@ class ExecutionConfig(_Model):
     processes: bool = True
     max_concurrency: int = Field(64, gt=0)
     shard_size: int = Field(16, gt=0)
+    #: See focus.execution.Execution.max_outage_share.
+    max_outage_share: float = Field(0.1, ge=0.0, le=1.0)
 
 
 class StorageConfig(_Model):
@@ -337,7 +339,10 @@ class FocusConfig(_Model):
             search=self.search.priority(),
             critic=self.build_critic(),
             estimator=DirectBranchTd(gamma=self.estimator.gamma),
-            execution=execution or Execution(max_concurrency=self.execution.max_concurrency),
+            execution=execution
+            or Execution(
+                max_concurrency=self.execution.max_concurrency, max_outage_share=self.execution.max_outage_share
+            ),
             collection_id=self.collection_id or "adhoc",
             iteration=self.iteration,
             seed=self.seed,

@@ -46,11 +46,12 @@ def make_execution(ex: ExecutionConfig) -> Any:
             processes=ex.processes,
             shard_size=ex.shard_size,
             max_concurrency=ex.max_concurrency,
+            max_outage_share=ex.max_outage_share,
             freeze_gc=False,
         )
     from focus.execution import Execution
 
-    return Execution(max_concurrency=ex.max_concurrency, freeze_gc=False)
+    return Execution(max_concurrency=ex.max_concurrency, max_outage_share=ex.max_outage_share, freeze_gc=False)
 
 
 def steps_for(config: FocusConfig, handoff: Handoff | None = None) -> Steps:
