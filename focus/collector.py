@@ -28,9 +28,9 @@ import gc
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from focus.agent import Agent, Rollout
 from focus.batch import ActorRow, Batch, CriticRow
@@ -45,7 +45,7 @@ from focus.search import (
     SearchState,
     WavePlan,
     graft,
-    plan_ahead,
+    plan_next,
     plan_refill,
     plan_wave,
     unscored,
@@ -55,6 +55,7 @@ from focus.tree import Tree
 from focus.usage import FAILURE_KINDS, Usage, failure_kind, wall_of
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -164,7 +165,7 @@ class Collector:
     async def score(self, state: SearchState) -> SearchState:
         """``state`` with :meth:`predict`'s predictions filled in."""
         preds = await self.predict(state)
-        return with_predictions(state, preds) if preds else state
+        return await _off_loop(with_predictions, state, preds) if preds else state
 
     def plan_wave(self, state: SearchState, phase_index: int, wave_index: int) -> WavePlan:
         """The jobs of one wave (pure); empty when the phase is done."""
@@ -190,7 +191,7 @@ class Collector:
         wall = now - (launched.t0 if since is None else since)
         plan = launched.plan
         phase = self.search_config.phases[plan.phase_index]
-        new = graft(state, plan, rollouts, phase.name, wave_wall_s=wall)
+        new = await _off_loop(graft, state, plan, rollouts, phase.name, wall)
         _warn_failures(phase.name, plan.wave_index, rollouts)
         return new, Landed(plan, tuple(rollouts), wall)
 
@@ -210,24 +211,30 @@ class Collector:
         self, state: SearchState, phase_index: int, running: Running
     ) -> tuple[SearchState, Landed | None]:
         """One wave of continuation phase ``phase_index``: plan ahead
-        (:func:`focus.search.plan_ahead`), launch every planned wave not in ``running``,
-        wait for the oldest and graft it (not scored). ``None`` when the phase is done.
+        (:func:`focus.search.plan_ahead`, launching each wave not in ``running`` as soon
+        as it is planned), wait for the oldest and graft it (not scored). ``None`` when
+        the phase is done.
 
         With ``waves_in_flight`` > 1 the waves planned after the oldest keep running
         when this returns (in ``running``), so the model service stays busy while the
         caller scores, checkpoints and calls again.
         """
-        state = plan_ahead(state, self.search_config, phase_index)
+        while True:
+            # launch each wave as soon as it is planned, then plan the next one
+            for plan in state.planned:
+                key = (plan.phase_index, plan.wave_index)
+                have = running.waves.get(key)
+                if have is not None and have.plan is not plan:  # launched for another state: stale
+                    have.task.cancel()
+                    have = None
+                if have is None:
+                    running.waves[key] = self.launch(plan)
+            nxt = await _off_loop(plan_next, state, self.search_config, phase_index)
+            if nxt is state:
+                break
+            state = nxt
         if not state.planned:
             return state, None
-        for plan in state.planned:
-            key = (plan.phase_index, plan.wave_index)
-            have = running.waves.get(key)
-            if have is not None and have.plan is not plan:  # launched for another state: stale
-                have.task.cancel()
-                have = None
-            if have is None:
-                running.waves[key] = self.launch(plan)
         oldest = state.planned[0]
         launched = running.waves.pop((oldest.phase_index, oldest.wave_index))
         try:
@@ -438,6 +445,16 @@ class Collector:
             "phases": phases,
             "failure_causes": dict(causes.most_common(10)),
         }
+
+
+async def _off_loop(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` (planning, grafting, filling in predictions: pure, CPU-bound) in a
+    worker thread, so the event loop keeps serving the rollouts of waves still in flight
+    instead of stalling them for the length of a plan (the GIL is shared, but the loop
+    gets its turn every few milliseconds, which is what it needs to send the next
+    requests). The functions are pure and the loop's rollouts never touch the state
+    they work on, so results are the same as inline."""
+    return await asyncio.to_thread(fn, *args)
 
 
 def _flat(usage: Usage) -> dict[str, Any]:

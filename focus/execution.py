@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Waves running in this process that froze the heap (see ``Execution.freeze_gc``).
+_FROZEN_RUNS = 0
+
 
 class ModelServiceOutage(RuntimeError):
     """Too many rollouts of a wave failed because the model service gave no usable
@@ -166,14 +169,20 @@ class Execution(BaseModel):
 
     async def run(self, agent: Agent, jobs: list[RolloutJob]) -> list[Rollout]:
         """One rollout per job, in job order."""
-        frozen = self.freeze_gc and gc.get_freeze_count() == 0
+        global _FROZEN_RUNS
+        # Waves planned ahead overlap: the first to start freezes, later ones freeze
+        # what was created since (O(new objects)), the last to end unfreezes.
+        frozen = self.freeze_gc and (_FROZEN_RUNS > 0 or gc.get_freeze_count() == 0)
         if frozen:
+            _FROZEN_RUNS += 1
             gc.freeze()
         try:
             return await self._run(agent, jobs)
         finally:
             if frozen:
-                gc.unfreeze()
+                _FROZEN_RUNS -= 1
+                if _FROZEN_RUNS == 0:
+                    gc.unfreeze()
 
     def launch(self, agent: Agent, job: RolloutJob) -> asyncio.Task[Rollout]:
         """Start one job now on the running loop (streaming mode; the caller bounds how

@@ -287,14 +287,24 @@ def plan_ahead(state: SearchState, search: Priority, phase_index: int) -> Search
     lets it launch while they finish. Either way a plan depends on grafted rollouts
     only, never on timing.
     """
+    while True:
+        nxt = plan_next(state, search, phase_index)
+        if nxt is state:
+            return state
+        state = nxt
+
+
+def plan_next(state: SearchState, search: Priority, phase_index: int) -> SearchState:
+    """``state`` with one more wave of phase ``phase_index`` planned, if fewer than
+    ``search.waves_in_flight`` are planned and the planner has one; else ``state``
+    itself (pure). :func:`plan_ahead` is this until it returns its input; a runner
+    launches each wave as soon as it is planned, before planning the next."""
     phase = search.phases[phase_index]
     depth = 1 if phase.is_evidence else search.waves_in_flight
-    while len(state.planned) < depth:
-        plan = plan_wave(state, search, phase_index, state.waves_done(phase_index) + len(state.planned))
-        if plan.empty:
-            break
-        state = with_plan(state, plan)
-    return state
+    if len(state.planned) >= depth:
+        return state
+    plan = plan_wave(state, search, phase_index, state.waves_done(phase_index) + len(state.planned))
+    return state if plan.empty else with_plan(state, plan)
 
 
 def with_plan(state: SearchState, plan: WavePlan) -> SearchState:

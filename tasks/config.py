@@ -143,6 +143,10 @@ class SearchConfig(_Model):
     kind: Literal["selective", "uniform"] = "selective"
     phases: list[Phase] = Field(default_factory=_default_phases)
     kappa: float = Field(1.0, ge=0.0)
+    #: Waves planned and running at once (focus.priority.Priority.waves_in_flight): 2
+    #: keeps the model service busy while a wave's last rollouts finish, is checkpointed,
+    #: and the next one is planned (docs/pipeline.md, "Waves in flight").
+    waves_in_flight: int = Field(2, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> SearchConfig:
@@ -151,7 +155,7 @@ class SearchConfig(_Model):
 
     def priority(self) -> Priority:
         cls = Selective if self.kind == "selective" else Uniform
-        return cls(phases=tuple(self.phases), kappa=self.kappa)
+        return cls(phases=tuple(self.phases), kappa=self.kappa, waves_in_flight=self.waves_in_flight)
 
 
 class CriticConfig(_Pluggable):

@@ -142,7 +142,7 @@ class Handoff:
         if rt is not None:
             try:
                 if self.running.waves and not rt.closed:
-                    rt.loop.run_until_complete(self.running.cancel())
+                    rt.call(self.running.cancel())
             finally:
                 rt.close()
         self.running = Running()
