@@ -119,8 +119,8 @@ class Execution(BaseModel):
     #: on the order rollouts finish in: a streamed collection is not reproducible as a
     #: whole and is not resumable per wave (the Prefect pipeline runs waves and ignores
     #: this flag). Each rollout is still reproducible from its job: seeds derive from
-    #: (collection seed, tree, node, branch). The default, wave-synchronous mode is
-    #: deterministic and unchanged.
+    #: (collection seed, tree, node, branch). Waves planned ahead
+    #: (``Priority.waves_in_flight`` > 1) keep the service busy too, deterministically.
     streaming: bool = False
     #: Streaming mode: refill once this share of ``max_concurrency`` is free (planning
     #: costs a pass over every tree, so not after every single rollout) ...
