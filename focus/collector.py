@@ -234,6 +234,7 @@ class Collector:
                 break
             state = nxt
         if not state.planned:
+            running.mark = None  # the phase is done; the next one's first wave counts from its launch
             return state, None
         oldest = state.planned[0]
         launched = running.waves.pop((oldest.phase_index, oldest.wave_index))

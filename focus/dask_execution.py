@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, PrivateAttr
@@ -83,16 +84,27 @@ class DaskExecution(Execution):
     _client: Any = PrivateAttr(None)
     _cluster: Any = PrivateAttr(None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
+    _threads: Any = PrivateAttr(None)
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()
         fields = dict(state["__dict__"])
         fields["address"] = self.scheduler_address
-        return {**state, "__dict__": fields, "__pydantic_private__": {"_client": None, "_cluster": None, "_limits": {}}}
+        return {
+            **state,
+            "__dict__": fields,
+            "__pydantic_private__": {"_client": None, "_cluster": None, "_limits": {}, "_threads": None},
+        }
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
         super().__setstate__(state)
-        private: dict[str, Any] = {"_client": None, "_cluster": None, "_lock": threading.Lock(), "_limits": {}}
+        private: dict[str, Any] = {
+            "_client": None,
+            "_cluster": None,
+            "_lock": threading.Lock(),
+            "_limits": {},
+            "_threads": None,
+        }
         object.__setattr__(self, "__pydantic_private__", private)
 
     @property
@@ -146,18 +158,28 @@ class DaskExecution(Execution):
         if not jobs:
             return []
         jobs = list(jobs)
-        client, shards, futures, payload = await asyncio.to_thread(self._submit, agent, jobs)
+        loop = asyncio.get_running_loop()
+        pool = self._pool()
+        client, shards, futures, payload = await loop.run_in_executor(pool, self._submit, agent, jobs)
         try:
-            results = await asyncio.to_thread(client.gather, futures)
+            results = await loop.run_in_executor(pool, client.gather, futures)
         finally:
             # also when this wave is cancelled (another wave hit an outage, the run
             # ends): the shards stop, and the thread blocked in gather returns
-            await asyncio.to_thread(client.cancel, [*futures, payload])
+            await loop.run_in_executor(pool, client.cancel, [*futures, payload])
         out: list[Any] = [None] * len(jobs)
         for shard, rollouts in zip(shards, results, strict=True):
             for i, rollout in zip(shard, rollouts, strict=True):
                 out[i] = rollout
         return out
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """Threads that wait on the cluster, one per wave in flight: not the event loop's
+        default executor, which planning uses and which has only a few threads."""
+        with self._lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(max_workers=32, thread_name_prefix="focus-dask")
+            return self._threads
 
     def _submit(self, agent: Agent, jobs: list[Any]) -> tuple[Any, list[list[int]], list[Any], Any]:
         import cloudpickle
@@ -182,6 +204,9 @@ class DaskExecution(Execution):
     def close(self) -> None:
         """Close the client, and the LocalCluster if this object started it."""
         with self._lock:
+            if self._threads is not None:
+                self._threads.shutdown(wait=False)
+                self._threads = None
             if self._client is not None:
                 self._client.close()
                 self._client = None
