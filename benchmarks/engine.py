@@ -38,7 +38,7 @@ Figures, all from one run:
   work and the server's CPU per call is of the same order.
 
     .venv/bin/python -m benchmarks.engine [--json out.json] [--small] [--profile] [--no-streaming] [--no-dask]
-        [--waves-in-flight N]
+        [--waves-in-flight N] [--repeats N]
 
 ``--small`` runs a tiny configuration in seconds, Dask workers as threads (used by
 tests/test_simserver.py; its scaling figure means nothing).
@@ -297,10 +297,24 @@ def run_in_process(args: argparse.Namespace, *, mode: str) -> dict[str, Any]:
 
 
 def run_modes(args: argparse.Namespace) -> dict[str, Any]:
-    """Every mode on the same server settings; the headline figures are the pipeline mode's."""
-    modes = {"pipeline_mode": run_in_process(args, mode="pipeline"), "wave_mode": run_in_process(args, mode="waves")}
+    """Every mode on the same server settings, ``--repeats`` times, interleaved (so a
+    change in the machine's load hits every mode alike); each mode reports its run with
+    the median utilisation, and every run's utilisation. The headline figures are the
+    pipeline mode's."""
+    names = {"pipeline": "pipeline_mode", "waves": "wave_mode"}
     if not args.no_streaming:
-        modes["streaming_mode"] = run_in_process(args, mode="streaming")
+        names["streaming"] = "streaming_mode"
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in names}
+    for _ in range(args.repeats):
+        for mode in names:
+            runs[mode].append(run_in_process(args, mode=mode))
+    modes = {}
+    for mode, key in names.items():
+        done = sorted(runs[mode], key=lambda r: r["slot_utilisation"])
+        modes[key] = {
+            **done[len(done) // 2],
+            "slot_utilisation_repeats": [round(r["slot_utilisation"], 4) for r in runs[mode]],
+        }
     return {**modes["pipeline_mode"], "headline_mode": "pipeline", **modes}
 
 
@@ -369,6 +383,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--profile", action="store_true", help="pyinstrument profile of the in-process search")
     ap.add_argument("--no-dask", action="store_true", help="skip the 1 -> 2 worker scaling run")
     ap.add_argument("--no-streaming", action="store_true", help="skip the streaming-mode run")
+    ap.add_argument("--repeats", type=int, default=1, help="in-process runs per mode (median reported)")
     ap.add_argument(
         "--waves-in-flight",
         type=int,
