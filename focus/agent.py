@@ -233,14 +233,19 @@ def is_outage(error: BaseException) -> bool:
 
 
 def _count_retries(counters: dict[str, int], meta: dict[str, Any]) -> None:
-    """Add a call's retries, as its policy client reports them, to the rollout's counters."""
+    """Add a call's retries, as its policy client reports them in ``Completion.meta``
+    (``retries``: a count, or counts by cause; ``retry_s``: the time they took), to the
+    rollout's counters (``retries:<cause>`` per cause; see :class:`focus.usage.Usage`)."""
     retries = meta.get("retries")
-    if isinstance(retries, dict):
-        retries = sum(int(v) for v in retries.values())
-    if retries:
+    by_cause = {str(k): int(v) for k, v in retries.items()} if isinstance(retries, dict) else {"": int(retries or 0)}
+    total = sum(by_cause.values())
+    if total:
         counters["retried_calls"] = counters.get("retried_calls", 0) + 1
-        counters["retries"] = counters.get("retries", 0) + int(retries)
+        counters["retries"] = counters.get("retries", 0) + total
         counters["retry_ms"] = counters.get("retry_ms", 0) + round(1000 * float(meta.get("retry_s", 0.0)))
+        for cause, n in by_cause.items():
+            if cause and n:
+                counters[f"retries:{cause}"] = counters.get(f"retries:{cause}", 0) + n
 
 
 def _turn(

@@ -465,7 +465,7 @@ def _flat(usage: Usage) -> dict[str, Any]:
     failures = out.pop("failures")
     for kind in FAILURE_KINDS:
         out[f"failed_{kind.replace(' ', '_')}"] = failures.get(kind, 0)
-    return out
+    return out  # retry_causes stays a {cause: count} mapping
 
 
 def _warn_failures(phase: str, wave: int, rollouts: Sequence[Rollout]) -> None:

@@ -68,14 +68,17 @@ class Usage:
     rollout_wall_s: float = 0.0
     #: Wall time of the rollouts that ended in a failed leaf: time lost to failures.
     failed_wall_s: float = 0.0
-    #: Model calls that succeeded only after retries, and the time those retries took
-    #: (failed attempts plus backoff), as the policy client reports them in
-    #: ``Completion.meta`` (``retries``: attempts retried, ``retry_s``); 0 when it does not.
+    #: Model calls that succeeded only after retries, the retries, and the time those
+    #: took (failed attempts plus backoff), as the policy client reports them in
+    #: ``Completion.meta`` (``retries``: a count or counts by cause, ``retry_s``); 0 when
+    #: it does not.
     retried_calls: int = 0
     retries: int = 0
     retry_s: float = 0.0
     #: Failed rollouts by kind (:func:`failure_kind`), sorted by kind.
     failures: tuple[tuple[str, int], ...] = ()
+    #: Retries by the cause the client names (``timeout``, ``server error``, ...), sorted.
+    retry_causes: tuple[tuple[str, int], ...] = ()
 
     @staticmethod
     def spend(transitions: int) -> int:
@@ -112,6 +115,9 @@ class Usage:
             retries=int(c.get("retries", 0)),
             retry_s=float(c.get("retry_ms", 0)) / 1000,
             failures=((failure_kind(leaf.cause), 1),) if failed else (),
+            retry_causes=tuple(sorted((k[8:], int(n)) for k, n in c.items() if k.startswith("retries:")))
+            if c.get("retries")
+            else (),
         )
 
     def __add__(self, other: Usage) -> Usage:
@@ -132,6 +138,7 @@ class Usage:
             self.retries + other.retries,
             self.retry_s + other.retry_s,
             _merge(self.failures, other.failures),
+            _merge(self.retry_causes, other.retry_causes),
         )
 
     @classmethod
@@ -151,9 +158,10 @@ class Usage:
         return dict(self.failures).get(kind, 0)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-able: the counters, and failures as ``{kind: count}``."""
+        """JSON-able: the counters, failures as ``{kind: count}``, retries as ``{cause: count}``."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["failures"] = dict(self.failures)
+        out["retry_causes"] = dict(self.retry_causes)
         return out
 
 
