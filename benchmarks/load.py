@@ -127,9 +127,9 @@ def run(
     gc.collect()
     with FaultProxy(url, rate=fault_rate, seed=seed, hang_s=timeout_s * 1.5) as proxy:
         col = make_collector(proxy.url, transitions, n_tasks, concurrency, timeout_s, waves_in_flight)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         state, samples = asyncio.run(run_collection(col, n_tasks))
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         batch = col.prepare(state)
     keys = [(r.tree_id, r.edge_id, r.turn_index) for r in batch.actor]
     return {
@@ -149,6 +149,9 @@ def run(
         "actor_rows": len(batch.actor),
         "duplicated_rows": len(keys) - len(set(keys)),
         "wall_s": round(wall, 2),
+        # this process's CPU (the collection and the in-process fault proxy): unlike wall
+        # time, it hardly moves with the machine's load
+        "cpu_s": round(cpu, 2),
         "transitions_per_s": round(batch.stats["transitions"] / wall, 1),
         "state_pickle_bytes": len(pickle.dumps(state)),
         "memory": samples,
@@ -175,6 +178,7 @@ def compare(faulty: dict[str, Any], clean: dict[str, Any]) -> dict[str, Any]:
         "rows_lost": len(set(want) - set(got)),
         "rows_duplicated": len(got) - len(set(got)),
         "wall_ratio": round(faulty["wall_s"] / clean["wall_s"], 3),
+        "cpu_ratio": round(faulty["cpu_s"] / clean["cpu_s"], 3),
         "rollouts_held_up_1s_or_more": len(slowed),
         "their_rollout_time_lost_s": round(sum(slowed), 1),
     }
