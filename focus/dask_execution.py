@@ -5,8 +5,8 @@ One Prefect task per rollout would cost ~85 ms of orchestration each; a plain
 is one Dask task, and a worker runs its shard on its own asyncio loop
 (:meth:`Execution.run`), keeping up to ``max_concurrency`` model calls in flight.
 
-The agent travels as cloudpickled bytes, scattered once per wave and unpickled inside
-every shard: each shard gets its own policy client bound to its own event loop, and no
+The agent travels as cloudpickled bytes (inside each shard's task when small, scattered
+once per wave when large) and is unpickled inside every shard: each shard gets its own policy client bound to its own event loop, and no
 state is shared between shards or with the caller's process. Branch states travel in
 the jobs (pickled) and come back inside the rollouts. ``distributed`` is imported only
 when a cluster is first needed, so ``import focus`` stays free of Dask.
@@ -61,6 +61,10 @@ def _run_shard(
 
     asyncio.run(go())
     return out
+
+
+#: Pickled agents up to this size travel inside every shard's task instead of being scattered.
+INLINE_AGENT_BYTES = 1 << 20
 
 
 class DaskExecution(Execution):
@@ -166,7 +170,9 @@ class DaskExecution(Execution):
         finally:
             # also when this wave is cancelled (another wave hit an outage, the run
             # ends): the shards stop, and the thread blocked in gather returns
-            await loop.run_in_executor(pool, client.cancel, [*futures, payload])
+            await loop.run_in_executor(
+                pool, client.cancel, [*futures, *([] if isinstance(payload, bytes) else [payload])]
+            )
         out: list[Any] = [None] * len(jobs)
         for shard, rollouts in zip(shards, results, strict=True):
             for i, rollout in zip(shard, rollouts, strict=True):
@@ -187,7 +193,11 @@ class DaskExecution(Execution):
         client = self.client()
         threads = sum(client.nthreads().values()) or 1
         shards = self.shards(jobs, threads)
-        payload = client.scatter(cloudpickle.dumps(agent), broadcast=True, hash=False)
+        data = cloudpickle.dumps(agent)
+        # A small agent travels inside each task, so the scheduler can rerun a shard
+        # whatever workers die; only a large one is scattered once per wave (data that
+        # lives on workers is lost with the last worker holding it).
+        payload = client.scatter(data, broadcast=True, hash=False) if len(data) > INLINE_AGENT_BYTES else data
         futures = [
             client.submit(
                 _run_shard,
