@@ -11,14 +11,15 @@ episode, a checkpoint at every decision), ``OpenAICompatPolicy`` over HTTP, and
 Figures, all from one run:
 
 * ``slot_utilisation``: busy slot-seconds / (slots x wall time of the search). The
-  in-process run is done twice, in wave mode (``Execution()``) and in streaming mode
-  (``Execution(streaming=True)``: continuation phases keep ``max_concurrency`` rollouts
-  in flight, no wave barriers); their figures are under ``wave_mode`` and
-  ``streaming_mode``, and the headline figures (top level) come from the mode named in
-  ``headline_mode``: streaming, when its utilisation is higher, since that is the
-  setting to use for throughput (wave mode stays the deterministic, resumable one).
+  in-process run is done three times: in the pipeline's mode (waves planned ahead,
+  ``Selective(waves_in_flight=2)``, the pipeline's default ``search.waves_in_flight``:
+  deterministic and resumable per wave), in plain wave mode (``waves_in_flight=1``: a
+  barrier after every wave) and in streaming mode (``Execution(streaming=True)``:
+  continuation phases keep ``max_concurrency`` rollouts in flight, no waves, not
+  resumable part-way); their figures are under ``pipeline_mode``, ``wave_mode`` and
+  ``streaming_mode``, and the headline figures (top level) are the pipeline mode's.
   ``slot_utilisation_continuation`` is the same over the continuation phase only (the
-  evidence wave drains the server in both modes).
+  evidence wave drains the server in every mode).
 * ``transitions_per_s`` against ``ideal_transitions_per_s`` = slots / call latency.
 * ``engine_cpu_ms_per_transition``: CPU time of this (collecting) process during the
   search / transitions; the server's CPU is in another process and not counted.
@@ -37,6 +38,7 @@ Figures, all from one run:
   work and the server's CPU per call is of the same order.
 
     .venv/bin/python -m benchmarks.engine [--json out.json] [--small] [--profile] [--no-streaming] [--no-dask]
+        [--waves-in-flight N] [--repeats N]
 
 ``--small`` runs a tiny configuration in seconds, Dask workers as threads (used by
 tests/test_simserver.py; its scaling figure means nothing).
@@ -70,6 +72,7 @@ from focus.priority import Phase, Selective
 from focus.search import SearchState
 from focus.testing.simserver import SimConfig, SimServerProcess
 from focus.toy import ReachTarget, reach_target_tasks, toy_format
+from tasks.config import SearchConfig
 
 GOALS = {
     "slot_utilisation": 0.90,
@@ -105,12 +108,15 @@ def make_agent(url: str, concurrency: int, env_cpu_ms: float = 0.0) -> Agent:
     return Agent(policy, env, toy_format(), max_steps=16, sampling=SamplingParams(max_tokens=8))
 
 
-def make_collector(agent: Agent, execution: Execution, *, transitions: int, wave_size: int, seed: int) -> Collector:
+def make_collector(
+    agent: Agent, execution: Execution, *, transitions: int, wave_size: int, seed: int, waves_in_flight: int = 1
+) -> Collector:
     search = Selective(
         phases=(
             Phase("evidence", rollouts_per_task=2),
             Phase("continue", transitions=transitions, wave_size=wave_size, max_branches=4, max_depth=8),
-        )
+        ),
+        waves_in_flight=waves_in_flight,
     )
     return Collector(
         agent, search=search, critic=ConstantCritic(0.5), execution=execution, collection_id="bench", seed=seed
@@ -192,8 +198,11 @@ def _search(collector: Collector, tasks: list[Any]) -> SearchState:
     return out[0]
 
 
-def run_in_process(args: argparse.Namespace, *, streaming: bool) -> dict[str, Any]:
-    """Utilisation, CPU per transition and prefix-cache hits at ``args.slots`` slots."""
+def run_in_process(args: argparse.Namespace, *, mode: str) -> dict[str, Any]:
+    """Utilisation, CPU per transition and prefix-cache hits at ``args.slots`` slots, in
+    ``mode``: ``pipeline`` (waves planned ahead), ``waves`` (one at a time), ``streaming``."""
+    streaming = mode == "streaming"
+    ahead = args.waves_in_flight if mode == "pipeline" else 1
     sim = SimConfig(
         slots=args.slots, latency_s=args.latency_s, per_token_s=args.per_token_s, completion_tokens=args.tokens
     )
@@ -205,7 +214,9 @@ def run_in_process(args: argparse.Namespace, *, streaming: bool) -> dict[str, An
     with SimServerProcess(sim) as server:
         agent = make_agent(server.url, concurrency)
         execution = MeasuredExecution(max_concurrency=concurrency, streaming=streaming)
-        base = make_collector(agent, execution, transitions=args.transitions, wave_size=args.wave_size, seed=0)
+        base = make_collector(
+            agent, execution, transitions=args.transitions, wave_size=args.wave_size, seed=0, waves_in_flight=ahead
+        )
         collector = MarkedCollector(
             agent,
             base.search_config,
@@ -234,22 +245,23 @@ def run_in_process(args: argparse.Namespace, *, streaming: bool) -> dict[str, An
         prepare_cpu = time.process_time() - c1
         rows = server.requests()
     usage = state.usage()
-    transitions = usage["transitions"]
+    transitions = usage.transitions
     busy = after["busy_slot_s"] - before["busy_slot_s"]
     assert collector.mark is not None
     t_mark, at_mark = collector.mark
     cont_wall = t0 + wall - t_mark
     out = {
-        "mode": "streaming" if streaming else "waves",
+        "mode": mode,
+        "waves_in_flight": ahead,
         "slots": args.slots,
         "call_latency_s": latency,
         "tasks": args.tasks,
         "wave_size": args.wave_size,
         "execution_concurrency": concurrency,
         "transitions": transitions,
-        "model_calls": usage["model_calls"],
-        "rollouts": usage["rollouts"],
-        "failed_rollouts": usage["failed_rollouts"],
+        "model_calls": usage.model_calls,
+        "rollouts": usage.rollouts,
+        "failed_rollouts": usage.failed_rollouts,
         "waves": len(state.waves),
         "search_wall_s": wall,
         "transitions_per_s": transitions / wall,
@@ -268,9 +280,10 @@ def run_in_process(args: argparse.Namespace, *, streaming: bool) -> dict[str, An
         **continuation_cache_ratio(state, rows),
     }
     out["throughput_vs_ideal"] = out["transitions_per_s"] / out["ideal_transitions_per_s"]
-    if not streaming:
-        # only wave mode runs every rollout inside Execution.run, so only there can the
-        # rollouts' CPU and wall time be told apart from planning, grafting and scoring
+    if mode == "waves":
+        # only plain wave mode runs every rollout inside one Execution.run at a time, so
+        # only there can the rollouts' CPU and wall time be told apart from planning,
+        # grafting and scoring
         out.update(
             {
                 # the same while waves run; the rest is planning, grafting and scoring between waves
@@ -283,13 +296,26 @@ def run_in_process(args: argparse.Namespace, *, streaming: bool) -> dict[str, An
     return out
 
 
-def run_both_modes(args: argparse.Namespace) -> dict[str, Any]:
-    """Wave mode and streaming mode on the same server settings; headline from the better."""
-    modes = {"wave_mode": run_in_process(args, streaming=False)}
+def run_modes(args: argparse.Namespace) -> dict[str, Any]:
+    """Every mode on the same server settings, ``--repeats`` times, interleaved (so a
+    change in the machine's load hits every mode alike); each mode reports its run with
+    the median utilisation, and every run's utilisation. The headline figures are the
+    pipeline mode's."""
+    names = {"pipeline": "pipeline_mode", "waves": "wave_mode"}
     if not args.no_streaming:
-        modes["streaming_mode"] = run_in_process(args, streaming=True)
-    best = max(modes, key=lambda k: modes[k]["slot_utilisation"])
-    return {**modes[best], "headline_mode": modes[best]["mode"], **modes}
+        names["streaming"] = "streaming_mode"
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in names}
+    for _ in range(args.repeats):
+        for mode in names:
+            runs[mode].append(run_in_process(args, mode=mode))
+    modes = {}
+    for mode, key in names.items():
+        done = sorted(runs[mode], key=lambda r: r["slot_utilisation"])
+        modes[key] = {
+            **done[len(done) // 2],
+            "slot_utilisation_repeats": [round(r["slot_utilisation"], 4) for r in runs[mode]],
+        }
+    return {**modes["pipeline_mode"], "headline_mode": "pipeline", **modes}
 
 
 def run_dask(args: argparse.Namespace, env_cpu_ms: float, suffix: str) -> dict[str, Any]:
@@ -335,7 +361,7 @@ def run_dask(args: argparse.Namespace, env_cpu_ms: float, suffix: str) -> dict[s
                 state = _search(collector, tasks)
                 wall = time.perf_counter() - t0
                 after = server.stats()
-            n = state.usage()["transitions"]
+            n = state.usage().transitions
             out[f"dask_{workers}_workers{suffix}"] = {
                 "transitions": n,
                 "wall_s": wall,
@@ -357,6 +383,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--profile", action="store_true", help="pyinstrument profile of the in-process search")
     ap.add_argument("--no-dask", action="store_true", help="skip the 1 -> 2 worker scaling run")
     ap.add_argument("--no-streaming", action="store_true", help="skip the streaming-mode run")
+    ap.add_argument("--repeats", type=int, default=1, help="in-process runs per mode (median reported)")
+    ap.add_argument(
+        "--waves-in-flight",
+        type=int,
+        default=SearchConfig().waves_in_flight,
+        help="waves planned ahead in the pipeline mode (default: the pipeline's search.waves_in_flight)",
+    )
     ap.add_argument("--slots", type=int, default=128)
     ap.add_argument("--latency-s", type=float, default=0.2)
     ap.add_argument("--per-token-s", type=float, default=0.01)
@@ -392,7 +425,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "load_average_at_start": os.getloadavg()[0],
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
     }
-    figures.update(run_both_modes(args))
+    figures.update(run_modes(args))
     if not args.no_dask:
         figures.update(run_dask(args, args.scale_env_cpu_ms, ""))
         figures.update(run_dask(args, 0.0, "_toy_env"))

@@ -96,7 +96,7 @@ async def measure(n_tasks: int, waves: int, warmup: int, wave_size: int) -> dict
     used = state.usage()
     return {
         "tasks": n_tasks,
-        "transitions": used["transitions"],
+        "transitions": used.transitions,
         "nodes": sum(len(t.nodes) for t in state.trees),
         "setup_s": round(setup_s, 2),
         **{f"{k}_ms": round(1000 * statistics.median(v), 2) for k, v in times.items()},

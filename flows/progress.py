@@ -86,8 +86,8 @@ def wave_figures(
 
     ``base`` is ``None`` when the record itself becomes the baseline (after reused waves).
     """
-    used_t, used_k = int(record["phase_transitions"]), int(record.get("phase_tokens", 0))
-    spent = int(record.get("phase_spent", used_t))
+    usage = record["phase_usage"]  # the phase's focus.usage.Usage, as a dict
+    used_t, used_k, spent = int(usage["transitions"]), int(usage["tokens"]), int(usage["budget_spent"])
     rate_t = rate_k = None
     if base is not None:
         dt = max(now - base[2], 1e-9)
@@ -96,8 +96,8 @@ def wave_figures(
 
 
 class CollectionProgress:
-    """Reports step records: the evidence step's, then each wave's (the phase's
-    ``phase_transitions`` and ``phase_tokens``) against its budget.
+    """Reports step records: the evidence step's, then each wave's (the phase's usage so
+    far, ``phase_usage``) against its budget.
 
     ``console`` is the rich console to draw on (default: :func:`console`, standard
     error); ``log`` receives one ``info`` line per step when that console is not a
@@ -211,7 +211,7 @@ class CollectionProgress:
 
     def wave_done(self, record: dict[str, Any]) -> str:
         """Update from a wave record; returns the line it shows or logs ("" for a reused wave)."""
-        if "phase_transitions" not in record:  # a reused wave: nothing measured
+        if "phase_usage" not in record:  # a reused wave: nothing measured
             self._reused = self._reused or self._base is None
             return ""
         now = time.perf_counter()

@@ -50,6 +50,8 @@ _EXPORTS = {
     "Selective": "focus.priority",
     "Uniform": "focus.priority",
     "Execution": "focus.execution",
+    "ModelServiceOutage": "focus.execution",
+    "Usage": "focus.usage",
     "DirectBranchTd": "focus.estimation",
 }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -20,7 +21,7 @@ from focus.branching import BranchPoints, EveryDecision
 from focus.context import Context, ContextManager, Segments
 from focus.env import Env, EnvError, Message, Task, check_reset, check_step_result
 from focus.format import ParseError, PolicyFormat
-from focus.policy import Completion, Policy, PolicyError, SamplingParams
+from focus.policy import Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
 from focus.tree import Turn
 from focus.workspace import Workspace
 
@@ -171,8 +172,11 @@ class Agent:
                     break
                 completion = await self.policy.sample(prompt, params)
                 self.policy.check_completion(completion)
+                if completion.meta:
+                    _count_retries(counters, completion.meta)
             except (PolicyError, NotImplementedError) as e:
-                pieces.append(Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=f"model: {e}"))
+                cause = f"{'model service' if is_outage(e) else 'model'}: {e}"
+                pieces.append(Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=cause))
                 break
             text = codec.decode(completion.token_ids)
             action = self.format.parser.parse(text)
@@ -210,6 +214,51 @@ class Agent:
     async def rollouts(self, starts: Sequence[tuple[BranchState, int]]) -> list[Rollout]:
         """Run several rollouts concurrently (the caller bounds concurrency)."""
         return list(await asyncio.gather(*(self.rollout(s, seed) for s, seed in starts)))
+
+
+#: How focus.backends.http says its retries ran out (it raises a plain PolicyError).
+_RETRIES_EXHAUSTED = re.compile(r"failed after \d+ attempt")
+
+
+def is_outage(error: BaseException) -> bool:
+    """Whether a failed model call means the model service is out (no usable answer
+    within the client's retries) rather than that the request or answer was wrong.
+
+    Such failures end the rollout with a cause starting ``model service:``; a wave with
+    too many of them fails (:class:`focus.execution.ModelServiceOutage`).
+    """
+    return isinstance(error, ServiceUnavailable) or (
+        isinstance(error, PolicyError) and _RETRIES_EXHAUSTED.search(str(error)) is not None
+    )
+
+
+def _count_retries(counters: dict[str, int], meta: dict[str, Any]) -> None:
+    """Add a call's retries to the rollout's counters (``retries:<cause>`` per cause; see
+    :class:`focus.usage.Usage`). The HTTP clients report them in ``Completion.meta["http"]``
+    (a :class:`focus.backends.retry.CallRecord`: one ``(cause, seconds lost)`` per failed
+    attempt); another client may give ``retries`` (a count, or counts by cause) and
+    ``retry_s`` in ``meta`` itself."""
+    record = meta.get("http")
+    errors = getattr(record, "errors", None)
+    if errors is not None:
+        by_cause: dict[str, int] = {}
+        for cause, _lost in errors:
+            by_cause[str(cause)] = by_cause.get(str(cause), 0) + 1
+        lost_s = sum(float(lost) for _cause, lost in errors)
+    else:
+        retries = meta.get("retries")
+        by_cause = (
+            {str(k): int(v) for k, v in retries.items()} if isinstance(retries, dict) else {"": int(retries or 0)}
+        )
+        lost_s = float(meta.get("retry_s", 0.0))
+    total = sum(by_cause.values())
+    if total:
+        counters["retried_calls"] = counters.get("retried_calls", 0) + 1
+        counters["retries"] = counters.get("retries", 0) + total
+        counters["retry_ms"] = counters.get("retry_ms", 0) + round(1000 * lost_s)
+        for cause, n in by_cause.items():
+            if cause and n:
+                counters[f"retries:{cause}"] = counters.get(f"retries:{cause}", 0) + n
 
 
 def _turn(

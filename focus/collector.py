@@ -2,10 +2,19 @@
 
 ``Collector`` wires an agent to a search configuration (a :class:`Priority` with its
 phases), a critic, an estimator and an execution service. ``collect()`` is
-``search()`` then ``prepare()``. The step-wise methods (``run_evidence``, ``score``,
-``plan_wave``, ``run_wave``) are what the durable pipeline calls, one Prefect task
-each; every step is a function of its inputs and the collection seed, so a resumed
-collection rebuilds the same trees and the same batch.
+``run_search()`` then ``prepare()``, and ``run_search()`` is nothing but the steps below
+in order, over an explicit :class:`~focus.search.SearchState`:
+
+* :meth:`start` (roots) and :meth:`evidence` (the evidence wave, grafted);
+* :meth:`predict` / :meth:`score` (critic predictions for unscored checkpoints);
+* :meth:`advance` (plan ahead, launch what is planned, graft the oldest wave: one
+  wave of a continuation phase; :meth:`run_rollouts` is the same for a single plan);
+* :meth:`prepare` (estimator, critic targets, the batch).
+
+The durable pipeline (``tasks/steps.py``) calls exactly these, one Prefect task each,
+checkpointing between them; after a crash :func:`focus.search.replay` rebuilds the
+state from the checkpoints. Every step is a function of its inputs and the collection
+seed, so a resumed collection rebuilds the same trees and the same batch.
 
 With ``Execution(streaming=True)``, ``run_search`` runs each continuation phase with
 :meth:`Collector.stream_phase` instead of in waves: no barrier, results depend on the
@@ -16,30 +25,80 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from focus.agent import Agent
+from focus.agent import Agent, Rollout
 from focus.batch import Batch, BatchBuilder
 from focus.critic import ConstantCritic, Critic
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, critic_targets
-from focus.execution import Execution
+from focus.execution import Execution, check_outage
 from focus.priority import Priority, Selective
 from focus.search import (
     InFlight,
+    Predictions,
     SearchState,
     WavePlan,
     graft,
+    plan_next,
     plan_refill,
     plan_wave,
     unscored,
-    usage_of,
     with_predictions,
 )
 from focus.tree import Tree
+from focus.usage import FAILURE_KINDS, Usage, failure_kind, wall_of
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+@dataclass
+class Launched:
+    """A wave whose rollouts are running on the event loop."""
+
+    plan: WavePlan
+    task: asyncio.Future[list[Rollout]]
+    t0: float
+
+
+@dataclass(frozen=True)
+class Landed:
+    """A wave whose rollouts came back and were grafted (what a pipeline stores)."""
+
+    plan: WavePlan
+    rollouts: tuple[Rollout, ...]
+    #: Elapsed time the wave accounts for: since the previous wave of the phase landed
+    #: (or, for the first, since it was launched). Summed over waves: the phase's wall time.
+    wall_s: float
+
+
+@dataclass
+class Running:
+    """The live side of a phase's planned waves: those launched on this event loop and
+    not landed yet. Kept across steps by whoever runs them (a phase loop, or the
+    pipeline's handoff between Prefect tasks); it holds no search data, so losing it
+    (a crash) loses only running rollouts, which are launched again with the same jobs.
+    """
+
+    waves: dict[tuple[int, int], Launched] = field(default_factory=dict)
+    #: When the last wave landed.
+    mark: float | None = None
+
+    async def cancel(self) -> None:
+        """Cancel the running waves and wait until they have stopped."""
+        tasks = [w.task for w in self.waves.values()]
+        self.waves.clear()
+        self.mark = None
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Collector:
@@ -66,7 +125,7 @@ class Collector:
         self.iteration = iteration
         self.seed = seed
 
-    # -- step-wise API ---------------------------------------------------------------
+    # -- the steps ---------------------------------------------------------------------
 
     async def start(self, tasks: Sequence[Task]) -> SearchState:
         """A state with one root checkpoint per task (env reset, opening context)."""
@@ -80,41 +139,117 @@ class Collector:
             trees.append(Tree.new(task.id, root, tuple(root.context.prompt_ids)))
         return SearchState(self.collection_id, self.seed, tuple(tasks), trees)
 
-    async def run_evidence(self, tasks: Sequence[Task]) -> SearchState:
-        """Start the trees and, if the first phase is an evidence phase, run it (scored)."""
-        state = await self.score(await self.start(tasks))
+    async def evidence(self, tasks: Sequence[Task]) -> SearchState:
+        """Start the trees and, if the first phase is an evidence phase, run it (grafted,
+        not scored)."""
+        state = await self.start(tasks)
         if self.search_config.phases[0].is_evidence:
-            state = await self.run_wave(state, self.plan_wave(state, 0, 0))
+            state = await self.run_rollouts(state, self.plan_wave(state, 0, 0))
         return state
 
-    async def score(self, state: SearchState) -> SearchState:
-        """Critic predictions for checkpoints and truncated leaves that have none yet."""
+    async def run_evidence(self, tasks: Sequence[Task]) -> SearchState:
+        """:meth:`evidence`, scored."""
+        return await self.score(await self.evidence(tasks))
+
+    async def predict(self, state: SearchState) -> Predictions:
+        """Critic predictions ``{(tree, node): (value, std)}`` for the checkpoints and
+        truncated leaves that have none yet."""
         todo = unscored(state)
         if not todo:
-            return state
+            return {}
         preds = await self.critic.predict_with_std([state.trees[ti].nodes[nid].context_ids for ti, nid in todo])
         if len(preds) != len(todo):
             raise ValueError(f"{type(self.critic).__name__} returned {len(preds)} predictions for {len(todo)} contexts")
-        return with_predictions(state, {key: (float(p.value), p.std) for key, p in zip(todo, preds, strict=True)})
+        return {key: (float(p.value), p.std) for key, p in zip(todo, preds, strict=True)}
+
+    async def score(self, state: SearchState) -> SearchState:
+        """``state`` with :meth:`predict`'s predictions filled in."""
+        preds = await self.predict(state)
+        return await _off_loop(with_predictions, state, preds) if preds else state
 
     def plan_wave(self, state: SearchState, phase_index: int, wave_index: int) -> WavePlan:
         """The jobs of one wave (pure); empty when the phase is done."""
         return plan_wave(state, self.search_config, phase_index, wave_index)
 
-    async def run_wave(self, state: SearchState, plan: WavePlan) -> SearchState:
-        """Run ``plan`` on the execution service, graft the rollouts, score new nodes."""
+    def launch(self, plan: WavePlan) -> Launched:
+        """Start ``plan``'s rollouts on the running loop; :meth:`land` collects them."""
+        task = asyncio.ensure_future(self.execution.run(self.agent, list(plan.jobs)))
+        return Launched(plan, task, time.perf_counter())
+
+    async def land(
+        self, state: SearchState, launched: Launched, since: float | None = None
+    ) -> tuple[SearchState, Landed]:
+        """Wait for a launched wave and graft its rollouts (no scoring).
+
+        Raises :class:`focus.execution.ModelServiceOutage` (grafting nothing) when too
+        many of its rollouts failed because the model service was out. ``since``: when
+        the wave's elapsed time starts (default: its launch).
+        """
+        rollouts = await launched.task
+        check_outage(rollouts, self.execution.max_outage_share)
+        now = time.perf_counter()
+        wall = now - (launched.t0 if since is None else since)
+        plan = launched.plan
+        phase = self.search_config.phases[plan.phase_index]
+        new = await _off_loop(graft, state, plan, rollouts, phase.name, wall)
+        _warn_failures(phase.name, plan.wave_index, rollouts)
+        return new, Landed(plan, tuple(rollouts), wall)
+
+    async def run_rollouts(self, state: SearchState, plan: WavePlan) -> SearchState:
+        """Run ``plan`` on the execution service and graft its rollouts (no scoring)."""
         if plan.empty:
             return state
-        t0 = time.perf_counter()
-        rollouts = await self.execution.run(self.agent, list(plan.jobs))
-        phase = self.search_config.phases[plan.phase_index]
-        new = graft(state, plan, rollouts, phase.name, wave_wall_s=time.perf_counter() - t0)
-        return await self.score(new)
+        return (await self.land(state, self.launch(plan)))[0]
+
+    async def run_wave(self, state: SearchState, plan: WavePlan) -> SearchState:
+        """:meth:`run_rollouts`, then score the new nodes."""
+        if plan.empty:
+            return state
+        return await self.score(await self.run_rollouts(state, plan))
+
+    async def advance(
+        self, state: SearchState, phase_index: int, running: Running
+    ) -> tuple[SearchState, Landed | None]:
+        """One wave of continuation phase ``phase_index``: plan ahead
+        (:func:`focus.search.plan_ahead`, launching each wave not in ``running`` as soon
+        as it is planned), wait for the oldest and graft it (not scored). ``None`` when
+        the phase is done.
+
+        With ``waves_in_flight`` > 1 the waves planned after the oldest keep running
+        when this returns (in ``running``), so the model service stays busy while the
+        caller scores, checkpoints and calls again.
+        """
+        while True:
+            # launch each wave as soon as it is planned, then plan the next one
+            for plan in state.planned:
+                key = (plan.phase_index, plan.wave_index)
+                have = running.waves.get(key)
+                if have is not None and have.plan is not plan:  # launched for another state: stale
+                    have.task.cancel()
+                    have = None
+                if have is None:
+                    running.waves[key] = self.launch(plan)
+            nxt = await _off_loop(plan_next, state, self.search_config, phase_index)
+            if nxt is state:
+                break
+            state = nxt
+        if not state.planned:
+            running.mark = None  # the phase is done; the next one's first wave counts from its launch
+            return state, None
+        oldest = state.planned[0]
+        launched = running.waves.pop((oldest.phase_index, oldest.wave_index))
+        try:
+            state, landed = await self.land(state, launched, since=running.mark)
+        except BaseException:
+            await running.cancel()
+            raise
+        running.mark = time.perf_counter()
+        return state, landed
 
     # -- whole-collection API ----------------------------------------------------------
 
     async def run_search(self, tasks: Sequence[Task]) -> SearchState:
-        """Every phase in order; a phase ends when its plan comes back empty."""
+        """Every phase in order; a phase ends when nothing more is planned."""
         if self.execution.streaming:
             for phase in self.search_config.phases:
                 if phase.max_waves is not None:
@@ -128,15 +263,22 @@ class Collector:
                 continue
             if self.execution.streaming:
                 state = await self.stream_phase(state, pi)
-                continue
-            wave = state.waves_done(pi)
-            while True:
-                plan = self.plan_wave(state, pi, wave)
-                if plan.empty:
-                    break
-                state = await self.run_wave(state, plan)
-                wave += 1
+            else:
+                state = await self.run_phase(state, pi)
         return state
+
+    async def run_phase(self, state: SearchState, phase_index: int) -> SearchState:
+        """Continuation phase ``phase_index``, wave after wave (:meth:`advance`, then
+        :meth:`score`), until nothing more is planned."""
+        running = Running()
+        try:
+            while True:
+                state, landed = await self.advance(state, phase_index, running)
+                if landed is None:
+                    return state
+                state = await self.score(state)
+        finally:
+            await running.cancel()
 
     async def stream_phase(self, state: SearchState, phase_index: int) -> SearchState:
         """Run continuation phase ``phase_index`` keeping up to ``max_concurrency``
@@ -181,7 +323,10 @@ class Collector:
                     finished.sort(key=lambda p: (p[0].job.tree_index, p[0].job.node_id, p[0].job.branch))
                     now = time.perf_counter()
                     plan = WavePlan(phase_index, wave, tuple(f.job for f, _ in finished))
-                    state = graft(state, plan, [r for _, r in finished], phase.name, wave_wall_s=now - t_last)
+                    rollouts = [r for _, r in finished]
+                    check_outage(rollouts, self.execution.max_outage_share)
+                    state = graft(state, plan, rollouts, phase.name, wave_wall_s=now - t_last)
+                    _warn_failures(phase.name, wave, rollouts)
                     state = await self.score(state)
                     finished, t_last, wave = [], now, wave + 1
                     continue
@@ -249,7 +394,8 @@ class Collector:
         return out.build(self.statistics(trees, excluded_segments=excluded))
 
     def statistics(self, trees: Sequence[Tree], *, excluded_segments: int = 0) -> dict[str, Any]:
-        """Usage per phase and in total, from the rollout logs of the trees."""
+        """Usage per phase and in total (:class:`focus.usage.Usage`, from the trees' rollout
+        logs), elapsed time, and failures by kind and by cause."""
         records = [r for t in trees for r in t.log]
         phases = []
         for pi, phase in enumerate(self.search_config.phases):
@@ -262,7 +408,8 @@ class Collector:
                     "transition_budget": budget,
                     "rollouts_per_task": phase.rollouts_per_task,
                     "waves": len({r["wave"] for r in recs}),
-                    **usage_of(recs),
+                    **_flat(Usage.of_records(recs)),
+                    "wall_s": wall_of(recs),
                 }
             )
         causes = Counter(r["cause"] for r in records if r["failed"])
@@ -273,9 +420,46 @@ class Collector:
             "trees": len(trees),
             "failed_trees": len(failed_trees),
             "failed_tree_ids": failed_trees,
-            **usage_of(records),
+            **_flat(Usage.of_records(records)),
+            "wall_s": wall_of(records),
             "excluded_segments": excluded_segments,
             "checkpoints": sum(1 for t in trees for _ in t.checkpoints()),
             "phases": phases,
             "failure_causes": dict(causes.most_common(10)),
         }
+
+
+async def _off_loop(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` (planning, grafting, filling in predictions: pure, CPU-bound) in a
+    worker thread, so the event loop keeps serving the rollouts of waves still in flight
+    instead of stalling them for the length of a plan (the GIL is shared, but the loop
+    gets its turn every few milliseconds, which is what it needs to send the next
+    requests). The functions are pure and the loop's rollouts never touch the state
+    they work on, so results are the same as inline."""
+    return await asyncio.to_thread(fn, *args)
+
+
+def _flat(usage: Usage) -> dict[str, Any]:
+    """A usage record as statistics show it: counters, and failures by kind as
+    ``failed_<kind>`` (``failed_model_service``, ``failed_env``, ...)."""
+    out = usage.as_dict()
+    failures = out.pop("failures")
+    for kind in FAILURE_KINDS:
+        out[f"failed_{kind.replace(' ', '_')}"] = failures.get(kind, 0)
+    return out  # retry_causes stays a {cause: count} mapping
+
+
+def _warn_failures(phase: str, wave: int, rollouts: Sequence[Rollout]) -> None:
+    """One WARNING line per wave in which rollouts failed: how many, by kind, and a cause."""
+    failed = [r.leaf.cause for r in rollouts if r.leaf.kind == "failed"]
+    if failed:
+        kinds = Counter(failure_kind(c) for c in failed)
+        log.warning(
+            "phase %s wave %d: %d of %d rollouts failed (%s); last cause: %s",
+            phase,
+            wave,
+            len(failed),
+            len(rollouts),
+            ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
+            failed[-1],
+        )

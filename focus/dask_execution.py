@@ -5,8 +5,8 @@ One Prefect task per rollout would cost ~85 ms of orchestration each; a plain
 is one Dask task, and a worker runs its shard on its own asyncio loop
 (:meth:`Execution.run`), keeping up to ``max_concurrency`` model calls in flight.
 
-The agent travels as cloudpickled bytes, scattered once per wave and unpickled inside
-every shard: each shard gets its own policy client bound to its own event loop, and no
+The agent travels as cloudpickled bytes (inside each shard's task when small, scattered
+once per wave when large) and is unpickled inside every shard: each shard gets its own policy client bound to its own event loop, and no
 state is shared between shards or with the caller's process. Branch states travel in
 the jobs (pickled) and come back inside the rollouts. ``distributed`` is imported only
 when a cluster is first needed, so ``import focus`` stays free of Dask.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, PrivateAttr
@@ -27,10 +28,23 @@ if TYPE_CHECKING:
     from focus.agent import Agent, Rollout
 
 
-def _run_shard(agent_bytes: bytes, jobs: list[Any], max_concurrency: int) -> list[Rollout]:
-    """Body of one Dask task: unpickle the agent and run the shard on a fresh loop."""
+def _run_shard(
+    agent_bytes: bytes, jobs: list[Any], max_concurrency: int, max_outage_share: float = 1.0
+) -> list[Rollout]:
+    """Body of one Dask task: unpickle the agent and run the shard on a fresh loop.
+
+    The shard leaves the worker's thread pool first (``secede``): it mostly waits on the
+    model service, and a wave planned ahead must be able to start its shards while this
+    one still runs, instead of queueing behind it for a thread.
+    """
     import cloudpickle
 
+    try:
+        from distributed import secede
+
+        secede()
+    except ValueError:  # not inside a Dask worker (called directly)
+        pass
     agent = cloudpickle.loads(agent_bytes)
     out: list[Rollout] = []
 
@@ -40,12 +54,17 @@ def _run_shard(agent_bytes: bytes, jobs: list[Any], max_concurrency: int) -> lis
         # included) while restoring the SIGINT handler, which for a shard of rollouts
         # cost ~0.5 s of CPU per shard.
         try:
-            out.extend(await Execution(max_concurrency=max_concurrency).run(agent, jobs))
+            ex = Execution(max_concurrency=max_concurrency, max_outage_share=max_outage_share)
+            out.extend(await ex.run(agent, jobs))
         finally:
             await agent.policy.aclose()
 
     asyncio.run(go())
     return out
+
+
+#: Pickled agents up to this size travel inside every shard's task instead of being scattered.
+INLINE_AGENT_BYTES = 1 << 20
 
 
 class DaskExecution(Execution):
@@ -69,16 +88,28 @@ class DaskExecution(Execution):
     _client: Any = PrivateAttr(None)
     _cluster: Any = PrivateAttr(None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
+    _threads: Any = PrivateAttr(None)
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()
         fields = dict(state["__dict__"])
         fields["address"] = self.scheduler_address
-        return {**state, "__dict__": fields, "__pydantic_private__": {"_client": None, "_cluster": None}}
+        return {
+            **state,
+            "__dict__": fields,
+            "__pydantic_private__": {"_client": None, "_cluster": None, "_limits": {}, "_threads": None},
+        }
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
         super().__setstate__(state)
-        object.__setattr__(self, "__pydantic_private__", {"_client": None, "_cluster": None, "_lock": threading.Lock()})
+        private: dict[str, Any] = {
+            "_client": None,
+            "_cluster": None,
+            "_lock": threading.Lock(),
+            "_limits": {},
+            "_threads": None,
+        }
+        object.__setattr__(self, "__pydantic_private__", private)
 
     @property
     def scheduler_address(self) -> str | None:
@@ -130,32 +161,62 @@ class DaskExecution(Execution):
     async def run(self, agent: Agent, jobs: list[Any]) -> list[Rollout]:
         if not jobs:
             return []
-        return await asyncio.to_thread(self._run_sync, agent, list(jobs))
-
-    def _run_sync(self, agent: Agent, jobs: list[Any]) -> list[Rollout]:
-        import cloudpickle
-
-        client = self.client()
-        threads = sum(client.nthreads().values()) or 1
-        shards = self.shards(jobs, threads)
-        payload = client.scatter(cloudpickle.dumps(agent), broadcast=True, hash=False)
-        futures = [
-            client.submit(_run_shard, payload, [jobs[i] for i in shard], self.max_concurrency, pure=False)
-            for shard in shards
-        ]
+        jobs = list(jobs)
+        loop = asyncio.get_running_loop()
+        pool = self._pool()
+        client, shards, futures, payload = await loop.run_in_executor(pool, self._submit, agent, jobs)
         try:
-            results = client.gather(futures)
+            results = await loop.run_in_executor(pool, client.gather, futures)
         finally:
-            client.cancel([*futures, payload])
+            # also when this wave is cancelled (another wave hit an outage, the run
+            # ends): the shards stop, and the thread blocked in gather returns
+            await loop.run_in_executor(
+                pool, client.cancel, [*futures, *([] if isinstance(payload, bytes) else [payload])]
+            )
         out: list[Any] = [None] * len(jobs)
         for shard, rollouts in zip(shards, results, strict=True):
             for i, rollout in zip(shard, rollouts, strict=True):
                 out[i] = rollout
         return out
 
+    def _pool(self) -> ThreadPoolExecutor:
+        """Threads that wait on the cluster, one per wave in flight: not the event loop's
+        default executor, which planning uses and which has only a few threads."""
+        with self._lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(max_workers=32, thread_name_prefix="focus-dask")
+            return self._threads
+
+    def _submit(self, agent: Agent, jobs: list[Any]) -> tuple[Any, list[list[int]], list[Any], Any]:
+        import cloudpickle
+
+        client = self.client()
+        threads = sum(client.nthreads().values()) or 1
+        shards = self.shards(jobs, threads)
+        data = cloudpickle.dumps(agent)
+        # A small agent travels inside each task, so the scheduler can rerun a shard
+        # whatever workers die; only a large one is scattered once per wave (data that
+        # lives on workers is lost with the last worker holding it).
+        payload = client.scatter(data, broadcast=True, hash=False) if len(data) > INLINE_AGENT_BYTES else data
+        futures = [
+            client.submit(
+                _run_shard,
+                payload,
+                [jobs[i] for i in shard],
+                self.max_concurrency,
+                self.max_outage_share,
+                pure=False,
+            )
+            for shard in shards
+        ]
+        return client, shards, futures, payload
+
     def close(self) -> None:
         """Close the client, and the LocalCluster if this object started it."""
         with self._lock:
+            if self._threads is not None:
+                self._threads.shutdown(wait=False)
+                self._threads = None
             if self._client is not None:
                 self._client.close()
                 self._client = None

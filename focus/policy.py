@@ -66,6 +66,12 @@ class PolicyError(RuntimeError):
     """A model call failed for good (after retries) or returned something unusable."""
 
 
+class ServiceUnavailable(PolicyError):
+    """The model service gave no usable answer within the client's retries (down,
+    unreachable, overloaded, timing out): an outage, not a wrong request. Policy clients
+    raise it so the collector can tell an outage from a bad request or answer."""
+
+
 class Policy(abc.ABC):
     """A model service that samples one response from exact prompt token ids.
 

@@ -110,6 +110,14 @@ class Priority(BaseModel, abc.ABC):
     #: κ and γ used to refine values for ranking (independent of the estimator's).
     kappa: float = Field(1.0, ge=0.0)
     gamma: float = Field(1.0, ge=0.0, le=1.0)
+    #: Waves of a continuation phase planned and running at once. 1: each wave is
+    #: planned after the previous one is grafted and scored (a barrier). 2 or more: the
+    #: next wave is planned while the previous ones still run, counting their jobs as
+    #: pending, and launches at once, so the model service does not drain while a wave's
+    #: slowest rollouts finish and the next one is planned (:func:`focus.search.plan_ahead`).
+    #: Plans are still a pure function of the grafted rollouts, so a collection stays
+    #: reproducible and resumable per wave; what it plans differs from 1's.
+    waves_in_flight: int = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _check_phases(self) -> Priority:

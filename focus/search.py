@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +23,7 @@ from focus.agent import BranchState, Rollout, derive_seed
 from focus.env import Task
 from focus.priority import NodeEvidence, Priority, node_evidence
 from focus.tree import Node, Tree
-
-#: Usage counters recorded per rollout and summed per phase.
-USAGE_KEYS = ("transitions", "rollout_steps", "model_calls", "tokens", "compactions")
+from focus.usage import Usage
 
 
 @dataclass(frozen=True)
@@ -47,6 +45,9 @@ class WavePlan:
     phase_index: int
     wave_index: int
     jobs: tuple[RolloutJob, ...] = ()
+    #: Task transitions each job was expected to take when planned (continuation
+    #: phases): what later plans hold back from the budget while this wave runs.
+    expected: tuple[float, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -74,15 +75,19 @@ class SearchState:
     trees: list[Tree]
     #: (phase index, wave index) of every wave grafted, in order.
     waves: list[tuple[int, int]] = field(default_factory=list)
+    #: Waves planned (and launched) but not grafted yet, oldest first: their jobs count
+    #: as pending when the next wave is planned (:func:`plan_ahead`).
+    planned: tuple[WavePlan, ...] = ()
     _derived: dict[int, _TreeFacts] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def waves_done(self, phase_index: int) -> int:
         return sum(1 for p, _ in self.waves if p == phase_index)
 
-    def usage(self, phase_index: int | None = None) -> dict[str, Any]:
+    def usage(self, phase_index: int | None = None) -> Usage:
         """What the rollouts of one phase (or all) actually used, from the tree logs."""
-        recs = [r for t in self.trees for r in t.log if phase_index is None or r["phase"] == phase_index]
-        return usage_of(recs)
+        return Usage.of_records(
+            r for t in self.trees for r in t.log if phase_index is None or r["phase"] == phase_index
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -139,11 +144,11 @@ class _TreeFacts:
 
     @property
     def spent(self) -> dict[int, int]:
-        """Budget spent per phase: task transitions, at least one per rollout."""
+        """Budget spent per phase (:attr:`focus.usage.Usage.budget_spent`)."""
         if self._spent is None:
             self._spent = {}
             for r in self.tree.log:
-                self._spent[r["phase"]] = self._spent.get(r["phase"], 0) + max(1, int(r["transitions"]))
+                self._spent[r["phase"]] = self._spent.get(r["phase"], 0) + r["usage"].budget_spent
         return self._spent
 
     @property
@@ -188,17 +193,6 @@ def _entry(search: Priority, seed: int, ev: NodeEvidence) -> Entry:
     return (-float(search(ev)), tie, ev.tree_index, ev.node_id)
 
 
-def usage_of(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {k: sum(int(r[k]) for r in records) for k in USAGE_KEYS}
-    out["rollouts"] = len(records)
-    out["failed_rollouts"] = sum(1 for r in records if r["failed"])
-    #: Rollout time summed over rollouts (they overlap) and elapsed time of the waves.
-    out["rollout_wall_s"] = sum(float(r["wall_s"]) for r in records)
-    waves = {(r["phase"], r["wave"]): float(r.get("wave_wall_s", 0.0)) for r in records}
-    out["wall_s"] = sum(waves.values())
-    return out
-
-
 def copy_tree(tree: Tree) -> Tree:
     """A copy that shares only immutable parts (edges, turns, branch states)."""
     nodes = {i: dataclasses.replace(n, children=list(n.children)) for i, n in tree.nodes.items()}
@@ -207,7 +201,12 @@ def copy_tree(tree: Tree) -> Tree:
 
 def copy_state(state: SearchState) -> SearchState:
     return SearchState(
-        state.collection_id, state.seed, state.tasks, [copy_tree(t) for t in state.trees], list(state.waves)
+        state.collection_id,
+        state.seed,
+        state.tasks,
+        [copy_tree(t) for t in state.trees],
+        list(state.waves),
+        state.planned,
     )
 
 
@@ -223,19 +222,27 @@ def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index
     Continuation phase: greedily take the highest-priority eligible checkpoint, count
     the planned continuation into its evidence (``pending``) and re-rank it, until the
     wave is full or the expected transitions of the planned jobs cover what is left of
-    the phase budget.
+    the phase budget. The jobs of waves planned but not grafted yet
+    (``state.planned``, see :func:`plan_ahead`) count as pending from the start, and
+    their expected transitions are held back from the budget.
     """
     if not 0 <= phase_index < len(search.phases):
         raise ValueError(f"phase index {phase_index} out of range: the search has {len(search.phases)} phases")
-    done = state.waves_done(phase_index)
-    if wave_index != done:
-        raise ValueError(
-            f"cannot plan wave {wave_index} of phase {search.phases[phase_index].name!r}: {done} waves of it are done "
-            f"(plan wave {done} next)"
-        )
     phase = search.phases[phase_index]
+    other = [(p.phase_index, p.wave_index) for p in state.planned if p.phase_index != phase_index]
+    if other:
+        raise ValueError(
+            f"cannot plan phase {phase.name!r} while waves {other} of another phase are planned and not grafted"
+        )
+    done = state.waves_done(phase_index)
+    queued = len(state.planned)
+    if wave_index != done + queued:
+        raise ValueError(
+            f"cannot plan wave {wave_index} of phase {phase.name!r}: {done} waves of it are done and {queued} "
+            f"planned (plan wave {done + queued} next)"
+        )
     if phase.is_evidence:
-        if done:
+        if done or queued:
             return WavePlan(phase_index, wave_index)
         jobs = []
         for ti, tree in enumerate(state.trees):
@@ -245,18 +252,64 @@ def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index
                     RolloutJob(ti, tree.ROOT, rollout_seed(state.seed, ti, tree.ROOT, b), tree.states[tree.ROOT], b)
                 )
         return WavePlan(phase_index, wave_index, tuple(jobs))
-    if phase.max_waves is not None and done >= phase.max_waves:
+    if phase.max_waves is not None and wave_index >= phase.max_waves:
         return WavePlan(phase_index, wave_index)
     # A rollout that made no task transition (only parse errors or compactions) still
-    # counts one against the budget, so a phase always ends.
+    # counts one against the budget (Usage.spend), so a phase always ends.
     facts = [state.facts(ti) for ti in range(len(state.trees))]
-    remaining = (phase.transitions or 0) - sum(f.spent.get(phase_index, 0) for f in facts)
+    remaining: float = (phase.transitions or 0) - sum(f.spent.get(phase_index, 0) for f in facts)
+    pending: dict[tuple[int, int], int] = {}
+    for p in state.planned:
+        remaining -= sum(p.expected)
+        for job in p.jobs:
+            pending[(job.tree_index, job.node_id)] = pending.get((job.tree_index, job.node_id), 0) + 1
     if remaining <= 0:
         return WavePlan(phase_index, wave_index)
     # Each tree's eligible checkpoints are ranked once per tree version (cached in the
     # state); the wave merges the per-tree rankings.
-    chosen = _greedy(state, search, phase_index, facts, {}, phase.wave_size, remaining)
-    return WavePlan(phase_index, wave_index, tuple(c.job for c in chosen))
+    chosen = _greedy(state, search, phase_index, facts, pending, phase.wave_size, remaining)
+    return WavePlan(
+        phase_index, wave_index, tuple(c.job for c in chosen), tuple(c.expected_transitions for c in chosen)
+    )
+
+
+def plan_ahead(state: SearchState, search: Priority, phase_index: int) -> SearchState:
+    """``state`` with waves of phase ``phase_index`` planned until
+    ``search.waves_in_flight`` of them are planned and not grafted, or the planner has
+    nothing more (pure). No waves planned afterwards means the phase is done.
+
+    This is the one schedule every runner follows (:meth:`focus.collector.Collector.
+    advance`, the pipeline, :func:`replay`): plan ahead, launch what is planned, graft
+    the oldest planned wave, score, plan ahead again. With ``waves_in_flight=1`` it
+    plans one wave after the previous one is grafted and scored; with more, each new
+    wave is planned with the jobs of the waves still running counted as pending (their
+    checkpoints' branch counts and the budget they are expected to take), which is what
+    lets it launch while they finish. Either way a plan depends on grafted rollouts
+    only, never on timing.
+    """
+    while True:
+        nxt = plan_next(state, search, phase_index)
+        if nxt is state:
+            return state
+        state = nxt
+
+
+def plan_next(state: SearchState, search: Priority, phase_index: int) -> SearchState:
+    """``state`` with one more wave of phase ``phase_index`` planned, if fewer than
+    ``search.waves_in_flight`` are planned and the planner has one; else ``state``
+    itself (pure). :func:`plan_ahead` is this until it returns its input; a runner
+    launches each wave as soon as it is planned, before planning the next."""
+    phase = search.phases[phase_index]
+    depth = 1 if phase.is_evidence else search.waves_in_flight
+    if len(state.planned) >= depth:
+        return state
+    plan = plan_wave(state, search, phase_index, state.waves_done(phase_index) + len(state.planned))
+    return state if plan.empty else with_plan(state, plan)
+
+
+def with_plan(state: SearchState, plan: WavePlan) -> SearchState:
+    """A state that records ``plan`` as planned and not grafted (shares everything else)."""
+    return _successor(state, state.trees, state._derived, list(state.waves), (*state.planned, plan))
 
 
 @dataclass(frozen=True)
@@ -379,8 +432,14 @@ def _own(tree: Tree, node_id: int, owned: set[int]) -> Node:
     return tree.nodes[node_id]
 
 
-def _successor(state: SearchState, trees: list[Tree], derived: dict[int, _TreeFacts], waves: list[Any]) -> SearchState:
-    new = SearchState(state.collection_id, state.seed, state.tasks, trees, waves)
+def _successor(
+    state: SearchState,
+    trees: list[Tree],
+    derived: dict[int, _TreeFacts],
+    waves: list[Any],
+    planned: tuple[WavePlan, ...],
+) -> SearchState:
+    new = SearchState(state.collection_id, state.seed, state.tasks, trees, waves, planned)
     new._derived = derived
     return new
 
@@ -392,12 +451,26 @@ def graft(
 
     ``state`` is left as it was. The new state shares the trees no job touched, and in
     a touched tree every node but the continued checkpoints, so a wave costs in
-    proportion to its own rollouts, not to the collection.
+    proportion to its own rollouts, not to the collection. When waves are planned
+    ahead (``state.planned``), ``plan`` must be the oldest of them: waves are grafted in
+    the order they were planned.
     """
     if len(rollouts) != len(plan.jobs):
         raise ValueError(f"wave has {len(plan.jobs)} jobs but {len(rollouts)} rollouts came back")
     if (plan.phase_index, plan.wave_index) in state.waves:
         raise ValueError(f"wave {plan.wave_index} of phase {plan.phase_index} is already grafted onto this state")
+    planned = state.planned
+    if planned:
+        oldest = planned[0]
+        same = oldest is plan or (
+            (oldest.phase_index, oldest.wave_index) == (plan.phase_index, plan.wave_index) and oldest.jobs == plan.jobs
+        )
+        if not same:
+            raise ValueError(
+                f"wave {plan.wave_index} of phase {plan.phase_index} is not the oldest planned wave "
+                f"({oldest.wave_index} of phase {oldest.phase_index}); waves are grafted in the order planned"
+            )
+        planned = planned[1:]
     trees = list(state.trees)
     owned: dict[int, set[int]] = {}
     for job, ro in zip(plan.jobs, rollouts, strict=True):
@@ -427,7 +500,6 @@ def graft(
                 tree.states[node.id] = piece.state
             parent = node.id
         tree.rollouts += 1
-        turns = ro.turns
         tree.log.append(
             {
                 "rollout": index,
@@ -437,22 +509,18 @@ def graft(
                 "node": job.node_id,
                 "branch": job.branch,
                 "seed": job.seed,
-                "transitions": sum(1 for t in turns if t.transition),
-                "rollout_steps": len(turns),
-                "model_calls": len(turns),
-                "tokens": sum(len(t.completion_ids) for t in turns),
-                "compactions": sum(1 for t in turns if t.kind == "compaction"),
                 "failed": ro.leaf.kind == "failed",
                 "cause": ro.leaf.cause,
                 "leaf": ro.leaf.kind,
                 "wall_s": ro.wall_s,
                 "wave_wall_s": wave_wall_s,
+                "usage": Usage.of_rollout(ro),
             }
         )
     derived = {ti: f for ti, f in state._derived.items() if ti not in owned}
     for ti in owned:
         derived[ti] = _grown_facts(state, ti, trees[ti])
-    return _successor(state, trees, derived, [*state.waves, (plan.phase_index, plan.wave_index)])
+    return _successor(state, trees, derived, [*state.waves, (plan.phase_index, plan.wave_index)], planned)
 
 
 def _grown_facts(state: SearchState, ti: int, tree: Tree) -> _TreeFacts:
@@ -465,7 +533,7 @@ def _grown_facts(state: SearchState, ti: int, tree: Tree) -> _TreeFacts:
     if old._spent is not None:
         spent = dict(old._spent)
         for r in tree.log[len(old.tree.log) :]:
-            spent[r["phase"]] = spent.get(r["phase"], 0) + max(1, int(r["transitions"]))
+            spent[r["phase"]] = spent.get(r["phase"], 0) + r["usage"].budget_spent
     unscored = None
     if old._unscored is not None:
         new_nodes = (tree.nodes[i] for i in range(len(old.tree.nodes), len(tree.nodes)))
@@ -499,4 +567,45 @@ def with_predictions(
         if old is not None and old.describes(state.trees[ti], ti):
             left = None if old._unscored is None else tuple(n for n in old._unscored if n not in nids)
             derived[ti] = _TreeFacts(trees[ti], ti, spent=old._spent, unscored=left)
-    return _successor(state, trees, derived, list(state.waves))
+    return _successor(state, trees, derived, list(state.waves), state.planned)
+
+
+Predictions = Mapping[tuple[int, int], tuple[float | None, float | None]]
+
+
+@dataclass(frozen=True)
+class WaveRecord:
+    """What one continuation wave left behind, as a pipeline stores it: its rollouts (in
+    job order), its elapsed time, and the critic predictions scoring added after it
+    (``None`` if it was not scored yet)."""
+
+    phase_index: int
+    wave_index: int
+    rollouts: Sequence[Rollout]
+    wave_wall_s: float = 0.0
+    predictions: Predictions | None = None
+
+
+def replay(state: SearchState, search: Priority, waves: Iterable[WaveRecord]) -> SearchState:
+    """The state a collection reached, rebuilt from its stored waves (pure; no rollout runs).
+
+    ``state`` is the scored state after the evidence phase; ``waves`` are the records of
+    the continuation waves, in the order they were grafted. Each wave is planned again
+    exactly as the run planned it (:func:`plan_ahead`: planning is a pure function of
+    the state and the seed), its stored rollouts are grafted and its stored predictions
+    applied. The result also holds the waves the run had planned beyond the last
+    stored one (``planned``), which a resumed run launches again with the same jobs.
+    """
+    for rec in waves:
+        state = plan_ahead(state, search, rec.phase_index)
+        nxt = state.planned[0] if state.planned else None
+        if nxt is None or (nxt.phase_index, nxt.wave_index) != (rec.phase_index, rec.wave_index):
+            where = "nothing" if nxt is None else f"wave {nxt.wave_index} of phase {nxt.phase_index}"
+            raise ValueError(
+                f"stored wave {rec.wave_index} of phase {rec.phase_index} is not the next wave the search plans "
+                f"({where}): the stored waves do not belong to this search configuration and seed"
+            )
+        state = graft(state, nxt, rec.rollouts, search.phases[rec.phase_index].name, rec.wave_wall_s)
+        if rec.predictions is not None:
+            state = with_predictions(state, rec.predictions)
+    return state

@@ -295,6 +295,10 @@ class SearchConfig(_Model):
     kind: Literal["selective", "uniform"] = "selective"
     phases: list[Phase] = Field(default_factory=_default_phases)
     kappa: float = Field(1.0, ge=0.0)
+    #: Waves planned and running at once (focus.priority.Priority.waves_in_flight): 2
+    #: keeps the model service busy while a wave's last rollouts finish, is checkpointed,
+    #: and the next one is planned (docs/pipeline.md, "Waves in flight").
+    waves_in_flight: int = Field(2, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> SearchConfig:
@@ -303,7 +307,7 @@ class SearchConfig(_Model):
 
     def priority(self) -> Priority:
         cls = Selective if self.kind == "selective" else Uniform
-        return cls(phases=tuple(self.phases), kappa=self.kappa)
+        return cls(phases=tuple(self.phases), kappa=self.kappa, waves_in_flight=self.waves_in_flight)
 
 
 class CriticConfig(_Pluggable):
@@ -363,6 +367,9 @@ class ExecutionConfig(_Model):
     def _address_means_dask(self) -> ExecutionConfig:
         """A scheduler address is only used by Dask: giving one selects it."""
         return self.model_copy(update={"kind": "dask"}) if self.address and self.kind != "dask" else self
+
+    #: See focus.execution.Execution.max_outage_share.
+    max_outage_share: float = Field(0.1, ge=0.0, le=1.0)
 
 
 class StorageConfig(_Model):
@@ -559,7 +566,10 @@ class FocusConfig(_Model):
             search=self.search.priority(),
             critic=self.build_critic(),
             estimator=DirectBranchTd(gamma=self.estimator.gamma),
-            execution=execution or Execution(max_concurrency=self.execution.max_concurrency),
+            execution=execution
+            or Execution(
+                max_concurrency=self.execution.max_concurrency, max_outage_share=self.execution.max_outage_share
+            ),
             collection_id=self.collection_id or "adhoc",
             iteration=self.iteration,
             seed=self.seed,

@@ -46,11 +46,12 @@ def make_execution(ex: ExecutionConfig) -> Any:
             processes=ex.processes,
             shard_size=ex.shard_size,
             max_concurrency=ex.max_concurrency,
+            max_outage_share=ex.max_outage_share,
             freeze_gc=False,
         )
     from focus.execution import Execution
 
-    return Execution(max_concurrency=ex.max_concurrency, freeze_gc=False)
+    return Execution(max_concurrency=ex.max_concurrency, max_outage_share=ex.max_outage_share, freeze_gc=False)
 
 
 def steps_for(config: FocusConfig, handoff: Handoff | None = None) -> Steps:
@@ -144,7 +145,11 @@ async def publish_report(config: FocusConfig, result: dict[str, Any], steps: lis
         rows, key=_artifact_key(cid, "stats"), description=f"Collection {cid}: batch statistics"
     )
     step_rows = [
-        {k: s.get(k) for k in ("phase", "wave", "reused", "wall_s", "transitions", "jobs", "failed_rollouts")}
+        {
+            **{k: s.get(k) for k in ("phase", "wave", "reused", "wall_s", "jobs")},
+            "transitions": _used(s, "transitions"),
+            "failed_rollouts": s.get("failed_rollouts"),
+        }
         for s in steps
     ]
     await acreate_table_artifact(step_rows, key=_artifact_key(cid, "steps"), description=f"Collection {cid}: steps")
@@ -156,6 +161,11 @@ async def publish_report(config: FocusConfig, result: dict[str, Any], steps: lis
             key=_artifact_key(cid, "trees"),
             description=f"Collection {cid}: search trees (nodes coloured by refined value, edges by advantage)",
         )
+
+
+def _used(record: dict[str, Any], what: str) -> Any:
+    """A figure of a step record's usage (``None`` for steps that ran no rollouts)."""
+    return (record.get("usage") or {}).get(what)
 
 
 def _artifact_key(cid: str, what: str) -> str:

@@ -7,6 +7,11 @@ collection has dozens of waves. :class:`Runtime` builds them once for a configur
 and runs each step's coroutine on its own event loop, which stays open between steps so
 that clients bound to it (HTTP connection pools) keep working.
 
+The loop runs in a thread of its own, all the time, not only while a step awaits it:
+waves planned ahead (``search.waves_in_flight``) keep running while a step writes its
+checkpoint and Prefect moves on to the next task, so their model calls go on being sent
+and the model service does not sit idle between steps.
+
 Nothing here is process-global: a runtime belongs to the :class:`tasks.steps.Handoff`
 of one flow run, which closes it when the run ends. A step given another configuration
 gets another runtime (the old one is closed first), so equal configurations give equal
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -37,6 +43,16 @@ class Runtime:
         self.loop = asyncio.new_event_loop()
         self.closed = False
         self._froze_gc = False
+        self._thread = threading.Thread(target=self._serve, name="focus-runtime-loop", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the runtime's loop and wait for its result (from any other thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def matches(self, config: FocusConfig) -> bool:
         return not self.closed and (config is self.config or config == self.config)
@@ -66,7 +82,7 @@ class Runtime:
             self._froze_gc = gc.get_freeze_count() == 0
         if self._froze_gc:
             gc.freeze()
-        self.loop.run_until_complete(go())
+        self.call(go())
         return out[0]
 
     def close(self) -> None:
@@ -82,9 +98,11 @@ class Runtime:
                 finally:
                     await self.collector.critic.aclose()
 
-            self.loop.run_until_complete(shut())
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.call(shut())
+            self.call(self.loop.shutdown_asyncgens())
         finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
             self.loop.close()
             if self._froze_gc:
                 gc.unfreeze()

@@ -23,8 +23,16 @@ checkpoint costs in proportion to the wave, not to everything collected so far (
 full state grows with every wave; pickling it after each one made the flow several
 times slower than ``Collector.collect()``). The live state passes from step to step in
 memory through a :class:`Handoff`; after a crash it is rebuilt from the checkpoints by
-replaying the deltas - re-planning each wave (planning is a pure function of the state
-and the seed) and grafting its stored rollouts - which recomputes no rollout.
+:func:`focus.search.replay` - re-planning each wave (planning is a pure function of the
+state and the seed) and grafting its stored rollouts - which recomputes no rollout.
+
+Every step runs one of the library's step functions (``Collector.evidence``,
+``predict``, ``advance``, ``prepare``); nothing here runs rollouts itself. A wave step
+is ``Collector.advance``: with ``search.waves_in_flight`` > 1 the waves planned after the
+one it lands keep running between steps (``Handoff.running``), so the model service
+stays busy while the step checkpoints and the flow moves on. A wave whose rollouts
+fail because the model service is out raises ``ModelServiceOutage``; its checkpoint is
+not written, so a rerun computes it again.
 """
 
 from __future__ import annotations
@@ -36,7 +44,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from focus.collector import Running
 from focus.report import tree_svg
+from focus.search import WaveRecord, replay, with_predictions
+from focus.usage import LogTotals
 from tasks.config import FocusConfig
 from tasks.runtime import Runtime
 
@@ -112,21 +123,24 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 
 class Handoff:
-    """The live search state of one flow run, the checkpoint key it corresponds to, and
-    the :class:`~tasks.runtime.Runtime` the run's steps share.
+    """The live search state of one flow run, the checkpoint key it corresponds to, the
+    :class:`~tasks.runtime.Runtime` the run's steps share, and the waves still running
+    on that runtime's loop (:class:`focus.collector.Running`).
 
     Passed explicitly to every step of a run so a step need not reload what the
     previous step just computed, nor rebuild the agent and collector; a fresh process
     starts empty and replays from storage. Close it (or use it as a context manager)
-    when the run ends, to close the runtime's clients and event loop.
+    when the run ends, to stop running waves and close the runtime's clients and loop.
     """
 
     def __init__(self) -> None:
         self.key: Key | None = None
         self.state: Any = None
         self._runtime: Runtime | None = None
-        #: tree index -> running sums over that tree's log (see :meth:`stats`).
-        self._totals: dict[int, _LogTotals] = {}
+        #: Waves launched on the runtime's loop and not landed yet.
+        self.running = Running()
+        #: Usage totals over the live state's trees, updated per step (see :meth:`stats`).
+        self._totals = LogTotals()
 
     def put(self, key: Key, state: Any) -> None:
         self.key, self.state = key, state
@@ -142,10 +156,15 @@ class Handoff:
         return self._runtime
 
     def release(self) -> None:
-        """Close the runtime (the live state stays)."""
+        """Stop the running waves and close the runtime (the live state stays)."""
         rt, self._runtime = self._runtime, None
         if rt is not None:
-            rt.close()
+            try:
+                if self.running.waves and not rt.closed:
+                    rt.call(self.running.cancel())
+            finally:
+                rt.close()
+        self.running = Running()
 
     def close(self) -> None:
         self.release()
@@ -157,56 +176,20 @@ class Handoff:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def stats(self, state: Any, phase_index: int | None = None) -> dict[str, int]:
-        """:func:`state_stats` of ``state`` plus, with ``phase_index``, that phase's
-        transitions and tokens (``phase_transitions``, ``phase_tokens``) and its budget
-        spent as the planner counts it (``phase_spent``: at least one per rollout).
+    def stats(self, state: Any, phase_index: int | None = None) -> dict[str, Any]:
+        """What a step record shows about ``state``: ``usage``, the collection's
+        :class:`focus.usage.Usage` so far (as a dict), ``nodes``, and with
+        ``phase_index`` that phase's usage (``phase_usage``; its ``budget_spent`` is the
+        budget as the planner counts it).
 
-        Per tree, only the log records added since the tree was last seen are counted
-        (a graft copies a tree's log list but shares its records and appends new ones),
-        so a step's record costs in proportion to the step, not to the collection.
+        Only the log records added since the last call are counted, so a step's record
+        costs in proportion to the step, not to the collection.
         """
-        out: dict[str, int] = {"nodes": 0}
-        seen = self._totals
-        for ti, tree in enumerate(state.trees):
-            hit = seen.get(ti)
-            log = tree.log
-            if hit is None or hit.n > len(log) or (hit.n and log[hit.n - 1] is not hit.last):
-                hit = seen[ti] = _LogTotals()
-            hit.add(log)
-            out["nodes"] += len(tree.nodes)
-            for k, v in hit.all.items():
-                out[k] = out.get(k, 0) + v
-            if phase_index is not None:
-                pt, pk, ps = hit.phases.get(phase_index, (0, 0, 0))
-                out["phase_transitions"] = out.get("phase_transitions", 0) + pt
-                out["phase_tokens"] = out.get("phase_tokens", 0) + pk
-                out["phase_spent"] = out.get("phase_spent", 0) + ps
+        total, phases = self._totals.update(state.trees)
+        out: dict[str, Any] = {"nodes": sum(len(t.nodes) for t in state.trees), "usage": total.as_dict()}
+        if phase_index is not None:
+            out["phase_usage"] = phases.get(phase_index, type(total)()).as_dict()
         return out
-
-
-class _LogTotals:
-    """Running sums over one tree's rollout log (records are appended, never edited)."""
-
-    __slots__ = ("n", "last", "all", "phases")
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.last: dict[str, Any] | None = None
-        self.all = {"transitions": 0, "tokens": 0, "model_calls": 0}
-        #: phase -> (transitions, tokens, budget spent: at least 1 per rollout, as planned)
-        self.phases: dict[int, tuple[int, int, int]] = {}
-
-    def add(self, log: list[dict[str, Any]]) -> None:
-        for r in log[self.n :]:
-            tr, tok = int(r["transitions"]), int(r["tokens"])
-            self.all["transitions"] += tr
-            self.all["tokens"] += tok
-            self.all["model_calls"] += int(r["model_calls"])
-            pt, pk, ps = self.phases.get(r["phase"], (0, 0, 0))
-            self.phases[r["phase"]] = (pt + tr, pk + tok, ps + max(1, tr))
-        self.n = len(log)
-        self.last = log[-1] if log else None
 
 
 class Steps:
@@ -249,37 +232,41 @@ class Steps:
         self.store.save(self.cid, key.phase, key.wave, obj)
 
     def state_at(self, key: Key) -> Any:
-        """The search state as of checkpoint ``key``: from the handoff, else replayed."""
+        """The search state as of checkpoint ``key``: from the handoff, else replayed
+        (:func:`focus.search.replay`) from the stored evidence state and wave deltas."""
         state = self.handoff.get(key)
         if state is not None:
             return state
-        from focus.search import graft, plan_wave
-
         state = self.load(EVIDENCE)
-        at = EVIDENCE
-        if key != at:
-            state, at = _apply_scores(state, self.load(EVIDENCE_SCORED)), EVIDENCE_SCORED
-        priority = self.config.search.priority()
-        for p in range(1, len(self.config.search.phases)):
-            w = 0
-            while key != at and self.done(wave_key(self.config, p, w)):
-                delta = self.load(wave_key(self.config, p, w))
-                plan = plan_wave(state, priority, p, w)
-                name = self.config.search.phases[p].name
-                state, at = (
-                    graft(state, plan, delta["rollouts"], name, delta["wave_wall_s"]),
-                    wave_key(self.config, p, w),
-                )
-                if key != at:
-                    state, at = (
-                        _apply_scores(state, self.load(score_key(self.config, p, w))),
-                        score_key(self.config, p, w),
+        if key != EVIDENCE:
+            state = with_predictions(state, self.load(EVIDENCE_SCORED))
+            if key != EVIDENCE_SCORED:
+                records = list(self._wave_records(key))
+                last = records[-1] if records else None
+                if last is None or key not in (
+                    wave_key(self.config, last.phase_index, last.wave_index),
+                    score_key(self.config, last.phase_index, last.wave_index),
+                ):
+                    raise RuntimeError(
+                        f"collection {self.cid!r}: cannot rebuild the state at {key} from its checkpoints"
                     )
-                w += 1
-        if key != at:
-            raise RuntimeError(f"collection {self.cid!r}: cannot rebuild the state at {key} from its checkpoints")
+                state = replay(state, self.config.search.priority(), records)
         self.handoff.put(key, state)
         return state
+
+    def _wave_records(self, key: Key) -> Any:
+        """The stored continuation waves, in order, up to checkpoint ``key``."""
+        for p in range(1, len(self.config.search.phases)):
+            w = 0
+            while self.done(wave_key(self.config, p, w)):
+                delta = self.load(wave_key(self.config, p, w))
+                at_wave = key == wave_key(self.config, p, w)
+                scored = not at_wave and self.done(score_key(self.config, p, w))
+                preds = self.load(score_key(self.config, p, w)) if scored else None
+                yield WaveRecord(p, w, delta["rollouts"], delta["wave_wall_s"], preds)
+                if at_wave or key == score_key(self.config, p, w) or not scored:
+                    return
+                w += 1
 
     # ---- running collector pieces ----
 
@@ -329,10 +316,7 @@ class Steps:
             return self._record(EVIDENCE, True, t0)
 
         async def fn(c: Any, tasks: list[Any]) -> Any:
-            state = await c.start(tasks)
-            if c.search_config.phases[0].is_evidence:
-                state, _, _ = await _rollouts(c, state, c.plan_wave(state, 0, 0))
-            return state
+            return await c.evidence(tasks)
 
         state = self._run(fn)
         self.save(EVIDENCE, state)
@@ -349,21 +333,22 @@ class Steps:
         state = self.state_at(source)
 
         async def fn(c: Any, _tasks: list[Any]) -> Any:
-            return await c.score(state)  # the runtime closes the critic's client at the end
+            return await c.predict(state)  # the runtime closes the critic's client at the end
 
-        from focus.search import unscored
-
-        todo = unscored(state)  # cached per tree in the state: cheap
-        scored = self._run(fn)
-        self.save(target, _score_delta(todo, scored))
+        preds = self._run(fn)
+        scored = with_predictions(state, preds) if preds else state
+        self.save(target, preds)
         self.handoff.put(target, scored)
         return self._record(target, False, t0, scored)
 
     def wave(self, source: Key, phase_index: int, wave: int) -> dict[str, Any]:
-        """Plan and run wave ``wave`` of continuation phase ``phase_index``.
+        """Land wave ``wave`` of continuation phase ``phase_index``
+        (``Collector.advance``: plan ahead, launch what is planned and not running,
+        graft the oldest planned wave) and store its rollouts.
 
-        Returns ``done: True`` (and writes the phase's end marker) when the plan is
-        empty: the phase's budget is spent or nothing is left to continue.
+        Returns ``done: True`` (and writes the phase's end marker) when nothing more is
+        planned: the phase's budget is spent or nothing is left to continue. Raises
+        ``ModelServiceOutage`` without writing anything when the model service was out.
         """
         t0 = time.perf_counter()
         key, end = wave_key(self.config, phase_index, wave), end_key(self.config, phase_index)
@@ -372,23 +357,37 @@ class Steps:
         if self.done(end) and self.load(end) == wave:
             return self._record(key, True, t0, done=True)
         state = self.state_at(source)
+        runtime = self.runtime()
+        running = self.handoff.running
 
         async def fn(c: Any, _tasks: list[Any]) -> Any:
-            plan = c.plan_wave(state, phase_index, wave)
-            if plan.empty:
-                return None
-            return await _rollouts(c, state, plan)
+            return await c.advance(state, phase_index, running)
 
-        ran = self._run(fn)
-        if ran is None:
+        try:
+            new_state, landed = runtime.run(fn)
+        finally:
+            if self._owns_handoff:
+                self.handoff.release()
+        if landed is None:
             self.save(end, wave)
             return self._record(key, False, t0, done=True, jobs=0)
-        new_state, rollouts, wall = ran
-        self.save(key, {"rollouts": rollouts, "wave_wall_s": wall})
+        if (landed.plan.phase_index, landed.plan.wave_index) != (phase_index, wave):
+            raise RuntimeError(
+                f"collection {self.cid!r}: asked for wave {wave} of phase {phase_index}, but the search's next wave is "
+                f"{landed.plan.wave_index} of phase {landed.plan.phase_index}"
+            )
+        self.save(key, {"rollouts": landed.rollouts, "wave_wall_s": landed.wall_s})
         self.handoff.put(key, new_state)
-        causes = (ro.leaf.cause for ro in rollouts if ro.leaf.kind == "failed")
+        causes = (ro.leaf.cause for ro in landed.rollouts if ro.leaf.kind == "failed")
         return self._record(
-            key, False, t0, new_state, done=False, jobs=len(rollouts), phase_index=phase_index, **failures(causes)
+            key,
+            False,
+            t0,
+            new_state,
+            done=False,
+            jobs=len(landed.rollouts),
+            phase_index=phase_index,
+            **failures(causes),
         )
 
     def export(self, source: Key) -> dict[str, Any]:
@@ -431,50 +430,6 @@ class Steps:
         except (BatchNotFound, CorruptDataError, ManifestError) as e:
             return str(e)
         return None
-
-
-async def _rollouts(collector: Any, state: Any, plan: Any) -> Any:
-    """Run a wave's jobs and graft them, leaving scoring to the scoring step.
-
-    This is ``Collector.run_wave`` without its final ``score``: the pipeline scores in
-    its own task, so a failing critic service fails (and is retried as) the scoring
-    step, never a finished wave. Critic predictions depend only on a node's context, so
-    the result equals ``Collector.run_wave``'s (the pipeline tests check it).
-    """
-    from focus.search import graft
-
-    t0 = time.perf_counter()
-    rollouts = await collector.execution.run(collector.agent, list(plan.jobs))
-    wall = time.perf_counter() - t0
-    name = collector.search_config.phases[plan.phase_index].name
-    return graft(state, plan, rollouts, name, wave_wall_s=wall), rollouts, wall
-
-
-def _score_delta(keys: list[tuple[int, int]], after: Any) -> dict[tuple[int, int], tuple[float | None, float | None]]:
-    """(tree index, node id) -> (value, std) of the nodes ``keys`` that scoring filled in."""
-    out = {}
-    for ti, nid in keys:
-        node = after.trees[ti].nodes[nid]
-        if node.value is not None:
-            out[(ti, nid)] = (node.value, node.value_std)
-    return out
-
-
-def _apply_scores(state: Any, delta: dict[tuple[int, int], tuple[float | None, float | None]]) -> Any:
-    """``state`` with stored predictions filled in, as ``Collector.score`` fills them."""
-    from focus.search import with_predictions
-
-    return with_predictions(state, delta)
-
-
-def state_stats(state: Any) -> dict[str, int]:
-    """Totals over a search state's trees, from the trees' nodes and edges (what
-    progress and statistics show; :meth:`Handoff.stats` gives the same incrementally)."""
-    totals: dict[str, int] = {}
-    for tree in state.trees:
-        for k, v in tree.stats().items():
-            totals[k] = totals.get(k, 0) + v
-    return {k: totals.get(k, 0) for k in ("transitions", "tokens", "model_calls", "nodes")}
 
 
 def failures(causes: Any) -> dict[str, Any]:

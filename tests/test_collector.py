@@ -121,7 +121,9 @@ def test_budget_accounting_is_exact():
     # rollouts finish, so it overshoots by less than one wave of full rollouts
     assert 60 <= cont["transitions"] < 60 + 8 * 20
     last_wave = max(r["wave"] for t in state.trees for r in t.log if r["phase"] == 1)
-    before_last = sum(r["transitions"] for t in state.trees for r in t.log if r["phase"] == 1 and r["wave"] < last_wave)
+    before_last = sum(
+        r["usage"].transitions for t in state.trees for r in t.log if r["phase"] == 1 and r["wave"] < last_wave
+    )
     assert before_last < 60
     # branch limits hold
     for t in state.trees:

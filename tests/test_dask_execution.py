@@ -58,3 +58,43 @@ def test_unreachable_scheduler_is_named():
     start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
     with pytest.raises(RuntimeError, match="cannot reach the Dask scheduler"):
         asyncio.run(ex.run(agent, [RolloutJob(0, 0, 1, start)]))
+
+
+#: Model calls in flight in this process, and the most seen (worker threads share them).
+CALLS = {"now": 0, "max": 0}
+
+
+class CountingPolicy(DigitPolicy):
+    async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        CALLS["now"] += 1
+        CALLS["max"] = max(CALLS["max"], CALLS["now"])
+        try:
+            return await super().sample(prompt_ids, params)
+        finally:
+            CALLS["now"] -= 1
+
+
+def test_waves_in_flight_overlap_on_one_worker_thread_and_give_the_in_process_batch():
+    """The next wave's shards start while the current ones run (shards leave the
+    worker's thread pool), and the collection is the one in-process execution gives."""
+    from focus.collector import Collector
+    from focus.critic import ConstantCritic
+    from focus.priority import Phase, Selective
+
+    phases = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=40, wave_size=4, max_depth=6))
+
+    def collect(execution):  # type: ignore[no-untyped-def]
+        agent = Agent(CountingPolicy(latency_s=0.01), ReachTarget(), toy_format(), max_steps=6)
+        search = Selective(phases=phases, waves_in_flight=2)
+        col = Collector(agent, search, ConstantCritic(0.5), execution=execution, collection_id="d", seed=2)
+        return col.prepare(asyncio.run(col.run_search(reach_target_tasks(3, seed=1))))
+
+    def key(batch):  # type: ignore[no-untyped-def]
+        return [(r.tree_id, r.edge_id, r.turn_index, r.completion_ids, round(r.advantage, 12)) for r in batch.actor]
+
+    # one worker thread, shards of one job: without leaving the thread pool, one model
+    # call at a time; with it, the shards of both waves in flight call together
+    with DaskExecution(n_workers=1, threads_per_worker=1, processes=False, shard_size=1, max_concurrency=4) as ex:
+        remote = collect(ex)
+    assert CALLS["max"] > 1
+    assert key(remote) == key(collect(Execution(max_concurrency=4)))

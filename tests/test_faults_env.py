@@ -117,7 +117,7 @@ def test_env_failures_fail_only_their_rollouts_and_are_counted(local_model_serve
     state, batch = collect(local_model_server.url, mode)
     broken, *healthy = state.trees
     # the broken task: every rollout that got past its first step failed, with the cause
-    long = [r for r in clean_state.trees[0].log if r["transitions"] > 1]
+    long = [r for r in clean_state.trees[0].log if r["usage"].transitions > 1]
     assert long, "the clean run must have rollouts longer than one step for this test to bite"
     failed = [r for r in broken.log if r["failed"]]
     assert len(failed) == len(long) and all(CAUSES[mode] in r["cause"] for r in failed)

@@ -1,6 +1,8 @@
 """Resume after kill -9: a CLI collection killed in its continuation phase, run again
 with the same collection id, reuses every finished wave and writes the same batch as an
-uninterrupted run with the same seed."""
+uninterrupted run with the same seed. The run plans waves ahead (the pipeline's default
+``search.waves_in_flight = 2``), so the kill lands with a wave still running; the resumed
+run plans it again from the stored waves and launches it with the same jobs."""
 
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ factory = "fixtures.prefect:digit_policy"
 options = {{latency_s = 0.03}}
 [env]
 n_tasks = 3
+[search]
+waves_in_flight = 2
 [[search.phases]]
 name = "evidence"
 rollouts_per_task = 2
@@ -74,6 +78,7 @@ def test_kill_9_mid_continuation_then_resume_gives_same_batch(prefect_env, prefe
         **{
             "model.options": {"latency_s": 0.0},
             "env.n_tasks": 3,
+            "search.waves_in_flight": 2,
             "search.phases": [p.model_dump() for p in resumed_phases()],
         }
     )

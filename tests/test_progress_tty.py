@@ -170,6 +170,11 @@ class _Clock:
         return self.now
 
 
+def used(transitions: int, tokens: int, spent: int | None = None) -> dict[str, int]:
+    """A wave record's ``phase_usage`` (the fields progress reads)."""
+    return {"transitions": transitions, "tokens": tokens, "budget_spent": transitions if spent is None else spent}
+
+
 def _final_frame(console: Console) -> str:
     text = strip_ansi(console.file.getvalue())  # type: ignore[attr-defined]
     return [ln for ln in re.split(r"[\r\n]", text) if "transitions" in ln][-1]
@@ -184,11 +189,11 @@ def test_figures_after_wave_records(monkeypatch):
         assert progress.interactive
         progress.start_phase(1, Phase("continue", transitions=100))
         clock.now += 2.0
-        line = progress.wave_done({"wave": 0, "phase_transitions": 30, "phase_tokens": 900})
+        line = progress.wave_done({"wave": 0, "phase_usage": used(30, 900)})
         assert line == "1.continue wave 0: 30 transitions, 15.0 transitions/s, 450 tokens/s, budget left 70"
         assert progress.wave_done({"wave": 1, "reused": True}) == ""  # not measured: nothing shown
         clock.now += 3.0
-        line = progress.wave_done({"wave": 2, "phase_transitions": 110, "phase_tokens": 2000})
+        line = progress.wave_done({"wave": 2, "phase_usage": used(110, 2000)})
         # over the phase's 5 s; the phase ran past its budget (nothing left, not negative)
         assert line.endswith("110 transitions, 22.0 transitions/s, 400 tokens/s, budget left 0")
     frame = _final_frame(console)
@@ -206,10 +211,10 @@ def test_resumed_phase_takes_its_first_measured_wave_as_the_baseline(monkeypatch
         progress.start_phase(2, Phase("deep", transitions=50))
         assert progress.wave_done({"wave": 0, "reused": True}) == ""
         clock.now += 0.5
-        first = progress.wave_done({"wave": 1, "phase_transitions": 40, "phase_tokens": 400})
+        first = progress.wave_done({"wave": 1, "phase_usage": used(40, 400)})
         assert first == "2.deep wave 1: 40 transitions, rates from the next wave (resumed), budget left 10"
         clock.now += 2.0
-        second = progress.wave_done({"wave": 2, "phase_transitions": 50, "phase_tokens": 500})
+        second = progress.wave_done({"wave": 2, "phase_usage": used(50, 500)})
         assert second == "2.deep wave 2: 50 transitions, 5.0 transitions/s, 50 tokens/s, budget left 0"
     assert "50/50 transitions 5.0 transitions/s" in _final_frame(console)
 
@@ -222,7 +227,7 @@ def test_not_a_terminal_logs_lines_and_draws_nothing():
     ) as progress:
         assert not progress.interactive
         progress.start_phase(1, Phase("continue", transitions=10))
-        line = progress.wave_done({"wave": 0, "phase_transitions": 4, "phase_tokens": 8})
+        line = progress.wave_done({"wave": 0, "phase_usage": used(4, 8)})
     assert logged == [line] == progress.lines and line.endswith("budget left 6")
     assert console.file.getvalue() == ""  # type: ignore[attr-defined]
 
@@ -234,7 +239,7 @@ def test_disabled_shows_and_logs_nothing():
         None, enabled=False, log=SimpleNamespace(info=lambda line, **_: logged.append(line)), console=console
     ) as p:
         p.start_phase(1, Phase("continue", transitions=10))
-        p.wave_done({"wave": 0, "phase_transitions": 4, "phase_tokens": 8})
+        p.wave_done({"wave": 0, "phase_usage": used(4, 8)})
     assert logged == [] and console.file.getvalue() == ""  # type: ignore[attr-defined]
 
 
@@ -247,30 +252,29 @@ def test_dumb_terminal_gets_lines_not_a_bar(monkeypatch):
         None, log=SimpleNamespace(info=lambda line, **_: logged.append(line)), console=console
     ) as progress:
         progress.start_phase(1, Phase("continue", transitions=10))
-        progress.wave_done({"wave": 0, "phase_transitions": 4, "phase_tokens": 8})
+        progress.wave_done({"wave": 0, "phase_usage": used(4, 8)})
     assert not progress.interactive and len(logged) == 1
 
 
 def test_budget_left_counts_as_the_planner_does():
     """A rollout that made no transition (a failed first call) still spends one unit of
     the phase budget in the planner: the line says what the planner has left."""
-    figures = progress_mod.wave_figures(
-        {"wave": 3, "phase_transitions": 20, "phase_tokens": 40, "phase_spent": 23}, 30, None, 0.0
-    )
+    figures = progress_mod.wave_figures({"wave": 3, "phase_usage": used(20, 40, 23)}, 30, None, 0.0)
     assert (figures.transitions, figures.spent, figures.budget_left) == (20, 23, 7)
-    assert progress_mod.wave_figures({"phase_transitions": 20}, 30, None, 0.0).budget_left == 10  # older records
 
 
 def test_wave_records_carry_the_planners_budget_count():
-    """Handoff.stats sums max(1, transitions) per rollout, the planner's count."""
+    """Handoff.stats sums each rollout's Usage; budget_spent is at least one per rollout."""
     from types import SimpleNamespace as NS
 
+    from focus.usage import Usage
     from tasks.steps import Handoff
 
     log = [
-        {"phase": 1, "transitions": 3, "tokens": 6, "model_calls": 3},
-        {"phase": 1, "transitions": 0, "tokens": 0, "model_calls": 1},  # failed at its first call
-        {"phase": 0, "transitions": 5, "tokens": 10, "model_calls": 5},
+        {"phase": 1, "usage": Usage(rollouts=1, transitions=3, tokens=6, model_calls=3, budget_spent=3)},
+        {"phase": 1, "usage": Usage(rollouts=1, failed_rollouts=1, model_calls=1, budget_spent=Usage.spend(0))},
+        {"phase": 0, "usage": Usage(rollouts=1, transitions=5, tokens=10, model_calls=5, budget_spent=5)},
     ]
     stats = Handoff().stats(NS(trees=[NS(log=log, nodes={0: None})]), phase_index=1)
-    assert (stats["phase_transitions"], stats["phase_spent"], stats["transitions"]) == (3, 4, 8)
+    phase, total = stats["phase_usage"], stats["usage"]
+    assert (phase["transitions"], phase["budget_spent"], total["transitions"], total["rollouts"]) == (3, 4, 8, 3)

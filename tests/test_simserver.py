@@ -120,6 +120,10 @@ def test_engine_benchmark_runs_at_tiny_size_and_reports_every_figure(tmp_path):
         assert key in figures and figures[key] == figures[key]  # present and not NaN
     assert 0 < figures["slot_utilisation"] <= 1.0 and figures["engine_cpu_ms_per_transition"] > 0
     assert figures["transitions"] > 0 and figures["failed_rollouts"] == 0
+    # the headline is the pipeline's mode (waves planned ahead); every mode is reported
+    assert figures["headline_mode"] == "pipeline" and figures["waves_in_flight"] >= 2
+    assert {"pipeline_mode", "wave_mode", "streaming_mode"} <= set(figures)
+    assert figures["wave_mode"]["waves_in_flight"] == 1
     # continuations resend their checkpoint's exact prefix, which the earlier call left in the cache
     assert figures["continuation_first_calls"] > 0 and figures["continuation_calls_not_found"] == 0
     assert figures["prefix_cache_hit_ratio"] == 1.0

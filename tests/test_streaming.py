@@ -145,7 +145,7 @@ def test_each_streamed_rollout_is_reproducible_from_its_job():
 
     for (_, r), ro in zip(records, run(replay()), strict=True):
         turns = ro.turns
-        assert (r["leaf"], r["tokens"], r["transitions"]) == (
+        assert (r["leaf"], r["usage"].tokens, r["usage"].transitions) == (
             ro.leaf.kind,
             sum(len(t.completion_ids) for t in turns),
             sum(1 for t in turns if t.transition),
@@ -229,7 +229,7 @@ def test_streaming_keeps_the_model_server_busy_over_http():
             wall, after = time.perf_counter() - t0, server.stats()
             usage = state.usage(1)
             figures[streaming] = (after["busy_slot_s"] - before["busy_slot_s"]) / (slots * wall)
-            assert 400 <= usage["transitions"] < 400 + 2 * slots * 16 and usage["failed_rollouts"] == 0
+            assert 400 <= usage.transitions < 400 + 2 * slots * 16 and usage.failed_rollouts == 0
             assert after["max_in_flight"] == slots
             batch = col.prepare(state)
             assert batch.actor and all(r.logprobs and len(r.logprobs) == len(r.completion_ids) for r in batch.actor)

@@ -49,7 +49,7 @@ from focus.backends.retry import (
     is_retry_status,
     parse_retry_after,
 )
-from focus.policy import Completion, Policy, PolicyError, SamplingParams
+from focus.policy import Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
 
 __all__ = ["HttpClient", "HttpConfig", "HttpPolicy", "MalformedResponse", "RetryPolicy", "default_transport"]
 
@@ -98,6 +98,9 @@ class HttpClient:
     ``error`` is the exception class a call that gives up raises (``PolicyError`` for
     policies, ``CriticError`` for critics); it is also the class a ``parse`` function
     may raise for an answer it cannot trust, which is retried like a malformed body.
+    A call whose retries ran out raises ``unavailable`` instead (by default
+    :class:`~focus.policy.ServiceUnavailable` for policies, so the collector can tell an
+    outage from a wrong request; ``error`` otherwise).
     """
 
     def __init__(
@@ -107,12 +110,14 @@ class HttpClient:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         error: type[Exception] = PolicyError,
+        unavailable: type[Exception] | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.config = config or HttpConfig()
         self.error = error
+        self.unavailable = unavailable or (ServiceUnavailable if error is PolicyError else error)
         self._transport = transport
         self._rng = random.Random()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -215,7 +220,7 @@ class HttpClient:
         self._stats.add(CallRecord(attempts, elapsed, tuple(errors), last.kind, out_of_time, hedges))
         status = f"status {last.status}" if last.status is not None else "no status"
         within = f" in {elapsed:.1f} s (deadline {cfg.deadline_s:g} s)" if out_of_time else ""
-        raise self.error(f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}")
+        raise self.unavailable(f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}")
 
     async def _attempt(
         self,

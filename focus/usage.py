@@ -1,0 +1,211 @@
+"""What rollouts used: one record per rollout, summed for waves, phases and collections.
+
+:class:`Usage` is computed once per rollout, when the rollout is grafted into its tree
+(:func:`focus.search.graft` stores it in the tree's log record under ``"usage"``), and
+everything that reports usage adds those records up: batch statistics
+(:meth:`focus.collector.Collector.statistics`), the search's budget
+(:attr:`Usage.budget_spent`), the pipeline's step records, progress and artifacts. The
+budget rule - a rollout spends its task transitions, and at least one, so a phase
+whose rollouts make no transition (only parse errors or compactions) still ends - is
+:meth:`Usage.spend`, written here once.
+
+Failures are counted by kind, the prefix of a failed leaf's cause (see
+docs/operations.md): ``model service`` (the model service did not answer usably after
+the client's retries: down, unreachable, overloaded), ``model`` (it answered, but the
+request was rejected or the answer was unusable), ``env`` and ``error`` (anything else
+raised inside a rollout job).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from focus.agent import Rollout
+
+#: Kinds of failure, by the prefix of a failed leaf's cause.
+FAILURE_KINDS = ("model service", "model", "env", "error")
+SERVICE = "model service"
+
+
+def failure_kind(cause: str) -> str:
+    """The kind of a failed leaf's ``cause``: its prefix when known, else ``error``."""
+    kind = cause.partition(":")[0].strip()
+    return kind if kind in FAILURE_KINDS else "error"
+
+
+def _merge(a: tuple[tuple[str, int], ...], b: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    if not a:
+        return b
+    if not b:
+        return a
+    out = dict(a)
+    for k, n in b:
+        out[k] = out.get(k, 0) + n
+    return tuple(sorted(out.items()))
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one rollout used, or the sum over several (``+``, :meth:`total`)."""
+
+    rollouts: int = 0
+    failed_rollouts: int = 0
+    #: Task transitions (env steps); what a phase's budget counts.
+    transitions: int = 0
+    #: Model calls, compactions included (each is one rollout step).
+    rollout_steps: int = 0
+    model_calls: int = 0
+    #: Generated tokens.
+    tokens: int = 0
+    compactions: int = 0
+    #: Budget spent as the planner counts it: :meth:`spend` of each rollout's transitions.
+    budget_spent: int = 0
+    #: Wall time of the rollouts, summed (they overlap, so this exceeds elapsed time).
+    rollout_wall_s: float = 0.0
+    #: Wall time of the rollouts that ended in a failed leaf: time lost to failures.
+    failed_wall_s: float = 0.0
+    #: Model calls that succeeded only after retries, the retries, and the time those
+    #: took (failed attempts plus backoff), as the policy client reports them in
+    #: ``Completion.meta`` (``retries``: a count or counts by cause, ``retry_s``); 0 when
+    #: it does not.
+    retried_calls: int = 0
+    retries: int = 0
+    retry_s: float = 0.0
+    #: Failed rollouts by kind (:func:`failure_kind`), sorted by kind.
+    failures: tuple[tuple[str, int], ...] = ()
+    #: Retries by the cause the client names (``timeout``, ``server error``, ...), sorted.
+    retry_causes: tuple[tuple[str, int], ...] = ()
+
+    @staticmethod
+    def spend(transitions: int) -> int:
+        """Budget a rollout with ``transitions`` task transitions spends: at least one."""
+        return max(1, transitions)
+
+    @classmethod
+    def of_rollout(cls, rollout: Rollout) -> Usage:
+        """The usage of one finished rollout (counted from its turns, once)."""
+        transitions = rollout_steps = tokens = compactions = 0
+        for piece in rollout.pieces:
+            for t in piece.turns:
+                rollout_steps += 1
+                tokens += len(t.completion_ids)
+                if t.transition:
+                    transitions += 1
+                if t.kind == "compaction":
+                    compactions += 1
+        leaf = rollout.leaf
+        failed = leaf.kind == "failed"
+        c = rollout.counters
+        return cls(
+            rollouts=1,
+            failed_rollouts=int(failed),
+            transitions=transitions,
+            rollout_steps=rollout_steps,
+            model_calls=rollout_steps,
+            tokens=tokens,
+            compactions=compactions,
+            budget_spent=cls.spend(transitions),
+            rollout_wall_s=rollout.wall_s,
+            failed_wall_s=rollout.wall_s if failed else 0.0,
+            retried_calls=int(c.get("retried_calls", 0)),
+            retries=int(c.get("retries", 0)),
+            retry_s=float(c.get("retry_ms", 0)) / 1000,
+            failures=((failure_kind(leaf.cause), 1),) if failed else (),
+            retry_causes=tuple(sorted((k[8:], int(n)) for k, n in c.items() if k.startswith("retries:")))
+            if c.get("retries")
+            else (),
+        )
+
+    def __add__(self, other: Usage) -> Usage:
+        if not isinstance(other, Usage):
+            return NotImplemented
+        return Usage(
+            self.rollouts + other.rollouts,
+            self.failed_rollouts + other.failed_rollouts,
+            self.transitions + other.transitions,
+            self.rollout_steps + other.rollout_steps,
+            self.model_calls + other.model_calls,
+            self.tokens + other.tokens,
+            self.compactions + other.compactions,
+            self.budget_spent + other.budget_spent,
+            self.rollout_wall_s + other.rollout_wall_s,
+            self.failed_wall_s + other.failed_wall_s,
+            self.retried_calls + other.retried_calls,
+            self.retries + other.retries,
+            self.retry_s + other.retry_s,
+            _merge(self.failures, other.failures),
+            _merge(self.retry_causes, other.retry_causes),
+        )
+
+    @classmethod
+    def total(cls, items: Iterable[Usage]) -> Usage:
+        out = cls()
+        for u in items:
+            out = out + u
+        return out
+
+    @classmethod
+    def of_records(cls, records: Iterable[Mapping[str, Any]]) -> Usage:
+        """The sum over rollout log records (each holds its rollout's usage)."""
+        return cls.total(r["usage"] for r in records)
+
+    def failed(self, kind: str) -> int:
+        """Failed rollouts of one kind."""
+        return dict(self.failures).get(kind, 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able: the counters, failures as ``{kind: count}``, retries as ``{cause: count}``."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["failures"] = dict(self.failures)
+        out["retry_causes"] = dict(self.retry_causes)
+        return out
+
+
+def wall_of(records: Iterable[Mapping[str, Any]]) -> float:
+    """Elapsed time of the waves the records belong to: each wave's ``wave_wall_s`` once."""
+    waves = {(r["phase"], r["wave"]): float(r.get("wave_wall_s", 0.0)) for r in records}
+    return sum(waves.values())
+
+
+class LogTotals:
+    """Running usage totals over the trees of successive search states, overall and per
+    phase, adding only the log records that are new since the last call.
+
+    A graft copies a changed tree's log list but shares its records and appends new
+    ones, and leaves unchanged trees as they were; so each call costs in proportion to
+    the rollouts added since the last, not to the collection.
+    """
+
+    def __init__(self) -> None:
+        #: tree index -> (records counted, last record counted, total, per phase)
+        self._trees: dict[int, tuple[int, Any, Usage, dict[int, Usage]]] = {}
+
+    def update(self, trees: Iterable[Any]) -> tuple[Usage, dict[int, Usage]]:
+        """Totals over ``trees`` (each with a ``log`` of rollout records)."""
+        total, phases = Usage(), dict[int, Usage]()
+        seen = self._trees
+        for ti, tree in enumerate(trees):
+            log = tree.log
+            hit = seen.get(ti)
+            if hit is None or hit[0] > len(log) or (hit[0] and log[hit[0] - 1] is not hit[1]):
+                hit = (0, None, Usage(), {})
+            n, last, tree_total, tree_phases = hit
+            if n < len(log):
+                tree_phases = dict(tree_phases)
+                for r in log[n:]:
+                    u = r["usage"]
+                    tree_total = tree_total + u
+                    tree_phases[r["phase"]] = tree_phases.get(r["phase"], Usage()) + u
+                n, last = len(log), log[-1]
+            seen[ti] = (n, last, tree_total, tree_phases)
+            total = total + tree_total
+            for p, u in tree_phases.items():
+                phases[p] = phases.get(p, Usage()) + u
+        return total, phases
+
+    def clear(self) -> None:
+        self._trees.clear()

@@ -1,0 +1,120 @@
+"""One usage record: counted once per rollout, summed everywhere usage is shown.
+
+Batch statistics, the planner's budget, the pipeline's step records and progress all
+read ``focus.usage.Usage``; these tests pin its counting rules (transitions, the budget
+rule, failures by kind, retries the client reports) and that the running totals the
+pipeline keeps equal a full recount.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from focus.agent import Agent, Piece, Rollout
+from focus.collector import Collector
+from focus.critic import ConstantCritic
+from focus.env import Task
+from focus.execution import Execution
+from focus.policy import Completion
+from focus.priority import Phase, Selective
+from focus.synthetic import SHAPES, SyntheticEnv, SyntheticPolicy, synthetic_format
+from focus.testing import run
+from focus.tree import Turn
+from focus.usage import LogTotals, Usage, failure_kind
+
+
+def turn(tokens: int, *, transition: bool = True, kind: str = "action") -> Turn:
+    return Turn((1,), (2,) * tokens, (-0.5,) * tokens, 1, "stop", kind, 0.0, transition)
+
+
+def test_a_rollout_is_counted_once_from_its_turns():
+    pieces = (
+        Piece((turn(3), turn(2, transition=False)), "checkpoint", 2, (1,)),  # a parse error: no transition
+        Piece((turn(4, kind="compaction", transition=False), turn(1)), "failed", 4, (1,), cause="env: Boom"),
+    )
+    u = Usage.of_rollout(Rollout("t", pieces, wall_s=1.5, counters={"parse_errors": 1, "tool_errors": 0}))
+    assert (u.rollouts, u.failed_rollouts, u.transitions, u.rollout_steps, u.model_calls) == (1, 1, 2, 4, 4)
+    assert (u.tokens, u.compactions, u.budget_spent) == (10, 1, 2)
+    assert (u.rollout_wall_s, u.failed_wall_s, u.failures) == (1.5, 1.5, (("env", 1),))
+    # a rollout without a transition still spends one unit of budget, so a phase ends
+    idle = Usage.of_rollout(Rollout("t", (Piece((turn(1, transition=False),), "truncated", 1, (1,)),)))
+    assert (idle.transitions, idle.budget_spent, idle.failed_rollouts) == (0, 1, 0) == (0, Usage.spend(0), 0)
+
+
+def test_usages_add_up_field_by_field_and_failures_by_kind():
+    a = Usage(rollouts=1, transitions=3, budget_spent=3, failures=(("env", 1),), retry_causes=(("timeout", 2),))
+    b = Usage(rollouts=2, failed_rollouts=2, failures=(("env", 1), ("model service", 1)), retry_causes=(("5xx", 1),))
+    total = Usage.total([a, b, Usage()])
+    assert total == a + b
+    assert (total.rollouts, total.transitions, total.failed("env"), total.failed("model service")) == (3, 3, 2, 1)
+    assert total.as_dict()["failures"] == {"env": 2, "model service": 1}
+    assert total.as_dict()["retry_causes"] == {"5xx": 1, "timeout": 2}
+    assert set(total.as_dict()) == {f.name for f in dataclasses.fields(Usage)}
+    assert [failure_kind(c) for c in ("model service: x", "model: y", "env: z", "oops")] == [
+        "model service",
+        "model",
+        "env",
+        "error",
+    ]
+
+
+class RetriedPolicy(SyntheticPolicy):
+    """Reports, as an HTTP client would in ``Completion.meta``, that every other call
+    needed a retry after a timeout, which took 0.25 s."""
+
+    async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        c = await super().sample(prompt_ids, params)
+        if (params.seed or 0) % 2:
+            return Completion(
+                c.token_ids, c.logprobs, c.finish_reason, meta={"retries": {"timeout": 1}, "retry_s": 0.25}
+            )
+        return c
+
+
+def collector(policy_cls=SyntheticPolicy) -> tuple[Collector, list[Task]]:  # type: ignore[no-untyped-def]
+    mdps = [SHAPES[s](i) for i, s in enumerate(["uniform", "critical", "long"])]
+    agent = Agent(policy_cls(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=20)
+    phases = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=40, wave_size=4))
+    col = Collector(agent, Selective(phases=phases), ConstantCritic(0.5), execution=Execution(max_concurrency=4))
+    return col, [Task(f"t{i}", {"mdp": i}) for i in range(3)]
+
+
+def test_retries_the_client_reports_reach_the_statistics():
+    col, tasks = collector(RetriedPolicy)
+    state = run(col.run_search(tasks))
+    stats = col.prepare(state).stats
+    usage = state.usage()
+    assert usage.retried_calls > 0 and usage.retries == usage.retried_calls == dict(usage.retry_causes)["timeout"]
+    assert usage.retry_s == pytest.approx(0.25 * usage.retried_calls)
+    assert stats["retries"] == usage.retries and stats["retry_causes"] == {"timeout": usage.retries}
+    assert 0 < usage.retried_calls < usage.model_calls
+
+
+def test_running_totals_equal_a_full_recount_wave_after_wave():
+    col, tasks = collector()
+
+    async def go():  # type: ignore[no-untyped-def]
+        from focus.collector import Running
+
+        totals, state = LogTotals(), await col.run_evidence(tasks)
+        running, checked = Running(), 0
+        while True:
+            total, phases = totals.update(state.trees)
+            assert total.rollouts == state.usage().rollouts and total.transitions == state.usage().transitions
+            assert phases.get(1, Usage()).budget_spent == state.usage(1).budget_spent
+            assert total.rollout_wall_s == pytest.approx(state.usage().rollout_wall_s)
+            checked += 1
+            state, landed = await col.advance(state, 1, running)
+            if landed is None:
+                return state, checked
+            state = await col.score(state)
+
+    state, checked = run(go())
+    assert checked >= 4
+    stats = col.prepare(state).stats
+    assert stats["budget_spent"] == state.usage().budget_spent >= stats["transitions"]
+    assert stats["phases"][1]["budget_spent"] == state.facts(0).spent.get(1, 0) + sum(
+        state.facts(i).spent.get(1, 0) for i in range(1, len(state.trees))
+    )
