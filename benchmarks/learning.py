@@ -139,7 +139,7 @@ async def collect(
         return await collector(Phase("evidence", rollouts_per_task=2 * EVIDENCE)).collect(tasks)
     evidence = Phase("evidence", rollouts_per_task=EVIDENCE)
     state = await collector(evidence).run_evidence(tasks)
-    used = sum(int(r["transitions"]) for t in state.trees for r in t.log)
+    used = state.usage().transitions
     full = collector(evidence, Phase("continue", transitions=used))
     wave = 0
     while not (plan := full.plan_wave(state, 1, wave)).empty:

@@ -628,17 +628,19 @@ def _iterations_table(listing: dict[str, Any]) -> Any:
 
 
 def _phases_table(phases: list[dict[str, Any]]) -> Any:
-    """One row per phase, every figure the batch records for it (nothing cut)."""
+    """Every figure the batch records per phase (nothing cut): one row per figure, one
+    column per phase, so many figures stay readable on a narrow terminal."""
     from rich.table import Table
 
-    cols: list[str] = []
+    figures: list[str] = []
     for p in phases:
-        cols += [k for k in p if k not in cols]
+        figures += [k for k in p if k not in figures and k != "name"]
     table = Table(title="phases", title_justify="left")
-    for c in cols:
-        table.add_column(c, justify="left" if c == "name" else "right", overflow="fold")
+    table.add_column("figure")
     for p in phases:
-        table.add_row(*[_fmt(p.get(c, "")) for c in cols])
+        table.add_column(str(p.get("name", "")), justify="right", overflow="fold")
+    for k in figures:
+        table.add_row(k, *[_fmt(p.get(k, "")) for p in phases])
     return table
 
 

@@ -170,17 +170,16 @@ class CollectionProgress:
 
     def evidence_done(self, record: dict[str, Any]) -> str:
         """Fill the evidence bar from its step record; returns the line it shows or logs."""
-        if "transitions" not in record:  # reused: nothing measured in this process
+        usage = record.get("usage")
+        if record.get("reused") or usage is None:  # reused: nothing measured in this process
             line = f"{self._label}: reused from storage"
             rates = "reused from storage"
             done = None
         else:
             dt = max(time.perf_counter() - self._t0, 1e-9)
-            n = int(record.get("rollouts") or 0)
-            rates = (
-                f"{int(record['transitions'])} transitions, {int(record['transitions']) / dt:.1f} transitions/s, "
-                f"{int(record.get('tokens', 0)) / dt:.0f} tokens/s"
-            )
+            n = int(record.get("rollouts") or usage.get("rollouts") or 0)
+            transitions, tokens = int(usage["transitions"]), int(usage.get("tokens", 0))
+            rates = f"{transitions} transitions, {transitions / dt:.1f} transitions/s, {tokens / dt:.0f} tokens/s"
             line = f"{self._label}: {n} rollouts, {rates}"
             done = n
         self._show(line, rates, done)

@@ -29,9 +29,11 @@ def test_collection_under_ten_percent_faults_completes_with_the_same_batch(local
     # an injected hang holds its rollout up past the client's timeout (2 s)
     if injected.get("timeout"):
         assert cmp["rollouts_held_up_1s_or_more"] >= 1 and cmp["their_rollout_time_lost_s"] >= 2.0
-    # memory: what faults add is not kept (same retained state), and resident memory
-    # grows by no more than a few KiB per transition collected
-    assert faulty["state_pickle_bytes"] == clean["state_pickle_bytes"]
+    # memory: what faults add is not kept - only each rollout's usage record counts its
+    # retries (a few bytes per fault) - and resident memory grows by no more than a few
+    # KiB per transition collected
+    kept = faulty["state_pickle_bytes"] - clean["state_pickle_bytes"]
+    assert 0 <= kept <= 64 * sum(injected.values()), (kept, injected)
     mem = faulty["memory"]
     grew = mem[-1]["rss"] - mem[0]["rss"]
     assert grew < 64 * 1024 * (mem[-1]["transitions"] - mem[0]["transitions"]) + 16 * 2**20
