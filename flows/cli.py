@@ -142,10 +142,13 @@ def _offline_defaults() -> None:
 
 
 @contextmanager
-def _services(out: _Console, cfg: FocusConfig, *, start_model: bool) -> Iterator[FocusConfig]:
-    """The Prefect API (the configured one, or a temporary server) and, for a collection
-    of the embedded model, the model server - started side by side, while this process
-    imports the flows. Yields the config naming the model server."""
+def _services(
+    out: _Console, cfg: FocusConfig, *, start_model: bool, orchestrated: bool = True
+) -> Iterator[FocusConfig]:
+    """The Prefect API (the configured one, or a temporary server; none when not
+    ``orchestrated``) and, for a collection of the embedded model, the model server -
+    started side by side, while this process imports the flows. Yields the config naming
+    the model server."""
     import logging
 
     from flows.server import TemporaryServer, configured_api_url
@@ -157,7 +160,7 @@ def _services(out: _Console, cfg: FocusConfig, *, start_model: bool) -> Iterator
     log = None
     t0 = time.perf_counter()
     try:
-        if not configured_api_url():
+        if orchestrated and not configured_api_url():
             out.log_file.parent.mkdir(parents=True, exist_ok=True)
             log = open(out.log_file, "ab")  # noqa: SIM115 - closed below
             prefect_server = TemporaryServer(log=log).start()
@@ -180,7 +183,10 @@ def _services(out: _Console, cfg: FocusConfig, *, start_model: bool) -> Iterator
             thread.start()
         if cfg.execution.kind == "dask":
             import distributed  # noqa: F401 - it installs its log handlers on import; setup replaces them
-        import flows.collect  # noqa: F401 - Prefect's import, overlapping with the servers' start
+        if orchestrated:
+            import flows.collect  # noqa: F401 - Prefect's import, overlapping with the servers' start
+        else:
+            import flows.direct  # noqa: F401 - the library's import, overlapping with the model server's start
 
         out.setup_logging()
         if out.verbosity == 0:
@@ -352,6 +358,14 @@ def collect(
         str | None, typer.Option(help=_d("Run rollouts on this Dask scheduler.", "in-process"), metavar="ADDRESS")
     ] = None,
     local: Annotated[bool, typer.Option("--local", help="Run rollouts in-process (the default).")] = False,
+    prefect: Annotated[
+        bool,
+        typer.Option(
+            "--prefect",
+            help="Run as a Prefect flow even when no Prefect server is configured (starts a temporary one). "
+            "With PREFECT_API_URL set, collections always run as flows on that server.",
+        ),
+    ] = False,
     sets: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as one JSON line.")] = False,
     verbose: VerboseOpt = 0,
@@ -403,13 +417,23 @@ def collect(
         return
     if pre.damaged:
         typer.secho(f"warning: {pre.damaged}; writing the batch again", fg=typer.colors.YELLOW, err=True)
+    from flows.server import configured_api_url
+
+    # With no Prefect server to keep the run, a temporary one would record it only to
+    # forget it: run the flow's steps directly (flows/direct.py; same store, same resume).
+    orchestrated = prefect or bool(configured_api_url())
     try:
-        with _services(out, cfg, start_model=True) as ready:
+        with _services(out, cfg, start_model=True, orchestrated=orchestrated) as ready:
             import asyncio
 
-            from flows.collect import collect as collect_flow
+            if orchestrated:
+                from flows.collect import collect as collect_flow
 
-            result = asyncio.run(collect_flow(ready))
+                result = asyncio.run(collect_flow(ready))
+            else:
+                from flows.direct import collect_direct
+
+                result = asyncio.run(collect_direct(ready))
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         out.fail(e)
     except KeyboardInterrupt as e:

@@ -1,4 +1,5 @@
-"""Prefect tasks, one per collection phase, as thin wrappers over :mod:`tasks.steps`.
+"""Prefect tasks, one per collection phase: the steps of :mod:`tasks.collection`
+(thin wrappers over :mod:`tasks.steps`) as task runs, plus the run's artifacts.
 
 Each task takes the (small, picklable) config and checkpoint keys, does its work
 through :class:`tasks.steps.Steps` - which persists the big data to object storage -
@@ -25,112 +26,22 @@ from prefect import task
 from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from tasks.config import ExecutionConfig, FocusConfig, check_factories
-from tasks.steps import Handoff, Key, Steps, score_key, wave_key
-
-
-def make_execution(ex: ExecutionConfig) -> Any:
-    """The execution service a step runs its rollouts on.
-
-    ``freeze_gc`` is off: the step's :class:`tasks.runtime.Runtime` keeps the search
-    state out of garbage collection for the whole flow run, and the execution service
-    checking for that itself would walk every frozen object once per wave.
-    """
-    if ex.kind == "dask":
-        from focus.dask_execution import DaskExecution
-
-        return DaskExecution(
-            address=ex.address,
-            n_workers=ex.n_workers,
-            threads_per_worker=ex.threads_per_worker,
-            processes=ex.processes,
-            shard_size=ex.shard_size,
-            max_concurrency=ex.max_concurrency,
-            max_outage_share=ex.max_outage_share,
-            freeze_gc=False,
-        )
-    from focus.execution import Execution
-
-    return Execution(max_concurrency=ex.max_concurrency, max_outage_share=ex.max_outage_share, freeze_gc=False)
-
-
-def steps_for(config: FocusConfig, handoff: Handoff | None = None) -> Steps:
-    from storage import BatchStore, CheckpointStore
-
-    root = config.storage.root
-    return Steps(config, CheckpointStore(root), BatchStore(root), lambda: make_execution(config.execution), handoff)
-
+from tasks import collection
+from tasks.collection import steps_for
+from tasks.config import FocusConfig
 
 _OPTS: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
 
+check_config = task(name="check-config", **_OPTS)(collection.check_config)
+evidence_rollouts = task(name="evidence-rollouts", **_OPTS)(collection.evidence)
+critic_scoring = task(name="critic-scoring", task_run_name="score-{target_phase}-{target_wave}", **_OPTS)(
+    collection.score
+)
+continuation_wave = task(name="continuation-wave", task_run_name="wave-{phase_index}-{wave}", **_OPTS)(collection.wave)
+prepare_export = task(name="prepare-export", **_OPTS)(collection.export)
 
-@task(name="check-config", **_OPTS)
-async def check_config(config: FocusConfig) -> dict[str, Any]:
-    """Factories importable with their options; the stored configuration, if any, the same."""
-
-    def both() -> dict[str, Any]:
-        check_factories(config)
-        return steps_for(config).check_config()
-
-    return await asyncio.to_thread(both)
-
-
-@task(name="evidence-rollouts", **_OPTS)
-async def evidence_rollouts(config: FocusConfig, handoff: Handoff | None = None) -> dict[str, Any]:
-    """Phase 0: complete rollouts from every task's root."""
-    return await asyncio.to_thread(steps_for(config, handoff).evidence)
-
-
-@task(name="critic-scoring", task_run_name="score-{target_phase}-{target_wave}", **_OPTS)
-async def critic_scoring(
-    config: FocusConfig,
-    source_phase: str,
-    source_wave: int,
-    target_phase: str,
-    target_wave: int,
-    handoff: Handoff | None = None,
-) -> dict[str, Any]:
-    """Critic predictions on the checkpoints the previous step added (the evidence
-    rollouts'; each continuation wave scores its own, see :func:`continuation_wave`)."""
-    steps = steps_for(config, handoff)
-    return await asyncio.to_thread(steps.score, Key(source_phase, source_wave), Key(target_phase, target_wave))
-
-
-@task(name="continuation-wave", task_run_name="wave-{phase_index}-{wave}", **_OPTS)
-async def continuation_wave(
-    config: FocusConfig,
-    source_phase: str,
-    source_wave: int,
-    phase_index: int,
-    wave: int,
-    handoff: Handoff | None = None,
-) -> list[dict[str, Any]]:
-    """One wave of prioritised continuations (fanned out by the execution service), then
-    the critic's predictions for the checkpoints it added, which the next wave ranks by.
-
-    Two steps with two checkpoints in one task run: a task run costs the flow several
-    milliseconds of Prefect bookkeeping, and a separate scoring task per wave doubled
-    that. A critic failure still loses no rollout: the wave's checkpoint is written
-    before scoring starts, so a retry or rerun only scores. Returns the step records
-    (one, marked ``done``, when the phase had nothing left to plan).
-    """
-    steps = steps_for(config, handoff)
-
-    def both() -> list[dict[str, Any]]:
-        rec = steps.wave(Key(source_phase, source_wave), phase_index, wave)
-        if rec.get("done"):
-            return [rec]
-        return [rec, steps.score(wave_key(config, phase_index, wave), score_key(config, phase_index, wave))]
-
-    return await asyncio.to_thread(both)
-
-
-@task(name="prepare-export", **_OPTS)
-async def prepare_export(
-    config: FocusConfig, source_phase: str, source_wave: int, handoff: Handoff | None = None
-) -> dict[str, Any]:
-    """Estimator, critic targets and the Parquet batch; returns its URL and statistics."""
-    return await asyncio.to_thread(steps_for(config, handoff).export, Key(source_phase, source_wave))
+#: The steps as Prefect tasks, for :func:`tasks.collection.run_steps` inside a flow.
+PREFECT_STEPS = collection.StepCalls(check_config, evidence_rollouts, critic_scoring, continuation_wave, prepare_export)
 
 
 @task(name="publish-report", **_OPTS)

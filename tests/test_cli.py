@@ -29,8 +29,10 @@ def focus(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 220)
 
 @pytest.mark.integration
 def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
-    """No model, no Prefect server, no Dask: everything starts locally; the console
-    shows the result and nothing of Prefect's or Dask's logging, which is in the log file."""
+    """No model, no Prefect server, no Dask: the model starts locally and the steps run
+    without an orchestrator (no server to keep the run); the console shows the result
+    and nothing of the logging, which is in the log file. ``--prefect`` runs the same
+    collection as a flow on a temporary Prefect server."""
     env = {**base_env(tmp_path / "prefect"), "PREFECT_LOGGING_LEVEL": "INFO"}
     log = tmp_path / "collect.log"
     done = focus(["collect", *SMALL, "--collection-id", "emb", "--json", "--log-file", str(log)], env, tmp_path)
@@ -42,7 +44,29 @@ def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
         assert chatter not in done.stderr, done.stderr
     assert len(done.stdout.strip().splitlines()) == 1  # --json: the result alone on standard output
     text = log.read_text()
-    assert "Beginning flow run 'emb'" in text and "Finished in state Completed" in text
+    assert "collection emb: batch at" in text and "flow run" not in text
+
+    # the same collection as a Prefect flow (a temporary server): the same batch
+    flow_log = tmp_path / "flow.log"
+    as_flow = focus(
+        ["collect", *SMALL, "--collection-id", "emb-flow", "--json", "--prefect", "--log-file", str(flow_log)],
+        env,
+        tmp_path,
+    )
+    assert as_flow.returncode == 0, as_flow.stderr[-3000:]
+    flowed = json.loads(as_flow.stdout.strip().splitlines()[-1])
+    text = flow_log.read_text()
+    assert "Beginning flow run 'emb-flow'" in text and "Finished in state Completed" in text
+    for chatter in ("INFO", "distributed", "Traceback", "temporary server", "prefect"):
+        assert chatter not in as_flow.stderr, as_flow.stderr
+    from storage import BatchStore
+
+    a, b = BatchStore(str(tmp_path / "runs")).read(result["batch_url"]), BatchStore(str(tmp_path / "runs")).read(
+        flowed["batch_url"]
+    )
+    assert [(r.completion_ids, r.logprobs, r.advantage) for r in a.actor] == [
+        (r.completion_ids, r.logprobs, r.advantage) for r in b.actor
+    ]
 
     # the rerun is decided from the store: nothing starts (the API URL is a closed port)
     rerun_env = {**env, "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
