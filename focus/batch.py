@@ -34,6 +34,10 @@ class ActorRow:
     reward: float  # reward of the transition this turn caused
     finish_reason: str
     kind: str = "action"  # or "compaction"
+    #: The segment ends in a truncated leaf (step or context limit): its advantage
+    #: bootstraps from the critic there, or counts the leaf as terminal (the
+    #: estimator's ``truncation``).
+    truncated: bool = False
 
 
 @dataclass(frozen=True)

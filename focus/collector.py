@@ -25,7 +25,7 @@ from focus.agent import Agent
 from focus.batch import ActorRow, Batch, CriticRow
 from focus.critic import ConstantCritic, Critic
 from focus.env import Task
-from focus.estimation import DirectBranchTd, Estimator, critic_targets
+from focus.estimation import DirectBranchTd, Estimator, critic_targets, truncated_segments
 from focus.execution import Execution
 from focus.priority import Priority, Selective
 from focus.search import (
@@ -58,9 +58,10 @@ class Collector:
         seed: int = 0,
     ) -> None:
         self.agent = agent
-        self.search_config = search if search is not None else Selective()
-        self.critic = critic if critic is not None else ConstantCritic(0.0)
         self.estimator = estimator if estimator is not None else DirectBranchTd()
+        # one γ, truncation rule and κ setting for search and batch (see Priority.resolved)
+        self.search_config = (search if search is not None else Selective()).resolved(self.estimator)
+        self.critic = critic if critic is not None else ConstantCritic(0.0)
         self.execution = execution if execution is not None else Execution()
         self.collection_id = collection_id
         self.iteration = iteration
@@ -219,10 +220,13 @@ class Collector:
         actor: list[ActorRow] = []
         critic: list[CriticRow] = []
         excluded = 0
+        # the critic's weight is fitted once on the whole collection (empirical Bayes)
+        noise = est.noise(trees) if est.kappa is None else None
         for ti, tree in enumerate(trees):
             tree_id = f"{tree.task_id}#{ti}"
-            values = est.values(tree)
+            values = est.values(tree, noise)
             adv = est.advantages(list(tree.edges.values()), values)
+            truncated = truncated_segments(tree)
             for e in tree.edges.values():
                 if e.id not in adv:
                     excluded += 1
@@ -246,9 +250,10 @@ class Collector:
                             float(t.reward),
                             t.finish_reason,
                             t.kind,
+                            e.id in truncated,
                         )
                     )
-            for nid, tgt in sorted(critic_targets(tree, gamma=est.gamma).items()):
+            for nid, tgt in sorted(critic_targets(tree, gamma=est.gamma, truncation=est.truncation).items()):
                 node = tree.nodes[nid]
                 critic.append(
                     CriticRow(
@@ -263,9 +268,17 @@ class Collector:
                         node.value,
                     )
                 )
-        return Batch(
-            self.collection_id, self.iteration, actor, critic, self.statistics(trees, excluded_segments=excluded)
-        )
+        stats = self.statistics(trees, excluded_segments=excluded)
+        if noise is not None:
+            stats["noise_model"] = {
+                "step_var_by_depth": list(noise.step_vars),
+                "noise_var_by_depth": list(noise.noise_vars),
+                "critic_var": noise.critic_var if noise.known else None,
+                "residuals": noise.residuals,
+                "spreads": noise.spreads,
+                "repeats": noise.repeats,
+            }
+        return Batch(self.collection_id, self.iteration, actor, critic, stats)
 
     def statistics(self, trees: Sequence[Tree], *, excluded_segments: int = 0) -> dict[str, Any]:
         """Usage per phase and in total, from the rollout logs of the trees."""

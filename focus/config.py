@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from focus.policy import SamplingParams
 from focus.priority import Phase, Priority, Selective, Uniform
@@ -138,11 +138,19 @@ def _default_phases() -> list[Phase]:
 
 
 class SearchConfig(_Model):
-    """The search and its phases (:class:`focus.priority.Phase`, validated the same way)."""
+    """The search and its phases (:class:`focus.priority.Phase`, validated the same way).
+
+    ``kappa``, ``gamma`` and ``truncation`` left unset follow the estimator's (filled in
+    by :class:`FocusConfig`): one γ and one truncation rule for search and batch.
+    """
 
     kind: Literal["selective", "uniform"] = "selective"
     phases: list[Phase] = Field(default_factory=_default_phases)
-    kappa: float = Field(1.0, ge=0.0)
+    kappa: float | None = Field(None, ge=0.0)
+    gamma: float | None = Field(None, gt=0.0, le=1.0)
+    truncation: Literal["bootstrap", "terminal"] | None = None
+    #: The estimator's settings for the fields left unset (filled by FocusConfig).
+    _follow: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _check(self) -> SearchConfig:
@@ -151,7 +159,9 @@ class SearchConfig(_Model):
 
     def priority(self) -> Priority:
         cls = Selective if self.kind == "selective" else Uniform
-        return cls(phases=tuple(self.phases), kappa=self.kappa)
+        fields = {k: getattr(self, k) for k in ("kappa", "gamma", "truncation")}
+        fields = {k: v if v is not None else self._follow.get(k) for k, v in fields.items()}
+        return cls(phases=tuple(self.phases), **fields)
 
 
 class CriticConfig(_Pluggable):
@@ -171,6 +181,10 @@ class CriticConfig(_Pluggable):
 
 class EstimatorConfig(_Model):
     gamma: float = Field(1.0, gt=0.0, le=1.0)
+    #: Fixed critic weight (pseudo-counts); unset: from the collection's residuals.
+    kappa: float | None = Field(None, ge=0.0)
+    #: A truncated leaf bootstraps from the critic or counts as terminal.
+    truncation: Literal["bootstrap", "terminal"] = "bootstrap"
 
 
 class ExecutionConfig(_Model):
@@ -248,6 +262,25 @@ class FocusConfig(_Model):
     storage: StorageConfig = Field(default_factory=StorageConfig)
     train: TrainConfig = TrainConfig()
     progress: bool = True
+
+    @model_validator(mode="after")
+    def _one_gamma(self) -> FocusConfig:
+        """The search follows the estimator's γ, truncation rule and κ where unset; a
+        different γ or truncation rule is refused (one of each per collection)."""
+        est, search = self.estimator, self.search
+        for name in ("gamma", "truncation"):
+            mine = getattr(search, name)
+            if mine is not None and mine != getattr(est, name):
+                raise ValueError(
+                    f"search.{name} ({mine!r}) differs from estimator.{name} ({getattr(est, name)!r}): "
+                    f"set it once, under estimator"
+                )
+        follow = {k: getattr(est, k) for k in ("kappa", "gamma", "truncation")}
+        if search._follow != follow:
+            search = search.model_copy()  # a default instance may be shared between configs
+            search._follow = follow
+            object.__setattr__(self, "search", search)
+        return self
 
     def with_updates(self, **updates: Any) -> FocusConfig:
         """A validated copy with dotted-key updates (``{"model.url": ...}``)."""
@@ -336,7 +369,9 @@ class FocusConfig(_Model):
             agent,
             search=self.search.priority(),
             critic=self.build_critic(),
-            estimator=DirectBranchTd(gamma=self.estimator.gamma),
+            estimator=DirectBranchTd(
+                gamma=self.estimator.gamma, kappa=self.estimator.kappa, truncation=self.estimator.truncation
+            ),
             execution=execution or Execution(max_concurrency=self.execution.max_concurrency),
             collection_id=self.collection_id or "adhoc",
             iteration=self.iteration,

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from focus.agent import BranchState, Rollout, derive_seed
 from focus.env import Task
-from focus.priority import NodeEvidence, Priority, node_evidence
-from focus.tree import Node, Tree
+from focus.priority import Calibration, NodeEvidence, Priority, node_evidence
+from focus.tree import Edge, Node, Tree
 
 #: Usage counters recorded per rollout and summed per phase.
 USAGE_KEYS = ("transitions", "rollout_steps", "model_calls", "tokens", "compactions")
@@ -75,6 +75,9 @@ class SearchState:
     #: (phase index, wave index) of every wave grafted, in order.
     waves: list[tuple[int, int]] = field(default_factory=list)
     _derived: dict[int, _TreeFacts] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _calibrations: dict[tuple[Any, ...], Calibration] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def waves_done(self, phase_index: int) -> int:
         return sum(1 for p, _ in self.waves if p == phase_index)
@@ -87,11 +90,45 @@ class SearchState:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_derived", None)
+        state.pop("_calibrations", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._derived = {}
+        self._calibrations = {}
+
+    def calibration_waves(self) -> int:
+        """How many of the first waves the ranking's calibration is fitted on: the
+        largest power of two not above the waves grafted, so it is refitted each time
+        the collection doubles in waves (an O(collection) pass, amortised O(1) per wave)."""
+        n = len(self.waves)
+        return 1 << (n.bit_length() - 1) if n else 0
+
+    def calibration(self, search: Priority) -> Calibration:
+        """The ranking's :class:`~focus.priority.Calibration`: fitted on the rollouts of
+        the first :meth:`calibration_waves` waves (a pure function of the state, cached)."""
+        n = self.calibration_waves()
+        key = (n, search.discount, search.truncation_rule)
+        c = self._calibrations.get(key)
+        if c is None:
+            c = self._calibrations[key] = search.calibrate(self.trees, self._keep(n))
+        return c
+
+    def _keep(self, n: int) -> Callable[[Tree, Edge], bool] | None:
+        """Filter accepting the segments of rollouts grafted in the first ``n`` waves
+        (and those without a rollout record, e.g. in trees built by hand)."""
+        if n >= len(self.waves):
+            return None
+        allowed = set(self.waves[:n])
+
+        def keep(tree: Tree, e: Edge) -> bool:
+            if e.rollout >= len(tree.log):
+                return True
+            rec = tree.log[e.rollout]
+            return (rec["phase"], rec["wave"]) in allowed
+
+        return keep
 
     def facts(self, tree_index: int) -> _TreeFacts:
         """Derived facts of one tree, recomputed if its tree object changed."""
@@ -117,7 +154,7 @@ class _TreeFacts:
     the tree, the tree's index, the collection seed and the search configuration.
     """
 
-    __slots__ = ("tree", "index", "size", "_spent", "_unscored", "search", "_evidence", "_ranked")
+    __slots__ = ("tree", "index", "size", "_spent", "_unscored", "search", "calibration", "_evidence", "_ranked")
 
     def __init__(
         self,
@@ -131,6 +168,7 @@ class _TreeFacts:
         self.size = (len(tree.nodes), tree.rollouts)
         self._spent, self._unscored = spent, unscored
         self.search: Priority | None = None
+        self.calibration: Calibration | None = None
         self._evidence: dict[int, NodeEvidence] | None = None
         self._ranked: dict[int, list[Entry]] = {}
 
@@ -155,28 +193,29 @@ class _TreeFacts:
             )
         return self._unscored
 
-    def _use(self, search: Priority) -> None:
-        if self.search is search:
+    def _use(self, search: Priority, calibration: Calibration) -> None:
+        if self.search is search and self.calibration is calibration:
             return
-        if self.search is None or self.search != search:
+        if self.search is None or self.search != search or self.calibration != calibration:
             self._evidence, self._ranked = None, {}
-        self.search = search
+        self.search, self.calibration = search, calibration
 
-    def evidence(self, search: Priority) -> dict[int, NodeEvidence]:
-        self._use(search)
+    def evidence(self, search: Priority, calibration: Calibration) -> dict[int, NodeEvidence]:
+        self._use(search, calibration)
         if self._evidence is None:
-            self._evidence = node_evidence(self.tree, self.index, search.values(self.tree))
+            values = search.values(self.tree, calibration.noise)
+            self._evidence = node_evidence(self.tree, self.index, values, calibration)
         return self._evidence
 
-    def ranked(self, search: Priority, phase_index: int, seed: int) -> list[Entry]:
+    def ranked(self, search: Priority, calibration: Calibration, phase_index: int, seed: int) -> list[Entry]:
         """Eligible checkpoints of phase ``phase_index``, best first (nothing pending)."""
-        self._use(search)
+        self._use(search, calibration)
         out = self._ranked.get(phase_index)
         if out is None:
             phase = search.phases[phase_index]
             out = sorted(
                 _entry(search, seed, ev)
-                for nid, ev in self.evidence(search).items()
+                for nid, ev in self.evidence(search, calibration).items()
                 if nid in self.tree.states and ev.depth <= phase.max_depth and ev.branches < phase.max_branches
             )
             self._ranked[phase_index] = out
@@ -192,6 +231,8 @@ def usage_of(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {k: sum(int(r[k]) for r in records) for k in USAGE_KEYS}
     out["rollouts"] = len(records)
     out["failed_rollouts"] = sum(1 for r in records if r["failed"])
+    #: Rollouts that ended in a truncated leaf (step or context limit).
+    out["truncated_rollouts"] = sum(1 for r in records if r.get("leaf") == "truncated")
     #: Rollout time summed over rollouts (they overlap) and elapsed time of the waves.
     out["rollout_wall_s"] = sum(float(r["wall_s"]) for r in records)
     waves = {(r["phase"], r["wave"]): float(r.get("wave_wall_s", 0.0)) for r in records}
@@ -323,11 +364,12 @@ def _greedy(
     every eligible checkpoint would.
     """
     phase = search.phases[phase_index]
-    ranked = [f.ranked(search, phase_index, state.seed) for f in facts]
+    calib = state.calibration(search)
+    ranked = [f.ranked(search, calib, phase_index, state.seed) for f in facts]
     heap: list[tuple[float, float, int, int, int]] = []
     busy = dict(pending)
     for (ti, nid), n in pending.items():
-        ev = facts[ti].evidence(search).get(nid)
+        ev = facts[ti].evidence(search, calib).get(nid)
         if ev is None or nid not in state.trees[ti].states or ev.depth > phase.max_depth:
             continue
         ev = dataclasses.replace(ev, pending=n)
@@ -351,7 +393,7 @@ def _greedy(
         _, _, ti, nid, pos = heapq.heappop(heap)
         if pos >= 0:
             push_next(ti, pos + 1)
-        ev = facts[ti].evidence(search)[nid]
+        ev = facts[ti].evidence(search, calib)[nid]
         ev = dataclasses.replace(ev, pending=pending.get((ti, nid), 0))
         branch = ev.branches + ev.pending
         job = RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), state.trees[ti].states[nid], branch)
@@ -379,9 +421,16 @@ def _own(tree: Tree, node_id: int, owned: set[int]) -> Node:
     return tree.nodes[node_id]
 
 
-def _successor(state: SearchState, trees: list[Tree], derived: dict[int, _TreeFacts], waves: list[Any]) -> SearchState:
+def _successor(
+    state: SearchState,
+    trees: list[Tree],
+    derived: dict[int, _TreeFacts],
+    waves: list[Any],
+    calibrations: dict[tuple[Any, ...], Calibration],
+) -> SearchState:
     new = SearchState(state.collection_id, state.seed, state.tasks, trees, waves)
     new._derived = derived
+    new._calibrations = calibrations
     return new
 
 
@@ -452,7 +501,9 @@ def graft(
     derived = {ti: f for ti, f in state._derived.items() if ti not in owned}
     for ti in owned:
         derived[ti] = _grown_facts(state, ti, trees[ti])
-    return _successor(state, trees, derived, [*state.waves, (plan.phase_index, plan.wave_index)])
+    # a calibration covers earlier waves only, which this graft does not change
+    waves = [*state.waves, (plan.phase_index, plan.wave_index)]
+    return _successor(state, trees, derived, waves, dict(state._calibrations))
 
 
 def _grown_facts(state: SearchState, ti: int, tree: Tree) -> _TreeFacts:
@@ -499,4 +550,14 @@ def with_predictions(
         if old is not None and old.describes(state.trees[ti], ti):
             left = None if old._unscored is None else tuple(n for n in old._unscored if n not in nids)
             derived[ti] = _TreeFacts(trees[ti], ti, spent=old._spent, unscored=left)
-    return _successor(state, trees, derived, list(state.waves))
+    # a calibration that covers a wave whose nodes were just scored is fitted again
+    scored = set()
+    for ti, nid in predictions:
+        tree = state.trees[ti]
+        pe = tree.nodes[nid].parent_edge
+        r = tree.edges[pe].rollout if pe is not None else -1
+        scored.add((tree.log[r]["phase"], tree.log[r]["wave"]) if 0 <= r < len(tree.log) else None)
+    calibrations = {
+        key: c for key, c in state._calibrations.items() if not scored & ({None} | set(state.waves[: key[0]]))
+    }
+    return _successor(state, trees, derived, list(state.waves), calibrations)

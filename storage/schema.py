@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 from focus.batch import ActorRow, CriticRow
 from storage.errors import SchemaError
 
-SCHEMA_VERSION = 1
+#: 2: the actor table gained ``truncated``.
+SCHEMA_VERSION = 2
 
 _TOKEN = pa.int32()
 _I32 = np.iinfo(np.int32)
@@ -47,6 +48,7 @@ ACTOR_SCHEMA = pa.schema(
         pa.field("advantage", pa.float64(), nullable=False),
         pa.field("reward", pa.float64(), nullable=False),
         pa.field("finish_reason", pa.string(), nullable=False),
+        pa.field("truncated", pa.bool_(), nullable=False),
     ],
     metadata={"focus.table": "actor", "focus.schema_version": str(SCHEMA_VERSION)},
 )
@@ -243,6 +245,7 @@ def actor_table(rows: Sequence[ActorRow], pool: TokenPool | None = None) -> pa.T
         "advantage": pa.array([r.advantage for r in rows], pa.float64()),
         "reward": pa.array([r.reward for r in rows], pa.float64()),
         "finish_reason": pa.array([r.finish_reason for r in rows], pa.string()),
+        "truncated": pa.array([r.truncated for r in rows], pa.bool_()),
     }
     table = pa.Table.from_arrays(list(cols.values()), schema=ACTOR_SCHEMA)
     _check_actor_shapes(table, "batch")
@@ -335,6 +338,7 @@ def actor_rows(table: pa.Table) -> list[ActorRow]:
             "advantage",
             "reward",
             "finish_reason",
+            "truncated",
         )
     }
     lists = {
@@ -359,6 +363,7 @@ def actor_rows(table: pa.Table) -> list[ActorRow]:
             reward=scalars["reward"][i],
             finish_reason=scalars["finish_reason"][i],
             kind=scalars["kind"][i],
+            truncated=scalars["truncated"][i],
         )
         for i in range(table.num_rows)
     ]

@@ -32,9 +32,8 @@ def searches() -> dict[str, tuple[Priority, DirectBranchTd | GroupNormalized]]:
                     Phase("continue", transitions=150, wave_size=5, max_branches=3, max_depth=6),
                     Phase("more", transitions=60, wave_size=7, max_branches=5),
                 ),
-                adaptive_kappa=True,
             ),
-            DirectBranchTd(adaptive_kappa=True),
+            DirectBranchTd(),
         ),
         "uniform": (
             Uniform(phases=(EVIDENCE, Phase("continue", transitions=150, wave_size=6, max_branches=4))),
@@ -70,13 +69,16 @@ def digest(batch) -> str:  # type: ignore[no-untyped-def]
     return h.hexdigest()[:16]
 
 
-#: Digests of batches collected before planning became incremental (commit a1d8774):
-#: the change must not move a single row.
+#: Digests of batches: a change that is not meant to change the algorithm must not move
+#: a single row. History: taken before planning became incremental (commit a1d8774);
+#: "selective" and "uniform" changed on purpose with issue 12 (the critic's weight from
+#: the collection's noise model instead of κ = 1, the ranking by the batch's error);
+#: "grpo" (no critic weight, no ranking) did not move.
 PINNED = {
-    ("selective", 0): ("fec48ee565f8bcfa", 344, 189),
-    ("selective", 1): ("47d5c0ff72c3c603", 342, 193),
-    ("uniform", 0): ("da64c8bf741c85db", 282, 238),
-    ("uniform", 1): ("c42a2990a57d4cbb", 285, 237),
+    ("selective", 0): ("96ab5b18c7d5c744", 344, 264),
+    ("selective", 1): ("dec2f32df7e75c56", 342, 167),
+    ("uniform", 0): ("fb259a4195ee9fc9", 282, 238),
+    ("uniform", 1): ("bba920768f246be7", 285, 237),
     ("grpo", 0): ("d48133fce843f77e", 232, 208),
     ("grpo", 1): ("c69e15d1237eac95", 234, 212),
 }
@@ -181,7 +183,7 @@ def test_a_tree_changed_in_place_is_ranked_again() -> None:
     tree = state.trees[0]
     tree.add_node(0, (), "terminal", steps=0, rollout=tree.rollouts)
     tree.rollouts += 1
-    root = state.facts(0).evidence(col.search_config)[0]
+    root = state.facts(0).evidence(col.search_config, state.calibration(col.search_config))[0]
     assert root.branches == len(tree.root.children) and root.m == len(tree.root.children)
     assert jobs(col.plan_wave(state, 1, 0)) == jobs(plan_wave(fresh(state), col.search_config, 1, 0))
 
@@ -208,6 +210,10 @@ def test_planning_work_per_wave_follows_the_trees_touched(monkeypatch: pytest.Mo
         col.plan_wave(state, 1, w)  # planning the same state again ranks nothing
         if plan.empty:  # the budget is spent: nothing is ranked at all
             break
-        assert sorted(calls) == sorted(touched)
+        if len(state.waves) & (len(state.waves) - 1) == 0:
+            # the calibration is refitted when the waves double: every tree is ranked again
+            assert sorted(calls) == list(range(len(tasks)))
+        else:
+            assert sorted(calls) == sorted(touched)
         w += 1
     assert w >= 3
