@@ -36,7 +36,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from focus.tree import Edge, Tree
+from focus.tree import Edge, Node, Tree
 
 Truncation = Literal["bootstrap", "terminal"]
 
@@ -153,15 +153,14 @@ def leaf_value(kind: str, v_hat: float | None, truncation: Truncation, critic_va
     return None, 0.0  # failed
 
 
-def child_variances(w1: float, disc: float, child_error: float, noise: NoiseModel, depth: int) -> tuple[float, float]:
+def child_variances(w1: float, disc: float, child_error: float, step: float, action: float) -> tuple[float, float]:
     """(signal, noise) variance of one child's backed-up value ``r + γ^k V(c)`` around
-    the parent's true value: ``signal`` is its first action's true advantage, ``noise``
-    everything else (the env's randomness on that transition, the segment's later
-    transitions, and the error of V(c))."""
-    s = noise.step_var(depth)
-    first = min(w1, 1.0)
-    signal = noise.action_var(depth) * first
-    return signal, s * w1 - signal + disc * disc * child_error
+    the parent's true value, with ``step`` and ``action`` the noise model's step and
+    action variances at the parent's depth: ``signal`` is its first action's true
+    advantage, ``noise`` everything else (the env's randomness on that transition, the
+    segment's later transitions, and the error of V(c))."""
+    signal = action * min(w1, 1.0)
+    return signal, step * w1 - signal + disc * disc * child_error
 
 
 @dataclass(frozen=True)
@@ -197,11 +196,12 @@ def refine(
     """
     qs: list[float] = []
     signal = rest = 0.0
+    step, action = noise.step_var(depth), noise.action_var(depth)
     for dr, disc, vc, errc, w1 in children:
         if vc is None:
             continue
         qs.append(dr + disc * vc)
-        sig, nz = child_variances(w1, disc, errc, noise, depth)
+        sig, nz = child_variances(w1, disc, errc, step, action)
         signal += sig
         rest += nz
     m = len(qs)
@@ -225,6 +225,45 @@ def refine(
     return Refined(value, lam, error, q_bar, tuple(qs), signal, rest)
 
 
+@dataclass(frozen=True)
+class Segment:
+    """What values and rankings read of one segment, computed once per segment."""
+
+    child: int
+    #: r(e) = Σ_i γ^i r_i, γ^{k(e)}, Σ_{i<k} γ^{2i} (first-step weight), k(e), tokens.
+    reward: float
+    discount: float
+    weight: float
+    k: int
+    tokens: int
+
+
+def segment(e: Edge, gamma: float) -> Segment:
+    return Segment(e.child, e.discounted_reward(gamma), gamma**e.k, first_step_weight(e.k, gamma), e.k, e.n_tokens)
+
+
+def node_value(
+    node: Node,
+    segments: Mapping[int, Segment],
+    value: Mapping[int, float | None],
+    error: Mapping[int, float],
+    noise: NoiseModel,
+    kappa: float | None,
+    truncation: Truncation,
+) -> Refined:
+    """One node's refined value from its children's (children first): the per-node step
+    of :func:`tree_values`, shared with search's incremental rankings so both compute
+    the same numbers in the same order."""
+    if node.is_leaf:
+        v, err = leaf_value(node.kind, node.value, truncation, noise.critic_error)
+        return Refined(v, 1.0, err, None, (), 0.0, 0.0)
+    kids = []
+    for eid in node.children:
+        sg = segments[eid]
+        kids.append((sg.reward, sg.discount, value[sg.child], error[sg.child], sg.weight))
+    return refine(node.value, kids, noise, node.depth, kappa)
+
+
 def tree_values(
     tree: Tree,
     *,
@@ -242,7 +281,6 @@ def tree_values(
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     if noise is None:
         noise = noise_model([tree], gamma=gamma, truncation=truncation) if kappa is None else NoiseModel.unknown()
-    t_leaf = noise.critic_error
     kind = {i: n.kind for i, n in tree.nodes.items()}
     v_hat = {i: n.value for i, n in tree.nodes.items()}
     value: dict[int, float | None] = {}
@@ -253,29 +291,23 @@ def tree_values(
     m: dict[int, int] = {}
     mc_sum: dict[int, float] = {}
     mc_n: dict[int, int] = {}
-    # Per segment, once: (child, discounted reward, γ^k, first-step weight).
     edges = tree.edges
-    seg = {
-        i: (e.child, e.discounted_reward(gamma), gamma**e.k, first_step_weight(e.k, gamma)) for i, e in edges.items()
-    }
+    segs = {i: segment(e, gamma) for i, e in edges.items()}
     for node in tree.postorder():
         i = node.id
+        r = node_value(node, segs, value, error, noise, kappa, truncation)
+        value[i], weight[i], error[i] = r.value, r.weight, r.error
         if node.is_leaf:
-            value[i], error[i] = leaf_value(node.kind, node.value, truncation, t_leaf)
-            weight[i] = 1.0
             v = value[i]
             mc_sum[i], mc_n[i] = (v, 1) if v is not None else (0.0, 0)
             continue
+        q_bar[i], child_q[i], m[i] = r.q_bar, r.qs, len(r.qs)
         s, cnt = 0.0, 0
-        kids = []
         for eid in node.children:
-            child, dr, disc, w1 = seg[eid]
-            kids.append((dr, disc, value[child], error[child], w1))
-            if mc_n[child]:
-                s += mc_n[child] * dr + disc * mc_sum[child]
-                cnt += mc_n[child]
-        r = refine(node.value, kids, noise, node.depth, kappa)
-        value[i], weight[i], error[i], q_bar[i], child_q[i], m[i] = r.value, r.weight, r.error, r.q_bar, r.qs, len(r.qs)
+            sg = segs[eid]
+            if mc_n[sg.child]:
+                s += mc_n[sg.child] * sg.reward + sg.discount * mc_sum[sg.child]
+                cnt += mc_n[sg.child]
         mc_sum[i], mc_n[i] = s, cnt
     mc = {i: (mc_sum[i] / mc_n[i] if mc_n[i] else None) for i in tree.nodes}
     # Returns from the root: prefix rewards top-down (ids grow downward).
@@ -284,8 +316,8 @@ def tree_values(
         nd = tree.nodes[i]
         if nd.parent_edge is not None:
             r0, d = prefix[edges[nd.parent_edge].parent]
-            _, dr, disc, _ = seg[nd.parent_edge]
-            prefix[i] = (r0 + d * dr, d * disc)
+            sg = segs[nd.parent_edge]
+            prefix[i] = (r0 + d * sg.reward, d * sg.discount)
     ret_sum: dict[int, float] = {}
     ret_n: dict[int, int] = {}
     leaf_returns: list[float] = []
@@ -300,8 +332,8 @@ def tree_values(
                 ret_sum[i], ret_n[i] = g, 1
                 leaf_returns.append(g)
         else:
-            ret_sum[i] = sum(ret_sum[seg[eid][0]] for eid in node.children)
-            ret_n[i] = sum(ret_n[seg[eid][0]] for eid in node.children)
+            ret_sum[i] = sum(ret_sum[segs[eid].child] for eid in node.children)
+            ret_n[i] = sum(ret_n[segs[eid].child] for eid in node.children)
     root_return = {i: (ret_sum[i] / ret_n[i] if ret_n[i] else None) for i in tree.nodes}
     return TreeValues(
         gamma,
@@ -341,7 +373,9 @@ _NOISE_PRIOR_DOF = 2.0
 class _Checkpoint:
     """One checkpoint's data for the noise fit (λ = 0 backups)."""
 
+    #: Depth bucket (the column of its step variance) and true depth.
     depth: int
+    level: int
     m: int
     #: Σ_j (q_j − Q̄)² when m ≥ 2; the same within groups of children that took the
     #: same action (None without such a pair); (v̂ − Q̄)² when predicted.
@@ -349,8 +383,9 @@ class _Checkpoint:
     ss_same: float | None
     d2: float | None
     #: Per valid child: (first-step weight, γ^{2k}, reference: record index or
-    #: _EXACT / _CRITIC, index of its action group).
-    kids: list[tuple[float, float, int, int]]
+    #: _EXACT / _CRITIC, (g−1)/g for a child in a group of g ≥ 2 that took the same
+    #: action, else 0).
+    kids: list[tuple[float, float, int, float]]
 
 
 def _action(e: Edge) -> tuple[int, ...]:
@@ -378,17 +413,19 @@ def _collect(
             ref[i] = _CRITIC if node.kind == "truncated" and truncation == "bootstrap" else _EXACT
             continue
         qs: list[float] = []
-        kids: list[tuple[float, float, int, int]] = []
-        groups: dict[tuple[int, ...], int] = {}
+        kids: list[tuple[float, float, int, float]] = []
+        groups: list[int] = []
+        index: dict[tuple[int, ...], int] = {}
         for eid in node.children:
             e = edges[eid]
             vc = val.get(e.child)
             if vc is None:
                 continue
-            disc = gamma**e.k
+            k = e.k
+            disc = gamma**k
             qs.append(e.discounted_reward(gamma) + disc * vc)
-            g = groups.setdefault(_action(e), len(groups))
-            kids.append((first_step_weight(e.k, gamma), disc * disc, ref[e.child], g))
+            groups.append(index.setdefault(_action(e), len(index)))
+            kids.append((first_step_weight(k, gamma), disc * disc, ref[e.child], 0.0))
         m = len(qs)
         if not m:
             val[i], ref[i] = node.value, _CRITIC
@@ -396,14 +433,16 @@ def _collect(
         q_bar = sum(qs) / m
         ss = sum((q - q_bar) ** 2 for q in qs) if m >= 2 else None
         ss_same = None
-        if len(groups) < m:
+        if len(index) < m:
             members: dict[int, list[float]] = {}
-            for q, (*_, g) in zip(qs, kids, strict=True):
+            for q, g in zip(qs, groups, strict=True):
                 members.setdefault(g, []).append(q)
             ss_same = sum(sum((q - sum(v) / len(v)) ** 2 for q in v) for v in members.values())
+            sizes = [len(members[g]) for g in groups]
+            kids = [(w, d, c, (n - 1) / n) for (w, d, c, _), n in zip(kids, sizes, strict=True)]
         d2 = (node.value - q_bar) ** 2 if node.value is not None else None
         val[i], ref[i] = q_bar, len(out)
-        out.append(_Checkpoint(min(node.depth, DEPTH_BUCKETS - 1), m, ss, ss_same, d2, kids))
+        out.append(_Checkpoint(min(node.depth, DEPTH_BUCKETS - 1), node.depth, m, ss, ss_same, d2, kids))
 
 
 def _nnls(mat: np.ndarray, rhs: np.ndarray) -> np.ndarray:
@@ -415,7 +454,7 @@ def _nnls(mat: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     active: list[int] = []
     tol = 1e-12 * (float(np.max(np.abs(rhs))) + 1e-300)
     for _ in range(3 * n + 10):
-        grad = rhs - mat @ x
+        grad = rhs - _mv(mat, x)
         free = [i for i in range(n) if i not in active]
         if not free or max(grad[i] for i in free) <= tol:
             break
@@ -434,8 +473,80 @@ def _nnls(mat: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     return x
 
 
+def _mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Matrix product without BLAS (einsum's own loops): the same bits on every CPU,
+    and no BLAS threads spinning on a shared machine."""
+    return np.einsum("ij,jk->ik", a, b)
+
+
+def _mv(a: np.ndarray, v: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,j->i", a, v)
+
+
 def _sig6(x: float) -> float:
     return float(f"{float(x):.6g}")
+
+
+def _coefficients(
+    recs: list[_Checkpoint], nd: int
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Each checkpoint's variance coefficients α (per depth bucket) and β, and the rows
+    of the same-action spreads, computed depth by depth from the deepest up (a
+    checkpoint's children are one level deeper), one vectorised step per level."""
+    n = len(recs)
+    parent, weight, disc2, child, factor = [], [], [], [], []
+    for i, r in enumerate(recs):
+        for w1, d2, c, f in r.kids:
+            parent.append(i)
+            weight.append(w1)
+            disc2.append(d2)
+            child.append(c)
+            factor.append(f)
+    kp = np.array(parent, dtype=np.int64)
+    kw = np.array(weight, dtype=np.float64)
+    kd2 = np.array(disc2, dtype=np.float64)
+    kc = np.array(child, dtype=np.int64)
+    kf = np.array(factor, dtype=np.float64)
+    bucket = np.array([r.depth for r in recs], dtype=np.int64)
+    level = np.array([r.level for r in recs], dtype=np.int64)
+    msq = np.array([r.m * r.m for r in recs], dtype=np.float64)
+    alpha = np.zeros((n, nd))
+    beta = np.zeros(n)
+    kid_level = level[kp]
+    inner_all = kc >= 0
+    for lv in np.unique(level)[::-1]:
+        sel = kid_level == lv
+        p, c, d2, w = kp[sel], kc[sel], kd2[sel], kw[sel]
+        np.add.at(alpha, (p, bucket[p]), w)
+        inner = inner_all[sel]
+        np.add.at(alpha, p[inner], d2[inner, None] * alpha[c[inner]])
+        np.add.at(beta, p[inner], d2[inner] * beta[c[inner]])
+        crit = c == _CRITIC
+        np.add.at(beta, p[crit], d2[crit])
+        rows = np.flatnonzero(level == lv)
+        alpha[rows] /= msq[rows, None]
+        beta[rows] /= msq[rows]
+    # same-action spreads: Σ_g (g−1)/g · Σ_{j∈g} Var(q_j | action), ν for the first transition
+    with_same = [i for i, r in enumerate(recs) if r.ss_same is not None]
+    row_of = np.full(n, -1, dtype=np.int64)
+    row_of[with_same] = np.arange(len(with_same))
+    same_rows = np.zeros((len(with_same), 2 * nd))
+    same_t = np.zeros(len(with_same))
+    pick = (kf > 0) & (row_of[kp] >= 0)
+    sp, sc, sd2, sw, sf = kp[pick], kc[pick], kd2[pick], kw[pick], kf[pick]
+    sr = row_of[sp]
+    first = np.minimum(sw, 1.0)
+    np.add.at(same_rows, (sr, nd + bucket[sp]), sf * first)
+    np.add.at(same_rows, (sr, bucket[sp]), sf * (sw - first))
+    inner = sc >= 0
+    np.add.at(same_rows[:, :nd], sr[inner], (sf * sd2)[inner, None] * alpha[sc[inner]])
+    np.add.at(same_t, sr[inner], (sf * sd2)[inner] * beta[sc[inner]])
+    crit = sc == _CRITIC
+    np.add.at(same_t, sr[crit], (sf * sd2)[crit])
+    same_y = np.array([recs[i].ss_same for i in with_same], dtype=np.float64)
+    # degrees of freedom Σ_g (g − 1): the factors (g−1)/g of a group's g children sum to it
+    same_dof = np.array([round(sum(fk for *_, fk in recs[i].kids)) for i in with_same], dtype=np.float64)
+    return alpha, beta, (same_rows, same_t, same_y, same_dof)
 
 
 def noise_model(
@@ -481,51 +592,19 @@ def noise_model(
     if not spread_ix:
         return NoiseModel.unknown(residuals)
     nd = max(r.depth for r in recs) + 1
-    alpha = np.zeros((len(recs), nd))
-    beta = np.zeros(len(recs))
-    same_rows: list[np.ndarray] = []
-    same_t: list[float] = []
-    same_y: list[float] = []
-    same_dof: list[float] = []
-    for i, r in enumerate(recs):
-        a, b = alpha[i], 0.0
-        sizes: dict[int, int] = {}
-        for *_, g in r.kids:
-            sizes[g] = sizes.get(g, 0) + 1
-        row = np.zeros(2 * nd) if r.ss_same is not None else None
-        row_t = 0.0
-        for w1, d2, c, g in r.kids:
-            ca, cb = (alpha[c], beta[c]) if c >= 0 else (None, 1.0 if c == _CRITIC else 0.0)
-            a[r.depth] += w1
-            if ca is not None:
-                a += d2 * ca
-            b += d2 * cb
-            if row is not None and sizes[g] > 1:
-                f = (sizes[g] - 1) / sizes[g]
-                first = min(w1, 1.0)
-                row[nd + r.depth] += f * first  # ν at this depth for the first transition
-                row[r.depth] += f * (w1 - first)
-                if ca is not None:
-                    row[:nd] += f * d2 * ca
-                row_t += f * d2 * cb
-        a /= r.m * r.m
-        beta[i] = b / (r.m * r.m)
-        if row is not None and r.ss_same is not None:
-            same_rows.append(row)
-            same_t.append(row_t)
-            same_y.append(r.ss_same)
-            same_dof.append(float(sum(n - 1 for n in sizes.values())))
+    alpha, beta, same = _coefficients(recs, nd)
+    same_rows, same_t, same_y, same_dof = same
     m = np.array([recs[i].m for i in spread_ix], dtype=np.float64)
     scale = (m - 1) * m  # E[SS] = (m−1)·m·Var(Q̄)
     design = np.hstack([alpha[spread_ix] * scale[:, None], np.zeros((len(spread_ix), nd))])
     t_rows = beta[spread_ix] * scale
     ys = np.array([recs[i].ss for i in spread_ix], dtype=np.float64)
     dofs = m - 1
-    if same_rows:
-        design = np.vstack([design, np.array(same_rows)])
-        t_rows = np.concatenate([t_rows, np.array(same_t)])
-        ys = np.concatenate([ys, np.array(same_y)])
-        dofs = np.concatenate([dofs, np.array(same_dof)])
+    if len(same_y):
+        design = np.vstack([design, same_rows])
+        t_rows = np.concatenate([t_rows, same_t])
+        ys = np.concatenate([ys, same_y])
+        dofs = np.concatenate([dofs, same_dof])
     res_ix = [i for i in spread_ix if recs[i].d2 is not None]
     t_obs = np.array(
         [recs[i].d2 - recs[i].ss / (recs[i].m * (recs[i].m - 1)) for i in res_ix],  # type: ignore[operator]
@@ -536,8 +615,8 @@ def noise_model(
     for d in range(nd - 1):
         diff[d, d], diff[d, d + 1] = 1.0, -1.0
     centre = np.zeros((2 * nd, 2 * nd))
-    centre[:nd, :nd] = diff.T @ diff
-    centre[nd:, nd:] = diff.T @ diff
+    centre[:nd, :nd] = _mm(diff.T, diff)
+    centre[nd:, nd:] = _mm(diff.T, diff)
     # ... and that ν(d) is half of s(d): the quadratic form of Σ_d (ν(d) − s(d)/2)²
     half = np.zeros((2 * nd, 2 * nd))
     for d in range(nd):
@@ -554,36 +633,38 @@ def noise_model(
     t = 0.0
     for it in range(3):
         y = ys - t * t_rows
-        mat = design.T @ (design * w[:, None])
-        rhs = design.T @ (w * y)
+        mat = _mm(design.T, design * w[:, None])
+        rhs = _mv(design.T, w * y)
         # the prior's weight: pseudo-observations worth a typical depth's information per dof
-        touching = (design > 0).T @ dofs
+        touching = _mv((design > 0).T.astype(np.float64), dofs)
         has = touching > 0
         unit = float(np.median(np.diag(mat)[has] / touching[has]))
         mat = mat + _DEPTH_PRIOR_DOF * unit * centre + _NOISE_PRIOR_DOF * unit * half
-        mat_av = to_s.T @ mat @ to_s
+        mat_av = _mm(_mm(to_s.T, mat), to_s)
         mat_av += 1e-9 * float(np.trace(mat_av)) / len(mat_av) * np.eye(len(mat_av))  # never singular
-        av = _nnls(mat_av, to_s.T @ rhs)
-        x = to_s @ av
+        av = _nnls(mat_av, _mv(to_s.T, rhs))
+        x = _mv(to_s, av)
         s = x[:nd]
         if len(res_ix):
-            var_q = alpha[res_ix] @ s + beta[res_ix] * t
-            floor = 1e-6 * float(np.median(var_q)) + 1e-300
+            var_q = _mv(alpha[res_ix], s) + beta[res_ix] * t
+            # (a checkpoint whose Q̄ the model calls exact weighs at most as one with
+            # a thousandth of the median variance)
+            floor = 1e-3 * float(np.median(var_q)) + 1e-100
             wt = np.ones(len(res_ix)) if it == 0 else 1.0 / (t + var_q + floor) ** 2
             prior = float(np.median(var_q))  # a critic as far off as a typical Q̄'s sampling noise
             wp = float(np.mean(wt)) * _CRITIC_PRIOR_DOF
             t = max((float(np.sum(wt * t_obs)) + wp * prior) / (float(np.sum(wt)) + wp), 0.0)
         else:
             t = float(np.sum(s))
-    # Six significant digits: the fit goes through BLAS, whose last bits may differ
-    # between CPUs; rounded, the model (and so every plan) is the same on any machine.
+    # Six significant digits: the linear solves go through LAPACK, whose last bits may
+    # differ between CPUs; rounded, the model (and so every plan) is the same anywhere.
     return NoiseModel(
         tuple(_sig6(v) for v in x[:nd]),
         _sig6(t),
         tuple(_sig6(v) for v in x[nd:]),
         residuals,
         len(spread_ix),
-        len(same_rows),
+        len(same_y),
     )
 
 

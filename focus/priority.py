@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -26,11 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from focus.estimation import (
     Estimator,
     NoiseModel,
+    Segment,
     TreeValues,
     Truncation,
     child_variances,
-    first_step_weight,
     noise_model,
+    segment,
     tree_values,
 )
 from focus.tree import Edge, Node, Tree
@@ -345,18 +346,10 @@ class Selective(Priority):
 
 def expected_lengths(tree: Tree) -> dict[int, float]:
     """Expected task transitions from each checkpoint to a leaf, backed up through children."""
-    return _expected_lengths(tree, {i: e.k for i, e in tree.edges.items()})
-
-
-def _expected_lengths(tree: Tree, k: dict[int, int]) -> dict[int, float]:
+    segs = {i: segment(e, 1.0) for i, e in tree.edges.items()}
     out: dict[int, float] = {}
-    edges = tree.edges
     for node in tree.postorder():
-        if node.is_leaf:
-            out[node.id] = 0.0
-            continue
-        ch = node.children
-        out[node.id] = sum(k[e] + out[edges[e].child] for e in ch) / len(ch) if ch else math.nan
+        out[node.id] = segment_length(node, segs, out)
     return out
 
 
@@ -367,64 +360,80 @@ def node_evidence(
     calibration: Calibration,
     pending: dict[int, int] | None = None,
 ) -> dict[int, NodeEvidence]:
-    """Evidence views of every checkpoint of ``tree``.
+    """Evidence views of every checkpoint of ``tree`` (from scratch; search keeps them
+    up to date incrementally with the same per-node functions, :func:`node_view`)."""
+    pending = pending or {}
+    segs = {i: segment(e, values.gamma) for i, e in tree.edges.items()}
+    lengths: dict[int, float] = {}
+    valid: dict[int, float] = {}
+    for node in tree.postorder():
+        lengths[node.id] = segment_length(node, segs, lengths)
+        valid[node.id] = valid_tokens(node, segs, values.value)
+    return {
+        node.id: node_view(
+            tree, node, tree_index, values, calibration, segs, lengths[node.id], valid, pending.get(node.id, 0)
+        )
+        for node in tree.checkpoints()
+    }
+
+
+def segment_length(node: Node, segs: Mapping[int, Segment], lengths: Mapping[int, float]) -> float:
+    """Expected task transitions from ``node`` to a leaf: the mean over its children of
+    the segment's k plus the child's (0 at a leaf, NaN without children)."""
+    if node.is_leaf:
+        return 0.0
+    ch = node.children
+    return sum(segs[e].k + lengths[segs[e].child] for e in ch) / len(ch) if ch else math.nan
+
+
+def valid_tokens(node: Node, segs: Mapping[int, Segment], value: Mapping[int, float | None]) -> float:
+    """Tokens of ``node``'s child segments whose child has a value (0 at a leaf)."""
+    return float(sum(segs[e].tokens for e in node.children if value.get(segs[e].child) is not None))
+
+
+def node_view(
+    tree: Tree,
+    node: Node,
+    tree_index: int,
+    values: TreeValues,
+    calibration: Calibration,
+    segs: Mapping[int, Segment],
+    length: float,
+    valid: Mapping[int, float],
+    pending: int = 0,
+) -> NodeEvidence:
+    """The evidence view of one checkpoint. It reads the node, its children's values
+    and errors, and its parent's weight, count and valid child tokens: nothing else,
+    so after a graft only the changed nodes and their children need a new view.
 
     Influence of V(n) on the advantages above it (tokens relative to the calibration's
     mean segment, times the squared derivative of the advantage with respect to V(n)):
     V(n) moves V(p) by ``c = (1−λ_p)·γ^k/m_p``, so the parent segment counts
     ``(γ^k − c)²`` (0 for an only child backed up with λ_p = 0: the change cancels) and
     each sibling segment ``c²``. Ancestors further up are left out (their share is at
-    most that factor squared again), so a node's view depends only on its parent,
-    itself and its children.
+    most that factor squared again).
     """
-    pending = pending or {}
+    i = node.id
     mu = calibration.mean_tokens or 1.0
     gamma = values.gamma
-    edges = tree.edges
-    tokens = {i: e.n_tokens for i, e in edges.items()}
-    k = {i: e.k for i, e in edges.items()}
-    lengths = _expected_lengths(tree, k)
-    valid_tokens: dict[int, float] = {}
-    for node in tree.checkpoints():
-        valid_tokens[node.id] = sum(tokens[e] for e in node.children if values.value.get(edges[e].child) is not None)
-    out: dict[int, NodeEvidence] = {}
-    for node in tree.checkpoints():
-        i = node.id
-        infl = 0.0
-        if node.parent_edge is not None and values.value.get(i) is not None:
-            e = edges[node.parent_edge]
-            lam_p, m_p = values.critic_weight.get(e.parent, 0.0), values.m.get(e.parent, 0)
-            if m_p:
-                c = (1.0 - lam_p) * gamma ** k[e.id] / m_p
-                own = gamma ** k[e.id] - c
-                infl = (own * own * tokens[e.id] + c * c * (valid_tokens[e.parent] - tokens[e.id])) / mu
-        out[i] = _view(
-            tree, node, tree_index, values, calibration, infl, valid_tokens[i] / mu, lengths[i], pending.get(i, 0)
-        )
-    return out
-
-
-def _view(
-    tree: Tree,
-    node: Node,
-    tree_index: int,
-    values: TreeValues,
-    calibration: Calibration,
-    influence: float,
-    child_tokens: float,
-    length: float,
-    pending: int,
-) -> NodeEvidence:
-    i = node.id
-    gamma = values.gamma
     noise = calibration.noise
+    infl = 0.0
+    if node.parent_edge is not None and values.value.get(i) is not None:
+        sp = segs[node.parent_edge]
+        p = tree.edges[node.parent_edge].parent
+        lam_p, m_p = values.critic_weight.get(p, 0.0), values.m.get(p, 0)
+        if m_p:
+            c = (1.0 - lam_p) * sp.discount / m_p
+            own = sp.discount - c
+            infl = (own * own * sp.tokens + c * c * (valid[p] - sp.tokens)) / mu
     sig = rest = 0.0
     n = 0
+    step, action = noise.step_var(node.depth), noise.action_var(node.depth)
     for eid in node.children:
-        e = tree.edges[eid]
-        if values.value.get(e.child) is None:
+        sg = segs[eid]
+        if values.value.get(sg.child) is None:
             continue
-        a, b = child_variances(first_step_weight(e.k, gamma), gamma**e.k, values.error[e.child], noise, node.depth)
+        a, b = child_variances(sg.weight, sg.discount, values.error[sg.child], step, action)
         sig, rest, n = sig + a, rest + b, n + 1
     if math.isnan(length):
         length = max(1.0, calibration.mean_leaf_transitions - node.transitions)
@@ -433,7 +442,7 @@ def _view(
     if n:
         sig, rest = sig / n, rest / n
     else:
-        sig, rest = noise.action_var(node.depth), fresh
+        sig, rest = action, fresh
     qs = values.child_q.get(i, ())
     v = sig + rest
     if len(qs) >= 2 and v > 0:
@@ -454,9 +463,9 @@ def _view(
         m=values.m.get(i, 0),
         branches=len(node.children),
         pending=pending,
-        influence=influence,
+        influence=infl,
         expected_transitions=max(length, 1.0),
-        child_tokens=child_tokens,
+        child_tokens=valid[i] / mu,
         critic_weight=values.critic_weight.get(i, 0.0),
         signal=sig,
         child_error=rest,
