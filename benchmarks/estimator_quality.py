@@ -1,21 +1,42 @@
-"""Estimator quality on synthetic tree MDPs with exact values.
+"""Estimator quality on synthetic MDPs with exact values, with the library's defaults.
 
 Every method runs the real Agent -> Collector -> Batch code path over
-``focus.synthetic`` (an in-process Env and a Policy with known action probabilities),
-with the same task-transition budget; the batch's advantages are compared, token by
-token, with the exact advantages ``r + γV(s') − V(s)`` from dynamic programming.
+``focus.synthetic`` (an in-process Env, a Policy with known action probabilities and
+a Critic, through the public interfaces as a user would plug in their own), with the
+same task-transition budget; the batch's advantages are compared, token by token,
+with the exact advantages ``A(s, a) = Q(s, a) − V(s)`` from dynamic programming.
 
-Methods (each at every shape x budget x critic):
-  grpo       independent rollouts from the root + GroupNormalized (centred, Dr. GRPO)
-  node_mc    uniform branching + NodeMonteCarlo (VinePPO-style per-node MC values)
-  uniform    uniform branching + DirectBranchTd
-  selective  Selective priority + DirectBranchTd
+MDP families (``focus.synthetic.FAMILIES``; each task of a collection is a different
+seeded instance): the original shapes (uniform, critical, long) and families with
+stochastic transitions, γ = 0.9 with episodes of 3-10 transitions, rewards and costs at
+every step beside a terminal reward, an action good early and bad late, 2-4 actions by
+depth, and advantages small next to the outcome noise (``subtle``, all at once).
+
+Critics: exact; noisy with a fixed per-state error of 0.5, 1 and 3 times the task's
+on-policy RMS advantage (``noise_0.5`` ...); constant (the mean true value of the
+collection's start states). Budgets: 2H, 6H and 16H task transitions per task, H the
+family's longest episode; the evidence phase is 2 rollouts per task (1 at 2H), the
+continuation phase gets the rest in the library's default waves (``Phase`` defaults:
+16 per wave, 4 branches per checkpoint).
+
+Methods (each at every family x budget x critic):
+  grpo        independent rollouts from the root + GroupNormalized (centred, Dr. GRPO)
+  node_mc     uniform branching + NodeMonteCarlo (VinePPO-style per-node MC values)
+  uniform     uniform branching + DirectBranchTd (library defaults)
+  selective   Selective + DirectBranchTd (library defaults: what a user gets)
+ablations:
+  selective_oldrank  selective with the ranking before issue 12 (σ̂² = children's
+                     spread + critic disagreement + a [0, 1] prior, κ = 1)
+  uniform_k1         uniform with κ fixed at 1 (the estimator's default before issue 12)
 
 Metrics: token-weighted MSE of the segment advantages against the exact ones, sign
 agreement (tokens whose exact advantage is non-zero), critic-target MSE (weighted by
-the target weights) against the exact state values.
+the target weights) against the exact state values. Summary ratios are medians over
+families x budgets x noisy critics of the per-cell ratio (a cell: one family, budget,
+critic; its MSE the mean over seeds); the JSON adds the worst cell of each ratio and
+the summary recomputed on each seed alone (the spread).
 
-    .venv/bin/python -m benchmarks.estimator_quality [--quick] [--json PATH]
+    .venv/bin/python -m benchmarks.estimator_quality [--quick] [--jobs 2] [--json PATH]
 """
 
 from __future__ import annotations
@@ -23,9 +44,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import os
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from focus.agent import Agent
@@ -35,9 +59,9 @@ from focus.critic import ConstantCritic, Critic
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, GroupNormalized, NodeMonteCarlo
 from focus.execution import Execution
-from focus.priority import Phase, Priority, Selective, Uniform
+from focus.priority import NodeEvidence, Phase, Priority, Selective, Uniform
 from focus.synthetic import (
-    SHAPES,
+    FAMILIES,
     SyntheticCritic,
     SyntheticEnv,
     SyntheticPolicy,
@@ -46,43 +70,69 @@ from focus.synthetic import (
     synthetic_format,
 )
 
-HORIZON = {"uniform": 4, "critical": 6, "long": 12}
-CRITICS = {"exact": 0.0, "noisy_0.1": 0.1, "noisy_0.25": 0.25, "constant": None}
-METHODS = ("grpo", "node_mc", "uniform", "selective")
-EVIDENCE = 2  # rollouts per task before branching
-WAVE = 8
-KAPPA = 1.0
-ADAPTIVE = True  # κ(n) from the critic's reported uncertainty (--fixed-kappa turns it off)
+CRITICS = ("exact", "noise_0.5", "noise_1", "noise_3", "constant")
+METHODS = ("grpo", "node_mc", "uniform", "selective", "selective_oldrank", "uniform_k1")
+#: Methods that read no critic prediction: run once per family and budget.
+CRITIC_FREE = ("grpo", "node_mc")
+BUDGETS = (2, 6, 16)
 
 
-def make_critic(name: str, mdps: list[TreeMDP], seed: int) -> Critic:
-    noise = CRITICS[name]
-    return ConstantCritic(0.5) if noise is None else SyntheticCritic(mdps, noise, seed=seed, report_std=True)
+class OldSelective(Selective):
+    """The ranking before issue 12, for the ablation row: ``σ̂²(n)·[1/(κ+m) −
+    1/(κ+m+1)]·influence/cost`` with κ = 1 and σ̂² the blend of a Bernoulli prior
+    ``(V−lo)(hi−V)`` on [0, 1] (one pseudo-child), the children's spread (m − 1) and the
+    critic's disagreement beyond sampling noise ``max(0, (v̂ − Q̄)² − σ̃²/m)``: every
+    kind of spread counted as error that one more continuation reduces."""
+
+    def __call__(self, node: NodeEvidence) -> float:
+        v = node.refined if node.refined is not None else node.value
+        v = 0.5 if v is None else min(max(v, 0.0), 1.0)
+        qs = node.child_values
+        m = len(qs)
+        s2 = 0.0
+        if m >= 2:
+            mean = sum(qs) / m
+            s2 = sum((q - mean) ** 2 for q in qs) / (m - 1)
+        spread = (v * (1 - v) + max(m - 1, 0) * s2) / (1 + max(m - 1, 0))
+        dis = 0.0
+        if node.value is not None and node.q_bar is not None and m:
+            dis = max(0.0, (node.value - node.q_bar) ** 2 - spread / m)
+        n = node.m + node.pending
+        gain = 1.0 / (1 + n) - 1.0 / (2 + n)
+        return (spread + dis) * gain * node.influence / node.expected_transitions
 
 
-def make_search(method: str, budget: int) -> tuple[Priority, Estimator]:
-    evidence = Phase("evidence", rollouts_per_task=EVIDENCE)
+def make_critic(name: str, mdps: list[TreeMDP], gamma: float, seed: int) -> Critic:
+    if name == "constant":
+        return ConstantCritic(round(statistics.fmean(m.values(gamma)[0] for m in mdps), 3))
+    ratio = 0.0 if name == "exact" else float(name.split("_", 1)[1])
+    noise = [ratio * m.advantage_scale(gamma) for m in mdps]
+    return SyntheticCritic(mdps, noise, seed=seed, gamma=gamma)
+
+
+def make_search(method: str, evidence: int, transitions: int) -> tuple[Priority, Estimator]:
+    ev = Phase("evidence", rollouts_per_task=evidence)
     if method == "grpo":
-        search: Priority = Uniform(
-            phases=(evidence, Phase("rollouts", transitions=budget, wave_size=WAVE, max_depth=0, max_branches=10**6))
-        )
-        return search, GroupNormalized(scale=False)
-    cont = Phase("continue", transitions=budget, wave_size=WAVE, max_branches=6, max_depth=64)
-    if method == "selective":
-        return (
-            Selective(phases=(evidence, cont), kappa=KAPPA, adaptive_kappa=ADAPTIVE),
-            DirectBranchTd(kappa=KAPPA, adaptive_kappa=ADAPTIVE),
-        )
-    search = Uniform(phases=(evidence, cont), kappa=KAPPA)
-    return search, (NodeMonteCarlo() if method == "node_mc" else DirectBranchTd(kappa=KAPPA, adaptive_kappa=ADAPTIVE))
+        rollouts = Phase("rollouts", transitions=transitions, max_depth=0, max_branches=10**6)
+        return Uniform(phases=(ev, rollouts)), GroupNormalized(scale=False)
+    phases = (ev, Phase("continue", transitions=transitions))
+    if method == "node_mc":
+        return Uniform(phases=phases), NodeMonteCarlo()
+    kappa = 1.0 if method == "uniform_k1" else None
+    est = DirectBranchTd(kappa=kappa)
+    if method.startswith("uniform"):
+        return Uniform(phases=phases), est
+    if method == "selective_oldrank":
+        return OldSelective(phases=phases, kappa=1.0), est
+    return Selective(phases=phases), est
 
 
-def score(batch: Batch, mdps: list[TreeMDP], values: list[list[float]]) -> dict[str, float]:
+def score(batch: Batch, mdps: list[TreeMDP], values: list[list[float]], gamma: float) -> dict[str, float]:
     se = sw = agree = aw = 0.0
     for r in batch.actor:
         task, s = read_state(r.prompt_ids)
         a = r.completion_ids[0] - 48
-        exact = mdps[task].advantage(s, a, values[task])
+        exact = mdps[task].advantage(s, a, values[task], gamma)
         w = float(sum(r.loss_mask))
         se += w * (r.advantage - exact) ** 2
         sw += w
@@ -103,104 +153,173 @@ def score(batch: Batch, mdps: list[TreeMDP], values: list[list[float]]) -> dict[
     }
 
 
-async def run_one(shape: str, n_tasks: int, budget_factor: int, critic: str, method: str, seed: int) -> dict[str, Any]:
-    mdps = [SHAPES[shape](1000 * seed + i) for i in range(n_tasks)]
-    values = [m.values() for m in mdps]
-    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=HORIZON[shape] + 2)
-    total = budget_factor * HORIZON[shape] * n_tasks
-    search, est = make_search(method, total - EVIDENCE * HORIZON[shape] * n_tasks)
+def run_one(job: tuple[str, int, int, str, str, int]) -> dict[str, Any]:
+    """One collection: ``n_tasks`` instances of a family, one method, critic and seed."""
+    family, n_tasks, budget, critic, method, seed = job
+    fam = FAMILIES[family]
+    mdps = [fam.make(1000 * seed + i) for i in range(n_tasks)]
+    values = [m.values(fam.gamma) for m in mdps]
+    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=fam.horizon + 2)
+    evidence = 1 if budget <= 2 else 2
+    expected = evidence * sum(m.expected_length() for m in mdps)
+    transitions = max(0, round(budget * fam.horizon * n_tasks - expected))
+    search, est = make_search(method, evidence, transitions)
+    est = est.model_copy(update={"gamma": fam.gamma})
     col = Collector(
         agent,
         search,
-        make_critic(critic, mdps, seed),
+        make_critic(critic, mdps, fam.gamma, seed),
         est,
         Execution(max_concurrency=64),
-        collection_id=f"{shape}-{method}",
+        collection_id=f"{family}-{method}",
         seed=seed,
     )
-    tasks = [Task(f"{shape}{i}", {"mdp": i}) for i in range(n_tasks)]
-    batch = await col.collect(tasks)
-    return score(batch, mdps, values)
+    tasks = [Task(f"{family}{i}", {"mdp": i}) for i in range(n_tasks)]
+    batch = asyncio.run(col.collect(tasks))
+    return {"family": family, "budget": budget, "critic": critic, "method": method, "seed": seed} | score(
+        batch, mdps, values, fam.gamma
+    )
+
+
+def cell_ratio(num: float, den: float) -> float:
+    """A ratio of two MSEs that tolerates both being exactly zero (an exact critic on a
+    deterministic MDP)."""
+    if den <= 1e-12:
+        return 1.0 if num <= 1e-12 else math.inf
+    return num / den
+
+
+def summarise(
+    rows: list[dict[str, Any]], families: list[str], budgets: list[int], critics: list[str], methods: list[str]
+) -> dict[str, Any]:
+    """Median and worst cell of each ratio over the rows given."""
+    table = {(r["family"], r["budget"], r["critic"], r["method"]): r for r in rows}
+    noisy = [c for c in critics if c.startswith("noise")]
+
+    def cells(method: str, other: str, crit: list[str], key: str = "adv_mse") -> list[tuple[float, str]]:
+        out = []
+        for f in families:
+            for b in budgets:
+                for c in crit:
+                    a, o = table.get((f, b, c, method)), table.get((f, b, c, other))
+                    if a is not None and o is not None:
+                        out.append((cell_ratio(a[key], o[key]), f"{f}/{b}H/{c}"))
+        return out
+
+    def stat(xs: list[tuple[float, str]]) -> dict[str, Any]:
+        if not xs:
+            return {"median": math.nan, "worst": math.nan, "worst_cell": None, "cells": 0}
+        worst = max(xs)
+        return {
+            "median": statistics.median(x for x, _ in xs),
+            "worst": worst[0],
+            "worst_cell": worst[1],
+            "cells": len(xs),
+        }
+
+    out: dict[str, Any] = {}
+    if "selective" in methods:
+        for other in ("grpo", "uniform", "node_mc"):
+            if other in methods:
+                out[f"selective_vs_{other}_noisy"] = stat(cells("selective", other, noisy))
+                out[f"selective_vs_{other}_constant"] = stat(cells("selective", other, ["constant"]))
+        if "uniform" in methods:
+            out["selective_vs_uniform_all_cells"] = stat(cells("selective", "uniform", critics))
+            out["target_selective_vs_uniform_all_cells"] = stat(cells("selective", "uniform", critics, "target_mse"))
+        for abl in ("selective_oldrank",):
+            if abl in methods:
+                out[f"{abl}_vs_uniform_noisy"] = stat(cells(abl, "uniform", noisy))
+                out[f"{abl}_vs_uniform_constant"] = stat(cells(abl, "uniform", ["constant"]))
+    if "uniform" in methods and "node_mc" in methods:
+        out["uniform_vs_node_mc_noisy"] = stat(cells("uniform", "node_mc", noisy))
+        out["uniform_vs_node_mc_constant"] = stat(cells("uniform", "node_mc", ["constant"]))
+    if "uniform_k1" in methods and "uniform" in methods:
+        out["uniform_k1_vs_uniform_noisy"] = stat(cells("uniform_k1", "uniform", noisy))
+        out["uniform_k1_vs_uniform_constant"] = stat(cells("uniform_k1", "uniform", ["constant"]))
+    return out
+
+
+def mean_rows(raw: list[dict[str, Any]], seeds: list[int]) -> list[dict[str, Any]]:
+    """Per (family, budget, critic, method): the metrics averaged over ``seeds``."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in raw:
+        if r["seed"] in seeds:
+            groups.setdefault((r["family"], r["budget"], r["critic"], r["method"]), []).append(r)
+    out = []
+    for (f, b, c, m), rs in groups.items():
+        row: dict[str, Any] = {"family": f, "budget": b, "critic": c, "method": m}
+        for k in ("adv_mse", "sign_agreement", "target_mse", "transitions", "tokens"):
+            row[k] = statistics.fmean(r[k] for r in rs)
+        out.append(row)
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    global KAPPA, ADAPTIVE  # noqa: PLW0603 - one process, one configuration
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write every number here")
     ap.add_argument("--quick", action="store_true", help="fewer tasks and seeds (a smoke run)")
-    ap.add_argument("--tasks", type=int, default=8)
+    ap.add_argument("--tasks", type=int, default=6, help="tasks (MDP instances) per collection")
     ap.add_argument("--seeds", type=int, default=4)
-    ap.add_argument("--budgets", default="4,8,16", help="transitions per task, in multiples of the horizon")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="transitions per task, in multiples of H")
+    ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--critics", default=",".join(CRITICS))
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--kappa", type=float, default=1.0)
-    ap.add_argument("--fixed-kappa", action="store_true", help="ignore the critic's reported uncertainty")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     args = ap.parse_args(argv)
-    KAPPA, ADAPTIVE = args.kappa, not args.fixed_kappa
-    shapes, critics, methods = args.shapes.split(","), args.critics.split(","), args.methods.split(",")
-    n_tasks, seeds = (3, 1) if args.quick else (args.tasks, args.seeds)
+    families, critics, methods = args.families.split(","), args.critics.split(","), args.methods.split(",")
+    n_tasks, n_seeds = (3, 1) if args.quick else (args.tasks, args.seeds)
     budgets = [int(b) for b in args.budgets.split(",")]
-    t0 = time.perf_counter()
-    rows = []
-    cache: dict[tuple[str, int, str], list[dict[str, float]]] = {}
-    for shape in shapes:
+    seeds = list(range(n_seeds))
+    jobs = []
+    for f in families:
         for b in budgets:
-            for critic in critics:
-                for method in methods:
-                    # grpo and node_mc read no critic prediction: run once, report under every critic
-                    key = (shape, b, method if method in ("grpo", "node_mc") else f"{method}/{critic}")
-                    if key not in cache:
-                        cache[key] = [asyncio.run(run_one(shape, n_tasks, b, critic, method, s)) for s in range(seeds)]
-                    res = cache[key]
-                    row = {"shape": shape, "budget": b, "critic": critic, "method": method}
-                    for k in res[0]:
-                        row[k] = statistics.fmean(r[k] for r in res)
-                    rows.append(row)
+            for m in methods:
+                for c in [critics[0]] if m in CRITIC_FREE else critics:
+                    jobs.extend((f, n_tasks, b, c, m, s) for s in seeds)
+    t0 = time.perf_counter()
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            raw = list(pool.map(run_one, jobs, chunksize=4))
+    else:
+        raw = [run_one(j) for j in jobs]
     elapsed = time.perf_counter() - t0
-
-    def get(shape: str, b: int, critic: str, method: str, key: str = "adv_mse") -> float:
-        return next(
-            r[key] for r in rows if (r["shape"], r["budget"], r["critic"], r["method"]) == (shape, b, critic, method)
-        )
-
-    def ratio(other: str, crit: list[str]) -> float:
-        xs = [
-            get(s, b, c, "selective") / max(get(s, b, c, other), 1e-12)
-            for s in shapes
-            for b in budgets
-            for c in crit
-            if c in critics and "selective" in methods and other in methods
-        ]
-        return statistics.median(xs) if xs else float("nan")
-
-    noisy = [c for c in critics if c.startswith("noisy")]
-    summary = {
-        "mse_ratio_selective_vs_grpo": ratio("grpo", noisy),
-        "mse_ratio_selective_vs_uniform": ratio("uniform", noisy),
-        "mse_ratio_selective_vs_uniform_constant_critic": ratio("uniform", ["constant"]),
-        "mse_ratio_selective_vs_grpo_constant_critic": ratio("grpo", ["constant"]),
+    # critic-free methods are reported under every critic
+    for r in [r for r in raw if r["method"] in CRITIC_FREE]:
+        raw.extend(r | {"critic": c} for c in critics[1:])
+    rows = mean_rows(raw, seeds)
+    summary = summarise(rows, families, budgets, critics, methods)
+    per_seed = {s: summarise(mean_rows(raw, [s]), families, budgets, critics, methods) for s in seeds}
+    spread = {k: [per_seed[s][k]["median"] for s in seeds] for k in summary if all(k in per_seed[s] for s in seeds)}
+    info = {
         "tasks": n_tasks,
-        "seeds": seeds,
+        "seeds": n_seeds,
         "budgets": budgets,
-        "kappa": KAPPA,
-        "adaptive_kappa": ADAPTIVE,
-        "evidence_rollouts": EVIDENCE,
+        "families": families,
+        "critics": critics,
+        "collections": len(jobs),
         "wall_s": round(elapsed, 1),
+        "jobs": args.jobs,
     }
-    print("| shape | budget/task | critic | method | adv MSE | sign agree | target MSE | transitions |")
+    order = {m: i for i, m in enumerate(METHODS)}
+    rows.sort(key=lambda r: (families.index(r["family"]), r["budget"], critics.index(r["critic"]), order[r["method"]]))
+    print("| family | budget | critic | method | adv MSE | sign agree | target MSE | transitions |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(
-            f"| {r['shape']} | {r['budget']}H | {r['critic']} | {r['method']} | {r['adv_mse']:.4f} | "
-            f"{r['sign_agreement']:.3f} | {r['target_mse']:.4f} | {r['transitions']:.0f} |"
+            f"| {r['family']} | {r['budget']}H | {r['critic']} | {r['method']} | {r['adv_mse']:.3g} | "
+            f"{r['sign_agreement']:.3f} | {r['target_mse']:.3g} | {r['transitions']:.0f} |"
         )
     print()
+    print("| ratio (median over cells) | median | worst cell | per-seed medians |")
+    print("| --- | --- | --- | --- |")
     for k, v in summary.items():
-        print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
+        per = ", ".join(f"{x:.3f}" for x in spread.get(k, []))
+        print(f"| {k} | {v['median']:.3f} | {v['worst']:.3f} ({v['worst_cell']}) | {per} |")
+    print()
+    print(json.dumps(info))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "summary": summary}, f, indent=1)
+        with open(args.json, "w") as fh:
+            json.dump({"rows": rows, "summary": summary, "per_seed": spread, "info": info, "raw": raw}, fh, indent=1)
     return summary
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from focus.branching import BranchPoints, EveryDecision
 from focus.context import Context, ContextManager, Segments
-from focus.env import Env, EnvError, Message, Task, check_reset, check_step_result
+from focus.env import Env, EnvError, Message, Task, accepts_seed, check_reset, check_step_result
 from focus.format import ParseError, PolicyFormat
 from focus.policy import Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
 from focus.tree import Turn
@@ -191,7 +191,12 @@ class Agent:
                 # asyncio.timeout, not wait_for: wait_for wraps every step in a new task,
                 # a measurable share of the engine's CPU per transition.
                 async with asyncio.timeout(self.env_timeout_s):
-                    stepped = await self.env.step(state.env_state, action, state.workspace)
+                    if self._env_takes_seed():
+                        env_seed = derive_seed(seed, state.steps, "env")
+                        seeded: Any = self.env  # step(..., *, seed) is an optional extension
+                        stepped = await seeded.step(state.env_state, action, state.workspace, seed=env_seed)
+                    else:
+                        stepped = await self.env.step(state.env_state, action, state.workspace)
                 result = check_step_result(stepped, f"{type(self.env).__name__}.step")
             except TimeoutError:
                 cause = f"env: step timed out after {self.env_timeout_s:g} s"
@@ -210,6 +215,15 @@ class Agent:
             obs = [Message("tool" if action.kind == "tool" else "user", result.observation)]
             state = replace(state, context=self.context.extend(state.context, codec, completion, text, obs))
         return Rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
+
+    def _env_takes_seed(self) -> bool:
+        """Whether env steps get a seed (see :class:`focus.env.Env`, "Randomness");
+        looked up once per env class (the env may be swapped after construction)."""
+        cls = type(self.env)
+        cache = self.__dict__.get("_seeded")
+        if cache is None or cache[0] is not cls:
+            cache = self.__dict__["_seeded"] = (cls, accepts_seed(self.env))
+        return bool(cache[1])
 
     async def rollouts(self, starts: Sequence[tuple[BranchState, int]]) -> list[Rollout]:
         """Run several rollouts concurrently (the caller bounds concurrency)."""

@@ -36,7 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-SCHEMA_VERSION = 1
+#: 2: the actor table gained ``truncated``.
+SCHEMA_VERSION = 2
 
 _TOKEN = pa.int32()
 
@@ -63,6 +64,7 @@ ACTOR_SCHEMA = pa.schema(
         pa.field("advantage", pa.float64(), nullable=False),
         pa.field("reward", pa.float64(), nullable=False),
         pa.field("finish_reason", pa.string(), nullable=False),
+        pa.field("truncated", pa.bool_(), nullable=False),
     ],
     metadata={"focus.table": "actor", "focus.schema_version": str(SCHEMA_VERSION)},
 )
@@ -105,6 +107,10 @@ class ActorRow:
     reward: float  # reward of the transition this turn caused
     finish_reason: str
     kind: str = "action"  # or "compaction"
+    #: The segment ends in a truncated leaf (step or context limit): its advantage
+    #: bootstraps from the critic there, or counts the leaf as terminal (the
+    #: estimator's ``truncation``).
+    truncated: bool = False
 
 
 @dataclass(frozen=True)
@@ -271,6 +277,7 @@ class BatchBuilder:
                 "advantage",
                 "reward",
                 "finish_reason",
+                "truncated",
                 "prompt_start",
                 "prompt_len",
                 "completion_start",
@@ -305,9 +312,11 @@ class BatchBuilder:
         advantage: float,
         reward: float,
         finish_reason: str,
+        truncated: bool = False,
     ) -> None:
         """One actor row. ``loss_mask`` is one flag for every completion token (what the
-        collector records per turn) or one entry per token."""
+        collector records per turn) or one entry per token; ``truncated``: the row's
+        segment ends in a truncated leaf."""
         n, row = len(completion_ids), len(self)
         if len(logprobs) != n:
             raise BatchError(f"actor row {row} has {n} completion ids but {len(logprobs)} logprobs entries")
@@ -341,6 +350,7 @@ class BatchBuilder:
         a["advantage"].append(advantage)
         a["reward"].append(reward)
         a["finish_reason"].append(finish_reason)
+        a["truncated"].append(bool(truncated))
         a["prompt_start"].append(prompt_start)
         a["prompt_len"].append(len(prompt_ids))
         a["completion_start"].append(completion_start)
@@ -375,6 +385,7 @@ class BatchBuilder:
             self.add_turn(
                 r.task_id, r.tree_id, r.node_id, r.edge_id, r.turn_index, r.policy_version, r.kind,
                 r.prompt_ids, r.completion_ids, r.logprobs, r.loss_mask, r.advantage, r.reward, r.finish_reason,
+                r.truncated,
             )  # fmt: skip
         for i, c in enumerate(critic):
             self._same_batch(c, "critic", i)
@@ -427,6 +438,7 @@ class BatchBuilder:
                 _scalars(a["advantage"], pa.float64(), "advantage"),
                 _scalars(a["reward"], pa.float64(), "reward"),
                 _scalars(a["finish_reason"], pa.string(), "finish_reason"),
+                _scalars(a["truncated"], pa.bool_(), "truncated"),
             ],
             schema=ACTOR_SCHEMA,
         )

@@ -36,7 +36,7 @@ from focus.agent import Agent, Rollout
 from focus.batch import Batch, BatchBuilder
 from focus.critic import ConstantCritic, Critic
 from focus.env import Task
-from focus.estimation import DirectBranchTd, Estimator, critic_targets
+from focus.estimation import DirectBranchTd, Estimator, critic_targets, truncated_segments
 from focus.execution import Execution, check_outage
 from focus.priority import Priority, Selective
 from focus.search import (
@@ -117,9 +117,10 @@ class Collector:
         seed: int = 0,
     ) -> None:
         self.agent = agent
-        self.search_config = search if search is not None else Selective()
-        self.critic = critic if critic is not None else ConstantCritic(0.0)
         self.estimator = estimator if estimator is not None else DirectBranchTd()
+        # one γ, truncation rule and κ setting for search and batch (see Priority.resolved)
+        self.search_config = (search if search is not None else Selective()).resolved(self.estimator)
+        self.critic = critic if critic is not None else ConstantCritic(0.0)
         self.execution = execution if execution is not None else Execution()
         self.collection_id = collection_id
         self.iteration = iteration
@@ -370,11 +371,14 @@ class Collector:
         out = BatchBuilder(self.collection_id, self.iteration)
         add_turn, add_checkpoint = out.add_turn, out.add_checkpoint
         excluded = 0
+        # the critic's weight is fitted once on the whole collection (empirical Bayes)
+        noise = est.noise(trees) if est.kappa is None else None
         for ti, tree in enumerate(trees):
             tree_id = f"{tree.task_id}#{ti}"
             task_id = tree.task_id
-            values = est.values(tree)
+            values = est.values(tree, noise)
             adv = est.advantages(list(tree.edges.values()), values)
+            truncated = truncated_segments(tree)
             for e in tree.edges.values():
                 a = adv.get(e.id)
                 if a is None:
@@ -386,12 +390,22 @@ class Collector:
                         task_id, tree_id, e.parent, e.id, j,
                         t.policy_version or version,  # the weights that sampled this turn
                         t.kind, t.prompt_ids, t.completion_ids, t.logprobs, t.loss_mask,
-                        a, float(t.reward), t.finish_reason,
+                        a, float(t.reward), t.finish_reason, e.id in truncated,
                     )  # fmt: skip
-            for nid, tgt in sorted(critic_targets(tree, gamma=est.gamma).items()):
+            for nid, tgt in sorted(critic_targets(tree, gamma=est.gamma, truncation=est.truncation).items()):
                 node = tree.nodes[nid]
                 add_checkpoint(task_id, tree_id, nid, node.context_ids, tgt.target, tgt.weight, node.value)
-        return out.build(self.statistics(trees, excluded_segments=excluded))
+        stats = self.statistics(trees, excluded_segments=excluded)
+        if noise is not None:
+            stats["noise_model"] = {
+                "step_var_by_depth": list(noise.step_vars),
+                "noise_var_by_depth": list(noise.noise_vars),
+                "critic_var": noise.critic_var if noise.known else None,
+                "residuals": noise.residuals,
+                "spreads": noise.spreads,
+                "repeats": noise.repeats,
+            }
+        return out.build(stats)
 
     def statistics(self, trees: Sequence[Tree], *, excluded_segments: int = 0) -> dict[str, Any]:
         """Usage per phase and in total (:class:`focus.usage.Usage`, from the trees' rollout

@@ -10,6 +10,7 @@ task data that does not fit in plain data (files, a browser) lives in a
 from __future__ import annotations
 
 import abc
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,20 @@ class Env(abc.ABC):
     Both are coroutines so that tools may call services without blocking the rollouts
     that share an event loop. ``state`` must be picklable; do not mutate it in place -
     return a new one (sibling branches may hold the old one).
+
+    **Randomness.** An env whose transitions are random declares a keyword-only
+    ``seed`` parameter on :meth:`step` (``async def step(self, state, action,
+    workspace, *, seed=None)``) and draws from it alone, e.g. ``random.Random(seed)``.
+    The agent then passes a seed derived, like the policy's sampling seeds, from
+    (collection seed, tree, checkpoint, branch, step): sibling branches from one
+    checkpoint draw independently, and a resumed or replayed collection draws the same
+    outcomes. A ``step`` without that parameter is called as before (see
+    :func:`accepts_seed`). An env that keeps its own random generator in its state
+    instead gets the generator's state saved with every checkpoint: every continuation
+    from a checkpoint replays the same draws, so branches differ only by the policy's
+    choices and the search sees none of the env's randomness at that point (its
+    values are those of one fixed outcome). An env that draws from a global generator
+    is not reproducible at all.
     """
 
     @abc.abstractmethod
@@ -90,6 +105,18 @@ class Env(abc.ABC):
     def make_workspace(self, task: Task) -> Workspace | None:
         """The workspace a fresh episode starts with; ``None`` when the env needs none."""
         return None
+
+
+def accepts_seed(env: Env) -> bool:
+    """Whether ``env.step`` takes the keyword ``seed`` (declared, or ``**kwargs``)."""
+    try:
+        params = inspect.signature(env.step).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(
+        (p.name == "seed" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)) or p.kind is p.VAR_KEYWORD
+        for p in params
+    )
 
 
 def check_step_result(result: object, where: str) -> StepResult:

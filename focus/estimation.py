@@ -1,17 +1,24 @@
 """Learning signals from a search tree: refined values, advantages, critic targets.
 
-Everything here is a pure function of a :class:`~focus.tree.Tree` (with the critic's
-predictions filled in): no I/O, no randomness. ``docs/algorithm.md`` gives every
-formula with its bias argument; the short version:
+Everything here is a pure function of :class:`~focus.tree.Tree` objects (with the
+critic's predictions filled in): no I/O, no randomness. ``docs/algorithm.md`` gives
+every formula with its derivation; the short version:
 
-* refined value ``V(n) = (κ·v̂(n) + m·Q̄(n)) / (κ + m)`` where
+* refined value ``V(n) = λ(n)·v̂(n) + (1 − λ(n))·Q̄(n)`` where
   ``Q̄(n) = mean_j [r(e_j) + γ^k(e_j)·V(c_j)]`` over the ``m`` valid child segments.
   Values are backed up through children (not averaged over every rollout passing n),
   so a subtree that search continued more often does not get more weight;
-* terminal leaf ``V = 0``; truncated leaf ``V = v̂`` (bootstrap); failed leaf: no value,
-  and its segment is left out of its parent's backup, of advantages and of targets;
+* the critic's weight ``λ(n)`` comes from evidence (:class:`NoiseModel`, fitted on
+  the collection's own trees): the variance a transition adds to a return at each
+  depth, the part of it that is not the action's doing (siblings that took the same
+  action still differ by it) and the critic's error variance. λ(n) is the weight
+  that minimises the error of the advantages of n's child segments. A fixed ``κ``
+  instead gives the classic ``λ = κ/(κ + m)``;
+* terminal leaf ``V = 0``; truncated leaf ``V = v̂`` (``truncation="bootstrap"``, the
+  default) or ``0`` (``"terminal"``); failed leaf: no value, and its segment is left
+  out of its parent's backup, of advantages and of targets;
 * :class:`DirectBranchTd`: ``A(e) = r(e) + γ^k(e)·V(c) − V(p)``;
-* critic targets (:func:`critic_targets`) use their own backup with ``κ = 0`` and
+* critic targets (:func:`critic_targets`) use their own backup with ``λ = 0`` and
   weight ``m(n)``, so changing the actor estimator never changes them.
 
 Baselines for comparison: :class:`GroupNormalized` (GRPO) and :class:`NodeMonteCarlo`
@@ -22,12 +29,70 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from focus.tree import Edge, Tree
+from focus.tree import Edge, Node, Tree
+
+Truncation = Literal["bootstrap", "terminal"]
+
+#: Depths fitted separately; deeper checkpoints share the last bucket's variances.
+DEPTH_BUCKETS = 32
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """How noisy the evidence and the critic are in one collection (empirical Bayes).
+
+    Model: the first transition of a segment leaving a checkpoint of depth d adds to a
+    sampled return an independent variance ``step_var(d)``, of which ``noise_var(d)``
+    remains among segments that took the same action (the env's randomness: what no
+    amount of branching removes from that segment's advantage) and the rest,
+    ``action_var(d)``, is the spread of the actions' true advantages; later
+    transitions of a segment add their own (times ``γ^{2i}``). The critic's prediction
+    misses the true value by an error of variance ``critic_var``, independent of the
+    sampled outcomes. Fitted by the method of moments on λ = 0 backups
+    (:func:`noise_model`). ``known`` is False while the collection has no checkpoint
+    with two valid continuations, so outcome noise cannot be told from critic error:
+    values are then plain backups (λ = 0) and ``critic_var`` is infinite.
+    """
+
+    #: Per depth of the segment's parent checkpoint (0 = the root).
+    step_vars: tuple[float, ...]
+    critic_var: float
+    noise_vars: tuple[float, ...] = ()
+    #: Checkpoints with a prediction and a valid child; with two or more valid
+    #: children; with two children that took the same action.
+    residuals: int = 0
+    spreads: int = 0
+    repeats: int = 0
+    known: bool = True
+
+    @classmethod
+    def unknown(cls, residuals: int = 0) -> NoiseModel:
+        return cls((), math.inf, (), residuals, 0, 0, False)
+
+    @staticmethod
+    def _at(xs: tuple[float, ...], depth: int, default: float) -> float:
+        return xs[min(depth, len(xs) - 1)] if xs else default
+
+    def step_var(self, depth: int) -> float:
+        return self._at(self.step_vars, depth, 1.0)
+
+    def noise_var(self, depth: int) -> float:
+        return self._at(self.noise_vars, depth, 0.0)
+
+    def action_var(self, depth: int) -> float:
+        return max(self.step_var(depth) - self.noise_var(depth), 0.0)
+
+    @property
+    def critic_error(self) -> float:
+        """Error variance of a value taken from the critic (0 while unknown)."""
+        return self.critic_var if self.known else 0.0
 
 
 @dataclass(frozen=True)
@@ -40,12 +105,14 @@ class TreeValues:
     """
 
     gamma: float
-    #: κ(n) used for each node's refined value.
-    kappa: Mapping[int, float]
+    #: Weight λ(n) of the critic's prediction in each node's refined value.
+    critic_weight: Mapping[int, float]
     kind: Mapping[int, str]
     v_hat: Mapping[int, float | None]
     #: Refined value V(n).
     value: Mapping[int, float | None]
+    #: Modelled error variance of V(n) as an estimate of the true value.
+    error: Mapping[int, float]
     #: Mean backed-up child value Q̄(n) (None when m(n) = 0).
     q_bar: Mapping[int, float | None]
     #: Backed-up values r(e_j) + γ^k V(c_j) of the valid children, in child order.
@@ -58,72 +125,199 @@ class TreeValues:
     root_return: Mapping[int, float | None]
     #: Discounted returns from the root of every valid leaf (one per complete rollout path).
     leaf_returns: tuple[float, ...]
+    #: Noise model the critic weights came from (None with a fixed κ).
+    noise: NoiseModel | None = None
+
+    @property
+    def kappa(self) -> dict[int, float]:
+        """The same weights as pseudo-counts: ``λ = κ/(κ + m)``, so ``κ = m·λ/(1 − λ)``."""
+        out = {}
+        for i, lam in self.critic_weight.items():
+            m = self.m.get(i, 0)
+            out[i] = math.inf if lam >= 1.0 else m * lam / (1.0 - lam)
+        return out
 
 
-def _kappa_of(kappa: float | Mapping[int, float], node: int) -> float:
-    return kappa.get(node, 0.0) if isinstance(kappa, Mapping) else kappa
+def first_step_weight(k: int, gamma: float) -> float:
+    """``Σ_{i<k} γ^{2i}``: the variance multiplier of a segment's own k transitions."""
+    g2 = gamma * gamma
+    return float(k) if g2 == 1.0 else (1.0 - g2**k) / (1.0 - g2)
 
 
-def tree_values(tree: Tree, *, gamma: float = 1.0, kappa: float | Mapping[int, float] = 1.0) -> TreeValues:
+def leaf_value(kind: str, v_hat: float | None, truncation: Truncation, critic_var: float) -> tuple[float | None, float]:
+    """(value, error variance) of a leaf: terminal 0; truncated v̂ (bootstrap) or 0."""
+    if kind == "terminal" or (kind == "truncated" and truncation == "terminal"):
+        return 0.0, 0.0
+    if kind == "truncated":
+        return v_hat, critic_var
+    return None, 0.0  # failed
+
+
+def child_variances(w1: float, disc: float, child_error: float, step: float, action: float) -> tuple[float, float]:
+    """(signal, noise) variance of one child's backed-up value ``r + γ^k V(c)`` around
+    the parent's true value, with ``step`` and ``action`` the noise model's step and
+    action variances at the parent's depth: ``signal`` is its first action's true
+    advantage, ``noise`` everything else (the env's randomness on that transition, the
+    segment's later transitions, and the error of V(c))."""
+    signal = action * min(w1, 1.0)
+    return signal, step * w1 - signal + disc * disc * child_error
+
+
+@dataclass(frozen=True)
+class Refined:
+    """What :func:`refine` computes for one checkpoint from its children."""
+
+    value: float | None
+    weight: float
+    error: float
+    q_bar: float | None
+    qs: tuple[float, ...]
+    #: Summed per-child variances (signal, noise), see :func:`child_variances`.
+    signal: float
+    noise: float
+
+
+def refine(
+    v_hat: float | None,
+    children: Iterable[tuple[float, float, float | None, float, float]],
+    noise: NoiseModel,
+    depth: int,
+    kappa: float | None,
+) -> Refined:
+    """Refined value of one checkpoint from its children's
+    ``(discounted reward, γ^k, child value, child error variance, first-step weight)``.
+
+    With a fixed ``kappa`` the weight is ``κ/(κ + m)``. Otherwise (``kappa=None``) it
+    is the weight that minimises the advantage error of the child segments,
+    ``λ = T / (t + Var(Q̄))`` with ``T = Σ_j signal_j / m²`` the variance of the mean
+    true advantage of the sampled actions, ``Var(Q̄) = Σ_j (signal_j + noise_j) / m²``
+    and t the critic's error variance (docs/algorithm.md derives it). One function for
+    the batch and for search, so both compute the same numbers in the same order.
+    """
+    qs: list[float] = []
+    signal = rest = 0.0
+    step, action = noise.step_var(depth), noise.action_var(depth)
+    for dr, disc, vc, errc, w1 in children:
+        if vc is None:
+            continue
+        qs.append(dr + disc * vc)
+        sig, nz = child_variances(w1, disc, errc, step, action)
+        signal += sig
+        rest += nz
+    m = len(qs)
+    t = noise.critic_error
+    if not m:
+        return Refined(v_hat, 1.0, t, None, (), 0.0, 0.0)
+    q_bar = sum(qs) / m
+    var_q = (signal + rest) / (m * m)
+    if v_hat is None:
+        lam = 0.0
+        value = q_bar
+    elif kappa is not None:
+        lam = kappa / (kappa + m) if kappa > 0 else 0.0
+        # (the arithmetic of the fixed-κ formula as it always was: same bits)
+        value = q_bar if kappa <= 0 else (kappa * v_hat + m * sum(qs) / m) / (kappa + m)
+    else:
+        den = t + var_q
+        lam = (signal / (m * m) / den if den > 0 else 1.0) if noise.known else 0.0
+        value = q_bar if lam <= 0.0 else lam * v_hat + (1.0 - lam) * q_bar
+    error = (lam * lam * t if lam > 0 else 0.0) + (1.0 - lam) ** 2 * var_q
+    return Refined(value, lam, error, q_bar, tuple(qs), signal, rest)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """What values and rankings read of one segment, computed once per segment."""
+
+    child: int
+    #: r(e) = Σ_i γ^i r_i, γ^{k(e)}, Σ_{i<k} γ^{2i} (first-step weight), k(e), tokens.
+    reward: float
+    discount: float
+    weight: float
+    k: int
+    tokens: int
+
+
+def segment(e: Edge, gamma: float) -> Segment:
+    return Segment(e.child, e.discounted_reward(gamma), gamma**e.k, first_step_weight(e.k, gamma), e.k, e.n_tokens)
+
+
+def node_value(
+    node: Node,
+    segments: Mapping[int, Segment],
+    value: Mapping[int, float | None],
+    error: Mapping[int, float],
+    noise: NoiseModel,
+    kappa: float | None,
+    truncation: Truncation,
+) -> Refined:
+    """One node's refined value from its children's (children first): the per-node step
+    of :func:`tree_values`, shared with search's incremental rankings so both compute
+    the same numbers in the same order."""
+    if node.is_leaf:
+        v, err = leaf_value(node.kind, node.value, truncation, noise.critic_error)
+        return Refined(v, 1.0, err, None, (), 0.0, 0.0)
+    kids = []
+    for eid in node.children:
+        sg = segments[eid]
+        kids.append((sg.reward, sg.discount, value[sg.child], error[sg.child], sg.weight))
+    return refine(node.value, kids, noise, node.depth, kappa)
+
+
+def tree_values(
+    tree: Tree,
+    *,
+    gamma: float = 1.0,
+    kappa: float | None = None,
+    noise: NoiseModel | None = None,
+    truncation: Truncation = "bootstrap",
+) -> TreeValues:
     """Back values up from the leaves to the root (children before parents).
 
-    ``kappa`` may be one number or a per-node mapping (see ``AdaptiveKappa`` in the
-    docs: κ(n) from the critic's reported uncertainty).
+    ``kappa`` fixes the critic's weight at ``κ/(κ+m)``; ``None`` (the default) takes it
+    from ``noise``, or from a noise model fitted on this tree alone when none is given.
     """
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    if noise is None:
+        noise = noise_model([tree], gamma=gamma, truncation=truncation) if kappa is None else NoiseModel.unknown()
     kind = {i: n.kind for i, n in tree.nodes.items()}
     v_hat = {i: n.value for i, n in tree.nodes.items()}
     value: dict[int, float | None] = {}
+    error: dict[int, float] = {}
+    weight: dict[int, float] = {}
     q_bar: dict[int, float | None] = {}
     child_q: dict[int, tuple[float, ...]] = {}
     m: dict[int, int] = {}
     mc_sum: dict[int, float] = {}
     mc_n: dict[int, int] = {}
-    # Per segment, once: (child, discounted reward, γ^k); read again by every pass below.
     edges = tree.edges
-    seg = {i: (e.child, e.discounted_reward(gamma), gamma**e.k) for i, e in edges.items()}
+    segs = {i: segment(e, gamma) for i, e in edges.items()}
     for node in tree.postorder():
         i = node.id
-        if node.kind == "terminal":
-            value[i], mc_sum[i], mc_n[i] = 0.0, 0.0, 1
-        elif node.kind == "truncated":
-            value[i] = node.value
-            mc_sum[i], mc_n[i] = (node.value or 0.0, 1) if node.value is not None else (0.0, 0)
-        elif node.kind == "failed":
-            value[i], mc_sum[i], mc_n[i] = None, 0.0, 0
-        else:
-            qs: list[float] = []
-            s, cnt = 0.0, 0
-            for eid in node.children:
-                child, dr, disc = seg[eid]
-                vc = value[child]
-                if vc is not None:
-                    qs.append(dr + disc * vc)
-                if mc_n[child]:
-                    s += mc_n[child] * dr + disc * mc_sum[child]
-                    cnt += mc_n[child]
-            child_q[i] = tuple(qs)
-            m[i] = len(qs)
-            q_bar[i] = sum(qs) / len(qs) if qs else None
-            k = _kappa_of(kappa, i)
-            vh = node.value
-            if not qs:
-                value[i] = vh
-            elif vh is None or k <= 0:
-                value[i] = q_bar[i]
-            else:
-                value[i] = (k * vh + len(qs) * sum(qs) / len(qs)) / (k + len(qs))
-            mc_sum[i], mc_n[i] = s, cnt
+        r = node_value(node, segs, value, error, noise, kappa, truncation)
+        value[i], weight[i], error[i] = r.value, r.weight, r.error
+        if node.is_leaf:
+            v = value[i]
+            mc_sum[i], mc_n[i] = (v, 1) if v is not None else (0.0, 0)
+            continue
+        q_bar[i], child_q[i], m[i] = r.q_bar, r.qs, len(r.qs)
+        s, cnt = 0.0, 0
+        for eid in node.children:
+            sg = segs[eid]
+            if mc_n[sg.child]:
+                s += mc_n[sg.child] * sg.reward + sg.discount * mc_sum[sg.child]
+                cnt += mc_n[sg.child]
+        mc_sum[i], mc_n[i] = s, cnt
     mc = {i: (mc_sum[i] / mc_n[i] if mc_n[i] else None) for i in tree.nodes}
     # Returns from the root: prefix rewards top-down (ids grow downward).
     prefix: dict[int, tuple[float, float]] = {tree.ROOT: (0.0, 1.0)}  # (discounted reward so far, discount)
     for i in sorted(tree.nodes):
-        node = tree.nodes[i]
-        if node.parent_edge is not None:
-            r, d = prefix[edges[node.parent_edge].parent]
-            _, dr, disc = seg[node.parent_edge]
-            prefix[i] = (r + d * dr, d * disc)
+        nd = tree.nodes[i]
+        if nd.parent_edge is not None:
+            r0, d = prefix[edges[nd.parent_edge].parent]
+            sg = segs[nd.parent_edge]
+            prefix[i] = (r0 + d * sg.reward, d * sg.discount)
     ret_sum: dict[int, float] = {}
     ret_n: dict[int, int] = {}
     leaf_returns: list[float] = []
@@ -138,63 +332,368 @@ def tree_values(tree: Tree, *, gamma: float = 1.0, kappa: float | Mapping[int, f
                 ret_sum[i], ret_n[i] = g, 1
                 leaf_returns.append(g)
         else:
-            ret_sum[i] = sum(ret_sum[seg[eid][0]] for eid in node.children)
-            ret_n[i] = sum(ret_n[seg[eid][0]] for eid in node.children)
+            ret_sum[i] = sum(ret_sum[segs[eid].child] for eid in node.children)
+            ret_n[i] = sum(ret_n[segs[eid].child] for eid in node.children)
     root_return = {i: (ret_sum[i] / ret_n[i] if ret_n[i] else None) for i in tree.nodes}
     return TreeValues(
         gamma,
-        {i: _kappa_of(kappa, i) for i in tree.nodes},
+        weight,
         kind,
         v_hat,
         value,
+        error,
         q_bar,
         child_q,
         m,
         mc,
         root_return,
         tuple(leaf_returns[::-1]),
+        noise,
     )
 
 
-def node_kappa(tree: Tree, kappa: float, return_variance: float, kappa_max: float) -> float | dict[int, float]:
-    """Per-node κ from the critic's reported uncertainty; ``kappa`` where none is reported.
+#: Child references of the noise fit: a λ = 0 backed-up value that is exact (a
+#: terminal leaf) or the critic's own prediction (a bootstrapped leaf).
+_EXACT, _CRITIC = -1, -2
+#: Pseudo-observations (per depth, in degrees of freedom of a typical spread) of the
+#: prior that neighbouring depths have similar variances: a depth with few spreads
+#: leans on its neighbours.
+_DEPTH_PRIOR_DOF = 8.0
+#: Pseudo-residuals pulling the critic's error variance toward "as far off as the
+#: sampling noise of a typical backed-up value": a critic is not trusted on a handful
+#: of residuals.
+_CRITIC_PRIOR_DOF = 2.0
+#: Pseudo-observations (per depth) that half of a transition's variance is the env's
+#: randomness: without siblings that took the same action, the split is unknown and
+#: taken halfway, not as "all signal" (which would trust every spread as reducible).
+_NOISE_PRIOR_DOF = 2.0
 
-    Treating v̂(n) as a prior with variance s(n)² and each backed-up child value as an
-    observation with variance ``return_variance``, the posterior mean is the refined
-    value with κ(n) = return_variance / s(n)².
+
+@dataclass
+class _Checkpoint:
+    """One checkpoint's data for the noise fit (λ = 0 backups)."""
+
+    #: Depth bucket (the column of its step variance) and true depth.
+    depth: int
+    level: int
+    m: int
+    #: Σ_j (q_j − Q̄)² when m ≥ 2; the same within groups of children that took the
+    #: same action (None without such a pair); (v̂ − Q̄)² when predicted.
+    ss: float | None
+    ss_same: float | None
+    d2: float | None
+    #: Per valid child: (first-step weight, γ^{2k}, reference: record index or
+    #: _EXACT / _CRITIC, (g−1)/g for a child in a group of g ≥ 2 that took the same
+    #: action, else 0).
+    kids: list[tuple[float, float, int, float]]
+
+
+def _action(e: Edge) -> tuple[int, ...]:
+    """A segment's first action: the exact tokens of its first model turn."""
+    return e.turns[0].completion_ids if e.turns else ()
+
+
+def _collect(
+    tree: Tree,
+    gamma: float,
+    truncation: Truncation,
+    keep: Callable[[Tree, Edge], bool] | None,
+    out: list[_Checkpoint],
+) -> None:
+    """Append one tree's checkpoints to ``out``, children before parents."""
+    edges = tree.edges
+    val: dict[int, float | None] = {}
+    ref: dict[int, int] = {}
+    for node in tree.postorder():
+        i = node.id
+        if node.parent_edge is not None and keep is not None and not keep(tree, edges[node.parent_edge]):
+            continue
+        if node.is_leaf:
+            val[i], _ = leaf_value(node.kind, node.value, truncation, 0.0)
+            ref[i] = _CRITIC if node.kind == "truncated" and truncation == "bootstrap" else _EXACT
+            continue
+        qs: list[float] = []
+        kids: list[tuple[float, float, int, float]] = []
+        groups: list[int] = []
+        index: dict[tuple[int, ...], int] = {}
+        for eid in node.children:
+            e = edges[eid]
+            vc = val.get(e.child)
+            if vc is None:
+                continue
+            k = e.k
+            disc = gamma**k
+            qs.append(e.discounted_reward(gamma) + disc * vc)
+            groups.append(index.setdefault(_action(e), len(index)))
+            kids.append((first_step_weight(k, gamma), disc * disc, ref[e.child], 0.0))
+        m = len(qs)
+        if not m:
+            val[i], ref[i] = node.value, _CRITIC
+            continue
+        q_bar = sum(qs) / m
+        ss = sum((q - q_bar) ** 2 for q in qs) if m >= 2 else None
+        ss_same = None
+        if len(index) < m:
+            members: dict[int, list[float]] = {}
+            for q, g in zip(qs, groups, strict=True):
+                members.setdefault(g, []).append(q)
+            ss_same = sum(sum((q - sum(v) / len(v)) ** 2 for q in v) for v in members.values())
+            sizes = [len(members[g]) for g in groups]
+            kids = [(w, d, c, (n - 1) / n) for (w, d, c, _), n in zip(kids, sizes, strict=True)]
+        d2 = (node.value - q_bar) ** 2 if node.value is not None else None
+        val[i], ref[i] = q_bar, len(out)
+        out.append(_Checkpoint(min(node.depth, DEPTH_BUCKETS - 1), node.depth, m, ss, ss_same, d2, kids))
+
+
+def _nnls(mat: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """``argmin ½xᵀ·mat·x − rhsᵀx`` over ``x ≥ 0`` (``mat`` symmetric positive
+    definite): the Lawson-Hanson active-set method on the normal equations, exact
+    after finitely many steps and deterministic."""
+    n = len(rhs)
+    x = np.zeros(n)
+    active: list[int] = []
+    tol = 1e-12 * (float(np.max(np.abs(rhs))) + 1e-300)
+    for _ in range(3 * n + 10):
+        grad = rhs - _mv(mat, x)
+        free = [i for i in range(n) if i not in active]
+        if not free or max(grad[i] for i in free) <= tol:
+            break
+        active.append(max(free, key=lambda i: grad[i]))
+        while True:
+            z = np.zeros(n)
+            z[active] = np.linalg.solve(mat[np.ix_(active, active)], rhs[active])
+            if all(z[i] > 0 for i in active):
+                x = z
+                break
+            steps = [x[i] / (x[i] - z[i]) for i in active if z[i] <= 0 and x[i] - z[i] > 0]
+            alpha = min(steps) if steps else 0.0
+            x = x + alpha * (z - x)
+            active = [i for i in active if x[i] > tol]
+            x[[i for i in range(n) if i not in active]] = 0.0
+    return x
+
+
+def _mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Matrix product without BLAS (einsum's own loops): the same bits on every CPU,
+    and no BLAS threads spinning on a shared machine."""
+    return np.einsum("ij,jk->ik", a, b)
+
+
+def _mv(a: np.ndarray, v: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,j->i", a, v)
+
+
+def _sig6(x: float) -> float:
+    return float(f"{float(x):.6g}")
+
+
+def _coefficients(
+    recs: list[_Checkpoint], nd: int
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Each checkpoint's variance coefficients α (per depth bucket) and β, and the rows
+    of the same-action spreads, computed depth by depth from the deepest up (a
+    checkpoint's children are one level deeper), one vectorised step per level."""
+    n = len(recs)
+    parent, weight, disc2, child, factor = [], [], [], [], []
+    for i, r in enumerate(recs):
+        for w1, d2, c, f in r.kids:
+            parent.append(i)
+            weight.append(w1)
+            disc2.append(d2)
+            child.append(c)
+            factor.append(f)
+    kp = np.array(parent, dtype=np.int64)
+    kw = np.array(weight, dtype=np.float64)
+    kd2 = np.array(disc2, dtype=np.float64)
+    kc = np.array(child, dtype=np.int64)
+    kf = np.array(factor, dtype=np.float64)
+    bucket = np.array([r.depth for r in recs], dtype=np.int64)
+    level = np.array([r.level for r in recs], dtype=np.int64)
+    msq = np.array([r.m * r.m for r in recs], dtype=np.float64)
+    alpha = np.zeros((n, nd))
+    beta = np.zeros(n)
+    kid_level = level[kp]
+    inner_all = kc >= 0
+    for lv in np.unique(level)[::-1]:
+        sel = kid_level == lv
+        p, c, d2, w = kp[sel], kc[sel], kd2[sel], kw[sel]
+        np.add.at(alpha, (p, bucket[p]), w)
+        inner = inner_all[sel]
+        np.add.at(alpha, p[inner], d2[inner, None] * alpha[c[inner]])
+        np.add.at(beta, p[inner], d2[inner] * beta[c[inner]])
+        crit = c == _CRITIC
+        np.add.at(beta, p[crit], d2[crit])
+        rows = np.flatnonzero(level == lv)
+        alpha[rows] /= msq[rows, None]
+        beta[rows] /= msq[rows]
+    # same-action spreads: Σ_g (g−1)/g · Σ_{j∈g} Var(q_j | action), ν for the first transition
+    with_same = [i for i, r in enumerate(recs) if r.ss_same is not None]
+    row_of = np.full(n, -1, dtype=np.int64)
+    row_of[with_same] = np.arange(len(with_same))
+    same_rows = np.zeros((len(with_same), 2 * nd))
+    same_t = np.zeros(len(with_same))
+    pick = (kf > 0) & (row_of[kp] >= 0)
+    sp, sc, sd2, sw, sf = kp[pick], kc[pick], kd2[pick], kw[pick], kf[pick]
+    sr = row_of[sp]
+    first = np.minimum(sw, 1.0)
+    np.add.at(same_rows, (sr, nd + bucket[sp]), sf * first)
+    np.add.at(same_rows, (sr, bucket[sp]), sf * (sw - first))
+    inner = sc >= 0
+    np.add.at(same_rows[:, :nd], sr[inner], (sf * sd2)[inner, None] * alpha[sc[inner]])
+    np.add.at(same_t, sr[inner], (sf * sd2)[inner] * beta[sc[inner]])
+    crit = sc == _CRITIC
+    np.add.at(same_t, sr[crit], (sf * sd2)[crit])
+    same_y = np.array([recs[i].ss_same for i in with_same], dtype=np.float64)
+    # degrees of freedom Σ_g (g − 1): the factors (g−1)/g of a group's g children sum to it
+    same_dof = np.array([round(sum(fk for *_, fk in recs[i].kids)) for i in with_same], dtype=np.float64)
+    return alpha, beta, (same_rows, same_t, same_y, same_dof)
+
+
+def noise_model(
+    trees: Sequence[Tree],
+    *,
+    gamma: float = 1.0,
+    truncation: Truncation = "bootstrap",
+    keep: Callable[[Tree, Edge], bool] | None = None,
+) -> NoiseModel:
+    """Fit the step variances s(d), the same-action noise variances ν(d) ≤ s(d) and
+    the critic's error variance t on the λ = 0 backups of ``trees`` (method of
+    moments, pooled over every checkpoint of every tree).
+
+    Each checkpoint's backed-up value Q̄(n) has variance ``Σ_d α_n(d)·s(d) + β_n·t``:
+    α_n follows from the children's (a child value ``r + γ^k V(c)`` adds its k
+    transitions at n's depth to ``γ^{2k}`` times c's), β_n counts leaves that bootstrap
+    from the critic. Then:
+
+    * spread: at a checkpoint with m ≥ 2 valid children, the sum of squares of their
+      backed-up values around Q̄ has expectation ``(m−1)·m·Var(Q̄)``;
+    * same-action spread: within each group of children whose first model turn is the
+      same (the same action), the sum of squares has the same form with ν(d) in place
+      of s(d) for the first transition;
+    * residual: at the same checkpoints, ``(v̂ − Q̄)² − SS/(m(m−1))`` is an unbiased
+      estimate of t whatever the model (the correction is the checkpoint's own
+      sampling variance of Q̄).
+
+    The spreads give s and ν by least squares (each sum weighted by 1/dof) under
+    ``0 ≤ ν ≤ s``, with
+    ``_DEPTH_PRIOR_DOF`` pseudo-observations per depth that neighbouring depths are
+    alike, and ``_NOISE_PRIOR_DOF`` that ν is half of s; the residuals' weighted mean
+    (weights ``1/(t + Var(Q̄))²``), with ``_CRITIC_PRIOR_DOF`` pseudo-residuals at the
+    median Var(Q̄), gives t. Three passes (t enters the spreads through
+    bootstrapped leaves, the residual weights through the previous t), so the fit is a
+    deterministic function of the trees. ``keep`` restricts it
+    to the segments it accepts and what lies below them.
     """
-    if all(n.value_std is None for n in tree.nodes.values()):
-        return kappa
-    out: dict[int, float] = {}
-    for i, n in tree.nodes.items():
-        s = n.value_std
-        out[i] = kappa if s is None else (kappa_max if s <= 0 else min(kappa_max, return_variance / (s * s)))
-    return out
+    recs: list[_Checkpoint] = []
+    for tree in trees:
+        _collect(tree, gamma, truncation, keep, recs)
+    residuals = sum(1 for r in recs if r.d2 is not None)
+    spread_ix = [i for i, r in enumerate(recs) if r.ss is not None]
+    if not spread_ix:
+        return NoiseModel.unknown(residuals)
+    nd = max(r.depth for r in recs) + 1
+    alpha, beta, same = _coefficients(recs, nd)
+    same_rows, same_t, same_y, same_dof = same
+    m = np.array([recs[i].m for i in spread_ix], dtype=np.float64)
+    scale = (m - 1) * m  # E[SS] = (m−1)·m·Var(Q̄)
+    design = np.hstack([alpha[spread_ix] * scale[:, None], np.zeros((len(spread_ix), nd))])
+    t_rows = beta[spread_ix] * scale
+    ys = np.array([recs[i].ss for i in spread_ix], dtype=np.float64)
+    dofs = m - 1
+    if len(same_y):
+        design = np.vstack([design, same_rows])
+        t_rows = np.concatenate([t_rows, same_t])
+        ys = np.concatenate([ys, same_y])
+        dofs = np.concatenate([dofs, same_dof])
+    res_ix = [i for i in spread_ix if recs[i].d2 is not None]
+    t_obs = np.array(
+        [recs[i].d2 - recs[i].ss / (recs[i].m * (recs[i].m - 1)) for i in res_ix],  # type: ignore[operator]
+        dtype=np.float64,
+    )
+    # the prior: neighbouring depths have similar variances (a random walk over depth)
+    diff = np.zeros((max(nd - 1, 0), nd))
+    for d in range(nd - 1):
+        diff[d, d], diff[d, d + 1] = 1.0, -1.0
+    centre = np.zeros((2 * nd, 2 * nd))
+    centre[:nd, :nd] = _mm(diff.T, diff)
+    centre[nd:, nd:] = _mm(diff.T, diff)
+    # ... and that ν(d) is half of s(d): the quadratic form of Σ_d (ν(d) − s(d)/2)²
+    half = np.zeros((2 * nd, 2 * nd))
+    for d in range(nd):
+        half[d, d], half[nd + d, nd + d] = 0.25, 1.0
+        half[d, nd + d] = half[nd + d, d] = -0.5
+
+    # Solved for (a, ν) = (s − ν, ν), both ≥ 0: s = a + ν.
+    to_s = np.eye(2 * nd)
+    to_s[:nd, nd:] = np.eye(nd)
+
+    # Sums weighted per degree of freedom. (Inverse-variance weights from the previous
+    # pass were tried: a depth fitted near zero then weighs ever more and stays there.)
+    w = 1.0 / dofs
+    t = 0.0
+    for it in range(3):
+        y = ys - t * t_rows
+        mat = _mm(design.T, design * w[:, None])
+        rhs = _mv(design.T, w * y)
+        # the prior's weight: pseudo-observations worth a typical depth's information per dof
+        touching = _mv((design > 0).T.astype(np.float64), dofs)
+        has = touching > 0
+        unit = float(np.median(np.diag(mat)[has] / touching[has]))
+        mat = mat + _DEPTH_PRIOR_DOF * unit * centre + _NOISE_PRIOR_DOF * unit * half
+        mat_av = _mm(_mm(to_s.T, mat), to_s)
+        mat_av += 1e-9 * float(np.trace(mat_av)) / len(mat_av) * np.eye(len(mat_av))  # never singular
+        av = _nnls(mat_av, _mv(to_s.T, rhs))
+        x = _mv(to_s, av)
+        s = x[:nd]
+        if len(res_ix):
+            var_q = _mv(alpha[res_ix], s) + beta[res_ix] * t
+            # (a checkpoint whose Q̄ the model calls exact weighs at most as one with
+            # a thousandth of the median variance)
+            floor = 1e-3 * float(np.median(var_q)) + 1e-100
+            wt = np.ones(len(res_ix)) if it == 0 else 1.0 / (t + var_q + floor) ** 2
+            prior = float(np.median(var_q))  # a critic as far off as a typical Q̄'s sampling noise
+            wp = float(np.mean(wt)) * _CRITIC_PRIOR_DOF
+            t = max((float(np.sum(wt * t_obs)) + wp * prior) / (float(np.sum(wt)) + wp), 0.0)
+        else:
+            t = float(np.sum(s))
+    # Six significant digits: the linear solves go through LAPACK, whose last bits may
+    # differ between CPUs; rounded, the model (and so every plan) is the same anywhere.
+    return NoiseModel(
+        tuple(_sig6(v) for v in x[:nd]),
+        _sig6(t),
+        tuple(_sig6(v) for v in x[nd:]),
+        residuals,
+        len(spread_ix),
+        len(same_y),
+    )
 
 
 class Estimator(BaseModel, abc.ABC):
     """Assigns an advantage to each segment. Implement :meth:`advantages`.
 
-    ``values`` computes the per-node statistics the rule reads; override it to change
-    how values are refined (e.g. a per-node κ). Segments left out of the returned dict
-    (failed ones) are not trained on.
+    ``values`` computes the per-node statistics the rule reads; ``noise`` fits the
+    noise model once per collection (the collector calls it with every tree and passes
+    the result to ``values``). Segments left out of the returned dict (failed ones)
+    are not trained on.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     gamma: float = Field(1.0, ge=0.0, le=1.0)
-    kappa: float = Field(1.0, ge=0.0)
-    #: When the critic reports an uncertainty s(n), use κ(n) = return_variance / s(n)²
-    #: (the Bayes weight of a prediction against sampled returns; capped at kappa_max).
-    adaptive_kappa: bool = False
-    return_variance: float = Field(0.25, gt=0.0)
-    kappa_max: float = Field(1e4, gt=0.0)
+    #: Fixed weight of the critic as pseudo-counts (λ = κ/(κ+m)); None: from the
+    #: collection's own residuals (empirical Bayes, see docs/algorithm.md).
+    kappa: float | None = Field(None, ge=0.0)
+    #: A truncated leaf (step or context limit) bootstraps from the critic, or counts
+    #: as terminal (value 0).
+    truncation: Truncation = "bootstrap"
 
-    def node_kappa(self, tree: Tree) -> float | dict[int, float]:
-        return node_kappa(tree, self.kappa, self.return_variance, self.kappa_max) if self.adaptive_kappa else self.kappa
+    def noise(self, trees: Sequence[Tree]) -> NoiseModel:
+        return noise_model(trees, gamma=self.gamma, truncation=self.truncation)
 
-    def values(self, tree: Tree) -> TreeValues:
-        return tree_values(tree, gamma=self.gamma, kappa=self.node_kappa(tree))
+    def values(self, tree: Tree, noise: NoiseModel | None = None) -> TreeValues:
+        if noise is None and self.kappa is None:
+            noise = self.noise([tree])
+        return tree_values(tree, gamma=self.gamma, kappa=self.kappa, noise=noise, truncation=self.truncation)
 
     @abc.abstractmethod
     def advantages(self, edges: Sequence[Edge], values: TreeValues) -> dict[int, float]:
@@ -260,13 +759,13 @@ class CriticTarget:
     weight: float
 
 
-def critic_targets(tree: Tree, *, gamma: float = 1.0) -> dict[int, CriticTarget]:
-    """One target per checkpoint: the κ = 0 backup Q̄(n) with weight m(n).
+def critic_targets(tree: Tree, *, gamma: float = 1.0, truncation: Truncation = "bootstrap") -> dict[int, CriticTarget]:
+    """One target per checkpoint: the λ = 0 backup Q̄(n) with weight m(n).
 
     Independent of the actor estimator by construction. A checkpoint with no valid
     continuation gets weight 0 (its target is its own prediction, or 0).
     """
-    tv = tree_values(tree, gamma=gamma, kappa=0.0)
+    tv = tree_values(tree, gamma=gamma, kappa=0.0, truncation=truncation)
     out: dict[int, CriticTarget] = {}
     for node in tree.checkpoints():
         q = tv.q_bar[node.id]
@@ -275,3 +774,8 @@ def critic_targets(tree: Tree, *, gamma: float = 1.0) -> dict[int, CriticTarget]
         else:
             out[node.id] = CriticTarget(node.id, q, float(tv.m[node.id]))
     return out
+
+
+def truncated_segments(tree: Tree) -> set[int]:
+    """Ids of the segments that end in a truncated leaf (flagged in the batch)."""
+    return {e.id for e in tree.edges.values() if tree.nodes[e.child].kind == "truncated"}

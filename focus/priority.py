@@ -6,21 +6,35 @@ each root); every other phase spends a task-transition budget in waves of
 continuations from the checkpoints that rank highest.
 
 A priority sees a small read-only :class:`NodeEvidence` view of one checkpoint - the
-critic's prediction, the backed-up values of its children, depth, branches and
-influence - and returns a number; higher is continued first. Planning itself (which
-jobs a wave runs) is the pure function :func:`focus.search.plan_wave`.
+critic's prediction, the backed-up values of its children, the modelled variances of
+one more continuation, depth, branches and influence - and returns a number; higher
+is continued first. Collection-wide quantities the view depends on (the noise model,
+the mean segment length) come from a :class:`Calibration`, which search refreshes
+each time the number of waves doubles. Planning itself (which jobs a wave runs) is
+the pure function :func:`focus.search.plan_wave`.
 """
 
 from __future__ import annotations
 
 import abc
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from focus.estimation import TreeValues, node_kappa, tree_values
-from focus.tree import Tree
+from focus.estimation import (
+    Estimator,
+    NoiseModel,
+    Segment,
+    TreeValues,
+    Truncation,
+    child_variances,
+    noise_model,
+    segment,
+    tree_values,
+)
+from focus.tree import Edge, Node, Tree
 
 
 class Phase(BaseModel):
@@ -71,6 +85,76 @@ class Phase(BaseModel):
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """Collection-wide quantities the ranking reads, fitted on the collection so far.
+
+    ``noise`` is the estimator's noise model (:func:`focus.estimation.noise_model`);
+    ``mean_tokens`` the mean completion tokens of a segment (the unit of influence);
+    ``mean_leaf_transitions`` the mean transitions from the root to a valid leaf (the
+    cost of a continuation from a checkpoint without a valid child).
+    """
+
+    noise: NoiseModel
+    mean_tokens: float = 1.0
+    mean_leaf_transitions: float = 1.0
+    gamma: float = 1.0
+    _chains: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
+
+    def fresh_chain(self, depth: int, length: int) -> tuple[float, float]:
+        """What a fresh rollout adds below its first checkpoint at ``depth``, with
+        ``length`` one-transition segments below it to an exact leaf (a chain of only
+        children, weighed as :func:`focus.estimation.refine` would): (error variance
+        of the value at its head, summed advantage error of its segments).
+
+        With one child of signal a and noise E (ν plus γ² times the next value's
+        error), the weight is ``λ = a/(a + E + t)``, the segment's error
+        ``λ²(E + t) + (1−λ)²a`` and the value's ``λ²t + (1−λ)²(a + E)``.
+        """
+        key = (depth, length)
+        hit = self._chains.get(key)
+        if hit is not None:
+            return hit
+        noise, g2 = self.noise, self.gamma * self.gamma
+        t = noise.critic_error
+        value_err = seg_err = 0.0
+        for d in range(depth + length - 1, depth - 1, -1):
+            a = noise.action_var(d)
+            e = noise.noise_var(d) + g2 * value_err
+            lam = a / (a + e + t) if noise.known and a + e + t > 0 else 0.0
+            seg_err += (lam * lam * (e + t) if lam > 0 else 0.0) + (1 - lam) ** 2 * a
+            value_err = (lam * lam * t if lam > 0 else 0.0) + (1 - lam) ** 2 * (a + e)
+        self._chains[key] = (value_err, seg_err)
+        return value_err, seg_err
+
+
+def calibrate(
+    trees: Sequence[Tree],
+    *,
+    gamma: float = 1.0,
+    truncation: Truncation = "bootstrap",
+    keep: Callable[[Tree, Edge], bool] | None = None,
+) -> Calibration:
+    """The :class:`Calibration` of ``trees`` (restricted to the segments ``keep`` accepts)."""
+    tokens = segments = leaf_transitions = leaves = 0
+    for tree in trees:
+        for e in tree.edges.values():
+            if keep is not None and not keep(tree, e):
+                continue
+            tokens += e.n_tokens
+            segments += 1
+            child = tree.nodes[e.child]
+            if child.is_leaf and child.kind != "failed":
+                leaf_transitions += child.transitions
+                leaves += 1
+    return Calibration(
+        noise_model(trees, gamma=gamma, truncation=truncation, keep=keep),
+        tokens / segments if tokens else 1.0,
+        leaf_transitions / leaves if leaf_transitions else 1.0,
+        gamma,
+    )
+
+
+@dataclass(frozen=True)
 class NodeEvidence:
     """What a priority may read about one eligible checkpoint (read-only)."""
 
@@ -91,15 +175,38 @@ class NodeEvidence:
     m: int
     branches: int
     pending: int
-    #: Weight of V(n) in the batch: tokens of the advantages and targets that use it,
-    #: propagated from the ancestors whose values back it up (see docs/algorithm.md).
+    #: Weight of V(n) in the advantages of the segments above it: tokens of the parent
+    #: segment and of its siblings times the squared derivative of their advantage
+    #: with respect to V(n), in units of the mean segment (see docs/algorithm.md).
     influence: float
     #: Expected task transitions of one more continuation from here.
     expected_transitions: float
+    #: Tokens of the valid child segments, in units of the mean segment.
+    child_tokens: float = 0.0
+    #: Weight λ(n) of the critic's prediction in V(n).
+    critic_weight: float = 0.0
+    #: Modelled variance of one child's backed-up value around V(n): the true
+    #: advantage of its action (``signal``) and the rest (``child_error``: the env's
+    #: randomness and the error of the child's own value), scaled by how widely this
+    #: node's children actually spread.
+    signal: float = 0.0
+    child_error: float = 0.0
+    #: The critic's error variance t (infinite while the collection cannot tell it).
+    critic_var: float = math.inf
+    #: A fresh continuation's noise variance as a child (``fresh_error``) and the
+    #: summed advantage error of the only-child segments below it (``chain_error``),
+    #: see :meth:`Calibration.fresh_chain`.
+    fresh_error: float = 0.0
+    chain_error: float = 0.0
 
 
 class Priority(BaseModel, abc.ABC):
-    """Ranks eligible checkpoints. Implement :meth:`__call__`; carries the search phases."""
+    """Ranks eligible checkpoints. Implement :meth:`__call__`; carries the search phases.
+
+    ``kappa``, ``gamma`` and ``truncation`` refine values for ranking. Left ``None``
+    they follow the estimator the collector is given (:meth:`resolved`), so one γ and
+    one truncation rule hold for search and batch.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -107,9 +214,9 @@ class Priority(BaseModel, abc.ABC):
         Phase("evidence", rollouts_per_task=4),
         Phase("continue", transitions=256, wave_size=16, max_branches=4, max_depth=8),
     )
-    #: κ and γ used to refine values for ranking (independent of the estimator's).
-    kappa: float = Field(1.0, ge=0.0)
-    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    kappa: float | None = Field(None, ge=0.0)
+    gamma: float | None = Field(None, ge=0.0, le=1.0)
+    truncation: Truncation | None = None
     #: Waves of a continuation phase planned and running at once. 1: each wave is
     #: planned after the previous one is grafted and scored (a barrier). 2 or more: the
     #: next wave is planned while the previous ones still run, counting their jobs as
@@ -131,9 +238,33 @@ class Priority(BaseModel, abc.ABC):
             raise ValueError(f"phase names must be unique, got {names}")
         return self
 
-    def values(self, tree: Tree) -> TreeValues:
-        """Refined values the ranking reads (the estimator computes its own)."""
-        return tree_values(tree, gamma=self.gamma, kappa=self.kappa)
+    @property
+    def discount(self) -> float:
+        return 1.0 if self.gamma is None else self.gamma
+
+    @property
+    def truncation_rule(self) -> Truncation:
+        return "bootstrap" if self.truncation is None else self.truncation
+
+    def resolved(self, estimator: Estimator) -> Priority:
+        """This search with the fields left ``None`` taken from ``estimator``; a γ or
+        truncation rule that differs from the estimator's is refused."""
+        for name in ("gamma", "truncation"):
+            mine, theirs = getattr(self, name), getattr(estimator, name)
+            if mine is not None and mine != theirs:
+                raise ValueError(
+                    f"the search's {name} ({mine!r}) differs from the estimator's ({theirs!r}): "
+                    f"leave the search's unset, one {name} holds for search and batch"
+                )
+        update = {k: getattr(estimator, k) for k in ("kappa", "gamma", "truncation") if getattr(self, k) is None}
+        return self.model_copy(update=update) if update else self
+
+    def values(self, tree: Tree, noise: NoiseModel | None = None) -> TreeValues:
+        """Refined values the ranking reads."""
+        return tree_values(tree, gamma=self.discount, kappa=self.kappa, noise=noise, truncation=self.truncation_rule)
+
+    def calibrate(self, trees: Sequence[Tree], keep: Callable[[Tree, Edge], bool] | None = None) -> Calibration:
+        return calibrate(trees, gamma=self.discount, truncation=self.truncation_rule, keep=keep)
 
     @abc.abstractmethod
     def __call__(self, node: NodeEvidence) -> float:
@@ -149,144 +280,204 @@ class Uniform(Priority):
 
 
 class Selective(Priority):
-    """Expected reduction in critic error from one more continuation.
+    """Expected reduction of the batch's error per transition from one more
+    continuation (docs/algorithm.md, "Priorities").
 
-    ``priority(n) = σ̂²(n) · [1/(κ+m) − 1/(κ+m+1)] · influence(n)`` with ``m`` counting
-    planned continuations too, and ``σ̂²`` a blend of the prior ``(V−lo)(hi−V)``
-    (weight ``prior_weight`` pseudo-children), the spread of the children's backed-up
-    values (weight m − 1) and the critic's disagreement beyond sampling noise,
-    ``max(0, (v̂ − Q̄)² − s²/m)`` (times ``disagreement_weight``).
+    With ``n = m + pending`` children alike (one child's backed-up value has variance
+    ``a`` from its action's true advantage and ``E`` from everything else), a child
+    segment's advantage error is
+
+        MSE(n) = E·(1 − 2μ/n + μ²/n) + μ²·a/n + λ²·t,      μ = 1 − λ,
+
+    and V(n)'s own error ``Err(n) = λ²t + μ²(a + E)/n``, with λ the estimator's weight
+    for n children. One more continuation changes the n existing child segments from
+    MSE(n) to MSE(n+1), adds a new child segment (its E that of a fresh rollout) and
+    the only-child segments below it, and changes the segments above n by
+    ``influence·(Err(n+1) − Err(n))``. The priority is minus that total change, per
+    expected task transition. Where the env's randomness E dominates the advantages
+    a, a child segment's error grows with more siblings (its advantage stops being
+    shrunk to zero and carries its own outcome noise), so such checkpoints rank low:
+    branching there cannot reduce the error.
     """
 
-    reward_range: tuple[float, float] = (0.0, 1.0)
-    prior_weight: float = Field(1.0, ge=0.0)
-    disagreement_weight: float = Field(1.0, ge=0.0)
     use_influence: bool = True
     #: Rank by reduction per expected task transition (the budget's unit), so a
     #: continuation near the leaves, which is cheap, is not ranked like a full rollout.
     per_transition: bool = True
-    #: κ(n) from a reported critic uncertainty, as in the estimator.
-    adaptive_kappa: bool = False
-    return_variance: float = Field(0.25, gt=0.0)
-    kappa_max: float = Field(1e4, gt=0.0)
 
-    def values(self, tree: Tree) -> TreeValues:
-        kappa = (
-            node_kappa(tree, self.kappa, self.return_variance, self.kappa_max) if self.adaptive_kappa else self.kappa
-        )
-        return tree_values(tree, gamma=self.gamma, kappa=kappa)
-
-    def node_kappa(self, node: NodeEvidence) -> float:
-        if node.value is None:
+    def weight(self, node: NodeEvidence, m: int) -> float:
+        """λ the estimator would give n with ``m`` like children."""
+        if node.value is None or m <= 0:
             return 0.0
-        s = node.value_std
-        if not self.adaptive_kappa or s is None:
-            return self.kappa
-        return self.kappa_max if s <= 0 else min(self.kappa_max, self.return_variance / (s * s))
+        if self.kappa is not None:
+            return self.kappa / (self.kappa + m) if self.kappa > 0 else 0.0
+        t = node.critic_var
+        if not math.isfinite(t):
+            return 0.0
+        den = t + (node.signal + node.child_error) / m
+        return (node.signal / m) / den if den > 0 else 1.0
 
-    def variance(self, node: NodeEvidence) -> float:
-        lo, hi = self.reward_range
-        centre = node.refined if node.refined is not None else node.value
-        v = (lo + hi) / 2 if centre is None else min(max(centre, lo), hi)
-        prior = (v - lo) * (hi - v)
-        qs = node.child_values
-        m = len(qs)
-        s2 = 0.0
-        if m >= 2:
-            mean = sum(qs) / m
-            s2 = sum((q - mean) ** 2 for q in qs) / (m - 1)
-        denom = self.prior_weight + max(m - 1, 0)
-        spread = (self.prior_weight * prior + max(m - 1, 0) * s2) / denom if denom > 0 else prior
-        dis = 0.0
-        if node.value is not None and node.q_bar is not None and m:
-            # (v̂ − Q̄)² overstates the critic's error by the sampling variance of Q̄
-            dis = max(0.0, (node.value - node.q_bar) ** 2 - spread / m)
-        return spread + self.disagreement_weight * dis
+    def error(self, node: NodeEvidence, m: int) -> float:
+        """Modelled error variance of V(n) with ``m`` like children."""
+        t = node.critic_var if math.isfinite(node.critic_var) else 0.0
+        v = node.signal + node.child_error
+        if m <= 0:
+            return t if node.value is not None and math.isfinite(node.critic_var) else v
+        lam = self.weight(node, m)
+        return (lam * lam * t if lam > 0 else 0.0) + (1.0 - lam) ** 2 * v / m
+
+    def segment_error(self, node: NodeEvidence, m: int, noise: float) -> float:
+        """Advantage error of one of ``m`` child segments whose child has noise ``noise``."""
+        t = node.critic_var if math.isfinite(node.critic_var) else 0.0
+        lam = self.weight(node, m)
+        mu = 1.0 - lam
+        return noise * (1 - 2 * mu / m + mu * mu / m) + mu * mu * node.signal / m + (lam * lam * t if lam > 0 else 0.0)
 
     def __call__(self, node: NodeEvidence) -> float:
-        k = self.node_kappa(node)
+        if not math.isfinite(node.critic_var):
+            # no checkpoint has two valid children yet: nothing tells outcome noise from
+            # critic error, so nothing ranks one checkpoint above another (ties are
+            # broken by the seeded hash, as for Uniform)
+            return 0.0
         n = node.m + node.pending
-        gain = (1.0 / (k + n) if k + n > 0 else 1.0) - 1.0 / (k + n + 1)
-        infl = node.influence if self.use_influence else 1.0
+        e = node.child_error
+        # the new segments' own errors
+        change = self.segment_error(node, n + 1, node.fresh_error) + node.chain_error
+        if n:
+            per_child = node.child_tokens / node.m if node.m else 1.0
+            change += n * per_child * (self.segment_error(node, n + 1, e) - self.segment_error(node, n, e))
+        if self.use_influence:
+            change += node.influence * (self.error(node, n + 1) - self.error(node, n))
         cost = node.expected_transitions if self.per_transition else 1.0
-        return self.variance(node) * gain * infl / cost
+        return -change / cost
 
 
 def expected_lengths(tree: Tree) -> dict[int, float]:
     """Expected task transitions from each checkpoint to a leaf, backed up through children."""
-    return _expected_lengths(tree, {i: e.k for i, e in tree.edges.items()})
-
-
-def _expected_lengths(tree: Tree, k: dict[int, int]) -> dict[int, float]:
+    segs = {i: segment(e, 1.0) for i, e in tree.edges.items()}
     out: dict[int, float] = {}
-    edges = tree.edges
     for node in tree.postorder():
-        if node.is_leaf:
-            out[node.id] = 0.0
-            continue
-        ch = node.children
-        out[node.id] = sum(k[e] + out[edges[e].child] for e in ch) / len(ch) if ch else math.nan
+        out[node.id] = segment_length(node, segs, out)
     return out
 
 
 def node_evidence(
-    tree: Tree, tree_index: int, values: TreeValues, pending: dict[int, int] | None = None
+    tree: Tree,
+    tree_index: int,
+    values: TreeValues,
+    calibration: Calibration,
+    pending: dict[int, int] | None = None,
 ) -> dict[int, NodeEvidence]:
-    """Evidence views of every checkpoint of ``tree``.
-
-    Influence: V(n) enters the advantage of its parent segment and of each child
-    segment, and its own critic target; through the backup it also moves every
-    ancestor's value with coefficient ``γ^k/(κ+m)`` per level, so ancestors' direct
-    uses count with that coefficient squared. Segment uses are weighted by tokens
-    relative to the tree's mean segment, the target counts 1.
-    """
+    """Evidence views of every checkpoint of ``tree`` (from scratch; search keeps them
+    up to date incrementally with the same per-node functions, :func:`node_view`)."""
     pending = pending or {}
-    # Segment facts once per call: every pass below reads them again.
-    tokens = {i: e.n_tokens for i, e in tree.edges.items()}
-    mean_tokens = (sum(tokens.values()) / len(tokens)) if tokens else 1.0
-    mean_tokens = mean_tokens or 1.0
-    k = {i: e.k for i, e in tree.edges.items()}
-    lengths = _expected_lengths(tree, k)
-    leaves = [n for n in tree.leaves() if n.kind != "failed"]
-    default_len = (sum(n.transitions for n in leaves) / len(leaves)) if leaves else 1.0
-    direct: dict[int, float] = {}
-    for node in tree.checkpoints():
-        own = 1.0
-        if node.parent_edge is not None:
-            own += tokens[node.parent_edge] / mean_tokens
-        own += sum(tokens[e] for e in node.children) / mean_tokens
-        direct[node.id] = own
-    influence: dict[int, float] = {}
-    for i in sorted(direct):
-        node = tree.nodes[i]
-        infl = direct[i]
-        if node.parent_edge is not None:
-            e = tree.edges[node.parent_edge]
-            mp = values.m.get(e.parent, 0)
-            kp = values.kappa.get(e.parent, 0.0) if node.value is not None else 0.0
-            coef = values.gamma ** k[e.id] / (kp + mp) if kp + mp > 0 else 0.0
-            infl += coef * coef * influence[e.parent]
-        influence[i] = infl
-    out: dict[int, NodeEvidence] = {}
-    for node in tree.checkpoints():
-        i = node.id
-        exp_len = lengths[i]
-        if math.isnan(exp_len):
-            exp_len = max(1.0, default_len - node.transitions)
-        out[i] = NodeEvidence(
-            tree_index=tree_index,
-            node_id=i,
-            depth=node.depth,
-            transitions=node.transitions,
-            value=node.value,
-            value_std=node.value_std,
-            refined=values.value.get(i),
-            q_bar=values.q_bar.get(i),
-            child_values=values.child_q.get(i, ()),
-            m=values.m.get(i, 0),
-            branches=len(node.children),
-            pending=pending.get(i, 0),
-            influence=influence[i],
-            expected_transitions=max(exp_len, 1.0),
+    segs = {i: segment(e, values.gamma) for i, e in tree.edges.items()}
+    lengths: dict[int, float] = {}
+    valid: dict[int, float] = {}
+    for node in tree.postorder():
+        lengths[node.id] = segment_length(node, segs, lengths)
+        valid[node.id] = valid_tokens(node, segs, values.value)
+    return {
+        node.id: node_view(
+            tree, node, tree_index, values, calibration, segs, lengths[node.id], valid, pending.get(node.id, 0)
         )
-    return out
+        for node in tree.checkpoints()
+    }
+
+
+def segment_length(node: Node, segs: Mapping[int, Segment], lengths: Mapping[int, float]) -> float:
+    """Expected task transitions from ``node`` to a leaf: the mean over its children of
+    the segment's k plus the child's (0 at a leaf, NaN without children)."""
+    if node.is_leaf:
+        return 0.0
+    ch = node.children
+    return sum(segs[e].k + lengths[segs[e].child] for e in ch) / len(ch) if ch else math.nan
+
+
+def valid_tokens(node: Node, segs: Mapping[int, Segment], value: Mapping[int, float | None]) -> float:
+    """Tokens of ``node``'s child segments whose child has a value (0 at a leaf)."""
+    return float(sum(segs[e].tokens for e in node.children if value.get(segs[e].child) is not None))
+
+
+def node_view(
+    tree: Tree,
+    node: Node,
+    tree_index: int,
+    values: TreeValues,
+    calibration: Calibration,
+    segs: Mapping[int, Segment],
+    length: float,
+    valid: Mapping[int, float],
+    pending: int = 0,
+) -> NodeEvidence:
+    """The evidence view of one checkpoint. It reads the node, its children's values
+    and errors, and its parent's weight, count and valid child tokens: nothing else,
+    so after a graft only the changed nodes and their children need a new view.
+
+    Influence of V(n) on the advantages above it (tokens relative to the calibration's
+    mean segment, times the squared derivative of the advantage with respect to V(n)):
+    V(n) moves V(p) by ``c = (1−λ_p)·γ^k/m_p``, so the parent segment counts
+    ``(γ^k − c)²`` (0 for an only child backed up with λ_p = 0: the change cancels) and
+    each sibling segment ``c²``. Ancestors further up are left out (their share is at
+    most that factor squared again).
+    """
+    i = node.id
+    mu = calibration.mean_tokens or 1.0
+    gamma = values.gamma
+    noise = calibration.noise
+    infl = 0.0
+    if node.parent_edge is not None and values.value.get(i) is not None:
+        sp = segs[node.parent_edge]
+        p = tree.edges[node.parent_edge].parent
+        lam_p, m_p = values.critic_weight.get(p, 0.0), values.m.get(p, 0)
+        if m_p:
+            c = (1.0 - lam_p) * sp.discount / m_p
+            own = sp.discount - c
+            infl = (own * own * sp.tokens + c * c * (valid[p] - sp.tokens)) / mu
+    sig = rest = 0.0
+    n = 0
+    step, action = noise.step_var(node.depth), noise.action_var(node.depth)
+    for eid in node.children:
+        sg = segs[eid]
+        if values.value.get(sg.child) is None:
+            continue
+        a, b = child_variances(sg.weight, sg.discount, values.error[sg.child], step, action)
+        sig, rest, n = sig + a, rest + b, n + 1
+    if math.isnan(length):
+        length = max(1.0, calibration.mean_leaf_transitions - node.transitions)
+    head_err, chain_err = calibration.fresh_chain(node.depth + 1, max(int(round(length)) - 1, 0))
+    fresh = noise.noise_var(node.depth) + gamma * gamma * head_err
+    if n:
+        sig, rest = sig / n, rest / n
+    else:
+        sig, rest = action, fresh
+    qs = values.child_q.get(i, ())
+    v = sig + rest
+    if len(qs) >= 2 and v > 0:
+        # how widely these children spread against the model: one pseudo-observation at 1
+        mean = sum(qs) / len(qs)
+        rho = (1.0 + sum((q - mean) ** 2 for q in qs) / v) / len(qs)
+        sig, rest = rho * sig, rho * rest
+    return NodeEvidence(
+        tree_index=tree_index,
+        node_id=i,
+        depth=node.depth,
+        transitions=node.transitions,
+        value=node.value,
+        value_std=node.value_std,
+        refined=values.value.get(i),
+        q_bar=values.q_bar.get(i),
+        child_values=qs,
+        m=values.m.get(i, 0),
+        branches=len(node.children),
+        pending=pending,
+        influence=infl,
+        expected_transitions=max(length, 1.0),
+        child_tokens=valid[i] / mu,
+        critic_weight=values.critic_weight.get(i, 0.0),
+        signal=sig,
+        child_error=rest,
+        critic_var=noise.critic_var,
+        fresh_error=fresh,
+        chain_error=chain_err,
+    )

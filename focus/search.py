@@ -15,15 +15,21 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from focus.agent import BranchState, Rollout, derive_seed
 from focus.env import Task
-from focus.priority import NodeEvidence, Priority, node_evidence
-from focus.tree import Node, Tree
+from focus.priority import Calibration, NodeEvidence, Priority
+from focus.ranking import Entry, TreeRanking, entry
+from focus.tree import Edge, Node, Tree
 from focus.usage import Usage
+
+#: Spreads (checkpoints with two valid children) after which the ranking's calibration
+#: is no longer refitted: with thousands of spreads the noise model's variances are
+#: known to within a few percent.
+CALIBRATION_SPREADS = 4096
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,9 @@ class SearchState:
     #: as pending when the next wave is planned (:func:`plan_ahead`).
     planned: tuple[WavePlan, ...] = ()
     _derived: dict[int, _TreeFacts] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _calibrations: dict[tuple[Any, ...], Calibration] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def waves_done(self, phase_index: int) -> int:
         return sum(1 for p, _ in self.waves if p == phase_index)
@@ -92,11 +101,50 @@ class SearchState:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_derived", None)
+        state.pop("_calibrations", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._derived = {}
+        self._calibrations = {}
+
+    def calibration(self, search: Priority) -> Calibration:
+        """The ranking's :class:`~focus.priority.Calibration`, a pure function of the
+        state (cached, carried to successor states, never pickled).
+
+        Fitted on the rollouts of the first ``2^k`` waves, ``2^k`` the largest power of
+        two not above the waves grafted: refitted each time the collection doubles in
+        waves (an O(collection) pass, amortised O(1) per wave), until a fit rests on
+        :data:`CALIBRATION_SPREADS` spreads; that one is kept from then on (more data
+        would move it by less than its sampling error, and a refit costs a pass over
+        the whole collection).
+        """
+        n = len(self.waves)
+        size = 1 if n else 0
+        while True:
+            key = (size, search.discount, search.truncation_rule)
+            c = self._calibrations.get(key)
+            if c is None:
+                c = self._calibrations[key] = search.calibrate(self.trees, self._keep(size))
+            if 2 * size > n or c.noise.spreads >= CALIBRATION_SPREADS:
+                return c
+            size *= 2
+
+    def _keep(self, n: int) -> Callable[[Tree, Edge], bool] | None:
+        """Filter accepting the segments of rollouts grafted in the first ``n`` waves
+        (and those without a rollout record, e.g. in trees built by hand)."""
+        if n >= len(self.waves):
+            return None
+        allowed = set(self.waves[:n])
+
+        def keep(tree: Tree, e: Edge) -> bool:
+            if e.rollout >= len(tree.log):
+                return True
+            rec = tree.log[e.rollout]
+            return (rec["phase"], rec["wave"]) in allowed
+
+        return keep
 
     def facts(self, tree_index: int) -> _TreeFacts:
         """Derived facts of one tree, recomputed if its tree object changed."""
@@ -107,9 +155,6 @@ class SearchState:
         return f
 
 
-#: A ranking entry: (-priority, seeded tie-break, tree index, node id); smallest first.
-Entry = tuple[float, float, int, int]
-
 _SCORED_KINDS = ("checkpoint", "truncated")
 
 
@@ -117,12 +162,16 @@ class _TreeFacts:
     """What planning and scoring derive from one tree object, computed lazily.
 
     Valid only for the tree object it was made from (and while that tree has the same
-    number of nodes and rollouts, a guard against grafts done in place); ranking facts
-    are also tied to one search configuration. Everything here is a pure function of
-    the tree, the tree's index, the collection seed and the search configuration.
+    number of nodes and rollouts, a guard against grafts done in place). The ranking
+    (:class:`focus.ranking.TreeRanking`) is tied to one search configuration and
+    calibration; a successor tree's facts take it over from their predecessor's with
+    the nodes that changed (``changed``) and bring it up to date when next asked, so a
+    wave costs in proportion to the paths it touched. Everything here is a pure
+    function of the tree, the tree's index, the collection seed and the search
+    configuration and calibration.
     """
 
-    __slots__ = ("tree", "index", "size", "_spent", "_unscored", "search", "_evidence", "_ranked")
+    __slots__ = ("tree", "index", "size", "_spent", "_unscored", "rank", "changed")
 
     def __init__(
         self,
@@ -131,13 +180,13 @@ class _TreeFacts:
         *,
         spent: dict[int, int] | None = None,
         unscored: tuple[int, ...] | None = None,
+        rank: TreeRanking | None = None,
+        changed: set[int] | None = None,
     ) -> None:
         self.tree, self.index = tree, index
         self.size = (len(tree.nodes), tree.rollouts)
         self._spent, self._unscored = spent, unscored
-        self.search: Priority | None = None
-        self._evidence: dict[int, NodeEvidence] | None = None
-        self._ranked: dict[int, list[Entry]] = {}
+        self.rank, self.changed = rank, changed if changed is not None else set()
 
     def describes(self, tree: Tree, index: int) -> bool:
         return self.tree is tree and self.index == index and self.size == (len(tree.nodes), tree.rollouts)
@@ -160,37 +209,32 @@ class _TreeFacts:
             )
         return self._unscored
 
-    def _use(self, search: Priority) -> None:
-        if self.search is search:
-            return
-        if self.search is None or self.search != search:
-            self._evidence, self._ranked = None, {}
-        self.search = search
+    def ranking(self, search: Priority, calibration: Calibration, seed: int) -> TreeRanking:
+        """The tree's ranking for this configuration, brought up to date."""
+        rank = self.rank
+        if rank is None or not rank.matches(search, calibration, seed):
+            rank = self.rank = TreeRanking(self.tree, self.index, search, calibration, seed)
+            self.changed = set()
+        elif self.changed:
+            rank.update(self.tree, self.changed)
+            self.changed = set()
+        return rank
 
-    def evidence(self, search: Priority) -> dict[int, NodeEvidence]:
-        self._use(search)
-        if self._evidence is None:
-            self._evidence = node_evidence(self.tree, self.index, search.values(self.tree))
-        return self._evidence
+    def handover(self, changed: Iterable[int]) -> tuple[TreeRanking | None, set[int]]:
+        """Give this tree's ranking to its successor (which changed ``changed``): this
+        object keeps none, so a state planned again after its successor exists ranks
+        from scratch instead of reading a ranking of another tree."""
+        rank, pending = self.rank, set(self.changed)
+        self.rank, self.changed = None, set()
+        pending.update(changed)
+        return rank, pending
 
-    def ranked(self, search: Priority, phase_index: int, seed: int) -> list[Entry]:
+    def evidence(self, search: Priority, calibration: Calibration, seed: int = 0) -> dict[int, NodeEvidence]:
+        return self.ranking(search, calibration, seed).evidence
+
+    def ranked(self, search: Priority, calibration: Calibration, phase_index: int, seed: int) -> list[Entry]:
         """Eligible checkpoints of phase ``phase_index``, best first (nothing pending)."""
-        self._use(search)
-        out = self._ranked.get(phase_index)
-        if out is None:
-            phase = search.phases[phase_index]
-            out = sorted(
-                _entry(search, seed, ev)
-                for nid, ev in self.evidence(search).items()
-                if nid in self.tree.states and ev.depth <= phase.max_depth and ev.branches < phase.max_branches
-            )
-            self._ranked[phase_index] = out
-        return out
-
-
-def _entry(search: Priority, seed: int, ev: NodeEvidence) -> Entry:
-    tie = derive_seed("tie", seed, ev.tree_index, ev.node_id, ev.branches + ev.pending) / 2**31
-    return (-float(search(ev)), tie, ev.tree_index, ev.node_id)
+        return self.ranking(search, calibration, seed).ranked(self.tree, phase_index)
 
 
 def copy_tree(tree: Tree) -> Tree:
@@ -309,7 +353,9 @@ def plan_next(state: SearchState, search: Priority, phase_index: int) -> SearchS
 
 def with_plan(state: SearchState, plan: WavePlan) -> SearchState:
     """A state that records ``plan`` as planned and not grafted (shares everything else)."""
-    return _successor(state, state.trees, state._derived, list(state.waves), (*state.planned, plan))
+    return _successor(
+        state, state.trees, state._derived, list(state.waves), (*state.planned, plan), state._calibrations
+    )
 
 
 @dataclass(frozen=True)
@@ -376,16 +422,17 @@ def _greedy(
     every eligible checkpoint would.
     """
     phase = search.phases[phase_index]
-    ranked = [f.ranked(search, phase_index, state.seed) for f in facts]
+    calib = state.calibration(search)
+    ranked = [f.ranked(search, calib, phase_index, state.seed) for f in facts]
     heap: list[tuple[float, float, int, int, int]] = []
     busy = dict(pending)
     for (ti, nid), n in pending.items():
-        ev = facts[ti].evidence(search).get(nid)
+        ev = facts[ti].evidence(search, calib, state.seed).get(nid)
         if ev is None or nid not in state.trees[ti].states or ev.depth > phase.max_depth:
             continue
         ev = dataclasses.replace(ev, pending=n)
         if ev.branches + n < phase.max_branches:
-            heap.append((*_entry(search, state.seed, ev), -1))
+            heap.append((*entry(search, state.seed, ev), -1))
 
     def push_next(ti: int, pos: int) -> None:
         # the next entry of tree ti's ranking at or after pos whose node has nothing in flight
@@ -404,7 +451,7 @@ def _greedy(
         _, _, ti, nid, pos = heapq.heappop(heap)
         if pos >= 0:
             push_next(ti, pos + 1)
-        ev = facts[ti].evidence(search)[nid]
+        ev = facts[ti].evidence(search, calib, state.seed)[nid]
         ev = dataclasses.replace(ev, pending=pending.get((ti, nid), 0))
         branch = ev.branches + ev.pending
         job = RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), state.trees[ti].states[nid], branch)
@@ -413,7 +460,7 @@ def _greedy(
         ev = dataclasses.replace(ev, pending=ev.pending + 1)
         pending[(ti, nid)] = ev.pending
         if ev.branches + ev.pending < phase.max_branches:
-            heapq.heappush(heap, (*_entry(search, state.seed, ev), -1))
+            heapq.heappush(heap, (*entry(search, state.seed, ev), -1))
     return tuple(jobs)
 
 
@@ -438,9 +485,11 @@ def _successor(
     derived: dict[int, _TreeFacts],
     waves: list[Any],
     planned: tuple[WavePlan, ...],
+    calibrations: dict[tuple[Any, ...], Calibration],
 ) -> SearchState:
     new = SearchState(state.collection_id, state.seed, state.tasks, trees, waves, planned)
     new._derived = derived
+    new._calibrations = calibrations
     return new
 
 
@@ -520,7 +569,9 @@ def graft(
     derived = {ti: f for ti, f in state._derived.items() if ti not in owned}
     for ti in owned:
         derived[ti] = _grown_facts(state, ti, trees[ti])
-    return _successor(state, trees, derived, [*state.waves, (plan.phase_index, plan.wave_index)], planned)
+    # a calibration covers earlier waves only, which this graft does not change
+    waves = [*state.waves, (plan.phase_index, plan.wave_index)]
+    return _successor(state, trees, derived, waves, planned, dict(state._calibrations))
 
 
 def _grown_facts(state: SearchState, ti: int, tree: Tree) -> _TreeFacts:
@@ -539,7 +590,8 @@ def _grown_facts(state: SearchState, ti: int, tree: Tree) -> _TreeFacts:
         new_nodes = (tree.nodes[i] for i in range(len(old.tree.nodes), len(tree.nodes)))
         fresh = (n.id for n in new_nodes if n.value is None and n.kind in _SCORED_KINDS and n.context_ids)
         unscored = old._unscored + tuple(fresh)
-    return _TreeFacts(tree, ti, spent=spent, unscored=unscored)
+    rank, changed = old.handover(range(len(old.tree.nodes), len(tree.nodes)))
+    return _TreeFacts(tree, ti, spent=spent, unscored=unscored, rank=rank, changed=changed)
 
 
 def unscored(state: SearchState) -> list[tuple[int, int]]:
@@ -566,8 +618,19 @@ def with_predictions(
         old = state._derived.get(ti)
         if old is not None and old.describes(state.trees[ti], ti):
             left = None if old._unscored is None else tuple(n for n in old._unscored if n not in nids)
-            derived[ti] = _TreeFacts(trees[ti], ti, spent=old._spent, unscored=left)
-    return _successor(state, trees, derived, list(state.waves), state.planned)
+            rank, changed = old.handover(nids)
+            derived[ti] = _TreeFacts(trees[ti], ti, spent=old._spent, unscored=left, rank=rank, changed=changed)
+    # a calibration that covers a wave whose nodes were just scored is fitted again
+    scored = set()
+    for ti, nid in predictions:
+        tree = state.trees[ti]
+        pe = tree.nodes[nid].parent_edge
+        r = tree.edges[pe].rollout if pe is not None else -1
+        scored.add((tree.log[r]["phase"], tree.log[r]["wave"]) if 0 <= r < len(tree.log) else None)
+    calibrations = {
+        key: c for key, c in state._calibrations.items() if not scored & ({None} | set(state.waves[: key[0]]))
+    }
+    return _successor(state, trees, derived, list(state.waves), state.planned, calibrations)
 
 
 Predictions = Mapping[tuple[int, int], tuple[float | None, float | None]]

@@ -290,11 +290,14 @@ def _default_phases() -> list[Phase]:
 
 
 class SearchConfig(_Model):
-    """The search and its phases (:class:`focus.priority.Phase`, validated the same way)."""
+    """The search and its phases (:class:`focus.priority.Phase`, validated the same way).
+
+    The search ranks with the estimator's γ, truncation rule and critic weight (one of
+    each per collection): :meth:`FocusConfig.priority`.
+    """
 
     kind: Literal["selective", "uniform"] = "selective"
     phases: list[Phase] = Field(default_factory=_default_phases)
-    kappa: float = Field(1.0, ge=0.0)
     #: Waves planned and running at once (focus.priority.Priority.waves_in_flight): 2
     #: keeps the model service busy while a wave's last rollouts finish, is checkpointed,
     #: and the next one is planned (docs/pipeline.md, "Waves in flight").
@@ -306,8 +309,9 @@ class SearchConfig(_Model):
         return self
 
     def priority(self) -> Priority:
+        """The search alone; :meth:`FocusConfig.priority` adds the estimator's settings."""
         cls = Selective if self.kind == "selective" else Uniform
-        return cls(phases=tuple(self.phases), kappa=self.kappa, waves_in_flight=self.waves_in_flight)
+        return cls(phases=tuple(self.phases), waves_in_flight=self.waves_in_flight)
 
 
 class CriticConfig(_Pluggable):
@@ -339,7 +343,14 @@ class CriticConfig(_Pluggable):
 
 
 class EstimatorConfig(_Model):
+    """DirectBranchTd's settings, which the search's ranking also uses (docs/algorithm.md)."""
+
+    #: Discount per task transition.
     gamma: float = Field(1.0, gt=0.0, le=1.0)
+    #: Fixed critic weight (pseudo-counts); unset: fitted from the collection's residuals.
+    kappa: float | None = Field(None, ge=0.0)
+    #: A truncated leaf (max_steps) bootstraps from the critic, or counts as terminal.
+    truncation: Literal["bootstrap", "terminal"] = "bootstrap"
 
 
 class ExecutionConfig(_Model):
@@ -555,17 +566,27 @@ class FocusConfig(_Model):
             return critics.LocalCritic(**c.options)
         return import_object(c.factory or "")(**c.options)
 
+    def build_estimator(self) -> Any:
+        from focus.estimation import DirectBranchTd
+
+        e = self.estimator
+        return DirectBranchTd(gamma=e.gamma, kappa=e.kappa, truncation=e.truncation)
+
+    def priority(self) -> Priority:
+        """The search as the collector runs it: the estimator's γ, truncation rule and
+        critic weight filled in (what replaying stored waves must plan with, too)."""
+        return self.search.priority().resolved(self.build_estimator())
+
     def build_collector(self, agent: Agent, execution: Any = None) -> Any:
         """The Collector for this config; ``execution`` defaults to in-process asyncio."""
         from focus.collector import Collector
-        from focus.estimation import DirectBranchTd
         from focus.execution import Execution
 
         return Collector(
             agent,
-            search=self.search.priority(),
+            search=self.priority(),
             critic=self.build_critic(),
-            estimator=DirectBranchTd(gamma=self.estimator.gamma),
+            estimator=self.build_estimator(),
             execution=execution
             or Execution(
                 max_concurrency=self.execution.max_concurrency, max_outage_share=self.execution.max_outage_share

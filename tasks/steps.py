@@ -250,7 +250,7 @@ class Steps:
                     raise RuntimeError(
                         f"collection {self.cid!r}: cannot rebuild the state at {key} from its checkpoints"
                     )
-                state = replay(state, self.config.search.priority(), records)
+                state = replay(state, self.config.priority(), records)
         self.handoff.put(key, state)
         return state
 

@@ -11,14 +11,14 @@ from focus.agent import Agent
 from focus.collector import Collector
 from focus.context import Summarize
 from focus.critic import ConstantCritic
-from focus.env import Action, Env, EnvError, Message, Reset, StepResult, Task
+from focus.env import Action, Env, EnvError, Message, Reset, StepResult, Task, accepts_seed
 from focus.estimation import DirectBranchTd
 from focus.execution import Execution
 from focus.format import ByteCodec, FinalAnswerParser, PolicyFormat
 from focus.priority import Phase, Selective, Uniform
 from focus.search import SearchState
-from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
-from focus.testing import ScriptedPolicy, run
+from focus.synthetic import FAMILIES, SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
+from focus.testing import EnvConformance, ScriptedPolicy, run
 
 PHASES = [
     Phase("evidence", rollouts_per_task=3),
@@ -140,8 +140,9 @@ def test_batch_rows_cover_every_turn_with_the_segment_advantage():
     assert len(batch.actor) == n_turns
     assert len(batch.critic) == sum(1 for t in state.trees for _ in t.checkpoints())
     est = DirectBranchTd()
+    noise = est.noise(state.trees)  # fitted once on the whole collection
     for ti, t in enumerate(state.trees):
-        adv = est.advantages(list(t.edges.values()), est.values(t))
+        adv = est.advantages(list(t.edges.values()), est.values(t, noise))
         for r in (r for r in batch.actor if r.tree_id == f"{t.task_id}#{ti}"):
             e = t.edges[r.edge_id]
             assert r.advantage == pytest.approx(adv[e.id])
@@ -255,3 +256,92 @@ def test_configs_and_state_pickle():
     state = run(col.run_evidence(tasks))
     again = pickle.loads(pickle.dumps(state))
     assert isinstance(again, SearchState) and len(again.trees) == 3 and again.waves == [(0, 0)]
+
+
+def stochastic(seed: int = 0, max_steps: int = 20):
+    """Slippery walks: the same action from the same state may land in different states."""
+    mdps = [FAMILIES["slippery"].make(i) for i in range(3)]
+    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=max_steps)
+    search = Selective(phases=[Phase("evidence", rollouts_per_task=3), Phase("more", transitions=80, wave_size=8)])
+    col = Collector(agent, search, SyntheticCritic(mdps, 0.05), collection_id="s", seed=seed)
+    return col, [Task(f"t{i}", {"mdp": i}) for i in range(3)]
+
+
+def test_a_stochastic_env_replays_exactly_and_siblings_draw_independently():
+    col, tasks = stochastic(seed=5)
+    whole = run(col.collect(tasks))
+    assert batch_key(run(stochastic(seed=5)[0].collect(tasks))) == batch_key(whole)
+
+    async def resumed():
+        state = await col.run_evidence(tasks)
+        state = await col.run_wave(state, col.plan_wave(state, 1, 0))
+        fresh, _ = stochastic(seed=5)
+        state = pickle.loads(cloudpickle.dumps(state))
+        wave = state.waves_done(1)
+        while not (plan := fresh.plan_wave(state, 1, wave)).empty:
+            state = await fresh.run_wave(state, plan)
+            wave += 1
+        return fresh.prepare(state), state
+
+    batch, state = run(resumed())
+    assert batch_key(batch) == batch_key(whole)
+    # siblings that took the same action from one checkpoint: the env drew each its own outcome
+    same, differ = 0, 0
+    for t in state.trees:
+        for n in t.checkpoints():
+            firsts: dict = {}
+            for e in t.child_edges(n.id):
+                firsts.setdefault(e.turns[0].completion_ids[:1], set()).add(e.turns[0].observation)
+                same += 1
+            differ += sum(1 for obs in firsts.values() if len(obs) > 1)
+    assert differ > 0, same
+    # an env without the seed keyword is stepped as before (backward compatible)
+    assert not accepts_seed(_FlakyEnv([])) and accepts_seed(SyntheticEnv([]))
+
+
+def test_truncated_segments_are_flagged_counted_and_bootstrapped_or_terminal():
+    col, tasks = stochastic(max_steps=4)  # slippery walks take 8 transitions: every rollout is cut
+    state = run(col.run_search(tasks))
+    batch = col.prepare(state)
+    assert batch.stats["truncated_rollouts"] == batch.stats["rollouts"] > 0
+    assert batch.stats["phases"][1]["truncated_rollouts"] == batch.stats["phases"][1]["rollouts"]
+    flagged = {(r.tree_id, r.edge_id) for r in batch.actor if r.truncated}
+    expected = {
+        (f"{t.task_id}#{ti}", e.id)
+        for ti, t in enumerate(state.trees)
+        for e in t.edges.values()
+        if t.nodes[e.child].kind == "truncated"
+    }
+    assert flagged == expected and flagged
+    terminal = Collector(
+        col.agent,
+        col.search_config.model_copy(update={"truncation": None}),
+        col.critic,
+        DirectBranchTd(truncation="terminal"),
+        collection_id="s",
+        seed=0,
+    )
+    other = terminal.prepare(state)
+    assert terminal.search_config.truncation == "terminal"
+    moved = [a for a, b in zip(batch.actor, other.actor, strict=True) if a.truncated and a.advantage != b.advantage]
+    assert moved  # a truncated leaf counted as terminal (value 0) instead of the critic's prediction
+
+
+def test_search_and_estimator_share_one_gamma():
+    col, _, _ = synthetic()
+    est = DirectBranchTd(gamma=0.9)
+    c = Collector(col.agent, Selective(phases=PHASES), col.critic, est)
+    assert c.search_config.gamma == 0.9 and c.search_config.truncation == "bootstrap"
+    with pytest.raises(ValueError, match="differs from the estimator"):
+        Collector(col.agent, Selective(phases=PHASES, gamma=0.5), col.critic, est)
+
+
+class TestStochasticSyntheticEnv(EnvConformance):
+    def make_env(self):
+        return SyntheticEnv([FAMILIES["slippery"].make(0)])
+
+    def make_task(self):
+        return Task("t0", {"mdp": 0})
+
+    def make_action(self):
+        return Action("text", text="2")

@@ -3,6 +3,9 @@ whose exact values come from dynamic programming."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import random
 import statistics
 
 import pytest
@@ -11,7 +14,17 @@ from focus.agent import Agent
 from focus.collector import Collector
 from focus.critic import ConstantCritic
 from focus.env import Task
-from focus.estimation import DirectBranchTd, GroupNormalized, NodeMonteCarlo, critic_targets, tree_values
+from focus.estimation import (
+    DirectBranchTd,
+    GroupNormalized,
+    NodeMonteCarlo,
+    NoiseModel,
+    critic_targets,
+    noise_model,
+    refine,
+    tree_values,
+    truncated_segments,
+)
 from focus.priority import NodeEvidence, Phase, Selective, Uniform
 from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, read_state, synthetic_format
 from focus.testing import run
@@ -85,11 +98,11 @@ def collect(search, critic, seed: int, n_tasks: int = 3):
     return run(col.run_search([Task(f"t{i}", {"mdp": i}) for i in range(n_tasks)]))
 
 
-def advantage_mse(state, kappa: float = 0.0) -> float:
-    est = DirectBranchTd(kappa=kappa)
+def advantage_mse(state, kappa: float | None = 0.0, noise=None, estimator=None) -> float:
+    est = estimator or DirectBranchTd(kappa=None if noise is not None else kappa)
     se = n = 0.0
     for tree in state.trees:
-        v = est.values(tree)
+        v = est.values(tree, noise)
         adv = est.advantages(list(tree.edges.values()), v)
         for e in tree.edges.values():
             turn = e.turns[0]
@@ -153,21 +166,125 @@ def ev(**kw) -> NodeEvidence:
         m=2,
         branches=2,
         pending=0,
-        influence=3.0,
+        influence=1.0,
         expected_transitions=4.0,
+        child_tokens=2.0,
+        signal=0.02,
+        child_error=0.01,
+        critic_var=0.01,
+        fresh_error=0.02,
+        chain_error=0.01,
     )
     base.update(kw)
     return NodeEvidence(**base)
 
 
-def test_priority_prefers_uncertain_influential_cheap_checkpoints():
-    p = Selective(kappa=1.0)
+def test_priority_ranks_by_the_error_one_more_continuation_removes():
+    p = Selective()
     calm = ev()
-    assert p(ev(child_values=(0.0, 1.0), q_bar=0.5)) > p(calm)  # children disagree
-    assert p(ev(value=0.95, q_bar=0.3, child_values=(0.3, 0.3))) > p(ev(value=0.3, q_bar=0.3, child_values=(0.3, 0.3)))
-    assert p(ev(influence=9.0)) > p(calm)  # its value is used more
-    assert p(ev(m=6, branches=6, child_values=(0.5,) * 6)) < p(calm)  # already well sampled
+    # where the actions' true advantages dominate the outcome noise, more siblings help;
+    # where the env's randomness dominates, a branch adds error instead (only the order
+    # matters: every continuation adds segments of its own, the budget is spent anyway)
+    assert p(ev(signal=0.05, child_error=0.005, fresh_error=0.005)) > p(calm)
+    assert p(ev(signal=0.002, child_error=0.05, fresh_error=0.05)) < p(calm)
+    good = ev(signal=0.05, child_error=0.001, fresh_error=0.001, chain_error=0.0)
+    noisy = ev(signal=0.002, child_error=0.05, fresh_error=0.05, chain_error=0.0)
+    assert p(noisy) < p(good)
+    more = dataclasses.replace(noisy, m=3, branches=3, child_tokens=3.0)
+    assert p(more) < p(noisy)  # with noise dominating, every sibling's advantage carries more of it
+    assert p(ev(influence=4.0)) > p(calm)  # its value is used more above it
+    assert p(ev(m=6, branches=6, child_values=(0.5,) * 6, child_tokens=6.0)) < p(calm)  # already well sampled
     assert p(ev(pending=2)) < p(calm)  # a wave does not pile onto one node
-    assert p(ev(expected_transitions=1.0)) > p(calm)  # cheaper to continue
-    assert p(ev(refined=0.99, value=0.99, q_bar=0.99, child_values=(0.99, 0.99))) < p(calm)  # prior V(1-V)
+    assert p(ev(chain_error=0.05)) < p(calm)  # a long fresh rollout adds poorly estimated segments
+    # the budget is in transitions: a change is ranked per expected transition
+    assert p(dataclasses.replace(good, expected_transitions=1.0)) == pytest.approx(4 * p(good))
+    # an exact critic leaves nothing for evidence to fix at n itself
+    assert p.error(ev(critic_var=0.0, signal=0.05, child_error=0.0), 3) == pytest.approx(0.0)
+    # before any checkpoint has two valid children nothing ranks above anything (as Uniform)
+    assert p(ev(critic_var=math.inf)) == p(ev(critic_var=math.inf, signal=1.0)) == 0.0
     assert Uniform()(calm) == Uniform()(ev(child_values=(0.0, 1.0)))
+
+
+def _leaf_turn(action: int, reward: float) -> Turn:
+    return Turn((1,), (48 + action,), (-0.7,), 1, "stop", reward=reward)
+
+
+def test_refine_weighs_the_critic_by_signal_against_noise():
+    noise = NoiseModel((0.04,), 0.01, (0.01,))
+    kids = [(0.3, 1.0, 0.0, 0.0, 1.0), (0.7, 1.0, 0.0, 0.0, 1.0), (0.2, 1.0, None, 0.0, 1.0)]
+    r = refine(0.6, kids, noise, 0, None)
+    m = 2
+    signal, var_q = (0.04 - 0.01) * m / m**2, 0.04 * m / m**2
+    lam = signal / (0.01 + var_q)
+    assert r.weight == pytest.approx(lam) and r.q_bar == pytest.approx(0.5)
+    assert r.value == pytest.approx(lam * 0.6 + (1 - lam) * 0.5)
+    assert r.error == pytest.approx(lam**2 * 0.01 + (1 - lam) ** 2 * var_q)
+    # an exact critic (t = 0) with exact children gets all the weight; a fixed κ keeps κ/(κ+m)
+    assert refine(0.6, kids, NoiseModel((0.04,), 0.0, (0.0,)), 0, None).weight == pytest.approx(1.0)
+    assert refine(0.6, kids, noise, 0, 2.0).weight == pytest.approx(0.5)
+    # an unknown model (no spreads yet) is a plain backup
+    assert refine(0.6, kids, NoiseModel.unknown(), 0, None).value == pytest.approx(0.5)
+
+
+def test_noise_model_recovers_known_variances():
+    """Depth-1 trees: four sampled actions of two (true advantages ±0.2, so variance
+    0.04), an outcome noise of variance 0.01 on every reward, a critic off by variance
+    0.02. The fit is deterministic (seeded data); tolerances ~4 standard errors."""
+    rng = random.Random(0)
+    trees = []
+    for i in range(600):
+        t = Tree.new(f"t{i}", None, (1,))
+        base = rng.uniform(0, 1)
+        t.root.value = base + rng.gauss(0, 0.02**0.5)
+        for _ in range(4):
+            a = int(rng.random() < 0.5)
+            t.add_node(0, (_leaf_turn(a, base + (0.2 if a else -0.2) + rng.gauss(0, 0.1)),), "terminal", steps=1)
+        trees.append(t)
+    nm = noise_model(trees)
+    assert nm.known and nm.spreads == 600 and nm.repeats == 600  # four draws of two actions always repeat one
+    assert nm.step_var(0) == pytest.approx(0.04 + 0.01, rel=0.15)
+    assert nm.noise_var(0) == pytest.approx(0.01, rel=0.15)
+    assert nm.critic_var == pytest.approx(0.02, rel=0.2)
+    chain = Tree.new("c", None, (1,))
+    chain.root.value = 0.5
+    chain.add_node(chain.add_node(0, (_turn(),), "checkpoint", steps=1).id, (_turn(1.0),), "terminal", steps=2)
+    unknown = noise_model([chain])  # no checkpoint with two valid children: nothing to tell noise from error
+    assert not unknown.known and unknown.critic_var == math.inf
+    assert tree_values(chain, noise=unknown).value[0] == pytest.approx(1.0)  # a plain backup
+
+
+def test_truncated_leaves_bootstrap_or_count_as_terminal():
+    t = hand_tree()
+    boot = tree_values(t, kappa=0.0)
+    term = tree_values(t, kappa=0.0, truncation="terminal")
+    assert boot.value[5] == 0.3 and term.value[5] == 0.0
+    assert boot.q_bar[0] == pytest.approx((boot.value[1] + 0.3) / 2)
+    assert term.q_bar[0] == pytest.approx(term.value[1] / 2)
+    assert critic_targets(t, truncation="terminal")[0].target == pytest.approx(term.q_bar[0])
+    assert truncated_segments(t) == {4}
+
+
+def test_the_critic_is_trusted_as_far_as_the_evidence_shows_it_deserves():
+    """Exact critic: a large weight and advantages far better than per-node Monte Carlo's
+    (not exact: the fit cannot rule out some env noise and critic error from finitely
+    many spreads). Constant critic: a weight near 0 and nothing worse than per-node
+    Monte Carlo by more than a few percent."""
+    search = Uniform(phases=[Phase("evidence", rollouts_per_task=2), Phase("more", transitions=150, wave_size=16)])
+    exact_w, const_w, ratios = [], [], []
+    for seed in range(4):
+        state = collect(search, SyntheticCritic(MDPS, 0.0), seed=seed)
+        est = DirectBranchTd()
+        nm = est.noise(state.trees)
+        exact_w += [
+            w for t in state.trees for n, w in est.values(t, nm).critic_weight.items() if not t.nodes[n].is_leaf
+        ]
+        assert advantage_mse(state, noise=nm) < 0.25 * advantage_mse(state, estimator=NodeMonteCarlo())
+        state = collect(search, ConstantCritic(0.5), seed=seed)
+        nm = est.noise(state.trees)
+        const_w += [
+            w for t in state.trees for n, w in est.values(t, nm).critic_weight.items() if not t.nodes[n].is_leaf
+        ]
+        ratios.append(advantage_mse(state, noise=nm) / advantage_mse(state, estimator=NodeMonteCarlo()))
+    assert statistics.fmean(exact_w) > 0.4
+    assert statistics.fmean(const_w) < 0.2
+    assert statistics.fmean(ratios) < 1.05, ratios

@@ -16,6 +16,7 @@ from focus.env import Task
 from focus.estimation import DirectBranchTd, GroupNormalized
 from focus.execution import Execution
 from focus.priority import Phase, Priority, Selective, Uniform
+from focus.ranking import TreeRanking
 from focus.search import SearchState, copy_state, graft, plan_wave, unscored, with_predictions
 from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
 from focus.testing import run
@@ -32,9 +33,8 @@ def searches() -> dict[str, tuple[Priority, DirectBranchTd | GroupNormalized]]:
                     Phase("continue", transitions=150, wave_size=5, max_branches=3, max_depth=6),
                     Phase("more", transitions=60, wave_size=7, max_branches=5),
                 ),
-                adaptive_kappa=True,
             ),
-            DirectBranchTd(adaptive_kappa=True),
+            DirectBranchTd(),
         ),
         "uniform": (
             Uniform(phases=(EVIDENCE, Phase("continue", transitions=150, wave_size=6, max_branches=4))),
@@ -70,13 +70,16 @@ def digest(batch) -> str:  # type: ignore[no-untyped-def]
     return h.hexdigest()[:16]
 
 
-#: Digests of batches collected before planning became incremental (commit a1d8774):
-#: the change must not move a single row.
+#: Digests of batches: a change that is not meant to change the algorithm must not move
+#: a single row. History: taken before planning became incremental (commit a1d8774);
+#: "selective" and "uniform" changed on purpose with issue 12 (the critic's weight from
+#: the collection's noise model instead of κ = 1, the ranking by the batch's error);
+#: "grpo" (no critic weight, no ranking) did not move.
 PINNED = {
-    ("selective", 0): ("fec48ee565f8bcfa", 344, 189),
-    ("selective", 1): ("47d5c0ff72c3c603", 342, 193),
-    ("uniform", 0): ("da64c8bf741c85db", 282, 238),
-    ("uniform", 1): ("c42a2990a57d4cbb", 285, 237),
+    ("selective", 0): ("e6f5069193bf498a", 342, 200),
+    ("selective", 1): ("8ae87ec6b4360aec", 342, 167),
+    ("uniform", 0): ("200ccd56232a3ec3", 282, 238),
+    ("uniform", 1): ("57eb59c00d6872ba", 285, 237),
     ("grpo", 0): ("d48133fce843f77e", 232, 208),
     ("grpo", 1): ("c69e15d1237eac95", 234, 212),
 }
@@ -181,33 +184,64 @@ def test_a_tree_changed_in_place_is_ranked_again() -> None:
     tree = state.trees[0]
     tree.add_node(0, (), "terminal", steps=0, rollout=tree.rollouts)
     tree.rollouts += 1
-    root = state.facts(0).evidence(col.search_config)[0]
+    root = state.facts(0).evidence(col.search_config, state.calibration(col.search_config))[0]
     assert root.branches == len(tree.root.children) and root.m == len(tree.root.children)
     assert jobs(col.plan_wave(state, 1, 0)) == jobs(plan_wave(fresh(state), col.search_config, 1, 0))
 
 
-def test_planning_work_per_wave_follows_the_trees_touched(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    real = search_mod.node_evidence
+def test_planning_work_per_wave_follows_the_paths_touched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wave re-ranks only the trees it touched, and in them only the paths it changed
+    (plus the children of the changed checkpoints); the calibration, refitted when the
+    waves double, is the one full pass."""
+    builds: list[int] = []
+    updates: list[tuple[int, int]] = []
 
-    def counting(tree, tree_index, values, pending=None):  # type: ignore[no-untyped-def]
-        calls.append(tree_index)
-        return real(tree, tree_index, values, pending)
+    class Counting(TreeRanking):
+        def __init__(self, tree, index, *a):  # type: ignore[no-untyped-def]
+            builds.append(index)
+            super().__init__(tree, index, *a)
 
-    monkeypatch.setattr(search_mod, "node_evidence", counting)
+        def update(self, tree, changed):  # type: ignore[no-untyped-def]
+            changed = list(changed)
+            super().update(tree, changed)
+            updates.append((self.index, self.last_views))
+
+    monkeypatch.setattr(search_mod, "TreeRanking", Counting)
     col, tasks = collection("selective", 3)
     state = run(col.run_evidence(tasks))
     plan = col.plan_wave(state, 1, 0)
-    assert sorted(calls) == list(range(len(tasks)))  # the first plan ranks every tree once
+    assert sorted(builds) == list(range(len(tasks)))  # the first plan ranks every tree once
     w = 1
     while True:
+        before = state
         state = run(col.run_wave(state, plan))
-        calls.clear()
+        builds.clear()
+        updates.clear()
         touched = {j.tree_index for j in plan.jobs}
         plan = col.plan_wave(state, 1, w)
         col.plan_wave(state, 1, w)  # planning the same state again ranks nothing
         if plan.empty:  # the budget is spent: nothing is ranked at all
             break
-        assert sorted(calls) == sorted(touched)
+        if len(state.waves) & (len(state.waves) - 1) == 0:
+            # the calibration is refitted when the waves double: every tree is ranked again
+            assert sorted(builds) == list(range(len(tasks))) and not updates
+        else:
+            assert not builds and sorted(ti for ti, _ in updates) == sorted(touched)
+            for ti, views in updates:
+                old, new = before.trees[ti], state.trees[ti]
+                grown = range(len(old.nodes), len(new.nodes))
+                # the new checkpoints, their ancestors and those ancestors' children at most
+                path = {a for i in grown for a in _ancestors(new, i)}
+                bound = len(path) + sum(len(new.nodes[a].children) for a in path)
+                assert views <= bound
         w += 1
     assert w >= 3
+
+
+def _ancestors(tree, i):  # type: ignore[no-untyped-def]
+    while True:
+        yield i
+        pe = tree.nodes[i].parent_edge
+        if pe is None:
+            return
+        i = tree.edges[pe].parent

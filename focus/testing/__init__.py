@@ -16,7 +16,7 @@ import math
 import pickle
 from collections.abc import Sequence
 
-from focus.env import Action, Env, Reset, StepResult, Task
+from focus.env import Action, Env, Reset, StepResult, Task, accepts_seed
 from focus.format import ByteCodec, ChatCodec
 from focus.policy import Completion, Policy, SamplingParams
 from focus.workspace import Workspace
@@ -88,6 +88,21 @@ class EnvConformance:
         before = pickle.dumps(reset.state)
         run(env.step(reset.state, self.make_action(), ws))
         assert pickle.dumps(reset.state) == before
+
+    def test_step_with_a_seed_is_reproducible(self) -> None:
+        """An env whose ``step`` takes a ``seed`` (:class:`focus.env.Env`, "Randomness")
+        draws from it alone: the same state, action and seed give the same result."""
+        env, task = self.make_env(), self.make_task()
+        if not accepts_seed(env):
+            return
+        results = []
+        for _ in range(2):
+            ws = env.make_workspace(task)
+            reset = run(env.reset(task, ws))
+            step = env.step  # the keyword is an optional extension of the signature
+            r = run(step(reset.state, self.make_action(), ws, seed=1234))  # type: ignore[call-arg]
+            results.append((pickle.dumps(r.state), r.observation, float(r.reward), r.done))
+        assert results[0] == results[1]
 
     def test_env_pickles(self) -> None:
         """Envs travel to workers with cloudpickle (lambdas and closures allowed)."""

@@ -1,0 +1,116 @@
+"""Incremental rankings equal a from-scratch recomputation, on random trees.
+
+Trees grow as search grows them (chains of new nodes below existing checkpoints,
+predictions filled in later, failed and truncated leaves, segments of several
+transitions); after every step the incrementally updated :class:`TreeRanking` must
+hold exactly what :func:`tree_values` and :func:`node_evidence` compute from scratch,
+and rank exactly the same way.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from focus.estimation import NoiseModel, noise_model, tree_values
+from focus.priority import Calibration, Phase, Selective, Uniform, calibrate, node_evidence
+from focus.ranking import TreeRanking, entry
+from focus.search import copy_tree
+from focus.tree import Tree, Turn
+
+PHASES = (Phase("evidence", rollouts_per_task=2), Phase("more", transitions=10**6, max_branches=3, max_depth=5))
+
+
+def _turns(rng: random.Random) -> tuple[Turn, ...]:
+    out = []
+    for _ in range(rng.choice((1, 1, 1, 2))):
+        action = rng.randrange(3)
+        transition = rng.random() > 0.1
+        reward = rng.choice((0.0, 0.0, 1.0, -0.3)) if transition else 0.0
+        out.append(
+            Turn((1,), (48 + action,) * rng.randint(1, 4), (-0.5,), 1, "stop", reward=reward, transition=transition)
+        )
+    return tuple(out)
+
+
+def grow(tree: Tree, rng: random.Random) -> set[int]:
+    """Continue a random checkpoint with a chain of new nodes and score some nodes;
+    return the ids that changed (new, or newly scored)."""
+    changed: set[int] = set()
+    unscored = [n.id for n in tree.nodes.values() if n.value is None and n.kind in ("checkpoint", "truncated")]
+    for nid in rng.sample(unscored, k=len(unscored) // 2):
+        tree.nodes[nid].value = rng.uniform(-0.5, 1.5)
+        changed.add(nid)
+    for _ in range(rng.randint(1, 3)):
+        parent = rng.choice([i for i in tree.states])
+        for step in range(rng.randint(1, 4)):
+            last = step == 3 or rng.random() < 0.3
+            kind = rng.choice(("terminal", "terminal", "truncated", "failed")) if last else "checkpoint"
+            node = tree.add_node(parent, _turns(rng), kind, steps=step + 1, context_ids=(1, 2), rollout=tree.rollouts)
+            if rng.random() < 0.5 and kind in ("checkpoint", "truncated"):
+                node.value = rng.uniform(-0.5, 1.5)
+            if kind == "checkpoint":
+                tree.states[node.id] = object()
+            changed.add(node.id)
+            parent = node.id
+            if last:
+                break
+        tree.rollouts += 1
+    return changed
+
+
+def scratch(tree: Tree, search, calib: Calibration):  # type: ignore[no-untyped-def]
+    values = tree_values(
+        tree, gamma=search.discount, kappa=search.kappa, noise=calib.noise, truncation=search.truncation_rule
+    )
+    return values, node_evidence(tree, 0, values, calib)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(
+    "search",
+    [
+        Selective(phases=PHASES, gamma=0.9),
+        Selective(phases=PHASES, kappa=1.0, truncation="terminal"),
+        Uniform(phases=PHASES),
+    ],
+    ids=["selective", "selective-kappa-terminal", "uniform"],
+)
+def test_incremental_ranking_equals_a_rebuild(seed: int, search) -> None:  # type: ignore[no-untyped-def]
+    rng = random.Random(seed)
+    tree = Tree.new("t", None, (1,))
+    tree.root.value = 0.4
+    changed = grow(tree, rng)
+    # a calibration as search would fit it (known once the tree has spreads), and an unknown one
+    calibs = [
+        calibrate([tree], gamma=search.discount, truncation=search.truncation_rule),
+        Calibration(NoiseModel.unknown()),
+    ]
+    for _ in range(12):
+        tree = copy_tree(tree)
+        changed |= grow(tree, rng)
+    known = calibrate([tree], gamma=search.discount, truncation=search.truncation_rule)
+    assert known.noise.known and noise_model([tree], gamma=search.discount).spreads > 3
+    calibs.append(known)
+    for calib in calibs:
+        t = Tree.new("t", None, (1,))
+        t.root.value = 0.4
+        r = random.Random(seed)
+        grow(t, r)
+        live = TreeRanking(t, 0, search, calib, 7)
+        live.ranked(t, 1)
+        for _ in range(12):
+            t = copy_tree(t)
+            live.update(t, grow(t, r))
+            values, evidence = scratch(t, search, calib)
+            assert live.evidence == evidence
+            for name in ("value", "error", "critic_weight", "q_bar", "child_q", "m"):
+                assert getattr(live.values, name) == {k: v for k, v in getattr(values, name).items()}, name
+            fresh = TreeRanking(t, 0, search, calib, 7)
+            assert live.ranked(t, 1) == fresh.ranked(t, 1)
+            assert live.ranked(t, 1) == sorted(
+                entry(search, 7, ev)
+                for ev in evidence.values()
+                if ev.node_id in t.states and ev.depth <= 5 and ev.branches < 3
+            )
