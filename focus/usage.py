@@ -54,6 +54,8 @@ class Usage:
 
     rollouts: int = 0
     failed_rollouts: int = 0
+    #: Rollouts that ended in a truncated leaf (the step or context limit, not the task).
+    truncated_rollouts: int = 0
     #: Task transitions (env steps); what a phase's budget counts.
     transitions: int = 0
     #: Model calls, compactions included (each is one rollout step).
@@ -103,6 +105,7 @@ class Usage:
         return cls(
             rollouts=1,
             failed_rollouts=int(failed),
+            truncated_rollouts=int(leaf.kind == "truncated"),
             transitions=transitions,
             rollout_steps=rollout_steps,
             model_calls=rollout_steps,
@@ -123,23 +126,11 @@ class Usage:
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
             return NotImplemented
-        return Usage(
-            self.rollouts + other.rollouts,
-            self.failed_rollouts + other.failed_rollouts,
-            self.transitions + other.transitions,
-            self.rollout_steps + other.rollout_steps,
-            self.model_calls + other.model_calls,
-            self.tokens + other.tokens,
-            self.compactions + other.compactions,
-            self.budget_spent + other.budget_spent,
-            self.rollout_wall_s + other.rollout_wall_s,
-            self.failed_wall_s + other.failed_wall_s,
-            self.retried_calls + other.retried_calls,
-            self.retries + other.retries,
-            self.retry_s + other.retry_s,
-            _merge(self.failures, other.failures),
-            _merge(self.retry_causes, other.retry_causes),
-        )
+        summed: list[Any] = [
+            _merge(a, b) if isinstance(a, tuple) else a + b
+            for a, b in ((getattr(self, n), getattr(other, n)) for n in _FIELDS)
+        ]
+        return Usage(*summed)
 
     @classmethod
     def total(cls, items: Iterable[Usage]) -> Usage:
@@ -163,6 +154,10 @@ class Usage:
         out["failures"] = dict(self.failures)
         out["retry_causes"] = dict(self.retry_causes)
         return out
+
+
+#: Usage's field names in order (its constructor's positional arguments).
+_FIELDS = tuple(f.name for f in dataclasses.fields(Usage))
 
 
 def wall_of(records: Iterable[Mapping[str, Any]]) -> float:

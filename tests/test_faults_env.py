@@ -104,8 +104,11 @@ def clean(local_model_server):
 
 
 def rows(batch, task_ids):
+    """The healthy trees' rows: what was sampled, where. (Not their advantages: the
+    critic's weight is fitted on the whole collection's residuals, so the broken tree's
+    missing evidence may move every tree's advantages a little, by design.)"""
     return [
-        (r.tree_id, r.edge_id, r.turn_index, r.completion_ids, round(r.advantage, 9))
+        (r.tree_id, r.edge_id, r.turn_index, r.prompt_ids, r.completion_ids, r.logprobs)
         for r in batch.actor
         if r.task_id in task_ids
     ]
