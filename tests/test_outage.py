@@ -141,7 +141,7 @@ def config(root: str, cid: str, url: str):  # type: ignore[no-untyped-def]
 
 
 def steps_for(cfg) -> Steps:  # type: ignore[no-untyped-def]
-    from tasks.phases import make_execution
+    from tasks.collection import make_execution
 
     root = cfg.storage.root
     return Steps(cfg, CheckpointStore(root), BatchStore(root), lambda: make_execution(cfg.execution))

@@ -100,7 +100,7 @@ def test_resume_with_another_config_is_refused(prefect_api, tmp_path):
 def test_state_is_rebuilt_from_delta_checkpoints(prefect_api, tmp_path):
     """A fresh process (empty handoff) replays the stored waves: same state, no rollouts."""
     from flows.collect import collect
-    from tasks.phases import steps_for
+    from tasks.collection import steps_for
     from tasks.steps import score_key
 
     cfg = small_config(str(tmp_path / "store"), "replay")

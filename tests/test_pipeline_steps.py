@@ -10,7 +10,7 @@ import pytest
 from test_pipeline import direct_batch, rows, small_config
 
 from storage import BatchStore
-from tasks.phases import steps_for
+from tasks.collection import steps_for
 from tasks.steps import EVIDENCE, EVIDENCE_SCORED, Handoff, score_key, wave_key
 
 

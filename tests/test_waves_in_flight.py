@@ -24,7 +24,7 @@ from focus.priority import Phase, Selective
 from focus.search import WaveRecord, graft, plan_ahead, plan_wave, replay
 from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
 from focus.testing import run
-from tasks.phases import steps_for
+from tasks.collection import steps_for
 from tasks.steps import EVIDENCE, EVIDENCE_SCORED, Handoff, score_key, wave_key
 
 PHASES = (
@@ -178,7 +178,8 @@ def test_the_pipeline_resumes_exactly_with_waves_still_running(tmp_path, crash_a
     """Steps share a handoff (as a flow run does) until a crash after wave ``crash_after``
     (its rollouts stored, not yet scored, the next wave running): the handoff is dropped,
     as with kill -9, and a fresh run of the steps finishes the collection."""
-    updates = {"search.waves_in_flight": 2, "model.options": {"latency_s": 0.002}}
+    # a budget that lasts more waves than the latest crash point
+    updates = {"search.waves_in_flight": 2, "model.options": {"latency_s": 0.002}, "search.phases.1.transitions": 48}
     cfg = small_config(str(tmp_path / "store"), "ahead", **updates)
     handoff = Handoff()
     steps = steps_for(cfg, handoff)
