@@ -315,10 +315,9 @@ def run_focus(agent: Agent, tasks: list[Task], cfg: dict[str, Any]) -> tuple[dic
     usage = state.usage()
     phases = search.phases
     cont = state.usage(1)
-    budget_ok = (
-        state.usage(0)["rollouts"] == len(tasks) * (phases[0].rollouts_per_task or 0)
-        and cont["transitions"] >= (phases[1].transitions or 0)
-    )
+    budget_ok = state.usage(0)["rollouts"] == len(tasks) * (phases[0].rollouts_per_task or 0) and cont[
+        "transitions"
+    ] >= (phases[1].transitions or 0)
     figures = {
         "transitions": usage["transitions"],
         "rollouts": usage["rollouts"],
@@ -500,12 +499,11 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         )
         for r in rows
     }
-    throughput = {
-        r["key"]: _ratio(r["focus"]["transitions_per_s"], r["baseline"]["transitions_per_s"]) for r in rows
-    }
+    throughput = {r["key"]: _ratio(r["focus"]["transitions_per_s"], r["baseline"]["transitions_per_s"]) for r in rows}
     smallest = min(r["transitions_budget"] for r in rows)
     base = {r["series"]: r for r in rows if r["transitions_budget"] == smallest}
-    base.setdefault("many", base.get("few"))  # both series start from one row where few == many
+    if "few" in base:
+        base.setdefault("many", base["few"])  # both series start from one row where few == many
     growth = {}
     for r in rows:
         b = base.get(r["series"])
@@ -534,9 +532,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "focus_cpu_per_transition_vs_smallest": worst(growth),
         "plan_cpu_per_wave_last_vs_first_quarter": worst(at_largest),
     }
-    goals = {
-        k: {"goal": GOALS[k], "worst": v, "met": v is not None and v <= GOALS[k]} for k, v in checked.items()
-    }
+    goals = {k: {"goal": GOALS[k], "worst": v, "met": v is not None and v <= GOALS[k]} for k, v in checked.items()}
     return {"ratios": ratios, "goals": goals}
 
 
