@@ -29,7 +29,10 @@ and the server's CPU is not counted. Per arm:
   of ``focus.search`` wherever the collector's modules call them - ``plan_*`` is
   planning, ``graft`` grafting, ``unscored``/``with_predictions`` scoring),
   ``prepare`` (advantages and batch) and ``rollout`` (the rest: env resets, the agent,
-  HTTP, the event loop);
+  HTTP, the event loop); apart from that split, ``gc_cpu_ms_per_transition`` is the
+  CPU inside Python's cyclic garbage collector wherever it ran (the baseline runs with
+  the default GC, as a user's loop would; ``Execution`` keeps the trees out of it while
+  a wave runs), and the JSON also compares the arms without it;
 * ``peak_rss_mib`` and the growth over the RSS before collecting, per transition;
 * focus only: every continuation wave's plan/graft/score CPU in order, and mean plan CPU
   per wave in the first and last quarter of the waves.
@@ -50,6 +53,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import inspect
 import json
 import math
@@ -261,6 +265,33 @@ class SearchMeter:
         return out
 
 
+class GcMeter:
+    """Thread CPU inside Python's cyclic garbage collector (``gc.callbacks``), and the
+    number of full (generation 2) collections. The baseline's loop runs with the default
+    GC, as a user's loop would; ``Execution`` keeps the trees out of it while a wave runs.
+    What that difference costs is this figure."""
+
+    def __init__(self) -> None:
+        self.cpu = 0.0
+        self.full_collections = 0
+        self._t: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t = time.thread_time()
+        elif self._t is not None:
+            self.cpu += time.thread_time() - self._t
+            self.full_collections += info.get("generation") == 2
+            self._t = None
+
+    def __enter__(self) -> GcMeter:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
 def _rss_now_mib() -> float | None:
     try:
         pages = int(Path("/proc/self/statm").read_text().split()[1])
@@ -416,10 +447,11 @@ def run_arm(cfg: dict[str, Any]) -> dict[str, Any]:
         agent = make_agent(server.url, cfg["concurrency"])
         rss_before, peak_before = _rss_now_mib(), _peak_rss_mib()
         before = server.stats()
-        c0, t0 = time.process_time(), time.perf_counter()
         arm = run_focus if cfg["arm"] == "focus" else run_baseline
-        figures, batch = arm(agent, tasks, cfg)
-        cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+        with GcMeter() as gc_meter:
+            c0, t0 = time.process_time(), time.perf_counter()
+            figures, batch = arm(agent, tasks, cfg)
+            cpu, wall = time.process_time() - c0, time.perf_counter() - t0
         after = server.stats()
         peak = _peak_rss_mib()
     n = max(1, figures["transitions"])
@@ -441,6 +473,9 @@ def run_arm(cfg: dict[str, Any]) -> dict[str, Any]:
         **{f"{k}_cpu_ms_per_transition": v * ms for k, v in figures["search_cpu_s"].items()},
         "prepare_cpu_ms_per_transition": prepare_cpu * ms,
         "cpu_ms_per_transition_without_prepare": (cpu - prepare_cpu) * ms,
+        "gc_cpu_ms_per_transition": gc_meter.cpu * ms,
+        "gc_full_collections": gc_meter.full_collections,
+        "cpu_ms_per_transition_without_gc": (cpu - gc_meter.cpu) * ms,
         "rss_before_mib": rss_before,
         "peak_rss_mib": peak,
         "peak_rss_before_mib": peak_before,
@@ -499,6 +534,12 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         )
         for r in rows
     }
+    vs_baseline_ng = {
+        r["key"]: _ratio(
+            r["focus"]["cpu_ms_per_transition_without_gc"], r["baseline"]["cpu_ms_per_transition_without_gc"]
+        )
+        for r in rows
+    }
     throughput = {r["key"]: _ratio(r["focus"]["transitions_per_s"], r["baseline"]["transitions_per_s"]) for r in rows}
     smallest = min(r["transitions_budget"] for r in rows)
     base = {r["series"]: r for r in rows if r["transitions_budget"] == smallest}
@@ -520,6 +561,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ratios = {
         "focus_vs_baseline_cpu_per_transition": vs_baseline,
         "focus_vs_baseline_cpu_per_transition_without_prepare": vs_baseline_np,
+        "focus_vs_baseline_cpu_per_transition_without_gc": vs_baseline_ng,
         "focus_vs_baseline_transitions_per_s": throughput,
         "focus_cpu_per_transition_vs_smallest": growth,
         "smallest_size": size_label(smallest),
@@ -540,9 +582,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| size | tasks | FOCUS t/s | baseline t/s | FOCUS CPU ms/t (rollout + search + prepare) "
         "| baseline CPU ms/t (rollout + prepare) | CPU ratio | plan ms/wave first -> last quarter "
-        "| peak RSS MiB FOCUS / baseline |"
+        "| GC ms/t FOCUS / baseline | peak RSS MiB FOCUS / baseline |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         f, b = r["focus"], r["baseline"]
         q = (
@@ -557,6 +599,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"+ {f['prepare_cpu_ms_per_transition']:.2f}) | {b['cpu_ms_per_transition']:.2f} "
             f"({b['rollout_cpu_ms_per_transition']:.2f} + {b['prepare_cpu_ms_per_transition']:.2f}) "
             f"| {f['cpu_ms_per_transition'] / b['cpu_ms_per_transition']:.2f} | {q} "
+            f"| {f['gc_cpu_ms_per_transition']:.2f} / {b['gc_cpu_ms_per_transition']:.2f} "
             f"| {f['peak_rss_mib']:.0f} / {b['peak_rss_mib']:.0f} |"
         )
     return "\n".join(lines)

@@ -24,6 +24,8 @@ ARM_FIGURES = (
     "graft_cpu_ms_per_transition",
     "score_cpu_ms_per_transition",
     "prepare_cpu_ms_per_transition",
+    "gc_cpu_ms_per_transition",
+    "cpu_ms_per_transition_without_gc",
     "peak_rss_mib",
     "rss_growth_kib_per_transition",
     "server_cpu_ms_per_call",
@@ -96,7 +98,11 @@ def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
         assert sum(w["jobs"] for w in waves) == focus["rollouts"] - 4 * row["tasks"]
         assert all(focus.get(k) is not None for k in WAVE_FIGURES)
     ratios = figures["ratios"]
-    for k in ("focus_vs_baseline_cpu_per_transition", "focus_vs_baseline_transitions_per_s"):
+    for k in (
+        "focus_vs_baseline_cpu_per_transition",
+        "focus_vs_baseline_cpu_per_transition_without_gc",
+        "focus_vs_baseline_transitions_per_s",
+    ):
         assert set(ratios[k]) == set(keys) and all(v > 0 for v in ratios[k].values())
     assert ratios["smallest_size"] == "300" and ratios["largest_size"] == "1k"
     # both series start from the one 300-transition row (6 tasks = 20 per 1k at that size)
