@@ -99,10 +99,10 @@ def expected_rollout_transitions(target: int, max_steps: int) -> float:
     """Expected transitions of a rollout from the root of a ReachTarget task: the
     simulated server's first token is a uniform digit 1-9, the parser takes it, the
     episode ends once the total reaches ``target`` or after ``max_steps`` calls."""
-    left = [0.0] * (target + 1)  # expected calls with s steps left, by distance left
+    n = len(DIGITS)  # the digits 1..n, equally likely
+    left = [0.0] * (target + 1)  # expected calls by distance to the target, with s steps left
     for _ in range(max_steps):
-        left = [0.0] + [1.0 + sum(left[max(r - d, 0)] for d in range(1, 10)) / 9 for r in range(1, target + 1)]
-    assert len(DIGITS) == 9
+        left = [0.0] + [1.0 + sum(left[max(r - d, 0)] for d in range(1, n + 1)) / n for r in range(1, target + 1)]
     return left[target]
 
 
