@@ -1,0 +1,118 @@
+"""benchmarks/scale.py at quick size: both arms collect their budget and every figure is there."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from focus.toy import reach_target_tasks
+
+pytestmark = pytest.mark.timeout(300)
+
+ARM_FIGURES = (
+    "transitions",
+    "rollouts",
+    "failed_rollouts",
+    "budget_met",
+    "wall_s",
+    "transitions_per_s",
+    "cpu_ms_per_transition",
+    "rollout_cpu_ms_per_transition",
+    "search_cpu_ms_per_transition",
+    "plan_cpu_ms_per_transition",
+    "graft_cpu_ms_per_transition",
+    "score_cpu_ms_per_transition",
+    "prepare_cpu_ms_per_transition",
+    "gc_cpu_ms_per_transition",
+    "cpu_ms_per_transition_without_gc",
+    "peak_rss_mib",
+    "rss_growth_kib_per_transition",
+    "server_cpu_ms_per_call",
+    "slot_utilisation",
+)
+WAVE_FIGURES = (
+    "plan_cpu_ms_per_wave_first_quarter",
+    "plan_cpu_ms_per_wave_last_quarter",
+    "plan_cpu_per_wave_last_vs_first_quarter",
+)
+
+
+def test_expected_rollout_length_matches_the_digit_walk():
+    from benchmarks.scale import expected_rollout_transitions
+
+    # one digit 1-9 always reaches a target of 1; a target of 2 needs a second digit when the first is 1
+    assert expected_rollout_transitions(1, 16) == pytest.approx(1.0)
+    assert expected_rollout_transitions(2, 16) == pytest.approx(1 + 1 / 9)
+    assert expected_rollout_transitions(40, 3) == pytest.approx(3.0)  # truncated at max_steps
+    # long walks: about target / mean digit (5) plus the overshoot
+    assert 6.0 < expected_rollout_transitions(30, 16) < 7.0
+
+
+def test_rows_budgets_and_task_series():
+    from benchmarks.scale import baseline_group_size, expected_task_transitions, focus_search, rows_for
+
+    assert rows_for([2000, 10000], 40, 20) == [(2000, 40, "few"), (10000, 40, "few"), (10000, 200, "many")]
+    tasks = reach_target_tasks(40, seed=1, low=20, high=40)
+    per_round = expected_task_transitions(tasks, 16)
+    search = focus_search(10000, tasks, 16, 512)
+    evidence, cont = search.phases
+    assert evidence.rollouts_per_task is not None and cont.transitions is not None
+    assert evidence.rollouts_per_task * per_round + cont.transitions == pytest.approx(10000, abs=1)
+    assert cont.wave_size == 512 and cont.max_branches == 4  # library defaults but the budget and wave size
+    k = baseline_group_size(10000, tasks, 16)
+    assert k * per_round >= 10000 > (k - 1) * per_round
+    with pytest.raises(ValueError, match="evidence phase"):
+        focus_search(1000, reach_target_tasks(200, seed=1, low=20, high=40), 16, 512)
+
+
+@pytest.mark.integration
+def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
+    from benchmarks import scale
+
+    out = tmp_path / "scale.json"
+    figures = scale.main(["--quick", "--json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(figures))
+    keys = [r["key"] for r in figures["rows"]]
+    assert keys == ["300_6t", "1k_6t", "1k_20t"]
+    for row in figures["rows"]:
+        for arm in ("focus", "baseline"):
+            f = row[arm]
+            missing = [k for k in ARM_FIGURES if f.get(k) is None]
+            assert not missing, (row["key"], arm, missing)
+            assert f["budget_met"] and f["failed_rollouts"] == 0, (row["key"], arm, f["budget"])
+            assert 0.85 * row["transitions_budget"] <= f["transitions"] <= 1.3 * row["transitions_budget"]
+            assert f["actor_rows"] == f["model_calls"] == f["server_requests"] == f["transitions"]
+            assert f["rollout_cpu_ms_per_transition"] > 0 and f["peak_rss_mib"] > 0
+            parts = f["rollout_cpu_ms_per_transition"] + f["search_cpu_ms_per_transition"]
+            assert parts + f["prepare_cpu_ms_per_transition"] == pytest.approx(f["cpu_ms_per_transition"])
+        focus, baseline = row["focus"], row["baseline"]
+        assert baseline["search_cpu_ms_per_transition"] == 0 and baseline["critic_rows"] == 0
+        assert focus["plan_cpu_ms_per_transition"] > 0 and focus["graft_cpu_ms_per_transition"] > 0
+        assert focus["critic_rows"] > 0
+        # every continuation wave is in the per-wave list, in order, with its own costs
+        waves = focus["per_wave"]
+        assert len(waves) == focus["continuation_waves"] >= 2
+        assert [w["wave"] for w in waves] == list(range(len(waves)))
+        assert all(w["plan_ms"] > 0 and w["graft_ms"] > 0 and w["jobs"] > 0 for w in waves)
+        assert sum(w["jobs"] for w in waves) == focus["rollouts"] - 4 * row["tasks"]
+        assert all(focus.get(k) is not None for k in WAVE_FIGURES)
+    ratios = figures["ratios"]
+    for k in (
+        "focus_vs_baseline_cpu_per_transition",
+        "focus_vs_baseline_cpu_per_transition_without_gc",
+        "focus_vs_baseline_transitions_per_s",
+    ):
+        assert set(ratios[k]) == set(keys) and all(v > 0 for v in ratios[k].values())
+    assert ratios["smallest_size"] == "300" and ratios["largest_size"] == "1k"
+    # both series start from the one 300-transition row (6 tasks = 20 per 1k at that size)
+    growth = ratios["focus_cpu_per_transition_vs_smallest"]
+    assert set(growth) == {"1k_6t", "1k_20t"}
+    row = {r["key"]: r for r in figures["rows"]}
+    assert growth["1k_20t"] == pytest.approx(
+        row["1k_20t"]["focus"]["cpu_ms_per_transition"] / row["300_6t"]["focus"]["cpu_ms_per_transition"]
+    )
+    assert set(ratios["plan_cpu_per_wave_last_vs_first_quarter_at_largest"]) == {"1k_6t", "1k_20t"}
+    for goal in scale.GOALS:
+        g = figures["goals"][goal]
+        assert g["goal"] == scale.GOALS[goal] and g["worst"] is not None and g["met"] == (g["worst"] <= g["goal"])
