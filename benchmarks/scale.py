@@ -224,13 +224,18 @@ class SearchMeter:
     def _record(self, kind: str, arguments: dict[str, Any], out: Any, cpu: float) -> None:
         """Attach one timed call to the continuation wave it belongs to."""
         if kind == "plan":
-            jobs = getattr(out, "jobs", out)
+            wave = arguments.get("wave_index", len(self.waves))
+            if hasattr(out, "planned"):  # plan_next / plan_ahead: a state with the new wave planned
+                new = out.planned[-1] if out is not arguments.get("state") and out.planned else None
+                jobs = new.jobs if new is not None else ()
+                wave = new.wave_index if new is not None else wave
+            else:
+                jobs = getattr(out, "jobs", out)
             n = len(jobs) if isinstance(jobs, (tuple, list)) else 0
             phase = arguments.get("phase_index")
             if not n or phase is None or self.search.phases[phase].is_evidence:
                 self._current = None
                 return
-            wave = arguments.get("wave_index", len(self.waves))
             self._current = (phase, wave)
             self.waves[self._current] = {
                 "phase": phase,
@@ -343,12 +348,12 @@ def run_focus(agent: Agent, tasks: list[Task], cfg: dict[str, Any]) -> tuple[dic
         batch = meter.measure("prepare", collector.prepare, state)
     finally:
         meter.uninstall()
-    usage = state.usage()
+    usage = state.usage().as_dict()
     phases = search.phases
     cont = state.usage(1)
-    budget_ok = state.usage(0)["rollouts"] == len(tasks) * (phases[0].rollouts_per_task or 0) and cont[
-        "transitions"
-    ] >= (phases[1].transitions or 0)
+    budget_ok = state.usage(0).rollouts == len(tasks) * (phases[0].rollouts_per_task or 0) and cont.transitions >= (
+        phases[1].transitions or 0
+    )
     figures = {
         "transitions": usage["transitions"],
         "rollouts": usage["rollouts"],
