@@ -200,7 +200,9 @@ def test_an_outage_mid_collection_keeps_finished_waves_and_a_rerun_recomputes_th
     got, want = store.read(result["batch_url"]), store.read(clean["batch_url"])
     assert got.stats["failed_rollouts"] == 0 and len(got.actor) > 0
     assert key(got) == key(want)
-    assert all(a.logprobs == pytest.approx(b.logprobs, abs=1e-5) for a, b in zip(got.actor, want.actor, strict=True))
+    # the embedded server's numerics do not depend on its cache or batch: bit for bit
+    assert [(a.logprobs, a.advantage) for a in got.actor] == [(b.logprobs, b.advantage) for b in want.actor]
+    assert [(a.target, a.weight) for a in got.critic] == [(b.target, b.weight) for b in want.critic]
 
 
 def test_the_flow_fails_naming_the_outage_and_a_rerun_completes(local_model_server, prefect_api, tmp_path):
