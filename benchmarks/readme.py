@@ -878,10 +878,11 @@ def summary(results: Path) -> str:
             ]
         )
     done = sum(1 for b in REGISTRY if read(b.name, results) is not None)
+    took = f"; their runs took {duration(total)} together" if done else ""
+    rest = " (the others are not counted)" if 0 < done < len(REGISTRY) else ""
     lines = [
         table(["benchmark", "run (UTC)", "commit", "wall", "load average before / max during / after"], rows),
-        f"{done} of {len(REGISTRY)} benchmarks recorded; their runs took {duration(total)} together"
-        + (" (the others are not counted)." if done < len(REGISTRY) else "."),
+        f"{done} of {len(REGISTRY)} benchmarks recorded{took}{rest}.",
     ]
     if machines:
         lines.append("Machine" + ("s" if len(machines) > 1 else "") + ": " + "; ".join(machines) + ".")
@@ -900,8 +901,8 @@ def problems(text: str) -> list[str]:
     out = [f"no generated block for {b.name}" for b in REGISTRY if b.name not in names]
     out += [f"block {n} appears {names.count(n)} times" for n in sorted(set(names)) if names.count(n) > 1]
     out += [f"block {n} names no benchmark" for n in names if n != SUMMARY and n not in BY_NAME]
-    opened = len(re.findall(r"<!-- generated: ", text))
-    closed = len(re.findall(r"<!-- end generated: ", text))
+    opened = len(re.findall(r"^<!-- generated: [\w-]+ -->$", text, re.M))
+    closed = len(re.findall(r"^<!-- end generated: [\w-]+ -->$", text, re.M))
     if opened != len(names) or closed != len(names):
         out.append(f"{opened} opening and {closed} closing markers, {len(names)} paired blocks")
     return out
