@@ -244,9 +244,7 @@ def batch_write(f: dict[str, Any]) -> str:
 
 def writer_race(f: dict[str, Any]) -> str:
     rows = []
-    for key in ("local", "s3"):
-        if key not in f:
-            continue
+    for key in ["local", *(["s3"] if "s3" in f else [])]:  # local always runs
         r = f[key]
         rows.append(
             [
@@ -271,7 +269,7 @@ def writer_race(f: dict[str, Any]) -> str:
         "leftovers (goal 0)",
     ]
     out = table(head, rows)
-    refusals = f.get("local", {}).get("refusals") or []
+    refusals = f["local"].get("refusals") or []
     if refusals:
         out += f"\n\nA refusal reads: {code(refusals[0])}"
     return out
