@@ -51,14 +51,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--readme", type=Path, help="README to render (default benchmarks/README.md; --quick: a copy)")
     args = ap.parse_args(argv)
     results = args.results or (QUICK_RESULTS if args.quick else RESULTS)
-    target = args.readme or (results / "README.md" if args.quick else README)
+    if args.readme:  # rendered in place (from the committed README if it does not exist yet)
+        target, source = args.readme, args.readme if args.readme.exists() else README
+    elif args.quick:  # smoke figures never go into the committed README
+        target, source = results / "README.md", README
+    else:
+        target = source = README
     chosen = select(args.only)
 
     if args.list:
+        total = 0.0
         for b in chosen:
             rec = read(b.name, results)
+            total += rec["wall_s"] if rec else 0.0
             last = f"{rec['wall_s'] / 60:.1f} min" if rec else "not run"
             print(f"{b.name:22s} {last:>10s}  python -m {b.module} {' '.join(command_args(b, results, args.quick))}")
+        print(f"{'recorded, together':22s} {total / 60:6.1f} min")
         return 0
 
     failed: list[str] = []
@@ -76,13 +84,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{i}/{len(chosen)}] {b.name}: {rec['wall_s']:.0f} s", file=sys.stderr, flush=True)
         print(f"ran {len(chosen)} benchmark(s) in {(time.perf_counter() - t0) / 60:.1f} min", file=sys.stderr)
 
-    source = README if args.quick and not target.exists() else target
     text = source.read_text()
     rendered, warnings = readme.render(text, results)
     for w in warnings:
         print(f"readme: {w}", file=sys.stderr)
     if args.check:
-        if rendered != text:
+        if not target.exists() or rendered != target.read_text():
             print(f"{target} is not what its records render: run `python -m benchmarks --render-only`", file=sys.stderr)
             return 1
     else:

@@ -591,6 +591,7 @@ def engine(f: dict[str, Any]) -> str:
 
 def orchestration(f: dict[str, Any]) -> str:
     keys = [k.removeprefix("transitions_") for k in f if k.startswith("transitions_")]
+    keys.sort(key=lambda k: (k.endswith("_inprocess"), f[f"transitions_{k}"]))  # service first, by size
     rows = []
     for key in keys:
         policy, label = (
@@ -702,8 +703,11 @@ def scale(f: dict[str, Any]) -> str:
             "RSS growth KiB/t, FOCUS / baseline"]  # fmt: skip
     ratios, goals = f["ratios"], f["goals"]
 
+    order = [r["key"] for r in f["rows"]]
+
     def listed(d: dict[str, Any]) -> str:
-        return ", ".join(f"{k} {num(v)}" for k, v in d.items()) or "n/a"
+        keys = sorted(d, key=lambda k: order.index(k) if k in order else len(order))
+        return ", ".join(f"{k} {num(d[k])}" for k in keys) or "n/a"
 
     texts = {
         "focus_vs_baseline_cpu_per_transition": (
@@ -751,8 +755,8 @@ HTTP_STACKS = {
 
 
 def http_client(f: dict[str, Any]) -> str:
-    columns = [("simserver", n, f"simserver, {n} in flight") for n in f["simserver"]]
-    columns += [("tinylm", n, f"tiny model, {n} in flight") for n in f.get("tinylm", {})]
+    columns = [("simserver", n, f"simserver, {n} in flight") for n in sorted(f["simserver"], key=int)]
+    columns += [("tinylm", n, f"tiny model, {n} in flight") for n in sorted(f.get("tinylm", {}), key=int)]
     cpu_rows, rate_rows = [], []
     for stack in f["stacks"]:
         cpu, rate = [HTTP_STACKS.get(stack, stack)], [HTTP_STACKS.get(stack, stack)]

@@ -272,7 +272,7 @@ def run_and_record(
     }
     path = results / f"{bench.name}.json"
     tmp_path = path.with_suffix(".json.tmp")
-    tmp_path.write_text(json.dumps(record, indent=1, sort_keys=True, default=str) + "\n")
+    tmp_path.write_text(json.dumps(record, indent=1, default=str) + "\n")
     tmp_path.replace(path)
     return record
 
