@@ -51,6 +51,8 @@ def num(x: Any, sig: int = 3) -> str:
         return "inf" if x > 0 else "-inf"
     if x == 0:
         return "0"
+    if abs(x) >= 10 and x == round(x):  # a count or a rate the benchmark rounded
+        return f"{x:,.0f}"
     if abs(x) < 1e-3:
         return f"{x:.{sig - 1}e}"
     digits = max(0, sig - 1 - math.floor(math.log10(abs(x))))

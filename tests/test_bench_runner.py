@@ -92,7 +92,7 @@ def test_block_problems_are_named():
 def test_numbers_are_formatted_to_significant_digits():
     assert readme.num(0.1234) == "0.123"
     assert readme.num(12.345) == "12.3"
-    assert readme.num(12345.6) == "12,346"
+    assert readme.num(12345.6) == "12,346" and readme.num(82.0) == "82" and readme.num(1.0) == "1.00"
     assert readme.num(0.0001234) == "1.23e-04"
     assert readme.num(7) == "7" and readme.num(None) == "n/a" and readme.num(float("nan")) == "n/a"
     assert readme.span([1.0, 3.0, 2.0], readme.x_) == "1.00x-3.00x"
