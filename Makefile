@@ -1,4 +1,4 @@
-# Two entry points: `make run` (the main job on the embedded default) and `make test`.
+# Entry points: `make run` (the main job on the embedded default), `make test`, `make bench`.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -33,8 +33,10 @@ test: $(STAMP) lint
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "not integration" tests
 
+# every benchmark benchmarks/README.md cites, one process each, a record per benchmark in
+# benchmarks/results/, then the README's tables rendered from the records (hours on 2 cores)
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.estimator_quality
+	$(BIN)/python -m benchmarks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

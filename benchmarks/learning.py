@@ -27,6 +27,7 @@ GRPO's total (goal: at most 0.5). Writes a JSON and a PNG.
 
     .venv/bin/python -m benchmarks.learning                 # the default run (~15 min on 2 cores)
     .venv/bin/python -m benchmarks.learning --quick         # a smoke run (a test uses it)
+    .venv/bin/python -m benchmarks.learning --json PATH --plot PNG   # also the JSON to PATH, the plot to PNG
 """
 
 from __future__ import annotations
@@ -354,6 +355,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default="runs/learning", help="folder for learning.json and learning.png")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--report", metavar="JSON", help="print the table and redraw the plot of a saved run; run nothing")
+    ap.add_argument("--json", type=Path, help="also write learning.json's content here")
+    ap.add_argument("--plot", type=Path, help="draw the plot here instead of <out>/learning.png")
     args = ap.parse_args(argv)
     if args.report:
         saved = json.loads(Path(args.report).read_text())
@@ -383,10 +386,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "wall_s": round(time.perf_counter() - t0, 1),
     }
     (out / "learning.json").write_text(json.dumps(result, indent=1))
-    plot(runs, args.tasks, out / "learning.png")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    png = args.plot or out / "learning.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    plot(runs, args.tasks, png)
     print(table(runs, args.tasks, goals))
     _print_goals(goals)
-    print(f"wrote {out / 'learning.json'} and {out / 'learning.png'} in {result['wall_s']:.0f} s")
+    print(f"wrote {out / 'learning.json'} and {png} in {result['wall_s']:.0f} s")
     return result
 
 

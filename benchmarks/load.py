@@ -224,7 +224,9 @@ def main(argv: list[str] | None = None) -> None:
         help="waves planned ahead (default: the pipeline's search.waves_in_flight); 1 = a barrier per wave",
     )
     ap.add_argument("--repeats", type=int, default=1, help="clean/faulty pairs (the median ratio's pair reported)")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument(
+        "--json", nargs="?", const="-", metavar="PATH", help="write the JSON report to PATH (alone: print it)"
+    )
     ap.add_argument("--out", type=Path, help="also write the JSON report here")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -266,7 +268,9 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.out:
         args.out.write_text(json.dumps(report, default=str, indent=2))
-    if args.json:
+    if args.json and args.json != "-":
+        Path(args.json).write_text(json.dumps(report, default=str, indent=2))
+    elif args.json:
         print(json.dumps(report, default=str))
         return
     for k, v in report.items():

@@ -1,6 +1,6 @@
 """Embedded model server: batched throughput, prefix-cache speed-up, conformance, robustness.
 
-Run: ``.venv/bin/python -m benchmarks.local_model [--json local_model.json]``. One server
+Run: ``.venv/bin/python -m benchmarks.local_model [--json local_model.json] [--rounds 3]``. One server
 with its defaults; baselines in the same run:
 
 - throughput: 32 requests x 32 tokens one at a time vs 8 and 32 in flight (decoded
@@ -79,13 +79,18 @@ def throughput(url: str, rounds: int = 3) -> dict[str, Any]:
     rows: dict[str, Any] = {"rounds": rounds}
     for conc, ws in walls.items():
         wall = statistics.median(ws)
-        rows[f"concurrency_{conc}"] = {"wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 1)}
+        rows[f"concurrency_{conc}"] = {
+            "wall_s": round(wall, 3),
+            "tokens_per_s": round(tokens / wall, 1),
+            "wall_s_rounds": [round(w, 3) for w in ws],
+        }
         print(f"32 requests x 32 tokens, {conc:2d} in flight: {wall:6.2f} s, {tokens / wall:7.1f} tokens/s (median)")
     for conc in (8, 32):
         rows[f"speedup_{conc}"] = round(
             rows[f"concurrency_{conc}"]["tokens_per_s"] / rows["concurrency_1"]["tokens_per_s"], 2
         )
     rows["invariance_mismatches"] = mismatches
+    rows["invariance_compared"] = rounds * len(walls) * 32
     print(f"speed-up: x{rows['speedup_8']} (8 in flight), x{rows['speedup_32']} (32); mismatches {mismatches}")
     return rows
 
@@ -104,6 +109,8 @@ def prefix_cache(url: str) -> dict[str, Any]:
         "prompt_tokens": len(long),
         "cold_ms": statistics.median(cold) * 1000,
         "hit_ms": statistics.median(warm) * 1000,
+        "cold_ms_runs": [round(x * 1000, 2) for x in cold],
+        "hit_ms_runs": [round(x * 1000, 2) for x in warm],
     }
     out["speedup"] = round(out["cold_ms"] / out["hit_ms"], 1)
     print(
@@ -261,10 +268,11 @@ def robustness(url: str) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path, default=Path("local_model.json"))
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved throughput rounds (medians reported)")
     args = ap.parse_args()
     with LocalModelServer() as server:
         out = {
-            "throughput": throughput(server.url),
+            "throughput": throughput(server.url, args.rounds),
             "prefix_cache": prefix_cache(server.url),
             "conformance": conformance(server.url),
             "robustness": robustness(server.url),

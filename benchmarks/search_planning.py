@@ -162,7 +162,7 @@ def plan_cost_over_collection(
         state = await col.run_evidence(tasks)
         w = 0
         while True:
-            before = state.usage()["transitions"] if not waves else waves[-1]["after"]
+            before = state.usage().transitions if not waves else waves[-1]["after"]
             gc.freeze()
             c0 = time.process_time()
             plan = plan_wave(state, search, 1, w)

@@ -5,15 +5,17 @@ Collects one toy batch on the embedded model with the search of ``configs/loop.t
 ``PolicyTrainer.update`` on it from the same initial weights in each setting,
 ``--repeats`` times, and prints the median wall time and tokens forwarded.
 
-    .venv/bin/python -m benchmarks.train_local --tasks 32 --repeats 3
+    .venv/bin/python -m benchmarks.train_local --tasks 32 --repeats 3 [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import time
+from pathlib import Path
 
 from focus.exporters import actor_sequences
 from focus.train_local import PolicyTrainer, UpdateConfig, pack_prefixes, toy_agent
@@ -43,14 +45,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path, help="write every figure here")
     args = ap.parse_args()
     with LocalModelServer() as server:
         batch = asyncio.run(collect(server.url, args.tasks))
     seqs = actor_sequences(batch)
     packed = pack_prefixes(seqs)
+    settings: list[dict[str, object]] = []
+    figures: dict[str, object] = {
+        "tasks": args.tasks,
+        "repeats": args.repeats,
+        "actor_rows": len(batch.actor),
+        "sequences": len(seqs),
+        "tokens": sum(len(s.tokens) for s in seqs),
+        "packed_sequences": len(packed),
+        "packed_tokens": sum(len(s.tokens) for s in packed),
+        "settings": settings,
+    }
     print(
-        f"batch: {len(batch.actor)} actor rows, {len(seqs)} sequences ({sum(len(s.tokens) for s in seqs)} tokens); "
-        f"packed: {len(packed)} sequences ({sum(len(s.tokens) for s in packed)} tokens)"
+        f"batch: {len(batch.actor)} actor rows, {len(seqs)} sequences ({figures['tokens']} tokens); "
+        f"packed: {len(packed)} sequences ({figures['packed_tokens']} tokens)"
     )
     print(f"{'setting':28s} {'median s':>9s} {'runs':>24s}")
     for pack in (False, True):
@@ -63,6 +77,11 @@ def main() -> None:
                 runs.append(time.perf_counter() - t0)
             name = f"pack={pack} threads={threads}"
             print(f"{name:28s} {statistics.median(runs):9.2f} {' '.join(f'{r:.2f}' for r in runs):>24s}")
+            settings.append(
+                {"pack": pack, "torch_threads": threads, "median_s": statistics.median(runs), "runs_s": runs}
+            )
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

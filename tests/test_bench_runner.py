@@ -1,0 +1,140 @@
+"""``python -m benchmarks``: every figure of benchmarks/README.md comes from a record.
+
+The committed README must be exactly what the committed records render (so no figure is
+edited by hand), every benchmark of the registry must have its block and its renderer,
+and a smoke run of a few cheap benchmarks must write records and render a README copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import readme
+from benchmarks.results import BY_NAME, REGISTRY, RESULTS, ROOT
+
+README = ROOT / "benchmarks" / "README.md"
+
+
+def test_the_committed_readme_is_what_the_committed_records_render():
+    text = README.read_text()
+    rendered, warnings = readme.render(text, RESULTS)
+    assert warnings == []
+    assert rendered == text, "benchmarks/README.md differs from its records: run `python -m benchmarks --render-only`"
+
+
+def test_every_benchmark_has_its_block_and_its_renderer():
+    names = readme.blocks(README.read_text())
+    assert readme.problems(README.read_text()) == []
+    assert set(names) == {readme.SUMMARY, *BY_NAME}
+    assert set(readme.RENDERERS) == set(BY_NAME)
+    assert len(BY_NAME) == len(REGISTRY)  # names are unique
+    for b in REGISTRY:  # every registered module takes --json PATH (the runner passes it)
+        src = (ROOT / (b.module.replace(".", "/") + ".py")).read_text()
+        assert re.search(r'add_argument\(\s*"--json"', src), b.module
+
+
+def test_records_on_disk_are_the_registry_s():
+    for path in RESULTS.glob("*.json"):
+        rec = json.loads(path.read_text())
+        assert rec["benchmark"] == path.stem and path.stem in BY_NAME
+        assert not rec["quick"], f"{path.name} is a smoke run's record"
+        for key in ("command", "started_utc", "wall_s", "load_average_before", "load_average_after", "machine"):
+            assert rec[key] not in (None, "", []), (path.name, key)
+
+
+def test_a_missing_record_renders_as_not_run(tmp_path):
+    rendered, warnings = readme.render(README.read_text(), tmp_path)
+    assert warnings == []
+    for b in REGISTRY:
+        body = _body(rendered, b.name)
+        assert body.startswith("_Not run on this machine yet: `python -m benchmarks --only " + b.name + "`"), body
+    assert f"0 of {len(REGISTRY)} benchmarks recorded." in _body(rendered, readme.SUMMARY)
+
+
+def test_a_record_without_the_keys_its_renderer_reads_is_reported(tmp_path):
+    record = {
+        "benchmark": "writer_race",
+        "command": "python -m benchmarks.writer_race",
+        "quick": False,
+        "started_utc": "2026-01-01T00:00:00Z",
+        "wall_s": 12.0,
+        "load_average_before": [1.0, 1.0, 1.0],
+        "load_average_max_during": 1.5,
+        "load_average_after": [1.2, 1.0, 1.0],
+        "machine": {"cores": 2, "cpu_model": "x", "cpu_flags": [], "python": "3.11.7"},
+        "git_commit": "abc1234",
+        "figures": {"attempts": 1},  # no writers, no local: the benchmark's figures changed
+    }
+    (tmp_path / "writer_race.json").write_text(json.dumps(record))
+    rendered, warnings = readme.render(README.read_text(), tmp_path)
+    assert len(warnings) == 1 and warnings[0].startswith("writer_race:")
+    body = _body(rendered, "writer_race")
+    assert body.startswith("Run of 2026-01-01 00:00 UTC at `abc1234`, 12 s: `python -m benchmarks.writer_race`")
+    assert "does not have what benchmarks/readme.py reads" in body
+
+
+def test_block_problems_are_named():
+    text = "<!-- generated: engine -->\n<!-- end generated: engine -->\n" * 2
+    text += "<!-- generated: nothing -->\n<!-- end generated: nothing -->\n<!-- generated: scale -->\n"
+    found = readme.problems(text)
+    assert "block engine appears 2 times" in found
+    assert "block nothing names no benchmark" in found
+    assert "no generated block for local_model" in found
+    assert any("opening and" in p for p in found)  # scale's block is never closed
+
+
+def test_numbers_are_formatted_to_significant_digits():
+    assert readme.num(0.1234) == "0.123"
+    assert readme.num(12.345) == "12.3"
+    assert readme.num(12345.6) == "12,346" and readme.num(82.0) == "82" and readme.num(1.0) == "1.00"
+    assert readme.num(0.0001234) == "1.23e-04"
+    assert readme.num(7) == "7" and readme.num(None) == "n/a" and readme.num(float("nan")) == "n/a"
+    assert readme.span([1.0, 3.0, 2.0], readme.x_) == "1.00x-3.00x"
+    assert readme.verdict(1.2, 1.3, "<=") == "met" and readme.verdict(0.8, 0.9, ">=") == "**missed**"
+    assert readme.table(["a", "b"], [["x|y", 1]]) == "| a | b |\n| --- | --- |\n| x\\|y | 1 |"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_quick_run_records_and_renders_a_readme_copy(tmp_path):
+    """``python -m benchmarks --quick`` on three cheap benchmarks, into a temporary
+    folder: each record holds the figures and the run's context, and the README copy
+    renders them (the other blocks say not run)."""
+    chosen = ["writer_race", "batch_write", "search_planning"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "benchmarks", "--quick", "--only", ",".join(chosen), "--results", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=170)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in chosen:
+        rec = json.loads((tmp_path / f"{name}.json").read_text())
+        assert rec["benchmark"] == name and rec["quick"] is True
+        assert rec["command"].startswith(f"python -m {BY_NAME[name].module} ")
+        assert rec["machine"]["cores"] == os.cpu_count() and rec["machine"]["python"]
+        assert len(rec["load_average_before"]) == 3 and len(rec["load_average_after"]) == 3
+        assert rec["load_average_max_during"] >= 0 and rec["wall_s"] > 0 and rec["git_commit"]
+        assert rec["figures"], name
+    race = json.loads((tmp_path / "writer_race.json").read_text())["figures"]
+    assert race["local"]["holders_max"] == 1 and race["local"]["mismatched"] == 0
+    assert "s3" not in race  # --no-s3 in the smoke arguments
+    copy = (tmp_path / "README.md").read_text()
+    assert copy != README.read_text() and readme.problems(copy) == []
+    for name in chosen:
+        body = _body(copy, name)
+        assert "Smoke run (`--quick`)" in body and "|" in body, body
+    assert "| local folder | 3 x 3 |" in _body(copy, "writer_race")
+    assert _body(copy, "engine").startswith("_Not run on this machine yet")
+    # rendering again from the same records changes nothing
+    again, warnings = readme.render(copy, tmp_path)
+    assert again == copy and warnings == []
+
+
+def _body(text: str, name: str) -> str:
+    m = re.search(rf"<!-- generated: {name} -->\n(.*?)\n<!-- end generated: {name} -->", text, re.S)
+    assert m, name
+    return m.group(1)
