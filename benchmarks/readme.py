@@ -428,60 +428,58 @@ def learning(f: dict[str, Any]) -> str:
 
 
 def load(f: dict[str, Any]) -> str:
-    b, q = f["baseline"], f["faulty"]
-    pct = f"{100 * q['fault_rate']:g}% faults"
-    goal_rows = [
-        [
-            "wall time, faulty / fault-free (the median pair; every pair)",
-            "<= 1.3",
-            f"**{x_(f['wall_ratio'])}** ({each(f['wall_ratio_repeats'], x_)}): {verdict(f['wall_ratio'], 1.3, '<=')}",
-        ],
-        ["batches identical, every pair", "yes", num(f["identical_batches_every_repeat"])],
-        ["rows lost / duplicated", "0 / 0", f"{f['rows_lost']} / {f['rows_duplicated']}"],
-        ["failed rollouts, faulty run", "0", str(q["failed_rollouts"])],
-        ["CPU of the collecting process, faulty / fault-free", "", x_(f["cpu_ratio"])],
-        [
-            "rollouts a fault held up by 1 s or more; their time lost",
-            "",
-            f"{f['rollouts_held_up_1s_or_more']}; {s_(f['their_rollout_time_lost_s'])}",
-        ],
-    ]
+    def kinds(d: dict[str, Any], fmt: Callable[[Any], str] = lambda v: f"{v:,}") -> str:
+        return ", ".join(f"{k} {fmt(v)}" for k, v in sorted(d.items())) or "0"
 
-    def kinds(d: dict[str, Any]) -> str:
-        return ", ".join(f"{k} {v:,}" for k, v in d.items()) or "0"
-
-    def both(label: str, fn: Callable[[dict[str, Any]], str]) -> list[str]:
-        return [label, fn(b), fn(q)]
-
-    comp = [
-        both("transitions / rollouts / waves", lambda r: f"{r['transitions']:,} / {r['rollouts']:,} / {r['waves']}"),
-        both("waves in flight; client timeout", lambda r: f"{r['waves_in_flight']}; {s_(r['client_timeout_s'])}"),
-        both("generation requests", lambda r: f"{r['requests']:,}"),
-        [
-            "faults injected",
-            kinds(b["faults_injected"]),
-            f"{sum(q['faults_injected'].values()):,}: {kinds(q['faults_injected'])}",
-        ],
-        both("retries, by client cause", lambda r: kinds(r["retries"])),
-        both("failed rollouts", lambda r: str(r["failed_rollouts"])),
-        both("wall time", lambda r: f"{s_(r['wall_s'])} ({num(r['transitions_per_s'])} transitions/s)"),
-        both("CPU, collecting process", lambda r: s_(r["cpu_s"])),
-        both("retained search state, pickled", lambda r: f"{num(r['state_pickle_bytes'] / 1e6)} MB"),
-        both("peak RSS", lambda r: f"{num(r['peak_rss'] / 2**20)} MiB"),
-        [
-            "RSS growth per transition, second half",
-            unit(f["memory_growth_baseline"]["bytes_per_transition"] / 1e3, " KB"),
-            unit(f["memory_growth_faulty"]["bytes_per_transition"] / 1e3, " KB"),
-        ],
-    ]
-    return "\n\n".join(
-        [
-            f"Server `{f['server']}`; {len(f['wall_ratio_repeats'])} clean/faulty pair(s), the pair with the median "
-            "ratio shown in full.",
-            table(["figure", "goal", "result"], goal_rows),
-            table(["", "fault-free", pct], comp),
-        ]
+    client = "the library's defaults" if f["client_is_default"] else f"**not the defaults**: {f['client_overrides']}"
+    waves = f"{f['waves_in_flight']}" + (
+        " (the default)" if f["waves_in_flight_is_default"] else " (**not the default**)"
     )
+    out = [
+        f"Server `{f['server']}`, {num(100 * f['fault_rate'])}% of generation requests faulted, "
+        f"{f['concurrency']} rollouts in flight, waves in flight {waves}; HTTP client: {client} "
+        f"(timeout {s_(f['client']['timeout_s'])}; a hang lasts {s_(f['hang_s'])})."
+    ]
+    for r in f["sizes"]:
+        q, c, w = r["wall_ratio"], r["clean_wall_s"], r["faulty_wall_s"]
+        m = r["median_pair"]
+        clean, faulty = m["clean"], m["faulty"]
+        goal_rows = [
+            [
+                f"wall time, faulty / fault-free, median of {r['repeats']} pair(s) (every pair)",
+                "<= 1.3",
+                f"**{x_(q['median'])}** ({each(q['runs'], x_)}): {verdict(q['median'], 1.3, '<=')}",
+            ],
+            ["batches identical, every pair", "yes", num(r["identical_batches_every_repeat"])],
+            ["rows lost / duplicated (median pair)", "0 / 0", f"{m['rows_lost']} / {m['rows_duplicated']}"],
+            ["failed rollouts, faulty runs", "0", each(r["failed_rollouts_faulty"], str)],
+        ]
+        comp = [
+            ["transitions / rollouts / waves", *(f"{x['transitions']:,} / {x['rollouts']:,} / {x['waves']}" for x in (clean, faulty))],
+            ["wall time, median (min-max)", f"{s_(c['median'])} ({span(c['runs'], s_)})", f"{s_(w['median'])} ({span(w['runs'], s_)})"],
+            ["generation requests", *(f"{x['requests']:,}" for x in (clean, faulty))],
+            ["faults injected", "0", f"{sum(r['faults_injected'].values()):,}: {kinds(r['faults_injected'])}"],
+            ["retries, by cause", kinds(clean["client"]["retries"]), kinds(r["retries_by_cause"])],
+            ["seconds lost to failed attempts, by cause", kinds(clean["client"]["lost_s"], s_), kinds(r["retry_lost_s_by_cause"], s_)],
+            [
+                "hedges sent (won); seconds the overtaken requests had waited",
+                f"{max(r['clean_hedges_every_repeat'])} at most per run",
+                f"{r['hedges']} ({r['hedge_wins']}); {s_(r['hedge_lost_s'])}",
+            ],
+            ["CPU, collecting process", s_(clean["cpu_s"]), s_(faulty["cpu_s"])],
+            ["peak RSS", *(f"{num(x['peak_rss'] / 2**20)} MiB" for x in (clean, faulty))],
+            [
+                "RSS growth per transition, second half",
+                unit(m["bytes_per_transition_clean"] / 1e3, " KB"),
+                unit(m["bytes_per_transition_faulty"] / 1e3, " KB"),
+            ],
+        ]  # fmt: skip
+        out += [
+            f"**{r['transitions_asked']:,} transitions asked.**",
+            table(["figure", "goal", "result"], goal_rows),
+            table(["median pair", "fault-free", "faulty"], comp),
+        ]
+    return "\n\n".join(out)
 
 
 def train_local(f: dict[str, Any]) -> str:

@@ -121,7 +121,9 @@ class HttpCritic(Critic):
         return self.http.stats()
 
     async def _post(self, batch: list[list[int]]) -> list[Prediction]:
-        return await self.http.request("POST", self._path, batch, lambda body: self._parse(body, len(batch)))
+        return await self.http.request(
+            "POST", self._path, batch, lambda body: self._parse(body, len(batch)), size=len(batch)
+        )
 
     def _parse(self, body: Any, n: int) -> list[Prediction]:
         stds: list[float | None] = [None] * n

@@ -24,7 +24,7 @@ from focus.agent import Agent
 from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy, TinkerPolicy
 from focus.backends.http import HttpClient, MalformedResponse
 from focus.backends.openai_compat import parse_completion
-from focus.backends.retry import CallRecord, ClientStats, RetryPolicy, parse_retry_after
+from focus.backends.retry import CallRecord, ClientStats, HedgeTimer, RetryPolicy, parse_retry_after, quantile
 from focus.backends.sglang import parse_generate
 from focus.branching import EveryDecision
 from focus.context import Segments
@@ -303,7 +303,7 @@ def test_client_stats_total_call_records():
     stats = ClientStats()
     stats.add(CallRecord(3, 1.5, (("timeout", 1.0), ("server error", 0.25))))  # answered on the third attempt
     stats.add(CallRecord(2, 0.7, (("connection", 0.1), ("connection", 0.6)), failed="connection", deadline=True))
-    stats.add(CallRecord(1, 0.4, hedges=1, hedge_won=True))
+    stats.add(CallRecord(1, 0.4, hedges=1, hedge_won=True, hedge_s=0.25))
     assert stats.as_dict() == {
         "calls": 3,
         "attempts": 6,
@@ -313,6 +313,7 @@ def test_client_stats_total_call_records():
         "deadline_exceeded": 1,
         "hedges": 1,
         "hedge_wins": 1,
+        "hedge_lost_s": 0.25,
     }
 
 
@@ -420,6 +421,63 @@ def test_unseeded_requests_are_not_hedged(local_model_server):
     fault(local_model_server, count=1, delay_s=0.6)
     c = run(sample_once(policy, seed=None))
     assert c.meta["http"].hedges == 0 and policy.stats()["hedges"] == 0
+
+
+def test_the_adaptive_hedge_delay_is_twice_the_recent_p99_of_its_class():
+    timer = HedgeTimer(RetryPolicy())
+    small, large = HedgeTimer.key("/v1/completions", 8), HedgeTimer.key("/v1/completions", 512)
+    for i in range(HedgeTimer.MIN_SAMPLES - 1):
+        timer.observe(small, 0.05 + i / 1000)
+    assert timer.delay(small) is None  # too few answers to know the tail yet
+    timer.observe(small, 0.3)
+    lat = [0.05 + i / 1000 for i in range(HedgeTimer.MIN_SAMPLES - 1)] + [0.3]
+    assert quantile(lat, 0.99) == 0.3 and timer.delay(small) == pytest.approx(0.6)
+    assert timer.delay(large) is None  # another size class learns its own tail
+    # no hedge that would come after the attempt's own timeout
+    short = HedgeTimer(RetryPolicy(timeout_s=0.5))
+    for _ in range(HedgeTimer.MIN_SAMPLES):
+        short.observe(small, 0.3)
+    assert short.delay(small) is None
+    assert not HedgeTimer(RetryPolicy(adaptive_hedge=False)).enabled
+
+
+def test_the_hedge_budget_caps_copies_but_never_strands_an_overdue_request():
+    timer = HedgeTimer(RetryPolicy())
+    assert sum(timer.spend() for _ in range(50)) == HedgeTimer.BURST  # the burst, then nothing
+    for _ in range(10):  # ten first requests earn one hedge
+        timer.earn()
+    assert timer.spend() and not timer.spend()
+    assert timer.spend(overdue=True)  # a straggler the collection waits for is hedged anyway
+
+
+def test_an_adaptive_hedge_overtakes_a_hang_with_the_budget_spent(local_model_server):
+    """The library's defaults (120 s timeout, adaptive hedging): after enough answers to
+    learn the tail, a held request is overtaken by a copy in about the learnt delay, and
+    by OVERDUE times it when the hedge budget is spent."""
+    policy = OpenAICompatPolicy(local_model_server.url, config=HttpConfig())
+
+    async def go():
+        try:
+            for i in range(HedgeTimer.MIN_SAMPLES):
+                await policy.sample(PROMPT, SamplingParams(max_tokens=8, seed=i))
+            delay = policy.http._hedger.delay(HedgeTimer.key(policy.path, 8))
+            assert delay is not None and delay < 2.0
+            out = []
+            for spent in (False, True):
+                if spent:
+                    policy.http._hedger._tokens = 0.0
+                fault(local_model_server, count=1, delay_s=30.0)
+                t0 = time.monotonic()
+                c = await policy.sample(PROMPT, SamplingParams(max_tokens=8, seed=99))
+                out.append((time.monotonic() - t0, c.meta["http"], delay))
+            return out
+        finally:
+            await policy.aclose()
+
+    (fast, fast_record, delay), (slow, slow_record, _) = run(go())
+    for took, record in ((fast, fast_record), (slow, slow_record)):
+        assert record.hedge_won and record.attempts == 1 and took < 30.0
+    assert slow >= HedgeTimer.OVERDUE * delay * 0.9  # waited until overdue, then hedged for free
 
 
 def test_config_file_env_and_flags_set_the_model_client():

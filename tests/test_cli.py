@@ -61,8 +61,9 @@ def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
         assert chatter not in as_flow.stderr, as_flow.stderr
     from storage import BatchStore
 
-    a, b = BatchStore(str(tmp_path / "runs")).read(result["batch_url"]), BatchStore(str(tmp_path / "runs")).read(
-        flowed["batch_url"]
+    a, b = (
+        BatchStore(str(tmp_path / "runs")).read(result["batch_url"]),
+        BatchStore(str(tmp_path / "runs")).read(flowed["batch_url"]),
     )
     assert [(r.completion_ids, r.logprobs, r.advantage) for r in a.actor] == [
         (r.completion_ids, r.logprobs, r.advantage) for r in b.actor

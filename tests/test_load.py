@@ -16,19 +16,24 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def test_collection_under_ten_percent_faults_completes_with_the_same_batch(local_model_server):
-    common = {"transitions": 400, "n_tasks": 12, "concurrency": 16, "timeout_s": 2.0}
+    # the library's client defaults: a hang lasts 1.5x the 120 s timeout, so the test
+    # ends in seconds only if hedging overtakes every hang
+    common = {"transitions": 400, "n_tasks": 12, "concurrency": 16}
     clean = load.run(local_model_server.url, fault_rate=0.0, **common)
     faulty = load.run(local_model_server.url, fault_rate=0.1, seed=3, **common)
     assert faulty["transitions"] >= 400 and faulty["failed_rollouts"] == 0
     injected = faulty["faults_injected"]
     assert len(injected) >= 8 and sum(injected.values()) >= 0.05 * faulty["requests"]
-    # each fault cost a retry (a slow answer on a loaded machine may add one more)
-    assert sum(faulty["retries"].values()) >= sum(injected.values())
+    # each fault cost a retry, or fell on a request a copy overtook or on a copy itself
+    # (a hang, or a slow answer on a loaded machine, gets a copy)
+    client = faulty["client"]
+    assert sum(client["retries"].values()) + client["hedges"] >= sum(injected.values())
     cmp = load.compare(faulty, clean)
     assert (cmp["identical_batches"], cmp["rows_lost"], cmp["rows_duplicated"]) == (True, 0, 0)
-    # an injected hang holds its rollout up past the client's timeout (2 s)
+    # an injected hang is overtaken by a hedge, not waited out
     if injected.get("timeout"):
-        assert cmp["rollouts_held_up_1s_or_more"] >= 1 and cmp["their_rollout_time_lost_s"] >= 2.0
+        assert client["hedge_wins"] >= injected["timeout"] and client["hedge_lost_s"] > 0
+        assert faulty["wall_s"] < 60
     # memory: what faults add is not kept - only each rollout's usage record counts its
     # retries (a few bytes per fault) - and resident memory grows by no more than a few
     # KiB per transition collected

@@ -35,6 +35,7 @@ import asyncio
 import json
 import random
 import time
+from asyncio import FIRST_COMPLETED
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -44,6 +45,7 @@ import httpx
 from focus.backends.retry import (
     CallRecord,
     ClientStats,
+    HedgeTimer,
     HttpConfig,
     RetryPolicy,
     is_retry_status,
@@ -66,8 +68,8 @@ class _Retryable(Exception):
     def __init__(self, kind: str, status: int | None, detail: str, retry_after: float | None = None) -> None:
         super().__init__(f"{kind}: {detail}")
         self.kind, self.status, self.retry_after = kind, status, retry_after
-        #: A hedge was sent in this attempt (and failed too).
-        self.hedged = False
+        #: Hedges sent in this attempt (they failed too).
+        self.hedged = 0
 
 
 class _Rejected(Exception):
@@ -126,10 +128,12 @@ class HttpClient:
         self._headers = self._make_headers()
         self._urls: dict[str, httpx.URL] = {}
         self._stats = ClientStats()
+        self._hedger = HedgeTimer(self.config)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(_loop=None, _live=None, _sem=None, _transport=None, _urls={}, _stats=ClientStats(), _rng=None)
+        state["_hedger"] = HedgeTimer(self.config)  # latencies are this process's
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -148,6 +152,10 @@ class HttpClient:
         """Totals of this client's calls in this process (fields: :class:`ClientStats`)."""
         return self._stats.as_dict()
 
+    def hedge_delays(self) -> dict[str, float]:
+        """The adaptive hedge delays this client has learnt, by endpoint and size class."""
+        return self._hedger.delays()
+
     @property
     def retries(self) -> dict[str, int]:
         """Failed attempts that were retried, by cause (``stats()["retries"]``)."""
@@ -165,23 +173,40 @@ class HttpClient:
         return self._live, self._sem
 
     async def request(
-        self, method: str, path: str, body: Any | None, parse: Callable[[Any], T], *, hedge: bool = True
+        self,
+        method: str,
+        path: str,
+        body: Any | None,
+        parse: Callable[[Any], T],
+        *,
+        hedge: bool = True,
+        size: int | None = None,
     ) -> T:
         """Send, decode JSON, ``parse`` it; retry transient failures; raise ``self.error``."""
-        value, _ = await self.call(method, path, body, parse, hedge=hedge)
+        value, _ = await self.call(method, path, body, parse, hedge=hedge, size=size)
         return value
 
     async def call(
-        self, method: str, path: str, body: Any | None, parse: Callable[[Any], T], *, hedge: bool = True
+        self,
+        method: str,
+        path: str,
+        body: Any | None,
+        parse: Callable[[Any], T],
+        *,
+        hedge: bool = True,
+        size: int | None = None,
     ) -> tuple[T, CallRecord]:
         """:meth:`request`, also returning what the call cost. ``hedge=False`` for a
-        request whose answer may differ between two identical sends (an unseeded sample)."""
+        request whose answer may differ between two identical sends (an unseeded sample).
+        ``size``: what the answer's time grows with (``max_tokens``, contexts scored), so
+        that the adaptive hedge compares it with requests of its size (:class:`HedgeTimer`)."""
         cfg = self.config
         url = self._urls.get(path)
         if url is None:  # parsed once per path: httpx's URL parser costs ~20 us a call
             url = self._urls[path] = httpx.URL(f"{self.base_url}{path}")
         content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        hedge_after = cfg.hedge_after_s if hedge else None
+        key = HedgeTimer.key(path, size)
+        hedge = hedge and self._hedger.enabled
         t0 = time.monotonic()
         deadline = None if cfg.deadline_s is None else t0 + cfg.deadline_s
         errors: list[tuple[str, float]] = []
@@ -193,7 +218,7 @@ class HttpClient:
             started = time.monotonic()
             attempts += 1
             try:
-                value, sent, won = await self._attempt(method, url, content, parse, hedge_after, deadline)
+                value, sent, won = await self._attempt(method, url, content, parse, key, hedge, deadline)
             except _Retryable as e:
                 last = e
                 hedges += e.hedged
@@ -202,7 +227,14 @@ class HttpClient:
                 self._stats.add(CallRecord(attempts, time.monotonic() - t0, tuple(errors), "rejected", hedges=hedges))
                 raise self.error(str(e)) from None
             else:
-                record = CallRecord(attempts, time.monotonic() - t0, tuple(errors), hedges=hedges + sent, hedge_won=won)
+                record = CallRecord(
+                    attempts,
+                    time.monotonic() - t0,
+                    tuple(errors),
+                    hedges=hedges + sent,
+                    hedge_won=won is not None,
+                    hedge_s=won or 0.0,
+                )
                 self._stats.add(record)
                 return value, record
             if retry == cfg.max_retries:
@@ -228,74 +260,139 @@ class HttpClient:
         url: httpx.URL,
         content: bytes | None,
         parse: Callable[[Any], T],
-        hedge_after: float | None,
+        key: tuple[str, int],
+        hedge: bool,
         deadline: float | None,
-    ) -> tuple[T, int, bool]:
-        """One attempt: the value, hedges sent (0 or 1) and whether the hedge answered.
+    ) -> tuple[T, int, float | None]:
+        """One attempt: the value, the hedges sent, and - when a hedge answered - how
+        long the request it overtook had waited (None when the first request answered).
 
-        Without a hedge it is one request. With one, the first request gets
-        ``hedge_after`` seconds alone, then an identical second request races it; the
-        first good answer wins and the other request is cancelled. A request the server
-        rejects (4xx) ends the attempt at once: its copy would be rejected the same way.
+        The first request holds one of the client's ``max_concurrency`` slots for the
+        whole attempt; each hedge waits for a slot of its own. With ``hedge``, a copy is
+        sent whenever the newest request has gone :meth:`HedgeTimer.delay` without an
+        answer (up to ``HedgeTimer.COPIES`` requests in flight - a copy that failed, say
+        with a 503 while the first still hangs, makes room for another - and within the
+        hedge budget); the first good answer wins and the others are cancelled. A request the server rejects (4xx)
+        ends the attempt at once: its copies would be rejected the same way. Every good
+        answer's own time (from its send) feeds the timer's latency window.
         """
-        if hedge_after is None or hedge_after >= self.config.timeout_s:
-            return await self._send(method, url, content, parse, deadline), 0, False
-        tasks = [asyncio.ensure_future(self._send(method, url, content, parse, deadline))]
-        pending = set(tasks)
-        failures: list[_Retryable] = []
-        try:
-            while pending:
-                wait_s = hedge_after if len(tasks) == 1 else None
-                done, pending = await asyncio.wait(pending, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
-                for task in tasks:  # the first request's outcome counts first
-                    if task in done:
-                        exc = task.exception()
-                        if exc is None:
-                            return task.result(), len(tasks) - 1, task is not tasks[0]
-                        if not isinstance(exc, _Retryable):
-                            raise exc
-                        failures.append(exc)
-                if not done:  # no answer after hedge_after: send the copy
-                    tasks.append(asyncio.ensure_future(self._send(method, url, content, parse, deadline)))
-                    pending.add(tasks[-1])
-        finally:
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
-        failures[0].hedged = len(tasks) > 1
+        transport, sem = self._for_loop()
+        timer = self._hedger
+        async with sem:
+            timer.earn()
+            if not hedge:
+                value, took = await self._send(transport, method, url, content, parse, deadline)
+                timer.observe(key, took)
+                return value, 0, None
+            sends = [time.monotonic()]
+            tasks = [asyncio.ensure_future(self._send(transport, method, url, content, parse, deadline))]
+            pending = set(tasks)
+            failures: list[_Retryable] = []
+            try:
+                while pending:
+                    done, pending = await asyncio.wait(
+                        pending, timeout=self._hedge_wait(key, sends[-1], len(pending)), return_when=FIRST_COMPLETED
+                    )
+                    for i, task in enumerate(tasks):  # the first request's outcome counts first
+                        if task in done:
+                            exc = task.exception()
+                            if exc is None:
+                                value, took = task.result()
+                                timer.observe(key, took)
+                                return value, len(tasks) - 1, (sends[i] - sends[0]) if i else None
+                            if not isinstance(exc, _Retryable):
+                                raise exc
+                            failures.append(exc)
+                    delay = timer.delay(key)
+                    waited = time.monotonic() - sends[-1]
+                    if (
+                        pending
+                        and len(pending) < timer.COPIES
+                        and delay is not None
+                        and waited >= delay
+                        and timer.spend(overdue=waited >= timer.OVERDUE * delay)
+                    ):
+                        sends.append(time.monotonic())
+                        tasks.append(
+                            asyncio.ensure_future(self._hedge(sem, transport, method, url, content, parse, deadline))
+                        )
+                        pending.add(tasks[-1])
+            finally:
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    await asyncio.gather(*pending, return_exceptions=True)
+                for task in tasks:  # a copy that failed beside the winner: its error is moot
+                    if task.done() and not task.cancelled():
+                        task.exception()
+        failures[0].hedged = len(tasks) - 1
         raise failures[0]
 
-    async def _send(
-        self, method: str, url: httpx.URL, content: bytes | None, parse: Callable[[Any], T], deadline: float | None
-    ) -> T:
-        """One request: send, read, check the status, decode and parse; raise _Retryable."""
-        transport, sem = self._for_loop()
+    def _hedge_wait(self, key: tuple[str, int], last_send: float, in_flight: int) -> float | None:
+        """Seconds to wait for an answer before looking at hedging again: until the
+        newest request is due a hedge; ``RECHECK_S`` while the class has no delay yet;
+        with the budget spent, until the request is overdue (``RECHECK_S`` at most, as
+        the budget may refill); None while no further copy may be in flight."""
+        timer = self._hedger
+        if in_flight >= timer.COPIES:
+            return None
+        delay = timer.delay(key)
+        if delay is None:
+            return timer.RECHECK_S
+        now = time.monotonic()
+        due = last_send + delay - now
+        if due > 0 or timer.can_spend():
+            return max(0.0, due)
+        return max(0.0, min(timer.RECHECK_S, last_send + timer.OVERDUE * delay - now))
+
+    async def _hedge(
+        self,
+        sem: asyncio.Semaphore,
+        transport: httpx.AsyncBaseTransport,
+        method: str,
+        url: httpx.URL,
+        content: bytes | None,
+        parse: Callable[[Any], T],
+        deadline: float | None,
+    ) -> tuple[T, float]:
+        """A copy of an attempt's request, in a concurrency slot of its own."""
         async with sem:
-            limit = self.config.timeout_s
-            if deadline is not None:
-                limit = min(limit, deadline - time.monotonic())
-            request = httpx.Request(
-                method,
-                url,
-                content=content,
-                headers=self._headers,
-                extensions={"timeout": {"connect": self.config.connect_timeout_s}},
-            )
-            try:
-                async with asyncio.timeout(max(limit, 0.0)):
-                    response = await transport.handle_async_request(request)
-                    try:
-                        data = await response.aread()
-                    finally:
-                        await response.aclose()
-            except TimeoutError as e:
-                what = (
-                    "the call's deadline passed" if limit < self.config.timeout_s else f"no answer within {limit:g} s"
-                )
-                raise _Retryable("timeout", None, what) from e
-            except (httpx.RequestError, aiohttp.ClientError, OSError) as e:
-                raise _classify(e) from e
+            return await self._send(transport, method, url, content, parse, deadline)
+
+    async def _send(
+        self,
+        transport: httpx.AsyncBaseTransport,
+        method: str,
+        url: httpx.URL,
+        content: bytes | None,
+        parse: Callable[[Any], T],
+        deadline: float | None,
+    ) -> tuple[T, float]:
+        """One request: send, read, check the status, decode and parse; raise _Retryable.
+        Returns the parsed value and the seconds from the send to the parsed answer."""
+        sent = time.monotonic()
+        limit = self.config.timeout_s
+        if deadline is not None:
+            limit = min(limit, deadline - sent)
+        request = httpx.Request(
+            method,
+            url,
+            content=content,
+            headers=self._headers,
+            extensions={"timeout": {"connect": self.config.connect_timeout_s}},
+        )
+        try:
+            async with asyncio.timeout(max(limit, 0.0)):
+                response = await transport.handle_async_request(request)
+                try:
+                    data = await response.aread()
+                finally:
+                    await response.aclose()
+        except TimeoutError as e:
+            what = "the call's deadline passed" if limit < self.config.timeout_s else f"no answer within {limit:g} s"
+            raise _Retryable("timeout", None, what) from e
+        except (httpx.RequestError, aiohttp.ClientError, OSError) as e:
+            raise _classify(e) from e
         status = response.status_code
         if is_retry_status(status):
             raise _Retryable(
@@ -308,9 +405,10 @@ class HttpClient:
         except ValueError as e:
             raise _Retryable("malformed response", status, f"not JSON ({e}): {_snippet(_text(data))}") from e
         try:
-            return parse(decoded)
+            value = parse(decoded)
         except (MalformedResponse, self.error, KeyError, TypeError, IndexError, ValueError) as e:
             raise _Retryable("malformed response", status, f"{type(e).__name__}: {e}") from e
+        return value, time.monotonic() - sent
 
     async def aclose(self) -> None:
         live, self._live, self._sem, self._loop = self._live, None, None, None
@@ -363,7 +461,9 @@ class HttpPolicy(Policy):
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         self.check_prompt(prompt_ids)
         body = self.request_body(prompt_ids, params)
-        completion, record = await self.http.call("POST", self.path, body, self.parse, hedge=params.seed is not None)
+        completion, record = await self.http.call(
+            "POST", self.path, body, self.parse, hedge=params.seed is not None, size=params.max_tokens
+        )
         if completion.policy_version:
             self.policy_version = completion.policy_version
         completion.meta["http"] = record  # meta is the parser's own new dict

@@ -26,9 +26,11 @@ pydantic, so configuration code can use it without loading an HTTP stack.
 from __future__ import annotations
 
 import email.utils
+import math
 import random
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,9 +65,11 @@ class RetryPolicy(BaseModel):
     #: Seconds to open a connection (part of an attempt's ``timeout_s`` too).
     connect_timeout_s: float = Field(5.0, gt=0)
     #: Retries after the first attempt (so ``max_retries + 1`` attempts at most).
-    max_retries: int = Field(4, ge=0)
+    max_retries: int = Field(8, ge=0)
     #: Backoff cap before retry ``n`` (0-based) is ``min(backoff_max_s, backoff_s * 2**n)``.
-    backoff_s: float = Field(0.5, ge=0)
+    #: A short first wait (an isolated failure is retried at once, 25 ms on average) and
+    #: many doublings (8 retries span up to 12.75 s, a restart) - see docs/operations.md.
+    backoff_s: float = Field(0.05, ge=0)
     backoff_max_s: float = Field(10.0, ge=0)
     #: Full jitter: wait a uniform draw from ``[0, cap]``; False waits exactly ``cap``.
     jitter: bool = True
@@ -74,8 +78,12 @@ class RetryPolicy(BaseModel):
     deadline_s: float | None = Field(600.0, gt=0)
     #: Send a second identical request when an attempt has not answered after this
     #: many seconds (if shorter than ``timeout_s``), and take the first good answer;
-    #: None: never hedge.
+    #: None: the adaptive delay below, or never when ``adaptive_hedge`` is off.
     hedge_after_s: float | None = Field(None, gt=0)
+    #: With ``hedge_after_s`` unset, hedge an attempt once it has waited longer than
+    #: this client's recent answers on the same endpoint and size class say it should
+    #: (:class:`HedgeTimer`); False: never hedge unless ``hedge_after_s`` is set.
+    adaptive_hedge: bool = True
 
     def backoff(self, retry: int, rng: random.Random, retry_after: float | None = None) -> float:
         """Seconds to wait before retry number ``retry`` (0-based).
@@ -97,6 +105,123 @@ class HttpConfig(RetryPolicy):
     max_concurrency: int = Field(64, gt=0)
     headers: dict[str, str] = Field(default_factory=dict)
     api_key: str | None = None
+
+
+class HedgeTimer:
+    """When an attempt gets a hedge: the delay per endpoint and size class, and a budget.
+
+    The adaptive delay follows *The Tail at Scale* (Dean and Barroso, 2013): send a copy
+    of a request once it is slower than almost every recent answer, so that a request
+    stuck behind a hang, a dead connection or a stalled replica costs about that delay
+    rather than a whole timeout. Here the delay is ``max(MIN_S, FACTOR * q)``, with ``q``
+    the ``QUANTILE`` of the last ``WINDOW`` successful latencies of this client on the
+    same path and the same *size class* (the request's size hint - ``max_tokens`` for a
+    generation, contexts for a critic - rounded to a power of two, so a long generation
+    is compared with generations of its length, not with short ones). Why these numbers
+    (docs/operations.md, "Hedging"): a healthy server answers past ``2 * q99`` about once
+    in 10^4 calls for an exponential tail, about once in 400 for a Pareto tail of index 2
+    - so hedges on a healthy server, slow or not, are rare and cost at most that share
+    of extra requests; a server that is slow throughout has slow answers in its window
+    and a delay to match. A class with fewer than ``MIN_SAMPLES`` answers has no
+    adaptive delay yet (no hedge).
+
+    Hedges are limited twice: an attempt has at most ``COPIES`` requests in flight (a
+    hedge may land on a hang too, or fail at once while the first still hangs), and
+    hedges spend a token bucket that every first request fills by ``BUDGET`` up to
+    ``BURST``, so over any stretch of time hedges are at most ``BUDGET`` of the requests
+    plus ``BURST`` - a server that slows down for everyone is not sent twice the load.
+    The one exception is a request ``OVERDUE`` times past its delay, which is hedged
+    anyway (a straggler the collection waits for sends no new requests to refill the
+    bucket). The fixed ``hedge_after_s`` replaces the
+    adaptive delay and keeps both limits.
+    """
+
+    QUANTILE = 0.99
+    FACTOR = 2.0
+    MIN_S = 0.1
+    WINDOW = 500
+    MIN_SAMPLES = 50
+    #: New answers in a class before its quantile is computed again (sorting a window
+    #: per call would cost more than the call's own client CPU).
+    REFRESH = 25
+    COPIES = 3
+    BUDGET = 0.1
+    BURST = 10.0
+    #: A request that has waited this many times its delay gets its hedge even with the
+    #: budget spent: the budget refills only as new requests are sent, and a straggler
+    #: that holds a wave back is exactly when none are (found at 20k transitions with 10%
+    #: faults: a hang waited out its whole 120 s timeout with the bucket at 0.8).
+    OVERDUE = 10.0
+    #: Seconds between looks at a class that has no delay yet, while a request waits.
+    RECHECK_S = 0.5
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.fixed = policy.hedge_after_s
+        self.adaptive = policy.adaptive_hedge and self.fixed is None
+        self.timeout_s = policy.timeout_s
+        self._windows: dict[tuple[str, int], deque[float]] = {}
+        self._delays: dict[tuple[str, int], float] = {}
+        self._fresh: Counter[tuple[str, int]] = Counter()
+        self._tokens = self.BURST
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any request may be hedged (a fixed delay shorter than the timeout, or adaptive)."""
+        return self.adaptive or (self.fixed is not None and self.fixed < self.timeout_s)
+
+    @staticmethod
+    def key(path: str, size: int | None) -> tuple[str, int]:
+        """The latency class of a request: its path and its size rounded up to a power of two."""
+        return path, 0 if size is None else max(0, int(size)).bit_length()
+
+    def observe(self, key: tuple[str, int], seconds: float) -> None:
+        """A successful answer on ``key`` that took ``seconds`` from its send."""
+        if not self.adaptive:
+            return
+        window = self._windows.get(key)
+        if window is None:
+            window = self._windows[key] = deque(maxlen=self.WINDOW)
+        window.append(seconds)
+        self._fresh[key] += 1
+        if len(window) >= self.MIN_SAMPLES and (key not in self._delays or self._fresh[key] >= self.REFRESH):
+            self._delays[key] = max(self.MIN_S, self.FACTOR * quantile(window, self.QUANTILE))
+            self._fresh[key] = 0
+
+    def delay(self, key: tuple[str, int]) -> float | None:
+        """Seconds an attempt on ``key`` waits for an answer before a hedge; None: no
+        hedge now (off, not learnt yet, or no shorter than the attempt's timeout)."""
+        d = self.fixed if self.fixed is not None else self._delays.get(key) if self.adaptive else None
+        return d if d is not None and d < self.timeout_s else None
+
+    def delays(self) -> dict[str, float]:
+        """The adaptive delays learnt so far, by class (``"<path> <sizes>"``), for reports."""
+        out = {}
+        for (path, bits), d in sorted(self._delays.items()):
+            sizes = "any size" if bits == 0 else f"size {1 << (bits - 1)}-{(1 << bits) - 1}"
+            out[f"{path} {sizes}"] = round(d, 4)
+        return out
+
+    def earn(self) -> None:
+        """A first request was sent: the budget grows by ``BUDGET`` (up to ``BURST``)."""
+        self._tokens = min(self.BURST, self._tokens + self.BUDGET)
+
+    def can_spend(self) -> bool:
+        return self._tokens >= 1.0 - 1e-9  # ten earnings of 0.1 sum to 0.999...
+
+    def spend(self, overdue: bool = False) -> bool:
+        """Take one hedge from the budget; False when it is spent, unless the request
+        is ``overdue`` (has waited ``OVERDUE`` times its delay: then free)."""
+        if self.can_spend():
+            self._tokens = max(0.0, self._tokens - 1.0)
+            return True
+        return overdue
+
+
+def quantile(values: Iterable[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (the smallest value with at least ``q`` of them at
+    or below it: no interpolation, so it is always a latency that was observed)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -126,8 +251,9 @@ class CallRecord:
     run from the attempt's start to the next attempt's start (or to the end of a call
     that gave up), so they include the backoff wait. ``failed``: the cause of the last
     attempt when the call gave up, else None; ``deadline``: the call ended because its
-    deadline passed. ``hedges``: second requests sent; ``hedge_won``: the answer came
-    from one of them.
+    deadline passed. ``hedges``: copies sent beside an attempt's first request;
+    ``hedge_won``: the answer came from one of them, and ``hedge_s`` is then what the
+    slow request cost: the seconds from its send to the send of the copy that answered.
     """
 
     attempts: int
@@ -137,6 +263,7 @@ class CallRecord:
     deadline: bool = False
     hedges: int = 0
     hedge_won: bool = False
+    hedge_s: float = 0.0
 
 
 class ClientStats:
@@ -145,9 +272,11 @@ class ClientStats:
     :meth:`as_dict` fields: ``calls`` (finished calls, answered or not), ``attempts``
     (first requests and retries; hedges not included), ``retries`` (failed attempts that
     were retried, by cause), ``failed_calls`` (calls that gave up, by the cause of their
-    last attempt, or ``rejected``: a 4xx the client does not retry), ``lost_s`` (seconds lost to failed attempts and their waits, by
-    cause), ``deadline_exceeded`` (calls ended by their deadline), ``hedges`` (second
-    requests sent) and ``hedge_wins`` (answers that came from a hedge).
+    last attempt, or ``rejected``: a 4xx the client does not retry), ``lost_s`` (seconds
+    lost to failed attempts and their waits, by cause), ``deadline_exceeded`` (calls
+    ended by their deadline), ``hedges`` (copies sent beside first requests and
+    retries), ``hedge_wins`` (answers that came from a hedge) and ``hedge_lost_s``
+    (seconds the requests those hedges overtook had waited).
     """
 
     def __init__(self) -> None:
@@ -159,6 +288,7 @@ class ClientStats:
         self.deadline_exceeded = 0
         self.hedges = 0
         self.hedge_wins = 0
+        self.hedge_lost_s = 0.0
 
     def add(self, record: CallRecord) -> None:
         self.calls += 1
@@ -173,6 +303,7 @@ class ClientStats:
         self.deadline_exceeded += record.deadline
         self.hedges += record.hedges
         self.hedge_wins += record.hedge_won
+        self.hedge_lost_s += record.hedge_s
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -184,4 +315,5 @@ class ClientStats:
             "deadline_exceeded": self.deadline_exceeded,
             "hedges": self.hedges,
             "hedge_wins": self.hedge_wins,
+            "hedge_lost_s": round(self.hedge_lost_s, 6),
         }
