@@ -1,7 +1,8 @@
 """Load under faults: collections against a loopback model server with injected faults.
 
-A fault proxy (``focus/testing/faults.py``) sits in front of the model server and
-injects every fault kind at ``--fault-rate`` of the generation requests (429, 5xx,
+A fault proxy (``focus/testing/faults.py``, in a process of its own like the server: it
+stands for the network and the service, whose CPU is not the collector's) sits in front
+of the model server and injects every fault kind at ``--fault-rate`` of the generation requests (429, 5xx,
 answers that hang past the client's timeout, closed and reset connections, non-JSON
 bodies, short and NaN log-probs). The collection runs as the pipeline runs it - the
 HTTP client with the library's defaults (``focus.backends.RetryPolicy``: 120 s timeout,
@@ -57,7 +58,7 @@ from focus.execution import Execution
 from focus.format import ByteCodec
 from focus.policy import SamplingParams
 from focus.priority import Phase, Selective
-from focus.testing.faults import FaultProxy
+from focus.testing.faults import FaultProxyProcess
 from focus.toy import ReachTarget, reach_target_tasks, toy_format
 from tasks.config import SearchConfig
 
@@ -142,7 +143,7 @@ def run(
     http = http or client_config(concurrency)
     waves = SearchConfig().waves_in_flight if waves_in_flight is None else waves_in_flight
     gc.collect()
-    with FaultProxy(url, rate=fault_rate, seed=seed, hang_s=http.timeout_s * HANG_FACTOR) as proxy:
+    with FaultProxyProcess(url, rate=fault_rate, seed=seed, hang_s=http.timeout_s * HANG_FACTOR) as proxy:
         col = make_collector(proxy.url, transitions, n_tasks, concurrency, http, waves)
         t0, c0 = time.perf_counter(), time.process_time()
         state, samples = asyncio.run(run_collection(col, n_tasks))
@@ -172,7 +173,7 @@ def run(
         "actor_rows": len(batch.actor),
         "duplicated_rows": len(keys) - len(set(keys)),
         "wall_s": round(wall, 3),
-        # this process's CPU (the collection and the in-process fault proxy): unlike wall
+        # this process's CPU (the collection; proxy and server run elsewhere): unlike wall
         # time, it hardly moves with the machine's load
         "cpu_s": round(cpu, 2),
         "transitions_per_s": round(st["transitions"] / wall, 1),

@@ -65,11 +65,12 @@ class RetryPolicy(BaseModel):
     #: Seconds to open a connection (part of an attempt's ``timeout_s`` too).
     connect_timeout_s: float = Field(5.0, gt=0)
     #: Retries after the first attempt (so ``max_retries + 1`` attempts at most).
-    max_retries: int = Field(8, ge=0)
+    max_retries: int = Field(10, ge=0)
     #: Backoff cap before retry ``n`` (0-based) is ``min(backoff_max_s, backoff_s * 2**n)``.
-    #: A short first wait (an isolated failure is retried at once, 25 ms on average) and
-    #: many doublings (8 retries span up to 12.75 s, a restart) - see docs/operations.md.
-    backoff_s: float = Field(0.05, ge=0)
+    #: A short first wait (an isolated failure is retried at once, 10 ms on average, well
+    #: under one generation) and many doublings (10 retries span up to 20 s, about 10 s
+    #: with jitter: a server restart) - see docs/operations.md.
+    backoff_s: float = Field(0.02, ge=0)
     backoff_max_s: float = Field(10.0, ge=0)
     #: Full jitter: wait a uniform draw from ``[0, cap]``; False waits exactly ``cap``.
     jitter: bool = True
@@ -153,7 +154,7 @@ class HedgeTimer:
     #: faults: a hang waited out its whole 120 s timeout with the bucket at 0.8).
     OVERDUE = 10.0
     #: Seconds between looks at a class that has no delay yet, while a request waits.
-    RECHECK_S = 0.5
+    RECHECK_S = 0.1
 
     def __init__(self, policy: RetryPolicy) -> None:
         self.fixed = policy.hedge_after_s

@@ -16,6 +16,8 @@ tests) and can be *cut* - the listening socket closed and every open connection 
 and restored on the same port, which is an object store that is unreachable for a while
 without losing the data behind it.
 
+:class:`FaultProxyProcess` runs a proxy in a process of its own (load benchmarks).
+
 Both run their own asyncio loop in a daemon thread and are stopped by :meth:`stop` (or
 the context manager), so a test leaves no thread listening.
 """
@@ -258,6 +260,70 @@ def _damage(data: dict[str, Any], fault: str) -> dict[str, Any]:
             for i, v in enumerate(values):
                 values[i] = [float("nan"), *v[1:]] if isinstance(v, list) else float("nan")
     return data
+
+
+def _serve_proxy(conn: Any, upstream: str, options: dict[str, Any]) -> None:
+    """A :class:`FaultProxyProcess`'s child: serve until told to stop, then report."""
+    with FaultProxy(upstream, **options) as proxy:
+        conn.send(proxy.url)
+        conn.recv()  # "stop", or EOF when the parent is gone
+        conn.send({"requests": proxy.requests, "injected": dict(proxy.injected)})
+
+
+class FaultProxyProcess:
+    """A :class:`FaultProxy` in a process of its own (same arguments, random faults only).
+
+    In a load benchmark the proxy stands for the network and the model service, so its
+    CPU should not be charged to the collecting process: in-process, every request it
+    forwards takes the collector's interpreter lock, and the faulty run's extra requests
+    slow the collection as much as the faults themselves do. ``requests`` and
+    ``injected`` are filled in when it stops.
+    """
+
+    def __init__(self, upstream: str, *, startup_timeout_s: float = 30.0, **options: Any) -> None:
+        self.upstream, self.options, self.startup_timeout_s = upstream, options, startup_timeout_s
+        self.url = ""
+        self.requests = 0
+        self.injected: Counter[str] = Counter()
+        self._proc: Any = None
+        self._conn: Any = None
+
+    def start(self) -> FaultProxyProcess:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve_proxy, args=(child, self.upstream, self.options), daemon=True)
+        self._proc.start()
+        child.close()
+        if not self._conn.poll(self.startup_timeout_s):
+            self._proc.kill()
+            raise RuntimeError(f"the fault proxy did not start within {self.startup_timeout_s:g} s")
+        try:
+            self.url = self._conn.recv()
+        except EOFError:
+            raise RuntimeError(f"the fault proxy process exited at start (code {self._proc.exitcode})") from None
+        return self
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        with contextlib.suppress(OSError, EOFError):
+            self._conn.send("stop")
+            if self._conn.poll(30):
+                report = self._conn.recv()
+                self.requests, self.injected = report["requests"], Counter(report["injected"])
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._conn.close()
+        self._proc = None
+
+    def __enter__(self) -> FaultProxyProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 class TcpRelay:
