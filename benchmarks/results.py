@@ -190,7 +190,21 @@ def git_commit() -> str | None:
         return None
     if out.returncode != 0:
         return None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
+    # the records and the README this runner itself rewrites do not make a run dirty
+    dirty = subprocess.run(
+        [
+            "git",
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":!benchmarks/results",
+            ":!benchmarks/README.md",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+    )
     return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
