@@ -2,7 +2,7 @@
 
 Measures, each as the wall time of the whole command (process start to exit):
 
-- the first collection of a new id (the temporary Prefect server, the embedded model,
+- the first collection of a new id (no Prefect server configured: the direct path; the embedded model,
   rollouts in-process), on a pseudo-terminal like a person's shell: seconds, the
   lines it printed, and the flow's own wall time (``flow_wall_s``) it reports;
 - a rerun of that finished collection;

@@ -785,7 +785,7 @@ def cli_start(f: dict[str, Any]) -> str:
 
     first = f["first_collection"]
     rows = [
-        runs_row("first collection, temporary Prefect server: wall", first, "wall_s"),
+        runs_row("first collection, no Prefect server configured (direct): wall", first, "wall_s"),
         runs_row("... the flow's own wall time", first, "flow_wall_s"),
         runs_row("... wall / flow (goal <= 2)", first, "ratio_to_flow", x_),
         runs_row("... lines shown", first, "lines", num),
