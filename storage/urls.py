@@ -39,6 +39,7 @@ _TRANSIENT_NAMES = {
     "ConnectionError",
     "TimeoutError",
     "EndpointConnectionError",
+    "ConnectionClosedError",
     "ConnectTimeoutError",
     "ReadTimeoutError",
     "ClientConnectorError",
@@ -47,7 +48,18 @@ _TRANSIENT_NAMES = {
 }
 #: "s3:/bucket", "gs:bucket": a protocol with a missing slash, not a relative path.
 _SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:(?!//)")
-_TRANSIENT_ERRNO = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH}
+#: Connection-level errnos, and the two s3fs gives a throttled or failing service
+#: (``SlowDown``/503 and 409 -> EBUSY, ``InternalError``/500 -> EREMOTEIO): with botocore
+#: making one attempt (``Location.S3_DEFAULTS``), these are retried by :func:`retrying`.
+_TRANSIENT_ERRNO = {
+    errno.ECONNREFUSED,
+    errno.ECONNRESET,
+    errno.ETIMEDOUT,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+    errno.EBUSY,
+    errno.EREMOTEIO,
+}
 
 
 class Retry(BaseModel):
@@ -157,7 +169,9 @@ class Location:
 
     #: Defaults for s3fs: one attempt inside botocore and s3fs, since :func:`retrying`
     #: owns the retry budget; a short connect timeout so an unreachable endpoint is fast.
-    S3_DEFAULTS: dict[str, Any] = {"config_kwargs": {"connect_timeout": 5, "retries": {"max_attempts": 1}}}
+    #: (botocore's ``max_attempts`` counts retries after the first attempt, each after a
+    #: random wait of up to a second; ``total_max_attempts = 1`` is one attempt.)
+    S3_DEFAULTS: dict[str, Any] = {"config_kwargs": {"connect_timeout": 5, "retries": {"total_max_attempts": 1}}}
 
     def __init__(self, root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> None:
         self.root = _normalise_root(root)

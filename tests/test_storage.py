@@ -386,6 +386,51 @@ def test_retries_are_bounded_and_only_for_transient_errors():
         retrying(lambda: (_ for _ in ()).throw(TimeoutError("slow")), "read x", Retry(attempts=2), sleep=lambda s: None)
 
 
+def test_a_throttled_or_failing_object_store_is_retried_by_our_policy():
+    """s3fs turns SlowDown/503 and 409 into EBUSY, InternalError/500 into EREMOTEIO."""
+    import errno
+
+    from storage.urls import is_transient
+
+    assert is_transient(OSError(errno.EBUSY, "SlowDown")) and is_transient(OSError(errno.EREMOTEIO, "500"))
+    assert not is_transient(OSError(errno.ENOENT, "missing")) and not is_transient(PermissionError("denied"))
+
+
+def test_s3_makes_one_connection_per_attempt_of_our_retry(monkeypatch):
+    """botocore and s3fs make one attempt each (our :func:`retrying` owns the budget): an
+    endpoint that drops every connection sees one or two requests per attempt of ours (a
+    bucket's ``info`` may ask twice), not botocore's extra retries after random waits of
+    up to a second each (12 requests with ``retries.max_attempts = 1``)."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    accepted: list[int] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    for k, v in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    host, port = srv.getsockname()
+    loc = Location("s3://bucket/runs", {"client_kwargs": {"endpoint_url": f"http://{host}:{port}"}})
+    try:
+        with pytest.raises(StorageUnavailable, match="after 3 attempt"):
+            retrying(lambda: loc.fs.info("bucket"), "open bucket", Retry(attempts=3, backoff_s=0.0))
+    finally:
+        srv.close()
+    assert 3 <= len(accepted) <= 6, accepted
+
+
 # --- checkpoints -----------------------------------------------------------------------------
 
 
