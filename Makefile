@@ -34,7 +34,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "not integration" tests
 
 # every benchmark benchmarks/README.md cites, one process each, a record per benchmark in
-# benchmarks/results/, then the README's tables rendered from the records (hours on 2 cores)
+# benchmarks/results/, then the README's tables rendered from the records (about 45 min on 2 cores)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
