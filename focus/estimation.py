@@ -638,7 +638,9 @@ def noise_model(
         # the prior's weight: pseudo-observations worth a typical depth's information per dof
         touching = _mv((design > 0).T.astype(np.float64), dofs)
         has = touching > 0
-        unit = float(np.median(np.diag(mat)[has] / touching[has]))
+        # no spread informs any depth (every segment's variance coefficient is 0): the
+        # prior alone sets the depth variances, at any positive scale
+        unit = float(np.median(np.diag(mat)[has] / touching[has])) if has.any() else 1.0
         mat = mat + _DEPTH_PRIOR_DOF * unit * centre + _NOISE_PRIOR_DOF * unit * half
         mat_av = _mm(_mm(to_s.T, mat), to_s)
         mat_av += 1e-9 * float(np.trace(mat_av)) / len(mat_av) * np.eye(len(mat_av))  # never singular

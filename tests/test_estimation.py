@@ -253,6 +253,25 @@ def test_noise_model_recovers_known_variances():
     assert tree_values(chain, noise=unknown).value[0] == pytest.approx(1.0)  # a plain backup
 
 
+def test_noise_model_of_spreads_without_transitions_is_quiet_and_finite():
+    """Siblings whose segments hold no task transition (tool turns only, as in the browse
+    example) inform no depth's variance: the fit rests on its prior, without numpy's
+    "mean of empty slice" warning."""
+    import warnings
+
+    trees = []
+    for i in range(4):
+        t = Tree.new(f"t{i}", None, (1,))
+        t.root.value = 0.5
+        t.add_node(0, (_turn(1.0, transition=False),), "terminal", steps=0)
+        t.add_node(0, (_turn(0.0, transition=False),), "terminal", steps=0)
+        trees.append(t)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nm = noise_model(trees)
+    assert nm.known and nm.spreads == 4 and math.isfinite(nm.critic_var) and nm.step_var(0) == 0.0
+
+
 def test_truncated_leaves_bootstrap_or_count_as_terminal():
     t = hand_tree()
     boot = tree_values(t, kappa=0.0)
