@@ -18,7 +18,7 @@ client hands prepared requests to the transport itself: 1.6-1.7x bare aiohttp, a
 
 Every call follows one :class:`~focus.backends.retry.RetryPolicy` (see that module):
 bounded attempts, full-jitter backoff, ``Retry-After``, a deadline per call and
-optional hedging; anything else (a 4xx saying the request is wrong) fails at once.
+adaptive hedging; anything else (a 4xx saying the request is wrong) fails at once.
 After the last try the caller gets one error (``PolicyError`` for policies,
 ``CriticError`` for critics) naming the URL, the last status and the cause. What each
 call cost is a :class:`~focus.backends.retry.CallRecord`; :meth:`HttpClient.stats`

@@ -13,14 +13,17 @@ which follows the :class:`RetryPolicy` here:
   do not come back together; a ``Retry-After`` header is a floor on that wait;
 * the whole call, attempts and waits together, ends by ``deadline_s``: a retry that
   could not finish in time is not started;
-* optionally a *hedge*: when an attempt has not answered after ``hedge_after_s``, an
-  identical second request is sent and the first good answer wins. The client hedges
-  only requests whose answer does not depend on which copy answers (a seeded sample,
-  a critic score): taking the faster of two unseeded samples would favour short ones.
+* a *hedge* (on by default): when an attempt has not answered after twice the recent
+  p99 latency of its kind (:class:`HedgeTimer`; or after a fixed ``hedge_after_s``), an
+  identical copy is sent and the first good answer wins, so a hang or a stalled replica
+  costs about that delay instead of a whole timeout. The client hedges only requests
+  whose answer does not depend on which copy answers (a seeded sample, a critic score):
+  taking the faster of two unseeded samples would favour short ones.
 
-This module holds the policy and the pure decisions (backoff, ``Retry-After``) and the
-per-call :class:`CallRecord` with its tally :class:`ClientStats`; it imports nothing but
-pydantic, so configuration code can use it without loading an HTTP stack.
+This module holds the policy and its decisions (backoff, ``Retry-After``, when to
+hedge) and the per-call :class:`CallRecord` with its tally :class:`ClientStats`; it
+imports nothing but pydantic, so configuration code can use it without loading an HTTP
+stack.
 """
 
 from __future__ import annotations
