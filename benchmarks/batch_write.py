@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import statistics
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.s3 import loopback_bucket
 from focus.batch import ActorRow, Batch, BatchBuilder, CriticRow
 from storage import PARQUET_OPTIONS, BatchStore
 
@@ -252,28 +251,14 @@ def main() -> None:
     results["write_ratio_vs_pyarrow"] = local["write_ratio_vs_pyarrow"]
 
     if not args.no_s3:
-        from moto.server import ThreadedMotoServer
+        import s3fs
 
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        try:
-            host, port = server.get_host_and_port()
-            os.environ.update(
-                AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
-                AWS_ENDPOINT_URL=f"http://{host}:{port}",
-            )  # fmt: skip
-            import s3fs
-
+        with loopback_bucket("bench") as bucket:
             fs = s3fs.S3FileSystem(skip_instance_cache=True)
-            bucket = f"bench-{uuid.uuid4().hex[:8]}"
-            fs.mkdir(bucket)
             counter = iter(range(10**6))
             results["s3"] = measure(
                 "s3 (moto, loopback)", lambda: f"s3://{bucket}/run-{next(counter)}", batch, args.repeats, fs
             )
-        finally:
-            server.stop()
 
     for key in ("local", "s3"):
         if key not in results:

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
+from benchmarks.s3 import loopback_bucket
 from storage import CheckpointStore, LeaseHeld, collection_lease
 from storage.urls import TEMP_MARK
 
@@ -111,24 +110,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="focus-race-") as tmp:
         results["local"] = race(tmp, args.attempts, args.writers, args.waves)
     if not args.no_s3:
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        try:
-            host, port = server.get_host_and_port()
-            os.environ.update(
-                AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
-                AWS_ENDPOINT_URL=f"http://{host}:{port}",
-            )  # fmt: skip
-            import s3fs
-
-            bucket = f"race-{uuid.uuid4().hex[:8]}"
-            s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)
+        with loopback_bucket("race") as bucket:
             results["s3"] = race(f"s3://{bucket}", args.attempts, args.writers, args.waves)
-        finally:
-            server.stop()
     for key in ("local", "s3"):
         if key in results:
             r = results[key]

@@ -21,6 +21,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from fixtures.prefect import DigitPolicy
+from fixtures.steps import drive
 
 from focus.agent import Agent
 from focus.backends import HttpConfig, OpenAICompatPolicy
@@ -190,22 +191,6 @@ def test_an_outage_in_the_middle_of_a_write_is_repaired_by_writing_again(s3_serv
         store.read(url)
     store.write(batch)
     check_complete(store, url, batch, s3_server)
-
-
-def drive(steps: Steps) -> dict:
-    """The collection's steps in flow order, without Prefect (the flow is a loop over these)."""
-    cfg = steps.config
-    steps.check_config()
-    steps.evidence()
-    steps.score(EVIDENCE, EVIDENCE_SCORED)
-    source = EVIDENCE_SCORED
-    for p in range(1, len(cfg.search.phases)):
-        wave = 0
-        while not steps.wave(source, p, wave)["done"]:
-            source = score_key(cfg, p, wave)
-            steps.score(wave_key(cfg, p, wave), source)
-            wave += 1
-    return steps.export(source)
 
 
 def test_a_collection_survives_an_outage_between_waves(s3_server, s3_relay, relay_store):

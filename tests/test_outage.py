@@ -14,6 +14,7 @@ import asyncio
 import time
 
 import pytest
+from fixtures.steps import drive
 
 from focus.agent import Agent, Piece, Rollout, is_outage
 from focus.backends import HttpConfig, OpenAICompatPolicy
@@ -145,22 +146,6 @@ def steps_for(cfg) -> Steps:  # type: ignore[no-untyped-def]
 
     root = cfg.storage.root
     return Steps(cfg, CheckpointStore(root), BatchStore(root), lambda: make_execution(cfg.execution))
-
-
-def drive(steps: Steps) -> dict:
-    """Every step in flow order (the collect flow is a loop over these)."""
-    cfg = steps.config
-    steps.check_config()
-    steps.evidence()
-    steps.score(EVIDENCE, EVIDENCE_SCORED)
-    source = EVIDENCE_SCORED
-    for p in range(1, len(cfg.search.phases)):
-        wave = 0
-        while not steps.wave(source, p, wave)["done"]:
-            source = score_key(cfg, p, wave)
-            steps.score(wave_key(cfg, p, wave), source)
-            wave += 1
-    return steps.export(source)
 
 
 def key(batch):  # type: ignore[no-untyped-def]

@@ -37,6 +37,8 @@ from typing import Any
 
 import aiohttp
 
+from focus.testing.simserver import read_request
+
 #: Every fault kind the proxy can inject on a generation request.
 KINDS = ("429", "500", "502", "503", "timeout", "close", "reset", "malformed", "short_logprobs", "nan_logprobs")
 GENERATION_PATHS = ("/v1/completions", "/generate")
@@ -190,18 +192,10 @@ class FaultProxy:
         self._writers.add(writer)
         try:
             while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
+                request = await read_request(reader)
+                if request is None:
                     return
-                lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
-                headers = {}
-                for line in lines[1:]:
-                    if ":" in line:
-                        k, v = line.split(":", 1)
-                        headers[k.strip().lower()] = v.strip()
-                body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+                method, path, headers, body = request
                 fault = self._next_fault() if path.split("?")[0] in GENERATION_PATHS else None
                 if fault in ("close", "reset"):
                     (_reset(writer) if fault == "reset" else writer.close())

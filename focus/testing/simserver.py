@@ -264,21 +264,11 @@ class SimServer:
         """HTTP/1.1 with keep-alive and Content-Length bodies (what httpx sends)."""
         try:
             while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
+                request = await read_request(reader)
+                if request is None:
                     return
-                lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
-                length, close = 0, False
-                for line in lines[1:]:
-                    name, _, value = line.partition(":")
-                    name = name.strip().lower()
-                    if name == "content-length":
-                        length = int(value)
-                    elif name == "connection" and value.strip().lower() == "close":
-                        close = True
-                body = await reader.readexactly(length) if length else b""
+                method, path, headers, body = request
+                close = headers.get("connection", "").lower() == "close"
                 status, payload = await self.route(method, path, body)
                 out = json.dumps(payload, separators=(",", ":")).encode()
                 reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
@@ -295,6 +285,24 @@ class SimServer:
         finally:
             with contextlib.suppress(Exception):
                 writer.close()
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str], bytes] | None:
+    """One HTTP/1.1 request off a keep-alive connection: method, path, headers (names in
+    lower case) and its Content-Length body; None when the client has gone."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    method, path, _ = lines[0].split(" ", 2)
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0") or 0)
+    return method, path, headers, await reader.readexactly(length) if length else b""
 
 
 def _error(message: str, code: int = 400) -> dict[str, Any]:
