@@ -258,14 +258,15 @@ class Collector:
                         f"phase {phase.name!r} sets max_waves, which streaming mode has no waves to count; "
                         "drop max_waves or run with Execution(streaming=False)"
                     )
-        state = await self.run_evidence(tasks)
-        for pi, phase in enumerate(self.search_config.phases):
-            if phase.is_evidence:
-                continue
-            if self.execution.streaming:
-                state = await self.stream_phase(state, pi)
-            else:
-                state = await self.run_phase(state, pi)
+        with self.execution.frozen_heap():
+            state = await self.run_evidence(tasks)
+            for pi, phase in enumerate(self.search_config.phases):
+                if phase.is_evidence:
+                    continue
+                if self.execution.streaming:
+                    state = await self.stream_phase(state, pi)
+                else:
+                    state = await self.run_phase(state, pi)
         return state
 
     async def run_phase(self, state: SearchState, phase_index: int) -> SearchState:
@@ -305,49 +306,49 @@ class Collector:
         finished: list[tuple[InFlight, Any]] = []
         done: asyncio.Queue[asyncio.Future[Any]] = asyncio.Queue()
         wave = state.waves_done(phase_index)
-        frozen = self.execution.freeze_gc and gc.get_freeze_count() == 0
         t_last = time.perf_counter()
-        try:
-            while True:
-                free = cap - len(running)
-                short = False
-                if free >= refill_at or not running:
-                    waiting = [*running.values(), *(f for f, _ in finished)]
-                    refill = plan_refill(state, self.search_config, phase_index, waiting, free)
-                    short = len(refill) < free
-                    # longest-remaining first, as in a wave
-                    for f in sorted(refill, key=lambda f: f.job.start.steps):
-                        launched = self.execution.launch(self.agent, f.job)
-                        launched.add_done_callback(done.put_nowait)
-                        running[launched] = f
-                if finished and (not running or len(finished) >= graft_at or (short and len(finished) >= refill_at)):
-                    finished.sort(key=lambda p: (p[0].job.tree_index, p[0].job.node_id, p[0].job.branch))
-                    now = time.perf_counter()
-                    plan = WavePlan(phase_index, wave, tuple(f.job for f, _ in finished))
-                    rollouts = [r for _, r in finished]
-                    check_outage(rollouts, self.execution.max_outage_share)
-                    state = graft(state, plan, rollouts, phase.name, wave_wall_s=now - t_last)
-                    _warn_failures(phase.name, wave, rollouts)
-                    state = await self.score(state)
-                    finished, t_last, wave = [], now, wave + 1
-                    continue
-                if not running:
-                    return state
-                if frozen:
-                    # Keep the trees (most of the heap) out of cyclic GC while rollouts run;
-                    # freezing again moves only what was created since (O(1)).
-                    gc.freeze()
-                task = await done.get()
+        with self.execution.frozen_heap() as frozen:
+            try:
                 while True:
-                    finished.append((running.pop(task), task.result()))
-                    if done.empty():
-                        break
-                    task = done.get_nowait()
-        finally:
-            for t in running:
-                t.cancel()
-            if frozen:
-                gc.unfreeze()
+                    free = cap - len(running)
+                    short = False
+                    if free >= refill_at or not running:
+                        waiting = [*running.values(), *(f for f, _ in finished)]
+                        refill = plan_refill(state, self.search_config, phase_index, waiting, free)
+                        short = len(refill) < free
+                        # longest-remaining first, as in a wave
+                        for f in sorted(refill, key=lambda f: f.job.start.steps):
+                            launched = self.execution.launch(self.agent, f.job)
+                            launched.add_done_callback(done.put_nowait)
+                            running[launched] = f
+                    if finished and (
+                        not running or len(finished) >= graft_at or (short and len(finished) >= refill_at)
+                    ):
+                        finished.sort(key=lambda p: (p[0].job.tree_index, p[0].job.node_id, p[0].job.branch))
+                        now = time.perf_counter()
+                        plan = WavePlan(phase_index, wave, tuple(f.job for f, _ in finished))
+                        rollouts = [r for _, r in finished]
+                        check_outage(rollouts, self.execution.max_outage_share)
+                        state = graft(state, plan, rollouts, phase.name, wave_wall_s=now - t_last)
+                        _warn_failures(phase.name, wave, rollouts)
+                        state = await self.score(state)
+                        finished, t_last, wave = [], now, wave + 1
+                        continue
+                    if not running:
+                        return state
+                    if frozen:
+                        # Keep the trees (most of the heap) out of cyclic GC while rollouts run;
+                        # freezing again moves only what was created since (O(1)).
+                        gc.freeze()
+                    task = await done.get()
+                    while True:
+                        finished.append((running.pop(task), task.result()))
+                        if done.empty():
+                            break
+                        task = done.get_nowait()
+            finally:
+                for t in running:
+                    t.cancel()
 
     async def search(self, tasks: Sequence[Task]) -> list[Tree]:
         return (await self.run_search(tasks)).trees

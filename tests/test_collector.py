@@ -345,3 +345,26 @@ class TestStochasticSyntheticEnv(EnvConformance):
 
     def make_action(self):
         return Action("text", text="2")
+
+
+def test_the_heap_stays_frozen_for_the_whole_collection_and_is_released_after():
+    """Between waves (while the critic scores) the trees stay out of cyclic GC with
+    young collections spaced out; afterwards Python's own settings are back."""
+    import gc
+
+    from focus.execution import GC_THRESHOLD_FROZEN
+
+    col, tasks, mdps = synthetic()
+    seen: list[tuple[int, int]] = []
+
+    class Recording(SyntheticCritic):
+        async def predict_with_std(self, contexts):
+            seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
+            return await super().predict_with_std(contexts)
+
+    before = gc.get_threshold()
+    col.critic = Recording(mdps, 0.1)
+    batch = run(col.collect(tasks))
+    assert len(seen) >= 3 and all(frozen > 0 and t0 >= GC_THRESHOLD_FROZEN for frozen, t0 in seen)
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+    assert batch_key(batch) == batch_key(run(synthetic()[0].collect(tasks)))

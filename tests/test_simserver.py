@@ -132,20 +132,25 @@ def test_engine_benchmark_runs_at_tiny_size_and_reports_every_figure(tmp_path):
 
 
 def test_execution_starts_jobs_with_most_steps_left_first_and_keeps_job_order():
-    """Engine tweaks measured by the benchmark: longest-first start order, GC frozen only
-    while the wave runs. A recording agent stands in for the real one (unit test)."""
+    """Engine tweaks measured by the benchmarks: longest-first start order, one worker
+    per slot, GC frozen (and young collections spaced out) only while the wave runs. A recording agent stands in for the real one (unit test)."""
     import gc
     from types import SimpleNamespace
 
-    from focus.execution import Execution
+    from focus.execution import GC_THRESHOLD_FROZEN, Execution
 
     started: list[int] = []
     frozen_during: list[int] = []
+    thresholds_during: list[int] = []
+    tasks_alive: list[int] = []
+    before = gc.get_threshold()
 
     class Recording:
         async def rollout(self, start, seed):
             started.append(start.steps)
             frozen_during.append(gc.get_freeze_count())
+            thresholds_during.append(gc.get_threshold()[0])
+            tasks_alive.append(len(asyncio.all_tasks()))
             await asyncio.sleep(0.001 * start.steps)
             return ("rollout", seed)
 
@@ -157,6 +162,9 @@ def test_execution_starts_jobs_with_most_steps_left_first_and_keeps_job_order():
     assert out == [("rollout", i) for i in range(len(steps))]
     assert started == sorted(steps)
     assert all(n > 0 for n in frozen_during) and gc.get_freeze_count() == 0
+    assert min(thresholds_during) >= GC_THRESHOLD_FROZEN and gc.get_threshold() == before
+    # one worker per slot, not one task per job: the main task plus two workers
+    assert max(tasks_alive) == 3
     started.clear()
     asyncio.run(Execution(max_concurrency=2, freeze_gc=False).run(Recording(), jobs))  # type: ignore[arg-type]
-    assert frozen_during[-1] == 0
+    assert frozen_during[-1] == 0 and thresholds_during[-1] == before[0]
