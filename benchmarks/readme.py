@@ -741,8 +741,30 @@ def scale(f: dict[str, Any]) -> str:
             + ". Slot utilisation of the server, highest of any arm: "
             + num(max(r[a]["slot_utilisation"] for r in f["rows"] for a in ("focus", "baseline")))
             + ".",
+            *_scale_repeats(f),
         ]
     )
+
+
+def _scale_repeats(f: dict[str, Any]) -> list[str]:
+    """Each run's CPU per transition, where rows ran more than once (records before
+    ``--repeats`` have one run per row and no such line)."""
+    each = {
+        r["key"]: (r["focus_cpu_ms_per_transition_each_run"], r["baseline_cpu_ms_per_transition_each_run"])
+        for r in f["rows"]
+        if len(r.get("focus_cpu_ms_per_transition_each_run", ())) > 1
+    }
+    if not each:
+        return []
+    runs = "; ".join(
+        f"{k} FOCUS {', '.join(num(v) for v in a)}, baseline {', '.join(num(v) for v in b)}"
+        for k, (a, b) in each.items()
+    )
+    n = f["config"]["repeats"]
+    return [
+        f"Rows up to {f['config']['repeat_max_size']:,} transitions ran {n} times, the repeats going round the rows; "
+        f"each arm reports its median run. CPU ms per transition of each run: {runs}."
+    ]
 
 
 HTTP_STACKS = {

@@ -42,7 +42,11 @@ transition at every row; focus CPU per transition at each size / at the smallest
 of the same task series; plan CPU per wave, last quarter / first quarter, at the
 largest size.
 
-    python -m benchmarks.scale [--json PATH] [--quick] [--sizes 2000 10000 ...]
+    python -m benchmarks.scale [--json PATH] [--quick] [--sizes 2000 10000 ...] [--repeats 3]
+
+Rows up to ``--repeat-max-size`` (40k) run ``--repeats`` times, the repeats going round
+the rows, and each arm reports its median run: a short row is where a burst of load
+from elsewhere moves CPU per transition most.
 
 ``--quick`` runs tiny sizes against a small server in seconds (used by
 tests/test_bench_scale.py).
@@ -524,6 +528,13 @@ def run_child(cfg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         return dict(json.loads(out.read_text()))
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median CPU per transition (the lower middle of an even count),
+    whole, so every figure reported for a row comes from one run."""
+    ordered = sorted(runs, key=lambda r: r["cpu_ms_per_transition"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
@@ -622,6 +633,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tokens", type=int, default=3, help="tokens generated per call")
     ap.add_argument("--concurrency", type=int, default=512, help="rollouts in flight (both arms); FOCUS wave size")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="per arm")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each row up to --repeat-max-size; median run kept")
+    ap.add_argument("--repeat-max-size", type=int, default=40000, help="larger rows run once")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -632,6 +645,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.sizes, args.few_tasks, args.tasks_per_1k = [300, 1000], 6, 20.0
         args.slots, args.latency_ms, args.concurrency = 16, 2.0, 32
+        args.repeats, args.repeat_max_size = min(args.repeats, 2), 300
     t0 = time.perf_counter()
     figures: dict[str, Any] = {
         "machine": machine(),
@@ -648,39 +662,56 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "concurrency": args.concurrency,
             "task_targets": list(TARGETS),
             "critic": f"ConstantCritic({CRITIC_VALUE})",
+            "repeats": args.repeats,
+            "repeat_max_size": args.repeat_max_size,
         },
     }
-    rows = []
-    for n, tasks, series in rows_for(args.sizes, args.few_tasks, args.tasks_per_1k):
-        row: dict[str, Any] = {
-            "key": f"{size_label(n)}_{tasks}t",
-            "series": series,
-            "transitions_budget": n,
-            "tasks": tasks,
-            "load_average_before": load_average(),
-        }
-        for arm in ("focus", "baseline"):
-            cfg = {
-                "arm": arm,
-                "transitions": n,
-                "tasks": tasks,
-                "slots": args.slots,
-                "latency_s": args.latency_ms / 1000,
-                "completion_tokens": args.tokens,
-                "concurrency": args.concurrency,
-            }
-            row[arm] = run_child(cfg, args.timeout_s)
-        row["load_average_after"] = load_average()
-        rows.append(row)
-        f, b = row["focus"], row["baseline"]
-        print(
-            f"{row['key']}: focus {f['transitions']} t, {f['transitions_per_s']:.0f} t/s, "
-            f"{f['cpu_ms_per_transition']:.3f} ms/t; baseline {b['transitions']} t, "
-            f"{b['transitions_per_s']:.0f} t/s, {b['cpu_ms_per_transition']:.3f} ms/t; "
-            f"load {row['load_average_after']}",
-            file=sys.stderr,
-            flush=True,
-        )
+    plan = rows_for(args.sizes, args.few_tasks, args.tasks_per_1k)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    # Repeats go round the rows (a burst of load hits one run of a row, not all of
+    # them); rows above --repeat-max-size run once.
+    for rep in range(args.repeats):
+        for n, tasks, series in plan:
+            if rep > 0 and n > args.repeat_max_size:
+                continue
+            key = f"{size_label(n)}_{tasks}t"
+            row = rows.setdefault(
+                key,
+                {
+                    "key": key,
+                    "series": series,
+                    "transitions_budget": n,
+                    "tasks": tasks,
+                    "load_average_before": load_average(),
+                },
+            )
+            for arm in ("focus", "baseline"):
+                cfg = {
+                    "arm": arm,
+                    "transitions": n,
+                    "tasks": tasks,
+                    "slots": args.slots,
+                    "latency_s": args.latency_ms / 1000,
+                    "completion_tokens": args.tokens,
+                    "concurrency": args.concurrency,
+                }
+                runs.setdefault(key, {}).setdefault(arm, []).append(run_child(cfg, args.timeout_s))
+            row["load_average_after"] = load_average()
+            f, b = runs[key]["focus"][-1], runs[key]["baseline"][-1]
+            print(
+                f"{key} (run {rep + 1}): focus {f['transitions']} t, {f['transitions_per_s']:.0f} t/s, "
+                f"{f['cpu_ms_per_transition']:.3f} ms/t; baseline {b['transitions']} t, "
+                f"{b['transitions_per_s']:.0f} t/s, {b['cpu_ms_per_transition']:.3f} ms/t; "
+                f"load {row['load_average_after']}",
+                file=sys.stderr,
+                flush=True,
+            )
+    for key, row in rows.items():
+        for arm, done in runs[key].items():
+            row[arm] = median_run(done)
+            row[f"{arm}_cpu_ms_per_transition_each_run"] = [r["cpu_ms_per_transition"] for r in done]
+    rows = list(rows.values())
     figures["rows"] = rows
     figures.update(summarise(rows))
     figures["benchmark_wall_s"] = time.perf_counter() - t0

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Waves running in this process that froze the heap (see ``Execution.freeze_gc``).
+#: Holders of :meth:`Execution.frozen_heap` in this process (see ``Execution.freeze_gc``).
 _FROZEN_RUNS = 0
 #: Python's collection thresholds from before the first holder froze the heap.
 _THRESHOLDS = gc.get_threshold()
@@ -116,13 +116,16 @@ class Execution(BaseModel):
     #: sits between the two with room either way, and as a share it scales with the
     #: wave. 1.0 never fails a wave (failed rollouts are kept, as before).
     max_outage_share: float = Field(0.1, ge=0.0, le=1.0)
-    #: While a wave runs, keep the objects that existed when it started (the trees and
-    #: branch states: most of the heap) out of cyclic garbage collection, and put them
-    #: back afterwards. Each full collection otherwise walks every node and turn of every
-    #: tree, stalling the event loop for up to half a second while serving slots sit
-    #: idle (measured in benchmarks/engine.py). Skipped if the caller froze objects itself;
-    #: finding that out walks every frozen object (``gc.get_freeze_count`` counts a
-    #: list), so a caller that keeps objects frozen across waves passes ``False``.
+    #: While a wave runs (and, under ``Collector.run_search``, for the whole
+    #: collection), keep the objects that existed when it started (the trees and branch
+    #: states: most of the heap) out of cyclic garbage collection, with young
+    #: collections spaced by :data:`GC_THRESHOLD_FROZEN`; put both back afterwards
+    #: (:meth:`frozen_heap`). Each full collection otherwise walks every node and turn
+    #: of every tree, stalling the event loop for up to half a second while serving
+    #: slots sit idle (measured in benchmarks/engine.py). Skipped if the caller froze
+    #: objects itself; finding that out walks every frozen object
+    #: (``gc.get_freeze_count`` counts a list), so a caller that keeps objects frozen
+    #: across waves passes ``False``.
     freeze_gc: bool = True
     #: Opt-in: continuation phases keep ``max_concurrency`` rollouts in flight instead
     #: of running in waves, so the model service does not drain while a wave's slowest

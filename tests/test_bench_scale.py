@@ -75,6 +75,10 @@ def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
     assert json.loads(out.read_text()) == json.loads(json.dumps(figures))
     keys = [r["key"] for r in figures["rows"]]
     assert keys == ["300_6t", "1k_6t", "1k_20t"]
+    # rows up to --repeat-max-size run twice at quick size; the kept run is one of them
+    runs = {r["key"]: r["focus_cpu_ms_per_transition_each_run"] for r in figures["rows"]}
+    assert [len(v) for v in runs.values()] == [2, 1, 1]
+    assert figures["rows"][0]["focus"]["cpu_ms_per_transition"] == min(runs["300_6t"])
     for row in figures["rows"]:
         for arm in ("focus", "baseline"):
             f = row[arm]
