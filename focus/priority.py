@@ -9,8 +9,8 @@ A priority sees a small read-only :class:`NodeEvidence` view of one checkpoint -
 critic's prediction, the backed-up values of its children, the modelled variances of
 one more continuation, depth, branches and influence - and returns a number; higher
 is continued first. Collection-wide quantities the view depends on (the noise model,
-the mean segment length) come from a :class:`Calibration`, which search refreshes
-each time the number of waves doubles. Planning itself (which jobs a wave runs) is
+the mean segment length) come from a :class:`Calibration`, which search refits when
+the waves and the evidence have both doubled (:meth:`focus.search.SearchState.calibration`). Planning itself (which jobs a wave runs) is
 the pure function :func:`focus.search.plan_wave`.
 """
 

@@ -15,7 +15,7 @@ instead updates only what a wave changed:
 
 Collection-wide quantities (the noise model, the mean segment length) come from the
 search's :class:`~focus.priority.Calibration`, which changes only when the collection
-doubles in waves; a new calibration rebuilds the ranking from scratch. Every number is
+has doubled in waves and in evidence; a new calibration rebuilds the ranking from scratch. Every number is
 computed by the same per-node functions as the from-scratch path
 (:func:`focus.estimation.node_value`, :func:`focus.priority.node_view`), children
 before parents, so the incremental state equals a rebuild exactly (tested on random

@@ -88,6 +88,8 @@ class SearchState:
     _calibrations: dict[tuple[Any, ...], Calibration] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    #: Waves -> :meth:`spread_count` of the first that many waves.
+    _spreads: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def waves_done(self, phase_index: int) -> int:
         return sum(1 for p, _ in self.waves if p == phase_index)
@@ -102,34 +104,67 @@ class SearchState:
         state = dict(self.__dict__)
         state.pop("_derived", None)
         state.pop("_calibrations", None)
+        state.pop("_spreads", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._derived = {}
         self._calibrations = {}
+        self._spreads = {}
 
     def calibration(self, search: Priority) -> Calibration:
         """The ranking's :class:`~focus.priority.Calibration`, a pure function of the
         state (cached, carried to successor states, never pickled).
 
-        Fitted on the rollouts of the first ``2^k`` waves, ``2^k`` the largest power of
-        two not above the waves grafted: refitted each time the collection doubles in
-        waves (an O(collection) pass, amortised O(1) per wave), until a fit rests on
-        :data:`CALIBRATION_SPREADS` spreads; that one is kept from then on (more data
-        would move it by less than its sampling error, and a refit costs a pass over
-        the whole collection).
+        Fitted on the rollouts of the first ``2^k`` waves, and fitted again at a later
+        power of two of waves only once the evidence has doubled since the last fit
+        (counted as checkpoints with two or more finished children,
+        :meth:`spread_count`): a refit on less new evidence would move the noise model
+        by less than its sampling error, and each refit costs a pass over the whole
+        collection plus a rebuild of every tree's ranking. A collection of many tasks
+        starts with thousands of spreads from its evidence phase, so its first
+        continuation waves do not refit; one of few tasks doubles its evidence with
+        nearly every doubling of its waves. Once a fit rests on
+        :data:`CALIBRATION_SPREADS` spreads it is kept from then on.
         """
         n = len(self.waves)
         size = 1 if n else 0
-        while True:
-            key = (size, search.discount, search.truncation_rule)
-            c = self._calibrations.get(key)
-            if c is None:
-                c = self._calibrations[key] = search.calibrate(self.trees, self._keep(size))
-            if 2 * size > n or c.noise.spreads >= CALIBRATION_SPREADS:
-                return c
-            size *= 2
+        c = self._fit(size, search)
+        while n and c.noise.spreads < CALIBRATION_SPREADS:
+            floor = 2 * self.spread_count(size)
+            nxt = 2 * size
+            while nxt <= n and self.spread_count(nxt) < floor:
+                nxt *= 2
+            if nxt > n:
+                break
+            size, c = nxt, self._fit(nxt, search)
+        return c
+
+    def _fit(self, size: int, search: Priority) -> Calibration:
+        key = (size, search.discount, search.truncation_rule)
+        c = self._calibrations.get(key)
+        if c is None:
+            c = self._calibrations[key] = search.calibrate(self.trees, self._keep(size))
+        return c
+
+    def spread_count(self, waves: int) -> int:
+        """Checkpoints with at least two children that did not fail, counting only the
+        segments of the first ``waves`` waves: the evidence a calibration fitted on
+        them rests on. Depends on tree shapes only (not on critic scores), so it is
+        cached for good and carried to successor states."""
+        n = self._spreads.get(waves)
+        if n is None:
+            keep = self._keep(waves)
+            n = 0
+            for tree in self.trees:
+                children: dict[int, int] = {}
+                for e in tree.edges.values():
+                    if (keep is None or keep(tree, e)) and tree.nodes[e.child].kind != "failed":
+                        children[e.parent] = children.get(e.parent, 0) + 1
+                n += sum(1 for c in children.values() if c >= 2)
+            self._spreads[waves] = n
+        return n
 
     def _keep(self, n: int) -> Callable[[Tree, Edge], bool] | None:
         """Filter accepting the segments of rollouts grafted in the first ``n`` waves
@@ -490,6 +525,8 @@ def _successor(
     new = SearchState(state.collection_id, state.seed, state.tasks, trees, waves, planned)
     new._derived = derived
     new._calibrations = calibrations
+    # the first k waves of a successor are its predecessor's: their counts still hold
+    new._spreads = dict(state._spreads)
     return new
 
 
