@@ -190,7 +190,10 @@ def _services(
 
         out.setup_logging()
         if out.verbosity == 0:
-            os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")  # worker processes inherit it
+            from flows.logs import dask_workers_log_to
+
+            out.log_file.parent.mkdir(parents=True, exist_ok=True)
+            dask_workers_log_to(out.log_file)  # worker processes inherit it
         what = [w for w, on in (("Prefect server", prefect_server), ("model server", thread)) if on is not None]
         with out.console.status(f"starting the {' and the '.join(what)}", spinner="dots") if what else _nothing():
             if prefect_server is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,33 @@ def setup(console: Any, *, verbosity: int = 0, log_file: Path | None = None) -> 
         internal.removeHandler(h)
     logging.captureWarnings(True)
     return path
+
+
+def dask_workers_log_to(log_file: Path, env: MutableMapping[str, str] | None = None) -> None:
+    """Route the ``distributed`` loggers of Dask worker processes started after this
+    call (they inherit ``env``, default ``os.environ``) into ``log_file``, at INFO, and
+    off the console.
+
+    Worker processes configure logging from ``DASK_LOGGING__*`` variables when they
+    import ``distributed``; a dictConfig there (``version`` set) replaces Dask's stderr
+    handler. Without it, a worker's own records reach the terminal: even at WARNING,
+    a ``LocalCluster`` being closed can have a worker log "Failed to communicate with
+    scheduler during heartbeat" with a traceback (distributed terminates the
+    scheduler before its workers). Variables the user set are left alone.
+    """
+    target: MutableMapping[str, str] = os.environ if env is None else env
+    if any(k.startswith("DASK_LOGGING") for k in target):
+        return
+    target.update(
+        {
+            "DASK_LOGGING__VERSION": "1",
+            "DASK_LOGGING__DISABLE_EXISTING_LOGGERS": "False",
+            "DASK_LOGGING__FORMATTERS__FOCUS__FORMAT": _FORMAT.replace(".%(msecs)03d", ""),
+            "DASK_LOGGING__HANDLERS__FILE__CLASS": "logging.FileHandler",
+            "DASK_LOGGING__HANDLERS__FILE__FILENAME": str(log_file),
+            "DASK_LOGGING__HANDLERS__FILE__FORMATTER": "focus",
+            "DASK_LOGGING__LOGGERS__DISTRIBUTED__LEVEL": "INFO",
+            "DASK_LOGGING__LOGGERS__DISTRIBUTED__HANDLERS": "['file']",
+            "DASK_LOGGING__LOGGERS__DISTRIBUTED__PROPAGATE": "False",
+        }
+    )

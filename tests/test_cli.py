@@ -164,3 +164,27 @@ def test_the_configured_prefect_server_is_found_without_importing_prefect(tmp_pa
     assert configured_api_url({"PREFECT_HOME": str(home)}) == "http://prefect.internal:4200/api"
     assert configured_api_url({"PREFECT_HOME": str(home), "PREFECT_PROFILE": "other"}) is None
     assert configured_api_url({"PREFECT_HOME": str(tmp_path / "none")}) is None
+
+
+def test_quiet_mode_sends_dask_worker_processes_logs_to_the_log_file(tmp_path):
+    """A worker process (a fresh interpreter importing distributed) started with the
+    environment quiet mode sets logs into the command's log file, not on the terminal;
+    a user's own DASK_LOGGING settings win."""
+    from flows.logs import dask_workers_log_to
+
+    log = tmp_path / "collect.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
+    dask_workers_log_to(log, env)
+    code = (
+        "import logging, distributed; "
+        "logging.getLogger('distributed.worker').error('Failed to communicate with scheduler during heartbeat.'); "
+        "logging.getLogger('distributed.nanny').info('nanny chatter')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    text = log.read_text()
+    assert "ERROR" in text and "during heartbeat" in text and "nanny chatter" in text
+    mine = {"DASK_LOGGING__DISTRIBUTED": "error"}
+    dask_workers_log_to(log, mine)
+    assert mine == {"DASK_LOGGING__DISTRIBUTED": "error"}
