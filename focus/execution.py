@@ -195,12 +195,11 @@ class Execution(BaseModel):
         (O(new objects)), the last to exit unfreezes and restores the thresholds.
         Yields whether this holder froze (a holder may ``gc.freeze()`` again to move
         what it created since into the frozen set)."""
-        global _FROZEN_RUNS
+        global _FROZEN_RUNS, _THRESHOLDS
         frozen = self.freeze_gc and (_FROZEN_RUNS > 0 or gc.get_freeze_count() == 0)
         if frozen:
             _FROZEN_RUNS += 1
             if _FROZEN_RUNS == 1:
-                global _THRESHOLDS
                 _THRESHOLDS = gc.get_threshold()
                 gc.set_threshold(max(_THRESHOLDS[0], GC_THRESHOLD_FROZEN), *_THRESHOLDS[1:])
             gc.freeze()
