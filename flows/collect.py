@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.utilities.annotations import quote
 
 from deployments.watchdog import HEARTBEAT_EVENT
 from flows.errors import as_failure, one_line
@@ -100,7 +101,8 @@ async def run_collection(config: FocusConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     progress = CollectionProgress(config, enabled=config.progress, log=log)
     result, records = await run_steps(config, PREFECT_STEPS, progress, log)
-    await publish_report(config, result, records)
+    # quoted: Prefect need not walk the config and the step records (see tasks.phases)
+    await publish_report(quote(config), quote(result), quote(records))
     log.info("collection %s: batch at %s", config.collection_id, result["batch_url"])
     return collection_result(config, result, records, t0)
 

@@ -208,17 +208,14 @@ class Collector:
             return state
         return await self.score(await self.run_rollouts(state, plan))
 
-    async def advance(
-        self, state: SearchState, phase_index: int, running: Running
-    ) -> tuple[SearchState, Landed | None]:
-        """One wave of continuation phase ``phase_index``: plan ahead
-        (:func:`focus.search.plan_ahead`, launching each wave not in ``running`` as soon
-        as it is planned), wait for the oldest and graft it (not scored). ``None`` when
-        the phase is done.
+    async def launch_ahead(self, state: SearchState, phase_index: int, running: Running) -> SearchState:
+        """Plan ahead (:func:`focus.search.plan_ahead`) and launch each planned wave not in
+        ``running`` as soon as it is planned; returns ``state`` with its planned waves.
 
-        With ``waves_in_flight`` > 1 the waves planned after the oldest keep running
-        when this returns (in ``running``), so the model service stays busy while the
-        caller scores, checkpoints and calls again.
+        The first half of :meth:`advance`, on its own so a caller that checkpoints
+        between waves (the pipeline's wave step) can start the next wave first and
+        write while it runs. Planning is a pure function of the state, so calling this
+        early changes no plan: :meth:`advance` finds the waves already running.
         """
         while True:
             # launch each wave as soon as it is planned, then plan the next one
@@ -232,8 +229,22 @@ class Collector:
                     running.waves[key] = self.launch(plan)
             nxt = await _off_loop(plan_next, state, self.search_config, phase_index)
             if nxt is state:
-                break
+                return state
             state = nxt
+
+    async def advance(
+        self, state: SearchState, phase_index: int, running: Running
+    ) -> tuple[SearchState, Landed | None]:
+        """One wave of continuation phase ``phase_index``: plan ahead
+        (:func:`focus.search.plan_ahead`, launching each wave not in ``running`` as soon
+        as it is planned), wait for the oldest and graft it (not scored). ``None`` when
+        the phase is done.
+
+        With ``waves_in_flight`` > 1 the waves planned after the oldest keep running
+        when this returns (in ``running``), so the model service stays busy while the
+        caller scores, checkpoints and calls again.
+        """
+        state = await self.launch_ahead(state, phase_index, running)
         if not state.planned:
             running.mark = None  # the phase is done; the next one's first wave counts from its launch
             return state, None

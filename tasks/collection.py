@@ -112,7 +112,8 @@ async def wave(
         rec = steps.wave(Key(source_phase, source_wave), phase_index, wave)
         if rec.get("done"):
             return [rec]
-        return [rec, steps.score(wave_key(config, phase_index, wave), score_key(config, phase_index, wave))]
+        key, target = wave_key(config, phase_index, wave), score_key(config, phase_index, wave)
+        return [rec, steps.score(key, target, launch_phase=phase_index)]
 
     return await asyncio.to_thread(both)
 

@@ -325,18 +325,28 @@ class Steps:
         rollouts = sum(len(t.log) for t in state.trees)
         return self._record(EVIDENCE, False, t0, state, rollouts=rollouts, **failures(causes))
 
-    def score(self, source: Key, target: Key) -> dict[str, Any]:
-        """Critic predictions for the nodes that have none; stores only those predictions."""
+    def score(self, source: Key, target: Key, launch_phase: int | None = None) -> dict[str, Any]:
+        """Critic predictions for the nodes that have none; stores only those predictions.
+
+        With ``launch_phase``, the waves of that phase the scored state plans next are
+        launched (``Collector.launch_ahead``) before the predictions are written, so the
+        model service works while this step checkpoints and the flow starts the next
+        one (that gap otherwise left a wave's worth of slots idle, benchmarks/README.md,
+        orchestration section). Planning is pure: the next :meth:`wave` plans the same.
+        """
         t0 = time.perf_counter()
         if self.done(target):
             return self._record(target, True, t0)
         state = self.state_at(source)
 
         async def fn(c: Any, _tasks: list[Any]) -> Any:
-            return await c.predict(state)  # the runtime closes the critic's client at the end
+            preds = await c.predict(state)  # the runtime closes the critic's client at the end
+            scored = with_predictions(state, preds) if preds else state
+            if launch_phase is not None and not self._owns_handoff:
+                scored = await c.launch_ahead(scored, launch_phase, self.handoff.running)
+            return preds, scored
 
-        preds = self._run(fn)
-        scored = with_predictions(state, preds) if preds else state
+        preds, scored = self._run(fn)
         self.save(target, preds)
         self.handoff.put(target, scored)
         return self._record(target, False, t0, scored)
