@@ -8,7 +8,9 @@ in order, over an explicit :class:`~focus.search.SearchState`:
 * :meth:`start` (roots) and :meth:`evidence` (the evidence wave, grafted);
 * :meth:`predict` / :meth:`score` (critic predictions for unscored checkpoints);
 * :meth:`advance` (plan ahead, launch what is planned, graft the oldest wave: one
-  wave of a continuation phase; :meth:`run_rollouts` is the same for a single plan);
+  wave of a continuation phase; :meth:`run_rollouts` is the same for a single plan),
+  and :meth:`phase_waves`, the waves of a phase one after another, each scored and
+  its successors launched before it is handed over;
 * :meth:`prepare` (estimator, critic targets, the batch).
 
 The durable pipeline (``tasks/steps.py``) calls exactly these, one Prefect task each,
@@ -28,7 +30,7 @@ import gc
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -76,6 +78,22 @@ class Landed:
     #: Elapsed time the wave accounts for: since the previous wave of the phase landed
     #: (or, for the first, since it was launched). Summed over waves: the phase's wall time.
     wall_s: float
+
+
+@dataclass(frozen=True)
+class WaveOutcome:
+    """One continuation wave as :meth:`Collector.phase_waves` yields it."""
+
+    landed: Landed
+    #: The state with the wave grafted, before scoring (what the wave's checkpoint holds).
+    grafted: SearchState
+    #: The critic's predictions for the checkpoints the wave added (empty if it failed).
+    predictions: Predictions
+    #: ``grafted`` with ``predictions``, its next waves planned and launched; ``None``
+    #: when scoring failed.
+    scored: SearchState | None
+    #: Why scoring failed, if it did.
+    error: Exception | None = None
 
 
 @dataclass
@@ -212,10 +230,10 @@ class Collector:
         """Plan ahead (:func:`focus.search.plan_ahead`) and launch each planned wave not in
         ``running`` as soon as it is planned; returns ``state`` with its planned waves.
 
-        The first half of :meth:`advance`, on its own so a caller that checkpoints
-        between waves (the pipeline's wave step) can start the next wave first and
-        write while it runs. Planning is a pure function of the state, so calling this
-        early changes no plan: :meth:`advance` finds the waves already running.
+        The first half of :meth:`advance`, on its own so that :meth:`phase_waves`
+        starts the next waves before it hands a wave over. Planning is a pure function
+        of the state, so calling this early changes no plan: :meth:`advance` finds the
+        waves already running.
         """
         while True:
             # launch each wave as soon as it is planned, then plan the next one
@@ -281,17 +299,44 @@ class Collector:
         return state
 
     async def run_phase(self, state: SearchState, phase_index: int) -> SearchState:
-        """Continuation phase ``phase_index``, wave after wave (:meth:`advance`, then
-        :meth:`score`), until nothing more is planned."""
+        """Continuation phase ``phase_index``, wave after wave (:meth:`phase_waves`),
+        until nothing more is planned."""
         running = Running()
         try:
-            while True:
-                state, landed = await self.advance(state, phase_index, running)
-                if landed is None:
-                    return state
-                state = await self.score(state)
+            async for wave in self.phase_waves(state, phase_index, running):
+                if wave.scored is None:
+                    raise wave.error or RuntimeError("a wave was not scored")
+                state = wave.scored
+            return state
         finally:
             await running.cancel()
+
+    async def phase_waves(self, state: SearchState, phase_index: int, running: Running) -> AsyncIterator[WaveOutcome]:
+        """The waves of continuation phase ``phase_index`` from ``state`` on, one
+        :class:`WaveOutcome` each: :meth:`advance` (land and graft the oldest planned
+        wave), :meth:`predict` for what it added, then :meth:`launch_ahead` from the
+        scored state, so the next waves run before the caller sees this one. Ends when
+        nothing more is planned, or after an outcome whose scoring failed (its
+        rollouts are in the outcome; the error is its ``error``). A failure to land
+        (:class:`focus.execution.ModelServiceOutage`) is raised.
+
+        :meth:`run_phase` consumes it directly; the pipeline consumes it on the side
+        of the steps that checkpoint each outcome, so checkpointing and the
+        orchestrator's own bookkeeping never hold the next wave back.
+        """
+        while True:
+            grafted, landed = await self.advance(state, phase_index, running)
+            if landed is None:
+                return
+            try:
+                preds = await self.predict(grafted)
+                scored = await _off_loop(with_predictions, grafted, preds) if preds else grafted
+                scored = await self.launch_ahead(scored, phase_index, running)
+            except Exception as e:  # the critic's failure: the landed rollouts stay good
+                yield WaveOutcome(landed, grafted, {}, None, e)
+                return
+            yield WaveOutcome(landed, grafted, preds, scored)
+            state = scored
 
     async def stream_phase(self, state: SearchState, phase_index: int) -> SearchState:
         """Run continuation phase ``phase_index`` keeping up to ``max_concurrency``

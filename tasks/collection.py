@@ -112,8 +112,7 @@ async def wave(
         rec = steps.wave(Key(source_phase, source_wave), phase_index, wave)
         if rec.get("done"):
             return [rec]
-        key, target = wave_key(config, phase_index, wave), score_key(config, phase_index, wave)
-        return [rec, steps.score(key, target, launch_phase=phase_index)]
+        return [rec, steps.score(wave_key(config, phase_index, wave), score_key(config, phase_index, wave))]
 
     return await asyncio.to_thread(both)
 

@@ -78,12 +78,16 @@ class Runtime:
         # exists when a step starts is moved out of the collector's sight until the
         # runtime closes (unless someone else froze objects first: then leave GC be).
         # Only garbage collection timing changes, never a result.
+        self.freeze_heap()
+        self.call(go())
+        return out[0]
+
+    def freeze_heap(self) -> None:
+        """Move what exists now out of the garbage collector's sight (see :meth:`run`)."""
         if not self._froze_gc:
             self._froze_gc = gc.get_freeze_count() == 0
         if self._froze_gc:
             gc.freeze()
-        self.call(go())
-        return out[0]
 
     def close(self) -> None:
         """Close the clients (policy, critic), the execution service and the loop."""
@@ -109,3 +113,76 @@ class Runtime:
             close = getattr(self.execution, "close", None)
             if close is not None:
                 close()
+
+
+class WaveDriver:
+    """:meth:`focus.collector.Collector.phase_waves` of one continuation phase, running
+    on a runtime's loop ahead of the steps that checkpoint its outcomes.
+
+    A wave step takes the next outcome (waiting if it has not landed yet) and writes its
+    checkpoints while the driver lands, scores and launches the waves after it. So the
+    time a step spends checkpointing, and the orchestrator between two task runs, holds
+    no wave back: waves land as they would in ``Collector.collect()``. The outcomes
+    are the ones a step-by-step run computes (planning is a pure function of the state);
+    a crash loses only what was landed and not yet checkpointed, which a rerun
+    computes again from the same jobs.
+    """
+
+    def __init__(self, runtime: Runtime, state: Any, phase_index: int, wave: int, running: Any) -> None:
+        self.runtime = runtime
+        self.phase_index = phase_index
+        #: The wave :meth:`take` returns next.
+        self.next_wave = wave
+        #: The state the next wave's outcome follows from (its scored predecessor).
+        self.state = state
+        #: The outcome :meth:`take` returned last (the score step reads it).
+        self.last: Any = None
+        self._queue: asyncio.Queue[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+        async def start() -> None:
+            self._queue = asyncio.Queue()
+            waves = runtime.collector.phase_waves(state, phase_index, running)
+            self._task = asyncio.ensure_future(self._pump(waves, self._queue))
+
+        runtime.call(start())
+
+    @staticmethod
+    async def _pump(waves: Any, queue: asyncio.Queue[Any]) -> None:
+        try:
+            async for outcome in waves:
+                queue.put_nowait(outcome)
+            queue.put_nowait(None)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # a step raises it when it takes this wave
+            queue.put_nowait(e)
+
+    def continues(self, phase_index: int, wave: int, state: Any) -> bool:
+        """Whether this driver's next outcome is wave ``wave`` of ``phase_index`` from ``state``."""
+        return (phase_index, wave) == (self.phase_index, self.next_wave) and state is self.state
+
+    def take(self) -> Any:
+        """The next wave's :class:`~focus.collector.WaveOutcome`, or ``None`` when the
+        phase is done; raises what landing it raised."""
+        assert self._queue is not None
+        self.runtime.freeze_heap()
+        item = self.runtime.call(self._queue.get())
+        if isinstance(item, BaseException):
+            raise item
+        self.last = item
+        if item is not None:
+            self.next_wave += 1
+            self.state = item.scored
+        return item
+
+    def stop(self) -> None:
+        """Cancel the driver (the waves it launched are the handoff's to cancel)."""
+        task, self._task = self._task, None
+        if task is not None and not self.runtime.closed:
+
+            async def cancel() -> None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+            self.runtime.call(cancel())

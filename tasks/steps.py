@@ -27,12 +27,13 @@ memory through a :class:`Handoff`; after a crash it is rebuilt from the checkpoi
 state and the seed) and grafting its stored rollouts - which recomputes no rollout.
 
 Every step runs one of the library's step functions (``Collector.evidence``,
-``predict``, ``advance``, ``prepare``); nothing here runs rollouts itself. A wave step
-is ``Collector.advance``: with ``search.waves_in_flight`` > 1 the waves planned after the
-one it lands keep running between steps (``Handoff.running``), so the model service
-stays busy while the step checkpoints and the flow moves on. A wave whose rollouts
-fail because the model service is out raises ``ModelServiceOutage``; its checkpoint is
-not written, so a rerun computes it again.
+``predict``, ``phase_waves``, ``prepare``); nothing here runs rollouts itself. A wave
+step takes the next wave of ``Collector.phase_waves``, which a
+:class:`~tasks.runtime.WaveDriver` runs on the run's loop ahead of the steps: it lands,
+scores and launches the following waves while a step checkpoints and the flow moves
+on, so neither holds a wave back. A wave whose rollouts fail because the model service
+is out raises ``ModelServiceOutage``; its checkpoint is not written, so a rerun
+computes it again.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from focus.report import tree_svg
 from focus.search import WaveRecord, replay, with_predictions
 from focus.usage import LogTotals
 from tasks.config import FocusConfig
-from tasks.runtime import Runtime
+from tasks.runtime import Runtime, WaveDriver
 
 #: Fields that may differ between a run and its resume (where things run, not what).
 #: The HTTP clients' timeouts, retries and hedging change how patiently a result is
@@ -139,6 +140,8 @@ class Handoff:
         self._runtime: Runtime | None = None
         #: Waves launched on the runtime's loop and not landed yet.
         self.running = Running()
+        #: The current continuation phase's waves, landing ahead of the wave steps.
+        self.driver: WaveDriver | None = None
         #: Usage totals over the live state's trees, updated per step (see :meth:`stats`).
         self._totals = LogTotals()
 
@@ -160,11 +163,30 @@ class Handoff:
         rt, self._runtime = self._runtime, None
         if rt is not None:
             try:
+                self.stop_driver()
                 if self.running.waves and not rt.closed:
                     rt.call(self.running.cancel())
             finally:
                 rt.close()
         self.running = Running()
+
+    def drive(self, runtime: Runtime, state: Any, phase_index: int, wave: int) -> WaveDriver:
+        """The driver whose next outcome is wave ``wave`` of ``phase_index`` from
+        ``state``: the running one if it is, else a new one (the old one stopped)."""
+        if self.driver is None or not self.driver.continues(phase_index, wave, state):
+            self.stop_driver()
+            self.driver = WaveDriver(runtime, state, phase_index, wave, self.running)
+        return self.driver
+
+    def stop_driver(self) -> None:
+        driver, self.driver = self.driver, None
+        if driver is not None:
+            driver.stop()
+
+    def outcome_of(self, grafted: Any) -> Any:
+        """The driver's last outcome if ``grafted`` is its grafted state (else ``None``)."""
+        last = self.driver.last if self.driver is not None else None
+        return last if last is not None and last.grafted is grafted else None
 
     def close(self) -> None:
         self.release()
@@ -325,36 +347,39 @@ class Steps:
         rollouts = sum(len(t.log) for t in state.trees)
         return self._record(EVIDENCE, False, t0, state, rollouts=rollouts, **failures(causes))
 
-    def score(self, source: Key, target: Key, launch_phase: int | None = None) -> dict[str, Any]:
+    def score(self, source: Key, target: Key) -> dict[str, Any]:
         """Critic predictions for the nodes that have none; stores only those predictions.
 
-        With ``launch_phase``, the waves of that phase the scored state plans next are
-        launched (``Collector.launch_ahead``) before the predictions are written, so the
-        model service works while this step checkpoints and the flow starts the next
-        one (that gap otherwise left a wave's worth of slots idle, benchmarks/README.md,
-        orchestration section). Planning is pure: the next :meth:`wave` plans the same.
+        After a wave step, the wave driver has scored already (its outcome holds the
+        predictions, or the critic's error, raised here); this step stores them.
         """
         t0 = time.perf_counter()
         if self.done(target):
             return self._record(target, True, t0)
         state = self.state_at(source)
+        outcome = self.handoff.outcome_of(state)
+        if outcome is not None:
+            if outcome.error is not None:
+                self.handoff.stop_driver()
+                raise outcome.error
+            preds, scored = outcome.predictions, outcome.scored
+        else:
 
-        async def fn(c: Any, _tasks: list[Any]) -> Any:
-            preds = await c.predict(state)  # the runtime closes the critic's client at the end
+            async def fn(c: Any, _tasks: list[Any]) -> Any:
+                return await c.predict(state)  # the runtime closes the critic's client at the end
+
+            preds = self._run(fn)
             scored = with_predictions(state, preds) if preds else state
-            if launch_phase is not None and not self._owns_handoff:
-                scored = await c.launch_ahead(scored, launch_phase, self.handoff.running)
-            return preds, scored
-
-        preds, scored = self._run(fn)
         self.save(target, preds)
         self.handoff.put(target, scored)
         return self._record(target, False, t0, scored)
 
     def wave(self, source: Key, phase_index: int, wave: int) -> dict[str, Any]:
-        """Land wave ``wave`` of continuation phase ``phase_index``
-        (``Collector.advance``: plan ahead, launch what is planned and not running,
-        graft the oldest planned wave) and store its rollouts.
+        """Land wave ``wave`` of continuation phase ``phase_index`` and store its
+        rollouts: the next outcome of the handoff's :class:`~tasks.runtime.WaveDriver`
+        (``Collector.phase_waves``: plan ahead, launch, graft the oldest planned wave,
+        score it, launch the next), started from the state at ``source`` unless the
+        running driver already continues from it.
 
         Returns ``done: True`` (and writes the phase's end marker) when nothing more is
         planned: the phase's budget is spent or nothing is left to continue. Raises
@@ -367,20 +392,20 @@ class Steps:
         if self.done(end) and self.load(end) == wave:
             return self._record(key, True, t0, done=True)
         state = self.state_at(source)
-        runtime = self.runtime()
-        running = self.handoff.running
-
-        async def fn(c: Any, _tasks: list[Any]) -> Any:
-            return await c.advance(state, phase_index, running)
-
         try:
-            new_state, landed = runtime.run(fn)
+            driver = self.handoff.drive(self.runtime(), state, phase_index, wave)
+            outcome = driver.take()
+        except BaseException:
+            self.handoff.stop_driver()
+            raise
         finally:
             if self._owns_handoff:
                 self.handoff.release()
-        if landed is None:
+        if outcome is None:
+            self.handoff.stop_driver()
             self.save(end, wave)
             return self._record(key, False, t0, done=True, jobs=0)
+        new_state, landed = outcome.grafted, outcome.landed
         if (landed.plan.phase_index, landed.plan.wave_index) != (phase_index, wave):
             raise RuntimeError(
                 f"collection {self.cid!r}: asked for wave {wave} of phase {phase_index}, but the search's next wave is "

@@ -5,6 +5,7 @@ batch as Collector.collect(), and a runtime closed with the handoff."""
 from __future__ import annotations
 
 import gc
+import time
 
 import pytest
 from test_pipeline import direct_batch, rows, small_config
@@ -69,3 +70,70 @@ def test_a_steps_object_without_a_handoff_closes_its_runtime_after_each_step(tmp
     steps.score(EVIDENCE, EVIDENCE_SCORED)
     assert steps.export(EVIDENCE_SCORED)["batch_url"]
     assert steps.handoff._runtime is None
+
+
+def wait_for(condition, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_the_wave_driver_lands_the_next_wave_while_no_step_runs(tmp_path):
+    """After a wave step returns, the driver lands, scores and launches on its own; the
+    next wave step takes what it landed (the same driver, no restart), and the batch is
+    Collector.collect()'s."""
+    cfg = small_config(str(tmp_path / "store"), "ahead", **{"search.waves_in_flight": 2})
+    with Handoff() as handoff:
+        steps = steps_for(cfg, handoff)
+        steps.check_config()
+        steps.evidence()
+        steps.score(EVIDENCE, EVIDENCE_SCORED)
+        source, wave, ahead = EVIDENCE_SCORED, 0, 0
+        while not steps_for(cfg, handoff).wave(source, 1, wave)["done"]:
+            driver = handoff.driver
+            # the outcome after this one (or the phase's end) arrives with no step waiting for it
+            wait_for(lambda d=driver: d._queue.qsize() >= 1)
+            ahead += 1
+            source = score_key(cfg, 1, wave)
+            steps_for(cfg, handoff).score(wave_key(cfg, 1, wave), source)
+            assert handoff.driver is driver and driver.next_wave == wave + 1
+            wave += 1
+        assert ahead == wave >= 2 and handoff.driver is None  # the phase's end stops it
+        batch = BatchStore(cfg.storage.root).read(steps.export(source)["batch_url"])
+    assert rows(batch) == rows(direct_batch(cfg))
+
+
+def test_a_critic_failure_in_the_driver_keeps_the_wave_and_the_rerun_finishes(tmp_path):
+    """The driver scores each wave; when the critic fails, the wave step still stores the
+    wave's rollouts and the score step raises the critic's error. A rerun scores that wave
+    from its checkpoint (its rollouts are not run again) and ends with the batch of an
+    uninterrupted collection."""
+    from focus.critic import CriticError
+
+    marker = tmp_path / "critic-down"
+    critic = {"critic.kind": "factory", "critic.factory": "fixtures.prefect:flaky_critic"}
+    cfg = small_config(str(tmp_path / "store"), "flaky", **critic, **{"critic.options": {"marker": str(marker)}})
+    want = direct_batch(cfg.with_updates(collection_id="flaky-direct"))
+    with Handoff() as handoff:
+        steps = steps_for(cfg, handoff)
+        steps.check_config()
+        steps.evidence()
+        steps.score(EVIDENCE, EVIDENCE_SCORED)
+        marker.write_text("down")  # the driver's first wave is scored while the marker is there
+        rec = steps.wave(EVIDENCE_SCORED, 1, 0)
+        assert not rec["done"] and rec["jobs"] > 0 and steps.done(wave_key(cfg, 1, 0))
+        with pytest.raises(CriticError, match="critic service unavailable"):
+            steps.score(wave_key(cfg, 1, 0), score_key(cfg, 1, 0))
+        assert handoff.driver is None and not steps.done(score_key(cfg, 1, 0))
+    marker.unlink()
+    fresh = steps_for(cfg)  # a rerun: the stored waves are reused, wave 1 is scored from its checkpoint
+    source, wave, reused = EVIDENCE_SCORED, 0, []
+    while not (rec := fresh.wave(source, 1, wave))["done"]:
+        reused.append(rec["reused"])
+        source = score_key(cfg, 1, wave)
+        fresh.score(wave_key(cfg, 1, wave), source)
+        wave += 1
+    assert reused[0] and wave >= 2
+    batch = fresh.batch_store.read(fresh.export(source)["batch_url"])
+    assert rows(batch) == rows(want)
