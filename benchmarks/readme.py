@@ -598,7 +598,7 @@ def orchestration(f: dict[str, Any]) -> str:
             ("inprocess", key.removesuffix("_inprocess")) if key.endswith("_inprocess") else ("service", key)
         )
         ratio = f[f"overhead_ratio_{key}"]
-        goal = f"<= 1.10: {verdict(ratio, 1.10, '<=')}" if key == "10k" else ""
+        goal = f"<= 1.05: {verdict(ratio, 1.05, '<=')}" if key == "10k" else ""
         rows.append(
             [
                 policy,
