@@ -216,11 +216,13 @@ def _services(
         yield cfg
     finally:
         t_end = time.perf_counter()
-        # both servers shut down at once: terminate the model server now (nothing uses it
-        # any more), the Prefect server once Prefect's pending logs and events are sent
+        # both servers shut down at once: the model server now (nothing uses it any more),
+        # the Prefect server once Prefect's pending logs and events are sent. The model
+        # server is killed, not asked to stop: it holds nothing to save (its weights are
+        # files it read), and its graceful shutdown took 0.16 s of every command's wall time
         model_proc = getattr(model_server, "proc", None)
         if model_proc is not None and model_proc.poll() is None:
-            model_proc.terminate()
+            model_proc.kill()
         if "prefect" in sys.modules:
             _drain_prefect()
         t_drained = time.perf_counter()
