@@ -420,9 +420,18 @@ class Collector:
         turn's ids, log-probs and mask go straight into the column buffers, and a token
         tuple shared by several rows (a checkpoint's prefix, sent by every branch from
         it and stored as the critic's context) is converted once.
+
+        The trees stay out of cyclic GC meanwhile (:meth:`focus.execution.Execution.
+        frozen_heap`): once :meth:`run_search` lets them go back to the oldest
+        generation, the allocations of preparing made Python walk all of them in a full
+        collection (1.5 s of a 100k-transition collection of 2,000 tasks).
         """
         if isinstance(trees, SearchState):
             trees = trees.trees
+        with self.execution.frozen_heap():
+            return self._prepare(trees)
+
+    def _prepare(self, trees: Sequence[Tree]) -> Batch:
         est = self.estimator
         version = str(getattr(self.agent.policy, "policy_version", "0"))
         out = BatchBuilder(self.collection_id, self.iteration)

@@ -48,12 +48,17 @@ _FROZEN_RUNS = 0
 _THRESHOLDS = gc.get_threshold()
 #: Allocations between young collections while the heap is held frozen (Python's
 #: default is 700). Each young collection walks every container still young, and
-#: during a collection those include state that lives for the whole collection (a
-#: wave's jobs and results, a new search state's tree list), so a small threshold
-#: walks them again and again, and promotes them into full collections; at 20,000 GC
-#: CPU per transition at 40k transitions over 800 tasks fell from 0.11-0.16 ms to
-#: 0.05 ms (benchmarks/README.md, scale). Cyclic garbage waits longer: a few MB.
-GC_THRESHOLD_FROZEN = 20_000
+#: during a collection most of those are alive and stay so for a while: the objects of
+#: the requests in flight (a few tens of thousands with 512 rollouts running), a
+#: wave's jobs and results, a new search state's tree list. Their number does not
+#: grow with the threshold, so the walking done per transition falls in proportion as
+#: collections are spaced further apart; and each object walked costs more the larger
+#: the heap its references point into (cache misses: 58 ns at 2k transitions, 140 ns
+#: at 100k over 2,000 tasks). At 20,000, GC took 0.037 ms per transition at 100k over
+#: 2,000 tasks (319 young collections, 3 ms each); at 100,000, 0.011 ms (38), and at
+#: most 0.005 ms in the other rows (benchmarks/README.md, scale). Cyclic garbage waits
+#: longer: up to about ten MB.
+GC_THRESHOLD_FROZEN = 100_000
 
 
 class ModelServiceOutage(RuntimeError):

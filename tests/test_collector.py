@@ -348,8 +348,9 @@ class TestStochasticSyntheticEnv(EnvConformance):
 
 
 def test_the_heap_stays_frozen_for_the_whole_collection_and_is_released_after():
-    """Between waves (while the critic scores) the trees stay out of cyclic GC with
-    young collections spaced out; afterwards Python's own settings are back."""
+    """Between waves (while the critic scores) and while the batch is prepared, the
+    trees stay out of cyclic GC with young collections spaced out; afterwards Python's
+    own settings are back."""
     import gc
 
     from focus.execution import GC_THRESHOLD_FROZEN
@@ -362,9 +363,17 @@ def test_the_heap_stays_frozen_for_the_whole_collection_and_is_released_after():
             seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
             return await super().predict_with_std(contexts)
 
+    class RecordingEstimator(type(col.estimator)):
+        def values(self, tree, noise=None):
+            seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
+            return super().values(tree, noise)
+
     before = gc.get_threshold()
     col.critic = Recording(mdps, 0.1)
+    col.estimator = RecordingEstimator(**col.estimator.model_dump())
     batch = run(col.collect(tasks))
-    assert len(seen) >= 3 and all(frozen > 0 and t0 >= GC_THRESHOLD_FROZEN for frozen, t0 in seen)
+    scoring, preparing = seen[: -len(tasks)], seen[-len(tasks) :]  # prepare: one values() per tree
+    assert len(scoring) >= 3 and all(frozen > 0 and t0 >= GC_THRESHOLD_FROZEN for frozen, t0 in seen)
+    assert len(preparing) == len(tasks)
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
     assert batch_key(batch) == batch_key(run(synthetic()[0].collect(tasks)))
