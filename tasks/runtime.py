@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from focus.execution import GC_THRESHOLD_FROZEN
 from tasks.config import FocusConfig
 
 
@@ -43,6 +44,7 @@ class Runtime:
         self.loop = asyncio.new_event_loop()
         self.closed = False
         self._froze_gc = False
+        self._thresholds = gc.get_threshold()
         self._thread = threading.Thread(target=self._serve, name="focus-runtime-loop", daemon=True)
         self._thread.start()
 
@@ -83,9 +85,13 @@ class Runtime:
         return out[0]
 
     def freeze_heap(self) -> None:
-        """Move what exists now out of the garbage collector's sight (see :meth:`run`)."""
-        if not self._froze_gc:
-            self._froze_gc = gc.get_freeze_count() == 0
+        """Move what exists now out of the garbage collector's sight (see :meth:`run`),
+        with young collections spaced as ``Execution.frozen_heap`` spaces them
+        (:data:`focus.execution.GC_THRESHOLD_FROZEN`) until the runtime closes."""
+        if not self._froze_gc and gc.get_freeze_count() == 0:
+            self._froze_gc = True
+            self._thresholds = gc.get_threshold()
+            gc.set_threshold(max(self._thresholds[0], GC_THRESHOLD_FROZEN), *self._thresholds[1:])
         if self._froze_gc:
             gc.freeze()
 
@@ -110,6 +116,7 @@ class Runtime:
             self.loop.close()
             if self._froze_gc:
                 gc.unfreeze()
+                gc.set_threshold(*self._thresholds)
             close = getattr(self.execution, "close", None)
             if close is not None:
                 close()

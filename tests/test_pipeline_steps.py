@@ -24,12 +24,17 @@ def same_usage(a, b):
 
 
 def test_steps_share_one_runtime_and_count_incrementally(tmp_path):
+    from focus.execution import GC_THRESHOLD_FROZEN
+
     cfg = small_config(str(tmp_path / "store"), "steps")
+    before = gc.get_threshold()
     with Handoff() as handoff:
         steps = steps_for(cfg, handoff)
         steps.check_config()
         steps.evidence()
         runtime = handoff.runtime(cfg, steps.make_execution)
+        # the state is out of GC's sight and young collections spaced out while the run lasts
+        assert gc.get_freeze_count() > 0 and gc.get_threshold()[0] >= GC_THRESHOLD_FROZEN
         steps.score(EVIDENCE, EVIDENCE_SCORED)
         source, wave = EVIDENCE_SCORED, 0
         while True:
@@ -51,7 +56,8 @@ def test_steps_share_one_runtime_and_count_incrementally(tmp_path):
         result = steps.export(source)
         assert handoff.runtime(cfg, steps.make_execution) is runtime and not runtime.closed
     assert runtime.closed and runtime.loop.is_closed()
-    assert gc.get_freeze_count() == 0  # the state was kept out of GC only while the run lasted
+    # the state was kept out of GC only while the run lasted; Python's thresholds are back
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
     batch = BatchStore(cfg.storage.root).read(result["batch_url"])
     assert rows(batch) == rows(direct_batch(cfg))
     # checkpoints are listed in the order they were saved
