@@ -2,9 +2,11 @@
 
 The flow is a loop over Prefect tasks (one per phase, one per wave): check the
 configuration, evidence rollouts, critic scoring, then for each continuation phase
-waves of prioritised continuations (each task run also scores the checkpoints its wave
-added) until the phase's plan is empty, then preparation and export. Every task is idempotent on (collection id, phase,
-wave) through the checkpoint store, so running the flow again - a retry of the same
+waves of prioritised continuations until the phase's plan is empty (each task run
+stores one wave and the critic's predictions for the checkpoints it added, as landed
+and scored by the run's wave driver, :class:`tasks.runtime.WaveDriver`), then
+preparation and export. Every task is idempotent on (collection id, phase, wave)
+through the checkpoint store, so running the flow again - a retry of the same
 flow run, a rerun from the UI, or the CLI with the same collection id - skips what is
 finished and continues from the last finished wave.
 

@@ -103,8 +103,8 @@ async def wave(
     Two steps with two checkpoints in one call: a Prefect task run costs the flow
     several milliseconds of bookkeeping, and a separate scoring task per wave doubled
     that. A critic failure still loses no rollout: the wave's checkpoint is written
-    before scoring starts, so a retry or rerun only scores. Returns the step records
-    (one, marked ``done``, when the phase had nothing left to plan).
+    before the scoring step raises it, so a retry or rerun only scores. Returns the
+    step records (one, marked ``done``, when the phase had nothing left to plan).
     """
     steps = steps_for(config, handoff)
 
