@@ -61,6 +61,33 @@ _THRESHOLDS = gc.get_threshold()
 GC_THRESHOLD_FROZEN = 100_000
 
 
+@contextlib.contextmanager
+def frozen_heap(enabled: bool = True) -> Iterator[bool]:
+    """Keep the objects that exist now out of cyclic GC until the outermost holder
+    exits, with young collections spaced by :data:`GC_THRESHOLD_FROZEN`. Holders nest
+    and overlap (waves planned ahead, a whole collection, the pipeline's runtime): the
+    first freezes, later ones freeze what was created since (O(new objects)), the last
+    to exit unfreezes and restores the thresholds. A holder does nothing if objects
+    were frozen by someone else first. Yields whether this holder froze (a holder may
+    ``gc.freeze()`` again to move what it created since into the frozen set)."""
+    global _FROZEN_RUNS, _THRESHOLDS
+    frozen = enabled and (_FROZEN_RUNS > 0 or gc.get_freeze_count() == 0)
+    if frozen:
+        _FROZEN_RUNS += 1
+        if _FROZEN_RUNS == 1:
+            _THRESHOLDS = gc.get_threshold()
+            gc.set_threshold(max(_THRESHOLDS[0], GC_THRESHOLD_FROZEN), *_THRESHOLDS[1:])
+        gc.freeze()
+    try:
+        yield frozen
+    finally:
+        if frozen:
+            _FROZEN_RUNS -= 1
+            if _FROZEN_RUNS == 0:
+                gc.unfreeze()
+                gc.set_threshold(*_THRESHOLDS)
+
+
 class ModelServiceOutage(RuntimeError):
     """Too many rollouts of a wave failed because the model service gave no usable
     answer within the client's retries. Nothing of the wave is kept; finished waves are."""
@@ -191,31 +218,9 @@ class Execution(BaseModel):
         with self.frozen_heap():
             return await self._run(agent, jobs)
 
-    @contextlib.contextmanager
-    def frozen_heap(self) -> Iterator[bool]:
-        """Keep the objects that exist now out of cyclic GC until the outermost holder
-        exits (``freeze_gc``), with young collections spaced by
-        :data:`GC_THRESHOLD_FROZEN`. Holders nest and overlap (waves planned ahead, a
-        whole collection): the first freezes, later ones freeze what was created since
-        (O(new objects)), the last to exit unfreezes and restores the thresholds.
-        Yields whether this holder froze (a holder may ``gc.freeze()`` again to move
-        what it created since into the frozen set)."""
-        global _FROZEN_RUNS, _THRESHOLDS
-        frozen = self.freeze_gc and (_FROZEN_RUNS > 0 or gc.get_freeze_count() == 0)
-        if frozen:
-            _FROZEN_RUNS += 1
-            if _FROZEN_RUNS == 1:
-                _THRESHOLDS = gc.get_threshold()
-                gc.set_threshold(max(_THRESHOLDS[0], GC_THRESHOLD_FROZEN), *_THRESHOLDS[1:])
-            gc.freeze()
-        try:
-            yield frozen
-        finally:
-            if frozen:
-                _FROZEN_RUNS -= 1
-                if _FROZEN_RUNS == 0:
-                    gc.unfreeze()
-                    gc.set_threshold(*_THRESHOLDS)
+    def frozen_heap(self) -> contextlib.AbstractContextManager[bool]:
+        """:func:`frozen_heap`, if ``freeze_gc``."""
+        return frozen_heap(self.freeze_gc)
 
     def launch(self, agent: Agent, job: RolloutJob) -> asyncio.Task[Rollout]:
         """Start one job now on the running loop (streaming mode; the caller bounds how

@@ -21,12 +21,14 @@ objects and a resumed collection builds exactly what an uninterrupted one does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from focus.execution import GC_THRESHOLD_FROZEN
+from focus.collector import Running
+from focus.execution import frozen_heap
 from tasks.config import FocusConfig
 
 
@@ -43,8 +45,8 @@ class Runtime:
         self.collector = config.build_collector(self.agent, self.execution)
         self.loop = asyncio.new_event_loop()
         self.closed = False
-        self._froze_gc = False
-        self._thresholds = gc.get_threshold()
+        #: The frozen heap this runtime holds (:meth:`freeze_heap`), if it froze.
+        self._heap: contextlib.ExitStack | None = None
         self._thread = threading.Thread(target=self._serve, name="focus-runtime-loop", daemon=True)
         self._thread.start()
 
@@ -86,13 +88,15 @@ class Runtime:
 
     def freeze_heap(self) -> None:
         """Move what exists now out of the garbage collector's sight (see :meth:`run`),
-        with young collections spaced as ``Execution.frozen_heap`` spaces them
-        (:data:`focus.execution.GC_THRESHOLD_FROZEN`) until the runtime closes."""
-        if not self._froze_gc and gc.get_freeze_count() == 0:
-            self._froze_gc = True
-            self._thresholds = gc.get_threshold()
-            gc.set_threshold(max(self._thresholds[0], GC_THRESHOLD_FROZEN), *self._thresholds[1:])
-        if self._froze_gc:
+        holding :func:`focus.execution.frozen_heap` (young collections spaced out) until
+        the runtime closes."""
+        if self._heap is None:
+            stack = contextlib.ExitStack()
+            if stack.enter_context(frozen_heap()):
+                self._heap = stack  # it froze what exists now
+                return
+            stack.close()  # someone else froze objects first: leave GC be
+        else:
             gc.freeze()
 
     def close(self) -> None:
@@ -114,9 +118,9 @@ class Runtime:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join()
             self.loop.close()
-            if self._froze_gc:
-                gc.unfreeze()
-                gc.set_threshold(*self._thresholds)
+            heap, self._heap = self._heap, None
+            if heap is not None:
+                heap.close()
             close = getattr(self.execution, "close", None)
             if close is not None:
                 close()
@@ -135,7 +139,7 @@ class WaveDriver:
     computes again from the same jobs.
     """
 
-    def __init__(self, runtime: Runtime, state: Any, phase_index: int, wave: int, running: Any) -> None:
+    def __init__(self, runtime: Runtime, state: Any, phase_index: int, wave: int, running: Running) -> None:
         self.runtime = runtime
         self.phase_index = phase_index
         #: The wave :meth:`take` returns next.
