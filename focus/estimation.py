@@ -30,7 +30,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -127,6 +127,9 @@ class TreeValues:
     leaf_returns: tuple[float, ...]
     #: Noise model the critic weights came from (None with a fixed κ).
     noise: NoiseModel | None = None
+    #: Modelled error variance of the plain backup (λ = 0: the critic target Q̄(n)),
+    #: the critic's error at a checkpoint without children and at a bootstrapped leaf.
+    plain_error: Mapping[int, float] = field(default_factory=dict)
 
     @property
     def kappa(self) -> dict[int, float]:
@@ -175,17 +178,22 @@ class Refined:
     #: Summed per-child variances (signal, noise), see :func:`child_variances`.
     signal: float
     noise: float
+    #: Error variance of the plain backup Q̄ (λ = 0), what a critic target carries.
+    plain_error: float = 0.0
 
 
 def refine(
     v_hat: float | None,
-    children: Iterable[tuple[float, float, float | None, float, float]],
+    children: Iterable[
+        tuple[float, float, float | None, float, float] | tuple[float, float, float | None, float, float, float]
+    ],
     noise: NoiseModel,
     depth: int,
     kappa: float | None,
 ) -> Refined:
     """Refined value of one checkpoint from its children's
-    ``(discounted reward, γ^k, child value, child error variance, first-step weight)``.
+    ``(discounted reward, γ^k, child value, child error variance, first-step weight[,
+    child plain-backup error variance])`` (the last defaults to the child's error).
 
     With a fixed ``kappa`` the weight is ``κ/(κ + m)``. Otherwise (``kappa=None``) it
     is the weight that minimises the advantage error of the child segments,
@@ -195,19 +203,20 @@ def refine(
     the batch and for search, so both compute the same numbers in the same order.
     """
     qs: list[float] = []
-    signal = rest = 0.0
+    signal = rest = plain = 0.0
     step, action = noise.step_var(depth), noise.action_var(depth)
-    for dr, disc, vc, errc, w1 in children:
+    for dr, disc, vc, errc, w1, *more in children:
         if vc is None:
             continue
         qs.append(dr + disc * vc)
         sig, nz = child_variances(w1, disc, errc, step, action)
         signal += sig
         rest += nz
+        plain += step * w1 + disc * disc * (more[0] if more else errc)
     m = len(qs)
     t = noise.critic_error
     if not m:
-        return Refined(v_hat, 1.0, t, None, (), 0.0, 0.0)
+        return Refined(v_hat, 1.0, t, None, (), 0.0, 0.0, t)
     q_bar = sum(qs) / m
     var_q = (signal + rest) / (m * m)
     if v_hat is None:
@@ -222,7 +231,7 @@ def refine(
         lam = (signal / (m * m) / den if den > 0 else 1.0) if noise.known else 0.0
         value = q_bar if lam <= 0.0 else lam * v_hat + (1.0 - lam) * q_bar
     error = (lam * lam * t if lam > 0 else 0.0) + (1.0 - lam) ** 2 * var_q
-    return Refined(value, lam, error, q_bar, tuple(qs), signal, rest)
+    return Refined(value, lam, error, q_bar, tuple(qs), signal, rest, plain / (m * m))
 
 
 @dataclass(frozen=True)
@@ -250,17 +259,20 @@ def node_value(
     noise: NoiseModel,
     kappa: float | None,
     truncation: Truncation,
+    plain: Mapping[int, float],
 ) -> Refined:
     """One node's refined value from its children's (children first): the per-node step
     of :func:`tree_values`, shared with search's incremental rankings so both compute
-    the same numbers in the same order."""
+    the same numbers in the same order. ``plain`` holds the children's plain-backup
+    errors (:attr:`Refined.plain_error`)."""
     if node.is_leaf:
         v, err = leaf_value(node.kind, node.value, truncation, noise.critic_error)
-        return Refined(v, 1.0, err, None, (), 0.0, 0.0)
+        return Refined(v, 1.0, err, None, (), 0.0, 0.0, err)
     kids = []
     for eid in node.children:
         sg = segments[eid]
-        kids.append((sg.reward, sg.discount, value[sg.child], error[sg.child], sg.weight))
+        c = sg.child
+        kids.append((sg.reward, sg.discount, value[c], error[c], sg.weight, plain[c]))
     return refine(node.value, kids, noise, node.depth, kappa)
 
 
@@ -285,6 +297,7 @@ def tree_values(
     v_hat = {i: n.value for i, n in tree.nodes.items()}
     value: dict[int, float | None] = {}
     error: dict[int, float] = {}
+    plain: dict[int, float] = {}
     weight: dict[int, float] = {}
     q_bar: dict[int, float | None] = {}
     child_q: dict[int, tuple[float, ...]] = {}
@@ -295,8 +308,8 @@ def tree_values(
     segs = {i: segment(e, gamma) for i, e in edges.items()}
     for node in tree.postorder():
         i = node.id
-        r = node_value(node, segs, value, error, noise, kappa, truncation)
-        value[i], weight[i], error[i] = r.value, r.weight, r.error
+        r = node_value(node, segs, value, error, noise, kappa, truncation, plain)
+        value[i], weight[i], error[i], plain[i] = r.value, r.weight, r.error, r.plain_error
         if node.is_leaf:
             v = value[i]
             mc_sum[i], mc_n[i] = (v, 1) if v is not None else (0.0, 0)
@@ -349,6 +362,7 @@ def tree_values(
         root_return,
         tuple(leaf_returns[::-1]),
         noise,
+        plain,
     )
 
 
@@ -590,7 +604,7 @@ def noise_model(
     residuals = sum(1 for r in recs if r.d2 is not None)
     spread_ix = [i for i, r in enumerate(recs) if r.ss is not None]
     if not spread_ix:
-        return NoiseModel.unknown(residuals)
+        return _chain_model(recs, residuals)
     nd = max(r.depth for r in recs) + 1
     alpha, beta, same = _coefficients(recs, nd)
     same_rows, same_t, same_y, same_dof = same
@@ -668,6 +682,42 @@ def noise_model(
         len(spread_ix),
         len(same_y),
     )
+
+
+def _chain_model(recs: list[_Checkpoint], residuals: int) -> NoiseModel:
+    """The model from rollouts that never branched (every checkpoint has one valid
+    child): each residual ``(v̂ − Q̄)²`` has expectation ``t·(1 + β) + Σ_d α(d)·s(d)``
+    (the critic's error plus the one-rollout return's variance below). Its depth
+    profile tells s from t only through the prior that neighbouring depths are alike
+    (the return's variance grows as the rollout has more steps to go; the part that
+    does not is the critic's). ν is the prior's s/2: nothing tells the actions from the
+    env's randomness without siblings."""
+    res_ix = [i for i, r in enumerate(recs) if r.d2 is not None]
+    if not res_ix:
+        return NoiseModel.unknown(residuals)
+    nd = max(r.depth for r in recs) + 1
+    alpha, beta, _ = _coefficients(recs, nd)
+    design = np.hstack([alpha[res_ix], (1.0 + beta[res_ix])[:, None]])
+    ys = np.array([recs[i].d2 for i in res_ix], dtype=np.float64)
+    diff = np.zeros((max(nd - 1, 0), nd + 1))
+    for d in range(nd - 1):
+        diff[d, d], diff[d, d + 1] = 1.0, -1.0
+    centre = _mm(diff.T, diff)
+    w = np.ones(len(res_ix))
+    x = np.zeros(nd + 1)
+    for _ in range(3):
+        mat = _mm(design.T, design * w[:, None])
+        rhs = _mv(design.T, w * ys)
+        touching = _mv((design[:, :nd] > 0).T.astype(np.float64), w)
+        has = touching > 0
+        unit = float(np.median(np.diag(mat)[:nd][has] / touching[has])) if has.any() else 1.0
+        mat = mat + _DEPTH_PRIOR_DOF * unit * centre
+        mat += 1e-9 * float(np.trace(mat)) / len(mat) * np.eye(len(mat))
+        x = _nnls(mat, rhs)
+        var = _mv(design, x)
+        w = 1.0 / (var + 1e-3 * float(np.median(var)) + 1e-100) ** 2
+    s = tuple(_sig6(v) for v in x[:nd])
+    return NoiseModel(s, _sig6(x[nd]), tuple(_sig6(v / 2) for v in s), residuals, 0, 0)
 
 
 class Estimator(BaseModel, abc.ABC):

@@ -98,17 +98,18 @@ class Calibration:
     mean_tokens: float = 1.0
     mean_leaf_transitions: float = 1.0
     gamma: float = 1.0
-    _chains: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
+    _chains: dict[tuple[int, int], Chain] = field(default_factory=dict, compare=False, repr=False)
 
-    def fresh_chain(self, depth: int, length: int) -> tuple[float, float]:
+    def fresh_chain(self, depth: int, length: int) -> Chain:
         """What a fresh rollout adds below its first checkpoint at ``depth``, with
         ``length`` one-transition segments below it to an exact leaf (a chain of only
-        children, weighed as :func:`focus.estimation.refine` would): (error variance
-        of the value at its head, summed advantage error of its segments).
+        children, weighed as :func:`focus.estimation.refine` would), see :class:`Chain`.
 
         With one child of signal a and noise E (ν plus γ² times the next value's
         error), the weight is ``λ = a/(a + E + t)``, the segment's error
-        ``λ²(E + t) + (1−λ)²a`` and the value's ``λ²t + (1−λ)²(a + E)``.
+        ``λ²(E + t) + (1−λ)²a`` and the value's ``λ²t + (1−λ)²(a + E)``. A plain
+        backup (a critic target) of a checkpoint with one child carries the whole
+        return variance below it: ``R(d) = s(d) + γ²R(d+1)``.
         """
         key = (depth, length)
         hit = self._chains.get(key)
@@ -116,15 +117,45 @@ class Calibration:
             return hit
         noise, g2 = self.noise, self.gamma * self.gamma
         t = noise.critic_error
-        value_err = seg_err = 0.0
+        value_err = seg_err = plain = targets = 0.0
         for d in range(depth + length - 1, depth - 1, -1):
             a = noise.action_var(d)
             e = noise.noise_var(d) + g2 * value_err
             lam = a / (a + e + t) if noise.known and a + e + t > 0 else 0.0
             seg_err += (lam * lam * (e + t) if lam > 0 else 0.0) + (1 - lam) ** 2 * a
             value_err = (lam * lam * t if lam > 0 else 0.0) + (1 - lam) ** 2 * (a + e)
-        self._chains[key] = (value_err, seg_err)
-        return value_err, seg_err
+            plain = noise.step_var(d) + g2 * plain
+            targets += plain
+        out = self._chains[key] = Chain(value_err, seg_err, plain, targets)
+        return out
+
+    @property
+    def target_weight(self) -> float:
+        """How much one unit of summed critic-target error counts against one unit of
+        summed advantage error in the ranking: their ratio along one fresh rollout from
+        a root of the mean leaf depth (:meth:`fresh_chain`), the unit both errors come
+        in when no search is done. Ranking by ``Δ(adv) + w·Δ(targets)`` with that ``w``
+        is ranking by the relative changes ``Δ(adv)/adv₀ + Δ(targets)/targets₀``, so
+        neither error's scale (rewards, horizon, how far off the critic is) decides the
+        trade-off. 0 while the model is unknown."""
+        if not self.noise.known:
+            return 0.0
+        c = self.fresh_chain(0, max(int(round(self.mean_leaf_transitions)), 1))
+        return c.segments / c.targets if c.targets > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Chain:
+    """What a fresh chain of only children adds (:meth:`Calibration.fresh_chain`)."""
+
+    #: Error variance of the refined value at its head.
+    head_error: float
+    #: Summed advantage error of its segments.
+    segments: float
+    #: Error variance of the plain backup (the critic target) at its head.
+    head_target: float
+    #: Summed critic-target error of its checkpoints (each with one child, weight 1).
+    targets: float
 
 
 def calibrate(
@@ -198,6 +229,17 @@ class NodeEvidence:
     #: see :meth:`Calibration.fresh_chain`.
     fresh_error: float = 0.0
     chain_error: float = 0.0
+    #: Critic targets (plain backups Q̄, weight m): the mean variance of one valid
+    #: child's plain backed-up value (``target_var``), a fresh continuation's
+    #: (``fresh_target``), the summed target error of the checkpoints of its chain
+    #: (``chain_target``), the weight of V(n)'s plain error in its parent's target
+    #: (``γ^{2k}/m_p``, ``target_influence``), and what one unit of target error counts
+    #: against one unit of advantage error (``Calibration.target_weight``).
+    target_var: float = 0.0
+    fresh_target: float = 0.0
+    chain_target: float = 0.0
+    target_influence: float = 0.0
+    target_weight: float = 0.0
 
 
 class Priority(BaseModel, abc.ABC):
@@ -301,6 +343,10 @@ class Selective(Priority):
     """
 
     use_influence: bool = True
+    #: Count the critic targets' error beside the advantages' (issue 12 item 3: budget
+    #: goes where a continuation reduces both), each relative to its level along an
+    #: unbranched rollout (:attr:`Calibration.target_weight`).
+    targets: bool = True
     #: Rank by reduction per expected task transition (the budget's unit), so a
     #: continuation near the leaves, which is cheap, is not ranked like a full rollout.
     per_transition: bool = True
@@ -348,8 +394,29 @@ class Selective(Priority):
             change += n * per_child * (self.segment_error(node, n + 1, e) - self.segment_error(node, n, e))
         if self.use_influence:
             change += node.influence * (self.error(node, n + 1) - self.error(node, n))
+        if self.targets:
+            change += node.target_weight * self.target_change(node)
         cost = node.expected_transitions if self.per_transition else 1.0
         return -change / cost
+
+    def target_change(self, node: NodeEvidence) -> float:
+        """Change of the summed critic-target error (each checkpoint's plain backup Q̄
+        against the true value, weighted by its m) from one more continuation.
+
+        A checkpoint with children of plain variances v_j counts ``m·Var(Q̄) = Σ_j v_j/m``:
+        the new child (a fresh rollout, ``fresh_target``) moves n's from the mean of its
+        m valid (variance ``target_var``) and pending (fresh) children to the mean with
+        one more fresh one; the fresh chain adds its checkpoints' own one-rollout
+        targets; and Q̄(n)'s error ``Σ_j v_j/m²`` enters its parent's by
+        ``target_influence``."""
+        m, p = node.m, node.pending
+        v, f = node.target_var, node.fresh_target
+        total = m * v + p * f
+        n = m + p
+        own = (total + f) / (n + 1) - (total / n if n else 0.0)
+        before = total / (n * n) if n else (node.critic_var if math.isfinite(node.critic_var) else f)
+        upper = node.target_influence * ((total + f) / ((n + 1) * (n + 1)) - before)
+        return own + node.chain_target + upper
 
 
 def expected_lengths(tree: Tree) -> dict[int, float]:
@@ -425,7 +492,7 @@ def node_view(
     mu = calibration.mean_tokens or 1.0
     gamma = values.gamma
     noise = calibration.noise
-    infl = 0.0
+    infl = t_infl = 0.0
     if node.parent_edge is not None and values.value.get(i) is not None:
         sp = segs[node.parent_edge]
         p = tree.edges[node.parent_edge].parent
@@ -434,7 +501,8 @@ def node_view(
             c = (1.0 - lam_p) * sp.discount / m_p
             own = sp.discount - c
             infl = (own * own * sp.tokens + c * c * (valid[p] - sp.tokens)) / mu
-    sig = rest = 0.0
+            t_infl = sp.discount * sp.discount / m_p
+    sig = rest = plain = 0.0
     n = 0
     step, action = noise.step_var(node.depth), noise.action_var(node.depth)
     for eid in node.children:
@@ -443,14 +511,16 @@ def node_view(
             continue
         a, b = child_variances(sg.weight, sg.discount, values.error[sg.child], step, action)
         sig, rest, n = sig + a, rest + b, n + 1
+        plain += step * sg.weight + sg.discount * sg.discount * values.plain_error.get(sg.child, 0.0)
     if math.isnan(length):
         length = max(1.0, calibration.mean_leaf_transitions - node.transitions)
-    head_err, chain_err = calibration.fresh_chain(node.depth + 1, max(int(round(length)) - 1, 0))
-    fresh = noise.noise_var(node.depth) + gamma * gamma * head_err
+    chain = calibration.fresh_chain(node.depth + 1, max(int(round(length)) - 1, 0))
+    fresh = noise.noise_var(node.depth) + gamma * gamma * chain.head_error
+    fresh_target = step + gamma * gamma * chain.head_target
     if n:
-        sig, rest = sig / n, rest / n
+        sig, rest, plain = sig / n, rest / n, plain / n
     else:
-        sig, rest = action, fresh
+        sig, rest, plain = action, fresh, fresh_target
     qs = values.child_q.get(i, ())
     v = sig + rest
     if len(qs) >= 2 and v > 0:
@@ -479,5 +549,10 @@ def node_view(
         child_error=rest,
         critic_var=noise.critic_var,
         fresh_error=fresh,
-        chain_error=chain_err,
+        chain_error=chain.segments,
+        target_var=plain,
+        fresh_target=fresh_target,
+        chain_target=chain.targets,
+        target_influence=t_infl,
+        target_weight=calibration.target_weight,
     )

@@ -50,13 +50,26 @@ class TreeRanking:
         self.gamma = search.discount
         self.value: dict[int, float | None] = {}
         self.error: dict[int, float] = {}
+        self.plain: dict[int, float] = {}
         self.weight: dict[int, float] = {}
         self.q_bar: dict[int, float | None] = {}
         self.child_q: dict[int, tuple[float, ...]] = {}
         self.m: dict[int, int] = {}
         # a TreeValues over the live dicts: the per-node functions read it like tree_values'
         self.values = TreeValues(
-            self.gamma, self.weight, {}, {}, self.value, self.error, self.q_bar, self.child_q, self.m, {}, {}, ()
+            self.gamma,
+            self.weight,
+            {},
+            {},
+            self.value,
+            self.error,
+            self.q_bar,
+            self.child_q,
+            self.m,
+            {},
+            {},
+            (),
+            plain_error=self.plain,
         )
         self.segments: dict[int, Segment] = {}
         self.lengths: dict[int, float] = {}
@@ -88,8 +101,10 @@ class TreeRanking:
                 segs[eid] = segment(tree.edges[eid], self.gamma)
         s = self.search
         i = node.id
-        r = node_value(node, segs, self.value, self.error, self.calibration.noise, s.kappa, s.truncation_rule)
-        self.value[i], self.weight[i], self.error[i] = r.value, r.weight, r.error
+        r = node_value(
+            node, segs, self.value, self.error, self.calibration.noise, s.kappa, s.truncation_rule, self.plain
+        )
+        self.value[i], self.weight[i], self.error[i], self.plain[i] = r.value, r.weight, r.error, r.plain_error
         if not node.is_leaf:
             self.q_bar[i], self.child_q[i], self.m[i] = r.q_bar, r.qs, len(r.qs)
         self.lengths[i] = segment_length(node, segs, self.lengths)
