@@ -27,6 +27,7 @@ Methods (each at every family x budget x critic):
 ablations:
   selective_oldrank  selective with the ranking before issue 12 (σ̂² = children's
                      spread + critic disagreement + a [0, 1] prior, κ = 1)
+  selective_advonly  selective ranking the advantage error alone (``Selective(targets=False)``)
   uniform_k1         uniform with κ fixed at 1 (the estimator's default before issue 12)
 
 Metrics: token-weighted MSE of the segment advantages against the exact ones, sign
@@ -71,7 +72,7 @@ from focus.synthetic import (
 )
 
 CRITICS = ("exact", "noise_0.5", "noise_1", "noise_3", "constant")
-METHODS = ("grpo", "node_mc", "uniform", "selective", "selective_oldrank", "uniform_k1")
+METHODS = ("grpo", "node_mc", "uniform", "selective", "selective_oldrank", "selective_advonly", "uniform_k1")
 #: Methods that read no critic prediction: run once per family and budget.
 CRITIC_FREE = ("grpo", "node_mc")
 BUDGETS = (2, 6, 16)
@@ -124,6 +125,8 @@ def make_search(method: str, evidence: int, transitions: int) -> tuple[Priority,
         return Uniform(phases=phases), est
     if method == "selective_oldrank":
         return OldSelective(phases=phases, kappa=1.0), est
+    if method == "selective_advonly":
+        return Selective(phases=phases, targets=False), est
     return Selective(phases=phases), est
 
 
@@ -226,10 +229,11 @@ def summarise(
         if "uniform" in methods:
             out["selective_vs_uniform_all_cells"] = stat(cells("selective", "uniform", critics))
             out["target_selective_vs_uniform_all_cells"] = stat(cells("selective", "uniform", critics, "target_mse"))
-        for abl in ("selective_oldrank",):
+        for abl in ("selective_oldrank", "selective_advonly"):
             if abl in methods:
                 out[f"{abl}_vs_uniform_noisy"] = stat(cells(abl, "uniform", noisy))
                 out[f"{abl}_vs_uniform_constant"] = stat(cells(abl, "uniform", ["constant"]))
+                out[f"target_{abl}_vs_uniform_all_cells"] = stat(cells(abl, "uniform", critics, "target_mse"))
     if "uniform" in methods and "node_mc" in methods:
         out["uniform_vs_node_mc_noisy"] = stat(cells("uniform", "node_mc", noisy))
         out["uniform_vs_node_mc_constant"] = stat(cells("uniform", "node_mc", ["constant"]))

@@ -294,10 +294,16 @@ EQ_SUMMARY: tuple[tuple[str, str, str, tuple[str, float] | None, str], ...] = (
      "never worse than MC"),
     ("selective_oldrank_vs_uniform_noisy", "ablation: old ranking vs uniform, noisy critics", "median", None, ""),
     ("selective_oldrank_vs_uniform_constant", "ablation: old ranking vs uniform, constant critic", "median", None, ""),
+    ("selective_advonly_vs_uniform_noisy", "ablation: ranking advantages only vs uniform, noisy critics", "median",
+     None, ""),
+    ("selective_advonly_vs_uniform_constant", "ablation: ranking advantages only vs uniform, constant critic",
+     "median", None, ""),
+    ("target_selective_advonly_vs_uniform_all_cells",
+     "ablation: critic-target MSE, ranking advantages only vs uniform, every cell", "median", None, ""),
     ("uniform_k1_vs_uniform_noisy", "ablation: kappa = 1 fixed vs fitted (uniform), noisy", "median", None, ""),
     ("uniform_k1_vs_uniform_constant", "ablation: kappa = 1 fixed vs fitted (uniform), constant", "median", None, ""),
 )  # fmt: skip
-EQ_METHODS = ("grpo", "node_mc", "uniform", "selective", "selective_oldrank", "uniform_k1")
+EQ_METHODS = ("grpo", "node_mc", "uniform", "selective", "selective_oldrank", "selective_advonly", "uniform_k1")
 
 
 def estimator_quality(f: dict[str, Any]) -> str:
@@ -341,6 +347,7 @@ def estimator_quality(f: dict[str, Any]) -> str:
         "grpo": "GRPO",
         "node_mc": "node MC",
         "selective_oldrank": "old ranking",
+        "selective_advonly": "advantages only",
         "uniform_k1": "uniform, kappa = 1",
     }
     head = ["family", "budget", "critic", *(names.get(m, m) for m in EQ_METHODS), "selective / uniform"]
