@@ -335,7 +335,9 @@ class Selective(Priority):
     for n children. One more continuation changes the n existing child segments from
     MSE(n) to MSE(n+1), adds a new child segment (its E that of a fresh rollout) and
     the only-child segments below it, and changes the segments above n by
-    ``influence·(Err(n+1) − Err(n))``. The priority is minus that total change, per
+    ``influence·(Err(n+1) − Err(n))``; with ``targets``, the change of the critic
+    targets' error (:meth:`target_change`) counts too, weighted by
+    :attr:`Calibration.target_weight`. The priority is minus that total change, per
     expected task transition. Where the env's randomness E dominates the advantages
     a, a child segment's error grows with more siblings (its advantage stops being
     shrunk to zero and carries its own outcome noise), so such checkpoints rank low:
@@ -381,9 +383,9 @@ class Selective(Priority):
 
     def __call__(self, node: NodeEvidence) -> float:
         if not math.isfinite(node.critic_var):
-            # no checkpoint has two valid children yet: nothing tells outcome noise from
-            # critic error, so nothing ranks one checkpoint above another (ties are
-            # broken by the seeded hash, as for Uniform)
+            # the model is unknown (no critic residual and no spread yet): nothing tells
+            # outcome noise from critic error, so nothing ranks one checkpoint above
+            # another (ties are broken by the seeded hash, as for Uniform)
             return 0.0
         n = node.m + node.pending
         e = node.child_error

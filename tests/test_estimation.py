@@ -25,7 +25,7 @@ from focus.estimation import (
     tree_values,
     truncated_segments,
 )
-from focus.priority import NodeEvidence, Phase, Selective, Uniform
+from focus.priority import Calibration, NodeEvidence, Phase, Selective, Uniform
 from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, read_state, synthetic_format
 from focus.testing import run
 from focus.tree import Tree, Turn
@@ -200,9 +200,34 @@ def test_priority_ranks_by_the_error_one_more_continuation_removes():
     assert p(dataclasses.replace(good, expected_transitions=1.0)) == pytest.approx(4 * p(good))
     # an exact critic leaves nothing for evidence to fix at n itself
     assert p.error(ev(critic_var=0.0, signal=0.05, child_error=0.0), 3) == pytest.approx(0.0)
-    # before any checkpoint has two valid children nothing ranks above anything (as Uniform)
+    # with an unknown model (no critic residual, no spread) nothing ranks above anything (as Uniform)
     assert p(ev(critic_var=math.inf)) == p(ev(critic_var=math.inf, signal=1.0)) == 0.0
     assert Uniform()(calm) == Uniform()(ev(child_values=(0.0, 1.0)))
+
+
+def test_priority_counts_the_critic_targets_one_more_continuation_improves():
+    """The target term (docs/algorithm.md, "Priorities"): a checkpoint's target counts
+    ``Σ_j v_j/m``; a fresh child moves it to the mean over one more, adds its chain's own
+    one-child targets and changes the parent's target by ``γ^{2k}/m_p`` times the change
+    of its plain error. Its weight is the advantage/target error ratio of one fresh
+    rollout."""
+    p, no_targets = Selective(), Selective(targets=False)
+    node = ev(target_var=0.04, fresh_target=0.06, chain_target=0.1, target_influence=0.5, target_weight=2.0)
+    own = (2 * 0.04 + 0.06) / 3 - 0.04
+    upper = 0.5 * ((2 * 0.04 + 0.06) / 9 - 2 * 0.04 / 4)
+    assert p.target_change(node) == pytest.approx(own + 0.1 + upper)
+    assert p(node) == pytest.approx(no_targets(node) - 2.0 * (own + 0.1 + upper) / node.expected_transitions)
+    # where the children's targets are noisy, a sibling improves them more: it ranks higher
+    noisy_targets = dataclasses.replace(node, target_var=0.2)
+    assert p(noisy_targets) > p(node) and no_targets(noisy_targets) == no_targets(node)
+    # with an unknown model the weight is 0 and the targets rank nothing
+    cal = Calibration(NoiseModel.unknown())
+    assert cal.target_weight == 0.0
+    known = Calibration(NoiseModel((0.04, 0.02, 0.01), 0.01, (0.02, 0.01, 0.005)), mean_leaf_transitions=3.0)
+    chain = known.fresh_chain(0, 3)
+    assert known.target_weight == pytest.approx(chain.segments / chain.targets)
+    # a chain's plain backups carry the whole return variance below: R(d) = s(d) + R(d+1)
+    assert chain.targets == pytest.approx(0.01 + (0.02 + 0.01) + (0.04 + 0.02 + 0.01))
 
 
 def _leaf_turn(action: int, reward: float) -> Turn:
