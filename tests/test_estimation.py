@@ -12,7 +12,7 @@ import pytest
 
 from focus.agent import Agent
 from focus.collector import Collector
-from focus.critic import ConstantCritic
+from focus.critic import ConstantCritic, Critic
 from focus.env import Task
 from focus.estimation import (
     DirectBranchTd,
@@ -26,7 +26,15 @@ from focus.estimation import (
     truncated_segments,
 )
 from focus.priority import Calibration, NodeEvidence, Phase, Selective, Uniform
-from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, read_state, synthetic_format
+from focus.synthetic import (
+    FAMILIES,
+    SHAPES,
+    SyntheticCritic,
+    SyntheticEnv,
+    SyntheticPolicy,
+    read_state,
+    synthetic_format,
+)
 from focus.testing import run
 from focus.tree import Tree, Turn
 
@@ -355,3 +363,57 @@ def test_the_critic_is_trusted_as_far_as_the_evidence_shows_it_deserves():
     assert statistics.fmean(exact_w) > 0.4
     assert statistics.fmean(const_w) < 0.2
     assert statistics.fmean(ratios) < 1.05, ratios
+
+
+class _ScaledEnv(SyntheticEnv):
+    """The synthetic MDPs with every reward multiplied by ``scale``."""
+
+    def __init__(self, mdps: list, scale: float) -> None:
+        super().__init__(mdps)
+        self.scale = scale
+
+    async def step(self, state, action, workspace, *, seed=None):
+        r = await super().step(state, action, workspace, seed=seed)
+        return dataclasses.replace(r, reward=r.reward * self.scale)
+
+
+class _ScaledCritic(Critic):
+    def __init__(self, inner: Critic, scale: float) -> None:
+        self.inner, self.scale = inner, scale
+
+    async def predict(self, contexts):
+        return [v * self.scale for v in await self.inner.predict(contexts)]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_plans_and_advantages_do_not_depend_on_the_reward_scale(family: str) -> None:
+    """Rewards and critic in other units (x100, x0.01): the same checkpoints are
+    continued, and advantages and critic targets scale with the rewards. Nothing
+    assumes returns in [0, 1]: every variance, prior and floor of the noise model and
+    the ranking is relative to the collection's own spreads. (The model is rounded to six
+    significant digits, decimal scales keep that rounding; the tolerance is far above
+    float64 rounding through a few hundred operations, far below any real change.)"""
+    fam = FAMILIES[family]
+    mdps = [fam.make(7 + i) for i in range(3)]
+
+    def batch(scale: float):
+        agent = Agent(SyntheticPolicy(mdps), _ScaledEnv(mdps, scale), synthetic_format(), max_steps=fam.horizon + 2)
+        noise = [m.advantage_scale(fam.gamma) for m in mdps]
+        critic = _ScaledCritic(SyntheticCritic(mdps, noise, seed=3, gamma=fam.gamma), scale)
+        phases = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=5 * fam.horizon * len(mdps)))
+        col = Collector(
+            agent, Selective(phases=phases), critic, DirectBranchTd(gamma=fam.gamma), collection_id="s", seed=1
+        )
+        return run(col.collect([Task(f"t{i}", {"mdp": i}) for i in range(len(mdps))]))
+
+    base = batch(1.0)
+    assert len(base.actor) > 3 * fam.horizon  # branched, not only the evidence rollouts
+    for scale in (100.0, 0.01):
+        other = batch(scale)
+        assert [(r.prompt_ids, r.completion_ids) for r in other.actor] == [
+            (r.prompt_ids, r.completion_ids) for r in base.actor
+        ]
+        for r, s in zip(base.actor, other.actor, strict=True):
+            assert s.advantage == pytest.approx(r.advantage * scale, rel=1e-9, abs=1e-12 * scale)
+        for r, s in zip(base.critic, other.critic, strict=True):
+            assert s.target == pytest.approx(r.target * scale, rel=1e-9, abs=1e-12 * scale)
