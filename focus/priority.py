@@ -530,6 +530,16 @@ def node_view(
         mean = sum(qs) / len(qs)
         rho = (1.0 + sum((q - mean) ** 2 for q in qs) / v) / len(qs)
         sig, rest = rho * sig, rho * rest
+    elif len(qs) == 1 and v > 0 and node.value is not None and math.isfinite(noise.critic_var):
+        # An only child shows no spread, but the critic's miss does: (v̂ − q)² has
+        # expectation t + v, so (v̂ − q)² − t estimates this checkpoint's own one-child
+        # variance (one degree of freedom, beside the same pseudo-observation at the
+        # model). The depth's average no longer stands for every checkpoint at it: one
+        # whose child the critic predicted well expects accurate new segments, one it
+        # missed by far expects noisy ones (and a V(n) a sibling would improve more).
+        own = max((node.value - qs[0]) ** 2 - noise.critic_var, 0.0)
+        rho = (1.0 + own / v) / 2.0
+        sig, rest = rho * sig, rho * rest
     return NodeEvidence(
         tree_index=tree_index,
         node_id=i,

@@ -25,7 +25,7 @@ from focus.estimation import (
     tree_values,
     truncated_segments,
 )
-from focus.priority import Calibration, NodeEvidence, Phase, Selective, Uniform
+from focus.priority import Calibration, NodeEvidence, Phase, Selective, Uniform, node_evidence
 from focus.synthetic import (
     FAMILIES,
     SHAPES,
@@ -240,6 +240,33 @@ def test_priority_counts_the_critic_targets_one_more_continuation_improves():
 
 def _leaf_turn(action: int, reward: float) -> Turn:
     return Turn((1,), (48 + action,), (-0.7,), 1, "stop", reward=reward)
+
+
+def test_an_only_childs_critic_miss_is_evidence_of_its_checkpoints_variance():
+    """An only child shows no spread, but ``(v̂ − q)² − t`` is an unbiased one-degree-of-
+    freedom estimate of the checkpoint's own one-child variance: beside one
+    pseudo-observation at the model, it scales the modelled variances by
+    ``(1 + own/v)/2`` (the rule for two or more children with their one degree of
+    freedom less). The ranking then follows the model: where the critic already
+    predicted the child well, a continuation adds accurate segments and ranks higher."""
+    cal = Calibration(NoiseModel((0.04, 0.02, 0.01), 0.01, (0.02, 0.01, 0.005)), mean_leaf_transitions=3.0)
+
+    def view(reward: float, critic: float | None = 0.5) -> NodeEvidence:
+        t = Tree.new("t", None, (1,))
+        t.root.value = 0.5
+        a = t.add_node(0, (_turn(),), "checkpoint", steps=1, context_ids=(1, 2))
+        a.value = critic
+        t.add_node(a.id, (_turn(reward),), "terminal", steps=2)
+        return node_evidence(t, 0, DirectBranchTd().values(t, cal.noise), cal)[a.id]
+
+    calm, far = view(0.5), view(1.5)  # the critic's miss: 0 and 1
+    v = 2 * (calm.signal + calm.child_error)  # calm: own = 0, half the model's variance
+    assert far.signal / calm.signal == pytest.approx(1 + (1.0 - 0.01) / v)
+    assert far.child_error / calm.child_error == pytest.approx(1 + (1.0 - 0.01) / v)
+    assert Selective()(calm) > Selective()(far)
+    # without a critic value there is no residual: the model's variance as it is
+    blind = view(1.5, critic=None)
+    assert blind.signal + blind.child_error == pytest.approx(v)
 
 
 def test_refine_weighs_the_critic_by_signal_against_noise():
