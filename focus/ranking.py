@@ -45,7 +45,18 @@ class TreeRanking:
     """Values, views and per-phase rankings of one tree under one search configuration,
     calibration and collection seed. :meth:`update` brings them to a grown tree."""
 
-    def __init__(self, tree: Tree, index: int, search: Priority, calibration: Calibration, seed: int) -> None:
+    def __init__(
+        self,
+        tree: Tree,
+        index: int,
+        search: Priority,
+        calibration: Calibration,
+        seed: int,
+        segments: dict[int, Segment] | None = None,
+    ) -> None:
+        """``segments``: the tree's edge segments at this ranking's γ, if known (from the
+        ranking this one replaces after a refit of the calibration: an edge's segment
+        does not depend on it), taken over rather than recomputed."""
         self.index, self.search, self.calibration, self.seed = index, search, calibration, seed
         self.gamma = search.discount
         self.value: dict[int, float | None] = {}
@@ -71,7 +82,7 @@ class TreeRanking:
             (),
             plain_error=self.plain,
         )
-        self.segments: dict[int, Segment] = {}
+        self.segments: dict[int, Segment] = segments if segments is not None else {}
         self.lengths: dict[int, float] = {}
         self.valid: dict[int, float] = {}
         self.evidence: dict[int, NodeEvidence] = {}

@@ -248,7 +248,10 @@ class _TreeFacts:
         """The tree's ranking for this configuration, brought up to date."""
         rank = self.rank
         if rank is None or not rank.matches(search, calibration, seed):
-            rank = self.rank = TreeRanking(self.tree, self.index, search, calibration, seed)
+            # a new calibration (or configuration) changes every view, not the edges'
+            # segments: those of the same γ are taken over
+            segs = rank.segments if rank is not None and rank.gamma == search.discount else None
+            rank = self.rank = TreeRanking(self.tree, self.index, search, calibration, seed, segs)
             self.changed = set()
         elif self.changed:
             rank.update(self.tree, self.changed)

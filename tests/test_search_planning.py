@@ -3,6 +3,7 @@ old states left untouched, work per wave bounded by the trees the wave touched."
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import pickle
 
@@ -15,7 +16,7 @@ from focus.collector import Collector
 from focus.env import Task
 from focus.estimation import DirectBranchTd, GroupNormalized
 from focus.execution import Execution
-from focus.priority import Phase, Priority, Selective, Uniform
+from focus.priority import Calibration, Phase, Priority, Selective, Uniform
 from focus.ranking import TreeRanking
 from focus.search import SearchState, copy_state, graft, plan_wave, unscored, with_predictions
 from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
@@ -288,3 +289,22 @@ def test_the_calibration_is_refitted_only_once_the_evidence_doubled() -> None:
     # the counts are facts of the trees: a resumed (unpickled) state counts the same
     again = pickle.loads(pickle.dumps(state))
     assert [again.spread_count(s) for s in fits] == [state.spread_count(s) for s in fits]
+
+
+def test_a_refit_ranks_as_from_scratch_with_the_edges_segments_taken_over() -> None:
+    """After a new calibration every view changes, but not an edge's segment: the new
+    ranking takes the old one's segments over and its views equal a ranking built from
+    scratch."""
+    col, tasks = collection("selective", 1)
+    state = run(col.run_evidence(tasks))
+    search = col.search_config
+    old = state.calibration(search)
+    facts = state.facts(0)
+    first = facts.ranking(search, old, state.seed)
+    noise = dataclasses.replace(old.noise, critic_var=old.noise.critic_var * 3 + 0.01)
+    refit = Calibration(noise, old.mean_tokens, old.mean_leaf_transitions, old.gamma)
+    second = facts.ranking(search, refit, state.seed)
+    assert second is not first and second.segments is first.segments
+    scratch = TreeRanking(state.trees[0], 0, search, refit, state.seed)
+    assert second.evidence == scratch.evidence
+    assert second.ranked(state.trees[0], 1) == scratch.ranked(state.trees[0], 1)
