@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 from focus.agent import Agent, Rollout
 from focus.batch import Batch, BatchBuilder
-from focus.critic import ConstantCritic, Critic
+from focus.critic import ConstantCritic, Critic, check_predictions
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, critic_targets, truncated_segments
 from focus.execution import Execution, check_outage
@@ -177,9 +177,8 @@ class Collector:
         if not todo:
             return {}
         preds = await self.critic.predict_with_std([state.trees[ti].nodes[nid].context_ids for ti, nid in todo])
-        if len(preds) != len(todo):
-            raise ValueError(f"{type(self.critic).__name__} returned {len(preds)} predictions for {len(todo)} contexts")
-        return {key: (float(p.value), p.std) for key, p in zip(todo, preds, strict=True)}
+        checked = check_predictions(preds, len(todo), f"critic {type(self.critic).__name__}")
+        return {key: (p.value, p.std) for key, p in zip(todo, checked, strict=True)}
 
     async def score(self, state: SearchState) -> SearchState:
         """``state`` with :meth:`predict`'s predictions filled in."""

@@ -68,6 +68,25 @@ def _check_values(values: Sequence[Any], n: int, where: str) -> list[float]:
     return out
 
 
+def check_predictions(preds: Sequence[Any], n: int, where: str) -> list[Prediction]:
+    """What a critic's :meth:`Critic.predict_with_std` returned, checked: ``n``
+    predictions with finite values and, where given, finite non-negative stds. A
+    :class:`CriticError` names the first that is not (a NaN would otherwise travel into
+    every advantage and target of its tree)."""
+    if len(preds) != n:
+        raise CriticError(f"{where} returned {len(preds)} predictions for {n} contexts")
+    values = _check_values([getattr(p, "value", p) for p in preds], n, where)
+    out = []
+    for i, (p, v) in enumerate(zip(preds, values, strict=True)):
+        std = getattr(p, "std", None)
+        if std is not None:
+            (std,) = _check_values([std], 1, f"{where} (std at position {i})")
+            if std < 0:
+                raise CriticError(f"{where} returned a negative std {std!r} at position {i}")
+        out.append(Prediction(v, std))
+    return out
+
+
 class ConstantCritic(Critic):
     """The same prediction everywhere (e.g. 0.5 for success rewards): no model needed."""
 

@@ -10,7 +10,7 @@ import pytest
 from focus.agent import Agent
 from focus.collector import Collector
 from focus.context import Summarize
-from focus.critic import ConstantCritic
+from focus.critic import ConstantCritic, Critic, CriticError, Prediction
 from focus.env import Action, Env, EnvError, Message, Reset, StepResult, Task, accepts_seed
 from focus.estimation import DirectBranchTd
 from focus.execution import Execution
@@ -377,3 +377,35 @@ def test_the_heap_stays_frozen_for_the_whole_collection_and_is_released_after():
     assert len(preparing) == len(tasks)
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
     assert batch_key(batch) == batch_key(run(synthetic()[0].collect(tasks)))
+
+
+class _BadCritic(Critic):
+    """A user's critic that answers with ``answer(n)`` for ``n`` contexts."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+
+    async def predict(self, contexts):  # pragma: no cover - predict_with_std is overridden
+        raise AssertionError
+
+    async def predict_with_std(self, contexts):
+        return self.answer(len(contexts))
+
+
+@pytest.mark.parametrize(
+    ("answer", "match"),
+    [
+        (lambda n: [Prediction(0.5)] * (n - 1) + [Prediction(float("nan"))], "non-finite value nan at position"),
+        (lambda n: [Prediction(0.5, -0.1)] * n, "negative std -0.1 at position 0"),
+        (lambda n: [Prediction(0.5, float("inf"))] * n, "std at position 0.*non-finite value inf"),
+        (lambda n: [Prediction(0.5)] * (n + 1), r"returned \d+ predictions for \d+ contexts"),
+    ],
+)
+def test_a_critic_answering_nan_or_out_of_shape_fails_clearly(answer, match) -> None:
+    """Any critic, not only the HTTP one, is checked where the collector reads it: a NaN
+    would travel silently into every advantage and target of its tree."""
+    col, tasks, _ = synthetic()
+    col.critic = _BadCritic(answer)
+    state = run(col.evidence(tasks))
+    with pytest.raises(CriticError, match=f"critic _BadCritic.*{match}"):
+        run(col.score(state))
