@@ -493,6 +493,15 @@ def _mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.einsum("ij,jk->ik", a, b)
 
 
+def _depth_walk(nd: int) -> np.ndarray:
+    """The quadratic form ``Σ_d (x(d) − x(d+1))²`` over ``nd`` depths: the prior that
+    neighbouring depths have similar variances (a random walk over depth)."""
+    diff = np.zeros((max(nd - 1, 0), nd))
+    for d in range(nd - 1):
+        diff[d, d], diff[d, d + 1] = 1.0, -1.0
+    return _mm(diff.T, diff)
+
+
 def _mv(a: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.einsum("ij,j->i", a, v)
 
@@ -624,13 +633,11 @@ def noise_model(
         [recs[i].d2 - recs[i].ss / (recs[i].m * (recs[i].m - 1)) for i in res_ix],  # type: ignore[operator]
         dtype=np.float64,
     )
-    # the prior: neighbouring depths have similar variances (a random walk over depth)
-    diff = np.zeros((max(nd - 1, 0), nd))
-    for d in range(nd - 1):
-        diff[d, d], diff[d, d + 1] = 1.0, -1.0
+    # the prior: neighbouring depths have similar variances
+    walk = _depth_walk(nd)
     centre = np.zeros((2 * nd, 2 * nd))
-    centre[:nd, :nd] = _mm(diff.T, diff)
-    centre[nd:, nd:] = _mm(diff.T, diff)
+    centre[:nd, :nd] = walk
+    centre[nd:, nd:] = walk
     # ... and that ν(d) is half of s(d): the quadratic form of Σ_d (ν(d) − s(d)/2)²
     half = np.zeros((2 * nd, 2 * nd))
     for d in range(nd):
@@ -699,10 +706,8 @@ def _chain_model(recs: list[_Checkpoint], residuals: int) -> NoiseModel:
     alpha, beta, _ = _coefficients(recs, nd)
     design = np.hstack([alpha[res_ix], (1.0 + beta[res_ix])[:, None]])
     ys = np.array([recs[i].d2 for i in res_ix], dtype=np.float64)
-    diff = np.zeros((max(nd - 1, 0), nd + 1))
-    for d in range(nd - 1):
-        diff[d, d], diff[d, d + 1] = 1.0, -1.0
-    centre = _mm(diff.T, diff)
+    centre = np.zeros((nd + 1, nd + 1))
+    centre[:nd, :nd] = _depth_walk(nd)
     w = np.ones(len(res_ix))
     x = np.zeros(nd + 1)
     for _ in range(3):
