@@ -22,8 +22,9 @@ SMALL = ["--tasks", "2", "--transitions", "6", "--set", "agent.sampling.max_toke
 
 
 def focus(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 220) -> subprocess.CompletedProcess[str]:
+    """The command as the console script runs it (``python -m flows`` is the same entry)."""
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "flows", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -45,6 +46,8 @@ def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
     assert len(done.stdout.strip().splitlines()) == 1  # --json: the result alone on standard output
     text = log.read_text()
     assert "collection emb: batch at" in text and "flow run" not in text
+    # the model server was started by the console entry before the configuration was read
+    assert "(started by the console entry)" in text, text
 
     # the same collection as a Prefect flow (a temporary server): the same batch
     flow_log = tmp_path / "flow.log"
@@ -95,6 +98,25 @@ def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
     assert [(i["iteration"], i["url"]) for i in its] == [(0, result["batch_url"])]
     assert its[0]["actor_rows"] == summary["actor_rows"]
     assert "1 finished iteration" in CliRunner().invoke(app, ["inspect", folder], env={"COLUMNS": "250"}).output
+
+
+@pytest.mark.parametrize(
+    ("argv", "starts"),
+    [
+        (["collect"], True),
+        (["collect", "--tasks", "2", "-c", "x.toml"], True),
+        (["collect", "--model-url", "http://127.0.0.1:1"], False),
+        (["collect", "--model-url=http://127.0.0.1:1"], False),
+        (["collect", "--help"], False),
+        (["train"], False),
+        (["inspect", "runs"], False),
+        ([], False),
+    ],
+)
+def test_only_a_collection_that_may_use_the_embedded_model_starts_it_early(argv, starts):
+    from flows.entry import wants_embedded_model
+
+    assert wants_embedded_model(argv) is starts
 
 
 def test_invalid_config_fails_before_any_work(tmp_path):

@@ -300,3 +300,71 @@ def test_server_exits_when_its_parent_dies_without_cleanup(tmp_path):
         time.sleep(0.1)
     os.kill(pid, 9)
     raise AssertionError(f"server {pid} outlived its parent")
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.integration
+def test_a_warm_server_serves_the_command_line_it_is_handed_later(tmp_path):
+    """``focus collect`` starts the server before it knows the weights: the waiting
+    process gets its command line on stdin and serves exactly that (the weights'
+    version proves the arguments arrived); a warm process that died is replaced."""
+    from focus.backends.local import LocalModelServer, WarmServer
+
+    model = load()
+    with torch.no_grad():
+        next(model.parameters()).add_(0.01)
+    path = tmp_path / "w.pt"
+    version = save(model, path)
+    warm = WarmServer()
+    warm_pid, folder = warm.proc.pid, warm.tmp
+    with LocalModelServer(path, warm=warm) as server:
+        assert server.warm_started and server.pid == warm_pid
+        assert server.policy_version == version
+        assert httpx.get(f"{server.url}/health").status_code == 200
+    assert _gone(warm_pid) and not folder.exists()
+
+    dead = WarmServer()
+    dead_pid = dead.proc.pid
+    dead.proc.kill()
+    dead.proc.wait()
+    with LocalModelServer(warm=dead) as server:
+        assert not server.warm_started and server.pid != dead_pid
+        assert httpx.get(f"{server.url}/health").status_code == 200
+    assert not dead.tmp.exists()
+
+
+@pytest.mark.integration
+def test_an_unused_warm_server_leaves_nothing(tmp_path):
+    """Discarded (another model service, an error, a finished collection) or orphaned
+    (its command killed before it handed over): the process exits, its folder goes."""
+    import subprocess
+    import sys
+
+    from focus.backends.local import WarmServer
+
+    warm = WarmServer()
+    pid, folder = warm.proc.pid, warm.tmp
+    warm.discard()
+    assert _gone(pid) and not folder.exists()
+    warm.discard()  # twice is harmless
+
+    pid_file = tmp_path / "pid"
+    code = (
+        "import os, pathlib; from focus.backends.local import WarmServer; "
+        f"w = WarmServer(); pathlib.Path({str(pid_file)!r}).write_text(str(w.proc.pid)); os._exit(0)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    orphan = int(pid_file.read_text())
+    if not _gone(orphan):
+        os.kill(orphan, 9)
+        raise AssertionError(f"warm server {orphan} outlived its parent")

@@ -6,11 +6,17 @@ interpreter exit, and the server exits by itself when its parent dies). Clients 
 to it over HTTP exactly as they would to vLLM or SGLang, so the whole pipeline is
 exercised with the same code paths it uses in production. Torch is imported only in
 the subprocess.
+
+Most of the server's start-up is importing torch. :class:`WarmServer` starts that
+import before the command knows its configuration (``focus collect`` does, first
+thing); :class:`LocalModelServer` then hands the waiting process its command line
+instead of starting a new one.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import subprocess
@@ -20,9 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from focus.policy import PolicyError
+# httpx and focus.policy load where used: ``focus collect`` imports this module first
+# thing to start a WarmServer, and every millisecond before that spawn is on its wall time
 
 
 def stop_process(proc: subprocess.Popen[Any] | None, timeout_s: float = 5.0) -> None:
@@ -37,6 +42,54 @@ def stop_process(proc: subprocess.Popen[Any] | None, timeout_s: float = 5.0) -> 
         proc.wait(timeout=timeout_s)
 
 
+class WarmServer:
+    """A tiny-model server process started before its configuration is known.
+
+    It imports torch and the app, then waits for its command line on stdin
+    (``--args-from-stdin``). Give it to :class:`LocalModelServer` (``warm=``), which sends
+    the command line; or :meth:`discard` it. It also exits by itself when the process
+    that started it is gone (end of its stdin, and ``--parent-pid``).
+    """
+
+    def __init__(self) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="focus-tinylm-"))
+        self.log: Any = open(self.tmp / "server.log", "w+b")  # noqa: SIM115 - closed by the adopter or discard()
+        cmd = [sys.executable, "-m", "focus.tinylm.server", "--args-from-stdin", "--parent-pid", str(os.getpid())]
+        self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE
+        )
+        atexit.register(self.discard)
+
+    def take(self, args: list[str]) -> tuple[subprocess.Popen[bytes], Path, Any] | None:
+        """Send ``args`` (the server's command line) and give up ownership of the process,
+        its folder and its log; ``None`` if the process is gone (start a new one)."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None or proc.stdin is None:
+            self.discard()
+            return None
+        try:
+            proc.stdin.write((json.dumps(args) + "\n").encode())
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            self.discard()
+            return None
+        self.proc = None
+        atexit.unregister(self.discard)
+        return proc, self.tmp, self.log
+
+    def discard(self) -> None:
+        """Stop the process if nobody took it, and remove its folder."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if self.log is not None:
+                self.log.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        atexit.unregister(self.discard)
+
+
 class LocalModelServer:
     """Context manager around the tiny model's HTTP server.
 
@@ -48,6 +101,8 @@ class LocalModelServer:
     ``extra_args``: more server flags (``--max-num-seqs``, ``--prefix-cache-tokens``...).
     ``workers`` and ``torch_threads`` are kept for compatibility: one engine thread with
     one torch thread serves all requests (batched), which the invariant numerics need.
+    ``warm``: a :class:`WarmServer` to use instead of starting a process (a new one is
+    started if it has exited).
     """
 
     def __init__(
@@ -61,7 +116,9 @@ class LocalModelServer:
         startup_timeout_s: float = 60.0,
         logprobs_mode: str = "processed_logprobs",
         extra_args: list[str] | None = None,
+        warm: WarmServer | None = None,
     ) -> None:
+        self._warm = warm
         self.logprobs_mode = logprobs_mode
         self.extra_args = list(extra_args or [])
         self.weights = str(weights) if weights is not None else None
@@ -73,6 +130,8 @@ class LocalModelServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None
         self._tmp: Path | None = None
+        #: Whether :meth:`start` used the ``warm`` process (False: it started one).
+        self.warm_started = False
 
     @property
     def url(self) -> str:
@@ -87,12 +146,34 @@ class LocalModelServer:
     def start(self) -> LocalModelServer:
         if self.proc is not None:
             return self
-        tmp = self._tmp = Path(tempfile.mkdtemp(prefix="focus-tinylm-"))
+        warm, self._warm = self._warm, None
+        taken = warm.take(self._args(warm.tmp / "port")) if warm is not None else None
+        self.warm_started = taken is not None
+        if taken is not None:
+            self.proc, tmp, self._log = taken
+        else:
+            tmp = Path(tempfile.mkdtemp(prefix="focus-tinylm-"))
+            self._log = open(tmp / "server.log", "w+b")  # noqa: SIM115 - closed in stop()
+        self._tmp = tmp
         port_file = tmp / "port"
+        cmd = [sys.executable, "-m", "focus.tinylm.server", *self._args(port_file)]
+        if self.proc is None:
+            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        atexit.register(self.stop)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                log = self._read_log()
+                self.stop()
+                raise RuntimeError(f"tinylm server did not start (command {' '.join(cmd)}):\n{log}")
+            time.sleep(0.01)
+        self.port = int(port_file.read_text())
+        self._wait_healthy(deadline)
+        return self
+
+    def _args(self, port_file: Path) -> list[str]:
+        """The server's command line after ``python -m focus.tinylm.server``."""
         cmd = [
-            sys.executable,
-            "-m",
-            "focus.tinylm.server",
             "--host",
             "127.0.0.1",
             "--port",
@@ -111,21 +192,11 @@ class LocalModelServer:
         cmd += ["--logprobs-mode", self.logprobs_mode, *self.extra_args]
         if self.debug:
             cmd.append("--debug")
-        self._log = open(tmp / "server.log", "w+b")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        atexit.register(self.stop)
-        deadline = time.monotonic() + self.startup_timeout_s
-        while not port_file.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                log = self._read_log()
-                self.stop()
-                raise RuntimeError(f"tinylm server did not start (command {' '.join(cmd)}):\n{log}")
-            time.sleep(0.05)
-        self.port = int(port_file.read_text())
-        self._wait_healthy(deadline)
-        return self
+        return cmd
 
     def _wait_healthy(self, deadline: float) -> None:
+        import httpx
+
         while True:
             try:
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
@@ -135,7 +206,7 @@ class LocalModelServer:
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"tinylm server on port {self.port} never answered /health")
-            time.sleep(0.05)
+            time.sleep(0.01)
 
     def _read_log(self) -> str:
         if self._log is None:
@@ -164,6 +235,8 @@ class LocalModelServer:
     # --- convenience --------------------------------------------------------------
     def info(self) -> dict[str, Any]:
         """The server's ``/v1/models`` card (includes ``policy_version``)."""
+        import httpx
+
         data = httpx.get(f"{self.url}/v1/models", timeout=10.0).json()
         return dict(data["data"][0])
 
@@ -173,6 +246,10 @@ class LocalModelServer:
 
     def reload(self, weights: str | os.PathLike[str]) -> str:
         """Load new weights into the running server; returns the new policy version."""
+        import httpx
+
+        from focus.policy import PolicyError
+
         resp = httpx.post(f"{self.url}/update_weights_from_disk", json={"model_path": str(weights)}, timeout=60.0)
         data = resp.json()
         if resp.status_code != 200 or not data.get("success"):

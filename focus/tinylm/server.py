@@ -9,7 +9,10 @@ The application is :func:`focus.tinylm.app.create_app`; the engine is
 or the ``weight_version`` given at reload).
 
 Run: ``python -m focus.tinylm.server --port 8000 [--weights PATH]
-[--logprobs-mode processed_logprobs]``. ``--debug`` wraps the app in the test fault
+[--logprobs-mode processed_logprobs]``. With ``--args-from-stdin`` the process imports
+torch and the app first (most of its start-up) and only then reads its command line, as
+one JSON list, from stdin (end of input: it exits): a command can start it before it
+knows the configuration (:class:`focus.backends.local.WarmServer`). ``--debug`` wraps the app in the test fault
 layer (:mod:`focus.tinylm.testing`: prompt recording and injected faults); it is never
 mounted otherwise.
 """
@@ -18,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -59,16 +64,31 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--torch-threads", type=int, default=1, help="kept for compatibility; the engine uses 1")
     ap.add_argument("--debug", action="store_true", help="mount the test fault layer (focus.tinylm.testing)")
     ap.add_argument("--parent-pid", type=int, help="exit when this process exits")
+    ap.add_argument(
+        "--args-from-stdin",
+        action="store_true",
+        help="import first, then read the command line as a JSON list from stdin (end of input: exit)",
+    )
     return ap
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    watched = args.parent_pid
+    if watched:
+        threading.Thread(target=_watch_parent, args=(watched,), daemon=True).start()
     import uvicorn
 
     from focus.tinylm.app import create_app
     from focus.tinylm.engine import Engine
 
-    args = build_parser().parse_args(argv)
+    if args.args_from_stdin:
+        line = sys.stdin.readline()
+        if not line.strip():
+            return  # nobody needed this server
+        args = build_parser().parse_args(json.loads(line))
+        if args.args_from_stdin:
+            raise SystemExit("--args-from-stdin: the command line read from stdin must not repeat it")
     engine = Engine(
         args.weights,
         logprobs_mode=args.logprobs_mode,
@@ -85,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     port = sock.getsockname()[1]
-    if args.parent_pid:
+    if args.parent_pid and args.parent_pid != watched:
         threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
 
