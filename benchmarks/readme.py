@@ -322,6 +322,20 @@ def estimator_quality(f: dict[str, Any]) -> str:
         f"{info['jobs']} worker processes) in {s_(info['wall_s'])}.",
         table(["ratio of advantage MSE (median over cells)", "median", "worst cell", "per-seed medians", "goal"], rows),
     ]
+    above = summary.get("selective_vs_uniform_all_cells", {}).get("above_1_1")
+    if above:
+        listed = "; ".join(
+            f"{c['cell']} {num(c['ratio'])}" + (f" ({num(c['low'])}-{num(c['high'])})" if c["low"] is not None else "")
+            for c in above["above"]
+        )
+        out.append(
+            f"Cells where selective is worse than {above['bound']}x uniform: {len(above['above'])} of "
+            f"{above['cells']}{': ' + listed if listed else ''} (90% paired-bootstrap interval over the seeds). "
+            f"Above {above['bound']} across the whole interval: {len(above['above_throughout'])}"
+            f"{' (' + ', '.join(above['above_throughout']) + ')' if above['above_throughout'] else ''}. "
+            f"The same run cut into groups of 4 seeds has "
+            f"{', '.join(str(n) for n in above['above_by_4_seed_group'])} cells above {above['bound']}."
+        )
     table_rows = {(r["family"], r["budget"], r["critic"], r["method"]): r for r in f["rows"]}
     cells = sorted({k[:3] for k in table_rows}, key=lambda k: (info["budgets"].index(k[1]), info["critics"].index(k[2]),
                                                               info["families"].index(k[0])))  # fmt: skip
