@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from tasks.config import FocusConfig, check_factories
+from tasks.config import FocusConfig, check_factories, check_weights
 
 #: Below this many free bytes a local store is treated as full before anything starts.
 MIN_FREE_BYTES = 1 << 20
@@ -122,6 +122,7 @@ def preflight(config: FocusConfig) -> Preflight:
     from tasks.steps import CONFIG, EXPORT, Steps, fingerprint, resume_mismatch
 
     check_factories(config)
+    check_weights(config)
     check_root(config.storage.root)
     if not config.collection_id:
         return Preflight(config)

@@ -195,6 +195,20 @@ def check_factories(config: FocusConfig) -> None:
             pass  # no signature to check (a builtin)
 
 
+def check_weights(config: FocusConfig) -> None:
+    """A local weights file the embedded model server would start from must exist: a
+    missing one fails here, before the server starts, not as the server's traceback."""
+    m = config.model
+    if m.kind != "local" or m.url is not None or not m.weights:
+        return
+    path = m.weights.removeprefix("file://")
+    if "://" in path:
+        return  # a URL: the server says whether it can read it
+    if not os.path.isfile(path):
+        what = "a folder" if os.path.isdir(path) else "no such file"
+        raise ConfigError(f"model.weights {m.weights!r}: {what}; give the path of a tinylm weights file")
+
+
 def _cwd_on_path() -> None:
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:

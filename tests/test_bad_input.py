@@ -93,6 +93,31 @@ def test_cli_reports_a_bad_config_file_without_a_traceback(tmp_path):
     assert "Traceback" not in text
 
 
+@pytest.mark.integration
+def test_cli_names_a_missing_or_broken_weights_file_in_one_line(tmp_path):
+    """A missing file or a folder is refused before anything starts (exit 2); a file
+    that is no weights file fails the model server's start, and the line says why
+    (torch's paragraph about ``weights_only`` is not it)."""
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    cases = [
+        (tmp_path / "missing.pt", 2, "no such file"),
+        (tmp_path, 2, "a folder"),
+        (garbage, 1, "is not a tinylm weights file: not a torch checkpoint"),
+    ]
+    for weights, code, cause in cases:
+        out = subprocess.run(
+            [sys.executable, "-m", "flows", "collect", "--store", str(tmp_path / "runs"),
+             "--set", f"model.weights={weights}", "--log-file", str(tmp_path / "log")],
+            capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        )  # fmt: skip
+        lines = (out.stdout + out.stderr).strip().splitlines()
+        assert out.returncode == code and len(lines) == 1, lines
+        assert cause in lines[0] and str(weights) in lines[0] and "weights_only" not in lines[0], lines[0]
+    # the server's own log travels with the traceback in the log file
+    assert "server log:" in (tmp_path / "log").read_text()
+
+
 # ---- URLs given to the library directly ----
 
 

@@ -131,6 +131,10 @@ def test_weights_load_errors_name_the_file(tmp_path):
     torch.save({"something": 1}, bad)
     with pytest.raises(ValueError, match="not a tinylm weights file"):
         load(bad)
+    for junk in (b"", b"plain text"):
+        bad.write_bytes(junk)
+        with pytest.raises(ValueError, match="not a tinylm weights file: not a torch checkpoint"):
+            load(bad)
 
 
 def test_committed_weights_are_small_and_pretraining_is_deterministic(tmp_path):

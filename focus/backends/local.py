@@ -42,6 +42,15 @@ def stop_process(proc: subprocess.Popen[Any] | None, timeout_s: float = 5.0) -> 
         proc.wait(timeout=timeout_s)
 
 
+def _cause(log: str) -> str:
+    """The exception line a failed server's log ends with (``SomeError: message``)."""
+    for line in reversed(log.strip().splitlines()):
+        name, sep, _ = line.partition(":")
+        if sep and name and " " not in name and name.rsplit(".", 1)[-1].endswith(("Error", "Exception", "Exit")):
+            return line.strip()
+    return ""
+
+
 class WarmServer:
     """A tiny-model server process started before its configuration is known.
 
@@ -163,9 +172,15 @@ class LocalModelServer:
         deadline = time.monotonic() + self.startup_timeout_s
         while not port_file.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                exited = self.proc.poll() is not None
                 log = self._read_log()
                 self.stop()
-                raise RuntimeError(f"tinylm server did not start (command {' '.join(cmd)}):\n{log}")
+                cause = _cause(log) or ("it exited" if exited else f"no port after {self.startup_timeout_s:g} s")
+                from focus.policy import PolicyError
+
+                error = PolicyError(f"the embedded model server did not start: {cause}")
+                error.add_note(f"command: {' '.join(cmd)}\nserver log:\n{log}")
+                raise error
             time.sleep(0.01)
         self.port = int(port_file.read_text())
         self._wait_healthy(deadline)
@@ -205,7 +220,9 @@ class LocalModelServer:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"tinylm server on port {self.port} never answered /health")
+                from focus.policy import PolicyError
+
+                raise PolicyError(f"the embedded model server on port {self.port} never answered /health")
             time.sleep(0.01)
 
     def _read_log(self) -> str:

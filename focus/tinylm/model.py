@@ -16,6 +16,7 @@ import hashlib
 import io
 import math
 import os
+import pickle
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -161,8 +162,11 @@ def load(path: str | os.PathLike[str] | None = None) -> TinyLM:
         blob = torch.load(path, map_location="cpu", weights_only=True)
         model = TinyLM(TinyConfig(**blob["config"]))
         model.load_state_dict({k: v.float() for k, v in blob["state_dict"].items()})
-    except (KeyError, TypeError, RuntimeError, ValueError) as e:
-        raise ValueError(f"{path} is not a tinylm weights file: {e}") from e
+    except (KeyError, TypeError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
+        # torch's message for a file that is no checkpoint at all is a paragraph about
+        # weights_only, which would send a user the wrong way
+        why = "not a torch checkpoint" if isinstance(e, (EOFError, pickle.UnpicklingError)) else str(e)
+        raise ValueError(f"{path} is not a tinylm weights file: {why}") from e
     model.eval()
     return model
 
