@@ -282,28 +282,16 @@ def test_weight_reload_changes_outputs_and_version(tmp_path):
         os.kill(pid, 0)
 
 
-@pytest.mark.integration
-def test_server_exits_when_its_parent_dies_without_cleanup(tmp_path):
-    """A crashed test process (no atexit, no __exit__) must not leave a server behind."""
+def _orphan(tmp_path, imports: str, start: str) -> int:
+    """The pid of what ``start`` starts in a child process that then dies without any
+    cleanup (no atexit, no __exit__), as a crashed command would."""
     import subprocess
     import sys
 
     pid_file = tmp_path / "pid"
-    code = (
-        "import os, pathlib; from focus.backends import LocalModelServer; "
-        f"s = LocalModelServer().start(); pathlib.Path({str(pid_file)!r}).write_text(str(s.pid)); os._exit(0)"
-    )
+    code = f"import os, pathlib; {imports}; pathlib.Path({str(pid_file)!r}).write_text(str({start})); os._exit(0)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-    pid = int(pid_file.read_text())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    os.kill(pid, 9)
-    raise AssertionError(f"server {pid} outlived its parent")
+    return int(pid_file.read_text())
 
 
 def _gone(pid: int, within_s: float = 10.0) -> bool:
@@ -315,6 +303,15 @@ def _gone(pid: int, within_s: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+@pytest.mark.integration
+def test_server_exits_when_its_parent_dies_without_cleanup(tmp_path):
+    """A crashed test process (no atexit, no __exit__) must not leave a server behind."""
+    pid = _orphan(tmp_path, "from focus.backends import LocalModelServer", "LocalModelServer().start().pid")
+    if not _gone(pid):
+        os.kill(pid, 9)
+        raise AssertionError(f"server {pid} outlived its parent")
 
 
 @pytest.mark.integration
@@ -351,9 +348,6 @@ def test_a_warm_server_serves_the_command_line_it_is_handed_later(tmp_path):
 def test_an_unused_warm_server_leaves_nothing(tmp_path):
     """Discarded (another model service, an error, a finished collection) or orphaned
     (its command killed before it handed over): the process exits, its folder goes."""
-    import subprocess
-    import sys
-
     from focus.backends.local import WarmServer
 
     warm = WarmServer()
@@ -362,13 +356,7 @@ def test_an_unused_warm_server_leaves_nothing(tmp_path):
     assert _gone(pid) and not folder.exists()
     warm.discard()  # twice is harmless
 
-    pid_file = tmp_path / "pid"
-    code = (
-        "import os, pathlib; from focus.backends.local import WarmServer; "
-        f"w = WarmServer(); pathlib.Path({str(pid_file)!r}).write_text(str(w.proc.pid)); os._exit(0)"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-    orphan = int(pid_file.read_text())
+    orphan = _orphan(tmp_path, "from focus.backends.local import WarmServer", "WarmServer().proc.pid")
     if not _gone(orphan):
         os.kill(orphan, 9)
         raise AssertionError(f"warm server {orphan} outlived its parent")
