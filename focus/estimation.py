@@ -396,6 +396,8 @@ class _Checkpoint:
     ss: float | None
     ss_same: float | None
     d2: float | None
+    #: The critic's prediction v̂ (None when not scored).
+    v_hat: float | None
     #: Per valid child: (first-step weight, γ^{2k}, reference: record index or
     #: _EXACT / _CRITIC, (g−1)/g for a child in a group of g ≥ 2 that took the same
     #: action, else 0).
@@ -456,7 +458,7 @@ def _collect(
             kids = [(w, d, c, (n - 1) / n) for (w, d, c, _), n in zip(kids, sizes, strict=True)]
         d2 = (node.value - q_bar) ** 2 if node.value is not None else None
         val[i], ref[i] = q_bar, len(out)
-        out.append(_Checkpoint(min(node.depth, DEPTH_BUCKETS - 1), node.depth, m, ss, ss_same, d2, kids))
+        out.append(_Checkpoint(min(node.depth, DEPTH_BUCKETS - 1), node.depth, m, ss, ss_same, d2, node.value, kids))
 
 
 def _nnls(mat: np.ndarray, rhs: np.ndarray) -> np.ndarray:
@@ -701,6 +703,13 @@ def _chain_model(recs: list[_Checkpoint], residuals: int) -> NoiseModel:
     env's randomness without siblings."""
     res_ix = [i for i, r in enumerate(recs) if r.d2 is not None]
     if not res_ix:
+        return NoiseModel.unknown(residuals)
+    predictions = {recs[i].v_hat for i in res_ix}
+    if len(res_ix) >= 2 and len(predictions) == 1:
+        # One prediction for every state: the critic knows nothing of the states, so its
+        # error is the state values' own spread, which grows with depth as the return is
+        # decided, exactly as the return's variance below shrinks. Their sum is flat
+        # whatever the depth that decides, so the residuals cannot say where that is.
         return NoiseModel.unknown(residuals)
     nd = max(r.depth for r in recs) + 1
     alpha, beta, _ = _coefficients(recs, nd)

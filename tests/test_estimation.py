@@ -336,6 +336,37 @@ def test_noise_model_of_unbranched_rollouts_splits_critic_error_from_return_vari
     assert nm.noise_var(3) == pytest.approx(nm.step_var(3) / 2, rel=1e-5)  # (six significant digits)
 
 
+def test_a_constant_critic_leaves_the_unbranched_noise_model_unknown():
+    """One prediction for every state (an untrained or constant critic), a return decided
+    at the first step: every checkpoint of a rollout misses by the same amount, whatever
+    the depth that decides, so the residuals cannot locate it. The model stays unknown
+    (the ranking flat, as uniform branching's) instead of declaring every step's variance
+    zero; the same rollouts with a critic that varies are fitted, and once two
+    rollouts share a checkpoint the constant critic's error is fitted from their spread."""
+    rng = random.Random(2)
+
+    def rollouts(critic) -> list[Tree]:
+        trees = []
+        for i in range(200):
+            t = Tree.new(f"c{i}", None, (1,))
+            node, win = t.root, rng.random() < 0.3
+            for step in range(1, 7):
+                node.value = critic(win, step)
+                reward = float(win) if step == 6 else 0.0
+                node = t.add_node(node.id, (_turn(reward),), "terminal" if step == 6 else "checkpoint", steps=step)
+            trees.append(t)
+        return trees
+
+    constant = noise_model(rollouts(lambda win, step: 0.3))
+    assert not constant.known and constant.critic_var == math.inf and constant.residuals == 200 * 6
+    varying = noise_model(rollouts(lambda win, step: 0.3 if step == 1 else float(win) + rng.gauss(0, 0.1)))
+    assert varying.known and math.isfinite(varying.critic_var)
+    branched = rollouts(lambda win, step: 0.3)
+    for t in branched[:50]:
+        t.add_node(0, (_turn(float(rng.random() < 0.3)),), "terminal", steps=1)
+    assert noise_model(branched).known
+
+
 def test_noise_model_of_spreads_without_transitions_is_quiet_and_finite():
     """Siblings whose segments hold no task transition (tool turns only, as in the browse
     example) inform no depth's variance: the fit rests on its prior, without numpy's
