@@ -44,7 +44,7 @@ interval of its ratio (a paired bootstrap over seeds: both methods' MSEs resampl
 the same seeds), which cells stay above 1.1 across that interval, and how many cells
 exceed 1.1 in each disjoint group of 4 seeds (what a 4-seed run would have reported).
 
-    .venv/bin/python -m benchmarks.estimator_quality [--quick] [--jobs 2] [--json PATH]
+    .venv/bin/python -m benchmarks.estimator_quality [--quick] [--jobs 2] [--json PATH] [--plot PNG]
 """
 
 from __future__ import annotations
@@ -290,6 +290,55 @@ def cells_above(
     }
 
 
+def plot(rows: list[dict[str, Any]], above: dict[str, Any] | None, path: str) -> None:
+    """Selective / uniform per cell, advantages and critic targets, as two heat maps
+    (families down, budget x critic across; blue: selective better, red: worse, on a
+    log scale from 0.5x to 2x). Cells above 1.1x are outlined, and marked ``*`` where
+    they stay above 1.1 across their 90% interval over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
+    table = {(r["family"], r["budget"], r["critic"], r["method"]): r for r in rows}
+    families = list(dict.fromkeys(r["family"] for r in rows))
+    budgets = sorted({r["budget"] for r in rows})
+    critics = list(dict.fromkeys(r["critic"] for r in rows))
+    cols = [(b, c) for b in budgets for c in critics]
+    sure = set(above["above_throughout"]) if above else set()
+    fig, axes = plt.subplots(2, 1, figsize=(1.0 + 0.62 * len(cols), 1.6 + 0.95 * len(families)), squeeze=False)
+    for ax, (key, what) in zip(axes[:, 0], (("adv_mse", "advantage"), ("target_mse", "critic-target")), strict=True):
+        grid = [[math.nan] * len(cols) for _ in families]
+        for i, f in enumerate(families):
+            for j, (b, c) in enumerate(cols):
+                sel, uni = table.get((f, b, c, "selective")), table.get((f, b, c, "uniform"))
+                if sel and uni:
+                    grid[i][j] = min(max(cell_ratio(sel[key], uni[key]), 1e-3), 1e3)
+        image = ax.imshow(grid, cmap="RdBu_r", norm=LogNorm(vmin=0.5, vmax=2.0), aspect="auto")
+        for i, f in enumerate(families):
+            for j, (b, c) in enumerate(cols):
+                v = grid[i][j]
+                if math.isnan(v):
+                    continue
+                mark = "*" if key == "adv_mse" and f"{f}/{b}H/{c}" in sure else ""
+                ax.text(j, i, f"{v:.2f}{mark}", ha="center", va="center", fontsize=7)
+                if v > 1.1:
+                    ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.5))
+        ax.set_xticks(range(len(cols)), [f"{b}H\n{c.replace('noise_', 'noise ')}" for b, c in cols], fontsize=7)
+        ax.set_yticks(range(len(families)), families, fontsize=8)
+        for k in range(1, len(budgets)):
+            ax.axvline(k * len(critics) - 0.5, color="black", lw=1)
+        ax.set_title(f"selective / uniform, {what} MSE per cell (outlined: above 1.1x; *: above it across the 90% interval)",
+                     fontsize=9)  # fmt: skip
+        bar = fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01)
+        bar.set_ticks([0.5, 0.7, 1.0, 1.4, 2.0], labels=["0.5x", "0.7x", "1x", "1.4x", "2x"])
+        bar.ax.minorticks_off()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def mean_rows(raw: list[dict[str, Any]], seeds: list[int]) -> list[dict[str, Any]]:
     """Per (family, budget, critic, method): the metrics averaged over ``seeds``."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
@@ -308,6 +357,7 @@ def mean_rows(raw: list[dict[str, Any]], seeds: list[int]) -> list[dict[str, Any
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write every number here")
+    ap.add_argument("--plot", help="draw selective / uniform per cell (PNG) here")
     ap.add_argument("--quick", action="store_true", help="fewer tasks and seeds (a smoke run)")
     ap.add_argument("--tasks", type=int, default=6, help="tasks (MDP instances) per collection")
     ap.add_argument("--seeds", type=int, default=12, help="seeds per cell (a cell's MSE is their mean)")
@@ -378,6 +428,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"cells above 1.1 in each group of 4 seeds: {above['above_by_4_seed_group']}")
     print()
     print(json.dumps(info))
+    if args.plot and "selective" in methods and "uniform" in methods:
+        plot(rows, summary.get("selective_vs_uniform_all_cells", {}).get("above_1_1"), args.plot)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"rows": rows, "summary": summary, "per_seed": spread, "info": info, "raw": raw}, fh, indent=1)

@@ -336,6 +336,10 @@ def estimator_quality(f: dict[str, Any]) -> str:
             f"The same run cut into groups of 4 seeds has "
             f"{', '.join(str(n) for n in above['above_by_4_seed_group'])} cells above {above['bound']}."
         )
+    out.append(
+        "![selective / uniform per cell](results/estimator_quality.png)\n\n(Every cell's ratio, advantages above "
+        "and critic targets below; blue: selective better, red: worse.)"
+    )
     table_rows = {(r["family"], r["budget"], r["critic"], r["method"]): r for r in f["rows"]}
     cells = sorted({k[:3] for k in table_rows}, key=lambda k: (info["budgets"].index(k[1]), info["critics"].index(k[2]),
                                                               info["families"].index(k[0])))  # fmt: skip

@@ -65,7 +65,7 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         "estimator_quality",
         "benchmarks.estimator_quality",
-        (),
+        ("--plot", f"{RESULTS_DIR}/estimator_quality.png"),
         ("--quick", "--families", "uniform,slippery", "--budgets", "6", "--critics", "noise_1,constant", "--jobs", "1"),
         timeout_s=5400,
         drop=("raw",),
