@@ -6,6 +6,7 @@ import asyncio
 import math
 import os
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -282,16 +283,21 @@ def test_weight_reload_changes_outputs_and_version(tmp_path):
         os.kill(pid, 0)
 
 
-def _orphan(tmp_path, imports: str, start: str) -> int:
-    """The pid of what ``start`` starts in a child process that then dies without any
-    cleanup (no atexit, no __exit__), as a crashed command would."""
+def _orphan(tmp_path, imports: str, start: str) -> tuple[int, Path]:
+    """The pid and folder of the server ``start`` starts (an expression giving both) in a
+    child process that then dies without any cleanup (no atexit, no __exit__), as a
+    crashed command would."""
     import subprocess
     import sys
 
-    pid_file = tmp_path / "pid"
-    code = f"import os, pathlib; {imports}; pathlib.Path({str(pid_file)!r}).write_text(str({start})); os._exit(0)"
+    out = tmp_path / "started"
+    code = (
+        f"import os, pathlib; {imports}; pid, folder = {start}; "
+        f"pathlib.Path({str(out)!r}).write_text(f'{{pid}} {{folder}}'); os._exit(0)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-    return int(pid_file.read_text())
+    pid, folder = out.read_text().split(" ", 1)
+    return int(pid), Path(folder)
 
 
 def _gone(pid: int, within_s: float = 10.0) -> bool:
@@ -308,10 +314,13 @@ def _gone(pid: int, within_s: float = 10.0) -> bool:
 @pytest.mark.integration
 def test_server_exits_when_its_parent_dies_without_cleanup(tmp_path):
     """A crashed test process (no atexit, no __exit__) must not leave a server behind."""
-    pid = _orphan(tmp_path, "from focus.backends import LocalModelServer", "LocalModelServer().start().pid")
+    pid, folder = _orphan(
+        tmp_path, "from focus.backends import LocalModelServer", "(s := LocalModelServer().start()).pid, s._tmp"
+    )
     if not _gone(pid):
         os.kill(pid, 9)
         raise AssertionError(f"server {pid} outlived its parent")
+    assert not folder.exists(), "the orphaned server left its folder"
 
 
 @pytest.mark.integration
@@ -356,7 +365,10 @@ def test_an_unused_warm_server_leaves_nothing(tmp_path):
     assert _gone(pid) and not folder.exists()
     warm.discard()  # twice is harmless
 
-    orphan = _orphan(tmp_path, "from focus.backends.local import WarmServer", "WarmServer().proc.pid")
+    orphan, folder = _orphan(
+        tmp_path, "from focus.backends.local import WarmServer", "(w := WarmServer()).proc.pid, w.tmp"
+    )
     if not _gone(orphan):
         os.kill(orphan, 9)
         raise AssertionError(f"warm server {orphan} outlived its parent")
+    assert not folder.exists(), "the orphaned warm server left its folder"

@@ -2,10 +2,10 @@
 
 :class:`LocalModelServer` starts ``python -m focus.tinylm.server`` as a subprocess on
 127.0.0.1, waits until it answers ``/health``, and stops it by PID on exit (also at
-interpreter exit, and the server exits by itself when its parent dies). Clients talk
-to it over HTTP exactly as they would to vLLM or SGLang, so the whole pipeline is
-exercised with the same code paths it uses in production. Torch is imported only in
-the subprocess.
+interpreter exit, and the server exits by itself when its parent dies, removing its
+temporary folder). Clients talk to it over HTTP exactly as they would to vLLM or
+SGLang, so the whole pipeline is exercised with the same code paths it uses in
+production. Torch is imported only in the subprocess.
 
 Most of the server's start-up is importing torch. :class:`WarmServer` starts that
 import before the command knows its configuration (``focus collect`` does, first
@@ -64,6 +64,7 @@ class WarmServer:
         self.tmp = Path(tempfile.mkdtemp(prefix="focus-tinylm-"))
         self.log: Any = open(self.tmp / "server.log", "w+b")  # noqa: SIM115 - closed by the adopter or discard()
         cmd = [sys.executable, "-m", "focus.tinylm.server", "--args-from-stdin", "--parent-pid", str(os.getpid())]
+        cmd += ["--owned-dir", str(self.tmp)]
         self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
             cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE
         )
@@ -201,6 +202,8 @@ class LocalModelServer:
             str(self.torch_threads),
             "--parent-pid",
             str(os.getpid()),
+            "--owned-dir",
+            str(port_file.parent),
         ]
         if self.weights:
             cmd += ["--weights", self.weights]

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -34,14 +35,21 @@ from focus.tinylm.sampler import LOGPROBS_MODES
 from focus.tinylm.serving import MODEL_NAME
 
 
-def _watch_parent(pid: int) -> None:
-    """Exit when the process that started us is gone, so a crashed test leaks nothing."""
+def _watch_parent(pid: int, owned: Path | None) -> None:
+    """Exit when the process that started us is gone, so a crashed test leaks nothing:
+    no process, and no folder (``--owned-dir``, which the parent removes otherwise)."""
     while True:
         time.sleep(1.0)
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
+            _remove(owned)
             os._exit(0)
+
+
+def _remove(owned: Path | None) -> None:
+    if owned is not None:
+        shutil.rmtree(owned, ignore_errors=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--torch-threads", type=int, default=1, help="kept for compatibility; the engine uses 1")
     ap.add_argument("--debug", action="store_true", help="mount the test fault layer (focus.tinylm.testing)")
     ap.add_argument("--parent-pid", type=int, help="exit when this process exits")
+    ap.add_argument("--owned-dir", type=Path, help="remove this folder when exiting because the parent is gone")
     ap.add_argument(
         "--args-from-stdin",
         action="store_true",
@@ -76,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     watched = args.parent_pid
     if watched:
-        threading.Thread(target=_watch_parent, args=(watched,), daemon=True).start()
+        threading.Thread(target=_watch_parent, args=(watched, args.owned_dir), daemon=True).start()
     import uvicorn
 
     from focus.tinylm.app import create_app
@@ -85,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.args_from_stdin:
         line = sys.stdin.readline()
         if not line.strip():
-            return  # nobody needed this server
+            _remove(args.owned_dir)  # nobody needed this server (its command ended or died)
+            return
         args = build_parser().parse_args(json.loads(line))
         if args.args_from_stdin:
             raise SystemExit("--args-from-stdin: the command line read from stdin must not repeat it")
@@ -106,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     sock.bind((args.host, args.port))
     port = sock.getsockname()[1]
     if args.parent_pid and args.parent_pid != watched:
-        threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
+        threading.Thread(target=_watch_parent, args=(args.parent_pid, args.owned_dir), daemon=True).start()
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
 
     async def serve() -> None:
