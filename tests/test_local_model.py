@@ -283,10 +283,10 @@ def test_weight_reload_changes_outputs_and_version(tmp_path):
         os.kill(pid, 0)
 
 
-def _orphan(tmp_path, imports: str, start: str) -> tuple[int, Path]:
-    """The pid and folder of the server ``start`` starts (an expression giving both) in a
-    child process that then dies without any cleanup (no atexit, no __exit__), as a
-    crashed command would."""
+def _check_orphan(tmp_path, imports: str, start: str) -> None:
+    """Start a server in a child process (``start``: an expression giving its pid and
+    folder) that then dies without any cleanup (no atexit, no __exit__), as a crashed
+    command would; the server must exit and remove its folder by itself."""
     import subprocess
     import sys
 
@@ -297,7 +297,10 @@ def _orphan(tmp_path, imports: str, start: str) -> tuple[int, Path]:
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     pid, folder = out.read_text().split(" ", 1)
-    return int(pid), Path(folder)
+    if not _gone(int(pid)):
+        os.kill(int(pid), 9)
+        raise AssertionError(f"server {pid} outlived its parent")
+    assert not Path(folder).exists(), f"the orphaned server left its folder {folder}"
 
 
 def _gone(pid: int, within_s: float = 10.0) -> bool:
@@ -314,13 +317,9 @@ def _gone(pid: int, within_s: float = 10.0) -> bool:
 @pytest.mark.integration
 def test_server_exits_when_its_parent_dies_without_cleanup(tmp_path):
     """A crashed test process (no atexit, no __exit__) must not leave a server behind."""
-    pid, folder = _orphan(
+    _check_orphan(
         tmp_path, "from focus.backends import LocalModelServer", "(s := LocalModelServer().start()).pid, s._tmp"
     )
-    if not _gone(pid):
-        os.kill(pid, 9)
-        raise AssertionError(f"server {pid} outlived its parent")
-    assert not folder.exists(), "the orphaned server left its folder"
 
 
 @pytest.mark.integration
@@ -365,10 +364,4 @@ def test_an_unused_warm_server_leaves_nothing(tmp_path):
     assert _gone(pid) and not folder.exists()
     warm.discard()  # twice is harmless
 
-    orphan, folder = _orphan(
-        tmp_path, "from focus.backends.local import WarmServer", "(w := WarmServer()).proc.pid, w.tmp"
-    )
-    if not _gone(orphan):
-        os.kill(orphan, 9)
-        raise AssertionError(f"warm server {orphan} outlived its parent")
-    assert not folder.exists(), "the orphaned warm server left its folder"
+    _check_orphan(tmp_path, "from focus.backends.local import WarmServer", "(w := WarmServer()).proc.pid, w.tmp")
