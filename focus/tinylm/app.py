@@ -13,51 +13,58 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from focus.tinylm import routes_openai, routes_sglang
 from focus.tinylm.engine import Engine, EngineError
 from focus.tinylm.protocol import RequestError
-from focus.tinylm.serving import MODEL_NAME, ServerState, error_response
+from focus.tinylm.serving import MODEL_NAME, Routes, ServerState, error_response
 
 
-def create_app(engine: Engine, *, model_name: str = MODEL_NAME) -> FastAPI:
-    app = FastAPI(title="focus tinylm")
+def create_app(engine: Engine, *, model_name: str = MODEL_NAME) -> Starlette:
     state = ServerState(engine, model_name)
-    app.state.tinylm = state
+    own = Routes()
 
-    @app.exception_handler(RequestError)
-    async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
+    async def _request_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestError)
         return error_response(str(exc), exc.status, exc.param)
 
-    @app.exception_handler(EngineError)
-    async def _engine_error(request: Request, exc: EngineError) -> JSONResponse:
+    async def _engine_error(request: Request, exc: Exception) -> Response:
         return error_response(str(exc), 400, "prompt")
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(str(exc), 400)
+    async def _http(request: Request, exc: Exception) -> Response:
+        # an unknown path or method: vLLM's (fastapi's) JSON body, not Starlette's text
+        assert isinstance(exc, HTTPException)
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+    async def _internal(request: Request, exc: Exception) -> Response:
         return error_response(f"{type(exc).__name__}: {exc}", 500)
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
+    @own.get("/health")
+    async def health(request: Request) -> dict[str, Any]:
         return {"status": "ok", "policy_version": engine.policy_version}
 
-    @app.get("/version")
-    async def version() -> dict[str, Any]:
+    @own.get("/version")
+    async def version(request: Request) -> dict[str, Any]:
         return {"version": "focus-tinylm", "policy_version": engine.policy_version}
 
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics() -> str:
-        return prometheus_text(engine, model_name)
+    @own.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(prometheus_text(engine, model_name))
 
-    app.include_router(routes_openai.router(state))
-    app.include_router(routes_sglang.router(state))
+    app = Starlette(
+        routes=[*own.routes, *routes_openai.router(state), *routes_sglang.router(state)],
+        exception_handlers={
+            RequestError: _request_error,
+            EngineError: _engine_error,
+            HTTPException: _http,
+            Exception: _internal,
+        },
+    )
+    app.state.tinylm = state
     return app
 
 

@@ -20,8 +20,9 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
 
 from focus.env import Message
 from focus.tinylm.engine import GenRequest, GenResult, TokenEvent
@@ -55,6 +56,7 @@ from focus.tinylm.protocol import (
     UsageInfo,
 )
 from focus.tinylm.serving import (
+    Routes,
     ServerState,
     finite,
     parse,
@@ -74,20 +76,20 @@ def _uid(prefix: str) -> str:
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
-def router(state: ServerState) -> APIRouter:
-    r = APIRouter()
+def router(state: ServerState) -> list[Route]:
+    r = Routes()
     engine = state.engine
     codec = engine.codec
 
     @r.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
         card = ModelCard(id=state.model_name, owned_by="focus", root=engine.weights_path, max_model_len=engine.max_len)
         out = ModelList(data=[card]).model_dump()
         out["data"][0]["policy_version"] = engine.policy_version
         out["data"][0]["vocab_size"] = engine.vocab_size  # clients check sampled ids against it
         return out
 
-    @r.post("/v1/completions", response_model=None)
+    @r.post("/v1/completions")
     async def completions(request: Request) -> Any:
         req = await parse(request, CompletionRequest)
         req.check()
@@ -113,7 +115,7 @@ def router(state: ServerState) -> APIRouter:
         out["policy_version"] = res[0].policy_version
         return out
 
-    @r.post("/v1/chat/completions", response_model=None)
+    @r.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         req = await parse(request, ChatCompletionRequest)
         req.check()
@@ -176,7 +178,7 @@ def router(state: ServerState) -> APIRouter:
             raise RequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {engine.vocab_size})", "tokens")
         return DetokenizeResponse(prompt=codec.decode(req.tokens)).model_dump()
 
-    return r
+    return r.routes
 
 
 # --- requests ------------------------------------------------------------------------------

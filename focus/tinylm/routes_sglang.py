@@ -21,13 +21,25 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
 
 from focus.tinylm.engine import Engine, GenRequest, GenResult, TokenEvent
 from focus.tinylm.protocol import RequestError
-from focus.tinylm.serving import ServerState, finite, parse, results, run, summary, token_str, token_text, trim_stop
+from focus.tinylm.serving import (
+    Routes,
+    ServerState,
+    finite,
+    parse,
+    results,
+    run,
+    summary,
+    token_str,
+    token_text,
+    trim_stop,
+)
 from focus.tinylm.sglang_protocol import (
     FinishReason,
     GenerateReqInput,
@@ -39,11 +51,11 @@ from focus.tinylm.sglang_protocol import (
 )
 
 
-def router(state: ServerState) -> APIRouter:
-    r = APIRouter()
+def router(state: ServerState) -> list[Route]:
+    r = Routes()
     engine = state.engine
 
-    @r.post("/generate", response_model=None)
+    @r.post("/generate")
     async def generate(request: Request) -> Any:
         req = await parse(request, GenerateReqInput)
         prompts, batch = req.prompts()
@@ -94,7 +106,7 @@ def router(state: ServerState) -> APIRouter:
         return body
 
     @r.get("/get_model_info")
-    async def model_info() -> dict[str, Any]:
+    async def model_info(request: Request) -> dict[str, Any]:
         return {
             "model_path": engine.weights_path,
             "tokenizer_path": None,
@@ -103,15 +115,15 @@ def router(state: ServerState) -> APIRouter:
         }
 
     @r.get("/get_weight_version")
-    async def weight_version() -> dict[str, Any]:
+    async def weight_version(request: Request) -> dict[str, Any]:
         return {"weight_version": engine.policy_version}
 
     @r.post("/flush_cache")
-    async def flush_cache() -> dict[str, Any]:
+    async def flush_cache(request: Request) -> dict[str, Any]:
         engine.flush_cache()
         return {"success": True}
 
-    return r
+    return r.routes
 
 
 def _bad_len() -> Any:
