@@ -12,9 +12,9 @@ Run: ``python -m focus.tinylm.server --port 8000 [--weights PATH]
 [--logprobs-mode processed_logprobs]``. With ``--args-from-stdin`` the process imports
 torch and the app first (most of its start-up) and only then reads its command line, as
 one JSON list, from stdin (end of input: it exits): a command can start it before it
-knows the configuration (:class:`focus.backends.local.WarmServer`). ``--debug`` wraps the app in the test fault
-layer (:mod:`focus.tinylm.testing`: prompt recording and injected faults); it is never
-mounted otherwise.
+knows the configuration (:class:`focus.backends.local.WarmServer`). ``--debug`` wraps
+the app in the test fault layer (:mod:`focus.tinylm.testing`: prompt recording and
+injected faults); it is never mounted otherwise.
 """
 
 from __future__ import annotations
