@@ -82,7 +82,7 @@ def test_engine_logprobs_are_those_of_the_sampled_distribution(engine, temperatu
         GenRequest(PROMPT, max_tokens=12, temperature=temperature, top_p=top_p, seed=5, ignore_eos=True)
     )
     assert len(res.token_ids) == 12 and res.finish_reason == "length"
-    want = expected_logprobs(engine.model, PROMPT, res.token_ids, temperature, top_p)
+    want = expected_logprobs(load(engine.weights_path), PROMPT, res.token_ids, temperature, top_p)
     assert res.logprobs == pytest.approx(want, abs=1e-4)
 
 

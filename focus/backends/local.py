@@ -1,14 +1,15 @@
-"""The embedded default model service: the tiny torch model on a loopback port.
+"""The embedded default model service: the tiny model on a loopback port.
 
 :class:`LocalModelServer` starts ``python -m focus.tinylm.server`` as a subprocess on
 127.0.0.1, waits until it answers ``/health``, and stops it by PID on exit (also at
 interpreter exit, and the server exits by itself when its parent dies, removing its
 temporary folder). Clients talk to it over HTTP exactly as they would to vLLM or
 SGLang, so the whole pipeline is exercised with the same code paths it uses in
-production. Torch is imported only in the subprocess.
+production. The server serves with numpy alone (no torch).
 
-Most of the server's start-up is importing torch. :class:`WarmServer` starts that
-import before the command knows its configuration (``focus collect`` does, first
+Most of the server's start-up (about half a second) is importing numpy, the web stack
+and the protocol models. :class:`WarmServer` starts those imports before the command
+knows its configuration (``focus collect`` does, first
 thing); :class:`LocalModelServer` then hands the waiting process its command line
 instead of starting a new one.
 """
@@ -54,7 +55,7 @@ def _cause(log: str) -> str:
 class WarmServer:
     """A tiny-model server process started before its configuration is known.
 
-    It imports torch and the app, then waits for its command line on stdin
+    It imports the engine and the app, then waits for its command line on stdin
     (``--args-from-stdin``). Give it to :class:`LocalModelServer` (``warm=``), which sends
     the command line; or :meth:`discard` it. It also exits by itself when the process
     that started it is gone (end of its stdin, and ``--parent-pid``).
@@ -109,8 +110,8 @@ class LocalModelServer:
     ``logprobs_mode``: which log-probs the server reports (vLLM's names, see
     :mod:`focus.tinylm.sampler`; the default is what :mod:`focus.train_local` assumes).
     ``extra_args``: more server flags (``--max-num-seqs``, ``--prefix-cache-tokens``...).
-    ``workers`` and ``torch_threads`` are kept for compatibility: one engine thread with
-    one torch thread serves all requests (batched), which the invariant numerics need.
+    ``workers`` and ``torch_threads`` are kept for compatibility: one engine thread
+    serves all requests (batched).
     ``warm``: a :class:`WarmServer` to use instead of starting a process (a new one is
     started if it has exited).
     """

@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 #: Per layer: keys and values, float32 (heads, tokens, head_dim).
-LayerKV = list[tuple[torch.Tensor, torch.Tensor]]
+LayerKV = list[tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -31,13 +31,13 @@ class Hit:
 
     n: int
     kv: LayerKV | None
-    logits: torch.Tensor | None
+    logits: np.ndarray | None
 
 
 class PrefixCache:
     def __init__(self, max_tokens: int = 65536) -> None:
         self.max_tokens = max_tokens
-        self._entries: OrderedDict[tuple[int, ...], tuple[LayerKV, torch.Tensor]] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, ...], tuple[LayerKV, np.ndarray]] = OrderedDict()
         self._tokens = 0
         #: Prompt tokens looked up, and how many of them were found (vLLM's counters).
         self.queries = 0
@@ -70,7 +70,7 @@ class PrefixCache:
             self.hits += best.n
         return best
 
-    def store(self, tokens: tuple[int, ...], kv: LayerKV, logits: torch.Tensor) -> None:
+    def store(self, tokens: tuple[int, ...], kv: LayerKV, logits: np.ndarray) -> None:
         """Keep ``kv`` (for exactly ``tokens``) and the logits after the last token."""
         if not tokens or len(tokens) > self.max_tokens:
             return

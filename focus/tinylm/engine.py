@@ -10,7 +10,8 @@ iteration; finished ones leave and their keys and values go to the prefix cache.
 
 Numerics are cache- and batch-invariant (:mod:`focus.tinylm.numerics`): a request's ids
 and log-probs do not depend on what is cached or on what else is decoded. Sampling
-draws from a per-request generator (seeded by the request's ``seed``; sample ``i`` of
+draws from a per-request random stream (:class:`focus.tinylm.sampler.Stream`, seeded by
+the request's ``seed``; sample ``i`` of
 ``n`` uses ``seed + i``, as vLLM does).
 
 Weights are swapped with :meth:`Engine.reload` while serving: requests already
@@ -29,13 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
 from focus.format import ByteCodec
+from focus.tinylm.arch import DEFAULT_WEIGHTS, TinyConfig, read_weights, weights_version
 from focus.tinylm.cache import Hit, LayerKV, PrefixCache
-from focus.tinylm.model import DEFAULT_WEIGHTS, TinyLM, load, weights_version
-from focus.tinylm.numerics import InvariantLM, log_softmax
-from focus.tinylm.sampler import LOGPROBS_MODES, Draw, RowParams, describe, sample
+from focus.tinylm.numerics import InvariantLM, log_softmax, value_magnitudes
+from focus.tinylm.sampler import LOGPROBS_MODES, Draw, RowParams, Stream, describe, sample
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,6 @@ class EngineError(ValueError):
 
 @dataclass(eq=False)
 class _Weights:
-    model: TinyLM
     lm: InvariantLM
     version: str
     path: str
@@ -100,12 +100,12 @@ class _Seq:
     req: GenRequest
     on_event: Callable[[Any], None]
     stream: bool
-    gen: torch.Generator
+    stream_rng: Stream
     weights: _Weights | None = None
     kv: LayerKV = field(default_factory=list)
     done: int = 0
     cached: int = 0
-    logits: torch.Tensor | None = None
+    logits: np.ndarray | None = None
     ids: list[int] = field(default_factory=list)
     draws: list[Draw] = field(default_factory=list)
     prompt_lp: list[Draw | None] | None = None
@@ -133,19 +133,22 @@ class _SeqStore:
     def __init__(self, seq: _Seq) -> None:
         self.seq = seq
 
-    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def extend(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         old_k, old_v = self.seq.kv[layer]
-        nk, nv = torch.cat([old_k, k[0]], dim=1), torch.cat([old_v, v[0]], dim=1)
+        nk, nv = np.concatenate([old_k, k[0]], axis=1), np.concatenate([old_v, v[0]], axis=1)
         self.seq.kv[layer] = (nk, nv)
-        return nk[None].double(), nv[None].double()
+        return nk[None].astype(np.float64), nv[None].astype(np.float64), value_magnitudes(nv[None])
 
 
 class _Batch:
     """The running sequences of one set of weights, in a shared slot buffer.
 
-    Slot ``i`` holds ``seqs[i]``'s keys and values: float32 (slots, heads, capacity,
-    head_dim) per layer. Slots stay contiguous (a leaving sequence's slot is refilled
-    from the last one), so a decode step reads one view ``[:B, :, :L]``.
+    Slot ``i`` holds ``seqs[i]``'s keys and values: (slots, heads, capacity, head_dim)
+    per layer, in float64 so that a decode step reads them without a conversion (the
+    values are float32's; the prefix cache keeps them in float32), and their magnitudes
+    (:func:`focus.tinylm.numerics.value_magnitudes`). Slots stay contiguous (a leaving
+    sequence's slot is refilled from the last one), so a decode step reads one view
+    ``[:B, :, :L]``.
     """
 
     def __init__(self, weights: _Weights) -> None:
@@ -153,19 +156,22 @@ class _Batch:
         lm = weights.lm
         self.shape = (lm.n_heads, lm.head_dim)
         self.seqs: list[_Seq] = []
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
+        self.k: list[np.ndarray] = []
+        self.v: list[np.ndarray] = []
+        self.vabs: list[np.ndarray] = []
         self._alloc(8, 64)
-        self.positions = torch.zeros(0, dtype=torch.long)
+        self.positions = np.zeros(0, dtype=np.int64)
 
     def _alloc(self, slots: int, cap: int) -> None:
         h, hd = self.shape
-        old = (self.k, self.v)
-        self.k = [torch.zeros(slots, h, cap, hd) for _ in range(self.weights.lm.n_layers)]
-        self.v = [torch.zeros(slots, h, cap, hd) for _ in range(self.weights.lm.n_layers)]
+        layers = range(self.weights.lm.n_layers)
+        old = (self.k, self.v, self.vabs)
+        self.k = [np.zeros((slots, h, cap, hd)) for _ in layers]
+        self.v = [np.zeros((slots, h, cap, hd)) for _ in layers]
+        self.vabs = [np.zeros((slots, h, cap)) for _ in layers]
         if old[0]:
             s, c = min(slots, old[0][0].shape[0]), min(cap, old[0][0].shape[2])
-            for new, prev in ((self.k, old[0]), (self.v, old[1])):
+            for new, prev in zip((self.k, self.v, self.vabs), old, strict=True):
                 for n, p in zip(new, prev, strict=True):
                     n[:s, :, :c] = p[:s, :, :c]
 
@@ -186,39 +192,41 @@ class _Batch:
         for layer, (k, v) in enumerate(seq.kv):
             self.k[layer][slot, :, :n] = k
             self.v[layer][slot, :, :n] = v
+            self.vabs[layer][slot, :, :n] = value_magnitudes(v)
         seq.kv = []
         self.seqs.append(seq)
 
     def kv_of(self, slot: int, n: int) -> LayerKV:
-        return [(k[slot, :, :n].clone(), v[slot, :, :n].clone()) for k, v in zip(self.k, self.v, strict=True)]
+        f32 = np.float32
+        return [(k[slot, :, :n].astype(f32), v[slot, :, :n].astype(f32)) for k, v in zip(self.k, self.v, strict=True)]
 
     def remove(self, slot: int) -> None:
         last = len(self.seqs) - 1
         if slot != last:
             n = len(self.seqs[last].prompt) + len(self.seqs[last].ids)
-            for k, v in zip(self.k, self.v, strict=True):
-                k[slot, :, :n] = k[last, :, :n]
-                v[slot, :, :n] = v[last, :, :n]
+            for buf in (*self.k, *self.v, *self.vabs):
+                buf[slot, :, :n] = buf[last, :, :n]
             self.seqs[slot] = self.seqs[last]
         self.seqs.pop()
 
     # KVStore for a decode step: token b is written at self.positions[b]
-    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def extend(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         b = k.shape[0]
-        rows = torch.arange(b)
+        rows = np.arange(b)
         self.k[layer][rows, :, self.positions] = k[:, :, 0]
         self.v[layer][rows, :, self.positions] = v[:, :, 0]
+        self.vabs[layer][rows, :, self.positions] = value_magnitudes(v[:, :, 0])
         n = int(self.positions.max()) + 1
-        return self.k[layer][:b, :, :n].double(), self.v[layer][:b, :, :n].double()
+        return self.k[layer][:b, :, :n], self.v[layer][:b, :, :n], self.vabs[layer][:b, :, :n]
 
-    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+    def decode(self, tokens: list[int], positions: list[int]) -> np.ndarray:
         """Logits (B, V) after feeding one token to every sequence (in slot order)."""
         self._ensure(len(tokens), max(positions) + 1)
-        self.positions = torch.tensor(positions)
+        self.positions = np.array(positions, dtype=np.int64)
         n = max(positions) + 1
-        valid = (torch.arange(n)[None, :] <= self.positions[:, None])[:, None, :]
+        valid = (np.arange(n)[None, :] <= self.positions[:, None])[:, None, :]
         lm = self.weights.lm
-        h = lm.forward(torch.tensor(tokens)[:, None], self.positions[:, None], self, valid)
+        h = lm.forward(np.array(tokens, dtype=np.int64)[:, None], self.positions[:, None], self, valid)
         return lm.logits(h[:, 0])
 
 
@@ -229,7 +237,6 @@ class Engine:
     ``max_num_seqs``: sequences decoded together at most (vLLM's ``--max-num-seqs``).
     ``prefill_chunk``: prompt tokens prefilled per iteration (vLLM's chunked prefill).
     ``logprobs_mode``: which log-probs are reported (:mod:`focus.tinylm.sampler`).
-    The numerics are invariant with one intra-op thread, which the engine sets.
     """
 
     def __init__(
@@ -244,7 +251,6 @@ class Engine:
     ) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"unknown logprobs mode {logprobs_mode!r}; one of {LOGPROBS_MODES}")
-        torch.set_num_threads(1)
         self.codec = ByteCodec()
         self.logprobs_mode = logprobs_mode
         self.max_num_seqs = max_num_seqs
@@ -268,12 +274,11 @@ class Engine:
     @staticmethod
     def _load(weights: str | os.PathLike[str] | None, version: str | None = None) -> _Weights:
         path = str(weights) if weights is not None else str(DEFAULT_WEIGHTS)
-        model = load(path)
-        return _Weights(model, InvariantLM(model), version or weights_version(path), path)
+        return _Weights(InvariantLM(read_weights(path)), version or weights_version(path), path)
 
     @property
-    def model(self) -> TinyLM:
-        return self._current.model
+    def config(self) -> TinyConfig:
+        return self._current.lm.cfg
 
     @property
     def policy_version(self) -> str:
@@ -285,11 +290,11 @@ class Engine:
 
     @property
     def max_len(self) -> int:
-        return self._current.model.cfg.max_len
+        return self.config.max_len
 
     @property
     def vocab_size(self) -> int:
-        return self._current.model.cfg.vocab_size
+        return self.config.vocab_size
 
     def reload(self, weights: str | os.PathLike[str], version: str | None = None) -> str:
         """Serve new weights from now on; admitted requests finish on the old ones."""
@@ -330,7 +335,7 @@ class Engine:
         :class:`GenResult` (or an :class:`Exception`), from the engine thread."""
         self.check(req)
         seed = req.seed if req.seed is not None else random.SystemRandom().randrange(2**63)
-        seq = _Seq(req, on_event, stream, torch.Generator().manual_seed(seed % 2**64))
+        seq = _Seq(req, on_event, stream, Stream(seed % 2**64))
         with self._cond:
             if self._closed:
                 raise RuntimeError("the engine is closed")
@@ -439,7 +444,7 @@ class Engine:
         else:
             hit = Hit(0, None, None)
             seq.prompt_lp = [None]
-        empty = torch.zeros(lm.n_heads, 0, lm.head_dim)
+        empty = np.zeros((lm.n_heads, 0, lm.head_dim), np.float32)
         seq.kv = list(hit.kv) if hit.kv is not None else [(empty, empty) for _ in range(lm.n_layers)]
         seq.done = seq.cached = hit.n
         seq.logits = hit.logits
@@ -453,9 +458,10 @@ class Engine:
         n = min(len(seq.prompt) - seq.done, budget)
         if n > 0:
             start = seq.done
-            pos = torch.arange(start, start + n)
-            valid = (torch.arange(start + n)[None, :] <= pos[:, None])[None]
-            hidden = lm.forward(torch.tensor([seq.prompt[start : start + n]]), pos[None], _SeqStore(seq), valid)
+            pos = np.arange(start, start + n)
+            valid = (np.arange(start + n)[None, :] <= pos[:, None])[None]
+            ids = np.array([seq.prompt[start : start + n]], dtype=np.int64)
+            hidden = lm.forward(ids, pos[None], _SeqStore(seq), valid)
             seq.done += n
             if seq.prompt_lp is not None:
                 logits = lm.logits(hidden[0])
@@ -471,7 +477,7 @@ class Engine:
         self._prefilling.popleft()
         assert seq.logits is not None
         if self.cache.max_tokens > 0 and seq.weights is self._current and seq.cached < len(seq.prompt):
-            self.cache.store(seq.prompt, [(k.clone(), v.clone()) for k, v in seq.kv], seq.logits)
+            self.cache.store(seq.prompt, [(k.copy(), v.copy()) for k, v in seq.kv], seq.logits)
         if seq.req.max_tokens == 0 or seq.cancelled:
             self._finish(seq, "abort" if seq.cancelled else "length", None)
         else:
@@ -494,8 +500,8 @@ class Engine:
             )
             for s in seqs
         ]
-        logits = torch.stack([s.logits for s in seqs if s.logits is not None])
-        draws = sample(logits, params, [s.gen for s in seqs], self.logprobs_mode)
+        logits = np.stack([s.logits for s in seqs if s.logits is not None])
+        draws = sample(logits, params, [s.stream_rng for s in seqs], self.logprobs_mode)
         self.generation_tokens += len(draws)
         ending: list[tuple[int, str, int | str | None]] = []
         for i, (s, d) in enumerate(zip(seqs, draws, strict=True)):

@@ -4,56 +4,43 @@ It exists so that the whole pipeline (collect -> export -> train -> collect) run
 laptop CPU with no model service. Its vocabulary is :class:`focus.format.ByteCodec`'s
 (256 bytes plus role markers), so prompts rendered by that codec are its input ids.
 
-Sampling lives here, beside the model, because the log-prob a batch records must be
-the log-prob of the sampled token under the distribution it was actually drawn from
-(after temperature and top-p): :func:`sampling_distribution` is that distribution, and
-both the sampler and the tests use it.
+This module is the training side (torch). The serving forward that the embedded server
+runs is :mod:`focus.tinylm.numerics` (numpy only); both read the weights file and the
+position table of :mod:`focus.tinylm.arch`.
+
+:func:`sampling_distribution` is the distribution a token is drawn from (after
+temperature and top-p): the reference the tests hold the server's reported log-probs to.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
-import math
 import os
-import pickle
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from focus.format import ByteCodec
-
-DEFAULT_WEIGHTS = Path(__file__).parent / "weights" / "tinylm.pt"
+from focus.tinylm.arch import DEFAULT_WEIGHTS, TinyConfig, read_weights, sinusoids, weights_version
 
 #: One KV cache entry per layer: keys and values, each (batch, heads, time, head_dim).
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
-
-@dataclass(frozen=True)
-class TinyConfig:
-    vocab_size: int = ByteCodec.vocab_size
-    d_model: int = 128
-    n_layers: int = 3
-    n_heads: int = 4
-    max_len: int = 4096
-
-    def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
-
-
-def _sinusoids(n: int, d: int) -> torch.Tensor:
-    """Fixed position codes: no parameters, so the weights file stays small."""
-    pos = torch.arange(n, dtype=torch.float32)[:, None]
-    freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
-    out = torch.zeros(n, d)
-    out[:, 0::2] = torch.sin(pos * freq)
-    out[:, 1::2] = torch.cos(pos * freq)
-    return out
+# the framework-free names are defined in focus.tinylm.arch and re-exported here
+__all__ = [
+    "DEFAULT_WEIGHTS",
+    "KVCache",
+    "TinyConfig",
+    "TinyLM",
+    "load",
+    "prompt_logprobs",
+    "sampling_distribution",
+    "save",
+    "weights_version",
+]
 
 
 class Block(nn.Module):
@@ -96,7 +83,8 @@ class TinyLM(nn.Module):
         self.embed = nn.Embedding(self.cfg.vocab_size, self.cfg.d_model)
         self.blocks = nn.ModuleList(Block(self.cfg) for _ in range(self.cfg.n_layers))
         self.ln_f = nn.LayerNorm(self.cfg.d_model)
-        self.register_buffer("pos", _sinusoids(self.cfg.max_len, self.cfg.d_model), persistent=False)
+        pos = torch.from_numpy(sinusoids(self.cfg.max_len, self.cfg.d_model))
+        self.register_buffer("pos", pos, persistent=False)
         nn.init.normal_(self.embed.weight, std=0.02)
 
     def forward(self, ids: torch.Tensor, past: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
@@ -136,11 +124,6 @@ def sampling_distribution(logits: torch.Tensor, temperature: float, top_p: float
     return probs
 
 
-def weights_version(path: str | os.PathLike[str]) -> str:
-    """The policy version of a weights file: a short hash of its bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-
-
 def save(model: TinyLM, path: str | os.PathLike[str]) -> str:
     """Write config + fp16 weights (half the bytes; loads back to fp32). Returns the version."""
     state = {k: v.detach().to(torch.float16).clone() for k, v in model.state_dict().items()}
@@ -155,18 +138,12 @@ def save(model: TinyLM, path: str | os.PathLike[str]) -> str:
 
 def load(path: str | os.PathLike[str] | None = None) -> TinyLM:
     """Load a weights file written by :func:`save` (the committed default when ``None``)."""
-    path = Path(path) if path is not None else DEFAULT_WEIGHTS
-    if not path.is_file():
-        raise FileNotFoundError(f"no tinylm weights file at {path}")
+    weights = read_weights(path)
+    model = TinyLM(weights.config)
     try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-        model = TinyLM(TinyConfig(**blob["config"]))
-        model.load_state_dict({k: v.float() for k, v in blob["state_dict"].items()})
-    except (KeyError, TypeError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
-        # torch's message for a file that is no checkpoint at all is a paragraph about
-        # weights_only, which would send a user the wrong way
-        why = "not a torch checkpoint" if isinstance(e, (EOFError, pickle.UnpicklingError)) else str(e)
-        raise ValueError(f"{path} is not a tinylm weights file: {why}") from e
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.state.items()})
+    except RuntimeError as e:
+        raise ValueError(f"{path or DEFAULT_WEIGHTS} is not a tinylm weights file: {e}") from e
     model.eval()
     return model
 

@@ -1,10 +1,10 @@
 """Batched sampling with per-request parameters, and which log-probs are reported.
 
 One call samples the next token of every running sequence from its own logits row,
-with its own temperature, top-k, top-p, min-p and random generator. Every operation is
-per row and batch-invariant (:mod:`focus.tinylm.numerics`): sorting, exact sums on a
-grid, elementwise maps, so a sequence samples the same token whatever rows sit beside
-it.
+with its own temperature, top-k, top-p, min-p and random stream (:class:`Stream`). Every
+operation is per row and batch-invariant (:mod:`focus.tinylm.numerics`): sorting, exact
+sums on a grid, elementwise maps, so a sequence samples the same token whatever rows
+sit beside it.
 
 **Which log-prob is reported** is the server's ``--logprobs-mode``, with vLLM's names
 (vLLM's ``--logprobs-mode``):
@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
+import numpy as np
 
-from focus.tinylm.numerics import elementwise, log_softmax, quantize_abs
+from focus.tinylm.numerics import exp, log_softmax, quantize_abs
 
 LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 LOGPROBS_MODES: tuple[str, ...] = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
@@ -56,6 +56,18 @@ class RowParams:
     n_top: int = 0
 
 
+class Stream:
+    """A request's random numbers: PCG64 seeded with the request's seed (numpy's
+    ``SeedSequence``, whose output numpy keeps stable across versions). Uniforms are the
+    top 53 bits of each 64-bit output, so they do not depend on how numpy converts them."""
+
+    def __init__(self, seed: int) -> None:
+        self._bits = np.random.PCG64(seed)
+
+    def uniform(self) -> float:
+        return (int(self._bits.random_raw()) >> 11) * 2.0**-53
+
+
 @dataclass(frozen=True)
 class Draw:
     """The sampled token of one row, its reported log-prob, rank and top alternatives."""
@@ -69,44 +81,42 @@ class Draw:
 
 
 def sample(
-    logits: torch.Tensor,
+    logits: np.ndarray,
     params: Sequence[RowParams],
-    generators: Sequence[torch.Generator],
+    streams: Sequence[Stream],
     mode: str = "processed_logprobs",
 ) -> list[Draw]:
     """Sample one token per row of ``logits`` (B, V) float64."""
     b, v = logits.shape
     if b == 0:
         return []
-    dtype = logits.dtype
     if any(p.banned for p in params):
-        ban = torch.zeros(b, v, dtype=torch.bool)
+        logits_eff = logits.copy()
         for i, p in enumerate(params):
             if p.banned:
-                ban[i, list(p.banned)] = True
-        logits_eff = logits.masked_fill(ban, float("-inf"))
+                logits_eff[i, list(p.banned)] = -np.inf
     else:
         logits_eff = logits
-    temps = torch.tensor([p.temperature for p in params], dtype=dtype)
+    temps = np.array([p.temperature for p in params], dtype=np.float64)
     greedy = temps == 0
-    z = logits_eff / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+    z = logits_eff / np.where(greedy, 1.0, temps)[:, None]
     processed = _truncate(z, params)
     # greedy rows: argmax, no temperature or truncation (vLLM); keep the stop-id ban
-    processed = torch.where(greedy[:, None], logits_eff, processed)
+    processed = np.where(greedy[:, None], logits_eff, processed)
     proc_lp = log_softmax(processed)
-    probs = quantize_abs(elementwise(torch.exp, proc_lp), PROB_GRID)
+    probs = quantize_abs(exp(proc_lp), PROB_GRID)
     cum = probs.cumsum(-1)
     tokens: list[int] = []
     for i, p in enumerate(params):
         if p.temperature == 0:
-            tokens.append(int(torch.argmax(logits_eff[i])))
+            tokens.append(int(np.argmax(logits_eff[i])))
         else:
-            u = torch.rand(1, generator=generators[i], dtype=dtype) * cum[i, -1]
-            tokens.append(min(int(torch.searchsorted(cum[i], u, right=True)), v - 1))
+            u = streams[i].uniform() * cum[i, -1]
+            tokens.append(min(int(np.searchsorted(cum[i], u, side="right")), v - 1))
     if mode == "processed_logprobs":
-        reported = torch.where(greedy[:, None], log_softmax(logits), proc_lp)
+        reported = np.where(greedy[:, None], log_softmax(logits), proc_lp)
     elif mode == "processed_logits":
-        reported = torch.where(greedy[:, None], logits, processed)
+        reported = np.where(greedy[:, None], logits, processed)
     elif mode == "raw_logprobs":
         reported = log_softmax(logits)
     elif mode == "raw_logits":
@@ -116,35 +126,39 @@ def sample(
     return describe(reported, tokens, [p.n_top for p in params])
 
 
-def describe(values: torch.Tensor, tokens: Sequence[int], n_top: Sequence[int]) -> list[Draw]:
-    """For each row: the value of ``tokens[i]``, its rank and the ``n_top[i]`` best entries."""
+def describe(values: np.ndarray, tokens: Sequence[int], n_top: Sequence[int]) -> list[Draw]:
+    """For each row: the value of ``tokens[i]``, its rank and the ``n_top[i]`` best entries
+    (ties: the lower id first)."""
     k = max(n_top, default=0)
-    top_v, top_i = torch.topk(values, k, dim=-1) if k else (None, None)
+    order = np.argsort(-values, axis=-1, kind="stable")[:, :k] if k else None
     out = []
     for i, tok in enumerate(tokens):
         row = values[i]
         val = float(row[tok])
         rank = int((row > row[tok]).sum()) + 1
         top: tuple[tuple[int, float], ...] = ()
-        if n_top[i] and top_v is not None and top_i is not None:
-            top = tuple(zip(top_i[i, : n_top[i]].tolist(), top_v[i, : n_top[i]].tolist(), strict=True))
+        if n_top[i] and order is not None:
+            ids = order[i, : n_top[i]]
+            top = tuple(zip(ids.tolist(), row[ids].tolist(), strict=True))
         out.append(Draw(tok, val, rank, top))
     return out
 
 
-def _truncate(z: torch.Tensor, params: Sequence[RowParams]) -> torch.Tensor:
+def _truncate(z: np.ndarray, params: Sequence[RowParams]) -> np.ndarray:
     """``z`` with tokens outside each row's top-k, top-p and min-p sets set to -inf."""
     b, v = z.shape
     ks = [p.top_k if p.top_k > 0 else v for p in params]
     if all(k >= v for k in ks) and all(p.top_p >= 1.0 for p in params) and all(p.min_p <= 0 for p in params):
         return z
-    vals, order = torch.sort(z, dim=-1, descending=True, stable=True)
-    keep = torch.arange(v)[None, :] < torch.tensor(ks)[:, None]
-    p_sorted = quantize_abs(elementwise(torch.exp, log_softmax(vals.masked_fill(~keep, float("-inf")))), PROB_GRID)
-    top_p = torch.tensor([p.top_p for p in params], dtype=z.dtype)[:, None]
+    order = np.argsort(-z, axis=-1, kind="stable")  # descending, ties in id order
+    vals = np.take_along_axis(z, order, axis=-1)
+    keep = np.arange(v)[None, :] < np.array(ks)[:, None]
+    p_sorted = quantize_abs(exp(log_softmax(np.where(keep, vals, -np.inf))), PROB_GRID)
+    top_p = np.array([p.top_p for p in params], dtype=np.float64)[:, None]
     # the smallest prefix whose mass reaches top_p (always at least one token)
     keep &= (p_sorted.cumsum(-1) - p_sorted) < top_p
-    min_p = torch.tensor([p.min_p for p in params], dtype=z.dtype)[:, None]
+    min_p = np.array([p.min_p for p in params], dtype=np.float64)[:, None]
     keep &= p_sorted >= min_p * p_sorted[:, :1]
-    masked = vals.masked_fill(~keep, float("-inf"))
-    return torch.full_like(z, float("-inf")).scatter(1, order, masked)
+    out = np.full_like(z, -np.inf)
+    np.put_along_axis(out, order, np.where(keep, vals, -np.inf), axis=-1)
+    return out

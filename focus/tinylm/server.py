@@ -10,7 +10,7 @@ or the ``weight_version`` given at reload).
 
 Run: ``python -m focus.tinylm.server --port 8000 [--weights PATH]
 [--logprobs-mode processed_logprobs]``. With ``--args-from-stdin`` the process imports
-torch and the app first (most of its start-up) and only then reads its command line, as
+the engine and the app first (most of its start-up) and only then reads its command line, as
 one JSON list, from stdin (end of input: it exits): a command can start it before it
 knows the configuration (:class:`focus.backends.local.WarmServer`). ``--debug`` wraps
 the app in the test fault layer (:mod:`focus.tinylm.testing`: prompt recording and
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens prefilled per step")
     ap.add_argument("--prefix-cache-tokens", type=int, default=65536, help="prefix cache budget (0: off)")
     ap.add_argument("--workers", type=int, default=1, help="kept for compatibility; one engine thread serves")
-    ap.add_argument("--torch-threads", type=int, default=1, help="kept for compatibility; the engine uses 1")
+    ap.add_argument("--torch-threads", type=int, default=1, help="kept for compatibility; unused (numpy serves)")
     ap.add_argument("--debug", action="store_true", help="mount the test fault layer (focus.tinylm.testing)")
     ap.add_argument("--parent-pid", type=int, help="exit when this process exits")
     ap.add_argument("--owned-dir", type=Path, help="remove this folder when exiting because the parent is gone")
