@@ -11,8 +11,7 @@ iteration; finished ones leave and their keys and values go to the prefix cache.
 Numerics are cache- and batch-invariant (:mod:`focus.tinylm.numerics`): a request's ids
 and log-probs do not depend on what is cached or on what else is decoded. Sampling
 draws from a per-request random stream (:class:`focus.tinylm.sampler.Stream`, seeded by
-the request's ``seed``; sample ``i`` of
-``n`` uses ``seed + i``, as vLLM does).
+the request's ``seed``; sample ``i`` of ``n`` uses ``seed + i``, as vLLM does).
 
 Weights are swapped with :meth:`Engine.reload` while serving: requests already
 admitted finish on the weights they started with (their own batch drains); requests
