@@ -487,9 +487,10 @@ def train(
     out = _Console(verbose, debug, log_file, "train")
     try:
         from flows.preflight import check_root
-        from tasks.config import check_factories
+        from tasks.config import check_factories, check_weights
 
         check_factories(cfg)
+        check_weights(cfg)
         check_root(cfg.storage.root)
         # the train loop reloads new weights into the model server it starts itself
         with _services(out, cfg, start_model=False) as ready:

@@ -95,15 +95,15 @@ def test_cli_reports_a_bad_config_file_without_a_traceback(tmp_path):
 
 @pytest.mark.integration
 def test_cli_names_a_missing_or_broken_weights_file_in_one_line(tmp_path):
-    """A missing file or a folder is refused before anything starts (exit 2); a file
-    that is no weights file fails the model server's start, and the line says why
-    (torch's paragraph about ``weights_only`` is not it)."""
+    """A missing file, a folder or a file that is no weights file is refused before
+    anything starts (exit 2), and the line says why (torch's paragraph about
+    ``weights_only`` is not it)."""
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a checkpoint")
     cases = [
         (tmp_path / "missing.pt", 2, "no such file"),
         (tmp_path, 2, "a folder"),
-        (garbage, 1, "is not a tinylm weights file: not a torch checkpoint"),
+        (garbage, 2, "not a tinylm weights file: not a torch checkpoint"),
     ]
     for weights, code, cause in cases:
         out = subprocess.run(
@@ -114,8 +114,28 @@ def test_cli_names_a_missing_or_broken_weights_file_in_one_line(tmp_path):
         lines = (out.stdout + out.stderr).strip().splitlines()
         assert out.returncode == code and len(lines) == 1, lines
         assert cause in lines[0] and str(weights) in lines[0] and "weights_only" not in lines[0], lines[0]
-    # the server's own log travels with the traceback in the log file
-    assert "server log:" in (tmp_path / "log").read_text()
+    # the training loop checks the same before it starts anything
+    out = subprocess.run(
+        [sys.executable, "-m", "flows", "train", "--iterations", "1", "--set", f"storage.root={tmp_path / 'runs'}",
+         "--set", f"model.weights={garbage}", "--log-file", str(tmp_path / "log")],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "not a tinylm weights file" in lines[0], lines
+
+
+@pytest.mark.integration
+def test_a_model_server_that_cannot_start_says_why_and_keeps_its_log(tmp_path):
+    """Past the preflight (the library used directly), the server's own first line of
+    failure is the error, and its log travels with it as a note."""
+    from focus.backends import LocalModelServer
+    from focus.policy import PolicyError
+
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(PolicyError, match="did not start: ValueError: .*not a tinylm weights file") as err:
+        LocalModelServer(garbage).start()
+    assert any("server log:" in note and "Traceback" in note for note in err.value.__notes__)
 
 
 # ---- URLs given to the library directly ----
