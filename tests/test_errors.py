@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -174,6 +175,16 @@ def test_storage_root_that_is_a_file(tmp_path):
     done = run_cli([*SMALL, "--store", str(blocker / "runs")], no_prefect_env(tmp_path), tmp_path, timeout=60)
     line = error_line(done)
     assert str(blocker) in line and "is a file, not a folder" in line and done.returncode == 1
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc") or os.statvfs("/proc").f_blocks != 0, reason="needs Linux's procfs")
+def test_storage_root_on_a_file_system_without_storage():
+    """/proc reports no blocks: the root is refused as such, not as a full disk."""
+    from flows.preflight import check_root
+    from storage.errors import RootNotFound
+
+    with pytest.raises(RootNotFound, match="/proc is on a virtual file system that stores nothing"):
+        check_root("/proc/focus-runs")
 
 
 # ---- object storage: moto's S3 server ----
