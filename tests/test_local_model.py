@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -297,7 +298,7 @@ def _check_orphan(tmp_path, imports: str, start: str) -> None:
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     pid, folder = out.read_text().split(" ", 1)
-    if not _gone(int(pid), within_s=30.0):  # a slow machine imports torch before it reads its stdin
+    if not _gone(int(pid), within_s=30.0):  # a slow machine imports the server before it reads its stdin
         os.kill(int(pid), 9)
         raise AssertionError(f"server {pid} outlived its parent")
     assert not Path(folder).exists(), f"the orphaned server left its folder {folder}"
@@ -365,3 +366,33 @@ def test_an_unused_warm_server_leaves_nothing(tmp_path):
     warm.discard()  # twice is harmless
 
     _check_orphan(tmp_path, "from focus.backends.local import WarmServer", "(w := WarmServer()).proc.pid, w.tmp")
+
+
+@pytest.mark.integration
+def test_a_server_start_removes_the_folders_of_servers_killed_with_their_command():
+    """kill -9 of a command's process group kills its server too, and nobody removes the
+    server's folder; the next start removes every such folder whose server is dead, and
+    leaves a live server's folder and one whose server is still being started."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from focus.backends.local import WarmServer
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folders = {}
+    for name, pid in (("dead", str(dead.pid)), ("alive", str(os.getpid())), ("starting", None)):
+        folder = Path(tempfile.mkdtemp(prefix="focus-tinylm-"))
+        if pid is not None:
+            (folder / "pid").write_text(pid)
+        folders[name] = folder
+    warm = WarmServer()
+    try:
+        assert (warm.tmp / "pid").read_text() == str(warm.proc.pid)
+        assert not folders["dead"].exists()
+        assert folders["alive"].exists() and folders["starting"].exists()
+    finally:
+        warm.discard()
+        for folder in folders.values():
+            shutil.rmtree(folder, ignore_errors=True)

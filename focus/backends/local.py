@@ -52,6 +52,25 @@ def _cause(log: str) -> str:
     return ""
 
 
+#: The server's temporary folder (port file, log, ``pid``) is ``<tmp>/focus-tinylm-*``.
+_PREFIX = "focus-tinylm-"
+
+
+def _record_pid(tmp: Path, proc: subprocess.Popen[Any]) -> None:
+    """Name the folder's server, so a later start can tell a dead one's folder (below),
+    and remove folders of servers that were killed with their command (kill -9 of a
+    process group leaves nobody to clean up)."""
+    (tmp / "pid").write_text(str(proc.pid))
+    for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+        try:
+            pid = int((folder / "pid").read_text())
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (OSError, ValueError):
+            pass  # no pid yet (a server being started), not ours, or alive
+
+
 class WarmServer:
     """A tiny-model server process started before its configuration is known.
 
@@ -62,7 +81,7 @@ class WarmServer:
     """
 
     def __init__(self) -> None:
-        self.tmp = Path(tempfile.mkdtemp(prefix="focus-tinylm-"))
+        self.tmp = Path(tempfile.mkdtemp(prefix=_PREFIX))
         self.log: Any = open(self.tmp / "server.log", "w+b")  # noqa: SIM115 - closed by the adopter or discard()
         cmd = [sys.executable, "-m", "focus.tinylm.server", "--args-from-stdin", "--parent-pid", str(os.getpid())]
         cmd += ["--owned-dir", str(self.tmp)]
@@ -70,6 +89,7 @@ class WarmServer:
             cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE
         )
         atexit.register(self.discard)
+        _record_pid(self.tmp, self.proc)
 
     def take(self, args: list[str]) -> tuple[subprocess.Popen[bytes], Path, Any] | None:
         """Send ``args`` (the server's command line) and give up ownership of the process,
@@ -163,13 +183,14 @@ class LocalModelServer:
         if taken is not None:
             self.proc, tmp, self._log = taken
         else:
-            tmp = Path(tempfile.mkdtemp(prefix="focus-tinylm-"))
+            tmp = Path(tempfile.mkdtemp(prefix=_PREFIX))
             self._log = open(tmp / "server.log", "w+b")  # noqa: SIM115 - closed in stop()
         self._tmp = tmp
         port_file = tmp / "port"
         cmd = [sys.executable, "-m", "focus.tinylm.server", *self._args(port_file)]
         if self.proc is None:
             self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            _record_pid(tmp, self.proc)
         atexit.register(self.stop)
         deadline = time.monotonic() + self.startup_timeout_s
         while not port_file.exists():
