@@ -3,7 +3,8 @@
 :class:`LocalModelServer` starts ``python -m focus.tinylm.server`` as a subprocess on
 127.0.0.1, waits until it answers ``/health``, and stops it by PID on exit (also at
 interpreter exit, and the server exits by itself when its parent dies, removing its
-temporary folder). Clients talk to it over HTTP exactly as they would to vLLM or
+temporary folder; a server killed together with its command leaves its folder to the
+next start, which removes it). Clients talk to it over HTTP exactly as they would to vLLM or
 SGLang, so the whole pipeline is exercised with the same code paths it uses in
 production. The server serves with numpy alone (no torch).
 
