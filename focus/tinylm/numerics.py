@@ -1,5 +1,5 @@
 """The serving forward of the tiny model (numpy): bit-identical whatever else is computed
-with it, and on every machine.
+with it, and from one CPU to another.
 
 A batch of RL data is only reproducible if the model service returns the same ids and
 log-probs for the same request whatever is in its prefix cache and whatever else is
@@ -14,10 +14,10 @@ serving path does not merely *try* to keep shapes equal; it makes every reductio
 - Every operand of a dot product is rounded to a fixed-point grid chosen from that
   operand's own values (:func:`quantize`): activations per row (23 bits below the row's
   largest power of two), weights per output row (as many bits as the remaining float64
-  budget allows, twice: a high and a low part). Each product is then an integer multiple of one quantum per output
-  element and the sum of the magnitudes stays below 2**53 quanta, so every partial sum
-  is representable and float64 GEMMs - any kernel, any blocking, any thread count, any
-  batch - return the exact value.
+  budget allows, twice: a high and a low part). Each product is then an integer
+  multiple of one quantum per output element and the sum of the magnitudes stays below
+  2**53 quanta, so every partial sum is representable and float64 GEMMs - any kernel,
+  any blocking, any thread count, any batch - return the exact value.
 - Attention scores are exact the same way; the softmax weights are rounded to a grid
   of 2**-40 before their sum (exact), and the normalised weights to a grid chosen from
   the largest value they multiply (its bound is a function of the prefix), before the
@@ -31,15 +31,19 @@ serving path does not merely *try* to keep shapes equal; it makes every reductio
 
 The result for one position is therefore a function of the token prefix alone: the
 same bits in a cold prefill, in a chunked prefill, after a prefix-cache hit and in a
-decode step beside 63 other sequences of other lengths, on any x86 or ARM CPU. The
-module needs numpy only, so the embedded server starts without torch. The rounding
+decode step beside 63 other sequences of other lengths. Nothing in it depends on a
+vector math library, so another CPU gives the same bits too (the position table is
+libm's sine, computed in float64 and rounded once to float32:
+:func:`focus.tinylm.arch.sinusoids`). The module needs numpy only, so the embedded
+server starts without torch. The rounding
 perturbs the model by about 1e-7 relative to the float32 training forward
 (:meth:`focus.tinylm.model.TinyLM.forward`), far below what an importance ratio can
 see; tests compare the two at 1e-4 on log-probs.
 
-Keys and values are stored in float32 (exactly: keys hold 24 significant bits, values
-sit on a 2**-24 grid; a value large enough to lose bits in float32 is still a multiple
-of that grid, which is all the exact sum needs).
+Keys and values are float32 numbers (exactly: keys hold 24 significant bits, values sit
+on a 2**-24 grid; a value large enough to lose bits in float32 is still a multiple of
+that grid, which is all the exact sum needs): the prefix cache stores them as float32,
+the decode batch as float64 to skip a conversion every step.
 """
 
 from __future__ import annotations
