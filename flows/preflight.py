@@ -87,7 +87,9 @@ def check_root(root: str) -> None:
                 + ("on a read-only file system" if ro else "not writable (permission denied)")
             )
         if os.statvfs(probe).f_blocks == 0:  # procfs, sysfs: no storage to write to
-            raise RootNotFound(f"storage root {root}: {probe} is on a virtual file system that stores nothing (no blocks)")
+            raise RootNotFound(
+                f"storage root {root}: {probe} is on a virtual file system that stores nothing (no blocks)"
+            )
         if shutil.disk_usage(probe).free < MIN_FREE_BYTES:
             raise StorageFull(f"storage root {root}: no space left on the device of {probe}")
         return
