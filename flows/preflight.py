@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from tasks.config import FocusConfig, check_factories, check_weights
+from tasks.config import FocusConfig, check_factories, check_torch, check_weights
 
 #: Below this many free bytes a local store is treated as full before anything starts.
 MIN_FREE_BYTES = 1 << 20
@@ -127,6 +127,7 @@ def preflight(config: FocusConfig) -> Preflight:
 
     check_factories(config)
     check_weights(config)
+    check_torch(config, training=False)
     check_root(config.storage.root)
     if not config.collection_id:
         return Preflight(config)

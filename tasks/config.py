@@ -16,6 +16,7 @@ invalid value fails with a :class:`ConfigError` naming every bad field and why.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -214,6 +215,26 @@ def check_weights(config: FocusConfig) -> None:
         read_weights(path)
     except (ValueError, OSError) as e:
         raise ConfigError(f"model.weights {m.weights!r}: {str(e).removeprefix(f'{path} is ')}") from None
+
+
+def check_torch(config: FocusConfig, *, training: bool) -> None:
+    """What needs torch (the local trainer, the local critic) fails here when torch is not
+    installed, with the extra that brings it; collecting with the embedded model does
+    not need it."""
+    needs = []
+    if training and config.train.trainer == "local":
+        needs.append("train.trainer 'local'")
+    if config.critic.kind == "local":
+        needs.append("critic.kind 'local'")
+    if not needs:
+        return
+    try:
+        missing = importlib.util.find_spec("torch") is None
+    except ImportError:
+        missing = True
+    if missing:
+        verb = "need" if len(needs) > 1 else "needs"
+        raise ConfigError(f"{' and '.join(needs)} {verb} torch, which is not installed: pip install 'focus-rl[train]'")
 
 
 def _cwd_on_path() -> None:

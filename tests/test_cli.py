@@ -210,3 +210,47 @@ def test_quiet_mode_sends_dask_worker_processes_logs_to_the_log_file(tmp_path):
     mine = {"DASK_LOGGING__DISTRIBUTED": "error"}
     dask_workers_log_to(log, mine)
     assert mine == {"DASK_LOGGING__DISTRIBUTED": "error"}
+
+
+_WITHOUT_TORCH = """
+import sys
+
+
+class _NoTorch:
+    '''An install without the train extra: torch cannot be imported.'''
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError("No module named 'torch'", name="torch")
+        return None
+
+
+sys.meta_path.insert(0, _NoTorch())
+sys.argv = ["focus", *sys.argv[1:]]
+from flows.entry import main
+
+main()
+"""
+
+
+@pytest.mark.integration
+def test_collecting_needs_no_torch_and_training_says_which_extra(tmp_path):
+    """The embedded model's server and the collection run without torch (an install
+    without the ``train`` extra); the local trainer is refused before anything starts,
+    with the extra to install."""
+    env = base_env(tmp_path / "prefect")
+    store = str(tmp_path / "runs")
+    cmd = [sys.executable, "-c", _WITHOUT_TORCH]
+    done = subprocess.run(
+        [*cmd, "collect", *SMALL, "--store", store, "--json", "--log-file", str(tmp_path / "c.log")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=220,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["stats"]["actor_rows"] > 0
+    done = subprocess.run(
+        [*cmd, "train", "--iterations", "1", "--set", f"storage.root={store}", "--log-file", str(tmp_path / "t.log")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, lines
+    assert "train.trainer 'local' needs torch, which is not installed: pip install 'focus-rl[train]'" in lines[0]
