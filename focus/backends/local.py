@@ -4,8 +4,8 @@
 127.0.0.1, waits until it answers ``/health``, and stops it by PID on exit (also at
 interpreter exit, and the server exits by itself when its parent dies, removing its
 temporary folder; a server killed together with its command leaves its folder to the
-next start, which removes it). Clients talk to it over HTTP exactly as they would to vLLM or
-SGLang, so the whole pipeline is exercised with the same code paths it uses in
+next start, which removes it). Clients talk to it over HTTP exactly as they would to
+vLLM or SGLang, so the whole pipeline is exercised with the same code paths it uses in
 production. The server serves with numpy alone (no torch).
 
 Most of the server's start-up (about half a second) is importing numpy, the web stack
@@ -58,10 +58,15 @@ _PREFIX = "focus-tinylm-"
 
 
 def _record_pid(tmp: Path, proc: subprocess.Popen[Any]) -> None:
-    """Name the folder's server, so a later start can tell a dead one's folder (below),
-    and remove folders of servers that were killed with their command (kill -9 of a
-    process group leaves nobody to clean up)."""
+    """Name the folder's server, so that a later start can tell a dead one's folder; then
+    remove the folders of dead servers."""
     (tmp / "pid").write_text(str(proc.pid))
+    _remove_dead_folders()
+
+
+def _remove_dead_folders() -> None:
+    """The folders of servers that were killed with their command (kill -9 of a process
+    group leaves nobody to clean up)."""
     for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
         try:
             pid = int((folder / "pid").read_text())

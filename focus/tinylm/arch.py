@@ -15,6 +15,7 @@ only the few names such a file contains, as ``torch.load(weights_only=True)`` do
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import os
 import pickle
@@ -94,8 +95,6 @@ def _rebuild_tensor(storage: np.ndarray, offset: int, size: tuple[int, ...], str
 
 class _Unpickler(pickle.Unpickler):
     def __init__(self, data: bytes, archive: zipfile.ZipFile, prefix: str) -> None:
-        import io
-
         super().__init__(io.BytesIO(data))
         self.archive, self.prefix = archive, prefix
 
