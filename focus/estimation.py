@@ -377,9 +377,11 @@ _DEPTH_PRIOR_DOF = 8.0
 #: sampling noise of a typical backed-up value": a critic is not trusted on a handful
 #: of residuals.
 _CRITIC_PRIOR_DOF = 2.0
-#: Pseudo-observations (per depth) that half of a transition's variance is the env's
-#: randomness: without siblings that took the same action, the split is unknown and
-#: taken halfway, not as "all signal" (which would trust every spread as reducible).
+#: Pseudo-observations (per depth) that the env's share of a transition's variance is
+#: the share measured where siblings took the same action, pooled over depths; and
+#: pseudo-observations of that pooled share at one half: without any such siblings the
+#: split is unknown and taken halfway, not as "all signal" (which would trust every
+#: spread as reducible).
 _NOISE_PRIOR_DOF = 2.0
 
 
@@ -512,6 +514,21 @@ def _sig6(x: float) -> float:
     return float(f"{float(x):.6g}")
 
 
+def _env_share(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> float:
+    """The env's share ν/s of a transition's variance, pooled over the depths whose
+    same-action spreads measured it (weighted by their degrees of freedom), with
+    ``_NOISE_PRIOR_DOF`` pseudo-observations at one half. Whether an env is random is
+    mostly a property of the env, not of a depth: a deterministic env shows ν ≈ 0
+    wherever siblings repeat an action, and the depths without such siblings should
+    assume the same rather than a coin flip's half."""
+    num, den = [_NOISE_PRIOR_DOF * 0.5], [_NOISE_PRIOR_DOF]
+    for v, sd, k in zip(nu.tolist(), s.tolist(), dof.tolist(), strict=True):
+        if k > 0 and sd > 0:
+            num.append(k * min(v / sd, 1.0))
+            den.append(k)
+    return math.fsum(num) / math.fsum(den)
+
+
 def _coefficients(
     recs: list[_Checkpoint], nd: int
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
@@ -602,7 +619,9 @@ def noise_model(
     The spreads give s and ν by least squares (each sum weighted by 1/dof) under
     ``0 ≤ ν ≤ s``, with
     ``_DEPTH_PRIOR_DOF`` pseudo-observations per depth that neighbouring depths are
-    alike, and ``_NOISE_PRIOR_DOF`` that ν is half of s; the residuals' weighted mean
+    alike, and ``_NOISE_PRIOR_DOF`` that ν is ρ·s, ρ the env's share pooled over
+    the depths with same-action spreads (:func:`_env_share`, one half before any data,
+    refitted each pass); the residuals' weighted mean
     (weights ``1/(t + Var(Q̄))²``), with ``_CRITIC_PRIOR_DOF`` pseudo-residuals at the
     median Var(Q̄), gives t. Three passes (t enters the spreads through
     bootstrapped leaves, the residual weights through the previous t), so the fit is a
@@ -640,11 +659,19 @@ def noise_model(
     centre = np.zeros((2 * nd, 2 * nd))
     centre[:nd, :nd] = walk
     centre[nd:, nd:] = walk
-    # ... and that ν(d) is half of s(d): the quadratic form of Σ_d (ν(d) − s(d)/2)²
-    half = np.zeros((2 * nd, 2 * nd))
-    for d in range(nd):
-        half[d, d], half[nd + d, nd + d] = 0.25, 1.0
-        half[d, nd + d] = half[nd + d, d] = -0.5
+
+    # ... and that ν(d) is ρ·s(d), ρ the env's share pooled over the depths with
+    # same-action siblings (half before any): the quadratic form of Σ_d (ν(d) − ρ·s(d))²
+    def share_form(rho: float) -> np.ndarray:
+        form = np.zeros((2 * nd, 2 * nd))
+        for d in range(nd):
+            form[d, d], form[nd + d, nd + d] = rho * rho, 1.0
+            form[d, nd + d] = form[nd + d, d] = -rho
+        return form
+
+    # degrees of freedom of the same-action spreads whose first transition is at each depth
+    repeat_dof = _mv((same_rows[:, nd:] > 0).T.astype(np.float64), same_dof) if len(same_y) else np.zeros(nd)
+    rho = 0.5
 
     # Solved for (a, ν) = (s − ν, ν), both ≥ 0: s = a + ν.
     to_s = np.eye(2 * nd)
@@ -664,12 +691,13 @@ def noise_model(
         # no spread informs any depth (every segment's variance coefficient is 0): the
         # prior alone sets the depth variances, at any positive scale
         unit = float(np.median(np.diag(mat)[has] / touching[has])) if has.any() else 1.0
-        mat = mat + _DEPTH_PRIOR_DOF * unit * centre + _NOISE_PRIOR_DOF * unit * half
+        mat = mat + _DEPTH_PRIOR_DOF * unit * centre + _NOISE_PRIOR_DOF * unit * share_form(rho)
         mat_av = _mm(_mm(to_s.T, mat), to_s)
         mat_av += 1e-9 * float(np.trace(mat_av)) / len(mat_av) * np.eye(len(mat_av))  # never singular
         av = _nnls(mat_av, _mv(to_s.T, rhs))
         x = _mv(to_s, av)
         s = x[:nd]
+        rho = _env_share(x[nd:], s, repeat_dof)
         if len(res_ix):
             var_q = _mv(alpha[res_ix], s) + beta[res_ix] * t
             # (a checkpoint whose Q̄ the model calls exact weighs at most as one with

@@ -312,6 +312,41 @@ def test_noise_model_recovers_known_variances():
     assert tree_values(chain, noise=unknown).value[0] == pytest.approx(1.0)  # a plain backup
 
 
+def test_the_envs_share_of_the_variance_carries_to_depths_without_repeated_actions():
+    """Depth-2 trees: the root's two children took different actions (no repeat, so
+    depth 0 alone cannot split its variance), each child's four leaves repeat actions.
+    Rewards at depth 1 are ±0.2 by action, plus outcome noise of variance 0.01 in the
+    stochastic case. The share ν/s measured at depth 1 (0, or 0.01/0.05) is the prior
+    for depth 0, not a coin flip's half: a deterministic env is deterministic
+    everywhere (with the half, ν(0) was 0.10·s(0) here). With noise, depth 0's ν lies
+    between the two priors' pulls: the neighbour's ν(1) and the share times s(0).
+    Seeded data; tolerances well beyond the fit's spread over seeds."""
+
+    def trees(noise: float, seed: int) -> list[Tree]:
+        rng = random.Random(seed)
+        out = []
+        for i in range(300):
+            t = Tree.new(f"t{i}", None, (1,))
+            for first in (0, 1):
+                c = t.add_node(0, (_leaf_turn(first, 0.0),), "checkpoint", steps=1)
+                shift = rng.gauss(0.0, 0.3)  # what the first action decides
+                for _ in range(4):
+                    a = int(rng.random() < 0.5)
+                    reward = shift + (0.2 if a else -0.2) + rng.gauss(0.0, noise)
+                    t.add_node(c.id, (_leaf_turn(a, reward),), "terminal", steps=2)
+            out.append(t)
+        return out
+
+    exact = noise_model(trees(0.0, 0))
+    assert exact.noise_var(1) < 1e-3 * exact.step_var(1)
+    assert exact.step_var(0) > 0.02
+    assert exact.noise_var(0) < 0.02 * exact.step_var(0)  # was half of it before the share was pooled
+    noisy = noise_model(trees(0.1, 1))
+    share = noisy.noise_var(1) / noisy.step_var(1)
+    assert share == pytest.approx(0.01 / 0.05, abs=0.05)
+    assert 0.9 * noisy.noise_var(1) < noisy.noise_var(0) < 1.1 * share * noisy.step_var(0)
+
+
 def test_noise_model_of_unbranched_rollouts_splits_critic_error_from_return_variance():
     """Rollouts that never branched (no spread): 8 steps, each reward of mean 0 and
     variance 0.01, a critic off by variance 0.02 at every checkpoint. A residual at a
