@@ -306,6 +306,22 @@ EQ_SUMMARY: tuple[tuple[str, str, str, tuple[str, float] | None, str], ...] = (
 EQ_METHODS = ("grpo", "node_mc", "uniform", "selective", "selective_oldrank", "selective_advonly", "uniform_k1")
 
 
+def ablation_seeds(info: dict[str, Any]) -> str:
+    n = info.get("ablation_seeds")
+    return f" ({n} for the ablation rows)" if n is not None and n != info["seeds"] else ""
+
+
+def group_counts(above: dict[str, Any]) -> str:
+    """The counts of cells above the bound in each group of 12 and of 4 seeds, as a
+    phrase (records before the 48-seed default have the groups of 4 only)."""
+    parts = [
+        f"{size} seeds has {', '.join(str(n) for n in above[key])} cells above {above['bound']}"
+        for size, key in ((12, "above_by_12_seed_group"), (4, "above_by_4_seed_group"))
+        if key in above
+    ]
+    return ", into groups of ".join(parts)
+
+
 def estimator_quality(f: dict[str, Any]) -> str:
     summary, per_seed, info = f["summary"], f["per_seed"], f["info"]
     rows = []
@@ -317,7 +333,8 @@ def estimator_quality(f: dict[str, Any]) -> str:
         met = f"{text}: {verdict(s[stat], goal[1], goal[0])}" if goal else ""
         rows.append([label, f"**{num(s['median'])}**", worst, each(per_seed.get(key, []), num), met])
     out = [
-        f"{info['collections']:,} collections ({info['tasks']} tasks each, {info['seeds']} seeds, families "
+        f"{info['collections']:,} collections ({info['tasks']} tasks each, {info['seeds']} seeds"
+        f"{ablation_seeds(info)}, families "
         f"{', '.join(info['families'])}; budgets {', '.join(f'{b}H' for b in info['budgets'])}; "
         f"{info['jobs']} worker processes) in {s_(info['wall_s'])}.",
         table(["ratio of advantage MSE (median over cells)", "median", "worst cell", "per-seed medians", "goal"], rows),
@@ -333,8 +350,7 @@ def estimator_quality(f: dict[str, Any]) -> str:
             f"{above['cells']}{': ' + listed if listed else ''} (90% paired-bootstrap interval over the seeds). "
             f"Above {above['bound']} across the whole interval: {len(above['above_throughout'])}"
             f"{' (' + ', '.join(above['above_throughout']) + ')' if above['above_throughout'] else ''}. "
-            f"The same run cut into groups of 4 seeds has "
-            f"{', '.join(str(n) for n in above['above_by_4_seed_group'])} cells above {above['bound']}."
+            f"The same run cut into groups of {group_counts(above)}."
         )
     out.append(
         "![selective / uniform per cell](results/estimator_quality.png)\n\n(Every cell's ratio, advantages above "
