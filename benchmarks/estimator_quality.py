@@ -406,7 +406,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary = summarise(rows, families, budgets, critics, methods)
     per_seed = {s: summarise(mean_rows(raw, [s]), families, budgets, critics, methods) for s in seeds}
     # (an ablation's row exists for its seeds only)
-    spread = {k: [per_seed[s][k]["median"] for s in seeds if k in per_seed[s]] for k in summary}
+    spread = {
+        k: [per_seed[s][k]["median"] for s in seeds if not math.isnan(per_seed[s].get(k, {}).get("median", math.nan))]
+        for k in summary
+    }
     if "selective" in methods and "uniform" in methods:
         summary["selective_vs_uniform_all_cells"]["above_1_1"] = cells_above(raw, seeds, "selective", "uniform")
     info = {

@@ -306,6 +306,17 @@ EQ_SUMMARY: tuple[tuple[str, str, str, tuple[str, float] | None, str], ...] = (
 EQ_METHODS = ("grpo", "node_mc", "uniform", "selective", "selective_oldrank", "selective_advonly", "uniform_k1")
 
 
+def seed_spread(xs: list[Any]) -> str:
+    """The per-seed medians: each of them for up to 12 seeds, else their range and
+    quartiles (seeds a row did not run, NaN in the record, are left out)."""
+    kept = [float(x) for x in xs if x is not None and not math.isnan(float(x))]
+    if len(kept) <= 12:
+        return each(kept, num)
+    vals = sorted(kept)
+    q = statistics.quantiles(vals, n=4)
+    return f"{len(vals)} seeds: {num(vals[0])}-{num(vals[-1])}, quartiles {num(q[0])} / {num(q[1])} / {num(q[2])}"
+
+
 def ablation_seeds(info: dict[str, Any]) -> str:
     n = info.get("ablation_seeds")
     return f" ({n} for the ablation rows)" if n is not None and n != info["seeds"] else ""
@@ -331,7 +342,7 @@ def estimator_quality(f: dict[str, Any]) -> str:
         s = summary[key]
         worst = f"{num(s['worst'])} ({s['worst_cell']})"
         met = f"{text}: {verdict(s[stat], goal[1], goal[0])}" if goal else ""
-        rows.append([label, f"**{num(s['median'])}**", worst, each(per_seed.get(key, []), num), met])
+        rows.append([label, f"**{num(s['median'])}**", worst, seed_spread(per_seed.get(key, [])), met])
     out = [
         f"{info['collections']:,} collections ({info['tasks']} tasks each, {info['seeds']} seeds"
         f"{ablation_seeds(info)}, families "
@@ -342,7 +353,7 @@ def estimator_quality(f: dict[str, Any]) -> str:
     above = summary.get("selective_vs_uniform_all_cells", {}).get("above_1_1")
     if above:
         listed = "; ".join(
-            f"{c['cell']} {num(c['ratio'])}" + (f" ({num(c['low'])}-{num(c['high'])})" if c["low"] is not None else "")
+            f"{c['cell']} {c['ratio']:.3f}" + (f" ({num(c['low'])}-{num(c['high'])})" if c["low"] is not None else "")
             for c in above["above"]
         )
         out.append(
