@@ -381,11 +381,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     args = ap.parse_args(argv)
+    if args.seeds < 1 or args.ablation_seeds < 1 or args.tasks < 1:
+        ap.error("--seeds, --ablation-seeds and --tasks must be at least 1")
     families, critics, methods = args.families.split(","), args.critics.split(","), args.methods.split(",")
     n_tasks, n_seeds = (3, 1) if args.quick else (args.tasks, args.seeds)
     budgets = [int(b) for b in args.budgets.split(",")]
     seeds = list(range(n_seeds))
-    ablation_seeds = seeds[: max(1, min(args.ablation_seeds, n_seeds))]
+    ablation_seeds = seeds[: args.ablation_seeds]
     jobs = []
     for f in families:
         for b in budgets:
