@@ -322,6 +322,14 @@ def ablation_seeds(info: dict[str, Any]) -> str:
     return f" ({n} for the ablation rows)" if n is not None and n != info["seeds"] else ""
 
 
+def seed_counts(info: dict[str, Any]) -> str:
+    """The seed count, per budget where the record scales it with the budget."""
+    by = info.get("seeds_by_budget")
+    if not by or len(set(by.values())) == 1:
+        return f"{info['seeds']} seeds"
+    return ", ".join(f"{n} seeds at {b}H" for b, n in by.items())
+
+
 def group_counts(above: dict[str, Any]) -> str:
     """The counts of cells above the bound in each group of 12 and of 4 seeds, as a
     phrase (records before the 48-seed default have the groups of 4 only)."""
@@ -344,7 +352,7 @@ def estimator_quality(f: dict[str, Any]) -> str:
         met = f"{text}: {verdict(s[stat], goal[1], goal[0])}" if goal else ""
         rows.append([label, f"**{num(s['median'])}**", worst, seed_spread(per_seed.get(key, [])), met])
     out = [
-        f"{info['collections']:,} collections ({info['tasks']} tasks each, {info['seeds']} seeds"
+        f"{info['collections']:,} collections ({info['tasks']} tasks each, {seed_counts(info)}"
         f"{ablation_seeds(info)}, families "
         f"{', '.join(info['families'])}; budgets {', '.join(f'{b}H' for b in info['budgets'])}; "
         f"{info['jobs']} worker processes) in {s_(info['wall_s'])}.",
