@@ -745,19 +745,20 @@ def _chain_model(recs: list[_Checkpoint], residuals: int) -> NoiseModel:
     ys = np.array([recs[i].d2 for i in res_ix], dtype=np.float64)
     centre = np.zeros((nd + 1, nd + 1))
     centre[:nd, :nd] = _depth_walk(nd)
-    w = np.ones(len(res_ix))
-    x = np.zeros(nd + 1)
-    for _ in range(3):
-        mat = _mm(design.T, design * w[:, None])
-        rhs = _mv(design.T, w * ys)
-        touching = _mv((design[:, :nd] > 0).T.astype(np.float64), w)
-        has = touching > 0
-        unit = float(np.median(np.diag(mat)[:nd][has] / touching[has])) if has.any() else 1.0
-        mat = mat + _DEPTH_PRIOR_DOF * unit * centre
-        mat += 1e-9 * float(np.trace(mat)) / len(mat) * np.eye(len(mat))
-        x = _nnls(mat, rhs)
-        var = _mv(design, x)
-        w = 1.0 / (var + 1e-3 * float(np.median(var)) + 1e-100) ** 2
+    # Every residual weighs the same (one degree of freedom each, as the spreads of the
+    # branched fit). Inverse-variance weights from a previous pass were the rule until
+    # issue 12's 192-seed runs: a depth the first pass put at zero makes the residuals
+    # that end there look exact, their weight grows without bound and the depth stays
+    # at zero, so the first wave was planned on zeros that one rollout per task cannot
+    # support (docs/algorithm.md, "Unbranched rollouts only").
+    mat = _mm(design.T, design)
+    rhs = _mv(design.T, ys)
+    touching = _mv((design[:, :nd] > 0).T.astype(np.float64), np.ones(len(res_ix)))
+    has = touching > 0
+    unit = float(np.median(np.diag(mat)[:nd][has] / touching[has])) if has.any() else 1.0
+    mat = mat + _DEPTH_PRIOR_DOF * unit * centre
+    mat += 1e-9 * float(np.trace(mat)) / len(mat) * np.eye(len(mat))
+    x = _nnls(mat, rhs)
     s = tuple(_sig6(v) for v in x[:nd])
     return NoiseModel(s, _sig6(x[nd]), tuple(_sig6(v / 2) for v in s), residuals, 0, 0)
 

@@ -533,12 +533,19 @@ def node_view(
     elif len(qs) == 1 and v > 0 and node.value is not None and math.isfinite(noise.critic_var):
         # An only child shows no spread, but the critic's miss does: (v̂ − q)² has
         # expectation t + v, so (v̂ − q)² − t estimates this checkpoint's own one-child
-        # variance (one degree of freedom, beside the same pseudo-observation at the
-        # model). The depth's average no longer stands for every checkpoint at it: one
-        # whose child the critic predicted well expects accurate new segments, one it
-        # missed by far expects noisy ones (and a V(n) a sibling would improve more).
-        own = max((node.value - qs[0]) ** 2 - noise.critic_var, 0.0)
-        rho = (1.0 + own / v) / 2.0
+        # variance, beside one pseudo-observation at the model. The depth's average no
+        # longer stands for every checkpoint at it: one whose child the critic predicted
+        # well expects accurate new segments, one it missed by far expects noisy ones
+        # (and a V(n) a sibling would improve more). The miss weighs as its precision
+        # against one degree of freedom of a spread, v²/(t + v)² (a squared deviation of
+        # variance t + v against one of variance v): with an exact critic a full degree
+        # of freedom; with one whose error dominates, little, since its miss is mostly
+        # the critic's error, and ranking on it picks the checkpoints where the critic
+        # happened to be right, whose residuals then understate t.
+        t = noise.critic_var
+        own = max((node.value - qs[0]) ** 2 - t, 0.0)
+        k = v * v / ((t + v) * (t + v))
+        rho = (1.0 + k * own / v) / (1.0 + k)
         sig, rest = rho * sig, rho * rest
     return NodeEvidence(
         tree_index=tree_index,
