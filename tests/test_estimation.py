@@ -356,15 +356,11 @@ def test_the_envs_share_of_the_variance_carries_to_depths_without_repeated_actio
     assert 0.9 * noisy.noise_var(1) < noisy.noise_var(0) < 1.1 * share * noisy.step_var(0)
 
 
-def test_noise_model_of_unbranched_rollouts_splits_critic_error_from_return_variance():
-    """Rollouts that never branched (no spread): 8 steps, each reward of mean 0 and
-    variance 0.01, a critic off by variance 0.02 at every checkpoint. A residual at a
-    checkpoint with k steps to go has expectation ``0.02 + 0.01·k``; its profile over k
-    tells the critic's error (the part that does not grow with k) from the return's.
-    Seeded data; tolerances ~4 standard errors (measured over 20 seeds)."""
-    rng = random.Random(1)
+def _chains(rng: random.Random, n: int) -> list[Tree]:
+    """``n`` rollouts that never branched: 8 steps, each reward of mean 0 and variance
+    0.01, a critic off by variance 0.02 at every checkpoint."""
     trees = []
-    for i in range(2000):
+    for i in range(n):
         t = Tree.new(f"c{i}", None, (1,))
         node = t.root
         for step in range(1, 9):
@@ -372,7 +368,16 @@ def test_noise_model_of_unbranched_rollouts_splits_critic_error_from_return_vari
             kind = "terminal" if step == 8 else "checkpoint"
             node = t.add_node(node.id, (_turn(rng.gauss(0.0, 0.1)),), kind, steps=step)
         trees.append(t)
-    nm = noise_model(trees)
+    return trees
+
+
+def test_noise_model_of_unbranched_rollouts_splits_critic_error_from_return_variance():
+    """Rollouts that never branched (no spread): 8 steps, each reward of mean 0 and
+    variance 0.01, a critic off by variance 0.02 at every checkpoint. A residual at a
+    checkpoint with k steps to go has expectation ``0.02 + 0.01·k``; its profile over k
+    tells the critic's error (the part that does not grow with k) from the return's.
+    Seeded data; tolerances ~4 standard errors (measured over 20 seeds)."""
+    nm = noise_model(_chains(random.Random(1), 2000))
     assert nm.known and nm.spreads == 0 and nm.residuals == 2000 * 8
     assert nm.critic_var == pytest.approx(0.02, abs=0.01)
     assert sum(nm.step_var(d) for d in range(8)) == pytest.approx(0.08, abs=0.01)
@@ -389,17 +394,7 @@ def test_the_unbranched_model_of_a_few_rollouts_does_not_lock_depths_at_zero():
     square error of s 0.0171; now 1.74 and 0.0103)."""
     zeros, errors = 0, []
     for seed in range(200):
-        rng = random.Random(seed)
-        trees = []
-        for i in range(6):
-            t = Tree.new(f"c{i}", None, (1,))
-            node = t.root
-            for step in range(1, 9):
-                node.value = rng.gauss(0.0, 0.02**0.5)
-                kind = "terminal" if step == 8 else "checkpoint"
-                node = t.add_node(node.id, (_turn(rng.gauss(0.0, 0.1)),), kind, steps=step)
-            trees.append(t)
-        nm = noise_model(trees)
+        nm = noise_model(_chains(random.Random(seed), 6))
         zeros += sum(nm.step_var(d) == 0.0 for d in range(8))
         errors.append(statistics.fmean((nm.step_var(d) - 0.01) ** 2 for d in range(8)) ** 0.5)
     assert zeros / 200 < 2.5
