@@ -408,7 +408,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error("--seeds, --ablation-seeds and --tasks must be at least 1")
     families, critics, methods = args.families.split(","), args.critics.split(","), args.methods.split(",")
     n_tasks, n_seeds = (3, 1) if args.quick else (args.tasks, args.seeds)
-    budgets = [int(b) for b in args.budgets.split(",")]
+    try:
+        budgets = [int(b) for b in args.budgets.split(",")]
+    except ValueError:
+        ap.error(f"--budgets takes whole multiples of H separated by commas, got {args.budgets!r}")
+    if min(budgets) < 1:
+        ap.error(f"--budgets must be at least 1 (H), got {args.budgets!r}")
+    for flag, given, known in (
+        ("--families", families, FAMILIES),
+        ("--critics", critics, CRITICS),
+        ("--methods", methods, METHODS),
+    ):
+        unknown = [x for x in given if x not in known]
+        if unknown:
+            ap.error(f"{flag}: unknown {', '.join(unknown)} (known: {', '.join(known)})")
     # the seeds every cell runs (the per-seed spread is computed on these)
     seeds = list(range(n_seeds))
     per_budget = {b: seeds if args.quick else list(range(seeds_at(b, n_seeds))) for b in budgets}
