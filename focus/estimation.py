@@ -753,7 +753,7 @@ def _chain_model(recs: list[_Checkpoint], residuals: int) -> NoiseModel:
     # support (docs/algorithm.md, "Unbranched rollouts only").
     mat = _mm(design.T, design)
     rhs = _mv(design.T, ys)
-    touching = _mv((design[:, :nd] > 0).T.astype(np.float64), np.ones(len(res_ix)))
+    touching = np.count_nonzero(design[:, :nd] > 0, axis=0).astype(np.float64)
     has = touching > 0
     unit = float(np.median(np.diag(mat)[:nd][has] / touching[has])) if has.any() else 1.0
     mat = mat + _DEPTH_PRIOR_DOF * unit * centre
