@@ -680,6 +680,17 @@ def noise_model(
     # Sums weighted per degree of freedom. (Inverse-variance weights from the previous
     # pass were tried: a depth fitted near zero then weighs ever more and stays there.)
     w = 1.0 / dofs
+    # Checkpoints with one child and a prediction: (v̂ − q)² has expectation
+    # t·(1 + β) + Σ_d α(d)·s(d) (the chain model's residual). Search picks which
+    # checkpoints get a second child, so the spreads describe the checkpoints it chose;
+    # these describe the rest, and the depths no spread reaches.
+    # (Not with one prediction for every state: that critic's error is the state values'
+    # spread, which changes with depth, and no constant t describes it; see _chain_model.)
+    predicted = {r.v_hat for r in recs if r.d2 is not None}
+    one_ix = [i for i, r in enumerate(recs) if r.m == 1 and r.d2 is not None] if len(predicted) > 1 else []
+    one_rows = np.hstack([alpha[one_ix], np.zeros((len(one_ix), nd))])
+    one_t = 1.0 + beta[one_ix]
+    one_y = np.array([recs[i].d2 for i in one_ix], dtype=np.float64)
     t = 0.0
     for it in range(3):
         y = ys - t * t_rows
@@ -691,6 +702,20 @@ def noise_model(
         # no spread informs any depth (every segment's variance coefficient is 0): the
         # prior alone sets the depth variances, at any positive scale
         unit = float(np.median(np.diag(mat)[has] / touching[has])) if has.any() else 1.0
+        if it and len(one_ix):
+            # Each residual weighs as its precision against one degree of freedom of a
+            # spread, v²/(t + v)² with v the mean modelled Var(q) of these checkpoints
+            # (pooled, so no checkpoint the model calls exact weighs without bound): a
+            # full degree of freedom with an exact critic, little with a noisy one. All
+            # of them subtract the same estimate of t, whose error they share: N rows
+            # and t from n residuals are worth N·n/(N + n) rows of their own noise, so
+            # each weighs n/(N + n) of that. The first pass has no t yet and leaves
+            # them out.
+            v_one = float(np.mean(_mv(one_rows[:, :nd], x[:nd])))
+            k_one = v_one * v_one / ((t + v_one) ** 2) if t + v_one > 0 else 0.0
+            k_one *= len(res_ix) / (len(one_ix) + len(res_ix))
+            mat = mat + k_one * _mm(one_rows.T, one_rows)
+            rhs = rhs + k_one * _mv(one_rows.T, one_y - t * one_t)
         mat = mat + _DEPTH_PRIOR_DOF * unit * centre + _NOISE_PRIOR_DOF * unit * share_form(rho)
         mat_av = _mm(_mm(to_s.T, mat), to_s)
         mat_av += 1e-9 * float(np.trace(mat_av)) / len(mat_av) * np.eye(len(mat_av))  # never singular

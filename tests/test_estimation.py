@@ -356,6 +356,38 @@ def test_the_envs_share_of_the_variance_carries_to_depths_without_repeated_actio
     assert 0.9 * noisy.noise_var(1) < noisy.noise_var(0) < 1.1 * share * noisy.step_var(0)
 
 
+def _late_spread_trees(rng: random.Random, n: int) -> list[Tree]:
+    """``n`` rollouts of 8 steps with an exact critic: steps 0-5 add a variance of
+    0.001 to the return, steps 6-7 of 0.02 (a late coin flip); only the checkpoint at
+    depth 7 got a second child, as a search that branched where the spread is."""
+    sds = [0.001**0.5] * 6 + [0.02**0.5] * 2
+    trees = []
+    for i in range(n):
+        t = Tree.new(f"s{i}", None, (1,))
+        drift = rng.uniform(-0.05, 0.05)  # the true value at depth d: drift·(8 − d)
+        node = t.root
+        for step in range(1, 8):
+            node.value = drift * (9 - step)
+            node = t.add_node(node.id, (_turn(drift + rng.gauss(0.0, sds[step - 1])),), "checkpoint", steps=step)
+        node.value = drift
+        for _ in range(2):
+            t.add_node(node.id, (_turn(drift + rng.gauss(0.0, sds[7])),), "terminal", steps=8)
+        trees.append(t)
+    return trees
+
+
+def test_depths_without_spreads_are_read_off_their_only_childs_residuals():
+    """Spreads only at depth 7 (variance 0.02 there) leave depths 0-5 (variance 0.001)
+    to the prior that neighbouring depths are alike, which carried depth 7's variance up
+    to them (0.0193 at every depth here). The residuals of the only children
+    above measure them (an exact critic: each has expectation the variance still to come)."""
+    nm = noise_model(_late_spread_trees(random.Random(3), 300))
+    assert nm.known and nm.spreads == 300
+    assert statistics.fmean(nm.step_var(d) for d in range(5)) < 0.003
+    assert nm.step_var(7) == pytest.approx(0.02, rel=0.25)
+    assert nm.critic_var < 0.003
+
+
 def _chains(rng: random.Random, n: int) -> list[Tree]:
     """``n`` rollouts that never branched: 8 steps, each reward of mean 0 and variance
     0.01, a critic off by variance 0.02 at every checkpoint."""
