@@ -614,7 +614,11 @@ def noise_model(
       of s(d) for the first transition;
     * residual: at the same checkpoints, ``(v̂ − Q̄)² − SS/(m(m−1))`` is an unbiased
       estimate of t whatever the model (the correction is the checkpoint's own
-      sampling variance of Q̄).
+      sampling variance of Q̄);
+    * only-child residual: at a checkpoint with one valid child, ``(v̂ − Q̄)²`` has
+      expectation ``t·(1 + β) + Var(Q̄)``, so with t from the residuals it measures
+      the variance where search did not branch (weighed by its precision, from the
+      second pass on; not for a constant critic).
 
     The spreads give s and ν by least squares (each sum weighted by 1/dof) under
     ``0 ≤ ν ≤ s``, with
@@ -692,6 +696,7 @@ def noise_model(
     one_t = 1.0 + beta[one_ix]
     one_y = np.array([recs[i].d2 for i in one_ix], dtype=np.float64)
     t = 0.0
+    x = np.zeros(2 * nd)
     for it in range(3):
         y = ys - t * t_rows
         mat = _mm(design.T, design * w[:, None])
