@@ -690,8 +690,7 @@ def noise_model(
     # these describe the rest, and the depths no spread reaches.
     # (Not with one prediction for every state: that critic's error is the state values'
     # spread, which changes with depth, and no constant t describes it; see _chain_model.)
-    predicted = {r.v_hat for r in recs if r.d2 is not None}
-    one_ix = [i for i, r in enumerate(recs) if r.m == 1 and r.d2 is not None] if len(predicted) > 1 else []
+    one_ix = [] if _one_prediction(recs) else [i for i, r in enumerate(recs) if r.m == 1 and r.d2 is not None]
     one_rows = np.hstack([alpha[one_ix], np.zeros((len(one_ix), nd))])
     one_t = 1.0 + beta[one_ix]
     one_y = np.array([recs[i].d2 for i in one_ix], dtype=np.float64)
@@ -751,6 +750,14 @@ def noise_model(
     )
 
 
+def _one_prediction(recs: list[_Checkpoint]) -> bool:
+    """Whether at least two checkpoints with a child were predicted, all with the same
+    value: a constant critic, whose error is the state values' spread (see
+    :func:`_chain_model`)."""
+    predicted = [r.v_hat for r in recs if r.d2 is not None]
+    return len(predicted) >= 2 and len(set(predicted)) == 1
+
+
 def _chain_model(recs: list[_Checkpoint], residuals: int) -> NoiseModel:
     """The model from rollouts that never branched (every checkpoint has one valid
     child): each residual ``(v̂ − Q̄)²`` has expectation ``t·(1 + β) + Σ_d α(d)·s(d)``
@@ -762,8 +769,7 @@ def _chain_model(recs: list[_Checkpoint], residuals: int) -> NoiseModel:
     res_ix = [i for i, r in enumerate(recs) if r.d2 is not None]
     if not res_ix:
         return NoiseModel.unknown(residuals)
-    predictions = {recs[i].v_hat for i in res_ix}
-    if len(res_ix) >= 2 and len(predictions) == 1:
+    if _one_prediction(recs):
         # One prediction for every state: the critic knows nothing of the states, so its
         # error is the state values' own spread, which grows with depth as the return is
         # decided, exactly as the return's variance below shrinks. Their sum is flat
