@@ -486,13 +486,9 @@ def train(
     )
     out = _Console(verbose, debug, log_file, "train")
     try:
-        from flows.preflight import check_root
-        from tasks.config import check_factories, check_torch, check_weights
+        from flows.preflight import check_before_start
 
-        check_factories(cfg)
-        check_weights(cfg)
-        check_torch(cfg, training=True)
-        check_root(cfg.storage.root)
+        check_before_start(cfg, training=True)
         # the train loop reloads new weights into the model server it starts itself
         with _services(out, cfg, start_model=False) as ready:
             import asyncio
