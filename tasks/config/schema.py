@@ -49,6 +49,11 @@ def check_import_path(value: str | None) -> str | None:
     return value
 
 
+def _check_http_url(name: str, url: str | None) -> None:
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise ValueError(f"{name} {url!r} must start with http:// or https://")
+
+
 class _Pluggable(_Model):
     """A section whose ``kind="factory"`` names a callable by import path, given ``options``."""
 
@@ -67,6 +72,14 @@ class _Pluggable(_Model):
             raise ValueError(
                 f"{self._section}.factory (an import path) is required when {self._section}.kind is 'factory'"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _one_place_for_http(self) -> _Pluggable:
+        """A section with an ``http`` client policy takes its timeouts there, not in ``options``."""
+        if "http" in type(self).model_fields and "config" in self.options:
+            where = self._section
+            raise ValueError(f"{where}.options.config is not accepted: set timeouts and retries in {where}.http")
         return self
 
 
@@ -98,19 +111,12 @@ class ModelConfig(_Pluggable):
     http: RetryPolicy = RetryPolicy()
 
     @model_validator(mode="after")
-    def _one_place_for_http(self) -> ModelConfig:
-        if "config" in self.options:
-            raise ValueError("model.options.config is not accepted: set timeouts and retries in model.http")
-        return self
-
-    @model_validator(mode="after")
     def _needs(self) -> ModelConfig:
         if self.kind in ("openai", "sglang") and not self.url:
             raise ValueError(f"model.url is required when model.kind is {self.kind!r}")
         if self.kind == "tinker" and not (self.model or self.weights):
             raise ValueError("model.model (a base model) or model.weights (a tinker:// path) is required for tinker")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"model.url {self.url!r} must start with http:// or https://")
+        _check_http_url("model.url", self.url)
         check_options(self)
         return self
 
@@ -174,17 +180,10 @@ class CriticConfig(_Pluggable):
     weights: str | None = None
 
     @model_validator(mode="after")
-    def _one_place_for_http(self) -> CriticConfig:
-        if "config" in self.options:
-            raise ValueError("critic.options.config is not accepted: set timeouts and retries in critic.http")
-        return self
-
-    @model_validator(mode="after")
     def _needs(self) -> CriticConfig:
         if self.kind == "http" and not self.url:
             raise ValueError("critic.url is required when critic.kind is 'http'")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"critic.url {self.url!r} must start with http:// or https://")
+        _check_http_url("critic.url", self.url)
         check_options(self)
         return self
 
