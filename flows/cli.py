@@ -486,9 +486,13 @@ def train(
     )
     out = _Console(verbose, debug, log_file, "train")
     try:
-        from flows.preflight import check_before_start
+        from flows.preflight import check_root, check_torch, check_weights
+        from tasks.config import check_factories
 
-        check_before_start(cfg, training=True)
+        check_factories(cfg)
+        check_weights(cfg)
+        check_torch(cfg, training=True)
+        check_root(cfg.storage.root)
         # the train loop reloads new weights into the model server it starts itself
         with _services(out, cfg, start_model=False) as ready:
             import asyncio

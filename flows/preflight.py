@@ -104,15 +104,6 @@ def check_torch(config: FocusConfig, *, training: bool) -> None:
         raise ConfigError(f"{' and '.join(needs)} {verb} torch, which is not installed: pip install 'focus-rl[train]'")
 
 
-def check_before_start(config: FocusConfig, *, training: bool) -> None:
-    """What can be checked from the configuration alone before a collection (or, with
-    ``training``, a train loop) starts anything: factories, weights, torch, the store."""
-    check_factories(config)
-    check_weights(config)
-    check_torch(config, training=training)
-    check_root(config.storage.root)
-
-
 def check_root(root: str) -> None:
     """Fail with a storage error naming the cause if ``root`` cannot be used: a local
     folder that is not writable or whose disk is full, a bucket that does not exist or
@@ -176,7 +167,10 @@ def preflight(config: FocusConfig) -> Preflight:
     from storage import BatchStore, CheckpointStore
     from tasks.steps import CONFIG, EXPORT, Steps, fingerprint, resume_mismatch
 
-    check_before_start(config, training=False)
+    check_factories(config)
+    check_weights(config)
+    check_torch(config, training=False)
+    check_root(config.storage.root)
     if not config.collection_id:
         return Preflight(config)
     root = config.storage.root
