@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,6 +15,8 @@ from fixtures.prefect import base_env, free_port
 
 from flows.errors import one_line
 
+#: The installed command, as an operator runs it.
+FOCUS = str(Path(sys.executable).with_name("focus"))
 #: A collection that needs no model server: the digit policy of the Prefect fixtures.
 SMALL = [
     "--set",
@@ -52,9 +55,7 @@ def test_prefect_clients_failure_names_prefect_and_its_url():
 def test_cli_names_an_unreachable_prefect_server(tmp_path):
     api = f"http://127.0.0.1:{free_port()}/api"
     env = {**base_env(tmp_path / "prefect"), "PREFECT_API_URL": api, "FOCUS_STORAGE__ROOT": str(tmp_path / "runs")}
-    done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "collect", *SMALL], env=env, capture_output=True, text=True, timeout=180
-    )
+    done = subprocess.run([FOCUS, "collect", *SMALL], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 1
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: the Prefect server at {api} did not answer"), lines
@@ -64,7 +65,7 @@ def test_cli_names_an_unreachable_prefect_server(tmp_path):
 def test_a_log_file_that_cannot_be_written_is_one_warning(tmp_path):
     env = {**base_env(tmp_path / "prefect"), "FOCUS_STORAGE__ROOT": str(tmp_path / "runs")}
     done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "collect", "--log-file", "/dev/full", *SMALL],
+        [FOCUS, "collect", "--log-file", "/dev/full", *SMALL],
         env=env,
         capture_output=True,
         text=True,

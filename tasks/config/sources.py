@@ -50,8 +50,9 @@ ENV_PREFIX = "FOCUS_"
 
 @dataclass(frozen=True)
 class Layer:
-    """The values one source gives: a whole file (``data``, merged table by table) or
-    one dotted key (a ``FOCUS_*`` variable, a ``--set``, the run's parameter)."""
+    """The values one source gives: a mapping merged table by table (``data``: a file,
+    the fields a run's parameter sets) or one dotted key (a ``FOCUS_*`` variable, a
+    ``--set``)."""
 
     source: str
     data: Mapping[str, Any] = field(default_factory=dict)
