@@ -486,8 +486,8 @@ def train(
     )
     out = _Console(verbose, debug, log_file, "train")
     try:
-        from flows.preflight import check_root
-        from tasks.config import check_factories, check_torch, check_weights
+        from flows.preflight import check_root, check_torch, check_weights
+        from tasks.config import check_factories
 
         check_factories(cfg)
         check_weights(cfg)

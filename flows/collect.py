@@ -41,6 +41,7 @@ from flows.progress import CollectionProgress
 from flows.services import services_in_thread
 from tasks.collection import collection_result, run_steps
 from tasks.config import FocusConfig, config_at_runtime
+from tasks.config.form import ConfigParameter
 from tasks.phases import PREFECT_STEPS, publish_report
 
 
@@ -120,7 +121,7 @@ def _flow_run_name() -> str:
 
 
 @flow(name="collect", log_prints=True, flow_run_name=_flow_run_name)
-async def collect(config: FocusConfig | None = None) -> dict[str, Any]:
+async def collect(config: ConfigParameter = None) -> dict[str, Any]:
     """Collect one iteration; returns the batch URL and statistics.
 
     An async flow (see :mod:`tasks.phases` for why): from synchronous code run it with

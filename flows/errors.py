@@ -14,6 +14,8 @@ cause is shown as ``<message>``, anything else as ``<Type>: <message>``.
 from __future__ import annotations
 
 import errno
+import os
+import traceback
 
 #: Errors whose message is written for the operator: shown as they are (one line).
 SELF_EXPLAINED = frozenset(
@@ -58,6 +60,24 @@ def root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+def prefect_api_of(exc: BaseException) -> str | None:
+    """The Prefect API a failed request of Prefect's own client went to, if ``exc`` is
+    one (Prefect's clients retry for minutes, then raise httpx's error, which names
+    neither Prefect nor the server)."""
+    text = str(exc)
+    if "Failed to reach API at " in text:
+        return text.split("Failed to reach API at ", 1)[1].split()[0].rstrip("/")
+    try:
+        url = str(exc.request.url)  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):
+        return None
+    part = f"{os.sep}prefect{os.sep}"
+    if not any(part in frame.filename for frame in traceback.extract_tb(exc.__traceback__)):
+        return None  # not Prefect's client: the model or critic client says what it called
+    cut = url.find("/api/")
+    return url[: cut + 4] if cut >= 0 else url
+
+
 def one_line(exc: BaseException) -> str:
     """The cause of ``exc`` in one line an operator can act on."""
     exc = root_cause(exc)
@@ -78,6 +98,12 @@ def one_line(exc: BaseException) -> str:
         return _flatten(f"permission denied{where}: {exc.strerror or text or 'forbidden'}")
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted; rerun with the same collection id to resume"
+    if (api := prefect_api_of(exc)) is not None:
+        cause = f"{names[0]}: {text}" if text and not text.startswith("Failed to reach API") else names[0]
+        return _flatten(
+            f"the Prefect server at {api} did not answer ({cause}); start it or set PREFECT_API_URL, "
+            "then rerun with the same collection id to resume"
+        )
     return _flatten(f"{names[0]}: {text}") if text else names[0]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -65,6 +66,27 @@ class _ConsoleHandler(logging.Handler):
             self.handleError(record)
 
 
+class _LogFile(logging.FileHandler):
+    """The log file. When it cannot be written (a full disk), one warning line and no
+    more attempts, instead of logging's traceback for every record that follows."""
+
+    failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        if self.failed:
+            return
+        self.failed = True
+        exc = sys.exc_info()[1]
+        why = getattr(exc, "strerror", None) or exc
+        sys.stderr.write(
+            f"warning: cannot write the log file {self.baseFilename} ({why}); nothing more is logged to it\n"
+        )
+
+
 def setup(console: Any, *, verbosity: int = 0, log_file: Path | None = None) -> Path | None:
     """Route the process's logging: ``console`` (a rich Console) gets our lines (and with
     ``verbosity`` Prefect's and Dask's), ``log_file`` everything at INFO and above.
@@ -85,7 +107,7 @@ def setup(console: Any, *, verbosity: int = 0, log_file: Path | None = None) -> 
     if log_file is not None:
         try:
             log_file.parent.mkdir(parents=True, exist_ok=True)
-            fh = logging.FileHandler(log_file, encoding="utf-8", delay=True)
+            fh: logging.FileHandler | None = _LogFile(log_file, encoding="utf-8", delay=True)
         except OSError:
             fh = None
         if fh is not None:

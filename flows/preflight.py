@@ -17,6 +17,7 @@ is up.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from tasks.config import FocusConfig, check_factories, check_torch, check_weights
+from tasks.config import ConfigError, FocusConfig, check_factories
 
 #: Below this many free bytes a local store is treated as full before anything starts.
 MIN_FREE_BYTES = 1 << 20
@@ -60,6 +61,47 @@ def new_collection_id(prefix: str = "collect", when: datetime | None = None, tok
 
 def _embedded_version_open(config: FocusConfig) -> bool:
     return config.model.kind == "local" and config.model.url is None and config.model.policy_version is None
+
+
+def check_weights(config: FocusConfig) -> None:
+    """A local weights file the embedded model server would start from must exist and be
+    one: a missing or unreadable one fails here, before the server starts, not as the
+    server's traceback. (Reading it takes milliseconds and no torch.)"""
+    m = config.model
+    if m.kind != "local" or m.url is not None or not m.weights:
+        return
+    path = m.weights.removeprefix("file://")
+    if "://" in path:
+        return  # a URL: the server says whether it can read it
+    if not os.path.isfile(path):
+        what = "a folder" if os.path.isdir(path) else "no such file"
+        raise ConfigError(f"model.weights {m.weights!r}: {what}; give the path of a tinylm weights file")
+    from focus.tinylm.arch import read_weights
+
+    try:
+        read_weights(path)
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"model.weights {m.weights!r}: {str(e).removeprefix(f'{path} is ')}") from None
+
+
+def check_torch(config: FocusConfig, *, training: bool) -> None:
+    """What needs torch (the local trainer, the local critic) fails here when torch is not
+    installed, with the extra that brings it; collecting with the embedded model does
+    not need it."""
+    needs = []
+    if training and config.train.trainer == "local":
+        needs.append("train.trainer 'local'")
+    if config.critic.kind == "local":
+        needs.append("critic.kind 'local'")
+    if not needs:
+        return
+    try:
+        missing = importlib.util.find_spec("torch") is None
+    except ImportError:
+        missing = True
+    if missing:
+        verb = "need" if len(needs) > 1 else "needs"
+        raise ConfigError(f"{' and '.join(needs)} {verb} torch, which is not installed: pip install 'focus-rl[train]'")
 
 
 def check_root(root: str) -> None:

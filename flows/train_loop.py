@@ -35,6 +35,8 @@ from prefect.cache_policies import NO_CACHE
 from flows.collect import collect, collection_id_for_run
 from flows.services import services_in_thread
 from tasks.config import ConfigError, FocusConfig, TrainConfig, TrainContext, TrainResult, import_object
+from tasks.config.form import ConfigParameter
+from tasks.config.sources import config_at_runtime
 
 TRAIN_PHASE = "train"
 EVAL_PHASE = "eval"
@@ -157,7 +159,7 @@ def _check(config: FocusConfig) -> None:
 
 
 @flow(name="train_loop", log_prints=True)
-async def train_loop(config: FocusConfig | None = None) -> list[dict[str, Any]]:
+async def train_loop(config: ConfigParameter = None) -> list[dict[str, Any]]:
     """``train.iterations`` rounds of collect then train; one record per iteration
     (and, with ``train.eval_tasks``, a last record evaluating the final weights).
 
@@ -165,7 +167,7 @@ async def train_loop(config: FocusConfig | None = None) -> list[dict[str, Any]]:
     """
     from tasks.trainers import local_weights
 
-    config = collection_id_for_run(config or FocusConfig())
+    config = collection_id_for_run(config_at_runtime(config))
     _check(config)
     log = get_run_logger()
     base = config.collection_id or "train"

@@ -1,8 +1,9 @@
-"""The trainer steps FOCUS ships for the train loop: ``train.trainer = "local" | "tinker"``.
+"""Trainer steps of the train loop: what one is given and returns, and the two FOCUS
+ships (``train.trainer = "local" | "tinker"``).
 
-A trainer step is ``f(batch_url, TrainContext, **options) -> TrainResult``
-(:mod:`tasks.config`); the ``train_loop`` flow calls it once per iteration, in a worker
-thread, and records its result. Both built-ins read the batch back from the store
+A trainer step is ``f(batch_url, TrainContext, **options) -> TrainResult`` (the types
+below; ``train.trainer`` may name your own by import path); the ``train_loop`` flow
+calls it once per iteration, in a worker thread, and records its result. Both built-ins read the batch back from the store
 (exactly what was exported) and write what they produce as one version of the
 :class:`storage.weights.WeightStore`, beside the batches under the store root:
 
@@ -22,10 +23,53 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tasks.config import ConfigError, FocusConfig, TrainContext, TrainResult
+if TYPE_CHECKING:  # tasks.config re-exports the types below: no import of it at load time
+    from tasks.config.schema import FocusConfig
+
+
+@dataclass(frozen=True)
+class TrainContext:
+    """What a trainer step is given besides the batch URL.
+
+    ``weights`` is the weights URL (or path) the batch was sampled with (``None``: the
+    model's default), ``critic`` the critic weights it was scored with, ``state`` the
+    previous step's :attr:`TrainResult.state` (``None`` on the first step). ``out`` is
+    the folder URL under the store root where this step's version goes
+    (``storage.WeightStore``: ``weights/<run>/v<iteration + 1>``); ``workdir`` a local
+    scratch folder.
+    """
+
+    iteration: int
+    config: FocusConfig
+    weights: str | None
+    policy_version: str | None
+    workdir: str
+    model_url: str | None = None
+    out: str = ""
+    critic: str | None = None
+    state: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a trainer step returns: the new policy version and where its weights are.
+
+    For the embedded model ``weights`` is a weights file (URL or path) the flow loads
+    into the model server before the next collection; for Tinker, the ``tinker://``
+    sampler path the next collection samples from. ``critic`` is the critic to score
+    the next collection with, ``state`` whatever the next step needs to continue
+    (passed back as :attr:`TrainContext.state`). ``metrics`` are numbers to report.
+    """
+
+    policy_version: str
+    weights: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    critic: str | None = None
+    state: str | None = None
 
 
 def local_weights(url: str | None, root: str) -> str | None:
@@ -75,6 +119,7 @@ def local_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainRes
     """
     from focus.train_local import PolicyTrainer, UpdateConfig, train_iteration
     from storage.weights import WeightStore
+    from tasks.config.schema import ConfigError
 
     cfg = ctx.config
     if cfg.model.kind != "local":
@@ -126,6 +171,7 @@ def tinker_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainRe
     from focus.backends.tinker_backend import TinkerTrainer, TinkerUpdateConfig, build_requests, check_requests
     from focus.exporters import to_tinker_datums
     from storage.weights import WeightStore
+    from tasks.config.schema import ConfigError
 
     cfg = ctx.config
     tcfg = TinkerUpdateConfig(**{**cfg.train.tinker.model_dump(), **options})

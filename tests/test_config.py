@@ -62,3 +62,49 @@ def test_with_updates_validates():
     assert cfg.with_updates(**{"execution.address": "tcp://127.0.0.1:1"}).execution.address == "tcp://127.0.0.1:1"
     with pytest.raises(ConfigError, match="iteration"):
         cfg.with_updates(iteration=-1)
+
+
+@pytest.mark.parametrize(
+    "where,expected",
+    [
+        (
+            {"overrides": {"model.urll": "http://x"}},
+            "model.urll: unknown field (from --set model.urll; did you mean model.url?)",
+        ),
+        (
+            {"environ": {"FOCUS_EXECUTION__N_WORKER": "3"}},
+            "(from FOCUS_EXECUTION__N_WORKER; did you mean FOCUS_EXECUTION__N_WORKERS?)",
+        ),
+        ({"environ": {"FOCUS_MODLE__URL": "http://x"}}, "(from FOCUS_MODLE__URL; did you mean FOCUS_MODEL__URL?)"),
+        ({"environ": {"FOCUS_SEEED": "3"}}, "seeed: unknown field (from FOCUS_SEEED; did you mean FOCUS_SEED?)"),
+        ({"overrides": {"search.phases.1.wave_sise": 3}}, "did you mean search.phases.1.wave_size?"),
+        ({"overrides": {"root": "/tmp/x"}}, "root: unknown field (from --set root; did you mean storage.root?)"),
+    ],
+)
+def test_unknown_field_is_one_line_naming_its_source_and_the_likely_field(where, expected):
+    with pytest.raises(ConfigError) as e:
+        load_config(**{"environ": {}, **where})
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("invalid configuration: ") and expected in msg, msg
+
+
+def test_unknown_field_in_a_file_names_the_file(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text("[agent]\nmax_step = 3\n[sampling]\ntemperature = 0.5\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(f, environ={})
+    msg = str(e.value)
+    assert f"agent.max_step: unknown field (from {f}; did you mean agent.max_steps?)" in msg
+    assert f"sampling: unknown field (from {f}; did you mean agent.sampling?)" in msg
+
+
+def test_other_tools_variables_with_the_prefix_are_left_alone():
+    cfg = load_config(environ={"FOCUS_WORK_POOL": "focus", "FOCUS_PROJECT_DIR": "/srv/focus"})
+    assert cfg == load_config(environ={})
+
+
+def test_text_fields_keep_text_from_variables_and_flags():
+    cfg = load_config(environ={"FOCUS_COLLECTION_ID": "123", "FOCUS_MODEL__POLICY_VERSION": "7"})
+    assert (cfg.collection_id, cfg.model.policy_version) == ("123", "7")
+    assert load_config(overrides={"collection_id": 2026}, environ={}).collection_id == "2026"
+    assert load_config(environ={"FOCUS_ENV__N_TASKS": "5"}).env.n_tasks == 5

@@ -1,6 +1,8 @@
 """Configs users can read: configs/*.toml name every field of FocusConfig (with a
-comment), load and run; the docs' reference names every field; ``focus config show``
-prints each effective value and its source; ``model.kind = "tinker"`` builds."""
+comment), load and run; the docs' reference names every field; each field's meaning is
+written once (tasks/config/reference.py) and the docs' table and the configs' comments
+are rendered from it; ``focus config show`` prints each effective value and its
+source; ``model.kind = "tinker"`` builds."""
 
 from __future__ import annotations
 
@@ -48,6 +50,17 @@ def test_every_field_is_in_the_configs_and_the_docs():
     named = set(re.findall(r"^\| `([\w.\[\]]+)` \|", docs, flags=re.M))
     assert fields - named == set(), "docs/pipeline.md's Configuration reference lacks these fields"
     assert named - fields - {"search.phases"} == set(), "the reference names fields that do not exist"
+
+
+def test_each_meaning_is_written_once_and_rendered_where_people_read_it(capsys):
+    from tasks.config import reference
+
+    documented = {p for p in reference.reference_paths() if not p.startswith(tuple(reference.SHARED))}
+    assert set(reference.MEANING) == documented, "tasks/config/reference.py's MEANING and the schema disagree"
+    for path in reference.reference_paths():
+        comment = reference.plain(reference.meaning(path))
+        assert not KEY.match("# " + comment), f"{path}: its comment would read as a TOML key"
+    assert reference.main(["--check"]) == 0, capsys.readouterr().out  # docs/pipeline.md and configs/*.toml
 
 
 def test_every_field_has_a_comment():

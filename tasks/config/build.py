@@ -1,0 +1,212 @@
+"""The objects a configuration describes: the policy client, the env and its tasks, the
+agent, the critic, the estimator, the collector.
+
+This is the one part of :mod:`tasks.config` with effects: it imports the factories a
+configuration names (``package.module:callable``) and may ask the model server for its
+vocabulary. A configuration is plain data and travels as it is; these are called where
+the objects are used (a Dask worker builds nothing: it receives a pickled agent).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from focus.backends.retry import HttpConfig
+from tasks.config.schema import ConfigError, FocusConfig, check_import_path
+
+if TYPE_CHECKING:
+    from focus.agent import Agent
+    from focus.env import Env, Task
+    from focus.format import PolicyFormat
+    from focus.policy import Policy
+
+
+def _cwd_on_path() -> None:
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
+def import_object(path: str) -> Any:
+    """The object named by ``package.module:attribute``; errors name the path.
+
+    The current directory is searched too (as ``python -m`` does), so a module in the
+    folder a command runs from works with the installed ``focus`` command as well.
+    """
+    check_import_path(path)
+    module_name, attr = path.split(":")
+    _cwd_on_path()
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"cannot import module {module_name!r} of {path!r}: {e}") from e
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise ConfigError(f"module {module_name!r} has no attribute {attr!r} (from {path!r})") from None
+    return obj
+
+
+def check_factories(config: FocusConfig) -> None:
+    """Import every factory the configuration names and bind its options to it, so a
+    missing module or a misspelt option fails before any server or cluster starts."""
+    sections: list[tuple[Any, dict[str, Any]]] = [
+        (config.model, {}),
+        (config.env, {"n_tasks": config.env.n_tasks, "seed": config.env.task_seed}),
+        (config.critic, {}),
+    ]
+    for section, fixed in sections:
+        if getattr(section, "kind", None) != "factory" or not section.factory:
+            continue
+        fn = import_object(section.factory)
+        name = f"{section._section}.factory {section.factory!r}"
+        if not callable(fn):
+            raise ConfigError(f"{name} is a {type(fn).__name__}, not a callable")
+        try:
+            inspect.signature(fn).bind(**fixed, **section.options)
+        except TypeError as e:
+            raise ConfigError(f"{name} cannot be called with {section._section}.options: {e}") from None
+        except ValueError:
+            pass  # no signature to check (a builtin)
+
+
+def build_policy(config: FocusConfig, url: str | None = None) -> Policy:
+    """The policy client; ``url`` overrides ``model.url`` (a server started for the run)."""
+    m = config.model
+    url = url or m.url
+    # the client may keep as many calls in flight as the execution runs rollouts
+    http = HttpConfig(**m.http.model_dump(), max_concurrency=config.execution.max_concurrency)
+    if m.kind == "factory":
+        policy = import_object(m.factory or "")(**m.options)
+    elif m.kind in ("local", "openai"):
+        from focus.backends import OpenAICompatPolicy
+
+        if url is None:
+            raise ConfigError("model.url is not set and no local model server was started")
+        policy = OpenAICompatPolicy(url, **({"model": m.model} if m.model else {}), config=http, **m.options)
+    elif m.kind == "sglang":
+        from focus.backends import SGLangPolicy
+
+        policy = SGLangPolicy(url, config=http, **m.options)
+    else:
+        from focus.backends import TinkerPolicy
+
+        # the sampling client is created on first use, where the policy samples
+        policy = TinkerPolicy(base_model=m.model, model_path=m.weights, **m.options)
+    if m.policy_version is not None:
+        policy.policy_version = m.policy_version
+    vocab = m.vocab_size or (served_vocab_size(url) if m.kind == "local" and url else None)
+    if vocab is not None:
+        policy.vocab_size = vocab
+    return policy
+
+
+def build_env(config: FocusConfig) -> tuple[Env, PolicyFormat, list[Task]]:
+    """The env, its policy format and the tasks of this collection."""
+    e = config.env
+    if e.kind == "factory":
+        made = import_object(e.factory or "")(n_tasks=e.n_tasks, seed=e.task_seed, **e.options)
+        try:
+            env, fmt, tasks = made
+        except (TypeError, ValueError):
+            raise ConfigError(f"env.factory {e.factory!r} must return (env, format, tasks)") from None
+        return env, fmt, list(tasks)
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    return ReachTarget(**e.options), toy_format(), list(reach_target_tasks(e.n_tasks, seed=e.task_seed))
+
+
+def build_agent(config: FocusConfig, policy: Policy) -> tuple[Agent, list[Task]]:
+    """The agent sampling from ``policy``, and the tasks of this collection."""
+    from focus.agent import Agent
+    from focus.branching import EveryDecision, SparseCheckpoints
+    from focus.context import AppendOnly, Segments
+
+    env, fmt, tasks = build_env(config)
+    if policy.vocab_size is None:  # no foreign ids in a batch: the codec's tokenizer knows the vocabulary
+        policy.vocab_size = vocab_size_for(fmt.codec, config.model.kind)
+    a = config.agent
+    agent = Agent(
+        policy,
+        env,
+        fmt,
+        context=Segments() if a.context == "segments" else AppendOnly(),
+        branch_points=EveryDecision() if a.branch_points == "every" else SparseCheckpoints(every=a.sparse_every),
+        max_steps=a.max_steps,
+        sampling=a.sampling,
+    )
+    return agent, tasks
+
+
+def build_critic(config: FocusConfig) -> Any:
+    """The critic that scores checkpoints (a saved local critic is loaded from its URL)."""
+    c = config.critic
+    from focus import critic as critics
+
+    if c.kind == "constant":
+        return critics.ConstantCritic(c.value)
+    if c.kind == "http":
+        return critics.HttpCritic(c.url or "", config=HttpConfig(**c.http.model_dump()), **c.options)
+    if c.kind == "local":
+        if c.weights:
+            return critics.LocalCritic.load(c.weights)
+        return critics.LocalCritic(**c.options)
+    return import_object(c.factory or "")(**c.options)
+
+
+def build_estimator(config: FocusConfig) -> Any:
+    from focus.estimation import DirectBranchTd
+
+    e = config.estimator
+    return DirectBranchTd(gamma=e.gamma, kappa=e.kappa, truncation=e.truncation)
+
+
+def build_collector(config: FocusConfig, agent: Agent, execution: Any = None) -> Any:
+    """The Collector for this config; ``execution`` defaults to in-process asyncio."""
+    from focus.collector import Collector
+    from focus.execution import Execution
+
+    return Collector(
+        agent,
+        search=config.priority(),
+        critic=build_critic(config),
+        estimator=build_estimator(config),
+        execution=execution
+        or Execution(
+            max_concurrency=config.execution.max_concurrency, max_outage_share=config.execution.max_outage_share
+        ),
+        collection_id=config.collection_id or "adhoc",
+        iteration=config.iteration,
+        seed=config.seed,
+    )
+
+
+def served_vocab_size(url: str) -> int | None:
+    """The ``vocab_size`` a model server reports on ``/v1/models`` (the embedded server
+    does), or ``None`` if it reports none or cannot be asked now."""
+    import httpx
+
+    root = url.rstrip("/").removesuffix("/v1")
+    try:
+        card = httpx.get(f"{root}/v1/models", timeout=5.0).json()["data"][0]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    value = card.get("vocab_size") if isinstance(card, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def vocab_size_for(codec: Any, kind: str) -> int:
+    """The vocabulary size of ``codec``'s tokenizer; :class:`ConfigError` if it has none."""
+    value = getattr(codec, "vocab_size", None)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise ConfigError(
+        f"model.vocab_size is required: the {kind!r} model service does not report its vocabulary and the "
+        f"env's codec {type(codec).__name__} has no vocab_size, so sampled ids could not be checked"
+    )

@@ -1,0 +1,513 @@
+"""The configuration's schema: what a collection (or train loop) may be told, and the
+rules a value must follow.
+
+:class:`FocusConfig` and its sections are frozen pydantic models: plain data that
+pickles and travels as a Prefect flow parameter. Nothing here reads a file, the
+environment or the network (:mod:`tasks.config.sources` loads, :mod:`tasks.config.build`
+builds the objects a configuration describes). Validation happens once, before any
+work: :func:`validate_config` turns pydantic's errors into one :class:`ConfigError`
+naming every bad field and why, with a "did you mean" for a misspelt one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import pathlib
+import re
+import typing
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from focus.backends.retry import RetryPolicy
+from focus.backends.tinker_backend import TinkerUpdateConfig
+from focus.policy import SamplingParams
+from focus.priority import Phase, Priority, Selective, Uniform
+from focus.train_local import UpdateConfig
+from tasks.config.options import check_options
+
+if TYPE_CHECKING:
+    from focus.agent import Agent
+    from focus.env import Env, Task
+    from focus.format import PolicyFormat
+    from focus.policy import Policy
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names each field and the reason."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def check_import_path(value: str | None) -> str | None:
+    """``value`` if it has the form ``package.module:name`` (or is ``None``), else ``ValueError``."""
+    if value is not None and (value.count(":") != 1 or not all(value.split(":"))):
+        raise ValueError(f"{value!r} is not an import path of the form 'package.module:name'")
+    return value
+
+
+def _check_http_url(name: str, url: str | None) -> None:
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise ValueError(f"{name} {url!r} must start with http:// or https://")
+
+
+class _Pluggable(_Model):
+    """A section whose ``kind="factory"`` names a callable by import path, given ``options``."""
+
+    _section: ClassVar[str]
+    factory: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("factory")
+    @classmethod
+    def _check_factory(cls, v: str | None) -> str | None:
+        return check_import_path(v)
+
+    @model_validator(mode="after")
+    def _needs_factory(self) -> _Pluggable:
+        if getattr(self, "kind", None) == "factory" and not self.factory:
+            raise ValueError(
+                f"{self._section}.factory (an import path) is required when {self._section}.kind is 'factory'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_place_for_http(self) -> _Pluggable:
+        """A section with an ``http`` client policy takes its timeouts there, not in ``options``."""
+        if "http" in type(self).model_fields and "config" in self.options:
+            where = self._section
+            raise ValueError(f"{where}.options.config is not accepted: set timeouts and retries in {where}.http")
+        return self
+
+
+class ModelConfig(_Pluggable):
+    """The policy's model service.
+
+    ``local`` with no ``url`` starts the embedded tiny model on loopback for the run;
+    ``factory`` names a callable returning a :class:`focus.policy.Policy` (called with
+    ``options`` as keyword arguments), for services FOCUS has no backend for. ``http``
+    holds the HTTP client's timeouts and retries (:class:`focus.backends.HttpConfig`)
+    for the ``local``, ``openai`` and ``sglang`` kinds; it says how patiently to talk to
+    the service, not what it computes, so it may change when a collection is resumed.
+    """
+
+    _section: ClassVar[str] = "model"
+    kind: Literal["local", "openai", "sglang", "tinker", "factory"] = "local"
+    url: str | None = None
+    #: The served model's name (OpenAI-compatible ``model`` field); for ``tinker`` the base model.
+    model: str | None = None
+    #: ``local``: the weights file the embedded server starts from; ``tinker``: a
+    #: ``tinker://`` sampler path to sample from instead of the base model.
+    weights: str | None = None
+    policy_version: str | None = None
+    #: Token ids the model knows: a sampled id outside [0, vocab_size) fails its rollout.
+    #: Unset, it is asked from the server (``local``) or taken from the env codec's
+    #: tokenizer; required where neither knows it (see :func:`tasks.config.build.vocab_size_for`).
+    vocab_size: int | None = Field(None, gt=0)
+    #: Timeouts, retries, deadline and hedging of the HTTP client (local, openai, sglang).
+    http: RetryPolicy = RetryPolicy()
+
+    @model_validator(mode="after")
+    def _needs(self) -> ModelConfig:
+        if self.kind in ("openai", "sglang") and not self.url:
+            raise ValueError(f"model.url is required when model.kind is {self.kind!r}")
+        if self.kind == "tinker" and not (self.model or self.weights):
+            raise ValueError("model.model (a base model) or model.weights (a tinker:// path) is required for tinker")
+        _check_http_url("model.url", self.url)
+        check_options(self)
+        return self
+
+
+class EnvConfig(_Pluggable):
+    """The task set: the embedded toy task, or a factory returning ``(env, format, tasks)``."""
+
+    _section: ClassVar[str] = "env"
+    kind: Literal["reach_target", "factory"] = "reach_target"
+    n_tasks: int = Field(8, gt=0)
+    task_seed: int = 0
+
+
+class AgentConfig(_Model):
+    max_steps: int = Field(6, ge=1)
+    context: Literal["segments", "append_only"] = "segments"
+    branch_points: Literal["every", "sparse"] = "every"
+    sparse_every: int = Field(2, ge=1)
+    #: Sampling of one model response; the same model the library uses, so its fields are documented once.
+    sampling: SamplingParams = SamplingParams(max_tokens=48)
+
+
+def _default_phases() -> list[Phase]:
+    return [Phase("evidence", rollouts_per_task=4), Phase("continue", transitions=200, wave_size=16, max_depth=8)]
+
+
+class SearchConfig(_Model):
+    """The search and its phases (:class:`focus.priority.Phase`, validated the same way).
+
+    The search ranks with the estimator's γ, truncation rule and critic weight (one of
+    each per collection): :meth:`FocusConfig.priority`.
+    """
+
+    kind: Literal["selective", "uniform"] = "selective"
+    phases: list[Phase] = Field(default_factory=_default_phases)
+    #: Waves planned and running at once (focus.priority.Priority.waves_in_flight): 2
+    #: keeps the model service busy while a wave's last rollouts finish, is checkpointed,
+    #: and the next one is planned (docs/pipeline.md, "Waves in flight").
+    waves_in_flight: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> SearchConfig:
+        self.priority()  # the search's own rules: evidence first, unique names
+        return self
+
+    def priority(self) -> Priority:
+        """The search alone; :meth:`FocusConfig.priority` adds the estimator's settings."""
+        cls = Selective if self.kind == "selective" else Uniform
+        return cls(phases=tuple(self.phases), waves_in_flight=self.waves_in_flight)
+
+
+class CriticConfig(_Pluggable):
+    _section: ClassVar[str] = "critic"
+    kind: Literal["constant", "http", "local", "factory"] = "constant"
+    value: float = 0.5
+    url: str | None = None
+    #: Timeouts, retries, deadline and hedging of the HTTP critic's client (kind http).
+    http: RetryPolicy = RetryPolicy()
+    #: ``local``: a saved ``LocalCritic`` (fsspec URL) to start from; the train loop
+    #: sets it to the critic each iteration trained.
+    weights: str | None = None
+
+    @model_validator(mode="after")
+    def _needs(self) -> CriticConfig:
+        if self.kind == "http" and not self.url:
+            raise ValueError("critic.url is required when critic.kind is 'http'")
+        _check_http_url("critic.url", self.url)
+        check_options(self)
+        return self
+
+
+class EstimatorConfig(_Model):
+    """DirectBranchTd's settings, which the search's ranking also uses (docs/algorithm.md)."""
+
+    #: Discount per task transition.
+    gamma: float = Field(1.0, gt=0.0, le=1.0)
+    #: Fixed critic weight (pseudo-counts); unset: fitted from the collection's residuals.
+    kappa: float | None = Field(None, ge=0.0)
+    #: A truncated leaf (max_steps) bootstraps from the critic, or counts as terminal.
+    truncation: Literal["bootstrap", "terminal"] = "bootstrap"
+
+
+class ExecutionConfig(_Model):
+    """Where rollouts run: in the task's process (``local``, the default) or on Dask (``dask``).
+
+    ``dask`` without an ``address`` starts a LocalCluster for the run; an ``address``
+    selects ``dask``. In-process is the default because the rollouts
+    wait on the model service, not on this process's CPU: on the embedded default it
+    finished the flow in 1.2-1.9 s against 2.3-3.0 s on a 2-worker LocalCluster, which
+    also took 1.5-2.5 s to start (docs/pipeline.md, "Start-up and wall time").
+    ``heartbeat_s`` is how often a running collection tells the Prefect server it is
+    alive (see ``deployments/watchdog.py``); it says nothing about the result.
+    """
+
+    kind: Literal["local", "dask"] = "local"
+    address: str | None = None
+    n_workers: int = Field(2, gt=0)
+    threads_per_worker: int = Field(1, gt=0)
+    processes: bool = True
+    max_concurrency: int = Field(64, gt=0)
+    shard_size: int = Field(16, gt=0)
+    heartbeat_s: float = Field(10.0, gt=0)
+    #: See focus.execution.Execution.max_outage_share.
+    max_outage_share: float = Field(0.1, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _address_means_dask(self) -> ExecutionConfig:
+        """A scheduler address is only used by Dask: giving one selects it."""
+        return self.model_copy(update={"kind": "dask"}) if self.address and self.kind != "dask" else self
+
+
+class StorageConfig(_Model):
+    """Object storage root (any fsspec URL); a bare path means a local folder."""
+
+    root: str = "runs"
+
+    @field_validator("root")
+    @classmethod
+    def _root(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("storage.root must not be empty")
+        if "://" not in v:
+            if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", v):  # "s3:/bucket": a URL missing a slash
+                raise ValueError(f"{v!r} is not a valid URL: write the protocol as 'scheme://...'")
+            return "file://" + str(pathlib.Path(v).expanduser().resolve())
+        from fsspec import get_filesystem_class
+
+        protocol = v.partition("://")[0]
+        try:
+            get_filesystem_class(protocol)
+        except ValueError:
+            raise ValueError(f"unknown storage protocol {protocol!r} in {v!r}") from None
+        except ImportError as e:
+            raise ValueError(f"storage protocol {protocol!r} needs a package that is missing: {e}") from None
+        return v
+
+
+#: Trainers shipped with FOCUS, by the short name ``train.trainer`` accepts.
+BUILTIN_TRAINERS = {"local": "tasks.trainers:local_trainer", "tinker": "tasks.trainers:tinker_trainer"}
+
+
+class TrainConfig(_Model):
+    """The train loop (``focus train``): collect -> train -> publish weights -> collect.
+
+    ``trainer`` is ``local`` (the embedded model, :mod:`focus.train_local`, tuned by
+    ``local``), ``tinker`` (LoRA on Tinker, tuned by ``tinker``; a dry run without
+    ``TINKER_API_KEY``) or the import path ``package.module:function`` of your own
+    trainer step (:mod:`tasks.trainers` says what it is given and returns; the current
+    directory is on the import path). Iteration ``i`` collects ``env.n_tasks`` fresh
+    tasks: its seed and task seed are derived from ``seed``, ``env.task_seed`` and ``i``.
+    """
+
+    #: Collect/train rounds.
+    iterations: int = Field(2, gt=0)
+    #: ``local``, ``tinker`` or ``package.module:function``.
+    trainer: str = "local"
+    #: Keyword options of a trainer named by import path.
+    options: dict[str, Any] = Field(default_factory=dict)
+    #: Hyper-parameters of the local trainer (``focus.train_local.UpdateConfig``).
+    local: UpdateConfig = UpdateConfig()
+    #: Settings of the Tinker trainer (``focus.backends.tinker_backend.TinkerUpdateConfig``).
+    tinker: TinkerUpdateConfig = TinkerUpdateConfig()
+    #: Held-out tasks evaluated (one plain rollout each) before training and after each
+    #: iteration; 0 turns evaluation off.
+    eval_tasks: int = Field(0, ge=0)
+
+    @field_validator("trainer")
+    @classmethod
+    def _check_trainer(cls, v: str) -> str:
+        if v in BUILTIN_TRAINERS:
+            return v
+        if check_import_path(v) is None:
+            raise ValueError("train.trainer must be 'local', 'tinker' or an import path")
+        return v
+
+    def trainer_path(self) -> str:
+        """The import path of the trainer step."""
+        return BUILTIN_TRAINERS.get(self.trainer, self.trainer)
+
+
+class FocusConfig(_Model):
+    """Everything one collection (or train loop) needs; pickles and travels as a flow parameter.
+
+    ``collection_id`` names the collection in storage: running again with the same id
+    resumes it. Left empty, a flow derives it from its flow run id, so a retry of the
+    same flow run resumes too.
+
+    The ``build_*`` methods make the objects the configuration describes; they live in
+    :mod:`tasks.config.build` (the one place that imports factories and asks a server).
+    """
+
+    collection_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    iteration: int = Field(0, ge=0)
+    seed: int = 0
+    model: ModelConfig = ModelConfig()
+    env: EnvConfig = EnvConfig()
+    agent: AgentConfig = AgentConfig()
+    search: SearchConfig = SearchConfig()
+    critic: CriticConfig = CriticConfig()
+    estimator: EstimatorConfig = EstimatorConfig()
+    execution: ExecutionConfig = ExecutionConfig()
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    train: TrainConfig = TrainConfig()
+    progress: bool = True
+
+    def with_updates(self, **updates: Any) -> FocusConfig:
+        """A validated copy with dotted-key updates (``{"model.url": ...}``)."""
+        data = self.model_dump()
+        for key, value in updates.items():
+            set_dotted(data, key, value)
+        return validate_config(data)
+
+    def build_policy(self, url: str | None = None) -> Policy:
+        """The policy client; ``url`` overrides ``model.url`` (a server started for the run)."""
+        from tasks.config.build import build_policy
+
+        return build_policy(self, url)
+
+    def build_env(self) -> tuple[Env, PolicyFormat, list[Task]]:
+        """The env, its policy format and the tasks of this collection."""
+        from tasks.config.build import build_env
+
+        return build_env(self)
+
+    def build_agent(self, policy: Policy) -> tuple[Agent, list[Task]]:
+        """The agent sampling from ``policy``, and the tasks of this collection."""
+        from tasks.config.build import build_agent
+
+        return build_agent(self, policy)
+
+    def build_critic(self) -> Any:
+        from tasks.config.build import build_critic
+
+        return build_critic(self)
+
+    def build_estimator(self) -> Any:
+        from tasks.config.build import build_estimator
+
+        return build_estimator(self)
+
+    def build_collector(self, agent: Agent, execution: Any = None) -> Any:
+        """The Collector for this config; ``execution`` defaults to in-process asyncio."""
+        from tasks.config.build import build_collector
+
+        return build_collector(self, agent, execution)
+
+    def priority(self) -> Priority:
+        """The search as the collector runs it: the estimator's γ, truncation rule and
+        critic weight filled in (what replaying stored waves must plan with, too)."""
+        return self.search.priority().resolved(self.build_estimator())
+
+
+# ---- dotted names: how files, variables, --set and the docs address a field ----
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``data[a][b]...`` for ``key = "a.b..."``; a digit part indexes a list
+    (``search.phases.1.transitions``), growing it with empty tables as needed."""
+    parts = key.split(".")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        nxt = parts[i + 1]
+        if isinstance(node, list):
+            idx = _index(part, key)
+            while len(node) <= idx:
+                node.append({})
+            node = node[idx]
+            continue
+        if part not in node or node[part] is None:
+            node[part] = [] if nxt.isdigit() else {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        idx = _index(last, key)
+        while len(node) <= idx:
+            node.append({})
+        node[idx] = value
+    else:
+        node[last] = value
+
+
+def _index(part: str, key: str) -> int:
+    if not part.isdigit():
+        raise ConfigError(f"invalid configuration key {key!r}: {part!r} must be a list index")
+    return int(part)
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _list_item_model(annotation: Any) -> type[BaseModel] | None:
+    args = typing.get_args(annotation)
+    return _model_of(args[0]) if typing.get_origin(annotation) is list and args else None
+
+
+def field_paths(cls: type[BaseModel] = FocusConfig, prefix: str = "", *, into_lists: bool = False) -> list[str]:
+    """Dotted names of every leaf field of ``cls``: nested models are walked, other
+    values (lists, mappings, scalars) are leaves. With ``into_lists``, a list of models
+    (``search.phases``) is walked too, as ``search.phases[].name``."""
+    out: list[str] = []
+    for name, info in cls.model_fields.items():
+        key = f"{prefix}{name}"
+        if (sub := _model_of(info.annotation)) is not None:
+            out += field_paths(sub, key + ".", into_lists=into_lists)
+        elif into_lists and (item := _list_item_model(info.annotation)) is not None:
+            out += field_paths(item, key + "[].", into_lists=True)
+        else:
+            out.append(key)
+    return out
+
+
+def field_annotation(key: str, cls: type[BaseModel] = FocusConfig) -> Any:
+    """The type annotation of the field a dotted ``key`` names (list indices step into a
+    list of models), or ``None`` when no field has that name."""
+    node: type[BaseModel] | None = cls
+    annotation: Any = None
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if node is None:
+            return None
+        if part.isdigit() and i > 0 and (item := _list_item_model(annotation)) is not None:
+            node, annotation = item, item
+            continue
+        info = node.model_fields.get(part)
+        if info is None:
+            return None
+        annotation = info.annotation
+        node = _model_of(annotation) or (None if _list_item_model(annotation) is None else node)
+    return annotation
+
+
+def _siblings(parent: str, cls: type[BaseModel]) -> list[str]:
+    """Field names inside the dotted ``parent`` ("" for the top)."""
+    if not parent:
+        return list(cls.model_fields)
+    annotation = field_annotation(parent, cls)
+    sub = _model_of(annotation) or _list_item_model(annotation)
+    return list(sub.model_fields) if sub is not None else []
+
+
+def suggest_field(key: str, cls: type[BaseModel] = FocusConfig) -> str | None:
+    """The field a misspelt dotted ``key`` most likely meant: a close name beside it
+    (after correcting a misspelt section: ``modle.url`` is ``model.url``), else a field
+    elsewhere with the same last name (``url`` at the top: ``model.url``)."""
+    parent, _, name = key.rpartition(".")
+    if parent and field_annotation(parent, cls) is None:
+        fixed = suggest_field(parent, cls)
+        parent = fixed if fixed is not None and field_annotation(fixed, cls) is not None else parent
+    if name.isdigit() and _list_item_model(field_annotation(parent, cls)) is not None:
+        return f"{parent}.{name}"  # an index into a list of tables
+    siblings = _siblings(parent, cls)
+    close = [name] if name in siblings else difflib.get_close_matches(name, siblings, n=1, cutoff=0.6)
+    if close:
+        return f"{parent}.{close[0]}" if parent else close[0]
+    leaves = [p.replace("[]", "") for p in field_paths(cls, into_lists=True)]
+    paths = sorted({".".join(p.split(".")[:n]) for p in leaves for n in range(1, p.count(".") + 2)})
+    same = [p for p in paths if p.rsplit(".", 1)[-1] == name]
+    if same:
+        return " or ".join(same[:3])
+    close = difflib.get_close_matches(key, paths, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def problems_of(error: ValidationError) -> list[tuple[str, str, str | None]]:
+    """``(dotted location, reason, field it likely meant)`` per error of a validation;
+    the last is set for an unknown field only."""
+    out = []
+    for err in error.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            out.append((loc, "unknown field", suggest_field(loc)))
+        else:
+            out.append((loc, err["msg"].removeprefix("Value error, "), None))
+    return out
+
+
+def config_error(lines: list[str], source: str = "") -> ConfigError:
+    """One :class:`ConfigError` for every bad field (a line each, two-space indented):
+    on one line when there is one."""
+    where = f" ({source})" if source else ""
+    if len(lines) == 1:
+        return ConfigError(f"invalid configuration{where}: {lines[0].strip()}")
+    return ConfigError(f"invalid configuration{where}:\n" + "\n".join(lines))
+
+
+def validate_config(data: Mapping[str, Any], source: str = "") -> FocusConfig:
+    """A :class:`FocusConfig`, or one :class:`ConfigError` naming every bad field
+    (``source``: where the values came from)."""
+    try:
+        return FocusConfig.model_validate(dict(data))
+    except ValidationError as e:
+        lines = [f"  {loc}: {why}" + (f" (did you mean {hint}?)" if hint else "") for loc, why, hint in problems_of(e)]
+        raise config_error(lines, source) from None

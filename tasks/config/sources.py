@@ -1,0 +1,262 @@
+"""Where a configuration's values come from, and which source set each one.
+
+Sources, later ones win: the defaults, a TOML or YAML file, ``FOCUS_``-prefixed
+environment variables (``FOCUS_MODEL__URL=http://...``: nested fields joined by
+``__``, list entries by their index, values parsed as JSON unless the field is text),
+then explicit overrides (CLI flags, ``--set`` dotted keys such as
+``search.phases.1.transitions``). Each source is a :class:`Layer`; the same layers give
+the configuration (:func:`load_config`), the source of every value (:func:`explain_config`,
+``focus config show``) and the source named beside each invalid value in the error.
+
+A flow run's configuration is layered the same way where it runs
+(:func:`config_at_runtime`): the worker's ``FOCUS_*`` variables, then the fields the
+run's ``config`` parameter sets.
+
+pydantic-settings does environment loading with a nested delimiter, but not what the
+pipeline needs around it: list indices in names, the variable or ``--set`` named beside
+each bad value, a field's source for ``focus config show``, variables of other tools
+sharing the prefix; and a settings model reads the environment whenever one is built,
+which a configuration that travels to other processes as a flow parameter must not do.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import pathlib
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from tasks.config.schema import (
+    ConfigError,
+    FocusConfig,
+    config_error,
+    field_annotation,
+    field_paths,
+    problems_of,
+    set_dotted,
+    suggest_field,
+)
+
+ENV_PREFIX = "FOCUS_"
+
+
+@dataclass(frozen=True)
+class Layer:
+    """The values one source gives: a mapping merged table by table (``data``: a file,
+    the fields a run's parameter sets) or one dotted key (a ``FOCUS_*`` variable, a
+    ``--set``)."""
+
+    source: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+    key: str | None = None
+    value: Any = None
+
+    def apply(self, data: dict[str, Any]) -> dict[str, Any]:
+        if self.key is None:
+            return merge(data, self.data)
+        set_dotted(data, self.key, self.value)
+        return data
+
+    def keys(self) -> list[str]:
+        """Dotted names this layer sets (a list value counts as one)."""
+        return [self.key] if self.key is not None else _set_keys(self.data)
+
+
+def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The mapping in a TOML or YAML file; errors name the file."""
+    p = pathlib.Path(path)
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {str(p)!r}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {str(p)!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+            "save it as UTF-8"
+        ) from None
+    try:
+        if p.suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"config file {str(p)!r} must end in .toml, .yaml or .yml")
+    except (tomllib.TOMLDecodeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"config file {str(p)!r} is not valid {p.suffix[1:].upper()}: {e}") from e
+    except Exception as e:  # yaml.YAMLError without importing yaml at module level
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
+    return data
+
+
+def merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``: mappings merge key by key, anything else (lists too) replaces."""
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _set_keys(data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        out += _set_keys(v, key + ".") if isinstance(v, Mapping) and v else [key]
+    return out
+
+
+def env_name(key: str) -> str:
+    """The ``FOCUS_*`` variable that sets the dotted ``key``."""
+    return ENV_PREFIX + key.upper().replace(".", "__")
+
+
+def _wants_text(key: str) -> bool:
+    """Whether the field ``key`` names takes free text (so ``"123"`` stays a string)."""
+    annotation = field_annotation(key)
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    return str in (typing.get_args(annotation) if union else (annotation,))
+
+
+def _env_value(key: str, text: str) -> Any:
+    if _wants_text(key):
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def env_layers(environ: Mapping[str, str]) -> tuple[list[Layer], list[str]]:
+    """One layer per ``FOCUS_*`` variable that names a field, and a line for each that
+    looks meant to and names none.
+
+    A variable whose first part names no field belongs to another tool
+    (``FOCUS_WORK_POOL`` and ``FOCUS_PROJECT_DIR`` of ``deployments/prefect.yaml``) and
+    is skipped, unless it nests (``__``), is close to a field's name or is the name of
+    a nested field (``FOCUS_URL``): those are errors with the field it likely meant.
+    """
+    fields = list(FocusConfig.model_fields)
+    leaves = {p.rsplit(".", 1)[-1] for p in field_paths()}
+    layers, problems = [], []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or len(name) == len(ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+        top = key.split(".", 1)[0]
+        if top in fields:
+            layers.append(Layer(name, key=key, value=_env_value(key, environ[name])))
+            continue
+        if "." in key or top in leaves or difflib.get_close_matches(top, fields, n=1, cutoff=0.8):
+            problems.append(_line(key, "unknown field", name, suggest_field(key)))
+    return layers, problems
+
+
+def _line(key: str, why: str, source: str | None, hint: str | None = None) -> str:
+    """One problem: the field, the reason, where the value came from and (for an unknown
+    field) what it likely meant, as a variable when it came from one."""
+    if hint and source and source.startswith(ENV_PREFIX):
+        hint = " or ".join(env_name(h) for h in hint.split(" or "))
+    notes = [f"from {source}"] if source else []
+    notes += [f"did you mean {hint}?"] if hint else []
+    return f"  {key}: {why}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _override_value(key: str, value: Any) -> Any:
+    # --set collection_id=123 arrives as the number 123 (values are JSON); the field is text
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) and _wants_text(key) else value
+
+
+def override_layers(overrides: Mapping[str, Any] | None) -> list[Layer]:
+    return [Layer(f"--set {k}", key=k, value=_override_value(k, v)) for k, v in (overrides or {}).items()]
+
+
+def source_of(key: str, layers: list[Layer]) -> str | None:
+    """The source that set dotted ``key`` (or a field inside or around it) last."""
+    found = None
+    for layer in layers:
+        if any(k == key or k.startswith(key + ".") or key.startswith(k + ".") for k in layer.keys()):
+            found = layer.source
+    return found
+
+
+def build_config(layers: list[Layer], problems: list[str] | None = None) -> FocusConfig:
+    """The defaults with each layer applied in turn, validated; a :class:`ConfigError`
+    names every bad value (and each unknown field's likely meaning) and its source."""
+    data = FocusConfig.model_construct().model_dump()
+    for layer in layers:
+        data = layer.apply(data)
+    lines = list(problems or [])
+    try:
+        config = FocusConfig.model_validate(data)
+    except ValidationError as e:
+        lines += [_line(loc, why, source_of(loc, layers), hint) for loc, why, hint in problems_of(e)]
+    if lines:
+        raise config_error(lines)
+    return config
+
+
+def file_layers(path: str | os.PathLike[str] | None) -> list[Layer]:
+    return [Layer(str(path), read_file(path))] if path is not None else []
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> FocusConfig:
+    """File, then ``FOCUS_*`` environment variables, then ``overrides`` (dotted keys)."""
+    env, problems = env_layers(os.environ if environ is None else environ)
+    return build_config(file_layers(path) + env + override_layers(overrides), problems)
+
+
+def config_at_runtime(config: FocusConfig | None, environ: Mapping[str, str] | None = None) -> FocusConfig:
+    """The configuration a flow run uses: the defaults, then the ``FOCUS_*`` variables of
+    the process running it, then the fields its ``config`` parameter sets.
+
+    A deployment stores only the fields its configuration files name, and a Custom run
+    from the UI sends only the fields the operator edited (:mod:`tasks.config.form`);
+    pydantic remembers which fields a parameter set. So a worker's or a ``focus
+    deploy`` process's ``FOCUS_*`` variables - where the model service and the store
+    are, say - fill in the rest at run time, the same way on both paths, and what a
+    run's parameters say explicitly wins. A config built by :func:`load_config` sets
+    every field, so a CLI run is unchanged.
+    """
+    env, problems = env_layers(os.environ if environ is None else environ)
+    if not env and not problems:
+        return config if config is not None else FocusConfig()
+    explicit = config.model_dump(mode="json", exclude_unset=True) if config is not None else {}
+    return build_config(env + [Layer("the run's config parameter", explicit)], problems)
+
+
+def explain_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[FocusConfig, list[tuple[str, Any, str]]]:
+    """The effective configuration (as :func:`load_config` builds it) and, per leaf
+    field, ``(dotted name, value, source)``: ``default``, the file, the environment
+    variable or ``--set`` that set it last."""
+    env, problems = env_layers(os.environ if environ is None else environ)
+    layers = file_layers(path) + env + override_layers(overrides)
+    config = build_config(layers, problems)
+    data = config.model_dump(mode="json")
+    rows = []
+    for leaf in field_paths():
+        value: Any = data
+        for part in leaf.split("."):
+            value = value[part]
+        rows.append((leaf, value, source_of(leaf, layers) or "default"))
+    return config, rows
