@@ -2,7 +2,11 @@
 
 Routes run on the asyncio loop; the engine runs on its own thread. :func:`run` submits
 engine requests and yields their events on the loop (each token for streaming
-requests, then the result); leaving early (a client that disconnected) cancels them.
+requests, then the result); leaving early cancels them. A client that disconnects
+aborts its requests at the engine's next step, as vLLM and SGLang abort theirs: a
+stream notices when its next chunk cannot be sent, a non-streamed request because
+:func:`results` watches the connection while it waits (a client's timed-out attempt or
+a hedged copy that lost must not keep the engine decoding).
 Bodies are parsed with the protocol models; any failure is answered in vLLM's error
 layout (``{"error": {"message", "type", "param", "code"}}``). Routes are plain Starlette
 (:class:`Routes`): fastapi's import alone took 0.15 s of the server's start, on the
@@ -132,12 +136,39 @@ async def run(engine: Engine, requests: Sequence[GenRequest], *, stream: bool = 
             h.cancel()
 
 
-async def results(engine: Engine, requests: Sequence[GenRequest]) -> list[GenResult]:
-    out: list[GenResult | None] = [None] * len(requests)
-    async for i, ev in run(engine, requests):
-        if isinstance(ev, GenResult):
-            out[i] = ev
-    return [r for r in out if r is not None]
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready (its requests are aborted)."""
+
+
+async def results(engine: Engine, requests: Sequence[GenRequest], request: Request) -> list[GenResult]:
+    """The results of ``requests``; :class:`ClientGone` as soon as ``request``'s client
+    disconnects (leaving :func:`run` early aborts the requests)."""
+
+    async def collect() -> list[GenResult]:
+        out: list[GenResult | None] = [None] * len(requests)
+        async for i, ev in run(engine, requests):
+            if isinstance(ev, GenResult):
+                out[i] = ev
+        return [r for r in out if r is not None]
+
+    work = asyncio.ensure_future(collect())
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            return work.result()
+        raise ClientGone
+    finally:
+        for task in (work, gone):
+            task.cancel()
+        await asyncio.gather(work, gone, return_exceptions=True)
+
+
+async def _disconnect(request: Request) -> None:
+    """Return when the client goes away. The body has been read, so the next ASGI message
+    is ``http.disconnect`` (the server sends it when the connection closes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def token_str(t: int, as_id: bool = False) -> str:
@@ -166,6 +197,53 @@ def token_text(ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     return "".join(out)
 
 
+class TextStream:
+    """The text of one streamed answer, sent as it grows: complete UTF-8 characters only,
+    and, as vLLM's detokenizer does, holding back the last ``max(len(stop)) - 1``
+    characters (none when the stop string stays in the answer), which could still begin a
+    stop string. The token that matches a stop string ends the request and is never
+    pushed (:class:`~focus.tinylm.engine.TokenEvent`), so what was sent is always a prefix
+    of the final, trimmed text and the deltas add up to it."""
+
+    def __init__(self, stops: Sequence[str], skip_special_tokens: bool, include_stop: bool) -> None:
+        self.skip_special_tokens, self.include_stop = skip_special_tokens, include_stop
+        self.ids: list[int] = []
+        self.data = bytearray()  # the byte tokens (special tokens have no bytes)
+        self.sent = ""
+        self.hold = 0 if include_stop else max((len(s) for s in stops), default=1) - 1
+
+    def push(self, tok: int) -> str:
+        """The text that token ``tok`` makes safe to send."""
+        self.ids.append(tok)
+        if 0 <= tok < 256:
+            self.data.append(tok)
+        if self.skip_special_tokens:
+            text = self.data.decode("utf-8", errors="replace")
+        else:
+            text = token_text(self.ids, False)
+        if (self.skip_special_tokens or 0 <= tok < 256) and _incomplete_utf8(bytes(self.data[-4:])):
+            text = text[:-1]  # a partial character decodes as one replacement char
+        text = text[: max(len(self.sent), len(text) - self.hold)]
+        delta, self.sent = text[len(self.sent) :], max(text, self.sent, key=len)
+        return delta
+
+    def finish(self, res: GenResult) -> str:
+        """The rest of the final text (the answer's, stop string trimmed)."""
+        text = trim_stop(token_text(res.token_ids, self.skip_special_tokens), res, self.include_stop)
+        delta = text[len(self.sent) :] if text.startswith(self.sent) else ""
+        self.sent = text
+        return delta
+
+
+def _incomplete_utf8(data: bytes) -> bool:
+    for k in range(1, min(4, len(data)) + 1):
+        b = data[-k]
+        if b & 0xC0 != 0x80:  # a lead byte (or ASCII)
+            need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+            return need > k
+    return False
+
+
 def finite(x: float) -> float:
     """-inf (a token outside the truncation set) as vLLM writes it: -9999.0."""
     return max(x, -9999.0)
@@ -191,7 +269,9 @@ def engine_error(e: EngineError) -> RequestError:
 
 __all__ = [
     "MODEL_NAME",
+    "ClientGone",
     "ServerState",
+    "TextStream",
     "TokenEvent",
     "error_response",
     "finite",
