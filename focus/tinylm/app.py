@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from focus.tinylm import routes_openai, routes_sglang
@@ -67,6 +67,7 @@ def create_app(engine: Engine, *, model_name: str = MODEL_NAME) -> Starlette:
             EngineError: _engine_error,
             HTTPException: _http,
             ClientGone: _gone,
+            ClientDisconnect: _gone,
             Exception: _internal,
         },
     )

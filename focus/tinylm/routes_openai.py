@@ -105,7 +105,7 @@ def router(state: ServerState) -> list[Route]:
             engine.check(g)
         if req.stream:
             return _sse(_stream_completion(state, req, gen))
-        res = await results(engine, gen, request)
+        res = await results(state, gen, request)
         choices = [_completion_choice(req, i, g, rr) for i, (g, rr) in enumerate(zip(gen, res, strict=True))]
         out = CompletionResponse(model=state.model_name, choices=choices, usage=_usage(gen[::n], res, n)).model_dump()
         out["policy_version"] = res[0].policy_version
@@ -128,7 +128,7 @@ def router(state: ServerState) -> list[Route]:
             engine.check(g)
         if req.stream:
             return _sse(_stream_chat(state, req, gen))
-        res = await results(engine, gen, request)
+        res = await results(state, gen, request)
         prefix = req.messages[-1].text() if req.echo and req.messages[-1].role == "assistant" else ""
         choices = []
         for i, rr in enumerate(res):
@@ -333,6 +333,17 @@ def _data(obj: Any) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
+def _chunks(head: dict[str, Any]) -> Any:
+    """``chunk(choice, version)``: the event of one choice under ``head``, whose JSON is
+    written once per stream rather than once per token."""
+    pre = f'data: {json.dumps(head, separators=(",", ":"))[:-1]},"choices":['
+
+    def chunk(choice: dict[str, Any], version: str) -> str:
+        return f'{pre}{json.dumps(choice, separators=(",", ":"))}],"policy_version":{json.dumps(version)}}}\n\n'
+
+    return chunk
+
+
 Toks = list[tuple[int, float, Sequence[tuple[int, float]]]]
 
 
@@ -356,6 +367,7 @@ async def _stream_completion(state: ServerState, req: CompletionRequest, gen: li
     started = [False] * len(gen)
     done: list[GenResult | None] = [None] * len(gen)
     as_ids = bool(req.return_tokens_as_token_ids)
+    chunk = _chunks(head)
 
     def emit(i: int, toks: Toks, text: str, version: str, finish: str | None = None, stop: Any = None) -> str:
         prompt_ids = None
@@ -385,10 +397,10 @@ async def _stream_completion(state: ServerState, req: CompletionRequest, gen: li
             "prompt_token_ids": prompt_ids,
             "token_ids": [t for t, _, _ in toks] if req.return_token_ids else None,
         }
-        return _data({**head, "choices": [choice], "policy_version": version})
+        return chunk(choice, version)
 
     try:
-        async for i, ev in run(state.engine, gen, stream=True):
+        async for i, ev in run(state, gen, stream=True):
             if isinstance(ev, TokenEvent):
                 d = ev.draw
                 sent[i] += 1
@@ -419,6 +431,7 @@ async def _stream_chat(state: ServerState, req: ChatCompletionRequest, gen: list
     sent = [0] * len(gen)
     started = [False] * len(gen)
     done: list[GenResult | None] = [None] * len(gen)
+    chunk = _chunks(head)
 
     def choice(i: int, delta: dict[str, Any], toks: Toks, finish: str | None = None, stop: Any = None) -> Any:
         lp = {"content": [_chat_entry(t, v, top, req).model_dump() for t, v, top in toks]} if req.logprobs else None
@@ -438,10 +451,10 @@ async def _stream_chat(state: ServerState, req: ChatCompletionRequest, gen: list
             if req.return_token_ids:
                 first["prompt_token_ids"] = list(gen[i].prompt_ids)
             yield _data({**first, "policy_version": version})
-        yield _data({**head, "choices": [body], "policy_version": version})
+        yield chunk(body, version)
 
     try:
-        async for i, ev in run(state.engine, gen, stream=True):
+        async for i, ev in run(state, gen, stream=True):
             if isinstance(ev, TokenEvent):
                 d = ev.draw
                 sent[i] += 1

@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from focus.tinylm.engine import Engine, GenRequest, GenResult, TokenEvent
+from focus.tinylm.engine import GenRequest, GenResult, TokenEvent
 from focus.tinylm.protocol import RequestError
 from focus.tinylm.serving import (
     Routes,
@@ -84,8 +84,8 @@ def router(state: ServerState) -> list[Route]:
                 engine.check(g)
                 jobs.append(Job(g, sp, opts, _rid(req.rid, i, j, sp.n)))
         if req.stream:
-            return StreamingResponse(_stream(engine, req, jobs), media_type="text/event-stream")
-        res = await results(engine, [job.gen for job in jobs], request)
+            return StreamingResponse(_stream(state, req, jobs), media_type="text/event-stream")
+        res = await results(state, [job.gen for job in jobs], request)
         out = [_response(job, rr, req.return_text_in_logprobs) for job, rr in zip(jobs, res, strict=True)]
         return out if batch or len(out) > 1 else out[0]
 
@@ -227,14 +227,14 @@ def _drop_unasked(meta: dict[str, Any]) -> None:
 _LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs", "input_token_logprobs", "input_top_logprobs")
 
 
-async def _stream(engine: Engine, req: GenerateReqInput, jobs: Sequence[Job]) -> AsyncIterator[str]:
+async def _stream(state: ServerState, req: GenerateReqInput, jobs: Sequence[Job]) -> AsyncIterator[str]:
     """SGLang's stream: each chunk carries the running ``text`` (held back as a vLLM stream
     holds it, so it only grows into the final text), all ``output_ids`` so far and
     ``meta_info`` with the request's id and the version of the weights sampling it."""
     texts = [TextStream(job.sp.stops(), job.sp.skip_special_tokens, job.sp.no_stop_trim) for job in jobs]
     lps: list[list[float]] = [[] for _ in jobs]
     try:
-        async for i, ev in run(engine, [job.gen for job in jobs], stream=True):
+        async for i, ev in run(state, [job.gen for job in jobs], stream=True):
             job, text = jobs[i], texts[i]
             if isinstance(ev, TokenEvent):
                 text.push(ev.draw.token)
