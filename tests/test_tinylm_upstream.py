@@ -108,6 +108,23 @@ def test_non_streamed_requests_stop_decoding_when_their_client_disconnects(local
     assert samples(url)["vllm:generation_tokens_total"] == after["vllm:generation_tokens_total"]
 
 
+def test_a_hang_up_passes_through_the_fault_proxy(local_model_server, fault_proxy):
+    """The load benchmark's proxy stands for the network: a client's hang-up closes the
+    forwarded request too, so the server aborts what nobody waits for (a hedge that
+    lost, an attempt that timed out)."""
+    url = local_model_server.url
+    before = samples(url)
+    sock = _open(fault_proxy.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": LONG, "ignore_eos": True})
+    try:
+        assert _wait(url, lambda m: m["vllm:num_requests_running"] == 1)["vllm:num_requests_running"] == 1
+    finally:
+        sock.close()
+    after = _wait(url, lambda m: m["vllm:num_requests_running"] == 0)
+    assert after["vllm:num_requests_running"] == 0
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < LONG
+    assert after["vllm:request_success_total:abort"] - before.get("vllm:request_success_total:abort", 0.0) == 1
+
+
 # --- stop strings in streams -------------------------------------------------------------------
 
 

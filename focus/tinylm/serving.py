@@ -19,7 +19,7 @@ import asyncio
 import json
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -55,14 +55,14 @@ class Inbox:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._items: deque[tuple[asyncio.Queue[Any], Any]] = deque()
+        self._items: deque[tuple[Callable[[Any], None], Any]] = deque()
         self._lock = threading.Lock()
         self._scheduled = False
 
-    def put(self, queue: asyncio.Queue[Any], item: Any) -> None:
-        """From any thread: ``queue.put_nowait(item)`` on the loop."""
+    def call(self, fn: Callable[[Any], None], item: Any) -> None:
+        """From any thread: ``fn(item)`` on the loop."""
         with self._lock:
-            self._items.append((queue, item))
+            self._items.append((fn, item))
             if self._scheduled:
                 return
             self._scheduled = True
@@ -71,8 +71,8 @@ class Inbox:
     def _drain(self) -> None:
         with self._lock:
             items, self._items, self._scheduled = self._items, deque(), False
-        for queue, item in items:
-            queue.put_nowait(item)
+        for fn, item in items:
+            fn(item)
 
 
 @dataclass
@@ -157,7 +157,7 @@ async def run(state: ServerState, requests: Sequence[GenRequest], *, stream: boo
     handles: list[Handle] = []
 
     def sink(i: int) -> Any:
-        return lambda ev: inbox.put(queue, (i, ev))
+        return lambda ev: inbox.call(queue.put_nowait, (i, ev))
 
     try:
         for i, req in enumerate(requests):
@@ -181,23 +181,38 @@ class ClientGone(Exception):
 
 async def results(state: ServerState, requests: Sequence[GenRequest], request: Request) -> list[GenResult]:
     """The results of ``requests``; :class:`ClientGone` as soon as ``request``'s client
-    disconnects (leaving :func:`run` early aborts the requests)."""
+    disconnects, its requests cancelled right there (the engine drops them before its
+    next step)."""
+    inbox, engine, loop = state.inbox(), state.engine, asyncio.get_running_loop()
+    answers: list[asyncio.Future[GenResult]] = [loop.create_future() for _ in requests]
 
-    async def collect() -> list[GenResult]:
-        out: list[GenResult | None] = [None] * len(requests)
-        async for i, ev in run(state, requests):
-            if isinstance(ev, GenResult):
-                out[i] = ev
-        return [r for r in out if r is not None]
+    def deliver(item: tuple[asyncio.Future[GenResult], Any]) -> None:
+        future, ev = item
+        if future.done():
+            return
+        if isinstance(ev, Exception):
+            future.set_exception(ev)
+        elif isinstance(ev, GenResult):
+            future.set_result(ev)
 
-    work = asyncio.ensure_future(collect())
+    def sink(future: asyncio.Future[GenResult]) -> Any:
+        return lambda ev: inbox.call(deliver, (future, ev))
+
+    handles: list[Handle] = []
     gone = asyncio.ensure_future(_disconnect(request))
+    work = asyncio.gather(*answers)
     try:
+        for req, future in zip(requests, answers, strict=True):
+            handles.append(engine.submit(req, sink(future)))
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
         if work.done():
-            return work.result()
+            return list(work.result())
+        for h in handles:
+            h.cancel()
         raise ClientGone
     finally:
+        for h in handles:
+            h.cancel()
         for task in (work, gone):
             task.cancel()
         await asyncio.gather(work, gone, return_exceptions=True)
