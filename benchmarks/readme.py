@@ -597,6 +597,11 @@ def server_token_rows(r: dict[str, Any], clean: dict[str, Any], faulty: dict[str
             f"0; {num(cs['aborted_requests'])}",
             f"{damaged}; {num(fs['aborted_requests'])}",
         ],
+        [
+            "tokens decoded for nothing (decoded - stored); the refused answers' share (their count x stored tokens per call)",
+            f"{num(cs['decoded'] - cs['stored'])}",
+            f"{num(fs['decoded'] - fs['stored'])}; {num(damaged * cs['stored'] / r['requests']['clean'])}",
+        ],
     ]
 
 

@@ -5,9 +5,12 @@
 ``sampling_seed + j``). With ``return_logprob`` the answer's ``meta_info`` carries
 ``output_token_logprobs`` as ``[logprob, token_id, text_or_null]`` triples,
 ``output_top_logprobs`` when ``top_logprobs_num`` > 0 and, from ``logprob_start_len``
-on, ``input_token_logprobs`` (the first prompt token's log-prob is null). Every answer
-names ``weight_version``. ``stream: true`` sends ``data:`` events with the cumulative
-text and ids, then ``data: [DONE]``, as SGLang does.
+on, ``input_token_logprobs`` (the first prompt token's log-prob is null); without
+``return_logprob`` the keys are absent, as in SGLang. Every answer names
+``weight_version``, the version of the weights that sampled it, and ``meta_info.id``, the
+request's id (the client's ``rid`` if given), the same on every chunk of a stream.
+``stream: true`` sends ``data:`` events with the cumulative text and ids, then ``data:
+[DONE]``, as SGLang does; the text never shows what a stop string will remove.
 
 ``/update_weights_from_disk`` loads a weights file while serving: requests already
 running finish on the old weights; the reported version changes at once.
