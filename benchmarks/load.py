@@ -29,7 +29,11 @@ and the report and its JSON say so under ``client_overrides``.
 
 Server: ``sim`` (focus/testing/simserver.py: 10 ms per call, no model; the default, so
 20k transitions take seconds) or ``tinylm`` (the embedded tiny model; ~50 transitions/s
-on 2 cores).
+on 2 cores). With ``tinylm`` each run also counts the tokens the server decoded (its
+``/metrics``) per token stored in the batch, and the requests it aborted because their
+client had gone: faults make the client retry and hedge, and every attempt it abandons
+(a hedge that lost, an attempt that timed out) reaches the server as a hang-up that the
+proxy passes on, after which the server decodes nothing more for it.
 
 Run: ``python -m benchmarks.load [--transitions 2000 20000] [--repeats 3] [--json PATH]``.
 """
@@ -48,6 +52,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from benchmarks.results import git_commit, load_average, machine
 from focus.agent import Agent
@@ -145,10 +151,12 @@ def run(
     gc.collect()
     with FaultProxyProcess(url, rate=fault_rate, seed=seed, hang_s=http.timeout_s * HANG_FACTOR) as proxy:
         col = make_collector(proxy.url, transitions, n_tasks, concurrency, http, waves)
+        before = server_counts(url)
         t0, c0 = time.perf_counter(), time.process_time()
         state, samples = asyncio.run(run_collection(col, n_tasks))
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         batch = col.prepare(state)
+        after = _settled_counts(url)
     keys = [(r.tree_id, r.edge_id, r.turn_index) for r in batch.actor]
     client = col.agent.policy.stats()
     delays = col.agent.policy.http.hedge_delays()
@@ -180,8 +188,55 @@ def run(
         "state_pickle_bytes": len(pickle.dumps(state)),
         "memory": samples,
         "peak_rss": max(s["peak_rss"] for s in samples),
+        "server_tokens": server_tokens(before, after, sum(len(r.completion_ids) for r in batch.actor)),
         "_batch": batch,
         "_rollout_walls": {(ti, r["rollout"]): r["wall_s"] for ti, t in enumerate(state.trees) for r in t.log},
+    }
+
+
+def server_counts(url: str) -> dict[str, float] | None:
+    """Tokens decoded, requests running and requests aborted so far, from a vLLM-style
+    ``/metrics`` page (None for a server without one: the simulated server)."""
+    try:
+        resp = httpx.get(f"{url}/metrics", timeout=30)
+    except httpx.HTTPError:
+        return None
+    if resp.status_code != 200:
+        return None
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {"decoded": 0.0, "running": 0.0, "aborted": 0.0}
+    for family in text_string_to_metric_families(resp.text):
+        for s in family.samples:
+            if s.name == "vllm:generation_tokens_total":
+                out["decoded"] += s.value
+            elif s.name == "vllm:num_requests_running":
+                out["running"] += s.value
+            elif s.name == "vllm:request_success_total" and s.labels.get("finished_reason") == "abort":
+                out["aborted"] += s.value
+    return out
+
+
+def _settled_counts(url: str, within_s: float = 30.0) -> dict[str, float] | None:
+    """The counts once the server runs nothing (abandoned requests still being aborted)."""
+    deadline = time.monotonic() + within_s
+    while (now := server_counts(url)) is not None and now["running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return now
+
+
+def server_tokens(
+    before: dict[str, float] | None, after: dict[str, float] | None, stored: int
+) -> dict[str, Any] | None:
+    """Tokens the server decoded for the run against the tokens the batch stores."""
+    if before is None or after is None:
+        return None
+    decoded = after["decoded"] - before["decoded"]
+    return {
+        "decoded": decoded,
+        "stored": stored,
+        "decoded_per_stored": round(decoded / stored, 4) if stored else None,
+        "aborted_requests": after["aborted"] - before["aborted"],
     }
 
 
@@ -268,6 +323,9 @@ def measure_size(url: str, transitions: int, repeats: int, fault_rate: float, co
         "hedge_lost_s": fc["hedge_lost_s"],
         "usage_retries": faulty["usage"],
         "clean_hedges_every_repeat": [p[1]["client"]["hedges"] for p in pairs],
+        # tokens the server decoded per stored token (tinylm only), every pair
+        "server_tokens_clean_every_repeat": [p[1]["server_tokens"] for p in pairs],
+        "server_tokens_faulty_every_repeat": [p[2]["server_tokens"] for p in pairs],
         "hedge_delay_s_clean_every_repeat": [p[1]["hedge_delay_s"] for p in pairs],
         "median_pair": {
             **cmp,
@@ -284,7 +342,7 @@ def server(kind: str, concurrency: int) -> Iterator[str]:
     if kind == "tinylm":
         from focus.backends import LocalModelServer
 
-        with LocalModelServer(workers=2) as s:
+        with LocalModelServer() as s:
             yield s.url
     else:
         from focus.testing.simserver import SimConfig, SimServerProcess

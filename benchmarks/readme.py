@@ -155,13 +155,29 @@ def not_run(name: str) -> str:
 
 def local_model(f: dict[str, Any]) -> str:
     t, p, c, r = f["throughput"], f["prefix_cache"], f["conformance"], f["robustness"]
+    tl, base, st, ab = f["throughput_loaded"], f["throughput_loaded_thread_per_core"], f["streaming"], f["aborts"]
     rounds = t["rounds"]
 
-    def conc(n: int) -> str:
-        row = t[f"concurrency_{n}"]
+    def conc(n: int, rows: dict[str, Any] = t) -> str:
+        row = rows[f"concurrency_{n}"]
         return f"{s_(row['wall_s'])}, {num(row['tokens_per_s'])} tokens/s (rounds: {span(row['wall_s_rounds'], s_)})"
 
+    def stream_row(kind: str) -> str:
+        x = st[kind]
+        return (
+            f"{s_(x['wall_s'])} ({span(x['wall_s_rounds'], s_)}), {num(x['tokens_per_s'])} tokens/s; server CPU "
+            f"{s_(x['loop_cpu_s'])} loop + {s_(x['engine_cpu_s'])} engine, {num(x['server_cpu_ms_per_token'])} ms/token"
+        )
+
+    def abort_row(key: str) -> str:
+        x = ab[key]
+        return (
+            f"**{s_(x['seconds_median'])}** median, {s_(x['seconds_max'])} max ({x['tokens_after_median']:.0f} "
+            f"tokens decoded meanwhile)"
+        )
+
     failed = "; ".join(f"{k}: {v}" for k, v in c["failed"].items())
+    loaded = f"with {f['burners']} CPU burners"
     rows = [
         ["32 requests x 32 tokens, one at a time", conc(1), ""],
         ["the same, 8 in flight", f"{conc(8)}, {x_(t['speedup_8'])}", ""],
@@ -170,11 +186,28 @@ def local_model(f: dict[str, Any]) -> str:
             f"{conc(32)}, **{x_(t['speedup_32'])}**",
             f">= 6x: {verdict(t['speedup_32'], 6, '>=')}",
         ],
+        [f"{loaded}: one at a time", conc(1, tl), ""],
+        [f"{loaded}: 32 in flight", f"{conc(32, tl)}, **{x_(tl['speedup_32'])}**", f">= 4x: {verdict(tl['speedup_32'], 4, '>=')}"],
         [
-            f"ids and log-probs of the same requests at 1/8/32 in flight, {rounds} rounds",
-            f"{t['invariance_mismatches']} of {t['invariance_compared']} differ from the first run",
-            f"0: {verdict(t['invariance_mismatches'], 0, '<=')}",
+            f"{loaded}, a server with {base['threads']} BLAS threads (one per core): 1 / 32 in flight, one round",
+            f"{s_(base['concurrency_1']['wall_s'])} / {s_(base['concurrency_32']['wall_s'])}, {x_(base['speedup_32'])}",
+            "",
         ],
+        [
+            f"ids and log-probs of the same requests at 1/8/32 in flight, {rounds} rounds, idle and loaded",
+            f"{t['invariance_mismatches'] + tl['invariance_mismatches']} of "
+            f"{t['invariance_compared'] + tl['invariance_compared']} differ from the first run",
+            f"0: {verdict(t['invariance_mismatches'] + tl['invariance_mismatches'], 0, '<=')}",
+        ],
+        [f"{st['requests']} requests x {st['max_tokens']} tokens all in flight, non-streamed", stream_row("plain"), ""],
+        [
+            "the same, streamed",
+            f"{stream_row('stream')}; streams/non-streamed: wall {x_(st['stream_wall_ratio'])}, "
+            f"server CPU {x_(st['stream_cpu_ratio'])}; {st['id_mismatches']} answers differ",
+            "",
+        ],
+        [f"a non-streamed request of {num(ab['max_tokens'])} tokens, client gone: server stops in", abort_row("one"), f"<= 0.2 s: {verdict(ab['one']['seconds_median'], 0.2, '<=')}"],
+        [f"{ab['together']} such requests at once", abort_row("many"), f"<= 0.2 s: {verdict(ab['many']['seconds_median'], 0.2, '<=')}"],
         [
             f"{p['prompt_tokens']:,}-token prompt, 1 new token, cold",
             f"{ms(p['cold_ms'] / 1000)} (runs: {span(p['cold_ms_runs'])} ms)",
@@ -195,8 +228,11 @@ def local_model(f: dict[str, Any]) -> str:
             f"{r['answered_4xx']}/{r['malformed']}, still serving: {num(r['still_serving'])}",
             f"all: {verdict(r['malformed'] - r['answered_4xx'] + (not r['still_serving']), 0, '<=')}",
         ],
-    ]
-    return table(["measurement", f"result (median of {rounds} rounds where timed)", "goal"], rows)
+    ]  # fmt: skip
+    head = f"Server: {f['threads']} BLAS thread(s)" + (
+        " (the default)." if f["threads_is_default"] else " (**not the default**)."
+    )
+    return head + "\n\n" + table(["measurement", f"result (median of {rounds} rounds where timed)", "goal"], rows)
 
 
 def batch_write(f: dict[str, Any]) -> str:
@@ -526,6 +562,7 @@ def load(f: dict[str, Any]) -> str:
                 f"{max(r['clean_hedges_every_repeat'])} at most per run",
                 f"{r['hedges']} ({r['hedge_wins']}); {s_(r['hedge_lost_s'])}",
             ],
+            *server_token_rows(r, clean, faulty),
             ["CPU, collecting process", s_(clean["cpu_s"]), s_(faulty["cpu_s"])],
             ["peak RSS", *(f"{num(x['peak_rss'] / 2**20)} MiB" for x in (clean, faulty))],
             [
@@ -540,6 +577,32 @@ def load(f: dict[str, Any]) -> str:
             table(["median pair", "fault-free", "faulty"], comp),
         ]
     return "\n\n".join(out)
+
+
+def server_token_rows(r: dict[str, Any], clean: dict[str, Any], faulty: dict[str, Any]) -> list[list[str]]:
+    """What the model server decoded for the batch (servers with ``/metrics`` only)."""
+    cs, fs = clean.get("server_tokens"), faulty.get("server_tokens")
+    if not cs or not fs:
+        return []
+    every = [x["decoded_per_stored"] for x in r["server_tokens_faulty_every_repeat"]]
+    damaged = sum(v for k, v in r["faults_injected"].items() if k in ("nan_logprobs", "short_logprobs"))
+    return [
+        [
+            "tokens the server decoded / tokens stored (faulty: every pair)",
+            f"{num(cs['decoded']):s} / {num(cs['stored'])} = **{x_(cs['decoded_per_stored'], 4)}**",
+            f"{num(fs['decoded'])} / {num(fs['stored'])} = **{x_(fs['decoded_per_stored'], 4)}** ({each(every, x_)})",
+        ],
+        [
+            "answers decoded in full, then refused by the client (NaN or short log-probs); requests the server aborted",
+            f"0; {num(cs['aborted_requests'])}",
+            f"{damaged}; {num(fs['aborted_requests'])}",
+        ],
+        [
+            "tokens decoded for nothing (decoded - stored); the refused answers' share (their count x stored tokens per call)",
+            f"{num(cs['decoded'] - cs['stored'])}",
+            f"{num(fs['decoded'] - fs['stored'])}; {num(damaged * cs['stored'] / r['requests']['clean'])}",
+        ],
+    ]
 
 
 def train_local(f: dict[str, Any]) -> str:
@@ -907,6 +970,7 @@ RENDERERS: dict[str, Callable[[Any], str]] = {
     "learning": learning,
     "load_2k": load,
     "load_20k": load,
+    "load_tinylm": load,
     "train_local": train_local,
     "engine": engine,
     "orchestration": orchestration,

@@ -92,6 +92,13 @@ REGISTRY: tuple[Benchmark, ...] = (
         timeout_s=3600,
     ),
     Benchmark(
+        "load_tinylm",
+        "benchmarks.load",
+        ("--server", "tinylm", "--transitions", "2000", "--tasks", "40", "--fault-rate", "0.1", "--repeats", "3"),
+        ("--server", "tinylm", "--transitions", "300", "--tasks", "20", "--fault-rate", "0.1"),
+        timeout_s=3600,
+    ),
+    Benchmark(
         "train_local", "benchmarks.train_local", ("--tasks", "32", "--repeats", "3"), ("--tasks", "4", "--repeats", "1")
     ),
     Benchmark("engine", "benchmarks.engine", ("--repeats", "3"), ("--small",), timeout_s=3600),

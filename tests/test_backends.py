@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import httpx
 import numpy as np
@@ -548,8 +549,9 @@ def test_tool_rollout_over_real_server_is_token_exact(local_model_server):
     ro = run(go())
     turns = ro.turns
     assert len(turns) >= 5, [p.kind for p in ro.pieces]
-    # what the server received is exactly what the rollout recorded, call by call
-    assert recorded(local_model_server) == [t.prompt_ids for t in turns]
+    # what the server received is exactly what the rollout recorded, call by call (a slow
+    # call's hedged copy or retry is the same request again: see the test below)
+    assert distinct(recorded(local_model_server)) == [t.prompt_ids for t in turns]
     for a, b in zip(turns, turns[1:], strict=False):
         assert b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)] == a.prompt_ids + a.completion_ids
         obs = b.prompt_ids[len(a.prompt_ids) + len(a.completion_ids) :]
@@ -558,6 +560,47 @@ def test_tool_rollout_over_real_server_is_token_exact(local_model_server):
         )
     for t in turns:
         assert len(t.logprobs) == len(t.completion_ids) > 0 and all(math.isfinite(x) and x <= 0 for x in t.logprobs)
+
+
+def distinct(prompts: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The requests the server received, each once, in the order they first arrived."""
+    return list(dict.fromkeys(prompts))
+
+
+def test_a_hedged_call_in_a_tool_rollout_changes_no_token(local_model_server):
+    """On a loaded machine a call can outlast the client's hedge delay (twice the recent
+    p99), and the server then receives the same request twice: the test above once
+    compared every request received with one per turn and failed ``At index 1``. Here a
+    hedge is forced (the second call held 3 s, hedges after 0.3 s): the server sees the
+    copy, the copy answers with the same tokens (same seed; cache- and batch-invariant
+    numerics), and the rollout is bit-identical to the one that was not hedged."""
+    task = Task("t", {"prompt": "What is 6*7?"})
+
+    def rollout(config: HttpConfig) -> tuple[Any, dict[str, Any]]:
+        policy = local_model_server.policy(config=config)
+        agent = tool_agent(policy)
+
+        async def go():
+            try:
+                root = await agent.start(task)
+                clear_recorded(local_model_server)
+                return await agent.rollout(root, seed=11), policy.stats()
+            finally:
+                await policy.aclose()
+
+        return run(go())
+
+    clean, _ = rollout(FAST)
+    fault(local_model_server)  # the first call as it comes
+    fault(local_model_server, delay_s=3.0)  # the second held until its hedge has answered
+    hedged, stats = rollout(FAST.model_copy(update={"hedge_after_s": 0.3}))
+    got = recorded(local_model_server)
+    assert stats["hedges"] >= 1 and len(got) > len(hedged.turns)
+    assert got.count(hedged.turns[1].prompt_ids) >= 2  # the held call and its copy
+    assert distinct(got) == [t.prompt_ids for t in hedged.turns]
+    assert [(t.prompt_ids, t.completion_ids, t.logprobs) for t in hedged.turns] == [
+        (t.prompt_ids, t.completion_ids, t.logprobs) for t in clean.turns
+    ]
 
 
 def test_continuation_from_mid_rollout_checkpoint_resends_identical_prefix(local_model_server):

@@ -323,6 +323,48 @@ def test_server_exits_when_its_parent_dies_without_cleanup(tmp_path):
     )
 
 
+_CTRL_C_CHILD = """
+import pathlib, signal, sys, httpx
+from focus.backends import LocalModelServer
+from focus.backends.local import WarmServer
+out = pathlib.Path(sys.argv[1])
+servers = [LocalModelServer().start(), LocalModelServer(warm=WarmServer()).start()]
+out.write_text(" ".join(str(s.pid) for s in servers))
+try:
+    signal.pause()
+except KeyboardInterrupt:  # the command's own Ctrl-C handling: its servers still answer
+    codes = [httpx.get(s.url + "/health").status_code for s in servers]
+    out.with_suffix(".after").write_text(" ".join(map(str, codes)))
+"""  # and at exit LocalModelServer stops them (atexit)
+
+
+@pytest.mark.integration
+def test_a_terminals_ctrl_c_reaches_the_command_not_its_server(tmp_path):
+    """A terminal's Ctrl-C is SIGINT to its foreground process group. The embedded
+    servers (started directly or from a warm process) run in a session of their own: the
+    command gets the signal with its servers still serving, and stops them as it exits."""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "pids"
+    child = subprocess.Popen([sys.executable, "-c", _CTRL_C_CHILD, str(out)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not out.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = [int(p) for p in out.read_text().split()]
+        for pid in pids:
+            assert os.getsid(pid) != os.getsid(child.pid) and os.getpgid(pid) != os.getpgid(child.pid)
+        os.killpg(child.pid, signal.SIGINT)  # what the terminal does
+        assert child.wait(timeout=60) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert out.with_suffix(".after").read_text() == "200 200"
+    assert all(_gone(pid) for pid in pids), "the command's exit did not stop its servers"
+
+
 @pytest.mark.integration
 def test_a_warm_server_serves_the_command_line_it_is_handed_later(tmp_path):
     """``focus collect`` starts the server before it knows the weights: the waiting
@@ -370,8 +412,7 @@ def test_an_unused_warm_server_leaves_nothing(tmp_path):
 
 @pytest.mark.integration
 def test_a_server_start_removes_the_folders_of_servers_killed_with_their_command():
-    """kill -9 of a command's process group kills its server too, and nobody removes the
-    server's folder; the next start removes every such folder whose server is dead, and
+    """A server killed with kill -9 leaves its folder behind; the next start removes every such folder whose server is dead, and
     leaves a live server's folder and one whose server is still being started."""
     import subprocess
     import sys

@@ -2,9 +2,13 @@
 
 :class:`LocalModelServer` starts ``python -m focus.tinylm.server`` as a subprocess on
 127.0.0.1, waits until it answers ``/health``, and stops it by PID on exit (also at
-interpreter exit, and the server exits by itself when its parent dies, removing its
-temporary folder; a server killed together with its command leaves its folder to the
-next start, which removes it). Clients talk to it over HTTP exactly as they would to
+interpreter exit). The server runs in a session of its own, outside the terminal's
+process group: a terminal's Ctrl-C (SIGINT to the foreground group) reaches the command,
+which decides what to stop and when, and not its model server, which would otherwise
+die under the requests in flight. Nothing leaks when the owner dies instead: the server
+exits by itself within a second of its parent (``--parent-pid``), removing its temporary
+folder; a server killed with ``kill -9`` leaves its folder to the next start, which
+removes it. Clients talk to it over HTTP exactly as they would to
 vLLM or SGLang, so the whole pipeline is exercised with the same code paths it uses in
 production. The server serves with numpy alone (no torch).
 
@@ -65,8 +69,8 @@ def _record_pid(tmp: Path, proc: subprocess.Popen[Any]) -> None:
 
 
 def _remove_dead_folders() -> None:
-    """The folders of servers that were killed with their command (kill -9 of a process
-    group leaves nobody to clean up)."""
+    """The folders of servers that were killed with ``kill -9`` (which leaves nobody to
+    clean up)."""
     for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
         try:
             pid = int((folder / "pid").read_text())
@@ -92,7 +96,7 @@ class WarmServer:
         cmd = [sys.executable, "-m", "focus.tinylm.server", "--args-from-stdin", "--parent-pid", str(os.getpid())]
         cmd += ["--owned-dir", str(self.tmp)]
         self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True
         )
         atexit.register(self.discard)
         _record_pid(self.tmp, self.proc)
@@ -136,8 +140,10 @@ class LocalModelServer:
     ``logprobs_mode``: which log-probs the server reports (vLLM's names, see
     :mod:`focus.tinylm.sampler`; the default is what :mod:`focus.train_local` assumes).
     ``extra_args``: more server flags (``--max-num-seqs``, ``--prefix-cache-tokens``...).
-    ``workers`` and ``torch_threads`` are kept for compatibility: one engine thread
-    serves all requests (batched).
+    ``threads``: BLAS threads of the engine's matrix products (default 1: the products are
+    small, and more threads contend with each other and with whatever else shares the
+    CPU; :func:`focus.tinylm.server.limit_threads`). ``workers`` and ``torch_threads`` are
+    kept for compatibility: one engine thread serves all requests (batched).
     ``warm``: a :class:`WarmServer` to use instead of starting a process (a new one is
     started if it has exited).
     """
@@ -148,6 +154,7 @@ class LocalModelServer:
         port: int = 0,
         *,
         debug: bool = False,
+        threads: int = 1,
         workers: int = 1,
         torch_threads: int = 1,
         startup_timeout_s: float = 60.0,
@@ -161,6 +168,9 @@ class LocalModelServer:
         self.weights = str(weights) if weights is not None else None
         self.port = port
         self.debug = debug
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        self.threads = threads
         self.workers = workers
         self.torch_threads = torch_threads
         self.startup_timeout_s = startup_timeout_s
@@ -195,7 +205,9 @@ class LocalModelServer:
         port_file = tmp / "port"
         cmd = [sys.executable, "-m", "focus.tinylm.server", *self._args(port_file)]
         if self.proc is None:
-            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
             _record_pid(tmp, self.proc)
         atexit.register(self.stop)
         deadline = time.monotonic() + self.startup_timeout_s
@@ -224,6 +236,8 @@ class LocalModelServer:
             str(self.port),
             "--port-file",
             str(port_file),
+            "--threads",
+            str(self.threads),
             "--workers",
             str(self.workers),
             "--torch-threads",

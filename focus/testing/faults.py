@@ -206,7 +206,10 @@ class FaultProxy:
                     return
                 if self.latency_s and path.split("?")[0] in GENERATION_PATHS:
                     await asyncio.sleep(self.latency_s)
-                status, payload, ctype, extra = await self._answer(method, path, headers, body, fault)
+                answer = await self._answer_while_connected(reader, method, path, headers, body, fault)
+                if answer is None:
+                    return
+                status, payload, ctype, extra = answer
                 head_lines = [f"HTTP/1.1 {status} X", f"Content-Type: {ctype}", f"Content-Length: {len(payload)}"]
                 head_lines += [f"{k}: {v}" for k, v in extra.items()]
                 writer.write(("\r\n".join(head_lines) + "\r\n\r\n").encode() + payload)
@@ -217,6 +220,23 @@ class FaultProxy:
             self._writers.discard(writer)
             with contextlib.suppress(Exception):
                 writer.close()
+
+    async def _answer_while_connected(
+        self, reader: asyncio.StreamReader, *request: Any
+    ) -> tuple[int, bytes, str, dict[str, str]] | None:
+        """The answer; None if the client closed the connection first. The forwarded
+        request is then cancelled, which closes its connection to the server, as a
+        network between a client and a model server passes a client's hang-up on (the
+        server aborts a request nobody waits for: hedges that lost, timed-out attempts)."""
+        answer = asyncio.ensure_future(self._answer(*request))
+        try:
+            while not answer.done():
+                if reader.at_eof():
+                    return None
+                await asyncio.wait((answer,), timeout=0.02)
+            return answer.result()
+        finally:
+            answer.cancel()
 
     async def _answer(
         self, method: str, path: str, headers: dict[str, str], body: bytes, fault: str | None

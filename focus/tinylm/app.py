@@ -15,13 +15,13 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
 
 from focus.tinylm import routes_openai, routes_sglang
 from focus.tinylm.engine import Engine, EngineError
 from focus.tinylm.protocol import RequestError
-from focus.tinylm.serving import MODEL_NAME, Routes, ServerState, error_response
+from focus.tinylm.serving import MODEL_NAME, ClientGone, Routes, ServerState, error_response
 
 
 def create_app(engine: Engine, *, model_name: str = MODEL_NAME) -> Starlette:
@@ -40,6 +40,9 @@ def create_app(engine: Engine, *, model_name: str = MODEL_NAME) -> Starlette:
         assert isinstance(exc, HTTPException)
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
+    async def _gone(request: Request, exc: Exception) -> Response:
+        return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
+
     async def _internal(request: Request, exc: Exception) -> Response:
         return error_response(f"{type(exc).__name__}: {exc}", 500)
 
@@ -53,7 +56,9 @@ def create_app(engine: Engine, *, model_name: str = MODEL_NAME) -> Starlette:
 
     @own.get("/metrics")
     async def metrics(request: Request) -> Response:
-        return PlainTextResponse(prometheus_text(engine, model_name))
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(prometheus_text(engine, model_name), media_type=CONTENT_TYPE_LATEST)
 
     app = Starlette(
         routes=[*own.routes, *routes_openai.router(state), *routes_sglang.router(state)],
@@ -61,6 +66,8 @@ def create_app(engine: Engine, *, model_name: str = MODEL_NAME) -> Starlette:
             RequestError: _request_error,
             EngineError: _engine_error,
             HTTPException: _http,
+            ClientGone: _gone,
+            ClientDisconnect: _gone,
             Exception: _internal,
         },
     )
@@ -68,49 +75,51 @@ def create_app(engine: Engine, *, model_name: str = MODEL_NAME) -> Starlette:
     return app
 
 
-def prometheus_text(engine: Engine, model_name: str) -> str:
+class _EngineMetrics:
+    """A prometheus_client collector of the engine's counters and gauges, read at each
+    scrape (the engine keeps the numbers; the library writes the page, so counters are
+    declared as Prometheus' parser expects: ``vllm:prompt_tokens`` typed counter, its
+    sample ``vllm:prompt_tokens_total``)."""
+
+    def __init__(self, engine: Engine, model_name: str) -> None:
+        self.engine, self.labels = engine, {"engine": "0", "model_name": model_name}
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        e, names, values = self.engine, list(self.labels), list(self.labels.values())
+
+        def gauge(name: str, doc: str, value: float) -> Any:
+            family = GaugeMetricFamily(name, doc, labels=names)
+            family.add_metric(values, value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> Any:
+            family = CounterMetricFamily(name, doc, labels=names)
+            family.add_metric(values, value)
+            return family
+
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", e.num_running)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", e.num_waiting)
+        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", e.prompt_tokens)
+        yield counter("vllm:generation_tokens", "Number of generation tokens processed.", e.generation_tokens)
+        yield counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", e.cache.queries
+        )
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", e.cache.hits)
+        success = CounterMetricFamily(
+            "vllm:request_success", "Count of successfully processed requests.", labels=[*names, "finished_reason"]
+        )
+        for reason, n in sorted({"stop": 0, **e.finished}.items()):
+            success.add_metric([*values, reason], n)
+        yield success
+        yield gauge("vllm:kv_cache_usage_perc", "Prefix cache usage (1 = full).", e.cache_usage)
+
+
+def prometheus_text(engine: Engine, model_name: str) -> bytes:
     """vLLM's metrics of this engine, in Prometheus' text exposition format."""
-    labels = f'engine="0",model_name="{model_name}"'
-    lines: list[str] = []
+    from prometheus_client import CollectorRegistry, generate_latest
 
-    def metric(name: str, kind: str, doc: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP {name} {doc}")
-        lines.append(f"# TYPE {name} {kind}")
-        for extra, value in samples:
-            lab = labels + (f",{extra}" if extra else "")
-            suffix = "_total" if kind == "counter" else ""
-            lines.append(f"{name}{suffix}{{{lab}}} {float(value)}")
-
-    metric(
-        "vllm:num_requests_running",
-        "gauge",
-        "Number of requests in model execution batches.",
-        [("", engine.num_running)],
-    )
-    metric(
-        "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", [("", engine.num_waiting)]
-    )
-    metric("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", [("", engine.prompt_tokens)])
-    metric(
-        "vllm:generation_tokens", "counter", "Number of generation tokens processed.", [("", engine.generation_tokens)]
-    )
-    metric(
-        "vllm:prefix_cache_queries",
-        "counter",
-        "Prefix cache queries, in terms of number of queried tokens.",
-        [("", engine.cache.queries)],
-    )
-    metric(
-        "vllm:prefix_cache_hits",
-        "counter",
-        "Prefix cache hits, in terms of number of cached tokens.",
-        [("", engine.cache.hits)],
-    )
-    metric(
-        "vllm:request_success",
-        "counter",
-        "Count of successfully processed requests.",
-        [(f'finished_reason="{k}"', v) for k, v in sorted(engine.finished.items())] or [('finished_reason="stop"', 0)],
-    )
-    metric("vllm:kv_cache_usage_perc", "gauge", "Prefix cache usage (1 = full).", [("", engine.cache_usage)])
-    return "\n".join(lines) + "\n"
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_EngineMetrics(engine, model_name))
+    return generate_latest(registry)

@@ -77,10 +77,16 @@ class GenResult:
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """One sampled token of a streaming request (``index`` in the completion)."""
+    """One sampled token of a streaming request (``index`` in the completion) that does
+    not end it: the stop check comes first, and the token that ends a request arrives
+    with its :class:`GenResult` (so a stream never sends text the answer removes).
+    ``version``: the weights that sampled it (a reload does not move running requests);
+    ``cached``: the request's prompt tokens found in the prefix cache."""
 
     index: int
     draw: Draw
+    version: str
+    cached: int
 
 
 class EngineError(ValueError):
@@ -488,6 +494,12 @@ class Engine:
 
     def _step(self, batch: _Batch) -> None:
         seqs = batch.seqs
+        for i in reversed([i for i, s in enumerate(seqs) if s.cancelled]):
+            s = seqs[i]
+            batch.remove(i)  # its client left: no further token for it
+            self._finish(s, "abort", None)
+        if not seqs:
+            return
         params = [
             RowParams(
                 s.req.temperature,
@@ -503,14 +515,15 @@ class Engine:
         draws = sample(logits, params, [s.stream_rng for s in seqs], self.logprobs_mode)
         self.generation_tokens += len(draws)
         ending: list[tuple[int, str, int | str | None]] = []
+        version = batch.weights.version
         for i, (s, d) in enumerate(zip(seqs, draws, strict=True)):
             s.ids.append(d.token)
             s.draws.append(d)
-            if s.stream:
-                s.on_event(TokenEvent(len(s.ids) - 1, d))
             end = self._stopped(s, d.token)
             if end is not None:
                 ending.append((i, *end))
+            elif s.stream:
+                s.on_event(TokenEvent(len(s.ids) - 1, d, version, s.cached))
         for i, reason, matched in sorted(ending, reverse=True):
             s = seqs[i]
             n = len(s.prompt) + len(s.ids) - 1
@@ -531,8 +544,6 @@ class Engine:
         return ids
 
     def _stopped(self, s: _Seq, tok: int) -> tuple[str, int | str | None] | None:
-        if s.cancelled:
-            return "abort", None
         if tok in self._stop_ids(s.req):
             return "stop", tok
         if s.req.stop:

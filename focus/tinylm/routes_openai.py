@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -33,17 +33,12 @@ from focus.tinylm.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
-    ChatCompletionResponseStreamChoice,
-    ChatCompletionStreamResponse,
     ChatMessage,
     ChatMessageParam,
     CompletionLogProbs,
     CompletionRequest,
     CompletionResponse,
     CompletionResponseChoice,
-    CompletionResponseStreamChoice,
-    CompletionStreamResponse,
-    DeltaMessage,
     DetokenizeRequest,
     DetokenizeResponse,
     Logprob,
@@ -58,6 +53,7 @@ from focus.tinylm.protocol import (
 from focus.tinylm.serving import (
     Routes,
     ServerState,
+    TextStream,
     finite,
     parse,
     results,
@@ -109,7 +105,7 @@ def router(state: ServerState) -> list[Route]:
             engine.check(g)
         if req.stream:
             return _sse(_stream_completion(state, req, gen))
-        res = await results(engine, gen)
+        res = await results(state, gen, request)
         choices = [_completion_choice(req, i, g, rr) for i, (g, rr) in enumerate(zip(gen, res, strict=True))]
         out = CompletionResponse(model=state.model_name, choices=choices, usage=_usage(gen[::n], res, n)).model_dump()
         out["policy_version"] = res[0].policy_version
@@ -132,7 +128,7 @@ def router(state: ServerState) -> list[Route]:
             engine.check(g)
         if req.stream:
             return _sse(_stream_chat(state, req, gen))
-        res = await results(engine, gen)
+        res = await results(state, gen, request)
         prefix = req.messages[-1].text() if req.echo and req.messages[-1].role == "assistant" else ""
         choices = []
         for i, rr in enumerate(res):
@@ -319,6 +315,14 @@ def _completion_choice(req: CompletionRequest, i: int, g: GenRequest, res: GenRe
 
 
 # --- streaming -------------------------------------------------------------------------------
+#
+# Chunks are built as plain dicts in vLLM's layout: every choice names ``logprobs``,
+# ``finish_reason`` and ``stop_reason`` (null until its last chunk; vLLM sets them on
+# every choice it streams, as OpenAI does), and a completion choice also
+# ``prompt_token_ids`` and ``token_ids``. The token that ends a choice comes with its
+# result, in the choice's last chunk. Each chunk names the version of the weights that
+# sampled its tokens. (Building dicts rather than protocol models keeps a chunk's cost
+# small beside the engine's step; tests validate the chunks with the protocol models.)
 
 
 def _sse(chunks: AsyncIterator[str]) -> StreamingResponse:
@@ -329,166 +333,147 @@ def _data(obj: Any) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-class _TextStream:
-    """Incremental text of one choice: complete UTF-8 only, holding back what could still
-    become a stop string, so deltas concatenate to the final (trimmed) text."""
+def _chunks(head: dict[str, Any]) -> Any:
+    """``chunk(choice, version)``: the event of one choice under ``head``, whose JSON is
+    written once per stream rather than once per token."""
+    pre = f'data: {json.dumps(head, separators=(",", ":"))[:-1]},"choices":['
 
-    def __init__(self, req: CompletionRequest | ChatCompletionRequest) -> None:
-        self.req = req
-        self.ids: list[int] = []
-        self.sent = ""
-        self.hold = max((len(s) for s in req.stops()), default=1) - 1
+    def chunk(choice: dict[str, Any], version: str) -> str:
+        return f'{pre}{json.dumps(choice, separators=(",", ":"))}],"policy_version":{json.dumps(version)}}}\n\n'
 
-    def push(self, tok: int) -> str:
-        self.ids.append(tok)
-        data = bytes(t for t in self.ids if 0 <= t < 256)
-        text = token_text(self.ids, self.req.skip_special_tokens)
-        if data and _incomplete_utf8(data):
-            text = text[:-1]  # a partial character decodes as one replacement char
-        if self.hold:
-            text = text[: max(len(self.sent), len(text) - self.hold)]
-        delta, self.sent = text[len(self.sent) :], max(text, self.sent, key=len)
-        return delta
-
-    def finish(self, res: GenResult) -> str:
-        text = trim_stop(
-            token_text(res.token_ids, self.req.skip_special_tokens), res, self.req.include_stop_str_in_output
-        )
-        delta = text[len(self.sent) :] if text.startswith(self.sent) else ""
-        self.sent = text
-        return delta
+    return chunk
 
 
-def _incomplete_utf8(data: bytes) -> bool:
-    for k in range(1, min(4, len(data)) + 1):
-        b = data[-k]
-        if b & 0xC0 != 0x80:  # a lead byte (or ASCII)
-            need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
-            return need > k
-    return False
+Toks = list[tuple[int, float, Sequence[tuple[int, float]]]]
+
+
+def _rest(res: GenResult, sent: int) -> Toks:
+    """The tokens of ``res`` after the first ``sent`` (streamed before it)."""
+    return [(res.token_ids[k], res.logprobs[k], res.top_logprobs[k]) for k in range(sent, len(res.token_ids))]
+
+
+def _text_stream(req: CompletionRequest | ChatCompletionRequest) -> TextStream:
+    return TextStream(req.stops(), req.skip_special_tokens, req.include_stop_str_in_output)
+
+
+def _error_event(e: Exception) -> str:
+    return _data({"error": {"message": str(e), "type": "InternalServerError", "param": None, "code": 500}})
 
 
 async def _stream_completion(state: ServerState, req: CompletionRequest, gen: list[GenRequest]) -> AsyncIterator[str]:
-    engine = state.engine
-    head = CompletionStreamResponse(
-        id=_uid("cmpl"), object="text_completion", created=int(time.time()), model=state.model_name, choices=[]
-    )
-    texts = [_TextStream(req) for _ in gen]
-    offsets = [0] * len(gen)
+    head = {"id": _uid("cmpl"), "object": "text_completion", "created": int(time.time()), "model": state.model_name}
+    texts = [_text_stream(req) for _ in gen]
+    offsets, sent = [0] * len(gen), [0] * len(gen)
     started = [False] * len(gen)
     done: list[GenResult | None] = [None] * len(gen)
     as_ids = bool(req.return_tokens_as_token_ids)
+    chunk = _chunks(head)
 
-    def chunk(i: int, choice: CompletionResponseStreamChoice) -> str:
-        if req.return_token_ids and not started[i]:
-            choice.prompt_token_ids = list(gen[i].prompt_ids)
-        started[i] = True
-        body = head.model_copy(update={"choices": [choice]}).model_dump(exclude_unset=True)
-        body["choices"] = [choice.model_dump(exclude_unset=True)]
-        body["policy_version"] = engine.policy_version
-        return _data(body)
+    def emit(i: int, toks: Toks, text: str, version: str, finish: str | None = None, stop: Any = None) -> str:
+        prompt_ids = None
+        if not started[i]:  # the echoed prompt and the prompt ids come with a choice's first chunk
+            started[i] = True
+            if req.echo:
+                echo = token_text(gen[i].prompt_ids, req.skip_special_tokens)
+                text, offsets[i] = echo + text, len(echo)
+            if req.return_token_ids:
+                prompt_ids = list(gen[i].prompt_ids)
+        lp: dict[str, list[Any]] | None = None
+        if req.logprobs is not None:
+            lp = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+            for tok, logprob, top in toks:
+                s = token_str(tok, as_ids)
+                lp["text_offset"].append(offsets[i])
+                lp["token_logprobs"].append(finite(logprob))
+                lp["tokens"].append(s)
+                lp["top_logprobs"].append(_top_dict(tok, logprob, top, as_ids))
+                offsets[i] += len(s)
+        choice = {
+            "index": i,
+            "text": text,
+            "logprobs": lp,
+            "finish_reason": finish,
+            "stop_reason": stop,
+            "prompt_token_ids": prompt_ids,
+            "token_ids": [t for t, _, _ in toks] if req.return_token_ids else None,
+        }
+        return chunk(choice, version)
 
-    if req.echo:
-        for i, g in enumerate(gen):
-            text = token_text(g.prompt_ids, req.skip_special_tokens)
-            offsets[i] = len(text)
-            yield chunk(i, CompletionResponseStreamChoice(index=i, text=text))
     try:
-        async for i, ev in run(engine, gen, stream=True):
+        async for i, ev in run(state, gen, stream=True):
             if isinstance(ev, TokenEvent):
                 d = ev.draw
-                lp = None
-                if req.logprobs is not None:
-                    s = token_str(d.token, as_ids)
-                    lp = CompletionLogProbs(
-                        text_offset=[offsets[i]],
-                        token_logprobs=[finite(d.logprob)],
-                        tokens=[s],
-                        top_logprobs=[_top_dict(d.token, d.logprob, d.top, as_ids)],
-                    )
-                    offsets[i] += len(s)
-                tid = [d.token] if req.return_token_ids else None
-                yield chunk(
-                    i, CompletionResponseStreamChoice(index=i, text=texts[i].push(d.token), logprobs=lp, token_ids=tid)
-                )
+                sent[i] += 1
+                yield emit(i, [(d.token, d.logprob, d.top)], texts[i].push(d.token), ev.version)
             elif isinstance(ev, GenResult):
                 done[i] = ev
-                tail = texts[i].finish(ev)
-                yield chunk(
-                    i,
-                    CompletionResponseStreamChoice(
-                        index=i,
-                        text=tail,
-                        finish_reason=ev.finish_reason,
-                        stop_reason=stop_reason(ev),
-                        token_ids=[] if req.return_token_ids else None,
-                    ),
-                )
+                rest, tail = _rest(ev, sent[i]), texts[i].finish(ev)
+                yield emit(i, rest, tail, ev.policy_version, ev.finish_reason, stop_reason(ev))
     except Exception as e:  # noqa: BLE001 - the status line is sent; report in-band as vLLM does
-        yield _data({"error": {"message": str(e), "type": "InternalServerError", "param": None, "code": 500}})
+        yield _error_event(e)
         yield "data: [DONE]\n\n"
         return
     if req.stream_options is not None and req.stream_options.include_usage:
         res = [r for r in done if r is not None]
         usage = _usage(gen[:: req.n or 1], res, req.n or 1)
-        yield _data({**head.model_dump(exclude_unset=True), "choices": [], "usage": usage.model_dump()})
+        yield _data({**head, "choices": [], "usage": usage.model_dump()})
     yield "data: [DONE]\n\n"
 
 
 async def _stream_chat(state: ServerState, req: ChatCompletionRequest, gen: list[GenRequest]) -> AsyncIterator[str]:
-    engine = state.engine
-    head = ChatCompletionStreamResponse(
-        id=_uid("chatcmpl"),
-        object="chat.completion.chunk",
-        created=int(time.time()),
-        model=state.model_name,
-        choices=[],
-    )
-    texts = [_TextStream(req) for _ in gen]
+    head = {
+        "id": _uid("chatcmpl"),
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": state.model_name,
+    }
+    texts = [_text_stream(req) for _ in gen]
+    sent = [0] * len(gen)
+    started = [False] * len(gen)
     done: list[GenResult | None] = [None] * len(gen)
+    chunk = _chunks(head)
 
-    def chunk(choice: ChatCompletionResponseStreamChoice, first: bool = False) -> str:
-        upd: dict[str, Any] = {"choices": [choice]}
-        if first and req.return_token_ids:
-            upd["prompt_token_ids"] = list(gen[0].prompt_ids)
-        body = head.model_copy(update=upd).model_dump(exclude_unset=True)
-        body["choices"] = [choice.model_dump(exclude_unset=True)]
-        if "prompt_token_ids" in upd:
-            body["prompt_token_ids"] = upd["prompt_token_ids"]
-        body["policy_version"] = engine.policy_version
-        return _data(body)
+    def choice(i: int, delta: dict[str, Any], toks: Toks, finish: str | None = None, stop: Any = None) -> Any:
+        lp = {"content": [_chat_entry(t, v, top, req).model_dump() for t, v, top in toks]} if req.logprobs else None
+        return {
+            "index": i,
+            "delta": delta,
+            "logprobs": lp,
+            "finish_reason": finish,
+            "stop_reason": stop,
+            "token_ids": [t for t, _, _ in toks] if req.return_token_ids else None,
+        }
 
-    for i in range(len(gen)):
-        yield chunk(
-            ChatCompletionResponseStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")), i == 0
-        )
+    def emit(i: int, body: dict[str, Any], version: str) -> Iterator[str]:
+        if not started[i]:  # a choice's role comes first, when its first token does (vLLM)
+            started[i] = True
+            first: dict[str, Any] = {**head, "choices": [choice(i, {"role": "assistant", "content": ""}, [])]}
+            if req.return_token_ids:
+                first["prompt_token_ids"] = list(gen[i].prompt_ids)
+            yield _data({**first, "policy_version": version})
+        yield chunk(body, version)
+
     try:
-        async for i, ev in run(engine, gen, stream=True):
+        async for i, ev in run(state, gen, stream=True):
             if isinstance(ev, TokenEvent):
                 d = ev.draw
-                lp = (
-                    ChatCompletionLogProbs(content=[_chat_entry(d.token, d.logprob, d.top, req)])
-                    if req.logprobs
-                    else None
-                )
-                tid = [d.token] if req.return_token_ids else None
-                delta = DeltaMessage(content=texts[i].push(d.token))
-                yield chunk(ChatCompletionResponseStreamChoice(index=i, delta=delta, logprobs=lp, token_ids=tid))
+                sent[i] += 1
+                body = choice(i, {"content": texts[i].push(d.token)}, [(d.token, d.logprob, d.top)])
+                for out in emit(i, body, ev.version):
+                    yield out
             elif isinstance(ev, GenResult):
                 done[i] = ev
-                delta = DeltaMessage(content=texts[i].finish(ev))
-                yield chunk(
-                    ChatCompletionResponseStreamChoice(
-                        index=i, delta=delta, finish_reason=ev.finish_reason, stop_reason=stop_reason(ev)
-                    )
-                )
+                delta = {"content": texts[i].finish(ev)}
+                body = choice(i, delta, _rest(ev, sent[i]), ev.finish_reason, stop_reason(ev))
+                for out in emit(i, body, ev.policy_version):
+                    yield out
     except Exception as e:  # noqa: BLE001
-        yield _data({"error": {"message": str(e), "type": "InternalServerError", "param": None, "code": 500}})
+        yield _error_event(e)
         yield "data: [DONE]\n\n"
         return
     if req.stream_options is not None and req.stream_options.include_usage:
         usage = _usage(gen[:1], [r for r in done if r is not None], len(gen))
-        yield _data({**head.model_dump(exclude_unset=True), "choices": [], "usage": usage.model_dump()})
+        yield _data({**head, "choices": [], "usage": usage.model_dump()})
     yield "data: [DONE]\n\n"
 
 

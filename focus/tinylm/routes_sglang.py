@@ -5,9 +5,12 @@
 ``sampling_seed + j``). With ``return_logprob`` the answer's ``meta_info`` carries
 ``output_token_logprobs`` as ``[logprob, token_id, text_or_null]`` triples,
 ``output_top_logprobs`` when ``top_logprobs_num`` > 0 and, from ``logprob_start_len``
-on, ``input_token_logprobs`` (the first prompt token's log-prob is null). Every answer
-names ``weight_version``. ``stream: true`` sends ``data:`` events with the cumulative
-text and ids, then ``data: [DONE]``, as SGLang does.
+on, ``input_token_logprobs`` (the first prompt token's log-prob is null); without
+``return_logprob`` the keys are absent, as in SGLang. Every answer names
+``weight_version``, the version of the weights that sampled it, and ``meta_info.id``, the
+request's id (the client's ``rid`` if given), the same on every chunk of a stream.
+``stream: true`` sends ``data:`` events with the cumulative text and ids, then ``data:
+[DONE]``, as SGLang does; the text never shows what a stop string will remove.
 
 ``/update_weights_from_disk`` loads a weights file while serving: requests already
 running finish on the old weights; the reported version changes at once.
@@ -19,6 +22,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,11 +30,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from focus.tinylm.engine import Engine, GenRequest, GenResult, TokenEvent
+from focus.tinylm.engine import GenRequest, GenResult, TokenEvent
 from focus.tinylm.protocol import RequestError
 from focus.tinylm.serving import (
     Routes,
     ServerState,
+    TextStream,
     finite,
     parse,
     results,
@@ -59,7 +64,7 @@ def router(state: ServerState) -> list[Route]:
     async def generate(request: Request) -> Any:
         req = await parse(request, GenerateReqInput)
         prompts, batch = req.prompts()
-        jobs: list[tuple[GenRequest, SamplingParams, dict[str, Any]]] = []
+        jobs: list[Job] = []
         for i, p in enumerate(prompts):
             raw = req.sampling_params
             sp_raw = (raw[i] if len(raw) == len(prompts) else _bad_len()) if isinstance(raw, list) else raw
@@ -80,14 +85,11 @@ def router(state: ServerState) -> list[Route]:
             for j in range(sp.n):
                 g = _gen_request(sp, ids, j, opts)
                 engine.check(g)
-                jobs.append((g, sp, opts))
+                jobs.append(Job(g, sp, opts, _rid(req.rid, i, j, sp.n)))
         if req.stream:
-            return StreamingResponse(_stream(engine, req, jobs), media_type="text/event-stream")
-        res = await results(engine, [g for g, _, _ in jobs])
-        out = [
-            _response(g, sp, opts, rr, req.return_text_in_logprobs).model_dump()
-            for (g, sp, opts), rr in zip(jobs, res, strict=True)
-        ]
+            return StreamingResponse(_stream(state, req, jobs), media_type="text/event-stream")
+        res = await results(state, [job.gen for job in jobs], request)
+        out = [_response(job, rr, req.return_text_in_logprobs) for job, rr in zip(jobs, res, strict=True)]
         return out if batch or len(out) > 1 else out[0]
 
     @r.post("/update_weights_from_disk")
@@ -126,6 +128,26 @@ def router(state: ServerState) -> list[Route]:
     return r.routes
 
 
+@dataclass(frozen=True)
+class Job:
+    """One sample of one prompt: the engine request, its parameters and its request id
+    (``meta_info.id`` on every answer and chunk of it, as SGLang's ``rid``)."""
+
+    gen: GenRequest
+    sp: SamplingParams
+    opts: dict[str, Any]
+    rid: str
+
+
+def _rid(given: str | list[str] | None, i: int, j: int, n: int) -> str:
+    """Prompt ``i``'s sample ``j``: the client's ``rid`` (one per prompt in a batch, with
+    ``_j`` when ``n`` > 1), else a fresh one."""
+    base = given[i] if isinstance(given, list) and i < len(given) else given
+    if not isinstance(base, str):
+        return uuid.uuid4().hex
+    return base if n == 1 else f"{base}_{j}"
+
+
 def _bad_len() -> Any:
     raise RequestError("sampling_params has a different length than the batch", "sampling_params")
 
@@ -156,16 +178,15 @@ def _in_triple(lp: float | None, tok: int, with_text: bool) -> tuple[float | Non
     return (None if lp is None else finite(lp), tok, token_str(tok) if with_text else None)
 
 
-def _response(
-    g: GenRequest, sp: SamplingParams, opts: dict[str, Any], res: GenResult, with_text: bool
-) -> GenerateResponse:
+def _response(job: Job, res: GenResult, with_text: bool) -> dict[str, Any]:
+    g, sp, opts = job.gen, job.sp, job.opts
     finish: dict[str, Any] = {"type": res.finish_reason}
     if res.finish_reason == "stop":
         finish["matched"] = res.matched
     elif res.finish_reason == "length":
         finish["length"] = len(res.token_ids)
     meta = MetaInfo(
-        id=uuid.uuid4().hex,
+        id=job.rid,
         finish_reason=FinishReason(**finish),
         prompt_tokens=len(g.prompt_ids),
         completion_tokens=len(res.token_ids),
@@ -173,9 +194,8 @@ def _response(
         weight_version=res.policy_version,
     )
     if opts["return_logprob"]:
-        meta.output_token_logprobs = [
-            _triple(lp, t, with_text) for t, lp in zip(res.token_ids, res.logprobs, strict=True)
-        ]
+        meta.output_token_logprobs = _output_logprobs(res.token_ids, res.logprobs, with_text)
+        meta.input_token_logprobs = []
         if opts["top"] > 0:
             meta.output_top_logprobs = [[_triple(v, t, with_text) for t, v in top] for top in res.top_logprobs]
         if res.prompt_logprobs is not None:
@@ -189,39 +209,55 @@ def _response(
     text = token_text(res.token_ids, sp.skip_special_tokens)
     if not sp.no_stop_trim:
         text = trim_stop(text, res, False)
-    out = GenerateResponse(text=text, output_ids=list(res.token_ids), meta_info=meta)
-    extra = out.meta_info.__pydantic_extra__
-    if extra is not None:
-        extra["policy_version"] = res.policy_version
+    out = GenerateResponse(text=text, output_ids=list(res.token_ids), meta_info=meta).model_dump()
+    _drop_unasked(out["meta_info"])
+    out["meta_info"]["policy_version"] = res.policy_version
     return out
 
 
-async def _stream(
-    engine: Engine, req: GenerateReqInput, jobs: Sequence[tuple[GenRequest, SamplingParams, dict[str, Any]]]
-) -> AsyncIterator[str]:
-    ids: list[list[int]] = [[] for _ in jobs]
+def _output_logprobs(ids: Sequence[int], logprobs: Sequence[float], with_text: bool) -> list[Any]:
+    return [_triple(lp, t, with_text) for t, lp in zip(ids, logprobs, strict=True)]
+
+
+def _drop_unasked(meta: dict[str, Any]) -> None:
+    """SGLang adds log-prob entries to ``meta_info`` only when asked for (the top ones only
+    with ``top_logprobs_num`` > 0): no key rather than a null."""
+    for key in _LOGPROB_KEYS:
+        if meta.get(key, 0) is None:
+            del meta[key]
+
+
+_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs", "input_token_logprobs", "input_top_logprobs")
+
+
+async def _stream(state: ServerState, req: GenerateReqInput, jobs: Sequence[Job]) -> AsyncIterator[str]:
+    """SGLang's stream: each chunk carries the running ``text`` (held back as a vLLM stream
+    holds it, so it only grows into the final text), all ``output_ids`` so far and
+    ``meta_info`` with the request's id and the version of the weights sampling it."""
+    texts = [TextStream(job.sp.stops(), job.sp.skip_special_tokens, job.sp.no_stop_trim) for job in jobs]
+    lps: list[list[float]] = [[] for _ in jobs]
     try:
-        async for i, ev in run(engine, [g for g, _, _ in jobs], stream=True):
-            g, sp, opts = jobs[i]
+        async for i, ev in run(state, [job.gen for job in jobs], stream=True):
+            job, text = jobs[i], texts[i]
             if isinstance(ev, TokenEvent):
-                ids[i].append(ev.draw.token)
-                body: dict[str, Any] = {
-                    "index": i,
-                    "text": token_text(ids[i], sp.skip_special_tokens),
-                    "output_ids": list(ids[i]),
-                    "meta_info": {
-                        "id": str(i),
-                        "finish_reason": None,
-                        "prompt_tokens": len(g.prompt_ids),
-                        "completion_tokens": len(ids[i]),
-                        "weight_version": engine.policy_version,
-                    },
+                text.push(ev.draw.token)
+                lps[i].append(ev.draw.logprob)
+                meta: dict[str, Any] = {
+                    "id": job.rid,
+                    "finish_reason": None,
+                    "prompt_tokens": len(job.gen.prompt_ids),
+                    "completion_tokens": len(text.ids),
+                    "cached_tokens": ev.cached,
+                    "weight_version": ev.version,
                 }
+                if job.opts["return_logprob"]:
+                    meta["output_token_logprobs"] = _output_logprobs(text.ids, lps[i], req.return_text_in_logprobs)
+                body: dict[str, Any] = {"text": text.sent, "output_ids": list(text.ids), "meta_info": meta}
             elif isinstance(ev, GenResult):
-                body = _response(g, sp, opts, ev, req.return_text_in_logprobs).model_dump()
-                body["index"] = i
+                body = _response(job, ev, req.return_text_in_logprobs)
             else:
                 continue
+            body["index"] = i
             yield f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
     except Exception as e:  # noqa: BLE001 - the status line is sent; report in-band
         yield f"data: {json.dumps({'error': {'message': str(e)}})}\n\n"

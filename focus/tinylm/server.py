@@ -9,7 +9,9 @@ The application is :func:`focus.tinylm.app.create_app`; the engine is
 or the ``weight_version`` given at reload).
 
 Run: ``python -m focus.tinylm.server --port 8000 [--weights PATH]
-[--logprobs-mode processed_logprobs]``. With ``--args-from-stdin`` the process imports
+[--logprobs-mode processed_logprobs] [--threads 1]``. ``--threads``: BLAS threads of the
+engine (default 1, see :func:`limit_threads`; the engine itself is one thread, the HTTP
+loop another). With ``--args-from-stdin`` the process imports
 the engine and the app first (most of its start-up) and only then reads its command line, as
 one JSON list, from stdin (end of input: it exits): a command can start it before it
 knows the configuration (:class:`focus.backends.local.WarmServer`). ``--debug`` wraps
@@ -52,6 +54,24 @@ def _remove(owned: Path | None) -> None:
         shutil.rmtree(owned, ignore_errors=True)
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def limit_threads(n: int) -> None:
+    """Let the engine's matrix products use ``n`` BLAS threads (OpenBLAS starts one per
+    core). The engine's products are small (128-wide rows, one per running sequence), so
+    extra threads mostly wait for each other; on a CPU that other work shares they wait
+    for the cores too, and 32 requests in flight ran slower than one at a time
+    (benchmarks/README.md, "Embedded model server"). One thread keeps batching ahead."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=n, user_api="blas")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="Serve the focus tiny model over HTTP.")
     ap.add_argument("--host", default="127.0.0.1")
@@ -68,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together at most")
     ap.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens prefilled per step")
     ap.add_argument("--prefix-cache-tokens", type=int, default=65536, help="prefix cache budget (0: off)")
+    ap.add_argument(
+        "--threads",
+        type=_positive,
+        default=1,
+        help="BLAS threads of the engine's matrix products (default 1: batching stays ahead when the CPU is shared)",
+    )
     ap.add_argument("--workers", type=int, default=1, help="kept for compatibility; one engine thread serves")
     ap.add_argument("--torch-threads", type=int, default=1, help="kept for compatibility; unused (numpy serves)")
     ap.add_argument("--debug", action="store_true", help="mount the test fault layer (focus.tinylm.testing)")
@@ -86,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     watched = args.parent_pid
     if watched:
         threading.Thread(target=_watch_parent, args=(watched, args.owned_dir), daemon=True).start()
+    import threadpoolctl  # noqa: F401 - imported before --args-from-stdin waits, as the rest
     import uvicorn
 
     from focus.tinylm.app import create_app
@@ -99,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         args = build_parser().parse_args(json.loads(line))
         if args.args_from_stdin:
             raise SystemExit("--args-from-stdin: the command line read from stdin must not repeat it")
+    limit_threads(args.threads)
     engine = Engine(
         args.weights,
         logprobs_mode=args.logprobs_mode,

@@ -2,7 +2,11 @@
 
 Routes run on the asyncio loop; the engine runs on its own thread. :func:`run` submits
 engine requests and yields their events on the loop (each token for streaming
-requests, then the result); leaving early (a client that disconnected) cancels them.
+requests, then the result); leaving early cancels them. A client that disconnects
+aborts its requests at the engine's next step, as vLLM and SGLang abort theirs: a
+stream notices when its next chunk cannot be sent, a non-streamed request because
+:func:`results` watches the connection while it waits (a client's timed-out attempt or
+a hedged copy that lost must not keep the engine decoding).
 Bodies are parsed with the protocol models; any failure is answered in vLLM's error
 layout (``{"error": {"message", "type", "param", "code"}}``). Routes are plain Starlette
 (:class:`Routes`): fastapi's import alone took 0.15 s of the server's start, on the
@@ -13,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -40,14 +46,51 @@ _SPECIAL = {
 }
 
 
+class Inbox:
+    """Engine events handed to the event loop in bursts. The engine thread delivers one
+    event per running request per step; waking the loop for each (a system call, and the
+    interpreter lock passed back and forth) cost a stream of 64 requests more than their
+    tokens did. The first event of a burst schedules one drain on the loop; the others
+    only join the queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: deque[tuple[Callable[[Any], None], Any]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def call(self, fn: Callable[[Any], None], item: Any) -> None:
+        """From any thread: ``fn(item)`` on the loop."""
+        with self._lock:
+            self._items.append((fn, item))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items, self._scheduled = self._items, deque(), False
+        for fn, item in items:
+            fn(item)
+
+
 @dataclass
 class ServerState:
     engine: Engine
     model_name: str = MODEL_NAME
+    _inbox: Inbox | None = None
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
             raise RequestError(f"The model `{model}` does not exist.", "model", status=404)
+
+    def inbox(self) -> Inbox:
+        """The inbox of the running loop (the server runs one)."""
+        loop = asyncio.get_running_loop()
+        if self._inbox is None or self._inbox.loop is not loop:
+            self._inbox = Inbox(loop)
+        return self._inbox
 
 
 class Routes:
@@ -107,14 +150,14 @@ def summary(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
-async def run(engine: Engine, requests: Sequence[GenRequest], *, stream: bool = False) -> AsyncIterator[Any]:
+async def run(state: ServerState, requests: Sequence[GenRequest], *, stream: bool = False) -> AsyncIterator[Any]:
     """Submit ``requests``; yield ``(index, event)`` pairs until every one finished."""
-    loop = asyncio.get_running_loop()
+    inbox, engine = state.inbox(), state.engine
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
     handles: list[Handle] = []
 
     def sink(i: int) -> Any:
-        return lambda ev: loop.call_soon_threadsafe(queue.put_nowait, (i, ev))
+        return lambda ev: inbox.call(queue.put_nowait, (i, ev))
 
     try:
         for i, req in enumerate(requests):
@@ -132,12 +175,54 @@ async def run(engine: Engine, requests: Sequence[GenRequest], *, stream: bool = 
             h.cancel()
 
 
-async def results(engine: Engine, requests: Sequence[GenRequest]) -> list[GenResult]:
-    out: list[GenResult | None] = [None] * len(requests)
-    async for i, ev in run(engine, requests):
-        if isinstance(ev, GenResult):
-            out[i] = ev
-    return [r for r in out if r is not None]
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready (its requests are aborted)."""
+
+
+async def results(state: ServerState, requests: Sequence[GenRequest], request: Request) -> list[GenResult]:
+    """The results of ``requests``; :class:`ClientGone` as soon as ``request``'s client
+    disconnects, its requests cancelled right there (the engine drops them before its
+    next step)."""
+    inbox, engine, loop = state.inbox(), state.engine, asyncio.get_running_loop()
+    answers: list[asyncio.Future[GenResult]] = [loop.create_future() for _ in requests]
+
+    def deliver(item: tuple[asyncio.Future[GenResult], Any]) -> None:
+        future, ev = item
+        if future.done():
+            return
+        if isinstance(ev, Exception):
+            future.set_exception(ev)
+        elif isinstance(ev, GenResult):
+            future.set_result(ev)
+
+    def sink(future: asyncio.Future[GenResult]) -> Any:
+        return lambda ev: inbox.call(deliver, (future, ev))
+
+    handles: list[Handle] = []
+    gone = asyncio.ensure_future(_disconnect(request))
+    work = asyncio.gather(*answers)
+    try:
+        for req, future in zip(requests, answers, strict=True):
+            handles.append(engine.submit(req, sink(future)))
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            return list(work.result())
+        for h in handles:
+            h.cancel()
+        raise ClientGone
+    finally:
+        for h in handles:
+            h.cancel()
+        for task in (work, gone):
+            task.cancel()
+        await asyncio.gather(work, gone, return_exceptions=True)
+
+
+async def _disconnect(request: Request) -> None:
+    """Return when the client goes away. The body has been read, so the next ASGI message
+    is ``http.disconnect`` (the server sends it when the connection closes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def token_str(t: int, as_id: bool = False) -> str:
@@ -166,6 +251,53 @@ def token_text(ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     return "".join(out)
 
 
+class TextStream:
+    """The text of one streamed answer, sent as it grows: complete UTF-8 characters only,
+    and, as vLLM's detokenizer does, holding back the last ``max(len(stop)) - 1``
+    characters (none when the stop string stays in the answer), which could still begin a
+    stop string. The token that matches a stop string ends the request and is never
+    pushed (:class:`~focus.tinylm.engine.TokenEvent`), so what was sent is always a prefix
+    of the final, trimmed text and the deltas add up to it."""
+
+    def __init__(self, stops: Sequence[str], skip_special_tokens: bool, include_stop: bool) -> None:
+        self.skip_special_tokens, self.include_stop = skip_special_tokens, include_stop
+        self.ids: list[int] = []
+        self.data = bytearray()  # the byte tokens (special tokens have no bytes)
+        self.sent = ""
+        self.hold = 0 if include_stop else max((len(s) for s in stops), default=1) - 1
+
+    def push(self, tok: int) -> str:
+        """The text that token ``tok`` makes safe to send."""
+        self.ids.append(tok)
+        if 0 <= tok < 256:
+            self.data.append(tok)
+        if self.skip_special_tokens:
+            text = self.data.decode("utf-8", errors="replace")
+        else:
+            text = token_text(self.ids, False)
+        if (self.skip_special_tokens or 0 <= tok < 256) and _incomplete_utf8(bytes(self.data[-4:])):
+            text = text[:-1]  # a partial character decodes as one replacement char
+        text = text[: max(len(self.sent), len(text) - self.hold)]
+        delta, self.sent = text[len(self.sent) :], max(text, self.sent, key=len)
+        return delta
+
+    def finish(self, res: GenResult) -> str:
+        """The rest of the final text (the answer's, stop string trimmed)."""
+        text = trim_stop(token_text(res.token_ids, self.skip_special_tokens), res, self.include_stop)
+        delta = text[len(self.sent) :] if text.startswith(self.sent) else ""
+        self.sent = text
+        return delta
+
+
+def _incomplete_utf8(data: bytes) -> bool:
+    for k in range(1, min(4, len(data)) + 1):
+        b = data[-k]
+        if b & 0xC0 != 0x80:  # a lead byte (or ASCII)
+            need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+            return need > k
+    return False
+
+
 def finite(x: float) -> float:
     """-inf (a token outside the truncation set) as vLLM writes it: -9999.0."""
     return max(x, -9999.0)
@@ -191,7 +323,9 @@ def engine_error(e: EngineError) -> RequestError:
 
 __all__ = [
     "MODEL_NAME",
+    "ClientGone",
     "ServerState",
+    "TextStream",
     "TokenEvent",
     "error_response",
     "finite",

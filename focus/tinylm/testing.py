@@ -74,7 +74,7 @@ class FaultLayer:
         body = await _body(receive)
         self._record(path, body)
         fault = self.faults.pop()
-        replay = _replay(body)
+        replay = _replay(body, receive)
         if fault is None:
             await self.app(scope, replay, send)
             return
@@ -131,7 +131,9 @@ async def _body(receive: Any) -> bytes:
             return b"".join(chunks)
 
 
-def _replay(body: bytes) -> Any:
+def _replay(body: bytes, upstream: Any) -> Any:
+    """An ASGI ``receive`` that gives the app the body already read, then passes on what
+    the connection says next (``http.disconnect`` when the client goes away)."""
     sent = False
 
     async def receive() -> dict[str, Any]:
@@ -139,8 +141,7 @@ def _replay(body: bytes) -> Any:
         if not sent:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()  # the client keeps the connection open
-        return {"type": "http.disconnect"}
+        return dict(await upstream())
 
     return receive
 
