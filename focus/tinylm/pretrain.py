@@ -57,6 +57,18 @@ def make_batch(rng: random.Random, codec: ByteCodec, size: int) -> tuple[torch.T
 
 
 def train(steps: int = 300, batch_size: int = 16, lr: float = 3e-3, seed: int = 0, log_every: int = 50) -> TinyLM:
+    """The pretrained model, the same bits on every run: seeded, and on one CPU thread
+    for the whole call (restored after), since a reduction split over several threads
+    may add in another order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train(steps, batch_size, lr, seed, log_every)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(steps: int, batch_size: int, lr: float, seed: int, log_every: int) -> TinyLM:
     torch.manual_seed(seed)
     rng = random.Random(seed)
     codec = ByteCodec()
@@ -90,7 +102,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
     model = train(args.steps, args.batch_size, seed=args.seed)
     version = save(model, args.out)
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes, {model.n_params()} params, version {version})")
