@@ -285,11 +285,10 @@ class BatchStore:
         keep = {f"{url}/{f.path}" for f in manifest.files}
         list(pool.map(lambda f: self.loc.copy(f"{stage}/{f.path}", f"{url}/{f.path}", self.retry), manifest.files))
         if replace:
-            stale = set(self.loc.list_files(url, self.retry)) - keep - {manifest_url}
-            list(pool.map(lambda u: self.loc.remove(u, self.retry), stale))
+            self.loc.remove_many(sorted(set(self.loc.list_files(url, self.retry)) - keep - {manifest_url}), self.retry)
         check_writer(self.root, collection_id)
         self.loc.put_bytes(manifest_url, manifest.to_json(), self.retry, atomic=True)
-        self.loc.remove_folder(stage, self.retry)
+        self.loc.remove_many([f"{stage}/{f.path}" for f in manifest.files], self.retry)
 
     def staging_for(self, collection_id: str, iteration: int) -> str:
         """Where a write of (collection, iteration) puts its files until they are all

@@ -387,7 +387,21 @@ class Location:
         """Copy one file to another name under the root (on S3 a server-side copy: the
         bytes do not travel through this process)."""
         src, dst = self.path(source), self.path(target)
-        retrying(lambda: self.fs.copy(src, dst), f"copy {source} to {target}", retry)
+        retrying(lambda: self.fs.cp_file(src, dst), f"copy {source} to {target}", retry)
+
+    def remove_many(self, urls: list[str], retry: Retry) -> None:
+        """Remove the files ``urls`` (S3: one bulk request per 1,000); missing ones are no error."""
+        paths = [self.path(u) for u in urls]
+        if not paths:
+            return
+
+        def rm() -> None:
+            try:
+                self.fs.rm(paths)
+            except FileNotFoundError:
+                pass
+
+        retrying(rm, f"delete {len(paths)} file(s) under {self.root}", retry)
 
     def rename_folder(self, source: str, target: str) -> None:
         """Rename a local folder in one step (``rename(2)``): readers see it under the old
