@@ -22,8 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.readme import BLOCK, code, duration, machine_text, num
-from examples.records import BY_NAME, EXAMPLES, read
+from benchmarks.readme import BLOCK, code, duration, machine_text, num, table
+from examples.records import BY_NAME, EXAMPLES, REGISTRY, read
+
+#: The block of examples/README.md: every example's command and measured run time.
+SUMMARY = "summary"
 
 
 def run_text(rec: dict[str, Any]) -> str:
@@ -85,7 +88,22 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
 }
 
 
+def summary(folder: Path) -> str:
+    rows = []
+    for e in REGISTRY:
+        rec = read(e.name, folder)
+        took = (
+            "not recorded yet"
+            if rec is None
+            else f"{duration(rec['wall_s'])} (load average {num((rec.get('load_average_before') or [None])[0])})"
+        )
+        rows.append([f"[{e.name}]({e.name}/README.md)", code(e.command), took])
+    return table(["example", "command", "run time here"], rows)
+
+
 def block(name: str, folder: Path, warnings: list[str]) -> str:
+    if name == SUMMARY:
+        return summary(folder)
     rec = read(name, folder)
     if rec is None:
         return f"_Not recorded yet: `.venv/bin/python -m examples.records --only {name}` runs {code(BY_NAME[name].command)}._"
@@ -103,7 +121,7 @@ def render(text: str, folder: Path = EXAMPLES) -> tuple[str, list[str]]:
 
     def sub(m: re.Match[str]) -> str:
         name = m.group("name")
-        if name not in BY_NAME:
+        if name != SUMMARY and name not in BY_NAME:
             warnings.append(f"block {name} names no example of examples.records.REGISTRY")
             return m.group(0)
         return f"<!-- generated: {name} -->\n{block(name, folder, warnings)}\n<!-- end generated: {name} -->"
