@@ -373,15 +373,8 @@ class Location:
         ]
 
     def remove(self, url: str, retry: Retry) -> None:
-        path = self.path(url)
-
-        def rm() -> None:
-            try:
-                self.fs.rm_file(path)
-            except FileNotFoundError:
-                pass
-
-        retrying(rm, f"delete {url}", retry)
+        """Remove the file ``url``; a missing one is no error."""
+        self.remove_many([url], retry)
 
     def copy(self, source: str, target: str, retry: Retry) -> None:
         """Copy one file to another name under the root (on S3 a server-side copy: the
@@ -392,16 +385,18 @@ class Location:
     def remove_many(self, urls: list[str], retry: Retry) -> None:
         """Remove the files ``urls`` (S3: one bulk request per 1,000); missing ones are no error."""
         paths = [self.path(u) for u in urls]
-        if not paths:
-            return
 
         def rm() -> None:
-            try:
-                self.fs.rm(paths)
-            except FileNotFoundError:
-                pass
+            for batch in [paths] if self.is_s3 else [[p] for p in paths]:  # elsewhere one missing file stops a list
+                try:
+                    self.fs.rm(batch)
+                except FileNotFoundError:
+                    pass
 
-        retrying(rm, f"delete {len(paths)} file(s) under {self.root}", retry)
+        if paths:
+            retrying(
+                rm, f"delete {urls[0]}" if len(urls) == 1 else f"delete {len(urls)} files under {self.root}", retry
+            )
 
     def rename_folder(self, source: str, target: str) -> None:
         """Rename a local folder in one step (``rename(2)``): readers see it under the old

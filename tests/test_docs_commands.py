@@ -11,8 +11,10 @@ does not (or the other way round) fails the first test, so a new command gets a 
   no Prefect server and no ``FOCUS_*`` settings, as on a fresh clone; ``make`` targets run
   with ``-o .venv/.installed`` (the install step is not rerun). Cheap ones only.
 - ``parse``: too long to run in the suite (the reason is given): the command line is
-  parsed by the program's own parser and rejected there if an option or value is
-  wrong, and a ``focus`` command's ``-c``/``--set`` go through ``focus config show``.
+  parsed by the program's own parser, in this process, stopping where the work would
+  start, and rejected there if an option or value is wrong; a ``focus`` command's
+  ``-c``/``--set`` also go through ``focus config show``; a ``make`` target through
+  ``make -n``.
 - ``external``: needs what this machine does not have (a key, a GPU server, slime);
   the part that is ours is parsed.
 
@@ -22,8 +24,8 @@ Every command must start from the checkout as it is after ``make install``
 
 from __future__ import annotations
 
+import importlib
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -73,6 +75,7 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/focus train -c configs/loop.toml": Check("parse", LONG_TRAIN),
     ".venv/bin/focus config show -c configs/loop.toml": Check("run", expect=("train.iterations",)),
     "pip install focus-rl": Check("external", "installs the published package from a package index"),
+    "pip install 'focus-rl[pipeline]'": Check("external", "installs the published package from a package index"),
     # docs/operations.md
     ".venv/bin/focus collect --config configs/collect.toml --collection-id nightly-0412": Check(
         "run",
@@ -207,7 +210,7 @@ def inline_commands(text: str) -> list[str]:
     prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
     out = []
     for span in (" ".join(s.split()) for s in re.findall(r"`([^`]+)`", prose)):
-        if not PROGRAM.match(span) or re.search(r"\[|<|\.\.\.$|\.\.\. |\{", span):
+        if not PROGRAM.match(span) or re.search(r"\s\[|<\w|\.\.\.$|\.\.\. |\{", span):
             continue
         words = span.split()
         if words[0] == "focus" and not any(w.startswith("-") for w in words):
@@ -313,76 +316,93 @@ def test_cheap_commands_run_as_written(cmd, tmp_path):
         )
 
 
-#: Runs a module with its command line parsed by its own parser, then stops before any
-#: work: argparse's ``parse_args`` and a click command's ``invoke`` (click's, and the
-#: copy typer carries) exit 0 once the arguments are parsed; a bad option exits 2 from
-#: the parser, as it would for real.
-PARSE_ONLY = r"""
-import argparse, importlib, os, runpy, sys
-
-def stop(what):
-    print("parsed:", what, flush=True)
-    os._exit(0)
-
-real_parse = argparse.ArgumentParser.parse_args
-argparse.ArgumentParser.parse_args = lambda self, args=None, namespace=None: stop(real_parse(self, args, namespace))
-for name in ("click.core", "typer._click.core"):
-    try:
-        core = importlib.import_module(name)
-    except ImportError:
-        continue
-    def invoke(self, ctx, real=core.Command.invoke):
-        return real(self, ctx) if hasattr(self, "commands") else stop(ctx.params)  # a group runs its subcommand
-    core.Command.invoke = invoke
-module, sys.argv = sys.argv[1], [sys.argv[1], *sys.argv[2:]]
-runpy.run_module(module, run_name="__main__", alter_sys=True)
-"""
+class Parsed(BaseException):
+    """Raised where a program would start its work, once its command line is parsed."""
 
 
-def parse_command(cmd: str, tmp_path: Path, config: bool) -> list[subprocess.CompletedProcess[str]]:
-    """Parse ``cmd`` with its program's own parser (and, with ``config``, a focus
-    command's ``-c``/``--set`` through ``focus config show``)."""
+def stop_after_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """argparse's ``parse_args`` and a click command's ``invoke`` (click's, and the copy
+    typer carries) raise :class:`Parsed` once the arguments are parsed; a bad option
+    still fails in the parser, as it would for real."""
+    import argparse
+    import importlib
+
+    real_parse = argparse.ArgumentParser.parse_args
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        real_parse(self, args, namespace)
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
+    for name in ("click.core", "typer._click.core"):
+        try:
+            core = importlib.import_module(name)
+        except ImportError:
+            continue
+
+        def invoke(self, ctx, real=core.Command.invoke):  # type: ignore[no-untyped-def]
+            if hasattr(self, "commands"):  # a group: it goes on to its subcommand
+                return real(self, ctx)
+            raise Parsed
+
+        monkeypatch.setattr(core.Command, "invoke", invoke)
+
+
+def parse_command(cmd: str, config: bool, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Parse ``cmd`` with its program's own parser, in this process (and, with
+    ``config``, a focus command's ``-c``/``--set`` through ``focus config show``);
+    whether anything of ours parsed it. Fails the test where the parser refuses it."""
+    import runpy
+
     words = shlex.split(cmd)
     while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
         words.pop(0)
-    env = {**base_env(tmp_path / "prefect"), "PYTHONPATH": str(ROOT)}
-    run = lambda args: subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
     if words[0] == "make":
-        return [run(["make", "-n", *INSTALL.split(), *words[1:]])]
-    if words[0] == ".venv/bin/focus":
-        out = [run([sys.executable, "-c", PARSE_ONLY, "flows.cli", *words[1:]])]
-        flags = [f for i, w in enumerate(words) if w in ("-c", "--config", "--set") for f in (w, words[i + 1])]
-        if config and flags:  # the file and fields it names exist and hold valid values
-            out.append(run([sys.executable, "-m", "flows.cli", "config", "show", *flags]))
-        return out
+        done = subprocess.run(["make", "-n", *INSTALL.split(), *words[1:]], cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0 and done.stdout.strip(), f"{cmd!r}: {done.stderr[-2000:]}"
+        return True
     if words[:3] == [".venv/bin/python", "-m", "pytest"]:
-        return [
-            run([sys.executable, "-m", "pytest", "--collect-only", "-q", *[w for w in words[3:] if w.endswith(".py")]])
-        ]
+        files = [w for w in words[3:] if w.endswith(".py")]
+        assert files and all((ROOT / f).is_file() for f in files), f"{cmd!r}: a test file is missing"
+        return True
+    if words[0] == ".venv/bin/focus":
+        from typer.testing import CliRunner
+
+        from flows.cli import app
+
+        if config:  # the file and the fields it names exist and hold valid values
+            flags = [f for i, w in enumerate(words) if w in ("-c", "--config", "--set") for f in (w, words[i + 1])]
+            shown = CliRunner().invoke(app, ["config", "show", *flags])
+            assert shown.exit_code == 0, f"{cmd!r}: focus config show {' '.join(flags)}: {shown.output[-2000:]}"
+        stop_after_parsing(monkeypatch)
+        with pytest.raises(Parsed):
+            app(words[1:], prog_name="focus", standalone_mode=False)
+        return True
     if words[:2] == [".venv/bin/python", "-m"]:
-        return [run([sys.executable, "-c", PARSE_ONLY, words[2], *words[3:]])]
-    return []  # another project's program: nothing of ours to parse
+        stop_after_parsing(monkeypatch)
+        monkeypatch.setattr(sys, "argv", [words[2], *words[3:]])
+        with pytest.raises(Parsed):
+            runpy.run_module(words[2], run_name="__main__", alter_sys=True)
+        return True
+    if words[:2] == ["pip", "install"]:  # this project, with extras it defines
+        import tomllib
+
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+        for spec in words[2:]:
+            m = re.fullmatch(r"([\w-]+)(?:\[([\w,]+)\])?", spec)
+            assert m and m.group(1) == project["name"], f"{cmd!r}: installs {spec!r}, not {project['name']}"
+            extras = set(filter(None, (m.group(2) or "").split(",")))
+            assert extras <= set(project["optional-dependencies"]), f"{cmd!r}: unknown extras {extras}"
+        return True
+    return False  # another project's program: nothing of ours to parse
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(600)
+@pytest.mark.filterwarnings("ignore:'examples.records' found in sys.modules:RuntimeWarning")
 @pytest.mark.parametrize("cmd", PARSED)
-def test_long_or_external_commands_parse(cmd, tmp_path):
+def test_long_or_external_commands_parse(cmd, monkeypatch):
     check = COMMANDS[cmd]
     if check.imports:
         module, _, name = check.imports.partition(":")
-        done = subprocess.run(
-            [sys.executable, "-c", f"import {module} as m; assert callable(m.{name})"],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-    runs = parse_command(cmd, tmp_path, config=check.how == "parse")
-    assert runs or check.how == "external", f"{cmd!r}: nothing parsed it"
-    for done in runs:
-        assert done.returncode == 0, (
-            f"{cmd!r} ({' '.join(done.args[:4])} ...):\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
-        )
+        assert callable(getattr(importlib.import_module(module), name))
+    parsed = parse_command(cmd, config=check.how == "parse", monkeypatch=monkeypatch)
+    assert parsed or check.imports, f"{cmd!r}: nothing of ours checks it"

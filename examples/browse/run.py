@@ -57,13 +57,16 @@ def make_collector(url: str, corpus: Corpus, args: argparse.Namespace, progress:
 async def collect(url: str, args: argparse.Namespace, progress: common.Progress) -> dict[str, Any]:
     from storage import BatchStore
 
+    progress.doing = "generating the corpus and its search index"
     corpus = generate_corpus(args.seed)
     tasks = browse_tasks(corpus)[: args.questions]
     collector = make_collector(url, corpus, args, progress)
+    progress.doing = f"collecting on {len(tasks)} questions"
     try:
         state = await collector.run_search(tasks)
     finally:
         await collector.agent.policy.aclose()
+    progress.doing = "writing the batch"
     batch = collector.prepare(state.trees)
     url_out = BatchStore(args.out).write(batch, overwrite=True)
     return {

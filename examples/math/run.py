@@ -93,6 +93,8 @@ async def collect(config: MathConfig, url: str, progress: common.Progress | None
 
     collector = make_collector(config, url, progress)
     tasks = default_tasks(config.problems, config.seed)
+    if progress is not None:
+        progress.doing = f"collecting on {len(tasks)} problems"
     try:
         state = await collector.run_search(tasks)
     finally:
