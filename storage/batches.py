@@ -6,15 +6,22 @@ Layout under the store root::
         actor/part-00000.parquet ...   one row per model turn
         critic/part-00000.parquet ...  one row per checkpoint
         stats.json                     the collection's statistics
-        _manifest.json                 written last; lists every file with size and SHA-256
+        _manifest.json                 lists every file with size and SHA-256
+    _staging/<collection_id>/iter-<iteration:06d>/
+        ...                            the same files while a write is in progress
 
-A batch exists exactly when its manifest does. Writing is idempotent: the same actor
-and critic content written again is a no-op (statistics such as wall time may differ
-between reruns and do not count), and different content at the same URL is refused
-unless ``overwrite=True``, so a finished batch is never silently replaced. Part files
-left by an interrupted write are replaced or removed before the manifest goes out.
-The batch comes as Arrow columns (:mod:`focus.batch`; the collector builds them as it
-prepares the batch), so writing is Parquet encoding, checksums and the manifest.
+A batch exists exactly when its manifest does, and its folder never holds a file of an
+unfinished write: files are staged outside ``batches/`` and published once all are
+written (:meth:`BatchStore._publish`), so a reader that globs the batch folder, as
+DuckDB, polars and ``datasets`` users do, does not meet half a batch. Writing is
+idempotent: the same actor and critic content written again is a no-op (statistics
+such as wall time may differ between reruns and do not count), and different content
+at the same URL is refused unless ``overwrite=True``, so a finished batch is never
+silently replaced. What an interrupted write left is removed by the next write of the
+batch. The batch comes as Arrow columns (:mod:`focus.batch`; the collector builds them
+as it prepares the batch), so writing is Parquet encoding, checksums and the manifest.
+Records about a store name its batches relative to its root (:meth:`BatchStore.ref`,
+:meth:`BatchStore.locate`), so a store can be copied or moved.
 """
 
 from __future__ import annotations
