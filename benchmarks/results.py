@@ -190,6 +190,16 @@ def load_average() -> list[float]:
         return []
 
 
+#: Files a recording run rewrites itself: changes to them do not make a run dirty.
+RECORDED = (
+    ":!benchmarks/results",
+    ":!benchmarks/README.md",
+    ":!examples/*/record.json",
+    ":!examples/*/README.md",
+    ":!examples/*/*.png",
+)
+
+
 def git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
@@ -197,25 +207,14 @@ def git_commit() -> str | None:
         return None
     if out.returncode != 0:
         return None
-    # the records and the README this runner itself rewrites do not make a run dirty
+    # the records and the READMEs the recording runners rewrite do not make a run dirty
     dirty = subprocess.run(
-        [
-            "git",
-            "status",
-            "--porcelain",
-            "--untracked-files=no",
-            "--",
-            ".",
-            ":!benchmarks/results",
-            ":!benchmarks/README.md",
-        ],
-        cwd=ROOT,
-        capture_output=True,
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *RECORDED], cwd=ROOT, capture_output=True
     )
     return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-class _LoadWatch:
+class LoadWatch:
     """The highest 1-minute load average seen while a run lasts (sampled every few seconds)."""
 
     def __init__(self, every_s: float = 5.0) -> None:
@@ -228,7 +227,7 @@ class _LoadWatch:
         while not self._stop.wait(self.every_s):
             self.peak = max(self.peak, (load_average() or [0.0])[0])
 
-    def __enter__(self) -> _LoadWatch:
+    def __enter__(self) -> LoadWatch:
         self._thread.start()
         return self
 
@@ -265,7 +264,7 @@ def run_and_record(
         cmd = [sys.executable, "-m", bench.module, *args, "--json", str(out)]
         load_before, started = load_average(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         t0 = time.perf_counter()
-        with _LoadWatch() as watch:
+        with LoadWatch() as watch:
             try:
                 proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=limit)
             except subprocess.TimeoutExpired as e:

@@ -1,23 +1,38 @@
-"""Helpers the example runs share: which model server to talk to, and a solve rate."""
+"""Helpers the example runs share: which model server to talk to, a solve rate, a
+progress line for long runs, and the result each run prints (and records)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-from collections.abc import Iterator
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
 
+from focus.backends import OpenAICompatPolicy
 from focus.format import ByteCodec, ChatCodec
+from focus.policy import Completion, SamplingParams
 from focus.tree import Tree
 
 
 @contextlib.contextmanager
-def model_server(url: str | None) -> Iterator[str]:
-    """``url`` when given; otherwise the embedded tiny model, started for the block."""
+def model_server(url: str | None, progress: Progress | None = None) -> Iterator[str]:
+    """``url`` when given; otherwise the embedded tiny model, started for the block
+    (``progress`` says so while it starts)."""
     if url:
         yield url
         return
     from focus.backends import LocalModelServer
 
+    if progress is not None:
+        progress.doing = "starting the embedded model server"
     with LocalModelServer() as server:
+        if progress is not None:
+            progress.doing = None
         yield server.url
 
 
@@ -37,3 +52,84 @@ def solve_rate(trees: list[Tree]) -> float:
         return 0.0
     solved = sum(1 for t, n in leaves if any(r > 0 for e in t.path_to(n.id) for r in e.rewards))
     return solved / len(leaves)
+
+
+class Progress:
+    """One line on standard error every ``every_s`` seconds while a long example runs,
+    so that slow can be told from hung: the time so far and the counts it has (added
+    with :meth:`add`, or read by ``poll`` at each line), and a last line at the end.
+    Standard output keeps the run's result alone."""
+
+    def __init__(
+        self,
+        what: str,
+        every_s: float = 10.0,
+        poll: Callable[[], dict[str, int]] | None = None,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.what, self.every_s, self.poll = what, every_s, poll
+        self.stream = stream if stream is not None else sys.stderr
+        self.counts: dict[str, int] = {}
+        #: what the run is doing now, shown first on each line (``None``: nothing said)
+        self.doing: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, daemon=True, name="example-progress")
+        self._t0 = time.monotonic()
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for k, n in counts.items():
+                self.counts[k] = self.counts.get(k, 0) + n
+
+    def line(self, done: bool = False) -> str:
+        with self._lock:
+            counts = dict(self.counts)
+        if self.poll is not None:
+            counts |= self.poll()
+        took = time.monotonic() - self._t0
+        parts = [f"{'done in ' if done else ''}{took:.0f} s"]
+        if self.doing and not done:
+            parts.append(self.doing)
+        parts += [f"{n:,} {k}" for k, n in counts.items()]
+        return f"{self.what}: " + ", ".join(parts)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every_s):
+            print(self.line(), file=self.stream, flush=True)
+
+    def __enter__(self) -> Progress:
+        self._t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        print(self.line(done=exc[0] is None), file=self.stream, flush=True)
+
+
+class CountingPolicy(OpenAICompatPolicy):
+    """The OpenAI-compatible client, counting answers and sampled tokens into a :class:`Progress`."""
+
+    def __init__(self, *args: Any, progress: Progress, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.progress = progress
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        out = await super().sample(prompt_ids, params)
+        self.progress.add(**{"model answers": 1, "tokens sampled": len(out.token_ids)})
+        return out
+
+
+def add_json_option(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--json", dest="json_path", metavar="PATH", help="also write the result to this file")
+
+
+def emit(result: dict[str, Any], json_path: str | None) -> None:
+    """The run's result as JSON on standard output and, with ``--json``, in that file
+    (what ``python -m examples.records`` keeps as the example's record)."""
+    text = json.dumps(result, indent=2, default=str)
+    print(text, flush=True)
+    if json_path:
+        Path(json_path).write_text(text + "\n")

@@ -188,7 +188,7 @@ def preflight(config: FocusConfig) -> Preflight:
         raise error
     if not steps.done(EXPORT):
         return Preflight(config, resumed=True)
-    record = steps.load(EXPORT)
+    record = steps.finished_export()
     damaged = steps.batch_problem(record["batch_url"])
     if damaged is not None:
         return Preflight(config, resumed=True, damaged=damaged)

@@ -6,15 +6,22 @@ Layout under the store root::
         actor/part-00000.parquet ...   one row per model turn
         critic/part-00000.parquet ...  one row per checkpoint
         stats.json                     the collection's statistics
-        _manifest.json                 written last; lists every file with size and SHA-256
+        _manifest.json                 lists every file with size and SHA-256
+    _staging/<collection_id>/iter-<iteration:06d>/
+        ...                            the same files while a write is in progress
 
-A batch exists exactly when its manifest does. Writing is idempotent: the same actor
-and critic content written again is a no-op (statistics such as wall time may differ
-between reruns and do not count), and different content at the same URL is refused
-unless ``overwrite=True``, so a finished batch is never silently replaced. Part files
-left by an interrupted write are replaced or removed before the manifest goes out.
-The batch comes as Arrow columns (:mod:`focus.batch`; the collector builds them as it
-prepares the batch), so writing is Parquet encoding, checksums and the manifest.
+A batch exists exactly when its manifest does, and its folder never holds a file of an
+unfinished write: files are staged outside ``batches/`` and published once all are
+written (:meth:`BatchStore._publish`), so a reader that globs the batch folder, as
+DuckDB, polars and ``datasets`` users do, does not meet half a batch. Writing is
+idempotent: the same actor and critic content written again is a no-op (statistics
+such as wall time may differ between reruns and do not count), and different content
+at the same URL is refused unless ``overwrite=True``, so a finished batch is never
+silently replaced. What an interrupted write left is removed by the next write of the
+batch. The batch comes as Arrow columns (:mod:`focus.batch`; the collector builds them
+as it prepares the batch), so writing is Parquet encoding, checksums and the manifest.
+Records about a store name its batches relative to its root (:meth:`BatchStore.ref`,
+:meth:`BatchStore.locate`), so a store can be copied or moved.
 """
 
 from __future__ import annotations
@@ -50,6 +57,10 @@ T = TypeVar("T")
 
 MANIFEST = "_manifest.json"
 STATS = "stats.json"
+#: The folder under the root where writes stage their files (outside ``batches/``).
+STAGING = "_staging"
+#: Suffix of the staging name an overwritten local batch is renamed to before it is deleted.
+_REPLACED = ".replaced"
 _ID_STRINGS = ["collection_id", "task_id", "tree_id", "policy_version", "kind", "finish_reason"]
 _LIST_VALUES = [f"{c}.list.element" for c in ("prompt_ids", "completion_ids", "logprobs", "context_ids")]
 #: Parquet settings of every table the store writes (documented in docs/batch-schema.md).
@@ -140,6 +151,16 @@ class BatchStore:
             raise ValueError(f"iteration must be a non-negative int, got {iteration!r}")
         return self.loc.url("batches", collection_id, f"iter-{iteration:06d}")
 
+    def ref(self, url: str) -> str:
+        """The batch at ``url`` as a path relative to the root (``batches/<id>/iter-<n>``):
+        what a record about this store keeps, so that the store can be copied or moved."""
+        return self.loc.relative(url.rstrip("/"))
+
+    def locate(self, recorded: str) -> str:
+        """The URL of a batch a record names (:meth:`ref`'s path, or an absolute URL in a
+        record made before stores were relocatable), under this store's root."""
+        return self.loc.locate(recorded, "batches")
+
     # --- writing ----------------------------------------------------------------------
 
     def encode(self, batch: Batch) -> list[tuple[str, bytes, int | None]]:
@@ -190,8 +211,14 @@ class BatchStore:
         return [table.slice(k, n) for k in range(0, table.num_rows, n)] or [table]
 
     def write(self, batch: Batch, *, overwrite: bool = False) -> str:
-        """Write ``batch``; return its URL. Idempotent; see the module docstring."""
+        """Write ``batch``; return its URL. Idempotent; see the module docstring.
+
+        The files go to the batch's staging folder first (:meth:`staging_for`, outside
+        ``batches/``), and are published only once every one of them is written: see
+        :meth:`_publish`. A crash before that leaves nothing in the batch folder.
+        """
         url = self.url_for(batch.collection_id, batch.iteration)
+        stage = self.staging_for(batch.collection_id, batch.iteration)
         # Object stores answer in milliseconds, so their requests overlap with encoding; a
         # local disk answers in microseconds, less than handing work to a thread costs.
         io: Executor = (
@@ -202,11 +229,14 @@ class BatchStore:
         with io as pool:
             existing_f = pool.submit(self._existing, url, overwrite)
             listed_f = pool.submit(self.loc.list_files, url, self.retry)  # leftovers of an interrupted write
+            staged_f = pool.submit(self._staged, batch.collection_id, batch.iteration)
             files = self._encode(batch)
             existing = existing_f.result()
             entries = tuple(FileEntry(path, len(data), digest, rows) for path, data, rows, digest in files)
             fingerprint = sha256("\n".join(f"{e.path}:{e.sha256}" for e in entries if e.path != STATS).encode())
-            manifest_url = f"{url}/{MANIFEST}"
+            if staged_f.result():  # what an interrupted write staged: start from nothing
+                self.loc.remove_folder(stage, self.retry)
+                self.loc.remove_folder(stage + _REPLACED, self.retry)
             if existing is not None:
                 if existing.fingerprint == fingerprint and not overwrite:
                     return url  # the same batch (with overwrite: rewrite it, e.g. to repair damaged files)
@@ -216,23 +246,82 @@ class BatchStore:
                         f"({existing.info.get('summary', {}).get('actor_rows')} actor rows, written {existing.created_at}); "
                         "pass overwrite=True to replace it"
                     )
-            if existing is not None or overwrite:
-                self.loc.remove(manifest_url, self.retry)  # the old batch stops existing before its files change
-            list(pool.map(lambda f: self.loc.put_bytes(f"{url}/{f[0]}", f[1], self.retry), files))
-            keep = {f"{url}/{path}" for path, _, _, _ in files} | {manifest_url}
-            list(pool.map(lambda stale: self.loc.remove(stale, self.retry), set(listed_f.result()) - keep))
-        manifest = Manifest(
-            kind="batch",
-            collection_id=batch.collection_id,
-            files=entries,
-            fingerprint=fingerprint,
-            schema_version=SCHEMA_VERSION,
-            created_at=datetime.now(UTC).isoformat(),
-            info={"iteration": batch.iteration, "summary": batch.summary()},
-        )
-        check_writer(self.root, batch.collection_id)
-        self.loc.put_bytes(manifest_url, manifest.to_json(), self.retry, atomic=True)
+            list(pool.map(lambda f: self.loc.put_bytes(f"{stage}/{f[0]}", f[1], self.retry), files))
+            manifest = Manifest(
+                kind="batch",
+                collection_id=batch.collection_id,
+                files=entries,
+                fingerprint=fingerprint,
+                schema_version=SCHEMA_VERSION,
+                created_at=datetime.now(UTC).isoformat(),
+                info={"iteration": batch.iteration, "summary": batch.summary()},
+            )
+            self._publish(pool, batch.collection_id, stage, url, manifest, replace=bool(listed_f.result()))
         return url
+
+    def _publish(
+        self, pool: Executor, collection_id: str, stage: str, url: str, manifest: Manifest, *, replace: bool
+    ) -> None:
+        """Make the staged files at ``stage`` the batch at ``url``, manifest last.
+
+        On a local disk the staging folder, manifest included, is renamed to the batch
+        folder: the batch appears whole in one step (what was at ``url`` - an old batch
+        being overwritten, or the leftovers of a write by an older version - is renamed
+        away first, then deleted). Object stores have no such rename: the files are
+        copied (server-side) into the batch folder, files no longer listed are deleted,
+        the manifest is written, and the staging copies are deleted; a crash during the
+        copies leaves files without a manifest in the batch folder, which readers that go
+        through the manifest (:meth:`parquet_files`) never see and the next write replaces.
+        ``replace``: something is at ``url`` already.
+        """
+        manifest_url = f"{url}/{MANIFEST}"
+        if self.loc.is_local:
+            self.loc.put_bytes(f"{stage}/{MANIFEST}", manifest.to_json(), self.retry)
+            check_writer(self.root, collection_id)
+            if replace:
+                old = f"{stage}{_REPLACED}"
+                self.loc.rename_folder(url, old)  # the old batch stops existing in one step
+                self.loc.rename_folder(stage, url)
+                self.loc.remove_folder(old, self.retry)
+            else:
+                self.loc.rename_folder(stage, url)
+            self.loc.remove_empty(stage.rsplit("/", 1)[0], self.loc.url(STAGING))
+            return
+        if replace:
+            self.loc.remove(manifest_url, self.retry)  # the old batch stops existing before its files change
+        keep = {f"{url}/{f.path}" for f in manifest.files}
+        list(pool.map(lambda f: self.loc.copy(f"{stage}/{f.path}", f"{url}/{f.path}", self.retry), manifest.files))
+        if replace:
+            self.loc.remove_many(sorted(set(self.loc.list_files(url, self.retry)) - keep - {manifest_url}), self.retry)
+        check_writer(self.root, collection_id)
+        self.loc.put_bytes(manifest_url, manifest.to_json(), self.retry, atomic=True)
+        self.loc.remove_many([f"{stage}/{f.path}" for f in manifest.files], self.retry)
+
+    def staging_for(self, collection_id: str, iteration: int) -> str:
+        """Where a write of (collection, iteration) puts its files until they are all
+        written: ``<root>/_staging/<collection_id>/iter-<n>``, outside ``batches/``, so a
+        reader that globs the batch folder never meets an unfinished batch."""
+        check_id(collection_id, "collection id")
+        return self.loc.url(STAGING, collection_id, self.url_for(collection_id, iteration).rsplit("/", 1)[1])
+
+    def _staging_of(self, url: str) -> str | None:
+        """The staging folder of the batch at ``url``; ``None`` if ``url`` is not a batch folder."""
+        parts = self.loc.relative(url).split("/")
+        if len(parts) != 3 or parts[0] != "batches" or not parts[2].startswith("iter-"):
+            return None
+        return self.loc.url(STAGING, parts[1], parts[2])
+
+    def _staged(self, collection_id: str, iteration: int) -> list[str]:
+        """Files an interrupted write of (collection, iteration) left in its staging area
+        (the staging folder, and an old batch renamed away during an overwrite)."""
+        stage = self.staging_for(collection_id, iteration)
+        name = stage.rsplit("/", 1)[1]
+        folder = stage.rsplit("/", 1)[0]
+        return [
+            u
+            for u in self.loc.list_files(folder, self.retry)
+            if u[len(folder) + 1 :].split("/", 1)[0] in (name, name + _REPLACED)
+        ]
 
     def _existing(self, url: str, overwrite: bool) -> Manifest | None:
         """The manifest already at ``url``, ``None`` if there is none (or it is damaged and
@@ -255,17 +344,31 @@ class BatchStore:
         try:
             data = self.loc.cat(f"{url}/{MANIFEST}", self.retry)
         except FileNotFoundError:
-            leftovers = self.loc.list_files(url, self.retry) if hint else []
-            note = (
-                f"; {len(leftovers)} file(s) without a manifest are there: a write was interrupted, write the batch again"
-                if leftovers
-                else ""
-            )
+            note = ""
+            if hint:
+                for where in (url, self._staging_of(url)):
+                    leftovers = self.loc.list_files(where, self.retry) if where else []
+                    if leftovers:
+                        note = (
+                            f"; {len(leftovers)} file(s) without a manifest are in {where}: "
+                            "a write was interrupted, write the batch again"
+                        )
+                        break
             raise BatchNotFound(f"no batch at {url}: {MANIFEST} is missing{note}") from None
         m = Manifest.from_json(data, f"{url}/{MANIFEST}")
         if m.kind != "batch":
             raise ManifestError(f"{url}/{MANIFEST}: describes a {m.kind!r}, not a batch")
         return m
+
+    def parquet_files(self, url: str, table: str = "actor") -> list[str]:
+        """URLs of the Parquet files of ``table`` (``actor`` or ``critic``) in the batch at
+        ``url``, in row order, as its manifest lists them: the file list to hand DuckDB,
+        polars or ``datasets``, which then never read a file the batch does not own.
+        :class:`BatchNotFound` while the batch is unfinished."""
+        if table not in ("actor", "critic"):
+            raise ValueError(f"table must be 'actor' or 'critic', got {table!r}")
+        url = url.rstrip("/")
+        return [f"{url}/{f.path}" for f in self.manifest(url).files if f.path.startswith(table + "/")]
 
     def exists(self, url: str) -> bool:
         return self.loc.exists(f"{url.rstrip('/')}/{MANIFEST}", self.retry)

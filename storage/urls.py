@@ -237,6 +237,29 @@ class Location:
         self.path(url)
         return url.rstrip("/")[len(self.root) :].lstrip("/")
 
+    def locate(self, recorded: str, top: str) -> str:
+        """The URL of what a record about this store names, under this root.
+
+        Records keep locations relative to the root (``top/...``, from :meth:`relative`),
+        so a store copied or moved elsewhere - another folder, a bucket - still finds its
+        own files. Records written before that kept absolute URLs: for one of those the
+        part from its last ``/<top>/`` on is taken under this root (the store may have
+        moved since; the part is checked, so it cannot leave the root).
+        """
+        rest = recorded
+        if "://" in recorded:
+            try:
+                rest = self.relative(recorded)
+            except PathOutsideRoot:
+                _, sep, tail = recorded.rpartition(f"/{top}/")
+                if not sep:
+                    raise
+                rest = f"{top}/{tail}"
+        parts = rest.strip("/").split("/")
+        if parts[0] != top or len(parts) < 2 or any(p in ("", ".", "..") for p in parts):
+            raise PathOutsideRoot(f"recorded location {recorded!r} is not a path under {top}/ in the store")
+        return self.url(*parts)
+
     # --- I/O with retries -------------------------------------------------------------
 
     def cat(self, url: str, retry: Retry) -> bytes:
@@ -350,13 +373,63 @@ class Location:
         ]
 
     def remove(self, url: str, retry: Retry) -> None:
+        """Remove the file ``url``; a missing one is no error."""
+        self.remove_many([url], retry)
+
+    def copy(self, source: str, target: str, retry: Retry) -> None:
+        """Copy one file to another name under the root (on S3 a server-side copy: the
+        bytes do not travel through this process)."""
+        src, dst = self.path(source), self.path(target)
+        retrying(lambda: self.fs.cp_file(src, dst), f"copy {source} to {target}", retry)
+
+    def remove_many(self, urls: list[str], retry: Retry) -> None:
+        """Remove the files ``urls`` (S3: one bulk request per 1,000); missing ones are no error."""
+        paths = [self.path(u) for u in urls]
+
+        def rm() -> None:
+            for batch in [paths] if self.is_s3 else [[p] for p in paths]:  # elsewhere one missing file stops a list
+                try:
+                    self.fs.rm(batch)
+                except FileNotFoundError:
+                    pass
+
+        if paths:
+            retrying(
+                rm, f"delete {urls[0]}" if len(urls) == 1 else f"delete {len(urls)} files under {self.root}", retry
+            )
+
+    def rename_folder(self, source: str, target: str) -> None:
+        """Rename a local folder in one step (``rename(2)``): readers see it under the old
+        name or the new one, never half moved. ``target`` must not exist; local disks only."""
+        if not self.is_local:
+            raise ValueError(f"{self.root}: renaming a folder in one step needs a local disk")
+        src, dst = self.path(source), self.path(target)
+        try:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.rename(src, dst)
+        except OSError as e:
+            typed = refused(e, f"rename {source} to {target}")
+            if typed is not None:
+                raise typed from e
+            raise
+
+    def remove_empty(self, *urls: str) -> None:
+        """Remove each local folder in ``urls`` that is empty, in order (a folder a
+        concurrent writer has just put something in stays)."""
+        for url in urls:
+            try:
+                os.rmdir(self.path(url))
+            except OSError:
+                return
+
+    def remove_folder(self, url: str, retry: Retry) -> None:
+        """Remove ``url`` and everything under it; nothing happens if it does not exist."""
         path = self.path(url)
 
         def rm() -> None:
-            try:
-                self.fs.rm_file(path)
-            except FileNotFoundError:
-                pass
+            self.fs.invalidate_cache(path)
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
 
         retrying(rm, f"delete {url}", retry)
 

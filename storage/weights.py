@@ -60,6 +60,16 @@ class WeightStore:
             raise ValueError(f"version must be a non-negative int, got {version!r}")
         return self.loc.url("weights", run_id, f"v{version:06d}")
 
+    def ref(self, url: str) -> str:
+        """A stored file or version folder as a path relative to the root
+        (``weights/<run>/v<n>[/<file>]``): what a record keeps, so the store can move."""
+        return self.loc.relative(url.rstrip("/"))
+
+    def locate(self, recorded: str) -> str:
+        """The URL of what a record names (:meth:`ref`'s path, or an absolute URL in a
+        record made before stores were relocatable), under this store's root."""
+        return self.loc.locate(recorded, "weights")
+
     def put(self, folder: str, files: dict[str, bytes], info: dict[str, Any] | None = None) -> str:
         """Write ``files`` (name -> bytes) into version folder ``folder`` (from
         :meth:`folder`), manifest last; returns the folder URL.

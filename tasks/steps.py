@@ -430,7 +430,7 @@ class Steps:
         t0 = time.perf_counter()
         damaged = None
         if self.done(EXPORT):
-            stored = self.load(EXPORT)
+            stored = self.finished_export()
             damaged = self.batch_problem(stored["batch_url"])
             if damaged is None:
                 return {**stored, "reused": True}
@@ -452,8 +452,14 @@ class Steps:
             "wall_s": 0.0,
         }
         result["wall_s"] = time.perf_counter() - t0
-        self.save(EXPORT, result)
+        # the record names the batch relative to the store's root, so the store can move
+        self.save(EXPORT, {**result, "batch_url": self.batch_store.ref(url)})
         return {**result, "reused": False, "repaired": damaged}
+
+    def finished_export(self) -> dict[str, Any]:
+        """The stored export record, its batch located under this store's root."""
+        stored = self.load(EXPORT)
+        return {**stored, "batch_url": self.batch_store.locate(stored["batch_url"])}
 
     def batch_problem(self, url: str) -> str | None:
         """Why the finished batch at ``url`` cannot be trusted (missing, or a file that

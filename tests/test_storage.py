@@ -536,3 +536,93 @@ def test_checkpoint_of_main_classes_and_lambdas_loads_in_another_process(tmp_pat
     assert store.load("c", "plain", 0) == {"trees": [0, 1, 2, 3, 4]}
     plain = open(store.save("c", "plain", 0, "kept").removeprefix("file://"), "rb").read()  # the saved file
     assert plain == pickle.dumps({"trees": [0, 1, 2, 3, 4]}, protocol=5)  # the standard pickler, byte for byte
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_a_batch_is_staged_outside_batches_until_every_file_is_written(tmp_path, batch, kind, monkeypatch):
+    """Every file goes to <root>/_staging/<id>/iter-<n>/ first; the batch folder holds
+    nothing before the batch is complete (locally it appears in one rename, manifest
+    included), and no staging folder is left afterwards."""
+    store = BatchStore(_root(tmp_path, kind), rows_per_file=3)
+    url = store.url_for("c1", 0)
+    real_put, writes = Location.put_bytes, []
+
+    def watched(self, u, data, retry, *, atomic=False):
+        writes.append((u, self.list_files(url, retry)))
+        return real_put(self, u, data, retry, atomic=atomic)
+
+    monkeypatch.setattr(Location, "put_bytes", watched)
+    store.write(batch)
+    monkeypatch.setattr(Location, "put_bytes", real_put)
+    staged = [u for u, _ in writes if "/_staging/c1/iter-000000/" in u]
+    assert len(staged) >= len(store.encode(batch)) and all(seen == [] for _, seen in writes[: len(staged)])
+    assert store.loc.list_files(store.loc.url("_staging"), store.retry) == []
+    assert store.read(url).actor == batch.actor
+    if kind == "file":
+        assert sorted(os.listdir(tmp_path / "store")) == ["batches"]  # no empty staging folders either
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_an_overwrite_or_old_leftovers_leave_only_the_new_batch(tmp_path, batch, kind):
+    root = _root(tmp_path, kind)
+    store = BatchStore(root, rows_per_file=2)
+    url = store.write(batch)
+    old = set(store.loc.list_files(url, store.retry))
+    other = Batch("c1", 0, batch.actor[:3], batch.critic[:1], {})
+    small = BatchStore(root, rows_per_file=1000)
+    small.write(other, overwrite=True)
+    now = set(store.loc.list_files(url, store.retry))
+    assert {u.rsplit("/", 2)[-2] + "/" + u.rsplit("/", 1)[1] for u in now} == {
+        "actor/part-00000.parquet",
+        "critic/part-00000.parquet",
+        "iter-000000/stats.json",
+        "iter-000000/_manifest.json",
+    }
+    assert len(old) > len(now) and small.read(url).actor == other.actor
+    # files an older version left in the batch folder without a manifest are replaced
+    store.loc.put_bytes(f"{url}/actor/part-00009.parquet", b"half", store.retry)
+    store.loc.remove(f"{url}/_manifest.json", store.retry)
+    with pytest.raises(BatchNotFound, match=f"without a manifest are in {re.escape(url)}: a write was interrupted"):
+        store.read(url)
+    small.write(other)
+    assert f"{url}/actor/part-00009.parquet" not in store.loc.list_files(url, store.retry)
+    assert store.loc.list_files(store.loc.url("_staging"), store.retry) == []
+
+
+def test_records_name_batches_and_weights_relative_to_the_root(tmp_path):
+    """What a record keeps (``ref``) is a path under the root; ``locate`` finds it under
+    whatever root the store has now, and finds the batch an older record named by an
+    absolute URL of another root (a store moved since)."""
+    from storage.weights import WeightStore
+
+    store = BatchStore(tmp_path / "moved")
+    url = store.url_for("c1", 3)
+    assert store.ref(url) == "batches/c1/iter-000003"
+    assert store.locate("batches/c1/iter-000003") == url
+    assert store.locate(url) == url
+    assert store.locate("file:///old/place/batches/c1/iter-000003") == url
+    assert store.locate("s3://bucket/x/batches/c1/iter-000003/") == url
+    for bad in ("batches/../../etc", "../batches/c1", "weights/r/v000001", "file:///elsewhere/iter-000003", "batches"):
+        with pytest.raises(PathOutsideRoot):
+            store.locate(bad)
+    weights = WeightStore("memory://w-root")
+    folder = weights.folder("run", 2)
+    assert weights.ref(f"{folder}/policy.pt") == "weights/run/v000002/policy.pt"
+    assert weights.locate("weights/run/v000002/policy.pt") == f"{folder}/policy.pt"
+    assert weights.locate("file:///old/weights/run/v000002/policy.pt") == f"{folder}/policy.pt"
+
+
+def test_parquet_files_lists_a_tables_parts_from_the_manifest(tmp_path, batch):
+    store = BatchStore(tmp_path, rows_per_file=4)
+    url = store.url_for("c1", 0)
+    with pytest.raises(BatchNotFound):
+        store.parquet_files(url)
+    store.write(batch)
+    files = store.parquet_files(url, "actor")
+    assert files == [f"{url}/actor/part-{k:05d}.parquet" for k in range(math.ceil(len(batch.actor) / 4))]
+    assert duckdb.sql(
+        "select count(*) from read_parquet($f)", params={"f": [f.removeprefix("file://") for f in files]}
+    ).fetchall()[0][0] == len(batch.actor)
+    assert store.parquet_files(url, "critic")[0].endswith("critic/part-00000.parquet")
+    with pytest.raises(ValueError, match="'actor' or 'critic'"):
+        store.parquet_files(url, "stats")

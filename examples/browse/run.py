@@ -4,16 +4,17 @@ Default: the embedded tiny model (which has not learned tool calls: expect parse
 errors shown back as observations, and no solved questions). ``--model-url`` and
 ``--tokenizer`` point it at any OpenAI-compatible server, as in ``examples.math``.
 
-    python -m examples.browse.run --questions 8 --out /tmp/focus-browse
-    python -m examples.browse.run --write-corpus /tmp/corpus.jsonl   # inspect the corpus
+    .venv/bin/python -m examples.browse.run --questions 4 --out /tmp/focus-browse
+    .venv/bin/python -m examples.browse.run --write-corpus /tmp/corpus.jsonl   # inspect the corpus
+
+The tiny model answers slowly here (long tool observations in every prompt): a line on
+standard error every 10 s says how far the run got; standard output is the result.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import sys
 from typing import Any
 
 from examples import common
@@ -28,12 +29,10 @@ from focus.policy import SamplingParams
 from focus.priority import Phase, Selective
 
 
-def make_collector(url: str, corpus: Corpus, args: argparse.Namespace) -> Collector:
-    from focus.backends import OpenAICompatPolicy
-
+def make_collector(url: str, corpus: Corpus, args: argparse.Namespace, progress: common.Progress) -> Collector:
     codec = common.make_codec(args.tokenizer)
     agent = Agent(
-        OpenAICompatPolicy(url, model=args.model, vocab_size=codec.vocab_size),
+        common.CountingPolicy(url, model=args.model, vocab_size=codec.vocab_size, progress=progress),
         browse_env(corpus, max_tool_calls=args.max_tool_calls),
         PolicyFormat(codec, XmlToolCallParser()),
         max_steps=args.max_tool_calls + 2,
@@ -55,16 +54,19 @@ def make_collector(url: str, corpus: Corpus, args: argparse.Namespace) -> Collec
     )
 
 
-async def collect(url: str, args: argparse.Namespace) -> dict[str, Any]:
+async def collect(url: str, args: argparse.Namespace, progress: common.Progress) -> dict[str, Any]:
     from storage import BatchStore
 
+    progress.doing = "generating the corpus and its search index"
     corpus = generate_corpus(args.seed)
     tasks = browse_tasks(corpus)[: args.questions]
-    collector = make_collector(url, corpus, args)
+    collector = make_collector(url, corpus, args, progress)
+    progress.doing = f"collecting on {len(tasks)} questions"
     try:
         state = await collector.run_search(tasks)
     finally:
         await collector.agent.policy.aclose()
+    progress.doing = "writing the batch"
     batch = collector.prepare(state.trees)
     url_out = BatchStore(args.out).write(batch, overwrite=True)
     return {
@@ -77,7 +79,7 @@ async def collect(url: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-url")
     ap.add_argument("--tokenizer")
@@ -91,6 +93,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default="runs/browse")
     ap.add_argument("--collection-id", default="browse")
     ap.add_argument("--write-corpus", help="write the generated corpus as JSON lines here and exit")
+    common.add_json_option(ap)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.write_corpus:
         corpus = generate_corpus(args.seed)
@@ -103,10 +111,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         if args.tokenizer and not args.model_url:
             ap.error("--tokenizer belongs to a model served at --model-url")
-        with common.model_server(args.model_url) as url:
-            result = asyncio.run(collect(url, args))
-    json.dump(result, sys.stdout, indent=2)
-    print()
+        with common.Progress("browse") as progress, common.model_server(args.model_url, progress) as url:
+            result = asyncio.run(collect(url, args, progress))
+    common.emit(result, args.json_path)
     return result
 
 

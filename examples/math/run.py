@@ -6,16 +6,16 @@ OpenAI-compatible server (vLLM, SGLang) instead, rendering ChatML with the model
 own ``tokenizer.json`` (``focus.hf_codec.HFChatCodec``; the file is read locally, never
 fetched). The batch goes to ``--out`` (any fsspec URL) through ``storage.BatchStore``.
 
-    python -m examples.math.run --problems 10 --out /tmp/focus-math
-    python -m examples.math.run --model-url http://127.0.0.1:8000 --tokenizer ./qwen/tokenizer.json
+    .venv/bin/python -m examples.math.run --problems 5 --out /tmp/focus-math-x
+    .venv/bin/python -m examples.math.run --model-url http://127.0.0.1:8000 --tokenizer ./qwen/tokenizer.json
+
+A line on standard error every 10 s says how far it got; standard output is the result.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import sys
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -56,11 +56,15 @@ def make_codec(config: MathConfig) -> ChatCodec:
     return common.make_codec(config.tokenizer)
 
 
-def make_collector(config: MathConfig, url: str) -> Collector:
+def make_collector(config: MathConfig, url: str, progress: common.Progress | None = None) -> Collector:
     from focus.backends import OpenAICompatPolicy
 
     codec = make_codec(config)
-    policy = OpenAICompatPolicy(url, model=config.model, vocab_size=codec.vocab_size)
+    policy = (
+        OpenAICompatPolicy(url, model=config.model, vocab_size=codec.vocab_size)
+        if progress is None
+        else common.CountingPolicy(url, model=config.model, vocab_size=codec.vocab_size, progress=progress)
+    )
     agent = Agent(
         policy,
         MathEnv(config.max_attempts),
@@ -84,11 +88,13 @@ def make_collector(config: MathConfig, url: str) -> Collector:
     )
 
 
-async def collect(config: MathConfig, url: str) -> dict[str, Any]:
+async def collect(config: MathConfig, url: str, progress: common.Progress | None = None) -> dict[str, Any]:
     from storage import BatchStore
 
-    collector = make_collector(config, url)
+    collector = make_collector(config, url, progress)
     tasks = default_tasks(config.problems, config.seed)
+    if progress is not None:
+        progress.doing = f"collecting on {len(tasks)} problems"
     try:
         state = await collector.run_search(tasks)
     finally:
@@ -103,7 +109,7 @@ async def collect(config: MathConfig, url: str) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-url", help="OpenAI-compatible server root (default: the embedded tiny model)")
     ap.add_argument("--tokenizer", help="tokenizer.json of that model (default: the tiny model's byte codec)")
@@ -116,14 +122,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--out", default="runs/math", help="batch store root (path or fsspec URL)")
     ap.add_argument("--collection-id", default="math")
+    common.add_json_option(ap)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.tokenizer and not args.model_url:
         ap.error("--tokenizer belongs to a model served at --model-url; the embedded model uses its byte codec")
+    json_path = vars(args).pop("json_path")
     config = MathConfig(**{k: v for k, v in vars(args).items() if v is not None})
-    with common.model_server(config.model_url) as url:
-        result = asyncio.run(collect(config, url))
-    json.dump(result, sys.stdout, indent=2)
-    print()
+    with common.Progress("math") as progress, common.model_server(config.model_url, progress) as url:
+        result = asyncio.run(collect(config, url, progress))
+    common.emit(result, json_path)
     return result
 
 

@@ -19,26 +19,24 @@ sampler through ``focus.backends.TinkerPolicy``, or a vLLM server of the same mo
 ``focus.hf_codec.HFChatCodec``). ``--collect-toy`` makes a small batch with the
 embedded tiny model, which is enough to see the requests but not to train a Tinker model.
 
-    python -m examples.train_tinker.run --store runs/math --batch-url file://.../iter-000000
-    python -m examples.train_tinker.run --collect-toy --out /tmp/focus-tinker      # no key: dry run
+    .venv/bin/python -m examples.train_tinker.run --store runs/math --batch-url runs/math/batches/math/iter-000000
+    .venv/bin/python -m examples.train_tinker.run --collect-toy --out /tmp/focus-tinker      # no key: dry run
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import sys
 from typing import Any
 
+from examples import common
 from focus.batch import Batch
 
 LOSS_FNS = ("importance_sampling", "ppo")
 
 
 async def toy_batch(out: str, url: str | None = None) -> tuple[str, Batch]:
-    from examples.common import model_server
     from focus.collector import Collector
     from focus.critic import ConstantCritic
     from focus.priority import Phase, Selective
@@ -46,7 +44,7 @@ async def toy_batch(out: str, url: str | None = None) -> tuple[str, Batch]:
     from focus.train_local import toy_agent
     from storage import BatchStore
 
-    with model_server(url) as server_url:
+    with common.model_server(url) as server_url:
         agent = toy_agent(server_url)
         search = Selective(phases=(Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=8)))
         collector = Collector(agent, search=search, critic=ConstantCritic(0.3), collection_id="tinker-toy")
@@ -59,11 +57,7 @@ async def toy_batch(out: str, url: str | None = None) -> tuple[str, Batch]:
     return url, store.read(url)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from focus.backends.tinker_backend import TinkerTrainer, TinkerUpdateConfig, build_requests, check_requests
-    from focus.exporters import to_tinker_datums
-    from storage import BatchStore
-
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", help="batch store root the batch lives in")
     ap.add_argument("--batch-url", help="URL of the batch (BatchStore.write's answer)")
@@ -76,6 +70,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--loss-fn", choices=LOSS_FNS, default="importance_sampling")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--dry-run", action="store_true", help="build and check every request, even with a key")
+    common.add_json_option(ap)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from focus.backends.tinker_backend import TinkerTrainer, TinkerUpdateConfig, build_requests, check_requests
+    from focus.exporters import to_tinker_datums
+    from storage import BatchStore
+
+    ap = parser()
     args = ap.parse_args(argv)
     if args.collect_toy:
         url, batch = asyncio.run(toy_batch(args.out, args.model_url))
@@ -100,8 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"forward_backward(datums, {args.loss_fn!r}) and optim_step(AdamParams(learning_rate={args.lr})) "
             f"on a LoRA client of {args.base_model}",
         }
-    json.dump(result, sys.stdout, indent=2)
-    print()
+    common.emit(result, args.json_path)
     return result
 
 

@@ -1,0 +1,412 @@
+"""Every command README.md, docs/ and the example READMEs show works as written.
+
+A command is a line of a ```bash block, or a code span in the prose that starts with
+a program (``.venv/bin/...``, ``make``, ``python``, ``pip``, or ``focus`` with options);
+spans with placeholders (``<id>``, ``[--json]``, ``...``) are synopses, not commands.
+:data:`COMMANDS` says how each one is checked, and a command the docs show but the list
+does not (or the other way round) fails the first test, so a new command gets a check.
+
+- ``run``: run as written in a copy of the checkout (every top-level entry linked into a
+  temporary folder, so ``runs/`` and ``/tmp/`` paths land in the tests' own folders), with
+  no Prefect server and no ``FOCUS_*`` settings, as on a fresh clone; ``make`` targets run
+  with ``-o .venv/.installed`` (the install step is not rerun). Cheap ones only.
+- ``parse``: too long to run in the suite (the reason is given): the command line is
+  parsed by the program's own parser, in this process, stopping where the work would
+  start, and rejected there if an option or value is wrong; a ``focus`` command's
+  ``-c``/``--set`` also go through ``focus config show``; a ``make`` target through
+  ``make -n``.
+- ``external``: needs what this machine does not have (a key, a GPU server, slime);
+  the part that is ours is parsed.
+
+Every command must start from the checkout as it is after ``make install``
+(``.venv/bin/...`` or ``make``), except those of other projects.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from fixtures.prefect import base_env
+
+from examples.records import read
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The first word of a line or span that runs something (after any VAR=value).
+PROGRAM = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\.venv/bin/|make\s|python3?\s|pip\s|focus\s)")
+FRESH = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\.venv/bin/|make\s)")
+INSTALL = "-o .venv/.installed"  # make: do not rerun the install step
+
+
+@dataclass(frozen=True)
+class Check:
+    how: str  # "run", "parse" or "external"
+    why: str = ""  # parse, external: why it is not run here
+    #: run: shell commands run before it in the same folder (what it needs to exist)
+    setup: tuple[str, ...] = ()
+    #: run: text the output must contain
+    expect: tuple[str, ...] = ()
+    #: run: compare the printed JSON with this example's record (all but the batch's folder)
+    record: str | None = None
+    timeout_s: float = 300
+    #: parse: our part of another project's command (a module whose object must import)
+    imports: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+LONG_TRAIN = "a train loop: minutes to tens of minutes; tests/test_pipeline_train.py runs a small one"
+SERVER = "needs a model server at that URL (vLLM, SGLang); the tests run the same command against the embedded one"
+
+COMMANDS: dict[str, Check] = {
+    # README.md
+    "make run": Check("run", expect=("batch:",)),
+    "make test": Check("parse", "the whole suite: this test is part of it"),
+    "make test-fast": Check("parse", "the fast suite: this test's file is part of `make test`"),
+    "make bench": Check("parse", "every benchmark: about 45 minutes (benchmarks/README.md records each)"),
+    "make install": Check("parse", "installs into .venv: the checkout these tests run in has it"),
+    ".venv/bin/focus train -c configs/loop.toml": Check("parse", LONG_TRAIN),
+    ".venv/bin/focus config show -c configs/loop.toml": Check("run", expect=("train.iterations",)),
+    "pip install focus-rl": Check("external", "installs the published package from a package index"),
+    "pip install 'focus-rl[pipeline]'": Check("external", "installs the published package from a package index"),
+    # docs/operations.md
+    ".venv/bin/focus collect --config configs/collect.toml --collection-id nightly-0412": Check(
+        "run",
+        setup=(".venv/bin/focus collect --config configs/collect.toml --collection-id nightly-0412",),
+        expect=("already finished",),
+    ),  # fmt: skip
+    ".venv/bin/focus collect --set model.http.timeout_s=30": Check("run", expect=("batch:",)),
+    ".venv/bin/python -m pytest -n 2 tests/test_faults_model.py tests/test_faults_env.py tests/test_faults_infra.py "
+    "tests/test_bad_input.py tests/test_errors.py tests/test_load.py tests/test_batch_readers.py "
+    "tests/test_relocate.py": Check("parse", "these tests are part of `make test`; here they are collected only"),
+    ".venv/bin/python -m benchmarks.batch_write --repeats 5": Check("parse", "a benchmark of minutes"),
+    ".venv/bin/python -m benchmarks.writer_race": Check("parse", "a benchmark of minutes (300 racing writers)"),
+    ".venv/bin/python -m benchmarks --only load_2k,load_20k": Check("parse", "benchmarks of half an hour"),
+    # docs/pipeline.md
+    ".venv/bin/focus collect": Check("run", expect=("batch:",)),
+    ".venv/bin/focus collect --collection-id c1": Check(
+        "run", setup=(".venv/bin/focus collect --collection-id c1",), expect=("already finished",)
+    ),
+    ".venv/bin/focus collect -c configs/collect.toml --set search.phases.1.transitions=400": Check(
+        "run", expect=("batch:",)
+    ),
+    ".venv/bin/focus collect --model-url http://gpu:8000/v1 --model-timeout 300 --model-retries 8": Check(
+        "external", SERVER
+    ),
+    ".venv/bin/focus collect -v": Check("run", expect=("batch:",)),
+    ".venv/bin/focus inspect runs/batches/c1/iter-000000 --json": Check(
+        "run", setup=(".venv/bin/focus collect --collection-id c1",), expect=('"actor_rows"',)
+    ),
+    ".venv/bin/focus inspect runs/batches/c1": Check(
+        "run", setup=(".venv/bin/focus collect --collection-id c1",), expect=("finished iteration",)
+    ),
+    ".venv/bin/focus serve-model --port 8000": Check(
+        "parse", "serves until stopped, on a fixed port; the tests start the same server on free ports"
+    ),
+    '.venv/bin/focus deploy -c configs/collect.toml --cron "0 * * * *" --limit 1': Check(
+        "external", "needs a Prefect server (PREFECT_API_URL) and serves until stopped; tests/test_deploy.py runs it"
+    ),
+    ".venv/bin/focus train -c configs/loop.toml --collection-id loop": Check("parse", LONG_TRAIN),
+    ".venv/bin/focus train -c configs/loop.toml --trainer mytrainer:train": Check(
+        "external", "names your own trainer module (mytrainer.py), which this checkout does not have"
+    ),
+    ".venv/bin/python -m benchmarks.cli_start": Check("parse", "a benchmark of minutes"),
+    ".venv/bin/python -m deployments.serve": Check(
+        "external", "needs a Prefect server and serves until stopped; tests/test_deploy.py runs it"
+    ),
+    ".venv/bin/python -m deployments.watchdog --crash-after 30": Check(
+        "external", "installs an automation on a Prefect server; tests/test_deploy.py runs it"
+    ),
+    ".venv/bin/python -m flows.cli collect": Check("run", expect=("batch:",)),
+    # examples
+    ".venv/bin/python -m examples.math.run --problems 5 --out /tmp/focus-math-x": Check("run", record="math"),
+    ".venv/bin/python -m examples.math.run --model-url http://127.0.0.1:8000 --model Qwen/Qwen3-4B --tokenizer "
+    "/models/qwen3-4b/tokenizer.json --out s3://bucket/focus": Check("external", SERVER + ", and its tokenizer"),
+    ".venv/bin/python -m examples.browse.run --questions 4 --out /tmp/focus-browse": Check(
+        "parse",
+        "about 10 minutes on the tiny model (its record has the time); tests/test_examples_browse.py runs it small",
+    ),
+    ".venv/bin/python -m examples.browse.run --model-url http://127.0.0.1:8000 --tokenizer /models/qwen/tokenizer.json": Check(
+        "external", SERVER + ", and its tokenizer"
+    ),
+    ".venv/bin/python -m examples.browse.run --write-corpus /tmp/corpus.jsonl": Check(
+        "run", expect=('"documents": 100',)
+    ),
+    ".venv/bin/python -m examples.train_local.run --seeds 0 1 2 --out runs/train_local": Check(
+        "parse", "three train loops (its record has the time); tests/test_pipeline_train.py runs a small loop"
+    ),
+    ".venv/bin/python -m examples.train_tinker.run --collect-toy --out /tmp/focus-tinker": Check(
+        "run", record="train_tinker"
+    ),
+    "TINKER_API_KEY=... .venv/bin/python -m examples.train_tinker.run --store s3://bucket/focus --batch-url "
+    "s3://bucket/focus/batches/math/iter-000000 --base-model Qwen/Qwen3-4B-Instruct-2507 --loss-fn "
+    "importance_sampling --lr 1e-5": Check("external", "needs a Tinker key and a batch of the base model's tokens"),
+    ".venv/bin/focus train -c configs/loop.toml --trainer tinker --set train.tinker.base_model=Qwen/Qwen3-4B-Instruct-2507 "
+    "--set train.iterations=1 --set train.eval_tasks=0": Check(
+        "parse", "a train-loop iteration (minutes); tests/test_pipeline_train.py runs this dry run smaller"
+    ),
+    "TINKER_API_KEY=... .venv/bin/focus train -c configs/loop.toml --trainer tinker --set model.kind=tinker --set "
+    "model.model=Qwen/Qwen3-4B-Instruct-2507 --set env.kind=factory --set env.factory=mypkg.envs:make": Check(
+        "external", "needs a Tinker key and your env package (mypkg)"
+    ),
+    "python train.py ... --rollout-function-path examples.train_slime.rollout.generate_rollout --rollout-batch-size 32 "
+    "--n-samples-per-prompt 4 --advantage-estimator grpo --disable-rewards-normalization --use-rollout-logprobs "
+    "--eps-clip 0.2": Check(
+        "external",
+        "slime's own training command (slime and GPUs); tests/test_examples_slime.py calls the rollout function",
+        imports="examples.train_slime.rollout:generate_rollout",
+    ),
+    # the records runner, in examples/train_local/README.md
+    ".venv/bin/python -m examples.records --only train_local": Check(
+        "parse", "runs the example's command (three train loops) and renders the READMEs"
+    ),
+}
+
+
+# ---- finding the commands --------------------------------------------------------------
+
+
+def doc_files() -> list[Path]:
+    return [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        *sorted((ROOT / "examples").glob("**/README.md")),
+    ]
+
+
+def block_commands(text: str) -> list[str]:
+    """Lines of ```bash blocks, continuation lines joined, comments dropped."""
+    out = []
+    for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+        if lang not in ("bash", "sh"):
+            continue
+        for line in re.sub(r"\\\n\s*", " ", body).splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                out.append(re.sub(r"\s+", " ", line))
+    return out
+
+
+def unlabelled_command_lines(text: str) -> list[str]:
+    """Lines that run something inside code blocks not labelled bash (they would be missed)."""
+    out = []
+    for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+        if lang in ("bash", "sh", "python", "toml", "json", "yaml"):
+            continue
+        out += [line for line in body.splitlines() if PROGRAM.match(line.strip())]
+    return out
+
+
+def inline_commands(text: str) -> list[str]:
+    """Code spans of the prose that are whole command lines (not a name, not a synopsis)."""
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    out = []
+    for span in (" ".join(s.split()) for s in re.findall(r"`([^`]+)`", prose)):
+        if not PROGRAM.match(span) or re.search(r"\s\[|<\w|\.\.\.$|\.\.\. |\{", span):
+            continue
+        words = span.split()
+        if words[0] == "focus" and not any(w.startswith("-") for w in words):
+            continue  # `focus train`: the command's name
+        out.append(re.sub(r"\s+", " ", span))
+    return out
+
+
+def documented() -> dict[str, list[str]]:
+    """Each command the docs show, with the files that show it."""
+    found: dict[str, list[str]] = {}
+    for path in doc_files():
+        text = path.read_text()
+        for cmd in [*block_commands(text), *inline_commands(text)]:
+            found.setdefault(cmd, []).append(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_documented_command_has_a_check_and_every_check_a_command():
+    found = documented()
+    missing = sorted(set(found) - set(COMMANDS))
+    assert not missing, "commands in the docs with no check in COMMANDS: " + "; ".join(
+        f"{c!r} ({', '.join(found[c])})" for c in missing
+    )
+    stale = sorted(set(COMMANDS) - set(found))
+    assert not stale, f"COMMANDS lists commands no doc shows any more: {stale}"
+    for cmd, check in COMMANDS.items():
+        assert check.how in ("run", "parse", "external"), cmd
+        assert check.how == "run" or check.why, f"{cmd!r}: say why it is not run here"
+
+
+def test_command_blocks_are_labelled_so_none_is_missed():
+    for path in doc_files():
+        text = path.read_text()
+        lines = unlabelled_command_lines(text)
+        assert not lines, f"{path.relative_to(ROOT)}: label these blocks ```bash: {lines}"
+        prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+        wrapped = [s for s in re.findall(r"`([^`]+)`", prose) if "\n" in s and PROGRAM.match(" ".join(s.split()))]
+        assert not wrapped, f"{path.relative_to(ROOT)}: keep each command on one line: {wrapped}"
+
+
+def test_commands_work_from_a_fresh_clone_as_written():
+    """From a fresh clone after `make install`, only the virtualenv's programs and make
+    targets exist on no PATH of ours: bare `python -m examples...` lacks the packages."""
+    for cmd, check in COMMANDS.items():
+        if check.how == "external" and not cmd.startswith((".venv/", "TINKER_API_KEY")):
+            continue  # another project's command (slime, pip)
+        assert FRESH.match(cmd), f"{cmd!r} does not work from a fresh clone: write .venv/bin/... or a make target"
+
+
+# ---- running and parsing ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(a copy of the checkout: its top-level entries linked into a fresh folder, with no
+    runs/ of ours; the folder that stands for /tmp), shared by the commands run here as a
+    person following the docs shares one checkout (a setup that is already done, such as
+    collection c1, reruns in a second)."""
+    base = tmp_path_factory.mktemp("fresh-clone")
+    clone = base / "clone"
+    clone.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name not in ("runs", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache"):
+            (clone / entry.name).symlink_to(entry)
+    (base / "tmp").mkdir()
+    return clone, base
+
+
+def as_run(cmd: str, tmp_path: Path) -> str:
+    """``cmd`` for the sandbox: its /tmp/ paths in the test's folder, make without reinstalling."""
+    cmd = cmd.replace(" /tmp/", f" {tmp_path}/tmp/")
+    return re.sub(r"^make ", f"make {INSTALL} ", cmd)
+
+
+def shell(cmd: str, cwd: Path, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+RUN = [c for c, k in COMMANDS.items() if k.how == "run"]
+PARSED = [c for c, k in COMMANDS.items() if k.how != "run"]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("cmd", RUN)
+def test_cheap_commands_run_as_written(cmd, sandbox):
+    check = COMMANDS[cmd]
+    clone, base = sandbox
+    env = {**base_env(base / "prefect"), "HOME": str(base / "home"), "PYTHONPATH": ""}
+    for step in check.setup:
+        done = shell(as_run(step, base), clone, env, check.timeout_s)
+        assert done.returncode == 0, f"setup {step!r}: {done.stdout[-2000:]}{done.stderr[-3000:]}"
+    done = shell(as_run(cmd, base), clone, env, check.timeout_s)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, f"{cmd!r} exited {done.returncode}:\n{out[-4000:]}"
+    for text in check.expect:
+        assert text in out, f"{cmd!r} did not print {text!r}:\n{out[-3000:]}"
+    if check.record:
+        rec = read(check.record)
+        assert rec is not None and rec["command"] == cmd
+        got = json.loads(done.stdout)
+        want = dict(rec["result"])
+        # the batch lies in this test's folder, not the recorded one
+        assert got.pop("batch").endswith(want.pop("batch").rsplit("/batches/", 1)[1])
+        assert got == want, (
+            f"{cmd!r} now prints other figures than its record: rerun `.venv/bin/python -m examples.records --only {check.record}`"
+        )
+
+
+class Parsed(BaseException):
+    """Raised where a program would start its work, once its command line is parsed."""
+
+
+def stop_after_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """argparse's ``parse_args`` and a click command's ``invoke`` (click's, and the copy
+    typer carries) raise :class:`Parsed` once the arguments are parsed; a bad option
+    still fails in the parser, as it would for real."""
+    import argparse
+    import importlib
+
+    real_parse = argparse.ArgumentParser.parse_args
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        real_parse(self, args, namespace)
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
+    for name in ("click.core", "typer._click.core"):
+        try:
+            core = importlib.import_module(name)
+        except ImportError:
+            continue
+
+        def invoke(self, ctx, real=core.Command.invoke):  # type: ignore[no-untyped-def]
+            if hasattr(self, "commands"):  # a group: it goes on to its subcommand
+                return real(self, ctx)
+            raise Parsed
+
+        monkeypatch.setattr(core.Command, "invoke", invoke)
+
+
+def parse_command(cmd: str, config: bool, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Parse ``cmd`` with its program's own parser, in this process (and, with
+    ``config``, a focus command's ``-c``/``--set`` through ``focus config show``);
+    whether anything of ours parsed it. Fails the test where the parser refuses it."""
+    import runpy
+
+    words = shlex.split(cmd)
+    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+        words.pop(0)
+    if words[0] == "make":
+        done = subprocess.run(["make", "-n", *INSTALL.split(), *words[1:]], cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0 and done.stdout.strip(), f"{cmd!r}: {done.stderr[-2000:]}"
+        return True
+    if words[:3] == [".venv/bin/python", "-m", "pytest"]:
+        files = [w for w in words[3:] if w.endswith(".py")]
+        assert files and all((ROOT / f).is_file() for f in files), f"{cmd!r}: a test file is missing"
+        return True
+    if words[0] == ".venv/bin/focus":
+        from typer.testing import CliRunner
+
+        from flows.cli import app
+
+        if config:  # the file and the fields it names exist and hold valid values
+            flags = [f for i, w in enumerate(words) if w in ("-c", "--config", "--set") for f in (w, words[i + 1])]
+            shown = CliRunner().invoke(app, ["config", "show", *flags])
+            assert shown.exit_code == 0, f"{cmd!r}: focus config show {' '.join(flags)}: {shown.output[-2000:]}"
+        stop_after_parsing(monkeypatch)
+        with pytest.raises(Parsed):
+            app(words[1:], prog_name="focus", standalone_mode=False)
+        return True
+    if words[:2] == [".venv/bin/python", "-m"]:
+        stop_after_parsing(monkeypatch)
+        monkeypatch.setattr(sys, "argv", [words[2], *words[3:]])
+        with pytest.raises(Parsed):
+            runpy.run_module(words[2], run_name="__main__", alter_sys=True)
+        return True
+    if words[:2] == ["pip", "install"]:  # this project, with extras it defines
+        import tomllib
+
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+        for spec in words[2:]:
+            m = re.fullmatch(r"([\w-]+)(?:\[([\w,]+)\])?", spec)
+            assert m and m.group(1) == project["name"], f"{cmd!r}: installs {spec!r}, not {project['name']}"
+            extras = set(filter(None, (m.group(2) or "").split(",")))
+            assert extras <= set(project["optional-dependencies"]), f"{cmd!r}: unknown extras {extras}"
+        return True
+    return False  # another project's program: nothing of ours to parse
+
+
+@pytest.mark.filterwarnings("ignore:'examples.records' found in sys.modules:RuntimeWarning")
+@pytest.mark.parametrize("cmd", PARSED)
+def test_long_or_external_commands_parse(cmd, monkeypatch):
+    check = COMMANDS[cmd]
+    if check.imports:
+        module, _, name = check.imports.partition(":")
+        assert callable(getattr(importlib.import_module(module), name))
+    parsed = parse_command(cmd, config=check.how == "parse", monkeypatch=monkeypatch)
+    assert parsed or check.imports, f"{cmd!r}: nothing of ours checks it"
