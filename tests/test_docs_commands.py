@@ -90,6 +90,9 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks.writer_race": Check("parse", "a benchmark of minutes (300 racing writers)"),
     ".venv/bin/python -m benchmarks --only load_2k,load_20k": Check("parse", "benchmarks of half an hour"),
     # docs/pipeline.md
+    ".venv/bin/python -m tasks.config.reference": Check(
+        "parse", "rewrites docs and configs in place; tests/test_configs.py runs its --check"
+    ),
     ".venv/bin/focus collect": Check("run", expect=("batch:",)),
     ".venv/bin/focus collect --collection-id c1": Check(
         "run", setup=(".venv/bin/focus collect --collection-id c1",), expect=("already finished",)

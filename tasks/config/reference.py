@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -290,7 +289,11 @@ def rendered() -> dict[Path, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Rewrite what is out of date (``--check``: only list it; exit 1 if anything is)."""
-    check = "--check" in (sys.argv[1:] if argv is None else argv)
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tasks.config.reference", description=main.__doc__)
+    ap.add_argument("--check", action="store_true", help="only list what is out of date; exit 1 if anything is")
+    check = ap.parse_args(argv).check
     stale = [path for path, text in rendered().items() if path.read_text() != text]
     for path in stale:
         if check:
