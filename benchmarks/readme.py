@@ -899,6 +899,43 @@ def cli_start(f: dict[str, Any]) -> str:
     )
 
 
+def restart(f: dict[str, Any]) -> str:
+    clean = f["uninterrupted"]
+    rows = [["none (uninterrupted)", "n/a", "n/a", s_(clean["wall_s"]), "n/a", num(clean["failed_rollouts"]), "n/a"]]
+    for r in f["restarts"]:
+        rows.append(
+            [
+                s_(r["down_s"]),
+                s_(r["down_for_s"]),
+                s_(r["back_after_up_s"]),
+                s_(r["wall_s"]),
+                f"+{s_(r['extra_wall_s'])}",
+                num(r["failed_rollouts"]),
+                "yes" if r["batch_equal"] else "**no**",
+            ]
+        )
+    head = [
+        "server down",
+        "kill to /health",
+        "/health to first answer",
+        "wall",
+        "over uninterrupted",
+        "failed rollouts",
+        "batch equal, bit for bit",
+    ]
+    lines = [r["outage_lines"] for r in f["restarts"] if r["outage_lines"]]
+    shown = "\n".join(f"    {line}" for line in lines[-1]) if lines else "    (none)"
+    return "\n\n".join(
+        [
+            f"{clean['rollouts']} rollouts, {clean['requests']} model calls uninterrupted; the server killed after "
+            "half of them. Goal: a 90 s outage costs no rerun.",
+            table(head, rows),
+            "What the operator sees (the longest outage):",
+            shown,
+        ]
+    )
+
+
 RENDERERS: dict[str, Callable[[Any], str]] = {
     "local_model": local_model,
     "batch_write": batch_write,
@@ -915,6 +952,7 @@ RENDERERS: dict[str, Callable[[Any], str]] = {
     "scale": scale,
     "http_client": http_client,
     "cli_start": cli_start,
+    "restart": restart,
 }
 
 

@@ -127,6 +127,7 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         "cli_start", "benchmarks.cli_start", ("--repeats", "3", "--with-server"), ("--repeats", "1"), timeout_s=2400
     ),
+    Benchmark("restart", "benchmarks.restart", ("--down", "30,90"), ("--down", "3", "--tasks", "3"), timeout_s=1800),
 )
 BY_NAME = {b.name: b for b in REGISTRY}
 

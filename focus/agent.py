@@ -21,7 +21,7 @@ from focus.branching import BranchPoints, EveryDecision
 from focus.context import Context, ContextManager, Segments
 from focus.env import Env, EnvError, Message, Task, accepts_seed, check_reset, check_step_result
 from focus.format import ParseError, PolicyFormat
-from focus.policy import Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
+from focus.policy import BadResponse, Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
 from focus.tree import Turn
 from focus.workspace import Workspace
 
@@ -162,7 +162,7 @@ class Agent:
             try:
                 if self.context.needs_compaction(state.context):
                     c = await self.context.compact(state.context, codec, self.policy, params)
-                    self.policy.check_completion(c.completion)
+                    self.policy.check_completion(c.completion, params)
                     turns.append(_turn(c.prompt_ids, c.completion, c.loss_mask, "compaction", 0.0, False, ""))
                     state = replace(state, context=c.context, steps=state.steps + 1)
                     continue
@@ -171,11 +171,11 @@ class Agent:
                     pieces.append(Piece(tuple(turns), "truncated", state.steps, prompt, cause="context limit"))
                     break
                 completion = await self.policy.sample(prompt, params)
-                self.policy.check_completion(completion)
+                self.policy.check_completion(completion, params)
                 if completion.meta:
                     _count_retries(counters, completion.meta)
             except (PolicyError, NotImplementedError) as e:
-                cause = f"{'model service' if is_outage(e) else 'model'}: {e}"
+                cause = f"{failure_prefix(e)}: {e}"
                 pieces.append(Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=cause))
                 break
             text = codec.decode(completion.token_ids)
@@ -241,9 +241,20 @@ def is_outage(error: BaseException) -> bool:
     Such failures end the rollout with a cause starting ``model service:``; a wave with
     too many of them fails (:class:`focus.execution.ModelServiceOutage`).
     """
+    if isinstance(error, BadResponse):
+        return False
     return isinstance(error, ServiceUnavailable) or (
         isinstance(error, PolicyError) and _RETRIES_EXHAUSTED.search(str(error)) is not None
     )
+
+
+def failure_prefix(error: BaseException) -> str:
+    """The kind a failed model call gives its rollout's cause (:mod:`focus.usage`):
+    ``model service`` (an outage), ``bad response`` (an answer that breaks the
+    contract) or ``model`` (the request was refused, or the policy failed otherwise)."""
+    if is_outage(error):
+        return "model service"
+    return "bad response" if isinstance(error, BadResponse) else "model"
 
 
 def _count_retries(counters: dict[str, int], meta: dict[str, Any]) -> None:

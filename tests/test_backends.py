@@ -37,7 +37,8 @@ from focus.toy import opening_text
 
 CODEC = ByteCodec()
 PROMPT = CODEC.render([Message("user", opening_text(9))])
-FAST = HttpConfig(backoff_s=0.01, backoff_max_s=0.05, max_retries=3, timeout_s=10)
+#: Short retries; a service that answers nobody fails the call within them (not waited for).
+FAST = HttpConfig(backoff_s=0.01, backoff_max_s=0.05, max_retries=3, timeout_s=10, outage_wait_s=0)
 
 
 def fault(server, **spec) -> None:

@@ -42,6 +42,7 @@ from typing import Any, ClassVar, TypeVar
 import aiohttp
 import httpx
 
+from focus.backends.outage import OVER, UP, OutageGate, is_down_cause
 from focus.backends.retry import (
     CallRecord,
     ClientStats,
@@ -51,7 +52,7 @@ from focus.backends.retry import (
     is_retry_status,
     parse_retry_after,
 )
-from focus.policy import Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
+from focus.policy import BadResponse, Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
 
 __all__ = ["HttpClient", "HttpConfig", "HttpPolicy", "MalformedResponse", "RetryPolicy", "default_transport"]
 
@@ -102,7 +103,10 @@ class HttpClient:
     may raise for an answer it cannot trust, which is retried like a malformed body.
     A call whose retries ran out raises ``unavailable`` instead (by default
     :class:`~focus.policy.ServiceUnavailable` for policies, so the collector can tell an
-    outage from a wrong request; ``error`` otherwise).
+    outage from a wrong request; ``error`` otherwise), or, when the last answer could
+    not be used, :class:`~focus.policy.BadResponse` (policies; ``error`` otherwise).
+    A service that stops answering is waited for first (``outage_wait_s``,
+    :mod:`focus.backends.outage`).
     """
 
     def __init__(
@@ -113,6 +117,7 @@ class HttpClient:
         transport: httpx.AsyncBaseTransport | None = None,
         error: type[Exception] = PolicyError,
         unavailable: type[Exception] | None = None,
+        service: str | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
@@ -120,11 +125,17 @@ class HttpClient:
         self.config = config or HttpConfig()
         self.error = error
         self.unavailable = unavailable or (ServiceUnavailable if error is PolicyError else error)
+        #: Raised when the last attempt's answer could not be used (malformed, or a
+        #: ``parse`` that raised ``error``): the service answers, so it is no outage.
+        self.bad = BadResponse if error is PolicyError else error
+        #: What the outage log lines call the service.
+        self.service = service or ("model service" if error is PolicyError else "service")
         self._transport = transport
         self._rng = random.Random()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live: httpx.AsyncBaseTransport | None = None
         self._sem: asyncio.Semaphore | None = None
+        self._gate: OutageGate | None = None
         self._headers = self._make_headers()
         self._urls: dict[str, httpx.URL] = {}
         self._stats = ClientStats()
@@ -132,7 +143,9 @@ class HttpClient:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_loop=None, _live=None, _sem=None, _transport=None, _urls={}, _stats=ClientStats(), _rng=None)
+        state.update(
+            _loop=None, _live=None, _sem=None, _gate=None, _transport=None, _urls={}, _stats=ClientStats(), _rng=None
+        )
         state["_hedger"] = HedgeTimer(self.config)  # latencies are this process's
         return state
 
@@ -149,8 +162,11 @@ class HttpClient:
     # ---- statistics ----
 
     def stats(self) -> dict[str, Any]:
-        """Totals of this client's calls in this process (fields: :class:`ClientStats`)."""
-        return self._stats.as_dict()
+        """Totals of this client's calls in this process (fields: :class:`ClientStats`),
+        with ``outages`` and ``outage_s``: outages of the service waited out and their
+        seconds (:class:`~focus.backends.outage.OutageGate`)."""
+        gate = self._gate.stats() if self._gate is not None else {"outages": 0, "outage_s": 0.0}
+        return {**self._stats.as_dict(), **gate}
 
     def hedge_delays(self) -> dict[str, float]:
         """The adaptive hedge delays this client has learnt, by endpoint and size class."""
@@ -170,7 +186,18 @@ class HttpClient:
             self._live = self._transport if self._transport is not None else default_transport(self.config)
             self._sem = asyncio.Semaphore(self.config.max_concurrency)
             self._loop = loop
+            self._gate = None
         return self._live, self._sem
+
+    def _gate_for_loop(self) -> OutageGate:
+        """The outage gate of the running loop (made with the transport)."""
+        self._for_loop()
+        if self._gate is None:
+            cfg = self.config
+            self._gate = OutageGate(
+                cfg.outage_wait_s, service=self.service, url=self.base_url, probe_s=cfg.backoff_max_s
+            )
+        return self._gate
 
     async def request(
         self,
@@ -209,12 +236,11 @@ class HttpClient:
         hedge = hedge and self._hedger.enabled
         t0 = time.monotonic()
         deadline = None if cfg.deadline_s is None else t0 + cfg.deadline_s
+        gate = self._gate_for_loop()
         errors: list[tuple[str, float]] = []
-        hedges = 0
-        attempts = 0
-        last: _Retryable | None = None
-        out_of_time = False
-        for retry in range(cfg.max_retries + 1):
+        hedges = attempts = retry = 0
+        streak: float | None = None  # when the current run of failed attempts began
+        while True:
             started = time.monotonic()
             attempts += 1
             try:
@@ -227,9 +253,11 @@ class HttpClient:
                 self._stats.add(CallRecord(attempts, time.monotonic() - t0, tuple(errors), "rejected", hedges=hedges))
                 raise self.error(str(e)) from None
             else:
+                now = time.monotonic()
+                gate.answered(started, now)
                 record = CallRecord(
                     attempts,
-                    time.monotonic() - t0,
+                    now - t0,
                     tuple(errors),
                     hedges=hedges + sent,
                     hedge_won=won is not None,
@@ -237,22 +265,66 @@ class HttpClient:
                 )
                 self._stats.add(record)
                 return value, record
+            now = time.monotonic()
+            gate.failed(now)
+            streak = now if streak is None else streak
+            if last.kind != "malformed response" and gate.should_wait(
+                streak_start=streak,
+                # retrying on its own only while the waits are shorter than the gate's
+                # probes: past that a call waiting at the gate goes on sooner
+                retries_left=retry < cfg.max_retries and cfg.backoff_cap(retry) < gate.probe_s,
+                down_cause=is_down_cause(last.kind, last.status),
+            ):
+                turn = await gate.wait(deadline, str(last))
+                if turn == OVER:
+                    ended = "deadline" if deadline is not None and time.monotonic() >= deadline else "outage"
+                    break
+                errors.append((last.kind, time.monotonic() - started))
+                if turn == UP:  # the service is back: this call's retries start afresh
+                    retry, streak = 0, None
+                continue
             if retry == cfg.max_retries:
+                ended = "deadline" if deadline is not None and time.monotonic() >= deadline else "retries"
                 break
             wait = cfg.backoff(retry, self._rng, last.retry_after)
             if deadline is not None and time.monotonic() + wait >= deadline:
-                out_of_time = True
+                ended = "deadline"
                 break
             await asyncio.sleep(wait)
             errors.append((last.kind, time.monotonic() - started))
-        assert last is not None
+            retry += 1
         errors.append((last.kind, time.monotonic() - started))
-        elapsed = time.monotonic() - t0
-        out_of_time = out_of_time or (deadline is not None and time.monotonic() >= deadline)
-        self._stats.add(CallRecord(attempts, elapsed, tuple(errors), last.kind, out_of_time, hedges))
+        raise self._give_up(method, url, attempts, t0, ended, tuple(errors), hedges, last, gate)
+
+    def _give_up(
+        self,
+        method: str,
+        url: httpx.URL,
+        attempts: int,
+        t0: float,
+        ended: str,
+        errors: tuple[tuple[str, float], ...],
+        hedges: int,
+        last: _Retryable,
+        gate: OutageGate,
+    ) -> Exception:
+        """Record a call that gave up (``ended`` by its ``retries``, its ``deadline`` or
+        the ``outage`` window); the error to raise (``unavailable``)."""
+        now = time.monotonic()
+        elapsed = now - t0
+        self._stats.add(CallRecord(attempts, elapsed, errors, last.kind, ended == "deadline", hedges))
         status = f"status {last.status}" if last.status is not None else "no status"
-        within = f" in {elapsed:.1f} s (deadline {cfg.deadline_s:g} s)" if out_of_time else ""
-        raise self.unavailable(f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}")
+        error = self.bad if last.kind == "malformed response" else self.unavailable
+        if ended == "deadline":
+            within = f" in {elapsed:.1f} s (deadline {self.config.deadline_s:g} s)"
+        elif ended == "outage" and gate.down_since is not None:
+            within = (
+                f"; the {gate.service} has not answered for {now - gate.down_since:.0f} s "
+                f"(waited for it up to outage_wait_s = {gate.window_s:g} s)"
+            )
+        else:
+            within = ""
+        return error(f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}")
 
     async def _attempt(
         self,
