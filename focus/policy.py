@@ -109,12 +109,12 @@ class Policy(abc.ABC):
         """Reject prompts a server would reject, naming the offending id."""
         if not prompt_ids:
             raise PolicyError("empty prompt: a model call needs at least one token id")
-        if self.vocab_size is not None:
+        vocab = self.vocab_size
+        # min and max in C first: a prompt of thousands of ids is checked on every call
+        if vocab is not None and not (0 <= min(prompt_ids) and max(prompt_ids) < vocab):
             for i, t in enumerate(prompt_ids):
-                if not 0 <= t < self.vocab_size:
-                    raise PolicyError(
-                        f"prompt token id {t} at position {i} is outside the vocabulary [0, {self.vocab_size})"
-                    )
+                if not 0 <= t < vocab:
+                    raise PolicyError(f"prompt token id {t} at position {i} is outside the vocabulary [0, {vocab})")
 
     def check_completion(self, completion: Completion, params: SamplingParams | None = None) -> None:
         """Reject an answer longer than ``params.max_tokens`` and sampled ids outside
@@ -135,7 +135,10 @@ class Policy(abc.ABC):
         if self.vocab_size is None:
             return
         vocab = self.vocab_size
-        for i, t in enumerate(completion.token_ids):
+        ids = completion.token_ids
+        if not ids or (0 <= min(ids) and max(ids) < vocab):
+            return
+        for i, t in enumerate(ids):
             if not 0 <= t < vocab:
                 raise BadResponse(
                     f"sampled token id {t} at position {i} is outside the vocabulary [0, {vocab}) "

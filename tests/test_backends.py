@@ -236,7 +236,7 @@ def test_policy_pickles_after_use_and_works_in_a_new_event_loop(local_model_serv
     policy = OpenAICompatPolicy(local_model_server.url, config=FAST)
     first = run(policy.sample(PROMPT, SamplingParams(max_tokens=4, seed=3)))  # client left open on a dead loop
     clone = pickle.loads(pickle.dumps(policy))
-    assert clone.http._live is None and clone.http.config == FAST
+    assert clone.http._wire is None and clone.http.config == FAST
     blob = pickle.dumps(policy)  # copies of one pickle (Dask workers) draw their own jitter
     a, b = pickle.loads(blob).http, pickle.loads(blob).http
     assert [a._rng.random() for _ in range(3)] != [b._rng.random() for _ in range(3)]

@@ -102,7 +102,7 @@ def test_waiting_calls_probe_in_turn_wake_together_and_stop_at_the_window():
         assert sum(w.done() for w in waiters) == 1  # one probe per probe_s, not one per waiter
         gate.answered(time.monotonic(), time.monotonic())
         assert sorted(await asyncio.gather(*waiters)) == [PROBE, UP, UP]
-        assert gate.stats()["outages"] == 1
+        assert gate.totals.outages == 1
         gate.failed(time.monotonic())
         t0 = time.monotonic()
         while (turn := await gate.wait(None, "refused")) == PROBE:

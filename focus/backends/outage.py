@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,18 @@ PROBE = "probe"
 OVER = "over"
 
 
+@dataclass
+class OutageTotals:
+    """Outages of a client's service waited out, and the seconds they lasted (from
+    the first failure to the first answer), over every event loop the client used."""
+
+    outages: int = 0
+    outage_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"outages": self.outages, "outage_s": round(self.outage_s, 3)}
+
+
 class OutageGate:
     """The outage state of one client's service on one event loop (see module docs)."""
 
@@ -62,7 +75,15 @@ class OutageGate:
     #: service is back, and a service coming up is asked about once a second.
     PROBE_S = 1.0
 
-    def __init__(self, window_s: float, *, service: str, url: str, probe_s: float | None = None) -> None:
+    def __init__(
+        self,
+        window_s: float,
+        *,
+        service: str,
+        url: str,
+        probe_s: float | None = None,
+        totals: OutageTotals | None = None,
+    ) -> None:
         self.window_s = window_s
         self.service, self.url = service, url
         self.probe_s = self.PROBE_S if probe_s is None else max(0.01, min(self.PROBE_S, probe_s))
@@ -73,9 +94,8 @@ class OutageGate:
         self.down_since: float | None = None
         #: Whether calls are waiting (the outage was announced).
         self.waiting = False
-        #: Outages waited out and the seconds they lasted (from the first failure).
-        self.outages = 0
-        self.outage_s = 0.0
+        #: Outages waited out and the seconds they lasted (the client's, if it passed them).
+        self.totals = totals if totals is not None else OutageTotals()
         self._next_probe = 0.0
         self._up = asyncio.Event()
         self._up.set()
@@ -91,8 +111,8 @@ class OutageGate:
         if self.down_since is None or sent < self.down_since:
             return
         if self.waiting:
-            self.outages += 1
-            self.outage_s += now - self.down_since
+            self.totals.outages += 1
+            self.totals.outage_s += now - self.down_since
             log.warning(
                 "%s at %s answers again after %.0f s; the waiting rollouts go on",
                 self.service,
@@ -170,9 +190,6 @@ class OutageGate:
             self.window_s,
             extra=CONSOLE,
         )
-
-    def stats(self) -> dict[str, float]:
-        return {"outages": self.outages, "outage_s": round(self.outage_s, 3)}
 
 
 def is_down_cause(kind: str, status: int | None) -> bool:

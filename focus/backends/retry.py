@@ -261,7 +261,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CallRecord:
     """What one call cost beyond its answer; attached to every completion as
     ``completion.meta["http"]`` so an engine can total it across processes.
