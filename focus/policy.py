@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -101,6 +101,15 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """Sample one response continuing exactly ``prompt_ids``."""
+
+    async def sample_on_route(
+        self, prompt_ids: Sequence[int], params: SamplingParams, route: tuple[Hashable, ...]
+    ) -> Completion:
+        """:meth:`sample`, told the call's route: the path of rollouts it continues (the
+        task id, then rollout seeds; :mod:`focus.backends.routing`). A policy over several
+        replicas of a model (:class:`focus.backends.FleetPolicy`) sends the call where
+        that prefix is cached; any other policy samples as it would without it."""
+        return await self.sample(prompt_ids, params)
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections. The default has nothing to release."""

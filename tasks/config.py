@@ -278,6 +278,9 @@ class ModelConfig(_Pluggable):
     _section: ClassVar[str] = "model"
     kind: Literal["local", "openai", "sglang", "tinker", "factory"] = "local"
     url: str | None = None
+    #: Several replicas of the model instead of ``url`` (openai, sglang): each call goes
+    #: where its prefix is cached, failing over when one is down (focus.backends.FleetPolicy).
+    urls: list[str] = Field(default_factory=list)
     #: The served model's name (OpenAI-compatible ``model`` field); for ``tinker`` the base model.
     model: str | None = None
     #: ``local``: the weights file the embedded server starts from; ``tinker``: a
@@ -299,8 +302,13 @@ class ModelConfig(_Pluggable):
 
     @model_validator(mode="after")
     def _needs(self) -> ModelConfig:
-        if self.kind in ("openai", "sglang") and not self.url:
-            raise ValueError(f"model.url is required when model.kind is {self.kind!r}")
+        if self.kind in ("openai", "sglang") and not (self.url or self.urls):
+            raise ValueError(f"model.url is required when model.kind is {self.kind!r} (or model.urls: replicas)")
+        if self.urls and (self.url or self.kind not in ("openai", "sglang")):
+            raise ValueError("model.urls replaces model.url, for the openai and sglang kinds")
+        for u in self.urls:
+            if not u.startswith(("http://", "https://")):
+                raise ValueError(f"model.urls: {u!r} must start with http:// or https://")
         if self.kind == "tinker" and not (self.model or self.weights):
             raise ValueError("model.model (a base model) or model.weights (a tinker:// path) is required for tinker")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
@@ -532,8 +540,11 @@ class FocusConfig(_Model):
 
     def build_policy(self, url: str | None = None) -> Policy:
         """The policy client; ``url`` overrides ``model.url`` (a server started for the run)."""
+        from focus.backends.fleet import one_or_fleet
+
         m = self.model
         url = url or m.url
+        urls = m.urls or ([url] if url else [])
         # the client may keep as many calls in flight as the execution runs rollouts
         http = HttpConfig(**m.http.model_dump(), max_concurrency=self.execution.max_concurrency)
         if m.kind == "factory":
@@ -541,13 +552,14 @@ class FocusConfig(_Model):
         elif m.kind in ("local", "openai"):
             from focus.backends import OpenAICompatPolicy
 
-            if url is None:
+            if not urls:
                 raise ConfigError("model.url is not set and no local model server was started")
-            policy = OpenAICompatPolicy(url, **({"model": m.model} if m.model else {}), config=http, **m.options)
+            named = {"model": m.model} if m.model else {}
+            policy = one_or_fleet(urls, lambda u: OpenAICompatPolicy(u, **named, config=http, **m.options))
         elif m.kind == "sglang":
             from focus.backends import SGLangPolicy
 
-            policy = SGLangPolicy(url, config=http, **m.options)
+            policy = one_or_fleet(urls, lambda u: SGLangPolicy(u, config=http, **m.options))
         else:
             from focus.backends import TinkerPolicy
 

@@ -101,6 +101,7 @@ class HttpClient:
         error: type[Exception] = PolicyError,
         unavailable: type[Exception] | None = None,
         service: str | None = None,
+        wait_outages: bool = True,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
@@ -113,6 +114,9 @@ class HttpClient:
         self.bad = BadResponse if error is PolicyError else error
         #: What the outage log lines call the service.
         self.service = service or ("model service" if error is PolicyError else "service")
+        #: False: a service that is down (past the quick retries) fails the call at once
+        #: instead of being waited for - a replica whose calls others can take.
+        self.wait_outages = wait_outages
         self._transport = transport
         self._rng = random.Random()
         self._wire: _Wire | None = None
@@ -259,6 +263,9 @@ class HttpClient:
                 retries_left=retry < cfg.max_retries and cfg.backoff_cap(retry) < gate.probe_s,
                 down_cause=is_down_cause(last.kind, last.status),
             ):
+                if not self.wait_outages:
+                    ended = "down"
+                    break
                 turn = await gate.wait(deadline, str(last))
                 if turn == OVER:
                     ended = "deadline" if deadline is not None and time.monotonic() >= deadline else "outage"
@@ -310,8 +317,9 @@ class HttpClient:
         last: _Retryable,
         gate: OutageGate,
     ) -> Exception:
-        """Record a call that gave up (``ended`` by its ``retries``, its ``deadline`` or
-        the ``outage`` window); the error to raise (``unavailable``)."""
+        """Record a call that gave up (``ended`` by its ``retries``, its ``deadline``, the
+        ``outage`` window, or a service ``down`` that is not waited for); the error to
+        raise (``unavailable``, or ``bad`` for an answer that could not be used)."""
         now = time.monotonic()
         elapsed = now - t0
         self._stats.add(CallRecord(attempts, elapsed, errors, last.kind, ended == "deadline", hedges))
@@ -324,6 +332,8 @@ class HttpClient:
                 f"; the {gate.service} has not answered for {now - gate.down_since:.0f} s "
                 f"(waited for it up to outage_wait_s = {gate.window_s:g} s)"
             )
+        elif ended == "down":
+            within = f"; the {gate.service} is down (not waited for)"
         else:
             within = ""
         return error(f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}")
@@ -486,6 +496,17 @@ class HttpPolicy(Policy):
             self.policy_version = completion.policy_version
         completion.meta["http"] = record  # meta is the parser's own new dict
         return completion
+
+    #: Where the server names the weights it serves (``GET``), and how to read it.
+    version_path: ClassVar[str]
+
+    @staticmethod
+    def parse_version(data: Any) -> str | None:
+        raise NotImplementedError
+
+    async def served_version(self) -> str | None:
+        """The weights version the server says it serves (None when it does not say)."""
+        return await self.http.request("GET", self.version_path, None, self.parse_version, hedge=False)
 
     def stats(self) -> dict[str, Any]:
         """The HTTP client's totals in this process (:meth:`HttpClient.stats`)."""
