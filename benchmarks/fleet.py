@@ -40,14 +40,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.http_client import machine
+from benchmarks.results import machine, write_report
 from focus.agent import Agent
 from focus.backends import FleetPolicy, HttpConfig, OpenAICompatPolicy
 from focus.backends.routing import CacheAwareRouter, RoundRobin, Router, TreeRouter
@@ -312,11 +311,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sims.stop()
     if args.tinylm:
         report["tinylm"] = tinylm_runs(args, log)
-    text = json.dumps(report, indent=1)
-    if args.json:
-        args.json.write_text(text)
-    print(text)
-    return report
+    return write_report(report, args.json)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
+from benchmarks.results import write_report
 from focus.backends.http import HttpConfig
 from focus.backends.openai_compat import OpenAICompatPolicy, parse_completion
 from focus.policy import SamplingParams
@@ -229,11 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         finally:
             server.stop()
     report["load_average_after"] = os.getloadavg()
-    text = json.dumps(report, indent=1)
-    if args.json:
-        args.json.write_text(text)
-    print(text)
-    return report
+    return write_report(report, args.json)
 
 
 if __name__ == "__main__":

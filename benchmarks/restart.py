@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import sys
 import tempfile
@@ -122,7 +121,7 @@ def run_one(server: LocalModelServer, root: str, cid: str, tasks: int, down_s: f
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from benchmarks.http_client import machine
+    from benchmarks.results import machine, write_report
 
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--down", default="30,90", help="seconds the server stays down, comma-separated")
@@ -156,11 +155,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         server.stop()
     report["uninterrupted"] = clean
     report["restarts"] = runs
-    text = json.dumps(report, indent=1)
-    if args.json:
-        args.json.write_text(text)
-    print(text)
-    return report
+    return write_report(report, args.json)
 
 
 if __name__ == "__main__":

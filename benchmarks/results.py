@@ -139,6 +139,15 @@ REGISTRY: tuple[Benchmark, ...] = (
 BY_NAME = {b.name: b for b in REGISTRY}
 
 
+def write_report(report: dict[str, Any], path: Path | None) -> dict[str, Any]:
+    """A benchmark's figures: printed as JSON, and written to ``path`` (``--json``) when given."""
+    text = json.dumps(report, indent=1)
+    if path:
+        path.write_text(text)
+    print(text)
+    return report
+
+
 def cpu_model() -> str:
     """The CPU's model name as /proc/cpuinfo gives it (``platform.processor()`` elsewhere)."""
     try:

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from fixtures.steps import drive
+from fixtures.steps import drive, steps_for
 
 from focus.agent import Agent, Piece, Rollout, failure_prefix
 from focus.execution import ModelServiceOutage, check_outage, is_service_failure
@@ -29,7 +29,6 @@ from focus.toy import ReachTarget, reach_target_tasks
 from focus.usage import Usage
 from storage import BatchStore, CheckpointStore
 from tasks.config import load_config
-from tasks.steps import Steps
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -111,13 +110,6 @@ def config(root: str, cid: str, url: str, **more: Any):  # type: ignore[no-untyp
         },
         environ={},
     )
-
-
-def steps_for(cfg) -> Steps:  # type: ignore[no-untyped-def]
-    from tasks.collection import make_execution
-
-    root = cfg.storage.root
-    return Steps(cfg, CheckpointStore(root), BatchStore(root), lambda: make_execution(cfg.execution))
 
 
 def longest_completion(batch_url: str) -> int:

@@ -14,7 +14,7 @@ import asyncio
 import time
 
 import pytest
-from fixtures.steps import drive
+from fixtures.steps import drive, steps_for
 
 from focus.agent import Agent, Piece, Rollout, is_outage
 from focus.backends import HttpConfig, OpenAICompatPolicy
@@ -29,7 +29,7 @@ from focus.toy import ReachTarget, reach_target_tasks, toy_format
 from focus.usage import failure_kind
 from storage import BatchStore, CheckpointStore
 from tasks.config import load_config
-from tasks.steps import EVIDENCE, EVIDENCE_SCORED, Steps, score_key, wave_key
+from tasks.steps import EVIDENCE, EVIDENCE_SCORED, score_key, wave_key
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -151,13 +151,6 @@ def config(root: str, cid: str, url: str):  # type: ignore[no-untyped-def]
         },
         environ={},
     )
-
-
-def steps_for(cfg) -> Steps:  # type: ignore[no-untyped-def]
-    from tasks.collection import make_execution
-
-    root = cfg.storage.root
-    return Steps(cfg, CheckpointStore(root), BatchStore(root), lambda: make_execution(cfg.execution))
 
 
 def key(batch):  # type: ignore[no-untyped-def]

@@ -16,14 +16,13 @@ from __future__ import annotations
 import logging
 
 import pytest
-from fixtures.steps import drive
+from fixtures.steps import drive, steps_for
 
 from focus.backends import LocalModelServer
 from focus.execution import ModelServiceOutage
 from focus.testing.faults import ServerRestart, served_requests
 from storage import BatchStore, CheckpointStore
 from tasks.config import load_config
-from tasks.steps import Steps
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.integration]
 
@@ -52,13 +51,6 @@ def config(root: str, cid: str, url: str, outage_wait_s: float):  # type: ignore
         },
         environ={},
     )
-
-
-def steps_for(cfg) -> Steps:  # type: ignore[no-untyped-def]
-    from tasks.collection import make_execution
-
-    root = cfg.storage.root
-    return Steps(cfg, CheckpointStore(root), BatchStore(root), lambda: make_execution(cfg.execution))
 
 
 def rows(root: str, url: str):  # type: ignore[no-untyped-def]

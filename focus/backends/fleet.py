@@ -261,6 +261,20 @@ class FleetPolicy(Policy):
         }
 
     async def aclose(self) -> None:
+        """Close every replica's connections; one log line per replica that was used
+        (what :meth:`stats` says of it), for the operator's log file."""
+        for s in self._replica_stats:
+            if s.calls or s.failovers:
+                log.info(
+                    "replica %s: %d calls, %d of %d prompt tokens from its prefix cache, %d tokens generated, "
+                    "%d calls failed over",
+                    s.url,
+                    s.calls,
+                    s.cached_tokens,
+                    s.prompt_tokens,
+                    s.completion_tokens,
+                    s.failovers,
+                )
         await asyncio.gather(*(r.aclose() for r in self.replicas))
 
 
