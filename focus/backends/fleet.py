@@ -122,6 +122,7 @@ class FleetPolicy(Policy):
         if known:
             self._version = next(iter(known.values()))
             self.policy_version = self._version
+        self._verified = True
 
     async def _verify_once(self) -> None:
         """:meth:`verify` before the first call (one call asks; the others wait for it)."""
@@ -131,7 +132,6 @@ class FleetPolicy(Policy):
         async with self._verify_lock[1]:
             if not self._verified:
                 await self.verify()
-                self._verified = True
 
     def _check_version(self, i: int, completion: Completion) -> None:
         version = completion.policy_version
