@@ -1,7 +1,7 @@
 """HTTP client stacks at the engine's concurrency: CPU per request and throughput.
 
-The question (issue 14): one client stack for every model and critic client, httpx the
-named API; which transport? Each stack below does the same work per call - encode the
+The question: what does one call cost the collecting process's CPU, through each stack
+and through FOCUS's own client, against bare aiohttp (the goal: the client within 1.2x)? Each stack below does the same work per call - encode the
 request body ``OpenAICompatPolicy`` sends (a 300-token prompt), ``POST
 /v1/completions``, read, decode JSON, parse with ``parse_completion`` - with
 ``--concurrency`` calls in flight from one process:
@@ -11,8 +11,10 @@ request body ``OpenAICompatPolicy`` sends (a 300-token prompt), ``POST
 * ``httpx_aiohttp_client``: ``httpx.AsyncClient(transport=httpx_aiohttp.AiohttpTransport())``.
 * ``httpx_aiohttp_transport``: ``httpx.Request`` handed straight to the same transport
   (what ``focus.backends.http.HttpClient`` does).
-* ``focus_client``: ``OpenAICompatPolicy.sample``, the kept stack with everything the
-  client adds (retry loop, per-call record, semaphore, prompt check).
+* ``focus_client``: ``OpenAICompatPolicy.sample``, the kept stack (aiohttp called
+  directly, ``focus/backends/send.py``) with everything the client adds: the prompt
+  check, the retry loop, the concurrency semaphore, the hedge race of seeded requests
+  (the benchmark's are seeded), the outage gate, the per-call record and its totals.
 
 Servers, each in its own process so the figures are the client's: the simulated model
 service (``focus/testing/simserver.py``; 1024 slots and a 5 ms latency, so the client,
@@ -47,6 +49,7 @@ import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
+from benchmarks.results import write_report
 from focus.backends.http import HttpConfig
 from focus.backends.openai_compat import OpenAICompatPolicy, parse_completion
 from focus.policy import SamplingParams
@@ -229,11 +232,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         finally:
             server.stop()
     report["load_average_after"] = os.getloadavg()
-    text = json.dumps(report, indent=1)
-    if args.json:
-        args.json.write_text(text)
-    print(text)
-    return report
+    return write_report(report, args.json)
 
 
 if __name__ == "__main__":

@@ -962,6 +962,117 @@ def cli_start(f: dict[str, Any]) -> str:
     )
 
 
+def restart(f: dict[str, Any]) -> str:
+    clean = f["uninterrupted"]
+    rows = [["none (uninterrupted)", "n/a", "n/a", s_(clean["wall_s"]), "n/a", num(clean["failed_rollouts"]), "n/a"]]
+    for r in f["restarts"]:
+        rows.append(
+            [
+                s_(r["down_s"]),
+                s_(r["down_for_s"]),
+                s_(r["back_after_up_s"]),
+                s_(r["wall_s"]),
+                f"+{s_(r['extra_wall_s'])}",
+                num(r["failed_rollouts"]),
+                "yes" if r["batch_equal"] else "**no**",
+            ]
+        )
+    head = [
+        "server down",
+        "kill to /health",
+        "/health to first answer",
+        "wall",
+        "over uninterrupted",
+        "failed rollouts",
+        "batch equal, bit for bit",
+    ]
+    lines = [r["outage_lines"] for r in f["restarts"] if r["outage_lines"]]
+    shown = "\n".join(f"    {line}" for line in lines[-1]) if lines else "    (none)"
+    return "\n\n".join(
+        [
+            f"{clean['rollouts']} rollouts, {clean['requests']} model calls uninterrupted; the server killed after "
+            "half of them. Goal: a 90 s outage costs no rerun.",
+            table(head, rows),
+            "What the operator sees (the longest outage):",
+            shown,
+        ]
+    )
+
+
+def fleet(f: dict[str, Any]) -> str:
+    def sweep_table(runs: dict[str, Any]) -> str:
+        rows = []
+        for key, r in runs.items():
+            n, kind = key.split("/")
+            rows.append(
+                [
+                    n,
+                    FLEET_ROUTERS.get(kind, kind),
+                    num(r["throughput"]),
+                    x_(r.get("throughput_vs_n_x_one")),
+                    x_(r.get("throughput_vs_unsplit")),
+                    num(r["hit_rate"]),
+                    x_(r.get("hit_rate_vs_one")),
+                    num(r["prefill_tokens"]),
+                    x_(r["load_spread"]),
+                    num(r["failed_rollouts"]),
+                ]
+            )
+        head = [
+            "N",
+            "routing",
+            "transitions/s",
+            "vs N x one",
+            "vs unsplit",
+            "hit rate",
+            "vs one",
+            "prefill tokens",
+            "busiest/mean",
+            "failed",
+        ]
+        return table(head, rows)
+
+    runs, k = f["runs"], f["kill"]
+    four = runs.get("4/focus", {})
+    goals = (
+        f"Goals at N = 4 with FOCUS's routing: hit rate >= 0.95 of one server's: "
+        f"{verdict(four.get('hit_rate_vs_one'), 0.95, '>=')} ({x_(four.get('hit_rate_vs_one'))}); "
+        f"throughput >= 0.9 x 4 x one replica: {verdict(four.get('throughput_vs_n_x_one'), 0.9, '>=')} "
+        f"({x_(four.get('throughput_vs_n_x_one'))}); a killed replica costs no failed rollout and the batch "
+        f"equals the clean one: {'met' if k['failed_rollouts'] == 0 and k['batch_equal'] else '**missed**'}."
+    )
+    knobs = ", ".join(f"{FLEET_ROUTERS.get(r, r)} {kv or '(none)'}" for r, kv in f["knobs"].items())
+    parts = [
+        goals,
+        f"Knobs (best throughput at N = 4 of each router's grid): {knobs}.",
+        f"Waves of {f.get('wave', 3)}x the rollouts in flight:",
+        sweep_table(runs),
+        "Waves as large as the rollouts in flight:",
+        sweep_table(f["waves_of_one"]),
+        (
+            f"A replica killed at N = 4 after {k['killed_after_calls']} of its calls: {k['failed_rollouts']} failed "
+            f"rollouts, {k['failovers']} calls failed over, batch equal bit for bit: "
+            f"{'yes' if k['batch_equal'] else '**no**'}; {num(k['throughput'])} transitions/s against "
+            f"{num(k['clean_throughput'])} uninterrupted."
+        ),
+    ]
+    if "tinylm" in f:
+        rows = [
+            [key.split("/")[0], FLEET_ROUTERS.get(key.split("/")[1], key), num(r["hit_rate"]), x_(r["load_spread"])]
+            for key, r in f["tinylm"].items()
+        ]
+        parts += ["Embedded tiny-model servers (hit rates):", table(["N", "routing", "hit rate", "busiest/mean"], rows)]
+    return "\n\n".join(parts)
+
+
+FLEET_ROUTERS = {
+    "focus": "**FOCUS (tree)**",
+    "round_robin": "round-robin",
+    "cache_aware": "cache-aware (SGLang-style)",
+    "unsplit": "one server, N x capacity",
+}
+
+
 RENDERERS: dict[str, Callable[[Any], str]] = {
     "local_model": local_model,
     "batch_write": batch_write,
@@ -979,6 +1090,8 @@ RENDERERS: dict[str, Callable[[Any], str]] = {
     "scale": scale,
     "http_client": http_client,
     "cli_start": cli_start,
+    "restart": restart,
+    "fleet": fleet,
 }
 
 

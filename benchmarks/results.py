@@ -134,8 +134,25 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         "cli_start", "benchmarks.cli_start", ("--repeats", "3", "--with-server"), ("--repeats", "1"), timeout_s=2400
     ),
+    Benchmark("restart", "benchmarks.restart", ("--down", "30,90"), ("--down", "3", "--tasks", "3"), timeout_s=1800),
+    Benchmark(
+        "fleet",
+        "benchmarks.fleet",
+        ("--scan", "--tinylm"),
+        ("--replicas", "1,2", "--transitions", "20", "--tasks", "2", "--latency-ms", "20", "--prefill-ms", "1"),
+        timeout_s=5400,
+    ),
 )
 BY_NAME = {b.name: b for b in REGISTRY}
+
+
+def write_report(report: dict[str, Any], path: Path | None) -> dict[str, Any]:
+    """A benchmark's figures: printed as JSON, and written to ``path`` (``--json``) when given."""
+    text = json.dumps(report, indent=1)
+    if path:
+        path.write_text(text)
+    print(text)
+    return report
 
 
 def cpu_model() -> str:

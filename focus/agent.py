@@ -13,7 +13,7 @@ import asyncio
 import hashlib
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,14 +21,18 @@ from focus.branching import BranchPoints, EveryDecision
 from focus.context import Context, ContextManager, Segments
 from focus.env import Env, EnvError, Message, Task, accepts_seed, check_reset, check_step_result
 from focus.format import ParseError, PolicyFormat
-from focus.policy import Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
+from focus.policy import BadResponse, Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
 from focus.tree import Turn
 from focus.workspace import Workspace
 
 
 @dataclass(frozen=True)
 class BranchState:
-    """Everything needed to continue an episode from a decision point. Picklable."""
+    """Everything needed to continue an episode from a decision point. Picklable.
+
+    ``route``: the path of rollouts that led here - the task id, then the seed of each
+    rollout whose segments end at this state - which a policy over several model
+    replicas routes calls by (:meth:`focus.policy.Policy.sample_on_route`)."""
 
     task: Task
     env_state: Any
@@ -36,10 +40,13 @@ class BranchState:
     context: Context
     steps: int = 0
     transitions: int = 0
+    route: tuple[Hashable, ...] = ()
 
-    def fork(self) -> BranchState:
-        """A copy whose workspace is independent of this one's."""
-        return replace(self, workspace=self.workspace.fork() if self.workspace is not None else None)
+    def fork(self, route: tuple[Hashable, ...] | None = None) -> BranchState:
+        """A copy whose workspace is independent of this one's (and whose route is
+        ``route``, when given)."""
+        workspace = self.workspace.fork() if self.workspace is not None else None
+        return replace(self, workspace=workspace, route=self.route if route is None else route)
 
 
 @dataclass(frozen=True)
@@ -141,12 +148,13 @@ class Agent:
             self.policy.check_prompt(ctx.prompt_ids)
         except PolicyError as e:
             raise PolicyError(f"opening context of task {task.id!r}: {e} (does the codec match the model?)") from e
-        return BranchState(task, reset.state, workspace, ctx)
+        return BranchState(task, reset.state, workspace, ctx, route=(task.id,))
 
     async def rollout(self, start: BranchState, seed: int) -> Rollout:
-        """Run from ``start`` (which is forked first) to a leaf."""
+        """Run from ``start`` (which is forked first) to a leaf. Its calls, and the
+        checkpoints it records, carry ``start``'s route extended by ``seed``."""
         t0 = time.perf_counter()
-        state = start.fork()
+        state = start.fork(route=(*start.route, seed))
         counters = {"parse_errors": 0, "tool_errors": 0}
         pieces: list[Piece] = []
         turns: list[Turn] = []
@@ -162,7 +170,7 @@ class Agent:
             try:
                 if self.context.needs_compaction(state.context):
                     c = await self.context.compact(state.context, codec, self.policy, params)
-                    self.policy.check_completion(c.completion)
+                    self.policy.check_completion(c.completion, params)
                     turns.append(_turn(c.prompt_ids, c.completion, c.loss_mask, "compaction", 0.0, False, ""))
                     state = replace(state, context=c.context, steps=state.steps + 1)
                     continue
@@ -170,12 +178,12 @@ class Agent:
                 if self.max_prompt_tokens is not None and len(prompt) > self.max_prompt_tokens:
                     pieces.append(Piece(tuple(turns), "truncated", state.steps, prompt, cause="context limit"))
                     break
-                completion = await self.policy.sample(prompt, params)
-                self.policy.check_completion(completion)
+                completion = await self.policy.sample_on_route(prompt, params, state.route)
+                self.policy.check_completion(completion, params)
                 if completion.meta:
                     _count_retries(counters, completion.meta)
             except (PolicyError, NotImplementedError) as e:
-                cause = f"{'model service' if is_outage(e) else 'model'}: {e}"
+                cause = f"{failure_prefix(e)}: {e}"
                 pieces.append(Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=cause))
                 break
             text = codec.decode(completion.token_ids)
@@ -241,9 +249,20 @@ def is_outage(error: BaseException) -> bool:
     Such failures end the rollout with a cause starting ``model service:``; a wave with
     too many of them fails (:class:`focus.execution.ModelServiceOutage`).
     """
+    if isinstance(error, BadResponse):
+        return False
     return isinstance(error, ServiceUnavailable) or (
         isinstance(error, PolicyError) and _RETRIES_EXHAUSTED.search(str(error)) is not None
     )
+
+
+def failure_prefix(error: BaseException) -> str:
+    """The kind a failed model call gives its rollout's cause (:mod:`focus.usage`):
+    ``model service`` (an outage), ``bad response`` (an answer that breaks the
+    contract) or ``model`` (the request was refused, or the policy failed otherwise)."""
+    if is_outage(error):
+        return "model service"
+    return "bad response" if isinstance(error, BadResponse) else "model"
 
 
 def _count_retries(counters: dict[str, int], meta: dict[str, Any]) -> None:

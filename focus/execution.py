@@ -15,7 +15,8 @@ A job that raises is not allowed to take the wave down with it: it comes back as
 rollout ending in a ``failed`` leaf whose cause names the exception, and the other
 jobs' work is kept. The exception is an outage of the model service: when more than
 ``max_outage_share`` of a wave's rollouts fail because the service gave no usable
-answer within the client's retries (cause ``model service: ...``), the wave raises
+answer within the client's retries (cause ``model service: ...``, or ``bad response:
+...`` for an answer that breaks the policy contract), the wave raises
 :class:`ModelServiceOutage` as soon as that share is passed, its other jobs are
 cancelled, and nothing of it is kept - a rerun computes the wave again once the
 service is back, instead of keeping a batch made mostly of failures.
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from focus.agent import Piece, Rollout
-from focus.usage import SERVICE, failure_kind
+from focus.usage import BAD_RESPONSE, SERVICE, failure_kind
 
 if TYPE_CHECKING:
     from focus.agent import Agent
@@ -101,11 +102,12 @@ class ModelServiceOutage(RuntimeError):
 
 
 def is_service_failure(rollout: Rollout) -> bool:
-    """Whether ``rollout`` ended because the model service was out (cause ``model service:``)."""
+    """Whether ``rollout`` ended because the model service was out or answered what
+    cannot be used (cause ``model service:`` or ``bad response:``)."""
     if not isinstance(rollout, Rollout):
         return False
     leaf = rollout.leaf
-    return leaf.kind == "failed" and failure_kind(leaf.cause) == SERVICE
+    return leaf.kind == "failed" and failure_kind(leaf.cause) in (SERVICE, BAD_RESPONSE)
 
 
 def outage_limit(share: float, jobs: int) -> float:

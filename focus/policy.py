@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -54,16 +54,29 @@ class Completion:
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
-            raise PolicyError(f"completion has {len(self.token_ids)} tokens but {len(self.logprobs)} log-probs")
+            raise BadResponse(f"completion has {len(self.token_ids)} tokens but {len(self.logprobs)} log-probs")
         for lp in self.logprobs:
             if not math.isfinite(lp) or lp > 1e-6:
-                raise PolicyError(f"completion has an invalid log-prob {lp!r}")
+                raise BadResponse(f"completion has an invalid log-prob {lp!r}")
         if self.finish_reason not in FINISH_REASONS:
-            raise PolicyError(f"unknown finish reason {self.finish_reason!r}")
+            raise BadResponse(f"unknown finish reason {self.finish_reason!r}")
 
 
 class PolicyError(RuntimeError):
     """A model call failed for good (after retries) or returned something unusable."""
+
+
+class BadResponse(PolicyError):
+    """The model service answered, but the answer breaks the policy contract: more
+    tokens than the request's ``max_tokens``, log-probs that do not line up with the
+    tokens or are not finite log-probabilities, token ids outside the vocabulary, a body
+    that is not what the API promises. Such an answer is never stored: the rollout ends
+    in a failed leaf with cause ``bad response: ...`` (failure kind ``bad response``),
+    and those failures count with the model service's against a wave's outage share
+    (:class:`focus.execution.Execution`), so a service that answers garbage fails the
+    wave - nothing of it stored, a rerun computes it again - rather than filling a
+    batch with failures. The HTTP clients retry an answer they cannot parse before
+    giving up with this error."""
 
 
 class ServiceUnavailable(PolicyError):
@@ -89,6 +102,15 @@ class Policy(abc.ABC):
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """Sample one response continuing exactly ``prompt_ids``."""
 
+    async def sample_on_route(
+        self, prompt_ids: Sequence[int], params: SamplingParams, route: tuple[Hashable, ...]
+    ) -> Completion:
+        """:meth:`sample`, told the call's route: the path of rollouts it continues (the
+        task id, then rollout seeds; :mod:`focus.backends.routing`). A policy over several
+        replicas of a model (:class:`focus.backends.FleetPolicy`) sends the call where
+        that prefix is cached; any other policy samples as it would without it."""
+        return await self.sample(prompt_ids, params)
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections. The default has nothing to release."""
 
@@ -96,25 +118,38 @@ class Policy(abc.ABC):
         """Reject prompts a server would reject, naming the offending id."""
         if not prompt_ids:
             raise PolicyError("empty prompt: a model call needs at least one token id")
-        if self.vocab_size is not None:
+        vocab = self.vocab_size
+        # min and max in C first: a prompt of thousands of ids is checked on every call
+        if vocab is not None and not (0 <= min(prompt_ids) and max(prompt_ids) < vocab):
             for i, t in enumerate(prompt_ids):
-                if not 0 <= t < self.vocab_size:
-                    raise PolicyError(
-                        f"prompt token id {t} at position {i} is outside the vocabulary [0, {self.vocab_size})"
-                    )
+                if not 0 <= t < vocab:
+                    raise PolicyError(f"prompt token id {t} at position {i} is outside the vocabulary [0, {vocab})")
 
-    def check_completion(self, completion: Completion) -> None:
-        """Reject sampled ids outside the vocabulary, naming the first.
+    def check_completion(self, completion: Completion, params: SamplingParams | None = None) -> None:
+        """Reject an answer longer than ``params.max_tokens`` and sampled ids outside
+        the vocabulary, naming the first (:class:`BadResponse`).
 
-        A server running another tokenizer (or a corrupted answer) would otherwise put
-        ids into the batch that the next prompt - and every trainer - rejects; since
+        A server that ignores the length limit, or runs another tokenizer (or a
+        corrupted answer), would otherwise put rows into the batch that no request
+        asked for, or ids that the next prompt - and every trainer - rejects; since
         generated ids are never re-tokenised, this is the one place to catch them.
+        The agent calls it on every answer (log-prob alignment is checked when the
+        :class:`Completion` is made).
         """
+        if params is not None and len(completion.token_ids) > params.max_tokens:
+            raise BadResponse(
+                f"{len(completion.token_ids)} tokens sampled where max_tokens = {params.max_tokens} were asked "
+                "(does the server honour max_tokens?)"
+            )
         if self.vocab_size is None:
             return
-        for i, t in enumerate(completion.token_ids):
-            if not 0 <= t < self.vocab_size:
-                raise PolicyError(
-                    f"sampled token id {t} at position {i} is outside the vocabulary [0, {self.vocab_size}) "
+        vocab = self.vocab_size
+        ids = completion.token_ids
+        if not ids or (0 <= min(ids) and max(ids) < vocab):
+            return
+        for i, t in enumerate(ids):
+            if not 0 <= t < vocab:
+                raise BadResponse(
+                    f"sampled token id {t} at position {i} is outside the vocabulary [0, {vocab}) "
                     "(does the model match the codec?)"
                 )

@@ -11,9 +11,10 @@ whose rollouts make no transition (only parse errors or compactions) still ends 
 
 Failures are counted by kind, the prefix of a failed leaf's cause (see
 docs/operations.md): ``model service`` (the model service did not answer usably after
-the client's retries: down, unreachable, overloaded), ``model`` (it answered, but the
-request was rejected or the answer was unusable), ``env`` and ``error`` (anything else
-raised inside a rollout job).
+the client's retries: down, unreachable, overloaded), ``bad response`` (it answered, but
+the answer breaks the contract: too long, log-probs that do not line up, ids outside
+the vocabulary; :class:`focus.policy.BadResponse`), ``model`` (the request was
+rejected), ``env`` and ``error`` (anything else raised inside a rollout job).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ if TYPE_CHECKING:
     from focus.agent import Rollout
 
 #: Kinds of failure, by the prefix of a failed leaf's cause.
-FAILURE_KINDS = ("model service", "model", "env", "error")
+FAILURE_KINDS = ("model service", "bad response", "model", "env", "error")
 SERVICE = "model service"
+BAD_RESPONSE = "bad response"
 
 
 def failure_kind(cause: str) -> str:

@@ -88,7 +88,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-FAST = HttpConfig(backoff_s=0.01, backoff_max_s=0.02, max_retries=1, timeout_s=10)
+FAST = HttpConfig(backoff_s=0.01, backoff_max_s=0.02, max_retries=1, timeout_s=10, outage_wait_s=0)
 
 
 def test_http_critic_names_the_url_when_the_service_is_down():

@@ -89,6 +89,7 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks.batch_write --repeats 5": Check("parse", "a benchmark of minutes"),
     ".venv/bin/python -m benchmarks.writer_race": Check("parse", "a benchmark of minutes (300 racing writers)"),
     ".venv/bin/python -m benchmarks --only load_2k,load_20k": Check("parse", "benchmarks of half an hour"),
+    ".venv/bin/python -m benchmarks --only restart": Check("parse", "a benchmark of minutes (30 s and 90 s outages)"),
     # docs/pipeline.md
     ".venv/bin/python -m tasks.config.reference": Check(
         "parse", "rewrites docs and configs in place; tests/test_configs.py runs its --check"

@@ -31,7 +31,11 @@ from focus.toy import ReachTarget, reach_target_tasks, toy_format
 pytestmark = pytest.mark.timeout(120)
 
 RETRIES = 4
-HTTP = HttpConfig(backoff_s=0.01, backoff_max_s=0.05, max_retries=RETRIES, timeout_s=2.5, connect_timeout_s=2)
+#: A service that answers nobody fails the calls within their retries here (not waited
+#: for: tests/test_outage_wait.py and tests/test_restart.py test that).
+HTTP = HttpConfig(
+    backoff_s=0.01, backoff_max_s=0.05, max_retries=RETRIES, timeout_s=2.5, connect_timeout_s=2, outage_wait_s=0
+)
 PHASES = [Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=30, wave_size=6, max_depth=6)]
 
 #: The cause word the HTTP client records for each injected kind.
@@ -133,7 +137,9 @@ def test_a_persistent_fault_fails_only_that_rollout_with_its_cause(local_model_s
     (tree,) = state.trees
     leaves = [tree.nodes[tree.edges[e].child] for e in tree.root.children]
     assert leaves[0].kind == "failed" and leaves[1].kind != "failed"
-    assert leaves[0].cause.startswith("model service: POST ") and "after 2 attempt(s)" in leaves[0].cause
+    # an answer that could not be used is a bad response; no usable answer at all, an outage
+    kind_of = "bad response" if kind in ("malformed", "short_logprobs", "nan_logprobs") else "model service"
+    assert leaves[0].cause.startswith(f"{kind_of}: POST ") and "after 2 attempt(s)" in leaves[0].cause
     assert CAUSE[kind] in leaves[0].cause
     # statistics count it, with its cause
     assert batch.stats["failed_rollouts"] == 1 and batch.stats["rollouts"] == 2

@@ -70,6 +70,9 @@ def collect_through(proxy_url: str, kind: str, root: str) -> tuple[Any, Any]:
                 {"name": "continue", "transitions": 6, "wave_size": 3, "max_depth": 4},
             ],
             "execution.kind": "local",
+            # keep the failed rollouts: a third of answers bad would fail the wave by
+            # default (bad responses count against the outage share)
+            "execution.max_outage_share": 1.0,
             "storage.root": root,
             "progress": False,
         },

@@ -3,6 +3,7 @@
 * :class:`OpenAICompatPolicy` - OpenAI-compatible ``/v1/completions`` as vLLM serves it.
 * :class:`SGLangPolicy` - SGLang's native ``/generate``.
 * :class:`TinkerPolicy` - a Tinker ``SamplingClient``.
+* :class:`FleetPolicy` - several replicas of one model, calls routed by the search tree.
 * :class:`LocalModelServer` - the tiny torch model served on loopback.
 * :class:`RetryPolicy` - timeouts, retries, deadline and hedging of every HTTP client;
   :class:`HttpConfig` adds concurrency and headers.
@@ -21,6 +22,7 @@ _EXPORTS = {
     "OpenAICompatPolicy": "focus.backends.openai_compat",
     "SGLangPolicy": "focus.backends.sglang",
     "TinkerPolicy": "focus.backends.tinker_backend",
+    "FleetPolicy": "focus.backends.fleet",
     "LocalModelServer": "focus.backends.local",
 }
 

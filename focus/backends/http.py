@@ -1,32 +1,32 @@
 """The one HTTP stack of every model and critic client: sending, retries, hedges, stats.
 
-Requests are ``httpx.Request`` objects handed to an httpx *transport*; answers are
-``httpx.Response`` objects. The default transport is ``httpx_aiohttp.AiohttpTransport``
-(aiohttp's connection pool and parser behind httpx's transport interface); any other
-httpx transport - ``httpx.MockTransport``, a proxy, an instrumented
-``httpx.AsyncHTTPTransport`` - plugs into the same place (``transport=``), so tests and
-production share every line above the socket.
+Requests leave through a :class:`~focus.backends.send.Sender`: by default aiohttp's
+connection pool and parser called directly (:class:`~focus.backends.send.AiohttpSender`);
+any httpx transport - ``httpx.MockTransport``, a proxy, an instrumented
+``httpx.AsyncHTTPTransport`` - plugs into the same place (``transport=``), and every
+line above the sender is the same for both.
 
 Why this stack (``python -m benchmarks.http_client``, figures in benchmarks/README.md):
 a collection keeps 64-256 calls in flight from one process, and the client's CPU per
 call is what stands between the engine and the model service. httpx's own transport
 (httpcore + h11) costs 4-6 ms of CPU per call at that concurrency, 20-40x aiohttp;
-``httpx.AsyncClient`` over the aiohttp transport still doubles aiohttp's cost with
-machinery a model API never uses (cookies, redirects, auth flows, event hooks), so the
-client hands prepared requests to the transport itself: 1.6-1.7x bare aiohttp, about
-0.1 ms more per call, for one stack that takes any httpx transport.
+httpx's request and response objects over aiohttp (``httpx-aiohttp``) still cost about
+half of aiohttp's own time per call. So the default sends straight through aiohttp,
+and what the client adds per call (the retry loop, a hedge timer, the outage gate, a
+:class:`~focus.backends.retry.CallRecord`) is kept to a few microseconds: no task per
+attempt unless a hedge may be due, URLs parsed once per path.
 
 Every call follows one :class:`~focus.backends.retry.RetryPolicy` (see that module):
-bounded attempts, full-jitter backoff, ``Retry-After``, a deadline per call and
-adaptive hedging; anything else (a 4xx saying the request is wrong) fails at once.
-After the last try the caller gets one error (``PolicyError`` for policies,
-``CriticError`` for critics) naming the URL, the last status and the cause. What each
-call cost is a :class:`~focus.backends.retry.CallRecord`; :meth:`HttpClient.stats`
-totals them.
+bounded attempts, full-jitter backoff, ``Retry-After``, a deadline per call, adaptive
+hedging, and a wait for a service that stopped answering (:mod:`focus.backends.outage`);
+anything else (a 4xx saying the request is wrong) fails at once. After the last try
+the caller gets one error (``PolicyError`` for policies, ``CriticError`` for critics)
+naming the URL, the last status and the cause. What each call cost is a
+:class:`~focus.backends.retry.CallRecord`; :meth:`HttpClient.stats` totals them.
 
-The transport and the semaphore belong to one event loop. Policies are pickled to Dask
-workers and used from several ``asyncio.run`` calls, so both are created lazily for
-the running loop and dropped when pickling.
+The sender, the semaphore and the outage gate belong to one event loop. Policies are
+pickled to Dask workers and used from several ``asyncio.run`` calls, so all three are
+created lazily for the running loop and dropped when pickling.
 """
 
 from __future__ import annotations
@@ -35,13 +35,14 @@ import asyncio
 import json
 import random
 import time
-from asyncio import FIRST_COMPLETED
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import aiohttp
 import httpx
 
+from focus.backends.hedge import race
+from focus.backends.outage import OVER, UP, OutageGate, OutageTotals, is_down_cause
 from focus.backends.retry import (
     CallRecord,
     ClientStats,
@@ -51,9 +52,10 @@ from focus.backends.retry import (
     is_retry_status,
     parse_retry_after,
 )
-from focus.policy import Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
+from focus.backends.send import AiohttpSender, HttpxSender, Sender
+from focus.policy import BadResponse, Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
 
-__all__ = ["HttpClient", "HttpConfig", "HttpPolicy", "MalformedResponse", "RetryPolicy", "default_transport"]
+__all__ = ["HttpClient", "HttpConfig", "HttpPolicy", "MalformedResponse", "RetryPolicy"]
 
 T = TypeVar("T")
 
@@ -76,24 +78,6 @@ class _Rejected(Exception):
     """The server refused the request itself (a 4xx other than the retried ones)."""
 
 
-def default_transport(config: HttpConfig) -> httpx.AsyncBaseTransport:
-    """aiohttp's pool behind httpx's transport interface, sized to the client's concurrency.
-
-    The session is made on first use, inside the running event loop."""
-    from httpx_aiohttp import AiohttpTransport
-
-    n = config.max_concurrency
-
-    def session() -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=n, limit_per_host=0),
-            timeout=aiohttp.ClientTimeout(total=None),
-            skip_auto_headers=("User-Agent",),
-        )
-
-    return AiohttpTransport(client=session)
-
-
 class HttpClient:
     """JSON over HTTP under one retry policy; one per backend instance, safe to pickle.
 
@@ -102,7 +86,10 @@ class HttpClient:
     may raise for an answer it cannot trust, which is retried like a malformed body.
     A call whose retries ran out raises ``unavailable`` instead (by default
     :class:`~focus.policy.ServiceUnavailable` for policies, so the collector can tell an
-    outage from a wrong request; ``error`` otherwise).
+    outage from a wrong request; ``error`` otherwise), or, when the last answer could
+    not be used, :class:`~focus.policy.BadResponse` (policies; ``error`` otherwise).
+    A service that stops answering is waited for first (``outage_wait_s``,
+    :mod:`focus.backends.outage`).
     """
 
     def __init__(
@@ -113,6 +100,8 @@ class HttpClient:
         transport: httpx.AsyncBaseTransport | None = None,
         error: type[Exception] = PolicyError,
         unavailable: type[Exception] | None = None,
+        service: str | None = None,
+        wait_outages: bool = True,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
@@ -120,19 +109,26 @@ class HttpClient:
         self.config = config or HttpConfig()
         self.error = error
         self.unavailable = unavailable or (ServiceUnavailable if error is PolicyError else error)
+        #: Raised when the last attempt's answer could not be used (malformed, or a
+        #: ``parse`` that raised ``error``): the service answers, so it is no outage.
+        self.bad = BadResponse if error is PolicyError else error
+        #: What the outage log lines call the service.
+        self.service = service or ("model service" if error is PolicyError else "service")
+        #: False: a service that is down (past the quick retries) fails the call at once
+        #: instead of being waited for - a replica whose calls others can take.
+        self.wait_outages = wait_outages
         self._transport = transport
         self._rng = random.Random()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._live: httpx.AsyncBaseTransport | None = None
-        self._sem: asyncio.Semaphore | None = None
+        self._wire: _Wire | None = None
         self._headers = self._make_headers()
-        self._urls: dict[str, httpx.URL] = {}
+        self._urls: dict[str, Any] = {}
         self._stats = ClientStats()
+        self._outages = OutageTotals()
         self._hedger = HedgeTimer(self.config)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_loop=None, _live=None, _sem=None, _transport=None, _urls={}, _stats=ClientStats(), _rng=None)
+        state.update(_wire=None, _transport=None, _urls={}, _stats=ClientStats(), _outages=OutageTotals(), _rng=None)
         state["_hedger"] = HedgeTimer(self.config)  # latencies are this process's
         return state
 
@@ -149,8 +145,10 @@ class HttpClient:
     # ---- statistics ----
 
     def stats(self) -> dict[str, Any]:
-        """Totals of this client's calls in this process (fields: :class:`ClientStats`)."""
-        return self._stats.as_dict()
+        """Totals of this client's calls in this process (fields: :class:`ClientStats`),
+        with ``outages`` and ``outage_s``: outages of the service waited out and their
+        seconds (:class:`~focus.backends.outage.OutageGate`)."""
+        return {**self._stats.as_dict(), **self._outages.as_dict()}
 
     def hedge_delays(self) -> dict[str, float]:
         """The adaptive hedge delays this client has learnt, by endpoint and size class."""
@@ -163,14 +161,26 @@ class HttpClient:
 
     # ---- sending ----
 
-    def _for_loop(self) -> tuple[httpx.AsyncBaseTransport, asyncio.Semaphore]:
-        """The transport and semaphore of the running loop, made on first use there."""
+    def _wire_for_loop(self) -> _Wire:
+        """The sender, semaphore and outage gate of the running loop, made on first use there."""
         loop = asyncio.get_running_loop()
-        if self._live is None or self._sem is None or self._loop is not loop:
-            self._live = self._transport if self._transport is not None else default_transport(self.config)
-            self._sem = asyncio.Semaphore(self.config.max_concurrency)
-            self._loop = loop
-        return self._live, self._sem
+        wire = self._wire
+        if wire is None or wire.loop is not loop:
+            cfg = self.config
+            sender: Sender = (
+                AiohttpSender(cfg.max_concurrency, cfg.connect_timeout_s)
+                if self._transport is None
+                else HttpxSender(self._transport, cfg.connect_timeout_s)
+            )
+            gate = OutageGate(
+                cfg.outage_wait_s,
+                service=self.service,
+                url=self.base_url,
+                probe_s=cfg.backoff_max_s,
+                totals=self._outages,
+            )
+            wire = self._wire = _Wire(loop, sender, asyncio.Semaphore(cfg.max_concurrency), gate)
+        return wire
 
     async def request(
         self,
@@ -201,63 +211,141 @@ class HttpClient:
         ``size``: what the answer's time grows with (``max_tokens``, contexts scored), so
         that the adaptive hedge compares it with requests of its size (:class:`HedgeTimer`)."""
         cfg = self.config
+        wire = self._wire_for_loop()
         url = self._urls.get(path)
-        if url is None:  # parsed once per path: httpx's URL parser costs ~20 us a call
-            url = self._urls[path] = httpx.URL(f"{self.base_url}{path}")
+        if url is None:  # parsed once per path (a URL parser costs ~20 us a call)
+            url = self._urls[path] = wire.sender.url(f"{self.base_url}{path}")
         content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         key = HedgeTimer.key(path, size)
         hedge = hedge and self._hedger.enabled
         t0 = time.monotonic()
         deadline = None if cfg.deadline_s is None else t0 + cfg.deadline_s
+        try:
+            value, sent, won = await self._attempt(wire, method, url, content, parse, key, hedge, deadline)
+        except _Retryable as e:
+            return await self._retry(wire, method, url, content, parse, key, hedge, t0, deadline, e)
+        except _Rejected as e:
+            self._stats.add(CallRecord(1, time.monotonic() - t0, (("rejected", time.monotonic() - t0),), "rejected"))
+            raise self.error(str(e)) from None
+        now = time.monotonic()
+        wire.gate.answered(t0, now)
+        # positional: keyword arguments cost a frozen dataclass a microsecond more, every call
+        record = CallRecord(1, now - t0, (), None, False, sent, won is not None, won or 0.0)
+        self._stats.add(record)
+        return value, record
+
+    async def _retry(
+        self,
+        wire: _Wire,
+        method: str,
+        url: Any,
+        content: bytes | None,
+        parse: Callable[[Any], T],
+        key: tuple[str, int],
+        hedge: bool,
+        t0: float,
+        deadline: float | None,
+        last: _Retryable,
+    ) -> tuple[T, CallRecord]:
+        """The rest of a call whose first attempt (started at ``t0``) failed with ``last``:
+        backoff and retries, or waiting at the outage gate, until an answer or the end."""
+        cfg, gate = self.config, wire.gate
         errors: list[tuple[str, float]] = []
-        hedges = 0
-        attempts = 0
-        last: _Retryable | None = None
-        out_of_time = False
-        for retry in range(cfg.max_retries + 1):
+        hedges, attempts, retry, started = last.hedged, 1, 0, t0
+        streak: float | None = None  # when the current run of failed attempts began
+        while True:
+            now = time.monotonic()
+            streak = now if streak is None else streak
+            answered = last.kind == "malformed response"  # an answer, if a bad one: not an outage
+            if not answered:
+                gate.failed(now)
+            if not answered and gate.should_wait(
+                streak_start=streak,
+                # retrying on its own only while the waits are shorter than the gate's
+                # probes: past that a call waiting at the gate goes on sooner
+                retries_left=retry < cfg.max_retries and cfg.backoff_cap(retry) < gate.probe_s,
+                down_cause=is_down_cause(last.kind, last.status),
+            ):
+                if not self.wait_outages:
+                    ended = "down"
+                    break
+                turn = await gate.wait(deadline, str(last))
+                if turn == OVER:
+                    ended = "deadline" if deadline is not None and time.monotonic() >= deadline else "outage"
+                    break
+                if turn == UP:  # the service is back: this call's retries start afresh
+                    retry, streak = 0, None
+            else:
+                if retry == cfg.max_retries:
+                    ended = "deadline" if deadline is not None and time.monotonic() >= deadline else "retries"
+                    break
+                wait = cfg.backoff(retry, self._rng, last.retry_after)
+                if deadline is not None and time.monotonic() + wait >= deadline:
+                    ended = "deadline"
+                    break
+                await asyncio.sleep(wait)
+                retry += 1
+            errors.append((last.kind, time.monotonic() - started))
             started = time.monotonic()
             attempts += 1
             try:
-                value, sent, won = await self._attempt(method, url, content, parse, key, hedge, deadline)
+                value, sent, won = await self._attempt(wire, method, url, content, parse, key, hedge, deadline)
             except _Retryable as e:
                 last = e
                 hedges += e.hedged
+                continue
             except _Rejected as e:
                 errors.append(("rejected", time.monotonic() - started))
                 self._stats.add(CallRecord(attempts, time.monotonic() - t0, tuple(errors), "rejected", hedges=hedges))
                 raise self.error(str(e)) from None
-            else:
-                record = CallRecord(
-                    attempts,
-                    time.monotonic() - t0,
-                    tuple(errors),
-                    hedges=hedges + sent,
-                    hedge_won=won is not None,
-                    hedge_s=won or 0.0,
-                )
-                self._stats.add(record)
-                return value, record
-            if retry == cfg.max_retries:
-                break
-            wait = cfg.backoff(retry, self._rng, last.retry_after)
-            if deadline is not None and time.monotonic() + wait >= deadline:
-                out_of_time = True
-                break
-            await asyncio.sleep(wait)
-            errors.append((last.kind, time.monotonic() - started))
-        assert last is not None
+            now = time.monotonic()
+            gate.answered(started, now)
+            record = CallRecord(
+                attempts, now - t0, tuple(errors), hedges=hedges + sent, hedge_won=won is not None, hedge_s=won or 0.0
+            )
+            self._stats.add(record)
+            return value, record
         errors.append((last.kind, time.monotonic() - started))
-        elapsed = time.monotonic() - t0
-        out_of_time = out_of_time or (deadline is not None and time.monotonic() >= deadline)
-        self._stats.add(CallRecord(attempts, elapsed, tuple(errors), last.kind, out_of_time, hedges))
+        raise self._give_up(method, url, attempts, t0, ended, tuple(errors), hedges, last, gate)
+
+    def _give_up(
+        self,
+        method: str,
+        url: Any,
+        attempts: int,
+        t0: float,
+        ended: str,
+        errors: tuple[tuple[str, float], ...],
+        hedges: int,
+        last: _Retryable,
+        gate: OutageGate,
+    ) -> Exception:
+        """Record a call that gave up (``ended`` by its ``retries``, its ``deadline``, the
+        ``outage`` window, or a service ``down`` that is not waited for); the error to
+        raise (``unavailable``, or ``bad`` for an answer that could not be used)."""
+        now = time.monotonic()
+        elapsed = now - t0
+        self._stats.add(CallRecord(attempts, elapsed, errors, last.kind, ended == "deadline", hedges))
         status = f"status {last.status}" if last.status is not None else "no status"
-        within = f" in {elapsed:.1f} s (deadline {cfg.deadline_s:g} s)" if out_of_time else ""
-        raise self.unavailable(f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}")
+        error = self.bad if last.kind == "malformed response" else self.unavailable
+        if ended == "deadline":
+            within = f" in {elapsed:.1f} s (deadline {self.config.deadline_s:g} s)"
+        elif ended == "outage" and gate.down_since is not None:
+            within = (
+                f"; the {gate.service} has not answered for {now - gate.down_since:.0f} s "
+                f"(waited for it up to outage_wait_s = {gate.window_s:g} s)"
+            )
+        elif ended == "down":
+            within = f"; the {gate.service} is down (not waited for)"
+        else:
+            within = ""
+        return error(f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}")
 
     async def _attempt(
         self,
+        wire: _Wire,
         method: str,
-        url: httpx.URL,
+        url: Any,
         content: bytes | None,
         parse: Callable[[Any], T],
         key: tuple[str, int],
@@ -268,102 +356,50 @@ class HttpClient:
         long the request it overtook had waited (None when the first request answered).
 
         The first request holds one of the client's ``max_concurrency`` slots for the
-        whole attempt; each hedge waits for a slot of its own. With ``hedge``, a copy is
-        sent whenever the newest request has gone :meth:`HedgeTimer.delay` without an
-        answer (up to ``HedgeTimer.COPIES`` requests in flight - a copy that failed, say
-        with a 503 while the first still hangs, makes room for another - and within the
-        hedge budget); the first good answer wins and the others are cancelled. A request the server rejects (4xx)
-        ends the attempt at once: its copies would be rejected the same way. Every good
+        whole attempt; each hedge waits for a slot of its own. With ``hedge``, copies
+        race the first request (:func:`focus.backends.hedge.race`: sent when the newest
+        request has gone :meth:`HedgeTimer.delay` without an answer, within the hedge
+        budget; the first good answer wins). A request the server rejects (4xx) ends
+        the attempt at once: its copies would be rejected the same way. Every good
         answer's own time (from its send) feeds the timer's latency window.
         """
-        transport, sem = self._for_loop()
-        timer = self._hedger
+        sender, sem, timer = wire.sender, wire.sem, self._hedger
         async with sem:
             timer.earn()
             if not hedge:
-                value, took = await self._send(transport, method, url, content, parse, deadline)
+                value, took = await self._send(sender, method, url, content, parse, deadline)
                 timer.observe(key, took)
                 return value, 0, None
-            sends = [time.monotonic()]
-            tasks = [asyncio.ensure_future(self._send(transport, method, url, content, parse, deadline))]
-            pending = set(tasks)
-            failures: list[_Retryable] = []
-            try:
-                while pending:
-                    done, pending = await asyncio.wait(
-                        pending, timeout=self._hedge_wait(key, sends[-1], len(pending)), return_when=FIRST_COMPLETED
-                    )
-                    for i, task in enumerate(tasks):  # the first request's outcome counts first
-                        if task in done:
-                            exc = task.exception()
-                            if exc is None:
-                                value, took = task.result()
-                                timer.observe(key, took)
-                                return value, len(tasks) - 1, (sends[i] - sends[0]) if i else None
-                            if not isinstance(exc, _Retryable):
-                                raise exc
-                            failures.append(exc)
-                    delay = timer.delay(key)
-                    waited = time.monotonic() - sends[-1]
-                    if (
-                        pending
-                        and len(pending) < timer.COPIES
-                        and delay is not None
-                        and waited >= delay
-                        and timer.spend(overdue=waited >= timer.OVERDUE * delay)
-                    ):
-                        sends.append(time.monotonic())
-                        tasks.append(
-                            asyncio.ensure_future(self._hedge(sem, transport, method, url, content, parse, deadline))
-                        )
-                        pending.add(tasks[-1])
-            finally:
-                for task in pending:
-                    task.cancel()
-                if pending:
-                    await asyncio.gather(*pending, return_exceptions=True)
-                for task in tasks:  # a copy that failed beside the winner: its error is moot
-                    if task.done() and not task.cancelled():
-                        task.exception()
-        failures[0].hedged = len(tasks) - 1
-        raise failures[0]
-
-    def _hedge_wait(self, key: tuple[str, int], last_send: float, in_flight: int) -> float | None:
-        """Seconds to wait for an answer before looking at hedging again: until the
-        newest request is due a hedge; ``RECHECK_S`` while the class has no delay yet;
-        with the budget spent, until the request is overdue (``RECHECK_S`` at most, as
-        the budget may refill); None while no further copy may be in flight."""
-        timer = self._hedger
-        if in_flight >= timer.COPIES:
-            return None
-        delay = timer.delay(key)
-        if delay is None:
-            return timer.RECHECK_S
-        now = time.monotonic()
-        due = last_send + delay - now
-        if due > 0 or timer.can_spend():
-            return max(0.0, due)
-        return max(0.0, min(timer.RECHECK_S, last_send + timer.OVERDUE * delay - now))
+            (value, took), copies, won = await race(
+                self._send(sender, method, url, content, parse, deadline),
+                self._hedge,
+                (sem, sender, method, url, content, parse, deadline),
+                timer,
+                key,
+                _Retryable,
+            )
+            timer.observe(key, took)
+            return value, copies, won
 
     async def _hedge(
         self,
         sem: asyncio.Semaphore,
-        transport: httpx.AsyncBaseTransport,
+        sender: Sender,
         method: str,
-        url: httpx.URL,
+        url: Any,
         content: bytes | None,
         parse: Callable[[Any], T],
         deadline: float | None,
     ) -> tuple[T, float]:
         """A copy of an attempt's request, in a concurrency slot of its own."""
         async with sem:
-            return await self._send(transport, method, url, content, parse, deadline)
+            return await self._send(sender, method, url, content, parse, deadline)
 
     async def _send(
         self,
-        transport: httpx.AsyncBaseTransport,
+        sender: Sender,
         method: str,
-        url: httpx.URL,
+        url: Any,
         content: bytes | None,
         parse: Callable[[Any], T],
         deadline: float | None,
@@ -372,33 +408,19 @@ class HttpClient:
         Returns the parsed value and the seconds from the send to the parsed answer."""
         sent = time.monotonic()
         limit = self.config.timeout_s
-        if deadline is not None:
-            limit = min(limit, deadline - sent)
-        request = httpx.Request(
-            method,
-            url,
-            content=content,
-            headers=self._headers,
-            extensions={"timeout": {"connect": self.config.connect_timeout_s}},
-        )
+        if deadline is not None and deadline - sent < limit:
+            limit = max(deadline - sent, 0.0)
         try:
-            async with asyncio.timeout(max(limit, 0.0)):
-                response = await transport.handle_async_request(request)
-                try:
-                    data = await response.aread()
-                finally:
-                    await response.aclose()
+            async with asyncio.timeout(limit):
+                status, data, retry_after = await sender.send(method, url, content, self._headers)
         except TimeoutError as e:
             what = "the call's deadline passed" if limit < self.config.timeout_s else f"no answer within {limit:g} s"
             raise _Retryable("timeout", None, what) from e
         except (httpx.RequestError, aiohttp.ClientError, OSError) as e:
             raise _classify(e) from e
-        status = response.status_code
-        if is_retry_status(status):
-            raise _Retryable(
-                "server error", status, _snippet(_text(data)), parse_retry_after(response.headers.get("retry-after"))
-            )
         if status >= 400:
+            if is_retry_status(status):
+                raise _Retryable("server error", status, _snippet(_text(data)), parse_retry_after(retry_after))
             raise _Rejected(f"{method} {url} was rejected with status {status}: {_snippet(_text(data))}")
         try:
             decoded = json.loads(data)
@@ -411,13 +433,22 @@ class HttpClient:
         return value, time.monotonic() - sent
 
     async def aclose(self) -> None:
-        live, self._live, self._sem, self._loop = self._live, None, None, None
-        if live is None:
+        wire, self._wire = self._wire, None
+        if wire is None:
             return
         try:
-            await live.aclose()
+            await wire.sender.aclose()
         except RuntimeError:  # made on a loop that is gone; nothing left to release
             pass
+
+
+class _Wire:
+    """What a client uses on one event loop: its sender, concurrency slots and outage gate."""
+
+    __slots__ = ("gate", "loop", "sem", "sender")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sender: Sender, sem: asyncio.Semaphore, gate: OutageGate):
+        self.loop, self.sender, self.sem, self.gate = loop, sender, sem, gate
 
 
 def _classify(e: BaseException) -> _Retryable:
@@ -468,6 +499,17 @@ class HttpPolicy(Policy):
             self.policy_version = completion.policy_version
         completion.meta["http"] = record  # meta is the parser's own new dict
         return completion
+
+    #: Where the server names the weights it serves (``GET``), and how to read it.
+    version_path: ClassVar[str]
+
+    @staticmethod
+    def parse_version(data: Any) -> str | None:
+        raise NotImplementedError
+
+    async def served_version(self) -> str | None:
+        """The weights version the server says it serves (None when it does not say)."""
+        return await self.http.request("GET", self.version_path, None, self.parse_version, hedge=False)
 
     def stats(self) -> dict[str, Any]:
         """The HTTP client's totals in this process (:meth:`HttpClient.stats`)."""

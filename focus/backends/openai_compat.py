@@ -76,6 +76,17 @@ class OpenAICompatPolicy(HttpPolicy):
     def parse(self, data: Any) -> Completion:
         return parse_completion(data)
 
+    version_path = "/v1/models"
+
+    @staticmethod
+    def parse_version(data: Any) -> str | None:
+        """The model card's ``policy_version`` (the embedded server's weights hash), else
+        its ``root`` (vLLM: the weights' path) or ``id`` (the served name)."""
+        cards = data.get("data") if isinstance(data, dict) else None
+        card = cards[0] if isinstance(cards, list) and cards and isinstance(cards[0], dict) else {}
+        version = card.get("policy_version") or card.get("root") or card.get("id")
+        return str(version) if version else None
+
 
 def _token_id(tok: Any) -> int:
     if isinstance(tok, str) and tok.startswith("token_id:"):

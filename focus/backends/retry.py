@@ -11,6 +11,9 @@ which follows the :class:`RetryPolicy` here:
   *full-jitter* exponential backoff - a wait drawn uniformly from
   ``[0, min(backoff_max_s, backoff_s * 2**n)]`` - so that clients that failed together
   do not come back together; a ``Retry-After`` header is a floor on that wait;
+* a service that answers nobody for longer than the retries (refused or reset
+  connections, 502/503/504: a restart) is waited for, up to ``outage_wait_s`` from
+  its first failure, by every call at once (:mod:`focus.backends.outage`);
 * the whole call, attempts and waits together, ends by ``deadline_s``: a retry that
   could not finish in time is not started;
 * a *hedge* (on by default): when an attempt has not answered after twice the recent
@@ -80,6 +83,14 @@ class RetryPolicy(BaseModel):
     #: Seconds one call may take, every attempt and wait included; None: no limit
     #: beyond the attempts. A retry that cannot finish by then is not started.
     deadline_s: float | None = Field(600.0, gt=0)
+    #: Seconds to wait for a service that has answered this client before and stopped
+    #: answering (connections refused or reset, 502/503/504: a restart, a weights
+    #: reload, a node drain), counted from its first failure: the calls in flight wait
+    #: instead of failing and go on when it answers again (focus/backends/outage.py).
+    #: The default covers a vLLM or SGLang restart with a large model (weights loaded
+    #: from disk, graphs captured); 0: fail within the ordinary retries. A call's
+    #: ``deadline_s`` still ends it.
+    outage_wait_s: float = Field(300.0, ge=0)
     #: Send a second identical request when an attempt has not answered after this
     #: many seconds (if shorter than ``timeout_s``), and take the first good answer;
     #: None: the adaptive delay below, or never when ``adaptive_hedge`` is off.
@@ -89,13 +100,17 @@ class RetryPolicy(BaseModel):
     #: (:class:`HedgeTimer`); False: never hedge unless ``hedge_after_s`` is set.
     adaptive_hedge: bool = True
 
+    def backoff_cap(self, retry: int) -> float:
+        """The longest wait before retry number ``retry`` (0-based), jitter aside."""
+        return min(self.backoff_max_s, self.backoff_s * 2.0**retry)
+
     def backoff(self, retry: int, rng: random.Random, retry_after: float | None = None) -> float:
         """Seconds to wait before retry number ``retry`` (0-based).
 
         A server's ``Retry-After`` raises the wait to at least what it asked, up to
         ``backoff_max_s`` (a server asking for an hour must not stall a collection;
         the deadline ends the call instead)."""
-        cap = min(self.backoff_max_s, self.backoff_s * 2.0**retry)
+        cap = self.backoff_cap(retry)
         wait = rng.uniform(0.0, cap) if self.jitter else cap
         if retry_after is not None:
             wait = max(wait, min(retry_after, self.backoff_max_s))
@@ -246,7 +261,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CallRecord:
     """What one call cost beyond its answer; attached to every completion as
     ``completion.meta["http"]`` so an engine can total it across processes.

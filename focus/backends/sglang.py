@@ -60,6 +60,13 @@ class SGLangPolicy(HttpPolicy):
     def parse(self, data: Any) -> Completion:
         return parse_generate(data)
 
+    version_path = "/get_weight_version"
+
+    @staticmethod
+    def parse_version(data: Any) -> str | None:
+        version = data.get("weight_version") if isinstance(data, dict) else None
+        return str(version) if version else None
+
 
 def parse_generate(data: Any) -> Completion:
     """An SGLang ``/generate`` answer -> Completion; MalformedResponse when untrustworthy."""

@@ -41,10 +41,13 @@ class ScriptedPolicy(Policy):
         self.check_prompt(prompt_ids)
         text = self.responses[len(self.prompts) % len(self.responses)]
         self.prompts.append(tuple(prompt_ids))
-        ids = list(text.encode())[: params.max_tokens]
-        finish = "length" if len(ids) < len(text.encode()) else "stop"
-        if self.end_turn and finish == "stop" and self.codec.stop_token_ids:
-            ids.append(self.codec.stop_token_ids[0])
+        data = list(text.encode())
+        stop = list(self.codec.stop_token_ids[:1]) if self.end_turn else []
+        # as a model would: the stop id is a sampled token, inside max_tokens like the rest
+        if len(data) + len(stop) <= params.max_tokens:
+            ids, finish = data + stop, "stop"
+        else:
+            ids, finish = data[: params.max_tokens], "length"
         return Completion(tuple(ids), tuple(-1.0 for _ in ids), finish)
 
 

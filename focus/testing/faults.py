@@ -5,7 +5,9 @@ server (the tiny model server, or any OpenAI-compatible / SGLang one). On genera
 requests (``/v1/completions``, ``/generate``) it injects the failures a long collection
 meets: 429 and 5xx answers, answers that never come (a timeout), connections closed or
 reset without an answer, a 200 whose body is not JSON, and well-formed answers carrying
-fewer log-probs than tokens or NaN log-probs. Faults are queued for the next requests
+fewer log-probs than tokens or NaN log-probs (:data:`KINDS`); on request, answers that
+break the policy contract while keeping the format (:data:`ANSWER_KINDS`: more tokens
+than ``max_tokens``, an id outside the vocabulary). Faults are queued for the next requests
 (deterministic tests) or drawn at ``rate`` from a seeded generator (load runs); every
 injected fault is counted by kind. The tiny model server's own ``/debug/faults`` cannot
 close connections or shorten log-prob lists, and a proxy also works in front of a server
@@ -17,6 +19,9 @@ and restored on the same port, which is an object store that is unreachable for 
 without losing the data behind it.
 
 :class:`FaultProxyProcess` runs a proxy in a process of its own (load benchmarks).
+
+:class:`ServerRestart` kills a model server's process mid-run (SIGKILL) and starts it
+again on the same port: a crash, an OOM kill or a restart for new weights.
 
 Both run their own asyncio loop in a daemon thread and are stopped by :meth:`stop` (or
 the context manager), so a test leaves no thread listening.
@@ -39,8 +44,17 @@ import aiohttp
 
 from focus.testing.simserver import read_request
 
-#: Every fault kind the proxy can inject on a generation request.
+#: The fault kinds drawn at random by default: what a long collection meets from a
+#: working service and the network (each is retried by the client).
 KINDS = ("429", "500", "502", "503", "timeout", "close", "reset", "malformed", "short_logprobs", "nan_logprobs")
+#: Answers that break the policy contract without breaking the format (not retried:
+#: the rollout fails as a bad response): ``overlong`` appends sampled tokens past the
+#: request's ``max_tokens`` (13 more, as a server that ignores the limit would);
+#: ``foreign_id`` replaces the first sampled id by one outside any byte vocabulary.
+ANSWER_KINDS = ("overlong", "foreign_id")
+ALL_KINDS = KINDS + ANSWER_KINDS
+#: The id a ``foreign_id`` fault puts into an answer.
+FOREIGN_ID = 70000
 GENERATION_PATHS = ("/v1/completions", "/generate")
 
 
@@ -99,9 +113,9 @@ class FaultProxy:
         hang_s: float = 3.0,
         latency_s: float = 0.0,
     ) -> None:
-        unknown = set(kinds) - set(KINDS)
+        unknown = set(kinds) - set(ALL_KINDS)
         if unknown:
-            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {KINDS}")
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {ALL_KINDS}")
         self.upstream = upstream.rstrip("/")
         self.rate = rate
         self.kinds = tuple(kinds)
@@ -128,8 +142,8 @@ class FaultProxy:
 
     def queue(self, kind: str, count: int = 1) -> None:
         """Inject ``kind`` on the next ``count`` generation requests (before random ones)."""
-        if kind not in KINDS:
-            raise ValueError(f"unknown fault kind {kind!r}; known: {KINDS}")
+        if kind not in ALL_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; known: {ALL_KINDS}")
         with self._lock:
             self._queue.extend([kind] * count)
 
@@ -253,6 +267,8 @@ class FaultProxy:
             status, payload, ctype = resp.status, await resp.read(), resp.headers.get("content-type", "")
         if fault in ("short_logprobs", "nan_logprobs") and status == 200:
             payload = json.dumps(_damage(json.loads(payload), fault)).encode()  # NaN is written as NaN
+        if fault in ANSWER_KINDS and status == 200:
+            payload = json.dumps(_break_contract(json.loads(payload), json.loads(body), fault)).encode()
         return status, payload, ctype or "application/json", {}
 
 
@@ -273,6 +289,32 @@ def _damage(data: dict[str, Any], fault: str) -> dict[str, Any]:
         else:
             for i, v in enumerate(values):
                 values[i] = [float("nan"), *v[1:]] if isinstance(v, list) else float("nan")
+    return data
+
+
+def _break_contract(data: dict[str, Any], request: dict[str, Any], fault: str) -> dict[str, Any]:
+    """An ``overlong`` or ``foreign_id`` answer (vLLM or SGLang layout), still well formed."""
+    ch = (data.get("choices") or [{}])[0]
+    lp = ch.get("logprobs") or {}
+    meta = data.get("meta_info") or {}
+    if isinstance(meta.get("output_token_logprobs"), list):  # SGLang
+        triples = meta["output_token_logprobs"]
+        if fault == "overlong":
+            limit = int((request.get("sampling_params") or {}).get("max_new_tokens", 16))
+            triples += [list(triples[-1]) if triples else [-1.0, 65, None]] * (limit + 13 - len(triples))
+        elif triples:
+            triples[0] = [triples[0][0], FOREIGN_ID, *triples[0][2:]]
+        data["output_ids"] = [t[1] for t in triples]
+        return data
+    ids, values = ch.get("token_ids") or [], lp.get("token_logprobs") or []
+    if fault == "overlong":
+        extra = int(request.get("max_tokens") or 16) + 13 - len(ids)
+        last = (ids[-1], values[-1]) if ids else (65, -1.0)
+        ids, values = ids + [last[0]] * extra, values + [last[1]] * extra
+    elif ids:
+        ids = [FOREIGN_ID, *ids[1:]]
+    ch["token_ids"] = ids
+    lp["tokens"], lp["token_logprobs"] = [f"token_id:{t}" for t in ids], values[: len(ids)]
     return data
 
 
@@ -334,6 +376,95 @@ class FaultProxyProcess:
         self._proc = None
 
     def __enter__(self) -> FaultProxyProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def served_requests(url: str) -> int:
+    """Generation requests a model server has answered: vLLM's ``vllm:request_success``
+    counter on ``/metrics`` (vLLM, the embedded server), else ``requests`` on ``/stats``
+    (the simulated server)."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=5.0).text
+    lines = [line for line in text.splitlines() if line.startswith("vllm:request_success")]
+    if lines:
+        return int(sum(float(line.rsplit(" ", 1)[1]) for line in lines))
+    return int(httpx.get(f"{url}/stats", timeout=5.0).json()["requests"])
+
+
+class ServerRestart:
+    """Kills a model server's process mid-run and starts it again on the same port.
+
+    A thread watches the server (:func:`served_requests`, every ``poll_s``); once it has
+    answered ``after_requests`` generation requests it kills the process with SIGKILL (a
+    crash, an OOM kill: no connection is closed politely), waits ``down_s`` seconds and
+    starts the server again (``server.start()``: the same arguments and port; the server
+    must have been started with a fixed port or keep the one it was given, as
+    :class:`~focus.backends.LocalModelServer` and
+    :class:`~focus.testing.simserver.SimServerProcess` do). ``down_s=None`` leaves it
+    down until :meth:`restart`. ``killed_at`` and ``up_at`` are monotonic times.
+    """
+
+    def __init__(self, server: Any, *, after_requests: int, down_s: float | None, poll_s: float = 0.02) -> None:
+        self.server, self.after_requests, self.down_s, self.poll_s = server, after_requests, down_s, poll_s
+        self.killed_at: float | None = None
+        self.up_at: float | None = None
+        self.requests_at_kill = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="server-restart", daemon=True)
+
+    def start(self) -> ServerRestart:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import os
+        import signal
+        import time
+
+        try:
+            while not self._stop.is_set():
+                served = served_requests(self.server.url)
+                if served >= self.after_requests:
+                    break
+                time.sleep(self.poll_s)
+            else:
+                return
+            self.requests_at_kill = served
+            os.kill(self.server.proc.pid, signal.SIGKILL)
+            self.server.proc.wait()
+            self.killed_at = time.monotonic()
+            self.server.stop()  # its folder and log; the process is gone already
+            if self.down_s is not None and not self._stop.wait(self.down_s):
+                self.restart()
+        except BaseException as e:  # noqa: BLE001 - reported by stop()
+            self.error = e
+
+    def restart(self) -> None:
+        """Start the server again on its port (if it is down)."""
+        import time
+
+        if self.server.proc is None:
+            self.server.start()
+            self.up_at = time.monotonic()
+
+    @property
+    def down_for_s(self) -> float | None:
+        """Seconds from the kill to the restarted server's first answer to /health."""
+        return None if self.killed_at is None or self.up_at is None else self.up_at - self.killed_at
+
+    def stop(self) -> None:
+        """Stop watching (the server is left as it is); raise what the thread raised."""
+        self._stop.set()
+        self._thread.join(timeout=60)
+        if self.error is not None:
+            raise self.error
+
+    def __enter__(self) -> ServerRestart:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

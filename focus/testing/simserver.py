@@ -50,6 +50,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from focus.backends.local import stop_process
+from focus.backends.routing import PrefixBlocks
 
 DIGITS = tuple(range(ord("1"), ord("9") + 1))
 DIGIT_LOGPROB = -math.log(len(DIGITS))
@@ -70,6 +71,16 @@ class SimConfig(BaseModel):
     completion_tokens: int = Field(3, ge=1)
     #: Token ids the prefix cache keeps before it is flushed (0: no cache).
     cache_capacity_tokens: int = Field(5_000_000, ge=0)
+    #: 0: the cache is an exact token trie, flushed whole when full; N > 0: it keeps
+    #: blocks of N tokens and evicts the least recently used, as vLLM's automatic prefix
+    #: caching does (a partial last block is not kept; cached counts are whole blocks).
+    cache_block_tokens: int = Field(0, ge=0)
+    #: Seconds a call holds its slot per prompt token not served from the cache (the
+    #: prefill a real server computes): what a prefix-cache miss costs.
+    prefill_s_per_token: float = Field(0.0, ge=0.0)
+    #: The weights version the server names (``policy_version`` in answers and on
+    #: ``GET /v1/models``); None: answers name only the model, as before.
+    version: str | None = None
     vocab_size: int = Field(263, ge=len(DIGITS))
 
 
@@ -86,6 +97,10 @@ class PrefixCache:
         self.root: dict[int, Any] = {}
         self.size = 0
         self.flushes = 0
+
+    def shape(self) -> tuple[int, ...]:
+        """The arguments that make an empty cache like this one."""
+        return (self.capacity,)
 
     def match(self, ids: Sequence[int]) -> int:
         node = self.root
@@ -128,6 +143,28 @@ def sample(
     return ids, lps, "length"
 
 
+class BlockCache:
+    """The server's prefix cache in blocks (:class:`focus.backends.routing.PrefixBlocks`),
+    with :class:`PrefixCache`'s interface: ``match`` counts cached tokens (whole blocks)."""
+
+    def __init__(self, capacity_tokens: int, block: int) -> None:
+        self.blocks = PrefixBlocks(capacity_tokens // block, block)
+        self.flushes = 0
+
+    def shape(self) -> tuple[int, ...]:
+        return (self.blocks.capacity * self.blocks.block, self.blocks.block)
+
+    @property
+    def size(self) -> int:
+        return len(self.blocks) * self.blocks.block
+
+    def match(self, ids: Sequence[int]) -> int:
+        return self.blocks.match(self.blocks.keys(ids)) * self.blocks.block
+
+    def insert(self, ids: Sequence[int]) -> None:
+        self.blocks.insert(self.blocks.keys(ids))
+
+
 class BadRequest(ValueError):
     pass
 
@@ -137,7 +174,11 @@ class SimServer:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
-        self.cache = PrefixCache(config.cache_capacity_tokens)
+        self.cache: PrefixCache | BlockCache = (
+            BlockCache(config.cache_capacity_tokens, config.cache_block_tokens)
+            if config.cache_block_tokens
+            else PrefixCache(config.cache_capacity_tokens)
+        )
         self.slots = asyncio.Semaphore(config.slots)
         self.in_flight = 0
         self.waiting = 0
@@ -197,9 +238,11 @@ class SimServer:
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             acquired = time.monotonic()
             try:
+                cfg = self.config
                 cached = self.cache.match(prompt)
-                ids, lps, finish = sample(prompt, self.config.completion_tokens, max_tokens, stop_ids, seed)
-                await asyncio.sleep(self.config.latency_s + self.config.per_token_s * len(ids))
+                ids, lps, finish = sample(prompt, cfg.completion_tokens, max_tokens, stop_ids, seed)
+                prefill = cfg.prefill_s_per_token * (len(prompt) - cached)
+                await asyncio.sleep(cfg.latency_s + prefill + cfg.per_token_s * len(ids))
                 self.cache.insert(prompt + ids)
             finally:
                 self.in_flight -= 1
@@ -220,10 +263,12 @@ class SimServer:
         }
         if data.get("return_token_ids"):
             choice["token_ids"] = ids
+        named = {"policy_version": self.config.version} if self.config.version else {}
         return {
             "id": f"sim-{self.requests}",
             "object": "text_completion",
             "model": str(data.get("model", "sim")),
+            **named,
             "choices": [choice],
             "usage": {
                 "prompt_tokens": len(prompt),
@@ -248,6 +293,11 @@ class SimServer:
                 return 400, _error(str(e))
         if method == "GET" and path == "/health":
             return 200, {"status": "ok"}
+        if method == "GET" and path == "/v1/models":
+            card: dict[str, Any] = {"id": "sim", "object": "model", "vocab_size": self.config.vocab_size}
+            if self.config.version:
+                card["policy_version"] = self.config.version
+            return 200, {"object": "list", "data": [card]}
         if method == "GET" and path == "/stats":
             return 200, self.stats()
         if method == "GET" and path == "/requests":
@@ -258,6 +308,9 @@ class SimServer:
         if method == "POST" and path == "/reset":
             self.reset()
             return 200, {"reset": True}
+        if method == "POST" and path == "/flush_cache":  # SGLang's name for it
+            self.cache = type(self.cache)(*self.cache.shape())
+            return 200, {"success": True}
         return 404, _error(f"no route {method} {path}", 404)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -348,14 +401,15 @@ def main(argv: list[str] | None = None) -> None:
 
 class SimServerProcess:
     """Runs the simulated server in its own process on 127.0.0.1 (so its CPU is not the
-    engine's); stops it by PID on exit. The server also exits when its parent dies."""
+    engine's); stops it by PID on exit. The server also exits when its parent dies.
+    ``port``: 0 picks a free one; a server stopped and started again keeps its port."""
 
-    def __init__(self, config: SimConfig | None = None, startup_timeout_s: float = 20.0) -> None:
+    def __init__(self, config: SimConfig | None = None, startup_timeout_s: float = 20.0, port: int = 0) -> None:
         self.config = config or SimConfig()
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None
-        self.port = 0
+        self.port = port
 
     @property
     def url(self) -> str:
@@ -372,6 +426,8 @@ class SimServerProcess:
             "focus.testing.simserver",
             "--port-file",
             str(port_file),
+            "--port",
+            str(self.port),
             "--parent-pid",
             str(os.getpid()),
             "--config",
@@ -409,9 +465,16 @@ class SimServerProcess:
         return list(httpx.get(f"{self.url}/requests", timeout=60.0).json()["rows"])
 
     def reset(self) -> None:
+        """Zero the counters and the request log (the cache stays)."""
         import httpx
 
         httpx.post(f"{self.url}/reset", timeout=10.0).raise_for_status()
+
+    def flush_cache(self) -> None:
+        """Empty the prefix cache."""
+        import httpx
+
+        httpx.post(f"{self.url}/flush_cache", timeout=10.0).raise_for_status()
 
     def __enter__(self) -> SimServerProcess:
         return self.start()

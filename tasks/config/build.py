@@ -78,8 +78,11 @@ def check_factories(config: FocusConfig) -> None:
 
 def build_policy(config: FocusConfig, url: str | None = None) -> Policy:
     """The policy client; ``url`` overrides ``model.url`` (a server started for the run)."""
+    from focus.backends.fleet import one_or_fleet
+
     m = config.model
     url = url or m.url
+    urls = m.urls or ([url] if url else [])
     # the client may keep as many calls in flight as the execution runs rollouts
     http = HttpConfig(**m.http.model_dump(), max_concurrency=config.execution.max_concurrency)
     if m.kind == "factory":
@@ -87,13 +90,14 @@ def build_policy(config: FocusConfig, url: str | None = None) -> Policy:
     elif m.kind in ("local", "openai"):
         from focus.backends import OpenAICompatPolicy
 
-        if url is None:
+        if not urls:
             raise ConfigError("model.url is not set and no local model server was started")
-        policy = OpenAICompatPolicy(url, **({"model": m.model} if m.model else {}), config=http, **m.options)
+        named = {"model": m.model} if m.model else {}
+        policy = one_or_fleet(urls, lambda u: OpenAICompatPolicy(u, **named, config=http, **m.options))
     elif m.kind == "sglang":
         from focus.backends import SGLangPolicy
 
-        policy = SGLangPolicy(url, config=http, **m.options)
+        policy = one_or_fleet(urls, lambda u: SGLangPolicy(u, config=http, **m.options))
     else:
         from focus.backends import TinkerPolicy
 

@@ -33,6 +33,8 @@ MEANING: dict[str, str] = {
     "model.kind": "`local` (the embedded tiny model) \\| `openai` (vLLM, any OpenAI-compatible server) \\| `sglang` "
     "\\| `tinker` \\| `factory`",
     "model.url": "server root; required for `openai`/`sglang`; for `local`, unset starts the embedded server for the run",
+    "model.urls": "several replicas of the model instead of `url` (`openai`/`sglang`): each call goes where the "
+    'prefix it continues is cached, and to another replica when one is down (docs/operations.md, "Several replicas")',
     "model.model": "served model name sent with each request; for `tinker` the base model",
     "model.weights": "`local`: weights file the embedded server starts from (path or URL; unset: the committed "
     "weights); `tinker`: a `tinker://` sampler path",
@@ -49,6 +51,8 @@ MEANING: dict[str, str] = {
     "model.http.backoff_max_s": "backoff cap",
     "model.http.jitter": "full jitter (false: wait exactly the cap)",
     "model.http.deadline_s": "seconds one call may take, attempts and waits included",
+    "model.http.outage_wait_s": "seconds a service that answers nobody (refused, reset, 502/503/504: a restart) is "
+    "waited for before the calls fail (0: fail within the ordinary retries)",
     "model.http.hedge_after_s": "a fixed hedge delay in seconds, instead of the adaptive one",
     "model.http.adaptive_hedge": "send a copy of a seeded request that has waited twice the recent p99 latency of "
     'its endpoint and size class; first good answer wins (docs/operations.md, "Hedging")',

@@ -97,6 +97,9 @@ class ModelConfig(_Pluggable):
     _section: ClassVar[str] = "model"
     kind: Literal["local", "openai", "sglang", "tinker", "factory"] = "local"
     url: str | None = None
+    #: Several replicas of the model instead of ``url`` (openai, sglang): each call goes
+    #: where its prefix is cached, failing over when one is down (focus.backends.FleetPolicy).
+    urls: list[str] = Field(default_factory=list)
     #: The served model's name (OpenAI-compatible ``model`` field); for ``tinker`` the base model.
     model: str | None = None
     #: ``local``: the weights file the embedded server starts from; ``tinker``: a
@@ -112,8 +115,12 @@ class ModelConfig(_Pluggable):
 
     @model_validator(mode="after")
     def _needs(self) -> ModelConfig:
-        if self.kind in ("openai", "sglang") and not self.url:
-            raise ValueError(f"model.url is required when model.kind is {self.kind!r}")
+        if self.kind in ("openai", "sglang") and not (self.url or self.urls):
+            raise ValueError(f"model.url is required when model.kind is {self.kind!r} (or model.urls: replicas)")
+        if self.urls and (self.url or self.kind not in ("openai", "sglang")):
+            raise ValueError("model.urls replaces model.url, for the openai and sglang kinds")
+        for u in self.urls:
+            _check_http_url("model.urls", u)
         if self.kind == "tinker" and not (self.model or self.weights):
             raise ValueError("model.model (a base model) or model.weights (a tinker:// path) is required for tinker")
         _check_http_url("model.url", self.url)

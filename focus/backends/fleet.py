@@ -1,0 +1,286 @@
+"""One policy over several replicas of one model: routing, failover, per-replica figures.
+
+:class:`FleetPolicy` holds one HTTP policy per replica (vLLM, SGLang or the embedded
+server, each with its own connections, retries and hedges) and sends each call to one of
+them. Which one is the :class:`~focus.backends.routing.Router`'s decision - by default
+FOCUS's tree routing, which sends a call where the prefix it continues was computed
+(:mod:`focus.backends.routing`) - made from the call's route (the agent passes it,
+:meth:`focus.policy.Policy.sample_on_route`), its prompt, and the calls in flight on each
+replica. This module is the I/O around that decision:
+
+* **Same weights.** Replicas must serve the same weights: before the first call the
+  fleet asks each for its version (:meth:`HttpPolicy.served_version`) and refuses to
+  sample if they differ, naming them; every answer's version is checked against the
+  fleet's afterwards (a replica restarted with other weights). Either is a
+  :class:`~focus.policy.BadResponse`, which fails the wave rather than mixing two
+  policies in one batch.
+* **Failover.** A replica whose calls find it down (its client's quick retries spent on
+  refused or reset connections or 502/503/504, about a second) is marked down and the
+  call goes to another replica at once; nothing is lost, and since a sample depends on
+  its seed, not on the replica, the rollout is the one it would have been. A replica
+  marked down gets one call again after ``down_s`` (doubling while it stays down, up to
+  a minute); its first answer brings it back. When every replica is down the calls wait
+  for one, as a single server's do (``outage_wait_s``, :mod:`focus.backends.outage`).
+* **Figures.** :meth:`FleetPolicy.stats` gives per replica the calls it answered, the
+  prompt tokens sent and those its prefix cache served (as the server reports them),
+  the tokens generated and the calls that failed over from it.
+
+The loads, the down marks and the router's table belong to this process: Dask workers
+each route their own shard's calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from focus.backends.http import HttpPolicy
+from focus.backends.outage import CONSOLE, OVER, OutageGate, OutageTotals
+from focus.backends.routing import Router, TreeRouter
+from focus.policy import BadResponse, Completion, Policy, SamplingParams, ServiceUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReplicaStats:
+    """What one replica did for this policy (in this process)."""
+
+    url: str
+    calls: int = 0
+    prompt_tokens: int = 0
+    #: Prompt tokens the replica reports as served from its prefix cache.
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    #: Calls that found it down and went to another replica.
+    failovers: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["cache_hit_ratio"] = round(self.cached_tokens / self.prompt_tokens, 4) if self.prompt_tokens else None
+        return out
+
+
+class FleetPolicy(Policy):
+    """Several replicas of one model behind one policy (see the module docs).
+
+    ``replicas``: one HTTP policy per replica (same model, same codec); their clients'
+    ``outage_wait_s`` becomes the fleet's wait when every replica is down. ``router``:
+    :class:`~focus.backends.routing.TreeRouter` unless given. ``down_s``: how long a
+    replica found down is left alone before it gets a call again.
+    """
+
+    MAX_DOWN_S = 60.0
+
+    def __init__(self, replicas: Sequence[HttpPolicy], router: Router | None = None, *, down_s: float = 2.0) -> None:
+        if not replicas:
+            raise ValueError("FleetPolicy needs at least one replica")
+        self.replicas = list(replicas)
+        self.router = router or TreeRouter()
+        self.down_s = down_s
+        self.vocab_size = replicas[0].vocab_size
+        self.policy_version = replicas[0].policy_version
+        for r in self.replicas:
+            r.http.wait_outages = False  # a replica that is down fails over at once
+        n = len(self.replicas)
+        self.loads = [0] * n
+        self._down_until = [0.0] * n
+        self._down_for = [0.0] * n
+        self._probing = [False] * n
+        self._replica_stats = [ReplicaStats(r.http.base_url) for r in self.replicas]
+        self._outages = OutageTotals()
+        self._gate: OutageGate | None = None
+        self._gate_loop: asyncio.AbstractEventLoop | None = None
+        self._verify_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self._verified = False
+        #: The weights every replica serves, once known.
+        self._version: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_gate=None, _gate_loop=None, _verify_lock=None)
+        return state
+
+    @property
+    def urls(self) -> list[str]:
+        return [r.http.base_url for r in self.replicas]
+
+    # ---- the weights ----
+
+    async def verify(self) -> None:
+        """Ask every replica which weights it serves; :class:`BadResponse` if they
+        differ (replicas that cannot be asked now are checked by their answers)."""
+        versions = await asyncio.gather(*(r.served_version() for r in self.replicas), return_exceptions=True)
+        known = {url: v for url, v in zip(self.urls, versions, strict=True) if isinstance(v, str)}
+        if len(set(known.values())) > 1:
+            named = ", ".join(f"{url}: {v}" for url, v in known.items())
+            raise BadResponse(f"the model's replicas serve different weights ({named})")
+        if known:
+            self._version = next(iter(known.values()))
+            self.policy_version = self._version
+        self._verified = True
+
+    async def _verify_once(self) -> None:
+        """:meth:`verify` before the first call (one call asks; the others wait for it)."""
+        loop = asyncio.get_running_loop()
+        if self._verify_lock is None or self._verify_lock[0] is not loop:
+            self._verify_lock = (loop, asyncio.Lock())
+        async with self._verify_lock[1]:
+            if not self._verified:
+                await self.verify()
+
+    def _check_version(self, i: int, completion: Completion) -> None:
+        version = completion.policy_version
+        if not version:
+            return
+        if self._version is None:
+            self._version = self.policy_version = version
+        elif version != self._version:
+            raise BadResponse(
+                f"replica {self.urls[i]} answered with weights {version}, the other replicas' are {self._version}"
+            )
+
+    # ---- sampling ----
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        return await self.sample_on_route(prompt_ids, params, ())
+
+    async def sample_on_route(
+        self, prompt_ids: Sequence[int], params: SamplingParams, route: tuple[Hashable, ...]
+    ) -> Completion:
+        if not self._verified:
+            await self._verify_once()
+        while True:
+            i, probe = await self._place(prompt_ids, route)
+            self.loads[i] += 1
+            try:
+                completion = await self.replicas[i].sample(prompt_ids, params)
+            except ServiceUnavailable as e:
+                self._failed(i, e, probe)
+                continue
+            finally:
+                self.loads[i] -= 1
+            self._answered(i, prompt_ids, completion)
+            return completion
+
+    async def _place(self, prompt_ids: Sequence[int], route: tuple[Hashable, ...]) -> tuple[int, bool]:
+        """The replica for a call, and whether the call probes it (its first since it
+        went down): the router's choice among those up; when none is, one whose turn to
+        be tried has come, after waiting at the fleet's gate if need be."""
+        while True:
+            now = time.monotonic()
+            up = [self._is_up(i, now) for i in range(len(self.replicas))]
+            if any(up):
+                i = self.router.choose(prompt_ids, route, self.loads, up)
+                probe = self._down_until[i] > 0
+                if probe:
+                    self._probing[i] = True
+                return i, probe
+            gate = self._gate_for_loop()
+            turn = await gate.wait(None, "every replica is down")
+            if turn == OVER:
+                raise ServiceUnavailable(
+                    f"every replica of the model ({', '.join(self.urls)}) has been down for "
+                    f"{time.monotonic() - (gate.down_since or now):.0f} s (waited up to outage_wait_s = "
+                    f"{gate.window_s:g} s)"
+                )
+            # one replica (the one down the shortest) gets a call again now
+            soonest = min(range(len(self.replicas)), key=lambda j: self._down_until[j])
+            self._down_until[soonest] = min(self._down_until[soonest], time.monotonic())
+            self._probing[soonest] = False
+
+    def _is_up(self, i: int, now: float) -> bool:
+        until = self._down_until[i]
+        return until == 0.0 or (now >= until and not self._probing[i])
+
+    def _failed(self, i: int, error: ServiceUnavailable, probe: bool) -> None:
+        now = time.monotonic()
+        self._replica_stats[i].failovers += 1
+        was_up = self._down_until[i] == 0.0
+        if was_up or probe:  # not for the other calls it had in flight when it went down
+            self._down_for[i] = self.down_s if was_up else min(self.MAX_DOWN_S, 2 * self._down_for[i])
+            self._down_until[i] = now + self._down_for[i]
+            self._probing[i] = False
+        self._gate_for_loop().failed(now)
+        if was_up:
+            log.warning(
+                "replica %s of the model is down; its calls go to the others (%s)",
+                self.urls[i],
+                error,
+                extra=CONSOLE,
+            )
+
+    def _answered(self, i: int, prompt_ids: Sequence[int], completion: Completion) -> None:
+        if self._down_until[i] > 0:
+            log.warning("replica %s of the model answers again", self.urls[i], extra=CONSOLE)
+            self._down_until[i], self._probing[i] = 0.0, False
+        now = time.monotonic()
+        self._gate_for_loop().answered(now, now)
+        self._check_version(i, completion)
+        s = self._replica_stats[i]
+        s.calls += 1
+        s.prompt_tokens += len(prompt_ids)
+        s.cached_tokens += completion.cached_prompt_tokens or 0
+        s.completion_tokens += len(completion.token_ids)
+
+    def _gate_for_loop(self) -> OutageGate:
+        loop = asyncio.get_running_loop()
+        gate = self._gate
+        if gate is None or self._gate_loop is not loop:
+            cfg = self.replicas[0].http.config
+            gate = self._gate = OutageGate(
+                cfg.outage_wait_s,
+                service="every replica of the model",
+                url=", ".join(self.urls),
+                probe_s=cfg.backoff_max_s,
+                totals=self._outages,
+            )
+            self._gate_loop = loop
+        return gate
+
+    # ---- figures and lifecycle ----
+
+    def stats(self) -> dict[str, Any]:
+        """Per replica (:class:`ReplicaStats`, in ``replicas``), the fleet's totals, and
+        the outages of the whole fleet waited out."""
+        replicas = [s.as_dict() for s in self._replica_stats]
+        prompt = sum(s.prompt_tokens for s in self._replica_stats)
+        cached = sum(s.cached_tokens for s in self._replica_stats)
+        return {
+            "replicas": replicas,
+            "calls": sum(s.calls for s in self._replica_stats),
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "cache_hit_ratio": round(cached / prompt, 4) if prompt else None,
+            "failovers": sum(s.failovers for s in self._replica_stats),
+            **self._outages.as_dict(),
+        }
+
+    async def aclose(self) -> None:
+        """Close every replica's connections; one log line per replica that was used
+        (what :meth:`stats` says of it), for the operator's log file."""
+        for s in self._replica_stats:
+            if s.calls or s.failovers:
+                log.info(
+                    "replica %s: %d calls, %d of %d prompt tokens from its prefix cache, %d tokens generated, "
+                    "%d calls failed over",
+                    s.url,
+                    s.calls,
+                    s.cached_tokens,
+                    s.prompt_tokens,
+                    s.completion_tokens,
+                    s.failovers,
+                )
+        await asyncio.gather(*(r.aclose() for r in self.replicas))
+
+
+def one_or_fleet(urls: Sequence[str], make: Callable[[str], HttpPolicy], router: Router | None = None) -> Policy:
+    """The policy for ``urls`` (``make(url)`` builds one replica's): one replica's own
+    policy, or a :class:`FleetPolicy` over several."""
+    if len(urls) == 1:
+        return make(urls[0])
+    return FleetPolicy([make(u) for u in urls], router)

@@ -1,0 +1,198 @@
+"""Waiting out a model service that does not answer: one gate per client and event loop.
+
+Model servers restart: a crash, a weights reload, a node drain, a rolling update. vLLM
+and SGLang take from 30 s to a few minutes to come back (loading weights, compiling,
+warming up), and until then every request is refused or reset, or answered 502, 503 or
+504 by the proxy in front of them. A client's ordinary retries span about 10 s; past
+them, failing every rollout in flight would fail the collection. Instead, the calls
+wait at the client's :class:`OutageGate` for up to ``RetryPolicy.outage_wait_s``,
+counted from the first failure after the service's last good answer:
+
+* while the service is down, one waiting call tries again about every ``probe_s``
+  (a probe is the call's own request, so it works with any server and any proxy, and
+  "up" means what the collection needs: a generation answered);
+* the first good answer - a probe's or any other call's - opens the gate, and every
+  waiting call tries again at once, with its retries counted afresh;
+* one log line says what is waited for, and one that the service is back;
+* past the window, the waiting calls fail as every call failed before (the client's
+  ``unavailable`` error, which fails the wave as a model-service outage).
+
+Which failures enter the gate: a call whose ordinary retries ran out or grew longer
+than a probe interval (about 1.3 s of failures with the default backoff), with a
+connection failure or a 502/503/504 as the last cause, while no request sent since the
+call's first failure has been answered (the service is down, not this request). Once calls
+are waiting, any retryable failure of another call (a timeout, any 5xx) joins them
+rather than spending its own retries. A malformed answer is an answer and never waits.
+The same holds for a service that is not up yet when the collection starts (a server
+still loading its weights): it is waited for like a restart, and the log line names
+the URL, so a wrong one is seen at once.
+
+The decisions (:meth:`OutageGate.should_wait`, when a probe is due, when the window
+ends) are plain arithmetic on times the caller passes; the gate's only I/O is the
+log lines, and its only asyncio object the event waiting calls sleep on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+#: Statuses that say the service (or the proxy in front of it) is not there right now.
+DOWN_STATUSES = frozenset({502, 503, 504})
+#: Marks a log record for the ``focus`` command's console in quiet mode (the command's
+#: logging setup shows records carrying this attribute; elsewhere it is ignored).
+CONSOLE = {"focus_console": True}
+
+#: What :meth:`OutageGate.wait` returns: the service answered (retry with fresh retries) ...
+UP = "up"
+#: ... it is this call's turn to probe (retry once, then wait again) ...
+PROBE = "probe"
+#: ... or the window (or the call's deadline) has passed (give up).
+OVER = "over"
+
+
+@dataclass
+class OutageTotals:
+    """Outages of a client's service waited out, and the seconds they lasted (from
+    the first failure to the first answer), over every event loop the client used."""
+
+    outages: int = 0
+    outage_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"outages": self.outages, "outage_s": round(self.outage_s, 3)}
+
+
+class OutageGate:
+    """The outage state of one client's service on one event loop (see module docs)."""
+
+    #: Seconds between probes while the service is down (less if the retry policy's
+    #: ``backoff_max_s`` is shorter): a call returns within about this long after the
+    #: service is back, and a service coming up is asked about once a second.
+    PROBE_S = 1.0
+
+    def __init__(
+        self,
+        window_s: float,
+        *,
+        service: str,
+        url: str,
+        probe_s: float | None = None,
+        totals: OutageTotals | None = None,
+    ) -> None:
+        self.window_s = window_s
+        self.service, self.url = service, url
+        self.probe_s = self.PROBE_S if probe_s is None else max(0.01, min(self.PROBE_S, probe_s))
+        #: When the last request that got a good answer was sent (monotonic; an answer
+        #: read after a failure may have been sent before it); None: none in this process.
+        self.last_ok: float | None = None
+        #: Monotonic time of the first failure since the last good answer (None: up).
+        self.down_since: float | None = None
+        #: Whether calls are waiting (the outage was announced).
+        self.waiting = False
+        #: Outages waited out and the seconds they lasted (the client's, if it passed them).
+        self.totals = totals if totals is not None else OutageTotals()
+        self._next_probe = 0.0
+        self._up = asyncio.Event()
+        self._up.set()
+
+    # ---- events (cheap: every call reports its outcome) ----
+
+    def answered(self, sent: float, now: float) -> None:
+        """A good answer to a request sent at ``sent``: the service is up, unless the
+        request went out before the outage began (its answer may be read after the
+        server died); wake every waiting call."""
+        if self.last_ok is None or sent > self.last_ok:
+            self.last_ok = sent
+        if self.down_since is None or sent < self.down_since:
+            return
+        if self.waiting:
+            self.totals.outages += 1
+            self.totals.outage_s += now - self.down_since
+            log.warning(
+                "%s at %s answers again after %.0f s; the waiting rollouts go on",
+                self.service,
+                self.url,
+                now - self.down_since,
+                extra=CONSOLE,
+            )
+        self.down_since, self.waiting = None, False
+        self._up.set()
+
+    def failed(self, now: float) -> None:
+        """A failed attempt (any retryable cause)."""
+        if self.down_since is None:
+            self.down_since = now
+            self._up.clear()
+
+    # ---- decisions ----
+
+    def should_wait(self, *, streak_start: float, retries_left: bool, down_cause: bool) -> bool:
+        """Whether a call that just failed waits for the service instead of retrying on
+        its own or giving up. ``streak_start``: when the call's current run of failures
+        began; ``retries_left``: whether it would still retry on its own soon (its
+        ordinary retries are not spent and its next backoff is shorter than a probe
+        interval: past that, a call waiting here goes on sooner once the service is back);
+        ``down_cause``: whether its failure says the service is not there (refused,
+        reset, 502/503/504) rather than something else retryable."""
+        if self.window_s <= 0:
+            return False
+        if self.last_ok is not None and self.last_ok >= streak_start:
+            return False  # others were answered meanwhile: the service is up, this request fails
+        if self.waiting:
+            return True
+        return down_cause and not retries_left
+
+    def window_end(self) -> float:
+        """When waiting stops: ``window_s`` after the first failure of the outage."""
+        return (self.down_since if self.down_since is not None else time.monotonic()) + self.window_s
+
+    async def wait(self, deadline: float | None, cause: str) -> str:
+        """Sleep until this call should try again: :data:`UP` (another call was answered),
+        :data:`PROBE` (this call's turn to try), or :data:`OVER` (the window or the
+        call's ``deadline`` has passed). ``cause``: the last failure, for the log line."""
+        self._announce(cause)
+        end = self.window_end()
+        if deadline is not None:
+            end = min(end, deadline)
+        while True:
+            if self.down_since is None:
+                return UP
+            now = time.monotonic()
+            if now >= end:
+                return OVER
+            if self._next_probe <= now:
+                self._next_probe = now + self.probe_s
+                return PROBE
+            try:
+                async with asyncio.timeout(min(self._next_probe, end) - now):
+                    await self._up.wait()
+            except TimeoutError:
+                continue
+            return UP
+
+    def _announce(self, cause: str) -> None:
+        if self.waiting:
+            return
+        self.waiting = True
+        since = self.down_since if self.down_since is not None else time.monotonic()
+        log.warning(
+            "%s at %s has not answered for %.0f s (%s); waiting up to %g s from then for it to come back "
+            "(outage_wait_s); rollouts in flight wait too",
+            self.service,
+            self.url,
+            time.monotonic() - since,
+            cause,
+            self.window_s,
+            extra=CONSOLE,
+        )
+
+
+def is_down_cause(kind: str, status: int | None) -> bool:
+    """Whether a failed attempt says the service is not there: a refused, reset or closed
+    connection, or a 502/503/504 from the server or the proxy in front of it."""
+    return kind == "connection" or (status is not None and status in DOWN_STATUSES)

@@ -1,0 +1,102 @@
+"""The wire: one request out, its whole answer back. Two senders behind one interface.
+
+:class:`~focus.backends.http.HttpClient` decides what to send and what to do with the
+answer (retries, hedges, outages, records); a :class:`Sender` only moves bytes:
+
+* :class:`AiohttpSender`, the default: aiohttp's connection pool and parser, called
+  directly. A collection keeps 64-256 calls in flight from one Python process, and the
+  client's CPU per call is what stands between the engine and the model service; bare
+  aiohttp is the cheapest stack measured (``python -m benchmarks.http_client``), and
+  every object between the client and it costs CPU on every call (the ``httpx``
+  request and response objects of ``httpx-aiohttp``'s transport cost about half of
+  aiohttp's own time per call).
+* :class:`HttpxSender`: any httpx transport (``httpx.MockTransport`` in unit tests, a
+  proxying or instrumented ``httpx.AsyncHTTPTransport``), for ``transport=``: the code
+  above the sender is the same for both, so tests with a mock transport exercise every
+  line of the client but these few.
+
+A sender is made for the event loop it runs on (its pool belongs to that loop) and
+closed with it. Errors are the library's own (aiohttp's, httpx's, ``OSError``,
+``TimeoutError``); the client classifies them.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import aiohttp
+import httpx
+from yarl import URL
+
+#: What a sender returns: the status, the whole body, and the ``Retry-After`` header.
+Answer = tuple[int, bytes, str | None]
+
+
+class Sender(abc.ABC):
+    """Sends one request and reads its whole answer."""
+
+    @abc.abstractmethod
+    def url(self, text: str) -> Any:
+        """``text`` parsed into this sender's URL type (done once per path)."""
+
+    @abc.abstractmethod
+    async def send(self, method: str, url: Any, content: bytes | None, headers: dict[str, str]) -> Answer:
+        """One request, the answer read to its end."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""
+
+
+class AiohttpSender(Sender):
+    """aiohttp's pool (``limit`` connections, no per-host cap), made on first use in the
+    running loop; ``connect_timeout_s`` bounds opening a connection."""
+
+    def __init__(self, limit: int, connect_timeout_s: float) -> None:
+        self.limit, self.connect_timeout_s = limit, connect_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def url(self, text: str) -> URL:
+        return URL(text)
+
+    def _open(self) -> aiohttp.ClientSession:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self.limit, limit_per_host=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
+            skip_auto_headers=("User-Agent",),
+        )
+        return self._session
+
+    async def send(self, method: str, url: Any, content: bytes | None, headers: dict[str, str]) -> Answer:
+        session = self._session or self._open()
+        async with session.request(method, url, data=content, headers=headers) as response:
+            status = response.status
+            return status, await response.read(), response.headers.get("Retry-After") if status >= 400 else None
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
+class HttpxSender(Sender):
+    """Any httpx transport: ``httpx.Request`` in, ``httpx.Response`` read and closed."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport, connect_timeout_s: float) -> None:
+        self.transport = transport
+        self._extensions = {"timeout": {"connect": connect_timeout_s}}
+
+    def url(self, text: str) -> httpx.URL:
+        return httpx.URL(text)
+
+    async def send(self, method: str, url: Any, content: bytes | None, headers: dict[str, str]) -> Answer:
+        request = httpx.Request(method, url, content=content, headers=headers, extensions=self._extensions)
+        response = await self.transport.handle_async_request(request)
+        try:
+            data = await response.aread()
+        finally:
+            await response.aclose()
+        return response.status_code, data, response.headers.get("retry-after")
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()

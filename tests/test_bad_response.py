@@ -1,0 +1,155 @@
+"""Answers are checked: one that breaks the policy contract never reaches a batch.
+
+An answer longer than the request's ``max_tokens``, log-probs that do not line up with
+the tokens, or a token id outside the vocabulary: the rollout fails as a ``bad
+response`` (counted by that kind in the statistics) and none of its tokens is stored;
+those failures count against a wave's outage share like the model service's, so a
+server that keeps answering that way fails the wave (nothing of it stored) and a rerun
+against a fixed server gives the batch of a clean run. Real parts: the tiny model server
+behind the fault proxy, which lengthens answers (``overlong``), replaces ids
+(``foreign_id``) or drops a log-prob (``short_logprobs``) in otherwise good answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from fixtures.steps import drive, steps_for
+
+from focus.agent import Agent, Piece, Rollout, failure_prefix
+from focus.execution import ModelServiceOutage, check_outage, is_service_failure
+from focus.format import ByteCodec, PolicyFormat, XmlToolCallParser
+from focus.policy import BadResponse, Completion, PolicyError, SamplingParams, ServiceUnavailable
+from focus.testing import ScriptedPolicy, run
+from focus.testing.faults import FaultProxy
+from focus.toy import ReachTarget, reach_target_tasks
+from focus.usage import Usage
+from storage import BatchStore, CheckpointStore
+from tasks.config import load_config
+
+pytestmark = pytest.mark.timeout(240)
+
+MAX_TOKENS = 8
+
+
+# ---- the checks (pure) ----
+
+
+def test_an_answer_longer_than_max_tokens_or_with_foreign_ids_is_a_bad_response():
+    policy = ScriptedPolicy(["x"])
+    params = SamplingParams(max_tokens=4)
+    policy.check_completion(Completion((65,) * 4, (-1.0,) * 4, "length"), params)  # exactly the limit: fine
+    with pytest.raises(BadResponse, match=r"6 tokens sampled where max_tokens = 4 were asked"):
+        policy.check_completion(Completion((65,) * 6, (-1.0,) * 6, "length"), params)
+    with pytest.raises(BadResponse, match=r"sampled token id 70000 at position 1 is outside the vocabulary"):
+        policy.check_completion(Completion((65, 70000), (-1.0, -1.0)), params)
+    with pytest.raises(BadResponse, match="2 tokens but 1 log-probs"):
+        Completion((65, 66), (-1.0,))
+    assert issubclass(BadResponse, PolicyError)  # callers that catch PolicyError still do
+
+
+def test_a_bad_response_is_its_own_failure_kind_and_counts_toward_the_outage_share():
+    bad = Rollout("t", (Piece((), "failed", 0, (1,), cause="bad response: 12 tokens sampled where ..."),))
+    done = Rollout("t", (Piece((), "terminal", 1, ()),))
+    assert failure_prefix(BadResponse("POST x failed after 3 attempt(s); last: malformed")) == "bad response"
+    assert failure_prefix(ServiceUnavailable("down")) == "model service"
+    assert failure_prefix(PolicyError("rejected with status 400")) == "model"
+    assert Usage.of_rollout(bad).failures == (("bad response", 1),)
+    assert is_service_failure(bad)
+    with pytest.raises(ModelServiceOutage, match="2 of 10 rollouts"):
+        check_outage([bad] * 2 + [done] * 8, 0.1)
+
+
+class _Overlong(ScriptedPolicy):
+    async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        await super().sample(prompt_ids, params)
+        n = params.max_tokens + 13
+        return Completion((65,) * n, (-1.0,) * n, "length")
+
+
+def test_the_agent_fails_the_rollout_and_keeps_no_token_of_the_answer():
+    codec = ByteCodec()
+    sampling = SamplingParams(max_tokens=MAX_TOKENS)
+    agent = Agent(_Overlong(["1"], codec), ReachTarget(), PolicyFormat(codec, XmlToolCallParser()), sampling=sampling)
+    ro = run(agent.rollout(run(agent.start(reach_target_tasks(1, seed=0)[0])), seed=0))
+    assert ro.leaf.kind == "failed" and not ro.turns
+    assert (
+        ro.leaf.cause
+        == "bad response: 21 tokens sampled where max_tokens = 8 were asked (does the server honour max_tokens?)"
+    )
+
+
+# ---- through the pipeline, against the real server ----
+
+#: Short retries: a malformed answer is retried, then the rollout fails.
+HTTP = {"max_retries": 2, "backoff_s": 0.01, "backoff_max_s": 0.05, "timeout_s": 20.0, "outage_wait_s": 0}
+
+
+def config(root: str, cid: str, url: str, **more: Any):  # type: ignore[no-untyped-def]
+    return load_config(
+        overrides={
+            "collection_id": cid,
+            "seed": 8,
+            "model.kind": "openai",
+            "model.url": url,
+            "model.http": HTTP,
+            "env.n_tasks": 4,
+            "agent.sampling.max_tokens": MAX_TOKENS,
+            "search.phases": [
+                {"name": "evidence", "rollouts_per_task": 3},
+                {"name": "continue", "transitions": 40, "wave_size": 6, "max_depth": 6},
+            ],
+            "execution.kind": "local",
+            "execution.max_concurrency": 4,
+            "storage.root": root,
+            "progress": False,
+            **more,
+        },
+        environ={},
+    )
+
+
+def longest_completion(batch_url: str) -> int:
+    actor = pq.read_table(f"{batch_url.removeprefix('file://')}/actor")
+    return int(pc.max(pc.list_value_length(actor.column("completion_ids"))).as_py())
+
+
+def test_bad_answers_fail_their_rollouts_by_kind_and_no_row_holds_them(local_model_server, tmp_path):
+    """Kept failures (``max_outage_share = 1``): each kind is counted, no row is over-long."""
+    root = str(tmp_path)
+    with FaultProxy(local_model_server.url) as proxy:
+        proxy.queue("overlong", 2)
+        proxy.queue("foreign_id", 1)
+        proxy.queue("short_logprobs", HTTP["max_retries"] + 1)  # every attempt of one call
+        # one rollout at a time: the queued faults hit the first rollouts' calls in order
+        one = {"execution.max_outage_share": 1.0, "execution.max_concurrency": 1}
+        out = drive(steps_for(config(root, "bad", proxy.url, **one)))
+    stats = BatchStore(root).read(out["batch_url"]).stats
+    assert stats["failed_bad_response"] == 4 == stats["failed_rollouts"]
+    causes = " | ".join(stats["failure_causes"])
+    assert "bad response: 21 tokens sampled where max_tokens = 8 were asked" in causes
+    assert "bad response: sampled token id 70000 at position 0 is outside the vocabulary" in causes
+    assert "bad response: POST " in causes and "failed after 3 attempt(s)" in causes and "log-probs" in causes
+    assert 0 < longest_completion(out["batch_url"]) <= MAX_TOKENS
+
+
+def test_a_server_that_keeps_answering_too_long_fails_the_wave_and_a_rerun_replays_it(local_model_server, tmp_path):
+    root = str(tmp_path)
+    with FaultProxy(local_model_server.url) as proxy:
+        clean = drive(steps_for(config(root, "clean", proxy.url)))
+        cfg = config(root, "overlong", proxy.url)
+        proxy.rate, proxy.kinds = 1.0, ("overlong",)  # a server that ignores max_tokens
+        with pytest.raises(ModelServiceOutage, match=r"last cause: bad response: 21 tokens sampled"):
+            drive(steps_for(cfg))
+        assert CheckpointStore(root).list("overlong") == [("config", 0)]  # nothing of it stored
+        proxy.rate = 0.0  # the server is fixed: the rerun computes the same rollouts again
+        again = drive(steps_for(cfg))
+    store = BatchStore(root)
+    got, want = store.read(again["batch_url"]), store.read(clean["batch_url"])
+    assert got.stats["failed_rollouts"] == 0 and longest_completion(again["batch_url"]) <= MAX_TOKENS
+    assert [(a.tree_id, a.edge_id, a.completion_ids, a.logprobs, a.advantage) for a in got.actor] == [
+        (b.tree_id, b.edge_id, b.completion_ids, b.logprobs, b.advantage) for b in want.actor
+    ]

@@ -1,0 +1,148 @@
+"""Several replicas of one model behind one policy (focus/backends/fleet.py).
+
+Real parts: simulated model servers in processes of their own (focus/testing/simserver.py:
+a block prefix cache, a sample that depends only on the request's seed, so every replica
+answers a call alike), driven by the library's collector; one of them killed with
+SIGKILL in the middle of a collection. The batch of a fleet equals the batch of one
+server, bit for bit, killed replica or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from focus.agent import Agent
+from focus.backends import FleetPolicy, HttpConfig, OpenAICompatPolicy
+from focus.backends.routing import RoundRobin
+from focus.collector import Collector
+from focus.critic import ConstantCritic
+from focus.execution import Execution
+from focus.format import ByteCodec
+from focus.policy import BadResponse, SamplingParams
+from focus.priority import Phase, Selective
+from focus.testing.faults import ServerRestart
+from focus.testing.simserver import SimConfig, SimServerProcess
+from focus.toy import ReachTarget, reach_target_tasks, toy_format
+from tasks.config import ConfigError, load_config
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.integration]
+
+SIM = SimConfig(slots=4, latency_s=0.01, completion_tokens=3, cache_block_tokens=4, version="w1")
+#: Quick retries, so a dead replica fails over within a fraction of a second.
+HTTP = HttpConfig(max_retries=3, backoff_s=0.01, backoff_max_s=0.05, timeout_s=10, outage_wait_s=30)
+PHASES = [Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=60, wave_size=8, max_depth=6)]
+
+
+@pytest.fixture
+def sims():  # type: ignore[no-untyped-def]
+    servers = [SimServerProcess(SIM).start() for _ in range(3)]
+    try:
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def fresh(servers) -> None:  # type: ignore[no-untyped-def]
+    """Empty caches and zero counters: the next collection starts as the first did."""
+    for s in servers:
+        s.flush_cache()
+        s.reset()
+
+
+def replica(url: str) -> OpenAICompatPolicy:
+    return OpenAICompatPolicy(url, vocab_size=ByteCodec.vocab_size, config=HTTP)
+
+
+def collect(policy, tasks: int = 6):  # type: ignore[no-untyped-def]
+    agent = Agent(policy, ReachTarget(), toy_format(), max_steps=6, sampling=SamplingParams(max_tokens=8))
+    col = Collector(
+        agent,
+        search=Selective(phases=PHASES),
+        critic=ConstantCritic(0.5),
+        execution=Execution(max_concurrency=8),
+        collection_id="fleet",
+        seed=5,
+    )
+
+    async def go():  # type: ignore[no-untyped-def]
+        try:
+            return await col.collect(reach_target_tasks(tasks, seed=2))
+        finally:
+            await policy.aclose()
+
+    return asyncio.run(go())
+
+
+def rows(batch):  # type: ignore[no-untyped-def]
+    actor = [(r.tree_id, r.edge_id, r.turn_index, r.prompt_ids, r.completion_ids, r.logprobs) for r in batch.actor]
+    return actor, [(r.tree_id, r.node_id, r.context_ids, r.target, r.weight) for r in batch.critic]
+
+
+def test_a_fleet_collects_one_server_s_batch_with_its_prefix_cache_hits(sims):
+    one = FleetPolicy([replica(sims[0].url)])
+    single = collect(one)
+    fresh(sims)
+    fleet = FleetPolicy([replica(s.url) for s in sims])
+    batch = collect(fleet)
+    assert rows(batch) == rows(single) and batch.stats["failed_rollouts"] == 0
+    stats, alone = fleet.stats(), one.stats()
+    assert stats["calls"] == alone["calls"] == sum(r["calls"] for r in stats["replicas"])
+    assert all(r["calls"] > 0 for r in stats["replicas"])  # the load is spread
+    # calls go where their prefix is: nearly the hit ratio of a single server
+    assert stats["cache_hit_ratio"] >= 0.9 * alone["cache_hit_ratio"] > 0
+    # what the servers themselves counted agrees with what they answered
+    assert [s.stats()["cached_tokens"] for s in sims] == [r["cached_tokens"] for r in stats["replicas"]]
+
+
+def test_round_robin_spreads_prefixes_and_loses_cache_hits(sims):
+    tree, rr = FleetPolicy([replica(s.url) for s in sims]), FleetPolicy([replica(s.url) for s in sims], RoundRobin())
+    by_tree = collect(tree)
+    fresh(sims)
+    assert rows(collect(rr)) == rows(by_tree)
+    assert rr.stats()["cache_hit_ratio"] < tree.stats()["cache_hit_ratio"]
+
+
+def test_a_replica_killed_mid_collection_costs_no_rollout_and_changes_nothing(sims, caplog):
+    single = collect(FleetPolicy([replica(sims[0].url)]), tasks=12)
+    fresh(sims)
+    fleet = FleetPolicy([replica(s.url) for s in sims])
+    with caplog.at_level(logging.WARNING, logger="focus.backends.fleet"):
+        with ServerRestart(sims[1], after_requests=5, down_s=None) as restart:
+            batch = collect(fleet, tasks=12)
+            ended = time.monotonic()
+    assert restart.killed_at is not None and restart.killed_at < ended  # mid-collection, never restarted
+    assert batch.stats["failed_rollouts"] == 0 and rows(batch) == rows(single)
+    stats = fleet.stats()
+    assert stats["replicas"][1]["failovers"] >= 1 and stats["replicas"][0]["calls"] > 0
+    assert any("replica http://127.0.0.1" in r.getMessage() and "is down" in r.getMessage() for r in caplog.records)
+
+
+def test_replicas_serving_other_weights_are_refused_naming_both():
+    with SimServerProcess(SIM) as a, SimServerProcess(SIM.model_copy(update={"version": "w2"})) as b:
+        fleet = FleetPolicy([replica(a.url), replica(b.url)])
+
+        async def go():  # type: ignore[no-untyped-def]
+            try:
+                return await fleet.sample([256, 10, 11], SamplingParams(max_tokens=4, seed=1))
+            finally:
+                await fleet.aclose()
+
+        with pytest.raises(BadResponse, match=rf"serve different weights \({a.url}: w1, {b.url}: w2\)"):
+            asyncio.run(go())
+
+
+def test_model_urls_builds_a_fleet_from_the_config():
+    base = {"model.kind": "openai", "model.urls": ["http://a:8000", "http://b:8000"]}
+    policy = load_config(overrides=base, environ={}).build_policy()
+    assert isinstance(policy, FleetPolicy) and policy.urls == ["http://a:8000", "http://b:8000"]
+    one = load_config(overrides={**base, "model.urls": ["http://a:8000"]}, environ={}).build_policy()
+    assert isinstance(one, OpenAICompatPolicy)
+    with pytest.raises(ConfigError, match="model.urls replaces model.url"):
+        load_config(overrides={**base, "model.url": "http://c:8000"}, environ={})
+    with pytest.raises(ConfigError, match="must start with http"):
+        load_config(overrides={**base, "model.urls": ["a:8000"]}, environ={})

@@ -1,0 +1,111 @@
+"""A model server killed and restarted mid-collection costs a wait, not a rerun.
+
+Real parts: the embedded tiny model server, killed with SIGKILL in the middle of a
+collection driven through the pipeline's steps and started again on the same port
+(:class:`focus.testing.faults.ServerRestart`). Within ``model.http.outage_wait_s`` the
+collection waits and ends with the batch of an uninterrupted run, bit for bit; past
+it, the wave fails as a model-service outage, nothing of it is stored, and a rerun
+once the server is back completes the same batch. The server is down a few seconds
+here (past the ordinary retries, which the config makes short, so the same waiting
+code runs as for a real restart); ``python -m benchmarks.restart`` measures 30 s and
+90 s outages with the default retry settings.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from fixtures.steps import drive, steps_for
+
+from focus.backends import LocalModelServer
+from focus.execution import ModelServiceOutage
+from focus.testing.faults import ServerRestart, served_requests
+from storage import BatchStore, CheckpointStore
+from tasks.config import load_config
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.integration]
+
+#: Ordinary retries spent within a fraction of a second: a restart is past them.
+HTTP = {"max_retries": 2, "backoff_s": 0.01, "backoff_max_s": 0.2, "timeout_s": 20.0, "connect_timeout_s": 2.0}
+
+
+def config(root: str, cid: str, url: str, outage_wait_s: float):  # type: ignore[no-untyped-def]
+    return load_config(
+        overrides={
+            "collection_id": cid,
+            "seed": 11,
+            "model.kind": "openai",
+            "model.url": url,
+            "model.http": {**HTTP, "outage_wait_s": outage_wait_s},
+            "env.n_tasks": 4,
+            "agent.sampling.max_tokens": 8,
+            "search.phases": [
+                {"name": "evidence", "rollouts_per_task": 2},
+                {"name": "continue", "transitions": 60, "wave_size": 6, "max_depth": 6},
+            ],
+            "execution.kind": "local",
+            "execution.max_concurrency": 8,
+            "storage.root": root,
+            "progress": False,
+        },
+        environ={},
+    )
+
+
+def rows(root: str, url: str):  # type: ignore[no-untyped-def]
+    batch = BatchStore(root).read(url)
+    actor = [
+        (r.tree_id, r.edge_id, r.turn_index, r.prompt_ids, r.completion_ids, r.logprobs, r.advantage)
+        for r in batch.actor
+    ]
+    return batch.stats, actor, [(r.tree_id, r.node_id, r.context_ids, r.target, r.weight) for r in batch.critic]
+
+
+@pytest.fixture
+def server():  # type: ignore[no-untyped-def]
+    """A server of this test's own: it is killed."""
+    s = LocalModelServer().start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_a_server_restart_mid_collection_is_waited_out_and_the_batch_is_unchanged(server, tmp_path, caplog):
+    root = str(tmp_path / "store")
+    before = served_requests(server.url)
+    clean = drive(steps_for(config(root, "clean", server.url, 60.0)))
+    calls = served_requests(server.url) - before
+    assert calls > 40
+
+    with caplog.at_level(logging.WARNING, logger="focus.backends.outage"):
+        with ServerRestart(server, after_requests=before + calls + calls // 2, down_s=3.0) as restart:
+            restarted = drive(steps_for(config(root, "restarted", server.url, 60.0)))
+    assert restart.killed_at is not None and restart.down_for_s is not None and restart.down_for_s >= 3.0
+    assert restart.requests_at_kill < before + 2 * calls  # killed mid-collection
+    stats, actor, critic = rows(root, restarted["batch_url"])
+    want_stats, want_actor, want_critic = rows(root, clean["batch_url"])
+    assert stats["failed_rollouts"] == 0 and len(actor) > 0
+    assert (actor, critic) == (want_actor, want_critic)  # bit for bit: log-probs, advantages, targets
+    assert stats["rollouts"] == want_stats["rollouts"]
+    waits = [r.getMessage() for r in caplog.records if "has not answered for" in r.getMessage()]
+    backs = [r.getMessage() for r in caplog.records if "answers again" in r.getMessage()]
+    assert len(waits) == 1 and "up to 60 s" in waits[0] and len(backs) == 1
+
+
+def test_past_the_window_the_wave_fails_and_a_rerun_completes_the_same_batch(server, tmp_path):
+    root = str(tmp_path / "store")
+    before = served_requests(server.url)
+    clean = drive(steps_for(config(root, "clean", server.url, 1.0)))
+    calls = served_requests(server.url) - before
+
+    cfg = config(root, "outage", server.url, 1.0)
+    with ServerRestart(server, after_requests=before + calls + calls // 2, down_s=None) as restart:
+        with pytest.raises(ModelServiceOutage, match=r"model service outage.*waited for it up to outage_wait_s = 1 s"):
+            drive(steps_for(cfg))
+        restart.restart()
+    assert ("config", 0) in CheckpointStore(root).list("outage")
+    again = drive(steps_for(cfg))
+    got, want = rows(root, again["batch_url"]), rows(root, clean["batch_url"])
+    assert got[0]["failed_rollouts"] == 0 and got[1:] == want[1:]
