@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
+import socket
+import subprocess
+from collections.abc import Iterator
+
+import pytest
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -42,3 +48,70 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+#: ``python -m <module>`` and programs that run a server: a test that starts one is an
+#: integration test (``make test-fast`` promises none).
+SERVER_MODULES = frozenset(
+    {"uvicorn", "prefect", "focus.tinylm.server", "focus.testing.simserver", "focus.testing.faults", "moto.server"}
+)
+SERVER_PROGRAMS = frozenset({"prefect", "uvicorn", "moto_server", "dask", "dask-scheduler", "dask-worker"})
+
+
+def _server_in(argv) -> str | None:
+    """What ``argv`` starts, if it starts a server."""
+    import os
+
+    words = [str(argv)] if isinstance(argv, str | bytes | os.PathLike) else [str(a) for a in argv]
+    if os.path.basename(words[0]) in SERVER_PROGRAMS:
+        return words[0]
+    for flag, module in zip(words, words[1:], strict=False):
+        if flag == "-m" and module in SERVER_MODULES:
+            return f"python -m {module}"
+    return None
+
+
+_REAL_LISTEN = socket.socket.listen
+_REAL_POPEN_INIT = subprocess.Popen.__init__
+
+
+@contextlib.contextmanager
+def servers_started() -> Iterator[list[str]]:
+    """Within the block, record each listening socket and server process started (in a
+    list the block gets), and start them as usual."""
+    started: list[str] = []
+    # the real ones, not an enclosing block's: what a nested block sees, it alone records
+    listen, popen_init = _REAL_LISTEN, _REAL_POPEN_INIT
+
+    def guarded_listen(self, *args):  # type: ignore[no-untyped-def]
+        started.append(f"a server listening on {self.getsockname()}")
+        return listen(self, *args)
+
+    def guarded_popen(self, args, *rest, **kw):  # type: ignore[no-untyped-def]
+        server = _server_in(args)
+        if server:
+            started.append(f"a server process ({server})")
+        return popen_init(self, args, *rest, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(socket.socket, "listen", guarded_listen)
+        mp.setattr(subprocess.Popen, "__init__", guarded_popen)
+        yield started
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_servers(request):
+    """Outside the integration tests, a listening socket or a server process fails the
+    test (after it ran, so a server started in a thread cannot swallow the error): mark
+    the test ``@pytest.mark.integration`` or use one of :data:`SERVER_FIXTURES`."""
+    if request.node.get_closest_marker("integration"):
+        yield
+        return
+    with servers_started() as started:
+        yield
+    if started:
+        pytest.fail(
+            f"{request.node.nodeid} is not marked integration but started {started[0]}: mark it "
+            "@pytest.mark.integration (make test-fast starts no server)",
+            pytrace=False,
+        )

@@ -360,6 +360,7 @@ async def _post(client: HttpClient, body=None):
         await client.aclose()
 
 
+@pytest.mark.integration  # starts a server
 def test_retry_after_is_honoured(scripted):
     _Scripted.script[:] = [(429, {"Retry-After": "0.4"}, {"error": "busy"}), (200, {}, {"ok": 1})]
     client = HttpClient(scripted, HttpConfig(backoff_s=0.001, backoff_max_s=5.0))
@@ -370,6 +371,7 @@ def test_retry_after_is_honoured(scripted):
     assert stats["retries"] == {"server error": 1} and stats["lost_s"]["server error"] >= 0.4
 
 
+@pytest.mark.integration  # starts a server
 def test_a_retry_that_cannot_finish_by_the_deadline_is_not_started(scripted):
     _Scripted.script[:] = [(503, {"Retry-After": "10"}, {"error": "down"}), (200, {}, {"ok": 1})]
     client = HttpClient(scripted, HttpConfig(backoff_max_s=5.0, deadline_s=3.0))

@@ -59,6 +59,7 @@ class TestConstant(CriticConformance):
             ConstantCritic(float("nan"))
 
 
+@pytest.mark.integration  # serves the critic over HTTP
 class TestHttpAgainstServedLocalCritic(CriticConformance):
     """HttpCritic talking to a real HTTP server on 127.0.0.1 serving a fitted critic."""
 
@@ -130,6 +131,7 @@ def bad_server():
     t.join(5)
 
 
+@pytest.mark.integration  # starts a server
 def test_http_critic_retries_malformed_answers_then_names_them(bad_server):
     for answer, match in [
         ([0.1], "returned 1 values for 3 contexts"),
@@ -148,6 +150,7 @@ def test_http_critic_retries_malformed_answers_then_names_them(bad_server):
     assert critic.stats()["retries"] == {"malformed response": 1}
 
 
+@pytest.mark.integration  # starts a server
 def test_http_critic_retries_5xx_and_429_and_not_other_4xx(bad_server):
     _Bad.answers[:] = [(404, {"error": "no"})]
     critic = HttpCritic(bad_server, config=FAST)
@@ -186,6 +189,7 @@ def test_config_builds_the_http_critic_with_its_retry_policy():
     assert (critic.http.config.max_retries, critic.http.config.timeout_s) == (0, 3.0)
 
 
+@pytest.mark.integration  # starts a server
 def test_served_critic_rejects_bad_requests():
     import httpx
 
@@ -239,6 +243,7 @@ class TestLocal(CriticConformance):
         with pytest.raises(CriticError, match="no saved LocalCritic"):
             LocalCritic.load(f"file://{tmp_path}/missing.pt")
 
+    @pytest.mark.integration  # starts a server
     def test_served_over_http(self):
         c = self.make_critic()
         with serve_critic(c) as url:

@@ -22,6 +22,7 @@ def turns(rollouts):
     return [[(t.prompt_ids, t.completion_ids, t.logprobs) for t in r.turns] + [r.leaf.kind] for r in rollouts]
 
 
+@pytest.mark.integration  # starts a server
 def test_shards_on_worker_processes_match_in_process_and_keep_order():
     agent = Agent(DigitPolicy(latency_s=0.002), ReachTarget(), toy_format(), max_steps=6)
     starts = [asyncio.run(agent.start(t)) for t in reach_target_tasks(3, seed=1)]
@@ -74,6 +75,7 @@ class CountingPolicy(DigitPolicy):
             CALLS["now"] -= 1
 
 
+@pytest.mark.integration  # starts a server
 def test_waves_in_flight_overlap_on_one_worker_thread_and_give_the_in_process_batch():
     """The next wave's shards start while the current ones run (shards leave the
     worker's thread pool), and the collection is the one in-process execution gives."""

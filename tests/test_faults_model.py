@@ -203,6 +203,7 @@ def test_a_service_that_hangs_for_good_ends_the_call_at_its_deadline(local_model
     assert sum(stats["lost_s"].values()) == pytest.approx(elapsed, abs=0.5)
 
 
+@pytest.mark.integration  # starts a server
 def test_hedging_past_a_hang_on_the_simulated_server_returns_the_same_tokens():
     """The simulated server samples from the request's seed, so a hedge sent while the
     first copy hangs in the proxy answers exactly what the first would have."""

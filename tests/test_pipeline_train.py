@@ -199,6 +199,7 @@ def test_focus_train_runs_a_user_trainer_from_the_users_folder(prefect_env, tmp_
     assert records[1]["policy_version"] == records[0]["train"]["policy_version"]
 
 
+@pytest.mark.integration  # starts a server
 def test_focus_train_prints_a_table_per_version(monkeypatch, tmp_path):
     """The command's output (the flow itself is exercised above)."""
     from typer.testing import CliRunner

@@ -42,6 +42,7 @@ def sim():
         yield server
 
 
+@pytest.mark.integration  # starts a server
 def test_policy_talks_to_the_server_and_resent_prefixes_hit_the_cache(sim):
     async def go():
         policy = OpenAICompatPolicy(sim.url, vocab_size=ByteCodec.vocab_size)
@@ -95,6 +96,7 @@ def test_bad_requests_get_a_clear_error(sim):
         asyncio.run(go([1, 999]))
 
 
+@pytest.mark.integration  # starts a server
 def test_without_a_cache_nothing_is_served_from_it():
     with SimServerProcess(SimConfig(slots=4, latency_s=0.0, cache_capacity_tokens=0)) as server:
 

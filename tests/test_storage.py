@@ -396,6 +396,7 @@ def test_a_throttled_or_failing_object_store_is_retried_by_our_policy():
     assert not is_transient(OSError(errno.ENOENT, "missing")) and not is_transient(PermissionError("denied"))
 
 
+@pytest.mark.integration  # starts a server
 def test_s3_makes_one_connection_per_attempt_of_our_retry(monkeypatch):
     """botocore and s3fs make one attempt each (our :func:`retrying` owns the budget): an
     endpoint that drops every connection sees one or two requests per attempt of ours (a
