@@ -219,7 +219,7 @@ def run_in_process(args: argparse.Namespace, *, mode: str) -> dict[str, Any]:
         )
         collector = MarkedCollector(
             agent,
-            base.search_config,
+            base.search,
             base.critic,
             execution=execution,
             collection_id=base.collection_id,

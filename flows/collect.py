@@ -1,47 +1,139 @@
-"""The ``collect`` flow: one iteration of collection, phase by phase, resumable.
+"""The ``collect`` flow: one iteration of collection as a Prefect flow run, resumable.
 
-The flow is a loop over Prefect tasks (one per phase, one per wave): check the
-configuration, evidence rollouts, critic scoring, then for each continuation phase
-waves of prioritised continuations until the phase's plan is empty (each task run
-stores one wave and the critic's predictions for the checkpoints it added, as landed
-and scored by the run's wave driver, :class:`tasks.runtime.WaveDriver`), then
-preparation and export. Every task is idempotent on (collection id, phase, wave)
-through the checkpoint store, so running the flow again - a retry of the same
+The flow runs :func:`tasks.collect.collect` - the collector's one loop - with a
+journal that makes each step a Prefect task run as it is saved to the checkpoint
+store: ``check-config``, ``evidence-rollouts``, ``critic-scoring``, one
+``continuation-wave`` per wave (``wave-<phase>-<wave>``) and ``prepare-export``, so the
+UI shows the run's progress wave by wave. Running the flow again - a retry of the same
 flow run, a rerun from the UI, or the CLI with the same collection id - skips what is
-finished and continues from the last finished wave.
+saved and continues from the last saved wave.
 
 Services the configuration leaves implicit are started for the duration of the run
-(:func:`flows.services.services`): the embedded model server when ``model.kind`` is ``local`` without
-a URL, and a Dask LocalCluster when ``execution.kind`` is ``dask`` without an address.
-Tasks receive their URL and address in the config; nothing is shared in-process.
+(:func:`flows.services.services`): the embedded model server when ``model.kind`` is
+``local`` without a URL, and a Dask LocalCluster when ``execution.kind`` is ``dask``
+without an address.
 
 When a collection stops, the flow logs the traceback (the run's log in the UI, the
 CLI's log file) and fails with one line naming the cause (:mod:`flows.errors`), which is
-the failed state's message. While it runs it emits a heartbeat event every
-``execution.heartbeat_s`` seconds, so an automation can mark a run whose node is gone
-``Crashed`` without waiting for a timeout (``deployments/watchdog.py``).
+the failed state's message. While it runs it emits heartbeats
+(:mod:`flows.heartbeat`), so a watchdog can mark a run whose node is gone ``Crashed``.
+
+The flow is async for a measured reason: Prefect's sync flow engine joins its
+heartbeat thread on exit, and that thread sleeps in one-second slices, so every sync
+flow run waited up to a second for it (benchmarks/README.md, orchestration section).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import threading
-import time
-from collections.abc import Iterator
+import base64
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
+from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
-from deployments.watchdog import HEARTBEAT_EVENT
 from flows.errors import as_failure, one_line
+from flows.heartbeat import heartbeats
 from flows.preflight import new_collection_id
 from flows.progress import CollectionProgress
 from flows.services import services_in_thread
-from tasks.collection import collection_result, run_steps
+from focus.journal import Step
+from tasks.collect import collect as collect_iteration
 from tasks.config import FocusConfig, config_at_runtime
-from tasks.phases import PREFECT_STEPS, publish_report
+from tasks.journal import CheckpointJournal, StepRecord
+
+#: Idempotency lives in the checkpoint store, so it holds across flow runs, retries, UI
+#: and CLI reruns alike; Prefect's own result caching would only duplicate it.
+_OPTS: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
+
+
+async def _write(journal: Any, kind: Any, phase: int, wave: int, key: Any, value: Any) -> StepRecord:
+    return await CheckpointJournal.write(journal, Step(kind, phase, wave), key, value)
+
+
+#: The steps that are task runs of their own (wave scores are saved by the flow: a
+#: second task run per wave doubled the flow's bookkeeping).
+_STEP_TASKS = {
+    "evidence": task(name="evidence-rollouts", **_OPTS)(_write),
+    "evidence_scores": task(name="critic-scoring", task_run_name="score-evidence", **_OPTS)(_write),
+    "wave": task(name="continuation-wave", task_run_name="wave-{phase}-{wave}", **_OPTS)(_write),
+}
+
+
+@task(name="check-config", **_OPTS)
+async def _check_config(journal: Any) -> StepRecord:
+    return await CheckpointJournal.check_config(journal)
+
+
+@task(name="prepare-export", **_OPTS)
+async def _export(journal: Any, collector: Any, state: Any) -> dict[str, Any]:
+    return await CheckpointJournal.export(journal, collector, state)
+
+
+class PrefectJournal(CheckpointJournal):
+    """A :class:`~tasks.journal.CheckpointJournal` whose steps are Prefect task runs.
+
+    Every argument is passed ``quote``-d: Prefect walks task parameters twice per task
+    run (resolving futures, recording inputs), and the config and a wave's rollouts
+    hold neither futures nor upstream results; walking them was about a third of the
+    flow's own CPU per task run.
+    """
+
+    async def write(self, step: Step, key: tuple[str, int], value: Any) -> StepRecord:
+        run = _STEP_TASKS.get(step.kind)
+        if run is None:
+            return await super().write(step, key, value)
+        result: StepRecord = await run(quote(self), step.kind, step.phase, step.wave, quote(key), quote(value))
+        return result
+
+    async def check_config(self) -> StepRecord:
+        result: StepRecord = await _check_config(quote(self))
+        return result
+
+    async def export(self, collector: Any, state: Any) -> dict[str, Any]:
+        result: dict[str, Any] = await _export(quote(self), quote(collector), quote(state))
+        return result
+
+
+@task(name="publish-report", **_OPTS)
+async def publish_report(journal: Any, result: dict[str, Any]) -> None:
+    """Prefect artifacts: a statistics table, the steps, and a picture of the search trees."""
+    import asyncio
+
+    cid = journal.cid
+    rows = [{"statistic": k, "value": v} for k, v in result["stats"].items()]
+    # why rollouts failed, most frequent first (docs/operations.md, "Reading failure statistics")
+    rows += [{"statistic": f"failure cause: {c}", "value": n} for c, n in result.get("failure_causes", {}).items()]
+    rows.append({"statistic": "batch_url", "value": result.get("batch_url")})
+    await acreate_table_artifact(rows, key=_artifact_key(cid, "stats"), description=f"Collection {cid}: statistics")
+    step_rows = [
+        {
+            "step": s.key,
+            "wave": s.wave,
+            "reused": s.reused,
+            "wall_s": s.wall_s,
+            "rollouts": s.rollouts,
+            "transitions": s.phase_usage.transitions if s.phase_usage is not None else None,
+            "failed_rollouts": s.failed_rollouts,
+        }
+        for s in journal.records
+    ]
+    await acreate_table_artifact(step_rows, key=_artifact_key(cid, "steps"), description=f"Collection {cid}: steps")
+    svg = await asyncio.to_thread(journal.tree_picture)
+    if svg:
+        body = base64.b64encode(svg.encode()).decode()
+        await acreate_markdown_artifact(
+            f"### Search trees of {cid}\n\n![search trees](data:image/svg+xml;base64,{body})\n",
+            key=_artifact_key(cid, "trees"),
+            description=f"Collection {cid}: search trees (nodes coloured by refined value, edges by advantage)",
+        )
+
+
+def _artifact_key(cid: str, what: str) -> str:
+    """Artifact keys allow lowercase letters, digits and dashes only."""
+    clean = "".join(c if c.isalnum() else "-" for c in cid.lower()).strip("-") or "collection"
+    return f"{clean[:60]}-{what}"
 
 
 def collection_id_for_run(config: FocusConfig) -> FocusConfig:
@@ -58,56 +150,17 @@ def collection_id_for_run(config: FocusConfig) -> FocusConfig:
     return config.with_updates(collection_id=new_collection_id(prefix, when, run_id or None))
 
 
-@contextlib.contextmanager
-def heartbeats(every_s: float) -> Iterator[None]:
-    """Emit :data:`HEARTBEAT_EVENT` for the current flow run every ``every_s`` seconds
-    from a daemon thread, until the block ends (no-op outside a flow run).
-
-    Prefect's own flow-run heartbeats are at least 30 s apart (180 s by default); a
-    watchdog built on them notices a lost node after one to several minutes. This one
-    is as frequent as the collection wants, so the watchdog can be quick.
-    """
-    from prefect.runtime import flow_run
-
-    run_id = flow_run.id
-    if not run_id:
-        yield
-        return
-    from prefect.events import emit_event
-
-    resource = {"prefect.resource.id": f"prefect.flow-run.{run_id}", "prefect.resource.name": str(flow_run.name)}
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(Exception):
-                emit_event(event=HEARTBEAT_EVENT, resource=resource)
-            stop.wait(every_s)
-
-    # the thread runs in a copy of this context: Prefect's settings (the API URL) live in
-    # context variables, and a thread started without them made Prefect start an
-    # ephemeral server of its own for the events (found leaked by the tests)
-    ctx = contextvars.copy_context()
-    thread = threading.Thread(target=ctx.run, args=(beat,), name="focus-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-
-
 async def run_collection(config: FocusConfig) -> dict[str, Any]:
-    """The steps of one collection as Prefect tasks (await inside a flow), then the run's
-    artifacts."""
+    """The collection with its steps as task runs (await inside a flow), then its artifacts."""
     log = get_run_logger()
-    t0 = time.perf_counter()
     progress = CollectionProgress(config, enabled=config.progress, log=log)
-    result, records = await run_steps(config, PREFECT_STEPS, progress, log)
-    # quoted: Prefect need not walk the config and the step records (see tasks.phases)
+    journal = PrefectJournal(config, on_step=progress.step)
+    with progress:
+        result = await collect_iteration(config, journal)
     report: Any = publish_report  # Prefect's typing does not know that quote() is unwrapped
-    await report(quote(config), quote(result), quote(records))
+    await report(quote(journal), quote(result))
     log.info("collection %s: batch at %s", config.collection_id, result["batch_url"])
-    return collection_result(config, result, records, t0)
+    return result
 
 
 def _flow_run_name() -> str:
@@ -123,10 +176,10 @@ def _flow_run_name() -> str:
 async def collect(config: FocusConfig | None = None) -> dict[str, Any]:
     """Collect one iteration; returns the batch URL and statistics.
 
-    An async flow (see :mod:`tasks.phases` for why): from synchronous code run it with
-    ``asyncio.run(collect(config))``; inside another async flow, ``await`` it. A failure
-    raises the original error when its message already names the cause, else
-    :class:`flows.errors.CollectionFailed` with one line that does.
+    An async flow: from synchronous code run it with ``asyncio.run(collect(config))``;
+    inside another async flow, ``await`` it. A failure raises the original error when
+    its message already names the cause, else :class:`flows.errors.CollectionFailed`
+    with one line that does.
     """
     cid = getattr(config, "collection_id", None)
     try:

@@ -17,7 +17,6 @@ is up.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import uuid
@@ -120,10 +119,9 @@ def preflight(config: FocusConfig) -> Preflight:
 
     Raises :class:`tasks.config.ConfigError` (a factory that does not import or take its
     options), a :class:`storage.StorageError` (a root that cannot be used, a damaged
-    checkpoint) or :class:`tasks.steps.ResumeMismatch`.
+    checkpoint) or :class:`tasks.journal.ResumeMismatch`.
     """
-    from storage import BatchStore, CheckpointStore
-    from tasks.steps import CONFIG, EXPORT, Steps, fingerprint, resume_mismatch
+    from tasks.journal import CheckpointJournal, fingerprint, resume_mismatch
 
     check_factories(config)
     check_weights(config)
@@ -131,12 +129,11 @@ def preflight(config: FocusConfig) -> Preflight:
     check_root(config.storage.root)
     if not config.collection_id:
         return Preflight(config)
-    root = config.storage.root
-    # no execution service: nothing here runs a rollout (tasks.phases would import Prefect)
-    steps = Steps(config, CheckpointStore(root), BatchStore(root), lambda: None)
-    if not steps.done(CONFIG):
+    journal = CheckpointJournal(config)
+    stored = journal.stored_fingerprint()
+    if stored is None:
         return Preflight(config)
-    stored, mine = json.loads(steps.load(CONFIG)), fingerprint(config)
+    mine = fingerprint(config)
     if _embedded_version_open(config):
         # the server started later reports the version; the flow compares it then
         stored.get("model", {}).pop("policy_version", None)
@@ -144,10 +141,5 @@ def preflight(config: FocusConfig) -> Preflight:
     error = resume_mismatch(config, stored, mine)
     if error is not None:
         raise error
-    if not steps.done(EXPORT):
-        return Preflight(config, resumed=True)
-    record = steps.load(EXPORT)
-    damaged = steps.batch_problem(record["batch_url"])
-    if damaged is not None:
-        return Preflight(config, resumed=True, damaged=damaged)
-    return Preflight(config, finished=record, resumed=True)
+    finished = journal.finished_export()
+    return Preflight(config, finished=finished, resumed=True, damaged=journal.damaged)

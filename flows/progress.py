@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from flows.logs import console_extra
+from focus.usage import Usage
+from tasks.journal import StepRecord
 
 _CONSOLE: Any = None
 
@@ -39,13 +41,13 @@ def console() -> Any:
     return _CONSOLE
 
 
-def failure_line(label: str, record: dict[str, Any]) -> str | None:
+def failure_line(label: str, record: StepRecord) -> str | None:
     """The WARNING line for a step whose rollouts failed (``None`` if none did)."""
-    failed = int(record.get("failed_rollouts") or 0)
+    failed = record.failed_rollouts
     if not failed:
         return None
-    total = record.get("jobs") or record.get("rollouts")
-    causes = "; ".join(f"{c} (x{n})" for c, n in (record.get("failure_causes") or {}).items())
+    total = record.rollouts
+    causes = "; ".join(f"{c} (x{n})" for c, n in record.failure_causes.items())
     of = f" of {total}" if total else ""
     return f"{label}: {failed}{of} rollouts failed: {causes or 'cause unknown'}"
 
@@ -80,19 +82,19 @@ class WaveFigures:
 
 
 def wave_figures(
-    record: dict[str, Any], budget: int | None, base: tuple[int, int, float] | None, now: float
+    record: StepRecord, budget: int | None, base: tuple[int, int, float] | None, now: float
 ) -> WaveFigures:
     """Figures of a measured wave record against the baseline ``(transitions, tokens, time)``.
 
     ``base`` is ``None`` when the record itself becomes the baseline (after reused waves).
     """
-    usage = record["phase_usage"]  # the phase's focus.usage.Usage, as a dict
-    used_t, used_k, spent = int(usage["transitions"]), int(usage["tokens"]), int(usage["budget_spent"])
+    usage = record.phase_usage or Usage()  # the phase's usage so far
+    used_t, used_k, spent = usage.transitions, usage.tokens, usage.budget_spent
     rate_t = rate_k = None
     if base is not None:
         dt = max(now - base[2], 1e-9)
         rate_t, rate_k = (used_t - base[0]) / dt, (used_k - base[1]) / dt
-    return WaveFigures(record.get("wave"), used_t, used_k, budget, spent, rate_t, rate_k)
+    return WaveFigures(record.wave, used_t, used_k, budget, spent, rate_t, rate_k)
 
 
 class CollectionProgress:
@@ -142,12 +144,29 @@ class CollectionProgress:
                 transient=False,
             )
             self._progress.start()
+        first = self.config.search.phases[0] if self.config is not None else None
+        if first is not None and first.is_evidence:
+            self.start_evidence(first, self.config.env.n_tasks * (first.rollouts_per_task or 1))
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+
+    def step(self, record: StepRecord) -> None:
+        """Show one step of the collection as it ends (a :class:`tasks.journal.CheckpointJournal`'s
+        ``on_step``): the evidence bar filled, a wave's figures, the next phase's bar
+        started when the one before it ends."""
+        phases = self.config.search.phases
+        if record.kind == "evidence" and phases[0].is_evidence:
+            self.evidence_done(record)
+        elif record.kind == "wave":
+            self.wave_done(record)
+        elif record.kind in ("evidence_scores", "phase_end"):
+            nxt = record.phase_index + 1
+            if nxt < len(phases):
+                self.start_phase(nxt, phases[nxt])
 
     def start_phase(self, index: int, phase: Any) -> None:
         self._phase = phase
@@ -168,17 +187,17 @@ class CollectionProgress:
         if self._progress is not None:
             self._task = self._progress.add_task(self._label, total=rollouts, rates="running", unit="rollouts")
 
-    def evidence_done(self, record: dict[str, Any]) -> str:
+    def evidence_done(self, record: StepRecord) -> str:
         """Fill the evidence bar from its step record; returns the line it shows or logs."""
-        usage = record.get("usage")
-        if record.get("reused") or usage is None:  # reused: nothing measured in this process
+        usage = record.usage
+        if record.reused or usage is None:  # reused: nothing measured in this process
             line = f"{self._label}: reused from storage"
             rates = "reused from storage"
             done = None
         else:
             dt = max(time.perf_counter() - self._t0, 1e-9)
-            n = int(record.get("rollouts") or usage.get("rollouts") or 0)
-            transitions, tokens = int(usage["transitions"]), int(usage.get("tokens", 0))
+            n = record.rollouts
+            transitions, tokens = usage.transitions, usage.tokens
             rates = f"{transitions} transitions, {transitions / dt:.1f} transitions/s, {tokens / dt:.0f} tokens/s"
             line = f"{self._label}: {n} rollouts, {rates}"
             done = n
@@ -186,7 +205,7 @@ class CollectionProgress:
         self.warn_failures(self._label, record)
         return line
 
-    def warn_failures(self, label: str, record: dict[str, Any]) -> str | None:
+    def warn_failures(self, label: str, record: StepRecord) -> str | None:
         """Log a WARNING (console and the run's log) when a step's rollouts failed."""
         line = failure_line(label, record)
         if line is not None:
@@ -208,9 +227,9 @@ class CollectionProgress:
         elif self.enabled and self.log is not None:
             self.log.info(line, extra=console_extra())
 
-    def wave_done(self, record: dict[str, Any]) -> str:
+    def wave_done(self, record: StepRecord) -> str:
         """Update from a wave record; returns the line it shows or logs ("" for a reused wave)."""
-        if "phase_usage" not in record:  # a reused wave: nothing measured
+        if record.reused:  # nothing measured
             self._reused = self._reused or self._base is None
             return ""
         now = time.perf_counter()

@@ -172,7 +172,8 @@ async def train_loop(config: FocusConfig | None = None) -> list[dict[str, Any]]:
     # the embedded server starts from a local file; iterations name the weights by URL
     start = config.with_updates(**{"model.weights": local_weights(config.model.weights, config.storage.root)})
     records: list[dict[str, Any]] = []
-    async with services_in_thread(start) as (cfg, server):
+    async with services_in_thread(start) as (cfg, services):
+        server = services.model_server
         cfg = cfg.with_updates(**{"model.weights": config.model.weights})
         latest: dict[str, Any] = {
             "weights": cfg.model.weights,

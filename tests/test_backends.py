@@ -481,7 +481,7 @@ def test_an_adaptive_hedge_overtakes_a_hang_with_the_budget_spent(local_model_se
 
 
 def test_config_file_env_and_flags_set_the_model_client():
-    from flows.cli import _overrides
+    from cli.common import overrides as _overrides
     from tasks.config import ConfigError, load_config
 
     flags = _overrides(["model.http.timeout_s=7", "model.http.max_retries=1", "model.http.hedge_after_s=2.5"])

@@ -315,14 +315,14 @@ def test_truncated_segments_are_flagged_counted_and_bootstrapped_or_terminal():
     assert flagged == expected and flagged
     terminal = Collector(
         col.agent,
-        col.search_config.model_copy(update={"truncation": None}),
+        col.search.model_copy(update={"truncation": None}),
         col.critic,
         DirectBranchTd(truncation="terminal"),
         collection_id="s",
         seed=0,
     )
     other = terminal.prepare(state)
-    assert terminal.search_config.truncation == "terminal"
+    assert terminal.search.truncation == "terminal"
     moved = [a for a, b in zip(batch.actor, other.actor, strict=True) if a.truncated and a.advantage != b.advantage]
     assert moved  # a truncated leaf counted as terminal (value 0) instead of the critic's prediction
 
@@ -331,7 +331,7 @@ def test_search_and_estimator_share_one_gamma():
     col, _, _ = synthetic()
     est = DirectBranchTd(gamma=0.9)
     c = Collector(col.agent, Selective(phases=PHASES), col.critic, est)
-    assert c.search_config.gamma == 0.9 and c.search_config.truncation == "bootstrap"
+    assert c.search.gamma == 0.9 and c.search.truncation == "bootstrap"
     with pytest.raises(ValueError, match="differs from the estimator"):
         Collector(col.agent, Selective(phases=PHASES, gamma=0.5), col.critic, est)
 

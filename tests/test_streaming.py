@@ -59,18 +59,18 @@ def synthetic(
 def test_refill_without_jobs_in_flight_plans_what_a_wave_would():
     col, tasks = synthetic(streaming=False)
     state = run(col.run_evidence(tasks))
-    wave = plan_wave(state, col.search_config, 1, 0)
-    refill = plan_refill(state, col.search_config, 1, (), slots=10**6)
+    wave = plan_wave(state, col.search, 1, 0)
+    refill = plan_refill(state, col.search, 1, (), slots=10**6)
     assert [f.job for f in refill] == list(wave.jobs) and wave.jobs
-    assert [f.job for f in plan_refill(state, col.search_config, 1, (), slots=5)] == list(wave.jobs[:5])
-    assert plan_refill(state, col.search_config, 1, (), slots=0) == ()
+    assert [f.job for f in plan_refill(state, col.search, 1, (), slots=5)] == list(wave.jobs[:5])
+    assert plan_refill(state, col.search, 1, (), slots=0) == ()
     with pytest.raises(ValueError, match="evidence phase"):
-        plan_refill(state, col.search_config, 0, (), slots=4)
+        plan_refill(state, col.search, 0, (), slots=4)
 
 
 def test_jobs_in_flight_count_toward_branch_limits_budget_and_branch_indices():
     col, tasks = synthetic(streaming=False)
-    search = col.search_config
+    search = col.search
     state = run(col.run_evidence(tasks))
     first = plan_refill(state, search, 1, (), slots=1)
     (f,) = first
