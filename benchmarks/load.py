@@ -181,7 +181,7 @@ def run(
         "memory": samples,
         "peak_rss": max(s["peak_rss"] for s in samples),
         "_batch": batch,
-        "_rollout_walls": {(ti, r["rollout"]): r["wall_s"] for ti, t in enumerate(state.trees) for r in t.log},
+        "_rollout_walls": {(ti, r.rollout): r.wall_s for ti, t in enumerate(state.trees) for r in t.log},
     }
 
 

@@ -1,16 +1,9 @@
 """A collection without an orchestrator: :func:`tasks.collect.collect` with the plain
-checkpoint journal.
-
-With no Prefect server configured, ``focus collect`` runs this instead of starting a
-temporary Prefect server for one command: that server's run history would vanish with
-it, and starting it cost several times the collection itself (docs/pipeline.md,
-"Start-up and wall time"). What makes a collection durable does not change: the same
-loop saves the same checkpoints under the same write lease, so a rerun with the same
-collection id resumes after the last saved wave, here or under a Prefect flow, and the
-batch is the same. What a run gives up is what only a server keeps: the run in the
-UI, its artifacts, retries and schedules (``focus collect --prefect``, or
-``PREFECT_API_URL``, brings them back).
-"""
+checkpoint journal - the same loop, checkpoints and write lease as the ``collect``
+flow, so a rerun resumes either way with the same batch. ``focus collect`` runs this
+when no Prefect server is configured: a temporary one would forget the run when the
+command ends and took several times the default collection to start
+(docs/pipeline.md, "Start-up and wall time")."""
 
 from __future__ import annotations
 

@@ -119,9 +119,10 @@ def preflight(config: FocusConfig) -> Preflight:
 
     Raises :class:`tasks.config.ConfigError` (a factory that does not import or take its
     options), a :class:`storage.StorageError` (a root that cannot be used, a damaged
-    checkpoint) or :class:`tasks.journal.ResumeMismatch`.
+    checkpoint) or :class:`tasks.fingerprint.ResumeMismatch`.
     """
-    from tasks.journal import CheckpointJournal, fingerprint, resume_mismatch
+    from tasks.fingerprint import fingerprint, resume_mismatch
+    from tasks.journal import CheckpointJournal
 
     check_factories(config)
     check_weights(config)

@@ -25,7 +25,7 @@ from typing import Any
 
 from flows.logs import console_extra
 from focus.usage import Usage
-from tasks.journal import StepRecord
+from tasks.records import StepRecord
 
 _CONSOLE: Any = None
 

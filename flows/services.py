@@ -122,9 +122,11 @@ class Services:
             thread.join()
         if self._errors:
             raise self._errors[0]
+        warm = " (started by the console entry)" if getattr(self.model_server, "warm_started", False) else ""
         log.info(
             "start-up: %s (seconds after start)",
-            ", ".join(f"{w} ready at {t:.2f}" for w, t in self.ready_at.items()) or "nothing to start",
+            ", ".join(f"{w} ready at {t:.2f}{warm if w == 'model server' else ''}" for w, t in self.ready_at.items())
+            or "nothing to start",
         )
         updates: dict[str, Any] = {}
         if self.model_server is not None:

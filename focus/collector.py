@@ -179,9 +179,15 @@ class Collector:
             state = await self.run_rollouts(state, self.plan_wave(state, 0, 0))
         return state
 
-    async def run_evidence(self, tasks: Sequence[Task]) -> SearchState:
-        """:meth:`evidence`, scored."""
-        return await self.score(await self.evidence(tasks))
+    async def run_evidence(self, tasks: Sequence[Task], journal: Journal | None = None) -> SearchState:
+        """:meth:`evidence`, scored; each of the two steps taken from ``journal`` when it
+        is recorded there, else computed and recorded."""
+        journal = journal if journal is not None else NoJournal()
+        state = await journal.recorded(EVIDENCE)
+        if state is None:
+            state = await self.evidence(tasks)
+            await journal.record(EVIDENCE, state)
+        return await self._scored(state, EVIDENCE_SCORES, journal)
 
     async def predict(self, state: SearchState) -> Predictions:
         """Critic predictions ``{(tree, node): (value, std)}`` for the checkpoints and
@@ -310,7 +316,7 @@ class Collector:
                     )
         journal = journal if journal is not None else NoJournal()
         with self.execution.frozen_heap():
-            state = await self._recorded_evidence(tasks, journal)
+            state = await self.run_evidence(tasks, journal)
             for pi, phase in enumerate(self.search.phases):
                 if phase.is_evidence:
                     continue
@@ -319,14 +325,6 @@ class Collector:
                 else:
                     state = await self.run_phase(state, pi, journal)
         return state
-
-    async def _recorded_evidence(self, tasks: Sequence[Task], journal: Journal) -> SearchState:
-        """:meth:`run_evidence`, each of its two steps taken from ``journal`` when recorded there."""
-        state = await journal.recorded(EVIDENCE)
-        if state is None:
-            state = await self.evidence(tasks)
-            await journal.record(EVIDENCE, state)
-        return await self._scored(state, EVIDENCE_SCORES, journal)
 
     async def _scored(self, state: SearchState, step: Step, journal: Journal) -> SearchState:
         """``state`` with the predictions recorded for ``step``, or new ones (then recorded)."""
@@ -530,7 +528,7 @@ class Collector:
         records = [r for t in trees for r in t.log]
         phases = []
         for pi, phase in enumerate(self.search.phases):
-            recs = [r for r in records if r["phase"] == pi]
+            recs = [r for r in records if r.phase == pi]
             budget = phase.transitions if not phase.is_evidence else None
             phases.append(
                 {
@@ -538,12 +536,12 @@ class Collector:
                     "index": pi,
                     "transition_budget": budget,
                     "rollouts_per_task": phase.rollouts_per_task,
-                    "waves": len({r["wave"] for r in recs}),
+                    "waves": len({r.wave for r in recs}),
                     **_flat(Usage.of_records(recs)),
                     "wall_s": wall_of(recs),
                 }
             )
-        causes = Counter(r["cause"] for r in records if r["failed"])
+        causes = Counter(r.cause for r in records if r.failed)
         # A tree none of whose rollouts completed (e.g. its whole evidence phase failed)
         # contributes no actor rows; name it so it is not mistaken for a finished task.
         failed_trees = [t.task_id for t in trees if t.rollouts and not t.reaches_valid_leaf(t.ROOT)]

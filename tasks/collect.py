@@ -1,15 +1,9 @@
 """One collection, with or without Prefect: ``collect(config, journal)``.
 
-Build the policy, the agent, the collector and the execution service from the
-configuration, run the collector's loop (:meth:`focus.collector.Collector.run_search`,
-the only loop a collection has) with the pipeline's journal, then export the batch.
-The journal decides what is durable and how each step shows: a
-:class:`tasks.journal.CheckpointJournal` saves each step to the checkpoint store; the
-``collect`` flow's journal (:mod:`flows.collect`) also makes each step a Prefect task
-run. Either way a rerun with the same collection id resumes after the last saved step,
-under the collection's write lease (a second run of the same collection is refused).
-
-Nothing here imports Prefect: an unorchestrated collection never pays its import.
+Build the policy, agent, collector and execution service from the configuration, run
+the collector's loop (:meth:`focus.collector.Collector.run_search`, the only loop a
+collection has) with the pipeline's journal (:mod:`tasks.journal`), then export the
+batch, under the collection's write lease. Nothing here imports Prefect.
 """
 
 from __future__ import annotations
@@ -21,33 +15,23 @@ from typing import Any
 
 from focus.execution import Execution
 from tasks.config import ExecutionConfig, FocusConfig
-from tasks.journal import CheckpointJournal, StepRecord
+from tasks.journal import CheckpointJournal
+from tasks.records import StepRecord
 
 log = logging.getLogger(__name__)
 
 
 def make_execution(ex: ExecutionConfig) -> Execution:
-    """The execution service the collection's rollouts run on.
+    """The execution service the rollouts run on. The pipeline owns its process, so it
+    keeps the search state out of cyclic GC while the collection runs (``freeze_gc``:
+    each full collection would otherwise walk every node of every tree)."""
+    common: dict[str, Any] = {"max_concurrency": ex.max_concurrency, "max_outage_share": ex.max_outage_share}
+    if ex.kind != "dask":
+        return Execution(**common, freeze_gc=True)
+    from focus.dask_execution import DaskExecution
 
-    The pipeline owns its process, so it keeps the search state out of cyclic garbage
-    collection while the collection runs (``freeze_gc``, off in the library by default
-    because it changes process-wide state): each full collection would otherwise walk
-    every node of every tree.
-    """
-    if ex.kind == "dask":
-        from focus.dask_execution import DaskExecution
-
-        return DaskExecution(
-            address=ex.address,
-            n_workers=ex.n_workers,
-            threads_per_worker=ex.threads_per_worker,
-            processes=ex.processes,
-            shard_size=ex.shard_size,
-            max_concurrency=ex.max_concurrency,
-            max_outage_share=ex.max_outage_share,
-            freeze_gc=True,
-        )
-    return Execution(max_concurrency=ex.max_concurrency, max_outage_share=ex.max_outage_share, freeze_gc=True)
+    where = ex.model_dump(include={"address", "n_workers", "threads_per_worker", "processes", "shard_size"})
+    return DaskExecution(**common, **where, freeze_gc=True)
 
 
 async def collect(
@@ -66,12 +50,8 @@ async def collect(
         if result is None:
             result = await _search_and_export(config, journal, execution or make_execution(config.execution))
             if journal.damaged:
-                log.warning(
-                    "batch %s did not match its manifest (%s); wrote it again from the checkpoints",
-                    result["batch_url"],
-                    journal.damaged,
-                    extra={"focus_console": True},
-                )
+                why = f"batch {result['batch_url']} did not match its manifest ({journal.damaged})"
+                log.warning("%s; wrote it again from the checkpoints", why, extra={"focus_console": True})
     return collection_result(config, result, journal.records, t0)
 
 
@@ -98,15 +78,8 @@ def collection_result(
     config: FocusConfig, result: dict[str, Any], records: list[StepRecord], t0: float
 ) -> dict[str, Any]:
     """What a collection returns: its id, the batch URL, statistics and failure causes."""
-    stats = {
-        **result.get("summary", {}),
-        "steps": len(records),
-        "steps_reused": sum(1 for r in records if r.reused),
-        "flow_wall_s": time.perf_counter() - t0,
-    }
-    return {
-        "collection_id": config.collection_id,
-        "batch_url": result["batch_url"],
-        "stats": stats,
-        "failure_causes": result.get("failure_causes", {}),
-    }
+    reused = sum(1 for r in records if r.reused)
+    stats = {**result.get("summary", {}), "steps": len(records), "steps_reused": reused}
+    stats["flow_wall_s"] = time.perf_counter() - t0
+    cid, url, causes = config.collection_id, result["batch_url"], result.get("failure_causes", {})
+    return {"collection_id": cid, "batch_url": url, "stats": stats, "failure_causes": causes}

@@ -120,15 +120,13 @@ def test_budget_accounting_is_exact():
     # the continuation phase stops launching once its budget is covered; launched
     # rollouts finish, so it overshoots by less than one wave of full rollouts
     assert 60 <= cont["transitions"] < 60 + 8 * 20
-    last_wave = max(r["wave"] for t in state.trees for r in t.log if r["phase"] == 1)
-    before_last = sum(
-        r["usage"].transitions for t in state.trees for r in t.log if r["phase"] == 1 and r["wave"] < last_wave
-    )
+    last_wave = max(r.wave for t in state.trees for r in t.log if r.phase == 1)
+    before_last = sum(r.usage.transitions for t in state.trees for r in t.log if r.phase == 1 and r.wave < last_wave)
     assert before_last < 60
     # branch limits hold
     for t in state.trees:
         for n in t.checkpoints():
-            continued = sum(1 for r in t.log if r["node"] == n.id)
+            continued = sum(1 for r in t.log if r.node == n.id)
             assert continued <= 4 or n.id == t.ROOT
 
 
@@ -199,9 +197,9 @@ class _Exploding(Execution):
 def test_a_crashing_job_becomes_a_failed_rollout_and_keeps_the_others():
     col, tasks, _ = synthetic(execution=_Exploding(max_concurrency=2))
     state = run(col.run_evidence(tasks))
-    leaves = [r["leaf"] for t in state.trees for r in t.log]
+    leaves = [r.leaf for t in state.trees for r in t.log]
     assert "failed" in leaves and set(leaves) - {"failed"}
-    causes = {r["cause"] for t in state.trees for r in t.log if r["failed"]}
+    causes = {r.cause for t in state.trees for r in t.log if r.failed}
     assert causes == {"error: RuntimeError: kaboom"}
 
 

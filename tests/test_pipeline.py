@@ -88,7 +88,7 @@ def test_flow_batch_equals_direct_collect_and_rerun_reuses(prefect_api, tmp_path
 
 def test_resume_with_another_config_is_refused(prefect_api, tmp_path):
     from flows.collect import collect
-    from tasks.journal import ResumeMismatch
+    from tasks.fingerprint import ResumeMismatch
 
     root = str(tmp_path / "store")
     cfg = small_config(root, "mismatch", **{"search.phases": [{"name": "evidence", "rollouts_per_task": 1}]})

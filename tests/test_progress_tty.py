@@ -36,7 +36,7 @@ from cli.app import app
 from flows.progress import CollectionProgress
 from focus.priority import Phase
 from focus.usage import Usage
-from tasks.journal import StepRecord
+from tasks.records import StepRecord
 
 BUDGET = 12
 WAVE_SIZE = 2
