@@ -335,7 +335,8 @@ def run_focus(agent: Agent, tasks: list[Task], cfg: dict[str, Any]) -> tuple[dic
         agent,
         search,
         ConstantCritic(CRITIC_VALUE),
-        execution=Execution(max_concurrency=cfg["concurrency"]),
+        # the heap kept out of cyclic GC, as the pipeline runs collections (tasks/collect.py)
+        execution=Execution(max_concurrency=cfg["concurrency"], freeze_gc=True),
         collection_id="scale",
         seed=SEED,
     )

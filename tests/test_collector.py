@@ -346,14 +346,14 @@ class TestStochasticSyntheticEnv(EnvConformance):
 
 
 def test_the_heap_stays_frozen_for_the_whole_collection_and_is_released_after():
-    """Between waves (while the critic scores) and while the batch is prepared, the
-    trees stay out of cyclic GC with young collections spaced out; afterwards Python's
-    own settings are back."""
+    """With ``freeze_gc`` (opt-in: it changes process-wide state), the trees stay out of
+    cyclic GC between waves (while the critic scores) and while the batch is prepared,
+    with young collections spaced out; afterwards Python's own settings are back."""
     import gc
 
     from focus.execution import GC_THRESHOLD_FROZEN
 
-    col, tasks, mdps = synthetic()
+    col, tasks, mdps = synthetic(execution=Execution(max_concurrency=4, freeze_gc=True))
     seen: list[tuple[int, int]] = []
 
     class Recording(SyntheticCritic):
@@ -375,6 +375,23 @@ def test_the_heap_stays_frozen_for_the_whole_collection_and_is_released_after():
     assert len(preparing) == len(tasks)
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
     assert batch_key(batch) == batch_key(run(synthetic()[0].collect(tasks)))
+
+
+def test_the_library_leaves_the_garbage_collector_alone_by_default():
+    import gc
+
+    col, tasks, _ = synthetic()
+    seen = []
+
+    class Watching(type(col.estimator)):
+        def values(self, tree, noise=None):
+            seen.append((gc.get_freeze_count(), gc.get_threshold()))
+            return super().values(tree, noise)
+
+    before = gc.get_threshold()
+    col.estimator = Watching(**col.estimator.model_dump())
+    run(col.collect(tasks))
+    assert seen and all(frozen == 0 and t == before for frozen, t in seen)
 
 
 class _BadCritic(Critic):
