@@ -1,6 +1,6 @@
 """HTTP client stacks at the engine's concurrency: CPU per request and throughput.
 
-The question (issue 14): one client stack for every model and critic client, httpx the
+The question: one client stack for every model and critic client, httpx the
 named API; which transport? Each stack below does the same work per call - encode the
 request body ``OpenAICompatPolicy`` sends (a 300-token prompt), ``POST
 /v1/completions``, read, decode JSON, parse with ``parse_completion`` - with

@@ -133,7 +133,7 @@ def plan_cost_over_collection(
 ) -> dict[str, Any]:
     """Planning, grafting and scoring CPU per wave over one whole collection, and the
     last quarter against the first: whether the search's cost stays flat as the
-    collection grows (issue 17: goal last/first <= 1.5 for planning at 100k transitions).
+    collection grows (goal: last/first <= 1.5 for planning at 100k transitions).
 
     The collector's own wave loop (plan, rollouts, graft, score), timed with
     ``time.process_time`` around each step; rollouts are the synthetic env and policy

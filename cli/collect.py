@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Annotated, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -37,6 +38,9 @@ from cli.common import (
     started,
 )
 from tasks.config import FocusConfig
+
+if TYPE_CHECKING:
+    from focus.backends.local import WarmServer
 
 #: The statistics ``focus collect`` shows, in order; each is defined in docs/pipeline.md
 #: ("What a run shows"); tests/test_cli.py checks that every one is.
@@ -171,7 +175,7 @@ def collect(
     typer.echo(f"rerun or resume: focus collect --collection-id {result['collection_id']}")
 
 
-def _config(path: Any, over: dict[str, Any], transitions: int | None) -> FocusConfig:
+def _config(path: Path | None, over: dict[str, Any], transitions: int | None) -> FocusConfig:
     """The configuration, with a collection id (a new one unless named)."""
     from flows.preflight import new_collection_id
 
@@ -183,7 +187,9 @@ def _config(path: Any, over: dict[str, Any], transitions: int | None) -> FocusCo
     return cfg if cfg.collection_id else cfg.with_updates(collection_id=new_collection_id())
 
 
-def _run(out: Console, cfg: FocusConfig, *, prefect: bool, warm: Any, as_json: bool) -> dict[str, Any] | None:
+def _run(
+    out: Console, cfg: FocusConfig, *, prefect: bool, warm: WarmServer | None, as_json: bool
+) -> dict[str, Any] | None:
     """Preflight, services and the collection; its result (``None``: it was finished
     already, and that was printed)."""
     from flows.preflight import preflight

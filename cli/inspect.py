@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cli.common import fail, fmt, pairs_table
 from flows.errors import one_line
+
+if TYPE_CHECKING:
+    from focus.batch import Batch
+    from storage import BatchStore
 
 
 def _split_batch_url(url: str) -> tuple[str, str, str | None]:
@@ -63,7 +67,7 @@ def inspect(
         console.print(f"failure cause ({n}x): {cause}", markup=False, highlight=False)
 
 
-def batch_summary(batch: Any) -> dict[str, Any]:
+def batch_summary(batch: Batch) -> dict[str, Any]:
     """Plain figures of a batch (what ``focus inspect`` shows)."""
     import numpy as np
 
@@ -79,7 +83,7 @@ def batch_summary(batch: Any) -> dict[str, Any]:
     return out
 
 
-def collection_summary(store: Any, cid: str) -> dict[str, Any]:
+def collection_summary(store: BatchStore, cid: str) -> dict[str, Any]:
     """The finished iterations of collection ``cid``: URL, time written and figures, from the manifests."""
     rows = []
     for batch_url in store.list(cid):

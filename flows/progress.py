@@ -21,16 +21,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flows.logs import console_extra
 from focus.usage import Usage
 from tasks.records import StepRecord
 
+if TYPE_CHECKING:
+    import logging
+
+    from rich.console import Console
+
+    from focus.priority import Phase
+    from tasks.config import FocusConfig
+
 _CONSOLE: Any = None
 
 
-def console() -> Any:
+def console() -> Console:
     """The process's rich console on standard error (bars and log lines share it, so
     lines print above a live bar instead of through it)."""
     global _CONSOLE
@@ -106,7 +114,14 @@ class CollectionProgress:
     terminal, and a ``warning`` for every step whose rollouts failed.
     """
 
-    def __init__(self, config: Any, *, enabled: bool = True, log: Any = None, console: Any = None) -> None:
+    def __init__(
+        self,
+        config: FocusConfig | None,
+        *,
+        enabled: bool = True,
+        log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+        console: Console | None = None,
+    ) -> None:
         self.config = config
         self.enabled = enabled
         self.log = log
@@ -144,8 +159,7 @@ class CollectionProgress:
                 transient=False,
             )
             self._progress.start()
-        first = self.config.search.phases[0] if self.config is not None else None
-        if first is not None and first.is_evidence:
+        if self.config is not None and (first := self.config.search.phases[0]).is_evidence:
             self.start_evidence(first, self.config.env.n_tasks * (first.rollouts_per_task or 1))
         return self
 
@@ -158,8 +172,8 @@ class CollectionProgress:
         """Show one step of the collection as it ends (a :class:`tasks.journal.CheckpointJournal`'s
         ``on_step``): the evidence bar filled, a wave's figures, the next phase's bar
         started when the one before it ends."""
-        phases = self.config.search.phases
-        if record.kind == "evidence" and phases[0].is_evidence:
+        phases = self.config.search.phases if self.config is not None else []
+        if record.kind == "evidence" and phases and phases[0].is_evidence:
             self.evidence_done(record)
         elif record.kind == "wave":
             self.wave_done(record)
@@ -168,7 +182,7 @@ class CollectionProgress:
             if nxt < len(phases):
                 self.start_phase(nxt, phases[nxt])
 
-    def start_phase(self, index: int, phase: Any) -> None:
+    def start_phase(self, index: int, phase: Phase) -> None:
         self._phase = phase
         self._label = f"{index}.{phase.name}"
         self._t0 = time.perf_counter()
@@ -179,7 +193,7 @@ class CollectionProgress:
                 self._label, total=phase.transitions or 0, rates="", unit="transitions"
             )
 
-    def start_evidence(self, phase: Any, rollouts: int) -> None:
+    def start_evidence(self, phase: Phase, rollouts: int) -> None:
         """The evidence phase: ``rollouts`` complete rollouts, filled when its step ends."""
         self._phase = phase
         self._label = f"0.{phase.name}"

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import task
 from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+if TYPE_CHECKING:
+    from tasks.journal import CheckpointJournal
+
 
 @task(name="publish-report", cache_policy=NO_CACHE, persist_result=False)
-async def publish_report(journal: Any, result: dict[str, Any]) -> None:
+async def publish_report(journal: CheckpointJournal, result: dict[str, Any]) -> None:
     """Prefect artifacts: a statistics table, the steps, and a picture of the search trees."""
     cid = journal.cid
     rows = [{"statistic": k, "value": v} for k, v in result["stats"].items()]

@@ -6,7 +6,7 @@ stopped in one place.
 - a temporary Prefect API server (:class:`flows.server.TemporaryServer`), when asked
   for (``prefect=True``) and none is configured: the ``focus`` command's flows need one;
 - the embedded model server (``model.kind = "local"`` without a URL), started from a
-  process the console entry warmed up when there is one (:mod:`flows.entry`);
+  process the console entry warmed up when there is one (:mod:`cli.entry`);
 - a Dask LocalCluster (``execution.kind = "dask"`` without an address).
 
 :meth:`Services.start` launches the servers side by side and returns at once, so a
@@ -30,9 +30,16 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.config import FocusConfig
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from flows.server import TemporaryServer
+    from focus.backends.local import LocalModelServer, WarmServer
+    from focus.dask_execution import DaskExecution
 
 log = logging.getLogger("focus.services")
 
@@ -47,14 +54,14 @@ class Services:
         *,
         prefect: bool = False,
         model: bool = True,
-        warm: Any = None,
+        warm: WarmServer | None = None,
         log_file: Path | None = None,
     ) -> None:
         self.config = config
         self.want_prefect, self.want_model, self.warm, self.log_file = prefect, model, warm, log_file
-        self.prefect_server: Any = None
-        self.model_server: Any = None
-        self.cluster: Any = None
+        self.prefect_server: TemporaryServer | None = None
+        self.model_server: LocalModelServer | None = None
+        self.cluster: DaskExecution | None = None
         self._threads: list[threading.Thread] = []
         self._errors: list[BaseException] = []
         self._server_log: Any = None
@@ -89,7 +96,7 @@ class Services:
             self.warm.discard()  # another model service: free its core now
         return self
 
-    def _background(self, what: str, start: Any) -> None:
+    def _background(self, what: str, start: Callable[[], object]) -> None:
         def run() -> None:
             try:
                 start()

@@ -206,6 +206,7 @@ async def train_loop(config: FocusConfig | None = None) -> list[dict[str, Any]]:
             }
             if server is not None and latest["weights"] != loaded:
                 path = await asyncio.to_thread(local_weights, latest["weights"], cfg.storage.root)
+                assert path is not None  # weights that differ from those loaded are never None
                 served = await asyncio.to_thread(server.reload, path)
                 if served != trained["policy_version"]:
                     log.warning(

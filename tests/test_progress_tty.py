@@ -1,4 +1,4 @@
-"""Issue #5: progress of long phases - a rich bar on a terminal, log lines elsewhere.
+"""Progress of long phases - a rich bar on a terminal, log lines elsewhere.
 
 The CLI tests run the real ``focus collect`` (the local model server on loopback, the
 session's Prefect server) once under a pseudo-terminal and once with its output on

@@ -1,4 +1,4 @@
-"""Bit-identical resume with the real embedded model (issue #15, item 4).
+"""Bit-identical resume with the real embedded model.
 
 The other resume tests drive a deterministic fake policy; these run the ``collect``
 flow against the tiny model's HTTP server, whose ids and log-probs must not depend on

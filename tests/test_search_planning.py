@@ -72,26 +72,8 @@ def digest(batch) -> str:  # type: ignore[no-untyped-def]
 
 
 #: Digests of batches: a change that is not meant to change the algorithm must not move
-#: a single row. History: taken before planning became incremental (commit a1d8774);
-#: "selective" and "uniform" changed on purpose with issue 12 (the critic's weight from
-#: the collection's noise model instead of κ = 1, the ranking by the batch's error);
-#: "grpo" (no critic weight, no ranking) did not move. ("selective", 1) moved again on
-#: purpose with issue 17: the ranking's calibration is refitted at a doubling of the
-#: waves only once the evidence has doubled too (``SearchState.calibration``). Both
-#: "selective" digests moved on purpose with issue 12's ranking of critic-target error
-#: beside advantage error and the noise model of unbranched rollouts; "uniform" did not.
-#: Both moved again with the one-child evidence of the ranking (an only child's critic
-#: residual scales its checkpoint's variances, ``focus.priority.node_view``).
-#: "selective" and "uniform" moved on purpose with the env's share of the noise model
-#: pooled over depths (``focus.estimation._env_share``): every critic weight can change.
-#: ("selective", 1) moved on purpose when an only child's critic miss began to weigh as
-#: its precision against a spread's degree of freedom (``focus.priority.node_view``);
-#: ("selective", 0) and "uniform" did not (nor did the unbranched model's equal weights:
-#: these collections start with two evidence rollouts, so they never use it).
-#: "selective" and "uniform" moved on purpose when the branched noise model began to
-#: read the critic residuals of checkpoints with one child
-#: (``focus.estimation.noise_model``): every critic weight and ranking can change;
-#: "grpo" did not.
+#: a single row. A change that is meant to regenerates them with tests/repin.py and says
+#: in its commit which moved and why.
 PINNED = {
     ("selective", 0): ("bddbc205f6b9c983", 342, 177),
     ("selective", 1): ("e486ce50d5b5c947", 343, 165),
