@@ -20,9 +20,9 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
-from flows.errors import as_failure, one_line
+from flows.errors import raise_one_line
 from flows.heartbeat import heartbeats
-from flows.preflight import new_collection_id
+from flows.preflight import collection_id_for_run, flow_run_name
 from flows.progress import CollectionProgress
 from flows.report import publish_report
 from flows.services import services_in_thread
@@ -71,20 +71,6 @@ class PrefectJournal(CheckpointJournal):
         return result
 
 
-def collection_id_for_run(config: FocusConfig) -> FocusConfig:
-    """Give the config a collection id: its own, or one derived from the flow run (its
-    deployment's name, scheduled start and id), so a retry of the same flow run resumes
-    the same collection and runs scheduled together get different ones."""
-    if config.collection_id:
-        return config
-    from prefect.runtime import deployment, flow_run
-
-    run_id = str(flow_run.id or "")
-    prefix = str(deployment.name or flow_run.name or "collect")
-    when = flow_run.scheduled_start_time if run_id else None
-    return config.with_updates(collection_id=new_collection_id(prefix, when, run_id or None))
-
-
 async def run_collection(config: FocusConfig) -> dict[str, Any]:
     """The collection with its steps as task runs (await inside a flow), then its artifacts."""
     log = get_run_logger()
@@ -98,16 +84,7 @@ async def run_collection(config: FocusConfig) -> dict[str, Any]:
     return result
 
 
-def _flow_run_name() -> str:
-    """Name a flow run after its collection when the config names one."""
-    from prefect.runtime import flow_run
-
-    cfg = flow_run.parameters.get("config")
-    cid = getattr(cfg, "collection_id", None) or (cfg.get("collection_id") if isinstance(cfg, dict) else None)
-    return str(cid or flow_run.name)
-
-
-@flow(name="collect", log_prints=True, flow_run_name=_flow_run_name)
+@flow(name="collect", log_prints=True, flow_run_name=flow_run_name)
 async def collect(config: FocusConfig | None = None) -> dict[str, Any]:
     """Collect one iteration; returns the batch URL and statistics.
 
@@ -124,8 +101,4 @@ async def collect(config: FocusConfig | None = None) -> dict[str, Any]:
             async with services_in_thread(config) as (cfg, _server):
                 return await run_collection(cfg)
     except Exception as e:
-        get_run_logger().error("collection %s failed: %s", cid, one_line(e), exc_info=True)
-        failure = as_failure(e)
-        if failure is e:
-            raise
-        raise failure from e
+        raise_one_line(e, get_run_logger(), cid)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flows.errors import as_failure, one_line
+from flows.errors import raise_one_line
 from flows.progress import CollectionProgress
 from flows.services import services_in_thread
 from tasks.collect import collect
@@ -35,8 +35,4 @@ async def collect_direct(config: FocusConfig) -> dict[str, Any]:
             log.info("collection %s: batch at %s", cfg.collection_id, result["batch_url"])
             return result
     except Exception as e:
-        log.error("collection %s failed: %s", config.collection_id, one_line(e), exc_info=True)
-        failure = as_failure(e)
-        if failure is e:
-            raise
-        raise failure from e
+        raise_one_line(e, log, config.collection_id)

@@ -144,3 +144,26 @@ def preflight(config: FocusConfig) -> Preflight:
         raise error
     finished = journal.finished_export()
     return Preflight(config, finished=finished, resumed=True, damaged=journal.damaged)
+
+
+def collection_id_for_run(config: FocusConfig) -> FocusConfig:
+    """Give the config a collection id: its own, or one derived from the flow run (its
+    deployment's name, scheduled start and id), so a retry of the same flow run resumes
+    the same collection and runs scheduled together get different ones."""
+    if config.collection_id:
+        return config
+    from prefect.runtime import deployment, flow_run
+
+    run_id = str(flow_run.id or "")
+    prefix = str(deployment.name or flow_run.name or "collect")
+    when = flow_run.scheduled_start_time if run_id else None
+    return config.with_updates(collection_id=new_collection_id(prefix, when, run_id or None))
+
+
+def flow_run_name() -> str:
+    """Name a flow run after its collection when the config names one."""
+    from prefect.runtime import flow_run
+
+    cfg = flow_run.parameters.get("config")
+    cid = getattr(cfg, "collection_id", None) or (cfg.get("collection_id") if isinstance(cfg, dict) else None)
+    return str(cid or flow_run.name)

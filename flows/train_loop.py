@@ -32,7 +32,8 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.collect import collect, collection_id_for_run
+from flows.collect import collect
+from flows.preflight import collection_id_for_run
 from flows.services import services_in_thread
 from tasks.config import ConfigError, FocusConfig, TrainConfig, TrainContext, TrainResult, import_object
 

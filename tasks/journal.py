@@ -76,6 +76,8 @@ class CheckpointJournal(Journal):
         self.damaged: str | None = None
         self.tally = Tally()
         self._mark = time.perf_counter()
+        #: The last step being saved: each save waits for the one before it.
+        self._saving: asyncio.Future[Any] | None = None
 
     async def run_step(self, kind: str, step: Step | None, body: Callable[..., Awaitable[_T]], *args: Any) -> _T:
         """Run one step's body: ``kind`` is ``config``, ``export`` or ``step``'s kind."""
@@ -119,7 +121,23 @@ class CheckpointJournal(Journal):
         return value
 
     async def record(self, step: Step, value: Any) -> None:
+        """Save ``step`` in the background, after the steps before it, so the loop lands
+        the next wave meanwhile; a failed save fails every later one (the saved steps
+        stay a prefix) and is raised by the next :meth:`record` or :meth:`flush`."""
+        before = self._saving
+        if before is not None and before.done() and before.exception() is not None:
+            await before
+        self._saving = asyncio.ensure_future(self._after(before, step, value))
+
+    async def _after(self, before: asyncio.Future[Any] | None, step: Step, value: Any) -> None:
+        if before is not None:
+            await before
         await self.run_step(step.kind, step, self._record, step, value)
+
+    async def flush(self) -> None:
+        """Wait until every step recorded is saved; raise what a save raised."""
+        if self._saving is not None:
+            await asyncio.shield(self._saving)
 
     async def _record(self, step: Step, value: Any) -> StepRecord:
         key = checkpoint_key(self.config, step)
