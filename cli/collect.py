@@ -14,7 +14,6 @@ non-zero status (:mod:`flows.errors`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from cli.common import (
     pairs_table,
     started,
 )
+from cli.interrupts import Interrupts
 from tasks.config import FocusConfig
 
 if TYPE_CHECKING:
@@ -207,17 +207,22 @@ def _run(
     # With no Prefect server to keep the run, a temporary one would record it only to
     # forget it: run the collection directly (flows/direct.py; same store, same resume).
     orchestrated = prefect or bool(configured_api_url())
-    try:
-        with started(out, cfg, prefect=orchestrated, warm=warm) as ready:
-            if orchestrated:
-                from flows.collect import collect as collect_flow
+    with Interrupts() as interrupts:
+        try:
+            with started(out, cfg, prefect=orchestrated, warm=warm, interrupts=interrupts) as ready:
+                if orchestrated:
+                    from flows.collect import collect as collect_flow
 
-                return dict(asyncio.run(collect_flow(ready)))
-            from flows.direct import collect_direct
+                    return dict(interrupts.run(collect_flow(ready)))
+                from flows.direct import collect_direct
 
-            return asyncio.run(collect_direct(ready))
-    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every error becomes one line
-        out.fail(e)
+                return interrupts.run(collect_direct(ready))
+        except BaseException as e:
+            if interrupts.signals:
+                out.interrupted(interrupts, f"focus collect --collection-id {cfg.collection_id}")
+            if isinstance(e, Exception | KeyboardInterrupt):
+                out.fail(e)
+            raise
 
 
 def _print_finished(cfg: FocusConfig, finished: dict[str, Any], as_json: bool) -> None:

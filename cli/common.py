@@ -3,6 +3,7 @@ one-line errors, loading the configuration, and starting the services it needs."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -15,6 +16,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from cli.interrupts import Interrupts
 from flows.errors import exit_code, one_line
 from tasks.config import ConfigError, FocusConfig, load_config
 
@@ -67,6 +69,16 @@ class Console:
             self.log_file = setup(self.console, verbosity=self.verbosity, log_file=self.log_file) or self.log_file
             self.logging_ready = True
 
+    def interrupted(self, interrupts: Interrupts, resume: str) -> NoReturn:
+        """The one line of a command stopped by a signal, and its status (130, 143)."""
+        line = interrupts.line(resume)
+        with contextlib.suppress(OSError):
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_file, "a", encoding="utf-8") as f:
+                f.write(f"{line}\n")
+        typer.secho(line, fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(interrupts.code)
+
     def fail(self, exc: BaseException) -> NoReturn:
         """One line naming the cause and a non-zero exit; the traceback to the log or the terminal."""
         line = one_line(exc)
@@ -114,19 +126,28 @@ def load(config: Path | None, overrides: dict[str, Any]) -> FocusConfig:
 
 @contextmanager
 def started(
-    out: Console, cfg: FocusConfig, *, prefect: bool, model: bool = True, warm: Any = None
+    out: Console,
+    cfg: FocusConfig,
+    *,
+    prefect: bool,
+    model: bool = True,
+    warm: Any = None,
+    interrupts: Interrupts | None = None,
 ) -> Iterator[FocusConfig]:
     """The services ``cfg`` needs (:class:`flows.services.Services`): the Prefect API
     (the configured one, or a temporary server; none unless ``prefect``) and, with
     ``model``, the embedded model server, started side by side while this process
     imports the flows and sets up its logging; then the Dask cluster, if one is needed.
     ``warm``: the model server process the console entry already started
-    (:mod:`cli.entry`). Yields the config naming what was started; stops it all on exit."""
+    (:mod:`cli.entry`). Yields the config naming what was started; stops it all on exit
+    (kills it at once on a second signal, with ``interrupts``)."""
     from flows.services import Services
 
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     services = Services(cfg, prefect=prefect, model=model, warm=warm, log_file=out.log_file)
+    if interrupts is not None:
+        interrupts.on_exit_now.append(services.kill)
     try:
         services.start()
         if cfg.execution.kind == "dask":

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,13 +21,15 @@ from cli.common import (
     overrides,
     started,
 )
+from cli.interrupts import Interrupts
+from tasks.config import FocusConfig
 
 
 def train(
     config: ConfigOpt = None,
     collection_id: Annotated[
         str | None,
-        typer.Option(help=help_default("Base name; iteration i uses <id>-it<i>.", "derived from the flow run")),
+        typer.Option(help=help_default("Base name; iteration i uses <id>-it<i>.", "train-<time>-<hex>")),
     ] = None,
     iterations: Annotated[
         int | None, typer.Option(help=help_default("Collect/train iterations.", DEFAULTS.train.iterations))
@@ -52,31 +54,45 @@ def train(
         overrides(sets, collection_id=collection_id, **{"train.iterations": iterations, "train.trainer": trainer}),
     )
     out = Console(verbose, debug, log_file, "train")
-    try:
-        from flows.preflight import check_root
-        from tasks.config import check_factories, check_torch, check_weights
-
-        check_factories(cfg)
-        check_weights(cfg)
-        check_torch(cfg, training=True)
-        check_root(cfg.storage.root)
-        # the train loop reloads new weights into the model server it starts itself
-        with started(out, cfg, prefect=True, model=False) as ready:
-            import asyncio
-
-            from flows.train_loop import train_loop
-
-            records = asyncio.run(train_loop(ready))
-    except Exception as e:  # noqa: BLE001 - every error becomes one line
-        out.fail(e)
+    records = _run(out, cfg)
     if as_json:
         for rec in records:
             typer.echo(json.dumps(rec, default=str))
         return
+    _print_table(records, cfg.collection_id)
+
+
+def _run(out: Console, cfg: FocusConfig) -> list[dict[str, Any]]:
+    """Checks, the Prefect server, then the ``train_loop`` flow, stopped cleanly by a signal."""
+    from flows.preflight import check_root, new_collection_id
+    from tasks.config import check_factories, check_torch, check_weights
+
+    if not cfg.collection_id:  # named here, so an interrupted loop can say how to resume it
+        cfg = cfg.with_updates(collection_id=new_collection_id("train"))
+    with Interrupts() as interrupts:
+        try:
+            check_factories(cfg)
+            check_weights(cfg)
+            check_torch(cfg, training=True)
+            check_root(cfg.storage.root)
+            # the train loop reloads new weights into the model server it starts itself
+            with started(out, cfg, prefect=True, model=False, interrupts=interrupts) as ready:
+                from flows.train_loop import train_loop
+
+                return interrupts.run(train_loop(ready))
+        except BaseException as e:
+            if interrupts.signals:
+                out.interrupted(interrupts, f"focus train --collection-id {cfg.collection_id} (and the same options)")
+            if isinstance(e, Exception | KeyboardInterrupt):
+                out.fail(e)
+            raise
+
+
+def _print_table(records: list[dict[str, Any]], cid: str | None) -> None:
     from rich.console import Console as RichConsole
     from rich.table import Table
 
-    run_id = records[0]["run_id"] if records else cfg.collection_id
+    run_id = records[0]["run_id"] if records else cid
     table = Table(title=f"train loop {run_id}")
     for col in ("iteration", "policy version", "eval success", "transitions", "loss", "reused"):
         table.add_column(col, justify="right")

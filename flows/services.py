@@ -170,6 +170,13 @@ class Services:
             self._server_log = None
         log.info("shut-down: services stopped in %.2f s", time.perf_counter() - t0)
 
+    def kill(self) -> None:
+        """Kill the servers' processes now, waiting for nothing (a command that must exit at once)."""
+        for server in (self.model_server, self.prefect_server):
+            proc = getattr(server, "proc", None)
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+
     def __enter__(self) -> FocusConfig:
         self.start()
         try:

@@ -64,7 +64,7 @@ async def _search_and_export(config: FocusConfig, journal: CheckpointJournal, ex
         try:
             state = await collector.run_search(tasks, journal)
         finally:  # what was recorded is saved, also when the search stopped
-            await _flushed(journal)
+            await journal.flush()
         return await journal.export(collector, state)
     finally:
         try:
@@ -75,17 +75,6 @@ async def _search_and_export(config: FocusConfig, journal: CheckpointJournal, ex
             close = getattr(execution, "close", None)
             if close is not None:  # a Dask client's close blocks: not on the event loop
                 await asyncio.to_thread(close)
-
-
-async def _flushed(journal: CheckpointJournal) -> None:
-    """:meth:`~tasks.journal.CheckpointJournal.flush`, finished even when this task is
-    cancelled meanwhile (an interrupt): a save is never left half-way by us."""
-    flush = asyncio.ensure_future(journal.flush())
-    try:
-        await asyncio.shield(flush)
-    except asyncio.CancelledError:
-        await flush
-        raise
 
 
 def collection_result(

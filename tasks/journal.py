@@ -5,14 +5,11 @@ collector's loop: a step it records is saved to the checkpoint store, a step fou
 is taken from it, so a rerun with the same collection id continues after the last saved
 step. It also runs the pipeline's own two steps: the configuration check that guards a
 resume, and the export of the batch. Every step body goes through :meth:`run_step`,
-which the ``collect`` flow's journal makes a Prefect task run. Checkpoint keys, in the
-order a collection writes them::
+which the ``collect`` flow's journal makes a Prefect task run. Each step also yields a
+:class:`tasks.records.StepRecord`, passed to ``on_step``. Checkpoint keys, in order::
 
-    ("config", 0)  ("evidence", 0)  ("evidence.score", 0)
-    ("<p>.<name>", w)  ("<p>.<name>.score", w)  ... ("<p>.<name>.end", 0)
-    ("trees.svg", 0)  ("export", 0)
-
-Each step also yields a :class:`tasks.records.StepRecord`, passed to ``on_step``.
+    ("config", 0)  ("evidence", 0)  ("evidence.score", 0)  ("<p>.<name>", w)
+    ("<p>.<name>.score", w)  ... ("<p>.<name>.end", 0)  ("trees.svg", 0)  ("export", 0)
 """
 
 from __future__ import annotations
@@ -40,6 +37,17 @@ Key = tuple[str, int]
 CONFIG: Key = ("config", 0)
 EXPORT: Key = ("export", 0)
 TREES_SVG: Key = ("trees.svg", 0)
+
+
+async def uninterrupted(work: Awaitable[_T]) -> _T:
+    """``await work``, finished even if the caller is cancelled meanwhile (the
+    cancellation is raised once it is done)."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
 
 
 def checkpoint_key(config: FocusConfig, step: Step) -> Key:
@@ -135,9 +143,10 @@ class CheckpointJournal(Journal):
         await self.run_step(step.kind, step, self._record, step, value)
 
     async def flush(self) -> None:
-        """Wait until every step recorded is saved; raise what a save raised."""
+        """Wait until every step recorded is saved, also when cancelled meanwhile (an
+        interrupt: no save is left half-way); raise what a save raised."""
         if self._saving is not None:
-            await asyncio.shield(self._saving)
+            await uninterrupted(self._saving)
 
     async def _record(self, step: Step, value: Any) -> StepRecord:
         key = checkpoint_key(self.config, step)
@@ -192,9 +201,8 @@ class CheckpointJournal(Journal):
         from focus.report import tree_svg
 
         batch = await asyncio.to_thread(collector.prepare, state)
-        url = await asyncio.to_thread(self.batch_store.write, batch, overwrite=self.damaged is not None)
         svg = await asyncio.to_thread(tree_svg, state.trees, estimator=collector.estimator)
-        await asyncio.to_thread(self.save, TREES_SVG, svg)
+        url = await uninterrupted(asyncio.to_thread(self._write_batch, batch, svg))
         summary = {
             k: v if isinstance(v, int | float | str | bool | None) else str(v) for k, v in batch.summary().items()
         }
@@ -202,6 +210,10 @@ class CheckpointJournal(Journal):
         await asyncio.to_thread(self.save, EXPORT, result)
         self.note("export", EXPORT)
         return result
+
+    def _write_batch(self, batch: Any, svg: str) -> str:
+        self.save(TREES_SVG, svg)
+        return self.batch_store.write(batch, overwrite=self.damaged is not None)
 
     def tree_picture(self) -> str:
         """The SVG the export drew (empty if none)."""
