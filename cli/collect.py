@@ -124,6 +124,14 @@ PrefectOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON line.")]
+AllowPolicyChangeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-policy-change",
+        help="Resume even if the model service now serves other weights than those that sampled the collection "
+        "(the batch then mixes two policies; its policy_version column says which row is which).",
+    ),
+]
 
 
 def collect(
@@ -144,6 +152,7 @@ def collect(
     prefect: PrefectOpt = False,
     sets: SetOpt = None,
     as_json: JsonOpt = False,
+    allow_policy_change: AllowPolicyChangeOpt = False,
     verbose: VerboseOpt = 0,
     debug: DebugOpt = False,
     log_file: LogFileOpt = None,
@@ -164,7 +173,8 @@ def collect(
         flags.update({"model.kind": "openai", "model.url": model_url})
     cfg = _config(config, overrides(sets, **flags), transitions)
     out = Console(verbose, debug, log_file, "collect")
-    result = _run(out, cfg, prefect=prefect, warm=(ctx.obj or {}).get("warm_model"), as_json=as_json)
+    warm = (ctx.obj or {}).get("warm_model")
+    result = _run(out, cfg, prefect=prefect, warm=warm, as_json=as_json, allow=allow_policy_change)
     if result is None:
         return
     result["stats"]["cli_wall_s"] = round(time.perf_counter() - T0, 3)
@@ -188,7 +198,7 @@ def _config(path: Path | None, over: dict[str, Any], transitions: int | None) ->
 
 
 def _run(
-    out: Console, cfg: FocusConfig, *, prefect: bool, warm: WarmServer | None, as_json: bool
+    out: Console, cfg: FocusConfig, *, prefect: bool, warm: WarmServer | None, as_json: bool, allow: bool = False
 ) -> dict[str, Any] | None:
     """Preflight, services and the collection; its result (``None``: it was finished
     already, and that was printed)."""
@@ -196,7 +206,7 @@ def _run(
     from flows.server import configured_api_url
 
     try:
-        pre = preflight(cfg)
+        pre = preflight(cfg, allow_policy_change=allow)
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         out.fail(e)
     if pre.finished is not None:
@@ -213,10 +223,10 @@ def _run(
                 if orchestrated:
                     from flows.collect import collect as collect_flow
 
-                    return dict(interrupts.run(collect_flow(ready)))
+                    return dict(interrupts.run(collect_flow(ready, allow)))
                 from flows.direct import collect_direct
 
-                return interrupts.run(collect_direct(ready))
+                return interrupts.run(collect_direct(ready, allow))
         except BaseException as e:
             if interrupts.signals:
                 out.interrupted(interrupts, f"focus collect --collection-id {cfg.collection_id}")

@@ -54,13 +54,9 @@ _STEP_TASKS = {
 
 
 class PrefectJournal(CheckpointJournal):
-    """A :class:`~tasks.journal.CheckpointJournal` whose steps are Prefect task runs.
-
-    The step's body and arguments are passed ``quote``-d: Prefect walks task parameters
-    twice per task run (resolving futures, recording inputs), and the config and a
-    wave's rollouts hold neither futures nor upstream results; walking them was about a
-    third of the flow's own CPU per task run.
-    """
+    """A :class:`~tasks.journal.CheckpointJournal` whose steps are Prefect task runs. Their
+    arguments are ``quote``-d: Prefect walked the config and a wave's rollouts twice per
+    task run, a third of the flow's own CPU, for futures they never hold."""
 
     async def run_step(self, kind: str, step: Step | None, body: Callable[..., Awaitable[_T]], *args: Any) -> _T:
         run = _STEP_TASKS.get(kind)
@@ -71,11 +67,11 @@ class PrefectJournal(CheckpointJournal):
         return result
 
 
-async def run_collection(config: FocusConfig) -> dict[str, Any]:
+async def run_collection(config: FocusConfig, allow_policy_change: bool = False) -> dict[str, Any]:
     """The collection with its steps as task runs (await inside a flow), then its artifacts."""
     log = get_run_logger()
     progress = CollectionProgress(config, enabled=config.progress, log=log)
-    journal = PrefectJournal(config, on_step=progress.step)
+    journal = PrefectJournal(config, on_step=progress.step, allow_policy_change=allow_policy_change)
     with progress:
         result = await collect_iteration(config, journal)
     report: Any = publish_report  # Prefect's typing does not know that quote() is unwrapped
@@ -85,7 +81,7 @@ async def run_collection(config: FocusConfig) -> dict[str, Any]:
 
 
 @flow(name="collect", log_prints=True, flow_run_name=flow_run_name)
-async def collect(config: FocusConfig | None = None) -> dict[str, Any]:
+async def collect(config: FocusConfig | None = None, allow_policy_change: bool = False) -> dict[str, Any]:
     """Collect one iteration; returns the batch URL and statistics.
 
     An async flow: from synchronous code run it with ``asyncio.run(collect(config))``;
@@ -99,6 +95,6 @@ async def collect(config: FocusConfig | None = None) -> dict[str, Any]:
         cid = config.collection_id
         with heartbeats(config.execution.heartbeat_s):
             async with services_in_thread(config) as (cfg, _server):
-                return await run_collection(cfg)
+                return await run_collection(cfg, allow_policy_change)
     except Exception as e:
         raise_one_line(e, get_run_logger(), cid)

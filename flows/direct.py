@@ -18,7 +18,7 @@ from tasks.config import FocusConfig
 from tasks.journal import CheckpointJournal
 
 
-async def collect_direct(config: FocusConfig) -> dict[str, Any]:
+async def collect_direct(config: FocusConfig, allow_policy_change: bool = False) -> dict[str, Any]:
     """Collect one iteration without Prefect; returns what the ``collect`` flow returns.
 
     ``config`` must name its collection (``collection_id``): there is no flow run to
@@ -31,7 +31,8 @@ async def collect_direct(config: FocusConfig) -> dict[str, Any]:
         async with services_in_thread(config) as (cfg, _server):
             progress = CollectionProgress(cfg, enabled=cfg.progress, log=log)
             with progress:
-                result = await collect(cfg, CheckpointJournal(cfg, on_step=progress.step))
+                journal = CheckpointJournal(cfg, on_step=progress.step, allow_policy_change=allow_policy_change)
+                result = await collect(cfg, journal)
             log.info("collection %s: batch at %s", cfg.collection_id, result["batch_url"])
             return result
     except Exception as e:

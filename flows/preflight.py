@@ -114,7 +114,7 @@ def _read_only(path: str) -> bool:
         return e.errno == errno.EROFS
 
 
-def preflight(config: FocusConfig) -> Preflight:
+def preflight(config: FocusConfig, *, allow_policy_change: bool = False) -> Preflight:
     """Check ``config`` against its store before anything starts (see the module docs).
 
     Raises :class:`tasks.config.ConfigError` (a factory that does not import or take its
@@ -139,7 +139,7 @@ def preflight(config: FocusConfig) -> Preflight:
         # the server started later reports the version; the flow compares it then
         stored.get("model", {}).pop("policy_version", None)
         mine.get("model", {}).pop("policy_version", None)
-    error = resume_mismatch(config, stored, mine)
+    error = resume_mismatch(config, stored, mine, allow_policy_change=allow_policy_change)
     if error is not None:
         raise error
     finished = journal.finished_export()

@@ -25,7 +25,7 @@ from focus.journal import Journal, Step, WaveRollouts
 from storage import BatchNotFound, BatchStore, CheckpointNotFound, CheckpointStore, CorruptDataError, ManifestError
 from storage.checkpoints import collection_lease
 from tasks.config import FocusConfig
-from tasks.fingerprint import fingerprint, resume_mismatch
+from tasks.fingerprint import PolicyIdentity, fingerprint, resume_mismatch
 from tasks.records import StepRecord, Tally
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ class CheckpointJournal(Journal):
         batch_store: BatchStore | None = None,
         *,
         on_step: Callable[[StepRecord], None] | None = None,
+        allow_policy_change: bool = False,
     ) -> None:
         if not config.collection_id:
             raise ValueError("a collection needs a collection_id before it is journaled")
@@ -78,11 +79,10 @@ class CheckpointJournal(Journal):
         self.store = store if store is not None else CheckpointStore(config.storage.root)
         self.batch_store = batch_store if batch_store is not None else BatchStore(config.storage.root)
         self.on_step = on_step
-        #: Every step record, in order.
-        self.records: list[StepRecord] = []
-        #: Why the finished batch must be written again (set by :meth:`finished_export`).
-        self.damaged: str | None = None
+        self.records: list[StepRecord] = []  # every step's, in order
+        self.damaged: str | None = None  # why the finished batch must be written again
         self.tally = Tally()
+        self.policy = PolicyIdentity(self.cid, allow_change=allow_policy_change)
         self._mark = time.perf_counter()
         #: The last step being saved: each save waits for the one before it.
         self._saving: asyncio.Future[Any] | None = None
@@ -125,6 +125,7 @@ class CheckpointJournal(Journal):
         if value is not None:
             if step.kind == "wave" and isinstance(value, dict):  # saved before waves were typed
                 value = WaveRollouts(value["rollouts"], value["wave_wall_s"])
+            self.policy.note(step, value, new=False)
             self.note(step.kind, key, step.phase, True, **self.tally.step(step, value))
         return value
 
@@ -135,6 +136,7 @@ class CheckpointJournal(Journal):
         before = self._saving
         if before is not None and before.done() and before.exception() is not None:
             await before
+        self.policy.note(step, value, new=True)
         self._saving = asyncio.ensure_future(self._after(before, step, value))
 
     async def _after(self, before: asyncio.Future[Any] | None, step: Step, value: Any) -> None:
@@ -165,7 +167,8 @@ class CheckpointJournal(Journal):
 
     async def _check_config(self) -> StepRecord:
         mine, stored = fingerprint(self.config), await asyncio.to_thread(self.stored_fingerprint)
-        if stored is not None and (error := resume_mismatch(self.config, stored, mine)) is not None:
+        allow = self.policy.allow_change
+        if stored is not None and (error := resume_mismatch(self.config, stored, mine, allow_policy_change=allow)):
             raise error
         if stored is None:
             await asyncio.to_thread(self.save, CONFIG, json.dumps(mine, sort_keys=True))

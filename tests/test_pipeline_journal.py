@@ -134,3 +134,38 @@ def test_a_critic_failure_keeps_the_wave_and_the_rerun_scores_it(tmp_path):
     assert first.reused and first.wave == 0 and wave_step(1, 0).wave == 0
     assert not next(r for r in again.records if r.kind == "wave_scores").reused
     assert rows(BatchStore(cfg.storage.root).read(out["batch_url"])) == rows(want)
+
+
+def test_a_resume_against_other_weights_is_refused_unless_allowed(tmp_path):
+    """The collection's rollouts say which weights sampled them; a resume whose first new
+    wave was sampled by others is refused before anything of it is saved, naming both,
+    and goes ahead only when the user says so."""
+    from fixtures.journal import StopAfter, Stopped
+
+    from tasks.fingerprint import PolicyChanged
+
+    served = tmp_path / "served-version"
+    served.write_text("weights-a")
+    model = {"model.factory": "fixtures.journal:served_version_policy", "model.options": {"version_file": str(served)}}
+    cfg = small_config(str(tmp_path / "store"), "switched", **model)
+    with pytest.raises(Stopped):
+        run_collect(cfg, StopAfter(cfg, wave_step(1, 0)))
+    served.write_text("weights-b")  # the service was restarted with other weights
+    refused = CheckpointJournal(cfg)
+    with pytest.raises(PolicyChanged, match="sampled by policy weights-a, the model service now serves weights-b"):
+        run_collect(cfg, refused)
+    assert refused.load(("1.continue", 1)) is None and refused.load(("1.continue", 0)) is not None
+    out = run_collect(cfg, CheckpointJournal(cfg, allow_policy_change=True))
+    versions = {r.policy_version for r in BatchStore(cfg.storage.root).read(out["batch_url"]).actor}
+    assert versions == {"weights-a", "weights-b"}
+
+
+def test_a_resume_with_another_embedded_model_version_names_both(tmp_path):
+    from tasks.fingerprint import PolicyChanged
+
+    cfg = small_config(str(tmp_path / "store"), "versions", **{"model.policy_version": "v1"})
+    run_collect(cfg)
+    other = cfg.with_updates(**{"model.policy_version": "v2"})
+    with pytest.raises(PolicyChanged, match="sampled by policy v1, the model service now serves v2"):
+        run_collect(other)
+    assert run_collect(other, CheckpointJournal(other, allow_policy_change=True))["stats"]["steps_reused"] > 0
