@@ -65,13 +65,23 @@ def config_file(tmp: Path, root: Path, *, latency: float = 0.1, execution: str =
 
 
 def in_terminal(
-    args: list[str], env: dict[str, str], when: Callable[[], bool], keys: list[bytes], timeout_s: float = 240
+    args: list[str],
+    env: dict[str, str],
+    when: Callable[[], bool],
+    keys: list[bytes],
+    timeout_s: float = 240,
+    *,
+    argv: list[str] | None = None,
+    cwd: Path | None = None,
 ) -> tuple[int, str]:
-    """Run ``focus <args>`` on a pseudo-terminal; once ``when()`` holds, type ``keys``
-    (0.05 s apart). Returns the exit status and everything the terminal showed."""
+    """Run ``focus <args>`` (or ``argv``) on a pseudo-terminal; once ``when()`` holds,
+    type ``keys`` (0.05 s apart). Returns the exit status and what the terminal showed."""
+    argv = argv or [sys.executable, "-m", "cli"]
     pid, fd = pty.fork()
     if pid == 0:  # the child: its own session, the terminal's foreground process group
-        os.execve(sys.executable, [sys.executable, "-m", "cli", *args], env)
+        if cwd is not None:
+            os.chdir(cwd)
+        os.execve(argv[0], [*argv, *args], env)
     shown, typed, deadline = bytearray(), False, time.monotonic() + timeout_s
     try:
         while True:
@@ -145,9 +155,9 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def one_line(shown: str) -> str:
-    """The last line the terminal shows (colours and cursor moves removed)."""
+    """The last line the terminal shows (colours, cursor moves and the echoed ^C removed)."""
     lines = [ln for ln in ANSI.sub("", shown).replace("\r", "\n").splitlines() if ln.strip()]
-    return lines[-1]
+    return lines[-1].removeprefix("^C")
 
 
 @pytest.mark.parametrize(
@@ -231,3 +241,49 @@ def test_ctrl_c_stops_the_dask_and_the_prefect_paths_cleanly(how, tmp_path, tmp_
     resume(cfg, env)
     got = batch(root, cid)
     assert got.stats["failed_rollouts"] == 0 and mismatches(got, batch(clean_root, cid)) == {"actor": 0, "critic": 0}
+
+
+def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weights(prefect_env, prefect_api, tmp_path):
+    """Interrupted while iteration 0 collects, then while its trainer runs (weights
+    written, result not yet recorded), the loop resumes and ends with the weights of a
+    loop that was never interrupted (tests/test_train_resume.py's loop and trainer)."""
+    import textwrap
+
+    from test_train_resume import CONFIG as LOOP
+    from test_train_resume import LAUNCHER, TRAINER
+
+    from storage.weights import WeightStore
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "slowtrain.py").write_text(textwrap.dedent(TRAINER))
+    launcher = tmp_path / "focus_cli.py"
+    launcher.write_text(LAUNCHER)
+    root, markers = tmp_path / "store", tmp_path / "markers"
+    (user / "loop.toml").write_text(LOOP.format(root=root, markers=markers, pause=30))
+    args = ["train", "-c", "loop.toml"]
+    argv = [sys.executable, str(launcher)]
+    points = [
+        lambda: any(p == "1.continue.score" for p, _ in saved(root, "r-it0")),
+        lambda: (markers / "trained-0").exists(),
+    ]
+    for when in points:
+        code, shown = in_terminal(args, prefect_env, when, [b"\x03"], argv=argv, cwd=user)
+        assert code == 130, shown[-3000:]
+        assert one_line(shown).startswith("interrupted (SIGINT)") and "focus train --collection-id r" in one_line(shown)
+    assert not CheckpointStore(str(root)).exists("r", "train", 0)  # the interrupted training was not recorded
+    done = subprocess.run(
+        [*argv, *args, "--set", "train.options.pause_s=0"], cwd=user, env=prefect_env,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    clean = tmp_path / "clean"
+    (user / "clean.toml").write_text(LOOP.format(root=clean, markers=tmp_path / "m2", pause=0))
+    done = subprocess.run(
+        [*argv, "train", "-c", "clean.toml"], cwd=user, env=prefect_env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for name in ("policy.pt", "critic.pt", "optimizer.pt"):
+        got = WeightStore(str(root)).read(f"{WeightStore(str(root)).folder('r', 2)}/{name}")
+        want = WeightStore(str(clean)).read(f"{WeightStore(str(clean)).folder('r', 2)}/{name}")
+        assert got == want, name
