@@ -32,11 +32,11 @@ from cli.common import (
     VerboseOpt,
     help_default,
     load,
+    one_line_ending,
     overrides,
     pairs_table,
     started,
 )
-from cli.interrupts import Interrupts
 from tasks.config import FocusConfig
 
 if TYPE_CHECKING:
@@ -217,22 +217,15 @@ def _run(
     # With no Prefect server to keep the run, a temporary one would record it only to
     # forget it: run the collection directly (flows/direct.py; same store, same resume).
     orchestrated = prefect or bool(configured_api_url())
-    with Interrupts() as interrupts:
-        try:
-            with started(out, cfg, prefect=orchestrated, warm=warm, interrupts=interrupts) as ready:
-                if orchestrated:
-                    from flows.collect import collect as collect_flow
+    with one_line_ending(out, f"focus collect --collection-id {cfg.collection_id}") as interrupts:
+        with started(out, cfg, prefect=orchestrated, warm=warm, interrupts=interrupts) as ready:
+            if orchestrated:
+                from flows.collect import collect as collect_flow
 
-                    return dict(interrupts.run(collect_flow(ready, allow)))
-                from flows.direct import collect_direct
+                return dict(interrupts.run(collect_flow(ready, allow)))
+            from flows.direct import collect_direct
 
-                return interrupts.run(collect_direct(ready, allow))
-        except BaseException as e:
-            if interrupts.signals:
-                out.interrupted(interrupts, f"focus collect --collection-id {cfg.collection_id}")
-            if isinstance(e, Exception | KeyboardInterrupt):
-                out.fail(e)
-            raise
+            return interrupts.run(collect_direct(ready, allow))
 
 
 def _print_finished(cfg: FocusConfig, finished: dict[str, Any], as_json: bool) -> None:

@@ -170,6 +170,22 @@ def started(
         services.stop()
 
 
+@contextmanager
+def one_line_ending(out: Console, resume: str) -> Iterator[Interrupts]:
+    """The command's :class:`~cli.interrupts.Interrupts`, and how its body ends when it
+    does not finish: the line of an interrupt (with ``resume``, the command that resumes
+    it) or the one line of an error, each with its exit status."""
+    with Interrupts() as interrupts:
+        try:
+            yield interrupts
+        except BaseException as e:
+            if interrupts.signals:
+                out.interrupted(interrupts, resume)
+            if isinstance(e, Exception | KeyboardInterrupt):
+                out.fail(e)
+            raise
+
+
 def fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"

@@ -18,10 +18,10 @@ from cli.common import (
     VerboseOpt,
     help_default,
     load,
+    one_line_ending,
     overrides,
     started,
 )
-from cli.interrupts import Interrupts
 from tasks.config import FocusConfig
 
 
@@ -69,23 +69,17 @@ def _run(out: Console, cfg: FocusConfig) -> list[dict[str, Any]]:
 
     if not cfg.collection_id:  # named here, so an interrupted loop can say how to resume it
         cfg = cfg.with_updates(collection_id=new_collection_id("train"))
-    with Interrupts() as interrupts:
-        try:
-            check_factories(cfg)
-            check_weights(cfg)
-            check_torch(cfg, training=True)
-            check_root(cfg.storage.root)
-            # the train loop reloads new weights into the model server it starts itself
-            with started(out, cfg, prefect=True, model=False, interrupts=interrupts) as ready:
-                from flows.train_loop import train_loop
+    resume = f"focus train --collection-id {cfg.collection_id} (and the same options)"
+    with one_line_ending(out, resume) as interrupts:
+        check_factories(cfg)
+        check_weights(cfg)
+        check_torch(cfg, training=True)
+        check_root(cfg.storage.root)
+        # the train loop reloads new weights into the model server it starts itself
+        with started(out, cfg, prefect=True, model=False, interrupts=interrupts) as ready:
+            from flows.train_loop import train_loop
 
-                return interrupts.run(train_loop(ready))
-        except BaseException as e:
-            if interrupts.signals:
-                out.interrupted(interrupts, f"focus train --collection-id {cfg.collection_id} (and the same options)")
-            if isinstance(e, Exception | KeyboardInterrupt):
-                out.fail(e)
-            raise
+            return interrupts.run(train_loop(ready))
 
 
 def _print_table(records: list[dict[str, Any]], cid: str | None) -> None:

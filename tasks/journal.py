@@ -34,9 +34,7 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 Key = tuple[str, int]
-CONFIG: Key = ("config", 0)
-EXPORT: Key = ("export", 0)
-TREES_SVG: Key = ("trees.svg", 0)
+CONFIG, EXPORT, TREES_SVG = ("config", 0), ("export", 0), ("trees.svg", 0)
 
 
 async def uninterrupted(work: Awaitable[_T]) -> _T:
@@ -215,8 +213,9 @@ class CheckpointJournal(Journal):
         return result
 
     def _write_batch(self, batch: Any, svg: str) -> str:
-        self.save(TREES_SVG, svg)
-        return self.batch_store.write(batch, overwrite=self.damaged is not None)
+        url = self.batch_store.write(batch, overwrite=self.damaged is not None)
+        self.save(TREES_SVG, svg)  # after the batch: a run stopped before it rewrites both
+        return url
 
     def tree_picture(self) -> str:
         """The SVG the export drew (empty if none)."""
