@@ -13,7 +13,8 @@ thread on exit, which cost every sync run up to a second (benchmarks/README.md).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from prefect import flow, get_run_logger, task
@@ -38,7 +39,7 @@ _T = TypeVar("_T")
 
 
 async def _step(kind: str, phase: int, wave: int, body: Any, *args: Any) -> Any:
-    return await body(*args)
+    return await asyncio.to_thread(body, *args)
 
 
 #: The steps that are task runs, by kind: (task name, task run name). A wave's scores
@@ -54,16 +55,18 @@ _STEP_TASKS = {
 
 
 class PrefectJournal(CheckpointJournal):
-    """A :class:`~tasks.journal.CheckpointJournal` whose steps are Prefect task runs. Their
-    arguments are ``quote``-d: Prefect walked the config and a wave's rollouts twice per
-    task run, a third of the flow's own CPU, for futures they never hold."""
+    """A :class:`~tasks.journal.CheckpointJournal` whose steps are Prefect task runs (each
+    step's blocking body in a worker thread). Arguments are ``quote``-d: Prefect walked
+    the config and a wave's rollouts twice per task run, a third of the flow's own CPU,
+    for futures they never hold."""
 
-    async def run_step(self, kind: str, step: Step | None, body: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+    async def run_step(self, kind: str, step: Step | None, body: Callable[..., _T], *args: Any) -> _T:
         run = _STEP_TASKS.get(kind)
         if run is None:
-            return await body(*args)
-        where = (step.phase, step.wave) if step is not None else (0, 0)
-        result: _T = await run(kind, *where, quote(body), *map(quote, args))
+            return await super().run_step(kind, step, body, *args)
+        phase, wave = (step.phase, step.wave) if step is not None else (0, 0)
+        call: Any = run  # Prefect's typing does not know that quote() is unwrapped
+        result: _T = await call(kind, phase, wave, quote(body), *map(quote, args))
         return result
 
 

@@ -85,9 +85,10 @@ class CheckpointJournal(Journal):
         #: The last step being saved: each save waits for the one before it.
         self._saving: asyncio.Future[Any] | None = None
 
-    async def run_step(self, kind: str, step: Step | None, body: Callable[..., Awaitable[_T]], *args: Any) -> _T:
-        """Run one step's body: ``kind`` is ``config``, ``export`` or ``step``'s kind."""
-        return await body(*args)
+    async def run_step(self, kind: str, step: Step | None, body: Callable[..., _T], *args: Any) -> _T:
+        """Run one step's body (blocking: it saves) in a worker thread; ``kind`` is
+        ``config``, ``export`` or ``step``'s kind."""
+        return await asyncio.to_thread(body, *args)
 
     def load(self, key: Key) -> Any | None:
         """The checkpoint saved under ``key``, or ``None``."""
@@ -148,9 +149,9 @@ class CheckpointJournal(Journal):
         if self._saving is not None:
             await uninterrupted(self._saving)
 
-    async def _record(self, step: Step, value: Any) -> StepRecord:
+    def _record(self, step: Step, value: Any) -> StepRecord:
         key = checkpoint_key(self.config, step)
-        await asyncio.to_thread(self.save, key, value)
+        self.save(key, value)
         return self.note(step.kind, key, step.phase, **self.tally.step(step, value))
 
     # ---- the pipeline's own steps ----
@@ -163,13 +164,13 @@ class CheckpointJournal(Journal):
         """Record the configuration on the first run; refuse to resume with another one."""
         return await self.run_step("config", None, self._check_config)
 
-    async def _check_config(self) -> StepRecord:
-        mine, stored = fingerprint(self.config), await asyncio.to_thread(self.stored_fingerprint)
+    def _check_config(self) -> StepRecord:
+        mine, stored = fingerprint(self.config), self.stored_fingerprint()
         allow = self.policy.allow_change
         if stored is not None and (error := resume_mismatch(self.config, stored, mine, allow_policy_change=allow)):
             raise error
         if stored is None:
-            await asyncio.to_thread(self.save, CONFIG, json.dumps(mine, sort_keys=True))
+            self.save(CONFIG, json.dumps(mine, sort_keys=True))
         return self.note("config", CONFIG, reused=stored is not None)
 
     def finished_export(self) -> dict[str, Any] | None:
@@ -195,27 +196,23 @@ class CheckpointJournal(Journal):
 
     async def export(self, collector: Collector, state: SearchState) -> dict[str, Any]:
         """Prepare the batch from the final state and write it (again, if the stored one
-        was damaged); the export's record, with the batch URL and statistics."""
-        return await self.run_step("export", None, self._export, collector, state)
+        was damaged); the export's record, with the batch URL and statistics. Once
+        started it finishes, also when the collection is interrupted meanwhile."""
+        return await uninterrupted(self.run_step("export", None, self._export, collector, state))
 
-    async def _export(self, collector: Collector, state: SearchState) -> dict[str, Any]:
+    def _export(self, collector: Collector, state: SearchState) -> dict[str, Any]:
         from focus.report import tree_svg
 
-        batch = await asyncio.to_thread(collector.prepare, state)
-        svg = await asyncio.to_thread(tree_svg, state.trees, estimator=collector.estimator)
-        url = await uninterrupted(asyncio.to_thread(self._write_batch, batch, svg))
+        batch = collector.prepare(state)
+        url = self.batch_store.write(batch, overwrite=self.damaged is not None)
+        self.save(TREES_SVG, tree_svg(state.trees, estimator=collector.estimator))  # after the batch
         summary = {
             k: v if isinstance(v, int | float | str | bool | None) else str(v) for k, v in batch.summary().items()
         }
         result = {"batch_url": url, "summary": summary, "failure_causes": dict(batch.stats.get("failure_causes", {}))}
-        await asyncio.to_thread(self.save, EXPORT, result)
+        self.save(EXPORT, result)
         self.note("export", EXPORT)
         return result
-
-    def _write_batch(self, batch: Any, svg: str) -> str:
-        url = self.batch_store.write(batch, overwrite=self.damaged is not None)
-        self.save(TREES_SVG, svg)  # after the batch: a run stopped before it rewrites both
-        return url
 
     def tree_picture(self) -> str:
         """The SVG the export drew (empty if none)."""
