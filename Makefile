@@ -22,9 +22,9 @@ run: $(STAMP)
 	$(BIN)/focus collect
 
 lint: $(STAMP)
-	$(BIN)/ruff check focus tasks flows storage deployments tests benchmarks examples
-	$(BIN)/ruff format --check focus tasks flows storage deployments
-	$(BIN)/mypy focus tasks flows storage deployments
+	$(BIN)/ruff check focus tasks flows storage deployments cli tests benchmarks examples
+	$(BIN)/ruff format --check focus tasks flows storage deployments cli
+	$(BIN)/mypy focus tasks flows storage deployments cli
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -n 2 tests

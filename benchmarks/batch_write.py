@@ -3,15 +3,15 @@
 The yardstick, measured in the same run on the same data, is pyarrow writing the same
 Arrow tables straight to Parquet (``pq.write_table``) and reading them back
 (``pq.read_table``). Its settings are fixed here (:data:`YARDSTICK_OPTIONS`: zstd level 3,
-dictionary for the id strings; the store's settings when issue 4 set the goal, and faster
+dictionary for the id strings; the store's settings when the goal was set, and faster
 than pyarrow's own defaults on this data), so tuning the store cannot move it.
 
 The batch is columnar from the start, as ``Collector.prepare`` makes it: the synthetic
 turns go through :class:`focus.batch.BatchBuilder` (timed apart as ``build_s``: packing
 the Python ints, once per distinct token tuple, which is what the collector pays while
 preparing). The store's write is then the encoding plus what a store must do besides:
-check for an existing batch, checksum every file, write the manifest last. The goal
-(issue 17) is to stay within 1.2x of the raw write.
+check for an existing batch, checksum every file, write the manifest last. The goal is
+to stay within 1.2x of the raw write: what a store adds must stay small beside the encoding.
 Yardstick and store alternate in every repeat; the reported ratio is the median of the
 per-repeat ratios, so load from other processes hits both alike. ``same_settings_ratio``
 compares with pyarrow writing with the store's own settings (strictest, for reference).
@@ -105,10 +105,6 @@ def build_columnar(rows: Batch) -> Batch:
     for c in rows.critic:
         b.add_checkpoint(c.task_id, c.tree_id, c.node_id, c.context_ids, c.target, c.weight, c.prediction)
     return b.build(rows.stats)
-
-
-def synthetic_batch(target_tokens: int, seed: int = 0) -> Batch:
-    return build_columnar(synthetic_rows(target_tokens, seed))
 
 
 def n_tokens(batch: Batch) -> int:

@@ -132,8 +132,11 @@ def _free_port() -> int:
 def collection(checkout: Path, work: Path, home: Path, cid: str, api: str | None = None) -> dict[str, Any]:
     """The first collection of ``cid`` with ``checkout``'s CLI, then its rerun (with
     ``api``: against that running Prefect server)."""
-    # the console script's entry (``python -m flows``); a checkout from before it had none
-    entry = "flows" if (checkout / "flows" / "__main__.py").exists() else "flows.cli"
+    # the console script's entry (``python -m cli``); older checkouts had it in flows
+    if (checkout / "cli" / "__main__.py").exists():
+        entry = "cli"
+    else:
+        entry = "flows" if (checkout / "flows" / "__main__.py").exists() else "flows.cli"
     cmd = [sys.executable, "-m", entry, "collect", "--collection-id", cid]
     env = _env(home, checkout)
     if api:
@@ -157,7 +160,7 @@ def collection(checkout: Path, work: Path, home: Path, cid: str, api: str | None
 def errors(work: Path, home: Path, cid: str) -> dict[str, Any]:
     """Seconds and exit status of each error decided before anything starts."""
     env = {**_env(home, ROOT), "PREFECT_API_URL": f"http://127.0.0.1:{_free_port()}/api"}
-    base = [sys.executable, "-m", "flows", "collect"]
+    base = [sys.executable, "-m", "cli", "collect"]
     latin = work / "latin.toml"
     latin.write_bytes("seed = 1\n# café\n".encode("latin-1"))
     shape = work / "shape.toml"

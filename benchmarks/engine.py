@@ -148,10 +148,10 @@ def continuation_cache_ratio(state: SearchState, rows: list[list[Any]]) -> dict[
     prompt = cached = calls = missing = 0
     for tree in state.trees:
         for rec in tree.log:
-            if rec["phase_name"] == "evidence" or rec["node"] == tree.ROOT:
+            if rec.phase_name == "evidence" or rec.node == tree.ROOT:
                 continue
-            steps = tree.states[rec["node"]].steps
-            row = by_seed.get(derive_seed(rec["seed"], steps))
+            steps = tree.states[rec.node].steps
+            row = by_seed.get(derive_seed(rec.seed, steps))
             if row is None:
                 missing += 1
                 continue
@@ -176,8 +176,8 @@ class MarkedCollector(Collector):
         self.server = server
         self.mark: tuple[float, dict[str, Any]] | None = None
 
-    async def run_evidence(self, tasks: Any) -> SearchState:
-        state = await super().run_evidence(tasks)
+    async def run_evidence(self, tasks: Any, journal: Any = None) -> SearchState:
+        state = await super().run_evidence(tasks, journal)
         self.mark = (time.perf_counter(), self.server.stats())
         return state
 
@@ -213,13 +213,14 @@ def run_in_process(args: argparse.Namespace, *, mode: str) -> dict[str, Any]:
     tasks = reach_target_tasks(args.tasks, seed=1, low=20, high=40)
     with SimServerProcess(sim) as server:
         agent = make_agent(server.url, concurrency)
-        execution = MeasuredExecution(max_concurrency=concurrency, streaming=streaming)
+        # the heap kept out of cyclic GC, as the pipeline runs collections (tasks/collect.py)
+        execution = MeasuredExecution(max_concurrency=concurrency, streaming=streaming, freeze_gc=True)
         base = make_collector(
             agent, execution, transitions=args.transitions, wave_size=args.wave_size, seed=0, waves_in_flight=ahead
         )
         collector = MarkedCollector(
             agent,
-            base.search_config,
+            base.search,
             base.critic,
             execution=execution,
             collection_id=base.collection_id,

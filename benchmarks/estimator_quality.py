@@ -25,10 +25,10 @@ Methods (each at every family x budget x critic):
   uniform     uniform branching + DirectBranchTd (library defaults)
   selective   Selective + DirectBranchTd (library defaults: what a user gets)
 ablations:
-  selective_oldrank  selective with the ranking before issue 12 (σ̂² = children's
+  selective_oldrank  selective with the earlier ranking (σ̂² = children's
                      spread + critic disagreement + a [0, 1] prior, κ = 1)
   selective_advonly  selective ranking the advantage error alone (``Selective(targets=False)``)
-  uniform_k1         uniform with κ fixed at 1 (the estimator's default before issue 12)
+  uniform_k1         uniform with κ fixed at 1 (the estimator's earlier default)
 
 Metrics: token-weighted MSE of the segment advantages against the exact ones, sign
 agreement (tokens whose exact advantage is non-zero), critic-target MSE (weighted by
@@ -104,7 +104,7 @@ def seeds_at(budget: int, seeds: int) -> int:
 
 
 class OldSelective(Selective):
-    """The ranking before issue 12, for the ablation row: ``σ̂²(n)·[1/(κ+m) −
+    """The earlier ranking, for the ablation row: ``σ̂²(n)·[1/(κ+m) −
     1/(κ+m+1)]·influence/cost`` with κ = 1 and σ̂² the blend of a Bernoulli prior
     ``(V−lo)(hi−V)`` on [0, 1] (one pseudo-child), the children's spread (m − 1) and the
     critic's disagreement beyond sampling noise ``max(0, (v̂ − Q̄)² − σ̃²/m)``: every

@@ -190,7 +190,7 @@ def run(
         "peak_rss": max(s["peak_rss"] for s in samples),
         "server_tokens": server_tokens(before, after, sum(len(r.completion_ids) for r in batch.actor)),
         "_batch": batch,
-        "_rollout_walls": {(ti, r["rollout"]): r["wall_s"] for ti, t in enumerate(state.trees) for r in t.log},
+        "_rollout_walls": {(ti, r.rollout): r.wall_s for ti, t in enumerate(state.trees) for r in t.log},
     }
 
 

@@ -67,7 +67,7 @@ async def measure(n_tasks: int, waves: int, warmup: int, wave_size: int) -> dict
     t0 = time.perf_counter()
     state = await col.run_evidence(tasks)
     setup_s = time.perf_counter() - t0
-    search = col.search_config
+    search = col.search
     times: dict[str, list[float]] = {k: [] for k in ("plan", "graft", "score", "rollouts", "plan_cold", "graft_cold")}
     for w in range(warmup + waves):
         c = time.perf_counter()
@@ -133,7 +133,7 @@ def plan_cost_over_collection(
 ) -> dict[str, Any]:
     """Planning, grafting and scoring CPU per wave over one whole collection, and the
     last quarter against the first: whether the search's cost stays flat as the
-    collection grows (issue 17: goal last/first <= 1.5 for planning at 100k transitions).
+    collection grows (goal: last/first <= 1.5 for planning at 100k transitions).
 
     The collector's own wave loop (plan, rollouts, graft, score), timed with
     ``time.process_time`` around each step; rollouts are the synthetic env and policy
@@ -145,13 +145,13 @@ def plan_cost_over_collection(
     col, tasks = make(n_tasks, wave_size, transitions - 2 * 6 * n_tasks, max_depth)
     col = Collector(
         col.agent,
-        col.search_config,
+        col.search,
         col.critic,
         execution=Execution(max_concurrency=64, freeze_gc=False),
         collection_id="bench",
         seed=0,
     )
-    search = col.search_config
+    search = col.search
     waves: list[dict[str, Any]] = []
     t0 = time.perf_counter()
 

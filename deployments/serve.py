@@ -1,4 +1,4 @@
-"""Serve the collection deployments: ``focus deploy`` or ``python -m deployments.serve``.
+"""Serve the collection deployments (what ``focus deploy`` runs).
 
 Two deployments of the ``collect`` flow are registered with the Prefect server named by
 ``PREFECT_API_URL`` and served by this process:
@@ -24,7 +24,6 @@ same, so it resumes after the last finished wave.
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,26 +87,3 @@ def serve_deployments(spec: DeploySpec, **serve_kwargs: Any) -> None:
 
         ensure_watchdog(spec.crash_after_s)
     serve(*build_deployments(spec), limit=spec.limit, **serve_kwargs)
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--config", help="TOML or YAML configuration of both deployments")
-    ap.add_argument("--scheduled-config", help="configuration of the scheduled deployment only")
-    ap.add_argument("--manual-config", help="configuration of the manual deployment only")
-    ap.add_argument("--cron", default="0 * * * *")
-    ap.add_argument("--limit", type=int, default=1, help="most flow runs at once (default 1)")
-    ap.add_argument("--crash-after", type=float, default=30.0, help="seconds without heartbeat -> Crashed")
-    args = ap.parse_args(argv)
-    spec = DeploySpec(
-        scheduled=explicit_config(args.scheduled_config or args.config),
-        manual=explicit_config(args.manual_config or args.config),
-        cron=args.cron,
-        limit=args.limit,
-        crash_after_s=args.crash_after,
-    )
-    serve_deployments(spec)
-
-
-if __name__ == "__main__":
-    main()

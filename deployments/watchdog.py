@@ -4,7 +4,7 @@ When the machine running a flow run dies (power, OOM killer on the whole tree, a
 VM), nobody reports the run's end: Prefect keeps it ``Running``, offers no Retry, and a
 Cancel settles only after about five minutes. A running collection emits
 ``focus.flow-run.heartbeat`` every ``execution.heartbeat_s`` seconds (10 by default;
-:func:`flows.collect.heartbeats`). This automation - Prefect's own events and
+:func:`flows.heartbeat.heartbeats`). This automation - Prefect's own events and
 automations, the mechanism of Prefect's "detect zombie flows" recipe - expects the next
 heartbeat (or the run's end) within ``crash_after_s`` of the last one; when none comes
 it sets the run ``Crashed`` with a message saying why, and the UI's Retry resumes it
@@ -15,21 +15,21 @@ by default), so detection would take minutes; ours are as frequent as configured
 
 ``focus deploy`` installs it; for the ``prefect.yaml`` work-pool path run once::
 
-    python -m deployments.watchdog --crash-after 30
+    focus deploy --watchdog-only --crash-after 30
 
 It is created or updated by name, so running it again changes the timeout in place.
 """
 
 from __future__ import annotations
 
-import argparse
 from datetime import timedelta
 from typing import Any
+
+from flows.heartbeat import HEARTBEAT_EVENT
 
 NAME = "focus: mark silent collections crashed"
 #: Prefect refuses proactive triggers over shorter windows.
 MIN_CRASH_AFTER_S = 10
-HEARTBEAT_EVENT = "focus.flow-run.heartbeat"
 #: Events after which no heartbeat is expected any more.
 FINAL_EVENTS = (
     "prefect.flow-run.Completed",
@@ -98,15 +98,3 @@ def ensure_watchdog(crash_after_s: float) -> Any:
     import asyncio
 
     return asyncio.run(aensure_watchdog(crash_after_s))
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Install the FOCUS watchdog automation on the Prefect server.")
-    ap.add_argument("--crash-after", type=float, default=30.0, help="seconds without a heartbeat (default 30)")
-    args = ap.parse_args(argv)
-    auto = ensure_watchdog(args.crash_after)
-    print(f"automation {auto.name!r} ({auto.id}): Crashed after {args.crash_after:g} s without a heartbeat")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,133 +1,97 @@
-"""The ``collect`` flow: one iteration of collection, phase by phase, resumable.
+"""The ``collect`` flow: one iteration of collection as a Prefect flow run, resumable.
 
-The flow is a loop over Prefect tasks (one per phase, one per wave): check the
-configuration, evidence rollouts, critic scoring, then for each continuation phase
-waves of prioritised continuations until the phase's plan is empty (each task run
-stores one wave and the critic's predictions for the checkpoints it added, as landed
-and scored by the run's wave driver, :class:`tasks.runtime.WaveDriver`), then
-preparation and export. Every task is idempotent on (collection id, phase, wave)
-through the checkpoint store, so running the flow again - a retry of the same
-flow run, a rerun from the UI, or the CLI with the same collection id - skips what is
-finished and continues from the last finished wave.
-
-Services the configuration leaves implicit are started for the duration of the run
-(:func:`flows.services.services`): the embedded model server when ``model.kind`` is ``local`` without
-a URL, and a Dask LocalCluster when ``execution.kind`` is ``dask`` without an address.
-Tasks receive their URL and address in the config; nothing is shared in-process.
-
-When a collection stops, the flow logs the traceback (the run's log in the UI, the
-CLI's log file) and fails with one line naming the cause (:mod:`flows.errors`), which is
-the failed state's message. While it runs it emits a heartbeat event every
-``execution.heartbeat_s`` seconds, so an automation can mark a run whose node is gone
-``Crashed`` without waiting for a timeout (``deployments/watchdog.py``).
+The flow runs :func:`tasks.collect.collect` with a journal that makes each step a task
+run as it is saved: ``check-config``, ``evidence-rollouts``, ``critic-scoring``, one
+``continuation-wave`` per wave (``wave-<phase>-<wave>``) and ``prepare-export``. A rerun
+(a retry, the UI, the CLI with the same collection id) continues from the last saved
+step. Services the configuration leaves implicit start for the run
+(:class:`flows.services.Services`); heartbeats (:mod:`flows.heartbeat`) let a watchdog
+mark a run whose node is gone ``Crashed``; a failure is one line naming the cause
+(:mod:`flows.errors`). The flow is async: Prefect's sync engine joins its heartbeat
+thread on exit, which cost every sync run up to a second (benchmarks/README.md).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import threading
-import time
-from collections.abc import Iterator
-from typing import Any
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
-from deployments.watchdog import HEARTBEAT_EVENT
-from flows.errors import as_failure, one_line
-from flows.preflight import new_collection_id
+from flows.errors import raise_one_line
+from flows.heartbeat import heartbeats
+from flows.preflight import collection_id_for_run, flow_run_name
 from flows.progress import CollectionProgress
+from flows.report import publish_report
 from flows.services import services_in_thread
-from tasks.collection import collection_result, run_steps
+from focus.journal import Step
+from tasks.collect import collect as collect_iteration
 from tasks.config import FocusConfig, config_at_runtime
 from tasks.config.form import ConfigParameter
-from tasks.phases import PREFECT_STEPS, publish_report
+from tasks.journal import CheckpointJournal
+
+#: Idempotency lives in the checkpoint store, so it holds across flow runs, retries, UI
+#: and CLI reruns alike; Prefect's own result caching would only duplicate it.
+_OPTS: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
+_T = TypeVar("_T")
 
 
-def collection_id_for_run(config: FocusConfig) -> FocusConfig:
-    """Give the config a collection id: its own, or one derived from the flow run (its
-    deployment's name, scheduled start and id), so a retry of the same flow run resumes
-    the same collection and runs scheduled together get different ones."""
-    if config.collection_id:
-        return config
-    from prefect.runtime import deployment, flow_run
-
-    run_id = str(flow_run.id or "")
-    prefix = str(deployment.name or flow_run.name or "collect")
-    when = flow_run.scheduled_start_time if run_id else None
-    return config.with_updates(collection_id=new_collection_id(prefix, when, run_id or None))
+async def _step(kind: str, phase: int, wave: int, body: Any, *args: Any) -> Any:
+    return await asyncio.to_thread(body, *args)
 
 
-@contextlib.contextmanager
-def heartbeats(every_s: float) -> Iterator[None]:
-    """Emit :data:`HEARTBEAT_EVENT` for the current flow run every ``every_s`` seconds
-    from a daemon thread, until the block ends (no-op outside a flow run).
-
-    Prefect's own flow-run heartbeats are at least 30 s apart (180 s by default); a
-    watchdog built on them notices a lost node after one to several minutes. This one
-    is as frequent as the collection wants, so the watchdog can be quick.
-    """
-    from prefect.runtime import flow_run
-
-    run_id = flow_run.id
-    if not run_id:
-        yield
-        return
-    from prefect.events import emit_event
-
-    resource = {"prefect.resource.id": f"prefect.flow-run.{run_id}", "prefect.resource.name": str(flow_run.name)}
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(Exception):
-                emit_event(event=HEARTBEAT_EVENT, resource=resource)
-            stop.wait(every_s)
-
-    # the thread runs in a copy of this context: Prefect's settings (the API URL) live in
-    # context variables, and a thread started without them made Prefect start an
-    # ephemeral server of its own for the events (found leaked by the tests)
-    ctx = contextvars.copy_context()
-    thread = threading.Thread(target=ctx.run, args=(beat,), name="focus-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
+#: The steps that are task runs, by kind: (task name, task run name). A wave's scores
+#: and a phase's end are saved by the flow itself (a second task run per wave doubled
+#: the flow's bookkeeping).
+_STEP_TASKS = {
+    "config": task(name="check-config", **_OPTS)(_step),
+    "evidence": task(name="evidence-rollouts", **_OPTS)(_step),
+    "evidence_scores": task(name="critic-scoring", task_run_name="score-evidence", **_OPTS)(_step),
+    "wave": task(name="continuation-wave", task_run_name="wave-{phase}-{wave}", **_OPTS)(_step),
+    "export": task(name="prepare-export", **_OPTS)(_step),
+}
 
 
-async def run_collection(config: FocusConfig) -> dict[str, Any]:
-    """The steps of one collection as Prefect tasks (await inside a flow), then the run's
-    artifacts."""
+class PrefectJournal(CheckpointJournal):
+    """A :class:`~tasks.journal.CheckpointJournal` whose steps are Prefect task runs (each
+    step's blocking body in a worker thread). Arguments are ``quote``-d: Prefect walked
+    the config and a wave's rollouts twice per task run, a third of the flow's own CPU,
+    for futures they never hold."""
+
+    async def run_step(self, kind: str, step: Step | None, body: Callable[..., _T], *args: Any) -> _T:
+        run = _STEP_TASKS.get(kind)
+        if run is None:
+            return await super().run_step(kind, step, body, *args)
+        phase, wave = (step.phase, step.wave) if step is not None else (0, 0)
+        call: Any = run  # Prefect's typing does not know that quote() is unwrapped
+        result: _T = await call(kind, phase, wave, quote(body), *map(quote, args))
+        return result
+
+
+async def run_collection(config: FocusConfig, allow_policy_change: bool = False) -> dict[str, Any]:
+    """The collection with its steps as task runs (await inside a flow), then its artifacts."""
     log = get_run_logger()
-    t0 = time.perf_counter()
     progress = CollectionProgress(config, enabled=config.progress, log=log)
-    result, records = await run_steps(config, PREFECT_STEPS, progress, log)
-    # quoted: Prefect need not walk the config and the step records (see tasks.phases)
+    journal = PrefectJournal(config, on_step=progress.step, allow_policy_change=allow_policy_change)
+    with progress:
+        result = await collect_iteration(config, journal)
     report: Any = publish_report  # Prefect's typing does not know that quote() is unwrapped
-    await report(quote(config), quote(result), quote(records))
+    await report(quote(journal), quote(result))
     log.info("collection %s: batch at %s", config.collection_id, result["batch_url"])
-    return collection_result(config, result, records, t0)
+    return result
 
 
-def _flow_run_name() -> str:
-    """Name a flow run after its collection when the config names one."""
-    from prefect.runtime import flow_run
-
-    cfg = flow_run.parameters.get("config")
-    cid = getattr(cfg, "collection_id", None) or (cfg.get("collection_id") if isinstance(cfg, dict) else None)
-    return str(cid or flow_run.name)
-
-
-@flow(name="collect", log_prints=True, flow_run_name=_flow_run_name)
-async def collect(config: ConfigParameter = None) -> dict[str, Any]:
+@flow(name="collect", log_prints=True, flow_run_name=flow_run_name)
+async def collect(config: ConfigParameter = None, allow_policy_change: bool = False) -> dict[str, Any]:
     """Collect one iteration; returns the batch URL and statistics.
 
-    An async flow (see :mod:`tasks.phases` for why): from synchronous code run it with
-    ``asyncio.run(collect(config))``; inside another async flow, ``await`` it. A failure
-    raises the original error when its message already names the cause, else
-    :class:`flows.errors.CollectionFailed` with one line that does.
+    An async flow: from synchronous code run it with ``asyncio.run(collect(config))``;
+    inside another async flow, ``await`` it. A failure raises the original error when
+    its message already names the cause, else :class:`flows.errors.CollectionFailed`
+    with one line that does.
     """
     cid = getattr(config, "collection_id", None)
     try:
@@ -135,10 +99,6 @@ async def collect(config: ConfigParameter = None) -> dict[str, Any]:
         cid = config.collection_id
         with heartbeats(config.execution.heartbeat_s):
             async with services_in_thread(config) as (cfg, _server):
-                return await run_collection(cfg)
+                return await run_collection(cfg, allow_policy_change)
     except Exception as e:
-        get_run_logger().error("collection %s failed: %s", cid, one_line(e), exc_info=True)
-        failure = as_failure(e)
-        if failure is e:
-            raise
-        raise failure from e
+        raise_one_line(e, get_run_logger(), cid)

@@ -1,31 +1,24 @@
-"""A collection without an orchestrator: the ``collect`` flow's steps, called directly.
-
-With no Prefect server configured, ``focus collect`` runs this instead of starting a
-temporary Prefect server for one command: that server's run history would vanish with
-it, and starting it cost several times the collection itself (docs/pipeline.md,
-"Start-up and wall time"). What makes a collection durable does not change: the steps
-are the same functions (:mod:`tasks.collection`), each idempotent on (collection id,
-phase, wave) through the checkpoint store, under the same write lease - so a rerun with
-the same collection id resumes after the last finished wave, here or under a Prefect
-flow, and the batch is the same. What a run gives up is what only a server keeps: the
-run in the UI, its artifacts, retries and schedules (``focus collect --prefect``, or
-``PREFECT_API_URL``, brings them back).
-"""
+"""A collection without an orchestrator: :func:`tasks.collect.collect` with the plain
+checkpoint journal - the same loop, checkpoints and write lease as the ``collect``
+flow, so a rerun resumes either way with the same batch. ``focus collect`` runs this
+when no Prefect server is configured: a temporary one would forget the run when the
+command ends and took several times the default collection to start
+(docs/pipeline.md, "Start-up and wall time")."""
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
-from flows.errors import as_failure, one_line
+from flows.errors import raise_one_line
 from flows.progress import CollectionProgress
 from flows.services import services_in_thread
-from tasks.collection import DIRECT, collection_result, run_steps
+from tasks.collect import collect
 from tasks.config import FocusConfig
+from tasks.journal import CheckpointJournal
 
 
-async def collect_direct(config: FocusConfig) -> dict[str, Any]:
+async def collect_direct(config: FocusConfig, allow_policy_change: bool = False) -> dict[str, Any]:
     """Collect one iteration without Prefect; returns what the ``collect`` flow returns.
 
     ``config`` must name its collection (``collection_id``): there is no flow run to
@@ -36,14 +29,11 @@ async def collect_direct(config: FocusConfig) -> dict[str, Any]:
     log = logging.getLogger("focus.collect")
     try:
         async with services_in_thread(config) as (cfg, _server):
-            t0 = time.perf_counter()
             progress = CollectionProgress(cfg, enabled=cfg.progress, log=log)
-            result, records = await run_steps(cfg, DIRECT, progress, log)
+            with progress:
+                journal = CheckpointJournal(cfg, on_step=progress.step, allow_policy_change=allow_policy_change)
+                result = await collect(cfg, journal)
             log.info("collection %s: batch at %s", cfg.collection_id, result["batch_url"])
-            return collection_result(cfg, result, records, t0)
+            return result
     except Exception as e:
-        log.error("collection %s failed: %s", config.collection_id, one_line(e), exc_info=True)
-        failure = as_failure(e)
-        if failure is e:
-            raise
-        raise failure from e
+        raise_one_line(e, log, config.collection_id)

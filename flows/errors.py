@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import traceback
+from typing import Any, NoReturn
 
 #: Errors whose message is written for the operator: shown as they are (one line).
 SELF_EXPLAINED = frozenset(
@@ -121,3 +122,13 @@ def as_failure(exc: BaseException) -> BaseException:
     failed = CollectionFailed(line)
     failed.__cause__ = exc
     return failed
+
+
+def raise_one_line(exc: Exception, log: Any, collection_id: str | None) -> NoReturn:
+    """Log that collection ``collection_id`` failed (one line, the traceback in the log)
+    and raise :func:`as_failure` of ``exc``: what a collection, flow or not, does when it stops."""
+    log.error("collection %s failed: %s", collection_id, one_line(exc), exc_info=True)
+    failure = as_failure(exc)
+    if failure is exc:
+        raise exc
+    raise failure from exc

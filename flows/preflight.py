@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import errno
 import importlib.util
-import json
 import os
 import shutil
 import uuid
@@ -157,15 +156,15 @@ def _read_only(path: str) -> bool:
         return e.errno == errno.EROFS
 
 
-def preflight(config: FocusConfig) -> Preflight:
+def preflight(config: FocusConfig, *, allow_policy_change: bool = False) -> Preflight:
     """Check ``config`` against its store before anything starts (see the module docs).
 
     Raises :class:`tasks.config.ConfigError` (a factory that does not import or take its
     options), a :class:`storage.StorageError` (a root that cannot be used, a damaged
-    checkpoint) or :class:`tasks.steps.ResumeMismatch`.
+    checkpoint) or :class:`tasks.fingerprint.ResumeMismatch`.
     """
-    from storage import BatchStore, CheckpointStore
-    from tasks.steps import CONFIG, EXPORT, Steps, fingerprint, resume_mismatch
+    from tasks.fingerprint import fingerprint, resume_mismatch
+    from tasks.journal import CheckpointJournal
 
     check_factories(config)
     check_weights(config)
@@ -173,23 +172,40 @@ def preflight(config: FocusConfig) -> Preflight:
     check_root(config.storage.root)
     if not config.collection_id:
         return Preflight(config)
-    root = config.storage.root
-    # no execution service: nothing here runs a rollout (tasks.phases would import Prefect)
-    steps = Steps(config, CheckpointStore(root), BatchStore(root), lambda: None)
-    if not steps.done(CONFIG):
+    journal = CheckpointJournal(config)
+    stored = journal.stored_fingerprint()
+    if stored is None:
         return Preflight(config)
-    stored, mine = json.loads(steps.load(CONFIG)), fingerprint(config)
+    mine = fingerprint(config)
     if _embedded_version_open(config):
         # the server started later reports the version; the flow compares it then
         stored.get("model", {}).pop("policy_version", None)
         mine.get("model", {}).pop("policy_version", None)
-    error = resume_mismatch(config, stored, mine)
+    error = resume_mismatch(config, stored, mine, allow_policy_change=allow_policy_change)
     if error is not None:
         raise error
-    if not steps.done(EXPORT):
-        return Preflight(config, resumed=True)
-    record = steps.finished_export()
-    damaged = steps.batch_problem(record["batch_url"])
-    if damaged is not None:
-        return Preflight(config, resumed=True, damaged=damaged)
-    return Preflight(config, finished=record, resumed=True)
+    finished = journal.finished_export()
+    return Preflight(config, finished=finished, resumed=True, damaged=journal.damaged)
+
+
+def collection_id_for_run(config: FocusConfig) -> FocusConfig:
+    """Give the config a collection id: its own, or one derived from the flow run (its
+    deployment's name, scheduled start and id), so a retry of the same flow run resumes
+    the same collection and runs scheduled together get different ones."""
+    if config.collection_id:
+        return config
+    from prefect.runtime import deployment, flow_run
+
+    run_id = str(flow_run.id or "")
+    prefix = str(deployment.name or flow_run.name or "collect")
+    when = flow_run.scheduled_start_time if run_id else None
+    return config.with_updates(collection_id=new_collection_id(prefix, when, run_id or None))
+
+
+def flow_run_name() -> str:
+    """Name a flow run after its collection when the config names one."""
+    from prefect.runtime import flow_run
+
+    cfg = flow_run.parameters.get("config")
+    cid = getattr(cfg, "collection_id", None) or (cfg.get("collection_id") if isinstance(cfg, dict) else None)
+    return str(cid or flow_run.name)

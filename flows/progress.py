@@ -21,14 +21,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flows.logs import console_extra
+from focus.usage import Usage
+from tasks.records import StepRecord
+
+if TYPE_CHECKING:
+    import logging
+
+    from rich.console import Console
+
+    from focus.priority import Phase
+    from tasks.config import FocusConfig
 
 _CONSOLE: Any = None
 
 
-def console() -> Any:
+def console() -> Console:
     """The process's rich console on standard error (bars and log lines share it, so
     lines print above a live bar instead of through it)."""
     global _CONSOLE
@@ -39,13 +49,13 @@ def console() -> Any:
     return _CONSOLE
 
 
-def failure_line(label: str, record: dict[str, Any]) -> str | None:
+def failure_line(label: str, record: StepRecord) -> str | None:
     """The WARNING line for a step whose rollouts failed (``None`` if none did)."""
-    failed = int(record.get("failed_rollouts") or 0)
+    failed = record.failed_rollouts
     if not failed:
         return None
-    total = record.get("jobs") or record.get("rollouts")
-    causes = "; ".join(f"{c} (x{n})" for c, n in (record.get("failure_causes") or {}).items())
+    total = record.rollouts
+    causes = "; ".join(f"{c} (x{n})" for c, n in record.failure_causes.items())
     of = f" of {total}" if total else ""
     return f"{label}: {failed}{of} rollouts failed: {causes or 'cause unknown'}"
 
@@ -80,19 +90,19 @@ class WaveFigures:
 
 
 def wave_figures(
-    record: dict[str, Any], budget: int | None, base: tuple[int, int, float] | None, now: float
+    record: StepRecord, budget: int | None, base: tuple[int, int, float] | None, now: float
 ) -> WaveFigures:
     """Figures of a measured wave record against the baseline ``(transitions, tokens, time)``.
 
     ``base`` is ``None`` when the record itself becomes the baseline (after reused waves).
     """
-    usage = record["phase_usage"]  # the phase's focus.usage.Usage, as a dict
-    used_t, used_k, spent = int(usage["transitions"]), int(usage["tokens"]), int(usage["budget_spent"])
+    usage = record.phase_usage or Usage()  # the phase's usage so far
+    used_t, used_k, spent = usage.transitions, usage.tokens, usage.budget_spent
     rate_t = rate_k = None
     if base is not None:
         dt = max(now - base[2], 1e-9)
         rate_t, rate_k = (used_t - base[0]) / dt, (used_k - base[1]) / dt
-    return WaveFigures(record.get("wave"), used_t, used_k, budget, spent, rate_t, rate_k)
+    return WaveFigures(record.wave, used_t, used_k, budget, spent, rate_t, rate_k)
 
 
 class CollectionProgress:
@@ -104,7 +114,14 @@ class CollectionProgress:
     terminal, and a ``warning`` for every step whose rollouts failed.
     """
 
-    def __init__(self, config: Any, *, enabled: bool = True, log: Any = None, console: Any = None) -> None:
+    def __init__(
+        self,
+        config: FocusConfig | None,
+        *,
+        enabled: bool = True,
+        log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+        console: Console | None = None,
+    ) -> None:
         self.config = config
         self.enabled = enabled
         self.log = log
@@ -142,6 +159,8 @@ class CollectionProgress:
                 transient=False,
             )
             self._progress.start()
+        if self.config is not None and (first := self.config.search.phases[0]).is_evidence:
+            self.start_evidence(first, self.config.env.n_tasks * (first.rollouts_per_task or 1))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -149,7 +168,21 @@ class CollectionProgress:
             self._progress.stop()
             self._progress = None
 
-    def start_phase(self, index: int, phase: Any) -> None:
+    def step(self, record: StepRecord) -> None:
+        """Show one step of the collection as it ends (a :class:`tasks.journal.CheckpointJournal`'s
+        ``on_step``): the evidence bar filled, a wave's figures, the next phase's bar
+        started when the one before it ends."""
+        phases = self.config.search.phases if self.config is not None else []
+        if record.kind == "evidence" and phases and phases[0].is_evidence:
+            self.evidence_done(record)
+        elif record.kind == "wave":
+            self.wave_done(record)
+        elif record.kind in ("evidence_scores", "phase_end"):
+            nxt = record.phase_index + 1
+            if nxt < len(phases):
+                self.start_phase(nxt, phases[nxt])
+
+    def start_phase(self, index: int, phase: Phase) -> None:
         self._phase = phase
         self._label = f"{index}.{phase.name}"
         self._t0 = time.perf_counter()
@@ -160,7 +193,7 @@ class CollectionProgress:
                 self._label, total=phase.transitions or 0, rates="", unit="transitions"
             )
 
-    def start_evidence(self, phase: Any, rollouts: int) -> None:
+    def start_evidence(self, phase: Phase, rollouts: int) -> None:
         """The evidence phase: ``rollouts`` complete rollouts, filled when its step ends."""
         self._phase = phase
         self._label = f"0.{phase.name}"
@@ -168,17 +201,17 @@ class CollectionProgress:
         if self._progress is not None:
             self._task = self._progress.add_task(self._label, total=rollouts, rates="running", unit="rollouts")
 
-    def evidence_done(self, record: dict[str, Any]) -> str:
+    def evidence_done(self, record: StepRecord) -> str:
         """Fill the evidence bar from its step record; returns the line it shows or logs."""
-        usage = record.get("usage")
-        if record.get("reused") or usage is None:  # reused: nothing measured in this process
+        usage = record.usage
+        if record.reused or usage is None:  # reused: nothing measured in this process
             line = f"{self._label}: reused from storage"
             rates = "reused from storage"
             done = None
         else:
             dt = max(time.perf_counter() - self._t0, 1e-9)
-            n = int(record.get("rollouts") or usage.get("rollouts") or 0)
-            transitions, tokens = int(usage["transitions"]), int(usage.get("tokens", 0))
+            n = record.rollouts
+            transitions, tokens = usage.transitions, usage.tokens
             rates = f"{transitions} transitions, {transitions / dt:.1f} transitions/s, {tokens / dt:.0f} tokens/s"
             line = f"{self._label}: {n} rollouts, {rates}"
             done = n
@@ -186,7 +219,7 @@ class CollectionProgress:
         self.warn_failures(self._label, record)
         return line
 
-    def warn_failures(self, label: str, record: dict[str, Any]) -> str | None:
+    def warn_failures(self, label: str, record: StepRecord) -> str | None:
         """Log a WARNING (console and the run's log) when a step's rollouts failed."""
         line = failure_line(label, record)
         if line is not None:
@@ -208,9 +241,9 @@ class CollectionProgress:
         elif self.enabled and self.log is not None:
             self.log.info(line, extra=console_extra())
 
-    def wave_done(self, record: dict[str, Any]) -> str:
+    def wave_done(self, record: StepRecord) -> str:
         """Update from a wave record; returns the line it shows or logs ("" for a reused wave)."""
-        if "phase_usage" not in record:  # a reused wave: nothing measured
+        if record.reused:  # nothing measured
             self._reused = self._reused or self._base is None
             return ""
         now = time.perf_counter()

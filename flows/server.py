@@ -83,6 +83,9 @@ class TemporaryServer:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=out,
+            # its own session: a terminal's Ctrl-C reaches the command, which stops the
+            # server itself once the flow run is recorded, not the server first
+            start_new_session=True,
         )
         return self
 

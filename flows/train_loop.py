@@ -24,20 +24,26 @@ as (``eval-n<tasks>``, version).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.collect import collect, collection_id_for_run
+from flows.collect import collect
+from flows.preflight import collection_id_for_run
 from flows.services import services_in_thread
 from tasks.config import ConfigError, FocusConfig, TrainConfig, TrainContext, TrainResult, import_object
 from tasks.config.form import ConfigParameter
 from tasks.config.sources import config_at_runtime
 
+_T = TypeVar("_T")
 TRAIN_PHASE = "train"
 EVAL_PHASE = "eval"
 
@@ -65,7 +71,38 @@ async def train_step(
     config: FocusConfig, base_id: str, iteration: int, batch_url: str, latest: dict[str, Any]
 ) -> dict[str, Any]:
     """Run the trainer on one batch (or reuse its recorded result); returns a small record."""
-    return await asyncio.to_thread(_train_step, config, base_id, iteration, batch_url, latest)
+    return await in_daemon_thread(_train_step, config, base_id, iteration, batch_url, latest)
+
+
+async def in_daemon_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` in a daemon thread of its own (with this context, as
+    ``asyncio.to_thread``): training blocks for as long as it takes, and an interrupted
+    loop must be able to exit without waiting for it, which the event loop's executor
+    would (its shutdown joins every thread). What the trainer leaves unfinished is not
+    recorded, so a rerun trains that iteration again."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+    ctx = contextvars.copy_context()
+
+    def settle(out: Any, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(out)
+
+    def run() -> None:
+        out, error = None, None
+        try:
+            out = ctx.run(fn, *args)
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+            error = e
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            loop.call_soon_threadsafe(settle, out, error)
+
+    threading.Thread(target=run, name=f"focus-{fn.__name__}", daemon=True).start()
+    return await done
 
 
 def _train_step(
@@ -108,7 +145,7 @@ def _train_step(
 async def evaluate_step(config: FocusConfig, base_id: str, version: int) -> dict[str, Any]:
     """One plain rollout on each of ``train.eval_tasks`` held-out tasks with the weights
     ``config`` names (recorded once per version, reused on reruns)."""
-    return await asyncio.to_thread(_evaluate, config, base_id, version)
+    return await in_daemon_thread(_evaluate, config, base_id, version)
 
 
 def _evaluate(config: FocusConfig, base_id: str, version: int) -> dict[str, Any]:
@@ -174,7 +211,8 @@ async def train_loop(config: ConfigParameter = None) -> list[dict[str, Any]]:
     # the embedded server starts from a local file; iterations name the weights by URL
     start = config.with_updates(**{"model.weights": local_weights(config.model.weights, config.storage.root)})
     records: list[dict[str, Any]] = []
-    async with services_in_thread(start) as (cfg, server):
+    async with services_in_thread(start) as (cfg, services):
+        server = services.model_server
         cfg = cfg.with_updates(**{"model.weights": config.model.weights})
         latest: dict[str, Any] = {
             "weights": cfg.model.weights,
@@ -207,6 +245,7 @@ async def train_loop(config: ConfigParameter = None) -> list[dict[str, Any]]:
             }
             if server is not None and latest["weights"] != loaded:
                 path = await asyncio.to_thread(local_weights, latest["weights"], cfg.storage.root)
+                assert path is not None  # weights that differ from those loaded are never None
                 served = await asyncio.to_thread(server.reload, path)
                 if served != trained["policy_version"]:
                     log.warning(

@@ -48,10 +48,3 @@ class SparseCheckpoints(BranchPoints):
         if len(state.context.prompt_ids) < self.min_prompt_tokens:
             return False
         return state.steps >= self.offset and (state.steps - self.offset) % self.every == 0
-
-
-class Never(BranchPoints):
-    """No checkpoints but the root: plain independent rollouts."""
-
-    def eligible(self, state: BranchState) -> bool:
-        return False

@@ -2,8 +2,8 @@
 
 ``Collector`` wires an agent to a search configuration (a :class:`Priority` with its
 phases), a critic, an estimator and an execution service. ``collect()`` is
-``run_search()`` then ``prepare()``, and ``run_search()`` is nothing but the steps below
-in order, over an explicit :class:`~focus.search.SearchState`:
+``run_search()`` then ``prepare()``, and ``run_search()`` is the one loop a collection
+has, over an explicit :class:`~focus.search.SearchState`:
 
 * :meth:`start` (roots) and :meth:`evidence` (the evidence wave, grafted);
 * :meth:`predict` / :meth:`score` (critic predictions for unscored checkpoints);
@@ -13,10 +13,11 @@ in order, over an explicit :class:`~focus.search.SearchState`:
   its successors launched before it is handed over;
 * :meth:`prepare` (estimator, critic targets, the batch).
 
-The durable pipeline (``tasks/steps.py``) calls exactly these, one Prefect task each,
-checkpointing between them; after a crash :func:`focus.search.replay` rebuilds the
-state from the checkpoints. Every step is a function of its inputs and the collection
-seed, so a resumed collection rebuilds the same trees and the same batch.
+At each step boundary the loop consults a :class:`~focus.journal.Journal`: a step it
+holds is replayed, one it lacks is computed and recorded. The pipeline's journal
+writes to its checkpoint store, so a rerun after a crash continues after the last
+recorded step. Every step is a function of its inputs and the collection seed, so a
+resumed collection rebuilds the same trees and the same batch.
 
 With ``Execution(streaming=True)``, ``run_search`` runs each continuation phase with
 :meth:`Collector.stream_phase` instead of in waves: no barrier, results depend on the
@@ -40,16 +41,29 @@ from focus.critic import ConstantCritic, Critic, check_predictions
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, critic_targets, truncated_segments
 from focus.execution import Execution, check_outage
+from focus.journal import (
+    EVIDENCE,
+    EVIDENCE_SCORES,
+    Journal,
+    NoJournal,
+    Step,
+    WaveRollouts,
+    end_step,
+    scores_step,
+    wave_step,
+)
 from focus.priority import Priority, Selective
 from focus.search import (
     InFlight,
     Predictions,
     SearchState,
     WavePlan,
+    WaveRecord,
     graft,
     plan_next,
     plan_refill,
     plan_wave,
+    replay,
     unscored,
     with_predictions,
 )
@@ -99,9 +113,8 @@ class WaveOutcome:
 @dataclass
 class Running:
     """The live side of a phase's planned waves: those launched on this event loop and
-    not landed yet. Kept across steps by whoever runs them (a phase loop, or the
-    pipeline's handoff between Prefect tasks); it holds no search data, so losing it
-    (a crash) loses only running rollouts, which are launched again with the same jobs.
+    not landed yet. It holds no search data, so losing it (a crash) loses only running
+    rollouts, which a resumed collection launches again with the same jobs.
     """
 
     waves: dict[tuple[int, int], Launched] = field(default_factory=dict)
@@ -137,7 +150,7 @@ class Collector:
         self.agent = agent
         self.estimator = estimator if estimator is not None else DirectBranchTd()
         # one γ, truncation rule and κ setting for search and batch (see Priority.resolved)
-        self.search_config = (search if search is not None else Selective()).resolved(self.estimator)
+        self.search = (search if search is not None else Selective()).resolved(self.estimator)
         self.critic = critic if critic is not None else ConstantCritic(0.0)
         self.execution = execution if execution is not None else Execution()
         self.collection_id = collection_id
@@ -162,13 +175,19 @@ class Collector:
         """Start the trees and, if the first phase is an evidence phase, run it (grafted,
         not scored)."""
         state = await self.start(tasks)
-        if self.search_config.phases[0].is_evidence:
+        if self.search.phases[0].is_evidence:
             state = await self.run_rollouts(state, self.plan_wave(state, 0, 0))
         return state
 
-    async def run_evidence(self, tasks: Sequence[Task]) -> SearchState:
-        """:meth:`evidence`, scored."""
-        return await self.score(await self.evidence(tasks))
+    async def run_evidence(self, tasks: Sequence[Task], journal: Journal | None = None) -> SearchState:
+        """:meth:`evidence`, scored; each of the two steps taken from ``journal`` when it
+        is recorded there, else computed and recorded."""
+        journal = journal if journal is not None else NoJournal()
+        state = await journal.recorded(EVIDENCE)
+        if state is None:
+            state = await self.evidence(tasks)
+            await journal.record(EVIDENCE, state)
+        return await self._scored(state, EVIDENCE_SCORES, journal)
 
     async def predict(self, state: SearchState) -> Predictions:
         """Critic predictions ``{(tree, node): (value, std)}`` for the checkpoints and
@@ -187,7 +206,7 @@ class Collector:
 
     def plan_wave(self, state: SearchState, phase_index: int, wave_index: int) -> WavePlan:
         """The jobs of one wave (pure); empty when the phase is done."""
-        return plan_wave(state, self.search_config, phase_index, wave_index)
+        return plan_wave(state, self.search, phase_index, wave_index)
 
     def launch(self, plan: WavePlan) -> Launched:
         """Start ``plan``'s rollouts on the running loop; :meth:`land` collects them."""
@@ -208,7 +227,7 @@ class Collector:
         now = time.perf_counter()
         wall = now - (launched.t0 if since is None else since)
         plan = launched.plan
-        phase = self.search_config.phases[plan.phase_index]
+        phase = self.search.phases[plan.phase_index]
         new = await _off_loop(graft, state, plan, rollouts, phase.name, wall)
         _warn_failures(phase.name, plan.wave_index, rollouts)
         return new, Landed(plan, tuple(rollouts), wall)
@@ -244,7 +263,7 @@ class Collector:
                     have = None
                 if have is None:
                     running.waves[key] = self.launch(plan)
-            nxt = await _off_loop(plan_next, state, self.search_config, phase_index)
+            nxt = await _off_loop(plan_next, state, self.search, phase_index)
             if nxt is state:
                 return state
             state = nxt
@@ -277,35 +296,70 @@ class Collector:
 
     # -- whole-collection API ----------------------------------------------------------
 
-    async def run_search(self, tasks: Sequence[Task]) -> SearchState:
-        """Every phase in order; a phase ends when nothing more is planned."""
+    async def run_search(self, tasks: Sequence[Task], journal: Journal | None = None) -> SearchState:
+        """Every phase in order; a phase ends when nothing more is planned.
+
+        ``journal`` records each step as it ends and, for steps it holds already, gives
+        the recorded value instead (:mod:`focus.journal`): a collection given the
+        journal of an interrupted one continues after its last recorded step and
+        returns the same state. Streaming phases are not resumable, so they take no
+        journal.
+        """
         if self.execution.streaming:
-            for phase in self.search_config.phases:
+            if journal is not None:
+                raise ValueError("a streamed collection is not resumable per step: run it without a journal")
+            for phase in self.search.phases:
                 if phase.max_waves is not None:
                     raise ValueError(
                         f"phase {phase.name!r} sets max_waves, which streaming mode has no waves to count; "
                         "drop max_waves or run with Execution(streaming=False)"
                     )
+        journal = journal if journal is not None else NoJournal()
         with self.execution.frozen_heap():
-            state = await self.run_evidence(tasks)
-            for pi, phase in enumerate(self.search_config.phases):
+            state = await self.run_evidence(tasks, journal)
+            for pi, phase in enumerate(self.search.phases):
                 if phase.is_evidence:
                     continue
                 if self.execution.streaming:
                     state = await self.stream_phase(state, pi)
                 else:
-                    state = await self.run_phase(state, pi)
+                    state = await self.run_phase(state, pi, journal)
         return state
 
-    async def run_phase(self, state: SearchState, phase_index: int) -> SearchState:
+    async def _scored(self, state: SearchState, step: Step, journal: Journal) -> SearchState:
+        """``state`` with the predictions recorded for ``step``, or new ones (then recorded)."""
+        preds = await journal.recorded(step)
+        if preds is None:
+            preds = await self.predict(state)
+            await journal.record(step, preds)
+        return await _off_loop(with_predictions, state, preds) if preds else state
+
+    async def run_phase(self, state: SearchState, phase_index: int, journal: Journal | None = None) -> SearchState:
         """Continuation phase ``phase_index``, wave after wave (:meth:`phase_waves`),
-        until nothing more is planned."""
+        until nothing more is planned; the waves ``journal`` holds are replayed first
+        (planned again, their recorded rollouts grafted: :func:`focus.search.replay`)."""
+        journal = journal if journal is not None else NoJournal()
+        wave = state.waves_done(phase_index)
+        while (landed := await journal.recorded(wave_step(phase_index, wave))) is not None:
+            record = WaveRecord(phase_index, wave, landed.rollouts, landed.wall_s)
+            state = await _off_loop(replay, state, self.search, [record])
+            state = await self._scored(state, scores_step(phase_index, wave), journal)
+            wave += 1
+        if await journal.recorded(end_step(phase_index)) is not None:
+            return state
         running = Running()
         try:
-            async for wave in self.phase_waves(state, phase_index, running):
-                if wave.scored is None:
-                    raise wave.error or RuntimeError("a wave was not scored")
-                state = wave.scored
+            async for outcome in self.phase_waves(state, phase_index, running):
+                plan = outcome.landed.plan
+                await journal.record(
+                    wave_step(phase_index, plan.wave_index),
+                    WaveRollouts(outcome.landed.rollouts, outcome.landed.wall_s),
+                )
+                if outcome.scored is None:
+                    raise outcome.error or RuntimeError("a wave was not scored")
+                await journal.record(scores_step(phase_index, plan.wave_index), outcome.predictions)
+                state = outcome.scored
+            await journal.record(end_step(phase_index), state.waves_done(phase_index))
             return state
         finally:
             await running.cancel()
@@ -319,9 +373,8 @@ class Collector:
         rollouts are in the outcome; the error is its ``error``). A failure to land
         (:class:`focus.execution.ModelServiceOutage`) is raised.
 
-        :meth:`run_phase` consumes it directly; the pipeline consumes it on the side
-        of the steps that checkpoint each outcome, so checkpointing and the
-        orchestrator's own bookkeeping never hold the next wave back.
+        :meth:`run_phase` records each outcome in its journal while the next waves
+        already run, so recording never holds a wave back.
         """
         while True:
             grafted, landed = await self.advance(state, phase_index, running)
@@ -353,7 +406,7 @@ class Collector:
         depends on timing, so two runs may plan differently; each rollout is still
         fixed by its job's seed.
         """
-        phase = self.search_config.phases[phase_index]
+        phase = self.search.phases[phase_index]
         cap = self.execution.max_concurrency
         refill_at = max(1, int(cap * self.execution.refill_fraction))
         graft_at = max(1, int(cap * self.execution.graft_fraction))
@@ -369,7 +422,7 @@ class Collector:
                     short = False
                     if free >= refill_at or not running:
                         waiting = [*running.values(), *(f for f, _ in finished)]
-                        refill = plan_refill(state, self.search_config, phase_index, waiting, free)
+                        refill = plan_refill(state, self.search, phase_index, waiting, free)
                         short = len(refill) < free
                         # longest-remaining first, as in a wave
                         for f in sorted(refill, key=lambda f: f.job.start.steps):
@@ -404,9 +457,6 @@ class Collector:
             finally:
                 for t in running:
                     t.cancel()
-
-    async def search(self, tasks: Sequence[Task]) -> list[Tree]:
-        return (await self.run_search(tasks)).trees
 
     async def collect(self, tasks: Sequence[Task]) -> Batch:
         return self.prepare(await self.run_search(tasks))
@@ -477,8 +527,8 @@ class Collector:
         logs), elapsed time, and failures by kind and by cause."""
         records = [r for t in trees for r in t.log]
         phases = []
-        for pi, phase in enumerate(self.search_config.phases):
-            recs = [r for r in records if r["phase"] == pi]
+        for pi, phase in enumerate(self.search.phases):
+            recs = [r for r in records if r.phase == pi]
             budget = phase.transitions if not phase.is_evidence else None
             phases.append(
                 {
@@ -486,12 +536,12 @@ class Collector:
                     "index": pi,
                     "transition_budget": budget,
                     "rollouts_per_task": phase.rollouts_per_task,
-                    "waves": len({r["wave"] for r in recs}),
+                    "waves": len({r.wave for r in recs}),
                     **_flat(Usage.of_records(recs)),
                     "wall_s": wall_of(recs),
                 }
             )
-        causes = Counter(r["cause"] for r in records if r["failed"])
+        causes = Counter(r.cause for r in records if r.failed)
         # A tree none of whose rollouts completed (e.g. its whole evidence phase failed)
         # contributes no actor rows; name it so it is not mistaken for a finished task.
         failed_trees = [t.task_id for t in trees if t.rollouts and not t.reaches_valid_leaf(t.ROOT)]

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 def _run_shard(
-    agent_bytes: bytes, jobs: list[Any], max_concurrency: int, max_outage_share: float = 1.0
+    agent_bytes: bytes, jobs: list[Any], max_concurrency: int, max_outage_share: float = 1.0, freeze_gc: bool = False
 ) -> list[Rollout]:
     """Body of one Dask task: unpickle the agent and run the shard on a fresh loop.
 
@@ -54,7 +54,7 @@ def _run_shard(
         # included) while restoring the SIGINT handler, which for a shard of rollouts
         # cost ~0.5 s of CPU per shard.
         try:
-            ex = Execution(max_concurrency=max_concurrency, max_outage_share=max_outage_share)
+            ex = Execution(max_concurrency=max_concurrency, max_outage_share=max_outage_share, freeze_gc=freeze_gc)
             out.extend(await ex.run(agent, jobs))
         finally:
             await agent.policy.aclose()
@@ -205,6 +205,7 @@ class DaskExecution(Execution):
                 [jobs[i] for i in shard],
                 self.max_concurrency,
                 self.max_outage_share,
+                self.freeze_gc,
                 pure=False,
             )
             for shard in shards

@@ -150,17 +150,17 @@ class Execution(BaseModel):
     #: sits between the two with room either way, and as a share it scales with the
     #: wave. 1.0 never fails a wave (failed rollouts are kept, as before).
     max_outage_share: float = Field(0.1, ge=0.0, le=1.0)
-    #: While a wave runs (and, under ``Collector.run_search``, for the whole
-    #: collection), keep the objects that existed when it started (the trees and branch
-    #: states: most of the heap) out of cyclic garbage collection, with young
+    #: Opt-in, because it changes process-wide state (the garbage collector's frozen set
+    #: and thresholds): while a wave runs (and, under ``Collector.run_search``, for the
+    #: whole collection), keep the objects that existed when it started (the trees and
+    #: branch states: most of the heap) out of cyclic garbage collection, with young
     #: collections spaced by :data:`GC_THRESHOLD_FROZEN`; put both back afterwards
-    #: (:meth:`frozen_heap`). Each full collection otherwise walks every node and turn
-    #: of every tree, stalling the event loop for up to half a second while serving
-    #: slots sit idle (measured in benchmarks/engine.py). Skipped if the caller froze
-    #: objects itself; finding that out walks every frozen object
-    #: (``gc.get_freeze_count`` counts a list), so a caller that keeps objects frozen
-    #: across waves passes ``False``.
-    freeze_gc: bool = True
+    #: (:meth:`frozen_heap`). Each full collection otherwise walks every node and turn of
+    #: every tree, stalling the event loop for up to half a second while serving slots
+    #: sit idle (measured in benchmarks/engine.py). A program that owns its process
+    #: turns it on (the pipeline does, ``tasks/collect.py``). Skipped if someone else
+    #: froze objects first.
+    freeze_gc: bool = False
     #: Opt-in: continuation phases keep ``max_concurrency`` rollouts in flight instead
     #: of running in waves, so the model service does not drain while a wave's slowest
     #: rollouts finish and the next wave is planned. What the search does then depends

@@ -49,11 +49,6 @@ def layout(tree: Tree) -> dict[int, tuple[float, float]]:
     return pos
 
 
-def terminal_reward(tree: Tree, node_id: int) -> float:
-    """Discounted-free sum of rewards on the path from the root to ``node_id``."""
-    return sum(sum(e.rewards) for e in tree.path_to(node_id))
-
-
 def _mix(a: str, b: str, t: float) -> str:
     ca = [int(a[i : i + 2], 16) for i in (1, 3, 5)]
     cb = [int(b[i : i + 2], 16) for i in (1, 3, 5)]

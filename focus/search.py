@@ -23,7 +23,7 @@ from focus.agent import BranchState, Rollout, derive_seed
 from focus.env import Task
 from focus.priority import Calibration, NodeEvidence, Priority
 from focus.ranking import Entry, TreeRanking, entry
-from focus.tree import Edge, Node, Tree
+from focus.tree import Edge, Node, RolloutRecord, Tree
 from focus.usage import Usage
 
 #: Spreads (checkpoints with two valid children) after which the ranking's calibration
@@ -96,9 +96,7 @@ class SearchState:
 
     def usage(self, phase_index: int | None = None) -> Usage:
         """What the rollouts of one phase (or all) actually used, from the tree logs."""
-        return Usage.of_records(
-            r for t in self.trees for r in t.log if phase_index is None or r["phase"] == phase_index
-        )
+        return Usage.of_records(r for t in self.trees for r in t.log if phase_index is None or r.phase == phase_index)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -177,7 +175,7 @@ class SearchState:
             if e.rollout >= len(tree.log):
                 return True
             rec = tree.log[e.rollout]
-            return (rec["phase"], rec["wave"]) in allowed
+            return (rec.phase, rec.wave) in allowed
 
         return keep
 
@@ -232,7 +230,7 @@ class _TreeFacts:
         if self._spent is None:
             self._spent = {}
             for r in self.tree.log:
-                self._spent[r["phase"]] = self._spent.get(r["phase"], 0) + r["usage"].budget_spent
+                self._spent[r.phase] = self._spent.get(r.phase, 0) + r.usage.budget_spent
         return self._spent
 
     @property
@@ -278,7 +276,7 @@ class _TreeFacts:
 def copy_tree(tree: Tree) -> Tree:
     """A copy that shares only immutable parts (edges, turns, branch states)."""
     nodes = {i: dataclasses.replace(n, children=list(n.children)) for i, n in tree.nodes.items()}
-    return Tree(tree.task_id, nodes, dict(tree.edges), dict(tree.states), tree.rollouts, [dict(r) for r in tree.log])
+    return Tree(tree.task_id, nodes, dict(tree.edges), dict(tree.states), tree.rollouts, list(tree.log))
 
 
 def copy_state(state: SearchState) -> SearchState:
@@ -590,21 +588,21 @@ def graft(
             parent = node.id
         tree.rollouts += 1
         tree.log.append(
-            {
-                "rollout": index,
-                "phase": plan.phase_index,
-                "phase_name": phase_name,
-                "wave": plan.wave_index,
-                "node": job.node_id,
-                "branch": job.branch,
-                "seed": job.seed,
-                "failed": ro.leaf.kind == "failed",
-                "cause": ro.leaf.cause,
-                "leaf": ro.leaf.kind,
-                "wall_s": ro.wall_s,
-                "wave_wall_s": wave_wall_s,
-                "usage": Usage.of_rollout(ro),
-            }
+            RolloutRecord(
+                rollout=index,
+                phase=plan.phase_index,
+                phase_name=phase_name,
+                wave=plan.wave_index,
+                node=job.node_id,
+                branch=job.branch,
+                seed=job.seed,
+                failed=ro.leaf.kind == "failed",
+                cause=ro.leaf.cause,
+                leaf=ro.leaf.kind,
+                wall_s=ro.wall_s,
+                wave_wall_s=wave_wall_s,
+                usage=Usage.of_rollout(ro),
+            )
         )
     derived = {ti: f for ti, f in state._derived.items() if ti not in owned}
     for ti in owned:
@@ -624,7 +622,7 @@ def _grown_facts(state: SearchState, ti: int, tree: Tree) -> _TreeFacts:
     if old._spent is not None:
         spent = dict(old._spent)
         for r in tree.log[len(old.tree.log) :]:
-            spent[r["phase"]] = spent.get(r["phase"], 0) + r["usage"].budget_spent
+            spent[r.phase] = spent.get(r.phase, 0) + r.usage.budget_spent
     unscored = None
     if old._unscored is not None:
         new_nodes = (tree.nodes[i] for i in range(len(old.tree.nodes), len(tree.nodes)))
@@ -666,7 +664,7 @@ def with_predictions(
         tree = state.trees[ti]
         pe = tree.nodes[nid].parent_edge
         r = tree.edges[pe].rollout if pe is not None else -1
-        scored.add((tree.log[r]["phase"], tree.log[r]["wave"]) if 0 <= r < len(tree.log) else None)
+        scored.add((tree.log[r].phase, tree.log[r].wave) if 0 <= r < len(tree.log) else None)
     calibrations = {
         key: c for key, c in state._calibrations.items() if not scored & ({None} | set(state.waves[: key[0]]))
     }

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from focus.usage import Usage
+
 NODE_KINDS = ("checkpoint", "terminal", "truncated", "failed")
 
 
@@ -94,6 +96,32 @@ class Node:
         return self.kind != "checkpoint"
 
 
+@dataclass(frozen=True)
+class RolloutRecord:
+    """What one rollout grafted by search was: where it started, in which phase and
+    wave, with which seed, how it ended and what it used. A tree's ``log`` holds one
+    per rollout, so batch statistics can be derived from the trees alone."""
+
+    #: Index of the rollout in its tree (``Edge.rollout`` of its segments).
+    rollout: int
+    phase: int
+    phase_name: str
+    wave: int
+    #: The checkpoint it continued, and which continuation of it (0-based).
+    node: int
+    branch: int
+    seed: int
+    failed: bool
+    #: Why it failed (``None`` unless ``failed``).
+    cause: str | None
+    #: The kind of its leaf: terminal, truncated or failed.
+    leaf: str
+    wall_s: float
+    #: Elapsed time of its wave (the same for every rollout of the wave).
+    wave_wall_s: float
+    usage: Usage
+
+
 @dataclass
 class Tree:
     """All checkpoints and segments of one task."""
@@ -105,11 +133,17 @@ class Tree:
     states: dict[int, Any] = field(default_factory=dict)
     #: Rollouts started from each node (children plus rollouts still running).
     rollouts: int = 0
-    #: One record per rollout grafted by search (phase, wave, start node, seed, usage),
-    #: so batch statistics can be derived from the trees alone.
-    log: list[dict[str, Any]] = field(default_factory=list)
+    #: One record per rollout grafted by search, in the order grafted.
+    log: list[RolloutRecord] = field(default_factory=list)
 
     ROOT = 0
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # trees pickled before the log was typed hold one dict per rollout
+        log = state.get("log") or []
+        if log and isinstance(log[0], dict):
+            state["log"] = [RolloutRecord(**{**r, "wave_wall_s": r.get("wave_wall_s", 0.0)}) for r in log]
+        self.__dict__.update(state)
 
     @classmethod
     def new(cls, task_id: str, root_state: Any, context_ids: tuple[int, ...] = ()) -> Tree:

@@ -20,12 +20,13 @@ rejected), ``env`` and ``error`` (anything else raised inside a rollout job).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from focus.agent import Rollout
+    from focus.tree import RolloutRecord
 
 #: Kinds of failure, by the prefix of a failed leaf's cause.
 FAILURE_KINDS = ("model service", "bad response", "model", "env", "error")
@@ -142,9 +143,9 @@ class Usage:
         return out
 
     @classmethod
-    def of_records(cls, records: Iterable[Mapping[str, Any]]) -> Usage:
+    def of_records(cls, records: Iterable[RolloutRecord]) -> Usage:
         """The sum over rollout log records (each holds its rollout's usage)."""
-        return cls.total(r["usage"] for r in records)
+        return cls.total(r.usage for r in records)
 
     def failed(self, kind: str) -> int:
         """Failed rollouts of one kind."""
@@ -162,47 +163,7 @@ class Usage:
 _FIELDS = tuple(f.name for f in dataclasses.fields(Usage))
 
 
-def wall_of(records: Iterable[Mapping[str, Any]]) -> float:
+def wall_of(records: Iterable[RolloutRecord]) -> float:
     """Elapsed time of the waves the records belong to: each wave's ``wave_wall_s`` once."""
-    waves = {(r["phase"], r["wave"]): float(r.get("wave_wall_s", 0.0)) for r in records}
+    waves = {(r.phase, r.wave): r.wave_wall_s for r in records}
     return sum(waves.values())
-
-
-class LogTotals:
-    """Running usage totals over the trees of successive search states, overall and per
-    phase, adding only the log records that are new since the last call.
-
-    A graft copies a changed tree's log list but shares its records and appends new
-    ones, and leaves unchanged trees as they were; so each call costs in proportion to
-    the rollouts added since the last, not to the collection.
-    """
-
-    def __init__(self) -> None:
-        #: tree index -> (records counted, last record counted, total, per phase)
-        self._trees: dict[int, tuple[int, Any, Usage, dict[int, Usage]]] = {}
-
-    def update(self, trees: Iterable[Any]) -> tuple[Usage, dict[int, Usage]]:
-        """Totals over ``trees`` (each with a ``log`` of rollout records)."""
-        total, phases = Usage(), dict[int, Usage]()
-        seen = self._trees
-        for ti, tree in enumerate(trees):
-            log = tree.log
-            hit = seen.get(ti)
-            if hit is None or hit[0] > len(log) or (hit[0] and log[hit[0] - 1] is not hit[1]):
-                hit = (0, None, Usage(), {})
-            n, last, tree_total, tree_phases = hit
-            if n < len(log):
-                tree_phases = dict(tree_phases)
-                for r in log[n:]:
-                    u = r["usage"]
-                    tree_total = tree_total + u
-                    tree_phases[r["phase"]] = tree_phases.get(r["phase"], Usage()) + u
-                n, last = len(log), log[-1]
-            seen[ti] = (n, last, tree_total, tree_phases)
-            total = total + tree_total
-            for p, u in tree_phases.items():
-                phases[p] = phases.get(p, Usage()) + u
-        return total, phases
-
-    def clear(self) -> None:
-        self._trees.clear()

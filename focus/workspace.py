@@ -13,6 +13,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import weakref
 from pathlib import Path, PurePosixPath
 
 
@@ -102,11 +103,22 @@ class DirectoryWorkspace(Workspace):
 
     Pickling packs the directory into a tar archive; unpickling unpacks it into a new
     temporary directory, so a restored workspace on another worker is a true copy.
+    A temporary directory the workspace made itself (no ``root`` given, a fork, an
+    unpickled copy) is removed when the workspace is garbage or the process exits, as
+    :class:`tempfile.TemporaryDirectory` does; a ``root`` given is left alone.
     """
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
-        self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="focus-ws-"))
-        self.root.mkdir(parents=True, exist_ok=True)
+        if root is None:
+            self._own(Path(tempfile.mkdtemp(prefix="focus-ws-")))
+        else:
+            self.root = Path(root)
+            self.root.mkdir(parents=True, exist_ok=True)
+
+    def _own(self, root: Path) -> None:
+        """Use ``root`` (a temporary directory this workspace made) and remove it with the workspace."""
+        self.root = root
+        weakref.finalize(self, shutil.rmtree, str(root), ignore_errors=True)
 
     def _path(self, path: str) -> Path:
         return self.root / _clean(path)
@@ -131,9 +143,9 @@ class DirectoryWorkspace(Workspace):
         return sorted(p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file())
 
     def fork(self) -> DirectoryWorkspace:
-        new = Path(tempfile.mkdtemp(prefix="focus-ws-"))
-        shutil.copytree(self.root, new, dirs_exist_ok=True)
-        return DirectoryWorkspace(new)
+        new = DirectoryWorkspace()
+        shutil.copytree(self.root, new.root, dirs_exist_ok=True)
+        return new
 
     def __getstate__(self) -> dict[str, bytes]:
         buf = io.BytesIO()
@@ -142,7 +154,7 @@ class DirectoryWorkspace(Workspace):
         return {"tar": buf.getvalue()}
 
     def __setstate__(self, state: dict[str, bytes]) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="focus-ws-"))
+        self._own(Path(tempfile.mkdtemp(prefix="focus-ws-")))
         with tarfile.open(fileobj=io.BytesIO(state["tar"]), mode="r") as tar:
             tar.extractall(self.root, filter="data")
 

@@ -11,7 +11,7 @@ from ``AWS_*`` environment variables or ``storage_options``).
 """
 
 from storage.batches import PARQUET_OPTIONS, BatchStore, BatchTables
-from storage.checkpoints import CheckpointStore
+from storage.checkpoints import CheckpointStore, collection_lease
 from storage.errors import (
     BatchExistsError,
     BatchNotFound,
@@ -28,7 +28,7 @@ from storage.errors import (
     StorageFull,
     StorageUnavailable,
 )
-from storage.lease import Lease, collection_lease
+from storage.lease import Lease
 from storage.manifest import Manifest
 from storage.schema import ACTOR_SCHEMA, CRITIC_SCHEMA, SCHEMA_VERSION
 from storage.urls import Retry

@@ -38,20 +38,24 @@ already written, as an earlier version did, made each save O(checkpoints).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import pickle
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import cloudpickle
 
 from storage.errors import CheckpointNotFound, CorruptDataError, ManifestError
-from storage.lease import check_writer
+from storage.lease import DEFAULT_TTL_S, Lease, check_writer
 from storage.manifest import FileEntry, Manifest, sha256
 from storage.urls import TEMP_MARK, Location, Retry, check_id
 
 _SUFFIX = ".manifest.json"
+log = logging.getLogger(__name__)
 
 
 def dumps(obj: Any) -> bytes:
@@ -237,3 +241,24 @@ class CheckpointStore:
         """(phase, wave) of the checkpoint saved last, or ``None`` if there is none."""
         saved = self.list(collection_id)
         return saved[-1] if saved else None
+
+
+@contextlib.contextmanager
+def collection_lease(
+    root: str | os.PathLike[str],
+    collection_id: str,
+    *,
+    ttl_s: float = DEFAULT_TTL_S,
+    storage_options: dict[str, Any] | None = None,
+) -> Iterator[Lease]:
+    """Hold the write lease of ``collection_id`` for the block, renewed in the background.
+
+    On entry, after taking the lease, removes what interrupted writes of the collection
+    left behind (temporary files, checkpoint data without a manifest). Raises
+    :class:`LeaseHeld` if another live run holds it.
+    """
+    with Lease(root, collection_id, ttl_s=ttl_s, storage_options=storage_options) as lease:
+        removed = CheckpointStore(root, storage_options=storage_options).sweep(collection_id)
+        if removed:
+            log.info("collection %s: removed %d leftover(s) of interrupted writes", collection_id, len(removed))
+        yield lease

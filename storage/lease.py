@@ -26,7 +26,8 @@ collection's lease before it writes anything and holds it until it ends::
 Other fsspec stores (``memory://``, GCS, Azure ...) get a check-then-write: atomic within
 one process, not between processes (see ``Location.put_bytes(exclusive=True)``).
 
-The pipeline holds the lease for the whole flow run through :func:`collection_lease`,
+The pipeline holds the lease for the whole flow run through
+:func:`storage.checkpoints.collection_lease`,
 which also removes what interrupted writes left behind (``CheckpointStore.sweep``):
 with the lease held nobody else is writing, so anything half-written is a leftover.
 """
@@ -438,26 +439,3 @@ class Lease:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-@contextlib.contextmanager
-def collection_lease(
-    root: str | os.PathLike[str],
-    collection_id: str,
-    *,
-    ttl_s: float = DEFAULT_TTL_S,
-    storage_options: dict[str, Any] | None = None,
-) -> Iterator[Lease]:
-    """Hold the write lease of ``collection_id`` for the block, renewed in the background.
-
-    On entry, after taking the lease, removes what interrupted writes of the collection
-    left behind (temporary files, checkpoint data without a manifest). Raises
-    :class:`LeaseHeld` if another live run holds it.
-    """
-    from storage.checkpoints import CheckpointStore
-
-    with Lease(root, collection_id, ttl_s=ttl_s, storage_options=storage_options) as lease:
-        removed = CheckpointStore(root, storage_options=storage_options).sweep(collection_id)
-        if removed:
-            log.info("collection %s: removed %d leftover(s) of interrupted writes", collection_id, len(removed))
-        yield lease

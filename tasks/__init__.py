@@ -1,1 +1,2 @@
-"""Prefect tasks of a collection, one per phase (see tasks.phases); the steps they run (tasks.steps) import no Prefect."""
+"""The pipeline's collection (tasks.collect: one loop, a checkpoint journal), its
+configuration (tasks.config) and trainers (tasks.trainers). Nothing here imports Prefect."""

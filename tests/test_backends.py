@@ -11,9 +11,7 @@ import random
 import socket
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -319,40 +317,6 @@ def test_client_stats_total_call_records():
     }
 
 
-class _Scripted(BaseHTTPRequestHandler):
-    """Answers POSTs from a script of (status, headers, JSON body); the last one repeats."""
-
-    script: list[tuple[int, dict[str, str], object]] = []
-    arrivals: list[float] = []
-
-    def log_message(self, *a):
-        pass
-
-    def do_POST(self):  # noqa: N802
-        self.rfile.read(int(self.headers["Content-Length"]))
-        cls = type(self)
-        cls.arrivals.append(time.monotonic())
-        status, headers, body = cls.script.pop(0) if len(cls.script) > 1 else cls.script[0]
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        for k, v in {**headers, "Content-Length": str(len(data))}.items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(data)
-
-
-@pytest.fixture
-def scripted():
-    _Scripted.script, _Scripted.arrivals = [], []
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
-    t.join(5)
-
-
 async def _post(client: HttpClient, body=None):
     try:
         return await client.request("POST", "/x", body or {}, lambda d: d)
@@ -362,24 +326,24 @@ async def _post(client: HttpClient, body=None):
 
 @pytest.mark.integration  # starts a server
 def test_retry_after_is_honoured(scripted):
-    _Scripted.script[:] = [(429, {"Retry-After": "0.4"}, {"error": "busy"}), (200, {}, {"ok": 1})]
-    client = HttpClient(scripted, HttpConfig(backoff_s=0.001, backoff_max_s=5.0))
+    scripted.answers[:] = [(429, {"Retry-After": "0.4"}, {"error": "busy"}), (200, {}, {"ok": 1})]
+    client = HttpClient(scripted.url, HttpConfig(backoff_s=0.001, backoff_max_s=5.0))
     assert run(_post(client)) == {"ok": 1}
     # jitter alone would wait at most 1 ms; the server asked for 0.4 s
-    assert _Scripted.arrivals[1] - _Scripted.arrivals[0] >= 0.4
+    assert scripted.arrivals[1] - scripted.arrivals[0] >= 0.4
     stats = client.stats()
     assert stats["retries"] == {"server error": 1} and stats["lost_s"]["server error"] >= 0.4
 
 
 @pytest.mark.integration  # starts a server
 def test_a_retry_that_cannot_finish_by_the_deadline_is_not_started(scripted):
-    _Scripted.script[:] = [(503, {"Retry-After": "10"}, {"error": "down"}), (200, {}, {"ok": 1})]
-    client = HttpClient(scripted, HttpConfig(backoff_max_s=5.0, deadline_s=3.0))
+    scripted.answers[:] = [(503, {"Retry-After": "10"}, {"error": "down"}), (200, {}, {"ok": 1})]
+    client = HttpClient(scripted.url, HttpConfig(backoff_max_s=5.0, deadline_s=3.0))
     t0 = time.monotonic()
     with pytest.raises(PolicyError, match=r"failed after 1 attempt\(s\) in .* \(deadline 3 s\); last: status 503"):
         run(_post(client))
     # the wait asked for (10 s, capped at 5) would end past the deadline: give up now, send nothing more
-    assert time.monotonic() - t0 < 3.0 and len(_Scripted.arrivals) == 1
+    assert time.monotonic() - t0 < 3.0 and len(scripted.arrivals) == 1
     assert client.stats()["deadline_exceeded"] == 1 and client.stats()["failed_calls"] == {"server error": 1}
 
 
@@ -485,7 +449,7 @@ def test_an_adaptive_hedge_overtakes_a_hang_with_the_budget_spent(local_model_se
 
 
 def test_config_file_env_and_flags_set_the_model_client():
-    from flows.cli import _overrides
+    from cli.common import overrides as _overrides
     from tasks.config import ConfigError, load_config
 
     flags = _overrides(["model.http.timeout_s=7", "model.http.max_retries=1", "model.http.hedge_after_s=2.5"])

@@ -85,7 +85,7 @@ def test_cli_reports_a_bad_config_file_without_a_traceback(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[model]\nkind = "vllm"\n[agent]\nmax_steps = 0\n')
     out = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "collect", "--config", str(bad)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "cli", "collect", "--config", str(bad)], capture_output=True, text=True, timeout=60
     )
     text = out.stdout + out.stderr
     assert out.returncode != 0
@@ -107,7 +107,7 @@ def test_cli_names_a_missing_or_broken_weights_file_in_one_line(tmp_path):
     ]
     for weights, code, cause in cases:
         out = subprocess.run(
-            [sys.executable, "-m", "flows", "collect", "--store", str(tmp_path / "runs"),
+            [sys.executable, "-m", "cli", "collect", "--store", str(tmp_path / "runs"),
              "--set", f"model.weights={weights}", "--log-file", str(tmp_path / "log")],
             capture_output=True, text=True, timeout=60, cwd=tmp_path,
         )  # fmt: skip
@@ -116,7 +116,7 @@ def test_cli_names_a_missing_or_broken_weights_file_in_one_line(tmp_path):
         assert cause in lines[0] and str(weights) in lines[0] and "weights_only" not in lines[0], lines[0]
     # the training loop checks the same before it starts anything
     out = subprocess.run(
-        [sys.executable, "-m", "flows", "train", "--iterations", "1", "--set", f"storage.root={tmp_path / 'runs'}",
+        [sys.executable, "-m", "cli", "train", "--iterations", "1", "--set", f"storage.root={tmp_path / 'runs'}",
          "--set", f"model.weights={garbage}", "--log-file", str(tmp_path / "log")],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )  # fmt: skip

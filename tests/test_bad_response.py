@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from fixtures.steps import drive, steps_for
+from fixtures.journal import run_collect
 
 from focus.agent import Agent, Piece, Rollout, failure_prefix
 from focus.execution import ModelServiceOutage, check_outage, is_service_failure
@@ -126,7 +126,7 @@ def test_bad_answers_fail_their_rollouts_by_kind_and_no_row_holds_them(local_mod
         proxy.queue("short_logprobs", HTTP["max_retries"] + 1)  # every attempt of one call
         # one rollout at a time: the queued faults hit the first rollouts' calls in order
         one = {"execution.max_outage_share": 1.0, "execution.max_concurrency": 1}
-        out = drive(steps_for(config(root, "bad", proxy.url, **one)))
+        out = run_collect(config(root, "bad", proxy.url, **one))
     stats = BatchStore(root).read(out["batch_url"]).stats
     assert stats["failed_bad_response"] == 4 == stats["failed_rollouts"]
     causes = " | ".join(stats["failure_causes"])
@@ -139,14 +139,14 @@ def test_bad_answers_fail_their_rollouts_by_kind_and_no_row_holds_them(local_mod
 def test_a_server_that_keeps_answering_too_long_fails_the_wave_and_a_rerun_replays_it(local_model_server, tmp_path):
     root = str(tmp_path)
     with FaultProxy(local_model_server.url) as proxy:
-        clean = drive(steps_for(config(root, "clean", proxy.url)))
+        clean = run_collect(config(root, "clean", proxy.url))
         cfg = config(root, "overlong", proxy.url)
         proxy.rate, proxy.kinds = 1.0, ("overlong",)  # a server that ignores max_tokens
         with pytest.raises(ModelServiceOutage, match=r"last cause: bad response: 21 tokens sampled"):
-            drive(steps_for(cfg))
+            run_collect(cfg)
         assert CheckpointStore(root).list("overlong") == [("config", 0)]  # nothing of it stored
         proxy.rate = 0.0  # the server is fixed: the rerun computes the same rollouts again
-        again = drive(steps_for(cfg))
+        again = run_collect(cfg)
     store = BatchStore(root)
     got, want = store.read(again["batch_url"]), store.read(clean["batch_url"])
     assert got.stats["failed_rollouts"] == 0 and longest_completion(again["batch_url"]) <= MAX_TOKENS

@@ -14,7 +14,8 @@ import pytest
 from fixtures.prefect import ROOT, base_env, free_port
 from typer.testing import CliRunner
 
-from flows.cli import SHOWN, app
+from cli.app import app
+from cli.collect import SHOWN
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -22,9 +23,9 @@ SMALL = ["--tasks", "2", "--transitions", "6", "--set", "agent.sampling.max_toke
 
 
 def focus(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 220) -> subprocess.CompletedProcess[str]:
-    """The command as the console script runs it (``python -m flows`` is the same entry)."""
+    """The command as the console script runs it (``python -m cli`` is the same entry)."""
     return subprocess.run(
-        [sys.executable, "-m", "flows", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -114,7 +115,7 @@ def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
     ],
 )
 def test_only_a_collection_that_may_use_the_embedded_model_starts_it_early(argv, starts):
-    from flows.entry import wants_embedded_model
+    from cli.entry import wants_embedded_model
 
     assert wants_embedded_model(argv) is starts
 
@@ -227,7 +228,7 @@ class _NoTorch:
 
 sys.meta_path.insert(0, _NoTorch())
 sys.argv = ["focus", *sys.argv[1:]]
-from flows.entry import main
+from cli.entry import main
 
 main()
 """

@@ -120,15 +120,13 @@ def test_budget_accounting_is_exact():
     # the continuation phase stops launching once its budget is covered; launched
     # rollouts finish, so it overshoots by less than one wave of full rollouts
     assert 60 <= cont["transitions"] < 60 + 8 * 20
-    last_wave = max(r["wave"] for t in state.trees for r in t.log if r["phase"] == 1)
-    before_last = sum(
-        r["usage"].transitions for t in state.trees for r in t.log if r["phase"] == 1 and r["wave"] < last_wave
-    )
+    last_wave = max(r.wave for t in state.trees for r in t.log if r.phase == 1)
+    before_last = sum(r.usage.transitions for t in state.trees for r in t.log if r.phase == 1 and r.wave < last_wave)
     assert before_last < 60
     # branch limits hold
     for t in state.trees:
         for n in t.checkpoints():
-            continued = sum(1 for r in t.log if r["node"] == n.id)
+            continued = sum(1 for r in t.log if r.node == n.id)
             assert continued <= 4 or n.id == t.ROOT
 
 
@@ -199,9 +197,9 @@ class _Exploding(Execution):
 def test_a_crashing_job_becomes_a_failed_rollout_and_keeps_the_others():
     col, tasks, _ = synthetic(execution=_Exploding(max_concurrency=2))
     state = run(col.run_evidence(tasks))
-    leaves = [r["leaf"] for t in state.trees for r in t.log]
+    leaves = [r.leaf for t in state.trees for r in t.log]
     assert "failed" in leaves and set(leaves) - {"failed"}
-    causes = {r["cause"] for t in state.trees for r in t.log if r["failed"]}
+    causes = {r.cause for t in state.trees for r in t.log if r.failed}
     assert causes == {"error: RuntimeError: kaboom"}
 
 
@@ -315,14 +313,14 @@ def test_truncated_segments_are_flagged_counted_and_bootstrapped_or_terminal():
     assert flagged == expected and flagged
     terminal = Collector(
         col.agent,
-        col.search_config.model_copy(update={"truncation": None}),
+        col.search.model_copy(update={"truncation": None}),
         col.critic,
         DirectBranchTd(truncation="terminal"),
         collection_id="s",
         seed=0,
     )
     other = terminal.prepare(state)
-    assert terminal.search_config.truncation == "terminal"
+    assert terminal.search.truncation == "terminal"
     moved = [a for a, b in zip(batch.actor, other.actor, strict=True) if a.truncated and a.advantage != b.advantage]
     assert moved  # a truncated leaf counted as terminal (value 0) instead of the critic's prediction
 
@@ -331,7 +329,7 @@ def test_search_and_estimator_share_one_gamma():
     col, _, _ = synthetic()
     est = DirectBranchTd(gamma=0.9)
     c = Collector(col.agent, Selective(phases=PHASES), col.critic, est)
-    assert c.search_config.gamma == 0.9 and c.search_config.truncation == "bootstrap"
+    assert c.search.gamma == 0.9 and c.search.truncation == "bootstrap"
     with pytest.raises(ValueError, match="differs from the estimator"):
         Collector(col.agent, Selective(phases=PHASES, gamma=0.5), col.critic, est)
 
@@ -348,14 +346,14 @@ class TestStochasticSyntheticEnv(EnvConformance):
 
 
 def test_the_heap_stays_frozen_for_the_whole_collection_and_is_released_after():
-    """Between waves (while the critic scores) and while the batch is prepared, the
-    trees stay out of cyclic GC with young collections spaced out; afterwards Python's
-    own settings are back."""
+    """With ``freeze_gc`` (opt-in: it changes process-wide state), the trees stay out of
+    cyclic GC between waves (while the critic scores) and while the batch is prepared,
+    with young collections spaced out; afterwards Python's own settings are back."""
     import gc
 
     from focus.execution import GC_THRESHOLD_FROZEN
 
-    col, tasks, mdps = synthetic()
+    col, tasks, mdps = synthetic(execution=Execution(max_concurrency=4, freeze_gc=True))
     seen: list[tuple[int, int]] = []
 
     class Recording(SyntheticCritic):
@@ -377,6 +375,23 @@ def test_the_heap_stays_frozen_for_the_whole_collection_and_is_released_after():
     assert len(preparing) == len(tasks)
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
     assert batch_key(batch) == batch_key(run(synthetic()[0].collect(tasks)))
+
+
+def test_the_library_leaves_the_garbage_collector_alone_by_default():
+    import gc
+
+    col, tasks, _ = synthetic()
+    seen = []
+
+    class Watching(type(col.estimator)):
+        def values(self, tree, noise=None):
+            seen.append((gc.get_freeze_count(), gc.get_threshold()))
+            return super().values(tree, noise)
+
+    before = gc.get_threshold()
+    col.estimator = Watching(**col.estimator.model_dump())
+    run(col.collect(tasks))
+    assert seen and all(frozen == 0 and t == before for frozen, t in seen)
 
 
 class _BadCritic(Critic):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli.app import app
 from tasks.config import FocusConfig, field_paths, load_config
 
 ROOT = Path(__file__).resolve().parents[1]

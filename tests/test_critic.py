@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import pickle
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -98,37 +96,11 @@ def test_http_critic_names_the_url_when_the_service_is_down():
         run(HttpCritic(url, config=FAST).predict(CONTEXTS))
 
 
-class _Bad(BaseHTTPRequestHandler):
-    """Answers from a list of (status, body); the last answer repeats."""
-
-    answers: list[tuple[int, object]] = []
-    paths: list[str] = []
-
-    def log_message(self, *a):
-        pass
-
-    def do_POST(self):  # noqa: N802
-        self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).paths.append(self.path)
-        answers = type(self).answers
-        code, body = answers.pop(0) if len(answers) > 1 else answers[0]
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
 @pytest.fixture
-def bad_server():
-    _Bad.paths = []
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Bad)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/score"
-    srv.shutdown()
-    srv.server_close()
-    t.join(5)
+def bad_server(scripted):
+    """The scripted server, answering at ``/score``."""
+    scripted.url += "/score"
+    return scripted
 
 
 @pytest.mark.integration  # starts a server
@@ -139,29 +111,29 @@ def test_http_critic_retries_malformed_answers_then_names_them(bad_server):
         (["x", 1, 2], "non-numeric value 'x' at position 0"),
         ([1.0, float("inf"), 2.0], "non-finite value inf at position 1"),
     ]:
-        _Bad.answers[:] = [(200, answer)]
-        critic = HttpCritic(bad_server, config=FAST)
+        bad_server.answers[:] = [(200, {}, answer)]
+        critic = HttpCritic(bad_server.url, config=FAST)
         with pytest.raises(CriticError, match=f"failed after 2 attempt.*malformed response.*{match}"):
             run(critic.predict(CONTEXTS))
         assert critic.stats()["retries"] == {"malformed response": 1}
-    _Bad.answers[:] = [(200, "not a list"), (200, [1, 2, 3])]  # garbled once, then right
-    critic = HttpCritic(bad_server, config=FAST)
+    bad_server.answers[:] = [(200, {}, "not a list"), (200, {}, [1, 2, 3])]  # garbled once, then right
+    critic = HttpCritic(bad_server.url, config=FAST)
     assert run(critic.predict(CONTEXTS)) == [1.0, 2.0, 3.0]
     assert critic.stats()["retries"] == {"malformed response": 1}
 
 
 @pytest.mark.integration  # starts a server
 def test_http_critic_retries_5xx_and_429_and_not_other_4xx(bad_server):
-    _Bad.answers[:] = [(404, {"error": "no"})]
-    critic = HttpCritic(bad_server, config=FAST)
+    bad_server.answers[:] = [(404, {}, {"error": "no"})]
+    critic = HttpCritic(bad_server.url, config=FAST)
     with pytest.raises(CriticError, match="rejected with status 404"):
         run(critic.predict(CONTEXTS))
     assert critic.stats()["failed_calls"] == {"rejected": 1} and critic.stats()["retries"] == {}
-    _Bad.answers[:] = [(503, "busy"), (429, "slow down"), (200, [1, 2, 3])]
-    critic = HttpCritic(bad_server, config=FAST.model_copy(update={"max_retries": 2}))
+    bad_server.answers[:] = [(503, {}, "busy"), (429, {}, "slow down"), (200, {}, [1, 2, 3])]
+    critic = HttpCritic(bad_server.url, config=FAST.model_copy(update={"max_retries": 2}))
     assert run(critic.predict(CONTEXTS)) == [1.0, 2.0, 3.0]
     assert critic.stats()["retries"] == {"server error": 2}
-    assert set(_Bad.paths) == {"/score"}  # the path of the URL is kept
+    assert set(bad_server.paths) == {"/score"}  # the path of the URL is kept
 
 
 def test_http_critic_sends_through_an_explicit_httpx_transport():

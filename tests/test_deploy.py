@@ -124,7 +124,7 @@ def deploy(env: dict[str, str], *args: str, log: Path) -> subprocess.Popen[bytes
     """``focus deploy`` in the test's folder (a run that names no store writes under ./runs)."""
     out = open(log, "wb")  # noqa: SIM115 - the child keeps it; closed with the process
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "deploy", *args],
+        [sys.executable, "-m", "cli", "deploy", *args],
         cwd=log.parent,
         env=env,
         stdout=out,

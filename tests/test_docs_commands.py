@@ -122,13 +122,10 @@ COMMANDS: dict[str, Check] = {
         "external", "names your own trainer module (mytrainer.py), which this checkout does not have"
     ),
     ".venv/bin/python -m benchmarks.cli_start": Check("parse", "a benchmark of minutes"),
-    ".venv/bin/python -m deployments.serve": Check(
-        "external", "needs a Prefect server and serves until stopped; tests/test_deploy.py runs it"
-    ),
-    ".venv/bin/python -m deployments.watchdog --crash-after 30": Check(
+    ".venv/bin/focus deploy --watchdog-only --crash-after 30": Check(
         "external", "installs an automation on a Prefect server; tests/test_deploy.py runs it"
     ),
-    ".venv/bin/python -m flows.cli collect": Check("run", expect=("batch:",)),
+    ".venv/bin/python -m cli collect": Check("run", expect=("batch:",)),
     # examples
     ".venv/bin/python -m examples.math.run --problems 5 --out /tmp/focus-math-x": Check("run", record="math"),
     ".venv/bin/python -m examples.math.run --model-url http://127.0.0.1:8000 --model Qwen/Qwen3-4B --tokenizer "
@@ -376,7 +373,7 @@ def parse_command(cmd: str, config: bool, monkeypatch: pytest.MonkeyPatch) -> bo
     if words[0] == ".venv/bin/focus":
         from typer.testing import CliRunner
 
-        from flows.cli import app
+        from cli.app import app
 
         if config:  # the file and the fields it names exist and hold valid values
             flags = [f for i, w in enumerate(words) if w in ("-c", "--config", "--set") for f in (w, words[i + 1])]

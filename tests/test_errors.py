@@ -50,7 +50,7 @@ SMALL = [
 
 def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", "collect", *args],
+        [sys.executable, "-m", "cli", "collect", *args],
         env=env,
         cwd=cwd,
         capture_output=True,
@@ -129,7 +129,7 @@ def test_model_client_timeout_and_retries_from_file_and_flags(tmp_path):
     # the CLI flags set the same fields (checked through --set to stay in-process)
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from cli.app import app
 
     out = CliRunner().invoke(app, ["collect", "--help"], env={"COLUMNS": "200"})
     assert "--model-timeout" in out.output and "--model-retries" in out.output
@@ -260,7 +260,7 @@ def test_disk_full_mid_run_is_one_line_and_the_runs_state(tmp_path, prefect_env,
     evidence = disk / "checkpoints" / "full" / "n-evidence-w00000.manifest.json"
     filler = f'while [ ! -e "{evidence}" ]; do sleep 0.05; done; cat /dev/zero > "{disk}/filler" 2>/dev/null'
     script = f'mount -t tmpfs -o size=4m tmpfs "{disk}" || exit 97; ({filler}) & exec "$@"'
-    cmd = [*prefix, "sh", "-c", script, "sh", sys.executable, "-m", "flows.cli", "collect", *args]
+    cmd = [*prefix, "sh", "-c", script, "sh", sys.executable, "-m", "cli", "collect", *args]
     done = subprocess.run(cmd, env=prefect_env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
     line = error_line(done)
     assert "no space left on the device" in line and f"traceback: {log}" in line
@@ -276,9 +276,7 @@ def test_read_only_disk_is_refused_before_work(tmp_path):
         pytest.skip("no private mount namespace here (unshare -m / -rm)")
     disk = tmp_path / "ro"
     disk.mkdir()
-    cmd = in_tmpfs(
-        prefix, disk, "ro,size=64k", [sys.executable, "-m", "flows.cli", "collect", *SMALL, "--store", str(disk)]
-    )
+    cmd = in_tmpfs(prefix, disk, "ro,size=64k", [sys.executable, "-m", "cli", "collect", *SMALL, "--store", str(disk)])
     done = subprocess.run(cmd, env=no_prefect_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=60)
     line = error_line(done)
     assert str(disk) in line and "read-only file system" in line

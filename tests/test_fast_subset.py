@@ -38,5 +38,5 @@ def test_what_counts_as_a_server_process():
     assert _server_in(["python", "-m", "uvicorn", "app:app"]) == "python -m uvicorn"
     assert _server_in(["python", "-m", "focus.tinylm.server", "--port", "0"]) == "python -m focus.tinylm.server"
     assert _server_in(["python", "-c", "import focus.tinylm.server"]) is None
-    assert _server_in(["python", "-m", "flows.cli", "collect"]) is None
+    assert _server_in(["python", "-m", "cli", "collect"]) is None
     assert _server_in("ls") is None

@@ -120,10 +120,10 @@ def test_env_failures_fail_only_their_rollouts_and_are_counted(local_model_serve
     state, batch = collect(local_model_server.url, mode)
     broken, *healthy = state.trees
     # the broken task: every rollout that got past its first step failed, with the cause
-    long = [r for r in clean_state.trees[0].log if r["usage"].transitions > 1]
+    long = [r for r in clean_state.trees[0].log if r.usage.transitions > 1]
     assert long, "the clean run must have rollouts longer than one step for this test to bite"
-    failed = [r for r in broken.log if r["failed"]]
-    assert len(failed) == len(long) and all(CAUSES[mode] in r["cause"] for r in failed)
+    failed = [r for r in broken.log if r.failed]
+    assert len(failed) == len(long) and all(CAUSES[mode] in r.cause for r in failed)
     assert batch.stats["failed_rollouts"] == len(failed)
     assert sum(batch.stats["failure_causes"].values()) == len(failed)
     # the step before the break is kept: each failed rollout's first segment has rows
@@ -132,4 +132,4 @@ def test_env_failures_fail_only_their_rollouts_and_are_counted(local_model_serve
     # nothing else changed: the healthy trees are those of the clean run, row for row
     ids = {t.task_id for t in healthy}
     assert rows(batch, ids) == rows(clean_batch, ids) and rows(batch, ids)
-    assert all(not any(r["failed"] for r in t.log) for t in healthy)
+    assert all(not any(r.failed for r in t.log) for t in healthy)

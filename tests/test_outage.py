@@ -14,7 +14,7 @@ import asyncio
 import time
 
 import pytest
-from fixtures.steps import drive, steps_for
+from fixtures.journal import AfterStep, run_collect
 
 from focus.agent import Agent, Piece, Rollout, is_outage
 from focus.backends import HttpConfig, OpenAICompatPolicy
@@ -22,6 +22,7 @@ from focus.collector import Collector
 from focus.critic import ConstantCritic
 from focus.execution import Execution, ModelServiceOutage, check_outage
 from focus.format import ByteCodec
+from focus.journal import end_step
 from focus.policy import PolicyError, SamplingParams, ServiceUnavailable
 from focus.priority import Phase, Selective
 from focus.testing.faults import FaultProxy
@@ -29,7 +30,7 @@ from focus.toy import ReachTarget, reach_target_tasks, toy_format
 from focus.usage import failure_kind
 from storage import BatchStore, CheckpointStore
 from tasks.config import load_config
-from tasks.steps import EVIDENCE, EVIDENCE_SCORED, score_key, wave_key
+from tasks.journal import CheckpointJournal
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -143,6 +144,7 @@ def config(root: str, cid: str, url: str):  # type: ignore[no-untyped-def]
             "search.phases": [
                 {"name": "evidence", "rollouts_per_task": 2},
                 {"name": "continue", "transitions": 12, "wave_size": 3, "max_depth": 6},
+                {"name": "more", "transitions": 6, "wave_size": 3, "max_depth": 6},
             ],
             "execution.kind": "local",
             "execution.max_concurrency": 4,
@@ -165,27 +167,24 @@ def test_an_outage_mid_collection_keeps_finished_waves_and_a_rerun_recomputes_th
 ):
     root = str(tmp_path / "store")
     with FaultProxy(local_model_server.url) as proxy:
-        clean = drive(steps_for(config(root, "clean", proxy.url)))
+        clean = run_collect(config(root, "clean", proxy.url))
         cfg = config(root, "outage", proxy.url)
-        steps = steps_for(cfg)
-        steps.check_config()
-        steps.evidence()
-        steps.score(EVIDENCE, EVIDENCE_SCORED)
-        assert not steps.wave(EVIDENCE_SCORED, 1, 0)["done"]
-        steps.score(wave_key(cfg, 1, 0), score_key(cfg, 1, 0))
-        before = steps.store.list("outage")
 
-        proxy.rate, proxy.kinds = 1.0, ("503",)  # the service dies for good
+        def die() -> None:  # the service dies for good once the first continuation phase is saved
+            proxy.rate, proxy.kinds = 1.0, ("503",)
+
+        steps = AfterStep(cfg, end_step(1), die)
         with pytest.raises(ModelServiceOutage, match="model service outage"):
-            steps.wave(score_key(cfg, 1, 0), 1, 1)
-        assert steps.store.list("outage") == before  # nothing of the failed wave is stored
+            run_collect(cfg, steps)
+        before = steps.store.list("outage")
         assert ("1.continue", 0) in before and ("1.continue.score", 0) in before  # finished waves kept
+        assert not [k for k in before if k[0].startswith("2.")]  # nothing of the failed wave is stored
 
         proxy.rate = 0.0  # the service is back: a rerun (a new process would do the same)
-        again = steps_for(cfg)
-        result = drive(again)
+        again = CheckpointJournal(cfg)
+        result = run_collect(cfg, again)
     saved = again.store.list("outage")
-    assert ("1.continue", 1) in saved and saved.index(("1.continue", 1)) > saved.index(("1.continue.score", 0))
+    assert ("2.more", 0) in saved and saved.index(("2.more", 0)) > saved.index(("1.continue.end", 0))
     store = BatchStore(root)
     got, want = store.read(result["batch_url"]), store.read(clean["batch_url"])
     assert got.stats["failed_rollouts"] == 0 and len(got.actor) > 0

@@ -88,27 +88,10 @@ def test_flow_batch_equals_direct_collect_and_rerun_reuses(prefect_api, tmp_path
 
 def test_resume_with_another_config_is_refused(prefect_api, tmp_path):
     from flows.collect import collect
-    from tasks.steps import ResumeMismatch
+    from tasks.fingerprint import ResumeMismatch
 
     root = str(tmp_path / "store")
     cfg = small_config(root, "mismatch", **{"search.phases": [{"name": "evidence", "rollouts_per_task": 1}]})
     asyncio.run(collect(cfg))
     with pytest.raises(ResumeMismatch, match=r"differs in: seed"):
         asyncio.run(collect(cfg.with_updates(seed=8)))
-
-
-def test_state_is_rebuilt_from_delta_checkpoints(prefect_api, tmp_path):
-    """A fresh process (empty handoff) replays the stored waves: same state, no rollouts."""
-    from flows.collect import collect
-    from tasks.collection import steps_for
-    from tasks.steps import score_key
-
-    cfg = small_config(str(tmp_path / "store"), "replay")
-    out = asyncio.run(collect(cfg))
-    steps = steps_for(cfg)  # a new Handoff: nothing in memory
-    last = max(w for p, w in steps.store.list("replay") if p == "1.continue.score")
-    state = steps.state_at(score_key(cfg, 1, last))
-    policy = cfg.build_policy()
-    agent, _ = cfg.build_agent(policy)
-    replayed = cfg.build_collector(agent).prepare(state)
-    assert rows(replayed) == rows(BatchStore(cfg.storage.root).read(out["batch_url"]))

@@ -51,7 +51,7 @@ def test_kill_9_mid_continuation_then_resume_gives_same_batch(prefect_env, prefe
     root = str(tmp_path / "store")
     cfg_file = tmp_path / "collect.toml"
     cfg_file.write_text(CONFIG.format(root=root))
-    cmd = [sys.executable, "-m", "flows.cli", "collect", "--config", str(cfg_file), "--json"]
+    cmd = [sys.executable, "-m", "cli", "collect", "--config", str(cfg_file), "--json"]
     store = CheckpointStore(root)
 
     kill_when(  # SIGKILL to the CLI and everything it started (Dask workers)

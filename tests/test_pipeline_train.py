@@ -172,7 +172,7 @@ def test_focus_train_runs_a_user_trainer_from_the_users_folder(prefect_env, tmp_
     (user / "mytrainer.py").write_text(USER_TRAINER)
     launcher = tmp_path / "bin" / "focus_cli.py"
     launcher.parent.mkdir()
-    launcher.write_text("import sys\nfrom flows.cli import app\nsys.argv[0] = 'focus'\napp()\n")
+    launcher.write_text("import sys\nfrom cli.app import app\nsys.argv[0] = 'focus'\napp()\n")
     root = tmp_path / "store"
     sets = {
         "collection_id": "mine",
@@ -205,7 +205,7 @@ def test_focus_train_prints_a_table_per_version(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
     import flows.train_loop
-    from flows.cli import app
+    from cli.app import app
 
     seen = {}
 

@@ -1,4 +1,4 @@
-"""Issue #5: progress of long phases - a rich bar on a terminal, log lines elsewhere.
+"""Progress of long phases - a rich bar on a terminal, log lines elsewhere.
 
 The CLI tests run the real ``focus collect`` (the local model server on loopback, the
 session's Prefect server) once under a pseudo-terminal and once with its output on
@@ -32,9 +32,11 @@ from typer.testing import CliRunner
 
 import flows.progress as progress_mod
 from benchmarks.cli_start import screen_lines
-from flows.cli import app
+from cli.app import app
 from flows.progress import CollectionProgress
 from focus.priority import Phase
+from focus.usage import Usage
+from tasks.records import StepRecord
 
 BUDGET = 12
 WAVE_SIZE = 2
@@ -53,7 +55,7 @@ def strip_ansi(text: str) -> str:
 
 def _command(tmp_path: Path, cid: str, *, as_json: bool = True) -> list[str]:
     """A small embedded-default collection (test_cli's), in-process rollouts, several waves."""
-    cmd = [sys.executable, "-m", "flows.cli", "collect", "--tasks", "2", "--transitions", str(BUDGET)]
+    cmd = [sys.executable, "-m", "cli", "collect", "--tasks", "2", "--transitions", str(BUDGET)]
     cmd += ["--collection-id", cid, "--store", str(tmp_path / "runs"), "--log-file", str(tmp_path / "log")]
     cmd += ["--json"] if as_json else []
     for s in ("agent.sampling.max_tokens=8", "agent.max_steps=4", f"search.phases.1.wave_size={WAVE_SIZE}"):
@@ -170,9 +172,14 @@ class _Clock:
         return self.now
 
 
-def used(transitions: int, tokens: int, spent: int | None = None) -> dict[str, int]:
+def used(transitions: int, tokens: int, spent: int | None = None) -> Usage:
     """A wave record's ``phase_usage`` (the fields progress reads)."""
-    return {"transitions": transitions, "tokens": tokens, "budget_spent": transitions if spent is None else spent}
+    return Usage(transitions=transitions, tokens=tokens, budget_spent=transitions if spent is None else spent)
+
+
+def wave(w: int, usage: Usage | None = None) -> StepRecord:
+    """The record of wave ``w`` of phase 1: measured with ``usage``, else reused."""
+    return StepRecord("wave", "1.continue", w, 1, reused=usage is None, phase_usage=usage)
 
 
 def _final_frame(console: Console) -> str:
@@ -189,11 +196,11 @@ def test_figures_after_wave_records(monkeypatch):
         assert progress.interactive
         progress.start_phase(1, Phase("continue", transitions=100))
         clock.now += 2.0
-        line = progress.wave_done({"wave": 0, "phase_usage": used(30, 900)})
+        line = progress.wave_done(wave(0, used(30, 900)))
         assert line == "1.continue wave 0: 30 transitions, 15.0 transitions/s, 450 tokens/s, budget left 70"
-        assert progress.wave_done({"wave": 1, "reused": True}) == ""  # not measured: nothing shown
+        assert progress.wave_done(wave(1)) == ""  # not measured: nothing shown
         clock.now += 3.0
-        line = progress.wave_done({"wave": 2, "phase_usage": used(110, 2000)})
+        line = progress.wave_done(wave(2, used(110, 2000)))
         # over the phase's 5 s; the phase ran past its budget (nothing left, not negative)
         assert line.endswith("110 transitions, 22.0 transitions/s, 400 tokens/s, budget left 0")
     frame = _final_frame(console)
@@ -209,12 +216,12 @@ def test_resumed_phase_takes_its_first_measured_wave_as_the_baseline(monkeypatch
     console = Console(file=StringIO(), force_terminal=True, width=200)
     with CollectionProgress(None, console=console) as progress:
         progress.start_phase(2, Phase("deep", transitions=50))
-        assert progress.wave_done({"wave": 0, "reused": True}) == ""
+        assert progress.wave_done(wave(0)) == ""
         clock.now += 0.5
-        first = progress.wave_done({"wave": 1, "phase_usage": used(40, 400)})
+        first = progress.wave_done(wave(1, used(40, 400)))
         assert first == "2.deep wave 1: 40 transitions, rates from the next wave (resumed), budget left 10"
         clock.now += 2.0
-        second = progress.wave_done({"wave": 2, "phase_usage": used(50, 500)})
+        second = progress.wave_done(wave(2, used(50, 500)))
         assert second == "2.deep wave 2: 50 transitions, 5.0 transitions/s, 50 tokens/s, budget left 0"
     assert "50/50 transitions 5.0 transitions/s" in _final_frame(console)
 
@@ -227,7 +234,7 @@ def test_not_a_terminal_logs_lines_and_draws_nothing():
     ) as progress:
         assert not progress.interactive
         progress.start_phase(1, Phase("continue", transitions=10))
-        line = progress.wave_done({"wave": 0, "phase_usage": used(4, 8)})
+        line = progress.wave_done(wave(0, used(4, 8)))
     assert logged == [line] == progress.lines and line.endswith("budget left 6")
     assert console.file.getvalue() == ""  # type: ignore[attr-defined]
 
@@ -239,7 +246,7 @@ def test_disabled_shows_and_logs_nothing():
         None, enabled=False, log=SimpleNamespace(info=lambda line, **_: logged.append(line)), console=console
     ) as p:
         p.start_phase(1, Phase("continue", transitions=10))
-        p.wave_done({"wave": 0, "phase_usage": used(4, 8)})
+        p.wave_done(wave(0, used(4, 8)))
     assert logged == [] and console.file.getvalue() == ""  # type: ignore[attr-defined]
 
 
@@ -252,29 +259,12 @@ def test_dumb_terminal_gets_lines_not_a_bar(monkeypatch):
         None, log=SimpleNamespace(info=lambda line, **_: logged.append(line)), console=console
     ) as progress:
         progress.start_phase(1, Phase("continue", transitions=10))
-        progress.wave_done({"wave": 0, "phase_usage": used(4, 8)})
+        progress.wave_done(wave(0, used(4, 8)))
     assert not progress.interactive and len(logged) == 1
 
 
 def test_budget_left_counts_as_the_planner_does():
     """A rollout that made no transition (a failed first call) still spends one unit of
     the phase budget in the planner: the line says what the planner has left."""
-    figures = progress_mod.wave_figures({"wave": 3, "phase_usage": used(20, 40, 23)}, 30, None, 0.0)
+    figures = progress_mod.wave_figures(wave(3, used(20, 40, 23)), 30, None, 0.0)
     assert (figures.transitions, figures.spent, figures.budget_left) == (20, 23, 7)
-
-
-def test_wave_records_carry_the_planners_budget_count():
-    """Handoff.stats sums each rollout's Usage; budget_spent is at least one per rollout."""
-    from types import SimpleNamespace as NS
-
-    from focus.usage import Usage
-    from tasks.steps import Handoff
-
-    log = [
-        {"phase": 1, "usage": Usage(rollouts=1, transitions=3, tokens=6, model_calls=3, budget_spent=3)},
-        {"phase": 1, "usage": Usage(rollouts=1, failed_rollouts=1, model_calls=1, budget_spent=Usage.spend(0))},
-        {"phase": 0, "usage": Usage(rollouts=1, transitions=5, tokens=10, model_calls=5, budget_spent=5)},
-    ]
-    stats = Handoff().stats(NS(trees=[NS(log=log, nodes={0: None})]), phase_index=1)
-    phase, total = stats["phase_usage"], stats["usage"]
-    assert (phase["transitions"], phase["budget_spent"], total["transitions"], total["rollouts"]) == (3, 4, 8, 3)

@@ -1,7 +1,7 @@
 """A model server killed and restarted mid-collection costs a wait, not a rerun.
 
 Real parts: the embedded tiny model server, killed with SIGKILL in the middle of a
-collection driven through the pipeline's steps and started again on the same port
+collection driven through the pipeline's one loop and started again on the same port
 (:class:`focus.testing.faults.ServerRestart`). Within ``model.http.outage_wait_s`` the
 collection waits and ends with the batch of an uninterrupted run, bit for bit; past
 it, the wave fails as a model-service outage, nothing of it is stored, and a rerun
@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from fixtures.steps import drive, steps_for
+from fixtures.journal import run_collect
 
 from focus.backends import LocalModelServer
 from focus.execution import ModelServiceOutage
@@ -75,13 +75,13 @@ def server():  # type: ignore[no-untyped-def]
 def test_a_server_restart_mid_collection_is_waited_out_and_the_batch_is_unchanged(server, tmp_path, caplog):
     root = str(tmp_path / "store")
     before = served_requests(server.url)
-    clean = drive(steps_for(config(root, "clean", server.url, 60.0)))
+    clean = run_collect(config(root, "clean", server.url, 60.0))
     calls = served_requests(server.url) - before
     assert calls > 40
 
     with caplog.at_level(logging.WARNING, logger="focus.backends.outage"):
         with ServerRestart(server, after_requests=before + calls + calls // 2, down_s=3.0) as restart:
-            restarted = drive(steps_for(config(root, "restarted", server.url, 60.0)))
+            restarted = run_collect(config(root, "restarted", server.url, 60.0))
     assert restart.killed_at is not None and restart.down_for_s is not None and restart.down_for_s >= 3.0
     assert restart.requests_at_kill < before + 2 * calls  # killed mid-collection
     stats, actor, critic = rows(root, restarted["batch_url"])
@@ -97,15 +97,15 @@ def test_a_server_restart_mid_collection_is_waited_out_and_the_batch_is_unchange
 def test_past_the_window_the_wave_fails_and_a_rerun_completes_the_same_batch(server, tmp_path):
     root = str(tmp_path / "store")
     before = served_requests(server.url)
-    clean = drive(steps_for(config(root, "clean", server.url, 1.0)))
+    clean = run_collect(config(root, "clean", server.url, 1.0))
     calls = served_requests(server.url) - before
 
     cfg = config(root, "outage", server.url, 1.0)
     with ServerRestart(server, after_requests=before + calls + calls // 2, down_s=None) as restart:
         with pytest.raises(ModelServiceOutage, match=r"model service outage.*waited for it up to outage_wait_s = 1 s"):
-            drive(steps_for(cfg))
+            run_collect(cfg)
         restart.restart()
     assert ("config", 0) in CheckpointStore(root).list("outage")
-    again = drive(steps_for(cfg))
+    again = run_collect(cfg)
     got, want = rows(root, again["batch_url"]), rows(root, clean["batch_url"])
     assert got[0]["failed_rollouts"] == 0 and got[1:] == want[1:]

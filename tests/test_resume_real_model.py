@@ -1,4 +1,4 @@
-"""Bit-identical resume with the real embedded model (issue #15, item 4).
+"""Bit-identical resume with the real embedded model.
 
 The other resume tests drive a deterministic fake policy; these run the ``collect``
 flow against the tiny model's HTTP server, whose ids and log-probs must not depend on
@@ -174,7 +174,7 @@ def test_kill_9_at_six_points_resumes_to_the_uninterrupted_batch_bit_for_bit(pre
 
         before = [k for k in store.list(CID) if k[0] != "config"]
         done = subprocess.run(
-            [sys.executable, "-m", "flows.cli", *cli_args(root, server.url)],
+            [sys.executable, "-m", "cli", *cli_args(root, server.url)],
             env=prefect_env,
             capture_output=True,
             text=True,

@@ -160,7 +160,7 @@ def test_execution_starts_jobs_with_most_steps_left_first_and_keeps_job_order():
     jobs = [
         SimpleNamespace(start=SimpleNamespace(steps=s), seed=i, node_id=i, tree_index=0) for i, s in enumerate(steps)
     ]
-    out = asyncio.run(Execution(max_concurrency=2).run(Recording(), jobs))  # type: ignore[arg-type]
+    out = asyncio.run(Execution(max_concurrency=2, freeze_gc=True).run(Recording(), jobs))  # type: ignore[arg-type]
     assert out == [("rollout", i) for i in range(len(steps))]
     assert started == sorted(steps)
     assert all(n > 0 for n in frozen_during) and gc.get_freeze_count() == 0
@@ -168,5 +168,5 @@ def test_execution_starts_jobs_with_most_steps_left_first_and_keeps_job_order():
     # one worker per slot, not one task per job: the main task plus two workers
     assert max(tasks_alive) == 3
     started.clear()
-    asyncio.run(Execution(max_concurrency=2, freeze_gc=False).run(Recording(), jobs))  # type: ignore[arg-type]
+    asyncio.run(Execution(max_concurrency=2).run(Recording(), jobs))  # type: ignore[arg-type]  # the default: off
     assert frozen_during[-1] == 0 and thresholds_during[-1] == before[0]

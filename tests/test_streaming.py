@@ -58,18 +58,18 @@ def synthetic(
 def test_refill_without_jobs_in_flight_plans_what_a_wave_would():
     col, tasks = synthetic(streaming=False)
     state = run(col.run_evidence(tasks))
-    wave = plan_wave(state, col.search_config, 1, 0)
-    refill = plan_refill(state, col.search_config, 1, (), slots=10**6)
+    wave = plan_wave(state, col.search, 1, 0)
+    refill = plan_refill(state, col.search, 1, (), slots=10**6)
     assert [f.job for f in refill] == list(wave.jobs) and wave.jobs
-    assert [f.job for f in plan_refill(state, col.search_config, 1, (), slots=5)] == list(wave.jobs[:5])
-    assert plan_refill(state, col.search_config, 1, (), slots=0) == ()
+    assert [f.job for f in plan_refill(state, col.search, 1, (), slots=5)] == list(wave.jobs[:5])
+    assert plan_refill(state, col.search, 1, (), slots=0) == ()
     with pytest.raises(ValueError, match="evidence phase"):
-        plan_refill(state, col.search_config, 0, (), slots=4)
+        plan_refill(state, col.search, 0, (), slots=4)
 
 
 def test_jobs_in_flight_count_toward_branch_limits_budget_and_branch_indices():
     col, tasks = synthetic(streaming=False)
-    search = col.search_config
+    search = col.search
     state = run(col.run_evidence(tasks))
     first = plan_refill(state, search, 1, (), slots=1)
     (f,) = first
@@ -117,13 +117,13 @@ def test_streaming_collection_respects_budget_and_branch_limits_and_gives_a_vali
     assert batch.stats["transitions"] == sum(t.stats()["transitions"] for t in state.trees)
     assert cont["waves"] >= 2 and cont["wall_s"] > 0
     for ti, t in enumerate(state.trees):
-        for nid in {r["node"] for r in t.log if r["phase"] == 1}:
+        for nid in {r.node for r in t.log if r.phase == 1}:
             assert _branches(state, ti, nid) <= MAX_BRANCHES
-            branches = sorted(r["branch"] for r in t.log if r["node"] == nid)
+            branches = sorted(r.branch for r in t.log if r.node == nid)
             first = 0 if nid == t.ROOT else 1  # branch 0 of an inner checkpoint is the rollout that made it
             assert branches == list(range(first, first + len(branches)))  # every branch index once
         for r in t.log:
-            assert r["seed"] == rollout_seed(state.seed, ti, r["node"], r["branch"])
+            assert r.seed == rollout_seed(state.seed, ti, r.node, r.branch)
     n_turns = sum(len(e.turns) for t in state.trees for e in t.edges.values())
     assert len(batch.actor) == n_turns - sum(
         len(e.turns) for t in state.trees for e in t.edges.values() if t.nodes[e.child].kind == "failed"
@@ -136,15 +136,15 @@ def test_each_streamed_rollout_is_reproducible_from_its_job():
     every streamed job from its checkpoint's branch state and seed, alone."""
     col, tasks = synthetic(streaming=True, seed=3)
     state = run(col.run_search(tasks))
-    records = [(ti, r) for ti, t in enumerate(state.trees) for r in t.log if r["phase"] == 1]
+    records = [(ti, r) for ti, t in enumerate(state.trees) for r in t.log if r.phase == 1]
     assert records
 
     async def replay():  # type: ignore[no-untyped-def]
-        return [await col.agent.rollout(state.trees[ti].states[r["node"]], r["seed"]) for ti, r in records]
+        return [await col.agent.rollout(state.trees[ti].states[r.node], r.seed) for ti, r in records]
 
     for (_, r), ro in zip(records, run(replay()), strict=True):
         turns = ro.turns
-        assert (r["leaf"], r["usage"].tokens, r["usage"].transitions) == (
+        assert (r.leaf, r.usage.tokens, r.usage.transitions) == (
             ro.leaf.kind,
             sum(len(t.completion_ids) for t in turns),
             sum(1 for t in turns if t.transition),

@@ -296,7 +296,7 @@ def test_logprobs_modes_report_the_named_distribution(mode):
 
 
 def test_same_request_is_bit_identical_cold_cached_and_batched_with_others(local_model_server):
-    """Issue #15's resumes need it: ids and log-probs do not depend on the prefix cache or
+    """Bit-identical resumes need it: ids and log-probs do not depend on the prefix cache or
     on what else is decoded. Reference: a fresh engine without a cache, one request at a
     time; then the server (warm cache) with the requests interleaved among others."""
     prompts = [PROMPT + CODEC.encode_text("x" * k) for k in (0, 5, 40, 130)]

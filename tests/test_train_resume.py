@@ -81,7 +81,7 @@ def train(batch_url, ctx, marker_dir, pause_s):
     return result
 '''
 
-LAUNCHER = "import sys\nfrom flows.cli import main\nsys.argv[0] = 'focus'\nmain()\n"
+LAUNCHER = "import sys\nfrom cli.app import main\nsys.argv[0] = 'focus'\nmain()\n"
 
 
 def _wait(proc, what, cond, timeout=150):

@@ -22,7 +22,7 @@ from focus.priority import Phase, Selective
 from focus.synthetic import SHAPES, SyntheticEnv, SyntheticPolicy, synthetic_format
 from focus.testing import run
 from focus.tree import Turn
-from focus.usage import LogTotals, Usage, failure_kind
+from focus.usage import Usage, failure_kind
 
 
 def turn(tokens: int, *, transition: bool = True, kind: str = "action") -> Turn:
@@ -93,25 +93,26 @@ def test_retries_the_client_reports_reach_the_statistics():
 
 
 def test_running_totals_equal_a_full_recount_wave_after_wave():
+    """The pipeline's step records keep usage as running totals (tasks.records.Tally):
+    after the last wave they equal a recount of every rollout in the trees."""
+    from focus.journal import MemoryJournal
+    from tasks.records import Tally
+
     col, tasks = collector()
+    tally, seen = Tally(), []
 
-    async def go():  # type: ignore[no-untyped-def]
-        from focus.collector import Running
+    class Tallied(MemoryJournal):
+        async def record(self, step, value):  # type: ignore[no-untyped-def]
+            await super().record(step, value)
+            if figures := tally.step(step, value):
+                seen.append(figures)
 
-        totals, state = LogTotals(), await col.run_evidence(tasks)
-        running, checked = Running(), 0
-        while True:
-            total, phases = totals.update(state.trees)
-            assert total.rollouts == state.usage().rollouts and total.transitions == state.usage().transitions
-            assert phases.get(1, Usage()).budget_spent == state.usage(1).budget_spent
-            assert total.rollout_wall_s == pytest.approx(state.usage().rollout_wall_s)
-            checked += 1
-            state, landed = await col.advance(state, 1, running)
-            if landed is None:
-                return state, checked
-            state = await col.score(state)
-
-    state, checked = run(go())
+    state = run(col.run_search(tasks, Tallied()))
+    checked = len(seen)
+    last = seen[-1]
+    assert last["usage"].rollouts == state.usage().rollouts and last["usage"].transitions == state.usage().transitions
+    assert last["phase_usage"].budget_spent == state.usage(1).budget_spent
+    assert last["usage"].rollout_wall_s == pytest.approx(state.usage().rollout_wall_s)
     assert checked >= 4
     stats = col.prepare(state).stats
     assert stats["budget_spent"] == state.usage().budget_spent >= stats["transitions"]

@@ -13,6 +13,7 @@ import random
 import time
 
 import pytest
+from fixtures.journal import StopAfter, Stopped, run_collect
 from test_pipeline import direct_batch, rows, small_config
 
 from focus.agent import Agent
@@ -20,12 +21,13 @@ from focus.collector import Collector, Running
 from focus.env import Task
 from focus.estimation import DirectBranchTd
 from focus.execution import Execution
+from focus.journal import wave_step
 from focus.priority import Phase, Selective
 from focus.search import WaveRecord, graft, plan_ahead, plan_wave, replay
 from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
 from focus.testing import run
-from tasks.collection import steps_for
-from tasks.steps import EVIDENCE, EVIDENCE_SCORED, Handoff, score_key, wave_key
+from storage import BatchStore
+from tasks.journal import CheckpointJournal
 
 PHASES = (
     Phase("evidence", rollouts_per_task=2),
@@ -71,7 +73,7 @@ def key(batch):  # type: ignore[no-untyped-def]
 
 def test_a_wave_planned_ahead_counts_the_running_ones_as_pending():
     col, tasks = collector(3)
-    search = col.search_config
+    search = col.search
     state = run(col.run_evidence(tasks))
     ahead = plan_ahead(state, search, 1)
     assert [p.wave_index for p in ahead.planned] == [0, 1, 2] and ahead.trees is state.trees
@@ -141,7 +143,7 @@ def test_the_next_wave_runs_while_the_oldest_is_grafted_and_scored():
 
 def test_replay_rebuilds_the_live_state_with_its_planned_waves():
     col, tasks = collector(2)
-    search = col.search_config
+    search = col.search
 
     async def live():  # type: ignore[no-untyped-def]
         state = await col.run_evidence(tasks)
@@ -175,40 +177,19 @@ def test_replay_rebuilds_the_live_state_with_its_planned_waves():
 
 @pytest.mark.parametrize("crash_after", [0, 1, 2, 4])
 def test_the_pipeline_resumes_exactly_with_waves_still_running(tmp_path, crash_after):
-    """Steps share a handoff (as a flow run does) until a crash after wave ``crash_after``
-    (its rollouts stored, not yet scored, the waves after it running or landed and not
-    stored): the handoff is dropped, as with kill -9, and a fresh run of the steps
-    finishes the collection."""
+    """The process "dies" right after wave ``crash_after`` is saved (its scores not yet,
+    the waves planned after it running or landed and not saved); a fresh run of the
+    same collection reuses exactly the saved waves and finishes with the batch of an
+    uninterrupted collection."""
     # a budget that lasts more waves than the latest crash point
     updates = {"search.waves_in_flight": 2, "model.options": {"latency_s": 0.002}, "search.phases.1.transitions": 48}
     cfg = small_config(str(tmp_path / "store"), "ahead", **updates)
-    handoff = Handoff()
-    steps = steps_for(cfg, handoff)
-    steps.check_config()
-    steps.evidence()
-    steps.score(EVIDENCE, EVIDENCE_SCORED)
-    source = EVIDENCE_SCORED
-    for wave in range(crash_after + 1):
-        assert not steps.wave(source, 1, wave)["done"]
-        if wave < crash_after:
-            source = score_key(cfg, 1, wave)
-            steps.score(wave_key(cfg, 1, wave), source)
-    # when the process "dies", the wave driver has gone on past what the steps stored:
-    # a wave running, or one landed (or the phase's end) that no step has taken yet
-    deadline = time.monotonic() + 30
-    while not (handoff.running.waves or handoff.driver._queue.qsize()):
-        assert time.monotonic() < deadline, "the driver never got past the stored waves"
-        time.sleep(0.01)
-    handoff.close()
+    with pytest.raises(Stopped):
+        run_collect(cfg, StopAfter(cfg, wave_step(1, crash_after)))
 
-    fresh = steps_for(cfg)  # a new process: nothing in memory
-    source, wave = EVIDENCE_SCORED, 0
-    reused = []
-    while not (rec := fresh.wave(source, 1, wave))["done"]:
-        reused.append(rec["reused"])
-        source = score_key(cfg, 1, wave)
-        fresh.score(wave_key(cfg, 1, wave), source)
-        wave += 1
+    fresh = CheckpointJournal(cfg)  # a new process: nothing in memory
+    out = run_collect(cfg, fresh)
+    reused = [r.reused for r in fresh.records if r.kind == "wave"]
     assert reused[: crash_after + 1] == [True] * (crash_after + 1) and not any(reused[crash_after + 1 :])
-    batch = fresh.batch_store.read(fresh.export(source)["batch_url"])
+    batch = BatchStore(cfg.storage.root).read(out["batch_url"])
     assert rows(batch) == rows(direct_batch(cfg))

@@ -40,3 +40,19 @@ def test_branch_state_round_trips_through_a_byte_store():
     forked = restored.fork()
     forked.workspace.write_text("history.txt", "other")
     assert restored.workspace.read_text("history.txt") == "page 1\npage 2\n"
+
+
+def test_a_directory_workspace_removes_the_temporary_folders_it_made(tmp_path):
+    import gc
+
+    ws = DirectoryWorkspace()
+    ws.write_text("a.txt", "x")
+    forked, copied = ws.fork(), pickle.loads(pickle.dumps(ws))
+    made = [ws.root, forked.root, copied.root]
+    assert all(p.is_dir() for p in made) and len(set(made)) == 3
+    given = DirectoryWorkspace(tmp_path / "mine")
+    given.write_text("b.txt", "y")
+    del ws, forked, copied, given
+    gc.collect()
+    assert not any(p.exists() for p in made)
+    assert (tmp_path / "mine" / "b.txt").read_text() == "y"  # a folder it was given stays

@@ -3,8 +3,7 @@ with it, and from one CPU to another.
 
 A batch of RL data is only reproducible if the model service returns the same ids and
 log-probs for the same request whatever is in its prefix cache and whatever else is
-being decoded at the same moment (issue #15's resume tests compare batches bit for
-bit). Floating-point addition is not associative, and on a CPU the order of a
+being decoded at the same moment (the resume tests compare batches bit for bit). Floating-point addition is not associative, and on a CPU the order of a
 reduction depends on the shape of the call: a GEMM picks its kernel and blocking by
 the number of rows, a prefill computes many positions where a decode computes one,
 and masked attention over a padded batch adds different numbers of zeros. So the

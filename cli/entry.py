@@ -32,6 +32,6 @@ def main() -> None:  # pragma: no cover - console entry point (tested through th
             warm = WarmServer()
         except OSError:
             warm = None  # a cold start later says what is wrong, if anything is
-    from flows.cli import main as cli_main
+    from cli.app import main as cli_main
 
     cli_main(warm_model=warm)

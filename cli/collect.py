@@ -1,0 +1,243 @@
+"""``focus collect``: one iteration, end to end, resumable by its collection id.
+
+With no options it runs the embedded default: the tiny local model on loopback, the
+toy task, rollouts in-process, ``./runs`` as the store. Options, a ``--config`` file
+(TOML/YAML) and ``FOCUS_*`` environment variables override it. What can be decided
+without starting anything is decided first (:mod:`flows.preflight`): the
+configuration, the storage root, a collection id reused with another configuration, a
+collection that is already finished. Then the services start (:func:`cli.common.started`)
+and the collection runs - as the ``collect`` flow when a Prefect server is configured
+(or ``--prefect``), else directly (:mod:`flows.direct`): same loop, same store, same
+resume. The console shows progress and the result; any error is one line and a
+non-zero status (:mod:`flows.errors`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from cli.common import (
+    DEFAULTS,
+    T0,
+    ConfigOpt,
+    Console,
+    DebugOpt,
+    LogFileOpt,
+    SetOpt,
+    VerboseOpt,
+    help_default,
+    load,
+    one_line_ending,
+    overrides,
+    pairs_table,
+    started,
+)
+from tasks.config import FocusConfig
+
+if TYPE_CHECKING:
+    from focus.backends.local import WarmServer
+
+#: The statistics ``focus collect`` shows, in order; each is defined in docs/pipeline.md
+#: ("What a run shows"); tests/test_cli.py checks that every one is.
+SHOWN = (
+    "actor_rows",
+    "critic_rows",
+    "tasks",
+    "trees",
+    "failed_trees",
+    "rollouts",
+    "failed_rollouts",
+    "transitions",
+    "tokens",
+    "model_calls",
+    "checkpoints",
+    "excluded_segments",
+    "steps",
+    "steps_reused",
+    "wall_s",
+    "flow_wall_s",
+    "cli_wall_s",
+)
+
+
+def print_result(result: dict[str, Any], note: str = "") -> None:
+    from rich.console import Console as RichConsole
+
+    stats = result["stats"]
+    items = [(k, stats[k]) for k in SHOWN if k in stats]
+    console = RichConsole()  # standard output: the result, apart from the bars and log on standard error
+    console.print(pairs_table(f"collection {result['collection_id']}{note}", items))
+    for cause, n in (result.get("failure_causes") or {}).items():
+        console.print(f"failure cause ({n}x): {cause}", markup=False, highlight=False)
+    console.print(f"batch: {result['batch_url']}", markup=False, highlight=False, soft_wrap=True)
+
+
+_D = DEFAULTS
+CollectionIdOpt = Annotated[
+    str | None,
+    typer.Option(help=help_default("Name of the collection; the same id resumes it.", "collect-<time>-<hex>")),
+]
+SeedOpt = Annotated[int | None, typer.Option(help=help_default("Collection seed.", _D.seed))]
+IterationOpt = Annotated[
+    int | None, typer.Option(help=help_default("Training iteration recorded in the batch.", _D.iteration))
+]
+StoreOpt = Annotated[
+    str | None, typer.Option(help=help_default("Storage root: a folder or an fsspec URL (s3://...).", "./runs"))
+]
+ModelUrlOpt = Annotated[
+    str | None, typer.Option(help=help_default("OpenAI-compatible model server.", "start the embedded model"))
+]
+ModelTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        help=help_default("Seconds to wait for one model answer.", _D.model.http.timeout_s), metavar="SECONDS"
+    ),
+]
+ModelRetriesOpt = Annotated[
+    int | None,
+    typer.Option(help=help_default("Retries of a failed model call.", _D.model.http.max_retries), metavar="N"),
+]
+TasksOpt = Annotated[int | None, typer.Option(help=help_default("Number of toy tasks.", _D.env.n_tasks))]
+TransitionsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help=help_default("Transition budget of the last continuation phase.", _D.search.phases[-1].transitions)
+    ),
+]
+DaskOpt = Annotated[bool, typer.Option("--dask", help="Run rollouts on a Dask LocalCluster started for the run.")]
+DaskAddressOpt = Annotated[
+    str | None,
+    typer.Option(help=help_default("Run rollouts on this Dask scheduler.", "in-process"), metavar="ADDRESS"),
+]
+LocalOpt = Annotated[bool, typer.Option("--local", help="Run rollouts in-process (the default).")]
+PrefectOpt = Annotated[
+    bool,
+    typer.Option(
+        "--prefect",
+        help="Run as a Prefect flow even when no Prefect server is configured (starts a temporary one). "
+        "With PREFECT_API_URL set, collections always run as flows on that server.",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON line.")]
+AllowPolicyChangeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-policy-change",
+        help="Resume even if the model service now serves other weights than those that sampled the collection "
+        "(the batch then mixes two policies; its policy_version column says which row is which).",
+    ),
+]
+
+
+def collect(
+    ctx: typer.Context,
+    config: ConfigOpt = None,
+    collection_id: CollectionIdOpt = None,
+    seed: SeedOpt = None,
+    iteration: IterationOpt = None,
+    store: StoreOpt = None,
+    model_url: ModelUrlOpt = None,
+    model_timeout: ModelTimeoutOpt = None,
+    model_retries: ModelRetriesOpt = None,
+    tasks: TasksOpt = None,
+    transitions: TransitionsOpt = None,
+    dask: DaskOpt = False,
+    dask_address: DaskAddressOpt = None,
+    local: LocalOpt = False,
+    prefect: PrefectOpt = False,
+    sets: SetOpt = None,
+    as_json: JsonOpt = False,
+    allow_policy_change: AllowPolicyChangeOpt = False,
+    verbose: VerboseOpt = 0,
+    debug: DebugOpt = False,
+    log_file: LogFileOpt = None,
+) -> None:
+    """Collect one iteration and write its batch; prints the batch URL and statistics."""
+    flags: dict[str, Any] = {
+        "collection_id": collection_id,
+        "seed": seed,
+        "iteration": iteration,
+        "storage.root": store,
+        "env.n_tasks": tasks,
+        "execution.address": dask_address,
+        "execution.kind": "local" if local else "dask" if (dask or dask_address) else None,
+        "model.http.timeout_s": model_timeout,
+        "model.http.max_retries": model_retries,
+    }
+    if model_url:
+        flags.update({"model.kind": "openai", "model.url": model_url})
+    cfg = _config(config, overrides(sets, **flags), transitions)
+    out = Console(verbose, debug, log_file, "collect")
+    warm = (ctx.obj or {}).get("warm_model")
+    result = _run(out, cfg, prefect=prefect, warm=warm, as_json=as_json, allow=allow_policy_change)
+    if result is None:
+        return
+    result["stats"]["cli_wall_s"] = round(time.perf_counter() - T0, 3)
+    if as_json:
+        typer.echo(json.dumps(result, default=str))
+        return
+    print_result(result)
+    typer.echo(f"rerun or resume: focus collect --collection-id {result['collection_id']}")
+
+
+def _config(path: Path | None, over: dict[str, Any], transitions: int | None) -> FocusConfig:
+    """The configuration, with a collection id (a new one unless named)."""
+    from flows.preflight import new_collection_id
+
+    cfg = load(path, over)
+    if transitions is not None:
+        phases = [p.model_dump() for p in cfg.search.phases]
+        phases[-1]["transitions"] = transitions
+        cfg = load(path, {**over, "search.phases": phases})
+    return cfg if cfg.collection_id else cfg.with_updates(collection_id=new_collection_id())
+
+
+def _run(
+    out: Console, cfg: FocusConfig, *, prefect: bool, warm: WarmServer | None, as_json: bool, allow: bool = False
+) -> dict[str, Any] | None:
+    """Preflight, services and the collection; its result (``None``: it was finished
+    already, and that was printed)."""
+    from flows.preflight import preflight
+    from flows.server import configured_api_url
+
+    try:
+        pre = preflight(cfg, allow_policy_change=allow)
+    except Exception as e:  # noqa: BLE001 - every error becomes one line
+        out.fail(e)
+    if pre.finished is not None:
+        _print_finished(cfg, pre.finished, as_json)
+        return None
+    if pre.damaged:
+        typer.secho(f"warning: {pre.damaged}; writing the batch again", fg=typer.colors.YELLOW, err=True)
+    # With no Prefect server to keep the run, a temporary one would record it only to
+    # forget it: run the collection directly (flows/direct.py; same store, same resume).
+    orchestrated = prefect or bool(configured_api_url())
+    with one_line_ending(out, f"focus collect --collection-id {cfg.collection_id}") as interrupts:
+        with started(out, cfg, prefect=orchestrated, warm=warm, interrupts=interrupts) as ready:
+            if orchestrated:
+                from flows.collect import collect as collect_flow
+
+                return dict(interrupts.run(collect_flow(ready, allow)))
+            from flows.direct import collect_direct
+
+            return interrupts.run(collect_direct(ready, allow))
+
+
+def _print_finished(cfg: FocusConfig, finished: dict[str, Any], as_json: bool) -> None:
+    stats = {**finished.get("summary", {}), "cli_wall_s": round(time.perf_counter() - T0, 3)}
+    result = {
+        "collection_id": cfg.collection_id,
+        "batch_url": finished["batch_url"],
+        "stats": stats,
+        "failure_causes": finished.get("failure_causes", {}),
+        "already_finished": True,
+    }
+    if as_json:
+        typer.echo(json.dumps(result, default=str))
+    else:
+        print_result(result, " (already finished: nothing to do)")

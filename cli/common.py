@@ -1,0 +1,210 @@
+"""What every ``focus`` command shares: its options, its console and log file, its
+one-line errors, loading the configuration, and starting the services it needs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from cli.interrupts import Interrupts
+from flows.errors import exit_code, one_line
+from tasks.config import ConfigError, FocusConfig, load_config
+
+#: When the command started (``cli_wall_s`` counts from here).
+T0 = time.perf_counter()
+#: The defaults, for help texts.
+DEFAULTS = FocusConfig()
+
+
+def help_default(text: str, default: Any) -> str:
+    """Help text with the default the configuration gives when the option is not used
+    (the bracket escaped: help text is rich markup)."""
+    return f"{text} \\[default: {default}]"
+
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML or YAML configuration file.")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", metavar="KEY=VALUE", help="Override a field, e.g. --set search.phases.1.transitions=400"),
+]
+VerboseOpt = Annotated[
+    int, typer.Option("--verbose", "-v", count=True, help="Show Prefect's and Dask's log on the console (-vv: debug).")
+]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Print the full traceback of an error.")]
+LogFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--log-file",
+        help=help_default("Where the full log goes.", "~/.local/state/focus/logs/<command>-<time>-<pid>.log"),
+    ),
+]
+
+
+class Console:
+    """The command's console and log file, and its one-line errors."""
+
+    def __init__(self, verbosity: int, debug: bool, log_file: Path | None, kind: str) -> None:
+        from flows.logs import default_log_file
+        from flows.progress import console
+
+        self.verbosity, self.debug = verbosity, debug
+        self.log_file = log_file or default_log_file(kind)
+        self.console = console()
+        self.logging_ready = False
+
+    def setup_logging(self) -> None:
+        from flows.logs import setup
+
+        if not self.logging_ready:
+            self.log_file = setup(self.console, verbosity=self.verbosity, log_file=self.log_file) or self.log_file
+            self.logging_ready = True
+
+    def interrupted(self, interrupts: Interrupts, resume: str) -> NoReturn:
+        """The one line of a command stopped by a signal, and its status (130, 143)."""
+        line = interrupts.line(resume)
+        with contextlib.suppress(OSError):
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_file, "a", encoding="utf-8") as f:
+                f.write(f"{line}\n")
+        typer.secho(line, fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(interrupts.code)
+
+    def fail(self, exc: BaseException) -> NoReturn:
+        """One line naming the cause and a non-zero exit; the traceback to the log or the terminal."""
+        line = one_line(exc)
+        code = exit_code(exc)
+        where = ""
+        if self.debug:
+            traceback.print_exception(exc, file=sys.stderr)
+        elif code != 2:  # a configuration error needs no traceback
+            try:
+                self.log_file.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.log_file, "a", encoding="utf-8") as f:
+                    f.write(f"error: {line}\n{''.join(traceback.format_exception(exc))}")
+                where = f" (traceback: {self.log_file})"
+            except OSError:
+                pass
+        typer.secho(f"error: {line}{where}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def overrides(sets: list[str] | None, **flags: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in sets or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--set {item!r}: expected KEY=VALUE, e.g. --set seed=3")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    out.update({k: v for k, v in flags.items() if v is not None})
+    return out
+
+
+def load(config: Path | None, overrides: dict[str, Any]) -> FocusConfig:
+    try:
+        return load_config(config, overrides)
+    except ConfigError as e:
+        fail(one_line(e))
+
+
+@contextmanager
+def started(
+    out: Console,
+    cfg: FocusConfig,
+    *,
+    prefect: bool,
+    model: bool = True,
+    warm: Any = None,
+    interrupts: Interrupts | None = None,
+) -> Iterator[FocusConfig]:
+    """The services ``cfg`` needs (:class:`flows.services.Services`): the Prefect API
+    (the configured one, or a temporary server; none unless ``prefect``) and, with
+    ``model``, the embedded model server, started side by side while this process
+    imports the flows and sets up its logging; then the Dask cluster, if one is needed.
+    ``warm``: the model server process the console entry already started
+    (:mod:`cli.entry`). Yields the config naming what was started; stops it all on exit
+    (kills it at once on a second signal, with ``interrupts``)."""
+    from flows.services import Services
+
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    services = Services(cfg, prefect=prefect, model=model, warm=warm, log_file=out.log_file)
+    if interrupts is not None:
+        interrupts.on_exit_now.append(services.kill)
+    try:
+        services.start()
+        if cfg.execution.kind == "dask":
+            import distributed  # noqa: F401 - it installs its log handlers on import; setup replaces them
+        if prefect:
+            import flows.collect  # noqa: F401 - Prefect's import, overlapping with the servers' start
+        else:
+            import flows.direct  # noqa: F401 - the library's import, overlapping with the model server's start
+        out.setup_logging()
+        if out.verbosity == 0:
+            from flows.logs import dask_workers_log_to
+
+            out.log_file.parent.mkdir(parents=True, exist_ok=True)
+            dask_workers_log_to(out.log_file)  # worker processes inherit it
+        what = services.starting
+        with out.console.status(f"starting the {' and the '.join(what)}", spinner="dots") if what else nullcontext():
+            ready = services.wait()
+        yield ready
+    finally:
+        services.stop()
+
+
+@contextmanager
+def one_line_ending(out: Console, resume: str) -> Iterator[Interrupts]:
+    """The command's :class:`~cli.interrupts.Interrupts`, and how its body ends when it
+    does not finish: the line of an interrupt (with ``resume``, the command that resumes
+    it) or the one line of an error, each with its exit status."""
+    with Interrupts() as interrupts:
+        try:
+            yield interrupts
+        except BaseException as e:
+            if interrupts.signals:
+                out.interrupted(interrupts, resume)
+            if isinstance(e, Exception | KeyboardInterrupt):
+                out.fail(e)
+            raise
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v, default=str)
+    return str(v)
+
+
+def pairs_table(title: str, items: list[tuple[str, Any]]) -> Any:
+    """Statistics in two column pairs, so a result fits a screen."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for _ in range(2):
+        table.add_column("statistic")
+        table.add_column("value", justify="right")
+    half = (len(items) + 1) // 2
+    for i in range(half):
+        left = items[i]
+        right = items[i + half] if i + half < len(items) else ("", "")
+        table.add_row(left[0], fmt(left[1]), right[0], fmt(right[1]))
+    return table

@@ -1,0 +1,96 @@
+"""``focus deploy``: register and serve the collection deployments (:mod:`deployments.serve`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.common import Console, DebugOpt, SetOpt, fail, help_default, overrides
+from flows.errors import one_line
+from tasks.config import ConfigError
+
+ConfigsOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="Configuration of both deployments (TOML or YAML).")
+]
+ScheduledOpt = Annotated[
+    Path | None,
+    typer.Option(help=help_default("Configuration of the scheduled deployment only.", "--config"), metavar="PATH"),
+]
+ManualOpt = Annotated[
+    Path | None,
+    typer.Option(help=help_default("Configuration of the manual deployment only.", "--config"), metavar="PATH"),
+]
+CronOpt = Annotated[str, typer.Option(help="Schedule of the scheduled deployment.")]
+LimitOpt = Annotated[
+    int, typer.Option(help="Most flow runs at once in this process (each starts its own model server).")
+]
+CrashAfterOpt = Annotated[
+    float,
+    typer.Option(
+        help="Mark a run Crashed after this many seconds without a heartbeat (node loss; at least 10); "
+        "0 installs no watchdog.",
+        metavar="SECONDS",
+    ),
+]
+WatchdogOnlyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--watchdog-only",
+        help="Only install (or update) the watchdog automation, then exit: for deployments a work pool "
+        "serves (deployments/prefect.yaml).",
+    ),
+]
+
+
+def deploy(
+    config: ConfigsOpt = None,
+    scheduled_config: ScheduledOpt = None,
+    manual_config: ManualOpt = None,
+    cron: CronOpt = "0 * * * *",
+    limit: LimitOpt = 1,
+    crash_after: CrashAfterOpt = 30.0,
+    watchdog_only: WatchdogOnlyOpt = False,
+    sets: SetOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Register and serve the scheduled and the manual collection deployments (needs a Prefect server).
+
+    The deployments store only what the configuration files and --set name; FOCUS_*
+    variables of this process apply when each run starts (docs/pipeline.md).
+    """
+    from flows.server import configured_api_url
+
+    if not configured_api_url():
+        fail("focus deploy needs a Prefect server: set PREFECT_API_URL (e.g. after 'prefect server start')")
+    if limit < 1:
+        fail("--limit must be at least 1")
+    if 0 < crash_after < 10 or (watchdog_only and crash_after == 0):
+        fail("--crash-after must be 0 (no watchdog) or at least 10 seconds (Prefect's shortest proactive trigger)")
+    from deployments.serve import DeploySpec, explicit_config, serve_deployments
+    from deployments.watchdog import ensure_watchdog
+
+    out = Console(0, debug, None, "deploy")
+    if watchdog_only:
+        try:
+            auto = ensure_watchdog(crash_after)
+        except Exception as e:  # noqa: BLE001 - every error becomes one line
+            out.fail(e)
+        typer.echo(f"automation {auto.name!r} ({auto.id}): Crashed after {crash_after:g} s without a heartbeat")
+        return
+    over = overrides(sets)
+    try:
+        spec = DeploySpec(
+            scheduled=explicit_config(scheduled_config or config, over),
+            manual=explicit_config(manual_config or config, over),
+            cron=cron,
+            limit=limit,
+            crash_after_s=crash_after,
+        )
+    except ConfigError as e:
+        fail(one_line(e))
+    try:
+        serve_deployments(spec)
+    except Exception as e:  # noqa: BLE001 - every error becomes one line
+        out.fail(e)

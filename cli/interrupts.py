@@ -1,0 +1,83 @@
+"""Stopping a command cleanly on SIGINT (Ctrl-C) or SIGTERM.
+
+The first signal cancels the command's main task: the collection stops launching,
+abandons the rollouts in flight (never recorded, so never counted as failures),
+finishes the saves already under way and releases its lease; the command then stops
+the services it started and exits 130 (SIGINT) or 143 (SIGTERM) with one line saying
+how to resume. A second signal exits at once, the services' processes killed first:
+the store stays resumable, since every save is atomic and what an interrupted save
+leaves is swept by the next run. A signal while the services start stops the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Coroutine
+from types import FrameType
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupts:
+    """The signals a command received, and what it does about them (a context manager)."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        #: Called (best effort) before a second signal ends the process at once.
+        self.on_exit_now: list[Callable[[], None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._done = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> Interrupts:
+        for s in SIGNALS:
+            self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+    @property
+    def code(self) -> int:
+        """The exit status of the first signal: 128 + its number (130, 143)."""
+        return 128 + self.signals[0]
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signals.append(signum)
+        if len(self.signals) > 1:
+            for kill in self.on_exit_now:
+                with contextlib.suppress(Exception):
+                    kill()
+            os._exit(self.code)
+        if self._done:
+            return  # the work is finished: let the command end as it would
+        if self._task is not None and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        else:
+            raise KeyboardInterrupt  # nothing running yet (services starting): unwind
+
+    def run(self, main: Coroutine[Any, Any, _T]) -> _T:
+        """``asyncio.run(main)``, cancelled by the first signal."""
+
+        async def guarded() -> _T:
+            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+            try:
+                return await main
+            finally:
+                self._task = None
+
+        out = asyncio.run(guarded())
+        self._done = True
+        return out
+
+    def line(self, resume: str) -> str:
+        """The one line an interrupted command ends with."""
+        name = signal.Signals(self.signals[0]).name
+        return f"interrupted ({name}): finished steps are saved, nothing half-made is kept; resume with: {resume}"

@@ -1,5 +1,0 @@
-"""``python -m flows`` is the ``focus`` command (the same entry as the console script)."""
-
-from flows.entry import main
-
-main()

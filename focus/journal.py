@@ -1,0 +1,114 @@
+"""Where a collection records its steps, so that a rerun resumes instead of recomputing.
+
+:meth:`focus.collector.Collector.run_search` is the only loop a collection has. It
+crosses a step boundary at the evidence rollouts, their critic scores, each
+continuation wave, that wave's scores and the end of each phase. At each boundary it
+asks its :class:`Journal` whether the step is recorded: if it is, the recorded value is
+used (a wave's rollouts are grafted onto the state planned again from the same
+inputs, so no rollout runs); if not, the step is computed and recorded. Recorded steps
+always form a prefix of the collection, so a journal that survives the process (the
+pipeline's checkpoint store) makes a rerun continue after the last recorded step and
+end with the batch an uninterrupted run writes.
+
+What is recorded for each :class:`Step`:
+
+=================  ================================================================
+``evidence``       the :class:`focus.search.SearchState` after the evidence rollouts
+``evidence_scores`` the critic's predictions for its checkpoints
+``wave``           a :class:`WaveRollouts`: the wave's rollouts in job order, its wall time
+``wave_scores``    the critic's predictions for the checkpoints that wave added
+``phase_end``      the number of waves of the phase (nothing more was planned)
+=================  ================================================================
+
+Only the evidence state is recorded whole; later steps are deltas, so recording a
+wave costs in proportion to the wave, not to the collection.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from focus.agent import Rollout
+
+StepKind = Literal["evidence", "evidence_scores", "wave", "wave_scores", "phase_end"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step boundary of a collection: its kind, and for continuation phases the
+    phase index and wave index it belongs to."""
+
+    kind: StepKind
+    phase: int = 0
+    wave: int = 0
+
+
+EVIDENCE = Step("evidence")
+EVIDENCE_SCORES = Step("evidence_scores")
+
+
+def wave_step(phase: int, wave: int) -> Step:
+    return Step("wave", phase, wave)
+
+
+def scores_step(phase: int, wave: int) -> Step:
+    return Step("wave_scores", phase, wave)
+
+
+def end_step(phase: int) -> Step:
+    return Step("phase_end", phase)
+
+
+@dataclass(frozen=True)
+class WaveRollouts:
+    """What a continuation wave leaves: its rollouts (in job order) and the elapsed time
+    it accounts for (see :class:`focus.collector.Landed`)."""
+
+    rollouts: Sequence[Rollout]
+    wall_s: float = 0.0
+
+
+class Journal(abc.ABC):
+    """Has this step been recorded (and with what), and record it.
+
+    Both are coroutines, so a journal that writes to storage can do it off the event
+    loop while the rollouts of waves planned ahead keep running on it.
+    """
+
+    @abc.abstractmethod
+    async def recorded(self, step: Step) -> Any | None:
+        """The value recorded for ``step``, or ``None`` if it is not recorded."""
+
+    @abc.abstractmethod
+    async def record(self, step: Step, value: Any) -> None:
+        """Record ``value`` for ``step`` (called once per step, in collection order)."""
+
+
+class NoJournal(Journal):
+    """Records nothing: a collection kept in memory only (``Collector.collect``'s default)."""
+
+    async def recorded(self, step: Step) -> Any | None:
+        return None
+
+    async def record(self, step: Step, value: Any) -> None:
+        return None
+
+
+class MemoryJournal(Journal):
+    """Keeps every step in a dict: the test double of a durable journal (a new collector
+    given the same journal replays what the first one recorded)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[Step, Any] = {}
+
+    async def recorded(self, step: Step) -> Any | None:
+        return self.steps.get(step)
+
+    async def record(self, step: Step, value: Any) -> None:
+        if step in self.steps:
+            raise ValueError(f"step {step} is recorded already")
+        self.steps[step] = value

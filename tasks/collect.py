@@ -1,0 +1,88 @@
+"""One collection, with or without Prefect: ``collect(config, journal)``.
+
+Build the policy, agent, collector and execution service from the configuration, run
+the collector's loop (:meth:`focus.collector.Collector.run_search`, the only loop a
+collection has) with the pipeline's journal (:mod:`tasks.journal`), then export the
+batch, under the collection's write lease. Nothing here imports Prefect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from focus.execution import Execution
+from tasks.config import ExecutionConfig, FocusConfig
+from tasks.journal import CheckpointJournal
+from tasks.records import StepRecord
+
+log = logging.getLogger(__name__)
+
+
+def make_execution(ex: ExecutionConfig) -> Execution:
+    """The execution service the rollouts run on. The pipeline owns its process, so it
+    keeps the search state out of cyclic GC while the collection runs (``freeze_gc``:
+    each full collection would otherwise walk every node of every tree)."""
+    common: dict[str, Any] = {"max_concurrency": ex.max_concurrency, "max_outage_share": ex.max_outage_share}
+    if ex.kind != "dask":
+        return Execution(**common, freeze_gc=True)
+    from focus.dask_execution import DaskExecution
+
+    where = ex.model_dump(include={"address", "n_workers", "threads_per_worker", "processes", "shard_size"})
+    return DaskExecution(**common, **where, freeze_gc=True)
+
+
+async def collect(
+    config: FocusConfig, journal: CheckpointJournal, *, execution: Execution | None = None
+) -> dict[str, Any]:
+    """Collect ``config``'s iteration through ``journal``; returns the collection's id,
+    batch URL, statistics and failure causes (:func:`collection_result`).
+
+    ``execution`` replaces the one the configuration describes (it is closed at the end
+    either way). A finished collection whose batch checks out returns at once.
+    """
+    t0 = time.perf_counter()
+    with journal.lease():
+        await journal.check_config()
+        result = await journal.finished()
+        if result is None:
+            result = await _search_and_export(config, journal, execution or make_execution(config.execution))
+            if journal.damaged:
+                why = f"batch {result['batch_url']} did not match its manifest ({journal.damaged})"
+                log.warning("%s; wrote it again from the checkpoints", why, extra={"focus_console": True})
+    return collection_result(config, result, journal.records, t0)
+
+
+async def _search_and_export(config: FocusConfig, journal: CheckpointJournal, execution: Execution) -> dict[str, Any]:
+    policy = config.build_policy()
+    collector = None
+    try:
+        agent, tasks = config.build_agent(policy)
+        collector = config.build_collector(agent, execution)
+        try:
+            state = await collector.run_search(tasks, journal)
+        finally:  # what was recorded is saved, also when the search stopped
+            await journal.flush()
+        return await journal.export(collector, state)
+    finally:
+        try:
+            await policy.aclose()
+            if collector is not None:
+                await collector.critic.aclose()
+        finally:
+            close = getattr(execution, "close", None)
+            if close is not None:  # a Dask client's close blocks: not on the event loop
+                await asyncio.to_thread(close)
+
+
+def collection_result(
+    config: FocusConfig, result: dict[str, Any], records: list[StepRecord], t0: float
+) -> dict[str, Any]:
+    """What a collection returns: its id, the batch URL, statistics and failure causes."""
+    reused = sum(1 for r in records if r.reused)
+    stats = {**result.get("summary", {}), "steps": len(records), "steps_reused": reused}
+    stats["flow_wall_s"] = time.perf_counter() - t0
+    cid, url, causes = config.collection_id, result["batch_url"], result.get("failure_causes", {})
+    return {"collection_id": cid, "batch_url": url, "stats": stats, "failure_causes": causes}

@@ -1,0 +1,105 @@
+"""What a collection must be resumed with: the configuration that determines its result
+(its fingerprint, compared by the pipeline's first step and by the preflight) and the
+policy that sampled it (the versions its rollouts' turns report), so a resume never
+mixes two policies in one batch unless the user allows it explicitly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from focus.journal import Step
+from tasks.config import FocusConfig
+
+#: Fields that may differ between a run and its resume (where things run, not what).
+#: The HTTP clients' timeouts, retries and hedging change how patiently a result is
+#: fetched, not the result (requests are seeded).
+RUNTIME_FIELDS = ("model.url", "model.http", "critic.http", "execution", "progress", "storage")
+
+
+class ResumeMismatch(RuntimeError):
+    """A collection id reused with a different configuration."""
+
+
+class PolicyChanged(ResumeMismatch):
+    """A collection resumed against another policy than the one that sampled it."""
+
+
+def _policy_changed(cid: str | None, before: str, now: str) -> PolicyChanged:
+    return PolicyChanged(
+        f"collection {cid!r} was sampled by policy {before}, the model service now serves {now}: resuming would "
+        "mix two policies in one batch; resume against the same weights, or pass --allow-policy-change"
+    )
+
+
+def fingerprint(config: FocusConfig) -> dict[str, Any]:
+    """What determines a collection's result: the config without where things run."""
+    data = config.model_dump(mode="json")
+    for dotted in RUNTIME_FIELDS:
+        *path, last = dotted.split(".")
+        node = data
+        for part in path:
+            node = node.get(part, {})
+        node.pop(last, None)
+    return data
+
+
+def resume_mismatch(
+    config: FocusConfig, stored: dict[str, Any], mine: dict[str, Any], *, allow_policy_change: bool = False
+) -> ResumeMismatch | None:
+    """The error for resuming ``config``'s collection, whose stored fingerprint is
+    ``stored``, with the fingerprint ``mine`` (``None`` if they agree). Another
+    ``model.policy_version`` (the embedded server's weights) is :class:`PolicyChanged`."""
+    diffs = _diff(stored, mine)
+    if "model.policy_version" in diffs:
+        if not allow_policy_change:
+            versions = [d.get("model", {}).get("policy_version") for d in (stored, mine)]
+            return _policy_changed(config.collection_id, *map(str, versions))
+        diffs.remove("model.policy_version")
+    fields = ", ".join(diffs)
+    if not fields:
+        return None
+    return ResumeMismatch(
+        f"collection {config.collection_id!r} already exists in {config.storage.root} with a different "
+        f"configuration (differs in: {fields}); resume it with the same configuration or use a new collection id"
+    )
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the fields that differ. A field one side lacks counts as ``None``,
+    so a field added to the config since a collection was stored, left unset, is no
+    difference (the collection resumes)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+class PolicyIdentity:
+    """The policy versions a collection's rollouts report (``Turn.policy_version``: the
+    embedded server's weights version, SGLang's ``weight_version``, vLLM's model), taken
+    from the first step that has any, and the refusal to record a step sampled by
+    another one. A server's answers say which weights served them, so a resume against
+    a server whose weights changed under the same name is caught at its first new wave,
+    before anything of it is saved."""
+
+    def __init__(self, collection_id: str | None, *, allow_change: bool = False) -> None:
+        self.collection_id, self.allow_change = collection_id, allow_change
+        self.versions: set[str] | None = None
+
+    def note(self, step: Step, value: Any, *, new: bool) -> None:
+        """Learn the versions of a step (replayed, or ``new``); refuse a new one that differs."""
+        if step.kind == "evidence":
+            rollouts: Any = ((e.turns for e in t.edges.values()) for t in value.trees)
+        elif step.kind == "wave":
+            rollouts = ((p.turns for p in ro.pieces) for ro in value.rollouts)
+        else:
+            return
+        found = {t.policy_version for group in rollouts for turns in group for t in turns if t.policy_version}
+        if not found:
+            return
+        if self.versions is None or self.allow_change or not new:
+            self.versions = (self.versions or set()) | found
+        elif not found <= self.versions:
+            raise _policy_changed(self.collection_id, ", ".join(sorted(self.versions)), ", ".join(sorted(found)))

@@ -1,0 +1,289 @@
+"""Ctrl-C and SIGTERM stop a collection cleanly, and the rerun writes the batch an
+uninterrupted run writes, bit for bit.
+
+The command runs on a real pseudo-terminal (``pty.fork``): typing Ctrl-C there makes
+the terminal send SIGINT to the whole foreground process group, as it does for a
+person. The first signal stops the collection (nothing in flight is recorded, finished
+saves complete), stops what the command started and exits 130 (143 for SIGTERM) with
+one line saying how to resume; a second signal exits at once. Interrupted at several
+points - while the evidence runs, with continuation waves in flight, after a wave was
+saved - the resumed batch has every row of the uninterrupted one, and no rollout
+failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from fixtures.prefect import base_env
+from fixtures.resume import mismatches
+
+from storage import BatchStore, CheckpointStore
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+CID = "stopped"
+CONFIG = """
+seed = 17
+collection_id = "{cid}"
+[model]
+kind = "factory"
+factory = "fixtures.prefect:digit_policy"
+options = {{latency_s = {latency}}}
+[env]
+n_tasks = 3
+[[search.phases]]
+name = "evidence"
+rollouts_per_task = 2
+[[search.phases]]
+name = "continue"
+transitions = 40
+wave_size = 3
+max_depth = 6
+[execution]
+kind = "{execution}"
+[storage]
+root = "{root}"
+"""
+
+
+def config_file(tmp: Path, root: Path, *, latency: float = 0.1, execution: str = "local", cid: str = CID) -> Path:
+    path = tmp / f"{cid}-{root.name}.toml"
+    path.write_text(CONFIG.format(cid=cid, root=root, latency=latency, execution=execution))
+    return path
+
+
+def in_terminal(
+    args: list[str],
+    env: dict[str, str],
+    when: Callable[[], bool],
+    keys: list[bytes],
+    timeout_s: float = 240,
+    *,
+    argv: list[str] | None = None,
+    cwd: Path | None = None,
+) -> tuple[int, str]:
+    """Run ``focus <args>`` (or ``argv``) on a pseudo-terminal; once ``when()`` holds,
+    type ``keys`` (0.05 s apart). Returns the exit status and what the terminal showed."""
+    argv = argv or [sys.executable, "-m", "cli"]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: its own session, the terminal's foreground process group
+        if cwd is not None:
+            os.chdir(cwd)
+        os.execve(argv[0], [*argv, *args], env)
+    shown, typed, deadline = bytearray(), False, time.monotonic() + timeout_s
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], 0.02)
+            if ready:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:  # the terminal is gone: the command exited
+                    chunk = b""
+                if not chunk:
+                    break
+                shown += chunk
+            if not typed and when():
+                for key in keys:
+                    os.write(fd, key)
+                    time.sleep(0.05)
+                typed = True
+            assert time.monotonic() < deadline, (
+                f"no exit within {timeout_s} s:\n{shown.decode(errors='replace')[-3000:]}"
+            )
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    assert typed, "the command ended before it could be interrupted:\n" + shown.decode(errors="replace")[-3000:]
+    return os.waitstatus_to_exitcode(status), shown.decode(errors="replace")
+
+
+def saved(root: Path, cid: str = CID) -> set[tuple[str, int]]:
+    try:
+        return {(str(p), w) for p, w in CheckpointStore(str(root)).list(cid)}
+    except Exception:  # noqa: BLE001 - the store does not exist yet
+        return set()
+
+
+def after(root: Path, key: tuple[str, int], delay_s: float = 0.0) -> Callable[[], bool]:
+    """A condition: ``key`` is saved (and ``delay_s`` has passed since it was first seen)."""
+    seen: list[float] = []
+
+    def check() -> bool:
+        if not seen and key in saved(root):
+            seen.append(time.monotonic())
+        return bool(seen) and time.monotonic() - seen[0] >= delay_s
+
+    return check
+
+
+def resume(cfg: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "collect", "--config", str(cfg), "--json"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done
+
+
+def batch(root: Path, cid: str = CID):  # type: ignore[no-untyped-def]
+    store = BatchStore(str(root))
+    return store.read(store.url_for(cid, 0))
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    """The uninterrupted collection's store."""
+    tmp = tmp_path_factory.mktemp("clean")
+    root = tmp / "store"
+    resume(config_file(tmp, root, latency=0.0), base_env(tmp / "prefect"))
+    return root
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def one_line(shown: str) -> str:
+    """The last line the terminal shows (colours, cursor moves and the echoed ^C removed)."""
+    lines = [ln for ln in ANSI.sub("", shown).replace("\r", "\n").splitlines() if ln.strip()]
+    return lines[-1].removeprefix("^C")
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        pytest.param("evidence", id="while-the-evidence-runs"),
+        pytest.param("waves", id="continuation-waves-in-flight"),
+        pytest.param("saved-wave", id="after-a-wave-was-saved"),
+    ],
+)
+def test_ctrl_c_stops_cleanly_and_the_rerun_gives_the_same_batch(point, clean, tmp_path):
+    root = tmp_path / "store"
+    cfg = config_file(tmp_path, root)
+    env = base_env(tmp_path / "prefect")
+    when = {
+        "evidence": after(root, ("config", 0), 0.3),
+        "waves": after(root, ("evidence.score", 0), 0.15),
+        "saved-wave": after(root, ("1.continue", 1)),
+    }[point]
+    code, shown = in_terminal(["collect", "--config", str(cfg)], env, when, [b"\x03"])
+    assert code == 130, shown[-3000:]
+    line = one_line(shown)
+    assert line.startswith("interrupted (SIGINT)") and f"focus collect --collection-id {CID}" in line, shown[-3000:]
+    assert "Traceback" not in shown and "error" not in ANSI.sub("", shown).lower(), shown[-3000:]
+    before = saved(root)
+    assert ("export", 0) not in before
+    out = resume(cfg, env)
+    # every step saved before the interrupt is reused, nothing else
+    assert json.loads(out.stdout.strip().splitlines()[-1])["stats"]["steps_reused"] == len(before)
+    got, want = batch(root), batch(clean)
+    assert got.stats["failed_rollouts"] == 0
+    assert mismatches(got, want) == {"actor": 0, "critic": 0}
+
+
+def test_sigterm_stops_cleanly_too(clean, tmp_path):
+    root = tmp_path / "store"
+    cfg = config_file(tmp_path, root)
+    env = base_env(tmp_path / "prefect")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "collect", "--config", str(cfg)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while ("evidence.score", 0) not in saved(root):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)  # the command alone, as a service manager stops it
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("interrupted (SIGTERM)"), err[-3000:]
+    resume(cfg, env)
+    assert mismatches(batch(root), batch(clean)) == {"actor": 0, "critic": 0}
+
+
+def test_a_second_ctrl_c_exits_at_once_and_the_store_still_resumes(clean, tmp_path):
+    root = tmp_path / "store"
+    cfg = config_file(tmp_path, root)
+    env = base_env(tmp_path / "prefect")
+    code, shown = in_terminal(
+        ["collect", "--config", str(cfg)], env, after(root, ("1.continue", 0)), [b"\x03", b"\x03"]
+    )
+    assert code == 130, shown[-3000:]
+    resume(cfg, env)
+    got = batch(root)
+    assert got.stats["failed_rollouts"] == 0 and mismatches(got, batch(clean)) == {"actor": 0, "critic": 0}
+
+
+@pytest.mark.parametrize("how", ["dask", "prefect"])
+def test_ctrl_c_stops_the_dask_and_the_prefect_paths_cleanly(how, tmp_path, tmp_path_factory):
+    cid = f"stopped-{how}"
+    execution = "dask" if how == "dask" else "local"
+    clean_root = tmp_path / "clean"
+    env = base_env(tmp_path / "prefect")
+    resume(config_file(tmp_path, clean_root, latency=0.0, execution="local", cid=cid), env)
+    root = tmp_path / "store"
+    cfg = config_file(tmp_path, root, execution=execution, cid=cid)
+    args = ["collect", "--config", str(cfg), *(["--prefect"] if how == "prefect" else [])]
+    code, shown = in_terminal(args, env, lambda: ("1.continue", 0) in saved(root, cid), [b"\x03"])
+    assert code == 130, shown[-3000:]
+    assert one_line(shown).startswith("interrupted (SIGINT)"), shown[-3000:]
+    resume(cfg, env)
+    got = batch(root, cid)
+    assert got.stats["failed_rollouts"] == 0 and mismatches(got, batch(clean_root, cid)) == {"actor": 0, "critic": 0}
+
+
+def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weights(prefect_env, prefect_api, tmp_path):
+    """Interrupted while iteration 0 collects, then while its trainer runs (weights
+    written, result not yet recorded), the loop resumes and ends with the weights of a
+    loop that was never interrupted (tests/test_train_resume.py's loop and trainer)."""
+    import textwrap
+
+    from test_train_resume import CONFIG as LOOP
+    from test_train_resume import LAUNCHER, TRAINER
+
+    from storage.weights import WeightStore
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "slowtrain.py").write_text(textwrap.dedent(TRAINER))
+    launcher = tmp_path / "focus_cli.py"
+    launcher.write_text(LAUNCHER)
+    root, markers = tmp_path / "store", tmp_path / "markers"
+    (user / "loop.toml").write_text(LOOP.format(root=root, markers=markers, pause=30))
+    args = ["train", "-c", "loop.toml"]
+    argv = [sys.executable, str(launcher)]
+    points = [
+        lambda: any(p == "1.continue.score" for p, _ in saved(root, "r-it0")),
+        lambda: (markers / "trained-0").exists(),
+    ]
+    for when in points:
+        code, shown = in_terminal(args, prefect_env, when, [b"\x03"], argv=argv, cwd=user)
+        assert code == 130, shown[-3000:]
+        assert one_line(shown).startswith("interrupted (SIGINT)") and "focus train --collection-id r" in one_line(shown)
+    assert not CheckpointStore(str(root)).exists("r", "train", 0)  # the interrupted training was not recorded
+    done = subprocess.run(
+        [*argv, *args, "--set", "train.options.pause_s=0"], cwd=user, env=prefect_env,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    clean = tmp_path / "clean"
+    (user / "clean.toml").write_text(LOOP.format(root=clean, markers=tmp_path / "m2", pause=0))
+    done = subprocess.run(
+        [*argv, "train", "-c", "clean.toml"], cwd=user, env=prefect_env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for name in ("policy.pt", "critic.pt", "optimizer.pt"):
+        got = WeightStore(str(root)).read(f"{WeightStore(str(root)).folder('r', 2)}/{name}")
+        want = WeightStore(str(clean)).read(f"{WeightStore(str(clean)).folder('r', 2)}/{name}")
+        assert got == want, name
