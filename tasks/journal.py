@@ -3,10 +3,9 @@
 :class:`CheckpointJournal` is the :class:`focus.journal.Journal` the pipeline hands the
 collector's loop: a step it records is saved to the checkpoint store, a step found there
 is taken from it, so a rerun with the same collection id continues after the last saved
-step. It also runs the pipeline's own two steps: the configuration check that guards a
-resume, and the export of the batch. Every step body goes through :meth:`run_step`,
-which the ``collect`` flow's journal makes a Prefect task run. Each step also yields a
-:class:`tasks.records.StepRecord`, passed to ``on_step``. Checkpoint keys, in order::
+step. It also runs the configuration check that guards a resume and the batch's export.
+Each step body runs in :meth:`run_step` (a Prefect task run under the ``collect`` flow)
+and yields a :class:`tasks.records.StepRecord` for ``on_step``. Checkpoint keys, in order::
 
     ("config", 0)  ("evidence", 0)  ("evidence.score", 0)  ("<p>.<name>", w)
     ("<p>.<name>.score", w)  ... ("<p>.<name>.end", 0)  ("trees.svg", 0)  ("export", 0)

@@ -199,7 +199,7 @@ def unlabelled_command_lines(text: str) -> list[str]:
     """Lines that run something inside code blocks not labelled bash (they would be missed)."""
     out = []
     for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
-        if lang in ("bash", "sh", "python", "toml", "json", "yaml"):
+        if lang in ("bash", "sh", "python", "toml", "json", "yaml", "text"):
             continue
         out += [line for line in body.splitlines() if PROGRAM.match(line.strip())]
     return out

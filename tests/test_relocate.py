@@ -39,7 +39,7 @@ def settings(root: str, url: str, cid: str) -> list[str]:
 
 def focus(args: list[str], env: dict[str, str], cwd: Path) -> dict:
     done = subprocess.run(
-        [sys.executable, "-m", "flows", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=180
+        [sys.executable, "-m", "cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=180
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

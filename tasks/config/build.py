@@ -16,13 +16,14 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from focus.backends.retry import HttpConfig
-from tasks.config.schema import ConfigError, FocusConfig, check_import_path
+from tasks.config.errors import ConfigError, check_import_path
 
 if TYPE_CHECKING:
     from focus.agent import Agent
     from focus.env import Env, Task
     from focus.format import PolicyFormat
     from focus.policy import Policy
+    from tasks.config.schema import FocusConfig
 
 
 def _cwd_on_path() -> None:

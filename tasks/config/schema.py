@@ -25,6 +25,7 @@ from focus.backends.tinker_backend import TinkerUpdateConfig
 from focus.policy import SamplingParams
 from focus.priority import Phase, Priority, Selective, Uniform
 from focus.train_local import UpdateConfig
+from tasks.config.errors import ConfigError, check_import_path
 from tasks.config.options import check_options
 
 if TYPE_CHECKING:
@@ -34,19 +35,8 @@ if TYPE_CHECKING:
     from focus.policy import Policy
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message names each field and the reason."""
-
-
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def check_import_path(value: str | None) -> str | None:
-    """``value`` if it has the form ``package.module:name`` (or is ``None``), else ``ValueError``."""
-    if value is not None and (value.count(":") != 1 or not all(value.split(":"))):
-        raise ValueError(f"{value!r} is not an import path of the form 'package.module:name'")
-    return value
 
 
 def _check_http_url(name: str, url: str | None) -> None:
