@@ -152,7 +152,7 @@ def _kind(name: str) -> str:
 class SearchMeter:
     """Thread CPU spent inside the search's own functions (planning, grafting, scoring).
 
-    Every public function of ``focus.search`` is replaced, in each loaded ``focus``
+    Every public function of the ``focus.search`` package is replaced, in each loaded ``focus``
     module that refers to it (the collector, the execution service), by a wrapper that
     times it with ``time.thread_time``; calls nested inside a timed one are not timed
     again. These functions are synchronous, so nothing else runs on the event loop
@@ -172,16 +172,17 @@ class SearchMeter:
     def install(self) -> SearchMeter:
         import focus.search as fs
 
+        # the package's public functions (defined in its modules, re-exported by it)
         originals = {
             fn: name
             for name, fn in vars(fs).items()
             if inspect.isfunction(fn)
-            and fn.__module__ == fs.__name__
+            and fn.__module__.startswith(fs.__name__ + ".")
             and not name.startswith("_")
             and not inspect.iscoroutinefunction(fn)
         }
         for mod_name, mod in list(sys.modules.items()):
-            if mod is None or mod is fs or not mod_name.startswith("focus."):
+            if mod is None or mod_name.startswith(fs.__name__) or not mod_name.startswith("focus."):
                 continue
             for attr, value in list(vars(mod).items()):
                 if inspect.isfunction(value) and value in originals:

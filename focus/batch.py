@@ -6,7 +6,8 @@ the segment's advantage and the reward. The critic table, one row per checkpoint
 context ids, the critic target and its weight, and the critic's own prediction at
 collection time. ``stats`` records what the collection actually used, per phase. The
 columns are documented in ``docs/batch-schema.md``; :data:`ACTOR_SCHEMA` and
-:data:`CRITIC_SCHEMA` are the contract with trainers and query tools.
+:data:`CRITIC_SCHEMA` (:mod:`focus.batch_schema`, with the typed rows) are the contract
+with trainers and query tools, re-exported here.
 
 The batch is columnar from the start: :class:`BatchBuilder` (what
 ``Collector.prepare`` fills) appends each turn's token ids, log-probs and mask to flat
@@ -16,7 +17,7 @@ critic row's context - is converted and stored once, however many rows use it. S
 writing a batch (``storage.batches``) is Parquet encoding alone. Converting Python ints
 is most of that work: a batch holds millions of token ids, and each costs ~15 ns to pack
 (one compiled ``struct.Struct`` per row length packs a whole row in one C call) against
-~1 ns to gather into the final columns.
+~1 ns to gather into the final columns (:mod:`focus.batch_columns`).
 
 Typed rows remain the view most code reads: ``batch.actor`` and ``batch.critic`` are
 lists of :class:`ActorRow` / :class:`CriticRow`, built from the columns on first use
@@ -26,224 +27,39 @@ from rows, as before; it is converted when its tables are first asked for.
 
 from __future__ import annotations
 
-import itertools
-import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-#: 2: the actor table gained ``truncated``.
-SCHEMA_VERSION = 2
-
-_TOKEN = pa.int32()
-
-
-def _list(value: pa.DataType) -> pa.DataType:
-    return pa.list_(pa.field("item", value, nullable=False))
-
-
-ACTOR_SCHEMA = pa.schema(
-    [
-        pa.field("collection_id", pa.string(), nullable=False),
-        pa.field("iteration", pa.int64(), nullable=False),
-        pa.field("task_id", pa.string(), nullable=False),
-        pa.field("tree_id", pa.string(), nullable=False),
-        pa.field("node_id", pa.int64(), nullable=False),
-        pa.field("edge_id", pa.int64(), nullable=False),
-        pa.field("turn_index", pa.int32(), nullable=False),
-        pa.field("policy_version", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("prompt_ids", _list(_TOKEN), nullable=False),
-        pa.field("completion_ids", _list(_TOKEN), nullable=False),
-        pa.field("logprobs", _list(pa.float64()), nullable=False),
-        pa.field("loss_mask", _list(pa.int8()), nullable=False),
-        pa.field("advantage", pa.float64(), nullable=False),
-        pa.field("reward", pa.float64(), nullable=False),
-        pa.field("finish_reason", pa.string(), nullable=False),
-        pa.field("truncated", pa.bool_(), nullable=False),
-    ],
-    metadata={"focus.table": "actor", "focus.schema_version": str(SCHEMA_VERSION)},
+from focus.batch_columns import TokenBuffer, _gathered, _list_column, _Packer, _repeat, _scalars
+from focus.batch_schema import (
+    _TOKEN,
+    ACTOR_SCHEMA,
+    CRITIC_SCHEMA,
+    SCHEMA_VERSION,
+    ActorRow,
+    BatchError,
+    CriticRow,
+    actor_rows,
+    critic_rows,
 )
 
-CRITIC_SCHEMA = pa.schema(
-    [
-        pa.field("collection_id", pa.string(), nullable=False),
-        pa.field("iteration", pa.int64(), nullable=False),
-        pa.field("task_id", pa.string(), nullable=False),
-        pa.field("tree_id", pa.string(), nullable=False),
-        pa.field("node_id", pa.int64(), nullable=False),
-        pa.field("context_ids", _list(_TOKEN), nullable=False),
-        pa.field("target", pa.float64(), nullable=False),
-        pa.field("weight", pa.float64(), nullable=False),
-        pa.field("prediction", pa.float64(), nullable=True),
-    ],
-    metadata={"focus.table": "critic", "focus.schema_version": str(SCHEMA_VERSION)},
-)
-
-
-class BatchError(ValueError):
-    """A value that does not fit the batch schema; the message names the column and the value."""
-
-
-@dataclass(frozen=True)
-class ActorRow:
-    collection_id: str
-    iteration: int
-    task_id: str
-    tree_id: str
-    node_id: int  # the segment's parent checkpoint
-    edge_id: int
-    turn_index: int  # position of the turn inside its segment
-    policy_version: str
-    prompt_ids: tuple[int, ...]
-    completion_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    loss_mask: tuple[int, ...]  # one per completion token
-    advantage: float
-    reward: float  # reward of the transition this turn caused
-    finish_reason: str
-    kind: str = "action"  # or "compaction"
-    #: The segment ends in a truncated leaf (step or context limit): its advantage
-    #: bootstraps from the critic there, or counts the leaf as terminal (the
-    #: estimator's ``truncation``).
-    truncated: bool = False
-
-
-@dataclass(frozen=True)
-class CriticRow:
-    collection_id: str
-    iteration: int
-    task_id: str
-    tree_id: str
-    node_id: int
-    context_ids: tuple[int, ...]
-    target: float
-    weight: float
-    prediction: float | None
-
-
-# --- packing Python numbers ---------------------------------------------------------------
-
-_I32 = np.iinfo(np.int32)
-#: Values per chunk of a list column, below the 2^31 offsets of Arrow's ``list`` type.
-_CHUNK_VALUES = 1 << 30
-
-
-class _Packer:
-    """Python number sequences -> bytes of one C type, one ``struct`` call per sequence.
-
-    ``struct`` packs a tuple of Python numbers faster than ``np.fromiter`` (one C loop
-    over an argument tuple instead of an iterator protocol per item); a compiled
-    ``Struct`` per length is kept, since struct's own cache holds 100 formats and
-    recompiling costs more than packing. When a sequence does not pack,
-    :class:`BatchError` names the column and the first bad value.
-    """
-
-    def __init__(self, code: str, dtype: Any, column: str) -> None:
-        self.code, self.dtype, self.column = code, np.dtype(dtype), column
-        self._structs: dict[int, struct.Struct] = {}
-
-    def pack(self, seq: Sequence[Any]) -> bytes:
-        packer = self._structs.get(len(seq))
-        if packer is None:
-            packer = self._structs[len(seq)] = struct.Struct(f"{len(seq)}{self.code}")
-        try:
-            return packer.pack(*seq)
-        except (struct.error, TypeError, OverflowError):
-            raise self._why(seq) from None
-
-    def _why(self, seq: Sequence[Any]) -> BatchError:
-        one = struct.Struct(self.code)
-        for v in seq:
-            try:
-                one.pack(v)
-            except (struct.error, TypeError, OverflowError) as e:
-                if isinstance(v, int) and not isinstance(v, bool):
-                    return BatchError(f"column {self.column!r} has a value outside {self.dtype.name}: {v}")
-                return BatchError(
-                    f"column {self.column!r} has a value {v!r} ({type(v).__name__}) that is not {self.dtype.name}: {e}"
-                )
-        return BatchError(f"column {self.column!r} could not be converted to {self.dtype.name}")
-
-
-class TokenBuffer:
-    """Token-id sequences packed back to back as int32; each distinct sequence object once.
-
-    The same id tuple object recurs in a batch: sibling branches send their checkpoint's
-    very prefix, and a critic row's context is the tuple the first turn after that
-    checkpoint was sent (pickling keeps that sharing). :meth:`add` returns where a
-    sequence lies in the buffer; a sequence met again, by object identity, is not packed
-    again. Identity, not equality: looking an object up costs the same whatever its
-    length, and the buffer keeps every sequence it has seen alive, so ids stay unique.
-    """
-
-    def __init__(self, column: str = "token ids") -> None:
-        self._packer = _Packer("i", np.int32, column)
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._at: dict[int, int] = {}
-        self._keep: list[Sequence[int]] = []
-
-    def add(self, seq: Sequence[int], column: str | None = None) -> int:
-        """Start of ``seq`` in the buffer (its length is ``len(seq)``)."""
-        start = self._at.get(id(seq))
-        if start is not None:
-            return start
-        if column is not None:
-            self._packer.column = column
-        self._chunks.append(self._packer.pack(seq))
-        start = self._at[id(seq)] = self._size
-        self._keep.append(seq)
-        self._size += len(seq)
-        return start
-
-    def values(self) -> np.ndarray:
-        data = b"".join(self._chunks)
-        self._chunks = [data]
-        return np.frombuffer(data, dtype=np.int32)
-
-
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
-    return out
-
-
-def _list_column(values: np.ndarray, lengths: np.ndarray, value_type: pa.DataType) -> pa.ChunkedArray:
-    """A list column whose rows are consecutive runs of ``values``, in chunks whose
-    offsets fit Arrow's 32-bit ``list`` type (one chunk unless a table holds 2^30 values)."""
-    offsets = _offsets(lengths)
-    bounds = [0]
-    while bounds[-1] < len(lengths):
-        row = bounds[-1]
-        end = int(np.searchsorted(offsets, offsets[row] + _CHUNK_VALUES, side="right")) - 1
-        bounds.append(max(end, row + 1))
-    if len(bounds) == 1:
-        bounds.append(0)
-    chunks = []
-    for row, end in itertools.pairwise(bounds):
-        base = int(offsets[row])
-        if int(offsets[end]) - base > _I32.max:
-            raise BatchError(f"a row holds {int(offsets[end]) - base} values, more than a list column can hold")
-        off = pa.array((offsets[row : end + 1] - base).astype(np.int32))
-        values_ = pa.array(values[base : int(offsets[end])], type=value_type)
-        chunks.append(pa.ListArray.from_arrays(off, values_, type=_list(value_type)))
-    return pa.chunked_array(chunks, type=_list(value_type))
-
-
-def _gathered(pool: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The runs ``pool[starts[i] : starts[i] + lengths[i]]`` back to back (one numpy gather)."""
-    offsets = _offsets(lengths)
-    if not len(lengths) or int(offsets[-1]) == 0:
-        return pool[:0]
-    index = np.repeat(starts - offsets[:-1], lengths)
-    index += np.arange(offsets[-1], dtype=np.int64)
-    return pool[index]
-
+__all__ = [
+    "ACTOR_SCHEMA",
+    "CRITIC_SCHEMA",
+    "SCHEMA_VERSION",
+    "ActorRow",
+    "Batch",
+    "BatchBuilder",
+    "BatchError",
+    "CriticRow",
+    "TokenBuffer",
+    "actor_rows",
+    "critic_rows",
+]
 
 # --- the builder ------------------------------------------------------------------------------
 
@@ -464,49 +280,6 @@ class BatchBuilder:
     def build(self, stats: dict[str, Any] | None = None) -> Batch:
         actor, critic = self.tables()
         return Batch(self.collection_id, self.iteration, actor, critic, dict(stats or {}))
-
-
-def _repeat(value: Any, n: int, type_: pa.DataType) -> pa.Array:
-    return pa.repeat(pa.scalar(value, type_), n)
-
-
-def _scalars(values: list[Any], type_: pa.DataType, column: str) -> pa.Array:
-    try:
-        return pa.array(values, type_)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
-        raise BatchError(f"column {column!r}: {e}") from None
-
-
-# --- rows from columns ------------------------------------------------------------------------
-
-
-def _lists(col: pa.ChunkedArray) -> list[tuple[Any, ...]]:
-    out: list[tuple[Any, ...]] = []
-    for arr in col.chunks:
-        if not len(arr):
-            continue
-        offsets = arr.offsets.to_numpy()
-        flat = arr.values.slice(offsets[0], offsets[-1] - offsets[0]).to_numpy(zero_copy_only=False).tolist()
-        o = (offsets - offsets[0]).tolist()
-        out += [tuple(flat[o[i] : o[i + 1]]) for i in range(len(arr))]
-    return out
-
-
-def actor_rows(table: pa.Table) -> list[ActorRow]:
-    """Typed rows of an actor table of :data:`ACTOR_SCHEMA`."""
-    names = [f.name for f in ACTOR_SCHEMA]
-    cols = [
-        _lists(table.column(k)) if pa.types.is_list(ACTOR_SCHEMA.field(k).type) else table.column(k).to_pylist()
-        for k in names
-    ]
-    return [ActorRow(**dict(zip(names, values, strict=True))) for values in zip(*cols, strict=True)]
-
-
-def critic_rows(table: pa.Table) -> list[CriticRow]:
-    """Typed rows of a critic table of :data:`CRITIC_SCHEMA`."""
-    names = [f.name for f in CRITIC_SCHEMA]
-    cols = [_lists(table.column(k)) if k == "context_ids" else table.column(k).to_pylist() for k in names]
-    return [CriticRow(**dict(zip(names, values, strict=True))) for values in zip(*cols, strict=True)]
 
 
 # --- the batch --------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pickle
 import cloudpickle
 import pytest
 
-import focus.search as search_mod
+import focus.search.state as search_state
 from focus.agent import Agent
 from focus.collector import Collector
 from focus.env import Task
@@ -205,7 +205,7 @@ def test_planning_work_per_wave_follows_the_paths_touched(monkeypatch: pytest.Mo
             super().update(tree, changed)
             updates.append((self.index, self.last_views))
 
-    monkeypatch.setattr(search_mod, "TreeRanking", Counting)
+    monkeypatch.setattr(search_state, "TreeRanking", Counting)
     col, tasks = collection("selective", 3)
     state = run(col.run_evidence(tasks))
     plan = col.plan_wave(state, 1, 0)

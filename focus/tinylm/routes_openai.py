@@ -14,10 +14,11 @@ Chat messages are rendered with the model's codec (:class:`focus.format.ByteCode
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -73,108 +74,123 @@ _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant"
 
 
 def router(state: ServerState) -> list[Route]:
+    """The route table, each handler bound to ``state``."""
     r = Routes()
-    engine = state.engine
-    codec = engine.codec
-
-    @r.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        card = ModelCard(id=state.model_name, owned_by="focus", root=engine.weights_path, max_model_len=engine.max_len)
-        out = ModelList(data=[card]).model_dump()
-        out["data"][0]["policy_version"] = engine.policy_version
-        out["data"][0]["vocab_size"] = engine.vocab_size  # clients check sampled ids against it
-        return out
-
-    @r.post("/v1/completions")
-    async def completions(request: Request) -> Any:
-        req = await parse(request, CompletionRequest)
-        req.check()
-        state.check_model(req.model)
-        prompts = _prompt_ids(req.prompt, codec.encode_text)
-        n = req.n or 1
-        k = _top(req.logprobs, engine.vocab_size)
-        plp = req.prompt_logprobs
-        if plp is None and req.echo and req.logprobs is not None:
-            plp = req.logprobs
-        gen = [
-            _gen_request(req, p, j, req.max_tokens if req.max_tokens is not None else 16, k, plp, engine.vocab_size)
-            for p in prompts
-            for j in range(n)
-        ]
-        for g in gen:
-            engine.check(g)
-        if req.stream:
-            return _sse(_stream_completion(state, req, gen))
-        res = await results(state, gen, request)
-        choices = [_completion_choice(req, i, g, rr) for i, (g, rr) in enumerate(zip(gen, res, strict=True))]
-        out = CompletionResponse(model=state.model_name, choices=choices, usage=_usage(gen[::n], res, n)).model_dump()
-        out["policy_version"] = res[0].policy_version
-        return out
-
-    @r.post("/v1/chat/completions")
-    async def chat(request: Request) -> Any:
-        req = await parse(request, ChatCompletionRequest)
-        req.check()
-        state.check_model(req.model)
-        prompt = _render(req.messages, req.add_generation_prompt, req.continue_final_message)
-        requested = req.requested_max_tokens()
-        max_tokens = requested if requested is not None else engine.max_len - len(prompt)
-        k = _top(req.top_logprobs if req.logprobs else None, engine.vocab_size)
-        gen = [
-            _gen_request(req, prompt, j, max_tokens, k, req.prompt_logprobs, engine.vocab_size)
-            for j in range(req.n or 1)
-        ]
-        for g in gen:
-            engine.check(g)
-        if req.stream:
-            return _sse(_stream_chat(state, req, gen))
-        res = await results(state, gen, request)
-        prefix = req.messages[-1].text() if req.echo and req.messages[-1].role == "assistant" else ""
-        choices = []
-        for i, rr in enumerate(res):
-            text = trim_stop(token_text(rr.token_ids, req.skip_special_tokens), rr, req.include_stop_str_in_output)
-            choices.append(
-                ChatCompletionResponseChoice(
-                    index=i,
-                    message=ChatMessage(role="assistant", content=prefix + text),
-                    logprobs=_chat_logprobs(rr, req) if req.logprobs else None,
-                    finish_reason=rr.finish_reason,
-                    stop_reason=stop_reason(rr),
-                    token_ids=list(rr.token_ids) if req.return_token_ids else None,
-                )
-            )
-        out = ChatCompletionResponse(
-            model=state.model_name,
-            choices=choices,
-            usage=_usage(gen[:1], res, len(res)),
-            prompt_logprobs=_prompt_logprobs(res[0], prompt) if req.prompt_logprobs is not None else None,
-            prompt_token_ids=list(prompt) if req.return_token_ids else None,
-        ).model_dump()
-        out["policy_version"] = res[0].policy_version
-        return out
-
-    @r.post("/tokenize")
-    async def tokenize(request: Request) -> dict[str, Any]:
-        req = await parse(request, TokenizeRequest)
-        req.check()
-        state.check_model(req.model)
-        if req.messages is not None:
-            ids = list(_render(req.messages, req.add_generation_prompt, False))
-        else:
-            ids = codec.encode_text(req.prompt or "")
-        strs = [token_str(t) for t in ids] if req.return_token_strs else None
-        return TokenizeResponse(count=len(ids), max_model_len=engine.max_len, tokens=ids, token_strs=strs).model_dump()
-
-    @r.post("/detokenize")
-    async def detokenize(request: Request) -> dict[str, Any]:
-        req = await parse(request, DetokenizeRequest)
-        state.check_model(req.model)
-        bad = [t for t in req.tokens if not 0 <= t < engine.vocab_size]
-        if bad:
-            raise RequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {engine.vocab_size})", "tokens")
-        return DetokenizeResponse(prompt=codec.decode(req.tokens)).model_dump()
-
+    for method, path, handler in ROUTES:
+        add = r.get if method == "GET" else r.post
+        add(path)(functools.partial(handler, state))
     return r.routes
+
+
+async def _models(state: ServerState, request: Request) -> dict[str, Any]:
+    engine = state.engine
+    card = ModelCard(id=state.model_name, owned_by="focus", root=engine.weights_path, max_model_len=engine.max_len)
+    out = ModelList(data=[card]).model_dump()
+    out["data"][0]["policy_version"] = engine.policy_version
+    out["data"][0]["vocab_size"] = engine.vocab_size  # clients check sampled ids against it
+    return out
+
+
+async def _completions(state: ServerState, request: Request) -> Any:
+    engine = state.engine
+    req = await parse(request, CompletionRequest)
+    req.check()
+    state.check_model(req.model)
+    prompts = _prompt_ids(req.prompt, engine.codec.encode_text)
+    n = req.n or 1
+    k = _top(req.logprobs, engine.vocab_size)
+    plp = req.prompt_logprobs
+    if plp is None and req.echo and req.logprobs is not None:
+        plp = req.logprobs
+    gen = [
+        _gen_request(req, p, j, req.max_tokens if req.max_tokens is not None else 16, k, plp, engine.vocab_size)
+        for p in prompts
+        for j in range(n)
+    ]
+    for g in gen:
+        engine.check(g)
+    if req.stream:
+        return _sse(_stream_completion(state, req, gen))
+    res = await results(state, gen, request)
+    choices = [_completion_choice(req, i, g, rr) for i, (g, rr) in enumerate(zip(gen, res, strict=True))]
+    out = CompletionResponse(model=state.model_name, choices=choices, usage=_usage(gen[::n], res, n)).model_dump()
+    out["policy_version"] = res[0].policy_version
+    return out
+
+
+async def _chat(state: ServerState, request: Request) -> Any:
+    engine = state.engine
+    req = await parse(request, ChatCompletionRequest)
+    req.check()
+    state.check_model(req.model)
+    prompt = _render(req.messages, req.add_generation_prompt, req.continue_final_message)
+    requested = req.requested_max_tokens()
+    max_tokens = requested if requested is not None else engine.max_len - len(prompt)
+    k = _top(req.top_logprobs if req.logprobs else None, engine.vocab_size)
+    gen = [
+        _gen_request(req, prompt, j, max_tokens, k, req.prompt_logprobs, engine.vocab_size) for j in range(req.n or 1)
+    ]
+    for g in gen:
+        engine.check(g)
+    if req.stream:
+        return _sse(_stream_chat(state, req, gen))
+    res = await results(state, gen, request)
+    prefix = req.messages[-1].text() if req.echo and req.messages[-1].role == "assistant" else ""
+    choices = []
+    for i, rr in enumerate(res):
+        text = trim_stop(token_text(rr.token_ids, req.skip_special_tokens), rr, req.include_stop_str_in_output)
+        choices.append(
+            ChatCompletionResponseChoice(
+                index=i,
+                message=ChatMessage(role="assistant", content=prefix + text),
+                logprobs=_chat_logprobs(rr, req) if req.logprobs else None,
+                finish_reason=rr.finish_reason,
+                stop_reason=stop_reason(rr),
+                token_ids=list(rr.token_ids) if req.return_token_ids else None,
+            )
+        )
+    out = ChatCompletionResponse(
+        model=state.model_name,
+        choices=choices,
+        usage=_usage(gen[:1], res, len(res)),
+        prompt_logprobs=_prompt_logprobs(res[0], prompt) if req.prompt_logprobs is not None else None,
+        prompt_token_ids=list(prompt) if req.return_token_ids else None,
+    ).model_dump()
+    out["policy_version"] = res[0].policy_version
+    return out
+
+
+async def _tokenize(state: ServerState, request: Request) -> dict[str, Any]:
+    engine = state.engine
+    req = await parse(request, TokenizeRequest)
+    req.check()
+    state.check_model(req.model)
+    if req.messages is not None:
+        ids = list(_render(req.messages, req.add_generation_prompt, False))
+    else:
+        ids = engine.codec.encode_text(req.prompt or "")
+    strs = [token_str(t) for t in ids] if req.return_token_strs else None
+    return TokenizeResponse(count=len(ids), max_model_len=engine.max_len, tokens=ids, token_strs=strs).model_dump()
+
+
+async def _detokenize(state: ServerState, request: Request) -> dict[str, Any]:
+    engine = state.engine
+    req = await parse(request, DetokenizeRequest)
+    state.check_model(req.model)
+    bad = [t for t in req.tokens if not 0 <= t < engine.vocab_size]
+    if bad:
+        raise RequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {engine.vocab_size})", "tokens")
+    return DetokenizeResponse(prompt=engine.codec.decode(req.tokens)).model_dump()
+
+
+#: (method, path, handler): the routes :func:`router` serves.
+ROUTES: tuple[tuple[str, str, Callable[[ServerState, Request], Awaitable[Any]]], ...] = (
+    ("GET", "/v1/models", _models),
+    ("POST", "/v1/completions", _completions),
+    ("POST", "/v1/chat/completions", _chat),
+    ("POST", "/tokenize", _tokenize),
+    ("POST", "/detokenize", _detokenize),
+)
 
 
 # --- requests ------------------------------------------------------------------------------

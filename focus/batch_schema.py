@@ -1,0 +1,132 @@
+"""The batch's contract with trainers and query tools: the Arrow schemas of its two
+tables, the typed rows most code reads, and the conversion from columns to rows.
+
+The columns are documented in ``docs/batch-schema.md``; :data:`ACTOR_SCHEMA` and
+:data:`CRITIC_SCHEMA` are what ``storage`` writes and checks. :mod:`focus.batch` holds
+the batch itself and its builder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+#: 2: the actor table gained ``truncated``.
+SCHEMA_VERSION = 2
+
+_TOKEN = pa.int32()
+
+
+def _list(value: pa.DataType) -> pa.DataType:
+    return pa.list_(pa.field("item", value, nullable=False))
+
+
+ACTOR_SCHEMA = pa.schema(
+    [
+        pa.field("collection_id", pa.string(), nullable=False),
+        pa.field("iteration", pa.int64(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("tree_id", pa.string(), nullable=False),
+        pa.field("node_id", pa.int64(), nullable=False),
+        pa.field("edge_id", pa.int64(), nullable=False),
+        pa.field("turn_index", pa.int32(), nullable=False),
+        pa.field("policy_version", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("prompt_ids", _list(_TOKEN), nullable=False),
+        pa.field("completion_ids", _list(_TOKEN), nullable=False),
+        pa.field("logprobs", _list(pa.float64()), nullable=False),
+        pa.field("loss_mask", _list(pa.int8()), nullable=False),
+        pa.field("advantage", pa.float64(), nullable=False),
+        pa.field("reward", pa.float64(), nullable=False),
+        pa.field("finish_reason", pa.string(), nullable=False),
+        pa.field("truncated", pa.bool_(), nullable=False),
+    ],
+    metadata={"focus.table": "actor", "focus.schema_version": str(SCHEMA_VERSION)},
+)
+
+CRITIC_SCHEMA = pa.schema(
+    [
+        pa.field("collection_id", pa.string(), nullable=False),
+        pa.field("iteration", pa.int64(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("tree_id", pa.string(), nullable=False),
+        pa.field("node_id", pa.int64(), nullable=False),
+        pa.field("context_ids", _list(_TOKEN), nullable=False),
+        pa.field("target", pa.float64(), nullable=False),
+        pa.field("weight", pa.float64(), nullable=False),
+        pa.field("prediction", pa.float64(), nullable=True),
+    ],
+    metadata={"focus.table": "critic", "focus.schema_version": str(SCHEMA_VERSION)},
+)
+
+
+class BatchError(ValueError):
+    """A value that does not fit the batch schema; the message names the column and the value."""
+
+
+@dataclass(frozen=True)
+class ActorRow:
+    collection_id: str
+    iteration: int
+    task_id: str
+    tree_id: str
+    node_id: int  # the segment's parent checkpoint
+    edge_id: int
+    turn_index: int  # position of the turn inside its segment
+    policy_version: str
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    loss_mask: tuple[int, ...]  # one per completion token
+    advantage: float
+    reward: float  # reward of the transition this turn caused
+    finish_reason: str
+    kind: str = "action"  # or "compaction"
+    #: The segment ends in a truncated leaf (step or context limit): its advantage
+    #: bootstraps from the critic there, or counts the leaf as terminal (the
+    #: estimator's ``truncation``).
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class CriticRow:
+    collection_id: str
+    iteration: int
+    task_id: str
+    tree_id: str
+    node_id: int
+    context_ids: tuple[int, ...]
+    target: float
+    weight: float
+    prediction: float | None
+
+
+def _lists(col: pa.ChunkedArray) -> list[tuple[Any, ...]]:
+    out: list[tuple[Any, ...]] = []
+    for arr in col.chunks:
+        if not len(arr):
+            continue
+        offsets = arr.offsets.to_numpy()
+        flat = arr.values.slice(offsets[0], offsets[-1] - offsets[0]).to_numpy(zero_copy_only=False).tolist()
+        o = (offsets - offsets[0]).tolist()
+        out += [tuple(flat[o[i] : o[i + 1]]) for i in range(len(arr))]
+    return out
+
+
+def actor_rows(table: pa.Table) -> list[ActorRow]:
+    """Typed rows of an actor table of :data:`ACTOR_SCHEMA`."""
+    names = [f.name for f in ACTOR_SCHEMA]
+    cols = [
+        _lists(table.column(k)) if pa.types.is_list(ACTOR_SCHEMA.field(k).type) else table.column(k).to_pylist()
+        for k in names
+    ]
+    return [ActorRow(**dict(zip(names, values, strict=True))) for values in zip(*cols, strict=True)]
+
+
+def critic_rows(table: pa.Table) -> list[CriticRow]:
+    """Typed rows of a critic table of :data:`CRITIC_SCHEMA`."""
+    names = [f.name for f in CRITIC_SCHEMA]
+    cols = [_lists(table.column(k)) if k == "context_ids" else table.column(k).to_pylist() for k in names]
+    return [CriticRow(**dict(zip(names, values, strict=True))) for values in zip(*cols, strict=True)]

@@ -1,0 +1,55 @@
+"""The search: a state and pure functions from a state to the next jobs and from
+finished rollouts to the next state.
+
+Three modules, one job each:
+
+- :mod:`focus.search.state`: :class:`SearchState` (the trees of a collection and the
+  waves that built them; pickled by the pipeline after every wave) and the facts
+  derived from each tree;
+- :mod:`focus.search.planning`: :func:`plan_wave`, :func:`plan_ahead`,
+  :func:`plan_next`, :func:`plan_refill` - which checkpoints the next wave continues;
+- :mod:`focus.search.grafting`: :func:`graft`, :func:`with_predictions`,
+  :func:`replay` - a successor state with a wave's rollouts or the critic's scores,
+  and the state rebuilt from stored waves.
+
+The collector and the execution service only carry plans out, so a wave planned twice
+from the same state gives the same jobs and the same seeds. The names below are the
+package's public surface; import them from ``focus.search``.
+"""
+
+from __future__ import annotations
+
+from focus.search.grafting import Predictions, WaveRecord, graft, replay, with_predictions
+from focus.search.planning import InFlight, plan_ahead, plan_next, plan_refill, plan_wave, with_plan
+from focus.search.state import (
+    CALIBRATION_SPREADS,
+    RolloutJob,
+    SearchState,
+    WavePlan,
+    copy_state,
+    copy_tree,
+    rollout_seed,
+    unscored,
+)
+
+__all__ = [
+    "CALIBRATION_SPREADS",
+    "InFlight",
+    "Predictions",
+    "RolloutJob",
+    "SearchState",
+    "WavePlan",
+    "WaveRecord",
+    "copy_state",
+    "copy_tree",
+    "graft",
+    "plan_ahead",
+    "plan_next",
+    "plan_refill",
+    "plan_wave",
+    "replay",
+    "rollout_seed",
+    "unscored",
+    "with_plan",
+    "with_predictions",
+]

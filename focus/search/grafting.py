@@ -1,0 +1,204 @@
+"""What finished rollouts and critic scores do to a state, and rebuilding a state from
+its records.
+
+:func:`graft` adds a wave's rollouts to a successor of the state, :func:`with_predictions`
+fills in the critic's scores, and :func:`replay` rebuilds the state a collection reached
+from its stored waves (planning again, grafting the stored rollouts). Each returns a new
+state that shares every tree and node it did not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from focus.agent import Rollout
+from focus.priority import Priority
+from focus.search.planning import plan_ahead
+from focus.search.state import (
+    _SCORED_KINDS,
+    SearchState,
+    WavePlan,
+    _cow_tree,
+    _own,
+    _successor,
+    _TreeFacts,
+)
+from focus.tree import RolloutRecord, Tree
+from focus.usage import Usage
+
+
+def graft(
+    state: SearchState, plan: WavePlan, rollouts: Sequence[Rollout], phase_name: str = "", wave_wall_s: float = 0.0
+) -> SearchState:
+    """A new state with each rollout added below its job's checkpoint (in job order).
+
+    ``state`` is left as it was. The new state shares the trees no job touched, and in
+    a touched tree every node but the continued checkpoints, so a wave costs in
+    proportion to its own rollouts, not to the collection. When waves are planned
+    ahead (``state.planned``), ``plan`` must be the oldest of them: waves are grafted in
+    the order they were planned.
+    """
+    if len(rollouts) != len(plan.jobs):
+        raise ValueError(f"wave has {len(plan.jobs)} jobs but {len(rollouts)} rollouts came back")
+    if (plan.phase_index, plan.wave_index) in state.waves:
+        raise ValueError(f"wave {plan.wave_index} of phase {plan.phase_index} is already grafted onto this state")
+    planned = state.planned
+    if planned:
+        oldest = planned[0]
+        same = oldest is plan or (
+            (oldest.phase_index, oldest.wave_index) == (plan.phase_index, plan.wave_index) and oldest.jobs == plan.jobs
+        )
+        if not same:
+            raise ValueError(
+                f"wave {plan.wave_index} of phase {plan.phase_index} is not the oldest planned wave "
+                f"({oldest.wave_index} of phase {oldest.phase_index}); waves are grafted in the order planned"
+            )
+        planned = planned[1:]
+    trees = list(state.trees)
+    owned: dict[int, set[int]] = {}
+    for job, ro in zip(plan.jobs, rollouts, strict=True):
+        ti = job.tree_index
+        if not 0 <= ti < len(trees):
+            raise ValueError(f"job continues tree {ti}, but the state has {len(trees)} trees")
+        if ti not in owned:
+            trees[ti], owned[ti] = _cow_tree(trees[ti]), set()
+        tree = trees[ti]
+        if job.node_id not in tree.nodes or tree.nodes[job.node_id].is_leaf:
+            raise ValueError(f"job continues node {job.node_id} of tree {ti}, which is not a checkpoint")
+        _own(tree, job.node_id, owned[ti])
+        index = tree.rollouts
+        parent = job.node_id
+        for piece in ro.pieces:
+            node = tree.add_node(
+                parent,
+                piece.turns,
+                piece.kind,
+                steps=piece.steps,
+                context_ids=piece.context_ids,
+                rollout=index,
+                cause=piece.cause,
+            )
+            owned[ti].add(node.id)
+            if piece.kind == "checkpoint":
+                tree.states[node.id] = piece.state
+            parent = node.id
+        tree.rollouts += 1
+        tree.log.append(
+            RolloutRecord(
+                rollout=index,
+                phase=plan.phase_index,
+                phase_name=phase_name,
+                wave=plan.wave_index,
+                node=job.node_id,
+                branch=job.branch,
+                seed=job.seed,
+                failed=ro.leaf.kind == "failed",
+                cause=ro.leaf.cause,
+                leaf=ro.leaf.kind,
+                wall_s=ro.wall_s,
+                wave_wall_s=wave_wall_s,
+                usage=Usage.of_rollout(ro),
+            )
+        )
+    derived = {ti: f for ti, f in state._derived.items() if ti not in owned}
+    for ti in owned:
+        derived[ti] = _grown_facts(state, ti, trees[ti])
+    # a calibration covers earlier waves only, which this graft does not change
+    waves = [*state.waves, (plan.phase_index, plan.wave_index)]
+    return _successor(state, trees, derived, waves, planned, dict(state._calibrations))
+
+
+def _grown_facts(state: SearchState, ti: int, tree: Tree) -> _TreeFacts:
+    """Facts of ``tree`` (tree ``ti`` of ``state`` with rollouts appended), updated from
+    the old tree's where those were computed: the new log records and nodes come last."""
+    old = state._derived.get(ti)
+    if old is None or not old.describes(state.trees[ti], ti):
+        return _TreeFacts(tree, ti)
+    spent = None
+    if old._spent is not None:
+        spent = dict(old._spent)
+        for r in tree.log[len(old.tree.log) :]:
+            spent[r.phase] = spent.get(r.phase, 0) + r.usage.budget_spent
+    unscored = None
+    if old._unscored is not None:
+        new_nodes = (tree.nodes[i] for i in range(len(old.tree.nodes), len(tree.nodes)))
+        fresh = (n.id for n in new_nodes if n.value is None and n.kind in _SCORED_KINDS and n.context_ids)
+        unscored = old._unscored + tuple(fresh)
+    rank, changed = old.handover(range(len(old.tree.nodes), len(tree.nodes)))
+    return _TreeFacts(tree, ti, spent=spent, unscored=unscored, rank=rank, changed=changed)
+
+
+def with_predictions(
+    state: SearchState, predictions: Mapping[tuple[int, int], tuple[float | None, float | None]]
+) -> SearchState:
+    """A new state with critic predictions ``{(tree, node): (value, std)}`` filled in.
+
+    Like :func:`graft`, copies only the trees and nodes it changes.
+    """
+    trees = list(state.trees)
+    owned: dict[int, set[int]] = {}
+    for (ti, nid), (value, std) in predictions.items():
+        if ti not in owned:
+            trees[ti], owned[ti] = _cow_tree(trees[ti]), set()
+        node = _own(trees[ti], nid, owned[ti])
+        node.value, node.value_std = value, std
+    derived = {ti: f for ti, f in state._derived.items() if ti not in owned}
+    for ti, nids in owned.items():
+        old = state._derived.get(ti)
+        if old is not None and old.describes(state.trees[ti], ti):
+            left = None if old._unscored is None else tuple(n for n in old._unscored if n not in nids)
+            rank, changed = old.handover(nids)
+            derived[ti] = _TreeFacts(trees[ti], ti, spent=old._spent, unscored=left, rank=rank, changed=changed)
+    # a calibration that covers a wave whose nodes were just scored is fitted again
+    scored = set()
+    for ti, nid in predictions:
+        tree = state.trees[ti]
+        pe = tree.nodes[nid].parent_edge
+        r = tree.edges[pe].rollout if pe is not None else -1
+        scored.add((tree.log[r].phase, tree.log[r].wave) if 0 <= r < len(tree.log) else None)
+    calibrations = {
+        key: c for key, c in state._calibrations.items() if not scored & ({None} | set(state.waves[: key[0]]))
+    }
+    return _successor(state, trees, derived, list(state.waves), state.planned, calibrations)
+
+
+Predictions = Mapping[tuple[int, int], tuple[float | None, float | None]]
+
+
+@dataclass(frozen=True)
+class WaveRecord:
+    """What one continuation wave left behind, as a pipeline stores it: its rollouts (in
+    job order), its elapsed time, and the critic predictions scoring added after it
+    (``None`` if it was not scored yet)."""
+
+    phase_index: int
+    wave_index: int
+    rollouts: Sequence[Rollout]
+    wave_wall_s: float = 0.0
+    predictions: Predictions | None = None
+
+
+def replay(state: SearchState, search: Priority, waves: Iterable[WaveRecord]) -> SearchState:
+    """The state a collection reached, rebuilt from its stored waves (pure; no rollout runs).
+
+    ``state`` is the scored state after the evidence phase; ``waves`` are the records of
+    the continuation waves, in the order they were grafted. Each wave is planned again
+    exactly as the run planned it (:func:`plan_ahead`: planning is a pure function of
+    the state and the seed), its stored rollouts are grafted and its stored predictions
+    applied. The result also holds the waves the run had planned beyond the last
+    stored one (``planned``), which a resumed run launches again with the same jobs.
+    """
+    for rec in waves:
+        state = plan_ahead(state, search, rec.phase_index)
+        nxt = state.planned[0] if state.planned else None
+        if nxt is None or (nxt.phase_index, nxt.wave_index) != (rec.phase_index, rec.wave_index):
+            where = "nothing" if nxt is None else f"wave {nxt.wave_index} of phase {nxt.phase_index}"
+            raise ValueError(
+                f"stored wave {rec.wave_index} of phase {rec.phase_index} is not the next wave the search plans "
+                f"({where}): the stored waves do not belong to this search configuration and seed"
+            )
+        state = graft(state, nxt, rec.rollouts, search.phases[rec.phase_index].name, rec.wave_wall_s)
+        if rec.predictions is not None:
+            state = with_predictions(state, rec.predictions)
+    return state

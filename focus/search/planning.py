@@ -1,0 +1,225 @@
+"""Wave planning: pure functions from a :class:`~focus.search.state.SearchState` to the
+next jobs.
+
+:func:`plan_wave` decides, without side effects, which checkpoints the next wave
+continues; :func:`plan_ahead` is the one schedule every runner follows;
+:func:`plan_refill` is the streaming counterpart. The collector and the execution
+service only carry plans out, so a wave planned twice from the same state gives the
+same jobs and the same seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from focus.priority import Priority
+from focus.ranking import entry
+from focus.search.state import RolloutJob, SearchState, WavePlan, _successor, _TreeFacts, rollout_seed
+
+
+def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index: int) -> WavePlan:
+    """Jobs of wave ``wave_index`` of phase ``phase_index`` (pure; empty when done).
+
+    Evidence phase: ``rollouts_per_task`` rollouts from every root in wave 0.
+    Continuation phase: greedily take the highest-priority eligible checkpoint, count
+    the planned continuation into its evidence (``pending``) and re-rank it, until the
+    wave is full or the expected transitions of the planned jobs cover what is left of
+    the phase budget. The jobs of waves planned but not grafted yet
+    (``state.planned``, see :func:`plan_ahead`) count as pending from the start, and
+    their expected transitions are held back from the budget.
+    """
+    if not 0 <= phase_index < len(search.phases):
+        raise ValueError(f"phase index {phase_index} out of range: the search has {len(search.phases)} phases")
+    phase = search.phases[phase_index]
+    other = [(p.phase_index, p.wave_index) for p in state.planned if p.phase_index != phase_index]
+    if other:
+        raise ValueError(
+            f"cannot plan phase {phase.name!r} while waves {other} of another phase are planned and not grafted"
+        )
+    done = state.waves_done(phase_index)
+    queued = len(state.planned)
+    if wave_index != done + queued:
+        raise ValueError(
+            f"cannot plan wave {wave_index} of phase {phase.name!r}: {done} waves of it are done and {queued} "
+            f"planned (plan wave {done + queued} next)"
+        )
+    if phase.is_evidence:
+        if done or queued:
+            return WavePlan(phase_index, wave_index)
+        jobs = []
+        for ti, tree in enumerate(state.trees):
+            base = len(tree.root.children)
+            for b in range(base, base + (phase.rollouts_per_task or 0)):
+                jobs.append(
+                    RolloutJob(ti, tree.ROOT, rollout_seed(state.seed, ti, tree.ROOT, b), tree.states[tree.ROOT], b)
+                )
+        return WavePlan(phase_index, wave_index, tuple(jobs))
+    if phase.max_waves is not None and wave_index >= phase.max_waves:
+        return WavePlan(phase_index, wave_index)
+    # A rollout that made no task transition (only parse errors or compactions) still
+    # counts one against the budget (Usage.spend), so a phase always ends.
+    facts = [state.facts(ti) for ti in range(len(state.trees))]
+    remaining: float = (phase.transitions or 0) - sum(f.spent.get(phase_index, 0) for f in facts)
+    pending: dict[tuple[int, int], int] = {}
+    for p in state.planned:
+        remaining -= sum(p.expected)
+        for job in p.jobs:
+            pending[(job.tree_index, job.node_id)] = pending.get((job.tree_index, job.node_id), 0) + 1
+    if remaining <= 0:
+        return WavePlan(phase_index, wave_index)
+    # Each tree's eligible checkpoints are ranked once per tree version (cached in the
+    # state); the wave merges the per-tree rankings.
+    chosen = _greedy(state, search, phase_index, facts, pending, phase.wave_size, remaining)
+    return WavePlan(
+        phase_index, wave_index, tuple(c.job for c in chosen), tuple(c.expected_transitions for c in chosen)
+    )
+
+
+def plan_ahead(state: SearchState, search: Priority, phase_index: int) -> SearchState:
+    """``state`` with waves of phase ``phase_index`` planned until
+    ``search.waves_in_flight`` of them are planned and not grafted, or the planner has
+    nothing more (pure). No waves planned afterwards means the phase is done.
+
+    This is the one schedule every runner follows (:meth:`focus.collector.Collector.
+    advance`, the pipeline, :func:`replay`): plan ahead, launch what is planned, graft
+    the oldest planned wave, score, plan ahead again. With ``waves_in_flight=1`` it
+    plans one wave after the previous one is grafted and scored; with more, each new
+    wave is planned with the jobs of the waves still running counted as pending (their
+    checkpoints' branch counts and the budget they are expected to take), which is what
+    lets it launch while they finish. Either way a plan depends on grafted rollouts
+    only, never on timing.
+    """
+    while True:
+        nxt = plan_next(state, search, phase_index)
+        if nxt is state:
+            return state
+        state = nxt
+
+
+def plan_next(state: SearchState, search: Priority, phase_index: int) -> SearchState:
+    """``state`` with one more wave of phase ``phase_index`` planned, if fewer than
+    ``search.waves_in_flight`` are planned and the planner has one; else ``state``
+    itself (pure). :func:`plan_ahead` is this until it returns its input; a runner
+    launches each wave as soon as it is planned, before planning the next."""
+    phase = search.phases[phase_index]
+    depth = 1 if phase.is_evidence else search.waves_in_flight
+    if len(state.planned) >= depth:
+        return state
+    plan = plan_wave(state, search, phase_index, state.waves_done(phase_index) + len(state.planned))
+    return state if plan.empty else with_plan(state, plan)
+
+
+def with_plan(state: SearchState, plan: WavePlan) -> SearchState:
+    """A state that records ``plan`` as planned and not grafted (shares everything else)."""
+    return _successor(
+        state, state.trees, state._derived, list(state.waves), (*state.planned, plan), state._calibrations
+    )
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A continuation launched but not yet grafted, with the transitions it was
+    expected to take when planned (what :func:`plan_refill` holds back from the budget)."""
+
+    job: RolloutJob
+    expected_transitions: float
+
+
+def plan_refill(
+    state: SearchState, search: Priority, phase_index: int, in_flight: Sequence[InFlight], slots: int
+) -> tuple[InFlight, ...]:
+    """Up to ``slots`` more continuations of phase ``phase_index`` while ``in_flight``
+    run (pure; empty when nothing is eligible or the budget is covered).
+
+    The streaming counterpart of :func:`plan_wave` with the same greedy choice: an
+    in-flight continuation counts as ``pending`` at its checkpoint (toward
+    ``max_branches`` and in the priority), and its expected transitions are held back
+    from what is left of the phase budget. A refill is also capped at ``wave_size``.
+    Branch indices continue after every continuation started from the checkpoint
+    (grafted or in flight), so seeds stay a function of (tree, node, branch).
+    """
+    if not 0 <= phase_index < len(search.phases):
+        raise ValueError(f"phase index {phase_index} out of range: the search has {len(search.phases)} phases")
+    phase = search.phases[phase_index]
+    if phase.is_evidence:
+        raise ValueError(f"phase {phase.name!r} is an evidence phase: it runs as one wave, not by refills")
+    if slots <= 0:
+        return ()
+    facts = [state.facts(ti) for ti in range(len(state.trees))]
+    remaining = (
+        (phase.transitions or 0)
+        - sum(f.spent.get(phase_index, 0) for f in facts)
+        - sum(f.expected_transitions for f in in_flight)
+    )
+    if remaining <= 0:
+        return ()
+    pending: dict[tuple[int, int], int] = {}
+    for f in in_flight:
+        key = (f.job.tree_index, f.job.node_id)
+        pending[key] = pending.get(key, 0) + 1
+    return _greedy(state, search, phase_index, facts, pending, min(slots, phase.wave_size), remaining)
+
+
+def _greedy(
+    state: SearchState,
+    search: Priority,
+    phase_index: int,
+    facts: list[_TreeFacts],
+    pending: dict[tuple[int, int], int],
+    limit: int,
+    remaining: float,
+) -> tuple[InFlight, ...]:
+    """Greedily take the highest-priority eligible checkpoint, count the planned
+    continuation into its evidence (``pending``) and re-rank it, until ``limit`` jobs
+    are planned or their expected transitions cover ``remaining``.
+
+    ``pending`` holds continuations already running (streaming mode; empty for a wave):
+    their checkpoints leave the cached rankings (ranked with nothing pending) and enter
+    the heap re-ranked with their pending count. The heap holds the next entry of every
+    tree's ranking plus the re-ranked entries, so it pops exactly the order a heap of
+    every eligible checkpoint would.
+    """
+    phase = search.phases[phase_index]
+    calib = state.calibration(search)
+    ranked = [f.ranked(search, calib, phase_index, state.seed) for f in facts]
+    heap: list[tuple[float, float, int, int, int]] = []
+    busy = dict(pending)
+    for (ti, nid), n in pending.items():
+        ev = facts[ti].evidence(search, calib, state.seed).get(nid)
+        if ev is None or nid not in state.trees[ti].states or ev.depth > phase.max_depth:
+            continue
+        ev = dataclasses.replace(ev, pending=n)
+        if ev.branches + n < phase.max_branches:
+            heap.append((*entry(search, state.seed, ev), -1))
+
+    def push_next(ti: int, pos: int) -> None:
+        # the next entry of tree ti's ranking at or after pos whose node has nothing in flight
+        r = ranked[ti]
+        while pos < len(r) and busy and (ti, r[pos][3]) in busy:
+            pos += 1
+        if pos < len(r):
+            heapq.heappush(heap, (*r[pos], pos))
+
+    for ti in range(len(ranked)):
+        push_next(ti, 0)
+    heapq.heapify(heap)
+    jobs: list[InFlight] = []
+    planned = 0.0
+    while heap and len(jobs) < limit and planned < remaining:
+        _, _, ti, nid, pos = heapq.heappop(heap)
+        if pos >= 0:
+            push_next(ti, pos + 1)
+        ev = facts[ti].evidence(search, calib, state.seed)[nid]
+        ev = dataclasses.replace(ev, pending=pending.get((ti, nid), 0))
+        branch = ev.branches + ev.pending
+        job = RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), state.trees[ti].states[nid], branch)
+        jobs.append(InFlight(job, ev.expected_transitions))
+        planned += ev.expected_transitions
+        ev = dataclasses.replace(ev, pending=ev.pending + 1)
+        pending[(ti, nid)] = ev.pending
+        if ev.branches + ev.pending < phase.max_branches:
+            heapq.heappush(heap, (*entry(search, state.seed, ev), -1))
+    return tuple(jobs)

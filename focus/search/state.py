@@ -1,0 +1,328 @@
+"""The search state: the trees of one collection and the waves that built them.
+
+:class:`SearchState` is everything a collection has done so far: the trees (with branch
+states, so any checkpoint can be continued), the critic's predictions on their nodes,
+and which waves have run. It pickles, which is what lets the pipeline persist it after
+every wave and resume. States are treated as immutable: the planner
+(:mod:`focus.search.planning`) reads one, grafting and scoring
+(:mod:`focus.search.grafting`) make a successor that shares what did not change; the
+helpers for that copy-on-write live here, with the facts derived from each tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from focus.agent import BranchState, derive_seed
+from focus.env import Task
+from focus.priority import Calibration, NodeEvidence, Priority
+from focus.ranking import Entry, TreeRanking
+from focus.tree import Edge, Node, Tree
+from focus.usage import Usage
+
+#: Spreads (checkpoints with two valid children) after which the ranking's calibration
+#: is no longer refitted: with thousands of spreads the noise model's variances are
+#: known to within a few percent.
+CALIBRATION_SPREADS = 4096
+
+
+@dataclass(frozen=True)
+class RolloutJob:
+    """One rollout to run: from checkpoint ``node_id`` of tree ``tree_index``."""
+
+    tree_index: int
+    node_id: int
+    seed: int
+    start: BranchState
+    #: Index of this continuation among those started from the node (0-based).
+    branch: int = 0
+
+
+@dataclass(frozen=True)
+class WavePlan:
+    """The jobs of one wave of one phase; empty when the phase is done."""
+
+    phase_index: int
+    wave_index: int
+    jobs: tuple[RolloutJob, ...] = ()
+    #: Task transitions each job was expected to take when planned (continuation
+    #: phases): what later plans hold back from the budget while this wave runs.
+    expected: tuple[float, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.jobs
+
+
+@dataclass
+class SearchState:
+    """Trees of one collection plus the record of the waves that built them.
+
+    The trees of a state are treated as immutable once the state exists: :func:`graft`
+    and :func:`with_predictions` return a new state that shares every tree (and every
+    node) they did not change, so a wave costs in proportion to the trees it touched.
+    Code that wants to edit a tree in place edits a :func:`copy_state` copy.
+
+    ``_derived`` holds facts derived from the trees (ranked checkpoints, budget spent,
+    unscored nodes), filled on first use and carried over for untouched trees; it is
+    never pickled and is rebuilt deterministically, so planning a resumed state gives
+    the same plan as planning the live one.
+    """
+
+    collection_id: str
+    seed: int
+    tasks: tuple[Task, ...]
+    trees: list[Tree]
+    #: (phase index, wave index) of every wave grafted, in order.
+    waves: list[tuple[int, int]] = field(default_factory=list)
+    #: Waves planned (and launched) but not grafted yet, oldest first: their jobs count
+    #: as pending when the next wave is planned (:func:`plan_ahead`).
+    planned: tuple[WavePlan, ...] = ()
+    _derived: dict[int, _TreeFacts] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _calibrations: dict[tuple[Any, ...], Calibration] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    #: Waves -> :meth:`spread_count` of the first that many waves.
+    _spreads: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def waves_done(self, phase_index: int) -> int:
+        return sum(1 for p, _ in self.waves if p == phase_index)
+
+    def usage(self, phase_index: int | None = None) -> Usage:
+        """What the rollouts of one phase (or all) actually used, from the tree logs."""
+        return Usage.of_records(r for t in self.trees for r in t.log if phase_index is None or r.phase == phase_index)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_derived", None)
+        state.pop("_calibrations", None)
+        state.pop("_spreads", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._derived = {}
+        self._calibrations = {}
+        self._spreads = {}
+
+    def calibration(self, search: Priority) -> Calibration:
+        """The ranking's :class:`~focus.priority.Calibration`, a pure function of the
+        state (cached, carried to successor states, never pickled).
+
+        Fitted on the rollouts of the first ``2^k`` waves, and fitted again at a later
+        power of two of waves only once the evidence has doubled since the last fit
+        (counted as checkpoints with two or more finished children,
+        :meth:`spread_count`): a refit on less new evidence would move the noise model
+        by less than its sampling error, and each refit costs a pass over the whole
+        collection plus a rebuild of every tree's ranking. A collection of many tasks
+        starts with thousands of spreads from its evidence phase, so its first
+        continuation waves do not refit; one of few tasks doubles its evidence with
+        nearly every doubling of its waves. Once a fit rests on
+        :data:`CALIBRATION_SPREADS` spreads it is kept from then on.
+        """
+        n = len(self.waves)
+        size = 1 if n else 0
+        c = self._fit(size, search)
+        while n and c.noise.spreads < CALIBRATION_SPREADS:
+            floor = 2 * self.spread_count(size)
+            nxt = 2 * size
+            while nxt <= n and self.spread_count(nxt) < floor:
+                nxt *= 2
+            if nxt > n:
+                break
+            size, c = nxt, self._fit(nxt, search)
+        return c
+
+    def _fit(self, size: int, search: Priority) -> Calibration:
+        key = (size, search.discount, search.truncation_rule)
+        c = self._calibrations.get(key)
+        if c is None:
+            c = self._calibrations[key] = search.calibrate(self.trees, self._keep(size))
+        return c
+
+    def spread_count(self, waves: int) -> int:
+        """Checkpoints with at least two children that did not fail, counting only the
+        segments of the first ``waves`` waves: the evidence a calibration fitted on
+        them rests on. Depends on tree shapes only (not on critic scores), so it is
+        cached for good and carried to successor states."""
+        n = self._spreads.get(waves)
+        if n is None:
+            keep = self._keep(waves)
+            n = 0
+            for tree in self.trees:
+                children: dict[int, int] = {}
+                for e in tree.edges.values():
+                    if (keep is None or keep(tree, e)) and tree.nodes[e.child].kind != "failed":
+                        children[e.parent] = children.get(e.parent, 0) + 1
+                n += sum(1 for c in children.values() if c >= 2)
+            self._spreads[waves] = n
+        return n
+
+    def _keep(self, n: int) -> Callable[[Tree, Edge], bool] | None:
+        """Filter accepting the segments of rollouts grafted in the first ``n`` waves
+        (and those without a rollout record, e.g. in trees built by hand)."""
+        if n >= len(self.waves):
+            return None
+        allowed = set(self.waves[:n])
+
+        def keep(tree: Tree, e: Edge) -> bool:
+            if e.rollout >= len(tree.log):
+                return True
+            rec = tree.log[e.rollout]
+            return (rec.phase, rec.wave) in allowed
+
+        return keep
+
+    def facts(self, tree_index: int) -> _TreeFacts:
+        """Derived facts of one tree, recomputed if its tree object changed."""
+        tree = self.trees[tree_index]
+        f = self._derived.get(tree_index)
+        if f is None or not f.describes(tree, tree_index):
+            f = self._derived[tree_index] = _TreeFacts(tree, tree_index)
+        return f
+
+
+_SCORED_KINDS = ("checkpoint", "truncated")
+
+
+class _TreeFacts:
+    """What planning and scoring derive from one tree object, computed lazily.
+
+    Valid only for the tree object it was made from (and while that tree has the same
+    number of nodes and rollouts, a guard against grafts done in place). The ranking
+    (:class:`focus.ranking.TreeRanking`) is tied to one search configuration and
+    calibration; a successor tree's facts take it over from their predecessor's with
+    the nodes that changed (``changed``) and bring it up to date when next asked, so a
+    wave costs in proportion to the paths it touched. Everything here is a pure
+    function of the tree, the tree's index, the collection seed and the search
+    configuration and calibration.
+    """
+
+    __slots__ = ("tree", "index", "size", "_spent", "_unscored", "rank", "changed")
+
+    def __init__(
+        self,
+        tree: Tree,
+        index: int,
+        *,
+        spent: dict[int, int] | None = None,
+        unscored: tuple[int, ...] | None = None,
+        rank: TreeRanking | None = None,
+        changed: set[int] | None = None,
+    ) -> None:
+        self.tree, self.index = tree, index
+        self.size = (len(tree.nodes), tree.rollouts)
+        self._spent, self._unscored = spent, unscored
+        self.rank, self.changed = rank, changed if changed is not None else set()
+
+    def describes(self, tree: Tree, index: int) -> bool:
+        return self.tree is tree and self.index == index and self.size == (len(tree.nodes), tree.rollouts)
+
+    @property
+    def spent(self) -> dict[int, int]:
+        """Budget spent per phase (:attr:`focus.usage.Usage.budget_spent`)."""
+        if self._spent is None:
+            self._spent = {}
+            for r in self.tree.log:
+                self._spent[r.phase] = self._spent.get(r.phase, 0) + r.usage.budget_spent
+        return self._spent
+
+    @property
+    def unscored(self) -> tuple[int, ...]:
+        """Nodes the critic should score: checkpoints and truncated leaves without a value."""
+        if self._unscored is None:
+            self._unscored = tuple(
+                n.id for n in self.tree.nodes.values() if n.value is None and n.kind in _SCORED_KINDS and n.context_ids
+            )
+        return self._unscored
+
+    def ranking(self, search: Priority, calibration: Calibration, seed: int) -> TreeRanking:
+        """The tree's ranking for this configuration, brought up to date."""
+        rank = self.rank
+        if rank is None or not rank.matches(search, calibration, seed):
+            # a new calibration (or configuration) changes every view, not the edges'
+            # segments: those of the same γ are taken over
+            segs = rank.segments if rank is not None and rank.gamma == search.discount else None
+            rank = self.rank = TreeRanking(self.tree, self.index, search, calibration, seed, segs)
+            self.changed = set()
+        elif self.changed:
+            rank.update(self.tree, self.changed)
+            self.changed = set()
+        return rank
+
+    def handover(self, changed: Iterable[int]) -> tuple[TreeRanking | None, set[int]]:
+        """Give this tree's ranking to its successor (which changed ``changed``): this
+        object keeps none, so a state planned again after its successor exists ranks
+        from scratch instead of reading a ranking of another tree."""
+        rank, pending = self.rank, set(self.changed)
+        self.rank, self.changed = None, set()
+        pending.update(changed)
+        return rank, pending
+
+    def evidence(self, search: Priority, calibration: Calibration, seed: int = 0) -> dict[int, NodeEvidence]:
+        return self.ranking(search, calibration, seed).evidence
+
+    def ranked(self, search: Priority, calibration: Calibration, phase_index: int, seed: int) -> list[Entry]:
+        """Eligible checkpoints of phase ``phase_index``, best first (nothing pending)."""
+        return self.ranking(search, calibration, seed).ranked(self.tree, phase_index)
+
+
+def copy_tree(tree: Tree) -> Tree:
+    """A copy that shares only immutable parts (edges, turns, branch states)."""
+    nodes = {i: dataclasses.replace(n, children=list(n.children)) for i, n in tree.nodes.items()}
+    return Tree(tree.task_id, nodes, dict(tree.edges), dict(tree.states), tree.rollouts, list(tree.log))
+
+
+def copy_state(state: SearchState) -> SearchState:
+    return SearchState(
+        state.collection_id,
+        state.seed,
+        state.tasks,
+        [copy_tree(t) for t in state.trees],
+        list(state.waves),
+        state.planned,
+    )
+
+
+def rollout_seed(seed: int, tree_index: int, node_id: int, branch: int) -> int:
+    """Seed of a continuation: fixed by (collection seed, tree, node, branch index)."""
+    return derive_seed(seed, tree_index, node_id, branch)
+
+
+def _cow_tree(tree: Tree) -> Tree:
+    """A new tree object sharing nodes, edges, states and log records with ``tree``;
+    a node is copied (:func:`_own`) before it is changed."""
+    return Tree(tree.task_id, dict(tree.nodes), dict(tree.edges), dict(tree.states), tree.rollouts, list(tree.log))
+
+
+def _own(tree: Tree, node_id: int, owned: set[int]) -> Node:
+    """Node ``node_id`` of ``tree`` as a private copy, safe to change."""
+    if node_id not in owned:
+        node = tree.nodes[node_id]
+        tree.nodes[node_id] = dataclasses.replace(node, children=list(node.children))
+        owned.add(node_id)
+    return tree.nodes[node_id]
+
+
+def _successor(
+    state: SearchState,
+    trees: list[Tree],
+    derived: dict[int, _TreeFacts],
+    waves: list[Any],
+    planned: tuple[WavePlan, ...],
+    calibrations: dict[tuple[Any, ...], Calibration],
+) -> SearchState:
+    new = SearchState(state.collection_id, state.seed, state.tasks, trees, waves, planned)
+    new._derived = derived
+    new._calibrations = calibrations
+    # the first k waves of a successor are its predecessor's: their counts still hold
+    new._spreads = dict(state._spreads)
+    return new
+
+
+def unscored(state: SearchState) -> list[tuple[int, int]]:
+    """(tree index, node id) of every node the critic has not scored yet, in tree order."""
+    return [(ti, nid) for ti in range(len(state.trees)) for nid in state.facts(ti).unscored]
