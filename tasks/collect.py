@@ -61,6 +61,7 @@ async def _search_and_export(config: FocusConfig, journal: CheckpointJournal, ex
     try:
         agent, tasks = config.build_agent(policy)
         collector = config.build_collector(agent, execution)
+        await journal.critic.check(collector.critic, journal.load, journal.save)  # the critic it started with
         try:
             state = await collector.run_search(tasks, journal)
         finally:  # what was recorded is saved, also when the search stopped
@@ -81,8 +82,7 @@ def collection_result(
     config: FocusConfig, result: dict[str, Any], records: list[StepRecord], t0: float
 ) -> dict[str, Any]:
     """What a collection returns: its id, the batch URL, statistics and failure causes."""
-    reused = sum(1 for r in records if r.reused)
-    stats = {**result.get("summary", {}), "steps": len(records), "steps_reused": reused}
+    stats = {**result.get("summary", {}), "steps": len(records), "steps_reused": sum(r.reused for r in records)}
     stats["flow_wall_s"] = time.perf_counter() - t0
     cid, url, causes = config.collection_id, result["batch_url"], result.get("failure_causes", {})
     return {"collection_id": cid, "batch_url": url, "stats": stats, "failure_causes": causes}

@@ -1,12 +1,18 @@
 """What a collection must be resumed with: the configuration that determines its result
-(its fingerprint, compared by the pipeline's first step and by the preflight) and the
-policy that sampled it (the versions its rollouts' turns report), so a resume never
-mixes two policies in one batch unless the user allows it explicitly."""
+(its fingerprint, compared by the pipeline's first step and by the preflight), the
+policy that sampled it (the versions its rollouts' turns report) and the critic that
+scored it (what it predicts on fixed probe contexts), so a resume never mixes two
+policies or two critics in one batch unless the user allows it explicitly."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import json
+from collections.abc import Callable
 from typing import Any
 
+from focus.critic import Critic
 from focus.journal import Step
 from tasks.config import FocusConfig
 
@@ -22,6 +28,10 @@ class ResumeMismatch(RuntimeError):
 
 class PolicyChanged(ResumeMismatch):
     """A collection resumed against another policy than the one that sampled it."""
+
+
+class CriticChanged(ResumeMismatch):
+    """A collection resumed with another critic than the one that scored it."""
 
 
 def _policy_changed(cid: str | None, before: str, now: str) -> PolicyChanged:
@@ -103,3 +113,58 @@ class PolicyIdentity:
             self.versions = (self.versions or set()) | found
         elif not found <= self.versions:
             raise _policy_changed(self.collection_id, ", ".join(sorted(self.versions)), ", ".join(sorted(found)))
+
+
+#: Where the identity of the critic a collection started with is saved.
+CRITIC_KEY = ("critic", 0)
+#: Contexts the critic scores to identify itself: short, ids below 256 (inside any
+#: vocabulary), different lengths and tails, so two critics that differ anywhere a
+#: context's tail reaches are unlikely to agree on all of them.
+PROBES: tuple[tuple[int, ...], ...] = (
+    (0,),
+    (1, 2, 3),
+    (255, 254, 253, 252),
+    tuple(range(32, 96)),
+    tuple(range(200, 120, -1)),
+    (10, 97, 98, 99, 10, 62, 32),
+)
+
+
+async def critic_identity(critic: Critic) -> str:
+    """The critic's name and a digest of what it predicts on :data:`PROBES`.
+
+    Works for every kind of critic, including a scoring service that says nothing about
+    its weights: a service restarted with other weights behind the same URL predicts
+    other values. Values are rounded to 9 significant digits, so a service whose sums
+    differ in the last bits between calls (a GPU's reduction order) still reads as
+    itself, while a refit critic, whose values move far more, does not. Costs one
+    critic call of six short contexts per run."""
+    preds = await critic.predict_with_std(PROBES)
+    data = [[f"{p.value:.9g}", None if p.std is None else f"{p.std:.9g}"] for p in preds]
+    digest = hashlib.sha256(json.dumps(data).encode()).hexdigest()[:12]
+    return f"{type(critic).__name__} {digest}"
+
+
+class CriticIdentity:
+    """The critic a collection started with, saved beside its configuration, and the
+    refusal to resume with another (:class:`CriticChanged`), unless ``allow_change``."""
+
+    def __init__(self, collection_id: str | None, *, allow_change: bool = False) -> None:
+        self.collection_id, self.allow_change = collection_id, allow_change
+        self.identity: str | None = None
+
+    async def check(
+        self, critic: Critic, load: Callable[[tuple[str, int]], Any], save: Callable[[tuple[str, int], Any], None]
+    ) -> None:
+        """Save ``critic``'s identity on the first run; compare it on a resume."""
+        mine = await critic_identity(critic)
+        stored = await asyncio.to_thread(load, CRITIC_KEY)
+        if stored is not None and stored != mine and not self.allow_change:
+            raise CriticChanged(
+                f"collection {self.collection_id!r} was scored by critic {stored}, the critic now is {mine}: "
+                "resuming would mix two critics' scores in one batch; resume with the same critic, or pass "
+                "--allow-policy-change"
+            )
+        if stored is None:
+            await asyncio.to_thread(save, CRITIC_KEY, mine)
+        self.identity = mine

@@ -7,7 +7,7 @@ step. It also runs the configuration check that guards a resume and the batch's 
 Each step body runs in :meth:`run_step` (a Prefect task run under the ``collect`` flow)
 and yields a :class:`tasks.records.StepRecord` for ``on_step``. Checkpoint keys, in order::
 
-    ("config", 0)  ("evidence", 0)  ("evidence.score", 0)  ("<p>.<name>", w)
+    ("config", 0)  ("critic", 0)  ("evidence", 0)  ("evidence.score", 0)  ("<p>.<name>", w)
     ("<p>.<name>.score", w)  ... ("<p>.<name>.end", 0)  ("trees.svg", 0)  ("export", 0)
 """
 
@@ -24,7 +24,7 @@ from focus.journal import Journal, Step, WaveRollouts
 from storage import BatchNotFound, BatchStore, CheckpointNotFound, CheckpointStore, CorruptDataError, ManifestError
 from storage.checkpoints import collection_lease
 from tasks.config import FocusConfig
-from tasks.fingerprint import PolicyIdentity, fingerprint, resume_mismatch
+from tasks.fingerprint import CriticIdentity, PolicyIdentity, fingerprint, resume_mismatch
 from tasks.records import StepRecord, Tally
 
 if TYPE_CHECKING:
@@ -80,6 +80,7 @@ class CheckpointJournal(Journal):
         self.damaged: str | None = None  # why the finished batch must be written again
         self.tally = Tally()
         self.policy = PolicyIdentity(self.cid, allow_change=allow_policy_change)
+        self.critic = CriticIdentity(self.cid, allow_change=allow_policy_change)  # the same flag allows both
         self._mark = time.perf_counter()
         #: The last step being saved: each save waits for the one before it.
         self._saving: asyncio.Future[Any] | None = None
@@ -156,8 +157,7 @@ class CheckpointJournal(Journal):
     # ---- the pipeline's own steps ----
 
     def stored_fingerprint(self) -> dict[str, Any] | None:
-        stored = self.load(CONFIG)
-        return None if stored is None else dict(json.loads(stored))
+        return None if (stored := self.load(CONFIG)) is None else dict(json.loads(stored))
 
     async def check_config(self) -> StepRecord:
         """Record the configuration on the first run; refuse to resume with another one."""

@@ -206,7 +206,7 @@ def test_the_flow_fails_naming_the_outage_and_a_rerun_completes(local_model_serv
         cfg = config(root, "flow-outage", proxy.url)
         with pytest.raises(ModelServiceOutage, match="model service outage"):
             asyncio.run(collect(cfg))
-        assert CheckpointStore(root).list("flow-outage") == [("config", 0)]
+        assert CheckpointStore(root).list("flow-outage") == [("config", 0), ("critic", 0)]
 
         async def last_run():  # type: ignore[no-untyped-def]
             async with get_client() as client:

@@ -50,8 +50,8 @@ def test_every_step_is_a_checkpoint_and_a_replay_runs_no_rollout(tmp_path):
     saved = journal.store.list("steps")
     waves = [w for p, w in saved if p == "1.continue"]
     assert len(waves) >= 2 and waves == sorted(waves)
-    assert saved[:3] == [("config", 0), ("evidence", 0), ("evidence.score", 0)]
-    assert saved[3:5] == [("1.continue", 0), ("1.continue.score", 0)]
+    assert saved[:4] == [("config", 0), ("critic", 0), ("evidence", 0), ("evidence.score", 0)]
+    assert saved[4:6] == [("1.continue", 0), ("1.continue.score", 0)]
     assert saved[-3:] == [("1.continue.end", 0), ("trees.svg", 0), ("export", 0)]
     assert [r.kind for r in journal.records][:3] == ["config", "evidence", "evidence_scores"]
 
@@ -62,7 +62,8 @@ def test_every_step_is_a_checkpoint_and_a_replay_runs_no_rollout(tmp_path):
     state = asyncio.run(cfg.build_collector(agent).run_search(tasks, replayed))
     last = [r for r in journal.records if r.kind == "wave"][-1]
     assert same_usage(last.usage, state.usage()) and same_usage(last.phase_usage, state.usage(1))
-    assert all(r.reused for r in replayed.records) and len(replayed.records) == len(saved) - 3
+    # every saved step but the config, the critic's identity, the picture and the export
+    assert all(r.reused for r in replayed.records) and len(replayed.records) == len(saved) - 4
     assert rows(cfg.build_collector(agent).prepare(state)) == rows(batch)
 
 
