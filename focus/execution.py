@@ -265,7 +265,28 @@ class Execution(BaseModel):
         return cast("list[Rollout]", out)
 
 
+#: Times a rollout that ended in a bad response is run again before it counts as
+#: failed. A rollout is a pure function of its job's seed and the answers it gets, so a
+#: run again against a server that answers properly this time gives the rollout a clean
+#: run would have had: a passing misbehaviour costs one more rollout, not a hole in
+#: the batch. One that persists fails as before (counted toward the outage share).
+BAD_RESPONSE_RERUNS = 2
+
+
 async def _guarded(agent: Agent, job: RolloutJob) -> Rollout:
+    """The job's rollout, run again (same seed) while it ends in a bad response, at
+    most :data:`BAD_RESPONSE_RERUNS` times; never raises."""
+    for _ in range(BAD_RESPONSE_RERUNS):
+        rollout = await _guarded_once(agent, job)
+        if not (rollout.leaf.kind == "failed" and failure_kind(rollout.leaf.cause) == BAD_RESPONSE):
+            return rollout
+        log.info(
+            "rollout from node %s of tree %s: %s; running it again", job.node_id, job.tree_index, rollout.leaf.cause
+        )
+    return await _guarded_once(agent, job)
+
+
+async def _guarded_once(agent: Agent, job: RolloutJob) -> Rollout:
     t0 = time.perf_counter()
     try:
         return await agent.rollout(job.start, job.seed)

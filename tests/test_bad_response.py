@@ -20,7 +20,7 @@ import pytest
 from fixtures.journal import run_collect
 
 from focus.agent import Agent, Piece, Rollout, failure_prefix
-from focus.execution import ModelServiceOutage, check_outage, is_service_failure
+from focus.execution import BAD_RESPONSE_RERUNS, ModelServiceOutage, check_outage, is_service_failure
 from focus.format import ByteCodec, PolicyFormat, XmlToolCallParser
 from focus.policy import BadResponse, Completion, PolicyError, SamplingParams, ServiceUnavailable
 from focus.testing import ScriptedPolicy, run
@@ -117,18 +117,24 @@ def longest_completion(batch_url: str) -> int:
     return int(pc.max(pc.list_value_length(actor.column("completion_ids"))).as_py())
 
 
+#: Runs of a rollout before a bad response counts: the first and its reruns.
+RUNS = BAD_RESPONSE_RERUNS + 1
+
+
 def test_bad_answers_fail_their_rollouts_by_kind_and_no_row_holds_them(local_model_server, tmp_path):
-    """Kept failures (``max_outage_share = 1``): each kind is counted, no row is over-long."""
+    """Kept failures (``max_outage_share = 1``): a server that answers one rollout badly
+    on every run of it fails that rollout; each kind is counted, no row is over-long."""
     root = str(tmp_path)
     with FaultProxy(local_model_server.url) as proxy:
-        proxy.queue("overlong", 2)
-        proxy.queue("foreign_id", 1)
-        proxy.queue("short_logprobs", HTTP["max_retries"] + 1)  # every attempt of one call
+        proxy.queue("overlong", RUNS)
+        proxy.queue("foreign_id", RUNS)
+        proxy.queue("short_logprobs", (HTTP["max_retries"] + 1) * RUNS)  # every attempt of one call, each run
         # one rollout at a time: the queued faults hit the first rollouts' calls in order
         one = {"execution.max_outage_share": 1.0, "execution.max_concurrency": 1}
         out = run_collect(config(root, "bad", proxy.url, **one))
+        assert proxy.pending() == 0
     stats = BatchStore(root).read(out["batch_url"]).stats
-    assert stats["failed_bad_response"] == 4 == stats["failed_rollouts"]
+    assert stats["failed_bad_response"] == 3 == stats["failed_rollouts"]
     causes = " | ".join(stats["failure_causes"])
     assert "bad response: 21 tokens sampled where max_tokens = 8 were asked" in causes
     assert "bad response: sampled token id 70000 at position 0 is outside the vocabulary" in causes
@@ -144,12 +150,35 @@ def test_a_server_that_keeps_answering_too_long_fails_the_wave_and_a_rerun_repla
         proxy.rate, proxy.kinds = 1.0, ("overlong",)  # a server that ignores max_tokens
         with pytest.raises(ModelServiceOutage, match=r"last cause: bad response: 21 tokens sampled"):
             run_collect(cfg)
-        assert CheckpointStore(root).list("overlong") == [("config", 0)]  # nothing of it stored
+        assert CheckpointStore(root).list("overlong") == [("config", 0), ("critic", 0)]  # nothing of it stored
         proxy.rate = 0.0  # the server is fixed: the rerun computes the same rollouts again
         again = run_collect(cfg)
     store = BatchStore(root)
     got, want = store.read(again["batch_url"]), store.read(clean["batch_url"])
     assert got.stats["failed_rollouts"] == 0 and longest_completion(again["batch_url"]) <= MAX_TOKENS
+    assert [(a.tree_id, a.edge_id, a.completion_ids, a.logprobs, a.advantage) for a in got.actor] == [
+        (b.tree_id, b.edge_id, b.completion_ids, b.logprobs, b.advantage) for b in want.actor
+    ]
+
+
+def test_a_passing_bad_answer_is_run_again_and_the_batch_is_a_clean_runs(local_model_server, tmp_path):
+    """Below the outage share, a bad answer used to stay in the batch as a failed leaf that
+    no rerun or resume would replace. Now the rollout is run again with its seed: a
+    server that misbehaves on a few answers (the first run of the first rollout gets an
+    over-long answer, its rerun one with a foreign id: every run but the last) costs
+    reruns of that rollout, and the batch is the one a clean run writes, with no
+    failure in it."""
+    root = str(tmp_path)
+    assert BAD_RESPONSE_RERUNS == 2  # the two faults below are its budget
+    with FaultProxy(local_model_server.url) as proxy:
+        clean = run_collect(config(root, "clean", proxy.url))
+        proxy.queue("overlong", 1)
+        proxy.queue("foreign_id", 1)
+        out = run_collect(config(root, "passing", proxy.url, **{"execution.max_concurrency": 1}))
+        assert proxy.pending() == 0
+    store = BatchStore(root)
+    got, want = store.read(out["batch_url"]), store.read(clean["batch_url"])
+    assert got.stats["failed_rollouts"] == 0 and not got.stats.get("failed_bad_response")
     assert [(a.tree_id, a.edge_id, a.completion_ids, a.logprobs, a.advantage) for a in got.actor] == [
         (b.tree_id, b.edge_id, b.completion_ids, b.logprobs, b.advantage) for b in want.actor
     ]
