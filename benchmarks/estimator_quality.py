@@ -10,11 +10,18 @@ MDP families (``focus.synthetic.FAMILIES``; each task of a collection is a diffe
 seeded instance): the original shapes (uniform, critical, long) and families with
 stochastic transitions, γ = 0.9 with episodes of 3-10 transitions, rewards and costs at
 every step beside a terminal reward, an action good early and bad late, 2-4 actions by
-depth, and advantages small next to the outcome noise (``subtle``, all at once).
+depth, and advantages small next to the outcome noise (``subtle``, all at once); and
+the held-out-style families of issue 31 (``focus.synthetic_hard.HARD_FAMILIES``): 32
+steps with one decisive step at a random depth (``decisive``), rare large payoffs
+(``heavy_tail``), and 24-step episodes cut at 8 so every leaf is truncated
+(``truncated``).
 
 Critics: exact; noisy with a fixed per-state error of 0.5, 1 and 3 times the task's
 on-policy RMS advantage (``noise_0.5`` ...); constant (the mean true value of the
-collection's start states). Budgets: 2H, 6H and 16H task transitions per task, H the
+collection's start states); ``biased`` (exact up to a hidden depth, the decisive step's
+where there is one, then the mean value of the states at that depth: systematically
+wrong after the event) and ``early_late`` (exact at the root, a per-state error growing
+to 3x the RMS advantage at the deepest step), ``focus.synthetic_hard.depth_critic``. Budgets: 2H, 6H and 16H task transitions per task, H the
 family's longest episode; the evidence phase is 2 rollouts per task (1 at 2H), the
 continuation phase gets the rest in the library's default waves (``Phase`` defaults:
 16 per wave, 4 branches per checkpoint).
@@ -32,7 +39,12 @@ ablations:
 
 Metrics: token-weighted MSE of the segment advantages against the exact ones, sign
 agreement (tokens whose exact advantage is non-zero), critic-target MSE (weighted by
-the target weights) against the exact state values. Summary ratios are medians over
+the target weights) against the exact state values; the composition-neutral error
+``neutral_mse`` (:func:`neutral_mse`: on the (task, state, action) pairs that every
+compared method's batch has in that cell and seed, each pair's mean squared error
+weighted by its on-policy probability, so a batch that fills with easy segments gains
+nothing); and ``decisive_share``, the share of the batch's tokens on segments that start
+at the decisive step (families that have one). Summary ratios are medians over
 families x budgets x noisy critics of the per-cell ratio (a cell: one family, budget,
 critic; its MSE the mean over seeds); the JSON adds the worst cell of each ratio and
 the summary recomputed on each seed alone (the spread).
@@ -78,6 +90,7 @@ from focus.execution import Execution
 from focus.priority import NodeEvidence, Phase, Priority, Selective, Uniform
 from focus.synthetic import (
     FAMILIES,
+    Family,
     SyntheticCritic,
     SyntheticEnv,
     SyntheticPolicy,
@@ -85,8 +98,14 @@ from focus.synthetic import (
     read_state,
     synthetic_format,
 )
+from focus.synthetic_hard import DEPTH_CRITICS, HARD_FAMILIES, depth_critic, depths
 
-CRITICS = ("exact", "noise_0.5", "noise_1", "noise_3", "constant")
+CRITICS = ("exact", "noise_0.5", "noise_1", "noise_3", "constant", *DEPTH_CRITICS)
+#: The project's eight families and the held-out-style ones of issue 31.
+ALL_FAMILIES: dict[str, Family] = FAMILIES | HARD_FAMILIES
+#: The methods the goals compare: the composition-neutral error is read on the
+#: (state, action) pairs every one of them has (in a cell and seed).
+COMPARED = ("grpo", "node_mc", "uniform", "selective")
 METHODS = ("grpo", "node_mc", "uniform", "selective", "selective_oldrank", "selective_advonly", "uniform_k1")
 #: Ablation rows: reported as medians only, so they run on fewer seeds (``--ablation-seeds``).
 ABLATIONS = ("selective_oldrank", "selective_advonly", "uniform_k1")
@@ -128,7 +147,9 @@ class OldSelective(Selective):
         return (spread + dis) * gain * node.influence / node.expected_transitions
 
 
-def make_critic(name: str, mdps: list[TreeMDP], gamma: float, seed: int) -> Critic:
+def make_critic(name: str, mdps: list[TreeMDP], gamma: float, seed: int, reach: int | None = None) -> Critic:
+    if name in DEPTH_CRITICS:
+        return depth_critic(name, mdps, gamma, seed, reach)
     if name == "constant":
         return ConstantCritic(round(statistics.fmean(m.values(gamma)[0] for m in mdps), 3))
     ratio = 0.0 if name == "exact" else float(name.split("_", 1)[1])
@@ -155,15 +176,31 @@ def make_search(method: str, evidence: int, transitions: int) -> tuple[Priority,
     return Selective(phases=phases), est
 
 
-def score(batch: Batch, mdps: list[TreeMDP], values: list[list[float]], gamma: float) -> dict[str, float]:
+def score(batch: Batch, mdps: list[TreeMDP], values: list[list[float]], gamma: float) -> dict[str, Any]:
+    """The batch's errors. Beside the token-weighted MSEs, ``_pairs`` holds each
+    (task, state, action) pair's summed token-weighted squared error, its tokens and its
+    on-policy probability (what :func:`neutral_mse` reads; not written to the JSON), and
+    ``decisive_share`` the share of the batch's tokens on segments that start at the
+    decisive step (None where no task has one)."""
     se = sw = agree = aw = 0.0
+    pairs: dict[tuple[int, int, int], list[float]] = {}
+    visits = [m.visits() for m in mdps]
+    depth = [depths(m) if m.decisive >= 0 else None for m in mdps]
+    dec = 0.0
     for r in batch.actor:
         task, s = read_state(r.prompt_ids)
         a = r.completion_ids[0] - 48
         exact = mdps[task].advantage(s, a, values[task], gamma)
         w = float(sum(r.loss_mask))
-        se += w * (r.advantage - exact) ** 2
+        err = w * (r.advantage - exact) ** 2
+        se += err
         sw += w
+        cell = pairs.setdefault((task, s, a), [0.0, 0.0, visits[task][s] * mdps[task].probs[s][a]])
+        cell[0] += err
+        cell[1] += w
+        dep = depth[task]
+        if dep is not None and dep[s] == mdps[task].decisive:
+            dec += w
         if abs(exact) > 1e-9:
             agree += w * float((r.advantage > 0) == (exact > 0) and abs(r.advantage) > 1e-12)
             aw += w
@@ -178,25 +215,62 @@ def score(batch: Batch, mdps: list[TreeMDP], values: list[list[float]], gamma: f
         "target_mse": te / tw if tw else 0.0,
         "transitions": batch.stats["transitions"],
         "tokens": batch.n_tokens,
+        "decisive_share": dec / sw if sw and any(d is not None for d in depth) else None,
+        "_pairs": {k: tuple(v) for k, v in pairs.items()},
     }
+
+
+def neutral_mse(pairs: dict[tuple[int, int, int], tuple[float, float, float]], shared: set[Any]) -> float:
+    """The composition-neutral error: on the (task, state, action) pairs in ``shared``
+    (those every compared method's batch has), each pair's mean squared advantage error
+    (token-weighted within the pair) weighted by the pair's on-policy probability
+    ``d(s)·π(a|s)``, not by how many tokens the batch spent on it. A method that fills
+    its batch with easy segments gains nothing here; one that estimates the pairs all
+    methods see better does. NaN when nothing is shared."""
+    num = den = 0.0
+    for k in shared:
+        se, w, p = pairs[k]
+        if w > 0 and p > 0:
+            num += p * se / w
+            den += p
+    return num / den if den > 0 else math.nan
+
+
+def add_neutral(raw: list[dict[str, Any]]) -> None:
+    """Set ``neutral_mse`` on every row (and drop ``_pairs``): the pairs shared by the
+    compared methods that ran in the row's (family, budget, critic, seed); rows of other
+    methods (the ablations) are read on the same pairs, those of them they have."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in raw:
+        groups.setdefault((r["family"], r["budget"], r["critic"], r["seed"]), []).append(r)
+    for rows in groups.values():
+        base = [r for r in rows if r["method"] in COMPARED] or rows
+        shared = set(base[0]["_pairs"])
+        for r in base[1:]:
+            shared &= set(r["_pairs"])
+        for r in rows:
+            r["neutral_mse"] = neutral_mse(r["_pairs"], shared & set(r["_pairs"]))
+    for r in raw:
+        r.pop("_pairs", None)
 
 
 def run_one(job: tuple[str, int, int, str, str, int]) -> dict[str, Any]:
     """One collection: ``n_tasks`` instances of a family, one method, critic and seed."""
     family, n_tasks, budget, critic, method, seed = job
-    fam = FAMILIES[family]
+    fam = ALL_FAMILIES[family]
     mdps = [fam.make(1000 * seed + i) for i in range(n_tasks)]
     values = [m.values(fam.gamma) for m in mdps]
-    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=fam.horizon + 2)
+    max_steps = fam.max_steps or fam.horizon + 2
+    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=max_steps)
     evidence = 1 if budget <= 2 else 2
-    expected = evidence * sum(m.expected_length() for m in mdps)
+    expected = evidence * sum(min(m.expected_length(), max_steps) for m in mdps)
     transitions = max(0, round(budget * fam.horizon * n_tasks - expected))
     search, est = make_search(method, evidence, transitions)
     est = est.model_copy(update={"gamma": fam.gamma})
     col = Collector(
         agent,
         search,
-        make_critic(critic, mdps, fam.gamma, seed),
+        make_critic(critic, mdps, fam.gamma, seed, fam.max_steps),
         est,
         Execution(max_concurrency=64),
         collection_id=f"{family}-{method}",
@@ -223,6 +297,7 @@ def summarise(
     """Median and worst cell of each ratio over the rows given."""
     table = {(r["family"], r["budget"], r["critic"], r["method"]): r for r in rows}
     noisy = [c for c in critics if c.startswith("noise")]
+    by_depth = [c for c in critics if c in DEPTH_CRITICS]
 
     def cells(method: str, other: str, crit: list[str], key: str = "adv_mse") -> list[tuple[float, str]]:
         out = []
@@ -230,7 +305,7 @@ def summarise(
             for b in budgets:
                 for c in crit:
                     a, o = table.get((f, b, c, method)), table.get((f, b, c, other))
-                    if a is not None and o is not None:
+                    if a is not None and o is not None and not math.isnan(a[key]) and not math.isnan(o[key]):
                         out.append((cell_ratio(a[key], o[key]), f"{f}/{b}H/{c}"))
         return out
 
@@ -254,6 +329,20 @@ def summarise(
         if "uniform" in methods:
             out["selective_vs_uniform_all_cells"] = stat(cells("selective", "uniform", critics))
             out["target_selective_vs_uniform_all_cells"] = stat(cells("selective", "uniform", critics, "target_mse"))
+        # the composition-neutral error (issue 31): the pairs every compared method has
+        for other in ("grpo", "uniform", "node_mc"):
+            if other in methods:
+                out[f"neutral_selective_vs_{other}_noisy"] = stat(cells("selective", other, noisy, "neutral_mse"))
+                out[f"neutral_selective_vs_{other}_constant"] = stat(
+                    cells("selective", other, ["constant"], "neutral_mse")
+                )
+                if by_depth:
+                    out[f"selective_vs_{other}_depth_critics"] = stat(cells("selective", other, by_depth))
+                    out[f"neutral_selective_vs_{other}_depth_critics"] = stat(
+                        cells("selective", other, by_depth, "neutral_mse")
+                    )
+        if "uniform" in methods:
+            out["neutral_selective_vs_uniform_all_cells"] = stat(cells("selective", "uniform", critics, "neutral_mse"))
         for abl in ("selective_oldrank", "selective_advonly"):
             if abl in methods:
                 out[f"{abl}_vs_uniform_noisy"] = stat(cells(abl, "uniform", noisy))
@@ -269,7 +358,7 @@ def summarise(
 
 
 def cells_above(
-    raw: list[dict[str, Any]], method: str, other: str, bound: float = 1.1, draws: int = 1000
+    raw: list[dict[str, Any]], method: str, other: str, bound: float = 1.1, draws: int = 1000, key: str = "adv_mse"
 ) -> dict[str, Any]:
     """The cells whose ``method``/``other`` ratio of seed-mean advantage MSE exceeds
     ``bound``, each with a 90% paired-bootstrap interval over the seeds both methods ran
@@ -281,7 +370,8 @@ def cells_above(
 
     mse: dict[tuple[str, int, str, str], dict[int, float]] = {}
     for r in raw:
-        mse.setdefault((r["family"], r["budget"], r["critic"], r["method"]), {})[r["seed"]] = r["adv_mse"]
+        if not math.isnan(r[key]):
+            mse.setdefault((r["family"], r["budget"], r["critic"], r["method"]), {})[r["seed"]] = r[key]
     cells = sorted({k[:3] for k in mse if k[3] == method and k[:3] + (other,) in mse})
     seeds = {c: sorted(mse[c + (method,)].keys() & mse[c + (other,)].keys()) for c in cells}
 
@@ -377,8 +467,9 @@ def mean_rows(raw: list[dict[str, Any]], seeds: list[int]) -> list[dict[str, Any
     out = []
     for (f, b, c, m), rs in groups.items():
         row: dict[str, Any] = {"family": f, "budget": b, "critic": c, "method": m}
-        for k in ("adv_mse", "sign_agreement", "target_mse", "transitions", "tokens"):
-            row[k] = statistics.fmean(r[k] for r in rs)
+        for k in ("adv_mse", "sign_agreement", "target_mse", "transitions", "tokens", "neutral_mse", "decisive_share"):
+            xs = [r[k] for r in rs if r.get(k) is not None and not math.isnan(r[k])]
+            row[k] = statistics.fmean(xs) if xs else math.nan
         out.append(row)
     return out
 
@@ -399,7 +490,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--ablation-seeds", type=int, default=12, help="seeds per cell of the ablation rows (at most --seeds)"
     )
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="transitions per task, in multiples of H")
-    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--families", default=",".join(ALL_FAMILIES))
     ap.add_argument("--critics", default=",".join(CRITICS))
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
@@ -415,7 +506,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if min(budgets) < 1:
         ap.error(f"--budgets must be at least 1 (H), got {args.budgets!r}")
     for flag, given, known in (
-        ("--families", families, FAMILIES),
+        ("--families", families, ALL_FAMILIES),
         ("--critics", critics, CRITICS),
         ("--methods", methods, METHODS),
     ):
@@ -439,6 +530,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         raw = [run_one(j) for j in jobs]
     elapsed = time.perf_counter() - t0
+    add_neutral(raw)
     # critic-free methods are reported under every critic
     for r in [r for r in raw if r["method"] in CRITIC_FREE]:
         raw.extend(r | {"critic": c} for c in critics[1:])
@@ -452,6 +544,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     if "selective" in methods and "uniform" in methods:
         summary["selective_vs_uniform_all_cells"]["above_1_1"] = cells_above(raw, "selective", "uniform")
+        summary["neutral_selective_vs_uniform_all_cells"]["above_1_1"] = cells_above(
+            raw, "selective", "uniform", key="neutral_mse"
+        )
     info = {
         "tasks": n_tasks,
         "seeds": n_seeds,
@@ -466,12 +561,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     order = {m: i for i, m in enumerate(METHODS)}
     rows.sort(key=lambda r: (families.index(r["family"]), r["budget"], critics.index(r["critic"]), order[r["method"]]))
-    print("| family | budget | critic | method | adv MSE | sign agree | target MSE | transitions |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| family | budget | critic | method | adv MSE | sign agree | target MSE | transitions "
+        "| neutral MSE | decisive share |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
+        share = "" if math.isnan(r["decisive_share"]) else f"{r['decisive_share']:.3f}"
         print(
             f"| {r['family']} | {r['budget']}H | {r['critic']} | {r['method']} | {r['adv_mse']:.3g} | "
-            f"{r['sign_agreement']:.3f} | {r['target_mse']:.3g} | {r['transitions']:.0f} |"
+            f"{r['sign_agreement']:.3f} | {r['target_mse']:.3g} | {r['transitions']:.0f} | "
+            f"{r['neutral_mse']:.3g} | {share} |"
         )
     print()
     print("| ratio (median over cells) | median | worst cell | per-seed medians |")
@@ -479,15 +579,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for k, v in summary.items():
         per = ", ".join(f"{x:.3f}" for x in spread.get(k, []))
         print(f"| {k} | {v['median']:.3f} | {v['worst']:.3f} ({v['worst_cell']}) | {per} |")
-    above = summary.get("selective_vs_uniform_all_cells", {}).get("above_1_1")
-    if above:
+    for name, what in (("selective_vs_uniform_all_cells", ""), ("neutral_selective_vs_uniform_all_cells", "neutral ")):
+        above = summary.get(name, {}).get("above_1_1")
+        if not above:
+            continue
         print()
         for c in above["above"]:
             interval = f" (90% interval {c['low']:.3f}-{c['high']:.3f})" if c["low"] is not None else ""
-            print(f"above 1.1: {c['cell']} {c['ratio']:.3f}{interval}")
-        print(f"above 1.1 throughout the interval: {above['above_throughout']}")
-        print(f"cells above 1.1 in each group of 4 seeds: {above['above_by_4_seed_group']}")
-        print(f"cells above 1.1 in each group of 12 seeds: {above['above_by_12_seed_group']}")
+            print(f"{what}above 1.1: {c['cell']} {c['ratio']:.3f}{interval}")
+        print(f"{what}above 1.1 throughout the interval: {above['above_throughout']}")
+        print(f"{what}cells above 1.1 in each group of 4 seeds: {above['above_by_4_seed_group']}")
+        print(f"{what}cells above 1.1 in each group of 12 seeds: {above['above_by_12_seed_group']}")
     print()
     print(json.dumps(info))
     if args.plot and "selective" in methods and "uniform" in methods:

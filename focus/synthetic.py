@@ -46,6 +46,8 @@ class TreeMDP:
     probs: tuple[tuple[float, ...], ...]
     tokens: tuple[tuple[int, ...], ...]
     name: str = ""
+    #: Depth of the one step that decides the return, where the family has one (-1: none).
+    decisive: int = -1
 
     def terminal(self, s: int) -> bool:
         return not self.outcomes[s]
@@ -379,6 +381,8 @@ class Family:
     gamma: float
     horizon: int
     properties: str = ""
+    #: The agent's step limit (None: ``horizon + 2``, so no rollout is cut).
+    max_steps: int | None = None
 
 
 FAMILIES: dict[str, Family] = {

@@ -1,0 +1,281 @@
+"""Refined values backed up through children (``docs/algorithm.md``, "Refined values").
+
+``V(n) = λ(n)·v̂(n) + (1 − λ(n))·Q̄(n)`` with the critic's weight λ(n) from the noise
+model (:mod:`focus.noise`) or a fixed κ. :func:`refine` is the per-checkpoint step the
+batch and search's incremental rankings share; :func:`tree_values` backs a whole tree up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from focus.noise import NoiseModel, Truncation, first_step_weight, leaf_value, noise_model
+from focus.tree import Edge, Node, Tree
+
+
+@dataclass(frozen=True)
+class TreeValues:
+    """Per-node statistics of one tree that estimators read (all keyed by node id).
+
+    ``value`` is ``None`` where nothing can be known: failed leaves, truncated leaves
+    without a critic prediction, and checkpoints with no valid continuation and no
+    prediction. Segments touching such a node get no advantage.
+    """
+
+    gamma: float
+    #: Weight λ(n) of the critic's prediction in each node's refined value.
+    critic_weight: Mapping[int, float]
+    kind: Mapping[int, str]
+    v_hat: Mapping[int, float | None]
+    #: Refined value V(n).
+    value: Mapping[int, float | None]
+    #: Modelled error variance of V(n) as an estimate of the true value.
+    error: Mapping[int, float]
+    #: Mean backed-up child value Q̄(n) (None when m(n) = 0).
+    q_bar: Mapping[int, float | None]
+    #: Backed-up values r(e_j) + γ^k V(c_j) of the valid children, in child order.
+    child_q: Mapping[int, tuple[float, ...]]
+    #: Number of valid child segments m(n).
+    m: Mapping[int, int]
+    #: Plain Monte Carlo value: mean return from n over every valid leaf below n.
+    mc: Mapping[int, float | None]
+    #: Mean discounted return from the root of the valid leaves below n.
+    root_return: Mapping[int, float | None]
+    #: Discounted returns from the root of every valid leaf (one per complete rollout path).
+    leaf_returns: tuple[float, ...]
+    #: Noise model the critic weights came from (None with a fixed κ).
+    noise: NoiseModel | None = None
+    #: Modelled error variance of the plain backup (λ = 0: the critic target Q̄(n)),
+    #: the critic's error at a checkpoint without children and at a bootstrapped leaf.
+    plain_error: Mapping[int, float] = field(default_factory=dict)
+
+    @property
+    def kappa(self) -> dict[int, float]:
+        """The same weights as pseudo-counts: ``λ = κ/(κ + m)``, so ``κ = m·λ/(1 − λ)``."""
+        out = {}
+        for i, lam in self.critic_weight.items():
+            m = self.m.get(i, 0)
+            out[i] = math.inf if lam >= 1.0 else m * lam / (1.0 - lam)
+        return out
+
+
+def child_variances(w1: float, disc: float, child_error: float, step: float, action: float) -> tuple[float, float]:
+    """(signal, noise) variance of one child's backed-up value ``r + γ^k V(c)`` around
+    the parent's true value, with ``step`` and ``action`` the noise model's step and
+    action variances at the parent's depth: ``signal`` is its first action's true
+    advantage, ``noise`` everything else (the env's randomness on that transition, the
+    segment's later transitions, and the error of V(c))."""
+    signal = action * min(w1, 1.0)
+    return signal, step * w1 - signal + disc * disc * child_error
+
+
+@dataclass(frozen=True)
+class Refined:
+    """What :func:`refine` computes for one checkpoint from its children."""
+
+    value: float | None
+    weight: float
+    error: float
+    q_bar: float | None
+    qs: tuple[float, ...]
+    #: Summed per-child variances (signal, noise), see :func:`child_variances`.
+    signal: float
+    noise: float
+    #: Error variance of the plain backup Q̄ (λ = 0), what a critic target carries.
+    plain_error: float = 0.0
+
+
+def refine(
+    v_hat: float | None,
+    children: Iterable[
+        tuple[float, float, float | None, float, float] | tuple[float, float, float | None, float, float, float]
+    ],
+    noise: NoiseModel,
+    depth: int,
+    kappa: float | None,
+) -> Refined:
+    """Refined value of one checkpoint from its children's
+    ``(discounted reward, γ^k, child value, child error variance, first-step weight[,
+    child plain-backup error variance])`` (the last defaults to the child's error).
+
+    With a fixed ``kappa`` the weight is ``κ/(κ + m)``. Otherwise (``kappa=None``) it
+    is the weight that minimises the advantage error of the child segments,
+    ``λ = T / (t + Var(Q̄))`` with ``T = Σ_j signal_j / m²`` the variance of the mean
+    true advantage of the sampled actions, ``Var(Q̄) = Σ_j (signal_j + noise_j) / m²``
+    and t the critic's error variance (docs/algorithm.md derives it). One function for
+    the batch and for search, so both compute the same numbers in the same order.
+    """
+    qs: list[float] = []
+    signal = rest = plain = 0.0
+    step, action = noise.step_var(depth), noise.action_var(depth)
+    for dr, disc, vc, errc, w1, *more in children:
+        if vc is None:
+            continue
+        qs.append(dr + disc * vc)
+        sig, nz = child_variances(w1, disc, errc, step, action)
+        signal += sig
+        rest += nz
+        plain += step * w1 + disc * disc * (more[0] if more else errc)
+    m = len(qs)
+    t = noise.critic_error
+    if not m:
+        return Refined(v_hat, 1.0, t, None, (), 0.0, 0.0, t)
+    q_bar = sum(qs) / m
+    var_q = (signal + rest) / (m * m)
+    if v_hat is None:
+        lam = 0.0
+        value = q_bar
+    elif kappa is not None:
+        lam = kappa / (kappa + m) if kappa > 0 else 0.0
+        # (the arithmetic of the fixed-κ formula as it always was: same bits)
+        value = q_bar if kappa <= 0 else (kappa * v_hat + m * sum(qs) / m) / (kappa + m)
+    else:
+        den = t + var_q
+        lam = (signal / (m * m) / den if den > 0 else 1.0) if noise.known else 0.0
+        value = q_bar if lam <= 0.0 else lam * v_hat + (1.0 - lam) * q_bar
+    error = (lam * lam * t if lam > 0 else 0.0) + (1.0 - lam) ** 2 * var_q
+    return Refined(value, lam, error, q_bar, tuple(qs), signal, rest, plain / (m * m))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """What values and rankings read of one segment, computed once per segment."""
+
+    child: int
+    #: r(e) = Σ_i γ^i r_i, γ^{k(e)}, Σ_{i<k} γ^{2i} (first-step weight), k(e), tokens.
+    reward: float
+    discount: float
+    weight: float
+    k: int
+    tokens: int
+
+
+def segment(e: Edge, gamma: float) -> Segment:
+    return Segment(e.child, e.discounted_reward(gamma), gamma**e.k, first_step_weight(e.k, gamma), e.k, e.n_tokens)
+
+
+def node_value(
+    node: Node,
+    segments: Mapping[int, Segment],
+    value: Mapping[int, float | None],
+    error: Mapping[int, float],
+    noise: NoiseModel,
+    kappa: float | None,
+    truncation: Truncation,
+    plain: Mapping[int, float],
+) -> Refined:
+    """One node's refined value from its children's (children first): the per-node step
+    of :func:`tree_values`, shared with search's incremental rankings so both compute
+    the same numbers in the same order. ``plain`` holds the children's plain-backup
+    errors (:attr:`Refined.plain_error`)."""
+    if node.is_leaf:
+        v, err = leaf_value(node.kind, node.value, truncation, noise.critic_error)
+        return Refined(v, 1.0, err, None, (), 0.0, 0.0, err)
+    kids = []
+    for eid in node.children:
+        sg = segments[eid]
+        c = sg.child
+        kids.append((sg.reward, sg.discount, value[c], error[c], sg.weight, plain[c]))
+    return refine(node.value, kids, noise, node.depth, kappa)
+
+
+def tree_values(
+    tree: Tree,
+    *,
+    gamma: float = 1.0,
+    kappa: float | None = None,
+    noise: NoiseModel | None = None,
+    truncation: Truncation = "bootstrap",
+) -> TreeValues:
+    """Back values up from the leaves to the root (children before parents).
+
+    ``kappa`` fixes the critic's weight at ``κ/(κ+m)``; ``None`` (the default) takes it
+    from ``noise``, or from a noise model fitted on this tree alone when none is given.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    if noise is None:
+        noise = noise_model([tree], gamma=gamma, truncation=truncation) if kappa is None else NoiseModel.unknown()
+    kind = {i: n.kind for i, n in tree.nodes.items()}
+    v_hat = {i: n.value for i, n in tree.nodes.items()}
+    value: dict[int, float | None] = {}
+    error: dict[int, float] = {}
+    plain: dict[int, float] = {}
+    weight: dict[int, float] = {}
+    q_bar: dict[int, float | None] = {}
+    child_q: dict[int, tuple[float, ...]] = {}
+    m: dict[int, int] = {}
+    mc_sum: dict[int, float] = {}
+    mc_n: dict[int, int] = {}
+    edges = tree.edges
+    segs = {i: segment(e, gamma) for i, e in edges.items()}
+    for node in tree.postorder():
+        i = node.id
+        r = node_value(node, segs, value, error, noise, kappa, truncation, plain)
+        value[i], weight[i], error[i], plain[i] = r.value, r.weight, r.error, r.plain_error
+        if node.is_leaf:
+            v = value[i]
+            mc_sum[i], mc_n[i] = (v, 1) if v is not None else (0.0, 0)
+            continue
+        q_bar[i], child_q[i], m[i] = r.q_bar, r.qs, len(r.qs)
+        s, cnt = 0.0, 0
+        for eid in node.children:
+            sg = segs[eid]
+            if mc_n[sg.child]:
+                s += mc_n[sg.child] * sg.reward + sg.discount * mc_sum[sg.child]
+                cnt += mc_n[sg.child]
+        mc_sum[i], mc_n[i] = s, cnt
+    mc = {i: (mc_sum[i] / mc_n[i] if mc_n[i] else None) for i in tree.nodes}
+    root_return, leaf_returns = _root_returns(tree, segs, value)
+    return TreeValues(
+        gamma,
+        weight,
+        kind,
+        v_hat,
+        value,
+        error,
+        q_bar,
+        child_q,
+        m,
+        mc,
+        root_return,
+        leaf_returns,
+        noise,
+        plain,
+    )
+
+
+def _root_returns(
+    tree: Tree, segs: Mapping[int, Segment], value: Mapping[int, float | None]
+) -> tuple[dict[int, float | None], tuple[float, ...]]:
+    """Mean discounted return from the root of the valid leaves below each node, and
+    every valid leaf's return (in reverse postorder)."""
+    edges = tree.edges
+    # Returns from the root: prefix rewards top-down (ids grow downward).
+    prefix: dict[int, tuple[float, float]] = {tree.ROOT: (0.0, 1.0)}  # (discounted reward so far, discount)
+    for i in sorted(tree.nodes):
+        nd = tree.nodes[i]
+        if nd.parent_edge is not None:
+            r0, d = prefix[edges[nd.parent_edge].parent]
+            sg = segs[nd.parent_edge]
+            prefix[i] = (r0 + d * sg.reward, d * sg.discount)
+    ret_sum: dict[int, float] = {}
+    ret_n: dict[int, int] = {}
+    leaf_returns: list[float] = []
+    for node in tree.postorder():
+        i = node.id
+        if node.is_leaf:
+            v = value[i]
+            if v is None:
+                ret_sum[i], ret_n[i] = 0.0, 0
+            else:
+                g = prefix[i][0] + prefix[i][1] * v
+                ret_sum[i], ret_n[i] = g, 1
+                leaf_returns.append(g)
+        else:
+            ret_sum[i] = sum(ret_sum[segs[eid].child] for eid in node.children)
+            ret_n[i] = sum(ret_n[segs[eid].child] for eid in node.children)
+    root_return: dict[int, float | None] = {i: (ret_sum[i] / ret_n[i] if ret_n[i] else None) for i in tree.nodes}
+    return root_return, tuple(leaf_returns[::-1])

@@ -1,0 +1,524 @@
+"""The noise model: how noisy the evidence and the critic are in one collection.
+
+:class:`NoiseModel` holds the per-depth step variances s(d), the env's part ν(d) and
+the critic's error variance t; :func:`noise_model` fits them on the λ = 0 backups of
+a collection's trees (empirical Bayes, method of moments; ``docs/algorithm.md``, "The
+noise model"). Pure and deterministic: the result is rounded to six significant digits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from focus.lsq import depth_walk as _depth_walk
+from focus.lsq import mm as _mm
+from focus.lsq import mv as _mv
+from focus.lsq import nnls as _nnls
+from focus.lsq import sig6 as _sig6
+from focus.tree import Edge, Tree
+
+Truncation = Literal["bootstrap", "terminal"]
+
+#: Depths fitted separately; deeper checkpoints share the last bucket's variances.
+DEPTH_BUCKETS = 32
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """How noisy the evidence and the critic are in one collection (empirical Bayes).
+
+    Model: the first transition of a segment leaving a checkpoint of depth d adds to a
+    sampled return an independent variance ``step_var(d)``, of which ``noise_var(d)``
+    remains among segments that took the same action (the env's randomness: what no
+    amount of branching removes from that segment's advantage) and the rest,
+    ``action_var(d)``, is the spread of the actions' true advantages; later
+    transitions of a segment add their own (times ``γ^{2i}``). The critic's prediction
+    misses the true value by an error of variance ``critic_var``, independent of the
+    sampled outcomes. Fitted by the method of moments on λ = 0 backups
+    (:func:`noise_model`). ``known`` is False while the collection has no checkpoint
+    with two valid continuations, so outcome noise cannot be told from critic error:
+    values are then plain backups (λ = 0) and ``critic_var`` is infinite.
+    """
+
+    #: Per depth of the segment's parent checkpoint (0 = the root).
+    step_vars: tuple[float, ...]
+    critic_var: float
+    noise_vars: tuple[float, ...] = ()
+    #: Checkpoints with a prediction and a valid child; with two or more valid
+    #: children; with two children that took the same action.
+    residuals: int = 0
+    spreads: int = 0
+    repeats: int = 0
+    known: bool = True
+
+    @classmethod
+    def unknown(cls, residuals: int = 0) -> NoiseModel:
+        return cls((), math.inf, (), residuals, 0, 0, False)
+
+    @staticmethod
+    def _at(xs: tuple[float, ...], depth: int, default: float) -> float:
+        return xs[min(depth, len(xs) - 1)] if xs else default
+
+    def step_var(self, depth: int) -> float:
+        return self._at(self.step_vars, depth, 1.0)
+
+    def noise_var(self, depth: int) -> float:
+        return self._at(self.noise_vars, depth, 0.0)
+
+    def action_var(self, depth: int) -> float:
+        return max(self.step_var(depth) - self.noise_var(depth), 0.0)
+
+    @property
+    def critic_error(self) -> float:
+        """Error variance of a value taken from the critic (0 while unknown)."""
+        return self.critic_var if self.known else 0.0
+
+
+def first_step_weight(k: int, gamma: float) -> float:
+    """``Σ_{i<k} γ^{2i}``: the variance multiplier of a segment's own k transitions."""
+    g2 = gamma * gamma
+    return float(k) if g2 == 1.0 else (1.0 - g2**k) / (1.0 - g2)
+
+
+def leaf_value(kind: str, v_hat: float | None, truncation: Truncation, critic_var: float) -> tuple[float | None, float]:
+    """(value, error variance) of a leaf: terminal 0; truncated v̂ (bootstrap) or 0."""
+    if kind == "terminal" or (kind == "truncated" and truncation == "terminal"):
+        return 0.0, 0.0
+    if kind == "truncated":
+        return v_hat, critic_var
+    return None, 0.0  # failed
+
+
+#: Child references of the noise fit: a λ = 0 backed-up value that is exact (a
+#: terminal leaf) or the critic's own prediction (a bootstrapped leaf).
+_EXACT, _CRITIC = -1, -2
+#: Pseudo-observations (per depth, in degrees of freedom of a typical spread) of the
+#: prior that neighbouring depths have similar variances: a depth with few spreads
+#: leans on its neighbours.
+_DEPTH_PRIOR_DOF = 8.0
+#: Pseudo-residuals pulling the critic's error variance toward "as far off as the
+#: sampling noise of a typical backed-up value": a critic is not trusted on a handful
+#: of residuals.
+_CRITIC_PRIOR_DOF = 2.0
+#: Pseudo-observations (per depth) that the env's share of a transition's variance is
+#: the share measured where siblings took the same action, pooled over depths; and
+#: pseudo-observations of that pooled share at one half: without any such siblings the
+#: split is unknown and taken halfway, not as "all signal" (which would trust every
+#: spread as reducible).
+_NOISE_PRIOR_DOF = 2.0
+
+
+@dataclass
+class _Checkpoint:
+    """One checkpoint's data for the noise fit (λ = 0 backups)."""
+
+    #: Depth bucket (the column of its step variance) and true depth.
+    depth: int
+    level: int
+    m: int
+    #: Σ_j (q_j − Q̄)² when m ≥ 2; the same within groups of children that took the
+    #: same action (None without such a pair); (v̂ − Q̄)² when predicted.
+    ss: float | None
+    ss_same: float | None
+    d2: float | None
+    #: The critic's prediction v̂ (None when not scored).
+    v_hat: float | None
+    #: Per valid child: (first-step weight, γ^{2k}, reference: record index or
+    #: _EXACT / _CRITIC, (g−1)/g for a child in a group of g ≥ 2 that took the same
+    #: action, else 0).
+    kids: list[tuple[float, float, int, float]]
+
+
+def _action(e: Edge) -> tuple[int, ...]:
+    """A segment's first action: the exact tokens of its first model turn."""
+    return e.turns[0].completion_ids if e.turns else ()
+
+
+def _collect(
+    tree: Tree,
+    gamma: float,
+    truncation: Truncation,
+    keep: Callable[[Tree, Edge], bool] | None,
+    out: list[_Checkpoint],
+) -> None:
+    """Append one tree's checkpoints to ``out``, children before parents."""
+    edges = tree.edges
+    val: dict[int, float | None] = {}
+    ref: dict[int, int] = {}
+    for node in tree.postorder():
+        i = node.id
+        if node.parent_edge is not None and keep is not None and not keep(tree, edges[node.parent_edge]):
+            continue
+        if node.is_leaf:
+            val[i], _ = leaf_value(node.kind, node.value, truncation, 0.0)
+            ref[i] = _CRITIC if node.kind == "truncated" and truncation == "bootstrap" else _EXACT
+            continue
+        qs: list[float] = []
+        kids: list[tuple[float, float, int, float]] = []
+        groups: list[int] = []
+        index: dict[tuple[int, ...], int] = {}
+        for eid in node.children:
+            e = edges[eid]
+            vc = val.get(e.child)
+            if vc is None:
+                continue
+            k = e.k
+            disc = gamma**k
+            qs.append(e.discounted_reward(gamma) + disc * vc)
+            groups.append(index.setdefault(_action(e), len(index)))
+            kids.append((first_step_weight(k, gamma), disc * disc, ref[e.child], 0.0))
+        m = len(qs)
+        if not m:
+            val[i], ref[i] = node.value, _CRITIC
+            continue
+        q_bar = sum(qs) / m
+        ss = sum((q - q_bar) ** 2 for q in qs) if m >= 2 else None
+        ss_same = None
+        if len(index) < m:
+            members: dict[int, list[float]] = {}
+            for q, g in zip(qs, groups, strict=True):
+                members.setdefault(g, []).append(q)
+            ss_same = sum(sum((q - sum(v) / len(v)) ** 2 for q in v) for v in members.values())
+            sizes = [len(members[g]) for g in groups]
+            kids = [(w, d, c, (n - 1) / n) for (w, d, c, _), n in zip(kids, sizes, strict=True)]
+        d2 = (node.value - q_bar) ** 2 if node.value is not None else None
+        val[i], ref[i] = q_bar, len(out)
+        out.append(_Checkpoint(min(node.depth, DEPTH_BUCKETS - 1), node.depth, m, ss, ss_same, d2, node.value, kids))
+
+
+def _env_share(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> float:
+    """The env's share ν/s of a transition's variance, pooled over the depths whose
+    same-action spreads measured it (weighted by their degrees of freedom), with
+    ``_NOISE_PRIOR_DOF`` pseudo-observations at one half. Whether an env is random is
+    mostly a property of the env, not of a depth: a deterministic env shows ν ≈ 0
+    wherever siblings repeat an action, and the depths without such siblings should
+    assume the same rather than a coin flip's half."""
+    num, den = [_NOISE_PRIOR_DOF * 0.5], [_NOISE_PRIOR_DOF]
+    for v, sd, k in zip(nu.tolist(), s.tolist(), dof.tolist(), strict=True):
+        if k > 0 and sd > 0:
+            num.append(k * min(v / sd, 1.0))
+            den.append(k)
+    return math.fsum(num) / math.fsum(den)
+
+
+def _coefficients(
+    recs: list[_Checkpoint], nd: int
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Each checkpoint's variance coefficients α (per depth bucket) and β, and the rows
+    of the same-action spreads, computed depth by depth from the deepest up (a
+    checkpoint's children are one level deeper), one vectorised step per level."""
+    n = len(recs)
+    parent, weight, disc2, child, factor = [], [], [], [], []
+    for i, r in enumerate(recs):
+        for w1, d2, c, f in r.kids:
+            parent.append(i)
+            weight.append(w1)
+            disc2.append(d2)
+            child.append(c)
+            factor.append(f)
+    kp = np.array(parent, dtype=np.int64)
+    kw = np.array(weight, dtype=np.float64)
+    kd2 = np.array(disc2, dtype=np.float64)
+    kc = np.array(child, dtype=np.int64)
+    kf = np.array(factor, dtype=np.float64)
+    bucket = np.array([r.depth for r in recs], dtype=np.int64)
+    level = np.array([r.level for r in recs], dtype=np.int64)
+    msq = np.array([r.m * r.m for r in recs], dtype=np.float64)
+    alpha = np.zeros((n, nd))
+    beta = np.zeros(n)
+    kid_level = level[kp]
+    inner_all = kc >= 0
+    for lv in np.unique(level)[::-1]:
+        sel = kid_level == lv
+        p, c, d2, w = kp[sel], kc[sel], kd2[sel], kw[sel]
+        np.add.at(alpha, (p, bucket[p]), w)
+        inner = inner_all[sel]
+        np.add.at(alpha, p[inner], d2[inner, None] * alpha[c[inner]])
+        np.add.at(beta, p[inner], d2[inner] * beta[c[inner]])
+        crit = c == _CRITIC
+        np.add.at(beta, p[crit], d2[crit])
+        rows = np.flatnonzero(level == lv)
+        alpha[rows] /= msq[rows, None]
+        beta[rows] /= msq[rows]
+    # same-action spreads: Σ_g (g−1)/g · Σ_{j∈g} Var(q_j | action), ν for the first transition
+    with_same = [i for i, r in enumerate(recs) if r.ss_same is not None]
+    row_of = np.full(n, -1, dtype=np.int64)
+    row_of[with_same] = np.arange(len(with_same))
+    same_rows = np.zeros((len(with_same), 2 * nd))
+    same_t = np.zeros(len(with_same))
+    pick = (kf > 0) & (row_of[kp] >= 0)
+    sp, sc, sd2, sw, sf = kp[pick], kc[pick], kd2[pick], kw[pick], kf[pick]
+    sr = row_of[sp]
+    first = np.minimum(sw, 1.0)
+    np.add.at(same_rows, (sr, nd + bucket[sp]), sf * first)
+    np.add.at(same_rows, (sr, bucket[sp]), sf * (sw - first))
+    inner = sc >= 0
+    np.add.at(same_rows[:, :nd], sr[inner], (sf * sd2)[inner, None] * alpha[sc[inner]])
+    np.add.at(same_t, sr[inner], (sf * sd2)[inner] * beta[sc[inner]])
+    crit = sc == _CRITIC
+    np.add.at(same_t, sr[crit], (sf * sd2)[crit])
+    same_y = np.array([recs[i].ss_same for i in with_same], dtype=np.float64)
+    # degrees of freedom Σ_g (g − 1): the factors (g−1)/g of a group's g children sum to it
+    same_dof = np.array([round(sum(fk for *_, fk in recs[i].kids)) for i in with_same], dtype=np.float64)
+    return alpha, beta, (same_rows, same_t, same_y, same_dof)
+
+
+def noise_model(
+    trees: Sequence[Tree],
+    *,
+    gamma: float = 1.0,
+    truncation: Truncation = "bootstrap",
+    keep: Callable[[Tree, Edge], bool] | None = None,
+) -> NoiseModel:
+    """Fit the step variances s(d), the same-action noise variances ν(d) ≤ s(d) and
+    the critic's error variance t on the λ = 0 backups of ``trees`` (method of
+    moments, pooled over every checkpoint of every tree).
+
+    Each checkpoint's backed-up value Q̄(n) has variance ``Σ_d α_n(d)·s(d) + β_n·t``:
+    α_n follows from the children's (a child value ``r + γ^k V(c)`` adds its k
+    transitions at n's depth to ``γ^{2k}`` times c's), β_n counts leaves that bootstrap
+    from the critic. Then:
+
+    * spread: at a checkpoint with m ≥ 2 valid children, the sum of squares of their
+      backed-up values around Q̄ has expectation ``(m−1)·m·Var(Q̄)``;
+    * same-action spread: within each group of children whose first model turn is the
+      same (the same action), the sum of squares has the same form with ν(d) in place
+      of s(d) for the first transition;
+    * residual: at the same checkpoints, ``(v̂ − Q̄)² − SS/(m(m−1))`` is an unbiased
+      estimate of t whatever the model (the correction is the checkpoint's own
+      sampling variance of Q̄);
+    * only-child residual: at a checkpoint with one valid child, ``(v̂ − Q̄)²`` has
+      expectation ``t·(1 + β) + Var(Q̄)``, so with t from the residuals it measures
+      the variance where search did not branch (weighed by its precision, from the
+      second pass on; not for a constant critic).
+
+    The spreads give s and ν by least squares (each sum weighted by 1/dof) under
+    ``0 ≤ ν ≤ s``, with
+    ``_DEPTH_PRIOR_DOF`` pseudo-observations per depth that neighbouring depths are
+    alike, and ``_NOISE_PRIOR_DOF`` that ν is ρ·s, ρ the env's share pooled over
+    the depths with same-action spreads (:func:`_env_share`, one half before any data,
+    refitted each pass); the residuals' weighted mean
+    (weights ``1/(t + Var(Q̄))²``), with ``_CRITIC_PRIOR_DOF`` pseudo-residuals at the
+    median Var(Q̄), gives t. Three passes (t enters the spreads through
+    bootstrapped leaves, the residual weights through the previous t), so the fit is a
+    deterministic function of the trees. ``keep`` restricts it
+    to the segments it accepts and what lies below them.
+    """
+    recs: list[_Checkpoint] = []
+    for tree in trees:
+        _collect(tree, gamma, truncation, keep, recs)
+    residuals = sum(1 for r in recs if r.d2 is not None)
+    if not any(r.ss is not None for r in recs):
+        return _chain_model(recs, residuals)
+    mo = _moments(recs)
+    nd = mo.nd
+    rho = 0.5
+    t = 0.0
+    x = np.zeros(2 * nd)
+    for it in range(3):
+        x = _solve_spreads(mo, t, x, rho, it)
+        s = x[:nd]
+        rho = _env_share(x[nd:], s, mo.repeat_dof)
+        t = _critic_error(mo, s, t, it)
+    # Six significant digits: the linear solves go through LAPACK, whose last bits may
+    # differ between CPUs; rounded, the model (and so every plan) is the same anywhere.
+    return NoiseModel(
+        tuple(_sig6(v) for v in x[:nd]),
+        _sig6(t),
+        tuple(_sig6(v) for v in x[nd:]),
+        residuals,
+        mo.spreads,
+        mo.repeats,
+    )
+
+
+@dataclass(frozen=True)
+class _Moments:
+    """The branched fit's moment equations (:func:`noise_model`), built once per fit."""
+
+    nd: int
+    alpha: np.ndarray
+    beta: np.ndarray
+    #: Spread and same-action spread rows over (s, ν), their t coefficients, sums of
+    #: squares and degrees of freedom.
+    design: np.ndarray
+    t_rows: np.ndarray
+    ys: np.ndarray
+    dofs: np.ndarray
+    #: Checkpoints with two or more children and a prediction, and their estimates of t.
+    res_ix: list[int]
+    t_obs: np.ndarray
+    #: Only-child residual rows, their t coefficients (1 + β) and squared misses.
+    one_rows: np.ndarray
+    one_t: np.ndarray
+    one_y: np.ndarray
+    #: Degrees of freedom of the same-action spreads per depth of their first transition.
+    repeat_dof: np.ndarray
+    spreads: int
+    repeats: int
+
+
+def _moments(recs: list[_Checkpoint]) -> _Moments:
+    spread_ix = [i for i, r in enumerate(recs) if r.ss is not None]
+    nd = max(r.depth for r in recs) + 1
+    alpha, beta, same = _coefficients(recs, nd)
+    same_rows, same_t, same_y, same_dof = same
+    m = np.array([recs[i].m for i in spread_ix], dtype=np.float64)
+    scale = (m - 1) * m  # E[SS] = (m−1)·m·Var(Q̄)
+    design = np.hstack([alpha[spread_ix] * scale[:, None], np.zeros((len(spread_ix), nd))])
+    t_rows = beta[spread_ix] * scale
+    ys = np.array([recs[i].ss for i in spread_ix], dtype=np.float64)
+    dofs = m - 1
+    if len(same_y):
+        design = np.vstack([design, same_rows])
+        t_rows = np.concatenate([t_rows, same_t])
+        ys = np.concatenate([ys, same_y])
+        dofs = np.concatenate([dofs, same_dof])
+    res_ix = [i for i in spread_ix if recs[i].d2 is not None]
+    t_obs = np.array(
+        [recs[i].d2 - recs[i].ss / (recs[i].m * (recs[i].m - 1)) for i in res_ix],  # type: ignore[operator]
+        dtype=np.float64,
+    )
+    # degrees of freedom of the same-action spreads whose first transition is at each depth
+    repeat_dof = _mv((same_rows[:, nd:] > 0).T.astype(np.float64), same_dof) if len(same_y) else np.zeros(nd)
+    # Checkpoints with one child and a prediction: (v̂ − q)² has expectation
+    # t·(1 + β) + Σ_d α(d)·s(d) (the chain model's residual). Search picks which
+    # checkpoints get a second child, so the spreads describe the checkpoints it chose;
+    # these describe the rest, and the depths no spread reaches.
+    # (Not with one prediction for every state: that critic's error is the state values'
+    # spread, which changes with depth, and no constant t describes it; see _chain_model.)
+    one_ix = [] if _one_prediction(recs) else [i for i, r in enumerate(recs) if r.m == 1 and r.d2 is not None]
+    one_rows = np.hstack([alpha[one_ix], np.zeros((len(one_ix), nd))])
+    one_y = np.array([recs[i].d2 for i in one_ix], dtype=np.float64)
+    return _Moments(
+        nd, alpha, beta, design, t_rows, ys, dofs, res_ix, t_obs,
+        one_rows, 1.0 + beta[one_ix], one_y, repeat_dof, len(spread_ix), len(same_y),
+    )  # fmt: skip
+
+
+def _share_form(nd: int, rho: float) -> np.ndarray:
+    """The prior that ν(d) is ρ·s(d), ρ the env's share pooled over the depths with
+    same-action siblings (half before any): the quadratic form of Σ_d (ν(d) − ρ·s(d))²."""
+    form = np.zeros((2 * nd, 2 * nd))
+    for d in range(nd):
+        form[d, d], form[nd + d, nd + d] = rho * rho, 1.0
+        form[d, nd + d] = form[nd + d, d] = -rho
+    return form
+
+
+def _solve_spreads(mo: _Moments, t: float, x: np.ndarray, rho: float, it: int) -> np.ndarray:
+    """One pass's (s, ν) from the spreads (and, from the second pass on, the only-child
+    residuals) given the critic's error ``t`` and the env's share ``rho``."""
+    nd, design, dofs = mo.nd, mo.design, mo.dofs
+    # the prior: neighbouring depths have similar variances
+    walk = _depth_walk(nd)
+    centre = np.zeros((2 * nd, 2 * nd))
+    centre[:nd, :nd] = walk
+    centre[nd:, nd:] = walk
+    # Solved for (a, ν) = (s − ν, ν), both ≥ 0: s = a + ν.
+    to_s = np.eye(2 * nd)
+    to_s[:nd, nd:] = np.eye(nd)
+    # Sums weighted per degree of freedom. (Inverse-variance weights from the previous
+    # pass were tried: a depth fitted near zero then weighs ever more and stays there.)
+    w = 1.0 / dofs
+    y = mo.ys - t * mo.t_rows
+    mat = _mm(design.T, design * w[:, None])
+    rhs = _mv(design.T, w * y)
+    # the prior's weight: pseudo-observations worth a typical depth's information per dof
+    touching = _mv((design > 0).T.astype(np.float64), dofs)
+    has = touching > 0
+    # no spread informs any depth (every segment's variance coefficient is 0): the
+    # prior alone sets the depth variances, at any positive scale
+    unit = float(np.median(np.diag(mat)[has] / touching[has])) if has.any() else 1.0
+    if it and len(mo.one_y):
+        # Each residual weighs as its precision against one degree of freedom of a
+        # spread, v²/(t + v)² with v the mean modelled Var(q) of these checkpoints
+        # (pooled, so no checkpoint the model calls exact weighs without bound): a
+        # full degree of freedom with an exact critic, little with a noisy one. All
+        # of them subtract the same estimate of t, whose error they share: N rows
+        # and t from n residuals are worth N·n/(N + n) rows of their own noise, so
+        # each weighs n/(N + n) of that. The first pass has no t yet and leaves
+        # them out.
+        one_rows = mo.one_rows
+        v_one = float(np.mean(_mv(one_rows[:, :nd], x[:nd])))
+        k_one = v_one * v_one / ((t + v_one) ** 2) if t + v_one > 0 else 0.0
+        k_one *= len(mo.res_ix) / (len(mo.one_y) + len(mo.res_ix))
+        mat = mat + k_one * _mm(one_rows.T, one_rows)
+        rhs = rhs + k_one * _mv(one_rows.T, mo.one_y - t * mo.one_t)
+    mat = mat + _DEPTH_PRIOR_DOF * unit * centre + _NOISE_PRIOR_DOF * unit * _share_form(nd, rho)
+    mat_av = _mm(_mm(to_s.T, mat), to_s)
+    mat_av += 1e-9 * float(np.trace(mat_av)) / len(mat_av) * np.eye(len(mat_av))  # never singular
+    av = _nnls(mat_av, _mv(to_s.T, rhs))
+    return _mv(to_s, av)
+
+
+def _critic_error(mo: _Moments, s: np.ndarray, t: float, it: int) -> float:
+    """The critic's error variance: the weighted mean of the residuals' estimates
+    (weights ``1/(t + Var(Q̄))²`` from the previous pass, equal on the first) with
+    ``_CRITIC_PRIOR_DOF`` pseudo-residuals at the median Var(Q̄); without residuals,
+    the summed step variances."""
+    res_ix = mo.res_ix
+    if not len(res_ix):
+        return float(np.sum(s))
+    var_q = _mv(mo.alpha[res_ix], s) + mo.beta[res_ix] * t
+    # (a checkpoint whose Q̄ the model calls exact weighs at most as one with
+    # a thousandth of the median variance)
+    floor = 1e-3 * float(np.median(var_q)) + 1e-100
+    wt = np.ones(len(res_ix)) if it == 0 else 1.0 / (t + var_q + floor) ** 2
+    prior = float(np.median(var_q))  # a critic as far off as a typical Q̄'s sampling noise
+    wp = float(np.mean(wt)) * _CRITIC_PRIOR_DOF
+    return max((float(np.sum(wt * mo.t_obs)) + wp * prior) / (float(np.sum(wt)) + wp), 0.0)
+
+
+def _one_prediction(recs: list[_Checkpoint]) -> bool:
+    """Whether at least two checkpoints with a child were predicted, all with the same
+    value: a constant critic, whose error is the state values' spread (see
+    :func:`_chain_model`)."""
+    predicted = [r.v_hat for r in recs if r.d2 is not None]
+    return len(predicted) >= 2 and len(set(predicted)) == 1
+
+
+def _chain_model(recs: list[_Checkpoint], residuals: int) -> NoiseModel:
+    """The model from rollouts that never branched (every checkpoint has one valid
+    child): each residual ``(v̂ − Q̄)²`` has expectation ``t·(1 + β) + Σ_d α(d)·s(d)``
+    (the critic's error plus the one-rollout return's variance below). Its depth
+    profile tells s from t only through the prior that neighbouring depths are alike
+    (the return's variance grows as the rollout has more steps to go; the part that
+    does not is the critic's). ν is the prior's s/2: nothing tells the actions from the
+    env's randomness without siblings."""
+    res_ix = [i for i, r in enumerate(recs) if r.d2 is not None]
+    if not res_ix:
+        return NoiseModel.unknown(residuals)
+    if _one_prediction(recs):
+        # One prediction for every state: the critic knows nothing of the states, so its
+        # error is the state values' own spread, which grows with depth as the return is
+        # decided, exactly as the return's variance below shrinks. Their sum is flat
+        # whatever the depth that decides, so the residuals cannot say where that is.
+        return NoiseModel.unknown(residuals)
+    nd = max(r.depth for r in recs) + 1
+    alpha, beta, _ = _coefficients(recs, nd)
+    design = np.hstack([alpha[res_ix], (1.0 + beta[res_ix])[:, None]])
+    ys = np.array([recs[i].d2 for i in res_ix], dtype=np.float64)
+    centre = np.zeros((nd + 1, nd + 1))
+    centre[:nd, :nd] = _depth_walk(nd)
+    # Every residual weighs the same (one degree of freedom each, as the spreads of the
+    # branched fit). Inverse-variance weights from a previous pass were the rule until
+    # issue 12's 192-seed runs: a depth the first pass put at zero makes the residuals
+    # that end there look exact, their weight grows without bound and the depth stays
+    # at zero, so the first wave was planned on zeros that one rollout per task cannot
+    # support (docs/algorithm.md, "Unbranched rollouts only").
+    mat = _mm(design.T, design)
+    rhs = _mv(design.T, ys)
+    touching = np.count_nonzero(design[:, :nd] > 0, axis=0).astype(np.float64)
+    has = touching > 0
+    unit = float(np.median(np.diag(mat)[:nd][has] / touching[has])) if has.any() else 1.0
+    mat = mat + _DEPTH_PRIOR_DOF * unit * centre
+    mat += 1e-9 * float(np.trace(mat)) / len(mat) * np.eye(len(mat))
+    x = _nnls(mat, rhs)
+    s = tuple(_sig6(v) for v in x[:nd])
+    return NoiseModel(s, _sig6(x[nd]), tuple(_sig6(v / 2) for v in s), residuals, 0, 0)
