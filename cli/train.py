@@ -1,5 +1,10 @@
-"""``focus train``: collect -> train -> publish weights -> collect ..., resumable by its id
-(the ``train_loop`` flow, :mod:`flows.train_loop`)."""
+"""``focus train``: collect -> train -> publish weights -> collect ..., resumable by its id.
+
+With a Prefect server configured (``PREFECT_API_URL``) or ``--prefect`` it runs the
+``train_loop`` flow (:mod:`flows.train_loop`); otherwise the same loop directly
+(:func:`flows.loop.train_direct`), as ``focus collect`` does: same store, same
+records, same resume, and no temporary server that would forget the run when the
+command ends. A finished loop reruns without starting anything."""
 
 from __future__ import annotations
 
@@ -43,6 +48,14 @@ def train(
         ),
     ] = None,
     sets: SetOpt = None,
+    prefect: Annotated[
+        bool,
+        typer.Option(
+            "--prefect",
+            help="Run as a Prefect flow even when no Prefect server is configured (starts a temporary one). "
+            "With PREFECT_API_URL set, the loop always runs as a flow on that server.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON record per iteration.")] = False,
     verbose: VerboseOpt = 0,
     debug: DebugOpt = False,
@@ -54,17 +67,25 @@ def train(
         overrides(sets, collection_id=collection_id, **{"train.iterations": iterations, "train.trainer": trainer}),
     )
     out = Console(verbose, debug, log_file, "train")
-    records = _run(out, cfg)
+    records = _run(out, cfg, prefect=prefect)
     if as_json:
         for rec in records:
             typer.echo(json.dumps(rec, default=str))
         return
     _print_table(records, cfg.collection_id)
+    if any(r.get("eval") for r in records):
+        from flows.loop_progress import PICTURE
+        from storage.weights import WeightStore
+
+        run_id = records[0]["run_id"]
+        typer.echo(f"held-out success per version: {WeightStore(cfg.storage.root).run_file(run_id, PICTURE)}")
 
 
-def _run(out: Console, cfg: FocusConfig) -> list[dict[str, Any]]:
-    """Checks, the Prefect server, then the ``train_loop`` flow, stopped cleanly by a signal."""
+def _run(out: Console, cfg: FocusConfig, *, prefect: bool = False) -> list[dict[str, Any]]:
+    """Checks, then the loop - the ``train_loop`` flow on a Prefect server, else directly -
+    stopped cleanly by a signal."""
     from flows.preflight import check_root, check_torch, check_weights, new_collection_id
+    from flows.server import configured_api_url
     from tasks.config import check_factories
 
     if not cfg.collection_id:  # named here, so an interrupted loop can say how to resume it
@@ -75,33 +96,27 @@ def _run(out: Console, cfg: FocusConfig) -> list[dict[str, Any]]:
         check_weights(cfg)
         check_torch(cfg, training=True)
         check_root(cfg.storage.root)
+        orchestrated = prefect or bool(configured_api_url())
         # the train loop reloads new weights into the model server it starts itself
-        with started(out, cfg, prefect=True, model=False, interrupts=interrupts) as ready:
-            from flows.train_loop import train_loop
+        with started(out, cfg, prefect=orchestrated, model=False, interrupts=interrupts) as ready:
+            if orchestrated:
+                from flows.train_loop import train_loop
 
-            return interrupts.run(train_loop(ready))
+                return interrupts.run(train_loop(ready))
+            from flows.loop import train_direct
+
+            return interrupts.run(train_direct(ready))
 
 
 def _print_table(records: list[dict[str, Any]], cid: str | None) -> None:
-    from rich.console import Console as RichConsole
-    from rich.table import Table
+    """The table of versions (as the live rows show it: 78 columns, versions whole)."""
+    from flows.loop_progress import header_line, row_cells, row_line
 
     run_id = records[0]["run_id"] if records else cid
-    table = Table(title=f"train loop {run_id}")
-    for col in ("iteration", "policy version", "eval success", "transitions", "loss", "reused"):
-        table.add_column(col, justify="right")
+    typer.echo(f"train loop {run_id}")
+    typer.echo(header_line())
     for rec in records:
-        tr = rec.get("train", {})
-        ev = rec.get("eval")
-        table.add_row(
-            str(rec["iteration"]),
-            str(rec["policy_version"])[:16],
-            f"{ev['success_rate']:.3f}" if ev else "-",
-            str(rec.get("stats", {}).get("transitions", "-")),
-            f"{tr['metrics']['train_loss']:.4g}" if "train_loss" in tr.get("metrics", {}) else "-",
-            "yes" if tr.get("reused") else ("no" if tr else "-"),
-        )
-    RichConsole().print(table)
+        typer.echo(row_line(row_cells(rec)))
     trained = [r["train"] for r in records if r.get("train", {}).get("weights")]
     if trained:
         typer.echo(f"weights: {trained[-1]['weights']}")

@@ -49,6 +49,16 @@ def console() -> Console:
     return _CONSOLE
 
 
+def count_text(done: int, total: int | None, unit: str) -> str:
+    """``done/total unit``; a phase that ended past its budget (rollouts already running
+    finish) says so instead of showing more done than its total (pure)."""
+    if not total:
+        return f"{done} {unit}"
+    if done > total:
+        return f"{done} {unit} (budget {total})"
+    return f"{done}/{total} {unit}"
+
+
 def failure_line(label: str, record: StepRecord) -> str | None:
     """The WARNING line for a step whose rollouts failed (``None`` if none did)."""
     failed = record.failed_rollouts
@@ -148,12 +158,14 @@ class CollectionProgress:
         # A dumb terminal cannot redraw a line: rich would print the bar only at the end.
         if console_.is_terminal and not console_.is_dumb_terminal:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.table import Column
 
+            # the rates wrap on a narrow terminal rather than push the time off the line
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                TextColumn("{task.completed:.0f}/{task.total:.0f} {task.fields[unit]}"),
-                TextColumn("{task.fields[rates]}"),
+                BarColumn(bar_width=12),
+                TextColumn("{task.fields[count]}"),
+                TextColumn("{task.fields[rates]}", table_column=Column(overflow="fold", ratio=1)),
                 TimeElapsedColumn(),
                 console=console_,
                 transient=False,
@@ -189,8 +201,9 @@ class CollectionProgress:
         self._reused = False
         self._base = None
         if self._progress is not None:
+            total = phase.transitions or 0
             self._task = self._progress.add_task(
-                self._label, total=phase.transitions or 0, rates="", unit="transitions"
+                self._label, total=total, rates="", unit="transitions", count=count_text(0, total, "transitions")
             )
 
     def start_evidence(self, phase: Phase, rollouts: int) -> None:
@@ -199,7 +212,9 @@ class CollectionProgress:
         self._label = f"0.{phase.name}"
         self._t0 = time.perf_counter()
         if self._progress is not None:
-            self._task = self._progress.add_task(self._label, total=rollouts, rates="running", unit="rollouts")
+            self._task = self._progress.add_task(
+                self._label, total=rollouts, rates="running", unit="rollouts", count=count_text(0, rollouts, "rollouts")
+            )
 
     def evidence_done(self, record: StepRecord) -> str:
         """Fill the evidence bar from its step record; returns the line it shows or logs."""
@@ -237,6 +252,9 @@ class CollectionProgress:
                 update["total"] = max(completed, 1)
             else:
                 update["completed"] = next(t.total for t in self._progress.tasks if t.id == self._task)
+            update["count"] = count_text(
+                int(update["completed"]), int(update.get("total") or update["completed"]), "rollouts"
+            )
             self._progress.update(self._task, **update)
         elif self.enabled and self.log is not None:
             self.log.info(line, extra=console_extra())
@@ -256,7 +274,8 @@ class CollectionProgress:
         line = f"{self._label} wave {fig.wave}: {fig.transitions} transitions, {fig.rates()}"
         self.lines.append(line)
         if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, completed=fig.transitions, rates=fig.rates())
+            count = count_text(fig.transitions, budget, "transitions")
+            self._progress.update(self._task, completed=fig.transitions, rates=fig.rates(), count=count)
         elif self.enabled and self.log is not None:
             self.log.info(line, extra=console_extra())
         self.warn_failures(f"{self._label} wave {fig.wave}", record)

@@ -74,6 +74,14 @@ class Services:
         """What :meth:`wait` will wait for, in words."""
         return [w for w, on in (("Prefect server", self.prefect_server), ("model server", self.model_server)) if on]
 
+    def starting_names(self) -> list[str]:
+        """What :meth:`start` would start for the configuration (no Prefect server), in words."""
+        cfg = self.config
+        out = ["model server"] if self.want_model and cfg.model.kind == "local" and cfg.model.url is None else []
+        if cfg.execution.kind == "dask" and cfg.execution.address is None:
+            out.append("Dask cluster")
+        return out
+
     def start(self) -> Services:
         """Launch every missing service; returns at once."""
         from flows.server import TemporaryServer, configured_api_url

@@ -70,6 +70,22 @@ class WeightStore:
         record made before stores were relocatable), under this store's root."""
         return self.loc.locate(recorded, "weights")
 
+    def run_file(self, run_id: str, name: str) -> str:
+        """URL of a file about run ``run_id`` as a whole, beside its versions (its
+        picture of success per version, say)."""
+        check_id(run_id, "run id")
+        check_id(name, "file name")
+        return self.loc.url("weights", run_id, name)
+
+    def put_run_file(self, run_id: str, name: str, data: bytes) -> str:
+        """Write (replace) :meth:`run_file` ``name`` of run ``run_id``; its URL."""
+        url = self.run_file(run_id, name)
+        self.loc.put_bytes(url, data, self.retry, atomic=True)
+        return url
+
+    def run_file_exists(self, run_id: str, name: str) -> bool:
+        return self.loc.exists(self.run_file(run_id, name), self.retry)
+
     def put(self, folder: str, files: dict[str, bytes], info: dict[str, Any] | None = None) -> str:
         """Write ``files`` (name -> bytes) into version folder ``folder`` (from
         :meth:`folder`), manifest last; returns the folder URL.

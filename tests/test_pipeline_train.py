@@ -44,8 +44,11 @@ def loop_config(root: str, **extra):
     )
 
 
-def test_local_trainer_publishes_weights_the_next_collection_samples_from(prefect_api, tmp_path):
-    from flows.train_loop import train_loop
+@pytest.mark.integration  # starts the embedded model server
+def test_local_trainer_publishes_weights_the_next_collection_samples_from(tmp_path):
+    """On the direct path (``focus train`` without a Prefect server); the ``train_loop``
+    flow runs the same loop (tests below and tests/test_train_resume.py)."""
+    from flows.loop import train_direct as train_loop
     from focus.tinylm.model import weights_version
 
     cfg = loop_config(str(tmp_path / "store"), **{"train.eval_tasks": 4})
@@ -199,12 +202,12 @@ def test_focus_train_runs_a_user_trainer_from_the_users_folder(prefect_env, tmp_
     assert records[1]["policy_version"] == records[0]["train"]["policy_version"]
 
 
-@pytest.mark.integration  # starts a server
 def test_focus_train_prints_a_table_per_version(monkeypatch, tmp_path):
-    """The command's output (the flow itself is exercised above)."""
+    """The command's output (the loop itself is exercised above). With no Prefect server
+    configured it runs the loop directly and starts nothing (the loop is replaced here)."""
     from typer.testing import CliRunner
 
-    import flows.train_loop
+    import flows.loop
     from cli.app import app
 
     seen = {}
@@ -225,7 +228,8 @@ def test_focus_train_prints_a_table_per_version(monkeypatch, tmp_path):
             {"run_id": "x", "iteration": 1, "policy_version": "def", "eval": {"success_rate": 0.5}},
         ]
 
-    monkeypatch.setattr(flows.train_loop, "train_loop", fake_loop)
+    monkeypatch.setattr(flows.loop, "train_direct", fake_loop)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
     out = CliRunner().invoke(
         app, ["train", "-c", str(LOOP_TOML), "--iterations", "1", "--set", f"storage.root={tmp_path}"], env={}
     )

@@ -43,7 +43,11 @@ WAVE_SIZE = 2
 COLUMNS, LINES = 160, 40
 #: CSI sequences (colours, cursor, erase) and OSC sequences (titles, links).
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][0-9A-Za-z]")
-BAR = re.compile(r"1\.continue\s.*?(\d+)/(\d+) transitions ([\d.]+) transitions/s, (\d+) tokens/s, budget left (\d+)")
+#: A frame of the bar: done, budget (``done/budget``, or ``done (budget N)`` once past it), rates.
+BAR = re.compile(
+    r"1\.continue\s.*?(\d+)(?:/| transitions \(budget )(\d+)\)?\s?(?:transitions)?\s+([\d.]+) transitions/s, "
+    r"(\d+) tokens/s, budget left (\d+)"
+)
 LOG_LINE = re.compile(
     r"1\.continue wave (\d+): (\d+) transitions, ([\d.]+) transitions/s, (\d+) tokens/s, budget left (\d+)"
 )
@@ -204,7 +208,8 @@ def test_figures_after_wave_records(monkeypatch):
         # over the phase's 5 s; the phase ran past its budget (nothing left, not negative)
         assert line.endswith("110 transitions, 22.0 transitions/s, 400 tokens/s, budget left 0")
     frame = _final_frame(console)
-    assert "1.continue" in frame and "110/100 transitions" in frame
+    # past its budget the count says so, never "110/100"
+    assert "1.continue" in frame and "110 transitions (budget 100)" in frame and "110/100" not in frame
     assert "22.0 transitions/s, 400 tokens/s, budget left 0" in frame
 
 
@@ -224,6 +229,21 @@ def test_resumed_phase_takes_its_first_measured_wave_as_the_baseline(monkeypatch
         second = progress.wave_done(wave(2, used(50, 500)))
         assert second == "2.deep wave 2: 50 transitions, 5.0 transitions/s, 50 tokens/s, budget left 0"
     assert "50/50 transitions 5.0 transitions/s" in _final_frame(console)
+
+
+def test_the_bar_fits_80_columns(monkeypatch):
+    """On an 80-column terminal the rates wrap; nothing is cut (no ellipsis)."""
+    clock = _Clock()
+    monkeypatch.setattr(progress_mod, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    console = Console(file=StringIO(), force_terminal=True, width=80)
+    with CollectionProgress(None, console=console) as progress:
+        progress.start_phase(1, Phase("continue", transitions=96))
+        clock.now += 2.0
+        progress.wave_done(wave(0, used(112, 2000)))
+    text = strip_ansi(console.file.getvalue())  # type: ignore[attr-defined]
+    assert "…" not in text and "112 transitions (budget 96)" in text
+    assert all(len(line) <= 80 for line in re.split(r"[\r\n]", text))
+    assert "budget left 0" in text.replace("\n", " ")
 
 
 def test_not_a_terminal_logs_lines_and_draws_nothing():

@@ -1,8 +1,8 @@
 """The train loop on the embedded model, for several seeds: a table and a plot of success.
 
-For each seed this runs the ``train_loop`` flow - exactly ``focus train -c
-configs/loop.toml --set seed=<seed> ...`` - on the ephemeral Prefect API: the embedded
-model server starts from the committed weights; each iteration collects a FOCUS batch
+For each seed this runs the train loop - exactly ``focus train -c configs/loop.toml
+--set seed=<seed> ...`` without a Prefect server (:func:`flows.loop.train_direct`; its
+own progress line below instead of the command's live lines): the embedded model server starts from the committed weights; each iteration collects a FOCUS batch
 (Selective search, LocalCritic), trains the model (clipped policy gradient) and the
 critic, publishes the weights to the store and reloads them into the server; every
 version is evaluated on held-out targets. Prints a table of success rates and writes a
@@ -28,8 +28,8 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "loop.toml"
 
 
 def run_seed(seed: int, out: Path, overrides: dict[str, Any]) -> list[dict[str, Any]]:
-    """One train loop (a flow run); its records, one per version."""
-    from flows.train_loop import train_loop
+    """One train loop; its records, one per version."""
+    from flows.loop import train_direct
     from tasks.config import load_config
 
     cfg = load_config(
@@ -40,10 +40,11 @@ def run_seed(seed: int, out: Path, overrides: dict[str, Any]) -> list[dict[str, 
             "storage.root": str(out / "store"),
             "train.local.seed": seed,
             "critic.options": {"seed": seed},
+            "progress": False,  # the line every 30 s below says how far each seed got
             **overrides,
         },
     )
-    return asyncio.run(train_loop(cfg))
+    return asyncio.run(train_direct(cfg))
 
 
 def store_progress(out: Path, seed: int) -> dict[str, int]:
@@ -121,13 +122,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             overrides[key] = json.loads(value)
         except json.JSONDecodeError:
             overrides[key] = value
-    # as the focus command does: the ephemeral Prefect API, nothing sent anywhere
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    if not os.environ.get("PREFECT_API_URL"):
-        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_ENABLED", "true")
-        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # nothing sent anywhere
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -29,7 +29,8 @@ MEANING: dict[str, str] = {
     "the train loop's base name",
     "iteration": "training iteration recorded in the batch (the train loop sets it per iteration)",
     "seed": "collection seed; every rollout's sampling seed derives from it",
-    "progress": "progress bars on a terminal, else a log line per wave",
+    "progress": "live progress on a terminal (a collection's bars; a train loop's stages, rows and picture), else "
+    "a log line per wave",
     "model.kind": "`local` (the embedded tiny model) \\| `openai` (vLLM, any OpenAI-compatible server) \\| `sglang` "
     "\\| `tinker` \\| `factory`",
     "model.url": "server root; required for `openai`/`sglang`; for `local`, unset starts the embedded server for the run",

@@ -1,0 +1,484 @@
+"""The train loop's iterations, with or without Prefect: evaluate, collect, train, publish.
+
+:func:`run_loop` is the one loop; its steps come from a :class:`LoopSteps`. Without a
+Prefect server (``focus train``'s default) they are plain calls (:class:`DirectSteps`:
+the collection through :func:`flows.direct.collect_direct`, the trainer and the
+evaluation in daemon threads); the ``train_loop`` flow (:mod:`flows.train_loop`) makes
+each a subflow or task run. Both record the same things in the same store, so a loop
+started on one path resumes on the other.
+
+What is recorded is never recomputed: a finished collection (its export), a trainer
+step (``("train", i)`` in the checkpoint store) and an evaluation (``("eval-n<tasks>",
+version)``). On the direct path the embedded model server starts only when a step needs
+it (:class:`ModelService`), so a loop whose every step is recorded reruns in the time it
+takes to read its records, with no server started at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tasks.config import ConfigError, FocusConfig, TrainConfig, TrainContext, TrainResult, import_object
+
+if TYPE_CHECKING:
+    from flows.loop_progress import LoopProgress
+    from flows.services import Services
+
+_T = TypeVar("_T")
+TRAIN_PHASE = "train"
+EVAL_PHASE = "eval"
+log = logging.getLogger("focus.train")
+
+
+def iteration_config(config: FocusConfig, base: str, i: int, latest: dict[str, Any]) -> FocusConfig:
+    """The collection config of iteration ``i``: its own id, seeds derived from the
+    config's, and the latest weights, policy version and critic (pure)."""
+    from focus.agent import derive_seed
+
+    updates: dict[str, Any] = {
+        "collection_id": f"{base}-it{i}",
+        "iteration": i,
+        "seed": derive_seed("train-loop", config.seed, i),
+        "env.task_seed": derive_seed("train-loop-tasks", config.env.task_seed, i),
+        "model.weights": latest["weights"],
+        "model.policy_version": latest["policy_version"],
+    }
+    if config.critic.kind == "local":
+        updates["critic.weights"] = latest["critic"]
+    return config.with_updates(**updates)
+
+
+def eval_config(config: FocusConfig, latest: dict[str, Any]) -> FocusConfig:
+    """The held-out evaluation of the latest weights: ``train.eval_tasks`` tasks and
+    rollout seeds derived from the loop's, the same for every version (pure)."""
+    from focus.agent import derive_seed
+
+    return config.with_updates(
+        **{
+            "seed": derive_seed("train-loop-eval", config.seed),
+            "env.n_tasks": config.train.eval_tasks,
+            "env.task_seed": derive_seed("train-loop-eval-tasks", config.env.task_seed),
+            "model.weights": latest["weights"],
+            "model.policy_version": latest["policy_version"],
+        }
+    )
+
+
+def eval_phase(config: FocusConfig) -> str:
+    """The checkpoint phase of an evaluation of ``config`` (from :func:`eval_config`):
+    another evaluation size is another evaluation."""
+    return f"{EVAL_PHASE}-n{config.env.n_tasks}"
+
+
+def check(config: FocusConfig) -> None:
+    """Refuse a loop that cannot run, before any work."""
+    if config.train.trainer == "local" and config.model.kind != "local":
+        raise ConfigError(
+            f"train.trainer 'local' trains the embedded model, but model.kind is {config.model.kind!r}: "
+            "use the 'tinker' trainer or name your own (train.trainer = 'package.module:function')"
+        )
+    import_object(config.train.trainer_path())  # fail before any work if it does not import
+
+
+# ---- the steps' bodies (blocking; run in daemon threads) ----
+
+
+async def in_daemon_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` in a daemon thread of its own (with this context, as
+    ``asyncio.to_thread``): training blocks for as long as it takes, and an interrupted
+    loop must be able to exit without waiting for it, which the event loop's executor
+    would (its shutdown joins every thread). What the trainer leaves unfinished is not
+    recorded, so a rerun trains that iteration again."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+    ctx = contextvars.copy_context()
+
+    def settle(out: Any, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(out)
+
+    def run() -> None:
+        out, error = None, None
+        try:
+            out = ctx.run(fn, *args)
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+            error = e
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            loop.call_soon_threadsafe(settle, out, error)
+
+    threading.Thread(target=run, name=f"focus-{fn.__name__}", daemon=True).start()
+    return await done
+
+
+def train_body(
+    config: FocusConfig,
+    base_id: str,
+    iteration: int,
+    batch_url: str,
+    latest: dict[str, Any],
+    report: Callable[..., None] | None = None,
+) -> dict[str, Any]:
+    """The trainer call (or its recorded result); blocks for as long as training takes.
+    The record names the weights relative to the store root (the store can move); the
+    returned one names them under this root."""
+    import time
+
+    from storage import CheckpointStore
+    from storage.weights import WeightStore
+
+    store, weights = CheckpointStore(config.storage.root), WeightStore(config.storage.root)
+    if store.exists(base_id, TRAIN_PHASE, iteration):
+        return {**located(weights, store.load(base_id, TRAIN_PHASE, iteration)), "reused": True}
+    t0 = time.perf_counter()
+    trainer = import_object(config.train.trainer_path())
+    workdir = Path(tempfile.gettempdir()) / "focus-train" / base_id / f"it{iteration}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    ctx = TrainContext(
+        iteration=iteration,
+        config=config,
+        weights=latest["weights"],
+        policy_version=latest["policy_version"],
+        workdir=str(workdir),
+        model_url=config.model.url,
+        out=weights.folder(base_id, iteration + 1),
+        critic=latest["critic"],
+        state=latest["state"],
+        report=report,
+    )
+    options = config.train.options if config.train.trainer not in ("local", "tinker") else {}
+    result = trainer(batch_url, ctx, **options)
+    if not isinstance(result, TrainResult):
+        raise TypeError(f"trainer {config.train.trainer!r} returned {type(result).__name__}, expected TrainResult")
+    record = {**asdict(result), "metrics": dict(result.metrics), "wall_s": time.perf_counter() - t0}
+    store.save(base_id, TRAIN_PHASE, iteration, relative(weights, record))
+    return {**record, "reused": False}
+
+
+#: The fields of a trainer step's record that name files of the weight store.
+WEIGHT_FIELDS = ("weights", "critic", "state")
+
+
+def relative(weights: Any, record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with the weight store's files named relative to its root (others, such
+    as ``tinker://`` paths or files elsewhere, as they are)."""
+    out = dict(record)
+    for k in WEIGHT_FIELDS:
+        v = out.get(k)
+        if isinstance(v, str) and v:
+            with contextlib.suppress(Exception):  # not under the root: kept as it is
+                out[k] = weights.ref(v)
+    return out
+
+
+def located(weights: Any, record: dict[str, Any]) -> dict[str, Any]:
+    """A stored trainer record with its weight-store files named under this root: those
+    recorded relative to the root, and absolute ones (records made before stores were
+    relocatable) of a store that has moved since. Others (``tinker://`` paths, a user's
+    files elsewhere) stay as they are."""
+    out = dict(record)
+    for k in WEIGHT_FIELDS:
+        v = out.get(k)
+        if not isinstance(v, str) or not v or v.startswith("tinker://"):
+            continue
+        if "://" not in v and not v.startswith("weights/"):
+            if Path(v).exists() or "/weights/" not in v:
+                continue  # a file outside the store that is still there
+            v = "weights/" + v.rpartition("/weights/")[2]
+        with contextlib.suppress(Exception):  # not a weight-store file: kept as it is
+            out[k] = weights.locate(v)
+    return out
+
+
+def evaluate_body(
+    config: FocusConfig, base_id: str, version: int, report: Callable[[int, int], None] | None = None
+) -> dict[str, Any]:
+    """One plain rollout on each of ``train.eval_tasks`` held-out tasks with the weights
+    ``config`` names (recorded once per version, reused on reruns). ``report(done,
+    total)`` hears of each finished episode."""
+    from focus.train_local import evaluate
+    from storage import CheckpointStore
+
+    store = CheckpointStore(config.storage.root)
+    phase = eval_phase(config)
+    if store.exists(base_id, phase, version):
+        return {**store.load(base_id, phase, version), "reused": True}
+
+    async def run() -> Any:
+        policy = config.build_policy()
+        try:
+            agent, tasks = config.build_agent(policy)
+            counted: Any = _Counted(agent, len(tasks), report) if report is not None else agent
+            return await evaluate(counted, tasks, config.seed, config.execution.max_concurrency)
+        finally:
+            await policy.aclose()
+
+    record = {**asdict(asyncio.run(run())), "policy_version": config.model.policy_version}
+    store.save(base_id, phase, version, record)
+    return {**record, "reused": False}
+
+
+class _Counted:
+    """An agent that reports each finished rollout (the evaluation's progress)."""
+
+    def __init__(self, agent: Any, total: int, report: Callable[[int, int], None]) -> None:
+        self._agent, self._total, self._report, self._done = agent, total, report, 0
+
+    async def start(self, task: Any) -> Any:
+        return await self._agent.start(task)
+
+    async def rollout(self, *args: Any, **kwargs: Any) -> Any:
+        out = await self._agent.rollout(*args, **kwargs)
+        self._done += 1
+        self._report(self._done, self._total)
+        return out
+
+
+# ---- the model service the loop trains ----
+
+
+class ModelService:
+    """The embedded model server a loop on ``model.kind = "local"`` (without a URL)
+    samples from: started with the weights of the version that first needs it (at once
+    unless ``lazy``), loaded with each new version as it is published. Steps that need
+    no model (recorded ones) get configurations without it; those that do get it named
+    by :meth:`ready`."""
+
+    def __init__(self, config: FocusConfig, *, lazy: bool, show: LoopProgress | None = None) -> None:
+        self.config, self.lazy, self.show = config, lazy, show
+        self.embedded = config.model.kind == "local" and config.model.url is None
+        self._stack = contextlib.AsyncExitStack()
+        self.services: Services | None = None
+        self.updates: dict[str, Any] = {}
+        self.loaded: str | None = None
+        self.started = False
+
+    async def __aenter__(self) -> ModelService:
+        if not self.lazy:
+            await self._start(self.config.model.weights)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    def first_version(self) -> str | None:
+        """The policy version of the starting weights: the configured one, the started
+        server's, or (an embedded server not started yet) computed from the weights file
+        as the server computes it."""
+        if self.config.model.policy_version is not None:
+            return self.config.model.policy_version
+        if self.started:
+            return self.updates.get("model.policy_version")
+        if not self.embedded:
+            return None
+        from focus.tinylm.arch import DEFAULT_WEIGHTS, weights_version
+        from tasks.trainers import local_weights
+
+        return weights_version(local_weights(self.config.model.weights, self.config.storage.root) or DEFAULT_WEIGHTS)
+
+    async def _start(self, weights: str | None) -> None:
+        from flows.services import Services, services_in_thread
+        from tasks.trainers import local_weights
+
+        # the embedded server starts from a local file; iterations name the weights by URL
+        path = await asyncio.to_thread(local_weights, weights, self.config.storage.root)
+        start = self.config.with_updates(**{"model.weights": path})
+        what = Services(start).starting_names() if self.show is not None else []
+        with self.show.live(f"starting the {' and the '.join(what)}", "") if what and self.show else _nothing():
+            cfg, self.services = await self._stack.enter_async_context(services_in_thread(start))
+        self.started, self.loaded = True, weights
+        for key in ("model.url", "model.policy_version", "execution.address"):
+            mine, got = _get(start, key), _get(cfg, key)
+            if got != mine:
+                self.updates[key] = got
+
+    def apply(self, cfg: FocusConfig) -> FocusConfig:
+        """``cfg`` naming the started services (the model's URL, the Dask scheduler)."""
+        keep = {k: v for k, v in self.updates.items() if k != "model.policy_version"}
+        return cfg.with_updates(**keep) if keep else cfg
+
+    async def ready(self, cfg: FocusConfig, weights: str | None) -> FocusConfig:
+        """``cfg`` with the services started and serving ``weights``."""
+        if not self.started:
+            await self._start(weights)
+        return self.apply(cfg)
+
+    async def publish(self, weights: str | None, version: str) -> str:
+        """Load a new version into the embedded server, if it runs (else it starts with
+        it when a step first needs it); the policy version it serves."""
+        server = self.services.model_server if self.services is not None else None
+        if server is None or weights is None or weights == self.loaded:
+            return version
+        from tasks.trainers import local_weights
+
+        path = await asyncio.to_thread(local_weights, weights, self.config.storage.root)
+        assert path is not None  # weights that differ from those loaded are never None
+        served = await asyncio.to_thread(server.reload, path)
+        if served != version:
+            log.warning("trainer said policy version %s, the server reports %s", version, served)
+        self.loaded = weights
+        return served
+
+
+@contextlib.contextmanager
+def _nothing() -> Any:
+    yield None
+
+
+def _get(cfg: FocusConfig, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+# ---- the loop ----
+
+
+class LoopSteps:
+    """How the loop runs its steps: plain calls (this class), or Prefect runs
+    (:class:`flows.train_loop.PrefectSteps`). ``lazy``: start the model server only when
+    a step needs it."""
+
+    lazy = True
+
+    async def collect(self, cfg: FocusConfig, needs_services: bool) -> dict[str, Any]:
+        if not needs_services:  # finished: its stored result, nothing to start
+            from tasks.collect import collect
+            from tasks.journal import CheckpointJournal
+
+            return await collect(cfg, CheckpointJournal(cfg))
+        from flows.direct import collect_direct
+
+        return await collect_direct(cfg)
+
+    async def train(
+        self, cfg: FocusConfig, base: str, i: int, batch_url: str, latest: dict[str, Any], report: Any
+    ) -> dict[str, Any]:
+        return await in_daemon_thread(train_body, cfg, base, i, batch_url, latest, report)
+
+    async def evaluate(self, cfg: FocusConfig, base: str, version: int, report: Any) -> dict[str, Any]:
+        return await in_daemon_thread(evaluate_body, cfg, base, version, report)
+
+
+def _collection_finished(cfg: FocusConfig) -> bool:
+    from tasks.journal import CheckpointJournal
+
+    return CheckpointJournal(cfg).finished_export() is not None
+
+
+def _eval_recorded(cfg: FocusConfig, base: str, version: int) -> bool:
+    from storage import CheckpointStore
+
+    return CheckpointStore(cfg.storage.root).exists(base, eval_phase(cfg), version)
+
+
+def _train_recorded(cfg: FocusConfig, base: str, i: int) -> bool:
+    from storage import CheckpointStore
+
+    return CheckpointStore(cfg.storage.root).exists(base, TRAIN_PHASE, i)
+
+
+async def run_loop(config: FocusConfig, steps: LoopSteps, progress: LoopProgress | None = None) -> list[dict[str, Any]]:
+    """``train.iterations`` rounds of collect then train; one record per iteration (and,
+    with ``train.eval_tasks``, a last record evaluating the final weights)."""
+    from flows.loop_progress import LoopProgress
+
+    check(config)
+    show = progress if progress is not None else LoopProgress(config, enabled=False)
+    base = config.collection_id or "train"
+    records: list[dict[str, Any]] = []
+    async with ModelService(config, lazy=steps.lazy, show=show) as model:
+        latest: dict[str, Any] = {
+            "weights": config.model.weights,
+            "policy_version": await asyncio.to_thread(model.first_version),
+            "critic": config.critic.weights,
+            "state": None,
+        }
+        n = config.train.iterations
+        for i in range(n + 1):
+            record: dict[str, Any] = {"run_id": base, "iteration": i, "policy_version": latest["policy_version"]}
+            if config.train.eval_tasks:
+                record["eval"] = await _evaluate(config, steps, model, show, base, i, latest)
+            if i == n:  # the last record only evaluates the final weights
+                if "eval" in record:
+                    records.append(record)
+                    show.row(record)
+                break
+            it_cfg = model.apply(iteration_config(config, base, i, latest))
+            # the collection does not depend on the train section: leaving it out of the
+            # collection's config lets a loop be extended (more iterations) or its trainer
+            # retuned and rerun, reusing every finished collection
+            coll_cfg = it_cfg.with_updates(train=TrainConfig().model_dump())
+            needs = not await asyncio.to_thread(_collection_finished, coll_cfg)
+            if needs:
+                coll_cfg = await model.ready(coll_cfg, latest["weights"])
+            show.stage(i, "collect", coll_cfg.collection_id or "")
+            out = await steps.collect(coll_cfg, needs)
+            if _user_trainer(config) and not await asyncio.to_thread(_train_recorded, config, base, i):
+                it_cfg = await model.ready(it_cfg, latest["weights"])  # a user's trainer may call the model
+            with show.training(i) as report:
+                trained = await steps.train(it_cfg, base, i, out["batch_url"], latest, report)
+            show.trained(i, trained)
+            # a trainer that returns no weights or critic leaves them as they were
+            latest = {
+                "weights": trained["weights"] or latest["weights"],
+                "policy_version": trained["policy_version"],
+                "critic": trained["critic"] or latest["critic"],
+                "state": trained["state"],
+            }
+            latest["policy_version"] = await model.publish(latest["weights"], latest["policy_version"])
+            show.published(i, latest, loaded=model.started)
+            log.info(
+                "iteration %d: batch %s, trained -> policy version %s", i, out["batch_url"], latest["policy_version"]
+            )
+            record = {**record, "batch_url": out["batch_url"], "stats": out["stats"], "train": trained}
+            records.append(record)
+            show.row(record)
+    show.finish(records)
+    return records
+
+
+def _user_trainer(config: FocusConfig) -> bool:
+    return config.train.trainer not in ("local", "tinker")
+
+
+async def _evaluate(
+    config: FocusConfig,
+    steps: LoopSteps,
+    model: ModelService,
+    show: LoopProgress,
+    base: str,
+    version: int,
+    latest: dict[str, Any],
+) -> dict[str, Any]:
+    cfg = model.apply(eval_config(config, latest))
+    if not await asyncio.to_thread(_eval_recorded, cfg, base, version):
+        cfg = await model.ready(cfg, latest["weights"])
+    with show.evaluating(version, cfg.env.n_tasks) as report:
+        result = await steps.evaluate(cfg, base, version, report)
+    show.evaluated(version, result)
+    return result
+
+
+async def train_direct(config: FocusConfig) -> list[dict[str, Any]]:
+    """The train loop without Prefect (:func:`run_loop` with plain steps): the same
+    records in the same store as the ``train_loop`` flow, so either resumes the other;
+    the model server starts only if a step needs it."""
+    from flows.loop_progress import LoopProgress
+
+    if not config.collection_id:
+        raise ValueError("an unorchestrated train loop needs a collection_id")
+    return await run_loop(config, LoopSteps(), LoopProgress(config, enabled=config.progress))

@@ -1,0 +1,222 @@
+"""What a train loop shows while it runs, and the picture it leaves.
+
+On a terminal (rich's decision, as for the collection's bars, :mod:`flows.progress`)
+each stage of an iteration is a live line on standard error: the collection with its
+bars (:class:`flows.progress.CollectionProgress`), training with its steps and loss,
+publishing the new version, evaluating it episode by episode - each redrawn with its
+elapsed time, so something moves at least once a second. A row of the table of
+versions prints as soon as a version is evaluated. Elsewhere (a pipe, a log file, a
+deployment's worker) the console stays quiet and the log file gets one line per
+stage; with ``progress = false`` nothing. Either way, whenever a version is evaluated the held-out success per version
+is drawn into ``weights/<run>/success.png`` beside the weights (its values also in the
+PNG's ``focus`` text field, for a reader that checks them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tasks.config import FocusConfig
+
+#: The table of versions: (header, width); 4 spaces between columns, 78 in all.
+COLUMNS = (("version", 7), ("policy version", 16), ("success", 7), ("transitions", 11), ("loss", 9), ("reused", 6))
+PICTURE = "success.png"
+
+
+def row_cells(record: dict[str, Any]) -> list[str]:
+    """The table's cells for one iteration record (pure): its version, the policy
+    version that sampled it, held-out success, the transitions collected, the
+    training loss on them, whether the training was reused."""
+    tr = record.get("train") or {}
+    ev = record.get("eval")
+    loss = (tr.get("metrics") or {}).get("train_loss")
+    return [
+        str(record["iteration"]),
+        str(record.get("policy_version")),
+        f"{ev['success_rate']:.3f}" if ev else "-",
+        str((record.get("stats") or {}).get("transitions", "-")),
+        f"{loss:.4g}" if loss is not None else "-",
+        "yes" if tr.get("reused") else ("no" if tr else "-"),
+    ]
+
+
+def row_line(cells: list[str]) -> str:
+    """One line of the table (a policy version longer than its column is kept whole)."""
+    return "  ".join(c.rjust(w) for c, (_, w) in zip(cells, COLUMNS, strict=True))
+
+
+def header_line() -> str:
+    return row_line([h for h, _ in COLUMNS])
+
+
+def success_points(records: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(version, held-out success) of every evaluated version (pure)."""
+    return [(r["iteration"], float(r["eval"]["success_rate"])) for r in records if r.get("eval")]
+
+
+def success_png(points: list[tuple[int, float]], title: str) -> bytes:
+    """A PNG of held-out success per version; the points also in its ``focus`` text field."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 3.2), dpi=100)
+    ax = fig.add_subplot()
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    ax.plot(xs, ys, marker="o")
+    ax.set_xlabel("policy version (training iterations)")
+    ax.set_ylabel("held-out success")
+    ax.set_ylim(0, 1)
+    ax.set_xticks(xs)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"focus": json.dumps({"version": xs, "success": ys})})
+    return buf.getvalue()
+
+
+class LoopProgress:
+    """The train loop's stages, rows and picture (see the module docs). ``console``: the
+    rich console to draw on (default: the CLI's, standard error)."""
+
+    def __init__(
+        self,
+        config: FocusConfig,
+        *,
+        enabled: bool = True,
+        console: Console | None = None,
+        log: logging.Logger | None = None,
+    ) -> None:
+        from flows.progress import console as default_console
+
+        self.config, self.enabled = config, enabled
+        self.console = console if console is not None else default_console()
+        self.interactive = enabled and self.console.is_terminal and not self.console.is_dumb_terminal
+        self.log = log or logging.getLogger("focus.train")
+        self.base = config.collection_id or "train"
+        self.records: dict[int, dict[str, Any]] = {}
+        self.evaluations: dict[int, dict[str, Any]] = {}
+        self._header = False
+        self._fresh = False  # an evaluation was made (not reused): the picture changes
+        #: Every line shown or logged, in order (what a test can read back).
+        self.lines: list[str] = []
+        #: Where the picture went (``None`` until one is written).
+        self.picture: str | None = None
+
+    def say(self, line: str) -> None:
+        self.lines.append(line)
+        if self.interactive:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        elif self.enabled:  # quiet on the console: the log file has it
+            self.log.info(line)
+
+    def stage(self, i: int, what: str, detail: str = "") -> None:
+        self.say(f"iteration {i}: {what}{' ' + detail if detail else ''}")
+
+    @contextlib.contextmanager
+    def live(self, label: str, unit: str) -> Iterator[Callable[..., None]]:
+        """A live line for one stage (on a terminal): a bar once its total is known,
+        its count, a note (the loss) and the elapsed time; yields ``report(done,
+        total, note="")`` (safe from any thread)."""
+        if not self.interactive:
+            yield lambda *a, **k: None
+            return
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        bar = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(bar_width=24),
+            TextColumn("{task.fields[count]} {task.fields[note]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+        )
+        task = bar.add_task(label, total=None, count="", note="")
+
+        def report(done: int, total: int | None = None, note: str = "") -> None:
+            # a stage may end past its estimate: the count never shows more than its total
+            shown_total = max(total, done) if total else None
+            count = f"{done}/{shown_total} {unit}" if shown_total else f"{done} {unit}"
+            bar.update(task, completed=done, total=shown_total, count=count, note=note)
+
+        with bar:
+            yield report
+
+    @contextlib.contextmanager
+    def training(self, i: int) -> Iterator[Callable[..., None]]:
+        """The training stage of iteration ``i``; yields what a trainer reports to
+        (``report(step=, total=, loss=)``, :class:`tasks.trainers.TrainContext`)."""
+        with self.live(f"iteration {i}: train", "steps") as update:
+
+            def report(step: int, total: int | None = None, loss: float | None = None) -> None:
+                update(step, total, f"loss {loss:.4g}" if loss is not None else "")
+
+            yield report
+
+    def trained(self, i: int, trained: dict[str, Any]) -> None:
+        m = trained.get("metrics") or {}
+        steps, loss = m.get("train_steps"), m.get("train_loss")
+        what = (f" {steps:.0f} steps" if steps else "") + (f", loss {loss:.4g}" if loss is not None else "")
+        how = "recorded" if trained.get("reused") else f"{trained.get('wall_s', 0.0):.1f} s"
+        self.say(f"iteration {i}: trained{what} ({how})")
+
+    def published(self, i: int, latest: dict[str, Any], *, loaded: bool) -> None:
+        where = "loaded by the model server" if loaded else "stored"
+        self.say(f"iteration {i}: publish version {i + 1}, policy {latest['policy_version']}, {where}")
+
+    @contextlib.contextmanager
+    def evaluating(self, version: int, tasks: int) -> Iterator[Callable[[int, int], None]]:
+        with self.live(f"version {version}: evaluate", "episodes") as update:
+            yield lambda done, total: update(done, total)
+
+    def evaluated(self, version: int, result: dict[str, Any]) -> None:
+        self.evaluations[version] = result
+        self._fresh = self._fresh or not result.get("reused")
+        how = " (recorded)" if result.get("reused") else ""
+        self.say(f"version {version}: held-out success {result['success_rate']:.3f}{how}")
+
+    def row(self, record: dict[str, Any]) -> None:
+        """One row of the table of versions, once the version's record is complete."""
+        self.records[record["iteration"]] = record
+        if self.interactive and not self._header:
+            self.say(header_line())
+            self._header = True
+        if self.interactive:
+            self.say(row_line(row_cells(record)))
+        if record.get("eval") and not record["eval"].get("reused"):
+            self.draw()
+
+    def draw(self) -> str | None:
+        """Write the picture of held-out success per version beside the weights."""
+        from storage.weights import WeightStore
+
+        points = success_points([self.records[k] for k in sorted(self.records)])
+        if not points:
+            return None
+        title = f"train loop {self.base}: held-out success ({self.config.train.eval_tasks} tasks)"
+        store = WeightStore(self.config.storage.root)
+        self.picture = store.put_run_file(self.base, PICTURE, success_png(points, title))
+        return self.picture
+
+    def finish(self, records: list[dict[str, Any]]) -> str | None:
+        """The picture, drawn again if an evaluation was made or it is missing."""
+        from storage.weights import WeightStore
+
+        for r in records:
+            self.records[r["iteration"]] = r
+        store = WeightStore(self.config.storage.root)
+        if self._fresh or not store.run_file_exists(self.base, PICTURE):
+            return self.draw()
+        self.picture = store.run_file(self.base, PICTURE) if success_points(records) else None
+        return self.picture
