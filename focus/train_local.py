@@ -81,9 +81,10 @@ class UpdateConfig(BaseModel):
     torch_threads: int = Field(1, ge=1)
     #: Train prefix-sharing sequences in one forward pass (see :func:`pack_prefixes`).
     pack: bool = True
-    #: Stop an update once the approximate KL(behaviour || policy) measured on a
-    #: minibatch passes this (checked before each optimizer step, so an update ends
-    #: about one step past it). Caps the update size whatever the batch holds: methods
+    #: Stop an update once the approximate KL(behaviour || policy) passes this: on a
+    #: minibatch before each optimizer step, and on the whole batch after each epoch
+    #: (an epoch that took it past twice the target is undone, unless it was the
+    #: first). Caps the update size whatever the batch holds: methods
     #: whose batches differ in size and advantage scale then take updates of similar
     #: size, which is what makes their learning curves comparable. Empty: no stop.
     target_kl: float | None = Field(None, gt=0.0)
@@ -346,8 +347,10 @@ class PolicyTrainer:
         # CPU), visited in a fresh random order each epoch.
         by_len = sorted(range(len(seqs)), key=lambda i: (len(seqs[i].tokens), seqs[i].tokens))
         chunks = [by_len[i : i + cfg.minibatch] for i in range(0, len(by_len), cfg.minibatch)]
-        for _ in range(cfg.epochs):
+        for epoch in range(cfg.epochs):
             rng.shuffle(chunks)
+            before = self._snapshot() if cfg.target_kl is not None and epoch > 0 else None
+            steps_before, agg_before = steps, dict(agg)
             for idx in chunks:
                 chunk = [seqs[i] for i in idx]
                 p = pad_sequences(chunk, self.pad_id)
@@ -364,14 +367,35 @@ class PolicyTrainer:
                 for k in agg:
                     agg[k] += stats[k]
                 steps += 1
+            if cfg.target_kl is not None:
+                # a minibatch's KL understates the batch's after steps on the others:
+                # check the whole batch once an epoch, and undo an epoch that overshot
+                full = self._kl(seqs)
+                if kl_reached(full, 2 * cfg.target_kl) and before is not None:
+                    self._restore(before)
+                    steps = steps_before  # the undone epoch's steps count for nothing
+                    losses, agg = losses[:steps], agg_before
+                if kl_reached(full, cfg.target_kl):
+                    break
+                self.model.train()
         self.model.eval()
         return losses, agg, steps
+
+    def _snapshot(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        import copy
+
+        return copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
+
+    def _restore(self, snap: tuple[dict[str, Any], dict[str, Any]]) -> None:
+        self.model.load_state_dict(snap[0])
+        self.optimizer.load_state_dict(snap[1])
 
     def _kl(self, seqs: Sequence[TokenSequence | Packed]) -> float:
         """Approximate KL(behaviour || current policy), token mean over ``seqs`` (no update)."""
         import torch
 
         total, tokens = 0.0, 0.0
+        self.model.eval()
         with torch.no_grad():
             for i in range(0, len(seqs), self.config.minibatch):
                 p = pad_sequences(seqs[i : i + self.config.minibatch], self.pad_id)

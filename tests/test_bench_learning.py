@@ -83,7 +83,9 @@ def test_verdicts_judge_only_against_a_baseline_that_learns():
 def test_quick_run_writes_json_and_png(tmp_path):
     from benchmarks import learning
 
-    result = learning.main(["--quick", "--tasks", "toy", "bridge", "--out", str(tmp_path), "--quiet"])
+    result = learning.main(
+        ["--quick", "--tasks", "toy", "bridge", "--methods", *METHODS, "--out", str(tmp_path), "--quiet"]
+    )
     saved = json.loads((tmp_path / "learning.json").read_text())
     assert saved["verdicts"] == json.loads(json.dumps(result["verdicts"]))
     assert (tmp_path / "learning.png").stat().st_size > 10_000
