@@ -70,7 +70,7 @@ class Sizes:
 
 #: Chosen for the time budget of a loaded 2-core machine, not tuned per method (one toy
 #: run at 5 iterations x 12 tasks, 100 held out took 464 s at load average 10).
-DEFAULT_SIZES = Sizes(iterations=4, tasks=8, eval_tasks=60)
+DEFAULT_SIZES = Sizes(iterations=3, tasks=8, eval_tasks=50)
 QUICK_SIZES = Sizes(iterations=1, tasks=3, eval_tasks=6)
 SEEDS = [0, 1, 2, 3, 4]
 
