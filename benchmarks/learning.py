@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -43,15 +42,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.learning_verdicts import METHODS, median_curve, verdicts
 from focus.agent import Agent, derive_seed
 from focus.critic import ConstantCritic, Critic, LocalCritic
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, GroupNormalized
 from focus.priority import Phase, Priority, Selective, Uniform
 
-METHODS = ("focus", "grpo", "uniform")
 #: Complete rollouts per task before any branching (every method).
 EVIDENCE = 4
+#: The trainer of every method: the library's ``UpdateConfig`` with a KL target per
+#: update (matched update sizes): several epochs at a small learning rate, stopped once
+#: the approximate KL(behaviour || policy) passes ``target_kl``. With the library's
+#: one epoch at lr 1e-3 the update size depended on the batch (GRPO's KL per update
+#: ranged 0.001-0.9 on the toy, the old record), so methods were not compared alike.
+TRAINER = {"lr": 3e-4, "clip": 0.5, "epochs": 8, "target_kl": 0.05}
 
 
 @dataclass(frozen=True)
@@ -63,10 +68,11 @@ class Sizes:
     eval_tasks: int
 
 
-#: Chosen for the time budget (about 15 minutes on 2 cores for everything), not tuned per method.
-DEFAULT = {"toy": Sizes(iterations=6, tasks=16, eval_tasks=200), "math": Sizes(iterations=3, tasks=10, eval_tasks=60)}
+#: Chosen for the time budget of a loaded 2-core machine, not tuned per method (one toy
+#: run at 5 iterations x 12 tasks, 100 held out took 464 s at load average 10).
+DEFAULT_SIZES = Sizes(iterations=3, tasks=8, eval_tasks=50)
+QUICK_SIZES = Sizes(iterations=1, tasks=3, eval_tasks=6)
 SEEDS = [0, 1, 2, 3, 4]
-QUICK = {"toy": Sizes(iterations=1, tasks=3, eval_tasks=6), "math": Sizes(iterations=1, tasks=2, eval_tasks=3)}
 
 
 @dataclass(frozen=True)
@@ -76,11 +82,47 @@ class Domain:
     tasks: Callable[[int, int], list[Task]]  # (n, seed) -> tasks
 
 
+def _digit_agent(url: str, env: Any, max_steps: int) -> Agent:
+    from focus.backends import OpenAICompatPolicy
+    from focus.format import ByteCodec
+    from focus.policy import SamplingParams
+    from focus.toy import toy_format
+
+    policy = OpenAICompatPolicy(url, vocab_size=ByteCodec.vocab_size)
+    return Agent(policy, env, toy_format(), max_steps=max_steps, sampling=SamplingParams(max_tokens=4, temperature=1.0))
+
+
 def toy_domain() -> Domain:
     from focus.toy import reach_target_tasks
     from focus.train_local import toy_agent
 
     return Domain("toy", lambda url: toy_agent(url, max_steps=12), lambda n, seed: reach_target_tasks(n, seed=seed))
+
+
+def corridor_domain(gate: str) -> Callable[[], Domain]:
+    def make() -> Domain:
+        from focus.digit_tasks import Corridor, corridor_tasks
+
+        return Domain(
+            f"corridor-{gate}",
+            lambda url: _digit_agent(url, Corridor(), 8),
+            lambda n, seed: corridor_tasks(n, seed, gate=gate),
+        )
+
+    return make
+
+
+def bridge_domain() -> Domain:
+    from focus.digit_tasks import Bridge, bridge_tasks
+
+    return Domain("bridge", lambda url: _digit_agent(url, Bridge(), 9), lambda n, seed: bridge_tasks(n, seed))
+
+
+def long_domain() -> Domain:
+    from focus.digit_tasks import long_reach_tasks
+    from focus.train_local import toy_agent
+
+    return Domain("long-reach", lambda url: toy_agent(url, max_steps=16), long_reach_tasks)
 
 
 def math_domain() -> Domain:
@@ -99,10 +141,18 @@ def math_domain() -> Domain:
             sampling=SamplingParams(max_tokens=64, temperature=1.0),
         )
 
-    return Domain("math", make_agent, lambda n, seed: default_tasks(n, seed))
+    # single-digit sums: the difficulty at which the tiny model solves 10-40% (README)
+    return Domain("math", make_agent, lambda n, seed: default_tasks(n, seed, "digit_sum"))
 
 
-DOMAINS: dict[str, Callable[[], Domain]] = {"toy": toy_domain, "math": math_domain}
+DOMAINS: dict[str, Callable[[], Domain]] = {
+    "toy": toy_domain,
+    "corridor-early": corridor_domain("early"),
+    "corridor-late": corridor_domain("late"),
+    "bridge": bridge_domain,
+    "long-reach": long_domain,
+    "math": math_domain,
+}
 
 
 def make_method(method: str, seed: int) -> tuple[type[Priority], Estimator, Critic, bool]:
@@ -149,239 +199,234 @@ async def collect(
     return full.prepare(state)
 
 
-async def run_one(domain: Domain, method: str, seed: int, sizes: Sizes, server: Any, workdir: Path) -> dict[str, Any]:
-    """One learning curve: evaluate, then ``iterations`` x (collect, train, reload, evaluate)."""
+def _cpu_s(pid: int | None) -> float:
+    """CPU seconds so far of this process and of the model server (user + system)."""
+    import psutil
+
+    own = psutil.Process().cpu_times()
+    total = own.user + own.system
+    if pid is not None:
+        try:
+            srv = psutil.Process(pid).cpu_times()
+            total += srv.user + srv.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+async def run_one(
+    domain: Domain, method: str, seed: int, sizes: Sizes, server: Any, workdir: Path, trainer_options: dict[str, Any]
+) -> dict[str, Any]:
+    """One learning curve: evaluate, then ``iterations`` x (collect, train, reload, evaluate).
+    Wall and CPU seconds count collection, training and reload (evaluation excluded)."""
     from focus.tinylm.model import DEFAULT_WEIGHTS
     from focus.train_local import PolicyTrainer, UpdateConfig, evaluate, train_iteration
 
     await asyncio.to_thread(server.reload, DEFAULT_WEIGHTS)
     _, estimator, critic, fit = make_method(method, seed)
-    trainer = PolicyTrainer(None, UpdateConfig(seed=seed))
+    trainer = PolicyTrainer(None, UpdateConfig(seed=seed, **trainer_options))
     agent = domain.make_agent(server.url)
     held_out = domain.tasks(sizes.eval_tasks, 10_000 + seed)
     points: list[dict[str, Any]] = []
-    transitions = 0
-    wall = 0.0
+    transitions, wall, cpu = 0, 0.0, 0.0
     try:
         ev = await evaluate(agent, held_out, seed=seed)
-        points.append({"version": 0, "transitions": 0, "wall_s": 0.0, **_ev(ev)})
+        first = ev.outcomes
+        points.append({"version": 0, "transitions": 0, "wall_s": 0.0, "cpu_s": 0.0, **_ev(ev)})
         for it in range(sizes.iterations):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu_s(server.pid)
             # the same tasks for every method at this seed and iteration
             tasks = domain.tasks(sizes.tasks, derive_seed("tasks", seed, it))
             cid = f"{domain.name}-{method}-s{seed}"
             batch = await collect(agent, method, critic, estimator, tasks, cid, it, derive_seed("learning", seed, it))
-            out = await asyncio.to_thread(
-                train_iteration, trainer, critic if fit else None, batch, workdir / f"{method}-s{seed}.pt"
-            )
-            await asyncio.to_thread(server.reload, workdir / f"{method}-s{seed}.pt")
+            path = workdir / f"{method}-s{seed}.pt"
+            out = await asyncio.to_thread(train_iteration, trainer, critic if fit else None, batch, path)
+            await asyncio.to_thread(server.reload, path)
             wall += time.perf_counter() - t0
+            cpu += _cpu_s(server.pid) - c0
             transitions += int(batch.stats["transitions"])
             ev = await evaluate(agent, held_out, seed=seed)
+            train = out["train"]
             points.append(
                 {
                     "version": it + 1,
                     "transitions": transitions,
                     "wall_s": round(wall, 3),
+                    "cpu_s": round(cpu, 3),
                     **_ev(ev),
                     "batch_transitions": int(batch.stats["transitions"]),
                     "actor_rows": len(batch.actor),
                     "nonzero_advantage_rows": sum(1 for r in batch.actor if abs(r.advantage) > 1e-9),
                     "batch_reward": sum(r.reward for r in batch.actor),
-                    "approx_kl": out["train"]["approx_kl"],
+                    "approx_kl": round(train["final_kl"], 6),
+                    "optimizer_steps": train["steps"],
+                    "stopped_early": train["stopped_early"],
+                    "tokens_trained": train["tokens"],
                     "policy_version": out["policy_version"],
                 }
             )
     finally:
         await agent.policy.aclose()
-    return {"task": domain.name, "method": method, "seed": seed, "points": points}
+    return {
+        "task": domain.name,
+        "method": method,
+        "seed": seed,
+        "points": points,
+        "outcomes": {"first": first, "last": ev.outcomes},
+    }
 
 
 def _ev(ev: Any) -> dict[str, float]:
-    return {"success": ev.success_rate, "mean_return": ev.mean_return}
+    turns = max(ev.transitions, 1)
+    return {
+        "success": ev.success_rate,
+        "mean_return": ev.mean_return,
+        "invalid_rate": round(ev.invalid_turns / turns, 6),
+    }
 
 
-# --- reading the curves ---------------------------------------------------------------------
-
-
-def median_curve(runs: Sequence[dict[str, Any]], key: str = "transitions") -> list[tuple[float, float]]:
-    """(median x, median success) per version over the runs (seeds) of one method."""
-    n = min(len(r["points"]) for r in runs)
-    return [
-        (
-            statistics.median(r["points"][v][key] for r in runs),
-            statistics.median(r["points"][v]["success"] for r in runs),
-        )
-        for v in range(n)
-    ]
-
-
-def reach(curve: Sequence[tuple[float, float]], level: float) -> float | None:
-    """The x at which ``curve`` first reaches ``level`` (linear between points; pure)."""
-    for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
-        if y0 >= level:
-            return x0
-        if y1 >= level:
-            return x0 + (x1 - x0) * (level - y0) / (y1 - y0)
-    return curve[-1][0] if curve and curve[-1][1] >= level else None
-
-
-def goal(runs: Sequence[dict[str, Any]], task: str) -> dict[str, Any]:
-    """FOCUS's transitions to GRPO's final success, as a share of GRPO's (medians over seeds)."""
-    by = {m: [r for r in runs if r["task"] == task and r["method"] == m] for m in METHODS}
-    grpo = median_curve(by["grpo"])
-    target, total = grpo[-1][1], grpo[-1][0]
-    out: dict[str, Any] = {"grpo_final_success": target, "grpo_transitions": total}
-    for m in ("focus", "uniform"):
-        x = reach(median_curve(by[m]), target)
-        out[f"{m}_transitions_to_grpo_final"] = x
-        out[f"{m}_ratio"] = None if x is None or total <= 0 else round(x / total, 6)
-    # per seed (paired: the same tasks, evaluation and initial weights)
-    per_seed = {}
-    for g_run in by["grpo"]:
-        f_run = next((r for r in by["focus"] if r["seed"] == g_run["seed"]), None)
-        if f_run is None:
-            continue
-        g_curve = [(p["transitions"], p["success"]) for p in g_run["points"]]
-        x = reach([(p["transitions"], p["success"]) for p in f_run["points"]], g_curve[-1][1])
-        per_seed[str(g_run["seed"])] = {
-            "focus_ratio": None if x is None or g_curve[-1][0] <= 0 else round(x / g_curve[-1][0], 6),
-            "focus_minus_grpo_final": round(f_run["points"][-1]["success"] - g_curve[-1][1], 6),
-        }
-    out["per_seed"] = per_seed
-    # the initial weights are the same for every method: reaching GRPO's final success at
-    # version 0 means GRPO did not improve on them, which says nothing about FOCUS
-    out["grpo_improved"] = target > grpo[0][1]
-    out["goal_met"] = bool(out["grpo_improved"] and out["focus_ratio"] is not None and out["focus_ratio"] <= 0.5)
-    return out
-
-
-def plot(runs: Sequence[dict[str, Any]], tasks: Sequence[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"focus": "tab:blue", "grpo": "tab:red", "uniform": "tab:green"}
-    fig, axes = plt.subplots(len(tasks), 2, figsize=(11, 3.8 * len(tasks)), squeeze=False)
-    for row, task in enumerate(tasks):
-        for col, (key, label) in enumerate(
-            (("transitions", "cumulative task transitions"), ("wall_s", "wall time (s)"))
-        ):
-            ax = axes[row][col]
-            for m in METHODS:
-                mine = [r for r in runs if r["task"] == task and r["method"] == m]
-                for r in mine:
-                    ax.plot(
-                        [p[key] for p in r["points"]],
-                        [p["success"] for p in r["points"]],
-                        color=colors[m],
-                        alpha=0.2,
-                        linewidth=1,
-                    )
-                if mine:
-                    xs, ys = zip(*median_curve(mine, key), strict=True)
-                    ax.plot(xs, ys, color=colors[m], marker="o", linewidth=2.2, label=f"{m} (median of {len(mine)})")
-            ax.set_xlabel(label)
-            ax.set_ylabel("held-out success rate")
-            ax.set_title(f"{task}: success vs {label}")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
-def table(runs: Sequence[dict[str, Any]], tasks: Sequence[str], goals: dict[str, Any]) -> str:
-    lines = [
-        "| task | method | success v0 | final success (median [min, max]) | transitions | wall s | "
-        "transitions to GRPO's final / GRPO's |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for task in tasks:
-        for m in METHODS:
-            mine = [r for r in runs if r["task"] == task and r["method"] == m]
-            if not mine:
-                continue
-            first = statistics.median(r["points"][0]["success"] for r in mine)
-            finals = [r["points"][-1]["success"] for r in mine]
-            trans = statistics.median(r["points"][-1]["transitions"] for r in mine)
-            wall = statistics.median(r["points"][-1]["wall_s"] for r in mine)
-            ratio = goals[task].get(f"{m}_ratio") if m != "grpo" else 1.0
-            if not goals[task]["grpo_improved"]:
-                reached = "n/a (GRPO did not improve)"
-            else:
-                reached = "not reached" if ratio is None else f"{ratio:.2f}"
-            lines.append(
-                f"| {task} | {m} | {first:.3f} | {statistics.median(finals):.3f} [{min(finals):.3f}, {max(finals):.3f}]"
-                f" | {trans:.0f} | {wall:.0f} | {reached} |"
-            )
-    return "\n".join(lines)
-
-
-async def run_task(name: str, sizes: Sizes, seeds: Sequence[int], workdir: Path, log: bool) -> list[dict[str, Any]]:
+async def run_task(
+    name: str,
+    sizes: Sizes,
+    seeds: Sequence[int],
+    methods: Sequence[str],
+    workdir: Path,
+    log: bool,
+    trainer_options: dict[str, Any],
+    partial: Path | None = None,
+) -> list[dict[str, Any]]:
     from focus.backends import LocalModelServer
 
     domain = DOMAINS[name]()
     runs = []
     with LocalModelServer() as server:
         for seed in seeds:
-            for method in METHODS:
+            for method in methods:
                 t0 = time.perf_counter()
-                run = await run_one(domain, method, seed, sizes, server, workdir)
+                run = await run_one(domain, method, seed, sizes, server, workdir, trainer_options)
                 runs.append(run)
+                if partial is not None:  # a run that dies later keeps what it measured
+                    with partial.open("a") as f:
+                        f.write(json.dumps(run) + "\n")
                 if log:
                     curve = " ".join(f"{p['success']:.3f}@{p['transitions']}" for p in run["points"])
-                    print(f"{name} {method:7s} seed {seed}: {curve} ({time.perf_counter() - t0:.0f} s)", flush=True)
+                    kl = " ".join(f"{p['approx_kl']:.3f}" for p in run["points"][1:])
+                    print(
+                        f"{name} {method:7s} seed {seed}: {curve}; KL {kl} ({time.perf_counter() - t0:.0f} s)",
+                        flush=True,
+                    )
     return runs
 
 
-def _print_goals(goals: dict[str, Any]) -> None:
-    for t, g in goals.items():
-        ratio = g["focus_ratio"]
-        print(
-            f"{t}: GRPO final success {g['grpo_final_success']:.3f} after {g['grpo_transitions']:.0f} transitions "
-            f"({'improved on' if g['grpo_improved'] else 'no better than'} the initial weights); FOCUS reaches it "
-            f"at {'never' if ratio is None else f'{ratio:.2f} of them'}; goal (<= 0.5 with GRPO improving) "
-            f"{'met' if g['goal_met'] else 'not met'}"
+def plot(runs: Sequence[dict[str, Any]], tasks: Sequence[str], path: Path) -> None:
+    """Per task (a row): success against cumulative transitions, and against wall time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"focus": "tab:blue", "grpo": "tab:red", "uniform": "tab:green"}
+    fig, axes = plt.subplots(len(tasks), 2, figsize=(11, 3.2 * len(tasks)), squeeze=False)
+    for row, task in enumerate(tasks):
+        for col, (key, label) in enumerate((("transitions", "cumulative task transitions"), ("wall_s", "wall s"))):
+            ax = axes[row][col]
+            for m in METHODS:
+                mine = [r for r in runs if r["task"] == task and r["method"] == m]
+                for r in mine:
+                    xs, ys = [p[key] for p in r["points"]], [p["success"] for p in r["points"]]
+                    ax.plot(xs, ys, color=colors[m], alpha=0.2, linewidth=1)
+                if mine:
+                    xs, ys = zip(*median_curve(mine, key), strict=True)
+                    ax.plot(xs, ys, color=colors[m], marker="o", linewidth=2.2, label=f"{m} (median of {len(mine)})")
+            ax.set_xlabel(label)
+            ax.set_ylabel("held-out success")
+            ax.set_title(f"{task}: success vs {label}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def summary(result: dict[str, Any]) -> str:
+    """Lines a person reads: per task the gains, FOCUS against GRPO, and across tasks."""
+    v = result["verdicts"]
+    lines = []
+    for task, t in v["tasks"].items():
+        gains = ", ".join(
+            f"{m} {g['mean']:+.3f} [{g['interval'][0]:+.3f}, {g['interval'][1]:+.3f}]{'' if g['learns'] else ' (no)'}"
+            for m, g in t["gain"].items()
         )
+        lines.append(f"{task}: gain over v0 {gains}")
+        for m, c in t["vs_grpo"].items():
+            d = c["difference"]
+            share = "never" if c["share_median"] is None else f"{c['share_median']:.2f}"
+            lines.append(
+                f"  {m} vs grpo: {c['verdict']}; final difference {d['mean']:+.3f} "
+                f"[{d['interval'][0]:+.3f}, {d['interval'][1]:+.3f}]; share of GRPO's transitions {share}"
+            )
+    share = "n/a" if v["median_share"] is None else f"{v['median_share']:.2f}"
+    lines.append(
+        f"across {v['judged_tasks']} judged tasks: median share {share}; FOCUS better on "
+        f"{', '.join(v['focus_better_on']) or 'none'}; goal {'met' if v['goal_met'] else 'not met'}"
+    )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one seed: a smoke run")
-    ap.add_argument("--tasks", nargs="+", choices=sorted(DOMAINS), default=["toy", "math"])
+    ap.add_argument("--tasks", nargs="+", choices=list(DOMAINS), default=list(DOMAINS))
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 3 4 (--quick: 0)")
+    ap.add_argument("--methods", nargs="+", choices=METHODS, default=["focus", "grpo"], help="default: focus grpo")
+    ap.add_argument("--jobs", type=int, default=1, help="tasks run in parallel processes (each with its own server)")
     ap.add_argument("--out", default="runs/learning", help="folder for learning.json and learning.png")
     ap.add_argument("--quiet", action="store_true")
-    ap.add_argument("--report", metavar="JSON", help="print the table and redraw the plot of a saved run; run nothing")
+    ap.add_argument("--report", metavar="JSON", help="print the verdicts and redraw the plot of a saved run")
     ap.add_argument("--json", type=Path, help="also write learning.json's content here")
     ap.add_argument("--plot", type=Path, help="draw the plot here instead of <out>/learning.png")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=VALUE", help="a trainer option (UpdateConfig field)"
+    )
     args = ap.parse_args(argv)
     if args.report:
         saved = json.loads(Path(args.report).read_text())
-        tasks = list(saved["goals"])
-        goals = {t: goal(saved["runs"], t) for t in tasks}
-        plot(saved["runs"], tasks, Path(args.report).with_suffix(".png"))
-        print(table(saved["runs"], tasks, goals))
-        _print_goals(goals)
-        return {**saved, "goals": goals}
+        saved = saved.get("figures", saved)
+        tasks = list(saved["verdicts"]["tasks"])
+        result = {**saved, "verdicts": verdicts(saved["runs"], tasks)}
+        plot(saved["runs"], tasks, args.plot or Path(args.report).with_suffix(".png"))
+        print(summary(result))
+        return result
+    options = {**TRAINER, **dict(_option(o) for o in args.set)}
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else SEEDS)
-    sizes = QUICK if args.quick else DEFAULT
+    sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="focus-learning-") as tmp:
-        for name in args.tasks:
-            runs += asyncio.run(run_task(name, sizes[name], seeds, Path(tmp), not args.quiet))
-    goals = {t: goal(runs, t) for t in args.tasks}
+    partial = out / "runs.jsonl"
+    partial.unlink(missing_ok=True)
+    jobs = [(name, sizes, seeds, args.methods, not args.quiet, options, partial) for name in args.tasks]
+    if args.jobs <= 1:
+        for job in jobs:
+            runs += _task_worker(job)
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
+            for got in pool.map(_task_worker, jobs):
+                runs += got
     result = {
         "command": "python -m benchmarks.learning" + (" --quick" if args.quick else ""),
+        "methods": args.methods,
+        "jobs": args.jobs,
         "seeds": seeds,
         "evidence_rollouts_per_task": EVIDENCE,
-        "sizes": {t: sizes[t].__dict__ for t in args.tasks},
-        "goals": goals,
+        "sizes": sizes.__dict__,
+        "trainer": options,
+        "verdicts": verdicts(runs, args.tasks),
         "runs": runs,
         "wall_s": round(time.perf_counter() - t0, 1),
     }
@@ -391,10 +436,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     png = args.plot or out / "learning.png"
     png.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, args.tasks, png)
-    print(table(runs, args.tasks, goals))
-    _print_goals(goals)
+    print(summary(result))
     print(f"wrote {out / 'learning.json'} and {png} in {result['wall_s']:.0f} s")
     return result
+
+
+def _task_worker(job: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """One task's runs, in a process of its own when ``--jobs`` > 1."""
+    name, sizes, seeds, methods, log, options, partial = job
+    with tempfile.TemporaryDirectory(prefix="focus-learning-") as tmp:
+        return asyncio.run(run_task(name, sizes, seeds, methods, Path(tmp), log, options, partial))
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, _, value = text.partition("=")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 if __name__ == "__main__":

@@ -452,7 +452,71 @@ def estimator_quality(f: dict[str, Any]) -> str:
     return "\n\n".join(out)
 
 
+def _interval(d: dict[str, Any]) -> str:
+    return f"{d['mean']:+.3f} [{d['interval'][0]:+.3f}, {d['interval'][1]:+.3f}]"
+
+
 def learning(f: dict[str, Any]) -> str:
+    if "verdicts" not in f:
+        return _learning_goals(f)
+    v, runs = f["verdicts"], f["runs"]
+    head = [
+        "task", "method", "success v0", "final success, median [min, max]", "gain over v0, mean [95% interval]",
+        "learns", "approx. KL per update, median / max", "invalid turns", "tokens trained", "transitions",
+        "wall s", "CPU s",
+    ]  # fmt: skip
+    rows = []
+    for task, t in v["tasks"].items():
+        for m, g in t["gain"].items():
+            mine = [r for r in runs if r["task"] == task and r["method"] == m]
+            finals = [r["points"][-1]["success"] for r in mine]
+            c = t["cost"][m]
+            rows.append(
+                [
+                    task, m, f"{statistics.median(r['points'][0]['success'] for r in mine):.3f}",
+                    f"{statistics.median(finals):.3f} [{min(finals):.3f}, {max(finals):.3f}]", _interval(g),
+                    "yes" if g["learns"] else "no (within evaluation noise)",
+                    f"{num(c['approx_kl_median'])} / {num(c['approx_kl_max'])}", f"{c['invalid_turn_rate']:.3f}",
+                    f"{c['tokens_trained']:.0f}", f"{c['transitions']:.0f}", f"{c['wall_s']:.0f}", f"{c['cpu_s']:.0f}",
+                ]
+            )  # fmt: skip
+    cmp_rows = []
+    for task, t in v["tasks"].items():
+        for m, c in t["vs_grpo"].items():
+            per = ", ".join("never" if x is None else f"{x:.2f}" for x in c["share_per_seed"].values())
+            share = "never" if c["share_median"] is None else f"{c['share_median']:.2f}"
+            diffs = ", ".join(f"{x:+.3f}" for x in c["difference_per_seed"].values())
+            verdict_text = c["verdict"] if c["verdict"] != "not judged" else "not judged (GRPO does not learn)"
+            cmp_rows.append([task, m, f"{share} ({per})", f"{_interval(c['difference'])} ({diffs})", verdict_text])
+    share = "n/a" if v["median_share"] is None else f"{v['median_share']:.2f}"
+    sizes = f["sizes"]
+    trainer = ", ".join(f"{k} {val}" for k, val in f["trainer"].items())
+    return "\n\n".join(
+        [
+            f"Seeds {each(f['seeds'])}; per task {sizes['iterations']} iterations x {sizes['tasks']} tasks, "
+            f"{sizes['eval_tasks']} held out; {f['evidence_rollouts_per_task']} evidence rollouts per task; trainer "
+            f"(every method): {trainer}; {f.get('jobs', 1)} tasks at a time in parallel processes.",
+            table(head, rows),
+            table(
+                [
+                    "task",
+                    "method vs GRPO",
+                    "share of GRPO's transitions to reach its final success, median (per seed)",
+                    "final success difference, mean [95% interval] (per seed)",
+                    "verdict",
+                ],
+                cmp_rows,
+            ),  # fmt: skip
+            f"Across the {v['judged_tasks']} judged tasks (GRPO learns): median share {share}; FOCUS better "
+            f"(interval above 0) on {', '.join(v['focus_better_on']) or 'none'}; goal (median share <= 0.5 and "
+            f"better on at least three tasks) {'met' if v['goal_met'] else '**missed**'}.",
+            "![learning curves](results/learning.png)\n\n(Medians over the seeds as lines, seeds faint.)",
+        ]
+    )
+
+
+def _learning_goals(f: dict[str, Any]) -> str:
+    """Records before the verdicts (one toy/MATH goal per task), as they were rendered."""
     goals, runs = f["goals"], f["runs"]
     head = [
         "task",

@@ -73,7 +73,7 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         "learning",
         "benchmarks.learning",
-        ("--quiet", "--plot", f"{RESULTS_DIR}/learning.png"),
+        ("--jobs", "6", "--plot", f"{RESULTS_DIR}/learning.png"),
         ("--quick", "--quiet", "--tasks", "toy", "--plot", f"{RESULTS_DIR}/learning.png"),
         timeout_s=7200,
     ),

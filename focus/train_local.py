@@ -33,11 +33,11 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from focus.batch import Batch
+from focus.batch import ActorRow, Batch
 from focus.exporters import TokenSequence, actor_sequences
 
 if TYPE_CHECKING:
@@ -81,6 +81,19 @@ class UpdateConfig(BaseModel):
     torch_threads: int = Field(1, ge=1)
     #: Train prefix-sharing sequences in one forward pass (see :func:`pack_prefixes`).
     pack: bool = True
+    #: Stop an update once the approximate KL(behaviour || policy) passes this: on a
+    #: minibatch before each optimizer step, and on the whole batch after each epoch
+    #: (an epoch that took it past twice the target is undone, unless it was the
+    #: first). Caps the update size whatever the batch holds: methods
+    #: whose batches differ in size and advantage scale then take updates of similar
+    #: size, which is what makes their learning curves comparable. Empty: no stop.
+    target_kl: float | None = Field(None, gt=0.0)
+    #: How the loss weights a tree's segments (docs/algorithm.md, "Weighting tree
+    #: segments"): ``equal`` (every segment as sampled), ``siblings`` (a segment's
+    #: advantage divided by the number of segments that start at its checkpoint) or
+    #: ``reach`` (by the product of 1/siblings from the root: the chance a walk that
+    #: picks a continuation uniformly at each checkpoint runs through the segment).
+    segment_weights: Literal["equal", "siblings", "reach"] = "equal"
     #: Seeds the minibatch order (with the update index).
     seed: int = 0
 
@@ -99,6 +112,10 @@ class TrainStats:
     advantage_mean: float
     advantage_std: float
     wall_s: float
+    #: Approximate KL(behaviour || policy) after the update, over every trained token.
+    final_kl: float = 0.0
+    #: The update stopped at ``target_kl`` before its last epoch.
+    stopped_early: bool = False
 
 
 @dataclass(frozen=True)
@@ -208,6 +225,11 @@ def clipped_loss(
     return loss, stats
 
 
+def kl_reached(approx_kl: float, target_kl: float | None) -> bool:
+    """Whether an update should stop: its KL passed the target (pure; no target: never)."""
+    return target_kl is not None and approx_kl > target_kl
+
+
 def token_logprobs(model: Any, inputs: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     """Log-probs of ``targets`` under ``model`` at ``temperature`` (teacher forcing)."""
     import torch
@@ -275,7 +297,7 @@ class PolicyTrainer:
 
         cfg = self.config
         t0 = time.perf_counter()
-        raw = actor_sequences(batch)
+        raw = actor_sequences(weighted(batch, cfg.segment_weights) if cfg.segment_weights != "equal" else batch)
         if not raw:
             raise ValueError(
                 f"batch {batch.collection_id!r} iteration {batch.iteration} has no trainable actor sequences"
@@ -291,6 +313,7 @@ class PolicyTrainer:
         torch.set_num_threads(cfg.torch_threads)
         try:
             losses, agg, steps = self._epochs(seqs, scale, random.Random(f"{cfg.seed}/{self.updates}"))
+            final_kl = self._kl(seqs)
         finally:
             torch.set_num_threads(threads)
             torch.set_flush_denormal(False)
@@ -306,6 +329,8 @@ class PolicyTrainer:
             advantage_mean=mean,
             advantage_std=std,
             wall_s=time.perf_counter() - t0,
+            final_kl=final_kl,
+            stopped_early=steps < cfg.epochs * math.ceil(len(seqs) / cfg.minibatch),
         )
 
     def _epochs(
@@ -322,13 +347,18 @@ class PolicyTrainer:
         # CPU), visited in a fresh random order each epoch.
         by_len = sorted(range(len(seqs)), key=lambda i: (len(seqs[i].tokens), seqs[i].tokens))
         chunks = [by_len[i : i + cfg.minibatch] for i in range(0, len(by_len), cfg.minibatch)]
-        for _ in range(cfg.epochs):
+        for epoch in range(cfg.epochs):
             rng.shuffle(chunks)
+            before = self._snapshot() if cfg.target_kl is not None and epoch > 0 else None
+            steps_before, agg_before = steps, dict(agg)
             for idx in chunks:
                 chunk = [seqs[i] for i in idx]
                 p = pad_sequences(chunk, self.pad_id)
                 new = token_logprobs(self.model, p.inputs, p.targets, cfg.temperature or 1.0)
                 loss, stats = clipped_loss(new, p, cfg.clip, p.advantages * scale)
+                if kl_reached(stats["approx_kl"], cfg.target_kl) and steps > 0:
+                    self.model.eval()
+                    return losses, agg, steps
                 self.optimizer.zero_grad()
                 loss.backward()  # type: ignore[no-untyped-call]
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
@@ -337,8 +367,43 @@ class PolicyTrainer:
                 for k in agg:
                     agg[k] += stats[k]
                 steps += 1
+            if cfg.target_kl is not None:
+                # a minibatch's KL understates the batch's after steps on the others:
+                # check the whole batch once an epoch, and undo an epoch that overshot
+                full = self._kl(seqs)
+                if kl_reached(full, 2 * cfg.target_kl) and before is not None:
+                    self._restore(before)
+                    steps = steps_before  # the undone epoch's steps count for nothing
+                    losses, agg = losses[:steps], agg_before
+                if kl_reached(full, cfg.target_kl):
+                    break
+                self.model.train()
         self.model.eval()
         return losses, agg, steps
+
+    def _snapshot(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        import copy
+
+        return copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
+
+    def _restore(self, snap: tuple[dict[str, Any], dict[str, Any]]) -> None:
+        self.model.load_state_dict(snap[0])
+        self.optimizer.load_state_dict(snap[1])
+
+    def _kl(self, seqs: Sequence[TokenSequence | Packed]) -> float:
+        """Approximate KL(behaviour || current policy), token mean over ``seqs`` (no update)."""
+        import torch
+
+        total, tokens = 0.0, 0.0
+        self.model.eval()
+        with torch.no_grad():
+            for i in range(0, len(seqs), self.config.minibatch):
+                p = pad_sequences(seqs[i : i + self.config.minibatch], self.pad_id)
+                new = token_logprobs(self.model, p.inputs, p.targets, self.config.temperature or 1.0)
+                log_ratio = (new - p.old_logprobs) * p.mask
+                total += float((((torch.exp(log_ratio) - 1.0) - log_ratio) * p.mask).sum())
+                tokens += float(p.mask.sum())
+        return total / max(tokens, 1.0)
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the weights (the tiny model's format); returns their policy version."""
@@ -350,6 +415,67 @@ class PolicyTrainer:
         # trainer restarted from the file continues from the same numbers.
         self.model.load_state_dict(load(path).state_dict())
         return version
+
+
+def segment_weights(rows: Sequence[ActorRow], mode: str) -> dict[tuple[str, str, int], float]:
+    """A weight per segment ``(task_id, tree_id, edge_id)`` of ``rows`` (pure), mean 1.
+
+    ``siblings``: 1 / (segments starting at the same checkpoint). ``reach``: the
+    product of those factors from the root down to the segment. A segment's parent
+    segment is the one whose last turn (prompt and completion) is the longest prefix
+    of the segment's first prompt (the rows carry the checkpoint a segment starts at,
+    not the one it ends at).
+    """
+    if mode not in ("siblings", "reach"):
+        raise ValueError(f"unknown segment weighting {mode!r}")
+    first: dict[tuple[str, str, int], ActorRow] = {}
+    last: dict[tuple[str, str, int], ActorRow] = {}
+    for r in rows:
+        key = (r.task_id, r.tree_id, r.edge_id)
+        if key not in first or r.turn_index < first[key].turn_index:
+            first[key] = r
+        if key not in last or r.turn_index > last[key].turn_index:
+            last[key] = r
+    siblings: dict[tuple[str, str, int], int] = {}
+    for r in first.values():
+        siblings[(r.task_id, r.tree_id, r.node_id)] = siblings.get((r.task_id, r.tree_id, r.node_id), 0) + 1
+    own = {k: 1.0 / siblings[(r.task_id, r.tree_id, r.node_id)] for k, r in first.items()}
+    if mode == "siblings":
+        raw = own
+    else:
+        ends = {k: r.prompt_ids + r.completion_ids for k, r in last.items()}
+        parent: dict[tuple[str, str, int], tuple[str, str, int] | None] = {}
+        for k, r in first.items():
+            cands = [
+                p
+                for p, e in ends.items()
+                if p[:2] == k[:2] and p != k and first[p].node_id != r.node_id and r.prompt_ids[: len(e)] == e
+            ]
+            parent[k] = max(cands, key=lambda p: len(ends[p])) if cands else None
+        raw = {}
+
+        def reach(k: tuple[str, str, int]) -> float:
+            if k not in raw:
+                p = parent[k]
+                raw[k] = own[k] * (reach(p) if p is not None else 1.0)
+            return raw[k]
+
+        for k in first:
+            reach(k)
+    mean = sum(raw.values()) / len(raw) if raw else 1.0
+    return {k: w / mean for k, w in raw.items()}
+
+
+def weighted(batch: Batch, mode: str) -> Batch:
+    """``batch`` with each actor row's advantage times its segment's weight
+    (:func:`segment_weights`); a positive factor per segment is a loss weight, since the
+    clipped objective is linear in the advantage's size."""
+    from dataclasses import replace
+
+    rows = list(batch.actor)
+    w = segment_weights(rows, mode)
+    out = [replace(r, advantage=r.advantage * w[(r.task_id, r.tree_id, r.edge_id)]) for r in rows]
+    return Batch(batch.collection_id, batch.iteration, out, batch.critic, batch.stats)
 
 
 def fit_critic(critic: Critic, batch: Batch) -> dict[str, Any]:
@@ -383,12 +509,19 @@ def train_iteration(
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One plain rollout per held-out task: share solved (return > 0) and mean return."""
+    """One plain rollout per held-out task: share solved (return > 0) and mean return.
+
+    ``outcomes``: "1" (solved) or "0" per task, in the tasks' order (paired comparisons
+    of two policies on the same tasks); ``invalid_turns``: turns whose reply the format
+    could not parse (no action).
+    """
 
     episodes: int
     success_rate: float
     mean_return: float
     transitions: int
+    outcomes: str = ""
+    invalid_turns: int = 0
 
 
 async def evaluate(agent: Agent, tasks: Sequence[Task], seed: int, max_concurrency: int = 32) -> Evaluation:
@@ -400,15 +533,20 @@ async def evaluate(agent: Agent, tasks: Sequence[Task], seed: int, max_concurren
         raise ValueError("evaluate needs at least one task")
     sem = asyncio.Semaphore(max_concurrency)
 
-    async def one(i: int, task: Task) -> tuple[float, int]:
+    async def one(i: int, task: Task) -> tuple[float, int, int]:
         async with sem:
             rollout = await agent.rollout(await agent.start(task), derive_seed("eval", seed, i))
-        return sum(t.reward for t in rollout.turns), len(rollout.turns)
+        return sum(t.reward for t in rollout.turns), len(rollout.turns), rollout.counters.get("parse_errors", 0)
 
     results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
     n = len(results)
     return Evaluation(
-        n, sum(1 for r, _ in results if r > 0) / n, sum(r for r, _ in results) / n, sum(k for _, k in results)
+        n,
+        sum(1 for r, _, _ in results if r > 0) / n,
+        sum(r for r, _, _ in results) / n,
+        sum(k for _, k, _ in results),
+        "".join("1" if r > 0 else "0" for r, _, _ in results),
+        sum(e for _, _, e in results),
     )
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/learning.py: the smoke run writes every figure; the curve reading is right."""
+"""benchmarks/learning.py: the verdict and interval arithmetic, and a smoke run."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from benchmarks.learning import METHODS, goal, reach
+from benchmarks.learning_verdicts import METHODS, compare, gain, paired_bootstrap, reach, verdicts
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(600)
 
 
 def test_reach_interpolates_along_the_curve():
@@ -19,44 +19,83 @@ def test_reach_interpolates_along_the_curve():
     assert reach(curve, 0.5) is None
 
 
-def _run(method, seed, curve):
-    return {
-        "task": "t",
-        "method": method,
-        "seed": seed,
-        "points": [{"transitions": x, "wall_s": x / 10, "success": y} for x, y in curve],
-    }
+def test_paired_bootstrap_is_centred_on_the_mean_and_shrinks_with_tasks():
+    # every seed: b solves 30 of 100 tasks a fails, a solves 10 b fails -> +0.2
+    a = "1" * 10 + "0" * 30 + "0" * 60
+    b = "0" * 10 + "1" * 30 + "0" * 60
+    mean, lo, hi = paired_bootstrap([(a, b)] * 5)
+    assert mean == pytest.approx(0.2)
+    # binomial-like spread of a paired difference over 500 draws: about 2 x 0.02
+    assert lo < 0.2 < hi and 0.03 < hi - lo < 0.12
+    small = paired_bootstrap([(a[::10], b[::10])] * 5)
+    assert small[2] - small[1] > hi - lo  # fewer held-out tasks, a wider interval
+    assert paired_bootstrap([(a, a)] * 3) == (0.0, 0.0, 0.0)  # identical outcomes: no doubt
+    assert paired_bootstrap([(a, b)], seed=1) == paired_bootstrap([(a, b)], seed=1)  # seeded
+    with pytest.raises(ValueError, match="equally long"):
+        paired_bootstrap([("01", "011")])
 
 
-def test_goal_reads_medians_over_seeds():
+def _run(method, seed, curve, first, last):
+    points = [
+        {"transitions": x, "wall_s": x / 10, "cpu_s": x / 5, "success": y, "approx_kl": 0.02, "tokens_trained": 50}
+        for x, y in curve
+    ]
+    return {"task": "t", "method": method, "seed": seed, "points": points, "outcomes": {"first": first, "last": last}}
+
+
+def _outcomes(rate, n=100, shift=0):
+    k = round(rate * n)
+    return "".join("1" if (i + shift) % n < k else "0" for i in range(n))
+
+
+def test_verdicts_judge_only_against_a_baseline_that_learns():
     runs = []
-    for seed, bump in enumerate((0.0, 0.01, -0.01)):
-        runs.append(_run("grpo", seed, [(0, 0.1), (100, 0.2 + bump), (200, 0.3 + bump)]))
-        runs.append(_run("focus", seed, [(0, 0.1), (100, 0.3 + bump), (200, 0.5 + bump)]))
-        runs.append(_run("uniform", seed, [(0, 0.1), (100, 0.1), (200, 0.2 + bump)]))
-    g = goal(runs, "t")
-    assert g["grpo_final_success"] == pytest.approx(0.3) and g["grpo_transitions"] == 200
-    assert g["focus_ratio"] == pytest.approx(0.5) and g["goal_met"]
-    assert g["uniform_ratio"] is None
-    flat = [r if r["method"] != "grpo" else _run("grpo", r["seed"], [(0, 0.1), (200, 0.1)]) for r in runs]
-    assert not goal(flat, "t")["goal_met"]  # GRPO did not improve: nothing to reach
+    for seed in range(5):
+        v0 = _outcomes(0.2)
+        runs.append(_run("grpo", seed, [(0, 0.2), (100, 0.3), (200, 0.4)], v0, _outcomes(0.4)))
+        runs.append(_run("focus", seed, [(0, 0.2), (100, 0.5), (200, 0.6)], v0, _outcomes(0.6)))
+        runs.append(_run("uniform", seed, [(0, 0.2), (100, 0.2), (200, 0.3)], v0, _outcomes(0.3)))
+    g = gain(runs, "t", "grpo")
+    assert g["mean"] == pytest.approx(0.2) and g["learns"] and g["per_seed"][0] == pytest.approx(0.2)
+    c = compare(runs, "t", "focus")
+    # FOCUS reaches 0.4 halfway between 0.2@0 and 0.5@100: at 66.7 of GRPO's 200
+    assert c["share_median"] == pytest.approx(1 / 3, abs=1e-4) and c["verdict"] == "better"
+    assert c["difference"]["mean"] == pytest.approx(0.2) and c["difference"]["interval"][0] > 0
+    assert compare(runs, "t", "uniform")["share_per_seed"][0] is None  # never reaches 0.4
+    assert compare(runs, "t", "uniform")["verdict"] == "worse"
+    v = verdicts(runs, ["t"])
+    assert v["median_share"] == pytest.approx(1 / 3, abs=1e-4) and v["focus_better_on"] == ["t"]
+    assert not v["goal_met"]  # better on one task, not three
+    assert v["tasks"]["t"]["cost"]["focus"]["cpu_s"] == 40.0
+    # a baseline whose gain is inside evaluation noise: nothing is judged against it
+    flat = [
+        r
+        if r["method"] != "grpo"
+        else _run("grpo", r["seed"], [(0, 0.2), (200, 0.21)], _outcomes(0.2), _outcomes(0.2, shift=3))
+        for r in runs
+    ]
+    assert not gain(flat, "t", "grpo")["learns"]
+    assert compare(flat, "t", "focus")["verdict"] == "not judged"
+    assert verdicts(flat, ["t"])["judged_tasks"] == 0 and verdicts(flat, ["t"])["median_share"] is None
 
 
 @pytest.mark.integration
 def test_quick_run_writes_json_and_png(tmp_path):
     from benchmarks import learning
 
-    result = learning.main(["--quick", "--tasks", "toy", "--out", str(tmp_path), "--quiet"])
+    result = learning.main(
+        ["--quick", "--tasks", "toy", "bridge", "--methods", *METHODS, "--out", str(tmp_path), "--quiet"]
+    )
     saved = json.loads((tmp_path / "learning.json").read_text())
-    assert saved["goals"] == json.loads(json.dumps(result["goals"]))
+    assert saved["verdicts"] == json.loads(json.dumps(result["verdicts"]))
     assert (tmp_path / "learning.png").stat().st_size > 10_000
-    assert sorted(r["method"] for r in saved["runs"]) == sorted(METHODS)
+    assert sorted(r["method"] for r in saved["runs"] if r["task"] == "toy") == sorted(METHODS)
     for run in saved["runs"]:
         first, last = run["points"][0], run["points"][-1]
         assert first["transitions"] == 0 and last["transitions"] == last["batch_transitions"] > 0
-        assert 0.0 <= last["success"] <= 1.0 and last["wall_s"] > 0
-    by = {r["method"]: r["points"][-1] for r in saved["runs"]}
+        assert 0.0 <= last["success"] <= 1.0 and last["wall_s"] > 0 and last["cpu_s"] > 0
+        assert last["tokens_trained"] > 0 and last["approx_kl"] >= 0.0 and 0.0 <= last["invalid_rate"] <= 1.0
+        assert len(run["outcomes"]["last"]) == 6
+    by = {r["method"]: r["points"][-1] for r in saved["runs"] if r["task"] == "toy"}
     # the same transitions per iteration: FOCUS and uniform spend what GRPO's extra rollouts would
     assert 0.5 < by["focus"]["batch_transitions"] / by["grpo"]["batch_transitions"] < 2.0
-    # GRPO's advantages are group-normalised returns: zero for a group whose returns are equal
-    assert by["grpo"]["nonzero_advantage_rows"] <= by["grpo"]["actor_rows"]

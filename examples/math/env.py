@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, replace
 
-from examples.math.problems import Problem, generate_problems
+from examples.math.problems import DIFFICULTIES, Problem, generate_problems
 from examples.math.verifier import answers_equivalent
 from focus.env import Action, Env, Message, Reset, StepResult, Task
 from focus.workspace import Workspace
@@ -32,8 +32,11 @@ def math_tasks(problems: list[Problem]) -> list[Task]:
     return [Task(p.id, {"question": p.question, "answer": p.answer, "kind": p.kind}) for p in problems]
 
 
-def default_tasks(n: int = 20, seed: int = 0) -> list[Task]:
-    return math_tasks(generate_problems(n, seed))
+def default_tasks(n: int = 20, seed: int = 0, difficulty: str = "standard") -> list[Task]:
+    """``n`` generated problems of a difficulty in ``problems.DIFFICULTIES``."""
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"unknown difficulty {difficulty!r}; known: {sorted(DIFFICULTIES)}")
+    return math_tasks(generate_problems(n, seed, DIFFICULTIES[difficulty]))
 
 
 class MathEnv(Env):

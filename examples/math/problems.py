@@ -2,7 +2,8 @@
 
 Five families of short problems with exact answers, drawn from a seeded generator:
 fraction sums, linear equations, expansions of products, percentages and least
-common multiples. Gold answers are written in one canonical form (LaTeX fractions,
+common multiples; and an easy sixth (single-digit sums) for the ``digit_sum``
+difficulty (:data:`DIFFICULTIES`). Gold answers are written in one canonical form (LaTeX fractions,
 expanded polynomials); the verifier accepts any equivalent form, which is the point
 of the example. ``python -m examples.math.problems --n 20`` prints a set as JSON lines.
 """
@@ -16,7 +17,12 @@ import random
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
-KINDS = ("fraction_sum", "linear_equation", "expand", "percent", "lcm")
+KINDS = ("fraction_sum", "linear_equation", "expand", "percent", "lcm", "digit_sum")
+#: Problem kinds per difficulty. ``standard``: the five MATH-style families (the
+#: embedded tiny model solves almost none). ``digit_sum``: "Compute a + b." with
+#: digits a, b and a single-digit sum, the one kind the tiny model (trained to say
+#: digits) solves now and then, which leaves RL room to improve it.
+DIFFICULTIES = {"standard": KINDS[:5], "digit_sum": ("digit_sum",)}
 
 
 @dataclass(frozen=True)
@@ -61,13 +67,17 @@ def _one(kind: str, rng: random.Random) -> tuple[str, str]:
     if kind == "percent":
         pct, n = rng.choice([5, 10, 12, 15, 20, 25, 40, 50, 75]), rng.randint(2, 40) * 4
         return f"What is {pct}% of {n}?", _latex(Fraction(pct * n, 100))
+    if kind == "digit_sum":
+        a = rng.randint(1, 8)
+        b = rng.randint(1, 9 - a)
+        return f"Compute {a} + {b}.", str(a + b)
     if kind == "lcm":
         a, b = rng.randint(2, 20), rng.randint(2, 20)
         return f"What is the least common multiple of {a} and {b}?", str(a * b // math.gcd(a, b))
     raise ValueError(f"unknown problem kind {kind!r}; known: {KINDS}")
 
 
-def generate_problems(n: int, seed: int = 0, kinds: tuple[str, ...] = KINDS) -> list[Problem]:
+def generate_problems(n: int, seed: int = 0, kinds: tuple[str, ...] = DIFFICULTIES["standard"]) -> list[Problem]:
     """``n`` problems cycling through ``kinds``; the same seed gives the same set."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,6 +40,9 @@ class MathConfig(BaseModel):
     tokenizer: str | None = None
     model: str = "focus-tinylm"
     problems: int = Field(20, ge=1)
+    #: ``standard`` (MATH-style families) or ``digit_sum`` (single-digit sums, the
+    #: difficulty the embedded tiny model solves now and then: examples/math/README.md).
+    difficulty: Literal["standard", "digit_sum"] = "standard"
     seed: int = 0
     max_attempts: int = Field(2, ge=1)
     rollouts_per_task: int = Field(4, ge=1)
@@ -92,7 +95,7 @@ async def collect(config: MathConfig, url: str, progress: common.Progress | None
     from storage import BatchStore
 
     collector = make_collector(config, url, progress)
-    tasks = default_tasks(config.problems, config.seed)
+    tasks = default_tasks(config.problems, config.seed, config.difficulty)
     if progress is not None:
         progress.doing = f"collecting on {len(tasks)} problems"
     try:
@@ -116,6 +119,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default="focus-tinylm", help="model name sent with each request")
     ap.add_argument("--problems", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--difficulty", choices=["standard", "digit_sum"], default="standard")
     ap.add_argument("--max-attempts", type=int, default=2)
     ap.add_argument("--rollouts-per-task", type=int, default=4)
     ap.add_argument("--transitions", type=int, default=32, help="continuation budget (task transitions)")

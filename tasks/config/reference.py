@@ -126,6 +126,10 @@ MEANING: dict[str, str] = {
     "train.local.weight_decay": "AdamW weight decay",
     "train.local.torch_threads": "torch threads during an update",
     "train.local.pack": "prefix-sharing sequences trained in one forward pass",
+    "train.local.target_kl": "stop an update once a minibatch's approximate KL(behaviour \\|\\| policy) passes "
+    "this (unset: no stop)",
+    "train.local.segment_weights": "loss weight of a tree's segments: `equal` \\| `siblings` \\| `reach` "
+    '(docs/algorithm.md, "Weighting tree segments")',
     "train.local.seed": "seeds the minibatch order",
     "train.tinker.base_model": "model to fine-tune (unset: `model.model`)",
     "train.tinker.lora_rank": "LoRA rank of a new training run",
