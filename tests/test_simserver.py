@@ -154,14 +154,14 @@ def test_execution_starts_jobs_with_most_steps_left_first_and_keeps_job_order():
             thresholds_during.append(gc.get_threshold()[0])
             tasks_alive.append(len(asyncio.all_tasks()))
             await asyncio.sleep(0.001 * start.steps)
-            return ("rollout", seed)
+            return SimpleNamespace(leaf=SimpleNamespace(kind="done"), seed=seed)
 
     steps = [3, 0, 5, 1, 0, 2]
     jobs = [
         SimpleNamespace(start=SimpleNamespace(steps=s), seed=i, node_id=i, tree_index=0) for i, s in enumerate(steps)
     ]
     out = asyncio.run(Execution(max_concurrency=2, freeze_gc=True).run(Recording(), jobs))  # type: ignore[arg-type]
-    assert out == [("rollout", i) for i in range(len(steps))]
+    assert [r.seed for r in out] == list(range(len(steps)))
     assert started == sorted(steps)
     assert all(n > 0 for n in frozen_during) and gc.get_freeze_count() == 0
     assert min(thresholds_during) >= GC_THRESHOLD_FROZEN and gc.get_threshold() == before
