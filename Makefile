@@ -29,9 +29,9 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -n 2 tests
 
-# the edit-test loop: library and unit tests, no servers or processes (about a minute)
+# the edit-test loop: library and unit tests, no servers, nothing slow (under a minute on 2 cores)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 -m "not integration" tests
+	$(BIN)/python -m pytest -q -n 2 -m "not integration and not slow" tests
 
 # every benchmark benchmarks/README.md cites, one process each, a record per benchmark in
 # benchmarks/results/, then the README's tables rendered from the records (about 45 min on 2 cores)

@@ -40,6 +40,11 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "integration: starts real servers or processes (deselect with -m 'not integration')"
     )
+    config.addinivalue_line(
+        "markers",
+        "slow: a statistical or end-to-end check over about 2 s of CPU, or one that starts the focus command; "
+        "in make test, left out of make test-fast",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 import socket
@@ -170,13 +171,15 @@ def test_served_critic_rejects_bad_requests():
         assert r.status_code == 400 and "list of contexts" in r.json()["error"]
 
 
+@functools.cache
 def _synthetic_rows(seed: int):
+    """Critic rows of a small uniform collection (made once: several tests fit on them)."""
     mdps = [SHAPES["long"](seed + i) for i in range(4)]
     agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=14)
     search = Uniform(phases=[Phase("evidence", rollouts_per_task=3), Phase("more", transitions=300, wave_size=16)])
     col = Collector(agent, search, ConstantCritic(0.5), seed=seed)
     batch = run(col.collect([Task(f"t{i}", {"mdp": i}) for i in range(4)]))
-    return batch.critic, SyntheticCritic(mdps)
+    return tuple(batch.critic), SyntheticCritic(mdps)
 
 
 class TestLocal(CriticConformance):

@@ -151,12 +151,14 @@ def test_model_client_timeout_and_retries_from_file_and_flags(tmp_path):
         (["--store", "s3:/bucket"], "storage.root", 2),
     ],
 )
+@pytest.mark.slow
 def test_usage_errors_before_prefect(tmp_path, extra, needle, code):
     done = run_cli([*SMALL, "--collection-id", "u", *extra], no_prefect_env(tmp_path), tmp_path, timeout=60)
     line = error_line(done)
     assert needle in line and done.returncode == code
 
 
+@pytest.mark.slow
 def test_option_mapping_of_the_wrong_shape_and_non_utf8_file(tmp_path):
     env = no_prefect_env(tmp_path)
     cfg = tmp_path / "c.toml"
@@ -169,6 +171,7 @@ def test_option_mapping_of_the_wrong_shape_and_non_utf8_file(tmp_path):
     assert str(latin) in line and "not UTF-8" in line and "0xe9" in line
 
 
+@pytest.mark.slow
 def test_storage_root_that_is_a_file(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -270,6 +273,7 @@ def test_disk_full_mid_run_is_one_line_and_the_runs_state(tmp_path, prefect_env,
     assert state["type"] == "FAILED" and cause in state["message"]
 
 
+@pytest.mark.slow
 def test_read_only_disk_is_refused_before_work(tmp_path):
     prefix = _can_mount()
     if prefix is None:

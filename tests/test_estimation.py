@@ -121,6 +121,7 @@ def advantage_mse(state, kappa: float | None = 0.0, noise=None, estimator=None) 
     return se / n
 
 
+@pytest.mark.slow
 def test_values_and_advantages_converge_as_budget_grows():
     errs = []
     for budget in (20, 160, 1200):
@@ -141,6 +142,7 @@ def test_values_and_advantages_converge_as_budget_grows():
     assert errs[2][0] < 0.05 and errs[2][1] < 0.03, errs
 
 
+@pytest.mark.slow
 def test_selective_branching_leaves_root_values_unbiased():
     """Over many seeds, the κ = 0 backed-up root value of selectively branched trees
     averages to the exact value."""

@@ -100,6 +100,7 @@ def jobs(plan):  # type: ignore[no-untyped-def]
     return [(j.tree_index, j.node_id, j.seed, j.branch) for j in plan.jobs]
 
 
+@pytest.mark.slow
 def test_every_wave_plans_as_from_scratch_and_after_a_pickle_round_trip() -> None:
     col, tasks = collection("selective", 4)
     other = Uniform(phases=col.search.phases)

@@ -126,6 +126,7 @@ def test_the_server_and_its_engine_import_no_torch():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_serving_and_training_forwards_agree_on_every_position():
     """The serving forward (numpy, exact sums) against the training forward (torch,
     float32): log-probs within 1e-4 over a 600-token prompt, positions past 512 included."""

@@ -187,6 +187,7 @@ def _missing_once(fn: Callable) -> Callable:
 # --- races ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_hundred_racing_writers_on_a_local_folder_never_corrupt_the_store(tmp_path):
     got = race(str(tmp_path), attempts=100)
     assert got["holders_max"] == 1 and got["won"] >= 100 and got["won"] + got["refused"] == 300

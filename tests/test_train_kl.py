@@ -33,6 +33,7 @@ def test_kl_reached_is_a_plain_threshold():
     assert not kl_reached(0.02, 0.03) and kl_reached(0.031, 0.03)
 
 
+@pytest.mark.slow
 def test_an_update_stops_once_its_kl_passes_the_target():
     batch = _batch()
     # a large step size: the first optimizer step already moves the policy far

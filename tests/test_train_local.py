@@ -112,6 +112,7 @@ def _toy_batch(iteration, completions):
     return Batch("c", iteration, rows)
 
 
+@pytest.mark.slow
 def test_updates_are_reproducible_and_resume_from_saved_state(tmp_path):
     b0 = _toy_batch(0, [("7", 1.0), ("3", -1.0), ("5", 0.5)])
     b1 = _toy_batch(1, [("8", 1.0), ("2", -0.5), ("9", -1.0)])

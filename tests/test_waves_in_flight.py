@@ -95,6 +95,7 @@ def test_a_wave_planned_ahead_counts_the_running_ones_as_pending():
         plan_wave(ahead, search, 2, 0)
 
 
+@pytest.mark.slow
 def test_the_collection_is_the_same_whatever_order_rollouts_finish_in():
     """Random answer times reorder completions; the batch does not move (waves 1 and 3)."""
     for ahead in (1, 3):

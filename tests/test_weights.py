@@ -110,6 +110,7 @@ def _train_twice(root: str, tmp_path, *, fresh_second: bool = False) -> list:
     return results
 
 
+@pytest.mark.slow
 def test_local_trainer_publishes_versions_and_is_reproducible(tmp_path):
     from focus.tinylm.model import weights_version
 
