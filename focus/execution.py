@@ -278,7 +278,9 @@ async def _guarded(agent: Agent, job: RolloutJob) -> Rollout:
     most :data:`BAD_RESPONSE_RERUNS` times; never raises."""
     for _ in range(BAD_RESPONSE_RERUNS):
         rollout = await _guarded_once(agent, job)
-        if not (rollout.leaf.kind == "failed" and failure_kind(rollout.leaf.cause) == BAD_RESPONSE):
+        if not (isinstance(rollout, Rollout) and rollout.leaf.kind == "failed"):
+            return rollout
+        if failure_kind(rollout.leaf.cause) != BAD_RESPONSE:
             return rollout
         log.info(
             "rollout from node %s of tree %s: %s; running it again", job.node_id, job.tree_index, rollout.leaf.cause

@@ -74,3 +74,19 @@ def test_a_resume_with_the_same_critic_is_bit_identical(tmp_path):
     a, b = store.read(resumed["batch_url"]), store.read(want["batch_url"])
     assert a.actor_table.drop(["collection_id"]).equals(b.actor_table.drop(["collection_id"]))
     assert a.critic_table.drop(["collection_id"]).equals(b.critic_table.drop(["collection_id"]))
+
+
+@pytest.mark.integration
+def test_a_resume_after_the_critic_weights_file_was_refit_is_refused(tmp_path):
+    """``critic.weights`` names a file, not its contents: the train loop (or a person)
+    writes a refit critic to the same path, and the configuration still agrees."""
+    weights = str(tmp_path / "critic.pt")
+    LocalCritic(seed=0).save(weights)
+    cfg = small_config(str(tmp_path / "store"), "critic-refit", **{"critic.kind": "local", "critic.weights": weights})
+    with pytest.raises(Stopped):
+        run_collect(cfg, StopAfter(cfg, wave_step(1, 0)))
+    refit = LocalCritic(seed=0)
+    refit.fit([type("Row", (), {"context_ids": (1, 2, 3), "target": 1.0, "weight": 1.0})()], epochs=5)
+    refit.save(weights)
+    with pytest.raises(CriticChanged, match=r"scored by critic LocalCritic \w+, the critic now is LocalCritic \w+"):
+        run_collect(cfg)

@@ -126,12 +126,16 @@ def test_every_fault_kind_is_retried_and_the_batch_is_unchanged(local_model_serv
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_persistent_fault_fails_only_that_rollout_with_its_cause(local_model_server, kind):
     """Concurrency 1 makes the first requests the first rollout's: it gets every attempt
-    faulted; its sibling from the same root completes. (One failure in a wave of two is
-    more than the default outage share, which would fail the wave: keep failed rollouts.)"""
+    faulted (of every run of it: a bad response is run again, BAD_RESPONSE_RERUNS); its
+    sibling from the same root completes. (One failure in a wave of two is more than the
+    default outage share, which would fail the wave: keep failed rollouts.)"""
+    from focus.execution import BAD_RESPONSE_RERUNS
+
     evidence_only = [Phase("evidence", rollouts_per_task=2)]
     http = HTTP.model_copy(update={"max_retries": 1, "timeout_s": 0.6})
+    runs = 1 + BAD_RESPONSE_RERUNS if kind in ("malformed", "short_logprobs", "nan_logprobs") else 1
     with FaultProxy(local_model_server.url, hang_s=1.0) as proxy:
-        proxy.queue(kind, count=2)  # both attempts of the first call
+        proxy.queue(kind, count=2 * runs)  # both attempts of the first call, of every run
         col = collector(proxy.url, phases=evidence_only, concurrency=1, http=http, outage_share=1.0)
         state, batch = collect(col, n_tasks=1)
     (tree,) = state.trees
