@@ -24,10 +24,10 @@ from cli.train import train
 if TYPE_CHECKING:
     from focus.backends.local import WarmServer
 
-# Typer prints a type placeholder for every option, "<bool>" for flags too; a flag takes
-# no value, so show none (the help test checks this).
-_display_type = TyperOption.display_type_rich
-TyperOption.display_type_rich = lambda self, ctx: None if (self.is_flag or self.count) else _display_type(self, ctx)  # type: ignore[method-assign]
+# Typer prints a type placeholder for every option ("<str>", "<bool>" for flags too)
+# beside the metavars we name (SECONDS, PATH): one style only - the named metavar (every
+# option with a value has one; tests/test_cli.py checks), nothing for a flag.
+TyperOption.display_type_rich = lambda self, ctx: None if (self.is_flag or self.count) else self.metavar  # type: ignore[method-assign]
 
 app = typer.Typer(
     add_completion=False,

@@ -80,17 +80,21 @@ def print_result(result: dict[str, Any], note: str = "") -> None:
 _D = DEFAULTS
 CollectionIdOpt = Annotated[
     str | None,
-    typer.Option(help=help_default("Name of the collection; the same id resumes it.", "collect-<time>-<hex>")),
+    typer.Option(
+        help=help_default("Name of the collection; the same id resumes it.", "collect-<time>-<hex>"), metavar="ID"
+    ),
 ]
-SeedOpt = Annotated[int | None, typer.Option(help=help_default("Collection seed.", _D.seed))]
+SeedOpt = Annotated[int | None, typer.Option(help=help_default("Collection seed.", _D.seed), metavar="N")]
 IterationOpt = Annotated[
-    int | None, typer.Option(help=help_default("Training iteration recorded in the batch.", _D.iteration))
+    int | None, typer.Option(help=help_default("Training iteration recorded in the batch.", _D.iteration), metavar="N")
 ]
 StoreOpt = Annotated[
-    str | None, typer.Option(help=help_default("Storage root: a folder or an fsspec URL (s3://...).", "./runs"))
+    str | None,
+    typer.Option(help=help_default("Storage root: a folder or an fsspec URL (s3://...).", "./runs"), metavar="URL"),
 ]
 ModelUrlOpt = Annotated[
-    str | None, typer.Option(help=help_default("OpenAI-compatible model server.", "start the embedded model"))
+    str | None,
+    typer.Option(help=help_default("OpenAI-compatible model server.", "start the embedded model"), metavar="URL"),
 ]
 ModelTimeoutOpt = Annotated[
     float | None,
@@ -102,11 +106,12 @@ ModelRetriesOpt = Annotated[
     int | None,
     typer.Option(help=help_default("Retries of a failed model call.", _D.model.http.max_retries), metavar="N"),
 ]
-TasksOpt = Annotated[int | None, typer.Option(help=help_default("Number of toy tasks.", _D.env.n_tasks))]
+TasksOpt = Annotated[int | None, typer.Option(help=help_default("Number of toy tasks.", _D.env.n_tasks), metavar="N")]
 TransitionsOpt = Annotated[
     int | None,
     typer.Option(
-        help=help_default("Transition budget of the last continuation phase.", _D.search.phases[-1].transitions)
+        help=help_default("Transition budget of the last continuation phase.", _D.search.phases[-1].transitions),
+        metavar="N",
     ),
 ]
 DaskOpt = Annotated[bool, typer.Option("--dask", help="Run rollouts on a Dask LocalCluster started for the run.")]

@@ -32,7 +32,9 @@ def help_default(text: str, default: Any) -> str:
     return f"{text} \\[default: {default}]"
 
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML or YAML configuration file.")]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="TOML or YAML configuration file.", metavar="PATH")
+]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", metavar="KEY=VALUE", help="Override a field, e.g. --set search.phases.1.transitions=400"),
@@ -46,6 +48,7 @@ LogFileOpt = Annotated[
     typer.Option(
         "--log-file",
         help=help_default("Where the full log goes.", "~/.local/state/focus/logs/<command>-<time>-<pid>.log"),
+        metavar="PATH",
     ),
 ]
 
@@ -194,17 +197,24 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
-def pairs_table(title: str, items: list[tuple[str, Any]]) -> Any:
-    """Statistics in two column pairs, so a result fits a screen."""
+def pairs_table(title: str, items: list[tuple[str, Any]], width: int | None = None) -> Any:
+    """Statistics in two column pairs when they fit ``width`` (default: the terminal's),
+    else in one; a long value folds onto more lines, nothing is cut."""
+    from rich.console import Console as RichConsole
     from rich.table import Table
 
+    width = width if width is not None else RichConsole().width
+    cells = [(k, fmt(v)) for k, v in items]
+    one = max((len(k) for k, _ in cells), default=0) + max((len(v) for _, v in cells), default=0) + 7
+    pairs = 2 if 2 * one - 1 <= width else 1
     table = Table(title=title, title_justify="left")
-    for _ in range(2):
-        table.add_column("statistic")
-        table.add_column("value", justify="right")
-    half = (len(items) + 1) // 2
+    for _ in range(pairs):
+        table.add_column("statistic", overflow="fold")
+        table.add_column("value", justify="right", overflow="fold")
+    half = (len(cells) + pairs - 1) // pairs
     for i in range(half):
-        left = items[i]
-        right = items[i + half] if i + half < len(items) else ("", "")
-        table.add_row(left[0], fmt(left[1]), right[0], fmt(right[1]))
+        row = list(cells[i])
+        if pairs == 2:
+            row += list(cells[i + half]) if i + half < len(cells) else ["", ""]
+        table.add_row(*row)
     return table

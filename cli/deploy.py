@@ -12,7 +12,8 @@ from flows.errors import one_line
 from tasks.config import ConfigError
 
 ConfigsOpt = Annotated[
-    Path | None, typer.Option("--config", "-c", help="Configuration of both deployments (TOML or YAML).")
+    Path | None,
+    typer.Option("--config", "-c", help="Configuration of both deployments (TOML or YAML).", metavar="PATH"),
 ]
 ScheduledOpt = Annotated[
     Path | None,
@@ -22,9 +23,9 @@ ManualOpt = Annotated[
     Path | None,
     typer.Option(help=help_default("Configuration of the manual deployment only.", "--config"), metavar="PATH"),
 ]
-CronOpt = Annotated[str, typer.Option(help="Schedule of the scheduled deployment.")]
+CronOpt = Annotated[str, typer.Option(help="Schedule of the scheduled deployment.", metavar="CRON")]
 LimitOpt = Annotated[
-    int, typer.Option(help="Most flow runs at once in this process (each starts its own model server).")
+    int, typer.Option(help="Most flow runs at once in this process (each starts its own model server).", metavar="N")
 ]
 CrashAfterOpt = Annotated[
     float,

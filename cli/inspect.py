@@ -48,7 +48,9 @@ def inspect(
             if as_json:
                 typer.echo(json.dumps(listing, default=str))
             else:
-                console.print(_iterations_table(listing))
+                console.print(_iterations_table(listing), markup=False, highlight=False)
+                # the folder once, on a line of its own: a URL folded in a table cell is unreadable
+                console.print(f"batches in {url.rstrip('/')}/", markup=False, highlight=False, soft_wrap=True)
             return
         summary = batch_summary(store.read(url))
     except typer.Exit:
@@ -102,19 +104,48 @@ def collection_summary(store: BatchStore, cid: str) -> dict[str, Any]:
     return {"collection_id": cid, "iterations": sorted(rows, key=lambda r: r["iteration"] or 0)}
 
 
-def _iterations_table(listing: dict[str, Any]) -> Any:
-    from rich.table import Table
+#: The listing's columns: (key, header), 80 columns wide; the batch by its folder name
+#: (the folder is printed once below the table), the time to the minute.
+LISTING = (
+    ("iteration", "it"),
+    ("actor_rows", "actor"),
+    ("critic_rows", "critic"),
+    ("tokens", "tokens"),
+    ("transitions", "transitions"),
+    ("failed_rollouts", "failed"),
+    ("written", "written (UTC)"),
+    ("url", "batch"),
+)
 
+
+def _iterations_table(listing: dict[str, Any]) -> str:
+    """The listing as plain aligned columns, each as wide as its widest value or header."""
     rows = listing["iterations"]
-    table = Table(
-        title=f"collection {listing['collection_id']}: {len(rows)} finished iteration(s)", title_justify="left"
-    )
-    cols = [c for c in rows[0] if c != "url"] + ["url"]
-    for c in cols:
-        table.add_column(c, justify="left" if c in ("written", "url") else "right", overflow="fold")
-    for r in rows:
-        table.add_row(*[fmt(r[c]) for c in cols])
-    return table
+    cells = [
+        [fmt(_when(r[k]) if k == "written" else str(r[k]).rstrip("/").rsplit("/", 1)[-1] if k == "url" else r[k])]
+        for r in rows
+        for k, _ in LISTING
+    ]
+    table = [[h for _, h in LISTING]] + [
+        [c[0] for c in cells[i * len(LISTING) : (i + 1) * len(LISTING)]] for i in range(len(rows))
+    ]
+    widths = [max(len(line[j]) for line in table) for j in range(len(LISTING))]
+    left = {j for j, (k, _) in enumerate(LISTING) if k in ("written", "url")}
+    out = [f"collection {listing['collection_id']}: {len(rows)} finished iteration(s); actor and critic rows"]
+    for line in table:
+        out.append(
+            "  ".join(
+                c.ljust(w) if j in left else c.rjust(w) for j, (c, w) in enumerate(zip(line, widths, strict=True))
+            )
+        )
+    return "\n".join(x.rstrip() for x in out)
+
+
+def _when(stamp: Any) -> str:
+    """An ISO time as ``YYYY-MM-DD HH:MM`` (UTC, as the manifests write it; ``--json``
+    has it to the microsecond)."""
+    text = str(stamp or "")
+    return text[:16].replace("T", " ") if len(text) >= 16 else text
 
 
 def _phases_table(phases: list[dict[str, Any]]) -> Any:

@@ -12,7 +12,7 @@ from cli.common import fail, help_default
 
 
 def serve_model(
-    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0 picks a free one).")] = 8000,
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0 picks a free one).", metavar="PORT")] = 8000,
     weights: Annotated[
         Path | None, typer.Option(help=help_default("Weights file.", "the packaged initial weights"), metavar="PATH")
     ] = None,

@@ -34,17 +34,18 @@ def train(
     config: ConfigOpt = None,
     collection_id: Annotated[
         str | None,
-        typer.Option(help=help_default("Base name; iteration i uses <id>-it<i>.", "train-<time>-<hex>")),
+        typer.Option(help=help_default("Base name; iteration i uses <id>-it<i>.", "train-<time>-<hex>"), metavar="ID"),
     ] = None,
     iterations: Annotated[
-        int | None, typer.Option(help=help_default("Collect/train iterations.", DEFAULTS.train.iterations))
+        int | None, typer.Option(help=help_default("Collect/train iterations.", DEFAULTS.train.iterations), metavar="N")
     ] = None,
     trainer: Annotated[
         str | None,
         typer.Option(
             help=help_default(
                 "'local', 'tinker' or your trainer's import path 'module:function'.", DEFAULTS.train.trainer
-            )
+            ),
+            metavar="NAME",
         ),
     ] = None,
     sets: SetOpt = None,

@@ -4,7 +4,8 @@ Prefect's own flow-run heartbeats are at least 30 s apart (180 s by default); a
 watchdog built on them notices a lost node after one to several minutes. These are as
 frequent as the collection wants (``execution.heartbeat_s``), so the watchdog
 automation (:mod:`deployments.watchdog`) can mark a run whose node is gone ``Crashed``
-quickly. The event's name lives here, with the flow that emits it.
+quickly. The event's name lives here, with the flow that emits it. The same thread
+first closes what crashed attempts of the run left ``Running`` (:mod:`flows.sweep`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def heartbeats(every_s: float) -> Iterator[None]:
     stop = threading.Event()
 
     def beat() -> None:
+        import asyncio
+
+        from flows.sweep import end_stale_task_runs
+
+        asyncio.run(end_stale_task_runs(run_id))  # what crashed attempts left Running
         while not stop.is_set():
             with contextlib.suppress(Exception):
                 emit_event(event=HEARTBEAT_EVENT, resource=resource)

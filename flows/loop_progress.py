@@ -172,8 +172,8 @@ class LoopProgress:
         self.say(f"iteration {i}: trained{what} ({how})")
 
     def published(self, i: int, latest: dict[str, Any], *, loaded: bool) -> None:
-        where = "loaded by the model server" if loaded else "stored"
-        self.say(f"iteration {i}: publish version {i + 1}, policy {latest['policy_version']}, {where}")
+        where = ", loaded by the model server" if loaded else ""
+        self.say(f"iteration {i}: publish version {i + 1} ({latest['policy_version']}){where}")
 
     @contextlib.contextmanager
     def evaluating(self, version: int, tasks: int) -> Iterator[Callable[[int, int], None]]:

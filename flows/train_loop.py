@@ -35,6 +35,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
 from flows.collect import collect
+from flows.heartbeat import heartbeats
 from flows.loop import (
     LoopSteps,
     check,
@@ -77,6 +78,7 @@ class PrefectSteps(LoopSteps):
     subflow of a finished collection would otherwise start one of its own)."""
 
     lazy = False
+    collection_lines_follow_loop = False
 
     async def collect(self, cfg: FocusConfig, needs_services: bool) -> dict[str, Any]:
         return await collect(cfg)
@@ -121,7 +123,8 @@ async def train_loop(config: ConfigParameter = None) -> list[dict[str, Any]]:
     config = collection_id_for_run(config_at_runtime(config))
     get_run_logger().info("train loop %s", config.collection_id)
     progress = LoopProgress(config, enabled=config.progress)
-    records = await run_loop(config, PrefectSteps(), progress)
+    with heartbeats(config.execution.heartbeat_s):  # and closes what crashed attempts left Running
+        records = await run_loop(config, PrefectSteps(), progress)
     if progress.picture is not None:
         from storage.weights import WeightStore
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -41,9 +42,21 @@ def _policy_changed(cid: str | None, before: str, now: str) -> PolicyChanged:
     )
 
 
+#: Weight files a train loop's iteration names; those in the store's weight store are
+#: fingerprinted relative to its root, so a moved store resumes (``storage/weights.py``).
+WEIGHT_FIELDS = (("model", "weights"), ("critic", "weights"))
+_STORED_WEIGHTS = re.compile(r"^[a-z0-9+.-]+://.*?/(weights/[^/]+/v\d{6}/[^/]+)$")
+
+
 def fingerprint(config: FocusConfig) -> dict[str, Any]:
-    """What determines a collection's result: the config without where things run."""
+    """What determines a collection's result: the config without where things run (and
+    the weight store's files named relative to the store's root)."""
     data = config.model_dump(mode="json")
+    root = config.storage.root.rstrip("/") + "/"
+    for section, key in WEIGHT_FIELDS:
+        value = data.get(section, {}).get(key)
+        if isinstance(value, str) and value.startswith(_normalised(root)):
+            data[section][key] = value[len(_normalised(root)) :]
     for dotted in RUNTIME_FIELDS:
         *path, last = dotted.split(".")
         node = data
@@ -53,13 +66,31 @@ def fingerprint(config: FocusConfig) -> dict[str, Any]:
     return data
 
 
+def _normalised(root: str) -> str:
+    """``root`` as the weight store writes URLs under it (a folder becomes ``file://``)."""
+    from storage.urls import Location
+
+    return Location(root.rstrip("/")).root + "/"
+
+
+def _legacy(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored fingerprint made before stores were relocatable names weight-store files
+    by absolute URL: the part under the root, as :func:`fingerprint` now writes it."""
+    out = {**stored}
+    for section, key in WEIGHT_FIELDS:
+        value = (out.get(section) or {}).get(key)
+        if isinstance(value, str) and (m := _STORED_WEIGHTS.match(value)):
+            out[section] = {**out[section], key: m.group(1)}
+    return out
+
+
 def resume_mismatch(
     config: FocusConfig, stored: dict[str, Any], mine: dict[str, Any], *, allow_policy_change: bool = False
 ) -> ResumeMismatch | None:
     """The error for resuming ``config``'s collection, whose stored fingerprint is
     ``stored``, with the fingerprint ``mine`` (``None`` if they agree). Another
     ``model.policy_version`` (the embedded server's weights) is :class:`PolicyChanged`."""
-    diffs = _diff(stored, mine)
+    diffs = _diff(_legacy(stored), mine)
     if "model.policy_version" in diffs:
         if not allow_policy_change:
             versions = [d.get("model", {}).get("policy_version") for d in (stored, mine)]

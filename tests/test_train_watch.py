@@ -203,7 +203,8 @@ def test_focus_train_into_a_pipe_is_quiet(tmp_path):
     done = subprocess.run(cmd, cwd=tmp_path, env=base_env(tmp_path / "p"), capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "\x1b" not in done.stdout + done.stderr and "━" not in done.stderr
-    assert "iteration 0: collect" not in done.stderr  # stage lines go to the log file only
+    # stage lines and the collections' wave lines go to the log file only
+    assert "iteration 0: collect" not in done.stderr and "1.continue" not in done.stderr, done.stderr[-2000:]
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [r["iteration"] for r in records] == [0, 1, 2]
     # the picture is written all the same
@@ -212,3 +213,32 @@ def test_focus_train_into_a_pipe_is_quiet(tmp_path):
     weights = WeightStore(str(root))
     got = png_points(weights.loc.cat(weights.run_file("w", PICTURE), weights.retry))
     assert got["success"] == [r["eval"]["success_rate"] for r in records]
+
+
+@pytest.mark.timeout(400)
+def test_the_flow_publishes_the_picture_as_an_artifact(prefect_api, tmp_path):
+    """On the Prefect path the picture is also an artifact of the run, with a table."""
+    import asyncio
+    import base64
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.train_loop import train_loop
+
+    records = asyncio.run(train_loop(small(tmp_path / "store", **{"train.iterations": 1, "progress": False})))
+
+    async def artifacts() -> dict[str, object]:
+        async with get_client() as client:
+            found = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["w-success", "w-success-plot"]))
+            )
+        return {a.key: a.data for a in found}
+
+    got = asyncio.run(artifacts())
+    table = got["w-success"]
+    rows = json.loads(table) if isinstance(table, str) else table
+    assert [(r["version"], r["held_out_success"]) for r in rows] == success_points(records)
+    body = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", str(got["w-success-plot"]))
+    assert body is not None
+    assert png_points(base64.b64decode(body.group(1)))["success"] == [s for _, s in success_points(records)]
