@@ -383,6 +383,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default="runs/learning", help="folder for learning.json and learning.png")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--report", metavar="JSON", help="print the verdicts and redraw the plot of a saved run")
+    ap.add_argument(
+        "--assemble",
+        metavar="JSONL",
+        type=Path,
+        help="build the result from a cut-short run's runs.jsonl (seeds with every method only); run nothing",
+    )
     ap.add_argument("--json", type=Path, help="also write learning.json's content here")
     ap.add_argument("--plot", type=Path, help="draw the plot here instead of <out>/learning.png")
     ap.add_argument(
@@ -398,6 +404,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(summary(result))
         return result
     options = {**TRAINER, **dict(_option(o) for o in args.set)}
+    if args.assemble:
+        return _assemble(args, options)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else SEEDS)
     sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
     out = Path(args.out)
@@ -438,6 +446,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     plot(runs, args.tasks, png)
     print(summary(result))
     print(f"wrote {out / 'learning.json'} and {png} in {result['wall_s']:.0f} s")
+    return result
+
+
+def _assemble(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
+    """The result of a run stopped early, from the runs it finished: per task, the seeds
+    every method finished (a comparison needs both sides)."""
+    done = [json.loads(line) for line in args.assemble.read_text().splitlines() if line.strip()]
+    tasks = [t for t in args.tasks if any(r["task"] == t for r in done)]
+    runs = []
+    for t in tasks:
+        seeds = [s for s in SEEDS if all(any(r["task"] == t and r["seed"] == s and r["method"] == m for r in done)
+                                         for m in args.methods)]  # fmt: skip
+        runs += [r for r in done if r["task"] == t and r["seed"] in seeds and r["method"] in args.methods]
+    result = {
+        "command": f"python -m benchmarks.learning --assemble {args.assemble.name} (a run stopped early)",
+        "methods": args.methods,
+        "seeds": sorted({r["seed"] for r in runs}),
+        "seeds_per_task": {t: sorted({r["seed"] for r in runs if r["task"] == t}) for t in tasks},
+        "evidence_rollouts_per_task": EVIDENCE,
+        "sizes": DEFAULT_SIZES.__dict__,
+        "trainer": options,
+        "verdicts": verdicts(runs, tasks),
+        "runs": runs,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    plot(runs, tasks, args.plot or Path(args.out) / "learning.png")
+    print(summary(result))
     return result
 
 

@@ -99,3 +99,25 @@ def test_quick_run_writes_json_and_png(tmp_path):
     by = {r["method"]: r["points"][-1] for r in saved["runs"] if r["task"] == "toy"}
     # the same transitions per iteration: FOCUS and uniform spend what GRPO's extra rollouts would
     assert 0.5 < by["focus"]["batch_transitions"] / by["grpo"]["batch_transitions"] < 2.0
+
+
+def test_assemble_keeps_the_seeds_every_method_finished(tmp_path):
+    from benchmarks import learning
+
+    runs = []
+    for seed in range(3):
+        runs.append(_run("grpo", seed, [(0, 0.2), (100, 0.4)], _outcomes(0.2), _outcomes(0.4)))
+        if seed < 2:  # the run stopped before FOCUS's seed 2
+            runs.append(_run("focus", seed, [(0, 0.2), (100, 0.6)], _outcomes(0.2), _outcomes(0.6)))
+    for r in runs:
+        r["task"] = "toy"
+    jsonl = tmp_path / "runs.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    args = ["--assemble", str(jsonl), "--tasks", "toy", "--out", str(tmp_path), "--json", str(tmp_path / "a.json")]
+    result = learning.main(args)
+    assert result["seeds_per_task"] == {"toy": [0, 1]} and len(result["runs"]) == 4
+    assert (
+        json.loads((tmp_path / "a.json").read_text())["verdicts"]["tasks"]["toy"]["vs_grpo"]["focus"]["verdict"]
+        == "better"
+    )
+    assert (tmp_path / "learning.png").stat().st_size > 5_000

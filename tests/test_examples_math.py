@@ -124,3 +124,16 @@ def test_run_on_embedded_model_writes_a_readable_batch(local_model_server, tmp_p
 def test_tokenizer_without_url_is_refused():
     with pytest.raises(SystemExit):
         main(["--tokenizer", "x.json"])
+
+
+def test_the_digit_sum_difficulty_draws_single_digit_sums():
+    from examples.math.env import default_tasks
+    from examples.math.problems import DIFFICULTIES, generate_problems
+
+    problems = generate_problems(40, 3, DIFFICULTIES["digit_sum"])
+    for p in problems:
+        a, b = (int(x) for x in p.question.removeprefix("Compute ").rstrip(".").split(" + "))
+        assert p.kind == "digit_sum" and 1 <= a and 1 <= b and int(p.answer) == a + b <= 9
+    assert [t.data["kind"] for t in default_tasks(5, 0)] == list(DIFFICULTIES["standard"])  # unchanged default
+    with pytest.raises(ValueError, match="unknown difficulty"):
+        default_tasks(2, 0, "hard")
