@@ -77,10 +77,10 @@ def digest(batch) -> str:  # type: ignore[no-untyped-def]
 PINNED = {
     ("grpo", 0): ("d48133fce843f77e", 232, 208),
     ("grpo", 1): ("c69e15d1237eac95", 234, 212),
-    ("selective", 0): ("bddbc205f6b9c983", 342, 177),
-    ("selective", 1): ("e486ce50d5b5c947", 343, 165),
-    ("uniform", 0): ("46fb4f416508a15b", 282, 238),
-    ("uniform", 1): ("f37ef24fc0a9ecac", 285, 237),
+    ("selective", 0): ("f49ad53a845cb3cd", 343, 183),
+    ("selective", 1): ("e1e05b1d3ba64156", 342, 201),
+    ("uniform", 0): ("dbadbdfec3f621d0", 282, 238),
+    ("uniform", 1): ("c762fe5c787ae946", 285, 237),
 }
 
 
