@@ -264,7 +264,7 @@ class Selective(Priority):
     #: then uniform over checkpoints, wherever the critic looks right, so the spreads and
     #: misses the noise model reads are not only those the ranking chose. Measured:
     #: docs/algorithm.md, "Exploration share".
-    explore: float = Field(0.1, ge=0.0, le=1.0)
+    explore: float = Field(0.25, ge=0.0, le=1.0)
 
     def weight(self, node: NodeEvidence, m: int) -> float:
         """λ the estimator would give n with ``m`` like children."""

@@ -125,6 +125,6 @@ def test_selective_ranks_a_drawn_slot_above_every_other_and_only_those() -> None
 
 
 def test_the_exploration_share_is_a_documented_bounded_field() -> None:
-    assert Selective().explore == pytest.approx(0.1)
+    assert Selective().explore == pytest.approx(0.25)
     with pytest.raises(ValueError):
         Selective(explore=1.5)
