@@ -456,6 +456,95 @@ def _interval(d: dict[str, Any]) -> str:
     return f"{d['mean']:+.3f} [{d['interval'][0]:+.3f}, {d['interval'][1]:+.3f}]"
 
 
+EQ_HELDOUT: tuple[tuple[str, str, str, tuple[str, float] | None, str], ...] = (
+    ("neutral_selective_vs_uniform_noisy", "selective vs uniform, noisy critics", "median", ("<=", 0.8), "<= 0.8"),
+    ("neutral_selective_vs_uniform_constant", "selective vs uniform, constant critic", "median", ("<=", 1.0),
+     "<= 1.0"),
+    ("neutral_selective_vs_grpo_noisy", "selective vs GRPO, noisy critics", "median", ("<=", 0.5), "<= 0.5"),
+    ("neutral_selective_vs_uniform_depth_critics", "selective vs uniform, biased and early/late critics", "median",
+     None, ""),
+    ("neutral_selective_vs_grpo_depth_critics", "selective vs GRPO, biased and early/late critics", "median", None,
+     ""),
+    ("neutral_selective_vs_uniform_all_cells", "selective vs uniform, every cell", "worst", ("<=", 1.1),
+     "no cell > 1.1"),
+    ("selective_vs_uniform_noisy", "batch MSE: selective vs uniform, noisy critics", "median", ("<=", 0.8), "<= 0.8"),
+    ("selective_vs_uniform_constant", "batch MSE: selective vs uniform, constant critic", "median", ("<=", 1.0),
+     "<= 1.0"),
+    ("selective_vs_grpo_noisy", "batch MSE: selective vs GRPO, noisy critics", "median", ("<=", 0.5), "<= 0.5"),
+    ("selective_vs_uniform_depth_critics", "batch MSE: selective vs uniform, biased and early/late critics",
+     "median", None, ""),
+    ("selective_vs_uniform_all_cells", "batch MSE: selective vs uniform, every cell", "worst", ("<=", 1.1),
+     "no cell > 1.1"),
+)  # fmt: skip
+
+
+def _above(above: dict[str, Any], what: str) -> str:
+    listed = "; ".join(
+        f"{c['cell']} {c['ratio']:.3f}" + (f" ({num(c['low'])}-{num(c['high'])})" if c["low"] is not None else "")
+        for c in above["above"]
+    )
+    return (
+        f"{what}: cells where selective is worse than {above['bound']}x uniform: {len(above['above'])} of "
+        f"{above['cells']}{': ' + listed if listed else ''} (90% paired-bootstrap interval over the seeds). "
+        f"Above {above['bound']} across the whole interval: {len(above['above_throughout'])}"
+        f"{' (' + ', '.join(above['above_throughout']) + ')' if above['above_throughout'] else ''}."
+    )
+
+
+def estimator_quality_heldout(f: dict[str, Any]) -> str:
+    """The held-out-style families of issue 31: the composition-neutral error beside the
+    batch MSE, the cells above 1.1x uniform on each, and the decisive step's share."""
+    summary, per_seed, info = f["summary"], f["per_seed"], f["info"]
+    rows = []
+    for key, label, stat, goal, text in EQ_HELDOUT:
+        if key not in summary:
+            continue
+        s = summary[key]
+        met = f"{text}: {verdict(s[stat], goal[1], goal[0])}" if goal else ""
+        rows.append([label, f"**{num(s['median'])}**", f"{num(s['worst'])} ({s['worst_cell']})",
+                     seed_spread(per_seed.get(key, [])), met])  # fmt: skip
+    out = [
+        f"{info['collections']:,} collections ({info['tasks']} tasks each, {seed_counts(info)}, families "
+        f"{', '.join(info['families'])}; critics {', '.join(info['critics'])}; budgets "
+        f"{', '.join(f'{b}H' for b in info['budgets'])}; {info['jobs']} worker processes) in {s_(info['wall_s'])}.",
+        table(
+            [
+                "ratio (median over cells; composition-neutral unless marked batch MSE)",
+                "median",
+                "worst cell",
+                "per-seed medians",
+                "goal",
+            ],
+            rows,
+        ),  # fmt: skip
+    ]
+    for key, what in (("neutral_selective_vs_uniform_all_cells", "Composition-neutral error"),
+                      ("selective_vs_uniform_all_cells", "Batch MSE")):  # fmt: skip
+        above = summary.get(key, {}).get("above_1_1")
+        if above:
+            out.append(_above(above, what))
+    table_rows = {(r["family"], r["budget"], r["critic"], r["method"]): r for r in f["rows"]}
+    cells = sorted({k[:3] for k in table_rows}, key=lambda k: (info["budgets"].index(k[1]), info["critics"].index(k[2]),
+                                                              info["families"].index(k[0])))  # fmt: skip
+    head = ["family", "budget", "critic", "neutral: GRPO", "uniform", "selective", "sel/uni", "batch: sel/uni",
+            "decisive share: uniform", "selective"]  # fmt: skip
+    body = []
+    for c in cells:
+        g, u, sel = (table_rows.get(c + (m,)) for m in ("grpo", "uniform", "selective"))
+        if not (u and sel):
+            continue
+        share = [x.get("decisive_share") for x in (u, sel)]
+        body.append([
+            c[0], f"{c[1]}H", c[2], num(g["neutral_mse"]) if g else "", num(u["neutral_mse"]), num(sel["neutral_mse"]),
+            num(sel["neutral_mse"] / u["neutral_mse"]) if u["neutral_mse"] > 0 else "",
+            num(sel["adv_mse"] / u["adv_mse"]) if u["adv_mse"] > 0 else "",
+            *("" if x is None or x != x else num(x) for x in share),
+        ])  # fmt: skip
+    out.append("Every cell (seed means; neutral: the composition-neutral error):")
+    out.append(table(head, body))
+    return "\n\n".join(out)
+
+
 def learning(f: dict[str, Any]) -> str:
     if "verdicts" not in f:
         return _learning_goals(f)
@@ -1142,6 +1231,7 @@ RENDERERS: dict[str, Callable[[Any], str]] = {
     "batch_write": batch_write,
     "writer_race": writer_race,
     "estimator_quality": estimator_quality,
+    "estimator_quality_heldout": estimator_quality_heldout,
     "learning": learning,
     "load_2k": load,
     "load_20k": load,

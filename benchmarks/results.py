@@ -71,6 +71,18 @@ REGISTRY: tuple[Benchmark, ...] = (
         drop=("raw",),
     ),
     Benchmark(
+        "estimator_quality_heldout",
+        "benchmarks.estimator_quality",
+        (
+            "--families", "decisive,heavy_tail,truncated", "--budgets", "2,6",
+            "--critics", "noise_1,noise_3,constant,biased,early_late", "--methods", "grpo,uniform,selective",
+            "--seeds", "2",
+        ),
+        ("--quick", "--families", "decisive", "--budgets", "2", "--critics", "biased,constant", "--jobs", "1"),
+        timeout_s=5400,
+        drop=("raw",),
+    ),  # fmt: skip
+    Benchmark(
         "learning",
         "benchmarks.learning",
         ("--jobs", "6", "--plot", f"{RESULTS_DIR}/learning.png"),

@@ -119,7 +119,7 @@ def refine(
         rest += nz
         plain += step * w1 + disc * disc * (more[0] if more else errc)
     m = len(qs)
-    t = noise.critic_error
+    t = noise.critic_error_at(depth)
     if not m:
         return Refined(v_hat, 1.0, t, None, (), 0.0, 0.0, t)
     q_bar = sum(qs) / m
@@ -171,7 +171,7 @@ def node_value(
     the same numbers in the same order. ``plain`` holds the children's plain-backup
     errors (:attr:`Refined.plain_error`)."""
     if node.is_leaf:
-        v, err = leaf_value(node.kind, node.value, truncation, noise.critic_error)
+        v, err = leaf_value(node.kind, node.value, truncation, noise.critic_error_at(node.depth))
         return Refined(v, 1.0, err, None, (), 0.0, 0.0, err)
     kids = []
     for eid in node.children:

@@ -55,6 +55,9 @@ class NoiseModel:
     spreads: int = 0
     repeats: int = 0
     known: bool = True
+    #: The critic's error variance per depth t(d) (issue 31; empty: ``critic_var`` at
+    #: every depth), read off every checkpoint's first child (:func:`_critic_by_depth`).
+    critic_vars: tuple[float, ...] = ()
 
     @classmethod
     def unknown(cls, residuals: int = 0) -> NoiseModel:
@@ -77,6 +80,14 @@ class NoiseModel:
     def critic_error(self) -> float:
         """Error variance of a value taken from the critic (0 while unknown)."""
         return self.critic_var if self.known else 0.0
+
+    def critic_at(self, depth: int) -> float:
+        """The critic's error variance at ``depth`` (infinite while unknown)."""
+        return self._at(self.critic_vars, depth, self.critic_var) if self.known else self.critic_var
+
+    def critic_error_at(self, depth: int) -> float:
+        """Error variance of a value taken from the critic at ``depth`` (0 while unknown)."""
+        return self._at(self.critic_vars, depth, self.critic_var) if self.known else 0.0
 
 
 def first_step_weight(k: int, gamma: float) -> float:
@@ -320,11 +331,13 @@ def noise_model(
     rho = 0.5
     t = 0.0
     x = np.zeros(2 * nd)
+    by_depth = np.full(nd, t)
     for it in range(3):
-        x = _solve_spreads(mo, t, x, rho, it)
+        x = _solve_spreads(mo, t, x, rho, it, by_depth)
         s = x[:nd]
         rho = _env_share(x[nd:], s, mo.repeat_dof)
         t = _critic_error(mo, s, t, it)
+        by_depth = _critic_by_depth(recs, mo, s, t)
     # Six significant digits: the linear solves go through LAPACK, whose last bits may
     # differ between CPUs; rounded, the model (and so every plan) is the same anywhere.
     return NoiseModel(
@@ -334,6 +347,7 @@ def noise_model(
         residuals,
         mo.spreads,
         mo.repeats,
+        critic_vars=tuple(_sig6(v) for v in by_depth),
     )
 
 
@@ -356,6 +370,7 @@ class _Moments:
     #: Only-child residual rows, their t coefficients (1 + β) and squared misses.
     one_rows: np.ndarray
     one_t: np.ndarray
+    one_depth: np.ndarray
     one_y: np.ndarray
     #: Degrees of freedom of the same-action spreads per depth of their first transition.
     repeat_dof: np.ndarray
@@ -397,7 +412,8 @@ def _moments(recs: list[_Checkpoint]) -> _Moments:
     one_y = np.array([recs[i].d2 for i in one_ix], dtype=np.float64)
     return _Moments(
         nd, alpha, beta, design, t_rows, ys, dofs, res_ix, t_obs,
-        one_rows, 1.0 + beta[one_ix], one_y, repeat_dof, len(spread_ix), len(same_y),
+        one_rows, 1.0 + beta[one_ix], np.array([recs[i].depth for i in one_ix], dtype=np.int64), one_y,
+        repeat_dof, len(spread_ix), len(same_y),
     )  # fmt: skip
 
 
@@ -411,9 +427,11 @@ def _share_form(nd: int, rho: float) -> np.ndarray:
     return form
 
 
-def _solve_spreads(mo: _Moments, t: float, x: np.ndarray, rho: float, it: int) -> np.ndarray:
+def _solve_spreads(mo: _Moments, t: float, x: np.ndarray, rho: float, it: int, t_depth: np.ndarray) -> np.ndarray:
     """One pass's (s, ν) from the spreads (and, from the second pass on, the only-child
-    residuals) given the critic's error ``t`` and the env's share ``rho``."""
+    residuals) given the critic's error ``t`` (pooled: the spreads' bootstrapped
+    leaves), ``t_depth`` (per depth: an only child's own checkpoint) and the env's share
+    ``rho``."""
     nd, design, dofs = mo.nd, mo.design, mo.dofs
     # the prior: neighbouring depths have similar variances
     walk = _depth_walk(nd)
@@ -449,7 +467,8 @@ def _solve_spreads(mo: _Moments, t: float, x: np.ndarray, rho: float, it: int) -
         k_one = v_one * v_one / ((t + v_one) ** 2) if t + v_one > 0 else 0.0
         k_one *= len(mo.res_ix) / (len(mo.one_y) + len(mo.res_ix))
         mat = mat + k_one * _mm(one_rows.T, one_rows)
-        rhs = rhs + k_one * _mv(one_rows.T, mo.one_y - t * mo.one_t)
+        # (v̂ − q)² − t(d) − β·t: the checkpoint's own critic error at its depth
+        rhs = rhs + k_one * _mv(one_rows.T, mo.one_y - t_depth[mo.one_depth] - t * (mo.one_t - 1.0))
     mat = mat + _DEPTH_PRIOR_DOF * unit * centre + _NOISE_PRIOR_DOF * unit * _share_form(nd, rho)
     mat_av = _mm(_mm(to_s.T, mat), to_s)
     mat_av += 1e-9 * float(np.trace(mat_av)) / len(mat_av) * np.eye(len(mat_av))  # never singular
@@ -473,6 +492,37 @@ def _critic_error(mo: _Moments, s: np.ndarray, t: float, it: int) -> float:
     prior = float(np.median(var_q))  # a critic as far off as a typical Q̄'s sampling noise
     wp = float(np.mean(wt)) * _CRITIC_PRIOR_DOF
     return max((float(np.sum(wt * mo.t_obs)) + wp * prior) / (float(np.sum(wt)) + wp), 0.0)
+
+
+def _critic_by_depth(recs: list[_Checkpoint], mo: _Moments, s: np.ndarray, t: float) -> np.ndarray:
+    """The critic's error variance per depth, t(d) (issue 31).
+
+    Read off the same residuals as the pooled t, ``(v̂ − Q̄)² − SS/(m(m−1))`` at each
+    checkpoint with two or more valid children (unbiased for the critic's error there
+    whatever s is: no model enters), grouped by the checkpoint's depth, with the pooled
+    fit's weights ``1/(t + Var(Q̄))²`` (a root's Q̄ varies most, and its residual says
+    least). Per depth ``_DEPTH_PRIOR_DOF`` pseudo-observations that neighbouring depths
+    are alike (the same prior as s) and ``_CRITIC_PRIOR_DOF`` at the pooled t, each
+    worth a residual of mean weight, so a depth with few residuals leans on its
+    neighbours and the pool. Where the ranking chose the branched checkpoints these
+    residuals are selected (it branches where the critic's miss was small); the
+    continuations :attr:`focus.priority.Selective.explore` places by a hash are not,
+    and they reach the depths the ranking avoids. (Reading t(d) off every checkpoint's
+    first child instead, ``(v̂ − q_1)² − Var(q_1)``, needs the modelled Var(q_1): where
+    the depth prior blurs a decisive step, s is short and t(d) took the difference, 0.04
+    for an exact critic.)"""
+    nd, res_ix = mo.nd, mo.res_ix
+    if not len(res_ix):
+        return np.full(nd, t)
+    var_q = _mv(mo.alpha[res_ix], s) + mo.beta[res_ix] * t
+    floor = 1e-3 * float(np.median(var_q)) + 1e-100
+    wt = 1.0 / (t + var_q + floor) ** 2
+    weight, total = np.zeros(nd), np.zeros(nd)
+    np.add.at(weight, [recs[i].depth for i in res_ix], wt)
+    np.add.at(total, [recs[i].depth for i in res_ix], wt * mo.t_obs)
+    unit = float(np.mean(wt))
+    mat = np.diag(weight) + unit * (_DEPTH_PRIOR_DOF * _depth_walk(nd) + _CRITIC_PRIOR_DOF * np.eye(nd))
+    return _nnls(mat, total + unit * _CRITIC_PRIOR_DOF * t)
 
 
 def _one_prediction(recs: list[_Checkpoint]) -> bool:

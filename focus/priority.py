@@ -17,12 +17,14 @@ the pure function :func:`focus.search.plan_wave`.
 from __future__ import annotations
 
 import abc
+import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from focus.calibration import Calibration, Chain, calibrate  # noqa: F401 (re-exported: moved there)
 from focus.estimation import (
     Estimator,
     NoiseModel,
@@ -30,7 +32,6 @@ from focus.estimation import (
     TreeValues,
     Truncation,
     child_variances,
-    noise_model,
     segment,
     tree_values,
 )
@@ -82,107 +83,6 @@ class Phase(BaseModel):
     @property
     def is_evidence(self) -> bool:
         return self.rollouts_per_task is not None
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Collection-wide quantities the ranking reads, fitted on the collection so far.
-
-    ``noise`` is the estimator's noise model (:func:`focus.estimation.noise_model`);
-    ``mean_tokens`` the mean completion tokens of a segment (the unit of influence);
-    ``mean_leaf_transitions`` the mean transitions from the root to a valid leaf (the
-    cost of a continuation from a checkpoint without a valid child).
-    """
-
-    noise: NoiseModel
-    mean_tokens: float = 1.0
-    mean_leaf_transitions: float = 1.0
-    gamma: float = 1.0
-    _chains: dict[tuple[int, int], Chain] = field(default_factory=dict, compare=False, repr=False)
-
-    def fresh_chain(self, depth: int, length: int) -> Chain:
-        """What a fresh rollout adds below its first checkpoint at ``depth``, with
-        ``length`` one-transition segments below it to an exact leaf (a chain of only
-        children, weighed as :func:`focus.estimation.refine` would), see :class:`Chain`.
-
-        With one child of signal a and noise E (ν plus γ² times the next value's
-        error), the weight is ``λ = a/(a + E + t)``, the segment's error
-        ``λ²(E + t) + (1−λ)²a`` and the value's ``λ²t + (1−λ)²(a + E)``. A plain
-        backup (a critic target) of a checkpoint with one child carries the whole
-        return variance below it: ``R(d) = s(d) + γ²R(d+1)``.
-        """
-        key = (depth, length)
-        hit = self._chains.get(key)
-        if hit is not None:
-            return hit
-        noise, g2 = self.noise, self.gamma * self.gamma
-        t = noise.critic_error
-        value_err = seg_err = plain = targets = 0.0
-        for d in range(depth + length - 1, depth - 1, -1):
-            a = noise.action_var(d)
-            e = noise.noise_var(d) + g2 * value_err
-            lam = a / (a + e + t) if noise.known and a + e + t > 0 else 0.0
-            seg_err += (lam * lam * (e + t) if lam > 0 else 0.0) + (1 - lam) ** 2 * a
-            value_err = (lam * lam * t if lam > 0 else 0.0) + (1 - lam) ** 2 * (a + e)
-            plain = noise.step_var(d) + g2 * plain
-            targets += plain
-        out = self._chains[key] = Chain(value_err, seg_err, plain, targets)
-        return out
-
-    @property
-    def target_weight(self) -> float:
-        """How much one unit of summed critic-target error counts against one unit of
-        summed advantage error in the ranking: their ratio along one fresh rollout from
-        a root of the mean leaf depth (:meth:`fresh_chain`), the unit both errors come
-        in when no search is done. Ranking by ``Δ(adv) + w·Δ(targets)`` with that ``w``
-        is ranking by the relative changes ``Δ(adv)/adv₀ + Δ(targets)/targets₀``, so
-        neither error's scale (rewards, horizon, how far off the critic is) decides the
-        trade-off. 0 while the model is unknown."""
-        if not self.noise.known:
-            return 0.0
-        c = self.fresh_chain(0, max(int(round(self.mean_leaf_transitions)), 1))
-        return c.segments / c.targets if c.targets > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class Chain:
-    """What a fresh chain of only children adds (:meth:`Calibration.fresh_chain`)."""
-
-    #: Error variance of the refined value at its head.
-    head_error: float
-    #: Summed advantage error of its segments.
-    segments: float
-    #: Error variance of the plain backup (the critic target) at its head.
-    head_target: float
-    #: Summed critic-target error of its checkpoints (each with one child, weight 1).
-    targets: float
-
-
-def calibrate(
-    trees: Sequence[Tree],
-    *,
-    gamma: float = 1.0,
-    truncation: Truncation = "bootstrap",
-    keep: Callable[[Tree, Edge], bool] | None = None,
-) -> Calibration:
-    """The :class:`Calibration` of ``trees`` (restricted to the segments ``keep`` accepts)."""
-    tokens = segments = leaf_transitions = leaves = 0
-    for tree in trees:
-        for e in tree.edges.values():
-            if keep is not None and not keep(tree, e):
-                continue
-            tokens += e.n_tokens
-            segments += 1
-            child = tree.nodes[e.child]
-            if child.is_leaf and child.kind != "failed":
-                leaf_transitions += child.transitions
-                leaves += 1
-    return Calibration(
-        noise_model(trees, gamma=gamma, truncation=truncation, keep=keep),
-        tokens / segments if tokens else 1.0,
-        leaf_transitions / leaves if leaf_transitions else 1.0,
-        gamma,
-    )
 
 
 @dataclass(frozen=True)
@@ -240,6 +140,9 @@ class NodeEvidence:
     chain_target: float = 0.0
     target_influence: float = 0.0
     target_weight: float = 0.0
+    #: Mean task transitions of a rollout from the root to a valid leaf (the
+    #: calibration's), what sets :meth:`Selective.explore`'s rate per continuation slot.
+    rollout_transitions: float = 1.0
 
 
 class Priority(BaseModel, abc.ABC):
@@ -352,6 +255,16 @@ class Selective(Priority):
     #: Rank by reduction per expected task transition (the budget's unit), so a
     #: continuation near the leaves, which is cheap, is not ranked like a full rollout.
     per_transition: bool = True
+    #: Share of continuations placed independently of the critic and of every outcome
+    #: seen (issue 31): each continuation slot (checkpoint, branch index) is drawn for
+    #: exploration by a fixed hash with probability ``explore / (1 + L̄)``, L̄ the mean
+    #: transitions of a rollout (a rollout of L̄ transitions opens about L̄ + 1 new slots:
+    #: one per checkpoint it creates, and the next branch of the one it left), and a
+    #: drawn slot ranks above every other. About that share of all continuations is
+    #: then uniform over checkpoints, wherever the critic looks right, so the spreads and
+    #: misses the noise model reads are not only those the ranking chose. Measured:
+    #: docs/algorithm.md, "Exploration share".
+    explore: float = Field(0.25, ge=0.0, le=1.0)
 
     def weight(self, node: NodeEvidence, m: int) -> float:
         """λ the estimator would give n with ``m`` like children."""
@@ -382,6 +295,11 @@ class Selective(Priority):
         return noise * (1 - 2 * mu / m + mu * mu / m) + mu * mu * node.signal / m + (lam * lam * t if lam > 0 else 0.0)
 
     def __call__(self, node: NodeEvidence) -> float:
+        slot = node.branches + node.pending
+        if self.explore > 0 and slot >= 1:
+            rate = self.explore / (1.0 + max(node.rollout_transitions, 0.0))
+            if explores(node.tree_index, node.node_id, slot, rate):
+                return EXPLORE
         if not math.isfinite(node.critic_var):
             # the model is unknown (no critic residual and no spread yet): nothing tells
             # outcome noise from critic error, so nothing ranks one checkpoint above
@@ -419,6 +337,21 @@ class Selective(Priority):
         before = total / (n * n) if n else (node.critic_var if math.isfinite(node.critic_var) else f)
         upper = node.target_influence * ((total + f) / ((n + 1) * (n + 1)) - before)
         return own + node.chain_target + upper
+
+
+#: The score of a continuation slot drawn for exploration: above any other (ties among
+#: them go by the ranking's seeded tie-break, so their order is random too).
+EXPLORE = 1e300
+
+
+def explores(tree_index: int, node_id: int, branch: int, rate: float) -> bool:
+    """Whether continuation slot ``branch`` of checkpoint ``node_id`` of tree
+    ``tree_index`` is drawn for exploration at ``rate``: a fixed hash of the slot, so
+    the draw depends on nothing the collection has seen (the same on every machine)."""
+    if rate <= 0:
+        return False
+    digest = hashlib.blake2b(repr(("explore", tree_index, node_id, branch)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64 < rate
 
 
 def expected_lengths(tree: Tree) -> dict[int, float]:
@@ -530,7 +463,7 @@ def node_view(
         mean = sum(qs) / len(qs)
         rho = (1.0 + sum((q - mean) ** 2 for q in qs) / v) / len(qs)
         sig, rest = rho * sig, rho * rest
-    elif len(qs) == 1 and v > 0 and node.value is not None and math.isfinite(noise.critic_var):
+    elif len(qs) == 1 and v > 0 and node.value is not None and math.isfinite(noise.critic_at(node.depth)):
         # An only child shows no spread, but the critic's miss does: (v̂ − q)² has
         # expectation t + v, so (v̂ − q)² − t estimates this checkpoint's own one-child
         # variance, beside one pseudo-observation at the model. The depth's average no
@@ -542,7 +475,7 @@ def node_view(
         # of freedom; with one whose error dominates, little, since its miss is mostly
         # the critic's error, and ranking on it picks the checkpoints where the critic
         # happened to be right, whose residuals then understate t.
-        t = noise.critic_var
+        t = noise.critic_at(node.depth)
         own = max((node.value - qs[0]) ** 2 - t, 0.0)
         k = v * v / ((t + v) * (t + v))
         rho = (1.0 + k * own / v) / (1.0 + k)
@@ -566,7 +499,7 @@ def node_view(
         critic_weight=values.critic_weight.get(i, 0.0),
         signal=sig,
         child_error=rest,
-        critic_var=noise.critic_var,
+        critic_var=noise.critic_at(node.depth),
         fresh_error=fresh,
         chain_error=chain.segments,
         target_var=plain,
@@ -574,4 +507,5 @@ def node_view(
         chain_target=chain.targets,
         target_influence=t_infl,
         target_weight=calibration.target_weight,
+        rollout_transitions=calibration.mean_leaf_transitions,
     )

@@ -1,0 +1,115 @@
+"""The collection-wide quantities the ranking reads (docs/algorithm.md, "Priorities").
+
+:class:`Calibration` holds the noise model, the mean segment length and the mean leaf
+depth, fitted on the collection so far (:func:`calibrate`); :meth:`Calibration.fresh_chain`
+what a fresh rollout adds below a checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from focus.estimation import NoiseModel, Truncation, noise_model
+from focus.tree import Edge, Tree
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Collection-wide quantities the ranking reads, fitted on the collection so far.
+
+    ``noise`` is the estimator's noise model (:func:`focus.estimation.noise_model`);
+    ``mean_tokens`` the mean completion tokens of a segment (the unit of influence);
+    ``mean_leaf_transitions`` the mean transitions from the root to a valid leaf (the
+    cost of a continuation from a checkpoint without a valid child).
+    """
+
+    noise: NoiseModel
+    mean_tokens: float = 1.0
+    mean_leaf_transitions: float = 1.0
+    gamma: float = 1.0
+    _chains: dict[tuple[int, int], Chain] = field(default_factory=dict, compare=False, repr=False)
+
+    def fresh_chain(self, depth: int, length: int) -> Chain:
+        """What a fresh rollout adds below its first checkpoint at ``depth``, with
+        ``length`` one-transition segments below it to an exact leaf (a chain of only
+        children, weighed as :func:`focus.estimation.refine` would), see :class:`Chain`.
+
+        With one child of signal a and noise E (ν plus γ² times the next value's
+        error), the weight is ``λ = a/(a + E + t)``, the segment's error
+        ``λ²(E + t) + (1−λ)²a`` and the value's ``λ²t + (1−λ)²(a + E)``. A plain
+        backup (a critic target) of a checkpoint with one child carries the whole
+        return variance below it: ``R(d) = s(d) + γ²R(d+1)``.
+        """
+        key = (depth, length)
+        hit = self._chains.get(key)
+        if hit is not None:
+            return hit
+        noise, g2 = self.noise, self.gamma * self.gamma
+        value_err = seg_err = plain = targets = 0.0
+        for d in range(depth + length - 1, depth - 1, -1):
+            t = noise.critic_error_at(d)
+            a = noise.action_var(d)
+            e = noise.noise_var(d) + g2 * value_err
+            lam = a / (a + e + t) if noise.known and a + e + t > 0 else 0.0
+            seg_err += (lam * lam * (e + t) if lam > 0 else 0.0) + (1 - lam) ** 2 * a
+            value_err = (lam * lam * t if lam > 0 else 0.0) + (1 - lam) ** 2 * (a + e)
+            plain = noise.step_var(d) + g2 * plain
+            targets += plain
+        out = self._chains[key] = Chain(value_err, seg_err, plain, targets)
+        return out
+
+    @property
+    def target_weight(self) -> float:
+        """How much one unit of summed critic-target error counts against one unit of
+        summed advantage error in the ranking: their ratio along one fresh rollout from
+        a root of the mean leaf depth (:meth:`fresh_chain`), the unit both errors come
+        in when no search is done. Ranking by ``Δ(adv) + w·Δ(targets)`` with that ``w``
+        is ranking by the relative changes ``Δ(adv)/adv₀ + Δ(targets)/targets₀``, so
+        neither error's scale (rewards, horizon, how far off the critic is) decides the
+        trade-off. 0 while the model is unknown."""
+        if not self.noise.known:
+            return 0.0
+        c = self.fresh_chain(0, max(int(round(self.mean_leaf_transitions)), 1))
+        return c.segments / c.targets if c.targets > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Chain:
+    """What a fresh chain of only children adds (:meth:`Calibration.fresh_chain`)."""
+
+    #: Error variance of the refined value at its head.
+    head_error: float
+    #: Summed advantage error of its segments.
+    segments: float
+    #: Error variance of the plain backup (the critic target) at its head.
+    head_target: float
+    #: Summed critic-target error of its checkpoints (each with one child, weight 1).
+    targets: float
+
+
+def calibrate(
+    trees: Sequence[Tree],
+    *,
+    gamma: float = 1.0,
+    truncation: Truncation = "bootstrap",
+    keep: Callable[[Tree, Edge], bool] | None = None,
+) -> Calibration:
+    """The :class:`Calibration` of ``trees`` (restricted to the segments ``keep`` accepts)."""
+    tokens = segments = leaf_transitions = leaves = 0
+    for tree in trees:
+        for e in tree.edges.values():
+            if keep is not None and not keep(tree, e):
+                continue
+            tokens += e.n_tokens
+            segments += 1
+            child = tree.nodes[e.child]
+            if child.is_leaf and child.kind != "failed":
+                leaf_transitions += child.transitions
+                leaves += 1
+    return Calibration(
+        noise_model(trees, gamma=gamma, truncation=truncation, keep=keep),
+        tokens / segments if tokens else 1.0,
+        leaf_transitions / leaves if leaf_transitions else 1.0,
+        gamma,
+    )
