@@ -365,7 +365,7 @@ def summary(result: dict[str, Any]) -> str:
                 f"  {m} vs grpo: {c['verdict']}; final difference {d['mean']:+.3f} "
                 f"[{d['interval'][0]:+.3f}, {d['interval'][1]:+.3f}]; share of GRPO's transitions {share}"
             )
-    share = "n/a" if v["median_share"] is None else f"{v['median_share']:.2f}"
+    share = ("never" if v["judged_tasks"] else "n/a") if v["median_share"] is None else f"{v['median_share']:.2f}"
     lines.append(
         f"across {v['judged_tasks']} judged tasks: median share {share}; FOCUS better on "
         f"{', '.join(v['focus_better_on']) or 'none'}; goal {'met' if v['goal_met'] else 'not met'}"
