@@ -18,16 +18,19 @@ budget goes and in the advantages:
            only) + ``GroupNormalized()``: every segment gets its rollout's
            group-normalised return; no critic
 
-on two tasks: the toy task ``focus.toy.ReachTarget`` and the MATH example
-(``examples.math``: generated problems, verifier reward, two attempts). The x axes
-are cumulative task transitions and cumulative wall time (collection + training +
-reload; evaluation excluded). The goal read off the curves, per task, medians over
-seeds: the transitions FOCUS needs to reach GRPO's final success, as a share of
-GRPO's total (goal: at most 0.5). Writes a JSON and a PNG.
+on six tasks: the toy ``focus.toy.ReachTarget``, four from ``focus.digit_tasks``
+(corridor with the decisive step first or last, bridge, long reach) and the MATH
+example at its ``digit_sum`` difficulty. Every method trains with ``TRAINER`` (a KL
+target per update). The x axes are cumulative task transitions and cumulative wall
+time (collection + training + reload; evaluation excluded). The verdicts
+(``benchmarks.learning_verdicts``): per method and task the gain over v0 with a
+bootstrap interval (a method learns when it lies above 0); against a GRPO that learns,
+FOCUS's share of GRPO's transitions to reach GRPO's final success and the final-success
+difference with its interval. Writes a JSON (and ``runs.jsonl`` as runs finish) and a PNG.
 
-    .venv/bin/python -m benchmarks.learning                 # the default run (~15 min on 2 cores)
-    .venv/bin/python -m benchmarks.learning --quick         # a smoke run (a test uses it)
-    .venv/bin/python -m benchmarks.learning --json PATH --plot PNG   # also the JSON to PATH, the plot to PNG
+    .venv/bin/python -m benchmarks.learning --jobs 6           # the default run (60 runs; ~2.3 h at load 20 on 2 cores)
+    .venv/bin/python -m benchmarks.learning --quick            # a smoke run (a test uses it)
+    .venv/bin/python -m benchmarks.learning --assemble runs/learning/runs.jsonl   # the result of a run stopped early
 """
 
 from __future__ import annotations
@@ -365,7 +368,7 @@ def summary(result: dict[str, Any]) -> str:
                 f"  {m} vs grpo: {c['verdict']}; final difference {d['mean']:+.3f} "
                 f"[{d['interval'][0]:+.3f}, {d['interval'][1]:+.3f}]; share of GRPO's transitions {share}"
             )
-    share = "n/a" if v["median_share"] is None else f"{v['median_share']:.2f}"
+    share = ("never" if v["judged_tasks"] else "n/a") if v["median_share"] is None else f"{v['median_share']:.2f}"
     lines.append(
         f"across {v['judged_tasks']} judged tasks: median share {share}; FOCUS better on "
         f"{', '.join(v['focus_better_on']) or 'none'}; goal {'met' if v['goal_met'] else 'not met'}"

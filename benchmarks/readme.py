@@ -577,14 +577,21 @@ def learning(f: dict[str, Any]) -> str:
             diffs = ", ".join(f"{x:+.3f}" for x in c["difference_per_seed"].values())
             verdict_text = c["verdict"] if c["verdict"] != "not judged" else "not judged (GRPO does not learn)"
             cmp_rows.append([task, m, f"{share} ({per})", f"{_interval(c['difference'])} ({diffs})", verdict_text])
-    share = "n/a" if v["median_share"] is None else f"{v['median_share']:.2f}"
+    share = ("never" if v["judged_tasks"] else "n/a") if v["median_share"] is None else f"{v['median_share']:.2f}"
     sizes = f["sizes"]
     trainer = ", ".join(f"{k} {val}" for k, val in f["trainer"].items())
     return "\n\n".join(
         [
             f"Seeds {each(f['seeds'])}; per task {sizes['iterations']} iterations x {sizes['tasks']} tasks, "
             f"{sizes['eval_tasks']} held out; {f['evidence_rollouts_per_task']} evidence rollouts per task; trainer "
-            f"(every method): {trainer}; {f.get('jobs', 1)} tasks at a time in parallel processes.",
+            f"(every method): {trainer}."
+            + (
+                " **The run was stopped early; seeds per task (both methods finished):** "
+                + "; ".join(f"{t} {each(ss)}" for t, ss in f["seeds_per_task"].items())
+                + "."
+                if "seeds_per_task" in f
+                else ""
+            ),
             table(head, rows),
             table(
                 [
