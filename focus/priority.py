@@ -427,16 +427,7 @@ def node_view(
     mu = calibration.mean_tokens or 1.0
     gamma = values.gamma
     noise = calibration.noise
-    infl = t_infl = 0.0
-    if node.parent_edge is not None and values.value.get(i) is not None:
-        sp = segs[node.parent_edge]
-        p = tree.edges[node.parent_edge].parent
-        lam_p, m_p = values.critic_weight.get(p, 0.0), values.m.get(p, 0)
-        if m_p:
-            c = (1.0 - lam_p) * sp.discount / m_p
-            own = sp.discount - c
-            infl = (own * own * sp.tokens + c * c * (valid[p] - sp.tokens)) / mu
-            t_infl = sp.discount * sp.discount / m_p
+    infl, t_infl = _influence(tree, node, values, segs, valid, mu)
     sig = rest = plain = 0.0
     n = 0
     step, action = noise.step_var(node.depth), noise.action_var(node.depth)
@@ -457,29 +448,8 @@ def node_view(
     else:
         sig, rest, plain = action, fresh, fresh_target
     qs = values.child_q.get(i, ())
-    v = sig + rest
-    if len(qs) >= 2 and v > 0:
-        # how widely these children spread against the model: one pseudo-observation at 1
-        mean = sum(qs) / len(qs)
-        rho = (1.0 + sum((q - mean) ** 2 for q in qs) / v) / len(qs)
-        sig, rest = rho * sig, rho * rest
-    elif len(qs) == 1 and v > 0 and node.value is not None and math.isfinite(noise.critic_at(node.depth)):
-        # An only child shows no spread, but the critic's miss does: (v̂ − q)² has
-        # expectation t + v, so (v̂ − q)² − t estimates this checkpoint's own one-child
-        # variance, beside one pseudo-observation at the model. The depth's average no
-        # longer stands for every checkpoint at it: one whose child the critic predicted
-        # well expects accurate new segments, one it missed by far expects noisy ones
-        # (and a V(n) a sibling would improve more). The miss weighs as its precision
-        # against one degree of freedom of a spread, v²/(t + v)² (a squared deviation of
-        # variance t + v against one of variance v): with an exact critic a full degree
-        # of freedom; with one whose error dominates, little, since its miss is mostly
-        # the critic's error, and ranking on it picks the checkpoints where the critic
-        # happened to be right, whose residuals then understate t.
-        t = noise.critic_at(node.depth)
-        own = max((node.value - qs[0]) ** 2 - t, 0.0)
-        k = v * v / ((t + v) * (t + v))
-        rho = (1.0 + k * own / v) / (1.0 + k)
-        sig, rest = rho * sig, rho * rest
+    rho = _spread_factor(node, qs, sig + rest, noise)
+    sig, rest = rho * sig, rho * rest
     return NodeEvidence(
         tree_index=tree_index,
         node_id=i,
@@ -509,3 +479,46 @@ def node_view(
         target_weight=calibration.target_weight,
         rollout_transitions=calibration.mean_leaf_transitions,
     )
+
+
+def _influence(
+    tree: Tree, node: Node, values: TreeValues, segs: Mapping[int, Segment], valid: Mapping[int, float], mu: float
+) -> tuple[float, float]:
+    """How much V(n) moves the advantages above it, and the critic target of its parent
+    segment (see :func:`node_view`); 0 for a root or a node without a value."""
+    if node.parent_edge is None or values.value.get(node.id) is None:
+        return 0.0, 0.0
+    sp = segs[node.parent_edge]
+    p = tree.edges[node.parent_edge].parent
+    lam_p, m_p = values.critic_weight.get(p, 0.0), values.m.get(p, 0)
+    if not m_p:
+        return 0.0, 0.0
+    c = (1.0 - lam_p) * sp.discount / m_p
+    own = sp.discount - c
+    return (own * own * sp.tokens + c * c * (valid[p] - sp.tokens)) / mu, sp.discount * sp.discount / m_p
+
+
+def _spread_factor(node: Node, qs: Sequence[float], v: float, noise: NoiseModel) -> float:
+    """The factor on the model's child variances ``v`` that this checkpoint's own
+    evidence asks for: its children's spread, or an only child's critic miss."""
+    if len(qs) >= 2 and v > 0:
+        # how widely these children spread against the model: one pseudo-observation at 1
+        mean = sum(qs) / len(qs)
+        return (1.0 + sum((q - mean) ** 2 for q in qs) / v) / len(qs)
+    if len(qs) == 1 and v > 0 and node.value is not None and math.isfinite(noise.critic_at(node.depth)):
+        # An only child shows no spread, but the critic's miss does: (v̂ − q)² has
+        # expectation t + v, so (v̂ − q)² − t estimates this checkpoint's own one-child
+        # variance, beside one pseudo-observation at the model. The depth's average no
+        # longer stands for every checkpoint at it: one whose child the critic predicted
+        # well expects accurate new segments, one it missed by far expects noisy ones
+        # (and a V(n) a sibling would improve more). The miss weighs as its precision
+        # against one degree of freedom of a spread, v²/(t + v)² (a squared deviation of
+        # variance t + v against one of variance v): with an exact critic a full degree
+        # of freedom; with one whose error dominates, little, since its miss is mostly
+        # the critic's error, and ranking on it picks the checkpoints where the critic
+        # happened to be right, whose residuals then understate t.
+        t = noise.critic_at(node.depth)
+        own = max((node.value - qs[0]) ** 2 - t, 0.0)
+        k = v * v / ((t + v) * (t + v))
+        return (1.0 + k * own / v) / (1.0 + k)
+    return 1.0

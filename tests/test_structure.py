@@ -24,7 +24,6 @@ LONG_MODULES = {
 }
 #: Functions over the limit, and why they still are (the list may only shrink).
 LONG_FUNCTIONS = {
-    "focus/priority.py:node_view": "moves with the estimation split",
 }
 #: The pipeline's collection path, between the command line and the collector: the
 #: two ways in (direct, flow), the one collection function and its journal. The
