@@ -133,8 +133,9 @@ AllowPolicyChangeOpt = Annotated[
     bool,
     typer.Option(
         "--allow-policy-change",
-        help="Resume even if the model service now serves other weights than those that sampled the collection "
-        "(the batch then mixes two policies; its policy_version column says which row is which).",
+        help="Resume even if the model service now serves other weights than those that sampled the collection, "
+        "or the critic now predicts other values than the one that scored it (the batch then mixes two policies "
+        "or two critics; its policy_version column says which row came from which policy).",
     ),
 ]
 
