@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fixtures.loop import TINY_LOOP
 
 from storage import BatchStore, CheckpointStore
 from storage.weights import WeightStore
@@ -27,14 +28,7 @@ def loop_config(root: str, **extra):
         LOOP_TOML,
         overrides={
             "collection_id": "loop",
-            "env.n_tasks": 3,
-            "agent.max_steps": 4,
-            "search.phases.0.rollouts_per_task": 2,
-            "search.phases.1.transitions": 6,
-            "search.phases.1.wave_size": 3,
-            # an untrained critic predicting 0.3 gives every segment an advantage even when no
-            # rollout of a tiny batch succeeds, so every update changes the weights
-            "critic.options": {"buckets": 256, "hidden": 8, "default": 0.3},
+            **TINY_LOOP,
             "storage.root": root,
             "train.iterations": 2,
             "train.eval_tasks": 0,

@@ -13,6 +13,7 @@ import json
 import shutil
 
 import pytest
+from fixtures.loop import TINY_LOOP
 from test_relocate import upload
 from typer.testing import CliRunner
 
@@ -28,12 +29,7 @@ def loop(root: str, iterations: int):
 
     over = {
         "collection_id": "m",
-        "env.n_tasks": 3,
-        "agent.max_steps": 4,
-        "search.phases.0.rollouts_per_task": 2,
-        "search.phases.1.transitions": 6,
-        "search.phases.1.wave_size": 3,
-        "critic.options": {"buckets": 256, "hidden": 8, "default": 0.3},
+        **TINY_LOOP,
         "storage.root": root,
         "train.iterations": iterations,
         "train.eval_tasks": 2,

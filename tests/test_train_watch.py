@@ -20,6 +20,7 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+from fixtures.loop import TINY_LOOP
 from rich.console import Console
 
 from flows.loop_progress import (
@@ -50,12 +51,7 @@ def png_points(data: bytes) -> dict[str, list]:
 def small(root: Path, **extra: object) -> object:
     over = {
         "collection_id": "w",
-        "env.n_tasks": 3,
-        "agent.max_steps": 4,
-        "search.phases.0.rollouts_per_task": 2,
-        "search.phases.1.transitions": 6,
-        "search.phases.1.wave_size": 3,
-        "critic.options": {"buckets": 256, "hidden": 8, "default": 0.3},
+        **TINY_LOOP,
         "storage.root": str(root),
         "train.iterations": 2,
         "train.eval_tasks": 4,
@@ -131,12 +127,7 @@ def _command(root: Path) -> list[str]:
     cmd = [sys.executable, "-m", "cli", "train", "-c", str(LOOP_TOML), "--collection-id", "w", "--json"]
     for key, value in {
         "storage.root": str(root),
-        "env.n_tasks": 3,
-        "agent.max_steps": 4,
-        "search.phases.0.rollouts_per_task": 2,
-        "search.phases.1.transitions": 6,
-        "search.phases.1.wave_size": 3,
-        "critic.options": {"buckets": 256, "hidden": 8, "default": 0.3},
+        **TINY_LOOP,
         "train.iterations": 2,
         "train.eval_tasks": 4,
         "progress": True,
