@@ -1,6 +1,8 @@
 """Where search continues: search phases, and priorities over eligible checkpoints.
 
-A search configuration is a :class:`Priority` carrying a list of :class:`Phase`. The
+A search configuration is a :class:`Priority` carrying a list of :class:`Phase`; one
+name holds for it everywhere: ``search`` (``Collector(search=...)``, the ``[search]``
+config section, ``FocusConfig.build_search()``), with ``Priority`` the interface's. The
 first phase may be an *evidence* phase (``rollouts_per_task`` complete rollouts from
 each root); every other phase spends a task-transition budget in waves of
 continuations from the checkpoints that rank highest.
@@ -10,8 +12,9 @@ critic's prediction, the backed-up values of its children, the modelled variance
 one more continuation, depth, branches and influence - and returns a number; higher
 is continued first. Collection-wide quantities the view depends on (the noise model,
 the mean segment length) come from a :class:`Calibration`, which search refits when
-the waves and the evidence have both doubled (:meth:`focus.search.SearchState.calibration`). Planning itself (which jobs a wave runs) is
-the pure function :func:`focus.search.plan_wave`.
+the waves and the evidence have both doubled
+(:meth:`focus.search.SearchState.calibration`). Planning itself (which jobs a wave
+runs) is the pure function :func:`focus.search.plan_wave`.
 """
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ def build_collector(config: FocusConfig, agent: Agent, execution: Any = None) ->
 
     return Collector(
         agent,
-        search=config.priority(),
+        search=config.build_search(),
         critic=build_critic(config),
         estimator=build_estimator(config),
         execution=execution

@@ -144,7 +144,7 @@ class SearchConfig(_Model):
     """The search and its phases (:class:`focus.priority.Phase`, validated the same way).
 
     The search ranks with the estimator's γ, truncation rule and critic weight (one of
-    each per collection): :meth:`FocusConfig.priority`.
+    each per collection): :meth:`FocusConfig.build_search`.
     """
 
     kind: Literal["selective", "uniform"] = "selective"
@@ -156,11 +156,11 @@ class SearchConfig(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> SearchConfig:
-        self.priority()  # the search's own rules: evidence first, unique names
+        self.build_search()  # the search's own rules: evidence first, unique names
         return self
 
-    def priority(self) -> Priority:
-        """The search alone; :meth:`FocusConfig.priority` adds the estimator's settings."""
+    def build_search(self) -> Priority:
+        """The search alone; :meth:`FocusConfig.build_search` adds the estimator's settings."""
         cls = Selective if self.kind == "selective" else Uniform
         return cls(phases=tuple(self.phases), waves_in_flight=self.waves_in_flight)
 
@@ -360,10 +360,10 @@ class FocusConfig(_Model):
 
         return build_collector(self, agent, execution)
 
-    def priority(self) -> Priority:
+    def build_search(self) -> Priority:
         """The search as the collector runs it: the estimator's γ, truncation rule and
         critic weight filled in (what replaying stored waves must plan with, too)."""
-        return self.search.priority().resolved(self.build_estimator())
+        return self.search.build_search().resolved(self.build_estimator())
 
 
 # ---- dotted names: how files, variables, --set and the docs address a field ----
