@@ -237,16 +237,25 @@ def test_focus_train_into_a_pipe_is_quiet(tmp_path):
 
 @pytest.mark.timeout(400)
 def test_the_flow_publishes_the_picture_as_an_artifact(prefect_api, tmp_path):
-    """On the Prefect path the picture is also an artifact of the run, with a table."""
+    """On the Prefect path the picture is also an artifact of the run, with a table, and
+    off a terminal the stage lines are in the run's log (what the UI shows)."""
     import asyncio
     import base64
 
     from prefect import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
 
     from flows.train_loop import train_loop
 
-    records = asyncio.run(train_loop(small(tmp_path / "store", **{"train.iterations": 1, "progress": False})))
+    async def run() -> tuple[object, list[dict[str, object]]]:
+        state = await train_loop(
+            small(tmp_path / "store", **{"train.iterations": 1, "progress": True}), return_state=True
+        )
+        await APILogHandler.aflush()  # the run's log lines are sent in batches
+        return state.state_details.flow_run_id, await state.result()
+
+    run_id, records = asyncio.run(run())
 
     async def artifacts() -> dict[str, object]:
         async with get_client() as client:
@@ -254,6 +263,19 @@ def test_the_flow_publishes_the_picture_as_an_artifact(prefect_api, tmp_path):
                 artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["w-success", "w-success-plot"]))
             )
         return {a.key: a.data for a in found}
+
+    async def logged() -> list[str]:
+        async with get_client() as client:
+            found = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+        return [g.message for g in found]
+
+    messages = asyncio.run(logged())
+    for line in (
+        r"iteration 0: collect w-it0",
+        r"iteration 0: trained \d+ steps, loss",
+        r"version 1: held-out success",
+    ):
+        assert any(re.match(line, m) for m in messages), (line, messages)
 
     got = asyncio.run(artifacts())
     table = got["w-success"]
