@@ -187,7 +187,8 @@ class LoopProgress:
     def trained(self, i: int, trained: dict[str, Any]) -> None:
         m = trained.get("metrics") or {}
         steps, loss = m.get("train_steps"), m.get("train_loss")
-        what = (f" {steps:.0f} steps" if steps else "") + (f", loss {loss:.4g}" if loss is not None else "")
+        what = f" {steps:.0f} step{'' if steps == 1 else 's'}" if steps else ""
+        what += f", loss {loss:.4g}" if loss is not None else ""
         how = "recorded" if trained.get("reused") else f"{trained.get('wall_s', 0.0):.1f} s"
         self.say(f"iteration {i}: trained{what} ({how})")
 
