@@ -18,6 +18,7 @@ import contextlib
 import io
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,17 @@ def row_line(cells: list[str]) -> str:
 
 def header_line() -> str:
     return row_line([h for h, _ in COLUMNS])
+
+
+def stage_count(done: int, total: int | None, unit: str) -> str:
+    """``done/total unit`` (pure). A stage may end past its estimate: the count never
+    shows more than its total."""
+    return f"{done}/{max(total, done)} {unit}" if total else f"{done} {unit}"
+
+
+def log_due(last: float, now: float, every_s: float) -> bool:
+    """Whether a stage that last logged at ``last`` logs again at ``now`` (pure)."""
+    return now - last >= every_s
 
 
 def success_points(records: list[dict[str, Any]]) -> list[tuple[int, float]]:
@@ -95,7 +107,8 @@ class LoopProgress:
         *,
         enabled: bool = True,
         console: Console | None = None,
-        log: logging.Logger | None = None,
+        log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+        log_every_s: float = 10.0,
     ) -> None:
         from flows.progress import console as default_console
 
@@ -112,6 +125,8 @@ class LoopProgress:
         self.lines: list[str] = []
         #: Where the picture went (``None`` until one is written).
         self.picture: str | None = None
+        #: Off a terminal, a long stage logs how far it is this often (seconds).
+        self.log_every_s = log_every_s
 
     def say(self, line: str) -> None:
         self.lines.append(line)
@@ -145,10 +160,8 @@ class LoopProgress:
         task = bar.add_task(label, total=None, count="", note="")
 
         def report(done: int, total: int | None = None, note: str = "") -> None:
-            # a stage may end past its estimate: the count never shows more than its total
             shown_total = max(total, done) if total else None
-            count = f"{done}/{shown_total} {unit}" if shown_total else f"{done} {unit}"
-            bar.update(task, completed=done, total=shown_total, count=count, note=note)
+            bar.update(task, completed=done, total=shown_total, count=stage_count(done, total, unit), note=note)
 
         with bar:
             yield report
@@ -156,18 +169,26 @@ class LoopProgress:
     @contextlib.contextmanager
     def training(self, i: int) -> Iterator[Callable[..., None]]:
         """The training stage of iteration ``i``; yields what a trainer reports to
-        (``report(step=, total=, loss=)``, :class:`tasks.trainers.TrainContext`)."""
+        (``report(step=, total=, loss=)``, :class:`tasks.trainers.TrainContext`): the
+        live line's count and latest loss on a terminal; elsewhere a log line at most
+        every :attr:`log_every_s` (none for a training shorter than that)."""
+        last = [time.monotonic()]
         with self.live(f"iteration {i}: train", "steps") as update:
 
             def report(step: int, total: int | None = None, loss: float | None = None) -> None:
-                update(step, total, f"loss {loss:.4g}" if loss is not None else "")
+                note = f"loss {loss:.4g}" if loss is not None else ""
+                update(step, total, note)
+                if self.enabled and not self.interactive and log_due(last[0], time.monotonic(), self.log_every_s):
+                    last[0] = time.monotonic()
+                    self.say(f"iteration {i}: train {stage_count(step, total, 'steps')}{', ' + note if note else ''}")
 
             yield report
 
     def trained(self, i: int, trained: dict[str, Any]) -> None:
         m = trained.get("metrics") or {}
         steps, loss = m.get("train_steps"), m.get("train_loss")
-        what = (f" {steps:.0f} steps" if steps else "") + (f", loss {loss:.4g}" if loss is not None else "")
+        what = f" {steps:.0f} step{'' if steps == 1 else 's'}" if steps else ""
+        what += f", loss {loss:.4g}" if loss is not None else ""
         how = "recorded" if trained.get("reused") else f"{trained.get('wall_s', 0.0):.1f} s"
         self.say(f"iteration {i}: trained{what} ({how})")
 

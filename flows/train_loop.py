@@ -121,8 +121,9 @@ async def train_loop(config: ConfigParameter = None) -> list[dict[str, Any]]:
     Async like :func:`flows.collect.collect`: ``asyncio.run(train_loop(config))``.
     """
     config = collection_id_for_run(config_at_runtime(config))
-    get_run_logger().info("train loop %s", config.collection_id)
-    progress = LoopProgress(config, enabled=config.progress)
+    log = get_run_logger()
+    log.info("train loop %s", config.collection_id)
+    progress = LoopProgress(config, enabled=config.progress, log=log)  # off a terminal: lines in the UI
     with heartbeats(config.execution.heartbeat_s):  # and closes what crashed attempts left Running
         records = await run_loop(config, PrefectSteps(), progress)
     if progress.picture is not None:

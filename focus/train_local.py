@@ -31,7 +31,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -116,6 +116,28 @@ class TrainStats:
     final_kl: float = 0.0
     #: The update stopped at ``target_kl`` before its last epoch.
     stopped_early: bool = False
+
+
+@dataclass(frozen=True)
+class UpdateStep:
+    """One optimizer step, given to ``on_step`` as it is taken (what a watcher shows).
+
+    ``step`` counts the update's steps so far, this one included; ``total`` is what it
+    plans, epochs x minibatches (it may stop at ``target_kl`` before, and undo its last
+    epoch: :attr:`TrainStats.steps` is the count that stands); the rest are the minibatch's.
+    """
+
+    step: int
+    total: int
+    epoch: int
+    loss: float
+    approx_kl: float
+    ratio: float
+    clip_fraction: float
+
+
+#: Called once per optimizer step, in the training thread; it must be cheap.
+StepHook = Callable[[UpdateStep], None]
 
 
 @dataclass(frozen=True)
@@ -291,8 +313,9 @@ class PolicyTrainer:
         for group in self.optimizer.param_groups:
             group["lr"], group["weight_decay"] = self.config.lr, self.config.weight_decay
 
-    def update(self, batch: Batch) -> TrainStats:
-        """Several epochs of clipped policy gradient over the batch's actor sequences."""
+    def update(self, batch: Batch, on_step: StepHook | None = None) -> TrainStats:
+        """Several epochs of clipped policy gradient over the batch's actor sequences;
+        ``on_step`` is told of each optimizer step (:class:`UpdateStep`)."""
         import torch
 
         cfg = self.config
@@ -312,7 +335,7 @@ class PolicyTrainer:
         torch.set_flush_denormal(True)
         torch.set_num_threads(cfg.torch_threads)
         try:
-            losses, agg, steps = self._epochs(seqs, scale, random.Random(f"{cfg.seed}/{self.updates}"))
+            losses, agg, steps = self._epochs(seqs, scale, random.Random(f"{cfg.seed}/{self.updates}"), on_step)
             final_kl = self._kl(seqs)
         finally:
             torch.set_num_threads(threads)
@@ -334,7 +357,7 @@ class PolicyTrainer:
         )
 
     def _epochs(
-        self, seqs: Sequence[TokenSequence | Packed], scale: float, rng: random.Random
+        self, seqs: Sequence[TokenSequence | Packed], scale: float, rng: random.Random, on_step: StepHook | None
     ) -> tuple[list[float], dict[str, float], int]:
         import torch
 
@@ -367,6 +390,8 @@ class PolicyTrainer:
                 for k in agg:
                     agg[k] += stats[k]
                 steps += 1
+                if on_step is not None:
+                    on_step(UpdateStep(steps, cfg.epochs * len(chunks), epoch, losses[-1], **stats))
             if cfg.target_kl is not None:
                 # a minibatch's KL understates the batch's after steps on the others:
                 # check the whole batch once an epoch, and undo an epoch that overshot
@@ -493,12 +518,16 @@ def fit_critic(critic: Critic, batch: Batch) -> dict[str, Any]:
 
 
 def train_iteration(
-    trainer: PolicyTrainer, critic: Critic | None, batch: Batch, weights_path: str | os.PathLike[str]
+    trainer: PolicyTrainer,
+    critic: Critic | None,
+    batch: Batch,
+    weights_path: str | os.PathLike[str],
+    on_step: StepHook | None = None,
 ) -> dict[str, Any]:
-    """One training step of the loop: update the policy, fit the critic (if it is
-    trainable), write the new weights to ``weights_path``. Returns the new policy
-    version and what the update and the fit did."""
-    stats = trainer.update(batch)
+    """One training step of the loop: update the policy (telling ``on_step`` of each
+    optimizer step), fit the critic (if it is trainable), write the new weights to
+    ``weights_path``. Returns the new policy version and what the update and the fit did."""
+    stats = trainer.update(batch, on_step)
     fitted = fit_critic(critic, batch) if critic is not None else {"fitted": False, "rows": 0}
     version = trainer.save(weights_path)
     return {"policy_version": version, "train": asdict(stats), "critic": fitted}

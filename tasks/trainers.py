@@ -144,9 +144,9 @@ def local_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainRes
         critic = LocalCritic.load(ctx.critic) if ctx.critic else cfg.build_critic()
     work = Path(ctx.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    if ctx.report is not None:
-        _report_steps(trainer, batch, update, ctx.report)
-    out = train_iteration(trainer, critic, batch, work / "policy.pt")
+    report = ctx.report
+    on_step = (lambda s: report(s.step, s.total, s.loss)) if report is not None else None
+    out = train_iteration(trainer, critic, batch, work / "policy.pt", on_step)
     files = {"policy.pt": (work / "policy.pt").read_bytes(), "optimizer.pt": trainer.state_bytes()}
     if critic is not None and out["critic"]["fitted"]:
         critic.save(str(work / "critic.pt"))
@@ -163,30 +163,6 @@ def local_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainRes
         critic=f"{folder}/critic.pt" if "critic.pt" in files else ctx.critic,
         state=f"{folder}/optimizer.pt",
     )
-
-
-def _report_steps(trainer: Any, batch: Any, update: Any, report: Callable[..., None]) -> None:
-    """Report each optimizer step of ``trainer`` (and the total the update will take:
-    epochs x minibatches of the sequences it trains on) to ``report``. The loss of a
-    step is the trainer's own business; the step's count is what a watcher needs to see
-    it is alive and how far it is."""
-    from focus.exporters import actor_sequences
-    from focus.train_local import pack_prefixes
-
-    raw = actor_sequences(batch)
-    n = len(pack_prefixes(raw)) if update.pack else len(raw)
-    total = update.epochs * -(-n // update.minibatch)
-    step = trainer.optimizer.step
-    done = [0]
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        out = step(*args, **kwargs)
-        done[0] += 1
-        report(done[0], total)
-        return out
-
-    trainer.optimizer.step = counted
-    report(0, total)
 
 
 def tinker_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainResult:

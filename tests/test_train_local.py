@@ -1,10 +1,12 @@
 """focus.train_local: the clipped policy-gradient update, prefix packing, bit-for-bit
-reproducible updates that resume from saved state, and one training iteration against
-a real embedded model server (weights change, the served version advances)."""
+reproducible updates that resume from saved state, the report of each optimizer step,
+and one training iteration against a real embedded model server (weights change, the
+served version advances)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import pytest
@@ -18,6 +20,7 @@ from focus.tinylm.model import load, prompt_logprobs
 from focus.train_local import (
     PolicyTrainer,
     UpdateConfig,
+    UpdateStep,
     clipped_loss,
     evaluate,
     pack_prefixes,
@@ -110,6 +113,28 @@ def _toy_batch(iteration, completions):
     prompt = CODEC.render([Message("user", f"Reach {7 + iteration}. Total 0.")])
     rows = [_row(prompt, [ord(d), ByteCodec.EOT], [-2.2, -0.01], adv, i) for i, (d, adv) in enumerate(completions)]
     return Batch("c", iteration, rows)
+
+
+def test_each_optimizer_step_is_reported_and_the_report_changes_nothing():
+    batch = _toy_batch(0, [("7", 1.0), ("3", -1.0), ("8", 0.5)])
+    cfg = UpdateConfig(lr=3e-3, epochs=2, minibatch=2)
+    seen: list[UpdateStep] = []
+    watched, plain = PolicyTrainer(config=cfg), PolicyTrainer(config=cfg)
+    stats = watched.update(batch, seen.append)
+    alone = plain.update(batch)
+    # 3 sequences (no shared prefix to pack) in minibatches of 2: 2 steps an epoch
+    assert [(s.step, s.total, s.epoch) for s in seen] == [(1, 4, 0), (2, 4, 0), (3, 4, 1), (4, 4, 1)]
+    # the update's figures are these steps' figures: the same floats summed in the same order
+    assert stats.steps == 4 and stats.loss == sum(s.loss for s in seen) / 4
+    assert stats.approx_kl == sum(s.approx_kl for s in seen) / 4
+    assert stats.clip_fraction == sum(s.clip_fraction for s in seen) / 4
+    assert all(math.isfinite(s.loss) and s.ratio > 0 for s in seen)
+    # watching changes nothing: the same figures and bit for bit the same weights
+    assert dataclasses.replace(stats, wall_s=0.0) == dataclasses.replace(alone, wall_s=0.0)
+    for a, b in zip(watched.model.state_dict().values(), plain.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        seen[0].loss = 0.0  # type: ignore[misc]
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from flows.loop_progress import (
     PICTURE,
     LoopProgress,
     header_line,
+    log_due,
     row_cells,
     row_line,
     success_png,
@@ -99,6 +100,32 @@ def test_a_stage_never_shows_more_than_its_total(tmp_path):
     assert "7/7 steps" in text and "/4 steps" not in text
 
 
+def test_the_train_line_shows_steps_and_loss_within_80_columns(tmp_path):
+    from test_progress_tty import strip_ansi
+
+    console = Console(file=StringIO(), force_terminal=True, width=80)
+    show = LoopProgress(small(tmp_path), console=console)
+    with show.training(12) as report:
+        report(1234, 5678, -1.2345678e-05)  # the widest a tiny-model update gets, and then some
+    # the last state is drawn when the stage ends, whatever the refresh timer did
+    lines = strip_ansi(console.file.getvalue()).replace("\r", "\n").split("\n")  # type: ignore[attr-defined]
+    shown = [ln for ln in lines if "1234/5678 steps" in ln]
+    assert shown and all("loss -1.235e-05" in ln and len(ln) <= 80 for ln in shown), shown
+    assert all(len(ln) <= 80 for ln in lines)
+
+
+def test_off_a_terminal_a_long_training_logs_how_far_it_is(tmp_path, caplog):
+    console = Console(file=StringIO(), force_terminal=False, width=80)
+    show = LoopProgress(small(tmp_path), console=console, log_every_s=0.0)  # every report is due
+    with caplog.at_level("INFO", logger="focus.train"), show.training(0) as report:
+        report(1, 3, 0.25)
+        report(2, 3)
+    assert show.lines == ["iteration 0: train 1/3 steps, loss 0.25", "iteration 0: train 2/3 steps"]
+    assert "iteration 0: train 1/3 steps, loss 0.25" in caplog.text
+    assert console.file.getvalue() == ""  # type: ignore[attr-defined]
+    assert not log_due(100.0, 109.9, 10.0) and log_due(100.0, 110.0, 10.0)
+
+
 def test_quiet_in_a_pipe_and_with_progress_off(tmp_path, caplog):
     cfg = small(tmp_path)
     record = {"iteration": 0, "policy_version": "a" * 16, "eval": {"success_rate": 0.5, "reused": True}}
@@ -113,6 +140,7 @@ def test_quiet_in_a_pipe_and_with_progress_off(tmp_path, caplog):
             show.row(record)
         assert console.file.getvalue() == ""  # type: ignore[attr-defined]
         assert ("iteration 0: collect w-it0" in caplog.text) is enabled  # the log file has it
+        assert "train 1/2" not in caplog.text  # a training shorter than log_every_s logs no count
         caplog.clear()
     # a reused evaluation draws no picture; finish draws the missing one
     assert show.picture is None
@@ -155,7 +183,8 @@ def test_focus_train_on_a_terminal_shows_each_stage_rows_and_a_picture(tmp_path)
     for i in (0, 1):
         for stage in (f"iteration {i}: collect w-it{i}", f"iteration {i}: trained", f"iteration {i}: publish version"):
             assert stage in plain, (stage, plain[-3000:])
-        assert f"iteration {i}: train" in plain and re.search(rf"iteration {i}: train.*?\d+/\d+ steps", plain)
+        # the train line counts the trainer's optimizer steps and shows the latest loss
+        assert re.search(rf"iteration {i}: train.*?\d+/\d+ steps loss -?\d", plain), plain[-3000:]
     assert "0.evidence" in plain and "1.continue" in plain  # the collection's bars
     assert re.search(r"version 2: evaluate.*?4/4 episodes", plain), plain[-3000:]
     assert "starting the model server" in plain
@@ -208,16 +237,25 @@ def test_focus_train_into_a_pipe_is_quiet(tmp_path):
 
 @pytest.mark.timeout(400)
 def test_the_flow_publishes_the_picture_as_an_artifact(prefect_api, tmp_path):
-    """On the Prefect path the picture is also an artifact of the run, with a table."""
+    """On the Prefect path the picture is also an artifact of the run, with a table, and
+    off a terminal the stage lines are in the run's log (what the UI shows)."""
     import asyncio
     import base64
 
     from prefect import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
 
     from flows.train_loop import train_loop
 
-    records = asyncio.run(train_loop(small(tmp_path / "store", **{"train.iterations": 1, "progress": False})))
+    async def run() -> tuple[object, list[dict[str, object]]]:
+        state = await train_loop(
+            small(tmp_path / "store", **{"train.iterations": 1, "progress": True}), return_state=True
+        )
+        await APILogHandler.aflush()  # the run's log lines are sent in batches
+        return state.state_details.flow_run_id, await state.result()
+
+    run_id, records = asyncio.run(run())
 
     async def artifacts() -> dict[str, object]:
         async with get_client() as client:
@@ -225,6 +263,19 @@ def test_the_flow_publishes_the_picture_as_an_artifact(prefect_api, tmp_path):
                 artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["w-success", "w-success-plot"]))
             )
         return {a.key: a.data for a in found}
+
+    async def logged() -> list[str]:
+        async with get_client() as client:
+            found = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+        return [g.message for g in found]
+
+    messages = asyncio.run(logged())
+    for line in (
+        r"iteration 0: collect w-it0",
+        r"iteration 0: trained \d+ steps?, loss",
+        r"version 1: held-out success",
+    ):
+        assert any(re.match(line, m) for m in messages), (line, messages)
 
     got = asyncio.run(artifacts())
     table = got["w-success"]
