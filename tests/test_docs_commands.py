@@ -132,7 +132,7 @@ COMMANDS: dict[str, Check] = {
     "/models/qwen3-4b/tokenizer.json --out s3://bucket/focus": Check("external", SERVER + ", and its tokenizer"),
     ".venv/bin/python -m examples.browse.run --questions 4 --out /tmp/focus-browse": Check(
         "parse",
-        "about 10 minutes on the tiny model (its record has the time); tests/test_examples_browse.py runs it small",
+        "minutes on the tiny model (its record has the time); tests/test_examples_browse.py runs it small",
     ),
     ".venv/bin/python -m examples.browse.run --model-url http://127.0.0.1:8000 --tokenizer /models/qwen/tokenizer.json": Check(
         "external", SERVER + ", and its tokenizer"
