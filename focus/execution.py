@@ -165,11 +165,11 @@ def check_responses(rollouts: Sequence[Rollout], where: str, wave: tuple[int, in
     bad = [r.leaf.cause for r in rollouts if is_bad_response(r)]
     if bad:
         causes = Counter(c.removeprefix(f"{BAD_RESPONSE}:").strip()[:160] for c in bad).most_common(3)
-        raise BadResponses(
+        raise BadResponses(  # what to do before the causes: a long line is cut at its end
             f"bad responses: {len(bad)} of {len(rollouts)} rollouts of {where} got an answer that cannot be used on "
-            f"each of their {1 + BAD_RESPONSE_RERUNS} runs ({'; '.join(f'{n}x {c}' for c, n in causes)}); the "
-            "collection stops there, its finished rollouts are kept: rerun with the same collection id to run "
-            "them again",
+            f"each of their {1 + BAD_RESPONSE_RERUNS} runs; the collection stops there, its finished rollouts are "
+            f"kept: rerun with the same collection id to run them again (by cause: "
+            f"{'; '.join(f'{n}x {c}' for c, n in causes)})",
             rollouts,
             wall_s,
             wave,

@@ -15,6 +15,7 @@ answers (``overlong``), replaces ids (``foreign_id``) or drops a log-prob
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pyarrow.compute as pc
@@ -160,7 +161,7 @@ def test_a_bad_answer_on_every_run_stops_the_collection_and_a_rerun_replays_it(l
         assert line.startswith("bad responses: 2 of 12 rollouts of phase evidence wave 0 got an answer that ")
         assert "1x 21 tokens sampled where max_tokens = 8 were asked" in line
         assert "1x sampled token id 70000 at position 0 is outside the vocabulary" in line
-        assert line.endswith("rerun with the same collection id to run them again") and "\n" not in line
+        assert "rerun with the same collection id to run them again (by cause: " in line and "\n" not in line
         assert sorted(store.list(cid)) == [("0.evidence.unfinished", 0), ("config", 0), ("critic", 0)]
 
         # the rerun runs the two again (fine now), goes on, and meets a bad answer in the
@@ -226,3 +227,39 @@ def test_a_passing_bad_answer_is_run_again_and_the_batch_is_a_clean_runs(local_m
     got = BatchStore(root).read(out["batch_url"])
     assert got.stats["failed_rollouts"] == 0 and not got.stats.get("failed_bad_response")
     assert rows(got) == rows(clean)
+
+
+def test_through_prefect_the_run_fails_in_one_line_and_a_rerun_replays_it(local_model_server, prefect_api, tmp_path):
+    """The ``collect`` flow (an evidence phase only, to keep it short): the run fails with
+    the line saying how to replay (the flow run's state message), and the rerun replays
+    the evidence's bad responses only."""
+    from prefect.client.orchestration import get_client
+
+    from flows.collect import collect
+
+    root = str(tmp_path)
+    small = {
+        "env.n_tasks": 2,
+        "search.phases": [{"name": "evidence", "rollouts_per_task": 3}],
+        "execution.max_concurrency": 1,
+        "execution.max_outage_share": 0.5,
+    }
+    with FaultProxy(local_model_server.url) as proxy:
+        cfg = config(root, "flow-replay", proxy.url, **small)
+        proxy.queue("overlong", RUNS)
+        with pytest.raises(BadResponses, match=r"^bad responses: 1 of 6 rollouts of phase evidence wave 0 .*rerun"):
+            asyncio.run(collect(cfg))
+        assert sorted(CheckpointStore(root).list("flow-replay"))[0] == ("0.evidence.unfinished", 0)
+
+        async def last_run():  # type: ignore[no-untyped-def]
+            async with get_client() as client:
+                (run,) = await client.read_flow_runs(limit=1, sort="EXPECTED_START_TIME_DESC")
+                return run
+
+        run = asyncio.run(last_run())
+        assert run.state.is_failed() and "BadResponses: bad responses: 1 of 6 rollouts" in (run.state.message or "")
+        out = asyncio.run(collect(cfg))
+        assert proxy.pending() == 0
+    got = BatchStore(root).read(out["batch_url"])
+    assert out["stats"]["steps_reused"] == 2  # the config check and the unfinished evidence
+    assert got.stats["failed_rollouts"] == 0 and got.stats["rollouts"] == 6
