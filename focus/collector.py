@@ -17,7 +17,8 @@ At each step boundary the loop consults a :class:`~focus.journal.Journal`: a ste
 holds is replayed, one it lacks is computed and recorded. The pipeline's journal
 writes to its checkpoint store, so a rerun after a crash continues after the last
 recorded step. Every step is a function of its inputs and the collection seed, so a
-resumed collection rebuilds the same trees and the same batch.
+resumed collection rebuilds the same trees and the same batch. A wave whose rollouts got
+bad responses on every run stops the loop, kept as ``unfinished`` (:mod:`focus.journal`).
 
 With ``Execution(streaming=True)``, ``run_search`` runs each continuation phase with
 :meth:`Collector.stream_phase` instead of in waves: no barrier, results depend on the
