@@ -29,6 +29,7 @@ SELF_EXPLAINED = frozenset(
         "EnvError",
         "CollectionFailed",
         "ModelServiceOutage",
+        "BadResponses",
         "ModelServiceError",
         "CollectionLocked",
         "LeaseHeld",

@@ -51,6 +51,7 @@ _EXPORTS = {
     "Uniform": "focus.priority",
     "Execution": "focus.execution",
     "ModelServiceOutage": "focus.execution",
+    "BadResponses": "focus.execution",
     "Usage": "focus.usage",
     "DirectBranchTd": "focus.estimation",
 }

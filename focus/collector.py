@@ -17,7 +17,8 @@ At each step boundary the loop consults a :class:`~focus.journal.Journal`: a ste
 holds is replayed, one it lacks is computed and recorded. The pipeline's journal
 writes to its checkpoint store, so a rerun after a crash continues after the last
 recorded step. Every step is a function of its inputs and the collection seed, so a
-resumed collection rebuilds the same trees and the same batch.
+resumed collection rebuilds the same trees and the same batch. A wave whose rollouts got
+bad responses on every run stops the loop, kept as ``unfinished`` (:mod:`focus.journal`).
 
 With ``Execution(streaming=True)``, ``run_search`` runs each continuation phase with
 :meth:`Collector.stream_phase` instead of in waves: no barrier, results depend on the
@@ -30,7 +31,6 @@ import asyncio
 import gc
 import logging
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -40,7 +40,7 @@ from focus.batch import Batch, BatchBuilder
 from focus.critic import ConstantCritic, Critic, check_predictions
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, critic_targets, truncated_segments
-from focus.execution import Execution, check_outage
+from focus.execution import BadResponses, Execution, check_outage, check_responses, is_bad_response
 from focus.journal import (
     EVIDENCE,
     EVIDENCE_SCORES,
@@ -50,6 +50,7 @@ from focus.journal import (
     WaveRollouts,
     end_step,
     scores_step,
+    unfinished_step,
     wave_step,
 )
 from focus.priority import Priority, Selective
@@ -60,6 +61,7 @@ from focus.search import (
     WavePlan,
     WaveRecord,
     graft,
+    plan_ahead,
     plan_next,
     plan_refill,
     plan_wave,
@@ -67,8 +69,8 @@ from focus.search import (
     unscored,
     with_predictions,
 )
+from focus.statistics import collection_statistics, warn_failures
 from focus.tree import Tree
-from focus.usage import FAILURE_KINDS, Usage, failure_kind, wall_of
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -181,13 +183,47 @@ class Collector:
 
     async def run_evidence(self, tasks: Sequence[Task], journal: Journal | None = None) -> SearchState:
         """:meth:`evidence`, scored; each of the two steps taken from ``journal`` when it
-        is recorded there, else computed and recorded."""
+        is recorded there, else computed and recorded (evidence recorded unfinished: its
+        rollouts that got bad responses run again, :meth:`rerun`)."""
         journal = journal if journal is not None else NoJournal()
         state = await journal.recorded(EVIDENCE)
         if state is None:
-            state = await self.evidence(tasks)
+            state = await self._evidence(tasks, journal)
             await journal.record(EVIDENCE, state)
         return await self._scored(state, EVIDENCE_SCORES, journal)
+
+    async def _evidence(self, tasks: Sequence[Task], journal: Journal) -> SearchState:
+        partial = await journal.recorded(unfinished_step(0, 0)) if self.search.phases[0].is_evidence else None
+        if partial is None:
+            try:
+                return await self.evidence(tasks)
+            except BadResponses as e:
+                await journal.record(unfinished_step(*e.wave), WaveRollouts(e.rollouts, e.wall_s))
+                raise
+        state = await self.start(tasks)
+        plan = self.plan_wave(state, 0, 0)
+        done = await self.rerun(plan, partial)
+        return await _off_loop(graft, state, plan, done.rollouts, self.search.phases[0].name, done.wall_s)
+
+    async def rerun(self, plan: WavePlan, partial: WaveRollouts) -> WaveRollouts:
+        """``partial`` (what a wave that got bad responses left, in ``plan``'s job order)
+        with the rollouts that got them run again from their jobs; raises
+        :class:`~focus.execution.BadResponses` if some still do."""
+        if len(plan.jobs) != len(partial.rollouts):
+            raise ValueError(
+                f"the unfinished wave {plan.wave_index} of phase {plan.phase_index} holds {len(partial.rollouts)} "
+                f"rollouts, the search plans {len(plan.jobs)}: it does not belong to this configuration and seed"
+            )
+        todo = [i for i, r in enumerate(partial.rollouts) if is_bad_response(r)]
+        t0 = time.perf_counter()
+        redone = await self.execution.run(self.agent, [plan.jobs[i] for i in todo])
+        check_outage(redone, self.execution.max_outage_share)
+        rollouts = list(partial.rollouts)
+        for i, ro in zip(todo, redone, strict=True):
+            rollouts[i] = ro
+        wall = partial.wall_s + time.perf_counter() - t0
+        check_responses(rollouts, _wave_name(self.search, plan), (plan.phase_index, plan.wave_index), wall)
+        return WaveRollouts(tuple(rollouts), wall)
 
     async def predict(self, state: SearchState) -> Predictions:
         """Critic predictions ``{(tree, node): (value, std)}`` for the checkpoints and
@@ -219,17 +255,19 @@ class Collector:
         """Wait for a launched wave and graft its rollouts (no scoring).
 
         Raises :class:`focus.execution.ModelServiceOutage` (grafting nothing) when too
-        many of its rollouts failed because the model service was out. ``since``: when
-        the wave's elapsed time starts (default: its launch).
+        many of its rollouts failed because the model service was out, and
+        :class:`focus.execution.BadResponses` (grafting nothing) when any got bad
+        responses. ``since``: when the wave's elapsed time starts (default: its launch).
         """
         rollouts = await launched.task
         check_outage(rollouts, self.execution.max_outage_share)
         now = time.perf_counter()
         wall = now - (launched.t0 if since is None else since)
         plan = launched.plan
+        check_responses(rollouts, _wave_name(self.search, plan), (plan.phase_index, plan.wave_index), wall)
         phase = self.search.phases[plan.phase_index]
         new = await _off_loop(graft, state, plan, rollouts, phase.name, wall)
-        _warn_failures(phase.name, plan.wave_index, rollouts)
+        warn_failures(phase.name, plan.wave_index, rollouts)
         return new, Landed(plan, tuple(rollouts), wall)
 
     async def run_rollouts(self, state: SearchState, plan: WavePlan) -> SearchState:
@@ -340,7 +378,7 @@ class Collector:
         (planned again, their recorded rollouts grafted: :func:`focus.search.replay`)."""
         journal = journal if journal is not None else NoJournal()
         wave = state.waves_done(phase_index)
-        while (landed := await journal.recorded(wave_step(phase_index, wave))) is not None:
+        while (landed := await self._recorded_wave(state, phase_index, wave, journal)) is not None:
             record = WaveRecord(phase_index, wave, landed.rollouts, landed.wall_s)
             state = await _off_loop(replay, state, self.search, [record])
             state = await self._scored(state, scores_step(phase_index, wave), journal)
@@ -361,8 +399,26 @@ class Collector:
                 state = outcome.scored
             await journal.record(end_step(phase_index), state.waves_done(phase_index))
             return state
+        except BadResponses as e:  # the wave's finished rollouts are kept; a rerun runs the rest
+            await journal.record(unfinished_step(*e.wave), WaveRollouts(e.rollouts, e.wall_s))
+            raise
         finally:
             await running.cancel()
+
+    async def _recorded_wave(
+        self, state: SearchState, phase_index: int, wave: int, journal: Journal
+    ) -> WaveRollouts | None:
+        """The rollouts ``journal`` holds for a wave; for a wave it holds unfinished, with
+        those that got bad responses run again (:meth:`rerun`), then recorded whole."""
+        landed = await journal.recorded(wave_step(phase_index, wave))
+        if landed is not None or (partial := await journal.recorded(unfinished_step(phase_index, wave))) is None:
+            return landed
+        planned = (await _off_loop(plan_ahead, state, self.search, phase_index)).planned
+        if not planned:
+            raise ValueError(f"an unfinished wave {wave} of phase {phase_index} is recorded; the search plans none")
+        landed = await self.rerun(planned[0], partial)
+        await journal.record(wave_step(phase_index, wave), landed)
+        return landed
 
     async def phase_waves(self, state: SearchState, phase_index: int, running: Running) -> AsyncIterator[WaveOutcome]:
         """The waves of continuation phase ``phase_index`` from ``state`` on, one
@@ -437,8 +493,9 @@ class Collector:
                         plan = WavePlan(phase_index, wave, tuple(f.job for f, _ in finished))
                         rollouts = [r for _, r in finished]
                         check_outage(rollouts, self.execution.max_outage_share)
+                        check_responses(rollouts, _wave_name(self.search, plan), (phase_index, wave), now - t_last)
                         state = graft(state, plan, rollouts, phase.name, wave_wall_s=now - t_last)
-                        _warn_failures(phase.name, wave, rollouts)
+                        warn_failures(phase.name, wave, rollouts)
                         state = await self.score(state)
                         finished, t_last, wave = [], now, wave + 1
                         continue
@@ -523,39 +580,8 @@ class Collector:
         return out.build(stats)
 
     def statistics(self, trees: Sequence[Tree], *, excluded_segments: int = 0) -> dict[str, Any]:
-        """Usage per phase and in total (:class:`focus.usage.Usage`, from the trees' rollout
-        logs), elapsed time, and failures by kind and by cause."""
-        records = [r for t in trees for r in t.log]
-        phases = []
-        for pi, phase in enumerate(self.search.phases):
-            recs = [r for r in records if r.phase == pi]
-            budget = phase.transitions if not phase.is_evidence else None
-            phases.append(
-                {
-                    "name": phase.name,
-                    "index": pi,
-                    "transition_budget": budget,
-                    "rollouts_per_task": phase.rollouts_per_task,
-                    "waves": len({r.wave for r in recs}),
-                    **_flat(Usage.of_records(recs)),
-                    "wall_s": wall_of(recs),
-                }
-            )
-        causes = Counter(r.cause for r in records if r.failed)
-        # A tree none of whose rollouts completed (e.g. its whole evidence phase failed)
-        # contributes no actor rows; name it so it is not mistaken for a finished task.
-        failed_trees = [t.task_id for t in trees if t.rollouts and not t.reaches_valid_leaf(t.ROOT)]
-        return {
-            "trees": len(trees),
-            "failed_trees": len(failed_trees),
-            "failed_tree_ids": failed_trees,
-            **_flat(Usage.of_records(records)),
-            "wall_s": wall_of(records),
-            "excluded_segments": excluded_segments,
-            "checkpoints": sum(1 for t in trees for _ in t.checkpoints()),
-            "phases": phases,
-            "failure_causes": dict(causes.most_common(10)),
-        }
+        """:func:`focus.statistics.collection_statistics` of ``trees`` under this search."""
+        return collection_statistics(self.search.phases, trees, excluded_segments=excluded_segments)
 
 
 async def _off_loop(fn: Callable[..., _T], *args: Any) -> _T:
@@ -568,27 +594,5 @@ async def _off_loop(fn: Callable[..., _T], *args: Any) -> _T:
     return await asyncio.to_thread(fn, *args)
 
 
-def _flat(usage: Usage) -> dict[str, Any]:
-    """A usage record as statistics show it: counters, and failures by kind as
-    ``failed_<kind>`` (``failed_model_service``, ``failed_env``, ...)."""
-    out = usage.as_dict()
-    failures = out.pop("failures")
-    for kind in FAILURE_KINDS:
-        out[f"failed_{kind.replace(' ', '_')}"] = failures.get(kind, 0)
-    return out  # retry_causes stays a {cause: count} mapping
-
-
-def _warn_failures(phase: str, wave: int, rollouts: Sequence[Rollout]) -> None:
-    """One WARNING line per wave in which rollouts failed: how many, by kind, and a cause."""
-    failed = [r.leaf.cause for r in rollouts if r.leaf.kind == "failed"]
-    if failed:
-        kinds = Counter(failure_kind(c) for c in failed)
-        log.warning(
-            "phase %s wave %d: %d of %d rollouts failed (%s); last cause: %s",
-            phase,
-            wave,
-            len(failed),
-            len(rollouts),
-            ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
-            failed[-1],
-        )
+def _wave_name(search: Priority, plan: WavePlan) -> str:
+    return f"phase {search.phases[plan.phase_index].name} wave {plan.wave_index}"

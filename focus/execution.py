@@ -13,7 +13,12 @@ decision stays in the planner.
 
 A job that raises is not allowed to take the wave down with it: it comes back as a
 rollout ending in a ``failed`` leaf whose cause names the exception, and the other
-jobs' work is kept. The exception is an outage of the model service: when more than
+jobs' work is kept. A rollout that ends in a bad response (an answer that breaks the
+policy contract) is run again with its seed (:data:`BAD_RESPONSE_RERUNS`); one that
+still does is never grafted: the wave raises :class:`BadResponses` once it lands
+(:func:`check_responses`), a journaled collection records the wave's other rollouts
+as unfinished, and a rerun runs the rest with the same jobs (see
+:mod:`focus.journal`). The other exception is an outage of the model service: when more than
 ``max_outage_share`` of a wave's rollouts fail because the service gave no usable
 answer within the client's retries (cause ``model service: ...``, or ``bad response:
 ...`` for an answer that breaks the policy contract), the wave raises
@@ -29,6 +34,7 @@ import contextlib
 import gc
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -126,6 +132,50 @@ def outage(failed: int, jobs: int, share: float, cause: str) -> ModelServiceOuta
     )
 
 
+class BadResponses(RuntimeError):
+    """Rollouts of a wave got bad responses on every run of them: the wave is not
+    grafted, because every later plan depends on it, so nothing after it could be what a
+    clean run computes. ``rollouts`` (in job order) and ``wall_s`` are what the wave
+    left: a journal records them as the wave's unfinished step, and a rerun runs the
+    rollouts that got bad responses again (:func:`is_bad_response`) and keeps the rest."""
+
+    def __init__(
+        self, message: str, rollouts: Sequence[Rollout] = (), wall_s: float = 0.0, wave: tuple[int, int] = (0, 0)
+    ) -> None:
+        super().__init__(message)
+        self.rollouts, self.wall_s, self.wave = tuple(rollouts), wall_s, wave
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.rollouts, self.wall_s, self.wave))
+
+
+def is_bad_response(rollout: Rollout) -> bool:
+    """Whether ``rollout`` ended in a bad response (cause ``bad response:``): never
+    grafted; in a recorded unfinished wave, a job to run again."""
+    return (
+        isinstance(rollout, Rollout)
+        and rollout.leaf.kind == "failed"
+        and failure_kind(rollout.leaf.cause) == BAD_RESPONSE
+    )
+
+
+def check_responses(rollouts: Sequence[Rollout], where: str, wave: tuple[int, int], wall_s: float) -> None:
+    """Raise :class:`BadResponses` if any of a wave's ``rollouts`` ended in a bad
+    response (``where`` names the wave): one line with their count by cause."""
+    bad = [r.leaf.cause for r in rollouts if is_bad_response(r)]
+    if bad:
+        causes = Counter(c.removeprefix(f"{BAD_RESPONSE}:").strip()[:160] for c in bad).most_common(3)
+        raise BadResponses(  # what to do before the causes: a long line is cut at its end
+            f"bad responses: {len(bad)} of {len(rollouts)} rollouts of {where} got an answer that cannot be used on "
+            f"each of their {1 + BAD_RESPONSE_RERUNS} runs; the collection stops there, its finished rollouts are "
+            f"kept: rerun with the same collection id to run them again (by cause: "
+            f"{'; '.join(f'{n}x {c}' for c, n in causes)})",
+            rollouts,
+            wall_s,
+            wave,
+        )
+
+
 def check_outage(rollouts: Sequence[Rollout], share: float) -> None:
     """Raise :class:`ModelServiceOutage` if more than ``share`` of ``rollouts`` failed
     because the model service was out."""
@@ -148,7 +198,8 @@ class Execution(BaseModel):
     #: in 15k rollouts at 10% injected faults, benchmarks/README.md), while a service
     #: down for longer than the retry window fails nearly every rollout in flight; 0.1
     #: sits between the two with room either way, and as a share it scales with the
-    #: wave. 1.0 never fails a wave (failed rollouts are kept, as before).
+    #: wave. 1.0 never fails a wave (failed rollouts are kept, as before; bad responses
+    #: below the share stop the collection all the same: :class:`BadResponses`).
     max_outage_share: float = Field(0.1, ge=0.0, le=1.0)
     #: Opt-in, because it changes process-wide state (the garbage collector's frozen set
     #: and thresholds): while a wave runs (and, under ``Collector.run_search``, for the
@@ -269,7 +320,8 @@ class Execution(BaseModel):
 #: failed. A rollout is a pure function of its job's seed and the answers it gets, so a
 #: run again against a server that answers properly this time gives the rollout a clean
 #: run would have had: a passing misbehaviour costs one more rollout, not a hole in
-#: the batch. One that persists fails as before (counted toward the outage share).
+#: the batch. One that persists is never grafted (:class:`BadResponses`; counted toward
+#: the outage share): a rerun of the collection runs it again.
 BAD_RESPONSE_RERUNS = 2
 
 

@@ -18,7 +18,18 @@ What is recorded for each :class:`Step`:
 ``wave``           a :class:`WaveRollouts`: the wave's rollouts in job order, its wall time
 ``wave_scores``    the critic's predictions for the checkpoints that wave added
 ``phase_end``      the number of waves of the phase (nothing more was planned)
+``unfinished``     a :class:`WaveRollouts` of the evidence (phase 0, wave 0) or of a
+                   wave some of whose rollouts got bad responses
 =================  ================================================================
+
+A rollout that got a bad response on every run of it is never grafted
+(:class:`focus.execution.BadResponses`): every later plan depends on its wave, so the
+collection stops there, after recording the wave as ``unfinished`` (its rollouts, those
+that got bad responses included, which mark the jobs still to run). A rerun finds the
+wave unrecorded and its ``unfinished`` step recorded: it plans the wave again (the same
+jobs), runs only the jobs that got bad responses, and records the wave whole, so the
+collection goes on as an uninterrupted clean run would. A rerun whose reruns still get
+bad responses records nothing new.
 
 Only the evidence state is recorded whole; later steps are deltas, so recording a
 wave costs in proportion to the wave, not to the collection.
@@ -34,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from focus.agent import Rollout
 
-StepKind = Literal["evidence", "evidence_scores", "wave", "wave_scores", "phase_end"]
+StepKind = Literal["evidence", "evidence_scores", "wave", "wave_scores", "phase_end", "unfinished"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,10 @@ def scores_step(phase: int, wave: int) -> Step:
 
 def end_step(phase: int) -> Step:
     return Step("phase_end", phase)
+
+
+def unfinished_step(phase: int, wave: int) -> Step:
+    return Step("unfinished", phase, wave)
 
 
 @dataclass(frozen=True)

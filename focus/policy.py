@@ -72,11 +72,12 @@ class BadResponse(PolicyError):
     tokens or are not finite log-probabilities, token ids outside the vocabulary, a body
     that is not what the API promises. Such an answer is never stored: the rollout ends
     in a failed leaf with cause ``bad response: ...`` (failure kind ``bad response``),
-    and those failures count with the model service's against a wave's outage share
-    (:class:`focus.execution.Execution`), so a service that answers garbage fails the
-    wave - nothing of it stored, a rerun computes it again - rather than filling a
-    batch with failures. The HTTP clients retry an answer they cannot parse before
-    giving up with this error."""
+    is run again with its seed, and if every run of it gets such an answer, the
+    collection stops at its wave (:class:`focus.execution.BadResponses`) and a rerun
+    runs it again, so no batch keeps the failure. Those failures also count with the
+    model service's against a wave's outage share (:class:`focus.execution.Execution`),
+    so a service that answers garbage fails the wave at once. The HTTP clients retry an
+    answer they cannot parse before giving up with this error."""
 
 
 class ServiceUnavailable(PolicyError):

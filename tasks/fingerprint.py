@@ -133,7 +133,7 @@ class PolicyIdentity:
         """Learn the versions of a step (replayed, or ``new``); refuse a new one that differs."""
         if step.kind == "evidence":
             rollouts: Any = ((e.turns for e in t.edges.values()) for t in value.trees)
-        elif step.kind == "wave":
+        elif step.kind in ("wave", "unfinished"):
             rollouts = ((p.turns for p in ro.pieces) for ro in value.rollouts)
         else:
             return

@@ -4,8 +4,9 @@
 collector's loop: a step it records is saved to the checkpoint store, a step found there
 is taken from it, so a rerun with the same collection id continues after the last saved
 step. It also runs the configuration check that guards a resume and the batch's export.
-Each step body runs in :meth:`run_step` (a Prefect task run under the ``collect`` flow)
-and yields a :class:`tasks.records.StepRecord` for ``on_step``. Checkpoint keys, in order::
+Each step body runs in :meth:`run_step` (a Prefect task run in the flow) and yields a
+:class:`tasks.records.StepRecord` for ``on_step``. Checkpoint keys, in order (a wave
+stopped by bad responses adds ``("<p>.<name>.unfinished", w)``, 0.<name> the evidence)::
 
     ("config", 0)  ("critic", 0)  ("evidence", 0)  ("evidence.score", 0)  ("<p>.<name>", w)
     ("<p>.<name>.score", w)  ... ("<p>.<name>.end", 0)  ("trees.svg", 0)  ("export", 0)
@@ -37,8 +38,7 @@ CONFIG, EXPORT, TREES_SVG = ("config", 0), ("export", 0), ("trees.svg", 0)
 
 
 async def uninterrupted(work: Awaitable[_T]) -> _T:
-    """``await work``, finished even if the caller is cancelled meanwhile (the
-    cancellation is raised once it is done)."""
+    """``await work``, finished even if the caller is cancelled meanwhile (raised once it is done)."""
     task = asyncio.ensure_future(work)
     try:
         return await asyncio.shield(task)
@@ -52,7 +52,7 @@ def checkpoint_key(config: FocusConfig, step: Step) -> Key:
     if step.kind in ("evidence", "evidence_scores"):
         return ("evidence" if step.kind == "evidence" else "evidence.score", 0)
     name = f"{step.phase}.{config.search.phases[step.phase].name}"
-    suffix = {"wave": "", "wave_scores": ".score", "phase_end": ".end"}[step.kind]
+    suffix = {"wave": "", "wave_scores": ".score", "phase_end": ".end", "unfinished": ".unfinished"}[step.kind]
     return (name + suffix, step.wave if step.kind != "phase_end" else 0)
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from focus.execution import is_bad_response
 from focus.journal import Step, WaveRollouts
 from focus.usage import Usage
 
@@ -57,10 +58,13 @@ class Tally:
             logs = [r for t in value.trees for r in t.log]
             used = [(r.phase, r.usage) for r in logs]
             causes = [r.cause for r in logs if r.failed]
-        elif step.kind == "wave":
+        elif step.kind in ("wave", "unfinished"):
+            # an unfinished wave counts its bad responses only: the rest count once the
+            # wave is recorded whole (as the evidence state, or as its wave step)
             wave: WaveRollouts = value
-            used = [(step.phase, Usage.of_rollout(ro)) for ro in wave.rollouts]
-            causes = [ro.leaf.cause for ro in wave.rollouts if ro.leaf.kind == "failed"]
+            rollouts = [r for r in wave.rollouts if step.kind == "wave" or is_bad_response(r)]
+            used = [(step.phase, Usage.of_rollout(ro)) for ro in rollouts]
+            causes = [ro.leaf.cause for ro in rollouts if ro.leaf.kind == "failed"]
         else:
             return {}
         for phase, u in used:

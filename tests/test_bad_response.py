@@ -2,26 +2,32 @@
 
 An answer longer than the request's ``max_tokens``, log-probs that do not line up with
 the tokens, or a token id outside the vocabulary: the rollout fails as a ``bad
-response`` (counted by that kind in the statistics) and none of its tokens is stored;
-those failures count against a wave's outage share like the model service's, so a
-server that keeps answering that way fails the wave (nothing of it stored) and a rerun
-against a fixed server gives the batch of a clean run. Real parts: the tiny model server
-behind the fault proxy, which lengthens answers (``overlong``), replaces ids
-(``foreign_id``) or drops a log-prob (``short_logprobs``) in otherwise good answers.
+response`` (counted by that kind) and none of its tokens is stored. It is run again with
+its seed (``BAD_RESPONSE_RERUNS``); if every run gets a bad answer, it is never stored:
+the collection stops at its wave with one line saying how many, by cause, and that a
+rerun replays them; the rerun runs only those rollouts again, so against a fixed server
+the batch is a clean run's. Bad responses also count against a wave's outage share like
+the model service's failures, so a server that keeps answering that way fails the wave
+at once. Real parts: the tiny model server behind the fault proxy, which lengthens
+answers (``overlong``), replaces ids (``foreign_id``) or drops a log-prob
+(``short_logprobs``) in otherwise good answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from fixtures.journal import run_collect
+from fixtures.journal import AfterStep, run_collect
 
+from flows.errors import one_line
 from focus.agent import Agent, Piece, Rollout, failure_prefix
-from focus.execution import BAD_RESPONSE_RERUNS, ModelServiceOutage, check_outage, is_service_failure
+from focus.execution import BAD_RESPONSE_RERUNS, BadResponses, ModelServiceOutage, check_outage, is_service_failure
 from focus.format import ByteCodec, PolicyFormat, XmlToolCallParser
+from focus.journal import EVIDENCE_SCORES
 from focus.policy import BadResponse, Completion, PolicyError, SamplingParams, ServiceUnavailable
 from focus.testing import ScriptedPolicy, run
 from focus.testing.faults import FaultProxy
@@ -29,6 +35,7 @@ from focus.toy import ReachTarget, reach_target_tasks
 from focus.usage import Usage
 from storage import BatchStore, CheckpointStore
 from tasks.config import load_config
+from tasks.journal import CheckpointJournal
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -121,31 +128,76 @@ def longest_completion(batch_url: str) -> int:
 RUNS = BAD_RESPONSE_RERUNS + 1
 
 
-def test_bad_answers_fail_their_rollouts_by_kind_and_no_row_holds_them(local_model_server, tmp_path):
-    """Kept failures (``max_outage_share = 1``): a server that answers one rollout badly
-    on every run of it fails that rollout; each kind is counted, no row is over-long."""
-    root = str(tmp_path)
+@pytest.fixture(scope="module")
+def clean(local_model_server, tmp_path_factory):
+    """The fault-free collection's batch, straight to the server."""
+    root = str(tmp_path_factory.mktemp("clean"))
+    out = run_collect(config(root, "clean", local_model_server.url))
+    return BatchStore(root).read(out["batch_url"])
+
+
+def rows(batch):  # type: ignore[no-untyped-def]
+    return [(a.tree_id, a.edge_id, a.completion_ids, a.logprobs, a.advantage) for a in batch.actor]
+
+
+def test_a_bad_answer_on_every_run_stops_the_collection_and_a_rerun_replays_it(local_model_server, clean, tmp_path):
+    """A rollout whose every run gets a bad answer is never stored: the collection stops
+    at its wave (evidence in the first run, a continuation wave in the second) with one
+    line counting them by cause and saying how to replay them; the wave's other
+    rollouts are recorded as unfinished. Each rerun runs only those rollouts again with
+    the same jobs; once the server answers properly the batch is a clean run's."""
+    root, cid = str(tmp_path), "replay"
+    store = CheckpointStore(root)
+    # one rollout at a time: the queued faults hit the first rollouts' calls, each run of them
+    one = {"execution.max_concurrency": 1, "execution.max_outage_share": 0.5}
     with FaultProxy(local_model_server.url) as proxy:
-        proxy.queue("overlong", RUNS)
-        proxy.queue("foreign_id", RUNS)
-        proxy.queue("short_logprobs", (HTTP["max_retries"] + 1) * RUNS)  # every attempt of one call, each run
-        # one rollout at a time: the queued faults hit the first rollouts' calls in order
-        one = {"execution.max_outage_share": 1.0, "execution.max_concurrency": 1}
-        out = run_collect(config(root, "bad", proxy.url, **one))
+        cfg = config(root, cid, proxy.url, **one)
+        proxy.queue("overlong", RUNS)  # the first evidence rollout, on each of its runs
+        proxy.queue("foreign_id", RUNS)  # the second
+        with pytest.raises(BadResponses) as first:
+            run_collect(cfg)
         assert proxy.pending() == 0
-    stats = BatchStore(root).read(out["batch_url"]).stats
-    assert stats["failed_bad_response"] == 3 == stats["failed_rollouts"]
-    causes = " | ".join(stats["failure_causes"])
-    assert "bad response: 21 tokens sampled where max_tokens = 8 were asked" in causes
-    assert "bad response: sampled token id 70000 at position 0 is outside the vocabulary" in causes
-    assert "bad response: POST " in causes and "failed after 3 attempt(s)" in causes and "log-probs" in causes
+        line = one_line(first.value)
+        assert line.startswith("bad responses: 2 of 12 rollouts of phase evidence wave 0 got an answer that ")
+        assert "1x 21 tokens sampled where max_tokens = 8 were asked" in line
+        assert "1x sampled token id 70000 at position 0 is outside the vocabulary" in line
+        assert "rerun with the same collection id to run them again (by cause: " in line and "\n" not in line
+        assert sorted(store.list(cid)) == [("0.evidence.unfinished", 0), ("config", 0), ("critic", 0)]
+
+        # the rerun runs the two again (fine now), goes on, and meets a bad answer in the
+        # first continuation wave: every attempt of its first rollout's first call, each run
+        def break_the_server() -> None:
+            proxy.queue("short_logprobs", (HTTP["max_retries"] + 1) * RUNS)
+
+        second = AfterStep(cfg, EVIDENCE_SCORES, break_the_server)
+        with pytest.raises(BadResponses, match=r"^bad responses: 1 of 6 rollouts of phase continue wave 0 .*log-probs"):
+            run_collect(cfg, second)
+        assert proxy.pending() == 0
+        assert ("evidence", 0) in store.list(cid) and ("1.continue.unfinished", 0) in store.list(cid)
+        assert ("1.continue", 0) not in store.list(cid)
+        # the usage records count the bad responses by cause: the evidence's (replayed) and the wave's
+        replayed = [r for r in second.records if r.kind == "unfinished"]
+        assert [(r.reused, r.failed_rollouts) for r in replayed] == [(True, 2), (False, 1)]
+        assert second.tally.usage.failed("bad response") == 3
+
+        third = CheckpointJournal(cfg)
+        out = run_collect(cfg, third)
+        assert proxy.pending() == 0
+    assert [(r.kind, r.reused) for r in third.records if r.kind in ("unfinished", "wave")][:2] == [
+        ("unfinished", True),
+        ("wave", False),
+    ]
+    got, want = BatchStore(root).read(out["batch_url"]), clean
+    assert got.stats["failed_rollouts"] == 0 and not got.stats["failed_bad_response"]
     assert 0 < longest_completion(out["batch_url"]) <= MAX_TOKENS
+    assert rows(got) == rows(want)
 
 
-def test_a_server_that_keeps_answering_too_long_fails_the_wave_and_a_rerun_replays_it(local_model_server, tmp_path):
+def test_a_server_that_keeps_answering_too_long_fails_the_wave_and_a_rerun_replays_it(
+    local_model_server, clean, tmp_path
+):
     root = str(tmp_path)
     with FaultProxy(local_model_server.url) as proxy:
-        clean = run_collect(config(root, "clean", proxy.url))
         cfg = config(root, "overlong", proxy.url)
         proxy.rate, proxy.kinds = 1.0, ("overlong",)  # a server that ignores max_tokens
         with pytest.raises(ModelServiceOutage, match=r"last cause: bad response: 21 tokens sampled"):
@@ -153,15 +205,12 @@ def test_a_server_that_keeps_answering_too_long_fails_the_wave_and_a_rerun_repla
         assert CheckpointStore(root).list("overlong") == [("config", 0), ("critic", 0)]  # nothing of it stored
         proxy.rate = 0.0  # the server is fixed: the rerun computes the same rollouts again
         again = run_collect(cfg)
-    store = BatchStore(root)
-    got, want = store.read(again["batch_url"]), store.read(clean["batch_url"])
+    got = BatchStore(root).read(again["batch_url"])
     assert got.stats["failed_rollouts"] == 0 and longest_completion(again["batch_url"]) <= MAX_TOKENS
-    assert [(a.tree_id, a.edge_id, a.completion_ids, a.logprobs, a.advantage) for a in got.actor] == [
-        (b.tree_id, b.edge_id, b.completion_ids, b.logprobs, b.advantage) for b in want.actor
-    ]
+    assert rows(got) == rows(clean)
 
 
-def test_a_passing_bad_answer_is_run_again_and_the_batch_is_a_clean_runs(local_model_server, tmp_path):
+def test_a_passing_bad_answer_is_run_again_and_the_batch_is_a_clean_runs(local_model_server, clean, tmp_path):
     """Below the outage share, a bad answer used to stay in the batch as a failed leaf that
     no rerun or resume would replace. Now the rollout is run again with its seed: a
     server that misbehaves on a few answers (the first run of the first rollout gets an
@@ -171,14 +220,46 @@ def test_a_passing_bad_answer_is_run_again_and_the_batch_is_a_clean_runs(local_m
     root = str(tmp_path)
     assert BAD_RESPONSE_RERUNS == 2  # the two faults below are its budget
     with FaultProxy(local_model_server.url) as proxy:
-        clean = run_collect(config(root, "clean", proxy.url))
         proxy.queue("overlong", 1)
         proxy.queue("foreign_id", 1)
         out = run_collect(config(root, "passing", proxy.url, **{"execution.max_concurrency": 1}))
         assert proxy.pending() == 0
-    store = BatchStore(root)
-    got, want = store.read(out["batch_url"]), store.read(clean["batch_url"])
+    got = BatchStore(root).read(out["batch_url"])
     assert got.stats["failed_rollouts"] == 0 and not got.stats.get("failed_bad_response")
-    assert [(a.tree_id, a.edge_id, a.completion_ids, a.logprobs, a.advantage) for a in got.actor] == [
-        (b.tree_id, b.edge_id, b.completion_ids, b.logprobs, b.advantage) for b in want.actor
-    ]
+    assert rows(got) == rows(clean)
+
+
+def test_through_prefect_the_run_fails_in_one_line_and_a_rerun_replays_it(local_model_server, prefect_api, tmp_path):
+    """The ``collect`` flow (an evidence phase only, to keep it short): the run fails with
+    the line saying how to replay (the flow run's state message), and the rerun replays
+    the evidence's bad responses only."""
+    from prefect.client.orchestration import get_client
+
+    from flows.collect import collect
+
+    root = str(tmp_path)
+    small = {
+        "env.n_tasks": 2,
+        "search.phases": [{"name": "evidence", "rollouts_per_task": 3}],
+        "execution.max_concurrency": 1,
+        "execution.max_outage_share": 0.5,
+    }
+    with FaultProxy(local_model_server.url) as proxy:
+        cfg = config(root, "flow-replay", proxy.url, **small)
+        proxy.queue("overlong", RUNS)
+        with pytest.raises(BadResponses, match=r"^bad responses: 1 of 6 rollouts of phase evidence wave 0 .*rerun"):
+            asyncio.run(collect(cfg))
+        assert sorted(CheckpointStore(root).list("flow-replay"))[0] == ("0.evidence.unfinished", 0)
+
+        async def last_run():  # type: ignore[no-untyped-def]
+            async with get_client() as client:
+                (run,) = await client.read_flow_runs(limit=1, sort="EXPECTED_START_TIME_DESC")
+                return run
+
+        run = asyncio.run(last_run())
+        assert run.state.is_failed() and "BadResponses: bad responses: 1 of 6 rollouts" in (run.state.message or "")
+        out = asyncio.run(collect(cfg))
+        assert proxy.pending() == 0
+    got = BatchStore(root).read(out["batch_url"])
+    assert out["stats"]["steps_reused"] == 2  # the config check and the unfinished evidence
+    assert got.stats["failed_rollouts"] == 0 and got.stats["rollouts"] == 6

@@ -5,7 +5,9 @@ non-JSON bodies, fewer log-probs than tokens, NaN log-probs) is retried with bac
 when retries succeed the collection's batch is exactly the fault-free one (no row lost,
 none duplicated). When a fault persists past the retries, that rollout - only that one -
 ends in a failed leaf whose cause names the fault, the learning signals leave it out
-without treating the partial group as complete, and the batch statistics count it.
+without treating the partial group as complete, and the batch statistics count it; an
+answer that persists in breaking the contract (a bad response) stops the collection at
+its wave instead, so that no rerun keeps the failure (tests/test_bad_response.py).
 """
 
 from __future__ import annotations
@@ -128,22 +130,31 @@ def test_a_persistent_fault_fails_only_that_rollout_with_its_cause(local_model_s
     """Concurrency 1 makes the first requests the first rollout's: it gets every attempt
     faulted (of every run of it: a bad response is run again, BAD_RESPONSE_RERUNS); its
     sibling from the same root completes. (One failure in a wave of two is more than the
-    default outage share, which would fail the wave: keep failed rollouts.)"""
-    from focus.execution import BAD_RESPONSE_RERUNS
+    default outage share, which would fail the wave: keep failed rollouts.) An answer
+    that could not be used is a bad response, never kept: the collection stops at the
+    wave, with that rollout's cause (tests/test_bad_response.py replays it)."""
+    from focus.execution import BAD_RESPONSE_RERUNS, BadResponses
 
     evidence_only = [Phase("evidence", rollouts_per_task=2)]
     http = HTTP.model_copy(update={"max_retries": 1, "timeout_s": 0.6})
-    runs = 1 + BAD_RESPONSE_RERUNS if kind in ("malformed", "short_logprobs", "nan_logprobs") else 1
+    bad = kind in ("malformed", "short_logprobs", "nan_logprobs")
+    runs = 1 + BAD_RESPONSE_RERUNS if bad else 1
     with FaultProxy(local_model_server.url, hang_s=1.0) as proxy:
         proxy.queue(kind, count=2 * runs)  # both attempts of the first call, of every run
         col = collector(proxy.url, phases=evidence_only, concurrency=1, http=http, outage_share=1.0)
+        if bad:
+            with pytest.raises(BadResponses, match=r"^bad responses: 1 of 2 rollouts of phase evidence wave 0") as e:
+                collect(col, n_tasks=1)
+            failed, done = e.value.rollouts
+            assert failed.leaf.cause.startswith("bad response: POST ") and "after 2 attempt(s)" in failed.leaf.cause
+            assert CAUSE[kind] in failed.leaf.cause and done.leaf.kind != "failed"
+            return
         state, batch = collect(col, n_tasks=1)
     (tree,) = state.trees
     leaves = [tree.nodes[tree.edges[e].child] for e in tree.root.children]
     assert leaves[0].kind == "failed" and leaves[1].kind != "failed"
-    # an answer that could not be used is a bad response; no usable answer at all, an outage
-    kind_of = "bad response" if kind in ("malformed", "short_logprobs", "nan_logprobs") else "model service"
-    assert leaves[0].cause.startswith(f"{kind_of}: POST ") and "after 2 attempt(s)" in leaves[0].cause
+    # no usable answer at all: an outage of the model service, kept as a failed rollout
+    assert leaves[0].cause.startswith("model service: POST ") and "after 2 attempt(s)" in leaves[0].cause
     assert CAUSE[kind] in leaves[0].cause
     # statistics count it, with its cause
     assert batch.stats["failed_rollouts"] == 1 and batch.stats["rollouts"] == 2

@@ -1,5 +1,6 @@
 """No foreign ids: a model service that samples ids outside the vocabulary fails those
-rollouts, naming the id, and the Parquet batch holds none of them.
+rollouts as bad responses, naming the id: the collection stops at their wave, a rerun
+against a fixed server replays them, and the Parquet batch holds none of them.
 
 The model service is the real tiny model server behind a loopback proxy that replaces a
 sampled id by 70000 or -5 in every third answer (in ``token_ids`` and in the
@@ -19,7 +20,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from focus.execution import BadResponses
 from focus.format import ByteCodec
+from focus.journal import MemoryJournal
 from focus.testing.faults import GENERATION_PATHS, FaultProxy
 from storage import BatchStore
 from tasks.config import ConfigError, load_config, served_vocab_size, vocab_size_for
@@ -55,13 +58,15 @@ class ForeignIdProxy(FaultProxy):
         return status, payload, ctype, extra
 
 
-def collect_through(proxy_url: str, kind: str, root: str) -> tuple[Any, Any]:
+def collect_through(proxy: ForeignIdProxy, kind: str, root: str) -> tuple[Any, BadResponses, Any]:
+    """The collection through ``proxy`` (stopped by the foreign ids: they are bad
+    responses), then rerun with the same journal once the proxy replaces no more ids."""
     cfg = load_config(
         overrides={
             "collection_id": f"foreign-{kind}",
             "seed": 5,
             "model.kind": kind,
-            "model.url": proxy_url,
+            "model.url": proxy.url,
             "env.n_tasks": 2,
             "agent.max_steps": 3,
             "agent.sampling.max_tokens": 8,
@@ -70,8 +75,8 @@ def collect_through(proxy_url: str, kind: str, root: str) -> tuple[Any, Any]:
                 {"name": "continue", "transitions": 6, "wave_size": 3, "max_depth": 4},
             ],
             "execution.kind": "local",
-            # keep the failed rollouts: a third of answers bad would fail the wave by
-            # default (bad responses count against the outage share)
+            # a third of answers bad would fail the wave by default (bad responses count
+            # against the outage share): stop on the bad responses themselves
             "execution.max_outage_share": 1.0,
             "storage.root": root,
             "progress": False,
@@ -80,14 +85,20 @@ def collect_through(proxy_url: str, kind: str, root: str) -> tuple[Any, Any]:
     )
     policy = cfg.build_policy()
     agent, tasks = cfg.build_agent(policy)
+    journal = MemoryJournal()
 
     async def go() -> Any:
+        collector = cfg.build_collector(agent)
         try:
-            return await cfg.build_collector(agent).collect(tasks)
+            with pytest.raises(BadResponses) as stopped:
+                await collector.run_search(tasks, journal)
+            proxy.every = 10**9  # the server is fixed: the rerun runs the stopped rollouts again
+            return stopped.value, collector.prepare(await collector.run_search(tasks, journal))
         finally:
             await policy.aclose()
 
-    return policy, asyncio.run(go())
+    stopped, batch = asyncio.run(go())
+    return policy, stopped, batch
 
 
 @pytest.mark.parametrize("kind", ["local", "openai"])
@@ -98,14 +109,15 @@ def test_sampled_ids_outside_the_vocabulary_fail_their_rollout_and_never_reach_t
     # which rollouts fail does not depend on which answers the reruns meet
     monkeypatch.setattr("focus.execution.BAD_RESPONSE_RERUNS", 0)
     with ForeignIdProxy(local_model_server.url) as proxy:
-        policy, batch = collect_through(proxy.url, kind, str(tmp_path))
+        policy, stopped, batch = collect_through(proxy, kind, str(tmp_path))
     assert policy.vocab_size == ByteCodec.vocab_size  # local: from the server; openai: from the codec
     assert set(proxy.replaced) == set(FOREIGN)  # both kinds of foreign id were sent
-    causes = batch.stats["failure_causes"]
-    named = " ".join(causes)
+    causes = [r.leaf.cause for r in stopped.rollouts if r.leaf.kind == "failed"]
     for bad in FOREIGN:
-        assert f"sampled token id {bad} at position 0 is outside the vocabulary [0, 263)" in named, causes
-    assert sum(causes.values()) == batch.stats["failed_rollouts"] > 0
+        assert any(f"sampled token id {bad} at position 0 is outside the vocabulary [0, 263)" in c for c in causes)
+    assert causes and all(c.startswith("bad response: ") for c in causes)
+    assert f"bad responses: {len(causes)} of 6 rollouts of phase evidence wave 0" in str(stopped)
+    assert batch.stats["failed_rollouts"] == 0  # replayed, not kept
     url = BatchStore(tmp_path).write(batch)
     path = url.removeprefix("file://")
     actor = pq.read_table(f"{path}/actor")

@@ -107,7 +107,8 @@ MEANING: dict[str, str] = {
     "execution.heartbeat_s": "seconds between the heartbeats a running collection sends the Prefect server (a "
     'watchdog marks a silent run Crashed: docs/pipeline.md, "Node loss")',
     "execution.max_outage_share": "share of a wave's rollouts that may fail for want of the model service before "
-    "the wave fails with `ModelServiceOutage` (1.0: keep such failed rollouts in the batch)",
+    "the wave fails with `ModelServiceOutage` (1.0: keep such failed rollouts in the batch; a bad response "
+    "stops the collection at its wave whatever the share, docs/operations.md)",
     "storage.root": "a folder or an fsspec URL (`s3://bucket/prefix`, `memory://...`): batches, checkpoints and "
     "weights live under it",
     "train.iterations": "collect/train rounds",

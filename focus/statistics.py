@@ -1,0 +1,84 @@
+"""A collection's statistics: usage per phase and in total, elapsed time, failures by
+kind and by cause (what ``batch.stats`` holds; docs/operations.md explains each figure),
+and the warning line for a wave with failed rollouts."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from focus.usage import FAILURE_KINDS, Usage, failure_kind, wall_of
+
+if TYPE_CHECKING:
+    from focus.agent import Rollout
+    from focus.priority import Phase
+    from focus.tree import Tree
+
+#: The collector's logger: the warning comes from its loop.
+log = logging.getLogger("focus.collector")
+
+
+def collection_statistics(
+    phases: Sequence[Phase], trees: Sequence[Tree], *, excluded_segments: int = 0
+) -> dict[str, Any]:
+    """Usage per phase and in total (:class:`focus.usage.Usage`, from the trees' rollout
+    logs), elapsed time, and failures by kind and by cause."""
+    records = [r for t in trees for r in t.log]
+    per_phase = []
+    for pi, phase in enumerate(phases):
+        recs = [r for r in records if r.phase == pi]
+        budget = phase.transitions if not phase.is_evidence else None
+        per_phase.append(
+            {
+                "name": phase.name,
+                "index": pi,
+                "transition_budget": budget,
+                "rollouts_per_task": phase.rollouts_per_task,
+                "waves": len({r.wave for r in recs}),
+                **flat(Usage.of_records(recs)),
+                "wall_s": wall_of(recs),
+            }
+        )
+    causes = Counter(r.cause for r in records if r.failed)
+    # A tree none of whose rollouts completed (e.g. its whole evidence phase failed)
+    # contributes no actor rows; name it so it is not mistaken for a finished task.
+    failed_trees = [t.task_id for t in trees if t.rollouts and not t.reaches_valid_leaf(t.ROOT)]
+    return {
+        "trees": len(trees),
+        "failed_trees": len(failed_trees),
+        "failed_tree_ids": failed_trees,
+        **flat(Usage.of_records(records)),
+        "wall_s": wall_of(records),
+        "excluded_segments": excluded_segments,
+        "checkpoints": sum(1 for t in trees for _ in t.checkpoints()),
+        "phases": per_phase,
+        "failure_causes": dict(causes.most_common(10)),
+    }
+
+
+def flat(usage: Usage) -> dict[str, Any]:
+    """A usage record as statistics show it: counters, and failures by kind as
+    ``failed_<kind>`` (``failed_model_service``, ``failed_env``, ...)."""
+    out = usage.as_dict()
+    failures = out.pop("failures")
+    for kind in FAILURE_KINDS:
+        out[f"failed_{kind.replace(' ', '_')}"] = failures.get(kind, 0)
+    return out  # retry_causes stays a {cause: count} mapping
+
+
+def warn_failures(phase: str, wave: int, rollouts: Sequence[Rollout]) -> None:
+    """One WARNING line per wave in which rollouts failed: how many, by kind, and a cause."""
+    failed = [r.leaf.cause for r in rollouts if r.leaf.kind == "failed"]
+    if failed:
+        kinds = Counter(failure_kind(c) for c in failed)
+        log.warning(
+            "phase %s wave %d: %d of %d rollouts failed (%s); last cause: %s",
+            phase,
+            wave,
+            len(failed),
+            len(rollouts),
+            ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
+            failed[-1],
+        )
