@@ -407,6 +407,7 @@ def _chains(rng: random.Random, n: int) -> list[Tree]:
     return trees
 
 
+@pytest.mark.slow  # statistical: many seeded fits
 def test_noise_model_of_unbranched_rollouts_splits_critic_error_from_return_variance():
     """Rollouts that never branched (no spread): 8 steps, each reward of mean 0 and
     variance 0.01, a critic off by variance 0.02 at every checkpoint. A residual at a
@@ -421,6 +422,7 @@ def test_noise_model_of_unbranched_rollouts_splits_critic_error_from_return_vari
     assert nm.noise_var(3) == pytest.approx(nm.step_var(3) / 2, rel=1e-5)  # (six significant digits)
 
 
+@pytest.mark.slow  # statistical: many seeded fits
 def test_the_unbranched_model_of_a_few_rollouts_does_not_lock_depths_at_zero():
     """Six rollouts of 8 steps (one per task of a small collection), every step of
     variance 0.01, a critic off by 0.02. Each residual weighs one degree of freedom: with
@@ -498,6 +500,7 @@ def test_truncated_leaves_bootstrap_or_count_as_terminal():
     assert truncated_segments(t) == {4}
 
 
+@pytest.mark.slow  # statistical: many seeded fits
 def test_the_critic_is_trusted_as_far_as_the_evidence_shows_it_deserves():
     """Exact critic: a large weight and advantages far better than per-node Monte Carlo's
     (not exact: the fit cannot rule out some env noise and critic error from finitely

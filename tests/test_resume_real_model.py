@@ -19,7 +19,7 @@ import sys
 
 import httpx
 import pytest
-from fixtures.prefect import using_api
+from fixtures.prefect import base_env, using_api
 from fixtures.resume import crash_at, mismatches
 
 from focus.backends import LocalModelServer
@@ -152,13 +152,18 @@ def test_kill_9_at_six_points_resumes_to_the_uninterrupted_batch_bit_for_bit(pre
     """One collection killed (SIGKILL to its process group) six times, each run resuming
     the previous one's checkpoints, then finished: its batch equals the uninterrupted
     reference's bit for bit. The server keeps its warm cache across the kills, except at
-    the fifth, where it is killed too and a fresh one (cold cache, new port) serves the rest."""
+    the fifth, where it is killed too and a fresh one (cold cache, new port) serves the rest.
+
+    The killed runs take the direct path (no Prefect API configured) and the run that
+    finishes is a ``collect`` flow run, as the reference is: both paths are the one loop
+    over one journal, so either resumes the other."""
+    direct_env = base_env(tmp_path / "prefect-home")
     server = LocalModelServer().start()
     try:
         root = str(tmp_path / "crashed")
         store = CheckpointStore(root)
         for name, spec, present, absent, more in CRASHES:
-            where = crash_at(spec, cli_args(root, server.url, **more), prefect_env, tmp_path)
+            where = crash_at(spec, cli_args(root, server.url, **more), direct_env, tmp_path)
             held = set(store.list(CID))
             assert set(present) <= held and not set(absent) & held, f"{name} ({where}): store holds {sorted(held)}"
             print(f"killed {name}: at {where}, {len(held)} checkpoints stored")

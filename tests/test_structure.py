@@ -10,6 +10,7 @@ exception (so a fix removes it from the list) and the list may only shrink.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,9 +48,20 @@ def _type_checking(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(test) if test is not None else False
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """``path``'s syntax tree, parsed once per process for every check that reads it."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
 def imports(path: Path, *, runtime_only: bool = False) -> Iterator[tuple[str, int]]:
     """Every module an import statement in ``path`` names, at any depth (a lazy import
     is a dependency too); ``runtime_only`` leaves out ``if TYPE_CHECKING:`` blocks."""
+    yield from _imports(path, runtime_only)
+
+
+@functools.cache
+def _imports(path: Path, runtime_only: bool) -> tuple[tuple[str, int], ...]:
     pkg = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
 
     def walk(node: ast.AST) -> Iterator[tuple[str, int]]:
@@ -68,7 +80,7 @@ def imports(path: Path, *, runtime_only: bool = False) -> Iterator[tuple[str, in
         for child in ast.iter_child_nodes(node):
             yield from walk(child)
 
-    yield from walk(ast.parse(path.read_text(), filename=str(path)))
+    return tuple(walk(parsed(path)))
 
 
 def resolve(name: str, known: dict[str, Path]) -> str | None:
@@ -156,7 +168,7 @@ def long_modules() -> dict[str, int]:
 def long_functions() -> dict[str, int]:
     out = {}
     for path in modules().values():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 n = (node.end_lineno or node.lineno) - node.lineno + 1
                 if n > MAX_FUNCTION_LINES:
