@@ -13,6 +13,7 @@ failed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pty
@@ -30,6 +31,7 @@ from fixtures.prefect import base_env
 from fixtures.resume import mismatches
 
 from storage import BatchStore, CheckpointStore
+from tasks.config import load_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -243,7 +245,7 @@ def test_ctrl_c_stops_the_dask_and_the_prefect_paths_cleanly(how, tmp_path, tmp_
     assert got.stats["failed_rollouts"] == 0 and mismatches(got, batch(clean_root, cid)) == {"actor": 0, "critic": 0}
 
 
-def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weights(prefect_env, prefect_api, tmp_path):
+def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weights(prefect_env, tmp_path, monkeypatch):
     """Interrupted while iteration 0 collects, then while its trainer runs (weights
     written, result not yet recorded), the loop resumes and ends with the weights of a
     loop that was never interrupted (tests/test_train_resume.py's loop and trainer)."""
@@ -277,12 +279,13 @@ def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weigh
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # the same loop never interrupted, run directly in this process from the user's folder
     clean = tmp_path / "clean"
-    (user / "clean.toml").write_text(LOOP.format(root=clean, markers=tmp_path / "m2", pause=0))
-    done = subprocess.run(
-        [*argv, "train", "-c", "clean.toml"], cwd=user, env=prefect_env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    monkeypatch.chdir(user)
+    cfg = load_config(user / "loop.toml", {"storage.root": str(clean), "train.options.pause_s": 0}, environ={})
+    from flows.loop import train_direct
+
+    asyncio.run(train_direct(cfg))
     for name in ("policy.pt", "critic.pt", "optimizer.pt"):
         got = WeightStore(str(root)).read(f"{WeightStore(str(root)).folder('r', 2)}/{name}")
         want = WeightStore(str(clean)).read(f"{WeightStore(str(clean)).folder('r', 2)}/{name}")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures.prefect import kill_tree
+from fixtures.prefect import base_env, kill_tree
 
 from storage import BatchStore, CheckpointStore
 from storage.weights import WeightStore
@@ -96,7 +96,7 @@ def _wait(proc, what, cond, timeout=300):
         time.sleep(0.05)
 
 
-def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_weights(prefect_env, prefect_api, tmp_path, monkeypatch):
+def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_weights(prefect_env, tmp_path, monkeypatch):
     user = tmp_path / "user"  # the user's folder: config and trainer module
     user.mkdir()
     (user / "slowtrain.py").write_text(textwrap.dedent(TRAINER))
@@ -108,9 +108,14 @@ def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_weights(prefect_env
     cmd = [sys.executable, str(launcher), "train", "-c", "loop.toml", "--json"]
     store = CheckpointStore(str(root))
 
+    # The killed runs take the direct path (no Prefect API configured), the run that
+    # finishes is a train_loop flow run and the clean loop runs directly again: one loop
+    # over one journal, so either path resumes the other and both end with one set of weights.
+    direct_env = base_env(tmp_path / "prefect-home")
+
     def start():
         return subprocess.Popen(
-            cmd, cwd=user, env=prefect_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, cwd=user, env=direct_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
         )
 
     kills = [
@@ -140,9 +145,9 @@ def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_weights(prefect_env
     monkeypatch.chdir(user)
     clean_root = tmp_path / "clean"
     cfg = load_config(user / "loop.toml", {"storage.root": str(clean_root), "train.options.pause_s": 0}, environ={})
-    from flows.train_loop import train_loop
+    from flows.loop import train_direct
 
-    clean = asyncio.run(train_loop(cfg))
+    clean = asyncio.run(train_direct(cfg))
     for a, b in zip(resumed, clean, strict=True):
         assert a["train"]["policy_version"] == b["train"]["policy_version"]
         ra = BatchStore(str(root)).read(a["batch_url"])
