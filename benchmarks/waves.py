@@ -90,13 +90,55 @@ def run_one(job: tuple[str, int, int, str, str, int, str, str, int]) -> dict[str
     return row | score(batch, mdps, values, gamma) | wave_stats(trees, slots)
 
 
-KEYS = ("waves", "jobs_per_wave", "transitions_per_wave", "batch", "occupancy", "steps", "adv_mse", "neutral_mse")
+KEYS = (
+    "waves",
+    "jobs_per_wave",
+    "transitions_per_wave",
+    "batch",
+    "occupancy",
+    "steps",
+    "adv_mse",
+    "neutral_mse",
+    "target_mse",
+)
+ERRORS = ("adv_mse", "neutral_mse", "target_mse")
+
+
+def cell_means(rows: list[dict[str, Any]], key: str) -> dict[tuple[str, str], float]:
+    """Per (family, critic): the mean of ``key`` over the seeds of ``rows``."""
+    cells: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if not math.isnan(r[key]):
+            cells.setdefault((r["family"], r["critic"]), []).append(r[key])
+    return {k: statistics.fmean(v) for k, v in cells.items()}
+
+
+def median_ratio(num: dict[tuple[str, str], float], den: dict[tuple[str, str], float]) -> dict[str, Any] | None:
+    xs = [cell_ratio(num[k], den[k]) for k in sorted(num.keys() & den.keys())]
+    return {"median": statistics.median(xs), "cells": len(xs), "each": xs} if xs else None
+
+
+def against(raw: list[dict[str, Any]], base: str) -> dict[str, Any]:
+    """Per other variant, method and budget: its errors over ``base``'s (median over
+    cells of the seed means' ratio), on the same pairs for the neutral MSE."""
+    out: dict[str, Any] = {}
+    for v in dict.fromkeys(r["variant"] for r in raw):
+        if v == base:
+            continue
+        for m in METHODS:
+            for b in sorted({r["budget"] for r in raw}):
+                mine = [r for r in raw if (r["variant"], r["method"], r["budget"]) == (v, m, b)]
+                theirs = [r for r in raw if (r["variant"], r["method"], r["budget"]) == (base, m, b)]
+                out.setdefault(v, {}).setdefault(m, {})[str(b)] = {
+                    k: median_ratio(cell_means(mine, k), cell_means(theirs, k)) for k in ERRORS
+                }
+    return out
 
 
 def summarise(raw: list[dict[str, Any]]) -> dict[str, Any]:
     """Per variant, method and budget: the means over families, critics and seeds; per
     variant and budget: selective / uniform of waves, steps and (median over cells) of
-    the advantage and neutral MSE of the cells' seed means."""
+    the advantage, neutral and critic-target MSE of the cells' seed means."""
     out: dict[str, Any] = {}
     for v in dict.fromkeys(r["variant"] for r in raw):
         rows = [r for r in raw if r["variant"] == v]
@@ -108,7 +150,7 @@ def summarise(raw: list[dict[str, Any]]) -> dict[str, Any]:
                 for m in METHODS
                 if any(r["method"] == m for r in at)
             }
-            ratios: dict[str, list[float]] = {"adv_mse": [], "neutral_mse": [], "waves": [], "steps": []}
+            ratios: dict[str, list[float]] = {k: [] for k in ("waves", "steps", *ERRORS)}
             for f, c in sorted({(r["family"], r["critic"]) for r in at}):
                 sel = [r for r in at if (r["family"], r["critic"], r["method"]) == (f, c, "selective")]
                 uni = [r for r in at if (r["family"], r["critic"], r["method"]) == (f, c, "uniform")]
@@ -164,8 +206,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raw = list(pool.map(run_one, jobs, chunksize=1))
     else:
         raw = [run_one(j) for j in jobs]
-    for v in variants:  # the shared (state, action) pairs are those of the same variant's runs
-        add_neutral([r for r in raw if r["variant"] == v])
+    # the neutral MSE is read on the (state, action) pairs every method and variant has
+    add_neutral(raw)
     summary = summarise(raw)
     for v, per in summary.items():
         for b, d in per.items():
@@ -178,8 +220,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"jobs/wave {s['jobs_per_wave']:5.1f} {u['jobs_per_wave']:5.1f}  "
                 f"trans/wave {s['transitions_per_wave']:6.1f} {u['transitions_per_wave']:6.1f}  "
                 f"occupancy {s['occupancy']:.3f} {u['occupancy']:.3f}  steps x{r['steps']['median']:.2f}  "
-                f"adv x{r['adv_mse']['median']:.3f} neutral x{r['neutral_mse']['median']:.3f}"
+                f"adv x{r['adv_mse']['median']:.3f} neutral x{r['neutral_mse']['median']:.3f} "
+                f"target x{r['target_mse']['median']:.3f}"
             )
+    base = next((v for v in variants if variants[v].get("wave_unit") == "jobs"), None)
+    versus = against(raw, base) if base else {}
+    for v, per in versus.items():
+        for m, by in per.items():
+            cells = "  ".join(
+                f"{b}H adv x{d['adv_mse']['median']:.3f} neutral x{d['neutral_mse']['median']:.3f} "
+                f"target x{d['target_mse']['median']:.3f}"
+                for b, d in by.items()
+                if d["adv_mse"] and d["neutral_mse"] and d["target_mse"]
+            )
+            print(f"{v:>10s} / {base} {m:>9s}  {cells}")
     info = {
         "families": families,
         "budgets": budgets,
@@ -191,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "collections": len(jobs),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
-    report = {"summary": summary, "info": info, "raw": raw}
+    report = {"summary": summary, "versus": {"base": base, "ratios": versus}, "info": info, "raw": raw}
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)
