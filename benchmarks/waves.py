@@ -161,8 +161,13 @@ def summarise(raw: list[dict[str, Any]]) -> dict[str, Any]:
                     o = statistics.fmean(r[k] for r in uni)
                     if not (math.isnan(a) or math.isnan(o)):
                         ratios[k].append(cell_ratio(a, o))
+            by_family = {
+                f: {m: statistics.fmean(r["waves"] for r in at if (r["family"], r["method"]) == (f, m)) for m in means}
+                for f in dict.fromkeys(r["family"] for r in at)
+            }
             per[str(b)] = {
                 "means": means,
+                "waves_by_family": by_family,
                 "selective_vs_uniform": {
                     k: {"median": statistics.median(xs), "cells": len(xs), "each": xs} if xs else None
                     for k, xs in ratios.items()
