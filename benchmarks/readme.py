@@ -1259,6 +1259,11 @@ def waves(f: dict[str, Any]) -> str:
     fam = summary["default"][top]["waves_by_family"]
     ratio = max(d["selective"] / d["uniform"] for d in fam.values())
     mean = summary["default"][top]["means"]
+    per_family = "; ".join(
+        f"{code(v)}: "
+        + ", ".join(f"{k} {num(d['selective'])} / {num(d['uniform'])}" for k, d in per[top]["waves_by_family"].items())
+        for v, per in summary.items()
+    )
     lines = [
         f"{len(info['families'])} families ({', '.join(info['families'])}), critics {', '.join(info['critics'])}, "
         f"{info['seeds']} seeds, {info['tasks']} tasks per collection, {info['collections']} collections; "
@@ -1269,9 +1274,7 @@ def waves(f: dict[str, Any]) -> str:
         table(head, rows),
         f"Goal (library defaults, {top}H): selective's waves <= 1.5x uniform's: "
         f"{x_(mean['selective']['waves'] / mean['uniform']['waves'])} on the mean, {x_(ratio)} in the worst family "
-        f"({verdict(ratio, 1.5, '<=')}). Waves per family at {top}H, selective / uniform: "
-        + ", ".join(f"{k} {num(d['selective'])} / {num(d['uniform'])}" for k, d in fam.items())
-        + ".",
+        f"({verdict(ratio, 1.5, '<=')}). Waves per family at {top}H, selective / uniform: {per_family}.",
     ]
     versus = f.get("versus", {})
     if versus.get("ratios"):
@@ -1284,11 +1287,15 @@ def waves(f: dict[str, Any]) -> str:
                             v,
                             m,
                             f"{b}H",
-                            *(x_(d[k]["median"]) if d[k] else "n/a" for k in ("adv_mse", "neutral_mse", "target_mse")),
+                            *(
+                                f"{x_(d[k]['median'])} ({span(d[k]['each'], x_)})" if d[k] else "n/a"
+                                for k in ("adv_mse", "neutral_mse", "target_mse")
+                            ),
                         ]
                     )
         lines.append(
-            f"Each variant's errors over the same method's with `{versus['base']}` waves (median over cells):\n\n"
+            f"Each variant's errors over the same method's with `{versus['base']}` waves (median over cells, and "
+            "the range of the cells):\n\n"
             + table(["variant", "method", "budget", "adv MSE", "neutral MSE", "target MSE"], vrows)
         )
     return "\n\n".join(lines)
