@@ -157,7 +157,7 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         "waves",
         "benchmarks.waves",
-        ("--seeds", "3", "--variants", '{"jobs": {"wave_unit": "jobs"}, "half": {"wave_size": 8}}'),
+        ("--seeds", "5", "--variants", '{"jobs": {"wave_unit": "jobs"}, "double": {"wave_size": 32}}'),
         ("--families", "critical,decisive", "--budgets", "6", "--seeds", "1", "--jobs", "1",
          "--variants", '{"jobs": {"wave_unit": "jobs"}}'),
         timeout_s=3600,

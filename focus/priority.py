@@ -48,12 +48,12 @@ class Phase(BaseModel):
       tasks. Waves stop launching once it is spent; rollouts already running finish,
       so the phase may end slightly over it (statistics report what was used).
     * ``wave_size``: how much a wave launches (re-ranked between waves), in the unit
-      ``wave_unit`` names. ``"rollouts"`` (the default): continuations until their
-      expected task transitions reach ``wave_size`` full rollouts' worth (the mean
-      transitions from the root to a valid leaf, the calibration's), so a wave of short
-      continuations near the leaves holds more of them and a phase runs about as many
-      waves whichever checkpoints its priority picks. ``"jobs"``: ``wave_size``
-      continuations, however short (what every wave was before issue 37).
+      ``wave_unit`` names. ``"transitions"`` (the default): continuations until their
+      expected task transitions reach ``wave_size`` continuations of average length,
+      half a rollout each (half the calibration's mean transitions from the root to a
+      valid leaf), so a wave of short continuations near the leaves holds more of them
+      and a phase runs about as many waves whichever checkpoints its priority picks.
+      ``"jobs"``: ``wave_size`` continuations, however short (every wave before issue 37).
     * ``max_branches``: most continuations started from one checkpoint (all phases).
     * ``max_depth``: deepest checkpoint continued (root = 0; 0 means root only).
 
@@ -69,7 +69,7 @@ class Phase(BaseModel):
     rollouts_per_task: int | None = Field(None, ge=1)
     transitions: int | None = Field(None, ge=0)
     wave_size: int = Field(16, ge=1)
-    wave_unit: Literal["rollouts", "jobs"] = "rollouts"
+    wave_unit: Literal["transitions", "jobs"] = "transitions"
     max_branches: int = Field(4, ge=1)
     max_depth: int = Field(64, ge=0)
     max_waves: int | None = Field(None, ge=1)

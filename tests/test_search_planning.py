@@ -88,11 +88,11 @@ def digest(batch) -> str:  # type: ignore[no-untyped-def]
 PINNED = {
     ("grpo", 0): ("d48133fce843f77e", 232, 208),
     ("grpo", 1): ("c69e15d1237eac95", 234, 212),
-    ("selective", 0): ("ebbd63fa84e76f2e", 342, 192),
-    ("selective", 1): ("c3bd81d3ecedeca4", 342, 197),
+    ("selective", 0): ("8af89b30b8c69832", 342, 176),
+    ("selective", 1): ("5fd44437d71e4c1e", 342, 185),
     ("selective_jobs", 0): ("0b5840dea72824b7", 342, 188),
-    ("uniform", 0): ("af01b5ee09cdc30b", 283, 239),
-    ("uniform", 1): ("05f976a9c83c22fc", 283, 236),
+    ("uniform", 0): ("eaa0f14a3bfab472", 282, 238),
+    ("uniform", 1): ("7ab76123eff7242a", 285, 238),
 }
 
 
@@ -103,19 +103,18 @@ def test_batches_are_pinned(kind: str, seed: int) -> None:
     assert (digest(batch), len(batch.actor), len(batch.critic)) == PINNED[(kind, seed)]
 
 
-def test_a_wave_holds_wave_size_rollouts_worth_of_transitions() -> None:
+def test_a_wave_holds_wave_size_half_rollouts_of_transitions() -> None:
     """By default a wave plans continuations until their expected transitions reach
-    ``wave_size`` mean rollouts (so short continuations make a wave of more jobs);
+    ``wave_size`` half rollouts (so short continuations make a wave of more jobs);
     ``wave_unit="jobs"`` plans ``wave_size`` jobs."""
     col, tasks = collection("selective", 0)
     state = run(col.run_evidence(tasks))
-    rollout = state.calibration(col.search).mean_leaf_transitions
+    half = state.calibration(col.search).mean_leaf_transitions / 2
     cont = col.search.phases[1]
     plan = plan_wave(state, col.search, 1, 0)
-    fill = cont.wave_size * rollout
+    fill = cont.wave_size * half
     assert fill < (cont.transitions or 0)  # the wave, not the budget, ends the plan
     assert sum(plan.expected[:-1]) < fill <= sum(plan.expected)
-    assert len(plan.jobs) > cont.wave_size  # continuations shorter than a rollout
     by_jobs = col.search.model_copy(
         update={"phases": tuple(p.model_copy(update={"wave_unit": "jobs"}) for p in col.search.phases)}
     )
@@ -151,7 +150,7 @@ def test_every_wave_plans_as_from_scratch_and_after_a_pickle_round_trip() -> Non
             state = run(col.run_wave(state, plan))
             w += 1
             waves += 1
-    assert waves >= 5  # waves of wave_size rollouts' worth of transitions (of 5 and 7 jobs before)
+    assert waves >= 6
 
 
 def test_derived_facts_are_not_pickled() -> None:

@@ -31,7 +31,7 @@ from tasks.journal import CheckpointJournal
 
 PHASES = (
     Phase("evidence", rollouts_per_task=2),
-    # waves of one rollout's worth of transitions: several waves from a small budget
+    # waves of one half rollout's worth of transitions: several waves from a small budget
     Phase("continue", transitions=90, wave_size=1, max_branches=3, max_depth=8),
     Phase("more", transitions=30, wave_size=1, max_branches=4),
 )

@@ -30,7 +30,7 @@ def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index
     Continuation phase: greedily take the highest-priority eligible checkpoint, count
     the planned continuation into its evidence (``pending``) and re-rank it, until the
     wave is full (``Phase.wave_size`` in ``Phase.wave_unit``: by default the planned
-    jobs' expected transitions reach ``wave_size`` mean rollouts, :func:`wave_limits`)
+    jobs' expected transitions reach ``wave_size`` half rollouts, :func:`wave_limits`)
     or the expected transitions of the planned jobs cover what is left of the phase
     budget. The jobs of waves planned but not grafted yet (``state.planned``, see
     :func:`plan_ahead`) count as pending from the start, and their expected
@@ -173,19 +173,24 @@ def wave_limits(phase: Phase, calib: Calibration, slots: int | None = None) -> t
     """The most jobs and the most expected task transitions one wave (or one refill of
     ``slots`` free slots) of ``phase`` plans.
 
-    ``wave_unit="jobs"``: ``wave_size`` jobs. ``"rollouts"``: ``wave_size`` mean
-    rollouts' worth of transitions (``calib.mean_leaf_transitions`` each), however
-    many jobs that takes. Why transitions: a continuation's length depends on where it
+    ``wave_unit="jobs"``: ``wave_size`` jobs. ``"transitions"``: ``wave_size``
+    continuations of average length in expected transitions, half a mean rollout each
+    (``calib.mean_leaf_transitions / 2``: a continuation from a uniformly drawn point of
+    a rollout), however many jobs that takes. Why transitions: a continuation's length
+    depends on where it
     starts, and a priority that favours late checkpoints (Selective ranks per expected
     transition) plans continuations of a couple of transitions; counted in jobs its
     waves held a quarter of uniform branching's transitions, so it ran about four times
     as many barriers, each a small batch for the model server, for the same budget
     (issue 37, benchmarks/waves.py). The wave is re-ranked after as many transitions
-    of new evidence whichever checkpoints the priority picks.
+    of new evidence whichever checkpoints the priority picks. Why half a rollout: waves
+    of ``wave_size`` whole rollouts' worth cut Selective's and uniform's re-rankings so
+    far that both estimated a few percent worse; half kept both within noise of the
+    former waves (docs/algorithm.md, "Planning").
     """
     if phase.wave_unit == "jobs":
         return (phase.wave_size if slots is None else min(slots, phase.wave_size)), math.inf
-    return (sys.maxsize if slots is None else slots), phase.wave_size * calib.mean_leaf_transitions
+    return (sys.maxsize if slots is None else slots), phase.wave_size * calib.mean_leaf_transitions / 2
 
 
 def _greedy(

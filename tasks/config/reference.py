@@ -81,8 +81,8 @@ MEANING: dict[str, str] = {
     "search.phases[].transitions": "task-transition budget of a continuation phase, spent in waves from the best "
     "checkpoints",
     "search.phases[].wave_size": "how much one wave starts, in `wave_unit` (not used by an evidence phase)",
-    "search.phases[].wave_unit": "`rollouts`: a wave starts continuations until their expected task transitions "
-    "reach `wave_size` mean rollouts' worth, so short ones make fuller waves (benchmarks/README.md, "
+    "search.phases[].wave_unit": "`transitions`: a wave starts continuations until their expected task transitions "
+    "reach `wave_size` half rollouts, so short ones make fuller waves (benchmarks/README.md, "
     '"Wave barriers") \\| `jobs`: `wave_size` continuations',
     "search.phases[].max_branches": "most continuations started from one checkpoint",
     "search.phases[].max_depth": "deepest checkpoint continued (root = 0)",
