@@ -99,6 +99,7 @@ from focus.synthetic import (
     synthetic_format,
 )
 from focus.synthetic_hard import DEPTH_CRITICS, HARD_FAMILIES, depth_critic, depths
+from focus.tree import Tree
 
 CRITICS = ("exact", "noise_0.5", "noise_1", "noise_3", "constant", *DEPTH_CRITICS)
 #: The project's eight families and the held-out-style ones of issue 31.
@@ -256,6 +257,18 @@ def add_neutral(raw: list[dict[str, Any]]) -> None:
 
 def run_one(job: tuple[str, int, int, str, str, int]) -> dict[str, Any]:
     """One collection: ``n_tasks`` instances of a family, one method, critic and seed."""
+    family, _, budget, critic, method, seed = job
+    batch, mdps, values, gamma, _ = collect(job)
+    return {"family": family, "budget": budget, "critic": critic, "method": method, "seed": seed} | score(
+        batch, mdps, values, gamma
+    )
+
+
+def collect(
+    job: tuple[str, int, int, str, str, int], phase: dict[str, Any] | None = None
+) -> tuple[Batch, list[TreeMDP], list[list[float]], float, list[Tree]]:
+    """The batch of :func:`run_one`'s collection, its MDPs, their exact values, γ and
+    the trees; ``phase`` overrides fields of the continuation phase (benchmarks.waves)."""
     family, n_tasks, budget, critic, method, seed = job
     fam = ALL_FAMILIES[family]
     mdps = [fam.make(1000 * seed + i) for i in range(n_tasks)]
@@ -266,6 +279,8 @@ def run_one(job: tuple[str, int, int, str, str, int]) -> dict[str, Any]:
     expected = evidence * sum(min(m.expected_length(), max_steps) for m in mdps)
     transitions = max(0, round(budget * fam.horizon * n_tasks - expected))
     search, est = make_search(method, evidence, transitions)
+    if phase:
+        search = search.model_copy(update={"phases": (search.phases[0], search.phases[1].model_copy(update=phase))})
     est = est.model_copy(update={"gamma": fam.gamma})
     col = Collector(
         agent,
@@ -277,10 +292,8 @@ def run_one(job: tuple[str, int, int, str, str, int]) -> dict[str, Any]:
         seed=seed,
     )
     tasks = [Task(f"{family}{i}", {"mdp": i}) for i in range(n_tasks)]
-    batch = asyncio.run(col.collect(tasks))
-    return {"family": family, "budget": budget, "critic": critic, "method": method, "seed": seed} | score(
-        batch, mdps, values, fam.gamma
-    )
+    state = asyncio.run(col.run_search(tasks))
+    return col.prepare(state), mdps, values, fam.gamma, list(state.trees)
 
 
 def cell_ratio(num: float, den: float) -> float:

@@ -1233,6 +1233,74 @@ FLEET_ROUTERS = {
 }
 
 
+def waves(f: dict[str, Any]) -> str:
+    """benchmarks/waves.py: wave count, fill and lock-step occupancy of selective and
+    uniform per variant and budget, the estimator-quality ratios of the same runs, and
+    each variant's errors over the jobs-unit waves."""
+    info, summary = f["info"], f["summary"]
+    rows = []
+    for v, per in summary.items():
+        for b, d in per.items():
+            s, u, r = d["means"]["selective"], d["means"]["uniform"], d["selective_vs_uniform"]
+            rows.append(
+                [
+                    v, f"{b}H", f"{num(s['waves'])} / {num(u['waves'])}", f"**{x_(s['waves'] / u['waves'])}**",
+                    f"{num(s['jobs_per_wave'])} / {num(u['jobs_per_wave'])}",
+                    f"{num(s['transitions_per_wave'])} / {num(u['transitions_per_wave'])}",
+                    f"{num(s['occupancy'])} / {num(u['occupancy'])}", x_(r["steps"]["median"]),
+                    x_(r["adv_mse"]["median"]), x_(r["neutral_mse"]["median"]), x_(r["target_mse"]["median"]),
+                ]
+            )  # fmt: skip
+    head = [
+        "variant", "budget", "waves, sel / uni", "sel / uni waves", "jobs per wave", "transitions per wave",
+        "server occupancy", "server steps, sel / uni", "adv MSE, sel / uni", "neutral MSE", "target MSE",
+    ]  # fmt: skip
+    top = max(summary["default"], key=int)
+    fam = summary["default"][top]["waves_by_family"]
+    ratio = max(d["selective"] / d["uniform"] for d in fam.values())
+    mean = summary["default"][top]["means"]
+    per_family = "; ".join(
+        f"{code(v)}: "
+        + ", ".join(f"{k} {num(d['selective'])} / {num(d['uniform'])}" for k, d in per[top]["waves_by_family"].items())
+        for v, per in summary.items()
+    )
+    lines = [
+        f"{len(info['families'])} families ({', '.join(info['families'])}), critics {', '.join(info['critics'])}, "
+        f"{info['seeds']} seeds, {info['tasks']} tasks per collection, {info['collections']} collections; "
+        f"server of {info['slots']} sequences. Means over families, critics and seeds; ratios of the errors are "
+        "medians over cells (family x critic) of the seed means; variants: "
+        + "; ".join(f"{code(v)} {code(str(p or 'library defaults'))}" for v, p in info["variants"].items())
+        + ".",
+        table(head, rows),
+        f"Goal (library defaults, {top}H): selective's waves <= 1.5x uniform's: "
+        f"{x_(mean['selective']['waves'] / mean['uniform']['waves'])} on the mean, {x_(ratio)} in the worst family "
+        f"({verdict(ratio, 1.5, '<=')}). Waves per family at {top}H, selective / uniform: {per_family}.",
+    ]
+    versus = f.get("versus", {})
+    if versus.get("ratios"):
+        vrows = []
+        for v, by in versus["ratios"].items():
+            for m, per in by.items():
+                for b, d in per.items():
+                    vrows.append(
+                        [
+                            v,
+                            m,
+                            f"{b}H",
+                            *(
+                                f"{x_(d[k]['median'])} ({span(d[k]['each'], x_)})" if d[k] else "n/a"
+                                for k in ("adv_mse", "neutral_mse", "target_mse")
+                            ),
+                        ]
+                    )
+        lines.append(
+            f"Each variant's errors over the same method's with `{versus['base']}` waves (median over cells, and "
+            "the range of the cells):\n\n"
+            + table(["variant", "method", "budget", "adv MSE", "neutral MSE", "target MSE"], vrows)
+        )
+    return "\n\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[Any], str]] = {
     "local_model": local_model,
     "batch_write": batch_write,
@@ -1253,6 +1321,7 @@ RENDERERS: dict[str, Callable[[Any], str]] = {
     "cli_start": cli_start,
     "restart": restart,
     "fleet": fleet,
+    "waves": waves,
 }
 
 

@@ -154,6 +154,15 @@ REGISTRY: tuple[Benchmark, ...] = (
         ("--replicas", "1,2", "--transitions", "20", "--tasks", "2", "--latency-ms", "20", "--prefill-ms", "1"),
         timeout_s=5400,
     ),
+    Benchmark(
+        "waves",
+        "benchmarks.waves",
+        ("--seeds", "5", "--variants", '{"jobs": {"wave_unit": "jobs"}, "double": {"wave_size": 32}}'),
+        ("--families", "critical,decisive", "--budgets", "6", "--seeds", "1", "--jobs", "1",
+         "--variants", '{"jobs": {"wave_unit": "jobs"}}'),
+        timeout_s=3600,
+        drop=("raw",),
+    ),  # fmt: skip
 )
 BY_NAME = {b.name: b for b in REGISTRY}
 

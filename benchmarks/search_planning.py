@@ -44,7 +44,15 @@ def make(n_tasks: int, wave_size: int, transitions: int = 10**9, max_depth: int 
     agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=20)
     phases = (
         Phase("evidence", rollouts_per_task=2),
-        Phase("continue", transitions=transitions, wave_size=wave_size, max_branches=4, max_depth=max_depth),
+        # waves of --wave-size jobs: the cost per wave is measured at a given wave size
+        Phase(
+            "continue",
+            transitions=transitions,
+            wave_size=wave_size,
+            max_branches=4,
+            max_depth=max_depth,
+            wave_unit="jobs",
+        ),
     )
     col = Collector(
         agent,

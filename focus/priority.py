@@ -24,6 +24,7 @@ import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -49,13 +50,20 @@ class Phase(BaseModel):
     * ``transitions``: task-transition budget of a continuation phase, summed over all
       tasks. Waves stop launching once it is spent; rollouts already running finish,
       so the phase may end slightly over it (statistics report what was used).
-    * ``wave_size``: continuations launched per wave (re-ranked between waves).
+    * ``wave_size``: how much a wave launches (re-ranked between waves), in the unit
+      ``wave_unit`` names. ``"transitions"`` (the default): continuations until their
+      expected task transitions reach ``wave_size`` continuations of average length,
+      half a rollout each (half the calibration's mean transitions from the root to a
+      valid leaf), so a wave of short continuations near the leaves holds more of them
+      and a phase runs about as many waves whichever checkpoints its priority picks.
+      ``"jobs"``: ``wave_size`` continuations, however short (every wave before issue 37).
     * ``max_branches``: most continuations started from one checkpoint (all phases).
     * ``max_depth``: deepest checkpoint continued (root = 0; 0 means root only).
 
     With ``Execution(streaming=True)`` a continuation phase has no wave barriers: the
-    collector refills free slots as rollouts finish (``wave_size`` is then unused), so
-    the model service never drains between waves, at the price of per-wave resume.
+    collector refills free slots as rollouts finish (a refill is capped by the free
+    slots and by ``wave_size`` in its unit), so the model service never drains between
+    waves, at the price of per-wave resume.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -64,6 +72,7 @@ class Phase(BaseModel):
     rollouts_per_task: int | None = Field(None, ge=1)
     transitions: int | None = Field(None, ge=0)
     wave_size: int = Field(16, ge=1)
+    wave_unit: Literal["transitions", "jobs"] = "transitions"
     max_branches: int = Field(4, ge=1)
     max_depth: int = Field(64, ge=0)
     max_waves: int | None = Field(None, ge=1)

@@ -22,7 +22,8 @@ from focus.testing import EnvConformance, ScriptedPolicy, run
 
 PHASES = [
     Phase("evidence", rollouts_per_task=3),
-    Phase("continue", transitions=60, wave_size=8, max_branches=4, max_depth=8),
+    # waves of 8 jobs: several waves from a small budget
+    Phase("continue", transitions=60, wave_size=8, max_branches=4, max_depth=8, wave_unit="jobs"),
 ]
 
 

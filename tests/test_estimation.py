@@ -506,7 +506,8 @@ def test_the_critic_is_trusted_as_far_as_the_evidence_shows_it_deserves():
     (not exact: the fit cannot rule out some env noise and critic error from finitely
     many spreads). Constant critic: a weight near 0 and nothing worse than per-node
     Monte Carlo by more than a few percent."""
-    search = Uniform(phases=[Phase("evidence", rollouts_per_task=2), Phase("more", transitions=150, wave_size=16)])
+    more = Phase("more", transitions=150, wave_size=16, wave_unit="jobs")
+    search = Uniform(phases=[Phase("evidence", rollouts_per_task=2), more])
     exact_w, const_w, ratios = [], [], []
     for seed in range(4):
         state = collect(search, SyntheticCritic(MDPS, 0.0), seed=seed)

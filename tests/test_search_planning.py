@@ -41,6 +41,17 @@ def searches() -> dict[str, tuple[Priority, DirectBranchTd | GroupNormalized]]:
             Uniform(phases=(EVIDENCE, Phase("continue", transitions=150, wave_size=6, max_branches=4))),
             DirectBranchTd(),
         ),
+        # waves of wave_size jobs: the plans every wave made before issue 37, kept bit for bit
+        "selective_jobs": (
+            Selective(
+                phases=(
+                    EVIDENCE,
+                    Phase("continue", transitions=150, wave_size=5, max_branches=3, max_depth=6, wave_unit="jobs"),
+                    Phase("more", transitions=60, wave_size=7, max_branches=5, wave_unit="jobs"),
+                ),
+            ),
+            DirectBranchTd(),
+        ),
         "grpo": (
             Uniform(
                 phases=(EVIDENCE, Phase("rollouts", transitions=100, wave_size=4, max_depth=0, max_branches=10**6))
@@ -77,10 +88,11 @@ def digest(batch) -> str:  # type: ignore[no-untyped-def]
 PINNED = {
     ("grpo", 0): ("d48133fce843f77e", 232, 208),
     ("grpo", 1): ("c69e15d1237eac95", 234, 212),
-    ("selective", 0): ("0b5840dea72824b7", 342, 188),
-    ("selective", 1): ("c9f44179ee45a810", 343, 256),
-    ("uniform", 0): ("dbadbdfec3f621d0", 282, 238),
-    ("uniform", 1): ("c762fe5c787ae946", 285, 237),
+    ("selective", 0): ("8af89b30b8c69832", 342, 176),
+    ("selective", 1): ("5fd44437d71e4c1e", 342, 185),
+    ("selective_jobs", 0): ("0b5840dea72824b7", 342, 188),
+    ("uniform", 0): ("eaa0f14a3bfab472", 282, 238),
+    ("uniform", 1): ("7ab76123eff7242a", 285, 238),
 }
 
 
@@ -89,6 +101,24 @@ def test_batches_are_pinned(kind: str, seed: int) -> None:
     col, tasks = collection(kind, seed)
     batch = run(col.collect(tasks))
     assert (digest(batch), len(batch.actor), len(batch.critic)) == PINNED[(kind, seed)]
+
+
+def test_a_wave_holds_wave_size_half_rollouts_of_transitions() -> None:
+    """By default a wave plans continuations until their expected transitions reach
+    ``wave_size`` half rollouts (so short continuations make a wave of more jobs);
+    ``wave_unit="jobs"`` plans ``wave_size`` jobs."""
+    col, tasks = collection("selective", 0)
+    state = run(col.run_evidence(tasks))
+    half = state.calibration(col.search).mean_leaf_transitions / 2
+    cont = col.search.phases[1]
+    plan = plan_wave(state, col.search, 1, 0)
+    fill = cont.wave_size * half
+    assert fill < (cont.transitions or 0)  # the wave, not the budget, ends the plan
+    assert sum(plan.expected[:-1]) < fill <= sum(plan.expected)
+    by_jobs = col.search.model_copy(
+        update={"phases": tuple(p.model_copy(update={"wave_unit": "jobs"}) for p in col.search.phases)}
+    )
+    assert len(plan_wave(state, by_jobs, 1, 0).jobs) == cont.wave_size
 
 
 def fresh(state: SearchState) -> SearchState:

@@ -76,7 +76,7 @@ class RetriedPolicy(SyntheticPolicy):
 def collector(policy_cls=SyntheticPolicy) -> tuple[Collector, list[Task]]:  # type: ignore[no-untyped-def]
     mdps = [SHAPES[s](i) for i, s in enumerate(["uniform", "critical", "long"])]
     agent = Agent(policy_cls(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=20)
-    phases = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=40, wave_size=4))
+    phases = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=40, wave_size=4, wave_unit="jobs"))
     col = Collector(agent, Selective(phases=phases), ConstantCritic(0.5), execution=Execution(max_concurrency=4))
     return col, [Task(f"t{i}", {"mdp": i}) for i in range(3)]
 

@@ -31,8 +31,9 @@ from tasks.journal import CheckpointJournal
 
 PHASES = (
     Phase("evidence", rollouts_per_task=2),
-    Phase("continue", transitions=90, wave_size=5, max_branches=3, max_depth=8),
-    Phase("more", transitions=30, wave_size=4, max_branches=4),
+    # waves of one half rollout's worth of transitions: several waves from a small budget
+    Phase("continue", transitions=90, wave_size=1, max_branches=3, max_depth=8),
+    Phase("more", transitions=30, wave_size=1, max_branches=4),
 )
 
 

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from focus.priority import Priority
+from focus.calibration import Calibration
+from focus.priority import Phase, Priority
 from focus.ranking import entry
 from focus.search.state import RolloutJob, SearchState, WavePlan, _successor, _TreeFacts, rollout_seed
 
@@ -26,10 +29,12 @@ def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index
     Evidence phase: ``rollouts_per_task`` rollouts from every root in wave 0.
     Continuation phase: greedily take the highest-priority eligible checkpoint, count
     the planned continuation into its evidence (``pending``) and re-rank it, until the
-    wave is full or the expected transitions of the planned jobs cover what is left of
-    the phase budget. The jobs of waves planned but not grafted yet
-    (``state.planned``, see :func:`plan_ahead`) count as pending from the start, and
-    their expected transitions are held back from the budget.
+    wave is full (``Phase.wave_size`` in ``Phase.wave_unit``: by default the planned
+    jobs' expected transitions reach ``wave_size`` half rollouts, :func:`wave_limits`)
+    or the expected transitions of the planned jobs cover what is left of the phase
+    budget. The jobs of waves planned but not grafted yet (``state.planned``, see
+    :func:`plan_ahead`) count as pending from the start, and their expected
+    transitions are held back from the budget.
     """
     if not 0 <= phase_index < len(search.phases):
         raise ValueError(f"phase index {phase_index} out of range: the search has {len(search.phases)} phases")
@@ -72,7 +77,7 @@ def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index
         return WavePlan(phase_index, wave_index)
     # Each tree's eligible checkpoints are ranked once per tree version (cached in the
     # state); the wave merges the per-tree rankings.
-    chosen = _greedy(state, search, phase_index, facts, pending, phase.wave_size, remaining)
+    chosen = _greedy(state, search, phase_index, facts, pending, None, remaining)
     return WavePlan(
         phase_index, wave_index, tuple(c.job for c in chosen), tuple(c.expected_transitions for c in chosen)
     )
@@ -137,7 +142,8 @@ def plan_refill(
     The streaming counterpart of :func:`plan_wave` with the same greedy choice: an
     in-flight continuation counts as ``pending`` at its checkpoint (toward
     ``max_branches`` and in the priority), and its expected transitions are held back
-    from what is left of the phase budget. A refill is also capped at ``wave_size``.
+    from what is left of the phase budget. A refill is also capped at ``wave_size``
+    in its unit, like a wave (:func:`wave_limits`).
     Branch indices continue after every continuation started from the checkpoint
     (grafted or in flight), so seeds stay a function of (tree, node, branch).
     """
@@ -160,7 +166,31 @@ def plan_refill(
     for f in in_flight:
         key = (f.job.tree_index, f.job.node_id)
         pending[key] = pending.get(key, 0) + 1
-    return _greedy(state, search, phase_index, facts, pending, min(slots, phase.wave_size), remaining)
+    return _greedy(state, search, phase_index, facts, pending, slots, remaining)
+
+
+def wave_limits(phase: Phase, calib: Calibration, slots: int | None = None) -> tuple[int, float]:
+    """The most jobs and the most expected task transitions one wave (or one refill of
+    ``slots`` free slots) of ``phase`` plans.
+
+    ``wave_unit="jobs"``: ``wave_size`` jobs. ``"transitions"``: ``wave_size``
+    continuations of average length in expected transitions, half a mean rollout each
+    (``calib.mean_leaf_transitions / 2``: a continuation from a uniformly drawn point of
+    a rollout), however many jobs that takes. Why transitions: a continuation's length
+    depends on where it
+    starts, and a priority that favours late checkpoints (Selective ranks per expected
+    transition) plans continuations of a couple of transitions; counted in jobs its
+    waves held a quarter of uniform branching's transitions, so it ran about four times
+    as many barriers, each a small batch for the model server, for the same budget
+    (issue 37, benchmarks/waves.py). The wave is re-ranked after as many transitions
+    of new evidence whichever checkpoints the priority picks. Why half a rollout: waves
+    of ``wave_size`` whole rollouts' worth cut Selective's and uniform's re-rankings so
+    far that both estimated a few percent worse; half kept both within noise of the
+    former waves (docs/algorithm.md, "Planning").
+    """
+    if phase.wave_unit == "jobs":
+        return (phase.wave_size if slots is None else min(slots, phase.wave_size)), math.inf
+    return (sys.maxsize if slots is None else slots), phase.wave_size * calib.mean_leaf_transitions / 2
 
 
 def _greedy(
@@ -169,12 +199,13 @@ def _greedy(
     phase_index: int,
     facts: list[_TreeFacts],
     pending: dict[tuple[int, int], int],
-    limit: int,
+    slots: int | None,
     remaining: float,
 ) -> tuple[InFlight, ...]:
     """Greedily take the highest-priority eligible checkpoint, count the planned
-    continuation into its evidence (``pending``) and re-rank it, until ``limit`` jobs
-    are planned or their expected transitions cover ``remaining``.
+    continuation into its evidence (``pending``) and re-rank it, until the wave is full
+    (:func:`wave_limits`, at most ``slots`` jobs when given) or the planned jobs'
+    expected transitions cover ``remaining``.
 
     ``pending`` holds continuations already running (streaming mode; empty for a wave):
     their checkpoints leave the cached rankings (ranked with nothing pending) and enter
@@ -184,6 +215,8 @@ def _greedy(
     """
     phase = search.phases[phase_index]
     calib = state.calibration(search)
+    limit, fill = wave_limits(phase, calib, slots)
+    remaining = min(remaining, fill)
     ranked = [f.ranked(search, calib, phase_index, state.seed) for f in facts]
     heap: list[tuple[float, float, int, int, int]] = []
     busy = dict(pending)

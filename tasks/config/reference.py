@@ -80,7 +80,10 @@ MEANING: dict[str, str] = {
     "search.phases[].rollouts_per_task": "makes an evidence phase (first phase only): complete rollouts per root",
     "search.phases[].transitions": "task-transition budget of a continuation phase, spent in waves from the best "
     "checkpoints",
-    "search.phases[].wave_size": "continuations started per wave (not used by an evidence phase)",
+    "search.phases[].wave_size": "how much one wave starts, in `wave_unit` (not used by an evidence phase)",
+    "search.phases[].wave_unit": "`transitions`: a wave starts continuations until their expected task transitions "
+    "reach `wave_size` half rollouts, so short ones make fuller waves (benchmarks/README.md, "
+    '"Wave barriers") \\| `jobs`: `wave_size` continuations',
     "search.phases[].max_branches": "most continuations started from one checkpoint",
     "search.phases[].max_depth": "deepest checkpoint continued (root = 0)",
     "search.phases[].max_waves": "most waves of the phase (unset: until the budget is spent)",
