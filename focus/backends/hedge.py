@@ -4,8 +4,11 @@ When an attempt may be hedged (:class:`~focus.backends.retry.HedgeTimer` says wh
 how often), the first request and its copies race and the first good answer wins. Most
 attempts are never hedged - by design a copy goes out for about one request in a
 thousand on a healthy server - so the race is built for that case: the first request
-runs inline in the caller's task, and all the race costs it is one timer handle (when
-the timer fires, a copy starts as a task). A copy that answers first cancels the
+runs inline in the caller's task, and all the race costs it is an entry in the client's
+:class:`~focus.backends.watch.Watch` of hedged requests (one timer for all of them): only
+a request still unanswered at the timer's first look (``HedgeTimer.first_look_s``) gets
+the race's state and timer of its own (when the timer fires, a copy starts as a task).
+A copy that answers first cancels the
 caller's await of the first request (the connection it used is closed, like any
 cancelled request) and its answer is returned instead; if the first request fails
 while copies are in flight, the caller waits for them. Running the first request as a
@@ -26,6 +29,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
 from focus.backends.retry import HedgeTimer
+from focus.backends.watch import Entry, Watch
 
 R = TypeVar("R")
 
@@ -61,11 +65,13 @@ class _Race(Generic[R]):
         timer: HedgeTimer,
         key: tuple[str, int],
         retryable: type[BaseException],
+        owner: asyncio.Task[Any] | None,
+        start: float,
     ) -> None:
         self.loop, self.copy, self.copy_args, self.timer = loop, copy, copy_args, timer
         self.key, self.retryable = key, retryable
-        self.owner = asyncio.current_task()
-        self.sends = [time.monotonic()]
+        self.owner = owner
+        self.sends = [start]
         self.copies: list[asyncio.Task[R]] = []
         self.live = 0  # copies in flight
         self.first_failed = False
@@ -152,6 +158,23 @@ class _Race(Generic[R]):
                 task.cancel()
 
 
+def hedge_watch(loop: asyncio.AbstractEventLoop, timer: HedgeTimer) -> Watch:
+    """The watch of one client's hedged first requests on ``loop``: a request still
+    unanswered ``timer.first_look_s()`` after its send gets its race state, whose own
+    timer then takes over (no race looks at a request sooner, so nothing is late)."""
+    return Watch(loop, timer.first_look_s, _start_race)
+
+
+def _start_race(entry: Entry) -> None:
+    """The first look at a request that has not answered yet: what a race armed at its
+    send would have done when its timer first fired."""
+    copy, copy_args, timer, key, retryable = entry.state
+    task = entry.task
+    state: _Race[Any] = _Race(task.get_loop(), copy, copy_args, timer, key, retryable, task, entry.start)
+    entry.state = state
+    state.fire()
+
+
 async def race(
     first: Awaitable[R],
     copy: Callable[..., Coroutine[Any, Any, R]],
@@ -159,32 +182,43 @@ async def race(
     timer: HedgeTimer,
     key: tuple[str, int],
     retryable: type[BaseException],
+    watch: Watch | None = None,
 ) -> tuple[R, int, float | None]:
     """The first good answer of the request ``first`` (not yet awaited) and its hedges
     (``copy(*copy_args)``, each a new request): the answer, the copies sent, and - when a
     copy answered - how long the first request had waited until that copy was sent
     (None when the first answered). Raises the first request's failure when every
     request failed (its ``hedged`` attribute set to the copies sent), or a copy's
-    non-``retryable`` error."""
-    loop = asyncio.get_running_loop()
-    state: _Race[R] = _Race(loop, copy, copy_args, timer, key, retryable)
-    state.arm()
+    non-``retryable`` error. ``watch``: the client's :func:`hedge_watch` on this loop
+    (None: one for this race alone)."""
+    owner = asyncio.current_task()
+    assert owner is not None, "race() runs in a task"
+    if watch is None:
+        watch = hedge_watch(asyncio.get_running_loop(), timer)
+    entry = Entry(time.monotonic(), owner)
+    entry.state = (copy, copy_args, timer, key, retryable)
+    watch.add(entry)
     try:
         try:
             value = await first
         except asyncio.CancelledError:
-            owner = state.owner
-            if not state.interrupted or owner is None or owner.uncancel() > 0:
+            state = entry.state
+            if not isinstance(state, _Race) or not state.interrupted or owner.uncancel() > 0:
                 raise  # cancelled from outside (too)
             return _outcome(state)
         except retryable as e:
+            watch.discard(entry)
+            state = entry.state
+            if not isinstance(state, _Race):  # failed before its first look: no copies
+                e.hedged = 0  # type: ignore[attr-defined]
+                raise
             state.first_failed = True
             if state.live == 0 or state.over:
                 if not state.over:
                     e.hedged = len(state.copies)  # type: ignore[attr-defined]
                     raise
                 return _outcome(state)
-            state.waiter = loop.create_future()
+            state.waiter = state.loop.create_future()
             if state.handle is None:
                 state.arm()
             await state.waiter
@@ -192,10 +226,15 @@ async def race(
                 e.hedged = len(state.copies)  # type: ignore[attr-defined]
                 raise
             return _outcome(state)
+        state = entry.state
+        if not isinstance(state, _Race):
+            return value, 0, None
         state.over = True
         return value, len(state.copies), None
     finally:
-        state.close()
+        watch.discard(entry)
+        if isinstance(entry.state, _Race):
+            entry.state.close()
 
 
 def _outcome(state: _Race[Any]) -> tuple[Any, int, float | None]:

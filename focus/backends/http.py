@@ -14,7 +14,8 @@ httpx's request and response objects over aiohttp (``httpx-aiohttp``) still cost
 half of aiohttp's own time per call. So the default sends straight through aiohttp,
 and what the client adds per call (the retry loop, a hedge timer, the outage gate, a
 :class:`~focus.backends.retry.CallRecord`) is kept to a few microseconds: no task per
-attempt unless a hedge may be due, URLs parsed once per path.
+attempt unless a hedge may be due, no timer per request (read timeouts and hedge looks
+each share one timer per client, :mod:`focus.backends.watch`), URLs parsed once per path.
 
 Every call follows one :class:`~focus.backends.retry.RetryPolicy` (see that module):
 bounded attempts, full-jitter backoff, ``Retry-After``, a deadline per call, adaptive
@@ -24,7 +25,7 @@ the caller gets one error (``PolicyError`` for policies, ``CriticError`` for cri
 naming the URL, the last status and the cause. What each call cost is a
 :class:`~focus.backends.retry.CallRecord`; :meth:`HttpClient.stats` totals them.
 
-The sender, the semaphore and the outage gate belong to one event loop. Policies are
+The sender, the semaphore, the outage gate and the watches belong to one event loop. Policies are
 pickled to Dask workers and used from several ``asyncio.run`` calls, so all three are
 created lazily for the running loop and dropped when pickling.
 """
@@ -41,7 +42,7 @@ from typing import Any, ClassVar, TypeVar
 import aiohttp
 import httpx
 
-from focus.backends.hedge import race
+from focus.backends.hedge import hedge_watch, race
 from focus.backends.outage import OVER, UP, OutageGate, OutageTotals, is_down_cause
 from focus.backends.retry import (
     CallRecord,
@@ -53,6 +54,7 @@ from focus.backends.retry import (
     parse_retry_after,
 )
 from focus.backends.send import AiohttpSender, HttpxSender, Sender
+from focus.backends.watch import Entry, Watch
 from focus.policy import BadResponse, Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
 
 __all__ = ["HttpClient", "HttpConfig", "HttpPolicy", "MalformedResponse", "RetryPolicy"]
@@ -162,7 +164,7 @@ class HttpClient:
     # ---- sending ----
 
     def _wire_for_loop(self) -> _Wire:
-        """The sender, semaphore and outage gate of the running loop, made on first use there."""
+        """The sender, semaphore, outage gate and watches of the running loop, made on first use there."""
         loop = asyncio.get_running_loop()
         wire = self._wire
         if wire is None or wire.loop is not loop:
@@ -180,6 +182,8 @@ class HttpClient:
                 totals=self._outages,
             )
             wire = self._wire = _Wire(loop, sender, asyncio.Semaphore(cfg.max_concurrency), gate)
+            wire.clock = Watch(loop, lambda: cfg.timeout_s, _expire)
+            wire.hedges = hedge_watch(loop, self._hedger)
         return wire
 
     async def request(
@@ -363,28 +367,28 @@ class HttpClient:
         the attempt at once: its copies would be rejected the same way. Every good
         answer's own time (from its send) feeds the timer's latency window.
         """
-        sender, sem, timer = wire.sender, wire.sem, self._hedger
-        async with sem:
+        timer = self._hedger
+        async with wire.sem:
             timer.earn()
             if not hedge:
-                value, took = await self._send(sender, method, url, content, parse, deadline)
+                value, took = await self._send(wire, method, url, content, parse, deadline)
                 timer.observe(key, took)
                 return value, 0, None
             (value, took), copies, won = await race(
-                self._send(sender, method, url, content, parse, deadline),
+                self._send(wire, method, url, content, parse, deadline),
                 self._hedge,
-                (sem, sender, method, url, content, parse, deadline),
+                (wire, method, url, content, parse, deadline),
                 timer,
                 key,
                 _Retryable,
+                wire.hedges,
             )
             timer.observe(key, took)
             return value, copies, won
 
     async def _hedge(
         self,
-        sem: asyncio.Semaphore,
-        sender: Sender,
+        wire: _Wire,
         method: str,
         url: Any,
         content: bytes | None,
@@ -392,12 +396,12 @@ class HttpClient:
         deadline: float | None,
     ) -> tuple[T, float]:
         """A copy of an attempt's request, in a concurrency slot of its own."""
-        async with sem:
-            return await self._send(sender, method, url, content, parse, deadline)
+        async with wire.sem:
+            return await self._send(wire, method, url, content, parse, deadline)
 
     async def _send(
         self,
-        sender: Sender,
+        wire: _Wire,
         method: str,
         url: Any,
         content: bytes | None,
@@ -405,14 +409,34 @@ class HttpClient:
         deadline: float | None,
     ) -> tuple[T, float]:
         """One request: send, read, check the status, decode and parse; raise _Retryable.
-        Returns the parsed value and the seconds from the send to the parsed answer."""
+        Returns the parsed value and the seconds from the send to the parsed answer.
+
+        The read timeout is the wire's ``clock`` (one timer for every request whose
+        limit is ``timeout_s``), with ``asyncio.timeout``'s rules: a cancellation of its
+        own becomes ``TimeoutError``, one from outside stays a cancellation. A request
+        that the call's deadline leaves less time gets an ``asyncio.timeout`` of its own."""
         sent = time.monotonic()
         limit = self.config.timeout_s
-        if deadline is not None and deadline - sent < limit:
-            limit = max(deadline - sent, 0.0)
         try:
-            async with asyncio.timeout(limit):
-                status, data, retry_after = await sender.send(method, url, content, self._headers)
+            if deadline is not None and deadline - sent < limit:
+                limit = max(deadline - sent, 0.0)
+                async with asyncio.timeout(limit):
+                    status, data, retry_after = await wire.sender.send(method, url, content, self._headers)
+            else:
+                task = asyncio.current_task()
+                assert task is not None
+                entry = Entry(sent, task, task.cancelling())
+                wire.clock.add(entry)
+                try:
+                    status, data, retry_after = await wire.sender.send(method, url, content, self._headers)
+                except BaseException as e:
+                    wire.clock.discard(entry)
+                    if entry.expired and task.uncancel() <= entry.cancelling and isinstance(e, asyncio.CancelledError):
+                        raise TimeoutError from e
+                    raise
+                wire.clock.discard(entry)
+                if entry.expired:
+                    task.uncancel()
         except TimeoutError as e:
             what = "the call's deadline passed" if limit < self.config.timeout_s else f"no answer within {limit:g} s"
             raise _Retryable("timeout", None, what) from e
@@ -436,6 +460,8 @@ class HttpClient:
         wire, self._wire = self._wire, None
         if wire is None:
             return
+        wire.clock.close()
+        wire.hedges.close()
         try:
             await wire.sender.aclose()
         except RuntimeError:  # made on a loop that is gone; nothing left to release
@@ -443,12 +469,22 @@ class HttpClient:
 
 
 class _Wire:
-    """What a client uses on one event loop: its sender, concurrency slots and outage gate."""
+    """What a client uses on one event loop: its sender, concurrency slots, outage gate,
+    and the watches of its requests' read timeouts (``clock``) and hedged first requests."""
 
-    __slots__ = ("gate", "loop", "sem", "sender")
+    __slots__ = ("clock", "gate", "hedges", "loop", "sem", "sender")
+
+    clock: Watch
+    hedges: Watch
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sender: Sender, sem: asyncio.Semaphore, gate: OutageGate):
         self.loop, self.sender, self.sem, self.gate = loop, sender, sem, gate
+
+
+def _expire(entry: Entry) -> None:
+    """A request's read timeout passed: cancel its task (``_send`` makes it a TimeoutError)."""
+    entry.expired = True
+    entry.task.cancel()
 
 
 def _classify(e: BaseException) -> _Retryable:

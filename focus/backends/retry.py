@@ -212,6 +212,13 @@ class HedgeTimer:
         d = self.fixed if self.fixed is not None else self._delays.get(key) if self.adaptive else None
         return d if d is not None and d < self.timeout_s else None
 
+    def first_look_s(self) -> float:
+        """Seconds after its send that an attempt's hedge race first needs to look at it:
+        no delay is shorter (a fixed one is what it is, an adaptive one at least
+        ``MIN_S``) and a class without a delay is looked at after ``RECHECK_S``. The same
+        for every request at any one time (:class:`focus.backends.watch.Watch`)."""
+        return min(self.RECHECK_S, self.MIN_S if self.fixed is None else self.fixed)
+
     def delays(self) -> dict[str, float]:
         """The adaptive delays learnt so far, by class (``"<path> <sizes>"``), for reports."""
         out = {}
