@@ -4,8 +4,9 @@ When an attempt may be hedged (:class:`~focus.backends.retry.HedgeTimer` says wh
 how often), the first request and its copies race and the first good answer wins. Most
 attempts are never hedged - by design a copy goes out for about one request in a
 thousand on a healthy server - so the race is built for that case: the first request
-runs inline in the caller's task, and all the race costs it is an entry in the client's
-:class:`~focus.backends.watch.Watch` of hedged requests (one timer for all of them): only
+runs inline in the caller's task, and all the race costs it is an entry (:class:`Pending`)
+in the client's :class:`~focus.backends.watch.Watch` of hedged requests (one timer for
+all of them), which is also the request's read-timeout entry: only
 a request still unanswered at the timer's first look (``HedgeTimer.first_look_s``) gets
 the race's state and timer of its own (when the timer fires, a copy starts as a task).
 A copy that answers first cancels the
@@ -165,14 +166,97 @@ def hedge_watch(loop: asyncio.AbstractEventLoop, timer: HedgeTimer) -> Watch:
     return Watch(loop, timer.first_look_s, _start_race)
 
 
+class Pending(Entry):
+    """A first request that may be hedged: an :class:`Entry` with what its race needs
+    (one object per request; its ``state`` is the race once one started)."""
+
+    __slots__ = ("copy", "copy_args", "key", "retryable", "timer")
+
+    def __init__(
+        self,
+        owner: asyncio.Task[Any],
+        copy: Callable[..., Coroutine[Any, Any, Any]],
+        copy_args: tuple[Any, ...],
+        timer: HedgeTimer,
+        key: tuple[str, int],
+        retryable: type[BaseException],
+    ) -> None:
+        super().__init__(time.monotonic(), owner, owner.cancelling())
+        self.copy, self.copy_args, self.timer, self.key, self.retryable = copy, copy_args, timer, key, retryable
+
+
 def _start_race(entry: Entry) -> None:
     """The first look at a request that has not answered yet: what a race armed at its
     send would have done when its timer first fired."""
-    copy, copy_args, timer, key, retryable = entry.state
+    assert isinstance(entry, Pending)
     task = entry.task
-    state: _Race[Any] = _Race(task.get_loop(), copy, copy_args, timer, key, retryable, task, entry.start)
+    state: _Race[Any] = _Race(
+        task.get_loop(), entry.copy, entry.copy_args, entry.timer, entry.key, entry.retryable, task, entry.start
+    )
     entry.state = state
     state.fire()
+
+
+def enter(
+    watch: Watch,
+    copy: Callable[..., Coroutine[Any, Any, Any]],
+    copy_args: tuple[Any, ...],
+    timer: HedgeTimer,
+    key: tuple[str, int],
+    retryable: type[BaseException],
+) -> Pending:
+    """A first request of the running task is being sent now: its entry in ``watch``.
+    Then await the request and end with :func:`answered` or :func:`failed`."""
+    owner = asyncio.current_task()
+    assert owner is not None, "a hedged request runs in a task"
+    entry = Pending(owner, copy, copy_args, timer, key, retryable)
+    watch.add(entry)
+    return entry
+
+
+def answered(watch: Watch, entry: Entry) -> int:
+    """The first request answered: the copies sent beside it (their requests cancelled)."""
+    watch.discard(entry)
+    state = entry.state
+    if state is None:
+        return 0
+    state.over = True
+    state.close()
+    return len(state.copies)
+
+
+async def failed(watch: Watch, entry: Pending, error: BaseException) -> tuple[Any, int, float | None]:
+    """The first request raised ``error``: a copy's answer (the value, the copies sent,
+    how long the first request had waited until that copy was sent), or an error."""
+    watch.discard(entry)
+    state = entry.state
+    try:
+        if isinstance(error, asyncio.CancelledError):
+            if state is None or not state.interrupted or entry.task.uncancel() > 0:
+                raise error  # cancelled from outside (too)
+            return _outcome(state)
+        if not isinstance(error, entry.retryable):
+            raise error
+        if state is None:  # failed before its first look: no copies
+            error.hedged = 0  # type: ignore[attr-defined]
+            raise error
+        state.first_failed = True
+        if state.live == 0 or state.over:
+            if not state.over:
+                error.hedged = len(state.copies)  # type: ignore[attr-defined]
+                raise error
+            return _outcome(state)
+        state.waiter = state.loop.create_future()
+        if state.handle is None:
+            state.arm()
+        await state.waiter
+        if state.won is None and state.error is None:
+            error.hedged = len(state.copies)  # type: ignore[attr-defined]
+            raise error
+        return _outcome(state)
+    finally:
+        if state is not None:
+            state.close()
 
 
 async def race(
@@ -190,51 +274,16 @@ async def race(
     (None when the first answered). Raises the first request's failure when every
     request failed (its ``hedged`` attribute set to the copies sent), or a copy's
     non-``retryable`` error. ``watch``: the client's :func:`hedge_watch` on this loop
-    (None: one for this race alone)."""
-    owner = asyncio.current_task()
-    assert owner is not None, "race() runs in a task"
+    (None: one for this race alone). The HTTP client runs these same steps inline
+    (:func:`enter`, :func:`answered`, :func:`failed`), one coroutine fewer per call."""
     if watch is None:
         watch = hedge_watch(asyncio.get_running_loop(), timer)
-    entry = Entry(time.monotonic(), owner)
-    entry.state = (copy, copy_args, timer, key, retryable)
-    watch.add(entry)
+    entry = enter(watch, copy, copy_args, timer, key, retryable)
     try:
-        try:
-            value = await first
-        except asyncio.CancelledError:
-            state = entry.state
-            if not isinstance(state, _Race) or not state.interrupted or owner.uncancel() > 0:
-                raise  # cancelled from outside (too)
-            return _outcome(state)
-        except retryable as e:
-            watch.discard(entry)
-            state = entry.state
-            if not isinstance(state, _Race):  # failed before its first look: no copies
-                e.hedged = 0  # type: ignore[attr-defined]
-                raise
-            state.first_failed = True
-            if state.live == 0 or state.over:
-                if not state.over:
-                    e.hedged = len(state.copies)  # type: ignore[attr-defined]
-                    raise
-                return _outcome(state)
-            state.waiter = state.loop.create_future()
-            if state.handle is None:
-                state.arm()
-            await state.waiter
-            if state.won is None and state.error is None:
-                e.hedged = len(state.copies)  # type: ignore[attr-defined]
-                raise
-            return _outcome(state)
-        state = entry.state
-        if not isinstance(state, _Race):
-            return value, 0, None
-        state.over = True
-        return value, len(state.copies), None
-    finally:
-        watch.discard(entry)
-        if isinstance(entry.state, _Race):
-            entry.state.close()
+        value = await first
+    except BaseException as e:
+        return await failed(watch, entry, e)
+    return value, answered(watch, entry), None
 
 
 def _outcome(state: _Race[Any]) -> tuple[Any, int, float | None]:

@@ -42,7 +42,7 @@ from typing import Any, ClassVar, TypeVar
 import aiohttp
 import httpx
 
-from focus.backends.hedge import hedge_watch, race
+from focus.backends import hedge as hedging
 from focus.backends.outage import OVER, UP, OutageGate, OutageTotals, is_down_cause
 from focus.backends.retry import (
     CallRecord,
@@ -60,6 +60,9 @@ from focus.policy import BadResponse, Completion, Policy, PolicyError, SamplingP
 __all__ = ["HttpClient", "HttpConfig", "HttpPolicy", "MalformedResponse", "RetryPolicy"]
 
 T = TypeVar("T")
+
+#: ``json.dumps(body, separators=(",", ":"))`` without making an encoder per call.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class MalformedResponse(ValueError):
@@ -123,7 +126,7 @@ class HttpClient:
         self._rng = random.Random()
         self._wire: _Wire | None = None
         self._headers = self._make_headers()
-        self._urls: dict[str, Any] = {}
+        self._urls: dict[str, tuple[Any, dict[int | None, tuple[str, int]]]] = {}
         self._stats = ClientStats()
         self._outages = OutageTotals()
         self._hedger = HedgeTimer(self.config)
@@ -183,7 +186,8 @@ class HttpClient:
             )
             wire = self._wire = _Wire(loop, sender, asyncio.Semaphore(cfg.max_concurrency), gate)
             wire.clock = Watch(loop, lambda: cfg.timeout_s, _expire)
-            wire.hedges = hedge_watch(loop, self._hedger)
+            wire.hedges = hedging.hedge_watch(loop, self._hedger)
+            wire.copy = self._hedge
         return wire
 
     async def request(
@@ -216,11 +220,14 @@ class HttpClient:
         that the adaptive hedge compares it with requests of its size (:class:`HedgeTimer`)."""
         cfg = self.config
         wire = self._wire_for_loop()
-        url = self._urls.get(path)
-        if url is None:  # parsed once per path (a URL parser costs ~20 us a call)
-            url = self._urls[path] = wire.sender.url(f"{self.base_url}{path}")
-        content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        key = HedgeTimer.key(path, size)
+        route = self._urls.get(path)
+        if route is None:  # parsed once per path (a URL parser costs ~20 us a call)
+            route = self._urls[path] = (wire.sender.url(f"{self.base_url}{path}"), {})
+        url, keys = route
+        content = None if body is None else _encode(body).encode()
+        key = keys.get(size)
+        if key is None:  # one latency-class key per path and size, not a tuple per call
+            key = keys[size] = HedgeTimer.key(path, size)
         hedge = hedge and self._hedger.enabled
         t0 = time.monotonic()
         deadline = None if cfg.deadline_s is None else t0 + cfg.deadline_s
@@ -361,7 +368,7 @@ class HttpClient:
 
         The first request holds one of the client's ``max_concurrency`` slots for the
         whole attempt; each hedge waits for a slot of its own. With ``hedge``, copies
-        race the first request (:func:`focus.backends.hedge.race`: sent when the newest
+        race the first request (the steps of :func:`focus.backends.hedge.race`: sent when the newest
         request has gone :meth:`HedgeTimer.delay` without an answer, within the hedge
         budget; the first good answer wins). A request the server rejects (4xx) ends
         the attempt at once: its copies would be rejected the same way. Every good
@@ -374,15 +381,15 @@ class HttpClient:
                 value, took = await self._send(wire, method, url, content, parse, deadline)
                 timer.observe(key, took)
                 return value, 0, None
-            (value, took), copies, won = await race(
-                self._send(wire, method, url, content, parse, deadline),
-                self._hedge,
-                (wire, method, url, content, parse, deadline),
-                timer,
-                key,
-                _Retryable,
-                wire.hedges,
-            )
+            # the steps of focus.backends.hedge.race, inline: one coroutine fewer per call
+            args = (wire, method, url, content, parse, deadline)
+            entry = hedging.enter(wire.hedges, wire.copy, args, timer, key, _Retryable)
+            try:
+                value, took = await self._send(*args, entry)
+            except BaseException as e:
+                (value, took), copies, won = await hedging.failed(wire.hedges, entry, e)
+            else:
+                copies, won = hedging.answered(wire.hedges, entry), None
             timer.observe(key, took)
             return value, copies, won
 
@@ -407,15 +414,17 @@ class HttpClient:
         content: bytes | None,
         parse: Callable[[Any], T],
         deadline: float | None,
+        entry: Entry | None = None,
     ) -> tuple[T, float]:
         """One request: send, read, check the status, decode and parse; raise _Retryable.
         Returns the parsed value and the seconds from the send to the parsed answer.
+        ``entry``: the request's hedge entry (a first request), its clock entry too.
 
         The read timeout is the wire's ``clock`` (one timer for every request whose
         limit is ``timeout_s``), with ``asyncio.timeout``'s rules: a cancellation of its
         own becomes ``TimeoutError``, one from outside stays a cancellation. A request
         that the call's deadline leaves less time gets an ``asyncio.timeout`` of its own."""
-        sent = time.monotonic()
+        sent = time.monotonic() if entry is None else entry.start
         limit = self.config.timeout_s
         try:
             if deadline is not None and deadline - sent < limit:
@@ -423,9 +432,11 @@ class HttpClient:
                 async with asyncio.timeout(limit):
                     status, data, retry_after = await wire.sender.send(method, url, content, self._headers)
             else:
-                task = asyncio.current_task()
-                assert task is not None
-                entry = Entry(sent, task, task.cancelling())
+                if entry is None:
+                    task = asyncio.current_task()
+                    assert task is not None
+                    entry = Entry(sent, task, task.cancelling())
+                task = entry.task
                 wire.clock.add(entry)
                 try:
                     status, data, retry_after = await wire.sender.send(method, url, content, self._headers)
@@ -472,10 +483,12 @@ class _Wire:
     """What a client uses on one event loop: its sender, concurrency slots, outage gate,
     and the watches of its requests' read timeouts (``clock``) and hedged first requests."""
 
-    __slots__ = ("clock", "gate", "hedges", "loop", "sem", "sender")
+    __slots__ = ("clock", "copy", "gate", "hedges", "loop", "sem", "sender")
 
     clock: Watch
     hedges: Watch
+    #: The client's ``_hedge``, bound once (a bound method per call is one more object).
+    copy: Callable[..., Any]
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sender: Sender, sem: asyncio.Semaphore, gate: OutageGate):
         self.loop, self.sender, self.sem, self.gate = loop, sender, sem, gate
