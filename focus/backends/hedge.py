@@ -5,10 +5,11 @@ how often), the first request and its copies race and the first good answer wins
 attempts are never hedged - by design a copy goes out for about one request in a
 thousand on a healthy server - so the race is built for that case: the first request
 runs inline in the caller's task, and all the race costs it is an entry (:class:`Pending`)
-in the client's :class:`~focus.backends.watch.Watch` of hedged requests (one timer for
-all of them), which is also the request's read-timeout entry: only
-a request still unanswered at the timer's first look (``HedgeTimer.first_look_s``) gets
-the race's state and timer of its own (when the timer fires, a copy starts as a task).
+in the client's :class:`~focus.backends.watch.Watch` of hedged requests of its latency
+class (one timer for all of them; :class:`Hedges`), which is also the request's
+read-timeout entry: only a request still unanswered at its race's first look
+(``HedgeTimer.first_look_s``: the class's hedge delay) gets the race's state and timer
+of its own (when the timer fires, a copy starts as a task).
 A copy that answers first cancels the
 caller's await of the first request (the connection it used is closed, like any
 cancelled request) and its answer is returned instead; if the first request fails
@@ -159,21 +160,46 @@ class _Race(Generic[R]):
                 task.cancel()
 
 
-def hedge_watch(loop: asyncio.AbstractEventLoop, timer: HedgeTimer) -> Watch:
-    """The watch of one client's hedged first requests on ``loop``: a request still
-    unanswered ``timer.first_look_s()`` after its send gets its race state, whose own
-    timer then takes over (no race looks at a request sooner, so nothing is late)."""
-    return Watch(loop, timer.first_look_s, _start_race)
+class Hedges:
+    """One client's hedged first requests on one loop: a :class:`Watch` per latency
+    class, so that a request still unanswered ``timer.first_look_s(key)`` after its
+    send - when a race armed at the send would first look at it - gets its race state,
+    whose own timer then takes over. A class's first look is its hedge delay (or
+    ``RECHECK_S`` while it has none); call :meth:`retime` when that delay changes."""
+
+    __slots__ = ("loop", "timer", "watches")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timer: HedgeTimer) -> None:
+        self.loop, self.timer = loop, timer
+        self.watches: dict[tuple[str, int], Watch] = {}
+
+    def watch(self, key: tuple[str, int]) -> Watch:
+        watch = self.watches.get(key)
+        if watch is None:
+            timer = self.timer
+            watch = self.watches[key] = Watch(self.loop, lambda: timer.first_look_s(key), _start_race)
+        return watch
+
+    def retime(self, key: tuple[str, int]) -> None:
+        """The class's hedge delay changed: its oldest request's first look moves too."""
+        watch = self.watches.get(key)
+        if watch is not None:
+            watch.retime()
+
+    def close(self) -> None:
+        for watch in self.watches.values():
+            watch.close()
 
 
 class Pending(Entry):
     """A first request that may be hedged: an :class:`Entry` with what its race needs
     (one object per request; its ``state`` is the race once one started)."""
 
-    __slots__ = ("copy", "copy_args", "key", "retryable", "timer")
+    __slots__ = ("copy", "copy_args", "key", "retryable", "timer", "watch")
 
     def __init__(
         self,
+        watch: Watch,
         owner: asyncio.Task[Any],
         copy: Callable[..., Coroutine[Any, Any, Any]],
         copy_args: tuple[Any, ...],
@@ -183,6 +209,7 @@ class Pending(Entry):
     ) -> None:
         super().__init__(time.monotonic(), owner, owner.cancelling())
         self.copy, self.copy_args, self.timer, self.key, self.retryable = copy, copy_args, timer, key, retryable
+        self.watch = watch
 
 
 def _start_race(entry: Entry) -> None:
@@ -198,25 +225,25 @@ def _start_race(entry: Entry) -> None:
 
 
 def enter(
-    watch: Watch,
+    hedges: Hedges,
     copy: Callable[..., Coroutine[Any, Any, Any]],
     copy_args: tuple[Any, ...],
-    timer: HedgeTimer,
     key: tuple[str, int],
     retryable: type[BaseException],
 ) -> Pending:
-    """A first request of the running task is being sent now: its entry in ``watch``.
+    """A first request of the running task is being sent now: its entry in ``hedges``.
     Then await the request and end with :func:`answered` or :func:`failed`."""
     owner = asyncio.current_task()
     assert owner is not None, "a hedged request runs in a task"
-    entry = Pending(owner, copy, copy_args, timer, key, retryable)
+    watch = hedges.watch(key)
+    entry = Pending(watch, owner, copy, copy_args, hedges.timer, key, retryable)
     watch.add(entry)
     return entry
 
 
-def answered(watch: Watch, entry: Entry) -> int:
+def answered(entry: Pending) -> int:
     """The first request answered: the copies sent beside it (their requests cancelled)."""
-    watch.discard(entry)
+    entry.watch.discard(entry)
     state = entry.state
     if state is None:
         return 0
@@ -225,10 +252,10 @@ def answered(watch: Watch, entry: Entry) -> int:
     return len(state.copies)
 
 
-async def failed(watch: Watch, entry: Pending, error: BaseException) -> tuple[Any, int, float | None]:
+async def failed(entry: Pending, error: BaseException) -> tuple[Any, int, float | None]:
     """The first request raised ``error``: a copy's answer (the value, the copies sent,
     how long the first request had waited until that copy was sent), or an error."""
-    watch.discard(entry)
+    entry.watch.discard(entry)
     state = entry.state
     try:
         if isinstance(error, asyncio.CancelledError):
@@ -266,24 +293,24 @@ async def race(
     timer: HedgeTimer,
     key: tuple[str, int],
     retryable: type[BaseException],
-    watch: Watch | None = None,
+    hedges: Hedges | None = None,
 ) -> tuple[R, int, float | None]:
     """The first good answer of the request ``first`` (not yet awaited) and its hedges
     (``copy(*copy_args)``, each a new request): the answer, the copies sent, and - when a
     copy answered - how long the first request had waited until that copy was sent
     (None when the first answered). Raises the first request's failure when every
     request failed (its ``hedged`` attribute set to the copies sent), or a copy's
-    non-``retryable`` error. ``watch``: the client's :func:`hedge_watch` on this loop
-    (None: one for this race alone). The HTTP client runs these same steps inline
-    (:func:`enter`, :func:`answered`, :func:`failed`), one coroutine fewer per call."""
-    if watch is None:
-        watch = hedge_watch(asyncio.get_running_loop(), timer)
-    entry = enter(watch, copy, copy_args, timer, key, retryable)
+    non-``retryable`` error. ``hedges``: the client's :class:`Hedges` on this loop
+    (None: its own). The HTTP client runs these same steps inline (:func:`enter`,
+    :func:`answered`, :func:`failed`), one coroutine fewer per call."""
+    if hedges is None:
+        hedges = Hedges(asyncio.get_running_loop(), timer)
+    entry = enter(hedges, copy, copy_args, key, retryable)
     try:
         value = await first
     except BaseException as e:
-        return await failed(watch, entry, e)
-    return value, answered(watch, entry), None
+        return await failed(entry, e)
+    return value, answered(entry), None
 
 
 def _outcome(state: _Race[Any]) -> tuple[Any, int, float | None]:

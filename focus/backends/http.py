@@ -186,7 +186,7 @@ class HttpClient:
             )
             wire = self._wire = _Wire(loop, sender, asyncio.Semaphore(cfg.max_concurrency), gate)
             wire.clock = Watch(loop, lambda: cfg.timeout_s, _expire)
-            wire.hedges = hedging.hedge_watch(loop, self._hedger)
+            wire.hedges = hedging.Hedges(loop, self._hedger)
             wire.copy = self._hedge
         return wire
 
@@ -379,18 +379,20 @@ class HttpClient:
             timer.earn()
             if not hedge:
                 value, took = await self._send(wire, method, url, content, parse, deadline)
-                timer.observe(key, took)
+                if timer.observe(key, took):
+                    wire.hedges.retime(key)
                 return value, 0, None
             # the steps of focus.backends.hedge.race, inline: one coroutine fewer per call
             args = (wire, method, url, content, parse, deadline)
-            entry = hedging.enter(wire.hedges, wire.copy, args, timer, key, _Retryable)
+            entry = hedging.enter(wire.hedges, wire.copy, args, key, _Retryable)
             try:
                 value, took = await self._send(*args, entry)
             except BaseException as e:
-                (value, took), copies, won = await hedging.failed(wire.hedges, entry, e)
+                (value, took), copies, won = await hedging.failed(entry, e)
             else:
-                copies, won = hedging.answered(wire.hedges, entry), None
-            timer.observe(key, took)
+                copies, won = hedging.answered(entry), None
+            if timer.observe(key, took):
+                wire.hedges.retime(key)
             return value, copies, won
 
     async def _hedge(
@@ -486,7 +488,7 @@ class _Wire:
     __slots__ = ("clock", "copy", "gate", "hedges", "loop", "sem", "sender")
 
     clock: Watch
-    hedges: Watch
+    hedges: hedging.Hedges
     #: The client's ``_hedge``, bound once (a bound method per call is one more object).
     copy: Callable[..., Any]
 

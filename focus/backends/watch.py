@@ -9,8 +9,8 @@ half of what the client added to bare aiohttp per call (``python -m
 benchmarks.http_client``).
 
 A :class:`Watch` holds the requests that are due at ``start + after`` for one
-``after`` common to all of them (the client's ``timeout_s``; the hedge timer's first
-look). Then the order in which they were sent is the order in which they fall due, so
+``after`` common to all of them (the client's ``timeout_s``; the hedge delay of a
+latency class). Then the order in which they were sent is the order in which they fall due, so
 an insertion-ordered dict is the queue, entering and leaving are a dict insert and
 delete, and one timer for the oldest suffices: when it fires, the entries that are
 due are handed to ``on_due`` and the timer is set again for the oldest that is not.
@@ -47,7 +47,7 @@ class Watch:
     """Entries due ``after()`` seconds past their start, in the order they entered;
     ``on_due(entry)`` runs on the loop for each once its time has come (unless it
     left first). ``after`` is read when the timer is set, and must be the same for
-    every entry at any one time."""
+    every entry at any one time; when it changes, :meth:`retime`."""
 
     __slots__ = ("_entries", "_handle", "after", "loop", "on_due")
 
@@ -68,6 +68,14 @@ class Watch:
 
     def discard(self, entry: Entry) -> None:
         self._entries.pop(entry, None)
+
+    def retime(self) -> None:
+        """``after`` changed: set the timer again for the oldest entry."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._entries:
+            self._arm(next(iter(self._entries)), time.monotonic())
 
     def _arm(self, entry: Entry, now: float) -> None:
         self._handle = self.loop.call_later(max(0.0, entry.start + self.after() - now), self._fire)
