@@ -247,11 +247,27 @@ class HttpClient:
         key = keys.get(size)
         if key is None:  # one latency-class key per path and size, not a tuple per call
             key = keys[size] = HedgeTimer.key(path, size)
-        hedge = hedge and self._hedger.enabled
+        timer = self._hedger
+        hedge = hedge and timer.enabled
         t0 = time.monotonic()
         deadline = None if cfg.deadline_s is None else t0 + cfg.deadline_s
-        try:
-            value, sent, won = await self._attempt(wire, method, url, content, parse, key, hedge, deadline)
+        try:  # the first attempt: _attempt's steps, inline (one coroutine fewer per call)
+            async with wire.sem:
+                timer.earn()
+                if not hedge:
+                    value, took = await self._send(wire, method, url, content, parse, deadline)
+                    sent, won = 0, None
+                else:
+                    args = (wire, method, url, content, parse, deadline)
+                    entry = hedging.enter(wire.hedges, wire.copy, args, key, _Retryable)
+                    try:
+                        value, took = await self._send(*args, entry)
+                    except BaseException as e:
+                        (value, took), sent, won = await hedging.failed(entry, e)
+                    else:
+                        sent, won = hedging.answered(entry), None
+                if timer.observe(key, took):
+                    wire.hedges.retime(key)
         except _Retryable as e:
             return await self._retry(wire, method, url, content, parse, key, hedge, t0, deadline, e)
         except _Rejected as e:
@@ -384,6 +400,7 @@ class HttpClient:
     ) -> tuple[T, int, float | None]:
         """One attempt: the value, the hedges sent, and - when a hedge answered - how
         long the request it overtook had waited (None when the first request answered).
+        (A call's first attempt runs these same steps inline in :meth:`_call`.)
 
         The first request holds one of the client's ``max_concurrency`` slots for the
         whole attempt; each hedge waits for a slot of its own. With ``hedge``, copies
