@@ -55,6 +55,13 @@ from focus.backends.retry import (
 )
 from focus.backends.send import AiohttpSender, HttpxSender, Sender
 from focus.backends.watch import Entry, Watch
+from focus.backends.wire import Rejected as _Rejected
+from focus.backends.wire import Retryable as _Retryable
+from focus.backends.wire import Wire as _Wire
+from focus.backends.wire import classify as _classify
+from focus.backends.wire import expire as _expire
+from focus.backends.wire import snippet as _snippet
+from focus.backends.wire import text as _text
 from focus.policy import BadResponse, Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
 
 __all__ = ["HttpClient", "HttpConfig", "HttpPolicy", "MalformedResponse", "RetryPolicy"]
@@ -67,20 +74,6 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 class MalformedResponse(ValueError):
     """The server answered 2xx but the body is not what the API promises; retried."""
-
-
-class _Retryable(Exception):
-    """A failed attempt of one of the :data:`~focus.backends.retry.CAUSES`."""
-
-    def __init__(self, kind: str, status: int | None, detail: str, retry_after: float | None = None) -> None:
-        super().__init__(f"{kind}: {detail}")
-        self.kind, self.status, self.retry_after = kind, status, retry_after
-        #: Hedges sent in this attempt (they failed too).
-        self.hedged = 0
-
-
-class _Rejected(Exception):
-    """The server refused the request itself (a 4xx other than the retried ones)."""
 
 
 class HttpClient:
@@ -517,39 +510,6 @@ class HttpClient:
             pass
 
 
-class _Wire:
-    """What a client uses on one event loop: its sender, concurrency slots, outage gate,
-    and the watches of its requests' read timeouts (``clock``) and hedged first requests."""
-
-    __slots__ = ("clock", "copy", "gate", "hedges", "loop", "sem", "sender")
-
-    clock: Watch
-    hedges: hedging.Hedges
-    #: The client's ``_hedge``, bound once (a bound method per call is one more object).
-    copy: Callable[..., Any]
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, sender: Sender, sem: asyncio.Semaphore, gate: OutageGate):
-        self.loop, self.sender, self.sem, self.gate = loop, sender, sem, gate
-
-
-def _expire(entry: Entry) -> None:
-    """A request's read timeout passed: cancel its task (``_send`` makes it a TimeoutError)."""
-    entry.expired = True
-    entry.task.cancel()
-
-
-def _classify(e: BaseException) -> _Retryable:
-    """A transport error -> timeout, connection or (an undecodable body) malformed.
-    httpx-aiohttp maps every aiohttp connection error to ``httpx.ConnectTimeout``; the
-    aiohttp error it chains says which it was."""
-    if isinstance(e, httpx.DecodingError):
-        return _Retryable("malformed response", None, f"{type(e).__name__}: {e}")
-    cause = e.__cause__ if isinstance(e, httpx.TransportError) and e.__cause__ is not None else e
-    if isinstance(cause, TimeoutError) or (cause is e and isinstance(e, httpx.TimeoutException)):
-        return _Retryable("timeout", None, f"{type(cause).__name__}: {cause}")
-    return _Retryable("connection", None, f"{type(cause).__name__}: {cause}")
-
-
 class HttpPolicy(Policy):
     """A policy behind one HTTP endpoint of a model server.
 
@@ -608,12 +568,3 @@ class HttpPolicy(Policy):
 
     async def aclose(self) -> None:
         await self.http.aclose()
-
-
-def _text(content: bytes) -> str:
-    return content.decode("utf-8", errors="replace")
-
-
-def _snippet(text: str, n: int = 300) -> str:
-    text = text.strip().replace("\n", " ")
-    return text if len(text) <= n else text[:n] + "..."
