@@ -14,7 +14,8 @@ httpx's request and response objects over aiohttp (``httpx-aiohttp``) still cost
 half of aiohttp's own time per call. So the default sends straight through aiohttp,
 and what the client adds per call (the retry loop, a hedge timer, the outage gate, a
 :class:`~focus.backends.retry.CallRecord`) is kept to a few microseconds: no task per
-attempt unless a hedge may be due, URLs parsed once per path.
+attempt unless a hedge may be due, no timer per request (read timeouts and hedge looks
+each share one timer per client, :mod:`focus.backends.watch`), URLs parsed once per path.
 
 Every call follows one :class:`~focus.backends.retry.RetryPolicy` (see that module):
 bounded attempts, full-jitter backoff, ``Retry-After``, a deadline per call, adaptive
@@ -24,7 +25,7 @@ the caller gets one error (``PolicyError`` for policies, ``CriticError`` for cri
 naming the URL, the last status and the cause. What each call cost is a
 :class:`~focus.backends.retry.CallRecord`; :meth:`HttpClient.stats` totals them.
 
-The sender, the semaphore and the outage gate belong to one event loop. Policies are
+The sender, the semaphore, the outage gate and the watches belong to one event loop. Policies are
 pickled to Dask workers and used from several ``asyncio.run`` calls, so all three are
 created lazily for the running loop and dropped when pickling.
 """
@@ -35,13 +36,13 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import aiohttp
 import httpx
 
-from focus.backends.hedge import race
+from focus.backends import hedge as hedging
 from focus.backends.outage import OVER, UP, OutageGate, OutageTotals, is_down_cause
 from focus.backends.retry import (
     CallRecord,
@@ -53,29 +54,26 @@ from focus.backends.retry import (
     parse_retry_after,
 )
 from focus.backends.send import AiohttpSender, HttpxSender, Sender
+from focus.backends.watch import Entry, Watch
+from focus.backends.wire import Rejected as _Rejected
+from focus.backends.wire import Retryable as _Retryable
+from focus.backends.wire import Wire as _Wire
+from focus.backends.wire import classify as _classify
+from focus.backends.wire import expire as _expire
+from focus.backends.wire import snippet as _snippet
+from focus.backends.wire import text as _text
 from focus.policy import BadResponse, Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
 
 __all__ = ["HttpClient", "HttpConfig", "HttpPolicy", "MalformedResponse", "RetryPolicy"]
 
 T = TypeVar("T")
 
+#: ``json.dumps(body, separators=(",", ":"))`` without making an encoder per call.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
 
 class MalformedResponse(ValueError):
     """The server answered 2xx but the body is not what the API promises; retried."""
-
-
-class _Retryable(Exception):
-    """A failed attempt of one of the :data:`~focus.backends.retry.CAUSES`."""
-
-    def __init__(self, kind: str, status: int | None, detail: str, retry_after: float | None = None) -> None:
-        super().__init__(f"{kind}: {detail}")
-        self.kind, self.status, self.retry_after = kind, status, retry_after
-        #: Hedges sent in this attempt (they failed too).
-        self.hedged = 0
-
-
-class _Rejected(Exception):
-    """The server refused the request itself (a 4xx other than the retried ones)."""
 
 
 class HttpClient:
@@ -121,7 +119,7 @@ class HttpClient:
         self._rng = random.Random()
         self._wire: _Wire | None = None
         self._headers = self._make_headers()
-        self._urls: dict[str, Any] = {}
+        self._urls: dict[str, tuple[Any, dict[int | None, tuple[str, int]]]] = {}
         self._stats = ClientStats()
         self._outages = OutageTotals()
         self._hedger = HedgeTimer(self.config)
@@ -162,7 +160,7 @@ class HttpClient:
     # ---- sending ----
 
     def _wire_for_loop(self) -> _Wire:
-        """The sender, semaphore and outage gate of the running loop, made on first use there."""
+        """The sender, semaphore, outage gate and watches of the running loop, made on first use there."""
         loop = asyncio.get_running_loop()
         wire = self._wire
         if wire is None or wire.loop is not loop:
@@ -180,9 +178,12 @@ class HttpClient:
                 totals=self._outages,
             )
             wire = self._wire = _Wire(loop, sender, asyncio.Semaphore(cfg.max_concurrency), gate)
+            wire.clock = Watch(loop, lambda: cfg.timeout_s, _expire)
+            wire.hedges = hedging.Hedges(loop, self._hedger)
+            wire.copy = self._hedge
         return wire
 
-    async def request(
+    def request(
         self,
         method: str,
         path: str,
@@ -191,12 +192,19 @@ class HttpClient:
         *,
         hedge: bool = True,
         size: int | None = None,
+    ) -> Coroutine[Any, Any, T]:
+        """Send, decode JSON, ``parse`` it; retry transient failures; raise ``self.error``.
+        (Await it; the body is encoded when it is called, see :meth:`call`.)"""
+        content = None if body is None else _encode(body).encode()
+        return self._request(method, path, content, parse, hedge, size)
+
+    async def _request(
+        self, method: str, path: str, content: bytes | None, parse: Callable[[Any], T], hedge: bool, size: int | None
     ) -> T:
-        """Send, decode JSON, ``parse`` it; retry transient failures; raise ``self.error``."""
-        value, _ = await self.call(method, path, body, parse, hedge=hedge, size=size)
+        value, _ = await self._call(method, path, content, parse, hedge, size)
         return value
 
-    async def call(
+    def call(
         self,
         method: str,
         path: str,
@@ -205,23 +213,54 @@ class HttpClient:
         *,
         hedge: bool = True,
         size: int | None = None,
-    ) -> tuple[T, CallRecord]:
+    ) -> Coroutine[Any, Any, tuple[T, CallRecord]]:
         """:meth:`request`, also returning what the call cost. ``hedge=False`` for a
         request whose answer may differ between two identical sends (an unseeded sample).
         ``size``: what the answer's time grows with (``max_tokens``, contexts scored), so
-        that the adaptive hedge compares it with requests of its size (:class:`HedgeTimer`)."""
+        that the adaptive hedge compares it with requests of its size (:class:`HedgeTimer`).
+
+        Await it. ``body`` is encoded when it is called, and not kept while the call is
+        in flight: a body holds a list of every prompt id, and each of the 64-256 calls
+        in flight would otherwise be one more large young container for every garbage
+        collection to walk (pass it straight in, as :meth:`HttpPolicy.sample` does, not
+        from a local); and a plain function returning the call's coroutine is one
+        coroutine fewer per call than an ``async def`` awaiting it."""
+        content = None if body is None else _encode(body).encode()
+        return self._call(method, path, content, parse, hedge, size)
+
+    async def _call(
+        self, method: str, path: str, content: bytes | None, parse: Callable[[Any], T], hedge: bool, size: int | None
+    ) -> tuple[T, CallRecord]:
         cfg = self.config
         wire = self._wire_for_loop()
-        url = self._urls.get(path)
-        if url is None:  # parsed once per path (a URL parser costs ~20 us a call)
-            url = self._urls[path] = wire.sender.url(f"{self.base_url}{path}")
-        content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        key = HedgeTimer.key(path, size)
-        hedge = hedge and self._hedger.enabled
+        route = self._urls.get(path)
+        if route is None:  # parsed once per path (a URL parser costs ~20 us a call)
+            route = self._urls[path] = (wire.sender.url(f"{self.base_url}{path}"), {})
+        url, keys = route
+        key = keys.get(size)
+        if key is None:  # one latency-class key per path and size, not a tuple per call
+            key = keys[size] = HedgeTimer.key(path, size)
+        timer = self._hedger
+        hedge = hedge and timer.enabled
         t0 = time.monotonic()
         deadline = None if cfg.deadline_s is None else t0 + cfg.deadline_s
-        try:
-            value, sent, won = await self._attempt(wire, method, url, content, parse, key, hedge, deadline)
+        try:  # the first attempt: _attempt's steps, inline (one coroutine fewer per call)
+            async with wire.sem:
+                timer.earn()
+                if not hedge:
+                    value, took = await self._send(wire, method, url, content, parse, deadline)
+                    sent, won = 0, None
+                else:
+                    args = (wire, method, url, content, parse, deadline)
+                    entry = hedging.enter(wire.hedges, wire.copy, args, key, _Retryable)
+                    try:
+                        value, took = await self._send(*args, entry)
+                    except BaseException as e:
+                        (value, took), sent, won = await hedging.failed(entry, e)
+                    else:
+                        sent, won = hedging.answered(entry), None
+                if timer.observe(key, took):
+                    wire.hedges.retime(key)
         except _Retryable as e:
             return await self._retry(wire, method, url, content, parse, key, hedge, t0, deadline, e)
         except _Rejected as e:
@@ -354,37 +393,40 @@ class HttpClient:
     ) -> tuple[T, int, float | None]:
         """One attempt: the value, the hedges sent, and - when a hedge answered - how
         long the request it overtook had waited (None when the first request answered).
+        (A call's first attempt runs these same steps inline in :meth:`_call`.)
 
         The first request holds one of the client's ``max_concurrency`` slots for the
         whole attempt; each hedge waits for a slot of its own. With ``hedge``, copies
-        race the first request (:func:`focus.backends.hedge.race`: sent when the newest
+        race the first request (the steps of :func:`focus.backends.hedge.race`: sent when the newest
         request has gone :meth:`HedgeTimer.delay` without an answer, within the hedge
         budget; the first good answer wins). A request the server rejects (4xx) ends
         the attempt at once: its copies would be rejected the same way. Every good
         answer's own time (from its send) feeds the timer's latency window.
         """
-        sender, sem, timer = wire.sender, wire.sem, self._hedger
-        async with sem:
+        timer = self._hedger
+        async with wire.sem:
             timer.earn()
             if not hedge:
-                value, took = await self._send(sender, method, url, content, parse, deadline)
-                timer.observe(key, took)
+                value, took = await self._send(wire, method, url, content, parse, deadline)
+                if timer.observe(key, took):
+                    wire.hedges.retime(key)
                 return value, 0, None
-            (value, took), copies, won = await race(
-                self._send(sender, method, url, content, parse, deadline),
-                self._hedge,
-                (sem, sender, method, url, content, parse, deadline),
-                timer,
-                key,
-                _Retryable,
-            )
-            timer.observe(key, took)
+            # the steps of focus.backends.hedge.race, inline: one coroutine fewer per call
+            args = (wire, method, url, content, parse, deadline)
+            entry = hedging.enter(wire.hedges, wire.copy, args, key, _Retryable)
+            try:
+                value, took = await self._send(*args, entry)
+            except BaseException as e:
+                (value, took), copies, won = await hedging.failed(entry, e)
+            else:
+                copies, won = hedging.answered(entry), None
+            if timer.observe(key, took):
+                wire.hedges.retime(key)
             return value, copies, won
 
     async def _hedge(
         self,
-        sem: asyncio.Semaphore,
-        sender: Sender,
+        wire: _Wire,
         method: str,
         url: Any,
         content: bytes | None,
@@ -392,27 +434,51 @@ class HttpClient:
         deadline: float | None,
     ) -> tuple[T, float]:
         """A copy of an attempt's request, in a concurrency slot of its own."""
-        async with sem:
-            return await self._send(sender, method, url, content, parse, deadline)
+        async with wire.sem:
+            return await self._send(wire, method, url, content, parse, deadline)
 
     async def _send(
         self,
-        sender: Sender,
+        wire: _Wire,
         method: str,
         url: Any,
         content: bytes | None,
         parse: Callable[[Any], T],
         deadline: float | None,
+        entry: Entry | None = None,
     ) -> tuple[T, float]:
         """One request: send, read, check the status, decode and parse; raise _Retryable.
-        Returns the parsed value and the seconds from the send to the parsed answer."""
-        sent = time.monotonic()
+        Returns the parsed value and the seconds from the send to the parsed answer.
+        ``entry``: the request's hedge entry (a first request), its clock entry too.
+
+        The read timeout is the wire's ``clock`` (one timer for every request whose
+        limit is ``timeout_s``), with ``asyncio.timeout``'s rules: a cancellation of its
+        own becomes ``TimeoutError``, one from outside stays a cancellation. A request
+        that the call's deadline leaves less time gets an ``asyncio.timeout`` of its own."""
+        sent = time.monotonic() if entry is None else entry.start
         limit = self.config.timeout_s
-        if deadline is not None and deadline - sent < limit:
-            limit = max(deadline - sent, 0.0)
         try:
-            async with asyncio.timeout(limit):
-                status, data, retry_after = await sender.send(method, url, content, self._headers)
+            if deadline is not None and deadline - sent < limit:
+                limit = max(deadline - sent, 0.0)
+                async with asyncio.timeout(limit):
+                    status, data, retry_after = await wire.sender.send(method, url, content, self._headers)
+            else:
+                if entry is None:
+                    task = asyncio.current_task()
+                    assert task is not None
+                    entry = Entry(sent, task, task.cancelling())
+                task = entry.task
+                wire.clock.add(entry)
+                try:
+                    status, data, retry_after = await wire.sender.send(method, url, content, self._headers)
+                except BaseException as e:
+                    wire.clock.discard(entry)
+                    if entry.expired and task.uncancel() <= entry.cancelling and isinstance(e, asyncio.CancelledError):
+                        raise TimeoutError from e
+                    raise
+                wire.clock.discard(entry)
+                if entry.expired:
+                    task.uncancel()
         except TimeoutError as e:
             what = "the call's deadline passed" if limit < self.config.timeout_s else f"no answer within {limit:g} s"
             raise _Retryable("timeout", None, what) from e
@@ -436,31 +502,12 @@ class HttpClient:
         wire, self._wire = self._wire, None
         if wire is None:
             return
+        wire.clock.close()
+        wire.hedges.close()
         try:
             await wire.sender.aclose()
         except RuntimeError:  # made on a loop that is gone; nothing left to release
             pass
-
-
-class _Wire:
-    """What a client uses on one event loop: its sender, concurrency slots and outage gate."""
-
-    __slots__ = ("gate", "loop", "sem", "sender")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, sender: Sender, sem: asyncio.Semaphore, gate: OutageGate):
-        self.loop, self.sender, self.sem, self.gate = loop, sender, sem, gate
-
-
-def _classify(e: BaseException) -> _Retryable:
-    """A transport error -> timeout, connection or (an undecodable body) malformed.
-    httpx-aiohttp maps every aiohttp connection error to ``httpx.ConnectTimeout``; the
-    aiohttp error it chains says which it was."""
-    if isinstance(e, httpx.DecodingError):
-        return _Retryable("malformed response", None, f"{type(e).__name__}: {e}")
-    cause = e.__cause__ if isinstance(e, httpx.TransportError) and e.__cause__ is not None else e
-    if isinstance(cause, TimeoutError) or (cause is e and isinstance(e, httpx.TimeoutException)):
-        return _Retryable("timeout", None, f"{type(cause).__name__}: {cause}")
-    return _Retryable("connection", None, f"{type(cause).__name__}: {cause}")
 
 
 class HttpPolicy(Policy):
@@ -491,9 +538,13 @@ class HttpPolicy(Policy):
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         self.check_prompt(prompt_ids)
-        body = self.request_body(prompt_ids, params)
-        completion, record = await self.http.call(
-            "POST", self.path, body, self.parse, hedge=params.seed is not None, size=params.max_tokens
+        completion, record = await self.http.call(  # the body straight in: not kept in flight (call())
+            "POST",
+            self.path,
+            self.request_body(prompt_ids, params),
+            self.parse,
+            hedge=params.seed is not None,
+            size=params.max_tokens,
         )
         if completion.policy_version:
             self.policy_version = completion.policy_version
@@ -517,12 +568,3 @@ class HttpPolicy(Policy):
 
     async def aclose(self) -> None:
         await self.http.aclose()
-
-
-def _text(content: bytes) -> str:
-    return content.decode("utf-8", errors="replace")
-
-
-def _snippet(text: str, n: int = 300) -> str:
-    text = text.strip().replace("\n", " ")
-    return text if len(text) <= n else text[:n] + "..."

@@ -193,24 +193,37 @@ class HedgeTimer:
         """The latency class of a request: its path and its size rounded up to a power of two."""
         return path, 0 if size is None else max(0, int(size)).bit_length()
 
-    def observe(self, key: tuple[str, int], seconds: float) -> None:
-        """A successful answer on ``key`` that took ``seconds`` from its send."""
+    def observe(self, key: tuple[str, int], seconds: float) -> bool:
+        """A successful answer on ``key`` that took ``seconds`` from its send; True when
+        the class's delay changed."""
         if not self.adaptive:
-            return
+            return False
         window = self._windows.get(key)
         if window is None:
             window = self._windows[key] = deque(maxlen=self.WINDOW)
         window.append(seconds)
         self._fresh[key] += 1
         if len(window) >= self.MIN_SAMPLES and (key not in self._delays or self._fresh[key] >= self.REFRESH):
-            self._delays[key] = max(self.MIN_S, self.FACTOR * quantile(window, self.QUANTILE))
+            delay = max(self.MIN_S, self.FACTOR * quantile(window, self.QUANTILE))
+            changed = delay != self._delays.get(key)
+            self._delays[key] = delay
             self._fresh[key] = 0
+            return changed
+        return False
 
     def delay(self, key: tuple[str, int]) -> float | None:
         """Seconds an attempt on ``key`` waits for an answer before a hedge; None: no
         hedge now (off, not learnt yet, or no shorter than the attempt's timeout)."""
         d = self.fixed if self.fixed is not None else self._delays.get(key) if self.adaptive else None
         return d if d is not None and d < self.timeout_s else None
+
+    def first_look_s(self, key: tuple[str, int]) -> float:
+        """Seconds after its send that an attempt on ``key`` first needs its hedge race
+        to look at it: the class's delay, or ``RECHECK_S`` while it has none (then the
+        race looks again every ``RECHECK_S`` for a delay learnt meanwhile). The same for
+        every request of the class at any one time (:class:`focus.backends.watch.Watch`)."""
+        d = self.delay(key)
+        return self.RECHECK_S if d is None else d
 
     def delays(self) -> dict[str, float]:
         """The adaptive delays learnt so far, by class (``"<path> <sizes>"``), for reports."""

@@ -1,0 +1,76 @@
+"""What the HTTP client uses on one event loop, and how it names a failed attempt.
+
+Split from :mod:`focus.backends.http` (which stays the client's logic): the
+:class:`Wire` of one loop (sender, concurrency slots, outage gate, the watches of the
+requests in flight), the exceptions that carry a failed attempt through the retry loop,
+and the classification of transport errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from focus.backends.hedge import Hedges
+from focus.backends.outage import OutageGate
+from focus.backends.send import Sender
+from focus.backends.watch import Entry, Watch
+
+
+class Retryable(Exception):
+    """A failed attempt of one of the :data:`~focus.backends.retry.CAUSES`."""
+
+    def __init__(self, kind: str, status: int | None, detail: str, retry_after: float | None = None) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind, self.status, self.retry_after = kind, status, retry_after
+        #: Hedges sent in this attempt (they failed too).
+        self.hedged = 0
+
+
+class Rejected(Exception):
+    """The server refused the request itself (a 4xx other than the retried ones)."""
+
+
+class Wire:
+    """What a client uses on one event loop: its sender, concurrency slots, outage gate,
+    and the watches of its requests' read timeouts (``clock``) and hedged first requests."""
+
+    __slots__ = ("clock", "copy", "gate", "hedges", "loop", "sem", "sender")
+
+    clock: Watch
+    hedges: Hedges
+    #: The client's ``_hedge``, bound once (a bound method per call is one more object).
+    copy: Callable[..., Any]
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sender: Sender, sem: asyncio.Semaphore, gate: OutageGate):
+        self.loop, self.sender, self.sem, self.gate = loop, sender, sem, gate
+
+
+def expire(entry: Entry) -> None:
+    """A request's read timeout passed: cancel its task (``_send`` makes it a TimeoutError)."""
+    entry.expired = True
+    entry.task.cancel()
+
+
+def classify(e: BaseException) -> Retryable:
+    """A transport error -> timeout, connection or (an undecodable body) malformed.
+    httpx-aiohttp maps every aiohttp connection error to ``httpx.ConnectTimeout``; the
+    aiohttp error it chains says which it was."""
+    if isinstance(e, httpx.DecodingError):
+        return Retryable("malformed response", None, f"{type(e).__name__}: {e}")
+    cause = e.__cause__ if isinstance(e, httpx.TransportError) and e.__cause__ is not None else e
+    if isinstance(cause, TimeoutError) or (cause is e and isinstance(e, httpx.TimeoutException)):
+        return Retryable("timeout", None, f"{type(cause).__name__}: {cause}")
+    return Retryable("connection", None, f"{type(cause).__name__}: {cause}")
+
+
+def text(content: bytes) -> str:
+    return content.decode("utf-8", errors="replace")
+
+
+def snippet(text: str, n: int = 300) -> str:
+    text = text.strip().replace("\n", " ")
+    return text if len(text) <= n else text[:n] + "..."
