@@ -65,11 +65,17 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         "estimator_quality",
         "benchmarks.estimator_quality",
-        ("--plot", f"{RESULTS_DIR}/estimator_quality.png"),
+        # the eight project families and the original critics (the held-out-style ones
+        # of issue 31 have their own record below; the default lists now include them)
+        (
+            "--plot", f"{RESULTS_DIR}/estimator_quality.png",
+            "--families", "uniform,critical,long,slippery,forage,project,timing,subtle",
+            "--critics", "exact,noise_0.5,noise_1,noise_3,constant",
+        ),
         ("--quick", "--families", "uniform,slippery", "--budgets", "6", "--critics", "noise_1,constant", "--jobs", "1"),
         timeout_s=5400,
         drop=("raw",),
-    ),
+    ),  # fmt: skip
     Benchmark(
         "estimator_quality_heldout",
         "benchmarks.estimator_quality",

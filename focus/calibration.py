@@ -28,6 +28,9 @@ class Calibration:
     mean_tokens: float = 1.0
     mean_leaf_transitions: float = 1.0
     gamma: float = 1.0
+    #: Share of the valid leaves that bootstrap on the critic (truncated, with the
+    #: ``bootstrap`` rule): how often a fresh rollout's last value is the critic's.
+    bootstrapped: float = 0.0
     _chains: dict[tuple[int, int], Chain] = field(default_factory=dict, compare=False, repr=False)
 
     def fresh_chain(self, depth: int, length: int) -> Chain:
@@ -96,7 +99,7 @@ def calibrate(
     keep: Callable[[Tree, Edge], bool] | None = None,
 ) -> Calibration:
     """The :class:`Calibration` of ``trees`` (restricted to the segments ``keep`` accepts)."""
-    tokens = segments = leaf_transitions = leaves = 0
+    tokens = segments = leaf_transitions = leaves = boot = 0
     for tree in trees:
         for e in tree.edges.values():
             if keep is not None and not keep(tree, e):
@@ -107,9 +110,11 @@ def calibrate(
             if child.is_leaf and child.kind != "failed":
                 leaf_transitions += child.transitions
                 leaves += 1
+                boot += child.kind == "truncated" and truncation == "bootstrap"
     return Calibration(
         noise_model(trees, gamma=gamma, truncation=truncation, keep=keep),
         tokens / segments if tokens else 1.0,
         leaf_transitions / leaves if leaf_transitions else 1.0,
         gamma,
+        boot / leaves if leaves else 0.0,
     )

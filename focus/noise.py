@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
@@ -20,12 +19,10 @@ from focus.lsq import mm as _mm
 from focus.lsq import mv as _mv
 from focus.lsq import nnls as _nnls
 from focus.lsq import sig6 as _sig6
+from focus.noise_rows import DEPTH_BUCKETS, Checkpoint, Truncation, coefficients, collect, first_step_weight, leaf_value
 from focus.tree import Edge, Tree
 
-Truncation = Literal["bootstrap", "terminal"]
-
-#: Depths fitted separately; deeper checkpoints share the last bucket's variances.
-DEPTH_BUCKETS = 32
+__all__ = ["DEPTH_BUCKETS", "NoiseModel", "Truncation", "first_step_weight", "leaf_value", "noise_model"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +55,9 @@ class NoiseModel:
     #: The critic's error variance per depth t(d) (issue 31; empty: ``critic_var`` at
     #: every depth), read off every checkpoint's first child (:func:`_critic_by_depth`).
     critic_vars: tuple[float, ...] = ()
+    #: The share of a bootstrapped leaf's critic error that its siblings share
+    #: (:func:`_shared_share`): what more siblings do not average away.
+    shared: float = 0.0
 
     @classmethod
     def unknown(cls, residuals: int = 0) -> NoiseModel:
@@ -90,24 +90,6 @@ class NoiseModel:
         return self._at(self.critic_vars, depth, self.critic_var) if self.known else 0.0
 
 
-def first_step_weight(k: int, gamma: float) -> float:
-    """``Σ_{i<k} γ^{2i}``: the variance multiplier of a segment's own k transitions."""
-    g2 = gamma * gamma
-    return float(k) if g2 == 1.0 else (1.0 - g2**k) / (1.0 - g2)
-
-
-def leaf_value(kind: str, v_hat: float | None, truncation: Truncation, critic_var: float) -> tuple[float | None, float]:
-    """(value, error variance) of a leaf: terminal 0; truncated v̂ (bootstrap) or 0."""
-    if kind == "terminal" or (kind == "truncated" and truncation == "terminal"):
-        return 0.0, 0.0
-    if kind == "truncated":
-        return v_hat, critic_var
-    return None, 0.0  # failed
-
-
-#: Child references of the noise fit: a λ = 0 backed-up value that is exact (a
-#: terminal leaf) or the critic's own prediction (a bootstrapped leaf).
-_EXACT, _CRITIC = -1, -2
 #: Pseudo-observations (per depth, in degrees of freedom of a typical spread) of the
 #: prior that neighbouring depths have similar variances: a depth with few spreads
 #: leans on its neighbours.
@@ -124,84 +106,6 @@ _CRITIC_PRIOR_DOF = 2.0
 _NOISE_PRIOR_DOF = 2.0
 
 
-@dataclass
-class _Checkpoint:
-    """One checkpoint's data for the noise fit (λ = 0 backups)."""
-
-    #: Depth bucket (the column of its step variance) and true depth.
-    depth: int
-    level: int
-    m: int
-    #: Σ_j (q_j − Q̄)² when m ≥ 2; the same within groups of children that took the
-    #: same action (None without such a pair); (v̂ − Q̄)² when predicted.
-    ss: float | None
-    ss_same: float | None
-    d2: float | None
-    #: The critic's prediction v̂ (None when not scored).
-    v_hat: float | None
-    #: Per valid child: (first-step weight, γ^{2k}, reference: record index or
-    #: _EXACT / _CRITIC, (g−1)/g for a child in a group of g ≥ 2 that took the same
-    #: action, else 0).
-    kids: list[tuple[float, float, int, float]]
-
-
-def _action(e: Edge) -> tuple[int, ...]:
-    """A segment's first action: the exact tokens of its first model turn."""
-    return e.turns[0].completion_ids if e.turns else ()
-
-
-def _collect(
-    tree: Tree,
-    gamma: float,
-    truncation: Truncation,
-    keep: Callable[[Tree, Edge], bool] | None,
-    out: list[_Checkpoint],
-) -> None:
-    """Append one tree's checkpoints to ``out``, children before parents."""
-    edges = tree.edges
-    val: dict[int, float | None] = {}
-    ref: dict[int, int] = {}
-    for node in tree.postorder():
-        i = node.id
-        if node.parent_edge is not None and keep is not None and not keep(tree, edges[node.parent_edge]):
-            continue
-        if node.is_leaf:
-            val[i], _ = leaf_value(node.kind, node.value, truncation, 0.0)
-            ref[i] = _CRITIC if node.kind == "truncated" and truncation == "bootstrap" else _EXACT
-            continue
-        qs: list[float] = []
-        kids: list[tuple[float, float, int, float]] = []
-        groups: list[int] = []
-        index: dict[tuple[int, ...], int] = {}
-        for eid in node.children:
-            e = edges[eid]
-            vc = val.get(e.child)
-            if vc is None:
-                continue
-            k = e.k
-            disc = gamma**k
-            qs.append(e.discounted_reward(gamma) + disc * vc)
-            groups.append(index.setdefault(_action(e), len(index)))
-            kids.append((first_step_weight(k, gamma), disc * disc, ref[e.child], 0.0))
-        m = len(qs)
-        if not m:
-            val[i], ref[i] = node.value, _CRITIC
-            continue
-        q_bar = sum(qs) / m
-        ss = sum((q - q_bar) ** 2 for q in qs) if m >= 2 else None
-        ss_same = None
-        if len(index) < m:
-            members: dict[int, list[float]] = {}
-            for q, g in zip(qs, groups, strict=True):
-                members.setdefault(g, []).append(q)
-            ss_same = sum(sum((q - sum(v) / len(v)) ** 2 for q in v) for v in members.values())
-            sizes = [len(members[g]) for g in groups]
-            kids = [(w, d, c, (n - 1) / n) for (w, d, c, _), n in zip(kids, sizes, strict=True)]
-        d2 = (node.value - q_bar) ** 2 if node.value is not None else None
-        val[i], ref[i] = q_bar, len(out)
-        out.append(_Checkpoint(min(node.depth, DEPTH_BUCKETS - 1), node.depth, m, ss, ss_same, d2, node.value, kids))
-
-
 def _env_share(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> float:
     """The env's share ν/s of a transition's variance, pooled over the depths whose
     same-action spreads measured it (weighted by their degrees of freedom), with
@@ -215,68 +119,6 @@ def _env_share(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> float:
             num.append(k * min(v / sd, 1.0))
             den.append(k)
     return math.fsum(num) / math.fsum(den)
-
-
-def _coefficients(
-    recs: list[_Checkpoint], nd: int
-) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """Each checkpoint's variance coefficients α (per depth bucket) and β, and the rows
-    of the same-action spreads, computed depth by depth from the deepest up (a
-    checkpoint's children are one level deeper), one vectorised step per level."""
-    n = len(recs)
-    parent, weight, disc2, child, factor = [], [], [], [], []
-    for i, r in enumerate(recs):
-        for w1, d2, c, f in r.kids:
-            parent.append(i)
-            weight.append(w1)
-            disc2.append(d2)
-            child.append(c)
-            factor.append(f)
-    kp = np.array(parent, dtype=np.int64)
-    kw = np.array(weight, dtype=np.float64)
-    kd2 = np.array(disc2, dtype=np.float64)
-    kc = np.array(child, dtype=np.int64)
-    kf = np.array(factor, dtype=np.float64)
-    bucket = np.array([r.depth for r in recs], dtype=np.int64)
-    level = np.array([r.level for r in recs], dtype=np.int64)
-    msq = np.array([r.m * r.m for r in recs], dtype=np.float64)
-    alpha = np.zeros((n, nd))
-    beta = np.zeros(n)
-    kid_level = level[kp]
-    inner_all = kc >= 0
-    for lv in np.unique(level)[::-1]:
-        sel = kid_level == lv
-        p, c, d2, w = kp[sel], kc[sel], kd2[sel], kw[sel]
-        np.add.at(alpha, (p, bucket[p]), w)
-        inner = inner_all[sel]
-        np.add.at(alpha, p[inner], d2[inner, None] * alpha[c[inner]])
-        np.add.at(beta, p[inner], d2[inner] * beta[c[inner]])
-        crit = c == _CRITIC
-        np.add.at(beta, p[crit], d2[crit])
-        rows = np.flatnonzero(level == lv)
-        alpha[rows] /= msq[rows, None]
-        beta[rows] /= msq[rows]
-    # same-action spreads: Σ_g (g−1)/g · Σ_{j∈g} Var(q_j | action), ν for the first transition
-    with_same = [i for i, r in enumerate(recs) if r.ss_same is not None]
-    row_of = np.full(n, -1, dtype=np.int64)
-    row_of[with_same] = np.arange(len(with_same))
-    same_rows = np.zeros((len(with_same), 2 * nd))
-    same_t = np.zeros(len(with_same))
-    pick = (kf > 0) & (row_of[kp] >= 0)
-    sp, sc, sd2, sw, sf = kp[pick], kc[pick], kd2[pick], kw[pick], kf[pick]
-    sr = row_of[sp]
-    first = np.minimum(sw, 1.0)
-    np.add.at(same_rows, (sr, nd + bucket[sp]), sf * first)
-    np.add.at(same_rows, (sr, bucket[sp]), sf * (sw - first))
-    inner = sc >= 0
-    np.add.at(same_rows[:, :nd], sr[inner], (sf * sd2)[inner, None] * alpha[sc[inner]])
-    np.add.at(same_t, sr[inner], (sf * sd2)[inner] * beta[sc[inner]])
-    crit = sc == _CRITIC
-    np.add.at(same_t, sr[crit], (sf * sd2)[crit])
-    same_y = np.array([recs[i].ss_same for i in with_same], dtype=np.float64)
-    # degrees of freedom Σ_g (g − 1): the factors (g−1)/g of a group's g children sum to it
-    same_dof = np.array([round(sum(fk for *_, fk in recs[i].kids)) for i in with_same], dtype=np.float64)
-    return alpha, beta, (same_rows, same_t, same_y, same_dof)
 
 
 def noise_model(
@@ -320,9 +162,9 @@ def noise_model(
     deterministic function of the trees. ``keep`` restricts it
     to the segments it accepts and what lies below them.
     """
-    recs: list[_Checkpoint] = []
+    recs: list[Checkpoint] = []
     for tree in trees:
-        _collect(tree, gamma, truncation, keep, recs)
+        collect(tree, gamma, truncation, keep, recs)
     residuals = sum(1 for r in recs if r.d2 is not None)
     if not any(r.ss is not None for r in recs):
         return _chain_model(recs, residuals)
@@ -338,6 +180,7 @@ def noise_model(
         rho = _env_share(x[nd:], s, mo.repeat_dof)
         t = _critic_error(mo, s, t, it)
         by_depth = _critic_by_depth(recs, mo, s, t)
+    shared = _shared_share(mo, t, x, rho, by_depth)
     # Six significant digits: the linear solves go through LAPACK, whose last bits may
     # differ between CPUs; rounded, the model (and so every plan) is the same anywhere.
     return NoiseModel(
@@ -348,6 +191,7 @@ def noise_model(
         mo.spreads,
         mo.repeats,
         critic_vars=tuple(_sig6(v) for v in by_depth),
+        shared=_sig6(shared),
     )
 
 
@@ -378,10 +222,10 @@ class _Moments:
     repeats: int
 
 
-def _moments(recs: list[_Checkpoint]) -> _Moments:
+def _moments(recs: list[Checkpoint]) -> _Moments:
     spread_ix = [i for i, r in enumerate(recs) if r.ss is not None]
     nd = max(r.depth for r in recs) + 1
-    alpha, beta, same = _coefficients(recs, nd)
+    alpha, beta, same = coefficients(recs, nd)
     same_rows, same_t, same_y, same_dof = same
     m = np.array([recs[i].m for i in spread_ix], dtype=np.float64)
     scale = (m - 1) * m  # E[SS] = (m−1)·m·Var(Q̄)
@@ -432,19 +276,37 @@ def _solve_spreads(mo: _Moments, t: float, x: np.ndarray, rho: float, it: int, t
     residuals) given the critic's error ``t`` (pooled: the spreads' bootstrapped
     leaves), ``t_depth`` (per depth: an only child's own checkpoint) and the env's share
     ``rho``."""
+    mat, rhs = _spread_system(mo, t, t, x, rho, it, t_depth)
+    return _solve_av(mat, rhs, mo.nd)
+
+
+def _solve_av(mat: np.ndarray, rhs: np.ndarray, nd: int) -> np.ndarray:
+    """Solve the (s, ν[, extra]) system for (s − ν, ν[, extra]) ≥ 0 and return it as (s, ν[, extra])."""
+    # Solved for (a, ν) = (s − ν, ν), both ≥ 0: s = a + ν.
+    to_s = np.eye(len(rhs))
+    to_s[:nd, nd : 2 * nd] = np.eye(nd)
+    mat_av = _mm(_mm(to_s.T, mat), to_s)
+    mat_av += 1e-9 * float(np.trace(mat_av)) / len(mat_av) * np.eye(len(mat_av))  # never singular
+    av = _nnls(mat_av, _mv(to_s.T, rhs))
+    return _mv(to_s, av)
+
+
+def _spread_system(
+    mo: _Moments, t: float, spread_t: float, x: np.ndarray, rho: float, it: int, t_depth: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The normal equations of :func:`_solve_spreads` over (s, ν): the spreads less
+    ``spread_t`` times their bootstrapped leaves' coefficients, the only-child residuals
+    (from the second pass on) and the priors."""
     nd, design, dofs = mo.nd, mo.design, mo.dofs
     # the prior: neighbouring depths have similar variances
     walk = _depth_walk(nd)
     centre = np.zeros((2 * nd, 2 * nd))
     centre[:nd, :nd] = walk
     centre[nd:, nd:] = walk
-    # Solved for (a, ν) = (s − ν, ν), both ≥ 0: s = a + ν.
-    to_s = np.eye(2 * nd)
-    to_s[:nd, nd:] = np.eye(nd)
     # Sums weighted per degree of freedom. (Inverse-variance weights from the previous
     # pass were tried: a depth fitted near zero then weighs ever more and stays there.)
     w = 1.0 / dofs
-    y = mo.ys - t * mo.t_rows
+    y = mo.ys - spread_t * mo.t_rows
     mat = _mm(design.T, design * w[:, None])
     rhs = _mv(design.T, w * y)
     # the prior's weight: pseudo-observations worth a typical depth's information per dof
@@ -470,10 +332,39 @@ def _solve_spreads(mo: _Moments, t: float, x: np.ndarray, rho: float, it: int, t
         # (v̂ − q)² − t(d) − β·t: the checkpoint's own critic error at its depth
         rhs = rhs + k_one * _mv(one_rows.T, mo.one_y - t_depth[mo.one_depth] - t * (mo.one_t - 1.0))
     mat = mat + _DEPTH_PRIOR_DOF * unit * centre + _NOISE_PRIOR_DOF * unit * _share_form(nd, rho)
-    mat_av = _mm(_mm(to_s.T, mat), to_s)
-    mat_av += 1e-9 * float(np.trace(mat_av)) / len(mat_av) * np.eye(len(mat_av))  # never singular
-    av = _nnls(mat_av, _mv(to_s.T, rhs))
-    return _mv(to_s, av)
+    return mat, rhs
+
+
+def _shared_share(mo: _Moments, t: float, x: np.ndarray, rho: float, t_depth: np.ndarray) -> float:
+    """The share of a bootstrapped leaf's critic error that its siblings share (issue 31
+    item 3), from the spreads.
+
+    Siblings' spreads carry only the part of their leaves' critic errors that differs
+    between them: with every two leaves below a checkpoint correlated by ``c``, a spread
+    holds ``(1 − c)·t`` times its bootstrapped leaves' coefficient, not ``t``. The
+    spreads are fitted once more with that independent part ``u`` a free unknown beside
+    s and ν (``_CRITIC_PRIOR_DOF`` pseudo-rows of a typical spread row at ``u = t``,
+    independence, the assumption without evidence), and ``c = 1 − u/t``. A critic whose
+    errors follow the state (a constant critic, one that is wrong about a region, not a
+    state) shows spreads that lack the critic's error, and ``c`` near 1; independent
+    per-state errors leave it near 0. 0 without bootstrapped leaves or critic error."""
+    rows = mo.t_rows
+    if t <= 0 or not np.any(rows > 0):
+        return 0.0
+    nd = mo.nd
+    mat, rhs = _spread_system(mo, t, 0.0, x, rho, 2, t_depth)
+    w = 1.0 / mo.dofs
+    col = _mv(mo.design.T, w * rows)
+    uu = float(np.sum(w * rows * rows))
+    prior = _CRITIC_PRIOR_DOF * uu / float(np.count_nonzero(rows > 0))
+    n = len(rhs)
+    big = np.zeros((n + 1, n + 1))
+    big[:n, :n] = mat
+    big[:n, n] = big[n, :n] = col
+    big[n, n] = uu + prior
+    rhs_u = float(np.sum(w * rows * mo.ys)) + prior * t
+    u = _solve_av(big, np.append(rhs, rhs_u), nd)[n]
+    return min(max(1.0 - u / t, 0.0), 1.0)
 
 
 def _critic_error(mo: _Moments, s: np.ndarray, t: float, it: int) -> float:
@@ -494,7 +385,7 @@ def _critic_error(mo: _Moments, s: np.ndarray, t: float, it: int) -> float:
     return max((float(np.sum(wt * mo.t_obs)) + wp * prior) / (float(np.sum(wt)) + wp), 0.0)
 
 
-def _critic_by_depth(recs: list[_Checkpoint], mo: _Moments, s: np.ndarray, t: float) -> np.ndarray:
+def _critic_by_depth(recs: list[Checkpoint], mo: _Moments, s: np.ndarray, t: float) -> np.ndarray:
     """The critic's error variance per depth, t(d) (issue 31).
 
     Read off the same residuals as the pooled t, ``(v̂ − Q̄)² − SS/(m(m−1))`` at each
@@ -525,7 +416,7 @@ def _critic_by_depth(recs: list[_Checkpoint], mo: _Moments, s: np.ndarray, t: fl
     return _nnls(mat, total + unit * _CRITIC_PRIOR_DOF * t)
 
 
-def _one_prediction(recs: list[_Checkpoint]) -> bool:
+def _one_prediction(recs: list[Checkpoint]) -> bool:
     """Whether at least two checkpoints with a child were predicted, all with the same
     value: a constant critic, whose error is the state values' spread (see
     :func:`_chain_model`)."""
@@ -533,7 +424,7 @@ def _one_prediction(recs: list[_Checkpoint]) -> bool:
     return len(predicted) >= 2 and len(set(predicted)) == 1
 
 
-def _chain_model(recs: list[_Checkpoint], residuals: int) -> NoiseModel:
+def _chain_model(recs: list[Checkpoint], residuals: int) -> NoiseModel:
     """The model from rollouts that never branched (every checkpoint has one valid
     child): each residual ``(v̂ − Q̄)²`` has expectation ``t·(1 + β) + Σ_d α(d)·s(d)``
     (the critic's error plus the one-rollout return's variance below). Its depth
@@ -551,7 +442,7 @@ def _chain_model(recs: list[_Checkpoint], residuals: int) -> NoiseModel:
         # whatever the depth that decides, so the residuals cannot say where that is.
         return NoiseModel.unknown(residuals)
     nd = max(r.depth for r in recs) + 1
-    alpha, beta, _ = _coefficients(recs, nd)
+    alpha, beta, _ = coefficients(recs, nd)
     design = np.hstack([alpha[res_ix], (1.0 + beta[res_ix])[:, None]])
     ys = np.array([recs[i].d2 for i in res_ix], dtype=np.float64)
     centre = np.zeros((nd + 1, nd + 1))

@@ -155,6 +155,11 @@ class NodeEvidence:
     #: Mean task transitions of a rollout from the root to a valid leaf (the
     #: calibration's), what sets :meth:`Selective.explore`'s rate per continuation slot.
     rollout_transitions: float = 1.0
+    #: The part of a child's error variance its siblings share (issue 31 item 3): a
+    #: bootstrapped leaf's critic error, which nearby states share, does not average
+    #: away over more siblings. Counted once in V(n)'s error (not divided by n) and
+    #: left out of ``child_error``; see :func:`shared_error`.
+    shared_error: float = 0.0
 
 
 class Priority(BaseModel, abc.ABC):
@@ -297,14 +302,15 @@ class Selective(Priority):
         if m <= 0:
             return t if node.value is not None and math.isfinite(node.critic_var) else v
         lam = self.weight(node, m)
-        return (lam * lam * t if lam > 0 else 0.0) + (1.0 - lam) ** 2 * v / m
+        return (lam * lam * t if lam > 0 else 0.0) + (1.0 - lam) ** 2 * (v / m + node.shared_error)
 
     def segment_error(self, node: NodeEvidence, m: int, noise: float) -> float:
         """Advantage error of one of ``m`` child segments whose child has noise ``noise``."""
         t = node.critic_var if math.isfinite(node.critic_var) else 0.0
         lam = self.weight(node, m)
         mu = 1.0 - lam
-        return noise * (1 - 2 * mu / m + mu * mu / m) + mu * mu * node.signal / m + (lam * lam * t if lam > 0 else 0.0)
+        own = noise * (1 - 2 * mu / m + mu * mu / m) + mu * mu * node.signal / m
+        return own + (lam * lam * (t + node.shared_error) if lam > 0 else 0.0)
 
     def __call__(self, node: NodeEvidence) -> float:
         slot = node.branches + node.pending
@@ -459,6 +465,7 @@ def node_view(
         sig, rest, plain = sig / n, rest / n, plain / n
     else:
         sig, rest, plain = action, fresh, fresh_target
+    shared, rest = shared_error(calibration, node.depth, length, rest)
     qs = values.child_q.get(i, ())
     rho = _spread_factor(node, qs, sig + rest, noise)
     sig, rest = rho * sig, rho * rest
@@ -490,7 +497,29 @@ def node_view(
         target_influence=t_infl,
         target_weight=calibration.target_weight,
         rollout_transitions=calibration.mean_leaf_transitions,
+        shared_error=shared,
     )
+
+
+def shared_error(calibration: Calibration, depth: int, length: float, rest: float) -> tuple[float, float]:
+    """The part of the error of a child of a checkpoint at ``depth`` that all its
+    siblings share, and the rest of a child's modelled noise ``rest`` without it
+    (issue 31 item 3): a rollout from there ends, about ``length``
+    transitions on, on a leaf that bootstraps on the critic with the collection's share
+    of bootstrapped leaves; the critic's error there, t(d) discounted by ``γ^{2k}``, is
+    shared by the siblings' leaves in the share the noise model fitted from their
+    spreads (:attr:`NoiseModel.shared`). More siblings do not average that part away:
+    it stays in V(n)'s error at any n, and it cancels in the advantages of n's own
+    child segments while V(n) is their plain mean (λ = 0). ``rest`` loses that part,
+    but at most the shared share of itself (a child whose own subtree already averaged
+    its leaves carries less of the leaf's error than a leaf does)."""
+    noise = calibration.noise
+    if noise.shared <= 0 or calibration.bootstrapped <= 0:
+        return 0.0, rest
+    k = max(int(round(length)), 1)
+    t = noise.critic_error_at(depth + k)
+    shared = noise.shared * calibration.bootstrapped * calibration.gamma ** (2 * k) * t
+    return shared, max(rest - shared, (1.0 - noise.shared) * rest)
 
 
 def _influence(

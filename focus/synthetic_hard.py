@@ -155,7 +155,7 @@ def event_depth(mdp: TreeMDP, seed: int, reach: int | None = None) -> int:
     if mdp.decisive >= 0:
         return mdp.decisive + 1
     deepest = max(depths(mdp)) if reach is None else min(max(depths(mdp)), reach)
-    return random.Random(hash(("event", seed))).randint(max(1, deepest // 4), max(1, 3 * deepest // 4))
+    return random.Random(f"event/{seed}").randint(max(1, deepest // 4), max(1, 3 * deepest // 4))
 
 
 def depth_critic(
@@ -187,7 +187,7 @@ def depth_critic(
             table.append([v if d <= cut or not den[d] else num[d] / den[d] for v, d in zip(exact, dep, strict=True)])
         else:
             deepest = (max(dep) if reach is None else min(max(dep), reach)) or 1
-            rng = random.Random(hash((seed, i, "early_late")))
+            rng = random.Random(f"early_late/{seed}/{i}")
             table.append([v + rng.gauss(0.0, 3.0 * scales[i] * d / deepest) for v, d in zip(exact, dep, strict=True)])
     critic.values = table
     critic.noises = [0.0] * len(mdps)

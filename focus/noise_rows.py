@@ -1,0 +1,181 @@
+"""The noise fit's data: a collection's trees read as checkpoint rows (:mod:`focus.noise`).
+
+Each checkpoint's λ = 0 backup, its children's references and the coefficients of its
+backed-up value's variance over the per-depth step variances (α) and the critic's error
+(β), computed depth by depth. Split from :mod:`focus.noise` for size; pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from focus.tree import Edge, Tree
+
+Truncation = Literal["bootstrap", "terminal"]
+
+#: Depths fitted separately; deeper checkpoints share the last bucket's variances.
+DEPTH_BUCKETS = 32
+
+
+def first_step_weight(k: int, gamma: float) -> float:
+    """``Σ_{i<k} γ^{2i}``: the variance multiplier of a segment's own k transitions."""
+    g2 = gamma * gamma
+    return float(k) if g2 == 1.0 else (1.0 - g2**k) / (1.0 - g2)
+
+
+def leaf_value(kind: str, v_hat: float | None, truncation: Truncation, critic_var: float) -> tuple[float | None, float]:
+    """(value, error variance) of a leaf: terminal 0; truncated v̂ (bootstrap) or 0."""
+    if kind == "terminal" or (kind == "truncated" and truncation == "terminal"):
+        return 0.0, 0.0
+    if kind == "truncated":
+        return v_hat, critic_var
+    return None, 0.0  # failed
+
+
+#: Child references of the noise fit: a λ = 0 backed-up value that is exact (a
+#: terminal leaf) or the critic's own prediction (a bootstrapped leaf).
+_EXACT, _CRITIC = -1, -2
+
+
+@dataclass
+class Checkpoint:
+    """One checkpoint's data for the noise fit (λ = 0 backups)."""
+
+    #: Depth bucket (the column of its step variance) and true depth.
+    depth: int
+    level: int
+    m: int
+    #: Σ_j (q_j − Q̄)² when m ≥ 2; the same within groups of children that took the
+    #: same action (None without such a pair); (v̂ − Q̄)² when predicted.
+    ss: float | None
+    ss_same: float | None
+    d2: float | None
+    #: The critic's prediction v̂ (None when not scored).
+    v_hat: float | None
+    #: Per valid child: (first-step weight, γ^{2k}, reference: record index or
+    #: _EXACT / _CRITIC, (g−1)/g for a child in a group of g ≥ 2 that took the same
+    #: action, else 0).
+    kids: list[tuple[float, float, int, float]]
+
+
+def _action(e: Edge) -> tuple[int, ...]:
+    """A segment's first action: the exact tokens of its first model turn."""
+    return e.turns[0].completion_ids if e.turns else ()
+
+
+def collect(
+    tree: Tree,
+    gamma: float,
+    truncation: Truncation,
+    keep: Callable[[Tree, Edge], bool] | None,
+    out: list[Checkpoint],
+) -> None:
+    """Append one tree's checkpoints to ``out``, children before parents."""
+    edges = tree.edges
+    val: dict[int, float | None] = {}
+    ref: dict[int, int] = {}
+    for node in tree.postorder():
+        i = node.id
+        if node.parent_edge is not None and keep is not None and not keep(tree, edges[node.parent_edge]):
+            continue
+        if node.is_leaf:
+            val[i], _ = leaf_value(node.kind, node.value, truncation, 0.0)
+            ref[i] = _CRITIC if node.kind == "truncated" and truncation == "bootstrap" else _EXACT
+            continue
+        qs: list[float] = []
+        kids: list[tuple[float, float, int, float]] = []
+        groups: list[int] = []
+        index: dict[tuple[int, ...], int] = {}
+        for eid in node.children:
+            e = edges[eid]
+            vc = val.get(e.child)
+            if vc is None:
+                continue
+            k = e.k
+            disc = gamma**k
+            qs.append(e.discounted_reward(gamma) + disc * vc)
+            groups.append(index.setdefault(_action(e), len(index)))
+            kids.append((first_step_weight(k, gamma), disc * disc, ref[e.child], 0.0))
+        m = len(qs)
+        if not m:
+            val[i], ref[i] = node.value, _CRITIC
+            continue
+        q_bar = sum(qs) / m
+        ss = sum((q - q_bar) ** 2 for q in qs) if m >= 2 else None
+        ss_same = None
+        if len(index) < m:
+            members: dict[int, list[float]] = {}
+            for q, g in zip(qs, groups, strict=True):
+                members.setdefault(g, []).append(q)
+            ss_same = sum(sum((q - sum(v) / len(v)) ** 2 for q in v) for v in members.values())
+            sizes = [len(members[g]) for g in groups]
+            kids = [(w, d, c, (n - 1) / n) for (w, d, c, _), n in zip(kids, sizes, strict=True)]
+        d2 = (node.value - q_bar) ** 2 if node.value is not None else None
+        val[i], ref[i] = q_bar, len(out)
+        out.append(Checkpoint(min(node.depth, DEPTH_BUCKETS - 1), node.depth, m, ss, ss_same, d2, node.value, kids))
+
+
+def coefficients(
+    recs: list[Checkpoint], nd: int
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Each checkpoint's variance coefficients α (per depth bucket) and β, and the rows
+    of the same-action spreads, computed depth by depth from the deepest up (a
+    checkpoint's children are one level deeper), one vectorised step per level."""
+    n = len(recs)
+    parent, weight, disc2, child, factor = [], [], [], [], []
+    for i, r in enumerate(recs):
+        for w1, d2, c, f in r.kids:
+            parent.append(i)
+            weight.append(w1)
+            disc2.append(d2)
+            child.append(c)
+            factor.append(f)
+    kp = np.array(parent, dtype=np.int64)
+    kw = np.array(weight, dtype=np.float64)
+    kd2 = np.array(disc2, dtype=np.float64)
+    kc = np.array(child, dtype=np.int64)
+    kf = np.array(factor, dtype=np.float64)
+    bucket = np.array([r.depth for r in recs], dtype=np.int64)
+    level = np.array([r.level for r in recs], dtype=np.int64)
+    msq = np.array([r.m * r.m for r in recs], dtype=np.float64)
+    alpha = np.zeros((n, nd))
+    beta = np.zeros(n)
+    kid_level = level[kp]
+    inner_all = kc >= 0
+    for lv in np.unique(level)[::-1]:
+        sel = kid_level == lv
+        p, c, d2, w = kp[sel], kc[sel], kd2[sel], kw[sel]
+        np.add.at(alpha, (p, bucket[p]), w)
+        inner = inner_all[sel]
+        np.add.at(alpha, p[inner], d2[inner, None] * alpha[c[inner]])
+        np.add.at(beta, p[inner], d2[inner] * beta[c[inner]])
+        crit = c == _CRITIC
+        np.add.at(beta, p[crit], d2[crit])
+        rows = np.flatnonzero(level == lv)
+        alpha[rows] /= msq[rows, None]
+        beta[rows] /= msq[rows]
+    # same-action spreads: Σ_g (g−1)/g · Σ_{j∈g} Var(q_j | action), ν for the first transition
+    with_same = [i for i, r in enumerate(recs) if r.ss_same is not None]
+    row_of = np.full(n, -1, dtype=np.int64)
+    row_of[with_same] = np.arange(len(with_same))
+    same_rows = np.zeros((len(with_same), 2 * nd))
+    same_t = np.zeros(len(with_same))
+    pick = (kf > 0) & (row_of[kp] >= 0)
+    sp, sc, sd2, sw, sf = kp[pick], kc[pick], kd2[pick], kw[pick], kf[pick]
+    sr = row_of[sp]
+    first = np.minimum(sw, 1.0)
+    np.add.at(same_rows, (sr, nd + bucket[sp]), sf * first)
+    np.add.at(same_rows, (sr, bucket[sp]), sf * (sw - first))
+    inner = sc >= 0
+    np.add.at(same_rows[:, :nd], sr[inner], (sf * sd2)[inner, None] * alpha[sc[inner]])
+    np.add.at(same_t, sr[inner], (sf * sd2)[inner] * beta[sc[inner]])
+    crit = sc == _CRITIC
+    np.add.at(same_t, sr[crit], (sf * sd2)[crit])
+    same_y = np.array([recs[i].ss_same for i in with_same], dtype=np.float64)
+    # degrees of freedom Σ_g (g − 1): the factors (g−1)/g of a group's g children sum to it
+    same_dof = np.array([round(sum(fk for *_, fk in recs[i].kids)) for i in with_same], dtype=np.float64)
+    return alpha, beta, (same_rows, same_t, same_y, same_dof)
