@@ -29,7 +29,7 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -n 2 tests
 
-# the edit-test loop: library and unit tests, no servers, nothing slow (about a minute on 2 cores)
+# the edit-test loop: library and unit tests, no servers, nothing slow (under a minute on 2 cores)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "not integration and not slow" tests
 
