@@ -62,7 +62,9 @@ def _command(tmp_path: Path, cid: str, *, as_json: bool = True) -> list[str]:
     cmd = [sys.executable, "-m", "cli", "collect", "--tasks", "2", "--transitions", str(BUDGET)]
     cmd += ["--collection-id", cid, "--store", str(tmp_path / "runs"), "--log-file", str(tmp_path / "log")]
     cmd += ["--json"] if as_json else []
-    for s in ("agent.sampling.max_tokens=8", "agent.max_steps=4", f"search.phases.1.wave_size={WAVE_SIZE}"):
+    # waves of WAVE_SIZE continuations (wave_unit "jobs"), so the phase has several
+    settings = ("agent.sampling.max_tokens=8", "agent.max_steps=4", f"search.phases.1.wave_size={WAVE_SIZE}")
+    for s in (*settings, "search.phases.1.wave_unit=jobs"):
         cmd += ["--set", s]
     return cmd
 
