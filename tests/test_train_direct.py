@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(500)]
 def test_ctrl_c_then_rerun_resumes_the_direct_loop(tmp_path):
     root = tmp_path / "store"
     env = base_env(tmp_path / "p")
-    # Twenty continuation waves, not two: the signal comes after the first is saved, and
-    # must find the collection unfinished however slowly the command reacts to it.
+    # Ten times the tiny loop's budget, so many continuation waves, not one or two: the
+    # signal comes after the first is saved, and must find the collection unfinished
+    # however slowly the command reacts to it.
     cmd = [*_command(root), "--set", "search.phases.1.transitions=60"]
     store = CheckpointStore(str(root))
     proc = subprocess.Popen(
