@@ -147,8 +147,12 @@ def test_collect_on_a_terminal_shows_the_rich_bar(tmp_path, prefect_env):
     assert float(rate_t) > 0 and int(rate_k) > 0
     ratio = phase["tokens"] / phase["transitions"]
     assert abs(int(rate_k) - float(rate_t) * ratio) <= 0.5 + 0.05 * ratio + 1e-9, (rate_t, rate_k, ratio)
-    # the rate is over the phase's wall time, which includes the waves' own wall time
-    assert float(rate_t) <= phase["transitions"] / phase["wall_s"] * 1.01 + 0.05
+    # the rate is over the phase's wall time as this process saw it, planning between waves
+    # included: the bar's clock starts as the phase starts and stops at its last wave's
+    # record, so it misses only the phase's closing step (a 12-transition phase: 0.20 s
+    # of the phase's 0.23 s wall seen), never the planning that a waves-only rate would
+    elapsed = int(final_t) / float(rate_t)
+    assert elapsed >= 0.75 * phase["wall_s"] - 0.02, (elapsed, phase["wall_s"])
 
 
 @pytest.mark.timeout(150)
