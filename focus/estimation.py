@@ -42,7 +42,9 @@ from focus.backups import (
     node_value,
     refine,
     segment,
+    settle_children,
     tree_values,
+    value_influence,
 )
 from focus.noise import (
     DEPTH_BUCKETS,
@@ -74,8 +76,10 @@ __all__ = [
     "noise_model",
     "refine",
     "segment",
+    "settle_children",
     "tree_values",
     "truncated_segments",
+    "value_influence",
 ]
 
 
