@@ -87,6 +87,29 @@ class Refined:
     plain_error: float = 0.0
 
 
+def value_influence(discount: float, m_parent: int) -> float:
+    """How much a checkpoint's value V(c) weighs in the advantages of the segments
+    above it, in child segments: ``γ^{2k}·(m_p − 1)/m_p`` for a checkpoint whose parent
+    segment has discount ``γ^k`` and whose parent has ``m_p`` valid children, taking the
+    parent's value as their plain mean (λ_p = 0). V(c) enters its parent segment's
+    advantage ``r + γ^k V(c) − V(p)`` by ``γ^k(1 − 1/m_p)`` and each sibling's by
+    ``γ^k/m_p``; the squares sum to the above. An only child's change cancels (0).
+    The parent's own λ is left out so that the weight is known when V(c) is computed
+    (it depends on the tree's shape, not on values computed after c's)."""
+    return discount * discount * (m_parent - 1) / m_parent if m_parent >= 2 else 0.0
+
+
+def critic_weight(signal: float, var_q: float, t: float, iota: float) -> float:
+    """λ minimising the summed error of the advantages V(n) enters: its m child
+    segments' (``T = signal``, the variance of the mean true advantage of the sampled
+    actions, against ``t + Var(Q̄)``) and, with ``iota`` = the influence per child
+    segment (:func:`value_influence` / m), the segments above, which want V(n)'s own
+    error small (the value weight ``Var(Q̄)/(t + Var(Q̄))``):
+    ``λ = (T + ι·Var(Q̄)) / ((1 + ι)·(t + Var(Q̄)))``, docs/algorithm.md."""
+    den = (1.0 + iota) * (t + var_q)
+    return (signal + iota * var_q) / den if den > 0 else 1.0
+
+
 def refine(
     v_hat: float | None,
     children: Iterable[
@@ -95,17 +118,20 @@ def refine(
     noise: NoiseModel,
     depth: int,
     kappa: float | None,
+    influence: float = 0.0,
 ) -> Refined:
     """Refined value of one checkpoint from its children's
     ``(discounted reward, γ^k, child value, child error variance, first-step weight[,
     child plain-backup error variance])`` (the last defaults to the child's error).
 
     With a fixed ``kappa`` the weight is ``κ/(κ + m)``. Otherwise (``kappa=None``) it
-    is the weight that minimises the advantage error of the child segments,
-    ``λ = T / (t + Var(Q̄))`` with ``T = Σ_j signal_j / m²`` the variance of the mean
-    true advantage of the sampled actions, ``Var(Q̄) = Σ_j (signal_j + noise_j) / m²``
-    and t the critic's error variance (docs/algorithm.md derives it). One function for
-    the batch and for search, so both compute the same numbers in the same order.
+    is the weight that minimises the advantage error of the child segments and, by
+    ``influence`` (:func:`value_influence`), of the segments above that V(n) enters:
+    :func:`critic_weight` with ``T = Σ_j signal_j / m²`` the variance of the mean true
+    advantage of the sampled actions, ``Var(Q̄) = Σ_j (signal_j + noise_j) / m²``, t the
+    critic's error variance and ``ι = influence / m`` (docs/algorithm.md derives it).
+    One function for the batch and for search, so both compute the same numbers in the
+    same order.
     """
     qs: list[float] = []
     signal = rest = plain = 0.0
@@ -132,8 +158,7 @@ def refine(
         # (the arithmetic of the fixed-κ formula as it always was: same bits)
         value = q_bar if kappa <= 0 else (kappa * v_hat + m * sum(qs) / m) / (kappa + m)
     else:
-        den = t + var_q
-        lam = (signal / (m * m) / den if den > 0 else 1.0) if noise.known else 0.0
+        lam = critic_weight(signal / (m * m), var_q, t, influence / m) if noise.known else 0.0
         value = q_bar if lam <= 0.0 else lam * v_hat + (1.0 - lam) * q_bar
     error = (lam * lam * t if lam > 0 else 0.0) + (1.0 - lam) ** 2 * var_q
     return Refined(value, lam, error, q_bar, tuple(qs), signal, rest, plain / (m * m))
@@ -165,11 +190,12 @@ def node_value(
     kappa: float | None,
     truncation: Truncation,
     plain: Mapping[int, float],
+    influence: float = 0.0,
 ) -> Refined:
     """One node's refined value from its children's (children first): the per-node step
     of :func:`tree_values`, shared with search's incremental rankings so both compute
     the same numbers in the same order. ``plain`` holds the children's plain-backup
-    errors (:attr:`Refined.plain_error`)."""
+    errors (:attr:`Refined.plain_error`); ``influence`` is :func:`value_influence`."""
     if node.is_leaf:
         v, err = leaf_value(node.kind, node.value, truncation, noise.critic_error_at(node.depth))
         return Refined(v, 1.0, err, None, (), 0.0, 0.0, err)
@@ -178,7 +204,41 @@ def node_value(
         sg = segments[eid]
         c = sg.child
         kids.append((sg.reward, sg.discount, value[c], error[c], sg.weight, plain[c]))
-    return refine(node.value, kids, noise, node.depth, kappa)
+    return refine(node.value, kids, noise, node.depth, kappa, influence)
+
+
+def settle_children(
+    tree: Tree,
+    node: Node,
+    segments: Mapping[int, Segment],
+    value: dict[int, float | None],
+    weight: dict[int, float],
+    error: dict[int, float],
+    plain: dict[int, float],
+    noise: NoiseModel,
+    kappa: float | None,
+    truncation: Truncation,
+) -> None:
+    """Refine ``node``'s checkpoint children again with their :func:`value_influence`,
+    now that ``node``'s valid children are known (their values were computed first
+    without it: a child's validity does not depend on its weight). Called at each
+    checkpoint's step before its own value, children first, by :func:`tree_values`
+    and by search's incremental rankings alike. Nothing to do with a fixed κ, or for
+    fewer than two valid children (an only child's influence is 0)."""
+    if kappa is not None:
+        return
+    kids = [segments[eid] for eid in node.children]
+    m_p = sum(1 for sg in kids if value.get(sg.child) is not None)
+    if m_p < 2:
+        return
+    for sg in kids:
+        child = tree.nodes[sg.child]
+        if child.is_leaf or child.value is None or value.get(sg.child) is None:
+            continue
+        r = node_value(
+            child, segments, value, error, noise, kappa, truncation, plain, value_influence(sg.discount, m_p)
+        )
+        value[sg.child], weight[sg.child], error[sg.child], plain[sg.child] = r.value, r.weight, r.error, r.plain_error
 
 
 def tree_values(
@@ -213,6 +273,8 @@ def tree_values(
     segs = {i: segment(e, gamma) for i, e in edges.items()}
     for node in tree.postorder():
         i = node.id
+        if not node.is_leaf:
+            settle_children(tree, node, segs, value, weight, error, plain, noise, kappa, truncation)
         r = node_value(node, segs, value, error, noise, kappa, truncation, plain)
         value[i], weight[i], error[i], plain[i] = r.value, r.weight, r.error, r.plain_error
         if node.is_leaf:

@@ -12,8 +12,9 @@ every formula with its derivation; the short version:
   the collection's own trees): the variance a transition adds to a return at each
   depth, the part of it that is not the action's doing (siblings that took the same
   action still differ by it) and the critic's error variance. λ(n) is the weight
-  that minimises the error of the advantages of n's child segments. A fixed ``κ``
-  instead gives the classic ``λ = κ/(κ + m)``;
+  that minimises the error of the advantages V(n) enters: n's child segments' and,
+  where n has siblings, its parent segment's and theirs (:func:`value_influence`). A
+  fixed ``κ`` instead gives the classic ``λ = κ/(κ + m)``;
 * terminal leaf ``V = 0``; truncated leaf ``V = v̂`` (``truncation="bootstrap"``, the
   default) or ``0`` (``"terminal"``); failed leaf: no value, and its segment is left
   out of its parent's backup, of advantages and of targets;
@@ -42,7 +43,9 @@ from focus.backups import (
     node_value,
     refine,
     segment,
+    settle_children,
     tree_values,
+    value_influence,
 )
 from focus.noise import (
     DEPTH_BUCKETS,
@@ -74,8 +77,10 @@ __all__ = [
     "noise_model",
     "refine",
     "segment",
+    "settle_children",
     "tree_values",
     "truncated_segments",
+    "value_influence",
 ]
 
 

@@ -28,6 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from focus.backups import critic_weight
 from focus.calibration import Calibration, Chain, calibrate  # noqa: F401 (re-exported: moved there)
 from focus.estimation import (
     Estimator,
@@ -38,6 +39,7 @@ from focus.estimation import (
     child_variances,
     segment,
     tree_values,
+    value_influence,
 )
 from focus.tree import Edge, Node, Tree
 
@@ -160,6 +162,10 @@ class NodeEvidence:
     #: away over more siblings. Counted once in V(n)'s error (not divided by n) and
     #: left out of ``child_error``; see :func:`shared_error`.
     shared_error: float = 0.0
+    #: How much V(n) weighs in the advantages of the segments above it, in child
+    #: segments (:func:`focus.estimation.value_influence`: the parent's valid children,
+    #: its value taken as their plain mean), what λ weighs beside n's own children.
+    value_influence: float = 0.0
 
 
 class Priority(BaseModel, abc.ABC):
@@ -284,7 +290,8 @@ class Selective(Priority):
     explore: float = Field(0.25, ge=0.0, le=1.0)
 
     def weight(self, node: NodeEvidence, m: int) -> float:
-        """λ the estimator would give n with ``m`` like children."""
+        """λ the estimator would give n with ``m`` like children
+        (:func:`focus.backups.critic_weight`, with n's ``value_influence``)."""
         if node.value is None or m <= 0:
             return 0.0
         if self.kappa is not None:
@@ -292,8 +299,7 @@ class Selective(Priority):
         t = node.critic_var
         if not math.isfinite(t):
             return 0.0
-        den = t + (node.signal + node.child_error) / m
-        return (node.signal / m) / den if den > 0 else 1.0
+        return critic_weight(node.signal / m, (node.signal + node.child_error) / m, t, node.value_influence / m)
 
     def error(self, node: NodeEvidence, m: int) -> float:
         """Modelled error variance of V(n) with ``m`` like children."""
@@ -446,8 +452,7 @@ def node_view(
     gamma = values.gamma
     noise = calibration.noise
     infl, t_infl = _influence(tree, node, values, segs, valid, mu)
-    sig = rest = plain = 0.0
-    n = 0
+    sig, rest, plain, n = 0.0, 0.0, 0.0, 0
     step, action = noise.step_var(node.depth), noise.action_var(node.depth)
     for eid in node.children:
         sg = segs[eid]
@@ -498,6 +503,7 @@ def node_view(
         target_weight=calibration.target_weight,
         rollout_transitions=calibration.mean_leaf_transitions,
         shared_error=shared,
+        value_influence=_value_influence(tree, node, values, segs),
     )
 
 
@@ -537,6 +543,13 @@ def _influence(
     c = (1.0 - lam_p) * sp.discount / m_p
     own = sp.discount - c
     return (own * own * sp.tokens + c * c * (valid[p] - sp.tokens)) / mu, sp.discount * sp.discount / m_p
+
+
+def _value_influence(tree: Tree, node: Node, values: TreeValues, segs: Mapping[int, Segment]) -> float:
+    """:func:`focus.estimation.value_influence` of ``node`` (0 for a root)."""
+    if node.parent_edge is None:
+        return 0.0
+    return value_influence(segs[node.parent_edge].discount, values.m.get(tree.edges[node.parent_edge].parent, 0))
 
 
 def _spread_factor(node: Node, qs: Sequence[float], v: float, noise: NoiseModel) -> float:

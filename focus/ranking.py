@@ -6,11 +6,15 @@ wave costs in proportion to the tree, so a collection whose waves touch every tr
 instead updates only what a wave changed:
 
 * a new or newly scored node changes the refined values (and errors, weights,
-  expected lengths, valid child tokens) of itself and its **ancestors** only: values
-  are backed up from children to parents;
+  expected lengths, valid child tokens) of itself and its **ancestors**, values being
+  backed up from children to parents, and the weights of the ancestors' children (a
+  checkpoint's weight reads how many valid children its parent has,
+  :func:`focus.estimation.value_influence`; each is refined again at its parent's step,
+  :func:`focus.estimation.settle_children`);
 * a checkpoint's evidence view (:func:`focus.priority.node_view`) reads only the node,
   its children and its parent (weight, count, valid child tokens), so the views to
-  recompute are those of the changed checkpoints and of their children;
+  recompute are those of the changed checkpoints, of their children and of their
+  grandchildren;
 * each phase's ranking is a sorted list; a changed view moves one entry.
 
 Collection-wide quantities (the noise model, the mean segment length) come from the
@@ -28,7 +32,7 @@ import bisect
 from collections.abc import Iterable
 
 from focus.agent import derive_seed
-from focus.estimation import Segment, TreeValues, node_value, segment
+from focus.estimation import Segment, TreeValues, node_value, segment, settle_children
 from focus.priority import Calibration, NodeEvidence, Priority, node_view, segment_length, valid_tokens
 from focus.tree import Node, Tree
 
@@ -112,6 +116,11 @@ class TreeRanking:
                 segs[eid] = segment(tree.edges[eid], self.gamma)
         s = self.search
         i = node.id
+        if not node.is_leaf:
+            settle_children(
+                tree, node, segs, self.value, self.weight, self.error, self.plain,
+                self.calibration.noise, s.kappa, s.truncation_rule,
+            )  # fmt: skip
         r = node_value(
             node, segs, self.value, self.error, self.calibration.noise, s.kappa, s.truncation_rule, self.plain
         )
@@ -147,7 +156,12 @@ class TreeRanking:
             node = nodes[i]
             if not node.is_leaf:
                 views.add(i)
-                views.update(c for c in (edges[e].child for e in node.children) if not nodes[c].is_leaf)
+                # its children were refined again (their weights read its valid
+                # children), so their children's views (which read a parent's weight) change
+                for c in (edges[e].child for e in node.children):
+                    if not nodes[c].is_leaf:
+                        views.add(c)
+                        views.update(g for g in (edges[e].child for e in nodes[c].children) if not nodes[g].is_leaf)
         for i in sorted(views):
             ev = self.evidence[i] = self._view(tree, nodes[i])
             for phase_index in self._ranked:

@@ -24,6 +24,7 @@ from focus.estimation import (
     refine,
     tree_values,
     truncated_segments,
+    value_influence,
 )
 from focus.priority import Calibration, NodeEvidence, Phase, Selective, Uniform, node_evidence
 from focus.synthetic import (
@@ -280,6 +281,56 @@ def test_an_only_childs_critic_miss_is_evidence_of_its_checkpoints_variance():
     # the model's one-child variance here is 0.02: a critic with half that error makes
     # its miss count 4/9 of a degree of freedom, one with 50 times it (t = 1) 1/2601
     assert weights == pytest.approx([4 / 9, 1 / 2601])
+
+
+def test_the_weight_counts_the_segments_above_that_a_value_enters():
+    """λ minimises the error of every advantage V(n) enters: with influence ι per child
+    segment it is the blend (T + ι·Var(Q̄)) / ((1 + ι)(t + Var(Q̄))) of the advantage
+    weight and the value weight, and an exact critic's weight rises toward 1 where the
+    segments above read V(n), though n's own children are noisy."""
+    noise = NoiseModel((0.04,), 0.002, (0.03,))
+    kids = [(0.3, 1.0, 0.0, 0.0, 1.0), (0.7, 1.0, 0.0, 0.0, 1.0)]
+    m = 2
+    signal, var_q, t = (0.04 - 0.03) * m / m**2, 0.04 * m / m**2, 0.002
+    alone = refine(0.6, kids, noise, 0, None)
+    assert alone.weight == pytest.approx(signal / (t + var_q))
+    iota = 1.5 / m
+    above = refine(0.6, kids, noise, 0, None, influence=1.5)
+    assert above.weight == pytest.approx((signal + iota * var_q) / ((1 + iota) * (t + var_q)))
+    assert alone.weight < above.weight < var_q / (t + var_q)
+    assert above.error == pytest.approx(above.weight**2 * t + (1 - above.weight) ** 2 * var_q)
+    # the influence: V(c) enters its parent segment by γ^k(1 − 1/m_p) and each sibling's
+    # by γ^k/m_p; an only child's change cancels
+    assert value_influence(0.9, 3) == pytest.approx(0.81 * ((2 / 3) ** 2 + 2 * (1 / 3) ** 2))
+    assert value_influence(1.0, 1) == 0.0
+    # a fixed κ ignores it
+    assert refine(0.6, kids, noise, 0, 2.0, influence=1.5).weight == pytest.approx(0.5)
+
+
+def test_tree_values_weigh_a_checkpoint_by_its_parents_valid_children():
+    """tree_values refines a checkpoint with the influence its parent's valid children
+    give it (two here: each of the root's children weighs (2 − 1)/2 = 1/2), the numbers
+    refine gives by hand; with one valid sibling failed, an only child's weight is its
+    own children's alone."""
+    noise = NoiseModel((0.04, 0.04), 0.002, (0.03, 0.03))
+    kids = [(0.2, 1.0, 0.0, 0.0, 1.0), (0.6, 1.0, 0.0, 0.0, 1.0)]
+    for failed, influence in ((False, 0.5), (True, 0.0)):
+        t = Tree.new("t", None, (1,))
+        t.root.value = 0.5
+        mids = []
+        for j in range(2):
+            if failed and j:
+                t.add_node(0, (_turn(),), "failed", steps=1, cause="model: down")
+                continue
+            mid = t.add_node(0, (_turn(),), "checkpoint", steps=1, context_ids=(1, 2 + j))
+            mid.value = 0.5
+            for r in (0.2, 0.6):
+                t.add_node(mid.id, (_turn(r),), "terminal", steps=2)
+            mids.append(mid.id)
+        tv = tree_values(t, noise=noise)
+        want = refine(0.5, kids, noise, 1, None, influence=influence).weight
+        assert [tv.critic_weight[i] for i in mids] == pytest.approx([want] * len(mids))
+    assert refine(0.5, kids, noise, 1, None, influence=0.5).weight > refine(0.5, kids, noise, 1, None).weight
 
 
 def test_refine_weighs_the_critic_by_signal_against_noise():

@@ -88,11 +88,11 @@ def digest(batch) -> str:  # type: ignore[no-untyped-def]
 PINNED = {
     ("grpo", 0): ("d48133fce843f77e", 232, 208),
     ("grpo", 1): ("c69e15d1237eac95", 234, 212),
-    ("selective", 0): ("8af89b30b8c69832", 342, 176),
-    ("selective", 1): ("5fd44437d71e4c1e", 342, 185),
-    ("selective_jobs", 0): ("0b5840dea72824b7", 342, 188),
-    ("uniform", 0): ("eaa0f14a3bfab472", 282, 238),
-    ("uniform", 1): ("7ab76123eff7242a", 285, 238),
+    ("selective", 0): ("1bf6068e0a378dea", 342, 176),
+    ("selective", 1): ("e392e3241ae51646", 344, 203),
+    ("selective_jobs", 0): ("1e64781081db145d", 342, 188),
+    ("uniform", 0): ("e58a89ff8301c4ee", 282, 238),
+    ("uniform", 1): ("08970bcb3faea122", 285, 238),
 }
 
 
