@@ -1005,6 +1005,14 @@ def scale(f: dict[str, Any]) -> str:
             f"plan CPU per wave, last quarter / first quarter, at {ratios['largest_size']}",
             ratios["plan_cpu_per_wave_last_vs_first_quarter_at_largest"],
         ),
+        "focus_vs_baseline_rss_growth_per_transition": (
+            f"FOCUS / baseline RSS growth per transition, at {ratios['largest_size']}",
+            ratios.get("focus_vs_baseline_rss_growth_per_transition_at_largest", {}),
+        ),
+        "focus_idle_share": (
+            "FOCUS's share of the collection with no model call in flight, every row",
+            ratios.get("focus_idle_share", {}),
+        ),
     }
     goal_rows = [
         [texts[k][0], f"<= {num(g['goal'])}", f"**{num(g['worst'])}**", "met" if g["met"] else "**missed**",
@@ -1024,9 +1032,41 @@ def scale(f: dict[str, Any]) -> str:
             + ". Slot utilisation of the server, highest of any arm: "
             + num(max(r[a]["slot_utilisation"] for r in f["rows"] for a in ("focus", "baseline")))
             + ".",
+            *_scale_memory_idle(f),
             *_scale_repeats(f),
         ]
     )
+
+
+def _scale_memory_idle(f: dict[str, Any]) -> list[str]:
+    """Memory per transition and idle shares per row (records before these figures
+    have none and no such table)."""
+    if not all("idle_share" in r["focus"] for r in f["rows"]):
+        return []
+
+    def pair(r: dict[str, Any], k: str) -> str:
+        return f"{num(r['focus'][k])} / {num(r['baseline'][k])}"
+
+    rows = [
+        [
+            r["key"].split("_")[0],
+            r["tasks"],
+            pair(r, "rss_growth_kib_per_transition"),
+            f"**{num(r['focus']['rss_growth_kib_per_transition'] / r['baseline']['rss_growth_kib_per_transition'])}**",
+            pair(r, "idle_share"),
+            pair(r, "server_idle_share"),
+            pair(r, "server_underfilled_share"),
+        ]
+        for r in f["rows"]
+    ]
+    head = ["size", "tasks", "RSS growth KiB/t, FOCUS / baseline", "memory ratio", "idle share, FOCUS / baseline",
+            "server idle share, FOCUS / baseline", "server underfilled share, FOCUS / baseline"]  # fmt: skip
+    return [
+        "Memory and idle time. *Idle share*: the share of the collection (first model call to last answer) "
+        "with no model call in flight; *server idle* / *underfilled*: no request in the server / fewer than "
+        "half its slots in service, from its request log (these also count answers waiting for a busy client).",
+        table(head, rows),
+    ]
 
 
 def _scale_repeats(f: dict[str, Any]) -> list[str]:

@@ -33,14 +33,23 @@ and the server's CPU is not counted. Per arm:
   CPU inside Python's cyclic garbage collector wherever it ran (the baseline runs with
   the default GC, as a user's loop would; ``Execution`` keeps the trees out of it while
   a wave runs), and the JSON also compares the arms without it;
-* ``peak_rss_mib`` and the growth over the RSS before collecting, per transition;
+* ``peak_rss_mib`` and the growth over the RSS before collecting, per transition
+  (``rss_growth_kib_per_transition``; FOCUS / baseline is the memory goal's figure);
+* ``idle_share``: the share of the collection (first model call to last answer) with
+  no model call in flight from the arm (:class:`CallMeter`): the wave barriers, the
+  server's idle time that the collection's schedule causes. Beside it, from the
+  server's request log (:func:`server_occupancy`), ``server_idle_share`` (no request
+  in the server) and ``server_underfilled_share`` (fewer than half the slots in
+  service); those also count the time answers wait for a busy client, so they grow
+  with the machine's load and with the client's own CPU, in both arms;
 * focus only: every continuation wave's plan/graft/score CPU in order, and mean plan CPU
   per wave in the first and last quarter of the waves.
 
 The JSON holds every figure and the ratios the goals below name: focus / baseline CPU per
 transition at every row; focus CPU per transition at each size / at the smallest size
 of the same task series; plan CPU per wave, last quarter / first quarter, at the
-largest size.
+largest size; focus / baseline RSS growth per transition at the largest size; focus's
+idle share at every row.
 
     python -m benchmarks.scale [--json PATH] [--quick] [--sizes 2000 10000 ...] [--repeats 3]
 
@@ -90,7 +99,11 @@ GOALS = {
     "focus_vs_baseline_cpu_per_transition": 1.3,  # at every row
     "focus_cpu_per_transition_vs_smallest": 1.2,  # at every size, per task series
     "plan_cpu_per_wave_last_vs_first_quarter": 1.5,  # at the largest size
+    "focus_vs_baseline_rss_growth_per_transition": 2.0,  # at the largest size
+    "focus_idle_share": 0.10,  # at every row
 }
+#: The server counts as underfilled while fewer requests than this share of its slots are in service.
+UNDERFILLED = 0.5
 TARGETS = (20, 40)  # ReachTarget targets, as in benchmarks/engine.py
 CRITIC_VALUE = 0.5  # a constant critic in the middle of the reward range
 SEED = 0
@@ -302,6 +315,56 @@ class GcMeter:
         gc.callbacks.remove(self)
 
 
+class CallMeter:
+    """Model calls in flight from this process over time: the share of the collection
+    during which none is (``idle_share``), counted as it goes, nothing stored per call.
+
+    The window runs from the first call's start to the last call's end; every stretch
+    inside it with no call in flight (a wave's barrier: grafting, scoring and planning
+    the next wave after the last call of one has returned) counts as idle. Nothing else
+    sends to the server, so the server is idle at least that long; it can be idle
+    longer while calls are in flight here (answers waiting in sockets for a busy
+    process), which :func:`server_occupancy` counts and a loaded machine inflates,
+    while this share stays a property of the collection's schedule."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.calls = 0
+        self.first: float | None = None
+        self.last_end: float | None = None
+        self.idle_s = 0.0
+
+    def install(self, policy: Any) -> CallMeter:
+        inner = policy.sample_on_route
+
+        async def sample_on_route(prompt_ids: Any, params: Any, route: Any) -> Any:
+            now = time.perf_counter()
+            if not self.in_flight:
+                if self.last_end is None:
+                    self.first = now
+                else:
+                    self.idle_s += now - self.last_end
+            self.in_flight += 1
+            self.calls += 1
+            try:
+                return await inner(prompt_ids, params, route)
+            finally:
+                self.in_flight -= 1
+                if not self.in_flight:
+                    self.last_end = time.perf_counter()
+
+        policy.sample_on_route = sample_on_route
+        return self
+
+    def figures(self) -> dict[str, Any]:
+        window = (self.last_end - self.first) if self.first is not None and self.last_end is not None else 0.0
+        return {
+            "calls_window_s": window,
+            "idle_s": self.idle_s,
+            "idle_share": self.idle_s / window if window > 0 else None,
+        }
+
+
 def _rss_now_mib() -> float | None:
     try:
         pages = int(Path("/proc/self/statm").read_text().split()[1])
@@ -325,6 +388,49 @@ def _run(make: Callable[[], Awaitable[Any]]) -> Any:
 
     asyncio.run(go())
     return out[0]
+
+
+def server_occupancy(log: Sequence[Sequence[Any]], slots: int) -> dict[str, Any]:
+    """How much of the collection the server spent without work, from its request log
+    (``GET /requests``: arrival, slot acquired and done, in seconds, per request).
+
+    The window runs from the first request's arrival to the last one's answer, so the
+    env resets before it and the batch preparation after it do not count; inside it,
+    the server is *idle* while no request is in it (queued or in service), and
+    *underfilled* while fewer than ``UNDERFILLED`` x ``slots`` are in service. Both as
+    shares of the window: what a wave barrier costs a real server is the idle share
+    (nothing to batch at all) and, less sharply, the underfilled one (small batches
+    while a wave's tail drains and the next is planned)."""
+    if not log:
+        return {"server_window_s": 0.0, "server_idle_share": None, "server_underfilled_share": None}
+    present: list[tuple[float, int]] = []
+    serving: list[tuple[float, int]] = []
+    for row in log:
+        arrived, acquired, done = float(row[0]), float(row[1]), float(row[2])
+        present += ((arrived, 1), (done, -1))
+        serving += ((acquired, 1), (done, -1))
+    start, end = min(t for t, _ in present), max(t for t, _ in present)
+    window = end - start
+
+    def time_below(events: list[tuple[float, int]], bound: float) -> float:
+        """Seconds of the window during which the count of open intervals is below ``bound``
+        (an interval that closes at the instant another opens leaves no gap)."""
+        events.sort(key=lambda e: (e[0], -e[1]))
+        below, level, last = 0.0, 0, start
+        for t, step in events:
+            if level < bound:
+                below += t - last
+            level += step
+            last = t
+        return below
+
+    idle = time_below(present, 1)
+    low = time_below(serving, UNDERFILLED * slots)
+    return {
+        "server_window_s": window,
+        "server_idle_share": idle / window if window > 0 else 0.0,
+        "server_underfilled_share": low / window if window > 0 else 0.0,
+    }
 
 
 # -- the two arms ----------------------------------------------------------------------
@@ -459,12 +565,14 @@ def run_arm(cfg: dict[str, Any]) -> dict[str, Any]:
         rss_before, peak_before = _rss_now_mib(), _peak_rss_mib()
         before = server.stats()
         arm = run_focus if cfg["arm"] == "focus" else run_baseline
+        calls = CallMeter().install(agent.policy)
         with GcMeter() as gc_meter:
             c0, t0 = time.process_time(), time.perf_counter()
             figures, batch = arm(agent, tasks, cfg)
             cpu, wall = time.process_time() - c0, time.perf_counter() - t0
         after = server.stats()
         peak = _peak_rss_mib()
+        log = server.requests()  # after the peak: the log's JSON is not the arm's memory
     n = max(1, figures["transitions"])
     search_cpu = sum(figures["search_cpu_s"].values())
     prepare_cpu = figures["prepare_cpu_s"]
@@ -495,6 +603,8 @@ def run_arm(cfg: dict[str, Any]) -> dict[str, Any]:
         "server_cpu_ms_per_call": 1000 * (after["cpu_s"] - before["cpu_s"]) / requests,
         "slot_utilisation": (after["busy_slot_s"] - before["busy_slot_s"]) / (cfg["slots"] * wall),
         "server_max_waiting": after["max_waiting"],
+        **server_occupancy(log, cfg["slots"]),
+        **calls.figures(),
     }
     del batch
     return out
@@ -592,8 +702,41 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "focus_cpu_per_transition_vs_smallest": worst(growth),
         "plan_cpu_per_wave_last_vs_first_quarter": worst(at_largest),
     }
+    memory_idle = summarise_memory_and_idle(rows)
+    ratios.update(memory_idle)
+    checked["focus_vs_baseline_rss_growth_per_transition"] = worst(
+        memory_idle["focus_vs_baseline_rss_growth_per_transition_at_largest"]
+    )
+    checked["focus_idle_share"] = worst(memory_idle["focus_idle_share"])
     goals = {k: {"goal": GOALS[k], "worst": v, "met": v is not None and v <= GOALS[k]} for k, v in checked.items()}
     return {"ratios": ratios, "goals": goals}
+
+
+def summarise_memory_and_idle(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Memory per transition, FOCUS / baseline (RSS growth over the RSS before
+    collecting, per transition; and peak RSS), at every row and at the largest size;
+    the share of the collection with no model call in flight (:class:`CallMeter`), and
+    the server's idle and underfilled shares (:func:`server_occupancy`), per arm."""
+    largest = size_label(max(r["transitions_budget"] for r in rows)) + "_"
+    growth = {
+        r["key"]: _ratio(r["focus"]["rss_growth_kib_per_transition"], r["baseline"]["rss_growth_kib_per_transition"])
+        for r in rows
+    }
+    return {
+        "focus_vs_baseline_rss_growth_per_transition": growth,
+        "focus_vs_baseline_rss_growth_per_transition_at_largest": {
+            k: v for k, v in growth.items() if k.startswith(largest)
+        },
+        "focus_vs_baseline_peak_rss": {
+            r["key"]: _ratio(r["focus"]["peak_rss_mib"], r["baseline"]["peak_rss_mib"]) for r in rows
+        },
+        "focus_idle_share": {r["key"]: r["focus"].get("idle_share") for r in rows},
+        "baseline_idle_share": {r["key"]: r["baseline"].get("idle_share") for r in rows},
+        "focus_server_idle_share": {r["key"]: r["focus"].get("server_idle_share") for r in rows},
+        "baseline_server_idle_share": {r["key"]: r["baseline"].get("server_idle_share") for r in rows},
+        "focus_server_underfilled_share": {r["key"]: r["focus"].get("server_underfilled_share") for r in rows},
+        "baseline_server_underfilled_share": {r["key"]: r["baseline"].get("server_underfilled_share") for r in rows},
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -619,6 +762,32 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {f['cpu_ms_per_transition'] / b['cpu_ms_per_transition']:.2f} | {q} "
             f"| {f['gc_cpu_ms_per_transition']:.2f} / {b['gc_cpu_ms_per_transition']:.2f} "
             f"| {f['peak_rss_mib']:.0f} / {b['peak_rss_mib']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def memory_idle_table(rows: list[dict[str, Any]]) -> str:
+    """Memory per transition, the share with no call in flight and the server's idle and
+    underfilled shares, per row."""
+
+    def share(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.3f}"
+
+    lines = [
+        "| size | tasks | RSS growth KiB/t FOCUS / baseline | ratio | peak RSS MiB FOCUS / baseline "
+        "| idle share FOCUS / baseline | server idle share FOCUS / baseline | underfilled share FOCUS / baseline |",
+        "|" + "---|" * 8,
+    ]
+    for r in rows:
+        f, b = r["focus"], r["baseline"]
+        g = _ratio(f["rss_growth_kib_per_transition"], b["rss_growth_kib_per_transition"])
+        lines.append(
+            f"| {size_label(r['transitions_budget'])} | {r['tasks']} "
+            f"| {f['rss_growth_kib_per_transition']:.2f} / {b['rss_growth_kib_per_transition']:.2f} "
+            f"| {'n/a' if g is None else f'{g:.2f}'} | {f['peak_rss_mib']:.0f} / {b['peak_rss_mib']:.0f} "
+            f"| {share(f.get('idle_share'))} / {share(b.get('idle_share'))} "
+            f"| {share(f.get('server_idle_share'))} / {share(b.get('server_idle_share'))} "
+            f"| {share(f.get('server_underfilled_share'))} / {share(b.get('server_underfilled_share'))} |"
         )
     return "\n".join(lines)
 
@@ -719,6 +888,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     figures["benchmark_wall_s"] = time.perf_counter() - t0
     figures["load_average_at_end"] = load_average()
     print(table(rows))
+    print(memory_idle_table(rows))
     print(json.dumps({"ratios": figures["ratios"], "goals": figures["goals"]}, indent=1))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))

@@ -164,9 +164,10 @@ def refine(
     return Refined(value, lam, error, q_bar, tuple(qs), signal, rest, plain / (m * m))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Segment:
-    """What values and rankings read of one segment, computed once per segment."""
+    """What values and rankings read of one segment, computed once per segment (slotted:
+    a ranking keeps one per segment of every tree for the whole collection)."""
 
     child: int
     #: r(e) = Σ_i γ^i r_i, γ^{k(e)}, Σ_{i<k} γ^{2i} (first-step weight), k(e), tokens.

@@ -99,9 +99,11 @@ class Phase(BaseModel):
         return self.rollouts_per_task is not None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeEvidence:
-    """What a priority may read about one eligible checkpoint (read-only)."""
+    """What a priority may read about one eligible checkpoint (read-only). Slotted: a
+    ranking keeps one per checkpoint of every tree for the whole collection, and is
+    never pickled."""
 
     tree_index: int
     node_id: int

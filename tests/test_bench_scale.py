@@ -30,6 +30,9 @@ ARM_FIGURES = (
     "rss_growth_kib_per_transition",
     "server_cpu_ms_per_call",
     "slot_utilisation",
+    "idle_share",
+    "server_idle_share",
+    "server_underfilled_share",
 )
 WAVE_FIGURES = (
     "plan_cpu_ms_per_wave_first_quarter",
@@ -47,6 +50,52 @@ def test_expected_rollout_length_matches_the_digit_walk():
     assert expected_rollout_transitions(40, 3) == pytest.approx(3.0)  # truncated at max_steps
     # long walks: about target / mean digit (5) plus the overshoot
     assert 6.0 < expected_rollout_transitions(30, 16) < 7.0
+
+
+def test_server_occupancy_counts_gaps_and_thin_service():
+    from benchmarks.scale import server_occupancy
+
+    # (arrived, acquired, done, ...) per request; 4 slots, so "underfilled" is fewer than 2 in service
+    log = [
+        (0.0, 0.0, 1.0, 1, 5, 0, 3),
+        (0.0, 0.5, 1.0, 2, 5, 0, 3),  # queued 0.5 s, then in service beside the first
+        (1.0, 1.0, 2.0, 3, 5, 0, 3),  # starts as the first two end: no gap
+        (3.0, 3.0, 4.0, 4, 5, 0, 3),  # after 1 s with nothing in the server
+    ]
+    out = server_occupancy(log, slots=4)
+    assert out["server_window_s"] == pytest.approx(4.0)
+    assert out["server_idle_share"] == pytest.approx(1 / 4)
+    # fewer than 2 in service: 0-0.5, 1-2, 2-3 and 3-4 -> 3.5 s
+    assert out["server_underfilled_share"] == pytest.approx(3.5 / 4)
+    assert server_occupancy([], slots=4)["server_idle_share"] is None
+
+
+def test_call_meter_counts_the_stretches_with_no_call_in_flight():
+    import asyncio
+
+    from benchmarks.scale import CallMeter
+
+    class Policy:
+        async def sample_on_route(self, prompt_ids, params, route):
+            await asyncio.sleep(prompt_ids)
+            return prompt_ids
+
+    policy = Policy()
+    meter = CallMeter().install(policy)
+
+    async def go():
+        await asyncio.gather(policy.sample_on_route(0.05, None, ()), policy.sample_on_route(0.1, None, ()))
+        await asyncio.sleep(0.2)  # a barrier: nothing in flight
+        await policy.sample_on_route(0.05, None, ())
+
+    asyncio.run(go())
+    f = meter.figures()
+    assert meter.calls == 3 and meter.in_flight == 0
+    # the gap is at least the barrier's sleep and the window at least its three parts; the shares
+    # are compared loosely, since a loaded machine stretches every sleep
+    assert f["idle_s"] >= 0.2 and f["calls_window_s"] >= 0.35
+    assert f["idle_share"] == pytest.approx(f["idle_s"] / f["calls_window_s"])
+    assert f["idle_s"] < f["calls_window_s"] - 0.15
 
 
 def test_rows_budgets_and_task_series():
@@ -94,6 +143,10 @@ def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
         assert baseline["search_cpu_ms_per_transition"] == 0 and baseline["critic_rows"] == 0
         assert focus["plan_cpu_ms_per_transition"] > 0 and focus["graft_cpu_ms_per_transition"] > 0
         assert focus["critic_rows"] > 0
+        # the idle shares are shares of a window the calls span
+        for f in (focus, baseline):
+            assert 0 <= f["idle_share"] <= f["server_idle_share"] + 0.2 and f["server_underfilled_share"] <= 1
+            assert 0 < f["calls_window_s"] <= f["wall_s"] and 0 < f["server_window_s"] <= f["wall_s"]
         # every continuation wave is in the per-wave list, in order, with its own costs
         waves = focus["per_wave"]
         assert len(waves) == focus["continuation_waves"] >= 2
@@ -117,6 +170,8 @@ def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
         row["1k_20t"]["focus"]["cpu_ms_per_transition"] / row["300_6t"]["focus"]["cpu_ms_per_transition"]
     )
     assert set(ratios["plan_cpu_per_wave_last_vs_first_quarter_at_largest"]) == {"1k_6t", "1k_20t"}
+    assert set(ratios["focus_vs_baseline_rss_growth_per_transition_at_largest"]) == {"1k_6t", "1k_20t"}
+    assert set(ratios["focus_idle_share"]) == set(keys)
     for goal in scale.GOALS:
         g = figures["goals"][goal]
         assert g["goal"] == scale.GOALS[goal] and g["worst"] is not None and g["met"] == (g["worst"] <= g["goal"])
