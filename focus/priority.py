@@ -166,10 +166,6 @@ class NodeEvidence:
     #: segments (:func:`focus.estimation.value_influence`: the parent's valid children,
     #: its value taken as their plain mean), what λ weighs beside n's own children.
     value_influence: float = 0.0
-    #: The share of on-policy rollouts from the root that would pass through this
-    #: checkpoint, estimated from the tree: the product over its ancestors of one over
-    #: their continuations started (each child is one draw of its parent's successor).
-    reach: float = 1.0
 
 
 class Priority(BaseModel, abc.ABC):
@@ -292,11 +288,6 @@ class Selective(Priority):
     #: misses the noise model reads are not only those the ranking chose. Measured:
     #: docs/algorithm.md, "Exploration share".
     explore: float = Field(0.25, ge=0.0, le=1.0)
-    #: Weigh the error changes by the on-policy share of rollouts reaching the
-    #: checkpoint (:attr:`NodeEvidence.reach`), each of n's children by 1/n of it: the
-    #: mean error per (state, action) pair weighted by how often the policy meets it,
-    #: not the batch's summed per-segment error (issue 31, "Findings").
-    on_policy: bool = False
 
     def weight(self, node: NodeEvidence, m: int) -> float:
         """λ the estimator would give n with ``m`` like children
@@ -340,16 +331,9 @@ class Selective(Priority):
             return 0.0
         n = node.m + node.pending
         e = node.child_error
-        if self.on_policy:
-            # each of n + 1 children stands for 1/(n + 1) of n's share, its chain too
-            fresh = self.segment_error(node, n + 1, node.fresh_error) + node.chain_error
-            change = fresh / (n + 1)
-            if n:
-                change += n / (n + 1) * self.segment_error(node, n + 1, e) - self.segment_error(node, n, e)
-        else:
-            # the new segments' own errors
-            change = self.segment_error(node, n + 1, node.fresh_error) + node.chain_error
-        if n and not self.on_policy:
+        # the new segments' own errors
+        change = self.segment_error(node, n + 1, node.fresh_error) + node.chain_error
+        if n:
             per_child = node.child_tokens / node.m if node.m else 1.0
             change += n * per_child * (self.segment_error(node, n + 1, e) - self.segment_error(node, n, e))
         if self.use_influence:
@@ -357,8 +341,6 @@ class Selective(Priority):
         if self.targets:
             change += node.target_weight * self.target_change(node)
         cost = node.expected_transitions if self.per_transition else 1.0
-        if self.on_policy:
-            change *= node.reach
         return -change / cost
 
     def target_change(self, node: NodeEvidence) -> float:
@@ -411,7 +393,6 @@ def node_evidence(
     values: TreeValues,
     calibration: Calibration,
     pending: dict[int, int] | None = None,
-    on_policy: bool = False,
 ) -> dict[int, NodeEvidence]:
     """Evidence views of every checkpoint of ``tree`` (from scratch; search keeps them
     up to date incrementally with the same per-node functions, :func:`node_view`)."""
@@ -424,16 +405,7 @@ def node_evidence(
         valid[node.id] = valid_tokens(node, segs, values.value)
     return {
         node.id: node_view(
-            tree,
-            node,
-            tree_index,
-            values,
-            calibration,
-            segs,
-            lengths[node.id],
-            valid,
-            pending.get(node.id, 0),
-            on_policy,
+            tree, node, tree_index, values, calibration, segs, lengths[node.id], valid, pending.get(node.id, 0)
         )
         for node in tree.checkpoints()
     }
@@ -463,7 +435,6 @@ def node_view(
     length: float,
     valid: Mapping[int, float],
     pending: int = 0,
-    on_policy: bool = False,
 ) -> NodeEvidence:
     """The evidence view of one checkpoint. It reads the node, its children's values
     and errors, and its parent's weight, count and valid child tokens: nothing else,
@@ -533,7 +504,6 @@ def node_view(
         rollout_transitions=calibration.mean_leaf_transitions,
         shared_error=shared,
         value_influence=_value_influence(tree, node, values, segs),
-        reach=_reach(tree, node) if on_policy else 1.0,
     )
 
 
@@ -580,16 +550,6 @@ def _value_influence(tree: Tree, node: Node, values: TreeValues, segs: Mapping[i
     if node.parent_edge is None:
         return 0.0
     return value_influence(segs[node.parent_edge].discount, values.m.get(tree.edges[node.parent_edge].parent, 0))
-
-
-def _reach(tree: Tree, node: Node) -> float:
-    """:attr:`NodeEvidence.reach` of ``node``: 1 at a root, its parent's over the
-    parent's continuations started."""
-    share = 1.0
-    while node.parent_edge is not None:
-        node = tree.nodes[tree.edges[node.parent_edge].parent]
-        share /= max(len(node.children), 1)
-    return share
 
 
 def _spread_factor(node: Node, qs: Sequence[float], v: float, noise: NoiseModel) -> float:

@@ -133,9 +133,8 @@ class TreeRanking:
     def _view(self, tree: Tree, node: Node) -> NodeEvidence:
         i = node.id
         return node_view(
-            tree, node, self.index, self.values, self.calibration, self.segments, self.lengths[i], self.valid,
-            on_policy=getattr(self.search, "on_policy", False),
-        )  # fmt: skip
+            tree, node, self.index, self.values, self.calibration, self.segments, self.lengths[i], self.valid
+        )
 
     def update(self, tree: Tree, changed: Iterable[int]) -> None:
         """Bring everything to ``tree``, where the nodes ``changed`` are new or have a new
@@ -163,10 +162,6 @@ class TreeRanking:
                     if not nodes[c].is_leaf:
                         views.add(c)
                         views.update(g for g in (edges[e].child for e in nodes[c].children) if not nodes[g].is_leaf)
-        if getattr(self.search, "on_policy", False):
-            # a checkpoint's reach reads every ancestor's count: a new child below the
-            # root moves the reach of its whole subtree
-            views.update(self.evidence)
         for i in sorted(views):
             ev = self.evidence[i] = self._view(tree, nodes[i])
             for phase_index in self._ranked:

@@ -64,7 +64,7 @@ def scratch(tree: Tree, search, calib: Calibration):  # type: ignore[no-untyped-
     values = tree_values(
         tree, gamma=search.discount, kappa=search.kappa, noise=calib.noise, truncation=search.truncation_rule
     )
-    return values, node_evidence(tree, 0, values, calib, on_policy=getattr(search, "on_policy", False))
+    return values, node_evidence(tree, 0, values, calib)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -73,10 +73,9 @@ def scratch(tree: Tree, search, calib: Calibration):  # type: ignore[no-untyped-
     [
         Selective(phases=PHASES, gamma=0.9),
         Selective(phases=PHASES, kappa=1.0, truncation="terminal"),
-        Selective(phases=PHASES, gamma=0.9, on_policy=True),
         Uniform(phases=PHASES),
     ],
-    ids=["selective", "selective-kappa-terminal", "selective-on-policy", "uniform"],
+    ids=["selective", "selective-kappa-terminal", "uniform"],
 )
 def test_incremental_ranking_equals_a_rebuild(seed: int, search) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(seed)
