@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from benchmarks import readme
+from benchmarks import render_format as fmt
 from benchmarks.results import BY_NAME, REGISTRY, RESULTS, ROOT
 
 README = ROOT / "benchmarks" / "README.md"
@@ -76,7 +77,7 @@ def test_a_record_without_the_keys_its_renderer_reads_is_reported(tmp_path):
     assert len(warnings) == 1 and warnings[0].startswith("writer_race:")
     body = _body(rendered, "writer_race")
     assert body.startswith("Run of 2026-01-01 00:00 UTC at `abc1234`, 12 s: `python -m benchmarks.writer_race`")
-    assert "does not have what benchmarks/readme.py reads" in body
+    assert "does not have what its renderer (RENDERERS in benchmarks/readme.py) reads" in body
 
 
 def test_block_problems_are_named():
@@ -90,14 +91,14 @@ def test_block_problems_are_named():
 
 
 def test_numbers_are_formatted_to_significant_digits():
-    assert readme.num(0.1234) == "0.123"
-    assert readme.num(12.345) == "12.3"
-    assert readme.num(12345.6) == "12,346" and readme.num(82.0) == "82" and readme.num(1.0) == "1.00"
-    assert readme.num(0.0001234) == "1.23e-04"
-    assert readme.num(7) == "7" and readme.num(None) == "n/a" and readme.num(float("nan")) == "n/a"
-    assert readme.span([1.0, 3.0, 2.0], readme.x_) == "1.00x-3.00x"
-    assert readme.verdict(1.2, 1.3, "<=") == "met" and readme.verdict(0.8, 0.9, ">=") == "**missed**"
-    assert readme.table(["a", "b"], [["x|y", 1]]) == "| a | b |\n| --- | --- |\n| x\\|y | 1 |"
+    assert fmt.num(0.1234) == "0.123"
+    assert fmt.num(12.345) == "12.3"
+    assert fmt.num(12345.6) == "12,346" and fmt.num(82.0) == "82" and fmt.num(1.0) == "1.00"
+    assert fmt.num(0.0001234) == "1.23e-04"
+    assert fmt.num(7) == "7" and fmt.num(None) == "n/a" and fmt.num(float("nan")) == "n/a"
+    assert fmt.span([1.0, 3.0, 2.0], fmt.x_) == "1.00x-3.00x"
+    assert fmt.verdict(1.2, 1.3, "<=") == "met" and fmt.verdict(0.8, 0.9, ">=") == "**missed**"
+    assert fmt.table(["a", "b"], [["x|y", 1]]) == "| a | b |\n| --- | --- |\n| x\\|y | 1 |"
 
 
 @pytest.mark.integration
