@@ -20,8 +20,10 @@ and per batch it measures where the loss puts its weight:
 Variants (``METHOD[:CHANGE]``, one change each): ``focus``, ``grpo``,
 ``focus:center=batch`` / ``focus:center=tree`` (advantages centred over the batch's
 tokens / each tree's), ``focus:weights=siblings`` / ``reach`` (the trainer's
-``segment_weights``), ``focus:warm`` (before the first iteration's continuations the
-critic is fitted on the evidence rollouts' returns and every checkpoint re-scored),
+``segment_weights``), ``focus:cold`` (``Collector(warm_start_critic=False)``: the first
+collection scores with the critic unfitted, as before the warm start was the default;
+it was measured as ``focus:warm`` the other way round, the warm start a variant),
+``focus:carry`` (TD advantages carried down one-child chains, :class:`CarriedTd`),
 ``focus:evidence=6`` (6 of the 8 rollouts' worth as evidence).
 
     .venv/bin/python -m benchmarks.learning_probe --task corridor-early --variants focus grpo --seeds 0 1
@@ -186,8 +188,6 @@ async def collect_variant(
     from focus.collector import Collector
     from focus.execution import Execution
     from focus.priority import Phase, Selective
-    from focus.search.grafting import with_predictions
-    from focus.train_local import fit_critic
 
     evidence_n = int(change.split("=")[1]) if change.startswith("evidence=") else learning.EVIDENCE
 
@@ -195,22 +195,12 @@ async def collect_variant(
         return Collector(
             agent, search=Selective(phases=phases), critic=critic, estimator=estimator,
             execution=Execution(max_concurrency=32), collection_id=cid, iteration=it, seed=seed,
+            warm_start_critic=change != "cold",
         )  # fmt: skip
 
     evidence = Phase("evidence", rollouts_per_task=evidence_n)
-    c0 = collector(evidence)
-    state = await c0.run_evidence(tasks)
+    state = await collector(evidence).run_evidence(tasks)
     used = state.usage().transitions
-    if change == "warm" and not critic.fitted:
-        fit_critic(critic, c0.prepare(state))
-        keys = [
-            (ti, n.id)
-            for ti, t in enumerate(state.trees)
-            for n in t.nodes.values()
-            if n.value is not None and n.context_ids
-        ]
-        preds = await critic.predict_with_std([state.trees[ti].nodes[nid].context_ids for ti, nid in keys])
-        state = with_predictions(state, {k: (p.value, p.std) for k, p in zip(keys, preds, strict=True)})
     # the continuation budget: what 2 * EVIDENCE rollouts cost, less what the evidence took
     budget = round(used * 2 * learning.EVIDENCE / evidence_n) - used
     full = collector(evidence, Phase("continue", transitions=budget))
