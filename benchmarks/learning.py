@@ -12,7 +12,8 @@ budget goes and in the advantages:
 
   focus    Selective priority + DirectBranchTd, LocalCritic fitted on the critic targets
            (library defaults: ``Selective()``'s ranking, ``Phase()``'s wave/branch/depth
-           limits, ``DirectBranchTd()``)
+           limits, ``DirectBranchTd()``, and the collector's warm start: in the first
+           collection the critic is fitted on the evidence before it scores)
   uniform  Uniform branching + DirectBranchTd + LocalCritic (where to branch, not how to score)
   grpo     ``2 * EVIDENCE`` independent rollouts per task (a search with an evidence phase
            only) + ``GroupNormalized()``: every segment gets its rollout's

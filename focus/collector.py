@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from focus.agent import Agent, Rollout
 from focus.batch import Batch, BatchBuilder
-from focus.critic import ConstantCritic, Critic, check_predictions
+from focus.critic import ConstantCritic, Critic, check_predictions, warm_start
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, critic_targets, truncated_segments
 from focus.execution import BadResponses, Execution, check_outage, check_responses, is_bad_response
@@ -148,6 +148,7 @@ class Collector:
         collection_id: str = "collection",
         iteration: int = 0,
         seed: int = 0,
+        warm_start_critic: bool = True,
     ) -> None:
         self.agent = agent
         self.estimator = estimator if estimator is not None else DirectBranchTd()
@@ -155,9 +156,8 @@ class Collector:
         self.search = (search if search is not None else Selective()).resolved(self.estimator)
         self.critic = critic if critic is not None else ConstantCritic(0.0)
         self.execution = execution if execution is not None else Execution()
-        self.collection_id = collection_id
-        self.iteration = iteration
-        self.seed = seed
+        self.collection_id, self.iteration, self.seed = collection_id, iteration, seed
+        self.warm_start_critic = warm_start_critic  # focus.critic.warm_start on the evidence
 
     # -- the steps ---------------------------------------------------------------------
 
@@ -190,6 +190,8 @@ class Collector:
         if state is None:
             state = await self._evidence(tasks, journal)
             await journal.record(EVIDENCE, state)
+        if self.warm_start_critic:  # a trainable critic never fitted is fitted on the evidence first
+            await _off_loop(warm_start, self.critic, state.trees, self.estimator.gamma, self.estimator.truncation)
         return await self._scored(state, EVIDENCE_SCORES, journal)
 
     async def _evidence(self, tasks: Sequence[Task], journal: Journal) -> SearchState:

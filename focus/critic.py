@@ -4,7 +4,9 @@ A :class:`Critic` maps the exact context token ids of checkpoints to value predi
 in batches and asynchronously (a critic is usually a service). It may also report an
 uncertainty per prediction. Search uses predictions to rank checkpoints; preparation
 shrinks observed returns toward them (``focus.estimation``). Actor and critic stay
-fixed while a tree is collected; training updates them between collections.
+fixed while a tree is scored; training updates them between collections (a trainable
+critic never fitted is fitted on the evidence before its first prediction:
+:func:`warm_start`, called by ``Collector.run_evidence``).
 
 Backends: :class:`ConstantCritic` (no model: the same value everywhere),
 :class:`HttpCritic` (a scoring service over HTTP) and :class:`LocalCritic` (a small
@@ -85,6 +87,47 @@ def check_predictions(preds: Sequence[Any], n: int, where: str) -> list[Predicti
                 raise CriticError(f"{where} returned a negative std {std!r} at position {i}")
         out.append(Prediction(v, std))
     return out
+
+
+@dataclass(frozen=True)
+class _Target:
+    """One critic target for :func:`warm_start` (what a critic's ``fit`` reads)."""
+
+    context_ids: tuple[int, ...]
+    target: float
+    weight: float
+
+
+def warm_start(critic: Critic, trees: Sequence[Any], gamma: float = 1.0, truncation: str = "bootstrap") -> bool:
+    """Fit ``critic`` on the critic targets of ``trees`` (each checkpoint's mean return
+    below it, :func:`focus.estimation.critic_targets`) if it is trainable (a ``fit``
+    method) and was never fitted (``fitted`` false); returns whether it did.
+
+    The collector calls it on the evidence, before the first prediction
+    (``Collector.run_evidence``, unless ``warm_start_critic=False``). Why
+    (docs/algorithm.md, "Weighting tree segments"): an unfitted critic predicts its
+    default (0) everywhere, and at a checkpoint with one child the TD advantage is
+    ``λ·(r + V(c) − v̂)``, so with ``v̂ = 0`` an action that led to reward 0 gets 0, never
+    a negative advantage, and every other token a positive bias: the first update
+    barely teaches a decision no continuation repeats. The fit is deterministic
+    (:class:`LocalCritic`: seeded, one thread), so a resumed collection, whose evidence
+    its journal replays, fits the same critic.
+    """
+    from focus.estimation import critic_targets
+
+    fit = getattr(critic, "fit", None)
+    if getattr(critic, "fitted", True) or not callable(fit):
+        return False
+    rows = [
+        _Target(tree.nodes[nid].context_ids, t.target, t.weight)
+        for tree in trees
+        for nid, t in sorted(critic_targets(tree, gamma=gamma, truncation=truncation).items())  # type: ignore[arg-type]
+        if t.weight > 0 and tree.nodes[nid].context_ids
+    ]
+    if not rows:
+        return False
+    fit(rows)
+    return True
 
 
 class ConstantCritic(Critic):

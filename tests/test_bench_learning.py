@@ -121,3 +121,34 @@ def test_assemble_keeps_the_seeds_every_method_finished(tmp_path):
         == "better"
     )
     assert (tmp_path / "learning.png").stat().st_size > 5_000
+
+
+def test_probe_weighs_the_decisive_step():
+    """benchmarks/learning_probe.py's batch reading on corridor-early: the gate is the
+    turn answering step 1 (also after a re-ask), a digit 1-3 is good there, and the
+    signal is the scaled advantage times +1/-1 over every trained token."""
+    from benchmarks.learning_probe import batch_stats, decisive_turn, good_action
+    from focus.batch import ActorRow, Batch
+    from focus.env import Message
+    from focus.format import ByteCodec
+
+    codec = ByteCodec()
+    opening = [Message("user", "Corridor of 3. Step 1.")]
+    reask = [*opening, Message("assistant", ""), Message("user", "Say one digit 1-9.")]
+    step2 = [*reask, Message("assistant", "2"), Message("user", "Step 2.")]
+    assert decisive_turn("corridor-early", codec.decode(codec.render(reask)))
+    assert not decisive_turn("corridor-early", codec.decode(codec.render(step2)))
+    assert decisive_turn("corridor-late", "Corridor of 3. Step 3.") and not decisive_turn("corridor-late", "Step 2.")
+    assert good_action("corridor-early", 2) and not good_action("corridor-early", 7) and good_action("bridge", 7)
+
+    def row(messages, digit, adv, edge):
+        prompt, done = tuple(codec.render(messages)), (ord(digit), ByteCodec.EOT)
+        return ActorRow("c", 0, "t", "t#0", 0, edge, 0, "v0", prompt, done, (-1.0, -0.1), (1, 1), adv, 0.0, "stop")
+
+    rows = [row(reask, "2", 1.0, 1), row(reask, "8", -1.0, 2), row(step2, "5", 0.0, 3), row(step2, "6", 0.0, 4)]
+    s = batch_stats("corridor-early", Batch("c", 0, rows))
+    # 8 trained tokens, mean 0, std sqrt(4/8): scaled advantages +-sqrt(2) on the gate's 4 tokens
+    assert s["tokens"] == 8 and s["decisive_tokens"] == 4 and s["decisive_token_share"] == 0.5
+    assert s["signal"] == pytest.approx(4 * 2**0.5 / 8, abs=1e-4)
+    assert s["decisive_good_mean"] == pytest.approx(2**0.5, abs=1e-4) == -s["decisive_bad_mean"]
+    assert s["other_mean"] == 0 and s["invalid_turn_share"] == 0

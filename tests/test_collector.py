@@ -425,3 +425,39 @@ def test_a_critic_answering_nan_or_out_of_shape_fails_clearly(answer, match) -> 
     state = run(col.evidence(tasks))
     with pytest.raises(CriticError, match=f"critic _BadCritic.*{match}"):
         run(col.score(state))
+
+
+def test_an_unfitted_trainable_critic_is_fitted_on_the_evidence_before_it_scores():
+    """A LocalCritic before its first batch predicts its default (0) everywhere, which as
+    a TD baseline never gives an action that led to reward 0 a negative advantage: the
+    collector fits it on the evidence's critic targets first (docs/algorithm.md). A
+    fitted critic, or one without ``fit``, is left as it is; ``warm_start_critic=False``
+    turns it off."""
+    from focus.critic import LocalCritic
+    from focus.estimation import critic_targets
+
+    mdps = [SHAPES[s](i) for i, s in enumerate(["uniform", "critical", "long"])]
+    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=20)
+    tasks = [Task(f"t{i}", {"mdp": i}) for i in range(3)]
+
+    def evidence(critic, **kw):
+        col = Collector(agent, Selective(phases=PHASES), critic, DirectBranchTd(), Execution(max_concurrency=4), **kw)
+        return run(col.run_evidence(tasks))
+
+    warm = LocalCritic(buckets=256, hidden=8, seed=0)
+    state = evidence(warm)
+    assert warm.fitted
+    nodes = [n for t in state.trees for n in t.nodes.values() if n.value is not None]
+    scored = [n.value for n in nodes]
+    # every prediction is the fitted critic's, and they track the targets it was fitted on
+    assert scored == run(warm.predict([n.context_ids for n in nodes]))
+    targets = [(t.target, t.weight) for tree in state.trees for t in critic_targets(tree).values() if t.weight > 0]
+    mean_target = sum(t * w for t, w in targets) / sum(w for _, w in targets)
+    assert abs(sum(scored) / len(scored) - mean_target) < 0.25 * abs(mean_target)
+
+    cold = LocalCritic(buckets=256, hidden=8, seed=0)
+    state = evidence(cold, warm_start_critic=False)
+    assert not cold.fitted and {n.value for t in state.trees for n in t.nodes.values() if n.value is not None} == {0.0}
+    again = run(warm.predict([nodes[0].context_ids]))
+    evidence(warm)  # fitted already: not fitted again
+    assert run(warm.predict([nodes[0].context_ids])) == again
