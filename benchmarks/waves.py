@@ -40,7 +40,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from benchmarks.estimator_quality import ALL_FAMILIES, CRITICS, add_neutral, cell_ratio, collect, score
+from benchmarks.estimator_quality import ALL_FAMILIES, CRITICS, add_neutral, collect, score
+from benchmarks.quality_summary import cell_ratio
 
 FAMILIES = ("critical", "forage", "decisive", "truncated")
 METHODS = ("uniform", "selective")
