@@ -161,6 +161,14 @@ class NodeEvidence:
     #: left out of ``child_error``; see :func:`shared_error`.
     shared_error: float = 0.0
 
+    def with_pending(self, pending: int) -> NodeEvidence:
+        """This view with ``pending`` continuations planned: ``dataclasses.replace``
+        without its field-by-field re-initialisation (the planner does this twice per
+        job it plans; the class has no ``__post_init__`` to run)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__, pending=pending)
+        return new
+
 
 class Priority(BaseModel, abc.ABC):
     """Ranks eligible checkpoints. Implement :meth:`__call__`; carries the search phases.

@@ -20,6 +20,7 @@ rejected), ``env`` and ``error`` (anything else raised inside a rollout job).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,18 @@ def _merge(a: tuple[tuple[str, int], ...], b: tuple[tuple[str, int], ...]) -> tu
     out = dict(a)
     for k, n in b:
         out[k] = out.get(k, 0) + n
+    return tuple(sorted(out.items()))
+
+
+def _merge_all(counts: list[tuple[tuple[str, int], ...]]) -> tuple[tuple[str, int], ...]:
+    """``_merge`` of ``counts`` one after another, merging once."""
+    present = [c for c in counts if c]
+    if len(present) < 2:
+        return present[0] if present else ()
+    out = dict(present[0])
+    for c in present[1:]:
+        for k, n in c:
+            out[k] = out.get(k, 0) + n
     return tuple(sorted(out.items()))
 
 
@@ -137,10 +150,24 @@ class Usage:
 
     @classmethod
     def total(cls, items: Iterable[Usage]) -> Usage:
-        out = cls()
-        for u in items:
-            out = out + u
-        return out
+        """The sum of ``items``: what adding them one after another with ``+`` gives (the
+        same sums, added in the same order), field by field in one pass instead of a new
+        record per item (a collection's statistics sum one record per rollout)."""
+        usages = list(items)
+        if not usages:
+            return cls()
+        zero = cls()
+        summed: list[Any] = []
+        for name in _FIELDS:
+            values = list(map(operator.attrgetter(name), usages))
+            acc = getattr(zero, name)
+            if isinstance(acc, tuple):
+                summed.append(_merge_all(values))
+                continue
+            for v in values:
+                acc += v
+            summed.append(acc)
+        return cls(*summed)
 
     @classmethod
     def of_records(cls, records: Iterable[RolloutRecord]) -> Usage:
