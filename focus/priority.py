@@ -20,11 +20,12 @@ runs) is the pure function :func:`focus.search.plan_wave`.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -161,6 +162,18 @@ class NodeEvidence:
     #: left out of ``child_error``; see :func:`shared_error`.
     shared_error: float = 0.0
 
+    @classmethod
+    def build(cls, **fields: Any) -> NodeEvidence:
+        """``NodeEvidence(**fields)``, given every field by name: the instance dict filled
+        at once instead of a frozen dataclass's ``object.__setattr__`` per field (0.4
+        against 6 us; planning builds one view per changed checkpoint, 220,000 at 100k
+        transitions over 2,000 tasks). Anything else goes through ``__init__``."""
+        if fields.keys() != _EVIDENCE_FIELDS:
+            return cls(**fields)
+        new = object.__new__(cls)
+        new.__dict__.update(fields)
+        return new
+
     def with_pending(self, pending: int) -> NodeEvidence:
         """This view with ``pending`` continuations planned: ``dataclasses.replace``
         without its field-by-field re-initialisation (the planner does this twice per
@@ -168,6 +181,10 @@ class NodeEvidence:
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__, pending=pending)
         return new
+
+
+#: Every field of :class:`NodeEvidence` (:meth:`NodeEvidence.build`).
+_EVIDENCE_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeEvidence))
 
 
 class Priority(BaseModel, abc.ABC):
@@ -477,7 +494,7 @@ def node_view(
     qs = values.child_q.get(i, ())
     rho = _spread_factor(node, qs, sig + rest, noise)
     sig, rest = rho * sig, rho * rest
-    return NodeEvidence(
+    return NodeEvidence.build(
         tree_index=tree_index,
         node_id=i,
         depth=node.depth,
