@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +52,7 @@ def _merge(a: tuple[tuple[str, int], ...], b: tuple[tuple[str, int], ...]) -> tu
     return tuple(sorted(out.items()))
 
 
-def _merge_all(counts: list[tuple[tuple[str, int], ...]]) -> tuple[tuple[str, int], ...]:
+def _merge_all(counts: Sequence[tuple[tuple[str, int], ...]]) -> tuple[tuple[str, int], ...]:
     """``_merge`` of ``counts`` one after another, merging once."""
     present = [c for c in counts if c]
     if len(present) < 2:
@@ -151,20 +151,21 @@ class Usage:
     @classmethod
     def total(cls, items: Iterable[Usage]) -> Usage:
         """The sum of ``items``: what adding them one after another with ``+`` gives (the
-        same sums, added in the same order), field by field in one pass instead of a new
-        record per item (a collection's statistics sum one record per rollout)."""
-        usages = list(items)
-        if not usages:
+        same sums, added in the same order), without a new record per item (a
+        collection's statistics sum one record per rollout). Each record is read once,
+        all its fields together: the records lie all over a large heap, and a pass per
+        field over them cost a cache miss per field (11 s of a profiled 100k-transition
+        collection against well under one)."""
+        rows = list(map(_ALL_FIELDS, items))
+        if not rows:
             return cls()
-        zero = cls()
         summed: list[Any] = []
-        for name in _FIELDS:
-            values = list(map(operator.attrgetter(name), usages))
-            acc = getattr(zero, name)
-            if isinstance(acc, tuple):
-                summed.append(_merge_all(values))
+        for zero, column in zip(_ALL_FIELDS(cls()), zip(*rows, strict=True), strict=True):
+            if isinstance(zero, tuple):
+                summed.append(_merge_all(column))
                 continue
-            for v in values:
+            acc = zero
+            for v in column:
                 acc += v
             summed.append(acc)
         return cls(*summed)
@@ -188,6 +189,8 @@ class Usage:
 
 #: Usage's field names in order (its constructor's positional arguments).
 _FIELDS = tuple(f.name for f in dataclasses.fields(Usage))
+#: A record's fields in that order, read at once.
+_ALL_FIELDS = operator.attrgetter(*_FIELDS)
 
 
 def wall_of(records: Iterable[RolloutRecord]) -> float:
