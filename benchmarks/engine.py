@@ -213,8 +213,7 @@ def run_in_process(args: argparse.Namespace, *, mode: str) -> dict[str, Any]:
     tasks = reach_target_tasks(args.tasks, seed=1, low=20, high=40)
     with SimServerProcess(sim) as server:
         agent = make_agent(server.url, concurrency)
-        # the heap kept out of cyclic GC, as the pipeline runs collections (tasks/collect.py)
-        execution = MeasuredExecution(max_concurrency=concurrency, streaming=streaming, freeze_gc=True)
+        execution = MeasuredExecution(max_concurrency=concurrency, streaming=streaming)
         base = make_collector(
             agent, execution, transitions=args.transitions, wave_size=args.wave_size, seed=0, waves_in_flight=ahead
         )

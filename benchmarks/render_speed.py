@@ -241,10 +241,18 @@ def scale(f: dict[str, Any]) -> str:
             "FOCUS's share of the collection with no model call in flight, every row",
             ratios.get("focus_idle_share", {}),
         ),
+        "focus_vs_baseline_transitions_per_s": (
+            "FOCUS / baseline (naive loop) transitions per second, every row",
+            ratios["focus_vs_baseline_transitions_per_s"],
+        ),
+        "focus_vs_tuned_transitions_per_s": (
+            "FOCUS / GC-tuned loop transitions per second, every row",
+            ratios.get("focus_vs_tuned_transitions_per_s", {}),
+        ),
     }
     goal_rows = [
-        [texts[k][0], f"<= {num(g['goal'])}", f"**{num(g['worst'])}**", "met" if g["met"] else "**missed**",
-         listed(texts[k][1])]
+        [texts[k][0], f"{'>=' if g.get('at_least') else '<='} {num(g['goal'])}", f"**{num(g['worst'])}**",
+         "met" if g["met"] else "**missed**", listed(texts[k][1])]
         for k, g in goals.items()
         if k in texts
     ]  # fmt: skip
@@ -254,6 +262,7 @@ def scale(f: dict[str, Any]) -> str:
             f"Server: {cfg['slots']} slots at {num(cfg['latency_ms'])} ms per call, {cfg['completion_tokens']} tokens "
             f"per call; {cfg['concurrency']} rollouts in flight; critic {code(cfg['critic'])}.",
             table(head, rows),
+            *_scale_arms(f),
             table(["goal", "bound", "worst", "met", "each"], goal_rows),
             "Without GC CPU in either arm, FOCUS / baseline CPU per transition: "
             + listed(ratios["focus_vs_baseline_cpu_per_transition_without_gc"])
@@ -295,6 +304,36 @@ def _scale_memory_idle(f: dict[str, Any]) -> list[str]:
         "half its slots in service, from its request log (these also count answers waiting for a busy client).",
         table(head, rows),
     ]
+
+
+def _scale_arms(f: dict[str, Any]) -> list[str]:
+    """FOCUS against the naive and the GC-tuned loop per row (records before the tuned
+    arm have none and no such table)."""
+    if not all("tuned" in r for r in f["rows"]):
+        return []
+    rows = []
+    for r in f["rows"]:
+        a, b, u = r["focus"], r["baseline"], r["tuned"]
+        tps, cpu = "transitions_per_s", "cpu_ms_per_transition"
+        rows.append(
+            [
+                r["key"].split("_")[0],
+                r["tasks"],
+                f"{num(a[tps])} / {num(b[tps])} / {num(u[tps])}",
+                f"**{num(a[tps] / b[tps])}** / **{num(a[tps] / u[tps])}**",
+                f"{num(a[cpu])} / {num(b[cpu])} / {num(u[cpu])}",
+                f"{num(u['rollout_cpu_ms_per_transition'])} + {num(u['prepare_cpu_ms_per_transition'])}",
+                f"{num(a[cpu] / b[cpu])} / {num(a[cpu] / u[cpu])}",
+                " -> ".join(
+                    num(x) for x in (r.get("load_average_before", [None])[0], r.get("load_average_after", [None])[0])
+                ),
+            ]
+        )
+    head = ["size", "tasks", "transitions/s, FOCUS / naive / GC-tuned", "throughput ratio, FOCUS / naive, / tuned",
+            "CPU ms/t, FOCUS / naive / tuned", "tuned CPU ms/t (rollout + prepare)", "CPU ratio, FOCUS / naive, / tuned",
+            "load average (1 min), before -> after the row"]  # fmt: skip
+    return ["FOCUS against the naive loop and the GC-tuned loop (`gc.disable()` from the first env reset to the built "
+            "batch), each arm's median run:", table(head, rows)]  # fmt: skip
 
 
 def _scale_repeats(f: dict[str, Any]) -> list[str]:

@@ -14,7 +14,7 @@ import hashlib
 import re
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from focus.branching import BranchPoints, EveryDecision
@@ -46,7 +46,14 @@ class BranchState:
         """A copy whose workspace is independent of this one's (and whose route is
         ``route``, when given)."""
         workspace = self.workspace.fork() if self.workspace is not None else None
-        return replace(self, workspace=workspace, route=self.route if route is None else route)
+        return self.evolve(workspace=workspace, route=self.route if route is None else route)
+
+    def evolve(self, **changes: Any) -> BranchState:
+        """``dataclasses.replace(self, **changes)`` without re-running ``__init__`` field by
+        field (the class has no ``__post_init__``): a rollout makes two or three per step."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__, **changes)
+        return new
 
 
 @dataclass(frozen=True)
@@ -172,7 +179,7 @@ class Agent:
                     c = await self.context.compact(state.context, codec, self.policy, params)
                     self.policy.check_completion(c.completion, params)
                     turns.append(_turn(c.prompt_ids, c.completion, c.loss_mask, "compaction", 0.0, False, ""))
-                    state = replace(state, context=c.context, steps=state.steps + 1)
+                    state = state.evolve(context=c.context, steps=state.steps + 1)
                     continue
                 prompt = state.context.prompt_ids
                 if self.max_prompt_tokens is not None and len(prompt) > self.max_prompt_tokens:
@@ -193,7 +200,7 @@ class Agent:
                 turns.append(_turn(prompt, completion, 1, "action", 0.0, False, action.message))
                 obs = [Message("user", action.message)]
                 ctx = self.context.extend(state.context, codec, completion, text, obs)
-                state = replace(state, context=ctx, steps=state.steps + 1)
+                state = state.evolve(context=ctx, steps=state.steps + 1)
                 continue
             try:
                 # asyncio.timeout, not wait_for: wait_for wraps every step in a new task,
@@ -216,12 +223,12 @@ class Agent:
                 break
             counters["tool_errors"] += int(result.info.get("tool_error", 0))
             turns.append(_turn(prompt, completion, 1, "action", float(result.reward), True, result.observation))
-            state = replace(state, env_state=result.state, steps=state.steps + 1, transitions=state.transitions + 1)
+            state = state.evolve(env_state=result.state, steps=state.steps + 1, transitions=state.transitions + 1)
             if result.done:
                 pieces.append(Piece(tuple(turns), "terminal", state.steps, ()))
                 break
             obs = [Message("tool" if action.kind == "tool" else "user", result.observation)]
-            state = replace(state, context=self.context.extend(state.context, codec, completion, text, obs))
+            state = state.evolve(context=self.context.extend(state.context, codec, completion, text, obs))
         return Rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
 
     def _env_takes_seed(self) -> bool:

@@ -179,7 +179,8 @@ class Segment:
 
 
 def segment(e: Edge, gamma: float) -> Segment:
-    return Segment(e.child, e.discounted_reward(gamma), gamma**e.k, first_step_weight(e.k, gamma), e.k, e.n_tokens)
+    k = e.k  # a pass over the segment's turns: once, not three times
+    return Segment(e.child, e.discounted_reward(gamma), gamma**k, first_step_weight(k, gamma), k, e.n_tokens)
 
 
 def node_value(

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 def _run_shard(
-    agent_bytes: bytes, jobs: list[Any], max_concurrency: int, max_outage_share: float = 1.0, freeze_gc: bool = False
+    agent_bytes: bytes, jobs: list[Any], max_concurrency: int, max_outage_share: float = 1.0, freeze_gc: bool = True
 ) -> list[Rollout]:
     """Body of one Dask task: unpickle the agent and run the shard on a fresh loop.
 

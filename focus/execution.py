@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -49,8 +50,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Holders of :meth:`Execution.frozen_heap` in this process (see ``Execution.freeze_gc``).
+#: Holders of :meth:`Execution.frozen_heap` in this process (see ``Execution.freeze_gc``),
+#: counted under ``_FROZEN_LOCK`` (Dask runs shards in threads of one worker process).
 _FROZEN_RUNS = 0
+_FROZEN_LOCK = threading.Lock()
 #: Python's collection thresholds from before the first holder froze the heap.
 _THRESHOLDS = gc.get_threshold()
 #: Allocations between young collections while the heap is held frozen (Python's
@@ -78,21 +81,23 @@ def frozen_heap(enabled: bool = True) -> Iterator[bool]:
     were frozen by someone else first. Yields whether this holder froze (a holder may
     ``gc.freeze()`` again to move what it created since into the frozen set)."""
     global _FROZEN_RUNS, _THRESHOLDS
-    frozen = enabled and (_FROZEN_RUNS > 0 or gc.get_freeze_count() == 0)
-    if frozen:
-        _FROZEN_RUNS += 1
-        if _FROZEN_RUNS == 1:
-            _THRESHOLDS = gc.get_threshold()
-            gc.set_threshold(max(_THRESHOLDS[0], GC_THRESHOLD_FROZEN), *_THRESHOLDS[1:])
-        gc.freeze()
+    with _FROZEN_LOCK:
+        frozen = enabled and (_FROZEN_RUNS > 0 or gc.get_freeze_count() == 0)
+        if frozen:
+            _FROZEN_RUNS += 1
+            if _FROZEN_RUNS == 1:
+                _THRESHOLDS = gc.get_threshold()
+                gc.set_threshold(max(_THRESHOLDS[0], GC_THRESHOLD_FROZEN), *_THRESHOLDS[1:])
+            gc.freeze()
     try:
         yield frozen
     finally:
         if frozen:
-            _FROZEN_RUNS -= 1
-            if _FROZEN_RUNS == 0:
-                gc.unfreeze()
-                gc.set_threshold(*_THRESHOLDS)
+            with _FROZEN_LOCK:
+                _FROZEN_RUNS -= 1
+                if _FROZEN_RUNS == 0:
+                    gc.unfreeze()
+                    gc.set_threshold(*_THRESHOLDS)
 
 
 class ModelServiceOutage(RuntimeError):
@@ -201,17 +206,20 @@ class Execution(BaseModel):
     #: wave. 1.0 never fails a wave (failed rollouts are kept, as before; bad responses
     #: below the share stop the collection all the same: :class:`BadResponses`).
     max_outage_share: float = Field(0.1, ge=0.0, le=1.0)
-    #: Opt-in, because it changes process-wide state (the garbage collector's frozen set
-    #: and thresholds): while a wave runs (and, under ``Collector.run_search``, for the
-    #: whole collection), keep the objects that existed when it started (the trees and
-    #: branch states: most of the heap) out of cyclic garbage collection, with young
-    #: collections spaced by :data:`GC_THRESHOLD_FROZEN`; put both back afterwards
-    #: (:meth:`frozen_heap`). Each full collection otherwise walks every node and turn of
+    #: While a wave runs (and, under ``Collector.run_search`` and ``Collector.prepare``,
+    #: for the whole collection), keep the objects that existed when it started (the
+    #: trees and branch states: most of the heap) out of cyclic garbage collection, with
+    #: young collections spaced by :data:`GC_THRESHOLD_FROZEN`; put both back afterwards
+    #: (:func:`frozen_heap`). Each full collection otherwise walks every node and turn of
     #: every tree, stalling the event loop for up to half a second while serving slots
-    #: sit idle (measured in benchmarks/engine.py). A program that owns its process
-    #: turns it on (the pipeline does, ``tasks/collect.py``). Skipped if someone else
-    #: froze objects first.
-    freeze_gc: bool = False
+    #: sit idle (measured in benchmarks/engine.py), and young collections re-walk the
+    #: requests in flight (benchmarks/README.md, scale). On by default: the change to
+    #: process-wide state lasts only while a holder runs, holders nest (a counter under
+    #: a lock, so Dask shards in threads of one worker share it), the last one restores
+    #: Python's own thresholds and frozen set, and nothing is done if something else
+    #: froze objects first (a preforking server, say). Off leaves the collector alone:
+    #: for a process that runs other latency-sensitive work beside the collection.
+    freeze_gc: bool = True
     #: Opt-in: continuation phases keep ``max_concurrency`` rollouts in flight instead
     #: of running in waves, so the model service does not drain while a wave's slowest
     #: rollouts finish and the next wave is planned. What the search does then depends

@@ -22,16 +22,16 @@ log = logging.getLogger(__name__)
 
 
 def make_execution(ex: ExecutionConfig) -> Execution:
-    """The execution service the rollouts run on. The pipeline owns its process, so it
-    keeps the search state out of cyclic GC while the collection runs (``freeze_gc``:
-    each full collection would otherwise walk every node of every tree)."""
+    """The execution service the rollouts run on, with the library's defaults but where
+    the config says otherwise (the search state is kept out of cyclic GC while the
+    collection runs: ``Execution.freeze_gc``, on by default)."""
     common: dict[str, Any] = {"max_concurrency": ex.max_concurrency, "max_outage_share": ex.max_outage_share}
     if ex.kind != "dask":
-        return Execution(**common, freeze_gc=True)
+        return Execution(**common)
     from focus.dask_execution import DaskExecution
 
     where = ex.model_dump(include={"address", "n_workers", "threads_per_worker", "processes", "shard_size"})
-    return DaskExecution(**common, **where, freeze_gc=True)
+    return DaskExecution(**common, **where)
 
 
 async def collect(

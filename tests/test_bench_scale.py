@@ -129,7 +129,7 @@ def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
     assert [len(v) for v in runs.values()] == [2, 1, 1]
     assert figures["rows"][0]["focus"]["cpu_ms_per_transition"] == min(runs["300_6t"])
     for row in figures["rows"]:
-        for arm in ("focus", "baseline"):
+        for arm in ("focus", "baseline", "tuned"):
             f = row[arm]
             missing = [k for k in ARM_FIGURES if f.get(k) is None]
             assert not missing, (row["key"], arm, missing)
@@ -139,8 +139,11 @@ def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
             assert f["rollout_cpu_ms_per_transition"] > 0 and f["peak_rss_mib"] > 0
             parts = f["rollout_cpu_ms_per_transition"] + f["search_cpu_ms_per_transition"]
             assert parts + f["prepare_cpu_ms_per_transition"] == pytest.approx(f["cpu_ms_per_transition"])
-        focus, baseline = row["focus"], row["baseline"]
+        focus, baseline, tuned = row["focus"], row["baseline"], row["tuned"]
         assert baseline["search_cpu_ms_per_transition"] == 0 and baseline["critic_rows"] == 0
+        # the tuned arm is the same loop (same rollouts, same batch) with no cyclic GC inside its clock
+        assert tuned["transitions"] == baseline["transitions"] and tuned["actor_rows"] == baseline["actor_rows"]
+        assert tuned["gc_full_collections"] == 0
         assert focus["plan_cpu_ms_per_transition"] > 0 and focus["graft_cpu_ms_per_transition"] > 0
         assert focus["critic_rows"] > 0
         # the idle shares are shares of a window the calls span
@@ -159,6 +162,8 @@ def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
         "focus_vs_baseline_cpu_per_transition",
         "focus_vs_baseline_cpu_per_transition_without_gc",
         "focus_vs_baseline_transitions_per_s",
+        "focus_vs_tuned_transitions_per_s",
+        "focus_vs_tuned_cpu_per_transition",
     ):
         assert set(ratios[k]) == set(keys) and all(v > 0 for v in ratios[k].values())
     assert ratios["smallest_size"] == "300" and ratios["largest_size"] == "1k"
@@ -175,3 +180,6 @@ def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
     for goal in scale.GOALS:
         g = figures["goals"][goal]
         assert g["goal"] == scale.GOALS[goal] and g["worst"] is not None and g["met"] == (g["worst"] <= g["goal"])
+    for goal, bound in scale.THROUGHPUT_GOALS.items():  # at least the bound, the lowest row is the worst
+        g = figures["goals"][goal]
+        assert g["goal"] == bound and g["worst"] == min(ratios[goal].values()) and g["met"] == (g["worst"] >= bound)

@@ -347,14 +347,14 @@ class TestStochasticSyntheticEnv(EnvConformance):
 
 
 def test_the_heap_stays_frozen_for_the_whole_collection_and_is_released_after():
-    """With ``freeze_gc`` (opt-in: it changes process-wide state), the trees stay out of
-    cyclic GC between waves (while the critic scores) and while the batch is prepared,
-    with young collections spaced out; afterwards Python's own settings are back."""
+    """With ``freeze_gc`` (the default), the trees stay out of cyclic GC between waves
+    (while the critic scores) and while the batch is prepared, with young collections
+    spaced out; afterwards Python's own settings are back."""
     import gc
 
     from focus.execution import GC_THRESHOLD_FROZEN
 
-    col, tasks, mdps = synthetic(execution=Execution(max_concurrency=4, freeze_gc=True))
+    col, tasks, mdps = synthetic(execution=Execution(max_concurrency=4))
     seen: list[tuple[int, int]] = []
 
     class Recording(SyntheticCritic):
@@ -375,13 +375,14 @@ def test_the_heap_stays_frozen_for_the_whole_collection_and_is_released_after():
     assert len(scoring) >= 3 and all(frozen > 0 and t0 >= GC_THRESHOLD_FROZEN for frozen, t0 in seen)
     assert len(preparing) == len(tasks)
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
-    assert batch_key(batch) == batch_key(run(synthetic()[0].collect(tasks)))
+    unfrozen = synthetic(execution=Execution(max_concurrency=4, freeze_gc=False))[0]
+    assert batch_key(batch) == batch_key(run(unfrozen.collect(tasks)))
 
 
-def test_the_library_leaves_the_garbage_collector_alone_by_default():
+def test_freeze_gc_off_leaves_the_garbage_collector_alone():
     import gc
 
-    col, tasks, _ = synthetic()
+    col, tasks, _ = synthetic(execution=Execution(max_concurrency=4, freeze_gc=False))
     seen = []
 
     class Watching(type(col.estimator)):

@@ -135,7 +135,7 @@ def test_engine_benchmark_runs_at_tiny_size_and_reports_every_figure(tmp_path):
 
 def test_execution_starts_jobs_with_most_steps_left_first_and_keeps_job_order():
     """Engine tweaks measured by the benchmarks: longest-first start order, one worker
-    per slot, GC frozen (and young collections spaced out) only while the wave runs. A recording agent stands in for the real one (unit test)."""
+    per slot, GC frozen (and young collections spaced out) only while the wave runs, unless ``freeze_gc`` is off. A recording agent stands in for the real one (unit test)."""
     import gc
     from types import SimpleNamespace
 
@@ -160,7 +160,7 @@ def test_execution_starts_jobs_with_most_steps_left_first_and_keeps_job_order():
     jobs = [
         SimpleNamespace(start=SimpleNamespace(steps=s), seed=i, node_id=i, tree_index=0) for i, s in enumerate(steps)
     ]
-    out = asyncio.run(Execution(max_concurrency=2, freeze_gc=True).run(Recording(), jobs))  # type: ignore[arg-type]
+    out = asyncio.run(Execution(max_concurrency=2).run(Recording(), jobs))  # type: ignore[arg-type]  # the default: on
     assert [r.seed for r in out] == list(range(len(steps)))
     assert started == sorted(steps)
     assert all(n > 0 for n in frozen_during) and gc.get_freeze_count() == 0
@@ -168,5 +168,5 @@ def test_execution_starts_jobs_with_most_steps_left_first_and_keeps_job_order():
     # one worker per slot, not one task per job: the main task plus two workers
     assert max(tasks_alive) == 3
     started.clear()
-    asyncio.run(Execution(max_concurrency=2).run(Recording(), jobs))  # type: ignore[arg-type]  # the default: off
+    asyncio.run(Execution(max_concurrency=2, freeze_gc=False).run(Recording(), jobs))  # type: ignore[arg-type]
     assert frozen_during[-1] == 0 and thresholds_during[-1] == before[0]

@@ -119,3 +119,26 @@ def test_running_totals_equal_a_full_recount_wave_after_wave():
     assert stats["phases"][1]["budget_spent"] == state.facts(0).spent.get(1, 0) + sum(
         state.facts(i).spent.get(1, 0) for i in range(1, len(state.trees))
     )
+
+
+def test_total_is_the_sequential_sum():
+    """``Usage.total`` sums field by field in one pass; it gives what ``+`` one record after
+    another gives (the same float sums in the same order, failures and retry causes merged)."""
+    import functools
+    import random
+
+    rng = random.Random(1)
+    kinds = [(), (("env", 1),), (("bad response", 1), ("model", 2))]
+    records = [
+        Usage(
+            rollouts=1,
+            transitions=rng.randint(0, 9),
+            rollout_wall_s=rng.random(),
+            retry_s=rng.random() / 7,
+            failures=rng.choice(kinds),
+            retry_causes=rng.choice([(), (("timeout", 3),)]),
+        )
+        for _ in range(500)
+    ]
+    assert Usage.total(iter(records)) == functools.reduce(lambda a, b: a + b, records, Usage())
+    assert Usage.total([]) == Usage() and Usage.total(records[:1]) == Usage() + records[0]

@@ -10,7 +10,6 @@ same jobs and the same seeds.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 import sys
@@ -224,7 +223,7 @@ def _greedy(
         ev = facts[ti].evidence(search, calib, state.seed).get(nid)
         if ev is None or nid not in state.trees[ti].states or ev.depth > phase.max_depth:
             continue
-        ev = dataclasses.replace(ev, pending=n)
+        ev = ev.with_pending(n)
         if ev.branches + n < phase.max_branches:
             heap.append((*entry(search, state.seed, ev), -1))
 
@@ -246,12 +245,12 @@ def _greedy(
         if pos >= 0:
             push_next(ti, pos + 1)
         ev = facts[ti].evidence(search, calib, state.seed)[nid]
-        ev = dataclasses.replace(ev, pending=pending.get((ti, nid), 0))
+        ev = ev.with_pending(pending.get((ti, nid), 0))
         branch = ev.branches + ev.pending
         job = RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), state.trees[ti].states[nid], branch)
         jobs.append(InFlight(job, ev.expected_transitions))
         planned += ev.expected_transitions
-        ev = dataclasses.replace(ev, pending=ev.pending + 1)
+        ev = ev.with_pending(ev.pending + 1)
         pending[(ti, nid)] = ev.pending
         if ev.branches + ev.pending < phase.max_branches:
             heapq.heappush(heap, (*entry(search, state.seed, ev), -1))
