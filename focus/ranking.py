@@ -11,7 +11,7 @@ instead updates only what a wave changed:
   checkpoint's weight reads how many valid children its parent has,
   :func:`focus.estimation.value_influence`; each is refined again at its parent's step,
   :func:`focus.estimation.settle_children`);
-* a checkpoint's evidence view (:func:`focus.priority.node_view`) reads only the node,
+* a checkpoint's evidence view (:func:`focus.node_view.node_view`) reads only the node,
   its children and its parent (weight, count, valid child tokens), so the views to
   recompute are those of the changed checkpoints, of their children and of their
   grandchildren;
@@ -21,7 +21,7 @@ Collection-wide quantities (the noise model, the mean segment length) come from 
 search's :class:`~focus.priority.Calibration`, which changes only when the collection
 has doubled in waves and in evidence; a new calibration rebuilds the ranking from scratch. Every number is
 computed by the same per-node functions as the from-scratch path
-(:func:`focus.estimation.node_value`, :func:`focus.priority.node_view`), children
+(:func:`focus.estimation.node_value`, :func:`focus.node_view.node_view`), children
 before parents, so the incremental state equals a rebuild exactly (tested on random
 trees).
 """
@@ -33,7 +33,8 @@ from collections.abc import Iterable
 
 from focus.agent import derive_seed
 from focus.estimation import Segment, TreeValues, node_value, segment, settle_children
-from focus.priority import Calibration, NodeEvidence, Priority, node_view, segment_length, valid_tokens
+from focus.node_view import node_view, segment_length, valid_tokens
+from focus.priority import Calibration, NodeEvidence, Priority
 from focus.tree import Node, Tree
 
 #: A ranking entry: (-priority, seeded tie-break, tree index, node id); smallest first.

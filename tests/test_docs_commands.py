@@ -43,6 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The first word of a line or span that runs something (after any VAR=value).
 PROGRAM = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\.venv/bin/|make\s|python3?\s|pip\s|focus\s)")
 FRESH = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\.venv/bin/|make\s)")
+#: A fenced block, at the margin or indented inside a list item: (language, body).
+FENCE = r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```"
+FENCED = r"^[ \t]*```.*?^[ \t]*```"
 INSTALL = "-o .venv/.installed"  # make: do not rerun the install step
 
 
@@ -90,6 +93,11 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks.writer_race": Check("parse", "a benchmark of minutes (300 racing writers)"),
     ".venv/bin/python -m benchmarks --only load_2k,load_20k": Check("parse", "benchmarks of half an hour"),
     ".venv/bin/python -m benchmarks --only restart": Check("parse", "a benchmark of minutes (30 s and 90 s outages)"),
+    # docs/algorithm.md
+    ".venv/bin/python -m benchmarks.estimator_quality --families decisive,heavy_tail,truncated --budgets 2,6 "
+    "--critics noise_1,noise_3,constant,biased,early_late --methods grpo,uniform,selective --seeds 2": Check(
+        "parse", "a benchmark of about 15 minutes (three families of the issue-31 record)"
+    ),
     # docs/pipeline.md
     ".venv/bin/python -m tasks.config.reference": Check(
         "parse", "rewrites docs and configs in place; tests/test_configs.py runs its --check"
@@ -185,7 +193,7 @@ def doc_files() -> list[Path]:
 def block_commands(text: str) -> list[str]:
     """Lines of ```bash blocks, continuation lines joined, comments dropped."""
     out = []
-    for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+    for lang, body in re.findall(FENCE, text, re.S | re.M):
         if lang not in ("bash", "sh"):
             continue
         for line in re.sub(r"\\\n\s*", " ", body).splitlines():
@@ -198,7 +206,7 @@ def block_commands(text: str) -> list[str]:
 def unlabelled_command_lines(text: str) -> list[str]:
     """Lines that run something inside code blocks not labelled bash (they would be missed)."""
     out = []
-    for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+    for lang, body in re.findall(FENCE, text, re.S | re.M):
         if lang in ("bash", "sh", "python", "toml", "json", "yaml", "text"):
             continue
         out += [line for line in body.splitlines() if PROGRAM.match(line.strip())]
@@ -207,7 +215,7 @@ def unlabelled_command_lines(text: str) -> list[str]:
 
 def inline_commands(text: str) -> list[str]:
     """Code spans of the prose that are whole command lines (not a name, not a synopsis)."""
-    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    prose = re.sub(FENCED, "", text, flags=re.S | re.M)
     out = []
     for span in (" ".join(s.split()) for s in re.findall(r"`([^`]+)`", prose)):
         if not PROGRAM.match(span) or re.search(r"\s\[|<\w|\.\.\.$|\.\.\. |\{", span):
@@ -247,7 +255,7 @@ def test_command_blocks_are_labelled_so_none_is_missed():
         text = path.read_text()
         lines = unlabelled_command_lines(text)
         assert not lines, f"{path.relative_to(ROOT)}: label these blocks ```bash: {lines}"
-        prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+        prose = re.sub(FENCED, "", text, flags=re.S | re.M)
         wrapped = [s for s in re.findall(r"`([^`]+)`", prose) if "\n" in s and PROGRAM.match(" ".join(s.split()))]
         assert not wrapped, f"{path.relative_to(ROOT)}: keep each command on one line: {wrapped}"
 

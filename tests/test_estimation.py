@@ -26,7 +26,8 @@ from focus.estimation import (
     truncated_segments,
     value_influence,
 )
-from focus.priority import Calibration, NodeEvidence, Phase, Selective, Uniform, node_evidence
+from focus.node_view import node_evidence
+from focus.priority import Calibration, NodeEvidence, Phase, Selective, Uniform
 from focus.synthetic import (
     FAMILIES,
     SHAPES,

@@ -14,7 +14,8 @@ import random
 import pytest
 
 from focus.estimation import NoiseModel, noise_model, tree_values
-from focus.priority import Calibration, Phase, Selective, Uniform, calibrate, node_evidence
+from focus.node_view import node_evidence
+from focus.priority import Calibration, Phase, Selective, Uniform, calibrate
 from focus.ranking import TreeRanking, entry
 from focus.search import copy_tree
 from focus.tree import Tree, Turn

@@ -1,0 +1,208 @@
+"""A checkpoint's evidence view: what :class:`focus.priority.NodeEvidence` holds, computed.
+
+:func:`node_evidence` builds the views of a whole tree from scratch; search keeps them
+up to date incrementally (:mod:`focus.ranking`) with the same per-node function,
+:func:`node_view`, which reads only the node, its children's values and errors and its
+parent's weight, count and valid child tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from focus.calibration import Calibration
+from focus.estimation import NoiseModel, Segment, TreeValues, child_variances, segment, value_influence
+from focus.priority import NodeEvidence
+from focus.tree import Node, Tree
+
+
+def node_evidence(
+    tree: Tree,
+    tree_index: int,
+    values: TreeValues,
+    calibration: Calibration,
+    pending: dict[int, int] | None = None,
+) -> dict[int, NodeEvidence]:
+    """Evidence views of every checkpoint of ``tree`` (from scratch; search keeps them
+    up to date incrementally with the same per-node functions, :func:`node_view`)."""
+    pending = pending or {}
+    segs = {i: segment(e, values.gamma) for i, e in tree.edges.items()}
+    lengths: dict[int, float] = {}
+    valid: dict[int, float] = {}
+    for node in tree.postorder():
+        lengths[node.id] = segment_length(node, segs, lengths)
+        valid[node.id] = valid_tokens(node, segs, values.value)
+    return {
+        node.id: node_view(
+            tree, node, tree_index, values, calibration, segs, lengths[node.id], valid, pending.get(node.id, 0)
+        )
+        for node in tree.checkpoints()
+    }
+
+
+def segment_length(node: Node, segs: Mapping[int, Segment], lengths: Mapping[int, float]) -> float:
+    """Expected task transitions from ``node`` to a leaf: the mean over its children of
+    the segment's k plus the child's (0 at a leaf, NaN without children)."""
+    if node.is_leaf:
+        return 0.0
+    ch = node.children
+    return sum(segs[e].k + lengths[segs[e].child] for e in ch) / len(ch) if ch else math.nan
+
+
+def valid_tokens(node: Node, segs: Mapping[int, Segment], value: Mapping[int, float | None]) -> float:
+    """Tokens of ``node``'s child segments whose child has a value (0 at a leaf)."""
+    return float(sum(segs[e].tokens for e in node.children if value.get(segs[e].child) is not None))
+
+
+def node_view(
+    tree: Tree,
+    node: Node,
+    tree_index: int,
+    values: TreeValues,
+    calibration: Calibration,
+    segs: Mapping[int, Segment],
+    length: float,
+    valid: Mapping[int, float],
+    pending: int = 0,
+) -> NodeEvidence:
+    """The evidence view of one checkpoint. It reads the node, its children's values
+    and errors, and its parent's weight, count and valid child tokens: nothing else,
+    so after a graft only the changed nodes and their children need a new view.
+
+    Influence of V(n) on the advantages above it (tokens relative to the calibration's
+    mean segment, times the squared derivative of the advantage with respect to V(n)):
+    V(n) moves V(p) by ``c = (1−λ_p)·γ^k/m_p``, so the parent segment counts
+    ``(γ^k − c)²`` (0 for an only child backed up with λ_p = 0: the change cancels) and
+    each sibling segment ``c²``. Ancestors further up are left out (their share is at
+    most that factor squared again).
+    """
+    i = node.id
+    mu = calibration.mean_tokens or 1.0
+    gamma = values.gamma
+    noise = calibration.noise
+    infl, t_infl = _influence(tree, node, values, segs, valid, mu)
+    sig, rest, plain, n = 0.0, 0.0, 0.0, 0
+    step, action = noise.step_var(node.depth), noise.action_var(node.depth)
+    for eid in node.children:
+        sg = segs[eid]
+        if values.value.get(sg.child) is None:
+            continue
+        a, b = child_variances(sg.weight, sg.discount, values.error[sg.child], step, action)
+        sig, rest, n = sig + a, rest + b, n + 1
+        plain += step * sg.weight + sg.discount * sg.discount * values.plain_error.get(sg.child, 0.0)
+    if math.isnan(length):
+        length = max(1.0, calibration.mean_leaf_transitions - node.transitions)
+    chain = calibration.fresh_chain(node.depth + 1, max(int(round(length)) - 1, 0))
+    fresh = noise.noise_var(node.depth) + gamma * gamma * chain.head_error
+    fresh_target = step + gamma * gamma * chain.head_target
+    if n:
+        sig, rest, plain = sig / n, rest / n, plain / n
+    else:
+        sig, rest, plain = action, fresh, fresh_target
+    shared, rest = shared_error(calibration, node.depth, length, rest)
+    qs = values.child_q.get(i, ())
+    rho = _spread_factor(node, qs, sig + rest, noise)
+    sig, rest = rho * sig, rho * rest
+    return NodeEvidence.build(
+        tree_index=tree_index,
+        node_id=i,
+        depth=node.depth,
+        transitions=node.transitions,
+        value=node.value,
+        value_std=node.value_std,
+        refined=values.value.get(i),
+        q_bar=values.q_bar.get(i),
+        child_values=qs,
+        m=values.m.get(i, 0),
+        branches=len(node.children),
+        pending=pending,
+        influence=infl,
+        expected_transitions=max(length, 1.0),
+        child_tokens=valid[i] / mu,
+        critic_weight=values.critic_weight.get(i, 0.0),
+        signal=sig,
+        child_error=rest,
+        critic_var=noise.critic_at(node.depth),
+        fresh_error=fresh,
+        chain_error=chain.segments,
+        target_var=plain,
+        fresh_target=fresh_target,
+        chain_target=chain.targets,
+        target_influence=t_infl,
+        target_weight=calibration.target_weight,
+        rollout_transitions=calibration.mean_leaf_transitions,
+        shared_error=shared,
+        value_influence=_value_influence(tree, node, values, segs),
+    )
+
+
+def shared_error(calibration: Calibration, depth: int, length: float, rest: float) -> tuple[float, float]:
+    """The part of the error of a child of a checkpoint at ``depth`` that all its
+    siblings share, and the rest of a child's modelled noise ``rest`` without it
+    (issue 31 item 3): a rollout from there ends, about ``length``
+    transitions on, on a leaf that bootstraps on the critic with the collection's share
+    of bootstrapped leaves; the critic's error there, t(d) discounted by ``γ^{2k}``, is
+    shared by the siblings' leaves in the share the noise model fitted from their
+    spreads (:attr:`NoiseModel.shared`). More siblings do not average that part away:
+    it stays in V(n)'s error at any n, and it cancels in the advantages of n's own
+    child segments while V(n) is their plain mean (λ = 0). ``rest`` loses that part,
+    but at most the shared share of itself (a child whose own subtree already averaged
+    its leaves carries less of the leaf's error than a leaf does)."""
+    noise = calibration.noise
+    if noise.shared <= 0 or calibration.bootstrapped <= 0:
+        return 0.0, rest
+    k = max(int(round(length)), 1)
+    t = noise.critic_error_at(depth + k)
+    shared = noise.shared * calibration.bootstrapped * calibration.gamma ** (2 * k) * t
+    return shared, max(rest - shared, (1.0 - noise.shared) * rest)
+
+
+def _influence(
+    tree: Tree, node: Node, values: TreeValues, segs: Mapping[int, Segment], valid: Mapping[int, float], mu: float
+) -> tuple[float, float]:
+    """How much V(n) moves the advantages above it, and the critic target of its parent
+    segment (see :func:`node_view`); 0 for a root or a node without a value."""
+    if node.parent_edge is None or values.value.get(node.id) is None:
+        return 0.0, 0.0
+    sp = segs[node.parent_edge]
+    p = tree.edges[node.parent_edge].parent
+    lam_p, m_p = values.critic_weight.get(p, 0.0), values.m.get(p, 0)
+    if not m_p:
+        return 0.0, 0.0
+    c = (1.0 - lam_p) * sp.discount / m_p
+    own = sp.discount - c
+    return (own * own * sp.tokens + c * c * (valid[p] - sp.tokens)) / mu, sp.discount * sp.discount / m_p
+
+
+def _value_influence(tree: Tree, node: Node, values: TreeValues, segs: Mapping[int, Segment]) -> float:
+    """:func:`focus.estimation.value_influence` of ``node`` (0 for a root)."""
+    if node.parent_edge is None:
+        return 0.0
+    return value_influence(segs[node.parent_edge].discount, values.m.get(tree.edges[node.parent_edge].parent, 0))
+
+
+def _spread_factor(node: Node, qs: Sequence[float], v: float, noise: NoiseModel) -> float:
+    """The factor on the model's child variances ``v`` that this checkpoint's own
+    evidence asks for: its children's spread, or an only child's critic miss."""
+    if len(qs) >= 2 and v > 0:
+        # how widely these children spread against the model: one pseudo-observation at 1
+        mean = sum(qs) / len(qs)
+        return (1.0 + sum((q - mean) ** 2 for q in qs) / v) / len(qs)
+    if len(qs) == 1 and v > 0 and node.value is not None and math.isfinite(noise.critic_at(node.depth)):
+        # An only child shows no spread, but the critic's miss does: (v̂ − q)² has
+        # expectation t + v, so (v̂ − q)² − t estimates this checkpoint's own one-child
+        # variance, beside one pseudo-observation at the model. The depth's average no
+        # longer stands for every checkpoint at it: one whose child the critic predicted
+        # well expects accurate new segments, one it missed by far expects noisy ones
+        # (and a V(n) a sibling would improve more). The miss weighs as its precision
+        # against one degree of freedom of a spread, v²/(t + v)² (a squared deviation of
+        # variance t + v against one of variance v): with an exact critic a full degree
+        # of freedom; with one whose error dominates, little, since its miss is mostly
+        # the critic's error, and ranking on it picks the checkpoints where the critic
+        # happened to be right, whose residuals then understate t.
+        t = noise.critic_at(node.depth)
+        own = max((node.value - qs[0]) ** 2 - t, 0.0)
+        k = v * v / ((t + v) * (t + v))
+        return (1.0 + k * own / v) / (1.0 + k)
+    return 1.0
