@@ -37,8 +37,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from focus.batch import ActorRow, Batch
+from focus.batch import Batch
 from focus.exporters import TokenSequence, actor_sequences
+from focus.tree_weights import segment_weights as segment_weights  # re-exported: callers import it here
+from focus.tree_weights import weighted
 
 if TYPE_CHECKING:
     import torch
@@ -440,67 +442,6 @@ class PolicyTrainer:
         # trainer restarted from the file continues from the same numbers.
         self.model.load_state_dict(load(path).state_dict())
         return version
-
-
-def segment_weights(rows: Sequence[ActorRow], mode: str) -> dict[tuple[str, str, int], float]:
-    """A weight per segment ``(task_id, tree_id, edge_id)`` of ``rows`` (pure), mean 1.
-
-    ``siblings``: 1 / (segments starting at the same checkpoint). ``reach``: the
-    product of those factors from the root down to the segment. A segment's parent
-    segment is the one whose last turn (prompt and completion) is the longest prefix
-    of the segment's first prompt (the rows carry the checkpoint a segment starts at,
-    not the one it ends at).
-    """
-    if mode not in ("siblings", "reach"):
-        raise ValueError(f"unknown segment weighting {mode!r}")
-    first: dict[tuple[str, str, int], ActorRow] = {}
-    last: dict[tuple[str, str, int], ActorRow] = {}
-    for r in rows:
-        key = (r.task_id, r.tree_id, r.edge_id)
-        if key not in first or r.turn_index < first[key].turn_index:
-            first[key] = r
-        if key not in last or r.turn_index > last[key].turn_index:
-            last[key] = r
-    siblings: dict[tuple[str, str, int], int] = {}
-    for r in first.values():
-        siblings[(r.task_id, r.tree_id, r.node_id)] = siblings.get((r.task_id, r.tree_id, r.node_id), 0) + 1
-    own = {k: 1.0 / siblings[(r.task_id, r.tree_id, r.node_id)] for k, r in first.items()}
-    if mode == "siblings":
-        raw = own
-    else:
-        ends = {k: r.prompt_ids + r.completion_ids for k, r in last.items()}
-        parent: dict[tuple[str, str, int], tuple[str, str, int] | None] = {}
-        for k, r in first.items():
-            cands = [
-                p
-                for p, e in ends.items()
-                if p[:2] == k[:2] and p != k and first[p].node_id != r.node_id and r.prompt_ids[: len(e)] == e
-            ]
-            parent[k] = max(cands, key=lambda p: len(ends[p])) if cands else None
-        raw = {}
-
-        def reach(k: tuple[str, str, int]) -> float:
-            if k not in raw:
-                p = parent[k]
-                raw[k] = own[k] * (reach(p) if p is not None else 1.0)
-            return raw[k]
-
-        for k in first:
-            reach(k)
-    mean = sum(raw.values()) / len(raw) if raw else 1.0
-    return {k: w / mean for k, w in raw.items()}
-
-
-def weighted(batch: Batch, mode: str) -> Batch:
-    """``batch`` with each actor row's advantage times its segment's weight
-    (:func:`segment_weights`); a positive factor per segment is a loss weight, since the
-    clipped objective is linear in the advantage's size."""
-    from dataclasses import replace
-
-    rows = list(batch.actor)
-    w = segment_weights(rows, mode)
-    out = [replace(r, advantage=r.advantage * w[(r.task_id, r.tree_id, r.edge_id)]) for r in rows]
-    return Batch(batch.collection_id, batch.iteration, out, batch.critic, batch.stats)
 
 
 def fit_critic(critic: Critic, batch: Batch) -> dict[str, Any]:

@@ -7,7 +7,8 @@ import pytest
 from focus.batch import ActorRow, Batch
 from focus.env import Message
 from focus.format import ByteCodec
-from focus.train_local import PolicyTrainer, UpdateConfig, kl_reached, segment_weights, weighted
+from focus.train_local import PolicyTrainer, UpdateConfig, kl_reached
+from focus.tree_weights import segment_weights, weighted
 
 CODEC = ByteCodec()
 
