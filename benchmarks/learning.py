@@ -57,7 +57,8 @@ from focus.priority import Phase, Priority, Selective, Uniform
 EVIDENCE = 4
 #: The trainer of every method: the library's ``UpdateConfig`` with a KL target per
 #: update (matched update sizes): several epochs at a small learning rate, stopped once
-#: the approximate KL(behaviour || policy) passes ``target_kl``. With the library's
+#: the approximate KL(behaviour || policy) passes ``target_kl`` (an epoch past twice it
+#: is run again at half the learning rate: ``kl_halvings`` per point). With the library's
 #: one epoch at lr 1e-3 the update size depended on the batch (GRPO's KL per update
 #: ranged 0.001-0.9 on the toy, the old record), so methods were not compared alike.
 TRAINER = {"lr": 3e-4, "clip": 0.5, "epochs": 8, "target_kl": 0.05}
@@ -265,6 +266,8 @@ async def run_one(
                     "approx_kl": round(train["final_kl"], 6),
                     "optimizer_steps": train["steps"],
                     "stopped_early": train["stopped_early"],
+                    "initial_kl": round(train["initial_kl"], 6),
+                    "kl_halvings": train["kl_halvings"],
                     "tokens_trained": train["tokens"],
                     "policy_version": out["policy_version"],
                 }
@@ -314,9 +317,9 @@ async def run_task(
                         f.write(json.dumps(run) + "\n")
                 if log:
                     curve = " ".join(f"{p['success']:.3f}@{p['transitions']}" for p in run["points"])
-                    kl = " ".join(f"{p['approx_kl']:.3f}" for p in run["points"][1:])
+                    kl = " ".join(f"{p['approx_kl']:.3f}/{p['kl_halvings']}" for p in run["points"][1:])
                     print(
-                        f"{name} {method:7s} seed {seed}: {curve}; KL {kl} ({time.perf_counter() - t0:.0f} s)",
+                        f"{name} {method:7s} seed {seed}: {curve}; KL/halvings {kl} ({time.perf_counter() - t0:.0f} s)",
                         flush=True,
                     )
     return runs

@@ -37,8 +37,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from focus.batch import ActorRow, Batch
+from focus.batch import Batch
 from focus.exporters import TokenSequence, actor_sequences
+from focus.kl_bound import MAX_HALVINGS as MAX_HALVINGS  # re-exported: callers import them here
+from focus.kl_bound import kl_reached, kl_verdict
+from focus.tree_weights import segment_weights as segment_weights
+from focus.tree_weights import weighted
 
 if TYPE_CHECKING:
     import torch
@@ -82,9 +86,12 @@ class UpdateConfig(BaseModel):
     #: Train prefix-sharing sequences in one forward pass (see :func:`pack_prefixes`).
     pack: bool = True
     #: Stop an update once the approximate KL(behaviour || policy) passes this: on a
-    #: minibatch before each optimizer step, and on the whole batch after each epoch
-    #: (an epoch that took it past twice the target is undone, unless it was the
-    #: first). Caps the update size whatever the batch holds: methods
+    #: minibatch before each optimizer step, and on the whole batch after each epoch.
+    #: An epoch, the first included, that takes the whole batch's KL past its value
+    #: before the update plus twice the target is undone, optimizer state too, and run
+    #: again at half the learning rate (which the update keeps), at most
+    #: ``MAX_HALVINGS`` times an update; then it is undone and the update ends
+    #: (:func:`kl_verdict`). Caps the update size whatever the batch holds: methods
     #: whose batches differ in size and advantage scale then take updates of similar
     #: size, which is what makes their learning curves comparable. Empty: no stop.
     target_kl: float | None = Field(None, gt=0.0)
@@ -116,6 +123,11 @@ class TrainStats:
     final_kl: float = 0.0
     #: The update stopped at ``target_kl`` before its last epoch.
     stopped_early: bool = False
+    #: Approximate KL(behaviour || policy) before the update (``target_kl`` set; else 0):
+    #: near 0 when the batch was sampled from this policy.
+    initial_kl: float = 0.0
+    #: Times an epoch overshot the KL bound and was run again at half the learning rate.
+    kl_halvings: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,8 +135,9 @@ class UpdateStep:
     """One optimizer step, given to ``on_step`` as it is taken (what a watcher shows).
 
     ``step`` counts the update's steps so far, this one included; ``total`` is what it
-    plans, epochs x minibatches (it may stop at ``target_kl`` before, and undo its last
-    epoch: :attr:`TrainStats.steps` is the count that stands); the rest are the minibatch's.
+    plans, epochs x minibatches (it may stop at ``target_kl`` before, and undo an epoch
+    or run it again: then ``step`` restarts from the steps that stand before it, and
+    :attr:`TrainStats.steps` is the count that stands); the rest are the minibatch's.
     """
 
     step: int
@@ -247,11 +260,6 @@ def clipped_loss(
     return loss, stats
 
 
-def kl_reached(approx_kl: float, target_kl: float | None) -> bool:
-    """Whether an update should stop: its KL passed the target (pure; no target: never)."""
-    return target_kl is not None and approx_kl > target_kl
-
-
 def token_logprobs(model: Any, inputs: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     """Log-probs of ``targets`` under ``model`` at ``temperature`` (teacher forcing)."""
     import torch
@@ -335,76 +343,115 @@ class PolicyTrainer:
         torch.set_flush_denormal(True)
         torch.set_num_threads(cfg.torch_threads)
         try:
-            losses, agg, steps = self._epochs(seqs, scale, random.Random(f"{cfg.seed}/{self.updates}"), on_step)
+            initial_kl = self._kl(seqs) if cfg.target_kl is not None else 0.0
+            taken, halvings = self._epochs(
+                seqs, scale, random.Random(f"{cfg.seed}/{self.updates}"), initial_kl, on_step
+            )
             final_kl = self._kl(seqs)
         finally:
+            self._set_lr(cfg.lr)
             torch.set_num_threads(threads)
             torch.set_flush_denormal(False)
         self.updates += 1
+        steps, n = len(taken), max(len(taken), 1)  # n: no step stands when every try overshot
         return TrainStats(
             sequences=len(raw),
             tokens=len(trained),
             steps=steps,
-            loss=sum(losses) / len(losses),
-            ratio=agg["ratio"] / steps,
-            clip_fraction=agg["clip_fraction"] / steps,
-            approx_kl=agg["approx_kl"] / steps,
+            loss=sum(t["loss"] for t in taken) / n,
+            ratio=sum(t["ratio"] for t in taken) / n if taken else 1.0,
+            clip_fraction=sum(t["clip_fraction"] for t in taken) / n,
+            approx_kl=sum(t["approx_kl"] for t in taken) / n,
             advantage_mean=mean,
             advantage_std=std,
             wall_s=time.perf_counter() - t0,
             final_kl=final_kl,
             stopped_early=steps < cfg.epochs * math.ceil(len(seqs) / cfg.minibatch),
+            initial_kl=initial_kl,
+            kl_halvings=halvings,
         )
 
     def _epochs(
-        self, seqs: Sequence[TokenSequence | Packed], scale: float, rng: random.Random, on_step: StepHook | None
-    ) -> tuple[list[float], dict[str, float], int]:
+        self,
+        seqs: Sequence[TokenSequence | Packed],
+        scale: float,
+        rng: random.Random,
+        initial_kl: float,
+        on_step: StepHook | None,
+    ) -> tuple[list[dict[str, float]], int]:
+        """The update's epochs: the figures of each optimizer step that stands, and the
+        learning-rate halvings it took (``target_kl``: :func:`kl_verdict` after each epoch)."""
+        cfg = self.config
+        taken: list[dict[str, float]] = []
+        halvings = 0
+        # Minibatches of similar lengths (less padding: the forward pass is the cost on
+        # CPU), visited in a fresh random order each epoch (the same order when it is run again).
+        by_len = sorted(range(len(seqs)), key=lambda i: (len(seqs[i].tokens), seqs[i].tokens))
+        chunks = [by_len[i : i + cfg.minibatch] for i in range(0, len(by_len), cfg.minibatch)]
+        plan = cfg.epochs * len(chunks)
+        for epoch in range(cfg.epochs):
+            rng.shuffle(chunks)
+            if cfg.target_kl is None:
+                taken += self._epoch(seqs, chunks, scale, epoch, len(taken), plan, on_step)[0]
+                continue
+            before = self._snapshot()
+            while True:
+                steps, stopped = self._epoch(seqs, chunks, scale, epoch, len(taken), plan, on_step)
+                # a minibatch's KL understates the batch's after steps on the others:
+                # check the whole batch once an epoch
+                full = self._kl(seqs)
+                verdict = kl_verdict(initial_kl, full, cfg.target_kl, halvings)
+                if verdict == "accept":
+                    taken += steps
+                    break
+                self._restore(before)
+                if verdict == "undo":
+                    return taken, halvings
+                halvings += 1
+                self._set_lr(cfg.lr / 2**halvings)
+            if stopped or kl_reached(full, cfg.target_kl):
+                break
+        return taken, halvings
+
+    def _epoch(
+        self,
+        seqs: Sequence[TokenSequence | Packed],
+        chunks: Sequence[Sequence[int]],
+        scale: float,
+        epoch: int,
+        done: int,
+        plan: int,
+        on_step: StepHook | None,
+    ) -> tuple[list[dict[str, float]], bool]:
+        """One pass over ``chunks`` after ``done`` steps: each step's loss and minibatch
+        figures, and whether a minibatch's KL passed ``target_kl`` (the pass ends there)."""
         import torch
 
         cfg = self.config
         self.model.train()
-        losses: list[float] = []
-        agg = {"ratio": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0}
-        steps = 0
-        # Minibatches of similar lengths (less padding: the forward pass is the cost on
-        # CPU), visited in a fresh random order each epoch.
-        by_len = sorted(range(len(seqs)), key=lambda i: (len(seqs[i].tokens), seqs[i].tokens))
-        chunks = [by_len[i : i + cfg.minibatch] for i in range(0, len(by_len), cfg.minibatch)]
-        for epoch in range(cfg.epochs):
-            rng.shuffle(chunks)
-            before = self._snapshot() if cfg.target_kl is not None and epoch > 0 else None
-            steps_before, agg_before = steps, dict(agg)
+        steps: list[dict[str, float]] = []
+        try:
             for idx in chunks:
                 chunk = [seqs[i] for i in idx]
                 p = pad_sequences(chunk, self.pad_id)
                 new = token_logprobs(self.model, p.inputs, p.targets, cfg.temperature or 1.0)
                 loss, stats = clipped_loss(new, p, cfg.clip, p.advantages * scale)
-                if kl_reached(stats["approx_kl"], cfg.target_kl) and steps > 0:
-                    self.model.eval()
-                    return losses, agg, steps
+                if kl_reached(stats["approx_kl"], cfg.target_kl) and done + len(steps) > 0:
+                    return steps, True
                 self.optimizer.zero_grad()
                 loss.backward()  # type: ignore[no-untyped-call]
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
-                losses.append(float(loss.detach()))
-                for k in agg:
-                    agg[k] += stats[k]
-                steps += 1
+                steps.append({"loss": float(loss.detach()), **stats})
                 if on_step is not None:
-                    on_step(UpdateStep(steps, cfg.epochs * len(chunks), epoch, losses[-1], **stats))
-            if cfg.target_kl is not None:
-                # a minibatch's KL understates the batch's after steps on the others:
-                # check the whole batch once an epoch, and undo an epoch that overshot
-                full = self._kl(seqs)
-                if kl_reached(full, 2 * cfg.target_kl) and before is not None:
-                    self._restore(before)
-                    steps = steps_before  # the undone epoch's steps count for nothing
-                    losses, agg = losses[:steps], agg_before
-                if kl_reached(full, cfg.target_kl):
-                    break
-                self.model.train()
-        self.model.eval()
-        return losses, agg, steps
+                    on_step(UpdateStep(done + len(steps), plan, epoch, **steps[-1]))
+            return steps, False
+        finally:
+            self.model.eval()
+
+    def _set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def _snapshot(self) -> tuple[dict[str, Any], dict[str, Any]]:
         import copy
@@ -440,67 +487,6 @@ class PolicyTrainer:
         # trainer restarted from the file continues from the same numbers.
         self.model.load_state_dict(load(path).state_dict())
         return version
-
-
-def segment_weights(rows: Sequence[ActorRow], mode: str) -> dict[tuple[str, str, int], float]:
-    """A weight per segment ``(task_id, tree_id, edge_id)`` of ``rows`` (pure), mean 1.
-
-    ``siblings``: 1 / (segments starting at the same checkpoint). ``reach``: the
-    product of those factors from the root down to the segment. A segment's parent
-    segment is the one whose last turn (prompt and completion) is the longest prefix
-    of the segment's first prompt (the rows carry the checkpoint a segment starts at,
-    not the one it ends at).
-    """
-    if mode not in ("siblings", "reach"):
-        raise ValueError(f"unknown segment weighting {mode!r}")
-    first: dict[tuple[str, str, int], ActorRow] = {}
-    last: dict[tuple[str, str, int], ActorRow] = {}
-    for r in rows:
-        key = (r.task_id, r.tree_id, r.edge_id)
-        if key not in first or r.turn_index < first[key].turn_index:
-            first[key] = r
-        if key not in last or r.turn_index > last[key].turn_index:
-            last[key] = r
-    siblings: dict[tuple[str, str, int], int] = {}
-    for r in first.values():
-        siblings[(r.task_id, r.tree_id, r.node_id)] = siblings.get((r.task_id, r.tree_id, r.node_id), 0) + 1
-    own = {k: 1.0 / siblings[(r.task_id, r.tree_id, r.node_id)] for k, r in first.items()}
-    if mode == "siblings":
-        raw = own
-    else:
-        ends = {k: r.prompt_ids + r.completion_ids for k, r in last.items()}
-        parent: dict[tuple[str, str, int], tuple[str, str, int] | None] = {}
-        for k, r in first.items():
-            cands = [
-                p
-                for p, e in ends.items()
-                if p[:2] == k[:2] and p != k and first[p].node_id != r.node_id and r.prompt_ids[: len(e)] == e
-            ]
-            parent[k] = max(cands, key=lambda p: len(ends[p])) if cands else None
-        raw = {}
-
-        def reach(k: tuple[str, str, int]) -> float:
-            if k not in raw:
-                p = parent[k]
-                raw[k] = own[k] * (reach(p) if p is not None else 1.0)
-            return raw[k]
-
-        for k in first:
-            reach(k)
-    mean = sum(raw.values()) / len(raw) if raw else 1.0
-    return {k: w / mean for k, w in raw.items()}
-
-
-def weighted(batch: Batch, mode: str) -> Batch:
-    """``batch`` with each actor row's advantage times its segment's weight
-    (:func:`segment_weights`); a positive factor per segment is a loss weight, since the
-    clipped objective is linear in the advantage's size."""
-    from dataclasses import replace
-
-    rows = list(batch.actor)
-    w = segment_weights(rows, mode)
-    out = [replace(r, advantage=r.advantage * w[(r.task_id, r.tree_id, r.edge_id)]) for r in rows]
-    return Batch(batch.collection_id, batch.iteration, out, batch.critic, batch.stats)
 
 
 def fit_critic(critic: Critic, batch: Batch) -> dict[str, Any]:

@@ -131,7 +131,8 @@ MEANING: dict[str, str] = {
     "train.local.torch_threads": "torch threads during an update",
     "train.local.pack": "prefix-sharing sequences trained in one forward pass",
     "train.local.target_kl": "stop an update once a minibatch's approximate KL(behaviour \\|\\| policy) passes "
-    "this (unset: no stop)",
+    "this; an epoch (the first too) that adds more than twice this over the batch is undone and run again at half "
+    "the learning rate, up to 4 times (unset: no stop)",
     "train.local.segment_weights": "loss weight of a tree's segments: `equal` \\| `siblings` \\| `reach` "
     '(docs/algorithm.md, "Weighting tree segments")',
     "train.local.seed": "seeds the minibatch order",

@@ -1,0 +1,73 @@
+"""Loss weights of a tree batch's segments (docs/algorithm.md, "Weighting tree segments").
+
+A branched batch over-represents the states the search chose to continue from; these
+weights (``UpdateConfig.segment_weights`` of :mod:`focus.train_local`) scale each
+segment's advantage by how a walk down the tree would reach it. Pure functions of the
+batch's rows; no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from focus.batch import ActorRow, Batch
+
+
+def segment_weights(rows: Sequence[ActorRow], mode: str) -> dict[tuple[str, str, int], float]:
+    """A weight per segment ``(task_id, tree_id, edge_id)`` of ``rows`` (pure), mean 1.
+
+    ``siblings``: 1 / (segments starting at the same checkpoint). ``reach``: the
+    product of those factors from the root down to the segment. A segment's parent
+    segment is the one whose last turn (prompt and completion) is the longest prefix
+    of the segment's first prompt (the rows carry the checkpoint a segment starts at,
+    not the one it ends at).
+    """
+    if mode not in ("siblings", "reach"):
+        raise ValueError(f"unknown segment weighting {mode!r}")
+    first: dict[tuple[str, str, int], ActorRow] = {}
+    last: dict[tuple[str, str, int], ActorRow] = {}
+    for r in rows:
+        key = (r.task_id, r.tree_id, r.edge_id)
+        if key not in first or r.turn_index < first[key].turn_index:
+            first[key] = r
+        if key not in last or r.turn_index > last[key].turn_index:
+            last[key] = r
+    siblings: dict[tuple[str, str, int], int] = {}
+    for r in first.values():
+        siblings[(r.task_id, r.tree_id, r.node_id)] = siblings.get((r.task_id, r.tree_id, r.node_id), 0) + 1
+    own = {k: 1.0 / siblings[(r.task_id, r.tree_id, r.node_id)] for k, r in first.items()}
+    if mode == "siblings":
+        raw = own
+    else:
+        ends = {k: r.prompt_ids + r.completion_ids for k, r in last.items()}
+        parent: dict[tuple[str, str, int], tuple[str, str, int] | None] = {}
+        for k, r in first.items():
+            cands = [
+                p
+                for p, e in ends.items()
+                if p[:2] == k[:2] and p != k and first[p].node_id != r.node_id and r.prompt_ids[: len(e)] == e
+            ]
+            parent[k] = max(cands, key=lambda p: len(ends[p])) if cands else None
+        raw = {}
+
+        def reach(k: tuple[str, str, int]) -> float:
+            if k not in raw:
+                p = parent[k]
+                raw[k] = own[k] * (reach(p) if p is not None else 1.0)
+            return raw[k]
+
+        for k in first:
+            reach(k)
+    mean = sum(raw.values()) / len(raw) if raw else 1.0
+    return {k: w / mean for k, w in raw.items()}
+
+
+def weighted(batch: Batch, mode: str) -> Batch:
+    """``batch`` with each actor row's advantage times its segment's weight
+    (:func:`segment_weights`); a positive factor per segment is a loss weight, since the
+    clipped objective is linear in the advantage's size."""
+    rows = list(batch.actor)
+    w = segment_weights(rows, mode)
+    out = [replace(r, advantage=r.advantage * w[(r.task_id, r.tree_id, r.edge_id)]) for r in rows]
+    return Batch(batch.collection_id, batch.iteration, out, batch.critic, batch.stats)
