@@ -150,8 +150,12 @@ class TreeRanking:
             and self.seed == seed
         )
 
-    def _compute(self, tree: Tree, node: Node) -> None:
-        """Values, length and valid child tokens of ``node`` from its children's."""
+    def _compute(self, tree: Tree, node: Node, path: set[int] | None = None) -> None:
+        """Values, length and valid child tokens of ``node`` from its children's.
+        ``path``: the nodes an update recomputes (``node`` among them); a child off it
+        is as it was, and was refined at this node's step with the count of valid
+        children it had then (:attr:`m`): while that count stands, it is not refined
+        again (:func:`focus.estimation.settle_children` would compute the same)."""
         segs = self.segments
         for eid in node.children:
             if eid not in segs:
@@ -159,9 +163,14 @@ class TreeRanking:
         s = self.search
         i = node.id
         if not node.is_leaf:
+            only = None
+            if path is not None and self.m.get(i) == sum(
+                1 for eid in node.children if self.value.get(segs[eid].child) is not None
+            ):
+                only = path
             settle_children(
                 tree, node, segs, self.value, self.weight, self.error, self.plain,
-                self.calibration.noise, s.kappa, s.truncation_rule,
+                self.calibration.noise, s.kappa, s.truncation_rule, only,
             )  # fmt: skip
         r = node_value(
             node, segs, self.value, self.error, self.calibration.noise, s.kappa, s.truncation_rule, self.plain
@@ -202,7 +211,7 @@ class TreeRanking:
             if c not in path and not nodes[c].is_leaf
         }
         for i in sorted(path, reverse=True):  # ids grow downward: children first
-            self._compute(tree, nodes[i])
+            self._compute(tree, nodes[i], path)
         views: set[int] = set()
         for i in path:
             node = nodes[i]
