@@ -8,7 +8,7 @@ batch and search's incremental rankings share; :func:`tree_values` backs a whole
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from focus.noise import NoiseModel, Truncation, first_step_weight, leaf_value, noise_model
@@ -220,13 +220,16 @@ def settle_children(
     noise: NoiseModel,
     kappa: float | None,
     truncation: Truncation,
+    only: Container[int] | None = None,
 ) -> None:
     """Refine ``node``'s checkpoint children again with their :func:`value_influence`,
     now that ``node``'s valid children are known (their values were computed first
     without it: a child's validity does not depend on its weight). Called at each
     checkpoint's step before its own value, children first, by :func:`tree_values`
     and by search's incremental rankings alike. Nothing to do with a fixed κ, or for
-    fewer than two valid children (an only child's influence is 0)."""
+    fewer than two valid children (an only child's influence is 0). ``only``: refine
+    just these children (an incremental update whose other children were refined
+    with the same count of valid children already, and are unchanged below)."""
     if kappa is not None:
         return
     kids = [segments[eid] for eid in node.children]
@@ -234,6 +237,8 @@ def settle_children(
     if m_p < 2:
         return
     for sg in kids:
+        if only is not None and sg.child not in only:
+            continue
         child = tree.nodes[sg.child]
         if child.is_leaf or child.value is None or value.get(sg.child) is None:
             continue

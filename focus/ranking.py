@@ -13,8 +13,13 @@ instead updates only what a wave changed:
   :func:`focus.estimation.settle_children`);
 * a checkpoint's evidence view (:func:`focus.node_view.node_view`) reads only the node,
   its children and its parent (weight, count, valid child tokens), so the views to
-  recompute are those of the changed checkpoints, of their children and of their
-  grandchildren;
+  recompute are those of the changed checkpoints, of their children, and of the
+  grandchildren below a child whose weight moved;
+* a view is computed when some phase may rank its checkpoint; one with as many
+  branches as every phase allows is never ranked again (a checkpoint only gains
+  children), so its view waits until asked for (:attr:`TreeRanking.evidence`,
+  :meth:`TreeRanking.view`) - in a collection of few tasks, most views recomputed after
+  a wave were of such checkpoints near the roots;
 * each phase's ranking is a sorted list; a changed view moves one entry.
 
 Collection-wide quantities (the noise model, the mean segment length) come from the
@@ -90,7 +95,15 @@ class TreeRanking:
         self.segments: dict[int, Segment] = segments if segments is not None else {}
         self.lengths: dict[int, float] = {}
         self.valid: dict[int, float] = {}
-        self.evidence: dict[int, NodeEvidence] = {}
+        #: Views of the checkpoints some phase may continue, up to date; the others'
+        #: views (``_stale``) are computed when asked for (:attr:`evidence`, :meth:`view`).
+        self._views: dict[int, NodeEvidence] = {}
+        self._stale: set[int] = set()
+        #: The tree the values and views describe (that of the last update).
+        self._tree = tree
+        #: (max depth, max branches) of every phase: a checkpoint beyond them in all
+        #: phases is never ranked (a checkpoint only gains children).
+        self._limits = tuple((p.max_depth, p.max_branches) for p in search.phases)
         #: Per phase: the sorted entries of the eligible checkpoints, and each one's entry.
         self._ranked: dict[int, list[Entry]] = {}
         self._entries: dict[int, dict[int, Entry]] = {}
@@ -99,8 +112,36 @@ class TreeRanking:
         for node in tree.postorder():
             self._compute(tree, node)
         for node in tree.checkpoints():
-            self.evidence[node.id] = self._view(tree, node)
-        self.last_views = len(self.evidence)
+            if self._rankable(tree, node):
+                self._views[node.id] = self._view(tree, node)
+            else:
+                self._stale.add(node.id)
+        self.last_views = len(self._views)
+
+    @property
+    def evidence(self) -> dict[int, NodeEvidence]:
+        """The evidence view of every checkpoint (those no phase ranks computed now)."""
+        if self._stale:
+            tree = self._tree
+            for i in sorted(self._stale):
+                self._views[i] = self._view(tree, tree.nodes[i])
+            self._stale.clear()
+        return self._views
+
+    def view(self, node_id: int) -> NodeEvidence | None:
+        """The evidence view of one checkpoint (``None`` for another node)."""
+        if node_id in self._stale:
+            self._stale.discard(node_id)
+            self._views[node_id] = self._view(self._tree, self._tree.nodes[node_id])
+        return self._views.get(node_id)
+
+    def _rankable(self, tree: Tree, node: Node) -> bool:
+        """Whether some phase may rank ``node`` (the structural part of :meth:`_eligible`:
+        it reads only the node's depth and children, which its view copies)."""
+        if node.id not in tree.states:
+            return False
+        depth, branches = node.depth, len(node.children)
+        return any(depth <= d and branches < b for d, b in self._limits)
 
     def matches(self, search: Priority, calibration: Calibration, seed: int) -> bool:
         return (
@@ -109,8 +150,12 @@ class TreeRanking:
             and self.seed == seed
         )
 
-    def _compute(self, tree: Tree, node: Node) -> None:
-        """Values, length and valid child tokens of ``node`` from its children's."""
+    def _compute(self, tree: Tree, node: Node, path: set[int] | None = None) -> None:
+        """Values, length and valid child tokens of ``node`` from its children's.
+        ``path``: the nodes an update recomputes (``node`` among them); a child off it
+        is as it was, and was refined at this node's step with the count of valid
+        children it had then (:attr:`m`): while that count stands, it is not refined
+        again (:func:`focus.estimation.settle_children` would compute the same)."""
         segs = self.segments
         for eid in node.children:
             if eid not in segs:
@@ -118,9 +163,14 @@ class TreeRanking:
         s = self.search
         i = node.id
         if not node.is_leaf:
+            only = None
+            if path is not None and self.m.get(i) == sum(
+                1 for eid in node.children if self.value.get(segs[eid].child) is not None
+            ):
+                only = path
             settle_children(
                 tree, node, segs, self.value, self.weight, self.error, self.plain,
-                self.calibration.noise, s.kappa, s.truncation_rule,
+                self.calibration.noise, s.kappa, s.truncation_rule, only,
             )  # fmt: skip
         r = node_value(
             node, segs, self.value, self.error, self.calibration.noise, s.kappa, s.truncation_rule, self.plain
@@ -150,38 +200,63 @@ class TreeRanking:
                 if pe is None:
                     break
                 i = edges[pe].parent
+        # The children of the path are refined again at their parent's step (their
+        # weights read its valid children); the weight of one off the path is what its
+        # own children's views read of it (its count and valid tokens stay as they were).
+        weight = self.weight
+        before = {
+            c: weight.get(c)
+            for i in path
+            for c in (edges[e].child for e in nodes[i].children)
+            if c not in path and not nodes[c].is_leaf
+        }
         for i in sorted(path, reverse=True):  # ids grow downward: children first
-            self._compute(tree, nodes[i])
+            self._compute(tree, nodes[i], path)
         views: set[int] = set()
         for i in path:
             node = nodes[i]
             if not node.is_leaf:
                 views.add(i)
-                # its children were refined again (their weights read its valid
-                # children), so their children's views (which read a parent's weight) change
                 for c in (edges[e].child for e in node.children):
                     if not nodes[c].is_leaf:
                         views.add(c)
-                        views.update(g for g in (edges[e].child for e in nodes[c].children) if not nodes[g].is_leaf)
+                        # a grandchild's view reads its parent's weight, count and valid
+                        # tokens: new only below the path or below a re-weighted child
+                        # (a view whose inputs are all as they were is as it was)
+                        if c in path or weight.get(c) != before[c]:
+                            views.update(g for g in (edges[e].child for e in nodes[c].children) if not nodes[g].is_leaf)
+        self._tree = tree
+        computed = 0
         for i in sorted(views):
-            ev = self.evidence[i] = self._view(tree, nodes[i])
-            for phase_index in self._ranked:
-                self._move(tree, phase_index, ev)
-        self.last_views = len(views)
+            node = nodes[i]
+            if self._rankable(tree, node):
+                ev = self._views[i] = self._view(tree, node)
+                self._stale.discard(i)
+                computed += 1
+                for phase_index in self._ranked:
+                    self._move(tree, phase_index, ev)
+            else:  # no phase ranks it again: its view waits until asked for
+                self._views.pop(i, None)
+                self._stale.add(i)
+                for phase_index in self._ranked:
+                    self._drop(phase_index, i)
+        self.last_views = computed
 
     def _eligible(self, tree: Tree, phase_index: int, ev: NodeEvidence) -> bool:
         phase = self.search.phases[phase_index]
         return ev.node_id in tree.states and ev.depth <= phase.max_depth and ev.branches < phase.max_branches
 
     def _move(self, tree: Tree, phase_index: int, ev: NodeEvidence) -> None:
-        ranked, entries = self._ranked[phase_index], self._entries[phase_index]
-        nid = ev.node_id
-        before = entries.pop(nid, None)
-        if before is not None:
-            del ranked[bisect.bisect_left(ranked, before)]
+        self._drop(phase_index, ev.node_id)
         if self._eligible(tree, phase_index, ev):
-            e = entries[nid] = entry(self.search, self.seed, ev)
-            bisect.insort(ranked, e)
+            e = self._entries[phase_index][ev.node_id] = entry(self.search, self.seed, ev)
+            bisect.insort(self._ranked[phase_index], e)
+
+    def _drop(self, phase_index: int, node_id: int) -> None:
+        before = self._entries[phase_index].pop(node_id, None)
+        if before is not None:
+            ranked = self._ranked[phase_index]
+            del ranked[bisect.bisect_left(ranked, before)]
 
     def ranked(self, tree: Tree, phase_index: int) -> list[Entry]:
         """Eligible checkpoints of phase ``phase_index``, best first (nothing pending)."""
@@ -189,7 +264,7 @@ class TreeRanking:
         if out is None:
             entries = {
                 nid: entry(self.search, self.seed, ev)
-                for nid, ev in self.evidence.items()
+                for nid, ev in self._views.items()  # a stale view's node is eligible nowhere
                 if self._eligible(tree, phase_index, ev)
             }
             out = self._ranked[phase_index] = sorted(entries.values())

@@ -94,6 +94,7 @@ def test_incremental_ranking_equals_a_rebuild(seed: int, search) -> None:  # typ
     known = calibrate([tree], gamma=search.discount, truncation=search.truncation_rule)
     assert known.noise.known and noise_model([tree], gamma=search.discount).spreads > 3
     calibs.append(known)
+    lazy = 0  # updates after which some view was left for later
     for calib in calibs:
         t = Tree.new("t", None, (1,))
         t.root.value = 0.4
@@ -105,6 +106,15 @@ def test_incremental_ranking_equals_a_rebuild(seed: int, search) -> None:  # typ
             t = copy_tree(t)
             live.update(t, grow(t, r))
             values, evidence = scratch(t, search, calib)
+            # ranked before any view is asked for: the views of checkpoints no phase
+            # ranks (here: four children or more) wait, and ranking does not need them
+            views_kept = len(live._views)
+            assert live.ranked(t, 1) == sorted(
+                entry(search, 7, ev)
+                for ev in evidence.values()
+                if ev.node_id in t.states and ev.depth <= 5 and ev.branches < 3
+            )
+            lazy += views_kept < len(evidence)
             assert live.evidence == evidence
             for name in ("value", "error", "critic_weight", "q_bar", "child_q", "m"):
                 assert getattr(live.values, name) == {k: v for k, v in getattr(values, name).items()}, name
@@ -115,3 +125,4 @@ def test_incremental_ranking_equals_a_rebuild(seed: int, search) -> None:  # typ
                 for ev in evidence.values()
                 if ev.node_id in t.states and ev.depth <= 5 and ev.branches < 3
             )
+    assert lazy  # the random trees do grow checkpoints no phase ranks

@@ -220,7 +220,7 @@ def _greedy(
     heap: list[tuple[float, float, int, int, int]] = []
     busy = dict(pending)
     for (ti, nid), n in pending.items():
-        ev = facts[ti].evidence(search, calib, state.seed).get(nid)
+        ev = facts[ti].view(search, calib, state.seed, nid)
         if ev is None or nid not in state.trees[ti].states or ev.depth > phase.max_depth:
             continue
         ev = ev.with_pending(n)
@@ -244,7 +244,8 @@ def _greedy(
         _, _, ti, nid, pos = heapq.heappop(heap)
         if pos >= 0:
             push_next(ti, pos + 1)
-        ev = facts[ti].evidence(search, calib, state.seed)[nid]
+        ev = facts[ti].view(search, calib, state.seed, nid)
+        assert ev is not None  # a ranked entry is a checkpoint's
         ev = ev.with_pending(pending.get((ti, nid), 0))
         branch = ev.branches + ev.pending
         job = RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), state.trees[ti].states[nid], branch)

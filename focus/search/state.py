@@ -265,6 +265,10 @@ class _TreeFacts:
     def evidence(self, search: Priority, calibration: Calibration, seed: int = 0) -> dict[int, NodeEvidence]:
         return self.ranking(search, calibration, seed).evidence
 
+    def view(self, search: Priority, calibration: Calibration, seed: int, node_id: int) -> NodeEvidence | None:
+        """The evidence view of one checkpoint (``None`` for another node)."""
+        return self.ranking(search, calibration, seed).view(node_id)
+
     def ranked(self, search: Priority, calibration: Calibration, phase_index: int, seed: int) -> list[Entry]:
         """Eligible checkpoints of phase ``phase_index``, best first (nothing pending)."""
         return self.ranking(search, calibration, seed).ranked(self.tree, phase_index)
