@@ -166,3 +166,43 @@ def test_a_shared_error_stays_in_the_value_error_at_any_number_of_children() -> 
     for n in (1, 2, 8):
         assert search.error(shared, n) == pytest.approx(search.error(plain, n) + 0.02)
     assert search.error(shared, 1000) == pytest.approx(0.02, abs=1e-4)
+
+
+def test_a_fresh_continuations_head_is_weighed_as_the_estimator_weighs_a_sibling() -> None:
+    """The new child of a checkpoint with n children gets, in the batch, the weight
+    that counts the segments above it (``value_influence(γ, n + 1)``), not an only
+    child's ``a/(a + e + t)``. The view's ``fresh_error`` and ``chain_error`` weigh the
+    head as an only child; :meth:`Selective.fresh` replaces that part with what
+    :func:`refine` computes for the head with its influence. With a critic better than
+    the rollout below (t ≪ e), the head leans on it: its value's error falls and its
+    own child segment's rises (measured on heavy_tail, benchmarks/priority_terms.py:
+    the view without it predicted 2-3.5x the new segment's simulated error)."""
+    from focus.calibration import Calibration
+    from focus.estimation import value_influence
+
+    gamma = 0.9
+    cal = Calibration(NoiseModel((0.05,) * 8, 0.004, (0.045,) * 8), mean_leaf_transitions=8.0, gamma=gamma)
+    chain = cal.fresh_chain(3, 4)
+    below = cal.fresh_chain(4, 3).head_error  # the value under the head, as the chain has it
+    view = _ev(
+        fresh_error=0.045 + gamma**2 * chain.head_error, chain_error=chain.segments, head_signal=chain.head_signal,
+        head_noise=chain.head_noise, head_critic=chain.head_critic, gamma=gamma,
+    )  # fmt: skip
+    sel = Selective(explore=0.0)
+    assert sel.fresh(view, 0) == (view.fresh_error, view.chain_error)  # an only child: as the view has it
+    kid = (0.0, gamma, 0.0, below, 1.0)  # one transition to the next checkpoint of the chain
+    only = refine(0.0, [kid], cal.noise, 3, None)
+    assert only.error == pytest.approx(chain.head_error)
+    for n in (1, 2, 3):
+        fresh, segs = sel.fresh(view, n)
+        head = refine(0.0, [kid], cal.noise, 3, None, value_influence(gamma, n + 1))
+        assert head.weight > only.weight
+        assert fresh == pytest.approx(view.fresh_error + gamma**2 * (head.error - only.error))
+        lam, e, a, t = head.weight, chain.head_noise, chain.head_signal, chain.head_critic
+        own = only.weight
+        assert segs == pytest.approx(
+            view.chain_error + (lam**2 - own**2) * (e + t) + ((1 - lam) ** 2 - (1 - own) ** 2) * a
+        )
+        assert fresh < view.fresh_error and segs > view.chain_error
+    # a fixed κ: the chain is weighed as before
+    assert Selective(explore=0.0, kappa=1.0).fresh(view, 2) == (view.fresh_error, view.chain_error)
