@@ -50,7 +50,6 @@ class Calibration:
             return hit
         noise, g2 = self.noise, self.gamma * self.gamma
         value_err = seg_err = plain = targets = 0.0
-        a = e = t = 0.0
         for d in range(depth + length - 1, depth - 1, -1):
             t = noise.critic_error_at(d)
             a = noise.action_var(d)
@@ -60,7 +59,7 @@ class Calibration:
             value_err = (lam * lam * t if lam > 0 else 0.0) + (1 - lam) ** 2 * (a + e)
             plain = noise.step_var(d) + g2 * plain
             targets += plain
-        out = self._chains[key] = Chain(value_err, seg_err, plain, targets, a, e, t)
+        out = self._chains[key] = Chain(value_err, seg_err, plain, targets)
         return out
 
     @property
@@ -90,14 +89,6 @@ class Chain:
     head_target: float
     #: Summed critic-target error of its checkpoints (each with one child, weight 1).
     targets: float
-    #: The head's own one-child variances (signal a, noise e: the env's part of its
-    #: step plus γ² times the error of the value below it) and the critic's error
-    #: there: what :meth:`focus.priority.Selective.fresh` weighs the head with once it
-    #: has siblings (0 for an empty chain). ``head_error`` and ``segments`` weigh it as
-    #: an only child.
-    head_signal: float = 0.0
-    head_noise: float = 0.0
-    head_critic: float = 0.0
 
 
 def calibrate(

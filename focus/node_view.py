@@ -126,10 +126,6 @@ def node_view(
         critic_var=noise.critic_at(node.depth),
         fresh_error=fresh,
         chain_error=chain.segments,
-        head_signal=chain.head_signal,
-        head_noise=chain.head_noise,
-        head_critic=chain.head_critic,
-        gamma=gamma,
         target_var=plain,
         fresh_target=fresh_target,
         chain_target=chain.targets,
@@ -165,32 +161,18 @@ def shared_error(calibration: Calibration, depth: int, length: float, rest: floa
 def _influence(
     tree: Tree, node: Node, values: TreeValues, segs: Mapping[int, Segment], valid: Mapping[int, float], mu: float
 ) -> tuple[float, float]:
-    """How much V(n) moves the advantages above it, and the critic targets above it
-    (see :func:`node_view`); 0 for a root or a node without a value.
-
-    V(n) moves V(p) by ``c``, and V(p) moves the advantages above p as p's own influence
-    says: ``I(n) = own(n) + c²·I(p)``. Through a chain of only children backed up with
-    λ = 0 (``c = γ^k``) the change passes undamped to the first ancestor with siblings,
-    whose segments read it. Likewise Q̄₀(n) enters Q̄₀(p) by ``d = γ^k/m_p`` and each
-    ancestor's target (weight m) after it: ``T(n) = d²·(m_p + T(p))``."""
-    if values.value.get(node.id) is None:
+    """How much V(n) moves the advantages above it, and the critic target of its parent
+    segment (see :func:`node_view`); 0 for a root or a node without a value."""
+    if node.parent_edge is None or values.value.get(node.id) is None:
         return 0.0, 0.0
-    levels = []
-    while node.parent_edge is not None:
-        sp = segs[node.parent_edge]
-        p = tree.edges[node.parent_edge].parent
-        lam_p, m_p = values.critic_weight.get(p, 0.0), values.m.get(p, 0)
-        if not m_p:
-            break
-        c = (1.0 - lam_p) * sp.discount / m_p
-        own = sp.discount - c
-        levels.append(((own * own * sp.tokens + c * c * (valid[p] - sp.tokens)) / mu, c, sp.discount / m_p, m_p))
-        node = tree.nodes[p]
-    infl = target = 0.0
-    for own, c, d, m_p in reversed(levels):
-        infl = own + c * c * infl
-        target = d * d * (m_p + target)
-    return infl, target
+    sp = segs[node.parent_edge]
+    p = tree.edges[node.parent_edge].parent
+    lam_p, m_p = values.critic_weight.get(p, 0.0), values.m.get(p, 0)
+    if not m_p:
+        return 0.0, 0.0
+    c = (1.0 - lam_p) * sp.discount / m_p
+    own = sp.discount - c
+    return (own * own * sp.tokens + c * c * (valid[p] - sp.tokens)) / mu, sp.discount * sp.discount / m_p
 
 
 def _value_influence(tree: Tree, node: Node, values: TreeValues, segs: Mapping[int, Segment]) -> float:

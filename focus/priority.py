@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from focus.backups import critic_weight, value_influence
+from focus.backups import critic_weight
 from focus.calibration import Calibration, Chain, calibrate  # noqa: F401 (re-exported: moved there)
 from focus.estimation import (
     Estimator,
@@ -142,14 +142,6 @@ class NodeEvidence:
     #: see :meth:`Calibration.fresh_chain`.
     fresh_error: float = 0.0
     chain_error: float = 0.0
-    #: The fresh rollout's head (the new child) as :class:`focus.calibration.Chain`
-    #: has it: one-child signal, noise and critic error, and the discount γ of the new
-    #: segment's transition. ``fresh_error`` and ``chain_error`` weigh the head as an
-    #: only child; :meth:`Selective.fresh` weighs it with the siblings it will have.
-    head_signal: float = 0.0
-    head_noise: float = 0.0
-    head_critic: float = 0.0
-    gamma: float = 1.0
     #: Critic targets (plain backups Q̄, weight m): the mean variance of one valid
     #: child's plain backed-up value (``target_var``), a fresh continuation's
     #: (``fresh_target``), the summed target error of the checkpoints of its chain
@@ -370,8 +362,7 @@ class Selective(Priority):
         n = node.m + node.pending
         e = node.child_error
         # the new segments' own errors
-        fresh, chain = self.fresh(node, n)
-        change = self.segment_error(node, n + 1, fresh) + chain
+        change = self.segment_error(node, n + 1, node.fresh_error) + node.chain_error
         if n:
             per_child = node.child_tokens / node.m if node.m else 1.0
             change += n * per_child * (self.segment_error(node, n + 1, e) - self.segment_error(node, n, e))
@@ -381,28 +372,6 @@ class Selective(Priority):
             change += node.target_weight * self.target_change(node)
         cost = node.expected_transitions if self.per_transition else 1.0
         return -change / cost
-
-    def fresh(self, node: NodeEvidence, n: int) -> tuple[float, float]:
-        """(noise of the new child segment, summed error of the segments below it) for a
-        continuation that becomes n's ``n + 1``-th child.
-
-        The estimator refines the new child, the head of a chain of only children,
-        with the weight that also counts the segments above it
-        (:func:`focus.backups.value_influence`: ``ι = γ²·n/(n + 1)`` once it has ``n``
-        siblings), so its value leans on the critic more than an only child's
-        ``λ = a/(a + e + t)`` does: its own error ``λ²t + μ²(a + e)`` falls and the error
-        of its child segment ``λ²(e + t) + μ²a`` rises. ``fresh_error`` and
-        ``chain_error`` hold the only child's; this replaces the head's part of each
-        with the sibling's (docs/algorithm.md, "Priorities": the view without it
-        predicted 2-3.5x the simulated error of the new segment on heavy_tail)."""
-        a, e, t = node.head_signal, node.head_noise, node.head_critic
-        if n <= 0 or self.kappa is not None or a + e <= 0:
-            return node.fresh_error, node.chain_error
-        only = critic_weight(a, a + e, t, 0.0)
-        lam = critic_weight(a, a + e, t, value_influence(node.gamma, n + 1))
-        value = (lam * lam - only * only) * t + ((1 - lam) ** 2 - (1 - only) ** 2) * (a + e)
-        segment = (lam * lam - only * only) * (e + t) + ((1 - lam) ** 2 - (1 - only) ** 2) * a
-        return node.fresh_error + node.gamma * node.gamma * value, node.chain_error + segment
 
     def target_change(self, node: NodeEvidence) -> float:
         """Change of the summed critic-target error (each checkpoint's plain backup Q̄

@@ -152,10 +152,17 @@ class TreeRanking:
                 i = edges[pe].parent
         for i in sorted(path, reverse=True):  # ids grow downward: children first
             self._compute(tree, nodes[i])
-        # a view reads its ancestors' weights and counts (the influence of V(n) on the
-        # segments above it, :func:`focus.node_view._influence`), and the path reaches
-        # the root: every view of the tree is recomputed
-        views = {n.id for n in tree.checkpoints()} if path else set()
+        views: set[int] = set()
+        for i in path:
+            node = nodes[i]
+            if not node.is_leaf:
+                views.add(i)
+                # its children were refined again (their weights read its valid
+                # children), so their children's views (which read a parent's weight) change
+                for c in (edges[e].child for e in node.children):
+                    if not nodes[c].is_leaf:
+                        views.add(c)
+                        views.update(g for g in (edges[e].child for e in nodes[c].children) if not nodes[g].is_leaf)
         for i in sorted(views):
             ev = self.evidence[i] = self._view(tree, nodes[i])
             for phase_index in self._ranked:

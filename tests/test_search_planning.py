@@ -89,7 +89,7 @@ PINNED = {
     ("grpo", 0): ("d48133fce843f77e", 232, 208),
     ("grpo", 1): ("c69e15d1237eac95", 234, 212),
     ("selective", 0): ("1bf6068e0a378dea", 342, 176),
-    ("selective", 1): ("edfff63afb0af7b9", 344, 214),
+    ("selective", 1): ("e392e3241ae51646", 344, 203),
     ("selective_jobs", 0): ("1e64781081db145d", 342, 188),
     ("uniform", 0): ("e58a89ff8301c4ee", 282, 238),
     ("uniform", 1): ("08970bcb3faea122", 285, 238),
