@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import re
 import time
+import types
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -203,16 +204,7 @@ class Agent:
                 state = state.evolve(context=ctx, steps=state.steps + 1)
                 continue
             try:
-                # asyncio.timeout, not wait_for: wait_for wraps every step in a new task,
-                # a measurable share of the engine's CPU per transition.
-                async with asyncio.timeout(self.env_timeout_s):
-                    if self._env_takes_seed():
-                        env_seed = derive_seed(seed, state.steps, "env")
-                        seeded: Any = self.env  # step(..., *, seed) is an optional extension
-                        stepped = await seeded.step(state.env_state, action, state.workspace, seed=env_seed)
-                    else:
-                        stepped = await self.env.step(state.env_state, action, state.workspace)
-                result = check_step_result(stepped, f"{type(self.env).__name__}.step")
+                result = check_step_result(await self._step(state, action, seed), f"{type(self.env).__name__}.step")
             except TimeoutError:
                 cause = f"env: step timed out after {self.env_timeout_s:g} s"
                 pieces.append(Piece(tuple(turns), "failed", state.steps, prompt, cause=cause))
@@ -231,6 +223,34 @@ class Agent:
             state = state.evolve(context=self.context.extend(state.context, codec, completion, text, obs))
         return Rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
 
+    async def _step(self, state: BranchState, action: Any, seed: int) -> Any:
+        """One env step from ``state``, bounded by ``env_timeout_s`` (``TimeoutError``).
+
+        The step's coroutine is run by hand up to its first suspension: a step that
+        finishes without one (an env computed in Python, as most toy and test envs are)
+        needs no timer, and arming ``asyncio.timeout`` costs about 4 us a step (a timer
+        handle in the loop's heap, cancelled). A step that suspends finishes under
+        ``asyncio.timeout_at`` with the deadline taken before it started, the same
+        deadline ``asyncio.timeout`` would have set (no timer can interrupt the
+        synchronous part either way). Not ``wait_for``: that wraps every step in a task.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.env_timeout_s
+        if self._env_takes_seed():
+            seeded: Any = self.env  # step(..., *, seed) is an optional extension
+            step = seeded.step(state.env_state, action, state.workspace, seed=derive_seed(seed, state.steps, "env"))
+        else:
+            step = self.env.step(state.env_state, action, state.workspace)
+        if type(step) is not types.CoroutineType:  # another awaitable: awaited under the timer
+            async with asyncio.timeout_at(deadline):
+                return await step
+        try:
+            pending = step.send(None)
+        except StopIteration as done:
+            return done.value
+        async with asyncio.timeout_at(deadline):
+            return await _resume(step, pending)
+
     def _env_takes_seed(self) -> bool:
         """Whether env steps get a seed (see :class:`focus.env.Env`, "Randomness");
         looked up once per env class (the env may be swapped after construction)."""
@@ -243,6 +263,29 @@ class Agent:
     async def rollouts(self, starts: Sequence[tuple[BranchState, int]]) -> list[Rollout]:
         """Run several rollouts concurrently (the caller bounds concurrency)."""
         return list(await asyncio.gather(*(self.rollout(s, seed) for s, seed in starts)))
+
+
+@types.coroutine
+def _resume(coro: Any, pending: Any) -> Any:
+    """Await the rest of ``coro``, started by hand, which yielded ``pending``: what
+    ``yield from`` does, values sent and exceptions thrown (a cancellation, the
+    timeout's included) passed on to it."""
+    while True:
+        try:
+            sent = yield pending
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as e:  # noqa: BLE001 - thrown in by the task: the coroutine's to handle
+            try:
+                pending = coro.throw(e)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                pending = coro.send(sent)
+            except StopIteration as done:
+                return done.value
 
 
 #: How focus.backends.http says its retries ran out (it raises a plain PolicyError).

@@ -335,26 +335,27 @@ BAD_RESPONSE_RERUNS = 2
 
 async def _guarded(agent: Agent, job: RolloutJob) -> Rollout:
     """The job's rollout, run again (same seed) while it ends in a bad response, at
-    most :data:`BAD_RESPONSE_RERUNS` times; never raises."""
-    for _ in range(BAD_RESPONSE_RERUNS):
-        rollout = await _guarded_once(agent, job)
+    most :data:`BAD_RESPONSE_RERUNS` times; never raises: a rollout that raises comes
+    back as a failed one (cause ``error: ...``), not run again.
+
+    One coroutine for every run: each one between the worker and the rollout is resumed
+    on every model call of it, and continuations are short (1-2 calls), so a frame more
+    per rollout costs about as much as one more per call."""
+    for run in range(BAD_RESPONSE_RERUNS + 1):
+        t0 = time.perf_counter()
+        try:
+            rollout = await agent.rollout(job.start, job.seed)
+        except Exception as e:  # noqa: BLE001 - one broken rollout must not lose the wave
+            log.warning("rollout from node %s of tree %s failed: %r", job.node_id, job.tree_index, e)
+            return failed_rollout(job, f"error: {type(e).__name__}: {e}", time.perf_counter() - t0)
         if not (isinstance(rollout, Rollout) and rollout.leaf.kind == "failed"):
             return rollout
-        if failure_kind(rollout.leaf.cause) != BAD_RESPONSE:
+        if run == BAD_RESPONSE_RERUNS or failure_kind(rollout.leaf.cause) != BAD_RESPONSE:
             return rollout
         log.info(
             "rollout from node %s of tree %s: %s; running it again", job.node_id, job.tree_index, rollout.leaf.cause
         )
-    return await _guarded_once(agent, job)
-
-
-async def _guarded_once(agent: Agent, job: RolloutJob) -> Rollout:
-    t0 = time.perf_counter()
-    try:
-        return await agent.rollout(job.start, job.seed)
-    except Exception as e:  # noqa: BLE001 - one broken rollout must not lose the wave
-        log.warning("rollout from node %s of tree %s failed: %r", job.node_id, job.tree_index, e)
-        return failed_rollout(job, f"error: {type(e).__name__}: {e}", time.perf_counter() - t0)
+    raise AssertionError("unreachable: the last run returns")
 
 
 def failed_rollout(job: RolloutJob, cause: str, wall_s: float = 0.0) -> Rollout:

@@ -33,7 +33,24 @@ class SamplingParams(BaseModel):
     seed: int | None = None
 
     def with_seed(self, seed: int | None) -> SamplingParams:
-        return self.model_copy(update={"seed": seed})
+        """``self.model_copy(update={"seed": seed})``, which the agent calls on every model
+        call: built directly for this class (no extra fields, no private attributes), about
+        a microsecond instead of two, the same copy (equal, same fields set, no validation
+        either way); a subclass goes through ``model_copy``."""
+        if type(self) is not SamplingParams:
+            return self.model_copy(update={"seed": seed})
+        new = object.__new__(SamplingParams)
+        values = dict(self.__dict__)
+        values["seed"] = seed
+        _set(new, "__dict__", values)
+        _set(new, "__pydantic_fields_set__", self.__pydantic_fields_set__ | _SEED)
+        _set(new, "__pydantic_extra__", None)
+        _set(new, "__pydantic_private__", None)
+        return new
+
+
+_set = object.__setattr__
+_SEED = frozenset({"seed"})
 
 
 FINISH_REASONS = ("stop", "length", "abort", "error")

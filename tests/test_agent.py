@@ -171,3 +171,68 @@ def test_sampled_id_outside_the_vocabulary_fails_the_rollout_naming_it():
     ro = run(agent.rollout(run(agent.start(TASK)), seed=0))
     assert ro.leaf.kind == "failed" and not ro.turns
     assert f"sampled token id {codec.vocab_size + 7}" in ro.leaf.cause and "outside the vocabulary" in ro.leaf.cause
+
+
+def test_with_seed_makes_the_copy_model_copy_makes():
+    from focus.policy import SamplingParams
+
+    class Tuned(SamplingParams):
+        pass
+
+    for base in (SamplingParams(max_tokens=8, stop_token_ids=(3,)), SamplingParams(seed=4), Tuned(top_p=0.5)):
+        for seed in (7, None):
+            fast, slow = base.with_seed(seed), base.model_copy(update={"seed": seed})
+            assert type(fast) is type(slow)
+            assert fast == slow and hash(fast) == hash(slow) and fast.seed == seed
+            assert fast.model_fields_set == slow.model_fields_set
+            assert fast.model_dump(exclude_unset=True) == slow.model_dump(exclude_unset=True)
+            assert fast is not base and base.with_seed(base.seed) == base
+            if type(base) is SamplingParams:  # a local subclass does not pickle
+                assert pickle.loads(pickle.dumps(fast)) == slow
+
+
+def test_env_steps_that_suspend_finish_fail_or_time_out_as_without_the_fast_path():
+    """A step that never suspends skips the timer; one that suspends runs under it."""
+    import asyncio
+
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class Suspends(ReachTarget):  # suspends twice, then answers what ReachTarget answers
+        async def step(self, state, action, workspace):
+            await asyncio.sleep(0)
+            await asyncio.sleep(0.001)
+            return await super().step(state, action, workspace)
+
+    class FailsLate(ReachTarget):
+        async def step(self, state, action, workspace):
+            await asyncio.sleep(0)
+            raise ValueError("broken after a suspension")
+
+    class Hangs(ReachTarget):
+        async def step(self, state, action, workspace):
+            await asyncio.sleep(0)
+            await asyncio.sleep(30)
+
+    class Future(ReachTarget):  # step returns an awaitable that is not a coroutine
+        def step(self, state, action, workspace):
+            return asyncio.ensure_future(ReachTarget.step(self, state, action, workspace))
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+
+    def rollout(env, timeout_s=5.0):
+        codec = toy_format().codec
+        agent = Agent(ScriptedPolicy(["5", "4", "3"], codec), env, toy_format(), env_timeout_s=timeout_s)
+
+        async def go():
+            return await agent.rollout(await agent.start(task), seed=0)
+
+        return run(go())
+
+    plain = rollout(ReachTarget())
+    assert [t.reward for t in plain.turns] == [0.0, 0.0, 1.0] and plain.leaf.kind == "terminal"
+    for env in (Suspends(), Future()):
+        other = rollout(env)
+        assert other.turns == plain.turns and [p.kind for p in other.pieces] == [p.kind for p in plain.pieces]
+    assert rollout(FailsLate()).leaf.cause == "env: ValueError: broken after a suspension"
+    hung = rollout(Hangs(), timeout_s=0.05)
+    assert hung.leaf.kind == "failed" and hung.leaf.cause == "env: step timed out after 0.05 s"

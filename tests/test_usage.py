@@ -43,6 +43,25 @@ def test_a_rollout_is_counted_once_from_its_turns():
     assert (idle.transitions, idle.budget_spent, idle.failed_rollouts) == (0, 1, 0) == (0, Usage.spend(0), 0)
 
 
+def test_a_rollout_usage_is_the_record_its_constructor_makes():
+    """of_rollout fills the instance's fields without __init__: every field, as __init__ sets them."""
+    pieces = (Piece((turn(3),), "checkpoint", 1, (1,)), Piece((turn(2),), "failed", 2, (1,), cause="model service: x"))
+    counters = {"retried_calls": 1, "retries": 3, "retry_ms": 250, "retries:timeout": 2, "retries:server error": 1}
+    for ro in (Rollout("t", pieces, 0.5, counters), Rollout("t", pieces[:1] + (Piece((), "terminal", 1, ()),))):
+        u = Usage.of_rollout(ro)
+        made = Usage(**{f.name: getattr(u, f.name) for f in dataclasses.fields(Usage)})
+        assert vars(u) == vars(made) and u == made and hash(u) == hash(made)
+        assert [type(getattr(u, f.name)) for f in dataclasses.fields(Usage)] == [
+            type(getattr(made, f.name)) for f in dataclasses.fields(Usage)
+        ]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            u.rollouts = 2  # type: ignore[misc]
+    assert (u.retries, u.retried_calls, u.retry_s, u.failures) == (0, 0, 0.0, ())
+    failed = Usage.of_rollout(Rollout("t", pieces, 0.5, counters))
+    assert failed.retry_causes == (("server error", 1), ("timeout", 2)) and failed.retry_s == 0.25
+    assert failed.failures == (("model service", 1),) and failed.failed_wall_s == 0.5
+
+
 def test_usages_add_up_field_by_field_and_failures_by_kind():
     a = Usage(rollouts=1, transitions=3, budget_spent=3, failures=(("env", 1),), retry_causes=(("timeout", 2),))
     b = Usage(rollouts=2, failed_rollouts=2, failures=(("env", 1), ("model service", 1)), retry_causes=(("5xx", 1),))
