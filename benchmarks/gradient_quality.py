@@ -19,7 +19,11 @@ sum of the halves), the batch's transitions, and the halves' cosine with each ot
 (the reference's own noise: the reference's cosine with the truth is about
 ``sqrt(2c / (1 + c))`` for halves at cosine ``c`` under isotropic noise, so every
 figure understates a batch's cosine with the truth by about that factor, the same for
-both methods).
+both methods). With ``--update`` also the cosine of the trainer's own update on the
+batch (``learning.TRAINER``: several Adam epochs under the KL bound; the parameter change,
+undone after) with the reference's ascent direction, and its gain on the reference
+(``surrogate_sum`` per rollout: the first-order change of the mean return the update
+buys, in reward units): what the learning curve follows.
 
     .venv/bin/python -m benchmarks.gradient_quality --jobs 2 --tasks corridor-early corridor-late bridge --seeds 0 1 2 3 --reference 128 --batches 2
 """
@@ -53,14 +57,10 @@ def batch_gradient(trainer: Any, batch: Batch, task_ids: set[str] | None = None)
     token-mean loss gradient), and the trained tokens. No optimizer step."""
     import torch
 
-    from focus.exporters import actor_sequences
-    from focus.train_local import clipped_loss, pack_prefixes, pad_sequences, token_logprobs, weighted
+    from focus.train_local import clipped_loss, pad_sequences, token_logprobs
 
     cfg = trainer.config
-    rows = [r for r in batch.actor if task_ids is None or r.task_id in task_ids]
-    part = Batch(batch.collection_id, batch.iteration, rows)
-    raw = actor_sequences(weighted(part, cfg.segment_weights) if cfg.segment_weights != "equal" else part)
-    seqs = pack_prefixes(raw) if cfg.pack else raw
+    seqs = _sequences(trainer, batch, task_ids)
     trained = [a for s in seqs for a, m in zip(s.advantages, s.mask, strict=True) if m]
     mean = sum(trained) / len(trained)
     std = (sum((a - mean) ** 2 for a in trained) / len(trained)) ** 0.5
@@ -82,6 +82,55 @@ def batch_gradient(trainer: Any, batch: Batch, task_ids: set[str] | None = None)
         model.zero_grad()
         torch.set_num_threads(threads)
     return flat, len(trained)
+
+
+def _sequences(trainer: Any, batch: Batch, task_ids: set[str] | None) -> list[Any]:
+    from focus.exporters import actor_sequences
+    from focus.train_local import pack_prefixes, weighted
+
+    cfg = trainer.config
+    rows = [r for r in batch.actor if task_ids is None or r.task_id in task_ids]
+    part = Batch(batch.collection_id, batch.iteration, rows)
+    raw = actor_sequences(weighted(part, cfg.segment_weights) if cfg.segment_weights != "equal" else part)
+    return list(pack_prefixes(raw) if cfg.pack else raw)
+
+
+def surrogate_sum(trainer: Any, batch: Batch, task_ids: set[str]) -> float:
+    """Sum over ``batch``'s trained tokens of ``A_t (ratio_t - 1)`` at the trainer's
+    weights: over a reference batch (centred returns, the behaviour policy's samples),
+    divided by its rollouts, the first-order change of the mean return since the
+    behaviour policy."""
+    import torch
+
+    from focus.train_local import pad_sequences, token_logprobs
+
+    seqs, total = _sequences(trainer, batch, task_ids), 0.0
+    with torch.no_grad():
+        for i in range(0, len(seqs), trainer.config.minibatch):
+            p = pad_sequences(seqs[i : i + trainer.config.minibatch], trainer.pad_id)
+            new = token_logprobs(trainer.model, p.inputs, p.targets, trainer.config.temperature or 1.0)
+            ratio = torch.exp((new - p.old_logprobs) * p.mask)
+            total += float(((ratio - 1.0) * p.advantages * p.mask).sum())
+    return total
+
+
+def update_delta(trainer: Any, batch: Batch, gain: Any) -> tuple[Any, float, float]:
+    """The parameter change of the trainer's own update on ``batch`` (its epochs, Adam, KL
+    bound), the update's final KL and ``gain()`` after it; the trainer is put back as it
+    was. Adam rescales each parameter's step, so the update need not point where the
+    batch's gradient does: the gain on the reference says what the step bought."""
+    import torch
+
+    def flat() -> Any:
+        return torch.cat([q.detach().flatten() for q in trainer.model.parameters()]).double()
+
+    snap, updates, before = trainer._snapshot(), trainer.updates, flat()
+    try:
+        stats = trainer.update(batch)
+        return flat() - before, stats.final_kl, gain()
+    finally:
+        trainer._restore(snap)
+        trainer.updates = updates
 
 
 def cosine(a: Any, b: Any) -> float:
@@ -153,13 +202,25 @@ async def measure_seed(
                             "tokens": n, "reference_tokens": na + nb, "reference_self_cosine": round(self_cos, 5),
                         }
                     )  # fmt: skip
+                    if args.update:
+                        rollouts = 2 * (args.reference // 2) * budget
+
+                        def gain(ids: set[str] = ids, rollouts: int = rollouts) -> float:
+                            return sum(surrogate_sum(trainer, h, ids) for h in halves) / rollouts
+
+                        delta, kl, up = await asyncio.to_thread(update_delta, trainer, batch, gain)
+                        rows[-1].update(
+                            update_cosine=round(cosine(delta, -ref), 5),
+                            update_kl=round(kl, 5),
+                            update_gain=round(up, 5),
+                        )
                     if args.partial is not None:  # a run cut short keeps what it measured
                         with Path(args.partial).open("a") as f:
                             f.write(json.dumps(rows[-1]) + "\n")
                     if not args.quiet:
                         r = rows[-1]
                         print(task, seed, budget, method, k, f"cos={r['cosine']:+.4f}", f"transitions={r['transitions']}",
-                              f"ref_self={self_cos:+.4f}", flush=True)  # fmt: skip
+                              f"ref_self={self_cos:+.4f}", f"update_cos={r.get('update_cosine')}", f"gain={r.get('update_gain')}", flush=True)  # fmt: skip
     finally:
         await agent.policy.aclose()
     return rows
@@ -191,6 +252,9 @@ def table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             line: dict[str, Any] = {"task": task, "budget": budget, "method": m, "seeds": len(seeds)}
             line["cosine"] = [round(x, 4) for x in _interval(per_seed(m, "cosine"))]
             line["transitions"] = round(sum(per_seed(m, "transitions")) / len(seeds))
+            if all("update_cosine" in r for r in mine):
+                for key in ("update_cosine", "update_gain", "update_kl"):
+                    line[key] = [round(x, 4) for x in _interval(per_seed(m, key))]
             if m != "grpo" and any(r["method"] == "grpo" for r in mine):
                 diff = [a - b for a, b in zip(per_seed(m, "cosine"), per_seed("grpo", "cosine"), strict=True)]
                 line["minus_grpo"] = [round(x, 4) for x in _interval(diff)]
@@ -203,14 +267,17 @@ def render(lines: Sequence[dict[str, Any]]) -> str:
     def c(v: list[float] | None) -> str:
         return "" if v is None else f"{v[0]:+.3f} [{v[1]:+.3f}, {v[2]:+.3f}]"
 
+    upd = any("update_cosine" in t for t in lines)
     out = [
-        "| task | tasks per batch | method | cosine with the reference | minus GRPO's | transitions | reference halves |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| task | tasks per batch | method | cosine with the reference | minus GRPO's | transitions | reference halves |"
+        + (" update's cosine | update's gain | update's KL |" if upd else ""),
+        "| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if upd else ""),
     ]
     for t in lines:
         out.append(
             f"| {t['task']} | {t['budget']} | {t['method']} | {c(t['cosine'])} | {c(t.get('minus_grpo'))} | "
             f"{t['transitions']} | {t['reference_self_cosine']:+.3f} |"
+            + (f" {c(t.get('update_cosine'))} | {c(t.get('update_gain'))} | {c(t.get('update_kl'))} |" if upd else "")
         )
     return "\n".join(out)
 
@@ -237,6 +304,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--reference", type=int, default=128, help="reference rollouts per task (two halves)")
     ap.add_argument("--methods", nargs="+", choices=METHODS, default=["focus", "grpo"])
     ap.add_argument("--batches", type=int, default=2, help="batches per method, seed and budget")
+    ap.add_argument("--update", action="store_true", help="also the cosine of the trainer's update (slower)")
     ap.add_argument("--version", type=int, choices=(0, 1), default=0, help="1: after one GRPO update")
     ap.add_argument("--jobs", type=int, default=1, help="tasks in parallel processes")
     ap.add_argument("--out", type=Path, default=Path("runs/gradient_quality.json"))

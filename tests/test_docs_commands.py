@@ -98,6 +98,17 @@ COMMANDS: dict[str, Check] = {
     "--critics noise_1,noise_3,constant,biased,early_late --methods grpo,uniform,selective --seeds 2": Check(
         "parse", "a benchmark of about 15 minutes (three families of the issue-31 record)"
     ),
+    ".venv/bin/python -m benchmarks.gradient_quality --jobs 2 --tasks corridor-early corridor-late bridge "
+    "--seeds 0 1 2 3 --reference 128 --batches 2": Check(
+        "parse", "a measurement of about 11 minutes (the issue-32 gradient-quality table)"
+    ),
+    ".venv/bin/python -m benchmarks.gradient_quality --tasks toy --seeds 0 1 2 3 --reference 128 --batches 2": Check(
+        "parse", "a measurement of about 3 minutes (the issue-32 gradient-quality table's toy rows)"
+    ),
+    ".venv/bin/python -m benchmarks.gradient_quality --jobs 2 --tasks corridor-early corridor-late "
+    "--seeds 0 1 2 3 --reference 128 --batches 2 --methods grpo-centred": Check(
+        "parse", "a measurement of about 8 minutes (GRPO with centred returns, issue 32)"
+    ),
     # docs/pipeline.md
     ".venv/bin/python -m tasks.config.reference": Check(
         "parse", "rewrites docs and configs in place; tests/test_configs.py runs its --check"
