@@ -109,6 +109,10 @@ COMMANDS: dict[str, Check] = {
     "--seeds 0 1 2 3 --reference 128 --batches 2 --methods grpo-centred": Check(
         "parse", "a measurement of about 8 minutes (GRPO with centred returns, issue 32)"
     ),
+    ".venv/bin/python -m benchmarks.gradient_quality --jobs 2 --tasks corridor-early corridor-late bridge "
+    "--seeds 0 1 2 3 --reference 128 --batches 1 --update": Check(
+        "parse", "a measurement of about 25 minutes (the updates' gains, issue 32)"
+    ),
     # docs/pipeline.md
     ".venv/bin/python -m tasks.config.reference": Check(
         "parse", "rewrites docs and configs in place; tests/test_configs.py runs its --check"
