@@ -11,12 +11,12 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.mark.integration
-def test_smoke_run_gives_cosines_and_a_reference_that_agrees_with_itself(tmp_path):
+def test_smoke_run_gives_cosines_updates_and_a_reference_that_agrees_with_itself(tmp_path):
     from benchmarks import gradient_quality
 
     out = tmp_path / "gq.json"
     args = ["--tasks", "corridor-early", "--seeds", "0", "--n-tasks", "2", "--reference", "16"]
-    result = gradient_quality.main([*args, "--batches", "1", "--out", str(out), "--quiet"])
+    result = gradient_quality.main([*args, "--batches", "1", "--update", "--out", str(out), "--quiet"])
     rows = result["rows"]
     # both methods at both budgets (2 tasks and 1), one batch each
     assert sorted((r["method"], r["budget"]) for r in rows) == [("focus", 1), ("focus", 2), ("grpo", 1), ("grpo", 2)]
@@ -25,11 +25,14 @@ def test_smoke_run_gives_cosines_and_a_reference_that_agrees_with_itself(tmp_pat
         assert r["transitions"] > 0 and r["tokens"] > 0 and r["reference_tokens"] > r["tokens"]
         # two independent halves of 8 rollouts per task estimate one gradient: they agree
         assert 0.0 < r["reference_self_cosine"] <= 1.0
+        # the trainer's update on the batch: a step of bounded size whose gain is a finite number
+        assert -1.0 <= r["update_cosine"] <= 1.0 and math.isfinite(r["update_gain"]) and r["update_kl"] >= 0.0
     # GRPO's batch at the full budget is 2 * EVIDENCE rollouts per task; FOCUS spends the same
     by = {(r["method"], r["budget"]): r["transitions"] for r in rows}
     assert 0.5 < by[("focus", 2)] / by[("grpo", 2)] < 2.0
     saved = json.loads(out.read_text())
-    assert saved["table"] == json.loads(json.dumps(result["table"])) and len(saved["table"]) == 2
+    assert saved["table"] == json.loads(json.dumps(result["table"]))
+    assert len(saved["table"]) == 4  # 2 budgets x 2 methods
     assert out.with_suffix(".jsonl").read_text().count("\n") == 4
 
 
