@@ -23,8 +23,11 @@ def test_smoke_run_gives_cosines_updates_and_a_reference_that_agrees_with_itself
     for r in rows:
         assert math.isfinite(r["cosine"]) and -1.0 <= r["cosine"] <= 1.0
         assert r["transitions"] > 0 and r["tokens"] > 0 and r["reference_tokens"] > r["tokens"]
-        # two independent halves of 8 rollouts per task estimate one gradient: they agree
-        assert 0.0 < r["reference_self_cosine"] <= 1.0
+        assert -1.0 <= r["reference_self_cosine"] <= 1.0
+        if r["budget"] == 2:
+            # two independent halves of 8 rollouts on each of 2 tasks estimate one gradient:
+            # they agree (0.48 at the seeds the test uses; on one task alone, 0.12, too near 0 to test)
+            assert r["reference_self_cosine"] > 0.0
         # the trainer's update on the batch: a step of bounded size whose gain is a finite number
         assert -1.0 <= r["update_cosine"] <= 1.0 and math.isfinite(r["update_gain"]) and r["update_kl"] >= 0.0
     # GRPO's batch at the full budget is 2 * EVIDENCE rollouts per task; FOCUS spends the same
