@@ -23,7 +23,11 @@ both methods). With ``--update`` also the cosine of the trainer's own update on 
 batch (``learning.TRAINER``: several Adam epochs under the KL bound; the parameter change,
 undone after) with the reference's ascent direction, and its gain on the reference
 (``surrogate_sum`` per rollout: the first-order change of the mean return the update
-buys, in reward units): what the learning curve follows.
+buys, in reward units; heavy-tailed where an update moves a few tokens' ratios far
+from 1, so read medians): what the learning curve follows. ``--methods grpo-centred``:
+GRPO's batches without the division by each task's spread (the reference's weighting).
+``--version 1`` measures after one GRPO update on other tasks, with FOCUS's critic
+fresh (in the learning benchmark it would have been fitted on the first batch).
 
     .venv/bin/python -m benchmarks.gradient_quality --jobs 2 --tasks corridor-early corridor-late bridge --seeds 0 1 2 3 --reference 128 --batches 2
 """
