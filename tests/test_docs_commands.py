@@ -101,6 +101,21 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks.priority_terms --family heavy_tail --critic noise_1 --exact": Check(
         "parse", "a simulation of a few minutes (64 continuations from each of about 130 checkpoints)"
     ),
+    ".venv/bin/python -m benchmarks.gradient_quality --jobs 2 --tasks corridor-early corridor-late bridge "
+    "--seeds 0 1 2 3 --reference 128 --batches 2": Check(
+        "parse", "a measurement of about 11 minutes (the issue-32 gradient-quality table)"
+    ),
+    ".venv/bin/python -m benchmarks.gradient_quality --tasks toy --seeds 0 1 2 3 --reference 128 --batches 2": Check(
+        "parse", "a measurement of about 3 minutes (the issue-32 gradient-quality table's toy rows)"
+    ),
+    ".venv/bin/python -m benchmarks.gradient_quality --jobs 2 --tasks corridor-early corridor-late "
+    "--seeds 0 1 2 3 --reference 128 --batches 2 --methods grpo-centred": Check(
+        "parse", "a measurement of about 8 minutes (GRPO with centred returns, issue 32)"
+    ),
+    ".venv/bin/python -m benchmarks.gradient_quality --jobs 2 --tasks corridor-early corridor-late bridge "
+    "--seeds 0 1 2 3 --reference 128 --batches 1 --update": Check(
+        "parse", "a measurement of about 25 minutes (the updates' gains, issue 32)"
+    ),
     # docs/pipeline.md
     ".venv/bin/python -m tasks.config.reference": Check(
         "parse", "rewrites docs and configs in place; tests/test_configs.py runs its --check"
