@@ -110,11 +110,6 @@ _CRITIC_PRIOR_DOF = 2.0
 #: split is unknown and taken halfway, not as "all signal" (which would trust every
 #: spread as reducible).
 _NOISE_PRIOR_DOF = 2.0
-#: Weight of the between-action ANOVA's a(d) (:func:`_between_actions`) per unit of its
-#: Σ n0, in a typical spread's information per degree of freedom: the same data as the
-#: spreads, better conditioned, so it leads. (1 and 8 measured on heavy_tail's fit,
-#: ``docs/algorithm.md``, "The noise model"; 8 moved a(d) the farther toward the truth.)
-_BETWEEN_WEIGHT = 8.0
 
 
 def _env_share(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> float:
@@ -229,10 +224,6 @@ class _Moments:
     one_y: np.ndarray
     #: Degrees of freedom of the same-action spreads per depth of their first transition.
     repeat_dof: np.ndarray
-    #: Per depth, the between-action variance of the one-way ANOVA of the checkpoints
-    #: with same-action siblings and its weight Σ n0 (:func:`_between_actions`).
-    between: np.ndarray
-    between_n: np.ndarray
     spreads: int
     repeats: int
 
@@ -272,35 +263,8 @@ def _moments(recs: list[Checkpoint]) -> _Moments:
     return _Moments(
         nd, alpha, beta, design, t_rows, ys, dofs, res_ix, t_obs,
         one_rows, 1.0 + beta[one_ix], np.array([recs[i].depth for i in one_ix], dtype=np.int64), one_y,
-        repeat_dof, *_between_actions(recs, nd), len(spread_ix), len(same_y),
+        repeat_dof, len(spread_ix), len(same_y),
     )  # fmt: skip
-
-
-def _between_actions(recs: list[Checkpoint], nd: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per depth, the variance of the actions' values among a checkpoint's children,
-    from a one-way ANOVA of the checkpoints with same-action siblings (issue 31): the
-    total mean square less the within-action one, ``SS/(m−1) − SS_within/(m−k)`` (k
-    actions among m children), pooled with weights m − 1, clipped at 0; and Σ (m − 1).
-
-    The children are draws of the policy, so the total mean square has expectation
-    a + σ² and the within one σ², σ² everything a child adds below its action: the
-    difference cancels the subtree's variance, the env's rare payoffs included, on the
-    same children. a = s − ν from the least squares is the difference of two separately
-    fitted moments instead: a payoff that lands in a spread but in no same-action group
-    raises s and not ν, and the fit put heavy_tail's payoff variance into the actions
-    (a(d) 0.17-1.7 against at most 0.01). Only checkpoints with a repeated action
-    count, which have fewer distinct actions than the average draw: a is read low
-    there, not high."""
-    num, den = np.zeros(nd), np.zeros(nd)
-    for r in recs:
-        if r.ss_same is None or r.ss is None:
-            continue
-        within = round(math.fsum(f for *_, f in r.kids))  # m − k: Σ (g − 1) over the groups
-        if within <= 0:
-            continue
-        num[r.depth] += r.ss - (r.m - 1) / within * r.ss_same
-        den[r.depth] += r.m - 1
-    return np.where(den > 0, np.maximum(num, 0.0) / np.maximum(den, 1e-300), 0.0), den
 
 
 def _share_form(nd: int, rho: float) -> np.ndarray:
@@ -374,14 +338,6 @@ def _spread_system(
         # (v̂ − q)² − t(d) − β·t: the checkpoint's own critic error at its depth
         rhs = rhs + k_one * _mv(one_rows.T, mo.one_y - t_depth[mo.one_depth] - t * (mo.one_t - 1.0))
     mat = mat + _DEPTH_PRIOR_DOF * unit * centre + _NOISE_PRIOR_DOF * unit * _share_form(nd, rho)
-    # the ANOVA's a(d): Σ_d k(d)·(s(d) − ν(d) − b(d))², k(d) = _BETWEEN_WEIGHT·unit·Σ n0
-    k = _BETWEEN_WEIGHT * unit * mo.between_n
-    ix, nx = np.arange(nd), nd + np.arange(nd)
-    mat[ix, ix] += k
-    mat[nx, nx] += k
-    mat[ix, nx] -= k
-    mat[nx, ix] -= k
-    rhs = rhs + np.concatenate([k * mo.between, -k * mo.between])
     return mat, rhs
 
 

@@ -88,11 +88,11 @@ def digest(batch) -> str:  # type: ignore[no-untyped-def]
 PINNED = {
     ("grpo", 0): ("d48133fce843f77e", 232, 208),
     ("grpo", 1): ("c69e15d1237eac95", 234, 212),
-    ("selective", 0): ("d6bada6b0ee72164", 342, 176),
-    ("selective", 1): ("3a6652b3d468965d", 342, 179),
-    ("selective_jobs", 0): ("ff99e2ae2a9da831", 342, 176),
-    ("uniform", 0): ("ecc177d76f65c5b4", 282, 238),
-    ("uniform", 1): ("9e5ebd3e5691bffd", 285, 238),
+    ("selective", 0): ("1bf6068e0a378dea", 342, 176),
+    ("selective", 1): ("e392e3241ae51646", 344, 203),
+    ("selective_jobs", 0): ("1e64781081db145d", 342, 188),
+    ("uniform", 0): ("e58a89ff8301c4ee", 282, 238),
+    ("uniform", 1): ("08970bcb3faea122", 285, 238),
 }
 
 
