@@ -265,11 +265,13 @@ def run_one(job: tuple[str, int, int, str, str, int]) -> dict[str, Any]:
     )
 
 
-def collect(
-    job: tuple[str, int, int, str, str, int], phase: dict[str, Any] | None = None
-) -> tuple[Batch, list[TreeMDP], list[list[float]], float, list[Tree]]:
-    """The batch of :func:`run_one`'s collection, its MDPs, their exact values, γ and
-    the trees; ``phase`` overrides fields of the continuation phase (benchmarks.waves)."""
+def search_state(
+    job: tuple[str, int, int, str, str, int], phase: dict[str, Any] | None = None, fraction: float = 1.0
+) -> tuple[Collector, Any, Any, list[TreeMDP], list[list[float]], Any, int, Any]:
+    """:func:`run_one`'s collection searched (not prepared): the collector, the search
+    state, the search, the MDPs, their exact values, the family, the step limit and the
+    critic. ``phase`` overrides fields of the continuation phase (benchmarks.waves);
+    ``fraction`` runs that share of its budget only (benchmarks.priority_terms)."""
     family, n_tasks, budget, critic, method, seed = job
     fam = ALL_FAMILIES[family]
     mdps = [fam.make(1000 * seed + i) for i in range(n_tasks)]
@@ -280,20 +282,32 @@ def collect(
     expected = evidence * sum(min(m.expected_length(), max_steps) for m in mdps)
     transitions = max(0, round(budget * fam.horizon * n_tasks - expected))
     search, est = make_search(method, evidence, transitions)
-    if phase:
-        search = search.model_copy(update={"phases": (search.phases[0], search.phases[1].model_copy(update=phase))})
-    est = est.model_copy(update={"gamma": fam.gamma})
+    update = dict(phase or {})
+    if fraction != 1.0:
+        update["transitions"] = int(fraction * transitions)
+    if update:
+        search = search.model_copy(update={"phases": (search.phases[0], search.phases[1].model_copy(update=update))})
+    crit = make_critic(critic, mdps, fam.gamma, seed, fam.max_steps)
     col = Collector(
         agent,
         search,
-        make_critic(critic, mdps, fam.gamma, seed, fam.max_steps),
-        est,
+        crit,
+        est.model_copy(update={"gamma": fam.gamma}),
         Execution(max_concurrency=64),
         collection_id=f"{family}-{method}",
         seed=seed,
     )
     tasks = [Task(f"{family}{i}", {"mdp": i}) for i in range(n_tasks)]
     state = asyncio.run(col.run_search(tasks))
+    return col, state, search, mdps, values, fam, max_steps, crit
+
+
+def collect(
+    job: tuple[str, int, int, str, str, int], phase: dict[str, Any] | None = None
+) -> tuple[Batch, list[TreeMDP], list[list[float]], float, list[Tree]]:
+    """The batch of :func:`run_one`'s collection, its MDPs, their exact values, γ and
+    the trees; ``phase`` overrides fields of the continuation phase (benchmarks.waves)."""
+    col, state, _, mdps, values, fam, _, _ = search_state(job, phase)
     return col.prepare(state), mdps, values, fam.gamma, list(state.trees)
 
 

@@ -22,25 +22,20 @@ weigh it as the estimator weighs a sibling (:func:`as_sibling`). docs/algorithm.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import random
 from collections import defaultdict
 from typing import Any
 
 import benchmarks.estimator_quality as eq
-from focus.agent import Agent
 from focus.backups import critic_weight, value_influence
 from focus.calibration import Calibration
-from focus.collector import Collector
 from focus.critic import Critic
-from focus.env import Task
 from focus.estimation import NoiseModel, critic_targets, tree_values
-from focus.execution import Execution
 from focus.node_view import node_evidence
 from focus.priority import NodeEvidence, Selective
 from focus.search import SearchState, copy_tree
-from focus.synthetic import SyntheticEnv, SyntheticPolicy, TreeMDP, read_state, synthetic_format
+from focus.synthetic import TreeMDP, read_state
 from focus.synthetic_hard import depths
 from focus.tree import Tree, Turn
 
@@ -52,31 +47,12 @@ TERMS = ("new", "kids", "above", "targets")
 
 
 def collect_part(family: str, budget: int, critic: str, seed: int, fraction: float, n_tasks: int = 6) -> Any:
-    """:func:`benchmarks.estimator_quality.collect` with Selective, stopped after
-    ``fraction`` of the continuation budget: the state, MDPs, exact values, family,
-    step limit and critic."""
-    fam = eq.ALL_FAMILIES[family]
-    mdps = [fam.make(1000 * seed + i) for i in range(n_tasks)]
-    values = [m.values(fam.gamma) for m in mdps]
-    max_steps = fam.max_steps or fam.horizon + 2
-    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=max_steps)
-    evidence = 1 if budget <= 2 else 2
-    expected = evidence * sum(min(m.expected_length(), max_steps) for m in mdps)
-    transitions = max(0, round(budget * fam.horizon * n_tasks - expected))
-    search, est = eq.make_search("selective", evidence, transitions)
-    part = search.phases[1].model_copy(update={"transitions": int(fraction * transitions)})
-    search = search.model_copy(update={"phases": (search.phases[0], part)})
-    crit = eq.make_critic(critic, mdps, fam.gamma, seed, fam.max_steps)
-    col = Collector(
-        agent,
-        search,
-        crit,
-        est.model_copy(update={"gamma": fam.gamma}),
-        Execution(max_concurrency=64),
-        collection_id=f"{family}-selective",
-        seed=seed,
+    """:func:`benchmarks.estimator_quality.search_state` with Selective, stopped after
+    ``fraction`` of the continuation budget: the state, search, MDPs, exact values,
+    family, step limit and critic."""
+    _, state, search, mdps, values, fam, max_steps, crit = eq.search_state(
+        (family, n_tasks, budget, critic, "selective", seed), fraction=fraction
     )
-    state = asyncio.run(col.run_search([Task(f"{family}{i}", {"mdp": i}) for i in range(n_tasks)]))
     return state, search, mdps, values, fam, max_steps, crit
 
 
