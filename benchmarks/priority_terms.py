@@ -257,7 +257,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", type=int, default=64, help="simulated continuations per checkpoint")
     ap.add_argument("--per-depth", type=int, default=8, help="checkpoints per depth and tree")
     ap.add_argument("--exact", action="store_true", help="the MDPs' own noise model instead of the fitted one")
-    rows = run(ap.parse_args(argv))
+    args = ap.parse_args(argv)
+    if not 0 < args.fraction <= 1:
+        ap.error(f"--fraction must be in (0, 1], got {args.fraction}")
+    if args.samples < 1 or args.per_depth < 1 or args.budget < 1:
+        ap.error("--samples, --per-depth and --budget must be at least 1")
+    rows = run(args)
     cols = ["p_head_only", "p_head", "a_head", "p_new_only", "p_new", "a_new"]
     cols += [f"{w}_{k}" for k in ("kids", "above") for w in "pa"]
     cols += ["a_rest", "a_anc", "a_below", "p_targets", "a_targets"]

@@ -30,3 +30,11 @@ def test_predicted_and_simulated_terms_per_depth(capsys) -> None:  # type: ignor
     )
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("| depth | checkpoints |") and len(out) >= 2 + len(rows)
+
+
+def test_bad_fraction_is_an_error_naming_the_flag(capsys) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        priority_terms.main(["--fraction", "2"])
+    assert e.value.code == 2 and "--fraction" in capsys.readouterr().err
