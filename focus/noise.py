@@ -180,10 +180,8 @@ def noise_model(
     t = 0.0
     x = np.zeros(2 * nd)
     by_depth = np.full(nd, t)
-    phi = 1.0
     for it in range(3):
-        x = _solve_spreads(mo, t, x, rho, it, by_depth, phi)
-        phi = _dispersion(mo, x, t)
+        x = _solve_spreads(mo, t, x, rho, it, by_depth)
         s = x[:nd]
         rho = _env_share(x[nd:], s, mo.repeat_dof)
         t = _critic_error(mo, s, t, it)
@@ -279,14 +277,12 @@ def _share_form(nd: int, rho: float) -> np.ndarray:
     return form
 
 
-def _solve_spreads(
-    mo: _Moments, t: float, x: np.ndarray, rho: float, it: int, t_depth: np.ndarray, phi: float = 1.0
-) -> np.ndarray:
+def _solve_spreads(mo: _Moments, t: float, x: np.ndarray, rho: float, it: int, t_depth: np.ndarray) -> np.ndarray:
     """One pass's (s, ν) from the spreads (and, from the second pass on, the only-child
     residuals) given the critic's error ``t`` (pooled: the spreads' bootstrapped
-    leaves), ``t_depth`` (per depth: an only child's own checkpoint), the env's share
-    ``rho`` and the spreads' dispersion ``phi`` (:func:`_dispersion`)."""
-    mat, rhs = _spread_system(mo, t, t, x, rho, it, t_depth, phi)
+    leaves), ``t_depth`` (per depth: an only child's own checkpoint) and the env's share
+    ``rho``."""
+    mat, rhs = _spread_system(mo, t, t, x, rho, it, t_depth)
     return _solve_av(mat, rhs, mo.nd)
 
 
@@ -302,19 +298,11 @@ def _solve_av(mat: np.ndarray, rhs: np.ndarray, nd: int) -> np.ndarray:
 
 
 def _spread_system(
-    mo: _Moments,
-    t: float,
-    spread_t: float,
-    x: np.ndarray,
-    rho: float,
-    it: int,
-    t_depth: np.ndarray,
-    phi: float = 1.0,
+    mo: _Moments, t: float, spread_t: float, x: np.ndarray, rho: float, it: int, t_depth: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """The normal equations of :func:`_solve_spreads` over (s, ν): the spreads less
     ``spread_t`` times their bootstrapped leaves' coefficients, the only-child residuals
-    (from the second pass on) and the priors, the depth prior ``phi`` times as strong
-    (the spreads carry ``1/phi`` of the information their degrees of freedom say)."""
+    (from the second pass on) and the priors."""
     nd, design, dofs = mo.nd, mo.design, mo.dofs
     # the prior: neighbouring depths have similar variances
     walk = _depth_walk(nd)
@@ -349,24 +337,8 @@ def _spread_system(
         mat = mat + k_one * _mm(one_rows.T, one_rows)
         # (v̂ − q)² − t(d) − β·t: the checkpoint's own critic error at its depth
         rhs = rhs + k_one * _mv(one_rows.T, mo.one_y - t_depth[mo.one_depth] - t * (mo.one_t - 1.0))
-    mat = mat + _DEPTH_PRIOR_DOF * phi * unit * centre + _NOISE_PRIOR_DOF * unit * _share_form(nd, rho)
+    mat = mat + _DEPTH_PRIOR_DOF * unit * centre + _NOISE_PRIOR_DOF * unit * _share_form(nd, rho)
     return mat, rhs
-
-
-def _dispersion(mo: _Moments, x: np.ndarray, t: float) -> float:
-    """How much more the spreads scatter around the fitted model than a normal sample's
-    would (a Pearson dispersion, at least 1): ``Σ (SS − E[SS])² / Σ 2·E[SS]²/dof``.
-
-    The spreads are weighted as if each degree of freedom carried a normal sample's
-    information, ``Var(SS) = 2·E[SS]²/dof``. With a heavy tail (a rare payoff) a sum of
-    squares varies far more: most spreads see no payoff and one sees a large one, so a
-    depth's estimate is one payoff more or less. Scaling the depth prior by the
-    dispersion pools the depths in proportion: a light-tailed collection reads about 1
-    and is fitted as before."""
-    mu = _mv(mo.design, x) + t * mo.t_rows
-    ok = mu > 0
-    den = float(np.sum(2.0 * mu[ok] ** 2 / mo.dofs[ok])) if ok.any() else 0.0
-    return max(float(np.sum((mo.ys[ok] - mu[ok]) ** 2)) / den, 1.0) if den > 0 else 1.0
 
 
 def _shared_share(mo: _Moments, t: float, x: np.ndarray, rho: float, t_depth: np.ndarray) -> float:
