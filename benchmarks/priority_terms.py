@@ -11,12 +11,17 @@ the change of the summed squared error (advantages token-weighted in units of th
 segment, critic targets weighted by m) against the exact advantages and values, split
 by where it lands. ``--exact`` replaces the fitted noise model by the MDPs' own (s(d),
 ν(d), t(d) on-policy per depth), which tests the model's terms apart from the fit.
+``--fit N`` prints the fit itself instead: the noise model the estimator fits on the
+collection (``noise_model`` of every tree, stopped at ``--fraction``) per depth beside the
+MDPs' own, as the mean and the median over seeds 0..N−1, on ``--method``'s trees; a fit
+whose median is far below its mean is read off a few heavy outcomes.
 Means per depth are printed; ``_only`` columns are Selective's own (the new child
 weighed as an only child: the view's ``fresh_error`` and ``chain_error``), the others
 weigh it as the estimator weighs a sibling (:func:`as_sibling`). docs/algorithm.md
 ("Findings", "Which terms of the ranking's model are off") reads them.
 
     .venv/bin/python -m benchmarks.priority_terms --family heavy_tail --critic noise_1 --exact
+    .venv/bin/python -m benchmarks.priority_terms --family heavy_tail --critic noise_1 --method uniform --fraction 1 --fit 22
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
+import statistics
 from collections import defaultdict
 from typing import Any
 
@@ -31,7 +37,7 @@ import benchmarks.estimator_quality as eq
 from focus.backups import critic_weight, value_influence
 from focus.calibration import Calibration
 from focus.critic import Critic
-from focus.estimation import NoiseModel, critic_targets, tree_values
+from focus.estimation import NoiseModel, critic_targets, noise_model, tree_values
 from focus.node_view import node_evidence
 from focus.priority import NodeEvidence, Selective
 from focus.search import SearchState, copy_tree
@@ -46,14 +52,54 @@ from focus.tree import Tree, Turn
 TERMS = ("new", "kids", "above", "targets")
 
 
-def collect_part(family: str, budget: int, critic: str, seed: int, fraction: float, n_tasks: int = 6) -> Any:
-    """:func:`benchmarks.estimator_quality.search_state` with Selective, stopped after
-    ``fraction`` of the continuation budget: the state, search, MDPs, exact values,
-    family, step limit and critic."""
+def collect_part(
+    family: str, budget: int, critic: str, seed: int, fraction: float, n_tasks: int = 6, method: str = "selective"
+) -> Any:
+    """:func:`benchmarks.estimator_quality.search_state` with ``method``'s search
+    (Selective unless told), stopped after ``fraction`` of the continuation budget: the
+    state, search, MDPs, exact values, family, step limit and critic."""
     _, state, search, mdps, values, fam, max_steps, crit = eq.search_state(
-        (family, n_tasks, budget, critic, "selective", seed), fraction=fraction
+        (family, n_tasks, budget, critic, method, seed), fraction=fraction
     )
     return state, search, mdps, values, fam, max_steps, crit
+
+
+#: The fitted model's parts :func:`fit_bias` compares with the MDPs' own, by depth.
+FIT_PARTS = {
+    "s": NoiseModel.step_var,
+    "a": NoiseModel.action_var,
+    "nu": NoiseModel.noise_var,
+    "t": NoiseModel.critic_error_at,
+}
+
+
+def fit_bias(args: argparse.Namespace) -> dict[str, list[tuple[float, float, float]]]:
+    """Per part of the noise model (:data:`FIT_PARTS`) and depth: the mean and the
+    median over seeds 0..``args.fit``−1 of the estimator's fit on the collection
+    (``noise_model`` of every tree), and the mean of the MDPs' own (:func:`exact_noise`)."""
+    fitted: dict[str, list[list[float]]] = defaultdict(list)
+    exact: dict[str, list[list[float]]] = defaultdict(list)
+    for seed in range(args.fit):
+        state, _, mdps, values, fam, _, crit = collect_part(
+            args.family, args.budget, args.critic, seed, args.fraction, method=args.method
+        )
+        model = noise_model(state.trees, gamma=fam.gamma)
+        own = exact_noise(mdps, values, fam.gamma, crit, model)
+        for name, part in FIT_PARTS.items():
+            fitted[name].append([part(model, d) for d in range(len(own.step_vars))])
+            exact[name].append([part(own, d) for d in range(len(own.step_vars))])
+    out: dict[str, list[tuple[float, float, float]]] = {}
+    for name in FIT_PARTS:
+        depth = min(len(r) for r in fitted[name])
+        out[name] = [
+            (
+                statistics.fmean(r[d] for r in fitted[name]),
+                statistics.median(r[d] for r in fitted[name]),
+                statistics.fmean(r[d] for r in exact[name]),
+            )
+            for d in range(depth)
+        ]
+    return out
 
 
 def predict(critic: Critic, task: int, s: int) -> float:
@@ -257,11 +303,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", type=int, default=64, help="simulated continuations per checkpoint")
     ap.add_argument("--per-depth", type=int, default=8, help="checkpoints per depth and tree")
     ap.add_argument("--exact", action="store_true", help="the MDPs' own noise model instead of the fitted one")
+    ap.add_argument(
+        "--fit", type=int, default=0, help="print the fitted model against the exact one over this many seeds"
+    )
+    ap.add_argument("--method", default="selective", choices=("selective", "uniform"), help="whose trees --fit reads")
     args = ap.parse_args(argv)
     if not 0 < args.fraction <= 1:
         ap.error(f"--fraction must be in (0, 1], got {args.fraction}")
-    if args.samples < 1 or args.per_depth < 1 or args.budget < 1:
-        ap.error("--samples, --per-depth and --budget must be at least 1")
+    if args.samples < 1 or args.per_depth < 1 or args.budget < 1 or args.fit < 0:
+        ap.error("--samples, --per-depth and --budget must be at least 1, --fit at least 0")
+    if args.fit:
+        print_fit(fit_bias(args))
+        return
     rows = run(args)
     cols = ["p_head_only", "p_head", "a_head", "p_new_only", "p_new", "a_new"]
     cols += [f"{w}_{k}" for k in ("kids", "above") for w in "pa"]
@@ -274,6 +327,16 @@ def main(argv: list[str] | None = None) -> None:
         a = sum(mean[f"a_{k}"] for k in (*TERMS, "rest"))
         cells = " | ".join(f"{mean[k]:.4f}" for k in cols)
         print(f"| {d} | {len(rs)} | {cells} | {p / mean['cost']:.4f} | {a / mean['cost']:.4f} |")
+
+
+def print_fit(parts: dict[str, list[tuple[float, float, float]]]) -> None:
+    """:func:`fit_bias`'s table: a row per part of the model, its depths in columns."""
+    depths_ = len(next(iter(parts.values())))
+    print("| part | " + " | ".join(str(d) for d in range(depths_)) + " |")
+    print("|" + " --- |" * (depths_ + 1))
+    for name, cols in parts.items():
+        for i, what in enumerate(("mean", "median", "exact")):
+            print(f"| {name} {what} | " + " | ".join(f"{c[i]:.3f}" for c in cols) + " |")
 
 
 if __name__ == "__main__":

@@ -101,6 +101,22 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks.priority_terms --family heavy_tail --critic noise_1 --exact": Check(
         "parse", "a simulation of a few minutes (64 continuations from each of about 130 checkpoints)"
     ),
+    ".venv/bin/python -m benchmarks.priority_terms --family heavy_tail --critic noise_1 --method uniform "
+    "--fraction 1 --fit 22": Check("parse", "22 collections and their fits, about 20 s on a loaded machine"),
+    ".venv/bin/python -m benchmarks.priority_terms --family heavy_tail --critic noise_1 --method selective "
+    "--fraction 1 --fit 22": Check("parse", "22 collections and their fits, about 20 s on a loaded machine"),
+    ".venv/bin/python -m benchmarks.estimator_quality --families heavy_tail --budgets 6 "
+    "--critics noise_1,noise_3,constant,biased,early_late --methods grpo,uniform,selective --seeds 8": Check(
+        "parse", "a benchmark of a minute or two (heavy_tail at 6H, 22 seeds per cell)"
+    ),
+    ".venv/bin/python -m benchmarks.estimator_quality --families decisive,heavy_tail,truncated --budgets 2,6 "
+    "--critics noise_1,noise_3,constant,biased,early_late --methods grpo,uniform,selective --seeds 8": Check(
+        "parse", "a benchmark of about 20 minutes (the issue-31 subset at 22 seeds at 6H, 64 at 2H)"
+    ),
+    ".venv/bin/python -m benchmarks.estimator_quality --families uniform,critical,long,slippery,forage,project,"
+    "timing,subtle --budgets 6 --critics noise_1,constant --methods grpo,uniform,selective --seeds 2": Check(
+        "parse", "a benchmark of several minutes (the eight project families at 6H, 6 seeds per cell)"
+    ),
     ".venv/bin/python -m benchmarks.gradient_quality --jobs 2 --tasks corridor-early corridor-late bridge "
     "--seeds 0 1 2 3 --reference 128 --batches 2": Check(
         "parse", "a measurement of about 11 minutes (the issue-32 gradient-quality table)"

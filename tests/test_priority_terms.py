@@ -38,3 +38,29 @@ def test_bad_fraction_is_an_error_naming_the_flag(capsys) -> None:  # type: igno
     with pytest.raises(SystemExit) as e:
         priority_terms.main(["--fraction", "2"])
     assert e.value.code == 2 and "--fraction" in capsys.readouterr().err
+
+
+def test_the_fit_against_the_mdps_own_model_per_depth(capsys) -> None:  # type: ignore[no-untyped-def]
+    """--fit's table (the issue-31 reading of the noise fit under heavy tails): means and
+    medians over seeds of the fitted parts beside the MDPs' own. On heavy_tail the
+    exact model is what the diagnosis says: a payoff's variance (about 0.3 per step)
+    is the env's, the actions' spread under a hundredth of it."""
+    args = argparse.Namespace(family="heavy_tail", critic="noise_1", budget=2, fraction=1.0, fit=2, method="uniform")
+    parts = priority_terms.fit_bias(args)
+    assert set(parts) == {"s", "a", "nu", "t"}
+    depths = len(parts["s"])
+    assert depths == 10  # heavy_tail's ten steps
+    for d in range(depths):
+        (s_mean, s_med, s_exact), (a_mean, _, a_exact), (nu_mean, _, nu_exact) = (
+            parts["s"][d],
+            parts["a"][d],
+            parts["nu"][d],
+        )
+        assert min(s_mean, s_med, a_mean, nu_mean, parts["t"][d][0]) >= 0.0
+        # a = s − ν with 0 ≤ ν ≤ s in every fit, so their means add up
+        assert abs(a_mean + nu_mean - s_mean) <= 1e-9 * max(s_mean, 1.0)
+        assert abs(a_exact + nu_exact - s_exact) <= 1e-9
+        assert 0.1 < s_exact < 1.0 and a_exact < 0.05 * s_exact, (d, s_exact, a_exact)
+    priority_terms.main(["--family", "heavy_tail", "--budget", "2", "--method", "uniform", "--fit", "1"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| part | 0 |") and len(out) == 2 + 4 * 3
