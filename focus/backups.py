@@ -87,6 +87,43 @@ class Refined:
     plain_error: float = 0.0
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _refined(
+    value: float | None,
+    weight: float,
+    error: float,
+    q_bar: float | None,
+    qs: tuple[float, ...],
+    signal: float,
+    noise: float,
+    plain_error: float,
+) -> Refined:
+    """``Refined(...)`` without the frozen dataclass's ``__init__`` (its fields straight
+    into the new instance's ``__dict__``; the class has no ``__post_init__``): one is made
+    per node and per refinement, in search's rankings and in every batch's backups
+    (about 190,000 at 40k transitions), and a frozen ``__init__`` sets each of its 8
+    fields through ``object.__setattr__``, twice the time of the rest of the call."""
+    r = _new(Refined)
+    _set(
+        r,
+        "__dict__",
+        {
+            "value": value,
+            "weight": weight,
+            "error": error,
+            "q_bar": q_bar,
+            "qs": qs,
+            "signal": signal,
+            "noise": noise,
+            "plain_error": plain_error,
+        },
+    )
+    return r
+
+
 def value_influence(discount: float, m_parent: int) -> float:
     """How much a checkpoint's value V(c) weighs in the advantages of the segments
     above it, in child segments: ``γ^{2k}·(m_p − 1)/m_p`` for a checkpoint whose parent
@@ -147,7 +184,7 @@ def refine(
     m = len(qs)
     t = noise.critic_error_at(depth)
     if not m:
-        return Refined(v_hat, 1.0, t, None, (), 0.0, 0.0, t)
+        return _refined(v_hat, 1.0, t, None, (), 0.0, 0.0, t)
     q_bar = sum(qs) / m
     var_q = (signal + rest) / (m * m)
     if v_hat is None:
@@ -161,7 +198,7 @@ def refine(
         lam = critic_weight(signal / (m * m), var_q, t, influence / m) if noise.known else 0.0
         value = q_bar if lam <= 0.0 else lam * v_hat + (1.0 - lam) * q_bar
     error = (lam * lam * t if lam > 0 else 0.0) + (1.0 - lam) ** 2 * var_q
-    return Refined(value, lam, error, q_bar, tuple(qs), signal, rest, plain / (m * m))
+    return _refined(value, lam, error, q_bar, tuple(qs), signal, rest, plain / (m * m))
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +237,7 @@ def node_value(
     errors (:attr:`Refined.plain_error`); ``influence`` is :func:`value_influence`."""
     if node.is_leaf:
         v, err = leaf_value(node.kind, node.value, truncation, noise.critic_error_at(node.depth))
-        return Refined(v, 1.0, err, None, (), 0.0, 0.0, err)
+        return _refined(v, 1.0, err, None, (), 0.0, 0.0, err)
     kids = []
     for eid in node.children:
         sg = segments[eid]

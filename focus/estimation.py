@@ -180,16 +180,38 @@ def critic_targets(tree: Tree, *, gamma: float = 1.0, truncation: Truncation = "
 
     Independent of the actor estimator by construction. A checkpoint with no valid
     continuation gets weight 0 (its target is its own prediction, or 0).
+
+    The same numbers as ``tree_values(tree, kappa=0.0)``'s ``q_bar`` and ``m``, in the
+    same order of operations, computed without the rest of it (errors, weights, Monte
+    Carlo and root returns, none of which a target reads): with κ = 0 a checkpoint's
+    value is its plain mean ``Q̄`` (its prediction without a valid child) and a leaf's is
+    :func:`leaf_value`'s. That was a second full backup of every tree in
+    ``Collector.prepare`` (0.008 ms of 0.038 per transition at 40k transitions).
     """
-    tv = tree_values(tree, gamma=gamma, kappa=0.0, truncation=truncation)
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    nodes, edges = tree.nodes, tree.edges
+    value: dict[int, float | None] = {}
     out: dict[int, CriticTarget] = {}
-    for node in tree.checkpoints():
-        q = tv.q_bar[node.id]
-        if q is None:
-            out[node.id] = CriticTarget(node.id, node.value if node.value is not None else 0.0, 0.0)
+    for i in sorted(nodes, reverse=True):  # children before parents (Tree.postorder)
+        node = nodes[i]
+        if node.kind != "checkpoint":
+            value[i] = leaf_value(node.kind, node.value, truncation, 0.0)[0]
+            continue
+        qs = []
+        for eid in node.children:
+            vc = value[edges[eid].child]
+            if vc is not None:
+                e = edges[eid]
+                qs.append(e.discounted_reward(gamma) + gamma**e.k * vc)
+        if qs:
+            q = value[i] = sum(qs) / len(qs)
+            out[i] = CriticTarget(i, q, float(len(qs)))
         else:
-            out[node.id] = CriticTarget(node.id, q, float(tv.m[node.id]))
-    return out
+            value[i] = node.value
+            out[i] = CriticTarget(i, node.value if node.value is not None else 0.0, 0.0)
+    # in node order, as tree.checkpoints() gives them
+    return {i: out[i] for i in nodes if i in out}
 
 
 def truncated_segments(tree: Tree) -> set[int]:

@@ -1,0 +1,58 @@
+"""The faster per-tree computations of batch preparation equal the computations they
+replace, on random trees (issue 37: search and prepare CPU per transition).
+
+Each reference below is the former code, kept here as the definition: the batch must
+stay bit-identical (tests/repin.py), so every comparison is exact, not approximate.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from test_ranking import grow
+
+from focus.estimation import CriticTarget, critic_targets, tree_values
+from focus.search import copy_tree
+from focus.tree import Tree
+
+
+def reference_critic_targets(tree: Tree, gamma: float, truncation: str) -> dict[int, CriticTarget]:
+    """``critic_targets`` as it was: a whole ``tree_values`` backup with κ = 0."""
+    tv = tree_values(tree, gamma=gamma, kappa=0.0, truncation=truncation)  # type: ignore[arg-type]
+    out: dict[int, CriticTarget] = {}
+    for node in tree.checkpoints():
+        q = tv.q_bar[node.id]
+        if q is None:
+            out[node.id] = CriticTarget(node.id, node.value if node.value is not None else 0.0, 0.0)
+        else:
+            out[node.id] = CriticTarget(node.id, q, float(tv.m[node.id]))
+    return out
+
+
+def random_trees(seed: int, steps: int = 10) -> list[Tree]:
+    """A tree grown ``steps`` times as search grows one (chains below checkpoints,
+    failed and truncated leaves, multi-transition segments, some nodes unscored), with
+    every intermediate tree."""
+    rng = random.Random(seed)
+    tree = Tree.new("t", None, (1,))
+    if rng.random() < 0.8:
+        tree.root.value = rng.uniform(-0.5, 1.5)
+    out = [tree]
+    for _ in range(steps):
+        tree = copy_tree(tree)
+        grow(tree, rng)
+        out.append(tree)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(("gamma", "truncation"), [(1.0, "bootstrap"), (0.9, "bootstrap"), (0.97, "terminal")])
+def test_critic_targets_equal_the_full_backup(seed: int, gamma: float, truncation: str) -> None:
+    for tree in random_trees(seed):
+        got = critic_targets(tree, gamma=gamma, truncation=truncation)  # type: ignore[arg-type]
+        want = reference_critic_targets(tree, gamma, truncation)
+        assert list(got) == list(want)  # same checkpoints, same order
+        assert got == want  # bit for bit
+    # the trees exercise every case: a checkpoint without a valid child, several valid children
+    assert any(t.weight == 0.0 for t in got.values()) and any(t.weight >= 2 for t in got.values())
