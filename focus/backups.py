@@ -12,7 +12,7 @@ from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from focus.noise import NoiseModel, Truncation, first_step_weight, leaf_value, noise_model
-from focus.tree import Edge, Node, Tree
+from focus.tree import Edge, Node, Tree, Turn
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,10 @@ class TreeValues:
     #: Modelled error variance of the plain backup (λ = 0: the critic target Q̄(n)),
     #: the critic's error at a checkpoint without children and at a bootstrapped leaf.
     plain_error: Mapping[int, float] = field(default_factory=dict)
+    #: The segments the values were backed up over, by edge id (:func:`segment` at
+    #: ``gamma``; empty where the values were not built by :func:`tree_values`): what
+    #: an estimator's advantages read of each edge, computed once.
+    segments: Mapping[int, Segment] = field(default_factory=dict)
 
     @property
     def kappa(self) -> dict[int, float]:
@@ -216,8 +220,34 @@ class Segment:
 
 
 def segment(e: Edge, gamma: float) -> Segment:
-    k = e.k  # a pass over the segment's turns: once, not three times
-    return Segment(e.child, e.discounted_reward(gamma), gamma**k, first_step_weight(k, gamma), k, e.n_tokens)
+    """The :class:`Segment` of ``e``: its rewards read in one pass over its turns (not one
+    per property), the rest from them; the same numbers as ``e.discounted_reward(gamma)``,
+    ``gamma ** e.k`` and ``e.n_tokens``."""
+    turns = e.turns
+    reward, k = reward_and_k(turns, gamma)
+    seg = _new(Segment)
+    _SEGMENT_SET[0](seg, e.child)
+    _SEGMENT_SET[1](seg, reward)
+    _SEGMENT_SET[2](seg, gamma**k)
+    _SEGMENT_SET[3](seg, first_step_weight(k, gamma))
+    _SEGMENT_SET[4](seg, k)
+    _SEGMENT_SET[5](seg, sum(len(t.completion_ids) for t in turns))
+    return seg
+
+
+def reward_and_k(turns: tuple[Turn, ...], gamma: float) -> tuple[float, int]:
+    """``(Edge.discounted_reward(gamma), Edge.k)`` of a segment with ``turns``, from one
+    list of its rewards: the same sum of the same terms in the same order (with γ = 1
+    each term ``r·1.0`` is ``r`` itself, so the plain sum of the rewards)."""
+    rewards = [t.reward for t in turns if t.transition]
+    if gamma == 1.0:
+        return sum(rewards), len(rewards)
+    return sum(r * gamma**i for i, r in enumerate(rewards)), len(rewards)
+
+
+#: Each slot's setter, in field order (a frozen slotted class's ``__init__`` goes through
+#: ``object.__setattr__`` per field; a segment is made per edge, in every backup of a batch).
+_SEGMENT_SET = tuple(Segment.__dict__[name].__set__ for name in Segment.__dataclass_fields__)
 
 
 def node_value(
@@ -350,6 +380,7 @@ def tree_values(
         leaf_returns,
         noise,
         plain,
+        segs,
     )
 
 

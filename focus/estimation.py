@@ -42,6 +42,7 @@ from focus.backups import (
     child_variances,
     node_value,
     refine,
+    reward_and_k,
     segment,
     settle_children,
     tree_values,
@@ -116,13 +117,20 @@ class Estimator(BaseModel, abc.ABC):
         """``{edge_id: advantage}`` for the segments that get a learning signal."""
 
 
-def _segment_td(edges: Sequence[Edge], value: Mapping[int, float | None], gamma: float) -> dict[int, float]:
-    """``r(e) + γ^k(e) V(c) − V(p)`` for each segment whose two ends have a value."""
+def _segment_td(
+    edges: Sequence[Edge], value: Mapping[int, float | None], gamma: float, segments: Mapping[int, Segment]
+) -> dict[int, float]:
+    """``r(e) + γ^k(e) V(c) − V(p)`` for each segment whose two ends have a value; ``r(e)``
+    and ``γ^k`` from ``segments`` (the backup's, at the same γ) where it holds the edge."""
     out: dict[int, float] = {}
     for e in edges:
         vc, vp = value.get(e.child), value.get(e.parent)
         if vc is not None and vp is not None:
-            out[e.id] = e.discounted_reward(gamma) + gamma**e.k * vc - vp
+            sg = segments.get(e.id)
+            if sg is not None and sg.child == e.child:
+                out[e.id] = sg.reward + sg.discount * vc - vp
+            else:
+                out[e.id] = e.discounted_reward(gamma) + gamma**e.k * vc - vp
     return out
 
 
@@ -130,7 +138,7 @@ class DirectBranchTd(Estimator):
     """Segment TD advantage over refined values: ``A(e) = r(e) + γ^k V(c) − V(p)``."""
 
     def advantages(self, edges: Sequence[Edge], values: TreeValues) -> dict[int, float]:
-        return _segment_td(edges, values.value, values.gamma)
+        return _segment_td(edges, values.value, values.gamma, values.segments)
 
 
 class GroupNormalized(Estimator):
@@ -165,7 +173,7 @@ class NodeMonteCarlo(Estimator):
     favoured (the reason DirectBranchTd backs up through children instead)."""
 
     def advantages(self, edges: Sequence[Edge], values: TreeValues) -> dict[int, float]:
-        return _segment_td(edges, values.mc, values.gamma)
+        return _segment_td(edges, values.mc, values.gamma, values.segments)
 
 
 @dataclass(frozen=True)
@@ -200,10 +208,11 @@ def critic_targets(tree: Tree, *, gamma: float = 1.0, truncation: Truncation = "
             continue
         qs = []
         for eid in node.children:
-            vc = value[edges[eid].child]
+            e = edges[eid]
+            vc = value[e.child]
             if vc is not None:
-                e = edges[eid]
-                qs.append(e.discounted_reward(gamma) + gamma**e.k * vc)
+                reward, k = reward_and_k(e.turns, gamma)
+                qs.append(reward + gamma**k * vc)
         if qs:
             q = value[i] = sum(qs) / len(qs)
             out[i] = CriticTarget(i, q, float(len(qs)))

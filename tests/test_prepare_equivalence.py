@@ -7,14 +7,24 @@ stay bit-identical (tests/repin.py), so every comparison is exact, not approxima
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 from test_ranking import grow
 
-from focus.estimation import CriticTarget, critic_targets, tree_values
+from focus.estimation import (
+    CriticTarget,
+    DirectBranchTd,
+    NodeMonteCarlo,
+    Segment,
+    critic_targets,
+    first_step_weight,
+    segment,
+    tree_values,
+)
 from focus.search import copy_tree
-from focus.tree import Tree
+from focus.tree import Edge, Tree
 
 
 def reference_critic_targets(tree: Tree, gamma: float, truncation: str) -> dict[int, CriticTarget]:
@@ -56,3 +66,38 @@ def test_critic_targets_equal_the_full_backup(seed: int, gamma: float, truncatio
         assert got == want  # bit for bit
     # the trees exercise every case: a checkpoint without a valid child, several valid children
     assert any(t.weight == 0.0 for t in got.values()) and any(t.weight >= 2 for t in got.values())
+
+
+def reference_segment(e: Edge, gamma: float) -> Segment:
+    """``segment`` as it was: one pass over the turns per property."""
+    k = e.k
+    return Segment(e.child, e.discounted_reward(gamma), gamma**k, first_step_weight(k, gamma), k, e.n_tokens)
+
+
+def reference_td(edges: list[Edge], value: dict[int, float | None], gamma: float) -> dict[int, float]:
+    """The segment TD advantages as ``_segment_td`` computed them, from the edges."""
+    out = {}
+    for e in edges:
+        vc, vp = value.get(e.child), value.get(e.parent)
+        if vc is not None and vp is not None:
+            out[e.id] = e.discounted_reward(gamma) + gamma**e.k * vc - vp
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("gamma", [1.0, 0.9, 0.5])
+def test_segments_and_advantages_equal_the_per_edge_computation(seed: int, gamma: float) -> None:
+    tree = random_trees(seed)[-1]
+    for e in tree.edges.values():
+        got, want = segment(e, gamma), reference_segment(e, gamma)
+        assert got == want and type(got.reward) is type(want.reward)
+    for est in (DirectBranchTd(gamma=gamma), NodeMonteCarlo(gamma=gamma)):
+        values = est.values(tree)
+        assert set(values.segments) == set(tree.edges)
+        edges = list(tree.edges.values())
+        source = values.value if isinstance(est, DirectBranchTd) else values.mc
+        want = reference_td(edges, dict(source), gamma)
+        assert want and est.advantages(edges, values) == want
+        # values without segments (as a ranking's) give the same advantages from the edges
+        bare = dataclasses.replace(values, segments={})
+        assert est.advantages(edges, bare) == want
