@@ -185,6 +185,22 @@ def refine(
         signal += sig
         rest += nz
         plain += step * w1 + disc * disc * (more[0] if more else errc)
+    return _backed_up(v_hat, qs, signal, rest, plain, noise, depth, kappa, influence)
+
+
+def _backed_up(
+    v_hat: float | None,
+    qs: list[float],
+    signal: float,
+    rest: float,
+    plain: float,
+    noise: NoiseModel,
+    depth: int,
+    kappa: float | None,
+    influence: float,
+) -> Refined:
+    """:func:`refine` from its children's sums: the valid children's backed-up values
+    ``qs`` and their summed signal, noise and plain-backup variances."""
     m = len(qs)
     t = noise.critic_error_at(depth)
     if not m:
@@ -268,12 +284,26 @@ def node_value(
     if node.is_leaf:
         v, err = leaf_value(node.kind, node.value, truncation, noise.critic_error_at(node.depth))
         return _refined(v, 1.0, err, None, (), 0.0, 0.0, err)
-    kids = []
+    # refine's loop over (reward, γ^k, V(c), error, weight, plain error) tuples, written
+    # out over the segments (the same operations in the same order, no tuple per child:
+    # a backup runs once per node in every batch and per changed node in search)
+    depth = node.depth
+    qs: list[float] = []
+    signal = rest = acc = 0.0
+    step, action = noise.step_var(depth), noise.action_var(depth)
     for eid in node.children:
         sg = segments[eid]
         c = sg.child
-        kids.append((sg.reward, sg.discount, value[c], error[c], sg.weight, plain[c]))
-    return refine(node.value, kids, noise, node.depth, kappa, influence)
+        vc = value[c]
+        if vc is None:
+            continue
+        disc, w1 = sg.discount, sg.weight
+        qs.append(sg.reward + disc * vc)
+        sig = action * min(w1, 1.0)
+        signal += sig
+        rest += step * w1 - sig + disc * disc * error[c]
+        acc += step * w1 + disc * disc * plain[c]
+    return _backed_up(node.value, qs, signal, rest, acc, noise, depth, kappa, influence)
 
 
 def settle_children(

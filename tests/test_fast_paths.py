@@ -27,12 +27,15 @@ from focus.estimation import (
     child_variances,
     critic_targets,
     first_step_weight,
+    node_value,
+    noise_model,
+    refine,
     segment,
     tree_values,
     value_influence,
 )
-from focus.node_view import _spread_factor, node_view, segment_length, shared_error, valid_tokens
-from focus.priority import NodeEvidence, make_evidence
+from focus.node_view import _spread_factor, node_evidence, node_view, segment_length, shared_error, valid_tokens
+from focus.priority import EXPLORE, NodeEvidence, Selective, explores, make_evidence
 from focus.search import copy_tree
 from focus.tree import Edge, Node, Tree
 
@@ -255,3 +258,89 @@ def test_target_weight_is_cached_per_calibration() -> None:
     # a copy with another noise model computes its own (the cache is not an __init__ field)
     other = dataclasses.replace(cal, noise=NoiseModel.unknown(), _chains={})
     assert other.target_weight == 0.0 and cal.target_weight == first
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("kappa", [None, 0.0, 1.5])
+def test_node_value_equals_refine_over_child_tuples(seed: int, kappa: float | None) -> None:
+    """``node_value`` sums its children in a loop of its own; ``refine`` over the tuples
+    it used to build is the definition."""
+    tree = random_trees(seed, steps=12)[-1]
+    gamma = 0.95
+    for noise in (noise_model([tree], gamma=gamma), NoiseModel.unknown()):
+        tv = tree_values(tree, gamma=gamma, kappa=kappa, noise=noise)
+        segs = {i: segment(e, gamma) for i, e in tree.edges.items()}
+        value, error, plain = dict(tv.value), dict(tv.error), dict(tv.plain_error)
+        checked = 0
+        for node in tree.checkpoints():
+            for influence in (0.0, 0.7):
+                kids = [
+                    (segs[e].reward, segs[e].discount, value[segs[e].child], error[segs[e].child], segs[e].weight,
+                     plain[segs[e].child])
+                    for e in node.children
+                ]  # fmt: skip
+                want = refine(node.value, kids, noise, node.depth, kappa, influence)
+                got = node_value(node, segs, value, error, noise, kappa, "bootstrap", plain, influence)
+                assert got == want
+                checked += want.q_bar is not None
+        assert checked >= 4
+    assert noise_model([tree], gamma=gamma).known
+
+
+def reference_score(search: Selective, node: NodeEvidence) -> float:
+    """``Selective.__call__`` as it was: every error term through the public methods,
+    each computing its own λ."""
+    slot = node.branches + node.pending
+    if search.explore > 0 and slot >= 1:
+        rate = search.explore / (1.0 + max(node.rollout_transitions, 0.0))
+        if explores(node.tree_index, node.node_id, slot, rate):
+            return EXPLORE
+    if not math.isfinite(node.critic_var):
+        return 0.0
+    n = node.m + node.pending
+    e = node.child_error
+    change = search.segment_error(node, n + 1, node.fresh_error) + node.chain_error
+    if n:
+        per_child = node.child_tokens / node.m if node.m else 1.0
+        change += n * per_child * (search.segment_error(node, n + 1, e) - search.segment_error(node, n, e))
+    if search.use_influence:
+        change += node.influence * (search.error(node, n + 1) - search.error(node, n))
+    if search.targets:
+        change += node.target_weight * search.target_change(node)
+    cost = node.expected_transitions if search.per_transition else 1.0
+    return -change / cost
+
+
+class PublicTerms(Selective):
+    """A subclass overriding the error terms (with the same formulas): scored through
+    them, not through the λ-reusing path."""
+
+    def error(self, node: NodeEvidence, m: int) -> float:
+        return super().error(node, m)
+
+    def segment_error(self, node: NodeEvidence, m: int, noise: float) -> float:
+        return super().segment_error(node, m, noise)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_selective_score_equals_the_former_one(seed: int) -> None:
+    tree = random_trees(seed, steps=12)[-1]
+    calib = calibrate([tree], gamma=1.0)
+    assert calib.noise.known
+    evidence = node_evidence(tree, 0, tree_values(tree, noise=calib.noise), calib)
+    searches = [
+        Selective(),
+        Selective(kappa=1.0),
+        Selective(explore=0.0, use_influence=False),
+        Selective(targets=False, per_transition=False),
+    ]
+    scored = 0
+    for search in searches:
+        for ev in evidence.values():
+            for pending in (0, 1, 3):
+                view = ev.with_pending(pending)
+                want = reference_score(search, view)
+                assert search(view) == want
+                assert PublicTerms(**search.model_dump())(view) == want
+                scored += want not in (0.0, EXPLORE)
+    assert scored >= 20
