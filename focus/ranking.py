@@ -69,6 +69,7 @@ class TreeRanking:
         does not depend on it), taken over rather than recomputed."""
         self.index, self.search, self.calibration, self.seed = index, search, calibration, seed
         self.gamma = search.discount
+        self._truncation = search.truncation_rule
         self.value: dict[int, float | None] = {}
         self.error: dict[int, float] = {}
         self.plain: dict[int, float] = {}
@@ -156,28 +157,31 @@ class TreeRanking:
         is as it was, and was refined at this node's step with the count of valid
         children it had then (:attr:`m`): while that count stands, it is not refined
         again (:func:`focus.estimation.settle_children` would compute the same)."""
+        i = node.id
+        s = self.search
+        noise = self.calibration.noise
+        if node.is_leaf:  # no children: its length and valid child tokens are 0
+            r = node_value(node, self.segments, self.value, self.error, noise, s.kappa, self._truncation, self.plain)
+            self.value[i], self.weight[i], self.error[i], self.plain[i] = r.value, r.weight, r.error, r.plain_error
+            self.lengths[i] = 0.0
+            self.valid[i] = 0.0
+            return
         segs = self.segments
         for eid in node.children:
             if eid not in segs:
                 segs[eid] = segment(tree.edges[eid], self.gamma)
-        s = self.search
-        i = node.id
-        if not node.is_leaf:
-            only = None
-            if path is not None and self.m.get(i) == sum(
-                1 for eid in node.children if self.value.get(segs[eid].child) is not None
-            ):
-                only = path
-            settle_children(
-                tree, node, segs, self.value, self.weight, self.error, self.plain,
-                self.calibration.noise, s.kappa, s.truncation_rule, only,
-            )  # fmt: skip
-        r = node_value(
-            node, segs, self.value, self.error, self.calibration.noise, s.kappa, s.truncation_rule, self.plain
-        )
+        only = None
+        if path is not None and self.m.get(i) == sum(
+            1 for eid in node.children if self.value.get(segs[eid].child) is not None
+        ):
+            only = path
+        settle_children(
+            tree, node, segs, self.value, self.weight, self.error, self.plain,
+            noise, s.kappa, self._truncation, only,
+        )  # fmt: skip
+        r = node_value(node, segs, self.value, self.error, noise, s.kappa, self._truncation, self.plain)
         self.value[i], self.weight[i], self.error[i], self.plain[i] = r.value, r.weight, r.error, r.plain_error
-        if not node.is_leaf:
-            self.q_bar[i], self.child_q[i], self.m[i] = r.q_bar, r.qs, len(r.qs)
+        self.q_bar[i], self.child_q[i], self.m[i] = r.q_bar, r.qs, len(r.qs)
         self.lengths[i] = segment_length(node, segs, self.lengths)
         self.valid[i] = valid_tokens(node, segs, self.value)
 
