@@ -254,10 +254,13 @@ def segment(e: Edge, gamma: float) -> Segment:
 def reward_and_k(turns: tuple[Turn, ...], gamma: float) -> tuple[float, int]:
     """``(Edge.discounted_reward(gamma), Edge.k)`` of a segment with ``turns``, from one
     list of its rewards: the same sum of the same terms in the same order (with γ = 1
-    each term ``r·1.0`` is ``r`` itself, so the plain sum of the rewards)."""
+    each term ``r·1.0`` is ``r`` itself, so the plain sum of the rewards, as a float).
+    Integer rewards sum exactly below 2**53, where their float sum is the same number."""
     rewards = [t.reward for t in turns if t.transition]
     if gamma == 1.0:
-        return sum(rewards), len(rewards)
+        total = sum(rewards)
+        # integer rewards: r·1.0 made each a float, so the sum was one (of the same value)
+        return (float(total) if rewards and type(total) is not float else total), len(rewards)
     return sum(r * gamma**i for i, r in enumerate(rewards)), len(rewards)
 
 

@@ -104,6 +104,10 @@ def test_segments_and_advantages_equal_the_per_edge_computation(seed: int, gamma
     for e in tree.edges.values():
         got, want = segment(e, gamma), reference_segment(e, gamma)
         assert got == want and type(got.reward) is type(want.reward)
+        # an env that rewards in ints (or bools): the same float as before
+        ints = dataclasses.replace(e, turns=tuple(dataclasses.replace(t, reward=int(t.reward * 3)) for t in e.turns))
+        got, want = segment(ints, gamma), reference_segment(ints, gamma)
+        assert got == want and type(got.reward) is type(want.reward)
     for est in (DirectBranchTd(gamma=gamma), NodeMonteCarlo(gamma=gamma)):
         values = est.values(tree)
         assert set(values.segments) == set(tree.edges)
