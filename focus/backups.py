@@ -12,7 +12,7 @@ from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from focus.noise import NoiseModel, Truncation, first_step_weight, leaf_value, noise_model
-from focus.tree import Edge, Node, Tree
+from focus.tree import Edge, Node, Tree, Turn
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,10 @@ class TreeValues:
     #: Modelled error variance of the plain backup (λ = 0: the critic target Q̄(n)),
     #: the critic's error at a checkpoint without children and at a bootstrapped leaf.
     plain_error: Mapping[int, float] = field(default_factory=dict)
+    #: The segments the values were backed up over, by edge id (:func:`segment` at
+    #: ``gamma``; empty where the values were not built by :func:`tree_values`): what
+    #: an estimator's advantages read of each edge, computed once.
+    segments: Mapping[int, Segment] = field(default_factory=dict)
 
     @property
     def kappa(self) -> dict[int, float]:
@@ -85,6 +89,43 @@ class Refined:
     noise: float
     #: Error variance of the plain backup Q̄ (λ = 0), what a critic target carries.
     plain_error: float = 0.0
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _refined(
+    value: float | None,
+    weight: float,
+    error: float,
+    q_bar: float | None,
+    qs: tuple[float, ...],
+    signal: float,
+    noise: float,
+    plain_error: float,
+) -> Refined:
+    """``Refined(...)`` without the frozen dataclass's ``__init__`` (its fields straight
+    into the new instance's ``__dict__``; the class has no ``__post_init__``): one is made
+    per node and per refinement, in search's rankings and in every batch's backups
+    (about 190,000 at 40k transitions), and a frozen ``__init__`` sets each of its 8
+    fields through ``object.__setattr__``, twice the time of the rest of the call."""
+    r = _new(Refined)
+    _set(
+        r,
+        "__dict__",
+        {
+            "value": value,
+            "weight": weight,
+            "error": error,
+            "q_bar": q_bar,
+            "qs": qs,
+            "signal": signal,
+            "noise": noise,
+            "plain_error": plain_error,
+        },
+    )
+    return r
 
 
 def value_influence(discount: float, m_parent: int) -> float:
@@ -144,10 +185,26 @@ def refine(
         signal += sig
         rest += nz
         plain += step * w1 + disc * disc * (more[0] if more else errc)
+    return _backed_up(v_hat, qs, signal, rest, plain, noise, depth, kappa, influence)
+
+
+def _backed_up(
+    v_hat: float | None,
+    qs: list[float],
+    signal: float,
+    rest: float,
+    plain: float,
+    noise: NoiseModel,
+    depth: int,
+    kappa: float | None,
+    influence: float,
+) -> Refined:
+    """:func:`refine` from its children's sums: the valid children's backed-up values
+    ``qs`` and their summed signal, noise and plain-backup variances."""
     m = len(qs)
     t = noise.critic_error_at(depth)
     if not m:
-        return Refined(v_hat, 1.0, t, None, (), 0.0, 0.0, t)
+        return _refined(v_hat, 1.0, t, None, (), 0.0, 0.0, t)
     q_bar = sum(qs) / m
     var_q = (signal + rest) / (m * m)
     if v_hat is None:
@@ -161,7 +218,7 @@ def refine(
         lam = critic_weight(signal / (m * m), var_q, t, influence / m) if noise.known else 0.0
         value = q_bar if lam <= 0.0 else lam * v_hat + (1.0 - lam) * q_bar
     error = (lam * lam * t if lam > 0 else 0.0) + (1.0 - lam) ** 2 * var_q
-    return Refined(value, lam, error, q_bar, tuple(qs), signal, rest, plain / (m * m))
+    return _refined(value, lam, error, q_bar, tuple(qs), signal, rest, plain / (m * m))
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +236,37 @@ class Segment:
 
 
 def segment(e: Edge, gamma: float) -> Segment:
-    k = e.k  # a pass over the segment's turns: once, not three times
-    return Segment(e.child, e.discounted_reward(gamma), gamma**k, first_step_weight(k, gamma), k, e.n_tokens)
+    """The :class:`Segment` of ``e``: its rewards read in one pass over its turns (not one
+    per property), the rest from them; the same numbers as ``e.discounted_reward(gamma)``,
+    ``gamma ** e.k`` and ``e.n_tokens``."""
+    turns = e.turns
+    reward, k = reward_and_k(turns, gamma)
+    seg = _new(Segment)
+    _SEGMENT_SET[0](seg, e.child)
+    _SEGMENT_SET[1](seg, reward)
+    _SEGMENT_SET[2](seg, gamma**k)
+    _SEGMENT_SET[3](seg, first_step_weight(k, gamma))
+    _SEGMENT_SET[4](seg, k)
+    _SEGMENT_SET[5](seg, sum(len(t.completion_ids) for t in turns))
+    return seg
+
+
+def reward_and_k(turns: tuple[Turn, ...], gamma: float) -> tuple[float, int]:
+    """``(Edge.discounted_reward(gamma), Edge.k)`` of a segment with ``turns``, from one
+    list of its rewards: the same sum of the same terms in the same order (with γ = 1
+    each term ``r·1.0`` is ``r`` itself, so the plain sum of the rewards, as a float).
+    Integer rewards sum exactly below 2**53, where their float sum is the same number."""
+    rewards = [t.reward for t in turns if t.transition]
+    if gamma == 1.0:
+        total = sum(rewards)
+        # integer rewards: r·1.0 made each a float, so the sum was one (of the same value)
+        return (float(total) if rewards and type(total) is not float else total), len(rewards)
+    return sum(r * gamma**i for i, r in enumerate(rewards)), len(rewards)
+
+
+#: Each slot's setter, in field order (a frozen slotted class's ``__init__`` goes through
+#: ``object.__setattr__`` per field; a segment is made per edge, in every backup of a batch).
+_SEGMENT_SET = tuple(Segment.__dict__[name].__set__ for name in Segment.__dataclass_fields__)
 
 
 def node_value(
@@ -200,13 +286,27 @@ def node_value(
     errors (:attr:`Refined.plain_error`); ``influence`` is :func:`value_influence`."""
     if node.is_leaf:
         v, err = leaf_value(node.kind, node.value, truncation, noise.critic_error_at(node.depth))
-        return Refined(v, 1.0, err, None, (), 0.0, 0.0, err)
-    kids = []
+        return _refined(v, 1.0, err, None, (), 0.0, 0.0, err)
+    # refine's loop over (reward, γ^k, V(c), error, weight, plain error) tuples, written
+    # out over the segments (the same operations in the same order, no tuple per child:
+    # a backup runs once per node in every batch and per changed node in search)
+    depth = node.depth
+    qs: list[float] = []
+    signal = rest = acc = 0.0
+    step, action = noise.step_var(depth), noise.action_var(depth)
     for eid in node.children:
         sg = segments[eid]
         c = sg.child
-        kids.append((sg.reward, sg.discount, value[c], error[c], sg.weight, plain[c]))
-    return refine(node.value, kids, noise, node.depth, kappa, influence)
+        vc = value[c]
+        if vc is None:
+            continue
+        disc, w1 = sg.discount, sg.weight
+        qs.append(sg.reward + disc * vc)
+        sig = action * min(w1, 1.0)
+        signal += sig
+        rest += step * w1 - sig + disc * disc * error[c]
+        acc += step * w1 + disc * disc * plain[c]
+    return _backed_up(node.value, qs, signal, rest, acc, noise, depth, kappa, influence)
 
 
 def settle_children(
@@ -313,6 +413,7 @@ def tree_values(
         leaf_returns,
         noise,
         plain,
+        segs,
     )
 
 

@@ -32,6 +32,9 @@ class Calibration:
     #: ``bootstrap`` rule): how often a fresh rollout's last value is the critic's.
     bootstrapped: float = 0.0
     _chains: dict[tuple[int, int], Chain] = field(default_factory=dict, compare=False, repr=False)
+    #: :attr:`target_weight`, once computed (every evidence view reads it); not an
+    #: ``__init__`` argument, so ``dataclasses.replace`` starts a copy without it.
+    _target_weight: list[float] = field(default_factory=list, init=False, compare=False, repr=False)
 
     def fresh_chain(self, depth: int, length: int) -> Chain:
         """What a fresh rollout adds below its first checkpoint at ``depth``, with
@@ -71,10 +74,15 @@ class Calibration:
         is ranking by the relative changes ``Δ(adv)/adv₀ + Δ(targets)/targets₀``, so
         neither error's scale (rewards, horizon, how far off the critic is) decides the
         trade-off. 0 while the model is unknown."""
+        if self._target_weight:
+            return self._target_weight[0]
         if not self.noise.known:
-            return 0.0
-        c = self.fresh_chain(0, max(int(round(self.mean_leaf_transitions)), 1))
-        return c.segments / c.targets if c.targets > 0 else 0.0
+            w = 0.0
+        else:
+            c = self.fresh_chain(0, max(int(round(self.mean_leaf_transitions)), 1))
+            w = c.segments / c.targets if c.targets > 0 else 0.0
+        self._target_weight.append(w)
+        return w
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ import math
 from collections.abc import Mapping, Sequence
 
 from focus.calibration import Calibration
-from focus.estimation import NoiseModel, Segment, TreeValues, child_variances, segment, value_influence
-from focus.priority import NodeEvidence
+from focus.estimation import NoiseModel, Segment, TreeValues, segment, value_influence
+from focus.priority import NodeEvidence, make_evidence
 from focus.tree import Node, Tree
 
 
@@ -78,36 +78,30 @@ def node_view(
     most that factor squared again).
     """
     i = node.id
+    depth = node.depth
     mu = calibration.mean_tokens or 1.0
     gamma = values.gamma
     noise = calibration.noise
-    infl, t_infl = _influence(tree, node, values, segs, valid, mu)
-    sig, rest, plain, n = 0.0, 0.0, 0.0, 0
-    step, action = noise.step_var(node.depth), noise.action_var(node.depth)
-    for eid in node.children:
-        sg = segs[eid]
-        if values.value.get(sg.child) is None:
-            continue
-        a, b = child_variances(sg.weight, sg.discount, values.error[sg.child], step, action)
-        sig, rest, n = sig + a, rest + b, n + 1
-        plain += step * sg.weight + sg.discount * sg.discount * values.plain_error.get(sg.child, 0.0)
+    infl, t_infl, v_infl = _parent_terms(tree, node, values, segs, valid, mu)
+    step, action = noise.step_var(depth), noise.action_var(depth)
+    sig, rest, plain, n = _child_sums(node, values, segs, step, action)
     if math.isnan(length):
         length = max(1.0, calibration.mean_leaf_transitions - node.transitions)
-    chain = calibration.fresh_chain(node.depth + 1, max(int(round(length)) - 1, 0))
-    fresh = noise.noise_var(node.depth) + gamma * gamma * chain.head_error
+    chain = calibration.fresh_chain(depth + 1, max(int(round(length)) - 1, 0))
+    fresh = noise.noise_var(depth) + gamma * gamma * chain.head_error
     fresh_target = step + gamma * gamma * chain.head_target
     if n:
         sig, rest, plain = sig / n, rest / n, plain / n
     else:
         sig, rest, plain = action, fresh, fresh_target
-    shared, rest = shared_error(calibration, node.depth, length, rest)
+    shared, rest = shared_error(calibration, depth, length, rest)
     qs = values.child_q.get(i, ())
     rho = _spread_factor(node, qs, sig + rest, noise)
     sig, rest = rho * sig, rho * rest
-    return NodeEvidence.build(
+    return make_evidence(
         tree_index=tree_index,
         node_id=i,
-        depth=node.depth,
+        depth=depth,
         transitions=node.transitions,
         value=node.value,
         value_std=node.value_std,
@@ -123,7 +117,7 @@ def node_view(
         critic_weight=values.critic_weight.get(i, 0.0),
         signal=sig,
         child_error=rest,
-        critic_var=noise.critic_at(node.depth),
+        critic_var=noise.critic_at(depth),
         fresh_error=fresh,
         chain_error=chain.segments,
         target_var=plain,
@@ -133,8 +127,49 @@ def node_view(
         target_weight=calibration.target_weight,
         rollout_transitions=calibration.mean_leaf_transitions,
         shared_error=shared,
-        value_influence=_value_influence(tree, node, values, segs),
+        value_influence=v_infl,
     )
+
+
+def _parent_terms(
+    tree: Tree, node: Node, values: TreeValues, segs: Mapping[int, Segment], valid: Mapping[int, float], mu: float
+) -> tuple[float, float, float]:
+    """How much V(n) moves the advantages above it, the weight of its plain error in its
+    parent's critic target (both 0 for a root or a node without a value), and its
+    :func:`focus.estimation.value_influence` (0 for a root), see :func:`node_view`: one
+    pass over the parent's figures (a ranking makes a view per changed checkpoint,
+    about 70,000 at 40k transitions over 800 tasks)."""
+    pe = node.parent_edge
+    if pe is None:
+        return 0.0, 0.0, 0.0
+    sp = segs[pe]
+    p = tree.edges[pe].parent
+    m_p = values.m.get(p, 0)
+    v_infl = value_influence(sp.discount, m_p)
+    if not m_p or values.value.get(node.id) is None:
+        return 0.0, 0.0, v_infl
+    c = (1.0 - values.critic_weight.get(p, 0.0)) * sp.discount / m_p
+    own = sp.discount - c
+    return (own * own * sp.tokens + c * c * (valid[p] - sp.tokens)) / mu, sp.discount * sp.discount / m_p, v_infl
+
+
+def _child_sums(
+    node: Node, values: TreeValues, segs: Mapping[int, Segment], step: float, action: float
+) -> tuple[float, float, float, int]:
+    """Summed (signal, noise) variances (:func:`focus.estimation.child_variances`, written
+    out) and plain-backup variances of ``node``'s valid children, and their count."""
+    value, error, plain_error = values.value, values.error, values.plain_error
+    sig, rest, plain, n = 0.0, 0.0, 0.0, 0
+    for eid in node.children:
+        sg = segs[eid]
+        ch = sg.child
+        if value.get(ch) is None:
+            continue
+        w, d = sg.weight, sg.discount
+        a = action * min(w, 1.0)
+        sig, rest, n = sig + a, rest + (step * w - a + d * d * error[ch]), n + 1
+        plain += step * w + d * d * plain_error.get(ch, 0.0)
+    return sig, rest, plain, n
 
 
 def shared_error(calibration: Calibration, depth: int, length: float, rest: float) -> tuple[float, float]:
@@ -156,30 +191,6 @@ def shared_error(calibration: Calibration, depth: int, length: float, rest: floa
     t = noise.critic_error_at(depth + k)
     shared = noise.shared * calibration.bootstrapped * calibration.gamma ** (2 * k) * t
     return shared, max(rest - shared, (1.0 - noise.shared) * rest)
-
-
-def _influence(
-    tree: Tree, node: Node, values: TreeValues, segs: Mapping[int, Segment], valid: Mapping[int, float], mu: float
-) -> tuple[float, float]:
-    """How much V(n) moves the advantages above it, and the critic target of its parent
-    segment (see :func:`node_view`); 0 for a root or a node without a value."""
-    if node.parent_edge is None or values.value.get(node.id) is None:
-        return 0.0, 0.0
-    sp = segs[node.parent_edge]
-    p = tree.edges[node.parent_edge].parent
-    lam_p, m_p = values.critic_weight.get(p, 0.0), values.m.get(p, 0)
-    if not m_p:
-        return 0.0, 0.0
-    c = (1.0 - lam_p) * sp.discount / m_p
-    own = sp.discount - c
-    return (own * own * sp.tokens + c * c * (valid[p] - sp.tokens)) / mu, sp.discount * sp.discount / m_p
-
-
-def _value_influence(tree: Tree, node: Node, values: TreeValues, segs: Mapping[int, Segment]) -> float:
-    """:func:`focus.estimation.value_influence` of ``node`` (0 for a root)."""
-    if node.parent_edge is None:
-        return 0.0
-    return value_influence(segs[node.parent_edge].discount, values.m.get(tree.edges[node.parent_edge].parent, 0))
 
 
 def _spread_factor(node: Node, qs: Sequence[float], v: float, noise: NoiseModel) -> float:

@@ -183,6 +183,8 @@ class NodeEvidence:
         """This view with ``pending`` continuations planned: ``dataclasses.replace``
         without its field-by-field re-initialisation (the planner does this twice per
         job it plans; the class has no ``__post_init__`` to run)."""
+        if type(self) is NodeEvidence:
+            return _evidence_with_pending(self, pending)
         new = object.__new__(type(self))
         for get, put in _EVIDENCE_COPY:
             put(new, get(self))
@@ -196,6 +198,27 @@ class NodeEvidence:
 _EVIDENCE_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeEvidence))
 _EVIDENCE_SET: dict[str, Any] = {name: NodeEvidence.__dict__[name].__set__ for name in _EVIDENCE_FIELDS}
 _EVIDENCE_COPY = tuple((NodeEvidence.__dict__[n].__get__, _EVIDENCE_SET[n]) for n in sorted(_EVIDENCE_FIELDS))
+
+
+def _evidence_functions() -> tuple[Callable[..., NodeEvidence], Callable[[NodeEvidence, int], NodeEvidence]]:
+    """:func:`make_evidence` and the copy :meth:`NodeEvidence.with_pending` makes, written
+    out field by field (as ``dataclasses`` writes an ``__init__``): one setter call per
+    slot with nothing else around it - no keyword dict to check and walk, no loop. A
+    ranking builds a view per changed checkpoint and the planner copies one twice per
+    job; this halves what :meth:`NodeEvidence.build` and the loop took per view."""
+    names = [f.name for f in dataclasses.fields(NodeEvidence)]
+    env: dict[str, Any] = {"_new": object.__new__, "_cls": NodeEvidence}
+    env.update({f"_set_{n}": _EVIDENCE_SET[n] for n in names})
+    make = [f"def make(*, {', '.join(names)}):", "    new = _new(_cls)"]
+    make += [f"    _set_{n}(new, {n})" for n in names]
+    copy = ["def copy(old, pending):", "    new = _new(_cls)"]
+    copy += [f"    _set_{n}(new, {'pending' if n == 'pending' else 'old.' + n})" for n in names]
+    exec("\n".join([*make, "    return new", *copy, "    return new", ""]), env)  # noqa: S102 - fixed source
+    return env["make"], env["copy"]
+
+
+#: ``NodeEvidence(...)`` with every field given by keyword (:func:`_evidence_functions`).
+make_evidence, _evidence_with_pending = _evidence_functions()
 
 
 class Priority(BaseModel, abc.ABC):
@@ -333,17 +356,23 @@ class Selective(Priority):
 
     def error(self, node: NodeEvidence, m: int) -> float:
         """Modelled error variance of V(n) with ``m`` like children."""
+        return self._error(node, m, self.weight(node, m) if m > 0 else 0.0)
+
+    def _error(self, node: NodeEvidence, m: int, lam: float) -> float:
+        """:meth:`error` with λ = ``self.weight(node, m)`` given (read only for m > 0)."""
         t = node.critic_var if math.isfinite(node.critic_var) else 0.0
         v = node.signal + node.child_error
         if m <= 0:
             return t if node.value is not None and math.isfinite(node.critic_var) else v
-        lam = self.weight(node, m)
         return (lam * lam * t if lam > 0 else 0.0) + (1.0 - lam) ** 2 * (v / m + node.shared_error)
 
     def segment_error(self, node: NodeEvidence, m: int, noise: float) -> float:
         """Advantage error of one of ``m`` child segments whose child has noise ``noise``."""
+        return self._segment_error(node, m, noise, self.weight(node, m))
+
+    def _segment_error(self, node: NodeEvidence, m: int, noise: float, lam: float) -> float:
+        """:meth:`segment_error` with λ = ``self.weight(node, m)`` given."""
         t = node.critic_var if math.isfinite(node.critic_var) else 0.0
-        lam = self.weight(node, m)
         mu = 1.0 - lam
         own = noise * (1 - 2 * mu / m + mu * mu / m) + mu * mu * node.signal / m
         return own + (lam * lam * (t + node.shared_error) if lam > 0 else 0.0)
@@ -361,7 +390,29 @@ class Selective(Priority):
             return 0.0
         n = node.m + node.pending
         e = node.child_error
+        if type(self).segment_error is not _SEGMENT_ERROR or type(self).error is not _ERROR:
+            return self._generic(node, n, e)
+        # λ with n and with n + 1 children, each computed once (the error terms below
+        # read them five times; weight is a pure function of the view and the count)
+        after = self.weight(node, n + 1)
+        before = self.weight(node, n) if n > 0 else 0.0
         # the new segments' own errors
+        change = self._segment_error(node, n + 1, node.fresh_error, after) + node.chain_error
+        if n:
+            per_child = node.child_tokens / node.m if node.m else 1.0
+            change += (
+                n * per_child * (self._segment_error(node, n + 1, e, after) - self._segment_error(node, n, e, before))
+            )
+        if self.use_influence:
+            change += node.influence * (self._error(node, n + 1, after) - self._error(node, n, before))
+        if self.targets:
+            change += node.target_weight * self.target_change(node)
+        cost = node.expected_transitions if self.per_transition else 1.0
+        return -change / cost
+
+    def _generic(self, node: NodeEvidence, n: int, e: float) -> float:
+        """:meth:`__call__`'s score through the public error terms, for a subclass that
+        overrides :meth:`segment_error` or :meth:`error`."""
         change = self.segment_error(node, n + 1, node.fresh_error) + node.chain_error
         if n:
             per_child = node.child_tokens / node.m if node.m else 1.0
@@ -392,6 +443,8 @@ class Selective(Priority):
         upper = node.target_influence * ((total + f) / ((n + 1) * (n + 1)) - before)
         return own + node.chain_target + upper
 
+
+_SEGMENT_ERROR, _ERROR = Selective.segment_error, Selective.error
 
 #: The score of a continuation slot drawn for exploration: above any other (ties among
 #: them go by the ranking's seeded tie-break, so their order is random too).

@@ -1,0 +1,350 @@
+"""The faster per-tree computations of planning and batch preparation equal the
+computations they replace, on random trees (issue 37: search and prepare CPU per
+transition).
+
+Each reference below is the former code, kept here as the definition: the batch must
+stay bit-identical (tests/repin.py), so every comparison is exact, not approximate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Mapping
+
+import pytest
+from test_ranking import grow
+
+from focus.calibration import Calibration, calibrate
+from focus.estimation import (
+    CriticTarget,
+    DirectBranchTd,
+    NodeMonteCarlo,
+    NoiseModel,
+    Segment,
+    TreeValues,
+    child_variances,
+    critic_targets,
+    first_step_weight,
+    node_value,
+    noise_model,
+    refine,
+    segment,
+    tree_values,
+    value_influence,
+)
+from focus.node_view import _spread_factor, node_evidence, node_view, segment_length, shared_error, valid_tokens
+from focus.priority import EXPLORE, NodeEvidence, Selective, explores, make_evidence
+from focus.search import copy_tree
+from focus.tree import Edge, Node, Tree
+
+
+def reference_critic_targets(tree: Tree, gamma: float, truncation: str) -> dict[int, CriticTarget]:
+    """``critic_targets`` as it was: a whole ``tree_values`` backup with κ = 0."""
+    tv = tree_values(tree, gamma=gamma, kappa=0.0, truncation=truncation)  # type: ignore[arg-type]
+    out: dict[int, CriticTarget] = {}
+    for node in tree.checkpoints():
+        q = tv.q_bar[node.id]
+        if q is None:
+            out[node.id] = CriticTarget(node.id, node.value if node.value is not None else 0.0, 0.0)
+        else:
+            out[node.id] = CriticTarget(node.id, q, float(tv.m[node.id]))
+    return out
+
+
+def random_trees(seed: int, steps: int = 10) -> list[Tree]:
+    """A tree grown ``steps`` times as search grows one (chains below checkpoints,
+    failed and truncated leaves, multi-transition segments, some nodes unscored), with
+    every intermediate tree."""
+    rng = random.Random(seed)
+    tree = Tree.new("t", None, (1,))
+    if rng.random() < 0.8:
+        tree.root.value = rng.uniform(-0.5, 1.5)
+    out = [tree]
+    for _ in range(steps):
+        tree = copy_tree(tree)
+        grow(tree, rng)
+        out.append(tree)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(("gamma", "truncation"), [(1.0, "bootstrap"), (0.9, "bootstrap"), (0.97, "terminal")])
+def test_critic_targets_equal_the_full_backup(seed: int, gamma: float, truncation: str) -> None:
+    for tree in random_trees(seed):
+        got = critic_targets(tree, gamma=gamma, truncation=truncation)  # type: ignore[arg-type]
+        want = reference_critic_targets(tree, gamma, truncation)
+        assert list(got) == list(want)  # same checkpoints, same order
+        assert got == want  # bit for bit
+    # the trees exercise every case: a checkpoint without a valid child, several valid children
+    assert any(t.weight == 0.0 for t in got.values()) and any(t.weight >= 2 for t in got.values())
+
+
+def reference_segment(e: Edge, gamma: float) -> Segment:
+    """``segment`` as it was: one pass over the turns per property."""
+    k = e.k
+    return Segment(e.child, e.discounted_reward(gamma), gamma**k, first_step_weight(k, gamma), k, e.n_tokens)
+
+
+def reference_td(edges: list[Edge], value: dict[int, float | None], gamma: float) -> dict[int, float]:
+    """The segment TD advantages as ``_segment_td`` computed them, from the edges."""
+    out = {}
+    for e in edges:
+        vc, vp = value.get(e.child), value.get(e.parent)
+        if vc is not None and vp is not None:
+            out[e.id] = e.discounted_reward(gamma) + gamma**e.k * vc - vp
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("gamma", [1.0, 0.9, 0.5])
+def test_segments_and_advantages_equal_the_per_edge_computation(seed: int, gamma: float) -> None:
+    tree = random_trees(seed)[-1]
+    for e in tree.edges.values():
+        got, want = segment(e, gamma), reference_segment(e, gamma)
+        assert got == want and type(got.reward) is type(want.reward)
+        # an env that rewards in ints (or bools): the same float as before
+        ints = dataclasses.replace(e, turns=tuple(dataclasses.replace(t, reward=int(t.reward * 3)) for t in e.turns))
+        got, want = segment(ints, gamma), reference_segment(ints, gamma)
+        assert got == want and type(got.reward) is type(want.reward)
+    for est in (DirectBranchTd(gamma=gamma), NodeMonteCarlo(gamma=gamma)):
+        values = est.values(tree)
+        assert set(values.segments) == set(tree.edges)
+        edges = list(tree.edges.values())
+        source = values.value if isinstance(est, DirectBranchTd) else values.mc
+        want = reference_td(edges, dict(source), gamma)
+        assert want and est.advantages(edges, values) == want
+        # values without segments (as a ranking's) give the same advantages from the edges
+        bare = dataclasses.replace(values, segments={})
+        assert est.advantages(edges, bare) == want
+
+
+def reference_node_view(
+    tree: Tree,
+    node: Node,
+    tree_index: int,
+    values: TreeValues,
+    calibration: Calibration,
+    segs: Mapping[int, Segment],
+    length: float,
+    valid: Mapping[int, float],
+    pending: int = 0,
+) -> NodeEvidence:
+    """``node_view`` as it was (its helpers called, the view built through
+    ``NodeEvidence.build``)."""
+    i = node.id
+    mu = calibration.mean_tokens or 1.0
+    gamma = values.gamma
+    noise = calibration.noise
+    infl, t_infl = _influence(tree, node, values, segs, valid, mu)
+    sig, rest, plain, n = 0.0, 0.0, 0.0, 0
+    step, action = noise.step_var(node.depth), noise.action_var(node.depth)
+    for eid in node.children:
+        sg = segs[eid]
+        if values.value.get(sg.child) is None:
+            continue
+        a, b = child_variances(sg.weight, sg.discount, values.error[sg.child], step, action)
+        sig, rest, n = sig + a, rest + b, n + 1
+        plain += step * sg.weight + sg.discount * sg.discount * values.plain_error.get(sg.child, 0.0)
+    if math.isnan(length):
+        length = max(1.0, calibration.mean_leaf_transitions - node.transitions)
+    chain = calibration.fresh_chain(node.depth + 1, max(int(round(length)) - 1, 0))
+    fresh = noise.noise_var(node.depth) + gamma * gamma * chain.head_error
+    fresh_target = step + gamma * gamma * chain.head_target
+    if n:
+        sig, rest, plain = sig / n, rest / n, plain / n
+    else:
+        sig, rest, plain = action, fresh, fresh_target
+    shared, rest = shared_error(calibration, node.depth, length, rest)
+    qs = values.child_q.get(i, ())
+    rho = _spread_factor(node, qs, sig + rest, noise)
+    sig, rest = rho * sig, rho * rest
+    return NodeEvidence.build(
+        tree_index=tree_index,
+        node_id=i,
+        depth=node.depth,
+        transitions=node.transitions,
+        value=node.value,
+        value_std=node.value_std,
+        refined=values.value.get(i),
+        q_bar=values.q_bar.get(i),
+        child_values=qs,
+        m=values.m.get(i, 0),
+        branches=len(node.children),
+        pending=pending,
+        influence=infl,
+        expected_transitions=max(length, 1.0),
+        child_tokens=valid[i] / mu,
+        critic_weight=values.critic_weight.get(i, 0.0),
+        signal=sig,
+        child_error=rest,
+        critic_var=noise.critic_at(node.depth),
+        fresh_error=fresh,
+        chain_error=chain.segments,
+        target_var=plain,
+        fresh_target=fresh_target,
+        chain_target=chain.targets,
+        target_influence=t_infl,
+        target_weight=calibration.target_weight,
+        rollout_transitions=calibration.mean_leaf_transitions,
+        shared_error=shared,
+        value_influence=_value_influence(tree, node, values, segs),
+    )
+
+
+def _influence(
+    tree: Tree, node: Node, values: TreeValues, segs: Mapping[int, Segment], valid: Mapping[int, float], mu: float
+) -> tuple[float, float]:
+    """How much V(n) moves the advantages above it, and the critic target of its parent
+    segment (see :func:`node_view`); 0 for a root or a node without a value."""
+    if node.parent_edge is None or values.value.get(node.id) is None:
+        return 0.0, 0.0
+    sp = segs[node.parent_edge]
+    p = tree.edges[node.parent_edge].parent
+    lam_p, m_p = values.critic_weight.get(p, 0.0), values.m.get(p, 0)
+    if not m_p:
+        return 0.0, 0.0
+    c = (1.0 - lam_p) * sp.discount / m_p
+    own = sp.discount - c
+    return (own * own * sp.tokens + c * c * (valid[p] - sp.tokens)) / mu, sp.discount * sp.discount / m_p
+
+
+def _value_influence(tree: Tree, node: Node, values: TreeValues, segs: Mapping[int, Segment]) -> float:
+    """:func:`focus.estimation.value_influence` of ``node`` (0 for a root)."""
+    if node.parent_edge is None:
+        return 0.0
+    return value_influence(segs[node.parent_edge].discount, values.m.get(tree.edges[node.parent_edge].parent, 0))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_node_view_equals_the_former_one(seed: int, gamma: float) -> None:
+    trees = random_trees(seed, steps=12)
+    for tree in trees[3:]:
+        for known in (True, False):
+            calib = calibrate([tree], gamma=gamma) if known else Calibration(NoiseModel.unknown())
+            calib = dataclasses.replace(calib, mean_tokens=2.5)
+            values = tree_values(tree, gamma=gamma, noise=calib.noise)
+            segs = {i: segment(e, gamma) for i, e in tree.edges.items()}
+            lengths: dict[int, float] = {}
+            valid: dict[int, float] = {}
+            for node in tree.postorder():
+                lengths[node.id] = segment_length(node, segs, lengths)
+                valid[node.id] = valid_tokens(node, segs, values.value)
+            views = 0
+            for node in tree.checkpoints():
+                for pending in (0, 2):
+                    args = (tree, node, 3, values, calib, segs, lengths[node.id], valid, pending)
+                    got, want = node_view(*args), reference_node_view(*args)
+                    assert type(got) is NodeEvidence and got == want  # every field, bit for bit
+                    views += 1
+            assert views >= 8
+    # the trees have what the view's branches read: parents with several valid children,
+    # checkpoints without a valid child, a known noise model
+    assert calibrate([trees[-1]], gamma=gamma).noise.known
+
+
+def test_evidence_copies_and_builds_equal_the_dataclass() -> None:
+    names = [f.name for f in dataclasses.fields(NodeEvidence)]
+    fields = {n: float(i) + 0.5 for i, n in enumerate(names)}
+    made = make_evidence(**fields)
+    assert made == NodeEvidence(**fields) == NodeEvidence.build(**fields)  # type: ignore[arg-type]
+    assert made.with_pending(7) == dataclasses.replace(made, pending=7)
+    with pytest.raises(TypeError):
+        make_evidence(**{n: v for n, v in fields.items() if n != "signal"})
+
+
+def test_target_weight_is_cached_per_calibration() -> None:
+    cal = Calibration(NoiseModel((0.04, 0.02, 0.01), 0.01, (0.02, 0.01, 0.005)), mean_leaf_transitions=3.0)
+    first = cal.target_weight
+    assert first > 0 and cal.target_weight == first
+    # a copy with another noise model computes its own (the cache is not an __init__ field)
+    other = dataclasses.replace(cal, noise=NoiseModel.unknown(), _chains={})
+    assert other.target_weight == 0.0 and cal.target_weight == first
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("kappa", [None, 0.0, 1.5])
+def test_node_value_equals_refine_over_child_tuples(seed: int, kappa: float | None) -> None:
+    """``node_value`` sums its children in a loop of its own; ``refine`` over the tuples
+    it used to build is the definition."""
+    tree = random_trees(seed, steps=12)[-1]
+    gamma = 0.95
+    for noise in (noise_model([tree], gamma=gamma), NoiseModel.unknown()):
+        tv = tree_values(tree, gamma=gamma, kappa=kappa, noise=noise)
+        segs = {i: segment(e, gamma) for i, e in tree.edges.items()}
+        value, error, plain = dict(tv.value), dict(tv.error), dict(tv.plain_error)
+        checked = 0
+        for node in tree.checkpoints():
+            for influence in (0.0, 0.7):
+                kids = [
+                    (segs[e].reward, segs[e].discount, value[segs[e].child], error[segs[e].child], segs[e].weight,
+                     plain[segs[e].child])
+                    for e in node.children
+                ]  # fmt: skip
+                want = refine(node.value, kids, noise, node.depth, kappa, influence)
+                got = node_value(node, segs, value, error, noise, kappa, "bootstrap", plain, influence)
+                assert got == want
+                checked += want.q_bar is not None
+        assert checked >= 4
+    assert noise_model([tree], gamma=gamma).known
+
+
+def reference_score(search: Selective, node: NodeEvidence) -> float:
+    """``Selective.__call__`` as it was: every error term through the public methods,
+    each computing its own λ."""
+    slot = node.branches + node.pending
+    if search.explore > 0 and slot >= 1:
+        rate = search.explore / (1.0 + max(node.rollout_transitions, 0.0))
+        if explores(node.tree_index, node.node_id, slot, rate):
+            return EXPLORE
+    if not math.isfinite(node.critic_var):
+        return 0.0
+    n = node.m + node.pending
+    e = node.child_error
+    change = search.segment_error(node, n + 1, node.fresh_error) + node.chain_error
+    if n:
+        per_child = node.child_tokens / node.m if node.m else 1.0
+        change += n * per_child * (search.segment_error(node, n + 1, e) - search.segment_error(node, n, e))
+    if search.use_influence:
+        change += node.influence * (search.error(node, n + 1) - search.error(node, n))
+    if search.targets:
+        change += node.target_weight * search.target_change(node)
+    cost = node.expected_transitions if search.per_transition else 1.0
+    return -change / cost
+
+
+class PublicTerms(Selective):
+    """A subclass overriding the error terms (with the same formulas): scored through
+    them, not through the λ-reusing path."""
+
+    def error(self, node: NodeEvidence, m: int) -> float:
+        return super().error(node, m)
+
+    def segment_error(self, node: NodeEvidence, m: int, noise: float) -> float:
+        return super().segment_error(node, m, noise)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_selective_score_equals_the_former_one(seed: int) -> None:
+    tree = random_trees(seed, steps=12)[-1]
+    calib = calibrate([tree], gamma=1.0)
+    assert calib.noise.known
+    evidence = node_evidence(tree, 0, tree_values(tree, noise=calib.noise), calib)
+    searches = [
+        Selective(),
+        Selective(kappa=1.0),
+        Selective(explore=0.0, use_influence=False),
+        Selective(targets=False, per_transition=False),
+    ]
+    scored = 0
+    for search in searches:
+        for ev in evidence.values():
+            for pending in (0, 1, 3):
+                view = ev.with_pending(pending)
+                want = reference_score(search, view)
+                assert search(view) == want
+                assert PublicTerms(**search.model_dump())(view) == want
+                scored += want not in (0.0, EXPLORE)
+    assert scored >= 20
