@@ -113,6 +113,22 @@ COMMANDS: dict[str, Check] = {
     "--critics noise_1,noise_3,constant,biased,early_late --methods grpo,uniform,selective --seeds 8": Check(
         "parse", "a benchmark of about 20 minutes (the issue-31 subset at 22 seeds at 6H, 64 at 2H)"
     ),
+    ".venv/bin/python -m benchmarks.priority_terms --family decisive --critic noise_3 --budget 6": Check(
+        "parse", "a simulation of about 15 minutes on a loaded machine (64 continuations from about 700 checkpoints)"
+    ),
+    ".venv/bin/python -m benchmarks.priority_terms --family truncated --critic noise_1 --budget 2": Check(
+        "parse", "a simulation of about 20 s (64 continuations from about 50 checkpoints)"
+    ),
+    ".venv/bin/python -m benchmarks.priority_terms --family decisive --critic noise_3 --budget 6 --exact "
+    "--per-depth 2 --samples 32": Check("parse", "a simulation of about 4 minutes (32 continuations from 370 checkpoints)"),
+    ".venv/bin/python -m benchmarks.estimator_quality --families decisive,truncated --budgets 2,6 "
+    "--critics noise_1,noise_3 --methods uniform,selective --seeds 8": Check(
+        "parse", "a benchmark of about 5 minutes (the two families' noisy cells, 22 seeds at 6H, 64 at 2H)"
+    ),
+    ".venv/bin/python -m benchmarks.estimator_quality --families decisive,truncated --budgets 2,6 "
+    "--critics noise_1,noise_3 --methods uniform,selective,selective_advonly --seeds 8 --ablation-seeds 8": Check(
+        "parse", "a benchmark of about 6 minutes (the same cells and the ablation without the target term)"
+    ),
     ".venv/bin/python -m benchmarks.estimator_quality --families uniform,critical,long,slippery,forage,project,"
     "timing,subtle --budgets 6 --critics noise_1,constant --methods grpo,uniform,selective --seeds 2": Check(
         "parse", "a benchmark of several minutes (the eight project families at 6H, 6 seeds per cell)"
