@@ -275,7 +275,7 @@ def graft_tree(
     jobs = [job for job in plan.jobs if job.tree_index == tree_index]
     if len(rollouts) != len(jobs):
         raise ValueError(f"tree {tree_index} has {len(jobs)} jobs in the wave but {len(rollouts)} rollouts came back")
-    tree, owned = _cow_tree(state.trees[tree_index]), set()
+    tree, owned = _cow_tree(state.trees[tree_index]), set[int]()
     for job, ro in zip(jobs, rollouts, strict=True):
         _add_rollout(tree, job, ro, owned, plan, phase_name, 0.0)
     facts = _grown_facts(state, tree_index, tree)
@@ -291,8 +291,8 @@ def score_tree(
     ``state``'s calibration, the work the next plan would otherwise do at the barrier
     (if the wave moves the calibration, the plan ranks the tree again, as it would
     have)."""
-    tree, owned = _cow_tree(part.tree), set()
-    nids = set()
+    tree, owned = _cow_tree(part.tree), set[int]()
+    nids: set[int] = set()
     for (ti, nid), (value, std) in predictions.items():
         if ti != part.tree_index:
             raise ValueError(f"a prediction for tree {ti} given to tree {part.tree_index}'s part")
