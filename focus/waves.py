@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -115,7 +114,11 @@ class WaveTail:
     def __init__(self, plan: WavePlan) -> None:
         self.plan = plan
         self.rollouts: list[Rollout | None] = [None] * len(plan.jobs)
-        self._left = Counter(job.tree_index for job in plan.jobs)
+        #: Each tree's jobs, by position in the plan (in plan order).
+        self._jobs: dict[int, list[int]] = {}
+        for i, job in enumerate(plan.jobs):
+            self._jobs.setdefault(job.tree_index, []).append(i)
+        self._left = {ti: len(jobs) for ti, jobs in self._jobs.items()}
         self._ready: list[int] = []
         self._event = asyncio.Event()
         #: A rollout got a bad response: the wave will not be grafted, nothing more is done.
@@ -172,11 +175,11 @@ class WaveTail:
             self.parts.update((p.tree_index, p) for p in parts)
 
     def _graft(self, state: SearchState, trees: list[int], phase_name: str) -> list[TreeWave]:
-        jobs = self.plan.jobs
         out = []
         for ti in trees:
-            rollouts = [r for job, r in zip(jobs, self.rollouts, strict=True) if job.tree_index == ti]
-            out.append(graft_tree(state, self.plan, ti, rollouts, phase_name))  # type: ignore[arg-type]
+            jobs = self._jobs[ti]
+            rollouts = [self.rollouts[i] for i in jobs]
+            out.append(graft_tree(state, self.plan, ti, rollouts, phase_name, jobs))  # type: ignore[arg-type]
         return out
 
     async def _score(

@@ -87,9 +87,9 @@ def test_grafting_ahead_changes_neither_the_journal_nor_the_batch(
     grafted_while_running, scored = [], []
     real_graft_tree, real_score_tree = focus.waves.graft_tree, focus.waves.score_tree
 
-    def spy_graft_tree(state, plan, ti, rollouts, phase_name=""):  # type: ignore[no-untyped-def]
+    def spy_graft_tree(*args):  # type: ignore[no-untyped-def]
         grafted_while_running.append(policy.in_flight > 0)
-        return real_graft_tree(state, plan, ti, rollouts, phase_name)
+        return real_graft_tree(*args)
 
     def spy_score_tree(*args):  # type: ignore[no-untyped-def]
         scored.append(args[2].tree_index)
@@ -193,3 +193,11 @@ def test_parts_of_another_tree_or_wave_are_refused() -> None:
     other = next(t for t in range(len(state.trees)) if t != ti)
     with pytest.raises(ValueError, match="another wave or tree"):
         graft(state, plan, rollouts, "continue", 0.0, ahead={other: part})
+    with pytest.raises(ValueError, match="not tree"):  # positions of another tree's jobs
+        graft_tree(state, plan, ti, own[:1], jobs=[next(i for i, j in enumerate(plan.jobs) if j.tree_index != ti)])
+    if len(own) > 1:  # a part made of some of the tree's jobs only
+        short = graft_tree(
+            state, plan, ti, own[:1], jobs=[i for i, j in enumerate(plan.jobs) if j.tree_index == ti][:1]
+        )
+        with pytest.raises(ValueError, match="grafted ahead with 1 of its"):
+            graft(state, plan, rollouts, "continue", 0.0, ahead={ti: short})

@@ -59,9 +59,11 @@ def graft(
     ahead = ahead or {}
     trees = list(state.trees)
     owned: dict[int, set[int]] = {}
+    jobs_ahead: dict[int, int] = {}
     for job, ro in zip(plan.jobs, rollouts, strict=True):
         ti = job.tree_index
         if ti in ahead:
+            jobs_ahead[ti] = jobs_ahead.get(ti, 0) + 1
             continue
         if not 0 <= ti < len(trees):
             raise ValueError(f"job continues tree {ti}, but the state has {len(trees)} trees")
@@ -75,6 +77,8 @@ def graft(
     for ti, part in ahead.items():
         if (part.phase_index, part.wave_index, part.tree_index) != (plan.phase_index, plan.wave_index, ti):
             raise ValueError(f"tree {ti} was grafted ahead for another wave or tree")
+        if part.records != jobs_ahead.get(ti, 0):
+            raise ValueError(f"tree {ti} was grafted ahead with {part.records} of its {jobs_ahead.get(ti, 0)} jobs")
         trees[ti], derived[ti] = part.tree, part.facts
         for record in part.tree.log[len(part.tree.log) - part.records :]:
             record.__dict__["wave_wall_s"] = wave_wall_s  # made by graft_tree for this wave, not shared
@@ -260,10 +264,17 @@ class TreeWave:
 
 
 def graft_tree(
-    state: SearchState, plan: WavePlan, tree_index: int, rollouts: Sequence[Rollout], phase_name: str = ""
+    state: SearchState,
+    plan: WavePlan,
+    tree_index: int,
+    rollouts: Sequence[Rollout],
+    phase_name: str = "",
+    jobs: Sequence[int] | None = None,
 ) -> TreeWave:
     """Tree ``tree_index``'s share of :func:`graft`: its jobs of ``plan`` (in plan order)
     with ``rollouts`` (theirs, in that order), added to a private copy of the tree.
+    ``jobs``: the positions of the tree's jobs in ``plan``, if known (a caller grafting
+    every tree of a wave finds them in one pass, not one pass per tree).
 
     Pure, like :func:`graft` (the ranking of ``state``'s facts for the tree moves to the
     part, as it moves to a successor state). ``plan`` must be the wave :func:`graft`
@@ -272,14 +283,18 @@ def graft_tree(
     _after(state, plan)
     if not 0 <= tree_index < len(state.trees):
         raise ValueError(f"job continues tree {tree_index}, but the state has {len(state.trees)} trees")
-    jobs = [job for job in plan.jobs if job.tree_index == tree_index]
-    if len(rollouts) != len(jobs):
-        raise ValueError(f"tree {tree_index} has {len(jobs)} jobs in the wave but {len(rollouts)} rollouts came back")
+    if jobs is None:
+        jobs = [i for i, job in enumerate(plan.jobs) if job.tree_index == tree_index]
+    mine = [plan.jobs[i] for i in jobs]
+    if any(job.tree_index != tree_index for job in mine) or list(jobs) != sorted(set(jobs)):
+        raise ValueError(f"jobs {list(jobs)} are not tree {tree_index}'s jobs in plan order")
+    if len(rollouts) != len(mine):
+        raise ValueError(f"tree {tree_index} has {len(mine)} jobs in the wave but {len(rollouts)} rollouts came back")
     tree, owned = _cow_tree(state.trees[tree_index]), set[int]()
-    for job, ro in zip(jobs, rollouts, strict=True):
+    for job, ro in zip(mine, rollouts, strict=True):
         _add_rollout(tree, job, ro, owned, plan, phase_name, 0.0)
     facts = _grown_facts(state, tree_index, tree)
-    return TreeWave(plan.phase_index, plan.wave_index, tree_index, tree, facts, len(jobs))
+    return TreeWave(plan.phase_index, plan.wave_index, tree_index, tree, facts, len(mine))
 
 
 def score_tree(
