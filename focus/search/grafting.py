@@ -298,14 +298,19 @@ def graft_tree(
 
 
 def score_tree(
-    state: SearchState, search: Priority, part: TreeWave, predictions: Predictions, rank: bool = True
+    state: SearchState,
+    search: Priority,
+    part: TreeWave,
+    predictions: Predictions,
+    rank: bool = True,
+    calibration: Calibration | None = None,
 ) -> TreeWave:
     """``part`` with the critic's ``predictions`` for its nodes filled in, as
     :func:`with_predictions` fills them in (copying the nodes it changes), and, with
     ``rank``, the tree's ranking for the part's phase brought up to date under
     ``state``'s calibration, the work the next plan would otherwise do at the barrier
     (if the wave moves the calibration, the plan ranks the tree again, as it would
-    have)."""
+    have). ``calibration``: ``state.calibration(search)``, if the caller has it."""
     tree, owned = _cow_tree(part.tree), set[int]()
     nids: set[int] = set()
     for (ti, nid), (value, std) in predictions.items():
@@ -319,7 +324,8 @@ def score_tree(
     ranking, changed = old.handover(nids)
     facts = _TreeFacts(tree, part.tree_index, spent=old._spent, unscored=left, rank=ranking, changed=changed)
     if rank:
-        facts.ranked(search, state.calibration(search), part.phase_index, state.seed)
+        calib = calibration if calibration is not None else state.calibration(search)
+        facts.ranked(search, calib, part.phase_index, state.seed)
     return TreeWave(
         part.phase_index, part.wave_index, part.tree_index, tree, facts, part.records,
         {**part.predictions, **predictions},
