@@ -201,3 +201,28 @@ def test_parts_of_another_tree_or_wave_are_refused() -> None:
         )
         with pytest.raises(ValueError, match="grafted ahead with 1 of its"):
             graft(state, plan, rollouts, "continue", 0.0, ahead={ti: short})
+
+
+def test_merged_predictions_are_in_the_order_one_call_makes_them() -> None:
+    ahead = {(2, 5): (0.1, None), (2, 7): (0.2, None), (0, 3): (0.3, 0.1)}
+    rest = {(1, 4): (0.4, None), (3, 1): (0.5, None)}
+    merged = focus.waves.merged_predictions(ahead, rest)
+    assert list(merged) == [(0, 3), (1, 4), (2, 5), (2, 7), (3, 1)] and merged[(0, 3)] == (0.3, 0.1)
+
+
+def test_an_execution_that_returns_a_wave_whole_reports_its_jobs_at_the_end() -> None:
+    col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
+
+    async def go() -> tuple[list[Any], list[tuple[int, Any]], list[tuple[int, Any]]]:
+        state = plan_ahead(await col.run_evidence(tasks), col.search, 1)
+        jobs = list(state.planned[0].jobs)
+        whole: list[tuple[int, Any]] = []
+        each: list[tuple[int, Any]] = []
+        out = await _AllAtOnce(max_concurrency=4).run_reporting(col.agent, jobs, lambda i, r: whole.append((i, r)))
+        await Execution(max_concurrency=4).run_reporting(col.agent, jobs, lambda i, r: each.append((i, r)))
+        return out, whole, each
+
+    out, whole, each = run(go())
+    assert not _AllAtOnce().reports_jobs and Execution().reports_jobs
+    assert [i for i, _ in whole] == list(range(len(out))) and all(r is out[i] for i, r in whole)
+    assert sorted(i for i, _ in each) == list(range(len(out)))  # as each finished, every job once
