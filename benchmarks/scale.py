@@ -170,7 +170,7 @@ def _kind(name: str) -> str:
         return "plan"
     if name.startswith("graft"):
         return "graft"
-    if name in ("unscored", "with_predictions") or "predict" in name:
+    if name in ("unscored", "with_predictions", "score_tree") or "predict" in name:
         return "score"
     return "other"
 

@@ -13,6 +13,11 @@ has, over an explicit :class:`~focus.search.SearchState`:
   its successors launched before it is handed over;
 * :meth:`prepare` (estimator, critic targets, the batch).
 
+While a wave runs, each tree whose jobs in it have all finished is grafted (and, with a
+row-wise critic, scored and ranked) between the rollouts' callbacks (:mod:`focus.waves`),
+so the barrier keeps only the trees that finished last, the merge and the next plan's
+greedy choice; the results are those of doing it all at the barrier.
+
 At each step boundary the loop consults a :class:`~focus.journal.Journal`: a step it
 holds is replayed, one it lacks is computed and recorded. The pipeline's journal
 writes to its checkpoint store, so a rerun after a crash continues after the last
@@ -31,11 +36,10 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
 
-from focus.agent import Agent, Rollout
+from focus.agent import Agent
 from focus.batch import Batch, BatchBuilder
 from focus.critic import ConstantCritic, Critic, check_predictions, warm_start
 from focus.env import Task
@@ -71,67 +75,13 @@ from focus.search import (
 )
 from focus.statistics import collection_statistics, warn_failures
 from focus.tree import Tree
+from focus.waves import Landed, Launched, Running, WaveOutcome, WaveTail, merged_predictions
+from focus.waves import off_loop as _off_loop
+
+__all__ = ["Collector", "Landed", "Launched", "Running", "WaveOutcome"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-
-
-@dataclass
-class Launched:
-    """A wave whose rollouts are running on the event loop."""
-
-    plan: WavePlan
-    task: asyncio.Future[list[Rollout]]
-    t0: float
-
-
-@dataclass(frozen=True)
-class Landed:
-    """A wave whose rollouts came back and were grafted (what a pipeline stores)."""
-
-    plan: WavePlan
-    rollouts: tuple[Rollout, ...]
-    #: Elapsed time the wave accounts for: since the previous wave of the phase landed
-    #: (or, for the first, since it was launched). Summed over waves: the phase's wall time.
-    wall_s: float
-
-
-@dataclass(frozen=True)
-class WaveOutcome:
-    """One continuation wave as :meth:`Collector.phase_waves` yields it."""
-
-    landed: Landed
-    #: The state with the wave grafted, before scoring (what the wave's checkpoint holds).
-    grafted: SearchState
-    #: The critic's predictions for the checkpoints the wave added (empty if it failed).
-    predictions: Predictions
-    #: ``grafted`` with ``predictions``, its next waves planned and launched; ``None``
-    #: when scoring failed.
-    scored: SearchState | None
-    #: Why scoring failed, if it did.
-    error: Exception | None = None
-
-
-@dataclass
-class Running:
-    """The live side of a phase's planned waves: those launched on this event loop and
-    not landed yet. It holds no search data, so losing it (a crash) loses only running
-    rollouts, which a resumed collection launches again with the same jobs.
-    """
-
-    waves: dict[tuple[int, int], Launched] = field(default_factory=dict)
-    #: When the last wave landed.
-    mark: float | None = None
-
-    async def cancel(self) -> None:
-        """Cancel the running waves and wait until they have stopped."""
-        tasks = [w.task for w in self.waves.values()]
-        self.waves.clear()
-        self.mark = None
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Collector:
@@ -247,30 +197,43 @@ class Collector:
         return plan_wave(state, self.search, phase_index, wave_index)
 
     def launch(self, plan: WavePlan) -> Launched:
-        """Start ``plan``'s rollouts on the running loop; :meth:`land` collects them."""
-        task = asyncio.ensure_future(self.execution.run(self.agent, list(plan.jobs)))
-        return Launched(plan, task, time.perf_counter())
+        """Start ``plan``'s rollouts on the running loop; :meth:`land` collects them (and
+        grafts each tree as soon as its jobs are done, :class:`focus.waves.WaveTail`, when
+        the execution service reports jobs one by one)."""
+        if not self.execution.reports_jobs:
+            task = asyncio.ensure_future(self.execution.run(self.agent, list(plan.jobs)))
+            return Launched(plan, task, time.perf_counter())
+        tail = WaveTail(plan)
+        task = asyncio.ensure_future(self.execution.run_reporting(self.agent, list(plan.jobs), tail.done))
+        return Launched(plan, task, time.perf_counter(), tail)
 
     async def land(
-        self, state: SearchState, launched: Launched, since: float | None = None
+        self, state: SearchState, launched: Launched, since: float | None = None, score_ahead: bool = False
     ) -> tuple[SearchState, Landed]:
-        """Wait for a launched wave and graft its rollouts (no scoring).
+        """Wait for a launched wave and graft its rollouts onto ``state``; each tree is
+        grafted as soon as its jobs are done (:class:`focus.waves.WaveTail`), and with
+        ``score_ahead`` and a row-wise critic also scored and ranked then (its predictions
+        in the :class:`Landed`); nothing else is scored.
 
         Raises :class:`focus.execution.ModelServiceOutage` (grafting nothing) when too
         many of its rollouts failed because the model service was out, and
         :class:`focus.execution.BadResponses` (grafting nothing) when any got bad
         responses. ``since``: when the wave's elapsed time starts (default: its launch).
         """
+        plan, tail = launched.plan, launched.tail
+        phase = self.search.phases[plan.phase_index]
+        if tail is not None:
+            score = (self.search, self.critic) if score_ahead and self.critic.row_wise else None
+            await tail.follow(state, launched.task, phase.name, score)
         rollouts = await launched.task
         check_outage(rollouts, self.execution.max_outage_share)
-        now = time.perf_counter()
+        now = tail.finished_at if tail is not None and tail.finished_at is not None else time.perf_counter()
         wall = now - (launched.t0 if since is None else since)
-        plan = launched.plan
         check_responses(rollouts, _wave_name(self.search, plan), (plan.phase_index, plan.wave_index), wall)
-        phase = self.search.phases[plan.phase_index]
-        new = await _off_loop(graft, state, plan, rollouts, phase.name, wall)
+        ahead = tail.parts if tail is not None else None
+        new = await _off_loop(graft, state, plan, rollouts, phase.name, wall, ahead)
         warn_failures(phase.name, plan.wave_index, rollouts)
-        return new, Landed(plan, tuple(rollouts), wall)
+        return new, Landed(plan, tuple(rollouts), wall, dict(tail.predictions) if tail is not None else {})
 
     async def run_rollouts(self, state: SearchState, plan: WavePlan) -> SearchState:
         """Run ``plan`` on the execution service and graft its rollouts (no scoring)."""
@@ -309,12 +272,15 @@ class Collector:
             state = nxt
 
     async def advance(
-        self, state: SearchState, phase_index: int, running: Running
+        self, state: SearchState, phase_index: int, running: Running, *, score_ahead: bool = False
     ) -> tuple[SearchState, Landed | None]:
         """One wave of continuation phase ``phase_index``: plan ahead
         (:func:`focus.search.plan_ahead`, launching each wave not in ``running`` as soon
         as it is planned), wait for the oldest and graft it (not scored). ``None`` when
-        the phase is done.
+        the phase is done. The wave's trees are grafted as their jobs finish
+        (:meth:`land`); with ``score_ahead`` and a row-wise critic they are scored and
+        ranked then too (those predictions are in the :class:`Landed`, the rest is the
+        caller's to score).
 
         With ``waves_in_flight`` > 1 the waves planned after the oldest keep running
         when this returns (in ``running``), so the model service stays busy while the
@@ -327,7 +293,7 @@ class Collector:
         oldest = state.planned[0]
         launched = running.waves.pop((oldest.phase_index, oldest.wave_index))
         try:
-            state, landed = await self.land(state, launched, since=running.mark)
+            state, landed = await self.land(state, launched, since=running.mark, score_ahead=score_ahead)
         except BaseException:
             await running.cancel()
             raise
@@ -425,7 +391,8 @@ class Collector:
     async def phase_waves(self, state: SearchState, phase_index: int, running: Running) -> AsyncIterator[WaveOutcome]:
         """The waves of continuation phase ``phase_index`` from ``state`` on, one
         :class:`WaveOutcome` each: :meth:`advance` (land and graft the oldest planned
-        wave), :meth:`predict` for what it added, then :meth:`launch_ahead` from the
+        wave, scoring the trees a row-wise critic scored while it ran), :meth:`predict`
+        for the rest of what it added, then :meth:`launch_ahead` from the
         scored state, so the next waves run before the caller sees this one. Ends when
         nothing more is planned, or after an outcome whose scoring failed (its
         rollouts are in the outcome; the error is its ``error``). A failure to land
@@ -435,16 +402,17 @@ class Collector:
         already run, so recording never holds a wave back.
         """
         while True:
-            grafted, landed = await self.advance(state, phase_index, running)
+            grafted, landed = await self.advance(state, phase_index, running, score_ahead=True)
             if landed is None:
                 return
             try:
-                preds = await self.predict(grafted)
-                scored = await _off_loop(with_predictions, grafted, preds) if preds else grafted
+                rest = await self.predict(grafted)
+                scored = await _off_loop(with_predictions, grafted, rest) if rest else grafted
                 scored = await self.launch_ahead(scored, phase_index, running)
             except Exception as e:  # the critic's failure: the landed rollouts stay good
                 yield WaveOutcome(landed, grafted, {}, None, e)
                 return
+            preds = merged_predictions(landed.predictions, rest) if landed.predictions else rest
             yield WaveOutcome(landed, grafted, preds, scored)
             state = scored
 
@@ -584,16 +552,6 @@ class Collector:
     def statistics(self, trees: Sequence[Tree], *, excluded_segments: int = 0) -> dict[str, Any]:
         """:func:`focus.statistics.collection_statistics` of ``trees`` under this search."""
         return collection_statistics(self.search.phases, trees, excluded_segments=excluded_segments)
-
-
-async def _off_loop(fn: Callable[..., _T], *args: Any) -> _T:
-    """``fn(*args)`` (planning, grafting, filling in predictions: pure, CPU-bound) in a
-    worker thread, so the event loop keeps serving the rollouts of waves still in flight
-    instead of stalling them for the length of a plan (the GIL is shared, but the loop
-    gets its turn every few milliseconds, which is what it needs to send the next
-    requests). The functions are pure and the loop's rollouts never touch the state
-    they work on, so results are the same as inline."""
-    return await asyncio.to_thread(fn, *args)
 
 
 def _wave_name(search: Priority, plan: WavePlan) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 from focus.backends.retry import HttpConfig
 
@@ -42,6 +42,14 @@ class Prediction:
 
 class Critic(abc.ABC):
     """Predicted remaining return of checkpoint contexts. Implement :meth:`predict`."""
+
+    #: Whether the prediction of a context depends on that context alone, not on the
+    #: other contexts of the call or on how contexts are split into calls. The collector
+    #: then scores a wave's trees as they finish, a few trees per call, instead of all
+    #: of them in one call at the wave's barrier (:mod:`focus.waves`); the scores are
+    #: the same either way only for such a critic. Off by default: a model behind a
+    #: server or a batched forward pass may round differently in another batch.
+    row_wise: ClassVar[bool] = False
 
     @abc.abstractmethod
     async def predict(self, contexts: Sequence[Sequence[int]]) -> list[float]:
@@ -132,6 +140,8 @@ def warm_start(critic: Critic, trees: Sequence[Any], gamma: float = 1.0, truncat
 
 class ConstantCritic(Critic):
     """The same prediction everywhere (e.g. 0.5 for success rewards): no model needed."""
+
+    row_wise: ClassVar[bool] = True
 
     def __init__(self, value: float = 0.0, std: float | None = None) -> None:
         if not math.isfinite(value):

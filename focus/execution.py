@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
@@ -279,6 +279,26 @@ class Execution(BaseModel):
         with self.frozen_heap():
             return await self._run(agent, jobs)
 
+    @property
+    def reports_jobs(self) -> bool:
+        """Whether :meth:`run_reporting` reports each job as it finishes (this class's
+        own :meth:`run`; a subclass that runs jobs elsewhere returns them all at once)."""
+        return type(self).run is Execution.run
+
+    async def run_reporting(
+        self, agent: Agent, jobs: list[RolloutJob], on_done: Callable[[int, Rollout], None]
+    ) -> list[Rollout]:
+        """:meth:`run`, calling ``on_done(index, rollout)`` on the event loop as each job
+        finishes (at the end, for all jobs, where :attr:`reports_jobs` is false): what lets
+        the collector graft a tree while the rest of its wave still runs."""
+        if not self.reports_jobs:
+            out = await self.run(agent, jobs)
+            for i, rollout in enumerate(out):
+                on_done(i, rollout)
+            return out
+        with self.frozen_heap():
+            return await self._run(agent, jobs, on_done)
+
     def frozen_heap(self) -> contextlib.AbstractContextManager[bool]:
         """:func:`frozen_heap`, if ``freeze_gc``."""
         return frozen_heap(self.freeze_gc)
@@ -288,7 +308,9 @@ class Execution(BaseModel):
         many run at once). The task never raises: a crash becomes a failed rollout."""
         return asyncio.ensure_future(_guarded(agent, job))
 
-    async def _run(self, agent: Agent, jobs: list[RolloutJob]) -> list[Rollout]:
+    async def _run(
+        self, agent: Agent, jobs: list[RolloutJob], on_done: Callable[[int, Rollout], None] | None = None
+    ) -> list[Rollout]:
         sem = self._limit()
         limit = outage_limit(self.max_outage_share, len(jobs))
         failed = 0
@@ -307,6 +329,8 @@ class Execution(BaseModel):
             async with sem:
                 for i in order:
                     rollout = out[i] = await _guarded(agent, jobs[i])
+                    if on_done is not None:
+                        on_done(i, rollout)
                     if is_service_failure(rollout):
                         failed += 1
                         if failed > limit:

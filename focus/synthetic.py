@@ -21,7 +21,7 @@ import math
 import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from focus.critic import Critic, Prediction
 from focus.env import Action, Env, EnvError, Message, Reset, StepResult, Task
@@ -501,6 +501,8 @@ class SyntheticCritic(Critic):
     """Exact values plus a fixed per-state error of standard deviation ``noise`` (one
     number, or one per task), seeded: the same state always gets the same error, like
     a real critic."""
+
+    row_wise: ClassVar[bool] = True  # a function of each context's state
 
     def __init__(
         self,

@@ -10,7 +10,9 @@ Three modules, one job each:
   :func:`plan_next`, :func:`plan_refill` - which checkpoints the next wave continues;
 - :mod:`focus.search.grafting`: :func:`graft`, :func:`with_predictions`,
   :func:`replay` - a successor state with a wave's rollouts or the critic's scores,
-  and the state rebuilt from stored waves.
+  and the state rebuilt from stored waves; :func:`graft_tree` and :func:`score_tree`,
+  one tree's share of a wave done while the wave still runs, which :func:`graft`
+  takes over.
 
 The collector and the execution service only carry plans out, so a wave planned twice
 from the same state gives the same jobs and the same seeds. The names below are the
@@ -19,7 +21,16 @@ package's public surface; import them from ``focus.search``.
 
 from __future__ import annotations
 
-from focus.search.grafting import Predictions, WaveRecord, graft, replay, with_predictions
+from focus.search.grafting import (
+    Predictions,
+    TreeWave,
+    WaveRecord,
+    graft,
+    graft_tree,
+    replay,
+    score_tree,
+    with_predictions,
+)
 from focus.search.planning import InFlight, plan_ahead, plan_next, plan_refill, plan_wave, with_plan
 from focus.search.state import (
     CALIBRATION_SPREADS,
@@ -38,17 +49,20 @@ __all__ = [
     "Predictions",
     "RolloutJob",
     "SearchState",
+    "TreeWave",
     "WavePlan",
     "WaveRecord",
     "copy_state",
     "copy_tree",
     "graft",
+    "graft_tree",
     "plan_ahead",
     "plan_next",
     "plan_refill",
     "plan_wave",
     "replay",
     "rollout_seed",
+    "score_tree",
     "unscored",
     "with_plan",
     "with_predictions",

@@ -10,14 +10,15 @@ state that shares every tree and node it did not change.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from focus.agent import Rollout
-from focus.priority import Priority
+from focus.priority import Calibration, Priority
 from focus.search.planning import plan_ahead
 from focus.search.state import (
     _SCORED_KINDS,
+    RolloutJob,
     SearchState,
     WavePlan,
     _cow_tree,
@@ -30,7 +31,12 @@ from focus.usage import Usage
 
 
 def graft(
-    state: SearchState, plan: WavePlan, rollouts: Sequence[Rollout], phase_name: str = "", wave_wall_s: float = 0.0
+    state: SearchState,
+    plan: WavePlan,
+    rollouts: Sequence[Rollout],
+    phase_name: str = "",
+    wave_wall_s: float = 0.0,
+    ahead: Mapping[int, TreeWave] | None = None,
 ) -> SearchState:
     """A new state with each rollout added below its job's checkpoint (in job order).
 
@@ -39,9 +45,52 @@ def graft(
     proportion to its own rollouts, not to the collection. When waves are planned
     ahead (``state.planned``), ``plan`` must be the oldest of them: waves are grafted in
     the order they were planned.
+
+    ``ahead``: trees of the wave already grafted from ``state`` while the wave ran
+    (:func:`graft_tree`, maybe scored by :func:`score_tree`), by tree index; their trees
+    and facts are taken over (single use: their records of the wave get
+    ``wave_wall_s`` here), the other trees are grafted from ``rollouts``. The result is
+    the state ``graft`` without ``ahead`` would give, with the parts' predictions
+    applied as :func:`with_predictions` would apply them.
     """
     if len(rollouts) != len(plan.jobs):
         raise ValueError(f"wave has {len(plan.jobs)} jobs but {len(rollouts)} rollouts came back")
+    planned = _after(state, plan)
+    ahead = ahead or {}
+    trees = list(state.trees)
+    owned: dict[int, set[int]] = {}
+    jobs_ahead: dict[int, int] = {}
+    for job, ro in zip(plan.jobs, rollouts, strict=True):
+        ti = job.tree_index
+        if ti in ahead:
+            jobs_ahead[ti] = jobs_ahead.get(ti, 0) + 1
+            continue
+        if not 0 <= ti < len(trees):
+            raise ValueError(f"job continues tree {ti}, but the state has {len(trees)} trees")
+        if ti not in owned:
+            trees[ti], owned[ti] = _cow_tree(trees[ti]), set()
+        _add_rollout(trees[ti], job, ro, owned[ti], plan, phase_name, wave_wall_s)
+    derived = {ti: f for ti, f in state._derived.items() if ti not in owned and ti not in ahead}
+    for ti in owned:
+        derived[ti] = _grown_facts(state, ti, trees[ti])
+    scored: list[tuple[int, int]] = []
+    for ti, part in ahead.items():
+        if (part.phase_index, part.wave_index, part.tree_index) != (plan.phase_index, plan.wave_index, ti):
+            raise ValueError(f"tree {ti} was grafted ahead for another wave or tree")
+        if part.records != jobs_ahead.get(ti, 0):
+            raise ValueError(f"tree {ti} was grafted ahead with {part.records} of its {jobs_ahead.get(ti, 0)} jobs")
+        trees[ti], derived[ti] = part.tree, part.facts
+        for record in part.tree.log[len(part.tree.log) - part.records :]:
+            record.__dict__["wave_wall_s"] = wave_wall_s  # made by graft_tree for this wave, not shared
+        scored.extend(part.predictions)
+    # a calibration covers earlier waves only, which this graft does not change
+    waves = [*state.waves, (plan.phase_index, plan.wave_index)]
+    calibrations = _calibrations_kept(state._calibrations, trees, waves, scored)
+    return _successor(state, trees, derived, waves, planned, calibrations)
+
+
+def _after(state: SearchState, plan: WavePlan) -> tuple[WavePlan, ...]:
+    """``state.planned`` once ``plan`` is grafted; raises if ``plan`` is not the wave to graft next."""
     if (plan.phase_index, plan.wave_index) in state.waves:
         raise ValueError(f"wave {plan.wave_index} of phase {plan.phase_index} is already grafted onto this state")
     planned = state.planned
@@ -56,58 +105,50 @@ def graft(
                 f"({oldest.wave_index} of phase {oldest.phase_index}); waves are grafted in the order planned"
             )
         planned = planned[1:]
-    trees = list(state.trees)
-    owned: dict[int, set[int]] = {}
-    for job, ro in zip(plan.jobs, rollouts, strict=True):
-        ti = job.tree_index
-        if not 0 <= ti < len(trees):
-            raise ValueError(f"job continues tree {ti}, but the state has {len(trees)} trees")
-        if ti not in owned:
-            trees[ti], owned[ti] = _cow_tree(trees[ti]), set()
-        tree = trees[ti]
-        if job.node_id not in tree.nodes or tree.nodes[job.node_id].is_leaf:
-            raise ValueError(f"job continues node {job.node_id} of tree {ti}, which is not a checkpoint")
-        _own(tree, job.node_id, owned[ti])
-        index = tree.rollouts
-        parent = job.node_id
-        for piece in ro.pieces:
-            node = tree.add_node(
-                parent,
-                piece.turns,
-                piece.kind,
-                steps=piece.steps,
-                context_ids=piece.context_ids,
-                rollout=index,
-                cause=piece.cause,
-            )
-            owned[ti].add(node.id)
-            if piece.kind == "checkpoint":
-                tree.states[node.id] = piece.state
-            parent = node.id
-        tree.rollouts += 1
-        tree.log.append(
-            _record(
-                rollout=index,
-                phase=plan.phase_index,
-                phase_name=phase_name,
-                wave=plan.wave_index,
-                node=job.node_id,
-                branch=job.branch,
-                seed=job.seed,
-                failed=ro.leaf.kind == "failed",
-                cause=ro.leaf.cause,
-                leaf=ro.leaf.kind,
-                wall_s=ro.wall_s,
-                wave_wall_s=wave_wall_s,
-                usage=Usage.of_rollout(ro),
-            )
+    return planned
+
+
+def _add_rollout(
+    tree: Tree, job: RolloutJob, ro: Rollout, owned: set[int], plan: WavePlan, phase_name: str, wave_wall_s: float
+) -> None:
+    """Add ``ro`` below ``job``'s checkpoint of ``tree`` (a private copy: :func:`_cow_tree`)."""
+    if job.node_id not in tree.nodes or tree.nodes[job.node_id].is_leaf:
+        raise ValueError(f"job continues node {job.node_id} of tree {job.tree_index}, which is not a checkpoint")
+    _own(tree, job.node_id, owned)
+    index = tree.rollouts
+    parent = job.node_id
+    for piece in ro.pieces:
+        node = tree.add_node(
+            parent,
+            piece.turns,
+            piece.kind,
+            steps=piece.steps,
+            context_ids=piece.context_ids,
+            rollout=index,
+            cause=piece.cause,
         )
-    derived = {ti: f for ti, f in state._derived.items() if ti not in owned}
-    for ti in owned:
-        derived[ti] = _grown_facts(state, ti, trees[ti])
-    # a calibration covers earlier waves only, which this graft does not change
-    waves = [*state.waves, (plan.phase_index, plan.wave_index)]
-    return _successor(state, trees, derived, waves, planned, dict(state._calibrations))
+        owned.add(node.id)
+        if piece.kind == "checkpoint":
+            tree.states[node.id] = piece.state
+        parent = node.id
+    tree.rollouts += 1
+    tree.log.append(
+        _record(
+            rollout=index,
+            phase=plan.phase_index,
+            phase_name=phase_name,
+            wave=plan.wave_index,
+            node=job.node_id,
+            branch=job.branch,
+            seed=job.seed,
+            failed=ro.leaf.kind == "failed",
+            cause=ro.leaf.cause,
+            leaf=ro.leaf.kind,
+            wall_s=ro.wall_s,
+            wave_wall_s=wave_wall_s,
+            usage=Usage.of_rollout(ro),
+        )
+    )
 
 
 def _record(**fields: Any) -> RolloutRecord:
@@ -165,20 +206,130 @@ def with_predictions(
             left = None if old._unscored is None else tuple(n for n in old._unscored if n not in nids)
             rank, changed = old.handover(nids)
             derived[ti] = _TreeFacts(trees[ti], ti, spent=old._spent, unscored=left, rank=rank, changed=changed)
-    # a calibration that covers a wave whose nodes were just scored is fitted again
-    scored = set()
-    for ti, nid in predictions:
-        tree = state.trees[ti]
-        pe = tree.nodes[nid].parent_edge
-        r = tree.edges[pe].rollout if pe is not None else -1
-        scored.add((tree.log[r].phase, tree.log[r].wave) if 0 <= r < len(tree.log) else None)
-    calibrations = {
-        key: c for key, c in state._calibrations.items() if not scored & ({None} | set(state.waves[: key[0]]))
-    }
+    calibrations = _calibrations_kept(state._calibrations, state.trees, state.waves, predictions)
     return _successor(state, trees, derived, list(state.waves), state.planned, calibrations)
 
 
+def _calibrations_kept(
+    calibrations: Mapping[tuple[Any, ...], Calibration],
+    trees: Sequence[Tree],
+    waves: Sequence[tuple[int, int]],
+    scored: Iterable[tuple[int, int]],
+) -> dict[tuple[Any, ...], Calibration]:
+    """The cached calibrations that still hold once the nodes ``scored`` (tree, node) got
+    new predictions: a calibration that covers a wave whose nodes were just scored
+    (or a node grafted by no wave) is fitted again."""
+    waves_scored = set()
+    for ti, nid in scored:
+        tree = trees[ti]
+        pe = tree.nodes[nid].parent_edge
+        r = tree.edges[pe].rollout if pe is not None else -1
+        waves_scored.add((tree.log[r].phase, tree.log[r].wave) if 0 <= r < len(tree.log) else None)
+    if not waves_scored:
+        return dict(calibrations)
+    return {key: c for key, c in calibrations.items() if not waves_scored & ({None} | set(waves[: key[0]]))}
+
+
 Predictions = Mapping[tuple[int, int], tuple[float | None, float | None]]
+
+
+@dataclass(frozen=True)
+class TreeWave:
+    """One tree's share of a wave, grafted while the wave still runs (:func:`graft_tree`)
+    and maybe scored (:func:`score_tree`): what :func:`graft` takes over for that tree
+    at the wave's barrier instead of grafting its rollouts there.
+
+    Grafting a tree needs only its own jobs' rollouts, and scoring it only the critic's
+    predictions for its own nodes, so a collector can do both as soon as the last of the
+    tree's jobs in the wave has finished, in whatever order trees finish: every part is
+    a function of the state, the plan and the tree's rollouts, the same as the barrier
+    computes. Single use: :func:`graft` hands its tree to the new state.
+    """
+
+    phase_index: int
+    wave_index: int
+    tree_index: int
+    #: The tree with the wave's rollouts (a private copy; its records of the wave are
+    #: the last ``records`` of its log, their ``wave_wall_s`` set by :func:`graft`).
+    tree: Tree
+    facts: _TreeFacts
+    records: int
+    #: The critic's predictions applied to it (empty until :func:`score_tree`).
+    predictions: Predictions = field(default_factory=dict)
+
+    @property
+    def unscored(self) -> list[tuple[int, int]]:
+        """(tree, node) of the nodes the critic should score (:func:`focus.search.unscored`'s, for this tree)."""
+        return [(self.tree_index, nid) for nid in self.facts.unscored]
+
+
+def graft_tree(
+    state: SearchState,
+    plan: WavePlan,
+    tree_index: int,
+    rollouts: Sequence[Rollout],
+    phase_name: str = "",
+    jobs: Sequence[int] | None = None,
+) -> TreeWave:
+    """Tree ``tree_index``'s share of :func:`graft`: its jobs of ``plan`` (in plan order)
+    with ``rollouts`` (theirs, in that order), added to a private copy of the tree.
+    ``jobs``: the positions of the tree's jobs in ``plan``, if known (a caller grafting
+    every tree of a wave finds them in one pass, not one pass per tree).
+
+    Pure, like :func:`graft` (the ranking of ``state``'s facts for the tree moves to the
+    part, as it moves to a successor state). ``plan`` must be the wave :func:`graft`
+    takes next.
+    """
+    _after(state, plan)
+    if not 0 <= tree_index < len(state.trees):
+        raise ValueError(f"job continues tree {tree_index}, but the state has {len(state.trees)} trees")
+    if jobs is None:
+        jobs = [i for i, job in enumerate(plan.jobs) if job.tree_index == tree_index]
+    mine = [plan.jobs[i] for i in jobs]
+    if any(job.tree_index != tree_index for job in mine) or list(jobs) != sorted(set(jobs)):
+        raise ValueError(f"jobs {list(jobs)} are not tree {tree_index}'s jobs in plan order")
+    if len(rollouts) != len(mine):
+        raise ValueError(f"tree {tree_index} has {len(mine)} jobs in the wave but {len(rollouts)} rollouts came back")
+    tree, owned = _cow_tree(state.trees[tree_index]), set[int]()
+    for job, ro in zip(mine, rollouts, strict=True):
+        _add_rollout(tree, job, ro, owned, plan, phase_name, 0.0)
+    facts = _grown_facts(state, tree_index, tree)
+    return TreeWave(plan.phase_index, plan.wave_index, tree_index, tree, facts, len(mine))
+
+
+def score_tree(
+    state: SearchState,
+    search: Priority,
+    part: TreeWave,
+    predictions: Predictions,
+    rank: bool = True,
+    calibration: Calibration | None = None,
+) -> TreeWave:
+    """``part`` with the critic's ``predictions`` for its nodes filled in, as
+    :func:`with_predictions` fills them in (copying the nodes it changes), and, with
+    ``rank``, the tree's ranking for the part's phase brought up to date under
+    ``state``'s calibration, the work the next plan would otherwise do at the barrier
+    (if the wave moves the calibration, the plan ranks the tree again, as it would
+    have). ``calibration``: ``state.calibration(search)``, if the caller has it."""
+    tree, owned = _cow_tree(part.tree), set[int]()
+    nids: set[int] = set()
+    for (ti, nid), (value, std) in predictions.items():
+        if ti != part.tree_index:
+            raise ValueError(f"a prediction for tree {ti} given to tree {part.tree_index}'s part")
+        node = _own(tree, nid, owned)
+        node.value, node.value_std = value, std
+        nids.add(nid)
+    old = part.facts
+    left = None if old._unscored is None else tuple(n for n in old._unscored if n not in nids)
+    ranking, changed = old.handover(nids)
+    facts = _TreeFacts(tree, part.tree_index, spent=old._spent, unscored=left, rank=ranking, changed=changed)
+    if rank:
+        calib = calibration if calibration is not None else state.calibration(search)
+        facts.ranked(search, calib, part.phase_index, state.seed)
+    return TreeWave(
+        part.phase_index, part.wave_index, part.tree_index, tree, facts, part.records,
+        {**part.predictions, **predictions},
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

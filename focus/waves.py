@@ -1,0 +1,249 @@
+"""The live side of a collection's waves: what runs on the event loop, what landed, and
+the work done on a wave's trees while the rest of the wave still runs.
+
+A wave ends in a barrier: nothing is in flight while its rollouts are grafted, the new
+nodes scored and the next wave planned, and most of that time went into bringing each
+touched tree's ranking up to date (benchmarks/README.md, scale). None of it needs the
+whole wave: a tree's share of the graft needs only that tree's rollouts, its scores only
+the critic's predictions for its own nodes, and its ranking only those and the
+calibration the wave was planned under. :class:`WaveTail` does that share as soon as the
+last of a tree's jobs in the wave has finished (:func:`focus.search.graft_tree`,
+:func:`focus.search.score_tree`, on the event loop a few trees at a time between the
+rollouts' own callbacks), so that at the barrier only the
+trees that finished last, the merge (:func:`focus.search.graft` with ``ahead``) and the
+next plan's greedy selection remain. Every part is the same pure function of the state,
+the plan and the tree's rollouts whichever order trees finish in, so the states, plans
+and batches are those of grafting everything at the barrier.
+
+Scoring ahead asks the critic about a few trees' nodes at a time instead of the whole
+wave's at once, so it is done only for a critic whose prediction of a context does not
+depend on the other contexts of the call (:attr:`focus.critic.Critic.row_wise`); with
+another critic the trees are grafted ahead and scored and ranked at the barrier, as
+before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from focus.agent import Rollout
+from focus.critic import Critic, check_predictions
+from focus.execution import is_bad_response
+from focus.priority import Priority
+from focus.search import Predictions, SearchState, TreeWave, WavePlan, graft_tree, score_tree
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+@dataclass
+class Launched:
+    """A wave whose rollouts are running on the event loop."""
+
+    plan: WavePlan
+    task: asyncio.Future[list[Rollout]]
+    t0: float
+    #: Its trees whose jobs have all finished, grafted ahead (``None``: the execution
+    #: service returns a wave's rollouts only all at once).
+    tail: WaveTail | None = None
+
+
+@dataclass(frozen=True)
+class Landed:
+    """A wave whose rollouts came back and were grafted (what a pipeline stores)."""
+
+    plan: WavePlan
+    rollouts: tuple[Rollout, ...]
+    #: Elapsed time the wave accounts for: since the previous wave of the phase landed
+    #: (or, for the first, since it was launched). Summed over waves: the phase's wall time.
+    wall_s: float
+    #: The critic's predictions for the trees scored while the wave ran (:class:`WaveTail`),
+    #: already in the grafted state; the wave's other new nodes are scored after it lands.
+    predictions: Predictions = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WaveOutcome:
+    """One continuation wave as :meth:`focus.collector.Collector.phase_waves` yields it."""
+
+    landed: Landed
+    #: The state with the wave grafted (what the wave's checkpoint holds); the trees
+    #: scored while the wave ran (``landed.predictions``) hold their scores already.
+    grafted: SearchState
+    #: The critic's predictions for the checkpoints the wave added (empty if it failed).
+    predictions: Predictions
+    #: ``grafted`` with ``predictions``, its next waves planned and launched; ``None``
+    #: when scoring failed.
+    scored: SearchState | None
+    #: Why scoring failed, if it did.
+    error: Exception | None = None
+
+
+@dataclass
+class Running:
+    """The live side of a phase's planned waves: those launched on this event loop and
+    not landed yet. It holds no search data, so losing it (a crash) loses only running
+    rollouts, which a resumed collection launches again with the same jobs.
+    """
+
+    waves: dict[tuple[int, int], Launched] = field(default_factory=dict)
+    #: When the last wave landed.
+    mark: float | None = None
+
+    async def cancel(self) -> None:
+        """Cancel the running waves and wait until they have stopped."""
+        tasks = [w.task for w in self.waves.values()]
+        self.waves.clear()
+        self.mark = None
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class WaveTail:
+    """Which of a running wave's trees have all their jobs finished, and those trees
+    grafted (and scored, and ranked) ahead of the barrier: :meth:`done` is the execution
+    service's report of one job (:meth:`focus.execution.Execution.run_reporting`),
+    :meth:`follow` does the work while the wave runs."""
+
+    def __init__(self, plan: WavePlan) -> None:
+        self.plan = plan
+        self.rollouts: list[Rollout | None] = [None] * len(plan.jobs)
+        #: Each tree's jobs, by position in the plan (in plan order).
+        self._jobs: dict[int, list[int]] = {}
+        for i, job in enumerate(plan.jobs):
+            self._jobs.setdefault(job.tree_index, []).append(i)
+        self._left = {ti: len(jobs) for ti, jobs in self._jobs.items()}
+        self._ready: list[int] = []
+        self._event = asyncio.Event()
+        #: A rollout got a bad response: the wave will not be grafted, nothing more is done.
+        self.stopped = False
+        #: When the last job finished.
+        self.finished_at: float | None = None
+        #: Trees grafted ahead, by tree index, and the predictions of those scored.
+        self.parts: dict[int, TreeWave] = {}
+        self.predictions: dict[tuple[int, int], tuple[float | None, float | None]] = {}
+
+    def done(self, index: int, rollout: Rollout) -> None:
+        self.rollouts[index] = rollout
+        if is_bad_response(rollout):
+            self.stopped = True
+        ti = self.plan.jobs[index].tree_index
+        self._left[ti] -= 1
+        if not self._left[ti]:
+            self._ready.append(ti)
+            self._event.set()
+
+    async def follow(
+        self,
+        state: SearchState,
+        task: asyncio.Future[Any],
+        phase_name: str,
+        score: tuple[Priority, Critic] | None = None,
+    ) -> None:
+        """Graft each tree of the wave onto ``state`` (the state the wave is grafted onto)
+        once its jobs have finished, a batch of the trees ready at a time, until ``task``
+        (the wave) is done and every tree is grafted; with ``score`` (the search and a
+        row-wise critic), score them and bring their rankings up to date too. Returns
+        early, leaving the rest to the barrier, when the wave failed or got a bad response."""
+        if task.done():
+            self.finished_at = time.perf_counter()
+        else:
+            task.add_done_callback(lambda _: setattr(self, "finished_at", time.perf_counter()))
+        while not self.stopped:
+            if not self._ready:
+                if task.done():
+                    return
+                waiter = asyncio.ensure_future(self._event.wait())
+                try:
+                    await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+                self._event.clear()
+                continue
+            if task.done() and (task.cancelled() or task.exception() is not None):
+                return
+            trees, self._ready = self._ready, []
+            parts = await _sliced(lambda ti: self._graft(state, ti, phase_name), trees)
+            if score is not None:
+                parts, score = await self._score(state, parts, *score)
+            self.parts.update((p.tree_index, p) for p in parts)
+
+    def _graft(self, state: SearchState, ti: int, phase_name: str) -> TreeWave:
+        jobs = self._jobs[ti]
+        rollouts = [self.rollouts[i] for i in jobs]
+        return graft_tree(state, self.plan, ti, rollouts, phase_name, jobs)  # type: ignore[arg-type]
+
+    async def _score(
+        self, state: SearchState, parts: list[TreeWave], search: Priority, critic: Critic
+    ) -> tuple[list[TreeWave], tuple[Priority, Critic] | None]:
+        """``parts`` scored by one call of ``critic`` and ranked; unscored, and scoring
+        given up for the rest of the wave, if the critic fails (the barrier asks it again)."""
+        keys = [k for p in parts for k in p.unscored]
+        preds: dict[tuple[int, int], tuple[float | None, float | None]] = {}
+        if keys:
+            trees = {p.tree_index: p.tree for p in parts}
+            try:
+                got = await critic.predict_with_std([trees[ti].nodes[nid].context_ids for ti, nid in keys])
+                checked = check_predictions(got, len(keys), f"critic {type(critic).__name__}")
+            except Exception as e:  # noqa: BLE001 - scoring at the barrier raises it where it is handled
+                log.debug("scoring ahead of the barrier failed (%r); the barrier scores the rest", e)
+                return parts, None
+            preds = {k: (p.value, p.std) for k, p in zip(keys, checked, strict=True)}
+        by_tree: dict[int, dict[tuple[int, int], tuple[float | None, float | None]]] = {}
+        for key, value in preds.items():
+            by_tree.setdefault(key[0], {})[key] = value
+        calib = state.calibration(search)
+        scored = await _sliced(
+            lambda p: score_tree(state, search, p, by_tree.get(p.tree_index, {}), True, calib), parts
+        )
+        self.predictions.update(preds)
+        return scored, (search, critic)
+
+
+#: Longest stretch (seconds) the tail's work holds the event loop before it lets the
+#: loop serve the rollouts still in flight.
+SLICE_S = 0.005
+
+
+async def _sliced(fn: Callable[[Any], _T], items: list[Any]) -> list[_T]:
+    """``[fn(item) for item in items]`` on the event loop, yielding to it whenever
+    :data:`SLICE_S` has passed: one tree's share takes about a millisecond, so the loop
+    goes on serving the wave's rollouts between trees. In a worker thread
+    (:func:`off_loop`) the work took the GIL whenever the loop blocked on I/O, its share
+    set by the interpreter's switch interval rather than by the loop; back to back at
+    100k transitions over 2,000 tasks (one run each, load 8-10 on 2 cores) it hid less
+    of the barrier than these slices (idle share 0.187 against 0.164; 0.264 before)."""
+    out = []
+    t = time.perf_counter()
+    for item in items:
+        out.append(fn(item))
+        if time.perf_counter() - t > SLICE_S:
+            await asyncio.sleep(0)
+            t = time.perf_counter()
+    return out
+
+
+def merged_predictions(*parts: Predictions) -> dict[tuple[int, int], tuple[float | None, float | None]]:
+    """Predictions of one wave made in parts (ahead of the barrier, at it), in the order
+    one call at the barrier would have made them (:func:`focus.search.unscored`'s: by
+    tree, each tree's nodes in its own order; a tree is scored in one part)."""
+    items = [kv for p in parts for kv in p.items()]
+    items.sort(key=lambda kv: kv[0][0])  # stable: each tree's nodes keep their order
+    return dict(items)
+
+
+async def off_loop(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` (planning, grafting, filling in predictions: pure, CPU-bound) in a
+    worker thread, so the event loop keeps serving the rollouts of waves still in flight
+    instead of stalling them for the length of a plan (the GIL is shared, but the loop
+    gets its turn every few milliseconds, which is what it needs to send the next
+    requests). The functions are pure and the loop's rollouts never touch the state
+    they work on, so results are the same as inline."""
+    return await asyncio.to_thread(fn, *args)

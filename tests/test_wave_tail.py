@@ -1,0 +1,228 @@
+"""Work on a wave's trees done while the wave runs (focus.waves.WaveTail): each tree
+grafted as soon as its jobs finish, scored and ranked too with a row-wise critic. It
+must change nothing: the same journal (rollouts, predictions in the same order) and the
+same batch as grafting and scoring the whole wave at its barrier."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+
+import focus.waves
+from focus.agent import Agent
+from focus.collector import Collector
+from focus.env import Task
+from focus.estimation import DirectBranchTd
+from focus.execution import Execution
+from focus.journal import MemoryJournal
+from focus.priority import Phase, Selective
+from focus.ranking import TreeRanking
+from focus.search import graft, graft_tree, plan_ahead, score_tree, unscored, with_predictions
+from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+class _SlowPolicy(SyntheticPolicy):
+    """Answers after a delay drawn from the call's seed, so a wave's rollouts finish in
+    an order unrelated to their jobs' and trees finish while others still run."""
+
+    def __init__(self, mdps: Any) -> None:
+        super().__init__(mdps)
+        self.in_flight = 0
+
+    async def sample(self, prompt_ids: Any, params: Any) -> Any:
+        self.in_flight += 1
+        try:
+            await asyncio.sleep(random.Random(params.seed).random() * 0.004)
+            return await super().sample(prompt_ids, params)
+        finally:
+            self.in_flight -= 1
+
+
+class _AllAtOnce(Execution):
+    """Returns a wave's rollouts only all at once (as a remote execution service does):
+    nothing is grafted before the barrier."""
+
+    async def run(self, agent, jobs):  # type: ignore[no-untyped-def]
+        return await super().run(agent, jobs)
+
+
+class _Batched(SyntheticCritic):
+    row_wise = False  # type: ignore[misc]
+
+
+def _collector(execution: Execution, critic_cls: type, waves_in_flight: int) -> tuple[Collector, list[Task]]:
+    mdps = [SHAPES[s](i) for i, s in enumerate(["uniform", "critical", "long"] * 3)]
+    agent = Agent(_SlowPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=20)
+    search = Selective(
+        phases=(
+            Phase("evidence", rollouts_per_task=2, max_depth=0),
+            Phase("continue", transitions=160, wave_size=6, max_branches=3, max_depth=6),
+        ),
+        waves_in_flight=waves_in_flight,
+    )
+    col = Collector(
+        agent, search, critic_cls(mdps, 0.15, report_std=True), DirectBranchTd(), execution,
+        collection_id="tail", seed=3,
+    )  # fmt: skip
+    return col, [Task(f"t{i}", {"mdp": i}) for i in range(len(mdps))]
+
+
+def _collect(col: Collector, tasks: list[Task]) -> tuple[Any, dict[Any, Any]]:
+    journal = MemoryJournal()
+    state = run(col.run_search(tasks, journal))
+    return col.prepare(state), journal.steps
+
+
+@pytest.mark.parametrize(("critic_cls", "waves_in_flight"), [(SyntheticCritic, 1), (SyntheticCritic, 2), (_Batched, 1)])
+def test_grafting_ahead_changes_neither_the_journal_nor_the_batch(
+    critic_cls: type, waves_in_flight: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    grafted_while_running, scored = [], []
+    real_graft_tree, real_score_tree = focus.waves.graft_tree, focus.waves.score_tree
+
+    def spy_graft_tree(*args):  # type: ignore[no-untyped-def]
+        grafted_while_running.append(policy.in_flight > 0)
+        return real_graft_tree(*args)
+
+    def spy_score_tree(*args):  # type: ignore[no-untyped-def]
+        scored.append(args[2].tree_index)
+        return real_score_tree(*args)
+
+    monkeypatch.setattr(focus.waves, "graft_tree", spy_graft_tree)
+    monkeypatch.setattr(focus.waves, "score_tree", spy_score_tree)
+    col, tasks = _collector(Execution(max_concurrency=4), critic_cls, waves_in_flight)
+    policy = col.agent.policy
+    ahead, ahead_steps = _collect(col, tasks)
+    # the incremental path ran, part of it while rollouts of the wave were in flight
+    assert sum(grafted_while_running) >= 5
+    assert (len(scored) > 0) == critic_cls.row_wise
+    grafted_while_running.clear()
+    barrier, barrier_steps = _collect(*_collector(_AllAtOnce(max_concurrency=4), critic_cls, waves_in_flight))
+    assert not grafted_while_running
+    assert ahead.actor == barrier.actor and ahead.critic == barrier.critic
+    assert list(ahead_steps) == list(barrier_steps)
+    for step, value in ahead_steps.items():
+        other = barrier_steps[step]
+        if isinstance(value, dict):  # a wave's predictions: same nodes, same order, same scores
+            assert list(value.items()) == list(other.items())
+        elif hasattr(value, "rollouts"):  # the same rollouts (their elapsed times aside)
+            assert [r.pieces for r in value.rollouts] == [r.pieces for r in other.rollouts]
+
+
+def test_graft_tree_and_score_tree_make_the_state_graft_and_with_predictions_make() -> None:
+    """Per tree, in any order, then merged: the trees, records, unscored nodes,
+    rankings and the next plan of grafting and scoring the whole wave at once."""
+
+    def wave() -> tuple[Collector, Any, Any, list[Any]]:  # a state with a wave planned, and its rollouts
+        col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
+
+        async def go() -> tuple[Any, Any, list[Any]]:
+            state = await col.run_evidence(tasks)
+            state = plan_ahead(state, col.search, 1)
+            state = await col.score((await col.land(state, col.launch(state.planned[0])))[0])
+            state = plan_ahead(state, col.search, 1)
+            plan = state.planned[0]
+            return state, plan, await Execution(max_concurrency=4).run(col.agent, list(plan.jobs))
+
+        return (col, *run(go()))
+
+    col, state, plan, rollouts = wave()
+    _, twin, twin_plan, twin_rollouts = wave()
+    assert twin_plan.jobs == plan.jobs and [r.pieces for r in twin_rollouts] == [r.pieces for r in rollouts]
+    search = col.search
+    whole = graft(state, plan, rollouts, "continue", 1.25)
+    preds = run(col.predict(whole))
+    whole = with_predictions(whole, preds)
+
+    trees = sorted({j.tree_index for j in plan.jobs})
+    random.Random(0).shuffle(trees)
+    parts = {}
+    for ti in trees:
+        own = [r for j, r in zip(plan.jobs, rollouts, strict=True) if j.tree_index == ti]
+        part = graft_tree(twin, twin_plan, ti, own, "continue")
+        mine = {k: v for k, v in preds.items() if k[0] == ti}
+        assert part.unscored == list(mine)
+        parts[ti] = score_tree(twin, search, part, mine)
+    merged = graft(twin, twin_plan, rollouts, "continue", 1.25, ahead=parts)
+
+    assert merged.waves == whole.waves and merged.planned == whole.planned
+    assert unscored(merged) == unscored(whole) == []
+    this = (1, plan.wave_index)
+    for a, b in zip(merged.trees, whole.trees, strict=True):
+        assert a.nodes == b.nodes and a.edges == b.edges and a.states == b.states
+        # the records of earlier waves differ in elapsed times only (two runs); this wave's are equal
+        assert [(r.rollout, r.phase, r.wave, r.node, r.branch, r.seed) for r in a.log] == [
+            (r.rollout, r.phase, r.wave, r.node, r.branch, r.seed) for r in b.log
+        ]
+        assert [r for r in a.log if (r.phase, r.wave) == this] == [r for r in b.log if (r.phase, r.wave) == this]
+    assert {r.wave_wall_s for t in merged.trees for r in t.log if (r.phase, r.wave) == this} == {1.25}
+    calib = merged.calibration(search)
+    assert calib == whole.calibration(search)
+    for ti in trees:  # ranked ahead, equal to a ranking built from scratch on the merged tree
+        facts = merged.facts(ti)
+        assert facts.rank is not None and not facts.changed
+        fresh = TreeRanking(merged.trees[ti], ti, search, calib, merged.seed)
+        assert facts.ranked(search, calib, 1, merged.seed) == fresh.ranked(merged.trees[ti], 1)
+    nxt, want = plan_ahead(merged, search, 1).planned, plan_ahead(whole, search, 1).planned
+    assert [p.jobs for p in nxt] == [p.jobs for p in want] and [p.expected for p in nxt] == [p.expected for p in want]
+
+
+def test_parts_of_another_tree_or_wave_are_refused() -> None:
+    col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
+
+    async def go() -> tuple[Any, Any, list[Any]]:
+        state = plan_ahead(await col.run_evidence(tasks), col.search, 1)
+        plan = state.planned[0]
+        return state, plan, await Execution(max_concurrency=4).run(col.agent, list(plan.jobs))
+
+    state, plan, rollouts = run(go())
+    ti = plan.jobs[0].tree_index
+    own = [r for j, r in zip(plan.jobs, rollouts, strict=True) if j.tree_index == ti]
+    with pytest.raises(ValueError, match="jobs in the wave"):
+        graft_tree(state, plan, ti, own[:-1])
+    part = graft_tree(state, plan, ti, own)
+    with pytest.raises(ValueError, match="given to tree"):
+        score_tree(state, col.search, part, {(ti + 1, 0): (0.0, None)})
+    other = next(t for t in range(len(state.trees)) if t != ti)
+    with pytest.raises(ValueError, match="another wave or tree"):
+        graft(state, plan, rollouts, "continue", 0.0, ahead={other: part})
+    with pytest.raises(ValueError, match="not tree"):  # positions of another tree's jobs
+        graft_tree(state, plan, ti, own[:1], jobs=[next(i for i, j in enumerate(plan.jobs) if j.tree_index != ti)])
+    if len(own) > 1:  # a part made of some of the tree's jobs only
+        short = graft_tree(
+            state, plan, ti, own[:1], jobs=[i for i, j in enumerate(plan.jobs) if j.tree_index == ti][:1]
+        )
+        with pytest.raises(ValueError, match="grafted ahead with 1 of its"):
+            graft(state, plan, rollouts, "continue", 0.0, ahead={ti: short})
+
+
+def test_merged_predictions_are_in_the_order_one_call_makes_them() -> None:
+    ahead = {(2, 5): (0.1, None), (2, 7): (0.2, None), (0, 3): (0.3, 0.1)}
+    rest = {(1, 4): (0.4, None), (3, 1): (0.5, None)}
+    merged = focus.waves.merged_predictions(ahead, rest)
+    assert list(merged) == [(0, 3), (1, 4), (2, 5), (2, 7), (3, 1)] and merged[(0, 3)] == (0.3, 0.1)
+
+
+def test_an_execution_that_returns_a_wave_whole_reports_its_jobs_at_the_end() -> None:
+    col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
+
+    async def go() -> tuple[list[Any], list[tuple[int, Any]], list[tuple[int, Any]]]:
+        state = plan_ahead(await col.run_evidence(tasks), col.search, 1)
+        jobs = list(state.planned[0].jobs)
+        whole: list[tuple[int, Any]] = []
+        each: list[tuple[int, Any]] = []
+        out = await _AllAtOnce(max_concurrency=4).run_reporting(col.agent, jobs, lambda i, r: whole.append((i, r)))
+        await Execution(max_concurrency=4).run_reporting(col.agent, jobs, lambda i, r: each.append((i, r)))
+        return out, whole, each
+
+    out, whole, each = run(go())
+    assert not _AllAtOnce().reports_jobs and Execution().reports_jobs
+    assert [i for i, _ in whole] == list(range(len(out))) and all(r is out[i] for i, r in whole)
+    assert sorted(i for i, _ in each) == list(range(len(out)))  # as each finished, every job once
