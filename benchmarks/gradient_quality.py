@@ -253,11 +253,15 @@ async def measure_seed(
                             "tokens": n, "reference_tokens": na + nb, "reference_self_cosine": round(self_cos, 5),
                         }
                     )  # fmt: skip
-                    if args.update:
-                        rows += await _updates(trainers, rows.pop(), batch, halves, ids, ref, args)
-                    if args.partial is not None:  # a run cut short keeps what it measured
+                    new = (
+                        await _updates(trainers, rows.pop(), batch, halves, ids, ref, args)
+                        if args.update
+                        else [rows.pop()]
+                    )
+                    rows += new
+                    if args.partial is not None:  # a run cut short keeps what it measured (every trainer's row)
                         with Path(args.partial).open("a") as f:
-                            f.write(json.dumps(rows[-1]) + "\n")
+                            f.writelines(json.dumps(r) + "\n" for r in new)
                     if not args.quiet:
                         r = rows[-1]
                         print(task, seed, budget, method, k, f"cos={r['cosine']:+.4f}", f"transitions={r['transitions']}",
