@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -53,6 +54,21 @@ from focus.batch import Batch
 #: returns, not divided by each task's spread, as the reference's are: tells GRPO's
 #: noise from its weighting of tasks.
 METHODS = ("focus", "grpo", "grpo-centred")
+#: Update rules ``--trainers`` can measure on the same batches, each ``learning.TRAINER``
+#: with these fields changed (``focus.train_local.UpdateConfig``; the same for every method):
+#: ``adam`` is the learning benchmark's; ``adam-fullbatch`` accumulates the whole batch's
+#: gradient into each Adam step (up to 8 steps); ``adam-1epoch`` one pass of minibatches
+#: (their learning rates raised so that they reach the KL target: at 3e-4 they ended at
+#: KL 0.02 and 0.001-0.005 on a corridor-early seed);
+#: ``sgd`` and ``natural`` one step along the batch's gradient / natural gradient sized
+#: to the KL target by a line search (``focus.kl_step``).
+TRAINERS: dict[str, dict[str, Any]] = {
+    "adam": {},
+    "adam-fullbatch": {"minibatch": 4096, "lr": 5e-4},
+    "adam-1epoch": {"epochs": 1, "lr": 1e-3},
+    "sgd": {"rule": "sgd"},
+    "natural": {"rule": "natural"},
+}
 
 
 def batch_gradient(trainer: Any, batch: Batch, task_ids: set[str] | None = None) -> tuple[Any, int]:
@@ -99,6 +115,27 @@ def _sequences(trainer: Any, batch: Batch, task_ids: set[str] | None) -> list[An
     return list(pack_prefixes(raw) if cfg.pack else raw)
 
 
+def reference_kl(trainer: Any, batches: Sequence[Batch], task_ids: set[str]) -> float:
+    """Approximate KL(behaviour || trainer's policy), token mean over ``batches``' trained
+    tokens of ``task_ids``: the update's size on the policy's own samples (the reference),
+    where the trainer's KL is over its batch's (a tree's states, for FOCUS)."""
+    import torch
+
+    from focus.train_local import pad_sequences, token_logprobs
+
+    total, tokens = 0.0, 0.0
+    with torch.no_grad():
+        for b in batches:
+            seqs = _sequences(trainer, b, task_ids)
+            for i in range(0, len(seqs), trainer.config.minibatch):
+                p = pad_sequences(seqs[i : i + trainer.config.minibatch], trainer.pad_id)
+                new = token_logprobs(trainer.model, p.inputs, p.targets, trainer.config.temperature or 1.0)
+                log_ratio = (new - p.old_logprobs) * p.mask
+                total += float((((torch.exp(log_ratio) - 1.0) - log_ratio) * p.mask).sum())
+                tokens += float(p.mask.sum())
+    return total / max(tokens, 1.0)
+
+
 def surrogate_sum(trainer: Any, batch: Batch, task_ids: set[str]) -> float:
     """Sum over ``batch``'s trained tokens of ``A_t (ratio_t - 1)`` at the trainer's
     weights: over a reference batch (centred returns, the behaviour policy's samples),
@@ -118,7 +155,7 @@ def surrogate_sum(trainer: Any, batch: Batch, task_ids: set[str]) -> float:
     return total
 
 
-def update_delta(trainer: Any, batch: Batch, gain: Any) -> tuple[Any, float, float]:
+def update_delta(trainer: Any, batch: Batch, gain: Any) -> tuple[Any, float, Any]:
     """The parameter change of the trainer's own update on ``batch`` (its epochs, Adam, KL
     bound), the update's final KL and ``gain()`` after it; the trainer is put back as it
     was. Adam rescales each parameter's step, so the update need not point where the
@@ -170,6 +207,12 @@ async def measure_seed(
     await asyncio.to_thread(server.reload, DEFAULT_WEIGHTS)
     domain = learning.DOMAINS[task]()
     trainer = PolicyTrainer(None, UpdateConfig(seed=seed, **learning.TRAINER))
+    trainers = {
+        name: trainer
+        if name == "adam"
+        else PolicyTrainer(None, UpdateConfig(seed=seed, **{**learning.TRAINER, **TRAINERS[name]}))
+        for name in args.trainers
+    }
     agent = domain.make_agent(server.url)
     tasks = domain.tasks(args.n_tasks, derive_seed("tasks", seed, 0))
     cid = f"{task}-s{seed}"
@@ -182,6 +225,10 @@ async def measure_seed(
             path = workdir / f"{task}-s{seed}.pt"
             await asyncio.to_thread(train_iteration, trainer, None, b, path)
             await asyncio.to_thread(server.reload, path)
+            for t in trainers.values():  # every rule measures from the same weights and state
+                t.model.load_state_dict(trainer.model.state_dict())
+                t.optimizer.load_state_dict(trainer.optimizer.state_dict())
+                t.updates = trainer.updates
         halves = [
             await reference_batch(agent, tasks, args.reference // 2, cid, derive_seed("reference", seed, h))
             for h in (0, 1)
@@ -206,21 +253,15 @@ async def measure_seed(
                             "tokens": n, "reference_tokens": na + nb, "reference_self_cosine": round(self_cos, 5),
                         }
                     )  # fmt: skip
-                    if args.update:
-                        rollouts = 2 * (args.reference // 2) * budget
-
-                        def gain(ids: set[str] = ids, rollouts: int = rollouts) -> float:
-                            return sum(surrogate_sum(trainer, h, ids) for h in halves) / rollouts
-
-                        delta, kl, up = await asyncio.to_thread(update_delta, trainer, batch, gain)
-                        rows[-1].update(
-                            update_cosine=round(cosine(delta, -ref), 5),
-                            update_kl=round(kl, 5),
-                            update_gain=round(up, 5),
-                        )
-                    if args.partial is not None:  # a run cut short keeps what it measured
+                    new = (
+                        await _updates(trainers, rows.pop(), batch, halves, ids, ref, args)
+                        if args.update
+                        else [rows.pop()]
+                    )
+                    rows += new
+                    if args.partial is not None:  # a run cut short keeps what it measured (every trainer's row)
                         with Path(args.partial).open("a") as f:
-                            f.write(json.dumps(rows[-1]) + "\n")
+                            f.writelines(json.dumps(r) + "\n" for r in new)
                     if not args.quiet:
                         r = rows[-1]
                         print(task, seed, budget, method, k, f"cos={r['cosine']:+.4f}", f"transitions={r['transitions']}",
@@ -228,6 +269,86 @@ async def measure_seed(
     finally:
         await agent.policy.aclose()
     return rows
+
+
+async def _updates(
+    trainers: dict[str, Any],
+    row: dict[str, Any],
+    batch: Batch,
+    halves: list[Batch],
+    ids: set[str],
+    ref: Any,
+    args: argparse.Namespace,
+) -> list[dict[str, Any]]:
+    """``row`` once per trainer, with its update's cosine with the reference's ascent
+    direction, KL and gain on the reference; a ``trainer`` key on all but ``adam``'s
+    (so the default run's rows are what they were)."""
+    rollouts = 2 * (args.reference // 2) * row["budget"]
+    out = []
+    for name, trainer in trainers.items():
+
+        def gain(trainer: Any = trainer) -> tuple[float, float]:
+            return sum(surrogate_sum(trainer, h, ids) for h in halves) / rollouts, reference_kl(trainer, halves, ids)
+
+        delta, kl, (up, ref_kl) = await asyncio.to_thread(update_delta, trainer, batch, gain)
+        extra = {} if name == "adam" else {"trainer": name}
+        figures = {"update_cosine": round(cosine(delta, -ref), 5), "update_kl": round(kl, 5)}
+        out.append({**row, **extra, **figures, "update_gain": round(up, 5), "update_kl_reference": round(ref_kl, 5)})
+    return out
+
+
+def trainer_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per task, budget, method and trainer: the update's cosine, gain (mean and median
+    over seeds of each seed's mean over its batches) and KL, and the gain minus GRPO's
+    under the same trainer, paired by seed."""
+    out = []
+    keys = sorted({(r["task"], r["budget"]) for r in rows}, key=lambda k: (k[0], -k[1]))
+    names = [t for t in TRAINERS if any(r.get("trainer", "adam") == t for r in rows)]
+    for task, budget in keys:
+        for name in names:
+            mine = [r for r in rows if r["task"] == task and r["budget"] == budget and r.get("trainer", "adam") == name]
+            seeds = sorted({r["seed"] for r in mine})
+
+            def per_seed(
+                method: str, key: str, mine: list[dict[str, Any]] = mine, seeds: list[int] = seeds
+            ) -> list[float]:
+                got = [[r[key] for r in mine if r["seed"] == s and r["method"] == method] for s in seeds]
+                return [sum(g) / len(g) for g in got if g]
+
+            for m in [m for m in METHODS if any(r["method"] == m for r in mine)]:
+                gains = per_seed(m, "update_gain")
+                line = {"task": task, "budget": budget, "trainer": name, "method": m, "seeds": len(gains)}
+                for key in ("update_cosine", "update_kl", "update_kl_reference"):
+                    line[key] = round(statistics.fmean(per_seed(m, key)), 4)
+                # gain per unit of update size: a small move's gain grows as sqrt(KL)
+                efficiency = [
+                    g / k**0.5 for g, k in zip(gains, per_seed(m, "update_kl_reference"), strict=True) if k > 0
+                ]
+                line["gain_per_sqrt_kl"] = round(statistics.median(efficiency), 4) if efficiency else None
+                line["update_gain"] = [round(x, 4) for x in _interval(gains)]
+                line["update_gain_median"] = round(statistics.median(gains), 4)
+                if m != "grpo" and any(r["method"] == "grpo" for r in mine):
+                    diff = [a - b for a, b in zip(gains, per_seed("grpo", "update_gain"), strict=True)]
+                    line["gain_minus_grpo"] = [round(x, 4) for x in _interval(diff)]
+                out.append(line)
+    return out
+
+
+def render_trainers(lines: Sequence[dict[str, Any]]) -> str:
+    out = [
+        "| task | tasks per batch | trainer | method | update's cosine | update's gain: mean [interval] (median) "
+        "| gain minus GRPO's | update's KL: batch / reference | gain / sqrt(reference KL), median |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for t in lines:
+        g, d = t["update_gain"], t.get("gain_minus_grpo")
+        diff = "" if d is None else f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]"
+        out.append(
+            f"| {t['task']} | {t['budget']} | {t['trainer']} | {t['method']} | {t['update_cosine']:+.3f} | "
+            f"{g[0]:+.3f} [{g[1]:+.3f}, {g[2]:+.3f}] ({t['update_gain_median']:+.3f}) | {diff} | "
+            f"{t['update_kl']:.3f} / {t['update_kl_reference']:.3f} | {t['gain_per_sqrt_kl'] or 0:.3f} |"
+        )
+    return "\n".join(out)
 
 
 def _interval(values: Sequence[float], seed: int = 0, draws: int = 2000) -> tuple[float, float, float]:
@@ -309,6 +430,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--methods", nargs="+", choices=METHODS, default=["focus", "grpo"])
     ap.add_argument("--batches", type=int, default=2, help="batches per method, seed and budget")
     ap.add_argument("--update", action="store_true", help="also the cosine of the trainer's update (slower)")
+    ap.add_argument(
+        "--trainers", nargs="+", choices=list(TRAINERS), default=["adam"], help="update rules --update measures"
+    )
     ap.add_argument("--version", type=int, choices=(0, 1), default=0, help="1: after one GRPO update")
     ap.add_argument("--jobs", type=int, default=1, help="tasks in parallel processes")
     ap.add_argument("--out", type=Path, default=Path("runs/gradient_quality.json"))
@@ -334,17 +458,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             for got in pool.map(_task_worker, jobs):
                 rows += got
-    lines = table(rows)
+    first = args.trainers[0] if args.update else "adam"  # the gradient cosines repeat per trainer
+    lines = table([r for r in rows if r.get("trainer", "adam") == first])
+    by_trainer = trainer_table(rows) if args.trainers != ["adam"] and args.update else None
     result = {
         "command": "python -m benchmarks.gradient_quality " + " ".join(sys.argv[1:] if argv is None else argv),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "trainer": learning.TRAINER,
         "table": lines,
+        **({"trainers": {t: TRAINERS[t] for t in args.trainers}, "trainer_table": by_trainer} if by_trainer else {}),
         "rows": rows,
         "wall_s": round(time.perf_counter() - t0, 1),
     }
     args.out.write_text(json.dumps(result, indent=1))
     print(render(lines))
+    if by_trainer:
+        print(render_trainers(by_trainer))
     print(f"wrote {args.out} in {result['wall_s']:.0f} s")
     return result
 

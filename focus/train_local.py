@@ -25,7 +25,6 @@ lazily, so importing this module stays light.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import math
 import os
@@ -35,21 +34,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from focus.batch import Batch
 from focus.exporters import TokenSequence, actor_sequences
 from focus.kl_bound import MAX_HALVINGS as MAX_HALVINGS  # re-exported: callers import them here
 from focus.kl_bound import kl_reached, kl_verdict
+from focus.kl_step import kl_step
+from focus.local_eval import Evaluation as Evaluation  # re-exported: callers import them here
+from focus.local_eval import evaluate as evaluate
+from focus.local_eval import toy_agent as toy_agent
 from focus.tree_weights import segment_weights as segment_weights
 from focus.tree_weights import weighted
 
 if TYPE_CHECKING:
     import torch
 
-    from focus.agent import Agent
     from focus.critic import Critic
-    from focus.env import Task
 
 
 class UpdateConfig(BaseModel):
@@ -101,8 +102,21 @@ class UpdateConfig(BaseModel):
     #: ``reach`` (by the product of 1/siblings from the root: the chance a walk that
     #: picks a continuation uniformly at each checkpoint runs through the segment).
     segment_weights: Literal["equal", "siblings", "reach"] = "equal"
+    #: ``adam``: the epochs above. ``sgd`` / ``natural``: one step along the batch's
+    #: gradient / natural gradient, sized to ``target_kl`` by a line search (needs it;
+    #: :mod:`focus.kl_step`; lr, epochs and max_grad_norm unused).
+    rule: Literal["adam", "sgd", "natural"] = "adam"
+    #: ``natural``: conjugate-gradient iterations, and the damping added to the Fisher.
+    cg_iterations: int = Field(10, ge=1)
+    damping: float = Field(0.1, gt=0.0)
     #: Seeds the minibatch order (with the update index).
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _sized(self) -> UpdateConfig:
+        if self.rule != "adam" and self.target_kl is None:
+            raise ValueError(f"rule {self.rule!r} sizes its step to target_kl: set it")
+        return self
 
 
 @dataclass(frozen=True)
@@ -126,7 +140,8 @@ class TrainStats:
     #: Approximate KL(behaviour || policy) before the update (``target_kl`` set; else 0):
     #: near 0 when the batch was sampled from this policy.
     initial_kl: float = 0.0
-    #: Times an epoch overshot the KL bound and was run again at half the learning rate.
+    #: Times an epoch overshot the KL bound and was run again at half the learning rate
+    #: (``rule`` ``sgd``/``natural``: line-search probes past the bound).
     kl_halvings: int = 0
 
 
@@ -322,7 +337,8 @@ class PolicyTrainer:
             group["lr"], group["weight_decay"] = self.config.lr, self.config.weight_decay
 
     def update(self, batch: Batch, on_step: StepHook | None = None) -> TrainStats:
-        """Several epochs of clipped policy gradient over the batch's actor sequences;
+        """Several epochs of clipped policy gradient over the batch's actor sequences
+        (``rule`` ``adam``), or one step sized to ``target_kl`` (:mod:`focus.kl_step`);
         ``on_step`` is told of each optimizer step (:class:`UpdateStep`)."""
         import torch
 
@@ -344,9 +360,18 @@ class PolicyTrainer:
         torch.set_num_threads(cfg.torch_threads)
         try:
             initial_kl = self._kl(seqs) if cfg.target_kl is not None else 0.0
-            taken, halvings = self._epochs(
-                seqs, scale, random.Random(f"{cfg.seed}/{self.updates}"), initial_kl, on_step
-            )
+            if cfg.rule != "adam":
+                by_len = sorted(seqs, key=lambda s: len(s.tokens))  # less padding
+                p = [
+                    pad_sequences(by_len[i : i + cfg.minibatch], self.pad_id)
+                    for i in range(0, len(seqs), cfg.minibatch)
+                ]
+                taken, halvings = kl_step(self.model, p, cfg, self._loss_fn(scale), initial_kl, lambda: self._kl(seqs))
+                if on_step is not None and taken:
+                    on_step(UpdateStep(1, 1, 0, **taken[0]))
+            else:
+                rng = random.Random(f"{cfg.seed}/{self.updates}")
+                taken, halvings = self._epochs(seqs, scale, rng, initial_kl, on_step)
             final_kl = self._kl(seqs)
         finally:
             self._set_lr(cfg.lr)
@@ -366,7 +391,7 @@ class PolicyTrainer:
             advantage_std=std,
             wall_s=time.perf_counter() - t0,
             final_kl=final_kl,
-            stopped_early=steps < cfg.epochs * math.ceil(len(seqs) / cfg.minibatch),
+            stopped_early=cfg.rule == "adam" and steps < cfg.epochs * math.ceil(len(seqs) / cfg.minibatch),
             initial_kl=initial_kl,
             kl_halvings=halvings,
         )
@@ -449,6 +474,15 @@ class PolicyTrainer:
         finally:
             self.model.eval()
 
+    def _loss_fn(self, scale: float) -> Callable[[Padded], tuple[torch.Tensor, dict[str, float]]]:
+        cfg = self.config
+
+        def loss_of(p: Padded) -> tuple[torch.Tensor, dict[str, float]]:
+            new = token_logprobs(self.model, p.inputs, p.targets, cfg.temperature or 1.0)
+            return clipped_loss(new, p, cfg.clip, p.advantages * scale)
+
+        return loss_of
+
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -517,67 +551,3 @@ def train_iteration(
     fitted = fit_critic(critic, batch) if critic is not None else {"fitted": False, "rows": 0}
     version = trainer.save(weights_path)
     return {"policy_version": version, "train": asdict(stats), "critic": fitted}
-
-
-# --- evaluation -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """One plain rollout per held-out task: share solved (return > 0) and mean return.
-
-    ``outcomes``: "1" (solved) or "0" per task, in the tasks' order (paired comparisons
-    of two policies on the same tasks); ``invalid_turns``: turns whose reply the format
-    could not parse (no action).
-    """
-
-    episodes: int
-    success_rate: float
-    mean_return: float
-    transitions: int
-    outcomes: str = ""
-    invalid_turns: int = 0
-
-
-async def evaluate(agent: Agent, tasks: Sequence[Task], seed: int, max_concurrency: int = 32) -> Evaluation:
-    """Run one rollout per task with fixed per-task seeds (the same every call, so
-    evaluations of different weights differ by the weights, not by the dice)."""
-    from focus.agent import derive_seed
-
-    if not tasks:
-        raise ValueError("evaluate needs at least one task")
-    sem = asyncio.Semaphore(max_concurrency)
-
-    async def one(i: int, task: Task) -> tuple[float, int, int]:
-        async with sem:
-            rollout = await agent.rollout(await agent.start(task), derive_seed("eval", seed, i))
-        return sum(t.reward for t in rollout.turns), len(rollout.turns), rollout.counters.get("parse_errors", 0)
-
-    results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
-    n = len(results)
-    return Evaluation(
-        n,
-        sum(1 for r, _, _ in results if r > 0) / n,
-        sum(r for r, _, _ in results) / n,
-        sum(k for _, k, _ in results),
-        "".join("1" if r > 0 else "0" for r, _, _ in results),
-        sum(e for _, _, e in results),
-    )
-
-
-def toy_agent(url: str, max_steps: int = 12, temperature: float = 1.0) -> Agent:
-    """An agent for the toy task on an OpenAI-compatible server of the embedded model."""
-    from focus.agent import Agent
-    from focus.backends import OpenAICompatPolicy
-    from focus.format import ByteCodec
-    from focus.policy import SamplingParams
-    from focus.toy import ReachTarget, toy_format
-
-    policy = OpenAICompatPolicy(url, vocab_size=ByteCodec.vocab_size)
-    return Agent(
-        policy,
-        ReachTarget(),
-        toy_format(),
-        max_steps=max_steps,
-        sampling=SamplingParams(max_tokens=4, temperature=temperature),
-    )

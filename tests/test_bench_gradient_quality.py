@@ -50,3 +50,24 @@ def test_cosine_and_interval_arithmetic():
     mean, lo, hi = _interval([0.2, 0.4, 0.6])
     assert mean == pytest.approx(0.4) and 0.2 <= lo < 0.4 < hi <= 0.6
     assert _interval([0.5, 0.5]) == (0.5, 0.5, 0.5)
+
+
+def test_trainer_table_pairs_gains_by_seed_within_a_trainer():
+    from benchmarks.gradient_quality import render_trainers, trainer_table
+
+    def row(seed, method, gain, kl_ref, trainer=None):
+        r = {"task": "t", "budget": 8, "seed": seed, "method": method, "update_cosine": 0.1, "update_kl": 0.05}
+        r.update(update_gain=gain, update_kl_reference=kl_ref)
+        return r if trainer is None else {**r, "trainer": trainer}
+
+    rows = [row(s, m, g, 0.04) for s, m, g in [(0, "focus", 0.3), (0, "grpo", 0.2), (1, "focus", 0.1), (1, "grpo", 0.2)]]
+    rows += [row(s, m, 0.5, 0.25, "sgd") for s in (0, 1) for m in ("focus", "grpo")]
+    lines = {(t["trainer"], t["method"]): t for t in trainer_table(rows)}
+    assert set(lines) == {("adam", "focus"), ("adam", "grpo"), ("sgd", "focus"), ("sgd", "grpo")}
+    adam = lines[("adam", "focus")]
+    assert adam["update_gain"][0] == pytest.approx(0.2) and adam["update_gain_median"] == pytest.approx(0.2)
+    assert adam["gain_minus_grpo"][0] == pytest.approx(0.0)  # +0.1 and -0.1, paired by seed
+    assert adam["gain_per_sqrt_kl"] == pytest.approx(0.2 / 0.2)  # median of 0.3/0.2 and 0.1/0.2
+    assert lines[("sgd", "focus")]["gain_per_sqrt_kl"] == pytest.approx(1.0)  # 0.5 / sqrt(0.25)
+    assert "gain_minus_grpo" not in lines[("sgd", "grpo")]
+    assert render_trainers(list(lines.values())).count("\n") == 5  # header, rule, 4 lines

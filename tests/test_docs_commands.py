@@ -148,6 +148,22 @@ COMMANDS: dict[str, Check] = {
     "--seeds 0 1 2 3 --reference 128 --batches 1 --update": Check(
         "parse", "a measurement of about 25 minutes (the updates' gains, issue 32)"
     ),
+    ".venv/bin/python -m benchmarks.gradient_quality --jobs 3 --tasks corridor-early corridor-late bridge --seeds 0 1 2 3 "
+    "--reference 128 --batches 1 --budgets 8 --update --trainers adam adam-fullbatch adam-1epoch sgd natural "
+    "--out runs/gq-trainers.json": Check(
+        "parse", "a measurement of about an hour on a loaded machine (five update rules' gains, issue 32)"
+    ),
+    ".venv/bin/python -m benchmarks.learning --tasks corridor-late --seeds 0 1 --set rule=natural "
+    "--out runs/learn-natural-cl": Check("parse", "a learning run of about 25 minutes (the natural rule, issue 32)"),
+    ".venv/bin/python -m benchmarks.learning --tasks corridor-late --seeds 2 3 4 --set rule=natural "
+    "--out runs/learn-natural-cl2": Check("parse", "a learning run of about 20 minutes (the natural rule, issue 32)"),
+    ".venv/bin/python -m benchmarks.learning --tasks bridge --seeds 0 1 2 3 4 --set rule=natural "
+    "--out runs/learn-natural-bridge": Check(
+        "parse", "a learning run of about 20 minutes (the natural rule, issue 32)"
+    ),
+    ".venv/bin/python -m benchmarks.learning --tasks bridge --seeds 0 1 2 3 4 --out runs/learn-adam-bridge": Check(
+        "parse", "a learning run of about 20 minutes (the default rule beside the natural one, issue 32)"
+    ),
     # docs/pipeline.md
     ".venv/bin/python -m tasks.config.reference": Check(
         "parse", "rewrites docs and configs in place; tests/test_configs.py runs its --check"

@@ -135,6 +135,10 @@ MEANING: dict[str, str] = {
     "the learning rate, up to 4 times (unset: no stop)",
     "train.local.segment_weights": "loss weight of a tree's segments: `equal` \\| `siblings` \\| `reach` "
     '(docs/algorithm.md, "Weighting tree segments")',
+    "train.local.rule": "`adam`: the epochs above \\| `sgd` \\| `natural`: one step along the batch's gradient / "
+    'natural gradient sized to `target_kl` by a line search (needs it; docs/algorithm.md, "Gradient quality")',
+    "train.local.cg_iterations": "`natural`: conjugate-gradient iterations",
+    "train.local.damping": "`natural`: damping added to the Fisher",
     "train.local.seed": "seeds the minibatch order",
     "train.tinker.base_model": "model to fine-tune (unset: `model.model`)",
     "train.tinker.lora_rank": "LoRA rank of a new training run",
