@@ -119,20 +119,10 @@ def reference_kl(trainer: Any, batches: Sequence[Batch], task_ids: set[str]) -> 
     """Approximate KL(behaviour || trainer's policy), token mean over ``batches``' trained
     tokens of ``task_ids``: the update's size on the policy's own samples (the reference),
     where the trainer's KL is over its batch's (a tree's states, for FOCUS)."""
-    import torch
-
-    from focus.train_local import pad_sequences, token_logprobs
-
     total, tokens = 0.0, 0.0
-    with torch.no_grad():
-        for b in batches:
-            seqs = _sequences(trainer, b, task_ids)
-            for i in range(0, len(seqs), trainer.config.minibatch):
-                p = pad_sequences(seqs[i : i + trainer.config.minibatch], trainer.pad_id)
-                new = token_logprobs(trainer.model, p.inputs, p.targets, trainer.config.temperature or 1.0)
-                log_ratio = (new - p.old_logprobs) * p.mask
-                total += float((((torch.exp(log_ratio) - 1.0) - log_ratio) * p.mask).sum())
-                tokens += float(p.mask.sum())
+    for b in batches:
+        t, n = trainer.kl_sums(_sequences(trainer, b, task_ids))
+        total, tokens = total + t, tokens + n
     return total / max(tokens, 1.0)
 
 

@@ -498,6 +498,13 @@ class PolicyTrainer:
 
     def _kl(self, seqs: Sequence[TokenSequence | Packed]) -> float:
         """Approximate KL(behaviour || current policy), token mean over ``seqs`` (no update)."""
+        total, tokens = self.kl_sums(seqs)
+        return total / max(tokens, 1.0)
+
+    def kl_sums(self, seqs: Sequence[TokenSequence | Packed]) -> tuple[float, float]:
+        """The sum over ``seqs``' trained tokens of the approximate KL(behaviour || current
+        policy), ``(r - 1) - log r`` with ``r`` the token's ratio, and the number of those
+        tokens (no update; the model is left in eval mode)."""
         import torch
 
         total, tokens = 0.0, 0.0
@@ -509,7 +516,7 @@ class PolicyTrainer:
                 log_ratio = (new - p.old_logprobs) * p.mask
                 total += float((((torch.exp(log_ratio) - 1.0) - log_ratio) * p.mask).sum())
                 tokens += float(p.mask.sum())
-        return total / max(tokens, 1.0)
+        return total, tokens
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the weights (the tiny model's format); returns their policy version."""
