@@ -157,6 +157,8 @@ COMMANDS: dict[str, Check] = {
     "--out runs/learn-natural-cl": Check("parse", "a learning run of about 25 minutes (the natural rule, issue 32)"),
     ".venv/bin/python -m benchmarks.learning --tasks corridor-late --seeds 2 3 4 --set rule=natural "
     "--out runs/learn-natural-cl2": Check("parse", "a learning run of about 20 minutes (the natural rule, issue 32)"),
+    ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks corridor-early corridor-late bridge --seeds 0 1 2 3 4 "
+    "--set rule=sgd --out runs/learn-sgd": Check("parse", "a learning run of about 15 minutes (the sgd rule, issue 32)"),
     ".venv/bin/python -m benchmarks.learning --tasks bridge --seeds 0 1 2 3 4 --set rule=natural "
     "--out runs/learn-natural-bridge": Check(
         "parse", "a learning run of about 20 minutes (the natural rule, issue 32)"
