@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Iterator
@@ -53,6 +54,48 @@ LogFileOpt = Annotated[
 ]
 
 
+def writable_log_file(path: Path) -> Path:
+    """``path``, or the same name under the temporary folder when ``path``'s folder
+    cannot be made (a read-only or full home: the log is no reason to stop a command),
+    with one warning line; ``os.devnull`` when neither can.
+
+    Everything downstream (the embedded model server's and a temporary Prefect
+    server's output, Dask workers' logging, the traceback of an error) writes to the
+    file this returns, so it is decided once, before any of them starts."""
+    fallback = Path(tempfile.gettempdir()) / "focus-logs" / path.name
+    for i, candidate in enumerate((path, fallback)):
+        try:
+            candidate.parent.mkdir(parents=True, exist_ok=True)
+            with open(candidate, "a", encoding="utf-8"):
+                pass
+        except OSError as e:
+            why = e.strerror or type(e).__name__
+            typer.secho(f"warning: cannot write the log file {candidate} ({why})", fg=typer.colors.YELLOW, err=True)
+            continue
+        if i:
+            typer.secho(f"warning: logging to {candidate} instead", fg=typer.colors.YELLOW, err=True)
+        return candidate
+    return Path(os.devnull)
+
+
+def writable_prefect_home(env: Any = None) -> None:
+    """Point ``PREFECT_HOME`` at the temporary folder when it is unset and
+    ``~/.prefect`` cannot be made (a read-only home): Prefect keeps its settings and a
+    temporary server its database there, and fails to start without it (exit status 3).
+    A ``PREFECT_HOME`` the user set is left alone."""
+    env = os.environ if env is None else env
+    if env.get("PREFECT_HOME"):
+        return
+    home = Path.home() / ".prefect"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if os.access(home, os.W_OK):
+            return
+    except OSError:
+        pass
+    env["PREFECT_HOME"] = str(Path(tempfile.gettempdir()) / f"focus-prefect-{os.getuid()}")
+
+
 class Console:
     """The command's console and log file, and its one-line errors."""
 
@@ -61,7 +104,7 @@ class Console:
         from flows.progress import console
 
         self.verbosity, self.debug = verbosity, debug
-        self.log_file = log_file or default_log_file(kind)
+        self.log_file = writable_log_file(log_file or default_log_file(kind))
         self.console = console()
         self.logging_ready = False
 
@@ -94,7 +137,7 @@ class Console:
                 self.log_file.parent.mkdir(parents=True, exist_ok=True)
                 with open(self.log_file, "a", encoding="utf-8") as f:
                     f.write(f"error: {line}\n{''.join(traceback.format_exception(exc))}")
-                where = f" (traceback: {self.log_file})"
+                where = f" (traceback: {self.log_file})" if str(self.log_file) != os.devnull else ""
             except OSError:
                 pass
         typer.secho(f"error: {line}{where}", fg=typer.colors.RED, err=True)
@@ -148,6 +191,8 @@ def started(
 
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if prefect:
+        writable_prefect_home()
     services = Services(cfg, prefect=prefect, model=model, warm=warm, log_file=out.log_file)
     if interrupts is not None:
         interrupts.on_exit_now.append(services.kill)

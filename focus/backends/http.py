@@ -494,7 +494,7 @@ class HttpClient:
             raise _Retryable("malformed response", status, f"not JSON ({e}): {_snippet(_text(data))}") from e
         try:
             value = parse(decoded)
-        except (MalformedResponse, self.error, KeyError, TypeError, IndexError, ValueError) as e:
+        except (MalformedResponse, self.error, KeyError, TypeError, IndexError, ValueError, AttributeError) as e:
             raise _Retryable("malformed response", status, f"{type(e).__name__}: {e}") from e
         return value, time.monotonic() - sent
 

@@ -88,6 +88,16 @@ class OpenAICompatPolicy(HttpPolicy):
         return str(version) if version else None
 
 
+def aborted(finish: str, n: int, detail: Any) -> str:
+    """Why an answer that ended in ``abort`` or ``error`` is retried, not recorded: the
+    server stopped the request itself (a weights update with ``abort_all_requests``, an
+    admin abort, an engine error), so its tokens are a cut-off sample that the same seed
+    would not give again; recorded, it would end a turn at a random place and make a
+    resumed collection differ from an uninterrupted one."""
+    why = f": {detail}" if detail else ""
+    return f"the server ended the request with finish_reason {finish!r} after {n} token(s){why} (a cut-off sample)"
+
+
 def _token_id(tok: Any) -> int:
     if isinstance(tok, str) and tok.startswith("token_id:"):
         return int(tok[len("token_id:") :])
@@ -122,6 +132,8 @@ def parse_completion(data: Any) -> Completion:
     finish = _FINISH.get(str(ch.get("finish_reason")))
     if finish is None:
         raise MalformedResponse(f"unknown finish_reason {ch.get('finish_reason')!r}")
+    if finish in ("abort", "error"):
+        raise MalformedResponse(aborted(finish, len(ids), ch.get("stop_reason")))
     usage = data.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens") if isinstance(details, dict) else None

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from focus.backends.http import HttpClient, HttpConfig, HttpPolicy, MalformedResponse
+from focus.backends.openai_compat import aborted
 from focus.policy import Completion, SamplingParams
 
 
@@ -98,6 +99,8 @@ def parse_generate(data: Any) -> Completion:
     finish = {"stop": "stop", "length": "length", "abort": "abort"}.get(str(kind))
     if finish is None:
         raise MalformedResponse(f"unknown finish_reason {fr!r}")
+    if finish == "abort":  # e.g. a weights update with abort_all_requests: retried (aborted())
+        raise MalformedResponse(aborted(finish, len(ids), fr.get("message") if isinstance(fr, dict) else None))
     cached = meta.get("cached_tokens")
     extra = {k: meta[k] for k in ("policy_version", "weight_version", "id") if k in meta}
     # SGLang names the weights that sampled the answer (set by weight updates)

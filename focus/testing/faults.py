@@ -37,7 +37,7 @@ import socket
 import struct
 import threading
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -52,7 +52,12 @@ KINDS = ("429", "500", "502", "503", "timeout", "close", "reset", "malformed", "
 #: request's ``max_tokens`` (13 more, as a server that ignores the limit would);
 #: ``foreign_id`` replaces the first sampled id by one outside any byte vocabulary.
 ANSWER_KINDS = ("overlong", "foreign_id")
-ALL_KINDS = KINDS + ANSWER_KINDS
+#: A transport fault drawn only when named (not in :data:`KINDS`, so seeded load runs
+#: draw what they drew before): ``cut`` sends the headers of the server's answer and
+#: half of its body, then closes the connection - a body cut off mid-way, as a proxy or
+#: a server that dies while writing leaves it.
+CUT_KINDS = ("cut",)
+ALL_KINDS = KINDS + ANSWER_KINDS + CUT_KINDS
 #: The id a ``foreign_id`` fault puts into an answer.
 FOREIGN_ID = 70000
 GENERATION_PATHS = ("/v1/completions", "/generate")
@@ -100,7 +105,9 @@ class FaultProxy:
     ``kinds`` (seeded by ``seed``). ``hang_s``: how long a ``timeout`` fault holds the
     request before closing (set it above the client's read timeout). ``latency_s``:
     extra delay on every generation request (to keep shards busy long enough to kill a
-    worker in the middle of one).
+    worker in the middle of one). ``reshape``: a function that rewrites every 200 JSON
+    answer to a generation request (given the answer and the request), to present the
+    server behind it in another server's dialect (fields missing, extra, renamed).
     """
 
     def __init__(
@@ -112,6 +119,7 @@ class FaultProxy:
         seed: int = 0,
         hang_s: float = 3.0,
         latency_s: float = 0.0,
+        reshape: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None,
     ) -> None:
         unknown = set(kinds) - set(ALL_KINDS)
         if unknown:
@@ -121,6 +129,7 @@ class FaultProxy:
         self.kinds = tuple(kinds)
         self.hang_s = hang_s
         self.latency_s = latency_s
+        self.reshape = reshape
         self._rng = random.Random(seed)
         self._queue: deque[str] = deque()
         self._lock = threading.Lock()
@@ -226,6 +235,11 @@ class FaultProxy:
                 status, payload, ctype, extra = answer
                 head_lines = [f"HTTP/1.1 {status} X", f"Content-Type: {ctype}", f"Content-Length: {len(payload)}"]
                 head_lines += [f"{k}: {v}" for k, v in extra.items()]
+                if fault == "cut":  # the promised length, half the bytes, then the end
+                    writer.write(("\r\n".join(head_lines) + "\r\n\r\n").encode() + payload[: len(payload) // 2])
+                    await writer.drain()
+                    writer.close()
+                    return
                 writer.write(("\r\n".join(head_lines) + "\r\n\r\n").encode() + payload)
                 await writer.drain()
         except (ConnectionError, asyncio.CancelledError):
@@ -269,6 +283,8 @@ class FaultProxy:
             payload = json.dumps(_damage(json.loads(payload), fault)).encode()  # NaN is written as NaN
         if fault in ANSWER_KINDS and status == 200:
             payload = json.dumps(_break_contract(json.loads(payload), json.loads(body), fault)).encode()
+        if self.reshape is not None and status == 200 and path.split("?")[0] in GENERATION_PATHS:
+            payload = json.dumps(self.reshape(json.loads(payload), json.loads(body))).encode()
         return status, payload, ctype or "application/json", {}
 
 

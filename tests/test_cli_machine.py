@@ -1,0 +1,90 @@
+"""The focus command on machines set up unlike the developer's: a home it cannot write
+(a read-only or missing home, a container's), a temporary folder elsewhere, paths with
+spaces, the C locale, no terminal.
+
+A home that cannot be written used to stop ``focus collect`` before anything ran:
+``error: permission denied on <home>/.local: Read-only file system`` (the default log
+file's folder), and with ``--prefect`` the temporary Prefect server exited with status 3
+(no ``~/.prefect`` for its database).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fixtures.prefect import base_env
+
+from cli.common import writable_log_file, writable_prefect_home
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_a_log_file_that_cannot_be_made_moves_to_the_temporary_folder(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "home"
+    blocker.write_text("a file where a folder should be")  # what a read-only home gives: mkdir fails
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    wanted = blocker / ".local" / "state" / "focus" / "logs" / "collect-1.log"
+    got = writable_log_file(wanted)
+    assert got == tmp_path / "tmp" / "focus-logs" / "collect-1.log" and got.exists()
+    err = capsys.readouterr().err
+    assert f"cannot write the log file {wanted}" in err and f"logging to {got} instead" in err
+    ok = tmp_path / "logs" / "x.log"
+    assert writable_log_file(ok) == ok  # a writable one is kept, silently
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr("tempfile.tempdir", str(blocker / "tmp"))
+    assert writable_log_file(wanted) == Path(os.devnull)  # nowhere to write: no log, still no crash
+
+
+def test_prefect_home_moves_to_the_temporary_folder_only_when_home_cannot_hold_it(tmp_path, monkeypatch):
+    blocker = tmp_path / "home"
+    blocker.write_text("")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setenv("HOME", str(blocker / "h"))
+    env: dict[str, str] = {}
+    writable_prefect_home(env)
+    assert env["PREFECT_HOME"].startswith(str(tmp_path / "tmp" / "focus-prefect-"))
+    mine = {"PREFECT_HOME": "/somewhere/else"}
+    writable_prefect_home(mine)
+    assert mine == {"PREFECT_HOME": "/somewhere/else"}  # the user's choice stays
+    monkeypatch.setenv("HOME", str(tmp_path / "fine"))
+    fine: dict[str, str] = {}
+    writable_prefect_home(fine)
+    assert fine == {} and (tmp_path / "fine" / ".prefect").is_dir()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_collect_runs_with_an_unwritable_home_spaces_the_c_locale_and_no_terminal(tmp_path):
+    """One collection on the embedded model: home under a file (nothing can be made
+    there), working folder, store and TMPDIR with spaces, ``LC_ALL=C``, standard input
+    closed, no terminal. It finishes, says where the log went, and the log is there."""
+    work = tmp_path / "a folder"
+    tmp = tmp_path / "tmp dir"
+    work.mkdir()
+    tmp.mkdir()
+    (tmp_path / "homefile").write_text("")
+    env = base_env(tmp_path / "prefect")
+    env.pop("XDG_STATE_HOME", None)
+    env.update(HOME=str(tmp_path / "homefile" / "h"), LANG="C", LC_ALL="C", TMPDIR=str(tmp), TERM="dumb")
+    args = ["collect", "--tasks", "2", "--transitions", "6", "--collection-id", "c1", "--store", str(work / "runs x")]
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *args, "--json"],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["stats"]["failed_rollouts"] == 0 and " " in result["batch_url"]
+    assert "Traceback" not in done.stderr
+    logs = list((tmp / "focus-logs").glob("collect-*.log"))
+    assert len(logs) == 1 and f"logging to {logs[0]} instead" in done.stderr
+    assert "collection c1: batch at" in logs[0].read_text()

@@ -1,0 +1,228 @@
+"""Model servers that are not the project's: vLLM's and SGLang's answer shapes, and what
+the clients do with answers a real server sends that the embedded one never does.
+
+The shapes follow vLLM's OpenAI protocol models (``CompletionResponse``,
+``CompletionResponseChoice``, ``CompletionLogProbs``, ``UsageInfo`` in
+``vllm/entrypoints/openai/protocol.py``: ``usage.prompt_tokens_details`` may be null,
+``stop_reason`` and ``prompt_logprobs`` ride along, ``token_ids`` is null unless
+``return_token_ids`` is honoured) and SGLang's ``/generate`` (``meta_info`` with
+``output_token_logprobs`` triples whose text may be a string, ``finish_reason`` objects
+with ``matched``, a ``weight_version``). The server-side cases run the embedded model
+behind :class:`~focus.testing.faults.FaultProxy` with ``reshape``, so the ids and
+log-probs are real samples and token exactness is checked against the same server
+answering directly.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import httpx
+import pytest
+
+from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy
+from focus.backends.http import MalformedResponse
+from focus.backends.openai_compat import parse_completion
+from focus.backends.sglang import parse_generate
+from focus.env import Message
+from focus.format import ByteCodec
+from focus.policy import BadResponse, SamplingParams
+from focus.testing import run
+from focus.testing.faults import FaultProxy
+from focus.toy import opening_text
+
+pytestmark = pytest.mark.timeout(120)
+
+CODEC = ByteCodec()
+PROMPT = CODEC.render([Message("user", opening_text(4))])
+#: Short retries, no outage wait; no read timeout a slow machine could miss.
+FAST = HttpConfig(backoff_s=0.01, backoff_max_s=0.05, max_retries=3, timeout_s=60, outage_wait_s=0)
+
+
+def vllm_answer(ids: list[int], lps: list[float], finish: str = "stop", **extra: Any) -> dict[str, Any]:
+    """A completions answer with every field vLLM's protocol model writes."""
+    return {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1,
+        "model": "Qwen/Qwen3-4B",
+        "choices": [
+            {
+                "index": 0,
+                "text": "ab",
+                "logprobs": {
+                    "text_offset": list(range(len(ids))),
+                    "token_logprobs": lps,
+                    "tokens": [f"token_id:{t}" for t in ids],
+                    "top_logprobs": [None] * len(ids),
+                },
+                "finish_reason": finish,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+                "token_ids": ids,
+                "prompt_token_ids": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2, "prompt_tokens_details": None},
+        "kv_transfer_params": None,
+        **extra,
+    }
+
+
+def test_vllm_answers_with_optional_fields_missing_or_null_keep_their_ids():
+    base = vllm_answer([5, 6], [-0.5, -9999.0], finish="length")  # vLLM clamps -inf to -9999.0
+    variants = [base]
+    no_ids = copy.deepcopy(base)
+    no_ids["choices"][0]["token_ids"] = None  # return_token_ids not honoured: ids from 'token_id:<id>'
+    variants.append(no_ids)
+    for usage in (None, {}, {"prompt_tokens_details": {"cached_tokens": None}}):
+        v = copy.deepcopy(base)
+        v["usage"] = usage
+        variants.append(v)
+    no_usage = copy.deepcopy(base)
+    del no_usage["usage"]
+    variants.append(no_usage)
+    for v in variants:
+        c = parse_completion(v)
+        assert (c.token_ids, c.logprobs, c.finish_reason) == ((5, 6), (-0.5, -9999.0), "length")
+        assert c.policy_version == "Qwen/Qwen3-4B" and c.cached_prompt_tokens is None
+    assert parse_completion(vllm_answer([7], [-1.0], finish="stop", stop_reason=7)).finish_reason == "stop"
+
+
+def test_an_answer_the_server_ended_itself_is_retried_not_recorded():
+    """``abort`` (vLLM, SGLang: a weights update with ``abort_all_requests``, an admin
+    abort) and vLLM's ``error`` end a sample at a place the seed does not decide: such
+    an answer was recorded as a turn; now it is malformed (retried, never stored)."""
+    for finish in ("abort", "error"):
+        with pytest.raises(MalformedResponse, match=rf"finish_reason '{finish}' after 1 token"):
+            parse_completion(vllm_answer([5], [-0.5], finish=finish))
+    aborted = {
+        "text": "a",
+        "output_ids": [3],
+        "meta_info": {
+            "id": "x",
+            "finish_reason": {"type": "abort", "message": "Abort before weight update."},
+            "output_token_logprobs": [[-0.1, 3, "a"]],
+            "weight_version": "v1",
+        },
+    }
+    with pytest.raises(MalformedResponse, match="'abort' after 1 token.*Abort before weight update"):
+        parse_generate(aborted)
+
+
+def _mock(answer: Any) -> httpx.MockTransport:
+    return httpx.MockTransport(lambda request: httpx.Response(200, json=answer))
+
+
+@pytest.mark.parametrize(
+    "policy_cls, answer",
+    [
+        (OpenAICompatPolicy, {"choices": ["5 6"]}),  # a choice that is not an object
+        (OpenAICompatPolicy, {**vllm_answer([5], [-0.5]), "usage": [3, 2]}),  # usage that is not an object
+        (SGLangPolicy, {"meta_info": {"output_token_logprobs": [], "finish_reason": "stop"}, "output_ids": 3}),
+    ],
+)
+def test_an_answer_of_another_shape_is_a_bad_response_not_a_crash(policy_cls, answer):
+    """An answer whose parts have the wrong JSON type raised ``AttributeError`` out of
+    the parser: not retried, and the rollout failed as an ``error``, not as the bad
+    response it is (which reruns it and stops the collection if it persists)."""
+    policy = policy_cls("http://127.0.0.1:1", config=FAST, transport=_mock(answer))
+
+    async def go() -> None:
+        try:
+            await policy.sample(PROMPT, SamplingParams(max_tokens=4, seed=1))
+        finally:
+            await policy.aclose()
+
+    with pytest.raises(BadResponse, match="failed after 4 attempt.*malformed response"):
+        run(go())
+
+
+def old_vllm(answer: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """vLLM before ``return_token_ids``, with the rest of its protocol's fields."""
+    ch = answer["choices"][0]
+    ids = ch.pop("token_ids")
+    assert ch["logprobs"]["tokens"] == [f"token_id:{t}" for t in ids]
+    ch.update(stop_reason=None, prompt_logprobs=None)
+    ch["logprobs"].update(text_offset=list(range(len(ids))), top_logprobs=[None] * len(ids))
+    answer.pop("usage", None)
+    answer.pop("policy_version", None)
+    return {**answer, "model": "served-name", "system_fingerprint": None, "kv_transfer_params": None}
+
+
+def sglang_strings(answer: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """SGLang with token texts in the triples, no ``output_ids``, extra timing fields."""
+    meta = answer["meta_info"]
+    meta["output_token_logprobs"] = [[lp, t, chr(t % 128)] for lp, t, _ in meta["output_token_logprobs"]]
+    meta.update(e2e_latency=0.01, spec_verify_ct=0)
+    answer.pop("output_ids")
+    return answer
+
+
+async def _samples(policy: Any, seeds: range) -> list[tuple[tuple[int, ...], tuple[float, ...], str]]:
+    try:
+        out = []
+        for s in seeds:
+            c = await policy.sample(PROMPT, SamplingParams(max_tokens=6, temperature=1.0, seed=s))
+            out.append((c.token_ids, c.logprobs, c.finish_reason))
+        return out
+    finally:
+        await policy.aclose()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("policy_cls, reshape", [(OpenAICompatPolicy, old_vllm), (SGLangPolicy, sglang_strings)])
+def test_another_servers_dialect_gives_the_same_tokens(local_model_server, policy_cls, reshape):
+    """The same seeded requests, answered directly and in the other server's shape: the
+    same ids, log-probs and finish reasons, bit for bit (nothing re-tokenised)."""
+    direct = run(_samples(policy_cls(local_model_server.url, config=FAST), range(4)))
+    with FaultProxy(local_model_server.url, reshape=reshape) as proxy:
+        via = run(_samples(policy_cls(proxy.url, config=FAST), range(4)))
+    assert via == direct
+    assert {f for _, _, f in direct} <= {"stop", "length"}
+
+
+class AbortFirst:
+    """Answers the first generation request as aborted after its first token (what
+    SGLang sends for requests in flight when weights are updated with
+    ``abort_all_requests``); later ones pass."""
+
+    def __init__(self) -> None:
+        self.aborted = 0
+
+    def __call__(self, answer: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+        if self.aborted:
+            return answer
+        self.aborted += 1
+        meta = answer["meta_info"]
+        meta["output_token_logprobs"] = meta["output_token_logprobs"][:1]
+        meta["finish_reason"] = {"type": "abort", "message": "Abort before weight update."}
+        answer["output_ids"] = answer["output_ids"][:1]
+        return answer
+
+
+@pytest.mark.integration
+def test_an_aborted_answer_is_sampled_again_with_its_seed(local_model_server):
+    direct = run(_samples(SGLangPolicy(local_model_server.url, config=FAST), range(1)))
+    reshape = AbortFirst()
+    with FaultProxy(local_model_server.url, reshape=reshape) as proxy:
+        policy = SGLangPolicy(proxy.url, config=FAST)
+        via = run(_samples(policy, range(1)))
+    assert reshape.aborted == 1 and via == direct
+    assert policy.stats()["retries"] == {"malformed response": 1}
+
+
+@pytest.mark.integration
+def test_a_body_cut_mid_way_is_retried(local_model_server):
+    """The server's headers promise N bytes, half arrive, the connection closes."""
+    direct = run(_samples(OpenAICompatPolicy(local_model_server.url, config=FAST), range(2)))
+    with FaultProxy(local_model_server.url) as proxy:
+        proxy.queue("cut", count=2)
+        policy = OpenAICompatPolicy(proxy.url, config=FAST)
+        via = run(_samples(policy, range(2)))
+        assert proxy.injected["cut"] == 2
+    assert via == direct
+    assert sum(policy.stats()["retries"].values()) == 2
