@@ -140,6 +140,13 @@ class PolicyIdentity:
         found = {t.policy_version for group in rollouts for turns in group for t in turns if t.policy_version}
         if not found:
             return
+        if new and self.versions is None and len(found) > 1 and not self.allow_change:
+            # the first step has nothing before it to differ from, but it must agree with itself
+            raise PolicyChanged(
+                f"collection {self.collection_id!r}: the rollouts of its {step.kind} step were sampled by "
+                f"{len(found)} policies ({', '.join(sorted(found))}): the model service changed weights while it "
+                "ran; rerun against one set of weights, or pass --allow-policy-change"
+            )
         if self.versions is None or self.allow_change or not new:
             self.versions = (self.versions or set()) | found
         elif not found <= self.versions:
