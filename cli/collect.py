@@ -30,6 +30,7 @@ from cli.common import (
     LogFileOpt,
     SetOpt,
     VerboseOpt,
+    fail,
     help_default,
     load,
     one_line_ending,
@@ -218,6 +219,9 @@ def _run(
     if pre.finished is not None:
         _print_finished(cfg, pre.finished, as_json)
         return None
+    unserved = _unserved_model(cfg)
+    if unserved:
+        fail(unserved)
     if pre.damaged:
         typer.secho(f"warning: {pre.damaged}; writing the batch again", fg=typer.colors.YELLOW, err=True)
     # With no Prefect server to keep the run, a temporary one would record it only to
@@ -232,6 +236,20 @@ def _run(
             from flows.direct import collect_direct
 
             return interrupts.run(collect_direct(ready, allow))
+
+
+def _unserved_model(cfg: FocusConfig) -> str | None:
+    """Whether an OpenAI-compatible server the configuration names serves ``model.model``
+    (:func:`focus.backends.openai_compat.unserved_model`): one line if one does not."""
+    m = cfg.model
+    urls = m.urls or ([m.url] if m.url else [])
+    if m.kind not in ("openai", "local") or not urls:
+        return None
+    from focus.backends.openai_compat import DEFAULT_MODEL, unserved_model
+
+    model = m.model or m.options.get("model") or DEFAULT_MODEL
+    # a server that wants a key answers 401 here, which says nothing: its first call will
+    return next((line for u in urls if (line := unserved_model(u, str(model)))), None)
 
 
 def _print_finished(cfg: FocusConfig, finished: dict[str, Any], as_json: bool) -> None:

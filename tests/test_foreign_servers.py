@@ -226,3 +226,38 @@ def test_a_body_cut_mid_way_is_retried(local_model_server):
         assert proxy.injected["cut"] == 2
     assert via == direct
     assert sum(policy.stats()["retries"].values()) == 2
+
+
+@pytest.mark.integration
+def test_a_model_name_the_server_does_not_serve_stops_the_command_before_it_starts(local_model_server, tmp_path):
+    """vLLM answers a request naming another model with 404, so a collection against a
+    server serving another name than ``model.model`` (``focus-tinylm`` when unset)
+    failed every rollout as a refused request, wrote an empty batch, finished the
+    collection id and exited 0. Now the command asks ``/v1/models`` first."""
+    import subprocess
+    import sys
+
+    from fixtures.prefect import base_env
+
+    from focus.backends.openai_compat import unserved_model
+
+    url = local_model_server.url
+    assert unserved_model(url, "focus-tinylm") is None and unserved_model(f"{url}/v1", "focus-tinylm") is None
+    assert unserved_model(url, "Qwen/Qwen3-4B") == (
+        f"model.model 'Qwen/Qwen3-4B' is not served at {url} (it serves 'focus-tinylm'); "
+        "set it, e.g. --set model.model=focus-tinylm"
+    )
+    assert unserved_model("http://127.0.0.1:1", "x") is None  # not up yet: the run waits for it as before
+    args = ["collect", "--model-url", url, "--set", "model.model=Qwen/Qwen3-4B", "--store", str(tmp_path / "runs")]
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *args, "--collection-id", "c1", "--tasks", "2"],
+        env=base_env(tmp_path / "prefect"),
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"error: {unserved_model(url, 'Qwen/Qwen3-4B')}"]
+    assert not (tmp_path / "runs" / "batches").exists()

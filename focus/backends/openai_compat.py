@@ -19,6 +19,8 @@ from focus.backends.http import HttpClient, HttpConfig, HttpPolicy, MalformedRes
 from focus.policy import Completion, SamplingParams
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error", "eos": "stop"}
+#: The served model name a request names when none is given (the embedded server's).
+DEFAULT_MODEL = "focus-tinylm"
 
 
 class OpenAICompatPolicy(HttpPolicy):
@@ -36,7 +38,7 @@ class OpenAICompatPolicy(HttpPolicy):
     def __init__(
         self,
         base_url: str,
-        model: str = "focus-tinylm",
+        model: str = DEFAULT_MODEL,
         *,
         config: HttpConfig | None = None,
         vocab_size: int | None = None,
@@ -86,6 +88,33 @@ class OpenAICompatPolicy(HttpPolicy):
         card = cards[0] if isinstance(cards, list) and cards and isinstance(cards[0], dict) else {}
         version = card.get("policy_version") or card.get("root") or card.get("id")
         return str(version) if version else None
+
+
+def unserved_model(base_url: str, model: str, *, headers: dict[str, str] | None = None) -> str | None:
+    """One line saying that the server at ``base_url`` does not serve ``model``, or None
+    when it does, or does not say (not up yet, no ``/v1/models``, a refusal).
+
+    vLLM (and the embedded server) reject a request naming a model they do not serve
+    with 404, which fails each rollout as a refused request: a collection against a
+    vLLM server serving another name than ``model.model`` (``focus-tinylm`` when unset)
+    would end with every rollout failed and an empty batch. A command asks first."""
+    import httpx
+
+    root = base_url.rstrip("/")
+    root = root[: -len("/v1")] if root.endswith("/v1") else root
+    try:
+        answer = httpx.get(f"{root}/v1/models", headers=headers or {}, timeout=3.0)
+        data = answer.json() if answer.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    cards = data.get("data") if isinstance(data, dict) else None
+    ids = [c["id"] for c in cards or () if isinstance(c, dict) and isinstance(c.get("id"), str)]
+    if not ids or model in ids:
+        return None
+    served = ", ".join(repr(i) for i in ids)
+    return (
+        f"model.model {model!r} is not served at {root} (it serves {served}); set it, e.g. --set model.model={ids[0]}"
+    )
 
 
 def aborted(finish: str, n: int, detail: Any) -> str:
