@@ -187,9 +187,29 @@ def collect(
     result["stats"]["cli_wall_s"] = round(time.perf_counter() - T0, 3)
     if as_json:
         typer.echo(json.dumps(result, default=str))
+    else:
+        print_result(result)
+        typer.echo(f"rerun or resume: focus collect --collection-id {result['collection_id']}")
+    _fail_if_all_failed(result)
+
+
+def _fail_if_all_failed(result: dict[str, Any]) -> None:
+    """Exit 1 with one line when every rollout failed: such a batch holds nothing a
+    trainer can use, whatever the cause (a model service that refuses every request - a
+    wrong path, key or model name -, an env that always raises), and a status of 0
+    would let a script or scheduler go on to train on it. The batch is written and the
+    collection finished, as for any run; the line says to collect under a new id."""
+    stats = result.get("stats") or {}
+    n = stats.get("rollouts") or 0
+    if not n or stats.get("failed_rollouts") != n:
         return
-    print_result(result)
-    typer.echo(f"rerun or resume: focus collect --collection-id {result['collection_id']}")
+    causes = sorted((result.get("failure_causes") or {}).items(), key=lambda kv: -kv[1])
+    top = f"; most often ({causes[0][1]}x): {causes[0][0]}" if causes else ""
+    fail(
+        f"every rollout failed ({n} of {n}): the batch has nothing to train on; fix the cause, then "
+        f"collect under a new collection id{top}",
+        code=1,
+    )
 
 
 def _config(path: Path | None, over: dict[str, Any], transitions: int | None) -> FocusConfig:
@@ -218,6 +238,7 @@ def _run(
         out.fail(e)
     if pre.finished is not None:
         _print_finished(cfg, pre.finished, as_json)
+        _fail_if_all_failed({"stats": pre.finished.get("summary", {}), **pre.finished})
         return None
     unserved = _unserved_model(cfg)
     if unserved:

@@ -16,6 +16,7 @@ answering directly.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import httpx
@@ -261,3 +262,32 @@ def test_a_model_name_the_server_does_not_serve_stops_the_command_before_it_star
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"error: {unserved_model(url, 'Qwen/Qwen3-4B')}"]
     assert not (tmp_path / "runs" / "batches").exists()
+
+
+@pytest.mark.integration
+def test_a_server_that_refuses_every_request_ends_the_command_with_status_1(scripted, tmp_path):
+    """A wrong key, path or model name makes the server refuse every request (a 4xx is
+    not retried): every rollout failed, and the command exited 0 with an empty batch.
+    Now it exits 1 with one line naming the cause, on the first run and on a rerun."""
+    import subprocess
+    import sys
+
+    from fixtures.prefect import base_env
+
+    scripted.answers[:] = [(401, {}, {"error": {"message": "invalid API key", "code": 401}})]
+    args = ["collect", "--model-url", scripted.url, "--store", str(tmp_path / "runs"), "--collection-id", "c1"]
+    for _run in range(2):
+        done = subprocess.run(
+            [sys.executable, "-m", "cli", *args, "--tasks", "2", "--json"],
+            env=base_env(tmp_path / "prefect"),
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 1, done.stderr[-2000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: every rollout failed (8 of 8)") and "status 401" in last, done.stderr
+        assert "Traceback" not in done.stderr
+        assert json.loads(done.stdout.strip().splitlines()[-1])["stats"]["failed_rollouts"] == 8
