@@ -11,6 +11,7 @@ is stopped unused: what it cost is a fraction of a second of the other core.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -23,7 +24,30 @@ def wants_embedded_model(argv: list[str]) -> bool:
     return not any(a in ("-h", "--help") or a.startswith("--model-url") for a in argv[1:])
 
 
+#: The environment variables that name a proxy, for httpx and Prefect's client.
+PROXY_VARIABLES = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def loopback_without_proxy(env: Any = None) -> None:
+    """Add the loopback names to ``NO_PROXY`` and ``no_proxy`` when a proxy is set.
+
+    Everything this command starts listens on 127.0.0.1 (the embedded model server, a
+    temporary Prefect server, a Dask cluster) and is asked over httpx, which sends
+    requests through ``HTTP_PROXY`` unless ``NO_PROXY`` names the host: on a machine
+    with a proxy set and no ``NO_PROXY`` (many clusters), ``focus collect`` stopped with
+    ``the embedded model server on port N never answered /health``. Subprocesses
+    inherit the variables. Hosts already listed are kept."""
+    env = os.environ if env is None else env
+    if not any(env.get(k) for k in PROXY_VARIABLES):
+        return
+    for key in ("NO_PROXY", "no_proxy"):
+        have = [h.strip() for h in env.get(key, "").split(",") if h.strip()]
+        env[key] = ",".join(have + [h for h in LOOPBACK if h not in have])
+
+
 def main() -> None:  # pragma: no cover - console entry point (tested through the installed command)
+    loopback_without_proxy()
     warm: Any = None
     if wants_embedded_model(sys.argv[1:]):
         from focus.backends.local import WarmServer

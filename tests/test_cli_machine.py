@@ -1,11 +1,13 @@
 """The focus command on machines set up unlike the developer's: a home it cannot write
 (a read-only or missing home, a container's), a temporary folder elsewhere, paths with
-spaces, the C locale, no terminal.
+spaces, the C locale, no terminal, an HTTP proxy in the environment.
 
 A home that cannot be written used to stop ``focus collect`` before anything ran:
 ``error: permission denied on <home>/.local: Read-only file system`` (the default log
 file's folder), and with ``--prefect`` the temporary Prefect server exited with status 3
-(no ``~/.prefect`` for its database).
+(no ``~/.prefect`` for its database). With ``HTTP_PROXY`` set and no ``NO_PROXY``
+(many clusters), it stopped with ``the embedded model server on port N never answered
+/health``: httpx sent the loopback health check to the proxy.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 from fixtures.prefect import base_env
 
 from cli.common import writable_log_file, writable_prefect_home
+from cli.entry import loopback_without_proxy
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -57,19 +60,46 @@ def test_prefect_home_moves_to_the_temporary_folder_only_when_home_cannot_hold_i
     assert fine == {} and (tmp_path / "fine" / ".prefect").is_dir()
 
 
+def test_a_proxy_in_the_environment_leaves_loopback_alone():
+    env = {"HTTPS_PROXY": "http://proxy:3128", "no_proxy": "internal.example, localhost"}
+    loopback_without_proxy(env)
+    assert env["NO_PROXY"] == "127.0.0.1,localhost,::1"
+    assert env["no_proxy"] == "internal.example,localhost,127.0.0.1,::1"  # the user's hosts stay
+    quiet: dict[str, str] = {}
+    loopback_without_proxy(quiet)
+    assert quiet == {}  # no proxy: nothing to do
+
+
+@pytest.mark.integration
+def test_the_embedded_server_starts_and_answers_with_a_proxy_set(monkeypatch):
+    """The library alone (no command to set ``NO_PROXY``): its loopback checks ignore
+    proxies, as the model client (aiohttp) always did."""
+    from focus.backends import LocalModelServer
+
+    for key in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    with LocalModelServer() as server:
+        assert server.policy_version
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_collect_runs_with_an_unwritable_home_spaces_the_c_locale_and_no_terminal(tmp_path):
     """One collection on the embedded model: home under a file (nothing can be made
     there), working folder, store and TMPDIR with spaces, ``LC_ALL=C``, standard input
-    closed, no terminal. It finishes, says where the log went, and the log is there."""
+    closed, no terminal, a proxy that nothing answers set and no ``NO_PROXY``. It
+    finishes, says where the log went, and the log is there."""
     work = tmp_path / "a folder"
     tmp = tmp_path / "tmp dir"
     work.mkdir()
     tmp.mkdir()
     (tmp_path / "homefile").write_text("")
     env = base_env(tmp_path / "prefect")
-    env.pop("XDG_STATE_HOME", None)
+    for key in ("XDG_STATE_HOME", "NO_PROXY", "no_proxy"):
+        env.pop(key, None)
+    env.update(HTTP_PROXY="http://127.0.0.1:9", http_proxy="http://127.0.0.1:9")
     env.update(HOME=str(tmp_path / "homefile" / "h"), LANG="C", LC_ALL="C", TMPDIR=str(tmp), TERM="dumb")
     args = ["collect", "--tasks", "2", "--transitions", "6", "--collection-id", "c1", "--store", str(work / "runs x")]
     done = subprocess.run(

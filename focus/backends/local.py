@@ -259,7 +259,7 @@ class LocalModelServer:
 
         while True:
             try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                if httpx.get(f"{self.url}/health", timeout=2.0, trust_env=False).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -299,7 +299,7 @@ class LocalModelServer:
         """The server's ``/v1/models`` card (includes ``policy_version``)."""
         import httpx
 
-        data = httpx.get(f"{self.url}/v1/models", timeout=10.0).json()
+        data = httpx.get(f"{self.url}/v1/models", timeout=10.0, trust_env=False).json()
         return dict(data["data"][0])
 
     @property
@@ -312,7 +312,9 @@ class LocalModelServer:
 
         from focus.policy import PolicyError
 
-        resp = httpx.post(f"{self.url}/update_weights_from_disk", json={"model_path": str(weights)}, timeout=60.0)
+        resp = httpx.post(
+            f"{self.url}/update_weights_from_disk", json={"model_path": str(weights)}, timeout=60.0, trust_env=False
+        )
         data = resp.json()
         if resp.status_code != 200 or not data.get("success"):
             raise PolicyError(f"weight reload from {weights} failed: {data.get('message', resp.text)}")

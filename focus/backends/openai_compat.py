@@ -103,7 +103,7 @@ def unserved_model(base_url: str, model: str, *, headers: dict[str, str] | None 
     root = base_url.rstrip("/")
     root = root[: -len("/v1")] if root.endswith("/v1") else root
     try:
-        answer = httpx.get(f"{root}/v1/models", headers=headers or {}, timeout=3.0)
+        answer = httpx.get(f"{root}/v1/models", headers=headers or {}, timeout=3.0, trust_env=False)  # as the client
         data = answer.json() if answer.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None

@@ -404,11 +404,11 @@ def served_requests(url: str) -> int:
     (the simulated server)."""
     import httpx
 
-    text = httpx.get(f"{url}/metrics", timeout=5.0).text
+    text = httpx.get(f"{url}/metrics", timeout=5.0, trust_env=False).text
     lines = [line for line in text.splitlines() if line.startswith("vllm:request_success")]
     if lines:
         return int(sum(float(line.rsplit(" ", 1)[1]) for line in lines))
-    return int(httpx.get(f"{url}/stats", timeout=5.0).json()["requests"])
+    return int(httpx.get(f"{url}/stats", timeout=5.0, trust_env=False).json()["requests"])
 
 
 class ServerRestart:

@@ -444,7 +444,7 @@ class SimServerProcess:
                 )
             time.sleep(0.02)
         self.port = int(port_file.read_text())
-        httpx.get(f"{self.url}/health", timeout=5.0).raise_for_status()
+        httpx.get(f"{self.url}/health", timeout=5.0, trust_env=False).raise_for_status()
         return self
 
     def stop(self) -> None:
@@ -457,24 +457,24 @@ class SimServerProcess:
     def stats(self) -> dict[str, Any]:
         import httpx
 
-        return dict(httpx.get(f"{self.url}/stats", timeout=10.0).json())
+        return dict(httpx.get(f"{self.url}/stats", timeout=10.0, trust_env=False).json())
 
     def requests(self) -> list[list[Any]]:
         import httpx
 
-        return list(httpx.get(f"{self.url}/requests", timeout=60.0).json()["rows"])
+        return list(httpx.get(f"{self.url}/requests", timeout=60.0, trust_env=False).json()["rows"])
 
     def reset(self) -> None:
         """Zero the counters and the request log (the cache stays)."""
         import httpx
 
-        httpx.post(f"{self.url}/reset", timeout=10.0).raise_for_status()
+        httpx.post(f"{self.url}/reset", timeout=10.0, trust_env=False).raise_for_status()
 
     def flush_cache(self) -> None:
         """Empty the prefix cache."""
         import httpx
 
-        httpx.post(f"{self.url}/flush_cache", timeout=10.0).raise_for_status()
+        httpx.post(f"{self.url}/flush_cache", timeout=10.0, trust_env=False).raise_for_status()
 
     def __enter__(self) -> SimServerProcess:
         return self.start()
