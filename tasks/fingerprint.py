@@ -37,8 +37,9 @@ class CriticChanged(ResumeMismatch):
 
 def _policy_changed(cid: str | None, before: str, now: str) -> PolicyChanged:
     return PolicyChanged(
-        f"collection {cid!r} was sampled by policy {before}, the model service now serves {now}: resuming would "
-        "mix two policies in one batch; resume against the same weights, or pass --allow-policy-change"
+        f"collection {cid!r} was sampled by policy {before}, the model service now serves {now}: going on would "
+        "mix two policies in one batch (a resume, or weights changed while it ran); collect against the same "
+        "weights (rerun with the same id), or pass --allow-policy-change"
     )
 
 
