@@ -46,8 +46,30 @@ def loopback_without_proxy(env: Any = None) -> None:
         env[key] = ",".join(have + [h for h in LOOPBACK if h not in have])
 
 
+def home_or_temporary(env: Any = None) -> None:
+    """Set ``HOME`` to the temporary folder when no home can be found: ``HOME`` unset
+    and a user id without a password entry (a container run under an arbitrary id,
+    OpenShift's way). ``Path.home()`` raises ``RuntimeError: Could not determine home
+    directory`` there, and the default log file, Prefect's profile lookup and Prefect
+    itself all call it, so the command stopped with a traceback before anything ran."""
+    env = os.environ if env is None else env
+    if env.get("HOME"):
+        return
+    try:
+        import pwd
+
+        pwd.getpwuid(os.getuid())
+        return
+    except (ImportError, KeyError):
+        pass
+    import tempfile
+
+    env["HOME"] = tempfile.gettempdir()
+
+
 def main() -> None:  # pragma: no cover - console entry point (tested through the installed command)
     loopback_without_proxy()
+    home_or_temporary()
     warm: Any = None
     if wants_embedded_model(sys.argv[1:]):
         from focus.backends.local import WarmServer

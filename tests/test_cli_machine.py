@@ -22,7 +22,7 @@ import pytest
 from fixtures.prefect import base_env
 
 from cli.common import writable_log_file, writable_prefect_home
-from cli.entry import loopback_without_proxy
+from cli.entry import home_or_temporary, loopback_without_proxy
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -58,6 +58,29 @@ def test_prefect_home_moves_to_the_temporary_folder_only_when_home_cannot_hold_i
     fine: dict[str, str] = {}
     writable_prefect_home(fine)
     assert fine == {} and (tmp_path / "fine" / ".prefect").is_dir()
+
+
+def test_no_home_at_all_gives_the_temporary_folder(tmp_path, monkeypatch):
+    """``HOME`` unset under a user id with no password entry: ``Path.home()`` raises,
+    and with it the default log file (``flows.logs.default_log_file``)."""
+    from unittest import mock
+
+    from flows.logs import default_log_file
+
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    with mock.patch("pwd.getpwuid", side_effect=KeyError("uid 12345")):
+        with pytest.raises(RuntimeError, match="Could not determine home directory"):
+            default_log_file()
+        home_or_temporary()
+        assert os.environ["HOME"] == str(tmp_path)
+        assert default_log_file().is_relative_to(tmp_path)
+    mine = {"HOME": "/home/me"}
+    home_or_temporary(mine)
+    assert mine == {"HOME": "/home/me"}
+    known: dict[str, str] = {}
+    home_or_temporary(known)  # no HOME, but this user id has an entry: Path.home() finds it
+    assert known == {}
 
 
 def test_a_proxy_in_the_environment_leaves_loopback_alone():
