@@ -62,7 +62,7 @@ def writable_log_file(path: Path) -> Path:
     Everything downstream (the embedded model server's and a temporary Prefect
     server's output, Dask workers' logging, the traceback of an error) writes to the
     file this returns, so it is decided once, before any of them starts."""
-    fallback = Path(tempfile.gettempdir()) / "focus-logs" / path.name
+    fallback = Path(tempfile.gettempdir()) / f"focus-logs-{os.getuid()}" / path.name  # per user: /tmp is shared
     for i, candidate in enumerate((path, fallback)):
         try:
             candidate.parent.mkdir(parents=True, exist_ok=True)

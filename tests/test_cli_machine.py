@@ -33,7 +33,7 @@ def test_a_log_file_that_cannot_be_made_moves_to_the_temporary_folder(tmp_path, 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
     wanted = blocker / ".local" / "state" / "focus" / "logs" / "collect-1.log"
     got = writable_log_file(wanted)
-    assert got == tmp_path / "tmp" / "focus-logs" / "collect-1.log" and got.exists()
+    assert got == tmp_path / "tmp" / f"focus-logs-{os.getuid()}" / "collect-1.log" and got.exists()
     err = capsys.readouterr().err
     assert f"cannot write the log file {wanted}" in err and f"logging to {got} instead" in err
     ok = tmp_path / "logs" / "x.log"
@@ -138,6 +138,6 @@ def test_collect_runs_with_an_unwritable_home_spaces_the_c_locale_and_no_termina
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["stats"]["failed_rollouts"] == 0 and " " in result["batch_url"]
     assert "Traceback" not in done.stderr
-    logs = list((tmp / "focus-logs").glob("collect-*.log"))
+    logs = list((tmp / f"focus-logs-{os.getuid()}").glob("collect-*.log"))
     assert len(logs) == 1 and f"logging to {logs[0]} instead" in done.stderr
     assert "collection c1: batch at" in logs[0].read_text()
