@@ -230,6 +230,7 @@ def test_a_body_cut_mid_way_is_retried(local_model_server):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # starts the focus command
 def test_a_model_name_the_server_does_not_serve_stops_the_command_before_it_starts(local_model_server, tmp_path):
     """vLLM answers a request naming another model with 404, so a collection against a
     server serving another name than ``model.model`` (``focus-tinylm`` when unset)
@@ -265,6 +266,7 @@ def test_a_model_name_the_server_does_not_serve_stops_the_command_before_it_star
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # starts the focus command
 def test_a_server_that_refuses_every_request_ends_the_command_with_status_1(scripted, tmp_path):
     """A wrong key, path or model name makes the server refuse every request (a 4xx is
     not retried): every rollout failed, and the command exited 0 with an empty batch.
