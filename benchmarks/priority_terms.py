@@ -15,8 +15,8 @@ by where it lands. ``--exact`` replaces the fitted noise model by the MDPs' own 
 collection (``noise_model`` of every tree, stopped at ``--fraction``) per depth beside the
 MDPs' own, as the mean and the median over seeds 0..N−1, on ``--method``'s trees; a fit
 whose median is far below its mean is read off a few heavy outcomes. ``--own-depth N``
-reads the fit at each task's own decisive depth (families with one, ``decisive``): the
-pooled s(D), the tree's own s_i(D) and the exact ones (:func:`own_depth`).
+reads the fit at each task's own decisive depth (families with one, ``decisive``) beside
+the collection's exact s(D) and the task's own (:func:`own_depth`).
 Means per depth are printed; ``_only`` columns are Selective's own (the new child
 weighed as an only child: the view's ``fresh_error`` and ``chain_error``), the others
 weigh it as the estimator weighs a sibling (:func:`as_sibling`). docs/algorithm.md
@@ -106,11 +106,12 @@ def fit_bias(args: argparse.Namespace) -> dict[str, list[tuple[float, float, flo
 
 def own_depth(args: argparse.Namespace) -> dict[str, float]:
     """At each task's decisive depth D (seeds 0..``args.own_depth``−1, six tasks each,
-    ``method``'s trees at ``fraction``): the mean over tasks of the pooled fitted s(D),
-    the tree's own fitted s_i(D) (:meth:`NoiseModel.for_tree`), the collection's exact
-    s(D) and the task's own exact s(D); the same means over the task's other depths;
-    and the shares of tasks whose pooled fit is below a quarter of the collection's exact
-    s(D), and whose own fit below a quarter of their own exact s(D)."""
+    ``method``'s trees at ``fraction``): the means over tasks of the fitted s(D), the
+    collection's exact s(D) (pooled per depth, as the fit) and the task's own exact s(D);
+    the fit's and the task's own mean over the task's other depths; and the share of
+    tasks whose fitted s(D) is below a quarter of the collection's exact one. One model
+    per collection reads each decision diluted by the tasks that decide elsewhere; this
+    says by how much more the fit misses (docs/algorithm.md, "Each task's own s(d)")."""
     sums: dict[str, list[float]] = defaultdict(list)
     for seed in range(args.own_depth):
         state, _, mdps, values, fam, _, crit = collect_part(
@@ -119,16 +120,14 @@ def own_depth(args: argparse.Namespace) -> dict[str, float]:
         model = noise_model(state.trees, gamma=fam.gamma)
         pooled = exact_noise(mdps, values, fam.gamma, crit, model)
         for i, m in enumerate(mdps):
-            own, mine, at = exact_noise([m], [values[i]], fam.gamma, crit, model, [i]), model.for_tree(i), m.decisive
+            own, at = exact_noise([m], [values[i]], fam.gamma, crit, model, [i]), m.decisive
             other = [d for d in range(len(own.step_vars)) if d != at]
-            sums["fit_pooled"].append(model.step_var(at))
-            sums["fit_tree"].append(mine.step_var(at))
+            sums["fit"].append(model.step_var(at))
             sums["exact_pooled"].append(pooled.step_var(at))
             sums["exact_own"].append(own.step_var(at))
-            sums["fit_tree_other"].append(statistics.fmean(mine.step_var(d) for d in other))
+            sums["fit_other"].append(statistics.fmean(model.step_var(d) for d in other))
             sums["exact_own_other"].append(statistics.fmean(own.step_var(d) for d in other))
-            sums["pooled_below_quarter"].append(float(model.step_var(at) < pooled.step_var(at) / 4))
-            sums["tree_below_quarter"].append(float(mine.step_var(at) < own.step_var(at) / 4))
+            sums["below_quarter"].append(float(model.step_var(at) < pooled.step_var(at) / 4))
     return {k: statistics.fmean(v) for k, v in sums.items()}
 
 
@@ -168,13 +167,7 @@ def exact_noise(
     nu = tuple((r[0] - r[1]) / r[3] if r[3] else 0.0 for r in rows)
     t_ = tuple(r[2] / r[3] if r[3] else 0.0 for r in rows)
     return dataclasses.replace(
-        fitted,
-        step_vars=s_,
-        noise_vars=nu,
-        critic_vars=t_,
-        critic_var=sum(t_) / len(t_),
-        shared=0.0,
-        tree_step_vars=(),
+        fitted, step_vars=s_, noise_vars=nu, critic_vars=t_, critic_var=sum(t_) / len(t_), shared=0.0
     )
 
 
@@ -305,14 +298,14 @@ def run(args: argparse.Namespace) -> dict[int, list[dict[str, float]]]:
     rng = random.Random(args.seed)
     rows: dict[int, list[dict[str, float]]] = defaultdict(list)
     for ti, tree in enumerate(state.trees):
-        views = node_evidence(tree, ti, search.values(tree, calib.for_tree(ti).noise), calib)
+        views = node_evidence(tree, ti, search.values(tree, calib.noise), calib)
         env = (
             mdps[ti],
             values[ti],
             ti,
             crit,
             max_steps,
-            calib.for_tree(ti).noise,
+            calib.noise,
             fam.gamma,
             calib.mean_tokens,
             calib.target_weight,

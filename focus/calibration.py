@@ -8,7 +8,7 @@ what a fresh rollout adds below a checkpoint.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from focus.estimation import NoiseModel, Truncation, noise_model
 from focus.tree import Edge, Tree
@@ -35,17 +35,6 @@ class Calibration:
     #: :attr:`target_weight`, once computed (every evidence view reads it); not an
     #: ``__init__`` argument, so ``dataclasses.replace`` starts a copy without it.
     _target_weight: list[float] = field(default_factory=list, init=False, compare=False, repr=False)
-
-    def for_tree(self, index: int) -> Calibration:
-        """The calibration the ``index``-th fitted tree is ranked with: the noise model of
-        its own step variances (:meth:`NoiseModel.for_tree`), the collection's other
-        quantities and :attr:`target_weight` (the exchange rate of the two errors is the
-        collection's, not a tree's). Itself when the fit has no per-tree variances."""
-        if not self.noise.tree_step_vars:
-            return self
-        out = replace(self, noise=self.noise.for_tree(index), _chains={})
-        out._target_weight.append(self.target_weight)
-        return out
 
     def fresh_chain(self, depth: int, length: int) -> Chain:
         """What a fresh rollout adds below its first checkpoint at ``depth``, with

@@ -518,7 +518,7 @@ class Collector:
         for ti, tree in enumerate(trees):
             tree_id = f"{tree.task_id}#{ti}"
             task_id = tree.task_id
-            values = est.values(tree, noise.for_tree(ti) if noise is not None else None)
+            values = est.values(tree, noise)
             adv = est.advantages(list(tree.edges.values()), values)
             truncated = truncated_segments(tree)
             for e in tree.edges.values():

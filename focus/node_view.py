@@ -25,11 +25,8 @@ def node_evidence(
     pending: dict[int, int] | None = None,
 ) -> dict[int, NodeEvidence]:
     """Evidence views of every checkpoint of ``tree`` (from scratch; search keeps them
-    up to date incrementally with the same per-node functions, :func:`node_view`), the
-    ``tree_index``-th of ``calibration``'s fit (:meth:`Calibration.for_tree`; ``values``
-    computed with that tree's noise model)."""
+    up to date incrementally with the same per-node functions, :func:`node_view`)."""
     pending = pending or {}
-    calibration = calibration.for_tree(tree_index)
     segs = {i: segment(e, values.gamma) for i, e in tree.edges.items()}
     lengths: dict[int, float] = {}
     valid: dict[int, float] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,7 +20,6 @@ from focus.lsq import mv as _mv
 from focus.lsq import nnls as _nnls
 from focus.lsq import sig6 as _sig6
 from focus.noise_rows import DEPTH_BUCKETS, Checkpoint, Truncation, coefficients, collect, first_step_weight, leaf_value
-from focus.noise_trees import tree_steps
 from focus.tree import Edge, Tree
 
 __all__ = ["DEPTH_BUCKETS", "NoiseModel", "Truncation", "first_step_weight", "leaf_value", "noise_model"]
@@ -59,22 +58,6 @@ class NoiseModel:
     #: The share of a bootstrapped leaf's critic error that its siblings share
     #: (:func:`_shared_share`): what more siblings do not average away.
     shared: float = 0.0
-    #: Each tree's own step variances s_i(d), in the order of the fitted trees (empty:
-    #: ``step_vars`` for every tree), and the heterogeneity between trees they were
-    #: shrunk with (:func:`focus.noise_trees.tree_steps`).
-    tree_step_vars: tuple[tuple[float, ...], ...] = ()
-    heterogeneity: float = 0.0
-
-    def for_tree(self, index: int) -> NoiseModel:
-        """The model of the ``index``-th fitted tree: its own s_i(d), with ν_i(d) the
-        pooled env share ν(d)/s(d) of it (itself without per-tree variances)."""
-        if not self.tree_step_vars:
-            return self
-        own = self.tree_step_vars[index]
-        nu = tuple(
-            _sig6(n * v / s) if s > 0 else 0.0 for n, v, s in zip(self.noise_vars, own, self.step_vars, strict=True)
-        )
-        return replace(self, step_vars=own, noise_vars=nu, tree_step_vars=())
 
     @classmethod
     def unknown(cls, residuals: int = 0) -> NoiseModel:
@@ -186,10 +169,8 @@ def noise_model(
     to the segments it accepts and what lies below them.
     """
     recs: list[Checkpoint] = []
-    owner: list[int] = []
-    for i, tree in enumerate(trees):
+    for tree in trees:
         collect(tree, gamma, truncation, keep, recs)
-        owner.extend([i] * (len(recs) - len(owner)))
     residuals = sum(1 for r in recs if r.d2 is not None)
     if not any(r.ss is not None for r in recs):
         return _chain_model(recs, residuals)
@@ -206,7 +187,6 @@ def noise_model(
         t = _critic_error(mo, s, t, it)
         by_depth = _critic_by_depth(recs, mo, s, t)
     shared = _shared_share(mo, t, x, rho, by_depth)
-    per_tree, phi = _tree_fit(mo, np.array(owner, dtype=np.int64), x[:nd], t, by_depth, len(trees))
     # Six significant digits: the linear solves go through LAPACK, whose last bits may
     # differ between CPUs; rounded, the model (and so every plan) is the same anywhere.
     return NoiseModel(
@@ -218,22 +198,7 @@ def noise_model(
         mo.repeats,
         critic_vars=tuple(_sig6(v) for v in by_depth),
         shared=_sig6(shared),
-        tree_step_vars=tuple(tuple(_sig6(v) for v in row) for row in per_tree) if phi > 0 else (),
-        heterogeneity=_sig6(phi),
     )
-
-
-def _tree_fit(
-    mo: _Moments, owner: np.ndarray, s: np.ndarray, t: float, t_depth: np.ndarray, n_trees: int
-) -> tuple[np.ndarray, float]:
-    """Each tree's own s_i(d) (:func:`focus.noise_trees.tree_steps`) from its spreads
-    and only-child residuals, the pooled fit's rows with the pooled critic terms known."""
-    nd, n_sp = mo.nd, mo.spreads
-    rows = np.vstack([mo.design[:n_sp, :nd], mo.one_rows[:, :nd]])
-    known = np.concatenate([t * mo.t_rows[:n_sp], t_depth[mo.one_depth] + t * (mo.one_t - 1.0)])
-    ys = np.concatenate([mo.ys[:n_sp], mo.one_y])
-    dofs = np.concatenate([mo.dofs[:n_sp], np.ones(len(mo.one_y))])
-    return tree_steps(np.concatenate([owner[mo.spread_ix], owner[mo.one_ix]]), rows, known, ys, dofs, s, n_trees)
 
 
 @dataclass(frozen=True)
@@ -261,9 +226,6 @@ class _Moments:
     repeat_dof: np.ndarray
     spreads: int
     repeats: int
-    #: The checkpoints (record indices) of the spread rows and of the only-child rows.
-    spread_ix: np.ndarray
-    one_ix: np.ndarray
 
 
 def _moments(recs: list[Checkpoint]) -> _Moments:
@@ -302,7 +264,6 @@ def _moments(recs: list[Checkpoint]) -> _Moments:
         nd, alpha, beta, design, t_rows, ys, dofs, res_ix, t_obs,
         one_rows, 1.0 + beta[one_ix], np.array([recs[i].depth for i in one_ix], dtype=np.int64), one_y,
         repeat_dof, len(spread_ix), len(same_y),
-        np.array(spread_ix, dtype=np.int64), np.array(one_ix, dtype=np.int64),
     )  # fmt: skip
 
 

@@ -68,8 +68,6 @@ class TreeRanking:
         ranking this one replaces after a refit of the calibration: an edge's segment
         does not depend on it), taken over rather than recomputed."""
         self.index, self.search, self.calibration, self.seed = index, search, calibration, seed
-        #: What this tree's values and views read: the calibration with its own s_i(d).
-        self._calib = calibration.for_tree(index)
         self.gamma = search.discount
         self._truncation = search.truncation_rule
         self.value: dict[int, float | None] = {}
@@ -161,7 +159,7 @@ class TreeRanking:
         again (:func:`focus.estimation.settle_children` would compute the same)."""
         i = node.id
         s = self.search
-        noise = self._calib.noise
+        noise = self.calibration.noise
         if node.is_leaf:  # no children: its length and valid child tokens are 0
             r = node_value(node, self.segments, self.value, self.error, noise, s.kappa, self._truncation, self.plain)
             self.value[i], self.weight[i], self.error[i], self.plain[i] = r.value, r.weight, r.error, r.plain_error
@@ -189,7 +187,9 @@ class TreeRanking:
 
     def _view(self, tree: Tree, node: Node) -> NodeEvidence:
         i = node.id
-        return node_view(tree, node, self.index, self.values, self._calib, self.segments, self.lengths[i], self.valid)
+        return node_view(
+            tree, node, self.index, self.values, self.calibration, self.segments, self.lengths[i], self.valid
+        )
 
     def update(self, tree: Tree, changed: Iterable[int]) -> None:
         """Bring everything to ``tree``, where the nodes ``changed`` are new or have a new
