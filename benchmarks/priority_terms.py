@@ -14,7 +14,9 @@ by where it lands. ``--exact`` replaces the fitted noise model by the MDPs' own 
 ``--fit N`` prints the fit itself instead: the noise model the estimator fits on the
 collection (``noise_model`` of every tree, stopped at ``--fraction``) per depth beside the
 MDPs' own, as the mean and the median over seeds 0..N−1, on ``--method``'s trees; a fit
-whose median is far below its mean is read off a few heavy outcomes.
+whose median is far below its mean is read off a few heavy outcomes. ``--own-depth N``
+reads the fit at each task's own decisive depth (families with one, ``decisive``) beside
+the collection's exact s(D) and the task's own (:func:`own_depth`).
 Means per depth are printed; ``_only`` columns are Selective's own (the new child
 weighed as an only child: the view's ``fresh_error`` and ``chain_error``), the others
 weigh it as the estimator weighs a sibling (:func:`as_sibling`). docs/algorithm.md
@@ -102,18 +104,51 @@ def fit_bias(args: argparse.Namespace) -> dict[str, list[tuple[float, float, flo
     return out
 
 
+def own_depth(args: argparse.Namespace) -> dict[str, float]:
+    """At each task's decisive depth D (seeds 0..``args.own_depth``−1, six tasks each,
+    ``method``'s trees at ``fraction``): the means over tasks of the fitted s(D), the
+    collection's exact s(D) (pooled per depth, as the fit) and the task's own exact s(D);
+    the fit's and the task's own mean over the task's other depths; and the share of
+    tasks whose fitted s(D) is below a quarter of the collection's exact one. One model
+    per collection reads each decision diluted by the tasks that decide elsewhere; this
+    says by how much more the fit misses (docs/algorithm.md, "Each task's own s(d)")."""
+    sums: dict[str, list[float]] = defaultdict(list)
+    for seed in range(args.own_depth):
+        state, _, mdps, values, fam, _, crit = collect_part(
+            args.family, args.budget, args.critic, seed, args.fraction, method=args.method
+        )
+        model = noise_model(state.trees, gamma=fam.gamma)
+        pooled = exact_noise(mdps, values, fam.gamma, crit, model)
+        for i, m in enumerate(mdps):
+            own, at = exact_noise([m], [values[i]], fam.gamma, crit, model, [i]), m.decisive
+            other = [d for d in range(len(own.step_vars)) if d != at]
+            sums["fit"].append(model.step_var(at))
+            sums["exact_pooled"].append(pooled.step_var(at))
+            sums["exact_own"].append(own.step_var(at))
+            sums["fit_other"].append(statistics.fmean(model.step_var(d) for d in other))
+            sums["exact_own_other"].append(statistics.fmean(own.step_var(d) for d in other))
+            sums["below_quarter"].append(float(model.step_var(at) < pooled.step_var(at) / 4))
+    return {k: statistics.fmean(v) for k, v in sums.items()}
+
+
 def predict(critic: Critic, task: int, s: int) -> float:
     value = critic.value  # type: ignore[attr-defined]
     return float(value(task, s)) if callable(value) else float(value)
 
 
 def exact_noise(
-    mdps: list[TreeMDP], values: list[list[float]], gamma: float, critic: Critic, fitted: NoiseModel
+    mdps: list[TreeMDP],
+    values: list[list[float]],
+    gamma: float,
+    critic: Critic,
+    fitted: NoiseModel,
+    tasks: list[int] | None = None,
 ) -> NoiseModel:
     """The MDPs' own noise model: per depth, on-policy, the variance of ``r + γV(s')``
-    around V(s), the part the actions' Q values spread (a), and the critic's error."""
+    around V(s), the part the actions' Q values spread (a), and the critic's error.
+    ``tasks``: the critic's task index of each MDP (their positions unless told)."""
     sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
-    for ti, (m, v) in enumerate(zip(mdps, values, strict=True)):
+    for ti, m, v in zip(tasks or range(len(mdps)), mdps, values, strict=True):
         visits, dep = m.visits(), depths(m)
         for s, w in enumerate(visits):
             if m.terminal(s) or not w:
@@ -306,12 +341,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--fit", type=int, default=0, help="print the fitted model against the exact one over this many seeds"
     )
+    ap.add_argument(
+        "--own-depth", type=int, default=0, help="print the fit at each task's decisive depth over this many seeds"
+    )
     ap.add_argument("--method", default="selective", choices=("selective", "uniform"), help="whose trees --fit reads")
     args = ap.parse_args(argv)
     if not 0 < args.fraction <= 1:
         ap.error(f"--fraction must be in (0, 1], got {args.fraction}")
-    if args.samples < 1 or args.per_depth < 1 or args.budget < 1 or args.fit < 0:
-        ap.error("--samples, --per-depth and --budget must be at least 1, --fit at least 0")
+    if args.samples < 1 or args.per_depth < 1 or args.budget < 1 or args.fit < 0 or args.own_depth < 0:
+        ap.error("--samples, --per-depth and --budget must be at least 1, --fit and --own-depth at least 0")
+    if args.own_depth:
+        print(" | ".join(f"{k} {v:.4f}" for k, v in own_depth(args).items()))
+        return
     if args.fit:
         print_fit(fit_bias(args))
         return

@@ -129,6 +129,15 @@ COMMANDS: dict[str, Check] = {
     "--critics noise_1,noise_3 --methods uniform,selective,selective_advonly --seeds 8 --ablation-seeds 8": Check(
         "parse", "a benchmark of about 6 minutes (the same cells and the ablation without the target term)"
     ),
+    ".venv/bin/python -m benchmarks.priority_terms --family decisive --critic noise_3 --budget 6 --own-depth 8": Check(
+        "parse", "8 collections and their fits, about 20 s on a loaded machine"
+    ),
+    ".venv/bin/python -m benchmarks.priority_terms --family decisive --critic noise_3 --budget 6 --own-depth 8 "
+    "--method uniform": Check("parse", "8 collections and their fits, about 20 s on a loaded machine"),
+    ".venv/bin/python -m benchmarks.estimator_quality --families decisive --budgets 6 --critics noise_3,noise_1 "
+    "--methods uniform,selective --seeds 8": Check(
+        "parse", "a benchmark of two to three minutes (decisive's noisy cells at 6H, 22 seeds each)"
+    ),
     ".venv/bin/python -m benchmarks.estimator_quality --families uniform,critical,long,slippery,forage,project,"
     "timing,subtle --budgets 6 --critics noise_1,constant --methods grpo,uniform,selective --seeds 2": Check(
         "parse", "a benchmark of several minutes (the eight project families at 6H, 6 seeds per cell)"

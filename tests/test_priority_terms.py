@@ -64,3 +64,18 @@ def test_the_fit_against_the_mdps_own_model_per_depth(capsys) -> None:  # type: 
     priority_terms.main(["--family", "heavy_tail", "--budget", "2", "--method", "uniform", "--fit", "1"])
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("| part | 0 |") and len(out) == 2 + 4 * 3
+
+
+def test_the_fit_at_each_tasks_own_decisive_depth() -> None:
+    """--own-depth (the issue-31 reading of decisive/6H, h31n): a decisive task's own
+    exact s(D) is all of its variance, nothing at its other depths, and the collection's
+    exact s(D) pools it with the tasks that decide elsewhere, so it is smaller; the
+    fitted values and the share are in their ranges."""
+    args = argparse.Namespace(
+        family="decisive", critic="noise_3", budget=2, fraction=0.5, own_depth=1, method="selective"
+    )
+    out = priority_terms.own_depth(args)
+    assert set(out) == {"fit", "exact_pooled", "exact_own", "fit_other", "exact_own_other", "below_quarter"}
+    assert out["exact_own"] > 2 * out["exact_pooled"] > 0.0  # six tasks, one decision each, mostly apart
+    assert out["exact_own_other"] < 1e-3 * out["exact_own"]  # a decisive task is quiet elsewhere
+    assert min(out["fit"], out["fit_other"]) >= 0.0 and 0.0 <= out["below_quarter"] <= 1.0
