@@ -92,6 +92,9 @@ class Capture:
     batch_digest: str = ""
     transitions: int = 0
     live_wall_s: float = 0.0
+    #: Whether the collector scores each tree as its evidence finishes
+    #: (:meth:`focus.collector.Collector.scores_evidence_ahead`).
+    evidence_ahead: bool = True
 
 
 class _Recording(Collector):
@@ -110,8 +113,8 @@ class _Recording(Collector):
         self.plans.append(job_key(plan))
         return super().launch(plan)
 
-    async def land(self, state: SearchState, launched: Any, since: float | None = None, score_ahead: bool = False) -> Any:
-        new, landed = await super().land(state, launched, since, score_ahead)
+    async def land(self, state: SearchState, launched: Any, *args: Any, **kw: Any) -> Any:
+        new, landed = await super().land(state, launched, *args, **kw)
         self.landed.append(landed)
         return new, landed
 
@@ -161,7 +164,7 @@ def _collect(make: Callable[[], tuple[Agent, Selective, Critic, list[Task]]], co
     return Capture(
         source, col.search, col.estimator, col.collection_id, col.iteration,
         str(getattr(agent.policy, "policy_version", "0")), col.roots, col.plans, col.landed, scores,
-        batch_digest(col.prepare(state)), state.usage().transitions, wall,
+        batch_digest(col.prepare(state)), state.usage().transitions, wall, col.scores_evidence_ahead(),
     )  # fmt: skip
 
 
@@ -245,9 +248,11 @@ def _plan(state: SearchState, cap: Capture, wave: int, clock: Clock, last: Any) 
     return state, calib
 
 
-def _tail(state: SearchState, cap: Capture, index: int, clock: Clock, score: bool, name: str = "tail") -> dict[int, Any]:
-    """The wave's trees grafted (and with ``score`` scored and ranked) one by one, as
-    :class:`focus.waves.WaveTail` does while the wave runs."""
+def _tail(
+    state: SearchState, cap: Capture, index: int, clock: Clock, score: bool, rank: bool = True, name: str = "tail"
+) -> dict[int, Any]:
+    """The wave's trees grafted (and with ``score`` scored, and with ``rank`` ranked) one
+    by one, as :class:`focus.waves.WaveTail` does while the wave runs."""
     landed = cap.landed[index]
     plan, rollouts = landed.plan, landed.rollouts
     phase_name = cap.search.phases[plan.phase_index].name
@@ -258,12 +263,22 @@ def _tail(state: SearchState, cap: Capture, index: int, clock: Clock, score: boo
     for key, value in cap.scores[index].items():
         preds.setdefault(key[0], {})[key] = value
     c0 = time.thread_time()
-    calib = state.calibration(cap.search) if score else None
+    search = cap.search
+    calib = state.calibration(search) if score and rank else None
+    prefit = state.may_refit(search)  # what the fit reads of every tree, done here (WaveTail)
+    if prefit:
+        for ti in range(len(state.trees)):
+            if ti not in by_tree:
+                state.facts(ti).prefit(search)
     parts = {}
     for ti, jobs in by_tree.items():
         part = graft_tree(state, plan, ti, [rollouts[i] for i in jobs], phase_name, jobs)
+        if prefit:
+            part.facts.prefit(search, scored=False)
         if score:
-            part = score_tree(state, cap.search, part, preds.get(ti, {}), True, calib)
+            part = score_tree(state, search, part, preds.get(ti, {}), rank, calib)
+            if prefit:
+                part.facts.prefit(search)
         parts[ti] = part
     clock.add(name, time.thread_time() - c0)
     return parts
@@ -277,10 +292,12 @@ def replay_search(cap: Capture, clock: Clock) -> SearchState:
     evidence = cap.landed[0].plan
     if job_key(evidence) != cap.plans[0]:
         raise ReplayMismatch("the evidence wave differs from the live run's")
-    parts = _tail(state, cap, 0, clock, score=False, name="evidence.tail")
+    ahead = cap.evidence_ahead  # scored as its trees finish, not ranked (the calibration needs them all)
+    parts = _tail(state, cap, 0, clock, score=ahead, rank=False, name="evidence.tail")
     ev = cap.landed[0]
     state = clock("evidence.merge", graft, state, evidence, ev.rollouts, search.phases[0].name, ev.wall_s, parts)
-    state = clock("evidence.score", with_predictions, state, cap.scores[0])
+    if not ahead:
+        state = clock("evidence.score", with_predictions, state, cap.scores[0])
     calib = None
     for wave in range(len(cap.landed) - 1):
         state, calib = _plan(state, cap, wave, clock, calib)

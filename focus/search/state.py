@@ -18,6 +18,8 @@ from typing import Any
 
 from focus.agent import BranchState, derive_seed
 from focus.env import Task
+from focus.calibration import Counts, tree_counts
+from focus.noise_rows import Checkpoint, tree_rows
 from focus.priority import Calibration, NodeEvidence, Priority
 from focus.ranking import Entry, TreeRanking
 from focus.tree import Edge, Node, Tree
@@ -136,11 +138,27 @@ class SearchState:
             size, c = nxt, self._fit(nxt, search)
         return c
 
+    def may_refit(self, search: Priority) -> bool:
+        """Whether the state one more graft makes may fit a new calibration: only at a
+        power of two of waves (:meth:`calibration`), and not once the fit is kept. The
+        fit reads every tree (:meth:`_TreeFacts.prefit`), so a collector does that
+        ahead, while the wave runs (:class:`focus.waves.WaveTail`)."""
+        n = len(self.waves) + 1
+        return not n & (n - 1) and (not self.waves or self.calibration(search).noise.spreads < CALIBRATION_SPREADS)
+
     def _fit(self, size: int, search: Priority) -> Calibration:
         key = (size, search.discount, search.truncation_rule)
         c = self._calibrations.get(key)
         if c is None:
-            c = self._calibrations[key] = search.calibrate(self.trees, self._keep(size))
+            keep = self._keep(size)
+            if keep is None:  # every segment: each tree's share, kept in its facts
+                g, rule = search.discount, search.truncation_rule
+                facts = [self.facts(ti) for ti in range(len(self.trees))]
+                counts = [f.counts(rule) for f in facts]
+                c = search.calibrate(self.trees, None, counts=counts, rows=[f.noise_rows(g, rule) for f in facts])
+            else:
+                c = search.calibrate(self.trees, keep)
+            self._calibrations[key] = c
         return c
 
     def spread_count(self, waves: int) -> int:
@@ -151,13 +169,10 @@ class SearchState:
         n = self._spreads.get(waves)
         if n is None:
             keep = self._keep(waves)
-            n = 0
-            for tree in self.trees:
-                children: dict[int, int] = {}
-                for e in tree.edges.values():
-                    if (keep is None or keep(tree, e)) and tree.nodes[e.child].kind != "failed":
-                        children[e.parent] = children.get(e.parent, 0) + 1
-                n += sum(1 for c in children.values() if c >= 2)
+            if keep is None:  # every segment: each tree's count, kept in its facts
+                n = sum(self.facts(ti).spreads for ti in range(len(self.trees)))
+            else:
+                n = sum(tree_spreads(tree, keep) for tree in self.trees)
             self._spreads[waves] = n
         return n
 
@@ -188,6 +203,15 @@ class SearchState:
 _SCORED_KINDS = ("checkpoint", "truncated")
 
 
+def tree_spreads(tree: Tree, keep: Callable[[Tree, Edge], bool] | None = None) -> int:
+    """One tree's share of :meth:`SearchState.spread_count`."""
+    children: dict[int, int] = {}
+    for e in tree.edges.values():
+        if (keep is None or keep(tree, e)) and tree.nodes[e.child].kind != "failed":
+            children[e.parent] = children.get(e.parent, 0) + 1
+    return sum(1 for c in children.values() if c >= 2)
+
+
 class _TreeFacts:
     """What planning and scoring derive from one tree object, computed lazily.
 
@@ -201,7 +225,7 @@ class _TreeFacts:
     configuration and calibration.
     """
 
-    __slots__ = ("tree", "index", "size", "_spent", "_unscored", "rank", "changed")
+    __slots__ = ("tree", "index", "size", "_spent", "_unscored", "rank", "changed", "shape", "_rows")
 
     def __init__(
         self,
@@ -212,11 +236,17 @@ class _TreeFacts:
         unscored: tuple[int, ...] | None = None,
         rank: TreeRanking | None = None,
         changed: set[int] | None = None,
+        shape: dict[Any, Any] | None = None,
     ) -> None:
         self.tree, self.index = tree, index
         self.size = (len(tree.nodes), tree.rollouts)
         self._spent, self._unscored = spent, unscored
         self.rank, self.changed = rank, changed if changed is not None else set()
+        #: What the calibration reads of the tree's shape alone (its spreads, its
+        #: counts per truncation rule): kept when only predictions change.
+        self.shape: dict[Any, Any] = shape if shape is not None else {}
+        #: The tree's noise rows per (γ, truncation rule) (they read its predictions).
+        self._rows: dict[tuple[float, str], list[Checkpoint]] = {}
 
     def describes(self, tree: Tree, index: int) -> bool:
         return self.tree is tree and self.index == index and self.size == (len(tree.nodes), tree.rollouts)
@@ -229,6 +259,36 @@ class _TreeFacts:
             for r in self.tree.log:
                 self._spent[r.phase] = self._spent.get(r.phase, 0) + r.usage.budget_spent
         return self._spent
+
+    @property
+    def spreads(self) -> int:
+        """Checkpoints with two or more children that did not fail (:func:`tree_spreads`)."""
+        n = self.shape.get("spreads")
+        if n is None:
+            n = self.shape["spreads"] = tree_spreads(self.tree)
+        return int(n)
+
+    def counts(self, truncation: str) -> Counts:
+        """The tree's share of a calibration's counts (:func:`focus.calibration.tree_counts`)."""
+        c = self.shape.get(truncation)
+        if c is None:
+            c = self.shape[truncation] = tree_counts(self.tree, truncation)  # type: ignore[arg-type]
+        return c  # type: ignore[no-any-return]
+
+    def prefit(self, search: Priority, scored: bool = True) -> None:
+        """Compute what a calibration fitted on every tree reads of this one (its
+        spreads and counts; with ``scored``, its predictions being final, its noise rows)."""
+        _ = self.spreads
+        self.counts(search.truncation_rule)
+        if scored:
+            self.noise_rows(search.discount, search.truncation_rule)
+
+    def noise_rows(self, gamma: float, truncation: str) -> list[Checkpoint]:
+        """The tree's rows of the noise fit (:func:`focus.noise_rows.tree_rows`)."""
+        rows = self._rows.get((gamma, truncation))
+        if rows is None:
+            rows = self._rows[(gamma, truncation)] = tree_rows(self.tree, gamma, truncation)  # type: ignore[arg-type]
+        return rows
 
     @property
     def unscored(self) -> tuple[int, ...]:
