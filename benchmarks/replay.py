@@ -278,7 +278,7 @@ def _tail(
         if score:
             part = score_tree(state, search, part, preds.get(ti, {}), rank, calib)
             if prefit:
-                part.facts.prefit(search)
+                part.facts.prefit(search, seed=state.seed)
         parts[ti] = part
     clock.add(name, time.thread_time() - c0)
     return parts

@@ -202,7 +202,7 @@ class WaveTail:
     def _scored(self, state: SearchState, search: Priority, part: TreeWave, preds: Predictions, calib: Any) -> TreeWave:
         part = score_tree(state, search, part, preds, self._rank, calib)
         if self._prefit is not None:
-            part.facts.prefit(self._prefit)
+            part.facts.prefit(self._prefit, seed=state.seed)
         return part
 
     async def _score(

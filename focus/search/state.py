@@ -21,7 +21,8 @@ from focus.env import Task
 from focus.calibration import Counts, tree_counts
 from focus.noise_rows import Checkpoint, tree_rows
 from focus.priority import Calibration, NodeEvidence, Priority
-from focus.ranking import Entry, TreeRanking
+from focus.estimation import segment
+from focus.ranking import Entry, TreeRanking, tie
 from focus.tree import Edge, Node, Tree
 from focus.usage import Usage
 
@@ -225,7 +226,7 @@ class _TreeFacts:
     configuration and calibration.
     """
 
-    __slots__ = ("tree", "index", "size", "_spent", "_unscored", "rank", "changed", "shape", "_rows")
+    __slots__ = ("tree", "index", "size", "_spent", "_unscored", "rank", "changed", "shape", "_rows", "_ahead")
 
     def __init__(
         self,
@@ -247,6 +248,8 @@ class _TreeFacts:
         self.shape: dict[Any, Any] = shape if shape is not None else {}
         #: The tree's noise rows per (γ, truncation rule) (they read its predictions).
         self._rows: dict[tuple[float, str], list[Checkpoint]] = {}
+        #: A first ranking's parts that no calibration changes, computed ahead (:meth:`prefit`).
+        self._ahead: dict[tuple[str, Any], Any] = {}
 
     def describes(self, tree: Tree, index: int) -> bool:
         return self.tree is tree and self.index == index and self.size == (len(tree.nodes), tree.rollouts)
@@ -275,13 +278,21 @@ class _TreeFacts:
             c = self.shape[truncation] = tree_counts(self.tree, truncation)  # type: ignore[arg-type]
         return c  # type: ignore[no-any-return]
 
-    def prefit(self, search: Priority, scored: bool = True) -> None:
+    def prefit(self, search: Priority, scored: bool = True, seed: int | None = None) -> None:
         """Compute what a calibration fitted on every tree reads of this one (its
-        spreads and counts; with ``scored``, its predictions being final, its noise rows)."""
+        spreads and counts; with ``scored``, its predictions being final, its noise rows),
+        and, for a tree never ranked and given the collection ``seed``, the parts of its
+        first ranking that the calibration does not change (edge segments, tie-breaks)."""
         _ = self.spreads
         self.counts(search.truncation_rule)
         if scored:
             self.noise_rows(search.discount, search.truncation_rule)
+        if seed is not None and self.rank is None and not self._ahead:
+            tree, g = self.tree, search.discount
+            self._ahead[("segments", g)] = {i: segment(e, g) for i, e in tree.edges.items()}
+            self._ahead[("ties", seed)] = {
+                n.id: (len(n.children), tie(seed, self.index, n.id, len(n.children))) for n in tree.checkpoints()
+            }
 
     def noise_rows(self, gamma: float, truncation: str) -> list[Checkpoint]:
         """The tree's rows of the noise fit (:func:`focus.noise_rows.tree_rows`)."""
@@ -305,8 +316,13 @@ class _TreeFacts:
         if rank is None or not rank.matches(search, calibration, seed):
             # a new calibration (or configuration) changes every view, not the edges'
             # segments: those of the same γ are taken over
-            segs = rank.segments if rank is not None and rank.gamma == search.discount else None
-            rank = self.rank = TreeRanking(self.tree, self.index, search, calibration, seed, segs)
+            if rank is not None:
+                segs = rank.segments if rank.gamma == search.discount else None
+                ties = rank.ties() if rank.seed == seed else None
+            else:  # what the tail computed ahead (:meth:`prefit`), if anything
+                segs, ties = self._ahead.get(("segments", search.discount)), self._ahead.get(("ties", seed))
+            self._ahead = {}
+            rank = self.rank = TreeRanking(self.tree, self.index, search, calibration, seed, segs, ties)
             self.changed = set()
         elif self.changed:
             rank.update(self.tree, self.changed)
