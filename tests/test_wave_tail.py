@@ -6,6 +6,7 @@ same batch as grafting and scoring the whole wave at its barrier."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from typing import Any
 
@@ -247,8 +248,18 @@ def test_the_calibration_reads_the_parts_the_tail_computed() -> None:
     for ti in range(len(state.trees)):
         facts = state._derived[ti]  # made in the tail, before any calibration was asked for
         assert (g, rule) in facts._rows and rule in facts.shape and "spreads" in facts.shape
+        assert ("segments", g) in facts._ahead and ("ties", state.seed) in facts._ahead
     assert not state._calibrations
-    assert state.calibration(search) == calibrate(state.trees, gamma=g, truncation=rule)
+    calib = state.calibration(search)
+    assert calib == calibrate(state.trees, gamma=g, truncation=rule)
+    # the first rankings, built on the segments and tie-breaks computed ahead, and rankings
+    # rebuilt for another calibration on their predecessors', are those built from scratch
+    other = dataclasses.replace(calib, mean_tokens=2.5 * calib.mean_tokens)
+    for c in (calib, other):
+        for ti, tree in enumerate(state.trees):
+            got = state.facts(ti).ranked(search, c, 1, state.seed)
+            assert got == TreeRanking(tree, ti, search, c, state.seed).ranked(tree, 1) and got
+            assert not state.facts(ti)._ahead
     # trees' rows joined (child references shifted) are the rows of one pass over all trees
     one: list[Any] = []
     for tree in state.trees:
