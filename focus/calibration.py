@@ -105,7 +105,9 @@ class Chain:
 Counts = tuple[int, int, int, int, int]
 
 
-def tree_counts(tree: Tree, truncation: Truncation = "bootstrap", keep: Callable[[Tree, Edge], bool] | None = None) -> Counts:
+def tree_counts(
+    tree: Tree, truncation: Truncation = "bootstrap", keep: Callable[[Tree, Edge], bool] | None = None
+) -> Counts:
     """One tree's :data:`Counts` (restricted to the segments ``keep`` accepts)."""
     tokens = segments = leaf_transitions = leaves = boot = 0
     for e in tree.edges.values():

@@ -167,7 +167,9 @@ class Collector:
                 if plan.empty:
                     return state, {}
                 # scored as its trees finish, not ranked: the first plan's calibration needs all of them
-                state, landed = await self.land(state, self.launch(plan), score_ahead=self.scores_evidence_ahead(), rank=False)
+                state, landed = await self.land(
+                    state, self.launch(plan), score_ahead=self.scores_evidence_ahead(), rank=False
+                )
                 return state, landed.predictions
             except BadResponses as e:
                 await journal.record(unfinished_step(*e.wave), WaveRollouts(e.rollouts, e.wall_s))

@@ -53,7 +53,12 @@ def tie(seed: int, tree_index: int, node_id: int, slot: int) -> float:
 
 
 def entry(search: Priority, seed: int, ev: NodeEvidence) -> Entry:
-    return (-float(search(ev)), tie(seed, ev.tree_index, ev.node_id, ev.branches + ev.pending), ev.tree_index, ev.node_id)
+    return (
+        -float(search(ev)),
+        tie(seed, ev.tree_index, ev.node_id, ev.branches + ev.pending),
+        ev.tree_index,
+        ev.node_id,
+    )
 
 
 #: Known tie-breaks of a tree's checkpoints: node id -> (slot, tie-break).

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from focus.agent import BranchState, derive_seed
-from focus.env import Task
 from focus.calibration import Counts, tree_counts
+from focus.env import Task
+from focus.estimation import segment
 from focus.noise_rows import Checkpoint, tree_rows
 from focus.priority import Calibration, NodeEvidence, Priority
-from focus.estimation import segment
 from focus.ranking import Entry, TreeRanking, tie
 from focus.tree import Edge, Node, Tree
 from focus.usage import Usage
