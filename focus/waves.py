@@ -15,6 +15,14 @@ next plan's greedy selection remain. Every part is the same pure function of the
 the plan and the tree's rollouts whichever order trees finish in, so the states, plans
 and batches are those of grafting everything at the barrier.
 
+Before a graft that may fit a new calibration (at a power of two of waves,
+:meth:`focus.search.SearchState.may_refit`; the first is the evidence), the tail also
+computes what that fit reads of each tree, its noise rows, counts and spreads (for the
+trees the wave does not touch first, then each tree as it is scored), and for the
+evidence trees the parts of their first ranking that no calibration changes (edge
+segments, tie-breaks): the fit at the barrier joins the trees' rows, and the rankings it
+makes new are built on those parts. A fit and a ranking read the same numbers either way.
+
 Scoring ahead asks the critic about a few trees' nodes at a time instead of the whole
 wave's at once, so it is done only for a critic whose prediction of a context does not
 depend on the other contexts of the call (:attr:`focus.critic.Critic.row_wise`); with
