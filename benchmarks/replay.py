@@ -265,7 +265,7 @@ def _tail(
     c0 = time.thread_time()
     search = cap.search
     calib = state.calibration(search) if score and rank else None
-    prefit = state.may_refit(search)  # what the fit reads of every tree, done here (WaveTail)
+    prefit = state.may_refit(search, len(plan.jobs))  # what the fit reads of every tree, done here (WaveTail)
     if prefit:
         for ti in range(len(state.trees)):
             if ti not in by_tree:

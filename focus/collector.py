@@ -254,7 +254,7 @@ class Collector:
         phase = self.search.phases[plan.phase_index]
         if tail is not None:
             score = (self.search, self.critic) if score_ahead and self.critic.row_wise else None
-            prefit = self.search if state.may_refit(self.search) else None
+            prefit = self.search if state.may_refit(self.search, len(plan.jobs)) else None
             await tail.follow(state, launched.task, phase.name, score, prefit, rank)
         rollouts = await launched.task
         check_outage(rollouts, self.execution.max_outage_share)

@@ -270,9 +270,11 @@ def test_the_calibration_reads_the_parts_the_tail_computed() -> None:
     assert np.array_equal(whole[0], parts[0]) and np.array_equal(whole[1], parts[1])
     assert all(np.array_equal(a, b) for a, b in zip(whole[2], parts[2], strict=True))
     assert state.spread_count(1) == sum(1 for r in one if r.m >= 2) > 0
-    # refits come only at powers of two of waves
-    later = [state.may_refit(search)]
+    # refits come only at powers of two of waves, once the spreads can have doubled
+    spreads = state.spread_count(1)
+    later = [state.may_refit(search, spreads)]
     for n in range(2, 9):
         state.waves.append((1, n - 2))
-        later.append(state.may_refit(search))
+        later.append(state.may_refit(search, spreads))
     assert later == [True, False, True, False, False, False, True, False]
+    assert not state.may_refit(search, spreads - 1)  # a wave too small to double them

@@ -126,6 +126,10 @@ class SearchState:
         nearly every doubling of its waves. Once a fit rests on
         :data:`CALIBRATION_SPREADS` spreads it is kept from then on.
         """
+        return self._fitted(search)[1]
+
+    def _fitted(self, search: Priority) -> tuple[int, Calibration]:
+        """:meth:`calibration` and the waves it is fitted on."""
         n = len(self.waves)
         size = 1 if n else 0
         c = self._fit(size, search)
@@ -137,15 +141,24 @@ class SearchState:
             if nxt > n:
                 break
             size, c = nxt, self._fit(nxt, search)
-        return c
+        return size, c
 
-    def may_refit(self, search: Priority) -> bool:
-        """Whether the state one more graft makes may fit a new calibration: only at a
-        power of two of waves (:meth:`calibration`), and not once the fit is kept. The
-        fit reads every tree (:meth:`_TreeFacts.prefit`), so a collector does that
-        ahead, while the wave runs (:class:`focus.waves.WaveTail`)."""
+    def may_refit(self, search: Priority, jobs: int) -> bool:
+        """Whether grafting a wave of ``jobs`` jobs onto this state may fit a new
+        calibration: only at a power of two of waves (:meth:`calibration`), not once
+        the fit is kept, and only if the spreads can reach twice those of the last fit
+        (a job gives at most one checkpoint its second child). The fit reads every tree
+        (:meth:`_TreeFacts.prefit`), so a collector does that ahead, while the wave runs
+        (:class:`focus.waves.WaveTail`)."""
         n = len(self.waves) + 1
-        return not n & (n - 1) and (not self.waves or self.calibration(search).noise.spreads < CALIBRATION_SPREADS)
+        if n & (n - 1):
+            return False
+        if not self.waves:
+            return True
+        size, c = self._fitted(search)
+        if c.noise.spreads >= CALIBRATION_SPREADS:
+            return False
+        return self.spread_count(n - 1) + jobs >= 2 * self.spread_count(size)
 
     def _fit(self, size: int, search: Priority) -> Calibration:
         key = (size, search.discount, search.truncation_rule)
