@@ -170,6 +170,8 @@ class SearchState:
                 facts = [self.facts(ti) for ti in range(len(self.trees))]
                 counts = [f.counts(rule) for f in facts]
                 c = search.calibrate(self.trees, None, counts=counts, rows=[f.noise_rows(g, rule) for f in facts])
+                for f in facts:  # read once per fit: not held for the collection's length
+                    f._rows.clear()
             else:
                 c = search.calibrate(self.trees, keep)
             self._calibrations[key] = c
