@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from focus.estimation import NoiseModel, Truncation, noise_model
+from focus.noise_rows import Checkpoint
 from focus.tree import Edge, Tree
 
 
@@ -99,28 +100,51 @@ class Chain:
     targets: float
 
 
+#: One tree's share of a calibration's counts (:func:`tree_counts`): completion tokens,
+#: segments, transitions to its valid leaves, valid leaves, bootstrapped leaves.
+Counts = tuple[int, int, int, int, int]
+
+
+def tree_counts(
+    tree: Tree, truncation: Truncation = "bootstrap", keep: Callable[[Tree, Edge], bool] | None = None
+) -> Counts:
+    """One tree's :data:`Counts` (restricted to the segments ``keep`` accepts)."""
+    tokens = segments = leaf_transitions = leaves = boot = 0
+    for e in tree.edges.values():
+        if keep is not None and not keep(tree, e):
+            continue
+        tokens += e.n_tokens
+        segments += 1
+        child = tree.nodes[e.child]
+        if child.is_leaf and child.kind != "failed":
+            leaf_transitions += child.transitions
+            leaves += 1
+            boot += child.kind == "truncated" and truncation == "bootstrap"
+    return tokens, segments, leaf_transitions, leaves, boot
+
+
 def calibrate(
     trees: Sequence[Tree],
     *,
     gamma: float = 1.0,
     truncation: Truncation = "bootstrap",
     keep: Callable[[Tree, Edge], bool] | None = None,
+    counts: Sequence[Counts] | None = None,
+    rows: Sequence[Sequence[Checkpoint]] | None = None,
 ) -> Calibration:
-    """The :class:`Calibration` of ``trees`` (restricted to the segments ``keep`` accepts)."""
-    tokens = segments = leaf_transitions = leaves = boot = 0
-    for tree in trees:
-        for e in tree.edges.values():
-            if keep is not None and not keep(tree, e):
-                continue
-            tokens += e.n_tokens
-            segments += 1
-            child = tree.nodes[e.child]
-            if child.is_leaf and child.kind != "failed":
-                leaf_transitions += child.transitions
-                leaves += 1
-                boot += child.kind == "truncated" and truncation == "bootstrap"
+    """The :class:`Calibration` of ``trees`` (restricted to the segments ``keep`` accepts).
+    ``counts`` and ``rows``: each tree's :func:`tree_counts` and noise rows
+    (:func:`focus.noise_rows.tree_rows`) under the same ``keep``, if the caller keeps
+    them per tree (integer counts and the same rows in the same order: the same fit)."""
+    if counts is None:
+        counts = [tree_counts(tree, truncation, keep) for tree in trees]
+    tokens = sum(c[0] for c in counts)
+    segments = sum(c[1] for c in counts)
+    leaf_transitions = sum(c[2] for c in counts)
+    leaves = sum(c[3] for c in counts)
+    boot = sum(c[4] for c in counts)
     return Calibration(
-        noise_model(trees, gamma=gamma, truncation=truncation, keep=keep),
+        noise_model(trees, gamma=gamma, truncation=truncation, keep=keep, rows=rows),
         tokens / segments if tokens else 1.0,
         leaf_transitions / leaves if leaf_transitions else 1.0,
         gamma,

@@ -14,9 +14,12 @@ has, over an explicit :class:`~focus.search.SearchState`:
 * :meth:`prepare` (estimator, critic targets, the batch).
 
 While a wave runs, each tree whose jobs in it have all finished is grafted (and, with a
-row-wise critic, scored and ranked) between the rollouts' callbacks (:mod:`focus.waves`),
-so the barrier keeps only the trees that finished last, the merge and the next plan's
-greedy choice; the results are those of doing it all at the barrier.
+row-wise critic, scored and ranked; evidence trees scored, not ranked) between the
+rollouts' callbacks (:mod:`focus.waves`), and before a graft that may refit the
+calibration, what the fit reads of each tree is computed then too, so the barrier keeps
+only the trees that finished last, the merge, the fit's joining of the trees' parts,
+the rankings a new calibration rebuilds and the next plan's greedy choice; the results
+are those of doing it all at the barrier.
 
 At each step boundary the loop consults a :class:`~focus.journal.Journal`: a step it
 holds is replayed, one it lacks is computed and recorded. The pipeline's journal
@@ -134,28 +137,50 @@ class Collector:
     async def run_evidence(self, tasks: Sequence[Task], journal: Journal | None = None) -> SearchState:
         """:meth:`evidence`, scored; each of the two steps taken from ``journal`` when it
         is recorded there, else computed and recorded (evidence recorded unfinished: its
-        rollouts that got bad responses run again, :meth:`rerun`)."""
+        rollouts that got bad responses run again, :meth:`rerun`).
+
+        With a row-wise critic that the warm start leaves as it is, each tree is scored as
+        soon as its evidence rollouts are done (:class:`focus.waves.WaveTail`), so the
+        recorded evidence state holds those predictions already; the recorded scores are
+        all of them, in the order one call at the barrier makes them."""
         journal = journal if journal is not None else NoJournal()
         state = await journal.recorded(EVIDENCE)
+        ahead: Predictions = {}
         if state is None:
-            state = await self._evidence(tasks, journal)
+            state, ahead = await self._evidence(tasks, journal)
             await journal.record(EVIDENCE, state)
         if self.warm_start_critic:  # a trainable critic never fitted is fitted on the evidence first
             await _off_loop(warm_start, self.critic, state.trees, self.estimator.gamma, self.estimator.truncation)
-        return await self._scored(state, EVIDENCE_SCORES, journal)
+        return await self._scored(state, EVIDENCE_SCORES, journal, ahead)
 
-    async def _evidence(self, tasks: Sequence[Task], journal: Journal) -> SearchState:
+    def scores_evidence_ahead(self) -> bool:
+        """Whether :meth:`run_evidence` scores each tree as its evidence finishes: the
+        critic's prediction of a context does not depend on the call's other contexts
+        (:attr:`focus.critic.Critic.row_wise`) and the warm start will not fit it first
+        (:func:`focus.critic.warm_start`: a trainable critic never fitted)."""
+        unfitted = callable(getattr(self.critic, "fit", None)) and not getattr(self.critic, "fitted", True)
+        return self.critic.row_wise and not (self.warm_start_critic and unfitted)
+
+    async def _evidence(self, tasks: Sequence[Task], journal: Journal) -> tuple[SearchState, Predictions]:
         partial = await journal.recorded(unfinished_step(0, 0)) if self.search.phases[0].is_evidence else None
         if partial is None:
             try:
-                return await self.evidence(tasks)
+                state = await self.start(tasks)
+                plan = self.plan_wave(state, 0, 0) if self.search.phases[0].is_evidence else WavePlan(0, 0)
+                if plan.empty:
+                    return state, {}
+                # scored as its trees finish, not ranked: the first plan's calibration needs all of them
+                state, landed = await self.land(
+                    state, self.launch(plan), score_ahead=self.scores_evidence_ahead(), rank=False
+                )
+                return state, landed.predictions
             except BadResponses as e:
                 await journal.record(unfinished_step(*e.wave), WaveRollouts(e.rollouts, e.wall_s))
                 raise
         state = await self.start(tasks)
         plan = self.plan_wave(state, 0, 0)
         done = await self.rerun(plan, partial)
-        return await _off_loop(graft, state, plan, done.rollouts, self.search.phases[0].name, done.wall_s)
+        return await _off_loop(graft, state, plan, done.rollouts, self.search.phases[0].name, done.wall_s), {}
 
     async def rerun(self, plan: WavePlan, partial: WaveRollouts) -> WaveRollouts:
         """``partial`` (what a wave that got bad responses left, in ``plan``'s job order)
@@ -208,12 +233,17 @@ class Collector:
         return Launched(plan, task, time.perf_counter(), tail)
 
     async def land(
-        self, state: SearchState, launched: Launched, since: float | None = None, score_ahead: bool = False
+        self,
+        state: SearchState,
+        launched: Launched,
+        since: float | None = None,
+        score_ahead: bool = False,
+        rank: bool = True,
     ) -> tuple[SearchState, Landed]:
         """Wait for a launched wave and graft its rollouts onto ``state``; each tree is
         grafted as soon as its jobs are done (:class:`focus.waves.WaveTail`), and with
-        ``score_ahead`` and a row-wise critic also scored and ranked then (its predictions
-        in the :class:`Landed`); nothing else is scored.
+        ``score_ahead`` and a row-wise critic also scored and, with ``rank``, ranked then
+        (its predictions in the :class:`Landed`); nothing else is scored.
 
         Raises :class:`focus.execution.ModelServiceOutage` (grafting nothing) when too
         many of its rollouts failed because the model service was out, and
@@ -224,7 +254,8 @@ class Collector:
         phase = self.search.phases[plan.phase_index]
         if tail is not None:
             score = (self.search, self.critic) if score_ahead and self.critic.row_wise else None
-            await tail.follow(state, launched.task, phase.name, score)
+            prefit = self.search if state.may_refit(self.search, len(plan.jobs)) else None
+            await tail.follow(state, launched.task, phase.name, score, prefit, rank)
         rollouts = await launched.task
         check_outage(rollouts, self.execution.max_outage_share)
         now = tail.finished_at if tail is not None and tail.finished_at is not None else time.perf_counter()
@@ -332,12 +363,15 @@ class Collector:
                     state = await self.run_phase(state, pi, journal)
         return state
 
-    async def _scored(self, state: SearchState, step: Step, journal: Journal) -> SearchState:
-        """``state`` with the predictions recorded for ``step``, or new ones (then recorded)."""
+    async def _scored(
+        self, state: SearchState, step: Step, journal: Journal, ahead: Predictions | None = None
+    ) -> SearchState:
+        """``state`` with the predictions recorded for ``step``, or new ones (then recorded,
+        with ``ahead``: those ``state`` holds already, made while the step's wave ran)."""
         preds = await journal.recorded(step)
         if preds is None:
             preds = await self.predict(state)
-            await journal.record(step, preds)
+            await journal.record(step, merged_predictions(ahead, preds) if ahead else preds)
         return await _off_loop(with_predictions, state, preds) if preds else state
 
     async def run_phase(self, state: SearchState, phase_index: int, journal: Journal | None = None) -> SearchState:

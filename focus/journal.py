@@ -14,7 +14,8 @@ What is recorded for each :class:`Step`:
 
 =================  ================================================================
 ``evidence``       the :class:`focus.search.SearchState` after the evidence rollouts
-``evidence_scores`` the critic's predictions for its checkpoints
+                   (holding the predictions a row-wise critic made while they ran)
+``evidence_scores`` the critic's predictions for its checkpoints (all of them)
 ``wave``           a :class:`WaveRollouts`: the wave's rollouts in job order, its wall time
 ``wave_scores``    the critic's predictions for the checkpoints that wave added
 ``phase_end``      the number of waves of the phase (nothing more was planned)

@@ -19,7 +19,16 @@ from focus.lsq import mm as _mm
 from focus.lsq import mv as _mv
 from focus.lsq import nnls as _nnls
 from focus.lsq import sig6 as _sig6
-from focus.noise_rows import DEPTH_BUCKETS, Checkpoint, Truncation, coefficients, collect, first_step_weight, leaf_value
+from focus.noise_rows import (
+    DEPTH_BUCKETS,
+    Checkpoint,
+    Truncation,
+    coefficients,
+    first_step_weight,
+    joined,
+    leaf_value,
+    tree_rows,
+)
 from focus.tree import Edge, Tree
 
 __all__ = ["DEPTH_BUCKETS", "NoiseModel", "Truncation", "first_step_weight", "leaf_value", "noise_model"]
@@ -133,6 +142,7 @@ def noise_model(
     gamma: float = 1.0,
     truncation: Truncation = "bootstrap",
     keep: Callable[[Tree, Edge], bool] | None = None,
+    rows: Sequence[Sequence[Checkpoint]] | None = None,
 ) -> NoiseModel:
     """Fit the step variances s(d), the same-action noise variances ν(d) ≤ s(d) and
     the critic's error variance t on the λ = 0 backups of ``trees`` (method of
@@ -166,15 +176,17 @@ def noise_model(
     median Var(Q̄), gives t. Three passes (t enters the spreads through
     bootstrapped leaves, the residual weights through the previous t), so the fit is a
     deterministic function of the trees. ``keep`` restricts it
-    to the segments it accepts and what lies below them.
+    to the segments it accepts and what lies below them. ``rows``: each tree's rows
+    (:func:`focus.noise_rows.tree_rows` with the same γ, truncation rule and ``keep``),
+    if known: a tree's rows depend on that tree alone, so a caller that keeps them per
+    tree (the search state) computes them once per tree version, not once per fit.
     """
-    recs: list[Checkpoint] = []
-    for tree in trees:
-        collect(tree, gamma, truncation, keep, recs)
+    parts = rows if rows is not None else [tree_rows(tree, gamma, truncation, keep) for tree in trees]
+    recs, bases = joined(parts)
     residuals = sum(1 for r in recs if r.d2 is not None)
     if not any(r.ss is not None for r in recs):
-        return _chain_model(recs, residuals)
-    mo = _moments(recs)
+        return _chain_model(recs, residuals, bases)
+    mo = _moments(recs, bases)
     nd = mo.nd
     rho = 0.5
     t = 0.0
@@ -228,10 +240,10 @@ class _Moments:
     repeats: int
 
 
-def _moments(recs: list[Checkpoint]) -> _Moments:
+def _moments(recs: list[Checkpoint], bases: Sequence[int]) -> _Moments:
     spread_ix = [i for i, r in enumerate(recs) if r.ss is not None]
     nd = max(r.depth for r in recs) + 1
-    alpha, beta, same = coefficients(recs, nd)
+    alpha, beta, same = coefficients(recs, nd, bases)
     same_rows, same_t, same_y, same_dof = same
     m = np.array([recs[i].m for i in spread_ix], dtype=np.float64)
     scale = (m - 1) * m  # E[SS] = (m−1)·m·Var(Q̄)
@@ -430,7 +442,7 @@ def _one_prediction(recs: list[Checkpoint]) -> bool:
     return len(predicted) >= 2 and len(set(predicted)) == 1
 
 
-def _chain_model(recs: list[Checkpoint], residuals: int) -> NoiseModel:
+def _chain_model(recs: list[Checkpoint], residuals: int, bases: Sequence[int]) -> NoiseModel:
     """The model from rollouts that never branched (every checkpoint has one valid
     child): each residual ``(v̂ − Q̄)²`` has expectation ``t·(1 + β) + Σ_d α(d)·s(d)``
     (the critic's error plus the one-rollout return's variance below). Its depth
@@ -448,7 +460,7 @@ def _chain_model(recs: list[Checkpoint], residuals: int) -> NoiseModel:
         # whatever the depth that decides, so the residuals cannot say where that is.
         return NoiseModel.unknown(residuals)
     nd = max(r.depth for r in recs) + 1
-    alpha, beta, _ = coefficients(recs, nd)
+    alpha, beta, _ = coefficients(recs, nd, bases)
     design = np.hstack([alpha[res_ix], (1.0 + beta[res_ix])[:, None]])
     ys = np.array([recs[i].d2 for i in res_ix], dtype=np.float64)
     centre = np.zeros((nd + 1, nd + 1))

@@ -7,7 +7,7 @@ backed-up value's variance over the per-depth step variances (α) and the critic
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -119,20 +119,45 @@ def collect(
         out.append(Checkpoint(min(node.depth, DEPTH_BUCKETS - 1), node.depth, m, ss, ss_same, d2, node.value, kids))
 
 
+def tree_rows(
+    tree: Tree, gamma: float, truncation: Truncation, keep: Callable[[Tree, Edge], bool] | None = None
+) -> list[Checkpoint]:
+    """One tree's rows (:func:`collect` into a list of its own: a child reference is an
+    index into this list, which :func:`joined` shifts to the whole collection's)."""
+    out: list[Checkpoint] = []
+    collect(tree, gamma, truncation, keep, out)
+    return out
+
+
+def joined(parts: Sequence[Sequence[Checkpoint]]) -> tuple[list[Checkpoint], list[int]]:
+    """Trees' rows (:func:`tree_rows`) as one list, with each row's offset: its tree's
+    first index in the list, which :func:`coefficients` adds to the row's child
+    references (so a tree's rows, computed once, serve every fit it enters)."""
+    recs: list[Checkpoint] = []
+    bases: list[int] = []
+    for rows in parts:
+        bases.extend([len(recs)] * len(rows))
+        recs.extend(rows)
+    return recs, bases
+
+
 def coefficients(
-    recs: list[Checkpoint], nd: int
+    recs: list[Checkpoint], nd: int, bases: Sequence[int] | None = None
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """Each checkpoint's variance coefficients α (per depth bucket) and β, and the rows
     of the same-action spreads, computed depth by depth from the deepest up (a
-    checkpoint's children are one level deeper), one vectorised step per level."""
+    checkpoint's children are one level deeper), one vectorised step per level.
+    ``bases``: each row's offset for its child references (:func:`joined`; none: the
+    references index ``recs`` as they are)."""
     n = len(recs)
     parent, weight, disc2, child, factor = [], [], [], [], []
     for i, r in enumerate(recs):
+        b = bases[i] if bases is not None else 0
         for w1, d2, c, f in r.kids:
             parent.append(i)
             weight.append(w1)
             disc2.append(d2)
-            child.append(c)
+            child.append(c + b if c >= 0 else c)
             factor.append(f)
     kp = np.array(parent, dtype=np.int64)
     kw = np.array(weight, dtype=np.float64)

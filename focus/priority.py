@@ -284,8 +284,12 @@ class Priority(BaseModel, abc.ABC):
         """Refined values the ranking reads."""
         return tree_values(tree, gamma=self.discount, kappa=self.kappa, noise=noise, truncation=self.truncation_rule)
 
-    def calibrate(self, trees: Sequence[Tree], keep: Callable[[Tree, Edge], bool] | None = None) -> Calibration:
-        return calibrate(trees, gamma=self.discount, truncation=self.truncation_rule, keep=keep)
+    def calibrate(
+        self, trees: Sequence[Tree], keep: Callable[[Tree, Edge], bool] | None = None, **parts: Any
+    ) -> Calibration:
+        """:func:`focus.calibration.calibrate` under this search's γ and truncation rule;
+        ``parts``: its per-tree ``counts`` and ``rows``, if known."""
+        return calibrate(trees, gamma=self.discount, truncation=self.truncation_rule, keep=keep, **parts)
 
     @abc.abstractmethod
     def __call__(self, node: NodeEvidence) -> float:

@@ -46,9 +46,23 @@ from focus.tree import Node, Tree
 Entry = tuple[float, float, int, int]
 
 
+def tie(seed: int, tree_index: int, node_id: int, slot: int) -> float:
+    """The seeded tie-break of continuation slot ``slot`` of a checkpoint (a hash of the
+    slot alone, whatever the calibration: a ranking rebuilt for a new one reuses it)."""
+    return derive_seed("tie", seed, tree_index, node_id, slot) / 2**31
+
+
 def entry(search: Priority, seed: int, ev: NodeEvidence) -> Entry:
-    tie = derive_seed("tie", seed, ev.tree_index, ev.node_id, ev.branches + ev.pending) / 2**31
-    return (-float(search(ev)), tie, ev.tree_index, ev.node_id)
+    return (
+        -float(search(ev)),
+        tie(seed, ev.tree_index, ev.node_id, ev.branches + ev.pending),
+        ev.tree_index,
+        ev.node_id,
+    )
+
+
+#: Known tie-breaks of a tree's checkpoints: node id -> (slot, tie-break).
+Ties = dict[int, tuple[int, float]]
 
 
 class TreeRanking:
@@ -63,10 +77,13 @@ class TreeRanking:
         calibration: Calibration,
         seed: int,
         segments: dict[int, Segment] | None = None,
+        ties: Ties | None = None,
     ) -> None:
         """``segments``: the tree's edge segments at this ranking's γ, if known (from the
-        ranking this one replaces after a refit of the calibration: an edge's segment
-        does not depend on it), taken over rather than recomputed."""
+        ranking this one replaces after a refit of the calibration, or computed while the
+        evidence ran: an edge's segment does not depend on the calibration), taken over
+        rather than recomputed; ``ties``: tie-breaks known the same way (:meth:`ties`),
+        read by the first :meth:`ranked` where a checkpoint's slot is still theirs."""
         self.index, self.search, self.calibration, self.seed = index, search, calibration, seed
         self.gamma = search.discount
         self._truncation = search.truncation_rule
@@ -94,6 +111,7 @@ class TreeRanking:
             plain_error=self.plain,
         )
         self.segments: dict[int, Segment] = segments if segments is not None else {}
+        self._ties: Ties = ties if ties is not None else {}
         self.lengths: dict[int, float] = {}
         self.valid: dict[int, float] = {}
         #: Views of the checkpoints some phase may continue, up to date; the others'
@@ -285,15 +303,30 @@ class TreeRanking:
             del ranked[bisect.bisect_left(ranked, before)]
         return before
 
+    def ties(self) -> Ties:
+        """The tie-breaks of the ranked checkpoints, by node (their slots: the views')."""
+        out: Ties = {}
+        for entries in self._entries.values():
+            for nid, e in entries.items():
+                ev = self._views.get(nid)
+                if ev is not None:
+                    out[nid] = (ev.branches + ev.pending, e[1])
+        return out
+
     def ranked(self, tree: Tree, phase_index: int) -> list[Entry]:
         """Eligible checkpoints of phase ``phase_index``, best first (nothing pending)."""
         out = self._ranked.get(phase_index)
         if out is None:
-            entries = {
-                nid: entry(self.search, self.seed, ev)
-                for nid, ev in self._views.items()  # a stale view's node is eligible nowhere
-                if self._eligible(tree, phase_index, ev)
-            }
+            search, seed, ties = self.search, self.seed, self._ties
+            entries = {}
+            for nid, ev in self._views.items():  # a stale view's node is eligible nowhere
+                if self._eligible(tree, phase_index, ev):
+                    known = ties.get(nid)
+                    if known is not None and known[0] == ev.branches + ev.pending:
+                        entries[nid] = (-float(search(ev)), known[1], ev.tree_index, nid)
+                    else:
+                        entries[nid] = entry(search, seed, ev)
+            self._ties = {}
             out = self._ranked[phase_index] = sorted(entries.values())
             self._entries[phase_index] = entries
         return out

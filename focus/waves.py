@@ -15,6 +15,14 @@ next plan's greedy selection remain. Every part is the same pure function of the
 the plan and the tree's rollouts whichever order trees finish in, so the states, plans
 and batches are those of grafting everything at the barrier.
 
+Before a graft that may fit a new calibration (at a power of two of waves,
+:meth:`focus.search.SearchState.may_refit`; the first is the evidence), the tail also
+computes what that fit reads of each tree, its noise rows, counts and spreads (for the
+trees the wave does not touch first, then each tree as it is scored), and for the
+evidence trees the parts of their first ranking that no calibration changes (edge
+segments, tie-breaks): the fit at the barrier joins the trees' rows, and the rankings it
+makes new are built on those parts. A fit and a ranking read the same numbers either way.
+
 Scoring ahead asks the critic about a few trees' nodes at a time instead of the whole
 wave's at once, so it is done only for a critic whose prediction of a context does not
 depend on the other contexts of the call (:attr:`focus.critic.Critic.row_wise`); with
@@ -129,6 +137,8 @@ class WaveTail:
         #: Trees grafted ahead, by tree index, and the predictions of those scored.
         self.parts: dict[int, TreeWave] = {}
         self.predictions: dict[tuple[int, int], tuple[float | None, float | None]] = {}
+        self._prefit: Priority | None = None
+        self._rank = True
 
     def done(self, index: int, rollout: Rollout) -> None:
         self.rollouts[index] = rollout
@@ -146,16 +156,30 @@ class WaveTail:
         task: asyncio.Future[Any],
         phase_name: str,
         score: tuple[Priority, Critic] | None = None,
+        prefit: Priority | None = None,
+        rank: bool = True,
     ) -> None:
         """Graft each tree of the wave onto ``state`` (the state the wave is grafted onto)
         once its jobs have finished, a batch of the trees ready at a time, until ``task``
         (the wave) is done and every tree is grafted; with ``score`` (the search and a
-        row-wise critic), score them and bring their rankings up to date too. Returns
-        early, leaving the rest to the barrier, when the wave failed or got a bad response."""
+        row-wise critic), score them and, with ``rank``, bring their rankings up to date
+        too (not for the evidence: the first plan's calibration is fitted on all of it).
+        Returns early, leaving the rest to the barrier, when the wave failed or got a bad
+        response.
+
+        ``prefit`` (the search, when the graft may fit a new calibration,
+        :meth:`focus.search.SearchState.may_refit`): compute what that fit reads of each
+        tree (:meth:`_TreeFacts.prefit`) here too, first for the trees the wave does not
+        touch, then for each tree as it is grafted (its noise rows once it is scored), so
+        the fit at the barrier only joins them."""
         if task.done():
             self.finished_at = time.perf_counter()
         else:
             task.add_done_callback(lambda _: setattr(self, "finished_at", time.perf_counter()))
+        self._prefit, self._rank = prefit, rank
+        if prefit is not None:
+            rest = [ti for ti in range(len(state.trees)) if ti not in self._jobs]
+            await _sliced(lambda ti: state.facts(ti).prefit(prefit), rest)
         while not self.stopped:
             if not self._ready:
                 if task.done():
@@ -178,7 +202,16 @@ class WaveTail:
     def _graft(self, state: SearchState, ti: int, phase_name: str) -> TreeWave:
         jobs = self._jobs[ti]
         rollouts = [self.rollouts[i] for i in jobs]
-        return graft_tree(state, self.plan, ti, rollouts, phase_name, jobs)  # type: ignore[arg-type]
+        part = graft_tree(state, self.plan, ti, rollouts, phase_name, jobs)  # type: ignore[arg-type]
+        if self._prefit is not None:
+            part.facts.prefit(self._prefit, scored=False)
+        return part
+
+    def _scored(self, state: SearchState, search: Priority, part: TreeWave, preds: Predictions, calib: Any) -> TreeWave:
+        part = score_tree(state, search, part, preds, self._rank, calib)
+        if self._prefit is not None:
+            part.facts.prefit(self._prefit, seed=state.seed)
+        return part
 
     async def _score(
         self, state: SearchState, parts: list[TreeWave], search: Priority, critic: Critic
@@ -199,10 +232,8 @@ class WaveTail:
         by_tree: dict[int, dict[tuple[int, int], tuple[float | None, float | None]]] = {}
         for key, value in preds.items():
             by_tree.setdefault(key[0], {})[key] = value
-        calib = state.calibration(search)
-        scored = await _sliced(
-            lambda p: score_tree(state, search, p, by_tree.get(p.tree_index, {}), True, calib), parts
-        )
+        calib = state.calibration(search) if self._rank else None
+        scored = await _sliced(lambda p: self._scored(state, search, p, by_tree.get(p.tree_index, {}), calib), parts)
         self.predictions.update(preds)
         return scored, (search, critic)
 

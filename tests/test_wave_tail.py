@@ -6,6 +6,7 @@ same batch as grafting and scoring the whole wave at its barrier."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from typing import Any
 
@@ -92,7 +93,7 @@ def test_grafting_ahead_changes_neither_the_journal_nor_the_batch(
         return real_graft_tree(*args)
 
     def spy_score_tree(*args):  # type: ignore[no-untyped-def]
-        scored.append(args[2].tree_index)
+        scored.append((args[2].phase_index, args[4]))  # the part's phase, whether it is ranked
         return real_score_tree(*args)
 
     monkeypatch.setattr(focus.waves, "graft_tree", spy_graft_tree)
@@ -103,6 +104,8 @@ def test_grafting_ahead_changes_neither_the_journal_nor_the_batch(
     # the incremental path ran, part of it while rollouts of the wave were in flight
     assert sum(grafted_while_running) >= 5
     assert (len(scored) > 0) == critic_cls.row_wise
+    if critic_cls.row_wise:  # evidence trees scored as they finish, not ranked; continuations ranked
+        assert {(0, False), (1, True)} == set(scored)
     grafted_while_running.clear()
     barrier, barrier_steps = _collect(*_collector(_AllAtOnce(max_concurrency=4), critic_cls, waves_in_flight))
     assert not grafted_while_running
@@ -226,3 +229,52 @@ def test_an_execution_that_returns_a_wave_whole_reports_its_jobs_at_the_end() ->
     assert not _AllAtOnce().reports_jobs and Execution().reports_jobs
     assert [i for i, _ in whole] == list(range(len(out))) and all(r is out[i] for i, r in whole)
     assert sorted(i for i, _ in each) == list(range(len(out)))  # as each finished, every job once
+
+
+def test_the_calibration_reads_the_parts_the_tail_computed() -> None:
+    """The noise rows, counts and spreads of every tree are computed while a wave that
+    may refit the calibration runs (here the evidence, scored as it finishes), and the fit
+    that joins them is the fit of the whole collection from scratch."""
+    import numpy as np
+
+    from focus.calibration import calibrate
+    from focus.noise_rows import coefficients, collect, joined, tree_rows
+
+    col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
+    search = col.search
+    state = run(col.run_evidence(tasks))
+    assert len(state.waves) == 1
+    g, rule = search.discount, search.truncation_rule
+    for ti in range(len(state.trees)):
+        facts = state._derived[ti]  # made in the tail, before any calibration was asked for
+        assert (g, rule) in facts._rows and rule in facts.shape and "spreads" in facts.shape
+        assert ("segments", g) in facts._ahead and ("ties", state.seed) in facts._ahead
+    assert not state._calibrations
+    calib = state.calibration(search)
+    assert calib == calibrate(state.trees, gamma=g, truncation=rule)
+    # the first rankings, built on the segments and tie-breaks computed ahead, and rankings
+    # rebuilt for another calibration on their predecessors', are those built from scratch
+    other = dataclasses.replace(calib, mean_tokens=2.5 * calib.mean_tokens)
+    for c in (calib, other):
+        for ti, tree in enumerate(state.trees):
+            got = state.facts(ti).ranked(search, c, 1, state.seed)
+            assert got == TreeRanking(tree, ti, search, c, state.seed).ranked(tree, 1) and got
+            assert not state.facts(ti)._ahead
+    # trees' rows joined (child references shifted) are the rows of one pass over all trees
+    one: list[Any] = []
+    for tree in state.trees:
+        collect(tree, g, rule, None, one)
+    recs, bases = joined([tree_rows(t, g, rule) for t in state.trees])
+    nd = max(r.depth for r in recs) + 1
+    whole, parts = coefficients(one, nd), coefficients(recs, nd, bases)
+    assert np.array_equal(whole[0], parts[0]) and np.array_equal(whole[1], parts[1])
+    assert all(np.array_equal(a, b) for a, b in zip(whole[2], parts[2], strict=True))
+    assert state.spread_count(1) == sum(1 for r in one if r.m >= 2) > 0
+    # refits come only at powers of two of waves, once the spreads can have doubled
+    spreads = state.spread_count(1)
+    later = [state.may_refit(search, spreads)]
+    for n in range(2, 9):
+        state.waves.append((1, n - 2))
+        later.append(state.may_refit(search, spreads))
+    assert later == [True, False, True, False, False, False, True, False]
+    assert not state.may_refit(search, spreads - 1)  # a wave too small to double them

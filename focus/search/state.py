@@ -17,9 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from focus.agent import BranchState, derive_seed
+from focus.calibration import Counts, tree_counts
 from focus.env import Task
+from focus.estimation import segment
+from focus.noise_rows import Checkpoint, tree_rows
 from focus.priority import Calibration, NodeEvidence, Priority
-from focus.ranking import Entry, TreeRanking
+from focus.ranking import Entry, TreeRanking, tie
 from focus.tree import Edge, Node, Tree
 from focus.usage import Usage
 
@@ -123,6 +126,10 @@ class SearchState:
         nearly every doubling of its waves. Once a fit rests on
         :data:`CALIBRATION_SPREADS` spreads it is kept from then on.
         """
+        return self._fitted(search)[1]
+
+    def _fitted(self, search: Priority) -> tuple[int, Calibration]:
+        """:meth:`calibration` and the waves it is fitted on."""
         n = len(self.waves)
         size = 1 if n else 0
         c = self._fit(size, search)
@@ -134,13 +141,40 @@ class SearchState:
             if nxt > n:
                 break
             size, c = nxt, self._fit(nxt, search)
-        return c
+        return size, c
+
+    def may_refit(self, search: Priority, jobs: int) -> bool:
+        """Whether grafting a wave of ``jobs`` jobs onto this state may fit a new
+        calibration: only at a power of two of waves (:meth:`calibration`), not once
+        the fit is kept, and only if the spreads can reach twice those of the last fit
+        (a job gives at most one checkpoint its second child). The fit reads every tree
+        (:meth:`_TreeFacts.prefit`), so a collector does that ahead, while the wave runs
+        (:class:`focus.waves.WaveTail`)."""
+        n = len(self.waves) + 1
+        if n & (n - 1):
+            return False
+        if not self.waves:
+            return True
+        size, c = self._fitted(search)
+        if c.noise.spreads >= CALIBRATION_SPREADS:
+            return False
+        return self.spread_count(n - 1) + jobs >= 2 * self.spread_count(size)
 
     def _fit(self, size: int, search: Priority) -> Calibration:
         key = (size, search.discount, search.truncation_rule)
         c = self._calibrations.get(key)
         if c is None:
-            c = self._calibrations[key] = search.calibrate(self.trees, self._keep(size))
+            keep = self._keep(size)
+            if keep is None:  # every segment: each tree's share, kept in its facts
+                g, rule = search.discount, search.truncation_rule
+                facts = [self.facts(ti) for ti in range(len(self.trees))]
+                counts = [f.counts(rule) for f in facts]
+                c = search.calibrate(self.trees, None, counts=counts, rows=[f.noise_rows(g, rule) for f in facts])
+                for f in facts:  # read once per fit: not held for the collection's length
+                    f._rows.clear()
+            else:
+                c = search.calibrate(self.trees, keep)
+            self._calibrations[key] = c
         return c
 
     def spread_count(self, waves: int) -> int:
@@ -151,13 +185,10 @@ class SearchState:
         n = self._spreads.get(waves)
         if n is None:
             keep = self._keep(waves)
-            n = 0
-            for tree in self.trees:
-                children: dict[int, int] = {}
-                for e in tree.edges.values():
-                    if (keep is None or keep(tree, e)) and tree.nodes[e.child].kind != "failed":
-                        children[e.parent] = children.get(e.parent, 0) + 1
-                n += sum(1 for c in children.values() if c >= 2)
+            if keep is None:  # every segment: each tree's count, kept in its facts
+                n = sum(self.facts(ti).spreads for ti in range(len(self.trees)))
+            else:
+                n = sum(tree_spreads(tree, keep) for tree in self.trees)
             self._spreads[waves] = n
         return n
 
@@ -188,6 +219,15 @@ class SearchState:
 _SCORED_KINDS = ("checkpoint", "truncated")
 
 
+def tree_spreads(tree: Tree, keep: Callable[[Tree, Edge], bool] | None = None) -> int:
+    """One tree's share of :meth:`SearchState.spread_count`."""
+    children: dict[int, int] = {}
+    for e in tree.edges.values():
+        if (keep is None or keep(tree, e)) and tree.nodes[e.child].kind != "failed":
+            children[e.parent] = children.get(e.parent, 0) + 1
+    return sum(1 for c in children.values() if c >= 2)
+
+
 class _TreeFacts:
     """What planning and scoring derive from one tree object, computed lazily.
 
@@ -201,7 +241,7 @@ class _TreeFacts:
     configuration and calibration.
     """
 
-    __slots__ = ("tree", "index", "size", "_spent", "_unscored", "rank", "changed")
+    __slots__ = ("tree", "index", "size", "_spent", "_unscored", "rank", "changed", "shape", "_rows", "_ahead")
 
     def __init__(
         self,
@@ -212,11 +252,19 @@ class _TreeFacts:
         unscored: tuple[int, ...] | None = None,
         rank: TreeRanking | None = None,
         changed: set[int] | None = None,
+        shape: dict[Any, Any] | None = None,
     ) -> None:
         self.tree, self.index = tree, index
         self.size = (len(tree.nodes), tree.rollouts)
         self._spent, self._unscored = spent, unscored
         self.rank, self.changed = rank, changed if changed is not None else set()
+        #: What the calibration reads of the tree's shape alone (its spreads, its
+        #: counts per truncation rule): kept when only predictions change.
+        self.shape: dict[Any, Any] = shape if shape is not None else {}
+        #: The tree's noise rows per (γ, truncation rule) (they read its predictions).
+        self._rows: dict[tuple[float, str], list[Checkpoint]] = {}
+        #: A first ranking's parts that no calibration changes, computed ahead (:meth:`prefit`).
+        self._ahead: dict[tuple[str, Any], Any] = {}
 
     def describes(self, tree: Tree, index: int) -> bool:
         return self.tree is tree and self.index == index and self.size == (len(tree.nodes), tree.rollouts)
@@ -229,6 +277,44 @@ class _TreeFacts:
             for r in self.tree.log:
                 self._spent[r.phase] = self._spent.get(r.phase, 0) + r.usage.budget_spent
         return self._spent
+
+    @property
+    def spreads(self) -> int:
+        """Checkpoints with two or more children that did not fail (:func:`tree_spreads`)."""
+        n = self.shape.get("spreads")
+        if n is None:
+            n = self.shape["spreads"] = tree_spreads(self.tree)
+        return int(n)
+
+    def counts(self, truncation: str) -> Counts:
+        """The tree's share of a calibration's counts (:func:`focus.calibration.tree_counts`)."""
+        c = self.shape.get(truncation)
+        if c is None:
+            c = self.shape[truncation] = tree_counts(self.tree, truncation)  # type: ignore[arg-type]
+        return c  # type: ignore[no-any-return]
+
+    def prefit(self, search: Priority, scored: bool = True, seed: int | None = None) -> None:
+        """Compute what a calibration fitted on every tree reads of this one (its
+        spreads and counts; with ``scored``, its predictions being final, its noise rows),
+        and, for a tree never ranked and given the collection ``seed``, the parts of its
+        first ranking that the calibration does not change (edge segments, tie-breaks)."""
+        _ = self.spreads
+        self.counts(search.truncation_rule)
+        if scored:
+            self.noise_rows(search.discount, search.truncation_rule)
+        if seed is not None and self.rank is None and not self._ahead:
+            tree, g = self.tree, search.discount
+            self._ahead[("segments", g)] = {i: segment(e, g) for i, e in tree.edges.items()}
+            self._ahead[("ties", seed)] = {
+                n.id: (len(n.children), tie(seed, self.index, n.id, len(n.children))) for n in tree.checkpoints()
+            }
+
+    def noise_rows(self, gamma: float, truncation: str) -> list[Checkpoint]:
+        """The tree's rows of the noise fit (:func:`focus.noise_rows.tree_rows`)."""
+        rows = self._rows.get((gamma, truncation))
+        if rows is None:
+            rows = self._rows[(gamma, truncation)] = tree_rows(self.tree, gamma, truncation)  # type: ignore[arg-type]
+        return rows
 
     @property
     def unscored(self) -> tuple[int, ...]:
@@ -245,8 +331,13 @@ class _TreeFacts:
         if rank is None or not rank.matches(search, calibration, seed):
             # a new calibration (or configuration) changes every view, not the edges'
             # segments: those of the same γ are taken over
-            segs = rank.segments if rank is not None and rank.gamma == search.discount else None
-            rank = self.rank = TreeRanking(self.tree, self.index, search, calibration, seed, segs)
+            if rank is not None:
+                segs = rank.segments if rank.gamma == search.discount else None
+                ties = rank.ties() if rank.seed == seed else None
+            else:  # what the tail computed ahead (:meth:`prefit`), if anything
+                segs, ties = self._ahead.get(("segments", search.discount)), self._ahead.get(("ties", seed))
+            self._ahead = {}
+            rank = self.rank = TreeRanking(self.tree, self.index, search, calibration, seed, segs, ties)
             self.changed = set()
         elif self.changed:
             rank.update(self.tree, self.changed)
