@@ -84,9 +84,14 @@ class Unreadable:
 
 def unreadable_line(service: str, method: str, url: object, tally: Unreadable) -> str:
     """The one line that stops a collection whose answers cannot be read: the cause first."""
+    hint = (
+        "is model.kind right (openai for /v1/completions, sglang for /generate) and does the server return "
+        "token ids and log-probs?"
+        if service == "model service"
+        else "is it the kind of service the client expects?"
+    )
     return (
-        f"the {service}'s answers cannot be read: {tally.last}; is model.kind right (openai for "
-        f"/v1/completions, sglang for /generate) and does the server return token ids and log-probs? "
+        f"the {service}'s answers cannot be read: {tally.last}; {hint} "
         f"({tally.answers} answers in a row to {method} {url} broke this rule"
         f"{', none readable yet' if tally.never_answered else ''})"
     )
