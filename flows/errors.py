@@ -30,13 +30,16 @@ SELF_EXPLAINED = frozenset(
         "CollectionFailed",
         "ModelServiceOutage",
         "BadResponses",
+        "RequestsRefused",
         "ModelServiceError",
         "CollectionLocked",
         "LeaseHeld",
     }
 )
 #: Errors the user caused and can fix by changing what they asked for (exit status 2).
-USAGE = frozenset({"ConfigError", "ResumeMismatch", "CollectionLocked", "LeaseHeld"})
+USAGE = frozenset(
+    {"ConfigError", "ResumeMismatch", "CollectionLocked", "LeaseHeld", "UnreadableAnswers", "RequestsRefused"}
+)
 MAX_CHARS = 600
 
 

@@ -52,6 +52,7 @@ _EXPORTS = {
     "Execution": "focus.execution",
     "ModelServiceOutage": "focus.execution",
     "BadResponses": "focus.execution",
+    "RequestsRefused": "focus.execution",
     "Usage": "focus.usage",
     "DirectBranchTd": "focus.estimation",
 }

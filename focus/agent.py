@@ -22,7 +22,15 @@ from focus.branching import BranchPoints, EveryDecision
 from focus.context import Context, ContextManager, Segments
 from focus.env import Env, EnvError, Message, Task, accepts_seed, check_reset, check_step_result
 from focus.format import ParseError, PolicyFormat
-from focus.policy import BadResponse, Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
+from focus.policy import (
+    BadResponse,
+    Completion,
+    Policy,
+    PolicyError,
+    SamplingParams,
+    ServiceUnavailable,
+    UnreadableAnswers,
+)
 from focus.tree import Turn
 from focus.workspace import Workspace
 
@@ -190,6 +198,8 @@ class Agent:
                 self.policy.check_completion(completion, params)
                 if completion.meta:
                     _count_retries(counters, completion.meta)
+            except UnreadableAnswers:
+                raise  # a setting to fix, not this rollout's failure: stops the collection
             except (PolicyError, NotImplementedError) as e:
                 cause = f"{failure_prefix(e)}: {e}"
                 pieces.append(Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=cause))

@@ -24,7 +24,11 @@ answer within the client's retries (cause ``model service: ...``, or ``bad respo
 ...`` for an answer that breaks the policy contract), the wave raises
 :class:`ModelServiceOutage` as soon as that share is passed, its other jobs are
 cancelled, and nothing of it is kept - a rerun computes the wave again once the
-service is back, instead of keeping a batch made mostly of failures.
+service is back, instead of keeping a batch made mostly of failures. Two more stop a
+collection because no rerun of a rollout could help, only a setting: answers the
+client cannot read (:class:`~focus.policy.UnreadableAnswers`, raised through the
+agent and the wave at the first rollout that meets it), and a wave whose every request
+was refused whatever it held (:class:`RequestsRefused`, :func:`check_refused`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -42,6 +47,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from focus.agent import Piece, Rollout
+from focus.policy import UnreadableAnswers
 from focus.usage import BAD_RESPONSE, SERVICE, failure_kind
 
 if TYPE_CHECKING:
@@ -181,9 +187,52 @@ def check_responses(rollouts: Sequence[Rollout], where: str, wave: tuple[int, in
         )
 
 
+class RequestsRefused(RuntimeError):
+    """The model service refused every request of a wave with a status that does not
+    depend on what the request holds (:data:`REFUSED_STATUSES`: a wrong API key, path or
+    model name). A 4xx is not retried, so each rollout failed at once, and the collection
+    used to finish with an empty batch, marked finished, so that a rerun after fixing
+    the setting returned the same empty batch. Now the wave keeps nothing and the
+    collection stops unfinished: a rerun collects."""
+
+
+#: Statuses that refuse any request, whatever its prompt: 401/403 (the key), 404 (the
+#: path or the model name), 405 (the method: a path that is not a generation endpoint).
+#: A 400 or 413 may be this request's own (a prompt over the server's context length).
+REFUSED_STATUSES = frozenset({401, 403, 404, 405})
+_REJECTED = re.compile(r"rejected with status (\d{3})")
+
+
+def refused_status(rollout: Rollout) -> int | None:
+    """The status with which the model service refused ``rollout``'s request (its leaf's
+    cause, as :mod:`focus.backends.http` words it), or None."""
+    leaf = rollout.leaf if isinstance(rollout, Rollout) else None
+    if leaf is None or leaf.kind != "failed" or not leaf.cause.startswith("model:"):
+        return None
+    m = _REJECTED.search(leaf.cause)
+    return int(m.group(1)) if m else None
+
+
+def check_refused(rollouts: Sequence[Rollout]) -> None:
+    """Raise :class:`RequestsRefused` if every one of ``rollouts`` was refused with one
+    of :data:`REFUSED_STATUSES`."""
+    statuses = [s for s in map(refused_status, rollouts) if s in REFUSED_STATUSES]
+    if not statuses or len(statuses) < len(rollouts):
+        return
+    n = len(statuses)
+    raise RequestsRefused(
+        f"the model service refused every request ({n} of {n} rollouts of the wave, status "
+        f"{'/'.join(str(s) for s in sorted(set(statuses)))}): check model.url, model.model and the API key "
+        f"(model.http.api_key); nothing of the wave is kept and the collection is not finished, so a rerun "
+        f"with the same collection id collects; last: {rollouts[-1].leaf.cause.removeprefix('model: ')}"
+    )
+
+
 def check_outage(rollouts: Sequence[Rollout], share: float) -> None:
     """Raise :class:`ModelServiceOutage` if more than ``share`` of ``rollouts`` failed
-    because the model service was out."""
+    because the model service was out, and :class:`RequestsRefused` if it refused every
+    one (:func:`check_refused`)."""
+    check_refused(rollouts)
     failed = [r for r in rollouts if is_service_failure(r)]
     if len(failed) > outage_limit(share, len(rollouts)):
         raise outage(len(failed), len(rollouts), share, failed[-1].leaf.cause)
@@ -305,7 +354,7 @@ class Execution(BaseModel):
 
     def launch(self, agent: Agent, job: RolloutJob) -> asyncio.Task[Rollout]:
         """Start one job now on the running loop (streaming mode; the caller bounds how
-        many run at once). The task never raises: a crash becomes a failed rollout."""
+        many run at once). The task raises only UnreadableAnswers: a crash becomes a failed rollout."""
         return asyncio.ensure_future(_guarded(agent, job))
 
     async def _run(
@@ -359,8 +408,9 @@ BAD_RESPONSE_RERUNS = 2
 
 async def _guarded(agent: Agent, job: RolloutJob) -> Rollout:
     """The job's rollout, run again (same seed) while it ends in a bad response, at
-    most :data:`BAD_RESPONSE_RERUNS` times; never raises: a rollout that raises comes
-    back as a failed one (cause ``error: ...``), not run again.
+    most :data:`BAD_RESPONSE_RERUNS` times; a rollout that raises comes back as a
+    failed one (cause ``error: ...``), not run again. The one exception it lets through
+    is :class:`~focus.policy.UnreadableAnswers`: every rollout would meet it.
 
     One coroutine for every run: each one between the worker and the rollout is resumed
     on every model call of it, and continuations are short (1-2 calls), so a frame more
@@ -369,6 +419,8 @@ async def _guarded(agent: Agent, job: RolloutJob) -> Rollout:
         t0 = time.perf_counter()
         try:
             rollout = await agent.rollout(job.start, job.seed)
+        except UnreadableAnswers:
+            raise  # every rollout would get the same answers: the wave (and collection) stops
         except Exception as e:  # noqa: BLE001 - one broken rollout must not lose the wave
             log.warning("rollout from node %s of tree %s failed: %r", job.node_id, job.tree_index, e)
             return failed_rollout(job, f"error: {type(e).__name__}: {e}", time.perf_counter() - t0)

@@ -97,6 +97,15 @@ class BadResponse(PolicyError):
     answer they cannot parse before giving up with this error."""
 
 
+class UnreadableAnswers(PolicyError):
+    """The model service answers every request in a form the client cannot read (the
+    same malformed answer, again and again: another server's answer shape, no token ids
+    or log-probs): a setting to fix (``model.kind``, the server's flags), not a fault
+    that passes, so it is neither retried further nor run again, and it is no outage.
+    It stops the collection at once (the agent and the execution layer let it through);
+    ``str()`` leads with the cause (:mod:`focus.backends.unreadable`)."""
+
+
 class ServiceUnavailable(PolicyError):
     """The model service gave no usable answer within the client's retries (down,
     unreachable, overloaded, timing out): an outage, not a wrong request. Policy clients

@@ -16,7 +16,6 @@ answering directly.
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 import httpx
@@ -267,10 +266,12 @@ def test_a_model_name_the_server_does_not_serve_stops_the_command_before_it_star
 
 @pytest.mark.integration
 @pytest.mark.slow  # starts the focus command
-def test_a_server_that_refuses_every_request_ends_the_command_with_status_1(scripted, tmp_path):
+def test_a_server_that_refuses_every_request_ends_the_command_with_status_2(scripted, tmp_path):
     """A wrong key, path or model name makes the server refuse every request (a 4xx is
     not retried): every rollout failed, and the command exited 0 with an empty batch.
-    Now it exits 1 with one line naming the cause, on the first run and on a rerun."""
+    Now the first wave stops the collection unfinished (``RequestsRefused``, the
+    library's): exit 2 with one line naming the cause, on the first run and on a rerun,
+    and no batch."""
     import subprocess
     import sys
 
@@ -288,8 +289,8 @@ def test_a_server_that_refuses_every_request_ends_the_command_with_status_1(scri
             text=True,
             timeout=120,
         )
-        assert done.returncode == 1, done.stderr[-2000:]
+        assert done.returncode == 2, done.stderr[-2000:]
         last = done.stderr.strip().splitlines()[-1]
-        assert last.startswith("error: every rollout failed (8 of 8)") and "status 401" in last, done.stderr
-        assert "Traceback" not in done.stderr
-        assert json.loads(done.stdout.strip().splitlines()[-1])["stats"]["failed_rollouts"] == 8
+        assert last.startswith("error: the model service refused every request (8 of 8 rollouts of the wave, status 401)")
+        assert "invalid API key" in last and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "runs" / "batches").exists()

@@ -43,7 +43,7 @@ import aiohttp
 import httpx
 
 from focus.backends import hedge as hedging
-from focus.backends.outage import OVER, UP, OutageGate, OutageTotals, is_down_cause
+from focus.backends.outage import OVER, UP, OutageGate, OutageTotals, is_down_cause, watch_silence
 from focus.backends.retry import (
     CallRecord,
     ClientStats,
@@ -54,6 +54,7 @@ from focus.backends.retry import (
     parse_retry_after,
 )
 from focus.backends.send import AiohttpSender, HttpxSender, Sender
+from focus.backends.unreadable import Unreadable, unreadable_line
 from focus.backends.watch import Entry, Watch
 from focus.backends.wire import Rejected as _Rejected
 from focus.backends.wire import Retryable as _Retryable
@@ -62,7 +63,15 @@ from focus.backends.wire import classify as _classify
 from focus.backends.wire import expire as _expire
 from focus.backends.wire import snippet as _snippet
 from focus.backends.wire import text as _text
-from focus.policy import BadResponse, Completion, Policy, PolicyError, SamplingParams, ServiceUnavailable
+from focus.policy import (
+    BadResponse,
+    Completion,
+    Policy,
+    PolicyError,
+    SamplingParams,
+    ServiceUnavailable,
+    UnreadableAnswers,
+)
 
 __all__ = ["HttpClient", "HttpConfig", "HttpPolicy", "MalformedResponse", "RetryPolicy"]
 
@@ -110,6 +119,8 @@ class HttpClient:
         #: Raised when the last attempt's answer could not be used (malformed, or a
         #: ``parse`` that raised ``error``): the service answers, so it is no outage.
         self.bad = BadResponse if error is PolicyError else error
+        #: Raised when the answers repeat one malformed shape (:mod:`focus.backends.unreadable`).
+        self.unreadable = UnreadableAnswers if error is PolicyError else error
         #: What the outage log lines call the service.
         self.service = service or ("model service" if error is PolicyError else "service")
         #: False: a service that is down (past the quick retries) fails the call at once
@@ -123,10 +134,12 @@ class HttpClient:
         self._stats = ClientStats()
         self._outages = OutageTotals()
         self._hedger = HedgeTimer(self.config)
+        self._unread = Unreadable()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(_wire=None, _transport=None, _urls={}, _stats=ClientStats(), _outages=OutageTotals(), _rng=None)
+        state["_unread"] = Unreadable()
         state["_hedger"] = HedgeTimer(self.config)  # latencies are this process's
         return state
 
@@ -181,6 +194,9 @@ class HttpClient:
             wire.clock = Watch(loop, lambda: cfg.timeout_s, _expire)
             wire.hedges = hedging.Hedges(loop, self._hedger)
             wire.copy = self._hedge
+            ends = f"each attempt times out after timeout_s = {cfg.timeout_s:g} s, each call after deadline_s = {cfg.deadline_s}"
+            after = cfg.silence_warn_s
+            wire.silence = None if after is None else watch_silence(loop, gate, wire.clock, after, ends)
         return wire
 
     def request(
@@ -268,6 +284,8 @@ class HttpClient:
             raise self.error(str(e)) from None
         now = time.monotonic()
         wire.gate.answered(t0, now)
+        if (unread := self._unread).answers or unread.never_answered:
+            unread.answered()
         # positional: keyword arguments cost a frozen dataclass a microsecond more, every call
         record = CallRecord(1, now - t0, (), None, False, sent, won is not None, won or 0.0)
         self._stats.add(record)
@@ -296,6 +314,9 @@ class HttpClient:
             now = time.monotonic()
             streak = now if streak is None else streak
             answered = last.kind == "malformed response"  # an answer, if a bad one: not an outage
+            if answered and self._unread.malformed(str(last), content):
+                self._stats.add(CallRecord(attempts, now - t0, (*errors, (last.kind, now - started)), last.kind))
+                raise self.unreadable(unreadable_line(self.service, method, url, self._unread)) from None
             if not answered:
                 gate.failed(now)
             if not answered and gate.should_wait(
@@ -339,6 +360,7 @@ class HttpClient:
                 raise self.error(str(e)) from None
             now = time.monotonic()
             gate.answered(started, now)
+            self._unread.answered()
             record = CallRecord(
                 attempts, now - t0, tuple(errors), hedges=hedges + sent, hedge_won=won is not None, hedge_s=won or 0.0
             )
@@ -504,6 +526,8 @@ class HttpClient:
             return
         wire.clock.close()
         wire.hedges.close()
+        if wire.silence is not None:
+            wire.silence.cancel()
         try:
             await wire.sender.aclose()
         except RuntimeError:  # made on a loop that is gone; nothing left to release

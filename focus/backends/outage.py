@@ -38,6 +38,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,12 @@ class OutageGate:
         self.waiting = False
         #: Outages waited out and the seconds they lasted (the client's, if it passed them).
         self.totals = totals if totals is not None else OutageTotals()
+        #: When the last good answer was read (monotonic; None: none yet in this process).
+        self.last_answer: float | None = None
+        #: Since when the silence was warned about (None: no warning standing).
+        self.silent_since: float | None = None
+        #: When requests were first seen waiting with no answer since (the silence watch's).
+        self._waiting_since: float | None = None
         self._next_probe = 0.0
         self._up = asyncio.Event()
         self._up.set()
@@ -108,6 +115,9 @@ class OutageGate:
         server died); wake every waiting call."""
         if self.last_ok is None or sent > self.last_ok:
             self.last_ok = sent
+        self.last_answer = now
+        if self.silent_since is not None:
+            self._heard(now)
         if self.down_since is None or sent < self.down_since:
             return
         if self.waiting:
@@ -128,6 +138,41 @@ class OutageGate:
         if self.down_since is None:
             self.down_since = now
             self._up.clear()
+
+    def look(self, now: float, waiting: int, oldest: float | None, after_s: float, timeouts: str) -> None:
+        """The silence watch's look (every ``after_s / 4``, :func:`watch_silence`):
+        ``waiting`` requests in flight, the ``oldest`` sent at that time. Once no answer
+        has come for ``after_s`` while requests wait, one warning line (and one when an
+        answer comes again); nothing while answers flow or nothing waits."""
+        if not waiting or oldest is None:
+            self._waiting_since = None
+            return
+        if self._waiting_since is None:
+            self._waiting_since = oldest
+        quiet = max(self._waiting_since, self.last_answer if self.last_answer is not None else oldest)
+        if self.silent_since is None and now - quiet >= after_s:
+            self.silent_since = quiet
+            log.warning(
+                "no answer has come from the %s at %s for %.0f s; %d request(s) wait (silence_warn_s = %g s; %s)",
+                self.service,
+                self.url,
+                now - quiet,
+                waiting,
+                after_s,
+                timeouts,
+                extra=CONSOLE,
+            )
+
+    def _heard(self, now: float) -> None:
+        assert self.silent_since is not None
+        log.warning(
+            "%s at %s answers again after %.0f s without an answer",
+            self.service,
+            self.url,
+            now - self.silent_since,
+            extra=CONSOLE,
+        )
+        self.silent_since = self._waiting_since = None
 
     # ---- decisions ----
 
@@ -196,3 +241,26 @@ def is_down_cause(kind: str, status: int | None) -> bool:
     """Whether a failed attempt says the service is not there: a refused, reset or closed
     connection, or a 502/503/504 from the server or the proxy in front of it."""
     return kind == "connection" or (status is not None and status in DOWN_STATUSES)
+
+
+def watch_silence(loop: asyncio.AbstractEventLoop, gate: OutageGate, clock: Any, after_s: float, timeouts: str) -> Any:
+    """Look at ``clock`` (the requests in flight, oldest first: a
+    :class:`~focus.backends.watch.Watch`) every ``after_s / 4`` seconds on ``loop``
+    (:meth:`OutageGate.look`): a server that accepts connections and never answers is
+    warned about within ``1.25 * after_s``, not silent until every call's deadline.
+    Returns an object whose ``cancel()`` stops the watch."""
+
+    class Ticker:
+        handle: asyncio.TimerHandle | None = None
+
+        def tick(self) -> None:
+            gate.look(time.monotonic(), len(clock), clock.oldest(), after_s, timeouts)
+            self.handle = loop.call_later(after_s / 4, self.tick)
+
+        def cancel(self) -> None:
+            if self.handle is not None:
+                self.handle.cancel()
+
+    ticker = Ticker()
+    ticker.handle = loop.call_later(after_s / 4, ticker.tick)
+    return ticker

@@ -91,6 +91,13 @@ class RetryPolicy(BaseModel):
     #: from disk, graphs captured); 0: fail within the ordinary retries. A call's
     #: ``deadline_s`` still ends it.
     outage_wait_s: float = Field(300.0, ge=0)
+    #: Seconds without any answer from the service, while requests wait, after which
+    #: one warning line says so (with the URL and how many wait), looked at every
+    #: quarter of it: a server that accepts connections and never answers was silent
+    #: until ``deadline_s``. Shorter than ``timeout_s`` so it comes before the first
+    #: timeout; a generation that takes longer than this with nothing else answering
+    #: (a long first turn of a large model) warns once too. None: no warning.
+    silence_warn_s: float | None = Field(60.0, gt=0)
     #: Send a second identical request when an attempt has not answered after this
     #: many seconds (if shorter than ``timeout_s``), and take the first good answer;
     #: None: the adaptive delay below, or never when ``adaptive_hedge`` is off.

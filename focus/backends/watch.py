@@ -66,6 +66,10 @@ class Watch:
         if self._handle is None:
             self._arm(entry, time.monotonic())
 
+    def oldest(self) -> float | None:
+        """When the oldest entry still watched was sent (None: none)."""
+        return next(iter(self._entries)).start if self._entries else None
+
     def discard(self, entry: Entry) -> None:
         self._entries.pop(entry, None)
 

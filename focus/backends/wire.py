@@ -38,12 +38,14 @@ class Wire:
     """What a client uses on one event loop: its sender, concurrency slots, outage gate,
     and the watches of its requests' read timeouts (``clock``) and hedged first requests."""
 
-    __slots__ = ("clock", "copy", "gate", "hedges", "loop", "sem", "sender")
+    __slots__ = ("clock", "copy", "gate", "hedges", "loop", "sem", "sender", "silence")
 
     clock: Watch
     hedges: Hedges
     #: The client's ``_hedge``, bound once (a bound method per call is one more object).
     copy: Callable[..., Any]
+    #: The silence watch (:func:`focus.backends.outage.watch_silence`; None: off).
+    silence: Any
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sender: Sender, sem: asyncio.Semaphore, gate: OutageGate):
         self.loop, self.sender, self.sem, self.gate = loop, sender, sem, gate

@@ -1,0 +1,132 @@
+"""A model service that refuses every request (401/403/404: a wrong key, path or model
+name) stops the collection unfinished, with one line naming the cause.
+
+A 4xx is not retried, so every rollout failed at once, and the collection finished with
+an empty batch: in the library (``Collector``, ``tasks.collect``) and the pipeline
+(``focus train``, Prefect deployments), with the collection id marked finished, so a
+rerun after fixing the key returned the same empty batch. Now the wave raises
+:class:`~focus.execution.RequestsRefused`, nothing of it is kept, and a rerun with the
+same id collects. Real parts: a scripted server on loopback, then the same server
+answering."""
+
+from __future__ import annotations
+
+import pytest
+from fixtures.journal import run_collect
+
+from flows.errors import exit_code, one_line
+from focus.agent import Piece, Rollout
+from focus.execution import RequestsRefused, check_outage
+from storage import BatchStore, CheckpointStore
+from tasks.config import load_config
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _failed(cause: str) -> Rollout:
+    return Rollout("t", (Piece((), "failed", 0, (1,), cause=cause),))
+
+
+def test_only_a_wave_refused_whatever_its_requests_hold_stops():
+    refused = _failed("model: POST http://m/v1/completions was rejected with status 401: invalid key")
+    too_long = _failed("model: POST http://m/v1/completions was rejected with status 400: context length")
+    done = Rollout("t", (Piece((), "terminal", 1, ()),))
+    with pytest.raises(RequestsRefused, match=r"^the model service refused every request \(3 of 3 .*status 401\)"):
+        check_outage([refused] * 3, 1.0)
+    check_outage([refused] * 3 + [done], 1.0)  # one answered: a request's own refusal, kept as a failed rollout
+    check_outage([too_long] * 3, 1.0)  # a 400 may be the prompt's own (over the context length)
+    check_outage([], 1.0)
+
+
+def _answer() -> dict:
+    """A completion as vLLM writes it: two tokens, their log-probs, their ids."""
+    ids = [65, 66]
+    return {
+        "model": "focus-tinylm",
+        "choices": [
+            {
+                "text": "AB",
+                "logprobs": {"token_logprobs": [-0.5, -0.7], "tokens": [f"token_id:{t}" for t in ids]},
+                "finish_reason": "stop",
+                "token_ids": ids,
+            }
+        ],
+    }
+
+
+def _config(url: str, root: str, cid: str, phases: list[dict]):  # type: ignore[no-untyped-def]
+    return load_config(
+        overrides={
+            "collection_id": cid,
+            "model.kind": "openai",
+            "model.url": url,
+            "model.http": {"outage_wait_s": 0},
+            "env.n_tasks": 2,
+            "agent.sampling.max_tokens": 8,
+            "search.phases": phases,
+            "execution.kind": "local",
+            "storage.root": root,
+            "progress": False,
+        },
+        environ={},
+    )
+
+
+@pytest.mark.integration
+def test_through_prefect_the_flow_run_fails_with_the_line_and_a_rerun_collects(scripted, prefect_api, tmp_path):
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    from flows.collect import collect
+
+    cfg = _config(scripted.url, str(tmp_path), "flow-refused", [{"name": "evidence", "rollouts_per_task": 2}])
+    scripted.answers[:] = [(403, {}, {"error": "forbidden"})]
+    with pytest.raises(RequestsRefused):
+        asyncio.run(collect(cfg))
+
+    async def last_run():  # type: ignore[no-untyped-def]
+        async with get_client() as client:
+            (run,) = await client.read_flow_runs(limit=1, sort="EXPECTED_START_TIME_DESC")
+            return run
+
+    run = asyncio.run(last_run())
+    assert run.state.is_failed()
+    assert "the model service refused every request (4 of 4 rollouts of the wave, status 403)" in run.state.message
+    scripted.answers[:] = [(200, {}, _answer())]
+    out = asyncio.run(collect(cfg))
+    assert BatchStore(str(tmp_path)).read(out["batch_url"]).stats["failed_rollouts"] == 0
+
+
+@pytest.mark.integration
+def test_a_refused_collection_stops_unfinished_and_a_rerun_after_the_fix_collects(scripted, tmp_path):
+    cfg = load_config(
+        overrides={
+            "collection_id": "refused",
+            "model.kind": "openai",
+            "model.url": scripted.url,
+            "model.http": {"outage_wait_s": 0},
+            "env.n_tasks": 2,
+            "agent.sampling.max_tokens": 8,
+            "search.phases": [
+                {"name": "evidence", "rollouts_per_task": 2},
+                {"name": "continue", "transitions": 4, "wave_size": 2, "max_depth": 3},
+            ],
+            "execution.kind": "local",
+            "storage.root": str(tmp_path),
+            "progress": False,
+        },
+        environ={},
+    )
+    scripted.answers[:] = [(401, {}, {"error": {"message": "invalid API key", "code": 401}})]
+    with pytest.raises(RequestsRefused) as stopped:
+        run_collect(cfg)
+    line = one_line(stopped.value)
+    assert line.startswith("the model service refused every request (4 of 4 rollouts of the wave, status 401)"), line
+    assert "invalid API key" in line and "\n" not in line and exit_code(stopped.value) == 2
+    store = CheckpointStore(str(tmp_path))
+    assert ("evidence", 0) not in store.list("refused")
+    scripted.answers[:] = [(200, {}, _answer())]  # the key is fixed
+    out = run_collect(cfg)
+    batch = BatchStore(str(tmp_path)).read(out["batch_url"])
+    assert batch.stats["failed_rollouts"] == 0 and len(batch.actor) > 0
