@@ -401,10 +401,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--set", action="append", default=[], metavar="FIELD=VALUE", help="a trainer option (UpdateConfig field)"
     )
+    ap.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="FIELD=V1,V2",
+        help="run every method at every setting (lists zipped); each method read at its best (learning_sweep)",
+    )
     args = ap.parse_args(argv)
     if args.report:
         saved = json.loads(Path(args.report).read_text())
         saved = saved.get("figures", saved)
+        if "settings" in saved:
+            from benchmarks import learning_sweep
+
+            return learning_sweep.report(saved)
         tasks = list(saved["verdicts"]["tasks"])
         result = {**saved, "verdicts": verdicts(saved["runs"], tasks)}
         plot(saved["runs"], tasks, args.plot or Path(args.report).with_suffix(".png"))
@@ -415,6 +426,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return _assemble(args, options)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else SEEDS)
     sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
+    if args.sweep:
+        from benchmarks import learning_sweep
+
+        return learning_sweep.run(args, options, sizes, seeds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
