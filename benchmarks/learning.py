@@ -32,6 +32,7 @@ difference with its interval. Writes a JSON (and ``runs.jsonl`` as runs finish) 
     .venv/bin/python -m benchmarks.learning --jobs 6           # the default run (60 runs; ~2.3 h at load 20 on 2 cores)
     .venv/bin/python -m benchmarks.learning --quick            # a smoke run (a test uses it)
     .venv/bin/python -m benchmarks.learning --assemble runs/learning/runs.jsonl   # the result of a run stopped early
+    .venv/bin/python -m benchmarks.learning --sweep target_kl=0.05,0.1,0.2 --sweep lr=3e-4,6e-4,1.2e-3   # each method at its best (learning_sweep)
 """
 
 from __future__ import annotations
@@ -394,7 +395,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--assemble",
         metavar="JSONL",
         type=Path,
-        help="build the result from a cut-short run's runs.jsonl (seeds with every method only); run nothing",
+        help="build the result from a cut-short run's runs.jsonl (seeds with every method only; with --sweep: "
+        "the sweep's --out folder, seeds with every method at every setting); run nothing",
     )
     ap.add_argument("--json", type=Path, help="also write learning.json's content here")
     ap.add_argument("--plot", type=Path, help="draw the plot here instead of <out>/learning.png")
@@ -422,6 +424,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(summary(result))
         return result
     options = {**TRAINER, **dict(_option(o) for o in args.set)}
+    if args.assemble and args.sweep:
+        from benchmarks import learning_sweep
+
+        return learning_sweep.assemble_cut(args, options)
     if args.assemble:
         return _assemble(args, options)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else SEEDS)

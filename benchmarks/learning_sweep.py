@@ -217,6 +217,44 @@ def run(args: Any, options: dict[str, Any], sizes: Any, seeds: Sequence[int]) ->
     return result
 
 
+def assemble_cut(args: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a sweep stopped early, from ``<folder>/<label>/runs.jsonl``: per
+    task, the seeds that every method finished at every setting (a comparison across
+    settings needs them all)."""
+    settings = parse_sweep(args.sweep)
+    folder = Path(args.assemble)
+    done = []
+    for s in settings:
+        path = folder / label(s) / "runs.jsonl"
+        done.append(
+            [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        )
+    tasks = [t for t in args.tasks if any(r["task"] == t for runs in done for r in runs)]
+    keep = {
+        (t, seed)
+        for t in tasks
+        for seed in {r["seed"] for runs in done for r in runs}
+        if all(
+            any((r["task"], r["seed"], r["method"]) == (t, seed, m) for r in runs)
+            for runs in done
+            for m in args.methods
+        )
+    }
+    by_setting = [[r for r in runs if (r["task"], r["seed"]) in keep and r["method"] in args.methods] for runs in done]
+    tasks = [t for t in tasks if any(k[0] == t for k in keep)]
+    result = {
+        "command": f"python -m benchmarks.learning --assemble {folder} (a sweep stopped early)",
+        "methods": args.methods,
+        "seeds_per_task": {t: sorted(seed for task, seed in keep if task == t) for t in tasks},
+        "trainer": options,
+        **assemble(settings, by_setting, tasks),
+        "runs": by_setting,
+    }
+    (args.json or folder / "sweep-assembled.json").write_text(json.dumps(result, indent=1))
+    print(summary(result))
+    return result
+
+
 def report(saved: dict[str, Any]) -> dict[str, Any]:
     """A saved sweep's figures recomputed from its runs (``--report sweep.json``)."""
     tasks = list(saved["grid"])

@@ -232,3 +232,22 @@ def test_quick_sweep_runs_every_method_at_every_setting(tmp_path):
         saved["runs"][0][0]["outcomes"]["first"]
     }
     assert set(saved["at_best"]["bridge"]["best"]) == {"focus", "grpo"}
+
+
+def test_a_sweep_stopped_early_keeps_the_seeds_finished_everywhere(tmp_path):
+    from benchmarks import learning
+
+    settings = parse_sweep(["target_kl=0.05,0.1"])
+    for i, runs in enumerate((_setting(0.05, 0.3, 0.4), _setting(0.1, 0.5, 0.6))):
+        if i == 1:  # stopped after seed 2's GRPO run: FOCUS's seed 2 and seeds 3-4 are missing
+            runs = [r for r in runs if r["seed"] < 2 or (r["seed"] == 2 and r["method"] == "grpo")]
+        for r in runs:
+            r["task"] = "bridge"
+        folder = tmp_path / label(settings[i])
+        folder.mkdir()
+        (folder / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    args = ["--tasks", "bridge", "--sweep", "target_kl=0.05,0.1", "--assemble", str(tmp_path)]
+    result = learning.main(args)
+    assert result["seeds_per_task"] == {"bridge": [0, 1]} and [len(runs) for runs in result["runs"]] == [4, 4]
+    assert result["at_best"]["bridge"]["best"] == {"focus": 1, "grpo": 1}
+    assert json.loads((tmp_path / "sweep-assembled.json").read_text())["labels"] == [label(s) for s in settings]
