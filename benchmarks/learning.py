@@ -381,7 +381,7 @@ def summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one seed: a smoke run")
     ap.add_argument("--tasks", nargs="+", choices=list(DOMAINS), default=list(DOMAINS))
@@ -410,7 +410,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         metavar="FIELD=V1,V2",
         help="run every method at every setting (lists zipped); each method read at its best (learning_sweep)",
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _parser().parse_args(argv)
     if args.report:
         saved = json.loads(Path(args.report).read_text())
         saved = saved.get("figures", saved)
