@@ -32,6 +32,7 @@ difference with its interval. Writes a JSON (and ``runs.jsonl`` as runs finish) 
     .venv/bin/python -m benchmarks.learning --jobs 6           # the default run (60 runs; ~2.3 h at load 20 on 2 cores)
     .venv/bin/python -m benchmarks.learning --quick            # a smoke run (a test uses it)
     .venv/bin/python -m benchmarks.learning --assemble runs/learning/runs.jsonl   # the result of a run stopped early
+    .venv/bin/python -m benchmarks.learning --sweep target_kl=0.05,0.1,0.2 --sweep lr=3e-4,6e-4,1.2e-3   # each method at its best (learning_sweep)
 """
 
 from __future__ import annotations
@@ -380,7 +381,7 @@ def summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one seed: a smoke run")
     ap.add_argument("--tasks", nargs="+", choices=list(DOMAINS), default=list(DOMAINS))
@@ -394,27 +395,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--assemble",
         metavar="JSONL",
         type=Path,
-        help="build the result from a cut-short run's runs.jsonl (seeds with every method only); run nothing",
+        help="build the result from a cut-short run's runs.jsonl (seeds with every method only; with --sweep: "
+        "the sweep's --out folder, seeds with every method at every setting); run nothing",
     )
     ap.add_argument("--json", type=Path, help="also write learning.json's content here")
     ap.add_argument("--plot", type=Path, help="draw the plot here instead of <out>/learning.png")
     ap.add_argument(
         "--set", action="append", default=[], metavar="FIELD=VALUE", help="a trainer option (UpdateConfig field)"
     )
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="FIELD=V1,V2",
+        help="run every method at every setting (lists zipped); each method read at its best (learning_sweep)",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _parser().parse_args(argv)
     if args.report:
         saved = json.loads(Path(args.report).read_text())
         saved = saved.get("figures", saved)
+        if "settings" in saved:
+            from benchmarks import learning_sweep
+
+            return learning_sweep.report(saved)
         tasks = list(saved["verdicts"]["tasks"])
         result = {**saved, "verdicts": verdicts(saved["runs"], tasks)}
         plot(saved["runs"], tasks, args.plot or Path(args.report).with_suffix(".png"))
         print(summary(result))
         return result
     options = {**TRAINER, **dict(_option(o) for o in args.set)}
+    if args.assemble and args.sweep:
+        from benchmarks import learning_sweep
+
+        return learning_sweep.assemble_cut(args, options)
     if args.assemble:
         return _assemble(args, options)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else SEEDS)
     sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
+    if args.sweep:
+        from benchmarks import learning_sweep
+
+        return learning_sweep.run(args, options, sizes, seeds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""benchmarks/learning.py: the verdict and interval arithmetic, and a smoke run."""
+"""benchmarks/learning.py: the verdict and interval arithmetic, the sweep's selection, and a smoke run."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from benchmarks.learning_sweep import assemble, best, check_pairing, label, parse_sweep
 from benchmarks.learning_verdicts import METHODS, compare, gain, paired_bootstrap, reach, verdicts
 
 pytestmark = pytest.mark.timeout(600)
@@ -152,3 +153,101 @@ def test_probe_weighs_the_decisive_step():
     assert s["signal"] == pytest.approx(4 * 2**0.5 / 8, abs=1e-4)
     assert s["decisive_good_mean"] == pytest.approx(2**0.5, abs=1e-4) == -s["decisive_bad_mean"]
     assert s["other_mean"] == 0 and s["invalid_turn_share"] == 0
+
+
+def test_parse_sweep_zips_the_lists():
+    settings = parse_sweep(["target_kl=0.05,0.1,0.2", "lr=3e-4,6e-4,1.2e-3"])
+    assert settings == [
+        {"target_kl": 0.05, "lr": 3e-4},
+        {"target_kl": 0.1, "lr": 6e-4},
+        {"target_kl": 0.2, "lr": 1.2e-3},
+    ]
+    assert label(settings[1]) == "target_kl=0.1,lr=0.0006"
+    assert parse_sweep(["rule=adam,sgd"]) == [{"rule": "adam"}, {"rule": "sgd"}]  # not JSON: a string
+    with pytest.raises(ValueError, match="zipped"):
+        parse_sweep(["target_kl=0.05,0.1", "lr=3e-4"])
+    with pytest.raises(ValueError, match="FIELD=V1"):
+        parse_sweep(["target_kl"])
+    with pytest.raises(ValueError, match="repeats"):
+        parse_sweep(["target_kl=0.1,0.1"])
+    with pytest.raises(ValueError, match="twice"):
+        parse_sweep(["lr=1,2", "lr=3,4"])
+
+
+def _setting(kl, grpo_last, focus_last):
+    """One setting's runs on task ``t``, 5 seeds: v0 at 0.2 everywhere (the same model),
+    finals as given, every update at KL ``kl``."""
+    runs = []
+    for seed in range(5):
+        for method, last in (("grpo", grpo_last), ("focus", focus_last)):
+            r = _run(method, seed, [(0, 0.2), (100, last)], _outcomes(0.2), _outcomes(last, shift=seed))
+            r["points"][1]["approx_kl"] = kl
+            runs.append(r)
+    return runs
+
+
+def test_each_method_is_read_at_its_own_best_setting():
+    # GRPO peaks at the middle setting, FOCUS at the largest; the first and last tie for GRPO
+    by_setting = [_setting(0.05, 0.3, 0.35), _setting(0.1, 0.5, 0.4), _setting(0.2, 0.3, 0.7)]
+    settings = parse_sweep(["target_kl=0.05,0.1,0.2"])
+    result = assemble(settings, by_setting, ["t"])
+    cells = result["grid"]["t"]
+    assert [c["final"] for c in cells["grpo"]] == pytest.approx([0.3, 0.5, 0.3])
+    assert [c["gain"] for c in cells["focus"]] == pytest.approx([0.15, 0.2, 0.5])
+    assert [c["kl_median"] for c in cells["focus"]] == [0.05, 0.1, 0.2] and cells["focus"][0]["updates"] == 5
+    assert result["at_best"]["t"]["best"] == {"focus": 2, "grpo": 1}
+    # at the best settings FOCUS 0.7 against GRPO 0.5; at the matched middle setting it loses
+    at_best = result["at_best"]["t"]["verdicts"]["vs_grpo"]["focus"]
+    assert at_best["difference"]["mean"] == pytest.approx(0.2) and at_best["verdict"] == "better"
+    middle = result["at_setting"][1]["tasks"]["t"]["vs_grpo"]["focus"]
+    assert middle["difference"]["mean"] == pytest.approx(-0.1) and middle["verdict"] == "worse"
+    assert best([{"final": 0.3}, {"final": 0.3}]) == 0  # a tie goes to the earlier (smaller) setting
+    json.dumps(result)  # the record is JSON
+
+
+def test_a_sweep_whose_v0_differs_between_settings_is_not_paired():
+    a, b = _setting(0.05, 0.3, 0.4), _setting(0.1, 0.3, 0.4)
+    b[0]["outcomes"]["first"] = _outcomes(0.3)
+    check_pairing([a, a])
+    with pytest.raises(ValueError, match="not paired"):
+        check_pairing([a, b])
+
+
+@pytest.mark.integration
+def test_quick_sweep_runs_every_method_at_every_setting(tmp_path):
+    from benchmarks import learning
+
+    args = ["--quick", "--tasks", "bridge", "--sweep", "target_kl=0.05,0.2", "--sweep", "lr=3e-4,1.2e-3"]
+    result = learning.main([*args, "--out", str(tmp_path), "--quiet"])
+    saved = json.loads((tmp_path / "sweep.json").read_text())
+    assert saved["labels"] == ["target_kl=0.05,lr=0.0003", "target_kl=0.2,lr=0.0012"]
+    assert saved["at_best"] == json.loads(json.dumps(result["at_best"]))
+    for options, name, runs in zip(saved["settings"], saved["labels"], saved["runs"], strict=True):
+        assert sorted(r["method"] for r in runs) == ["focus", "grpo"]
+        written = [json.loads(line) for line in (tmp_path / name / "runs.jsonl").open()]
+        assert written == runs  # each setting's runs in its own folder as they finish
+        assert all(len(r["points"]) == 2 for r in runs) and options["lr"] in (3e-4, 1.2e-3)
+    # the same held-out tasks and v0 at both settings: the pairing the selection relies on
+    assert {r["outcomes"]["first"] for runs in saved["runs"] for r in runs if r["method"] == "grpo"} == {
+        saved["runs"][0][0]["outcomes"]["first"]
+    }
+    assert set(saved["at_best"]["bridge"]["best"]) == {"focus", "grpo"}
+
+
+def test_a_sweep_stopped_early_keeps_the_seeds_finished_everywhere(tmp_path):
+    from benchmarks import learning
+
+    settings = parse_sweep(["target_kl=0.05,0.1"])
+    for i, runs in enumerate((_setting(0.05, 0.3, 0.4), _setting(0.1, 0.5, 0.6))):
+        if i == 1:  # stopped after seed 2's GRPO run: FOCUS's seed 2 and seeds 3-4 are missing
+            runs = [r for r in runs if r["seed"] < 2 or (r["seed"] == 2 and r["method"] == "grpo")]
+        for r in runs:
+            r["task"] = "bridge"
+        folder = tmp_path / label(settings[i])
+        folder.mkdir()
+        (folder / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    args = ["--tasks", "bridge", "--sweep", "target_kl=0.05,0.1", "--assemble", str(tmp_path)]
+    result = learning.main(args)
+    assert result["seeds_per_task"] == {"bridge": [0, 1]} and [len(runs) for runs in result["runs"]] == [4, 4]
+    assert result["at_best"]["bridge"]["best"] == {"focus": 1, "grpo": 1}
+    assert json.loads((tmp_path / "sweep-assembled.json").read_text())["labels"] == [label(s) for s in settings]

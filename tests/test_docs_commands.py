@@ -175,6 +175,20 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks.learning --tasks bridge --seeds 0 1 2 3 4 --out runs/learn-adam-bridge": Check(
         "parse", "a learning run of about 20 minutes (the default rule beside the natural one, issue 32)"
     ),
+    ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks corridor-early corridor-late bridge --seeds 0 1 2 3 4 "
+    "--sweep target_kl=0.05,0.1,0.2 --sweep lr=3e-4,6e-4,1.2e-3 --out runs/learn-sweep": Check(
+        "parse", "a learning sweep of about an hour on a loaded machine (each method at its best step, issue 32)"
+    ),
+    ".venv/bin/python -m benchmarks.learning --tasks toy --seeds 0 1 2 3 4 --sweep target_kl=0.05,0.1,0.2 "
+    "--sweep lr=3e-4,6e-4,1.2e-3 --out runs/learn-sweep-toy": Check(
+        "parse", "a learning sweep of the toy (its first setting took about 50 minutes at low priority, issue 32)"
+    ),
+    ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks toy --seeds 0 1 2 3 4 --sweep target_kl=0.1,0.2 "
+    "--sweep lr=6e-4,1.2e-3 --out runs/learn-sweep-toy": Check(
+        "parse", "the toy sweep's larger settings, about 15 minutes (issue 32)"
+    ),
+    ".venv/bin/python -m benchmarks.learning --tasks toy --sweep target_kl=0.05,0.1,0.2 --sweep lr=3e-4,6e-4,1.2e-3 "
+    "--assemble runs/learn-sweep-toy": Check("parse", "reads the two toy runs' folders (needs them)"),
     # docs/pipeline.md
     ".venv/bin/python -m tasks.config.reference": Check(
         "parse", "rewrites docs and configs in place; tests/test_configs.py runs its --check"
