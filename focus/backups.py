@@ -321,6 +321,7 @@ def settle_children(
     kappa: float | None,
     truncation: Truncation,
     only: Container[int] | None = None,
+    valid: int | None = None,
 ) -> None:
     """Refine ``node``'s checkpoint children again with their :func:`value_influence`,
     now that ``node``'s valid children are known (their values were computed first
@@ -329,11 +330,12 @@ def settle_children(
     and by search's incremental rankings alike. Nothing to do with a fixed κ, or for
     fewer than two valid children (an only child's influence is 0). ``only``: refine
     just these children (an incremental update whose other children were refined
-    with the same count of valid children already, and are unchanged below)."""
+    with the same count of valid children already, and are unchanged below); ``valid``:
+    how many of ``node``'s children have a value, if the caller counted them."""
     if kappa is not None:
         return
     kids = [segments[eid] for eid in node.children]
-    m_p = sum(1 for sg in kids if value.get(sg.child) is not None)
+    m_p = sum(1 for sg in kids if value.get(sg.child) is not None) if valid is None else valid
     if m_p < 2:
         return
     for sg in kids:

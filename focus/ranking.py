@@ -34,11 +34,12 @@ trees).
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterable
 
 from focus.agent import derive_seed
 from focus.estimation import Segment, TreeValues, node_value, segment, settle_children
-from focus.node_view import node_view, segment_length, valid_tokens
+from focus.node_view import node_view
 from focus.priority import Calibration, NodeEvidence, Priority
 from focus.tree import Node, Tree
 
@@ -184,24 +185,33 @@ class TreeRanking:
             self.lengths[i] = 0.0
             self.valid[i] = 0.0
             return
-        segs = self.segments
+        segs, value, lengths, gamma = self.segments, self.value, self.lengths, self.gamma
+        # one pass over the children: their segments (made once), how many are valid and
+        # their tokens (what settle_children counts and valid_tokens sums: a child's
+        # validity does not move when it is refined again) and segment_length's sum, the
+        # same terms in the same order as those functions
+        m_now = tokens = 0
+        total: float = 0
         for eid in node.children:
-            if eid not in segs:
-                segs[eid] = segment(tree.edges[eid], self.gamma)
-        only = None
-        if path is not None and self.m.get(i) == sum(
-            1 for eid in node.children if self.value.get(segs[eid].child) is not None
-        ):
-            only = path
+            sg = segs.get(eid)
+            if sg is None:
+                sg = segs[eid] = segment(tree.edges[eid], gamma)
+            c = sg.child
+            total += sg.k + lengths[c]
+            if value.get(c) is not None:
+                m_now += 1
+                tokens += sg.tokens
+        only = path if path is not None and self.m.get(i) == m_now else None
         settle_children(
-            tree, node, segs, self.value, self.weight, self.error, self.plain,
-            noise, s.kappa, self._truncation, only,
+            tree, node, segs, value, self.weight, self.error, self.plain,
+            noise, s.kappa, self._truncation, only, m_now,
         )  # fmt: skip
-        r = node_value(node, segs, self.value, self.error, noise, s.kappa, self._truncation, self.plain)
-        self.value[i], self.weight[i], self.error[i], self.plain[i] = r.value, r.weight, r.error, r.plain_error
+        r = node_value(node, segs, value, self.error, noise, s.kappa, self._truncation, self.plain)
+        value[i], self.weight[i], self.error[i], self.plain[i] = r.value, r.weight, r.error, r.plain_error
         self.q_bar[i], self.child_q[i], self.m[i] = r.q_bar, r.qs, len(r.qs)
-        self.lengths[i] = segment_length(node, segs, self.lengths)
-        self.valid[i] = valid_tokens(node, segs, self.value)
+        ch = node.children
+        lengths[i] = total / len(ch) if ch else math.nan
+        self.valid[i] = float(tokens)
 
     def _view(self, tree: Tree, node: Node) -> NodeEvidence:
         i = node.id
