@@ -198,11 +198,14 @@ def _backed_up(
     depth: int,
     kappa: float | None,
     influence: float,
+    t: float | None = None,
 ) -> Refined:
     """:func:`refine` from its children's sums: the valid children's backed-up values
-    ``qs`` and their summed signal, noise and plain-backup variances."""
+    ``qs`` and their summed signal, noise and plain-backup variances; ``t``:
+    ``noise.critic_error_at(depth)``, if known."""
     m = len(qs)
-    t = noise.critic_error_at(depth)
+    if t is None:
+        t = noise.critic_error_at(depth)
     if not m:
         return _refined(v_hat, 1.0, t, None, (), 0.0, 0.0, t)
     q_bar = sum(qs) / m
@@ -293,7 +296,7 @@ def node_value(
     depth = node.depth
     qs: list[float] = []
     signal = rest = acc = 0.0
-    step, action = noise.step_var(depth), noise.action_var(depth)
+    step, action, t = noise.backup_terms(depth)
     for eid in node.children:
         sg = segments[eid]
         c = sg.child
@@ -306,7 +309,7 @@ def node_value(
         signal += sig
         rest += step * w1 - sig + disc * disc * error[c]
         acc += step * w1 + disc * disc * plain[c]
-    return _backed_up(node.value, qs, signal, rest, acc, noise, depth, kappa, influence)
+    return _backed_up(node.value, qs, signal, rest, acc, noise, depth, kappa, influence, t)
 
 
 def settle_children(

@@ -38,7 +38,7 @@ import math
 from collections.abc import Iterable
 
 from focus.agent import derive_seed
-from focus.estimation import Segment, TreeValues, node_value, segment, settle_children
+from focus.estimation import Segment, TreeValues, leaf_value, node_value, segment, settle_children
 from focus.node_view import node_view
 from focus.priority import Calibration, NodeEvidence, Priority
 from focus.tree import Node, Tree
@@ -180,8 +180,9 @@ class TreeRanking:
         s = self.search
         noise = self.calibration.noise
         if node.is_leaf:  # no children: its length and valid child tokens are 0
-            r = node_value(node, self.segments, self.value, self.error, noise, s.kappa, self._truncation, self.plain)
-            self.value[i], self.weight[i], self.error[i], self.plain[i] = r.value, r.weight, r.error, r.plain_error
+            # node_value's leaf step, without its Refined (the same numbers)
+            v, err = leaf_value(node.kind, node.value, self._truncation, noise.backup_terms(node.depth)[2])
+            self.value[i], self.weight[i], self.error[i], self.plain[i] = v, 1.0, err, err
             self.lengths[i] = 0.0
             self.valid[i] = 0.0
             return
