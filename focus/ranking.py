@@ -34,6 +34,7 @@ trees).
 from __future__ import annotations
 
 import bisect
+import hashlib
 import math
 from collections.abc import Iterable
 
@@ -50,7 +51,16 @@ Entry = tuple[float, float, int, int]
 def tie(seed: int, tree_index: int, node_id: int, slot: int) -> float:
     """The seeded tie-break of continuation slot ``slot`` of a checkpoint (a hash of the
     slot alone, whatever the calibration: a ranking rebuilt for a new one reuses it)."""
+    if type(seed) is int and type(tree_index) is int and type(node_id) is int and type(slot) is int:
+        # derive_seed's hash of the parts' repr, that repr written out (the same text
+        # for ints): the greedy choice re-ranks every job it plans with a new slot
+        text = f"('tie', {seed}, {tree_index}, {node_id}, {slot})"
+        digest = _blake2b(text.encode(), digest_size=8).digest()
+        return (int.from_bytes(digest, "little") & 0x7FFFFFFF) / 2**31
     return derive_seed("tie", seed, tree_index, node_id, slot) / 2**31
+
+
+_blake2b = hashlib.blake2b
 
 
 def entry(search: Priority, seed: int, ev: NodeEvidence) -> Entry:
@@ -161,7 +171,10 @@ class TreeRanking:
         if node.id not in tree.states:
             return False
         depth, branches = node.depth, len(node.children)
-        return any(depth <= d and branches < b for d, b in self._limits)
+        for d, b in self._limits:  # any() over a generator, without the generator
+            if depth <= d and branches < b:
+                return True
+        return False
 
     def matches(self, search: Priority, calibration: Calibration, seed: int) -> bool:
         return (

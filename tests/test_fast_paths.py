@@ -411,3 +411,30 @@ def test_selective_score_equals_the_former_one_without_a_prediction(seed: int) -
                     assert search(view) == want
                     scored += want != 0.0
     assert scored >= 20
+
+
+def test_slot_hashes_equal_the_hash_of_the_tuples_repr() -> None:
+    """``explores`` and the ranking's ``tie`` write the repr of their parts out for ints;
+    the hash of ``repr(parts)`` (``derive_seed``'s) is the definition, and anything but
+    an int still goes through it."""
+    import hashlib
+
+    from focus.agent import derive_seed
+    from focus.ranking import tie
+
+    def reference_explores(tree_index: object, node_id: object, branch: object, rate: float) -> bool:
+        digest = hashlib.blake2b(repr(("explore", tree_index, node_id, branch)).encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") / 2.0**64 < rate
+
+    rng = random.Random(5)
+    drawn = 0
+    for _ in range(3000):
+        ti, nid, b, seed = rng.randrange(4000), rng.randrange(10**6), rng.randrange(1, 9), rng.randrange(-5, 2**40)
+        rate = rng.choice([0.01, 0.3, 0.9])
+        assert explores(ti, nid, b, rate) == reference_explores(ti, nid, b, rate)
+        drawn += explores(ti, nid, b, rate)
+        assert tie(seed, ti, nid, b) == derive_seed("tie", seed, ti, nid, b) / 2**31
+    assert 0 < drawn < 3000
+    odd = ("3", True, 2.0)  # not ints: the tuple's repr, as before
+    assert tie(0, 1, *odd[1:]) == derive_seed("tie", 0, 1, True, 2.0) / 2**31
+    assert {explores(1, True, 2, r) == reference_explores(1, True, 2, r) for r in (0.1, 0.5, 0.9)} == {True}
