@@ -98,36 +98,37 @@ def node_view(
     qs = values.child_q.get(i, ())
     rho = _spread_factor(node, qs, sig + rest, noise, critic)
     sig, rest = rho * sig, rho * rest
+    # in field order, each named (a call naming them costs more than making the view)
     return make_evidence(
-        tree_index=tree_index,
-        node_id=i,
-        depth=depth,
-        transitions=node.transitions,
-        value=node.value,
-        value_std=node.value_std,
-        refined=values.value.get(i),
-        q_bar=values.q_bar.get(i),
-        child_values=qs,
-        m=values.m.get(i, 0),
-        branches=len(node.children),
-        pending=pending,
-        influence=infl,
-        expected_transitions=max(length, 1.0),
-        child_tokens=valid[i] / mu,
-        critic_weight=values.critic_weight.get(i, 0.0),
-        signal=sig,
-        child_error=rest,
-        critic_var=critic,
-        fresh_error=fresh,
-        chain_error=chain.segments,
-        target_var=plain,
-        fresh_target=fresh_target,
-        chain_target=chain.targets,
-        target_influence=t_infl,
-        target_weight=calibration.target_weight,
-        rollout_transitions=calibration.mean_leaf_transitions,
-        shared_error=shared,
-        value_influence=v_infl,
+        tree_index,  # tree_index
+        i,  # node_id
+        depth,  # depth
+        node.transitions,  # transitions
+        node.value,  # value
+        node.value_std,  # value_std
+        values.value.get(i),  # refined
+        values.q_bar.get(i),  # q_bar
+        qs,  # child_values
+        values.m.get(i, 0),  # m
+        len(node.children),  # branches
+        pending,  # pending
+        infl,  # influence
+        max(length, 1.0),  # expected_transitions
+        valid[i] / mu,  # child_tokens
+        values.critic_weight.get(i, 0.0),  # critic_weight
+        sig,  # signal
+        rest,  # child_error
+        critic,  # critic_var
+        fresh,  # fresh_error
+        chain.segments,  # chain_error
+        plain,  # target_var
+        fresh_target,  # fresh_target
+        chain.targets,  # chain_target
+        t_infl,  # target_influence
+        calibration.target_weight,  # target_weight
+        calibration.mean_leaf_transitions,  # rollout_transitions
+        shared,  # shared_error
+        v_infl,  # value_influence
     )
 
 

@@ -209,7 +209,7 @@ def _evidence_functions() -> tuple[Callable[..., NodeEvidence], Callable[[NodeEv
     names = [f.name for f in dataclasses.fields(NodeEvidence)]
     env: dict[str, Any] = {"_new": object.__new__, "_cls": NodeEvidence}
     env.update({f"_set_{n}": _EVIDENCE_SET[n] for n in names})
-    make = [f"def make(*, {', '.join(names)}):", "    new = _new(_cls)"]
+    make = [f"def make({', '.join(names)}):", "    new = _new(_cls)"]
     make += [f"    _set_{n}(new, {n})" for n in names]
     copy = ["def copy(old, pending):", "    new = _new(_cls)"]
     copy += [f"    _set_{n}(new, {'pending' if n == 'pending' else 'old.' + n})" for n in names]
@@ -217,7 +217,9 @@ def _evidence_functions() -> tuple[Callable[..., NodeEvidence], Callable[[NodeEv
     return env["make"], env["copy"]
 
 
-#: ``NodeEvidence(...)`` with every field given by keyword (:func:`_evidence_functions`).
+#: ``NodeEvidence(...)`` with every field given, by keyword or in field order
+#: (:func:`_evidence_functions`; in field order for the views a ranking builds: a call
+#: naming its 29 arguments took longer than the rest of the call, 2.7 µs against 0.15).
 make_evidence, _evidence_with_pending = _evidence_functions()
 
 

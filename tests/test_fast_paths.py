@@ -250,6 +250,7 @@ def test_evidence_copies_and_builds_equal_the_dataclass() -> None:
     fields = {n: float(i) + 0.5 for i, n in enumerate(names)}
     made = make_evidence(**fields)
     assert made == NodeEvidence(**fields) == NodeEvidence.build(**fields)  # type: ignore[arg-type]
+    assert make_evidence(*fields.values()) == made  # in field order, as node_view calls it
     assert made.with_pending(7) == dataclasses.replace(made, pending=7)
     with pytest.raises(TypeError):
         make_evidence(**{n: v for n, v in fields.items() if n != "signal"})
