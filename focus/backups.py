@@ -198,11 +198,14 @@ def _backed_up(
     depth: int,
     kappa: float | None,
     influence: float,
+    t: float | None = None,
 ) -> Refined:
     """:func:`refine` from its children's sums: the valid children's backed-up values
-    ``qs`` and their summed signal, noise and plain-backup variances."""
+    ``qs`` and their summed signal, noise and plain-backup variances; ``t``:
+    ``noise.critic_error_at(depth)``, if known."""
     m = len(qs)
-    t = noise.critic_error_at(depth)
+    if t is None:
+        t = noise.critic_error_at(depth)
     if not m:
         return _refined(v_hat, 1.0, t, None, (), 0.0, 0.0, t)
     q_bar = sum(qs) / m
@@ -293,7 +296,7 @@ def node_value(
     depth = node.depth
     qs: list[float] = []
     signal = rest = acc = 0.0
-    step, action = noise.step_var(depth), noise.action_var(depth)
+    step, action, t = noise.backup_terms(depth)
     for eid in node.children:
         sg = segments[eid]
         c = sg.child
@@ -306,7 +309,7 @@ def node_value(
         signal += sig
         rest += step * w1 - sig + disc * disc * error[c]
         acc += step * w1 + disc * disc * plain[c]
-    return _backed_up(node.value, qs, signal, rest, acc, noise, depth, kappa, influence)
+    return _backed_up(node.value, qs, signal, rest, acc, noise, depth, kappa, influence, t)
 
 
 def settle_children(
@@ -321,6 +324,7 @@ def settle_children(
     kappa: float | None,
     truncation: Truncation,
     only: Container[int] | None = None,
+    valid: int | None = None,
 ) -> None:
     """Refine ``node``'s checkpoint children again with their :func:`value_influence`,
     now that ``node``'s valid children are known (their values were computed first
@@ -329,11 +333,12 @@ def settle_children(
     and by search's incremental rankings alike. Nothing to do with a fixed κ, or for
     fewer than two valid children (an only child's influence is 0). ``only``: refine
     just these children (an incremental update whose other children were refined
-    with the same count of valid children already, and are unchanged below)."""
+    with the same count of valid children already, and are unchanged below); ``valid``:
+    how many of ``node``'s children have a value, if the caller counted them."""
     if kappa is not None:
         return
     kids = [segments[eid] for eid in node.children]
-    m_p = sum(1 for sg in kids if value.get(sg.child) is not None)
+    m_p = sum(1 for sg in kids if value.get(sg.child) is not None) if valid is None else valid
     if m_p < 2:
         return
     for sg in kids:

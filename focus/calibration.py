@@ -36,6 +36,26 @@ class Calibration:
     #: :attr:`target_weight`, once computed (every evidence view reads it); not an
     #: ``__init__`` argument, so ``dataclasses.replace`` starts a copy without it.
     _target_weight: list[float] = field(default_factory=list, init=False, compare=False, repr=False)
+    #: :meth:`at_depth`'s answers, by depth (not an ``__init__`` argument either).
+    _depths: dict[int, tuple[float, float, float, float]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+
+    def at_depth(self, depth: int) -> tuple[float, float, float, float]:
+        """The noise model at ``depth``: ``(step_var, action_var, noise_var, critic_at)``,
+        the same numbers, computed once per depth: every evidence view reads all four of
+        its checkpoint's depth (about 100,000 views per ranking rebuild at 100k
+        transitions over 2,000 tasks, a handful of depths)."""
+        hit = self._depths.get(depth)
+        if hit is None:
+            noise = self.noise
+            hit = self._depths[depth] = (
+                noise.step_var(depth),
+                noise.action_var(depth),
+                noise.noise_var(depth),
+                noise.critic_at(depth),
+            )
+        return hit
 
     def fresh_chain(self, depth: int, length: int) -> Chain:
         """What a fresh rollout adds below its first checkpoint at ``depth``, with

@@ -83,12 +83,12 @@ def node_view(
     gamma = values.gamma
     noise = calibration.noise
     infl, t_infl, v_infl = _parent_terms(tree, node, values, segs, valid, mu)
-    step, action = noise.step_var(depth), noise.action_var(depth)
+    step, action, nu, critic = calibration.at_depth(depth)
     sig, rest, plain, n = _child_sums(node, values, segs, step, action)
     if math.isnan(length):
         length = max(1.0, calibration.mean_leaf_transitions - node.transitions)
     chain = calibration.fresh_chain(depth + 1, max(int(round(length)) - 1, 0))
-    fresh = noise.noise_var(depth) + gamma * gamma * chain.head_error
+    fresh = nu + gamma * gamma * chain.head_error
     fresh_target = step + gamma * gamma * chain.head_target
     if n:
         sig, rest, plain = sig / n, rest / n, plain / n
@@ -96,38 +96,39 @@ def node_view(
         sig, rest, plain = action, fresh, fresh_target
     shared, rest = shared_error(calibration, depth, length, rest)
     qs = values.child_q.get(i, ())
-    rho = _spread_factor(node, qs, sig + rest, noise)
+    rho = _spread_factor(node, qs, sig + rest, noise, critic)
     sig, rest = rho * sig, rho * rest
+    # in field order, each named (a call naming them costs more than making the view)
     return make_evidence(
-        tree_index=tree_index,
-        node_id=i,
-        depth=depth,
-        transitions=node.transitions,
-        value=node.value,
-        value_std=node.value_std,
-        refined=values.value.get(i),
-        q_bar=values.q_bar.get(i),
-        child_values=qs,
-        m=values.m.get(i, 0),
-        branches=len(node.children),
-        pending=pending,
-        influence=infl,
-        expected_transitions=max(length, 1.0),
-        child_tokens=valid[i] / mu,
-        critic_weight=values.critic_weight.get(i, 0.0),
-        signal=sig,
-        child_error=rest,
-        critic_var=noise.critic_at(depth),
-        fresh_error=fresh,
-        chain_error=chain.segments,
-        target_var=plain,
-        fresh_target=fresh_target,
-        chain_target=chain.targets,
-        target_influence=t_infl,
-        target_weight=calibration.target_weight,
-        rollout_transitions=calibration.mean_leaf_transitions,
-        shared_error=shared,
-        value_influence=v_infl,
+        tree_index,  # tree_index
+        i,  # node_id
+        depth,  # depth
+        node.transitions,  # transitions
+        node.value,  # value
+        node.value_std,  # value_std
+        values.value.get(i),  # refined
+        values.q_bar.get(i),  # q_bar
+        qs,  # child_values
+        values.m.get(i, 0),  # m
+        len(node.children),  # branches
+        pending,  # pending
+        infl,  # influence
+        max(length, 1.0),  # expected_transitions
+        valid[i] / mu,  # child_tokens
+        values.critic_weight.get(i, 0.0),  # critic_weight
+        sig,  # signal
+        rest,  # child_error
+        critic,  # critic_var
+        fresh,  # fresh_error
+        chain.segments,  # chain_error
+        plain,  # target_var
+        fresh_target,  # fresh_target
+        chain.targets,  # chain_target
+        t_infl,  # target_influence
+        calibration.target_weight,  # target_weight
+        calibration.mean_leaf_transitions,  # rollout_transitions
+        shared,  # shared_error
+        v_infl,  # value_influence
     )
 
 
@@ -193,14 +194,17 @@ def shared_error(calibration: Calibration, depth: int, length: float, rest: floa
     return shared, max(rest - shared, (1.0 - noise.shared) * rest)
 
 
-def _spread_factor(node: Node, qs: Sequence[float], v: float, noise: NoiseModel) -> float:
+def _spread_factor(node: Node, qs: Sequence[float], v: float, noise: NoiseModel, critic: float | None = None) -> float:
     """The factor on the model's child variances ``v`` that this checkpoint's own
-    evidence asks for: its children's spread, or an only child's critic miss."""
+    evidence asks for: its children's spread, or an only child's critic miss.
+    ``critic``: ``noise.critic_at(node.depth)``, if known."""
     if len(qs) >= 2 and v > 0:
         # how widely these children spread against the model: one pseudo-observation at 1
         mean = sum(qs) / len(qs)
         return (1.0 + sum((q - mean) ** 2 for q in qs) / v) / len(qs)
-    if len(qs) == 1 and v > 0 and node.value is not None and math.isfinite(noise.critic_at(node.depth)):
+    if critic is None:
+        critic = noise.critic_at(node.depth)
+    if len(qs) == 1 and v > 0 and node.value is not None and math.isfinite(critic):
         # An only child shows no spread, but the critic's miss does: (v̂ − q)² has
         # expectation t + v, so (v̂ − q)² − t estimates this checkpoint's own one-child
         # variance, beside one pseudo-observation at the model. The depth's average no
@@ -212,7 +216,7 @@ def _spread_factor(node: Node, qs: Sequence[float], v: float, noise: NoiseModel)
         # of freedom; with one whose error dominates, little, since its miss is mostly
         # the critic's error, and ranking on it picks the checkpoints where the critic
         # happened to be right, whose residuals then understate t.
-        t = noise.critic_at(node.depth)
+        t = critic
         own = max((node.value - qs[0]) ** 2 - t, 0.0)
         k = v * v / ((t + v) * (t + v))
         return (1.0 + k * own / v) / (1.0 + k)

@@ -104,6 +104,19 @@ class NoiseModel:
         """Error variance of a value taken from the critic at ``depth`` (0 while unknown)."""
         return self._at(self.critic_vars, depth, self.critic_var) if self.known else 0.0
 
+    def backup_terms(self, depth: int) -> tuple[float, float, float]:
+        """``(step_var, action_var, critic_error_at)`` at ``depth``, computed once per depth
+        and kept on the instance (outside the fields: equality, hashing and copies do not
+        see it): a backup reads all three per node, a ranking rebuild about 140,000
+        times at 100k transitions over 2,000 tasks, for a handful of depths."""
+        cache = self.__dict__.get("_backup_terms")
+        if cache is None:
+            cache = self.__dict__["_backup_terms"] = {}
+        hit = cache.get(depth)
+        if hit is None:
+            hit = cache[depth] = (self.step_var(depth), self.action_var(depth), self.critic_error_at(depth))
+        return hit
+
 
 #: Pseudo-observations (per depth, in degrees of freedom of a typical spread) of the
 #: prior that neighbouring depths have similar variances: a depth with few spreads

@@ -34,11 +34,13 @@ trees).
 from __future__ import annotations
 
 import bisect
+import hashlib
+import math
 from collections.abc import Iterable
 
 from focus.agent import derive_seed
-from focus.estimation import Segment, TreeValues, node_value, segment, settle_children
-from focus.node_view import node_view, segment_length, valid_tokens
+from focus.estimation import Segment, TreeValues, leaf_value, node_value, segment, settle_children
+from focus.node_view import node_view
 from focus.priority import Calibration, NodeEvidence, Priority
 from focus.tree import Node, Tree
 
@@ -49,7 +51,16 @@ Entry = tuple[float, float, int, int]
 def tie(seed: int, tree_index: int, node_id: int, slot: int) -> float:
     """The seeded tie-break of continuation slot ``slot`` of a checkpoint (a hash of the
     slot alone, whatever the calibration: a ranking rebuilt for a new one reuses it)."""
+    if type(seed) is int and type(tree_index) is int and type(node_id) is int and type(slot) is int:
+        # derive_seed's hash of the parts' repr, that repr written out (the same text
+        # for ints): the greedy choice re-ranks every job it plans with a new slot
+        text = f"('tie', {seed}, {tree_index}, {node_id}, {slot})"
+        digest = _blake2b(text.encode(), digest_size=8).digest()
+        return (int.from_bytes(digest, "little") & 0x7FFFFFFF) / 2**31
     return derive_seed("tie", seed, tree_index, node_id, slot) / 2**31
+
+
+_blake2b = hashlib.blake2b
 
 
 def entry(search: Priority, seed: int, ev: NodeEvidence) -> Entry:
@@ -160,7 +171,10 @@ class TreeRanking:
         if node.id not in tree.states:
             return False
         depth, branches = node.depth, len(node.children)
-        return any(depth <= d and branches < b for d, b in self._limits)
+        for d, b in self._limits:  # any() over a generator, without the generator
+            if depth <= d and branches < b:
+                return True
+        return False
 
     def matches(self, search: Priority, calibration: Calibration, seed: int) -> bool:
         return (
@@ -179,29 +193,39 @@ class TreeRanking:
         s = self.search
         noise = self.calibration.noise
         if node.is_leaf:  # no children: its length and valid child tokens are 0
-            r = node_value(node, self.segments, self.value, self.error, noise, s.kappa, self._truncation, self.plain)
-            self.value[i], self.weight[i], self.error[i], self.plain[i] = r.value, r.weight, r.error, r.plain_error
+            # node_value's leaf step, without its Refined (the same numbers)
+            v, err = leaf_value(node.kind, node.value, self._truncation, noise.backup_terms(node.depth)[2])
+            self.value[i], self.weight[i], self.error[i], self.plain[i] = v, 1.0, err, err
             self.lengths[i] = 0.0
             self.valid[i] = 0.0
             return
-        segs = self.segments
+        segs, value, lengths, gamma = self.segments, self.value, self.lengths, self.gamma
+        # one pass over the children: their segments (made once), how many are valid and
+        # their tokens (what settle_children counts and valid_tokens sums: a child's
+        # validity does not move when it is refined again) and segment_length's sum, the
+        # same terms in the same order as those functions
+        m_now = tokens = 0
+        total: float = 0
         for eid in node.children:
-            if eid not in segs:
-                segs[eid] = segment(tree.edges[eid], self.gamma)
-        only = None
-        if path is not None and self.m.get(i) == sum(
-            1 for eid in node.children if self.value.get(segs[eid].child) is not None
-        ):
-            only = path
+            sg = segs.get(eid)
+            if sg is None:
+                sg = segs[eid] = segment(tree.edges[eid], gamma)
+            c = sg.child
+            total += sg.k + lengths[c]
+            if value.get(c) is not None:
+                m_now += 1
+                tokens += sg.tokens
+        only = path if path is not None and self.m.get(i) == m_now else None
         settle_children(
-            tree, node, segs, self.value, self.weight, self.error, self.plain,
-            noise, s.kappa, self._truncation, only,
+            tree, node, segs, value, self.weight, self.error, self.plain,
+            noise, s.kappa, self._truncation, only, m_now,
         )  # fmt: skip
-        r = node_value(node, segs, self.value, self.error, noise, s.kappa, self._truncation, self.plain)
-        self.value[i], self.weight[i], self.error[i], self.plain[i] = r.value, r.weight, r.error, r.plain_error
+        r = node_value(node, segs, value, self.error, noise, s.kappa, self._truncation, self.plain)
+        value[i], self.weight[i], self.error[i], self.plain[i] = r.value, r.weight, r.error, r.plain_error
         self.q_bar[i], self.child_q[i], self.m[i] = r.q_bar, r.qs, len(r.qs)
-        self.lengths[i] = segment_length(node, segs, self.lengths)
-        self.valid[i] = valid_tokens(node, segs, self.value)
+        ch = node.children
+        lengths[i] = total / len(ch) if ch else math.nan
+        self.valid[i] = float(tokens)
 
     def _view(self, tree: Tree, node: Node) -> NodeEvidence:
         i = node.id

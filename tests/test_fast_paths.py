@@ -250,6 +250,7 @@ def test_evidence_copies_and_builds_equal_the_dataclass() -> None:
     fields = {n: float(i) + 0.5 for i, n in enumerate(names)}
     made = make_evidence(**fields)
     assert made == NodeEvidence(**fields) == NodeEvidence.build(**fields)  # type: ignore[arg-type]
+    assert make_evidence(*fields.values()) == made  # in field order, as node_view calls it
     assert made.with_pending(7) == dataclasses.replace(made, pending=7)
     with pytest.raises(TypeError):
         make_evidence(**{n: v for n, v in fields.items() if n != "signal"})
@@ -348,3 +349,93 @@ def test_selective_score_equals_the_former_one(seed: int) -> None:
                 assert PublicTerms(**search.model_dump())(view) == want
                 scored += want not in (0.0, EXPLORE)
     assert scored >= 20
+
+
+def test_per_depth_terms_equal_the_noise_models_own() -> None:
+    """``Calibration.at_depth`` and ``NoiseModel.backup_terms`` keep what the noise model's
+    methods give at each depth (read beyond the fitted depths too), and a copy of either
+    starts without the other's."""
+    fitted = noise_model([random_trees(3, steps=12)[-1]], gamma=0.9)
+    assert fitted.known
+    models = [
+        fitted,
+        NoiseModel((0.04, 0.02, 0.01), 0.01, (0.02, 0.03, 0.005), critic_vars=(0.02, 0.015)),
+        NoiseModel.unknown(),
+        NoiseModel((), 0.5),
+    ]
+    for noise in models:
+        calib = Calibration(noise, mean_leaf_transitions=3.0)
+        for _ in range(2):  # computed, then kept
+            for d in range(12):
+                assert calib.at_depth(d) == (noise.step_var(d), noise.action_var(d), noise.noise_var(d), noise.critic_at(d))
+                assert noise.backup_terms(d) == (noise.step_var(d), noise.action_var(d), noise.critic_error_at(d))
+        other = dataclasses.replace(calib, noise=NoiseModel((9.0,), 1.0))
+        assert other.at_depth(0) == (9.0, 9.0, 0.0, 1.0) and other.noise.backup_terms(0) == (9.0, 9.0, 1.0)
+        assert dataclasses.replace(noise) == noise and hash(dataclasses.replace(noise)) == hash(noise)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("kappa", [None, 0.0, 1.5])
+def test_ranking_lengths_and_tokens_equal_the_per_node_functions(seed: int, kappa: float | None) -> None:
+    """``TreeRanking._compute`` sums a node's children's lengths and valid tokens in the
+    pass that counts them; ``segment_length`` and ``valid_tokens`` are the definition."""
+    from focus.ranking import TreeRanking
+
+    tree = random_trees(seed, steps=12)[-1]
+    search = Selective(gamma=0.95, kappa=kappa)
+    calib = calibrate([tree], gamma=0.95)
+    rank = TreeRanking(tree, 0, search, calib, 7)
+    lengths: dict[int, float] = {}
+    for node in tree.postorder():
+        want = segment_length(node, rank.segments, lengths)
+        lengths[node.id] = want
+        got = rank.lengths[node.id]
+        assert got == want or (math.isnan(got) and math.isnan(want))
+        assert type(got) is float
+        assert rank.valid[node.id] == valid_tokens(node, rank.segments, rank.value)
+    assert any(math.isnan(x) for x in lengths.values()) or len(lengths) > 10
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_selective_score_equals_the_former_one_without_a_prediction(seed: int) -> None:
+    """The written-out score where λ is 0 for want of a prediction, and with κ = 0."""
+    tree = random_trees(seed, steps=12)[-1]
+    calib = calibrate([tree], gamma=1.0)
+    evidence = node_evidence(tree, 0, tree_values(tree, noise=calib.noise), calib)
+    scored = 0
+    for search in (Selective(explore=0.0), Selective(kappa=0.0, explore=0.0)):
+        for ev in evidence.values():
+            for value in (None, 0.3):
+                for pending in (0, 2):
+                    view = dataclasses.replace(ev, value=value, pending=pending)
+                    want = reference_score(search, view)
+                    assert search(view) == want
+                    scored += want != 0.0
+    assert scored >= 20
+
+
+def test_slot_hashes_equal_the_hash_of_the_tuples_repr() -> None:
+    """``explores`` and the ranking's ``tie`` write the repr of their parts out for ints;
+    the hash of ``repr(parts)`` (``derive_seed``'s) is the definition, and anything but
+    an int still goes through it."""
+    import hashlib
+
+    from focus.agent import derive_seed
+    from focus.ranking import tie
+
+    def reference_explores(tree_index: object, node_id: object, branch: object, rate: float) -> bool:
+        digest = hashlib.blake2b(repr(("explore", tree_index, node_id, branch)).encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") / 2.0**64 < rate
+
+    rng = random.Random(5)
+    drawn = 0
+    for _ in range(3000):
+        ti, nid, b, seed = rng.randrange(4000), rng.randrange(10**6), rng.randrange(1, 9), rng.randrange(-5, 2**40)
+        rate = rng.choice([0.01, 0.3, 0.9])
+        assert explores(ti, nid, b, rate) == reference_explores(ti, nid, b, rate)
+        drawn += explores(ti, nid, b, rate)
+        assert tie(seed, ti, nid, b) == derive_seed("tie", seed, ti, nid, b) / 2**31
+    assert 0 < drawn < 3000
+    odd = ("3", True, 2.0)  # not ints: the tuple's repr, as before
+    assert tie(0, 1, *odd[1:]) == derive_seed("tie", 0, 1, True, 2.0) / 2**31
+    assert {explores(1, True, 2, r) == reference_explores(1, True, 2, r) for r in (0.1, 0.5, 0.9)} == {True}

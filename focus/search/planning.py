@@ -246,7 +246,9 @@ def _greedy(
             push_next(ti, pos + 1)
         ev = facts[ti].view(search, calib, state.seed, nid)
         assert ev is not None  # a ranked entry is a checkpoint's
-        ev = ev.with_pending(pending.get((ti, nid), 0))
+        n = pending.get((ti, nid), 0)
+        if n != ev.pending:  # a ranking's views have none pending: mostly no copy to make
+            ev = ev.with_pending(n)
         branch = ev.branches + ev.pending
         job = RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), state.trees[ti].states[nid], branch)
         jobs.append(InFlight(job, ev.expected_transitions))
