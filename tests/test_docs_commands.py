@@ -197,6 +197,10 @@ COMMANDS: dict[str, Check] = {
     "--sweep target_kl=0.05,0.1,0.2 --assemble runs/learn-sweep-sgd": Check(
         "parse", "reads the sgd sweep's folder and the sgd run's runs.jsonl copied into it (needs them)"
     ),
+    ".venv/bin/python -m benchmarks.learning --tasks corridor-late --seeds 0 1 2 3 4 --set rule=sgd "
+    "--sweep target_kl=0.4 --out runs/learn-sweep-sgd-cl04": Check(
+        "parse", "a learning run of about 10 minutes on a loaded machine (the sgd rule at target 0.4, issue 32)"
+    ),
     # docs/pipeline.md
     ".venv/bin/python -m tasks.config.reference": Check(
         "parse", "rewrites docs and configs in place; tests/test_configs.py runs its --check"
