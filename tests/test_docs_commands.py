@@ -201,6 +201,10 @@ COMMANDS: dict[str, Check] = {
     "--sweep target_kl=0.4 --out runs/learn-sweep-sgd-cl04": Check(
         "parse", "a learning run of about 10 minutes on a loaded machine (the sgd rule at target 0.4, issue 32)"
     ),
+    ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks toy --seeds 0 1 2 3 4 --set rule=sgd "
+    "--sweep target_kl=0.05,0.1,0.2 --out runs/learn-sweep-sgd-toy": Check(
+        "parse", "a learning sweep of the toy of about 15 minutes on a loaded machine (the sgd rule, issue 32)"
+    ),
     # docs/pipeline.md
     ".venv/bin/python -m tasks.config.reference": Check(
         "parse", "rewrites docs and configs in place; tests/test_configs.py runs its --check"
