@@ -189,6 +189,22 @@ COMMANDS: dict[str, Check] = {
     ),
     ".venv/bin/python -m benchmarks.learning --tasks toy --sweep target_kl=0.05,0.1,0.2 --sweep lr=3e-4,6e-4,1.2e-3 "
     "--assemble runs/learn-sweep-toy": Check("parse", "reads the two toy runs' folders (needs them)"),
+    ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks corridor-early corridor-late bridge --seeds 0 1 2 3 4 "
+    "--set rule=sgd --sweep target_kl=0.1,0.2 --out runs/learn-sweep-sgd": Check(
+        "parse", "a learning sweep of about 40 minutes on a loaded machine (the sgd rule's larger steps, issue 32)"
+    ),
+    ".venv/bin/python -m benchmarks.learning --tasks corridor-early corridor-late bridge --set rule=sgd "
+    "--sweep target_kl=0.05,0.1,0.2 --assemble runs/learn-sweep-sgd": Check(
+        "parse", "reads the sgd sweep's folder and the sgd run's runs.jsonl copied into it (needs them)"
+    ),
+    ".venv/bin/python -m benchmarks.learning --tasks corridor-late --seeds 0 1 2 3 4 --set rule=sgd "
+    "--sweep target_kl=0.4 --out runs/learn-sweep-sgd-cl04": Check(
+        "parse", "a learning run of about 10 minutes on a loaded machine (the sgd rule at target 0.4, issue 32)"
+    ),
+    ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks toy --seeds 0 1 2 3 4 --set rule=sgd "
+    "--sweep target_kl=0.05,0.1,0.2 --out runs/learn-sweep-sgd-toy": Check(
+        "parse", "a learning sweep of the toy of about 15 minutes on a loaded machine (the sgd rule, issue 32)"
+    ),
     # docs/pipeline.md
     ".venv/bin/python -m tasks.config.reference": Check(
         "parse", "rewrites docs and configs in place; tests/test_configs.py runs its --check"
