@@ -201,7 +201,8 @@ def run(args: Any, options: dict[str, Any], sizes: Any, seeds: Sequence[int]) ->
     for i, got in zip(where, results, strict=True):
         by_setting[i] += got
     result = {
-        "command": "python -m benchmarks.learning " + " ".join(f"--sweep {s}" for s in args.sweep),
+        "command": "python -m benchmarks.learning "
+        + " ".join([*(f"--set {o}" for o in args.set), *(f"--sweep {s}" for s in args.sweep)]),
         "methods": args.methods,
         "jobs": args.jobs,
         "seeds": list(seeds),
