@@ -137,10 +137,41 @@ def check_id(value: str, what: str) -> str:
     return value
 
 
+#: "s3//bucket": a known protocol whose ':' is missing, which would be a local folder "s3".
+_COLON_MISSING = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)//+(.*)$")
+#: Protocols whose root is a folder of this machine: no bucket or host needed.
+_NO_BUCKET = {"file", "local"}
+
+
+def typo_in_root(text: str) -> str | None:
+    """Why ``text`` cannot be meant as a storage root although it parses, or ``None``: a
+    URL of an object store without a bucket (``s3://``, ``memory://``, which then failed
+    deep in the run with a path 'outside the store's root'), or a known protocol missing its ':'
+    (``s3//bucket``, which became the local folder ``./s3/bucket`` without a word)."""
+    from fsspec.registry import known_implementations
+
+    if "://" in text:
+        protocol, _, rest = text.partition("://")
+        if protocol not in _NO_BUCKET and not rest.strip("/"):
+            return f"{text!r} names no bucket (or folder): write it as '{protocol}://bucket/prefix'"
+        if protocol not in _NO_BUCKET and rest.startswith("/"):
+            return f"{text!r} names no bucket (a '/' too many?): write it as '{protocol}://{rest.lstrip('/')}'"
+        return None
+    typo = _COLON_MISSING.match(text)
+    if typo and typo.group(1) in known_implementations:
+        return (
+            f"{text!r} looks like a URL missing its ':' (did you mean '{typo.group(1)}://{typo.group(2)}'?); "
+            f"for a local folder of that name write './{text}'"
+        )
+    return None
+
+
 def _normalise_root(root: str | os.PathLike[str]) -> str:
     text = os.fspath(root)
     if not text:
         raise ValueError("storage root is empty: give a URL such as file:///data/focus or s3://bucket/prefix")
+    if (typo := typo_in_root(text)) is not None:
+        raise ValueError(f"storage root {typo}")
     if "://" not in text:
         if _SCHEME_LIKE.match(text):
             raise ValueError(f"storage root {text!r} is not a valid URL: write the protocol as 'scheme://...'")
