@@ -63,13 +63,24 @@ _TRANSIENT_ERRNO = {
 
 
 class Retry(BaseModel):
-    """How often and how patiently to retry a transient storage failure."""
+    """How often and how patiently to retry a transient storage failure.
+
+    The default waits about 14 s in all (0.2 s doubling to 4 s between 8 attempts): an
+    object store that throttles (S3's ``503 SlowDown``) or fails (``500``) for a few
+    seconds, or restarts, does not stop a collection that has run for hours. With 3
+    attempts over 0.6 s, a 3 s ``SlowDown`` on moto's S3 stopped it with
+    ``StorageUnavailable`` (``tests/test_storage_throttle.py``).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    attempts: int = Field(3, ge=1)
+    attempts: int = Field(8, ge=1)
     backoff_s: float = Field(0.2, ge=0.0)
-    max_backoff_s: float = Field(2.0, ge=0.0)
+    max_backoff_s: float = Field(4.0, ge=0.0)
+
+    def total_wait_s(self) -> float:
+        """Seconds slept between the attempts when all fail."""
+        return sum(self.delay(a) for a in range(1, self.attempts))
 
     def delay(self, attempt: int) -> float:
         """Pause after failed attempt number ``attempt`` (1-based): exponential, capped."""
@@ -91,6 +102,7 @@ def retrying(op: Callable[[], T], what: str, retry: Retry, *, sleep: Callable[[f
     Non-transient errors (missing files, permissions, bad data) propagate at once.
     """
     last: BaseException | None = None
+    start = time.monotonic()
     for attempt in range(1, retry.attempts + 1):
         try:
             return op()
@@ -103,8 +115,12 @@ def retrying(op: Callable[[], T], what: str, retry: Retry, *, sleep: Callable[[f
             last = e
             if attempt < retry.attempts:
                 sleep(retry.delay(attempt))
+    # a throttled or failing store answered (s3fs: EBUSY, EREMOTEIO); else none did
+    answered = isinstance(last, OSError) and last.errno in (errno.EBUSY, errno.EREMOTEIO)
+    state = "kept answering with errors (throttled or failing)" if answered else "unreachable"
     raise StorageUnavailable(
-        f"{what}: storage unreachable after {retry.attempts} attempt(s): {type(last).__name__}: {last}"
+        f"{what}: storage {state} after {retry.attempts} attempt(s) in {time.monotonic() - start:.1f} s: "
+        f"{type(last).__name__}: {last}"
     ) from last
 
 
