@@ -130,6 +130,11 @@ def setup(console: Any, *, verbosity: int = 0, log_file: Path | None = None) -> 
     internal.propagate = True
     for h in list(internal.handlers):
         internal.removeHandler(h)
+    # Prefect's API log handler writes "--- Error logging to API ---" and the error to
+    # stderr for every batch of records it cannot send (a Prefect server gone mid-run),
+    # unless logging.raiseExceptions is off: those lines came between the progress and
+    # the error line; the cause is in that line and the file. Seen with -vv.
+    logging.raiseExceptions = verbosity > 1
     logging.captureWarnings(True)
     return path
 
