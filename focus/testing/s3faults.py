@@ -46,8 +46,7 @@ class S3FaultProxy:
     @property
     def url(self) -> str:
         assert self._server is not None, "start the proxy first"
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def fail(self, status: int = 503, *, for_s: float | None = None) -> None:
         if status not in ERRORS:
