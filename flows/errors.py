@@ -93,6 +93,11 @@ def one_line(exc: BaseException) -> str:
         return _flatten(head + (" " + _flatten(rest, "; ") if rest else ""))
     if SELF_EXPLAINED.intersection(names):
         return _flatten(text) or names[0]
+    if "FutureCancelledError" in names and "scheduler-connection-lost" in text:
+        return (
+            "the Dask scheduler is gone: the client lost its connection to it while rollouts ran; start it "
+            "again (or run without execution.address, --dask-address), then rerun with the same collection id to resume"
+        )
     if "KilledWorker" in names:
         return _flatten(f"a Dask worker died running rollouts more often than allowed ({text}); rerun to resume")
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -26,6 +26,8 @@ from typing import Any
 CONSOLE_FLAG = "focus_console"
 _FORMAT = "%(asctime)s.%(msecs)03d | %(levelname)-7s | %(name)s - %(message)s"
 _CHATTY = ("prefect", "distributed", "dask", "httpx", "asyncio", "urllib3", "botocore", "s3fs", "aiobotocore", "fsspec")
+#: Libraries whose loggers (and their children) may carry a stderr handler of their own.
+_STDERR_OWNERS = frozenset({"distributed", "dask", "tornado", "bokeh"})
 
 
 def console_extra() -> dict[str, Any]:
@@ -117,12 +119,16 @@ def setup(console: Any, *, verbosity: int = 0, log_file: Path | None = None) -> 
             path = log_file
     root.setLevel(level)
     for name in _CHATTY:
-        lg = logging.getLogger(name)
-        lg.setLevel(level)
-        for h in list(lg.handlers):
-            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
-                lg.removeHandler(h)  # distributed installs its own stderr handler
-        lg.propagate = True
+        logging.getLogger(name).setLevel(level)
+    # distributed installs its own stderr handler on "distributed" and on the loggers its
+    # config names ("distributed.client", "tornado", "bokeh", ...): a scheduler gone
+    # mid-run printed distributed.client's traceback above the error line
+    for name, lg in list(logging.root.manager.loggerDict.items()):
+        if isinstance(lg, logging.Logger) and name.split(".")[0] in _STDERR_OWNERS:
+            for h in list(lg.handlers):
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                    lg.removeHandler(h)
+            lg.propagate = True
     if verbosity < 2:  # one line per HTTP request says nothing until one debugs the client
         logging.getLogger("httpx").setLevel(logging.WARNING)
     # Prefect's internal logger writes to stderr on its own; keep it for -v only
@@ -130,6 +136,11 @@ def setup(console: Any, *, verbosity: int = 0, log_file: Path | None = None) -> 
     internal.propagate = True
     for h in list(internal.handlers):
         internal.removeHandler(h)
+    # Prefect's API log handler writes "--- Error logging to API ---" and the error to
+    # stderr for every batch of records it cannot send (a Prefect server gone mid-run),
+    # unless logging.raiseExceptions is off: those lines came between the progress and
+    # the error line; the cause is in that line and the file. Seen with -vv.
+    logging.raiseExceptions = verbosity > 1
     logging.captureWarnings(True)
     return path
 

@@ -397,10 +397,23 @@ def _train_recorded(cfg: FocusConfig, base: str, i: int) -> bool:
 
 async def run_loop(config: FocusConfig, steps: LoopSteps, progress: LoopProgress | None = None) -> list[dict[str, Any]]:
     """``train.iterations`` rounds of collect then train; one record per iteration (and,
-    with ``train.eval_tasks``, a last record evaluating the final weights)."""
-    from flows.loop_progress import LoopProgress
+    with ``train.eval_tasks``, a last record evaluating the final weights).
+
+    The loop holds the write lease of its own records (collection ``collection_id``: its
+    trainer steps and evaluations) while it runs, so a second ``focus train`` of the same
+    loop is refused with :class:`~storage.LeaseHeld`. Without it the second ran beside the
+    first, trained the iterations again and wrote their weights and records a second time
+    (the same bytes only where training is bit-exact, and twice the work where it is)."""
+    from storage import collection_lease
 
     check(config)
+    with collection_lease(config.storage.root, config.collection_id or "train"):
+        return await _run_loop(config, steps, progress)
+
+
+async def _run_loop(config: FocusConfig, steps: LoopSteps, progress: LoopProgress | None) -> list[dict[str, Any]]:
+    from flows.loop_progress import LoopProgress
+
     show = progress if progress is not None else LoopProgress(config, enabled=False)
     base = config.collection_id or "train"
     records: list[dict[str, Any]] = []

@@ -137,7 +137,10 @@ def check_root(root: str) -> None:
     if loc.protocol in ("s3", "s3a", "gs", "gcs", "abfs", "az"):
         bucket = loc.root.partition("://")[2].split("/", 1)[0]
         try:
-            retrying(lambda: loc.fs.info(bucket), f"open bucket {bucket!r} of {root}", Retry())
+            # quick, unlike the steps' patient retries: an endpoint down or a typo at the
+            # start is answered in about a second, before anything runs
+            quick = Retry(attempts=3, backoff_s=0.2, max_backoff_s=2.0)
+            retrying(lambda: loc.fs.info(bucket), f"open bucket {bucket!r} of {root}", quick)
         except FileNotFoundError:
             raise RootNotFound(
                 f"storage root {root}: bucket {bucket!r} does not exist; create it or fix storage.root"

@@ -268,7 +268,10 @@ class Lease:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
         self.collection_id = check_id(collection_id, "collection id")
         self.loc = Location(root, storage_options)
-        self.retry = retry or Retry()
+        # quick, unlike the steps' patient default: the renewer tries again every ttl/3,
+        # and one renewal must not outlast the lease (8 attempts behind 5 s connect
+        # timeouts could take about 54 s against the 30 s it holds)
+        self.retry = retry or Retry(attempts=3, backoff_s=0.2, max_backoff_s=2.0)
         self.ttl_s = float(ttl_s)
         self.clock = clock
         self.url = self.loc.url(LEASES, f"{collection_id}.json")

@@ -63,13 +63,24 @@ _TRANSIENT_ERRNO = {
 
 
 class Retry(BaseModel):
-    """How often and how patiently to retry a transient storage failure."""
+    """How often and how patiently to retry a transient storage failure.
+
+    The default waits about 14 s in all (0.2 s doubling to 4 s between 8 attempts): an
+    object store that throttles (S3's ``503 SlowDown``) or fails (``500``) for a few
+    seconds, or restarts, does not stop a collection that has run for hours. With 3
+    attempts over 0.6 s, a 3 s ``SlowDown`` on moto's S3 stopped it with
+    ``StorageUnavailable`` (``tests/test_storage_throttle.py``).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    attempts: int = Field(3, ge=1)
+    attempts: int = Field(8, ge=1)
     backoff_s: float = Field(0.2, ge=0.0)
-    max_backoff_s: float = Field(2.0, ge=0.0)
+    max_backoff_s: float = Field(4.0, ge=0.0)
+
+    def total_wait_s(self) -> float:
+        """Seconds slept between the attempts when all fail."""
+        return sum(self.delay(a) for a in range(1, self.attempts))
 
     def delay(self, attempt: int) -> float:
         """Pause after failed attempt number ``attempt`` (1-based): exponential, capped."""
@@ -91,6 +102,7 @@ def retrying(op: Callable[[], T], what: str, retry: Retry, *, sleep: Callable[[f
     Non-transient errors (missing files, permissions, bad data) propagate at once.
     """
     last: BaseException | None = None
+    start = time.monotonic()
     for attempt in range(1, retry.attempts + 1):
         try:
             return op()
@@ -103,8 +115,12 @@ def retrying(op: Callable[[], T], what: str, retry: Retry, *, sleep: Callable[[f
             last = e
             if attempt < retry.attempts:
                 sleep(retry.delay(attempt))
+    # a throttled or failing store answered (s3fs: EBUSY, EREMOTEIO); else none did
+    answered = isinstance(last, OSError) and last.errno in (errno.EBUSY, errno.EREMOTEIO)
+    state = "kept answering with errors (throttled or failing)" if answered else "unreachable"
     raise StorageUnavailable(
-        f"{what}: storage unreachable after {retry.attempts} attempt(s): {type(last).__name__}: {last}"
+        f"{what}: storage {state} after {retry.attempts} attempt(s) in {time.monotonic() - start:.1f} s: "
+        f"{type(last).__name__}: {last}"
     ) from last
 
 
@@ -137,10 +153,41 @@ def check_id(value: str, what: str) -> str:
     return value
 
 
+#: "s3//bucket": a known protocol whose ':' is missing, which would be a local folder "s3".
+_COLON_MISSING = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)//+(.*)$")
+#: Protocols whose root is a folder of this machine: no bucket or host needed.
+_NO_BUCKET = {"file", "local"}
+
+
+def typo_in_root(text: str) -> str | None:
+    """Why ``text`` cannot be meant as a storage root although it parses, or ``None``: a
+    URL of an object store without a bucket (``s3://``, ``memory://``, which then failed
+    deep in the run with a path 'outside the store's root'), or a known protocol missing its ':'
+    (``s3//bucket``, which became the local folder ``./s3/bucket`` without a word)."""
+    from fsspec.registry import known_implementations
+
+    if "://" in text:
+        protocol, _, rest = text.partition("://")
+        if protocol not in _NO_BUCKET and not rest.strip("/"):
+            return f"{text!r} names no bucket (or folder): write it as '{protocol}://bucket/prefix'"
+        if protocol not in _NO_BUCKET and rest.startswith("/"):
+            return f"{text!r} names no bucket (a '/' too many?): write it as '{protocol}://{rest.lstrip('/')}'"
+        return None
+    typo = _COLON_MISSING.match(text)
+    if typo and typo.group(1) in known_implementations:
+        return (
+            f"{text!r} looks like a URL missing its ':' (did you mean '{typo.group(1)}://{typo.group(2)}'?); "
+            f"for a local folder of that name write './{text}'"
+        )
+    return None
+
+
 def _normalise_root(root: str | os.PathLike[str]) -> str:
     text = os.fspath(root)
     if not text:
         raise ValueError("storage root is empty: give a URL such as file:///data/focus or s3://bucket/prefix")
+    if (typo := typo_in_root(text)) is not None:
+        raise ValueError(f"storage root {typo}")
     if "://" not in text:
         if _SCHEME_LIKE.match(text):
             raise ValueError(f"storage root {text!r} is not a valid URL: write the protocol as 'scheme://...'")

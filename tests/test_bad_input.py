@@ -61,6 +61,15 @@ def test_invalid_values_are_all_named_at_once():
         ({"storage.root": "nope://bucket/x"}, ["storage.root", "'nope'"]),
         ({"storage.root": "s3:/bucket/x"}, ["storage.root", "'s3:/bucket/x'", "://"]),
         ({"collection_id": "../other"}, ["collection_id"]),
+        # both ran: 's3://' stopped mid-run with a path 'outside the store's root 's3:'',
+        # 's3//bucket' collected into the local folder ./s3/bucket
+        ({"storage.root": "s3://"}, ["storage.root", "'s3://' names no bucket"]),
+        ({"storage.root": "s3:///runs"}, ["storage.root", "'s3://runs'"]),
+        ({"storage.root": "memory://"}, ["storage.root", "names no bucket"]),
+        (
+            {"storage.root": "s3//bucket/runs"},
+            ["storage.root", "did you mean 's3://bucket/runs'?", "'./s3//bucket/runs'"],
+        ),
     ],
 )
 def test_bad_config_names_the_field_and_cause(overrides, names):
@@ -154,7 +163,10 @@ def test_http_critic_rejects_a_malformed_url_at_construction():
 
 
 @pytest.mark.parametrize("store", [BatchStore, CheckpointStore])
-@pytest.mark.parametrize("root,cause", [("nope://bucket/x", "'nope'"), ("s3:/bucket/x", "://")])
+@pytest.mark.parametrize(
+    "root,cause",
+    [("nope://bucket/x", "'nope'"), ("s3:/bucket/x", "://"), ("s3://", "names no bucket"), ("gs//b/x", "did you mean")],
+)
 def test_stores_reject_unknown_protocols_and_malformed_urls_at_construction(store, root, cause):
     with pytest.raises(ValueError) as e:
         store(root)

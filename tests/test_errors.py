@@ -341,3 +341,48 @@ def test_failed_rollouts_warn_and_show_their_causes(tmp_path, prefect_env, prefe
     data = arts.json()[0]["data"]
     rows = {r["statistic"]: r["value"] for r in (json.loads(data) if isinstance(data, str) else data)}
     assert rows[f"failure cause: {cause}"] == int(shown.group(1)) == rows["failed_rollouts"] > 0
+
+
+# ---- a Dask scheduler gone mid-run ----
+
+
+def test_a_dask_scheduler_gone_is_one_line_and_no_dask_log_reaches_the_terminal(tmp_path):
+    """distributed puts a stderr handler on 'distributed.client', 'tornado', 'bokeh' (not
+    only on 'distributed'); a scheduler killed mid-run printed the client's traceback above
+    ``error: FutureCancelledError: _run_shard-... cancelled for reason:
+    scheduler-connection-lost. Client lost the connection ...``."""
+    import io
+    import logging
+
+    from distributed.client import FutureCancelledError
+    from rich.console import Console
+
+    from flows.logs import setup
+
+    lost = FutureCancelledError(
+        "_run_shard-1", "scheduler-connection-lost", "Client lost the connection to the scheduler."
+    )
+    line = one_line(lost)
+    assert line.startswith("the Dask scheduler is gone") and "rerun with the same collection id" in line
+    assert exit_code(lost) == 1
+
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level, logging.raiseExceptions)
+    # what distributed's import does to a process whose logging it configures (its
+    # default old-style config; this test process may have imported it otherwise)
+    for name in ("distributed", "distributed.client", "distributed.gc", "bokeh", "tornado", "tornado.application"):
+        logging.getLogger(name).addHandler(logging.StreamHandler(sys.stderr))
+    try:
+        setup(Console(file=io.StringIO()), log_file=tmp_path / "focus.log")
+        own = {
+            name: lg.handlers
+            for name, lg in logging.root.manager.loggerDict.items()
+            if isinstance(lg, logging.Logger)
+            and name.split(".")[0] in ("distributed", "tornado", "bokeh")
+            and any(type(h) is logging.StreamHandler for h in lg.handlers)
+        }
+        assert not own, own
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        logging.raiseExceptions = saved[2]

@@ -96,3 +96,21 @@ def test_a_second_run_of_the_same_collection_is_refused_and_the_first_finishes(p
     store = CheckpointStore(cfg.storage.root)
     for phase, wave in store.list("twice"):
         store.load("twice", phase, wave)  # every manifest matches its data
+
+
+@pytest.mark.integration  # without the loop's lease the second loop starts the embedded model
+def test_a_second_train_loop_of_the_same_run_is_refused(tmp_path):
+    """``focus train`` twice at once on one loop: the second is refused before it starts
+    anything. It ran beside the first: collected nothing new (the collections' leases or
+    their finished batches), but trained every iteration again and wrote its weights and
+    records a second time."""
+    from test_pipeline_train import loop_config
+
+    from flows.loop import train_direct
+    from storage import collection_lease
+
+    cfg = loop_config(str(tmp_path / "store"))
+    with collection_lease(cfg.storage.root, "loop"):  # the first loop, running
+        with pytest.raises(LeaseHeld, match=r"collection 'loop' in .* is being written by another run"):
+            asyncio.run(train_direct(cfg))
+    assert CheckpointStore(cfg.storage.root).list("loop-it0") == []

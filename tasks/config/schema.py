@@ -235,6 +235,10 @@ class StorageConfig(_Model):
     def _root(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("storage.root must not be empty")
+        from storage.urls import typo_in_root
+
+        if (typo := typo_in_root(v)) is not None:
+            raise ValueError(typo)
         if "://" not in v:
             if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", v):  # "s3:/bucket": a URL missing a slash
                 raise ValueError(f"{v!r} is not a valid URL: write the protocol as 'scheme://...'")

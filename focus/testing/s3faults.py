@@ -1,0 +1,130 @@
+"""An HTTP proxy in front of an S3-compatible server that answers as a throttled or
+failing object store does: ``503 SlowDown`` or ``500 InternalError`` for a while.
+
+:class:`focus.testing.faults.TcpRelay` cuts connections (an endpoint gone); this one
+keeps answering, with the errors S3 sends under load, which s3fs turns into other
+exceptions (``EBUSY``, ``EREMOTEIO``) than a refused connection. Requests it does not
+fail are forwarded unchanged (signed headers included), so any client that talks to
+the upstream talks to it: point ``endpoint_url`` (or ``AWS_ENDPOINT_URL``) at :attr:`url`.
+Standard library only; loopback only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import threading
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+#: The answers of a throttled (503) and a failing (500) S3 service, as AWS words them.
+ERRORS = {
+    503: ("SlowDown", "Please reduce your request rate."),
+    500: ("InternalError", "We encountered an internal error. Please try again."),
+}
+#: Hop-by-hop headers and those the proxy sets itself.
+_SKIP = {"host", "content-length", "transfer-encoding", "connection", "expect", "keep-alive"}
+
+
+class S3FaultProxy:
+    """``with S3FaultProxy("http://127.0.0.1:9000") as proxy: proxy.fail(503, for_s=2)``.
+
+    :meth:`fail` answers every request with ``status`` (503 or 500) until :meth:`restore`
+    or for ``for_s`` seconds; :attr:`failed` counts the requests so answered.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        parts = urlsplit(upstream)
+        self._upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self._status: int | None = None
+        self._until = float("inf")
+        self._lock = threading.Lock()
+        self.failed = 0
+        self._server: http.server.ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start the proxy first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def fail(self, status: int = 503, *, for_s: float | None = None) -> None:
+        if status not in ERRORS:
+            raise ValueError(f"status {status}: one of {sorted(ERRORS)}")
+        with self._lock:
+            self._status = status
+            self._until = time.monotonic() + for_s if for_s is not None else float("inf")
+
+    def restore(self) -> None:
+        with self._lock:
+            self._status = None
+
+    def _fault(self) -> int | None:
+        with self._lock:
+            if self._status is not None and time.monotonic() >= self._until:
+                self._status = None
+            if self._status is not None:
+                self.failed += 1
+            return self._status
+
+    def start(self) -> S3FaultProxy:
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def _any(self) -> None:
+                size = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(size) if size else b""
+                status = proxy._fault()
+                if status is not None:
+                    code, message = ERRORS[status]
+                    data = (
+                        '<?xml version="1.0" encoding="UTF-8"?>'
+                        f"<Error><Code>{code}</Code><Message>{message}</Message></Error>"
+                    ).encode()
+                    self._reply(status, [("Content-Type", "application/xml")], data, len(data))
+                    return
+                conn = http.client.HTTPConnection(*proxy._upstream, timeout=60)
+                try:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in _SKIP}
+                    conn.request(self.command, self.path, body=body if size else None, headers=headers)
+                    answer = conn.getresponse()
+                    data = answer.read()
+                    length = int(answer.headers.get("Content-Length") or len(data))
+                    kept = [(k, v) for k, v in answer.getheaders() if k.lower() not in _SKIP]
+                    self._reply(answer.status, kept, data, length)
+                finally:
+                    conn.close()
+
+            def _reply(self, status: int, headers: list[tuple[str, str]], data: bytes, length: int) -> None:
+                self.send_response(status)
+                for k, v in headers:
+                    self.send_header(k, v)
+                # a HEAD answer states the object's length and carries no body
+                self.send_header("Content-Length", str(length if self.command == "HEAD" else len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="s3-fault-proxy", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> S3FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
