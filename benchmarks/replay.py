@@ -49,7 +49,7 @@ import pyarrow as pa
 
 from focus.agent import Agent
 from focus.batch import Batch, BatchBuilder
-from focus.collector import Collector
+from focus.collector import Collector, noise_model_statistics
 from focus.critic import ConstantCritic, Critic
 from focus.env import Task
 from focus.estimation import Estimator, critic_targets, truncated_segments
@@ -346,14 +346,7 @@ def replay_prepare(cap: Capture, trees: Sequence[Any], clock: Clock) -> Batch:
         clock.add("prepare.rows", (c2 - c1) + (c4 - c3))
     stats = clock("prepare.statistics", collection_statistics, cap.search.phases, trees, excluded_segments=excluded)
     if noise is not None:
-        stats["noise_model"] = {
-            "step_var_by_depth": list(noise.step_vars),
-            "noise_var_by_depth": list(noise.noise_vars),
-            "critic_var": noise.critic_var if noise.known else None,
-            "residuals": noise.residuals,
-            "spreads": noise.spreads,
-            "repeats": noise.repeats,
-        }
+        stats["noise_model"] = noise_model_statistics(noise)
     return clock("prepare.build", out.build, stats)
 
 

@@ -60,6 +60,7 @@ from focus.journal import (
     unfinished_step,
     wave_step,
 )
+from focus.noise import NoiseModel
 from focus.priority import Priority, Selective
 from focus.search import (
     InFlight,
@@ -573,14 +574,7 @@ class Collector:
                 add_checkpoint(task_id, tree_id, nid, node.context_ids, tgt.target, tgt.weight, node.value)
         stats = self.statistics(trees, excluded_segments=excluded)
         if noise is not None:
-            stats["noise_model"] = {
-                "step_var_by_depth": list(noise.step_vars),
-                "noise_var_by_depth": list(noise.noise_vars),
-                "critic_var": noise.critic_var if noise.known else None,
-                "residuals": noise.residuals,
-                "spreads": noise.spreads,
-                "repeats": noise.repeats,
-            }
+            stats["noise_model"] = noise_model_statistics(noise)
         return out.build(stats)
 
     def statistics(self, trees: Sequence[Tree], *, excluded_segments: int = 0) -> dict[str, Any]:
@@ -590,3 +584,15 @@ class Collector:
 
 def _wave_name(search: Priority, plan: WavePlan) -> str:
     return f"phase {search.phases[plan.phase_index].name} wave {plan.wave_index}"
+
+
+def noise_model_statistics(noise: NoiseModel) -> dict[str, Any]:
+    """The batch statistics' record of the noise model the estimator used."""
+    return {
+        "step_var_by_depth": list(noise.step_vars),
+        "noise_var_by_depth": list(noise.noise_vars),
+        "critic_var": noise.critic_var if noise.known else None,
+        "residuals": noise.residuals,
+        "spreads": noise.spreads,
+        "repeats": noise.repeats,
+    }
