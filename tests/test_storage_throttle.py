@@ -14,11 +14,11 @@ import contextlib
 
 import pytest
 from fixtures.journal import AfterStep, run_collect
+from test_faults_infra import config
 
 from focus.journal import wave_step
 from focus.testing.s3faults import S3FaultProxy
 from storage import BatchStore, CheckpointStore, Retry, StorageUnavailable
-from tasks.config import load_config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,24 +52,6 @@ def test_a_store_that_keeps_failing_says_it_answered_with_errors(throttled):
     assert "unreachable" not in msg and "OSError: [Errno 16]" in msg
 
 
-def _config(root: str, cid: str):
-    overrides = {
-        "collection_id": cid,
-        "seed": 5,
-        "model.kind": "factory",
-        "model.factory": "fixtures.prefect:digit_policy",
-        "env.n_tasks": 3,
-        "search.phases": [
-            {"name": "evidence", "rollouts_per_task": 2},
-            {"name": "continue", "transitions": 10, "wave_size": 4, "max_depth": 6},
-        ],
-        "execution.kind": "local",
-        "storage.root": root,
-        "progress": False,
-    }
-    return load_config(overrides=overrides, environ={})
-
-
 class Unleased(AfterStep):
     """No lease (its renewals would meet the throttle too; the steps' saves are the point)."""
 
@@ -86,7 +68,7 @@ def test_a_collection_goes_on_through_a_throttled_store(throttled):
     }
 
     def run(cid: str, then=None) -> dict:  # type: ignore[no-untyped-def]
-        cfg = _config(root, cid)
+        cfg = config(root, cid, transitions=10)
         return run_collect(cfg, Unleased(cfg, wave_step(1, 0), then, **stores))
 
     clean = run("clean")
