@@ -25,6 +25,7 @@ from focus.format import ParseError, PolicyFormat
 from focus.policy import (
     BadResponse,
     Completion,
+    ContextLimit,
     Policy,
     PolicyError,
     SamplingParams,
@@ -200,6 +201,12 @@ class Agent:
                     _count_retries(counters, completion.meta)
             except UnreadableAnswers:
                 raise  # a setting to fix, not this rollout's failure: stops the collection
+            except ContextLimit as e:
+                # the episode outgrew the model, as at max_prompt_tokens; a task whose own
+                # prompt does not fit fails, as any refused request does
+                kind, cause = ("truncated", "context limit") if state.steps else ("failed", f"{failure_prefix(e)}: {e}")
+                pieces.append(Piece(tuple(turns), kind, state.steps, state.context.prompt_ids, cause=cause))
+                break
             except (PolicyError, NotImplementedError) as e:
                 cause = f"{failure_prefix(e)}: {e}"
                 pieces.append(Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=cause))

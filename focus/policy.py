@@ -106,6 +106,16 @@ class UnreadableAnswers(PolicyError):
     ``str()`` leads with the cause (:mod:`focus.backends.unreadable`)."""
 
 
+class ContextLimit(PolicyError):
+    """The model service refused a request because its prompt (with ``max_tokens``) does
+    not fit the model's context length (vLLM's and the embedded server's 400 "maximum
+    context length", SGLang's "longer than the model's context length"). Nothing is wrong
+    with the service or the setting: the episode has outgrown the model, as when it
+    reaches the agent's ``max_prompt_tokens``, so the agent ends the rollout in a
+    ``truncated`` leaf (cause ``context limit``) that bootstraps on the critic, instead
+    of a failed one, whose segment gets no advantage."""
+
+
 class ServiceUnavailable(PolicyError):
     """The model service gave no usable answer within the client's retries (down,
     unreachable, overloaded, timing out): an outage, not a wrong request. Policy clients

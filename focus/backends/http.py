@@ -66,6 +66,7 @@ from focus.backends.wire import text as _text
 from focus.policy import (
     BadResponse,
     Completion,
+    ContextLimit,
     Policy,
     PolicyError,
     SamplingParams,
@@ -135,6 +136,9 @@ class HttpClient:
         self._outages = OutageTotals()
         self._hedger = HedgeTimer(self.config)
         self._unread = Unreadable()
+
+    def _rejected(self, e: _Rejected) -> Exception:  # a policy's prompt over the context: the agent truncates
+        return ContextLimit(str(e)) if e.context_limit and self.error is PolicyError else self.error(str(e))
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -281,7 +285,7 @@ class HttpClient:
             return await self._retry(wire, method, url, content, parse, key, hedge, t0, deadline, e)
         except _Rejected as e:
             self._stats.add(CallRecord(1, time.monotonic() - t0, (("rejected", time.monotonic() - t0),), "rejected"))
-            raise self.error(str(e)) from None
+            raise self._rejected(e) from None
         now = time.monotonic()
         wire.gate.answered(t0, now)
         if (unread := self._unread).answers or unread.never_answered:
@@ -357,7 +361,7 @@ class HttpClient:
             except _Rejected as e:
                 errors.append(("rejected", time.monotonic() - started))
                 self._stats.add(CallRecord(attempts, time.monotonic() - t0, tuple(errors), "rejected", hedges=hedges))
-                raise self.error(str(e)) from None
+                raise self._rejected(e) from None
             now = time.monotonic()
             gate.answered(started, now)
             self._unread.answered()
@@ -509,7 +513,8 @@ class HttpClient:
         if status >= 400:
             if is_retry_status(status):
                 raise _Retryable("server error", status, _snippet(_text(data)), parse_retry_after(retry_after))
-            raise _Rejected(f"{method} {url} was rejected with status {status}: {_snippet(_text(data))}")
+            text = _text(data)
+            raise _Rejected(f"{method} {url} was rejected with status {status}: {_snippet(text)}", status, text)
         try:
             decoded = json.loads(data)
         except ValueError as e:

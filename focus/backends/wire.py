@@ -9,6 +9,7 @@ and the classification of transport errors.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,23 @@ class Retryable(Exception):
 
 
 class Rejected(Exception):
-    """The server refused the request itself (a 4xx other than the retried ones)."""
+    """The server refused the request itself (a 4xx other than the retried ones).
+    ``context_limit``: the refusal says the prompt does not fit the model's context."""
+
+    def __init__(self, message: str, status: int = 400, body: str = "") -> None:
+        super().__init__(message)
+        self.context_limit = is_context_limit(status, body)
+
+
+#: How servers word a prompt over the model's context length (vLLM and the embedded
+#: server: "maximum context length"; SGLang: "longer than the model's context length",
+#: "exceeds the model's maximum context length"; OpenAI: "context_length_exceeded").
+_CONTEXT_LIMIT = re.compile(r"context[ _]length|context window|longer than the model", re.IGNORECASE)
+
+
+def is_context_limit(status: int, body: str) -> bool:
+    """Whether a refusal with ``status`` and ``body`` is a prompt over the context."""
+    return status in (400, 413, 422) and _CONTEXT_LIMIT.search(body) is not None
 
 
 class Wire:
