@@ -3,9 +3,9 @@
 vLLM (and the embedded server, which words it the same) refuses a request whose prompt
 plus ``max_tokens`` exceeds the model's context length with a 400. The agent used to
 record that as a failed leaf, whose segment gets no advantage: the turns the rollout
-took since its checkpoint were lost to training. It is the same fact as the agent's own ``max_prompt_tokens``: the
-episode is longer than the model can read, so the rollout ends in a truncated leaf that
-bootstraps on the critic, and the batch keeps its turns.
+took since its checkpoint were lost to training. It is the same fact as the agent's own
+``max_prompt_tokens``: the episode is longer than the model can read, so the rollout
+ends in a truncated leaf that bootstraps on the critic, and the batch keeps its turns.
 """
 
 from __future__ import annotations
