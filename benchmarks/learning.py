@@ -467,7 +467,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for got in pool.map(_task_worker, jobs):
                 runs += got
     result = {
-        "command": "python -m benchmarks.learning" + (" --quick" if args.quick else "") + size_options(args),
+        "command": "python -m benchmarks.learning"
+        + (" --quick" if args.quick else "")
+        + "".join(f" --set {o}" for o in args.set)
+        + size_options(args),
         "methods": args.methods,
         "jobs": args.jobs,
         "seeds": seeds,
