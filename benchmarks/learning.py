@@ -33,6 +33,7 @@ difference with its interval. Writes a JSON (and ``runs.jsonl`` as runs finish) 
     .venv/bin/python -m benchmarks.learning --quick            # a smoke run (a test uses it)
     .venv/bin/python -m benchmarks.learning --assemble runs/learning/runs.jsonl   # the result of a run stopped early
     .venv/bin/python -m benchmarks.learning --sweep target_kl=0.05,0.1,0.2 --sweep lr=3e-4,6e-4,1.2e-3   # each method at its best (learning_sweep)
+    .venv/bin/python -m benchmarks.learning --tasks-per-iteration 4 --set rule=sgd --set target_kl=0.2   # half the data per update
 """
 
 from __future__ import annotations
@@ -390,6 +391,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--jobs", type=int, default=1, help="tasks run in parallel processes (each with its own server)")
     ap.add_argument("--out", default="runs/learning", help="folder for learning.json and learning.png")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument(
+        "--tasks-per-iteration",
+        type=int,
+        metavar="N",
+        help=f"tasks collected per iteration (default {DEFAULT_SIZES.tasks}): fewer transitions per update",
+    )
+    ap.add_argument("--iterations", type=int, metavar="N", help=f"default {DEFAULT_SIZES.iterations}")
     ap.add_argument("--report", metavar="JSON", help="print the verdicts and redraw the plot of a saved run")
     ap.add_argument(
         "--assemble",
@@ -435,7 +443,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.assemble:
         return _assemble(args, options)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else SEEDS)
-    sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
+    sizes = sizes_of(args)
     if args.sweep:
         from benchmarks import learning_sweep
 
@@ -459,7 +467,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for got in pool.map(_task_worker, jobs):
                 runs += got
     result = {
-        "command": "python -m benchmarks.learning" + (" --quick" if args.quick else ""),
+        "command": "python -m benchmarks.learning"
+        + (" --quick" if args.quick else "")
+        + "".join(f" --set {o}" for o in args.set)
+        + size_options(args),
         "methods": args.methods,
         "jobs": args.jobs,
         "seeds": seeds,
@@ -497,7 +508,7 @@ def _assemble(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, An
         "seeds": sorted({r["seed"] for r in runs}),
         "seeds_per_task": {t: sorted({r["seed"] for r in runs if r["task"] == t}) for t in tasks},
         "evidence_rollouts_per_task": EVIDENCE,
-        "sizes": DEFAULT_SIZES.__dict__,
+        "sizes": sizes_of(args).__dict__,
         "trainer": options,
         "verdicts": verdicts(runs, tasks),
         "runs": runs,
@@ -507,6 +518,24 @@ def _assemble(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, An
     plot(runs, tasks, args.plot or Path(args.out) / "learning.png")
     print(summary(result))
     return result
+
+
+def sizes_of(args: argparse.Namespace) -> Sizes:
+    """The run's sizes: the default (or ``--quick``'s) with ``--tasks-per-iteration`` and
+    ``--iterations`` applied. Fewer tasks per iteration means fewer transitions per update
+    at the same update size: the regime where data, not the step, is scarce."""
+    base = QUICK_SIZES if args.quick else DEFAULT_SIZES
+    tasks = base.tasks if args.tasks_per_iteration is None else args.tasks_per_iteration
+    iterations = base.iterations if args.iterations is None else args.iterations
+    if tasks < 1 or iterations < 1:
+        raise ValueError(f"--tasks-per-iteration and --iterations take a positive number; got {tasks}, {iterations}")
+    return Sizes(iterations=iterations, tasks=tasks, eval_tasks=base.eval_tasks)
+
+
+def size_options(args: argparse.Namespace) -> str:
+    """The size options as the command line gave them (for a record's ``command``)."""
+    given = (("--tasks-per-iteration", args.tasks_per_iteration), ("--iterations", args.iterations))
+    return "".join(f" {flag} {n}" for flag, n in given if n is not None)
 
 
 def _task_worker(job: tuple[Any, ...]) -> list[dict[str, Any]]:

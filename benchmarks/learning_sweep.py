@@ -175,7 +175,7 @@ def run(args: Any, options: dict[str, Any], sizes: Any, seeds: Sequence[int]) ->
     """Every (setting, task) as one job of ``benchmarks.learning._task_worker`` in a pool
     of ``args.jobs``; each setting's finished runs go to ``<out>/<label>/runs.jsonl``
     as they finish and everything to ``<out>/sweep.json``."""
-    from benchmarks.learning import _task_worker
+    from benchmarks.learning import _task_worker, size_options
 
     settings = parse_sweep(args.sweep)
     out = Path(args.out)
@@ -202,7 +202,8 @@ def run(args: Any, options: dict[str, Any], sizes: Any, seeds: Sequence[int]) ->
         by_setting[i] += got
     result = {
         "command": "python -m benchmarks.learning "
-        + " ".join([*(f"--set {o}" for o in args.set), *(f"--sweep {s}" for s in args.sweep)]),
+        + " ".join([*(f"--set {o}" for o in args.set), *(f"--sweep {s}" for s in args.sweep)])
+        + size_options(args),
         "methods": args.methods,
         "jobs": args.jobs,
         "seeds": list(seeds),

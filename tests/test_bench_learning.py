@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from benchmarks.learning import Sizes
 from benchmarks.learning_sweep import assemble, best, check_pairing, label, parse_sweep
 from benchmarks.learning_verdicts import METHODS, compare, gain, paired_bootstrap, reach, verdicts
 
@@ -100,6 +101,21 @@ def test_quick_run_writes_json_and_png(tmp_path):
     by = {r["method"]: r["points"][-1] for r in saved["runs"] if r["task"] == "toy"}
     # the same transitions per iteration: FOCUS and uniform spend what GRPO's extra rollouts would
     assert 0.5 < by["focus"]["batch_transitions"] / by["grpo"]["batch_transitions"] < 2.0
+
+
+def test_size_options_shrink_the_batches_and_are_recorded():
+    from benchmarks.learning import DEFAULT_SIZES, QUICK_SIZES, _parser, size_options, sizes_of
+
+    args = _parser().parse_args(["--tasks-per-iteration", "4"])
+    assert sizes_of(args) == Sizes(DEFAULT_SIZES.iterations, 4, DEFAULT_SIZES.eval_tasks)
+    assert size_options(args) == " --tasks-per-iteration 4"
+    args = _parser().parse_args(["--quick", "--iterations", "2"])
+    assert sizes_of(args) == Sizes(2, QUICK_SIZES.tasks, QUICK_SIZES.eval_tasks)
+    assert size_options(args) == " --iterations 2"
+    plain = _parser().parse_args([])
+    assert sizes_of(plain) == DEFAULT_SIZES and size_options(plain) == ""
+    with pytest.raises(ValueError, match="positive"):
+        sizes_of(_parser().parse_args(["--tasks-per-iteration", "0"]))
 
 
 def test_assemble_keeps_the_seeds_every_method_finished(tmp_path):
@@ -218,8 +234,10 @@ def test_quick_sweep_runs_every_method_at_every_setting(tmp_path):
     from benchmarks import learning
 
     args = ["--quick", "--tasks", "bridge", "--sweep", "target_kl=0.05,0.2", "--sweep", "lr=3e-4,1.2e-3"]
-    result = learning.main([*args, "--out", str(tmp_path), "--quiet"])
+    result = learning.main([*args, "--tasks-per-iteration", "2", "--out", str(tmp_path), "--quiet"])
     saved = json.loads((tmp_path / "sweep.json").read_text())
+    assert saved["sizes"] == {"iterations": 1, "tasks": 2, "eval_tasks": 6}
+    assert saved["command"].endswith("--tasks-per-iteration 2")  # the record names the smaller batches
     assert saved["labels"] == ["target_kl=0.05,lr=0.0003", "target_kl=0.2,lr=0.0012"]
     assert saved["at_best"] == json.loads(json.dumps(result["at_best"]))
     for options, name, runs in zip(saved["settings"], saved["labels"], saved["runs"], strict=True):

@@ -205,6 +205,27 @@ COMMANDS: dict[str, Check] = {
     "--sweep target_kl=0.05,0.1,0.2 --out runs/learn-sweep-sgd-toy": Check(
         "parse", "a learning sweep of the toy of about 15 minutes on a loaded machine (the sgd rule, issue 32)"
     ),
+    ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks toy corridor-early corridor-late bridge --seeds 0 1 2 3 4 "
+    "--set rule=sgd --set target_kl=0.2 --tasks-per-iteration 4 --out runs/learn-sgd-t4": Check(
+        "parse", "a learning run of about 15 minutes on a loaded machine (half the data per update, issue 32)"
+    ),
+    ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks toy corridor-early corridor-late bridge --seeds 0 1 2 3 4 "
+    "--set rule=sgd --set target_kl=0.2 --tasks-per-iteration 2 --out runs/learn-sgd-t2": Check(
+        "parse", "a learning run of about 8 minutes on a loaded machine (a quarter of the data per update, issue 32)"
+    ),
+    ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks toy corridor-early corridor-late bridge --seeds 0 1 2 3 4 "
+    "--set rule=sgd --set target_kl=0.2 --tasks-per-iteration 4 --iterations 1 --out runs/learn-sgd-t4-it1": Check(
+        "parse", "a learning run of about 3 minutes on a loaded machine (the first update only, issue 32)"
+    ),
+    ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks toy corridor-early corridor-late bridge --seeds 0 1 2 3 4 "
+    "--set rule=sgd --set target_kl=0.2 --tasks-per-iteration 4 --methods uniform --out runs/learn-sgd-t4-uniform": Check(
+        "parse", "a learning run of about 6 minutes on a loaded machine (uniform beside the half-data run, issue 32)"
+    ),
+    ".venv/bin/python -m benchmarks.learning --tasks toy corridor-early corridor-late bridge --methods focus grpo uniform "
+    "--set rule=sgd --set target_kl=0.2 --tasks-per-iteration 4 --assemble runs/learn-sgd-t4-all/runs.jsonl "
+    "--out runs/learn-sgd-t4-all": Check(
+        "parse", "reads the half-data run's and the uniform run's runs.jsonl, concatenated (needs them)"
+    ),
     # docs/pipeline.md
     ".venv/bin/python -m tasks.config.reference": Check(
         "parse", "rewrites docs and configs in place; tests/test_configs.py runs its --check"
