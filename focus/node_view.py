@@ -129,6 +129,7 @@ def node_view(
         calibration.mean_leaf_transitions,  # rollout_transitions
         shared,  # shared_error
         v_infl,  # value_influence
+        chain.signals,  # chain_signal
     )
 
 
