@@ -73,18 +73,17 @@ class Calibration:
         if hit is not None:
             return hit
         noise, g2 = self.noise, self.gamma * self.gamma
-        value_err = seg_err = plain = targets = signals = 0.0
+        value_err = seg_err = plain = targets = 0.0
         for d in range(depth + length - 1, depth - 1, -1):
             t = noise.critic_error_at(d)
             a = noise.action_var(d)
             e = noise.noise_var(d) + g2 * value_err
             lam = a / (a + e + t) if noise.known and a + e + t > 0 else 0.0
             seg_err += (lam * lam * (e + t) if lam > 0 else 0.0) + (1 - lam) ** 2 * a
-            signals += a
             value_err = (lam * lam * t if lam > 0 else 0.0) + (1 - lam) ** 2 * (a + e)
             plain = noise.step_var(d) + g2 * plain
             targets += plain
-        out = self._chains[key] = Chain(value_err, seg_err, plain, targets, signals)
+        out = self._chains[key] = Chain(value_err, seg_err, plain, targets)
         return out
 
     @property
@@ -119,8 +118,6 @@ class Chain:
     head_target: float
     #: Summed critic-target error of its checkpoints (each with one child, weight 1).
     targets: float
-    #: Summed modelled signal ``a(d)`` of its segments' actions.
-    signals: float = 0.0
 
 
 #: One tree's share of a calibration's counts (:func:`tree_counts`): completion tokens,

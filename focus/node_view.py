@@ -129,7 +129,6 @@ def node_view(
         calibration.mean_leaf_transitions,  # rollout_transitions
         shared,  # shared_error
         v_infl,  # value_influence
-        chain.signals,  # chain_signal
     )
 
 

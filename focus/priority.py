@@ -165,8 +165,6 @@ class NodeEvidence:
     #: segments (:func:`focus.estimation.value_influence`: the parent's valid children,
     #: its value taken as their plain mean), what λ weighs beside n's own children.
     value_influence: float = 0.0
-    #: Summed modelled action signal ``a(d)`` of the fresh chain's segments.
-    chain_signal: float = 0.0
 
     @classmethod
     def build(cls, **fields: Any) -> NodeEvidence:
@@ -349,19 +347,6 @@ class Selective(Priority):
     #: misses the noise model reads are not only those the ranking chose. Measured:
     #: docs/algorithm.md, "Exploration share".
     explore: float = Field(0.25, ge=0.0, le=1.0)
-    #: What a continuation's own new segments count (issue 31, h31h; measured and not
-    #: adopted: docs/algorithm.md, "Findings"). ``"summed"``: their modelled error, as
-    #: every other segment's (the batch's summed error). ``"existing"``: nothing; only the
-    #: change to segments and targets already in the batch counts. ``"replaced"``: the new
-    #: child segment less a one-sample advantage's error ``signal + fresh_error``, the
-    #: chain and its targets nothing. ``"replaced_head"``: that head, the chain summed.
-    #: ``"displaced_chain"``: the head summed, the chain and its targets nothing.
-    #: ``"signal_head"``: the head less ``signal`` (an un-sampled pair's error under the
-    #: estimator's prior, advantage 0), the chain summed. ``"signal_all"``: every new
-    #: segment less its ``a(d)`` (``chain_signal``), chain targets summed.
-    objective: Literal[
-        "summed", "existing", "replaced", "replaced_head", "displaced_chain", "signal_head", "signal_all"
-    ] = "summed"
 
     def weight(self, node: NodeEvidence, m: int) -> float:
         """λ the estimator would give n with ``m`` like children
@@ -439,7 +424,7 @@ class Selective(Priority):
         mu = 1.0 - after
         noise = node.fresh_error
         own = noise * (1 - 2 * mu / m + mu * mu / m) + mu * mu * signal / m
-        change = self._new_segments(node, own + (after * after * (t + shared) if after > 0 else 0.0))
+        change = own + (after * after * (t + shared) if after > 0 else 0.0) + node.chain_error
         if n:
             per_child = node.child_tokens / node.m if node.m else 1.0
             own = e * (1 - 2 * mu / m + mu * mu / m) + mu * mu * signal / m
@@ -456,41 +441,21 @@ class Selective(Priority):
                 err_before = (before * before * t if before > 0 else 0.0) + (1.0 - before) ** 2 * (v / n + shared)
             change += node.influence * (err_after - err_before)
         if self.targets:
-            change += node.target_weight * self._target_change(node)
+            change += node.target_weight * self.target_change(node)
         cost = node.expected_transitions if self.per_transition else 1.0
         return -change / cost
-
-    def _new_segments(self, node: NodeEvidence, head: float) -> float:
-        """What the continuation's own new segments count under :attr:`objective`:
-        ``head`` is the new child segment's modelled error."""
-        obj = self.objective
-        if obj == "existing":
-            return 0.0
-        if obj in ("replaced", "replaced_head"):
-            head -= node.signal + node.fresh_error
-        elif obj == "signal_head":
-            head -= node.signal
-        elif obj == "signal_all":
-            return head - node.signal + node.chain_error - node.chain_signal
-        return head + node.chain_error if obj in ("summed", "replaced_head", "signal_head") else head
-
-    def _target_change(self, node: NodeEvidence) -> float:
-        """:meth:`target_change`, less the fresh chain's own targets unless
-        :attr:`objective` is ``"summed"``."""
-        change = self.target_change(node)
-        return change if self.objective in ("summed", "replaced_head", "signal_head") else change - node.chain_target
 
     def _generic(self, node: NodeEvidence, n: int, e: float) -> float:
         """:meth:`__call__`'s score through the public error terms, for a subclass that
         overrides :meth:`segment_error` or :meth:`error`."""
-        change = self._new_segments(node, self.segment_error(node, n + 1, node.fresh_error))
+        change = self.segment_error(node, n + 1, node.fresh_error) + node.chain_error
         if n:
             per_child = node.child_tokens / node.m if node.m else 1.0
             change += n * per_child * (self.segment_error(node, n + 1, e) - self.segment_error(node, n, e))
         if self.use_influence:
             change += node.influence * (self.error(node, n + 1) - self.error(node, n))
         if self.targets:
-            change += node.target_weight * self._target_change(node)
+            change += node.target_weight * self.target_change(node)
         cost = node.expected_transitions if self.per_transition else 1.0
         return -change / cost
 

@@ -190,7 +190,6 @@ def reference_node_view(
         rollout_transitions=calibration.mean_leaf_transitions,
         shared_error=shared,
         value_influence=_value_influence(tree, node, values, segs),
-        chain_signal=chain.signals,
     )
 
 
