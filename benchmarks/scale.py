@@ -96,6 +96,7 @@ from focus.env import Task
 from focus.estimation import GroupNormalized
 from focus.execution import Execution
 from focus.priority import Selective
+from focus.search import WaveChoice
 from focus.testing.simserver import DIGITS, SimConfig, SimServerProcess
 from focus.toy import reach_target_tasks
 from focus.tree import Tree
@@ -191,6 +192,8 @@ class SearchMeter:
         self.cpu: dict[str, float] = {"plan": 0.0, "graft": 0.0, "score": 0.0, "other": 0.0, "prepare": 0.0}
         self.waves: dict[Any, dict[str, Any]] = {}
         self._current: Any = None
+        #: Plan CPU of each wave being chosen a slice at a time, until it is chosen.
+        self._choosing: dict[tuple[int, int], float] = {}
         self._depth = 0
         self._undo: list[tuple[Any, str, Any]] = []
         self.t0 = time.perf_counter()
@@ -253,7 +256,16 @@ class SearchMeter:
         return timed
 
     def _record(self, kind: str, arguments: dict[str, Any], out: Any, cpu: float) -> None:
-        """Attach one timed call to the continuation wave it belongs to."""
+        """Attach one timed call to the continuation wave it belongs to (a wave chosen a
+        slice at a time, ``plan_begin`` / ``plan_choose`` / ``plan_chosen``: the sum of
+        its calls, the wave's entry made at the last)."""
+        choice = arguments.get("choice", out if isinstance(out, WaveChoice) else None)
+        if kind == "plan" and choice is not None:
+            key = (choice.phase_index, choice.wave_index)
+            self._choosing[key] = self._choosing.get(key, 0.0) + cpu
+            if not hasattr(out, "planned"):
+                return
+            arguments, cpu = {"state": choice.state, "phase_index": key[0]}, self._choosing.pop(key)
         if kind == "plan":
             wave = arguments.get("wave_index", len(self.waves))
             if hasattr(out, "planned"):  # plan_next / plan_ahead: a state with the new wave planned

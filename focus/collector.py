@@ -79,7 +79,7 @@ from focus.search import (
 )
 from focus.statistics import collection_statistics, warn_failures
 from focus.tree import Tree
-from focus.waves import Landed, Launched, Running, WaveOutcome, WaveTail, merged_predictions
+from focus.waves import Landed, Launched, Running, WaveOutcome, WaveTail, launch_choosing, merged_predictions
 from focus.waves import off_loop as _off_loop
 
 __all__ = ["Collector", "Landed", "Launched", "Running", "WaveOutcome"]
@@ -298,7 +298,9 @@ class Collector:
                     have = None
                 if have is None:
                     running.waves[key] = self.launch(plan)
-            nxt = await _off_loop(plan_next, state, self.search, phase_index)
+            nxt = await launch_choosing(self.execution, self.agent, self.search, state, phase_index, running)
+            if nxt is None:  # not a continuation wave, or jobs not reported one by one
+                nxt = await _off_loop(plan_next, state, self.search, phase_index)
             if nxt is state:
                 return state
             state = nxt
