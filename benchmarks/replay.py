@@ -98,7 +98,7 @@ class Capture:
 
 
 class _Recording(Collector):
-    """The collector, keeping each launched plan, each landed wave and the roots."""
+    """The collector, keeping each landed wave, its plan and the roots."""
 
     roots: bytes = b""
     plans: list[JobKey]
@@ -109,11 +109,9 @@ class _Recording(Collector):
         self.roots = pickle.dumps(state)
         return state
 
-    def launch(self, plan: WavePlan) -> Any:
-        self.plans.append(job_key(plan))
-        return super().launch(plan)
-
     async def land(self, state: SearchState, launched: Any, *args: Any, **kw: Any) -> Any:
+        # the plan as landed: a continuation wave is launched as it is chosen (waves.launch_choosing)
+        self.plans.append(job_key(launched.plan))
         new, landed = await super().land(state, launched, *args, **kw)
         self.landed.append(landed)
         return new, landed
