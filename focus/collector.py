@@ -18,8 +18,8 @@ row-wise critic, scored and ranked; evidence trees scored, not ranked) between t
 rollouts' callbacks (:mod:`focus.waves`), and before a graft that may refit the
 calibration, what the fit reads of each tree is computed then too, so the barrier keeps
 only the trees that finished last, the merge, the fit's joining of the trees' parts,
-the rankings a new calibration rebuilds and the next plan's greedy choice; the results
-are those of doing it all at the barrier.
+the rankings a new calibration rebuilds and the next plan's greedy choice (its jobs
+start as it takes them); the results are those of doing it all at the barrier.
 
 At each step boundary the loop consults a :class:`~focus.journal.Journal`: a step it
 holds is replayed, one it lacks is computed and recorded. The pipeline's journal
