@@ -56,10 +56,21 @@ from focus.estimation import Estimator, critic_targets, truncated_segments
 from focus.execution import Execution
 from focus.journal import EVIDENCE_SCORES, MemoryJournal, scores_step
 from focus.priority import Priority, Selective
-from focus.search import SearchState, WavePlan, graft, graft_tree, plan_ahead, score_tree, with_predictions
+from focus.search import (
+    SearchState,
+    WavePlan,
+    graft,
+    graft_tree,
+    plan_ahead,
+    plan_begin,
+    plan_choose,
+    plan_chosen,
+    score_tree,
+    with_predictions,
+)
 from focus.statistics import collection_statistics
 from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
-from focus.waves import Landed
+from focus.waves import CHOOSE_SLICE, Landed
 
 _T = TypeVar("_T")
 
@@ -98,7 +109,7 @@ class Capture:
 
 
 class _Recording(Collector):
-    """The collector, keeping each launched plan, each landed wave and the roots."""
+    """The collector, keeping each landed wave, its plan and the roots."""
 
     roots: bytes = b""
     plans: list[JobKey]
@@ -109,11 +120,9 @@ class _Recording(Collector):
         self.roots = pickle.dumps(state)
         return state
 
-    def launch(self, plan: WavePlan) -> Any:
-        self.plans.append(job_key(plan))
-        return super().launch(plan)
-
     async def land(self, state: SearchState, launched: Any, *args: Any, **kw: Any) -> Any:
+        # the plan as landed: a continuation wave is launched as it is chosen (waves.launch_choosing)
+        self.plans.append(job_key(launched.plan))
         new, landed = await super().land(state, launched, *args, **kw)
         self.landed.append(landed)
         return new, landed
@@ -226,7 +235,8 @@ class ReplayMismatch(AssertionError):
 def _plan(state: SearchState, cap: Capture, wave: int, clock: Clock, last: Any) -> tuple[SearchState, Any]:
     """Plan continuation wave ``wave`` as :func:`focus.search.plan_ahead` does, its parts
     timed apart: the calibration, every tree's ranking (built or brought up to date),
-    and the rest (the greedy choice). ``last``: the previous plan's calibration; the
+    and the rest (the greedy choice: its first slice of jobs, ``greedy``, and the rest,
+    ``greedy_tail``, which the collector chooses while the first jobs run). ``last``: the previous plan's calibration; the
     parts are named ``first.*`` (no previous plan), ``refit.*`` (a new calibration),
     ``wave.*`` or, for the plan that finds nothing more to do, ``last.*``."""
     search, pi = cap.search, 1
@@ -236,6 +246,12 @@ def _plan(state: SearchState, cap: Capture, wave: int, clock: Clock, last: Any) 
         f = state.facts(ti)
         built = f.rank is None or not f.rank.matches(search, calib, state.seed)
         own("rank_build" if built else "rank_update", f.ranked, search, calib, pi, state.seed)
+    choice = plan_begin(state, search, pi)
+    if choice is not None:  # as the collector does it (focus.waves.launch_choosing)
+        own("greedy", plan_choose, choice, CHOOSE_SLICE)  # the wave's first jobs wait for this slice
+        while not choice.done:  # the rest is chosen while those run: not the barrier
+            own("greedy_tail", plan_choose, choice, CHOOSE_SLICE)
+        state = own("greedy_tail", plan_chosen, choice)
     state = own("greedy", plan_ahead, state, search, pi)
     want = cap.plans[wave + 1] if wave + 1 < len(cap.plans) else ()
     got = job_key(state.planned[0]) if state.planned else ()

@@ -41,7 +41,8 @@ first in turn over the repeats. Per arm:
   (``rss_growth_kib_per_transition``; FOCUS / baseline is the memory goal's figure);
 * ``idle_share``: the share of the collection (first model call to last answer) with
   no model call in flight from the arm (:class:`CallMeter`): the wave barriers, the
-  server's idle time that the collection's schedule causes. Beside it, from the
+  server's idle time that the collection's schedule causes (each barrier's start and
+  length in ``idle_gaps_ms``, largest first). Beside it, from the
   server's request log (:func:`server_occupancy`), ``server_idle_share`` (no request
   in the server) and ``server_underfilled_share`` (fewer than half the slots in
   service); those also count the time answers wait for a busy client, so they grow
@@ -96,6 +97,7 @@ from focus.env import Task
 from focus.estimation import GroupNormalized
 from focus.execution import Execution
 from focus.priority import Selective
+from focus.search import WaveChoice
 from focus.testing.simserver import DIGITS, SimConfig, SimServerProcess
 from focus.toy import reach_target_tasks
 from focus.tree import Tree
@@ -191,6 +193,8 @@ class SearchMeter:
         self.cpu: dict[str, float] = {"plan": 0.0, "graft": 0.0, "score": 0.0, "other": 0.0, "prepare": 0.0}
         self.waves: dict[Any, dict[str, Any]] = {}
         self._current: Any = None
+        #: Plan CPU of each wave being chosen a slice at a time, until it is chosen.
+        self._choosing: dict[tuple[int, int], float] = {}
         self._depth = 0
         self._undo: list[tuple[Any, str, Any]] = []
         self.t0 = time.perf_counter()
@@ -253,7 +257,16 @@ class SearchMeter:
         return timed
 
     def _record(self, kind: str, arguments: dict[str, Any], out: Any, cpu: float) -> None:
-        """Attach one timed call to the continuation wave it belongs to."""
+        """Attach one timed call to the continuation wave it belongs to (a wave chosen a
+        slice at a time, ``plan_begin`` / ``plan_choose`` / ``plan_chosen``: the sum of
+        its calls, the wave's entry made at the last)."""
+        choice = arguments.get("choice", out if isinstance(out, WaveChoice) else None)
+        if kind == "plan" and choice is not None:
+            key = (choice.phase_index, choice.wave_index)
+            self._choosing[key] = self._choosing.get(key, 0.0) + cpu
+            if not hasattr(out, "planned"):
+                return
+            arguments, cpu = {"state": choice.state, "phase_index": key[0]}, self._choosing.pop(key)
         if kind == "plan":
             wave = arguments.get("wave_index", len(self.waves))
             if hasattr(out, "planned"):  # plan_next / plan_ahead: a state with the new wave planned
@@ -328,6 +341,11 @@ class GcMeter:
         gc.callbacks.remove(self)
 
 
+#: Shortest stretch with no call in flight that :class:`CallMeter` lists on its own
+#: (``idle_gaps_ms``): shorter ones are the loop's turns between calls, not barriers.
+GAP_LISTED_S = 0.002
+
+
 class CallMeter:
     """Model calls in flight from this process over time: the share of the collection
     during which none is (``idle_share``), counted as it goes, nothing stored per call.
@@ -346,6 +364,8 @@ class CallMeter:
         self.first: float | None = None
         self.last_end: float | None = None
         self.idle_s = 0.0
+        #: The stretches with no call in flight of at least GAP_LISTED_S: the barriers.
+        self.gaps: list[tuple[float, float]] = []
 
     def install(self, policy: Any) -> CallMeter:
         inner = policy.sample_on_route
@@ -357,6 +377,8 @@ class CallMeter:
                     self.first = now
                 else:
                     self.idle_s += now - self.last_end
+                    if now - self.last_end >= GAP_LISTED_S:
+                        self.gaps.append((self.last_end, now))
             self.in_flight += 1
             self.calls += 1
             try:
@@ -375,6 +397,11 @@ class CallMeter:
             "calls_window_s": window,
             "idle_s": self.idle_s,
             "idle_share": self.idle_s / window if window > 0 else None,
+            # each barrier: (ms into the window, ms long), largest first
+            "idle_gaps_ms": sorted(
+                ((round(1000 * (a - (self.first or a)), 1), round(1000 * (b - a), 1)) for a, b in self.gaps),
+                key=lambda g: -g[1],
+            ),
         }
 
 

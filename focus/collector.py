@@ -18,8 +18,8 @@ row-wise critic, scored and ranked; evidence trees scored, not ranked) between t
 rollouts' callbacks (:mod:`focus.waves`), and before a graft that may refit the
 calibration, what the fit reads of each tree is computed then too, so the barrier keeps
 only the trees that finished last, the merge, the fit's joining of the trees' parts,
-the rankings a new calibration rebuilds and the next plan's greedy choice; the results
-are those of doing it all at the barrier.
+the rankings a new calibration rebuilds and the next plan's greedy choice (its jobs
+start as it takes them); the results are those of doing it all at the barrier.
 
 At each step boundary the loop consults a :class:`~focus.journal.Journal`: a step it
 holds is replayed, one it lacks is computed and recorded. The pipeline's journal
@@ -79,7 +79,7 @@ from focus.search import (
 )
 from focus.statistics import collection_statistics, warn_failures
 from focus.tree import Tree
-from focus.waves import Landed, Launched, Running, WaveOutcome, WaveTail, merged_predictions
+from focus.waves import Landed, Launched, Running, WaveOutcome, WaveTail, launch_choosing, merged_predictions
 from focus.waves import off_loop as _off_loop
 
 __all__ = ["Collector", "Landed", "Launched", "Running", "WaveOutcome"]
@@ -298,7 +298,9 @@ class Collector:
                     have = None
                 if have is None:
                     running.waves[key] = self.launch(plan)
-            nxt = await _off_loop(plan_next, state, self.search, phase_index)
+            nxt = await launch_choosing(self.execution, self.agent, self.search, state, phase_index, running)
+            if nxt is None:  # not a continuation wave, or jobs not reported one by one
+                nxt = await _off_loop(plan_next, state, self.search, phase_index)
             if nxt is state:
                 return state
             state = nxt

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import heapq
 import logging
 import re
 import threading
@@ -335,12 +336,15 @@ class Execution(BaseModel):
         return type(self).run is Execution.run
 
     async def run_reporting(
-        self, agent: Agent, jobs: list[RolloutJob], on_done: Callable[[int, Rollout], None]
+        self, agent: Agent, jobs: list[RolloutJob] | JobFeed, on_done: Callable[[int, Rollout], None]
     ) -> list[Rollout]:
         """:meth:`run`, calling ``on_done(index, rollout)`` on the event loop as each job
         finishes (at the end, for all jobs, where :attr:`reports_jobs` is false): what lets
-        the collector graft a tree while the rest of its wave still runs."""
+        the collector graft a tree while the rest of its wave still runs. ``jobs`` may be
+        a :class:`JobFeed` still being planned where :attr:`reports_jobs` is true."""
         if not self.reports_jobs:
+            if isinstance(jobs, JobFeed):
+                raise TypeError(f"{type(self).__name__} runs a wave's jobs all at once: give it the list")
             out = await self.run(agent, jobs)
             for i, rollout in enumerate(out):
                 on_done(i, rollout)
@@ -358,16 +362,27 @@ class Execution(BaseModel):
         return asyncio.ensure_future(_guarded(agent, job))
 
     async def _run(
-        self, agent: Agent, jobs: list[RolloutJob], on_done: Callable[[int, Rollout], None] | None = None
+        self,
+        agent: Agent,
+        jobs: list[RolloutJob] | JobFeed,
+        on_done: Callable[[int, Rollout], None] | None = None,
     ) -> list[Rollout]:
+        feed = jobs if isinstance(jobs, JobFeed) else JobFeed(jobs, closed=True)
         sem = self._limit()
-        limit = outage_limit(self.max_outage_share, len(jobs))
         failed = 0
         # Start the jobs with the most steps left first (fewest steps taken: the best
         # guess without a model of the task), so a wave's tail is made of short rollouts
-        # and slots do not sit idle behind a few long ones started last.
-        order = iter(sorted(range(len(jobs)), key=lambda i: jobs[i].start.steps))
-        out: list[Rollout | None] = [None] * len(jobs)
+        # and slots do not sit idle behind a few long ones started last; of a feed's
+        # jobs, those handed over by the time a slot takes its next one.
+        waiting: list[tuple[int, int]] = []
+        out: list[Rollout | None] = []
+        more = asyncio.Event()
+
+        def take() -> int | None:
+            while len(out) < len(feed.jobs):
+                heapq.heappush(waiting, (feed.jobs[len(out)].start.steps, len(out)))
+                out.append(None)
+            return heapq.heappop(waiting)[1] if waiting else None
 
         async def worker() -> None:
             # A slot, once admitted, runs this wave's next job until none are left, so a
@@ -376,25 +391,73 @@ class Execution(BaseModel):
             # a wave of thousands does not park thousands of tasks on the semaphore.
             nonlocal failed
             async with sem:
-                for i in order:
-                    rollout = out[i] = await _guarded(agent, jobs[i])
+                while (i := take()) is not None or not feed.closed:
+                    if i is None:  # a feed still being planned: wait for its next jobs
+                        more.clear()
+                        await more.wait()
+                        continue
+                    rollout = out[i] = await _guarded(agent, feed.jobs[i])
                     if on_done is not None:
                         on_done(i, rollout)
                     if is_service_failure(rollout):
                         failed += 1
-                        if failed > limit:
-                            raise outage(failed, len(jobs), self.max_outage_share, rollout.leaf.cause)
+                        if feed.closed and failed > outage_limit(self.max_outage_share, len(feed.jobs)):
+                            raise outage(failed, len(feed.jobs), self.max_outage_share, rollout.leaf.cause)
 
-        workers = [asyncio.ensure_future(worker()) for _ in range(min(len(jobs), self.max_concurrency))]
+        workers: list[asyncio.Future[None]] = []
+
+        def grow() -> None:
+            more.set()
+            while len(workers) < min(len(feed.jobs), self.max_concurrency):
+                workers.append(asyncio.ensure_future(worker()))
+
+        feed.listener = grow
+        grow()
         try:
-            await asyncio.gather(*workers)
+            while not feed.closed or not all(w.done() for w in workers):
+                if workers:
+                    await asyncio.gather(*workers)
+                else:  # nothing handed over yet
+                    more.clear()
+                    await more.wait()
+            await asyncio.gather(*workers)  # raise what a worker raised
         except BaseException:
             # an outage (or a cancelled wave): stop the rest now, not after their retries
             for t in workers:
                 t.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
             raise
+        finally:
+            feed.listener = None
         return cast("list[Rollout]", out)
+
+
+class JobFeed:
+    """A wave's jobs handed to :meth:`Execution.run_reporting` as they are planned
+    (:class:`focus.search.WaveChoice`), in plan order: the first ones run while the rest
+    of the wave is chosen, instead of the model service waiting for the whole plan.
+    :meth:`close` once every job is in. The jobs and their seeds are the plan's, so
+    the rollouts are those of running the whole plan at once; only when each starts
+    differs. Too many failures for the outage share raise once the feed is closed
+    (the share is of the whole wave)."""
+
+    def __init__(self, jobs: Sequence[RolloutJob] = (), closed: bool = False) -> None:
+        self.jobs: list[RolloutJob] = list(jobs)
+        self.closed = closed
+        #: Told of every change (the running wave starts slots for new jobs).
+        self.listener: Callable[[], None] | None = None
+
+    def add(self, jobs: Sequence[RolloutJob]) -> None:
+        if self.closed:
+            raise ValueError("the feed is closed: its wave is planned")
+        self.jobs.extend(jobs)
+        if self.listener is not None:
+            self.listener()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.listener is not None:
+            self.listener()
 
 
 #: Times a rollout that ended in a bad response is run again before it counts as

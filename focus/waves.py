@@ -23,6 +23,13 @@ evidence trees the parts of their first ranking that no calibration changes (edg
 segments, tie-breaks): the fit at the barrier joins the trees' rows, and the rankings it
 makes new are built on those parts. A fit and a ranking read the same numbers either way.
 
+The next wave then starts as it is chosen (:func:`launch_choosing`): once every tree's
+ranking is up to date, the greedy choice hands its jobs to the running wave
+(:class:`focus.execution.JobFeed`) a slice at a time, the loop starting each slice
+before the next is taken, so the model service waits for the rankings but not for the
+whole choice. The trees of a wave still being chosen are grafted once it is whole
+(:meth:`WaveTail.complete`): a tree may get more jobs until then.
+
 Scoring ahead asks the critic about a few trees' nodes at a time instead of the whole
 wave's at once, so it is done only for a critic whose prediction of a context does not
 depend on the other contexts of the call (:attr:`focus.critic.Critic.row_wise`); with
@@ -35,15 +42,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from focus.agent import Rollout
 from focus.critic import Critic, check_predictions
-from focus.execution import is_bad_response
+from focus.execution import Execution, JobFeed, is_bad_response
 from focus.priority import Priority
-from focus.search import Predictions, SearchState, TreeWave, WavePlan, graft_tree, score_tree
+from focus.search import (
+    Predictions,
+    RolloutJob,
+    SearchState,
+    TreeWave,
+    WavePlan,
+    graft_tree,
+    plan_begin,
+    plan_choose,
+    plan_chosen,
+    score_tree,
+)
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -120,16 +138,19 @@ class WaveTail:
     service's report of one job (:meth:`focus.execution.Execution.run_reporting`),
     :meth:`follow` does the work while the wave runs."""
 
-    def __init__(self, plan: WavePlan) -> None:
+    def __init__(self, plan: WavePlan, complete: bool = True) -> None:
         self.plan = plan
-        self.rollouts: list[Rollout | None] = [None] * len(plan.jobs)
+        self.rollouts: list[Rollout | None] = []
         #: Each tree's jobs, by position in the plan (in plan order).
         self._jobs: dict[int, list[int]] = {}
-        for i, job in enumerate(plan.jobs):
-            self._jobs.setdefault(job.tree_index, []).append(i)
-        self._left = {ti: len(jobs) for ti, jobs in self._jobs.items()}
+        self._left: dict[int, int] = {}
+        #: Each job's tree, by position in the plan.
+        self._tree: list[int] = []
         self._ready: list[int] = []
         self._event = asyncio.Event()
+        #: Whether every job of the wave is in (:meth:`complete`): a tree is ready once
+        #: its jobs have finished and no more can come.
+        self._complete = False
         #: A rollout got a bad response: the wave will not be grafted, nothing more is done.
         self.stopped = False
         #: When the last job finished.
@@ -139,14 +160,34 @@ class WaveTail:
         self.predictions: dict[tuple[int, int], tuple[float | None, float | None]] = {}
         self._prefit: Priority | None = None
         self._rank = True
+        self.add(plan.jobs)
+        if complete:
+            self.complete(plan)
+
+    def add(self, jobs: Sequence[RolloutJob]) -> None:
+        """The wave's next jobs, in plan order (a wave launched as it is chosen,
+        :func:`launch_choosing`)."""
+        for job in jobs:
+            self._jobs.setdefault(job.tree_index, []).append(len(self.rollouts))
+            self._left[job.tree_index] = self._left.get(job.tree_index, 0) + 1
+            self._tree.append(job.tree_index)
+            self.rollouts.append(None)
+
+    def complete(self, plan: WavePlan) -> None:
+        """Every job is in: ``plan`` is the wave's (its jobs those added, in order)."""
+        self.plan, self._complete = plan, True
+        ready = [ti for ti, n in self._left.items() if not n]
+        if ready:
+            self._ready.extend(ready)
+            self._event.set()
 
     def done(self, index: int, rollout: Rollout) -> None:
         self.rollouts[index] = rollout
         if is_bad_response(rollout):
             self.stopped = True
-        ti = self.plan.jobs[index].tree_index
+        ti = self._tree[index]
         self._left[ti] -= 1
-        if not self._left[ti]:
+        if not self._left[ti] and self._complete:
             self._ready.append(ti)
             self._event.set()
 
@@ -171,7 +212,11 @@ class WaveTail:
         :meth:`focus.search.SearchState.may_refit`): compute what that fit reads of each
         tree (:meth:`_TreeFacts.prefit`) here too, first for the trees the wave does not
         touch, then for each tree as it is grafted (its noise rows once it is scored), so
-        the fit at the barrier only joins them."""
+        the fit at the barrier only joins them; and once the wave has finished, rank no
+        more trees: the plan ranks them in the same barrier, or, under a new calibration,
+        ranks every tree again (at 40k transitions over 40 tasks, whose trees finish
+        only as their wave ends, 0.1-0.2 s of each refit's barrier went into rankings
+        the refit threw away)."""
         if task.done():
             self.finished_at = time.perf_counter()
         else:
@@ -193,6 +238,11 @@ class WaveTail:
                 continue
             if task.done() and (task.cancelled() or task.exception() is not None):
                 return
+            if task.done() and prefit is not None:
+                # nothing in flight any more: ranking now or at the plan costs the same
+                # barrier time, and if the graft fits a new calibration the plan ranks
+                # every tree again, so leave the rest of the ranking to the plan
+                self._rank = False
             trees, self._ready = self._ready, []
             parts = await _sliced(lambda ti: self._graft(state, ti, phase_name), trees)
             if score is not None:
@@ -239,8 +289,15 @@ class WaveTail:
 
 
 #: Longest stretch (seconds) the tail's work holds the event loop before it lets the
-#: loop serve the rollouts still in flight.
-SLICE_S = 0.005
+#: loop serve the rollouts still in flight. Between two slices the loop runs one pass
+#: over everything ready, which with hundreds of rollouts in flight takes longer than
+#: a slice: with 5 ms slices the tail fell behind while the wave ran and caught up only
+#: after its last call (0.1-0.4 s of each barrier at 40k/800 and 100k/2,000 tasks).
+#: With 20 ms, one run each at load 6-8 on 2 cores: idle share 0.095 -> 0.069 at 40k
+#: transitions over 800 tasks, 0.110 -> 0.066 at 100k over 2,000, the collections'
+#: lengths the same within 8% (36.3 -> 33.5 s, 100.7 -> 101.1 s); an answer waits at
+#: most this long for the loop, against the model call's own milliseconds to seconds.
+SLICE_S = 0.02
 
 
 async def _sliced(fn: Callable[[Any], _T], items: list[Any]) -> list[_T]:
@@ -278,3 +335,60 @@ async def off_loop(fn: Callable[..., _T], *args: Any) -> _T:
     requests). The functions are pure and the loop's rollouts never touch the state
     they work on, so results are the same as inline."""
     return await asyncio.to_thread(fn, *args)
+
+
+#: Jobs the greedy choice hands over at a time while it chooses a wave
+#: (:func:`launch_choosing`): about a millisecond of choosing each, between which the
+#: event loop starts the jobs handed over.
+CHOOSE_SLICE = 64
+
+
+async def launch_choosing(
+    execution: Execution, agent: Any, search: Priority, state: SearchState, phase_index: int, running: Running
+) -> SearchState | None:
+    """:func:`focus.search.plan_next` for a continuation wave, its jobs started as they
+    are chosen: the rankings are brought up to date (off the loop), then the greedy
+    choice takes :data:`CHOOSE_SLICE` jobs at a time on the loop, each slice handed to
+    the running wave (a :class:`focus.execution.JobFeed`) before the next is taken, so
+    the model service has the wave's first jobs while the rest is chosen instead of
+    waiting for the whole plan (the choice was most of a barrier's length after a wave
+    without a refit, benchmarks/README.md, scale). The wave is in ``running`` with its
+    plan once chosen. The same plan as :func:`focus.search.plan_next`; ``None`` where
+    that plans no continuation wave (evidence, or the waves in flight are planned), or
+    where ``execution`` takes a wave's jobs only all at once: the caller plans as before."""
+    if not execution.reports_jobs:
+        return None
+    choice = await off_loop(_begin, state, search, phase_index)
+    if choice is None:
+        return None
+    c, first = choice
+    if not first:
+        return plan_chosen(c)
+    tail = WaveTail(WavePlan(phase_index, c.wave_index), complete=False)
+    tail.add(first)
+    feed = JobFeed(first)
+    task = asyncio.ensure_future(execution.run_reporting(agent, feed, tail.done))
+    key = (phase_index, c.wave_index)
+    launched = running.waves[key] = Launched(tail.plan, task, time.perf_counter(), tail)
+    try:
+        while not c.done:
+            await asyncio.sleep(0)  # the loop starts what was handed over
+            jobs = plan_choose(c, CHOOSE_SLICE)
+            tail.add(jobs)
+            feed.add(jobs)
+        chosen = plan_chosen(c)
+    except BaseException:
+        running.waves.pop(key, None)
+        task.cancel()
+        raise
+    launched.plan = chosen.planned[-1]
+    tail.complete(launched.plan)
+    feed.close()
+    return chosen
+
+
+def _begin(state: SearchState, search: Priority, phase_index: int) -> tuple[Any, list[RolloutJob]] | None:
+    """:func:`focus.search.plan_begin` and the wave's first slice of jobs (the rankings
+    brought up to date: the part that reads every tree)."""
+    choice = plan_begin(state, search, phase_index)
+    return None if choice is None else (choice, plan_choose(choice, CHOOSE_SLICE))

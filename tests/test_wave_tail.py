@@ -105,7 +105,8 @@ def test_grafting_ahead_changes_neither_the_journal_nor_the_batch(
     assert sum(grafted_while_running) >= 5
     assert (len(scored) > 0) == critic_cls.row_wise
     if critic_cls.row_wise:  # evidence trees scored as they finish, not ranked; continuations ranked
-        assert {(0, False), (1, True)} == set(scored)
+        # (but not those left once a wave that may refit the calibration has finished)
+        assert {(0, False), (1, True)} <= set(scored) <= {(0, False), (1, True), (1, False)}
     grafted_while_running.clear()
     barrier, barrier_steps = _collect(*_collector(_AllAtOnce(max_concurrency=4), critic_cls, waves_in_flight))
     assert not grafted_while_running

@@ -7,7 +7,9 @@ Three modules, one job each:
   waves that built them; pickled by the pipeline after every wave) and the facts
   derived from each tree;
 - :mod:`focus.search.planning`: :func:`plan_wave`, :func:`plan_ahead`,
-  :func:`plan_next`, :func:`plan_refill` - which checkpoints the next wave continues;
+  :func:`plan_next`, :func:`plan_refill` - which checkpoints the next wave continues
+  (:func:`plan_begin` / :func:`plan_choose` / :func:`plan_chosen`: :func:`plan_next`'s
+  wave handed over a slice of jobs at a time);
 - :mod:`focus.search.grafting`: :func:`graft`, :func:`with_predictions`,
   :func:`replay` - a successor state with a wave's rollouts or the critic's scores,
   and the state rebuilt from stored waves; :func:`graft_tree` and :func:`score_tree`,
@@ -31,7 +33,19 @@ from focus.search.grafting import (
     score_tree,
     with_predictions,
 )
-from focus.search.planning import InFlight, plan_ahead, plan_next, plan_refill, plan_wave, with_plan
+from focus.search.planning import (
+    InFlight,
+    WaveChoice,
+    plan_ahead,
+    plan_begin,
+    plan_choose,
+    plan_chosen,
+    plan_next,
+    plan_refill,
+    plan_wave,
+    wave_choices,
+    with_plan,
+)
 from focus.search.state import (
     CALIBRATION_SPREADS,
     RolloutJob,
@@ -50,6 +64,7 @@ __all__ = [
     "RolloutJob",
     "SearchState",
     "TreeWave",
+    "WaveChoice",
     "WavePlan",
     "WaveRecord",
     "copy_state",
@@ -57,6 +72,9 @@ __all__ = [
     "graft",
     "graft_tree",
     "plan_ahead",
+    "plan_begin",
+    "plan_choose",
+    "plan_chosen",
     "plan_next",
     "plan_refill",
     "plan_wave",
@@ -64,6 +82,7 @@ __all__ = [
     "rollout_seed",
     "score_tree",
     "unscored",
+    "wave_choices",
     "with_plan",
     "with_predictions",
 ]

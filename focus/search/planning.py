@@ -11,13 +11,14 @@ same jobs and the same seeds.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from focus.calibration import Calibration
-from focus.priority import Phase, Priority
+from focus.priority import NodeEvidence, Phase, Priority
 from focus.ranking import entry
 from focus.search.state import RolloutJob, SearchState, WavePlan, _successor, _TreeFacts, rollout_seed
 
@@ -35,6 +36,27 @@ def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index
     :func:`plan_ahead`) count as pending from the start, and their expected
     transitions are held back from the budget.
     """
+    _check_wave(state, search, phase_index, wave_index)
+    phase = search.phases[phase_index]
+    if phase.is_evidence:
+        if state.waves_done(phase_index) or state.planned:
+            return WavePlan(phase_index, wave_index)
+        jobs = []
+        for ti, tree in enumerate(state.trees):
+            base = len(tree.root.children)
+            for b in range(base, base + (phase.rollouts_per_task or 0)):
+                jobs.append(
+                    RolloutJob(ti, tree.ROOT, rollout_seed(state.seed, ti, tree.ROOT, b), tree.states[tree.ROOT], b)
+                )
+        return WavePlan(phase_index, wave_index, tuple(jobs))
+    chosen = tuple(wave_choices(state, search, phase_index, wave_index))
+    return WavePlan(
+        phase_index, wave_index, tuple(c.job for c in chosen), tuple(c.expected_transitions for c in chosen)
+    )
+
+
+def _check_wave(state: SearchState, search: Priority, phase_index: int, wave_index: int) -> None:
+    """Raise unless wave ``wave_index`` of phase ``phase_index`` is the one to plan next."""
     if not 0 <= phase_index < len(search.phases):
         raise ValueError(f"phase index {phase_index} out of range: the search has {len(search.phases)} phases")
     phase = search.phases[phase_index]
@@ -50,19 +72,18 @@ def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index
             f"cannot plan wave {wave_index} of phase {phase.name!r}: {done} waves of it are done and {queued} "
             f"planned (plan wave {done + queued} next)"
         )
-    if phase.is_evidence:
-        if done or queued:
-            return WavePlan(phase_index, wave_index)
-        jobs = []
-        for ti, tree in enumerate(state.trees):
-            base = len(tree.root.children)
-            for b in range(base, base + (phase.rollouts_per_task or 0)):
-                jobs.append(
-                    RolloutJob(ti, tree.ROOT, rollout_seed(state.seed, ti, tree.ROOT, b), tree.states[tree.ROOT], b)
-                )
-        return WavePlan(phase_index, wave_index, tuple(jobs))
-    if phase.max_waves is not None and wave_index >= phase.max_waves:
-        return WavePlan(phase_index, wave_index)
+
+
+def wave_choices(state: SearchState, search: Priority, phase_index: int, wave_index: int) -> Iterator[InFlight]:
+    """The jobs of continuation wave ``wave_index`` (:func:`plan_wave`) one at a time, in
+    the order the greedy choice takes them (nothing for an evidence phase, or when the
+    phase is done). Lazy: the first ``next`` brings every tree's ranking up to date, each
+    later one costs a heap step, so a runner can start the first jobs while the rest of
+    the wave is chosen (:class:`WaveChoice`); the jobs are those of :func:`plan_wave`."""
+    _check_wave(state, search, phase_index, wave_index)
+    phase = search.phases[phase_index]
+    if phase.is_evidence or (phase.max_waves is not None and wave_index >= phase.max_waves):
+        return
     # A rollout that made no task transition (only parse errors or compactions) still
     # counts one against the budget (Usage.spend), so a phase always ends.
     facts = [state.facts(ti) for ti in range(len(state.trees))]
@@ -73,13 +94,10 @@ def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index
         for job in p.jobs:
             pending[(job.tree_index, job.node_id)] = pending.get((job.tree_index, job.node_id), 0) + 1
     if remaining <= 0:
-        return WavePlan(phase_index, wave_index)
+        return
     # Each tree's eligible checkpoints are ranked once per tree version (cached in the
     # state); the wave merges the per-tree rankings.
-    chosen = _greedy(state, search, phase_index, facts, pending, None, remaining)
-    return WavePlan(
-        phase_index, wave_index, tuple(c.job for c in chosen), tuple(c.expected_transitions for c in chosen)
-    )
+    yield from _greedy(state, search, phase_index, facts, pending, None, remaining)
 
 
 def plan_ahead(state: SearchState, search: Priority, phase_index: int) -> SearchState:
@@ -165,7 +183,7 @@ def plan_refill(
     for f in in_flight:
         key = (f.job.tree_index, f.job.node_id)
         pending[key] = pending.get(key, 0) + 1
-    return _greedy(state, search, phase_index, facts, pending, slots, remaining)
+    return tuple(_greedy(state, search, phase_index, facts, pending, slots, remaining))
 
 
 def wave_limits(phase: Phase, calib: Calibration, slots: int | None = None) -> tuple[int, float]:
@@ -200,7 +218,7 @@ def _greedy(
     pending: dict[tuple[int, int], int],
     slots: int | None,
     remaining: float,
-) -> tuple[InFlight, ...]:
+) -> Iterator[InFlight]:
     """Greedily take the highest-priority eligible checkpoint, count the planned
     continuation into its evidence (``pending``) and re-rank it, until the wave is full
     (:func:`wave_limits`, at most ``slots`` jobs when given) or the planned jobs'
@@ -210,7 +228,9 @@ def _greedy(
     their checkpoints leave the cached rankings (ranked with nothing pending) and enter
     the heap re-ranked with their pending count. The heap holds the next entry of every
     tree's ranking plus the re-ranked entries, so it pops exactly the order a heap of
-    every eligible checkpoint would.
+    every eligible checkpoint would. A checkpoint taken again reads the view it was
+    re-ranked with (``taken``: the ranking's view with its pending count, the same
+    fields) instead of copying the ranking's view once more.
     """
     phase = search.phases[phase_index]
     calib = state.calibration(search)
@@ -238,23 +258,75 @@ def _greedy(
     for ti in range(len(ranked)):
         push_next(ti, 0)
     heapq.heapify(heap)
-    jobs: list[InFlight] = []
+    taken: dict[tuple[int, int], NodeEvidence] = {}
+    jobs = 0
     planned = 0.0
-    while heap and len(jobs) < limit and planned < remaining:
+    while heap and jobs < limit and planned < remaining:
         _, _, ti, nid, pos = heapq.heappop(heap)
         if pos >= 0:
             push_next(ti, pos + 1)
-        ev = facts[ti].view(search, calib, state.seed, nid)
-        assert ev is not None  # a ranked entry is a checkpoint's
-        n = pending.get((ti, nid), 0)
-        if n != ev.pending:  # a ranking's views have none pending: mostly no copy to make
-            ev = ev.with_pending(n)
+        key = (ti, nid)
+        ev = taken.get(key)
+        if ev is None:
+            ev = facts[ti].view(search, calib, state.seed, nid)
+            assert ev is not None  # a ranked entry is a checkpoint's
+            n = pending.get(key, 0)
+            if n != ev.pending:  # a ranking's views have none pending: mostly no copy to make
+                ev = ev.with_pending(n)
         branch = ev.branches + ev.pending
         job = RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), state.trees[ti].states[nid], branch)
-        jobs.append(InFlight(job, ev.expected_transitions))
+        jobs += 1
         planned += ev.expected_transitions
+        yield InFlight(job, ev.expected_transitions)
         ev = ev.with_pending(ev.pending + 1)
-        pending[(ti, nid)] = ev.pending
+        pending[key] = ev.pending
         if ev.branches + ev.pending < phase.max_branches:
+            taken[key] = ev
             heapq.heappush(heap, (*entry(search, state.seed, ev), -1))
-    return tuple(jobs)
+
+
+class WaveChoice:
+    """A continuation wave being chosen a slice at a time (:func:`plan_begin`,
+    :func:`plan_choose`, :func:`plan_chosen`): :func:`plan_next`'s wave, the same jobs in
+    the same order, handed over as they are taken so that a runner starts the first
+    ones while the greedy choice takes the rest (each later job costs a heap step; a wave
+    of a thousand jobs took 15-60 ms at the barrier, benchmarks/README.md, scale)."""
+
+    def __init__(self, state: SearchState, search: Priority, phase_index: int) -> None:
+        self.state, self.phase_index = state, phase_index
+        self.wave_index = state.waves_done(phase_index) + len(state.planned)
+        self._choices = wave_choices(state, search, phase_index, self.wave_index)
+        self.chosen: list[InFlight] = []
+        #: Every job of the wave is taken.
+        self.done = False
+
+
+def plan_begin(state: SearchState, search: Priority, phase_index: int) -> WaveChoice | None:
+    """The next continuation wave of phase ``phase_index`` to choose a slice at a time;
+    ``None`` where :func:`plan_next` plans no such wave (an evidence phase, or
+    ``search.waves_in_flight`` waves planned already)."""
+    phase = search.phases[phase_index]
+    if phase.is_evidence or len(state.planned) >= search.waves_in_flight:
+        return None
+    return WaveChoice(state, search, phase_index)
+
+
+def plan_choose(choice: WaveChoice, n: int) -> list[RolloutJob]:
+    """The wave's next ``n`` jobs in plan order (fewer, or none, once it is full; the
+    first call brings every tree's ranking up to date)."""
+    taken = list(itertools.islice(choice._choices, n))
+    if len(taken) < n:
+        choice.done = True
+    choice.chosen.extend(taken)
+    return [c.job for c in taken]
+
+
+def plan_chosen(choice: WaveChoice) -> SearchState:
+    """What :func:`plan_next` returns, once every job of ``choice`` is taken."""
+    if not choice.done:
+        raise ValueError("the wave is still being chosen: take its jobs (plan_choose) until none are left")
+    c = choice.chosen
+    plan = WavePlan(
+        choice.phase_index, choice.wave_index, tuple(x.job for x in c), tuple(x.expected_transitions for x in c)
+    )
+    return choice.state if plan.empty else with_plan(choice.state, plan)
