@@ -226,6 +226,18 @@ COMMANDS: dict[str, Check] = {
     "--out runs/learn-sgd-t4-all": Check(
         "parse", "reads the half-data run's and the uniform run's runs.jsonl, concatenated (needs them)"
     ),
+    ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks long-reach math --seeds 0 1 2 3 4 --set rule=sgd "
+    "--set target_kl=0.2 --out runs/learn-sgd-lr-math": Check(
+        "parse", "a learning run of about 11 minutes on a loaded machine (the long reach and MATH under sgd, issue 32)"
+    ),
+    ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks long-reach math --seeds 0 1 2 3 4 --set rule=sgd "
+    "--sweep target_kl=0.05,0.1 --out runs/learn-sweep-sgd-lr-math": Check(
+        "parse", "a learning sweep of about 16 minutes on a loaded machine (the long reach and MATH, issue 32)"
+    ),
+    ".venv/bin/python -m benchmarks.learning --tasks long-reach math --set rule=sgd --sweep target_kl=0.05,0.1,0.2 "
+    "--assemble runs/learn-sweep-sgd-lr-math": Check(
+        "parse", "reads the sweep's folder and the 0.2 run's runs.jsonl copied into it (needs them)"
+    ),
     # docs/pipeline.md
     ".venv/bin/python -m tasks.config.reference": Check(
         "parse", "rewrites docs and configs in place; tests/test_configs.py runs its --check"
