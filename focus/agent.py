@@ -106,6 +106,11 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
+#: The cause of a truncated leaf whose next prompt does not fit the model (the agent's
+#: ``max_prompt_tokens``, or the server's context length: :class:`focus.policy.ContextLimit`).
+CONTEXT_LIMIT = "context limit"
+
+
 class Agent:
     """Runs ``policy`` in ``env`` with a context manager and a branch-point rule.
 
@@ -193,7 +198,7 @@ class Agent:
                     continue
                 prompt = state.context.prompt_ids
                 if self.max_prompt_tokens is not None and len(prompt) > self.max_prompt_tokens:
-                    pieces.append(Piece(tuple(turns), "truncated", state.steps, prompt, cause="context limit"))
+                    pieces.append(Piece(tuple(turns), "truncated", state.steps, prompt, cause=CONTEXT_LIMIT))
                     break
                 completion = await self.policy.sample_on_route(prompt, params, state.route)
                 self.policy.check_completion(completion, params)
@@ -204,7 +209,7 @@ class Agent:
             except ContextLimit as e:
                 # the episode outgrew the model, as at max_prompt_tokens; a task whose own
                 # prompt does not fit fails, as any refused request does
-                kind, cause = ("truncated", "context limit") if state.steps else ("failed", f"{failure_prefix(e)}: {e}")
+                kind, cause = ("truncated", CONTEXT_LIMIT) if state.steps else ("failed", f"{failure_prefix(e)}: {e}")
                 pieces.append(Piece(tuple(turns), kind, state.steps, state.context.prompt_ids, cause=cause))
                 break
             except (PolicyError, NotImplementedError) as e:

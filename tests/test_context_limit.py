@@ -57,7 +57,7 @@ def test_an_episode_past_the_context_ends_in_a_truncated_leaf(local_model_server
     agent = Agent(policy, Verbose(), toy_format(), max_steps=12, sampling=SamplingParams(max_tokens=8))
     col = Collector(
         agent,
-        search=Selective(phases=[Phase("evidence", rollouts_per_task=2)]),
+        search=Selective(phases=[Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=12, wave_size=4)]),
         critic=ConstantCritic(0.5),
         estimator=DirectBranchTd(),
         execution=Execution(max_concurrency=4),
@@ -73,10 +73,16 @@ def test_an_episode_past_the_context_ends_in_a_truncated_leaf(local_model_server
 
     state = asyncio.run(go())
     batch = col.prepare(state)
-    leaves = [t.nodes[n] for t in state.trees for n in t.nodes if t.nodes[n].kind in ("truncated", "failed")]
-    assert len(leaves) == 2  # targets of 40+ are not reached in the 2-3 turns that fit
+    (tree,) = state.trees
+    leaves = [n for n in tree.nodes.values() if n.kind in ("truncated", "failed", "terminal")]
+    assert len(leaves) >= 4  # targets of 40+ are not reached in the 2-3 turns that fit
     assert {(leaf.kind, leaf.cause) for leaf in leaves} == {("truncated", "context limit")}
     assert batch.stats["failed_rollouts"] == 0
+    # a checkpoint whose next prompt does not fit is continued no more: each has at most
+    # one child without a transition, and the continuation budget went to transitions
+    empty = [tree.edges[e].parent for e in tree.edges if tree.edges[e].k == 0]
+    assert empty and len(empty) == len(set(empty))
+    assert state.usage(1).transitions >= 12
     # every turn before the refused call is in the batch, each prompt within the context
     assert batch.actor and all(len(r.prompt_ids) + 8 <= 4096 for r in batch.actor)
     assert max(len(r.prompt_ids) for r in batch.actor) > 4096 - PAD - 100

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from focus.agent import Rollout
+from focus.agent import CONTEXT_LIMIT, Rollout
 from focus.priority import Calibration, Priority
 from focus.search.planning import plan_ahead
 from focus.search.state import (
@@ -130,6 +130,10 @@ def _add_rollout(
         owned.add(node.id)
         if piece.kind == "checkpoint":
             tree.states[node.id] = piece.state
+        elif piece.cause == CONTEXT_LIMIT and not piece.turns:
+            # the checkpoint's next prompt does not fit the model: every continuation
+            # from it would end here again, with no transition, so none is planned
+            tree.states.pop(parent, None)
         parent = node.id
     tree.rollouts += 1
     tree.log.append(
