@@ -97,7 +97,8 @@ def test_call_meter_counts_the_stretches_with_no_call_in_flight():
     assert f["idle_share"] == pytest.approx(f["idle_s"] / f["calls_window_s"])
     assert f["idle_s"] < f["calls_window_s"] - 0.15
     (at, length), *_ = f["idle_gaps_ms"]  # the barrier, after the first two calls
-    assert at >= 100 and 200 <= length <= 1000 * f["idle_s"]
+    # the gaps are rounded to 0.1 ms, so the longest may read up to 0.05 ms over the total
+    assert at >= 100 and 200 <= length <= 1000 * f["idle_s"] + 0.05
 
 
 def test_rows_budgets_and_task_series():
