@@ -5,7 +5,7 @@ SGLang's ``/v1/completions`` names its log-prob tokens by their text and returns
 retried each call ``max_retries`` times, the rollout was run again twice, and the wave
 failed after 20-28 s as a "model service outage", the cause at the end of the line. Now
 the first answers of a collection, all malformed with one cause, stop it with one line
-that leads with the cause. With one call in flight that took 31-39 s (the first
+that leads with the cause. With one call in flight that took 24-39 s (the first
 request's retries and reruns ran out before a second request was sent); a probe beside
 the first request makes it under a second. What must still be retried (an aborted
 answer, a cut body, one request answered badly on every try, malformed answers at a
@@ -24,7 +24,7 @@ import pytest
 
 from flows.errors import exit_code, one_line
 from focus.backends import HttpConfig, OpenAICompatPolicy
-from focus.backends.unreadable import PROBE_TOKENS, Unreadable, cause_key
+from focus.backends.unreadable import PROBE_TOKENS, Unreadable, cause_key, probe
 from focus.policy import BadResponse, SamplingParams, UnreadableAnswers
 from focus.testing import run
 from focus.testing.faults import FaultProxy
@@ -88,6 +88,17 @@ def test_a_probe_is_wanted_only_before_anything_was_read_and_for_one_request():
     read = Unreadable()
     read.answered()
     assert not any(read.malformed("not JSON", b"a") or read.take_probe() for _ in range(10))
+    # a request body the probe cannot be made from (a subclass's own): no probe, none in flight
+    odd = Unreadable()
+    odd.malformed("not JSON", b"a")
+    odd.malformed("not JSON", b"a")
+    assert odd.take_probe()
+    sent: list[bytes] = []
+
+    async def send(body: bytes) -> None:
+        sent.append(body)
+
+    assert not run(probe(odd, lambda body: body["prompt"], b'{"input": [1]}', send)) and not odd.probing and not sent
 
 
 #: Short waits, no outage wait, no read timeout a slow machine could miss.
@@ -154,8 +165,8 @@ def test_a_probe_that_tells_nothing_leaves_the_call_to_its_retries(other):
 def test_a_server_of_another_shape_stops_the_collection_at_once_naming_the_cause(
     local_model_server, tmp_path, concurrency
 ):
-    """Many calls in flight, or one (``max_concurrency = 1``: 31-39 s before the probe,
-    at a load of 0.2-0.4 on 2 cores; 0.35 s after)."""
+    """Many calls in flight, or one (``max_concurrency = 1``: 24-39 s and 34 requests
+    before the probe, 0.27-0.43 s and 5 after, at a load average of 0.2-4.9 on 2 cores)."""
     from fixtures.journal import run_collect
 
     from storage import CheckpointStore
@@ -189,5 +200,6 @@ def test_a_server_of_another_shape_stops_the_collection_at_once_naming_the_cause
     assert ("evidence", 0) not in CheckpointStore(str(tmp_path)).list("shape")
     # a bound well above the 0.1-0.4 s it takes, well below the 30 s it took with one call in flight
     assert took < 10, took
-    assert proxy.requests < 2 * Unreadable.FIRST if concurrency == 1 else True
+    if concurrency == 1:  # the request's 4 answers and the probe's, not 3 runs of 11 attempts and another rollout's
+        assert proxy.requests < 2 * Unreadable.FIRST, proxy.requests
     print(f"stopped after {took:.2f} s, {proxy.requests} requests")
