@@ -125,12 +125,37 @@ def test_every_fault_kind_is_retried_and_the_batch_is_unchanged(local_model_serv
     assert all(math.isfinite(x) for r in got.actor for x in r.logprobs)
 
 
+def test_malformed_answers_with_one_call_in_flight_are_retried_and_the_batch_is_unchanged(local_model_server, clean):
+    """One call in flight, the first answers of the collection malformed: the first
+    request's first two, the probe's beside it (focus.backends.unreadable: another
+    prompt, sent to tell the server's answer format from one request's bad answer) and
+    the request's third - four in a row of one cause over two requests, one short of
+    the rule that stops a collection before anything was read - then one in five at
+    random. Every one is retried, the probe's answer is dropped, and the batch is the
+    fault-free one."""
+    from focus.backends.unreadable import Unreadable
+
+    _, want = clean
+    # seed 0: the proxy's first draw (0.84) is no fault, so the fifth answer is readable
+    with FaultProxy(local_model_server.url, rate=0.2, kinds=("malformed",), seed=0) as proxy:
+        proxy.queue("malformed", Unreadable.FIRST - 1)
+        col = collector(proxy.url, concurrency=1)
+        state, got = collect(col)
+    unread = col.agent.policy.http._unread
+    assert unread.probes == 1 and not unread.never_answered
+    assert proxy.injected["malformed"] > Unreadable.FIRST  # faults at random too, after the queued ones
+    assert got.stats["failed_rollouts"] == 0 and got.stats["failure_causes"] == {}
+    assert key(got) == key(want) and same_logprobs(got, want)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_persistent_fault_fails_only_that_rollout_with_its_cause(local_model_server, kind):
-    """Concurrency 1 makes the first requests the first rollout's: it gets every attempt
-    faulted (of every run of it: a bad response is run again, BAD_RESPONSE_RERUNS); its
-    sibling from the same root completes. (One failure in a wave of two is more than the
-    default outage share, which would fail the wave: keep failed rollouts.) An answer
+    """The first rollout's first request gets every attempt faulted (of every run of it:
+    a bad response is run again, BAD_RESPONSE_RERUNS), other requests none (a malformed
+    answer to it is answered by a probe to another prompt, which reads fine: one
+    request's bad answer, not the server's format); its sibling from the same root
+    completes. (One failure in a wave of two is more than the default outage share,
+    which would fail the wave: keep failed rollouts.) An answer
     that could not be used is a bad response, never kept: the collection stops at the
     wave, with that rollout's cause (tests/test_bad_response.py replays it)."""
     from focus.execution import BAD_RESPONSE_RERUNS, BadResponses
@@ -140,11 +165,12 @@ def test_a_persistent_fault_fails_only_that_rollout_with_its_cause(local_model_s
     bad = kind in ("malformed", "short_logprobs", "nan_logprobs")
     runs = 1 + BAD_RESPONSE_RERUNS if bad else 1
     with FaultProxy(local_model_server.url, hang_s=1.0) as proxy:
-        proxy.queue(kind, count=2 * runs)  # both attempts of the first call, of every run
+        proxy.queue(kind, count=2 * runs, one_request=True)  # both attempts of the first call, of every run
         col = collector(proxy.url, phases=evidence_only, concurrency=1, http=http, outage_share=1.0)
         if bad:
             with pytest.raises(BadResponses, match=r"^bad responses: 1 of 2 rollouts of phase evidence wave 0") as e:
                 collect(col, n_tasks=1)
+            assert proxy.pending() == 0
             failed, done = e.value.rollouts
             assert failed.leaf.cause.startswith("bad response: POST ") and "after 2 attempt(s)" in failed.leaf.cause
             assert CAUSE[kind] in failed.leaf.cause and done.leaf.kind != "failed"

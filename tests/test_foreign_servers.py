@@ -113,8 +113,26 @@ def test_an_answer_the_server_ended_itself_is_retried_not_recorded():
         parse_generate(aborted)
 
 
-def _mock(answer: Any) -> httpx.MockTransport:
-    return httpx.MockTransport(lambda request: httpx.Response(200, json=answer))
+#: A good answer of each kind: what the server answers requests other than the test's.
+GOOD = {
+    OpenAICompatPolicy: vllm_answer([5], [-0.5]),
+    SGLangPolicy: {
+        "text": "a",
+        "output_ids": [3],
+        "meta_info": {"finish_reason": "stop", "output_token_logprobs": [[-0.1, 3, "a"]]},
+    },
+}
+
+
+def _mock(answer: Any, others: Any = None, bodies: list[bytes] | None = None) -> httpx.MockTransport:
+    """``answer`` to the first request's body, ``others`` (default ``answer``) to any other."""
+    seen = [] if bodies is None else bodies
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        seen.append(request.content)
+        return httpx.Response(200, json=answer if others is None or request.content == seen[0] else others)
+
+    return httpx.MockTransport(reply)
 
 
 @pytest.mark.parametrize(
@@ -128,8 +146,11 @@ def _mock(answer: Any) -> httpx.MockTransport:
 def test_an_answer_of_another_shape_is_a_bad_response_not_a_crash(policy_cls, answer):
     """An answer whose parts have the wrong JSON type raised ``AttributeError`` out of
     the parser: not retried, and the rollout failed as an ``error``, not as the bad
-    response it is (which reruns it and stops the collection if it persists)."""
-    policy = policy_cls("http://127.0.0.1:1", config=FAST, transport=_mock(answer))
+    response it is (which reruns it and stops the collection if it persists). The
+    server answers this one request so; the probe the client sends beside it (another
+    prompt) reads fine. (Every request answered so: tests/test_unreadable_answers.py.)"""
+    bodies: list[bytes] = []
+    policy = policy_cls("http://127.0.0.1:1", config=FAST, transport=_mock(answer, GOOD[policy_cls], bodies))
 
     async def go() -> None:
         try:
@@ -139,6 +160,7 @@ def test_an_answer_of_another_shape_is_a_bad_response_not_a_crash(policy_cls, an
 
     with pytest.raises(BadResponse, match="failed after 4 attempt.*malformed response"):
         run(go())
+    assert len(bodies) == 5 and len(set(bodies)) == 2  # 4 attempts and one probe
 
 
 def old_vllm(answer: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:

@@ -54,13 +54,15 @@ from focus.backends.retry import (
     parse_retry_after,
 )
 from focus.backends.send import AiohttpSender, HttpxSender, Sender
-from focus.backends.unreadable import Unreadable, unreadable_line
+from focus.backends.unreadable import Unreadable, probe, unreadable_line
 from focus.backends.watch import Entry, Watch
 from focus.backends.wire import Rejected as _Rejected
 from focus.backends.wire import Retryable as _Retryable
 from focus.backends.wire import Wire as _Wire
 from focus.backends.wire import classify as _classify
 from focus.backends.wire import expire as _expire
+from focus.backends.wire import gave_up as _gave_up
+from focus.backends.wire import headers as _headers
 from focus.backends.wire import snippet as _snippet
 from focus.backends.wire import text as _text
 from focus.policy import (
@@ -110,6 +112,7 @@ class HttpClient:
         unavailable: type[Exception] | None = None,
         service: str | None = None,
         wait_outages: bool = True,
+        probe: Callable[[Any], Any] | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
@@ -127,10 +130,13 @@ class HttpClient:
         #: False: a service that is down (past the quick retries) fails the call at once
         #: instead of being waited for - a replica whose calls others can take.
         self.wait_outages = wait_outages
+        #: A request body beside a given one (decoded), to another prompt: the probe that
+        #: tells another server's answer format from one request's bad answer (None: none).
+        self.probe = probe
         self._transport = transport
         self._rng = random.Random()
         self._wire: _Wire | None = None
-        self._headers = self._make_headers()
+        self._headers = _headers(self.config.headers, self.config.api_key)
         self._urls: dict[str, tuple[Any, dict[int | None, tuple[str, int]]]] = {}
         self._stats = ClientStats()
         self._outages = OutageTotals()
@@ -150,12 +156,6 @@ class HttpClient:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._rng = random.Random()  # each copy its own jitter: copies must not retry in lockstep
-
-    def _make_headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", **self.config.headers}
-        if self.config.api_key:
-            headers["Authorization"] = f"Bearer {self.config.api_key}"
-        return headers
 
     # ---- statistics ----
 
@@ -318,7 +318,7 @@ class HttpClient:
             now = time.monotonic()
             streak = now if streak is None else streak
             answered = last.kind == "malformed response"  # an answer, if a bad one: not an outage
-            if answered and self._unread.malformed(str(last), content):
+            if answered and await self._unreadable(wire, method, url, content, parse, deadline, str(last)):
                 self._stats.add(CallRecord(attempts, now - t0, (*errors, (last.kind, now - started)), last.kind))
                 raise self.unreadable(unreadable_line(self.service, method, url, self._unread)) from None
             if not answered:
@@ -388,23 +388,24 @@ class HttpClient:
         """Record a call that gave up (``ended`` by its ``retries``, its ``deadline``, the
         ``outage`` window, or a service ``down`` that is not waited for); the error to
         raise (``unavailable``, or ``bad`` for an answer that could not be used)."""
-        now = time.monotonic()
-        elapsed = now - t0
+        elapsed = time.monotonic() - t0
         self._stats.add(CallRecord(attempts, elapsed, errors, last.kind, ended == "deadline", hedges))
-        status = f"status {last.status}" if last.status is not None else "no status"
         error = self.bad if last.kind == "malformed response" else self.unavailable
-        if ended == "deadline":
-            within = f" in {elapsed:.1f} s (deadline {self.config.deadline_s:g} s)"
-        elif ended == "outage" and gate.down_since is not None:
-            within = (
-                f"; the {gate.service} has not answered for {now - gate.down_since:.0f} s "
-                f"(waited for it up to outage_wait_s = {gate.window_s:g} s)"
-            )
-        elif ended == "down":
-            within = f"; the {gate.service} is down (not waited for)"
-        else:
-            within = ""
-        return error(f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}")
+        return error(_gave_up(method, url, attempts, elapsed, ended, last, gate, self.config.deadline_s))
+
+    async def _unreadable(
+        self, wire: _Wire, method: str, url: Any, content: bytes | None, parse: Any, deadline: float | None, cause: str
+    ) -> bool:
+        """After a malformed answer (``cause``) to ``content``, whether the answers cannot
+        be read; with a probe, in a slot of its own, where the count wants one
+        (:mod:`focus.backends.unreadable`)."""
+        if self._unread.malformed(cause, content):
+            return True
+        if self.probe is None or content is None or not self._unread.take_probe():
+            return False
+        return await probe(
+            self._unread, self.probe, content, lambda b: self._hedge(wire, method, url, b, parse, deadline)
+        )
 
     async def _attempt(
         self,

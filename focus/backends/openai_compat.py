@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from focus.backends.http import HttpClient, HttpConfig, HttpPolicy, MalformedResponse
+from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, SamplingParams
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error", "eos": "stop"}
@@ -47,7 +48,7 @@ class OpenAICompatPolicy(HttpPolicy):
     ) -> None:
         root = base_url.rstrip("/")
         root = root[: -len("/v1")] if root.endswith("/v1") else root
-        self.http = HttpClient(root, config, transport=transport)
+        self.http = HttpClient(root, config, transport=transport, probe=probe_body)
         self.model = model
         self.vocab_size = vocab_size
         self.policy_version = model
@@ -115,6 +116,13 @@ def unserved_model(base_url: str, model: str, *, headers: dict[str, str] | None 
     return (
         f"model.model {model!r} is not served at {root} (it serves {served}); set it, e.g. --set model.model={ids[0]}"
     )
+
+
+def probe_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A request beside ``body`` with its settings, to another prompt (its first
+    :data:`~focus.backends.unreadable.PROBE_TOKENS` tokens) and another seed: the probe
+    that tells a server of another answer format from one request's bad answers."""
+    return {**body, "prompt": body["prompt"][:PROBE_TOKENS], "seed": other_seed(body.get("seed"))}
 
 
 def aborted(finish: str, n: int, detail: Any) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from focus.backends.http import HttpClient, HttpConfig, HttpPolicy, MalformedResponse
 from focus.backends.openai_compat import aborted
+from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, SamplingParams
 
 
@@ -37,7 +38,7 @@ class SGLangPolicy(HttpPolicy):
         extra_sampling_params: dict[str, Any] | None = None,
         transport: Any = None,
     ) -> None:
-        self.http = HttpClient(base_url, config, transport=transport)
+        self.http = HttpClient(base_url, config, transport=transport, probe=probe_body)
         self.vocab_size = vocab_size
         self.policy_version = policy_version
         self.extra_sampling_params = dict(extra_sampling_params or {})
@@ -107,3 +108,10 @@ def parse_generate(data: Any) -> Completion:
     version = meta.get("weight_version") or meta.get("policy_version")
     version = version if isinstance(version, str) and version else None
     return Completion(tuple(ids), tuple(lps), finish, cached if isinstance(cached, int) else None, extra, version)
+
+
+def probe_body(body: dict[str, Any]) -> dict[str, Any]:
+    """:func:`focus.backends.openai_compat.probe_body` for ``/generate``: the first
+    tokens of ``body``'s prompt, another seed, the same settings."""
+    sp = {**body["sampling_params"], "sampling_seed": other_seed(body["sampling_params"].get("sampling_seed"))}
+    return {**body, "input_ids": body["input_ids"][:PROBE_TOKENS], "sampling_params": sp}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -84,6 +85,33 @@ def classify(e: BaseException) -> Retryable:
     if isinstance(cause, TimeoutError) or (cause is e and isinstance(e, httpx.TimeoutException)):
         return Retryable("timeout", None, f"{type(cause).__name__}: {cause}")
     return Retryable("connection", None, f"{type(cause).__name__}: {cause}")
+
+
+def gave_up(
+    method: str, url: Any, attempts: int, elapsed: float, ended: str, last: Retryable, gate: OutageGate, deadline_s: Any
+) -> str:
+    """The message of a call that gave up (``ended``: see ``HttpClient._give_up``)."""
+    status = f"status {last.status}" if last.status is not None else "no status"
+    if ended == "deadline":
+        within = f" in {elapsed:.1f} s (deadline {deadline_s:g} s)"
+    elif ended == "outage" and gate.down_since is not None:
+        within = (
+            f"; the {gate.service} has not answered for {time.monotonic() - gate.down_since:.0f} s "
+            f"(waited for it up to outage_wait_s = {gate.window_s:g} s)"
+        )
+    elif ended == "down":
+        within = f"; the {gate.service} is down (not waited for)"
+    else:
+        within = ""
+    return f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}"
+
+
+def headers(extra: dict[str, str], api_key: str | None) -> dict[str, str]:
+    """Every request's headers: JSON, ``extra`` (``HttpConfig.headers``), the API key's bearer."""
+    out = {"Content-Type": "application/json", **extra}
+    if api_key:
+        out["Authorization"] = f"Bearer {api_key}"
+    return out
 
 
 def text(content: bytes) -> str:

@@ -9,7 +9,8 @@ fewer log-probs than tokens or NaN log-probs (:data:`KINDS`); on request, answer
 break the policy contract while keeping the format (:data:`ANSWER_KINDS`: more tokens
 than ``max_tokens``, an id outside the vocabulary). Faults are queued for the next requests
 (deterministic tests) or drawn at ``rate`` from a seeded generator (load runs); every
-injected fault is counted by kind. The tiny model server's own ``/debug/faults`` cannot
+injected fault is counted by kind; queued ones may all go to one request's answers (a
+server that answers one request badly on every try, others properly). The tiny model server's own ``/debug/faults`` cannot
 close connections or shorten log-prob lists, and a proxy also works in front of a server
 without a debug mode, which is why this exists beside it.
 
@@ -131,7 +132,10 @@ class FaultProxy:
         self.latency_s = latency_s
         self.reshape = reshape
         self._rng = random.Random(seed)
-        self._queue: deque[str] = deque()
+        #: Queued faults: a kind, or (kind, count) for ``count`` answers to one request.
+        self._queue: deque[str | tuple[str, int]] = deque()
+        #: Faults left for one request's answers, by the hash of its body.
+        self._pinned: dict[int, tuple[str, int]] = {}
         self._lock = threading.Lock()
         #: Faults injected so far, by kind.
         self.injected: Counter[str] = Counter()
@@ -149,22 +153,33 @@ class FaultProxy:
 
     # ---- control (any thread) ----
 
-    def queue(self, kind: str, count: int = 1) -> None:
-        """Inject ``kind`` on the next ``count`` generation requests (before random ones)."""
+    def queue(self, kind: str, count: int = 1, *, one_request: bool = False) -> None:
+        """Inject ``kind`` on the next ``count`` generation requests (before random ones);
+        with ``one_request``, on the next request and the next ``count - 1`` requests
+        with the same body (its retries and reruns), other requests passing meanwhile."""
         if kind not in ALL_KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; known: {ALL_KINDS}")
         with self._lock:
-            self._queue.extend([kind] * count)
+            self._queue.extend([(kind, count)] if one_request and count else [kind] * count)
 
     def pending(self) -> int:
         with self._lock:
-            return len(self._queue)
+            queued = sum(1 if isinstance(q, str) else q[1] for q in self._queue)
+            return queued + sum(n for _, n in self._pinned.values())
 
-    def _next_fault(self) -> str | None:
+    def _next_fault(self, body: bytes = b"") -> str | None:
         with self._lock:
             self.requests += 1
-            if self._queue:
-                kind: str | None = self._queue.popleft()
+            pinned = self._pinned.pop(hash(body), None)
+            if pinned is not None:
+                kind: str | None = pinned[0]
+                if pinned[1] > 1:
+                    self._pinned[hash(body)] = (pinned[0], pinned[1] - 1)
+            elif self._queue:
+                queued = self._queue.popleft()
+                kind = queued if isinstance(queued, str) else queued[0]
+                if not isinstance(queued, str) and queued[1] > 1:
+                    self._pinned[hash(body)] = (queued[0], queued[1] - 1)
             elif self.rate and self._rng.random() < self.rate:
                 kind = self._rng.choice(self.kinds)
             else:
@@ -219,7 +234,7 @@ class FaultProxy:
                 if request is None:
                     return
                 method, path, headers, body = request
-                fault = self._next_fault() if path.split("?")[0] in GENERATION_PATHS else None
+                fault = self._next_fault(body) if path.split("?")[0] in GENERATION_PATHS else None
                 if fault in ("close", "reset"):
                     (_reset(writer) if fault == "reset" else writer.close())
                     return
