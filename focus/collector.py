@@ -388,7 +388,7 @@ class Collector:
             state = await _off_loop(replay, state, self.search, [record])
             state = await self._scored(state, scores_step(phase_index, wave), journal)
             wave += 1
-        if await journal.recorded(end_step(phase_index)) is not None:
+        if await journal.phase_ended(phase_index, wave):
             return state
         running = Running()
         try:

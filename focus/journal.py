@@ -103,6 +103,20 @@ class Journal(abc.ABC):
     async def record(self, step: Step, value: Any) -> None:
         """Record ``value`` for ``step`` (called once per step, in collection order)."""
 
+    async def phase_ended(self, phase: int, waves: int) -> bool:
+        """Whether the end of continuation phase ``phase`` is recorded, once its first
+        ``waves`` waves are replayed and the next is not recorded. An end that counts
+        other waves raises: a wave before it is missing, so the recorded steps are no
+        prefix and the phase would end short (the pipeline's journal mends such a gap
+        before the loop starts, :func:`tasks.gaps.mend`)."""
+        ended = await self.recorded(end_step(phase))
+        if ended is not None and ended != waves:
+            raise ValueError(
+                f"the journal records phase {phase} ending after {ended} waves but holds only its first {waves}: "
+                "a recorded wave is missing, so the waves after it cannot be replayed"
+            )
+        return ended is not None
+
 
 class NoJournal(Journal):
     """Records nothing: a collection kept in memory only (``Collector.collect``'s default)."""

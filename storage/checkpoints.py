@@ -16,7 +16,9 @@ Layout under the store root::
 ``phase`` is a phase index (int) or a phase name (str). A checkpoint exists when its
 manifest does. Saving a (collection, phase, wave) that already exists keeps the first
 copy and writes nothing: a wave's state is a pure function of its inputs and the seed,
-and later waves may already have been computed from the first copy.
+and later waves may already have been computed from the first copy. A resume that must
+compute a saved step again (one after a missing checkpoint, :mod:`tasks.gaps`) removes
+it first (:meth:`CheckpointStore.discard`).
 
 A checkpoint's data can never disagree with its manifest, even with two writers racing
 (the pipeline also keeps a second writer out with a lease, :mod:`storage.lease`): the
@@ -43,7 +45,7 @@ import logging
 import os
 import pickle
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -82,6 +84,17 @@ def _phase_key(phase: int | str) -> str:
             raise ValueError(f"phase index must be non-negative, got {phase}")
         return f"p{phase:03d}"
     return "n-" + check_id(phase, "phase name")
+
+
+def _data_stem(name: str) -> str | None:
+    """The checkpoint a data file belongs to (``<phase>-w<wave>``), from its name
+    (``<stem>.<digest[:16]>.pkl``, or ``<stem>.pkl`` as older versions wrote); ``None``
+    for anything else (a manifest, a temporary file)."""
+    if not name.endswith(".pkl") or TEMP_MARK in name:
+        return None
+    rest = name[: -len(".pkl")]
+    head, dot, digest = rest.rpartition(".")
+    return head if dot and len(digest) == 16 and all(c in "0123456789abcdef" for c in digest) else rest
 
 
 class CheckpointStore:
@@ -191,13 +204,14 @@ class CheckpointStore:
             ) from None
         entry = m.files[0]
         url = f"{base.rsplit('/', 1)[0]}/{entry.path}"
+        todo = f"remove {manifest_url} and rerun to compute it again"  # the file is kept for a look
         try:
             data = self.loc.cat(url, self.retry)
         except FileNotFoundError:
-            raise CorruptDataError(f"{url}: listed by its manifest but missing") from None
+            raise CorruptDataError(f"{url}: listed by its manifest but missing; {todo}") from None
         if len(data) != entry.bytes or sha256(data) != entry.sha256:
             raise CorruptDataError(
-                f"{url}: {len(data)} bytes whose checksum differs from the manifest ({entry.bytes} bytes)"
+                f"{url}: {len(data)} bytes whose checksum differs from the manifest ({entry.bytes} bytes); {todo}"
             )
         try:
             return pickle.loads(data)
@@ -232,6 +246,40 @@ class CheckpointStore:
         for u in doomed:
             self.loc.remove(u, self.retry)
         return doomed
+
+    def saved(self, collection_id: str) -> dict[tuple[int | str, int], bool]:
+        """Every (phase, wave) of ``collection_id`` with a manifest, and whether a data
+        file of it is there too; from one listing, no manifest read (run it after
+        :meth:`sweep`, which removes data files that no manifest lists, as the pipeline
+        does when it takes the lease)."""
+        folder = self.loc.url("checkpoints", check_id(collection_id, "collection id"))
+        names = [u.rsplit("/", 1)[1] for u in self.loc.list_files(folder, self.retry)]
+        data = {_data_stem(n) for n in names}
+        out: dict[tuple[int | str, int], bool] = {}
+        for n in names:
+            stem = n[: -len(_SUFFIX)] if n.endswith(_SUFFIX) else ""
+            key, _, wave = stem.rpartition("-w")
+            if key and wave.isdigit():
+                phase: int | str = int(key[1:]) if key[:1] == "p" and key[1:].isdigit() else key.removeprefix("n-")
+                out[(phase, int(wave))] = stem in data
+        return out
+
+    def discard(self, collection_id: str, keys: Sequence[tuple[int | str, int]]) -> None:
+        """Remove the checkpoints (phase, wave) ``keys`` of ``collection_id``: their
+        manifests first, in the order given (so each stops existing in one step), then
+        their data files. For a resume that computes those steps again
+        (:func:`tasks.gaps.find_gap`): a save keeps a checkpoint's first copy, so one that
+        no longer follows from the steps before it must go before its step is saved. One
+        listing and two bulk deletes, however many go (one at a time, 500 took 10 s on a
+        local disk and 280 s on moto's S3: each listed the whole collection)."""
+        if not keys:
+            return
+        bases = [self.url_for(collection_id, phase, wave) for phase, wave in keys]
+        check_writer(self.root, collection_id)
+        self.loc.remove_many([b + _SUFFIX for b in bases], self.retry)
+        stems = {b.rsplit("/", 1)[1] for b in bases}
+        files = self.loc.list_files(bases[0].rsplit("/", 1)[0], self.retry)
+        self.loc.remove_many([u for u in files if _data_stem(u.rsplit("/", 1)[1]) in stems], self.retry)
 
     def list(self, collection_id: str) -> list[tuple[int | str, int]]:
         """(phase, wave) of every finished checkpoint, in the order they were saved."""

@@ -9,16 +9,14 @@ batch, under the collection's write lease. Nothing here imports Prefect.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from typing import Any
 
 from focus.execution import Execution
 from tasks.config import ExecutionConfig, FocusConfig
+from tasks.gaps import repairing
 from tasks.journal import CheckpointJournal
 from tasks.records import StepRecord
-
-log = logging.getLogger(__name__)
 
 
 def make_execution(ex: ExecutionConfig) -> Execution:
@@ -41,17 +39,16 @@ async def collect(
     batch URL, statistics and failure causes (:func:`collection_result`).
 
     ``execution`` replaces the one the configuration describes (it is closed at the end
-    either way). A finished collection whose batch checks out returns at once.
+    either way). A finished collection whose batch checks out returns at once; an
+    unfinished one resumes after its last saved step (:func:`tasks.gaps.repairing`).
     """
     t0 = time.perf_counter()
     with journal.lease():
         await journal.check_config()
         result = await journal.finished()
         if result is None:
-            result = await _search_and_export(config, journal, execution or make_execution(config.execution))
-            if journal.damaged:
-                why = f"batch {result['batch_url']} did not match its manifest ({journal.damaged})"
-                log.warning("%s; wrote it again from the checkpoints", why, extra={"focus_console": True})
+            async with repairing(journal):  # a gap in the checkpoints mended, a damaged batch written again
+                result = await _search_and_export(config, journal, execution or make_execution(config.execution))
     return collection_result(config, result, journal.records, t0)
 
 

@@ -312,6 +312,7 @@ def test_corrupt_checkpoint_and_damaged_finished_batch(tmp_path, prefect_env, pr
     evidence.write_bytes(evidence.read_bytes()[:-1] + b"\x00")
     line = error_line(run_cli(args, prefect_env, tmp_path))
     assert str(evidence) in line and "checksum differs from the manifest" in line
+    assert f"; remove file://{ck}/n-evidence-w00000.manifest.json and rerun to compute it again" in line
     state = flow_run_state(prefect_server, "dmg")
     assert state["type"] == "FAILED" and str(evidence) in state["message"]
 

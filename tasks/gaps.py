@@ -1,0 +1,212 @@
+"""Gaps in a collection's checkpoints: a step missing while steps after it are saved.
+
+The collector's loop replays recorded steps in collection order and computes from the
+first step that is not recorded (:mod:`focus.journal`); that is exact only while the
+recorded steps form a prefix of the collection. A checkpoint removed from the store
+(damage, a partial copy, an operator deleting a file) breaks the prefix: each step after
+it was computed from the state the missing one produced. Replaying them as they are
+would go wrong two ways: a phase whose end is recorded would end at the gap (the batch
+silently loses the waves after it), and a wave computed again would be saved next to the
+old ones, which a save keeps (:class:`storage.CheckpointStore` keeps a checkpoint's
+first copy).
+
+:func:`find_gap` (pure) finds the first missing step and the saved steps after it;
+:func:`mend` (the I/O) discards those, and the loop computes them again from the last
+intact step: plans are pure functions of the grafted rollouts and the seeds, so with a
+model whose answers repeat the batch is a clean run's. A checkpoint whose manifest is
+there but whose data file is not counts as missing. :func:`repairing` is what
+:func:`tasks.collect.collect` wraps a resumed search in: the mend before it, and after
+it a line for each repair (a damaged batch written again, or a batch an earlier run left
+that the recomputed steps do not give).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from storage import BatchExistsError
+
+if TYPE_CHECKING:
+    from tasks.journal import CheckpointJournal
+
+log = logging.getLogger(__name__)
+CONSOLE = {"focus_console": True}
+
+Key = tuple[str, int]
+#: The collection's own records after its last step (a picture of the trees, the
+#: export's record): made from the final state, so stale once any step is computed again.
+AFTER_STEPS = {"trees.svg": 0, "export": 1}
+_LAST = float("inf")
+
+
+@dataclass(frozen=True)
+class Gap:
+    """The first step of a collection that is not saved whole, with what must go."""
+
+    #: The first step missing: its manifest is gone, or (``broken``) its data file.
+    missing: Key
+    broken: bool
+    #: Saved checkpoints to discard, in collection order: those after ``missing``, and any
+    #: whose data file is gone (a checkpoint that cannot be loaded is no checkpoint).
+    discard: tuple[Key, ...]
+
+
+def position(phases: Sequence[Any], key: Key) -> tuple[float, float, int] | None:
+    """Where ``key`` comes in the collection (:func:`tasks.journal.checkpoint_key`'s
+    keys); ``None`` for a record that is no step of it (the configuration, the critic's
+    identity). A wave's ``unfinished`` record comes before the wave: it is saved when the
+    wave stops on bad responses, and the wave once a rerun completes it."""
+    name, wave = key
+    if not isinstance(name, str):
+        return None
+    if name == "evidence":
+        return (0, 0, 1)
+    if name == "evidence.score":
+        return (0, 0, 2)
+    if name in AFTER_STEPS:
+        return (_LAST, AFTER_STEPS[name], 0)
+    index, dot, rest = name.partition(".")
+    if not dot or not index.isdigit() or int(index) >= len(phases):
+        return None
+    pi, phase = int(index), phases[int(index)]
+    if rest == f"{phase.name}.unfinished":
+        return (0, 0, 0) if phase.is_evidence else (1 + pi, wave, 0)
+    if phase.is_evidence:
+        return None
+    sub = {phase.name: 1, f"{phase.name}.score": 2}.get(rest)
+    if sub is not None:
+        return (1 + pi, wave, sub)
+    return (1 + pi, _LAST, 0) if rest == f"{phase.name}.end" else None
+
+
+def expected_steps(phases: Sequence[Any], saved: Mapping[Key, bool], ends: Mapping[Key, int]) -> Iterator[Key]:
+    """The steps a collection saves, in order, for the caller to stop at the first one
+    not saved. ``ends``: the number of waves each readable ``<p>.<name>.end`` records.
+
+    Where a phase's end cannot be read, the phase ends at its first wave not saved once
+    no later wave of it is saved: nothing says whether that wave was lost or never
+    planned, and the loop finds out by planning it (an empty plan ends the phase)."""
+    yield ("evidence", 0)
+    yield ("evidence.score", 0)
+    for pi, phase in enumerate(phases):
+        if phase.is_evidence:
+            continue
+        base = f"{pi}.{phase.name}"
+        n = ends.get((f"{base}.end", 0))
+        if n is None:  # the phase's last saved wave (a wave's unfinished record or scores count)
+            mine = (base, f"{base}.score", f"{base}.unfinished")
+            n = 1 + max((w for name, w in saved if name in mine), default=-1)
+        for w in range(n):
+            yield (base, w)
+            yield (f"{base}.score", w)
+        yield (f"{base}.end", 0)
+
+
+def find_gap(phases: Sequence[Any], saved: Mapping[Key, bool], ends: Mapping[Key, int]) -> Gap | None:
+    """The first gap in a collection's checkpoints, or ``None`` when they form a prefix
+    of it (a plain resume, or a finished collection).
+
+    ``saved``: every checkpoint with a manifest, and whether its data file is there
+    (:meth:`storage.CheckpointStore.saved`); ``ends``: the wave count each saved phase
+    end records. The first missing step is the first of :func:`expected_steps` not saved
+    whole (or, if every step is, the first record whose data file is gone); everything
+    saved after it was computed from it and is discarded, as is every checkpoint whose
+    data file is gone.
+    """
+
+    def where(key: Key) -> tuple[float, float, int]:
+        at = position(phases, key)
+        assert at is not None  # only steps are compared
+        return at
+
+    steps = [k for k in saved if position(phases, k) is not None]
+    broken = sorted((k for k in steps if not saved[k]), key=where)
+    missing = next((k for k in expected_steps(phases, saved, ends) if not saved.get(k, False)), None)
+    if missing is None:  # every step is saved whole: only a record after them can be broken
+        if not broken:
+            return None
+        missing = broken[0]
+    at = where(missing)
+    doomed = sorted((k for k in steps if where(k) > at or not saved[k]), key=where)
+    if not doomed:
+        return None
+    return Gap(missing, missing in saved, tuple(doomed))
+
+
+def describe(key: Key) -> str:
+    """A step as the progress lines name it (``1.continue wave 2``)."""
+    name, wave = key
+    for suffix, what in ((".score", "{} wave {}'s scores"), (".unfinished", "{} wave {} (unfinished)")):
+        if name.endswith(suffix) and name != "evidence.score":
+            return what.format(name[: -len(suffix)], wave)
+    if name.endswith(".end"):
+        return f"the end of {name[: -len('.end')]}"
+    if name in ("evidence", "evidence.score"):
+        return {"evidence": "the evidence", "evidence.score": "the evidence's scores"}[name]
+    return f"{name} wave {wave}" if name[:1].isdigit() else f"its {name} record"
+
+
+# ---- the I/O: mending a collection's store ----
+
+
+def mend(journal: CheckpointJournal) -> Gap | None:
+    """Make the saved steps of ``journal``'s collection a prefix of it again: find the
+    first gap (one listing of its checkpoints and a read of each saved phase end) and
+    discard what :func:`find_gap` says must go, last first (whatever an interruption
+    leaves, the next rerun finds the same gap). Run it holding the lease, once the
+    collection is known to be unfinished: a finished one whose batch checks out needs
+    none of its steps. Returns the gap, ``None`` if there is none."""
+    phases, store, cid = journal.config.search.phases, journal.store, journal.cid
+    saved = {(p, w): whole for (p, w), whole in store.saved(cid).items() if isinstance(p, str)}
+    ends = {}
+    for key, whole in saved.items():
+        if whole and key[0].endswith(".end") and position(phases, key) is not None:
+            if (n := journal.load(key)) is not None:
+                ends[key] = int(n)
+    gap = find_gap(phases, saved, ends)
+    if gap is not None:
+        store.discard(cid, gap.discard[::-1])
+    return gap
+
+
+def gap_line(journal: CheckpointJournal, gap: Gap) -> str:
+    """What a resume that mends ``gap`` says (one line)."""
+    manifest = journal.store.url_for(journal.cid, *gap.missing) + ".manifest.json"
+    what = f"checkpoint {manifest} lists a data file that is missing" if gap.broken else f"{manifest} is missing"
+    later = [k for k in gap.discard if k != gap.missing]
+    return (
+        f"collection {journal.cid}: {what}; {len(later)} saved step(s) after it were computed from it and are "
+        f"discarded: computing again from {describe(gap.missing)} on"
+    )
+
+
+@contextlib.asynccontextmanager
+async def repairing(journal: CheckpointJournal) -> AsyncIterator[None]:
+    """The search and export of an unfinished (or damaged) collection, with its repairs:
+    a gap in its checkpoints mended first (:func:`mend`, one warning line); after, a
+    warning if its damaged batch was written again. Where the steps computed again give
+    another batch than one an earlier run left (a model whose answers do not repeat), the
+    refusal names the missing step and what to do, not only 'a different batch'."""
+    gap = await asyncio.to_thread(mend, journal)
+    if gap is not None:
+        log.warning("%s", gap_line(journal, gap), extra=CONSOLE)
+    try:
+        yield
+    except BatchExistsError as e:
+        if gap is None:
+            raise
+        url = journal.batch_store.url_for(journal.cid, journal.config.iteration)
+        raise BatchExistsError(
+            f"{url} holds a batch written before {describe(gap.missing)} went missing from the checkpoints, and "
+            "the steps after it, computed again, give another batch (the model's answers did not repeat): "
+            f"remove {url} and rerun to write the new one, or keep it and collect under a new collection id"
+        ) from e
+    if journal.damaged:
+        url = journal.batch_store.url_for(journal.cid, journal.config.iteration)
+        why = f"batch {url} did not match its manifest ({journal.damaged})"
+        log.warning("%s; wrote it again from the checkpoints", why, extra=CONSOLE)
