@@ -6,7 +6,8 @@ run as it is saved: ``check-config``, ``evidence-rollouts``, ``critic-scoring``,
 (a retry, the UI, the CLI with the same collection id) continues from the last saved
 step. Services the configuration leaves implicit start for the run
 (:class:`flows.services.Services`); heartbeats (:mod:`flows.heartbeat`) let a watchdog
-mark a run whose node is gone ``Crashed``; a failure is one line naming the cause
+mark a run whose node is gone ``Crashed``; a Prefect server gone mid-run stops the run
+within seconds (:mod:`flows.watch`); a failure is one line naming the cause
 (:mod:`flows.errors`). The flow is async: Prefect's sync engine joins its heartbeat
 thread on exit, which cost every sync run up to a second (benchmarks/README.md).
 """
@@ -27,6 +28,7 @@ from flows.preflight import collection_id_for_run, flow_run_name
 from flows.progress import CollectionProgress
 from flows.report import publish_report
 from flows.services import services_in_thread
+from flows.watch import watched
 from focus.journal import Step
 from tasks.collect import collect as collect_iteration
 from tasks.config import FocusConfig, config_at_runtime
@@ -99,6 +101,6 @@ async def collect(config: ConfigParameter = None, allow_policy_change: bool = Fa
         cid = config.collection_id
         with heartbeats(config.execution.heartbeat_s):
             async with services_in_thread(config) as (cfg, _server):
-                return await run_collection(cfg, allow_policy_change)
+                return await watched(run_collection(cfg, allow_policy_change), cfg.execution.prefect_grace_s)
     except Exception as e:
         raise_one_line(e, get_run_logger(), cid)
