@@ -3,13 +3,11 @@
 The flow runs :func:`tasks.collect.collect` with a journal that makes each step a task
 run as it is saved: ``check-config``, ``evidence-rollouts``, ``critic-scoring``, one
 ``continuation-wave`` per wave (``wave-<phase>-<wave>``) and ``prepare-export``. A rerun
-(a retry, the UI, the CLI with the same collection id) continues from the last saved
-step. Services the configuration leaves implicit start for the run
-(:class:`flows.services.Services`); heartbeats (:mod:`flows.heartbeat`) let a watchdog
-mark a run whose node is gone ``Crashed``; a Prefect server gone mid-run stops the run
-within seconds (:mod:`flows.watch`); a failure is one line naming the cause
-(:mod:`flows.errors`). The flow is async: Prefect's sync engine joins its heartbeat
-thread on exit, which cost every sync run up to a second (benchmarks/README.md).
+(a retry, the UI, the CLI with the same collection id) continues from the last saved step.
+Services the configuration leaves implicit start for the run (:mod:`flows.services`);
+heartbeats (:mod:`flows.heartbeat`) let a watchdog mark a run whose node is gone ``Crashed``;
+a Prefect server gone stops it (:mod:`flows.watch`); a failure is one line (:mod:`flows.errors`).
+Async: Prefect's sync engine joins its heartbeat thread on exit, up to a second a run.
 """
 
 from __future__ import annotations
