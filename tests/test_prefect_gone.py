@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 #: How soon after the cut the command must have ended: the default grace (10 s) and a
 #: health check's period, the cancelled steps and the services' stop, with room for a
-#: loaded 2-core machine (11.6-11.9 s measured at load average 2.5-4).
+#: loaded 2-core machine (11.1-11.9 s measured at load average 2.5-4.2).
 ENDED_WITHIN_S = 60.0
 
 
