@@ -19,9 +19,10 @@ fails nothing: the calls made meanwhile retry as configured.
 
 Once the server is taken for gone, the Prefect calls still to be made are tried once,
 not retried for a minute each: those of the cancelled body (a subflow's or task run's
-final state) through the body's own copy of Prefect's settings, and the engine's report
-of the flow run's failed state through settings entered for the rest of the flow's task
-(:func:`_try_once_from_here`). The user's settings object is never changed.
+final state) through the body's own client settings (:func:`_own_settings`), and the
+engine's report of the flow run's failed state through settings entered for the rest of
+the flow's task (:func:`_try_once_from_here`). The user's settings are never changed.
+Tests: ``tests/test_prefect_watch.py``, ``tests/test_prefect_gone.py``.
 """
 
 from __future__ import annotations
