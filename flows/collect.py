@@ -3,12 +3,11 @@
 The flow runs :func:`tasks.collect.collect` with a journal that makes each step a task
 run as it is saved: ``check-config``, ``evidence-rollouts``, ``critic-scoring``, one
 ``continuation-wave`` per wave (``wave-<phase>-<wave>``) and ``prepare-export``. A rerun
-(a retry, the UI, the CLI with the same collection id) continues from the last saved
-step. Services the configuration leaves implicit start for the run
-(:class:`flows.services.Services`); heartbeats (:mod:`flows.heartbeat`) let a watchdog
-mark a run whose node is gone ``Crashed``; a failure is one line naming the cause
-(:mod:`flows.errors`). The flow is async: Prefect's sync engine joins its heartbeat
-thread on exit, which cost every sync run up to a second (benchmarks/README.md).
+(a retry, the UI, the CLI with the same collection id) continues from the last saved step.
+Services the configuration leaves implicit start for the run (:mod:`flows.services`);
+heartbeats (:mod:`flows.heartbeat`) let a watchdog mark a run whose node is gone ``Crashed``;
+a Prefect server gone stops it (:mod:`flows.watch`); a failure is one line (:mod:`flows.errors`).
+Async: Prefect's sync engine joins its heartbeat thread on exit, up to a second a run.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from flows.preflight import collection_id_for_run, flow_run_name
 from flows.progress import CollectionProgress
 from flows.report import publish_report
 from flows.services import services_in_thread
+from flows.watch import watched
 from focus.journal import Step
 from tasks.collect import collect as collect_iteration
 from tasks.config import FocusConfig, config_at_runtime
@@ -99,6 +99,6 @@ async def collect(config: ConfigParameter = None, allow_policy_change: bool = Fa
         cid = config.collection_id
         with heartbeats(config.execution.heartbeat_s):
             async with services_in_thread(config) as (cfg, _server):
-                return await run_collection(cfg, allow_policy_change)
+                return await watched(run_collection(cfg, allow_policy_change), cfg.execution.prefect_grace_s)
     except Exception as e:
         raise_one_line(e, get_run_logger(), cid)

@@ -34,6 +34,7 @@ SELF_EXPLAINED = frozenset(
         "ModelServiceError",
         "CollectionLocked",
         "LeaseHeld",
+        "PrefectServerGone",
     }
 )
 #: Errors the user caused and can fix by changing what they asked for (exit status 2).
@@ -46,6 +47,29 @@ MAX_CHARS = 600
 class CollectionFailed(RuntimeError):
     """A collection stopped; ``str()`` is the one line naming the cause, the original
     exception is ``__cause__``. Raised by the flow so Prefect's state message is that line."""
+
+
+def prefect_unanswered(api: str, cause: str) -> str:
+    """The line for a Prefect server at ``api`` that did not answer, ``cause`` saying how."""
+    return (
+        f"the Prefect server at {api} did not answer ({cause}); start it or set PREFECT_API_URL, "
+        "then rerun with the same collection id to resume"
+    )
+
+
+class PrefectServerGone(RuntimeError):
+    """The Prefect server stopped answering while a flow ran (:mod:`flows.watch`);
+    ``str()`` is the one line."""
+
+    def __init__(self, api: str, cause: str) -> None:
+        super().__init__(prefect_unanswered(api, cause))
+        self.api = api
+
+
+#: What a flow's watch (:mod:`flows.watch`) found of each Prefect API gone in this
+#: process: the engine's report of the failed run then fails too, with an httpx error
+#: that says less (not how long the server was silent).
+GONE: dict[str, PrefectServerGone] = {}
 
 
 def _names(exc: BaseException) -> list[str]:
@@ -109,11 +133,10 @@ def one_line(exc: BaseException) -> str:
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted; rerun with the same collection id to resume"
     if (api := prefect_api_of(exc)) is not None:
+        if api in GONE:
+            return _flatten(str(GONE[api]))
         cause = f"{names[0]}: {text}" if text and not text.startswith("Failed to reach API") else names[0]
-        return _flatten(
-            f"the Prefect server at {api} did not answer ({cause}); start it or set PREFECT_API_URL, "
-            "then rerun with the same collection id to resume"
-        )
+        return _flatten(prefect_unanswered(api, cause))
     return _flatten(f"{names[0]}: {text}") if text else names[0]
 
 

@@ -200,12 +200,18 @@ class Services:
 def _drain_prefect(timeout_s: float = 5.0) -> None:
     """Send the logs and events Prefect still holds, while its server is up: left to
     Prefect's exit hooks, they retried against a stopped temporary server for a minute
-    and printed "Error logging to API"."""
+    and printed "Error logging to API". For a server a flow's watch found gone
+    (:mod:`flows.watch`) the workers are stopped without waiting: each waited out its
+    timeout for nothing, and so did the log worker's flush at the command's exit."""
     try:
         from prefect.events.worker import EventsWorker
         from prefect.logging.handlers import APILogWorker
     except ImportError:
         return
+    from flows.watch import found_gone
+
+    if found_gone():
+        timeout_s = 0.0
     for worker in (APILogWorker, EventsWorker):
         with contextlib.suppress(Exception):  # best effort: the run's outcome is already known
             worker.drain_all(timeout=timeout_s)

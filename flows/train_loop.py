@@ -49,6 +49,7 @@ from flows.loop import (
 from flows.loop_progress import LoopProgress, success_points
 from flows.preflight import collection_id_for_run
 from flows.report import _artifact_key
+from flows.watch import watched
 from tasks.config import FocusConfig
 from tasks.config.form import ConfigParameter
 from tasks.config.sources import config_at_runtime
@@ -125,7 +126,11 @@ async def train_loop(config: ConfigParameter = None) -> list[dict[str, Any]]:
     log.info("train loop %s", config.collection_id)
     progress = LoopProgress(config, enabled=config.progress, log=log)  # off a terminal: lines in the UI
     with heartbeats(config.execution.heartbeat_s):  # and closes what crashed attempts left Running
-        records = await run_loop(config, PrefectSteps(), progress)
+        return await watched(_loop_and_report(config, progress), config.execution.prefect_grace_s)
+
+
+async def _loop_and_report(config: FocusConfig, progress: LoopProgress) -> list[dict[str, Any]]:
+    records = await run_loop(config, PrefectSteps(), progress)
     if progress.picture is not None:
         from storage.weights import WeightStore
 

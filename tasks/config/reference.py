@@ -111,6 +111,8 @@ MEANING: dict[str, str] = {
     "execution.shard_size": "rollouts per Dask task",
     "execution.heartbeat_s": "seconds between the heartbeats a running collection sends the Prefect server (a "
     'watchdog marks a silent run Crashed: docs/pipeline.md, "Node loss")',
+    "execution.prefect_grace_s": "seconds a flow run goes on while its Prefect server answers no health check "
+    "before it stops with one line (a shorter outage, a restart, fails nothing: docs/operations.md)",
     "execution.max_outage_share": "share of a wave's rollouts that may fail for want of the model service before "
     "the wave fails with `ModelServiceOutage` (1.0: keep such failed rollouts in the batch; a bad response "
     "stops the collection at its wave whatever the share, docs/operations.md)",

@@ -1,0 +1,119 @@
+"""The Prefect server's watch (``flows/watch.py``) against small HTTP servers on loopback:
+a server that answers its health checks, even with a 4xx, is never taken for gone; one
+that refuses connections or answers 503 is, once the grace has passed; the line then
+names the server and how long it was silent, also for the engine's own failed call.
+The whole run under a real Prefect server cut mid-run is ``tests/test_prefect_gone.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+from fixtures.prefect import free_port
+
+import flows.watch as watch
+from flows.errors import GONE, PrefectServerGone, exit_code, one_line
+
+
+@contextmanager
+def health_server(status: int) -> Iterator[str]:
+    """An HTTP server on loopback answering every GET with ``status``; its API URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"true")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/api"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def watch_for(api: str, grace_s: float, seconds: float) -> list[PrefectServerGone]:
+    """Run a probe of ``api`` for ``seconds`` (or until it finds the server gone)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    found: list[PrefectServerGone] = []
+    with temporary_settings({PREFECT_API_URL: api}):
+        probe = watch._Probe(api, grace_s, found.append).start()
+        deadline = time.monotonic() + seconds
+        while not found and time.monotonic() < deadline:
+            time.sleep(0.02)
+        probe.stop()
+    return found
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("status", [200, 404])
+def test_a_server_that_answers_is_not_taken_for_gone(status, monkeypatch):
+    monkeypatch.setattr(watch, "PROBE_S", 0.1)
+    with health_server(status) as api:
+        assert watch_for(api, grace_s=1.0, seconds=3.0) == []
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("how", ["refused", "503"])
+def test_a_server_that_does_not_answer_is_gone_after_the_grace(how, monkeypatch):
+    monkeypatch.setattr(watch, "PROBE_S", 0.1)
+    if how == "refused":
+        api = f"http://127.0.0.1:{free_port()}/api"
+        t0 = time.monotonic()
+        found = watch_for(api, grace_s=0.5, seconds=60)
+    else:
+        with health_server(503) as api:
+            t0 = time.monotonic()
+            found = watch_for(api, grace_s=0.5, seconds=60)
+    assert len(found) == 1 and time.monotonic() - t0 >= 0.5
+    line = one_line(found[0])
+    assert line.startswith(f"the Prefect server at {api} did not answer (") and "; no answer for " in line, line
+    assert line.endswith("then rerun with the same collection id to resume") and exit_code(found[0]) == 1
+
+
+def test_the_engines_own_failed_call_gets_the_watchs_line(monkeypatch):
+    """Once a watch found the server gone, the flow run's final state cannot be reported
+    either; the command names the cause with the watch's line, not httpx's error."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    api = f"http://127.0.0.1:{free_port()}/api"
+
+    async def read() -> None:
+        with temporary_settings({PREFECT_API_URL: api, PREFECT_CLIENT_MAX_RETRIES: 0}):
+            async with get_client() as client:
+                await client.read_flow_runs()
+
+    with pytest.raises(httpx.ConnectError) as e:
+        asyncio.run(read())
+    assert "no answer for" not in one_line(e.value)
+    gone = PrefectServerGone(api, "ConnectError: All connection attempts failed; no answer for 11 s")
+    monkeypatch.setitem(GONE, api, gone)
+    assert one_line(e.value) == str(gone)
+
+
+def test_outside_a_flow_run_the_body_runs_unwatched():
+    async def body() -> int:
+        return 7
+
+    before = threading.active_count()
+    assert asyncio.run(watch.watched(body(), grace_s=0.1)) == 7
+    assert threading.active_count() == before
