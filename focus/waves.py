@@ -60,6 +60,7 @@ from focus.search import (
     plan_begin,
     plan_choose,
     plan_chosen,
+    plan_rank,
     score_tree,
 )
 
@@ -352,7 +353,10 @@ async def launch_choosing(
     the running wave (a :class:`focus.execution.JobFeed`) before the next is taken, so
     the model service has the wave's first jobs while the rest is chosen instead of
     waiting for the whole plan (the choice was most of a barrier's length after a wave
-    without a refit, benchmarks/README.md, scale). The wave is in ``running`` with its
+    without a refit, benchmarks/README.md, scale). Where the wave starts with slots
+    drawn for exploration, which need no ranking, those are handed over first and the
+    calibration's fit and the rankings (after the evidence or a refit, most of what was
+    left of the barrier) run off the loop while they do (:func:`focus.search.plan_rank`). The wave is in ``running`` with its
     plan once chosen. The same plan as :func:`focus.search.plan_next`; ``None`` where
     that plans no continuation wave (evidence, or the waves in flight are planned), or
     where ``execution`` takes a wave's jobs only all at once: the caller plans as before."""
@@ -373,6 +377,8 @@ async def launch_choosing(
     try:
         while not c.done:
             await asyncio.sleep(0)  # the loop starts what was handed over
+            if c.ranks_next:  # the leading exploration picks are running: rank while they do
+                await off_loop(plan_rank, c)
             jobs = plan_choose(c, CHOOSE_SLICE)
             tail.add(jobs)
             feed.add(jobs)

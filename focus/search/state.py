@@ -18,6 +18,7 @@ from typing import Any
 
 from focus.agent import BranchState, derive_seed
 from focus.calibration import Counts, tree_counts
+from focus.calibration import mean_leaf_transitions as leaf_mean
 from focus.env import Task
 from focus.estimation import segment
 from focus.noise_rows import Checkpoint, tree_rows
@@ -130,18 +131,44 @@ class SearchState:
 
     def _fitted(self, search: Priority) -> tuple[int, Calibration]:
         """:meth:`calibration` and the waves it is fitted on."""
+        size = self._fit_size(search)
+        return size, self._fit(size, search)
+
+    def _fit_size(self, search: Priority) -> int:
+        """How many waves :meth:`calibration` is fitted on, deciding it without the fit on
+        all of them (which only a fit on fewer waves' spreads can rule out: a fit on
+        every wave is the last one to consider, whatever its own spreads)."""
         n = len(self.waves)
         size = 1 if n else 0
-        c = self._fit(size, search)
-        while n and c.noise.spreads < CALIBRATION_SPREADS:
+        while size < n:
+            if self._fit(size, search).noise.spreads >= CALIBRATION_SPREADS:
+                break
             floor = 2 * self.spread_count(size)
             nxt = 2 * size
             while nxt <= n and self.spread_count(nxt) < floor:
                 nxt *= 2
             if nxt > n:
                 break
-            size, c = nxt, self._fit(nxt, search)
-        return size, c
+            size = nxt
+        return size
+
+    def mean_leaf_transitions(self, search: Priority) -> float:
+        """``self.calibration(search).mean_leaf_transitions``, from the trees' counts where
+        that calibration is not fitted yet: the mean rollout length sets a wave's size
+        and the exploration rate (:func:`focus.priority.exploration_rate`), which is
+        what a planner needs before the noise model's fit (``focus.search.planning``:
+        a wave's leading exploration picks)."""
+        size = self._fit_size(search)
+        c = self._calibrations.get((size, search.discount, search.truncation_rule))
+        if c is not None or type(search).calibrate is not Priority.calibrate:
+            return (c or self._fit(size, search)).mean_leaf_transitions
+        keep = self._keep(size)
+        rule = search.truncation_rule
+        if keep is None:
+            counts = [self.facts(ti).counts(rule) for ti in range(len(self.trees))]
+        else:
+            counts = [tree_counts(tree, rule, keep) for tree in self.trees]  # type: ignore[arg-type]
+        return leaf_mean(counts)
 
     def may_refit(self, search: Priority, jobs: int) -> bool:
         """Whether grafting a wave of ``jobs`` jobs onto this state may fit a new
