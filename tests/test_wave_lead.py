@@ -92,9 +92,12 @@ def lead_length(jobs: list[tuple[int, int, int, float]], search: Selective, mean
 
 
 @pytest.mark.parametrize("waves_in_flight", [1, 2])
+@pytest.mark.parametrize("always_lead", [False, True])
 def test_every_wave_is_the_greedy_over_every_view_and_starts_with_its_lead(
-    waves_in_flight: int, monkeypatch: pytest.MonkeyPatch
+    waves_in_flight: int, always_lead: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if always_lead:  # a lead at every wave, not only where the calibration is to be fitted: the same plans
+        monkeypatch.setattr(SearchState, "calibrated", lambda self, search: False)
     col, tasks = many_tasks(waves_in_flight)
     search = col.search
     state = run(col.run_evidence(tasks))
@@ -105,6 +108,7 @@ def test_every_wave_is_the_greedy_over_every_view_and_starts_with_its_lead(
     fitted: list[bool] = []  # whether the wave's calibration was a new fit, for waves with a lead
     for _ in range(40):
         mean_leaf = state.mean_leaf_transitions(search)
+        calibrated = state.calibrated(search)  # then no lead: the merged rankings hold the picks
         before = len(fits)
         choice = plan_begin(state, search, 1)
         if choice is None:  # the waves in flight are planned: land the oldest
@@ -132,7 +136,9 @@ def test_every_wave_is_the_greedy_over_every_view_and_starts_with_its_lead(
         got = [(j.tree_index, j.node_id, j.branch, e) for j, e in zip(plan.jobs, plan.expected, strict=True)]
         assert got == want
         assert plan_next(state, search, 1).planned[-1].jobs == plan.jobs
-        if lead < len(got):  # the lead is every exploration pick before the first ranked one
+        if calibrated:
+            assert lead == 0
+        elif lead < len(got):  # the lead is every exploration pick before the first ranked one
             assert lead == lead_length(got, search, mean_leaf)
         else:
             assert lead_length(got, search, mean_leaf) == len(got)
@@ -140,11 +146,11 @@ def test_every_wave_is_the_greedy_over_every_view_and_starts_with_its_lead(
         state = chosen
         if len(state.planned) >= waves_in_flight:
             state = run(col.run_wave(state, state.planned[0]))
-    # whole waves of exploration picks first, then waves that start with some
-    assert leads[0][0] == leads[0][1] > 0
-    assert any(0 < lead < n for lead, n in leads)
+    # after the evidence, a whole wave of exploration picks, taken before the first fit
+    assert leads[0][0] == leads[0][1] > 0 and fitted[0]
     assert len(leads) >= 6
-    assert fitted[0]  # the first wave after the evidence: its lead came before the first fit
+    if always_lead:  # waves that start with a few exploration picks, then the ranked ones
+        assert sum(0 < lead < n for lead, n in leads) >= 3
 
 
 def test_without_exploration_the_first_slice_ranks_as_before() -> None:

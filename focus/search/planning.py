@@ -302,10 +302,14 @@ class _Greedy:
     def lead(self) -> Iterator[InFlight]:
         """The choice's leading jobs: every slot drawn for exploration at the trees'
         current branch counts (pending included), in tie-break order, each taken slot's
-        next one drawn again, until none is left or the wave is full."""
+        next one drawn again, until none is left or the wave is full; none where the
+        calibration is fitted already."""
         search, state, phase, pending = self.search, self.state, self.phase, self.pending
         rate = exploration_rate(search, self.mean_leaf)
-        if rate <= 0 or self.full:
+        if rate <= 0 or self.full or state.calibrated(search):
+            # with the calibration at hand the rankings are up to date but for the trees
+            # the last wave touched (the wave's tail ranks those), and taking the picks
+            # from the merged rankings costs less than finding them in every tree
             return
         seed, most = state.seed, phase.max_branches
         heap: list[tuple[float, int, int]] = []

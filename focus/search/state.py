@@ -152,6 +152,10 @@ class SearchState:
             size = nxt
         return size
 
+    def calibrated(self, search: Priority) -> bool:
+        """Whether :meth:`calibration` is at hand, fitted already (no fit to make)."""
+        return (self._fit_size(search), search.discount, search.truncation_rule) in self._calibrations
+
     def mean_leaf_transitions(self, search: Priority) -> float:
         """``self.calibration(search).mean_leaf_transitions``, from the trees' counts where
         that calibration is not fitted yet: the mean rollout length sets a wave's size
