@@ -382,6 +382,10 @@ async def launch_choosing(
             jobs = plan_choose(c, CHOOSE_SLICE)
             tail.add(jobs)
             feed.add(jobs)
+        if c.lead and not c.ranked:
+            # a wave of exploration picks only, chosen before the calibration's fit: fit
+            # and rank now, while it runs (the next plan would do it at its barrier)
+            await off_loop(plan_rank, c)
         chosen = plan_chosen(c)
     except BaseException:
         running.waves.pop(key, None)

@@ -9,6 +9,7 @@ import heapq
 import pytest
 
 import focus.calibration
+import focus.waves
 from focus.agent import Agent
 from focus.collector import Collector
 from focus.env import Task
@@ -20,6 +21,7 @@ from focus.search import SearchState, plan_begin, plan_choose, plan_chosen, plan
 from focus.search.planning import wave_limits
 from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
 from focus.testing import run
+from tests.test_search_planning import digest
 
 
 def many_tasks(waves_in_flight: int, tasks: int = 48, explore: float = 0.25) -> tuple[Collector, list[Task]]:
@@ -162,3 +164,17 @@ def test_without_exploration_the_first_slice_ranks_as_before() -> None:
     assert len(got) == 3 and not choice.ranks_next
     want = reference_wave(state, col.search, 1)
     assert [(j.tree_index, j.node_id, j.branch) for j in got] == [w[:3] for w in want[:3]]
+
+
+def test_a_collector_ranks_while_the_lead_runs_and_collects_the_same_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    col, tasks = many_tasks(1)
+    ranks: list[int] = []
+    rank = focus.waves.plan_rank
+    monkeypatch.setattr(focus.waves, "plan_rank", lambda choice: ranks.append(choice.lead) or rank(choice))
+    batch = run(col.collect(tasks))
+    assert ranks and all(ranks)  # after the evidence at least, each time behind a lead
+    with monkeypatch.context() as m:  # a lead at every wave: the same batch
+        m.setattr(SearchState, "calibrated", lambda self, search: False)
+        again = run(many_tasks(1)[0].collect(tasks))
+    assert len(ranks) > 1
+    assert digest(again) == digest(batch) and len(batch.actor) > 0

@@ -428,6 +428,11 @@ class WaveChoice:
         self.done = self._greedy is None
 
     @property
+    def ranked(self) -> bool:
+        """Whether the calibration is fitted and every tree ranked for this wave."""
+        return self._greedy is None or self._greedy._heap is not None
+
+    @property
     def ranks_next(self) -> bool:
         """Whether the next :func:`plan_choose` fits the calibration and ranks every tree
         (the leading exploration picks are taken, :func:`plan_rank` not called)."""
