@@ -168,13 +168,17 @@ def test_without_exploration_the_first_slice_ranks_as_before() -> None:
 
 def test_a_collector_ranks_while_the_lead_runs_and_collects_the_same_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     col, tasks = many_tasks(1)
-    ranks: list[int] = []
-    rank = focus.waves.plan_rank
-    monkeypatch.setattr(focus.waves, "plan_rank", lambda choice: ranks.append(choice.lead) or rank(choice))
+    rested: list[bool] = []
+    follow = focus.waves.WaveTail.follow
+
+    async def spy(self, state, *args, **kw):  # type: ignore[no-untyped-def]
+        rested.append(self.rank_rest)
+        return await follow(self, state, *args, **kw)
+
+    monkeypatch.setattr(focus.waves.WaveTail, "follow", spy)
     batch = run(col.collect(tasks))
-    assert ranks and all(ranks)  # after the evidence at least, each time behind a lead
-    with monkeypatch.context() as m:  # a lead at every wave: the same batch
+    assert rested[1] and not any(rested[2:])  # the first continuation wave: all exploration picks
+    with monkeypatch.context() as m:  # a lead at every wave (ranked off the loop): the same batch
         m.setattr(SearchState, "calibrated", lambda self, search: False)
         again = run(many_tasks(1)[0].collect(tasks))
-    assert len(ranks) > 1
     assert digest(again) == digest(batch) and len(batch.actor) > 0
