@@ -504,8 +504,11 @@ def explores(tree_index: int, node_id: int, branch: int, rate: float) -> bool:
     """Whether continuation slot ``branch`` of checkpoint ``node_id`` of tree
     ``tree_index`` is drawn for exploration at ``rate``: a fixed hash of the slot, so
     the draw depends on nothing the collection has seen (the same on every machine)."""
-    if rate <= 0:
-        return False
+    return rate > 0 and explore_draw(tree_index, node_id, branch) < rate
+
+
+def explore_draw(tree_index: int, node_id: int, branch: int) -> float:
+    """The uniform draw in [0, 1) that :func:`explores` compares with the rate."""
     if type(tree_index) is int and type(node_id) is int and type(branch) is int:
         # the tuple's repr written out (the same text for ints, without building and
         # walking a tuple: a ranking rebuild draws for about 100,000 slots)
@@ -513,7 +516,7 @@ def explores(tree_index: int, node_id: int, branch: int, rate: float) -> bool:
     else:
         text = repr(("explore", tree_index, node_id, branch))
     digest = _blake2b(text.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2.0**64 < rate
+    return int.from_bytes(digest, "little") / 2.0**64
 
 
 _blake2b = hashlib.blake2b

@@ -211,10 +211,11 @@ class WaveTail:
         too (not for the evidence: the first plan's calibration is fitted on all of it).
         Returns early, leaving the rest to the barrier, when the wave failed or got a bad
         response. With :attr:`rank_rest` (a wave of exploration picks chosen before the
-        calibration's fit), ``score`` and ``rank``, and no ``prefit``, it first ranks
-        the trees the wave does not touch under the calibration (fitting it): after the
-        evidence of many tasks the first plan's rankings, about a second at 100k
-        transitions over 2,000 tasks, run while the wave does.
+        calibration's fit), ``score`` and ``rank``, and no ``prefit``, whenever no tree
+        is ready it ranks the trees the wave does not touch under the calibration
+        (fitting it first), until the wave is done: after the evidence of many tasks the
+        first plan's rankings (about a second at 100k transitions over 2,000 tasks) run
+        while waves of exploration picks do, and the next plan ranks what is left.
 
         ``prefit`` (the search, when the graft may fit a new calibration,
         :meth:`focus.search.SearchState.may_refit`): compute what that fit reads of each
@@ -230,18 +231,20 @@ class WaveTail:
         else:
             task.add_done_callback(lambda _: setattr(self, "finished_at", time.perf_counter()))
         self._prefit, self._rank = prefit, rank
+        rest = [ti for ti in range(len(state.trees)) if ti not in self._jobs]
+        unranked: list[int] = []
         if prefit is not None:
-            rest = [ti for ti in range(len(state.trees)) if ti not in self._jobs]
             await _sliced(lambda ti: state.facts(ti).prefit(prefit), rest)
         elif self.rank_rest and score is not None and rank:
-            search, pi, seed = score[0], self.plan.phase_index, state.seed
-            calib = state.calibration(search)
-            rest = [ti for ti in range(len(state.trees)) if ti not in self._jobs]
-            await _sliced(lambda ti: state.facts(ti).ranked(search, calib, pi, seed), rest)
+            unranked = rest[::-1]
         while not self.stopped:
             if not self._ready:
                 if task.done():
                     return
+                if unranked and score is not None:  # nothing to graft: rank a slice of the rest
+                    self._rank_some(state, score[0], unranked)
+                    await asyncio.sleep(0)
+                    continue
                 waiter = asyncio.ensure_future(self._event.wait())
                 try:
                     await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
@@ -261,6 +264,14 @@ class WaveTail:
             if score is not None:
                 parts, score = await self._score(state, parts, *score)
             self.parts.update((p.tree_index, p) for p in parts)
+
+    def _rank_some(self, state: SearchState, search: Priority, unranked: list[int]) -> None:
+        """Rank trees of ``unranked`` (taken from its end) under the calibration, for
+        :data:`SLICE_S` (the first call fits the calibration)."""
+        calib, pi, seed = state.calibration(search), self.plan.phase_index, state.seed
+        t = time.perf_counter()
+        while unranked and time.perf_counter() - t < SLICE_S:
+            state.facts(unranked.pop()).ranked(search, calib, pi, seed)
 
     def _graft(self, state: SearchState, ti: int, phase_name: str) -> TreeWave:
         jobs = self._jobs[ti]

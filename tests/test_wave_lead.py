@@ -110,7 +110,9 @@ def test_every_wave_is_the_greedy_over_every_view_and_starts_with_its_lead(
     fitted: list[bool] = []  # whether the wave's calibration was a new fit, for waves with a lead
     for _ in range(40):
         mean_leaf = state.mean_leaf_transitions(search)
-        calibrated = state.calibrated(search)  # then no lead: the merged rankings hold the picks
+        ranked = state.calibrated(search) and all(
+            state.facts(ti).built(search, state.calibration(search), state.seed) for ti in range(len(state.trees))
+        )
         before = len(fits)
         choice = plan_begin(state, search, 1)
         if choice is None:  # the waves in flight are planned: land the oldest
@@ -138,11 +140,11 @@ def test_every_wave_is_the_greedy_over_every_view_and_starts_with_its_lead(
         got = [(j.tree_index, j.node_id, j.branch, e) for j, e in zip(plan.jobs, plan.expected, strict=True)]
         assert got == want
         assert plan_next(state, search, 1).planned[-1].jobs == plan.jobs
-        if calibrated:
+        if ranked and not always_lead:  # a lead only where trees are to be ranked
             assert lead == 0
-        elif lead < len(got):  # the lead is every exploration pick before the first ranked one
+        if lead and lead < len(got):  # the lead is every exploration pick before the first ranked one
             assert lead == lead_length(got, search, mean_leaf)
-        else:
+        elif lead:
             assert lead_length(got, search, mean_leaf) == len(got)
         leads.append((lead, len(got)))
         state = chosen
@@ -177,7 +179,9 @@ def test_a_collector_ranks_while_the_lead_runs_and_collects_the_same_batch(monke
 
     monkeypatch.setattr(focus.waves.WaveTail, "follow", spy)
     batch = run(col.collect(tasks))
-    assert rested[1] and not any(rested[2:])  # the first continuation wave: all exploration picks
+    # the first continuation wave is all exploration picks (whether later ones are too
+    # depends on how far their tails got with the rankings: timing, not the plans)
+    assert not rested[0] and rested[1]
     with monkeypatch.context() as m:  # a lead at every wave (ranked off the loop): the same batch
         m.setattr(SearchState, "calibrated", lambda self, search: False)
         again = run(many_tasks(1)[0].collect(tasks))

@@ -302,25 +302,29 @@ class _Greedy:
     def lead(self) -> Iterator[InFlight]:
         """The choice's leading jobs: every slot drawn for exploration at the trees'
         current branch counts (pending included), in tie-break order, each taken slot's
-        next one drawn again, until none is left or the wave is full; none where the
-        calibration is fitted already."""
+        next one drawn again, until none is left or the wave is full; none where every
+        tree is ranked under the calibration already (then the merged rankings hold the
+        picks, and taking them there costs less than finding them in every tree)."""
         search, state, phase, pending = self.search, self.state, self.phase, self.pending
         rate = exploration_rate(search, self.mean_leaf)
-        if rate <= 0 or self.full or state.calibrated(search):
-            # with the calibration at hand the rankings are up to date but for the trees
-            # the last wave touched (the wave's tail ranks those), and taking the picks
-            # from the merged rankings costs less than finding them in every tree
+        if rate <= 0 or self.full or self._ranked_already():
             return
-        seed, most = state.seed, phase.max_branches
+        seed, most, deepest = state.seed, phase.max_branches, phase.max_depth
         heap: list[tuple[float, int, int]] = []
-        for ti, tree in enumerate(state.trees):
-            states = tree.states
-            for node in tree.checkpoints():
-                nid = node.id
-                if nid not in states or node.depth > phase.max_depth:
-                    continue
-                slot = len(node.children) + pending.get((ti, nid), 0)
-                if 1 <= slot < most and explores(ti, nid, slot, rate):
+        for ti, f in enumerate(self.facts):
+            nodes = f.tree.nodes
+            for u, nid in f.draws:  # the slots of checkpoints with nothing pending
+                if u >= rate:
+                    break
+                node = nodes[nid]
+                if len(node.children) < most and node.depth <= deepest and (ti, nid) not in pending:
+                    heap.append((tie(seed, ti, nid, len(node.children)), ti, nid))
+        for (ti, nid), n in pending.items():  # checkpoints with continuations planned
+            tree = state.trees[ti]
+            node = tree.nodes[nid]
+            slot = len(node.children) + n
+            if not node.is_leaf and nid in tree.states and node.depth <= deepest and 1 <= slot < most:
+                if explores(ti, nid, slot, rate):
                     heap.append((tie(seed, ti, nid, slot), ti, nid))
         heapq.heapify(heap)
         lengths: dict[int, dict[int, float]] = {}
@@ -334,6 +338,14 @@ class _Greedy:
             pending[key] = pending.get(key, 0) + 1
             if branch + 1 < most and explores(ti, nid, branch + 1, rate):
                 heapq.heappush(heap, (tie(seed, ti, nid, branch + 1), ti, nid))
+
+    def _ranked_already(self) -> bool:
+        """Whether the calibration is fitted and every tree's ranking built under it."""
+        state, search = self.state, self.search
+        if not state.calibrated(search):
+            return False
+        calib, seed = state.calibration(search), state.seed
+        return all(f.built(search, calib, seed) for f in self.facts)
 
     def _expected(self, ti: int, nid: int, lengths: dict[int, dict[int, float]]) -> float:
         """The view's ``expected_transitions`` (:func:`focus.node_view.node_view`) from the

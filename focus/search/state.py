@@ -22,7 +22,7 @@ from focus.calibration import mean_leaf_transitions as leaf_mean
 from focus.env import Task
 from focus.estimation import segment
 from focus.noise_rows import Checkpoint, tree_rows
-from focus.priority import Calibration, NodeEvidence, Priority
+from focus.priority import Calibration, NodeEvidence, Priority, exploration_rate, explore_draw
 from focus.ranking import Entry, TreeRanking, tie
 from focus.tree import Edge, Node, Tree
 from focus.usage import Usage
@@ -324,12 +324,37 @@ class _TreeFacts:
             c = self.shape[truncation] = tree_counts(self.tree, truncation)  # type: ignore[arg-type]
         return c  # type: ignore[no-any-return]
 
+    @property
+    def draws(self) -> list[tuple[float, int]]:
+        """``(explore_draw, node id)`` of the next continuation slot of every checkpoint
+        with a branch state and a child, smallest draw first: a slot is drawn for
+        exploration at a rate where its draw is below it (:func:`focus.priority.explores`),
+        so a planner reads only the head of the list (``focus.search.planning``)."""
+        d = self.shape.get("draws")
+        if d is None:
+            tree, ti = self.tree, self.index
+            d = self.shape["draws"] = sorted(
+                (explore_draw(ti, n.id, len(n.children)), n.id)
+                for n in tree.checkpoints()
+                if n.children and n.id in tree.states
+            )
+        return d  # type: ignore[no-any-return]
+
+    def built(self, search: Priority, calibration: Calibration, seed: int) -> bool:
+        """Whether the tree's ranking is built for this configuration and calibration
+        (it may still have changed nodes to bring up to date, which costs little)."""
+        return self.rank is not None and self.rank.matches(search, calibration, seed)
+
     def prefit(self, search: Priority, scored: bool = True, seed: int | None = None) -> None:
         """Compute what a calibration fitted on every tree reads of this one (its
         spreads and counts; with ``scored``, its predictions being final, its noise rows),
         and, for a tree never ranked and given the collection ``seed``, the parts of its
-        first ranking that the calibration does not change (edge segments, tie-breaks)."""
+        first ranking that the calibration does not change (edge segments, tie-breaks);
+        for a search that explores, the draws of the checkpoints' next slots
+        (:attr:`draws`, what the plan's lead reads, ``focus.search.planning``)."""
         _ = self.spreads
+        if exploration_rate(search, 0.0) > 0:
+            _ = self.draws
         self.counts(search.truncation_rule)
         if scored:
             self.noise_rows(search.discount, search.truncation_rule)
