@@ -238,7 +238,11 @@ def _plan(state: SearchState, cap: Capture, wave: int, clock: Clock, last: Any) 
     and the rest (the greedy choice: its first slice of jobs, ``greedy``, and the rest,
     ``greedy_tail``, which the collector chooses while the first jobs run). ``last``: the previous plan's calibration; the
     parts are named ``first.*`` (no previous plan), ``refit.*`` (a new calibration),
-    ``wave.*`` or, for the plan that finds nothing more to do, ``last.*``."""
+    ``wave.*`` or, for the plan that finds nothing more to do, ``last.*``. The
+    calibration and the rankings are timed before the choice, so a wave's leading
+    exploration picks (``focus.search.planning._Greedy.lead``, which a collector starts
+    before it fits and ranks) are not modelled: here the fit and the rankings count in
+    the barrier whether or not a lead runs beside them."""
     search, pi = cap.search, 1
     own = Clock()
     calib = own("calibration", state.calibration, search)

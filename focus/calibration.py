@@ -160,13 +160,19 @@ def calibrate(
         counts = [tree_counts(tree, truncation, keep) for tree in trees]
     tokens = sum(c[0] for c in counts)
     segments = sum(c[1] for c in counts)
-    leaf_transitions = sum(c[2] for c in counts)
     leaves = sum(c[3] for c in counts)
     boot = sum(c[4] for c in counts)
     return Calibration(
         noise_model(trees, gamma=gamma, truncation=truncation, keep=keep, rows=rows),
         tokens / segments if tokens else 1.0,
-        leaf_transitions / leaves if leaf_transitions else 1.0,
+        mean_leaf_transitions(counts),
         gamma,
         boot / leaves if leaves else 0.0,
     )
+
+
+def mean_leaf_transitions(counts: Sequence[Counts]) -> float:
+    """:attr:`Calibration.mean_leaf_transitions` of trees with these :data:`Counts`."""
+    leaf_transitions = sum(c[2] for c in counts)
+    leaves = sum(c[3] for c in counts)
+    return leaf_transitions / leaves if leaf_transitions else 1.0

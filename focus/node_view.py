@@ -50,6 +50,33 @@ def segment_length(node: Node, segs: Mapping[int, Segment], lengths: Mapping[int
     return sum(segs[e].k + lengths[segs[e].child] for e in ch) / len(ch) if ch else math.nan
 
 
+def subtree_length(tree: Tree, node_id: int, memo: dict[int, float]) -> float:
+    """:func:`segment_length` of ``node_id`` with its descendants' computed the same way
+    (the same sums in the same order as a ranking's), from the tree alone: what a
+    planner reads before any ranking is built (``focus.search.planning``). ``memo``
+    keeps the lengths found, by node id, for the next call on the same tree."""
+    stack = [(node_id, False)]
+    while stack:
+        i, expanded = stack.pop()
+        if i in memo:
+            continue
+        node = tree.nodes[i]
+        if node.is_leaf:
+            memo[i] = 0.0
+            continue
+        ch = node.children
+        if not expanded:
+            stack.append((i, True))
+            stack.extend((tree.edges[e].child, False) for e in ch if tree.edges[e].child not in memo)
+            continue
+        total: float = 0
+        for e in ch:
+            edge = tree.edges[e]
+            total += edge.k + memo[edge.child]
+        memo[i] = total / len(ch) if ch else math.nan
+    return memo[node_id]
+
+
 def valid_tokens(node: Node, segs: Mapping[int, Segment], value: Mapping[int, float | None]) -> float:
     """Tokens of ``node``'s child segments whose child has a value (0 at a leaf)."""
     return float(sum(segs[e].tokens for e in node.children if value.get(segs[e].child) is not None))

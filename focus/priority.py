@@ -486,12 +486,29 @@ _SEGMENT_ERROR, _ERROR = Selective.segment_error, Selective.error
 EXPLORE = 1e300
 
 
+def exploration_rate(search: Priority, rollout_transitions: float) -> float:
+    """The rate at which ``search`` draws a continuation slot for exploration
+    (:func:`explores`) when a rollout takes ``rollout_transitions`` (the calibration's
+    :attr:`~Calibration.mean_leaf_transitions`). A drawn slot (of index 1 or more)
+    scores :data:`EXPLORE` whatever else the calibration says, so a planner can take
+    the drawn slots before it fits the noise model and ranks any tree
+    (``focus.search.planning``). 0 where the priority draws none, or where its score
+    is not :class:`Selective`'s own (a subclass with its own ``__call__``)."""
+    if type(search).__call__ is not Selective.__call__:
+        return 0.0
+    explore = search.explore  # type: ignore[attr-defined]
+    return explore / (1.0 + max(rollout_transitions, 0.0)) if explore > 0 else 0.0
+
+
 def explores(tree_index: int, node_id: int, branch: int, rate: float) -> bool:
     """Whether continuation slot ``branch`` of checkpoint ``node_id`` of tree
     ``tree_index`` is drawn for exploration at ``rate``: a fixed hash of the slot, so
     the draw depends on nothing the collection has seen (the same on every machine)."""
-    if rate <= 0:
-        return False
+    return rate > 0 and explore_draw(tree_index, node_id, branch) < rate
+
+
+def explore_draw(tree_index: int, node_id: int, branch: int) -> float:
+    """The uniform draw in [0, 1) that :func:`explores` compares with the rate."""
     if type(tree_index) is int and type(node_id) is int and type(branch) is int:
         # the tuple's repr written out (the same text for ints, without building and
         # walking a tuple: a ranking rebuild draws for about 100,000 slots)
@@ -499,7 +516,7 @@ def explores(tree_index: int, node_id: int, branch: int, rate: float) -> bool:
     else:
         text = repr(("explore", tree_index, node_id, branch))
     digest = _blake2b(text.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2.0**64 < rate
+    return int.from_bytes(digest, "little") / 2.0**64
 
 
 _blake2b = hashlib.blake2b

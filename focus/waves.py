@@ -60,6 +60,7 @@ from focus.search import (
     plan_begin,
     plan_choose,
     plan_chosen,
+    plan_rank,
     score_tree,
 )
 
@@ -160,6 +161,9 @@ class WaveTail:
         self.predictions: dict[tuple[int, int], tuple[float | None, float | None]] = {}
         self._prefit: Priority | None = None
         self._rank = True
+        #: Rank the trees the wave does not touch too, under the calibration (a wave
+        #: chosen before its calibration was fitted, :func:`launch_choosing`).
+        self.rank_rest = False
         self.add(plan.jobs)
         if complete:
             self.complete(plan)
@@ -206,7 +210,12 @@ class WaveTail:
         row-wise critic), score them and, with ``rank``, bring their rankings up to date
         too (not for the evidence: the first plan's calibration is fitted on all of it).
         Returns early, leaving the rest to the barrier, when the wave failed or got a bad
-        response.
+        response. With :attr:`rank_rest` (a wave of exploration picks chosen before the
+        calibration's fit), ``score`` and ``rank``, and no ``prefit``, whenever no tree
+        is ready it ranks the trees the wave does not touch under the calibration
+        (fitting it first), until the wave is done: after the evidence of many tasks the
+        first plan's rankings (about a second at 100k transitions over 2,000 tasks) run
+        while waves of exploration picks do, and the next plan ranks what is left.
 
         ``prefit`` (the search, when the graft may fit a new calibration,
         :meth:`focus.search.SearchState.may_refit`): compute what that fit reads of each
@@ -222,13 +231,20 @@ class WaveTail:
         else:
             task.add_done_callback(lambda _: setattr(self, "finished_at", time.perf_counter()))
         self._prefit, self._rank = prefit, rank
+        rest = [ti for ti in range(len(state.trees)) if ti not in self._jobs]
+        unranked: list[int] = []
         if prefit is not None:
-            rest = [ti for ti in range(len(state.trees)) if ti not in self._jobs]
             await _sliced(lambda ti: state.facts(ti).prefit(prefit), rest)
+        elif self.rank_rest and score is not None and rank:
+            unranked = rest[::-1]
         while not self.stopped:
             if not self._ready:
                 if task.done():
                     return
+                if unranked and score is not None:  # nothing to graft: rank a slice of the rest
+                    self._rank_some(state, score[0], unranked)
+                    await asyncio.sleep(0)
+                    continue
                 waiter = asyncio.ensure_future(self._event.wait())
                 try:
                     await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
@@ -248,6 +264,14 @@ class WaveTail:
             if score is not None:
                 parts, score = await self._score(state, parts, *score)
             self.parts.update((p.tree_index, p) for p in parts)
+
+    def _rank_some(self, state: SearchState, search: Priority, unranked: list[int]) -> None:
+        """Rank trees of ``unranked`` (taken from its end) under the calibration, for
+        :data:`SLICE_S` (the first call fits the calibration)."""
+        calib, pi, seed = state.calibration(search), self.plan.phase_index, state.seed
+        t = time.perf_counter()
+        while unranked and time.perf_counter() - t < SLICE_S:
+            state.facts(unranked.pop()).ranked(search, calib, pi, seed)
 
     def _graft(self, state: SearchState, ti: int, phase_name: str) -> TreeWave:
         jobs = self._jobs[ti]
@@ -352,8 +376,12 @@ async def launch_choosing(
     the running wave (a :class:`focus.execution.JobFeed`) before the next is taken, so
     the model service has the wave's first jobs while the rest is chosen instead of
     waiting for the whole plan (the choice was most of a barrier's length after a wave
-    without a refit, benchmarks/README.md, scale). The wave is in ``running`` with its
-    plan once chosen. The same plan as :func:`focus.search.plan_next`; ``None`` where
+    without a refit, benchmarks/README.md, scale). Where the wave starts with slots
+    drawn for exploration, which need no ranking, those are handed over first and the
+    calibration's fit and the rankings (after the evidence or a refit, most of what was
+    left of the barrier) run off the loop while they do (:func:`focus.search.plan_rank`);
+    a wave that is all such picks leaves them to its tail (:attr:`WaveTail.rank_rest`).
+    The wave is in ``running`` with its plan once chosen. The same plan as :func:`focus.search.plan_next`; ``None`` where
     that plans no continuation wave (evidence, or the waves in flight are planned), or
     where ``execution`` takes a wave's jobs only all at once: the caller plans as before."""
     if not execution.reports_jobs:
@@ -373,9 +401,15 @@ async def launch_choosing(
     try:
         while not c.done:
             await asyncio.sleep(0)  # the loop starts what was handed over
+            if c.ranks_next:  # the leading exploration picks are running: rank while they do
+                await off_loop(plan_rank, c)
             jobs = plan_choose(c, CHOOSE_SLICE)
             tail.add(jobs)
             feed.add(jobs)
+        # a wave of exploration picks only, chosen before the calibration's fit: its
+        # tail fits it and ranks the trees it does not touch while it runs (the next
+        # plan would do both at its barrier)
+        tail.rank_rest = bool(c.lead) and not c.ranked
         chosen = plan_chosen(c)
     except BaseException:
         running.waves.pop(key, None)

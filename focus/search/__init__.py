@@ -8,8 +8,8 @@ Three modules, one job each:
   derived from each tree;
 - :mod:`focus.search.planning`: :func:`plan_wave`, :func:`plan_ahead`,
   :func:`plan_next`, :func:`plan_refill` - which checkpoints the next wave continues
-  (:func:`plan_begin` / :func:`plan_choose` / :func:`plan_chosen`: :func:`plan_next`'s
-  wave handed over a slice of jobs at a time);
+  (:func:`plan_begin` / :func:`plan_choose` / :func:`plan_rank` / :func:`plan_chosen`:
+  :func:`plan_next`'s wave handed over a slice of jobs at a time);
 - :mod:`focus.search.grafting`: :func:`graft`, :func:`with_predictions`,
   :func:`replay` - a successor state with a wave's rollouts or the critic's scores,
   and the state rebuilt from stored waves; :func:`graft_tree` and :func:`score_tree`,
@@ -41,6 +41,7 @@ from focus.search.planning import (
     plan_choose,
     plan_chosen,
     plan_next,
+    plan_rank,
     plan_refill,
     plan_wave,
     wave_choices,
@@ -76,6 +77,7 @@ __all__ = [
     "plan_choose",
     "plan_chosen",
     "plan_next",
+    "plan_rank",
     "plan_refill",
     "plan_wave",
     "replay",

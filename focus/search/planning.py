@@ -18,8 +18,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from focus.calibration import Calibration
-from focus.priority import NodeEvidence, Phase, Priority
-from focus.ranking import entry
+from focus.node_view import subtree_length
+from focus.priority import NodeEvidence, Phase, Priority, exploration_rate, explores
+from focus.ranking import entry, tie
 from focus.search.state import RolloutJob, SearchState, WavePlan, _successor, _TreeFacts, rollout_seed
 
 
@@ -77,13 +78,24 @@ def _check_wave(state: SearchState, search: Priority, phase_index: int, wave_ind
 def wave_choices(state: SearchState, search: Priority, phase_index: int, wave_index: int) -> Iterator[InFlight]:
     """The jobs of continuation wave ``wave_index`` (:func:`plan_wave`) one at a time, in
     the order the greedy choice takes them (nothing for an evidence phase, or when the
-    phase is done). Lazy: the first ``next`` brings every tree's ranking up to date, each
-    later one costs a heap step, so a runner can start the first jobs while the rest of
-    the wave is chosen (:class:`WaveChoice`); the jobs are those of :func:`plan_wave`."""
+    phase is done). Lazy: the leading exploration picks come from the trees as they are
+    (:class:`_Greedy`), the first job after them brings every tree's ranking up to date,
+    and each later one costs a heap step, so a runner can start the first jobs while the
+    rest of the wave is chosen (:class:`WaveChoice`); the jobs are those of
+    :func:`plan_wave`."""
+    g = _wave_greedy(state, search, phase_index, wave_index)
+    if g is not None:
+        yield from g.lead()
+        yield from g.rest()
+
+
+def _wave_greedy(state: SearchState, search: Priority, phase_index: int, wave_index: int) -> _Greedy | None:
+    """The greedy choice of continuation wave ``wave_index``, or ``None`` where the wave
+    has no job (an evidence phase, the phase's waves or budget used up)."""
     _check_wave(state, search, phase_index, wave_index)
     phase = search.phases[phase_index]
     if phase.is_evidence or (phase.max_waves is not None and wave_index >= phase.max_waves):
-        return
+        return None
     # A rollout that made no task transition (only parse errors or compactions) still
     # counts one against the budget (Usage.spend), so a phase always ends.
     facts = [state.facts(ti) for ti in range(len(state.trees))]
@@ -94,10 +106,10 @@ def wave_choices(state: SearchState, search: Priority, phase_index: int, wave_in
         for job in p.jobs:
             pending[(job.tree_index, job.node_id)] = pending.get((job.tree_index, job.node_id), 0) + 1
     if remaining <= 0:
-        return
+        return None
     # Each tree's eligible checkpoints are ranked once per tree version (cached in the
     # state); the wave merges the per-tree rankings.
-    yield from _greedy(state, search, phase_index, facts, pending, None, remaining)
+    return _Greedy(state, search, phase_index, facts, pending, None, remaining)
 
 
 def plan_ahead(state: SearchState, search: Priority, phase_index: int) -> SearchState:
@@ -205,9 +217,14 @@ def wave_limits(phase: Phase, calib: Calibration, slots: int | None = None) -> t
     far that both estimated a few percent worse; half kept both within noise of the
     former waves (docs/algorithm.md, "Planning").
     """
+    return _limits(phase, calib.mean_leaf_transitions, slots)
+
+
+def _limits(phase: Phase, mean_leaf_transitions: float, slots: int | None) -> tuple[int, float]:
+    """:func:`wave_limits` from the calibration's mean rollout length alone."""
     if phase.wave_unit == "jobs":
         return (phase.wave_size if slots is None else min(slots, phase.wave_size)), math.inf
-    return (sys.maxsize if slots is None else slots), phase.wave_size * calib.mean_leaf_transitions / 2
+    return (sys.maxsize if slots is None else slots), phase.wave_size * mean_leaf_transitions / 2
 
 
 def _greedy(
@@ -219,86 +236,220 @@ def _greedy(
     slots: int | None,
     remaining: float,
 ) -> Iterator[InFlight]:
+    """The jobs of :class:`_Greedy`'s choice in order: its leading exploration picks,
+    then the rest."""
+    g = _Greedy(state, search, phase_index, facts, pending, slots, remaining)
+    yield from g.lead()
+    yield from g.rest()
+
+
+class _Greedy:
     """Greedily take the highest-priority eligible checkpoint, count the planned
     continuation into its evidence (``pending``) and re-rank it, until the wave is full
     (:func:`wave_limits`, at most ``slots`` jobs when given) or the planned jobs'
     expected transitions cover ``remaining``.
 
-    ``pending`` holds continuations already running (streaming mode; empty for a wave):
-    their checkpoints leave the cached rankings (ranked with nothing pending) and enter
-    the heap re-ranked with their pending count. The heap holds the next entry of every
-    tree's ranking plus the re-ranked entries, so it pops exactly the order a heap of
-    every eligible checkpoint would. A checkpoint taken again reads the view it was
-    re-ranked with (``taken``: the ranking's view with its pending count, the same
-    fields) instead of copying the ranking's view once more.
-    """
-    phase = search.phases[phase_index]
-    calib = state.calibration(search)
-    limit, fill = wave_limits(phase, calib, slots)
-    remaining = min(remaining, fill)
-    ranked = [f.ranked(search, calib, phase_index, state.seed) for f in facts]
-    heap: list[tuple[float, float, int, int, int]] = []
-    busy = dict(pending)
-    for (ti, nid), n in pending.items():
-        ev = facts[ti].view(search, calib, state.seed, nid)
-        if ev is None or nid not in state.trees[ti].states or ev.depth > phase.max_depth:
-            continue
-        ev = ev.with_pending(n)
-        if ev.branches + n < phase.max_branches:
-            heap.append((*entry(search, state.seed, ev), -1))
+    ``pending`` holds continuations already running (streaming mode, or waves planned
+    ahead; empty otherwise): their checkpoints leave the cached rankings (ranked with
+    nothing pending) and enter the heap re-ranked with their pending count. The heap
+    holds the next entry of every tree's ranking plus the re-ranked entries, so it pops
+    exactly the order a heap of every eligible checkpoint would. A checkpoint taken
+    again reads the view it was re-ranked with (``taken``: the ranking's view with its
+    pending count, the same fields) instead of copying the ranking's view once more.
 
-    def push_next(ti: int, pos: int) -> None:
+    The choice comes in two parts. Slots drawn for exploration rank above every other
+    whatever the calibration (:func:`focus.priority.exploration_rate`), so the greedy
+    takes them first, in their seeded tie-break order, and that is all of the choice
+    until none is left: :meth:`lead` takes them from the trees as they are, with the
+    wave's limits from the mean rollout length alone, without fitting the noise model
+    or ranking any tree. :meth:`rank` then does both (the part of a plan that reads
+    every tree, about a second at 100k transitions over 2,000 tasks after the evidence
+    or a refit) and :meth:`rest` takes the remaining jobs, the lead's counted as
+    pending. A runner starts the lead's jobs while it ranks (:func:`plan_rank`). At
+    100k transitions over 2,000 tasks the first three waves after the evidence were
+    exploration picks only (472-488 jobs each).
+    """
+
+    def __init__(
+        self,
+        state: SearchState,
+        search: Priority,
+        phase_index: int,
+        facts: list[_TreeFacts],
+        pending: dict[tuple[int, int], int],
+        slots: int | None,
+        remaining: float,
+    ) -> None:
+        self.state, self.search, self.facts, self.pending = state, search, facts, pending
+        self.phase = search.phases[phase_index]
+        self.phase_index = phase_index
+        self.mean_leaf = state.mean_leaf_transitions(search)
+        self.limit, fill = _limits(self.phase, self.mean_leaf, slots)
+        self.remaining = min(remaining, fill)
+        self.jobs = 0
+        self.planned = 0.0
+        self._heap: list[tuple[float, float, int, int, int]] | None = None
+
+    @property
+    def full(self) -> bool:
+        return not (self.jobs < self.limit and self.planned < self.remaining)
+
+    def _take(self, job: RolloutJob, expected: float) -> InFlight:
+        self.jobs += 1
+        self.planned += expected
+        return InFlight(job, expected)
+
+    def lead(self) -> Iterator[InFlight]:
+        """The choice's leading jobs: every slot drawn for exploration at the trees'
+        current branch counts (pending included), in tie-break order, each taken slot's
+        next one drawn again, until none is left or the wave is full; none where every
+        tree is ranked under the calibration already (then the merged rankings hold the
+        picks, and taking them there costs less than finding them in every tree)."""
+        search, state, phase, pending = self.search, self.state, self.phase, self.pending
+        rate = exploration_rate(search, self.mean_leaf)
+        if rate <= 0 or self.full or self._ranked_already():
+            return
+        seed, most, deepest = state.seed, phase.max_branches, phase.max_depth
+        heap: list[tuple[float, int, int]] = []
+        for ti, f in enumerate(self.facts):
+            nodes = f.tree.nodes
+            for u, nid in f.draws:  # the slots of checkpoints with nothing pending
+                if u >= rate:
+                    break
+                node = nodes[nid]
+                if len(node.children) < most and node.depth <= deepest and (ti, nid) not in pending:
+                    heap.append((tie(seed, ti, nid, len(node.children)), ti, nid))
+        for (ti, nid), n in pending.items():  # checkpoints with continuations planned
+            tree = state.trees[ti]
+            node = tree.nodes[nid]
+            slot = len(node.children) + n
+            if not node.is_leaf and nid in tree.states and node.depth <= deepest and 1 <= slot < most:
+                if explores(ti, nid, slot, rate):
+                    heap.append((tie(seed, ti, nid, slot), ti, nid))
+        heapq.heapify(heap)
+        lengths: dict[int, dict[int, float]] = {}
+        while heap and not self.full:
+            _, ti, nid = heapq.heappop(heap)
+            tree = state.trees[ti]
+            key = (ti, nid)
+            branch = len(tree.nodes[nid].children) + pending.get(key, 0)
+            job = RolloutJob(ti, nid, rollout_seed(seed, ti, nid, branch), tree.states[nid], branch)
+            yield self._take(job, self._expected(ti, nid, lengths))
+            pending[key] = pending.get(key, 0) + 1
+            if branch + 1 < most and explores(ti, nid, branch + 1, rate):
+                heapq.heappush(heap, (tie(seed, ti, nid, branch + 1), ti, nid))
+
+    def _ranked_already(self) -> bool:
+        """Whether the calibration is fitted and every tree's ranking built under it."""
+        state, search = self.state, self.search
+        if not state.calibrated(search):
+            return False
+        calib, seed = state.calibration(search), state.seed
+        return all(f.built(search, calib, seed) for f in self.facts)
+
+    def _expected(self, ti: int, nid: int, lengths: dict[int, dict[int, float]]) -> float:
+        """The view's ``expected_transitions`` (:func:`focus.node_view.node_view`) from the
+        tree alone: the children's mean segment length plus theirs, as the ranking sums
+        them, or the mean rollout length left for a checkpoint without children."""
+        tree = self.state.trees[ti]
+        length = subtree_length(tree, nid, lengths.setdefault(ti, {}))
+        if math.isnan(length):
+            length = max(1.0, self.mean_leaf - tree.nodes[nid].transitions)
+        return max(length, 1.0)
+
+    def rank(self) -> None:
+        """Fit the calibration and bring every tree's ranking up to date, then fill the
+        heap: the lead's picks enter it re-ranked with their pending counts."""
+        if self._heap is not None:
+            return
+        state, search, facts, pending, phase = self.state, self.search, self.facts, self.pending, self.phase
+        calib = state.calibration(search)
+        ranked = [f.ranked(search, calib, self.phase_index, state.seed) for f in facts]
+        heap: list[tuple[float, float, int, int, int]] = []
+        for (ti, nid), n in pending.items():
+            ev = facts[ti].view(search, calib, state.seed, nid)
+            if ev is None or nid not in state.trees[ti].states or ev.depth > phase.max_depth:
+                continue
+            ev = ev.with_pending(n)
+            if ev.branches + n < phase.max_branches:
+                heap.append((*entry(search, state.seed, ev), -1))
+        self._ranked, self._busy, self._calib = ranked, dict(pending), calib
+        for ti in range(len(ranked)):
+            self._push_next(heap, ti, 0)
+        heapq.heapify(heap)
+        self._heap = heap
+
+    def _push_next(self, heap: list[tuple[float, float, int, int, int]], ti: int, pos: int) -> None:
         # the next entry of tree ti's ranking at or after pos whose node has nothing in flight
-        r = ranked[ti]
+        r, busy = self._ranked[ti], self._busy
         while pos < len(r) and busy and (ti, r[pos][3]) in busy:
             pos += 1
         if pos < len(r):
             heapq.heappush(heap, (*r[pos], pos))
 
-    for ti in range(len(ranked)):
-        push_next(ti, 0)
-    heapq.heapify(heap)
-    taken: dict[tuple[int, int], NodeEvidence] = {}
-    jobs = 0
-    planned = 0.0
-    while heap and jobs < limit and planned < remaining:
-        _, _, ti, nid, pos = heapq.heappop(heap)
-        if pos >= 0:
-            push_next(ti, pos + 1)
-        key = (ti, nid)
-        ev = taken.get(key)
-        if ev is None:
-            ev = facts[ti].view(search, calib, state.seed, nid)
-            assert ev is not None  # a ranked entry is a checkpoint's
-            n = pending.get(key, 0)
-            if n != ev.pending:  # a ranking's views have none pending: mostly no copy to make
-                ev = ev.with_pending(n)
-        branch = ev.branches + ev.pending
-        job = RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), state.trees[ti].states[nid], branch)
-        jobs += 1
-        planned += ev.expected_transitions
-        yield InFlight(job, ev.expected_transitions)
-        ev = ev.with_pending(ev.pending + 1)
-        pending[key] = ev.pending
-        if ev.branches + ev.pending < phase.max_branches:
-            taken[key] = ev
-            heapq.heappush(heap, (*entry(search, state.seed, ev), -1))
+    def rest(self) -> Iterator[InFlight]:
+        """The choice's jobs after :meth:`lead` (ranking first if :meth:`rank` was not called)."""
+        if self.full:
+            return
+        self.rank()
+        heap, calib = self._heap, self._calib
+        state, search, facts, pending, phase = self.state, self.search, self.facts, self.pending, self.phase
+        assert heap is not None
+        taken: dict[tuple[int, int], NodeEvidence] = {}
+        while heap and not self.full:
+            _, _, ti, nid, pos = heapq.heappop(heap)
+            if pos >= 0:
+                self._push_next(heap, ti, pos + 1)
+            key = (ti, nid)
+            ev = taken.get(key)
+            if ev is None:
+                ev = facts[ti].view(search, calib, state.seed, nid)
+                assert ev is not None  # a ranked entry is a checkpoint's
+                n = pending.get(key, 0)
+                if n != ev.pending:  # a ranking's views have none pending: mostly no copy to make
+                    ev = ev.with_pending(n)
+            branch = ev.branches + ev.pending
+            job = RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), state.trees[ti].states[nid], branch)
+            yield self._take(job, ev.expected_transitions)
+            ev = ev.with_pending(ev.pending + 1)
+            pending[key] = ev.pending
+            if ev.branches + ev.pending < phase.max_branches:
+                taken[key] = ev
+                heapq.heappush(heap, (*entry(search, state.seed, ev), -1))
 
 
 class WaveChoice:
     """A continuation wave being chosen a slice at a time (:func:`plan_begin`,
-    :func:`plan_choose`, :func:`plan_chosen`): :func:`plan_next`'s wave, the same jobs in
-    the same order, handed over as they are taken so that a runner starts the first
-    ones while the greedy choice takes the rest (each later job costs a heap step; a wave
-    of a thousand jobs took 15-60 ms at the barrier, benchmarks/README.md, scale)."""
+    :func:`plan_choose`, :func:`plan_rank`, :func:`plan_chosen`): :func:`plan_next`'s
+    wave, the same jobs in the same order, handed over as they are taken so that a
+    runner starts the first ones while the greedy choice takes the rest (each later job
+    costs a heap step; a wave of a thousand jobs took 15-60 ms at the barrier,
+    benchmarks/README.md, scale)."""
 
     def __init__(self, state: SearchState, search: Priority, phase_index: int) -> None:
         self.state, self.phase_index = state, phase_index
         self.wave_index = state.waves_done(phase_index) + len(state.planned)
-        self._choices = wave_choices(state, search, phase_index, self.wave_index)
+        self._greedy = _wave_greedy(state, search, phase_index, self.wave_index)
+        self._lead: Iterator[InFlight] | None = None if self._greedy is None else self._greedy.lead()
+        self._rest: Iterator[InFlight] | None = None
         self.chosen: list[InFlight] = []
+        #: How many of the jobs taken so far are the leading exploration picks (chosen
+        #: without the calibration's fit or any ranking).
+        self.lead = 0
         #: Every job of the wave is taken.
-        self.done = False
+        self.done = self._greedy is None
+
+    @property
+    def ranked(self) -> bool:
+        """Whether the calibration is fitted and every tree ranked for this wave."""
+        return self._greedy is None or self._greedy._heap is not None
+
+    @property
+    def ranks_next(self) -> bool:
+        """Whether the next :func:`plan_choose` fits the calibration and ranks every tree
+        (the leading exploration picks are taken, :func:`plan_rank` not called)."""
+        g = self._greedy
+        return not self.done and self._lead is None and g is not None and g._heap is None and not g.full
 
 
 def plan_begin(state: SearchState, search: Priority, phase_index: int) -> WaveChoice | None:
@@ -312,13 +463,35 @@ def plan_begin(state: SearchState, search: Priority, phase_index: int) -> WaveCh
 
 
 def plan_choose(choice: WaveChoice, n: int) -> list[RolloutJob]:
-    """The wave's next ``n`` jobs in plan order (fewer, or none, once it is full; the
-    first call brings every tree's ranking up to date)."""
-    taken = list(itertools.islice(choice._choices, n))
-    if len(taken) < n:
-        choice.done = True
+    """The wave's next ``n`` jobs in plan order; fewer where its leading exploration
+    picks end (a runner may then rank off its event loop, :func:`plan_rank`, before it
+    asks for more), or once the wave is full (then ``choice.done``). The first call
+    that takes a job after the lead (the first call, where there is no lead) fits the
+    calibration and ranks every tree unless :func:`plan_rank` did."""
+    taken: list[InFlight] = []
+    g = choice._greedy
+    if g is not None and choice._lead is not None:
+        taken = list(itertools.islice(choice._lead, n))
+        choice.lead += len(taken)
+        if len(taken) < n:  # the lead is over
+            choice._lead = None
+            choice.done = g.full
+    if g is not None and not choice.done and not taken:
+        if choice._rest is None:
+            choice._rest = g.rest()
+        taken = list(itertools.islice(choice._rest, n))
+        choice.done = len(taken) < n
     choice.chosen.extend(taken)
     return [c.job for c in taken]
+
+
+def plan_rank(choice: WaveChoice) -> None:
+    """Fit the wave's calibration and bring every tree's ranking up to date (what the
+    first :func:`plan_choose` after the leading exploration picks would do; pure, and
+    what reads every tree: a runner calls it off its event loop while the lead's jobs
+    run)."""
+    if choice._greedy is not None:
+        choice._greedy.rank()
 
 
 def plan_chosen(choice: WaveChoice) -> SearchState:

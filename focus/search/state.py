@@ -18,10 +18,11 @@ from typing import Any
 
 from focus.agent import BranchState, derive_seed
 from focus.calibration import Counts, tree_counts
+from focus.calibration import mean_leaf_transitions as leaf_mean
 from focus.env import Task
 from focus.estimation import segment
 from focus.noise_rows import Checkpoint, tree_rows
-from focus.priority import Calibration, NodeEvidence, Priority
+from focus.priority import Calibration, NodeEvidence, Priority, exploration_rate, explore_draw
 from focus.ranking import Entry, TreeRanking, tie
 from focus.tree import Edge, Node, Tree
 from focus.usage import Usage
@@ -130,18 +131,48 @@ class SearchState:
 
     def _fitted(self, search: Priority) -> tuple[int, Calibration]:
         """:meth:`calibration` and the waves it is fitted on."""
+        size = self._fit_size(search)
+        return size, self._fit(size, search)
+
+    def _fit_size(self, search: Priority) -> int:
+        """How many waves :meth:`calibration` is fitted on, deciding it without the fit on
+        all of them (which only a fit on fewer waves' spreads can rule out: a fit on
+        every wave is the last one to consider, whatever its own spreads)."""
         n = len(self.waves)
         size = 1 if n else 0
-        c = self._fit(size, search)
-        while n and c.noise.spreads < CALIBRATION_SPREADS:
+        while size < n:
+            if self._fit(size, search).noise.spreads >= CALIBRATION_SPREADS:
+                break
             floor = 2 * self.spread_count(size)
             nxt = 2 * size
             while nxt <= n and self.spread_count(nxt) < floor:
                 nxt *= 2
             if nxt > n:
                 break
-            size, c = nxt, self._fit(nxt, search)
-        return size, c
+            size = nxt
+        return size
+
+    def calibrated(self, search: Priority) -> bool:
+        """Whether :meth:`calibration` is at hand, fitted already (no fit to make)."""
+        return (self._fit_size(search), search.discount, search.truncation_rule) in self._calibrations
+
+    def mean_leaf_transitions(self, search: Priority) -> float:
+        """``self.calibration(search).mean_leaf_transitions``, from the trees' counts where
+        that calibration is not fitted yet: the mean rollout length sets a wave's size
+        and the exploration rate (:func:`focus.priority.exploration_rate`), which is
+        what a planner needs before the noise model's fit (``focus.search.planning``:
+        a wave's leading exploration picks)."""
+        size = self._fit_size(search)
+        c = self._calibrations.get((size, search.discount, search.truncation_rule))
+        if c is not None or type(search).calibrate is not Priority.calibrate:
+            return (c or self._fit(size, search)).mean_leaf_transitions
+        keep = self._keep(size)
+        rule = search.truncation_rule
+        if keep is None:
+            counts = [self.facts(ti).counts(rule) for ti in range(len(self.trees))]
+        else:
+            counts = [tree_counts(tree, rule, keep) for tree in self.trees]  # type: ignore[arg-type]
+        return leaf_mean(counts)
 
     def may_refit(self, search: Priority, jobs: int) -> bool:
         """Whether grafting a wave of ``jobs`` jobs onto this state may fit a new
@@ -293,12 +324,37 @@ class _TreeFacts:
             c = self.shape[truncation] = tree_counts(self.tree, truncation)  # type: ignore[arg-type]
         return c  # type: ignore[no-any-return]
 
+    @property
+    def draws(self) -> list[tuple[float, int]]:
+        """``(explore_draw, node id)`` of the next continuation slot of every checkpoint
+        with a branch state and a child, smallest draw first: a slot is drawn for
+        exploration at a rate where its draw is below it (:func:`focus.priority.explores`),
+        so a planner reads only the head of the list (``focus.search.planning``)."""
+        d = self.shape.get("draws")
+        if d is None:
+            tree, ti = self.tree, self.index
+            d = self.shape["draws"] = sorted(
+                (explore_draw(ti, n.id, len(n.children)), n.id)
+                for n in tree.checkpoints()
+                if n.children and n.id in tree.states
+            )
+        return d  # type: ignore[no-any-return]
+
+    def built(self, search: Priority, calibration: Calibration, seed: int) -> bool:
+        """Whether the tree's ranking is built for this configuration and calibration
+        (it may still have changed nodes to bring up to date, which costs little)."""
+        return self.rank is not None and self.rank.matches(search, calibration, seed)
+
     def prefit(self, search: Priority, scored: bool = True, seed: int | None = None) -> None:
         """Compute what a calibration fitted on every tree reads of this one (its
         spreads and counts; with ``scored``, its predictions being final, its noise rows),
         and, for a tree never ranked and given the collection ``seed``, the parts of its
-        first ranking that the calibration does not change (edge segments, tie-breaks)."""
+        first ranking that the calibration does not change (edge segments, tie-breaks);
+        for a search that explores, the draws of the checkpoints' next slots
+        (:attr:`draws`, what the plan's lead reads, ``focus.search.planning``)."""
         _ = self.spreads
+        if exploration_rate(search, 0.0) > 0:
+            _ = self.draws
         self.counts(search.truncation_rule)
         if scored:
             self.noise_rows(search.discount, search.truncation_rule)
