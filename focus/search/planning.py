@@ -285,6 +285,7 @@ class _Greedy:
         self.phase_index = phase_index
         self.mean_leaf = state.mean_leaf_transitions(search)
         self.limit, fill = _limits(self.phase, self.mean_leaf, slots)
+        self.refill = slots is not None
         self.remaining = min(remaining, fill)
         self.jobs = 0
         self.planned = 0.0
@@ -307,7 +308,8 @@ class _Greedy:
         picks, and taking them there costs less than finding them in every tree)."""
         search, state, phase, pending = self.search, self.state, self.phase, self.pending
         rate = exploration_rate(search, self.mean_leaf)
-        if rate <= 0 or self.full or self._ranked_already():
+        if rate <= 0 or self.full or self.refill or self._ranked_already():
+            # (a streaming refill is planned whole, whatever comes first: nothing gained)
             return
         seed, most, deepest = state.seed, phase.max_branches, phase.max_depth
         heap: list[tuple[float, int, int]] = []
