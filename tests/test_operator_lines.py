@@ -30,7 +30,9 @@ SMALL = [
 ]
 
 
-def test_prefect_clients_failure_names_prefect_and_its_url():
+def prefect_client_error() -> tuple[str, httpx.ConnectError]:
+    """The error Prefect's client raises for a server that is not there (no retries),
+    and that server's API URL."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
@@ -43,7 +45,12 @@ def test_prefect_clients_failure_names_prefect_and_its_url():
 
     with pytest.raises(httpx.ConnectError) as e:
         asyncio.run(read())
-    line = one_line(e.value)
+    return api, e.value
+
+
+def test_prefect_clients_failure_names_prefect_and_its_url():
+    api, error = prefect_client_error()
+    line = one_line(error)
     assert line.startswith(f"the Prefect server at {api} did not answer (ConnectError: "), line
     # another client's connection error is not blamed on Prefect
     with pytest.raises(httpx.ConnectError) as other:

@@ -13,12 +13,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import httpx
 import pytest
 from fixtures.prefect import free_port
 
 import flows.watch as watch
 from flows.errors import GONE, PrefectServerGone, exit_code, one_line
+from tests.test_operator_lines import prefect_client_error
 
 
 @contextmanager
@@ -92,22 +92,11 @@ def test_a_server_that_does_not_answer_is_gone_after_the_grace(how, monkeypatch)
 def test_the_engines_own_failed_call_gets_the_watchs_line(monkeypatch):
     """Once a watch found the server gone, the flow run's final state cannot be reported
     either; the command names the cause with the watch's line, not httpx's error."""
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
-
-    api = f"http://127.0.0.1:{free_port()}/api"
-
-    async def read() -> None:
-        with temporary_settings({PREFECT_API_URL: api, PREFECT_CLIENT_MAX_RETRIES: 0}):
-            async with get_client() as client:
-                await client.read_flow_runs()
-
-    with pytest.raises(httpx.ConnectError) as e:
-        asyncio.run(read())
-    assert "no answer for" not in one_line(e.value)
+    api, error = prefect_client_error()
+    assert "no answer for" not in one_line(error)
     gone = PrefectServerGone(api, "ConnectError: All connection attempts failed; no answer for 11 s")
     monkeypatch.setitem(GONE, api, gone)
-    assert one_line(e.value) == str(gone)
+    assert one_line(error) == str(gone)
 
 
 def test_outside_a_flow_run_the_body_runs_unwatched():

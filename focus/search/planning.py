@@ -195,7 +195,7 @@ def plan_refill(
     for f in in_flight:
         key = (f.job.tree_index, f.job.node_id)
         pending[key] = pending.get(key, 0) + 1
-    return tuple(_greedy(state, search, phase_index, facts, pending, slots, remaining))
+    return tuple(_Greedy(state, search, phase_index, facts, pending, slots, remaining).rest())  # no lead: planned whole
 
 
 def wave_limits(phase: Phase, calib: Calibration, slots: int | None = None) -> tuple[int, float]:
@@ -225,22 +225,6 @@ def _limits(phase: Phase, mean_leaf_transitions: float, slots: int | None) -> tu
     if phase.wave_unit == "jobs":
         return (phase.wave_size if slots is None else min(slots, phase.wave_size)), math.inf
     return (sys.maxsize if slots is None else slots), phase.wave_size * mean_leaf_transitions / 2
-
-
-def _greedy(
-    state: SearchState,
-    search: Priority,
-    phase_index: int,
-    facts: list[_TreeFacts],
-    pending: dict[tuple[int, int], int],
-    slots: int | None,
-    remaining: float,
-) -> Iterator[InFlight]:
-    """The jobs of :class:`_Greedy`'s choice in order: its leading exploration picks,
-    then the rest."""
-    g = _Greedy(state, search, phase_index, facts, pending, slots, remaining)
-    yield from g.lead()
-    yield from g.rest()
 
 
 class _Greedy:
