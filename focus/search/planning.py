@@ -78,14 +78,13 @@ def _check_wave(state: SearchState, search: Priority, phase_index: int, wave_ind
 def wave_choices(state: SearchState, search: Priority, phase_index: int, wave_index: int) -> Iterator[InFlight]:
     """The jobs of continuation wave ``wave_index`` (:func:`plan_wave`) one at a time, in
     the order the greedy choice takes them (nothing for an evidence phase, or when the
-    phase is done). Lazy: the leading exploration picks come from the trees as they are
-    (:class:`_Greedy`), the first job after them brings every tree's ranking up to date,
-    and each later one costs a heap step, so a runner can start the first jobs while the
-    rest of the wave is chosen (:class:`WaveChoice`); the jobs are those of
-    :func:`plan_wave`."""
+    phase is done). Lazy: the first job brings every tree's ranking up to date, each
+    later one costs a heap step. A runner that starts jobs as they are chosen goes
+    through :class:`WaveChoice`, which takes the leading exploration picks before any
+    ranking (:meth:`_Greedy.lead`); here, for a plan made whole, that would only add
+    the cost of finding them."""
     g = _wave_greedy(state, search, phase_index, wave_index)
     if g is not None:
-        yield from g.lead()
         yield from g.rest()
 
 
