@@ -34,6 +34,7 @@ was refused whatever it held (:class:`RequestsRefused`, :func:`check_refused`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import heapq
@@ -376,7 +377,8 @@ class Execution(BaseModel):
         # jobs, those handed over by the time a slot takes its next one.
         waiting: list[tuple[int, int]] = []
         out: list[Rollout | None] = []
-        more = asyncio.Event()
+        more = asyncio.Event()  # for this coroutine, while nothing is handed over
+        idle = _Idle()  # workers waiting for a feed's next jobs
 
         def take() -> int | None:
             while len(out) < len(feed.jobs):
@@ -393,8 +395,7 @@ class Execution(BaseModel):
             async with sem:
                 while (i := take()) is not None or not feed.closed:
                     if i is None:  # a feed still being planned: wait for its next jobs
-                        more.clear()
-                        await more.wait()
+                        await idle.wait()
                         continue
                     rollout = out[i] = await _guarded(agent, feed.jobs[i])
                     if on_done is not None:
@@ -408,6 +409,8 @@ class Execution(BaseModel):
 
         def grow() -> None:
             more.set()
+            # as many idle workers as there are jobs not taken yet; all once the feed is closed
+            idle.wake(len(idle) if feed.closed else len(feed.jobs) - len(out) + len(waiting))
             while len(workers) < min(len(feed.jobs), self.max_concurrency):
                 workers.append(asyncio.ensure_future(worker()))
 
@@ -430,6 +433,41 @@ class Execution(BaseModel):
         finally:
             feed.listener = None
         return cast("list[Rollout]", out)
+
+
+class _Idle:
+    """Workers of one wave waiting for its feed's next jobs, woken first come, first
+    served, only as many as there are jobs to take (:meth:`wake`).
+
+    One ``asyncio.Event`` for all of them woke every idle worker at each slice of a
+    wave being chosen (:data:`focus.waves.CHOOSE_SLICE` jobs), and at 512 rollouts in
+    flight most of them found nothing and waited again: about three waits per
+    transition at 10k transitions over 40 tasks, each a future, a task step and a pass
+    over the feed (benchmarks/README.md, scale). Which worker runs a job does not change
+    the job or its rollout, nor the order jobs are taken in (:meth:`Execution._run`'s
+    heap), so the rollouts are the same."""
+
+    def __init__(self) -> None:
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    async def wait(self) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        await fut
+
+    def wake(self, n: int) -> None:
+        """Wake up to ``n`` waiting workers, those waiting longest first (a cancelled
+        one is skipped: its task is gone). A worker woken for a job another took first
+        waits again."""
+        waiters = self._waiters
+        while n > 0 and waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                n -= 1
 
 
 class JobFeed:
