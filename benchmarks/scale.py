@@ -31,8 +31,9 @@ first in turn over the repeats. Per arm:
 * ``cpu_ms_per_transition`` (this process: ``time.process_time``), split into
   ``search`` (planning, grafting and scoring: the thread CPU inside the public functions
   of ``focus.search`` wherever the collector's modules call them - ``plan_*`` is
-  planning, ``graft`` grafting, ``unscored``/``with_predictions`` scoring),
-  ``prepare`` (advantages and batch) and ``rollout`` (the rest: env resets, the agent,
+  planning, ``graft`` grafting, ``unscored``/``with_predictions`` scoring, and
+  ``prefit``, what a refit's calibration reads of each tree, computed in the wave's
+  tail), ``prepare`` (advantages and batch) and ``rollout`` (the rest: env resets, the agent,
   HTTP, the event loop); apart from that split, ``gc_cpu_ms_per_transition`` is the
   CPU inside Python's cyclic garbage collector wherever it ran (the baseline runs with
   the default GC, as a user's loop would; ``Execution`` keeps the trees out of it while

@@ -223,3 +223,27 @@ def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
     for goal, bound in scale.THROUGHPUT_GOALS.items():  # at least the bound, the lowest row is the worst
         g = figures["goals"][goal]
         assert g["goal"] == bound and g["worst"] == min(ratios[goal].values()) and g["met"] == (g["worst"] >= bound)
+
+
+def test_the_arms_in_process_collect_what_the_server_would_answer():
+    """benchmarks/scale_inproc.py: the arms against the simulated server's answers in
+    process (no HTTP) collect their budget, the same collection each run, and every
+    bucket is a part of the CPU."""
+    import asyncio
+
+    from benchmarks import scale_inproc
+    from focus.policy import SamplingParams
+    from focus.testing.simserver import sample
+
+    policy = scale_inproc.SimPolicy()
+    params = SamplingParams(max_tokens=8, stop_token_ids=(10,), seed=7)
+    got = asyncio.run(policy.sample([1, 2, 3], params))
+    ids, lps, finish = sample([1, 2, 3], 3, 8, (10,), 7)
+    assert (list(got.token_ids), list(got.logprobs), got.finish_reason) == (ids, lps, finish)
+    for arm in ("focus", "tuned"):
+        a, b = (scale_inproc.run_arm(arm, 300, 6, concurrency=32) for _ in range(2))
+        assert (a["transitions"], a["rollouts"]) == (b["transitions"], b["rollouts"])
+        assert 0.85 * 300 <= a["transitions"] <= 1.3 * 300
+        parts = a["rollout_us"] + a["search_us"] + a["prepare_us"]
+        assert parts == pytest.approx(a["cpu_us"]) and a["rollout_us"] > 0
+        assert (a["search_us"] > 0) == (arm == "focus")
