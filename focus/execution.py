@@ -441,9 +441,10 @@ class _Idle:
 
     One ``asyncio.Event`` for all of them woke every idle worker at each slice of a
     wave being chosen (:data:`focus.waves.CHOOSE_SLICE` jobs), and at 512 rollouts in
-    flight most of them found nothing and waited again: about three waits per
-    transition at 10k transitions over 40 tasks, each a future, a task step and a pass
-    over the feed (benchmarks/README.md, scale). Which worker runs a job does not change
+    flight most of them found nothing and waited again, each wait a future, a task step
+    and a pass over the feed: at 10k transitions over 40 tasks the loop made 2.07
+    futures per transition with one event, 1.52 with this (the loop a user would write:
+    1.26; benchmarks/README.md, scale). Which worker runs a job does not change
     the job or its rollout, nor the order jobs are taken in (:meth:`Execution._run`'s
     heap), so the rollouts are the same."""
 
