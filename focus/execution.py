@@ -74,9 +74,12 @@ _THRESHOLDS = gc.get_threshold()
 #: the heap its references point into (cache misses: 58 ns at 2k transitions, 140 ns
 #: at 100k over 2,000 tasks). At 20,000, GC took 0.037 ms per transition at 100k over
 #: 2,000 tasks (319 young collections, 3 ms each); at 100,000, 0.011 ms (38), and at
-#: most 0.005 ms in the other rows (benchmarks/README.md, scale). Cyclic garbage waits
-#: longer: up to about ten MB.
-GC_THRESHOLD_FROZEN = 100_000
+#: most 0.005 ms in the other rows (benchmarks/README.md, scale). At 100,000 it was again
+#: 0.017-0.021 ms later (the largest part of what FOCUS's rollout CPU spends beyond the
+#: loop a user writes with the collector off), at 400,000 0.008-0.009, with the same
+#: peak RSS (816-818 MiB; two runs each, load 1.2). Cyclic garbage waits longer: up to
+#: a few tens of MB.
+GC_THRESHOLD_FROZEN = 400_000
 
 
 @contextlib.contextmanager
