@@ -34,6 +34,7 @@ was refused whatever it held (:class:`RequestsRefused`, :func:`check_refused`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import heapq
@@ -73,9 +74,12 @@ _THRESHOLDS = gc.get_threshold()
 #: the heap its references point into (cache misses: 58 ns at 2k transitions, 140 ns
 #: at 100k over 2,000 tasks). At 20,000, GC took 0.037 ms per transition at 100k over
 #: 2,000 tasks (319 young collections, 3 ms each); at 100,000, 0.011 ms (38), and at
-#: most 0.005 ms in the other rows (benchmarks/README.md, scale). Cyclic garbage waits
-#: longer: up to about ten MB.
-GC_THRESHOLD_FROZEN = 100_000
+#: most 0.005 ms in the other rows (benchmarks/README.md, scale). At 100,000 it was again
+#: 0.017-0.021 ms later (the largest part of what FOCUS's rollout CPU spends beyond the
+#: loop a user writes with the collector off), at 400,000 0.008-0.009, with the same
+#: peak RSS (816-818 MiB; two runs each, load 1.2). Cyclic garbage waits longer: up to
+#: a few tens of MB.
+GC_THRESHOLD_FROZEN = 400_000
 
 
 @contextlib.contextmanager
@@ -376,7 +380,8 @@ class Execution(BaseModel):
         # jobs, those handed over by the time a slot takes its next one.
         waiting: list[tuple[int, int]] = []
         out: list[Rollout | None] = []
-        more = asyncio.Event()
+        more = asyncio.Event()  # for this coroutine, while nothing is handed over
+        idle = _Idle()  # workers waiting for a feed's next jobs
 
         def take() -> int | None:
             while len(out) < len(feed.jobs):
@@ -393,8 +398,7 @@ class Execution(BaseModel):
             async with sem:
                 while (i := take()) is not None or not feed.closed:
                     if i is None:  # a feed still being planned: wait for its next jobs
-                        more.clear()
-                        await more.wait()
+                        await idle.wait()
                         continue
                     rollout = out[i] = await _guarded(agent, feed.jobs[i])
                     if on_done is not None:
@@ -408,6 +412,8 @@ class Execution(BaseModel):
 
         def grow() -> None:
             more.set()
+            # as many idle workers as there are jobs not taken yet; all once the feed is closed
+            idle.wake(len(idle) if feed.closed else len(feed.jobs) - len(out) + len(waiting))
             while len(workers) < min(len(feed.jobs), self.max_concurrency):
                 workers.append(asyncio.ensure_future(worker()))
 
@@ -430,6 +436,42 @@ class Execution(BaseModel):
         finally:
             feed.listener = None
         return cast("list[Rollout]", out)
+
+
+class _Idle:
+    """Workers of one wave waiting for its feed's next jobs, woken first come, first
+    served, only as many as there are jobs to take (:meth:`wake`).
+
+    One ``asyncio.Event`` for all of them woke every idle worker at each slice of a
+    wave being chosen (:data:`focus.waves.CHOOSE_SLICE` jobs), and at 512 rollouts in
+    flight most of them found nothing and waited again, each wait a future, a task step
+    and a pass over the feed: at 10k transitions over 40 tasks the loop made 2.07
+    futures per transition with one event, 1.52 with this (the loop a user would write:
+    1.26; benchmarks/README.md, scale). Which worker runs a job does not change
+    the job or its rollout, nor the order jobs are taken in (:meth:`Execution._run`'s
+    heap), so the rollouts are the same."""
+
+    def __init__(self) -> None:
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    async def wait(self) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        await fut
+
+    def wake(self, n: int) -> None:
+        """Wake up to ``n`` waiting workers, those waiting longest first (a cancelled
+        one is skipped: its task is gone). A worker woken for a job another took first
+        waits again."""
+        waiters = self._waiters
+        while n > 0 and waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                n -= 1
 
 
 class JobFeed:

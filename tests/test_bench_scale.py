@@ -23,6 +23,7 @@ ARM_FIGURES = (
     "plan_cpu_ms_per_transition",
     "graft_cpu_ms_per_transition",
     "score_cpu_ms_per_transition",
+    "prefit_cpu_ms_per_transition",
     "prepare_cpu_ms_per_transition",
     "gc_cpu_ms_per_transition",
     "cpu_ms_per_transition_without_gc",
@@ -101,6 +102,40 @@ def test_call_meter_counts_the_stretches_with_no_call_in_flight():
     assert at >= 100 and 200 <= length <= 1000 * f["idle_s"] + 0.05
 
 
+def test_search_meter_times_each_thread_on_its_own():
+    """Planning runs in a worker thread while the wave's tail runs on the event loop's:
+    a call on one thread is not nested in an open call of another, and the tail's
+    ``prefit`` (a method, not a public function) is timed as search."""
+    import threading
+
+    from benchmarks.scale import SearchMeter
+    from focus.search.state import _TreeFacts
+    from focus.testing import run
+    from tests.test_search_planning import collection
+
+    col, tasks = collection("selective", 0)
+    state = run(col.run_evidence(tasks))
+    original = _TreeFacts.prefit
+    meter = SearchMeter(col.search).install()
+    try:
+        inside, release = threading.Event(), threading.Event()
+
+        def plan() -> None:
+            inside.set()
+            release.wait(10)
+
+        other = threading.Thread(target=meter.measure, args=("plan", plan))
+        other.start()
+        assert inside.wait(10)
+        state.facts(0).prefit(col.search)  # on this thread, while the other's call is open
+        release.set()
+        other.join(10)
+    finally:
+        meter.uninstall()
+    assert _TreeFacts.prefit is original
+    assert meter.cpu["prefit"] > 0 and meter.cpu["plan"] > 0
+
+
 def test_rows_budgets_and_task_series():
     from benchmarks.scale import baseline_group_size, expected_task_transitions, focus_search, rows_for
 
@@ -148,6 +183,8 @@ def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
         assert tuned["transitions"] == baseline["transitions"] and tuned["actor_rows"] == baseline["actor_rows"]
         assert tuned["gc_full_collections"] == 0
         assert focus["plan_cpu_ms_per_transition"] > 0 and focus["graft_cpu_ms_per_transition"] > 0
+        # the refit's per-tree parts computed in the wave's tail count as search, not rollout
+        assert focus["prefit_cpu_ms_per_transition"] > 0 and baseline["prefit_cpu_ms_per_transition"] == 0
         assert focus["critic_rows"] > 0
         # the idle shares are shares of a window the calls span
         for f in (focus, baseline):
@@ -186,3 +223,27 @@ def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
     for goal, bound in scale.THROUGHPUT_GOALS.items():  # at least the bound, the lowest row is the worst
         g = figures["goals"][goal]
         assert g["goal"] == bound and g["worst"] == min(ratios[goal].values()) and g["met"] == (g["worst"] >= bound)
+
+
+def test_the_arms_in_process_collect_what_the_server_would_answer():
+    """benchmarks/scale_inproc.py: the arms against the simulated server's answers in
+    process (no HTTP) collect their budget, the same collection each run, and every
+    bucket is a part of the CPU."""
+    import asyncio
+
+    from benchmarks import scale_inproc
+    from focus.policy import SamplingParams
+    from focus.testing.simserver import sample
+
+    policy = scale_inproc.SimPolicy()
+    params = SamplingParams(max_tokens=8, stop_token_ids=(10,), seed=7)
+    got = asyncio.run(policy.sample([1, 2, 3], params))
+    ids, lps, finish = sample([1, 2, 3], 3, 8, (10,), 7)
+    assert (list(got.token_ids), list(got.logprobs), got.finish_reason) == (ids, lps, finish)
+    for arm in ("focus", "tuned"):
+        a, b = (scale_inproc.run_arm(arm, 300, 6, concurrency=32) for _ in range(2))
+        assert (a["transitions"], a["rollouts"]) == (b["transitions"], b["rollouts"])
+        assert 0.85 * 300 <= a["transitions"] <= 1.3 * 300
+        parts = a["rollout_us"] + a["search_us"] + a["prepare_us"]
+        assert parts == pytest.approx(a["cpu_us"]) and a["rollout_us"] > 0
+        assert (a["search_us"] > 0) == (arm == "focus")

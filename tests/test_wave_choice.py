@@ -5,12 +5,15 @@ waves start one job at a time gives the pinned batch."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 import focus.waves
+from focus.agent import BranchState, Piece, Rollout
+from focus.env import Task
 from focus.execution import Execution, JobFeed
-from focus.search import plan_begin, plan_choose, plan_chosen, plan_next
+from focus.search import RolloutJob, plan_begin, plan_choose, plan_chosen, plan_next
 from focus.testing import run
 from tests.test_search_planning import PINNED, collection, digest, jobs
 
@@ -74,3 +77,59 @@ def test_a_feed_runs_its_jobs_as_they_come_and_returns_them_in_plan_order() -> N
     assert [r.pieces for r in fed] == [r.pieces for r in whole]
     with pytest.raises(ValueError, match="closed"):
         JobFeed((), closed=True).add(plan.jobs[:1])
+
+
+class _Instant:
+    """An agent whose rollouts take two turns of the event loop and make no futures."""
+
+    def __init__(self) -> None:
+        self.runs: list[int] = []
+
+    async def rollout(self, start: BranchState, seed: int) -> Rollout:
+        self.runs.append(seed)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return Rollout(start.task.id, (Piece((), "terminal", start.steps + 1, ()),), 0.0, {})
+
+
+def test_jobs_handed_over_wake_as_many_idle_workers_as_there_are_jobs() -> None:
+    """Workers that ran out of a feed's jobs wait; a slice handed over wakes as many of
+    them as it has jobs, not every one (at 512 in flight, waking all of them at each
+    slice made a future and a task step more for every two transitions at 10k
+    transitions over 40 tasks: benchmarks/README.md, scale). Counted as the futures the
+    event loop makes: each wait is one."""
+    start = BranchState(Task("t", {}), None, None, None, steps=1)
+    jobs = [RolloutJob(i % 3, 0, i, start) for i in range(12)]
+    agent = _Instant()
+
+    async def go() -> tuple[list[int], list[Rollout]]:
+        loop = asyncio.get_running_loop()
+        made = [0]
+        create = loop.create_future
+
+        def counted() -> asyncio.Future[Any]:
+            made[0] += 1
+            return create()
+
+        loop.create_future = counted  # type: ignore[method-assign]
+        feed = JobFeed(jobs[:8])
+        task = asyncio.ensure_future(Execution(max_concurrency=8).run_reporting(agent, feed, lambda i, r: None))
+
+        async def settle() -> int:
+            before = made[0]
+            for _ in range(10):
+                await asyncio.sleep(0)
+            return made[0] - before
+
+        waits = [await settle()]  # 8 workers ran a job each and wait
+        for n in (1, 3):
+            feed.add(jobs[len(feed.jobs) : len(feed.jobs) + n])
+            waits.append(await settle())
+        feed.close()
+        out = await task
+        return waits, out
+
+    waits, out = run(go())
+    assert waits == [8, 1, 3]  # every worker once; then only those woken for a job wait again
+    assert sorted(agent.runs) == list(range(12))  # each job run once
+    assert [r.leaf.steps for r in out] == [2] * 12 and len(out) == 12
