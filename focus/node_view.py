@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from focus.calibration import Calibration
 from focus.estimation import NoiseModel, Segment, TreeValues, segment, value_influence
@@ -41,7 +42,18 @@ def node_evidence(
     }
 
 
-def segment_length(node: Node, segs: Mapping[int, Segment], lengths: Mapping[int, float]) -> float:
+class _Step(Protocol):
+    """What a length reads of a child segment: a :class:`Segment` or the tree's own
+    :class:`focus.tree.Edge` (the same ``k``, transitions, and ``child``)."""
+
+    @property
+    def k(self) -> int: ...
+
+    @property
+    def child(self) -> int: ...
+
+
+def segment_length(node: Node, segs: Mapping[int, _Step], lengths: Mapping[int, float]) -> float:
     """Expected task transitions from ``node`` to a leaf: the mean over its children of
     the segment's k plus the child's (0 at a leaf, NaN without children)."""
     if node.is_leaf:
@@ -64,16 +76,11 @@ def subtree_length(tree: Tree, node_id: int, memo: dict[int, float]) -> float:
         if node.is_leaf:
             memo[i] = 0.0
             continue
-        ch = node.children
         if not expanded:
             stack.append((i, True))
-            stack.extend((tree.edges[e].child, False) for e in ch if tree.edges[e].child not in memo)
+            stack.extend((tree.edges[e].child, False) for e in node.children if tree.edges[e].child not in memo)
             continue
-        total: float = 0
-        for e in ch:
-            edge = tree.edges[e]
-            total += edge.k + memo[edge.child]
-        memo[i] = total / len(ch) if ch else math.nan
+        memo[i] = segment_length(node, tree.edges, memo)
     return memo[node_id]
 
 
