@@ -27,7 +27,8 @@ The next wave then starts as it is chosen (:func:`launch_choosing`): once every 
 ranking is up to date, the greedy choice hands its jobs to the running wave
 (:class:`focus.execution.JobFeed`) a slice at a time, the loop starting each slice
 before the next is taken, so the model service waits for the rankings but not for the
-whole choice. The trees of a wave still being chosen are grafted once it is whole
+whole choice; a wave's leading exploration picks, which need no ranking, start even
+before the calibration is fitted and the rankings built. The trees of a wave still being chosen are grafted once it is whole
 (:meth:`WaveTail.complete`): a tree may get more jobs until then.
 
 Scoring ahead asks the critic about a few trees' nodes at a time instead of the whole
