@@ -334,7 +334,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--families", default=",".join(ALL_FAMILIES))
     ap.add_argument("--critics", default=",".join(CRITICS))
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: one per core)")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.ablation_seeds < 1 or args.tasks < 1:
         ap.error("--seeds, --ablation-seeds and --tasks must be at least 1")

@@ -29,7 +29,7 @@ bootstrap interval (a method learns when it lies above 0); against a GRPO that l
 FOCUS's share of GRPO's transitions to reach GRPO's final success and the final-success
 difference with its interval. Writes a JSON (and ``runs.jsonl`` as runs finish) and a PNG.
 
-    .venv/bin/python -m benchmarks.learning --jobs 6           # the default run (60 runs; ~2.3 h at load 20 on 2 cores)
+    .venv/bin/python -m benchmarks.learning                    # the default run (60 runs, one process per core)
     .venv/bin/python -m benchmarks.learning --quick            # a smoke run (a test uses it)
     .venv/bin/python -m benchmarks.learning --assemble runs/learning/runs.jsonl   # the result of a run stopped early
     .venv/bin/python -m benchmarks.learning --sweep target_kl=0.05,0.1,0.2 --sweep lr=3e-4,6e-4,1.2e-3   # each method at its best (learning_sweep)
@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -388,7 +389,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--tasks", nargs="+", choices=list(DOMAINS), default=list(DOMAINS))
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 3 4 (--quick: 0)")
     ap.add_argument("--methods", nargs="+", choices=METHODS, default=["focus", "grpo"], help="default: focus grpo")
-    ap.add_argument("--jobs", type=int, default=1, help="tasks run in parallel processes (each with its own server)")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="(task, seed) pairs run in parallel processes, each with its own server (default: one per core)",
+    )
     ap.add_argument("--out", default="runs/learning", help="folder for learning.json and learning.png")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument(
@@ -454,8 +460,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     partial = out / "runs.jsonl"
     partial.unlink(missing_ok=True)
-    jobs = [(name, sizes, seeds, args.methods, not args.quiet, options, partial) for name in args.tasks]
-    if args.jobs <= 1:
+    # one job per (task, seed): every run is seeded and starts from the committed weights,
+    # so a seed's runs give the same figures in a process of their own, and a machine with
+    # more cores than tasks uses them
+    jobs = [(name, sizes, [s], args.methods, not args.quiet, options, partial) for name in args.tasks for s in seeds]
+    if args.jobs <= 1 or len(jobs) == 1:
         for job in jobs:
             runs += _task_worker(job)
     else:
@@ -539,7 +548,7 @@ def size_options(args: argparse.Namespace) -> str:
 
 
 def _task_worker(job: tuple[Any, ...]) -> list[dict[str, Any]]:
-    """One task's runs, in a process of its own when ``--jobs`` > 1."""
+    """One task's runs for the job's seeds, in a process of its own when ``--jobs`` > 1."""
     name, sizes, seeds, methods, log, options, partial = job
     with tempfile.TemporaryDirectory(prefix="focus-learning-") as tmp:
         return asyncio.run(run_task(name, sizes, seeds, methods, Path(tmp), log, options, partial))

@@ -91,7 +91,7 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         "learning",
         "benchmarks.learning",
-        ("--jobs", "6", "--plot", f"{RESULTS_DIR}/learning.png"),
+        ("--plot", f"{RESULTS_DIR}/learning.png"),
         ("--quick", "--quiet", "--tasks", "toy", "--plot", f"{RESULTS_DIR}/learning.png"),
         timeout_s=7200,
     ),
