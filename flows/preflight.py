@@ -175,7 +175,8 @@ def preflight(config: FocusConfig, *, allow_policy_change: bool = False) -> Pref
     check_root(config.storage.root)
     if not config.collection_id:
         return Preflight(config)
-    journal = CheckpointJournal(config)
+    journal = CheckpointJournal(config, allow_policy_change=allow_policy_change)
+    journal.check_records()
     stored = journal.stored_fingerprint()
     if stored is None:
         return Preflight(config)

@@ -18,6 +18,14 @@ there but whose data file is not counts as missing. :func:`repairing` is what
 :func:`tasks.collect.collect` wraps a resumed search in: the mend before it, and after
 it a line for each repair (a damaged batch written again, or a batch an earlier run left
 that the recomputed steps do not give).
+
+The records a first run saves before any step - the configuration's fingerprint and the
+critic's identity - are no steps: a collection with saved steps but without one of them
+was damaged (a partial copy, a file deleted by hand), never left so by a crash, since
+each is saved, and its save finished, before the first step is computed.
+:func:`missing_record` is the refusal to take the current configuration or critic for
+the lost one (:class:`RecordMissing`): saved as if the collection were new, it would let
+a rerun with another configuration or critic resume the old steps under it.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from storage import BatchExistsError
+from storage import BatchExistsError, StorageError
 
 if TYPE_CHECKING:
     from tasks.journal import CheckpointJournal
@@ -42,6 +50,13 @@ Key = tuple[str, int]
 #: export's record): made from the final state, so stale once any step is computed again.
 AFTER_STEPS = {"trees.svg": 0, "export": 1}
 _LAST = float("inf")
+#: The records a collection's first run saves before any step (:mod:`tasks.journal`), by what they are.
+RECORDS: dict[Key, str] = {("config", 0): "configuration record", ("critic", 0): "critic-identity record"}
+
+
+class RecordMissing(StorageError):
+    """A record a first run saves before any step (:data:`RECORDS`) is missing while
+    steps of the collection are saved; the message names its URL and what to do."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +197,29 @@ def gap_line(journal: CheckpointJournal, gap: Gap) -> str:
     return (
         f"collection {journal.cid}: {what}; {len(later)} saved step(s) after it were computed from it and are "
         f"discarded: computing again from {describe(gap.missing)} on"
+    )
+
+
+def missing_record(
+    journal: CheckpointJournal, key: Key, *, allowed: str = "", saved: Mapping[Any, bool] | None = None
+) -> RecordMissing | None:
+    """The refusal for ``journal``'s collection, whose record ``key`` (:data:`RECORDS`)
+    was not found, if any step of it is saved (``saved``: its checkpoints, listed here
+    when not given); ``None`` when none is (a first run, or one stopped before its first
+    step), where the record is saved as new. ``allowed``: a flag that resumes anyway,
+    said in the line."""
+    listed = journal.store.saved(journal.cid) if saved is None else saved
+    steps = [k for k in listed if k not in RECORDS]
+    if not steps:
+        return None
+    manifest = journal.store.url_for(journal.cid, *key) + ".manifest.json"
+    folder = manifest.rsplit("/", 1)[0]
+    also = f", or pass {allowed}" if allowed else ""
+    return RecordMissing(
+        f"collection {journal.cid}: its {RECORDS[key]} {manifest} is missing while {len(steps)} step(s) of it are "
+        "saved (a first run saves it before any step): without it a rerun cannot tell whether they were made "
+        f"with this {'critic' if key == ('critic', 0) else 'configuration'}; restore the file from where the store "
+        f"came from, or collect under a new collection id (or remove {folder} to start this one again){also}"
     )
 
 
