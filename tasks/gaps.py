@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from storage import BatchExistsError, StorageError
+from tasks.fingerprint import CRITIC_KEY
 
 if TYPE_CHECKING:
     from tasks.journal import CheckpointJournal
@@ -221,6 +222,48 @@ def missing_record(
         f"with this {'critic' if key == ('critic', 0) else 'configuration'}; restore the file from where the store "
         f"came from, or collect under a new collection id (or remove {folder} to start this one again){also}"
     )
+
+
+def check_records(journal: CheckpointJournal) -> None:
+    """Refuse ``journal``'s collection if its steps are saved without its configuration
+    record, or without its critic's identity unless another critic is allowed
+    (:class:`RecordMissing`). One listing, nothing written: run it before the lease is
+    taken, whose sweep removes a data file whose manifest is gone, a lost record's too."""
+    saved = journal.store.saved(journal.cid)
+    for key in RECORDS:
+        critic = key == CRITIC_KEY
+        if key in saved or (critic and journal.critic.allow_change):
+            continue
+        error = missing_record(journal, key, allowed="--allow-policy-change" if critic else "", saved=saved)
+        if error is not None:
+            raise error
+
+
+def load_record(journal: CheckpointJournal, key: Key) -> Any | None:
+    """The record ``key`` (:data:`RECORDS`) of ``journal``'s collection, or ``None`` on a
+    first run (no step saved: it is saved as new). Missing while steps are saved, it was
+    lost, and taking the current configuration or critic for it would check those steps
+    against the wrong record: :class:`RecordMissing`, unless it is the critic's and
+    another critic is allowed (``allow_policy_change``: the current one's identity is
+    saved, with one warning line)."""
+    value = journal.load(key)
+    if value is not None:
+        return value
+    critic = key == CRITIC_KEY
+    error = missing_record(journal, key, allowed="--allow-policy-change" if critic else "")
+    if error is None:
+        return None
+    if not (critic and journal.critic.allow_change):
+        raise error
+    url = journal.store.url_for(journal.cid, *key) + ".manifest.json"
+    log.warning(
+        "collection %s: its critic-identity record %s is missing while steps are saved; resuming with the "
+        "current critic as allowed (--allow-policy-change), whose identity is saved from here on",
+        journal.cid,
+        url,
+        extra=CONSOLE,
+    )
+    return None
 
 
 @contextlib.asynccontextmanager

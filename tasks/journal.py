@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,8 +25,8 @@ from focus.journal import Journal, Step, WaveRollouts
 from storage import BatchNotFound, BatchStore, CheckpointNotFound, CheckpointStore, CorruptDataError, ManifestError
 from storage.checkpoints import collection_lease
 from tasks.config import FocusConfig
-from tasks.fingerprint import CRITIC_KEY, CriticIdentity, PolicyIdentity, fingerprint, resume_mismatch
-from tasks.gaps import CONSOLE, RECORDS, missing_record
+from tasks.fingerprint import CriticIdentity, PolicyIdentity, fingerprint, resume_mismatch
+from tasks.gaps import load_record
 from tasks.records import StepRecord, Tally
 
 if TYPE_CHECKING:
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
     from focus.search import SearchState
 
 _T = TypeVar("_T")
-log = logging.getLogger(__name__)
 Key = tuple[str, int]
 CONFIG, EXPORT, TREES_SVG = ("config", 0), ("export", 0), ("trees.svg", 0)
 
@@ -103,48 +101,6 @@ class CheckpointJournal(Journal):
     def save(self, key: Key, value: Any) -> None:
         self.store.save(self.cid, *key, value)
 
-    def check_records(self) -> None:
-        """Refuse a collection whose steps are saved without its configuration record, or
-        without its critic's identity unless another critic is allowed
-        (:class:`tasks.gaps.RecordMissing`). One listing, nothing written: run before
-        the lease is taken, whose sweep removes a data file whose manifest is gone, a
-        lost record's included."""
-        saved = self.store.saved(self.cid)
-        for key in RECORDS:
-            critic = key == CRITIC_KEY
-            if key in saved or (critic and self.critic.allow_change):
-                continue
-            error = missing_record(self, key, allowed="--allow-policy-change" if critic else "", saved=saved)
-            if error is not None:
-                raise error
-
-    def load_record(self, key: Key) -> Any | None:
-        """A record a first run saves before any step (the configuration, the critic's
-        identity: :data:`tasks.gaps.RECORDS`), or ``None`` on a first run (no step saved:
-        it is saved as new). Missing while steps are saved, it was lost, and taking the
-        current one for it would check those steps against the wrong record:
-        :class:`tasks.gaps.RecordMissing`, unless it is the critic's and another critic
-        is allowed (``allow_policy_change``: the current one's identity is saved, one
-        warning line)."""
-        value = self.load(key)
-        if value is not None:
-            return value
-        critic = key == CRITIC_KEY
-        error = missing_record(self, key, allowed="--allow-policy-change" if critic else "")
-        if error is None:
-            return None
-        if not (critic and self.critic.allow_change):
-            raise error
-        url = self.store.url_for(self.cid, *key) + ".manifest.json"
-        log.warning(
-            "collection %s: its critic-identity record %s is missing while steps are saved; resuming with the "
-            "current critic as allowed (--allow-policy-change), whose identity is saved from here on",
-            self.cid,
-            url,
-            extra=CONSOLE,
-        )
-        return None
-
     @contextlib.contextmanager
     def lease(self) -> Iterator[None]:
         """The collection's write lease (a second writer is refused), held for the block."""
@@ -202,13 +158,10 @@ class CheckpointJournal(Journal):
     # ---- the pipeline's own steps ----
 
     def stored_fingerprint(self) -> dict[str, Any] | None:
-        """The configuration's fingerprint the collection's first run saved; ``None`` if
-        none is saved and no step is (a new collection): see :meth:`load_record`."""
-        return None if (stored := self.load_record(CONFIG)) is None else dict(json.loads(stored))
+        return None if (stored := load_record(self, CONFIG)) is None else dict(json.loads(stored))
 
     async def check_config(self) -> StepRecord:
-        """Record the configuration on the first run (before any step); refuse to resume
-        with another one, or where steps are saved without it."""
+        """Record the configuration on the first run; refuse to resume with another one."""
         return await self.run_step("config", None, self._check_config)
 
     def _check_config(self) -> StepRecord:

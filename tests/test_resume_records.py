@@ -116,10 +116,10 @@ def test_another_critic_allowed_resumes_without_the_critic_record(finished, loca
     root = copy_without(finished, tmp_path, MANIFESTS["critic"], *EXPORT)
     assert "or pass --allow-policy-change" in refusal(root, local_model_server.url)
     cfg = config(str(root), local_model_server.url)
-    with caplog.at_level(logging.WARNING, logger="tasks.journal"):
+    with caplog.at_level(logging.WARNING, logger="tasks.gaps"):
         out = run_collect(cfg, CheckpointJournal(cfg, allow_policy_change=True))
     assert_finished_batch(out, finished)
-    (warned,) = [r.getMessage() for r in caplog.records if r.name == "tasks.journal"]
+    (warned,) = [r.getMessage() for r in caplog.records if r.name == "tasks.gaps"]
     assert f"its critic-identity record file://{root}/checkpoints/{CID}/" in warned and "as allowed" in warned
     first = CheckpointJournal(config(str(finished[0]), local_model_server.url)).load(CRITIC_KEY)
     assert CheckpointJournal(cfg).load(CRITIC_KEY) == first  # the same critic, as it happens
