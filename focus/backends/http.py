@@ -130,9 +130,8 @@ class HttpClient:
         #: False: a service that is down (past the quick retries) fails the call at once
         #: instead of being waited for - a replica whose calls others can take.
         self.wait_outages = wait_outages
-        #: The ``k``-th request body beside a given one (decoded; ``k`` from 1), to another
-        #: prompt: the probe that tells another server's answer format from one request's
-        #: bad answer (None: none).
+        #: The k-th request body (from 1) beside a given one (decoded), to another prompt: the
+        #: probe telling another server's answer format from one request's bad answer.
         self.probe = probe
         self._transport = transport
         self._rng = random.Random()
