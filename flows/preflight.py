@@ -167,6 +167,7 @@ def preflight(config: FocusConfig, *, allow_policy_change: bool = False) -> Pref
     checkpoint) or :class:`tasks.fingerprint.ResumeMismatch`.
     """
     from tasks.fingerprint import fingerprint, resume_mismatch
+    from tasks.gaps import check_records
     from tasks.journal import CheckpointJournal
 
     check_factories(config)
@@ -175,7 +176,8 @@ def preflight(config: FocusConfig, *, allow_policy_change: bool = False) -> Pref
     check_root(config.storage.root)
     if not config.collection_id:
         return Preflight(config)
-    journal = CheckpointJournal(config)
+    journal = CheckpointJournal(config, allow_policy_change=allow_policy_change)
+    check_records(journal)
     stored = journal.stored_fingerprint()
     if stored is None:
         return Preflight(config)

@@ -164,7 +164,10 @@ class HttpCritic(Critic):
     :class:`~focus.backends.HttpConfig`: timeouts, retries with backoff, deadline,
     hedging; a score does not depend on which copy of a hedged request answers). After
     the last attempt a :class:`CriticError` names the URL and the cause; an answer of
-    the wrong shape counts as malformed and is retried like one. ``transport``: an
+    the wrong shape counts as malformed and is retried like one; the same malformed
+    answer to different requests, probes beside one included (:func:`probe_contexts`),
+    is a service of another shape, and the call stops at once with a :class:`CriticError`
+    saying so (:mod:`focus.backends.unreadable`). ``transport``: an
     httpx transport to send through instead of the default (tests, proxies).
     """
 
@@ -185,7 +188,9 @@ class HttpCritic(Critic):
         self.url, self.batch_size = url, batch_size
         scheme, _, rest = url.partition("://")
         host, slash, path = rest.partition("/")
-        self.http = HttpClient(f"{scheme}://{host}", config, transport=transport, error=CriticError)
+        self.http = HttpClient(
+            f"{scheme}://{host}", config, transport=transport, error=CriticError, probe=probe_contexts
+        )
         self._path = slash + path
 
     def stats(self) -> dict[str, Any]:
@@ -223,6 +228,17 @@ class HttpCritic(Critic):
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+
+def probe_contexts(body: list[list[int]], k: int = 1) -> list[list[int]]:
+    """The ``k``-th request beside the scoring request ``body`` (from 1): as many contexts
+    (its answer must hold a value for each), each the first tokens of one of ``body``'s
+    and then token ``k`` (below 256: inside any vocabulary). The same malformed answer to
+    other contexts tells a service of another shape from one batch's bad answer
+    (:mod:`focus.backends.unreadable`); the probe's values are dropped."""
+    from focus.backends.unreadable import PROBE_TOKENS
+
+    return [[*c[: PROBE_TOKENS - 1], k] for c in body]
 
 
 @contextmanager

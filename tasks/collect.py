@@ -14,7 +14,7 @@ from typing import Any
 
 from focus.execution import Execution
 from tasks.config import ExecutionConfig, FocusConfig
-from tasks.gaps import repairing
+from tasks.gaps import check_records, load_record, repairing
 from tasks.journal import CheckpointJournal
 from tasks.records import StepRecord
 
@@ -43,6 +43,7 @@ async def collect(
     unfinished one resumes after its last saved step (:func:`tasks.gaps.repairing`).
     """
     t0 = time.perf_counter()
+    await asyncio.to_thread(check_records, journal)  # before the lease's sweep: a lost record is left as it is
     with journal.lease():
         await journal.check_config()
         result = await journal.finished()
@@ -58,7 +59,7 @@ async def _search_and_export(config: FocusConfig, journal: CheckpointJournal, ex
     try:
         agent, tasks = config.build_agent(policy)
         collector = config.build_collector(agent, execution)
-        await journal.critic.check(collector.critic, journal.load, journal.save)  # the critic it started with
+        await journal.critic.check(collector.critic, lambda k: load_record(journal, k), journal.save)
         try:
             state = await collector.run_search(tasks, journal)
         finally:  # what was recorded is saved, also when the search stopped

@@ -195,7 +195,9 @@ class CriticIdentity:
     async def check(
         self, critic: Critic, load: Callable[[tuple[str, int]], Any], save: Callable[[tuple[str, int], Any], None]
     ) -> None:
-        """Save ``critic``'s identity on the first run; compare it on a resume."""
+        """Save ``critic``'s identity on the first run; compare it on a resume. ``load``
+        returns ``None`` only where no identity is saved and none is needed
+        (:meth:`tasks.journal.CheckpointJournal.load_record`: no step saved yet)."""
         mine = await critic_identity(critic)
         stored = await asyncio.to_thread(load, CRITIC_KEY)
         if stored is not None and stored != mine and not self.allow_change:

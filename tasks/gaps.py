@@ -18,6 +18,14 @@ there but whose data file is not counts as missing. :func:`repairing` is what
 :func:`tasks.collect.collect` wraps a resumed search in: the mend before it, and after
 it a line for each repair (a damaged batch written again, or a batch an earlier run left
 that the recomputed steps do not give).
+
+The records a first run saves before any step - the configuration's fingerprint and the
+critic's identity - are no steps: a collection with saved steps but without one of them
+was damaged (a partial copy, a file deleted by hand), never left so by a crash, since
+each is saved, and its save finished, before the first step is computed.
+:func:`missing_record` is the refusal to take the current configuration or critic for
+the lost one (:class:`RecordMissing`): saved as if the collection were new, it would let
+a rerun with another configuration or critic resume the old steps under it.
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from storage import BatchExistsError
+from storage import BatchExistsError, StorageError
+from tasks.fingerprint import CRITIC_KEY
 
 if TYPE_CHECKING:
     from tasks.journal import CheckpointJournal
@@ -42,6 +51,13 @@ Key = tuple[str, int]
 #: export's record): made from the final state, so stale once any step is computed again.
 AFTER_STEPS = {"trees.svg": 0, "export": 1}
 _LAST = float("inf")
+#: The records a collection's first run saves before any step (:mod:`tasks.journal`), by what they are.
+RECORDS: dict[Key, str] = {("config", 0): "configuration record", ("critic", 0): "critic-identity record"}
+
+
+class RecordMissing(StorageError):
+    """A record a first run saves before any step (:data:`RECORDS`) is missing while
+    steps of the collection are saved; the message names its URL and what to do."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +199,71 @@ def gap_line(journal: CheckpointJournal, gap: Gap) -> str:
         f"collection {journal.cid}: {what}; {len(later)} saved step(s) after it were computed from it and are "
         f"discarded: computing again from {describe(gap.missing)} on"
     )
+
+
+def missing_record(
+    journal: CheckpointJournal, key: Key, *, allowed: str = "", saved: Mapping[Any, bool] | None = None
+) -> RecordMissing | None:
+    """The refusal for ``journal``'s collection, whose record ``key`` (:data:`RECORDS`)
+    was not found, if any step of it is saved (``saved``: its checkpoints, listed here
+    when not given); ``None`` when none is (a first run, or one stopped before its first
+    step), where the record is saved as new. ``allowed``: a flag that resumes anyway,
+    said in the line."""
+    listed = journal.store.saved(journal.cid) if saved is None else saved
+    steps = [k for k in listed if k not in RECORDS]
+    if not steps:
+        return None
+    manifest = journal.store.url_for(journal.cid, *key) + ".manifest.json"
+    folder = manifest.rsplit("/", 1)[0]
+    also = f", or pass {allowed}" if allowed else ""
+    return RecordMissing(
+        f"collection {journal.cid}: its {RECORDS[key]} {manifest} is missing while {len(steps)} step(s) of it are "
+        "saved (a first run saves it before any step): without it a rerun cannot tell whether they were made "
+        f"with this {'critic' if key == ('critic', 0) else 'configuration'}; restore the file from where the store "
+        f"came from, or collect under a new collection id (or remove {folder} to start this one again){also}"
+    )
+
+
+def check_records(journal: CheckpointJournal) -> None:
+    """Refuse ``journal``'s collection if its steps are saved without its configuration
+    record, or without its critic's identity unless another critic is allowed
+    (:class:`RecordMissing`). One listing, nothing written: run it before the lease is
+    taken, whose sweep removes a data file whose manifest is gone, a lost record's too."""
+    saved = journal.store.saved(journal.cid)
+    for key in RECORDS:
+        critic = key == CRITIC_KEY
+        if key in saved or (critic and journal.critic.allow_change):
+            continue
+        error = missing_record(journal, key, allowed="--allow-policy-change" if critic else "", saved=saved)
+        if error is not None:
+            raise error
+
+
+def load_record(journal: CheckpointJournal, key: Key) -> Any | None:
+    """The record ``key`` (:data:`RECORDS`) of ``journal``'s collection, or ``None`` on a
+    first run (no step saved: it is saved as new). Missing while steps are saved, it was
+    lost, and taking the current configuration or critic for it would check those steps
+    against the wrong record: :class:`RecordMissing`, unless it is the critic's and
+    another critic is allowed (``allow_policy_change``: the current one's identity is
+    saved, with one warning line)."""
+    value = journal.load(key)
+    if value is not None:
+        return value
+    critic = key == CRITIC_KEY
+    error = missing_record(journal, key, allowed="--allow-policy-change" if critic else "")
+    if error is None:
+        return None
+    if not (critic and journal.critic.allow_change):
+        raise error
+    url = journal.store.url_for(journal.cid, *key) + ".manifest.json"
+    log.warning(
+        "collection %s: its critic-identity record %s is missing while steps are saved; resuming with the "
+        "current critic as allowed (--allow-policy-change), whose identity is saved from here on",
+        journal.cid,
+        url,
+        extra=CONSOLE,
+    )
+    return None
 
 
 @contextlib.asynccontextmanager

@@ -26,6 +26,7 @@ from storage import BatchNotFound, BatchStore, CheckpointNotFound, CheckpointSto
 from storage.checkpoints import collection_lease
 from tasks.config import FocusConfig
 from tasks.fingerprint import CriticIdentity, PolicyIdentity, fingerprint, resume_mismatch
+from tasks.gaps import load_record
 from tasks.records import StepRecord, Tally
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ class CheckpointJournal(Journal):
     # ---- the pipeline's own steps ----
 
     def stored_fingerprint(self) -> dict[str, Any] | None:
-        return None if (stored := self.load(CONFIG)) is None else dict(json.loads(stored))
+        return None if (stored := load_record(self, CONFIG)) is None else dict(json.loads(stored))
 
     async def check_config(self) -> StepRecord:
         """Record the configuration on the first run; refuse to resume with another one."""

@@ -165,9 +165,11 @@ def test_a_bad_answer_on_every_run_stops_the_collection_and_a_rerun_replays_it(l
         assert sorted(store.list(cid)) == [("0.evidence.unfinished", 0), ("config", 0), ("critic", 0)]
 
         # the rerun runs the two again (fine now), goes on, and meets a bad answer in the
-        # first continuation wave: every attempt of its first rollout's first call, each run
+        # first continuation wave: every attempt of its first rollout's first call, each
+        # run (that request's alone: a probe beside it, to another prompt, reads fine;
+        # every request answered so would be a server that cannot be read)
         def break_the_server() -> None:
-            proxy.queue("short_logprobs", (HTTP["max_retries"] + 1) * RUNS)
+            proxy.queue("short_logprobs", (HTTP["max_retries"] + 1) * RUNS, one_request=True)
 
         second = AfterStep(cfg, EVIDENCE_SCORES, break_the_server)
         with pytest.raises(BadResponses, match=r"^bad responses: 1 of \d+ rollouts of phase continue wave 0 .*log-probs"):

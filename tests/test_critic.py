@@ -6,6 +6,7 @@ import functools
 import json
 import pickle
 import socket
+import time
 
 import pytest
 
@@ -121,6 +122,45 @@ def test_http_critic_retries_malformed_answers_then_names_them(bad_server):
     critic = HttpCritic(bad_server.url, config=FAST)
     assert run(critic.predict(CONTEXTS)) == [1.0, 2.0, 3.0]
     assert critic.stats()["retries"] == {"malformed response": 1}
+
+
+@pytest.mark.integration  # starts a server
+@pytest.mark.parametrize("first", ["good", "none"])
+def test_http_critic_stops_at_once_when_the_service_answers_in_another_shape(bad_server, first):
+    """A scoring service swapped for one of another shape (``{"scores": ...}``), after
+    good answers or from the start, with one call in flight: the probes beside the call
+    (other contexts, as many) get the same answer, and the call stops with one line
+    saying the answers cannot be read, after the answers the rule needs (LATER, or
+    FIRST), not after its retries: 11 attempts with the default backoff, 14.2-17.8 s
+    before (two runs); 0.07-0.27 s now."""
+    from focus.backends.unreadable import Unreadable
+
+    critic = HttpCritic(bad_server.url, config=HttpConfig(timeout_s=10, outage_wait_s=0))
+    if first == "good":
+        bad_server.answers[:] = [(200, {}, [1, 2, 3])]
+        assert run(critic.predict(CONTEXTS)) == [1.0, 2.0, 3.0]
+    before = len(bad_server.arrivals)
+    bad_server.answers[:] = [(200, {}, {"scores": [1, 2, 3]})]
+    t0 = time.monotonic()
+    with pytest.raises(CriticError) as stopped:
+        run(critic.predict(CONTEXTS))
+    took = time.monotonic() - t0
+    line = str(stopped.value)
+    print(f"stopped after {took:.2f} s, {len(bad_server.arrivals) - before} requests: {line[:150]}")
+    assert line.startswith("the service's answers cannot be read: CriticError: critic at ") and "\n" not in line
+    assert "without 'values': keys ['scores']" in line, line
+    want = Unreadable.LATER if first == "good" else Unreadable.FIRST
+    assert len(bad_server.arrivals) - before == want and f"({want} answers in a row to POST {bad_server.url} " in line
+    assert took < 5, took  # its first retries' backoff: 0.02 s doubling, well under a second
+
+
+def test_probe_contexts_are_as_many_other_contexts():
+    from focus.critic import probe_contexts
+
+    body = [list(range(40)), [5], []]
+    one, two = probe_contexts(body, 1), probe_contexts(body, 2)
+    assert len(one) == len(two) == len(body) and len({str(one), str(two), str(body)}) == 3
+    assert one[0] == [*range(15), 1] and one[1:] == [[5, 1], [1]] and two[1] == [5, 2]
 
 
 @pytest.mark.integration  # starts a server

@@ -7,7 +7,10 @@ failed after 20-28 s as a "model service outage", the cause at the end of the li
 the first answers of a collection, all malformed with one cause, stop it with one line
 that leads with the cause. With one call in flight that took 24-39 s (the first
 request's retries and reruns ran out before a second request was sent); a probe beside
-the first request makes it under a second. What must still be retried (an aborted
+the first request makes it under a second. A server swapped for another shape after
+good answers, with one call in flight, took 32-41 s and ended as a model-service outage
+(one request is never the REQUESTS the later rule needs); probes beside it make that
+about a second too. What must still be retried (an aborted
 answer, a cut body, one request answered badly on every try, malformed answers at a
 rate with one call in flight) is in test_foreign_servers.py, test_bad_response.py and
 test_faults_model.py.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -67,38 +71,61 @@ def test_one_cause_in_a_row_stops_only_where_it_cannot_pass():
     assert not mixed.malformed("no 'choices' in the answer", b"x")
 
 
-def test_a_probe_is_wanted_only_before_anything_was_read_and_for_one_request():
+def test_a_probe_is_wanted_beside_one_request_and_never_again_beside_one_it_cleared():
     tally = Unreadable()
-    assert not tally.malformed("not JSON", b"a") and not tally.take_probe()  # one answer: a passing fault
-    assert not tally.malformed("not JSON", b"a") and tally.take_probe()
-    assert not tally.take_probe()  # one at a time
+    assert not tally.malformed("not JSON", b"a") and not tally.take_probe(b"a")  # one answer: a passing fault
+    assert not tally.malformed("not JSON", b"a") and tally.take_probe(b"a") == 1
+    assert not tally.take_probe(b"a")  # one at a time
     tally.probing = False  # (what probe() does when its answer is in)
     assert not tally.malformed("not JSON", b"probe")  # the same answer to another request: evidence
-    assert not tally.malformed("not JSON", b"a") and not tally.take_probe()  # two requests: none wanted
+    assert not tally.malformed("not JSON", b"a") and not tally.take_probe(b"a")  # two requests: none wanted
     assert tally.malformed("not JSON", b"a")  # the FIRST-th answer in a row
     busy = Unreadable()
     for _ in range(Unreadable.PROBE_AFTER):
         busy.malformed("not JSON", b"a")
     sent = 0
     for _ in range(9):  # probes that got no answer, each after one more answer to the request
-        if busy.take_probe():
+        if busy.take_probe(b"a"):
             sent, busy.probing = sent + 1, False
         busy.malformed("not JSON", b"a")
     assert sent == Unreadable.PROBES
+    # after good answers (a server swapped mid-run): REQUESTS - 1 probes beside each of
+    # the request's answers, at most LATER between good answers, none beside another request
     read = Unreadable()
     read.answered()
-    assert not any(read.malformed("not JSON", b"a") or read.take_probe() for _ in range(10))
+    read.malformed("not JSON", b"a")
+    assert not read.take_probe(b"a")
+    read.malformed("not JSON", b"a")
+    assert read.take_probe(b"a") == Unreadable.REQUESTS - 1
+    read.probing = False
+    read.malformed("not JSON", b"b")  # another request in flight
+    assert not read.take_probe(b"b")
+    sent = Unreadable.REQUESTS - 1
+    for _ in range(20):
+        read.probing = False
+        sent += read.take_probe(b"a")
+    assert sent == Unreadable.LATER
+    read.answered()  # a good answer: probes again beside the next request answered badly twice
+    read.malformed("not JSON", b"b")
+    read.malformed("not JSON", b"b")
+    assert read.take_probe(b"b") == Unreadable.REQUESTS - 1
+    # a probe that read fine beside a request: its bad answers are its own, no more probes beside it
+    read.answered(cleared=b"b")
+    for _ in range(5):
+        read.malformed("not JSON", b"b")
+        assert not read.take_probe(b"b")
     # a request body the probe cannot be made from (a subclass's own): no probe, none in flight
     odd = Unreadable()
     odd.malformed("not JSON", b"a")
     odd.malformed("not JSON", b"a")
-    assert odd.take_probe()
-    sent: list[bytes] = []
+    assert odd.take_probe(b"a")
+    bodies: list[bytes] = []
 
     async def send(body: bytes) -> None:
-        sent.append(body)
+        bodies.append(body)
 
-    assert not run(probe(odd, lambda body: body["prompt"], b'{"input": [1]}', send)) and not odd.probing and not sent
+    assert not run(probe(odd, lambda body, k: body["prompt"], b'{"input": [1]}', send)) and not odd.probing
+    assert not bodies
 
 
 #: Short waits, no outage wait, no read timeout a slow machine could miss.
@@ -160,6 +187,69 @@ def test_a_probe_that_tells_nothing_leaves_the_call_to_its_retries(other):
     assert 1 <= probes <= Unreadable.PROBES and len(set(bodies)) == 2
 
 
+#: A readable answer of two tokens.
+GOOD = {
+    "choices": [
+        {
+            "text": "ab",
+            "finish_reason": "stop",
+            "token_ids": [1, 2],
+            "logprobs": {"tokens": ["token_id:1", "token_id:2"], "token_logprobs": [-0.1, -0.2]},
+        }
+    ]
+}
+
+
+def _after_a_good_answer(answer: Callable[[int, bytes], dict[str, Any]], bodies: list[bytes]) -> Any:
+    """A good answer to a first call, then a second call (its result) to a server that
+    answers request ``i`` after it (0-based, probes included), body ``content``, with
+    ``answer(i, content)``."""
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        bodies.append(request.content)
+        return httpx.Response(200, json=GOOD if len(bodies) == 1 else answer(len(bodies) - 2, request.content))
+
+    policy = OpenAICompatPolicy("http://127.0.0.1:1", config=FAST, transport=httpx.MockTransport(reply))
+
+    async def go() -> Any:
+        try:
+            await policy.sample(PROMPT, SamplingParams(max_tokens=2, seed=11))
+            return await policy.sample(PROMPT, SamplingParams(max_tokens=2, seed=12))
+        finally:
+            await policy.aclose()
+
+    return run(go())
+
+
+def test_a_server_of_another_shape_after_good_answers_stops_one_call_after_its_probes():
+    """Before, the call's 11 attempts ran out (a BadResponse; its rollout's reruns, the
+    same request, then failed the wave as an outage): one request is never the REQUESTS
+    different ones the later rule needs. Now probes beside it are, and the count reaches
+    LATER within the call's first retries."""
+    bodies: list[bytes] = []
+    with pytest.raises(UnreadableAnswers, match="16 answers in a row to POST .* broke this rule\\)$"):
+        _after_a_good_answer(lambda i, body: FOREIGN, bodies)
+    after = bodies[1:]
+    assert len(after) == Unreadable.LATER and len(set(after)) == Unreadable.REQUESTS
+    request = sum(b == after[0] for b in after)
+    assert request <= 1 + Unreadable.LATER // Unreadable.REQUESTS, request  # 6 of the call's 11 attempts
+
+
+def test_after_good_answers_one_request_answered_badly_is_retried_as_before():
+    """One request answered malformed on every try (a seeded sample that breaks a rule
+    the same way each time) while others read fine: the probe beside it reads fine, so
+    the call runs its retries out (a bad response of that rollout, run again), with one
+    probe and no more; and a burst of malformed answers to every request, shorter than
+    LATER, passes: the call is answered."""
+    bodies: list[bytes] = []
+    with pytest.raises(BadResponse, match="failed after 11 attempt"):
+        _after_a_good_answer(lambda i, body: FOREIGN if body == bodies[1] else GOOD, bodies)
+    assert len(bodies[1:]) == FAST.max_retries + 1 + 1 and len(set(bodies[1:])) == 2
+    bodies.clear()
+    got = _after_a_good_answer(lambda i, body: FOREIGN if i < Unreadable.LATER - 1 else GOOD, bodies)
+    assert got.token_ids == (1, 2) and len(bodies[1:]) >= Unreadable.LATER
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("concurrency", [None, 1])
 def test_a_server_of_another_shape_stops_the_collection_at_once_naming_the_cause(
@@ -203,3 +293,66 @@ def test_a_server_of_another_shape_stops_the_collection_at_once_naming_the_cause
     if concurrency == 1:  # the request's 4 answers and the probe's, not 3 runs of 11 attempts and another rollout's
         assert proxy.requests < 2 * Unreadable.FIRST, proxy.requests
     print(f"stopped after {took:.2f} s, {proxy.requests} requests")
+
+
+@pytest.mark.integration
+def test_a_server_swapped_mid_run_for_another_shape_stops_at_once_with_one_call_in_flight(local_model_server, tmp_path):
+    """The tiny model answers the evidence and its scoring, then the proxy in front of it
+    answers in SGLang's ``/v1/completions`` shape (a server swapped for another kind),
+    with one call in flight. Before, the first continuation request's retries and its
+    rollout's reruns ran out (one request is never the REQUESTS the later rule needs)
+    and the wave failed as a ModelServiceOutage after 32-41 s; now probes beside that
+    request are the other requests, and the stop is UnreadableAnswers in about a second."""
+    from fixtures.journal import AfterStep, run_collect
+
+    from focus.journal import EVIDENCE_SCORES
+    from storage import CheckpointStore
+    from tasks.config import load_config
+
+    with FaultProxy(local_model_server.url) as proxy:
+        cfg = load_config(
+            overrides={
+                "collection_id": "swapped",
+                "model.kind": "openai",
+                "model.url": proxy.url,
+                "model.http": {"outage_wait_s": 0},
+                "env.n_tasks": 2,
+                "agent.sampling.max_tokens": 8,
+                "search.phases": [
+                    {"name": "evidence", "rollouts_per_task": 2},
+                    {"name": "continue", "transitions": 12, "wave_size": 2, "max_depth": 4},
+                ],
+                "execution.kind": "local",
+                "execution.max_concurrency": 1,
+                "storage.root": str(tmp_path),
+                "progress": False,
+            },
+            environ={},
+        )
+        marks: dict[str, float] = {}
+        seen: list[tuple[int, int]] = []  # (seed, prompt length) of each request answered in the other shape
+
+        def other_shape(answer: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+            seen.append((request["seed"], len(request["prompt"])))
+            return sglang_v1(answer, request)
+
+        def swap() -> None:
+            marks["swapped"] = time.monotonic()
+            proxy.reshape = other_shape
+
+        with pytest.raises(Exception) as stopped:
+            run_collect(cfg, AfterStep(cfg, EVIDENCE_SCORES, swap))
+        took = time.monotonic() - marks["swapped"]
+    line = one_line(stopped.value)
+    print(f"stopped {took:.2f} s after the swap as {type(stopped.value).__name__}, {len(seen)} requests: {line[:160]}")
+    assert isinstance(stopped.value, UnreadableAnswers), line
+    assert line.startswith("the model service's answers cannot be read: MalformedResponse: log-prob token "), line
+    assert "none readable yet" not in line and "\n" not in line and exit_code(stopped.value) == 2
+    saved = CheckpointStore(str(tmp_path)).list("swapped")
+    assert ("evidence", 0) in saved and ("1.continue", 0) not in saved  # the finished steps are kept
+    # a bound well above the about one second it takes, well below the 32-41 s it took
+    assert took < 10, took
+    # the request's answers and its probes' (two, each its own seed and the prompt's first tokens), nothing more
+    assert len(seen) == Unreadable.LATER and len(set(seen)) == Unreadable.REQUESTS, seen
+    probes = [r for r in seen if r != seen[0]]
+    assert {n for _, n in probes} == {PROBE_TOKENS} and len(probes) >= Unreadable.LATER // 2, seen

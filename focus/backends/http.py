@@ -112,7 +112,7 @@ class HttpClient:
         unavailable: type[Exception] | None = None,
         service: str | None = None,
         wait_outages: bool = True,
-        probe: Callable[[Any], Any] | None = None,
+        probe: Callable[[Any, int], Any] | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
@@ -130,8 +130,8 @@ class HttpClient:
         #: False: a service that is down (past the quick retries) fails the call at once
         #: instead of being waited for - a replica whose calls others can take.
         self.wait_outages = wait_outages
-        #: A request body beside a given one (decoded), to another prompt: the probe that
-        #: tells another server's answer format from one request's bad answer (None: none).
+        #: The k-th request body (from 1) beside a given one (decoded), to another prompt: the
+        #: probe telling another server's answer format from one request's bad answer.
         self.probe = probe
         self._transport = transport
         self._rng = random.Random()
@@ -401,10 +401,10 @@ class HttpClient:
         (:mod:`focus.backends.unreadable`)."""
         if self._unread.malformed(cause, content):
             return True
-        if self.probe is None or content is None or not self._unread.take_probe():
+        if self.probe is None or content is None or not (n := self._unread.take_probe(content)):
             return False
         return await probe(
-            self._unread, self.probe, content, lambda b: self._hedge(wire, method, url, b, parse, deadline)
+            self._unread, self.probe, content, lambda b: self._hedge(wire, method, url, b, parse, deadline), n
         )
 
     async def _attempt(

@@ -118,11 +118,11 @@ def unserved_model(base_url: str, model: str, *, headers: dict[str, str] | None 
     )
 
 
-def probe_body(body: dict[str, Any]) -> dict[str, Any]:
-    """A request beside ``body`` with its settings, to another prompt (its first
-    :data:`~focus.backends.unreadable.PROBE_TOKENS` tokens) and another seed: the probe
-    that tells a server of another answer format from one request's bad answers."""
-    return {**body, "prompt": body["prompt"][:PROBE_TOKENS], "seed": other_seed(body.get("seed"))}
+def probe_body(body: dict[str, Any], k: int = 1) -> dict[str, Any]:
+    """The ``k``-th request beside ``body`` with its settings, to another prompt (its
+    first :data:`~focus.backends.unreadable.PROBE_TOKENS` tokens) and another seed: the
+    probe that tells a server of another answer format from one request's bad answers."""
+    return {**body, "prompt": body["prompt"][:PROBE_TOKENS], "seed": other_seed(body.get("seed"), k)}
 
 
 def aborted(finish: str, n: int, detail: Any) -> str:

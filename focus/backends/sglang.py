@@ -110,8 +110,8 @@ def parse_generate(data: Any) -> Completion:
     return Completion(tuple(ids), tuple(lps), finish, cached if isinstance(cached, int) else None, extra, version)
 
 
-def probe_body(body: dict[str, Any]) -> dict[str, Any]:
+def probe_body(body: dict[str, Any], k: int = 1) -> dict[str, Any]:
     """:func:`focus.backends.openai_compat.probe_body` for ``/generate``: the first
-    tokens of ``body``'s prompt, another seed, the same settings."""
-    sp = {**body["sampling_params"], "sampling_seed": other_seed(body["sampling_params"].get("sampling_seed"))}
+    tokens of ``body``'s prompt, the ``k``-th other seed, the same settings."""
+    sp = {**body["sampling_params"], "sampling_seed": other_seed(body["sampling_params"].get("sampling_seed"), k)}
     return {**body, "input_ids": body["input_ids"][:PROBE_TOKENS], "sampling_params": sp}

@@ -30,22 +30,35 @@ r = 0.1, one cause), and a good answer between any two resets the count.
 
 With one call in flight (``execution.max_concurrency = 1``, one task with one rollout)
 the second request came only after the first one's retries and its rollout's reruns:
-24-39 s with the default backoff. So, while nothing has been read yet, once one
-request has had :data:`Unreadable.PROBE_AFTER` answers in a row of one cause, the
-client sends a *probe* beside it (:func:`probe`): one request of the same kind, with
-the same settings, to another prompt (the request's first :data:`PROBE_TOKENS` tokens)
-and another seed (:func:`focus.backends.openai_compat.probe_body`). Its answer is
-counted like any other and dropped (never a turn). The same malformed answer makes it
-the second request the rule needs, and the request's next retries bring the count to
-``FIRST``: a stop in under a second. A good one means the server's answers can be
-read, and the request is retried as before (its rollout's bad response if it
-persists). A probe that gets no answer, or is refused, tells nothing; at most
-:data:`Unreadable.PROBES` are sent, one at a time. The rule is unchanged, and so is
-what a request whose answer was malformed by chance is allowed: fewer than ``FIRST``
-answers in a row of one cause, the probe's included. What changes is when they come:
-at once, as with many calls in flight, not spread over 30 s of retries, so malformed
-answers to every request for a moment at the start of a process (none was ever seen,
-but a fault proxy's queue is one) stop it at any concurrency now.
+24-39 s with the default backoff. So, once one request has had
+:data:`Unreadable.PROBE_AFTER` answers in a row of one cause, the client sends a
+*probe* beside it (:func:`probe`): a request of the same kind, with the same settings,
+to another prompt (the request's first :data:`PROBE_TOKENS` tokens) and another seed
+(:func:`focus.backends.openai_compat.probe_body`). Its answer is counted like any other
+and dropped (never a turn). A good one means the server's answers can be read: the
+count starts again and the request is retried as before (its rollout's bad response
+if it persists), with no more probes beside it. A probe that gets no answer, or is
+refused, tells nothing. Probes go one at a time, and stand in for the other calls in
+flight that a higher concurrency would have:
+
+* while nothing has been read, one probe, at most :data:`Unreadable.PROBES` in the
+  process: the same malformed answer makes it the second request the rule needs, and
+  the request's next retries bring the count to ``FIRST``: a stop in under a second;
+* after good answers (a server swapped mid-run), ``REQUESTS - 1`` probes beside each
+  malformed answer of the request, each to its own prompt and seed, at most
+  :data:`Unreadable.LATER` between good answers: the same malformed answers make them
+  the other requests the rule needs, and with the request's retries the count reaches
+  ``LATER`` within its first few retries (their backoff: well under a second by
+  default) instead of after its rollout's reruns (32-41 s, then as a model-service outage).
+  The answers come at the pace of the request's retries, as three calls' would, so a
+  server that answers badly for a moment (a weights update aborting its requests) is
+  given that time.
+
+The rule is unchanged, and so is what a request whose answer was malformed by chance is
+allowed: fewer than ``FIRST`` (``LATER``) answers in a row of one cause, the probes'
+included. What changes is when they come: at once, as with many calls in flight, not
+spread over 30 s of retries, so malformed answers to every request for a moment (none
+was ever seen, but a fault proxy's queue is one) stop it at any concurrency now.
 """
 
 from __future__ import annotations
@@ -64,10 +77,11 @@ log = logging.getLogger(__name__)
 PROBE_TOKENS = 16
 
 
-def other_seed(seed: int | None) -> int:
-    """A probe's seed: another than its request's (an unseeded request's probe is seeded,
-    so that the two bodies differ even where the prompt is shorter than a probe's)."""
-    return 1 if seed is None else seed ^ 1
+def other_seed(seed: int | None, k: int = 1) -> int:
+    """The ``k``-th probe's seed (1-based): another than its request's and the other
+    probes' (an unseeded request's probes are seeded, so that the bodies differ even
+    where the prompt is shorter than a probe's)."""
+    return k if seed is None else seed ^ k
 
 
 _BLANK = re.compile(r"'[^']*'|\"[^\"]*\"|-?\d+(?:\.\d+)?(?:e-?\d+)?")
@@ -91,7 +105,18 @@ class Unreadable:
     #: another cause, tells nothing; the next may).
     PROBES = 3
 
-    __slots__ = ("answers", "key", "last", "never_answered", "probes", "probing", "requests")
+    __slots__ = (
+        "answers",
+        "beside",
+        "cleared",
+        "key",
+        "last",
+        "never_answered",
+        "probes",
+        "probing",
+        "requests",
+        "sent",
+    )
 
     def __init__(self) -> None:
         self.never_answered = True
@@ -103,12 +128,20 @@ class Unreadable:
         self.probes = 0
         #: A probe is in flight (one at a time).
         self.probing = False
+        #: After good answers: the request probed beside, and the probes sent since the last good answer.
+        self.beside: int | None = None
+        self.sent = 0
+        #: The request a probe read fine beside: its bad answers are its own, no more probes.
+        self.cleared: int | None = None
 
-    def answered(self) -> None:
-        """A good answer: the count starts again."""
+    def answered(self, cleared: bytes | None = None) -> None:
+        """A good answer (``cleared``: a probe's, beside that request): the count starts again."""
         self.never_answered = False
         self.key, self.answers = None, 0
         self.requests.clear()
+        self.beside, self.sent = None, 0
+        if cleared is not None:
+            self.cleared = hash(cleared)
 
     def malformed(self, cause: str, content: bytes | None) -> bool:
         """A malformed answer with ``cause`` to the request ``content``: True when the
@@ -125,40 +158,63 @@ class Unreadable:
             return self.answers >= self.FIRST and len(self.requests) >= 2
         return self.answers >= self.LATER and len(self.requests) >= self.REQUESTS
 
-    def take_probe(self) -> bool:
-        """Whether to send a probe now (and count it sent): nothing read yet, no probe in
-        flight, and the answers in a row so far all to one request."""
-        if not self.never_answered or self.probing or self.probes >= self.PROBES:
-            return False
-        if self.answers < self.PROBE_AFTER or len(self.requests) != 1:
-            return False
-        self.probes += 1
+    def take_probe(self, content: bytes) -> int:
+        """How many probes to send beside the request ``content`` now, one after another
+        (0: none; counted sent): no probe in flight, ``PROBE_AFTER`` answers in a row,
+        none read fine beside this request, and the answers so far all to it (and, after
+        good answers, to its probes). See the module docs for how many, and the limits."""
+        request = hash(content)
+        if self.probing or self.answers < self.PROBE_AFTER or request == self.cleared:
+            return 0
+        if self.never_answered:
+            if self.probes >= self.PROBES or len(self.requests) != 1:
+                return 0
+            self.probes, n = self.probes + 1, 1
+        else:
+            if self.beside is None and len(self.requests) == 1:
+                self.beside = request
+            if self.beside != request or self.sent >= self.LATER:
+                return 0
+            n = min(self.REQUESTS - 1, self.LATER - self.sent)
+            self.sent += n
         self.probing = True
-        return True
+        return n
 
 
 async def probe(
-    tally: Unreadable, make: Callable[[Any], Any], content: bytes, send: Callable[[bytes], Awaitable[object]]
+    tally: Unreadable,
+    make: Callable[[Any, int], Any],
+    content: bytes,
+    send: Callable[[bytes], Awaitable[object]],
+    n: int = 1,
 ) -> bool:
-    """Send a probe beside the request ``content`` (``make``: its body from the
-    request's) with ``send`` (one attempt, no retry) and count its answer in ``tally``:
-    True when the answers cannot be read. The answer's value is dropped."""
+    """Send ``n`` probes beside the request ``content``, one at a time (``make(body, k)``:
+    the ``k``-th one's body from the request's, 1-based), each with ``send`` (one
+    attempt, no retry), and count their answers in ``tally``: True when the answers
+    cannot be read. A good answer ends it (the request's bad answers are its own). The
+    answers' values are dropped."""
     try:
-        other = json.dumps(make(json.loads(content)), separators=(",", ":")).encode()
+        body = json.loads(content)
+        others = [json.dumps(make(body, k), separators=(",", ":")).encode() for k in range(1, n + 1)]
     except (KeyError, TypeError, ValueError):  # a body of a kind ``make`` does not know (a subclass's): no probe
         tally.probing = False
         return False
     log.info("one request got the same malformed answer %d times: probing with another (%s)", tally.answers, tally.last)
     try:
-        await send(other)
-    except Retryable as e:
-        return e.kind == "malformed response" and tally.malformed(str(e), other)
-    except Rejected:
+        for other in others:
+            try:
+                await send(other)
+            except Retryable as e:
+                if e.kind == "malformed response" and tally.malformed(str(e), other):
+                    return True
+                continue
+            except Rejected:
+                continue
+            tally.answered(cleared=content)
+            return False
         return False
     finally:
         tally.probing = False
-    tally.answered()
-    return False
 
 
 def unreadable_line(service: str, method: str, url: object, tally: Unreadable) -> str:
