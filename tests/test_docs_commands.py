@@ -142,6 +142,10 @@ COMMANDS: dict[str, Check] = {
     "timing,subtle --budgets 6 --critics noise_1,constant --methods grpo,uniform,selective --seeds 2": Check(
         "parse", "a benchmark of several minutes (the eight project families at 6H, 6 seeds per cell)"
     ),
+    ".venv/bin/python -m benchmarks.estimator_quality --families timing,slippery --budgets 2,6 "
+    "--critics exact,noise_1,noise_3 --methods uniform,selective --seeds 16": Check(
+        "parse", "a benchmark of about a minute on 2 cores (timing and slippery, 128 seeds at 2H, 43 at 6H)"
+    ),
     ".venv/bin/python -m benchmarks.gradient_quality --jobs 2 --tasks corridor-early corridor-late bridge "
     "--seeds 0 1 2 3 --reference 128 --batches 2": Check(
         "parse", "a measurement of about 11 minutes (the issue-32 gradient-quality table)"
