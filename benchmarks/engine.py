@@ -183,14 +183,14 @@ class MarkedCollector(Collector):
 
 
 def _search(collector: Collector, tasks: list[Any]) -> SearchState:
-    """``run_search`` on a fresh loop. The state leaves through a holder, not as the main
+    """``search`` on a fresh loop. The state leaves through a holder, not as the main
     task's result: Python 3.11's ``asyncio.run`` formats the repr of its main task (result
     included) on exit, which for a large state costs about a second of CPU."""
     out: list[SearchState] = []
 
     async def go() -> None:
         try:
-            out.append(await collector.run_search(tasks))
+            out.append(await collector.search(tasks))
         finally:
             await collector.agent.policy.aclose()
 
@@ -219,7 +219,7 @@ def run_in_process(args: argparse.Namespace, *, mode: str) -> dict[str, Any]:
         )
         collector = MarkedCollector(
             agent,
-            base.search,
+            base.priority,
             base.critic,
             execution=execution,
             collection_id=base.collection_id,

@@ -298,7 +298,7 @@ def search_state(
         seed=seed,
     )
     tasks = [Task(f"{family}{i}", {"mdp": i}) for i in range(n_tasks)]
-    state = asyncio.run(col.run_search(tasks))
+    state = asyncio.run(col.search(tasks))
     return col, state, search, mdps, values, fam, max_steps, crit
 
 

@@ -157,7 +157,7 @@ def _collect(make: Callable[[], tuple[Agent, Selective, Critic, list[Task]]], co
 
     async def go() -> SearchState:
         try:
-            return await col.run_search(tasks, journal)
+            return await col.search(tasks, journal)
         finally:
             aclose = getattr(agent.policy, "aclose", None)
             if aclose is not None:
@@ -166,12 +166,12 @@ def _collect(make: Callable[[], tuple[Agent, Selective, Critic, list[Task]]], co
     t0 = time.perf_counter()
     state = asyncio.run(go())
     wall = time.perf_counter() - t0
-    cont = col.search.phases[1]
+    cont = col.priority.phases[1]
     scores = [dict(asyncio.run(journal.recorded(EVIDENCE_SCORES)) or {})]
     scores += [dict(asyncio.run(journal.recorded(scores_step(1, w))) or {}) for w in range(state.waves_done(1))]
-    assert not cont.is_evidence and len(col.search.phases) == 2
+    assert not cont.is_evidence and len(col.priority.phases) == 2
     return Capture(
-        source, col.search, col.estimator, col.collection_id, col.iteration,
+        source, col.priority, col.estimator, col.collection_id, col.iteration,
         str(getattr(agent.policy, "policy_version", "0")), col.roots, col.plans, col.landed, scores,
         batch_digest(col.prepare(state)), state.usage().transitions, wall, col.scores_evidence_ahead(),
     )  # fmt: skip

@@ -106,7 +106,7 @@ def run_focus(agent: Agent, tasks: list[Task], cfg: dict[str, Any]) -> tuple[dic
 
     async def search_all() -> Any:
         try:
-            return await collector.run_search(tasks)
+            return await collector.search(tasks)
         finally:
             await agent.policy.aclose()
 

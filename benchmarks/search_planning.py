@@ -75,7 +75,7 @@ async def measure(n_tasks: int, waves: int, warmup: int, wave_size: int) -> dict
     t0 = time.perf_counter()
     state = await col.run_evidence(tasks)
     setup_s = time.perf_counter() - t0
-    search = col.search
+    search = col.priority
     times: dict[str, list[float]] = {k: [] for k in ("plan", "graft", "score", "rollouts", "plan_cold", "graft_cold")}
     for w in range(warmup + waves):
         c = time.perf_counter()
@@ -153,13 +153,13 @@ def plan_cost_over_collection(
     col, tasks = make(n_tasks, wave_size, transitions - 2 * 6 * n_tasks, max_depth)
     col = Collector(
         col.agent,
-        col.search,
+        col.priority,
         col.critic,
         execution=Execution(max_concurrency=64, freeze_gc=False),
         collection_id="bench",
         seed=0,
     )
-    search = col.search
+    search = col.priority
     waves: list[dict[str, Any]] = []
     t0 = time.perf_counter()
 

@@ -2,7 +2,7 @@
 
 ``Collector`` wires an agent to a search configuration (a :class:`Priority` with its
 phases), a critic, an estimator and an execution service. ``collect()`` is
-``run_search()`` then ``prepare()``, and ``run_search()`` is the one loop a collection
+``search()`` then ``prepare()``, and ``search()`` is the one loop a collection
 has, over an explicit :class:`~focus.search.SearchState`:
 
 * :meth:`start` (roots) and :meth:`evidence` (the evidence wave, grafted);
@@ -28,7 +28,7 @@ recorded step. Every step is a function of its inputs and the collection seed, s
 resumed collection rebuilds the same trees and the same batch. A wave whose rollouts got
 bad responses on every run stops the loop, kept as ``unfinished`` (:mod:`focus.journal`).
 
-With ``Execution(streaming=True)``, ``run_search`` runs each continuation phase with
+With ``Execution(streaming=True)``, ``search`` runs each continuation phase with
 :meth:`Collector.stream_phase` instead of in waves: no barrier, results depend on the
 order rollouts finish in (see :class:`focus.execution.Execution`).
 """
@@ -89,7 +89,8 @@ _T = TypeVar("_T")
 
 
 class Collector:
-    """Collects branching rollouts for ``tasks`` and prepares them for training."""
+    """Collects branching rollouts (:meth:`search`) and prepares them for training (:meth:`prepare`;
+    :meth:`collect` is both). The search it is given runs as ``priority``, its interface."""
 
     def __init__(
         self,
@@ -107,7 +108,7 @@ class Collector:
         self.agent = agent
         self.estimator = estimator if estimator is not None else DirectBranchTd()
         # one γ, truncation rule and κ setting for search and batch (see Priority.resolved)
-        self.search = (search if search is not None else Selective()).resolved(self.estimator)
+        self.priority = (search if search is not None else Selective()).resolved(self.estimator)
         self.critic = critic if critic is not None else ConstantCritic(0.0)
         self.execution = execution if execution is not None else Execution()
         self.collection_id, self.iteration, self.seed = collection_id, iteration, seed
@@ -131,7 +132,7 @@ class Collector:
         """Start the trees and, if the first phase is an evidence phase, run it (grafted,
         not scored)."""
         state = await self.start(tasks)
-        if self.search.phases[0].is_evidence:
+        if self.priority.phases[0].is_evidence:
             state = await self.run_rollouts(state, self.plan_wave(state, 0, 0))
         return state
 
@@ -163,11 +164,11 @@ class Collector:
         return self.critic.row_wise and not (self.warm_start_critic and unfitted)
 
     async def _evidence(self, tasks: Sequence[Task], journal: Journal) -> tuple[SearchState, Predictions]:
-        partial = await journal.recorded(unfinished_step(0, 0)) if self.search.phases[0].is_evidence else None
+        partial = await journal.recorded(unfinished_step(0, 0)) if self.priority.phases[0].is_evidence else None
         if partial is None:
             try:
                 state = await self.start(tasks)
-                plan = self.plan_wave(state, 0, 0) if self.search.phases[0].is_evidence else WavePlan(0, 0)
+                plan = self.plan_wave(state, 0, 0) if self.priority.phases[0].is_evidence else WavePlan(0, 0)
                 if plan.empty:
                     return state, {}
                 # scored as its trees finish, not ranked: the first plan's calibration needs all of them
@@ -181,7 +182,7 @@ class Collector:
         state = await self.start(tasks)
         plan = self.plan_wave(state, 0, 0)
         done = await self.rerun(plan, partial)
-        return await _off_loop(graft, state, plan, done.rollouts, self.search.phases[0].name, done.wall_s), {}
+        return await _off_loop(graft, state, plan, done.rollouts, self.priority.phases[0].name, done.wall_s), {}
 
     async def rerun(self, plan: WavePlan, partial: WaveRollouts) -> WaveRollouts:
         """``partial`` (what a wave that got bad responses left, in ``plan``'s job order)
@@ -200,7 +201,7 @@ class Collector:
         for i, ro in zip(todo, redone, strict=True):
             rollouts[i] = ro
         wall = partial.wall_s + time.perf_counter() - t0
-        check_responses(rollouts, _wave_name(self.search, plan), (plan.phase_index, plan.wave_index), wall)
+        check_responses(rollouts, _wave_name(self.priority, plan), (plan.phase_index, plan.wave_index), wall)
         return WaveRollouts(tuple(rollouts), wall)
 
     async def predict(self, state: SearchState) -> Predictions:
@@ -220,7 +221,7 @@ class Collector:
 
     def plan_wave(self, state: SearchState, phase_index: int, wave_index: int) -> WavePlan:
         """The jobs of one wave (pure); empty when the phase is done."""
-        return plan_wave(state, self.search, phase_index, wave_index)
+        return plan_wave(state, self.priority, phase_index, wave_index)
 
     def launch(self, plan: WavePlan) -> Launched:
         """Start ``plan``'s rollouts on the running loop; :meth:`land` collects them (and
@@ -252,16 +253,16 @@ class Collector:
         responses. ``since``: when the wave's elapsed time starts (default: its launch).
         """
         plan, tail = launched.plan, launched.tail
-        phase = self.search.phases[plan.phase_index]
+        phase = self.priority.phases[plan.phase_index]
         if tail is not None:
-            score = (self.search, self.critic) if score_ahead and self.critic.row_wise else None
-            prefit = self.search if state.may_refit(self.search, len(plan.jobs)) else None
+            score = (self.priority, self.critic) if score_ahead and self.critic.row_wise else None
+            prefit = self.priority if state.may_refit(self.priority, len(plan.jobs)) else None
             await tail.follow(state, launched.task, phase.name, score, prefit, rank)
         rollouts = await launched.task
         check_outage(rollouts, self.execution.max_outage_share)
         now = tail.finished_at if tail is not None and tail.finished_at is not None else time.perf_counter()
         wall = now - (launched.t0 if since is None else since)
-        check_responses(rollouts, _wave_name(self.search, plan), (plan.phase_index, plan.wave_index), wall)
+        check_responses(rollouts, _wave_name(self.priority, plan), (plan.phase_index, plan.wave_index), wall)
         ahead = tail.parts if tail is not None else None
         new = await _off_loop(graft, state, plan, rollouts, phase.name, wall, ahead)
         warn_failures(phase.name, plan.wave_index, rollouts)
@@ -298,9 +299,9 @@ class Collector:
                     have = None
                 if have is None:
                     running.waves[key] = self.launch(plan)
-            nxt = await launch_choosing(self.execution, self.agent, self.search, state, phase_index, running)
+            nxt = await launch_choosing(self.execution, self.agent, self.priority, state, phase_index, running)
             if nxt is None:  # not a continuation wave, or jobs not reported one by one
-                nxt = await _off_loop(plan_next, state, self.search, phase_index)
+                nxt = await _off_loop(plan_next, state, self.priority, phase_index)
             if nxt is state:
                 return state
             state = nxt
@@ -336,8 +337,9 @@ class Collector:
 
     # -- whole-collection API ----------------------------------------------------------
 
-    async def run_search(self, tasks: Sequence[Task], journal: Journal | None = None) -> SearchState:
-        """Every phase in order; a phase ends when nothing more is planned.
+    async def search(self, tasks: Sequence[Task], journal: Journal | None = None) -> SearchState:
+        """Every phase in order (a phase ends when nothing more is planned): the trees
+        :meth:`prepare` turns into a batch, to inspect before it does.
 
         ``journal`` records each step as it ends and, for steps it holds already, gives
         the recorded value instead (:mod:`focus.journal`): a collection given the
@@ -348,7 +350,7 @@ class Collector:
         if self.execution.streaming:
             if journal is not None:
                 raise ValueError("a streamed collection is not resumable per step: run it without a journal")
-            for phase in self.search.phases:
+            for phase in self.priority.phases:
                 if phase.max_waves is not None:
                     raise ValueError(
                         f"phase {phase.name!r} sets max_waves, which streaming mode has no waves to count; "
@@ -357,7 +359,7 @@ class Collector:
         journal = journal if journal is not None else NoJournal()
         with self.execution.frozen_heap():
             state = await self.run_evidence(tasks, journal)
-            for pi, phase in enumerate(self.search.phases):
+            for pi, phase in enumerate(self.priority.phases):
                 if phase.is_evidence:
                     continue
                 if self.execution.streaming:
@@ -385,7 +387,7 @@ class Collector:
         wave = state.waves_done(phase_index)
         while (landed := await self._recorded_wave(state, phase_index, wave, journal)) is not None:
             record = WaveRecord(phase_index, wave, landed.rollouts, landed.wall_s)
-            state = await _off_loop(replay, state, self.search, [record])
+            state = await _off_loop(replay, state, self.priority, [record])
             state = await self._scored(state, scores_step(phase_index, wave), journal)
             wave += 1
         if await journal.phase_ended(phase_index, wave):
@@ -418,7 +420,7 @@ class Collector:
         landed = await journal.recorded(wave_step(phase_index, wave))
         if landed is not None or (partial := await journal.recorded(unfinished_step(phase_index, wave))) is None:
             return landed
-        planned = (await _off_loop(plan_ahead, state, self.search, phase_index)).planned
+        planned = (await _off_loop(plan_ahead, state, self.priority, phase_index)).planned
         if not planned:
             raise ValueError(f"an unfinished wave {wave} of phase {phase_index} is recorded; the search plans none")
         landed = await self.rerun(planned[0], partial)
@@ -469,7 +471,7 @@ class Collector:
         depends on timing, so two runs may plan differently; each rollout is still
         fixed by its job's seed.
         """
-        phase = self.search.phases[phase_index]
+        phase = self.priority.phases[phase_index]
         cap = self.execution.max_concurrency
         refill_at = max(1, int(cap * self.execution.refill_fraction))
         graft_at = max(1, int(cap * self.execution.graft_fraction))
@@ -485,7 +487,7 @@ class Collector:
                     short = False
                     if free >= refill_at or not running:
                         waiting = [*running.values(), *(f for f, _ in finished)]
-                        refill = plan_refill(state, self.search, phase_index, waiting, free)
+                        refill = plan_refill(state, self.priority, phase_index, waiting, free)
                         short = len(refill) < free
                         # longest-remaining first, as in a wave
                         for f in sorted(refill, key=lambda f: f.job.start.steps):
@@ -500,7 +502,7 @@ class Collector:
                         plan = WavePlan(phase_index, wave, tuple(f.job for f, _ in finished))
                         rollouts = [r for _, r in finished]
                         check_outage(rollouts, self.execution.max_outage_share)
-                        check_responses(rollouts, _wave_name(self.search, plan), (phase_index, wave), now - t_last)
+                        check_responses(rollouts, _wave_name(self.priority, plan), (phase_index, wave), now - t_last)
                         state = graft(state, plan, rollouts, phase.name, wave_wall_s=now - t_last)
                         warn_failures(phase.name, wave, rollouts)
                         state = await self.score(state)
@@ -523,7 +525,7 @@ class Collector:
                     t.cancel()
 
     async def collect(self, tasks: Sequence[Task]) -> Batch:
-        return self.prepare(await self.run_search(tasks))
+        return self.prepare(await self.search(tasks))
 
     def prepare(self, trees: Sequence[Tree] | SearchState) -> Batch:
         """Actor rows (one per model turn of every segment with an advantage) and critic
@@ -534,15 +536,12 @@ class Collector:
         tuple shared by several rows (a checkpoint's prefix, sent by every branch from
         it and stored as the critic's context) is converted once.
 
-        The trees stay out of cyclic GC meanwhile (:meth:`focus.execution.Execution.
-        frozen_heap`): once :meth:`run_search` lets them go back to the oldest
-        generation, the allocations of preparing made Python walk all of them in a full
-        collection (1.5 s of a 100k-transition collection of 2,000 tasks).
+        The trees stay out of cyclic GC meanwhile (:meth:`focus.execution.Execution.frozen_heap`):
+        once :meth:`search` lets them go back to the oldest generation, preparing made Python
+        walk all of them in a full collection (1.5 s at 100k transitions over 2,000 tasks).
         """
-        if isinstance(trees, SearchState):
-            trees = trees.trees
         with self.execution.frozen_heap():
-            return self._prepare(trees)
+            return self._prepare(trees.trees if isinstance(trees, SearchState) else trees)
 
     def _prepare(self, trees: Sequence[Tree]) -> Batch:
         est = self.estimator
@@ -581,7 +580,7 @@ class Collector:
 
     def statistics(self, trees: Sequence[Tree], *, excluded_segments: int = 0) -> dict[str, Any]:
         """:func:`focus.statistics.collection_statistics` of ``trees`` under this search."""
-        return collection_statistics(self.search.phases, trees, excluded_segments=excluded_segments)
+        return collection_statistics(self.priority.phases, trees, excluded_segments=excluded_segments)
 
 
 def _wave_name(search: Priority, plan: WavePlan) -> str:

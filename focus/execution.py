@@ -260,7 +260,7 @@ class Execution(BaseModel):
     #: wave. 1.0 never fails a wave (failed rollouts are kept, as before; bad responses
     #: below the share stop the collection all the same: :class:`BadResponses`).
     max_outage_share: float = Field(0.1, ge=0.0, le=1.0)
-    #: While a wave runs (and, under ``Collector.run_search`` and ``Collector.prepare``,
+    #: While a wave runs (and, under ``Collector.search`` and ``Collector.prepare``,
     #: for the whole collection), keep the objects that existed when it started (the
     #: trees and branch states: most of the heap) out of cyclic garbage collection, with
     #: young collections spaced by :data:`GC_THRESHOLD_FROZEN`; put both back afterwards

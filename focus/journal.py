@@ -1,6 +1,6 @@
 """Where a collection records its steps, so that a rerun resumes instead of recomputing.
 
-:meth:`focus.collector.Collector.run_search` is the only loop a collection has. It
+:meth:`focus.collector.Collector.search` is the only loop a collection has. It
 crosses a step boundary at the evidence rollouts, their critic scores, each
 continuation wave, that wave's scores and the end of each phase. At each boundary it
 asks its :class:`Journal` whether the step is recorded: if it is, the recorded value is

@@ -1,7 +1,7 @@
 """One collection, with or without Prefect: ``collect(config, journal)``.
 
 Build the policy, agent, collector and execution service from the configuration, run
-the collector's loop (:meth:`focus.collector.Collector.run_search`, the only loop a
+the collector's loop (:meth:`focus.collector.Collector.search`, the only loop a
 collection has) with the pipeline's journal (:mod:`tasks.journal`), then export the
 batch, under the collection's write lease. Nothing here imports Prefect.
 """
@@ -61,7 +61,7 @@ async def _search_and_export(config: FocusConfig, journal: CheckpointJournal, ex
         collector = config.build_collector(agent, execution)
         await journal.critic.check(collector.critic, lambda k: load_record(journal, k), journal.save)
         try:
-            state = await collector.run_search(tasks, journal)
+            state = await collector.search(tasks, journal)
         finally:  # what was recorded is saved, also when the search stopped
             await journal.flush()
         return await journal.export(collector, state)

@@ -68,12 +68,12 @@ def rows(batch):  # type: ignore[no-untyped-def]
 
 def test_a_wave_stopped_by_bad_responses_is_replayed_from_the_journal_to_a_clean_runs_batch():
     clean, _, tasks = collector()
-    want = clean.prepare(run(clean.run_search(tasks)))
+    want = clean.prepare(run(clean.search(tasks)))
 
     col, policy, _ = collector()
     journal = BreakingJournal(policy)
     with pytest.raises(BadResponses, match=r"^bad responses: \d+ of \d+ rollouts of phase continue wave ") as e:
-        run(col.run_search(tasks, journal))
+        run(col.search(tasks, journal))
     phase, wave = e.value.wave
     assert phase == 1
     partial = journal.steps[unfinished_step(phase, wave)]
@@ -85,11 +85,11 @@ def test_a_wave_stopped_by_bad_responses_is_replayed_from_the_journal_to_a_clean
     # a rerun against a server still broken stops again and records nothing new
     steps = dict(journal.steps)
     with pytest.raises(BadResponses, match=rf"^bad responses: {len(stopped)} of {len(partial.rollouts)} rollouts"):
-        run(col.run_search(tasks, journal))
+        run(col.search(tasks, journal))
     assert journal.steps == steps
 
     policy.broken = False  # fixed: the rerun runs the stopped rollouts and ends as a clean run
-    got = col.prepare(run(col.run_search(tasks, journal)))
+    got = col.prepare(run(col.search(tasks, journal)))
     assert rows(got) == rows(want) and got.stats["failed_rollouts"] == 0
     assert journal.steps[wave_step(phase, wave)].rollouts[stopped[0]] != partial.rollouts[stopped[0]]
 

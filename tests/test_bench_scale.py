@@ -116,7 +116,7 @@ def test_search_meter_times_each_thread_on_its_own():
     col, tasks = collection("selective", 0)
     state = run(col.run_evidence(tasks))
     original = _TreeFacts.prefit
-    meter = SearchMeter(col.search).install()
+    meter = SearchMeter(col.priority).install()
     try:
         inside, release = threading.Event(), threading.Event()
 
@@ -127,7 +127,7 @@ def test_search_meter_times_each_thread_on_its_own():
         other = threading.Thread(target=meter.measure, args=("plan", plan))
         other.start()
         assert inside.wait(10)
-        state.facts(0).prefit(col.search)  # on this thread, while the other's call is open
+        state.facts(0).prefit(col.priority)  # on this thread, while the other's call is open
         release.set()
         other.join(10)
     finally:

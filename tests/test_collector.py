@@ -111,7 +111,7 @@ def test_plan_is_pure_and_checks_wave_order():
 
 def test_budget_accounting_is_exact():
     col, tasks, _ = synthetic()
-    state = run(col.run_search(tasks))
+    state = run(col.search(tasks))
     batch = col.prepare(state)
     ev, cont = batch.stats["phases"]
     trees_transitions = sum(t.stats()["transitions"] for t in state.trees)
@@ -133,7 +133,7 @@ def test_budget_accounting_is_exact():
 
 def test_batch_rows_cover_every_turn_with_the_segment_advantage():
     col, tasks, _ = synthetic()
-    state = run(col.run_search(tasks))
+    state = run(col.search(tasks))
     batch = col.prepare(state)
     n_turns = sum(len(e.turns) for t in state.trees for e in t.edges.values())
     assert len(batch.actor) == n_turns
@@ -164,7 +164,7 @@ class _FlakyEnv(SyntheticEnv):
 def test_failed_rollouts_are_excluded_and_counted():
     col, tasks, mdps = synthetic()
     col.agent.env = _FlakyEnv(mdps)
-    state = run(col.run_search(tasks))
+    state = run(col.search(tasks))
     batch = col.prepare(state)
     assert batch.stats["failed_rollouts"] > 0
     assert "env: simulated tool crash" in batch.stats["failure_causes"]
@@ -300,7 +300,7 @@ def test_a_stochastic_env_replays_exactly_and_siblings_draw_independently():
 
 def test_truncated_segments_are_flagged_counted_and_bootstrapped_or_terminal():
     col, tasks = stochastic(max_steps=4)  # slippery walks take 8 transitions: every rollout is cut
-    state = run(col.run_search(tasks))
+    state = run(col.search(tasks))
     batch = col.prepare(state)
     assert batch.stats["truncated_rollouts"] == batch.stats["rollouts"] > 0
     assert batch.stats["phases"][1]["truncated_rollouts"] == batch.stats["phases"][1]["rollouts"]
@@ -314,14 +314,14 @@ def test_truncated_segments_are_flagged_counted_and_bootstrapped_or_terminal():
     assert flagged == expected and flagged
     terminal = Collector(
         col.agent,
-        col.search.model_copy(update={"truncation": None}),
+        col.priority.model_copy(update={"truncation": None}),
         col.critic,
         DirectBranchTd(truncation="terminal"),
         collection_id="s",
         seed=0,
     )
     other = terminal.prepare(state)
-    assert terminal.search.truncation == "terminal"
+    assert terminal.priority.truncation == "terminal"
     moved = [a for a, b in zip(batch.actor, other.actor, strict=True) if a.truncated and a.advantage != b.advantage]
     assert moved  # a truncated leaf counted as terminal (value 0) instead of the critic's prediction
 
@@ -330,7 +330,7 @@ def test_search_and_estimator_share_one_gamma():
     col, _, _ = synthetic()
     est = DirectBranchTd(gamma=0.9)
     c = Collector(col.agent, Selective(phases=PHASES), col.critic, est)
-    assert c.search.gamma == 0.9 and c.search.truncation == "bootstrap"
+    assert c.priority.gamma == 0.9 and c.priority.truncation == "bootstrap"
     with pytest.raises(ValueError, match="differs from the estimator"):
         Collector(col.agent, Selective(phases=PHASES, gamma=0.5), col.critic, est)
 

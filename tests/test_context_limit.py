@@ -67,7 +67,7 @@ def test_an_episode_past_the_context_ends_in_a_truncated_leaf(local_model_server
 
     async def go():  # type: ignore[no-untyped-def]
         try:
-            return await col.run_search(reach_target_tasks(1, seed=2, low=40, high=45))
+            return await col.search(reach_target_tasks(1, seed=2, low=40, high=45))
         finally:
             await policy.aclose()
 

@@ -89,7 +89,7 @@ def test_waves_in_flight_overlap_on_one_worker_thread_and_give_the_in_process_ba
         agent = Agent(CountingPolicy(latency_s=0.01), ReachTarget(), toy_format(), max_steps=6)
         search = Selective(phases=phases, waves_in_flight=2)
         col = Collector(agent, search, ConstantCritic(0.5), execution=execution, collection_id="d", seed=2)
-        return col.prepare(asyncio.run(col.run_search(reach_target_tasks(3, seed=1))))
+        return col.prepare(asyncio.run(col.search(reach_target_tasks(3, seed=1))))
 
     def key(batch):  # type: ignore[no-untyped-def]
         return [(r.tree_id, r.edge_id, r.turn_index, r.completion_ids, round(r.advantage, 12)) for r in batch.actor]

@@ -105,7 +105,7 @@ def collect(search, critic, seed: int, n_tasks: int = 3):
     mdps = MDPS[:n_tasks]
     agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=10)
     col = Collector(agent, search, critic, DirectBranchTd(kappa=0.0), seed=seed)
-    return run(col.run_search([Task(f"t{i}", {"mdp": i}) for i in range(n_tasks)]))
+    return run(col.search([Task(f"t{i}", {"mdp": i}) for i in range(n_tasks)]))
 
 
 def advantage_mse(state, kappa: float | None = 0.0, noise=None, estimator=None) -> float:

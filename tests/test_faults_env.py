@@ -90,7 +90,7 @@ def collect(url: str, mode: str | None):
 
     async def go():
         try:
-            return await col.run_search(TASKS)
+            return await col.search(TASKS)
         finally:
             await policy.aclose()
 

@@ -117,7 +117,7 @@ def test_a_dask_worker_killed_mid_shard_loses_and_duplicates_nothing(local_model
             before = client.run(os.getpid)
             col = make_collector(proxy.url, ex)
             out: dict[str, object] = {}
-            runner = threading.Thread(target=lambda: out.update(state=asyncio.run(col.run_search(tasks))))
+            runner = threading.Thread(target=lambda: out.update(state=asyncio.run(col.search(tasks))))
             runner.start()
             deadline = time.monotonic() + 60
             while not any(client.processing().values()) or proxy.requests < 3:
@@ -131,7 +131,7 @@ def test_a_dask_worker_killed_mid_shard_loses_and_duplicates_nothing(local_model
         assert victim not in after.values()  # the worker really died (the nanny started a new one)
     state = out["state"]
     clean_col = make_collector(local_model_server.url, Execution(max_concurrency=8))
-    clean = asyncio.run(clean_col.run_search(tasks))
+    clean = asyncio.run(clean_col.search(tasks))
     got, want = clean_col.prepare(state), clean_col.prepare(clean)
     assert got.stats["rollouts"] == want.stats["rollouts"] == 16 and got.stats["failed_rollouts"] == 0
     assert rows(got) == rows(want)

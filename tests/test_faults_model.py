@@ -74,7 +74,7 @@ def collector(
 def collect(col: Collector, n_tasks: int = 3):
     async def go():
         try:
-            return await col.run_search(reach_target_tasks(n_tasks, seed=5))
+            return await col.search(reach_target_tasks(n_tasks, seed=5))
         finally:
             await col.agent.policy.aclose()
 

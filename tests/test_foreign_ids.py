@@ -91,9 +91,9 @@ def collect_through(proxy: ForeignIdProxy, kind: str, root: str) -> tuple[Any, B
         collector = cfg.build_collector(agent)
         try:
             with pytest.raises(BadResponses) as stopped:
-                await collector.run_search(tasks, journal)
+                await collector.search(tasks, journal)
             proxy.every = 10**9  # the server is fixed: the rerun runs the stopped rollouts again
-            return stopped.value, collector.prepare(await collector.run_search(tasks, journal))
+            return stopped.value, collector.prepare(await collector.search(tasks, journal))
         finally:
             await policy.aclose()
 

@@ -109,7 +109,7 @@ def test_a_dead_service_fails_the_wave_at_once_instead_of_retrying_every_job(loc
 
         async def go():  # type: ignore[no-untyped-def]
             try:
-                return await col.run_search(reach_target_tasks(10, seed=5))
+                return await col.search(reach_target_tasks(10, seed=5))
             finally:
                 await col.agent.policy.aclose()
 

@@ -59,7 +59,7 @@ def test_every_step_is_a_checkpoint_and_a_replay_runs_no_rollout(tmp_path):
     policy = refusing_policy()
     agent, tasks = cfg.build_agent(policy)
     replayed = CheckpointJournal(cfg)
-    state = asyncio.run(cfg.build_collector(agent).run_search(tasks, replayed))
+    state = asyncio.run(cfg.build_collector(agent).search(tasks, replayed))
     last = [r for r in journal.records if r.kind == "wave"][-1]
     assert same_usage(last.usage, state.usage()) and same_usage(last.phase_usage, state.usage(1))
     # every saved step but the config, the critic's identity, the picture and the export

@@ -325,9 +325,9 @@ def test_the_collector_refuses_a_journal_whose_phase_ends_after_a_missing_wave()
 
     journal = MemoryJournal()
     col, tasks = collector()
-    run(col.run_search(tasks, journal))
+    run(col.search(tasks, journal))
     assert wave_step(1, 3) in journal.steps
     del journal.steps[wave_step(1, 1)]
     col, tasks = collector()
     with pytest.raises(ValueError, match="phase 1 ending after .* waves but holds only its first 1"):
-        run(col.run_search(tasks, journal))
+        run(col.search(tasks, journal))

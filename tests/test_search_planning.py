@@ -110,14 +110,14 @@ def test_a_wave_holds_wave_size_half_rollouts_of_transitions() -> None:
     ``wave_unit="jobs"`` plans ``wave_size`` jobs."""
     col, tasks = collection("selective", 0)
     state = run(col.run_evidence(tasks))
-    half = state.calibration(col.search).mean_leaf_transitions / 2
-    cont = col.search.phases[1]
-    plan = plan_wave(state, col.search, 1, 0)
+    half = state.calibration(col.priority).mean_leaf_transitions / 2
+    cont = col.priority.phases[1]
+    plan = plan_wave(state, col.priority, 1, 0)
     fill = cont.wave_size * half
     assert fill < (cont.transitions or 0)  # the wave, not the budget, ends the plan
     assert sum(plan.expected[:-1]) < fill <= sum(plan.expected)
-    by_jobs = col.search.model_copy(
-        update={"phases": tuple(p.model_copy(update={"wave_unit": "jobs"}) for p in col.search.phases)}
+    by_jobs = col.priority.model_copy(
+        update={"phases": tuple(p.model_copy(update={"wave_unit": "jobs"}) for p in col.priority.phases)}
     )
     assert len(plan_wave(state, by_jobs, 1, 0).jobs) == cont.wave_size
 
@@ -134,7 +134,7 @@ def jobs(plan):  # type: ignore[no-untyped-def]
 @pytest.mark.slow
 def test_every_wave_plans_as_from_scratch_and_after_a_pickle_round_trip() -> None:
     col, tasks = collection("selective", 4)
-    other = Uniform(phases=col.search.phases)
+    other = Uniform(phases=col.priority.phases)
     state = run(col.run_evidence(tasks))
     waves = 0
     for p in (1, 2):
@@ -144,8 +144,8 @@ def test_every_wave_plans_as_from_scratch_and_after_a_pickle_round_trip() -> Non
             # another search configuration on the same state must not see this one's ranking
             assert jobs(plan_wave(state, other, p, w)) == jobs(plan_wave(fresh(state), other, p, w))
             assert jobs(col.plan_wave(state, p, w)) == jobs(plan)
-            assert jobs(plan_wave(fresh(state), col.search, p, w)) == jobs(plan)
-            assert jobs(plan_wave(pickle.loads(pickle.dumps(state)), col.search, p, w)) == jobs(plan)
+            assert jobs(plan_wave(fresh(state), col.priority, p, w)) == jobs(plan)
+            assert jobs(plan_wave(pickle.loads(pickle.dumps(state)), col.priority, p, w)) == jobs(plan)
             if plan.empty:
                 break
             state = run(col.run_wave(state, plan))
@@ -220,9 +220,9 @@ def test_a_tree_changed_in_place_is_ranked_again() -> None:
     tree = state.trees[0]
     tree.add_node(0, (), "terminal", steps=0, rollout=tree.rollouts)
     tree.rollouts += 1
-    root = state.facts(0).evidence(col.search, state.calibration(col.search))[0]
+    root = state.facts(0).evidence(col.priority, state.calibration(col.priority))[0]
     assert root.branches == len(tree.root.children) and root.m == len(tree.root.children)
-    assert jobs(col.plan_wave(state, 1, 0)) == jobs(plan_wave(fresh(state), col.search, 1, 0))
+    assert jobs(col.plan_wave(state, 1, 0)) == jobs(plan_wave(fresh(state), col.priority, 1, 0))
 
 
 def test_planning_work_per_wave_follows_the_paths_touched(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,7 +249,7 @@ def test_planning_work_per_wave_follows_the_paths_touched(monkeypatch: pytest.Mo
     assert sorted(builds) == list(range(len(tasks)))  # the first plan ranks every tree once
     w = 1
     refits = 0
-    calibration = state.calibration(col.search)
+    calibration = state.calibration(col.priority)
     while True:
         before = state
         state = run(col.run_wave(state, plan))
@@ -260,7 +260,7 @@ def test_planning_work_per_wave_follows_the_paths_touched(monkeypatch: pytest.Mo
         col.plan_wave(state, 1, w)  # planning the same state again ranks nothing
         if plan.empty:  # the budget is spent: nothing is ranked at all
             break
-        previous, calibration = calibration, state.calibration(col.search)
+        previous, calibration = calibration, state.calibration(col.priority)
         if calibration is not previous:
             # a refit (at a doubling of the waves, once the evidence has doubled too):
             # every tree is ranked again
@@ -300,7 +300,7 @@ def test_the_calibration_is_refitted_only_once_the_evidence_doubled() -> None:
         state = await col.run_evidence(tasks)
         w = 0
         while not (plan := col.plan_wave(state, 1, w)).empty:
-            c = state.calibration(col.search)
+            c = state.calibration(col.priority)
             size = max(k[0] for k, v in state._calibrations.items() if v is c)
             assert state.spread_count(size) == c.noise.spreads
             if not fits or fits[-1] != size:
@@ -326,7 +326,7 @@ def test_a_refit_ranks_as_from_scratch_with_the_edges_segments_taken_over() -> N
     scratch."""
     col, tasks = collection("selective", 1)
     state = run(col.run_evidence(tasks))
-    search = col.search
+    search = col.priority
     old = state.calibration(search)
     facts = state.facts(0)
     first = facts.ranking(search, old, state.seed)

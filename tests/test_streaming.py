@@ -58,18 +58,18 @@ def synthetic(
 def test_refill_without_jobs_in_flight_plans_what_a_wave_would():
     col, tasks = synthetic(streaming=False)
     state = run(col.run_evidence(tasks))
-    wave = plan_wave(state, col.search, 1, 0)
-    refill = plan_refill(state, col.search, 1, (), slots=10**6)
+    wave = plan_wave(state, col.priority, 1, 0)
+    refill = plan_refill(state, col.priority, 1, (), slots=10**6)
     assert [f.job for f in refill] == list(wave.jobs) and wave.jobs
-    assert [f.job for f in plan_refill(state, col.search, 1, (), slots=5)] == list(wave.jobs[:5])
-    assert plan_refill(state, col.search, 1, (), slots=0) == ()
+    assert [f.job for f in plan_refill(state, col.priority, 1, (), slots=5)] == list(wave.jobs[:5])
+    assert plan_refill(state, col.priority, 1, (), slots=0) == ()
     with pytest.raises(ValueError, match="evidence phase"):
-        plan_refill(state, col.search, 0, (), slots=4)
+        plan_refill(state, col.priority, 0, (), slots=4)
 
 
 def test_jobs_in_flight_count_toward_branch_limits_budget_and_branch_indices():
     col, tasks = synthetic(streaming=False)
-    search = col.search
+    search = col.priority
     state = run(col.run_evidence(tasks))
     first = plan_refill(state, search, 1, (), slots=1)
     (f,) = first
@@ -107,7 +107,7 @@ def test_streaming_collection_respects_budget_and_branch_limits_and_gives_a_vali
     """Grafting after every finished rollout, after a cap's worth, and after three: the
     rollouts finished but not grafted count toward limits and budget like running ones."""
     col, tasks = synthetic(streaming=True, graft=graft)
-    state = run(col.run_search(tasks))
+    state = run(col.search(tasks))
     batch = col.prepare(state)
     ev, cont = batch.stats["phases"]
     assert ev["rollouts"] == 2 * len(tasks) and ev["waves"] == 1
@@ -135,7 +135,7 @@ def test_each_streamed_rollout_is_reproducible_from_its_job():
     """Completion order changes which jobs are planned, not what a job produces: rerun
     every streamed job from its checkpoint's branch state and seed, alone."""
     col, tasks = synthetic(streaming=True, seed=3)
-    state = run(col.run_search(tasks))
+    state = run(col.search(tasks))
     records = [(ti, r) for ti, t in enumerate(state.trees) for r in t.log if r.phase == 1]
     assert records
 
@@ -159,7 +159,7 @@ def test_streaming_mode_refuses_what_it_cannot_honour():
     phases = (PHASES[0], Phase("continue", transitions=10, max_waves=2))
     col, tasks = synthetic(streaming=True, phases=phases)
     with pytest.raises(ValueError, match="max_waves"):
-        run(col.run_search(tasks))
+        run(col.search(tasks))
 
 
 class _Crashing(Execution):

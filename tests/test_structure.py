@@ -195,8 +195,8 @@ def test_no_function_over_80_lines():
 def test_the_collection_path_is_small_and_has_one_loop():
     lines = {p: len((ROOT / p).read_text().splitlines()) for p in COLLECTION_PATH}
     assert sum(lines.values()) <= MAX_COLLECTION_PATH_LINES, lines
-    # the phase and wave loops are the collector's: the path calls run_search, once
-    calls = [p for p in COLLECTION_PATH if "run_search(" in (ROOT / p).read_text()]
+    # the phase and wave loops are the collector's: the path calls Collector.search, once
+    calls = [p for p in COLLECTION_PATH if "collector.search(" in (ROOT / p).read_text()]
     assert calls == ["tasks/collect.py"], calls
     for p in COLLECTION_PATH:
         tree = ast.parse((ROOT / p).read_text())

@@ -102,7 +102,7 @@ def collector(policy_cls=SyntheticPolicy) -> tuple[Collector, list[Task]]:  # ty
 
 def test_retries_the_client_reports_reach_the_statistics():
     col, tasks = collector(RetriedPolicy)
-    state = run(col.run_search(tasks))
+    state = run(col.search(tasks))
     stats = col.prepare(state).stats
     usage = state.usage()
     assert usage.retried_calls > 0 and usage.retries == usage.retried_calls == dict(usage.retry_causes)["timeout"]
@@ -126,7 +126,7 @@ def test_running_totals_equal_a_full_recount_wave_after_wave():
             if figures := tally.step(step, value):
                 seen.append(figures)
 
-    state = run(col.run_search(tasks, Tallied()))
+    state = run(col.search(tasks, Tallied()))
     checked = len(seen)
     last = seen[-1]
     assert last["usage"].rollouts == state.usage().rollouts and last["usage"].transitions == state.usage().transitions

@@ -21,11 +21,11 @@ from tests.test_search_planning import PINNED, collection, digest, jobs
 def test_a_wave_chosen_a_slice_at_a_time_is_plan_nexts() -> None:
     col, tasks = collection("selective", 0)
     state = run(col.run_evidence(tasks))
-    assert plan_begin(state, col.search, 0) is None  # the evidence: planned whole
+    assert plan_begin(state, col.priority, 0) is None  # the evidence: planned whole
     waves = 0
     while True:
-        want = plan_next(state, col.search, 1)
-        choice = plan_begin(state, col.search, 1)
+        want = plan_next(state, col.priority, 1)
+        choice = plan_begin(state, col.priority, 1)
         assert choice is not None
         got: list = []  # type: ignore[type-arg]
         while not choice.done:
@@ -37,7 +37,7 @@ def test_a_wave_chosen_a_slice_at_a_time_is_plan_nexts() -> None:
         plan = chosen.planned[-1]
         assert jobs(plan) == jobs(want.planned[-1]) and plan.expected == want.planned[-1].expected
         assert list(plan.jobs) == got
-        assert plan_begin(chosen, col.search, 1) is None  # waves_in_flight planned
+        assert plan_begin(chosen, col.priority, 1) is None  # waves_in_flight planned
         state = run(col.run_wave(state, plan))
         waves += 1
     assert waves >= 3
@@ -54,7 +54,7 @@ def test_waves_started_one_job_at_a_time_give_the_pinned_batch(kind: str, monkey
 def test_a_feed_runs_its_jobs_as_they_come_and_returns_them_in_plan_order() -> None:
     col, tasks = collection("selective", 0)
     state = run(col.run_evidence(tasks))
-    plan = plan_next(state, col.search, 1).planned[-1]
+    plan = plan_next(state, col.priority, 1).planned[-1]
     assert len(plan.jobs) >= 3
 
     async def go() -> tuple[list, list, list]:  # type: ignore[type-arg]

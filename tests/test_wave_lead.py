@@ -101,7 +101,7 @@ def test_every_wave_is_the_greedy_over_every_view_and_starts_with_its_lead(
     if always_lead:  # a lead at every wave, not only where the calibration is to be fitted: the same plans
         monkeypatch.setattr(SearchState, "calibrated", lambda self, search: False)
     col, tasks = many_tasks(waves_in_flight)
-    search = col.search
+    search = col.priority
     state = run(col.run_evidence(tasks))
     fits = []
     noise_model = focus.calibration.noise_model
@@ -160,11 +160,11 @@ def test_every_wave_is_the_greedy_over_every_view_and_starts_with_its_lead(
 def test_without_exploration_the_first_slice_ranks_as_before() -> None:
     col, tasks = many_tasks(1, tasks=12, explore=0.0)
     state = run(col.run_evidence(tasks))
-    choice = plan_begin(state, col.search, 1)
+    choice = plan_begin(state, col.priority, 1)
     assert choice is not None
     got = plan_choose(choice, 3)
     assert len(got) == 3 and not choice.ranks_next
-    want = reference_wave(state, col.search, 1)
+    want = reference_wave(state, col.priority, 1)
     assert [(j.tree_index, j.node_id, j.branch) for j in got] == [w[:3] for w in want[:3]]
 
 

@@ -77,7 +77,7 @@ def _collector(execution: Execution, critic_cls: type, waves_in_flight: int) -> 
 
 def _collect(col: Collector, tasks: list[Task]) -> tuple[Any, dict[Any, Any]]:
     journal = MemoryJournal()
-    state = run(col.run_search(tasks, journal))
+    state = run(col.search(tasks, journal))
     return col.prepare(state), journal.steps
 
 
@@ -129,9 +129,9 @@ def test_graft_tree_and_score_tree_make_the_state_graft_and_with_predictions_mak
 
         async def go() -> tuple[Any, Any, list[Any]]:
             state = await col.run_evidence(tasks)
-            state = plan_ahead(state, col.search, 1)
+            state = plan_ahead(state, col.priority, 1)
             state = await col.score((await col.land(state, col.launch(state.planned[0])))[0])
-            state = plan_ahead(state, col.search, 1)
+            state = plan_ahead(state, col.priority, 1)
             plan = state.planned[0]
             return state, plan, await Execution(max_concurrency=4).run(col.agent, list(plan.jobs))
 
@@ -140,7 +140,7 @@ def test_graft_tree_and_score_tree_make_the_state_graft_and_with_predictions_mak
     col, state, plan, rollouts = wave()
     _, twin, twin_plan, twin_rollouts = wave()
     assert twin_plan.jobs == plan.jobs and [r.pieces for r in twin_rollouts] == [r.pieces for r in rollouts]
-    search = col.search
+    search = col.priority
     whole = graft(state, plan, rollouts, "continue", 1.25)
     preds = run(col.predict(whole))
     whole = with_predictions(whole, preds)
@@ -182,7 +182,7 @@ def test_parts_of_another_tree_or_wave_are_refused() -> None:
     col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
 
     async def go() -> tuple[Any, Any, list[Any]]:
-        state = plan_ahead(await col.run_evidence(tasks), col.search, 1)
+        state = plan_ahead(await col.run_evidence(tasks), col.priority, 1)
         plan = state.planned[0]
         return state, plan, await Execution(max_concurrency=4).run(col.agent, list(plan.jobs))
 
@@ -193,7 +193,7 @@ def test_parts_of_another_tree_or_wave_are_refused() -> None:
         graft_tree(state, plan, ti, own[:-1])
     part = graft_tree(state, plan, ti, own)
     with pytest.raises(ValueError, match="given to tree"):
-        score_tree(state, col.search, part, {(ti + 1, 0): (0.0, None)})
+        score_tree(state, col.priority, part, {(ti + 1, 0): (0.0, None)})
     other = next(t for t in range(len(state.trees)) if t != ti)
     with pytest.raises(ValueError, match="another wave or tree"):
         graft(state, plan, rollouts, "continue", 0.0, ahead={other: part})
@@ -218,7 +218,7 @@ def test_an_execution_that_returns_a_wave_whole_reports_its_jobs_at_the_end() ->
     col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
 
     async def go() -> tuple[list[Any], list[tuple[int, Any]], list[tuple[int, Any]]]:
-        state = plan_ahead(await col.run_evidence(tasks), col.search, 1)
+        state = plan_ahead(await col.run_evidence(tasks), col.priority, 1)
         jobs = list(state.planned[0].jobs)
         whole: list[tuple[int, Any]] = []
         each: list[tuple[int, Any]] = []
@@ -242,7 +242,7 @@ def test_the_calibration_reads_the_parts_the_tail_computed() -> None:
     from focus.noise_rows import coefficients, collect, joined, tree_rows
 
     col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
-    search = col.search
+    search = col.priority
     state = run(col.run_evidence(tasks))
     assert len(state.waves) == 1
     g, rule = search.discount, search.truncation_rule

@@ -74,7 +74,7 @@ def key(batch):  # type: ignore[no-untyped-def]
 
 def test_a_wave_planned_ahead_counts_the_running_ones_as_pending():
     col, tasks = collector(3)
-    search = col.search
+    search = col.priority
     state = run(col.run_evidence(tasks))
     ahead = plan_ahead(state, search, 1)
     assert [p.wave_index for p in ahead.planned] == [0, 1, 2] and ahead.trees is state.trees
@@ -103,13 +103,13 @@ def test_the_collection_is_the_same_whatever_order_rollouts_finish_in():
         batches = []
         for _ in range(2):
             col, tasks = collector(ahead, spread_s=0.002)
-            batches.append(col.prepare(run(col.run_search(tasks))))
+            batches.append(col.prepare(run(col.search(tasks))))
         still, _ = collector(ahead)
-        assert key(batches[0]) == key(batches[1]) == key(still.prepare(run(still.run_search(tasks))))
+        assert key(batches[0]) == key(batches[1]) == key(still.prepare(run(still.search(tasks))))
     # planning ahead plans differently from a barrier (else it would be pointless to test)
     a, tasks = collector(1)
     b, _ = collector(2)
-    assert key(a.prepare(run(a.run_search(tasks)))) != key(b.prepare(run(b.run_search(tasks))))
+    assert key(a.prepare(run(a.search(tasks)))) != key(b.prepare(run(b.search(tasks))))
 
 
 def test_the_next_wave_runs_while_the_oldest_is_grafted_and_scored():
@@ -145,7 +145,7 @@ def test_the_next_wave_runs_while_the_oldest_is_grafted_and_scored():
 
 def test_replay_rebuilds_the_live_state_with_its_planned_waves():
     col, tasks = collector(2)
-    search = col.search
+    search = col.priority
 
     async def live():  # type: ignore[no-untyped-def]
         state = await col.run_evidence(tasks)

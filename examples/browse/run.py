@@ -63,7 +63,7 @@ async def collect(url: str, args: argparse.Namespace, progress: common.Progress)
     collector = make_collector(url, corpus, args, progress)
     progress.doing = f"collecting on {len(tasks)} questions"
     try:
-        state = await collector.run_search(tasks)
+        state = await collector.search(tasks)
     finally:
         await collector.agent.policy.aclose()
     progress.doing = "writing the batch"

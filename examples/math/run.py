@@ -99,7 +99,7 @@ async def collect(config: MathConfig, url: str, progress: common.Progress | None
     if progress is not None:
         progress.doing = f"collecting on {len(tasks)} problems"
     try:
-        state = await collector.run_search(tasks)
+        state = await collector.search(tasks)
     finally:
         await collector.agent.policy.aclose()
     batch = collector.prepare(state.trees)
