@@ -67,6 +67,10 @@ def test_stepwise_api_matches_collect_and_is_deterministic():
 
     state = run(steps())
     assert batch_key(col.prepare(state.trees)) == batch_key(whole)
+    # the user's guide's two steps: search, look at the trees, then prepare
+    searched = run(synthetic()[0].search(tasks))
+    assert sum(len(t.nodes) for t in searched.trees) > len(tasks)
+    assert batch_key(col.prepare(searched)) == batch_key(whole)
     assert batch_key(run(synthetic(seed=0)[0].collect(tasks))) == batch_key(whole)
     assert batch_key(run(synthetic(seed=1)[0].collect(tasks))) != batch_key(whole)
 
