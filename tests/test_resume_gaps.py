@@ -34,6 +34,7 @@ from focus.synthetic import SHAPES, SyntheticEnv, SyntheticPolicy, synthetic_for
 from focus.testing import run
 from storage import BatchExistsError, BatchStore, CheckpointStore, CorruptDataError
 from storage.lease import Lease
+from storage.manifest import Manifest
 from tasks.config import load_config
 from tasks.gaps import Gap, find_gap
 
@@ -66,13 +67,17 @@ def config(root: str, url: str):  # type: ignore[no-untyped-def]
     )
 
 
-@pytest.fixture(scope="module")
-def finished(local_model_server, tmp_path_factory):
+def run_finished(server_url: str, tmp_path_factory) -> tuple[Path, Batch, Manifest]:
     """(store folder, batch, its manifest) of the collection run once, uninterrupted."""
     root = tmp_path_factory.mktemp("finished") / "store"
-    out = run_collect(config(str(root), local_model_server.url))
+    out = run_collect(config(str(root), server_url))
     store = BatchStore(str(root))
     return root, store.read(out["batch_url"]), store.manifest(out["batch_url"])
+
+
+@pytest.fixture(scope="module")
+def finished(local_model_server, tmp_path_factory):
+    return run_finished(local_model_server.url, tmp_path_factory)
 
 
 def copy_without(finished, tmp_path: Path, *names: str, batch: bool = False) -> Path:

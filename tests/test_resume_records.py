@@ -26,10 +26,9 @@ from pathlib import Path
 import pytest
 from fixtures.journal import Stopped, run_collect
 from fixtures.prefect import base_env, free_port
-from test_resume_gaps import CID, assert_finished_batch, config, copy_without
+from test_resume_gaps import CID, assert_finished_batch, config, copy_without, run_finished
 
 from flows.errors import exit_code, one_line
-from storage import BatchStore
 from tasks.fingerprint import CRITIC_KEY
 from tasks.gaps import RecordMissing
 from tasks.journal import CheckpointJournal
@@ -44,11 +43,8 @@ EXPORT = ("n-export-w00000.manifest.json", "n-export-w00000.*.pkl")
 
 @pytest.fixture(scope="module")
 def finished(local_model_server, tmp_path_factory):
-    """(store folder, batch, its manifest) of ``tests/test_resume_gaps.py``'s collection, run once."""
-    root = tmp_path_factory.mktemp("finished") / "store"
-    out = run_collect(config(str(root), local_model_server.url))
-    store = BatchStore(str(root))
-    return root, store.read(out["batch_url"]), store.manifest(out["batch_url"])
+    """``tests/test_resume_gaps.py``'s collection, run once."""
+    return run_finished(local_model_server.url, tmp_path_factory)
 
 
 def contents(root: Path) -> dict[str, str]:
