@@ -82,7 +82,7 @@ REGISTRY: tuple[Benchmark, ...] = (
         (
             "--families", "decisive,heavy_tail,truncated", "--budgets", "2,6",
             "--critics", "noise_1,noise_3,constant,biased,early_late", "--methods", "grpo,uniform,selective",
-            "--seeds", "2",
+            "--seeds", "8",
         ),
         ("--quick", "--families", "decisive", "--budgets", "2", "--critics", "biased,constant", "--jobs", "1"),
         timeout_s=5400,
