@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from storage import BatchExistsError, StorageError
+from storage import BatchExistsError, CorruptDataError, StorageError
 from tasks.fingerprint import CRITIC_KEY
 
 if TYPE_CHECKING:
@@ -246,7 +246,13 @@ def load_record(journal: CheckpointJournal, key: Key) -> Any | None:
     against the wrong record: :class:`RecordMissing`, unless it is the critic's and
     another critic is allowed (``allow_policy_change``: the current one's identity is
     saved, with one warning line)."""
-    value = journal.load(key)
+    try:
+        value = journal.load(key)
+    except CorruptDataError as e:  # its advice, to compute the step again, is a step's: a record is restored
+        raise RecordMissing(
+            f"collection {journal.cid}: its {RECORDS[key]} is damaged ({str(e).split('; ')[0]}); restore it from "
+            "where the store came from, or collect under a new collection id"
+        ) from e
     if value is not None:
         return value
     critic = key == CRITIC_KEY

@@ -95,6 +95,22 @@ def test_a_record_missing_beside_saved_steps_stops_the_rerun_in_one_line(
     assert out["stats"]["steps_reused"] == 12  # the configuration check and the 11 steps of the search
 
 
+@pytest.mark.parametrize("record", ["config", "critic"])
+def test_a_damaged_record_says_to_restore_it_not_to_compute_it_again(record, finished, local_model_server, tmp_path):
+    """A record's data file garbled (its manifest kept): the store's own line would say
+    to remove the manifest and rerun to compute it again, which for a record leads to the
+    missing-record line; the rerun says to restore it, and removes nothing."""
+    root = copy_without(finished, tmp_path, *EXPORT)
+    (data,) = (root / "checkpoints" / CID).glob(MANIFESTS[record].replace(".manifest.json", ".*.pkl"))
+    data.write_bytes(b"garbled" + data.read_bytes()[7:])
+    before = contents(root)
+    line = refusal(root, local_model_server.url)
+    what = {"config": "configuration record", "critic": "critic-identity record"}[record]
+    assert f"collection {CID}: its {what} is damaged (file://{data}: " in line, line
+    assert "checksum differs" in line and "restore it" in line and "compute it again" not in line, line
+    assert contents(root) == before
+
+
 def test_a_finished_collection_without_its_configuration_record_is_refused(finished, local_model_server, tmp_path):
     """The batch is there and checks out: a rerun used to save the configuration it met
     and report the old batch as that configuration's. Now it stops the same way."""
