@@ -1,6 +1,6 @@
 """Gradient quality: how well one batch's policy gradient points along the true one (issue 32).
 
-With a KL cap per update (``learning.TRAINER``'s ``target_kl``) every update moves the
+With a KL cap per update (``learning.ADAM_TRAINER``'s ``target_kl``) every update moves the
 policy by about the same amount, so a better batch can help only through the direction
 of its update. This measures that direction at the learning benchmark's settings: for a
 task and seed it collects, at the initial policy (or after one GRPO update:
@@ -20,7 +20,7 @@ sum of the halves), the batch's transitions, and the halves' cosine with each ot
 ``sqrt(2c / (1 + c))`` for halves at cosine ``c`` under isotropic noise, so every
 figure understates a batch's cosine with the truth by about that factor, the same for
 both methods). With ``--update`` also the cosine of the trainer's own update on the
-batch (``learning.TRAINER``: several Adam epochs under the KL bound; the parameter change,
+batch (``learning.ADAM_TRAINER``: several Adam epochs under the KL bound; the parameter change,
 undone after) with the reference's ascent direction, and its gain on the reference
 (``surrogate_sum`` per rollout: the first-order change of the mean return the update
 buys, in reward units; heavy-tailed where an update moves a few tokens' ratios far
@@ -54,7 +54,7 @@ from focus.batch import Batch
 #: returns, not divided by each task's spread, as the reference's are: tells GRPO's
 #: noise from its weighting of tasks.
 METHODS = ("focus", "grpo", "grpo-centred")
-#: Update rules ``--trainers`` can measure on the same batches, each ``learning.TRAINER``
+#: Update rules ``--trainers`` can measure on the same batches, each ``learning.ADAM_TRAINER``
 #: with these fields changed (``focus.train_local.UpdateConfig``; the same for every method):
 #: ``adam`` is the learning benchmark's; ``adam-fullbatch`` accumulates the whole batch's
 #: gradient into each Adam step (up to 8 steps); ``adam-1epoch`` one pass of minibatches
@@ -196,11 +196,11 @@ async def measure_seed(
 
     await asyncio.to_thread(server.reload, DEFAULT_WEIGHTS)
     domain = learning.DOMAINS[task]()
-    trainer = PolicyTrainer(None, UpdateConfig(seed=seed, **learning.TRAINER))
+    trainer = PolicyTrainer(None, UpdateConfig(seed=seed, **learning.ADAM_TRAINER))
     trainers = {
         name: trainer
         if name == "adam"
-        else PolicyTrainer(None, UpdateConfig(seed=seed, **{**learning.TRAINER, **TRAINERS[name]}))
+        else PolicyTrainer(None, UpdateConfig(seed=seed, **{**learning.ADAM_TRAINER, **TRAINERS[name]}))
         for name in args.trainers
     }
     agent = domain.make_agent(server.url)
@@ -454,7 +454,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "command": "python -m benchmarks.gradient_quality " + " ".join(sys.argv[1:] if argv is None else argv),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "trainer": learning.TRAINER,
+        "trainer": learning.ADAM_TRAINER,
         "table": lines,
         **({"trainers": {t: TRAINERS[t] for t in args.trainers}, "trainer_table": by_trainer} if by_trainer else {}),
         "rows": rows,

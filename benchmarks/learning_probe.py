@@ -218,7 +218,7 @@ async def probe(
     from focus.train_local import PolicyTrainer, UpdateConfig, evaluate, train_iteration
 
     method, _, change = variant.partition(":")
-    options = dict(learning.TRAINER)
+    options = dict(learning.ADAM_TRAINER)
     if change.startswith("weights="):
         options["segment_weights"] = change.split("=")[1]
     await asyncio.to_thread(server.reload, DEFAULT_WEIGHTS)

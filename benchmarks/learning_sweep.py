@@ -175,7 +175,7 @@ def run(args: Any, options: dict[str, Any], sizes: Any, seeds: Sequence[int]) ->
     """Every (setting, task) as one job of ``benchmarks.learning._task_worker`` in a pool
     of ``args.jobs``; each setting's finished runs go to ``<out>/<label>/runs.jsonl``
     as they finish and everything to ``<out>/sweep.json``."""
-    from benchmarks.learning import _task_worker, size_options
+    from benchmarks.learning import _task_worker, given_options, size_options, task_trainer
 
     settings = parse_sweep(args.sweep)
     out = Path(args.out)
@@ -187,7 +187,8 @@ def run(args: Any, options: dict[str, Any], sizes: Any, seeds: Sequence[int]) ->
         partial = folder / "runs.jsonl"
         partial.unlink(missing_ok=True)
         for name in args.tasks:
-            jobs.append((name, sizes, seeds, args.methods, not args.quiet, {**options, **s}, partial))
+            own = task_trainer(name, options, {**given_options(args), **s})
+            jobs.append((name, sizes, seeds, args.methods, not args.quiet, own, partial))
             where.append(i)
     by_setting: list[list[dict[str, Any]]] = [[] for _ in settings]
     if args.jobs <= 1:

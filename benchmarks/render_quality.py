@@ -287,6 +287,8 @@ def learning(f: dict[str, Any]) -> str:
     share = ("never" if v["judged_tasks"] else "n/a") if v["median_share"] is None else f"{v['median_share']:.2f}"
     sizes = f["sizes"]
     trainer = ", ".join(f"{k} {val}" for k, val in f["trainer"].items())
+    for task, changed in f.get("trainer_per_task", {}).items():
+        trainer += f"; {task}: " + ", ".join(f"{k} {val}" for k, val in changed.items())
     return "\n\n".join(
         [
             f"Seeds {each(f['seeds'])}; per task {sizes['iterations']} iterations x {sizes['tasks']} tasks, "

@@ -118,6 +118,22 @@ def test_size_options_shrink_the_batches_and_are_recorded():
         sizes_of(_parser().parse_args(["--tasks-per-iteration", "0"]))
 
 
+def test_each_task_trains_at_its_own_step_and_the_command_line_wins():
+    from benchmarks.learning import TASK_TRAINER, TRAINER, per_task_changes, task_trainer
+
+    # the long reach's step differs from the rest (both methods were best at 0.1 there)
+    assert task_trainer("long-reach", TRAINER, {})["target_kl"] == TASK_TRAINER["long-reach"]["target_kl"] != (
+        TRAINER["target_kl"]
+    )
+    assert task_trainer("toy", TRAINER, {}) == TRAINER
+    # --set is over every task's own step, so a run at one setting is one setting everywhere
+    given = {"target_kl": 0.05}
+    options = {**TRAINER, **given}
+    assert task_trainer("long-reach", options, given)["target_kl"] == 0.05
+    assert per_task_changes(["toy", "long-reach"], options, given) == {}
+    assert per_task_changes(["toy", "long-reach"], TRAINER, {}) == {"long-reach": TASK_TRAINER["long-reach"]}
+
+
 def test_assemble_keeps_the_seeds_every_method_finished(tmp_path):
     from benchmarks import learning
 
