@@ -38,7 +38,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from focus.backends.http import HttpPolicy
+from focus.backends.http_policy import HttpPolicy
 from focus.backends.outage import CONSOLE, OVER, OutageGate, OutageTotals
 from focus.backends.routing import Router, TreeRouter
 from focus.policy import BadResponse, Completion, Policy, SamplingParams, ServiceUnavailable

@@ -36,8 +36,8 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import aiohttp
 import httpx
@@ -67,16 +67,13 @@ from focus.backends.wire import snippet as _snippet
 from focus.backends.wire import text as _text
 from focus.policy import (
     BadResponse,
-    Completion,
     ContextLimit,
-    Policy,
     PolicyError,
-    SamplingParams,
     ServiceUnavailable,
     UnreadableAnswers,
 )
 
-__all__ = ["HttpClient", "HttpConfig", "HttpPolicy", "MalformedResponse", "RetryPolicy"]
+__all__ = ["HttpClient", "HttpConfig", "MalformedResponse", "RetryPolicy"]
 
 T = TypeVar("T")
 
@@ -242,7 +239,7 @@ class HttpClient:
         Await it. ``body`` is encoded when it is called, and not kept while the call is
         in flight: a body holds a list of every prompt id, and each of the 64-256 calls
         in flight would otherwise be one more large young container for every garbage
-        collection to walk (pass it straight in, as :meth:`HttpPolicy.sample` does, not
+        collection to walk (pass it straight in, as :meth:`~focus.backends.http_policy.HttpPolicy.sample` does, not
         from a local); and a plain function returning the call's coroutine is one
         coroutine fewer per call than an ``async def`` awaiting it."""
         content = None if body is None else _encode(body).encode()
@@ -538,63 +535,3 @@ class HttpClient:
             await wire.sender.aclose()
         except RuntimeError:  # made on a loop that is gone; nothing left to release
             pass
-
-
-class HttpPolicy(Policy):
-    """A policy behind one HTTP endpoint of a model server.
-
-    Subclasses name the endpoint (``path``), build the request (:meth:`request_body`)
-    and parse the answer (:meth:`parse`, raising :class:`MalformedResponse` on an answer
-    that cannot be trusted, and setting the completion's ``policy_version`` to the
-    version the server reports); sending with retries, following that version and
-    closing the connections are the same for every server. Every completion carries its
-    :class:`~focus.backends.retry.CallRecord` in ``meta["http"]``. Only seeded requests
-    are hedged: both copies then sample the same tokens, so taking the faster one
-    changes nothing but the wait.
-    """
-
-    path: ClassVar[str]
-    http: HttpClient
-
-    @property
-    def url(self) -> str:
-        return f"{self.http.base_url}{self.path}"
-
-    def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def parse(self, data: Any) -> Completion:
-        raise NotImplementedError
-
-    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        self.check_prompt(prompt_ids)
-        completion, record = await self.http.call(  # the body straight in: not kept in flight (call())
-            "POST",
-            self.path,
-            self.request_body(prompt_ids, params),
-            self.parse,
-            hedge=params.seed is not None,
-            size=params.max_tokens,
-        )
-        if completion.policy_version:
-            self.policy_version = completion.policy_version
-        completion.meta["http"] = record  # meta is the parser's own new dict
-        return completion
-
-    #: Where the server names the weights it serves (``GET``), and how to read it.
-    version_path: ClassVar[str]
-
-    @staticmethod
-    def parse_version(data: Any) -> str | None:
-        raise NotImplementedError
-
-    async def served_version(self) -> str | None:
-        """The weights version the server says it serves (None when it does not say)."""
-        return await self.http.request("GET", self.version_path, None, self.parse_version, hedge=False)
-
-    def stats(self) -> dict[str, Any]:
-        """The HTTP client's totals in this process (:meth:`HttpClient.stats`)."""
-        return self.http.stats()
-
-    async def aclose(self) -> None:
-        await self.http.aclose()

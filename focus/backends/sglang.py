@@ -17,7 +17,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from focus.backends.http import HttpClient, HttpConfig, HttpPolicy, MalformedResponse
+from focus.backends.http import HttpClient, HttpConfig, MalformedResponse
+from focus.backends.http_policy import HttpPolicy
 from focus.backends.openai_compat import aborted
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, SamplingParams
