@@ -37,13 +37,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from focus.backups import (
     Refined,
-    Segment,
     TreeValues,
     child_variances,
     node_value,
     refine,
-    reward_and_k,
-    segment,
     settle_children,
     tree_values,
     value_influence,
@@ -56,6 +53,7 @@ from focus.noise import (
     leaf_value,
     noise_model,
 )
+from focus.segments import Segment, reward_and_k, segment
 from focus.tree import Edge, Tree
 
 __all__ = [

@@ -20,7 +20,7 @@ from focus.agent import BranchState, derive_seed
 from focus.calibration import Counts, tree_counts
 from focus.calibration import mean_leaf_transitions as leaf_mean
 from focus.env import Task
-from focus.estimation import segment
+from focus.estimation import Segment, segment
 from focus.noise_rows import Checkpoint, tree_rows
 from focus.priority import Calibration, NodeEvidence, Priority, exploration_rate, explore_draw
 from focus.ranking import Entry, TreeRanking, tie
@@ -356,20 +356,29 @@ class _TreeFacts:
         if exploration_rate(search, 0.0) > 0:
             _ = self.draws
         self.counts(search.truncation_rule)
-        if scored:
-            self.noise_rows(search.discount, search.truncation_rule)
-        if seed is not None and self.rank is None and not self._ahead:
+        if seed is not None and self.rank is None and ("ties", seed) not in self._ahead:
             tree, g = self.tree, search.discount
-            self._ahead[("segments", g)] = {i: segment(e, g) for i, e in tree.edges.items()}
+            segs = self._ahead.setdefault(("segments", g), {})
+            segs.update((i, segment(e, g)) for i, e in tree.edges.items() if i not in segs)
             self._ahead[("ties", seed)] = {
                 n.id: (len(n.children), tie(seed, self.index, n.id, len(n.children))) for n in tree.checkpoints()
             }
+        if scored:
+            self.noise_rows(search.discount, search.truncation_rule)
 
     def noise_rows(self, gamma: float, truncation: str) -> list[Checkpoint]:
-        """The tree's rows of the noise fit (:func:`focus.noise_rows.tree_rows`)."""
+        """The tree's rows of the noise fit (:func:`focus.noise_rows.tree_rows`), on the
+        edge segments its ranking holds at ``gamma`` (or, before its first ranking, those
+        kept for it): an edge's segment is computed once for both."""
         rows = self._rows.get((gamma, truncation))
         if rows is None:
-            rows = self._rows[(gamma, truncation)] = tree_rows(self.tree, gamma, truncation)  # type: ignore[arg-type]
+            rank = self.rank
+            if rank is None:
+                segs: dict[int, Segment] | None = self._ahead.setdefault(("segments", gamma), {})
+            else:
+                segs = rank.segments if rank.gamma == gamma else None
+            rows = tree_rows(self.tree, gamma, truncation, None, segs)  # type: ignore[arg-type]
+            self._rows[(gamma, truncation)] = rows
         return rows
 
     @property
