@@ -313,11 +313,14 @@ def tree_values(
     kappa: float | None = None,
     noise: NoiseModel | None = None,
     truncation: Truncation = "bootstrap",
+    segments: Mapping[int, Segment] | None = None,
 ) -> TreeValues:
     """Back values up from the leaves to the root (children before parents).
 
     ``kappa`` fixes the critic's weight at ``κ/(κ+m)``; ``None`` (the default) takes it
     from ``noise``, or from a noise model fitted on this tree alone when none is given.
+    ``segments``: edge segments at ``gamma`` known already (a search's ranking keeps
+    them), taken for the edges they hold instead of made again.
     """
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
@@ -335,7 +338,11 @@ def tree_values(
     mc_sum: dict[int, float] = {}
     mc_n: dict[int, int] = {}
     edges = tree.edges
-    segs = {i: segment(e, gamma) for i, e in edges.items()}
+    known = segments if segments is not None else {}
+    segs = {
+        i: sg if (sg := known.get(i)) is not None and sg.child == e.child else segment(e, gamma)
+        for i, e in edges.items()
+    }
     for node in tree.postorder():
         i = node.id
         if not node.is_leaf:

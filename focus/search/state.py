@@ -238,6 +238,24 @@ class SearchState:
 
         return keep
 
+    def batch_parts(
+        self, gamma: float, truncation: str, rows: bool = True
+    ) -> tuple[list[list[Checkpoint]] | None, list[dict[int, Segment] | None]]:
+        """Each tree's noise rows (:meth:`_TreeFacts.noise_rows`; with ``rows``) and its kept
+        edge segments at ``gamma``: what a batch's noise fit and backups read of the trees,
+        taken from what the search computed (the rows a refit's prefit computed while the
+        last wave ran, the rankings' segments) rather than computed again. The rows leave
+        the facts (read once)."""
+        out: list[list[Checkpoint]] | None = [] if rows else None
+        segs = []
+        for ti in range(len(self.trees)):
+            f = self.facts(ti)
+            if out is not None:
+                out.append(f.noise_rows(gamma, truncation))
+                f._rows.pop((gamma, truncation), None)
+            segs.append(f.segments(gamma))
+        return out, segs
+
     def facts(self, tree_index: int) -> _TreeFacts:
         """Derived facts of one tree, recomputed if its tree object changed."""
         tree = self.trees[tree_index]
@@ -372,14 +390,18 @@ class _TreeFacts:
         kept for it): an edge's segment is computed once for both."""
         rows = self._rows.get((gamma, truncation))
         if rows is None:
-            rank = self.rank
-            if rank is None:
-                segs: dict[int, Segment] | None = self._ahead.setdefault(("segments", gamma), {})
-            else:
-                segs = rank.segments if rank.gamma == gamma else None
-            rows = tree_rows(self.tree, gamma, truncation, None, segs)  # type: ignore[arg-type]
+            rows = tree_rows(self.tree, gamma, truncation, None, self.segments(gamma))  # type: ignore[arg-type]
             self._rows[(gamma, truncation)] = rows
         return rows
+
+    def segments(self, gamma: float) -> dict[int, Segment] | None:
+        """The edge segments at ``gamma`` kept for this tree (some edges' may be missing:
+        a reader adds them): its ranking's, or before its first ranking those kept for
+        it (:meth:`ranking` takes them over); none for a ranking at another γ."""
+        rank = self.rank
+        if rank is None:
+            return self._ahead.setdefault(("segments", gamma), {})  # type: ignore[no-any-return]
+        return rank.segments if rank.gamma == gamma else None
 
     @property
     def unscored(self) -> tuple[int, ...]:
