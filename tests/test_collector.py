@@ -383,6 +383,23 @@ def test_the_heap_stays_frozen_for_the_whole_collection_and_is_released_after():
     assert batch_key(batch) == batch_key(run(unfrozen.collect(tasks)))
 
 
+def test_what_was_made_while_the_heap_was_held_joins_the_oldest_generation_unwalked():
+    """Releasing the heap moves the objects made since the last freeze into the oldest
+    generation, as the frozen ones go, rather than leaving them young for one
+    collection to walk them all once Python's threshold is back."""
+    import gc
+
+    from focus.execution import frozen_heap
+
+    with frozen_heap() as froze:
+        made = [[i] for i in range(5_000)]  # young, tracked, alive
+    more = [[i] for i in range(1_000)]  # past Python's threshold of young allocations again
+    assert froze and gc.get_freeze_count() == 0
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    assert id(made) in oldest and all(id(x) in oldest for x in made)
+    del made, more
+
+
 def test_freeze_gc_off_leaves_the_garbage_collector_alone():
     import gc
 
