@@ -11,7 +11,6 @@ helpers for that copy-on-write live here, with the facts derived from each tree.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -454,7 +453,7 @@ class _TreeFacts:
 
 def copy_tree(tree: Tree) -> Tree:
     """A copy that shares only immutable parts (edges, turns, branch states)."""
-    nodes = {i: dataclasses.replace(n, children=list(n.children)) for i, n in tree.nodes.items()}
+    nodes = {i: _node_copy(n) for i, n in tree.nodes.items()}
     return Tree(tree.task_id, nodes, dict(tree.edges), dict(tree.states), tree.rollouts, list(tree.log))
 
 
@@ -484,9 +483,22 @@ def _own(tree: Tree, node_id: int, owned: set[int]) -> Node:
     """Node ``node_id`` of ``tree`` as a private copy, safe to change."""
     if node_id not in owned:
         node = tree.nodes[node_id]
-        tree.nodes[node_id] = dataclasses.replace(node, children=list(node.children))
+        tree.nodes[node_id] = _node_copy(node)
         owned.add(node_id)
     return tree.nodes[node_id]
+
+
+def _node_copy(node: Node) -> Node:
+    """``dataclasses.replace(node, children=list(node.children))`` without re-running
+    ``__init__`` field by field (``Node`` has no ``__post_init__``): grafting and scoring
+    copy every node they change, about one per transition (1.9 against 0.5 us)."""
+    new = _new(type(node))
+    new.__dict__.update(node.__dict__)
+    new.children = list(node.children)
+    return new
+
+
+_new = object.__new__
 
 
 def _successor(
