@@ -68,6 +68,7 @@ from focus.search import (
     WavePlan,
     WaveRecord,
     graft,
+    last_wave,
     plan_ahead,
     plan_next,
     plan_refill,
@@ -256,6 +257,7 @@ class Collector:
         if tail is not None:
             score = (self.priority, self.critic) if score_ahead and self.critic.row_wise else None
             prefit = self.priority if state.may_refit(self.priority, len(plan.jobs)) else None
+            rank = rank and not last_wave(state, self.priority, plan)  # rankings no plan reads
             await tail.follow(state, launched.task, phase.name, score, prefit, rank)
         rollouts = await launched.task
         check_outage(rollouts, self.execution.max_outage_share)
