@@ -11,8 +11,9 @@ import math
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from focus.noise import NoiseModel, Truncation, first_step_weight, leaf_value, noise_model
-from focus.tree import Edge, Node, Tree, Turn
+from focus.noise import NoiseModel, Truncation, leaf_value, noise_model
+from focus.segments import Segment, segment
+from focus.tree import Node, Tree
 
 
 @dataclass(frozen=True)
@@ -224,54 +225,6 @@ def _backed_up(
     return _refined(value, lam, error, q_bar, tuple(qs), signal, rest, plain / (m * m))
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """What values and rankings read of one segment, computed once per segment (slotted:
-    a ranking keeps one per segment of every tree for the whole collection)."""
-
-    child: int
-    #: r(e) = Σ_i γ^i r_i, γ^{k(e)}, Σ_{i<k} γ^{2i} (first-step weight), k(e), tokens.
-    reward: float
-    discount: float
-    weight: float
-    k: int
-    tokens: int
-
-
-def segment(e: Edge, gamma: float) -> Segment:
-    """The :class:`Segment` of ``e``: its rewards read in one pass over its turns (not one
-    per property), the rest from them; the same numbers as ``e.discounted_reward(gamma)``,
-    ``gamma ** e.k`` and ``e.n_tokens``."""
-    turns = e.turns
-    reward, k = reward_and_k(turns, gamma)
-    seg = _new(Segment)
-    _SEGMENT_SET[0](seg, e.child)
-    _SEGMENT_SET[1](seg, reward)
-    _SEGMENT_SET[2](seg, gamma**k)
-    _SEGMENT_SET[3](seg, first_step_weight(k, gamma))
-    _SEGMENT_SET[4](seg, k)
-    _SEGMENT_SET[5](seg, sum(len(t.completion_ids) for t in turns))
-    return seg
-
-
-def reward_and_k(turns: tuple[Turn, ...], gamma: float) -> tuple[float, int]:
-    """``(Edge.discounted_reward(gamma), Edge.k)`` of a segment with ``turns``, from one
-    list of its rewards: the same sum of the same terms in the same order (with γ = 1
-    each term ``r·1.0`` is ``r`` itself, so the plain sum of the rewards, as a float).
-    Integer rewards sum exactly below 2**53, where their float sum is the same number."""
-    rewards = [t.reward for t in turns if t.transition]
-    if gamma == 1.0:
-        total = sum(rewards)
-        # integer rewards: r·1.0 made each a float, so the sum was one (of the same value)
-        return (float(total) if rewards and type(total) is not float else total), len(rewards)
-    return sum(r * gamma**i for i, r in enumerate(rewards)), len(rewards)
-
-
-#: Each slot's setter, in field order (a frozen slotted class's ``__init__`` goes through
-#: ``object.__setattr__`` per field; a segment is made per edge, in every backup of a batch).
-_SEGMENT_SET = tuple(Segment.__dict__[name].__set__ for name in Segment.__dataclass_fields__)
-
-
 def node_value(
     node: Node,
     segments: Mapping[int, Segment],
@@ -360,11 +313,14 @@ def tree_values(
     kappa: float | None = None,
     noise: NoiseModel | None = None,
     truncation: Truncation = "bootstrap",
+    segments: Mapping[int, Segment] | None = None,
 ) -> TreeValues:
     """Back values up from the leaves to the root (children before parents).
 
     ``kappa`` fixes the critic's weight at ``κ/(κ+m)``; ``None`` (the default) takes it
     from ``noise``, or from a noise model fitted on this tree alone when none is given.
+    ``segments``: edge segments at ``gamma`` known already (a search's ranking keeps
+    them), taken for the edges they hold instead of made again.
     """
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
@@ -382,7 +338,11 @@ def tree_values(
     mc_sum: dict[int, float] = {}
     mc_n: dict[int, int] = {}
     edges = tree.edges
-    segs = {i: segment(e, gamma) for i, e in edges.items()}
+    known = segments if segments is not None else {}
+    segs = {
+        i: sg if (sg := known.get(i)) is not None and sg.child == e.child else segment(e, gamma)
+        for i, e in edges.items()
+    }
     for node in tree.postorder():
         i = node.id
         if not node.is_leaf:

@@ -60,7 +60,6 @@ from focus.journal import (
     unfinished_step,
     wave_step,
 )
-from focus.noise import NoiseModel
 from focus.priority import Priority, Selective
 from focus.search import (
     InFlight,
@@ -69,6 +68,7 @@ from focus.search import (
     WavePlan,
     WaveRecord,
     graft,
+    last_wave,
     plan_ahead,
     plan_next,
     plan_refill,
@@ -77,7 +77,7 @@ from focus.search import (
     unscored,
     with_predictions,
 )
-from focus.statistics import collection_statistics, warn_failures
+from focus.statistics import collection_statistics, noise_model_statistics, warn_failures
 from focus.tree import Tree
 from focus.waves import Landed, Launched, Running, WaveOutcome, WaveTail, launch_choosing, merged_predictions
 from focus.waves import off_loop as _off_loop
@@ -257,6 +257,7 @@ class Collector:
         if tail is not None:
             score = (self.priority, self.critic) if score_ahead and self.critic.row_wise else None
             prefit = self.priority if state.may_refit(self.priority, len(plan.jobs)) else None
+            rank = rank and not last_wave(state, self.priority, plan)  # rankings no plan reads
             await tail.follow(state, launched.task, phase.name, score, prefit, rank)
         rollouts = await launched.task
         check_outage(rollouts, self.execution.max_outage_share)
@@ -540,21 +541,29 @@ class Collector:
         once :meth:`search` lets them go back to the oldest generation, preparing made Python
         walk all of them in a full collection (1.5 s at 100k transitions over 2,000 tasks).
         """
+        est = self.estimator
         with self.execution.frozen_heap():
-            return self._prepare(trees.trees if isinstance(trees, SearchState) else trees)
+            if not isinstance(trees, SearchState):
+                return self._prepare(trees)
+            if type(est).noise is not Estimator.noise or type(est).values is not Estimator.values:
+                return self._prepare(trees.trees)  # an estimator's own fit or backups read the trees alone
+            # the noise rows and edge segments its search computed of the trees, not computed again
+            return self._prepare(trees.trees, *trees.batch_parts(est.gamma, est.truncation, est.kappa is None))
 
-    def _prepare(self, trees: Sequence[Tree]) -> Batch:
+    def _prepare(
+        self, trees: Sequence[Tree], rows: Sequence[Any] | None = None, segments: Sequence[Any] | None = None
+    ) -> Batch:
         est = self.estimator
         version = str(getattr(self.agent.policy, "policy_version", "0"))
         out = BatchBuilder(self.collection_id, self.iteration)
         add_turn, add_checkpoint = out.add_turn, out.add_checkpoint
         excluded = 0
         # the critic's weight is fitted once on the whole collection (empirical Bayes)
-        noise = est.noise(trees) if est.kappa is None else None
+        noise = (est.noise(trees) if rows is None else est.noise(trees, rows)) if est.kappa is None else None
         for ti, tree in enumerate(trees):
             tree_id = f"{tree.task_id}#{ti}"
             task_id = tree.task_id
-            values = est.values(tree, noise)
+            values = est.values(tree, noise) if segments is None else est.values(tree, noise, segments[ti])
             adv = est.advantages(list(tree.edges.values()), values)
             truncated = truncated_segments(tree)
             for e in tree.edges.values():
@@ -570,7 +579,9 @@ class Collector:
                         t.kind, t.prompt_ids, t.completion_ids, t.logprobs, t.loss_mask,
                         a, float(t.reward), t.finish_reason, e.id in truncated,
                     )  # fmt: skip
-            for nid, tgt in sorted(critic_targets(tree, gamma=est.gamma, truncation=est.truncation).items()):
+            for nid, tgt in sorted(
+                critic_targets(tree, gamma=est.gamma, truncation=est.truncation, segments=values.segments).items()
+            ):
                 node = tree.nodes[nid]
                 add_checkpoint(task_id, tree_id, nid, node.context_ids, tgt.target, tgt.weight, node.value)
         stats = self.statistics(trees, excluded_segments=excluded)
@@ -585,15 +596,3 @@ class Collector:
 
 def _wave_name(search: Priority, plan: WavePlan) -> str:
     return f"phase {search.phases[plan.phase_index].name} wave {plan.wave_index}"
-
-
-def noise_model_statistics(noise: NoiseModel) -> dict[str, Any]:
-    """The batch statistics' record of the noise model the estimator used."""
-    return {
-        "step_var_by_depth": list(noise.step_vars),
-        "noise_var_by_depth": list(noise.noise_vars),
-        "critic_var": noise.critic_var if noise.known else None,
-        "residuals": noise.residuals,
-        "spreads": noise.spreads,
-        "repeats": noise.repeats,
-    }

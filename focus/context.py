@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any
 
 from focus.env import Message
 from focus.format import ChatCodec
@@ -72,6 +73,15 @@ class ContextManager(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not compact")
 
 
+def _evolve(ctx: Context, **changes: Any) -> Context:
+    """``dataclasses.replace(ctx, **changes)`` without re-running the frozen class's
+    ``__init__`` field by field (no ``__post_init__``): a rollout extends its context
+    at every step (0.6 against 1.5 us)."""
+    new = object.__new__(type(ctx))
+    new.__dict__.update(ctx.__dict__, **changes)
+    return new
+
+
 def _assistant(completion: Completion, text: str) -> Message:
     return Message("assistant", text, tuple(completion.token_ids))
 
@@ -83,7 +93,7 @@ class AppendOnly(ContextManager):
         self, ctx: Context, codec: ChatCodec, completion: Completion, text: str, observations: Sequence[Message]
     ) -> Context:
         history = ctx.history + (_assistant(completion, text), *observations)
-        return replace(ctx, history=history, prompt_ids=tuple(codec.render(ctx.opening + history)))
+        return _evolve(ctx, history=history, prompt_ids=tuple(codec.render(ctx.opening + history)))
 
 
 class Segments(ContextManager):
@@ -98,7 +108,7 @@ class Segments(ContextManager):
             + tuple(completion.token_ids)
             + tuple(codec.observation_ids(completion.token_ids, observations))
         )
-        return replace(ctx, history=history, prompt_ids=ids)
+        return _evolve(ctx, history=history, prompt_ids=ids)
 
 
 class Summarize(Segments):

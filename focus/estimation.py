@@ -37,13 +37,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from focus.backups import (
     Refined,
-    Segment,
     TreeValues,
     child_variances,
     node_value,
     refine,
-    reward_and_k,
-    segment,
     settle_children,
     tree_values,
     value_influence,
@@ -56,6 +53,8 @@ from focus.noise import (
     leaf_value,
     noise_model,
 )
+from focus.noise_rows import Checkpoint
+from focus.segments import Segment, reward_and_k, segment
 from focus.tree import Edge, Tree
 
 __all__ = [
@@ -104,13 +103,20 @@ class Estimator(BaseModel, abc.ABC):
     #: as terminal (value 0).
     truncation: Truncation = "bootstrap"
 
-    def noise(self, trees: Sequence[Tree]) -> NoiseModel:
-        return noise_model(trees, gamma=self.gamma, truncation=self.truncation)
+    def noise(self, trees: Sequence[Tree], rows: Sequence[Sequence[Checkpoint]] | None = None) -> NoiseModel:
+        """``rows``: each tree's noise rows at this γ and truncation rule, if known
+        (:func:`focus.noise.noise_model`'s; a search state keeps them)."""
+        return noise_model(trees, gamma=self.gamma, truncation=self.truncation, rows=rows)
 
-    def values(self, tree: Tree, noise: NoiseModel | None = None) -> TreeValues:
+    def values(
+        self, tree: Tree, noise: NoiseModel | None = None, segments: Mapping[int, Segment] | None = None
+    ) -> TreeValues:
+        """``segments``: the tree's edge segments at this γ known already (:func:`tree_values`'s)."""
         if noise is None and self.kappa is None:
             noise = self.noise([tree])
-        return tree_values(tree, gamma=self.gamma, kappa=self.kappa, noise=noise, truncation=self.truncation)
+        return tree_values(
+            tree, gamma=self.gamma, kappa=self.kappa, noise=noise, truncation=self.truncation, segments=segments
+        )
 
     @abc.abstractmethod
     def advantages(self, edges: Sequence[Edge], values: TreeValues) -> dict[int, float]:
@@ -183,7 +189,13 @@ class CriticTarget:
     weight: float
 
 
-def critic_targets(tree: Tree, *, gamma: float = 1.0, truncation: Truncation = "bootstrap") -> dict[int, CriticTarget]:
+def critic_targets(
+    tree: Tree,
+    *,
+    gamma: float = 1.0,
+    truncation: Truncation = "bootstrap",
+    segments: Mapping[int, Segment] | None = None,
+) -> dict[int, CriticTarget]:
     """One target per checkpoint: the λ = 0 backup Q̄(n) with weight m(n).
 
     Independent of the actor estimator by construction. A checkpoint with no valid
@@ -195,7 +207,11 @@ def critic_targets(tree: Tree, *, gamma: float = 1.0, truncation: Truncation = "
     value is its plain mean ``Q̄`` (its prediction without a valid child) and a leaf's is
     :func:`leaf_value`'s. That was a second full backup of every tree in
     ``Collector.prepare`` (0.008 ms of 0.038 per transition at 40k transitions).
+    ``segments``: edge segments at ``gamma`` known already (the backup's,
+    :attr:`TreeValues.segments`): a segment's reward and discount are the numbers
+    :func:`reward_and_k` gives.
     """
+    known = segments if segments is not None else {}
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     nodes, edges = tree.nodes, tree.edges
@@ -211,8 +227,12 @@ def critic_targets(tree: Tree, *, gamma: float = 1.0, truncation: Truncation = "
             e = edges[eid]
             vc = value[e.child]
             if vc is not None:
-                reward, k = reward_and_k(e.turns, gamma)
-                qs.append(reward + gamma**k * vc)
+                sg = known.get(eid)
+                if sg is not None and sg.child == e.child:
+                    qs.append(sg.reward + sg.discount * vc)
+                else:
+                    reward, k = reward_and_k(e.turns, gamma)
+                    qs.append(reward + gamma**k * vc)
         if qs:
             q = value[i] = sum(qs) / len(qs)
             out[i] = CriticTarget(i, q, float(len(qs)))

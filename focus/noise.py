@@ -24,11 +24,11 @@ from focus.noise_rows import (
     Checkpoint,
     Truncation,
     coefficients,
-    first_step_weight,
     joined,
     leaf_value,
     tree_rows,
 )
+from focus.segments import first_step_weight
 from focus.tree import Edge, Tree
 
 __all__ = ["DEPTH_BUCKETS", "NoiseModel", "Truncation", "first_step_weight", "leaf_value", "noise_model"]

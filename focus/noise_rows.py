@@ -13,18 +13,13 @@ from typing import Literal
 
 import numpy as np
 
+from focus.segments import Segment, segment
 from focus.tree import Edge, Tree
 
 Truncation = Literal["bootstrap", "terminal"]
 
 #: Depths fitted separately; deeper checkpoints share the last bucket's variances.
 DEPTH_BUCKETS = 32
-
-
-def first_step_weight(k: int, gamma: float) -> float:
-    """``Σ_{i<k} γ^{2i}``: the variance multiplier of a segment's own k transitions."""
-    g2 = gamma * gamma
-    return float(k) if g2 == 1.0 else (1.0 - g2**k) / (1.0 - g2)
 
 
 def leaf_value(kind: str, v_hat: float | None, truncation: Truncation, critic_var: float) -> tuple[float | None, float]:
@@ -62,44 +57,53 @@ class Checkpoint:
     kids: list[tuple[float, float, int, float]]
 
 
-def _action(e: Edge) -> tuple[int, ...]:
-    """A segment's first action: the exact tokens of its first model turn."""
-    return e.turns[0].completion_ids if e.turns else ()
-
-
 def collect(
     tree: Tree,
     gamma: float,
     truncation: Truncation,
     keep: Callable[[Tree, Edge], bool] | None,
     out: list[Checkpoint],
+    segments: dict[int, Segment] | None = None,
 ) -> None:
-    """Append one tree's checkpoints to ``out``, children before parents."""
-    edges = tree.edges
+    """Append one tree's checkpoints to ``out``, children before parents. ``segments``:
+    the tree's edge segments at ``gamma`` (:func:`focus.segments.segment`), if known (a
+    ranking's, or those computed ahead of it); the edges it lacks are added to it. A
+    segment's reward, discount and first-step weight are the numbers
+    ``e.discounted_reward(gamma)``, ``gamma ** e.k`` and ``first_step_weight(e.k, gamma)``."""
+    nodes, edges = tree.nodes, tree.edges
+    segs = segments if segments is not None else {}
     val: dict[int, float | None] = {}
     ref: dict[int, int] = {}
-    for node in tree.postorder():
-        i = node.id
+    boot = truncation == "bootstrap"
+    for i in sorted(nodes, reverse=True):  # children before parents (Tree.postorder)
+        node = nodes[i]
         if node.parent_edge is not None and keep is not None and not keep(tree, edges[node.parent_edge]):
             continue
-        if node.is_leaf:
-            val[i], _ = leaf_value(node.kind, node.value, truncation, 0.0)
-            ref[i] = _CRITIC if node.kind == "truncated" and truncation == "bootstrap" else _EXACT
+        kind = node.kind
+        if kind != "checkpoint":  # leaf_value's value (written out), and the leaf's reference
+            if kind == "terminal" or (kind == "truncated" and truncation == "terminal"):
+                val[i] = 0.0
+            else:
+                val[i] = node.value if kind == "truncated" else None
+            ref[i] = _CRITIC if kind == "truncated" and boot else _EXACT
             continue
         qs: list[float] = []
         kids: list[tuple[float, float, int, float]] = []
         groups: list[int] = []
         index: dict[tuple[int, ...], int] = {}
         for eid in node.children:
-            e = edges[eid]
-            vc = val.get(e.child)
+            sg = segs.get(eid)
+            if sg is None:
+                sg = segs[eid] = segment(edges[eid], gamma)
+            c = sg.child
+            vc = val.get(c)
             if vc is None:
                 continue
-            k = e.k
-            disc = gamma**k
-            qs.append(e.discounted_reward(gamma) + disc * vc)
-            groups.append(index.setdefault(_action(e), len(index)))
-            kids.append((first_step_weight(k, gamma), disc * disc, ref[e.child], 0.0))
+            disc = sg.discount
+            qs.append(sg.reward + disc * vc)
+            turns = edges[eid].turns  # the first action: the exact tokens of its first model turn
+            groups.append(index.setdefault(turns[0].completion_ids if turns else (), len(index)))
+            kids.append((sg.weight, disc * disc, ref[c], 0.0))
         m = len(qs)
         if not m:
             val[i], ref[i] = node.value, _CRITIC
@@ -116,16 +120,21 @@ def collect(
             kids = [(w, d, c, (n - 1) / n) for (w, d, c, _), n in zip(kids, sizes, strict=True)]
         d2 = (node.value - q_bar) ** 2 if node.value is not None else None
         val[i], ref[i] = q_bar, len(out)
-        out.append(Checkpoint(min(node.depth, DEPTH_BUCKETS - 1), node.depth, m, ss, ss_same, d2, node.value, kids))
+        depth = node.depth
+        out.append(Checkpoint(min(depth, DEPTH_BUCKETS - 1), depth, m, ss, ss_same, d2, node.value, kids))
 
 
 def tree_rows(
-    tree: Tree, gamma: float, truncation: Truncation, keep: Callable[[Tree, Edge], bool] | None = None
+    tree: Tree,
+    gamma: float,
+    truncation: Truncation,
+    keep: Callable[[Tree, Edge], bool] | None = None,
+    segments: dict[int, Segment] | None = None,
 ) -> list[Checkpoint]:
     """One tree's rows (:func:`collect` into a list of its own: a child reference is an
     index into this list, which :func:`joined` shifts to the whole collection's)."""
     out: list[Checkpoint] = []
-    collect(tree, gamma, truncation, keep, out)
+    collect(tree, gamma, truncation, keep, out, segments)
     return out
 
 

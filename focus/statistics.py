@@ -13,6 +13,7 @@ from focus.usage import FAILURE_KINDS, Usage, failure_kind, wall_of
 
 if TYPE_CHECKING:
     from focus.agent import Rollout
+    from focus.noise import NoiseModel
     from focus.priority import Phase
     from focus.tree import Tree
 
@@ -82,3 +83,15 @@ def warn_failures(phase: str, wave: int, rollouts: Sequence[Rollout]) -> None:
             ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
             failed[-1],
         )
+
+
+def noise_model_statistics(noise: NoiseModel) -> dict[str, Any]:
+    """The batch statistics' record of the noise model the estimator used."""
+    return {
+        "step_var_by_depth": list(noise.step_vars),
+        "noise_var_by_depth": list(noise.noise_vars),
+        "critic_var": noise.critic_var if noise.known else None,
+        "residuals": noise.residuals,
+        "spreads": noise.spreads,
+        "repeats": noise.repeats,
+    }

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from focus.env import Action, Env, Message, Reset, StepResult, Task
 from focus.format import ActionParser, ByteCodec, ParseError, PolicyFormat
@@ -58,7 +58,7 @@ class ReachTarget(Env):
         digit = _digit(action.text) if action.kind in ("text", "answer") else None
         if digit is None:
             return StepResult(state, "Say one digit 1-9.", 0.0, False, {"invalid_action": 1})
-        new = replace(state, total=state.total + digit, turns=state.turns + 1)
+        new = ReachState(state.target, state.total + digit, state.turns + 1)  # replace()'s fields, at half its cost
         if new.total >= new.target:
             return StepResult(new, observation_text(new.total), 1.0 if new.total == new.target else 0.0, True)
         return StepResult(new, observation_text(new.total), 0.0, new.turns >= self.max_turns)

@@ -12,7 +12,7 @@ from focus.collector import Collector
 from focus.context import Summarize
 from focus.critic import ConstantCritic, Critic, CriticError, Prediction
 from focus.env import Action, Env, EnvError, Message, Reset, StepResult, Task, accepts_seed
-from focus.estimation import DirectBranchTd
+from focus.estimation import DirectBranchTd, NoiseModel, critic_targets
 from focus.execution import Execution
 from focus.format import ByteCodec, FinalAnswerParser, PolicyFormat
 from focus.priority import Phase, Selective, Uniform
@@ -383,6 +383,23 @@ def test_the_heap_stays_frozen_for_the_whole_collection_and_is_released_after():
     assert batch_key(batch) == batch_key(run(unfrozen.collect(tasks)))
 
 
+def test_what_was_made_while_the_heap_was_held_joins_the_oldest_generation_unwalked():
+    """Releasing the heap moves the objects made since the last freeze into the oldest
+    generation, as the frozen ones go, rather than leaving them young for one
+    collection to walk them all once Python's threshold is back."""
+    import gc
+
+    from focus.execution import frozen_heap
+
+    with frozen_heap() as froze:
+        made = [[i] for i in range(5_000)]  # young, tracked, alive
+    more = [[i] for i in range(1_000)]  # past Python's threshold of young allocations again
+    assert froze and gc.get_freeze_count() == 0
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    assert id(made) in oldest and all(id(x) in oldest for x in made)
+    del made, more
+
+
 def test_freeze_gc_off_leaves_the_garbage_collector_alone():
     import gc
 
@@ -466,3 +483,34 @@ def test_an_unfitted_trainable_critic_is_fitted_on_the_evidence_before_it_scores
     again = run(warm.predict([nodes[0].context_ids]))
     evidence(warm)  # fitted already: not fitted again
     assert run(warm.predict([nodes[0].context_ids])) == again
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_preparing_a_state_reads_its_search_s_rows_and_segments_and_gives_the_same_batch(gamma):
+    """A state's batch takes each tree's noise rows and edge segments from what its
+    search computed (:meth:`SearchState.batch_parts`); the batch is the one the trees
+    alone give, bit for bit, and so is the batch of an estimator whose own ``values``
+    takes no segments (it gets none)."""
+    col, tasks, _ = synthetic()
+    col = Collector(col.agent, Selective(phases=PHASES), col.critic, DirectBranchTd(gamma=gamma), seed=0)
+    state = run(col.search(tasks))
+    kept = [state.facts(ti).segments(gamma) for ti in range(len(state.trees))]
+    assert all(kept) and any(state.facts(ti).rank is not None for ti in range(len(state.trees)))
+    from_state, from_trees = col.prepare(state), col.prepare(list(state.trees))
+    assert from_state.actor_table.equals(from_trees.actor_table)
+    assert from_state.critic_table.equals(from_trees.critic_table)
+    assert from_state.stats["noise_model"] == from_trees.stats["noise_model"]
+    # the backups and critic targets on kept segments are those on segments made afresh
+    est = col.estimator
+    for tree, segs in zip(state.trees, state.batch_parts(gamma, "bootstrap")[1], strict=True):
+        fresh, known = est.values(tree, NoiseModel.unknown()), est.values(tree, NoiseModel.unknown(), segs)
+        assert (fresh.value, fresh.error, fresh.mc) == (known.value, known.error, known.mc)
+        targets = critic_targets(tree, gamma=gamma)
+        assert critic_targets(tree, gamma=gamma, segments=known.segments) == targets
+
+    class OwnValues(DirectBranchTd):
+        def values(self, tree, noise=None):  # the signature before segments
+            return super().values(tree, noise)
+
+    own = Collector(col.agent, Selective(phases=PHASES), col.critic, OwnValues(gamma=gamma), seed=0)
+    assert own.prepare(state).actor_table.equals(from_state.actor_table)

@@ -279,3 +279,38 @@ def test_the_calibration_reads_the_parts_the_tail_computed() -> None:
         later.append(state.may_refit(search, spreads))
     assert later == [True, False, True, False, False, False, True, False]
     assert not state.may_refit(search, spreads - 1)  # a wave too small to double them
+
+
+def test_a_wave_that_ends_the_search_is_scored_ahead_but_not_ranked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trees of a wave expected to end the search (:func:`focus.search.last_wave`:
+    the waves planned cover what is left of the last phase's budget) are scored as they
+    finish but not ranked, since no plan reads those rankings; the waves before it are
+    ranked, and nothing is planned after it. The batch is the barrier's either way
+    (:func:`test_grafting_ahead_changes_neither_the_journal_nor_the_batch`)."""
+    import focus.collector
+    from focus.search import WavePlan, last_wave
+
+    seen: list[tuple[int, bool]] = []
+    ranked: dict[int, set[bool]] = {}
+    real_last, real_score = focus.collector.last_wave, focus.waves.score_tree
+
+    def spy_last(state, search, plan):  # type: ignore[no-untyped-def]
+        out = real_last(state, search, plan)
+        seen.append((plan.wave_index, out))
+        return out
+
+    def spy_score(*args):  # type: ignore[no-untyped-def]
+        if args[2].phase_index == 1:
+            ranked.setdefault(args[2].wave_index, set()).add(args[4])
+        return real_score(*args)
+
+    monkeypatch.setattr(focus.collector, "last_wave", spy_last)
+    monkeypatch.setattr(focus.waves, "score_tree", spy_score)
+    col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
+    state = run(col.search(tasks))
+    continuation = [(w, out) for w, out in seen if w in ranked]
+    *before, (last, ends) = continuation
+    assert len(before) >= 3 and not any(out for _, out in before) and ends
+    assert ranked[last] == {False} and all(True in ranked[w] for w, _ in before[:1])
+    assert not plan_ahead(state, col.priority, 1).planned  # nothing after it
+    assert not last_wave(state, col.priority, WavePlan(0, 0))  # an evidence wave

@@ -36,6 +36,7 @@ from focus.search.grafting import (
 from focus.search.planning import (
     InFlight,
     WaveChoice,
+    last_wave,
     plan_ahead,
     plan_begin,
     plan_choose,
@@ -72,6 +73,7 @@ __all__ = [
     "copy_tree",
     "graft",
     "graft_tree",
+    "last_wave",
     "plan_ahead",
     "plan_begin",
     "plan_choose",

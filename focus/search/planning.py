@@ -111,6 +111,27 @@ def _wave_greedy(state: SearchState, search: Priority, phase_index: int, wave_in
     return _Greedy(state, search, phase_index, facts, pending, None, remaining)
 
 
+def last_wave(state: SearchState, search: Priority, plan: WavePlan) -> bool:
+    """Whether no wave is to be planned after ``plan`` (a wave planned in ``state``): it
+    is a continuation wave of the last phase, and either the phase's last by count, or
+    the waves planned in ``state`` are expected to take what is left of its budget (the
+    planner plans nothing more once the grafted rollouts do, :func:`_wave_greedy`).
+    Then no plan reads its trees' rankings; a runner need not bring them up to date
+    ahead of the barrier (where they did fall short, the next plan ranks them)."""
+    pi = plan.phase_index
+    phase = search.phases[pi]
+    if pi != len(search.phases) - 1 or phase.is_evidence:
+        return False
+    if phase.max_waves is not None and plan.wave_index + 1 >= phase.max_waves:
+        return True
+    remaining: float = (phase.transitions or 0) - sum(
+        state.facts(ti).spent.get(pi, 0) for ti in range(len(state.trees))
+    )
+    for p in state.planned:
+        remaining -= sum(p.expected)
+    return remaining <= 0
+
+
 def plan_ahead(state: SearchState, search: Priority, phase_index: int) -> SearchState:
     """``state`` with waves of phase ``phase_index`` planned until
     ``search.waves_in_flight`` of them are planned and not grafted, or the planner has

@@ -11,7 +11,6 @@ helpers for that copy-on-write live here, with the facts derived from each tree.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +19,7 @@ from focus.agent import BranchState, derive_seed
 from focus.calibration import Counts, tree_counts
 from focus.calibration import mean_leaf_transitions as leaf_mean
 from focus.env import Task
-from focus.estimation import segment
+from focus.estimation import Segment, segment
 from focus.noise_rows import Checkpoint, tree_rows
 from focus.priority import Calibration, NodeEvidence, Priority, exploration_rate, explore_draw
 from focus.ranking import Entry, TreeRanking, tie
@@ -238,6 +237,24 @@ class SearchState:
 
         return keep
 
+    def batch_parts(
+        self, gamma: float, truncation: str, rows: bool = True
+    ) -> tuple[list[list[Checkpoint]] | None, list[dict[int, Segment] | None]]:
+        """Each tree's noise rows (:meth:`_TreeFacts.noise_rows`; with ``rows``) and its kept
+        edge segments at ``gamma``: what a batch's noise fit and backups read of the trees,
+        taken from what the search computed (the rows a refit's prefit computed while the
+        last wave ran, the rankings' segments) rather than computed again. The rows leave
+        the facts (read once)."""
+        out: list[list[Checkpoint]] | None = [] if rows else None
+        segs = []
+        for ti in range(len(self.trees)):
+            f = self.facts(ti)
+            if out is not None:
+                out.append(f.noise_rows(gamma, truncation))
+                f._rows.pop((gamma, truncation), None)
+            segs.append(f.segments(gamma))
+        return out, segs
+
     def facts(self, tree_index: int) -> _TreeFacts:
         """Derived facts of one tree, recomputed if its tree object changed."""
         tree = self.trees[tree_index]
@@ -356,21 +373,34 @@ class _TreeFacts:
         if exploration_rate(search, 0.0) > 0:
             _ = self.draws
         self.counts(search.truncation_rule)
-        if scored:
-            self.noise_rows(search.discount, search.truncation_rule)
-        if seed is not None and self.rank is None and not self._ahead:
+        if seed is not None and self.rank is None and ("ties", seed) not in self._ahead:
             tree, g = self.tree, search.discount
-            self._ahead[("segments", g)] = {i: segment(e, g) for i, e in tree.edges.items()}
+            segs = self._ahead.setdefault(("segments", g), {})
+            segs.update((i, segment(e, g)) for i, e in tree.edges.items() if i not in segs)
             self._ahead[("ties", seed)] = {
                 n.id: (len(n.children), tie(seed, self.index, n.id, len(n.children))) for n in tree.checkpoints()
             }
+        if scored:
+            self.noise_rows(search.discount, search.truncation_rule)
 
     def noise_rows(self, gamma: float, truncation: str) -> list[Checkpoint]:
-        """The tree's rows of the noise fit (:func:`focus.noise_rows.tree_rows`)."""
+        """The tree's rows of the noise fit (:func:`focus.noise_rows.tree_rows`), on the
+        edge segments its ranking holds at ``gamma`` (or, before its first ranking, those
+        kept for it): an edge's segment is computed once for both."""
         rows = self._rows.get((gamma, truncation))
         if rows is None:
-            rows = self._rows[(gamma, truncation)] = tree_rows(self.tree, gamma, truncation)  # type: ignore[arg-type]
+            rows = tree_rows(self.tree, gamma, truncation, None, self.segments(gamma))  # type: ignore[arg-type]
+            self._rows[(gamma, truncation)] = rows
         return rows
+
+    def segments(self, gamma: float) -> dict[int, Segment] | None:
+        """The edge segments at ``gamma`` kept for this tree (some edges' may be missing:
+        a reader adds them): its ranking's, or before its first ranking those kept for
+        it (:meth:`ranking` takes them over); none for a ranking at another γ."""
+        rank = self.rank
+        if rank is None:
+            return self._ahead.setdefault(("segments", gamma), {})  # type: ignore[no-any-return]
+        return rank.segments if rank.gamma == gamma else None
 
     @property
     def unscored(self) -> tuple[int, ...]:
@@ -423,7 +453,7 @@ class _TreeFacts:
 
 def copy_tree(tree: Tree) -> Tree:
     """A copy that shares only immutable parts (edges, turns, branch states)."""
-    nodes = {i: dataclasses.replace(n, children=list(n.children)) for i, n in tree.nodes.items()}
+    nodes = {i: _node_copy(n) for i, n in tree.nodes.items()}
     return Tree(tree.task_id, nodes, dict(tree.edges), dict(tree.states), tree.rollouts, list(tree.log))
 
 
@@ -453,9 +483,22 @@ def _own(tree: Tree, node_id: int, owned: set[int]) -> Node:
     """Node ``node_id`` of ``tree`` as a private copy, safe to change."""
     if node_id not in owned:
         node = tree.nodes[node_id]
-        tree.nodes[node_id] = dataclasses.replace(node, children=list(node.children))
+        tree.nodes[node_id] = _node_copy(node)
         owned.add(node_id)
     return tree.nodes[node_id]
+
+
+def _node_copy(node: Node) -> Node:
+    """``dataclasses.replace(node, children=list(node.children))`` without re-running
+    ``__init__`` field by field (``Node`` has no ``__post_init__``): grafting and scoring
+    copy every node they change, about one per transition (1.9 against 0.5 us)."""
+    new = _new(type(node))
+    new.__dict__.update(node.__dict__)
+    new.children = list(node.children)
+    return new
+
+
+_new = object.__new__
 
 
 def _successor(
