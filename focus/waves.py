@@ -58,6 +58,7 @@ from focus.search import (
     TreeWave,
     WavePlan,
     graft_tree,
+    last_wave,
     plan_begin,
     plan_choose,
     plan_chosen,
@@ -161,6 +162,8 @@ class WaveTail:
         self.parts: dict[int, TreeWave] = {}
         self.predictions: dict[tuple[int, int], tuple[float | None, float | None]] = {}
         self._prefit: Priority | None = None
+        #: Prefit the noise rows alone (a wave expected to end the search).
+        self._rows_only = False
         self._rank = True
         #: Whether the graft will fit a new calibration, as the trees come in (``prefit``).
         self._refit: _Refit | None = None
@@ -234,12 +237,13 @@ class WaveTail:
         else:
             task.add_done_callback(lambda _: setattr(self, "finished_at", time.perf_counter()))
         self._prefit, self._rank = prefit, rank
+        self._rows_only = prefit is not None and last_wave(state, prefit, self.plan)
         if prefit is not None and score is not None and rank:
             self._refit = _Refit(state, prefit, len(self.plan.jobs))
         rest = [ti for ti in range(len(state.trees)) if ti not in self._jobs]
         unranked: list[int] = []
         if prefit is not None:
-            await _sliced(lambda ti: state.facts(ti).prefit(prefit), rest)
+            await _sliced(lambda ti: state.facts(ti).prefit(prefit, rows_only=self._rows_only), rest)
         elif self.rank_rest and score is not None and rank:
             unranked = rest[::-1]
         while not self.stopped:
@@ -284,7 +288,7 @@ class WaveTail:
         jobs = self._jobs[ti]
         rollouts = [self.rollouts[i] for i in jobs]
         part = graft_tree(state, self.plan, ti, rollouts, phase_name, jobs)  # type: ignore[arg-type]
-        if self._prefit is not None:
+        if self._prefit is not None and not self._rows_only:
             part.facts.prefit(self._prefit, scored=False)
         return part
 
@@ -293,7 +297,7 @@ class WaveTail:
     ) -> TreeWave:
         part = score_tree(state, search, part, preds, rank, calib)
         if self._prefit is not None:
-            part.facts.prefit(self._prefit, seed=state.seed)
+            part.facts.prefit(self._prefit, seed=state.seed, rows_only=self._rows_only)
         return part
 
     async def _score(

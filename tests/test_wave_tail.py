@@ -314,6 +314,13 @@ def test_a_wave_that_ends_the_search_is_scored_ahead_but_not_ranked(monkeypatch:
     assert ranked[last] == {False} and all(True in ranked[w] for w, _ in before[:1])
     assert not plan_ahead(state, col.priority, 1).planned  # nothing after it
     assert not last_wave(state, col.priority, WavePlan(0, 0))  # an evidence wave
+    # its graft made a power of two of waves (it might have refit): the tail computed what
+    # the batch's noise fit reads of the trees (their rows), not what only a plan reads (draws)
+    assert len(state.waves) & (len(state.waves) - 1) == 0
+    g, rule = col.priority.discount, col.priority.truncation_rule
+    touched = [ti for ti, t in enumerate(state.trees) if any(r.phase == 1 and r.wave == last for r in t.log)]
+    assert touched and all((g, rule) in state.facts(ti)._rows for ti in range(len(state.trees)))
+    assert not any("draws" in state.facts(ti).shape for ti in touched)
 
 
 def test_a_wave_whose_graft_refits_is_not_ranked_ahead(monkeypatch: pytest.MonkeyPatch) -> None:

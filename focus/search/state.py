@@ -375,13 +375,21 @@ class _TreeFacts:
         (it may still have changed nodes to bring up to date, which costs little)."""
         return self.rank is not None and self.rank.matches(search, calibration, seed)
 
-    def prefit(self, search: Priority, scored: bool = True, seed: int | None = None) -> None:
+    def prefit(self, search: Priority, scored: bool = True, seed: int | None = None, rows_only: bool = False) -> None:
         """Compute what a calibration fitted on every tree reads of this one (its
         spreads and counts; with ``scored``, its predictions being final, its noise rows),
         and, for a tree never ranked and given the collection ``seed``, the parts of its
         first ranking that the calibration does not change (edge segments, tie-breaks);
         for a search that explores, the draws of the checkpoints' next slots
-        (:attr:`draws`, what the plan's lead reads, ``focus.search.planning``)."""
+        (:attr:`draws`, what the plan's lead reads, ``focus.search.planning``).
+        ``rows_only``: the noise rows alone (with ``scored``), what a batch's noise fit
+        reads (:meth:`SearchState.batch_parts`), for a wave expected to end the search
+        (``focus.search.last_wave``): the rest is for plans, which compute it if any
+        comes."""
+        if rows_only:
+            if scored:
+                self.noise_rows(search.discount, search.truncation_rule)
+            return
         _ = self.spreads
         if exploration_rate(search, 0.0) > 0:
             _ = self.draws
