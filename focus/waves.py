@@ -58,6 +58,7 @@ from focus.search import (
     TreeWave,
     WavePlan,
     graft_tree,
+    last_wave,
     plan_begin,
     plan_choose,
     plan_chosen,
@@ -161,7 +162,11 @@ class WaveTail:
         self.parts: dict[int, TreeWave] = {}
         self.predictions: dict[tuple[int, int], tuple[float | None, float | None]] = {}
         self._prefit: Priority | None = None
+        #: Prefit the noise rows alone (a wave expected to end the search).
+        self._rows_only = False
         self._rank = True
+        #: Whether the graft will fit a new calibration, as the trees come in (``prefit``).
+        self._refit: _Refit | None = None
         #: Rank the trees the wave does not touch too, under the calibration (a wave
         #: chosen before its calibration was fitted, :func:`launch_choosing`).
         self.rank_rest = False
@@ -232,10 +237,13 @@ class WaveTail:
         else:
             task.add_done_callback(lambda _: setattr(self, "finished_at", time.perf_counter()))
         self._prefit, self._rank = prefit, rank
+        self._rows_only = prefit is not None and last_wave(state, prefit, self.plan)
+        if prefit is not None and score is not None and rank:
+            self._refit = _Refit(state, prefit, len(self.plan.jobs))
         rest = [ti for ti in range(len(state.trees)) if ti not in self._jobs]
         unranked: list[int] = []
         if prefit is not None:
-            await _sliced(lambda ti: state.facts(ti).prefit(prefit), rest)
+            await _sliced(lambda ti: state.facts(ti).prefit(prefit, rows_only=self._rows_only), rest)
         elif self.rank_rest and score is not None and rank:
             unranked = rest[::-1]
         while not self.stopped:
@@ -262,6 +270,8 @@ class WaveTail:
                 self._rank = False
             trees, self._ready = self._ready, []
             parts = await _sliced(lambda ti: self._graft(state, ti, phase_name), trees)
+            if self._refit is not None:
+                self._refit.add(state, parts)
             if score is not None:
                 parts, score = await self._score(state, parts, *score)
             self.parts.update((p.tree_index, p) for p in parts)
@@ -278,14 +288,16 @@ class WaveTail:
         jobs = self._jobs[ti]
         rollouts = [self.rollouts[i] for i in jobs]
         part = graft_tree(state, self.plan, ti, rollouts, phase_name, jobs)  # type: ignore[arg-type]
-        if self._prefit is not None:
+        if self._prefit is not None and not self._rows_only:
             part.facts.prefit(self._prefit, scored=False)
         return part
 
-    def _scored(self, state: SearchState, search: Priority, part: TreeWave, preds: Predictions, calib: Any) -> TreeWave:
-        part = score_tree(state, search, part, preds, self._rank, calib)
+    def _scored(
+        self, state: SearchState, search: Priority, part: TreeWave, preds: Predictions, calib: Any, rank: bool
+    ) -> TreeWave:
+        part = score_tree(state, search, part, preds, rank, calib)
         if self._prefit is not None:
-            part.facts.prefit(self._prefit, seed=state.seed)
+            part.facts.prefit(self._prefit, seed=state.seed, rows_only=self._rows_only)
         return part
 
     async def _score(
@@ -308,9 +320,44 @@ class WaveTail:
         for key, value in preds.items():
             by_tree.setdefault(key[0], {})[key] = value
         calib = state.calibration(search) if self._rank else None
-        scored = await _sliced(lambda p: self._scored(state, search, p, by_tree.get(p.tree_index, {}), calib), parts)
+        # a tree ranked under a calibration the graft replaces is ranked again: until the
+        # graft is known to keep it, the next plan ranks the tree (:class:`_Refit`)
+        rank = self._rank and (self._refit is None or self._refit.verdict is False)
+        scored = await _sliced(
+            lambda p: self._scored(state, search, p, by_tree.get(p.tree_index, {}), calib, rank), parts
+        )
         self.predictions.update(preds)
         return scored, (search, critic)
+
+
+class _Refit:
+    """Whether grafting a wave that may fit a new calibration
+    (:meth:`focus.search.SearchState.may_refit`) will, told as its trees are grafted:
+    the spreads of the state with the trees grafted so far only grow with the rest, by
+    at most one per job (:meth:`focus.search.SearchState.refit_floor`). Rankings made
+    under the calibration a refit replaces are thrown away (at 10k transitions over 200
+    tasks the first continuation wave's were 68 ms of CPU, a seventh of the search's),
+    so the tail ranks a tree only once the graft is known not to refit; the trees scored
+    before that are ranked by the next plan under whichever calibration it has, as at a
+    barrier (in the scale benchmark's collections from 10k to 40k transitions, every
+    wave whose graft refit was known to by the time its first trees were scored)."""
+
+    def __init__(self, state: SearchState, search: Priority, jobs: int) -> None:
+        self.floor = state.refit_floor(search)
+        self.spreads = state.spread_count(len(state.waves))
+        self.open = jobs  # jobs of the trees not grafted yet
+
+    def add(self, state: SearchState, parts: list[TreeWave]) -> None:
+        for p in parts:
+            self.spreads += p.facts.spreads - state.facts(p.tree_index).spreads
+            self.open -= p.records
+
+    @property
+    def verdict(self) -> bool | None:
+        """True: the graft refits; False: it does not; None: not known yet."""
+        if self.floor is None or self.spreads + self.open < self.floor:
+            return False
+        return True if self.spreads >= self.floor else None
 
 
 #: Longest stretch (seconds) the tail's work holds the event loop before it lets the

@@ -314,3 +314,48 @@ def test_a_wave_that_ends_the_search_is_scored_ahead_but_not_ranked(monkeypatch:
     assert ranked[last] == {False} and all(True in ranked[w] for w, _ in before[:1])
     assert not plan_ahead(state, col.priority, 1).planned  # nothing after it
     assert not last_wave(state, col.priority, WavePlan(0, 0))  # an evidence wave
+    # its graft made a power of two of waves (it might have refit): the tail computed what
+    # the batch's noise fit reads of the trees (their rows), not what only a plan reads (draws)
+    assert len(state.waves) & (len(state.waves) - 1) == 0
+    g, rule = col.priority.discount, col.priority.truncation_rule
+    touched = [ti for ti, t in enumerate(state.trees) if any(r.phase == 1 and r.wave == last for r in t.log)]
+    assert touched and all((g, rule) in state.facts(ti)._rows for ti in range(len(state.trees)))
+    assert not any("draws" in state.facts(ti).shape for ti in touched)
+
+
+def test_a_wave_whose_graft_refits_is_not_ranked_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wave whose graft fits a new calibration ranks none of its trees ahead (the plan
+    ranks every tree again under the new one), told as its trees come in
+    (:meth:`focus.search.SearchState.refit_floor`: the graft refits exactly when the
+    spreads reach it); the waves that do not refit rank theirs. The batch is the
+    barrier's either way (:func:`test_grafting_ahead_changes_neither_the_journal_nor_the_batch`)."""
+    import focus.collector
+
+    ranked: dict[int, list[bool]] = {}
+    refits: dict[int, bool] = {}
+    real_land, real_score = focus.collector.Collector.land, focus.waves.score_tree
+
+    async def spy_land(self, state, launched, *args, **kw):  # type: ignore[no-untyped-def]
+        plan, search = launched.plan, self.priority
+        floor = state.refit_floor(search) if plan.phase_index == 1 else None
+        new, landed = await real_land(self, state, launched, *args, **kw)
+        if plan.phase_index == 1:
+            refit = new.calibration(search) is not state.calibration(search)
+            assert refit == (floor is not None and new.spread_count(len(new.waves)) >= floor)
+            refits[plan.wave_index] = refit
+        return new, landed
+
+    def spy_score(*args):  # type: ignore[no-untyped-def]
+        if args[2].phase_index == 1:
+            ranked.setdefault(args[2].wave_index, []).append(args[4])
+        return real_score(*args)
+
+    monkeypatch.setattr(focus.collector.Collector, "land", spy_land)
+    monkeypatch.setattr(focus.waves, "score_tree", spy_score)
+    col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
+    run(col.search(tasks))
+    assert any(refits.values()) and not all(refits.values())
+    assert any(ranked.get(w) for w, refit in refits.items() if refit)  # trees scored ahead in a refit wave
+    for wave, refit in refits.items():
+        if refit:
+            assert not any(ranked.get(wave, []))

@@ -180,15 +180,28 @@ class SearchState:
         (a job gives at most one checkpoint its second child). The fit reads every tree
         (:meth:`_TreeFacts.prefit`), so a collector does that ahead, while the wave runs
         (:class:`focus.waves.WaveTail`)."""
-        n = len(self.waves) + 1
-        if n & (n - 1):
-            return False
         if not self.waves:
             return True
+        floor = self.refit_floor(search)
+        return floor is not None and self.spread_count(len(self.waves)) + jobs >= floor
+
+    def refit_floor(self, search: Priority) -> int | None:
+        """The spreads (:meth:`spread_count` of every wave) from which grafting the next
+        wave onto this state fits a new calibration, ``None`` where no graft can (not at
+        a power of two of waves, or the fit is kept; 0 before the evidence, the first
+        fit). Exact: the fits on fewer waves are this state's, so the next graft's fit
+        is on all of its waves once their spreads reach twice those of this state's fit,
+        and on as many as this state's otherwise. A wave's spreads only grow as its trees
+        come in, so a runner can tell before the wave ends whether it refits."""
+        n = len(self.waves) + 1
+        if n & (n - 1):
+            return None
+        if not self.waves:
+            return 0
         size, c = self._fitted(search)
         if c.noise.spreads >= CALIBRATION_SPREADS:
-            return False
-        return self.spread_count(n - 1) + jobs >= 2 * self.spread_count(size)
+            return None
+        return 2 * self.spread_count(size)
 
     def _fit(self, size: int, search: Priority) -> Calibration:
         key = (size, search.discount, search.truncation_rule)
@@ -362,13 +375,21 @@ class _TreeFacts:
         (it may still have changed nodes to bring up to date, which costs little)."""
         return self.rank is not None and self.rank.matches(search, calibration, seed)
 
-    def prefit(self, search: Priority, scored: bool = True, seed: int | None = None) -> None:
+    def prefit(self, search: Priority, scored: bool = True, seed: int | None = None, rows_only: bool = False) -> None:
         """Compute what a calibration fitted on every tree reads of this one (its
         spreads and counts; with ``scored``, its predictions being final, its noise rows),
         and, for a tree never ranked and given the collection ``seed``, the parts of its
         first ranking that the calibration does not change (edge segments, tie-breaks);
         for a search that explores, the draws of the checkpoints' next slots
-        (:attr:`draws`, what the plan's lead reads, ``focus.search.planning``)."""
+        (:attr:`draws`, what the plan's lead reads, ``focus.search.planning``).
+        ``rows_only``: the noise rows alone (with ``scored``), what a batch's noise fit
+        reads (:meth:`SearchState.batch_parts`), for a wave expected to end the search
+        (``focus.search.last_wave``): the rest is for plans, which compute it if any
+        comes."""
+        if rows_only:
+            if scored:
+                self.noise_rows(search.discount, search.truncation_rule)
+            return
         _ = self.spreads
         if exploration_rate(search, 0.0) > 0:
             _ = self.draws
