@@ -147,6 +147,12 @@ COMMANDS: dict[str, Check] = {
     "--set target_kl=0.2 --out runs/learn-sgd10": Check("parse", "40 learning runs, about 6 minutes on 2 cores"),
     ".venv/bin/python -m benchmarks.learning --tasks long-reach --seeds 0 1 2 3 4 5 6 7 8 9 --set rule=sgd "
     "--set target_kl=0.1 --out runs/learn-sgd10-lr": Check("parse", "20 learning runs, about 7 minutes on 2 cores"),
+    ".venv/bin/python -m benchmarks.learning --jobs 1 --tasks toy --methods focus "
+    "--set segment_weights='\"siblings\"' --out runs/w-sib": Check("parse", "10 learning runs, about 4 minutes"),
+    ".venv/bin/python -m benchmarks.learning --jobs 1 --tasks toy --methods focus "
+    "--set segment_weights='\"reach\"' --out runs/w-reach": Check("parse", "10 learning runs, about 4 minutes"),
+    ".venv/bin/python -m benchmarks.learning --jobs 1 --tasks long-reach --methods focus "
+    "--set segment_weights='\"siblings\"' --out runs/w-sib-lr": Check("parse", "10 learning runs, about 9 minutes"),
     ".venv/bin/python -m benchmarks.estimator_quality --families timing,slippery --budgets 2,6 "
     "--critics exact,noise_1,noise_3 --methods uniform,selective --seeds 16": Check(
         "parse", "a benchmark of about a minute on 2 cores (timing and slippery, 128 seeds at 2H, 43 at 6H)"
