@@ -473,6 +473,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         from benchmarks import learning_sweep
 
         return learning_sweep.run(args, options, sizes, seeds)
+    check_trainer(args.tasks, options, given)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -558,6 +559,23 @@ def _assemble(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, An
 def given_options(args: argparse.Namespace) -> dict[str, Any]:
     """The trainer options the command line set (``--set FIELD=VALUE``)."""
     return dict(_option(o) for o in args.set)
+
+
+def check_trainer(tasks: Sequence[str], options: dict[str, Any], given: dict[str, Any]) -> None:
+    """Every task's trainer options as ``UpdateConfig`` takes them, checked before any
+    server starts: a bad ``--set`` stops the run in one line naming the field, not with
+    a traceback from the first run after its evaluation of v0."""
+    from pydantic import ValidationError
+
+    from focus.train_local import UpdateConfig
+
+    for t in tasks:
+        try:
+            UpdateConfig(**task_trainer(t, options, given))
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = ".".join(str(x) for x in err["loc"]) or "trainer options"
+            raise SystemExit(f"--set: the trainer options for {t!r} are invalid: {field}: {err['msg']}") from None
 
 
 def per_task_changes(tasks: Sequence[str], options: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:

@@ -134,6 +134,17 @@ def test_each_task_trains_at_its_own_step_and_the_command_line_wins():
     assert per_task_changes(["toy", "long-reach"], TRAINER, {}) == {"long-reach": TASK_TRAINER["long-reach"]}
 
 
+def test_a_bad_trainer_option_stops_before_any_run(tmp_path):
+    from benchmarks import learning
+
+    with pytest.raises(SystemExit, match="target_kl: Input should be greater than 0"):
+        learning.main(["--quick", "--tasks", "toy", "--set", "target_kl=-1", "--out", str(tmp_path), "--quiet"])
+    with pytest.raises(SystemExit, match="'long-reach'.*sizes its step to target_kl"):
+        learning.main(["--quick", "--tasks", "long-reach", "--set", "rule=natural", "--set", "target_kl=null",
+                       "--out", str(tmp_path), "--quiet"])  # fmt: skip
+    assert not (tmp_path / "runs.jsonl").exists()  # nothing ran
+
+
 def test_assemble_keeps_the_seeds_every_method_finished(tmp_path):
     from benchmarks import learning
 
