@@ -11,7 +11,7 @@ centred returns (``GroupNormalized(scale=False)``, Dr. GRPO: an unbiased estimat
 gradient of the mean return over those tasks), collected as two independent halves.
 
 Each batch's gradient is the trainer's loss gradient at the current weights: the
-trainer's own sequences (``actor_sequences``, ``pack_prefixes``), scaled advantages and
+trainer's own sequences (``actor_sequences``, ``pack_sequences``), scaled advantages and
 loss mask, ``clipped_loss`` (its ratio is 1 on a batch of the current policy, so no
 clipping), one backward pass per minibatch, no step; the parameter gradients flattened.
 Reported per method, task and budget: the cosine with the reference gradient (the
@@ -77,7 +77,7 @@ def batch_gradient(trainer: Any, batch: Batch, task_ids: set[str] | None = None)
     token-mean loss gradient), and the trained tokens. No optimizer step."""
     import torch
 
-    from focus.train_local import clipped_loss, pad_sequences, token_logprobs
+    from focus.train_local import clipped_loss, pad_sequences, padded_logprobs
 
     cfg = trainer.config
     seqs = _sequences(trainer, batch, task_ids)
@@ -92,7 +92,7 @@ def batch_gradient(trainer: Any, batch: Batch, task_ids: set[str] | None = None)
         model.zero_grad()
         for i in range(0, len(seqs), cfg.minibatch):
             p = pad_sequences(seqs[i : i + cfg.minibatch], trainer.pad_id)
-            new = token_logprobs(model, p.inputs, p.targets, cfg.temperature or 1.0)
+            new = padded_logprobs(model, p, cfg.temperature or 1.0)
             loss, _ = clipped_loss(new, p, cfg.clip, p.advantages * scale)
             (loss * p.mask.sum().clamp_min(1.0)).backward()  # type: ignore[no-untyped-call]
         flat = torch.cat(
@@ -106,13 +106,13 @@ def batch_gradient(trainer: Any, batch: Batch, task_ids: set[str] | None = None)
 
 def _sequences(trainer: Any, batch: Batch, task_ids: set[str] | None) -> list[Any]:
     from focus.exporters import actor_sequences
-    from focus.train_local import pack_prefixes, weighted
+    from focus.train_local import pack_sequences, weighted
 
     cfg = trainer.config
     rows = [r for r in batch.actor if task_ids is None or r.task_id in task_ids]
     part = Batch(batch.collection_id, batch.iteration, rows)
     raw = actor_sequences(weighted(part, cfg.segment_weights) if cfg.segment_weights != "equal" else part)
-    return list(pack_prefixes(raw) if cfg.pack else raw)
+    return pack_sequences(raw, cfg.packing)
 
 
 def reference_kl(trainer: Any, batches: Sequence[Batch], task_ids: set[str]) -> float:
@@ -133,13 +133,13 @@ def surrogate_sum(trainer: Any, batch: Batch, task_ids: set[str]) -> float:
     behaviour policy."""
     import torch
 
-    from focus.train_local import pad_sequences, token_logprobs
+    from focus.train_local import pad_sequences, padded_logprobs
 
     seqs, total = _sequences(trainer, batch, task_ids), 0.0
     with torch.no_grad():
         for i in range(0, len(seqs), trainer.config.minibatch):
             p = pad_sequences(seqs[i : i + trainer.config.minibatch], trainer.pad_id)
-            new = token_logprobs(trainer.model, p.inputs, p.targets, trainer.config.temperature or 1.0)
+            new = padded_logprobs(trainer.model, p, trainer.config.temperature or 1.0)
             ratio = torch.exp((new - p.old_logprobs) * p.mask)
             total += float(((ratio - 1.0) * p.advantages * p.mask).sum())
     return total

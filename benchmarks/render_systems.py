@@ -266,7 +266,7 @@ def server_token_rows(r: dict[str, Any], clean: dict[str, Any], faulty: dict[str
 
 
 def train_local(f: dict[str, Any]) -> str:
-    settings = f["settings"]
+    settings = [s for s in f["settings"] if s.get("rule", "adam") == "adam"]
     base = next((s for s in settings if not s["pack"] and s["torch_threads"] == 2), settings[0])
     rows = [
         [
@@ -286,8 +286,26 @@ def train_local(f: dict[str, Any]) -> str:
             table(
                 ["setting", "median", "each run", f"speed-up vs pack=False threads={base['torch_threads']}"], rows
             ),
+            *_train_layouts(f),
         ]
     )  # fmt: skip
+
+
+def _train_layouts(f: dict[str, Any]) -> list[str]:
+    """The one-step (``sgd``) rows: the same update under each sequence layout."""
+    steps = [s for s in f["settings"] if s.get("rule", "adam") != "adam"]
+    if not steps:
+        return []
+    base = next((s for s in steps if s["pack"] == "none"), steps[0])
+    rows = [
+        [f"pack={s['pack']}", s_(s["median_s"]), each(s["runs_s"], s_), x_(base["median_s"] / s["median_s"])]
+        for s in steps
+    ]
+    head = (
+        f'One step sized to KL 0.2 (`rule="sgd"`, the learning benchmark\'s trainer), one thread: token trie '
+        f'(`pack="tree"`, the default under this rule): {f["tree_pieces"]:,} pieces ({f["tree_tokens"]:,} tokens).'
+    )
+    return [head, table(["layout", "median", "each run", "speed-up vs pack=none"], rows)]
 
 
 def cli_start(f: dict[str, Any]) -> str:

@@ -1,9 +1,14 @@
-"""Local trainer speed: one policy update with and without prefix packing, 1 vs 2 threads.
+"""Local trainer speed: one policy update with and without prefix packing, 1 vs 2 threads,
+and one KL-sized step under each sequence layout.
 
 Collects one toy batch on the embedded model with the search of ``configs/loop.toml``
 (what ``focus train -c configs/loop.toml`` collects per iteration), then times
 ``PolicyTrainer.update`` on it from the same initial weights in each setting,
-``--repeats`` times, and prints the median wall time and tokens forwarded.
+``--repeats`` times, and prints the median wall time and tokens forwarded. The
+settings: the default ``adam`` epoch with ``pack`` off and on, 1 and 2 threads; and
+the learning benchmark's trainer (``rule="sgd"``, one step sized to ``target_kl`` 0.2,
+where the layout cannot change the update: the step is over the whole batch) with
+``pack`` ``none``, ``prefixes`` and ``tree`` (``focus.packing``), one thread.
 
     .venv/bin/python -m benchmarks.train_local --tasks 32 --repeats 3 [--json PATH]
 """
@@ -18,7 +23,11 @@ import time
 from pathlib import Path
 
 from focus.exporters import actor_sequences
+from focus.packing import pack_trees
 from focus.train_local import PolicyTrainer, UpdateConfig, pack_prefixes, toy_agent
+
+#: The learning benchmark's trainer (benchmarks.learning.TRAINER).
+KL_STEP = {"rule": "sgd", "lr": 3e-4, "clip": 0.5, "epochs": 8, "target_kl": 0.2}
 
 
 async def collect(url: str, tasks: int):
@@ -51,6 +60,7 @@ def main() -> None:
         batch = asyncio.run(collect(server.url, args.tasks))
     seqs = actor_sequences(batch)
     packed = pack_prefixes(seqs)
+    tree = pack_trees(seqs)
     settings: list[dict[str, object]] = []
     figures: dict[str, object] = {
         "tasks": args.tasks,
@@ -60,6 +70,8 @@ def main() -> None:
         "tokens": sum(len(s.tokens) for s in seqs),
         "packed_sequences": len(packed),
         "packed_tokens": sum(len(s.tokens) for s in packed),
+        "tree_pieces": len(tree),
+        "tree_tokens": sum(len(s.tokens) for s in tree),
         "settings": settings,
     }
     print(
@@ -67,19 +79,26 @@ def main() -> None:
         f"packed: {len(packed)} sequences ({figures['packed_tokens']} tokens)"
     )
     print(f"{'setting':28s} {'median s':>9s} {'runs':>24s}")
-    for pack in (False, True):
-        for threads in (2, 1):
-            runs = []
-            for _ in range(args.repeats):
-                trainer = PolicyTrainer(config=UpdateConfig(pack=pack, torch_threads=threads))
-                t0 = time.perf_counter()
-                trainer.update(batch)
-                runs.append(time.perf_counter() - t0)
-            name = f"pack={pack} threads={threads}"
-            print(f"{name:28s} {statistics.median(runs):9.2f} {' '.join(f'{r:.2f}' for r in runs):>24s}")
-            settings.append(
-                {"pack": pack, "torch_threads": threads, "median_s": statistics.median(runs), "runs_s": runs}
-            )
+    grid: list[tuple[object, int, dict[str, object]]] = [(p, t, {}) for p in (False, True) for t in (2, 1)]
+    grid += [(p, 1, KL_STEP) for p in ("none", "prefixes", "tree")]
+    for pack, threads, rule in grid:
+        runs = []
+        for _ in range(args.repeats):
+            trainer = PolicyTrainer(config=UpdateConfig(pack=pack, torch_threads=threads, **rule))  # type: ignore[arg-type]
+            t0 = time.perf_counter()
+            trainer.update(batch)
+            runs.append(time.perf_counter() - t0)
+        name = f"pack={pack} threads={threads}" + (" sgd" if rule else "")
+        print(f"{name:28s} {statistics.median(runs):9.2f} {' '.join(f'{r:.2f}' for r in runs):>24s}")
+        settings.append(
+            {
+                "pack": pack,
+                "torch_threads": threads,
+                "rule": rule.get("rule", "adam"),
+                "median_s": statistics.median(runs),
+                "runs_s": runs,
+            }
+        )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from focus.kl_bound import kl_verdict
+from focus.packing import padded_logits
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +89,7 @@ def fisher_product(model: Any, chunks: Sequence[Any], temperature: float, v: Vec
     out = [0.0 * q.detach() for q in params]
     for p in chunks:
         with sdpa_kernel(SDPBackend.MATH):  # the fused CPU kernel has no second derivative
-            logits, _ = model(p.inputs)
+            logits = padded_logits(model, p)
         logp = torch.log_softmax(logits.float() / temperature, dim=-1)
         fixed = logp.detach()
         kl = ((fixed.exp() * (fixed - logp)).sum(-1) * p.mask).sum() / max(total, 1.0)

@@ -34,16 +34,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from focus.batch import Batch
-from focus.exporters import TokenSequence, actor_sequences
+from focus.exporters import TokenSequence as TokenSequence  # re-exported: callers import them here
+from focus.exporters import actor_sequences
 from focus.kl_bound import MAX_HALVINGS as MAX_HALVINGS  # re-exported: callers import them here
 from focus.kl_bound import kl_reached, kl_verdict
 from focus.kl_step import kl_step
 from focus.local_eval import Evaluation as Evaluation  # re-exported: callers import them here
 from focus.local_eval import evaluate as evaluate
 from focus.local_eval import toy_agent as toy_agent
+from focus.packing import Packed as Packed
+from focus.packing import Padded as Padded
+from focus.packing import Trainable, pack_sequences, pad_sequences, padded_logprobs
+from focus.packing import pack_prefixes as pack_prefixes
+from focus.packing import token_logprobs as token_logprobs
 from focus.tree_weights import segment_weights as segment_weights
 from focus.tree_weights import weighted
 
@@ -84,8 +90,14 @@ class UpdateConfig(BaseModel):
     #: runs the model server (measured: 2 threads were 11x slower, benchmarks/README.md),
     #: and one thread makes the update bit-for-bit reproducible.
     torch_threads: int = Field(1, ge=1)
-    #: Train prefix-sharing sequences in one forward pass (see :func:`pack_prefixes`).
-    pack: bool = True
+    #: How sequences share forward passes. ``tree``: every token of the batch's token
+    #: trie computed once, attending to its own ancestors (:mod:`focus.packing`);
+    #: ``prefixes``: a sequence that is a prefix of another rides in it
+    #: (:func:`pack_prefixes`); ``none``: each sequence alone. The loss is the same up
+    #: to float rounding, but under ``adam`` a minibatch (``minibatch`` packed
+    #: sequences) is an optimizer step's data, so packing changes how much each step
+    #: sees. ``auto`` (true): ``tree`` for the one-step rules, ``prefixes`` for ``adam``.
+    pack: Literal["auto", "tree", "prefixes", "none"] = "auto"
     #: Stop an update once the approximate KL(behaviour || policy) passes this: on a
     #: minibatch before each optimizer step, and on the whole batch after each epoch.
     #: An epoch, the first included, that takes the whole batch's KL past its value
@@ -111,6 +123,18 @@ class UpdateConfig(BaseModel):
     damping: float = Field(0.1, gt=0.0)
     #: Seeds the minibatch order (with the update index).
     seed: int = 0
+
+    @field_validator("pack", mode="before")
+    @classmethod
+    def _pack_flag(cls, v: object) -> object:
+        return {True: "auto", False: "none"}.get(v, v) if isinstance(v, bool) else v
+
+    @property
+    def packing(self) -> Literal["tree", "prefixes", "none"]:
+        """What ``pack`` means for this rule."""
+        if self.pack == "auto":
+            return "prefixes" if self.rule == "adam" else "tree"
+        return self.pack
 
     @model_validator(mode="after")
     def _sized(self) -> UpdateConfig:
@@ -168,89 +192,6 @@ class UpdateStep:
 StepHook = Callable[[UpdateStep], None]
 
 
-@dataclass(frozen=True)
-class Padded:
-    """Sequences as padded tensors aligned for next-token prediction."""
-
-    inputs: torch.Tensor  # (B, T) ids fed to the model: tokens[:-1]
-    targets: torch.Tensor  # (B, T) ids predicted: tokens[1:]
-    old_logprobs: torch.Tensor  # (B, T) behaviour log-probs of targets
-    advantages: torch.Tensor  # (B, T)
-    mask: torch.Tensor  # (B, T) 1.0 on trained tokens
-
-
-@dataclass(frozen=True)
-class Packed:
-    """Per-token arrays like :class:`TokenSequence`'s, possibly from several sequences."""
-
-    tokens: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    advantages: tuple[float, ...]
-    mask: tuple[int, ...]
-
-
-def pack_prefixes(seqs: Sequence[TokenSequence | Packed]) -> list[Packed]:
-    """Merge each sequence into a longer one that starts with the same tokens (pure).
-
-    In a tree, a segment's sequence is usually a prefix of its child segments' prompts.
-    A causal model gives the same log-probs at a position whatever follows it, so one
-    forward pass over the longer sequence serves both: the shorter one's trained
-    tokens are marked in the longer one's (untrained) prompt part. Sequences whose
-    trained positions would collide stay apart. Cuts the training compute by about the
-    number of segments per rollout.
-    """
-    carriers: list[dict[str, list[Any]]] = []
-    for s in sorted(seqs, key=lambda q: len(q.tokens), reverse=True):
-        trained = [i for i, m in enumerate(s.mask) if m]
-        n = len(s.tokens)
-        home = None
-        for c in carriers:
-            if len(c["tokens"]) >= n and tuple(c["tokens"][:n]) == s.tokens and not any(c["mask"][i] for i in trained):
-                home = c
-                break
-        if home is None:
-            carriers.append(
-                {
-                    "tokens": list(s.tokens),
-                    "logprobs": list(s.logprobs),
-                    "advantages": list(s.advantages),
-                    "mask": list(s.mask),
-                }
-            )
-            continue
-        for i in trained:
-            home["logprobs"][i], home["advantages"][i], home["mask"][i] = s.logprobs[i], s.advantages[i], s.mask[i]
-    return [
-        Packed(tuple(c["tokens"]), tuple(c["logprobs"]), tuple(c["advantages"]), tuple(c["mask"])) for c in carriers
-    ]
-
-
-def pad_sequences(seqs: Sequence[TokenSequence | Packed], pad_id: int) -> Padded:
-    """Shift and pad ``seqs`` (pure; no model). Sequences shorter than 2 tokens are refused."""
-    import torch
-
-    if not seqs:
-        raise ValueError("no sequences to pad")
-    short = [i for i, s in enumerate(seqs) if len(s.tokens) < 2]
-    if short:
-        raise ValueError(f"sequences {short[:5]} have fewer than 2 tokens: nothing to predict")
-    n = max(len(s.tokens) for s in seqs) - 1
-    b = len(seqs)
-    inputs = torch.full((b, n), pad_id, dtype=torch.long)
-    targets = torch.full((b, n), pad_id, dtype=torch.long)
-    old = torch.zeros((b, n), dtype=torch.float32)
-    adv = torch.zeros((b, n), dtype=torch.float32)
-    mask = torch.zeros((b, n), dtype=torch.float32)
-    for i, s in enumerate(seqs):
-        k = len(s.tokens) - 1
-        inputs[i, :k] = torch.tensor(s.tokens[:-1])
-        targets[i, :k] = torch.tensor(s.tokens[1:])
-        old[i, :k] = torch.tensor(s.logprobs[1:], dtype=torch.float32)
-        adv[i, :k] = torch.tensor(s.advantages[1:], dtype=torch.float32)
-        mask[i, :k] = torch.tensor(s.mask[1:], dtype=torch.float32)
-    return Padded(inputs, targets, old, adv, mask)
-
-
 def clipped_loss(
     new_logprobs: torch.Tensor, p: Padded, clip: float, advantages: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -273,15 +214,6 @@ def clipped_loss(
             "approx_kl": float((((ratio - 1.0) - log_ratio) * m).sum() / denom),
         }
     return loss, stats
-
-
-def token_logprobs(model: Any, inputs: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Log-probs of ``targets`` under ``model`` at ``temperature`` (teacher forcing)."""
-    import torch
-
-    logits, _ = model(inputs)
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 class PolicyTrainer:
@@ -349,7 +281,7 @@ class PolicyTrainer:
             raise ValueError(
                 f"batch {batch.collection_id!r} iteration {batch.iteration} has no trainable actor sequences"
             )
-        seqs: Sequence[TokenSequence | Packed] = pack_prefixes(raw) if cfg.pack else raw
+        seqs = pack_sequences(raw, cfg.packing)
         trained = [a for s in seqs for a, m in zip(s.advantages, s.mask, strict=True) if m]
         mean = sum(trained) / len(trained)
         std = math.sqrt(sum((a - mean) ** 2 for a in trained) / len(trained))
@@ -398,7 +330,7 @@ class PolicyTrainer:
 
     def _epochs(
         self,
-        seqs: Sequence[TokenSequence | Packed],
+        seqs: Sequence[Trainable],
         scale: float,
         rng: random.Random,
         initial_kl: float,
@@ -440,7 +372,7 @@ class PolicyTrainer:
 
     def _epoch(
         self,
-        seqs: Sequence[TokenSequence | Packed],
+        seqs: Sequence[Trainable],
         chunks: Sequence[Sequence[int]],
         scale: float,
         epoch: int,
@@ -459,7 +391,7 @@ class PolicyTrainer:
             for idx in chunks:
                 chunk = [seqs[i] for i in idx]
                 p = pad_sequences(chunk, self.pad_id)
-                new = token_logprobs(self.model, p.inputs, p.targets, cfg.temperature or 1.0)
+                new = padded_logprobs(self.model, p, cfg.temperature or 1.0)
                 loss, stats = clipped_loss(new, p, cfg.clip, p.advantages * scale)
                 if kl_reached(stats["approx_kl"], cfg.target_kl) and done + len(steps) > 0:
                     return steps, True
@@ -478,7 +410,7 @@ class PolicyTrainer:
         cfg = self.config
 
         def loss_of(p: Padded) -> tuple[torch.Tensor, dict[str, float]]:
-            new = token_logprobs(self.model, p.inputs, p.targets, cfg.temperature or 1.0)
+            new = padded_logprobs(self.model, p, cfg.temperature or 1.0)
             return clipped_loss(new, p, cfg.clip, p.advantages * scale)
 
         return loss_of
@@ -496,12 +428,12 @@ class PolicyTrainer:
         self.model.load_state_dict(snap[0])
         self.optimizer.load_state_dict(snap[1])
 
-    def _kl(self, seqs: Sequence[TokenSequence | Packed]) -> float:
+    def _kl(self, seqs: Sequence[Trainable]) -> float:
         """Approximate KL(behaviour || current policy), token mean over ``seqs`` (no update)."""
         total, tokens = self.kl_sums(seqs)
         return total / max(tokens, 1.0)
 
-    def kl_sums(self, seqs: Sequence[TokenSequence | Packed]) -> tuple[float, float]:
+    def kl_sums(self, seqs: Sequence[Trainable]) -> tuple[float, float]:
         """The sum over ``seqs``' trained tokens of the approximate KL(behaviour || current
         policy), ``(r - 1) - log r`` with ``r`` the token's ratio, and the number of those
         tokens (no update; the model is left in eval mode)."""
@@ -512,7 +444,7 @@ class PolicyTrainer:
         with torch.no_grad():
             for i in range(0, len(seqs), self.config.minibatch):
                 p = pad_sequences(seqs[i : i + self.config.minibatch], self.pad_id)
-                new = token_logprobs(self.model, p.inputs, p.targets, self.config.temperature or 1.0)
+                new = padded_logprobs(self.model, p, self.config.temperature or 1.0)
                 log_ratio = (new - p.old_logprobs) * p.mask
                 total += float((((torch.exp(log_ratio) - 1.0) - log_ratio) * p.mask).sum())
                 tokens += float(p.mask.sum())

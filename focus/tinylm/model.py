@@ -56,7 +56,10 @@ class Block(nn.Module):
         )
 
     def forward(
-        self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None
+        self,
+        x: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None,
+        attn_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         b, t, d = x.shape
         h = self.n_heads
@@ -67,7 +70,10 @@ class Block(nn.Module):
             v = torch.cat([past[1], v], dim=2)
         # With a cache, the t new queries sit at the end of the key sequence.
         total = k.shape[2]
-        mask = torch.ones(t, total, dtype=torch.bool).tril(diagonal=total - t)
+        if attn_mask is None:
+            mask = torch.ones(t, total, dtype=torch.bool).tril(diagonal=total - t)
+        else:  # (batch, t, t): each query's own keys (a token trie, focus.packing)
+            mask = attn_mask.unsqueeze(1)
         att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
         x = x + self.mlp(self.ln2(x))
@@ -87,17 +93,34 @@ class TinyLM(nn.Module):
         self.register_buffer("pos", pos, persistent=False)
         nn.init.normal_(self.embed.weight, std=0.02)
 
-    def forward(self, ids: torch.Tensor, past: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
-        """Logits (batch, time, vocab) of ``ids`` continuing ``past``; and the new cache."""
-        start = past[0][0].shape[2] if past else 0
-        end = start + ids.shape[1]
-        if end > self.cfg.max_len:
-            raise ValueError(f"sequence of {end} tokens exceeds the model's max_len {self.cfg.max_len}")
+    def forward(
+        self,
+        ids: torch.Tensor,
+        past: KVCache | None = None,
+        *,
+        positions: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, KVCache]:
+        """Logits (batch, time, vocab) of ``ids`` continuing ``past``; and the new cache.
+
+        ``positions`` and ``attn_mask`` (batch, time, time; True where a query may look)
+        replace the causal layout, for tokens laid out as a trie (no ``past``)."""
         pos: torch.Tensor = self.pos  # type: ignore[assignment]
-        x = self.embed(ids) + pos[start:end]
+        if (positions is None) != (attn_mask is None) or (positions is not None and past):
+            raise ValueError("positions and attn_mask go together, and without a cache")
+        if positions is not None:
+            if int(positions.max()) >= self.cfg.max_len:
+                raise ValueError(f"position {int(positions.max())} exceeds the model's max_len {self.cfg.max_len}")
+            x = self.embed(ids) + pos[positions]
+        else:
+            start = past[0][0].shape[2] if past else 0
+            end = start + ids.shape[1]
+            if end > self.cfg.max_len:
+                raise ValueError(f"sequence of {end} tokens exceeds the model's max_len {self.cfg.max_len}")
+            x = self.embed(ids) + pos[start:end]
         cache: KVCache = []
         for i, block in enumerate(self.blocks):
-            x, kv = block(x, past[i] if past else None)
+            x, kv = block(x, past[i] if past else None, attn_mask)
             cache.append(kv)
         return self.ln_f(x) @ self.embed.weight.T, cache
 
