@@ -13,7 +13,7 @@ from test_train_kl import _batch, _on_policy
 
 from focus.exporters import actor_sequences
 from focus.format import ByteCodec
-from focus.kl_step import PROBES, TOLERANCE, conjugate_gradient, fisher_product, kl_step
+from focus.kl_step import PROBES, TOLERANCE, conjugate_gradient, curvature_along, fisher_product, kl_step
 from focus.tinylm.model import load
 from focus.train_local import (
     PolicyTrainer,
@@ -139,3 +139,22 @@ def test_conjugate_gradient_solves_a_small_system():
     b = [torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)]
     x = conjugate_gradient(lambda v: [a @ v[0]], b, iterations=3)  # exact in n steps for n unknowns
     assert torch.allclose(a @ x[0], b[0], atol=1e-10)
+
+
+@pytest.mark.parametrize("layout", ["prefixes", "tree"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_forward_mode_curvature_is_v_fisher_v(layout, temperature):
+    """The line search's first guess reads ``v'Fv`` from one Jacobian-vector product per
+    chunk; it must be what the Fisher product (two backward passes) gives, on either
+    sequence layout (float32 sums in different orders: 1e-4 relative)."""
+    from focus.train_local import pack_sequences
+
+    torch.manual_seed(1)
+    batch = _on_policy(_batch())
+    model = load()
+    seqs = pack_sequences(actor_sequences(batch), layout)
+    chunks = [pad_sequences(seqs[i : i + 8], ByteCodec.PAD) for i in range(0, len(seqs), 8)]
+    v = [torch.randn_like(q) * 1e-2 for q in model.parameters()]
+    want = float(sum((a.double() * b.double()).sum() for a, b in zip(v, fisher_product(model, chunks, temperature, v), strict=True)))
+    assert want > 0
+    assert curvature_along(model, chunks, temperature, v) == pytest.approx(want, rel=1e-4)
