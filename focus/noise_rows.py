@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 
 from focus.segments import Segment, segment
-from focus.tree import Edge, Tree
+from focus.tree import Edge, Tree, Turn
 
 Truncation = Literal["bootstrap", "terminal"]
 
@@ -93,7 +93,7 @@ def collect(
             continue
         qs: list[float] = []
         kids: list[tuple[float, float, int, float]] = []
-        firsts: list[tuple[int, ...]] = []
+        valid: list[int] = []
         for eid in node.children:
             sg = seg_of(eid)
             if sg is None:
@@ -104,8 +104,7 @@ def collect(
                 continue
             disc = sg.discount
             qs.append(sg.reward + disc * vc)
-            turns = edges[eid].turns  # the first action: the exact tokens of its first model turn
-            firsts.append(turns[0].completion_ids if turns else ())
+            valid.append(eid)
             kids.append((sg.weight, disc * disc, ref[c], 0.0))
         m = len(qs)
         if not m:
@@ -114,6 +113,10 @@ def collect(
         q_bar = sum(qs) / m
         ss = sum([(q - q_bar) ** 2 for q in qs]) if m >= 2 else None
         ss_same = None
+        # each valid child's first action: the exact tokens of its segment's first model
+        # turn, read only where there are two children to compare (most checkpoints have
+        # one, and the turn is a few pointers away, all over a large heap)
+        firsts = [_first_action(edges[e].turns) for e in valid] if m >= 2 else ()
         if m >= 2 and len(set(firsts)) < m:  # two children took the same first action
             index: dict[tuple[int, ...], int] = {}
             groups = [index.setdefault(f, len(index)) for f in firsts]
@@ -133,6 +136,10 @@ def collect(
             "ss_same": ss_same, "d2": d2, "v_hat": value, "kids": kids,
         }  # fmt: skip
         add(row)
+
+
+def _first_action(turns: Sequence[Turn]) -> tuple[int, ...]:
+    return turns[0].completion_ids if turns else ()
 
 
 #: ``Checkpoint(...)`` without the dataclass's ``__init__`` (the fields straight into the
