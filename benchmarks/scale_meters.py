@@ -315,9 +315,11 @@ class WallMeter:
     load, the server process included), asleep in the event loop's selector with a
     model call in flight (``loop_wait_calls_s``: waiting on the server's answers) or
     with none (``loop_wait_idle_s``: a barrier waiting on a planning thread, or before
-    the first call), and the rest (``other_s``: waiting for the GIL a worker thread
+    the first call), and the rest (``other_wait_s``: waiting for the GIL a worker thread
     holds, and whatever else blocks). A process whose wall exceeds its CPU for the
-    first reason is slowed by the machine, not by its schedule.
+    first reason is slowed by the machine, not by its schedule. ``other_wait_s`` is what is
+    left of the wall after the rest, so it carries their clocks' disagreements too (a few
+    tens of milliseconds either way in a run of seconds: it can come out below zero).
 
     The selector is timed by wrapping ``selectors.DefaultSelector.select`` while the
     meter is on (the arm's loop is made inside it); ``calls`` (a :class:`CallMeter`)
