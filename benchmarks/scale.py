@@ -48,6 +48,11 @@ first in turn over the repeats. Per arm:
   in the server) and ``server_underfilled_share`` (fewer than half the slots in
   service); those also count the time answers wait for a busy client, so they grow
   with the machine's load and with the client's own CPU, in both arms;
+* where the wall time that is not CPU goes (:class:`WallMeter`, the event loop's
+  thread): ``runqueue_s`` (runnable, waiting for a CPU: the machine's other load and
+  the server process), ``loop_wait_calls_s`` (asleep in the selector with calls in
+  flight: waiting on answers), ``loop_wait_idle_s`` (with none: a barrier's planning
+  thread), ``other_wait_s`` (the GIL and the rest), beside ``main_thread_cpu_s``;
 * focus only: every continuation wave's plan/graft/score CPU in order, and mean plan CPU
   per wave in the first and last quarter of the waves.
 
@@ -107,6 +112,7 @@ from benchmarks.scale_meters import (  # noqa: F401 (re-exported)
     CallMeter,
     GcMeter,
     SearchMeter,
+    WallMeter,
     server_occupancy,
 )
 from benchmarks.scale_summary import (  # noqa: F401 (re-exported)

@@ -17,7 +17,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from benchmarks.engine import make_agent
-from benchmarks.scale_meters import CallMeter, GcMeter, SearchMeter, peak_rss_mib, rss_now_mib, server_occupancy
+from benchmarks.scale_meters import (
+    CallMeter,
+    GcMeter,
+    SearchMeter,
+    WallMeter,
+    peak_rss_mib,
+    rss_now_mib,
+    server_occupancy,
+)
 from focus.agent import Agent, Rollout, derive_seed
 from focus.batch import Batch, BatchBuilder
 from focus.collector import Collector
@@ -249,7 +257,7 @@ def run_arm(cfg: dict[str, Any]) -> dict[str, Any]:
         before = server.stats()
         arm = ARMS[cfg["arm"]]
         calls = CallMeter().install(agent.policy)
-        with GcMeter() as gc_meter:
+        with GcMeter() as gc_meter, WallMeter(calls) as waits:
             c0, t0 = time.process_time(), time.perf_counter()
             figures, batch = arm(agent, tasks, cfg)
             cpu, wall = time.process_time() - c0, time.perf_counter() - t0
@@ -288,6 +296,7 @@ def run_arm(cfg: dict[str, Any]) -> dict[str, Any]:
         "server_max_waiting": after["max_waiting"],
         **server_occupancy(log, cfg["slots"]),
         **calls.figures(),
+        **waits.figures(),
     }
     del batch
     return out

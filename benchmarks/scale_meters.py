@@ -2,6 +2,7 @@
 
 Search CPU by kind and per continuation wave (:class:`SearchMeter`), CPU inside the
 cyclic garbage collector (:class:`GcMeter`), model calls in flight (:class:`CallMeter`),
+where the event loop's thread spends the wall time that is not its CPU (:class:`WallMeter`),
 the process's RSS, and the server's occupancy from its request log
 (:func:`server_occupancy`). Held apart from the arms (benchmarks/scale_arms.py) that
 install them and the command line (benchmarks/scale.py) that runs them.
@@ -14,6 +15,7 @@ import gc
 import inspect
 import os
 import resource
+import selectors
 import sys
 import threading
 import time
@@ -127,6 +129,9 @@ class SearchMeter:
     def _timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         kind = _kind(name)
         signature = inspect.signature(fn)
+        # Only planning and grafting read the call's arguments (which wave it is); binding
+        # them for every scoring call too was the meter's own CPU, counted as FOCUS's search.
+        bound = kind in ("plan", "graft")
 
         @functools.wraps(fn)
         def timed(*args: Any, **kw: Any) -> Any:
@@ -140,7 +145,7 @@ class SearchMeter:
                 self._depth -= 1
                 cpu = time.thread_time() - c0
                 self.cpu[kind] += cpu
-            self._record(kind, signature.bind(*args, **kw).arguments, out, cpu)
+            self._record(kind, signature.bind(*args, **kw).arguments if bound else {}, out, cpu)
             return out
 
         return timed
@@ -292,6 +297,82 @@ class CallMeter:
                 key=lambda g: -g[1],
             ),
         }
+
+
+def thread_schedstat() -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable but waiting for one) of the calling thread,
+    from Linux's ``/proc/thread-self/schedstat``; None where there is none."""
+    try:
+        on_cpu, waiting = Path("/proc/thread-self/schedstat").read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+class WallMeter:
+    """Where the event loop's thread spends an arm's wall time: on a CPU (its own
+    thread CPU), runnable but waiting for a CPU (``runqueue_s``: the machine's other
+    load, the server process included), asleep in the event loop's selector with a
+    model call in flight (``loop_wait_calls_s``: waiting on the server's answers) or
+    with none (``loop_wait_idle_s``: a barrier waiting on a planning thread, or before
+    the first call), and the rest (``other_wait_s``: waiting for the GIL a worker thread
+    holds, and whatever else blocks). A process whose wall exceeds its CPU for the
+    first reason is slowed by the machine, not by its schedule. ``other_wait_s`` is what is
+    left of the wall after the rest, so it carries their clocks' disagreements too (a few
+    tens of milliseconds either way in a run of seconds: it can come out below zero).
+
+    The selector is timed by wrapping ``selectors.DefaultSelector.select`` while the
+    meter is on (the arm's loop is made inside it); ``calls`` (a :class:`CallMeter`)
+    tells a wait with calls in flight from one without."""
+
+    def __init__(self, calls: CallMeter | None = None) -> None:
+        self.calls = calls
+        self.loop_wait_calls_s = self.loop_wait_idle_s = 0.0
+        self._start: tuple[float, float, tuple[float, float] | None] | None = None
+        self.figures_: dict[str, Any] = {}
+
+    def __enter__(self) -> WallMeter:
+        cls = selectors.DefaultSelector
+        inner = cls.select
+        main = threading.main_thread()
+
+        def select(sel: Any, timeout: float | None = None) -> Any:
+            if threading.current_thread() is not main:
+                return inner(sel, timeout)
+            t0 = time.perf_counter()
+            try:
+                return inner(sel, timeout)
+            finally:
+                waited = time.perf_counter() - t0
+                if self.calls is not None and self.calls.in_flight:
+                    self.loop_wait_calls_s += waited
+                else:
+                    self.loop_wait_idle_s += waited
+
+        self._undo = (cls, inner)
+        cls.select = select  # type: ignore[method-assign]
+        self._start = (time.perf_counter(), time.thread_time(), thread_schedstat())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        cls, inner = self._undo
+        cls.select = inner  # type: ignore[method-assign]
+        assert self._start is not None
+        t0, c0, s0 = self._start
+        wall, cpu, s1 = time.perf_counter() - t0, time.thread_time() - c0, thread_schedstat()
+        runqueue = s1[1] - s0[1] if s0 is not None and s1 is not None else None
+        known = cpu + (runqueue or 0.0) + self.loop_wait_calls_s + self.loop_wait_idle_s
+        self.figures_ = {
+            "main_thread_cpu_s": cpu,
+            "runqueue_s": runqueue,
+            "runqueue_share": runqueue / wall if runqueue is not None and wall > 0 else None,
+            "loop_wait_calls_s": self.loop_wait_calls_s,
+            "loop_wait_idle_s": self.loop_wait_idle_s,
+            "other_wait_s": wall - known,
+        }
+
+    def figures(self) -> dict[str, Any]:
+        return dict(self.figures_)
 
 
 def rss_now_mib() -> float | None:

@@ -34,6 +34,10 @@ ARM_FIGURES = (
     "idle_share",
     "server_idle_share",
     "server_underfilled_share",
+    "main_thread_cpu_s",
+    "loop_wait_calls_s",
+    "loop_wait_idle_s",
+    "other_wait_s",
 )
 WAVE_FIGURES = (
     "plan_cpu_ms_per_wave_first_quarter",
@@ -100,6 +104,41 @@ def test_call_meter_counts_the_stretches_with_no_call_in_flight():
     (at, length), *_ = f["idle_gaps_ms"]  # the barrier, after the first two calls
     # the gaps are rounded to 0.1 ms, so the longest may read up to 0.05 ms over the total
     assert at >= 100 and 200 <= length <= 1000 * f["idle_s"] + 0.05
+
+
+def test_wall_meter_splits_the_loop_threads_wall():
+    """A loop that computes, sleeps in its selector with a call in flight, then with
+    none, and blocks outside the selector: each stretch lands in its own figure."""
+    import asyncio
+    import selectors
+    import time
+
+    from benchmarks.scale import CallMeter, WallMeter
+
+    calls = CallMeter()
+    original = selectors.DefaultSelector.select
+
+    async def go() -> None:
+        t = time.thread_time()
+        while time.thread_time() - t < 0.05:  # CPU
+            pass
+        calls.in_flight = 1
+        await asyncio.sleep(0.1)  # in the selector, a call in flight
+        calls.in_flight = 0
+        await asyncio.sleep(0.06)  # in the selector, none
+        time.sleep(0.08)  # blocked outside the selector
+
+    with WallMeter(calls) as meter:
+        asyncio.run(go())
+    f = meter.figures()
+    assert f["main_thread_cpu_s"] >= 0.05
+    assert 0.1 <= f["loop_wait_calls_s"] < 0.1 + 0.05
+    assert 0.06 <= f["loop_wait_idle_s"] < 0.06 + 0.05
+    # the sleep outside the selector, less what a loaded machine may move to the run queue
+    assert 0.08 - (f["runqueue_s"] or 0.0) - 0.01 <= f["other_wait_s"] < 0.08 + 0.05
+    if f["runqueue_s"] is not None:  # Linux
+        assert 0 <= f["runqueue_s"] and f["runqueue_share"] < 1
+    assert selectors.DefaultSelector.select is original  # put back
 
 
 def test_search_meter_times_each_thread_on_its_own():

@@ -439,3 +439,86 @@ def test_slot_hashes_equal_the_hash_of_the_tuples_repr() -> None:
     odd = ("3", True, 2.0)  # not ints: the tuple's repr, as before
     assert tie(0, 1, *odd[1:]) == derive_seed("tie", 0, 1, True, 2.0) / 2**31
     assert {explores(1, True, 2, r) == reference_explores(1, True, 2, r) for r in (0.1, 0.5, 0.9)} == {True}
+
+
+def reference_collect(tree: Tree, gamma: float, truncation: str, keep, out: list, segments=None) -> None:  # type: ignore[no-untyped-def]
+    """``focus.noise_rows.collect`` as it was (a checkpoint's row made by its dataclass
+    ``__init__``, its children grouped by first action in one pass)."""
+    from focus.noise_rows import _CRITIC, _EXACT, DEPTH_BUCKETS, Checkpoint
+
+    nodes, edges = tree.nodes, tree.edges
+    segs = segments if segments is not None else {}
+    val: dict[int, float | None] = {}
+    ref: dict[int, int] = {}
+    boot = truncation == "bootstrap"
+    for i in sorted(nodes, reverse=True):
+        node = nodes[i]
+        if node.parent_edge is not None and keep is not None and not keep(tree, edges[node.parent_edge]):
+            continue
+        kind = node.kind
+        if kind != "checkpoint":
+            if kind == "terminal" or (kind == "truncated" and truncation == "terminal"):
+                val[i] = 0.0
+            else:
+                val[i] = node.value if kind == "truncated" else None
+            ref[i] = _CRITIC if kind == "truncated" and boot else _EXACT
+            continue
+        qs: list[float] = []
+        kids: list[tuple[float, float, int, float]] = []
+        groups: list[int] = []
+        index: dict[tuple[int, ...], int] = {}
+        for eid in node.children:
+            sg = segs.get(eid)
+            if sg is None:
+                sg = segs[eid] = segment(edges[eid], gamma)
+            c = sg.child
+            vc = val.get(c)
+            if vc is None:
+                continue
+            disc = sg.discount
+            qs.append(sg.reward + disc * vc)
+            turns = edges[eid].turns
+            groups.append(index.setdefault(turns[0].completion_ids if turns else (), len(index)))
+            kids.append((sg.weight, disc * disc, ref[c], 0.0))
+        m = len(qs)
+        if not m:
+            val[i], ref[i] = node.value, _CRITIC
+            continue
+        q_bar = sum(qs) / m
+        ss = sum((q - q_bar) ** 2 for q in qs) if m >= 2 else None
+        ss_same = None
+        if len(index) < m:
+            members: dict[int, list[float]] = {}
+            for q, g in zip(qs, groups, strict=True):
+                members.setdefault(g, []).append(q)
+            ss_same = sum(sum((q - sum(v) / len(v)) ** 2 for q in v) for v in members.values())
+            sizes = [len(members[g]) for g in groups]
+            kids = [(w, d, c, (n - 1) / n) for (w, d, c, _), n in zip(kids, sizes, strict=True)]
+        d2 = (node.value - q_bar) ** 2 if node.value is not None else None
+        val[i], ref[i] = q_bar, len(out)
+        depth = node.depth
+        out.append(Checkpoint(min(depth, DEPTH_BUCKETS - 1), depth, m, ss, ss_same, d2, node.value, kids))
+
+
+@pytest.mark.parametrize(("gamma", "truncation"), [(1.0, "bootstrap"), (0.9, "bootstrap"), (0.97, "terminal")])
+def test_noise_rows_equal_the_former_collect(gamma: float, truncation: str) -> None:
+    from focus.noise_rows import collect
+
+    def keep(tree: Tree, e: Edge) -> bool:  # a filter that drops some subtrees
+        return e.rollout % 3 != 1
+
+    rows = []
+    for tree in (t for seed in range(8) for t in random_trees(seed, steps=14)):
+        for flt in (None, keep):
+            segs: dict[int, Segment] = {}
+            got: list = []  # type: ignore[type-arg]
+            collect(tree, gamma, truncation, flt, got, segs)  # type: ignore[arg-type]
+            want: list = []  # type: ignore[type-arg]
+            reference_collect(tree, gamma, truncation, flt, want)
+            assert got == want  # bit for bit (dataclass equality: every field, in order)
+            assert [r.__dict__ for r in got] == [r.__dict__ for r in want]
+            assert set(segs) <= set(tree.edges)  # the segments it made are kept for the caller
+            rows += got
+    # the trees exercise every case: only children, spreads, same-action groups, unscored checkpoints
+    assert any(r.m == 1 for r in rows) and any(r.ss is not None for r in rows)
+    assert any(r.ss_same is not None for r in rows) and any(r.d2 is None for r in rows)
