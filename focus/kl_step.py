@@ -120,7 +120,8 @@ def curvature_along(model: Any, chunks: Sequence[Any], temperature: float, v: Ve
             return padded_logits(lambda *a, **k: functional_call(model, state, a, k), p).float() / temperature
 
         with sdpa_kernel(SDPBackend.MATH), torch.no_grad():  # the fused CPU kernel has no forward-mode rule
-            logits, delta = jvp(logits_of, params, tuple(t.detach() for t in v))
+            pair = jvp(logits_of, params, tuple(t.detach() for t in v))
+        logits, delta = pair[0], pair[1]
         prob = torch.softmax(logits, dim=-1)
         mean = (prob * delta).sum(-1, keepdim=True)
         out += float(((prob * (delta - mean) ** 2).sum(-1) * p.mask).sum())
