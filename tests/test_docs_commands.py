@@ -93,7 +93,8 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks.writer_race": Check("parse", "a benchmark of minutes (300 racing writers)"),
     ".venv/bin/python -m benchmarks --only load_2k,load_20k": Check("parse", "benchmarks of half an hour"),
     ".venv/bin/python -m benchmarks --only restart": Check("parse", "a benchmark of minutes (30 s and 90 s outages)"),
-    ".venv/bin/python -m benchmarks --only learning": Check("parse", "the learning record: half an hour on 2 cores"),
+    ".venv/bin/python -m benchmarks --only learning": Check("parse", "the learning record: 20-35 minutes on 2 cores"),
+    ".venv/bin/python -m benchmarks.train_local": Check("parse", "a benchmark of a minute (one collection, 7 settings)"),
     # docs/algorithm.md
     ".venv/bin/python -m benchmarks.estimator_quality --families decisive,heavy_tail,truncated --budgets 2,6 "
     "--critics noise_1,noise_3,constant,biased,early_late --methods grpo,uniform,selective --seeds 2": Check(
