@@ -84,7 +84,7 @@ def batch_gradient(trainer: Any, batch: Batch, task_ids: set[str] | None = None)
     trained = [a for s in seqs for a, m in zip(s.advantages, s.mask, strict=True) if m]
     mean = sum(trained) / len(trained)
     std = (sum((a - mean) ** 2 for a in trained) / len(trained)) ** 0.5
-    scale = 1.0 / std if cfg.scale_advantages and std > 1e-8 else 1.0
+    scale = 1.0 / std if cfg.scale_advantages == "batch" and std > 1e-8 else 1.0
     model = trainer.model
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.torch_threads)
@@ -107,10 +107,12 @@ def batch_gradient(trainer: Any, batch: Batch, task_ids: set[str] | None = None)
 def _sequences(trainer: Any, batch: Batch, task_ids: set[str] | None) -> list[Any]:
     from focus.exporters import actor_sequences
     from focus.train_local import pack_sequences, weighted
+    from focus.tree_weights import task_scaled
 
     cfg = trainer.config
     rows = [r for r in batch.actor if task_ids is None or r.task_id in task_ids]
     part = Batch(batch.collection_id, batch.iteration, rows)
+    part = task_scaled(part) if cfg.scale_advantages == "task" else part
     raw = actor_sequences(weighted(part, cfg.segment_weights) if cfg.segment_weights != "equal" else part)
     return pack_sequences(raw, cfg.packing)
 

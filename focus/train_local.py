@@ -51,7 +51,7 @@ from focus.packing import Trainable, pack_sequences, pad_sequences, padded_logpr
 from focus.packing import pack_prefixes as pack_prefixes
 from focus.packing import token_logprobs as token_logprobs
 from focus.tree_weights import segment_weights as segment_weights
-from focus.tree_weights import weighted
+from focus.tree_weights import task_scaled, weighted
 
 if TYPE_CHECKING:
     import torch
@@ -81,9 +81,11 @@ class UpdateConfig(BaseModel):
     #: so that the ratio compares the same distributions (top-p must be 1). Empty: 1.0,
     #: or in the pipeline the collection's own ``agent.sampling.temperature``.
     temperature: float | None = Field(None, gt=0.0)
-    #: Scale advantages to unit standard deviation over the batch (their mean is kept:
-    #: TD advantages already have a baseline).
-    scale_advantages: bool = True
+    #: Scale advantages to unit standard deviation (their mean is kept: TD advantages
+    #: already have a baseline): ``batch`` (true) over the whole batch; ``task`` over
+    #: each task's trained tokens (:func:`focus.tree_weights.task_scaled`), as GRPO's
+    #: groups are; ``none`` (false) as they come.
+    scale_advantages: Literal["batch", "task", "none"] = "batch"
     #: AdamW weight decay.
     weight_decay: float = Field(0.0, ge=0.0)
     #: Torch threads during an update. One is fastest on a 2-core machine that also
@@ -128,6 +130,11 @@ class UpdateConfig(BaseModel):
     @classmethod
     def _pack_flag(cls, v: object) -> object:
         return {True: "auto", False: "none"}.get(v, v) if isinstance(v, bool) else v
+
+    @field_validator("scale_advantages", mode="before")
+    @classmethod
+    def _scale_flag(cls, v: object) -> object:
+        return {True: "batch", False: "none"}.get(v, v) if isinstance(v, bool) else v
 
     @property
     def packing(self) -> Literal["tree", "prefixes", "none"]:
@@ -276,6 +283,8 @@ class PolicyTrainer:
 
         cfg = self.config
         t0 = time.perf_counter()
+        if cfg.scale_advantages == "task":
+            batch = task_scaled(batch)
         raw = actor_sequences(weighted(batch, cfg.segment_weights) if cfg.segment_weights != "equal" else batch)
         if not raw:
             raise ValueError(
@@ -285,7 +294,7 @@ class PolicyTrainer:
         trained = [a for s in seqs for a, m in zip(s.advantages, s.mask, strict=True) if m]
         mean = sum(trained) / len(trained)
         std = math.sqrt(sum((a - mean) ** 2 for a in trained) / len(trained))
-        scale = 1.0 / std if cfg.scale_advantages and std > 1e-8 else 1.0
+        scale = 1.0 / std if cfg.scale_advantages == "batch" and std > 1e-8 else 1.0
         # denormal floats (Adam's second moments decay into them) slow CPU kernels badly
         threads = torch.get_num_threads()
         torch.set_flush_denormal(True)

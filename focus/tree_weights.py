@@ -8,6 +8,7 @@ batch's rows; no torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -70,4 +71,24 @@ def weighted(batch: Batch, mode: str) -> Batch:
     rows = list(batch.actor)
     w = segment_weights(rows, mode)
     out = [replace(r, advantage=r.advantage * w[(r.task_id, r.tree_id, r.edge_id)]) for r in rows]
+    return Batch(batch.collection_id, batch.iteration, out, batch.critic, batch.stats)
+
+
+def task_scaled(batch: Batch) -> Batch:
+    """``batch`` with each actor row's advantage divided by the standard deviation of
+    its task's advantages over the task's trained tokens (their mean kept), so every
+    task weighs alike whatever the spread of its returns; a task whose advantages are
+    all equal keeps them. GRPO's group-normalised advantages are already so; a tree's
+    TD advantages are not: a task with a payoff in its tree dominates the batch's
+    scale otherwise."""
+    sums: dict[str, list[float]] = {}
+    for r in batch.actor:
+        n = float(sum(1 for m in r.loss_mask if m))
+        acc = sums.setdefault(r.task_id, [0.0, 0.0, 0.0])
+        acc[0], acc[1], acc[2] = acc[0] + n, acc[1] + n * r.advantage, acc[2] + n * r.advantage**2
+    scale = {}
+    for task, (n, s1, s2) in sums.items():
+        var = s2 / n - (s1 / n) ** 2 if n else 0.0
+        scale[task] = 1.0 / math.sqrt(var) if var > 1e-16 else 1.0
+    out = [replace(r, advantage=r.advantage * scale[r.task_id]) for r in batch.actor]
     return Batch(batch.collection_id, batch.iteration, out, batch.critic, batch.stats)

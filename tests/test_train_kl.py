@@ -183,3 +183,30 @@ def test_sibling_and_reach_weights_follow_the_tree():
     assert [r.advantage for r in out.actor] == pytest.approx([reach[("t", "t#0", r.edge_id)] for r in rows])
     with pytest.raises(ValueError, match="unknown"):
         segment_weights(rows, "depth")
+
+
+def test_task_scaling_gives_every_task_unit_spread_and_keeps_a_flat_task():
+    from focus.train_local import UpdateConfig
+    from focus.tree_weights import task_scaled
+
+    def row(task, adv, tokens, edge):
+        r = _row((1, 2), tuple(range(5, 5 + tokens)), adv, edge)
+        return dataclasses.replace(r, task_id=task)
+
+    # task a: advantages +2 (2 tokens) and -1 (1 token); task b: 0.1 / -0.1 / 0.3; task c: flat
+    rows = [row("a", 2.0, 2, 0), row("a", -1.0, 1, 1), row("b", 0.1, 1, 2), row("b", -0.1, 1, 3), row("b", 0.3, 2, 4)]
+    rows += [row("c", 0.5, 1, 5), row("c", 0.5, 3, 6)]
+    out = task_scaled(Batch("c", 0, rows)).actor
+    for task in ("a", "b"):
+        got = [(r.advantage, sum(r.loss_mask)) for r in out if r.task_id == task]
+        n = sum(k for _, k in got)
+        mean = sum(a * k for a, k in got) / n
+        assert sum(k * (a - mean) ** 2 for a, k in got) / n == pytest.approx(1.0)  # unit spread per task
+    a_before = [r.advantage for r in rows if r.task_id == "a"]
+    a_after = [r.advantage for r in out if r.task_id == "a"]
+    assert a_after[0] / a_after[1] == pytest.approx(a_before[0] / a_before[1])  # one factor per task, signs kept
+    assert [r.advantage for r in out if r.task_id == "c"] == [0.5, 0.5]
+    assert UpdateConfig(scale_advantages=True).scale_advantages == "batch"
+    assert UpdateConfig(scale_advantages=False).scale_advantages == "none"
+    with pytest.raises(ValueError):
+        UpdateConfig(scale_advantages="tree")

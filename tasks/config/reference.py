@@ -130,7 +130,8 @@ MEANING: dict[str, str] = {
     "train.local.clip": "PPO clip range of the importance ratio",
     "train.local.max_grad_norm": "gradient norm clip",
     "train.local.temperature": "temperature of the trained log-probs (unset: `agent.sampling.temperature`)",
-    "train.local.scale_advantages": "advantages scaled to unit standard deviation over the batch (mean kept)",
+    "train.local.scale_advantages": "advantages scaled to unit standard deviation (mean kept): `batch` (true) "
+    "over the batch \\| `task` over each task's trained tokens \\| `none` (false)",
     "train.local.weight_decay": "AdamW weight decay",
     "train.local.torch_threads": "torch threads during an update",
     "train.local.pack": "how sequences share forward passes: `tree` (each token of the batch's token trie "
