@@ -95,6 +95,8 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks --only restart": Check("parse", "a benchmark of minutes (30 s and 90 s outages)"),
     ".venv/bin/python -m benchmarks --only learning": Check("parse", "the learning record: 20-35 minutes on 2 cores"),
     ".venv/bin/python -m benchmarks.train_local": Check("parse", "a benchmark of a minute (one collection, 7 settings)"),
+    ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks toy long-reach math --methods focus --set "
+    "'scale_advantages=\"task\"' --out runs/task-scale": Check("parse", "a study of five minutes on 2 cores"),
     # docs/algorithm.md
     ".venv/bin/python -m benchmarks.estimator_quality --families decisive,heavy_tail,truncated --budgets 2,6 "
     "--critics noise_1,noise_3,constant,biased,early_late --methods grpo,uniform,selective --seeds 2": Check(
