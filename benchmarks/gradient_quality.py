@@ -106,7 +106,7 @@ def batch_gradient(trainer: Any, batch: Batch, task_ids: set[str] | None = None)
 
 def _sequences(trainer: Any, batch: Batch, task_ids: set[str] | None) -> list[Any]:
     from focus.exporters import actor_sequences
-    from focus.train_local import pack_sequences, weighted
+    from focus.train_local import training_units, weighted
     from focus.tree_weights import task_scaled
 
     cfg = trainer.config
@@ -114,7 +114,7 @@ def _sequences(trainer: Any, batch: Batch, task_ids: set[str] | None) -> list[An
     part = Batch(batch.collection_id, batch.iteration, rows)
     part = task_scaled(part) if cfg.scale_advantages == "task" else part
     raw = actor_sequences(weighted(part, cfg.segment_weights) if cfg.segment_weights != "equal" else part)
-    return pack_sequences(raw, cfg.packing)
+    return training_units(raw, cfg)
 
 
 def reference_kl(trainer: Any, batches: Sequence[Batch], task_ids: set[str]) -> float:

@@ -266,11 +266,14 @@ def server_token_rows(r: dict[str, Any], clean: dict[str, Any], faulty: dict[str
 
 
 def train_local(f: dict[str, Any]) -> str:
+    from focus.train_local import UpdateConfig
+
     settings = [s for s in f["settings"] if s.get("rule", "adam") == "adam"]
-    base = next((s for s in settings if not s["pack"] and s["torch_threads"] == 2), settings[0])
+    base = next((s for s in settings if s["pack"] in (False, "none") and s["torch_threads"] == 2), settings[0])
+    default = UpdateConfig().pack
     rows = [
         [
-            f"pack={s['pack']} threads={s['torch_threads']}" + (" (the defaults)" if s["pack"] and s["torch_threads"] == 1 else ""),
+            f"pack={s['pack']} threads={s['torch_threads']}" + (" (the defaults)" if s["pack"] == default and s["torch_threads"] == 1 else ""),
             s_(s["median_s"]),
             each(s["runs_s"], s_),
             x_(base["median_s"] / s["median_s"]),
@@ -283,9 +286,7 @@ def train_local(f: dict[str, Any]) -> str:
             f"Batch: {f['actor_rows']:,} actor rows, {f['sequences']:,} sequences ({f['tokens']:,} tokens); packed: "
             f"{f['packed_sequences']:,} sequences ({f['packed_tokens']:,} tokens, {num(100 * fewer) if fewer is not None else 'n/a'}% "
             f"fewer); {f['repeats']} repeats per setting.",
-            table(
-                ["setting", "median", "each run", f"speed-up vs pack=False threads={base['torch_threads']}"], rows
-            ),
+            table(["setting", "median", "each run", f"speed-up vs pack={base['pack']} threads={base['torch_threads']}"], rows),
             *_train_layouts(f),
         ]
     )  # fmt: skip
@@ -303,7 +304,7 @@ def _train_layouts(f: dict[str, Any]) -> list[str]:
     ]
     head = (
         f'One step sized to KL 0.2 (`rule="sgd"`, the learning benchmark\'s trainer), one thread: token trie '
-        f'(`pack="tree"`, the default under this rule): {f["tree_pieces"]:,} pieces ({f["tree_tokens"]:,} tokens).'
+        f'(`pack="tree"`, the whole batch\'s trie): {f["tree_pieces"]:,} pieces ({f["tree_tokens"]:,} tokens).'
     )
     return [head, table(["layout", "median", "each run", "speed-up vs pack=none"], rows)]
 

@@ -1,14 +1,12 @@
-"""Local trainer speed: one policy update with and without prefix packing, 1 vs 2 threads,
-and one KL-sized step under each sequence layout.
+"""Local trainer speed: one policy update under each sequence layout, 1 vs 2 threads.
 
 Collects one toy batch on the embedded model with the search of ``configs/loop.toml``
 (what ``focus train -c configs/loop.toml`` collects per iteration), then times
 ``PolicyTrainer.update`` on it from the same initial weights in each setting,
 ``--repeats`` times, and prints the median wall time and tokens forwarded. The
-settings: the default ``adam`` epoch with ``pack`` off and on, 1 and 2 threads; and
-the learning benchmark's trainer (``rule="sgd"``, one step sized to ``target_kl`` 0.2,
-where the layout cannot change the update: the step is over the whole batch) with
-``pack`` ``none``, ``prefixes`` and ``tree`` (``focus.packing``), one thread.
+settings: ``pack`` ``none``, ``prefixes`` and ``tree`` (``focus.packing``) under the
+default ``adam`` epoch with 1 and 2 threads, and under the learning benchmark's trainer
+(``rule="sgd"``, one step sized to ``target_kl`` 0.2 over the whole batch) with one.
 
     .venv/bin/python -m benchmarks.train_local --tasks 32 --repeats 3 [--json PATH]
 """
@@ -79,8 +77,9 @@ def main() -> None:
         f"packed: {len(packed)} sequences ({figures['packed_tokens']} tokens)"
     )
     print(f"{'setting':28s} {'median s':>9s} {'runs':>24s}")
-    grid: list[tuple[object, int, dict[str, object]]] = [(p, t, {}) for p in (False, True) for t in (2, 1)]
-    grid += [(p, 1, KL_STEP) for p in ("none", "prefixes", "tree")]
+    packs = ("none", "prefixes", "tree")
+    grid: list[tuple[str, int, dict[str, object]]] = [(p, t, {}) for p in packs for t in (2, 1)]
+    grid += [(p, 1, KL_STEP) for p in packs]
     for pack, threads, rule in grid:
         runs = []
         for _ in range(args.repeats):

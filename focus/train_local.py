@@ -47,7 +47,7 @@ from focus.local_eval import evaluate as evaluate
 from focus.local_eval import toy_agent as toy_agent
 from focus.packing import Packed as Packed
 from focus.packing import Padded as Padded
-from focus.packing import Trainable, pack_sequences, pad_sequences, padded_logprobs
+from focus.packing import Trainable, TreePacked, pack_sequences, pack_trees, pad_sequences, padded_logprobs
 from focus.packing import pack_prefixes as pack_prefixes
 from focus.packing import token_logprobs as token_logprobs
 from focus.tree_weights import segment_weights as segment_weights
@@ -92,14 +92,15 @@ class UpdateConfig(BaseModel):
     #: runs the model server (measured: 2 threads were 11x slower, benchmarks/README.md),
     #: and one thread makes the update bit-for-bit reproducible.
     torch_threads: int = Field(1, ge=1)
-    #: How sequences share forward passes. ``tree``: every token of the batch's token
-    #: trie computed once, attending to its own ancestors (:mod:`focus.packing`);
-    #: ``prefixes``: a sequence that is a prefix of another rides in it
-    #: (:func:`pack_prefixes`); ``none``: each sequence alone. The loss is the same up
-    #: to float rounding, but under ``adam`` a minibatch (``minibatch`` packed
-    #: sequences) is an optimizer step's data, so packing changes how much each step
-    #: sees. ``auto`` (true): ``tree`` for the one-step rules, ``prefixes`` for ``adam``.
-    pack: Literal["auto", "tree", "prefixes", "none"] = "auto"
+    #: How sequences share forward passes. ``prefixes``: a sequence that is a prefix of
+    #: another rides in it (:func:`pack_prefixes`); ``tree`` (true): that, and every
+    #: forward pass laid out as a token trie, each shared token computed once
+    #: (:mod:`focus.packing`): the whole batch's under the one-step rules, each
+    #: minibatch's under ``adam``, whose minibatches (``minibatch`` prefix-packed
+    #: sequences, an optimizer step's data) stay those of ``prefixes``; ``none``
+    #: (false): each sequence alone, and minibatches of single sequences. ``tree`` and
+    #: ``prefixes`` give the same update up to float rounding.
+    pack: Literal["tree", "prefixes", "none"] = "tree"
     #: Stop an update once the approximate KL(behaviour || policy) passes this: on a
     #: minibatch before each optimizer step, and on the whole batch after each epoch.
     #: An epoch, the first included, that takes the whole batch's KL past its value
@@ -129,19 +130,12 @@ class UpdateConfig(BaseModel):
     @field_validator("pack", mode="before")
     @classmethod
     def _pack_flag(cls, v: object) -> object:
-        return {True: "auto", False: "none"}.get(v, v) if isinstance(v, bool) else v
+        return {True: "tree", False: "none"}.get(v, v) if isinstance(v, bool) else v
 
     @field_validator("scale_advantages", mode="before")
     @classmethod
     def _scale_flag(cls, v: object) -> object:
         return {True: "batch", False: "none"}.get(v, v) if isinstance(v, bool) else v
-
-    @property
-    def packing(self) -> Literal["tree", "prefixes", "none"]:
-        """What ``pack`` means for this rule."""
-        if self.pack == "auto":
-            return "prefixes" if self.rule == "adam" else "tree"
-        return self.pack
 
     @model_validator(mode="after")
     def _sized(self) -> UpdateConfig:
@@ -223,6 +217,15 @@ def clipped_loss(
     return loss, stats
 
 
+def training_units(raw: Sequence[TokenSequence], cfg: UpdateConfig) -> list[Trainable]:
+    """What an update iterates over (pure): under the one-step rules with ``tree``, the
+    pieces of the batch's token trie; otherwise the sequences, prefix-packed unless
+    ``pack`` is ``none`` (under ``adam``, ``minibatch`` of them make a step)."""
+    if cfg.pack == "tree" and cfg.rule != "adam":
+        return pack_sequences(raw, "tree")
+    return pack_sequences(raw, "none" if cfg.pack == "none" else "prefixes")
+
+
 class PolicyTrainer:
     """Holds the tiny model and its optimizer across iterations.
 
@@ -290,7 +293,7 @@ class PolicyTrainer:
             raise ValueError(
                 f"batch {batch.collection_id!r} iteration {batch.iteration} has no trainable actor sequences"
             )
-        seqs = pack_sequences(raw, cfg.packing)
+        seqs = training_units(raw, cfg)
         trained = [a for s in seqs for a, m in zip(s.advantages, s.mask, strict=True) if m]
         mean = sum(trained) / len(trained)
         std = math.sqrt(sum((a - mean) ** 2 for a in trained) / len(trained))
@@ -303,10 +306,7 @@ class PolicyTrainer:
             initial_kl = self._kl(seqs) if cfg.target_kl is not None else 0.0
             if cfg.rule != "adam":
                 by_len = sorted(seqs, key=lambda s: len(s.tokens))  # less padding
-                p = [
-                    pad_sequences(by_len[i : i + cfg.minibatch], self.pad_id)
-                    for i in range(0, len(seqs), cfg.minibatch)
-                ]
+                p = [self._pad(by_len[i : i + cfg.minibatch]) for i in range(0, len(seqs), cfg.minibatch)]
                 taken, halvings = kl_step(self.model, p, cfg, self._loss_fn(scale), initial_kl, lambda: self._kl(seqs))
                 if on_step is not None and taken:
                     on_step(UpdateStep(1, 1, 0, **taken[0]))
@@ -399,7 +399,7 @@ class PolicyTrainer:
         try:
             for idx in chunks:
                 chunk = [seqs[i] for i in idx]
-                p = pad_sequences(chunk, self.pad_id)
+                p = self._pad(chunk)
                 new = padded_logprobs(self.model, p, cfg.temperature or 1.0)
                 loss, stats = clipped_loss(new, p, cfg.clip, p.advantages * scale)
                 if kl_reached(stats["approx_kl"], cfg.target_kl) and done + len(steps) > 0:
@@ -437,6 +437,13 @@ class PolicyTrainer:
         self.model.load_state_dict(snap[0])
         self.optimizer.load_state_dict(snap[1])
 
+    def _pad(self, chunk: Sequence[Trainable]) -> Padded:
+        """One forward pass's tensors: a chunk of sequences laid out as its token trie
+        under ``pack="tree"`` (pieces of the batch's trie as they are)."""
+        if self.config.pack == "tree" and not isinstance(chunk[0], TreePacked):
+            return pad_sequences(pack_trees(chunk), self.pad_id)
+        return pad_sequences(chunk, self.pad_id)
+
     def _kl(self, seqs: Sequence[Trainable]) -> float:
         """Approximate KL(behaviour || current policy), token mean over ``seqs`` (no update)."""
         total, tokens = self.kl_sums(seqs)
@@ -452,7 +459,7 @@ class PolicyTrainer:
         self.model.eval()
         with torch.no_grad():
             for i in range(0, len(seqs), self.config.minibatch):
-                p = pad_sequences(seqs[i : i + self.config.minibatch], self.pad_id)
+                p = self._pad(seqs[i : i + self.config.minibatch])
                 new = padded_logprobs(self.model, p, self.config.temperature or 1.0)
                 log_ratio = (new - p.old_logprobs) * p.mask
                 total += float((((torch.exp(log_ratio) - 1.0) - log_ratio) * p.mask).sum())

@@ -20,7 +20,6 @@ from focus.train_local import (
     UpdateConfig,
     clipped_loss,
     pack_prefixes,
-    pack_sequences,
     pad_sequences,
     padded_logprobs,
 )
@@ -151,17 +150,38 @@ def test_the_tree_layout_computes_fewer_tokens_than_prefix_packing():
     assert len(trie.token) <= tree < prefixes
 
 
-def test_pack_modes_and_their_rule():
-    assert UpdateConfig().packing == "prefixes"  # adam: a minibatch is a step's data
-    assert UpdateConfig(rule="sgd", target_kl=0.1).packing == "tree"
-    assert UpdateConfig(pack=True, rule="sgd", target_kl=0.1).pack == "auto"
-    assert UpdateConfig(pack=False).packing == "none"
-    assert UpdateConfig(pack="tree").packing == "tree"
+def test_pack_modes_and_the_units_an_update_iterates_over():
+    from focus.train_local import training_units
+
+    seqs = _random_tree_batch(5, n=6)
+    assert UpdateConfig().pack == "tree" and UpdateConfig(pack=True).pack == "tree"
+    assert UpdateConfig(pack=False).pack == "none"
     with pytest.raises(ValueError):
         UpdateConfig(pack="trie")
-    seqs = _random_tree_batch(5, n=6)
-    assert all(isinstance(p, TreePacked) for p in pack_sequences(seqs, "tree"))
-    assert pack_sequences(seqs, "none") == seqs
+    sgd = {"rule": "sgd", "target_kl": 0.1}
+    assert all(isinstance(p, TreePacked) for p in training_units(seqs, UpdateConfig(**sgd)))
+    # adam's minibatches are prefix-packed sequences whatever the layout of a forward pass
+    assert training_units(seqs, UpdateConfig()) == training_units(seqs, UpdateConfig(pack="prefixes"))
+    assert training_units(seqs, UpdateConfig(pack="prefixes", **sgd)) == pack_prefixes(seqs)
+    assert training_units(seqs, UpdateConfig(pack="none")) == seqs
+
+
+def test_an_adam_update_is_the_same_laid_out_as_a_trie():
+    """Under ``adam`` each minibatch of prefix-packed sequences is laid out as its own
+    trie: the same steps as prefix packing, to float rounding."""
+    from focus.train_local import PolicyTrainer
+
+    seqs = _random_tree_batch(7, n=30)
+    weights = {}
+    for pack in ("prefixes", "tree"):
+        trainer = PolicyTrainer(config=UpdateConfig(pack=pack, epochs=2, minibatch=4, lr=1e-3))
+        trainer.model = _model()
+        trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
+        chunks = [list(range(i, min(i + 4, len(pack_prefixes(seqs))))) for i in range(0, len(pack_prefixes(seqs)), 4)]
+        units = pack_prefixes(seqs)
+        trainer._epoch(units, chunks, 1.0, 0, 0, len(chunks), None)
+        weights[pack] = torch.cat([q.detach().flatten() for q in trainer.model.parameters()])
+    assert float((weights["tree"] - weights["prefixes"]).abs().max()) < 1e-5
 
 
 def test_bad_layouts_are_refused():

@@ -138,7 +138,7 @@ def _plain_update(trainer: PolicyTrainer, batch: Batch) -> None:
 
 def test_without_a_target_the_update_is_the_one_before_the_bound():
     batch = _on_policy(_batch())
-    cfg = UpdateConfig(lr=3e-3, epochs=3, minibatch=2, scale_advantages=False, seed=3)
+    cfg = UpdateConfig(lr=3e-3, epochs=3, minibatch=2, scale_advantages=False, seed=3, pack="prefixes")  # the plain layout, bit for bit
     new, old = PolicyTrainer(config=cfg), PolicyTrainer(config=cfg)
     stats = new.update(batch)
     _plain_update(old, batch)

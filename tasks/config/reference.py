@@ -134,9 +134,9 @@ MEANING: dict[str, str] = {
     "over the batch \\| `task` over each task's trained tokens \\| `none` (false)",
     "train.local.weight_decay": "AdamW weight decay",
     "train.local.torch_threads": "torch threads during an update",
-    "train.local.pack": "how sequences share forward passes: `tree` (each token of the batch's token trie "
-    "computed once) \\| `prefixes` (a sequence that is a prefix of another rides in it) \\| `none` \\| `auto`: "
-    "`tree` under `sgd`/`natural`, `prefixes` under `adam` (a minibatch is a step's data there)",
+    "train.local.pack": "how sequences share forward passes: `tree` (true; prefix packing, and every forward "
+    "pass laid out as a token trie, each shared token once) \\| `prefixes` (a sequence that is a prefix of another "
+    "rides in it) \\| `none` (false)",
     "train.local.target_kl": "stop an update once a minibatch's approximate KL(behaviour \\|\\| policy) passes "
     "this; an epoch (the first too) that adds more than twice this over the batch is undone and run again at half "
     "the learning rate, up to 4 times (unset: no stop)",
