@@ -8,7 +8,8 @@ Three modules, one job each:
   derived from each tree;
 - :mod:`focus.search.planning`: :func:`plan_wave`, :func:`plan_ahead`,
   :func:`plan_next`, :func:`plan_refill` - which checkpoints the next wave continues
-  (:func:`plan_begin` / :func:`plan_choose` / :func:`plan_rank` / :func:`plan_chosen`:
+  (:func:`plan_begin` / :func:`plan_lead` / :func:`plan_choose` / :func:`plan_rank` /
+  :func:`plan_chosen`:
   :func:`plan_next`'s wave handed over a slice of jobs at a time);
 - :mod:`focus.search.grafting`: :func:`graft`, :func:`with_predictions`,
   :func:`replay` - a successor state with a wave's rollouts or the critic's scores,
@@ -41,6 +42,7 @@ from focus.search.planning import (
     plan_begin,
     plan_choose,
     plan_chosen,
+    plan_lead,
     plan_next,
     plan_rank,
     plan_refill,
@@ -77,6 +79,7 @@ __all__ = [
     "plan_ahead",
     "plan_begin",
     "plan_choose",
+    "plan_lead",
     "plan_chosen",
     "plan_next",
     "plan_rank",
