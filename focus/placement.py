@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from focus.agent import Rollout
 from focus.critic import warm_start
 from focus.priority import Priority, exploration_rate
-from focus.search import Predictions, SearchState, TreeWave, WavePlan, graft, plan_next, with_predictions
+from focus.search import Predictions, SearchState, TreeWave, WavePlan, graft, plan_next, ranking_work, with_predictions
 
 _T = TypeVar("_T")
 
@@ -42,8 +42,10 @@ INLINE_S = 0.005
 # timed (thread CPU) in benchmarks.scale_inproc's FOCUS arm at 2k / 40, 10k / 200,
 # 40k / 40 and 100k / 2,000 (a scratch wrapper around :func:`placed`, h37w; 2 cores,
 # Python 3.11). Estimates to tell a millisecond from a hundred, not to time anything:
-# there every call estimated at most INLINE_S took at most 4.2 ms, and every call
-# estimated above it but two took over 2.5 ms (a fit, a ranking: 25 ms to 1.2 s).
+# there every call estimated at most INLINE_S took at most 4.4 ms, and every call
+# estimated above it at least 1.9 ms (a fit and its rankings: 24 ms to 1.0 s) but the
+# begin of a wave after a phase's budget is spent (nothing to choose: two per run at 2k
+# and 10k, whose trees the estimate reads as still to be drawn).
 #: A node of a ranking built from scratch (views, then the tree's ranking).
 _RANK_NODE_S = 8e-6
 #: A changed node (new, or with a new prediction) brought up to date in a tree's
@@ -54,6 +56,9 @@ _UPDATE_NODE_S = 25e-6
 _TREE_S = 3e-6
 #: A node of a tree whose checkpoints' exploration draws a lead draws (a hash each).
 _DRAW_NODE_S = 4e-6
+#: A tree whose budget spent a plan sums first (its log), with its counts (after the
+#: evidence: 7.5 ms for 800 trees, about 40 ms for 2,000).
+_SUM_TREE_S = 10e-6
 #: A job the greedy choice takes (a heap step and the job's view re-ranked).
 _CHOOSE_JOB_S = 15e-6
 #: A rollout's piece (about a transition) grafted, a job or a tree's part merged, a
@@ -82,7 +87,7 @@ async def placed(cost_s: float, fn: Callable[..., _T], *args: Any) -> _T:
 def ranking_s(state: SearchState, search: Priority) -> float:
     """Bringing every tree's ranking up to date (:func:`focus.search.plan_rank`, or the
     first job a plan takes after its lead); infinite where the calibration is fitted
-    first (:meth:`focus.search.SearchState.ranking_work`): that reads every tree."""
+    first (:func:`focus.search.ranking_work`): that reads every tree."""
     return _choice(state, search)[1]
 
 
@@ -103,10 +108,11 @@ def _choice(state: SearchState, search: Priority) -> tuple[float, float]:
     trees = len(state.trees) * _TREE_S
     if trees > INLINE_S:  # long whatever else it does: no need to look at every tree to tell
         return trees, trees
-    work = state.ranking_work(search)
+    work = ranking_work(state, search)
     lead = (work.fit or work.fresh > 0) and exploration_rate(search, 0.0) > 0
     rank = math.inf if work.fit else trees + work.fresh * _RANK_NODE_S + work.changed * _UPDATE_NODE_S
-    return trees + (work.undrawn * _DRAW_NODE_S if lead else 0.0), rank
+    begin = trees + work.unsummed * _SUM_TREE_S + (work.undrawn * _DRAW_NODE_S if lead else 0.0)
+    return begin, rank
 
 
 def plan_s(state: SearchState, search: Priority, phase_index: int) -> float:

@@ -14,7 +14,7 @@ import pytest
 import focus.placement
 from focus.critic import ConstantCritic
 from focus.placement import INLINE_S, placed, plan_s, ranking_s, warm_start_s
-from focus.search import plan_begin, plan_choose, plan_chosen, plan_lead, plan_next, plan_rank
+from focus.search import plan_begin, plan_choose, plan_chosen, plan_lead, plan_next, plan_rank, ranking_work
 from focus.testing import run
 from tests.test_search_planning import PINNED, collection, digest, jobs
 from tests.test_wave_lead import many_tasks
@@ -72,7 +72,7 @@ def test_the_estimates_follow_the_work() -> None:
     assert ranking_s(back, search) == math.inf and not back._calibrations
     # a wave grafted and scored (not ranked ahead here): its trees' changed nodes, no rebuild
     grown = run(col.run_wave(nxt, nxt.planned[0]))
-    work = grown.ranking_work(search)
+    work = ranking_work(grown, search)
     assert not work.fit and work.fresh == 0 and work.changed > 0
     assert warm_start_s(ConstantCritic(0.0)) == 0.0 and warm_start_s(_Trainable(0.0)) == math.inf
 

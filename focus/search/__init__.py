@@ -1,7 +1,7 @@
 """The search: a state and pure functions from a state to the next jobs and from
 finished rollouts to the next state.
 
-Three modules, one job each:
+Four modules, one job each:
 
 - :mod:`focus.search.state`: :class:`SearchState` (the trees of a collection and the
   waves that built them; pickled by the pipeline after every wave) and the facts
@@ -11,6 +11,8 @@ Three modules, one job each:
   (:func:`plan_begin` / :func:`plan_lead` / :func:`plan_choose` / :func:`plan_rank` /
   :func:`plan_chosen`:
   :func:`plan_next`'s wave handed over a slice of jobs at a time);
+- :mod:`focus.search.work`: :func:`ranking_work` - what a plan's rankings will read,
+  told from the caches alone (where :mod:`focus.placement` runs a call);
 - :mod:`focus.search.grafting`: :func:`graft`, :func:`with_predictions`,
   :func:`replay` - a successor state with a wave's rollouts or the critic's scores,
   and the state rebuilt from stored waves; :func:`graft_tree` and :func:`score_tree`,
@@ -60,11 +62,13 @@ from focus.search.state import (
     rollout_seed,
     unscored,
 )
+from focus.search.work import RankingWork, ranking_work
 
 __all__ = [
     "CALIBRATION_SPREADS",
     "InFlight",
     "Predictions",
+    "RankingWork",
     "RolloutJob",
     "SearchState",
     "TreeWave",
@@ -79,12 +83,13 @@ __all__ = [
     "plan_ahead",
     "plan_begin",
     "plan_choose",
-    "plan_lead",
     "plan_chosen",
+    "plan_lead",
     "plan_next",
     "plan_rank",
     "plan_refill",
     "plan_wave",
+    "ranking_work",
     "replay",
     "rollout_seed",
     "score_tree",

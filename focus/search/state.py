@@ -162,30 +162,8 @@ class SearchState:
 
     def _cached_spreads(self, waves: int) -> int:
         if waves < len(self.waves) and waves not in self._spreads:
-            raise NotAtHand  # a count over part of the waves filters every tree's edges
+            raise NotAtHand  # a count over some of the waves filters every tree's edges
         return self.spread_count(waves)
-
-    def ranking_work(self, search: Priority) -> RankingWork:
-        """What bringing every tree's ranking up to date under :meth:`calibration` reads,
-        and what a wave's leading exploration picks read, told without computing any of
-        it (:class:`RankingWork`). For :mod:`focus.placement`."""
-        try:
-            calib: Calibration | None = self._cached_fit(self._fit_size(search, at_hand=True), search)
-        except NotAtHand:  # to be fitted (or not to be told from the cache): every tree ranked again
-            calib = None
-        fresh = changed = undrawn = 0
-        derived, seed = self._derived, self.seed
-        for ti, tree in enumerate(self.trees):  # _TreeFacts.describes and .built, inline
-            n, f = len(tree.nodes), derived.get(ti)
-            if f is None or f.tree is not tree or f.size != (n, tree.rollouts):
-                fresh, undrawn = fresh + n, undrawn + n
-                continue
-            if f.rank is not None and calib is not None and f.rank.matches(search, calib, seed):
-                changed += len(f.changed)
-            else:
-                fresh += n
-            undrawn += 0 if "draws" in f.shape else n
-        return RankingWork(calib is None, fresh, changed, undrawn)
 
     def calibrated(self, search: Priority) -> bool:
         """Whether :meth:`calibration` is at hand, fitted already (no fit to make)."""
@@ -313,22 +291,8 @@ class SearchState:
         return f
 
 
-@dataclass(frozen=True)
-class RankingWork:
-    """:meth:`SearchState.ranking_work`, in tree nodes: ``fit``, the calibration is to be
-    fitted first (a pass over every tree; or that cannot be told from the fits cached);
-    ``fresh``, nodes of the trees to rank from scratch (every tree's, with ``fit``);
-    ``changed``, nodes changed in the others since they were ranked; ``undrawn``, nodes
-    of the trees whose checkpoints' exploration draws are not drawn yet."""
-
-    fit: bool
-    fresh: int
-    changed: int
-    undrawn: int
-
-
 class NotAtHand(LookupError):
-    """A fit or spread count :meth:`SearchState.ranking_work` would have to compute."""
+    """A fit or spread count ``_fit_size(at_hand=True)`` would have to compute."""
 
 
 _SCORED_KINDS = ("checkpoint", "truncated")
