@@ -39,9 +39,9 @@ _T = TypeVar("_T")
 INLINE_S = 0.005
 
 # What one unit of each kind of work costs, roughly: every placed call run inline and
-# timed (thread CPU) in benchmarks.scale_inproc's FOCUS arm at 2k / 40, 10k / 200,
-# 40k / 40 and 100k / 2,000 (a scratch wrapper around :func:`placed`, h37w; 2 cores,
-# Python 3.11). Estimates to tell a millisecond from a hundred, not to time anything:
+# timed (thread CPU) in benchmarks.scale_inproc's FOCUS arm at 2k / 40, 10k / 40,
+# 10k / 200, 40k / 40, 40k / 800 and 100k / 2,000 (a scratch wrapper around
+# :func:`placed`, h37w; 2 cores, Python 3.11). Estimates to tell a millisecond from a hundred, not to time anything:
 # there every call estimated at most INLINE_S took at most 4.4 ms, and every call
 # estimated above it at least 1.9 ms (a fit and its rankings: 24 ms to 1.0 s) but the
 # begin of a wave after a phase's budget is spent (nothing to choose: two per run at 2k
@@ -105,6 +105,7 @@ def choice_s(state: SearchState, search: Priority) -> tuple[float, float]:
 
 
 def _choice(state: SearchState, search: Priority) -> tuple[float, float]:
+    """:func:`choice_s` whether or not a wave is to begin."""
     trees = len(state.trees) * _TREE_S
     if trees > INLINE_S:  # long whatever else it does: no need to look at every tree to tell
         return trees, trees

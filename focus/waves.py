@@ -379,8 +379,8 @@ async def _sliced(fn: Callable[[Any], _T], items: list[Any]) -> list[_T]:
     """``[fn(item) for item in items]`` on the event loop, yielding to it whenever
     :data:`SLICE_S` has passed: one tree's share takes about a millisecond, so the loop
     goes on serving the wave's rollouts between trees. In a worker thread
-    (:func:`focus.placement.off_loop`) the work took the GIL whenever the loop blocked on I/O, its share
-    set by the interpreter's switch interval rather than by the loop; back to back at
+    (:func:`focus.placement.off_loop`) the work took the GIL whenever the loop blocked
+    on I/O, its share set by the interpreter's switch interval rather than by the loop; back to back at
     100k transitions over 2,000 tasks (one run each, load 8-10 on 2 cores) it hid less
     of the barrier than these slices (idle share 0.187 against 0.164; 0.264 before)."""
     out = []
