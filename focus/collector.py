@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 from focus.agent import Agent
 from focus.batch import Batch, BatchBuilder
-from focus.critic import ConstantCritic, Critic, check_predictions, warm_start
+from focus.critic import ConstantCritic, Critic, check_predictions
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, critic_targets, truncated_segments
 from focus.execution import BadResponses, Execution, check_outage, check_responses, is_bad_response
@@ -60,6 +60,7 @@ from focus.journal import (
     unfinished_step,
     wave_step,
 )
+from focus.placement import graft_placed, off_loop, plan_next_placed, scored_placed, warm_start_placed
 from focus.priority import Priority, Selective
 from focus.search import (
     InFlight,
@@ -70,17 +71,14 @@ from focus.search import (
     graft,
     last_wave,
     plan_ahead,
-    plan_next,
     plan_refill,
     plan_wave,
     replay,
     unscored,
-    with_predictions,
 )
 from focus.statistics import collection_statistics, noise_model_statistics, warn_failures
 from focus.tree import Tree
 from focus.waves import Landed, Launched, Running, WaveOutcome, WaveTail, launch_choosing, merged_predictions
-from focus.waves import off_loop as _off_loop
 
 __all__ = ["Collector", "Landed", "Launched", "Running", "WaveOutcome"]
 
@@ -152,7 +150,7 @@ class Collector:
             state, ahead = await self._evidence(tasks, journal)
             await journal.record(EVIDENCE, state)
         if self.warm_start_critic:  # a trainable critic never fitted is fitted on the evidence first
-            await _off_loop(warm_start, self.critic, state.trees, self.estimator.gamma, self.estimator.truncation)
+            await warm_start_placed(self.critic, state.trees, self.estimator.gamma, self.estimator.truncation)
         return await self._scored(state, EVIDENCE_SCORES, journal, ahead)
 
     def scores_evidence_ahead(self) -> bool:
@@ -182,7 +180,7 @@ class Collector:
         state = await self.start(tasks)
         plan = self.plan_wave(state, 0, 0)
         done = await self.rerun(plan, partial)
-        return await _off_loop(graft, state, plan, done.rollouts, self.priority.phases[0].name, done.wall_s), {}
+        return await graft_placed(state, plan, done.rollouts, self.priority.phases[0].name, done.wall_s), {}
 
     async def rerun(self, plan: WavePlan, partial: WaveRollouts) -> WaveRollouts:
         """``partial`` (what a wave that got bad responses left, in ``plan``'s job order)
@@ -217,7 +215,7 @@ class Collector:
     async def score(self, state: SearchState) -> SearchState:
         """``state`` with :meth:`predict`'s predictions filled in."""
         preds = await self.predict(state)
-        return await _off_loop(with_predictions, state, preds) if preds else state
+        return await scored_placed(state, preds)
 
     def plan_wave(self, state: SearchState, phase_index: int, wave_index: int) -> WavePlan:
         """The jobs of one wave (pure); empty when the phase is done."""
@@ -265,7 +263,7 @@ class Collector:
         wall = now - (launched.t0 if since is None else since)
         check_responses(rollouts, _wave_name(self.priority, plan), (plan.phase_index, plan.wave_index), wall)
         ahead = tail.parts if tail is not None else None
-        new = await _off_loop(graft, state, plan, rollouts, phase.name, wall, ahead)
+        new = await graft_placed(state, plan, rollouts, phase.name, wall, ahead)
         warn_failures(phase.name, plan.wave_index, rollouts)
         return new, Landed(plan, tuple(rollouts), wall, dict(tail.predictions) if tail is not None else {})
 
@@ -302,7 +300,7 @@ class Collector:
                     running.waves[key] = self.launch(plan)
             nxt = await launch_choosing(self.execution, self.agent, self.priority, state, phase_index, running)
             if nxt is None:  # not a continuation wave, or jobs not reported one by one
-                nxt = await _off_loop(plan_next, state, self.priority, phase_index)
+                nxt = await plan_next_placed(state, self.priority, phase_index)
             if nxt is state:
                 return state
             state = nxt
@@ -378,7 +376,7 @@ class Collector:
         if preds is None:
             preds = await self.predict(state)
             await journal.record(step, merged_predictions(ahead, preds) if ahead else preds)
-        return await _off_loop(with_predictions, state, preds) if preds else state
+        return await scored_placed(state, preds)
 
     async def run_phase(self, state: SearchState, phase_index: int, journal: Journal | None = None) -> SearchState:
         """Continuation phase ``phase_index``, wave after wave (:meth:`phase_waves`),
@@ -388,7 +386,7 @@ class Collector:
         wave = state.waves_done(phase_index)
         while (landed := await self._recorded_wave(state, phase_index, wave, journal)) is not None:
             record = WaveRecord(phase_index, wave, landed.rollouts, landed.wall_s)
-            state = await _off_loop(replay, state, self.priority, [record])
+            state = await off_loop(replay, state, self.priority, [record])
             state = await self._scored(state, scores_step(phase_index, wave), journal)
             wave += 1
         if await journal.phase_ended(phase_index, wave):
@@ -421,7 +419,7 @@ class Collector:
         landed = await journal.recorded(wave_step(phase_index, wave))
         if landed is not None or (partial := await journal.recorded(unfinished_step(phase_index, wave))) is None:
             return landed
-        planned = (await _off_loop(plan_ahead, state, self.priority, phase_index)).planned
+        planned = (await off_loop(plan_ahead, state, self.priority, phase_index)).planned
         if not planned:
             raise ValueError(f"an unfinished wave {wave} of phase {phase_index} is recorded; the search plans none")
         landed = await self.rerun(planned[0], partial)
@@ -447,14 +445,13 @@ class Collector:
                 return
             try:
                 rest = await self.predict(grafted)
-                scored = await _off_loop(with_predictions, grafted, rest) if rest else grafted
-                scored = await self.launch_ahead(scored, phase_index, running)
+                ready = await self.launch_ahead(await scored_placed(grafted, rest), phase_index, running)
             except Exception as e:  # the critic's failure: the landed rollouts stay good
                 yield WaveOutcome(landed, grafted, {}, None, e)
                 return
             preds = merged_predictions(landed.predictions, rest) if landed.predictions else rest
-            yield WaveOutcome(landed, grafted, preds, scored)
-            state = scored
+            yield WaveOutcome(landed, grafted, preds, ready)
+            state = ready
 
     async def stream_phase(self, state: SearchState, phase_index: int) -> SearchState:
         """Run continuation phase ``phase_index`` keeping up to ``max_concurrency``

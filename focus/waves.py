@@ -50,18 +50,21 @@ from typing import Any, TypeVar
 from focus.agent import Rollout
 from focus.critic import Critic, check_predictions
 from focus.execution import Execution, JobFeed, is_bad_response
+from focus.placement import choice_s, placed
 from focus.priority import Priority
 from focus.search import (
     Predictions,
     RolloutJob,
     SearchState,
     TreeWave,
+    WaveChoice,
     WavePlan,
     graft_tree,
     last_wave,
     plan_begin,
     plan_choose,
     plan_chosen,
+    plan_lead,
     plan_rank,
     score_tree,
 )
@@ -376,8 +379,8 @@ async def _sliced(fn: Callable[[Any], _T], items: list[Any]) -> list[_T]:
     """``[fn(item) for item in items]`` on the event loop, yielding to it whenever
     :data:`SLICE_S` has passed: one tree's share takes about a millisecond, so the loop
     goes on serving the wave's rollouts between trees. In a worker thread
-    (:func:`off_loop`) the work took the GIL whenever the loop blocked on I/O, its share
-    set by the interpreter's switch interval rather than by the loop; back to back at
+    (:func:`focus.placement.off_loop`) the work took the GIL whenever the loop blocked
+    on I/O, its share set by the interpreter's switch interval rather than by the loop; back to back at
     100k transitions over 2,000 tasks (one run each, load 8-10 on 2 cores) it hid less
     of the barrier than these slices (idle share 0.187 against 0.164; 0.264 before)."""
     out = []
@@ -399,16 +402,6 @@ def merged_predictions(*parts: Predictions) -> dict[tuple[int, int], tuple[float
     return dict(items)
 
 
-async def off_loop(fn: Callable[..., _T], *args: Any) -> _T:
-    """``fn(*args)`` (planning, grafting, filling in predictions: pure, CPU-bound) in a
-    worker thread, so the event loop keeps serving the rollouts of waves still in flight
-    instead of stalling them for the length of a plan (the GIL is shared, but the loop
-    gets its turn every few milliseconds, which is what it needs to send the next
-    requests). The functions are pure and the loop's rollouts never touch the state
-    they work on, so results are the same as inline."""
-    return await asyncio.to_thread(fn, *args)
-
-
 #: Jobs the greedy choice hands over at a time while it chooses a wave
 #: (:func:`launch_choosing`): about a millisecond of choosing each, between which the
 #: event loop starts the jobs handed over.
@@ -419,7 +412,8 @@ async def launch_choosing(
     execution: Execution, agent: Any, search: Priority, state: SearchState, phase_index: int, running: Running
 ) -> SearchState | None:
     """:func:`focus.search.plan_next` for a continuation wave, its jobs started as they
-    are chosen: the rankings are brought up to date (off the loop), then the greedy
+    are chosen: the rankings are brought up to date (in a worker thread where that is
+    long, :mod:`focus.placement`), then the greedy
     choice takes :data:`CHOOSE_SLICE` jobs at a time on the loop, each slice handed to
     the running wave (a :class:`focus.execution.JobFeed`) before the next is taken, so
     the model service has the wave's first jobs while the rest is chosen instead of
@@ -427,17 +421,20 @@ async def launch_choosing(
     without a refit, benchmarks/README.md, scale). Where the wave starts with slots
     drawn for exploration, which need no ranking, those are handed over first and the
     calibration's fit and the rankings (after the evidence or a refit, most of what was
-    left of the barrier) run off the loop while they do (:func:`focus.search.plan_rank`);
+    left of the barrier) run in a worker thread while they do (:func:`_after_lead`);
     a wave that is all such picks leaves them to its tail (:attr:`WaveTail.rank_rest`).
     The wave is in ``running`` with its plan once chosen. The same plan as :func:`focus.search.plan_next`; ``None`` where
     that plans no continuation wave (evidence, or the waves in flight are planned), or
     where ``execution`` takes a wave's jobs only all at once: the caller plans as before."""
     if not execution.reports_jobs:
         return None
-    choice = await off_loop(_begin, state, search, phase_index)
-    if choice is None:
+    begin_s, rank_s = choice_s(state, search)
+    begun = await placed(begin_s, _begin, state, search, phase_index)
+    if begun is None:
         return None
-    c, first = choice
+    c, first = begun
+    if not first:  # no leading exploration picks
+        first = await _after_lead(c, rank_s)
     if not first:
         return plan_chosen(c)
     tail = WaveTail(WavePlan(phase_index, c.wave_index), complete=False)
@@ -449,9 +446,7 @@ async def launch_choosing(
     try:
         while not c.done:
             await asyncio.sleep(0)  # the loop starts what was handed over
-            if c.ranks_next:  # the leading exploration picks are running: rank while they do
-                await off_loop(plan_rank, c)
-            jobs = plan_choose(c, CHOOSE_SLICE)
+            jobs = plan_lead(c, CHOOSE_SLICE) or await _after_lead(c, rank_s)
             tail.add(jobs)
             feed.add(jobs)
         # a wave of exploration picks only, chosen before the calibration's fit: its
@@ -469,8 +464,20 @@ async def launch_choosing(
     return chosen
 
 
-def _begin(state: SearchState, search: Priority, phase_index: int) -> tuple[Any, list[RolloutJob]] | None:
-    """:func:`focus.search.plan_begin` and the wave's first slice of jobs (the rankings
-    brought up to date: the part that reads every tree)."""
+def _begin(state: SearchState, search: Priority, phase_index: int) -> tuple[WaveChoice, list[RolloutJob]] | None:
+    """:func:`focus.search.plan_begin` and the first slice of the wave's leading
+    exploration picks (none where it has none): neither fits nor ranks."""
     choice = plan_begin(state, search, phase_index)
-    return None if choice is None else (choice, plan_choose(choice, CHOOSE_SLICE))
+    return None if choice is None else (choice, plan_lead(choice, CHOOSE_SLICE))
+
+
+async def _after_lead(c: WaveChoice, rank_s: float) -> list[RolloutJob]:
+    """The wave's next slice once its leading exploration picks are taken: the rankings
+    brought up to date first (:func:`focus.search.plan_rank`: after the evidence or a
+    refit, the calibration's fit and every tree), inline or in a worker thread by what
+    that is expected to cost (``rank_s``, :func:`focus.placement.choice_s`)."""
+    if c.done:
+        return []
+    if c.ranks_next:
+        await placed(rank_s, plan_rank, c)
+    return plan_choose(c, CHOOSE_SLICE)

@@ -1,15 +1,18 @@
 """The search: a state and pure functions from a state to the next jobs and from
 finished rollouts to the next state.
 
-Three modules, one job each:
+Four modules, one job each:
 
 - :mod:`focus.search.state`: :class:`SearchState` (the trees of a collection and the
   waves that built them; pickled by the pipeline after every wave) and the facts
   derived from each tree;
 - :mod:`focus.search.planning`: :func:`plan_wave`, :func:`plan_ahead`,
   :func:`plan_next`, :func:`plan_refill` - which checkpoints the next wave continues
-  (:func:`plan_begin` / :func:`plan_choose` / :func:`plan_rank` / :func:`plan_chosen`:
+  (:func:`plan_begin` / :func:`plan_lead` / :func:`plan_choose` / :func:`plan_rank` /
+  :func:`plan_chosen`:
   :func:`plan_next`'s wave handed over a slice of jobs at a time);
+- :mod:`focus.search.work`: :func:`ranking_work` - what a plan's rankings will read,
+  told from the caches alone (where :mod:`focus.placement` runs a call);
 - :mod:`focus.search.grafting`: :func:`graft`, :func:`with_predictions`,
   :func:`replay` - a successor state with a wave's rollouts or the critic's scores,
   and the state rebuilt from stored waves; :func:`graft_tree` and :func:`score_tree`,
@@ -41,6 +44,7 @@ from focus.search.planning import (
     plan_begin,
     plan_choose,
     plan_chosen,
+    plan_lead,
     plan_next,
     plan_rank,
     plan_refill,
@@ -58,11 +62,13 @@ from focus.search.state import (
     rollout_seed,
     unscored,
 )
+from focus.search.work import RankingWork, ranking_work
 
 __all__ = [
     "CALIBRATION_SPREADS",
     "InFlight",
     "Predictions",
+    "RankingWork",
     "RolloutJob",
     "SearchState",
     "TreeWave",
@@ -78,10 +84,12 @@ __all__ = [
     "plan_begin",
     "plan_choose",
     "plan_chosen",
+    "plan_lead",
     "plan_next",
     "plan_rank",
     "plan_refill",
     "plan_wave",
+    "ranking_work",
     "replay",
     "rollout_seed",
     "score_tree",

@@ -474,21 +474,36 @@ def plan_choose(choice: WaveChoice, n: int) -> list[RolloutJob]:
     asks for more), or once the wave is full (then ``choice.done``). The first call
     that takes a job after the lead (the first call, where there is no lead) fits the
     calibration and ranks every tree unless :func:`plan_rank` did."""
-    taken: list[InFlight] = []
+    taken = _lead(choice, n)
     g = choice._greedy
-    if g is not None and choice._lead is not None:
-        taken = list(itertools.islice(choice._lead, n))
-        choice.lead += len(taken)
-        if len(taken) < n:  # the lead is over
-            choice._lead = None
-            choice.done = g.full
     if g is not None and not choice.done and not taken:
         if choice._rest is None:
             choice._rest = g.rest()
         taken = list(itertools.islice(choice._rest, n))
         choice.done = len(taken) < n
-    choice.chosen.extend(taken)
+        choice.chosen.extend(taken)
     return [c.job for c in taken]
+
+
+def plan_lead(choice: WaveChoice, n: int) -> list[RolloutJob]:
+    """:func:`plan_choose` as long as the wave's leading exploration picks last: their
+    next ``n`` jobs, fewer (maybe none) where they end; never fits the calibration or
+    ranks a tree, so a runner can take it on its event loop and tell from
+    ``choice.ranks_next`` whether the next slice ranks first."""
+    return [c.job for c in _lead(choice, n)]
+
+
+def _lead(choice: WaveChoice, n: int) -> list[InFlight]:
+    g = choice._greedy
+    if g is None or choice._lead is None:
+        return []
+    taken = list(itertools.islice(choice._lead, n))
+    choice.lead += len(taken)
+    if len(taken) < n:  # the lead is over
+        choice._lead = None
+        choice.done = g.full
+    choice.chosen.extend(taken)
+    return taken
 
 
 def plan_rank(choice: WaveChoice) -> None:

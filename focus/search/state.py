@@ -133,23 +133,37 @@ class SearchState:
         size = self._fit_size(search)
         return size, self._fit(size, search)
 
-    def _fit_size(self, search: Priority) -> int:
+    def _fit_size(self, search: Priority, at_hand: bool = False) -> int:
         """How many waves :meth:`calibration` is fitted on, deciding it without the fit on
         all of them (which only a fit on fewer waves' spreads can rule out: a fit on
-        every wave is the last one to consider, whatever its own spreads)."""
+        every wave is the last one to consider, whatever its own spreads). ``at_hand``:
+        from the fits and spread counts cached (a count of every wave's spreads taken
+        from the trees' facts), raising :class:`NotAtHand` where one is missing."""
         n = len(self.waves)
+        fit, spreads = (self._cached_fit, self._cached_spreads) if at_hand else (self._fit, self.spread_count)
         size = 1 if n else 0
         while size < n:
-            if self._fit(size, search).noise.spreads >= CALIBRATION_SPREADS:
+            if fit(size, search).noise.spreads >= CALIBRATION_SPREADS:
                 break
-            floor = 2 * self.spread_count(size)
+            floor = 2 * spreads(size)
             nxt = 2 * size
-            while nxt <= n and self.spread_count(nxt) < floor:
+            while nxt <= n and spreads(nxt) < floor:
                 nxt *= 2
             if nxt > n:
                 break
             size = nxt
         return size
+
+    def _cached_fit(self, size: int, search: Priority) -> Calibration:
+        c = self._calibrations.get((size, search.discount, search.truncation_rule))
+        if c is None:
+            raise NotAtHand
+        return c
+
+    def _cached_spreads(self, waves: int) -> int:
+        if waves < len(self.waves) and waves not in self._spreads:
+            raise NotAtHand  # a count over some of the waves filters every tree's edges
+        return self.spread_count(waves)
 
     def calibrated(self, search: Priority) -> bool:
         """Whether :meth:`calibration` is at hand, fitted already (no fit to make)."""
@@ -275,6 +289,10 @@ class SearchState:
         if f is None or not f.describes(tree, tree_index):
             f = self._derived[tree_index] = _TreeFacts(tree, tree_index)
         return f
+
+
+class NotAtHand(LookupError):
+    """A fit or spread count ``_fit_size(at_hand=True)`` would have to compute."""
 
 
 _SCORED_KINDS = ("checkpoint", "truncated")
