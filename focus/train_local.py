@@ -98,8 +98,9 @@ class UpdateConfig(BaseModel):
     #: (:mod:`focus.packing`): the whole batch's under the one-step rules, each
     #: minibatch's under ``adam``, whose minibatches (``minibatch`` prefix-packed
     #: sequences, an optimizer step's data) stay those of ``prefixes``; ``none``
-    #: (false): each sequence alone, and minibatches of single sequences. ``tree`` and
-    #: ``prefixes`` give the same update up to float rounding.
+    #: (false): each sequence alone (an ``adam`` minibatch is then ``minibatch``
+    #: unpacked sequences). ``tree`` and ``prefixes`` give the same update up to float
+    #: rounding.
     pack: Literal["tree", "prefixes", "none"] = "tree"
     #: Stop an update once the approximate KL(behaviour || policy) passes this: on a
     #: minibatch before each optimizer step, and on the whole batch after each epoch.
