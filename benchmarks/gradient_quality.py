@@ -11,7 +11,7 @@ centred returns (``GroupNormalized(scale=False)``, Dr. GRPO: an unbiased estimat
 gradient of the mean return over those tasks), collected as two independent halves.
 
 Each batch's gradient is the trainer's loss gradient at the current weights: the
-trainer's own sequences (``actor_sequences``, ``pack_sequences``), scaled advantages and
+trainer's own sequences (``actor_sequences``, ``training_units``), scaled advantages and
 loss mask, ``clipped_loss`` (its ratio is 1 on a batch of the current policy, so no
 clipping), one backward pass per minibatch, no step; the parameter gradients flattened.
 Reported per method, task and budget: the cosine with the reference gradient (the

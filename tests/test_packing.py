@@ -171,15 +171,14 @@ def test_an_adam_update_is_the_same_laid_out_as_a_trie():
     trie: the same steps as prefix packing, to float rounding."""
     from focus.train_local import PolicyTrainer
 
-    seqs = _random_tree_batch(7, n=30)
+    units = pack_prefixes(_random_tree_batch(7, n=30))
+    chunks = [list(range(i, min(i + 4, len(units)))) for i in range(0, len(units), 4)]
     weights = {}
     for pack in ("prefixes", "tree"):
-        trainer = PolicyTrainer(config=UpdateConfig(pack=pack, epochs=2, minibatch=4, lr=1e-3))
+        trainer = PolicyTrainer(config=UpdateConfig(pack=pack, minibatch=4, lr=1e-3))
         trainer.model = _model()
         trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
-        chunks = [list(range(i, min(i + 4, len(pack_prefixes(seqs))))) for i in range(0, len(pack_prefixes(seqs)), 4)]
-        units = pack_prefixes(seqs)
-        trainer._epoch(units, chunks, 1.0, 0, 0, len(chunks), None)
+        trainer._epoch(units, chunks, 1.0, 0, 0, len(chunks), None)  # one epoch, 8 steps
         weights[pack] = torch.cat([q.detach().flatten() for q in trainer.model.parameters()])
     assert float((weights["tree"] - weights["prefixes"]).abs().max()) < 1e-5
 
