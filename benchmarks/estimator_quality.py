@@ -175,8 +175,7 @@ def make_search(method: str, evidence: int, transitions: int) -> tuple[Priority,
         return OldSelective(phases=phases, kappa=1.0), est
     if method == "selective_advonly":
         return Selective(phases=phases, targets=False), est
-    import json as _j, os as _o
-    return Selective(phases=phases, **_j.loads(_o.environ.get("FOCUS_SEL", "{}"))), est
+    return Selective(phases=phases), est
 
 
 def score(batch: Batch, mdps: list[TreeMDP], values: list[list[float]], gamma: float) -> dict[str, Any]:
@@ -308,10 +307,7 @@ def collect(
 ) -> tuple[Batch, list[TreeMDP], list[list[float]], float, list[Tree]]:
     """The batch of :func:`run_one`'s collection, its MDPs, their exact values, γ and
     the trees; ``phase`` overrides fields of the continuation phase (benchmarks.waves)."""
-    from focus.priority import XSTATE
-    XSTATE["explored"].clear(); XSTATE["selective"] = False; XSTATE["prep"] = False
     col, state, _, mdps, values, fam, _, _ = search_state(job, phase)
-    XSTATE["prep"] = True
     return col.prepare(state), mdps, values, fam.gamma, list(state.trees)
 
 

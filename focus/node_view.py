@@ -238,9 +238,6 @@ def _spread_factor(node: Node, qs: Sequence[float], v: float, noise: NoiseModel,
         return (1.0 + sum((q - mean) ** 2 for q in qs) / v) / len(qs)
     if critic is None:
         critic = noise.critic_at(node.depth)
-    import os
-    if os.environ.get("FOCUS_NOMISS"):
-        return 1.0
     if len(qs) == 1 and v > 0 and node.value is not None and math.isfinite(critic):
         # An only child shows no spread, but the critic's miss does: (v̂ − q)² has
         # expectation t + v, so (v̂ − q)² − t estimates this checkpoint's own one-child

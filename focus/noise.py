@@ -8,8 +8,6 @@ noise model"). Pure and deterministic: the result is rounded to six significant 
 
 from __future__ import annotations
 
-import dataclasses
-
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -202,15 +200,6 @@ def noise_model(
     if not any(r.ss is not None for r in recs):
         return _chain_model(recs, residuals, bases)
     mo = _moments(recs, bases)
-    import os
-    free_k = [k for k, i in enumerate(mo.res_ix) if getattr(recs[i], "free", True)]
-    _tf = os.environ.get("FOCUS_TFREE", "")
-    from focus.priority import XSTATE as _XS
-    if _tf == "1" or (_tf == "search" and not _XS.get("prep")) or (_tf == "prep" and _XS.get("prep")):
-        keep = [k for k, i in enumerate(mo.res_ix) if getattr(recs[i], "free", True)]
-        if os.environ.get("FOCUS_TDEBUG"):
-            print("free residuals", len(keep), "of", len(mo.res_ix))
-        mo = dataclasses.replace(mo, res_ix=[mo.res_ix[k] for k in keep], t_obs=mo.t_obs[keep])
     nd = mo.nd
     rho = 0.5
     t = 0.0
@@ -222,38 +211,6 @@ def noise_model(
         rho = _env_share(x[nd:], s, mo.repeat_dof)
         t = _critic_error(mo, s, t, it)
         by_depth = _critic_by_depth(recs, mo, s, t)
-    kscale = float(os.environ.get("FOCUS_TSCALE", "0") or 0)
-    if kscale and 0 < len(free_k) < len(mo.res_ix):
-        s_ = x[:nd]
-        var_q = _mv(mo.alpha[mo.res_ix], s_) + mo.beta[mo.res_ix] * t
-        floor = 1e-3 * float(np.median(var_q)) + 1e-100
-        dep = np.array([recs[i].depth for i in mo.res_ix])
-        pred = by_depth[dep]
-        wt = 1.0 / (pred + var_q + floor) ** 2
-        fk = np.array(free_k)
-        num = float(np.sum(wt[fk] * mo.t_obs[fk]))
-        den = float(np.sum(wt[fk] * pred[fk]))
-        prior = kscale * den / len(fk)
-        c = max((num + prior) / (den + prior), 0.0) if den > 0 else 1.0
-        if os.environ.get("FOCUS_TDEBUG"):
-            print(f"scale c={c:.3f} free={len(fk)} of {len(mo.res_ix)}")
-        by_depth = by_depth * c
-        t = t * c
-    if _tf.startswith("tonly") and _XS.get("prep") and 0 < len(free_k) < len(mo.res_ix):
-        mf = dataclasses.replace(mo, res_ix=[mo.res_ix[k] for k in free_k], t_obs=mo.t_obs[free_k])
-        t_f = t
-        for _ in range(2):
-            t_f = _critic_error(mf, x[:nd], t_f, 1)
-        bd_f = _critic_by_depth(recs, mf, x[:nd], t_f)
-        if _tf == "tonly_keepshared":
-            shared = _shared_share(mo, t, x, rho, by_depth)
-            by_depth, t = bd_f, t_f
-            return NoiseModel(tuple(_sig6(v) for v in x[:nd]), _sig6(t), tuple(_sig6(v) for v in x[nd:]), sum(1 for r in recs if r.d2 is not None), mo.spreads, mo.repeats, critic_vars=tuple(_sig6(v) for v in by_depth), shared=_sig6(shared))
-        by_depth, t = bd_f, t_f
-    _mul = float(os.environ.get("FOCUS_TMUL", "0") or 0)
-    if _mul and _XS.get("prep"):
-        by_depth = by_depth * _mul
-        t = t * _mul
     shared = _shared_share(mo, t, x, rho, by_depth)
     # Six significant digits: the linear solves go through LAPACK, whose last bits may
     # differ between CPUs; rounded, the model (and so every plan) is the same anywhere.
@@ -485,32 +442,9 @@ def _critic_by_depth(recs: list[Checkpoint], mo: _Moments, s: np.ndarray, t: flo
     weight, total = np.zeros(nd), np.zeros(nd)
     np.add.at(weight, [recs[i].depth for i in res_ix], wt)
     np.add.at(total, [recs[i].depth for i in res_ix], wt * mo.t_obs)
-    import os
-    mode = os.environ.get("FOCUS_TUNIT", "")
     unit = float(np.mean(wt))
-    if not mode:
-        mat = np.diag(weight) + unit * (_DEPTH_PRIOR_DOF * _depth_walk(nd) + _CRITIC_PRIOR_DOF * np.eye(nd))
-        return _nnls(mat, total + unit * _CRITIC_PRIOR_DOF * t)
-    count = np.zeros(nd)
-    np.add.at(count, [recs[i].depth for i in res_ix], 1.0)
-    # a pseudo-observation at depth d is worth a residual at depth d: the depth's mean weight
-    local = np.where(count > 0, weight / np.maximum(count, 1.0), np.nan)
-    if np.all(np.isnan(local)):
-        local[:] = unit
-    # depths without residuals take the nearest depth's unit
-    idx = np.where(~np.isnan(local))[0]
-    for d in range(nd):
-        if np.isnan(local[d]):
-            local[d] = local[idx[np.argmin(np.abs(idx - d))]]
-    if mode == "geo":
-        edge = np.sqrt(local[:-1] * local[1:])
-    else:
-        edge = np.minimum(local[:-1], local[1:])
-    walk = np.zeros((nd, nd))
-    for d in range(nd - 1):
-        walk[d, d] += edge[d]; walk[d + 1, d + 1] += edge[d]; walk[d, d + 1] -= edge[d]; walk[d + 1, d] -= edge[d]
-    mat = np.diag(weight) + _DEPTH_PRIOR_DOF * walk + _CRITIC_PRIOR_DOF * np.diag(local)
-    return _nnls(mat, total + local * _CRITIC_PRIOR_DOF * t)
+    mat = np.diag(weight) + unit * (_DEPTH_PRIOR_DOF * _depth_walk(nd) + _CRITIC_PRIOR_DOF * np.eye(nd))
+    return _nnls(mat, total + unit * _CRITIC_PRIOR_DOF * t)
 
 
 def _one_prediction(recs: list[Checkpoint]) -> bool:

@@ -133,7 +133,7 @@ def collect(
         row = _new(Checkpoint)
         row.__dict__ = {
             "depth": depth if depth < last else last, "level": depth, "m": m, "ss": ss,
-            "ss_same": ss_same, "d2": d2, "v_hat": value, "kids": kids, "free": _free(tree, i),
+            "ss_same": ss_same, "d2": d2, "v_hat": value, "kids": kids,
         }  # fmt: skip
         add(row)
 
@@ -237,12 +237,3 @@ def coefficients(
     # degrees of freedom Σ_g (g − 1): the factors (g−1)/g of a group's g children sum to it
     same_dof = np.array([round(sum(fk for *_, fk in recs[i].kids)) for i in with_same], dtype=np.float64)
     return alpha, beta, (same_rows, same_t, same_y, same_dof)
-
-
-def _free(tree, nid):
-    from focus.priority import XSTATE
-    if not XSTATE["selective"] or nid == 0:
-        return True
-    import re
-    ti = int(re.search(r"(\d+)$", tree.task_id).group(1))
-    return (ti, nid, 1) in XSTATE["explored"]

@@ -347,8 +347,6 @@ class Selective(Priority):
     #: misses the noise model reads are not only those the ranking chose. Measured:
     #: docs/algorithm.md, "Exploration share".
     explore: float = Field(0.25, ge=0.0, le=1.0)
-    xnew: float = 1.0
-    xchain_t: float = 1.0
 
     def weight(self, node: NodeEvidence, m: int) -> float:
         """λ the estimator would give n with ``m`` like children
@@ -390,9 +388,7 @@ class Selective(Priority):
         if self.explore > 0 and slot >= 1:
             rate = self.explore / (1.0 + max(node.rollout_transitions, 0.0))
             if explores(node.tree_index, node.node_id, slot, rate):
-                XSTATE["explored"].add((node.tree_index, node.node_id, slot))
                 return EXPLORE
-        XSTATE["selective"] = True
         if not math.isfinite(node.critic_var):
             # the model is unknown (no critic residual and no spread yet): nothing tells
             # outcome noise from critic error, so nothing ranks one checkpoint above
@@ -428,7 +424,7 @@ class Selective(Priority):
         mu = 1.0 - after
         noise = node.fresh_error
         own = noise * (1 - 2 * mu / m + mu * mu / m) + mu * mu * signal / m
-        change = self.xnew * (own + (after * after * (t + shared) if after > 0 else 0.0) + node.chain_error)
+        change = own + (after * after * (t + shared) if after > 0 else 0.0) + node.chain_error
         if n:
             per_child = node.child_tokens / node.m if node.m else 1.0
             own = e * (1 - 2 * mu / m + mu * mu / m) + mu * mu * signal / m
@@ -480,10 +476,8 @@ class Selective(Priority):
         own = (total + f) / (n + 1) - (total / n if n else 0.0)
         before = total / (n * n) if n else (node.critic_var if math.isfinite(node.critic_var) else f)
         upper = node.target_influence * ((total + f) / ((n + 1) * (n + 1)) - before)
-        return own + self.xchain_t * node.chain_target + upper
+        return own + node.chain_target + upper
 
-
-XSTATE: dict = {"explored": set(), "selective": False}
 
 _SEGMENT_ERROR, _ERROR = Selective.segment_error, Selective.error
 
