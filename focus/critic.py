@@ -340,7 +340,11 @@ class LocalCritic(Critic):
         self._model: Any = None
         self.fitted = False
 
-    def _features(self, contexts: Sequence[Sequence[int]]) -> Any:
+    def _features(self, contexts: Sequence[Sequence[int]]) -> tuple[Any, Any]:
+        """The contexts' features over the buckets any of them uses: ``(x, used)``, ``x``
+        one row per context and one column per bucket in ``used`` (ascending). The
+        other buckets are zero in every row, so the first layer needs only these
+        columns of its weight (a batch touches a few hundred of the 4,096)."""
         import torch
 
         b, n, w = self.config["buckets"], self.config["ngram"], self.config["window"]
@@ -352,10 +356,21 @@ class LocalCritic(Critic):
                 for i in range(len(tail) - k + 1):
                     rows.append(row)
                     cols.append(hash((k, tail[i : i + k])) % b)
-        x = torch.zeros(len(contexts), b)
+        used, where = torch.unique(torch.tensor(cols, dtype=torch.long), return_inverse=True)
+        x = torch.zeros(len(contexts), len(used))
         if rows:
-            x.index_put_((torch.tensor(rows), torch.tensor(cols)), torch.ones(len(rows)), accumulate=True)
-        return torch.log1p(x)
+            x.index_put_((torch.tensor(rows), where), torch.ones(len(rows)), accumulate=True)
+        return torch.log1p(x), used
+
+    def _forward(self, x: Any, used: Any, cols: Any | None = None) -> Any:
+        """The net on features ``(x, used)``: the first layer over the used buckets'
+        columns (``cols``: those columns of its weight, if given; else read from it)."""
+        import torch
+
+        net = self._net()
+        first = net[0]
+        weight = first.weight[:, used] if cols is None else cols
+        return net[2](torch.tanh(torch.nn.functional.linear(x, weight, first.bias))).squeeze(-1)
 
     def _net(self) -> Any:
         import torch
@@ -384,22 +399,29 @@ class LocalCritic(Critic):
     def _fit(self, rows: Sequence[Any], epochs: int, lr: float, batch_size: int) -> float:
         import torch
 
-        x = self._features([r.context_ids for r in rows])
+        x, used = self._features([r.context_ids for r in rows])
         y = torch.tensor([float(r.target) for r in rows])
         w = torch.tensor([float(r.weight) for r in rows])
         w = w / w.mean()
         net = self._net()
-        opt = torch.optim.Adam(net.parameters(), lr=lr)
+        first = net[0]
+        # Only the used buckets' columns of the first layer are trained: the others get
+        # zero gradients, and Adam (a new one per fit, its moments at zero) leaves such
+        # a weight where it is, so this is the full update at a fraction of its work.
+        cols = torch.nn.Parameter(first.weight.detach()[:, used].clone())
+        opt = torch.optim.Adam([cols, first.bias, *net[2].parameters()], lr=lr)
         gen = torch.Generator().manual_seed(self.config["seed"])
         for _ in range(epochs):
             for idx in torch.randperm(len(rows), generator=gen).split(batch_size):
-                loss = (w[idx] * (net(x[idx]).squeeze(-1) - y[idx]) ** 2).mean()
+                loss = (w[idx] * (self._forward(x[idx], used, cols) - y[idx]) ** 2).mean()
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+        with torch.no_grad():
+            first.weight[:, used] = cols
         self.fitted = True
         with torch.no_grad():
-            return float((w * (net(x).squeeze(-1) - y) ** 2).mean() / w.mean())
+            return float((w * (self._forward(x, used) - y) ** 2).mean() / w.mean())
 
     async def predict(self, contexts: Sequence[Sequence[int]]) -> list[float]:
         import torch
@@ -409,7 +431,13 @@ class LocalCritic(Critic):
         if not self.fitted:
             return [float(self.config["default"])] * len(contexts)
         with _torch_threads(1), torch.no_grad():
-            return [float(v) for v in self._net()(self._features(contexts)).squeeze(-1)]
+            # through the whole first layer, as before the fit learnt to skip unused
+            # columns: a critic's predictions (and so its identity digest, which a
+            # resume checks) stay those of its weights, bit for bit
+            x, used = self._features(contexts)
+            dense = torch.zeros(len(contexts), self.config["buckets"])
+            dense[:, used] = x
+            return [float(v) for v in self._net()(dense).squeeze(-1)]
 
     def save(self, url: str) -> None:
         """Write config and weights to any fsspec URL."""
