@@ -551,6 +551,8 @@ def _assemble(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, An
     }
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
+    if not args.plot:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
     plot(runs, tasks, args.plot or Path(args.out) / "learning.png")
     print(summary(result))
     return result

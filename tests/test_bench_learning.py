@@ -157,14 +157,15 @@ def test_assemble_keeps_the_seeds_every_method_finished(tmp_path):
         r["task"] = "toy"
     jsonl = tmp_path / "runs.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in runs))
-    args = ["--assemble", str(jsonl), "--tasks", "toy", "--out", str(tmp_path), "--json", str(tmp_path / "a.json")]
+    out = tmp_path / "new" / "folder"  # made if missing, as a run's --out is
+    args = ["--assemble", str(jsonl), "--tasks", "toy", "--out", str(out), "--json", str(tmp_path / "a.json")]
     result = learning.main(args)
     assert result["seeds_per_task"] == {"toy": [0, 1]} and len(result["runs"]) == 4
     assert (
         json.loads((tmp_path / "a.json").read_text())["verdicts"]["tasks"]["toy"]["vs_grpo"]["focus"]["verdict"]
         == "better"
     )
-    assert (tmp_path / "learning.png").stat().st_size > 5_000
+    assert (out / "learning.png").stat().st_size > 5_000
 
 
 def test_probe_weighs_the_decisive_step():
