@@ -98,6 +98,11 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks toy long-reach math --methods focus --set "
     "'scale_advantages=\"task\"' --out runs/task-scale": Check("parse", "a study of five minutes on 2 cores"),
     # docs/algorithm.md
+    ".venv/bin/python -m benchmarks.learning --seeds 10 11 12 13 14 15 16 17 18 19 --jobs 2 "
+    "--out runs/learn-s10-19": Check("parse", "120 learning runs, about 15 minutes on 2 cores"),
+    ".venv/bin/python -m benchmarks.learning --assemble runs/learn-s0-19.jsonl --out runs/learn-s0-19": Check(
+        "parse", "reads the runs of two learning runs joined into one file (docs/algorithm.md, 'Twenty seeds')"
+    ),
     ".venv/bin/python -m benchmarks.estimator_quality --families decisive,heavy_tail,truncated --budgets 2,6 "
     "--critics noise_1,noise_3,constant,biased,early_late --methods grpo,uniform,selective --seeds 2": Check(
         "parse", "a benchmark of about 15 minutes (three families of the issue-31 record)"
