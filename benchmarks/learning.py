@@ -49,7 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.learning_verdicts import METHODS, median_curve, verdicts
+from benchmarks.learning_plot import plot
+from benchmarks.learning_verdicts import METHODS, summary, verdicts
 from focus.agent import Agent, derive_seed
 from focus.critic import ConstantCritic, Critic, LocalCritic
 from focus.env import Task
@@ -346,61 +347,6 @@ async def run_task(
                         flush=True,
                     )
     return runs
-
-
-def plot(runs: Sequence[dict[str, Any]], tasks: Sequence[str], path: Path) -> None:
-    """Per task (a row): success against cumulative transitions, and against wall time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"focus": "tab:blue", "grpo": "tab:red", "uniform": "tab:green"}
-    fig, axes = plt.subplots(len(tasks), 2, figsize=(11, 3.2 * len(tasks)), squeeze=False)
-    for row, task in enumerate(tasks):
-        for col, (key, label) in enumerate((("transitions", "cumulative task transitions"), ("wall_s", "wall s"))):
-            ax = axes[row][col]
-            for m in METHODS:
-                mine = [r for r in runs if r["task"] == task and r["method"] == m]
-                for r in mine:
-                    xs, ys = [p[key] for p in r["points"]], [p["success"] for p in r["points"]]
-                    ax.plot(xs, ys, color=colors[m], alpha=0.2, linewidth=1)
-                if mine:
-                    xs, ys = zip(*median_curve(mine, key), strict=True)
-                    ax.plot(xs, ys, color=colors[m], marker="o", linewidth=2.2, label=f"{m} (median of {len(mine)})")
-            ax.set_xlabel(label)
-            ax.set_ylabel("held-out success")
-            ax.set_title(f"{task}: success vs {label}")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-
-
-def summary(result: dict[str, Any]) -> str:
-    """Lines a person reads: per task the gains, FOCUS against GRPO, and across tasks."""
-    v = result["verdicts"]
-    lines = []
-    for task, t in v["tasks"].items():
-        gains = ", ".join(
-            f"{m} {g['mean']:+.3f} [{g['interval'][0]:+.3f}, {g['interval'][1]:+.3f}]{'' if g['learns'] else ' (no)'}"
-            for m, g in t["gain"].items()
-        )
-        lines.append(f"{task}: gain over v0 {gains}")
-        for m, c in t["vs_grpo"].items():
-            d = c["difference"]
-            share = "never" if c["share_median"] is None else f"{c['share_median']:.2f}"
-            lines.append(
-                f"  {m} vs grpo: {c['verdict']}; final difference {d['mean']:+.3f} "
-                f"[{d['interval'][0]:+.3f}, {d['interval'][1]:+.3f}]; share of GRPO's transitions {share}"
-            )
-    share = ("never" if v["judged_tasks"] else "n/a") if v["median_share"] is None else f"{v['median_share']:.2f}"
-    lines.append(
-        f"across {v['judged_tasks']} judged tasks: median share {share}; FOCUS better on "
-        f"{', '.join(v['focus_better_on']) or 'none'}; goal {'met' if v['goal_met'] else 'not met'}"
-    )
-    return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -173,3 +173,28 @@ def cost(runs: Sequence[dict[str, Any]], task: str, method: str) -> dict[str, fl
         "invalid_turn_rate": med([p.get("invalid_rate", 0.0) for p in last]),
         "tokens_trained": med([float(sum(p["tokens_trained"] for p in r["points"][1:])) for r in mine]),
     }
+
+
+def summary(result: dict[str, Any]) -> str:
+    """Lines a person reads: per task the gains, FOCUS against GRPO, and across tasks."""
+    v = result["verdicts"]
+    lines = []
+    for task, t in v["tasks"].items():
+        gains = ", ".join(
+            f"{m} {g['mean']:+.3f} [{g['interval'][0]:+.3f}, {g['interval'][1]:+.3f}]{'' if g['learns'] else ' (no)'}"
+            for m, g in t["gain"].items()
+        )
+        lines.append(f"{task}: gain over v0 {gains}")
+        for m, c in t["vs_grpo"].items():
+            d = c["difference"]
+            share = "never" if c["share_median"] is None else f"{c['share_median']:.2f}"
+            lines.append(
+                f"  {m} vs grpo: {c['verdict']}; final difference {d['mean']:+.3f} "
+                f"[{d['interval'][0]:+.3f}, {d['interval'][1]:+.3f}]; share of GRPO's transitions {share}"
+            )
+    share = ("never" if v["judged_tasks"] else "n/a") if v["median_share"] is None else f"{v['median_share']:.2f}"
+    lines.append(
+        f"across {v['judged_tasks']} judged tasks: median share {share}; FOCUS better on "
+        f"{', '.join(v['focus_better_on']) or 'none'}; goal {'met' if v['goal_met'] else 'not met'}"
+    )
+    return "\n".join(lines)
