@@ -14,7 +14,7 @@ import hashlib
 import re
 import time
 import types
-from collections.abc import Hashable, Sequence
+from collections.abc import Awaitable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from focus.policy import (
     ServiceUnavailable,
     UnreadableAnswers,
 )
+from focus.siblings import SiblingCalls
 from focus.tree import Turn
 from focus.workspace import Workspace
 
@@ -174,13 +175,19 @@ class Agent:
 
     async def rollout(self, start: BranchState, seed: int) -> Rollout:
         """Run from ``start`` (which is forked first) to a leaf. Its calls, and the
-        checkpoints it records, carry ``start``'s route extended by ``seed``."""
+        checkpoints it records, carry ``start``'s route extended by ``seed``.
+
+        The first model call samples with ``seed`` itself, each later one with
+        ``derive_seed(seed, steps)``: rollouts from one start state with consecutive seeds
+        make first calls that one request with ``n`` samples answers, and those made in
+        the same turn of the event loop go as one (:mod:`focus.siblings`)."""
         t0 = time.perf_counter()
         state = start.fork(route=(*start.route, seed))
         counters = {"parse_errors": 0, "tool_errors": 0}
         pieces: list[Piece] = []
         turns: list[Turn] = []
         codec = self.format.codec
+        fresh = True  # the first model call: sampled with the rollout's own seed (focus.siblings)
         while True:
             if state.steps >= self.max_steps:
                 pieces.append(Piece(tuple(turns), "truncated", state.steps, state.context.prompt_ids))
@@ -188,9 +195,10 @@ class Agent:
             if turns and self.branch_points.eligible(state):
                 pieces.append(Piece(tuple(turns), "checkpoint", state.steps, state.context.prompt_ids, state.fork()))
                 turns = []
-            params = self.sampling.with_seed(derive_seed(seed, state.steps))
+            params = self.sampling.with_seed(seed if fresh else derive_seed(seed, state.steps))
             try:
                 if self.context.needs_compaction(state.context):
+                    fresh = False
                     c = await self.context.compact(state.context, codec, self.policy, params)
                     self.policy.check_completion(c.completion, params)
                     turns.append(_turn(c.prompt_ids, c.completion, c.loss_mask, "compaction", 0.0, False, ""))
@@ -200,7 +208,8 @@ class Agent:
                 if self.max_prompt_tokens is not None and len(prompt) > self.max_prompt_tokens:
                     pieces.append(Piece(tuple(turns), "truncated", state.steps, prompt, cause=CONTEXT_LIMIT))
                     break
-                completion = await self.policy.sample_on_route(prompt, params, state.route)
+                completion = await self._call(start, state.route, prompt, params, fresh)
+                fresh = False
                 self.policy.check_completion(completion, params)
                 if completion.meta:
                     _count_retries(counters, completion.meta)
@@ -244,6 +253,33 @@ class Agent:
             obs = [Message("tool" if action.kind == "tool" else "user", result.observation)]
             state = state.evolve(context=self.context.extend(state.context, codec, completion, text, obs))
         return Rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
+
+    def _call(
+        self,
+        start: BranchState,
+        route: tuple[Hashable, ...],
+        prompt: Sequence[int],
+        params: SamplingParams,
+        fresh: bool,
+    ) -> Awaitable[Completion]:
+        """A step's model call; a rollout's first one (``fresh``) gathered with its
+        siblings' when the policy answers them in one request."""
+        if fresh and self.policy.groups_siblings:
+            return self._siblings().sample(id(start), prompt, params, route)
+        return self.policy.sample_on_route(prompt, params, route)
+
+    def _siblings(self) -> SiblingCalls:
+        """This event loop's :class:`~focus.siblings.SiblingCalls` (made on first use there)."""
+        loop = asyncio.get_running_loop()
+        calls = self.__dict__.get("_sibling_calls")
+        if calls is None or calls.loop is not loop or calls.policy is not self.policy:
+            calls = self.__dict__["_sibling_calls"] = SiblingCalls(self.policy, loop)
+        return calls
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_sibling_calls", None)  # bound to this process's event loop
+        return state
 
     async def _step(self, state: BranchState, action: Any, seed: int) -> Any:
         """One env step from ``state``, bounded by ``env_timeout_s`` (``TimeoutError``).

@@ -383,17 +383,22 @@ class Execution(BaseModel):
         # Start the jobs with the most steps left first (fewest steps taken: the best
         # guess without a model of the task), so a wave's tail is made of short rollouts
         # and slots do not sit idle behind a few long ones started last; of a feed's
-        # jobs, those handed over by the time a slot takes its next one.
-        waiting: list[tuple[int, int]] = []
+        # jobs, those handed over by the time a slot takes its next one. Jobs from one
+        # start state follow each other, so that siblings freed slots take in one turn
+        # of the loop send their first calls as one request (focus.siblings).
+        waiting: list[tuple[int, int, int]] = []
         out: list[Rollout | None] = []
+        first: dict[int, int] = {}  # id of a start state -> its first job's index
         more = asyncio.Event()  # for this coroutine, while nothing is handed over
         idle = _Idle()  # workers waiting for a feed's next jobs
 
         def take() -> int | None:
             while len(out) < len(feed.jobs):
-                heapq.heappush(waiting, (feed.jobs[len(out)].start.steps, len(out)))
+                i = len(out)
+                start = feed.jobs[i].start
+                heapq.heappush(waiting, (start.steps, first.setdefault(id(start), i), i))
                 out.append(None)
-            return heapq.heappop(waiting)[1] if waiting else None
+            return heapq.heappop(waiting)[2] if waiting else None
 
         async def worker() -> None:
             # A slot, once admitted, runs this wave's next job until none are left, so a

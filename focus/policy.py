@@ -9,6 +9,7 @@ FOCUS: everything downstream (contexts, checkpoints, batches) is built from thes
 from __future__ import annotations
 
 import abc
+import asyncio
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,11 @@ class SamplingParams(BaseModel):
 
 _set = object.__setattr__
 _SEED = frozenset({"seed"})
+
+
+def _nth(seed: int | None, i: int) -> int | None:
+    """The seed of sample ``i`` of a request with ``n`` samples and seed ``seed`` (vLLM's rule)."""
+    return None if seed is None else seed + i
 
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
@@ -134,6 +140,10 @@ class Policy(abc.ABC):
     vocab_size: int | None = None
     #: An identifier of the weights producing samples, recorded in every batch row.
     policy_version: str = "0"
+    #: Whether :meth:`sample_siblings` answers several calls in fewer requests than
+    #: calls (then the agent gathers the first calls of sibling rollouts for it,
+    #: :mod:`focus.siblings`); the default samples them one by one.
+    groups_siblings: bool = False
 
     @abc.abstractmethod
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
@@ -147,6 +157,29 @@ class Policy(abc.ABC):
         replicas of a model (:class:`focus.backends.FleetPolicy`) sends the call where
         that prefix is cached; any other policy samples as it would without it."""
         return await self.sample(prompt_ids, params)
+
+    async def sample_siblings(
+        self, prompt_ids: Sequence[int], params: SamplingParams, routes: Sequence[tuple[Hashable, ...]]
+    ) -> list[Completion]:
+        """One completion per route, all continuing ``prompt_ids``: completion ``i`` is
+        what :meth:`sample_on_route` gives with seed ``params.seed + i`` on ``routes[i]``
+        (unseeded when ``params.seed`` is None).
+
+        This is how vLLM serves a request with ``n`` samples and a seed (sample ``i``
+        with ``seed + i``), so a server that does so can answer every sibling of a
+        checkpoint in one request: one prompt sent, one prefill. The agent calls it for
+        the first calls of rollouts that start together from one state with consecutive
+        seeds (:meth:`focus.agent.Agent.rollout`); the answers do not depend on whether
+        the calls went together. The default samples each one as :meth:`sample_on_route`
+        would; :class:`~focus.backends.http_policy.HttpPolicy` sends one request."""
+        return list(
+            await asyncio.gather(
+                *(
+                    self.sample_on_route(prompt_ids, params.with_seed(_nth(params.seed, i)), route)
+                    for i, route in enumerate(routes)
+                )
+            )
+        )
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections. The default has nothing to release."""

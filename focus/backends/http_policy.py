@@ -6,13 +6,17 @@ stats, closing). The servers' own request and answer shapes live in their module
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import logging
+from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar
 
 from focus.backends.http import HttpClient
 from focus.policy import Completion, Policy, SamplingParams
 
 __all__ = ["HttpPolicy"]
+
+log = logging.getLogger(__name__)
 
 
 class HttpPolicy(Policy):
@@ -41,6 +45,16 @@ class HttpPolicy(Policy):
     def parse(self, data: Any) -> Completion:
         raise NotImplementedError
 
+    #: Whether the server's answer to one request with ``n`` samples and a seed holds
+    #: sample ``i`` drawn with ``seed + i``, as vLLM's does: then :meth:`sample_siblings`
+    #: sends one request (set by a dialect that implements :meth:`parse_siblings`).
+    samples_siblings: ClassVar[bool] = False
+
+    def parse_siblings(self, data: Any, n: int) -> list[Completion]:
+        """The answer to a request for ``n`` samples, in sample order (fewer when the
+        server gave fewer)."""
+        raise NotImplementedError
+
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         self.check_prompt(prompt_ids)
         completion, record = await self.http.call(  # the body straight in: not kept in flight (call())
@@ -55,6 +69,89 @@ class HttpPolicy(Policy):
             self.policy_version = completion.policy_version
         completion.meta["http"] = record  # meta is the parser's own new dict
         return completion
+
+    @property
+    def groups_siblings(self) -> bool:  # type: ignore[override]
+        """One request for several siblings' calls: the dialect has it, ``http.group_siblings``
+        is on, and the server has not been found to break vLLM's seed rule."""
+        return (
+            self.samples_siblings and self.http.config.group_siblings and self.__dict__.get("_siblings_ok") is not False
+        )
+
+    async def sample_siblings(
+        self, prompt_ids: Sequence[int], params: SamplingParams, routes: Sequence[tuple[Hashable, ...]]
+    ) -> list[Completion]:
+        """One request with ``n = len(routes)`` samples (see
+        :meth:`Policy.sample_siblings`) where :attr:`groups_siblings` allows it. The first
+        such request of this policy is checked once against a request for its last
+        sample alone: a server whose ``n`` does not follow vLLM's seed rule (or ignores
+        ``n``) gets one warning and separate requests from then on, so the answers never
+        depend on how calls were grouped."""
+        n = len(routes)
+        if n < 2 or params.seed is None or not self.groups_siblings:
+            return await super().sample_siblings(prompt_ids, params, routes)
+        if self.__dict__.get("_siblings_ok") is None:
+            loop = asyncio.get_running_loop()
+            check = self.__dict__.get("_siblings_check")
+            if check is None or check.get_loop() is not loop:  # the first grouped request checks the rule
+                check = self.__dict__["_siblings_check"] = loop.create_future()
+                return await self._check_siblings_rule(check, prompt_ids, params, routes)
+            await asyncio.shield(check)  # the others wait for its verdict
+            return await self.sample_siblings(prompt_ids, params, routes)
+        together = await self._send_siblings(prompt_ids, params, n)
+        if len(together) < n:  # the server stopped honouring n: the rest one by one
+            more = params.with_seed(params.seed + len(together))
+            together += await super().sample_siblings(prompt_ids, more, routes[len(together) :])
+        return together
+
+    async def _check_siblings_rule(
+        self,
+        check: asyncio.Future[None],
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        routes: Sequence[tuple[Hashable, ...]],
+    ) -> list[Completion]:
+        n = len(routes)
+        assert params.seed is not None
+        try:
+            together, alone = await asyncio.gather(
+                self._send_siblings(prompt_ids, params, n),
+                self.sample(prompt_ids, params.with_seed(params.seed + n - 1)),
+            )
+            ok = self.__dict__["_siblings_ok"] = len(together) == n and together[-1].token_ids == alone.token_ids
+        finally:  # undecided when it failed: the next grouped request checks again
+            self.__dict__.pop("_siblings_check", None)
+            check.set_result(None)
+        if ok:
+            return together
+        log.warning(
+            "the model server at %s does not answer a request for n samples as vLLM does (sample i with seed + i; "
+            "%s): each call goes alone from now on",
+            self.url,
+            "it ignored n" if len(together) < n else f"sample {n - 1} differs from a request with seed + {n - 1}",
+        )
+        return await super().sample_siblings(prompt_ids, params, routes)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_siblings_check", None)  # a future of this process's event loop
+        return state
+
+    async def _send_siblings(self, prompt_ids: Sequence[int], params: SamplingParams, n: int) -> list[Completion]:
+        self.check_prompt(prompt_ids)
+        completions, record = await self.http.call(  # the body straight in, as in sample()
+            "POST",
+            self.path,
+            {**self.request_body(prompt_ids, params), "n": n},
+            lambda data: self.parse_siblings(data, n),
+            hedge=True,
+            size=params.max_tokens,
+        )
+        for c in completions:
+            if c.policy_version:
+                self.policy_version = c.policy_version
+            c.meta["http"] = record  # one request: its record is every sample's
+        return completions[:n]
 
     #: Where the server names the weights it serves (``GET``), and how to read it.
     version_path: ClassVar[str]

@@ -80,6 +80,11 @@ class OpenAICompatPolicy(HttpPolicy):
     def parse(self, data: Any) -> Completion:
         return parse_completion(data)
 
+    samples_siblings = True  # vLLM: sample i of a request with n and a seed uses seed + i
+
+    def parse_siblings(self, data: Any, n: int) -> list[Completion]:
+        return parse_completions(data, n)
+
     version_path = "/v1/models"
 
     @staticmethod
@@ -147,7 +152,26 @@ def parse_completion(data: Any) -> Completion:
     choices = data.get("choices") if isinstance(data, dict) else None
     if not choices or not isinstance(choices, list):
         raise MalformedResponse("no 'choices' in the answer")
-    ch = choices[0]
+    return _parse_choice(data, choices[0])
+
+
+def parse_completions(data: Any, n: int) -> list[Completion]:
+    """The samples of an answer to a request with ``n`` samples, by their ``index`` (fewer
+    than ``n`` when the server gave fewer: one that ignores ``n`` answers one)."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not choices or not isinstance(choices, list) or not all(isinstance(ch, dict) for ch in choices):
+        raise MalformedResponse("no 'choices' in the answer")
+    if len(choices) > 1:
+        index = [ch.get("index") for ch in choices]
+        if sorted(index) != list(range(len(choices))) or len(choices) > n:  # type: ignore[type-var]
+            raise MalformedResponse(f"asked for {n} samples, the answer's choices are numbered {index}")
+        choices = sorted(choices, key=lambda ch: ch["index"])
+    return [_parse_choice(data, ch) for ch in choices]
+
+
+def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
+    if not isinstance(ch, dict):
+        raise MalformedResponse("a choice of the answer is not an object")
     lp = ch.get("logprobs")
     if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs"), list):
         raise MalformedResponse("the choice has no 'logprobs.token_logprobs' (was 'logprobs' dropped?)")

@@ -129,6 +129,12 @@ class HttpConfig(RetryPolicy):
 
     #: Requests in flight at once from this client (per event loop); hedges count too.
     max_concurrency: int = Field(64, gt=0)
+    #: Send the first calls of sibling rollouts (one start state, consecutive seeds, in
+    #: the same turn of the event loop) as one request with ``n`` samples, where the
+    #: server's dialect has it (OpenAI-compatible: vLLM samples ``i`` with ``seed + i``;
+    #: checked once against a single request, see ``focus.siblings``). False: one
+    #: request per call. The answers are the same either way.
+    group_siblings: bool = True
     headers: dict[str, str] = Field(default_factory=dict)
     api_key: str | None = None
 

@@ -508,8 +508,11 @@ def copy_state(state: SearchState) -> SearchState:
 
 
 def rollout_seed(seed: int, tree_index: int, node_id: int, branch: int) -> int:
-    """Seed of a continuation: fixed by (collection seed, tree, node, branch index)."""
-    return derive_seed(seed, tree_index, node_id, branch)
+    """Seed of a continuation: fixed by (collection seed, tree, node, branch index), and
+    consecutive over the branches of one checkpoint (a hash of the checkpoint plus the
+    branch index), so that siblings' first model calls can go as one request
+    (:mod:`focus.siblings`)."""
+    return derive_seed(seed, tree_index, node_id) + branch
 
 
 def _cow_tree(tree: Tree) -> Tree:

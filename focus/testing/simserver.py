@@ -224,11 +224,53 @@ class SimServer:
         bad = next((t for t in prompt if not 0 <= t < self.config.vocab_size), None)
         if bad is not None:
             raise BadRequest(f"prompt token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
-        if int(data.get("n", 1)) != 1:
-            raise BadRequest("this server samples one completion per request (n=1)")
+        n = data.get("n", 1)
+        if type(n) is not int or n < 1:
+            raise BadRequest(f"n must be a positive integer, got {n!r}")
         max_tokens = int(data.get("max_tokens") or 16)
         stop_ids = data.get("stop_token_ids") or []
         seed = data.get("seed")
+        # n samples as vLLM draws them: sample j with seed + j, each in its own slot
+        if n == 1:
+            samples = [await self._sample(prompt, max_tokens, stop_ids, seed, 0)]
+        else:
+            samples = await asyncio.gather(
+                *(self._sample(prompt, max_tokens, stop_ids, None if seed is None else seed + j, j) for j in range(n))
+            )
+        self.requests += 1
+        choices = []
+        for j, (ids, lps, finish, _) in enumerate(samples):
+            choice: dict[str, Any] = {
+                "index": j,
+                "text": bytes(t for t in ids if t < 256).decode(errors="replace"),
+                "finish_reason": finish,
+                "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": lps},
+            }
+            if data.get("return_token_ids"):
+                choice["token_ids"] = ids
+            choices.append(choice)
+        completion_tokens = sum(len(c[0]) for c in samples)
+        cached = samples[0][3]
+        named = {"policy_version": self.config.version} if self.config.version else {}
+        return {
+            "id": f"sim-{self.requests}",
+            "object": "text_completion",
+            "model": str(data.get("model", "sim")),
+            **named,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt) + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            },
+        }
+
+    async def _sample(
+        self, prompt: list[int], max_tokens: int, stop_ids: list[int], seed: int | None, j: int
+    ) -> tuple[list[int], list[float], str, int]:
+        """Sample ``j`` of a request in a slot of its own; sample 0 reads the prefix cache,
+        the others share its prefill (as vLLM's ``n`` samples share the prompt's KV)."""
         arrived = time.monotonic()
         self.waiting += 1
         self.max_waiting = max(self.max_waiting, self.waiting)
@@ -239,7 +281,7 @@ class SimServer:
             acquired = time.monotonic()
             try:
                 cfg = self.config
-                cached = self.cache.match(prompt)
+                cached = self.cache.match(prompt) if j == 0 else len(prompt)
                 ids, lps, finish = sample(prompt, cfg.completion_tokens, max_tokens, stop_ids, seed)
                 prefill = cfg.prefill_s_per_token * (len(prompt) - cached)
                 await asyncio.sleep(cfg.latency_s + prefill + cfg.per_token_s * len(ids))
@@ -248,35 +290,13 @@ class SimServer:
                 self.in_flight -= 1
                 done = time.monotonic()
                 self.busy_slot_s += done - acquired
-        self.requests += 1
-        self.prompt_tokens += len(prompt)
-        self.cached_tokens += cached
+        if j == 0:
+            self.prompt_tokens += len(prompt)
+            self.cached_tokens += cached
         self.completion_tokens += len(ids)
         t0 = self.t_start
         self.log.append((arrived - t0, acquired - t0, done - t0, seed, len(prompt), cached, len(ids)))
-        tokens = [f"token_id:{t}" for t in ids]
-        choice: dict[str, Any] = {
-            "index": 0,
-            "text": bytes(t for t in ids if t < 256).decode(errors="replace"),
-            "finish_reason": finish,
-            "logprobs": {"tokens": tokens, "token_logprobs": lps},
-        }
-        if data.get("return_token_ids"):
-            choice["token_ids"] = ids
-        named = {"policy_version": self.config.version} if self.config.version else {}
-        return {
-            "id": f"sim-{self.requests}",
-            "object": "text_completion",
-            "model": str(data.get("model", "sim")),
-            **named,
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(ids),
-                "total_tokens": len(prompt) + len(ids),
-                "prompt_tokens_details": {"cached_tokens": cached},
-            },
-        }
+        return ids, lps, finish, cached
 
     async def route(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
         path = path.split("?", 1)[0]
