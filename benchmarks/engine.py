@@ -26,7 +26,8 @@ Figures, all from one run:
 * ``prefix_cache_hit_ratio``: over the first model call of every continuation (the call
   that resends a checkpoint's prefix), prompt tokens the server found in its prefix
   cache / prompt tokens. The calls are found in the server's request log by their seed
-  (the agent seeds call ``s`` of a rollout with ``derive_seed(rollout_seed, s)``).
+  (the agent seeds a rollout's first call with the rollout's seed; siblings sent as one
+  request are logged one row per sample, sample ``j`` under ``seed + j``: its own).
 * ``scaling_1_to_2_workers``: transitions/s with ``DaskExecution(n_workers=2)`` over
   ``n_workers=1``, against a server with slots to spare and a short latency, so the
   workers rather than the server limit throughput. In the headline run every env step
@@ -60,7 +61,7 @@ from typing import Any
 
 from pydantic import PrivateAttr
 
-from focus.agent import Agent, derive_seed
+from focus.agent import Agent
 from focus.backends.http import HttpConfig
 from focus.backends.openai_compat import OpenAICompatPolicy
 from focus.collector import Collector
@@ -150,8 +151,7 @@ def continuation_cache_ratio(state: SearchState, rows: list[list[Any]]) -> dict[
         for rec in tree.log:
             if rec.phase_name == "evidence" or rec.node == tree.ROOT:
                 continue
-            steps = tree.states[rec.node].steps
-            row = by_seed.get(derive_seed(rec.seed, steps))
+            row = by_seed.get(rec.seed)
             if row is None:
                 missing += 1
                 continue

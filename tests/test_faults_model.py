@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import Counter
 
 import pytest
 
@@ -40,6 +41,8 @@ HTTP = HttpConfig(
 )
 PHASES = [Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=30, wave_size=6, max_depth=6)]
 
+#: The kinds of cause the HTTP client counts retries and failed calls by.
+CAUSE_KIND = ("server error", "connection", "malformed response", "timeout")
 #: The cause word the HTTP client records for each injected kind.
 CAUSE = {
     "429": "status 429",
@@ -111,13 +114,17 @@ def test_every_fault_kind_is_retried_and_the_batch_is_unchanged(local_model_serv
         col = collector(proxy.url, backend=backend)
         state, got = collect(col)
     assert set(proxy.injected) == set(KINDS)
-    # every injected fault was retried (a slow answer on a loaded machine may add a retry), none escaped
-    retries = col.agent.policy.http.retries
-    assert sum(retries.values()) >= sum(proxy.injected.values())
-    assert retries["malformed response"] >= sum(
-        proxy.injected[k] for k in ("malformed", "short_logprobs", "nan_logprobs")
-    )
-    assert retries["server error"] >= sum(proxy.injected[k] for k in ("429", "500", "502", "503"))
+    # every injected fault was retried (a slow answer on a loaded machine may add a retry),
+    # or was the last of RETRIES + 1 in a row that ended a call, whose rollouts the
+    # execution ran again (the queued faults go to the first requests, and with the
+    # evidence's siblings in one request per task one request may draw several); none
+    # escaped into the batch
+    stats = col.agent.policy.http.stats()
+    seen = Counter(stats["retries"]) + Counter(stats["failed_calls"])
+    assert set(stats["failed_calls"]) <= set(CAUSE_KIND) and sum(stats["failed_calls"].values()) <= 1
+    assert sum(seen.values()) >= sum(proxy.injected.values())
+    assert seen["malformed response"] >= sum(proxy.injected[k] for k in ("malformed", "short_logprobs", "nan_logprobs"))
+    assert seen["server error"] >= sum(proxy.injected[k] for k in ("429", "500", "502", "503"))
     assert got.stats["failed_rollouts"] == 0 and got.stats["failure_causes"] == {}
     assert key(got) == key(want) and same_logprobs(got, want)
     ids = [(r.tree_id, r.edge_id, r.turn_index) for r in got.actor]

@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 
 def settings(root: str, url: str, cid: str) -> list[str]:
-    """A small collection (2 toy tasks, a few waves) against the shared model server."""
-    out = ["collect", "--json", "--collection-id", cid, "--tasks", "2", "--transitions", "16"]
+    """A small collection (2 toy tasks, two continuation waves) against the shared model server."""
+    out = ["collect", "--json", "--collection-id", cid, "--tasks", "2", "--transitions", "24"]
     for key, value in {
         "model.kind": "local",
         "model.url": url,

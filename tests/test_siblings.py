@@ -259,3 +259,27 @@ def test_a_collection_s_batch_does_not_depend_on_grouping() -> None:
     # the evidence's three rollouts per task start together (at least those go as one
     # request, less one request beside the first to check vLLM's rule)
     assert served_together["requests"] == sent_together <= calls - 6 * 2 + 1
+
+
+@pytest.mark.integration
+def test_the_embedded_server_answers_siblings_bit_for_bit_as_alone(local_model_server) -> None:  # type: ignore[no-untyped-def]
+    from focus.env import Message
+    from focus.toy import opening_text
+
+    prompt = ByteCodec().render([Message("user", opening_text(17))])
+    params = SamplingParams(max_tokens=6, seed=41)
+    policy = OpenAICompatPolicy(local_model_server.url, vocab_size=ByteCodec.vocab_size, config=FAST)
+
+    async def go() -> tuple[list[Completion], list[Completion]]:
+        try:
+            together = await policy.sample_siblings(prompt, params, [("t", i) for i in range(4)])
+            return together, [await policy.sample(prompt, params.with_seed(41 + i)) for i in range(4)]
+        finally:
+            await policy.aclose()
+
+    together, alone = run(go())
+    assert policy.groups_siblings  # the rule held at the check
+    assert [(c.token_ids, c.logprobs, c.finish_reason) for c in together] == [
+        (c.token_ids, c.logprobs, c.finish_reason) for c in alone
+    ]
+    assert len({c.token_ids for c in together}) > 1

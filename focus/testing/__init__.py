@@ -198,3 +198,20 @@ class PolicyConformance:
                 await p.aclose()
 
         assert len(run(go()).token_ids) <= 3
+
+    def test_siblings_are_the_samples_of_their_seeds(self) -> None:
+        """``sample_siblings`` gives sample ``i`` as ``sample`` with ``seed + i`` gives it
+        (vLLM's rule for a request with ``n`` samples), however the policy sends them."""
+
+        async def go() -> tuple[list[Completion], list[Completion]]:
+            p = self.make_policy()
+            params = SamplingParams(max_tokens=4, seed=30)
+            try:
+                together = await p.sample_siblings(self.make_prompt(), params, [("t", 0), ("t", 1), ("t", 2)])
+                alone = [await p.sample(self.make_prompt(), params.with_seed(30 + i)) for i in range(3)]
+                return together, alone
+            finally:
+                await p.aclose()
+
+        together, alone = run(go())
+        assert [(c.token_ids, c.finish_reason) for c in together] == [(c.token_ids, c.finish_reason) for c in alone]

@@ -85,7 +85,9 @@ def build_policy(config: FocusConfig, url: str | None = None) -> Policy:
     url = url or m.url
     urls = m.urls or ([url] if url else [])
     # the client may keep as many calls in flight as the execution runs rollouts
-    http = HttpConfig(**m.http.model_dump(), max_concurrency=config.execution.max_concurrency)
+    http = HttpConfig(
+        **m.http.model_dump(), max_concurrency=config.execution.max_concurrency, group_siblings=m.group_siblings
+    )
     if m.kind == "factory":
         policy = import_object(m.factory or "")(**m.options)
     elif m.kind in ("local", "openai"):

@@ -102,6 +102,10 @@ class ModelConfig(_Pluggable):
     vocab_size: int | None = Field(None, gt=0)
     #: Timeouts, retries, deadline and hedging of the HTTP client (local, openai, sglang).
     http: RetryPolicy = RetryPolicy()
+    #: Send the first calls of sibling rollouts as one request with ``n`` samples
+    #: (local, openai: vLLM's rule, checked once; docs/operations.md, "Siblings in one
+    #: request"). The answers, and so the batch, are the same either way.
+    group_siblings: bool = True
 
     @model_validator(mode="after")
     def _needs(self) -> ModelConfig:
