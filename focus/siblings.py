@@ -30,9 +30,10 @@ Route = tuple[Hashable, ...]
 #: Seconds a first call waits for its siblings before the calls gathered so far are
 #: sent. Slots free one at a time as answers come in, so siblings (taken one after the
 #: other, focus.execution) start a few turns of the loop apart; at 10k transitions over
-#: 40 tasks (benchmarks/scale.py) waiting for the next turn only sent 6,312 first calls
-#: in 4,279 requests, 0.5 ms in 3,659, 2 ms in 3,587. A millisecond is little beside a
-#: model call's latency (5 ms on the simulated server, tens of ms and more on a GPU).
+#: 40 tasks (benchmarks/scale.py, one run each) waiting for the next turn only sent 6,312
+#: first calls in 4,279 requests, waiting 0.5, 1 and 2 ms in 3,679, 3,687 and 3,587. A
+#: millisecond is little beside a model call's latency (5 ms on the simulated server,
+#: tens of ms and more on a GPU).
 GATHER_S = 0.001
 
 
