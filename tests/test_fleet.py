@@ -97,6 +97,9 @@ def test_a_fleet_collects_one_server_s_batch_with_its_prefix_cache_hits(sims):
     assert stats["cache_hit_ratio"] >= 0.9 * alone["cache_hit_ratio"] > 0
     # what the servers themselves counted agrees with what they answered
     assert [s.stats()["cached_tokens"] for s in sims] == [r["cached_tokens"] for r in stats["replicas"]]
+    assert [s.stats()["prompt_tokens"] for s in sims] == [r["prompt_tokens"] for r in stats["replicas"]]
+    # siblings' first calls went to one replica in one request (focus.siblings)
+    assert sum(s.stats()["requests"] for s in sims) < stats["calls"]
 
 
 def test_round_robin_spreads_prefixes_and_loses_cache_hits(sims):

@@ -21,6 +21,9 @@ replica. This module is the I/O around that decision:
   marked down gets one call again after ``down_s`` (doubling while it stays down, up to
   a minute); its first answer brings it back. When every replica is down the calls wait
   for one, as a single server's do (``outage_wait_s``, :mod:`focus.backends.outage`).
+* **Siblings.** The first calls of a checkpoint's siblings (:mod:`focus.siblings`) go
+  to the replica chosen for the first of them, as one request where the replicas send
+  them so, and the router records the others as placed there.
 * **Figures.** :meth:`FleetPolicy.stats` gives per replica the calls it answered, the
   prompt tokens sent and those its prefix cache served (as the server reports them),
   the tokens generated and the calls that failed over from it.
@@ -51,7 +54,9 @@ class ReplicaStats:
     """What one replica did for this policy (in this process)."""
 
     url: str
+    #: Samples it answered (siblings sent in one request count one each).
     calls: int = 0
+    #: Prompt tokens sent to it (once per request).
     prompt_tokens: int = 0
     #: Prompt tokens the replica reports as served from its prefix cache.
     cached_tokens: int = 0
@@ -167,6 +172,43 @@ class FleetPolicy(Policy):
             self._answered(i, prompt_ids, completion)
             return completion
 
+    @property
+    def groups_siblings(self) -> bool:  # type: ignore[override]
+        """Siblings' calls go to one replica as one request where every replica would
+        send them so (:attr:`HttpPolicy.groups_siblings`)."""
+        return all(r.groups_siblings for r in self.replicas)
+
+    async def sample_siblings(
+        self, prompt_ids: Sequence[int], params: SamplingParams, routes: Sequence[tuple[Hashable, ...]]
+    ) -> list[Completion]:
+        """The siblings' calls on the replica the router picks for the first one (they
+        share its prefix), as that replica sends them; failing over together."""
+        if not self._verified:
+            await self._verify_once()
+        n = len(routes)
+        while True:
+            i, probe = await self._place(prompt_ids, routes[0])
+            for route in routes[1:]:
+                self.router.join(route, i)
+            self.loads[i] += n
+            try:
+                completions = await self.replicas[i].sample_siblings(prompt_ids, params, routes)
+            except ServiceUnavailable as e:
+                self._failed(i, e, probe)
+                continue
+            finally:
+                self.loads[i] -= n
+            sent = None  # the request of the previous answer: the next one's, if it came in it
+            for completion in completions:
+                record = completion.meta.get("http")
+                self._answered(i, prompt_ids, completion, prompt_sent=record is None or record is not sent)
+                sent = record
+            check = completions[-1].meta.get("siblings_check") if completions else None
+            if check is not None:  # the replica's one request that checked vLLM's rule
+                self._replica_stats[i].prompt_tokens += len(prompt_ids)
+                self._replica_stats[i].cached_tokens += check.cached_prompt_tokens or 0
+            return completions
+
     async def _place(self, prompt_ids: Sequence[int], route: tuple[Hashable, ...]) -> tuple[int, bool]:
         """The replica for a call, and whether the call probes it (its first since it
         went down): the router's choice among those up; when none is, one whose turn to
@@ -214,7 +256,9 @@ class FleetPolicy(Policy):
                 extra=CONSOLE,
             )
 
-    def _answered(self, i: int, prompt_ids: Sequence[int], completion: Completion) -> None:
+    def _answered(self, i: int, prompt_ids: Sequence[int], completion: Completion, prompt_sent: bool = True) -> None:
+        """Count an answer of replica ``i``; ``prompt_sent``: false for the second and later
+        samples of one request (its prompt, and its cache hits, counted once)."""
         if self._down_until[i] > 0:
             log.warning("replica %s of the model answers again", self.urls[i], extra=CONSOLE)
             self._down_until[i], self._probing[i] = 0.0, False
@@ -223,8 +267,9 @@ class FleetPolicy(Policy):
         self._check_version(i, completion)
         s = self._replica_stats[i]
         s.calls += 1
-        s.prompt_tokens += len(prompt_ids)
-        s.cached_tokens += completion.cached_prompt_tokens or 0
+        if prompt_sent:
+            s.prompt_tokens += len(prompt_ids)
+            s.cached_tokens += completion.cached_prompt_tokens or 0
         s.completion_tokens += len(completion.token_ids)
 
     def _gate_for_loop(self) -> OutageGate:

@@ -123,6 +123,7 @@ class HttpPolicy(Policy):
             self.__dict__.pop("_siblings_check", None)
             check.set_result(None)
         if ok:
+            together[-1].meta["siblings_check"] = alone  # a request sent too: for a fleet's figures
             return together
         log.warning(
             "the model server at %s does not answer a request for n samples as vLLM does (sample i with seed + i; "

@@ -97,6 +97,11 @@ class Router(abc.ABC):
     def choose(self, prompt_ids: Sequence[int], route: Route, loads: Sequence[int], up: Sequence[bool]) -> int:
         """The replica for this call (``up[i]`` must hold); records what it needs."""
 
+    def join(self, route: Route, i: int) -> None:  # noqa: B027 - optional hook
+        """A call on ``route`` goes to replica ``i`` with a call this router placed there
+        (a sibling sent in one request with it, :mod:`focus.siblings`): record it as
+        :meth:`choose` would have. The default records nothing."""
+
 
 class TreeRouter(Router):
     """FOCUS's routing (:func:`choose_by_tree`) and the table of who served which route
@@ -119,6 +124,14 @@ class TreeRouter(Router):
         while len(holders) > self.max_entries:
             del holders[next(iter(holders))]
         return i
+
+    def join(self, route: Route, i: int) -> None:
+        # a sibling's route is its placed sibling's but for its own seed, the last element
+        if route:
+            self.holders.pop(route[-1], None)
+            self.holders[route[-1]] = i
+            while len(self.holders) > self.max_entries:
+                del self.holders[next(iter(self.holders))]
 
 
 class RoundRobin(Router):

@@ -45,7 +45,7 @@ MEANING: dict[str, str] = {
     "model.vocab_size": "token ids the model knows; a sampled id outside fails its rollout (unset: asked from the "
     "embedded server, else the env codec's tokenizer)",
     "model.group_siblings": "send the first calls of sibling rollouts as one request with `n` samples (`local`, "
-    "`openai`: vLLM's rule, sample i with seed + i, checked once; docs/operations.md, \"Siblings in one request\"); "
+    '`openai`: vLLM\'s rule, sample i with seed + i, checked once; docs/operations.md, "Siblings in one request"); '
     "the batch is the same either way",
     "model.http.timeout_s": "seconds one attempt waits for its answer",
     "model.http.connect_timeout_s": "seconds to open a connection",
