@@ -208,7 +208,7 @@ class Agent:
                 if self.max_prompt_tokens is not None and len(prompt) > self.max_prompt_tokens:
                     pieces.append(Piece(tuple(turns), "truncated", state.steps, prompt, cause=CONTEXT_LIMIT))
                     break
-                completion = await self._call(start, state.route, prompt, params, fresh)
+                completion = await self._call(state.route, prompt, params, fresh)
                 fresh = False
                 self.policy.check_completion(completion, params)
                 if completion.meta:
@@ -255,17 +255,12 @@ class Agent:
         return Rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
 
     def _call(
-        self,
-        start: BranchState,
-        route: tuple[Hashable, ...],
-        prompt: Sequence[int],
-        params: SamplingParams,
-        fresh: bool,
+        self, route: tuple[Hashable, ...], prompt: Sequence[int], params: SamplingParams, fresh: bool
     ) -> Awaitable[Completion]:
         """A step's model call; a rollout's first one (``fresh``) gathered with its
         siblings' when the policy answers them in one request."""
         if fresh and self.policy.groups_siblings:
-            return self._siblings().sample(id(start), prompt, params, route)
+            return self._siblings().sample(prompt, params, route)
         return self.policy.sample_on_route(prompt, params, route)
 
     def _siblings(self) -> SiblingCalls:

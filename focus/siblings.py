@@ -10,7 +10,7 @@ samples gives on a server that samples ``i`` with ``seed + i``, as vLLM does
 client a round trip per sibling (most of FOCUS's continuations are one or two calls
 long, so first calls are most calls) and the server ``n - 1`` prefills.
 
-:class:`SiblingCalls` gathers first calls by start state for :data:`GATHER_S`, then
+:class:`SiblingCalls` gathers first calls by prompt for :data:`GATHER_S`, then
 sends each run of consecutive seeds as one ``sample_siblings`` call and any other call
 as ``sample_on_route``. Which calls go together depends on timing; the answers do not,
 since sample ``i`` of a group is the sample its own seed gives. The agent gathers only
@@ -59,25 +59,27 @@ class _Call:
 
 
 class SiblingCalls:
-    """The first calls of one event loop's rollouts, gathered by start state (see the
-    module docs). Made by the agent, one per event loop."""
+    """The first calls of one event loop's rollouts, gathered by prompt (see the module
+    docs). Made by the agent, one per event loop and policy."""
 
     def __init__(self, policy: Policy, loop: asyncio.AbstractEventLoop) -> None:
         self.policy, self.loop = policy, loop
-        #: Calls gathered for the next send: start key -> (prompt, params, calls).
-        self._open: dict[Hashable, tuple[Sequence[int], SamplingParams, list[_Call]]] = {}
+        #: Calls gathered for the next send: prompt -> (prompt, params, calls).
+        self._open: dict[tuple[int, ...], tuple[Sequence[int], SamplingParams, list[_Call]]] = {}
         #: Requests in flight: kept so that their tasks are not collected.
         self._sending: set[asyncio.Task[None]] = set()
 
-    def sample(
-        self, key: Hashable, prompt_ids: Sequence[int], params: SamplingParams, route: Route
-    ) -> asyncio.Future[Completion]:
-        """The answer to a first call from the start state ``key`` (await it). Calls with
-        one key must have the same prompt and the same settings but the seed."""
+    def sample(self, prompt_ids: Sequence[int], params: SamplingParams, route: Route) -> asyncio.Future[Completion]:
+        """The answer to a rollout's first call (await it). Calls are gathered by prompt:
+        the calls of one agent differ only in their seeds otherwise, and any calls with one
+        prompt and consecutive seeds may share a request, siblings or not (each gets its
+        own seed's sample); by content, not by start state, since a job sent to a Dask
+        worker carries its own copy of the state."""
         assert params.seed is not None, "a sibling call is seeded"
         future: asyncio.Future[Completion] = self.loop.create_future()
         if not self._open:
             self.loop.call_later(GATHER_S, self._flush)
+        key = prompt_ids if isinstance(prompt_ids, tuple) else tuple(prompt_ids)
         group = self._open.get(key)
         if group is None:
             group = self._open[key] = (prompt_ids, params, [])

@@ -30,7 +30,8 @@ from focus.toy import ReachTarget, reach_target_tasks, toy_format
 
 pytestmark = pytest.mark.timeout(120)
 
-PROMPT = [72, 105, 33, 10]
+PROMPT = (72, 105, 33, 10)
+OTHER = (72, 105, 63, 10)
 PARAMS = SamplingParams(max_tokens=4, seed=1000, stop_token_ids=(10,))
 FAST = HttpConfig(max_retries=1, backoff_s=0.001, backoff_max_s=0.01, timeout_s=5, adaptive_hedge=False)
 
@@ -91,16 +92,16 @@ def test_calls_gathered_by_start_go_in_runs_of_consecutive_seeds() -> None:
     async def go() -> list[Completion]:
         calls = SiblingCalls(policy, asyncio.get_running_loop())
         seeds = [1002, 1000, 7, 1001, 1004]  # 1000-1002 together; 1004 and 7 alone
-        futures = [calls.sample("a", PROMPT, PARAMS.with_seed(s), ("t", s)) for s in seeds]
-        other = calls.sample("b", PROMPT, PARAMS.with_seed(1003), ("u", 1003))  # another start: alone
+        futures = [calls.sample(PROMPT, PARAMS.with_seed(s), ("t", s)) for s in seeds]
+        other = calls.sample(OTHER, PARAMS.with_seed(1003), ("u", 1003))  # another prompt: alone
         return list(await asyncio.gather(*futures, other))
 
     got = run(go())
     assert policy.groups == [[1000, 1001, 1002]]
     assert sorted(s for s, _ in policy.calls) == [7, 1000, 1001, 1002, 1003, 1004]
     # each call got the sample of its own seed, and its own route went with it
-    for c, s in zip(got, [1002, 1000, 7, 1001, 1004, 1003], strict=True):
-        assert c.token_ids == tuple(sample(PROMPT, 3, 4, (10,), s)[0])
+    for c, p, s in zip(got, [PROMPT] * 5 + [OTHER], [1002, 1000, 7, 1001, 1004, 1003], strict=True):
+        assert c.token_ids == tuple(sample(p, 3, 4, (10,), s)[0])
     assert ((1001, ("t", 1001))) in policy.calls
 
 
@@ -114,12 +115,12 @@ def test_a_cancelled_sibling_leaves_the_others_their_answers() -> None:
 
     async def go() -> tuple[list[Any], list[Any]]:
         calls = SiblingCalls(policy, asyncio.get_running_loop())
-        tasks = [asyncio.ensure_future(calls.sample("a", PROMPT, PARAMS.with_seed(s), (s,))) for s in (1, 2, 3)]
+        tasks = [asyncio.ensure_future(calls.sample(PROMPT, PARAMS.with_seed(s), (s,))) for s in (1, 2, 3)]
         await asyncio.sleep(0.02)  # sent, not answered
         tasks[1].cancel()
         some = await asyncio.gather(*tasks, return_exceptions=True)
         # every caller gone: the request is dropped, no answer is waited for
-        lone = [asyncio.ensure_future(calls.sample("b", PROMPT, PARAMS.with_seed(s), (s,))) for s in (8, 9)]
+        lone = [asyncio.ensure_future(calls.sample(OTHER, PARAMS.with_seed(s), (s,))) for s in (8, 9)]
         await asyncio.sleep(0.02)
         for t in lone:
             t.cancel()
@@ -141,7 +142,7 @@ def test_a_failed_group_request_fails_each_call() -> None:
 
     async def go() -> list[Any]:
         calls = SiblingCalls(Broken(), asyncio.get_running_loop())
-        futures = [calls.sample("a", PROMPT, PARAMS.with_seed(s), (s,)) for s in (1, 2)]
+        futures = [calls.sample(PROMPT, PARAMS.with_seed(s), (s,)) for s in (1, 2)]
         return list(await asyncio.gather(*futures, return_exceptions=True))
 
     assert [str(e) for e in run(go())] == ["down", "down"]
