@@ -11,7 +11,9 @@ after one turn of the event loop instead of an HTTP round trip. The rollouts, pl
 and batches are those of the HTTP run (same transitions and rollouts); what is left out
 is the client, the sockets and the waiting, so the rollout bucket here is the agent,
 the env, the execution service, the collector's glue and the event loop, and the arms
-can be compared to a few microseconds per transition.
+can be compared to a few microseconds per transition. :class:`SimPolicy` answers every
+call alone, so what siblings save over HTTP by sharing a request (:mod:`focus.siblings`)
+is not in these figures.
 
     python -m benchmarks.scale_inproc [--arms focus,tuned] [--transitions 10000] [--tasks 40] [--repeats 3]
 
