@@ -10,7 +10,7 @@ samples gives on a server that samples ``i`` with ``seed + i``, as vLLM does
 client a round trip per sibling (most of FOCUS's continuations are one or two calls
 long, so first calls are most calls) and the server ``n - 1`` prefills.
 
-:class:`SiblingCalls` gathers first calls by prompt for :data:`GATHER_S`, then
+:class:`SiblingCalls` gathers first calls by prompt for a while (:data:`GATHER_SHARE`), then
 sends each run of consecutive seeds as one ``sample_siblings`` call and any other call
 as ``sample_on_route``. Which calls go together depends on timing; the answers do not,
 since sample ``i`` of a group is the sample its own seed gives. The agent gathers only
@@ -27,14 +27,19 @@ from focus.policy import Completion, Policy, SamplingParams
 
 Route = tuple[Hashable, ...]
 
-#: Seconds a first call waits for its siblings before the calls gathered so far are
-#: sent. Slots free one at a time as answers come in, so siblings (taken one after the
-#: other, focus.execution) start a few turns of the loop apart; at 10k transitions over
-#: 40 tasks (benchmarks/scale.py, one run each) waiting for the next turn only sent 6,312
-#: first calls in 4,279 requests, waiting 0.5, 1 and 2 ms in 3,679, 3,687 and 3,587. A
-#: millisecond is little beside a model call's latency (5 ms on the simulated server,
-#: tens of ms and more on a GPU).
-GATHER_S = 0.001
+#: How long first calls are gathered before they are sent, as a share of how long this
+#: agent's first calls have taken to answer (a running mean), at most
+#: :data:`MAX_GATHER_S`; :data:`FIRST_GATHER_S` until one has answered. Slots free one
+#: at a time as answers come in, so siblings (taken one after the other,
+#: focus.execution) start apart; the longer the wait, the more of them go together, and
+#: the wait costs a rollout at most this share of one call. Where the client is the
+#: bottleneck its calls wait in it anyway, their time grows with the calls in flight,
+#: and so does the gathering. At 10k transitions over 40 tasks (benchmarks/scale.py, one
+#: run each, a benchmark running beside) 6,312 first calls went in 3,684 requests with
+#: a fixed 1 ms, 3,485 with 5 ms, 2,552 with 20 ms (ideal: 2,565 runs of siblings).
+GATHER_SHARE = 0.1
+MAX_GATHER_S = 0.02
+FIRST_GATHER_S = 0.001
 
 
 def consecutive_runs(seeds: Sequence[int]) -> list[list[int]]:
@@ -68,6 +73,15 @@ class SiblingCalls:
         self._open: dict[tuple[int, ...], tuple[Sequence[int], SamplingParams, list[_Call]]] = {}
         #: Requests in flight: kept so that their tasks are not collected.
         self._sending: set[asyncio.Task[None]] = set()
+        #: Running mean of the seconds a first call took to answer (None: none yet).
+        self.call_s: float | None = None
+
+    @property
+    def gather_s(self) -> float:
+        """How long the next first calls are gathered (see :data:`GATHER_SHARE`)."""
+        if self.call_s is None:
+            return FIRST_GATHER_S
+        return min(MAX_GATHER_S, GATHER_SHARE * self.call_s)
 
     def sample(self, prompt_ids: Sequence[int], params: SamplingParams, route: Route) -> asyncio.Future[Completion]:
         """The answer to a rollout's first call (await it). Calls are gathered by prompt:
@@ -78,7 +92,7 @@ class SiblingCalls:
         assert params.seed is not None, "a sibling call is seeded"
         future: asyncio.Future[Completion] = self.loop.create_future()
         if not self._open:
-            self.loop.call_later(GATHER_S, self._flush)
+            self.loop.call_later(self.gather_s, self._flush)
         key = prompt_ids if isinstance(prompt_ids, tuple) else tuple(prompt_ids)
         group = self._open.get(key)
         if group is None:
@@ -108,6 +122,7 @@ class SiblingCalls:
             m.future.add_done_callback(abandon)
 
     async def _answer(self, prompt_ids: Sequence[int], params: SamplingParams, members: list[_Call]) -> None:
+        sent = self.loop.time()
         try:
             if len(members) == 1:
                 answers = [await self.policy.sample_on_route(prompt_ids, params, members[0].route)]
@@ -126,6 +141,8 @@ class SiblingCalls:
             for m in members:
                 m.future.cancel()
             raise
+        took = self.loop.time() - sent
+        self.call_s = took if self.call_s is None else self.call_s + 0.05 * (took - self.call_s)
         for m, answer in zip(members, answers, strict=True):
             if not m.future.done():
                 m.future.set_result(answer)

@@ -23,7 +23,7 @@ from focus.format import ByteCodec
 from focus.policy import Completion, Policy, SamplingParams
 from focus.priority import Phase, Selective
 from focus.search import rollout_seed
-from focus.siblings import SiblingCalls, consecutive_runs
+from focus.siblings import FIRST_GATHER_S, GATHER_SHARE, MAX_GATHER_S, SiblingCalls, consecutive_runs
 from focus.testing import run
 from focus.testing.simserver import SimConfig, SimServerProcess, sample
 from focus.toy import ReachTarget, reach_target_tasks, toy_format
@@ -103,6 +103,26 @@ def test_calls_gathered_by_start_go_in_runs_of_consecutive_seeds() -> None:
     for c, p, s in zip(got, [PROMPT] * 5 + [OTHER], [1002, 1000, 7, 1001, 1004, 1003], strict=True):
         assert c.token_ids == tuple(sample(p, 3, 4, (10,), s)[0])
     assert ((1001, ("t", 1001))) in policy.calls
+
+
+def test_the_gathering_follows_how_long_first_calls_take() -> None:
+    class Slow(Recording):
+        async def sample_on_route(self, prompt_ids, params, route):  # type: ignore[no-untyped-def]
+            await asyncio.sleep(0.03)
+            return await super().sample_on_route(prompt_ids, params, route)
+
+    async def go() -> tuple[float, float, float]:
+        calls = SiblingCalls(Slow(), asyncio.get_running_loop())
+        first = calls.gather_s
+        await calls.sample(PROMPT, PARAMS, ("t",))
+        after = calls.gather_s
+        calls.call_s = 60.0  # a call that took a minute: the wait stays bounded
+        return first, after, calls.gather_s
+
+    first, after, bounded = run(go())
+    assert first == FIRST_GATHER_S
+    assert GATHER_SHARE * 0.03 <= after <= GATHER_SHARE * 0.03 * 3  # a tenth of the call's time, loop delays aside
+    assert bounded == MAX_GATHER_S
 
 
 def test_a_cancelled_sibling_leaves_the_others_their_answers() -> None:
