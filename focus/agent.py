@@ -179,8 +179,8 @@ class Agent:
 
         The first model call samples with ``seed`` itself, each later one with
         ``derive_seed(seed, steps)``: rollouts from one start state with consecutive seeds
-        make first calls that one request with ``n`` samples answers, and those made in
-        the same turn of the event loop go as one (:mod:`focus.siblings`)."""
+        make first calls that one request with ``n`` samples answers, and those made
+        within a short wait of each other go as one (:mod:`focus.siblings`)."""
         t0 = time.perf_counter()
         state = start.fork(route=(*start.route, seed))
         counters = {"parse_errors": 0, "tool_errors": 0}
