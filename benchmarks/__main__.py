@@ -1,15 +1,16 @@
-"""``python -m benchmarks``: run every benchmark the README cites, then render the README.
+"""``python -m benchmarks``: run every benchmark the pages cite, then render the pages.
 
 Each benchmark of :data:`benchmarks.results.REGISTRY` runs in its own process (``python
 -m <module> <args> --json PATH``) and its figures are stored with the run's context in
-``benchmarks/results/<name>.json``; then benchmarks/README.md's generated blocks are
-rendered from those files (:mod:`benchmarks.readme`). A benchmark that fails keeps its
-previous record; the others still run, and the command exits 1.
+``benchmarks/results/<name>.json``; then the generated blocks of the pages
+(benchmarks/README.md and benchmarks/QUALITY.md) are rendered from those files
+(:mod:`benchmarks.readme`). A benchmark that fails keeps its previous record; the
+others still run, and the command exits 1.
 
     python -m benchmarks                         # everything (what `make bench` runs)
-    python -m benchmarks --only engine,scale     # some; the README is rendered from all records
+    python -m benchmarks --only engine,scale     # some; the pages are rendered from all records
     python -m benchmarks --quick                 # smoke sizes, into runs/bench-quick/ (not the committed results)
-    python -m benchmarks --render-only [--check] # render (or check) the README from the stored records
+    python -m benchmarks --render-only [--check] # render (or check) the pages from the stored records
     python -m benchmarks --list                  # names, commands, last wall times
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from benchmarks import readme
 from benchmarks.results import REGISTRY, RESULTS, ROOT, Benchmark, command_args, read, run_and_record
 
-README = Path(__file__).resolve().parent / "README.md"
+BENCH = Path(__file__).resolve().parent  # where the pages (readme.PAGES) live
 QUICK_RESULTS = ROOT / "runs" / "bench-quick"
 
 
@@ -42,21 +43,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--only", help="comma-separated names (default: every benchmark)")
     ap.add_argument("--quick", action="store_true", help="smoke sizes (seconds to a minute each); figures mean nothing")
-    ap.add_argument("--render-only", action="store_true", help="run nothing; render the README from the records")
-    ap.add_argument("--check", action="store_true", help="with --render-only: exit 1 if the README is not up to date")
+    ap.add_argument("--render-only", action="store_true", help="run nothing; render the pages from the records")
+    ap.add_argument("--check", action="store_true", help="with --render-only: exit 1 if a page is not up to date")
     ap.add_argument("--list", action="store_true", help="list the benchmarks, their commands and last wall times")
     ap.add_argument(
         "--results", type=Path, help="records folder (default benchmarks/results; --quick: runs/bench-quick)"
     )
-    ap.add_argument("--readme", type=Path, help="README to render (default benchmarks/README.md; --quick: a copy)")
+    ap.add_argument(
+        "--pages", type=Path, help="folder the pages are rendered in (default benchmarks/; --quick: the records folder)"
+    )
     args = ap.parse_args(argv)
     results = args.results or (QUICK_RESULTS if args.quick else RESULTS)
-    if args.readme:  # rendered in place (from the committed README if it does not exist yet)
-        target, source = args.readme, args.readme if args.readme.exists() else README
-    elif args.quick:  # smoke figures never go into the committed README
-        target, source = results / "README.md", README
-    else:
-        target = source = README
+    # Smoke figures never go into the committed pages: --quick renders copies beside its
+    # records; a page not yet in the chosen folder starts from the committed one.
+    folder = args.pages or (results if args.quick else BENCH)
     chosen = select(args.only)
 
     if args.list:
@@ -84,18 +84,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{i}/{len(chosen)}] {b.name}: {rec['wall_s']:.0f} s", file=sys.stderr, flush=True)
         print(f"ran {len(chosen)} benchmark(s) in {(time.perf_counter() - t0) / 60:.1f} min", file=sys.stderr)
 
-    text = source.read_text()
-    rendered, warnings = readme.render(text, results)
+    targets = {name: folder / name for name in readme.PAGES}
+    texts = {name: (t if t.exists() else BENCH / name).read_text() for name, t in targets.items()}
+    rendered, warnings = readme.render_pages(texts, results)
     for w in warnings:
         print(f"readme: {w}", file=sys.stderr)
     if args.check:
-        if not target.exists() or rendered != target.read_text():
-            print(f"{target} is not what its records render: run `python -m benchmarks --render-only`", file=sys.stderr)
+        stale = [str(t) for name, t in targets.items() if not t.exists() or rendered[name] != t.read_text()]
+        if stale:
+            print(f"{', '.join(stale)}: not what the records render: run `python -m benchmarks --render-only`", file=sys.stderr)
             return 1
     else:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(rendered)
-        print(f"rendered {target} from {results}", file=sys.stderr)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, t in targets.items():
+            t.write_text(rendered[name])
+        print(f"rendered {', '.join(map(str, targets.values()))} from {results}", file=sys.stderr)
     if failed:
         print(f"failed: {', '.join(failed)} (their previous records, if any, were kept)", file=sys.stderr)
     return 1 if failed or warnings else 0

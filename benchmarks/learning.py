@@ -62,7 +62,7 @@ EVIDENCE = 4
 #: The trainer of every method: the library's ``UpdateConfig`` with one step per update
 #: sized to a KL target (``rule="sgd"``: the plain gradient, a line search to
 #: ``target_kl``; matched update sizes). Each task's step is the one both methods were
-#: best at in the same sweep (``TASK_TRAINER``; docs/algorithm.md, "A larger step at
+#: best at in the same sweep (``TASK_TRAINER``; docs/findings/learning-steps.md, "A larger step at
 #: matched landed KL" and "The long reach and MATH at the larger step"): issue 32's
 #: "each method at its best setting", which here is one setting per task. The record
 #: before (Adam epochs at lr 3e-4 stopped at KL 0.05, ``ADAM_TRAINER``) left GRPO's gain
@@ -99,7 +99,7 @@ DEFAULT_SIZES = Sizes(iterations=3, tasks=8, eval_tasks=50)
 QUICK_SIZES = Sizes(iterations=1, tasks=3, eval_tasks=6)
 #: Twenty seeds. The update sizes were chosen on seeds 0-4 and the record ran 0-9 (the
 #: toy's lead there, +0.144, cleared the noise only at ten); seeds 10-19, on which
-#: nothing was chosen, read every task level (docs/algorithm.md, "Twenty seeds"), so
+#: nothing was chosen, read every task level (docs/findings/learning-steps.md, "Twenty seeds"), so
 #: the record reads all twenty rather than the seeds that chose its settings.
 SEEDS = list(range(20))
 

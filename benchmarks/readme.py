@@ -1,7 +1,8 @@
-"""Renders benchmarks/README.md's figures from the records in ``benchmarks/results/``.
+"""Renders the benchmark pages' figures from the records in ``benchmarks/results/``.
 
-The README is prose (what each benchmark measures, its goal, how to read it, its
-command) plus generated blocks::
+The pages (:data:`PAGES`: benchmarks/README.md, and benchmarks/QUALITY.md for the
+estimation and learning records) are prose (what each benchmark measures, its goal,
+how to read it, its command) plus generated blocks, each benchmark's block on one page::
 
     <!-- generated: engine -->
     ...tables rendered from results/engine.json...
@@ -9,7 +10,7 @@ command) plus generated blocks::
 
 :func:`render` replaces the inside of every block with what the record gives and leaves
 the prose alone, so no measured figure is typed by hand: rendering the committed records
-must reproduce the committed README byte for byte (a test checks it). A benchmark with
+must reproduce the committed pages byte for byte (a test checks it). A benchmark with
 no record yet renders as not run. Each block starts with the run's line (date, commit,
 wall time, command, machine, load average before, at most during and after).
 
@@ -50,6 +51,8 @@ from benchmarks.render_speed import (
 from benchmarks.render_systems import batch_write, cli_start, load, local_model, restart, train_local, writer_race
 from benchmarks.results import BY_NAME, REGISTRY, RESULTS, read
 
+#: The pages, in benchmarks/: every block of the registry is on exactly one of them.
+PAGES = ("README.md", "QUALITY.md")
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- end generated: (?P=name) -->", re.S)
 SUMMARY = "summary"
 
@@ -153,9 +156,9 @@ def problems(text: str) -> list[str]:
 
 
 def render(text: str, results: Path = RESULTS) -> tuple[str, list[str]]:
-    """``text`` with every generated block rendered from the records in ``results``, and
-    warnings (blocks that could not be rendered, blocks missing or unknown)."""
-    warnings = problems(text)
+    """``text`` (one page) with every generated block rendered from the records in
+    ``results``, and warnings (blocks that could not be rendered)."""
+    warnings: list[str] = []
 
     def sub(m: re.Match[str]) -> str:
         name = m.group("name")
@@ -164,3 +167,14 @@ def render(text: str, results: Path = RESULTS) -> tuple[str, list[str]]:
         return f"<!-- generated: {name} -->\n{block(name, results, warnings)}\n<!-- end generated: {name} -->"
 
     return BLOCK.sub(sub, text), warnings
+
+
+def render_pages(texts: dict[str, str], results: Path = RESULTS) -> tuple[dict[str, str], list[str]]:
+    """Every page of ``texts`` (name -> text) rendered, and the warnings: blocks that
+    could not be rendered, and blocks missing, repeated or unknown across the pages."""
+    warnings = problems("\n".join(texts.values()))
+    out = {}
+    for name, text in texts.items():
+        out[name], more = render(text, results)
+        warnings += more
+    return out, warnings

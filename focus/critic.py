@@ -113,7 +113,8 @@ def warm_start(critic: Critic, trees: Sequence[Any], gamma: float = 1.0, truncat
 
     The collector calls it on the evidence, before the first prediction
     (``Collector.run_evidence``, unless ``warm_start_critic=False``). Why
-    (docs/algorithm.md, "Weighting tree segments"): an unfitted critic predicts its
+    (docs/findings/learning.md, "Why a FOCUS batch taught less where the decisive
+    step is early"): an unfitted critic predicts its
     default (0) everywhere, and at a checkpoint with one child the TD advantage is
     ``λ·(r + V(c) − v̂)``, so with ``v̂ = 0`` an action that led to reward 0 gets 0, never
     a negative advantage, and every other token a positive bias: the first update

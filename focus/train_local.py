@@ -112,8 +112,8 @@ class UpdateConfig(BaseModel):
     #: whose batches differ in size and advantage scale then take updates of similar
     #: size, which is what makes their learning curves comparable. Empty: no stop.
     target_kl: float | None = Field(None, gt=0.0)
-    #: How the loss weights a tree's segments (docs/algorithm.md, "Weighting tree
-    #: segments"): ``equal`` (every segment as sampled), ``siblings`` (a segment's
+    #: How the loss weights a tree's segments (docs/algorithm.md, "The local
+    #: trainer"): ``equal`` (every segment as sampled), ``siblings`` (a segment's
     #: advantage divided by the number of segments that start at its checkpoint) or
     #: ``reach`` (by the product of 1/siblings from the root: the chance a walk that
     #: picks a continuation uniformly at each checkpoint runs through the segment).

@@ -1,4 +1,4 @@
-"""Loss weights of a tree batch's segments (docs/algorithm.md, "Weighting tree segments").
+"""Loss weights of a tree batch's segments (docs/algorithm.md, "The local trainer").
 
 A branched batch over-represents the states the search chose to continue from; these
 weights (``UpdateConfig.segment_weights`` of :mod:`focus.train_local`) scale each

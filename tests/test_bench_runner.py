@@ -1,8 +1,10 @@
-"""``python -m benchmarks``: every figure of benchmarks/README.md comes from a record.
+"""``python -m benchmarks``: every figure of the benchmark pages (benchmarks/README.md,
+benchmarks/QUALITY.md) comes from a record.
 
-The committed README must be exactly what the committed records render (so no figure is
-edited by hand), every benchmark of the registry must have its block and its renderer,
-and a smoke run of a few cheap benchmarks must write records and render a README copy.
+The committed pages must be exactly what the committed records render (so no figure is
+edited by hand), every benchmark of the registry must have its block on one page and
+its renderer, and a smoke run of a few cheap benchmarks must write records and render
+copies of the pages.
 """
 
 from __future__ import annotations
@@ -19,19 +21,27 @@ from benchmarks import readme
 from benchmarks import render_format as fmt
 from benchmarks.results import BY_NAME, REGISTRY, RESULTS, ROOT
 
-README = ROOT / "benchmarks" / "README.md"
+PAGES = {name: ROOT / "benchmarks" / name for name in readme.PAGES}
 
 
-def test_the_committed_readme_is_what_the_committed_records_render():
-    text = README.read_text()
-    rendered, warnings = readme.render(text, RESULTS)
+def _pages() -> dict[str, str]:
+    return {name: path.read_text() for name, path in PAGES.items()}
+
+
+def test_the_committed_pages_are_what_the_committed_records_render():
+    texts = _pages()
+    rendered, warnings = readme.render_pages(texts, RESULTS)
     assert warnings == []
-    assert rendered == text, "benchmarks/README.md differs from its records: run `python -m benchmarks --render-only`"
+    for name, text in texts.items():
+        assert rendered[name] == text, f"benchmarks/{name} differs from its records: run `python -m benchmarks --render-only`"
 
 
 def test_every_benchmark_has_its_block_and_its_renderer():
-    names = readme.blocks(README.read_text())
-    assert readme.problems(README.read_text()) == []
+    every = "\n".join(_pages().values())
+    names = readme.blocks(every)
+    assert readme.problems(every) == []
+    for text in _pages().values():  # a page with no block would be a page of prose only
+        assert readme.blocks(text)
     assert set(names) == {readme.SUMMARY, *BY_NAME}
     assert set(readme.RENDERERS) == set(BY_NAME)
     assert len(BY_NAME) == len(REGISTRY)  # names are unique
@@ -50,8 +60,9 @@ def test_records_on_disk_are_the_registry_s():
 
 
 def test_a_missing_record_renders_as_not_run(tmp_path):
-    rendered, warnings = readme.render(README.read_text(), tmp_path)
+    pages, warnings = readme.render_pages(_pages(), tmp_path)
     assert warnings == []
+    rendered = "\n".join(pages.values())
     for b in REGISTRY:
         body = _body(rendered, b.name)
         assert body.startswith("_Not run on this machine yet: `python -m benchmarks --only " + b.name + "`"), body
@@ -73,7 +84,7 @@ def test_a_record_without_the_keys_its_renderer_reads_is_reported(tmp_path):
         "figures": {"attempts": 1},  # no writers, no local: the benchmark's figures changed
     }
     (tmp_path / "writer_race.json").write_text(json.dumps(record))
-    rendered, warnings = readme.render(README.read_text(), tmp_path)
+    rendered, warnings = readme.render(PAGES["README.md"].read_text(), tmp_path)
     assert len(warnings) == 1 and warnings[0].startswith("writer_race:")
     body = _body(rendered, "writer_race")
     assert body.startswith("Run of 2026-01-01 00:00 UTC at `abc1234`, 12 s: `python -m benchmarks.writer_race`")
@@ -105,8 +116,8 @@ def test_numbers_are_formatted_to_significant_digits():
 @pytest.mark.timeout(180)
 def test_quick_run_records_and_renders_a_readme_copy(tmp_path):
     """``python -m benchmarks --quick`` on three cheap benchmarks, into a temporary
-    folder: each record holds the figures and the run's context, and the README copy
-    renders them (the other blocks say not run)."""
+    folder: each record holds the figures and the run's context, and the copies of the
+    pages render them (the other blocks say not run)."""
     chosen = ["writer_race", "batch_write", "search_planning"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "benchmarks", "--quick", "--only", ",".join(chosen), "--results", str(tmp_path)]
@@ -123,13 +134,16 @@ def test_quick_run_records_and_renders_a_readme_copy(tmp_path):
     race = json.loads((tmp_path / "writer_race.json").read_text())["figures"]
     assert race["local"]["holders_max"] == 1 and race["local"]["mismatched"] == 0
     assert "s3" not in race  # --no-s3 in the smoke arguments
-    copy = (tmp_path / "README.md").read_text()
-    assert copy != README.read_text() and readme.problems(copy) == []
+    copies = {name: (tmp_path / name).read_text() for name in readme.PAGES}
+    assert readme.problems("\n".join(copies.values())) == []
+    copy = copies["README.md"]
+    assert copy != PAGES["README.md"].read_text()
     for name in chosen:
         body = _body(copy, name)
         assert "Smoke run (`--quick`)" in body and "|" in body, body
     assert "| local folder | 3 x 3 |" in _body(copy, "writer_race")
     assert _body(copy, "engine").startswith("_Not run on this machine yet")
+    assert _body(copies["QUALITY.md"], "learning").startswith("_Not run on this machine yet")
     # rendering again from the same records changes nothing
     again, warnings = readme.render(copy, tmp_path)
     assert again == copy and warnings == []

@@ -68,6 +68,8 @@ class Check:
 LONG_TRAIN = "a train loop: minutes to tens of minutes; tests/test_pipeline_train.py runs a small one"
 SERVER = "needs a model server at that URL (vLLM, SGLang); the tests run the same command against the embedded one"
 
+SCALE_STUDY = "a study of the scale benchmark's rows: minutes on 2 cores (docs/findings/speed.md)"
+
 COMMANDS: dict[str, Check] = {
     # README.md
     "make run": Check("run", expect=("batch:",)),
@@ -94,14 +96,38 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks --only load_2k,load_20k": Check("parse", "benchmarks of half an hour"),
     ".venv/bin/python -m benchmarks --only restart": Check("parse", "a benchmark of minutes (30 s and 90 s outages)"),
     ".venv/bin/python -m benchmarks --only learning": Check("parse", "the learning record: 20-35 minutes on 2 cores"),
-    ".venv/bin/python -m benchmarks.train_local": Check("parse", "a benchmark of a minute (one collection, 7 settings)"),
+    ".venv/bin/python -m benchmarks.train_local": Check(
+        "parse", "a benchmark of a minute (one collection, 7 settings)"
+    ),
     ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks toy long-reach math --methods focus --set "
     "'scale_advantages=\"task\"' --out runs/task-scale": Check("parse", "a study of five minutes on 2 cores"),
-    # docs/algorithm.md
+    # docs/findings/speed.md
+    ".venv/bin/python -m benchmarks.replay --load /tmp/focus-replay-100k.pkl --repeats 3": Check("parse", SCALE_STUDY),
+    ".venv/bin/python -m benchmarks.replay --source scale --transitions 100000 --tasks 2000 --save /tmp/focus-replay-100k.pkl": Check(
+        "parse", SCALE_STUDY
+    ),
+    ".venv/bin/python -m benchmarks.scale --sizes 10000 --few-tasks 200 --repeats 3": Check("parse", SCALE_STUDY),
+    ".venv/bin/python -m benchmarks.scale --sizes 2000 10000 --repeats 1": Check("parse", SCALE_STUDY),
+    ".venv/bin/python -m benchmarks.scale --sizes 2000 10000 --repeats 3": Check("parse", SCALE_STUDY),
+    ".venv/bin/python -m benchmarks.scale --sizes 2000 100000 --repeats 1": Check("parse", SCALE_STUDY),
+    ".venv/bin/python -m benchmarks.scale_inproc --arms focus --transitions 10000 --tasks 200 --repeats 1": Check(
+        "parse", SCALE_STUDY
+    ),
+    ".venv/bin/python -m benchmarks.scale_inproc --arms focus,tuned --transitions 10000 --tasks 200": Check(
+        "parse", SCALE_STUDY
+    ),
+    ".venv/bin/python -m benchmarks.scale_inproc --arms focus,tuned --transitions 10000 --tasks 40 --repeats 5": Check(
+        "parse", SCALE_STUDY
+    ),
+    ".venv/bin/python -m benchmarks.scale_inproc --arms focus,tuned --transitions 2000 --tasks 40": Check(
+        "parse", SCALE_STUDY
+    ),
+    # docs/findings/learning-steps.md
     ".venv/bin/python -m benchmarks.learning --seeds 10 11 12 13 14 15 16 17 18 19 --jobs 2 "
     "--out runs/learn-s10-19": Check("parse", "120 learning runs, about 15 minutes on 2 cores"),
     ".venv/bin/python -m benchmarks.learning --assemble runs/learn-s0-19.jsonl --out runs/learn-s0-19": Check(
-        "parse", "reads the runs of two learning runs joined into one file (docs/algorithm.md, 'Twenty seeds')"
+        "parse",
+        "reads the runs of two learning runs joined into one file (docs/findings/learning-steps.md, 'Twenty seeds')",
     ),
     ".venv/bin/python -m benchmarks.estimator_quality --families decisive,heavy_tail,truncated --budgets 2,6 "
     "--critics noise_1,noise_3,constant,biased,early_late --methods grpo,uniform,selective --seeds 2": Check(
@@ -129,7 +155,9 @@ COMMANDS: dict[str, Check] = {
         "parse", "a simulation of about 20 s (64 continuations from about 50 checkpoints)"
     ),
     ".venv/bin/python -m benchmarks.priority_terms --family decisive --critic noise_3 --budget 6 --exact "
-    "--per-depth 2 --samples 32": Check("parse", "a simulation of about 4 minutes (32 continuations from 370 checkpoints)"),
+    "--per-depth 2 --samples 32": Check(
+        "parse", "a simulation of about 4 minutes (32 continuations from 370 checkpoints)"
+    ),
     ".venv/bin/python -m benchmarks.estimator_quality --families decisive,truncated --budgets 2,6 "
     "--critics noise_1,noise_3 --methods uniform,selective --seeds 8": Check(
         "parse", "a benchmark of about 5 minutes (the two families' noisy cells, 22 seeds at 6H, 64 at 2H)"
@@ -190,7 +218,9 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks.learning --tasks corridor-late --seeds 2 3 4 --set rule=natural "
     "--out runs/learn-natural-cl2": Check("parse", "a learning run of about 20 minutes (the natural rule, issue 32)"),
     ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks corridor-early corridor-late bridge --seeds 0 1 2 3 4 "
-    "--set rule=sgd --out runs/learn-sgd": Check("parse", "a learning run of about 15 minutes (the sgd rule, issue 32)"),
+    "--set rule=sgd --out runs/learn-sgd": Check(
+        "parse", "a learning run of about 15 minutes (the sgd rule, issue 32)"
+    ),
     ".venv/bin/python -m benchmarks.learning --tasks bridge --seeds 0 1 2 3 4 --set rule=natural "
     "--out runs/learn-natural-bridge": Check(
         "parse", "a learning run of about 20 minutes (the natural rule, issue 32)"
@@ -348,7 +378,7 @@ COMMANDS: dict[str, Check] = {
 def doc_files() -> list[Path]:
     return [
         ROOT / "README.md",
-        *sorted((ROOT / "docs").glob("*.md")),
+        *sorted((ROOT / "docs").glob("**/*.md")),
         *sorted((ROOT / "examples").glob("**/README.md")),
     ]
 

@@ -144,9 +144,9 @@ MEANING: dict[str, str] = {
     "this; an epoch (the first too) that adds more than twice this over the batch is undone and run again at half "
     "the learning rate, up to 4 times (unset: no stop)",
     "train.local.segment_weights": "loss weight of a tree's segments: `equal` \\| `siblings` \\| `reach` "
-    '(docs/algorithm.md, "Weighting tree segments")',
+    '(docs/algorithm.md, "The local trainer")',
     "train.local.rule": "`adam`: the epochs above \\| `sgd` \\| `natural`: one step along the batch's gradient / "
-    'natural gradient sized to `target_kl` by a line search (needs it; docs/algorithm.md, "Gradient quality")',
+    'natural gradient sized to `target_kl` by a line search (needs it; docs/algorithm.md, "The local trainer")',
     "train.local.cg_iterations": "`natural`: conjugate-gradient iterations",
     "train.local.damping": "`natural`: damping added to the Fisher",
     "train.local.seed": "seeds the minibatch order",
