@@ -33,8 +33,8 @@ test: $(STAMP) lint
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "not integration and not slow" tests
 
-# every benchmark benchmarks/README.md cites, one process each, a record per benchmark in
-# benchmarks/results/, then the README's tables rendered from the records (about 45 min on 2 cores)
+# every benchmark benchmarks/README.md and QUALITY.md cite, one process each, a record per benchmark in
+# benchmarks/results/, then both pages' tables rendered from the records (about 45 min on 2 cores)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
