@@ -122,6 +122,9 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks.scale_inproc --arms focus,tuned --transitions 2000 --tasks 40": Check(
         "parse", SCALE_STUDY
     ),
+    # docs/findings/estimator.md
+    ".venv/bin/python -m benchmarks.estimator_quality --families truncated --budgets 6 --critics biased "
+    "--methods grpo,uniform,selective --seeds 8 --jobs 1": Check("parse", "one held-out cell, 22 seeds: about 10 s"),
     # docs/findings/learning-steps.md
     ".venv/bin/python -m benchmarks.learning --seeds 10 11 12 13 14 15 16 17 18 19 --jobs 2 "
     "--out runs/learn-s10-19": Check("parse", "120 learning runs, about 15 minutes on 2 cores"),
