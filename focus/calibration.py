@@ -7,7 +7,7 @@ what a fresh rollout adds below a checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from focus.estimation import NoiseModel, Truncation, noise_model
@@ -129,10 +129,17 @@ def tree_counts(
     tree: Tree, truncation: Truncation = "bootstrap", keep: Callable[[Tree, Edge], bool] | None = None
 ) -> Counts:
     """One tree's :data:`Counts` (restricted to the segments ``keep`` accepts)."""
+    edges = tree.edges.values()
+    return edge_counts(tree, edges if keep is None else [e for e in edges if keep(tree, e)], truncation)
+
+
+def edge_counts(tree: Tree, edges: Iterable[Edge], truncation: Truncation = "bootstrap") -> Counts:
+    """The share of ``edges`` (some of ``tree``'s) in :func:`tree_counts`: integer sums,
+    so a tree grown by grafting counts its old counts plus its new edges' share
+    (``focus.search.grafting``: the new edges' children are new nodes, and an old
+    edge's child keeps its kind)."""
     tokens = segments = leaf_transitions = leaves = boot = 0
-    for e in tree.edges.values():
-        if keep is not None and not keep(tree, e):
-            continue
+    for e in edges:
         tokens += e.n_tokens
         segments += 1
         child = tree.nodes[e.child]

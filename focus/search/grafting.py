@@ -16,6 +16,7 @@ from typing import Any
 from focus.agent import CONTEXT_LIMIT, Rollout
 from focus.priority import Calibration, Priority
 from focus.search.planning import plan_ahead
+from focus.search.shape import known_shape
 from focus.search.state import (
     _SCORED_KINDS,
     RolloutJob,
@@ -185,8 +186,9 @@ def _grown_facts(state: SearchState, ti: int, tree: Tree) -> _TreeFacts:
         new_nodes = (tree.nodes[i] for i in range(len(old.tree.nodes), len(tree.nodes)))
         fresh = (n.id for n in new_nodes if n.value is None and n.kind in _SCORED_KINDS and n.context_ids)
         unscored = old._unscored + tuple(fresh)
+    known = known_shape(old.shape, old.tree, old.known)  # grown when next asked for
     rank, changed = old.handover(range(len(old.tree.nodes), len(tree.nodes)))
-    return _TreeFacts(tree, ti, spent=spent, unscored=unscored, rank=rank, changed=changed)
+    return _TreeFacts(tree, ti, spent=spent, unscored=unscored, rank=rank, changed=changed, known=known)
 
 
 def with_predictions(
@@ -210,7 +212,14 @@ def with_predictions(
             left = None if old._unscored is None else tuple(n for n in old._unscored if n not in nids)
             rank, changed = old.handover(nids)
             derived[ti] = _TreeFacts(
-                trees[ti], ti, spent=old._spent, unscored=left, rank=rank, changed=changed, shape=old.shape
+                trees[ti],
+                ti,
+                spent=old._spent,
+                unscored=left,
+                rank=rank,
+                changed=changed,
+                shape=old.shape,
+                known=old.known,
             )
     calibrations = _calibrations_kept(state._calibrations, state.trees, state.waves, predictions)
     return _successor(state, trees, derived, list(state.waves), state.planned, calibrations)
@@ -329,7 +338,14 @@ def score_tree(
     left = None if old._unscored is None else tuple(n for n in old._unscored if n not in nids)
     ranking, changed = old.handover(nids)
     facts = _TreeFacts(
-        tree, part.tree_index, spent=old._spent, unscored=left, rank=ranking, changed=changed, shape=old.shape
+        tree,
+        part.tree_index,
+        spent=old._spent,
+        unscored=left,
+        rank=ranking,
+        changed=changed,
+        shape=old.shape,
+        known=old.known,
     )
     if rank:
         calib = calibration if calibration is not None else state.calibration(search)

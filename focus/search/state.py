@@ -21,8 +21,9 @@ from focus.calibration import mean_leaf_transitions as leaf_mean
 from focus.env import Task
 from focus.estimation import Segment, segment
 from focus.noise_rows import Checkpoint, tree_rows
-from focus.priority import Calibration, NodeEvidence, Priority, exploration_rate, explore_draw
+from focus.priority import Calibration, NodeEvidence, Priority, exploration_rate
 from focus.ranking import Entry, TreeRanking, tie
+from focus.search.shape import Known, shape_fact, tree_spreads
 from focus.tree import Edge, Node, Tree
 from focus.usage import Usage
 
@@ -298,15 +299,6 @@ class NotAtHand(LookupError):
 _SCORED_KINDS = ("checkpoint", "truncated")
 
 
-def tree_spreads(tree: Tree, keep: Callable[[Tree, Edge], bool] | None = None) -> int:
-    """One tree's share of :meth:`SearchState.spread_count`."""
-    children: dict[int, int] = {}
-    for e in tree.edges.values():
-        if (keep is None or keep(tree, e)) and tree.nodes[e.child].kind != "failed":
-            children[e.parent] = children.get(e.parent, 0) + 1
-    return sum(1 for c in children.values() if c >= 2)
-
-
 class _TreeFacts:
     """What planning and scoring derive from one tree object, computed lazily.
 
@@ -320,7 +312,7 @@ class _TreeFacts:
     configuration and calibration.
     """
 
-    __slots__ = ("tree", "index", "size", "_spent", "_unscored", "rank", "changed", "shape", "_rows", "_ahead")
+    __slots__ = ("tree", "index", "size", "_spent", "_unscored", "rank", "changed", "shape", "known", "_rows", "_ahead")
 
     def __init__(
         self,
@@ -332,6 +324,7 @@ class _TreeFacts:
         rank: TreeRanking | None = None,
         changed: set[int] | None = None,
         shape: dict[Any, Any] | None = None,
+        known: Known | None = None,
     ) -> None:
         self.tree, self.index = tree, index
         self.size = (len(tree.nodes), tree.rollouts)
@@ -340,6 +333,9 @@ class _TreeFacts:
         #: What the calibration reads of the tree's shape alone (its spreads, its
         #: counts per truncation rule): kept when only predictions change.
         self.shape: dict[Any, Any] = shape if shape is not None else {}
+        #: Those facts of an earlier form of the tree (a predecessor's, before grafts),
+        #: which :attr:`shape` grows from (:func:`focus.search.shape.shape_fact`).
+        self.known = known
         #: The tree's noise rows per (γ, truncation rule) (they read its predictions).
         self._rows: dict[tuple[float, str], list[Checkpoint]] = {}
         #: A first ranking's parts that no calibration changes, computed ahead (:meth:`prefit`).
@@ -360,17 +356,11 @@ class _TreeFacts:
     @property
     def spreads(self) -> int:
         """Checkpoints with two or more children that did not fail (:func:`tree_spreads`)."""
-        n = self.shape.get("spreads")
-        if n is None:
-            n = self.shape["spreads"] = tree_spreads(self.tree)
-        return int(n)
+        return int(self._shape("spreads"))
 
     def counts(self, truncation: str) -> Counts:
         """The tree's share of a calibration's counts (:func:`focus.calibration.tree_counts`)."""
-        c = self.shape.get(truncation)
-        if c is None:
-            c = self.shape[truncation] = tree_counts(self.tree, truncation)  # type: ignore[arg-type]
-        return c  # type: ignore[no-any-return]
+        return self._shape(truncation)  # type: ignore[no-any-return]
 
     @property
     def draws(self) -> list[tuple[float, int]]:
@@ -378,15 +368,15 @@ class _TreeFacts:
         with a branch state and a child, smallest draw first: a slot is drawn for
         exploration at a rate where its draw is below it (:func:`focus.priority.explores`),
         so a planner reads only the head of the list (``focus.search.planning``)."""
-        d = self.shape.get("draws")
-        if d is None:
-            tree, ti = self.tree, self.index
-            d = self.shape["draws"] = sorted(
-                (explore_draw(ti, n.id, len(n.children)), n.id)
-                for n in tree.checkpoints()
-                if n.children and n.id in tree.states
-            )
-        return d  # type: ignore[no-any-return]
+        return self._shape("draws")  # type: ignore[no-any-return]
+
+    def _shape(self, key: Any) -> Any:
+        """A fact of :attr:`shape` (:func:`focus.search.shape.shape_fact`), grown from an
+        earlier tree's where one is :attr:`known`."""
+        fact = self.shape.get(key)
+        if fact is None:
+            fact = self.shape[key] = shape_fact(self.tree, self.index, key, self.known)
+        return fact
 
     def built(self, search: Priority, calibration: Calibration, seed: int) -> bool:
         """Whether the tree's ranking is built for this configuration and calibration

@@ -1,0 +1,55 @@
+"""A tree's shape facts grown graft by graft (focus.search.shape) equal those computed
+over the whole tree: spreads, counts per truncation rule, exploration draws."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from focus.search.shape import known_shape, shape_fact
+from focus.search.state import copy_tree
+from focus.tree import Tree, Turn
+
+KEYS = ("spreads", "draws", "bootstrap", "terminal")
+
+
+def _turn(rng: random.Random) -> Turn:
+    n = rng.randint(1, 4)
+    return Turn((1,) * rng.randint(1, 3), (5,) * n, (-0.5,) * n, 1, "stop", reward=rng.random())
+
+
+def _graft(tree: Tree, rng: random.Random) -> Tree:
+    """A copy of ``tree`` with a few rollouts added below its continuable checkpoints
+    (as grafting adds them: a chain of checkpoints ending in a leaf of any kind, the
+    first checkpoint's branch state dropped now and then, as at a context limit)."""
+    tree = copy_tree(tree)
+    for _ in range(rng.randint(1, 3)):
+        parent = rng.choice(sorted(tree.states))
+        start = parent
+        for _ in range(rng.randint(0, 2)):
+            parent = tree.add_node(parent, (_turn(rng),), "checkpoint", steps=1).id
+            tree.states[parent] = object()
+        kind = rng.choice(("terminal", "truncated", "failed"))
+        tree.add_node(parent, (_turn(rng),) * rng.randint(0, 2), kind, steps=1)
+        if rng.random() < 0.1 and len(tree.states) > 1:
+            tree.states.pop(start, None)
+    return tree
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_grown_facts_equal_whole_tree_facts(seed: int) -> None:
+    rng = random.Random(seed)
+    tree = Tree.new("t", object(), (1, 2))
+    shape = {k: shape_fact(tree, 3, k, None) for k in KEYS}
+    known = known_shape(shape, tree, None)
+    grown = 0
+    for _ in range(12):
+        tree = _graft(tree, rng)
+        # some facts are read after each graft, others only after several
+        shape = {k: shape_fact(tree, 3, k, known) for k in KEYS if rng.random() < 0.5}
+        for key, fact in shape.items():
+            assert fact == shape_fact(tree, 3, key, None), key
+            grown += key in known
+        known = known_shape(shape, tree, known)
+    assert grown > 0
