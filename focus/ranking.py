@@ -257,35 +257,38 @@ class TreeRanking:
         # weights read its valid children); the weight of one off the path is what its
         # own children's views read of it (its count and valid tokens stay as they were).
         weight, value, m, valid = self.weight, self.value, self.m, self.valid
-        parents = {i: (weight.get(i), m.get(i), valid.get(i)) for i in path if not nodes[i].is_leaf}
-        before = {
-            c: (weight.get(c), value.get(c))
-            for i in parents
-            for c in (edges[e].child for e in nodes[i].children)
-            if c not in path and not nodes[c].is_leaf
-        }
+        parents: dict[int, tuple[float | None, int | None, float | None]] = {}
+        before: dict[int, tuple[float | None, float | None]] = {}
+        for i in path:  # (a node's kind, not Node.is_leaf: the loops here run per job grafted)
+            node = nodes[i]
+            if node.kind == "checkpoint":
+                parents[i] = (weight.get(i), m.get(i), valid.get(i))
+                for e in node.children:
+                    c = edges[e].child
+                    if c not in path and nodes[c].kind == "checkpoint":
+                        before[c] = (weight.get(c), value.get(c))
         for i in sorted(path, reverse=True):  # ids grow downward: children first
             self._compute(tree, nodes[i], path)
-        views: set[int] = set()
+        views = set(parents)
         for i, was in parents.items():
-            views.add(i)
             moved = was != (weight.get(i), m.get(i), valid.get(i))
-            for c in (edges[e].child for e in nodes[i].children):
-                if nodes[c].is_leaf:
+            for e in nodes[i].children:
+                c = edges[e].child
+                seen = before.get(c)
+                if seen is None:  # a leaf, or on the path: a parent itself, whose children are its own
                     continue
-                if c in path:
-                    new_weight = True
-                else:
-                    old_weight, old_value = before[c]
-                    new_weight = weight.get(c) != old_weight
-                    if not (moved or new_weight or value.get(c) != old_value):
-                        continue  # nothing its view reads moved
+                new_weight = weight.get(c) != seen[0]
+                if not (moved or new_weight or value.get(c) != seen[1]):
+                    continue  # nothing its view reads moved
                 views.add(c)
                 # a grandchild's view reads its parent's weight, count and valid
-                # tokens: new only below the path or below a re-weighted child
-                # (a view whose inputs are all as they were is as it was)
+                # tokens: new below a re-weighted child (a view whose inputs are all
+                # as they were is as it was)
                 if new_weight:
-                    views.update(g for g in (edges[e].child for e in nodes[c].children) if not nodes[g].is_leaf)
+                    for eid in nodes[c].children:
+                        g = edges[eid].child
+                        if nodes[g].kind == "checkpoint":
+                            views.add(g)
         self._tree = tree
         computed = 0
         for i in sorted(views):
