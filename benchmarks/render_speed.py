@@ -70,7 +70,8 @@ def engine(f: dict[str, Any]) -> str:
         )
     out = [
         f"Headline mode: `{f['headline_mode']}`; {len(f[modes[0][0]]['slot_utilisation_repeats'])} run(s) per mode, "
-        f"interleaved; {f['slots']} slots, {s_(f['call_latency_s'])} per call.",
+        f"interleaved{', each its own collection seed (0, 1, ...)' if 'collection_seed' in f else ''}; "
+        f"{f['slots']} slots, {s_(f['call_latency_s'])} per call.",
         table(["figure", "goal", *(label for _, label in modes)], rows),
     ]
     dask = []
