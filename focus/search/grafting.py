@@ -209,18 +209,7 @@ def with_predictions(
     for ti, nids in owned.items():
         old = state._derived.get(ti)
         if old is not None and old.describes(state.trees[ti], ti):
-            left = None if old._unscored is None else tuple(n for n in old._unscored if n not in nids)
-            rank, changed = old.handover(nids)
-            derived[ti] = _TreeFacts(
-                trees[ti],
-                ti,
-                spent=old._spent,
-                unscored=left,
-                rank=rank,
-                changed=changed,
-                shape=old.shape,
-                known=old.known,
-            )
+            derived[ti] = old.rescored(trees[ti], nids)
     calibrations = _calibrations_kept(state._calibrations, state.trees, state.waves, predictions)
     return _successor(state, trees, derived, list(state.waves), state.planned, calibrations)
 
@@ -334,19 +323,7 @@ def score_tree(
         node = _own(tree, nid, owned)
         node.value, node.value_std = value, std
         nids.add(nid)
-    old = part.facts
-    left = None if old._unscored is None else tuple(n for n in old._unscored if n not in nids)
-    ranking, changed = old.handover(nids)
-    facts = _TreeFacts(
-        tree,
-        part.tree_index,
-        spent=old._spent,
-        unscored=left,
-        rank=ranking,
-        changed=changed,
-        shape=old.shape,
-        known=old.known,
-    )
+    facts = part.facts.rescored(tree, nids)
     if rank:
         calib = calibration if calibration is not None else state.calibration(search)
         facts.ranked(search, calib, part.phase_index, state.seed)

@@ -468,6 +468,22 @@ class _TreeFacts:
         pending.update(changed)
         return rank, pending
 
+    def rescored(self, tree: Tree, scored: set[int]) -> _TreeFacts:
+        """The facts of ``tree``, this tree with new predictions at the nodes ``scored``:
+        what reads no prediction carries over, the ranking is handed over (:meth:`handover`)."""
+        left = None if self._unscored is None else tuple(n for n in self._unscored if n not in scored)
+        rank, changed = self.handover(scored)
+        return _TreeFacts(
+            tree,
+            self.index,
+            spent=self._spent,
+            unscored=left,
+            rank=rank,
+            changed=changed,
+            shape=self.shape,
+            known=self.known,
+        )
+
     def evidence(self, search: Priority, calibration: Calibration, seed: int = 0) -> dict[int, NodeEvidence]:
         return self.ranking(search, calibration, seed).evidence
 
