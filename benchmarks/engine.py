@@ -50,12 +50,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import platform
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -228,18 +230,10 @@ def run_in_process(args: argparse.Namespace, *, mode: str, seed: int = 0) -> dic
             server=server,
         )
         before = server.stats()
-        profiler = None
-        if args.profile:
-            import pyinstrument
-
-            profiler = pyinstrument.Profiler()
-            profiler.start()
-        c0, t0 = time.process_time(), time.perf_counter()
-        state = _search(collector, tasks)
-        cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-        if profiler is not None:
-            profiler.stop()
-            print(profiler.output_text(unicode=False, color=False), file=sys.stderr)
+        with _profiled(args.profile):
+            c0, t0 = time.process_time(), time.perf_counter()
+            state = _search(collector, tasks)
+            cpu, wall = time.process_time() - c0, time.perf_counter() - t0
         after = server.stats()
         c1 = time.process_time()
         batch = collector.prepare(state)
@@ -283,19 +277,40 @@ def run_in_process(args: argparse.Namespace, *, mode: str, seed: int = 0) -> dic
     }
     out["throughput_vs_ideal"] = out["transitions_per_s"] / out["ideal_transitions_per_s"]
     if mode == "waves":
-        # only plain wave mode runs every rollout inside one Execution.run at a time, so
-        # only there can the rollouts' CPU and wall time be told apart from planning,
-        # grafting and scoring
-        out.update(
-            {
-                # the same while waves run; the rest is planning, grafting and scoring between waves
-                "slot_utilisation_within_waves": busy / (args.slots * execution._wall_s),
-                "between_waves_s": wall - execution._wall_s,
-                "rollout_cpu_ms_per_transition": 1000 * execution._cpu_s / transitions,
-                "search_overhead_cpu_ms_per_transition": 1000 * (cpu - execution._cpu_s) / transitions,
-            }
-        )
+        out.update(_wave_split(execution, busy / args.slots, wall, cpu, transitions))
     return out
+
+
+def _wave_split(
+    execution: MeasuredExecution, busy_per_slot: float, wall: float, cpu: float, transitions: int
+) -> dict[str, float]:
+    """Plain wave mode's split of the search: only there does every rollout run inside
+    one ``Execution.run`` at a time, so only there can the rollouts' CPU and wall time
+    be told apart from planning, grafting and scoring between waves."""
+    return {
+        # the same while waves run; the rest is planning, grafting and scoring between waves
+        "slot_utilisation_within_waves": busy_per_slot / execution._wall_s,
+        "between_waves_s": wall - execution._wall_s,
+        "rollout_cpu_ms_per_transition": 1000 * execution._cpu_s / transitions,
+        "search_overhead_cpu_ms_per_transition": 1000 * (cpu - execution._cpu_s) / transitions,
+    }
+
+
+@contextlib.contextmanager
+def _profiled(enabled: bool) -> Iterator[None]:
+    """A pyinstrument profile of the block, printed to stderr (``--profile``)."""
+    if not enabled:
+        yield
+        return
+    import pyinstrument
+
+    profiler = pyinstrument.Profiler()
+    profiler.start()
+    try:
+        yield
+    finally:
+        profiler.stop()
+        print(profiler.output_text(unicode=False, color=False), file=sys.stderr)
 
 
 def run_modes(args: argparse.Namespace) -> dict[str, Any]:
