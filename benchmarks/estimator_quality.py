@@ -14,14 +14,20 @@ depth, and advantages small next to the outcome noise (``subtle``, all at once);
 the held-out-style families of issue 31 (``focus.synthetic_hard.HARD_FAMILIES``): 32
 steps with one decisive step at a random depth (``decisive``), rare large payoffs
 (``heavy_tail``), and 24-step episodes cut at 8 so every leaf is truncated
-(``truncated``).
+(``truncated``); and five families made after issue 31 around structures none of the
+others has (``focus.synthetic_unseen.UNSEEN_FAMILIES``: a decisive first step before
+fifteen coin flips, risky steps that end the episode, three keys for a sparse success,
+six actions with a coin at the end, near-Gaussian reward noise).
 
 Critics: exact; noisy with a fixed per-state error of 0.5, 1 and 3 times the task's
 on-policy RMS advantage (``noise_0.5`` ...); constant (the mean true value of the
 collection's start states); ``biased`` (exact up to a hidden depth, the decisive step's
 where there is one, then the mean value of the states at that depth: systematically
 wrong after the event) and ``early_late`` (exact at the root, a per-state error growing
-to 3x the RMS advantage at the deepest step), ``focus.synthetic_hard.depth_critic``. Budgets: 2H, 6H and 16H task transitions per task, H the
+to 3x the RMS advantage at the deepest step), ``focus.synthetic_hard.depth_critic``;
+``stale`` (another policy's values), ``shrunk`` (halfway to the depth's mean value) and
+``biased_early`` (the depth's mean value up to a hidden depth, exact after it),
+``focus.synthetic_unseen.unseen_critic``. Budgets: 2H, 6H and 16H task transitions per task, H the
 family's longest episode; the evidence phase is 2 rollouts per task (1 at 2H), the
 continuation phase gets the rest in the library's default waves (``Phase`` defaults:
 16 per wave, 4 branches per checkpoint).
@@ -100,11 +106,12 @@ from focus.synthetic import (
     synthetic_format,
 )
 from focus.synthetic_hard import DEPTH_CRITICS, HARD_FAMILIES, depth_critic, depths
+from focus.synthetic_unseen import UNSEEN_CRITICS, UNSEEN_FAMILIES, unseen_critic
 from focus.tree import Tree
 
-CRITICS = ("exact", "noise_0.5", "noise_1", "noise_3", "constant", *DEPTH_CRITICS)
-#: The project's eight families and the held-out-style ones of issue 31.
-ALL_FAMILIES: dict[str, Family] = FAMILIES | HARD_FAMILIES
+CRITICS = ("exact", "noise_0.5", "noise_1", "noise_3", "constant", *DEPTH_CRITICS, *UNSEEN_CRITICS)
+#: The project's eight families, the held-out-style ones of issue 31 and the five made after it.
+ALL_FAMILIES: dict[str, Family] = FAMILIES | HARD_FAMILIES | UNSEEN_FAMILIES
 #: The methods the goals compare: the composition-neutral error is read on the
 #: (state, action) pairs every one of them has (in a cell and seed).
 COMPARED = ("grpo", "node_mc", "uniform", "selective")
@@ -152,6 +159,8 @@ class OldSelective(Selective):
 def make_critic(name: str, mdps: list[TreeMDP], gamma: float, seed: int, reach: int | None = None) -> Critic:
     if name in DEPTH_CRITICS:
         return depth_critic(name, mdps, gamma, seed, reach)
+    if name in UNSEEN_CRITICS:
+        return unseen_critic(name, mdps, gamma, seed, reach)
     if name == "constant":
         return ConstantCritic(round(statistics.fmean(m.values(gamma)[0] for m in mdps), 3))
     ratio = 0.0 if name == "exact" else float(name.split("_", 1)[1])

@@ -63,6 +63,7 @@ RENDERERS: dict[str, Callable[[Any], str]] = {
     "writer_race": writer_race,
     "estimator_quality": estimator_quality,
     "estimator_quality_heldout": estimator_quality_heldout,
+    "estimator_quality_unseen": estimator_quality_heldout,
     "learning": learning,
     "load_2k": load,
     "load_20k": load,

@@ -89,6 +89,18 @@ REGISTRY: tuple[Benchmark, ...] = (
         drop=("raw",),
     ),  # fmt: skip
     Benchmark(
+        "estimator_quality_unseen",
+        "benchmarks.estimator_quality",
+        (
+            "--families", "early_gate,risky_bridge,multi_key,wide,gauss_noise", "--budgets", "2,6",
+            "--critics", "noise_1,noise_3,constant,stale,shrunk,biased_early", "--methods", "grpo,uniform,selective",
+            "--seeds", "4",
+        ),
+        ("--quick", "--families", "wide", "--budgets", "2", "--critics", "stale,constant", "--jobs", "1"),
+        timeout_s=5400,
+        drop=("raw",),
+    ),  # fmt: skip
+    Benchmark(
         "learning",
         "benchmarks.learning",
         ("--plot", f"{RESULTS_DIR}/learning.png"),
