@@ -136,6 +136,9 @@ COMMANDS: dict[str, Check] = {
     "--critics noise_1,noise_3,constant,biased,early_late --methods grpo,uniform,selective --seeds 2": Check(
         "parse", "a benchmark of about 15 minutes (three families of the issue-31 record)"
     ),
+    ".venv/bin/python -m benchmarks.priority_terms --family early_gate --critic noise_1": Check(
+        "parse", "a simulation of about a minute (64 continuations from about 330 checkpoints)"
+    ),
     ".venv/bin/python -m benchmarks.priority_terms --family heavy_tail --critic noise_1 --exact": Check(
         "parse", "a simulation of a few minutes (64 continuations from each of about 130 checkpoints)"
     ),
