@@ -148,6 +148,17 @@ def depths(mdp: TreeMDP) -> list[int]:
     return d
 
 
+def depth_means(mdp: TreeMDP, values: Sequence[float]) -> dict[int, float]:
+    """The on-policy mean of ``values`` over the states at each depth a rollout reaches
+    (weighted by how often an episode visits each state)."""
+    num: dict[int, float] = {}
+    den: dict[int, float] = {}
+    for s, (d, p) in enumerate(zip(depths(mdp), mdp.visits(), strict=True)):
+        num[d] = num.get(d, 0.0) + p * values[s]
+        den[d] = den.get(d, 0.0) + p
+    return {d: num[d] / den[d] for d in num if den[d]}
+
+
 def event_depth(mdp: TreeMDP, seed: int, reach: int | None = None) -> int:
     """The depth after which the ``biased`` critic is wrong: just past the decisive step
     where the family has one, else a random depth in the middle half of the depths a
@@ -178,13 +189,8 @@ def depth_critic(
         dep = depths(mdp)
         if kind == "biased":
             cut = event_depth(mdp, 1000 * seed + i, reach)
-            visits = mdp.visits()
-            num: dict[int, float] = {}
-            den: dict[int, float] = {}
-            for s, (d, p) in enumerate(zip(dep, visits, strict=True)):
-                num[d] = num.get(d, 0.0) + p * exact[s]
-                den[d] = den.get(d, 0.0) + p
-            table.append([v if d <= cut or not den[d] else num[d] / den[d] for v, d in zip(exact, dep, strict=True)])
+            means = depth_means(mdp, exact)
+            table.append([v if d <= cut or d not in means else means[d] for v, d in zip(exact, dep, strict=True)])
         else:
             deepest = (max(dep) if reach is None else min(max(dep), reach)) or 1
             rng = random.Random(f"early_late/{seed}/{i}")

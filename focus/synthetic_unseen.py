@@ -34,7 +34,7 @@ import random
 from collections.abc import Sequence
 
 from focus.synthetic import Family, SyntheticCritic, Transition, TreeMDP, _dirichlet, build
-from focus.synthetic_hard import depths
+from focus.synthetic_hard import depth_means, depths
 
 #: Critics of :func:`unseen_critic`.
 UNSEEN_CRITICS = ("stale", "shrunk", "biased_early")
@@ -177,17 +177,6 @@ UNSEEN_FAMILIES: dict[str, Family] = {
 }
 
 
-def _depth_means(mdp: TreeMDP, exact: Sequence[float]) -> tuple[list[int], dict[int, float]]:
-    """Each state's depth, and the on-policy mean value of the states at each depth."""
-    dep, visits = depths(mdp), mdp.visits()
-    num: dict[int, float] = {}
-    den: dict[int, float] = {}
-    for s, (d, p) in enumerate(zip(dep, visits, strict=True)):
-        num[d] = num.get(d, 0.0) + p * exact[s]
-        den[d] = den.get(d, 0.0) + p
-    return dep, {d: num[d] / den[d] if den[d] else 0.0 for d in num}
-
-
 def unseen_critic(
     kind: str, mdps: Sequence[TreeMDP], gamma: float, seed: int, reach: int | None = None
 ) -> SyntheticCritic:
@@ -207,13 +196,13 @@ def unseen_critic(
             uniform = tuple(tuple(1.0 / len(row) for _ in row) for row in mdp.probs)
             table.append(TreeMDP(mdp.outcomes, uniform, mdp.tokens).values(gamma))
             continue
-        dep, means = _depth_means(mdp, exact)
+        dep, means = depths(mdp), depth_means(mdp, exact)
         if kind == "shrunk":
-            table.append([0.5 * (v + means[d]) for v, d in zip(exact, dep, strict=True)])
+            table.append([0.5 * (v + means.get(d, v)) for v, d in zip(exact, dep, strict=True)])
             continue
         deepest = max(dep) if reach is None else min(max(dep), reach)
         cut = random.Random(f"biased_early/{seed}/{i}").randint(max(1, deepest // 4), max(1, 3 * deepest // 4))
-        table.append([means[d] if d <= cut else v for v, d in zip(exact, dep, strict=True)])
+        table.append([means.get(d, v) if d <= cut else v for v, d in zip(exact, dep, strict=True)])
     critic.values = table
     critic.noises = [0.0] * len(mdps)
     return critic
