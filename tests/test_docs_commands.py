@@ -139,6 +139,9 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks.priority_terms --family early_gate --critic noise_1": Check(
         "parse", "a simulation of about a minute (64 continuations from about 330 checkpoints)"
     ),
+    ".venv/bin/python -m benchmarks.priority_terms --family early_gate --critic noise_1 --fit 6": Check(
+        "parse", "6 collections and their fits, about 15 s"
+    ),
     ".venv/bin/python -m benchmarks.priority_terms --family heavy_tail --critic noise_1 --exact": Check(
         "parse", "a simulation of a few minutes (64 continuations from each of about 130 checkpoints)"
     ),
