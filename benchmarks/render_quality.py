@@ -26,6 +26,12 @@ EQ_SUMMARY: tuple[tuple[str, str, str, tuple[str, float] | None, str], ...] = (
     ("selective_vs_uniform_all_cells", "selective vs uniform, every cell", "worst", ("<=", 1.1), "no cell > 1.1"),
     ("target_selective_vs_uniform_all_cells", "critic-target MSE, selective vs uniform, every cell", "median",
      ("<=", 1.0), "no worse than uniform (median)"),
+    ("neutral_selective_vs_uniform_noisy", "composition-neutral error: selective vs uniform, noisy critics", "median",
+     ("<=", 0.8), "<= 0.8"),
+    ("neutral_selective_vs_uniform_constant", "composition-neutral error: selective vs uniform, constant critic",
+     "median", ("<=", 1.0), "<= 1.0"),
+    ("neutral_selective_vs_uniform_all_cells", "composition-neutral error: selective vs uniform, every cell", "worst",
+     ("<=", 1.1), "no cell > 1.1"),
     ("selective_vs_grpo_constant", "selective vs GRPO, constant critic", "median", None, ""),
     ("selective_vs_node_mc_noisy", "selective vs per-node MC (VinePPO), noisy critics", "median", None, ""),
     ("selective_vs_node_mc_constant", "selective vs per-node MC, constant critic", "median", None, ""),
@@ -114,6 +120,9 @@ def estimator_quality(f: dict[str, Any]) -> str:
             f"{' (' + ', '.join(above['above_throughout']) + ')' if above['above_throughout'] else ''}. "
             f"The same run cut into groups of {group_counts(above)}."
         )
+    neutral = summary.get("neutral_selective_vs_uniform_all_cells", {}).get("above_1_1")
+    if neutral:
+        out.append(_above(neutral, "Composition-neutral error"))
     out.append(
         "![selective / uniform per cell](results/estimator_quality.png)\n\n(Every cell's ratio, advantages above "
         "and critic targets below; blue: selective better, red: worse.)"
