@@ -142,6 +142,8 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks.priority_terms --family early_gate --critic noise_1 --fit 6": Check(
         "parse", "6 collections and their fits, about 15 s"
     ),
+    ".venv/bin/python -m benchmarks.priority_terms --family critical --critic exact --budget 16 --fraction 1 "
+    "--fit 8": Check("parse", "8 collections at 16H and their fits, about a minute"),
     ".venv/bin/python -m benchmarks.priority_terms --family heavy_tail --critic noise_1 --exact": Check(
         "parse", "a simulation of a few minutes (64 continuations from each of about 130 checkpoints)"
     ),
