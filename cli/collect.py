@@ -28,11 +28,15 @@ from cli.common import (
     Console,
     DebugOpt,
     LogFileOpt,
+    SeedOpt,
     SetOpt,
+    StoreOpt,
+    TasksOpt,
+    TransitionsOpt,
     VerboseOpt,
     fail,
     help_default,
-    load,
+    load_with_budget,
     one_line_ending,
     overrides,
     pairs_table,
@@ -85,13 +89,8 @@ CollectionIdOpt = Annotated[
         help=help_default("Name of the collection; the same id resumes it.", "collect-<time>-<hex>"), metavar="ID"
     ),
 ]
-SeedOpt = Annotated[int | None, typer.Option(help=help_default("Collection seed.", _D.seed), metavar="N")]
 IterationOpt = Annotated[
     int | None, typer.Option(help=help_default("Training iteration recorded in the batch.", _D.iteration), metavar="N")
-]
-StoreOpt = Annotated[
-    str | None,
-    typer.Option(help=help_default("Storage root: a folder or an fsspec URL (s3://...).", "./runs"), metavar="URL"),
 ]
 ModelUrlOpt = Annotated[
     str | None,
@@ -106,14 +105,6 @@ ModelTimeoutOpt = Annotated[
 ModelRetriesOpt = Annotated[
     int | None,
     typer.Option(help=help_default("Retries of a failed model call.", _D.model.http.max_retries), metavar="N"),
-]
-TasksOpt = Annotated[int | None, typer.Option(help=help_default("Number of toy tasks.", _D.env.n_tasks), metavar="N")]
-TransitionsOpt = Annotated[
-    int | None,
-    typer.Option(
-        help=help_default("Transition budget of the last continuation phase.", _D.search.phases[-1].transitions),
-        metavar="N",
-    ),
 ]
 DaskOpt = Annotated[bool, typer.Option("--dask", help="Run rollouts on a Dask LocalCluster started for the run.")]
 DaskAddressOpt = Annotated[
@@ -216,11 +207,7 @@ def _config(path: Path | None, over: dict[str, Any], transitions: int | None) ->
     """The configuration, with a collection id (a new one unless named)."""
     from flows.preflight import new_collection_id
 
-    cfg = load(path, over)
-    if transitions is not None:
-        phases = [p.model_dump() for p in cfg.search.phases]
-        phases[-1]["transitions"] = transitions
-        cfg = load(path, {**over, "search.phases": phases})
+    cfg = load_with_budget(path, over, transitions)
     return cfg if cfg.collection_id else cfg.with_updates(collection_id=new_collection_id())
 
 

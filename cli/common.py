@@ -52,6 +52,21 @@ LogFileOpt = Annotated[
         metavar="PATH",
     ),
 ]
+SeedOpt = Annotated[int | None, typer.Option(help=help_default("Collection seed.", DEFAULTS.seed), metavar="N")]
+StoreOpt = Annotated[
+    str | None,
+    typer.Option(help=help_default("Storage root: a folder or an fsspec URL (s3://...).", "./runs"), metavar="URL"),
+]
+TasksOpt = Annotated[
+    int | None, typer.Option(help=help_default("Tasks per collection.", DEFAULTS.env.n_tasks), metavar="N")
+]
+TransitionsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help=help_default("Transition budget of the last continuation phase.", DEFAULTS.search.phases[-1].transitions),
+        metavar="N",
+    ),
+]
 
 
 def writable_log_file(path: Path) -> Path:
@@ -263,3 +278,14 @@ def pairs_table(title: str, items: list[tuple[str, Any]], width: int | None = No
             row += list(cells[i + half]) if i + half < len(cells) else ["", ""]
         table.add_row(*row)
     return table
+
+
+def load_with_budget(path: Path | None, over: dict[str, Any], transitions: int | None) -> FocusConfig:
+    """:func:`load`, with ``--transitions`` as the budget of the last phase (the
+    continuation phase of the default shape)."""
+    cfg = load(path, over)
+    if transitions is None:
+        return cfg
+    phases = [p.model_dump() for p in cfg.search.phases]
+    phases[-1]["transitions"] = transitions
+    return load(path, {**over, "search.phases": phases})

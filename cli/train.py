@@ -20,9 +20,12 @@ from cli.common import (
     DebugOpt,
     LogFileOpt,
     SetOpt,
+    StoreOpt,
+    TasksOpt,
+    TransitionsOpt,
     VerboseOpt,
     help_default,
-    load,
+    load_with_budget,
     one_line_ending,
     overrides,
     started,
@@ -48,6 +51,18 @@ def train(
             metavar="NAME",
         ),
     ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help=help_default(
+                "Seed of the loop; each collection's and evaluation's seed derives from it.", DEFAULTS.seed
+            ),
+            metavar="N",
+        ),
+    ] = None,
+    store: StoreOpt = None,
+    tasks: TasksOpt = None,
+    transitions: TransitionsOpt = None,
     sets: SetOpt = None,
     prefect: Annotated[
         bool,
@@ -63,10 +78,15 @@ def train(
     log_file: LogFileOpt = None,
 ) -> None:
     """collect -> train -> publish weights -> collect ...; the same id resumes the loop."""
-    cfg = load(
-        config,
-        overrides(sets, collection_id=collection_id, **{"train.iterations": iterations, "train.trainer": trainer}),
-    )
+    flags = {
+        "collection_id": collection_id,
+        "seed": seed,
+        "storage.root": store,
+        "env.n_tasks": tasks,
+        "train.iterations": iterations,
+        "train.trainer": trainer,
+    }
+    cfg = load_with_budget(config, overrides(sets, **flags), transitions)
     out = Console(verbose, debug, log_file, "train")
     records = _run(out, cfg, prefect=prefect)
     if as_json:

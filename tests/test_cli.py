@@ -255,3 +255,33 @@ def test_collecting_needs_no_torch_and_training_says_which_extra(tmp_path):
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, lines
     assert "train.trainer 'local' needs torch, which is not installed: pip install 'focus-rl[train]'" in lines[0]
+
+
+@pytest.mark.integration
+def test_train_takes_the_collect_shorthands_as_their_fields(tmp_path):
+    """``focus train --store --seed --tasks --transitions`` set the same fields as
+    ``focus collect``'s flags do (``storage.root``, ``seed``, ``env.n_tasks``, the last
+    phase's budget): a loop run with them is the loop run with ``--set``, record for
+    record, and writes under the store it names."""
+    env = base_env(tmp_path / "prefect")
+    small = ["--iterations", "1", "--collection-id", "t", "--json", "--set", "agent.sampling.max_tokens=8"]
+    runs = {}
+    for name, args in {
+        "flags": ["--store", str(tmp_path / "flags"), "--seed", "5", "--tasks", "3", "--transitions", "12"],
+        "set": [
+            "--set", f"storage.root={tmp_path / 'set'}", "--set", "seed=5", "--set", "env.n_tasks=3",
+            "--set", "search.phases.1.transitions=12",
+        ],
+    }.items():  # fmt: skip
+        done = focus(["train", *small, *args, "--log-file", str(tmp_path / f"{name}.log")], env, tmp_path)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        [record] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        assert record["batch_url"].startswith((tmp_path / name).as_uri()), record["batch_url"]
+        runs[name] = record
+    flags, via_set = runs["flags"], runs["set"]
+    assert flags["stats"]["tasks"] == 3
+    # the evidence phase's rollouts plus a continuation budget of 12, not the default 200
+    assert flags["stats"]["budget_spent"] < 3 * 4 * 6 + 12 + 6
+    for key in ("actor_rows", "critic_rows", "tokens", "transitions", "rollouts", "checkpoints"):
+        assert flags["stats"][key] == via_set["stats"][key], key
+    assert flags["train"]["policy_version"] == via_set["train"]["policy_version"]
