@@ -19,7 +19,7 @@ reads the fit at each task's own decisive depth (families with one, ``decisive``
 the collection's exact s(D) and the task's own (:func:`own_depth`).
 Means per depth are printed; ``_only`` columns are Selective's own (the new child
 weighed as an only child: the view's ``fresh_error`` and ``chain_error``), the others
-weigh it as the estimator weighs a sibling (:func:`as_sibling`). docs/findings/estimator.md
+weigh it as the estimator weighs a sibling (:func:`as_sibling`). docs/findings/estimator-issue31.md
 ("Which terms of the ranking's model are off") reads them.
 
     .venv/bin/python -m benchmarks.priority_terms --family heavy_tail --critic noise_1 --exact
@@ -111,7 +111,7 @@ def own_depth(args: argparse.Namespace) -> dict[str, float]:
     the fit's and the task's own mean over the task's other depths; and the share of
     tasks whose fitted s(D) is below a quarter of the collection's exact one. One model
     per collection reads each decision diluted by the tasks that decide elsewhere; this
-    says by how much more the fit misses (docs/findings/estimator.md, "Each task's own s(d)")."""
+    says by how much more the fit misses (docs/findings/estimator-issue31.md, "Each task's own s(d)")."""
     sums: dict[str, list[float]] = defaultdict(list)
     for seed in range(args.own_depth):
         state, _, mdps, values, fam, _, crit = collect_part(

@@ -1,5 +1,5 @@
 """benchmarks/priority_terms.py at a tiny size: Selective's predicted terms beside a
-simulation of one more continuation (the tool docs/findings/estimator.md's issue-31 diagnosis
+simulation of one more continuation (the tool docs/findings/estimator-issue31.md's diagnosis
 is made with), on a synthetic family, no servers."""
 
 from __future__ import annotations
