@@ -122,7 +122,10 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks.scale_inproc --arms focus,tuned --transitions 2000 --tasks 40": Check(
         "parse", SCALE_STUDY
     ),
-    # docs/findings/estimator.md
+    # docs/findings/estimator-issue31.md
+    ".venv/bin/python -m benchmarks.quality_diff benchmarks/results/estimator_quality_unseen.json after.json": Check(
+        "parse", "compares a record with a run made after a change (tests/test_quality_diff.py runs it)"
+    ),
     ".venv/bin/python -m benchmarks.estimator_quality --families truncated --budgets 6 --critics biased "
     "--methods grpo,uniform,selective --seeds 8 --jobs 1": Check("parse", "one held-out cell, 22 seeds: about 10 s"),
     # docs/findings/learning-steps.md
