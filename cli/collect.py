@@ -38,7 +38,6 @@ from cli.common import (
     help_default,
     load_with_budget,
     one_line_ending,
-    overrides,
     pairs_table,
     started,
 )
@@ -169,7 +168,7 @@ def collect(
     }
     if model_url:
         flags.update({"model.kind": "openai", "model.url": model_url})
-    cfg = _config(config, overrides(sets, **flags), transitions)
+    cfg = _config(config, flags, sets, transitions)
     out = Console(verbose, debug, log_file, "collect")
     warm = (ctx.obj or {}).get("warm_model")
     result = _run(out, cfg, prefect=prefect, warm=warm, as_json=as_json, allow=allow_policy_change)
@@ -203,11 +202,11 @@ def _fail_if_all_failed(result: dict[str, Any]) -> None:
     )
 
 
-def _config(path: Path | None, over: dict[str, Any], transitions: int | None) -> FocusConfig:
+def _config(path: Path | None, flags: dict[str, Any], sets: list[str] | None, transitions: int | None) -> FocusConfig:
     """The configuration, with a collection id (a new one unless named)."""
     from flows.preflight import new_collection_id
 
-    cfg = load_with_budget(path, over, transitions)
+    cfg = load_with_budget(path, flags, sets, transitions)
     return cfg if cfg.collection_id else cfg.with_updates(collection_id=new_collection_id())
 
 

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -178,9 +178,30 @@ def overrides(sets: list[str] | None, **flags: Any) -> dict[str, Any]:
     return out
 
 
-def load(config: Path | None, overrides: dict[str, Any]) -> FocusConfig:
+#: The command-line flags that set a configuration field, as an error names its source.
+FLAGS = {
+    "collection_id": "--collection-id",
+    "seed": "--seed",
+    "iteration": "--iteration",
+    "storage.root": "--store",
+    "env.n_tasks": "--tasks",
+    "search.phases": "--transitions",
+    "model.url": "--model-url",
+    "model.kind": "--model-url",
+    "model.http.timeout_s": "--model-timeout",
+    "model.http.max_retries": "--model-retries",
+    "execution.address": "--dask-address",
+    "execution.kind": "--dask or --local",
+    "train.iterations": "--iterations",
+    "train.trainer": "--trainer",
+}
+
+
+def load(config: Path | None, overrides: dict[str, Any], flagged: Iterable[str] = ()) -> FocusConfig:
+    """The configuration; ``flagged``: the fields of ``overrides`` that a command's own
+    flag set (an error names the flag, :data:`FLAGS`, not ``--set``)."""
     try:
-        return load_config(config, overrides)
+        return load_config(config, overrides, labels={k: FLAGS[k] for k in flagged if k in FLAGS})
     except ConfigError as e:
         fail(one_line(e))
 
@@ -280,12 +301,17 @@ def pairs_table(title: str, items: list[tuple[str, Any]], width: int | None = No
     return table
 
 
-def load_with_budget(path: Path | None, over: dict[str, Any], transitions: int | None) -> FocusConfig:
-    """:func:`load`, with ``--transitions`` as the budget of the last phase (the
-    continuation phase of the default shape)."""
-    cfg = load(path, over)
+def load_with_budget(
+    path: Path | None, flags: dict[str, Any], sets: list[str] | None, transitions: int | None
+) -> FocusConfig:
+    """:func:`load` of ``--set`` and a command's ``flags`` (field -> value, None where
+    the flag was not given; the flags win), with ``--transitions`` as the budget of the
+    last phase (the continuation phase of the default shape)."""
+    over = overrides(sets, **flags)
+    flagged = [k for k, v in flags.items() if v is not None]
+    cfg = load(path, over, flagged)
     if transitions is None:
         return cfg
     phases = [p.model_dump() for p in cfg.search.phases]
     phases[-1]["transitions"] = transitions
-    return load(path, {**over, "search.phases": phases})
+    return load(path, {**over, "search.phases": phases}, [*flagged, "search.phases"])

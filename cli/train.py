@@ -27,7 +27,6 @@ from cli.common import (
     help_default,
     load_with_budget,
     one_line_ending,
-    overrides,
     started,
 )
 from tasks.config import FocusConfig
@@ -86,7 +85,7 @@ def train(
         "train.iterations": iterations,
         "train.trainer": trainer,
     }
-    cfg = load_with_budget(config, overrides(sets, **flags), transitions)
+    cfg = load_with_budget(config, flags, sets, transitions)
     out = Console(verbose, debug, log_file, "train")
     records = _run(out, cfg, prefect=prefect)
     if as_json:

@@ -132,6 +132,23 @@ def test_invalid_config_fails_before_any_work(tmp_path):
     assert out.exit_code == 2 and "expected KEY=VALUE" in out.output
 
 
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["collect", "--tasks", "0"], "env.n_tasks: Input should be greater than 0 (from --tasks)"),
+        (["collect", "--transitions", "-5"], "search.phases.1.transitions: Input should be greater than or equal to 0 (from --transitions)"),
+        (["collect", "--set", "env.n_tasks=3", "--tasks", "0"], "(from --tasks)"),  # the flag wins, and is named
+        (["collect", "--set", "env.n_tasks=0"], "env.n_tasks: Input should be greater than 0 (from --set env.n_tasks)"),
+        (["train", "--iterations", "0"], "train.iterations: Input should be greater than 0 (from --iterations)"),
+        (["train", "--tasks", "0"], "(from --tasks)"),
+    ],
+)  # fmt: skip
+def test_a_bad_value_names_the_flag_the_user_gave(argv, expected, tmp_path):
+    out = CliRunner().invoke(app, [*argv, "--store", str(tmp_path / "s")], env={})
+    assert out.exit_code == 2 and expected in out.output, out.output
+    assert len(out.output.strip().splitlines()) == 1 and not (tmp_path / "s").exists()
+
+
 def test_inspect_names_a_missing_batch_and_a_bad_url(tmp_path):
     out = CliRunner().invoke(app, ["inspect", f"file://{tmp_path}/batches/none/iter-000000"])
     assert out.exit_code == 1 and "cannot read batch" in out.output and "_manifest.json is missing" in out.output

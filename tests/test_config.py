@@ -88,6 +88,14 @@ def test_unknown_field_is_one_line_naming_its_source_and_the_likely_field(where,
     assert "\n" not in msg and msg.startswith("invalid configuration: ") and expected in msg, msg
 
 
+def test_an_override_is_named_by_its_label_where_it_has_one():
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={"env.n_tasks": 0, "seed": "x"}, environ={}, labels={"env.n_tasks": "--tasks"})
+    msg = str(e.value)
+    assert "env.n_tasks: Input should be greater than 0 (from --tasks)" in msg
+    assert "(from --set seed)" in msg  # no label: the --set it came from
+
+
 def test_unknown_field_in_a_file_names_the_file(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text("[agent]\nmax_step = 3\n[sampling]\ntemperature = 0.5\n")

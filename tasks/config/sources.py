@@ -179,8 +179,13 @@ def _override_value(key: str, value: Any) -> Any:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) and _wants_text(key) else value
 
 
-def override_layers(overrides: Mapping[str, Any] | None) -> list[Layer]:
-    return [Layer(f"--set {k}", key=k, value=_override_value(k, v)) for k, v in (overrides or {}).items()]
+def override_layers(overrides: Mapping[str, Any] | None, labels: Mapping[str, str] | None = None) -> list[Layer]:
+    """One layer per override, its source named as the user gave it: ``labels[key]``
+    (a command's own flag, ``--tasks``) or ``--set key``."""
+    labels = labels or {}
+    return [
+        Layer(labels.get(k) or f"--set {k}", key=k, value=_override_value(k, v)) for k, v in (overrides or {}).items()
+    ]
 
 
 def source_of(key: str, layers: list[Layer]) -> str | None:
@@ -216,10 +221,13 @@ def load_config(
     path: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> FocusConfig:
-    """File, then ``FOCUS_*`` environment variables, then ``overrides`` (dotted keys)."""
+    """File, then ``FOCUS_*`` environment variables, then ``overrides`` (dotted keys);
+    ``labels``: what an error calls the source of an override (a command's flag), where
+    not ``--set <key>``."""
     env, problems = env_layers(os.environ if environ is None else environ)
-    return build_config(file_layers(path) + env + override_layers(overrides), problems)
+    return build_config(file_layers(path) + env + override_layers(overrides, labels), problems)
 
 
 def config_at_runtime(config: FocusConfig | None, environ: Mapping[str, str] | None = None) -> FocusConfig:
