@@ -63,7 +63,8 @@ def deploy(
     """
     from flows.server import configured_api_url
 
-    if not configured_api_url():
+    api = configured_api_url()
+    if not api:
         fail("focus deploy needs a Prefect server: set PREFECT_API_URL (e.g. after 'prefect server start')")
     if limit < 1:
         fail("--limit must be at least 1")
@@ -73,6 +74,13 @@ def deploy(
     from deployments.watchdog import ensure_watchdog
 
     out = Console(0, debug, None, "deploy")
+    unanswered = server_unanswered(api)
+    if unanswered:
+        fail(
+            f"the Prefect server at {api} did not answer ({unanswered}); start it or set PREFECT_API_URL, "
+            "then run focus deploy again",
+            code=1,
+        )
     if watchdog_only:
         try:
             auto = ensure_watchdog(crash_after)
@@ -95,3 +103,17 @@ def deploy(
         serve_deployments(spec)
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         out.fail(e)
+
+
+def server_unanswered(api: str, timeout_s: float = 5.0) -> str | None:
+    """Why the Prefect server at ``api`` gave no answer to ``GET /health``, or None when
+    it answered (a 4xx is an answer: a server that wants a key is there, and the calls
+    that follow say the rest). Asked before anything registers, so that an unreachable
+    server is one line about deploying, not one about resuming a collection."""
+    import httpx
+
+    try:
+        response = httpx.get(f"{api.rstrip('/')}/health", timeout=timeout_s)
+    except httpx.HTTPError as e:
+        return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    return f"status {response.status_code}" if response.status_code >= 500 else None

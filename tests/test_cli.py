@@ -149,6 +149,15 @@ def test_a_bad_value_names_the_flag_the_user_gave(argv, expected, tmp_path):
     assert len(out.output.strip().splitlines()) == 1 and not (tmp_path / "s").exists()
 
 
+def test_deploy_to_a_prefect_server_that_does_not_answer_says_so_in_one_line():
+    api = f"http://127.0.0.1:{free_port()}/api"  # nothing listens there
+    out = CliRunner().invoke(app, ["deploy"], env={"PREFECT_API_URL": api})
+    lines = out.output.strip().splitlines()
+    assert out.exit_code == 1 and len(lines) == 1, out.output
+    assert lines[0].startswith(f"error: the Prefect server at {api} did not answer (ConnectError")
+    assert lines[0].endswith("start it or set PREFECT_API_URL, then run focus deploy again")
+
+
 def test_inspect_names_a_missing_batch_and_a_bad_url(tmp_path):
     out = CliRunner().invoke(app, ["inspect", f"file://{tmp_path}/batches/none/iter-000000"])
     assert out.exit_code == 1 and "cannot read batch" in out.output and "_manifest.json is missing" in out.output
