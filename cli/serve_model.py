@@ -19,10 +19,20 @@ def serve_model(
 ) -> None:
     """Serve the embedded tiny model (OpenAI-compatible completions, weight reload) until Ctrl-C."""
     from focus.backends import LocalModelServer
+    from focus.policy import PolicyError
 
-    with LocalModelServer(weights, port=port) as server:
-        typer.echo(f"serving the local model at {server.url} (policy version {server.policy_version}); Ctrl-C stops")
-        try:
+    server = LocalModelServer(weights, port=port)
+    try:
+        server.start()
+    except (PolicyError, OSError) as e:  # a port in use, weights that are not there: one line
+        server.stop()
+        busy = "Address already in use" in str(e)
+        fail(f"{e}" + (f" (127.0.0.1:{port}); choose another --port, 0 picks a free one" if busy else ""), 1)
+    with server:
+        try:  # from the line on: a Ctrl-C right after it stops the server the same way
+            typer.echo(
+                f"serving the local model at {server.url} (policy version {server.policy_version}); Ctrl-C stops"
+            )
             while server.proc is not None and server.proc.poll() is None:
                 time.sleep(0.5)
         except KeyboardInterrupt:

@@ -158,6 +158,24 @@ def test_deploy_to_a_prefect_server_that_does_not_answer_says_so_in_one_line():
     assert lines[0].endswith("start it or set PREFECT_API_URL, then run focus deploy again")
 
 
+@pytest.mark.integration  # starts (tries to start) the embedded model server
+def test_serve_model_that_cannot_start_says_why_in_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = CliRunner().invoke(app, ["serve-model", "--port", str(port)])
+    lines = out.output.strip().splitlines()
+    assert out.exit_code == 1 and len(lines) == 1, out.output
+    assert "Address already in use" in lines[0] and f"127.0.0.1:{port}" in lines[0] and "--port" in lines[0]
+    out = CliRunner().invoke(app, ["serve-model", "--port", "0", "--weights", str(tmp_path / "none.pt")])
+    lines = out.output.strip().splitlines()
+    assert out.exit_code == 1 and len(lines) == 1, out.output
+    assert "no tinylm weights file at" in lines[0]
+
+
 def test_inspect_names_a_missing_batch_and_a_bad_url(tmp_path):
     out = CliRunner().invoke(app, ["inspect", f"file://{tmp_path}/batches/none/iter-000000"])
     assert out.exit_code == 1 and "cannot read batch" in out.output and "_manifest.json is missing" in out.output
