@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from cli.common import Console, DebugOpt, SetOpt, fail, help_default, overrides
-from flows.errors import one_line
+from flows.errors import one_line, prefect_unanswered
 from tasks.config import ConfigError
 
 ConfigsOpt = Annotated[
@@ -76,11 +76,7 @@ def deploy(
     out = Console(0, debug, None, "deploy")
     unanswered = server_unanswered(api)
     if unanswered:
-        fail(
-            f"the Prefect server at {api} did not answer ({unanswered}); start it or set PREFECT_API_URL, "
-            "then run focus deploy again",
-            code=1,
-        )
+        fail(prefect_unanswered(api, unanswered, then="run focus deploy again"), code=1)
     if watchdog_only:
         try:
             auto = ensure_watchdog(crash_after)

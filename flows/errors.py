@@ -49,12 +49,10 @@ class CollectionFailed(RuntimeError):
     exception is ``__cause__``. Raised by the flow so Prefect's state message is that line."""
 
 
-def prefect_unanswered(api: str, cause: str) -> str:
-    """The line for a Prefect server at ``api`` that did not answer, ``cause`` saying how."""
-    return (
-        f"the Prefect server at {api} did not answer ({cause}); start it or set PREFECT_API_URL, "
-        "then rerun with the same collection id to resume"
-    )
+def prefect_unanswered(api: str, cause: str, then: str = "rerun with the same collection id to resume") -> str:
+    """The line for a Prefect server at ``api`` that did not answer, ``cause`` saying how,
+    and ``then`` what to do once it does (a collection resumes; a deploy runs again)."""
+    return f"the Prefect server at {api} did not answer ({cause}); start it or set PREFECT_API_URL, then {then}"
 
 
 class PrefectServerGone(RuntimeError):
