@@ -236,12 +236,12 @@ class Agent:
                 continue
             try:
                 result = check_step_result(await self._step(state, action, seed), f"{type(self.env).__name__}.step")
-            except TimeoutError:
-                cause = f"env: step timed out after {self.env_timeout_s:g} s"
-                pieces.append(Piece(tuple(turns), "failed", state.steps, prompt, cause=cause))
-                break
             except Exception as e:  # noqa: BLE001 - env code failing ends this rollout only
-                cause = f"env: {type(e).__name__}: {e}" if not isinstance(e, EnvError) else f"env: {e}"
+                if isinstance(e, TimeoutError):
+                    cause = f"env: step timed out after {self.env_timeout_s:g} s"
+                else:
+                    cause = f"env: {type(e).__name__}: {e}" if not isinstance(e, EnvError) else f"env: {e}"
+                _count_unrecorded(counters, completion)
                 pieces.append(Piece(tuple(turns), "failed", state.steps, prompt, cause=cause))
                 break
             counters["tool_errors"] += int(result.info.get("tool_error", 0))
@@ -395,6 +395,14 @@ def _count_retries(counters: dict[str, int], meta: dict[str, Any]) -> None:
         for cause, n in by_cause.items():
             if cause and n:
                 counters[f"retries:{cause}"] = counters.get(f"retries:{cause}", 0) + n
+
+
+def _count_unrecorded(counters: dict[str, int], completion: Completion) -> None:
+    """Count a model answer that no turn records (its env step failed), so the
+    statistics' ``model_calls`` and ``tokens`` are what was sent and sampled
+    (:meth:`focus.usage.Usage.of_rollout` adds them)."""
+    counters["unrecorded_calls"] = counters.get("unrecorded_calls", 0) + 1
+    counters["unrecorded_tokens"] = counters.get("unrecorded_tokens", 0) + len(completion.token_ids)
 
 
 def _turn(

@@ -76,8 +76,9 @@ class Usage:
     transitions: int = 0
     #: Model calls, compactions included (each is one rollout step).
     rollout_steps: int = 0
+    #: Model answers received: the rollout steps, and an answer whose env step failed.
     model_calls: int = 0
-    #: Generated tokens.
+    #: Generated tokens (of every answer received, recorded in a turn or not).
     tokens: int = 0
     compactions: int = 0
     #: Budget spent as the planner counts it: :meth:`spend` of each rollout's transitions.
@@ -105,7 +106,9 @@ class Usage:
 
     @classmethod
     def of_rollout(cls, rollout: Rollout) -> Usage:
-        """The usage of one finished rollout (counted from its turns, once).
+        """The usage of one finished rollout (counted from its turns, once), plus the
+        model answers no turn records (``unrecorded_calls`` and ``unrecorded_tokens`` in
+        its counters: an answer whose env step failed was still sampled).
 
         Made without the dataclass's ``__init__`` (its fields straight into a new
         instance's ``__dict__``, as ``__init__`` would set them: the class has no
@@ -135,8 +138,8 @@ class Usage:
                 "truncated_rollouts": int(leaf.kind == "truncated"),
                 "transitions": transitions,
                 "rollout_steps": rollout_steps,
-                "model_calls": rollout_steps,
-                "tokens": tokens,
+                "model_calls": rollout_steps + c.get("unrecorded_calls", 0),
+                "tokens": tokens + c.get("unrecorded_tokens", 0),
                 "compactions": compactions,
                 "budget_spent": cls.spend(transitions),
                 "rollout_wall_s": wall,

@@ -15,12 +15,13 @@ import pytest
 from focus.agent import Agent, Piece, Rollout
 from focus.collector import Collector
 from focus.critic import ConstantCritic
-from focus.env import Task
+from focus.env import Env, Message, Reset, StepResult, Task
 from focus.execution import Execution
 from focus.policy import Completion
 from focus.priority import Phase, Selective
 from focus.synthetic import SHAPES, SyntheticEnv, SyntheticPolicy, synthetic_format
-from focus.testing import run
+from focus.format import ByteCodec, FinalAnswerParser, PolicyFormat
+from focus.testing import ScriptedPolicy, run
 from focus.tree import Turn
 from focus.usage import Usage, failure_kind
 
@@ -161,3 +162,28 @@ def test_total_is_the_sequential_sum():
     ]
     assert Usage.total(iter(records)) == functools.reduce(lambda a, b: a + b, records, Usage())
     assert Usage.total([]) == Usage() and Usage.total(records[:1]) == Usage() + records[0]
+
+
+class _BreaksOnSecondStep(Env):
+    """Env whose second step raises: the rollout's second model answer is never recorded."""
+
+    async def reset(self, task: Task, workspace: object) -> Reset:
+        return Reset(0, (Message("user", "go"),))
+
+    async def step(self, state: int, action: object, workspace: object) -> StepResult:
+        if state >= 1:
+            raise RuntimeError("judge broke")
+        return StepResult(state + 1, "next")
+
+
+def test_a_model_call_whose_env_step_failed_counts_as_a_call_and_its_tokens():
+    # docs/pipeline.md: model_calls are "requests sent to the model service", tokens the
+    # sampled tokens; the answer whose env step raised was sampled but is in no turn
+    policy = ScriptedPolicy(["abc"])
+    agent = Agent(policy, _BreaksOnSecondStep(), PolicyFormat(ByteCodec(), FinalAnswerParser(require_marker=False)))
+    col = Collector(agent, Selective(phases=(Phase("evidence", rollouts_per_task=2),)), ConstantCritic(0.0))
+    stats = col.prepare(run(col.search([Task("t0")]))).stats
+    assert len(policy.prompts) == 4  # two rollouts, each: a step that worked, one that raised
+    assert stats["failed_env"] == 2 and stats["transitions"] == 2
+    assert stats["model_calls"] == 4 and stats["tokens"] == 4 * len(b"abc") + 4  # + the stop id of each answer
+    assert stats["rollout_steps"] == 2  # the failed step is no rollout step
