@@ -11,7 +11,8 @@ of the next model call. Managers differ in how a turn extends it:
   sends exactly the prefix recorded there, so a server's prefix cache serves it.
 * :class:`Summarize` appends like Segments until the prompt passes a token threshold,
   then compacts: a model call summarises the progress and the context restarts from
-  the opening messages plus the summary ids. Compaction is a rollout step, not a task
+  the opening messages plus the summary ids (and the model acts before any further
+  compaction, even if those alone pass the threshold). Compaction is a rollout step, not a task
   transition; its turn is recorded with loss mask 0 unless ``train_on_summary``.
 """
 
@@ -111,6 +112,10 @@ class Segments(ContextManager):
         return _evolve(ctx, history=history, prompt_ids=ids)
 
 
+#: Messages :meth:`Summarize.compact` leaves in the history: the note and the summary.
+_SUMMARY_MESSAGES = 2
+
+
 class Summarize(Segments):
     """Segments plus compaction by a model call when the prompt exceeds ``max_prompt_tokens``."""
 
@@ -127,7 +132,14 @@ class Summarize(Segments):
         self.train_on_summary = train_on_summary
 
     def needs_compaction(self, ctx: Context) -> bool:
-        return len(ctx.prompt_ids) > self.max_prompt_tokens and bool(ctx.history)
+        """Past the threshold with something to summarise: not a history that holds only
+        the last compaction's summary (its two messages, :meth:`compact`). Compacting that
+        again cannot shrink the context (the opening and the summary are what passes the
+        threshold), so the model acts on the long prompt first; back to back, every step
+        of the episode was a compaction."""
+        if len(ctx.prompt_ids) <= self.max_prompt_tokens or not ctx.history:
+            return False
+        return not (ctx.compactions and len(ctx.history) <= _SUMMARY_MESSAGES)
 
     async def compact(self, ctx: Context, codec: ChatCodec, policy: Policy, params: SamplingParams) -> Compaction:
         prompt = tuple(codec.render(ctx.messages + (Message("user", self.instruction),)))

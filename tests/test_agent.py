@@ -153,6 +153,29 @@ def test_summarize_compacts_with_the_summary_ids_verbatim_and_no_transition():
     assert ro.leaf.kind == "terminal" and sum(t.transition for t in ro.turns) == 3
 
 
+def test_summarize_does_not_compact_again_before_the_model_acted():
+    # a threshold under the opening + summary: compacting a context that holds only the
+    # last summary cannot shrink it, and compactions back to back left the episode no
+    # step to act in (every step after the first a compaction, until max_steps)
+    from focus.context import Summarize
+
+    codec = ByteCodec()
+    policy = ScriptedPolicy([CALL, "SUMMARY", CALL, "SUMMARY", "<answer>42</answer>"], codec)
+    agent = Agent(
+        policy,
+        make_env(),
+        PolicyFormat(codec, XmlToolCallParser()),
+        context=Summarize(max_prompt_tokens=10),
+        max_steps=8,
+    )
+    root = run(agent.start(TASK))
+    assert len(root.context.prompt_ids) > 10  # the opening alone passes the threshold
+    ro = run(agent.rollout(root, seed=0))
+    kinds = [t.kind for t in ro.turns]
+    assert kinds == ["action", "compaction", "action", "compaction", "action"], kinds
+    assert ro.leaf.kind == "terminal" and ro.turns[-1].reward == 1.0
+
+
 class _OutOfVocab(ScriptedPolicy):
     """Answers with one id past the byte codec's vocabulary after the scripted text."""
 
