@@ -35,7 +35,12 @@ def _clean(path: str) -> str:
 
 
 class Workspace(abc.ABC):
-    """Files of one branch. Implement read/write/delete/list/fork; text helpers follow."""
+    """Files of one branch. Implement read/write/delete/list/fork; text helpers follow.
+
+    A fork is independent both ways: the agent stores a fork as a checkpoint's copy and
+    keeps writing to the original in the live branch, so a fork that reads through to
+    its parent's live files leaks the branch's later writes into every continuation.
+    ``focus.testing.WorkspaceConformance`` checks the contract."""
 
     @abc.abstractmethod
     def read(self, path: str) -> bytes:

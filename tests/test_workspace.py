@@ -56,3 +56,44 @@ def test_a_directory_workspace_removes_the_temporary_folders_it_made(tmp_path):
     gc.collect()
     assert not any(p.exists() for p in made)
     assert (tmp_path / "mine" / "b.txt").read_text() == "y"  # a folder it was given stays
+
+
+class _ReadThrough(MemoryWorkspace):
+    """A fork that reads its parent's live files under its own writes: writes to the
+    fork never reach the parent, but the parent's later writes show in the fork."""
+
+    def __init__(self, parent: MemoryWorkspace | None = None) -> None:
+        super().__init__()
+        self.parent = parent
+
+    def read(self, path: str) -> bytes:
+        try:
+            return super().read(path)
+        except FileNotFoundError:
+            if self.parent is None:
+                raise
+            return self.parent.read(path)
+
+    def list(self) -> list[str]:
+        return sorted(set(super().list()) | set(self.parent.list() if self.parent else ()))
+
+    def fork(self) -> _ReadThrough:
+        return _ReadThrough(self)
+
+
+def test_the_conformance_check_catches_a_fork_that_sees_its_parents_later_writes():
+    # the agent keeps writing to the live branch's workspace after forking a checkpoint's
+    # copy, so such a fork is a leak: a continuation from the checkpoint saw files written
+    # after it (59 of 72 checkpoints of a 6-task collection, while every check passed)
+    class Check(WorkspaceConformance):
+        def make_workspace(self):
+            return _ReadThrough()
+
+    check = Check()
+    failures = []
+    for name in [n for n in dir(check) if n.startswith("test_")]:
+        try:
+            getattr(check, name)()
+        except AssertionError:
+            failures.append(name)
+    assert failures == ["test_fork_is_independent"]

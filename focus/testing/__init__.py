@@ -156,6 +156,11 @@ class WorkspaceConformance:
         assert ws.read("f") == b"base" and ws.list() == ["f"]
         assert a.read("f") == b"a" and a.list() == ["f"]
         assert b.read("f") == b"base" and b.list() == ["f", "g"]
+        # the other way: the agent forks a checkpoint's copy and keeps writing to the
+        # live branch's workspace, which the copy must not see
+        ws.write("f", b"later")
+        ws.write("h", b"later")
+        assert b.read("f") == b"base" and b.list() == ["f", "g"], "a fork sees its parent's later writes"
 
     def test_pickle_round_trip_keeps_contents_and_independence(self) -> None:
         ws = self.make_workspace()
