@@ -94,7 +94,18 @@ class ToolState:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
-Judge = Callable[[Task, str], float | Awaitable[float]]
+Judge = Callable[..., float | Awaitable[float]]
+
+
+def takes_context(judge: Judge) -> bool:
+    """Whether ``judge`` takes a third positional argument, the :class:`ToolContext`
+    (declared, or ``*args``): then it is called as ``judge(task, answer, ctx)``."""
+    try:
+        params = list(inspect.signature(judge).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
 def render_tool_prompt(tools: Sequence[Tool], instructions: str) -> str:
@@ -107,7 +118,10 @@ class ToolEnv(Env):
     """An Env from a set of tools and a judge of final answers.
 
     ``prompt_key`` names the task field holding the question. ``judge(task, answer)``
-    returns the final reward. ``max_tool_calls`` ends an episode with reward 0 when the
+    returns the final reward; a judge with a third parameter is called as
+    ``judge(task, answer, ctx)`` with the branch's :class:`ToolContext`, so a reward can
+    read what the episode wrote to its workspace (and may raise: the rollout then ends
+    in a failed leaf, as for any env error). ``max_tool_calls`` ends an episode with reward 0 when the
     agent keeps calling tools without answering.
     """
 
@@ -145,7 +159,10 @@ class ToolEnv(Env):
 
     async def step(self, state: ToolState, action: Action, workspace: Workspace | None) -> StepResult:
         if action.kind == "answer":
-            reward = self.judge(state.task, action.text)
+            if takes_context(self.judge):
+                reward = self.judge(state.task, action.text, ToolContext(state.task, state, workspace))
+            else:
+                reward = self.judge(state.task, action.text)
             if inspect.isawaitable(reward):
                 reward = await reward
             return StepResult(state, "", float(reward), True)

@@ -90,3 +90,28 @@ def test_missing_prompt_field_names_the_field():
         assert "prompt" in str(e) and "t9" in str(e)
     else:
         raise AssertionError("expected KeyError")
+
+
+def test_a_judge_with_a_third_parameter_reads_the_branchs_workspace():
+    # a reward that depends on what the episode wrote (files, a ledger, a repository)
+    # needs the branch's workspace; a judge of (task, answer) alone could not see it
+    async def _save(args, ctx):
+        ctx.workspace.write_text("out.txt", str(args["n"]))
+        return "saved"
+
+    def judge(task, answer, ctx):
+        return float(ctx.workspace.read_text("out.txt") == task.data["want"] and answer == "done")
+
+    env = ToolEnv(
+        [Tool("save", "write n", SCHEMA, _save)], judge, workspace_factory=lambda task: MemoryWorkspace()
+    )
+    task = Task("t", {"prompt": "save 7", "want": "7"})
+    ws = env.make_workspace(task)
+    reset = run(env.reset(task, ws))
+    state = run(env.step(reset.state, Action("tool", name="save", arguments={"n": 7}), ws)).state
+    other = ws.fork()
+    other.write_text("out.txt", "8")
+    assert run(env.step(state, Action("answer", text="done"), ws)).reward == 1.0
+    assert run(env.step(state, Action("answer", text="done"), other)).reward == 0.0
+    # a judge of two parameters is called as before
+    assert run(ToolEnv([], lambda task, answer: 0.5).step(state, Action("answer", text="x"), None)).reward == 0.5
