@@ -64,12 +64,28 @@ _blake2b = hashlib.blake2b
 
 
 def entry(search: Priority, seed: int, ev: NodeEvidence) -> Entry:
+    s = search(ev)
     return (
-        -float(search(ev)),
+        -s if type(s) is float and s == s else key_of(search, ev, s),
         tie(seed, ev.tree_index, ev.node_id, ev.branches + ev.pending),
         ev.tree_index,
         ev.node_id,
     )
+
+
+def key_of(search: Priority, ev: NodeEvidence, score: object) -> float:
+    """The ranking key (minus the score) of a score that is not a plain float, or a
+    :class:`TypeError` / :class:`ValueError` naming the priority when it is no number or
+    NaN: a NaN key compares false with everything, so the rankings' bisections would
+    drop other checkpoints' entries and rank the rest in no defined order."""
+    where = f"{type(search).__name__}() returned {score!r} for checkpoint {ev.node_id} of tree {ev.tree_index}"
+    try:
+        f = float(score)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TypeError(f"{where}: a priority returns a number, higher continued first") from None
+    if math.isnan(f):
+        raise ValueError(f"{where}: a priority's score must not be NaN")
+    return -f
 
 
 #: Known tie-breaks of a tree's checkpoints: node id -> (slot, tie-break).
@@ -317,7 +333,13 @@ class TreeRanking:
         before = self._drop(phase_index, ev.node_id)
         if self._eligible(tree, phase_index, ev):
             if before is not None and old is not None and old.branches == ev.branches and not ev.pending:
-                e = (-float(self.search(ev)), before[1], ev.tree_index, ev.node_id)
+                s = self.search(ev)
+                e = (
+                    -s if type(s) is float and s == s else key_of(self.search, ev, s),
+                    before[1],
+                    ev.tree_index,
+                    ev.node_id,
+                )
             else:
                 e = entry(self.search, self.seed, ev)
             self._entries[phase_index][ev.node_id] = e
@@ -350,7 +372,13 @@ class TreeRanking:
                 if self._eligible(tree, phase_index, ev):
                     known = ties.get(nid)
                     if known is not None and known[0] == ev.branches + ev.pending:
-                        entries[nid] = (-float(search(ev)), known[1], ev.tree_index, nid)
+                        s = search(ev)
+                        entries[nid] = (
+                            -s if type(s) is float and s == s else key_of(search, ev, s),
+                            known[1],
+                            ev.tree_index,
+                            nid,
+                        )
                     else:
                         entries[nid] = entry(search, seed, ev)
             self._ties = {}

@@ -1,0 +1,60 @@
+"""A custom part that breaks its contract fails naming the part and what it returned,
+instead of somewhere downstream (a ranking, an env, a trainer)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from focus.agent import Agent
+from focus.collector import Collector
+from focus.critic import ConstantCritic
+from focus.env import Task
+from focus.execution import Execution
+from focus.priority import Phase, Priority
+from focus.synthetic import SHAPES, SyntheticEnv, SyntheticPolicy, synthetic_format
+from focus.testing import run
+
+PHASES = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=20, wave_size=4, wave_unit="jobs"))
+
+
+def collector(**parts) -> tuple[Collector, list[Task]]:  # type: ignore[no-untyped-def]
+    mdps = [SHAPES[s](i) for i, s in enumerate(["uniform", "critical"])]
+    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=20)
+    col = Collector(agent, critic=ConstantCritic(0.5), execution=Execution(max_concurrency=4), **parts)
+    return col, [Task(f"t{i}", {"mdp": i}) for i in range(2)]
+
+
+class NoScore(Priority):
+    def __call__(self, node):  # type: ignore[no-untyped-def]
+        return None
+
+
+class NaNScore(Priority):
+    def __call__(self, node):  # type: ignore[no-untyped-def]
+        return math.nan
+
+
+class IntScore(Priority):
+    def __call__(self, node):  # type: ignore[no-untyped-def]
+        return -node.depth
+
+
+def test_a_priority_that_returns_no_number_is_named():
+    col, tasks = collector(search=NoScore(phases=PHASES))
+    with pytest.raises(TypeError, match=r"NoScore\(\) returned None for checkpoint \d+ of tree \d+"):
+        run(col.search(tasks))
+
+
+def test_a_priority_that_returns_nan_is_refused():
+    # NaN keys make the rankings' bisect drop the wrong entries: refused, not ranked
+    col, tasks = collector(search=NaNScore(phases=PHASES))
+    with pytest.raises(ValueError, match=r"NaNScore\(\) returned nan for checkpoint"):
+        run(col.search(tasks))
+
+
+def test_a_priority_may_return_any_real_number():
+    col, tasks = collector(search=IntScore(phases=PHASES))
+    state = run(col.search(tasks))
+    assert state.usage().transitions > 0
