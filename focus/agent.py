@@ -20,7 +20,7 @@ from typing import Any
 
 from focus.branching import BranchPoints, EveryDecision
 from focus.context import Context, ContextManager, Segments
-from focus.env import Env, EnvError, Message, Task, accepts_seed, check_reset, check_step_result
+from focus.env import Action, Env, EnvError, Message, Task, accepts_seed, check_reset, check_step_result
 from focus.format import ParseError, PolicyFormat
 from focus.policy import (
     BadResponse,
@@ -105,6 +105,11 @@ def derive_seed(*parts: object) -> int:
     """A stable 31-bit seed from any parts (same parts, same seed, on every machine)."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+class BrokenParser(TypeError):
+    """The action parser returned neither an :class:`~focus.env.Action` nor a
+    :class:`~focus.format.ParseError` (:class:`focus.format.ActionParser`'s contract)."""
 
 
 #: The cause of a truncated leaf whose next prompt does not fit the model (the agent's
@@ -235,14 +240,12 @@ class Agent:
                 state = state.evolve(context=ctx, steps=state.steps + 1)
                 continue
             try:
+                if not isinstance(action, Action):
+                    raise BrokenParser(f"{type(self.format.parser).__name__}.parse returned {type(action).__name__}")
                 result = check_step_result(await self._step(state, action, seed), f"{type(self.env).__name__}.step")
-            except Exception as e:  # noqa: BLE001 - env code failing ends this rollout only
-                if isinstance(e, TimeoutError):
-                    cause = f"env: step timed out after {self.env_timeout_s:g} s"
-                else:
-                    cause = f"env: {type(e).__name__}: {e}" if not isinstance(e, EnvError) else f"env: {e}"
+            except Exception as e:  # noqa: BLE001 - env (or parser) code failing ends this rollout only
                 _count_unrecorded(counters, completion)
-                pieces.append(Piece(tuple(turns), "failed", state.steps, prompt, cause=cause))
+                pieces.append(Piece(tuple(turns), "failed", state.steps, prompt, cause=self._step_cause(e)))
                 break
             counters["tool_errors"] += int(result.info.get("tool_error", 0))
             turns.append(_turn(prompt, completion, 1, "action", float(result.reward), True, result.observation))
@@ -253,6 +256,15 @@ class Agent:
             obs = [Message("tool" if action.kind == "tool" else "user", result.observation)]
             state = state.evolve(context=self.context.extend(state.context, codec, completion, text, obs))
         return Rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
+
+    def _step_cause(self, e: Exception) -> str:
+        """The cause of a rollout whose answer could not be acted on: the env's step
+        raised, hung or broke its contract, or the parser returned no action."""
+        if isinstance(e, BrokenParser):
+            return f"error: {e}, expected an Action or a ParseError"
+        if isinstance(e, TimeoutError):
+            return f"env: step timed out after {self.env_timeout_s:g} s"
+        return f"env: {e}" if isinstance(e, EnvError) else f"env: {type(e).__name__}: {e}"
 
     def _call(
         self, route: tuple[Hashable, ...], prompt: Sequence[int], params: SamplingParams, fresh: bool

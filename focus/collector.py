@@ -38,12 +38,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
 
 from focus.agent import Agent
-from focus.batch import Batch, BatchBuilder
+from focus.batch import Batch, BatchBuilder, BatchError
 from focus.critic import ConstantCritic, Critic, check_predictions
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, critic_targets, truncated_segments
@@ -568,7 +569,8 @@ class Collector:
                 if a is None:
                     excluded += 1
                     continue
-                a = float(a)
+                if not math.isfinite(a := float(a)):  # a trainer's loss would carry it to every weight
+                    raise BatchError(f"{type(est).__name__} gave segment {e.id} of tree {tree_id} the {_NONFINITE % a}")
                 for j, t in enumerate(e.turns):
                     add_turn(
                         task_id, tree_id, e.parent, e.id, j,
@@ -589,6 +591,9 @@ class Collector:
     def statistics(self, trees: Sequence[Tree], *, excluded_segments: int = 0) -> dict[str, Any]:
         """:func:`focus.statistics.collection_statistics` of ``trees`` under this search."""
         return collection_statistics(self.priority.phases, trees, excluded_segments=excluded_segments)
+
+
+_NONFINITE = "advantage %r: an advantage must be a finite number (leave a segment out to give it none)"
 
 
 def _wave_name(search: Priority, plan: WavePlan) -> str:

@@ -8,10 +8,13 @@ import math
 import pytest
 
 from focus.agent import Agent
+from focus.batch import BatchError
 from focus.collector import Collector
 from focus.critic import ConstantCritic
 from focus.env import Task
+from focus.estimation import DirectBranchTd
 from focus.execution import Execution
+from focus.format import ActionParser, ByteCodec, PolicyFormat
 from focus.priority import Phase, Priority
 from focus.synthetic import SHAPES, SyntheticEnv, SyntheticPolicy, synthetic_format
 from focus.testing import run
@@ -58,3 +61,33 @@ def test_a_priority_may_return_any_real_number():
     col, tasks = collector(search=IntScore(phases=PHASES))
     state = run(col.search(tasks))
     assert state.usage().transitions > 0
+
+
+class TextParser(ActionParser):
+    def parse(self, text):  # type: ignore[no-untyped-def]
+        return text  # the text itself, not an Action
+
+
+def test_a_parser_that_returns_no_action_is_named_in_the_cause():
+    # it was handed to the env, whose failure ("env: AttributeError: 'str' object has no
+    # attribute 'kind'") blamed the env
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.agent.format = PolicyFormat(ByteCodec(), TextParser())
+    stats = col.prepare(run(col.search(tasks))).stats
+    assert stats["failed_rollouts"] == stats["rollouts"] == 4
+    (cause,) = stats["failure_causes"]
+    assert cause == "error: TextParser.parse returned str, expected an Action or a ParseError"
+    assert stats["model_calls"] == 4  # each rollout's one answer was sampled
+
+
+class NaNTd(DirectBranchTd):
+    def advantages(self, edges, values):  # type: ignore[no-untyped-def]
+        return {e: math.nan for e in super().advantages(edges, values)}
+
+
+def test_an_estimator_that_gives_a_nan_advantage_is_named():
+    # a NaN advantage went into the batch (and into every trainer's loss)
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]), estimator=NaNTd())
+    state = run(col.search(tasks))
+    with pytest.raises(BatchError, match=r"NaNTd gave segment \d+ of tree t0#0 the advantage nan"):
+        col.prepare(state)
