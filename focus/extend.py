@@ -1,4 +1,7 @@
-"""Every extension interface in one place: subclass these to change one role."""
+"""Every extension interface in one place: subclass these to change one role.
+
+``ToolEnv`` (an Env from ``Tool`` declarations) is here too: subclass it, or declare
+tools, for a tool-calling task (README.md's table of interfaces)."""
 
 from focus.branching import BranchPoints
 from focus.context import ContextManager
@@ -9,6 +12,7 @@ from focus.execution import Execution
 from focus.format import ActionParser, ChatCodec
 from focus.policy import Policy
 from focus.priority import Priority
+from focus.tools import Tool, ToolEnv
 from focus.workspace import Workspace
 
 __all__ = [
@@ -22,5 +26,7 @@ __all__ = [
     "Execution",
     "Policy",
     "Priority",
+    "Tool",
+    "ToolEnv",
     "Workspace",
 ]

@@ -81,3 +81,16 @@ def test_the_import_check_sees_lazy_imports(tmp_path):
     src.write_text("def f():\n    from storage import BatchStore\n    import flows.collect\n")
     found = {m for m, _ in _imported_modules(src)}
     assert {"storage", "flows.collect"} <= found
+
+
+def test_extend_exports_every_interface_the_readme_table_names():
+    # README.md: "subclass the interface that owns the behaviour (all re-exported by
+    # focus.extend)"; its table's first column names them
+    import re
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
+    table = readme.split("all re-exported\nby `focus.extend`):", 1)[1].split("\n\n", 2)[1]
+    named = {n for line in table.splitlines()[2:] for n in re.findall(r"`(\w+)`", line.split("|")[1])}
+    assert {"Env", "ToolEnv", "Tool", "Priority", "Execution"} <= named
+    assert named <= set(focus.extend.__all__), named - set(focus.extend.__all__)
