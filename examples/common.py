@@ -121,6 +121,13 @@ class CountingPolicy(OpenAICompatPolicy):
         self.progress.add(**{"model answers": 1, "tokens sampled": len(out.token_ids)})
         return out
 
+    async def _send_siblings(self, prompt_ids: Sequence[int], params: SamplingParams, n: int) -> list[Completion]:
+        """The request with ``n`` samples that answers sibling rollouts' first calls
+        together (``Policy.sample_siblings``), which does not go through :meth:`sample`."""
+        out = await super()._send_siblings(prompt_ids, params, n)
+        self.progress.add(**{"model answers": len(out), "tokens sampled": sum(len(c.token_ids) for c in out)})
+        return out
+
 
 def add_json_option(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--json", dest="json_path", metavar="PATH", help="also write the result to this file")

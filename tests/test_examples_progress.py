@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import threading
 
+import pytest
+
 from examples.common import Progress
 
 
@@ -46,3 +48,33 @@ def test_progress_reads_counts_it_polls_and_says_nothing_after_a_failure():
         and "done" not in out.getvalue()
         and out.getvalue().strip().endswith("3 batches")
     )
+
+
+@pytest.mark.integration
+def test_the_counting_policy_counts_the_answers_sent_together_for_siblings():
+    # the OpenAI-compatible client answers the first calls of sibling rollouts in one
+    # request (Policy.sample_siblings), which never goes through sample(): the math
+    # example's last line said 45 model answers for a batch of 71 transitions
+    import asyncio
+
+    from examples.common import CountingPolicy
+    from focus.backends import LocalModelServer
+    from focus.policy import SamplingParams
+
+    progress = Progress("t", every_s=3600, stream=io.StringIO())
+    with LocalModelServer() as server:
+
+        async def go() -> list:
+            policy = CountingPolicy(server.url, progress=progress)
+            try:
+                params = SamplingParams(max_tokens=3, seed=0)
+                # the first grouped request is checked once against its last sample alone
+                first = await policy.sample_siblings((256, 1, 2), params, [("a",)] * 3)
+                assert progress.counts["model answers"] == 4
+                return first + await policy.sample_siblings((256, 1, 3), params, [("a",)] * 3)
+            finally:
+                await policy.aclose()
+
+        answers = asyncio.run(go())
+    tokens = sum(len(c.token_ids) for c in answers) + len(answers[2].token_ids)  # the check's answer is the third's
+    assert progress.counts == {"model answers": 7, "tokens sampled": tokens}
