@@ -44,7 +44,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
 
 from focus.agent import Agent
-from focus.batch import Batch, BatchBuilder, BatchError
+from focus.batch import Batch, BatchBuilder
 from focus.critic import ConstantCritic, Critic, check_predictions
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, critic_targets, truncated_segments
@@ -61,6 +61,7 @@ from focus.journal import (
     unfinished_step,
     wave_step,
 )
+from focus.parts import bad_advantage, check_parts
 from focus.placement import graft_placed, off_loop, plan_next_placed, scored_placed, warm_start_placed
 from focus.priority import Priority, Selective
 from focus.search import (
@@ -106,10 +107,11 @@ class Collector:
     ) -> None:
         self.agent = agent
         self.estimator = estimator if estimator is not None else DirectBranchTd()
-        # one γ, truncation rule and κ setting for search and batch (see Priority.resolved)
-        self.priority = (search if search is not None else Selective()).resolved(self.estimator)
         self.critic = critic if critic is not None else ConstantCritic(0.0)
         self.execution = execution if execution is not None else Execution()
+        check_parts(agent, search, self.critic, self.estimator, self.execution)
+        # one γ, truncation rule and κ setting for search and batch (see Priority.resolved)
+        self.priority = (search if search is not None else Selective()).resolved(self.estimator)
         self.collection_id, self.iteration, self.seed = collection_id, iteration, seed
         self.warm_start_critic = warm_start_critic  # focus.critic.warm_start on the evidence
 
@@ -570,7 +572,7 @@ class Collector:
                     excluded += 1
                     continue
                 if not math.isfinite(a := float(a)):  # a trainer's loss would carry it to every weight
-                    raise BatchError(f"{type(est).__name__} gave segment {e.id} of tree {tree_id} the {_NONFINITE % a}")
+                    raise bad_advantage(est, e.id, tree_id, a)
                 for j, t in enumerate(e.turns):
                     add_turn(
                         task_id, tree_id, e.parent, e.id, j,
@@ -591,9 +593,6 @@ class Collector:
     def statistics(self, trees: Sequence[Tree], *, excluded_segments: int = 0) -> dict[str, Any]:
         """:func:`focus.statistics.collection_statistics` of ``trees`` under this search."""
         return collection_statistics(self.priority.phases, trees, excluded_segments=excluded_segments)
-
-
-_NONFINITE = "advantage %r: an advantage must be a finite number (leave a segment out to give it none)"
 
 
 def _wave_name(search: Priority, plan: WavePlan) -> str:

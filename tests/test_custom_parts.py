@@ -15,7 +15,7 @@ from focus.env import Task
 from focus.estimation import DirectBranchTd
 from focus.execution import Execution
 from focus.format import ActionParser, ByteCodec, PolicyFormat
-from focus.priority import Phase, Priority
+from focus.priority import Phase, Priority, Selective
 from focus.synthetic import SHAPES, SyntheticEnv, SyntheticPolicy, synthetic_format
 from focus.testing import run
 
@@ -91,3 +91,22 @@ def test_an_estimator_that_gives_a_nan_advantage_is_named():
     state = run(col.search(tasks))
     with pytest.raises(BatchError, match=r"NaNTd gave segment \d+ of tree t0#0 the advantage nan"):
         col.prepare(state)
+
+
+@pytest.mark.parametrize(
+    ("part", "value", "says"),
+    [
+        ("search", Selective, "Collector's search must be an instance of Priority, got the class Selective (call it"),
+        ("estimator", DirectBranchTd, "Collector's estimator must be an instance of Estimator, got the class Direct"),
+        ("critic", ConstantCritic, "Collector's critic must be an instance of Critic, got the class ConstantCritic"),
+        ("execution", {"max_concurrency": 4}, "Collector's execution must be an instance of Execution, got a dict"),
+    ],
+)
+def test_a_part_given_as_its_class_or_of_another_role_is_named(part, value, says):  # type: ignore[no-untyped-def]
+    # search=Selective said "Priority.resolved() missing 1 required positional argument:
+    # 'estimator'", estimator=DirectBranchTd "AttributeError: gamma"
+    col, _ = collector()
+    parts = {"search": col.priority, "critic": col.critic, "estimator": col.estimator, "execution": col.execution}
+    with pytest.raises(TypeError) as e:
+        Collector(col.agent, **{**parts, part: value})
+    assert str(e.value).startswith(says)

@@ -1,0 +1,40 @@
+"""The parts a :class:`~focus.collector.Collector` is given, checked where they are given.
+
+A part passed as its class (``search=Selective``) or of another role failed later with
+a message about something else (``Priority.resolved() missing 1 required positional
+argument``, ``AttributeError: gamma``); a custom part's value the batch cannot hold
+(an estimator's NaN advantage) would reach every weight a trainer updates. Both are
+said here, naming the part.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from focus.agent import Agent
+from focus.batch_schema import BatchError
+from focus.critic import Critic
+from focus.estimation import Estimator
+from focus.execution import Execution
+from focus.priority import Priority
+
+
+def check_parts(agent: Any, search: Any, critic: Any, estimator: Any, execution: Any) -> None:
+    """Each part is an instance of its interface (``search`` may be ``None``: the
+    default), or a :class:`TypeError` says what it is and what was expected."""
+    parts = {"agent": (agent, Agent), "critic": (critic, Critic), "estimator": (estimator, Estimator)}
+    parts |= {"execution": (execution, Execution), "search": (search, Priority)}
+    for name, (value, interface) in parts.items():
+        if isinstance(value, interface) or (name == "search" and value is None):
+            continue
+        what = f"the class {value.__name__}" if isinstance(value, type) else f"a {type(value).__name__}"
+        hint = " (call it: an instance is a part)" if isinstance(value, type) and issubclass(value, interface) else ""
+        raise TypeError(f"Collector's {name} must be an instance of {interface.__name__}, got {what}{hint}")
+
+
+def bad_advantage(estimator: object, edge_id: int, tree_id: str, advantage: float) -> BatchError:
+    """The error for an estimator's non-finite ``advantage`` of one segment."""
+    return BatchError(
+        f"{type(estimator).__name__} gave segment {edge_id} of tree {tree_id} the advantage {advantage!r}: "
+        "an advantage must be a finite number (leave a segment out to give it none)"
+    )
