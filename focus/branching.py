@@ -15,7 +15,11 @@ if TYPE_CHECKING:
 
 
 class BranchPoints(abc.ABC):
-    """Eligibility of a decision point. Implement :meth:`eligible`."""
+    """Eligibility of a decision point. Implement :meth:`eligible`.
+
+    It is asked at every decision point after a rollout's first model call: the state a
+    rollout starts from is a checkpoint already (the task's root, which is one whatever
+    the rule says, or the checkpoint it continues)."""
 
     @abc.abstractmethod
     def eligible(self, state: BranchState) -> bool: ...
