@@ -102,9 +102,7 @@ def test_a_judge_with_a_third_parameter_reads_the_branchs_workspace():
     def judge(task, answer, ctx):
         return float(ctx.workspace.read_text("out.txt") == task.data["want"] and answer == "done")
 
-    env = ToolEnv(
-        [Tool("save", "write n", SCHEMA, _save)], judge, workspace_factory=lambda task: MemoryWorkspace()
-    )
+    env = ToolEnv([Tool("save", "write n", SCHEMA, _save)], judge, workspace_factory=lambda task: MemoryWorkspace())
     task = Task("t", {"prompt": "save 7", "want": "7"})
     ws = env.make_workspace(task)
     reset = run(env.reset(task, ws))

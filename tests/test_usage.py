@@ -17,10 +17,10 @@ from focus.collector import Collector
 from focus.critic import ConstantCritic
 from focus.env import Env, Message, Reset, StepResult, Task
 from focus.execution import Execution
+from focus.format import ByteCodec, FinalAnswerParser, PolicyFormat
 from focus.policy import Completion
 from focus.priority import Phase, Selective
 from focus.synthetic import SHAPES, SyntheticEnv, SyntheticPolicy, synthetic_format
-from focus.format import ByteCodec, FinalAnswerParser, PolicyFormat
 from focus.testing import ScriptedPolicy, run
 from focus.tree import Turn
 from focus.usage import Usage, failure_kind
