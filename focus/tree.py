@@ -217,6 +217,9 @@ class Tree:
         return Tree(self.task_id, self.nodes, self.edges, {}, self.rollouts, self.log)
 
     def stats(self) -> dict[str, int]:
+        """Nodes by kind and what the recorded turns hold. A model answer whose env step
+        failed is in no turn: the batch statistics (:class:`focus.usage.Usage`, from
+        :attr:`log`) count it in ``model_calls`` and ``tokens``, this does not."""
         kinds = {k: 0 for k in NODE_KINDS}
         for n in self.nodes.values():
             kinds[n.kind] += 1
