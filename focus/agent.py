@@ -411,9 +411,8 @@ def _count_retries(counters: dict[str, int], meta: dict[str, Any]) -> None:
 
 def _count_unrecorded(counters: dict[str, int], completion: Completion) -> None:
     """Count a model answer that no turn records (its env step failed, or the parser
-    returned no action), so the
-    statistics' ``model_calls`` and ``tokens`` are what was sent and sampled
-    (:meth:`focus.usage.Usage.of_rollout` adds them)."""
+    returned no action), so the statistics' ``model_calls`` and ``tokens`` are what was
+    sent and sampled (:meth:`focus.usage.Usage.of_rollout` adds them)."""
     counters["unrecorded_calls"] = counters.get("unrecorded_calls", 0) + 1
     counters["unrecorded_tokens"] = counters.get("unrecorded_tokens", 0) + len(completion.token_ids)
 
