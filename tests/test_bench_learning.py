@@ -297,3 +297,17 @@ def test_a_sweep_stopped_early_keeps_the_seeds_finished_everywhere(tmp_path):
     assert result["seeds_per_task"] == {"bridge": [0, 1]} and [len(runs) for runs in result["runs"]] == [4, 4]
     assert result["at_best"]["bridge"]["best"] == {"focus": 1, "grpo": 1}
     assert json.loads((tmp_path / "sweep-assembled.json").read_text())["labels"] == [label(s) for s in settings]
+
+
+def test_the_long_bridge_is_opt_in_and_its_agent_can_cross_it():
+    """bridge-long (rare successes at first) runs on request only: the record's tasks,
+    the default of --tasks, stay the six it was made with."""
+    from benchmarks import learning
+
+    assert "bridge-long" in learning.DOMAINS and "bridge-long" not in learning.RECORD_TASKS
+    assert learning._parser().parse_args([]).tasks == learning.RECORD_TASKS
+    assert len(learning.RECORD_TASKS) == 6
+    domain = learning.DOMAINS["bridge-long"]()
+    lengths = {t.data["length"] for t in domain.tasks(40, 0)}
+    assert lengths <= {10, 11, 12} and len(lengths) > 1
+    assert domain.make_agent("http://127.0.0.1:9").max_steps >= max(lengths)

@@ -131,6 +131,8 @@ COMMANDS: dict[str, Check] = {
     # docs/findings/learning-steps.md
     ".venv/bin/python -m benchmarks.learning --seeds 10 11 12 13 14 15 16 17 18 19 --jobs 2 "
     "--out runs/learn-s10-19": Check("parse", "120 learning runs, about 15 minutes on 2 cores"),
+    ".venv/bin/python -m benchmarks.learning --tasks bridge-long --seeds 0 1 2 3 4 5 6 7 8 9 --jobs 2 "
+    "--out runs/learning-bridge-long": Check("parse", "20 learning runs of the long bridge, about 15 minutes"),
     ".venv/bin/python -m benchmarks.learning --assemble runs/learn-s0-19.jsonl --out runs/learn-s0-19": Check(
         "parse",
         "reads the runs of two learning runs joined into one file (docs/findings/learning-steps.md, 'Twenty seeds')",
