@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from focus.backends.http import HttpClient, HttpConfig, MalformedResponse
@@ -20,7 +21,16 @@ from focus.backends.http_policy import HttpPolicy
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, SamplingParams
 
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error", "eos": "stop"}
+#: vLLM's finish reasons (``vllm/v1/engine``); ``repetition``: a request with
+#: ``repetition_detection`` cut where its tokens repeat, a server's limit as ``length`` is.
+_FINISH = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "abort",
+    "error": "error",
+    "eos": "stop",
+    "repetition": "length",
+}
 #: The served model name a request names when none is given (the embedded server's).
 DEFAULT_MODEL = "focus-tinylm"
 
@@ -87,13 +97,24 @@ class OpenAICompatPolicy(HttpPolicy):
 
     version_path = "/v1/models"
 
+    async def served_version(self) -> str | None:
+        """The version of :attr:`model`'s card on ``/v1/models`` (:meth:`parse_version`)."""
+        return await self.http.request(
+            "GET", self.version_path, None, partial(self.parse_version, model=self.model), hedge=False
+        )
+
     @staticmethod
-    def parse_version(data: Any) -> str | None:
-        """The model card's ``policy_version`` (the embedded server's weights hash), else
-        its ``root`` (vLLM: the weights' path) or ``id`` (the served name)."""
+    def parse_version(data: Any, model: str | None = None) -> str | None:
+        """The version of ``model``'s card (else the first card's) in the terms the
+        answers use, which a fleet compares it with: the card's ``policy_version`` (the
+        embedded server's weights hash), else its ``id``, the served name that vLLM's
+        answers give as ``model``. Not vLLM's ``root`` (the weights' path): no answer
+        names it, so a server started with ``--served-model-name``, or a LoRA adapter
+        as the model (a card after the base model's), failed every call of a fleet."""
         cards = data.get("data") if isinstance(data, dict) else None
-        card = cards[0] if isinstance(cards, list) and cards and isinstance(cards[0], dict) else {}
-        version = card.get("policy_version") or card.get("root") or card.get("id")
+        cards = [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
+        card = next((c for c in cards if c.get("id") == model), cards[0] if cards else {})
+        version = card.get("policy_version") or card.get("id")
         return str(version) if version else None
 
 
@@ -141,9 +162,18 @@ def aborted(finish: str, n: int, detail: Any) -> str:
     return f"the server ended the request with finish_reason {finish!r} after {n} token(s){why} (a cut-off sample)"
 
 
+#: Why an answer without ids cannot be used, and what to set on the server.
+NO_IDS = (
+    "no token ids in the answer, only token texts (never re-tokenised): run vLLM >= 0.8 or start it "
+    "with --return-tokens-as-token-ids; for SGLang set model.kind = sglang"
+)
+
+
 def _token_id(tok: Any) -> int:
     if isinstance(tok, str) and tok.startswith("token_id:"):
         return int(tok[len("token_id:") :])
+    if isinstance(tok, str):  # a token's text: the server ignored both id fields of the request
+        raise MalformedResponse(NO_IDS)
     raise MalformedResponse(f"log-prob token {tok!r} is not of the form 'token_id:<id>'")
 
 
