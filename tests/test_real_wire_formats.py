@@ -123,6 +123,8 @@ class Vllm:
     ids_flag: bool = False
     served_name: str = "Qwen/Qwen3-4B"
     root: str = "Qwen/Qwen3-4B"
+    #: More names of the base model (``--served-model-name policy alias``); answers give the first.
+    aliases: tuple[str, ...] = ()
 
 
 def vllm_error(message: str, kind: str, code: int) -> dict[str, Any]:
@@ -131,7 +133,7 @@ def vllm_error(message: str, kind: str, code: int) -> dict[str, Any]:
 
 def vllm_routes(v: Vllm) -> dict[tuple[str, str], Any]:
     def complete(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
-        if body.get("model") not in (None, v.served_name, "adapter"):
+        if body.get("model") not in (None, v.served_name, *v.aliases, "adapter"):
             return 404, vllm_error(f"The model `{body['model']}` does not exist.", "NotFoundError", 404)
         as_ids = v.ids_flag or (v.ids_as_request_field and bool(body.get("return_tokens_as_token_ids")))
         choices = []
@@ -165,7 +167,7 @@ def vllm_routes(v: Vllm) -> dict[tuple[str, str], Any]:
             "id": "cmpl-0",
             "object": "text_completion",
             "created": 1,
-            "model": body.get("model") or v.served_name,  # the served name, or the LoRA adapter's
+            "model": "adapter" if body.get("model") == "adapter" else v.served_name,  # the first served name
             "choices": choices,
             "service_tier": None,
             "system_fingerprint": None,
@@ -183,7 +185,8 @@ def vllm_routes(v: Vllm) -> dict[tuple[str, str], Any]:
         card.update(parent=None, max_model_len=4096, permission=[])
         lora = {"id": "adapter", "object": "model", "created": 1, "owned_by": "vllm", "root": "/loras/a"}
         lora.update(parent=v.served_name, max_model_len=None, permission=[])
-        return 200, {"object": "list", "data": [card, lora]}
+        more = [{**card, "id": name} for name in v.aliases]
+        return 200, {"object": "list", "data": [card, *more, lora]}
 
     return {("POST", "/v1/completions"): complete, ("GET", "/v1/models"): models}
 
@@ -319,6 +322,7 @@ def test_a_model_name_vllm_does_not_serve_is_one_line_before_and_a_refusal_after
             "policy",
         ),  # vllm serve /models/qwen3-4b --served-model-name policy
         (Vllm(), "adapter"),  # a LoRA adapter (--lora-modules adapter=/loras/a): listed after the base model
+        (Vllm(served_name="policy", aliases=("alias",)), "alias"),  # --served-model-name policy alias
     ],
 )
 def test_a_fleet_of_vllm_replicas_samples_when_the_served_name_is_not_the_weights_path(v, model):
@@ -334,7 +338,8 @@ def test_a_fleet_of_vllm_replicas_samples_when_the_served_name_is_not_the_weight
             fleet = FleetPolicy([OpenAICompatPolicy(s.url, model, config=FAST) for s in (a, b)])
             ro = await rollout(fleet)
             assert [p.kind for p in ro.pieces][-1] == "truncated" and all(p.kind != "failed" for p in ro.pieces)
-            assert {t.policy_version for t in ro.turns} == {model} and fleet.policy_version == model
+            named = "policy" if model == "alias" else model  # vLLM's answers give the first served name
+            assert {t.policy_version for t in ro.turns} == {named} and fleet.policy_version == named
 
     run(go())
 

@@ -105,15 +105,19 @@ class OpenAICompatPolicy(HttpPolicy):
 
     @staticmethod
     def parse_version(data: Any, model: str | None = None) -> str | None:
-        """The version of ``model``'s card (else the first card's) in the terms the
-        answers use, which a fleet compares it with: the card's ``policy_version`` (the
-        embedded server's weights hash), else its ``id``, the served name that vLLM's
-        answers give as ``model``. Not vLLM's ``root`` (the weights' path): no answer
-        names it, so a server started with ``--served-model-name``, or a LoRA adapter
-        as the model (a card after the base model's), failed every call of a fleet."""
+        """The version ``model``'s answers will name, which a fleet compares with them:
+        the card's ``policy_version`` (the embedded server's weights hash), else its
+        ``id``: the served name that vLLM's answers give as ``model`` - a LoRA
+        adapter's own card (one with a ``parent``), else the first card, since vLLM
+        answers a request for any of its ``--served-model-name`` names with the first.
+        Not vLLM's ``root`` (the weights' path): no answer names it, so a server started
+        with ``--served-model-name``, or a LoRA adapter as the model, failed every call
+        of a fleet."""
         cards = data.get("data") if isinstance(data, dict) else None
         cards = [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
-        card = next((c for c in cards if c.get("id") == model), cards[0] if cards else {})
+        card = next((c for c in cards if c.get("id") == model), None)
+        if card is None or not card.get("parent"):  # a base model: vLLM's answers give its first served name
+            card = cards[0] if cards else {}
         version = card.get("policy_version") or card.get("id")
         return str(version) if version else None
 
