@@ -109,7 +109,8 @@ class OpenAICompatPolicy(HttpPolicy):
         the card's ``policy_version`` (the embedded server's weights hash), else its
         ``id``: the served name that vLLM's answers give as ``model`` - a LoRA
         adapter's own card (one with a ``parent``), else the first card, since vLLM
-        answers a request for any of its ``--served-model-name`` names with the first.
+        answers a request for any of its ``--served-model-name`` names with the first
+        (some older releases with the name asked for: ``model.model`` should be the first).
         Not vLLM's ``root`` (the weights' path): no answer names it, so a server started
         with ``--served-model-name``, or a LoRA adapter as the model, failed every call
         of a fleet."""
