@@ -15,12 +15,13 @@ field for field, for the requests FOCUS sends, including versions a user may sti
   seed drawn with ``seed + i`` (``vllm/v1/engine/parallel_sampling.py``); ``/v1/models``
   cards with ``id`` the served name and ``root`` the weights' path
   (``entrypoints/openai/models/serving.py``); 404 with an ``error`` object for a model it
-  does not serve.
+  does not serve; a sampling field a request leaves out takes the model's
+  ``generation_config.json`` default (``--generation-config auto``).
 * SGLang's ``/generate`` (``input_ids``, ``sampling_params`` with ``sampling_seed``,
   ``return_logprob``): ``output_ids``, ``meta_info.output_token_logprobs`` as
   ``[logprob, id, null]`` triples, ``finish_reason`` objects (``{"type": "stop",
   "matched": id}``, ``{"type": "length", "length": n}``), ``weight_version``;
-  ``/get_weight_version``. Its ``/v1/completions``
+  ``/get_weight_version``; ``--preferred-sampling-params`` fill fields left out. Its ``/v1/completions``
   (``python/sglang/srt/entrypoints/openai/serving_completions.py``) names log-prob tokens
   by text and gives ``token_ids`` only in versions with ``return_token_ids``.
 
@@ -76,6 +77,8 @@ class Server:
     url: str = ""
     bodies: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     sampled: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    #: The sampling fields each generation request was served with.
+    used: list[dict[str, Any]] = field(default_factory=list)
 
     def prompts(self, path: str, key: str) -> list[list[int]]:
         return [b[key] for p, b in self.bodies if p == path]
@@ -125,6 +128,21 @@ class Vllm:
     root: str = "Qwen/Qwen3-4B"
     #: More names of the base model (``--served-model-name policy alias``); answers give the first.
     aliases: tuple[str, ...] = ()
+    #: The model's ``generation_config.json`` (``--generation-config auto``): the default
+    #: of a sampling field a request leaves out (``CompletionRequest.to_sampling_params``).
+    generation_config: tuple[tuple[str, float], ...] = (("top_k", 20), ("repetition_penalty", 1.05))
+
+
+#: vLLM's own defaults of the sampling fields (``_DEFAULT_SAMPLING_PARAMS``).
+VLLM_DEFAULTS = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "temperature": 1.0}
+VLLM_DEFAULTS.update(top_p=1.0, top_k=0, min_p=0.0)
+#: What FOCUS's requests must sample with: its temperature and top_p, nothing else on.
+OFF = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_k": -1, "min_p": 0.0}
+
+
+def effective(body: dict[str, Any], server_defaults: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The sampling fields a server samples with: the request's, else the server's default, else its own."""
+    return {k: body[k] if body.get(k) is not None else server_defaults.get(k, d) for k, d in defaults.items()}
 
 
 def vllm_error(message: str, kind: str, code: int) -> dict[str, Any]:
@@ -135,6 +153,7 @@ def vllm_routes(v: Vllm) -> dict[tuple[str, str], Any]:
     def complete(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
         if body.get("model") not in (None, v.served_name, *v.aliases, "adapter"):
             return 404, vllm_error(f"The model `{body['model']}` does not exist.", "NotFoundError", 404)
+        server.used.append(effective(body, dict(v.generation_config), VLLM_DEFAULTS))
         as_ids = v.ids_flag or (v.ids_as_request_field and bool(body.get("return_tokens_as_token_ids")))
         choices = []
         for i in range(body.get("n", 1)):
@@ -244,6 +263,8 @@ def test_a_rollout_against_vllm_records_the_sampled_ids_and_logprobs(release):
             assert body["logprobs"] == 0 and body["return_token_ids"] and body["return_tokens_as_token_ids"]
             assert EOT in body["stop_token_ids"] and body["skip_special_tokens"] is False
             assert all(t.policy_version == v.served_name for t in ro.turns)
+            # the model's generation_config.json never reaches a sample: the request sets every field
+            assert server.used and all(u == {**OFF, "temperature": 1.0, "top_p": 1.0} for u in server.used)
 
     run(go())
 
@@ -347,8 +368,15 @@ def test_a_fleet_of_vllm_replicas_samples_when_the_served_name_is_not_the_weight
 # ---- SGLang ----
 
 
+#: ``--preferred-sampling-params`` (or the model's ``generation_config.json``): the
+#: default of each field a request leaves out.
+SGLANG_PREFERRED = {"top_k": 20, "repetition_penalty": 1.05}
+SGLANG_DEFAULTS = {**OFF, "temperature": 1.0, "top_p": 1.0}
+
+
 def sglang_routes(completions_token_ids: bool = True, weight_version: str = "default") -> dict[tuple[str, str], Any]:
     def sample(server: Server, prompt: list[int], sp: dict[str, Any]) -> tuple[list[int], list[float], dict[str, Any]]:
+        server.used.append(effective(sp, SGLANG_PREFERRED, SGLANG_DEFAULTS))
         ids, lps, stopped = draw(prompt, sp["sampling_seed"], sp["max_new_tokens"])
         server.sampled.append((ids, lps))
         return ids, lps, ({"type": "stop", "matched": EOT} if stopped else {"type": "length", "length": len(ids)})
@@ -423,6 +451,7 @@ def test_a_rollout_against_sglang_generate_records_the_sampled_ids_and_logprobs(
             sp = body["sampling_params"]
             assert sp["sampling_seed"] == 11 and sp["max_new_tokens"] == 3 and EOT in sp["stop_token_ids"]
             assert {t.policy_version for t in ro.turns} == {"step-3"}
+            assert server.used and all(u == SGLANG_DEFAULTS for u in server.used)
 
     run(go())
 

@@ -5,7 +5,8 @@ server never re-tokenises text. ``return_token_ids`` makes vLLM return the sampl
 ids (``choices[0].token_ids``); ``return_tokens_as_token_ids`` makes the log-prob
 entries name ids as ``"token_id:<id>"``, a second source of the ids that works on
 older vLLM releases without ``return_token_ids``. ``logprobs: 0`` asks for the
-log-prob of the sampled token only. Answers whose ids and log-probs do not line up,
+log-prob of the sampled token only; the sampling fields FOCUS does not model go as
+"off" (:data:`NEUTRAL`), never left to the server's defaults. Answers whose ids and log-probs do not line up,
 or carry non-finite log-probs, are treated as malformed and retried.
 """
 
@@ -31,6 +32,13 @@ _FINISH = {
     "eos": "stop",
     "repetition": "length",
 }
+#: Sampling fields FOCUS does not model, sent as "off": a field a request leaves out
+#: takes the server's default, which vLLM (``--generation-config auto``, its default)
+#: and SGLang (``--preferred-sampling-params``) take from the model's
+#: ``generation_config.json`` - Qwen3's ``top_k`` 20, another's ``repetition_penalty``
+#: 1.05 - and the tokens would be drawn from another distribution than the one the
+#: request names and the trainer recomputes. ``extra_body`` may still set them.
+NEUTRAL = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 #: The served model name a request names when none is given (the embedded server's).
 DEFAULT_MODEL = "focus-tinylm"
 
@@ -72,6 +80,7 @@ class OpenAICompatPolicy(HttpPolicy):
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
+            **NEUTRAL,
             "logprobs": 0,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,

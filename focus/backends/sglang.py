@@ -1,7 +1,8 @@
 """SGLang's native ``POST /generate``, token-in/token-out.
 
 The request sends ``input_ids`` and ``sampling_params`` (``max_new_tokens``,
-``temperature``, ``top_p``, ``stop``, ``stop_token_ids``, ``sampling_seed``) with
+``temperature``, ``top_p``, ``stop``, ``stop_token_ids``, ``sampling_seed``, and
+the fields FOCUS does not model as "off": :data:`~focus.backends.openai_compat.NEUTRAL`) with
 ``return_logprob: true``. SGLang answers ``output_ids`` and, in ``meta_info``,
 ``output_token_logprobs`` as ``[logprob, token_id, text_or_null]`` triples, a
 ``finish_reason`` object (``{"type": "stop" | "length" | "abort", ...}``) and
@@ -19,7 +20,7 @@ from typing import Any
 
 from focus.backends.http import HttpClient, HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
-from focus.backends.openai_compat import aborted
+from focus.backends.openai_compat import NEUTRAL, aborted
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, SamplingParams
 
@@ -49,6 +50,7 @@ class SGLangPolicy(HttpPolicy):
             "max_new_tokens": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
+            **NEUTRAL,  # not the server's defaults (the model's generation_config.json)
             "skip_special_tokens": False,
         }
         if params.stop:
