@@ -95,6 +95,8 @@ async def serve(
         body = await request.json() if request.can_read_body else {}
         server.bodies.append((request.path, body))
         status, answer = routes[(request.method, request.path)](server, body)
+        if isinstance(answer, str):  # a bare error page, as a server's unhandled exception gives
+            return web.Response(text=answer, status=status)
         return web.json_response(answer, status=status)
 
     app = web.Application()
@@ -377,7 +379,7 @@ SGLANG_DEFAULTS = {**OFF, "temperature": 1.0, "top_p": 1.0}
 def sglang_routes(completions_token_ids: bool = True, weight_version: str = "default") -> dict[tuple[str, str], Any]:
     def sample(server: Server, prompt: list[int], sp: dict[str, Any]) -> tuple[list[int], list[float], dict[str, Any]]:
         server.used.append(effective(sp, SGLANG_PREFERRED, SGLANG_DEFAULTS))
-        ids, lps, stopped = draw(prompt, sp["sampling_seed"], sp["max_new_tokens"])
+        ids, lps, stopped = draw(prompt, sp.get("sampling_seed") or 0, sp["max_new_tokens"])  # unseeded: any draw
         server.sampled.append((ids, lps))
         return ids, lps, ({"type": "stop", "matched": EOT} if stopped else {"type": "length", "length": len(ids)})
 
@@ -510,3 +512,48 @@ def test_vllm_finish_reasons_as_recorded():
         for f, r in [("stop", EOT), ("stop", "</s>"), ("length", None), ("repetition", None)]
     ]
     assert got == ["stop", "stop", "length", "length"]
+
+
+def old_sglang(fail_all: bool = False) -> dict[tuple[str, str], Any]:
+    """SGLang before ``sampling_seed``: ``SamplingParams(**sampling_params)`` raises
+    ``TypeError`` on the field it lacks, and ``/generate`` catches only ``ValueError``:
+    FastAPI's bare 500. (``fail_all``: a server that fails every request so.)"""
+    routes = sglang_routes()
+    generate = routes[("POST", "/generate")]
+
+    def answer(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
+        if fail_all or "sampling_seed" in body["sampling_params"]:
+            return 500, "Internal Server Error"
+        return generate(server, body)
+
+    return {**routes, ("POST", "/generate"): answer}
+
+
+def test_an_sglang_without_sampling_seed_stops_with_one_line_not_an_outage():
+    """Every seeded request got a 500, which read as an outage of the model service
+    (``ServiceUnavailable`` after the retries, then the wave's outage). Now the call
+    that gave up asks once without the seed: answered, the collection stops with one
+    line that says what the server lacks; refused too, it is the outage it was."""
+    from focus.policy import ServiceUnavailable
+
+    async def go() -> None:
+        async with serve(old_sglang()) as server:
+            with pytest.raises(UnreadableAnswers) as e:
+                await rollout(SGLangPolicy(server.url, config=FAST))
+            assert str(e.value) == (
+                f"the SGLang server at {server.url}/generate answered a request carrying sampling_seed with status 500 "
+                "on every try and the same request without it: it predates per-request seeds (September 2025), "
+                "which FOCUS sends with every request; run a later SGLang release"
+            )
+            asked = [b["sampling_params"] for _, b in server.bodies]
+            assert ["sampling_seed" in sp for sp in asked] == [True] * 7 + [False] and asked[-1]["max_new_tokens"] == 1
+        async with serve(old_sglang(fail_all=True)) as server:
+            policy = SGLangPolicy(server.url, config=FAST)
+            policy.vocab_size = FORMAT.codec.vocab_size
+            try:
+                with pytest.raises(ServiceUnavailable, match="status 500"):
+                    await policy.sample([1, 2], SamplingParams(max_tokens=2, seed=3))
+            finally:
+                await policy.aclose()
+
+    run(go())
