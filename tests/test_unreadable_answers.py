@@ -1,6 +1,6 @@
 """Answers the client cannot read, repeated: a setting to fix, told at once.
 
-SGLang's ``/v1/completions`` names its log-prob tokens by their text and returns no ids
+SGLang's ``/v1/completions`` (before ``return_token_ids``) names its log-prob tokens by their text and returns no ids
 (``model.kind = openai`` against it): every answer is malformed the same way. The client
 retried each call ``max_retries`` times, the rollout was run again twice, and the wave
 failed after 20-28 s as a "model service outage", the cause at the end of the line. Now
@@ -131,7 +131,7 @@ def test_a_probe_is_wanted_beside_one_request_and_never_again_beside_one_it_clea
 #: Short waits, no outage wait, no read timeout a slow machine could miss.
 FAST = HttpConfig(backoff_s=0.01, backoff_max_s=0.05, max_retries=10, timeout_s=60, outage_wait_s=0)
 PROMPT = list(range(40, 80))
-#: An SGLang ``/v1/completions`` answer: log-prob tokens named by their text, no ids.
+#: An SGLang ``/v1/completions`` answer (before ``return_token_ids``): log-prob tokens named by their text, no ids.
 FOREIGN = {
     "choices": [
         {"text": "ab", "finish_reason": "stop", "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.1, -0.2]}}
@@ -163,7 +163,7 @@ def test_one_call_to_a_server_of_another_shape_stops_after_a_probe_not_its_retri
     """Before, this call's 11 attempts ran out (a BadResponse) and only a second request,
     another rollout's, was evidence; now a probe beside it is."""
     bodies: list[bytes] = []
-    with pytest.raises(UnreadableAnswers, match="log-prob token 'a' is not of the form"):
+    with pytest.raises(UnreadableAnswers, match="no token ids in the answer, only token texts"):
         _sample(FOREIGN, bodies)
     assert len(bodies) == Unreadable.FIRST and len(set(bodies)) == 2  # the request's 4 answers and the probe's
     probe = next(b for b in bodies if b != bodies[0])
@@ -284,7 +284,9 @@ def test_a_server_of_another_shape_stops_the_collection_at_once_naming_the_cause
             run_collect(cfg)
         took = time.monotonic() - t0
     line = one_line(stopped.value)
-    assert line.startswith("the model service's answers cannot be read: MalformedResponse: log-prob token "), line
+    assert line.startswith(
+        "the model service's answers cannot be read: MalformedResponse: no token ids in the answer"
+    ), line
     assert "is model.kind right" in line and "none readable yet" in line and "\n" not in line
     assert exit_code(stopped.value) == 2
     assert ("evidence", 0) not in CheckpointStore(str(tmp_path)).list("shape")
@@ -346,7 +348,9 @@ def test_a_server_swapped_mid_run_for_another_shape_stops_at_once_with_one_call_
     line = one_line(stopped.value)
     print(f"stopped {took:.2f} s after the swap as {type(stopped.value).__name__}, {len(seen)} requests: {line[:160]}")
     assert isinstance(stopped.value, UnreadableAnswers), line
-    assert line.startswith("the model service's answers cannot be read: MalformedResponse: log-prob token "), line
+    assert line.startswith(
+        "the model service's answers cannot be read: MalformedResponse: no token ids in the answer"
+    ), line
     assert "none readable yet" not in line and "\n" not in line and exit_code(stopped.value) == 2
     saved = CheckpointStore(str(tmp_path)).list("swapped")
     assert ("evidence", 0) in saved and ("1.continue", 0) not in saved  # the finished steps are kept

@@ -5,7 +5,8 @@ server never re-tokenises text. ``return_token_ids`` makes vLLM return the sampl
 ids (``choices[0].token_ids``); ``return_tokens_as_token_ids`` makes the log-prob
 entries name ids as ``"token_id:<id>"``, a second source of the ids that works on
 older vLLM releases without ``return_token_ids``. ``logprobs: 0`` asks for the
-log-prob of the sampled token only. Answers whose ids and log-probs do not line up,
+log-prob of the sampled token only; the sampling fields FOCUS does not model go as
+"off" (:data:`NEUTRAL`), never left to the server's defaults. Answers whose ids and log-probs do not line up,
 or carry non-finite log-probs, are treated as malformed and retried.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from focus.backends.http import HttpClient, HttpConfig, MalformedResponse
@@ -20,7 +22,23 @@ from focus.backends.http_policy import HttpPolicy
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, SamplingParams
 
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error", "eos": "stop"}
+#: vLLM's finish reasons (``vllm/v1/engine``); ``repetition``: a request with
+#: ``repetition_detection`` cut where its tokens repeat, a server's limit as ``length`` is.
+_FINISH = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "abort",
+    "error": "error",
+    "eos": "stop",
+    "repetition": "length",
+}
+#: Sampling fields FOCUS does not model, sent as "off": a field a request leaves out
+#: takes the server's default, which vLLM (``--generation-config auto``, its default)
+#: and SGLang (``--preferred-sampling-params``) take from the model's
+#: ``generation_config.json`` - Qwen3's ``top_k`` 20, another's ``repetition_penalty``
+#: 1.05 - and the tokens would be drawn from another distribution than the one the
+#: request names and the trainer recomputes. ``extra_body`` may still set them.
+NEUTRAL = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 #: The served model name a request names when none is given (the embedded server's).
 DEFAULT_MODEL = "focus-tinylm"
 
@@ -62,6 +80,7 @@ class OpenAICompatPolicy(HttpPolicy):
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
+            **NEUTRAL,
             "logprobs": 0,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
@@ -87,13 +106,29 @@ class OpenAICompatPolicy(HttpPolicy):
 
     version_path = "/v1/models"
 
+    async def served_version(self) -> str | None:
+        """The version of :attr:`model`'s card on ``/v1/models`` (:meth:`parse_version`)."""
+        return await self.http.request(
+            "GET", self.version_path, None, partial(self.parse_version, model=self.model), hedge=False
+        )
+
     @staticmethod
-    def parse_version(data: Any) -> str | None:
-        """The model card's ``policy_version`` (the embedded server's weights hash), else
-        its ``root`` (vLLM: the weights' path) or ``id`` (the served name)."""
+    def parse_version(data: Any, model: str | None = None) -> str | None:
+        """The version ``model``'s answers will name, which a fleet compares with them:
+        the card's ``policy_version`` (the embedded server's weights hash), else its
+        ``id``: the served name that vLLM's answers give as ``model`` - a LoRA
+        adapter's own card (one with a ``parent``), else the first card, since vLLM
+        answers a request for any of its ``--served-model-name`` names with the first
+        (some older releases with the name asked for: ``model.model`` should be the first).
+        Not vLLM's ``root`` (the weights' path): no answer names it, so a server started
+        with ``--served-model-name``, or a LoRA adapter as the model, failed every call
+        of a fleet."""
         cards = data.get("data") if isinstance(data, dict) else None
-        card = cards[0] if isinstance(cards, list) and cards and isinstance(cards[0], dict) else {}
-        version = card.get("policy_version") or card.get("root") or card.get("id")
+        cards = [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
+        card = next((c for c in cards if c.get("id") == model), None)
+        if card is None or not card.get("parent"):  # a base model: vLLM's answers give its first served name
+            card = cards[0] if cards else {}
+        version = card.get("policy_version") or card.get("id")
         return str(version) if version else None
 
 
@@ -141,9 +176,18 @@ def aborted(finish: str, n: int, detail: Any) -> str:
     return f"the server ended the request with finish_reason {finish!r} after {n} token(s){why} (a cut-off sample)"
 
 
+#: Why an answer without ids cannot be used, and what to set on the server.
+NO_IDS = (
+    "no token ids in the answer, only token texts (never re-tokenised): run vLLM >= 0.8 or start it "
+    "with --return-tokens-as-token-ids; for SGLang set model.kind = sglang"
+)
+
+
 def _token_id(tok: Any) -> int:
     if isinstance(tok, str) and tok.startswith("token_id:"):
         return int(tok[len("token_id:") :])
+    if isinstance(tok, str):  # a token's text: the server ignored both id fields of the request
+        raise MalformedResponse(NO_IDS)
     raise MalformedResponse(f"log-prob token {tok!r} is not of the form 'token_id:<id>'")
 
 

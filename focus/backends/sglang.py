@@ -1,7 +1,8 @@
 """SGLang's native ``POST /generate``, token-in/token-out.
 
 The request sends ``input_ids`` and ``sampling_params`` (``max_new_tokens``,
-``temperature``, ``top_p``, ``stop``, ``stop_token_ids``, ``sampling_seed``) with
+``temperature``, ``top_p``, ``stop``, ``stop_token_ids``, ``sampling_seed``, and
+the fields FOCUS does not model as "off": :data:`~focus.backends.openai_compat.NEUTRAL`) with
 ``return_logprob: true``. SGLang answers ``output_ids`` and, in ``meta_info``,
 ``output_token_logprobs`` as ``[logprob, token_id, text_or_null]`` triples, a
 ``finish_reason`` object (``{"type": "stop" | "length" | "abort", ...}``) and
@@ -19,9 +20,9 @@ from typing import Any
 
 from focus.backends.http import HttpClient, HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
-from focus.backends.openai_compat import aborted
+from focus.backends.openai_compat import NEUTRAL, aborted
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
-from focus.policy import Completion, SamplingParams
+from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable, UnreadableAnswers
 
 
 class SGLangPolicy(HttpPolicy):
@@ -49,6 +50,7 @@ class SGLangPolicy(HttpPolicy):
             "max_new_tokens": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
+            **NEUTRAL,  # not the server's defaults (the model's generation_config.json)
             "skip_special_tokens": False,
         }
         if params.stop:
@@ -62,6 +64,29 @@ class SGLangPolicy(HttpPolicy):
 
     def parse(self, data: Any) -> Completion:
         return parse_generate(data)
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        """:meth:`HttpPolicy.sample`; a seeded call that gave up on status 500 before any
+        seeded answer is told apart from an outage (:func:`seeds_refused`)."""
+        try:
+            completion = await super().sample(prompt_ids, params)
+        except ServiceUnavailable as e:
+            if params.seed is not None and not self.__dict__.get("_seeds_ok") and "status 500" in str(e):
+                if await self._answers_unseeded(prompt_ids, params):
+                    raise UnreadableAnswers(seeds_refused(self.url)) from e
+            raise
+        if params.seed is not None:
+            self.__dict__["_seeds_ok"] = True
+        return completion
+
+    async def _answers_unseeded(self, prompt_ids: Sequence[int], params: SamplingParams) -> bool:
+        """Whether the request that failed answers without ``sampling_seed`` (one token)."""
+        one = params.model_copy(update={"seed": None, "max_tokens": 1})
+        try:
+            await self.http.request("POST", self.path, self.request_body(prompt_ids, one), parse_generate, hedge=False)
+        except PolicyError:
+            return False
+        return True
 
     version_path = "/get_weight_version"
 
@@ -109,6 +134,19 @@ def parse_generate(data: Any) -> Completion:
     version = meta.get("weight_version") or meta.get("policy_version")
     version = version if isinstance(version, str) and version else None
     return Completion(tuple(ids), tuple(lps), finish, cached if isinstance(cached, int) else None, extra, version)
+
+
+def seeds_refused(url: str) -> str:
+    """The line for an SGLang that cannot take ``sampling_seed``: releases before its
+    deterministic-inference work (September 2025) build ``SamplingParams(**params)``
+    from a class without that field, and the ``TypeError`` is a bare 500 on every
+    seeded request, which read as an outage. FOCUS seeds every request (resumes, hedges
+    and siblings rely on it), so it cannot go on without."""
+    return (
+        f"the SGLang server at {url} answered a request carrying sampling_seed with status 500 on every try "
+        "and the same request without it: it predates per-request seeds (September 2025), which FOCUS sends "
+        "with every request; run a later SGLang release"
+    )
 
 
 def probe_body(body: dict[str, Any], k: int = 1) -> dict[str, Any]:
