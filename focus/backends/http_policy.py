@@ -30,6 +30,12 @@ class HttpPolicy(Policy):
     :class:`~focus.backends.retry.CallRecord` in ``meta["http"]``. Only seeded requests
     are hedged: both copies then sample the same tokens, so taking the faster one
     changes nothing but the wait.
+
+    A subclass that wraps :meth:`sample` (to count, log or alter calls) wraps only the
+    calls sent one at a time: where the dialect groups siblings (:attr:`groups_siblings`),
+    the first calls of sibling rollouts go as one request through
+    :meth:`sample_siblings`, which does not call :meth:`sample`. Wrap both, or turn
+    the grouping off (``HttpConfig(group_siblings=False)``).
     """
 
     path: ClassVar[str]
