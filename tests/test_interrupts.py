@@ -214,6 +214,46 @@ def test_sigterm_stops_cleanly_too(clean, tmp_path):
     assert mismatches(batch(root), batch(clean)) == {"actor": 0, "critic": 0}
 
 
+def test_the_resume_line_is_the_command_that_resumes(tmp_path):
+    """The line said `resume with: focus collect --collection-id <id>` whatever the
+    command's flags: run as it says, the store was ./runs and the configuration the
+    default, a new collection instead of the resume. It now repeats the command's own
+    flags and --set values (the id too, when the command made one up), and run as it
+    says, it resumes: every saved step reused."""
+    import shlex
+
+    root = tmp_path / "elsewhere"
+    args = ["collect", "--store", str(root), "--tasks", "3", "--transitions", "40", "--seed", "17"]
+    args += ["--set", "model.kind=factory", "--set", "model.factory=fixtures.prefect:digit_policy"]
+    args += ["--set", 'model.options={"latency_s": 0.1}', "--set", "search.phases.1.wave_size=3"]
+    env = base_env(tmp_path / "prefect")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not any(("1.continue", 0) in saved(root, d.name) for d in (root / "checkpoints").glob("*")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.02)
+    (cid,) = [d.name for d in (root / "checkpoints").iterdir()]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("interrupted (SIGTERM)") and "resume with: focus collect " in line, line
+    command = shlex.split(line.split("resume with: ", 1)[1])
+    assert command[:2] == ["focus", "collect"] and command[-2:] == ["--collection-id", cid], command
+    before = saved(root, cid) - {("critic", 0)}
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *command[1:], "--json"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["collection_id"] == cid and result["stats"]["steps_reused"] == len(before), result
+    assert not (tmp_path / "runs").exists()  # nothing went to the default store
+
+
 def test_a_second_ctrl_c_exits_at_once_and_the_store_still_resumes(clean, tmp_path):
     root = tmp_path / "store"
     cfg = config_file(tmp_path, root)
@@ -272,7 +312,8 @@ def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weigh
     for when in points:
         code, shown = in_terminal(args, prefect_env, when, [b"\x03"], argv=argv, cwd=user)
         assert code == 130, shown[-3000:]
-        assert one_line(shown).startswith("interrupted (SIGINT)") and "focus train --collection-id r" in one_line(shown)
+        line = one_line(shown)
+        assert line.startswith("interrupted (SIGINT)") and line.endswith("focus train -c loop.toml --collection-id r")
     assert not CheckpointStore(str(root)).exists("r", "train", 0)  # the interrupted training was not recorded
     done = subprocess.run(
         [*argv, *args, "--set", "train.options.pause_s=0"], cwd=user, env=prefect_env,
