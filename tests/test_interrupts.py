@@ -182,7 +182,7 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_gives_the_same_batch(point, clean, t
     code, shown = in_terminal(["collect", "--config", str(cfg)], env, when, [b"\x03"])
     assert code == 130, shown[-3000:]
     line = one_line(shown)
-    assert line.startswith("interrupted (SIGINT)") and f"focus collect --collection-id {CID}" in line, shown[-3000:]
+    assert line.startswith("interrupted (SIGINT)") and line.endswith(f"focus collect -c {cfg} --collection-id {CID}")
     assert "Traceback" not in shown and "error" not in ANSI.sub("", shown).lower(), shown[-3000:]
     before = saved(root) - {("critic", 0)}  # the critic's identity is saved, not a step
     assert ("export", 0) not in before
