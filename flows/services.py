@@ -184,10 +184,14 @@ class Services:
 
     def kill(self) -> None:
         """Kill the servers' processes now, waiting for nothing (a command that must exit at once)."""
-        for server in (self.model_server, self.prefect_server):
-            proc = getattr(server, "proc", None)
+        model = self.model_server
+        if model is not None:
+            proc, model.proc = model.proc, None  # first: its keeper must not start it again
             if proc is not None and proc.poll() is None:
                 proc.kill()
+        proc = getattr(self.prefect_server, "proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
 
     def __enter__(self) -> FocusConfig:
         self.start()
