@@ -254,6 +254,41 @@ def test_the_resume_line_is_the_command_that_resumes(tmp_path):
     assert not (tmp_path / "runs").exists()  # nothing went to the default store
 
 
+def test_ctrl_c_before_the_work_begins_is_one_line(tmp_path):
+    """A Ctrl-C while the command imports or reads its configuration printed a
+    KeyboardInterrupt traceback (20-40 lines); in its preflight, nothing at all. Here the
+    preflight waits on an object store that accepts connections and never answers; the
+    signal comes once it has connected: one line, exit 130."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(60)
+    env = {
+        **base_env(tmp_path / "prefect"),
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{listener.getsockname()[1]}",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "collect", "--store", "s3://silent/runs", "--collection-id", "c"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        conn, _ = listener.accept()  # the preflight asks the store: the work has not begun
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        listener.close()
+    conn.close()
+    lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+    assert proc.returncode == 130 and lines == ["interrupted (SIGINT): nothing was running"], (proc.returncode, lines)
+
+
 def test_a_second_ctrl_c_exits_at_once_and_the_store_still_resumes(clean, tmp_path):
     root = tmp_path / "store"
     cfg = config_file(tmp_path, root)
