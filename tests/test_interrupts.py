@@ -320,6 +320,43 @@ def test_ctrl_c_stops_the_dask_and_the_prefect_paths_cleanly(how, tmp_path, tmp_
     assert got.stats["failed_rollouts"] == 0 and mismatches(got, batch(clean_root, cid)) == {"actor": 0, "critic": 0}
 
 
+def test_sigterm_stops_the_prefect_path_cleanly(tmp_path):
+    """Under a flow, Prefect's engine puts its own SIGTERM handler in place of the
+    command's: a SIGTERM (a scheduler's, Kubernetes') ended `focus collect --prefect` on
+    the embedded model with a 50-line `prefect.exceptions.TerminationSignal` (or
+    `CancelledError`) traceback and exit 1, 3 times in 3. It stops as without Prefect:
+    exit 143, one line, and the rerun writes the uninterrupted batch."""
+    env = base_env(tmp_path / "prefect")
+    flags = ["--tasks", "8", "--transitions", "1000", "--collection-id", "term", "--json"]
+    clean, root = tmp_path / "clean", tmp_path / "store"
+    first = subprocess.run(
+        [sys.executable, "-m", "cli", "collect", "--store", str(clean), *flags],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "collect", "--store", str(root), *flags, "--prefect"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while ("1.continue", 1) not in saved(root, "term"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("interrupted (SIGTERM)"), err[-3000:]
+    again = subprocess.run(
+        [sys.executable, "-m", "cli", "collect", "--store", str(root), *flags],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout.splitlines()[-1])["stats"]["steps_reused"] > 0
+    assert BatchStore(str(root)).manifest(BatchStore(str(root)).url_for("term", 0)).fingerprint == (
+        BatchStore(str(clean)).manifest(BatchStore(str(clean)).url_for("term", 0)).fingerprint
+    )
+
+
 def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weights(prefect_env, tmp_path, monkeypatch):
     """Interrupted while iteration 0 collects, then while its trainer runs (weights
     written, result not yet recorded), the loop resumes and ends with the weights of a
