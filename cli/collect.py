@@ -39,6 +39,7 @@ from cli.common import (
     load_with_budget,
     one_line_ending,
     pairs_table,
+    resume_command,
     started,
 )
 from tasks.config import FocusConfig
@@ -169,9 +170,10 @@ def collect(
     if model_url:
         flags.update({"model.kind": "openai", "model.url": model_url})
     cfg = _config(config, flags, sets, transitions)
+    resume = resume_command("collect", config, flags, sets, transitions, str(cfg.collection_id))
     out = Console(verbose, debug, log_file, "collect")
     warm = (ctx.obj or {}).get("warm_model")
-    result = _run(out, cfg, prefect=prefect, warm=warm, as_json=as_json, allow=allow_policy_change)
+    result = _run(out, cfg, resume, prefect=prefect, warm=warm, as_json=as_json, allow=allow_policy_change)
     if result is None:
         return
     result["stats"]["cli_wall_s"] = round(time.perf_counter() - T0, 3)
@@ -179,7 +181,7 @@ def collect(
         typer.echo(json.dumps(result, default=str))
     else:
         print_result(result)
-        typer.echo(f"rerun or resume: focus collect --collection-id {result['collection_id']}")
+        typer.echo(f"rerun or resume: {resume}")
     _fail_if_all_failed(result)
 
 
@@ -211,10 +213,17 @@ def _config(path: Path | None, flags: dict[str, Any], sets: list[str] | None, tr
 
 
 def _run(
-    out: Console, cfg: FocusConfig, *, prefect: bool, warm: WarmServer | None, as_json: bool, allow: bool = False
+    out: Console,
+    cfg: FocusConfig,
+    resume: str,
+    *,
+    prefect: bool,
+    warm: WarmServer | None,
+    as_json: bool,
+    allow: bool = False,
 ) -> dict[str, Any] | None:
     """Preflight, services and the collection; its result (``None``: it was finished
-    already, and that was printed)."""
+    already, and that was printed). ``resume``: the command line that resumes it."""
     from flows.preflight import preflight
     from flows.server import configured_api_url
 
@@ -234,7 +243,7 @@ def _run(
     # With no Prefect server to keep the run, a temporary one would record it only to
     # forget it: run the collection directly (flows/direct.py; same store, same resume).
     orchestrated = prefect or bool(configured_api_url())
-    with one_line_ending(out, f"focus collect --collection-id {cfg.collection_id}") as interrupts:
+    with one_line_ending(out, resume) as interrupts:
         with started(out, cfg, prefect=orchestrated, warm=warm, interrupts=interrupts) as ready:
             if orchestrated:
                 from flows.collect import collect as collect_flow

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -315,3 +316,39 @@ def load_with_budget(
     phases = [p.model_dump() for p in cfg.search.phases]
     phases[-1]["transitions"] = transitions
     return load(path, {**over, "search.phases": phases}, [*flagged, "search.phases"])
+
+
+#: The command-line flag of each configuration field a command sets by a flag of its own.
+FLAG_OF = {
+    "seed": "--seed",
+    "iteration": "--iteration",
+    "storage.root": "--store",
+    "env.n_tasks": "--tasks",
+    "execution.address": "--dask-address",
+    "model.url": "--model-url",
+    "model.http.timeout_s": "--model-timeout",
+    "model.http.max_retries": "--model-retries",
+    "train.iterations": "--iterations",
+    "train.trainer": "--trainer",
+}
+
+
+def resume_command(
+    command: str, config: Path | None, flags: dict[str, Any], sets: list[str] | None, transitions: int | None, cid: str
+) -> str:
+    """The command line that resumes this run: its file, flags and ``--set``s with its
+    collection id, ready to copy. A bare ``focus collect --collection-id c`` ran under
+    the default store (``./runs``) and with the default configuration when the run had
+    ``--store`` or ``--tasks``: a new collection, not the resume it promised."""
+    words = ["focus", command, *(["-c", str(config)] if config else [])]
+    words += [
+        w
+        for field, value in flags.items()
+        if value is not None and field in FLAG_OF
+        for w in (FLAG_OF[field], str(value))
+    ]
+    if flags.get("execution.kind") == "dask" and not flags.get("execution.address"):
+        words.append("--dask")
+    words += ["--transitions", str(transitions)] if transitions is not None else []
+    words += [w for s in sets or [] for w in ("--set", s)]
+    return shlex.join([*words, "--collection-id", cid])

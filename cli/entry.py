@@ -67,7 +67,31 @@ def home_or_temporary(env: Any = None) -> None:
     env["HOME"] = tempfile.gettempdir()
 
 
+#: What the command started before its own handling of signals: killed by :func:`_stop_now`.
+_STARTED: list[Any] = []
+
+
+def _stop_now(signum: int, frame: Any) -> None:
+    """A signal before the command's work began (imports, the configuration, the
+    preflight) or after it ended: nothing runs that a resume would need, so one line and
+    the signal's exit status. A Ctrl-C there printed a KeyboardInterrupt traceback (20-40
+    lines, one a `RuntimeError: Error calling __set_name__` from the import it cut). The
+    command's work installs its own handling (:mod:`cli.interrupts`), then puts this back."""
+    import signal
+
+    for proc in _STARTED:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+    os.write(2, f"interrupted ({signal.Signals(signum).name}): nothing was running\n".encode())
+    os._exit(128 + signum)
+
+
 def main() -> None:  # pragma: no cover - console entry point (tested through the installed command)
+    import signal
+
+    if sys.argv[1:2] in (["collect"], ["train"]):  # the others stop on Ctrl-C as they are
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, _stop_now)
     loopback_without_proxy()
     home_or_temporary()
     warm: Any = None
@@ -78,6 +102,7 @@ def main() -> None:  # pragma: no cover - console entry point (tested through th
             warm = WarmServer()
         except OSError:
             warm = None  # a cold start later says what is wrong, if anything is
+        _STARTED.append(getattr(warm, "proc", None))
     from cli.app import main as cli_main
 
     cli_main(warm_model=warm)

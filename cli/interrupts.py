@@ -73,9 +73,34 @@ class Interrupts:
             finally:
                 self._task = None
 
-        out = asyncio.run(guarded())
+        self._own_prefects_sigterm()
+        try:
+            out = asyncio.run(guarded())
+        except BaseException as e:
+            # Prefect's flow engine puts its own SIGTERM handler in place of ours while a
+            # flow runs; it raises TerminationSignal from wherever the loop was (asyncio.run
+            # then cancels the flow, as a first signal does): the same stop, said the same
+            # way (it was a 50-line traceback and exit 1)
+            sig = getattr(e, "signal", None)
+            if sig in SIGNALS and not self.signals:
+                self.signals.append(sig)
+            raise
         self._done = True
         return out
+
+    def _own_prefects_sigterm(self) -> None:
+        """While a flow runs, Prefect's engine answers SIGTERM with its own handler, which
+        raises ``TerminationSignal`` in whatever frame runs (the event loop's select, a
+        rollout's task): `focus collect --prefect` and `focus train --prefect` stopped
+        with a 50-line traceback (``TerminationSignal`` or ``CancelledError``) and exit 1.
+        In a command there is no Prefect runner whose cancellation that handler serves, so
+        the engine installs this one instead (it looks its handler up by name when the
+        flow starts): SIGTERM stops the flow as a Ctrl-C does."""
+        import sys
+
+        engine = sys.modules.get("prefect.utilities.engine")
+        if engine is not None and callable(getattr(engine, "_prefect_sigterm_handler", None)):
+            engine._prefect_sigterm_handler = self._handle  # type: ignore[attr-defined]
 
     def line(self, resume: str) -> str:
         """The one line an interrupted command ends with."""

@@ -27,6 +27,7 @@ from cli.common import (
     help_default,
     load_with_budget,
     one_line_ending,
+    resume_command,
     started,
 )
 from tasks.config import FocusConfig
@@ -86,8 +87,13 @@ def train(
         "train.trainer": trainer,
     }
     cfg = load_with_budget(config, flags, sets, transitions)
+    if not cfg.collection_id:  # named here, so an interrupted loop can say how to resume it
+        from flows.preflight import new_collection_id
+
+        cfg = cfg.with_updates(collection_id=new_collection_id("train"))
+    resume = resume_command("train", config, flags, sets, transitions, str(cfg.collection_id))
     out = Console(verbose, debug, log_file, "train")
-    records = _run(out, cfg, prefect=prefect)
+    records = _run(out, cfg, resume, prefect=prefect)
     if as_json:
         for rec in records:
             typer.echo(json.dumps(rec, default=str))
@@ -101,16 +107,13 @@ def train(
         typer.echo(f"held-out success per version: {WeightStore(cfg.storage.root).run_file(run_id, PICTURE)}")
 
 
-def _run(out: Console, cfg: FocusConfig, *, prefect: bool = False) -> list[dict[str, Any]]:
+def _run(out: Console, cfg: FocusConfig, resume: str, *, prefect: bool = False) -> list[dict[str, Any]]:
     """Checks, then the loop - the ``train_loop`` flow on a Prefect server, else directly -
-    stopped cleanly by a signal."""
-    from flows.preflight import check_root, check_torch, check_weights, new_collection_id
+    stopped cleanly by a signal (whose line says ``resume``, the command that resumes it)."""
+    from flows.preflight import check_root, check_torch, check_weights
     from flows.server import configured_api_url
     from tasks.config import check_factories
 
-    if not cfg.collection_id:  # named here, so an interrupted loop can say how to resume it
-        cfg = cfg.with_updates(collection_id=new_collection_id("train"))
-    resume = f"focus train --collection-id {cfg.collection_id} (and the same options)"
     with one_line_ending(out, resume) as interrupts:
         check_factories(cfg)
         check_weights(cfg)

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -145,6 +146,7 @@ class Services:
         )
         updates: dict[str, Any] = {}
         if self.model_server is not None:
+            self.model_server.keep_alive()  # ours alone to start again, should it die mid-run
             updates["model.url"] = self.model_server.url
             if self.config.model.policy_version is None:
                 # the batch records which weights sampled it
@@ -161,9 +163,11 @@ class Services:
         t0 = time.perf_counter()
         server, self.model_server = self.model_server, None
         if server is not None:
-            proc = getattr(server, "proc", None)
+            proc, server.proc = getattr(server, "proc", None), None  # first: its keeper must not start it again
             if proc is not None and proc.poll() is None:
                 proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
             server.stop()
         cluster, self.cluster = self.cluster, None
         if cluster is not None:
@@ -180,10 +184,14 @@ class Services:
 
     def kill(self) -> None:
         """Kill the servers' processes now, waiting for nothing (a command that must exit at once)."""
-        for server in (self.model_server, self.prefect_server):
-            proc = getattr(server, "proc", None)
+        model = self.model_server
+        if model is not None:
+            proc, model.proc = model.proc, None  # first: its keeper must not start it again
             if proc is not None and proc.poll() is None:
                 proc.kill()
+        proc = getattr(self.prefect_server, "proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
 
     def __enter__(self) -> FocusConfig:
         self.start()

@@ -190,8 +190,11 @@ class CheckpointStore:
         """The object saved for (collection, phase, wave), checked against its manifest."""
         base = self.url_for(collection_id, phase, wave)
         manifest_url = base + _SUFFIX
+        todo = f"remove {manifest_url} and rerun to compute it again"  # the file is kept for a look
         try:
             m = self._read_manifest(manifest_url)
+        except ManifestError as e:  # garbled or cut short (a disk's damage): the same remedy as a bad data file
+            raise CorruptDataError(f"{e}; {todo}") from e
         except FileNotFoundError:
             stem = base.rsplit("/", 1)[1] + "."
             half = any(
@@ -204,7 +207,6 @@ class CheckpointStore:
             ) from None
         entry = m.files[0]
         url = f"{base.rsplit('/', 1)[0]}/{entry.path}"
-        todo = f"remove {manifest_url} and rerun to compute it again"  # the file is kept for a look
         try:
             data = self.loc.cat(url, self.retry)
         except FileNotFoundError:

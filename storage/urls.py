@@ -132,8 +132,14 @@ def refused(exc: BaseException, what: str) -> StorageAccessDenied | StorageFull 
     (credentials, permissions, a read-only file system) or no space left; else ``None``."""
     if isinstance(exc, StorageAccessDenied | StorageFull):
         return None
-    if isinstance(exc, PermissionError) or (isinstance(exc, OSError) and exc.errno == errno.EROFS):
-        cause = "read-only file system" if getattr(exc, "errno", None) == errno.EROFS else (str(exc) or "forbidden")
+    if isinstance(exc, OSError) and exc.errno == errno.EROFS:
+        # a disk remounted read-only (an I/O error, a full snapshot): no credential helps
+        return StorageAccessDenied(
+            f"{what}: the file system is read-only; make it writable (or copy the store elsewhere and set "
+            "the storage root there), then rerun with the same collection id to resume"
+        )
+    if isinstance(exc, PermissionError):
+        cause = str(exc) or "forbidden"
         return StorageAccessDenied(
             f"{what}: access denied ({cause}); check the credentials (for S3: AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY) or that the folder is writable"

@@ -151,7 +151,10 @@ class PolicyIdentity:
         if self.versions is None or self.allow_change or not new:
             self.versions = (self.versions or set()) | found
         elif not found <= self.versions:
-            raise _policy_changed(self.collection_id, ", ".join(sorted(self.versions)), ", ".join(sorted(found)))
+            # name only the new versions: a wave cut by a restart on other weights reports
+            # the old ones too, and "now serves A, B" read as if A were still served
+            now = ", ".join(sorted(found - self.versions))
+            raise _policy_changed(self.collection_id, ", ".join(sorted(self.versions)), now)
 
 
 #: Where the identity of the critic a collection started with is saved.

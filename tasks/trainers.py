@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # tasks.config re-exports the types below: no import of it at load time
+    from storage.weights import WeightStore
     from tasks.config.schema import FocusConfig
 
 
@@ -76,6 +78,10 @@ class TrainResult:
     state: str | None = None
 
 
+#: A file of a version of the weight store, relative to the root.
+_VERSION_FILE = re.compile(r"^weights/[^/]+/v\d{6}/[^/]+$")
+
+
 def local_weights(url: str | None, root: str) -> str | None:
     """A local path holding the weights at ``url`` (a path, a ``file://`` URL, or any
     fsspec URL; files of the weight store under ``root`` are checked against their
@@ -84,14 +90,16 @@ def local_weights(url: str | None, root: str) -> str | None:
         return None
     if "://" not in url:
         return url
-    if url.startswith("file://"):
-        return url.removeprefix("file://")
+    from storage import CorruptDataError, ManifestError
     from storage.weights import WeightStore
 
     store = WeightStore(root)
     try:
-        store.loc.relative(url)
+        stored = _VERSION_FILE.match(store.loc.relative(url)) is not None
     except Exception:  # noqa: BLE001 - not under the root: fetch it as it is
+        stored = False
+        if url.startswith("file://"):
+            return url.removeprefix("file://")
         import fsspec
 
         from storage.manifest import sha256
@@ -105,7 +113,26 @@ def local_weights(url: str | None, root: str) -> str | None:
             tmp.write_bytes(data)
             os.replace(tmp, path)
         return str(path)
-    return str(store.local_copy(url))
+    try:
+        if url.startswith("file://"):  # read in place, once checked
+            if stored:
+                store.read(url)
+            return url.removeprefix("file://")
+        return str(store.local_copy(url))
+    except (CorruptDataError, ManifestError) as e:
+        raise CorruptDataError(f"{e}; {_train_again(store, url)}") from e
+
+
+def _train_again(store: WeightStore, url: str) -> str:
+    """What to do about a damaged version of the weight store: a stored file was loaded
+    unchecked (a bit flip or a cut: `the embedded model server did not start: ... not a
+    torch checkpoint`, nothing about the store); the trainer step that wrote version v
+    is the loop's record ``("train", v - 1)``, and training is deterministic."""
+    from storage import CheckpointStore
+
+    _, run_id, folder, *_ = store.loc.relative(url).split("/")  # weights/<run>/v<version>/<file>
+    record = CheckpointStore(store.root).url_for(run_id, "train", int(folder[1:]) - 1) + ".manifest.json"
+    return f"restore it from where the store came from, or remove {record} and rerun to train that iteration again"
 
 
 def _read_batch(config: FocusConfig, batch_url: str) -> Any:

@@ -286,6 +286,31 @@ def test_read_only_disk_is_refused_before_work(tmp_path):
     assert str(disk) in line and "read-only file system" in line
 
 
+def test_disk_made_read_only_mid_run_is_one_line_without_credentials(tmp_path):
+    """A store whose disk turns read-only while the collection runs (remounted after an
+    I/O error): the line said `access denied (read-only file system); check the
+    credentials (for S3: AWS_ACCESS_KEY_ID ...)`, which no credential fixes. It says the
+    file system is read-only and how to resume."""
+    prefix = _can_mount()
+    if prefix is None:
+        pytest.skip("no private mount namespace here (unshare -m / -rm)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    args = [*SMALL, "--collection-id", "ro", "--store", str(disk), "--transitions", "40"]
+    args += ["--set", "search.phases.1.wave_size=2", "--set", 'model.options={"latency_s": 0.05}']
+    evidence = disk / "checkpoints" / "ro" / "n-evidence-w00000.manifest.json"
+    # once the evidence is saved, the disk is remounted read-only (retried while a file is open)
+    flip = f'while [ ! -e "{evidence}" ]; do sleep 0.05; done; until mount -o remount,ro "{disk}"; do sleep 0.05; done'
+    script = f'mount -t tmpfs -o size=16m tmpfs "{disk}" || exit 97; ({flip}) 2>/dev/null & exec "$@"'
+    cmd = [*prefix, "sh", "-c", script, "sh", sys.executable, "-m", "cli", "collect", *args]
+    env = base_env(tmp_path / "prefect")
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 97, done.stderr
+    line = error_line(done)
+    assert "the file system is read-only" in line and "rerun with the same collection id" in line, line
+    assert "AWS_ACCESS_KEY_ID" not in line and "credentials" not in line, line
+
+
 # ---- damaged stored data ----
 
 

@@ -182,7 +182,7 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_gives_the_same_batch(point, clean, t
     code, shown = in_terminal(["collect", "--config", str(cfg)], env, when, [b"\x03"])
     assert code == 130, shown[-3000:]
     line = one_line(shown)
-    assert line.startswith("interrupted (SIGINT)") and f"focus collect --collection-id {CID}" in line, shown[-3000:]
+    assert line.startswith("interrupted (SIGINT)") and line.endswith(f"focus collect -c {cfg} --collection-id {CID}")
     assert "Traceback" not in shown and "error" not in ANSI.sub("", shown).lower(), shown[-3000:]
     before = saved(root) - {("critic", 0)}  # the critic's identity is saved, not a step
     assert ("export", 0) not in before
@@ -212,6 +212,81 @@ def test_sigterm_stops_cleanly_too(clean, tmp_path):
     assert err.strip().splitlines()[-1].startswith("interrupted (SIGTERM)"), err[-3000:]
     resume(cfg, env)
     assert mismatches(batch(root), batch(clean)) == {"actor": 0, "critic": 0}
+
+
+def test_the_resume_line_is_the_command_that_resumes(tmp_path):
+    """The line said `resume with: focus collect --collection-id <id>` whatever the
+    command's flags: run as it says, the store was ./runs and the configuration the
+    default, a new collection instead of the resume. It now repeats the command's own
+    flags and --set values (the id too, when the command made one up), and run as it
+    says, it resumes: every saved step reused."""
+    import shlex
+
+    root = tmp_path / "elsewhere"
+    args = ["collect", "--store", str(root), "--tasks", "3", "--transitions", "40", "--seed", "17"]
+    args += ["--set", "model.kind=factory", "--set", "model.factory=fixtures.prefect:digit_policy"]
+    args += ["--set", 'model.options={"latency_s": 0.1}', "--set", "search.phases.1.wave_size=3"]
+    env = base_env(tmp_path / "prefect")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not any(("1.continue", 0) in saved(root, d.name) for d in (root / "checkpoints").glob("*")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.02)
+    (cid,) = [d.name for d in (root / "checkpoints").iterdir()]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("interrupted (SIGTERM)") and "resume with: focus collect " in line, line
+    command = shlex.split(line.split("resume with: ", 1)[1])
+    assert command[:2] == ["focus", "collect"] and command[-2:] == ["--collection-id", cid], command
+    before = saved(root, cid) - {("critic", 0)}
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *command[1:], "--json"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["collection_id"] == cid and result["stats"]["steps_reused"] == len(before), result
+    assert not (tmp_path / "runs").exists()  # nothing went to the default store
+
+
+def test_ctrl_c_before_the_work_begins_is_one_line(tmp_path):
+    """A Ctrl-C while the command imports or reads its configuration printed a
+    KeyboardInterrupt traceback (20-40 lines); in its preflight, nothing at all. Here the
+    preflight waits on an object store that accepts connections and never answers; the
+    signal comes once it has connected: one line, exit 130."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(60)
+    env = {
+        **base_env(tmp_path / "prefect"),
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{listener.getsockname()[1]}",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "collect", "--store", "s3://silent/runs", "--collection-id", "c"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        conn, _ = listener.accept()  # the preflight asks the store: the work has not begun
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        listener.close()
+    conn.close()
+    lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+    assert proc.returncode == 130 and lines == ["interrupted (SIGINT): nothing was running"], (proc.returncode, lines)
 
 
 def test_a_second_ctrl_c_exits_at_once_and_the_store_still_resumes(clean, tmp_path):
@@ -245,6 +320,43 @@ def test_ctrl_c_stops_the_dask_and_the_prefect_paths_cleanly(how, tmp_path, tmp_
     assert got.stats["failed_rollouts"] == 0 and mismatches(got, batch(clean_root, cid)) == {"actor": 0, "critic": 0}
 
 
+def test_sigterm_stops_the_prefect_path_cleanly(tmp_path):
+    """Under a flow, Prefect's engine puts its own SIGTERM handler in place of the
+    command's: a SIGTERM (a scheduler's, Kubernetes') ended `focus collect --prefect` on
+    the embedded model with a 50-line `prefect.exceptions.TerminationSignal` (or
+    `CancelledError`) traceback and exit 1, 3 times in 3. It stops as without Prefect:
+    exit 143, one line, and the rerun writes the uninterrupted batch."""
+    env = base_env(tmp_path / "prefect")
+    flags = ["--tasks", "8", "--transitions", "1000", "--collection-id", "term", "--json"]
+    clean, root = tmp_path / "clean", tmp_path / "store"
+    first = subprocess.run(
+        [sys.executable, "-m", "cli", "collect", "--store", str(clean), *flags],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "collect", "--store", str(root), *flags, "--prefect"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while ("1.continue", 1) not in saved(root, "term"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("interrupted (SIGTERM)"), err[-3000:]
+    again = subprocess.run(
+        [sys.executable, "-m", "cli", "collect", "--store", str(root), *flags],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout.splitlines()[-1])["stats"]["steps_reused"] > 0
+    assert BatchStore(str(root)).manifest(BatchStore(str(root)).url_for("term", 0)).fingerprint == (
+        BatchStore(str(clean)).manifest(BatchStore(str(clean)).url_for("term", 0)).fingerprint
+    )
+
+
 def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weights(prefect_env, tmp_path, monkeypatch):
     """Interrupted while iteration 0 collects, then while its trainer runs (weights
     written, result not yet recorded), the loop resumes and ends with the weights of a
@@ -272,7 +384,8 @@ def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weigh
     for when in points:
         code, shown = in_terminal(args, prefect_env, when, [b"\x03"], argv=argv, cwd=user)
         assert code == 130, shown[-3000:]
-        assert one_line(shown).startswith("interrupted (SIGINT)") and "focus train --collection-id r" in one_line(shown)
+        line = one_line(shown)
+        assert line.startswith("interrupted (SIGINT)") and line.endswith("focus train -c loop.toml --collection-id r")
     assert not CheckpointStore(str(root)).exists("r", "train", 0)  # the interrupted training was not recorded
     done = subprocess.run(
         [*argv, *args, "--set", "train.options.pause_s=0"], cwd=user, env=prefect_env,

@@ -109,3 +109,44 @@ def test_past_the_window_the_wave_fails_and_a_rerun_completes_the_same_batch(ser
     again = run_collect(cfg)
     got, want = rows(root, again["batch_url"]), rows(root, clean["batch_url"])
     assert got[0]["failed_rollouts"] == 0 and got[1:] == want[1:]
+
+
+def test_the_embedded_server_a_command_started_is_started_again_when_killed(tmp_path):
+    """The embedded model server belongs to the command: killed mid-run (kill -9, the OOM
+    killer), nobody else could start it again on its port, and the collection waited
+    the whole outage wait (300 s) before its wave failed. The command's services start
+    it again on the same port with the same weights; stopped by them, it stays down."""
+    import os
+    import signal
+    import time
+
+    import httpx
+
+    from flows.services import Services
+
+    cfg = load_config(overrides={"storage.root": str(tmp_path), "progress": False}, environ={})
+    services = Services(cfg)
+    ready = services.__enter__()
+    try:
+        server, url = services.model_server, ready.model.url
+        assert server is not None and url is not None
+        first, version = server.pid, ready.model.policy_version
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if server.pid != first and httpx.get(f"{url}/health", timeout=2, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the killed server was not started again within 20 s"
+            time.sleep(0.05)
+        assert server.restarts == 1 and server.policy_version == version
+        again = server.pid
+    finally:
+        services.stop()
+    time.sleep(1.0)  # a keeper that started it once more would have by now
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/health", timeout=2, trust_env=False)
+    with pytest.raises(ProcessLookupError):
+        os.kill(again, 0)

@@ -222,6 +222,26 @@ def test_a_damaged_checkpoint_stops_the_resume_saying_what_to_do(finished, local
     assert len(warned) == 1 and "n-1.continue-w00001.manifest.json is missing" in warned[0]
 
 
+@pytest.mark.parametrize("damage", ["cut short", "garbage bytes"])
+def test_a_damaged_checkpoint_manifest_stops_the_resume_saying_what_to_do(
+    damage, finished, local_model_server, tmp_path, caplog
+):
+    """A manifest whose JSON is cut short or garbled stopped the resume with `manifest is
+    not valid JSON (...); the write may have been cut short` and no word of what to do;
+    it now gives the damaged data file's advice, and following it gives the finished batch."""
+    root = copy_without(finished, tmp_path, "n-export-w00000.manifest.json")
+    manifest = root / "checkpoints" / CID / "n-1.continue-w00001.manifest.json"
+    text = manifest.read_bytes()
+    manifest.write_bytes(text[:-20] if damage == "cut short" else text[:100] + b"\x00\xff\xfe" + text[103:])
+    with pytest.raises(CorruptDataError) as stopped:
+        rerun(root, local_model_server.url, caplog)
+    line = str(stopped.value)
+    assert "manifest is not valid JSON" in line and f"remove file://{manifest} and rerun" in line, line
+    manifest.unlink()
+    out, _ = rerun(root, local_model_server.url, caplog)
+    assert_finished_batch(out, finished)
+
+
 def test_on_s3_a_missing_middle_wave_is_computed_again(finished, local_model_server, s3_bucket, caplog):
     """The same on an object store (moto's S3 on loopback): listing, discarding and the
     rewrite go through the store's own requests."""

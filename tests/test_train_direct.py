@@ -43,7 +43,8 @@ def test_ctrl_c_then_rerun_resumes_the_direct_loop(tmp_path):
             kill_tree(proc)
     lines = err.decode().strip().splitlines()
     assert proc.returncode == 130, err.decode()[-3000:]
-    assert lines[-1].startswith("interrupted (SIGINT)") and "focus train --collection-id w" in lines[-1], lines[-3:]
+    assert lines[-1].startswith("interrupted (SIGINT)") and "resume with: focus train -c " in lines[-1], lines[-3:]
+    assert lines[-1].endswith("--set search.phases.1.transitions=60 --collection-id w"), lines[-3:]
     assert not store.exists("w-it0", "export", 0)
 
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -133,3 +133,28 @@ def test_local_trainer_publishes_versions_and_is_reproducible(tmp_path):
     # the second step without the first's optimizer state differs: the state is what makes resume exact
     fresh = _train_twice(memory_root(), tmp_path / "c", fresh_second=True)
     assert fresh[0].policy_version == first[0].policy_version != fresh[1].policy_version != first[1].policy_version
+
+
+@pytest.mark.parametrize("damage", ["weights cut", "manifest cut"])
+def test_a_damaged_version_in_a_local_store_is_named_with_what_to_do(tmp_path, damage):
+    """A version of a local weight store was handed to the model server and the trainer
+    unchecked (a ``file://`` URL is a path): a cut ``policy.pt`` stopped ``focus train``
+    with `the embedded model server did not start: ... not a tinylm weights file: not a
+    torch checkpoint`, a cut manifest with `manifest is not valid JSON` alone. Both are
+    now checked against the manifest and name the loop record to remove to train that
+    version again (following it gave the uninterrupted loop's weights, bit for bit)."""
+    from tasks.trainers import local_weights
+
+    store = WeightStore(str(tmp_path))
+    folder = store.put(store.folder("loop", 1), {"policy.pt": b"weights" * 100, "optimizer.pt": b"state"})
+    url = f"{folder}/policy.pt"
+    assert local_weights(url, str(tmp_path)) == url.removeprefix("file://")  # intact: read in place
+    (tmp_path / "outside.pt").write_bytes(b"mine")  # a file of the user's, not of the store: as it is
+    assert local_weights(f"file://{tmp_path}/outside.pt", str(tmp_path)) == f"{tmp_path}/outside.pt"
+    name = "policy.pt" if damage == "weights cut" else "_manifest.json"
+    path = tmp_path / "weights" / "loop" / "v000001" / name
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(CorruptDataError) as err:
+        local_weights(url, str(tmp_path))
+    record = f"file://{tmp_path}/checkpoints/loop/n-train-w00000.manifest.json"
+    assert f"remove {record} and rerun to train that iteration again" in str(err.value), err.value

@@ -62,3 +62,21 @@ def test_one_policy_throughout_is_collected_as_before(tmp_path):
     out = run_collect(cfg)
     versions = {r.policy_version for r in BatchStore(cfg.storage.root).read(out["batch_url"]).actor}
     assert versions == {"weights-a"}
+
+
+def test_weights_that_change_during_a_later_wave_name_only_the_new_version(tmp_path):
+    """A server restarted on other weights in the middle of a continuation wave: the
+    wave's rollouts report both versions. The line said `sampled by policy weights-a,
+    the model service now serves weights-a, weights-b` (seen with `focus serve-model`
+    killed and restarted with a trained version mid-collection); it names the new one."""
+    steady = small_config(str(tmp_path / "count"), "count", **MODEL, **{"model.options": {"after": 10**9}})
+    journal = CheckpointJournal(steady)
+    run_collect(steady, journal)
+    evidence = journal.load(("evidence", 0))
+    calls = sum(len(e.turns) for t in evidence.trees for e in t.edges.values())
+    cfg = small_config(str(tmp_path / "store"), "mid-wave", **MODEL, **{"model.options": {"after": calls + 2}})
+    refused = CheckpointJournal(cfg)
+    with pytest.raises(PolicyChanged) as err:
+        run_collect(cfg, refused)
+    assert "sampled by policy weights-a, the model service now serves weights-b:" in str(err.value), err.value
+    assert refused.load(("evidence", 0)) is not None  # the finished steps are kept

@@ -23,14 +23,21 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
+#: ``extra=`` of a record the ``focus`` command shows on the console in quiet mode.
+_CONSOLE = {"focus_console": True}
 
 # httpx and focus.policy load where used: ``focus collect`` imports this module first
 # thing to start a WarmServer, and every millisecond before that spawn is on its wall time
@@ -179,6 +186,9 @@ class LocalModelServer:
         self._tmp: Path | None = None
         #: Whether :meth:`start` used the ``warm`` process (False: it started one).
         self.warm_started = False
+        #: Times :meth:`keep_alive` started the server again.
+        self.restarts = 0
+        self._lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -277,8 +287,56 @@ class LocalModelServer:
         self._log.seek(0)
         return self._log.read().decode(errors="replace")[-4000:]
 
+    def keep_alive(self, restarts: int = 3) -> None:
+        """Start the server again, on its port and with the weights it serves, whenever its
+        process dies while nobody stopped it (``kill -9``, the OOM killer), up to
+        ``restarts`` times; one warning line each. The clients' outage wait
+        (``model.http.outage_wait_s``) then sees it come back as after any restart, and
+        seeded sampling gives the same answers. Nothing but its owner could start it
+        again on that port: a collection waited the whole outage wait (300 s) for it,
+        then failed its wave."""
+
+        def watch() -> None:
+            proc = self.proc
+            while proc is not None:
+                code, dead = proc.wait(), proc.pid
+                how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+                with self._lock:
+                    if self.proc is not proc:  # stopped by its owner
+                        return
+                    if self.restarts >= restarts:
+                        log.warning(
+                            "the embedded model server (pid %s) exited (%s) again; it was started again %d "
+                            "time(s) and is not any more", dead, how, self.restarts, extra=_CONSOLE,
+                        )  # fmt: skip
+                        return
+                    self.restarts += 1
+                    self.proc = proc = self._spawn()
+                log.warning(
+                    "the embedded model server (pid %s) exited (%s) while in use; started again on port %s "
+                    "with the same weights", dead, how, self.port, extra=_CONSOLE,
+                )  # fmt: skip
+
+        threading.Thread(target=watch, name="focus-model-server-keeper", daemon=True).start()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """A new server process on :attr:`port` (its own temporary folder)."""
+        old, self._tmp = self._tmp, Path(tempfile.mkdtemp(prefix=_PREFIX))
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        if self._log is not None:
+            self._log.close()
+        self._log = open(self._tmp / "server.log", "w+b")  # noqa: SIM115 - closed in stop()
+        cmd = [sys.executable, "-m", "focus.tinylm.server", *self._args(self._tmp / "port")]
+        proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        _record_pid(self._tmp, proc)
+        return proc
+
     def stop(self) -> None:
-        proc, self.proc = self.proc, None
+        with self._lock:
+            proc, self.proc = self.proc, None
         stop_process(proc)
         if self._log is not None:
             self._log.close()
