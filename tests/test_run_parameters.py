@@ -136,3 +136,18 @@ def test_only_an_error_nobody_described_keeps_its_traceback():
     assert explained(CollectionFailed("the Dask scheduler is gone: ..."))
     assert not explained(ValueError("bad thing"))
     assert not explained(KeyError("x"))
+
+
+def test_focus_deploy_checks_its_files_under_its_own_variables(tmp_path, monkeypatch):
+    """``focus deploy`` serves the runs itself: a file naming ``model.kind = "openai"`` and
+    no URL is complete under ``FOCUS_MODEL__URL`` there, and is stored as it is (it was
+    refused: "model.url is required"). Without the variable it is refused, naming the file."""
+    from deployments.serve import explicit_config
+
+    cfg = tmp_path / "vllm.toml"
+    cfg.write_text('[model]\nkind = "openai"\n[env]\nn_tasks = 2\n')
+    monkeypatch.setenv("FOCUS_MODEL__URL", "http://gpu:8000")
+    assert explicit_config(cfg, {"seed": 3}) == {"model": {"kind": "openai"}, "env": {"n_tasks": 2}, "seed": 3}
+    monkeypatch.delenv("FOCUS_MODEL__URL")
+    with pytest.raises(ConfigError, match=r"model\.url is required .*\(from .*vllm\.toml\)"):
+        explicit_config(cfg)
