@@ -168,11 +168,12 @@ def log_failure(exc: BaseException, log: Any, collection_id: str | None) -> str:
     """Log that collection ``collection_id`` failed, in one line; the traceback beside it
     only when the line does not explain the error (else at debug level). Returns the line."""
     line = one_line(exc)
+    what = f"collection {collection_id}" if collection_id else "the collection"  # none yet: a bad config
     if explained(exc):
-        log.error("collection %s failed: %s", collection_id, line)
-        log.debug("collection %s failed here:", collection_id, exc_info=exc)
+        log.error("%s failed: %s", what, line)
+        log.debug("%s failed here:", what, exc_info=exc)
     else:
-        log.error("collection %s failed: %s", collection_id, line, exc_info=exc)
+        log.error("%s failed: %s", what, line, exc_info=exc)
     return line
 
 

@@ -84,7 +84,7 @@ def test_a_value_the_form_allows_but_the_config_refuses_fails_the_run_in_one_lin
     ), line
     assert time.monotonic() - t0 < 30  # at once: nothing started
     logs = run_logs(prefect_api, str(state.state_details.flow_run_id))
-    assert any(lv == 40 and m == f"collection None failed: {line}" for lv, m in logs), logs
+    assert any(lv == 40 and m == f"the collection failed: {line}" for lv, m in logs), logs
     assert not any("Traceback" in m for _, m in logs), logs
     with pytest.raises(ConfigError):  # awaited, the flow raises the error itself
         asyncio.run(collect(sent))
