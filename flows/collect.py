@@ -16,11 +16,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from prefect import State, flow, get_run_logger, task
+from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
-from flows.errors import as_failure, log_failure
+from flows.errors import failed_state
 from flows.heartbeat import heartbeats
 from flows.preflight import collection_id_for_run, flow_run_name
 from flows.progress import CollectionProgress
@@ -84,33 +84,15 @@ async def run_collection(config: FocusConfig, allow_policy_change: bool = False)
     return result
 
 
-def failed(exc: Exception, collection_id: str | None) -> State[Any]:
-    """The run's Failed state for ``exc``: its message is the one line naming the cause
-    (:mod:`flows.errors`), and awaiting the flow raises :func:`flows.errors.as_failure`
-    of ``exc``. Returned rather than raised: Prefect logs a raised exception's traceback
-    in the run's log, under the line that already says what to do."""
-    from prefect.states import Failed
-
-    line = log_failure(exc, get_run_logger(), collection_id)
-    return Failed(message=line, data=as_failure(exc))
-
-
-#: ``validate_parameters=False``: the ``config`` parameter is validated by the flow, after
-#: the worker's ``FOCUS_*`` variables (:func:`tasks.config.config_at_runtime`), so a bad
-#: value fails the run with one line naming the field, and a field another one needs may
-#: come from the worker. Prefect's own check of a value the JSON schema allows put
-#: pydantic's lines under "Validation of flow parameters failed" in the state message,
-#: and nothing in the run's log.
 @flow(name="collect", log_prints=True, flow_run_name=flow_run_name, validate_parameters=False)
 async def collect(config: ConfigParameter = None, allow_policy_change: bool = False) -> dict[str, Any]:
     """Collect one iteration; returns the batch URL and statistics.
 
-    An async flow: from synchronous code run it with ``asyncio.run(collect(config))``;
-    inside another async flow, ``await`` it. ``config``: a :class:`FocusConfig`, the
-    fields to set as a mapping (what a deployment's run gets from the API), or ``None``.
-    A failure raises the original error when its message already names the cause, else
-    :class:`flows.errors.CollectionFailed` with one line that does; the run's state
-    message is that line.
+    Async: ``asyncio.run(collect(config))``, or ``await`` it in another flow. ``config``
+    (a :class:`FocusConfig`, a mapping of the fields to set, or ``None``) is validated
+    here, after the worker's ``FOCUS_*`` variables, not by Prefect. A failure raises the
+    original error when its message names the cause, else
+    :class:`flows.errors.CollectionFailed` with one line that does: the state's message.
     """
     cid = config.get("collection_id") if isinstance(config, dict) else getattr(config, "collection_id", None)
     try:
@@ -120,5 +102,4 @@ async def collect(config: ConfigParameter = None, allow_policy_change: bool = Fa
             async with services_in_thread(cfg) as (cfg, _server):
                 return await watched(run_collection(cfg, allow_policy_change), cfg.execution.prefect_grace_s)
     except Exception as e:
-        # Prefect ends the run in this state; a caller awaiting the flow gets its exception
-        return cast(dict[str, Any], failed(e, cid))
+        return cast(dict[str, Any], failed_state(e, get_run_logger(), cid))  # awaiting it raises

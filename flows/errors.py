@@ -185,3 +185,13 @@ def raise_one_line(exc: Exception, log: Any, collection_id: str | None) -> NoRet
     if failure is exc:
         raise exc
     raise failure from exc
+
+
+def failed_state(exc: Exception, log: Any, collection_id: str | None) -> Any:
+    """What a flow returns for ``exc``: a Failed state whose message is the one line (logged
+    by :func:`log_failure`) and whose data is :func:`as_failure` of ``exc``, which
+    awaiting the flow raises. Returned, not raised: Prefect logs a raised exception's
+    traceback in the run's log, under the line that already says what to do."""
+    from prefect.states import Failed
+
+    return Failed(message=log_failure(exc, log, collection_id), data=as_failure(exc))
