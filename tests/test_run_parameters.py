@@ -151,3 +151,15 @@ def test_focus_deploy_checks_its_files_under_its_own_variables(tmp_path, monkeyp
     monkeypatch.delenv("FOCUS_MODEL__URL")
     with pytest.raises(ConfigError, match=r"model\.url is required .*\(from .*vllm\.toml\)"):
         explicit_config(cfg)
+
+
+def test_the_train_loop_validates_its_config_after_the_variables_too(prefect_api, tmp_path):
+    from flows.train_loop import train_loop
+
+    sent = {"model": {"url": "ftp://x"}, "storage": {"root": str(tmp_path)}}
+    state = asyncio.run(train_loop(sent, return_state=True))
+    assert state.is_failed()
+    assert "invalid configuration: model: model.url 'ftp://x' must start with http:// or https:// " in (
+        state.message or ""
+    ), state.message
+    assert "(from the run's config parameter)" in (state.message or "")
