@@ -25,24 +25,47 @@ same, so it resumes after the last finished wave.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.config import read_file, set_dotted, validate_config
+from tasks.config import read_file, set_dotted
 
 SCHEDULED = "scheduled"
 MANUAL = "manual"
 
 
-def explicit_config(path: str | os.PathLike[str] | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def explicit_config(
+    path: str | os.PathLike[str] | None,
+    overrides: dict[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """What a deployment stores as its ``config`` parameter: the fields the file and the
-    overrides (dotted keys) name, validated, without defaults and without this shell's
-    ``FOCUS_*`` variables (those apply where and when each run starts)."""
+    overrides (dotted keys) name, without defaults and without this shell's ``FOCUS_*``
+    variables (those apply where and when each run starts).
+
+    Checked as a run served by this process will see it, under this process's
+    variables: a field another one needs may come from them (``model.kind = "openai"``
+    in the file, ``FOCUS_MODEL__URL`` here), as it may on a run's worker."""
+    from tasks.config.sources import Layer, build_config, env_layers
+
     data = read_file(path) if path is not None else {}
     for key, value in (overrides or {}).items():
         set_dotted(data, key, value)
-    source = " and ".join(x for x in (f"from {path}" if path else "", "--set" if overrides else "") if x)
-    return validate_config(data, source).model_dump(mode="json", exclude_unset=True)
+    source = " and ".join(x for x in (str(path) if path else "", "--set" if overrides else "") if x)
+    env, problems = env_layers(os.environ if environ is None else environ)
+    checked = build_config(env + [Layer(source or "the deployment", data)], problems)
+    return _named(checked.model_dump(mode="json"), data)
+
+
+def _named(checked: Any, given: Any) -> Any:
+    """The validated values of exactly the fields ``given`` names (tables key by key,
+    lists of tables entry by entry)."""
+    if isinstance(given, dict) and isinstance(checked, dict):
+        return {k: _named(checked[k], v) if k in checked else v for k, v in given.items()}
+    if isinstance(given, list) and isinstance(checked, list) and len(given) == len(checked):
+        return [_named(c, g) for c, g in zip(checked, given, strict=True)]
+    return checked
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
-from flows.errors import raise_one_line
+from flows.errors import failed_state
 from flows.heartbeat import heartbeats
 from flows.preflight import collection_id_for_run, flow_run_name
 from flows.progress import CollectionProgress
@@ -84,21 +84,22 @@ async def run_collection(config: FocusConfig, allow_policy_change: bool = False)
     return result
 
 
-@flow(name="collect", log_prints=True, flow_run_name=flow_run_name)
+@flow(name="collect", log_prints=True, flow_run_name=flow_run_name, validate_parameters=False)
 async def collect(config: ConfigParameter = None, allow_policy_change: bool = False) -> dict[str, Any]:
     """Collect one iteration; returns the batch URL and statistics.
 
-    An async flow: from synchronous code run it with ``asyncio.run(collect(config))``;
-    inside another async flow, ``await`` it. A failure raises the original error when
-    its message already names the cause, else :class:`flows.errors.CollectionFailed`
-    with one line that does.
+    Async: ``asyncio.run(collect(config))``, or ``await`` it in another flow. ``config``
+    (a :class:`FocusConfig`, a mapping of the fields to set, or ``None``) is validated
+    here, after the worker's ``FOCUS_*`` variables, not by Prefect. A failure raises the
+    original error when its message names the cause, else
+    :class:`flows.errors.CollectionFailed` with one line that does: the state's message.
     """
-    cid = getattr(config, "collection_id", None)
+    cid = config.get("collection_id") if isinstance(config, dict) else getattr(config, "collection_id", None)
     try:
-        config = collection_id_for_run(config_at_runtime(config))
-        cid = config.collection_id
-        with heartbeats(config.execution.heartbeat_s):
-            async with services_in_thread(config) as (cfg, _server):
+        cfg = collection_id_for_run(config_at_runtime(config))
+        cid = cfg.collection_id
+        with heartbeats(cfg.execution.heartbeat_s):
+            async with services_in_thread(cfg) as (cfg, _server):
                 return await watched(run_collection(cfg, allow_policy_change), cfg.execution.prefect_grace_s)
     except Exception as e:
-        raise_one_line(e, get_run_logger(), cid)
+        return cast(dict[str, Any], failed_state(e, get_run_logger(), cid))  # awaiting it raises

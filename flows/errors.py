@@ -154,11 +154,44 @@ def as_failure(exc: BaseException) -> BaseException:
     return failed
 
 
+def explained(exc: BaseException) -> bool:
+    """Whether :func:`one_line` names the cause by itself: an error of the library or the
+    store written for the operator, or one mapped above; not ``<Type>: <message>`` of
+    an exception nobody described (a bug, whose traceback is what helps)."""
+    exc = root_cause(exc)
+    names = _names(exc)
+    generic = _flatten(f"{names[0]}: {exc}") if str(exc) else names[0]
+    return bool(SELF_EXPLAINED.intersection(names)) or one_line(exc) != generic
+
+
+def log_failure(exc: BaseException, log: Any, collection_id: str | None) -> str:
+    """Log that collection ``collection_id`` failed, in one line; the traceback beside it
+    only when the line does not explain the error (else at debug level). Returns the line."""
+    line = one_line(exc)
+    what = f"collection {collection_id}" if collection_id else "the collection"  # none yet: a bad config
+    if explained(exc):
+        log.error("%s failed: %s", what, line)
+        log.debug("%s failed here:", what, exc_info=exc)
+    else:
+        log.error("%s failed: %s", what, line, exc_info=exc)
+    return line
+
+
 def raise_one_line(exc: Exception, log: Any, collection_id: str | None) -> NoReturn:
-    """Log that collection ``collection_id`` failed (one line, the traceback in the log)
-    and raise :func:`as_failure` of ``exc``: what a collection, flow or not, does when it stops."""
-    log.error("collection %s failed: %s", collection_id, one_line(exc), exc_info=True)
+    """Log that collection ``collection_id`` failed (:func:`log_failure`) and raise
+    :func:`as_failure` of ``exc``: what a collection without a flow does when it stops."""
+    log_failure(exc, log, collection_id)
     failure = as_failure(exc)
     if failure is exc:
         raise exc
     raise failure from exc
+
+
+def failed_state(exc: Exception, log: Any, collection_id: str | None) -> Any:
+    """What a flow returns for ``exc``: a Failed state whose message is the one line (logged
+    by :func:`log_failure`) and whose data is :func:`as_failure` of ``exc``, which
+    awaiting the flow raises. Returned, not raised: Prefect logs a raised exception's
+    traceback in the run's log, under the line that already says what to do."""
+    from prefect.states import Failed
+
+    return Failed(message=log_failure(exc, log, collection_id), data=as_failure(exc))

@@ -114,12 +114,13 @@ async def publish_success(base: str, records: list[dict[str, Any]], png: bytes |
         )
 
 
-@flow(name="train_loop", log_prints=True)
+@flow(name="train_loop", log_prints=True, validate_parameters=False)
 async def train_loop(config: ConfigParameter = None) -> list[dict[str, Any]]:
     """``train.iterations`` rounds of collect then train; one record per iteration
     (and, with ``train.eval_tasks``, a last record evaluating the final weights).
 
-    Async like :func:`flows.collect.collect`: ``asyncio.run(train_loop(config))``.
+    Async like :func:`flows.collect.collect`: ``asyncio.run(train_loop(config))``;
+    ``config`` is validated here too, after the worker's ``FOCUS_*`` variables.
     """
     config = collection_id_for_run(config_at_runtime(config))
     log = get_run_logger()

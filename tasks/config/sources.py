@@ -230,7 +230,13 @@ def load_config(
     return build_config(file_layers(path) + env + override_layers(overrides, labels), problems)
 
 
-def config_at_runtime(config: FocusConfig | None, environ: Mapping[str, str] | None = None) -> FocusConfig:
+#: What a configuration error calls the fields a flow run's ``config`` parameter sets.
+PARAMETER_SOURCE = "the run's config parameter"
+
+
+def config_at_runtime(
+    config: FocusConfig | Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
+) -> FocusConfig:
     """The configuration a flow run uses: the defaults, then the ``FOCUS_*`` variables of
     the process running it, then the fields its ``config`` parameter sets.
 
@@ -241,12 +247,22 @@ def config_at_runtime(config: FocusConfig | None, environ: Mapping[str, str] | N
     are, say - fill in the rest at run time, the same way on both paths, and what a
     run's parameters say explicitly wins. A config built by :func:`load_config` sets
     every field, so a CLI run is unchanged.
+
+    ``config`` may be the parameter as the API sent it (a mapping, the form's markers
+    included): it is validated here, after the variables, so that a field another one
+    needs may come from the worker (``model.kind = "openai"`` in the run,
+    ``FOCUS_MODEL__URL`` on the worker), and a bad value is one
+    :class:`ConfigError` line naming the field and the parameter as its source.
     """
     env, problems = env_layers(os.environ if environ is None else environ)
+    if isinstance(config, Mapping):
+        from tasks.config.form import from_form
+
+        return build_config(env + [Layer(PARAMETER_SOURCE, from_form(dict(config)))], problems)
     if not env and not problems:
         return config if config is not None else FocusConfig()
     explicit = config.model_dump(mode="json", exclude_unset=True) if config is not None else {}
-    return build_config(env + [Layer("the run's config parameter", explicit)], problems)
+    return build_config(env + [Layer(PARAMETER_SOURCE, explicit)], problems)
 
 
 def explain_config(
