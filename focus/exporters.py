@@ -9,10 +9,14 @@ segments: sibling branches share their parent's tokens, and joining would train 
 those tokens once per branch. Nothing is re-tokenised: every id comes from the rows.
 
 - :func:`to_tinker_datums` builds ``tinker.Datum`` with the tinker-cookbook RL
-  convention: ``model_input = tokens[:-1]``, and ``target_tokens``, ``logprobs``,
-  ``advantages`` and ``mask`` aligned with ``tokens[1:]``. Tinker's built-in
-  ``importance_sampling`` loss takes only the first three; the cookbook drops ``mask``
-  before sending, as ``include_mask=False`` does here.
+  convention (``tinker_cookbook/rl/data_processing.py``): ``model_input = tokens[:-1]``,
+  and ``target_tokens``, ``logprobs`` and ``advantages`` aligned with ``tokens[1:]``:
+  exactly the inputs of Tinker's built-in RL losses (``importance_sampling``, ``ppo``,
+  ``cispo``), so the datums go straight into ``forward_backward``. The service answers
+  400 "Could not convert loss function inputs to array record" to a datum that also
+  carries ``mask`` (the cookbook strips it, ``rl/train.py::_remove_mask``, before every
+  ``forward_backward``); ``include_mask=True`` adds it, aligned the same way, for the
+  cookbook's helpers that read it (``rl/metrics.py``), which must drop it before sending.
 - :func:`to_slime_samples` builds slime ``Sample`` objects (``tokens`` = prompt +
   response, ``response_length``, ``loss_mask`` and ``rollout_log_probs`` over the
   response). Every sample of one tree gets the same ``group_index``, so slime's grouped
@@ -116,8 +120,12 @@ def actor_sequences(batch: Batch, *, merge_turns: bool = True, skip_unmasked: bo
 # --- Tinker ----------------------------------------------------------------------------------
 
 
-def tinker_datum(seq: TokenSequence, *, include_mask: bool = True) -> tinker.Datum:
-    """A ``tinker.Datum`` for one sequence, shifted as the tinker cookbook does."""
+def tinker_datum(seq: TokenSequence, *, include_mask: bool = False) -> tinker.Datum:
+    """A ``tinker.Datum`` for one sequence, shifted as the tinker cookbook does.
+
+    Without ``include_mask`` it carries exactly the loss inputs the built-in RL losses
+    accept; the service rejects a datum with an extra ``mask`` (see the module docstring).
+    """
     import numpy as np
     import tinker
 
@@ -134,7 +142,7 @@ def tinker_datum(seq: TokenSequence, *, include_mask: bool = True) -> tinker.Dat
 
 
 def to_tinker_datums(
-    batch: Batch, *, merge_turns: bool = True, include_mask: bool = True, skip_unmasked: bool = True
+    batch: Batch, *, merge_turns: bool = True, include_mask: bool = False, skip_unmasked: bool = True
 ) -> list[tinker.Datum]:
     """One ``tinker.Datum`` per sequence of :func:`actor_sequences` (same order)."""
     seqs = actor_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)

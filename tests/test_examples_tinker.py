@@ -39,7 +39,7 @@ def test_bad_requests_are_named():
     with pytest.raises(ValueError, match="nothing to send"):
         check_requests(build_requests([], cfg, base_model="m", name="n"))
     with pytest.raises(ValueError, match="loss inputs"):  # the mask is not an input of the RL losses
-        check_requests(build_requests([tinker_datum(good)], cfg, base_model="m", name="n"))
+        check_requests(build_requests([tinker_datum(good, include_mask=True)], cfg, base_model="m", name="n"))
     nan = TokenSequence((), (1, 2, 3), (0.0, float("nan"), -0.1), (0.0, 1.0, 1.0), (0, 1, 1), 1)
     with pytest.raises(ValueError, match="not finite"):
         check_requests(build_requests([tinker_datum(nan, include_mask=False)], cfg, base_model="m", name="n"))

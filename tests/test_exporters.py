@@ -86,7 +86,7 @@ def test_turns_of_a_segment_merge_and_segments_never_merge(batch):
 
 def test_tinker_datums_align_token_for_token(batch):
     seqs = actor_sequences(batch)
-    datums = to_tinker_datums(batch)
+    datums = to_tinker_datums(batch, include_mask=True)
     assert len(datums) == len(seqs)
     for seq, d in zip(seqs, datums, strict=True):
         assert isinstance(d, tinker.Datum)
@@ -107,12 +107,35 @@ def test_tinker_datums_align_token_for_token(batch):
         assert (
             not f["mask"][~trained].any() and not f["advantages"][~trained].any() and not f["logprobs"][~trained].any()
         )
-    tinker.types.ForwardBackwardInput(data=to_tinker_datums(batch, include_mask=False), loss_fn="importance_sampling")
-    assert {k for d in to_tinker_datums(batch, include_mask=False) for k in d.loss_fn_inputs} == {
-        "target_tokens",
-        "logprobs",
-        "advantages",
-    }
+
+
+#: ``loss_fn_inputs`` of Tinker's built-in RL losses, as tabled in thinking-machines-lab/
+#: tinker-cookbook tutorials/202_loss_functions.py (commit 9dfcc3a2cf44432d621a01005073dc6d76a1e87a).
+#: The service rejects any other key with 400 "Could not convert loss function inputs to array
+#: record" (thinking-machines-lab/tinker-feedback#53); the cookbook strips ``mask`` before
+#: sending (tinker_cookbook/rl/train.py ``_remove_mask``).
+TINKER_RL_LOSS_INPUTS = {
+    "importance_sampling": {"target_tokens", "logprobs", "advantages"},
+    "ppo": {"target_tokens", "logprobs", "advantages"},
+    "cispo": {"target_tokens", "logprobs", "advantages"},
+}
+
+
+def test_default_tinker_datums_go_straight_into_the_rl_losses(batch):
+    """``forward_backward(to_tinker_datums(batch), loss_fn)`` must not carry ``mask``."""
+    datums = to_tinker_datums(batch)
+    assert datums
+    with_mask = to_tinker_datums(batch, include_mask=True)
+    for loss_fn, keys in TINKER_RL_LOSS_INPUTS.items():
+        tinker.types.ForwardBackwardInput(data=datums, loss_fn=loss_fn)  # type: ignore[arg-type]
+        assert all(set(d.loss_fn_inputs) == keys for d in datums), loss_fn
+    for d, m in zip(datums, with_mask, strict=True):
+        assert d.model_input == m.model_input and set(m.loss_fn_inputs) - set(d.loss_fn_inputs) == {"mask"}
+        shapes = {k: v.shape for k, v in d.loss_fn_inputs.items()}
+        assert shapes == {k: [d.model_input.length] for k in keys}  # one entry per input token, 1-D
+        dtypes = {k: v.dtype for k, v in m.loss_fn_inputs.items()}
+        assert dtypes == {"target_tokens": "int64", "logprobs": "float32", "advantages": "float32", "mask": "float32"}
+        assert all(isinstance(c, tinker.EncodedTextChunk) for c in d.model_input.chunks)
 
 
 def test_untrained_turns_and_broken_prefixes(batch):
