@@ -19,8 +19,14 @@ those tokens once per branch. Nothing is re-tokenised: every id comes from the r
   cookbook's helpers that read it (``rl/metrics.py``), which must drop it before sending.
 - :func:`to_slime_samples` builds slime ``Sample`` objects (``tokens`` = prompt +
   response, ``response_length``, ``loss_mask`` and ``rollout_log_probs`` over the
-  response). Every sample of one tree gets the same ``group_index``, so slime's grouped
-  advantage code only ever compares samples of one tree. slime is not installable
+  response; slime's own multi-turn convention, ``Sample.append_response_tokens``: tool
+  tokens in the response get mask 0 and log-prob 0.0). ``reward`` is already an
+  advantage, and slime broadcasts it over the response (``grpo``/``gspo``/``cispo``), so
+  slime must not re-normalise it (``--disable-rewards-normalization``): its normalisation
+  groups rewards by position, ``n_samples_per_prompt`` at a time, or the whole batch
+  when the count differs, never by ``group_index``. Every sample of one tree gets the
+  same ``group_index`` (slime reads it for per-group metrics only). ``rollout_id`` is
+  left unset, so slime counts each sample as one rollout. slime is not installable
   here; when it is not importable a field-for-field mirror, :class:`SlimeSample`, is used.
 """
 
@@ -97,6 +103,8 @@ def actor_sequences(batch: Batch, *, merge_turns: bool = True, skip_unmasked: bo
     """
     segments: dict[tuple[str, str, int], list[ActorRow]] = {}
     for r in batch.actor:
+        if not r.prompt_ids:  # the first completion token would have no input to be predicted from
+            raise ValueError(f"actor row (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}) has no prompt ids")
         if len(r.logprobs) != len(r.completion_ids) or len(r.loss_mask) != len(r.completion_ids):
             raise ValueError(
                 f"actor row (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}) has "
@@ -154,9 +162,11 @@ def to_tinker_datums(
 
 @dataclass
 class SlimeSample:
-    """Field-for-field mirror of ``slime.utils.types.Sample`` (THUDM/slime), used only
-    when slime is not importable. Field names, order and defaults follow slime's
-    dataclass; its helper methods that need slime's runtime are left out.
+    """Field-for-field mirror of ``slime.utils.types.Sample`` (THUDM/slime, commit
+    624b824a898ab0ec1fcb4d373004c7f3852bf515), used only when slime is not importable.
+    Field names, order and defaults follow slime's dataclass (its torch tensor variants
+    are left out of the annotations); its helper methods that need slime's runtime are
+    left out.
     """
 
     class Status(Enum):
@@ -180,10 +190,13 @@ class SlimeSample:
 
     group_index: int | None = None
     index: int | None = None
+    rollout_id: int | None = None
     prompt: str | list[dict[str, str]] = ""
     tokens: list[int] = field(default_factory=list)
     multimodal_inputs: dict[str, Any] | None = None
     multimodal_train_inputs: dict[str, Any] | None = None
+    multimodal_train_input_id: str | None = None
+    apply_chat_template_kwargs: dict = field(default_factory=dict)
     response: str = ""
     response_length: int = 0
     label: str | None = None
@@ -191,13 +204,15 @@ class SlimeSample:
     loss_mask: list[int] | None = None
     weight_versions: list[str] = field(default_factory=list)
     rollout_log_probs: list[float] | None = None
+    rollout_top_p_token_ids: list[int] | None = None
+    rollout_top_p_token_offsets: list[int] | None = None
     rollout_routed_experts: list[list[int]] | None = None
     remove_sample: bool = False
     teacher_log_probs: list[float] | None = None
-    mopd_teacher_log_probs: dict[str, list[float]] | None = None
     status: SlimeSample.Status = Status.PENDING
     metadata: dict = field(default_factory=dict)
     generate_function_path: str | None = None
+    custom_rm_path: str | None = None
     train_metadata: dict | None = None
     session_id: str | None = None
     non_generation_time: float = 0.0
@@ -219,6 +234,11 @@ def slime_sample_class() -> type:
 
 
 _STATUS = {"stop": "COMPLETED", "length": "TRUNCATED", "abort": "ABORTED", "error": "FAILED"}
+
+
+def slime_status(cls: Any, finish_reason: str) -> Any:
+    """slime's ``Sample.Status`` for a FOCUS finish reason (``length`` is ``TRUNCATED``)."""
+    return cls.Status[_STATUS.get(finish_reason, "COMPLETED")]
 
 
 def to_slime_samples(
@@ -254,7 +274,7 @@ def to_slime_samples(
                 loss_mask=list(seq.mask[p:]),
                 rollout_log_probs=list(seq.logprobs[p:]),
                 weight_versions=[r.policy_version for r in seq.rows],
-                status=cls.Status[_STATUS.get(last.finish_reason, "COMPLETED")],
+                status=slime_status(cls, last.finish_reason),
                 metadata={
                     "collection_id": first.collection_id,
                     "iteration": first.iteration,

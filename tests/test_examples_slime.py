@@ -4,11 +4,50 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from examples.train_slime.rollout import generate_rollout, model_url
 from focus.exporters import slime_sample_class
 from focus.format import ByteCodec
+
+
+def slime_train_data(output) -> dict:
+    """What slime's RolloutManager does with a training output (THUDM/slime, commit
+    624b824a898ab0ec1fcb4d373004c7f3852bf515): ``_get_rollout_data`` (list[list[Sample]],
+    flattened) and the checks and reads of ``_convert_samples_to_train_data``; then, as
+    ``get_grpo_returns`` does, the reward broadcast over the response as the advantage."""
+    samples = output.samples
+    assert isinstance(samples, list) and all(isinstance(g, list) for g in samples)
+    flat = [s for g in samples for s in g]
+    for s in flat:
+        assert len(s.loss_mask) == s.response_length, "loss mask length != response length"
+        assert s.rollout_log_probs is not None and len(s.rollout_log_probs) == s.response_length
+        assert 0 < s.response_length < len(s.tokens)  # get_responses: logits[-response_length - 1 : -1]
+        assert isinstance(s.reward, float) and all(isinstance(w, str) for w in s.weight_versions)
+    return {
+        "tokens": [s.tokens for s in flat],
+        "advantages": [[s.reward * m for m in s.loss_mask] for s in flat],
+        "truncated": [int(s.status == s.Status.TRUNCATED) for s in flat],
+        "rollout_log_probs": [s.rollout_log_probs for s in flat],
+    }
+
+
+def slime_eval_log(data) -> dict:
+    """slime's ``log_eval_rollout_data`` and ``save_debug_rollout_data(evaluation=True)`` reads
+    (same commit): mean reward, truncated ratio, and ``compute_metrics_from_samples``, whose
+    np.max over response lengths and per-sample division fail on an empty ``samples`` list."""
+    out = {}
+    for key, info in data.items():
+        out[f"eval/{key}"] = sum(info["rewards"]) / len(info["rewards"])
+        out[f"eval/{key}-truncated_ratio"] = sum(info["truncated"]) / len(info["truncated"])
+        lengths = np.array([s.effective_response_length for s in info["samples"]])
+        out[f"eval/{key}/response_len/max"] = np.max(lengths).item()
+        out[f"eval/{key}/prefix_cache"] = sum(s.prefix_cache_info.cached_tokens for s in info["samples"]) / len(
+            info["samples"]
+        )
+        assert len(info["samples"]) == len(info["rewards"])
+    return out
 
 
 def args_for(url, **kw):
@@ -39,7 +78,21 @@ def test_train_rollout_returns_grouped_token_exact_samples(local_model_server):
             assert all(lp <= 0 for lp, m in zip(s.rollout_log_probs, s.loss_mask, strict=True) if m)
             assert codec.decode(s.tokens).startswith("Reach ")  # the env's opening, rendered by the codec
             assert s.reward == s.metadata["advantage"]
-    assert out.metrics["focus/actor_rows"] >= sum(len(g) for g in groups)
+    assert out.metrics["focus/actor_rows"] >= sum(len(g) for g in groups) == out.metrics["focus/slime_samples"]
+    data = slime_train_data(out)
+    assert len(data["tokens"]) == out.metrics["focus/slime_samples"]
+    for s, adv in zip([s for g in groups for s in g], data["advantages"], strict=True):
+        assert adv == s.metadata["advantages"]  # slime's broadcast reward is FOCUS's per-token advantage
+
+
+def test_train_rollout_refuses_settings_that_misread_the_advantages(local_model_server):
+    url = local_model_server.url
+    with pytest.raises(ValueError, match="--disable-rewards-normalization"):
+        generate_rollout(args_for(url, rewards_normalization=True, advantage_estimator="grpo"), 0, None)
+    with pytest.raises(ValueError, match="does not use Sample.reward"):
+        generate_rollout(args_for(url, rewards_normalization=False, advantage_estimator="ppo"), 0, None)
+    out = generate_rollout(args_for(url, rewards_normalization=False, global_batch_size=4), 0, None)
+    assert out.metrics["focus/slime_samples_past_last_step"] == out.metrics["focus/slime_samples"] % 4
 
 
 def test_evaluation_and_data_source(local_model_server):
@@ -51,6 +104,13 @@ def test_evaluation_and_data_source(local_model_server):
     ev = generate_rollout(args, 1, Source(), evaluation=True)
     assert len(ev.data["focus_toy"]["rewards"]) == 3
     assert 0.0 <= ev.metrics["focus_toy/success"] <= 1.0
+    logged = slime_eval_log(ev.data)  # an empty samples list made slime's eval logging fail
+    assert logged["eval/focus_toy/response_len/max"] > 0
+    cls, codec = slime_sample_class(), ByteCodec()
+    for s, r in zip(ev.data["focus_toy"]["samples"], ev.data["focus_toy"]["rewards"], strict=True):
+        assert isinstance(s, cls) and s.reward == r
+        assert len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length < len(s.tokens)
+        assert codec.decode(s.tokens).startswith("Reach ")
 
     class Bad:
         def get_samples(self, n):

@@ -28,12 +28,13 @@ from focus.tree import Tree
 from focus.workspace import MemoryWorkspace
 
 #: Fields of slime's ``Sample`` dataclass, in order, as found in THUDM/slime
-#: slime/utils/types.py (commit 0d234f3e3a83c81b7d37209994e0b994deacbb24).
+#: slime/utils/types.py (commit 624b824a898ab0ec1fcb4d373004c7f3852bf515, 2026-08-21).
 SLIME_SAMPLE_FIELDS = [
-    "group_index", "index", "prompt", "tokens", "multimodal_inputs", "multimodal_train_inputs", "response",
-    "response_length", "label", "reward", "loss_mask", "weight_versions", "rollout_log_probs",
-    "rollout_routed_experts", "remove_sample", "teacher_log_probs", "mopd_teacher_log_probs", "status", "metadata",
-    "generate_function_path", "train_metadata", "session_id", "non_generation_time", "spec_info", "prefix_cache_info",
+    "group_index", "index", "rollout_id", "prompt", "tokens", "multimodal_inputs", "multimodal_train_inputs",
+    "multimodal_train_input_id", "apply_chat_template_kwargs", "response", "response_length", "label", "reward",
+    "loss_mask", "weight_versions", "rollout_log_probs", "rollout_top_p_token_ids", "rollout_top_p_token_offsets",
+    "rollout_routed_experts", "remove_sample", "teacher_log_probs", "status", "metadata", "generate_function_path",
+    "custom_rm_path", "train_metadata", "session_id", "non_generation_time", "spec_info", "prefix_cache_info",
 ]  # fmt: skip
 SLIME_STATUS = ["PENDING", "COMPLETED", "TRUNCATED", "ABORTED", "FAILED"]
 
@@ -151,6 +152,8 @@ def test_untrained_turns_and_broken_prefixes(batch):
     assert len(actor_sequences(Batch("cx", 1, [follow, r]))) == 1  # order by turn index, not row order
     with pytest.raises(ValueError, match="log-probs"):
         actor_sequences(Batch("cx", 1, [dataclasses.replace(r, logprobs=())]))
+    with pytest.raises(ValueError, match="no prompt ids"):  # tinker's shift would drop its first trained token
+        actor_sequences(Batch("cx", 1, [dataclasses.replace(r, prompt_ids=())]))
 
 
 def test_slime_mirror_has_slime_field_names():

@@ -16,9 +16,11 @@ from ``data_source.get_samples(args.rollout_batch_size)`` (each group's first Sa
 rollouts per task, ``args.focus_transitions`` continuation transitions.
 
 Groups have as many samples as their tree has segments, not ``n_samples_per_prompt``:
-run slime with ``--advantage-estimator grpo --disable-rewards-normalization`` so the
-reward (already an advantage) is used as is. When slime is not installed (here) the
-output classes are field-for-field stand-ins.
+run slime with ``--advantage-estimator grpo`` (or gspo, cispo) and
+``--disable-rewards-normalization`` so the reward (already an advantage) is used as is;
+:func:`check_args` refuses other settings. Evaluation samples come from
+:func:`eval_sample`. When slime is not installed (here) the output classes are
+field-for-field stand-ins.
 """
 
 from __future__ import annotations
@@ -131,31 +133,94 @@ async def _collect(args: Any, rollout_id: int, tasks: list[Task]) -> Any:
         await agent.policy.aclose()
 
 
-async def _evaluate(args: Any, tasks: list[Task]) -> list[float]:
+async def _evaluate(args: Any, tasks: list[Task]) -> list[Any]:
     from focus.agent import derive_seed
 
     agent = make_agent(args)
     try:
         starts = [await agent.start(t) for t in tasks]
-        rollouts = await asyncio.gather(*(agent.rollout(s, derive_seed("slime-eval", i)) for i, s in enumerate(starts)))
+        return list(
+            await asyncio.gather(*(agent.rollout(s, derive_seed("slime-eval", i)) for i, s in enumerate(starts)))
+        )
     finally:
         await agent.policy.aclose()
-    return [sum(t.reward for t in r.turns) for r in rollouts]
+
+
+def eval_sample(cls: Any, index: int, rollout: Any) -> Any:
+    """One slime ``Sample`` for an evaluation rollout, token for token.
+
+    slime's eval logging computes response-length statistics over ``data[name]["samples"]``
+    (an empty list makes them fail) and ``--save-debug-rollout-data`` reads that key. The
+    sample is the rollout's last run of turns whose prompts extend each other (all of it
+    unless a compaction rewrote the context), joined as ``to_slime_samples`` joins a segment.
+    """
+    from focus.exporters import slime_status
+
+    turns = rollout.turns
+    start = 0
+    for k in range(1, len(turns)):
+        head = turns[k - 1].prompt_ids + turns[k - 1].completion_ids
+        if turns[k].prompt_ids[: len(head)] != head:
+            start = k
+    run = turns[start:]
+    tokens, mask, logprobs = list(run[0].prompt_ids), [], []
+    prompt_length = len(tokens)
+    for t in run:
+        obs = t.prompt_ids[len(tokens) :]
+        tokens += [*obs, *t.completion_ids]
+        mask += [0] * len(obs) + [t.loss_mask] * len(t.completion_ids)
+        logprobs += [0.0] * len(obs) + list(t.logprobs)
+    return cls(
+        index=index,
+        tokens=tokens,
+        response_length=len(tokens) - prompt_length,
+        reward=sum(t.reward for t in turns),
+        loss_mask=mask,
+        rollout_log_probs=logprobs,
+        status=slime_status(cls, turns[-1].finish_reason),
+        metadata={"task_id": rollout.task_id, "turns": len(turns)},
+    )
+
+
+#: slime advantage estimators that broadcast ``Sample.reward`` over the response as is.
+REWARD_AS_ADVANTAGE = ("grpo", "gspo", "cispo")
+
+
+def check_args(args: Any) -> None:
+    """Refuse slime settings that would misread the rewards, which are FOCUS advantages."""
+    if getattr(args, "rewards_normalization", False):
+        raise ValueError(
+            "slime would re-normalise the FOCUS advantages (by position, n_samples_per_prompt at a time, or over "
+            "the whole batch): run slime with --disable-rewards-normalization"
+        )
+    estimator = getattr(args, "advantage_estimator", "grpo")
+    if getattr(args, "custom_advantage_function_path", None) is None and estimator not in REWARD_AS_ADVANTAGE:
+        raise ValueError(
+            f"--advantage-estimator {estimator} does not use Sample.reward as the per-token advantage; "
+            f"use one of {', '.join(REWARD_AS_ADVANTAGE)}"
+        )
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
     """slime's custom rollout entry point (see the module docstring)."""
-    from focus.exporters import to_slime_samples
+    from focus.exporters import slime_sample_class, to_slime_samples
 
     train_cls, eval_cls = output_classes()
     tasks = tasks_from(args, rollout_id, data_source)
     if evaluation:
-        rewards = _run(_evaluate(args, tasks))
-        data = {"focus_toy": {"rewards": rewards, "truncated": [False] * len(rewards), "samples": []}}
+        cls = slime_sample_class()
+        samples = [eval_sample(cls, i, r) for i, r in enumerate(_run(_evaluate(args, tasks)))]
+        rewards = [s.reward for s in samples]
+        truncated = [s.status == cls.Status.TRUNCATED for s in samples]
+        data = {"focus_toy": {"rewards": rewards, "truncated": truncated, "samples": samples}}
         return eval_cls(data=data, metrics={"focus_toy/success": sum(r > 0 for r in rewards) / len(rewards)})
+    check_args(args)
     batch = _run(_collect(args, rollout_id, tasks))
     groups: dict[int, list[Any]] = {}
     for s in to_slime_samples(batch, reward="advantage"):
         groups.setdefault(s.group_index, []).append(s)
     metrics = {f"focus/{k}": v for k, v in batch.summary().items() if isinstance(v, int | float)}
+    n = metrics["focus/slime_samples"] = sum(len(g) for g in groups.values())
+    if getattr(args, "global_batch_size", None):  # slime trains n // gbs steps and drops the rest
+        metrics["focus/slime_samples_past_last_step"] = n % int(args.global_batch_size)
     return train_cls(samples=[groups[g] for g in sorted(groups)], metrics=metrics)
