@@ -204,3 +204,54 @@ def test_exports_from_a_batch_read_back_from_storage(tmp_path, batch):
     assert [s.rollout_log_probs for s in to_slime_samples(back)] == [
         s.rollout_log_probs for s in to_slime_samples(batch)
     ]
+
+
+def cookbook_datum_arrays(rows: list[ActorRow]) -> list[dict[str, list]]:
+    """tinker-cookbook's ``rl/data_processing.py::trajectory_to_data`` (commit 9dfcc3a2), restated
+    for one segment's turns (observation = prompt ids, action = completion ids + log-probs): an
+    observation that extends everything so far adds only its new tokens (mask 0, log-prob 0,
+    advantage 0); one that does not starts a new datum; action tokens get the advantage and mask 1,
+    or 0 and 0 when masked (the cookbook's masked parse-error turns; FOCUS's loss-mask-0 turns).
+    Each datum: inputs = full[:-1], and targets, log-probs, advantages, mask = (...)[1:]."""
+    out, full, lps, advs, mask = [], [], [], [], []
+
+    def flush():
+        out.append(
+            {
+                "inputs": full[:-1],
+                "target_tokens": full[1:],
+                "logprobs": lps[1:],
+                "advantages": advs[1:],
+                "mask": mask[1:],
+            }
+        )
+
+    for r in rows:
+        ob = list(r.prompt_ids)
+        if full and ob[: len(full)] != full:
+            flush()
+            full, lps, advs, mask = [], [], [], []
+        delta = ob[len(full) :]
+        full = full + delta + list(r.completion_ids)
+        lps = lps + [0.0] * len(delta) + list(r.logprobs)
+        advs = advs + [0.0] * len(delta) + [r.advantage if m else 0.0 for m in r.loss_mask]
+        mask = mask + [0.0] * len(delta) + [float(m) for m in r.loss_mask]
+    if full:
+        flush()
+    return out
+
+
+def test_tinker_datums_equal_the_cookbooks_for_each_segment(batch):
+    segments: dict[tuple, list[ActorRow]] = {}
+    for r in batch.actor:
+        segments.setdefault((r.task_id, r.tree_id, r.edge_id), []).append(r)
+    expected = [
+        d for rows in segments.values() for d in cookbook_datum_arrays(sorted(rows, key=lambda r: r.turn_index))
+    ]
+    got = to_tinker_datums(batch, include_mask=True)
+    assert len(got) == len(expected) and any(len(rows) > 1 for rows in segments.values())
+    for d, e in zip(got, expected, strict=True):
+        assert d.model_input.to_ints() == e["inputs"]
+        for k in ("target_tokens", "logprobs", "advantages", "mask"):
+            want = np.asarray(e[k], dtype=np.int64 if k == "target_tokens" else np.float32)
+            assert np.array_equal(d.loss_fn_inputs[k].to_numpy(), want), k
