@@ -359,3 +359,39 @@ def test_cancel_ends_quietly_and_retry_resumes(prefect_server, prefect_env, tmp_
         assert stats["collection_id"] == cid and stats["transitions"] >= 30
     finally:
         kill_tree(proc)
+
+
+def test_overlap_skip_cancels_a_scheduled_run_due_while_one_runs(prefect_server, prefect_env, tmp_path):
+    """``--overlap skip``: the scheduled deployment has a concurrency limit of 1 with
+    Prefect's CANCEL_NEW strategy, so a run of it due while another runs is Cancelled at
+    once instead of waiting (with a short cron, runs longer than the interval piled up,
+    each a new collection). ``--limit 2`` lets the serving process start both; the
+    manual deployment keeps no limit."""
+    api = prefect_server
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        BASE.format(transitions=12, marker=tmp_path / "never", progress="false", latency=0.05)
+        + f'[execution]\nkind = "local"\n[storage]\nroot = "{tmp_path / "store"}"\n'
+    )
+    log = tmp_path / "deploy.log"
+    since = time.time() - 1
+    args = ["--config", str(cfg), "--cron", "0 3 * * *", "--limit", "2", "--overlap", "skip", "--crash-after", "0"]
+    proc = deploy(prefect_env, *args, log=log)
+    scheduled: dict[str, Any] = {}
+    try:
+        scheduled = deployment(api, "scheduled", proc, log, since)
+        manual = deployment(api, "manual", proc, log, since)
+        assert scheduled["global_concurrency_limit"]["limit"] == 1
+        assert scheduled["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
+        assert manual["global_concurrency_limit"] is None
+        first = create_run(api, scheduled["id"])
+        wait_state(api, first["id"], {"RUNNING"}, proc=proc)
+        second = create_run(api, scheduled["id"])
+        skipped = wait_state(api, second["id"], FINAL, timeout=60, proc=proc)
+        assert skipped["state_type"] == "CANCELLED", skipped["state"]
+        assert "Deployment concurrency limit reached" in skipped["state"]["message"]
+        assert wait_state(api, first["id"], FINAL, proc=proc)["state_type"] == "COMPLETED"
+    finally:
+        kill_tree(proc)
+        if scheduled:  # other tests of this server register it again without a limit
+            httpx.delete(f"{api}/deployments/{scheduled['id']}", timeout=30)
