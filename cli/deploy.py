@@ -40,7 +40,7 @@ OverlapOpt = Annotated[
     typer.Option(
         help="A scheduled run due while another scheduled run runs: 'queue' waits for it (runs longer than "
         "the interval pile up, each a new collection), 'skip' cancels it at once.",
-        metavar="queue|skip",
+        metavar="MODE",
     ),
 ]
 WatchdogOnlyOpt = Annotated[

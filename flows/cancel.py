@@ -22,10 +22,10 @@ misleading output:
 flow-run and task-run loggers that, while the run is being cancelled, turns those lines
 into INFO lines saying so (dropped where INFO is not shown); and an exception handler on
 the running event loop that drops asyncio's shutdown report of a ``TerminationSignal``
-once a cancellation was logged in this process. "Being cancelled" is what the runner
-told the process before its SIGTERM, which Prefect offers no public way to read: it is
-read from ``prefect._internal.control_listener`` (guarded: without it, only the flow's
-last line changes, after the engine's "Flow run was cancelled."). Anything else passes
+while the run is being cancelled. "Being cancelled" is what the runner told the process
+before its SIGTERM, which Prefect offers no public way to read: it is read from
+``prefect._internal.control_listener`` (guarded: without it, only what follows the
+engine's "Flow run was cancelled." changes, where INFO is shown). Anything else passes
 unchanged: a SIGTERM that is no cancellation (a crash) keeps Prefect's lines, and the
 states are Prefect's (the step's task run stays ``Crashed``, the flow run ``Cancelled``).
 Both hooks key on Prefect's wording: a Prefect that words these otherwise gets its own
@@ -127,7 +127,8 @@ def _install() -> None:
         return
 
     def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if _FILTER.cancelled and context.get("message") == SHUTDOWN and _is_termination(context.get("exception")):
+        cancelled = bool(_FILTER.cancelled) or _intent_is_cancel()  # at WARNING, no "was cancelled" line
+        if cancelled and context.get("message") == SHUTDOWN and _is_termination(context.get("exception")):
             log.debug("the cancelled flow's task ended with %r (reported by the engine)", context.get("exception"))
             return
         if previous is None:
