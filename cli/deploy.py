@@ -35,6 +35,14 @@ CrashAfterOpt = Annotated[
         metavar="SECONDS",
     ),
 ]
+OverlapOpt = Annotated[
+    str,
+    typer.Option(
+        help="A scheduled run due while another scheduled run runs: 'queue' waits for it (runs longer than "
+        "the interval pile up, each a new collection), 'skip' cancels it at once.",
+        metavar="MODE",
+    ),
+]
 WatchdogOnlyOpt = Annotated[
     bool,
     typer.Option(
@@ -52,6 +60,7 @@ def deploy(
     cron: CronOpt = "0 * * * *",
     limit: LimitOpt = 1,
     crash_after: CrashAfterOpt = 30.0,
+    overlap: OverlapOpt = "queue",
     watchdog_only: WatchdogOnlyOpt = False,
     sets: SetOpt = None,
     debug: DebugOpt = False,
@@ -68,6 +77,8 @@ def deploy(
         fail("focus deploy needs a Prefect server: set PREFECT_API_URL (e.g. after 'prefect server start')")
     if limit < 1:
         fail("--limit must be at least 1")
+    if overlap not in ("queue", "skip"):
+        fail(f"--overlap must be 'queue' or 'skip', got {overlap!r}")
     if 0 < crash_after < 10 or (watchdog_only and crash_after == 0):
         fail("--crash-after must be 0 (no watchdog) or at least 10 seconds (Prefect's shortest proactive trigger)")
     from deployments.serve import DeploySpec, explicit_config, serve_deployments
@@ -92,6 +103,7 @@ def deploy(
             cron=cron,
             limit=limit,
             crash_after_s=crash_after,
+            overlap=overlap,
         )
     except ConfigError as e:
         fail(one_line(e))

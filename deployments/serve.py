@@ -78,6 +78,11 @@ class DeploySpec:
     limit: int = 1
     #: Seconds without a heartbeat before the watchdog marks a run Crashed (0: no watchdog).
     crash_after_s: float = 30.0
+    #: A scheduled run due while another run of the scheduled deployment runs: ``queue``
+    #: waits for it (Prefect's default; runs longer than the interval pile up, each a new
+    #: collection), ``skip`` is cancelled at once (a deployment concurrency limit of 1
+    #: with Prefect's ``CANCEL_NEW`` collision strategy).
+    overlap: str = "queue"
 
 
 def build_deployments(spec: DeploySpec) -> list[Any]:
@@ -87,6 +92,7 @@ def build_deployments(spec: DeploySpec) -> list[Any]:
     scheduled = collect.to_deployment(
         name=SCHEDULED,
         cron=spec.cron,
+        concurrency_limit=_one_at_a_time() if spec.overlap == "skip" else None,
         parameters={"config": spec.scheduled},
         description="Scheduled collection (one iteration per run, a fresh collection id each).",
         tags=["focus"],
@@ -98,6 +104,15 @@ def build_deployments(spec: DeploySpec) -> list[Any]:
         tags=["focus"],
     )
     return [scheduled, manual]
+
+
+def _one_at_a_time() -> Any:
+    """One run of the deployment at a time; a run due while one runs is Cancelled with
+    "Deployment concurrency limit reached." (Prefect checks when the run would start,
+    and when it would be marked Late)."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+
+    return ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 
 
 def serve_deployments(spec: DeploySpec, **serve_kwargs: Any) -> None:

@@ -4,10 +4,9 @@ The flow runs :func:`tasks.collect.collect` with a journal that makes each step 
 run as it is saved: ``check-config``, ``evidence-rollouts``, ``critic-scoring``, one
 ``continuation-wave`` per wave (``wave-<phase>-<wave>``) and ``prepare-export``. A rerun
 (a retry, the UI, the CLI with the same collection id) continues from the last saved step.
-Services the configuration leaves implicit start for the run (:mod:`flows.services`);
-heartbeats (:mod:`flows.heartbeat`) let a watchdog mark a run whose node is gone ``Crashed``;
-a Prefect server gone stops it (:mod:`flows.watch`); a failure is one line (:mod:`flows.errors`).
-Async: Prefect's sync engine joins its heartbeat thread on exit, up to a second a run.
+Implicit services start for the run (:mod:`flows.services`); heartbeats (:mod:`flows.heartbeat`) let a watchdog
+mark a lost node's run ``Crashed``; a Prefect server gone stops it (:mod:`flows.watch`); a failure is one line
+(:mod:`flows.errors`), a cancel an INFO line (:mod:`flows.cancel`). Async: Prefect's sync engine waits ~1 s on exit.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
+from flows.cancel import quiet_cancellation
 from flows.errors import failed_state
 from flows.heartbeat import heartbeats
 from flows.preflight import collection_id_for_run, flow_run_name
@@ -98,7 +98,7 @@ async def collect(config: ConfigParameter = None, allow_policy_change: bool = Fa
     try:
         cfg = collection_id_for_run(config_at_runtime(config))
         cid = cfg.collection_id
-        with heartbeats(cfg.execution.heartbeat_s):
+        with quiet_cancellation(), heartbeats(cfg.execution.heartbeat_s):
             async with services_in_thread(cfg) as (cfg, _server):
                 return await watched(run_collection(cfg, allow_policy_change), cfg.execution.prefect_grace_s)
     except Exception as e:

@@ -34,6 +34,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
+from flows.cancel import quiet_cancellation
 from flows.collect import collect
 from flows.heartbeat import heartbeats
 from flows.loop import (
@@ -126,7 +127,8 @@ async def train_loop(config: ConfigParameter = None) -> list[dict[str, Any]]:
     log = get_run_logger()
     log.info("train loop %s", config.collection_id)
     progress = LoopProgress(config, enabled=config.progress, log=log)  # off a terminal: lines in the UI
-    with heartbeats(config.execution.heartbeat_s):  # and closes what crashed attempts left Running
+    # heartbeats also close what crashed attempts left Running; a cancel ends with an INFO line
+    with quiet_cancellation(), heartbeats(config.execution.heartbeat_s):
         return await watched(_loop_and_report(config, progress), config.execution.prefect_grace_s)
 
 

@@ -290,3 +290,108 @@ def test_node_loss_is_crashed_quickly_and_retry_resumes(prefect_server, prefect_
         kill_tree(proc)
         if second is not None:
             kill_tree(second)
+
+
+def run_logs(api: str, run_id: str) -> list[dict[str, Any]]:
+    r = httpx.post(
+        f"{api}/logs/filter",
+        json={"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC"},
+        timeout=30,
+    )
+    return list(r.json())
+
+
+def test_cancel_ends_quietly_and_retry_resumes(prefect_server, prefect_env, tmp_path):
+    """The UI's Cancel (the run set Cancelling; the serving process sends its flow run
+    SIGTERM): the run's log says it was cancelled at INFO - it ended with ``[ERROR]
+    Finished in state Running()`` - the serving console shows no traceback (it showed
+    asyncio's 50-line TerminationSignal one), the lease is released, and a Retry
+    resumes after the last finished step (flows/cancel.py)."""
+    from flows.cancel import CANCELLED, ENDED
+
+    api = prefect_server
+    store = tmp_path / "store"
+    cfg = tmp_path / "manual.toml"
+    cfg.write_text(
+        BASE.format(transitions=30, marker=tmp_path / "never", progress="false", latency=0.05)
+        + f'[execution]\nkind = "local"\n[storage]\nroot = "{store}"\n'
+    )
+    log = tmp_path / "deploy.log"
+    since = time.time() - 1
+    # INFO: the lines an operator reads (the fixture's WARNING would hide the new one)
+    proc = deploy({**prefect_env, "PREFECT_LOGGING_LEVEL": "INFO"}, "--config", str(cfg), "--crash-after", "0", log=log)
+    try:
+        manual = deployment(api, "manual", proc, log, since)
+        run = create_run(api, manual["id"])
+        wait_state(api, run["id"], {"RUNNING"}, proc=proc)
+        checkpoints, deadline, cid = CheckpointStore(str(store)), time.monotonic() + 90, None
+        while cid is None or not any(p == "1.continue.score" for p, _ in checkpoints.list(cid)):
+            assert time.monotonic() < deadline, f"no continuation wave finished in time: {read_run(api, run['id'])}"
+            ck = store / "checkpoints"
+            cid = next((p.name for p in ck.iterdir()), None) if ck.exists() else None
+            time.sleep(0.1)
+        r = httpx.post(
+            f"{api}/flow_runs/{run['id']}/set_state",
+            json={"state": {"type": "CANCELLING", "name": "Cancelling"}},
+            timeout=30,
+        )
+        assert r.status_code in (200, 201) and r.json()["status"] == "ACCEPT", r.text
+        cancelled = wait_state(api, run["id"], FINAL, timeout=60, proc=proc)
+        assert cancelled["state_type"] == "CANCELLED", cancelled["state"]
+        deadline = time.monotonic() + 20  # the run's last lines reach the API as its process exits
+        while ENDED not in (messages := [x["message"] for x in run_logs(api, run["id"])]):
+            assert time.monotonic() < deadline, messages
+            time.sleep(0.3)
+        assert CANCELLED in messages and not any("Finished in state Running" in m for m in messages), messages
+        errors = [x["message"] for x in run_logs(api, run["id"]) if x["level"] >= 40]
+        assert errors == [], errors
+        console = log.read_text()
+        assert "Traceback" not in console and "TerminationSignal" not in console and "ERROR" not in console, console
+        assert not (store / "leases" / f"{cid}.json").exists(), "the cancelled run kept its lease"
+
+        before = [k for k in checkpoints.list(cid) if k[0] not in ("config", "critic")]
+        retry(api, run["id"])
+        done = wait_state(api, run["id"], FINAL, proc=proc)
+        assert done["state_type"] == "COMPLETED" and done["run_count"] == 2
+        reused = sum(1 for s in table(artifacts(api, run["id"])["steps"]) if s["reused"])
+        assert reused >= len(before) > 0, (reused, before)
+        stats = {r["statistic"]: r["value"] for r in table(artifacts(api, run["id"])["stats"])}
+        assert stats["collection_id"] == cid and stats["transitions"] >= 30
+    finally:
+        kill_tree(proc)
+
+
+def test_overlap_skip_cancels_a_scheduled_run_due_while_one_runs(prefect_server, prefect_env, tmp_path):
+    """``--overlap skip``: the scheduled deployment has a concurrency limit of 1 with
+    Prefect's CANCEL_NEW strategy, so a run of it due while another runs is Cancelled at
+    once instead of waiting (with a short cron, runs longer than the interval piled up,
+    each a new collection). ``--limit 2`` lets the serving process start both; the
+    manual deployment keeps no limit."""
+    api = prefect_server
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        BASE.format(transitions=12, marker=tmp_path / "never", progress="false", latency=0.05)
+        + f'[execution]\nkind = "local"\n[storage]\nroot = "{tmp_path / "store"}"\n'
+    )
+    log = tmp_path / "deploy.log"
+    since = time.time() - 1
+    args = ["--config", str(cfg), "--cron", "0 3 * * *", "--limit", "2", "--overlap", "skip", "--crash-after", "0"]
+    proc = deploy(prefect_env, *args, log=log)
+    scheduled: dict[str, Any] = {}
+    try:
+        scheduled = deployment(api, "scheduled", proc, log, since)
+        manual = deployment(api, "manual", proc, log, since)
+        assert scheduled["global_concurrency_limit"]["limit"] == 1
+        assert scheduled["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
+        assert manual["global_concurrency_limit"] is None
+        first = create_run(api, scheduled["id"])
+        wait_state(api, first["id"], {"RUNNING"}, proc=proc)
+        second = create_run(api, scheduled["id"])
+        skipped = wait_state(api, second["id"], FINAL, timeout=60, proc=proc)
+        assert skipped["state_type"] == "CANCELLED", skipped["state"]
+        assert "Deployment concurrency limit reached" in skipped["state"]["message"]
+        assert wait_state(api, first["id"], FINAL, proc=proc)["state_type"] == "COMPLETED"
+    finally:
+        kill_tree(proc)
+        if scheduled:  # other tests of this server register it again without a limit
+            httpx.delete(f"{api}/deployments/{scheduled['id']}", timeout=30)
