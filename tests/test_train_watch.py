@@ -77,7 +77,7 @@ def test_a_row_fits_80_columns_and_keeps_the_policy_version_whole():
     assert "0123456789abcdef" in line and "0.383" in line and "-0.01235" in line and line.endswith("yes")
     assert sum(w for _, w in COLUMNS) + 2 * (len(COLUMNS) - 1) == len(header_line())
     final = row_cells({"iteration": 3, "policy_version": "ffffffffffffffff", "eval": {"success_rate": 0.5}})
-    assert final[2:] == ["0.500", "-", "-", "-"]
+    assert final[2:] == ["0.500", "-", "-", "-", "-"]
 
 
 def test_the_picture_carries_its_points():
