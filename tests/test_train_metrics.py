@@ -136,3 +136,29 @@ def test_each_iteration_rewrites_the_runs_metrics_file(tmp_path):
         again.row(_record(i))
     assert Path(again.metrics.removeprefix("file://")).read_text().splitlines() == lines
     assert all(math.isfinite(r["train_grad_norm"]) for r in rows)
+
+
+def test_inspect_shows_a_loops_metrics(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    show = LoopProgress(small(tmp_path), enabled=False, console=Console(file=StringIO()))
+    for i in (0, 1):
+        show.row(_record(i))
+    out = CliRunner().invoke(app, ["inspect", f"{tmp_path}/weights/w"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert lines[0] == "train loop w: 2 trained iteration(s)"
+    assert lines[1].split() == ["iteration", "return", "transitions", "loss", "kl", "clip", "grad", "norm"] + [
+        "collect",
+        "s",
+        "train",
+        "s",
+        "held-out",
+    ]
+    assert lines[3].split() == ["1", "0.25", "301", "0.1", "0.01", "-", "1.2", "1.5", "2", "-"]
+    rows = CliRunner().invoke(app, ["inspect", f"{tmp_path}/weights/w", "--json"]).output.splitlines()
+    assert [json.loads(r)["iteration"] for r in rows] == [0, 1]
+    missing = CliRunner().invoke(app, ["inspect", f"{tmp_path}/weights/nope"])
+    assert missing.exit_code == 1 and "cannot read the metrics of train loop 'nope'" in missing.output

@@ -37,7 +37,10 @@ from flows.loop_progress import (
 from tasks.config import load_config
 
 LOOP_TOML = Path(__file__).resolve().parents[1] / "configs" / "loop.toml"
-ROW = re.compile(r"^\s*(\d+)\s+([0-9a-f]{16})\s+(\d\.\d{3}|-)\s+(\d+|-)\s+(\S+)\s+(yes|no|-)\s*$", re.M)
+#: A row: version, policy version, success, return, transitions, loss, reused.
+ROW = re.compile(
+    r"^\s*(\d+)\s+([0-9a-f]{16})\s+(\d\.\d{3}|-)\s+(-?\d+\.\d{3}|-)\s+(\d+|-)\s+(\S+)\s+(yes|no|-)\s*$", re.M
+)
 
 
 def png_points(data: bytes) -> dict[str, list]:
