@@ -156,7 +156,7 @@ LOOP_COLUMNS = (
     ("return_mean", "return"),
     ("transitions", "transitions"),
     ("train_loss", "loss"),
-    ("train_approx_kl", "kl"),
+    ("train_final_kl", "kl"),
     ("train_clip_fraction", "clip"),
     ("train_grad_norm", "grad norm"),
     ("collect_wall_s", "collect s"),

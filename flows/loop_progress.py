@@ -230,8 +230,11 @@ class LoopProgress:
         steps, loss = m.get("train_steps"), m.get("train_loss")
         what = f" {steps:.0f} step{'' if steps == 1 else 's'}" if steps else ""
         what += f", loss {loss:.4g}" if loss is not None else ""
-        for key, name in (("train_approx_kl", "kl"), ("train_clip_fraction", "clip"), ("train_grad_norm", "grad norm")):
-            what += f", {name} {m[key]:.3g}" if m.get(key) is not None else ""
+        # kl: the whole batch's after the update (how far it moved; the per-step figure is 0
+        # at a one-step rule's only step)
+        for key, name in (("train_final_kl", "kl"), ("train_clip_fraction", "clip"), ("train_grad_norm", "grad norm")):
+            shown = m.get(key) is not None and (key != "train_grad_norm" or m[key] > 0)  # 0: a one-step rule
+            what += f", {name} {m[key]:.3g}" if shown else ""
         how = "recorded" if trained.get("reused") else f"{trained.get('wall_s', 0.0):.1f} s"
         self.say(f"iteration {i}: trained{what} ({how})")
 

@@ -93,7 +93,7 @@ def _record(i: int) -> dict:
         "stats": {"transitions": 300 + i, "return_mean": 0.25 * i, "evidence_rollouts": 32, "wall_s": 1.5, "tasks": 8},
         "train": {
             "policy_version": f"v{i + 1}",
-            "metrics": {"train_loss": 0.1, "train_approx_kl": 0.01, "train_grad_norm": 1.2},
+            "metrics": {"train_loss": 0.1, "train_final_kl": 0.01, "train_grad_norm": 1.2},
             "wall_s": 2.0,
             "reused": i == 0,
         },
@@ -112,7 +112,7 @@ def test_metrics_rows_are_flat_and_carry_what_the_records_hold():
         "collect_wall_s": 1.5,
         "trained_policy_version": "v2",
         "train_loss": 0.1,
-        "train_approx_kl": 0.01,
+        "train_final_kl": 0.01,
         "train_grad_norm": 1.2,
         "train_wall_s": 2.0,
         "eval_success_rate": 0.5,
@@ -162,3 +162,14 @@ def test_inspect_shows_a_loops_metrics(tmp_path):
     assert [json.loads(r)["iteration"] for r in rows] == [0, 1]
     missing = CliRunner().invoke(app, ["inspect", f"{tmp_path}/weights/nope"])
     assert missing.exit_code == 1 and "cannot read the metrics of train loop 'nope'" in missing.output
+
+
+def test_the_trained_line_shows_kl_clip_and_grad_norm(tmp_path):
+    show = LoopProgress(small(tmp_path), enabled=False, console=Console(file=StringIO()))
+    metrics = {"train_steps": 6.0, "train_loss": 0.2322, "train_final_kl": 0.02276, "train_clip_fraction": 0.14}
+    show.trained(0, {"metrics": {**metrics, "train_grad_norm": 1.134}, "wall_s": 4.41})
+    show.trained(1, {"metrics": {**metrics, "train_grad_norm": 0.0}, "reused": True})  # a one-step rule: no norm
+    assert show.lines == [
+        "iteration 0: trained 6 steps, loss 0.2322, kl 0.0228, clip 0.14, grad norm 1.13 (4.4 s)",
+        "iteration 1: trained 6 steps, loss 0.2322, kl 0.0228, clip 0.14 (recorded)",
+    ]
