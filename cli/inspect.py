@@ -28,15 +28,24 @@ def _split_batch_url(url: str) -> tuple[str, str, str | None]:
 
 
 def inspect(
-    url: Annotated[str, typer.Argument(help="A batch URL printed by 'focus collect', or a collection folder.")],
+    url: Annotated[
+        str,
+        typer.Argument(
+            help="A batch URL printed by 'focus collect', a collection folder, or a train loop's "
+            "weights folder (<root>/weights/<id>)."
+        ),
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Summary of a stored batch (rows, tokens, advantages, critic targets, every phase),
-    or the iterations of a collection folder."""
+    the iterations of a collection folder, or a train loop's metrics per iteration."""
     from rich.console import Console
 
     from storage import BatchStore
 
+    if "/weights/" in url.rstrip("/") and "/batches/" not in url:
+        _loop(url, as_json)
+        return
     root, cid, it = _split_batch_url(url)
     console = Console()
     try:
@@ -139,6 +148,47 @@ def _iterations_table(listing: dict[str, Any]) -> str:
             )
         )
     return "\n".join(x.rstrip() for x in out)
+
+
+#: A train loop's columns: (metrics.jsonl key, header).
+LOOP_COLUMNS = (
+    ("iteration", "iteration"),
+    ("return_mean", "return"),
+    ("transitions", "transitions"),
+    ("train_loss", "loss"),
+    ("train_final_kl", "kl"),
+    ("train_clip_fraction", "clip"),
+    ("train_grad_norm", "grad norm"),
+    ("collect_wall_s", "collect s"),
+    ("train_wall_s", "train s"),
+    ("eval_success_rate", "held-out"),
+)
+
+
+def _loop(url: str, as_json: bool) -> None:
+    """A train loop's ``metrics.jsonl`` (``<root>/weights/<id>``): its lines as they are
+    (``--json``), or a table of the figures an RL run is judged by."""
+    from flows.loop_progress import METRICS
+    from storage.weights import WeightStore
+
+    root, _, rest = url.rstrip("/").rpartition("/weights/")
+    run_id = rest.split("/", 1)[0]
+    try:
+        weights = WeightStore(root)
+        data = weights.loc.cat(weights.run_file(run_id, METRICS), weights.retry)
+    except Exception as e:  # noqa: BLE001 - every error becomes one line
+        fail(f"cannot read the metrics of train loop {run_id!r} under {root}: {one_line(e)}", 1)
+    rows = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+    if as_json:
+        for row in rows:
+            typer.echo(json.dumps(row))
+        return
+    table = [[h for _, h in LOOP_COLUMNS]]
+    table += [[fmt(r[k]) if r.get(k) is not None else "-" for k, _ in LOOP_COLUMNS] for r in rows]
+    widths = [max(len(line[j]) for line in table) for j in range(len(LOOP_COLUMNS))]
+    typer.echo(f"train loop {run_id}: {sum('train_loss' in r for r in rows)} trained iteration(s)")
+    for line in table:
+        typer.echo("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
 
 
 def _when(stamp: Any) -> str:

@@ -99,12 +99,15 @@ def train(
             typer.echo(json.dumps(rec, default=str))
         return
     _print_table(records, cfg.collection_id)
-    if any(r.get("eval") for r in records):
-        from flows.loop_progress import PICTURE
-        from storage.weights import WeightStore
+    from flows.loop_progress import METRICS, PICTURE
+    from storage.weights import WeightStore
 
-        run_id = records[0]["run_id"]
-        typer.echo(f"held-out success per version: {WeightStore(cfg.storage.root).run_file(run_id, PICTURE)}")
+    weights = WeightStore(cfg.storage.root)
+    run_id = records[0]["run_id"] if records else str(cfg.collection_id)
+    if records:
+        typer.echo(f"metrics per iteration (JSON lines): {weights.run_file(run_id, METRICS)}")
+    if any(r.get("eval") for r in records):
+        typer.echo(f"held-out success per version: {weights.run_file(run_id, PICTURE)}")
 
 
 def _run(out: Console, cfg: FocusConfig, resume: str, *, prefect: bool = False) -> list[dict[str, Any]]:

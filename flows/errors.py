@@ -28,6 +28,7 @@ SELF_EXPLAINED = frozenset(
         "CriticError",
         "EnvError",
         "CollectionFailed",
+        "TrainingDiverged",
         "ModelServiceOutage",
         "BadResponses",
         "RequestsRefused",

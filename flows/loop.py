@@ -159,7 +159,12 @@ def train_body(
         report=report,
     )
     options = config.train.options if config.train.trainer not in ("local", "tinker") else {}
-    result = trainer(batch_url, ctx, **options)
+    from focus.train_local import TrainingDiverged
+
+    try:
+        result = trainer(batch_url, ctx, **options)
+    except TrainingDiverged as e:  # nothing recorded: a rerun with a smaller step trains again
+        raise TrainingDiverged(f"iteration {iteration}: {e}") from None
     if not isinstance(result, TrainResult):
         raise TypeError(f"trainer {config.train.trainer!r} returned {type(result).__name__}, expected TrainResult")
     record = {**asdict(result), "metrics": dict(result.metrics), "wall_s": time.perf_counter() - t0}

@@ -27,22 +27,37 @@ if TYPE_CHECKING:
 
     from tasks.config import FocusConfig
 
-#: The table of versions: (header, width); 4 spaces between columns, 78 in all.
-COLUMNS = (("version", 7), ("policy version", 16), ("success", 7), ("transitions", 11), ("loss", 9), ("reused", 6))
+#: The table of versions: (header, width); 2 spaces between columns, 77 in all.
+COLUMNS = (
+    ("version", 7),
+    ("policy version", 16),
+    ("success", 7),
+    ("return", 7),
+    ("transitions", 11),
+    ("loss", 9),
+    ("reused", 6),
+)
 PICTURE = "success.png"
+#: One JSON line per iteration (:func:`metrics_row`), beside the weights.
+METRICS = "metrics.jsonl"
+#: The collection's figures a metrics row carries (those it has).
+STAT_FIELDS = ("transitions", "rollouts", "failed_rollouts", "truncated_rollouts", "tokens", "actor_rows")
 
 
 def row_cells(record: dict[str, Any]) -> list[str]:
     """The table's cells for one iteration record (pure): its version, the policy
-    version that sampled it, held-out success, the transitions collected, the
-    training loss on them, whether the training was reused."""
+    version that sampled it, held-out success, the batch's mean return (its rollouts
+    from the root: on-policy), the transitions collected, the training loss on them,
+    whether the training was reused."""
     tr = record.get("train") or {}
     ev = record.get("eval")
     loss = (tr.get("metrics") or {}).get("train_loss")
+    ret = (record.get("stats") or {}).get("return_mean")
     return [
         str(record["iteration"]),
         str(record.get("policy_version")),
         f"{ev['success_rate']:.3f}" if ev else "-",
+        f"{ret:.3f}" if ret is not None else "-",
         str((record.get("stats") or {}).get("transitions", "-")),
         f"{loss:.4g}" if loss is not None else "-",
         "yes" if tr.get("reused") else ("no" if tr else "-"),
@@ -56,6 +71,30 @@ def row_line(cells: list[str]) -> str:
 
 def header_line() -> str:
     return row_line([h for h, _ in COLUMNS])
+
+
+def metrics_row(record: dict[str, Any]) -> dict[str, Any]:
+    """One iteration's figures as one flat JSON object (pure), a line of
+    ``weights/<run>/metrics.jsonl``: the collection's (``return_mean``, ``transitions``,
+    ``collect_wall_s``...), every metric the trainer returned (``train_*``,
+    ``critic_*``), ``train_wall_s``, and held-out ``eval_*``. Only recorded figures, so
+    a resumed loop writes the same lines as one that never stopped."""
+    stats, tr, ev = record.get("stats") or {}, record.get("train") or {}, record.get("eval") or {}
+    row: dict[str, Any] = {k: record.get(k) for k in ("run_id", "iteration", "policy_version")}
+    row |= {k: stats[k] for k in ("return_mean", "evidence_rollouts", *STAT_FIELDS) if k in stats}
+    if "wall_s" in stats:
+        row["collect_wall_s"] = stats["wall_s"]
+    if tr:
+        row |= {"trained_policy_version": tr.get("policy_version"), **(tr.get("metrics") or {})}
+        row["train_wall_s"] = tr.get("wall_s")
+    if ev:
+        row |= {f"eval_{k}": ev[k] for k in ("success_rate", "mean_return", "episodes") if k in ev}
+    return row
+
+
+def metrics_lines(records: list[dict[str, Any]]) -> bytes:
+    """``metrics.jsonl``'s bytes: one :func:`metrics_row` per record, in order (pure)."""
+    return "".join(json.dumps(metrics_row(r), default=str) + "\n" for r in records).encode()
 
 
 def stage_count(done: int, total: int | None, unit: str) -> str:
@@ -125,6 +164,8 @@ class LoopProgress:
         self.lines: list[str] = []
         #: Where the picture went (``None`` until one is written).
         self.picture: str | None = None
+        #: Where the metrics went (``None`` until an iteration is recorded).
+        self.metrics: str | None = None
         #: Off a terminal, a long stage logs how far it is this often (seconds).
         self.log_every_s = log_every_s
 
@@ -189,6 +230,11 @@ class LoopProgress:
         steps, loss = m.get("train_steps"), m.get("train_loss")
         what = f" {steps:.0f} step{'' if steps == 1 else 's'}" if steps else ""
         what += f", loss {loss:.4g}" if loss is not None else ""
+        # kl: the whole batch's after the update (how far it moved; the per-step figure is 0
+        # at a one-step rule's only step)
+        for key, name in (("train_final_kl", "kl"), ("train_clip_fraction", "clip"), ("train_grad_norm", "grad norm")):
+            shown = m.get(key) is not None and (key != "train_grad_norm" or m[key] > 0)  # 0: a one-step rule
+            what += f", {name} {m[key]:.3g}" if shown else ""
         how = "recorded" if trained.get("reused") else f"{trained.get('wall_s', 0.0):.1f} s"
         self.say(f"iteration {i}: trained{what} ({how})")
 
@@ -208,8 +254,13 @@ class LoopProgress:
         self.say(f"version {version}: held-out success {result['success_rate']:.3f}{how}")
 
     def row(self, record: dict[str, Any]) -> None:
-        """One row of the table of versions, once the version's record is complete."""
+        """One row of the table of versions, once the version's record is complete; the
+        run's :data:`METRICS` file, rewritten with every record so far."""
+        from storage.weights import WeightStore
+
         self.records[record["iteration"]] = record
+        rows = [self.records[k] for k in sorted(self.records)]
+        self.metrics = WeightStore(self.config.storage.root).put_run_file(self.base, METRICS, metrics_lines(rows))
         if self.interactive and not self._header:
             self.say(header_line())
             self._header = True

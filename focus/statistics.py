@@ -42,6 +42,7 @@ def collection_statistics(
                 "wall_s": wall_of(recs),
             }
         )
+    returns = evidence_returns(phases, trees)
     causes = Counter(r.cause for r in records if r.failed)
     # A tree none of whose rollouts completed (e.g. its whole evidence phase failed)
     # contributes no actor rows; name it so it is not mistaken for a finished task.
@@ -53,10 +54,31 @@ def collection_statistics(
         **flat(Usage.of_records(records)),
         "wall_s": wall_of(records),
         "excluded_segments": excluded_segments,
+        "evidence_rollouts": len(returns),
+        "return_mean": sum(returns) / len(returns) if returns else None,
         "checkpoints": sum(1 for t in trees for _ in t.checkpoints()),
         "phases": per_phase,
         "failure_causes": dict(causes.most_common(10)),
     }
+
+
+def evidence_returns(phases: Sequence[Phase], trees: Sequence[Tree]) -> list[float]:
+    """The undiscounted return (sum of rewards) of every evidence-phase rollout that did
+    not fail (pure). Those start at the root, the same number on every task, so their
+    mean is an unbiased estimate of the reward of the policy that collected the batch:
+    what a train loop follows. Later phases' rollouts are not (search chose where, and
+    on which tasks, they start). A truncated rollout counts with the rewards it got."""
+    out: list[float] = []
+    for t in trees:
+        got: dict[int, float] = {}
+        for e in t.edges.values():
+            got[e.rollout] = got.get(e.rollout, 0.0) + sum(e.rewards)
+        out += [
+            got.get(r.rollout, 0.0)
+            for r in t.log
+            if r.node == t.ROOT and not r.failed and r.phase < len(phases) and phases[r.phase].is_evidence
+        ]
+    return out
 
 
 def flat(usage: Usage) -> dict[str, Any]:

@@ -169,6 +169,9 @@ class TrainStats:
     #: Times an epoch overshot the KL bound and was run again at half the learning rate
     #: (``rule`` ``sgd``/``natural``: line-search probes past the bound).
     kl_halvings: int = 0
+    #: Mean gradient norm of the steps, before ``max_grad_norm`` clips it (``adam``;
+    #: 0 under the one-step rules): above ``max_grad_norm`` the clip was active.
+    grad_norm: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,15 @@ class UpdateStep:
     approx_kl: float
     ratio: float
     clip_fraction: float
+    #: The gradient norm before clipping (0 under the one-step rules).
+    grad_norm: float = 0.0
+
+
+class TrainingDiverged(ValueError):
+    """An update produced a non-finite loss, gradient or weight. Raised before the step
+    that would apply it and before any weights are written, so a loop records nothing
+    for the iteration (a recorded step is reused forever) and a rerun with a smaller
+    learning rate trains the batch again."""
 
 
 #: Called once per optimizer step, in the training thread; it must be cheap.
@@ -336,6 +348,7 @@ class PolicyTrainer:
             stopped_early=cfg.rule == "adam" and steps < cfg.epochs * math.ceil(len(seqs) / cfg.minibatch),
             initial_kl=initial_kl,
             kl_halvings=halvings,
+            grad_norm=sum(t.get("grad_norm", 0.0) for t in taken) / n,
         )
 
     def _epochs(
@@ -407,9 +420,15 @@ class PolicyTrainer:
                     return steps, True
                 self.optimizer.zero_grad()
                 loss.backward()  # type: ignore[no-untyped-call]
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
+                if not (math.isfinite(float(loss.detach())) and math.isfinite(norm)):
+                    raise TrainingDiverged(
+                        f"policy update diverged at step {done + len(steps) + 1} of {plan}: loss "
+                        f"{float(loss.detach()):.4g}, gradient norm {norm:.4g} (learning rate {cfg.lr:g}); "
+                        "nothing of this update was kept: lower the learning rate and rerun"
+                    )
                 self.optimizer.step()
-                steps.append({"loss": float(loss.detach()), **stats})
+                steps.append({"loss": float(loss.detach()), **stats, "grad_norm": norm})
                 if on_step is not None:
                     on_step(UpdateStep(done + len(steps), plan, epoch, **steps[-1]))
             return steps, False
@@ -469,13 +488,22 @@ class PolicyTrainer:
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the weights (the tiny model's format); returns their policy version."""
+        import torch
+
         from focus.tinylm.model import load, save
 
         version = save(self.model, path)
         # The file holds fp16 weights; train on from exactly what the server will serve,
         # so the next batch's behaviour log-probs match this model's at ratio 1, and a
         # trainer restarted from the file continues from the same numbers.
-        self.model.load_state_dict(load(path).state_dict())
+        saved = load(path).state_dict()
+        bad = [k for k, v in saved.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if bad:  # weights past fp16's range (or NaN): the server would answer with NaN
+            raise TrainingDiverged(
+                f"policy update diverged: {len(bad)} weight tensor(s) are not finite in fp16 ({bad[0]}, ...) "
+                f"(learning rate {self.config.lr:g}); lower the learning rate and rerun"
+            )
+        self.model.load_state_dict(saved)
         return version
 
 

@@ -335,6 +335,7 @@ COMMANDS: dict[str, Check] = {
         "external", "needs a Prefect server (PREFECT_API_URL) and serves until stopped; tests/test_deploy.py runs it"
     ),
     ".venv/bin/focus train -c configs/loop.toml --collection-id loop": Check("parse", LONG_TRAIN),
+    ".venv/bin/focus train --store /tmp/s --iterations 3 --collection-id d2 -v": Check("parse", LONG_TRAIN),
     ".venv/bin/focus train -c configs/loop.toml --trainer mytrainer:train": Check(
         "external", "names your own trainer module (mytrainer.py), which this checkout does not have"
     ),

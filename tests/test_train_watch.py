@@ -37,7 +37,10 @@ from flows.loop_progress import (
 from tasks.config import load_config
 
 LOOP_TOML = Path(__file__).resolve().parents[1] / "configs" / "loop.toml"
-ROW = re.compile(r"^\s*(\d+)\s+([0-9a-f]{16})\s+(\d\.\d{3}|-)\s+(\d+|-)\s+(\S+)\s+(yes|no|-)\s*$", re.M)
+#: A row: version, policy version, success, return, transitions, loss, reused.
+ROW = re.compile(
+    r"^\s*(\d+)\s+([0-9a-f]{16})\s+(\d\.\d{3}|-)\s+(-?\d+\.\d{3}|-)\s+(\d+|-)\s+(\S+)\s+(yes|no|-)\s*$", re.M
+)
 
 
 def png_points(data: bytes) -> dict[str, list]:
@@ -77,7 +80,7 @@ def test_a_row_fits_80_columns_and_keeps_the_policy_version_whole():
     assert "0123456789abcdef" in line and "0.383" in line and "-0.01235" in line and line.endswith("yes")
     assert sum(w for _, w in COLUMNS) + 2 * (len(COLUMNS) - 1) == len(header_line())
     final = row_cells({"iteration": 3, "policy_version": "ffffffffffffffff", "eval": {"success_rate": 0.5}})
-    assert final[2:] == ["0.500", "-", "-", "-"]
+    assert final[2:] == ["0.500", "-", "-", "-", "-"]
 
 
 def test_the_picture_carries_its_points():
