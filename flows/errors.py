@@ -28,6 +28,8 @@ SELF_EXPLAINED = frozenset(
         "CriticError",
         "EnvError",
         "CollectionFailed",
+        "WorkerImportError",
+        "NoDaskWorkers",
         "ModelServiceOutage",
         "BadResponses",
         "RequestsRefused",

@@ -28,7 +28,9 @@ def make_execution(ex: ExecutionConfig) -> Execution:
         return Execution(**common)
     from focus.dask_execution import DaskExecution
 
-    where = ex.model_dump(include={"address", "n_workers", "threads_per_worker", "processes", "shard_size"})
+    where = ex.model_dump(
+        include={"address", "n_workers", "threads_per_worker", "processes", "shard_size", "no_workers_timeout_s"}
+    )
     return DaskExecution(**common, **where)
 
 

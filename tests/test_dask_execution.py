@@ -100,3 +100,83 @@ def test_waves_in_flight_overlap_on_one_worker_thread_and_give_the_in_process_ba
         remote = collect(ex)
     assert CALLS["max"] > 1
     assert key(remote) == key(collect(Execution(max_concurrency=4)))
+
+
+def test_workerless_since_fails_only_after_the_timeout_and_resets_when_workers_join():
+    from focus.dask_execution import NoDaskWorkers, workerless_since
+
+    assert workerless_since(None, 2, 10.0, 5.0) is None
+    assert workerless_since(None, 0, 10.0, 5.0) == 10.0
+    assert workerless_since(10.0, 0, 14.9, 5.0) == 10.0
+    assert workerless_since(10.0, 1, 20.0, 5.0) is None  # a worker joined late: the wait starts over
+    with pytest.raises(NoDaskWorkers, match=r"no workers for 5 s .*dask worker tcp://h:1"):
+        workerless_since(10.0, 0, 15.0, 5.0, "tcp://h:1")
+
+
+@pytest.mark.integration  # starts a scheduler
+def test_a_scheduler_without_workers_fails_the_wave_with_one_line_instead_of_hanging():
+    """All workers dead (or the scheduler restarted, which closes them): Dask waits for a
+    worker forever, and the collection hung without a word."""
+    from distributed import LocalCluster
+
+    from flows.errors import one_line
+    from focus.dask_execution import NoDaskWorkers
+
+    agent = Agent(DigitPolicy(), ReachTarget(), toy_format())
+    start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster:
+        ex = DaskExecution(address=cluster.scheduler_address, no_workers_timeout_s=1.0)
+        try:
+            with pytest.raises(NoDaskWorkers) as err:
+                asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 20))
+        finally:
+            ex.close()
+    line = one_line(err.value)
+    assert line.startswith(f"the Dask scheduler {cluster.scheduler_address} has had no workers for ")
+    assert "rerun with the same collection id" in line
+
+
+ENV_MODULE = '''
+from dataclasses import dataclass
+
+from focus.env import Reset
+from focus.toy import ReachState, ReachTarget
+
+
+@dataclass(frozen=True)
+class WorkerlessState(ReachState):
+    pass
+
+
+class WorkerlessEnv(ReachTarget):
+    async def reset(self, task, workspace):
+        r = await super().reset(task, workspace)
+        return Reset(WorkerlessState(r.state.target), r.messages)
+'''
+
+
+@pytest.mark.integration  # starts a cluster
+def test_a_worker_without_the_env_module_is_named_in_one_line(tmp_path, monkeypatch):
+    """The user's env module is importable where the collection runs, not on the workers
+    (started before it was on the path): one line naming the module and the workers,
+    not Dask's "Error during deserialization" (the branch states travel as bytes, so the
+    scheduler never unpickles them either)."""
+    import sys
+
+    from flows.errors import one_line
+    from focus.dask_execution import WorkerImportError
+
+    with DaskExecution(n_workers=1) as ex:
+        ex.client()  # the workers start without tmp_path on their path
+        (tmp_path / "h38d_worker_env.py").write_text(ENV_MODULE)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        from h38d_worker_env import WorkerlessEnv  # type: ignore[import-not-found]
+
+        agent = Agent(DigitPolicy(), WorkerlessEnv(), toy_format())
+        start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+        with pytest.raises(WorkerImportError) as err:
+            asyncio.run(ex.run(agent, [RolloutJob(0, 0, 1, start)]))
+    sys.modules.pop("h38d_worker_env", None)
+    line = one_line(err.value)
+    assert "a Dask worker" in line and "No module named 'h38d_worker_env'" in line
+    assert "install it in the workers' environment" in line
