@@ -120,7 +120,8 @@ def one_line(exc: BaseException) -> str:
     if "FutureCancelledError" in names and "scheduler-connection-lost" in text:
         return (
             "the Dask scheduler is gone: the client lost its connection to it while rollouts ran; start it "
-            "again (or run without execution.address, --dask-address), then rerun with the same collection id to resume"
+            "and its workers again (workers close with their scheduler), or run without execution.address "
+            "(--dask-address), then rerun with the same collection id to resume"
         )
     if "KilledWorker" in names:
         return _flatten(f"a Dask worker died running rollouts more often than allowed ({text}); rerun to resume")
