@@ -136,7 +136,7 @@ def test_a_scheduler_without_workers_fails_the_wave_with_one_line_instead_of_han
     assert "rerun with the same collection id" in line
 
 
-ENV_MODULE = '''
+ENV_MODULE = """
 from dataclasses import dataclass
 
 from focus.env import Reset
@@ -152,7 +152,7 @@ class WorkerlessEnv(ReachTarget):
     async def reset(self, task, workspace):
         r = await super().reset(task, workspace)
         return Reset(WorkerlessState(r.state.target), r.messages)
-'''
+"""
 
 
 @pytest.mark.integration  # starts a cluster
@@ -180,3 +180,15 @@ def test_a_worker_without_the_env_module_is_named_in_one_line(tmp_path, monkeypa
     line = one_line(err.value)
     assert "a Dask worker" in line and "No module named 'h38d_worker_env'" in line
     assert "install it in the workers' environment" in line
+
+
+def test_the_config_reaches_the_dask_execution():
+    from tasks.collect import make_execution
+    from tasks.config import ExecutionConfig
+
+    cfg = ExecutionConfig(
+        kind="dask", address="tcp://127.0.0.1:1", shard_size=3, no_workers_timeout_s=7, max_concurrency=5
+    )
+    ex = make_execution(cfg)
+    assert isinstance(ex, DaskExecution)
+    assert (ex.address, ex.shard_size, ex.no_workers_timeout_s, ex.max_concurrency) == ("tcp://127.0.0.1:1", 3, 7.0, 5)
