@@ -237,9 +237,12 @@ class DaskExecution(Execution):
         while True:
             try:
                 wait(futures, timeout=1.0)
-                return list(client.gather(futures))
+                break
             except TimeoutError:
-                pass
+                if any(f.status == "error" for f in futures):
+                    break  # a shard failed: say so now, not when the others finish
+            except Exception:  # noqa: BLE001 - cancelled (the scheduler is gone, the wave stopped): gather says why
+                break
             try:
                 n_workers = len(client.nthreads())
             except OSError:  # the scheduler is gone: the futures say so on the next turn
@@ -247,6 +250,7 @@ class DaskExecution(Execution):
             since = workerless_since(
                 since, n_workers, time.monotonic(), self.no_workers_timeout_s, self.scheduler_address
             )
+        return list(client.gather(futures))
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads that wait on the cluster, one per wave in flight: not the event loop's

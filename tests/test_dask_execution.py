@@ -192,3 +192,57 @@ def test_the_config_reaches_the_dask_execution():
     ex = make_execution(cfg)
     assert isinstance(ex, DaskExecution)
     assert (ex.address, ex.shard_size, ex.no_workers_timeout_s, ex.max_concurrency) == ("tcp://127.0.0.1:1", 3, 7.0, 5)
+
+
+@pytest.mark.integration  # starts a scheduler and a worker process
+def test_a_scheduler_killed_mid_wave_is_named_in_one_line(tmp_path):
+    """``dask scheduler`` + ``dask worker`` on loopback, the scheduler killed (SIGKILL)
+    while a wave runs: the one line says the scheduler is gone, not Dask's exception."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+    from pathlib import Path
+
+    from fixtures.prefect import free_port
+
+    from flows.errors import one_line
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent)])}
+    cli = [sys.executable, "-m"]
+    log = open(tmp_path / "dask.log", "w")  # noqa: SIM115 - closed below
+    scheduler = subprocess.Popen(
+        [*cli, "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1]],
+        env=env, stdout=log, stderr=log,
+    )  # fmt: skip
+    worker = subprocess.Popen(
+        [*cli, "distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny", "--host", "127.0.0.1"],
+        env=env, stdout=log, stderr=log,
+    )  # fmt: skip
+    ex = DaskExecution(address=address, connect_timeout_s=20)
+    try:
+        client = ex.client()
+        client.wait_for_workers(1, timeout=30)
+        agent = Agent(DigitPolicy(latency_s=3.0), ReachTarget(), toy_format())
+        start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+
+        def kill_once_running() -> None:  # the shard runs on the worker, then the scheduler dies
+            while not any(client.processing().values()):
+                time.sleep(0.05)
+            scheduler.kill()
+
+        threading.Thread(target=kill_once_running, daemon=True).start()
+        t0 = time.monotonic()
+        with pytest.raises(Exception) as err:  # noqa: B017, PT011 - which one is what the line is about
+            asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 30))
+        assert time.monotonic() - t0 < 20
+    finally:
+        ex.close()
+        for p in (worker, scheduler):
+            p.kill()
+            p.wait()
+        log.close()
+    assert one_line(err.value).startswith("the Dask scheduler is gone: "), one_line(err.value)
