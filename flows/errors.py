@@ -29,6 +29,8 @@ SELF_EXPLAINED = frozenset(
         "EnvError",
         "CollectionFailed",
         "TrainingDiverged",
+        "WorkerImportError",
+        "NoDaskWorkers",
         "ModelServiceOutage",
         "BadResponses",
         "RequestsRefused",
@@ -119,7 +121,8 @@ def one_line(exc: BaseException) -> str:
     if "FutureCancelledError" in names and "scheduler-connection-lost" in text:
         return (
             "the Dask scheduler is gone: the client lost its connection to it while rollouts ran; start it "
-            "again (or run without execution.address, --dask-address), then rerun with the same collection id to resume"
+            "and its workers again (workers close with their scheduler), or run without execution.address "
+            "(--dask-address), then rerun with the same collection id to resume"
         )
     if "KilledWorker" in names:
         return _flatten(f"a Dask worker died running rollouts more often than allowed ({text}); rerun to resume")

@@ -8,7 +8,9 @@ is one Dask task, and a worker runs its shard on its own asyncio loop
 The agent travels as cloudpickled bytes (inside each shard's task when small, scattered
 once per wave when large) and is unpickled inside every shard: each shard gets its own policy client bound to its own event loop, and no
 state is shared between shards or with the caller's process. Branch states travel in
-the jobs (pickled) and come back inside the rollouts. ``distributed`` is imported only
+the jobs, cloudpickled to bytes as well, and come back inside the rollouts: the
+scheduler unpickles a task's arguments, and a scheduler without the user's env module
+refused the whole wave with Dask's "Error during deserialization of the task graph". ``distributed`` is imported only
 when a cluster is first needed, so ``import focus`` stays free of Dask.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +31,54 @@ if TYPE_CHECKING:
     from focus.agent import Agent, Rollout
 
 
+class WorkerImportError(RuntimeError):
+    """A Dask worker cannot import a module the agent or the branch states need."""
+
+
+class NoDaskWorkers(RuntimeError):
+    """The scheduler has had no workers for longer than the execution allows."""
+
+
+def _load(data: bytes) -> Any:
+    """Unpickle what the caller sent, naming a module this worker lacks in one line."""
+    import socket
+
+    import cloudpickle
+
+    try:
+        return cloudpickle.loads(data)
+    except ImportError as e:
+        raise WorkerImportError(
+            f"a Dask worker (host {socket.gethostname()}) cannot import what the rollouts need: {e}; install it "
+            "in the workers' environment (or put it on their PYTHONPATH), then rerun with the same collection id"
+        ) from None
+
+
+def workerless_since(
+    since: float | None, n_workers: int, now: float, timeout_s: float, address: str | None = None
+) -> float | None:
+    """When the scheduler last had workers, or ``None`` while it has some (pure).
+
+    Raises :class:`NoDaskWorkers` once it has had none for ``timeout_s``: Dask keeps the
+    tasks waiting for a worker forever, so a cluster whose workers all died (or whose
+    scheduler restarted, which closes its workers) hung the collection without a line.
+    Workers that join within ``timeout_s`` pick the tasks up.
+    """
+    if n_workers > 0:
+        return None
+    if since is None:
+        return now
+    if now - since >= timeout_s:
+        raise NoDaskWorkers(
+            f"the Dask scheduler {address or ''} has had no workers for {now - since:.0f} s while rollouts waited "
+            f"(execution.no_workers_timeout_s = {timeout_s:g}); start workers (dask worker {address or '<scheduler>'}), "
+            "then rerun with the same collection id to resume"
+        )
+    return since
+
+
 def _run_shard(
-    agent_bytes: bytes, jobs: list[Any], max_concurrency: int, max_outage_share: float = 1.0, freeze_gc: bool = True
+    agent_bytes: bytes, jobs_bytes: bytes, max_concurrency: int, max_outage_share: float = 1.0, freeze_gc: bool = True
 ) -> list[Rollout]:
     """Body of one Dask task: unpickle the agent and run the shard on a fresh loop.
 
@@ -37,15 +86,14 @@ def _run_shard(
     model service, and a wave planned ahead must be able to start its shards while this
     one still runs, instead of queueing behind it for a thread.
     """
-    import cloudpickle
-
     try:
         from distributed import secede
 
         secede()
     except ValueError:  # not inside a Dask worker (called directly)
         pass
-    agent = cloudpickle.loads(agent_bytes)
+    agent = _load(agent_bytes)
+    jobs = _load(jobs_bytes)
     out: list[Rollout] = []
 
     async def go() -> None:
@@ -84,6 +132,8 @@ class DaskExecution(Execution):
     processes: bool = True
     shard_size: int | None = Field(None, ge=1)
     connect_timeout_s: float = Field(10.0, gt=0)
+    #: How long a wave waits while the scheduler has no workers before it fails.
+    no_workers_timeout_s: float = Field(300.0, gt=0)
 
     _client: Any = PrivateAttr(None)
     _cluster: Any = PrivateAttr(None)
@@ -166,7 +216,7 @@ class DaskExecution(Execution):
         pool = self._pool()
         client, shards, futures, payload = await loop.run_in_executor(pool, self._submit, agent, jobs)
         try:
-            results = await loop.run_in_executor(pool, client.gather, futures)
+            results = await loop.run_in_executor(pool, self._gather, client, futures)
         finally:
             # also when this wave is cancelled (another wave hit an outage, the run
             # ends): the shards stop, and the thread blocked in gather returns
@@ -178,6 +228,29 @@ class DaskExecution(Execution):
             for i, rollout in zip(shard, rollouts, strict=True):
                 out[i] = rollout
         return out
+
+    def _gather(self, client: Any, futures: list[Any]) -> list[Any]:
+        """``client.gather``, failing with one line when the scheduler stays without workers."""
+        from distributed import wait
+
+        since: float | None = None
+        while True:
+            try:
+                wait(futures, timeout=1.0)
+                break
+            except TimeoutError:
+                if any(f.status == "error" for f in futures):
+                    break  # a shard failed: say so now, not when the others finish
+            except Exception:  # noqa: BLE001 - cancelled (the scheduler is gone, the wave stopped): gather says why
+                break
+            try:
+                n_workers = len(client.nthreads())
+            except OSError:  # the scheduler is gone: the futures say so on the next turn
+                continue
+            since = workerless_since(
+                since, n_workers, time.monotonic(), self.no_workers_timeout_s, self.scheduler_address
+            )
+        return list(client.gather(futures))
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads that wait on the cluster, one per wave in flight: not the event loop's
@@ -194,6 +267,7 @@ class DaskExecution(Execution):
         threads = sum(client.nthreads().values()) or 1
         shards = self.shards(jobs, threads)
         data = cloudpickle.dumps(agent)
+        parts = [cloudpickle.dumps([jobs[i] for i in shard]) for shard in shards]
         # A small agent travels inside each task, so the scheduler can rerun a shard
         # whatever workers die; only a large one is scattered once per wave (data that
         # lives on workers is lost with the last worker holding it).
@@ -202,13 +276,13 @@ class DaskExecution(Execution):
             client.submit(
                 _run_shard,
                 payload,
-                [jobs[i] for i in shard],
+                part,
                 self.max_concurrency,
                 self.max_outage_share,
                 self.freeze_gc,
                 pure=False,
             )
-            for shard in shards
+            for part in parts
         ]
         return client, shards, futures, payload
 

@@ -28,7 +28,7 @@ def make_execution(ex: ExecutionConfig) -> Execution:
         return Execution(**common)
     from focus.dask_execution import DaskExecution
 
-    where = ex.model_dump(include={"address", "n_workers", "threads_per_worker", "processes", "shard_size"})
+    where = ex.model_dump(include=set(DaskExecution.model_fields) - set(common))  # where and how it runs
     return DaskExecution(**common, **where)
 
 

@@ -100,3 +100,149 @@ def test_waves_in_flight_overlap_on_one_worker_thread_and_give_the_in_process_ba
         remote = collect(ex)
     assert CALLS["max"] > 1
     assert key(remote) == key(collect(Execution(max_concurrency=4)))
+
+
+def test_workerless_since_fails_only_after_the_timeout_and_resets_when_workers_join():
+    from focus.dask_execution import NoDaskWorkers, workerless_since
+
+    assert workerless_since(None, 2, 10.0, 5.0) is None
+    assert workerless_since(None, 0, 10.0, 5.0) == 10.0
+    assert workerless_since(10.0, 0, 14.9, 5.0) == 10.0
+    assert workerless_since(10.0, 1, 20.0, 5.0) is None  # a worker joined late: the wait starts over
+    with pytest.raises(NoDaskWorkers, match=r"no workers for 5 s .*dask worker tcp://h:1"):
+        workerless_since(10.0, 0, 15.0, 5.0, "tcp://h:1")
+
+
+@pytest.mark.integration  # starts a scheduler
+def test_a_scheduler_without_workers_fails_the_wave_with_one_line_instead_of_hanging():
+    """All workers dead (or the scheduler restarted, which closes them): Dask waits for a
+    worker forever, and the collection hung without a word."""
+    from distributed import LocalCluster
+
+    from flows.errors import one_line
+    from focus.dask_execution import NoDaskWorkers
+
+    agent = Agent(DigitPolicy(), ReachTarget(), toy_format())
+    start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster:
+        ex = DaskExecution(address=cluster.scheduler_address, no_workers_timeout_s=1.0)
+        try:
+            with pytest.raises(NoDaskWorkers) as err:
+                asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 20))
+        finally:
+            ex.close()
+    line = one_line(err.value)
+    assert line.startswith(f"the Dask scheduler {cluster.scheduler_address} has had no workers for ")
+    assert "rerun with the same collection id" in line
+
+
+ENV_MODULE = """
+from dataclasses import dataclass
+
+from focus.env import Reset
+from focus.toy import ReachState, ReachTarget
+
+
+@dataclass(frozen=True)
+class WorkerlessState(ReachState):
+    pass
+
+
+class WorkerlessEnv(ReachTarget):
+    async def reset(self, task, workspace):
+        r = await super().reset(task, workspace)
+        return Reset(WorkerlessState(r.state.target), r.messages)
+"""
+
+
+@pytest.mark.integration  # starts a cluster
+def test_a_worker_without_the_env_module_is_named_in_one_line(tmp_path, monkeypatch):
+    """The user's env module is importable where the collection runs, not on the workers
+    (started before it was on the path): one line naming the module and the workers,
+    not Dask's "Error during deserialization" (the branch states travel as bytes, so the
+    scheduler never unpickles them either)."""
+    import sys
+
+    from flows.errors import one_line
+    from focus.dask_execution import WorkerImportError
+
+    with DaskExecution(n_workers=1) as ex:
+        ex.client()  # the workers start without tmp_path on their path
+        (tmp_path / "h38d_worker_env.py").write_text(ENV_MODULE)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        from h38d_worker_env import WorkerlessEnv  # type: ignore[import-not-found]
+
+        agent = Agent(DigitPolicy(), WorkerlessEnv(), toy_format())
+        start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+        with pytest.raises(WorkerImportError) as err:
+            asyncio.run(ex.run(agent, [RolloutJob(0, 0, 1, start)]))
+    sys.modules.pop("h38d_worker_env", None)
+    line = one_line(err.value)
+    assert "a Dask worker" in line and "No module named 'h38d_worker_env'" in line
+    assert "install it in the workers' environment" in line
+
+
+def test_the_config_reaches_the_dask_execution():
+    from tasks.collect import make_execution
+    from tasks.config import ExecutionConfig
+
+    cfg = ExecutionConfig(
+        kind="dask", address="tcp://127.0.0.1:1", shard_size=3, no_workers_timeout_s=7, max_concurrency=5
+    )
+    ex = make_execution(cfg)
+    assert isinstance(ex, DaskExecution)
+    assert (ex.address, ex.shard_size, ex.no_workers_timeout_s, ex.max_concurrency) == ("tcp://127.0.0.1:1", 3, 7.0, 5)
+
+
+@pytest.mark.integration  # starts a scheduler and a worker process
+def test_a_scheduler_killed_mid_wave_is_named_in_one_line(tmp_path):
+    """``dask scheduler`` + ``dask worker`` on loopback, the scheduler killed (SIGKILL)
+    while a wave runs: the one line says the scheduler is gone, not Dask's exception."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+    from pathlib import Path
+
+    from fixtures.prefect import free_port
+
+    from flows.errors import one_line
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent)])}
+    cli = [sys.executable, "-m"]
+    log = open(tmp_path / "dask.log", "w")  # noqa: SIM115 - closed below
+    scheduler = subprocess.Popen(
+        [*cli, "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1]],
+        env=env, stdout=log, stderr=log,
+    )  # fmt: skip
+    worker = subprocess.Popen(
+        [*cli, "distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny", "--host", "127.0.0.1"],
+        env=env, stdout=log, stderr=log,
+    )  # fmt: skip
+    ex = DaskExecution(address=address, connect_timeout_s=20)
+    try:
+        client = ex.client()
+        client.wait_for_workers(1, timeout=30)
+        agent = Agent(DigitPolicy(latency_s=3.0), ReachTarget(), toy_format())
+        start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+
+        def kill_once_running() -> None:  # the shard runs on the worker, then the scheduler dies
+            while not any(client.processing().values()):
+                time.sleep(0.05)
+            scheduler.kill()
+
+        threading.Thread(target=kill_once_running, daemon=True).start()
+        t0 = time.monotonic()
+        with pytest.raises(Exception) as err:  # noqa: B017, PT011 - which one is what the line is about
+            asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 30))
+        assert time.monotonic() - t0 < 20
+    finally:
+        ex.close()
+        for p in (worker, scheduler):
+            p.kill()
+            p.wait()
+        log.close()
+    assert one_line(err.value).startswith("the Dask scheduler is gone: "), one_line(err.value)

@@ -112,6 +112,8 @@ MEANING: dict[str, str] = {
     "execution.processes": "LocalCluster workers are processes (false: threads)",
     "execution.max_concurrency": "model calls in flight per process",
     "execution.shard_size": "rollouts per Dask task",
+    "execution.no_workers_timeout_s": "seconds a wave waits while the Dask scheduler has no workers (all died, "
+    "none joined yet) before the collection fails with one line; workers joining in time pick it up",
     "execution.heartbeat_s": "seconds between the heartbeats a running collection sends the Prefect server (a "
     'watchdog marks a silent run Crashed: docs/pipeline.md, "Node loss")',
     "execution.prefect_grace_s": "seconds a flow run goes on while its Prefect server answers no health check "

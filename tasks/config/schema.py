@@ -226,6 +226,10 @@ class ExecutionConfig(_Model):
     prefect_grace_s: float = Field(10.0, gt=0)
     #: See focus.execution.Execution.max_outage_share.
     max_outage_share: float = Field(0.1, ge=0.0, le=1.0)
+    #: Dask only: how long a wave waits while the scheduler has no workers (all died, or
+    #: none joined yet) before the collection fails with one line; workers that join in
+    #: time pick the wave up (focus.dask_execution.workerless_since).
+    no_workers_timeout_s: float = Field(300.0, gt=0)
 
     @model_validator(mode="after")
     def _address_means_dask(self) -> ExecutionConfig:
