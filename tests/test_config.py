@@ -116,3 +116,15 @@ def test_text_fields_keep_text_from_variables_and_flags():
     assert (cfg.collection_id, cfg.model.policy_version) == ("123", "7")
     assert load_config(overrides={"collection_id": 2026}, environ={}).collection_id == "2026"
     assert load_config(environ={"FOCUS_ENV__N_TASKS": "5"}).env.n_tasks == 5
+
+
+def test_a_scheduler_address_selects_dask_however_the_config_is_built():
+    """``ExecutionConfig(address=...)`` stayed ``local``: pydantic drops what an "after"
+    validator returns in place of the model when ``__init__`` builds it."""
+    from tasks.config.schema import ExecutionConfig
+
+    addr = "tcp://127.0.0.1:1"
+    assert ExecutionConfig(address=addr).kind == "dask"
+    assert ExecutionConfig.model_validate({"address": addr}).kind == "dask"
+    assert FocusConfig.model_validate({"execution": {"address": addr}}).execution.kind == "dask"
+    assert ExecutionConfig().kind == "local" and ExecutionConfig(kind="dask").address is None

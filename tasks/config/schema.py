@@ -231,10 +231,16 @@ class ExecutionConfig(_Model):
     #: time pick the wave up (focus.dask_execution.workerless_since).
     no_workers_timeout_s: float = Field(300.0, gt=0)
 
-    @model_validator(mode="after")
-    def _address_means_dask(self) -> ExecutionConfig:
-        """A scheduler address is only used by Dask: giving one selects it."""
-        return self.model_copy(update={"kind": "dask"}) if self.address and self.kind != "dask" else self
+    @model_validator(mode="before")
+    @classmethod
+    def _address_means_dask(cls, data: Any) -> Any:
+        """A scheduler address is only used by Dask: giving one selects it. (Before the
+        fields are validated: a value an "after" validator returns in place of the model
+        is dropped when the model is built by its ``__init__``, so
+        ``ExecutionConfig(address=...)`` stayed ``local``.)"""
+        if isinstance(data, dict) and data.get("address") and data.get("kind") != "dask":
+            return {**data, "kind": "dask"}
+        return data
 
 
 class StorageConfig(_Model):
