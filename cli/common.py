@@ -318,18 +318,13 @@ def load_with_budget(
     return load(path, {**over, "search.phases": phases}, [*flagged, "search.phases"])
 
 
-#: The command-line flag of each configuration field a command sets by a flag of its own.
+#: The flags of :data:`FLAGS` that give their field's value as it is (a resume line
+#: repeats them); the others stand for a derived value (``--transitions``, ``--dask``)
+#: or are the line's own (``--collection-id``).
 FLAG_OF = {
-    "seed": "--seed",
-    "iteration": "--iteration",
-    "storage.root": "--store",
-    "env.n_tasks": "--tasks",
-    "execution.address": "--dask-address",
-    "model.url": "--model-url",
-    "model.http.timeout_s": "--model-timeout",
-    "model.http.max_retries": "--model-retries",
-    "train.iterations": "--iterations",
-    "train.trainer": "--trainer",
+    field: flag
+    for field, flag in FLAGS.items()
+    if field not in ("collection_id", "search.phases", "model.kind", "execution.kind")
 }
 
 
