@@ -197,9 +197,10 @@ class UpdateStep:
 
 class TrainingDiverged(ValueError):
     """An update produced a non-finite loss, gradient or weight. Raised before the step
-    that would apply it and before any weights are written, so a loop records nothing
-    for the iteration (a recorded step is reused forever) and a rerun with a smaller
-    learning rate trains the batch again."""
+    that would apply it (a loss or gradient), or by :meth:`PolicyTrainer.save` once the
+    fp16 file it wrote reads back non-finite (a weight), so a loop records nothing for
+    the iteration (a recorded step is reused forever) and a rerun with a smaller
+    learning rate trains the batch again and writes that file anew."""
 
 
 #: Called once per optimizer step, in the training thread; it must be cheap.
