@@ -97,8 +97,10 @@ class Estimator(BaseModel, abc.ABC):
 
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     #: Fixed weight of the critic as pseudo-counts (λ = κ/(κ+m)); None: from the
-    #: collection's own residuals (empirical Bayes, see docs/algorithm.md).
-    kappa: float | None = Field(None, ge=0.0)
+    #: collection's own residuals (empirical Bayes, see docs/algorithm.md). Finite: κ = ∞
+    #: (λ = 1) made every refined value ∞/∞ = NaN, which the batch refuses only after
+    #: the whole collection ran.
+    kappa: float | None = Field(None, ge=0.0, allow_inf_nan=False)
     #: A truncated leaf (step or context limit) bootstraps from the critic, or counts
     #: as terminal (value 0).
     truncation: Truncation = "bootstrap"

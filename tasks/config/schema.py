@@ -194,8 +194,8 @@ class EstimatorConfig(_Model):
 
     #: Discount per task transition.
     gamma: float = Field(1.0, gt=0.0, le=1.0)
-    #: Fixed critic weight (pseudo-counts); unset: fitted from the collection's residuals.
-    kappa: float | None = Field(None, ge=0.0)
+    #: Fixed critic weight (pseudo-counts, finite); unset: fitted from the collection's residuals.
+    kappa: float | None = Field(None, ge=0.0, allow_inf_nan=False)
     #: A truncated leaf (max_steps) bootstraps from the critic, or counts as terminal.
     truncation: Literal["bootstrap", "terminal"] = "bootstrap"
 

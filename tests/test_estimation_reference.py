@@ -1,0 +1,364 @@
+"""The library's learning signals against a second implementation written from
+docs/algorithm.md alone (tests/fixtures/reference.py: a plain recursion over nested
+trees), on hand-built trees that hold what collections produce: branching at several
+depths with unequal sibling counts, γ < 1, terminal, truncated (bootstrapped or
+counted as terminal), failed and unscored leaves, multi-turn segments with parse errors
+and compactions between transitions, a segment without turns (the context limit), one
+token segments, a single unbranched rollout, rewards at the last step only or at every
+step. Then the same trees through ``Collector.prepare`` and a Parquet write, read back
+with polars: every actor and critic row."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import polars as pl
+import pytest
+from fixtures.reference import (
+    Noise,
+    RNode,
+    Seg,
+    Step,
+    backup,
+    cp,
+    direct_td,
+    edges,
+    failed,
+    grpo,
+    node_mc,
+    nodes,
+    seg,
+    targets,
+    term,
+    trunc,
+)
+
+from focus.agent import Agent
+from focus.collector import Collector
+from focus.critic import ConstantCritic
+from focus.estimation import DirectBranchTd, GroupNormalized, NodeMonteCarlo, NoiseModel, critic_targets, tree_values
+from focus.priority import Uniform
+from focus.testing import ScriptedPolicy
+from focus.toy import ReachTarget, toy_format
+from focus.tree import Tree, Turn
+from storage import BatchStore
+
+# --- trees ------------------------------------------------------------------------------------
+
+
+def unbranched_last_reward() -> RNode:
+    """One rollout, three checkpoints, the reward at the last step only."""
+    return cp(0.3, seg(cp(0.4, seg(cp(0.6, seg(term(), Step(1.0)))))))
+
+
+def unbranched_per_step_truncated() -> RNode:
+    """One rollout with a reward at every step, cut by max_steps (bootstraps on v̂ = 0.8)."""
+    return cp(0.1, seg(cp(0.2, seg(cp(0.5, seg(trunc(0.8), Step(0.25))), Step(0.5))), Step(0.25)))
+
+
+def branched() -> RNode:
+    """Branching at depths 0, 1 and 2 with 4, 2 and 3 children; every kind of leaf; a
+    checkpoint whose only continuation failed (it keeps v̂) and one without a prediction
+    whose continuation failed too (no value: its segment gets nothing)."""
+    deep = cp(
+        0.45,
+        seg(term(), Step(1.0)),
+        seg(term(), Step(0.0), Step(0.0, transition=False), Step(0.5)),  # a parse error between transitions
+        seg(trunc(0.9), Step(0.2), Step(0.2)),
+    )
+    left = cp(0.5, seg(deep, Step(0.1)), seg(term(), Step(0.0)))
+    return cp(
+        0.35,
+        seg(left),
+        seg(cp(0.7, seg(failed(), Step(0.3))), Step(0.0)),  # only continuation failed: V = v̂
+        seg(cp(None, seg(failed())), Step(0.4)),  # nothing known below, no prediction
+        seg(trunc(0.25), Step(0.1, tokens=1)),  # one-token segment
+        seg(failed(), Step(0.2), Step(0.2)),
+    )
+
+
+def multi_turn() -> RNode:
+    """Sparse checkpoints: segments of several turns, compactions (mask 0, no transition),
+    a checkpoint whose next prompt no longer fits (a truncated child without a turn), a
+    truncated leaf the critic never scored."""
+    mid = cp(
+        0.6,
+        seg(trunc(0.55), Step(0.0), Step(0.0, transition=False, kind="compaction", mask=0, tokens=5), Step(0.3)),
+        Seg([], trunc(0.6)),  # context limit right at the checkpoint: no turn, no transition
+        seg(term(), Step(0.0), Step(1.0)),
+        seg(trunc(None), Step(0.5)),  # never scored: no value under bootstrap, 0 under terminal
+    )
+    return cp(0.2, seg(mid, Step(0.0), Step(0.5), Step(0.0, transition=False)), seg(term(), Step(0.0), Step(0.0)))
+
+
+TREES = {
+    "unbranched_last_reward": unbranched_last_reward,
+    "unbranched_per_step_truncated": unbranched_per_step_truncated,
+    "branched": branched,
+    "multi_turn": multi_turn,
+}
+
+
+def to_tree(root: RNode, task: str = "t") -> Tree:
+    """The focus Tree of ``root`` (idents of nodes and segments set to the tree's ids).
+    Each turn's prompt extends the previous turn's prompt and completion by observation
+    tokens (9, 9), as ``Segments`` contexts do; log-probs differ per token."""
+    tree = Tree.new(task, None, (1, 2, 3))
+    tree.root.value = root.v_hat
+    root.ident = 0
+    counter = [0]
+
+    def grow(n: RNode, prompt: tuple[int, ...]) -> None:
+        for s in n.children:
+            turns, p = [], prompt
+            for st in s.steps:
+                counter[0] += 1
+                ids = tuple(100 + (counter[0] * 7 + i) % 150 for i in range(st.tokens))
+                lps = tuple(-0.01 * (counter[0] + i) for i in range(st.tokens))
+                turns.append(Turn(p, ids, lps, st.mask, "stop", st.kind, st.reward, st.transition))
+                p = (*p, *ids, 9, 9)
+            c = s.child
+            node = tree.add_node(n.ident, tuple(turns), c.kind, steps=0, context_ids=p if c.kind != "terminal" else ())
+            node.value = c.v_hat
+            c.ident, s.ident = node.id, node.parent_edge  # type: ignore[assignment]
+            grow(c, p)
+
+    grow(root, (1, 2, 3))
+    return tree
+
+
+CASES = [
+    (name, gamma, kappa, truncation)
+    for name in TREES
+    for gamma in (1.0, 0.9, 0.5)
+    for kappa in (0.0, 1.0, 3.0)
+    for truncation in ("bootstrap", "terminal")
+]
+
+
+@pytest.mark.parametrize(("name", "gamma", "kappa", "truncation"), CASES)
+def test_values_advantages_targets_and_baselines_match_the_reference(name, gamma, kappa, truncation):
+    root = TREES[name]()
+    tree = to_tree(root)
+    backup(root, gamma, kappa=kappa, truncation=truncation)
+    est = DirectBranchTd(gamma=gamma, kappa=kappa, truncation=truncation)
+    tv = est.values(tree)
+    for n in nodes(root):
+        got = tv.value[n.ident]
+        assert (got is None) == (n.value is None), n.ident
+        if n.value is not None:
+            assert got == pytest.approx(n.value, abs=1e-12), n.ident
+    want = direct_td(root, gamma)
+    got = est.advantages(list(tree.edges.values()), tv)
+    assert set(got) == set(want)
+    assert got == pytest.approx(want, abs=1e-12)
+    tg = targets(root, gamma, truncation)
+    lib = critic_targets(tree, gamma=gamma, truncation=truncation)
+    assert set(lib) == set(tg)
+    for i, c in lib.items():
+        assert (c.target, c.weight) == pytest.approx(tg[i], abs=1e-12), i
+    # the baselines
+    for scale in (True, False):
+        g = GroupNormalized(gamma=gamma, kappa=kappa, truncation=truncation, scale=scale)
+        lib_g = g.advantages(list(tree.edges.values()), g.values(tree))
+        assert lib_g == pytest.approx(grpo(root, gamma, scale=scale, truncation=truncation), abs=1e-9)
+    mc = NodeMonteCarlo(gamma=gamma, kappa=kappa, truncation=truncation)
+    assert mc.advantages(list(tree.edges.values()), mc.values(tree)) == pytest.approx(
+        node_mc(root, gamma, truncation), abs=1e-12
+    )
+
+
+NOISES = [
+    # s(d), ν(d), t(d) by depth: a critic better early than late; an env random at depth 1
+    Noise((0.04, 0.02, 0.03, 0.01), (0.0, 0.015, 0.005, 0.0), (0.002, 0.01, 0.05, 0.05)),
+    # an exact critic (t = 0) and a noiseless env: λ = 1 wherever the critic predicts
+    Noise((0.05,), (0.0,), (0.0,)),
+    # a critic far worse than the evidence: λ near 0
+    Noise((0.01, 0.02), (0.005, 0.0), (4.0,)),
+]
+
+
+@pytest.mark.parametrize("noise", NOISES)
+@pytest.mark.parametrize("gamma", [1.0, 0.8])
+@pytest.mark.parametrize("truncation", ["bootstrap", "terminal"])
+@pytest.mark.parametrize("name", list(TREES))
+def test_the_critic_weight_of_a_given_noise_model_matches_the_reference(name, truncation, gamma, noise):
+    """λ(n) from s(d), ν(d), t(d) as docs/algorithm.md derives it, at every depth of trees
+    whose segments hold several transitions (their later ones add ``γ^{2i}s(d)``), whose
+    children's errors back up from below and whose checkpoints weigh the segments above
+    (ι from the parent's valid children): the weights, values, errors and advantages."""
+    root = TREES[name]()
+    tree = to_tree(root)
+    backup(root, gamma, noise=noise, truncation=truncation)
+    model = NoiseModel(tuple(noise.s), 0.02, tuple(noise.nu), critic_vars=tuple(noise.t))
+    tv = tree_values(tree, gamma=gamma, noise=model, truncation=truncation)
+    for n in nodes(root):
+        if n.kind != "checkpoint" or n.value is None:
+            continue
+        assert tv.critic_weight[n.ident] == pytest.approx(n.lam, abs=1e-12), n.ident
+        assert tv.value[n.ident] == pytest.approx(n.value, abs=1e-12), n.ident
+        assert tv.error[n.ident] == pytest.approx(n.err, abs=1e-12), n.ident
+    est = DirectBranchTd(gamma=gamma, truncation=truncation)
+    assert est.advantages(list(tree.edges.values()), tv) == pytest.approx(direct_td(root, gamma), abs=1e-12)
+    # an unknown model (no spreads, no usable residuals) is the plain backup
+    plain = copy.deepcopy(TREES[name]())
+    backup(plain, gamma, kappa=0.0, truncation=truncation)
+    tv0 = tree_values(to_tree(plain), gamma=gamma, noise=NoiseModel.unknown(), truncation=truncation)
+    assert [tv0.value[n.ident] for n in nodes(plain)] == pytest.approx([n.value for n in nodes(plain)], abs=1e-12)
+
+
+def _collector(estimator) -> Collector:
+    agent = Agent(ScriptedPolicy(["1"]), ReachTarget(), toy_format())
+    return Collector(agent, Uniform(), ConstantCritic(0.0), estimator, collection_id="ref")
+
+
+@pytest.mark.parametrize("kappa", [1.0, None])
+def test_the_written_batch_holds_the_reference_numbers_row_for_row(tmp_path, kappa):
+    """Collector.prepare over every hand tree (one collection, so a fitted noise model sees
+    them all), written to Parquet and read back with polars: one actor row per turn of
+    each segment with an advantage (failed and unvalued segments left out), its ids,
+    log-probs and mask as recorded, the reference's advantage on every turn of the
+    segment, each turn's own reward, ``truncated`` on the segments that end in a
+    truncated leaf; one critic row per checkpoint with the λ = 0 target and weight m."""
+    gamma = 0.9
+    est = DirectBranchTd(gamma=gamma, kappa=kappa)
+    roots = {name: make() for name, make in TREES.items()}
+    trees = [to_tree(root, name) for name, root in roots.items()]
+    col = _collector(est)
+    url = BatchStore(str(tmp_path)).write(col.prepare(trees))
+    files = BatchStore(str(tmp_path)).parquet_files(url, "actor")
+    actor = pl.read_parquet(files).sort("tree_id", "edge_id", "turn_index")
+    critic = pl.read_parquet(BatchStore(str(tmp_path)).parquet_files(url, "critic")).sort("tree_id", "node_id")
+    if kappa is None:
+        nm = est.noise(trees)
+        assert nm.known
+        depths = range(8)
+        noise = Noise(
+            tuple(nm.step_var(d) for d in depths),
+            tuple(nm.noise_var(d) for d in depths),
+            tuple(nm.critic_error_at(d) for d in depths),
+        )
+    want_actor, want_critic = [], []
+    for ti, (name, root) in enumerate(roots.items()):
+        tree, tree_id = trees[ti], f"{name}#{ti}"
+        backup(root, gamma, kappa=kappa, noise=None if kappa is not None else noise)
+        adv = direct_td(root, gamma)
+        for p, s in edges(root):
+            if s.ident not in adv:
+                continue
+            for j, turn in enumerate(tree.edges[s.ident].turns):
+                want_actor.append(
+                    {
+                        "tree_id": tree_id,
+                        "task_id": name,
+                        "node_id": p.ident,
+                        "edge_id": s.ident,
+                        "turn_index": j,
+                        "kind": s.steps[j].kind,
+                        "prompt_ids": list(turn.prompt_ids),
+                        "completion_ids": list(turn.completion_ids),
+                        "logprobs": list(turn.logprobs),
+                        "loss_mask": [s.steps[j].mask] * s.steps[j].tokens,
+                        "advantage": adv[s.ident],
+                        "reward": s.steps[j].reward,
+                        "truncated": s.child.kind == "truncated",
+                    }
+                )
+        for n, (target, weight) in targets(root, gamma).items():
+            node = next(x for x in nodes(root) if x.ident == n)
+            want_critic.append((tree_id, n, target, weight, node.v_hat, list(tree.nodes[n].context_ids)))
+    want_actor.sort(key=lambda r: (r["tree_id"], r["edge_id"], r["turn_index"]))
+    got = actor.drop("collection_id", "iteration", "policy_version", "finish_reason").to_dicts()
+    assert len(got) == len(want_actor)
+    for g, w in zip(got, want_actor, strict=True):
+        assert g["advantage"] == pytest.approx(w.pop("advantage"), abs=1e-12), g
+        assert {k: g[k] for k in w} == w
+    assert set(actor["collection_id"]) == {"ref"}
+    want_critic.sort(key=lambda r: (r[0], r[1]))
+    assert len(critic) == len(want_critic)
+    for row, (tree_id, n, target, weight, v_hat, ctx) in zip(critic.iter_rows(named=True), want_critic, strict=True):
+        assert (row["tree_id"], row["node_id"], row["weight"], row["prediction"]) == (tree_id, n, weight, v_hat)
+        assert row["target"] == pytest.approx(target, abs=1e-12) and row["context_ids"] == ctx
+
+
+@pytest.mark.parametrize("kappa", [0.0, 2.0, None])
+@pytest.mark.parametrize("name", list(TREES))
+def test_sibling_advantages_average_to_the_critics_share_of_the_disagreement(name, kappa):
+    """Σ_j A(e_j)/m = Q̄(p) − V(p) = λ(p)·(Q̄(p) − v̂(p)) over a checkpoint's valid
+    children: zero for a plain backup (λ = 0), so an only child backed up with λ = 0 gets
+    exactly 0 (docs/algorithm.md, "Advantages"); with λ > 0 the siblings share the
+    critic's correction. Failed children are not among them."""
+    gamma = 0.9
+    tree = to_tree(TREES[name]())
+    model = NoiseModel(NOISES[0].s, 0.02, NOISES[0].nu, critic_vars=NOISES[0].t)
+    tv = tree_values(tree, gamma=gamma, kappa=kappa, noise=model if kappa is None else None)
+    adv = DirectBranchTd(gamma=gamma, kappa=kappa).advantages(list(tree.edges.values()), tv)
+    checked = 0
+    for node in tree.checkpoints():
+        kids = [eid for eid in node.children if eid in adv]
+        if not kids or tv.value[node.id] is None:
+            continue
+        assert len(kids) == tv.m[node.id]
+        lam, v_hat = tv.critic_weight[node.id], node.value
+        shift = lam * (tv.q_bar[node.id] - v_hat) if v_hat is not None else 0.0
+        assert sum(adv[e] for e in kids) / len(kids) == pytest.approx(shift, abs=1e-12)
+        if kappa == 0.0:
+            assert sum(adv[e] for e in kids) == pytest.approx(0.0, abs=1e-12)
+            if len(kids) == 1:
+                assert adv[kids[0]] == 0.0
+        checked += 1
+    assert checked >= 2
+
+
+def test_group_normalized_is_deepseekmaths_outcome_supervision_with_the_population_std():
+    """G independent rollouts from the root (each of two segments): every segment of
+    rollout i gets (R_i − mean R)/(std R + 1e-6), std the population standard deviation
+    (ddof 0; verl's compute_grpo_outcome_advantage takes torch.std, ddof 1, which is
+    sqrt((G−1)/G) times larger); scale=False only centres (Dr. GRPO). A truncated
+    rollout's return bootstraps on v̂ like any value; a failed one is not in the group."""
+    rewards = [1.0, 0.0, 0.0, 1.0, 0.5]
+    root = cp(
+        0.5,
+        *[seg(cp(0.5, seg(term(), Step(r))), Step(0.0)) for r in rewards],
+        seg(cp(0.5, seg(trunc(0.4), Step(0.1))), Step(0.0)),
+        seg(cp(0.5, seg(failed(), Step(1.0))), Step(0.0)),
+    )
+    tree = to_tree(root)
+    returns = [*rewards, 0.1 + 0.4]
+    mu = sum(returns) / len(returns)
+    sd = math.sqrt(sum((r - mu) ** 2 for r in returns) / len(returns))
+    g = GroupNormalized()
+    adv = g.advantages(list(tree.edges.values()), g.values(tree))
+    for i, s in enumerate(root.children[:6]):
+        want = (returns[i] - mu) / (sd + 1e-6)
+        assert adv[s.ident] == pytest.approx(want, rel=1e-12)
+        assert adv[s.child.children[0].ident] == pytest.approx(want, rel=1e-12)
+    # the failed rollout's first segment reaches no complete path: no advantage
+    assert root.children[6].ident not in adv and root.children[6].child.children[0].ident not in adv
+    centred = GroupNormalized(scale=False)
+    assert centred.advantages(list(tree.edges.values()), centred.values(tree))[root.children[0].ident] == (
+        pytest.approx(1.0 - mu, rel=1e-12)
+    )
+    assert grpo(root, 1.0, ddof=1)[root.children[0].ident] != pytest.approx(adv[root.children[0].ident], rel=1e-3)
+
+
+def test_an_infinite_kappa_is_refused_before_a_collection_runs():
+    """κ → ∞ is λ = 1 (V = v̂: one-step TD on the critic), but κ/(κ + m) at κ = ∞ is
+    ∞/∞: every refined value was NaN, and ``Collector.prepare`` refused the batch only
+    after the whole collection had run. Refused where it is set; a large finite κ is the
+    limit the reference computes."""
+    from pydantic import ValidationError
+
+    from tasks.config import FocusConfig
+
+    for bad in (math.inf, math.nan):
+        with pytest.raises(ValidationError, match="finite"):
+            DirectBranchTd(kappa=bad)
+        with pytest.raises(ValidationError, match="finite"):
+            FocusConfig.model_validate({"estimator": {"kappa": bad}})
+    root = branched()
+    tree = to_tree(root)
+    backup(root, 0.9, kappa=math.inf)
+    tv = tree_values(tree, gamma=0.9, kappa=1e15)
+    assert [tv.value[n.ident] for n in nodes(root)] == pytest.approx([n.value for n in nodes(root)], abs=1e-12)
