@@ -11,6 +11,7 @@ with polars: every actor and critic row."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import polars as pl
@@ -226,7 +227,8 @@ def test_the_written_batch_holds_the_reference_numbers_row_for_row(tmp_path, kap
     roots = {name: make() for name, make in TREES.items()}
     trees = [to_tree(root, name) for name, root in roots.items()]
     col = _collector(est)
-    url = BatchStore(str(tmp_path)).write(col.prepare(trees))
+    batch = col.prepare(trees)
+    url = BatchStore(str(tmp_path)).write(batch)
     files = BatchStore(str(tmp_path)).parquet_files(url, "actor")
     actor = pl.read_parquet(files).sort("tree_id", "edge_id", "turn_index")
     critic = pl.read_parquet(BatchStore(str(tmp_path)).parquet_files(url, "critic")).sort("tree_id", "node_id")
@@ -269,6 +271,8 @@ def test_the_written_batch_holds_the_reference_numbers_row_for_row(tmp_path, kap
             node = next(x for x in nodes(root) if x.ident == n)
             want_critic.append((tree_id, n, target, weight, node.v_hat, list(tree.nodes[n].context_ids)))
     want_actor.sort(key=lambda r: (r["tree_id"], r["edge_id"], r["turn_index"]))
+    left_out = sum(1 for root in roots.values() for _p, s in edges(root) if s.ident not in direct_td(root, gamma))
+    assert batch.stats["excluded_segments"] == left_out == 5
     got = actor.drop("collection_id", "iteration", "policy_version", "finish_reason").to_dicts()
     assert len(got) == len(want_actor)
     for g, w in zip(got, want_actor, strict=True):
@@ -362,3 +366,160 @@ def test_an_infinite_kappa_is_refused_before_a_collection_runs():
     backup(root, 0.9, kappa=math.inf)
     tv = tree_values(tree, gamma=0.9, kappa=1e15)
     assert [tv.value[n.ident] for n in nodes(root)] == pytest.approx([n.value for n in nodes(root)], abs=1e-12)
+
+
+# --- a real collection ------------------------------------------------------------------------
+
+
+def from_tree(tree: Tree) -> RNode:
+    """The reference's tree of a focus Tree (the data only: kinds, predictions, turns)."""
+
+    def node(i: int) -> RNode:
+        n = tree.nodes[i]
+        r = RNode(n.kind, n.value, ident=i)
+        for eid in n.children:
+            e = tree.edges[eid]
+            steps = [Step(t.reward, t.transition, len(t.completion_ids), t.kind, t.loss_mask) for t in e.turns]
+            r.children.append(Seg(steps, node(e.child), eid))
+        return r
+
+    return node(tree.ROOT)
+
+
+COLLECT_TOML = """
+collection_id = "ref"
+progress = false
+[env]
+n_tasks = 4
+[agent]
+max_steps = 5
+branch_points = "sparse"
+[estimator]
+gamma = 0.9
+[storage]
+root = "runs"
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_a_focus_collect_batch_read_with_duckdb_holds_the_reference_numbers(tmp_path, monkeypatch):
+    """``focus collect`` with the embedded tiny model on the toy task (γ = 0.9, sparse
+    checkpoints: segments of two model turns with the env's observation between them,
+    max_steps 5: truncated leaves, the constant critic's 0.5 to bootstrap on, the noise
+    model fitted from the collection), its Parquet read back with DuckDB, against the
+    reference computed on the trees replayed from the run's checkpoints (no model call):
+    each row's advantage; rewards as the env defines them (1 where the digits said so far
+    land on the target, read off the token ids); truncated segments bootstrap on v̂ and
+    terminal ones do not; critic targets and weights; token positions: a segment's first
+    prompt is its checkpoint's critic context, each later turn's prompt extends the
+    previous prompt and completion by the observation ``Total N.``, log-probs and mask
+    one per completion token."""
+    import asyncio
+    import subprocess
+    import sys
+
+    import duckdb
+    from fixtures.prefect import base_env
+
+    from focus.journal import Journal
+    from storage import CheckpointStore
+    from storage.errors import CheckpointNotFound
+    from tasks.config.sources import load_config
+    from tasks.journal import checkpoint_key
+
+    (tmp_path / "cfg.toml").write_text(COLLECT_TOML)
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "collect", "-c", "cfg.toml", "--transitions", "60", "--json"],
+        cwd=tmp_path,
+        env=base_env(tmp_path / "prefect"),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    url = json.loads(done.stdout.strip().splitlines()[-1])["batch_url"]
+    store = BatchStore(str(tmp_path / "runs"))
+    rows = duckdb.sql(
+        "select tree_id, node_id, edge_id, turn_index, prompt_ids, completion_ids, logprobs, loss_mask, advantage, "
+        "reward, truncated, finish_reason from read_parquet($f) order by tree_id, edge_id, turn_index",
+        params={"f": store.parquet_files(url, "actor")},
+    ).fetchall()
+    crit = duckdb.sql(
+        "select tree_id, node_id, context_ids, target, weight, prediction from read_parquet($f)",
+        params={"f": store.parquet_files(url, "critic")},
+    ).fetchall()
+
+    # the trees, replayed from the run's checkpoints
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("cfg.toml")
+    saved = CheckpointStore(cfg.storage.root)
+
+    class Replay(Journal):
+        async def recorded(self, step):
+            try:
+                return saved.load(cfg.collection_id, *checkpoint_key(cfg, step))
+            except CheckpointNotFound:
+                return None
+
+        async def record(self, step, value):
+            raise AssertionError(f"{step} was not saved by the run")
+
+    agent, tasks = cfg.build_agent(ScriptedPolicy(["1"]))
+    col = cfg.build_collector(agent)
+    trees = asyncio.run(col.search(tasks, Replay())).trees
+    assert sum(len(t.edges) for t in trees) == len({(r[0], r[2]) for r in rows})  # nothing failed or left out
+    nm = col.estimator.noise(trees)
+    depths = range(8)
+    noise = Noise(
+        tuple(nm.step_var(d) for d in depths),
+        tuple(nm.noise_var(d) for d in depths),
+        tuple(nm.critic_error_at(d) for d in depths),
+        nm.known,
+    )
+    gamma = 0.9
+    want: dict[tuple[str, int], float] = {}
+    want_targets: dict[tuple[str, int], tuple[float, float]] = {}
+    kinds: dict[tuple[str, int], RNode] = {}
+    weights = []
+    for ti, tree in enumerate(trees):
+        root, tid = from_tree(tree), f"{tree.task_id}#{ti}"
+        backup(root, gamma, noise=noise)
+        want.update({(tid, e): a for e, a in direct_td(root, gamma).items()})
+        want_targets.update({(tid, n): tw for n, tw in targets(root, gamma).items()})
+        kinds.update({(tid, s.ident): s.child for _p, s in edges(root)})
+        weights += [n.lam for n in nodes(root) if n.kind == "checkpoint" and n.children]
+    assert {"terminal", "truncated"} <= {c.kind for c in kinds.values()}
+    assert nm.known and max(weights) > 0.05  # the critic's weight is in play
+
+    context = {(t, n): list(ctx) for t, n, ctx, *_ in crit}
+    codec = toy_format().codec
+    prev: tuple | None = None
+    for tid, node, edge, j, prompt, completion, logprobs, mask, adv, reward, truncated, _fr in rows:
+        assert adv == pytest.approx(want[(tid, edge)], abs=1e-12)
+        assert truncated == (kinds[(tid, edge)].kind == "truncated")
+        assert len(logprobs) == len(mask) == len(completion) and all(m == 1 for m in mask)
+        assert all(lp <= 0.0 for lp in logprobs)
+        if j == 0:
+            assert prompt == context[(tid, node)]  # the critic reads what the continuation was sent
+        else:
+            assert prev is not None and prev[0] == (tid, edge, j - 1)
+            p_prompt, p_completion, p_total = prev[1], prev[2], prev[3]
+            assert prompt[: len(p_prompt) + len(p_completion)] == p_prompt + p_completion
+            obs = codec.decode(prompt[len(p_prompt) + len(p_completion) :])
+            assert f"Total {p_total}." in obs
+        text = codec.decode(prompt)
+        target = int(text.split("Reach ")[1].split(".")[0])
+        before = int(text.rsplit("Total ", 1)[1].split(".")[0])
+        digit = next(c for c in codec.decode(completion) if c in "123456789")
+        now = before + int(digit)
+        assert reward == (1.0 if now == target else 0.0)  # the env's rule, from the tokens alone
+        prev = ((tid, edge, j), prompt, completion, now)
+    # a truncated segment bootstraps on the critic (0.5 here), a terminal one on nothing
+    for child in kinds.values():
+        if child.kind != "checkpoint":
+            assert child.value == (0.5 if child.kind == "truncated" else 0.0)
+    assert len(crit) == len(want_targets)
+    for tid, node, _ctx, target, weight, prediction in crit:
+        assert (target, weight) == pytest.approx(want_targets[(tid, node)], abs=1e-12)
+        assert prediction == 0.5
