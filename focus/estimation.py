@@ -153,7 +153,8 @@ class GroupNormalized(Estimator):
     """GRPO: every segment gets the normalised return of the rollouts through it.
 
     The group is every complete root-to-leaf path of the tree (for independent rollouts
-    from the root, the classic GRPO group). ``scale=False`` only centres (Dr. GRPO),
+    from the root, the classic GRPO group); the scale is the group's population standard
+    deviation (verl divides by the sample one). ``scale=False`` only centres (Dr. GRPO),
     which keeps advantages in reward units for comparisons.
     """
 

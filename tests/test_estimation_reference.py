@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import random
 
 import polars as pl
 import pytest
@@ -319,7 +320,7 @@ def test_group_normalized_is_deepseekmaths_outcome_supervision_with_the_populati
     """G independent rollouts from the root (each of two segments): every segment of
     rollout i gets (R_i − mean R)/(std R + 1e-6), std the population standard deviation
     (ddof 0; verl's compute_grpo_outcome_advantage takes torch.std, ddof 1, which is
-    sqrt((G−1)/G) times larger); scale=False only centres (Dr. GRPO). A truncated
+    sqrt(G/(G−1)) times larger, and gives a group of one its raw return, FOCUS 0); scale=False only centres (Dr. GRPO). A truncated
     rollout's return bootstraps on v̂ like any value; a failed one is not in the group."""
     rewards = [1.0, 0.0, 0.0, 1.0, 0.5]
     root = cp(
@@ -345,6 +346,8 @@ def test_group_normalized_is_deepseekmaths_outcome_supervision_with_the_populati
         pytest.approx(1.0 - mu, rel=1e-12)
     )
     assert grpo(root, 1.0, ddof=1)[root.children[0].ident] != pytest.approx(adv[root.children[0].ident], rel=1e-3)
+    alone = to_tree(cp(0.5, seg(term(), Step(1.0)), seg(failed())))
+    assert g.advantages(list(alone.edges.values()), g.values(alone)) == {0: 0.0}
 
 
 def test_an_infinite_kappa_is_refused_before_a_collection_runs():
@@ -523,3 +526,64 @@ def test_a_focus_collect_batch_read_with_duckdb_holds_the_reference_numbers(tmp_
     for tid, node, _ctx, target, weight, prediction in crit:
         assert (target, weight) == pytest.approx(want_targets[(tid, node)], abs=1e-12)
         assert prediction == 0.5
+
+
+def random_tree(rng: random.Random, depth: int = 0) -> RNode:
+    """A checkpoint with 1-4 children of every kind, segments of 0-3 turns (some not
+    transitions), predictions sometimes missing, rewards anywhere."""
+    kids = []
+    for _ in range(rng.randint(1, 4)):
+        roll = rng.random()
+        if depth < 4 and roll < 0.45:
+            child = random_tree(rng, depth + 1)
+        elif roll < 0.65:
+            child = term()
+        elif roll < 0.85:
+            child = trunc(rng.uniform(-1, 1) if rng.random() < 0.8 else None)
+        else:
+            child = failed()
+        steps = [
+            Step(rng.choice([0.0, 0.0, 1.0, rng.uniform(-1, 1)]), rng.random() < 0.8, rng.randint(1, 3))
+            for _ in range(rng.choice([0, 1, 1, 2, 3]))
+        ]
+        kids.append(Seg(steps, child))
+    return cp(rng.uniform(-1, 1) if rng.random() < 0.85 else None, *kids)
+
+
+def test_random_trees_match_the_reference():
+    """300 seeded random trees, each under a random γ, truncation rule and either a fixed
+    κ or a random noise model: values, critic weights, advantages, targets and both
+    baselines as the reference computes them."""
+    rng = random.Random(7)
+    for _ in range(300):
+        root = random_tree(rng)
+        tree = to_tree(root)
+        gamma, truncation = rng.choice([1.0, 0.95, 0.5]), rng.choice(["bootstrap", "terminal"])
+        if rng.random() < 0.5:
+            kappa, noise, model = rng.choice([0.0, 0.5, 4.0]), None, None
+        else:
+            s = tuple(rng.uniform(0, 0.1) for _ in range(5))
+            noise = Noise(s, tuple(x * rng.random() for x in s), tuple(rng.uniform(0, 0.2) for _ in range(5)))
+            kappa, model = None, NoiseModel(noise.s, 0.05, noise.nu, critic_vars=noise.t)
+        backup(root, gamma, kappa=kappa, noise=noise, truncation=truncation)
+        tv = tree_values(tree, gamma=gamma, kappa=kappa, noise=model, truncation=truncation)
+        for n in nodes(root):
+            assert (tv.value[n.ident] is None) == (n.value is None)
+            if n.value is not None:
+                assert tv.value[n.ident] == pytest.approx(n.value, abs=1e-9)
+            if n.kind == "checkpoint" and n.value is not None and any(s.child.value is not None for s in n.children):
+                assert tv.critic_weight[n.ident] == pytest.approx(n.lam, abs=1e-9)
+        est = DirectBranchTd(gamma=gamma, kappa=kappa, truncation=truncation)
+        assert est.advantages(list(tree.edges.values()), tv) == pytest.approx(direct_td(root, gamma), abs=1e-9)
+        lib = critic_targets(tree, gamma=gamma, truncation=truncation)
+        assert {i: (c.target, c.weight) for i, c in lib.items()} == {
+            i: pytest.approx(tw, abs=1e-9) for i, tw in targets(root, gamma, truncation).items()
+        }
+        g = GroupNormalized(gamma=gamma, kappa=0.0, truncation=truncation)
+        assert g.advantages(list(tree.edges.values()), g.values(tree)) == pytest.approx(
+            grpo(root, gamma, truncation=truncation), abs=1e-6
+        )
+        mc = NodeMonteCarlo(gamma=gamma, kappa=0.0, truncation=truncation)
+        assert mc.advantages(list(tree.edges.values()), mc.values(tree)) == pytest.approx(
+            node_mc(root, gamma, truncation), abs=1e-9
+        )
