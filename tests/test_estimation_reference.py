@@ -14,6 +14,7 @@ import copy
 import json
 import math
 import random
+from collections import Counter
 
 import polars as pl
 import pytest
@@ -37,11 +38,15 @@ from fixtures.reference import (
 )
 
 from focus.agent import Agent
+from focus.branching import SparseCheckpoints
 from focus.collector import Collector
-from focus.critic import ConstantCritic
+from focus.critic import ConstantCritic, Critic
+from focus.env import EnvError, Task
 from focus.estimation import DirectBranchTd, GroupNormalized, NodeMonteCarlo, NoiseModel, critic_targets, tree_values
-from focus.priority import Uniform
-from focus.testing import ScriptedPolicy
+from focus.format import ByteCodec
+from focus.policy import Completion, Policy
+from focus.priority import Phase, Uniform
+from focus.testing import ScriptedPolicy, run
 from focus.toy import ReachTarget, toy_format
 from focus.tree import Tree, Turn
 from storage import BatchStore
@@ -369,6 +374,116 @@ def test_an_infinite_kappa_is_refused_before_a_collection_runs():
     backup(root, 0.9, kappa=math.inf)
     tv = tree_values(tree, gamma=0.9, kappa=1e15)
     assert [tv.value[n.ident] for n in nodes(root)] == pytest.approx([n.value for n in nodes(root)], abs=1e-12)
+
+
+# --- a collection in process: parse errors, env failures, both truncations -------------------
+
+
+class DigitPolicy(Policy):
+    """Answers by the sampling seed: ``x`` (a parse error) or a digit, then the stop id;
+    log-probs differ per token and per call."""
+
+    vocab_size = ByteCodec.vocab_size
+
+    async def sample(self, prompt_ids, params):
+        text = ["x", "2", "3", "4", "5", "1"][params.seed % 6]
+        ids = (*text.encode(), ByteCodec.EOT)
+        return Completion(ids, tuple(-0.05 * (i + 1) - (params.seed % 11) / 100 for i in range(len(ids))), "stop")
+
+
+class BrittleReach(ReachTarget):
+    """The toy task whose step raises when the total would be 6 (a failed env step)."""
+
+    async def step(self, state, action, workspace):
+        out = await super().step(state, action, workspace)
+        if out.state.total == 6:
+            raise EnvError("the tool crashed at 6")
+        return out
+
+
+class LengthCritic(Critic):
+    async def predict(self, contexts):
+        return [len(c) / 200 for c in contexts]
+
+
+def test_a_collection_with_parse_errors_env_failures_and_both_truncations_matches_the_reference(tmp_path):
+    """An in-process collection whose rollouts hit everything at once: two-turn segments
+    (sparse checkpoints), parse errors inside them (a step, not a transition: not
+    discounted, reward 0, its message shown back), env steps that raise (failed leaves:
+    their segments are not in the batch), max_steps and context-limit truncations (the
+    latter right at a checkpoint: a segment without a turn), a critic whose predictions
+    differ per state, γ = 0.8 and the fitted noise model. The Parquet (polars) holds the
+    reference's advantages and targets, and what the tokens say: a turn is a transition
+    exactly when its completion holds a digit, rewards follow the env's rule, a
+    truncated segment bootstraps on the critic's prediction of its leaf's context."""
+    codec = toy_format().codec
+    agent = Agent(
+        DigitPolicy(),
+        BrittleReach(),
+        toy_format(),
+        branch_points=SparseCheckpoints(every=2),
+        max_steps=6,
+        max_prompt_tokens=80,
+    )
+    phases = (
+        Phase("evidence", rollouts_per_task=4),
+        Phase("continue", transitions=40, wave_size=8, max_branches=3, max_depth=4),
+    )
+    col = Collector(agent, Uniform(phases=phases), LengthCritic(), DirectBranchTd(gamma=0.8), collection_id="a")
+    state = run(col.search([Task(f"t{i}", {"target": 9 + i}) for i in range(3)]))
+    trees = state.trees
+    store = BatchStore(str(tmp_path))
+    url = store.write(col.prepare(state))
+    actor = pl.read_parquet(store.parquet_files(url, "actor"))
+    critic = pl.read_parquet(store.parquet_files(url, "critic"))
+
+    nm = col.estimator.noise(trees)
+    noise = Noise(*(tuple(f(d) for d in range(8)) for f in (nm.step_var, nm.noise_var, nm.critic_error_at)))
+    want, want_targets, segs = {}, {}, {}
+    for ti, tree in enumerate(trees):
+        root, tid = from_tree(tree), f"{tree.task_id}#{ti}"
+        backup(root, 0.8, noise=noise)
+        want.update({(tid, e): a for e, a in direct_td(root, 0.8).items()})
+        want_targets.update({(tid, n): tw for n, tw in targets(root, 0.8).items()})
+        segs.update({(tid, s.ident): (tree, s) for _p, s in edges(root)})
+    kinds = Counter(s.child.kind for _t, s in segs.values())
+    turnless = sum(1 for _t, s in segs.values() if not s.steps)
+    parse_errors = sum(1 for _t, s in segs.values() for st in s.steps if not st.transition)
+    assert min(kinds["failed"], kinds["truncated"], kinds["terminal"], turnless, parse_errors) >= 2, kinds
+
+    rows = actor.sort("tree_id", "edge_id", "turn_index").iter_rows(named=True)
+    seen = set()
+    for r in rows:
+        key = (r["tree_id"], r["edge_id"])
+        seen.add(key)
+        tree, s = segs[key]
+        assert r["advantage"] == pytest.approx(want[key], abs=1e-12)
+        assert r["truncated"] == (s.child.kind == "truncated")
+        text = codec.decode(r["completion_ids"])
+        assert s.steps[r["turn_index"]].transition == any(c in "123456789" for c in text)
+        assert len(r["logprobs"]) == len(r["loss_mask"]) == len(r["completion_ids"]) and set(r["loss_mask"]) == {1}
+        prompt = codec.decode(r["prompt_ids"])
+        target = int(prompt.split("Reach ")[1].split(".")[0])
+        total = int(prompt.rsplit("Total ", 1)[1].split(".")[0])
+        digit = next((int(c) for c in text if c in "123456789"), 0)
+        assert r["reward"] == (1.0 if digit and total + digit == target else 0.0)
+        turn = tree.edges[r["edge_id"]].turns[r["turn_index"]]
+        if not turn.transition:  # the parse error's message is what the model sees next
+            assert turn.observation == "Say one digit 1-9."
+    # every segment with an advantage and a turn; a turnless one carries no token to train
+    assert seen == {k for k in want if segs[k][1].steps}
+    assert not any(segs[k][1].child.kind == "failed" for k in seen)
+    # truncated leaves: bootstrapped on the critic's prediction of their own context,
+    # the context limit's beyond max_prompt_tokens
+    for tree, s in segs.values():
+        if s.child.kind == "truncated":
+            leaf = tree.nodes[s.child.ident]
+            assert s.child.value == len(leaf.context_ids) / 200
+            assert (leaf.cause == "context limit") == (len(leaf.context_ids) > 80)
+    got_targets = {(r["tree_id"], r["node_id"]): (r["target"], r["weight"]) for r in critic.iter_rows(named=True)}
+    assert got_targets.keys() == want_targets.keys()
+    for k, tw in want_targets.items():
+        assert got_targets[k] == pytest.approx(tw, abs=1e-12)
 
 
 # --- a real collection ------------------------------------------------------------------------
