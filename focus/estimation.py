@@ -177,9 +177,11 @@ class GroupNormalized(Estimator):
 
 class NodeMonteCarlo(Estimator):
     """VinePPO-style: ``A(e) = r(e) + γ^k V_MC(c) − V_MC(p)`` with ``V_MC(n)`` the mean
-    return of every rollout passing n. Unbiased only when continuations are spread
-    evenly; with selective branching the mean over-weights the subtrees search
-    favoured (the reason DirectBranchTd backs up through children instead)."""
+    return of every rollout passing n. Biased wherever how many continuations run below
+    a child depends on what happened there: with selective branching (the subtrees
+    search favoured) and with uniform branching too (a longer episode makes more
+    checkpoints to continue from; docs/algorithm.md measures it). The reason
+    DirectBranchTd backs up through children instead."""
 
     def advantages(self, edges: Sequence[Edge], values: TreeValues) -> dict[int, float]:
         return _segment_td(edges, values.mc, values.gamma, values.segments)

@@ -14,6 +14,7 @@ import copy
 import json
 import math
 import random
+import statistics
 from collections import Counter
 
 import polars as pl
@@ -41,7 +42,7 @@ from focus.agent import Agent
 from focus.branching import SparseCheckpoints
 from focus.collector import Collector
 from focus.critic import ConstantCritic, Critic
-from focus.env import EnvError, Task
+from focus.env import Env, EnvError, Message, Reset, StepResult, Task
 from focus.estimation import DirectBranchTd, GroupNormalized, NodeMonteCarlo, NoiseModel, critic_targets, tree_values
 from focus.format import ByteCodec
 from focus.policy import Completion, Policy
@@ -484,6 +485,50 @@ def test_a_collection_with_parse_errors_env_failures_and_both_truncations_matche
     assert got_targets.keys() == want_targets.keys()
     for k, tw in want_targets.items():
         assert got_targets[k] == pytest.approx(tw, abs=1e-12)
+
+
+class SeedDigits(Policy):
+    """A digit 1-8 by the sampling seed: odd and even equally often."""
+
+    vocab_size = ByteCodec.vocab_size
+
+    async def sample(self, prompt_ids, params):
+        return Completion((ord("1") + params.seed % 8, ByteCodec.EOT), (-1.0, -0.1), "stop")
+
+
+class Fork(Env):
+    """An odd first move ends the episode at once with reward 0; an even one leads to four
+    more steps and reward 1. V(root) = 1/2 exactly."""
+
+    async def reset(self, task, workspace):
+        return Reset(-1, (Message("user", "Go."),))
+
+    async def step(self, state, action, workspace):
+        if state < 0:
+            odd = int(action.text) % 2 == 1
+            return StepResult(0 if odd else 4, "End." if odd else "Long.", 0.0, odd)
+        return StepResult(state - 1, f"{state - 1} left.", 1.0 if state == 1 else 0.0, state == 1)
+
+
+def test_per_node_monte_carlo_is_biased_under_uniform_branching_and_the_backup_is_not():
+    """Uniform branching spreads continuations over eligible checkpoints, and a rollout
+    that went the long way made more of them: the long branch gets most continuations,
+    so the mean return of every rollout through the root (NodeMonteCarlo's V_MC) leans
+    to its outcome, though no choice looked at a return. Backing up through children
+    counts each child once. Measured over 200 seeded trees (true value 0.5): V_MC 0.755
+    (standard error 0.011), the λ = 0 backup 0.498 (0.006)."""
+    agent = Agent(SeedDigits(), Fork(), toy_format(), max_steps=8)
+    phases = (
+        Phase("evidence", rollouts_per_task=2),
+        Phase("continue", transitions=12 * 200, wave_size=400, max_branches=4),
+    )
+    col = Collector(agent, Uniform(phases=phases), ConstantCritic(0.0), DirectBranchTd(kappa=0.0))
+    trees = run(col.search([Task(f"t{i}", {}) for i in range(200)])).trees
+    mc = [NodeMonteCarlo(kappa=0.0).values(t).mc[0] for t in trees]
+    backed = [DirectBranchTd(kappa=0.0).values(t).value[0] for t in trees]
+    se = statistics.stdev(backed) / math.sqrt(len(backed))
+    assert abs(statistics.mean(backed) - 0.5) < 3 * se
+    assert statistics.mean(mc) - 0.5 > 0.15  # about 20 standard errors
 
 
 # --- a real collection ------------------------------------------------------------------------
