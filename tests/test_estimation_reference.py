@@ -577,7 +577,7 @@ def test_a_focus_collect_batch_read_with_duckdb_holds_the_reference_numbers(tmp_
     terminal ones do not; critic targets and weights; token positions: a segment's first
     prompt is its checkpoint's critic context, each later turn's prompt extends the
     previous prompt and completion by the observation ``Total N.``, log-probs and mask
-    one per completion token."""
+    one per completion token, each log-prob the model's for its own token."""
     import asyncio
     import subprocess
     import sys
@@ -686,6 +686,16 @@ def test_a_focus_collect_batch_read_with_duckdb_holds_the_reference_numbers(tmp_
     for tid, node, _ctx, target, weight, prediction in crit:
         assert (target, weight) == pytest.approx(want_targets[(tid, node)], abs=1e-12)
         assert prediction == 0.5
+    # behaviour log-probs: logprobs[i] is the served model's log-probability of
+    # completion[i] after prompt + completion[:i] (temperature 1), recomputed by a forward
+    # of the training model on the committed weights
+    from focus.tinylm.model import load, prompt_logprobs
+
+    model = load()
+    for *_ids, prompt, completion, logprobs, _mask, _adv, _r, _tr, _fr in rows:
+        lp = prompt_logprobs(model, list(prompt) + list(completion))
+        want_lp = [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(completion)]
+        assert list(logprobs) == pytest.approx(want_lp, abs=1e-4)
 
 
 def random_tree(rng: random.Random, depth: int = 0) -> RNode:
