@@ -8,7 +8,9 @@ task and seed it collects, at the initial policy (or after one GRPO update:
 does, at its per-iteration budget (8 tasks) and at half of it (the first 4 of those
 tasks), and a reference batch: ``--reference`` independent rollouts per task with
 centred returns (``GroupNormalized(scale=False)``, Dr. GRPO: an unbiased estimate of the
-gradient of the mean return over those tasks), collected as two independent halves.
+gradient of the mean return over those tasks times (G − 1)/G, G the rollouts per task
+of a half, as each group mean holds the rollout's own return; the same factor on every
+task, so the direction is unbiased), collected as two independent halves.
 
 Each batch's gradient is the trainer's loss gradient at the current weights: the
 trainer's own sequences (``actor_sequences``, ``training_units``), scaled advantages and
