@@ -145,10 +145,10 @@ def _run(
             if orchestrated:
                 from flows.train_loop import train_loop
 
-                return interrupts.run(train_loop(ready, allow))
+                return interrupts.run(train_loop(ready, allow_config_change=allow))
             from flows.loop import train_direct
 
-            return interrupts.run(train_direct(ready, allow))
+            return interrupts.run(train_direct(ready, allow_config_change=allow))
 
 
 def _print_table(records: list[dict[str, Any]], cid: str | None) -> None:
