@@ -423,7 +423,9 @@ async def run_loop(
     check(config)
     with collection_lease(config.storage.root, config.collection_id or "train"):
         settings = await asyncio.to_thread(settle, config, allow_change=allow_config_change)
-        return await _run_loop(config, steps, progress, settings)
+        records = await _run_loop(config, steps, progress, settings)
+        await asyncio.to_thread(settings.record, config)  # a loop made before loops recorded their settings
+        return records
 
 
 async def _run_loop(

@@ -26,8 +26,9 @@ the latest record (:func:`settle`):
   iterations before keep theirs (:meth:`LoopSettings.config_for` rebuilds them), so a
   resumed collection or trainer step is finished with the settings it began with.
 
-A loop recorded before loops recorded their settings gets the current ones as its first
-record, with a warning (its trainer steps cannot be checked; its collections check themselves).
+A loop made before loops recorded their settings gets those of its first run that ends
+well as its first record, with a warning (its trainer steps cannot be checked; its
+collections check themselves on the way).
 """
 
 from __future__ import annotations
@@ -56,15 +57,25 @@ class LoopSettings:
     """The loop's settings records, oldest first: ``(applies from iteration, settings)``."""
 
     records: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    #: A loop made before loops kept a record: the settings are recorded once a run of it
+    #: ends well (:meth:`record`), by when each finished collection has checked its own.
+    unrecorded: bool = False
+
+    def record(self, config: FocusConfig) -> None:
+        """Record the settings of a loop that had no record (see :attr:`unrecorded`)."""
+        if self.unrecorded:
+            store = CheckpointStore(config.storage.root)
+            store.save(config.collection_id or "train", SETTINGS, 0, {"from": 0, "settings": self.records[-1][1]})
+            self.unrecorded = False
 
     def config_for(self, config: FocusConfig, i: int) -> FocusConfig:
         """``config`` with the settings iteration ``i`` was begun with (the latest record
         whose start is at most ``i``): the current ones but for fields changed since."""
         if not self.records:
             return config
-        mine = self.records[-1][1]
+        mine = without(self.records[-1][1], LOOP_IGNORED)
         then = next((s for start, s in reversed(self.records) if start <= i), mine)
-        diffs = changes(mine, then)
+        diffs = changes(mine, without(then, LOOP_IGNORED))
         return config.with_updates(**{path: value_then for path, _, value_then in diffs}) if diffs else config
 
 
@@ -120,17 +131,19 @@ def settle(config: FocusConfig, *, allow_change: bool = False, record: bool = Tr
     store = CheckpointStore(config.storage.root)
     records, mine = _records(store, base), loop_fingerprint(config)
     if not records:
-        made = _made(store, base, 0)
+        if _made(store, base, 0).first_free(trainer_only=False) is None:  # a new loop
+            if record:
+                store.save(base, SETTINGS, 0, {"from": 0, "settings": mine})
+            return LoopSettings([(0, mine)])
         if record:
-            if made.first_free(trainer_only=False) is not None:
-                log.warning(
-                    "train loop %s was recorded before loops recorded their settings: its trainer steps cannot be "
-                    "checked against these; they are recorded from here on",
-                    base,
-                    extra={"focus_console": True},
-                )
-            store.save(base, SETTINGS, 0, {"from": 0, "settings": mine})
-        return LoopSettings([(0, mine)])
+            log.warning(
+                "train loop %s has no record of the settings its iterations were made with (it was made before "
+                "loops kept one): its collections still check theirs, its trainer steps cannot be checked; these "
+                "settings are recorded once this run ends",
+                base,
+                extra={"focus_console": True},
+            )
+        return LoopSettings([(0, mine)], unrecorded=True)
     since, latest = records[-1]
     diffs = changes(without(latest, LOOP_IGNORED), mine)
     if not diffs:

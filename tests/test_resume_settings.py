@@ -169,3 +169,13 @@ def test_a_change_that_nothing_made_depends_on_is_taken_and_one_that_something_d
     accepted = settle(now, allow_change=True)
     assert [accepted.config_for(now, i).train.local.lr for i in (0, 1, 4)] == [0.1, 0.01, 0.01]
     assert settle(now).config_for(now, 0).train.local.lr == 0.1  # recorded: the next run agrees
+
+
+def test_a_loop_made_before_loops_recorded_their_settings_is_recorded_once_a_run_ends(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    store.save("L", "train", 0, {"policy_version": "v1"})  # a trained step, no settings record
+    first = settle(config(tmp_path))
+    assert first.unrecorded and not store.exists("L", "settings", 0)  # a collection may yet refuse this run
+    first.record(config(tmp_path))
+    with pytest.raises(LoopSettingsChanged, match=r"its iteration 0 was made with other settings \(seed 0 → 1\)"):
+        settle(config(tmp_path, seed=1))
