@@ -179,3 +179,16 @@ def test_a_loop_made_before_loops_recorded_their_settings_is_recorded_once_a_run
     first.record(config(tmp_path))
     with pytest.raises(LoopSettingsChanged, match=r"its iteration 0 was made with other settings \(seed 0 → 1\)"):
         settle(config(tmp_path, seed=1))
+
+
+@pytest.mark.integration  # a Prefect server
+def test_the_train_loop_flow_refuses_the_same_way_before_anything_starts(prefect_api, tmp_path):
+    import asyncio
+
+    from flows.train_loop import train_loop
+
+    settle(config(tmp_path))
+    CheckpointStore(str(tmp_path)).save("L", "train", 0, {"policy_version": "v1"})
+    changed = {"collection_id": "L", "storage": {"root": str(tmp_path)}, "train": {"local": {"lr": 0.1}}}
+    state = asyncio.run(train_loop(changed, return_state=True))
+    assert state.is_failed() and "(train.local.lr 0.001 → 0.1)" in (state.message or ""), state.message
