@@ -32,6 +32,16 @@ from cli.common import (
 )
 from tasks.config import FocusConfig
 
+AllowConfigChangeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-config-change",
+        help="Resume a loop with other settings than its recorded iterations were made with: they are kept as "
+        "made, and the new settings apply from the first iteration not yet begun (only trainer settings changed: "
+        "not yet trained).",
+    ),
+]
+
 
 def train(
     config: ConfigOpt = None,
@@ -73,6 +83,7 @@ def train(
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON record per iteration.")] = False,
+    allow_config_change: AllowConfigChangeOpt = False,
     verbose: VerboseOpt = 0,
     debug: DebugOpt = False,
     log_file: LogFileOpt = None,
@@ -93,7 +104,7 @@ def train(
         cfg = cfg.with_updates(collection_id=new_collection_id("train"))
     resume = resume_command("train", config, flags, sets, transitions, str(cfg.collection_id))
     out = Console(verbose, debug, log_file, "train")
-    records = _run(out, cfg, resume, prefect=prefect)
+    records = _run(out, cfg, resume, prefect=prefect, allow=allow_config_change)
     if as_json:
         for rec in records:
             typer.echo(json.dumps(rec, default=str))
@@ -110,28 +121,34 @@ def train(
         typer.echo(f"held-out success per version: {weights.run_file(run_id, PICTURE)}")
 
 
-def _run(out: Console, cfg: FocusConfig, resume: str, *, prefect: bool = False) -> list[dict[str, Any]]:
+def _run(
+    out: Console, cfg: FocusConfig, resume: str, *, prefect: bool = False, allow: bool = False
+) -> list[dict[str, Any]]:
     """Checks, then the loop - the ``train_loop`` flow on a Prefect server, else directly -
-    stopped cleanly by a signal (whose line says ``resume``, the command that resumes it)."""
+    stopped cleanly by a signal (whose line says ``resume``, the command that resumes it).
+    A loop resumed with other settings is refused before anything starts."""
     from flows.preflight import check_root, check_torch, check_weights
     from flows.server import configured_api_url
     from tasks.config import check_factories
+    from tasks.loop_settings import settle
 
     with one_line_ending(out, resume) as interrupts:
         check_factories(cfg)
         check_weights(cfg)
         check_torch(cfg, training=True)
         check_root(cfg.storage.root)
+        if not allow:  # the loop records the settings (and says what it accepts) under its lease
+            settle(cfg, record=False)
         orchestrated = prefect or bool(configured_api_url())
         # the train loop reloads new weights into the model server it starts itself
         with started(out, cfg, prefect=orchestrated, model=False, interrupts=interrupts) as ready:
             if orchestrated:
                 from flows.train_loop import train_loop
 
-                return interrupts.run(train_loop(ready))
+                return interrupts.run(train_loop(ready, allow_config_change=allow))
             from flows.loop import train_direct
 
-            return interrupts.run(train_direct(ready))
+            return interrupts.run(train_direct(ready, allow_config_change=allow))
 
 
 def _print_table(records: list[dict[str, Any]], cid: str | None) -> None:

@@ -32,6 +32,7 @@ from tasks.config import ConfigError, FocusConfig, TrainConfig, TrainContext, Tr
 if TYPE_CHECKING:
     from flows.loop_progress import LoopProgress
     from flows.services import Services
+    from tasks.loop_settings import LoopSettings
 
 _T = TypeVar("_T")
 TRAIN_PHASE = "train"
@@ -400,9 +401,16 @@ def _train_recorded(cfg: FocusConfig, base: str, i: int) -> bool:
     return CheckpointStore(cfg.storage.root).exists(base, TRAIN_PHASE, i)
 
 
-async def run_loop(config: FocusConfig, steps: LoopSteps, progress: LoopProgress | None = None) -> list[dict[str, Any]]:
+async def run_loop(
+    config: FocusConfig, steps: LoopSteps, progress: LoopProgress | None = None, *, allow_config_change: bool = False
+) -> list[dict[str, Any]]:
     """``train.iterations`` rounds of collect then train; one record per iteration (and,
     with ``train.eval_tasks``, a last record evaluating the final weights).
+
+    First the loop's settings are compared with those its recorded iterations were made
+    with (:func:`tasks.loop_settings.settle`): other ones are refused, or with
+    ``allow_config_change`` apply from the first iteration not yet begun; each iteration
+    runs with the settings it began with.
 
     The loop holds the write lease of its own records (collection ``collection_id``: its
     trainer steps and evaluations) while it runs, so a second ``focus train`` of the same
@@ -410,13 +418,19 @@ async def run_loop(config: FocusConfig, steps: LoopSteps, progress: LoopProgress
     first, trained the iterations again and wrote their weights and records a second time
     (the same bytes only where training is bit-exact, and twice the work where it is)."""
     from storage import collection_lease
+    from tasks.loop_settings import settle
 
     check(config)
     with collection_lease(config.storage.root, config.collection_id or "train"):
-        return await _run_loop(config, steps, progress)
+        settings = await asyncio.to_thread(settle, config, allow_change=allow_config_change)
+        records = await _run_loop(config, steps, progress, settings)
+        await asyncio.to_thread(settings.record, config)  # a loop made before loops recorded their settings
+        return records
 
 
-async def _run_loop(config: FocusConfig, steps: LoopSteps, progress: LoopProgress | None) -> list[dict[str, Any]]:
+async def _run_loop(
+    config: FocusConfig, steps: LoopSteps, progress: LoopProgress | None, settings: LoopSettings
+) -> list[dict[str, Any]]:
     from flows.loop_progress import LoopProgress
 
     show = progress if progress is not None else LoopProgress(config, enabled=False)
@@ -432,14 +446,15 @@ async def _run_loop(config: FocusConfig, steps: LoopSteps, progress: LoopProgres
         n = config.train.iterations
         for i in range(n + 1):
             record: dict[str, Any] = {"run_id": base, "iteration": i, "policy_version": latest["policy_version"]}
-            if config.train.eval_tasks:
-                record["eval"] = await _evaluate(config, steps, model, show, base, i, latest)
+            if config.train.eval_tasks:  # version i: the weights iteration i - 1 trained
+                made_with = settings.config_for(config, max(i - 1, 0))
+                record["eval"] = await _evaluate(made_with, steps, model, show, base, i, latest)
             if i == n:  # the last record only evaluates the final weights
                 if "eval" in record:
                     records.append(record)
                     show.row(record)
                 break
-            it_cfg = model.apply(iteration_config(config, base, i, latest))
+            it_cfg = model.apply(iteration_config(settings.config_for(config, i), base, i, latest))
             # the collection does not depend on the train section: leaving it out of the
             # collection's config lets a loop be extended (more iterations) or its trainer
             # retuned and rerun, reusing every finished collection
@@ -497,7 +512,7 @@ async def _evaluate(
     return result
 
 
-async def train_direct(config: FocusConfig) -> list[dict[str, Any]]:
+async def train_direct(config: FocusConfig, allow_config_change: bool = False) -> list[dict[str, Any]]:
     """The train loop without Prefect (:func:`run_loop` with plain steps): the same
     records in the same store as the ``train_loop`` flow, so either resumes the other;
     the model server starts only if a step needs it."""
@@ -505,4 +520,5 @@ async def train_direct(config: FocusConfig) -> list[dict[str, Any]]:
 
     if not config.collection_id:
         raise ValueError("an unorchestrated train loop needs a collection_id")
-    return await run_loop(config, LoopSteps(), LoopProgress(config, enabled=config.progress))
+    show = LoopProgress(config, enabled=config.progress)
+    return await run_loop(config, LoopSteps(), show, allow_config_change=allow_config_change)

@@ -116,12 +116,14 @@ async def publish_success(base: str, records: list[dict[str, Any]], png: bytes |
 
 
 @flow(name="train_loop", log_prints=True, validate_parameters=False)
-async def train_loop(config: ConfigParameter = None) -> list[dict[str, Any]]:
+async def train_loop(config: ConfigParameter = None, allow_config_change: bool = False) -> list[dict[str, Any]]:
     """``train.iterations`` rounds of collect then train; one record per iteration
     (and, with ``train.eval_tasks``, a last record evaluating the final weights).
 
     Async like :func:`flows.collect.collect`: ``asyncio.run(train_loop(config))``;
     ``config`` is validated here too, after the worker's ``FOCUS_*`` variables.
+    ``allow_config_change``: resume with other settings than the recorded iterations
+    were made with, from the first iteration not yet begun (:mod:`tasks.loop_settings`).
     """
     config = collection_id_for_run(config_at_runtime(config))
     log = get_run_logger()
@@ -129,11 +131,12 @@ async def train_loop(config: ConfigParameter = None) -> list[dict[str, Any]]:
     progress = LoopProgress(config, enabled=config.progress, log=log)  # off a terminal: lines in the UI
     # heartbeats also close what crashed attempts left Running; a cancel ends with an INFO line
     with quiet_cancellation(), heartbeats(config.execution.heartbeat_s):
-        return await watched(_loop_and_report(config, progress), config.execution.prefect_grace_s)
+        run = _loop_and_report(config, progress, allow_config_change)
+        return await watched(run, config.execution.prefect_grace_s)
 
 
-async def _loop_and_report(config: FocusConfig, progress: LoopProgress) -> list[dict[str, Any]]:
-    records = await run_loop(config, PrefectSteps(), progress)
+async def _loop_and_report(config: FocusConfig, progress: LoopProgress, allow: bool) -> list[dict[str, Any]]:
+    records = await run_loop(config, PrefectSteps(), progress, allow_config_change=allow)
     if progress.picture is not None:
         from storage.weights import WeightStore
 

@@ -16,11 +16,13 @@ from typing import Any
 from focus.critic import Critic
 from focus.journal import Step
 from tasks.config import FocusConfig
+from tasks.config.schema import resumable_fields
 
-#: Fields that may differ between a run and its resume (where things run, not what).
-#: The HTTP clients' timeouts, retries and hedging change how patiently a result is
-#: fetched, not the result (requests are seeded).
-RUNTIME_FIELDS = ("model.url", "model.http", "critic.http", "execution", "progress", "storage")
+#: Fields a collection's resume ignores: where things run and how patiently (the HTTP
+#: clients' timeouts, retries and hedging change how patiently a result is fetched, not
+#: the result: requests are seeded), and the train section, which a collection never
+#: reads. Read off the schema's :class:`~tasks.config.schema.Resumable` marks.
+RUNTIME_FIELDS = resumable_fields("collection")
 
 
 class ResumeMismatch(RuntimeError):
@@ -49,22 +51,30 @@ WEIGHT_FIELDS = (("model", "weights"), ("critic", "weights"))
 _STORED_WEIGHTS = re.compile(r"^[a-z0-9+.-]+://.*?/(weights/[^/]+/v\d{6}/[^/]+)$")
 
 
-def fingerprint(config: FocusConfig) -> dict[str, Any]:
-    """What determines a collection's result: the config without where things run (and
-    the weight store's files named relative to the store's root)."""
+def fingerprint(config: FocusConfig, ignored: tuple[str, ...] = RUNTIME_FIELDS) -> dict[str, Any]:
+    """What determines a collection's result: the config without the ``ignored`` fields
+    (where things run) and with the weight store's files named relative to the store's root."""
     data = config.model_dump(mode="json")
     root = config.storage.root.rstrip("/") + "/"
     for section, key in WEIGHT_FIELDS:
         value = data.get(section, {}).get(key)
         if isinstance(value, str) and value.startswith(_normalised(root)):
             data[section][key] = value[len(_normalised(root)) :]
-    for dotted in RUNTIME_FIELDS:
+    return without(data, ignored)
+
+
+def without(data: dict[str, Any], ignored: tuple[str, ...]) -> dict[str, Any]:
+    """``data`` (a fingerprint) without the dotted fields ``ignored``: applied to a stored
+    one too, which may hold fields a resume ignores now (``train``, ``model.urls``)."""
+    out = json.loads(json.dumps(data))
+    for dotted in ignored:
         *path, last = dotted.split(".")
-        node = data
+        node = out
         for part in path:
-            node = node.get(part, {})
-        node.pop(last, None)
-    return data
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return dict(out)
 
 
 def _normalised(root: str) -> str:
@@ -91,31 +101,48 @@ def resume_mismatch(
     """The error for resuming ``config``'s collection, whose stored fingerprint is
     ``stored``, with the fingerprint ``mine`` (``None`` if they agree). Another
     ``model.policy_version`` (the embedded server's weights) is :class:`PolicyChanged`."""
-    diffs = _diff(_legacy(stored), mine)
-    if "model.policy_version" in diffs:
+    diffs = changes(without(_legacy(stored), RUNTIME_FIELDS), mine)
+    if any(path == "model.policy_version" for path, _, _ in diffs):
         if not allow_policy_change:
             versions = [d.get("model", {}).get("policy_version") for d in (stored, mine)]
             return _policy_changed(config.collection_id, *map(str, versions))
-        diffs.remove("model.policy_version")
-    fields = ", ".join(diffs)
-    if not fields:
+        diffs = [d for d in diffs if d[0] != "model.policy_version"]
+    if not diffs:
         return None
     return ResumeMismatch(
         f"collection {config.collection_id!r} already exists in {config.storage.root} with a different "
-        f"configuration (differs in: {fields}); resume it with the same configuration or use a new collection id"
+        f"configuration (differs in: {describe(diffs)}); resume it with the same configuration or use a new "
+        "collection id"
     )
 
 
-def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted names of the fields that differ. A field one side lacks counts as ``None``,
-    so a field added to the config since a collection was stored, left unset, is no
-    difference (the collection resumes)."""
+Change = tuple[str, Any, Any]
+
+
+def changes(a: Any, b: Any, prefix: str = "") -> list[Change]:
+    """``(dotted name, value in a, value in b)`` of each field that differs. A field one
+    side lacks counts as ``None``, so a field added to the config since a collection was
+    stored, left unset, is no difference (the collection resumes). Lists of tables of
+    one length (``search.phases``) are compared item by item."""
     if isinstance(a, dict) and isinstance(b, dict):
-        out: list[str] = []
+        out: list[Change] = []
         for k in sorted(set(a) | set(b)):
-            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
+            out += changes(a.get(k), b.get(k), f"{prefix}{k}.")
         return out
-    return [] if a == b else [prefix.rstrip(".")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(isinstance(x, dict) for x in a + b):
+        return [c for i, (x, y) in enumerate(zip(a, b, strict=True)) for c in changes(x, y, f"{prefix}{i}.")]
+    return [] if a == b else [(prefix.rstrip("."), a, b)]
+
+
+def describe(diffs: list[Change], most: int = 6) -> str:
+    """``seed 0 → 5, agent.sampling.temperature 1.0 → 0.7`` (at most ``most``, then how many more)."""
+    shown = ", ".join(f"{path} {_value(old)} → {_value(new)}" for path, old, new in diffs[:most])
+    return shown + (f" and {len(diffs) - most} more" if len(diffs) > most else "")
+
+
+def _value(v: Any) -> str:
+    text = "unset" if v is None else v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+    return text if len(text) <= 48 else text[:45] + "..."
 
 
 class PolicyIdentity:

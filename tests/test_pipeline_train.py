@@ -206,7 +206,7 @@ def test_focus_train_prints_a_table_per_version(monkeypatch, tmp_path):
 
     seen = {}
 
-    async def fake_loop(cfg):
+    async def fake_loop(cfg, allow_config_change=False):
         seen["cfg"] = cfg
         train = {"metrics": {"train_loss": -0.125}, "reused": False, "weights": "file:///s/weights/x/v000001/policy.pt"}
         return [

@@ -16,7 +16,8 @@ import pathlib
 import re
 import typing
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -37,6 +38,28 @@ if TYPE_CHECKING:
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """Field metadata (``Annotated[T, RUNTIME]``): the field may differ between a run
+    and its resume, because it does not change what a step already made computed.
+    Every other field does, and a resume that changes one is refused
+    (:mod:`tasks.fingerprint`, :mod:`tasks.loop_settings`). ``scope`` says which
+    resumes ignore it: ``any`` (a collection's and a train loop's), ``collection`` (a
+    collection never reads it; a train loop compares it) or ``loop`` (a train loop's:
+    how much of the loop runs, or a value the loop sets for each iteration itself)."""
+
+    scope: Literal["any", "collection", "loop"]
+    why: str
+
+
+#: Where things run and how patiently, not what they compute.
+RUNTIME = Resumable("any", "where and how patiently things run")
+#: Read by the train loop alone.
+LOOP_ONLY = Resumable("collection", "read by the train loop alone")
+#: How much of a train loop runs: more iterations extend it, another evaluation size evaluates again.
+LOOP_EXTENT = Resumable("loop", "how much of the loop runs")
 
 
 def _check_http_url(name: str, url: str | None) -> None:
@@ -86,10 +109,10 @@ class ModelConfig(_Pluggable):
 
     _section: ClassVar[str] = "model"
     kind: Literal["local", "openai", "sglang", "tinker", "factory"] = "local"
-    url: str | None = None
+    url: Annotated[str | None, RUNTIME] = None
     #: Several replicas of the model instead of ``url`` (openai, sglang): each call goes
     #: where its prefix is cached, failing over when one is down (focus.backends.FleetPolicy).
-    urls: list[str] = Field(default_factory=list)
+    urls: Annotated[list[str], RUNTIME] = Field(default_factory=list)
     #: The served model's name (OpenAI-compatible ``model`` field); for ``tinker`` the base model.
     model: str | None = None
     #: ``local``: the weights file the embedded server starts from; ``tinker``: a
@@ -101,11 +124,11 @@ class ModelConfig(_Pluggable):
     #: tokenizer; required where neither knows it (see :func:`tasks.config.build.vocab_size_for`).
     vocab_size: int | None = Field(None, gt=0)
     #: Timeouts, retries, deadline and hedging of the HTTP client (local, openai, sglang).
-    http: RetryPolicy = RetryPolicy()
+    http: Annotated[RetryPolicy, RUNTIME] = RetryPolicy()
     #: Send the first calls of sibling rollouts as one request with ``n`` samples
     #: (local, openai: vLLM's rule, checked once; docs/operations.md, "Siblings in one
     #: request"). The answers, and so the batch, are the same either way.
-    group_siblings: bool = True
+    group_siblings: Annotated[bool, RUNTIME] = True
 
     @model_validator(mode="after")
     def _needs(self) -> ModelConfig:
@@ -173,9 +196,11 @@ class CriticConfig(_Pluggable):
     _section: ClassVar[str] = "critic"
     kind: Literal["constant", "http", "local", "factory"] = "constant"
     value: float = 0.5
-    url: str | None = None
+    #: Where the scoring service runs; what it predicts is checked on resume by the
+    #: critic's identity (tasks.fingerprint.CriticIdentity), as the policy's is by its version.
+    url: Annotated[str | None, RUNTIME] = None
     #: Timeouts, retries, deadline and hedging of the HTTP critic's client (kind http).
-    http: RetryPolicy = RetryPolicy()
+    http: Annotated[RetryPolicy, RUNTIME] = RetryPolicy()
     #: ``local``: a saved ``LocalCritic`` (fsspec URL) to start from; the train loop
     #: sets it to the critic each iteration trained.
     weights: str | None = None
@@ -289,7 +314,7 @@ class TrainConfig(_Model):
     """
 
     #: Collect/train rounds.
-    iterations: int = Field(2, gt=0)
+    iterations: Annotated[int, LOOP_EXTENT] = Field(2, gt=0)
     #: ``local``, ``tinker`` or ``package.module:function``.
     trainer: str = "local"
     #: Keyword options of a trainer named by import path.
@@ -300,7 +325,7 @@ class TrainConfig(_Model):
     tinker: TinkerUpdateConfig = TinkerUpdateConfig()
     #: Held-out tasks evaluated (one plain rollout each) before training and after each
     #: iteration; 0 turns evaluation off.
-    eval_tasks: int = Field(0, ge=0)
+    eval_tasks: Annotated[int, LOOP_EXTENT] = Field(0, ge=0)
 
     @field_validator("trainer")
     @classmethod
@@ -328,7 +353,8 @@ class FocusConfig(_Model):
     """
 
     collection_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    iteration: int = Field(0, ge=0)
+    #: A train loop sets it for each iteration itself.
+    iteration: Annotated[int, Resumable("loop", "set by the train loop per iteration")] = Field(0, ge=0)
     seed: int = 0
     model: ModelConfig = ModelConfig()
     env: EnvConfig = EnvConfig()
@@ -336,10 +362,10 @@ class FocusConfig(_Model):
     search: SearchConfig = SearchConfig()
     critic: CriticConfig = CriticConfig()
     estimator: EstimatorConfig = EstimatorConfig()
-    execution: ExecutionConfig = ExecutionConfig()
-    storage: StorageConfig = Field(default_factory=StorageConfig)
-    train: TrainConfig = TrainConfig()
-    progress: bool = True
+    execution: Annotated[ExecutionConfig, RUNTIME] = ExecutionConfig()
+    storage: Annotated[StorageConfig, RUNTIME] = Field(default_factory=StorageConfig)
+    train: Annotated[TrainConfig, LOOP_ONLY] = TrainConfig()
+    progress: Annotated[bool, RUNTIME] = True
 
     def with_updates(self, **updates: Any) -> FocusConfig:
         """A validated copy with dotted-key updates (``{"model.url": ...}``)."""
@@ -386,6 +412,20 @@ class FocusConfig(_Model):
         """The search as the collector runs it: the estimator's γ, truncation rule and
         critic weight filled in (what replaying stored waves must plan with, too)."""
         return self.search.build_search().resolved(self.build_estimator())
+
+
+def resumable_fields(scope: Literal["collection", "loop"], cls: type[BaseModel] = FocusConfig) -> tuple[str, ...]:
+    """Dotted names of the fields (or whole sections) a resume of a ``scope`` ignores:
+    those marked :class:`Resumable` for it or for ``any``, read off the schema, so a
+    new field is compared on resume unless its declaration says otherwise."""
+    out: list[str] = []
+    for name, info in cls.model_fields.items():
+        marks = [m for m in info.metadata if isinstance(m, Resumable)]
+        if any(m.scope in ("any", scope) for m in marks):
+            out.append(name)
+        elif (sub := _model_of(info.annotation)) is not None:
+            out += [f"{name}.{key}" for key in resumable_fields(scope, sub)]
+    return tuple(out)
 
 
 # ---- dotted names: how files, variables, --set and the docs address a field ----
