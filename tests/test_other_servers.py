@@ -60,6 +60,7 @@ from test_real_wire_formats import (
 from focus.backends import LlamaCppPolicy, OpenAICompatPolicy, SGLangPolicy
 from focus.backends.llamacpp import SAMPLING, parse_completion
 from focus.policy import SamplingParams, UnreadableAnswers
+from focus.testing import PolicyConformance
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.integration]  # loopback servers; fast, not slow
 
@@ -507,3 +508,130 @@ def test_focus_collect_against_tgi_stops_before_collecting_and_against_llama_ser
     assert rows and all(r["policy_version"] == "llamacpp" for r in rows)
     recorded = {(tuple(r["prompt_ids"]), tuple(r["completion_ids"]), tuple(r["logprobs"])) for r in rows}
     assert recorded <= served
+
+
+# ---- llama-server's dialect over real samples ----
+
+
+class LlamaServerFront:
+    """A loopback server that answers ``/completion`` as llama-server does, from the
+    embedded model's ``/generate`` (real samples): it passes no stop ids on (llama-server
+    has none), and answers ``tokens``, ``completion_probabilities`` and ``stop_type``.
+    ``eog=False``: the stop id is no end-of-generation token of the model (``ignore_eos``
+    upstream), so the model samples on past it to ``n_predict``."""
+
+    def __init__(self, upstream: str, eog: bool = True) -> None:
+        import threading
+
+        self.upstream, self.url, self.eog = upstream, "", eog
+        #: Answers that went on past the stop id.
+        self.longer = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> LlamaServerFront:
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        self._loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        import aiohttp
+        from aiohttp import web
+
+        self._stop = asyncio.Event()
+        session = aiohttp.ClientSession()
+
+        async def completion(request: web.Request) -> web.Response:
+            body = await request.json()
+            sp = {
+                "max_new_tokens": body["n_predict"],
+                "temperature": body["temperature"],
+                "top_p": body["top_p"],
+                "top_k": body["top_k"] if body["top_k"] > 0 else -1,
+                "min_p": body["min_p"],
+                "repetition_penalty": body["repeat_penalty"],
+                "skip_special_tokens": False,
+                "ignore_eos": not self.eog,
+            }
+            if "seed" in body:
+                sp["sampling_seed"] = body["seed"]
+            req = {"input_ids": body["prompt"], "sampling_params": sp, "return_logprob": True, "stream": False}
+            async with session.post(f"{self.upstream}/generate", json=req) as resp:
+                got = await resp.json()
+            triples = got["meta_info"]["output_token_logprobs"]
+            ids = [t for _, t, _ in triples]
+            self.longer += EOT in ids[:-1]
+            finish = got["meta_info"]["finish_reason"]
+            kind = finish.get("type") if isinstance(finish, dict) else finish
+            probs = [{"id": t, "token": "", "bytes": [], "logprob": lp, "top_logprobs": []} for lp, t, _ in triples]
+            answer = {
+                "content": "",
+                "tokens": [t for _, t, _ in triples] if body.get("return_tokens") else [],
+                "stop": True,
+                "stop_type": "limit" if kind == "length" else "eos",
+                "timings": {"cache_n": 0},
+                "completion_probabilities": probs,
+            }
+            return web.json_response(answer)
+
+        app = web.Application()
+        app.router.add_post("/completion", completion)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        self._ready.set()
+        await self._stop.wait()
+        await session.close()
+        await runner.cleanup()
+
+
+class TestLlamaCppConformance(PolicyConformance):
+    @pytest.fixture(autouse=True)
+    def _server(self, local_model_server):
+        with LlamaServerFront(local_model_server.url) as front:
+            self.front = front
+            yield
+
+    def make_policy(self):
+        return LlamaCppPolicy(self.front.url, vocab_size=FORMAT.codec.vocab_size, config=FAST)
+
+
+def test_llama_server_cut_at_the_stop_id_gives_the_samples_a_server_that_stops_there_gives(local_model_server):
+    """The same seeded requests to the embedded model: as SGLang's ``/generate`` with
+    the stop id (the server stops there) and through llama-server's dialect without it,
+    to a model whose stop id is no end-of-generation token (it samples on to
+    ``n_predict``; the client cuts after the stop id): the same ids, log-probs and finish
+    reasons, bit for bit."""
+    from focus.env import Message
+    from focus.toy import opening_text
+
+    prompt = FORMAT.codec.render([Message("user", opening_text(4))])
+
+    async def samples(policy: Any) -> list[tuple[Any, ...]]:
+        try:
+            out = []
+            for s in range(12):
+                params = SamplingParams(max_tokens=1 + s % 3, temperature=1.0, seed=s, stop_token_ids=(EOT,))
+                c = await policy.sample(prompt, params)
+                out.append((c.token_ids, c.logprobs, c.finish_reason))
+            return out
+        finally:
+            await policy.aclose()
+
+    direct = asyncio.run(samples(SGLangPolicy(local_model_server.url, config=FAST)))
+    with LlamaServerFront(local_model_server.url, eog=False) as front:
+        via = asyncio.run(samples(LlamaCppPolicy(front.url, config=FAST)))
+        sampled_on = front.longer
+    assert via == direct
+    assert sampled_on > 0  # answers the client cut after the stop id
+    assert {f for _, _, f in direct} == {"stop", "length"}  # both kinds of ending are compared
