@@ -2,6 +2,7 @@
 
 * :class:`OpenAICompatPolicy` - OpenAI-compatible ``/v1/completions`` as vLLM serves it.
 * :class:`SGLangPolicy` - SGLang's native ``/generate``.
+* :class:`LlamaCppPolicy` - llama.cpp's ``llama-server`` native ``/completion``.
 * :class:`TinkerPolicy` - a Tinker ``SamplingClient``.
 * :class:`FleetPolicy` - several replicas of one model, calls routed by the search tree.
 * :class:`LocalModelServer` - the tiny torch model served on loopback.
@@ -21,6 +22,7 @@ _EXPORTS = {
     "HttpClient": "focus.backends.http",
     "OpenAICompatPolicy": "focus.backends.openai_compat",
     "SGLangPolicy": "focus.backends.sglang",
+    "LlamaCppPolicy": "focus.backends.llamacpp",
     "TinkerPolicy": "focus.backends.tinker_backend",
     "FleetPolicy": "focus.backends.fleet",
     "LocalModelServer": "focus.backends.local",

@@ -43,6 +43,7 @@ import aiohttp
 import httpx
 
 from focus.backends import hedge as hedging
+from focus.backends.foreign import refused_token_ids
 from focus.backends.outage import OVER, UP, OutageGate, OutageTotals, is_down_cause, watch_silence
 from focus.backends.retry import (
     CallRecord,
@@ -140,8 +141,16 @@ class HttpClient:
         self._hedger = HedgeTimer(self.config)
         self._unread = Unreadable()
 
-    def _rejected(self, e: _Rejected) -> Exception:  # a policy's prompt over the context: the agent truncates
-        return ContextLimit(str(e)) if e.context_limit and self.error is PolicyError else self.error(str(e))
+    def _rejected(self, e: _Rejected) -> Exception:
+        """A policy's prompt over the context: :class:`ContextLimit` (the agent truncates);
+        a server that refuses a prompt of token ids: :class:`UnreadableAnswers` (a setting
+        to change, :func:`~focus.backends.foreign.refused_token_ids`)."""
+        if self.error is PolicyError:
+            if e.context_limit:
+                return ContextLimit(str(e))
+            if line := refused_token_ids(self.base_url, e.status, e.body):
+                return UnreadableAnswers(line)
+        return self.error(str(e))
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

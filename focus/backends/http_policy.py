@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, ClassVar
 
 from focus.backends.http import HttpClient
-from focus.policy import Completion, Policy, SamplingParams
+from focus.policy import Completion, Policy, SamplingParams, UnreadableAnswers
 
 __all__ = ["HttpPolicy"]
 
@@ -51,6 +51,11 @@ class HttpPolicy(Policy):
     def parse(self, data: Any) -> Completion:
         raise NotImplementedError
 
+    def parser(self, params: SamplingParams) -> Callable[[Any], Completion]:
+        """How :meth:`sample` reads an answer to a request with ``params`` (:meth:`parse`;
+        a dialect that must apply the request's limits itself binds them here)."""
+        return self.parse
+
     #: Whether the server's answer to one request with ``n`` samples and a seed holds
     #: sample ``i`` drawn with ``seed + i``, as vLLM's does: then :meth:`sample_siblings`
     #: sends one request (set by a dialect that implements :meth:`parse_siblings`).
@@ -67,10 +72,11 @@ class HttpPolicy(Policy):
             "POST",
             self.path,
             self.request_body(prompt_ids, params),
-            self.parse,
+            self.parser(params),
             hedge=params.seed is not None,
             size=params.max_tokens,
         )
+        self.check_echo(prompt_ids, completion)
         if completion.policy_version:
             self.policy_version = completion.policy_version
         completion.meta["http"] = record  # meta is the parser's own new dict
@@ -155,10 +161,32 @@ class HttpPolicy(Policy):
             size=params.max_tokens,
         )
         for c in completions:
+            self.check_echo(prompt_ids, c)
             if c.policy_version:
                 self.policy_version = c.policy_version
             c.meta["http"] = record  # one request: its record is every sample's
         return completions[:n]
+
+    def check_echo(self, prompt_ids: Sequence[int], completion: Completion) -> None:
+        """:class:`UnreadableAnswers` when the answer names the prompt it sampled from
+        (``meta["prompt_token_ids"]``, vLLM's with ``return_token_ids``) and that is not
+        the ids sent: something between FOCUS and the model (a proxy that passed the
+        prompt on as text, a server that re-tokenised it) changed the prompt, so the
+        sample continues another context than the one recorded. Every request is
+        changed so; the first such answer stops the collection."""
+        echoed = completion.meta.pop("prompt_token_ids", None)
+        if echoed is None or list(echoed) == list(prompt_ids):
+            return
+        first = next(
+            (i for i, (a, b) in enumerate(zip(prompt_ids, echoed, strict=False)) if a != b),
+            min(len(prompt_ids), len(echoed)),
+        )
+        raise UnreadableAnswers(
+            f"the model server at {self.url} sampled from another prompt than the token ids sent ({len(prompt_ids)} ids "
+            f"sent, {len(echoed)} in its prompt_token_ids, first difference at position {first}): something re-tokenised "
+            "it (a proxy such as LiteLLM or OpenRouter passing the prompt on as text?); point model.url at the model "
+            "server itself"
+        )
 
     #: Where the server names the weights it serves (``GET``), and how to read it.
     version_path: ClassVar[str]

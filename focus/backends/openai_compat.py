@@ -13,10 +13,12 @@ or carry non-finite log-probs, are treated as malformed and retried.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+from focus.backends.foreign import endpoint_in_url
 from focus.backends.http import HttpClient, HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
@@ -65,6 +67,8 @@ class OpenAICompatPolicy(HttpPolicy):
         extra_body: dict[str, Any] | None = None,
         transport: Any = None,
     ) -> None:
+        if why := endpoint_in_url(base_url):
+            raise ValueError(why)
         root = base_url.rstrip("/")
         root = root[: -len("/v1")] if root.endswith("/v1") else root
         self.http = HttpClient(root, config, transport=transport, probe=probe_body)
@@ -179,8 +183,25 @@ def aborted(finish: str, n: int, detail: Any) -> str:
 #: Why an answer without ids cannot be used, and what to set on the server.
 NO_IDS = (
     "no token ids in the answer, only token texts (never re-tokenised): run vLLM >= 0.8 or start it "
-    "with --return-tokens-as-token-ids; for SGLang set model.kind = sglang"
+    "with --return-tokens-as-token-ids; for SGLang set model.kind = sglang; behind a proxy (LiteLLM, OpenRouter) "
+    "that drops those fields, point model.url at vLLM itself"
 )
+#: llama-server's ``/v1/completions``: log-probs (only with ``logprobs`` > 0) as
+#: ``{"content": [{"id", "token", "logprob", ...}]}``, no ``token_ids``; its native
+#: ``/completion`` gives the ids and their log-probs (:mod:`focus.backends.llamacpp`).
+LLAMACPP = (
+    "this is llama.cpp's llama-server, whose /v1/completions gives no token ids (and no log-probs at logprobs: 0): "
+    "set model.kind = llamacpp (its /completion endpoint)"
+)
+
+
+def _llamacpp(data: dict[str, Any], lp: Any) -> bool:
+    """Whether a completions answer is llama-server's (its ``system_fingerprint`` is its
+    build, ``b<number>-<commit>``; its log-probs are a chat-style ``content`` list)."""
+    fingerprint = data.get("system_fingerprint")
+    return (isinstance(fingerprint, str) and re.fullmatch(r"b\d+-[0-9a-f]+", fingerprint) is not None) or (
+        isinstance(lp, dict) and isinstance(lp.get("content"), list)
+    )
 
 
 def _token_id(tok: Any) -> int:
@@ -218,6 +239,8 @@ def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
         raise MalformedResponse("a choice of the answer is not an object")
     lp = ch.get("logprobs")
     if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs"), list):
+        if _llamacpp(data, lp):
+            raise MalformedResponse(LLAMACPP)
         raise MalformedResponse("the choice has no 'logprobs.token_logprobs' (was 'logprobs' dropped?)")
     logprobs = lp["token_logprobs"]
     ids = ch.get("token_ids")
@@ -243,7 +266,10 @@ def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
     usage = data.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    meta = {k: data[k] for k in ("policy_version", "model", "id") if k in data}
+    meta: dict[str, Any] = {k: data[k] for k in ("policy_version", "model", "id") if k in data}
+    echoed = ch.get("prompt_token_ids")
+    if isinstance(echoed, list):  # the prompt the server sampled from (HttpPolicy.check_echo)
+        meta["prompt_token_ids"] = echoed
     # the embedded server names its weights; vLLM names the served model (or LoRA adapter)
     version = data.get("policy_version") or data.get("model")
     version = version if isinstance(version, str) and version else None

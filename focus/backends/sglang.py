@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from focus.backends.foreign import endpoint_in_url
 from focus.backends.http import HttpClient, HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.openai_compat import NEUTRAL, aborted
@@ -40,6 +41,8 @@ class SGLangPolicy(HttpPolicy):
         extra_sampling_params: dict[str, Any] | None = None,
         transport: Any = None,
     ) -> None:
+        if why := endpoint_in_url(base_url):
+            raise ValueError(why)
         self.http = HttpClient(base_url, config, transport=transport, probe=probe_body)
         self.vocab_size = vocab_size
         self.policy_version = policy_version

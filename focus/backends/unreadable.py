@@ -220,8 +220,8 @@ async def probe(
 def unreadable_line(service: str, method: str, url: object, tally: Unreadable) -> str:
     """The one line that stops a collection whose answers cannot be read: the cause first."""
     hint = (
-        "is model.kind right (openai for /v1/completions, sglang for /generate) and does the server return "
-        "token ids and log-probs?"
+        "is model.kind right (openai: /v1/completions, sglang: /generate, llamacpp: llama-server's /completion) "
+        "and does the server return token ids and log-probs?"
         if service == "model service"
         else "is it the kind of service the client expects?"
     )

@@ -38,13 +38,19 @@ class Rejected(Exception):
 
     def __init__(self, message: str, status: int = 400, body: str = "") -> None:
         super().__init__(message)
+        self.status, self.body = status, body
         self.context_limit = is_context_limit(status, body)
 
 
 #: How servers word a prompt over the model's context length (vLLM and the embedded
 #: server: "maximum context length"; SGLang: "longer than the model's context length",
-#: "exceeds the model's maximum context length"; OpenAI: "context_length_exceeded").
-_CONTEXT_LIMIT = re.compile(r"context[ _]length|context window|longer than the model", re.IGNORECASE)
+#: "exceeds the model's maximum context length"; OpenAI: "context_length_exceeded";
+#: llama-server: "request (N tokens) exceeds the available context size", type
+#: "exceed_context_size_error").
+_CONTEXT_LIMIT = re.compile(
+    r"context[ _]length|context window|longer than the model|available context size|exceed_context_size",
+    re.IGNORECASE,
+)
 
 
 def is_context_limit(status: int, body: str) -> bool:

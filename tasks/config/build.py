@@ -101,6 +101,10 @@ def build_policy(config: FocusConfig, url: str | None = None) -> Policy:
         from focus.backends import SGLangPolicy
 
         policy = one_or_fleet(urls, lambda u: SGLangPolicy(u, config=http, **m.options))
+    elif m.kind == "llamacpp":
+        from focus.backends import LlamaCppPolicy
+
+        policy = one_or_fleet(urls, lambda u: LlamaCppPolicy(u, config=http, **m.options))
     else:
         from focus.backends import TinkerPolicy
 

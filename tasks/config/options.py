@@ -55,6 +55,10 @@ def _option_target(section: Any) -> tuple[Any, dict[str, str | None]] | None:
             from focus.backends.sglang import SGLangPolicy
 
             return SGLangPolicy, {"base_url": "model.url", "config": "model.http", "transport": None}
+        if kind == "llamacpp":
+            from focus.backends.llamacpp import LlamaCppPolicy
+
+            return LlamaCppPolicy, {"base_url": "model.url", "config": "model.http", "transport": None}
         return None  # tinker: optional dependency; factory: checked by check_factories
     if section._section == "critic":
         from focus import critic as critics

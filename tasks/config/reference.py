@@ -32,9 +32,10 @@ MEANING: dict[str, str] = {
     "progress": "live progress on a terminal (a collection's bars; a train loop's stages, rows and picture), else "
     "a log line per wave",
     "model.kind": "`local` (the embedded tiny model) \\| `openai` (vLLM, any OpenAI-compatible server) \\| `sglang` "
-    "\\| `tinker` \\| `factory`",
-    "model.url": "server root; required for `openai`/`sglang`; for `local`, unset starts the embedded server for the run",
-    "model.urls": "several replicas of the model instead of `url` (`openai`/`sglang`): each call goes where the "
+    "\\| `llamacpp` (llama.cpp's llama-server) \\| `tinker` \\| `factory`",
+    "model.url": "server root (not an endpoint such as `/v1/chat/completions`); required for `openai`/`sglang`/"
+    "`llamacpp`; for `local`, unset starts the embedded server for the run",
+    "model.urls": "several replicas of the model instead of `url` (`openai`/`sglang`/`llamacpp`): each call goes where the "
     'prefix it continues is cached, and to another replica when one is down (docs/operations.md, "Several replicas")',
     "model.model": "served model name sent with each request; for `tinker` the base model",
     "model.weights": "`local`: weights file the embedded server starts from (path or URL; unset: the committed "

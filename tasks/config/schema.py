@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from focus.backends.foreign import endpoint_in_url
 from focus.backends.retry import RetryPolicy
 from focus.backends.tinker_backend import TinkerUpdateConfig
 from focus.policy import SamplingParams
@@ -96,6 +97,12 @@ class _Pluggable(_Model):
         return self
 
 
+#: Model kinds served by a model server at ``model.url`` (or ``model.urls``).
+REMOTE = ("openai", "sglang", "llamacpp")
+#: Kinds whose client posts to a server root (``local`` too, when it names one).
+SERVED = ("local", *REMOTE)
+
+
 class ModelConfig(_Pluggable):
     """The policy's model service.
 
@@ -103,14 +110,14 @@ class ModelConfig(_Pluggable):
     ``factory`` names a callable returning a :class:`focus.policy.Policy` (called with
     ``options`` as keyword arguments), for services FOCUS has no backend for. ``http``
     holds the HTTP client's timeouts and retries (:class:`focus.backends.HttpConfig`)
-    for the ``local``, ``openai`` and ``sglang`` kinds; it says how patiently to talk to
+    for the ``local``, ``openai``, ``sglang`` and ``llamacpp`` kinds; it says how patiently to talk to
     the service, not what it computes, so it may change when a collection is resumed.
     """
 
     _section: ClassVar[str] = "model"
-    kind: Literal["local", "openai", "sglang", "tinker", "factory"] = "local"
+    kind: Literal["local", "openai", "sglang", "llamacpp", "tinker", "factory"] = "local"
     url: Annotated[str | None, RUNTIME] = None
-    #: Several replicas of the model instead of ``url`` (openai, sglang): each call goes
+    #: Several replicas of the model instead of ``url`` (openai, sglang, llamacpp): each call goes
     #: where its prefix is cached, failing over when one is down (focus.backends.FleetPolicy).
     urls: Annotated[list[str], RUNTIME] = Field(default_factory=list)
     #: The served model's name (OpenAI-compatible ``model`` field); for ``tinker`` the base model.
@@ -123,7 +130,7 @@ class ModelConfig(_Pluggable):
     #: Unset, it is asked from the server (``local``) or taken from the env codec's
     #: tokenizer; required where neither knows it (see :func:`tasks.config.build.vocab_size_for`).
     vocab_size: int | None = Field(None, gt=0)
-    #: Timeouts, retries, deadline and hedging of the HTTP client (local, openai, sglang).
+    #: Timeouts, retries, deadline and hedging of the HTTP client (local, openai, sglang, llamacpp).
     http: Annotated[RetryPolicy, RUNTIME] = RetryPolicy()
     #: Send the first calls of sibling rollouts as one request with ``n`` samples
     #: (local, openai: vLLM's rule, checked once; docs/operations.md, "Siblings in one
@@ -132,15 +139,19 @@ class ModelConfig(_Pluggable):
 
     @model_validator(mode="after")
     def _needs(self) -> ModelConfig:
-        if self.kind in ("openai", "sglang") and not (self.url or self.urls):
+        if self.kind in REMOTE and not (self.url or self.urls):
             raise ValueError(f"model.url is required when model.kind is {self.kind!r} (or model.urls: replicas)")
-        if self.urls and (self.url or self.kind not in ("openai", "sglang")):
-            raise ValueError("model.urls replaces model.url, for the openai and sglang kinds")
+        if self.urls and (self.url or self.kind not in REMOTE):
+            raise ValueError("model.urls replaces model.url, for the openai, sglang and llamacpp kinds")
         for u in self.urls:
             _check_http_url("model.urls", u)
         if self.kind == "tinker" and not (self.model or self.weights):
             raise ValueError("model.model (a base model) or model.weights (a tinker:// path) is required for tinker")
         _check_http_url("model.url", self.url)
+        if self.kind in SERVED:
+            for url in [self.url, *self.urls]:
+                if why := endpoint_in_url(url):
+                    raise ValueError(why)
         check_options(self)
         return self
 
