@@ -43,6 +43,7 @@ from cli.common import (
     started,
 )
 from tasks.config import FocusConfig
+from tasks.config.schema import REMOTE
 
 if TYPE_CHECKING:
     from focus.backends.local import WarmServer
@@ -94,7 +95,13 @@ IterationOpt = Annotated[
 ]
 ModelUrlOpt = Annotated[
     str | None,
-    typer.Option(help=help_default("OpenAI-compatible model server.", "start the embedded model"), metavar="URL"),
+    typer.Option(
+        help=help_default(
+            "Model server (OpenAI-compatible, or the model.kind the configuration names: sglang, llamacpp).",
+            "start the embedded model",
+        ),
+        metavar="URL",
+    ),
 ]
 ModelTimeoutOpt = Annotated[
     float | None,
@@ -168,7 +175,10 @@ def collect(
         "model.http.max_retries": model_retries,
     }
     if model_url:
-        flags.update({"model.kind": "openai", "model.url": model_url})
+        flags["model.url"] = model_url
+        # an OpenAI-compatible server, unless the configuration names another served kind
+        if load_with_budget(config, flags, sets, transitions).model.kind not in REMOTE:
+            flags["model.kind"] = "openai"
     cfg = _config(config, flags, sets, transitions)
     resume = resume_command("collect", config, flags, sets, transitions, str(cfg.collection_id))
     out = Console(verbose, debug, log_file, "collect")

@@ -478,7 +478,8 @@ def focus_command(tmp_path: Any, args: list[str]) -> Any:
 def test_focus_collect_against_tgi_stops_before_collecting_and_against_llama_server_collects(tmp_path):
     """``focus collect --model-url <TGI>`` wrote an empty batch (8 of 8 rollouts
     "rejected with status 422"), finished the collection id and exited 1; now it stops
-    at the first answer, exit 2, one line, no batch. ``model.kind = llamacpp`` collects,
+    at the first answer, exit 2, one line, no batch. ``model.kind = llamacpp`` collects
+    (with ``--model-url``, which names the server, not its kind),
     and every actor row holds a prompt the server was sent and exactly what it sampled
     for it."""
     import pyarrow.dataset as ds
@@ -490,7 +491,8 @@ def test_focus_collect_against_tgi_stops_before_collecting_and_against_llama_ser
             args = ["collect", "--model-url", tgi.url, "--set", "model.model=Qwen/Qwen3-4B", "--store", store]
             refused = await asyncio.to_thread(focus_command, tmp_path, [*args, "--collection-id", "t", "--tasks", "2"])
         async with serve(llamacpp_routes(LlamaCpp(eog=False))) as llama:
-            args = ["collect", "--set", "model.kind=llamacpp", "--set", f"model.url={llama.url}", "--store", store]
+            # --model-url with the kind named beside it (it had forced kind openai)
+            args = ["collect", "--model-url", llama.url, "--set", "model.kind=llamacpp", "--store", store]
             done = await asyncio.to_thread(focus_command, tmp_path, [*args, "--collection-id", "l", "--tasks", "2"])
             served = {
                 (tuple(p), tuple(ids), tuple(lps))
