@@ -146,9 +146,12 @@ def check_root(root: str) -> None:
                 f"storage root {root}: bucket {bucket!r} does not exist; create it or fix storage.root"
             ) from None
         except StorageAccessDenied as e:
+            if not isinstance(e.__cause__, PermissionError):  # no credentials; a 400 without a reason
+                raise StorageAccessDenied(f"storage root {root}: {e}") from e
             raise StorageAccessDenied(
                 f"storage root {root}: access to bucket {bucket!r} denied ({e.__cause__ or e}); check the "
-                "credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) and the bucket's policy"
+                "credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; AWS_SESSION_TOKEN, which expires) "
+                "and the bucket's policy"
             ) from e
 
 

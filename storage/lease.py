@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from storage.errors import LeaseHeld, LeaseLost, StorageError
+from storage.errors import LeaseHeld, LeaseLost
 from storage.manifest import sha256
 from storage.urls import Location, Retry, check_id, retrying
 
@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 
 LEASES = "leases"
 FORMAT = "focus-lease"
+#: What to do once a lease is lost: the steps saved under it are kept.
+_AGAIN = "rerun with the same collection id to resume from its last saved step once no other run writes it"
 #: Default time a lease stays valid without renewal.
 DEFAULT_TTL_S = 30.0
 
@@ -391,12 +393,12 @@ class Lease:
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease was lost or ran out without renewal."""
         if self._lost is not None:
-            raise LeaseLost(self._lost + "; stopping before writing more")
+            raise LeaseLost(self._lost + f"; stopping before writing more ({_AGAIN})")
         if self._version is not None and self.clock() > self._expires_at:
             raise LeaseLost(
                 f"collection {self.collection_id!r} in {self.root}: this run's write lease expired at "
                 f"{datetime.fromtimestamp(self._expires_at, UTC).isoformat(timespec='seconds')} without a renewal "
-                "(was the store unreachable?); stopping before writing more"
+                f"(was the store unreachable?); stopping before writing more ({_AGAIN})"
             )
 
     def release(self) -> None:
@@ -415,7 +417,10 @@ class Lease:
             try:
                 if not self._slot.delete(version):
                     log.warning("collection %s: the write lease was no longer ours at release", self.collection_id)
-            except StorageError as e:  # it expires on its own
+            except Exception as e:  # noqa: BLE001 - it expires on its own
+                # never raised: release runs as the run ends, often because the store failed,
+                # and an error here replaced the run's own (an expired token's bare 'OSError:
+                # [Errno 22] Bad Request' from this read instead of the step's line)
                 log.warning("collection %s: could not release the write lease (%s)", self.collection_id, e)
 
     # --- the renewer ------------------------------------------------------------------------
