@@ -151,7 +151,7 @@ def retrying(op: Callable[[], T], what: str, retry: Retry, *, sleep: Callable[[f
     state = "kept answering with errors (throttled or failing)" if answered else "unreachable"
     raise StorageUnavailable(
         f"{what}: storage {state} after {retry.attempts} attempt(s) in {time.monotonic() - start:.1f} s "
-        f"({AGAIN} once it answers): {type(last).__name__}: {last}"
+        f"(once it answers, {AGAIN}): {type(last).__name__}: {last}"
     ) from last
 
 

@@ -110,3 +110,15 @@ def test_credentials_that_expire_mid_run_end_in_one_line_and_the_rerun_resumes(t
     assert result["stats"]["steps_reused"] >= 1, result["stats"]  # the evidence, saved before the fault
     assert BatchStore(root).read(result["batch_url"]).actor
     assert os.environ["AWS_ENDPOINT_URL"] == s3_server.endpoint_url  # the proxy was the subprocess's only
+
+
+@pytest.mark.parametrize("what", ["batches/c/iter-000000", "batches/c"])
+def test_inspect_of_a_missing_bucket_says_so(s3_server, what):
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    done = CliRunner().invoke(app, ["inspect", f"s3://no-such-bucket-focus/runs/{what}"])
+    assert done.exit_code == 1
+    # was "no batch at ...: _manifest.json is missing" / "no finished batch in ..."
+    assert "bucket 'no-such-bucket-focus' does not exist" in done.output, done.output
