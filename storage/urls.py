@@ -27,7 +27,14 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage.errors import PathOutsideRoot, RootNotFound, StorageAccessDenied, StorageFull, StorageUnavailable
+from storage.errors import (
+    PathOutsideRoot,
+    RootNotFound,
+    StorageAccessDenied,
+    StorageFull,
+    StorageUnavailable,
+    StorageUnsupported,
+)
 
 T = TypeVar("T")
 
@@ -438,6 +445,15 @@ class Location:
                     self.fs.pipe_file(path, data, mode="create")
                 except FileExistsError:
                     return False
+                except OSError as e:
+                    if (http_answer(e) or (0, ""))[0] == 501:
+                        raise StorageUnsupported(
+                            f"write {url}: the store does not support conditional writes (it answered 501 to a PUT "
+                            "with If-None-Match: *), which the collection's write lease needs so that two runs never "
+                            "write one collection; use a store that does (AWS S3 does; check the S3-compatible "
+                            f"server's release): {e}"
+                        ) from e
+                    raise
                 return True
             elif exclusive:
                 with _PLAIN_CREATE:

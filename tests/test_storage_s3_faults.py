@@ -23,7 +23,15 @@ from test_errors import SMALL, error_line, run_cli
 
 from flows.preflight import check_root
 from focus.testing.s3faults import S3FaultProxy
-from storage import BatchStore, CheckpointStore, Lease, Retry, StorageAccessDenied, StorageUnavailable
+from storage import (
+    BatchStore,
+    CheckpointStore,
+    Lease,
+    Retry,
+    StorageAccessDenied,
+    StorageUnavailable,
+    StorageUnsupported,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -122,3 +130,10 @@ def test_inspect_of_a_missing_bucket_says_so(s3_server, what):
     assert done.exit_code == 1
     # was "no batch at ...: _manifest.json is missing" / "no finished batch in ..."
     assert "bucket 'no-such-bucket-focus' does not exist" in done.output, done.output
+
+
+def test_a_store_without_conditional_writes_is_named_in_one_line(proxied):
+    bucket, opts, proxy = proxied
+    proxy.fail(501, methods={"PUT"}, from_path="leases/")  # the lease's If-None-Match create
+    with pytest.raises(StorageUnsupported, match=r"does not support conditional writes \(it answered 501"):
+        Lease(f"{bucket}/runs", "c", storage_options=opts).acquire()  # was OSError: [Errno 38] ...

@@ -32,6 +32,7 @@ ERRORS = {
     429: ("SlowDown", "Please reduce your request rate."),
     502: ("BadGateway", "Bad Gateway"),
     504: ("GatewayTimeout", "Gateway Timeout"),
+    501: ("NotImplemented", "A header you provided implies functionality that is not implemented."),
 }
 #: Hop-by-hop headers and those the proxy sets itself.
 _SKIP = {"host", "content-length", "transfer-encoding", "connection", "expect", "keep-alive"}
