@@ -129,7 +129,8 @@ def test_inspect_of_a_missing_bucket_says_so(s3_server, what):
     done = CliRunner().invoke(app, ["inspect", f"s3://no-such-bucket-focus/runs/{what}"])
     assert done.exit_code == 1
     # was "no batch at ...: _manifest.json is missing" / "no finished batch in ..."
-    assert "bucket 'no-such-bucket-focus' does not exist" in done.output, done.output
+    # and which server was asked: a bucket 'missing' from another endpoint than meant
+    assert f"bucket 'no-such-bucket-focus' does not exist at {s3_server.endpoint_url}" in done.output, done.output
 
 
 def test_a_store_without_conditional_writes_is_named_in_one_line(proxied):
