@@ -227,6 +227,24 @@ class _S3Slot(_Slot):
         return True
 
 
+#: Seconds a lease request waits for an answer on S3 (s3fs waits 15): a lease object is
+#: a few hundred bytes, and a renewal's 3 attempts must end well within the 20 s left of
+#: the lease when it starts. Behind a store that takes connections and never answers,
+#: 3 attempts of 15 s took 45 s, so the lease ran out while one renewal was under way.
+LEASE_READ_TIMEOUT_S = 5.0
+
+
+def _quick_reads(root: str | os.PathLike[str], options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``options`` with :data:`LEASE_READ_TIMEOUT_S` as the S3 read timeout (unless set)."""
+    if Location(root).protocol not in ("s3", "s3a"):
+        return options
+    out = dict(options or {})
+    config = {**Location.S3_DEFAULTS["config_kwargs"], **out.get("config_kwargs", {})}
+    config.setdefault("read_timeout", LEASE_READ_TIMEOUT_S)
+    out["config_kwargs"] = config
+    return out
+
+
 def _slot(loc: Location, url: str, retry: Retry) -> _Slot:
     return _S3Slot(loc, url, retry) if loc.is_s3 else _Slot(loc, url, retry)
 
@@ -269,7 +287,7 @@ class Lease:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
         self.collection_id = check_id(collection_id, "collection id")
-        self.loc = Location(root, storage_options)
+        self.loc = Location(root, _quick_reads(root, storage_options))
         # quick, unlike the steps' patient default: the renewer tries again every ttl/3,
         # and one renewal must not outlast the lease (8 attempts behind 5 s connect
         # timeouts could take about 54 s against the 30 s it holds)
