@@ -53,6 +53,8 @@ def inspect(
         if it is None:
             listing = collection_summary(store, cid)
             if not listing["iterations"]:
+                if (why := _bucket_error(root)) is not None:
+                    fail(f"cannot read batches: {one_line(why)}", 1)
                 fail(f"no finished batch in {url} (a batch exists once its _manifest.json is written)", 1)
             if as_json:
                 typer.echo(json.dumps(listing, default=str))
@@ -65,7 +67,7 @@ def inspect(
     except typer.Exit:
         raise
     except Exception as e:  # noqa: BLE001 - every error becomes one line
-        fail(f"cannot read batch: {one_line(e)}", 1)
+        fail(f"cannot read batch: {one_line(_bucket_error(root) or e)}", 1)
     if as_json:
         typer.echo(json.dumps(summary, default=str))
         return
@@ -213,3 +215,20 @@ def _phases_table(phases: list[dict[str, Any]]) -> Any:
     for k in figures:
         table.add_row(k, *[fmt(p.get(k, "")) for p in phases])
     return table
+
+
+def _bucket_error(root: str) -> Exception | None:
+    """Why the bucket of ``root`` cannot be read (it does not exist, the credentials are
+    refused or missing), if that is why a batch was not found; ``None`` for a local folder
+    or a bucket that answers. Asked only after a failed read: a missing bucket read as
+    'no batch at ...: _manifest.json is missing'."""
+    from flows.preflight import check_root
+    from storage.urls import Location
+
+    if Location(root).protocol == "file":
+        return None
+    try:
+        check_root(root)
+    except Exception as e:  # noqa: BLE001 - the cause to show instead
+        return e
+    return None

@@ -143,13 +143,27 @@ def check_root(root: str) -> None:
             retrying(lambda: loc.fs.info(bucket), f"open bucket {bucket!r} of {root}", quick)
         except FileNotFoundError:
             raise RootNotFound(
-                f"storage root {root}: bucket {bucket!r} does not exist; create it or fix storage.root"
+                f"storage root {root}: bucket {bucket!r} does not exist{_at(loc)}; create it or fix storage.root "
+                "(or the endpoint: AWS_ENDPOINT_URL)"
             ) from None
         except StorageAccessDenied as e:
+            if not isinstance(e.__cause__, PermissionError):  # no credentials; a 400 without a reason
+                raise StorageAccessDenied(f"storage root {root}: {e}") from e
             raise StorageAccessDenied(
                 f"storage root {root}: access to bucket {bucket!r} denied ({e.__cause__ or e}); check the "
-                "credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) and the bucket's policy"
+                "credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; AWS_SESSION_TOKEN, which expires) "
+                "and the bucket's policy"
             ) from e
+
+
+def _at(loc: Any) -> str:
+    """' at <endpoint>' the S3 client asked, if known: a bucket 'missing' from another
+    server than meant (an AWS_ENDPOINT_URL left over, a MinIO or R2 endpoint mistyped)."""
+    try:
+        url = loc.fs.s3.meta.endpoint_url
+    except AttributeError:
+        return ""
+    return f" at {url}" if isinstance(url, str) and url else ""
 
 
 def _read_only(path: str) -> bool:

@@ -27,6 +27,7 @@ from storage.errors import (
     StorageError,
     StorageFull,
     StorageUnavailable,
+    StorageUnsupported,
 )
 from storage.lease import Lease
 from storage.manifest import Manifest
@@ -58,5 +59,6 @@ __all__ = [
     "StorageError",
     "StorageFull",
     "StorageUnavailable",
+    "StorageUnsupported",
     "collection_lease",
 ]

@@ -60,5 +60,10 @@ class StorageAccessDenied(StorageError, PermissionError):
     permission, or a read-only file system."""
 
 
+class StorageUnsupported(StorageError, OSError):
+    """The store lacks an operation FOCUS relies on: conditional writes on S3 (the write
+    lease's atomic create), which some S3-compatible servers answer ``501 NotImplemented``."""
+
+
 class StorageFull(StorageError, OSError):
     """No space left (or quota exceeded) where the store writes."""

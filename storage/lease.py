@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from storage.errors import LeaseHeld, LeaseLost, StorageError
+from storage.errors import LeaseHeld, LeaseLost
 from storage.manifest import sha256
 from storage.urls import Location, Retry, check_id, retrying
 
@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 
 LEASES = "leases"
 FORMAT = "focus-lease"
+#: What to do once a lease is lost: the steps saved under it are kept.
+_AGAIN = "rerun with the same collection id to resume from its last saved step once no other run writes it"
 #: Default time a lease stays valid without renewal.
 DEFAULT_TTL_S = 30.0
 
@@ -225,6 +227,24 @@ class _S3Slot(_Slot):
         return True
 
 
+#: Seconds a lease request waits for an answer on S3 (s3fs waits 15): a lease object is
+#: a few hundred bytes, and a renewal's 3 attempts must end well within the 20 s left of
+#: the lease when it starts. Behind a store that takes connections and never answers,
+#: 3 attempts of 15 s took 45 s, so the lease ran out while one renewal was under way.
+LEASE_READ_TIMEOUT_S = 5.0
+
+
+def _quick_reads(root: str | os.PathLike[str], options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``options`` with :data:`LEASE_READ_TIMEOUT_S` as the S3 read timeout (unless set)."""
+    if Location(root).protocol not in ("s3", "s3a"):
+        return options
+    out = dict(options or {})
+    config = {**Location.S3_DEFAULTS["config_kwargs"], **out.get("config_kwargs", {})}
+    config.setdefault("read_timeout", LEASE_READ_TIMEOUT_S)
+    out["config_kwargs"] = config
+    return out
+
+
 def _slot(loc: Location, url: str, retry: Retry) -> _Slot:
     return _S3Slot(loc, url, retry) if loc.is_s3 else _Slot(loc, url, retry)
 
@@ -267,7 +287,7 @@ class Lease:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
         self.collection_id = check_id(collection_id, "collection id")
-        self.loc = Location(root, storage_options)
+        self.loc = Location(root, _quick_reads(root, storage_options))
         # quick, unlike the steps' patient default: the renewer tries again every ttl/3,
         # and one renewal must not outlast the lease (8 attempts behind 5 s connect
         # timeouts could take about 54 s against the 30 s it holds)
@@ -391,12 +411,12 @@ class Lease:
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease was lost or ran out without renewal."""
         if self._lost is not None:
-            raise LeaseLost(self._lost + "; stopping before writing more")
+            raise LeaseLost(self._lost + f"; stopping before writing more ({_AGAIN})")
         if self._version is not None and self.clock() > self._expires_at:
             raise LeaseLost(
                 f"collection {self.collection_id!r} in {self.root}: this run's write lease expired at "
                 f"{datetime.fromtimestamp(self._expires_at, UTC).isoformat(timespec='seconds')} without a renewal "
-                "(was the store unreachable?); stopping before writing more"
+                f"(was the store unreachable?); stopping before writing more ({_AGAIN})"
             )
 
     def release(self) -> None:
@@ -415,7 +435,10 @@ class Lease:
             try:
                 if not self._slot.delete(version):
                     log.warning("collection %s: the write lease was no longer ours at release", self.collection_id)
-            except StorageError as e:  # it expires on its own
+            except Exception as e:  # noqa: BLE001 - it expires on its own
+                # never raised: release runs as the run ends, often because the store failed,
+                # and an error here replaced the run's own (an expired token's bare 'OSError:
+                # [Errno 22] Bad Request' from this read instead of the step's line)
                 log.warning("collection %s: could not release the write lease (%s)", self.collection_id, e)
 
     # --- the renewer ------------------------------------------------------------------------

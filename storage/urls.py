@@ -27,7 +27,14 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage.errors import PathOutsideRoot, RootNotFound, StorageAccessDenied, StorageFull, StorageUnavailable
+from storage.errors import (
+    PathOutsideRoot,
+    RootNotFound,
+    StorageAccessDenied,
+    StorageFull,
+    StorageUnavailable,
+    StorageUnsupported,
+)
 
 T = TypeVar("T")
 
@@ -60,6 +67,14 @@ _TRANSIENT_ERRNO = {
     errno.EBUSY,
     errno.EREMOTEIO,
 }
+#: HTTP statuses of a store that is throttled, failing, or behind a gateway that lost it:
+#: retried whatever error code (or none) the answer carries. s3fs knows S3's own codes
+#: (``SlowDown``, ``InternalError``) but makes ``OSError(EIO)`` of any other, which was
+#: not retried: one 502 or 504 of a load balancer (an HTML page, no code), MinIO's 503
+#: ``XMinioServerNotInitialized`` or a 429 stopped a collection at once with
+#: ``OSError: [Errno 5] ...`` (``tests/test_storage_s3_faults.py``). botocore, which would
+#: retry them, makes one attempt here (``Location.S3_DEFAULTS``).
+_TRANSIENT_STATUS = {429, 500, 502, 503, 504}
 
 
 class Retry(BaseModel):
@@ -87,11 +102,32 @@ class Retry(BaseModel):
         return min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
 
 
+def http_answer(exc: BaseException) -> tuple[int, str] | None:
+    """(HTTP status, error code) of the object store's answer behind ``exc`` (botocore's
+    ``ClientError``, which s3fs chains as the cause of the ``OSError`` it raises), or
+    ``None`` if no answer came. The code is the status itself (``'400'``) when the answer
+    had no body to name one: S3 answers a ``HEAD`` request so."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(status, int):
+                return status, str(response.get("Error", {}).get("Code") or status)
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` is a connection-level failure worth retrying (not a missing key)."""
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNO:
+        return True
+    answer = http_answer(exc)
+    if answer is not None and answer[0] in _TRANSIENT_STATUS:
         return True
     return any(c.__name__ in _TRANSIENT_NAMES for c in type(exc).__mro__)
 
@@ -115,16 +151,25 @@ def retrying(op: Callable[[], T], what: str, retry: Retry, *, sleep: Callable[[f
             last = e
             if attempt < retry.attempts:
                 sleep(retry.delay(attempt))
-    # a throttled or failing store answered (s3fs: EBUSY, EREMOTEIO); else none did
-    answered = isinstance(last, OSError) and last.errno in (errno.EBUSY, errno.EREMOTEIO)
+    # a throttled or failing store answered (an HTTP status; s3fs: EBUSY, EREMOTEIO); else none did
+    answered = last is not None and (
+        http_answer(last) is not None or (isinstance(last, OSError) and last.errno in (errno.EBUSY, errno.EREMOTEIO))
+    )
     state = "kept answering with errors (throttled or failing)" if answered else "unreachable"
     raise StorageUnavailable(
-        f"{what}: storage {state} after {retry.attempts} attempt(s) in {time.monotonic() - start:.1f} s: "
-        f"{type(last).__name__}: {last}"
+        f"{what}: storage {state} after {retry.attempts} attempt(s) in {time.monotonic() - start:.1f} s "
+        f"(once it answers, {AGAIN}): {type(last).__name__}: {last}"
     ) from last
 
 
+#: What an operator does after a storage failure: the advice closes each such line (the
+#: same words for a collection, a train loop and ``focus inspect``, which all use the store).
+AGAIN = "run again: a collection resumes from its last saved step with the same collection id"
+
+
 _FULL_ERRNO = {errno.ENOSPC, errno.EDQUOT}
+#: The credential that expires: named where access is refused (S3 says ``ExpiredToken``).
+_SESSION = " and, for temporary credentials, AWS_SESSION_TOKEN, which expires"
 
 
 def refused(exc: BaseException, what: str) -> StorageAccessDenied | StorageFull | None:
@@ -142,7 +187,23 @@ def refused(exc: BaseException, what: str) -> StorageAccessDenied | StorageFull 
         cause = str(exc) or "forbidden"
         return StorageAccessDenied(
             f"{what}: access denied ({cause}); check the credentials (for S3: AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY) or that the folder is writable"
+            f"AWS_SECRET_ACCESS_KEY{_SESSION}) or that the folder is writable, then {AGAIN}"
+        )
+    names = {c.__name__ for c in type(exc).__mro__}
+    if names & {"NoCredentialsError", "PartialCredentialsError"}:
+        # botocore found no (or half a) key pair: it said 'Unable to locate credentials'
+        return StorageAccessDenied(
+            f"{what}: no credentials for the object store ({exc}); set AWS_ACCESS_KEY_ID and "
+            f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or give the machine a role), then {AGAIN}"
+        )
+    answer = http_answer(exc)
+    if answer is not None and answer[0] == 400 and answer[1] == "400":
+        # S3 answers a HEAD without a body, so an expired token (ExpiredToken) or a request
+        # signed for another region reached s3fs as 'OSError: [Errno 22] Bad Request'
+        return StorageAccessDenied(
+            f"{what}: the store refused the request with 400 Bad Request and gave no reason (S3 gives none to a "
+            "HEAD request); most often the credentials expired (a session token, AWS_SESSION_TOKEN: renew them) "
+            f"or the region is not the bucket's (AWS_DEFAULT_REGION); fix it, then {AGAIN}"
         )
     if isinstance(exc, OSError) and exc.errno in _FULL_ERRNO:
         return StorageFull(f"{what}: no space left on the device (or quota exceeded); free space or use another root")
@@ -384,6 +445,15 @@ class Location:
                     self.fs.pipe_file(path, data, mode="create")
                 except FileExistsError:
                     return False
+                except OSError as e:
+                    if (http_answer(e) or (0, ""))[0] == 501:
+                        raise StorageUnsupported(
+                            f"write {url}: the store does not support conditional writes (it answered 501 to a PUT "
+                            "with If-None-Match: *), which the collection's write lease needs so that two runs never "
+                            "write one collection; use a store that does (AWS S3 does; check the S3-compatible "
+                            f"server's release): {e}"
+                        ) from e
+                    raise
                 return True
             elif exclusive:
                 with _PLAIN_CREATE:
@@ -398,7 +468,9 @@ class Location:
         try:
             return retrying(put, f"write {url}", retry)
         except FileNotFoundError as e:
-            raise RootNotFound(f"write {url}: {e}; create the bucket or check the store's root {self.root!r}") from e
+            raise RootNotFound(
+                f"write {url}: {e}; create the bucket or check the store's root {self.root!r}, then {AGAIN}"
+            ) from e
 
     @property
     def is_s3(self) -> bool:

@@ -252,13 +252,16 @@ def test_two_processes_started_together_one_writes_the_other_is_refused(tmp_path
 
 def test_one_renewal_cannot_outlast_the_lease(tmp_path):
     """A renewal's retries against an endpoint that never connects (each attempt waits the
-    S3 connect timeout) end well before the lease expires, so the renewer tries again at its
+    S3 connect timeout) or never answers (the read timeout) end well before the lease expires, so the renewer tries again at its
     next tick: the stores' patient default (8 attempts, about 14 s of backoff) would take
     about 54 s against the 30 s a lease holds."""
     from storage.urls import Location
 
-    lease = Lease(tmp_path, "c1")
+    lease = Lease("s3://any-bucket/runs", "c1")  # nothing is asked of the store here
     connect_s = Location.S3_DEFAULTS["config_kwargs"]["connect_timeout"]
-    worst = lease.retry.attempts * connect_s + lease.retry.total_wait_s()
+    # an endpoint that takes connections and never answers: each attempt waits the read
+    # timeout instead (s3fs's 15 s made 3 attempts 45 s)
+    read_s = lease.loc.fs.config_kwargs.get("read_timeout", type(lease.loc.fs).read_timeout)
+    worst = lease.retry.attempts * max(connect_s, read_s) + lease.retry.total_wait_s()
     # renewed ttl/3 after the last renewal, it must end within the 2/3 of the ttl left
     assert worst < lease.ttl_s * 2 / 3, worst

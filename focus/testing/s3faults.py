@@ -1,5 +1,8 @@
 """An HTTP proxy in front of an S3-compatible server that answers as a throttled or
-failing object store does: ``503 SlowDown`` or ``500 InternalError`` for a while.
+failing object store does: ``503 SlowDown`` or ``500 InternalError`` for a while, or as
+the things between an operator and the store do: a gateway's ``502``/``504`` page with
+no S3 error code, MinIO's own codes, credentials that expire (``400 ExpiredToken``,
+which S3 answers to a ``HEAD`` without a body), a bucket deleted (``404 NoSuchBucket``).
 
 :class:`focus.testing.faults.TcpRelay` cuts connections (an endpoint gone); this one
 keeps answering, with the errors S3 sends under load, which s3fs turns into other
@@ -16,12 +19,20 @@ import http.server
 import threading
 import time
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
-#: The answers of a throttled (503) and a failing (500) S3 service, as AWS words them.
+#: The answers of a throttled (503) and a failing (500) S3 service, as AWS words them,
+#: and the other statuses :meth:`S3FaultProxy.fail` sends (its ``code`` names another).
 ERRORS = {
     503: ("SlowDown", "Please reduce your request rate."),
     500: ("InternalError", "We encountered an internal error. Please try again."),
+    400: ("ExpiredToken", "The provided token has expired."),
+    403: ("AccessDenied", "Access Denied"),
+    404: ("NoSuchBucket", "The specified bucket does not exist"),
+    429: ("SlowDown", "Please reduce your request rate."),
+    502: ("BadGateway", "Bad Gateway"),
+    504: ("GatewayTimeout", "Gateway Timeout"),
+    501: ("NotImplemented", "A header you provided implies functionality that is not implemented."),
 }
 #: Hop-by-hop headers and those the proxy sets itself.
 _SKIP = {"host", "content-length", "transfer-encoding", "connection", "expect", "keep-alive"}
@@ -30,15 +41,26 @@ _SKIP = {"host", "content-length", "transfer-encoding", "connection", "expect", 
 class S3FaultProxy:
     """``with S3FaultProxy("http://127.0.0.1:9000") as proxy: proxy.fail(503, for_s=2)``.
 
-    :meth:`fail` answers every request with ``status`` (503 or 500) until :meth:`restore`
-    or for ``for_s`` seconds; :attr:`failed` counts the requests so answered.
+    :meth:`fail` answers every request with ``status`` (one of :data:`ERRORS`) until
+    :meth:`restore` or for ``for_s`` seconds; :attr:`failed` counts the requests so
+    answered. ``code`` replaces the status's S3 error code, ``html=True`` sends a
+    gateway's HTML page instead (no code at all), ``methods`` limits the fault to those
+    requests (``{"PUT"}``: writes), ``from_path`` holds the fault back until the first
+    request whose path contains it (a fault that starts at a chosen step, whatever the
+    number of requests before it). :attr:`delay_s` holds every forwarded request that
+    long (a slow store).
     """
 
     def __init__(self, upstream: str) -> None:
         parts = urlsplit(upstream)
         self._upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self._status: int | None = None
+        self._code: str | None = None
+        self._html = False
+        self._methods: frozenset[str] | None = None
+        self._from_path: str | None = None
         self._until = float("inf")
+        self.delay_s = 0.0
         self._lock = threading.Lock()
         self.failed = 0
         self._server: http.server.ThreadingHTTPServer | None = None
@@ -48,24 +70,49 @@ class S3FaultProxy:
         assert self._server is not None, "start the proxy first"
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def fail(self, status: int = 503, *, for_s: float | None = None) -> None:
+    def fail(
+        self,
+        status: int = 503,
+        *,
+        for_s: float | None = None,
+        code: str | None = None,
+        html: bool = False,
+        methods: set[str] | None = None,
+        from_path: str | None = None,
+    ) -> None:
         if status not in ERRORS:
             raise ValueError(f"status {status}: one of {sorted(ERRORS)}")
         with self._lock:
-            self._status = status
+            self._status, self._code, self._html = status, code, html
+            self._methods = frozenset(m.upper() for m in methods) if methods else None
+            self._from_path = from_path
             self._until = time.monotonic() + for_s if for_s is not None else float("inf")
 
     def restore(self) -> None:
         with self._lock:
             self._status = None
 
-    def _fault(self) -> int | None:
+    def _fault(self, method: str, path: str) -> tuple[int, bytes, str] | None:
+        """(status, body, content type) of the fault for a ``method`` request, if any."""
         with self._lock:
             if self._status is not None and time.monotonic() >= self._until:
                 self._status = None
-            if self._status is not None:
-                self.failed += 1
-            return self._status
+            if self._from_path is not None:
+                if self._from_path not in unquote(path):
+                    return None
+                self._from_path = None  # armed from here on
+            if self._status is None or (self._methods is not None and method not in self._methods):
+                return None
+            self.failed += 1
+            code, message = ERRORS[self._status]
+            if self._html:
+                page = f"<html><body><h1>{self._status} {message}</h1></body></html>"
+                return self._status, page.encode(), "text/html"
+            data = (
+                '<?xml version="1.0" encoding="UTF-8"?>'
+                f"<Error><Code>{self._code or code}</Code><Message>{message}</Message></Error>"
+            )
+            return self._status, data.encode(), "application/xml"
 
     def start(self) -> S3FaultProxy:
         proxy = self
@@ -79,15 +126,13 @@ class S3FaultProxy:
             def _any(self) -> None:
                 size = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(size) if size else b""
-                status = proxy._fault()
-                if status is not None:
-                    code, message = ERRORS[status]
-                    data = (
-                        '<?xml version="1.0" encoding="UTF-8"?>'
-                        f"<Error><Code>{code}</Code><Message>{message}</Message></Error>"
-                    ).encode()
-                    self._reply(status, [("Content-Type", "application/xml")], data, len(data))
+                fault = proxy._fault(self.command, self.path)
+                if fault is not None:
+                    status, data, kind = fault  # a HEAD answer carries no body: S3 names no code then
+                    self._reply(status, [("Content-Type", kind)], data, len(data))
                     return
+                if proxy.delay_s:
+                    time.sleep(proxy.delay_s)
                 conn = http.client.HTTPConnection(*proxy._upstream, timeout=60)
                 try:
                     headers = {k: v for k, v in self.headers.items() if k.lower() not in _SKIP}
