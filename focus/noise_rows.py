@@ -31,6 +31,13 @@ def leaf_value(kind: str, v_hat: float | None, truncation: Truncation, critic_va
     return None, 0.0  # failed
 
 
+#: Relative size below which a difference of backed-up values is rounding, not data: a
+#: value is a sum of a few dozen rewards in doubles (relative error about 1e-15), so
+#: siblings that should agree differ by 1e-17 or so, and a squared spread of 1e-33 fed
+#: to the fit made its result hang on rounding (a critic exact at one reward scale and
+#: not at another: issue 31's scale probe).
+ROUNDING = 1e-12
+
 #: Child references of the noise fit: a λ = 0 backed-up value that is exact (a
 #: terminal leaf) or the critic's own prediction (a bootstrapped leaf).
 _EXACT, _CRITIC = -1, -2
@@ -111,23 +118,15 @@ def collect(
             val[i], ref[i] = node.value, _CRITIC
             continue
         q_bar = sum(qs) / m
-        ss = sum([(q - q_bar) ** 2 for q in qs]) if m >= 2 else None
-        ss_same = None
-        # each valid child's first action: the exact tokens of its segment's first model
-        # turn, read only where there are two children to compare (most checkpoints have
-        # one, and the turn is a few pointers away, all over a large heap)
-        firsts = [_first_action(edges[e].turns) for e in valid] if m >= 2 else ()
-        if m >= 2 and len(set(firsts)) < m:  # two children took the same first action
-            index: dict[tuple[int, ...], int] = {}
-            groups = [index.setdefault(f, len(index)) for f in firsts]
-            members: dict[int, list[float]] = {}
-            for q, g in zip(qs, groups, strict=True):
-                members.setdefault(g, []).append(q)
-            ss_same = sum(sum((q - sum(v) / len(v)) ** 2 for q in v) for v in members.values())
-            sizes = [len(members[g]) for g in groups]
-            kids = [(w, d, c, (n - 1) / n) for (w, d, c, _), n in zip(kids, sizes, strict=True)]
+        # squared differences at rounding size are 0 (ROUNDING): floor is one value's
+        floor = (ROUNDING * max(map(abs, qs))) ** 2
+        if m >= 2:
+            ss = _above(sum([(q - q_bar) ** 2 for q in qs]), m * floor)
+            ss_same, kids = _same_action(qs, [_first_action(edges[e].turns) for e in valid], kids, m * floor)
+        else:
+            ss = ss_same = None
         value = node.value
-        d2 = (value - q_bar) ** 2 if value is not None else None
+        d2 = _above((value - q_bar) ** 2, max(floor, (ROUNDING * value) ** 2)) if value is not None else None
         val[i], ref[i] = q_bar, len(out)
         depth = node.depth
         row = _new(Checkpoint)
@@ -136,6 +135,31 @@ def collect(
             "ss_same": ss_same, "d2": d2, "v_hat": value, "kids": kids,
         }  # fmt: skip
         add(row)
+
+
+def _same_action(
+    qs: list[float], firsts: list[tuple[int, ...]], kids: list[tuple[float, float, int, float]], floor: float
+) -> tuple[float | None, list[tuple[float, float, int, float]]]:
+    """The sum of squares within groups of children whose first model turn is the same
+    (None without such a pair) and the children with their group's ``(g−1)/g``. Each
+    child's first action is the exact tokens of its segment's first model turn, read only
+    where there are two children to compare (most checkpoints have one, and the turn is a
+    few pointers away, all over a large heap)."""
+    if len(set(firsts)) == len(qs):
+        return None, kids
+    index: dict[tuple[int, ...], int] = {}
+    groups = [index.setdefault(f, len(index)) for f in firsts]
+    members: dict[int, list[float]] = {}
+    for q, g in zip(qs, groups, strict=True):
+        members.setdefault(g, []).append(q)
+    ss_same = _above(sum(sum((q - sum(v) / len(v)) ** 2 for q in v) for v in members.values()), floor)
+    sizes = [len(members[g]) for g in groups]
+    return ss_same, [(w, d, c, (n - 1) / n) for (w, d, c, _), n in zip(kids, sizes, strict=True)]
+
+
+def _above(x: float, floor: float) -> float:
+    """``x``, or 0 where it is no larger than rounding's ``floor``."""
+    return x if x > floor else 0.0
 
 
 def _first_action(turns: Sequence[Turn]) -> tuple[int, ...]:
