@@ -120,11 +120,11 @@ def collect(
         q_bar = sum(qs) / m
         # squared differences at rounding size are 0 (ROUNDING): floor is one value's
         floor = (ROUNDING * max(map(abs, qs))) ** 2
+        ss: float | None = None
+        ss_same: float | None = None
         if m >= 2:
             ss = _above(sum([(q - q_bar) ** 2 for q in qs]), m * floor)
             ss_same, kids = _same_action(qs, [_first_action(edges[e].turns) for e in valid], kids, m * floor)
-        else:
-            ss = ss_same = None
         value = node.value
         d2 = _above((value - q_bar) ** 2, max(floor, (ROUNDING * value) ** 2)) if value is not None else None
         val[i], ref[i] = q_bar, len(out)
