@@ -141,6 +141,9 @@ COMMANDS: dict[str, Check] = {
     "--critics noise_1,noise_3,constant,biased,early_late --methods grpo,uniform,selective --seeds 2": Check(
         "parse", "a benchmark of about 15 minutes (three families of the issue-31 record)"
     ),
+    ".venv/bin/python -m benchmarks.reward_units": Check(
+        "parse", "320 collections against their unscaled batches, about 7 minutes"
+    ),
     ".venv/bin/python -m benchmarks.priority_terms --family early_gate --critic noise_1": Check(
         "parse", "a simulation of about a minute (64 continuations from about 330 checkpoints)"
     ),
