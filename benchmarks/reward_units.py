@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         (f, k, int(b), s) for f in families for k in critics for b in args.budgets.split(",") for s in range(args.seeds)
     ]
     with scaled_families(families, scales) as names:
-        for fname, cname, budget, seed in cells:
+        for i, (fname, cname, budget, seed) in enumerate(cells):
+            print(f"\r{i}/{len(cells)} cells", end="", file=sys.stderr, flush=True)
             base = rows(fname, budget, cname, seed, args.method)
             for c in scales:
                 n += 1
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 if why:
                     differ += 1
                     print(f"{fname}/{budget}H/{cname} seed {seed}, rewards x{c:g}: {why}", flush=True)
+    print("\r", end="", file=sys.stderr)
     print(f"{differ} of {n} collections differ from their unscaled batch ({time.perf_counter() - t0:.0f} s)")
     return 1 if differ else 0
 
