@@ -237,7 +237,7 @@ class Priority(BaseModel, abc.ABC):
         Phase("evidence", rollouts_per_task=4),
         Phase("continue", transitions=256, wave_size=16, max_branches=4, max_depth=8),
     )
-    kappa: float | None = Field(None, ge=0.0)
+    kappa: float | None = Field(None, ge=0.0, allow_inf_nan=False)
     gamma: float | None = Field(None, ge=0.0, le=1.0)
     truncation: Truncation | None = None
     #: Waves of a continuation phase planned and running at once. 1: each wave is

@@ -46,7 +46,7 @@ from focus.env import Env, EnvError, Message, Reset, StepResult, Task
 from focus.estimation import DirectBranchTd, GroupNormalized, NodeMonteCarlo, NoiseModel, critic_targets, tree_values
 from focus.format import ByteCodec
 from focus.policy import Completion, Policy
-from focus.priority import Phase, Uniform
+from focus.priority import Phase, Selective, Uniform
 from focus.testing import ScriptedPolicy, run
 from focus.toy import ReachTarget, toy_format
 from focus.tree import Tree, Turn
@@ -370,6 +370,8 @@ def test_an_infinite_kappa_is_refused_before_a_collection_runs():
             DirectBranchTd(kappa=bad)
         with pytest.raises(ValidationError, match="finite"):
             FocusConfig.model_validate({"estimator": {"kappa": bad}})
+        with pytest.raises(ValidationError, match="finite"):  # a search built with its own κ
+            Selective(kappa=bad)
     root = branched()
     tree = to_tree(root)
     backup(root, 0.9, kappa=math.inf)
