@@ -28,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
 from focus.backends.retry import HttpConfig
+from focus.env import VALUE_LIMIT
 
 
 class CriticError(RuntimeError):
@@ -74,6 +75,8 @@ def _check_values(values: Sequence[Any], n: int, where: str, label: Callable[[in
             raise CriticError(f"{where} returned a non-numeric value {v!r} at {_at(i, label)}") from None
         if not math.isfinite(f):
             raise CriticError(f"{where} returned a non-finite value {f!r} at {_at(i, label)}")
+        if abs(f) > VALUE_LIMIT:  # its square's square overflows in the noise fit
+            raise CriticError(f"{where} returned the value {f!r} beyond ±{VALUE_LIMIT:g} at {_at(i, label)}")
         out.append(f)
     return out
 
