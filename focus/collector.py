@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 from focus.agent import Agent
 from focus.batch import Batch, BatchBuilder
-from focus.critic import ConstantCritic, Critic, check_predictions
+from focus.critic import ConstantCritic, Critic, check_predictions, context_label
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, critic_targets, truncated_segments
 from focus.execution import BadResponses, Execution, check_outage, check_responses, is_bad_response
@@ -212,7 +212,8 @@ class Collector:
         if not todo:
             return {}
         preds = await self.critic.predict_with_std([state.trees[ti].nodes[nid].context_ids for ti, nid in todo])
-        checked = check_predictions(preds, len(todo), f"critic {type(self.critic).__name__}")
+        where = f"critic {type(self.critic).__name__}"
+        checked = check_predictions(preds, len(todo), where, context_label(state.trees, todo))
         return {key: (p.value, p.std) for key, p in zip(todo, checked, strict=True)}
 
     async def score(self, state: SearchState) -> SearchState:

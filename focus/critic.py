@@ -21,13 +21,14 @@ import asyncio
 import json
 import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
 from focus.backends.retry import HttpConfig
+from focus.env import VALUE_LIMIT
 
 
 class CriticError(RuntimeError):
@@ -63,7 +64,7 @@ class Critic(abc.ABC):
         """Release connections; the default holds none."""
 
 
-def _check_values(values: Sequence[Any], n: int, where: str) -> list[float]:
+def _check_values(values: Sequence[Any], n: int, where: str, label: Callable[[int], str] | None = None) -> list[float]:
     if len(values) != n:
         raise CriticError(f"{where} returned {len(values)} values for {n} contexts")
     out = []
@@ -71,28 +72,54 @@ def _check_values(values: Sequence[Any], n: int, where: str) -> list[float]:
         try:
             f = float(v)
         except (TypeError, ValueError):
-            raise CriticError(f"{where} returned a non-numeric value {v!r} at position {i}") from None
+            raise CriticError(f"{where} returned a non-numeric value {v!r} at {_at(i, label)}") from None
         if not math.isfinite(f):
-            raise CriticError(f"{where} returned a non-finite value {f!r} at position {i}")
+            raise CriticError(f"{where} returned a non-finite value {f!r} at {_at(i, label)}")
+        if abs(f) > VALUE_LIMIT:  # its square's square overflows in the noise fit
+            raise CriticError(f"{where} returned the value {f!r} beyond ±{VALUE_LIMIT:g} at {_at(i, label)}")
         out.append(f)
     return out
 
 
-def check_predictions(preds: Sequence[Any], n: int, where: str) -> list[Prediction]:
+def _at(i: int, label: Callable[[int], str] | None) -> str:
+    return f"position {i}" + (f" ({label(i)})" if label else "")
+
+
+def context_label(trees: Any, keys: Sequence[tuple[int, int]]) -> Callable[[int], str]:
+    """What :func:`check_predictions` names for the i-th of the ``(tree index, node id)``
+    pairs scored (``trees[tree index]`` a :class:`focus.tree.Tree`): the node, its kind
+    and depth, and its tree as the batch names it (``task#index``). Formatted only for an
+    error."""
+
+    def label(i: int) -> str:
+        ti, nid = keys[i]
+        node = trees[ti].nodes[nid]
+        return f"{node.kind} node {nid} at depth {node.depth} of tree {trees[ti].task_id}#{ti}"
+
+    return label
+
+
+def check_predictions(
+    preds: Sequence[Any], n: int, where: str, label: Callable[[int], str] | None = None
+) -> list[Prediction]:
     """What a critic's :meth:`Critic.predict_with_std` returned, checked: ``n``
     predictions with finite values and, where given, finite non-negative stds. A
     :class:`CriticError` names the first that is not (a NaN would otherwise travel into
-    every advantage and target of its tree)."""
+    every advantage and target of its tree), by its position in the call and, given
+    ``label`` (position -> text, :func:`context_label`), by the state it scored: a
+    position in a call of hundreds of contexts does not tell a user which state their
+    critic fails on."""
     if len(preds) != n:
         raise CriticError(f"{where} returned {len(preds)} predictions for {n} contexts")
-    values = _check_values([getattr(p, "value", p) for p in preds], n, where)
+    values = _check_values([getattr(p, "value", p) for p in preds], n, where, label)
     out = []
     for i, (p, v) in enumerate(zip(preds, values, strict=True)):
         std = getattr(p, "std", None)
         if std is not None:
-            (std,) = _check_values([std], 1, f"{where} (std at position {i})")
+            one = (lambda _, i=i: label(i)) if label else None
+            (std,) = _check_values([std], 1, f"{where} (std at position {i})", one)
             if std < 0:
-                raise CriticError(f"{where} returned a negative std {std!r} at position {i}")
+                raise CriticError(f"{where} returned a negative std {std!r} at {_at(i, label)}")
         out.append(Prediction(v, std))
     return out
 

@@ -17,6 +17,14 @@ from typing import Any
 
 from focus.workspace import Workspace
 
+#: The largest magnitude of a reward or a critic value FOCUS takes. The noise model
+#: (:mod:`focus.noise`) weighs its moment equations by squared variances, fourth powers
+#: of values, which overflow a double near 1e77 (an ``OverflowError`` deep in the fit);
+#: 1e60 leaves room for returns summed over long episodes. Beyond it an env's reward
+#: fails its rollout (:func:`check_step_result`) and a critic's value is a
+#: :class:`focus.critic.CriticError` naming the state it scored.
+VALUE_LIMIT = 1e60
+
 
 @dataclass(frozen=True)
 class Task:
@@ -126,9 +134,11 @@ def check_step_result(result: object, where: str) -> StepResult:
     if not isinstance(result.observation, str):
         raise EnvError(f"{where} returned an observation of type {type(result.observation).__name__}, expected str")
     try:
-        float(result.reward)
+        reward = float(result.reward)
     except (TypeError, ValueError):
         raise EnvError(f"{where} returned a non-numeric reward {result.reward!r}") from None
+    if not abs(reward) <= VALUE_LIMIT:  # NaN too: it went into every value of its tree
+        raise EnvError(f"{where} returned the reward {reward!r}, not a finite number within ±{VALUE_LIMIT:g}")
     if not isinstance(result.done, bool):
         raise EnvError(f"{where} returned done={result.done!r}, expected a bool")
     return result

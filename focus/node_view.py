@@ -252,6 +252,9 @@ def _spread_factor(node: Node, qs: Sequence[float], v: float, noise: NoiseModel,
         # happened to be right, whose residuals then understate t.
         t = critic
         own = max((node.value - qs[0]) ** 2 - t, 0.0)
-        k = v * v / ((t + v) * (t + v))
+        den = (t + v) * (t + v)
+        # (t + v)² underflows to 0 for variances below about 1e-162 (rewards of 1e-81):
+        # the same ratio, formed without the square of a tiny number
+        k = v * v / den if den > 0 else (v / (t + v)) ** 2
         return (1.0 + k * own / v) / (1.0 + k)
     return 1.0

@@ -357,8 +357,10 @@ def _spread_system(
         # them out.
         one_rows = mo.one_rows
         v_one = float(np.mean(_mv(one_rows[:, :nd], x[:nd])))
-        # (t = 0: the critic is exact, and a residual measures Var(q) alone, whatever v)
-        k_one = v_one * v_one / ((t + v_one) ** 2) if t > 0 else 1.0
+        # t = 0: the critic is exact, and a residual measures Var(q) alone, whatever v.
+        # (t + v)² underflows to 0 below about 1e-162 (rewards of 1e-81): the ratio unsquared then
+        den = (t + v_one) ** 2
+        k_one = (v_one * v_one / den if den > 0 else (v_one / (t + v_one)) ** 2) if t > 0 else 1.0
         k_one *= len(mo.res_ix) / (len(mo.one_y) + len(mo.res_ix))
         mat = mat + k_one * _mm(one_rows.T, one_rows)
         # (v̂ − q)² − t(d) − β·t: the checkpoint's own critic error at its depth

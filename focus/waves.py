@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from focus.agent import Rollout
-from focus.critic import Critic, check_predictions
+from focus.critic import Critic, check_predictions, context_label
 from focus.execution import Execution, JobFeed, is_bad_response
 from focus.placement import choice_s, placed
 from focus.priority import Priority
@@ -314,7 +314,8 @@ class WaveTail:
             trees = {p.tree_index: p.tree for p in parts}
             try:
                 got = await critic.predict_with_std([trees[ti].nodes[nid].context_ids for ti, nid in keys])
-                checked = check_predictions(got, len(keys), f"critic {type(critic).__name__}")
+                label = context_label(trees, keys)
+                checked = check_predictions(got, len(keys), f"critic {type(critic).__name__}", label)
             except Exception as e:  # noqa: BLE001 - scoring at the barrier raises it where it is handled
                 log.debug("scoring ahead of the barrier failed (%r); the barrier scores the rest", e)
                 return parts, None

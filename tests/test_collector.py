@@ -17,7 +17,16 @@ from focus.execution import Execution
 from focus.format import ByteCodec, FinalAnswerParser, PolicyFormat
 from focus.priority import Phase, Selective, Uniform
 from focus.search import SearchState
-from focus.synthetic import FAMILIES, SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
+from focus.synthetic import (
+    FAMILIES,
+    SHAPES,
+    SyntheticCritic,
+    SyntheticEnv,
+    SyntheticPolicy,
+    TreeMDP,
+    build,
+    synthetic_format,
+)
 from focus.testing import EnvConformance, ScriptedPolicy, run
 
 PHASES = [
@@ -447,6 +456,37 @@ def test_a_critic_answering_nan_or_out_of_shape_fails_clearly(answer, match) -> 
     state = run(col.evidence(tasks))
     with pytest.raises(CriticError, match=f"critic _BadCritic.*{match}"):
         run(col.score(state))
+
+
+def test_a_critic_answering_nan_names_the_state_it_scored() -> None:
+    """A NaN is named by the node it was asked about, not only by its position in one
+    call of many contexts (which told a user nothing about which state their critic fails
+    on): kind, node id, depth and tree, as the batch names trees. Three steps of two
+    actions; the critic is exact except at depth 2 of the second task."""
+
+    def chain(seed: int) -> TreeMDP:
+        def actions(key: tuple[int, int]) -> list[tuple[object, ...]]:
+            t, x = key
+            return [] if t == 3 else [((t + 1, x + a), float(a) * (seed + 1), 0.5, 2 + a) for a in (0, 1)]
+
+        return build((0, 0), actions)
+
+    mdps = [chain(0), chain(1)]
+    depth: list[dict[int, int]] = [{0: 0} for _ in mdps]
+    for m, d in zip(mdps, depth, strict=True):
+        for s, acts in enumerate(m.outcomes):  # states are numbered parents first
+            d.update({nxt: d[s] + 1 for outs in acts for nxt, _, _ in outs})
+
+    class NanAtDepthTwo(SyntheticCritic):
+        def value(self, task: int, s: int) -> float:
+            return float("nan") if task == 1 and depth[task][s] == 2 else super().value(task, s)
+
+    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=5)
+    col = Collector(agent, Selective(phases=PHASES), NanAtDepthTwo(mdps), DirectBranchTd(), seed=0)
+    tasks = [Task(f"t{i}", {"mdp": i}) for i in range(2)]
+    where = r"critic NanAtDepthTwo returned a non-finite value nan at position \d+ \(checkpoint node \d+ at depth 2 of tree t1#1\)"
+    with pytest.raises(CriticError, match=where):
+        run(col.collect(tasks))
 
 
 def test_an_unfitted_trainable_critic_is_fitted_on_the_evidence_before_it_scores():
