@@ -59,6 +59,21 @@ options = {{marker = "{marker}"}}
 """
 
 
+@pytest.fixture(autouse=True)
+def _no_watchdog_left(prefect_server):
+    """The watchdog automation a test's ``focus deploy`` installs is removed after it: it
+    watches every flow run of the session's server, and one left with ``--crash-after
+    10`` marked a later test's runs (heartbeats every 10 s, the default) Crashed about
+    10 s after they started, so a run due while one ran was no longer refused."""
+    from deployments.watchdog import NAME
+
+    yield
+    autos = httpx.post(f"{prefect_server}/automations/filter", json={}, timeout=30).json()
+    for auto in autos:
+        if auto["name"] == NAME:
+            httpx.delete(f"{prefect_server}/automations/{auto['id']}", timeout=30)
+
+
 def create_run(api: str, deployment_id: str, parameters: dict[str, Any] | None = None) -> dict[str, Any]:
     """The UI's Quick run (no body) or Custom run (edited parameters). A busy
     SQLite-backed server may answer 503 (Prefect's client retries those too)."""
@@ -378,10 +393,19 @@ def test_overlap_skip_cancels_a_scheduled_run_due_while_one_runs(prefect_server,
     each a new collection). ``--limit 2`` lets the serving process start both; the
     manual deployment keeps no limit."""
     api = prefect_server
-    # long enough (hundreds of 50 ms waves) that the first run is still running when the
-    # second is due, whatever the machine's load: with 12 transitions the first could end
-    # before the second was picked up, which then ran
-    cfg = slow_config(tmp_path / "c.toml", 600, tmp_path / "store")
+    # the first run's model answers only once the gate opens, so it is still running
+    # when the second is due and when it is checked, whatever the machine's speed (600
+    # transitions of 50 ms model calls ended in 4 s: a second run picked up later, under
+    # load, found no run holding the slot and ran)
+    gate = tmp_path / "gate"
+    cfg = slow_config(tmp_path / "c.toml", 12, tmp_path / "store")
+    cfg.write_text(
+        cfg.read_text().replace(
+            '"fixtures.prefect:digit_policy"\noptions = {latency_s = 0.05}',
+            f'"fixtures.prefect:gated_policy"\noptions = {{gate = "{gate}"}}',
+        )
+    )
+    assert "gated_policy" in cfg.read_text()
     log = tmp_path / "deploy.log"
     since = time.time() - 1
     args = ["--config", str(cfg), "--cron", "0 3 * * *", "--limit", "2", "--overlap", "skip", "--crash-after", "0"]
@@ -397,10 +421,11 @@ def test_overlap_skip_cancels_a_scheduled_run_due_while_one_runs(prefect_server,
         wait_state(api, first["id"], {"RUNNING"}, proc=proc)
         second = create_run(api, scheduled["id"])
         skipped = wait_state(api, second["id"], FINAL, timeout=60, proc=proc)
-        # (both runs' states and times in the message: seen once under heavy load, not reproduced)
         assert skipped["state_type"] == "CANCELLED", f"{brief(skipped)} {brief(read_run(api, first['id']))}"
         assert "Deployment concurrency limit reached" in skipped["state"]["message"]
         assert read_run(api, first["id"])["state_type"] == "RUNNING"  # it was cancelled while one ran
+        gate.touch()
+        assert wait_state(api, first["id"], FINAL, proc=proc)["state_type"] == "COMPLETED"
     finally:
         kill_tree(proc)
         if scheduled:  # other tests of this server register it again without a limit
