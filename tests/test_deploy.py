@@ -257,12 +257,8 @@ def test_node_loss_is_crashed_quickly_and_retry_resumes(prefect_server, prefect_
     watchdog marks the run Crashed within crash-after + its evaluation period; a new
     ``focus deploy`` picks up the Retry and the run resumes from its checkpoints."""
     api = prefect_server
-    store = tmp_path / "store"
-    cfg = tmp_path / "manual.toml"
-    cfg.write_text(
-        BASE.format(transitions=30, marker=tmp_path / "never", progress="false", latency=0.05)
-        + f'[execution]\nkind = "local"\nheartbeat_s = 0.5\n[storage]\nroot = "{store}"\n'
-    )
+    store, gate = tmp_path / "store", tmp_path / "gate"
+    cfg = gated_config(tmp_path / "manual.toml", 30, store, gate, EVIDENCE_AND_THREE_WAVES, "heartbeat_s = 0.5\n")
     crash_after = 10
     args = ["--config", str(cfg), "--crash-after", str(crash_after)]
     log = tmp_path / "deploy.log"
@@ -296,6 +292,7 @@ def test_node_loss_is_crashed_quickly_and_retry_resumes(prefect_server, prefect_
 
         before = [k for k in checkpoints.list(cid) if k[0] not in ("config", "critic")]
         since = time.time()
+        gate.touch()
         second = deploy(prefect_env, *args, log=tmp_path / "deploy2.log")
         deployment(api, "manual", second, tmp_path / "deploy2.log", since - 1)
         retry(api, run["id"])
@@ -321,11 +318,25 @@ def run_logs(api: str, run_id: str) -> list[dict[str, Any]]:
     return list(r.json())
 
 
-def slow_config(path: Path, transitions: int, store: Path) -> Path:
-    """A manual run's config: in-process, 50 ms model answers, its own store."""
+#: The model calls of the gated runs' evidence phase (2 tasks x 2 rollouts, 12 calls)
+#: and of three continuation waves of 3: answered at once, the next ones wait at the gate.
+EVIDENCE_AND_THREE_WAVES = 12 + 3 * 3
+
+
+def gated_config(
+    path: Path, transitions: int, store: Path, gate: Path, free_calls: int = 0, execution: str = ""
+) -> Path:
+    """A run's config: in-process, its own store, a model that answers ``free_calls``
+    calls and then waits until ``gate`` exists (``fixtures.prefect.gated_policy``): the
+    run is still running when the test acts on it, whatever the machine's speed (with
+    50 ms answers, runs of 30 and of 600 transitions ended in about 4 s: under load one
+    ended before its Cancel, another before a second run came due)."""
+    text = BASE.format(transitions=transitions, marker=path.parent / "never", progress="false", latency=0)
+    model = '"fixtures.prefect:digit_policy"\noptions = {latency_s = 0}'
+    assert model in text
+    gated = f'"fixtures.prefect:gated_policy"\noptions = {{gate = "{gate}", free_calls = {free_calls}}}'
     path.write_text(
-        BASE.format(transitions=transitions, marker=path.parent / "never", progress="false", latency=0.05)
-        + f'[execution]\nkind = "local"\n[storage]\nroot = "{store}"\n'
+        text.replace(model, gated) + f'[execution]\nkind = "local"\n{execution}[storage]\nroot = "{store}"\n'
     )
     return path
 
@@ -339,8 +350,8 @@ def test_cancel_ends_quietly_and_retry_resumes(prefect_server, prefect_env, tmp_
     from flows.cancel import CANCELLED, ENDED
 
     api = prefect_server
-    store = tmp_path / "store"
-    cfg = slow_config(tmp_path / "manual.toml", 30, store)
+    store, gate = tmp_path / "store", tmp_path / "gate"
+    cfg = gated_config(tmp_path / "manual.toml", 30, store, gate, EVIDENCE_AND_THREE_WAVES)
     log = tmp_path / "deploy.log"
     since = time.time() - 1
     # INFO: the lines an operator reads (the fixture's WARNING would hide the new one)
@@ -355,6 +366,7 @@ def test_cancel_ends_quietly_and_retry_resumes(prefect_server, prefect_env, tmp_
             ck = store / "checkpoints"
             cid = next((p.name for p in ck.iterdir()), None) if ck.exists() else None
             time.sleep(0.1)
+        assert read_run(api, run["id"])["state_type"] == "RUNNING"  # held at the gate: cancelled mid-run
         r = httpx.post(
             f"{api}/flow_runs/{run['id']}/set_state",
             json={"state": {"type": "CANCELLING", "name": "Cancelling"}},
@@ -375,6 +387,7 @@ def test_cancel_ends_quietly_and_retry_resumes(prefect_server, prefect_env, tmp_
         assert not (store / "leases" / f"{cid}.json").exists(), "the cancelled run kept its lease"
 
         before = [k for k in checkpoints.list(cid) if k[0] not in ("config", "critic")]
+        gate.touch()
         retry(api, run["id"])
         done = wait_state(api, run["id"], FINAL, proc=proc)
         assert done["state_type"] == "COMPLETED" and done["run_count"] == 2
@@ -393,19 +406,11 @@ def test_overlap_skip_cancels_a_scheduled_run_due_while_one_runs(prefect_server,
     each a new collection). ``--limit 2`` lets the serving process start both; the
     manual deployment keeps no limit."""
     api = prefect_server
-    # the first run's model answers only once the gate opens, so it is still running
-    # when the second is due and when it is checked, whatever the machine's speed (600
-    # transitions of 50 ms model calls ended in 4 s: a second run picked up later, under
-    # load, found no run holding the slot and ran)
+    # the first run waits at the gate, so it is still running when the second is due
+    # and when that one is checked, whatever the machine's speed (a second run picked up
+    # after the first had ended ran)
     gate = tmp_path / "gate"
-    cfg = slow_config(tmp_path / "c.toml", 12, tmp_path / "store")
-    cfg.write_text(
-        cfg.read_text().replace(
-            '"fixtures.prefect:digit_policy"\noptions = {latency_s = 0.05}',
-            f'"fixtures.prefect:gated_policy"\noptions = {{gate = "{gate}"}}',
-        )
-    )
-    assert "gated_policy" in cfg.read_text()
+    cfg = gated_config(tmp_path / "c.toml", 12, tmp_path / "store", gate)
     log = tmp_path / "deploy.log"
     since = time.time() - 1
     args = ["--config", str(cfg), "--cron", "0 3 * * *", "--limit", "2", "--overlap", "skip", "--crash-after", "0"]
