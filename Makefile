@@ -3,6 +3,10 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# torch's CPU build: PyPI's torch==2.13.0 for Linux x86-64 is the CUDA build, which pulls
+# several GB of nvidia-* wheels; this index's 2.13.0+cpu satisfies ==2.13.0 and ranks above
+# it (an index pip cannot reach costs a warning and the wheels it can reach are used)
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
@@ -12,7 +16,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q torch==2.13.0 --extra-index-url $(TORCH_CPU_INDEX)
 	$(BIN)/pip install -q -e '.[all]'
 	touch $(STAMP)
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cli.common import Console, DebugOpt, SetOpt, fail, help_default, overrides
 from flows.errors import one_line, prefect_unanswered
 from tasks.config import ConfigError
+
+if TYPE_CHECKING:
+    from deployments.serve import DeploySpec
 
 ConfigsOpt = Annotated[
     Path | None,
@@ -81,9 +84,12 @@ def deploy(
         fail(f"--overlap must be 'queue' or 'skip', got {overlap!r}")
     if 0 < crash_after < 10 or (watchdog_only and crash_after == 0):
         fail("--crash-after must be 0 (no watchdog) or at least 10 seconds (Prefect's shortest proactive trigger)")
-    from deployments.serve import DeploySpec, explicit_config, serve_deployments
+    from deployments.serve import DeploySpec, serve_deployments
     from deployments.watchdog import ensure_watchdog
 
+    spec = DeploySpec(cron=cron, limit=limit, crash_after_s=crash_after, overlap=overlap)
+    if not watchdog_only:  # what this process would serve, checked before anything is registered
+        spec = served(spec, scheduled_config or config, manual_config or config, overrides(sets))
     out = Console(0, debug, None, "deploy")
     unanswered = server_unanswered(api)
     if unanswered:
@@ -95,22 +101,29 @@ def deploy(
             out.fail(e)
         typer.echo(f"automation {auto.name!r} ({auto.id}): Crashed after {crash_after:g} s without a heartbeat")
         return
-    over = overrides(sets)
-    try:
-        spec = DeploySpec(
-            scheduled=explicit_config(scheduled_config or config, over),
-            manual=explicit_config(manual_config or config, over),
-            cron=cron,
-            limit=limit,
-            crash_after_s=crash_after,
-            overlap=overlap,
-        )
-    except ConfigError as e:
-        fail(one_line(e))
     try:
         serve_deployments(spec)
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         out.fail(e)
+
+
+def served(spec: DeploySpec, scheduled: Path | None, manual: Path | None, over: dict[str, Any]) -> DeploySpec:
+    """``spec`` with the configuration each deployment stores; exits with one line on a
+    bad configuration, or when the watchdog's ``--crash-after`` allows less than two of
+    a run's heartbeat intervals of silence (it would mark healthy runs Crashed)."""
+    from dataclasses import replace
+
+    from deployments.serve import explicit_config, heartbeat_s
+    from deployments.watchdog import too_soon
+
+    try:
+        spec = replace(spec, scheduled=explicit_config(scheduled, over), manual=explicit_config(manual, over))
+        beat = max(heartbeat_s(scheduled, over), heartbeat_s(manual, over))
+    except ConfigError as e:
+        fail(one_line(e))
+    if why := too_soon(spec.crash_after_s, beat):
+        fail(why)
+    return spec
 
 
 def server_unanswered(api: str, timeout_s: float = 5.0) -> str | None:

@@ -47,6 +47,24 @@ def explicit_config(
     Checked as a run served by this process will see it, under this process's
     variables: a field another one needs may come from them (``model.kind = "openai"``
     in the file, ``FOCUS_MODEL__URL`` here), as it may on a run's worker."""
+    checked, data = _checked(path, overrides, environ)
+    return _named(checked.model_dump(mode="json"), data)
+
+
+def heartbeat_s(
+    path: str | os.PathLike[str] | None,
+    overrides: dict[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> float:
+    """Seconds between the heartbeats of a run of this deployment served by this process
+    (``execution.heartbeat_s`` from the file, the overrides and the variables)."""
+    return float(_checked(path, overrides, environ)[0].execution.heartbeat_s)
+
+
+def _checked(
+    path: str | os.PathLike[str] | None, overrides: dict[str, Any] | None, environ: Mapping[str, str] | None
+) -> tuple[Any, dict[str, Any]]:
+    """The validated configuration a run will see, and the fields the file and overrides name."""
     from tasks.config.sources import Layer, build_config, env_layers
 
     data = read_file(path) if path is not None else {}
@@ -54,8 +72,7 @@ def explicit_config(
         set_dotted(data, key, value)
     source = " and ".join(x for x in (str(path) if path else "", "--set" if overrides else "") if x)
     env, problems = env_layers(os.environ if environ is None else environ)
-    checked = build_config(env + [Layer(source or "the deployment", data)], problems)
-    return _named(checked.model_dump(mode="json"), data)
+    return build_config(env + [Layer(source or "the deployment", data)], problems), data
 
 
 def _named(checked: Any, given: Any) -> Any:

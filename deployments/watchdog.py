@@ -39,6 +39,25 @@ FINAL_EVENTS = (
 )
 
 
+#: How many heartbeat intervals of silence the watchdog must allow: with one interval, a
+#: heartbeat a moment late (a busy machine, the events client's send) marks a healthy run
+#: Crashed; measured: --crash-after 10 with 10 s heartbeats crashed a running collection
+#: 10.4 s after it started.
+HEARTBEATS_MISSED = 2
+
+
+def too_soon(crash_after_s: float, heartbeat_s: float) -> str | None:
+    """Why a watchdog of ``crash_after_s`` would mark healthy runs that beat every
+    ``heartbeat_s`` seconds Crashed, or None (0: no watchdog)."""
+    if crash_after_s <= 0 or crash_after_s >= HEARTBEATS_MISSED * heartbeat_s:
+        return None
+    return (
+        f"--crash-after {crash_after_s:g} would mark healthy runs Crashed: they send a heartbeat every "
+        f"{heartbeat_s:g} s (execution.heartbeat_s); use --crash-after {HEARTBEATS_MISSED * heartbeat_s:g} or more, "
+        f"or a heartbeat_s of {crash_after_s / HEARTBEATS_MISSED:g} or less"
+    )
+
+
 def watchdog_automation(crash_after_s: float) -> Any:
     """The automation (not yet saved)."""
     from prefect.automations import Automation

@@ -44,7 +44,13 @@ SELF_EXPLAINED = frozenset(
 USAGE = frozenset(
     {"ConfigError", "ResumeMismatch", "CollectionLocked", "LeaseHeld", "UnreadableAnswers", "RequestsRefused"}
 )
-MAX_CHARS = 600
+#: The longest line: a foreign error's text (a server's page) is cut to it, in the middle,
+#: keeping the end, where the lines written here say what to do. Lines that name store
+#: paths three times (a missing record's) reached 600 with a 60-character store root, and
+#: lost their remedy at the old cut at the end.
+MAX_CHARS = 1200
+#: What a cut line keeps of its end.
+TAIL_CHARS = 300
 
 
 class CollectionFailed(RuntimeError):
@@ -80,7 +86,7 @@ def _names(exc: BaseException) -> list[str]:
 def _flatten(text: str, sep: str = " ") -> str:
     parts = [line.strip() for line in text.splitlines() if line.strip()]
     out = sep.join(parts)
-    return out if len(out) <= MAX_CHARS else out[: MAX_CHARS - 1] + "…"
+    return out if len(out) <= MAX_CHARS else out[: MAX_CHARS - TAIL_CHARS - 3] + " … " + out[-TAIL_CHARS:]
 
 
 def root_cause(exc: BaseException) -> BaseException:

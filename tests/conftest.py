@@ -104,6 +104,19 @@ def servers_started() -> Iterator[list[str]]:
         yield started
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _logs_in_the_session_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """``XDG_STATE_HOME`` in the session's temporary folder, for this process and the
+    commands the tests start: their default log files (``flows.logs.default_log_file``)
+    go there, not into the home of whoever runs the suite, and a home that cannot be
+    written (a container's, a read-only one) does not add ``warning: cannot write the log
+    file`` lines to the output tests count. A test of that fallback sets its own."""
+    state = tmp_path_factory.mktemp("xdg_state")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_STATE_HOME", str(state))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _fast_tests_start_no_servers(request):
     """Outside the integration tests, a listening socket or a server process fails the

@@ -158,6 +158,28 @@ def test_deploy_to_a_prefect_server_that_does_not_answer_says_so_in_one_line():
     assert lines[0].endswith("start it or set PREFECT_API_URL, then run focus deploy again")
 
 
+def test_deploy_refuses_a_watchdog_that_would_crash_healthy_runs(tmp_path):
+    """``--crash-after 10`` (Prefect's shortest trigger) with the default 10 s heartbeats:
+    one heartbeat a moment late marked a running collection Crashed (measured: 10.4 s
+    after it started, in tests/test_deploy.py), so it is refused before anything is
+    registered; with heartbeats every 5 s it passes (and meets the absent server)."""
+    api = f"http://127.0.0.1:{free_port()}/api"  # nothing listens there
+    out = CliRunner().invoke(app, ["deploy", "--crash-after", "10"], env={"PREFECT_API_URL": api})
+    lines = out.output.strip().splitlines()
+    assert out.exit_code == 2 and len(lines) == 1, out.output
+    assert "--crash-after 10 would mark healthy runs Crashed: they send a heartbeat every 10 s" in lines[0]
+    assert "use --crash-after 20 or more, or a heartbeat_s of 5 or less" in lines[0]
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[execution]\nheartbeat_s = 20\n")  # one deployment's file is enough to refuse
+    out = CliRunner().invoke(app, ["deploy", "--manual-config", str(cfg)], env={"PREFECT_API_URL": api})
+    assert out.exit_code == 2 and "--crash-after 30 would mark healthy runs Crashed" in out.output, out.output
+    faster = ["deploy", "--crash-after", "10", "--set", "execution.heartbeat_s=5"]
+    out = CliRunner().invoke(app, faster, env={"PREFECT_API_URL": api})
+    assert out.exit_code == 1 and "did not answer" in out.output, out.output
+    out = CliRunner().invoke(app, ["deploy", "--crash-after", "0"], env={"PREFECT_API_URL": api})
+    assert out.exit_code == 1 and "did not answer" in out.output, out.output  # no watchdog, nothing to check
+
+
 @pytest.mark.integration  # starts (tries to start) the embedded model server
 def test_serve_model_that_cannot_start_says_why_in_one_line(tmp_path):
     import socket
@@ -320,7 +342,9 @@ def test_train_takes_the_collect_shorthands_as_their_fields(tmp_path):
         done = focus(["train", *small, *args, "--log-file", str(tmp_path / f"{name}.log")], env, tmp_path)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         [record] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-        assert record["batch_url"].startswith((tmp_path / name).as_uri()), record["batch_url"]
+        # the store's URLs are "file://" and the path as it is (fsspec reads them so):
+        # Path.as_uri() writes a space as %20, and the test failed where TMPDIR had one
+        assert record["batch_url"].startswith(f"file://{tmp_path / name}/"), record["batch_url"]
         runs[name] = record
     flags, via_set = runs["flags"], runs["set"]
     assert flags["stats"]["tasks"] == 3

@@ -68,6 +68,7 @@ def test_no_home_at_all_gives_the_temporary_folder(tmp_path, monkeypatch):
     from flows.logs import default_log_file
 
     monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)  # set, it names the log's folder without a home
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     with mock.patch("pwd.getpwuid", side_effect=KeyError("uid 12345")):
         with pytest.raises(RuntimeError, match="Could not determine home directory"):

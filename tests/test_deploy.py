@@ -59,6 +59,21 @@ options = {{marker = "{marker}"}}
 """
 
 
+@pytest.fixture(autouse=True)
+def _no_watchdog_left(prefect_server):
+    """The watchdog automation a test's ``focus deploy`` installs is removed after it: it
+    watches every flow run of the session's server, and one left with ``--crash-after
+    10`` marked a later test's runs (heartbeats every 10 s, the default) Crashed about
+    10 s after they started, so a run due while one ran was no longer refused."""
+    from deployments.watchdog import NAME
+
+    yield
+    autos = httpx.post(f"{prefect_server}/automations/filter", json={}, timeout=30).json()
+    for auto in autos:
+        if auto["name"] == NAME:
+            httpx.delete(f"{prefect_server}/automations/{auto['id']}", timeout=30)
+
+
 def create_run(api: str, deployment_id: str, parameters: dict[str, Any] | None = None) -> dict[str, Any]:
     """The UI's Quick run (no body) or Custom run (edited parameters). A busy
     SQLite-backed server may answer 503 (Prefect's client retries those too)."""
@@ -242,12 +257,8 @@ def test_node_loss_is_crashed_quickly_and_retry_resumes(prefect_server, prefect_
     watchdog marks the run Crashed within crash-after + its evaluation period; a new
     ``focus deploy`` picks up the Retry and the run resumes from its checkpoints."""
     api = prefect_server
-    store = tmp_path / "store"
-    cfg = tmp_path / "manual.toml"
-    cfg.write_text(
-        BASE.format(transitions=30, marker=tmp_path / "never", progress="false", latency=0.05)
-        + f'[execution]\nkind = "local"\nheartbeat_s = 0.5\n[storage]\nroot = "{store}"\n'
-    )
+    store, gate = tmp_path / "store", tmp_path / "gate"
+    cfg = gated_config(tmp_path / "manual.toml", 30, store, gate, EVIDENCE_AND_THREE_WAVES, "heartbeat_s = 0.5\n")
     crash_after = 10
     args = ["--config", str(cfg), "--crash-after", str(crash_after)]
     log = tmp_path / "deploy.log"
@@ -281,6 +292,7 @@ def test_node_loss_is_crashed_quickly_and_retry_resumes(prefect_server, prefect_
 
         before = [k for k in checkpoints.list(cid) if k[0] not in ("config", "critic")]
         since = time.time()
+        gate.touch()
         second = deploy(prefect_env, *args, log=tmp_path / "deploy2.log")
         deployment(api, "manual", second, tmp_path / "deploy2.log", since - 1)
         retry(api, run["id"])
@@ -306,11 +318,25 @@ def run_logs(api: str, run_id: str) -> list[dict[str, Any]]:
     return list(r.json())
 
 
-def slow_config(path: Path, transitions: int, store: Path) -> Path:
-    """A manual run's config: in-process, 50 ms model answers, its own store."""
+#: The model calls of the gated runs' evidence phase (2 tasks x 2 rollouts, 12 calls)
+#: and of three continuation waves of 3: answered at once, the next ones wait at the gate.
+EVIDENCE_AND_THREE_WAVES = 12 + 3 * 3
+
+
+def gated_config(
+    path: Path, transitions: int, store: Path, gate: Path, free_calls: int = 0, execution: str = ""
+) -> Path:
+    """A run's config: in-process, its own store, a model that answers ``free_calls``
+    calls and then waits until ``gate`` exists (``fixtures.prefect.gated_policy``): the
+    run is still running when the test acts on it, whatever the machine's speed (with
+    50 ms answers, runs of 30 and of 600 transitions ended in about 4 s: under load one
+    ended before its Cancel, another before a second run came due)."""
+    text = BASE.format(transitions=transitions, marker=path.parent / "never", progress="false", latency=0)
+    model = '"fixtures.prefect:digit_policy"\noptions = {latency_s = 0}'
+    assert model in text
+    gated = f'"fixtures.prefect:gated_policy"\noptions = {{gate = "{gate}", free_calls = {free_calls}}}'
     path.write_text(
-        BASE.format(transitions=transitions, marker=path.parent / "never", progress="false", latency=0.05)
-        + f'[execution]\nkind = "local"\n[storage]\nroot = "{store}"\n'
+        text.replace(model, gated) + f'[execution]\nkind = "local"\n{execution}[storage]\nroot = "{store}"\n'
     )
     return path
 
@@ -324,8 +350,8 @@ def test_cancel_ends_quietly_and_retry_resumes(prefect_server, prefect_env, tmp_
     from flows.cancel import CANCELLED, ENDED
 
     api = prefect_server
-    store = tmp_path / "store"
-    cfg = slow_config(tmp_path / "manual.toml", 30, store)
+    store, gate = tmp_path / "store", tmp_path / "gate"
+    cfg = gated_config(tmp_path / "manual.toml", 30, store, gate, EVIDENCE_AND_THREE_WAVES)
     log = tmp_path / "deploy.log"
     since = time.time() - 1
     # INFO: the lines an operator reads (the fixture's WARNING would hide the new one)
@@ -340,6 +366,7 @@ def test_cancel_ends_quietly_and_retry_resumes(prefect_server, prefect_env, tmp_
             ck = store / "checkpoints"
             cid = next((p.name for p in ck.iterdir()), None) if ck.exists() else None
             time.sleep(0.1)
+        assert read_run(api, run["id"])["state_type"] == "RUNNING"  # held at the gate: cancelled mid-run
         r = httpx.post(
             f"{api}/flow_runs/{run['id']}/set_state",
             json={"state": {"type": "CANCELLING", "name": "Cancelling"}},
@@ -360,6 +387,7 @@ def test_cancel_ends_quietly_and_retry_resumes(prefect_server, prefect_env, tmp_
         assert not (store / "leases" / f"{cid}.json").exists(), "the cancelled run kept its lease"
 
         before = [k for k in checkpoints.list(cid) if k[0] not in ("config", "critic")]
+        gate.touch()
         retry(api, run["id"])
         done = wait_state(api, run["id"], FINAL, proc=proc)
         assert done["state_type"] == "COMPLETED" and done["run_count"] == 2
@@ -378,10 +406,11 @@ def test_overlap_skip_cancels_a_scheduled_run_due_while_one_runs(prefect_server,
     each a new collection). ``--limit 2`` lets the serving process start both; the
     manual deployment keeps no limit."""
     api = prefect_server
-    # long enough (hundreds of 50 ms waves) that the first run is still running when the
-    # second is due, whatever the machine's load: with 12 transitions the first could end
-    # before the second was picked up, which then ran
-    cfg = slow_config(tmp_path / "c.toml", 600, tmp_path / "store")
+    # the first run waits at the gate, so it is still running when the second is due
+    # and when that one is checked, whatever the machine's speed (a second run picked up
+    # after the first had ended ran)
+    gate = tmp_path / "gate"
+    cfg = gated_config(tmp_path / "c.toml", 12, tmp_path / "store", gate)
     log = tmp_path / "deploy.log"
     since = time.time() - 1
     args = ["--config", str(cfg), "--cron", "0 3 * * *", "--limit", "2", "--overlap", "skip", "--crash-after", "0"]
@@ -397,10 +426,11 @@ def test_overlap_skip_cancels_a_scheduled_run_due_while_one_runs(prefect_server,
         wait_state(api, first["id"], {"RUNNING"}, proc=proc)
         second = create_run(api, scheduled["id"])
         skipped = wait_state(api, second["id"], FINAL, timeout=60, proc=proc)
-        # (both runs' states and times in the message: seen once under heavy load, not reproduced)
         assert skipped["state_type"] == "CANCELLED", f"{brief(skipped)} {brief(read_run(api, first['id']))}"
         assert "Deployment concurrency limit reached" in skipped["state"]["message"]
         assert read_run(api, first["id"])["state_type"] == "RUNNING"  # it was cancelled while one ran
+        gate.touch()
+        assert wait_state(api, first["id"], FINAL, proc=proc)["state_type"] == "COMPLETED"
     finally:
         kill_tree(proc)
         if scheduled:  # other tests of this server register it again without a limit

@@ -503,7 +503,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def as_run(cmd: str, tmp_path: Path) -> str:
     """``cmd`` for the sandbox: its /tmp/ paths in the test's folder, make without reinstalling."""
-    cmd = cmd.replace(" /tmp/", f" {tmp_path}/tmp/")
+    cmd = cmd.replace(" /tmp/", f" {shlex.quote(str(tmp_path / 'tmp'))}/")  # a TMPDIR may hold a space
     return re.sub(r"^make ", f"make {INSTALL} ", cmd)
 
 
@@ -580,6 +580,7 @@ def parse_command(cmd: str, config: bool, monkeypatch: pytest.MonkeyPatch) -> bo
     whether anything of ours parsed it. Fails the test where the parser refuses it."""
     import runpy
 
+    monkeypatch.chdir(ROOT)  # the docs' commands run in the checkout (-c configs/loop.toml), wherever pytest runs
     words = shlex.split(cmd)
     while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
         words.pop(0)

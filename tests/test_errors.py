@@ -103,6 +103,23 @@ def test_one_line_flattens_and_names_causes():
     assert one_line(ExceptionGroup("g", [KeyError("k")])) == "KeyError: 'k'"
 
 
+def test_a_line_too_long_is_cut_in_the_middle_and_keeps_what_to_do():
+    """A foreign text (a server's page) is cut to MAX_CHARS; the cut keeps the line's end,
+    where the lines written here say what to do. Before, the end was cut: a missing
+    record's line (its store path three times) lost ', or pass --allow-policy-change'
+    under a 70-character temporary folder."""
+    from flows.errors import MAX_CHARS
+
+    class StorageError(RuntimeError):  # self-explained, by name
+        pass
+
+    text = "collection c: its record file://" + "/long folder" * 150 + "/m.json is missing; restore the file"
+    line = one_line(StorageError(text))
+    assert len(line) <= MAX_CHARS and " … " in line, len(line)
+    assert line.startswith("collection c: its record file:///long folder") and line.endswith("; restore the file")
+    assert one_line(StorageError(text[:MAX_CHARS])) == text[:MAX_CHARS]  # short enough: whole
+
+
 def test_storage_errors_are_typed_at_the_edge():
     assert isinstance(refused(PermissionError("Forbidden"), "write s3://b/x"), StorageAccessDenied)
     assert isinstance(refused(OSError(errno.EROFS, "Read-only file system"), "write /x"), StorageAccessDenied)

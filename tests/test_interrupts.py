@@ -19,6 +19,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -182,7 +183,9 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_gives_the_same_batch(point, clean, t
     code, shown = in_terminal(["collect", "--config", str(cfg)], env, when, [b"\x03"])
     assert code == 130, shown[-3000:]
     line = one_line(shown)
-    assert line.startswith("interrupted (SIGINT)") and line.endswith(f"focus collect -c {cfg} --collection-id {CID}")
+    assert line.startswith("interrupted (SIGINT)") and line.endswith(
+        f"focus collect -c {shlex.quote(str(cfg))} --collection-id {CID}"
+    )
     assert "Traceback" not in shown and "error" not in ANSI.sub("", shown).lower(), shown[-3000:]
     before = saved(root) - {("critic", 0)}  # the critic's identity is saved, not a step
     assert ("export", 0) not in before
@@ -220,7 +223,6 @@ def test_the_resume_line_is_the_command_that_resumes(tmp_path):
     default, a new collection instead of the resume. It now repeats the command's own
     flags and --set values (the id too, when the command made one up), and run as it
     says, it resumes: every saved step reused."""
-    import shlex
 
     root = tmp_path / "elsewhere"
     args = ["collect", "--store", str(root), "--tasks", "3", "--transitions", "40", "--seed", "17"]

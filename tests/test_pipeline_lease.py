@@ -7,36 +7,13 @@ import asyncio
 import contextvars
 import threading
 import time
-from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
-from fixtures.prefect import DigitPolicy
 
-from focus.policy import Completion, SamplingParams
 from storage import BatchStore, CheckpointStore, LeaseHeld
 from tasks.config import load_config
 
 pytestmark = pytest.mark.timeout(180)
-
-
-class GatedPolicy(DigitPolicy):
-    """Waits for ``gate`` to exist before answering, so the run holding the lease is
-    still running when the other run tries to start (bounded: 90 s)."""
-
-    def __init__(self, gate: str) -> None:
-        super().__init__()
-        self.gate = Path(gate)
-
-    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        t_end = time.monotonic() + 90
-        while not self.gate.exists() and time.monotonic() < t_end:
-            await asyncio.sleep(0.02)
-        return await super().sample(prompt_ids, params)
-
-
-def gated_policy(gate: str) -> GatedPolicy:
-    return GatedPolicy(gate)
 
 
 def test_a_second_run_of_the_same_collection_is_refused_and_the_first_finishes(prefect_api, tmp_path):
@@ -48,7 +25,7 @@ def test_a_second_run_of_the_same_collection_is_refused_and_the_first_finishes(p
             "collection_id": "twice",
             "seed": 3,
             "model.kind": "factory",
-            "model.factory": "test_pipeline_lease:gated_policy",
+            "model.factory": "fixtures.prefect:gated_policy",
             "model.options": {"gate": str(gate)},
             "env.n_tasks": 2,
             "search.phases": [
