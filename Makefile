@@ -4,8 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # torch's CPU build: PyPI's torch==2.13.0 for Linux x86-64 is the CUDA build, which pulls
-# several GB of nvidia-* wheels; this index's 2.13.0+cpu satisfies ==2.13.0 and ranks above
-# it (an index pip cannot reach costs a warning and the wheels it can reach are used)
+# several GB of nvidia-* wheels. Tried first from PyTorch's CPU index, without retries (a
+# machine that reaches only PyPI fails at once, where an extra index cost five retries per
+# package); then as pip is configured (a wheel folder or mirror with the CPU build, or PyPI)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 export DO_NOT_TRACK := 1
@@ -16,7 +17,8 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0 --extra-index-url $(TORCH_CPU_INDEX)
+	$(BIN)/pip install -q --retries 0 --index-url $(TORCH_CPU_INDEX) torch==2.13.0 2>/dev/null \
+		|| $(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[all]'
 	touch $(STAMP)
 
