@@ -11,7 +11,8 @@ import logging
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, ClassVar
 
-from focus.backends.http import HttpClient
+from focus.backends.foreign import endpoint_in_url
+from focus.backends.http import HttpClient, HttpConfig
 from focus.policy import Completion, Policy, SamplingParams, UnreadableAnswers
 
 __all__ = ["HttpPolicy"]
@@ -40,6 +41,24 @@ class HttpPolicy(Policy):
 
     path: ClassVar[str]
     http: HttpClient
+
+    def connect(
+        self,
+        base_url: str,
+        config: HttpConfig | None,
+        transport: Any,
+        probe: Callable[[dict[str, Any], int], dict[str, Any]],
+        vocab_size: int | None,
+        policy_version: str,
+    ) -> None:
+        """What every dialect's constructor does: the client of the server at ``base_url``
+        (refused when it names an endpoint: the dialect adds its own ``path``), with the
+        dialect's ``probe`` body, and the vocabulary size and version it starts from."""
+        if why := endpoint_in_url(base_url):
+            raise ValueError(why)
+        self.http = HttpClient(base_url, config, transport=transport, probe=probe)
+        self.vocab_size = vocab_size
+        self.policy_version = policy_version
 
     @property
     def url(self) -> str:

@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from focus.backends.foreign import endpoint_in_url
-from focus.backends.http import HttpClient, HttpConfig, MalformedResponse
+from focus.backends.http import HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, SamplingParams
@@ -67,14 +66,10 @@ class OpenAICompatPolicy(HttpPolicy):
         extra_body: dict[str, Any] | None = None,
         transport: Any = None,
     ) -> None:
-        if why := endpoint_in_url(base_url):
-            raise ValueError(why)
         root = base_url.rstrip("/")
         root = root[: -len("/v1")] if root.endswith("/v1") else root
-        self.http = HttpClient(root, config, transport=transport, probe=probe_body)
+        self.connect(root, config, transport, probe_body, vocab_size, model)
         self.model = model
-        self.vocab_size = vocab_size
-        self.policy_version = model
         self.extra_body = dict(extra_body or {})
 
     def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:

@@ -18,8 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from focus.backends.foreign import endpoint_in_url
-from focus.backends.http import HttpClient, HttpConfig, MalformedResponse
+from focus.backends.http import HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.openai_compat import NEUTRAL, aborted
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
@@ -41,11 +40,7 @@ class SGLangPolicy(HttpPolicy):
         extra_sampling_params: dict[str, Any] | None = None,
         transport: Any = None,
     ) -> None:
-        if why := endpoint_in_url(base_url):
-            raise ValueError(why)
-        self.http = HttpClient(base_url, config, transport=transport, probe=probe_body)
-        self.vocab_size = vocab_size
-        self.policy_version = policy_version
+        self.connect(base_url, config, transport, probe_body, vocab_size, policy_version)
         self.extra_sampling_params = dict(extra_sampling_params or {})
 
     def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
