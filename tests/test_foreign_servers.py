@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fixtures.prefect import run_focus
 
 from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy
 from focus.backends.http import MalformedResponse
@@ -250,24 +251,6 @@ def test_a_body_cut_mid_way_is_retried(local_model_server):
     assert sum(policy.stats()["retries"].values()) == 2
 
 
-def _focus(tmp_path: Any, args: list[str]) -> Any:
-    """The focus command in a subprocess, in ``tmp_path`` with the tests' Prefect settings."""
-    import subprocess
-    import sys
-
-    from fixtures.prefect import base_env
-
-    return subprocess.run(
-        [sys.executable, "-m", "cli", *args],
-        env=base_env(tmp_path / "prefect"),
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 @pytest.mark.integration
 @pytest.mark.slow  # starts the focus command
 def test_a_model_name_the_server_does_not_serve_stops_the_command_before_it_starts(local_model_server, tmp_path):
@@ -286,7 +269,7 @@ def test_a_model_name_the_server_does_not_serve_stops_the_command_before_it_star
     )
     assert unserved_model("http://127.0.0.1:1", "x") is None  # not up yet: the run waits for it as before
     args = ["collect", "--model-url", url, "--set", "model.model=Qwen/Qwen3-4B", "--store", str(tmp_path / "runs")]
-    done = _focus(tmp_path, [*args, "--collection-id", "c1", "--tasks", "2"])
+    done = run_focus(tmp_path, [*args, "--collection-id", "c1", "--tasks", "2"])
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"error: {unserved_model(url, 'Qwen/Qwen3-4B')}"]
     assert not (tmp_path / "runs" / "batches").exists()
@@ -304,7 +287,7 @@ def test_a_server_that_refuses_every_request_ends_the_command_with_status_2(scri
     scripted.answers[:] = [(401, {}, {"error": {"message": "invalid API key", "code": 401}})]
     args = ["collect", "--model-url", scripted.url, "--store", str(tmp_path / "runs"), "--collection-id", "c1"]
     for _run in range(2):
-        done = _focus(tmp_path, [*args, "--tasks", "2", "--json"])
+        done = run_focus(tmp_path, [*args, "--tasks", "2", "--json"])
         assert done.returncode == 2, done.stderr[-2000:]
         last = done.stderr.strip().splitlines()[-1]
         assert last.startswith(

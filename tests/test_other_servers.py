@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from fixtures.prefect import run_focus
 from test_real_wire_formats import (
     DIGITS,
     EOT,
@@ -456,24 +457,6 @@ def test_an_endpoint_url_is_refused_before_anything_starts(url, root):
 # ---- the focus command ----
 
 
-def focus_command(tmp_path: Any, args: list[str]) -> Any:
-    """``focus ...`` in a subprocess in ``tmp_path`` with the tests' Prefect settings."""
-    import subprocess
-    import sys
-
-    from fixtures.prefect import base_env
-
-    return subprocess.run(
-        [sys.executable, "-m", "cli", *args],
-        env=base_env(tmp_path / "prefect"),
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 @pytest.mark.slow  # starts the focus command twice
 def test_focus_collect_against_tgi_stops_before_collecting_and_against_llama_server_collects(tmp_path):
     """``focus collect --model-url <TGI>`` wrote an empty batch (8 of 8 rollouts
@@ -489,11 +472,11 @@ def test_focus_collect_against_tgi_stops_before_collecting_and_against_llama_ser
     async def go() -> tuple[Any, Any, set[tuple[tuple[int, ...], ...]]]:
         async with serve(tgi_routes()) as tgi:
             args = ["collect", "--model-url", tgi.url, "--set", "model.model=Qwen/Qwen3-4B", "--store", store]
-            refused = await asyncio.to_thread(focus_command, tmp_path, [*args, "--collection-id", "t", "--tasks", "2"])
+            refused = await asyncio.to_thread(run_focus, tmp_path, [*args, "--collection-id", "t", "--tasks", "2"])
         async with serve(llamacpp_routes(LlamaCpp(eog=False))) as llama:
             # --model-url with the kind named beside it (it had forced kind openai)
             args = ["collect", "--model-url", llama.url, "--set", "model.kind=llamacpp", "--store", store]
-            done = await asyncio.to_thread(focus_command, tmp_path, [*args, "--collection-id", "l", "--tasks", "2"])
+            done = await asyncio.to_thread(run_focus, tmp_path, [*args, "--collection-id", "l", "--tasks", "2"])
             served = {
                 (tuple(p), tuple(ids), tuple(lps))
                 for p, (ids, lps) in zip(llama.prompts("/completion", "prompt"), llama.sampled, strict=True)
