@@ -122,6 +122,20 @@ def test_a_wave_holds_wave_size_half_rollouts_of_transitions() -> None:
     assert len(plan_wave(state, by_jobs, 1, 0).jobs) == cont.wave_size
 
 
+def test_a_state_prints_as_a_summary_not_its_trees() -> None:
+    """The dataclass's repr printed every tree (megabytes at 100k transitions), and
+    asyncio.run on Python 3.11 formats its main coroutine's result: every benchmark and
+    test that returned a state from ``asyncio.run`` paid for it twice."""
+    col, tasks = collection("selective", 0)
+    state = run(col.search(tasks))
+    nodes = sum(len(t.nodes) for t in state.trees)
+    assert nodes > 50
+    assert repr(state) == (
+        f"SearchState({state.collection_id!r}, seed={state.seed}, trees={len(state.trees)}, nodes={nodes}, "
+        f"waves={len(state.waves)}, planned=0)"
+    )
+
+
 def fresh(state: SearchState) -> SearchState:
     """The same trees in a state that has derived nothing yet."""
     return SearchState(state.collection_id, state.seed, state.tasks, state.trees, list(state.waves))
