@@ -62,22 +62,25 @@ STAGING = "_staging"
 #: Suffix of the staging name an overwritten local batch is renamed to before it is deleted.
 _REPLACED = ".replaced"
 _ID_STRINGS = ["collection_id", "task_id", "tree_id", "policy_version", "kind", "finish_reason"]
-_LIST_VALUES = [f"{c}.list.element" for c in ("prompt_ids", "completion_ids", "logprobs", "context_ids")]
+#: The only list of floats: the one column whose values BYTE_STREAM_SPLIT encodes.
+_FLOAT_VALUES = ["logprobs.list.element"]
 #: Parquet settings of every table the store writes (documented in docs/batch-schema.md).
 #: - zstd level 1: on token ids and log-probs level 3 saves under 0.3% and costs ~40% more time.
 #: - Dictionary encoding only for the id strings: on token-id lists it costs a dictionary per
 #:   row group and loses to plain zstd.
-#: - BYTE_STREAM_SPLIT for token ids and log-probs: the high bytes of an id (< 2^17 or so)
-#:   and the sign/exponent bytes of a log-prob become runs that zstd squeezes; 13% smaller
-#:   than plain on the benchmark batch (1.54 vs 1.78 bytes per token), and faster to compress.
-#:   Readers: pyarrow, DuckDB >= 1.1 and polars read it (tested); very old readers may not.
+#: - BYTE_STREAM_SPLIT for log-probs only (floats: every Parquet reader of the last years
+#:   knows it). On the integer token ids it saved 5-8% on synthetic batches but cost 5-10%
+#:   on a real one (the tiny model's), and integer BYTE_STREAM_SPLIT is a 2024 addition to
+#:   the format that DuckDB before 2.0 cannot read ("BYTE_STREAM_SPLIT encoding is only
+#:   supported for FLOAT or DOUBLE data", DuckDB 1.0-1.4; 2.0 can): a batch must open in
+#:   the reader a user already has.
 #: - Statistics only for the scalar columns: min/max over every token of a list say nothing
 #:   a query can use.
 PARQUET_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     "compression_level": 1,
     "use_dictionary": _ID_STRINGS,
-    "use_byte_stream_split": _LIST_VALUES,
+    "use_byte_stream_split": _FLOAT_VALUES,
     "write_statistics": [
         *_ID_STRINGS,
         "iteration",
