@@ -12,7 +12,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: install run test test-fast lint bench clean
+.PHONY: install run test test-fast test-lowest lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +38,17 @@ test: $(STAMP) lint
 # the edit-test loop: library and unit tests, no servers, nothing slow (under a minute on 2 cores)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "not integration and not slow" tests
+
+# the fast suite against the LOWEST version of every dependency pyproject.toml allows (uv's
+# lowest-direct resolution, in .venv-lowest; needs PyPI): the lower bounds are claims, and this
+# checks them (docs/operations.md, "Dependency versions"). Not part of `make test`. torch is the
+# pinned 2.13.0, from a wheel folder where there is one (uv does not read pip's configuration).
+test-lowest:
+	test -x .venv-lowest/bin/python || $(PY) -m venv .venv-lowest
+	.venv-lowest/bin/pip install -q uv
+	.venv-lowest/bin/uv pip install -q -p .venv-lowest/bin/python --resolution lowest-direct \
+		$(if $(wildcard /opt/wheels),--find-links /opt/wheels) -e '.[pipeline,local,s3,tinker,examples,dev]' torch==2.13.0
+	.venv-lowest/bin/python -m pytest -q -n 2 -m "not integration and not slow" tests
 
 # every benchmark benchmarks/README.md and QUALITY.md cite, one process each, a record per benchmark in
 # benchmarks/results/, then both pages' tables rendered from the records (about 45 min on 2 cores)
