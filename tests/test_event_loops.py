@@ -62,3 +62,24 @@ def test_a_client_shared_by_two_threads_closes_each_loops_connections(scripted):
 
     assert _resource_warnings(both) == []
     assert answers == [{"ok": 1}] * 16
+
+
+@pytest.mark.integration  # starts the embedded model server
+def test_an_interrupt_while_the_embedded_server_starts_stops_it(monkeypatch):
+    # A notebook's interrupt during LocalModelServer().start() left the server running:
+    # nobody held the object, so it ran until the kernel exited, one more per try.
+    from focus.backends import LocalModelServer
+
+    started = []
+
+    def interrupted(self, deadline):  # the interrupt lands while start() waits for /health
+        started.append((self.proc, self._tmp))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalModelServer, "_wait_healthy", interrupted)
+    server = LocalModelServer()
+    with pytest.raises(KeyboardInterrupt):
+        server.start()
+    [(proc, folder)] = started
+    assert proc.poll() is not None and not folder.exists()
+    assert server.proc is None
