@@ -13,6 +13,7 @@ import pytest
 
 from focus.backends import HttpConfig
 from focus.backends.http import HttpClient
+from focus.testing import run
 
 
 def _resource_warnings(run) -> list[str]:
@@ -83,3 +84,19 @@ def test_an_interrupt_while_the_embedded_server_starts_stops_it(monkeypatch):
     [(proc, folder)] = started
     assert proc.poll() is not None and not folder.exists()
     assert server.proc is None
+
+
+def test_preparing_a_search_that_was_not_awaited_says_so():
+    # In a notebook ``collector.prepare(collector.search(tasks))`` (no await) failed with
+    # "'coroutine' object is not iterable", then warned that the search was never awaited.
+    from test_collector import synthetic
+
+    col, tasks, _ = synthetic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "coroutine ... was never awaited" either
+        with pytest.raises(TypeError, match=r"got a coroutine: `await collector.search\(tasks\)` first"):
+            col.prepare(col.search(tasks))
+        gc.collect()
+    with pytest.raises(TypeError, match="takes the SearchState or the trees .* got a list of int"):
+        col.prepare([1, 2])
+    assert col.prepare(run(col.search(tasks))).summary()["actor_rows"] > 0
