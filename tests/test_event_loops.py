@@ -10,18 +10,20 @@ import threading
 import warnings
 
 import pytest
+from test_collector import synthetic
 
 from focus.backends import HttpConfig
 from focus.backends.http import HttpClient
+from focus.synthetic import SyntheticPolicy
 from focus.testing import run
 
 
-def _resource_warnings(run) -> list[str]:
-    """The ResourceWarnings (unclosed sessions, connectors, sockets) raised while ``run``
+def _resource_warnings(body) -> list[str]:
+    """The ResourceWarnings (unclosed sessions, connectors, sockets) raised while ``body``
     runs and at the garbage collection after it."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run()
+        body()
         gc.collect()
     return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
 
@@ -89,8 +91,6 @@ def test_an_interrupt_while_the_embedded_server_starts_stops_it(monkeypatch):
 def test_preparing_a_search_that_was_not_awaited_says_so():
     # In a notebook ``collector.prepare(collector.search(tasks))`` (no await) failed with
     # "'coroutine' object is not iterable", then warned that the search was never awaited.
-    from test_collector import synthetic
-
     col, tasks, _ = synthetic()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "coroutine ... was never awaited" either
@@ -100,3 +100,35 @@ def test_preparing_a_search_that_was_not_awaited_says_so():
     with pytest.raises(TypeError, match="takes the SearchState or the trees .* got a list of int"):
         col.prepare([1, 2])
     assert col.prepare(run(col.search(tasks))).summary()["actor_rows"] > 0
+
+
+def test_cancelling_a_search_cancels_the_wave_it_waits_for():
+    # An interrupted notebook cell, or asyncio.wait_for around a collection, cancels the
+    # search; the wave it was waiting for kept running on the loop (its rollouts still
+    # calling the model service) until it finished by itself.
+    col, tasks, mdps = synthetic()
+    calls: list[int] = []
+    cancelled_at: list[int] = []
+
+    class Slow(SyntheticPolicy):
+        async def sample(self, prompt_ids, params):
+            calls.append(1)
+            if len(calls) == 6:
+                search.cancel()  # while the evidence wave runs
+            await asyncio.sleep(0.01)
+            return await super().sample(prompt_ids, params)
+
+    col.agent.policy = Slow(mdps)
+
+    async def main() -> list[str]:
+        nonlocal search
+        search = asyncio.ensure_future(col.search(tasks))
+        with pytest.raises(asyncio.CancelledError):
+            await search
+        cancelled_at.append(len(calls))
+        await asyncio.sleep(0.2)  # time for 20 more calls per rollout still running
+        return [t.get_coro().__qualname__ for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    search: asyncio.Future | None = None
+    assert run(main()) == []
+    assert len(calls) == cancelled_at[0]  # no model call after the search was cancelled
