@@ -7,6 +7,7 @@ resumes it from a ``MemoryJournal``, what the records print as, and no leaked ta
 from __future__ import annotations
 
 import pathlib
+import re
 import time
 
 import pytest
@@ -16,6 +17,10 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: docs/operations.md's progress journal, as the page shows it.
+PROGRESS = re.search(
+    r"## Notebooks, asyncio programs and threads.*?```python\n(.*?)```", (ROOT / "docs/operations.md").read_text(), re.S
+)[1]
 
 SETUP = """
 import asyncio, gc, os, signal, threading, warnings
@@ -37,7 +42,7 @@ def collector():
                      estimator=DirectBranchTd(gamma=1.0), execution=Execution(max_concurrency=8), collection_id="nb")
 
 tasks = reach_target_tasks(4, seed=0)
-journal = MemoryJournal()
+journal = Progress()
 
 def interrupt_after(steps):  # the kernel's interrupt (SIGINT) once the journal holds `steps` steps
     def watch():
@@ -50,7 +55,7 @@ interrupt_after(3)
 """
 
 CELLS = [
-    SETUP,
+    PROGRESS + SETUP,
     "state = await collector().search(tasks, journal)",  # interrupted
     "at_interrupt = len(journal.steps)\n"
     "[t.get_coro().__qualname__ for t in asyncio.all_tasks() if '/focus/' in t.get_coro().cr_code.co_filename]",
@@ -89,6 +94,8 @@ def test_a_notebook_awaits_interrupts_and_resumes_a_collection():
     assert interrupted.split(":")[0] in ("CancelledError", "KeyboardInterrupt")  # ipykernel 7, 6
     assert out[2][0] == ["[]"]  # no task of the library left running after the interrupt
     assert out[3][0][0].startswith("Batch('nb', iteration=0, actor_rows=")
+    lines = "".join(out[3][1]).splitlines()  # the docs' progress journal: a line per wave run after the resume
+    assert lines and all(re.fullmatch(r"phase 1 wave \d+: \d+ rollouts in \d+\.\d s", line) for line in lines), lines
     assert out[4][0][0].startswith("SearchState('nb', seed=0, trees=4, ")
     assert out[5][0][0].startswith("Tree('reach-0-0', nodes=") and len(out[5][0][0]) < 200
     assert out[6][0] == ["(True, True, True)"]  # resumed, and the batch an uninterrupted run makes
