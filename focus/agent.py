@@ -32,6 +32,7 @@ from focus.policy import (
     ServiceUnavailable,
     UnreadableAnswers,
 )
+from focus.reprs import short_repr
 from focus.siblings import SiblingCalls
 from focus.tree import Turn
 from focus.workspace import Workspace
@@ -44,6 +45,8 @@ class BranchState:
     ``route``: the path of rollouts that led here - the task id, then the seed of each
     rollout whose segments end at this state - which a policy over several model
     replicas routes calls by (:meth:`focus.policy.Policy.sample_on_route`)."""
+
+    __repr__ = short_repr
 
     task: Task
     env_state: Any
@@ -75,6 +78,8 @@ class Piece:
     ``truncated`` or ``failed`` (``cause`` set).
     """
 
+    __repr__ = short_repr
+
     turns: tuple[Turn, ...]
     kind: str
     steps: int
@@ -86,6 +91,8 @@ class Piece:
 @dataclass(frozen=True)
 class Rollout:
     """The pieces of one rollout from a start state, in order; the last is the leaf."""
+
+    __repr__ = short_repr
 
     task_id: str
     pieces: tuple[Piece, ...]

@@ -13,6 +13,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from focus.reprs import short_repr
+
 #: 2: the actor table gained ``truncated``.
 SCHEMA_VERSION = 2
 
@@ -68,6 +70,7 @@ class BatchError(ValueError):
 
 @dataclass(frozen=True)
 class ActorRow:
+    __repr__ = short_repr
     collection_id: str
     iteration: int
     task_id: str
@@ -92,6 +95,7 @@ class ActorRow:
 
 @dataclass(frozen=True)
 class CriticRow:
+    __repr__ = short_repr
     collection_id: str
     iteration: int
     task_id: str

@@ -61,7 +61,7 @@ from focus.journal import (
     unfinished_step,
     wave_step,
 )
-from focus.parts import bad_advantage, check_parts
+from focus.parts import bad_advantage, check_parts, check_trees
 from focus.placement import graft_placed, off_loop, plan_next_placed, scored_placed, warm_start_placed
 from focus.priority import Priority, Selective
 from focus.search import (
@@ -545,7 +545,7 @@ class Collector:
         est = self.estimator
         with self.execution.frozen_heap():
             if not isinstance(trees, SearchState):
-                return self._prepare(trees)
+                return self._prepare(check_trees(trees))
             if type(est).noise is not Estimator.noise or type(est).values is not Estimator.values:
                 return self._prepare(trees.trees)  # an estimator's own fit or backups read the trees alone
             # the noise rows and edge segments its search computed of the trees, not computed again

@@ -26,11 +26,14 @@ from typing import Any
 from focus.env import Message
 from focus.format import ChatCodec
 from focus.policy import Completion, Policy, SamplingParams
+from focus.reprs import short_repr
 
 
 @dataclass(frozen=True)
 class Context:
     """The live context of one branch."""
+
+    __repr__ = short_repr
 
     #: Opening messages of the episode (system, task); kept through compactions.
     opening: tuple[Message, ...]
@@ -48,6 +51,8 @@ class Context:
 @dataclass(frozen=True)
 class Compaction:
     """Result of a compaction: the new context and the model turn that produced it."""
+
+    __repr__ = short_repr
 
     context: Context
     prompt_ids: tuple[int, ...]

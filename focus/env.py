@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from focus.reprs import short_repr
 from focus.workspace import Workspace
 
 #: The largest magnitude of a reward or a critic value FOCUS takes. The noise model
@@ -30,6 +31,8 @@ VALUE_LIMIT = 1e60
 class Task:
     """One problem to collect on. ``data`` holds whatever the env needs (prompt, answer)."""
 
+    __repr__ = short_repr
+
     id: str
     data: Mapping[str, Any] = field(default_factory=dict)
 
@@ -37,6 +40,8 @@ class Task:
 @dataclass(frozen=True)
 class Message:
     """A chat message. Assistant messages carry the exact sampled ids in ``token_ids``."""
+
+    __repr__ = short_repr
 
     role: str
     content: str

@@ -9,6 +9,8 @@ said here, naming the part.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Sequence
 from typing import Any
 
 from focus.agent import Agent
@@ -17,6 +19,7 @@ from focus.critic import Critic
 from focus.estimation import Estimator
 from focus.execution import Execution
 from focus.priority import Priority
+from focus.tree import Tree
 
 
 def check_parts(agent: Any, search: Any, critic: Any, estimator: Any, execution: Any) -> None:
@@ -38,3 +41,20 @@ def bad_advantage(estimator: object, edge_id: int, tree_id: str, advantage: floa
         f"{type(estimator).__name__} gave segment {edge_id} of tree {tree_id} the advantage {advantage!r}: "
         "an advantage must be a finite number (leave a segment out to give it none)"
     )
+
+
+def check_trees(trees: Any) -> Sequence[Tree]:
+    """``trees`` if it is a sequence of trees, or a :class:`TypeError` that says what
+    :meth:`~focus.collector.Collector.prepare` takes. Its commonest wrong argument is the
+    search not awaited (a notebook cell without ``await``), which failed with
+    "'coroutine' object is not iterable" and a warning that it was never awaited."""
+    if inspect.iscoroutine(trees):
+        trees.close()  # never run: no "never awaited" warning on top of the error
+        raise TypeError(
+            "Collector.prepare got a coroutine: `await collector.search(tasks)` first, then prepare its state"
+        )
+    if not isinstance(trees, Sequence) or not all(isinstance(t, Tree) for t in trees):
+        kinds = sorted({type(t).__name__ for t in trees}) if isinstance(trees, (list, tuple)) else []
+        what = f"a {type(trees).__name__}" + (f" of {', '.join(kinds)}" if kinds else "")
+        raise TypeError(f"Collector.prepare takes the SearchState or the trees that search returns, got {what}")
+    return trees

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from focus.reprs import short_repr
+
 
 class SamplingParams(BaseModel):
     """Limits and randomness of one model response.
@@ -65,6 +67,8 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 @dataclass(frozen=True)
 class Completion:
     """One sampled response: ids, their behaviour log-probs and why sampling ended."""
+
+    __repr__ = short_repr
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from focus.reprs import short_repr
 from focus.usage import Usage
 
 NODE_KINDS = ("checkpoint", "terminal", "truncated", "failed")
@@ -24,6 +25,8 @@ NODE_KINDS = ("checkpoint", "terminal", "truncated", "failed")
 @dataclass(frozen=True)
 class Turn:
     """One model call inside a segment, recorded token-exactly."""
+
+    __repr__ = short_repr
 
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
@@ -45,6 +48,8 @@ class Turn:
 @dataclass
 class Edge:
     """A segment: the turns from checkpoint ``parent`` to the next node ``child``."""
+
+    __repr__ = short_repr
 
     id: int
     parent: int
@@ -74,6 +79,8 @@ class Edge:
 @dataclass
 class Node:
     """A checkpoint or a leaf."""
+
+    __repr__ = short_repr
 
     id: int
     parent_edge: int | None
@@ -137,6 +144,15 @@ class Tree:
     log: list[RolloutRecord] = field(default_factory=list)
 
     ROOT = 0
+
+    def __repr__(self) -> str:
+        # A summary: the dataclass's repr printed every node, edge and turn (84 kB for one
+        # tree of the README's toy collection in a notebook); ``nodes``/``edges`` hold them.
+        kinds = {kind: 0 for kind in NODE_KINDS}
+        for node in self.nodes.values():
+            kinds[node.kind] = kinds.get(node.kind, 0) + 1
+        counts = ", ".join(f"{kind}={n}" for kind, n in kinds.items())
+        return f"Tree({self.task_id!r}, nodes={len(self.nodes)} ({counts}), edges={len(self.edges)}, rollouts={self.rollouts})"
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # trees pickled before the log was typed hold one dict per rollout

@@ -234,7 +234,27 @@ class WaveTail:
         more trees: the plan ranks them in the same barrier, or, under a new calibration,
         ranks every tree again (at 40k transitions over 40 tasks, whose trees finish
         only as their wave ends, 0.1-0.2 s of each refit's barrier went into rankings
-        the refit threw away)."""
+        the refit threw away).
+
+        Cancelled (an interrupted notebook cell, a timeout around the search), it cancels
+        the wave and waits until it has stopped: nothing else awaits it then, and its
+        rollouts kept calling the model service on the loop until they finished."""
+        try:
+            await self._follow(state, task, phase_name, score, prefit, rank)
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+
+    async def _follow(
+        self,
+        state: SearchState,
+        task: asyncio.Future[Any],
+        phase_name: str,
+        score: tuple[Priority, Critic] | None,
+        prefit: Priority | None,
+        rank: bool,
+    ) -> None:
         if task.done():
             self.finished_at = time.perf_counter()
         else:

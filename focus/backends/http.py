@@ -207,6 +207,7 @@ class HttpClient:
             ends = f"each attempt times out after timeout_s = {cfg.timeout_s:g} s, each call after deadline_s = {cfg.deadline_s}"
             after = cfg.silence_warn_s
             wire.silence = None if after is None else watch_silence(loop, gate, wire.clock, after, ends)
+            wire.close_with_loop()
         return wire
 
     def request(
@@ -534,13 +535,5 @@ class HttpClient:
 
     async def aclose(self) -> None:
         wire, self._wire = self._wire, None
-        if wire is None:
-            return
-        wire.clock.close()
-        wire.hedges.close()
-        if wire.silence is not None:
-            wire.silence.cancel()
-        try:
-            await wire.sender.aclose()
-        except RuntimeError:  # made on a loop that is gone; nothing left to release
-            pass
+        if wire is not None:
+            await wire.close()

@@ -220,6 +220,18 @@ class LocalModelServer:
             )
             _record_pid(tmp, self.proc)
         atexit.register(self.stop)
+        try:
+            self._wait_started(port_file, cmd)
+        except BaseException:
+            # interrupted (a notebook's interrupt, Ctrl-C) while it starts: nobody holds this
+            # object yet, so the server would run until the kernel exits, one per try
+            self.stop()
+            raise
+        return self
+
+    def _wait_started(self, port_file: Path, cmd: list[str]) -> None:
+        """Wait for the port file, then for ``/health``; stop the server and raise if it fails."""
+        assert self.proc is not None
         deadline = time.monotonic() + self.startup_timeout_s
         while not port_file.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -235,7 +247,6 @@ class LocalModelServer:
             time.sleep(0.01)
         self.port = int(port_file.read_text())
         self._wait_healthy(deadline)
-        return self
 
     def _args(self, port_file: Path) -> list[str]:
         """The server's command line after ``python -m focus.tinylm.server``."""

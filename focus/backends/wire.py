@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -62,7 +62,7 @@ class Wire:
     """What a client uses on one event loop: its sender, concurrency slots, outage gate,
     and the watches of its requests' read timeouts (``clock``) and hedged first requests."""
 
-    __slots__ = ("clock", "copy", "gate", "hedges", "loop", "sem", "sender", "silence")
+    __slots__ = ("clock", "copy", "gate", "hedges", "keeper", "loop", "sem", "sender", "silence")
 
     clock: Watch
     hedges: Hedges
@@ -73,6 +73,44 @@ class Wire:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sender: Sender, sem: asyncio.Semaphore, gate: OutageGate):
         self.loop, self.sender, self.sem, self.gate = loop, sender, sem, gate
+        self.keeper: Any = None
+
+    async def close(self) -> None:
+        """Release the watches, the silence watch and the sender; a second call does nothing."""
+        self.clock.close()
+        self.hedges.close()
+        if self.silence is not None:
+            self.silence.cancel()
+        try:
+            await self.sender.aclose()
+        except RuntimeError:  # made on a loop that is gone; nothing left to release
+            pass
+
+    def close_with_loop(self) -> None:
+        """Close this wire when its loop shuts down, if nobody closed it before.
+
+        A synchronous trainer calls ``asyncio.run(collector.collect(...))`` once per
+        iteration with one policy, and rarely closes it: each run left its aiohttp
+        session open on a closed loop ("Unclosed client session" and its sockets, one per
+        iteration). ``asyncio.run`` (and ``asyncio.Runner``) close every async generator
+        still open on the loop before closing it (``loop.shutdown_asyncgens``): the wire
+        keeps one, started here so that the loop's hook registers it, whose ``finally``
+        closes the wire. Dropped while its loop runs (another thread's loop took the
+        client), it is closed by the same hook; a loop closed without that shutdown
+        leaves the session to the garbage collector, as before."""
+        keeper = _closed_at_loop_end(self)
+        try:
+            keeper.__anext__().send(None)  # type: ignore[attr-defined]  # runs to its yield
+        except StopIteration:
+            pass
+        self.keeper = keeper
+
+
+async def _closed_at_loop_end(wire: Wire) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await wire.close()
 
 
 def expire(entry: Entry) -> None:

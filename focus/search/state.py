@@ -23,6 +23,7 @@ from focus.estimation import Segment, segment
 from focus.noise_rows import Checkpoint, tree_rows
 from focus.priority import Calibration, NodeEvidence, Priority, exploration_rate
 from focus.ranking import Entry, TreeRanking, tie
+from focus.reprs import short_repr
 from focus.search.shape import Known, shape_fact, tree_spreads
 from focus.tree import Edge, Node, Tree
 from focus.usage import Usage
@@ -36,6 +37,8 @@ CALIBRATION_SPREADS = 4096
 @dataclass(frozen=True)
 class RolloutJob:
     """One rollout to run: from checkpoint ``node_id`` of tree ``tree_index``."""
+
+    __repr__ = short_repr
 
     tree_index: int
     node_id: int
