@@ -208,7 +208,7 @@ class CheckpointStore:
         entry = m.files[0]
         url = f"{base.rsplit('/', 1)[0]}/{entry.path}"
         try:
-            data = self.loc.cat(url, self.retry)
+            data = self.loc.cat(url, self.retry, entry.bytes)
         except FileNotFoundError:
             raise CorruptDataError(f"{url}: listed by its manifest but missing; {todo}") from None
         if len(data) != entry.bytes or sha256(data) != entry.sha256:
