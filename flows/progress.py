@@ -7,7 +7,7 @@ pipe) it logs lines instead, since a redrawn bar in a log file helps no one: the
 evidence step's, and of a continuation phase its first wave's, one each time another
 tenth of its budget is spent (:data:`LOG_STEPS`), one at least every
 :data:`LOG_EVERY_S` seconds while waves land, and every wave's once the budget is spent.
-A line per wave was 4,500 lines for 100k transitions over 2,000 tasks at the default
+A line per wave was 4,137 lines for 100k transitions over 2,000 tasks at the default
 wave size.
 Whether the output is a terminal is rich's own decision (a TTY, ``FORCE_COLOR``/
 ``TTY_COMPATIBLE``, not ``TERM=dumb``), so the bar and the colours of the rest of the CLI

@@ -274,7 +274,7 @@ def _piped(clock: _Clock) -> tuple[CollectionProgress, list[str], list[str]]:
 
 
 def test_a_long_phase_logs_a_line_per_tenth_of_its_budget_not_per_wave(monkeypatch):
-    """100k transitions in waves of 100: the log got 1,000 lines, one per wave (4,500 at
+    """100k transitions in waves of 100: the log got 1,000 lines, one per wave (4,137 at
     the default wave size over 2,000 tasks); now the first wave's, one per tenth of the
     budget and the last. Every wave's line is still computed (``lines``)."""
     clock = _Clock()
