@@ -1,7 +1,7 @@
 """Logging of the ``focus`` command: quiet on the console, everything in a log file.
 
 By default the console shows what an operator needs - the progress bars (or, into a
-pipe, one line per wave), warnings about failed rollouts, the result or one error line
+pipe, a line per tenth of a phase's budget), warnings about failed rollouts, the result or one error line
 - and nothing of Prefect's or Dask's INFO chatter. Every record at INFO and above, with
 tracebacks, goes to a log file whose path the error line names. ``-v`` adds Prefect's and
 Dask's INFO records to the console (``-vv``: DEBUG).

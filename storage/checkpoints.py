@@ -208,7 +208,7 @@ class CheckpointStore:
         entry = m.files[0]
         url = f"{base.rsplit('/', 1)[0]}/{entry.path}"
         try:
-            data = self.loc.cat(url, self.retry)
+            data = self.loc.cat(url, self.retry, entry.bytes)
         except FileNotFoundError:
             raise CorruptDataError(f"{url}: listed by its manifest but missing; {todo}") from None
         if len(data) != entry.bytes or sha256(data) != entry.sha256:
@@ -226,23 +226,30 @@ class CheckpointStore:
         Temporary files of unfinished writes, and data files that no manifest lists (a
         save cut short before its manifest, or the loser of a race). Run it only while
         nobody else writes the collection (the pipeline does, holding the lease): a
-        concurrent save's data file has no manifest yet either. If a manifest cannot be
-        read, only temporary files are removed. Also removes temporary files under the
-        collection's batches.
+        concurrent save's data file has no manifest yet either. A data file is named after
+        its checkpoint (``<phase>-w<wave>.<digest>.pkl``), so the listing alone tells the
+        ones without a manifest; only a checkpoint with two data files (a race's loser
+        left) has its manifest read, and if it cannot be read both are kept. Reading every
+        manifest cost a resume as many requests as checkpoints (735 GETs on S3 at 20k
+        transitions, a third of what the resume read). Also removes temporary files under
+        the collection's batches.
         """
         folder = self.loc.url("checkpoints", check_id(collection_id, "collection id"))
         files = self.loc.list_files(folder, self.retry)
         doomed = [u for u in files if TEMP_MARK in u.rsplit("/", 1)[1]]
-        manifests = [u for u in files if u.endswith(_SUFFIX)]
-        try:
-            listed = {
-                f"{folder}/{self._parse(data, u).files[0].path}"
-                for u, data in zip(manifests, self.loc.cat_many(manifests, self.retry), strict=True)
-            }
-        except (ManifestError, FileNotFoundError):
-            listed = None
-        if listed is not None:
-            doomed += [u for u in files if u.endswith(".pkl") and u not in listed and TEMP_MARK not in u]
+        manifests = {u.rsplit("/", 1)[1][: -len(_SUFFIX)]: u for u in files if u.endswith(_SUFFIX)}
+        data: dict[str, list[str]] = {}
+        for u in files:
+            if (stem := _data_stem(u.rsplit("/", 1)[1])) is not None:
+                data.setdefault(stem, []).append(u)
+        doomed += [u for stem, urls in data.items() if stem not in manifests for u in urls]
+        contested = [(manifests[stem], urls) for stem, urls in data.items() if stem in manifests and len(urls) > 1]
+        for manifest_url, urls in contested:
+            try:
+                listed = f"{folder}/{self._read_manifest(manifest_url).files[0].path}"
+            except (ManifestError, FileNotFoundError):
+                continue
+            doomed += [u for u in urls if u != listed]
         batches = self.loc.url("batches", collection_id)
         doomed += [u for u in self.loc.list_files(batches, self.retry) if TEMP_MARK in u.rsplit("/", 1)[1]]
         for u in doomed:

@@ -137,7 +137,7 @@ class WeightStore:
         folder, _, name = url.rstrip("/").rpartition("/")
         entry = self.manifest(folder).file(name)
         try:
-            data = self.loc.cat(url, self.retry)
+            data = self.loc.cat(url, self.retry, entry.bytes)
         except FileNotFoundError:
             raise CorruptDataError(f"{url}: listed by its manifest but missing") from None
         if len(data) != entry.bytes or sha256(data) != entry.sha256:

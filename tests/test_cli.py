@@ -353,3 +353,35 @@ def test_train_takes_the_collect_shorthands_as_their_fields(tmp_path):
     for key in ("actor_rows", "critic_rows", "tokens", "transitions", "rollouts", "checkpoints"):
         assert flags["stats"][key] == via_set["stats"][key], key
     assert flags["train"]["policy_version"] == via_set["train"]["policy_version"]
+
+
+def test_inspect_summarises_a_batch_from_its_columns_without_building_rows(tmp_path, monkeypatch):
+    """``focus inspect`` built a typed row per actor and critic row to take a mean: for
+    the 120k actor rows of a 100k-transition collection 1.6 s and 280 MB more than the
+    read. The figures come from the Arrow columns now, and are the rows' to the bit."""
+    import numpy as np
+
+    import focus.batch as batch_mod
+    from cli.inspect import batch_summary
+    from focus.batch import ActorRow, Batch, CriticRow
+    from storage import BatchStore
+
+    advantages = [0.3, -1.25, 0.1, 0.7, -0.05]
+    actor = [
+        ActorRow("c", 0, f"t{i % 2}", "t#0", 0, i, 0, f"v{i % 2}", (1, 2), (3,), (-0.5,), (1,), a, 0.0, "stop")
+        for i, a in enumerate(advantages)
+    ]
+    critic = [CriticRow("c", 0, "t0", "t#0", i, (1, 2), 0.1 * i + 0.05, 1.0, None) for i in range(3)]
+    store = BatchStore(tmp_path)
+    url = store.write(Batch("c", 0, actor, critic, {"transitions": 5}))
+
+    def no_rows(*_: object) -> None:
+        raise AssertionError("typed rows built")
+
+    monkeypatch.setattr(batch_mod, "actor_rows", no_rows)
+    monkeypatch.setattr(batch_mod, "critic_rows", no_rows)
+    summary = batch_summary(store.read(url))
+    adv, tgt = np.array(advantages), np.array([r.target for r in critic])
+    assert summary["policy_versions"] == ["v0", "v1"]
+    assert (summary["advantage_mean"], summary["advantage_std"]) == (float(adv.mean()), float(adv.std()))
+    assert summary["critic_target_mean"] == float(tgt.mean()) and summary["actor_rows"] == 5

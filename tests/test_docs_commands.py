@@ -93,6 +93,9 @@ COMMANDS: dict[str, Check] = {
     "tests/test_relocate.py": Check("parse", "these tests are part of `make test`; here they are collected only"),
     ".venv/bin/python -m benchmarks.batch_write --repeats 5": Check("parse", "a benchmark of minutes"),
     ".venv/bin/python -m benchmarks.writer_race": Check("parse", "a benchmark of minutes (300 racing writers)"),
+    ".venv/bin/python -m benchmarks.pipeline_scale --sizes 20000:200": Check(
+        "parse", "a 20k-transition collection and its rerun: a minute or more on 2 cores"
+    ),
     ".venv/bin/python -m benchmarks --only load_2k,load_20k": Check("parse", "benchmarks of half an hour"),
     ".venv/bin/python -m benchmarks --only restart": Check("parse", "a benchmark of minutes (30 s and 90 s outages)"),
     ".venv/bin/python -m benchmarks --only learning": Check("parse", "the learning record: 20-35 minutes on 2 cores"),

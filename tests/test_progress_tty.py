@@ -265,6 +265,54 @@ def test_not_a_terminal_logs_lines_and_draws_nothing():
     assert console.file.getvalue() == ""  # type: ignore[attr-defined]
 
 
+def _piped(clock: _Clock) -> tuple[CollectionProgress, list[str], list[str]]:
+    """A progress into a pipe with a fake clock; (progress, info lines, warning lines)."""
+    infos: list[str] = []
+    warnings: list[str] = []
+    log = SimpleNamespace(info=lambda line, **_: infos.append(line), warning=lambda line, **_: warnings.append(line))
+    return CollectionProgress(None, log=log, console=Console(file=StringIO(), force_terminal=False)), infos, warnings
+
+
+def test_a_long_phase_logs_a_line_per_tenth_of_its_budget_not_per_wave(monkeypatch):
+    """100k transitions in waves of 100: the log got 1,000 lines, one per wave (4,137 at
+    the default wave size over 2,000 tasks); now the first wave's, one per tenth of the
+    budget and the last. Every wave's line is still computed (``lines``)."""
+    clock = _Clock()
+    monkeypatch.setattr(progress_mod, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    progress, infos, _ = _piped(clock)
+    with progress:
+        progress.start_phase(1, Phase("continue", transitions=100_000))
+        for w in range(1000):
+            clock.now += 0.05
+            progress.wave_done(wave(w, used(100 * (w + 1), 300 * (w + 1))))
+    assert len(progress.lines) == 1000
+    done = [int(LOG_LINE.search(line).group(2)) for line in infos]  # type: ignore[union-attr]
+    assert done == [100, *range(10_000, 100_001, 10_000)], infos
+
+
+def test_a_slow_phase_logs_at_least_a_line_a_minute_and_every_failure(monkeypatch):
+    """Waves a minute apart each get their line, though each spends less than a tenth of
+    the budget; a wave whose rollouts failed always gets its warning."""
+    clock = _Clock()
+    monkeypatch.setattr(progress_mod, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    progress, infos, warnings = _piped(clock)
+    with progress:
+        progress.start_phase(1, Phase("continue", transitions=100_000))
+        progress.wave_done(wave(0, used(10, 30)))
+        clock.now += 1.0
+        progress.wave_done(wave(1, used(20, 60)))  # neither a tenth nor a minute: not logged
+        failed = StepRecord(
+            "wave", "1.continue", 2, 1, phase_usage=used(30, 90), failed_rollouts=1, rollouts=4,
+            failure_causes={"env: RuntimeError": 1},
+        )  # fmt: skip
+        progress.wave_done(failed)
+        for w in range(3, 6):
+            clock.now += 60.0
+            progress.wave_done(wave(w, used(10 * (w + 1), 30 * (w + 1))))
+    assert [LOG_LINE.search(line).group(1) for line in infos] == ["0", "3", "4", "5"]  # type: ignore[union-attr]
+    assert warnings == ["1.continue wave 2: 1 of 4 rollouts failed: env: RuntimeError (x1)"]
+
+
 def test_disabled_shows_and_logs_nothing():
     console = Console(file=StringIO(), force_terminal=True)
     logged: list[str] = []

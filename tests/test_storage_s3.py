@@ -88,3 +88,24 @@ def test_an_unreachable_endpoint_fails_after_bounded_retries(s3_server, s3_batch
     with pytest.raises(StorageUnavailable, match="focus-unreachable"):
         store.read(store.url_for("c-s3", 2))
     assert time.perf_counter() - t0 < 20
+
+
+def test_a_checkpoint_costs_one_request_per_object_on_s3(s3_bucket, monkeypatch):
+    """s3fs (2025.x) sized every file before reading it: a saved checkpoint cost a HEAD
+    and a LIST (is the missing manifest a folder?) besides its two PUTs, a loaded one two
+    HEADs besides its two GETs: 2,815 PUTs came with 1,427 LISTs (billed as PUTs) and
+    1,407 HEADs in a 20k-transition collection. Now one request per object."""
+    store = CheckpointStore(s3_bucket)
+    calls: list[str] = []
+    real = store.loc.fs._call_s3
+
+    async def counted(method: str, *args: object, **kwargs: object) -> object:
+        calls.append(method)
+        return await real(method, *args, **kwargs)
+
+    monkeypatch.setattr(store.loc.fs, "_call_s3", counted)
+    store.save("c", "wave", 3, {"rollouts": list(range(100))})
+    assert calls == ["get_object", "put_object", "put_object"]  # the manifest (absent), the data, the manifest
+    calls.clear()
+    assert store.load("c", "wave", 3) == {"rollouts": list(range(100))}
+    assert calls == ["get_object", "get_object"]

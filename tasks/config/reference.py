@@ -30,7 +30,7 @@ MEANING: dict[str, str] = {
     "iteration": "training iteration recorded in the batch (the train loop sets it per iteration)",
     "seed": "collection seed; every rollout's sampling seed derives from it",
     "progress": "live progress on a terminal (a collection's bars; a train loop's stages, rows and picture), else "
-    "a log line per wave",
+    "log lines: a phase's first wave, each tenth of its budget, at least one a minute",
     "model.kind": "`local` (the embedded tiny model) \\| `openai` (vLLM, any OpenAI-compatible server) \\| `sglang` "
     "\\| `llamacpp` (llama.cpp's llama-server) \\| `tinker` \\| `factory`",
     "model.url": "server root (not an endpoint such as `/v1/chat/completions`); required for `openai`/`sglang`/"
