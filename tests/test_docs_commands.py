@@ -77,6 +77,7 @@ COMMANDS: dict[str, Check] = {
     "make test-fast": Check("parse", "the fast suite: this test's file is part of `make test`"),
     "make bench": Check("parse", "every benchmark: about 45 minutes (benchmarks/README.md records each)"),
     "make install": Check("parse", "installs into .venv: the checkout these tests run in has it"),
+    "make test-lowest": Check("parse", "installs the lowest allowed versions from PyPI into .venv-lowest, then the fast suite: about 15 minutes"),
     ".venv/bin/focus train -c configs/loop.toml": Check("parse", LONG_TRAIN),
     ".venv/bin/focus config show -c configs/loop.toml": Check("run", expect=("train.iterations",)),
     "pip install focus-rl": Check("external", "installs the published package from a package index"),
@@ -433,7 +434,10 @@ def inline_commands(text: str) -> list[str]:
     """Code spans of the prose that are whole command lines (not a name, not a synopsis)."""
     prose = re.sub(FENCED, "", text, flags=re.S | re.M)
     out = []
-    for span in (" ".join(s.split()) for s in re.findall(r"`([^`]+)`", prose)):
+    # a span opens and closes with backtick runs of one length (``a `b` c`` holds backticks):
+    # pairing single backticks flipped after such a span, and hid every command after it
+    spans = (m.group(2) for m in re.finditer(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", prose, re.S))
+    for span in (" ".join(s.split()) for s in spans):
         if not PROGRAM.match(span) or re.search(r"\s\[|<\w|\.\.\.$|\.\.\. |\{", span):
             continue
         words = span.split()
