@@ -234,7 +234,7 @@ def check_refused(rollouts: Sequence[Rollout]) -> None:
     raise RequestsRefused(
         f"the model service refused every request ({n} of {n} rollouts of the wave, status "
         f"{'/'.join(str(s) for s in sorted(set(statuses)))}): check model.url, model.model and the API key "
-        f"(model.http.api_key); nothing of the wave is kept and the collection is not finished, so a rerun "
+        f"(focus.backends.HttpConfig.api_key); nothing of the wave is kept and the collection is not finished, so a rerun "
         f"with the same collection id collects; last: {rollouts[-1].leaf.cause.removeprefix('model: ')}"
     )
 

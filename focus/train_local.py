@@ -88,9 +88,10 @@ class UpdateConfig(BaseModel):
     scale_advantages: Literal["batch", "task", "none"] = "batch"
     #: AdamW weight decay.
     weight_decay: float = Field(0.0, ge=0.0)
-    #: Torch threads during an update. One is fastest on a 2-core machine that also
-    #: runs the model server (measured: 2 threads were 11x slower, benchmarks/README.md),
-    #: and one thread makes the update bit-for-bit reproducible.
+    #: Torch threads during an update. One leaves the other core of a 2-core machine to
+    #: the model server, is the fastest with ``pack="tree"`` (measured: 2 threads took
+    #: 4.2x as long in the median; without the trie 2 threads were about 1.7x faster,
+    #: benchmarks/README.md, "Local trainer"), and makes the update bit-for-bit reproducible.
     torch_threads: int = Field(1, ge=1)
     #: How sequences share forward passes. ``prefixes``: a sequence that is a prefix of
     #: another rides in it (:func:`pack_prefixes`); ``tree`` (true): that, and every

@@ -130,3 +130,21 @@ def test_a_refused_collection_stops_unfinished_and_a_rerun_after_the_fix_collect
     out = run_collect(cfg)
     batch = BatchStore(str(tmp_path)).read(out["batch_url"])
     assert batch.stats["failed_rollouts"] == 0 and len(batch.actor) > 0
+
+
+def test_the_refusal_line_names_only_settings_that_exist():
+    """The line said to check ``model.http.api_key``, a field the configuration does not
+    have (``--set model.http.api_key=...`` is refused as unknown): every ``model.*`` it
+    names must be a configuration field, and the key it names an ``HttpConfig`` field."""
+    import re
+
+    from focus.backends import HttpConfig
+    from tasks.config.schema import FocusConfig, field_paths
+
+    refused = _failed("model: POST http://m/v1/completions was rejected with status 401: invalid key")
+    with pytest.raises(RequestsRefused) as caught:
+        check_outage([refused] * 2, 1.0)
+    line = str(caught.value)
+    named = re.findall(r"\bmodel\.[a-z_.]*[a-z_]", line)
+    assert named and set(named) <= set(field_paths(FocusConfig)), named
+    assert "HttpConfig.api_key" in line and "api_key" in HttpConfig.model_fields

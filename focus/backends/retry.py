@@ -61,7 +61,7 @@ class RetryPolicy(BaseModel):
     """How long to wait and how often to try again: one policy for every HTTP client.
 
     Set from a config file as ``model.http`` / ``critic.http`` (see docs/operations.md,
-    "Timeouts and retries").
+    "Timeouts, retries and hedging").
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

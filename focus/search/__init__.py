@@ -4,7 +4,8 @@ finished rollouts to the next state.
 Four modules, one job each:
 
 - :mod:`focus.search.state`: :class:`SearchState` (the trees of a collection and the
-  waves that built them; pickled by the pipeline after every wave) and the facts
+  waves that built them; saved by the pipeline whole after the evidence, then wave by
+  wave as deltas) and the facts
   derived from each tree;
 - :mod:`focus.search.planning`: :func:`plan_wave`, :func:`plan_ahead`,
   :func:`plan_next`, :func:`plan_refill` - which checkpoints the next wave continues

@@ -2,8 +2,9 @@
 
 :class:`SearchState` is everything a collection has done so far: the trees (with branch
 states, so any checkpoint can be continued), the critic's predictions on their nodes,
-and which waves have run. It pickles, which is what lets the pipeline persist it after
-every wave and resume. States are treated as immutable: the planner
+and which waves have run. It pickles: the pipeline saves the evidence state whole and
+each later wave as a delta (:class:`focus.journal.WaveRollouts`), from which
+:func:`focus.search.replay` rebuilds it on resume. States are treated as immutable: the planner
 (:mod:`focus.search.planning`) reads one, grafting and scoring
 (:mod:`focus.search.grafting`) make a successor that shares what did not change; the
 helpers for that copy-on-write live here, with the facts derived from each tree.
