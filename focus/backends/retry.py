@@ -136,7 +136,8 @@ class HttpConfig(RetryPolicy):
     #: request per call. The answers are the same either way.
     group_siblings: bool = True
     headers: dict[str, str] = Field(default_factory=dict)
-    api_key: str | None = None
+    #: Sent as ``Authorization: Bearer``; kept out of the config's repr (a log line, a traceback).
+    api_key: str | None = Field(None, repr=False)
 
 
 class HedgeTimer:

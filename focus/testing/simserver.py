@@ -82,6 +82,9 @@ class SimConfig(BaseModel):
     #: ``GET /v1/models``); None: answers name only the model, as before.
     version: str | None = None
     vocab_size: int = Field(263, ge=len(DIGITS))
+    #: As vLLM's ``--api-key``: a ``/v1`` request without ``Authorization: Bearer <key>``
+    #: is answered 401 ``{"error": "Unauthorized"}``. None: no key is asked.
+    api_key: str | None = None
 
 
 class PrefixCache:
@@ -342,9 +345,16 @@ class SimServer:
                     return
                 method, path, headers, body = request
                 close = headers.get("connection", "").lower() == "close"
-                status, payload = await self.route(method, path, body)
+                if (
+                    self.config.api_key
+                    and path.startswith("/v1")
+                    and (headers.get("authorization") != f"Bearer {self.config.api_key}")
+                ):
+                    status, payload = 401, {"error": "Unauthorized"}
+                else:
+                    status, payload = await self.route(method, path, body)
                 out = json.dumps(payload, separators=(",", ":")).encode()
-                reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
+                reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"}.get(status, "Error")
                 writer.write(
                     f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
                     f"content-length: {len(out)}\r\n\r\n".encode()

@@ -77,6 +77,19 @@ def check_factories(config: FocusConfig) -> None:
             pass  # no signature to check (a builtin)
 
 
+def api_key(variable: str | None) -> str | None:
+    """The key in environment variable ``variable`` (``model.api_key_env``); ``None`` if unset."""
+    if variable is None:
+        return None
+    key = os.environ.get(variable, "").strip()
+    if not key:
+        raise ConfigError(
+            f"model.api_key_env names {variable}, which is not set (or empty) in this process's environment; "
+            f"export {variable}=<the model service's key> where the collection runs, or unset model.api_key_env"
+        )
+    return key
+
+
 def build_policy(config: FocusConfig, url: str | None = None) -> Policy:
     """The policy client; ``url`` overrides ``model.url`` (a server started for the run)."""
     from focus.backends.fleet import one_or_fleet
@@ -86,7 +99,10 @@ def build_policy(config: FocusConfig, url: str | None = None) -> Policy:
     urls = m.urls or ([url] if url else [])
     # the client may keep as many calls in flight as the execution runs rollouts
     http = HttpConfig(
-        **m.http.model_dump(), max_concurrency=config.execution.max_concurrency, group_siblings=m.group_siblings
+        **m.http.model_dump(),
+        max_concurrency=config.execution.max_concurrency,
+        group_siblings=m.group_siblings,
+        api_key=api_key(m.api_key_env),
     )
     if m.kind == "factory":
         policy = import_object(m.factory or "")(**m.options)

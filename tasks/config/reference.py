@@ -48,6 +48,9 @@ MEANING: dict[str, str] = {
     "model.group_siblings": "send the first calls of sibling rollouts as one request with `n` samples (`local`, "
     '`openai`: vLLM\'s rule, sample i with seed + i, checked once; docs/operations.md, "Siblings in one request"); '
     "the batch is the same either way",
+    "model.api_key_env": "name of the environment variable holding the model service's API key (a server started "
+    "with `--api-key`), sent as `Authorization: Bearer`; read where the client is built, never stored or logged; "
+    "unset: no key",
     "model.http.timeout_s": "seconds one attempt waits for its answer",
     "model.http.connect_timeout_s": "seconds to open a connection",
     "model.http.max_retries": "retries after the first attempt",

@@ -132,6 +132,11 @@ class ModelConfig(_Pluggable):
     vocab_size: int | None = Field(None, gt=0)
     #: Timeouts, retries, deadline and hedging of the HTTP client (local, openai, sglang, llamacpp).
     http: Annotated[RetryPolicy, RUNTIME] = RetryPolicy()
+    #: Name of the environment variable that holds the model service's API key (a server
+    #: started with ``--api-key``, a hosted endpoint): sent as ``Authorization: Bearer``,
+    #: read where the client is built (a deployment's worker), never written to the
+    #: configuration, its record or a log. Unset: no key is sent.
+    api_key_env: Annotated[str | None, RUNTIME] = None
     #: Send the first calls of sibling rollouts as one request with ``n`` samples
     #: (local, openai: vLLM's rule, checked once; docs/operations.md, "Siblings in one
     #: request"). The answers, and so the batch, are the same either way.
@@ -148,6 +153,11 @@ class ModelConfig(_Pluggable):
         if self.kind == "tinker" and not (self.model or self.weights):
             raise ValueError("model.model (a base model) or model.weights (a tinker:// path) is required for tinker")
         _check_http_url("model.url", self.url)
+        if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
+            raise ValueError(
+                f"model.api_key_env {self.api_key_env!r} is not an environment variable's name: it names the "
+                "variable that holds the key (e.g. VLLM_API_KEY), not the key itself"
+            )
         if self.kind in SERVED:
             for url in [self.url, *self.urls]:
                 if why := endpoint_in_url(url):
