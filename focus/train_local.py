@@ -255,6 +255,9 @@ class PolicyTrainer:
         *,
         state: bytes | None = None,
     ) -> None:
+        from focus.extras import require
+
+        require("train", "PolicyTrainer (the local trainer)")
         import torch
 
         from focus.format import ByteCodec
