@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from focus.sums import left_sum
 from focus.usage import Usage
 
 NODE_KINDS = ("checkpoint", "terminal", "truncated", "failed")
@@ -64,7 +65,7 @@ class Edge:
         return sum(1 for t in self.turns if t.transition)
 
     def discounted_reward(self, gamma: float) -> float:
-        return sum(r * gamma**i for i, r in enumerate(self.rewards))
+        return left_sum(r * gamma**i for i, r in enumerate(self.rewards))
 
     @property
     def n_tokens(self) -> int:
