@@ -491,6 +491,7 @@ def test_a_critic_answering_nan_names_the_state_it_scored() -> None:
         run(col.collect(tasks))
 
 
+@pytest.mark.needs("torch")
 def test_an_unfitted_trainable_critic_is_fitted_on_the_evidence_before_it_scores():
     """A LocalCritic before its first batch predicts its default (0) everywhere, which as
     a TD baseline never gives an action that led to reward 0 a negative advantage: the

@@ -19,6 +19,7 @@ from tasks.fingerprint import CRITIC_KEY, CriticChanged, critic_identity
 from tasks.journal import CheckpointJournal
 
 
+@pytest.mark.needs("torch")
 def test_the_identity_tells_critics_apart_and_is_stable():
     same = [asyncio.run(critic_identity(ConstantCritic(0.5))) for _ in range(2)]
     assert same[0] == same[1] and same[0].startswith("ConstantCritic ")

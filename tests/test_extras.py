@@ -57,7 +57,9 @@ def run_without(tmp_path: Path, hidden: tuple[str, ...], argv: list[str], timeou
 def raised(tmp_path: Path, hidden: tuple[str, ...], code: str) -> tuple[str, str]:
     """The type and message of what ``code`` raises with ``hidden`` missing."""
     wrapped = f"try:\n{''.join('    ' + line + chr(10) for line in code.splitlines())}except BaseException as e:\n"
-    wrapped += "    print(type(e).__name__, isinstance(e, ModuleNotFoundError)); print(str(e))\nelse:\n    print('none')"
+    wrapped += (
+        "    print(type(e).__name__, isinstance(e, ModuleNotFoundError)); print(str(e))\nelse:\n    print('none')"
+    )
     out = run_without(tmp_path, hidden, ["-c", wrapped])
     assert out.returncode == 0, out.stderr
     head, _, message = out.stdout.partition("\n")

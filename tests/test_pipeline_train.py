@@ -196,6 +196,7 @@ def test_focus_train_runs_a_user_trainer_from_the_users_folder(prefect_env, tmp_
     assert records[1]["policy_version"] == records[0]["train"]["policy_version"]
 
 
+@pytest.mark.needs("torch")
 def test_focus_train_prints_a_table_per_version(monkeypatch, tmp_path):
     """The command's output (the loop itself is exercised above). With no Prefect server
     configured it runs the loop directly and starts nothing (the loop is replaced here)."""
