@@ -78,6 +78,7 @@ def test_a_resume_with_the_same_critic_is_bit_identical(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.needs("torch")  # a LocalCritic
 def test_a_resume_after_the_critic_weights_file_was_refit_is_refused(tmp_path):
     """``critic.weights`` names a file, not its contents: the train loop (or a person)
     writes a refit critic to the same path, and the configuration still agrees."""
