@@ -47,15 +47,16 @@ def installed(module: str) -> bool:
         return False
 
 
-def missing(extra: str) -> list[str]:
-    """The modules of ``extra`` that are not installed."""
-    return [m for m in EXTRAS[extra] if not installed(m)]
+def missing(extra: str, modules: tuple[str, ...] | None = None) -> list[str]:
+    """The modules of ``extra`` (or only ``modules`` of it) that are not installed."""
+    return [m for m in (EXTRAS[extra] if modules is None else modules) if not installed(m)]
 
 
-def require(extra: str, what: str) -> None:
-    """Raise :class:`MissingExtra` if a module of ``extra`` is not installed; ``what``
-    names the part that needs it (``"the embedded model server"``)."""
-    absent = missing(extra)
+def require(extra: str, what: str, modules: tuple[str, ...] | None = None) -> None:
+    """Raise :class:`MissingExtra` if a module of ``extra`` is not installed (or one of
+    ``modules``, the part of it that ``what`` uses); ``what`` names the part that needs
+    it (``"the embedded model server"``)."""
+    absent = missing(extra, modules)
     if absent:
         raise MissingExtra(what, extra, absent)
 

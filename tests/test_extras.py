@@ -109,6 +109,24 @@ def test_the_local_trainer_and_critic_without_the_train_extra(tmp_path):
         assert message == f"{what} needs the [train] extra (torch is not installed): pip install 'focus-rl[train]'"
 
 
+@pytest.mark.integration
+def test_dask_execution_without_the_pipeline_extra(tmp_path):
+    """It said ``No module named 'distributed'`` when the first wave needed the cluster.
+    (Integration: with Dask there, the second call starts a LocalCluster.)"""
+    head, message = raised(
+        tmp_path, ("distributed",), "from focus.dask_execution import DaskExecution\nDaskExecution().client()"
+    )
+    assert head == "MissingExtra True"
+    assert message == (
+        "DaskExecution needs the [pipeline] extra (distributed is not installed): pip install 'focus-rl[pipeline]'"
+    )
+    # Dask without the rest of the pipeline (Prefect, typer) is enough for it
+    head, message = raised(
+        tmp_path, ("prefect", "typer"), "from focus.dask_execution import DaskExecution\nDaskExecution().client()"
+    )
+    assert head == "none", message
+
+
 def test_an_s3_root_without_the_s3_extra(tmp_path):
     head, message = raised(tmp_path, ("s3fs",), "from storage.urls import Location\nLocation('s3://bucket/x')")
     assert head == "ValueError False"
