@@ -94,8 +94,15 @@ def main() -> None:  # pragma: no cover - console entry point (tested through th
             signal.signal(s, _stop_now)
     loopback_without_proxy()
     home_or_temporary()
+    from focus.extras import MissingExtra, missing, require
+
+    try:
+        require("pipeline", "the focus command")
+    except MissingExtra as e:
+        sys.stderr.write(f"error: {e}\n")
+        raise SystemExit(1) from None
     warm: Any = None
-    if wants_embedded_model(sys.argv[1:]):
+    if wants_embedded_model(sys.argv[1:]) and not missing("local"):  # else the cold start says what to install
         from focus.backends.local import WarmServer
 
         try:

@@ -38,6 +38,7 @@ SELF_EXPLAINED = frozenset(
         "CollectionLocked",
         "LeaseHeld",
         "PrefectServerGone",
+        "MissingExtra",
     }
 )
 #: Errors the user caused and can fix by changing what they asked for (exit status 2).

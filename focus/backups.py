@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from focus.noise import NoiseModel, Truncation, leaf_value, noise_model
 from focus.segments import Segment, segment
+from focus.sums import left_sum
 from focus.tree import Node, Tree
 
 
@@ -209,7 +210,7 @@ def _backed_up(
         t = noise.critic_error_at(depth)
     if not m:
         return _refined(v_hat, 1.0, t, None, (), 0.0, 0.0, t)
-    q_bar = sum(qs) / m
+    q_bar = left_sum(qs) / m
     var_q = (signal + rest) / (m * m)
     if v_hat is None:
         lam = 0.0
@@ -217,7 +218,7 @@ def _backed_up(
     elif kappa is not None:
         lam = kappa / (kappa + m) if kappa > 0 else 0.0
         # (the arithmetic of the fixed-κ formula as it always was: same bits)
-        value = q_bar if kappa <= 0 else (kappa * v_hat + m * sum(qs) / m) / (kappa + m)
+        value = q_bar if kappa <= 0 else (kappa * v_hat + m * left_sum(qs) / m) / (kappa + m)
     else:
         lam = critic_weight(signal / (m * m), var_q, t, influence / m) if noise.known else 0.0
         value = q_bar if lam <= 0.0 else lam * v_hat + (1.0 - lam) * q_bar
@@ -410,7 +411,7 @@ def _root_returns(
                 ret_sum[i], ret_n[i] = g, 1
                 leaf_returns.append(g)
         else:
-            ret_sum[i] = sum(ret_sum[segs[eid].child] for eid in node.children)
+            ret_sum[i] = left_sum(ret_sum[segs[eid].child] for eid in node.children)
             ret_n[i] = sum(ret_n[segs[eid].child] for eid in node.children)
     root_return: dict[int, float | None] = {i: (ret_sum[i] / ret_n[i] if ret_n[i] else None) for i in tree.nodes}
     return root_return, tuple(leaf_returns[::-1])

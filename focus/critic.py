@@ -355,6 +355,9 @@ class LocalCritic(Critic):
         seed: int = 0,
         default: float = 0.0,
     ) -> None:
+        from focus.extras import require
+
+        require("train", "LocalCritic")
         if buckets < 1 or ngram < 1 or window < 1 or hidden < 1:
             raise ValueError("LocalCritic sizes must be positive")
         self.config: dict[str, Any] = {

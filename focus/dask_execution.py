@@ -172,6 +172,9 @@ class DaskExecution(Execution):
         """The ``distributed.Client``, connecting (or starting a LocalCluster) on first use."""
         with self._lock:
             if self._client is None:
+                from focus.extras import require
+
+                require("pipeline", "DaskExecution", ("distributed",))
                 from distributed import Client, LocalCluster
 
                 if self.address is None:

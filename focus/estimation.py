@@ -55,6 +55,7 @@ from focus.noise import (
 )
 from focus.noise_rows import Checkpoint
 from focus.segments import Segment, reward_and_k, segment
+from focus.sums import left_sum
 from focus.tree import Edge, Tree
 
 __all__ = [
@@ -165,8 +166,8 @@ class GroupNormalized(Estimator):
         rets = values.leaf_returns
         if not rets:
             return {}
-        mu = sum(rets) / len(rets)
-        sd = math.sqrt(sum((r - mu) ** 2 for r in rets) / len(rets)) if self.scale else 1.0
+        mu = left_sum(rets) / len(rets)
+        sd = math.sqrt(left_sum((r - mu) ** 2 for r in rets) / len(rets)) if self.scale else 1.0
         out: dict[int, float] = {}
         for e in edges:
             g = values.root_return.get(e.child)
@@ -239,7 +240,7 @@ def critic_targets(
                     reward, k = reward_and_k(e.turns, gamma)
                     qs.append(reward + gamma**k * vc)
         if qs:
-            q = value[i] = sum(qs) / len(qs)
+            q = value[i] = left_sum(qs) / len(qs)
             out[i] = CriticTarget(i, q, float(len(qs)))
         else:
             value[i] = node.value

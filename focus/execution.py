@@ -40,6 +40,7 @@ import gc
 import heapq
 import logging
 import re
+import sys
 import threading
 import time
 from collections import Counter
@@ -80,6 +81,18 @@ _THRESHOLDS = gc.get_threshold()
 #: peak RSS (816-818 MiB; two runs each, load 1.2). Cyclic garbage waits longer: up to
 #: a few tens of MB.
 GC_THRESHOLD_FROZEN = 400_000
+#: Objects in the permanent generation that nobody froze. CPython 3.12's collector moves
+#: immortal objects there (the tuples of the built-in types: 375 in a fresh 3.12.1, back
+#: after every collection), so ``gc.get_freeze_count()`` is never 0 on 3.12 and
+#: :func:`frozen_heap`, taking them for someone else's freeze, never froze. Counted when
+#: this module is imported on 3.12; 0 on the versions whose collector leaves them alone.
+_NOBODYS_FROZEN = gc.get_freeze_count() if sys.version_info[:2] == (3, 12) else 0
+
+
+def frozen_by_others() -> bool:
+    """Whether objects were frozen (``gc.freeze()``) by someone other than
+    :func:`frozen_heap` and the interpreter itself."""
+    return gc.get_freeze_count() > _NOBODYS_FROZEN
 
 
 @contextlib.contextmanager
@@ -94,7 +107,7 @@ def frozen_heap(enabled: bool = True) -> Iterator[bool]:
     ``gc.freeze()`` again to move what it created since into the frozen set)."""
     global _FROZEN_RUNS, _THRESHOLDS
     with _FROZEN_LOCK:
-        frozen = enabled and (_FROZEN_RUNS > 0 or gc.get_freeze_count() == 0)
+        frozen = enabled and (_FROZEN_RUNS > 0 or not frozen_by_others())
         if frozen:
             _FROZEN_RUNS += 1
             if _FROZEN_RUNS == 1:

@@ -37,6 +37,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
 from focus.batch import ActorRow, Batch
+from focus.sums import left_sum
 
 if TYPE_CHECKING:
     import tinker
@@ -66,7 +67,7 @@ class TokenSequence:
 
     @property
     def reward(self) -> float:
-        return sum(r.reward for r in self.rows)
+        return left_sum(r.reward for r in self.rows)
 
 
 def _extends(prev: ActorRow, nxt: ActorRow) -> bool:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from focus.sums import left_sum
+
 if TYPE_CHECKING:
     from focus.agent import Agent
     from focus.env import Task
@@ -45,14 +47,14 @@ async def evaluate(agent: Agent, tasks: Sequence[Task], seed: int, max_concurren
     async def one(i: int, task: Task) -> tuple[float, int, int]:
         async with sem:
             rollout = await agent.rollout(await agent.start(task), derive_seed("eval", seed, i))
-        return sum(t.reward for t in rollout.turns), len(rollout.turns), rollout.counters.get("parse_errors", 0)
+        return left_sum(t.reward for t in rollout.turns), len(rollout.turns), rollout.counters.get("parse_errors", 0)
 
     results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
     n = len(results)
     return Evaluation(
         n,
         sum(1 for r, _, _ in results if r > 0) / n,
-        sum(r for r, _, _ in results) / n,
+        left_sum(r for r, _, _ in results) / n,
         sum(k for _, k, _ in results),
         "".join("1" if r > 0 else "0" for r, _, _ in results),
         sum(e for _, _, e in results),

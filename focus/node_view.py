@@ -15,6 +15,7 @@ from typing import Protocol
 from focus.calibration import Calibration
 from focus.estimation import NoiseModel, Segment, TreeValues, segment, value_influence
 from focus.priority import NodeEvidence, make_evidence
+from focus.sums import left_sum
 from focus.tree import Node, Tree
 
 
@@ -59,7 +60,7 @@ def segment_length(node: Node, segs: Mapping[int, _Step], lengths: Mapping[int, 
     if node.is_leaf:
         return 0.0
     ch = node.children
-    return sum(segs[e].k + lengths[segs[e].child] for e in ch) / len(ch) if ch else math.nan
+    return left_sum(segs[e].k + lengths[segs[e].child] for e in ch) / len(ch) if ch else math.nan
 
 
 def subtree_length(tree: Tree, node_id: int, memo: dict[int, float]) -> float:
@@ -234,8 +235,8 @@ def _spread_factor(node: Node, qs: Sequence[float], v: float, noise: NoiseModel,
     ``critic``: ``noise.critic_at(node.depth)``, if known."""
     if len(qs) >= 2 and v > 0:
         # how widely these children spread against the model: one pseudo-observation at 1
-        mean = sum(qs) / len(qs)
-        return (1.0 + sum((q - mean) ** 2 for q in qs) / v) / len(qs)
+        mean = left_sum(qs) / len(qs)
+        return (1.0 + left_sum((q - mean) ** 2 for q in qs) / v) / len(qs)
     if critic is None:
         critic = noise.critic_at(node.depth)
     if len(qs) == 1 and v > 0 and node.value is not None and math.isfinite(critic):

@@ -14,6 +14,7 @@ from typing import Literal
 import numpy as np
 
 from focus.segments import Segment, segment
+from focus.sums import left_sum
 from focus.tree import Edge, Tree, Turn
 
 Truncation = Literal["bootstrap", "terminal"]
@@ -117,13 +118,13 @@ def collect(
         if not m:
             val[i], ref[i] = node.value, _CRITIC
             continue
-        q_bar = sum(qs) / m
+        q_bar = left_sum(qs) / m
         # squared differences at rounding size are 0 (ROUNDING): floor is one value's
         floor = (ROUNDING * max(map(abs, qs))) ** 2
         ss: float | None = None
         ss_same: float | None = None
         if m >= 2:
-            ss = _above(sum([(q - q_bar) ** 2 for q in qs]), m * floor)
+            ss = _above(left_sum([(q - q_bar) ** 2 for q in qs]), m * floor)
             ss_same, kids = _same_action(qs, [_first_action(edges[e].turns) for e in valid], kids, m * floor)
         value = node.value
         d2 = _above((value - q_bar) ** 2, max(floor, (ROUNDING * value) ** 2)) if value is not None else None
@@ -152,7 +153,7 @@ def _same_action(
     members: dict[int, list[float]] = {}
     for q, g in zip(qs, groups, strict=True):
         members.setdefault(g, []).append(q)
-    ss_same = _above(sum(sum((q - sum(v) / len(v)) ** 2 for q in v) for v in members.values()), floor)
+    ss_same = _above(left_sum(left_sum((q - left_sum(v) / len(v)) ** 2 for q in v) for v in members.values()), floor)
     sizes = [len(members[g]) for g in groups]
     return ss_same, [(w, d, c, (n - 1) / n) for (w, d, c, _), n in zip(kids, sizes, strict=True)]
 
@@ -259,5 +260,5 @@ def coefficients(
     np.add.at(same_t, sr[crit], (sf * sd2)[crit])
     same_y = np.array([recs[i].ss_same for i in with_same], dtype=np.float64)
     # degrees of freedom Σ_g (g − 1): the factors (g−1)/g of a group's g children sum to it
-    same_dof = np.array([round(sum(fk for *_, fk in recs[i].kids)) for i in with_same], dtype=np.float64)
+    same_dof = np.array([round(left_sum(fk for *_, fk in recs[i].kids)) for i in with_same], dtype=np.float64)
     return alpha, beta, (same_rows, same_t, same_y, same_dof)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from focus.sums import left_sum
 from focus.tree import Edge, Turn
 
 _new = object.__new__
@@ -59,10 +60,10 @@ def reward_and_k(turns: tuple[Turn, ...], gamma: float) -> tuple[float, int]:
     Integer rewards sum exactly below 2**53, where their float sum is the same number."""
     rewards = [t.reward for t in turns if t.transition]
     if gamma == 1.0:
-        total = sum(rewards)
+        total = left_sum(rewards)
         # integer rewards: r·1.0 made each a float, so the sum was one (of the same value)
         return (float(total) if rewards and type(total) is not float else total), len(rewards)
-    return sum(r * gamma**i for i, r in enumerate(rewards)), len(rewards)
+    return left_sum(r * gamma**i for i, r in enumerate(rewards)), len(rewards)
 
 
 #: Each slot's setter, in field order (a frozen slotted class's ``__init__`` goes through

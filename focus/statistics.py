@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from focus.sums import left_sum
 from focus.usage import FAILURE_KINDS, Usage, failure_kind, wall_of
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def collection_statistics(
         "wall_s": wall_of(records),
         "excluded_segments": excluded_segments,
         "evidence_rollouts": len(returns),
-        "return_mean": sum(returns) / len(returns) if returns else None,
+        "return_mean": left_sum(returns) / len(returns) if returns else None,
         "checkpoints": sum(1 for t in trees for _ in t.checkpoints()),
         "phases": per_phase,
         "failure_causes": dict(causes.most_common(10)),
@@ -72,7 +73,7 @@ def evidence_returns(phases: Sequence[Phase], trees: Sequence[Tree]) -> list[flo
     for t in trees:
         got: dict[int, float] = {}
         for e in t.edges.values():
-            got[e.rollout] = got.get(e.rollout, 0.0) + sum(e.rewards)
+            got[e.rollout] = got.get(e.rollout, 0.0) + left_sum(e.rewards)
         out += [
             got.get(r.rollout, 0.0)
             for r in t.log

@@ -27,6 +27,7 @@ from focus.critic import Critic, Prediction
 from focus.env import Action, Env, EnvError, Message, Reset, StepResult, Task
 from focus.format import ActionParser, ByteCodec, ParseError, PolicyFormat
 from focus.policy import Completion, Policy, SamplingParams
+from focus.sums import left_sum
 from focus.workspace import Workspace
 
 #: One possible result of an action: (next state, reward, probability).
@@ -54,13 +55,13 @@ class TreeMDP:
 
     def q(self, s: int, a: int, values: Sequence[float], gamma: float = 1.0) -> float:
         """Exact Q^π(s, a): the expected reward plus discounted next value."""
-        return sum(p * (r + gamma * values[n]) for n, r, p in self.outcomes[s][a])
+        return left_sum(p * (r + gamma * values[n]) for n, r, p in self.outcomes[s][a])
 
     def values(self, gamma: float = 1.0) -> list[float]:
         """Exact V^π by backward induction (states are numbered parents first)."""
         v = [0.0] * len(self.outcomes)
         for s in reversed(range(len(self.outcomes))):
-            v[s] = sum(pa * self.q(s, a, v, gamma) for a, pa in enumerate(self.probs[s]))
+            v[s] = left_sum(pa * self.q(s, a, v, gamma) for a, pa in enumerate(self.probs[s]))
         return v
 
     def advantage(self, s: int, a: int, values: Sequence[float], gamma: float = 1.0) -> float:
@@ -84,13 +85,13 @@ class TreeMDP:
         num = den = 0.0
         for s, ds in enumerate(d):
             if ds and not self.terminal(s):
-                num += ds * sum(pa * self.advantage(s, a, v, gamma) ** 2 for a, pa in enumerate(self.probs[s]))
+                num += ds * left_sum(pa * self.advantage(s, a, v, gamma) ** 2 for a, pa in enumerate(self.probs[s]))
                 den += ds
         return math.sqrt(num / den) if den else 0.0
 
     def expected_length(self) -> float:
         """Expected number of transitions of an on-policy episode."""
-        return sum(ds for s, ds in enumerate(self.visits()) if not self.terminal(s))
+        return left_sum(ds for s, ds in enumerate(self.visits()) if not self.terminal(s))
 
 
 #: An action of :func:`build`: ``(next key, reward, probability, tokens)`` when the
@@ -115,11 +116,11 @@ def build(start: Hashable, actions: Callable[[Any], list[Transition]], name: str
             else:
                 outs, p, tokens = tr
                 row.append(([(k, float(r), float(q)) for k, r, q in outs], float(p), int(tokens)))
-        total = sum(p for _, p, _ in row)
+        total = left_sum(p for _, p, _ in row)
         if row and not math.isclose(total, 1.0, abs_tol=1e-9):
             raise ValueError(f"action probabilities at {order[i]!r} sum to {total}, not 1")
         for outs, _, _ in row:
-            if not math.isclose(sum(q for *_, q in outs), 1.0, abs_tol=1e-9):
+            if not math.isclose(left_sum(q for *_, q in outs), 1.0, abs_tol=1e-9):
                 raise ValueError(f"outcome probabilities of an action at {order[i]!r} do not sum to 1")
             for key, *_ in outs:
                 if key not in ids:
@@ -143,7 +144,7 @@ def build(start: Hashable, actions: Callable[[Any], list[Transition]], name: str
 
 def _dirichlet(rng: random.Random, k: int, alpha: float = 1.0) -> list[float]:
     xs = [rng.gammavariate(alpha, 1.0) + 1e-3 for _ in range(k)]
-    total = sum(xs)
+    total = left_sum(xs)
     return [x / total for x in xs]
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from focus.env import Action, Env, Message, Reset, StepResult, Task
 from focus.format import ActionParser, ByteCodec, ParseError, PolicyFormat
+from focus.sums import left_sum
 from focus.workspace import Workspace
 
 MIN_TARGET, MAX_TARGET = 5, 15
@@ -100,5 +101,5 @@ def success_probability_uniform(target: int) -> float:
     p = [0.0] * (target + 1)
     p[0] = 1.0
     for t in range(1, target + 1):
-        p[t] = sum(p[t - d] for d in range(1, 10) if t - d >= 0) / 9
+        p[t] = left_sum(p[t - d] for d in range(1, 10) if t - d >= 0) / 9
     return p[target]

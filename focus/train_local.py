@@ -50,6 +50,7 @@ from focus.packing import Padded as Padded
 from focus.packing import Trainable, TreePacked, pack_sequences, pack_trees, pad_sequences, padded_logprobs
 from focus.packing import pack_prefixes as pack_prefixes
 from focus.packing import token_logprobs as token_logprobs
+from focus.sums import left_sum
 from focus.tree_weights import segment_weights as segment_weights
 from focus.tree_weights import task_scaled, weighted
 
@@ -256,6 +257,9 @@ class PolicyTrainer:
         *,
         state: bytes | None = None,
     ) -> None:
+        from focus.extras import require
+
+        require("train", "PolicyTrainer (the local trainer)")
         import torch
 
         from focus.format import ByteCodec
@@ -310,8 +314,8 @@ class PolicyTrainer:
             )
         seqs = training_units(raw, cfg)
         trained = [a for s in seqs for a, m in zip(s.advantages, s.mask, strict=True) if m]
-        mean = sum(trained) / len(trained)
-        std = math.sqrt(sum((a - mean) ** 2 for a in trained) / len(trained))
+        mean = left_sum(trained) / len(trained)
+        std = math.sqrt(left_sum((a - mean) ** 2 for a in trained) / len(trained))
         scale = 1.0 / std if cfg.scale_advantages == "batch" and std > 1e-8 else 1.0
         # denormal floats (Adam's second moments decay into them) slow CPU kernels badly
         threads = torch.get_num_threads()
@@ -339,10 +343,10 @@ class PolicyTrainer:
             sequences=len(raw),
             tokens=len(trained),
             steps=steps,
-            loss=sum(t["loss"] for t in taken) / n,
-            ratio=sum(t["ratio"] for t in taken) / n if taken else 1.0,
-            clip_fraction=sum(t["clip_fraction"] for t in taken) / n,
-            approx_kl=sum(t["approx_kl"] for t in taken) / n,
+            loss=left_sum(t["loss"] for t in taken) / n,
+            ratio=left_sum(t["ratio"] for t in taken) / n if taken else 1.0,
+            clip_fraction=left_sum(t["clip_fraction"] for t in taken) / n,
+            approx_kl=left_sum(t["approx_kl"] for t in taken) / n,
             advantage_mean=mean,
             advantage_std=std,
             wall_s=time.perf_counter() - t0,
@@ -350,7 +354,7 @@ class PolicyTrainer:
             stopped_early=cfg.rule == "adam" and steps < cfg.epochs * math.ceil(len(seqs) / cfg.minibatch),
             initial_kl=initial_kl,
             kl_halvings=halvings,
-            grad_norm=sum(t.get("grad_norm", 0.0) for t in taken) / n,
+            grad_norm=left_sum(t.get("grad_norm", 0.0) for t in taken) / n,
         )
 
     def _epochs(

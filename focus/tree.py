@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from focus.reprs import short_repr
+from focus.sums import left_sum
 from focus.usage import Usage
 
 NODE_KINDS = ("checkpoint", "terminal", "truncated", "failed")
@@ -69,7 +70,7 @@ class Edge:
         return sum(1 for t in self.turns if t.transition)
 
     def discounted_reward(self, gamma: float) -> float:
-        return sum(r * gamma**i for i, r in enumerate(self.rewards))
+        return left_sum(r * gamma**i for i, r in enumerate(self.rewards))
 
     @property
     def n_tokens(self) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from focus.batch import ActorRow, Batch
+from focus.sums import left_sum
 
 
 def segment_weights(rows: Sequence[ActorRow], mode: str) -> dict[tuple[str, str, int], float]:
@@ -60,7 +61,7 @@ def segment_weights(rows: Sequence[ActorRow], mode: str) -> dict[tuple[str, str,
 
         for k in first:
             reach(k)
-    mean = sum(raw.values()) / len(raw) if raw else 1.0
+    mean = left_sum(raw.values()) / len(raw) if raw else 1.0
     return {k: w / mean for k, w in raw.items()}
 
 

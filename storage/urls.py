@@ -268,7 +268,11 @@ def _normalise_root(root: str | os.PathLike[str]) -> str:
             f"storage root {text!r}: unknown protocol {protocol!r} (no fsspec filesystem for it)"
         ) from None
     except ImportError as e:
-        raise ValueError(f"storage root {text!r}: protocol {protocol!r} needs a package that is missing: {e}") from None
+        from focus.extras import protocol_hint
+
+        raise ValueError(
+            f"storage root {text!r}: protocol {protocol!r} needs a package that is missing: {e}{protocol_hint(protocol)}"
+        ) from None
     rest = posixpath.normpath("/" + rest).lstrip("/") if protocol != "file" else posixpath.normpath(rest)
     if protocol == "file" and not rest.startswith("/"):
         rest = os.path.abspath(rest)

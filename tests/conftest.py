@@ -42,6 +42,10 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "needs(module): needs an optional module (torch, tinker): skipped, naming the extra, where it is not installed",
+    )
+    config.addinivalue_line(
+        "markers",
         "slow: a statistical or end-to-end check over about 2 s of CPU, or one that starts the focus command; "
         "in make test, left out of make test-fast",
     )
@@ -53,6 +57,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+        for mark in item.iter_markers("needs"):
+            if (why := not_installed(mark.args[0])) is not None:
+                item.add_marker(pytest.mark.skip(reason=why))
+
+
+def not_installed(module: str) -> str | None:
+    """Why a test that imports ``module`` (an optional one) is skipped, or ``None`` if it
+    is installed: ``pip install focus-rl`` without ``[train]`` has no torch."""
+    from focus.extras import EXTRAS, installed
+
+    if installed(module):
+        return None
+    extra = next((e for e, mods in EXTRAS.items() if module in mods), None)
+    return f"{module} is not installed" + (f" (the [{extra}] extra)" if extra else "")
 
 
 #: ``python -m <module>`` and programs that run a server: a test that starts one is an

@@ -12,12 +12,11 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
 import pytest
-from tinker import types as ttypes
 
 from focus.agent import Agent
 from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy, TinkerPolicy
@@ -33,6 +32,9 @@ from focus.policy import PolicyError, SamplingParams
 from focus.testing import PolicyConformance, run
 from focus.tools import Tool, ToolEnv
 from focus.toy import opening_text
+
+if TYPE_CHECKING:
+    from tinker import types as ttypes
 
 CODEC = ByteCodec()
 PROMPT = CODEC.render([Message("user", opening_text(9))])
@@ -606,6 +608,8 @@ class FakeSamplingClient:
         self.logprobs, self.sync = logprobs, sync
 
     def sample(self, prompt, num_samples, sampling_params, **kw):
+        from tinker import types as ttypes
+
         assert isinstance(prompt, ttypes.ModelInput) and num_samples == 1
         self.calls.append((prompt.to_ints(), sampling_params))
         rng = np.random.default_rng(sampling_params.seed)
@@ -633,11 +637,13 @@ class FakeSamplingClient:
         return later()
 
 
+@pytest.mark.needs("tinker")
 class TestTinkerConformance(PolicyConformance):
     def make_policy(self):
         return TinkerPolicy(FakeSamplingClient(), vocab_size=CODEC.vocab_size)
 
 
+@pytest.mark.needs("tinker")
 def test_tinker_policy_sends_exact_ids_and_params_and_reads_sequences():
     client = FakeSamplingClient()
     policy = TinkerPolicy(client, policy_version="tinker://run/1")

@@ -39,6 +39,7 @@ def test_smoke_run_gives_cosines_updates_and_a_reference_that_agrees_with_itself
     assert out.with_suffix(".jsonl").read_text().count("\n") == 4
 
 
+@pytest.mark.needs("torch")
 def test_cosine_and_interval_arithmetic():
     import torch
 

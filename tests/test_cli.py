@@ -324,6 +324,7 @@ def test_collecting_needs_no_torch_and_training_says_which_extra(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.needs("torch")
 def test_train_takes_the_collect_shorthands_as_their_fields(tmp_path):
     """``focus train --store --seed --tasks --transitions`` set the same fields as
     ``focus collect``'s flags do (``storage.root``, ``seed``, ``env.n_tasks``, the last

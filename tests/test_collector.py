@@ -365,19 +365,19 @@ def test_the_heap_stays_frozen_for_the_whole_collection_and_is_released_after():
     spaced out; afterwards Python's own settings are back."""
     import gc
 
-    from focus.execution import GC_THRESHOLD_FROZEN
+    from focus.execution import GC_THRESHOLD_FROZEN, frozen_by_others
 
     col, tasks, mdps = synthetic(execution=Execution(max_concurrency=4))
     seen: list[tuple[int, int]] = []
 
     class Recording(SyntheticCritic):
         async def predict_with_std(self, contexts):
-            seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
+            seen.append((frozen_by_others(), gc.get_threshold()[0]))
             return await super().predict_with_std(contexts)
 
     class RecordingEstimator(type(col.estimator)):
         def values(self, tree, noise=None):
-            seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
+            seen.append((frozen_by_others(), gc.get_threshold()[0]))
             return super().values(tree, noise)
 
     before = gc.get_threshold()
@@ -385,9 +385,9 @@ def test_the_heap_stays_frozen_for_the_whole_collection_and_is_released_after():
     col.estimator = RecordingEstimator(**col.estimator.model_dump())
     batch = run(col.collect(tasks))
     scoring, preparing = seen[: -len(tasks)], seen[-len(tasks) :]  # prepare: one values() per tree
-    assert len(scoring) >= 3 and all(frozen > 0 and t0 >= GC_THRESHOLD_FROZEN for frozen, t0 in seen)
+    assert len(scoring) >= 3 and all(frozen and t0 >= GC_THRESHOLD_FROZEN for frozen, t0 in seen)
     assert len(preparing) == len(tasks)
-    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+    assert not frozen_by_others() and gc.get_threshold() == before
     unfrozen = synthetic(execution=Execution(max_concurrency=4, freeze_gc=False))[0]
     assert batch_key(batch) == batch_key(run(unfrozen.collect(tasks)))
 
@@ -398,12 +398,12 @@ def test_what_was_made_while_the_heap_was_held_joins_the_oldest_generation_unwal
     collection to walk them all once Python's threshold is back."""
     import gc
 
-    from focus.execution import frozen_heap
+    from focus.execution import frozen_by_others, frozen_heap
 
     with frozen_heap() as froze:
         made = [[i] for i in range(5_000)]  # young, tracked, alive
     more = [[i] for i in range(1_000)]  # past Python's threshold of young allocations again
-    assert froze and gc.get_freeze_count() == 0
+    assert froze and not frozen_by_others()
     oldest = {id(o) for o in gc.get_objects(generation=2)}
     assert id(made) in oldest and all(id(x) in oldest for x in made)
     del made, more
@@ -412,18 +412,20 @@ def test_what_was_made_while_the_heap_was_held_joins_the_oldest_generation_unwal
 def test_freeze_gc_off_leaves_the_garbage_collector_alone():
     import gc
 
+    from focus.execution import frozen_by_others
+
     col, tasks, _ = synthetic(execution=Execution(max_concurrency=4, freeze_gc=False))
     seen = []
 
     class Watching(type(col.estimator)):
         def values(self, tree, noise=None):
-            seen.append((gc.get_freeze_count(), gc.get_threshold()))
+            seen.append((frozen_by_others(), gc.get_threshold()))
             return super().values(tree, noise)
 
     before = gc.get_threshold()
     col.estimator = Watching(**col.estimator.model_dump())
     run(col.collect(tasks))
-    assert seen and all(frozen == 0 and t == before for frozen, t in seen)
+    assert seen and all(not frozen and t == before for frozen, t in seen)
 
 
 class _BadCritic(Critic):
@@ -489,6 +491,7 @@ def test_a_critic_answering_nan_names_the_state_it_scored() -> None:
         run(col.collect(tasks))
 
 
+@pytest.mark.needs("torch")
 def test_an_unfitted_trainable_critic_is_fitted_on_the_evidence_before_it_scores():
     """A LocalCritic before its first batch predicts its default (0) everywhere, which as
     a TD baseline never gives an action that led to reward 0 a negative advantage: the

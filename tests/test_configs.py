@@ -101,6 +101,7 @@ def test_config_show_prints_values_and_sources(tmp_path):
     assert bad.exit_code == 2 and "train.trainer" in bad.output
 
 
+@pytest.mark.needs("tinker")
 def test_tinker_model_builds_from_config(monkeypatch):
     import pickle
 

@@ -222,6 +222,7 @@ def _synthetic_rows(seed: int):
     return tuple(batch.critic), SyntheticCritic(mdps)
 
 
+@pytest.mark.needs("torch")
 class TestLocal(CriticConformance):
     def make_critic(self):
         c = LocalCritic(buckets=256, hidden=8)

@@ -19,6 +19,7 @@ from tasks.fingerprint import CRITIC_KEY, CriticChanged, critic_identity
 from tasks.journal import CheckpointJournal
 
 
+@pytest.mark.needs("torch")
 def test_the_identity_tells_critics_apart_and_is_stable():
     same = [asyncio.run(critic_identity(ConstantCritic(0.5))) for _ in range(2)]
     assert same[0] == same[1] and same[0].startswith("ConstantCritic ")
@@ -77,6 +78,7 @@ def test_a_resume_with_the_same_critic_is_bit_identical(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.needs("torch")  # a LocalCritic
 def test_a_resume_after_the_critic_weights_file_was_refit_is_refused(tmp_path):
     """``critic.weights`` names a file, not its contents: the train loop (or a person)
     writes a refit critic to the same path, and the configuration still agrees."""

@@ -10,6 +10,8 @@ from focus.backends.tinker_backend import TinkerUpdateConfig, build_requests, ch
 from focus.exporters import TokenSequence, actor_sequences, tinker_datum
 from storage import BatchStore
 
+pytestmark = pytest.mark.needs("tinker")
+
 
 def test_dry_run_converts_a_collected_batch(local_model_server, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("TINKER_API_KEY", raising=False)

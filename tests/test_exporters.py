@@ -6,7 +6,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-import tinker
 from test_storage import CALL, VaryingLogprobPolicy, _note, batch_from_trees, graft
 
 from focus.agent import Agent
@@ -85,7 +84,10 @@ def test_turns_of_a_segment_merge_and_segments_never_merge(batch):
     assert len(actor_sequences(batch, merge_turns=False)) == len(batch.actor)
 
 
+@pytest.mark.needs("tinker")
 def test_tinker_datums_align_token_for_token(batch):
+    import tinker
+
     seqs = actor_sequences(batch)
     datums = to_tinker_datums(batch, include_mask=True)
     assert len(datums) == len(seqs)
@@ -122,8 +124,11 @@ TINKER_RL_LOSS_INPUTS = {
 }
 
 
+@pytest.mark.needs("tinker")
 def test_default_tinker_datums_go_straight_into_the_rl_losses(batch):
     """``forward_backward(to_tinker_datums(batch), loss_fn)`` must not carry ``mask``."""
+    import tinker
+
     datums = to_tinker_datums(batch)
     assert datums
     with_mask = to_tinker_datums(batch, include_mask=True)
@@ -139,6 +144,7 @@ def test_default_tinker_datums_go_straight_into_the_rl_losses(batch):
         assert all(isinstance(c, tinker.EncodedTextChunk) for c in d.model_input.chunks)
 
 
+@pytest.mark.needs("tinker")
 def test_untrained_turns_and_broken_prefixes(batch):
     r = batch.actor[0]
     compaction = dataclasses.replace(r, edge_id=99, kind="compaction", loss_mask=(0,) * len(r.completion_ids))
@@ -189,6 +195,7 @@ def test_slime_samples_align_and_group_by_tree(batch):
         to_slime_samples(batch, reward="value")  # type: ignore[arg-type]
 
 
+@pytest.mark.needs("tinker")
 def test_exports_from_a_batch_read_back_from_storage(tmp_path, batch):
     from storage import BatchStore
 
@@ -241,6 +248,7 @@ def cookbook_datum_arrays(rows: list[ActorRow]) -> list[dict[str, list]]:
     return out
 
 
+@pytest.mark.needs("tinker")
 def test_tinker_datums_equal_the_cookbooks_for_each_segment(batch):
     segments: dict[tuple, list[ActorRow]] = {}
     for r in batch.actor:

@@ -37,6 +37,7 @@ from focus.estimation import (
 from focus.node_view import _spread_factor, node_evidence, node_view, segment_length, shared_error, valid_tokens
 from focus.priority import EXPLORE, NodeEvidence, Selective, explores, make_evidence
 from focus.search import copy_tree
+from focus.sums import left_sum
 from focus.tree import Edge, Node, Tree
 
 
@@ -484,14 +485,14 @@ def reference_collect(tree: Tree, gamma: float, truncation: str, keep, out: list
         if not m:
             val[i], ref[i] = node.value, _CRITIC
             continue
-        q_bar = sum(qs) / m
-        ss = sum((q - q_bar) ** 2 for q in qs) if m >= 2 else None
+        q_bar = left_sum(qs) / m
+        ss = left_sum((q - q_bar) ** 2 for q in qs) if m >= 2 else None
         ss_same = None
         if len(index) < m:
             members: dict[int, list[float]] = {}
             for q, g in zip(qs, groups, strict=True):
                 members.setdefault(g, []).append(q)
-            ss_same = sum(sum((q - sum(v) / len(v)) ** 2 for q in v) for v in members.values())
+            ss_same = left_sum(left_sum((q - left_sum(v) / len(v)) ** 2 for q in v) for v in members.values())
             sizes = [len(members[g]) for g in groups]
             kids = [(w, d, c, (n - 1) / n) for (w, d, c, _), n in zip(kids, sizes, strict=True)]
         d2 = (node.value - q_bar) ** 2 if node.value is not None else None

@@ -359,6 +359,7 @@ def test_sigterm_stops_the_prefect_path_cleanly(tmp_path):
     )
 
 
+@pytest.mark.needs("torch")  # the loop's critic is a LocalCritic
 def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weights(prefect_env, tmp_path, monkeypatch):
     """Interrupted while iteration 0 collects, then while its trainer runs (weights
     written, result not yet recorded), the loop resumes and ends with the weights of a

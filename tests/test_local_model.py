@@ -11,7 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
+
+try:
+    import torch
+except ModuleNotFoundError:  # pip install focus-rl without [train]
+    pytest.skip("torch is not installed (the [train] extra)", allow_module_level=True)
 
 from focus.env import Message
 from focus.format import ByteCodec

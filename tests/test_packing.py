@@ -11,7 +11,11 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
+
+try:
+    import torch
+except ModuleNotFoundError:  # pip install focus-rl without [train]
+    pytest.skip("torch is not installed (the [train] extra)", allow_module_level=True)
 
 from focus.packing import TreePacked, build_trie, pack_trees
 from focus.tinylm.model import TinyConfig, TinyLM

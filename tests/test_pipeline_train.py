@@ -39,6 +39,7 @@ def loop_config(root: str, **extra):
 
 
 @pytest.mark.integration  # starts the embedded model server
+@pytest.mark.needs("torch")  # a LocalCritic
 def test_local_trainer_publishes_weights_the_next_collection_samples_from(tmp_path):
     """On the direct path (``focus train`` without a Prefect server); the ``train_loop``
     flow runs the same loop (tests below and tests/test_train_resume.py)."""
@@ -82,6 +83,7 @@ def test_local_trainer_publishes_weights_the_next_collection_samples_from(tmp_pa
     assert [r["eval"]["episodes"] for r in more] == [2, 2, 2, 2] and not more[0]["eval"]["reused"]
 
 
+@pytest.mark.needs("torch")  # a LocalCritic
 def test_tinker_trainer_dry_run_checks_every_request(prefect_api, tmp_path, monkeypatch):
     from flows.train_loop import train_loop
     from focus.exporters import actor_sequences
@@ -158,6 +160,7 @@ def train(batch_url, ctx, note):
 """
 
 
+@pytest.mark.needs("torch")  # a LocalCritic
 def test_focus_train_runs_a_user_trainer_from_the_users_folder(prefect_env, tmp_path):
     """As the installed `focus` command runs: the script is elsewhere, the user's folder
     (holding the trainer module) is the current directory and on no import path."""
@@ -196,6 +199,7 @@ def test_focus_train_runs_a_user_trainer_from_the_users_folder(prefect_env, tmp_
     assert records[1]["policy_version"] == records[0]["train"]["policy_version"]
 
 
+@pytest.mark.needs("torch")
 def test_focus_train_prints_a_table_per_version(monkeypatch, tmp_path):
     """The command's output (the loop itself is exercised above). With no Prefect server
     configured it runs the loop directly and starts nothing (the loop is replaced here)."""

@@ -47,6 +47,7 @@ def all_reused(records) -> bool:
     )
 
 
+@pytest.mark.needs("torch")  # a LocalCritic
 def test_a_train_store_moved_or_copied_to_s3_reruns_resumes_and_inspects(s3_server, s3_bucket, tmp_path):
     a, c = tmp_path / "a", tmp_path / "c"
     first = loop(str(a), 1)

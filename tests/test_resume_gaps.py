@@ -129,6 +129,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
 def test_a_missing_checkpoint_is_computed_again_with_what_follows_it(
     case, finished, local_model_server, tmp_path, caplog
 ):
@@ -155,6 +156,7 @@ def test_a_missing_checkpoint_is_computed_again_with_what_follows_it(
     assert not warned and again["stats"]["steps_reused"] == 2  # configuration, export
 
 
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
 def test_a_middle_wave_missing_beside_the_finished_batch_gives_that_batch(
     finished, local_model_server, tmp_path, caplog
 ):
@@ -172,6 +174,7 @@ def test_a_middle_wave_missing_beside_the_finished_batch_gives_that_batch(
     assert store.manifest(out["batch_url"]) == written and len(warned) == 1
 
 
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
 def test_a_finished_collection_keeps_its_batch_when_a_checkpoint_went(finished, local_model_server, tmp_path, caplog):
     """A finished collection whose batch checks out needs none of its steps: a missing
     wave changes nothing, and nothing is discarded or computed."""
@@ -182,6 +185,7 @@ def test_a_finished_collection_keeps_its_batch_when_a_checkpoint_went(finished, 
     assert waves(root) == 3  # the gap stays: no step needed it
 
 
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
 def test_a_recomputed_batch_that_differs_from_the_one_there_is_refused_in_one_line(
     finished, local_model_server, tmp_path, caplog
 ):
@@ -205,6 +209,7 @@ def test_a_recomputed_batch_that_differs_from_the_one_there_is_refused_in_one_li
     assert_finished_batch(out, finished)
 
 
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
 def test_a_damaged_checkpoint_stops_the_resume_saying_what_to_do(finished, local_model_server, tmp_path, caplog):
     """A data file whose bytes differ from its manifest is kept for the operator to look
     at, and the resume stops naming it and what to do; done, the batch is the finished one."""
@@ -223,6 +228,7 @@ def test_a_damaged_checkpoint_stops_the_resume_saying_what_to_do(finished, local
 
 
 @pytest.mark.parametrize("damage", ["cut short", "garbage bytes"])
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
 def test_a_damaged_checkpoint_manifest_stops_the_resume_saying_what_to_do(
     damage, finished, local_model_server, tmp_path, caplog
 ):
@@ -242,6 +248,7 @@ def test_a_damaged_checkpoint_manifest_stops_the_resume_saying_what_to_do(
     assert_finished_batch(out, finished)
 
 
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
 def test_on_s3_a_missing_middle_wave_is_computed_again(finished, local_model_server, s3_bucket, caplog):
     """The same on an object store (moto's S3 on loopback): listing, discarding and the
     rewrite go through the store's own requests."""

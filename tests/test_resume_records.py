@@ -65,6 +65,7 @@ def refusal(root: Path, url: str, **journal) -> str:  # type: ignore[no-untyped-
 
 
 @pytest.mark.parametrize("record", ["config", "critic"])
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
 def test_a_record_missing_beside_saved_steps_stops_the_rerun_in_one_line(
     record, finished, local_model_server, tmp_path
 ):
@@ -96,6 +97,7 @@ def test_a_record_missing_beside_saved_steps_stops_the_rerun_in_one_line(
 
 
 @pytest.mark.parametrize("record", ["config", "critic"])
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
 def test_a_damaged_record_says_to_restore_it_not_to_compute_it_again(record, finished, local_model_server, tmp_path):
     """A record's data file garbled (its manifest kept): the store's own line would say
     to remove the manifest and rerun to compute it again, which for a record leads to the
@@ -111,6 +113,7 @@ def test_a_damaged_record_says_to_restore_it_not_to_compute_it_again(record, fin
     assert contents(root) == before
 
 
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
 def test_a_finished_collection_without_its_configuration_record_is_refused(finished, local_model_server, tmp_path):
     """The batch is there and checks out: a rerun used to save the configuration it met
     and report the old batch as that configuration's. Now it stops the same way."""
@@ -121,6 +124,7 @@ def test_a_finished_collection_without_its_configuration_record_is_refused(finis
     assert contents(root) == before
 
 
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
 def test_another_critic_allowed_resumes_without_the_critic_record(finished, local_model_server, tmp_path, caplog):
     """``--allow-policy-change`` allows another critic than the one that started the
     collection, so it allows an unknown one: the line says so, and with it the rerun
@@ -144,6 +148,7 @@ class StopAtFirstStep(CheckpointJournal):
         raise Stopped(f"stopped before {step}")
 
 
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
 def test_a_first_run_stopped_before_any_step_reruns_as_new(finished, local_model_server, tmp_path):
     """A first run killed after its records and before its first step, or between its
     two records (the critic's not saved yet), leaves no step: the rerun saves what is
@@ -162,6 +167,7 @@ def test_a_first_run_stopped_before_any_step_reruns_as_new(finished, local_model
         assert out["stats"]["steps_reused"] == 1  # the configuration check alone
 
 
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
 def test_on_s3_a_missing_configuration_record_stops_the_rerun(finished, local_model_server, s3_bucket):
     """The same on an object store (moto's S3 on loopback): the line names the s3:// URL
     and every object is still there."""
@@ -178,6 +184,7 @@ def test_on_s3_a_missing_configuration_record_stops_the_rerun(finished, local_mo
     assert {p: fs.info(p)["ETag"] for p in fs.find(bucket)} == before
 
 
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
 def test_focus_collect_exits_1_with_the_line_before_anything_starts(finished, tmp_path):
     """``focus collect`` decides it from the store before it starts any service (the
     model URL is a closed port): one line, exit 1, the store untouched."""

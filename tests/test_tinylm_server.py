@@ -11,7 +11,6 @@ import time
 
 import httpx
 import pytest
-import torch
 
 from focus.backends import LocalModelServer, OpenAICompatPolicy, SGLangPolicy
 from focus.env import Message
@@ -19,7 +18,6 @@ from focus.format import ByteCodec
 from focus.policy import SamplingParams
 from focus.testing import run
 from focus.tinylm.engine import Engine, GenRequest
-from focus.tinylm.model import load, prompt_logprobs, save
 from focus.tinylm.protocol import (
     ChatCompletionResponse,
     ChatCompletionStreamResponse,
@@ -51,7 +49,10 @@ def client(local_model_server):
         yield c
 
 
+@pytest.mark.needs("torch")
 def test_completions_through_the_openai_sdk_and_vllm_models(local_model_server, client):
+    from focus.tinylm.model import load, prompt_logprobs
+
     url = local_model_server.url
     model = load()
     # top-k log-probs with the sampled token, text offsets, token ids
@@ -125,7 +126,10 @@ def test_completions_through_the_openai_sdk_and_vllm_models(local_model_server, 
     ModelList.model_validate(client.models.list().model_dump())
 
 
+@pytest.mark.needs("torch")
 def test_chat_completions_render_with_the_codec_and_return_ids(local_model_server, client):
+    from focus.tinylm.model import load, prompt_logprobs
+
     messages = [{"role": "user", "content": opening_text(11)}]
     r = client.chat.completions.create(
         model="focus-tinylm",
@@ -224,7 +228,10 @@ def test_malformed_requests_get_4xx_in_vllms_error_format_and_the_server_keeps_s
     assert httpx.get(f"{url}/health").status_code == 200
 
 
+@pytest.mark.needs("torch")
 def test_sglang_generate_reports_weight_version_and_input_logprobs(local_model_server):
+    from focus.tinylm.model import load, prompt_logprobs
+
     url = local_model_server.url
     body = {
         "input_ids": [PROMPT, PROMPT[:-2]],
@@ -274,7 +281,12 @@ def test_metrics_use_vllms_names_in_prometheus_format(local_model_server):
 
 
 @pytest.mark.parametrize("mode", ["processed_logprobs", "raw_logprobs", "raw_logits", "processed_logits"])
+@pytest.mark.needs("torch")
 def test_logprobs_modes_report_the_named_distribution(mode):
+    import torch
+
+    from focus.tinylm.model import load
+
     engine = Engine(logprobs_mode=mode)
     try:
         with torch.no_grad():
@@ -363,7 +375,12 @@ def test_same_request_is_bit_identical_cold_cached_and_batched_with_others(local
 
 
 @pytest.mark.integration
+@pytest.mark.needs("torch")
 def test_reload_while_serving_finishes_running_requests_on_the_old_weights(tmp_path):
+    import torch
+
+    from focus.tinylm.model import load, save
+
     model = load()
     torch.manual_seed(1)
     with torch.no_grad():

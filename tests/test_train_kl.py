@@ -8,7 +8,11 @@ import dataclasses
 import random
 
 import pytest
-import torch
+
+try:
+    import torch
+except ModuleNotFoundError:  # pip install focus-rl without [train]
+    pytest.skip("torch is not installed (the [train] extra)", allow_module_level=True)
 
 from focus.batch import ActorRow, Batch
 from focus.env import Message

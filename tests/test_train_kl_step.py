@@ -7,7 +7,11 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
+
+try:
+    import torch
+except ModuleNotFoundError:  # pip install focus-rl without [train]
+    pytest.skip("torch is not installed (the [train] extra)", allow_module_level=True)
 from pydantic import ValidationError
 from test_train_kl import _batch, _on_policy
 

@@ -10,7 +10,11 @@ import dataclasses
 import math
 
 import pytest
-import torch
+
+try:
+    import torch
+except ModuleNotFoundError:  # pip install focus-rl without [train]
+    pytest.skip("torch is not installed (the [train] extra)", allow_module_level=True)
 
 from focus.batch import ActorRow, Batch
 from focus.env import Message

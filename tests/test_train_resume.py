@@ -96,6 +96,7 @@ def _wait(proc, what, cond, timeout=300):
         time.sleep(0.05)
 
 
+@pytest.mark.needs("torch")  # a LocalCritic
 def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_weights(prefect_env, tmp_path, monkeypatch):
     user = tmp_path / "user"  # the user's folder: config and trainer module
     user.mkdir()

@@ -169,6 +169,7 @@ def _command(root: Path) -> list[str]:
 
 @pytest.mark.integration  # starts the embedded model server
 @pytest.mark.timeout(400)
+@pytest.mark.needs("torch")  # a LocalCritic
 def test_focus_train_on_a_terminal_shows_each_stage_rows_and_a_picture(tmp_path):
     from fixtures.prefect import base_env
     from test_progress_tty import _run_in_pty, strip_ansi
@@ -218,6 +219,7 @@ def test_focus_train_on_a_terminal_shows_each_stage_rows_and_a_picture(tmp_path)
 
 @pytest.mark.integration  # starts the embedded model server
 @pytest.mark.timeout(300)
+@pytest.mark.needs("torch")  # a LocalCritic
 def test_focus_train_into_a_pipe_is_quiet(tmp_path):
     from fixtures.prefect import base_env
 
@@ -239,6 +241,7 @@ def test_focus_train_into_a_pipe_is_quiet(tmp_path):
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.needs("torch")  # a LocalCritic
 def test_the_flow_publishes_the_picture_as_an_artifact(prefect_api, tmp_path):
     """On the Prefect path the picture is also an artifact of the run, with a table, and
     off a terminal the stage lines are in the run's log (what the UI shows)."""

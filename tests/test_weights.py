@@ -111,6 +111,7 @@ def _train_twice(root: str, tmp_path, *, fresh_second: bool = False) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.needs("torch")  # a LocalCritic
 def test_local_trainer_publishes_versions_and_is_reproducible(tmp_path):
     from focus.tinylm.model import weights_version
 

@@ -203,6 +203,9 @@ class LocalModelServer:
     def start(self) -> LocalModelServer:
         if self.proc is not None:
             return self
+        from focus.extras import require
+
+        require("local", "the embedded model server (LocalModelServer)")
         warm, self._warm = self._warm, None
         taken = warm.take(self._args(warm.tmp / "port")) if warm is not None else None
         self.warm_started = taken is not None

@@ -22,6 +22,7 @@ from focus.node_view import subtree_length
 from focus.priority import NodeEvidence, Phase, Priority, exploration_rate, explores
 from focus.ranking import entry, tie
 from focus.search.state import RolloutJob, SearchState, WavePlan, _successor, _TreeFacts, rollout_seed
+from focus.sums import left_sum
 
 
 def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index: int) -> WavePlan:
@@ -101,7 +102,7 @@ def _wave_greedy(state: SearchState, search: Priority, phase_index: int, wave_in
     remaining: float = (phase.transitions or 0) - sum(f.spent.get(phase_index, 0) for f in facts)
     pending: dict[tuple[int, int], int] = {}
     for p in state.planned:
-        remaining -= sum(p.expected)
+        remaining -= left_sum(p.expected)
         for job in p.jobs:
             pending[(job.tree_index, job.node_id)] = pending.get((job.tree_index, job.node_id), 0) + 1
     if remaining <= 0:
@@ -128,7 +129,7 @@ def last_wave(state: SearchState, search: Priority, plan: WavePlan) -> bool:
         state.facts(ti).spent.get(pi, 0) for ti in range(len(state.trees))
     )
     for p in state.planned:
-        remaining -= sum(p.expected)
+        remaining -= left_sum(p.expected)
     return remaining <= 0
 
 
@@ -207,7 +208,7 @@ def plan_refill(
     remaining = (
         (phase.transitions or 0)
         - sum(f.spent.get(phase_index, 0) for f in facts)
-        - sum(f.expected_transitions for f in in_flight)
+        - left_sum(f.expected_transitions for f in in_flight)
     )
     if remaining <= 0:
         return ()

@@ -315,7 +315,11 @@ class StorageConfig(_Model):
         except ValueError:
             raise ValueError(f"unknown storage protocol {protocol!r} in {v!r}") from None
         except ImportError as e:
-            raise ValueError(f"storage protocol {protocol!r} needs a package that is missing: {e}") from None
+            from focus.extras import protocol_hint
+
+            raise ValueError(
+                f"storage protocol {protocol!r} needs a package that is missing: {e}{protocol_hint(protocol)}"
+            ) from None
         return v
 
 
