@@ -270,9 +270,8 @@ def _normalise_root(root: str | os.PathLike[str]) -> str:
     except ImportError as e:
         from focus.extras import protocol_hint
 
-        raise ValueError(
-            f"storage root {text!r}: protocol {protocol!r} needs a package that is missing: {e}{protocol_hint(protocol)}"
-        ) from None
+        why = f"needs a package that is missing: {e}{protocol_hint(protocol)}"
+        raise ValueError(f"storage root {text!r}: protocol {protocol!r} {why}") from None
     rest = posixpath.normpath("/" + rest).lstrip("/") if protocol != "file" else posixpath.normpath(rest)
     if protocol == "file" and not rest.startswith("/"):
         rest = os.path.abspath(rest)
@@ -378,8 +377,6 @@ class Location:
         if parts[0] != top or len(parts) < 2 or any(p in ("", ".", "..") for p in parts):
             raise PathOutsideRoot(f"recorded location {recorded!r} is not a path under {top}/ in the store")
         return self.url(*parts)
-
-    # --- I/O with retries -------------------------------------------------------------
 
     def cat(self, url: str, retry: Retry, size: int | None = None) -> bytes:
         path = self.path(url)  # size, where known, lets a large S3 object come in parallel ranges
