@@ -275,6 +275,10 @@ def _tail(
     by one, as :class:`focus.waves.WaveTail` does while the wave runs."""
     landed = cap.landed[index]
     plan, rollouts = landed.plan, landed.rollouts
+    if state.planned and job_key(state.planned[0]) == job_key(plan):
+        # the plan object the state holds, as the collector's tail grafts it: an equal
+        # copy (the capture's) makes every graft_tree compare the wave's jobs one by one
+        plan = state.planned[0]
     phase_name = cap.search.phases[plan.phase_index].name
     by_tree: dict[int, list[int]] = {}
     for i, job in enumerate(plan.jobs):
