@@ -245,6 +245,16 @@ def _plan(state: SearchState, cap: Capture, wave: int, clock: Clock, last: Any) 
     the barrier whether or not a lead runs beside them."""
     search, pi = cap.search, 1
     own = Clock()
+    if _plans_nothing(state, search, pi):
+        # the collector's plan stops at the budget (focus.search.planning._wave_greedy):
+        # no fit, no ranking
+        state = own("greedy", plan_ahead, state, search, pi)
+        if state.planned or wave + 1 < len(cap.plans):
+            raise ReplayMismatch(f"continuation wave {wave}: the replay plans nothing, the live run a wave")
+        for name, cpu in own.cpu.items():
+            clock.add(f"last.{name}", cpu)
+        clock.count["last"] = clock.count.get("last", 0) + 1
+        return state, last
     calib = own("calibration", state.calibration, search)
     for ti in range(len(state.trees)):
         f = state.facts(ti)
@@ -268,6 +278,18 @@ def _plan(state: SearchState, cap: Capture, wave: int, clock: Clock, last: Any) 
     return state, calib
 
 
+def _plans_nothing(state: SearchState, search: Priority, pi: int) -> bool:
+    """Whether the next plan of phase ``pi`` finds its waves or its budget used up (the
+    check :func:`focus.search.planning._wave_greedy` makes before any fit or ranking)."""
+    phase = search.phases[pi]
+    if phase.max_waves is not None and state.waves_done(pi) + len(state.planned) >= phase.max_waves:
+        return True
+    remaining: float = (phase.transitions or 0) - sum(
+        state.facts(ti).spent.get(pi, 0) for ti in range(len(state.trees))
+    )
+    return remaining - sum(sum(p.expected) for p in state.planned) <= 0
+
+
 def _tail(
     state: SearchState, cap: Capture, index: int, clock: Clock, score: bool, rank: bool = True, name: str = "tail"
 ) -> dict[int, Any]:
@@ -275,6 +297,10 @@ def _tail(
     by one, as :class:`focus.waves.WaveTail` does while the wave runs."""
     landed = cap.landed[index]
     plan, rollouts = landed.plan, landed.rollouts
+    if state.planned and job_key(state.planned[0]) == job_key(plan):
+        # the plan object the state holds, as the collector's tail grafts it: an equal
+        # copy (the capture's) makes every graft_tree compare the wave's jobs one by one
+        plan = state.planned[0]
     phase_name = cap.search.phases[plan.phase_index].name
     by_tree: dict[int, list[int]] = {}
     for i, job in enumerate(plan.jobs):

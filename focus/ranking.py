@@ -39,7 +39,8 @@ import math
 from collections.abc import Iterable
 
 from focus.agent import derive_seed
-from focus.estimation import Segment, TreeValues, leaf_value, node_value, segment, settle_children
+from focus.backups import Refined, value_influence
+from focus.estimation import Segment, TreeValues, leaf_value, node_value, segment
 from focus.node_view import node_view
 from focus.priority import Calibration, NodeEvidence, Priority
 from focus.tree import Node, Tree
@@ -141,6 +142,9 @@ class TreeRanking:
         self._ties: Ties = ties if ties is not None else {}
         self.lengths: dict[int, float] = {}
         self.valid: dict[int, float] = {}
+        #: Checkpoints computed but for their values, refined at their parent's step
+        #: (:meth:`_compute`, :meth:`_settle`); empty between updates.
+        self._deferred: set[int] = set()
         #: Views of the checkpoints some phase may continue, up to date; the others'
         #: views (``_stale``) are computed when asked for (:attr:`evidence`, :meth:`view`).
         self._views: dict[int, NodeEvidence] = {}
@@ -204,7 +208,15 @@ class TreeRanking:
         ``path``: the nodes an update recomputes (``node`` among them); a child off it
         is as it was, and was refined at this node's step with the count of valid
         children it had then (:attr:`m`): while that count stands, it is not refined
-        again (:func:`focus.estimation.settle_children` would compute the same)."""
+        again (:func:`focus.estimation.settle_children` would compute the same).
+
+        A checkpoint below another with a prediction of its own is refined at its
+        parent's step, once the parent's count of valid children is known
+        (:meth:`_settle`): its own step computes only its length and valid tokens
+        (:attr:`_deferred`). Computing its value at its own step too, without that
+        count's influence, gave numbers the parent's step then replaced in all but
+        the refined parts that do not read the influence (its Q̄, child values and
+        count): a second :func:`focus.estimation.node_value` per such node."""
         i = node.id
         s = self.search
         noise = self.calibration.noise
@@ -215,11 +227,12 @@ class TreeRanking:
             self.lengths[i] = 0.0
             self.valid[i] = 0.0
             return
-        segs, value, lengths, gamma = self.segments, self.value, self.lengths, self.gamma
+        segs, value, lengths, gamma, deferred = self.segments, self.value, self.lengths, self.gamma, self._deferred
         # one pass over the children: their segments (made once), how many are valid and
         # their tokens (what settle_children counts and valid_tokens sums: a child's
-        # validity does not move when it is refined again) and segment_length's sum, the
-        # same terms in the same order as those functions
+        # validity does not move when it is refined again; a deferred child has a
+        # prediction, so a value) and segment_length's sum, the same terms in the same
+        # order as those functions
         m_now = tokens = 0
         total: float = 0
         for eid in node.children:
@@ -228,20 +241,49 @@ class TreeRanking:
                 sg = segs[eid] = segment(tree.edges[eid], gamma)
             c = sg.child
             total += sg.k + lengths[c]
-            if value.get(c) is not None:
+            if c in deferred or value.get(c) is not None:
                 m_now += 1
                 tokens += sg.tokens
-        only = path if path is not None and self.m.get(i) == m_now else None
-        settle_children(
-            tree, node, segs, value, self.weight, self.error, self.plain,
-            noise, s.kappa, self._truncation, only, m_now,
-        )  # fmt: skip
-        r = node_value(node, segs, value, self.error, noise, s.kappa, self._truncation, self.plain)
-        value[i], self.weight[i], self.error[i], self.plain[i] = r.value, r.weight, r.error, r.plain_error
-        self.q_bar[i], self.child_q[i], self.m[i] = r.q_bar, r.qs, len(r.qs)
         ch = node.children
         lengths[i] = total / len(ch) if ch else math.nan
         self.valid[i] = float(tokens)
+        if s.kappa is not None:  # no influence: nothing to settle, nothing deferred
+            self._set(i, node_value(node, segs, value, self.error, noise, s.kappa, self._truncation, self.plain))
+            return
+        self._settle(tree, node, m_now, path if path is not None and self.m.get(i) == m_now else None)
+        if node.value is not None and node.parent_edge is not None:
+            deferred.add(i)  # refined at its parent's step (_settle)
+            return
+        self._set(i, node_value(node, segs, value, self.error, noise, s.kappa, self._truncation, self.plain))
+
+    def _settle(self, tree: Tree, node: Node, m_now: int, only: set[int] | None) -> None:
+        """:func:`focus.estimation.settle_children` of ``node`` (whose valid children
+        are ``m_now``; ``only``: its argument) with the deferred children
+        (:meth:`_compute`) refined in full: each gets what its own step and then
+        settle_children computed, one :func:`focus.estimation.node_value` (with no
+        influence where fewer than two children are valid, as its own step computed
+        it and settle_children left it)."""
+        deferred, segs, nodes = self._deferred, self.segments, tree.nodes
+        noise, truncation = self.calibration.noise, self._truncation
+        value, error, plain = self.value, self.error, self.plain
+        for eid in node.children:
+            sg = segs[eid]
+            c = sg.child
+            if c in deferred:
+                deferred.discard(c)
+                infl = value_influence(sg.discount, m_now) if m_now >= 2 else 0.0
+                self._set(c, node_value(nodes[c], segs, value, error, noise, None, truncation, plain, infl))
+            elif m_now >= 2 and (only is None or c in only):
+                child = nodes[c]
+                if child.is_leaf or child.value is None or value.get(c) is None:
+                    continue
+                infl = value_influence(sg.discount, m_now)
+                r = node_value(child, segs, value, error, noise, None, truncation, plain, infl)
+                value[c], self.weight[c], error[c], plain[c] = r.value, r.weight, r.error, r.plain_error
+
+    def _set(self, i: int, r: Refined) -> None:
+        self.value[i], self.weight[i], self.error[i], self.plain[i] = r.value, r.weight, r.error, r.plain_error
+        self.q_bar[i], self.child_q[i], self.m[i] = r.q_bar, r.qs, len(r.qs)
 
     def _view(self, tree: Tree, node: Node) -> NodeEvidence:
         i = node.id

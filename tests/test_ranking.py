@@ -126,3 +126,95 @@ def test_incremental_ranking_equals_a_rebuild(seed: int, search) -> None:  # typ
                 if ev.node_id in t.states and ev.depth <= 5 and ev.branches < 3
             )
     assert lazy  # the random trees do grow checkpoints no phase ranks
+
+
+def _values(r: TreeRanking) -> dict[str, dict[int, object]]:
+    """Every per-node figure of a ranking, NaN as a string (a NaN equals only itself)."""
+    names = ("value", "weight", "error", "plain", "q_bar", "child_q", "m", "lengths", "valid")
+    return {n: {k: "nan" if v != v else v for k, v in getattr(r, n).items()} for n in names}
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize(
+    "search",
+    [Selective(phases=PHASES, gamma=0.9), Selective(phases=PHASES, kappa=1.0)],
+    ids=["selective", "selective-kappa"],
+)
+def test_one_update_of_several_waves_equals_an_update_per_wave(seed: int, search) -> None:  # type: ignore[no-untyped-def]
+    """A tree whose ranking is brought up to date once after several waves (the
+    changes of all of them at once) holds exactly what updates after every wave give:
+    values, views, entries and their order."""
+    rng = random.Random(seed)
+    tree = Tree.new("t", None, (1,))
+    tree.root.value = 0.4
+    grow(tree, rng)
+    for _ in range(6):
+        tree = copy_tree(tree)
+        grow(tree, rng)
+    calib = calibrate([tree], gamma=search.discount, truncation=search.truncation_rule)
+    per_wave = TreeRanking(tree, 0, search, calib, 7)
+    coalesced = TreeRanking(tree, 0, search, calib, 7)
+    per_wave.ranked(tree, 1)
+    coalesced.ranked(tree, 1)
+    for _ in range(4):
+        pending: set[int] = set()
+        for _ in range(rng.randint(1, 4)):
+            tree = copy_tree(tree)
+            changed = grow(tree, rng)
+            per_wave.update(tree, changed)
+            pending |= changed
+        coalesced.update(tree, pending)
+        assert (
+            coalesced.ranked(tree, 1)
+            == per_wave.ranked(tree, 1)
+            == TreeRanking(tree, 0, search, calib, 7).ranked(tree, 1)
+        )
+        assert _values(coalesced) == _values(per_wave)
+        assert coalesced.evidence == per_wave.evidence
+        assert not coalesced._deferred and not per_wave._deferred
+
+
+@pytest.mark.parametrize("kappa", [None, 1.0])
+def test_each_node_is_refined_once_per_pass(monkeypatch: pytest.MonkeyPatch, kappa: float | None) -> None:
+    """A ranking's build and each update back up every checkpoint they compute once
+    (:meth:`TreeRanking._settle`): a checkpoint with a prediction is refined at its
+    parent's step with its influence, not first without it and then again."""
+    import focus.backups as backups
+    import focus.ranking as ranking
+
+    calls: list[int] = []
+    real = backups.node_value
+
+    def counted(node, *args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(node.id)
+        return real(node, *args, **kw)
+
+    monkeypatch.setattr(ranking, "node_value", counted)
+    monkeypatch.setattr(backups, "node_value", counted)  # settle_children's
+    search = Selective(phases=PHASES, kappa=kappa)
+    rng = random.Random(3)
+    tree = Tree.new("t", None, (1,))
+    tree.root.value = 0.4
+    for _ in range(8):
+        tree = copy_tree(tree)
+        grow(tree, rng)
+    calib = calibrate([tree], gamma=search.discount, truncation=search.truncation_rule)
+    assert calib.noise.known
+    live = TreeRanking(tree, 0, search, calib, 7)
+    inner = sorted(n.id for n in tree.nodes.values() if not n.is_leaf)
+    assert sorted(calls) == inner
+    for _ in range(5):
+        calls.clear()
+        tree = copy_tree(tree)
+        changed = grow(tree, rng)
+        path = set()
+        for i in changed:
+            while i is not None and i not in path:
+                path.add(i)
+                pe = tree.nodes[i].parent_edge
+                i = tree.edges[pe].parent if pe is not None else None
+        live.update(tree, changed)
+        # the path's inner nodes once each, and the path's children off it where a
+        # parent's count of valid children moved (settle_children's, as before)
+        on_path = sorted(i for i in calls if i in path)
+        assert on_path == sorted(i for i in path if not tree.nodes[i].is_leaf)
