@@ -70,10 +70,11 @@ _FLOAT_VALUES = ["logprobs.list.element"]
 #:   row group and loses to plain zstd.
 #: - BYTE_STREAM_SPLIT for log-probs only (floats: every Parquet reader of the last years
 #:   knows it). On the integer token ids it saved 10% on the benchmark's synthetic batch
-#:   (uniform ids: 1.54 against 1.72 bytes per token) but cost 6-10% on a real one (the tiny model's), and integer BYTE_STREAM_SPLIT is a 2024 addition to
-#:   the format that DuckDB before 2.0 cannot read ("BYTE_STREAM_SPLIT encoding is only
-#:   supported for FLOAT or DOUBLE data", DuckDB 1.0-1.4; 2.0 can): a batch must open in
-#:   the reader a user already has.
+#:   (uniform ids: 1.54 against 1.72 bytes per token) but cost 6-10% on a real one (the
+#:   tiny model's), and integer BYTE_STREAM_SPLIT is a 2024 addition to the format that
+#:   DuckDB before 2.0 cannot read ("BYTE_STREAM_SPLIT encoding is only supported for
+#:   FLOAT or DOUBLE data", DuckDB 1.0-1.4; 2.0 can): a batch must open in the reader a
+#:   user already has.
 #: - Statistics only for the scalar columns: min/max over every token of a list say nothing
 #:   a query can use.
 PARQUET_OPTIONS: dict[str, Any] = {
