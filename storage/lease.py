@@ -17,11 +17,18 @@ collection's lease before it writes anything and holds it until it ends::
   a local disk a replace under an exclusive ``flock`` of the leases folder. A renewal
   that finds another owner marks the lease lost; the stores then refuse to write
   (:func:`check_writer`, called before every checkpoint and batch manifest).
-- **Taking over** happens only after expiry (a run that died; clocks of the machines
-  involved must agree to well within ``ttl_s``), or at once when the owner is a process
-  on this host that no longer exists (a run killed with ``kill -9`` and resumed here).
-  The take-over is the same compare-and-swap, so two runs racing for a dead lease cannot
-  both win.
+- **Taking over** happens at once when the owner is a process on this host that no
+  longer exists (a run killed with ``kill -9`` and resumed here), or after expiry. The
+  expiry is the owner's clock plus ``ttl_s``, so a taker trusts it alone only when the
+  owner ran on this host (one clock) or it is past by more than :data:`SKEW_MARGIN_S`.
+  Otherwise the taker's clock may simply run ahead of the owner's (a minute between a
+  laptop and a cluster node is common): it says so in one line and watches the lease
+  for ``ttl_s`` on its own monotonic clock. A live owner renews every ``ttl_s / 3``,
+  which changes the object's version: the taker then stops with :class:`LeaseHeld`
+  (naming the clock difference). Unchanged for ``ttl_s``, the owner has stopped writing
+  (its own :meth:`Lease.check` fences it ``ttl_s`` after its last renewal), and the
+  taker takes over. The take-over is the same compare-and-swap, so two runs racing for
+  a dead lease cannot both win.
 
 Other fsspec stores (``memory://``, GCS, Azure ...) get a check-then-write: atomic within
 one process, not between processes (see ``Location.put_bytes(exclusive=True)``).
@@ -61,6 +68,11 @@ FORMAT = "focus-lease"
 _AGAIN = "rerun with the same collection id to resume from its last saved step once no other run writes it"
 #: Default time a lease stays valid without renewal.
 DEFAULT_TTL_S = 30.0
+#: A lease of another host whose expiry is past by more than this on the taker's clock
+#: is taken over at once; a younger one is watched for ``ttl_s`` first (see the module
+#: docstring). An hour: clocks without NTP, or a VM resumed from suspend, can be minutes
+#: apart, and the wait it saves is only ``ttl_s``.
+SKEW_MARGIN_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -271,7 +283,7 @@ class Lease:
     """The write lease of one collection in one store; see the module docstring.
 
     ``acquire``/``release`` by hand, or as a context manager, which also runs the
-    background renewer. ``clock`` is for tests.
+    background renewer. ``clock``, ``monotonic`` and ``sleep`` are for tests.
     """
 
     def __init__(
@@ -283,6 +295,8 @@ class Lease:
         storage_options: dict[str, Any] | None = None,
         retry: Retry | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
@@ -293,7 +307,7 @@ class Lease:
         # timeouts could take about 54 s against the 30 s it holds)
         self.retry = retry or Retry(attempts=3, backoff_s=0.2, max_backoff_s=2.0)
         self.ttl_s = float(ttl_s)
-        self.clock = clock
+        self.clock, self.monotonic, self.sleep = clock, monotonic, sleep
         self.url = self.loc.url(LEASES, f"{collection_id}.json")
         self.token = uuid.uuid4().hex
         self.host = socket.gethostname()
@@ -355,6 +369,10 @@ class Lease:
                         f"{other.until(now)}; wait for that run to end, or for the lease to expire"
                     )
                 why = f"its owner {other.owner} has exited" if gone else f"it expired at {other.until(now)}"
+                if not gone and other.host != self.host and now - other.expires_at <= SKEW_MARGIN_S:
+                    if not self._unchanged(other, cur[1], now):
+                        continue  # released or taken by another run meanwhile: look again
+                    why += f" and was not renewed for {other.ttl_s:.0f} s"
             else:
                 why = "it was unreadable" if other is None else "it was this lease's own"
             if self._slot.swap(data, cur[1]):
@@ -363,6 +381,37 @@ class Lease:
             f"collection {self.collection_id!r} in {self.root}: the lease changed hands five times while "
             "this run tried to take it; another run is starting the same collection"
         )
+
+    def _unchanged(self, other: LeaseRecord, version: str, now: float) -> bool:
+        """Whether the lease stays at ``version`` for the owner's ``ttl_s`` on this host's
+        monotonic clock (then it is abandoned); ``False`` if it is released or changes hands
+        meanwhile. :class:`LeaseHeld` if its owner renews it: it only looked expired because
+        this host's clock runs ahead of the owner's."""
+        window = max(other.ttl_s, self.ttl_s)
+        log.warning(
+            "collection %s: the lease was last renewed by host %s (%s) and expired at %s by this machine's clock; "
+            "waiting up to %.0f s to be sure it is abandoned (the clocks of two machines may disagree)",
+            self.collection_id, other.host, other.owner, other.until(now), window,
+        )  # fmt: skip
+        start = self.monotonic()
+        while (left := window - (self.monotonic() - start)) > 0:
+            self.sleep(min(left, window / 6))
+            cur = self._slot.read()
+            if cur is None:
+                return False  # released: create it
+            if cur[1] == version:
+                continue
+            rec = LeaseRecord.from_json(cur[0])
+            if rec is None or rec.token != other.token:
+                return False
+            ahead = self.clock() - (rec.expires_at - rec.ttl_s)
+            raise LeaseHeld(
+                f"collection {self.collection_id!r} in {self.root} is being written by another run: lease held by "
+                f"{rec.owner} (host {rec.host}, pid {rec.pid}), renewed while this run waited although it looked "
+                f"expired: this machine's clock is about {ahead:.0f} s ahead of host {rec.host}'s; "
+                "wait for that run to end (and set both clocks right, e.g. with NTP)"
+            )
+        return True
 
     def _took(self, rec: LeaseRecord, data: bytes, takeover: str | None) -> Lease:
         # read back: the create or swap was ours only if the object now holds our token

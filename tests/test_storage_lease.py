@@ -288,3 +288,85 @@ def test_one_renewal_cannot_outlast_the_lease(tmp_path):
     worst = lease.retry.attempts * max(connect_s, read_s) + lease.retry.total_wait_s()
     # renewed ttl/3 after the last renewal, it must end within the 2/3 of the ttl left
     assert worst < lease.ttl_s * 2 / 3, worst
+
+
+# --- clocks that disagree between hosts --------------------------------------------------
+
+
+class Hosts:
+    """True time for an owner on host ``node-7`` and a taker here whose clock is off by
+    ``skew`` s; the taker's waits advance time (no real sleeping) and let the owner, if it
+    is alive, renew every ttl/3 as its renewer thread would."""
+
+    def __init__(self, root: str, skew: float, *, alive: bool, ttl_s: float = 30.0) -> None:
+        self.t, self.mono, self.skew, self.alive, self.ttl_s = 1_000_000.0, 0.0, skew, alive, ttl_s
+        self.owner = Lease(root, "c1", ttl_s=ttl_s, clock=lambda: self.t)
+        self.owner.host, self.owner.owner = "node-7", f"node-7:{self.owner.pid}:{self.owner.token[:8]}"
+        self.owner.acquire()
+        self.since_renewal = 0.0
+        self.taker = Lease(
+            root, "c1", ttl_s=ttl_s, clock=lambda: self.t + self.skew, monotonic=lambda: self.mono, sleep=self.sleep
+        )
+
+    def sleep(self, dt: float) -> None:
+        self.t, self.mono, self.since_renewal = self.t + dt, self.mono + dt, self.since_renewal + dt
+        if self.alive and self.since_renewal >= self.ttl_s / 3:
+            self.owner.renew()
+            self.since_renewal = 0.0
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])  # s3: moto on loopback
+def lease_root(request, tmp_path) -> str:
+    return str(tmp_path) if request.param == "local" else request.getfixturevalue("s3_bucket") + "/runs"
+
+
+def _lease_owner(root: str) -> str:
+    cur = Lease(root, "c1")._slot.read()  # nothing else is asked of this Lease
+    assert cur is not None
+    rec = LeaseRecord.from_json(cur[0])
+    assert rec is not None
+    return rec.owner
+
+
+@pytest.mark.parametrize("skew", [45.0, 600.0])
+def test_a_taker_whose_clock_runs_ahead_does_not_take_a_live_lease(lease_root, skew, caplog):
+    hosts = Hosts(lease_root, skew, alive=True)
+    hosts.sleep(5.0)  # the owner has run a while; by the taker's clock its lease expired
+    with caplog.at_level("WARNING", logger="storage.lease"), pytest.raises(LeaseHeld) as err:
+        hosts.taker.acquire()
+    msg = str(err.value)
+    assert "\n" not in msg and hosts.owner.owner in msg and "renewed while this run waited" in msg, msg
+    # the owner renewed just before the taker's second read: the estimate is the skew itself
+    assert f"about {skew:.0f} s ahead of host node-7" in msg, msg
+    assert "waiting up to 30 s to be sure it is abandoned" in caplog.text and "node-7" in caplog.text
+    assert hosts.mono <= 10.0  # it gave up at the first renewal it saw, not after the window
+    assert _lease_owner(lease_root) == hosts.owner.owner and not hosts.taker.held
+    hosts.owner.check()
+    hosts.owner.renew()  # still the owner's
+    hosts.owner.release()
+
+
+@pytest.mark.parametrize("expired_s", [1.0, 900.0])
+def test_an_abandoned_lease_of_another_host_is_taken_after_a_ttl_without_renewal(lease_root, expired_s, caplog):
+    hosts = Hosts(lease_root, 0.0, alive=False)
+    hosts.t += 30.0 + expired_s  # the owner died without releasing; clocks agree
+    with caplog.at_level("WARNING", logger="storage.lease"):
+        hosts.taker.acquire()
+    assert _lease_owner(lease_root) == hosts.taker.owner and hosts.taker.held
+    assert hosts.mono == pytest.approx(30.0)  # watched for exactly one ttl of its own clock
+    assert "waiting up to 30 s" in caplog.text and "and was not renewed for 30 s" in caplog.text
+    with pytest.raises(LeaseLost):
+        hosts.owner.check()  # the dead owner's own fence had long passed
+    hosts.taker.release()
+
+
+def test_a_lease_expired_past_the_skew_margin_is_taken_at_once(lease_root, caplog):
+    from storage.lease import SKEW_MARGIN_S
+
+    hosts = Hosts(lease_root, 0.0, alive=False)
+    hosts.t += 30.0 + SKEW_MARGIN_S + 1
+    with caplog.at_level("WARNING", logger="storage.lease"):
+        hosts.taker.acquire()
+    assert _lease_owner(lease_root) == hosts.taker.owner and hosts.mono == 0.0
+    assert "waiting" not in caplog.text and "took over the write lease (it expired at" in caplog.text
+    hosts.taker.release()
