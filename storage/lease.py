@@ -372,7 +372,7 @@ class Lease:
                 if not gone and other.host != self.host and now - other.expires_at <= SKEW_MARGIN_S:
                     if not self._unchanged(other, cur[1], now):
                         continue  # released or taken by another run meanwhile: look again
-                    why += f" and was not renewed for {other.ttl_s:.0f} s"
+                    why = f"it expired at {other.until(self.clock())} and was not renewed for {other.ttl_s:.0f} s"
             else:
                 why = "it was unreadable" if other is None else "it was this lease's own"
             if self._slot.swap(data, cur[1]):
