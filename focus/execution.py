@@ -318,7 +318,7 @@ class Execution(BaseModel):
     #: event loop -> the semaphore its waves share (one loop per process, usually).
     _limits: dict[Any, asyncio.Semaphore] = PrivateAttr(default_factory=dict)
     #: :meth:`observe_rollouts`' callback (``None``: none).
-    _on_rollout: Callable[[Rollout], None] | None = PrivateAttr(default=None)
+    _on_rollout: Callable[[Rollout], object] | None = PrivateAttr(default=None)
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()
@@ -354,7 +354,7 @@ class Execution(BaseModel):
         with self.frozen_heap():
             return await self._run(agent, jobs)
 
-    def observe_rollouts(self, callback: Callable[[Rollout], None] | None) -> None:
+    def observe_rollouts(self, callback: Callable[[Rollout], object] | None) -> None:
         """Call ``callback(rollout)`` on the event loop as each rollout of a wave this
         process runs finishes (``None``: stop); for a display (a collection's progress):
         nothing the search decides reads it. A subclass that runs jobs elsewhere

@@ -39,7 +39,7 @@ async def collect(
     journal: CheckpointJournal,
     *,
     execution: Execution | None = None,
-    on_rollout: Callable[[Rollout], None] | None = None,
+    on_rollout: Callable[[Rollout], object] | None = None,
 ) -> dict[str, Any]:
     """Collect ``config``'s iteration through ``journal``; returns the collection's id,
     batch URL, statistics and failure causes (:func:`collection_result`).
