@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
+    from focus.execution import Execution
     from focus.priority import Phase
     from tasks.config import FocusConfig
 
@@ -239,18 +240,28 @@ class CollectionProgress:
                 self._label, total=rollouts, rates="running", unit="rollouts", count=count_text(0, rollouts, "rollouts")
             )
 
+    def execution(self) -> Execution:
+        """The execution service the configuration describes
+        (:func:`tasks.collect.make_execution`), this progress observing its rollouts."""
+        from tasks.collect import make_execution
+
+        if self.config is None:
+            raise ValueError("a progress without a configuration describes no execution")
+        execution = make_execution(self.config.execution)
+        execution.observe_rollouts(self.rollout_done)
+        return execution
+
     def rollout_done(self, _rollout: object = None) -> str | None:
         """One rollout finished (an execution's observer,
         :meth:`focus.execution.Execution.observe_rollouts`): while the evidence phase
         runs, its bar advances, or the line is logged when due (see the module docs);
         returns the line, ``None`` outside the evidence phase (a wave's record reports
-        its rollouts)."""
-        if self._evidence is None or not self.enabled:
-            return None
+        its rollouts; the evidence's record may come after the next phase's first ones)."""
+        if self._evidence is None or self._evidence[1] >= self._evidence[0] or not self.enabled:
+            return None  # past the evidence's rollouts: the next phase's, started before its record
         total, done = self._evidence[0], self._evidence[1] + 1
         self._evidence = (total, done)
         now = time.perf_counter()
-        done = min(done, total)  # rollouts run again after bad responses are not more of them
         rate = f"{done / max(now - self._t0, 1e-9):.1f} rollouts/s"
         line = f"{self._label}: {count_text(done, total, 'rollouts')}, {rate}"
         if self._progress is not None and self._task is not None:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
-from focus.agent import Rollout
 from focus.execution import Execution
 from tasks.config import ExecutionConfig, FocusConfig
 from tasks.gaps import check_records, load_record, repairing
@@ -35,19 +33,13 @@ def make_execution(ex: ExecutionConfig) -> Execution:
 
 
 async def collect(
-    config: FocusConfig,
-    journal: CheckpointJournal,
-    *,
-    execution: Execution | None = None,
-    on_rollout: Callable[[Rollout], object] | None = None,
+    config: FocusConfig, journal: CheckpointJournal, *, execution: Execution | None = None
 ) -> dict[str, Any]:
     """Collect ``config``'s iteration through ``journal``; returns the collection's id,
     batch URL, statistics and failure causes (:func:`collection_result`).
 
     ``execution`` replaces the one the configuration describes (it is closed at the end
-    either way); ``on_rollout``, if given, is called as each rollout run in this process
-    finishes (:meth:`focus.execution.Execution.observe_rollouts`: the evidence phase's
-    progress). A finished collection whose batch checks out returns at once; an
+    either way). A finished collection whose batch checks out returns at once; an
     unfinished one resumes after its last saved step (:func:`tasks.gaps.repairing`).
     """
     t0 = time.perf_counter()
@@ -57,10 +49,7 @@ async def collect(
         result = await journal.finished()
         if result is None:
             async with repairing(journal):  # a gap in the checkpoints mended, a damaged batch written again
-                execution = execution or make_execution(config.execution)
-                if on_rollout is not None:
-                    execution.observe_rollouts(on_rollout)
-                result = await _search_and_export(config, journal, execution)
+                result = await _search_and_export(config, journal, execution or make_execution(config.execution))
     return collection_result(config, result, journal.records, t0)
 
 

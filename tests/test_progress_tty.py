@@ -165,6 +165,7 @@ def test_collect_into_a_pipe_logs_lines_without_control_sequences(tmp_path, pref
     assert "━" not in out + err, "a progress bar drawn into a pipe"
     lines = [m.groups() for m in LOG_LINE.finditer(err)]
     assert re.search(r"^0\.evidence: \d+ rollouts, \d+ transitions", err, re.M), err[-3000:]
+    assert re.search(r"^0\.evidence: 1/\d+ rollouts, [\d.]+ rollouts/s", err, re.M), err[-3000:]  # as they finish
     phase = _inspect(_result_json(out)["batch_url"])["phases"][1]
     # one line per measured wave (the last planned wave is empty: the phase's end)
     assert [int(g[0]) for g in lines] == list(range(phase["waves"])), err[-3000:]
@@ -442,3 +443,25 @@ def test_an_execution_hands_each_rollout_to_its_observer_and_pickles_without_it(
     ]
     copy = pickle.loads(pickle.dumps(ex))
     assert copy._on_rollout is None and asyncio.run(copy.run(agent, jobs[:2])) is not None
+
+
+def test_the_flow_reports_its_evidence_rollouts_too(tmp_path, monkeypatch, prefect_api):
+    """The ``collect`` flow's progress observes its execution as the direct path's does."""
+    import asyncio
+
+    from test_pipeline import small_config
+
+    import flows.collect as flow_mod
+
+    shown: list[str] = []
+
+    class Recording(CollectionProgress):
+        def rollout_done(self, rollout: object = None) -> str | None:
+            line = super().rollout_done(rollout)
+            shown.extend([line] if line else [])
+            return line
+
+    monkeypatch.setattr(flow_mod, "CollectionProgress", Recording)
+    monkeypatch.setattr(progress_mod, "_CONSOLE", Console(file=StringIO(), force_terminal=False))
+    asyncio.run(flow_mod.collect(small_config(str(tmp_path / "store"), "flow-evidence", progress=True)))
+    assert [EVIDENCE_LINE.match(ln).groups() for ln in shown] == [(str(k), "6") for k in range(1, 7)], shown  # type: ignore[union-attr]
