@@ -162,7 +162,7 @@ class CollectionProgress:
         #: While the evidence phase runs: its rollouts in all and those done so far.
         self._evidence: tuple[int, int] | None = None
         #: Every line computed, in order, whether the bar showed it or the log took it
-        #: (what a caller or a test can read back).
+        #: (what a caller or a test can read back; an evidence rollout's line is returned, not kept).
         self.lines: list[str] = []
 
     @property
