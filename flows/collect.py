@@ -77,7 +77,7 @@ async def run_collection(config: FocusConfig, allow_policy_change: bool = False)
     progress = CollectionProgress(config, enabled=config.progress, log=log)
     journal = PrefectJournal(config, on_step=progress.step, allow_policy_change=allow_policy_change)
     with progress:
-        result = await collect_iteration(config, journal)
+        result = await collect_iteration(config, journal, execution=progress.execution())
     report: Any = publish_report  # Prefect's typing does not know that quote() is unwrapped
     await report(quote(journal), quote(result))
     log.info("collection %s: batch at %s", config.collection_id, result["batch_url"])

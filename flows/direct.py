@@ -32,7 +32,7 @@ async def collect_direct(config: FocusConfig, allow_policy_change: bool = False)
             progress = CollectionProgress(cfg, enabled=cfg.progress, log=log)
             with progress:
                 journal = CheckpointJournal(cfg, on_step=progress.step, allow_policy_change=allow_policy_change)
-                result = await collect(cfg, journal)
+                result = await collect(cfg, journal, execution=progress.execution())
             log.info("collection %s: batch at %s", cfg.collection_id, result["batch_url"])
             return result
     except Exception as e:

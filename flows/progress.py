@@ -1,14 +1,18 @@
 """Progress of a collection: a bar per phase, transitions/s, tokens/s and budget left.
 
-On a terminal it is a rich progress bar per phase - the evidence phase (rollouts done,
-filled when its task finishes, with its elapsed time while it runs) and each
-continuation phase (advanced after every wave); elsewhere (a deployment's worker, CI, a
-pipe) it logs lines instead, since a redrawn bar in a log file helps no one: the
-evidence step's, and of a continuation phase its first wave's, one each time another
-tenth of its budget is spent (:data:`LOG_STEPS`), one at least every
+On a terminal it is a rich progress bar per phase - the evidence phase (advanced as its
+rollouts finish, :meth:`CollectionProgress.rollout_done`, and filled from its step
+record) and each continuation phase (advanced after every wave); elsewhere (a
+deployment's worker, CI, a pipe) it logs lines instead, since a redrawn bar in a log
+file helps no one: of the evidence phase its first rollout's, one each time another
+tenth of its rollouts is done and one at least every :data:`LOG_EVERY_S` seconds while
+rollouts finish, then its step's; of a continuation phase its first wave's, one each
+time another tenth of its budget is spent (:data:`LOG_STEPS`), one at least every
 :data:`LOG_EVERY_S` seconds while waves land, and every wave's once the budget is spent.
 A line per wave was 4,137 lines for 100k transitions over 2,000 tasks at the default
-wave size.
+wave size. Rollouts reach the evidence bar only from an execution that runs them in
+this process (:meth:`focus.execution.Execution.observe_rollouts`); on Dask the bar fills
+when the evidence step ends.
 Whether the output is a terminal is rich's own decision (a TTY, ``FORCE_COLOR``/
 ``TTY_COMPATIBLE``, not ``TERM=dumb``), so the bar and the colours of the rest of the CLI
 agree. Bars and lines go to standard error, so ``focus collect --json`` keeps standard
@@ -37,6 +41,7 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
+    from focus.execution import Execution
     from focus.priority import Phase
     from tasks.config import FocusConfig
 
@@ -154,8 +159,10 @@ class CollectionProgress:
         self._base: tuple[int, int, float] | None = None
         #: The phase's last logged wave line: (tenths of the budget spent, time); ``None``: none yet.
         self._logged: tuple[int, float] | None = None
+        #: While the evidence phase runs: its rollouts in all and those done so far.
+        self._evidence: tuple[int, int] | None = None
         #: Every line computed, in order, whether the bar showed it or the log took it
-        #: (what a caller or a test can read back).
+        #: (what a caller or a test can read back; an evidence rollout's line is returned, not kept).
         self.lines: list[str] = []
 
     @property
@@ -207,6 +214,7 @@ class CollectionProgress:
                 self.start_phase(nxt, phases[nxt])
 
     def start_phase(self, index: int, phase: Phase) -> None:
+        self._evidence = None
         self._phase = phase
         self._label = f"{index}.{phase.name}"
         self._t0 = time.perf_counter()
@@ -220,17 +228,55 @@ class CollectionProgress:
             )
 
     def start_evidence(self, phase: Phase, rollouts: int) -> None:
-        """The evidence phase: ``rollouts`` complete rollouts, filled when its step ends."""
+        """The evidence phase: ``rollouts`` complete rollouts, advanced by :meth:`rollout_done`
+        and filled when its step ends."""
         self._phase = phase
         self._label = f"0.{phase.name}"
         self._t0 = time.perf_counter()
+        self._logged = None
+        self._evidence = (rollouts, 0)
         if self._progress is not None:
             self._task = self._progress.add_task(
                 self._label, total=rollouts, rates="running", unit="rollouts", count=count_text(0, rollouts, "rollouts")
             )
 
+    def execution(self) -> Execution:
+        """The execution service the configuration describes
+        (:func:`tasks.collect.make_execution`), this progress observing its rollouts."""
+        from tasks.collect import make_execution
+
+        if self.config is None:
+            raise ValueError("a progress without a configuration describes no execution")
+        execution = make_execution(self.config.execution)
+        execution.observe_rollouts(self.rollout_done)
+        return execution
+
+    def rollout_done(self, _rollout: object = None) -> str | None:
+        """One rollout finished (an execution's observer,
+        :meth:`focus.execution.Execution.observe_rollouts`): while the evidence phase
+        runs, its bar advances, or the line is logged when due (see the module docs);
+        returns the line, ``None`` outside the evidence phase (a wave's record reports
+        its rollouts; the evidence's record may come after the next phase's first ones)."""
+        if self._evidence is None or self._evidence[1] >= self._evidence[0] or not self.enabled:
+            return None  # past the evidence's rollouts: the next phase's, started before its record
+        total, done = self._evidence[0], self._evidence[1] + 1
+        self._evidence = (total, done)
+        now = time.perf_counter()
+        rate = f"{done / max(now - self._t0, 1e-9):.1f} rollouts/s"
+        line = f"{self._label}: {count_text(done, total, 'rollouts')}, {rate}"
+        if self._progress is not None and self._task is not None:
+            count = count_text(done, total, "rollouts")
+            self._progress.update(self._task, completed=done, count=count, rates=f"running, {rate}")
+        elif self.log is not None and done < total:  # the last one's line is the step's
+            tenths, last = done * LOG_STEPS // max(total, 1), self._logged
+            if last is None or tenths > last[0] or now - last[1] >= LOG_EVERY_S:
+                self._logged = (tenths, now)
+                self.log.info(line, extra=console_extra())
+        return line
+
     def evidence_done(self, record: StepRecord) -> str:
         """Fill the evidence bar from its step record; returns the line it shows or logs."""
+        self._evidence = None
         usage = record.usage
         if record.reused or usage is None:  # reused: nothing measured in this process
             line = f"{self._label}: reused from storage"

@@ -69,6 +69,8 @@ class Services:
         self._t0 = time.perf_counter()
         #: Seconds from :meth:`start` until each service was ready.
         self.ready_at: dict[str, float] = {}
+        #: Whether :meth:`wait` and :meth:`stop` log their ``start-up:`` and ``shut-down:`` lines.
+        self.report = True
 
     @property
     def starting(self) -> list[str]:
@@ -139,7 +141,7 @@ class Services:
         if self._errors:
             raise self._errors[0]
         warm = " (started by the console entry)" if getattr(self.model_server, "warm_started", False) else ""
-        log.info(
+        (log.info if self.report else log.debug)(
             "start-up: %s (seconds after start)",
             ", ".join(f"{w} ready at {t:.2f}{warm if w == 'model server' else ''}" for w, t in self.ready_at.items())
             or "nothing to start",
@@ -180,7 +182,7 @@ class Services:
         if self._server_log is not None:
             self._server_log.close()
             self._server_log = None
-        log.info("shut-down: services stopped in %.2f s", time.perf_counter() - t0)
+        (log.info if self.report else log.debug)("shut-down: services stopped in %.2f s", time.perf_counter() - t0)
 
     def kill(self) -> None:
         """Kill the servers' processes now, waiting for nothing (a command that must exit at once)."""
@@ -233,6 +235,8 @@ async def services_in_thread(config: FocusConfig) -> AsyncIterator[tuple[FocusCo
     Yields the configuration naming them and the services (``model_server`` is the
     embedded model server started, if any)."""
     services = Services(config)
+    # Started by the command (cli.common.started), which logs them: its lines, not twice.
+    services.report = bool(services.starting_names())
     cfg = await asyncio.to_thread(services.__enter__)
     try:
         yield cfg, services

@@ -317,11 +317,13 @@ class Execution(BaseModel):
     supports_streaming: ClassVar[bool] = True
     #: event loop -> the semaphore its waves share (one loop per process, usually).
     _limits: dict[Any, asyncio.Semaphore] = PrivateAttr(default_factory=dict)
+    #: :meth:`observe_rollouts`' callback (``None``: none).
+    _on_rollout: Callable[[Rollout], object] | None = PrivateAttr(default=None)
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()
         private = dict(state.get("__pydantic_private__") or {})
-        private["_limits"] = {}
+        private["_limits"], private["_on_rollout"] = {}, None
         return {**state, "__pydantic_private__": private}
 
     def _limit(self) -> asyncio.Semaphore:
@@ -351,6 +353,13 @@ class Execution(BaseModel):
         """One rollout per job, in job order."""
         with self.frozen_heap():
             return await self._run(agent, jobs)
+
+    def observe_rollouts(self, callback: Callable[[Rollout], object] | None) -> None:
+        """Call ``callback(rollout)`` on the event loop as each rollout of a wave this
+        process runs finishes (``None``: stop); for a display (a collection's progress):
+        nothing the search decides reads it. A subclass that runs jobs elsewhere
+        (:class:`focus.dask_execution.DaskExecution`) calls it for none."""
+        self._on_rollout = callback
 
     @property
     def reports_jobs(self) -> bool:
@@ -391,6 +400,7 @@ class Execution(BaseModel):
         on_done: Callable[[int, Rollout], None] | None = None,
     ) -> list[Rollout]:
         feed = jobs if isinstance(jobs, JobFeed) else JobFeed(jobs, closed=True)
+        seen = self._on_rollout
         sem = self._limit()
         failed = 0
         # Start the jobs with the most steps left first (fewest steps taken: the best
@@ -427,6 +437,8 @@ class Execution(BaseModel):
                     rollout = out[i] = await _guarded(agent, feed.jobs[i])
                     if on_done is not None:
                         on_done(i, rollout)
+                    if seen is not None:
+                        seen(rollout)
                     if is_service_failure(rollout):
                         failed += 1
                         if feed.closed and failed > outage_limit(self.max_outage_share, len(feed.jobs)):

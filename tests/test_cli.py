@@ -49,6 +49,7 @@ def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
     assert "collection emb: batch at" in text and "flow run" not in text
     # the model server was started by the console entry before the configuration was read
     assert "(started by the console entry)" in text, text
+    assert text.count("start-up:") == 1 and text.count("shut-down:") == 1, text  # the command's, not twice
 
     # the same collection as a Prefect flow (a temporary server): the same batch
     flow_log = tmp_path / "flow.log"
@@ -61,6 +62,7 @@ def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
     flowed = json.loads(as_flow.stdout.strip().splitlines()[-1])
     text = flow_log.read_text()
     assert "Beginning flow run 'emb-flow'" in text and "Finished in state Completed" in text
+    assert text.count("start-up:") == 1 and text.count("shut-down:") == 1, text
     for chatter in ("INFO", "distributed", "Traceback", "temporary server", "prefect"):
         assert chatter not in as_flow.stderr, as_flow.stderr
     from storage import BatchStore

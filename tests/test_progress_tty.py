@@ -165,6 +165,7 @@ def test_collect_into_a_pipe_logs_lines_without_control_sequences(tmp_path, pref
     assert "━" not in out + err, "a progress bar drawn into a pipe"
     lines = [m.groups() for m in LOG_LINE.finditer(err)]
     assert re.search(r"^0\.evidence: \d+ rollouts, \d+ transitions", err, re.M), err[-3000:]
+    assert re.search(r"^0\.evidence: 1/\d+ rollouts, [\d.]+ rollouts/s", err, re.M), err[-3000:]  # as they finish
     phase = _inspect(_result_json(out)["batch_url"])["phases"][1]
     # one line per measured wave (the last planned wave is empty: the phase's end)
     assert [int(g[0]) for g in lines] == list(range(phase["waves"])), err[-3000:]
@@ -342,3 +343,125 @@ def test_budget_left_counts_as_the_planner_does():
     the phase budget in the planner: the line says what the planner has left."""
     figures = progress_mod.wave_figures(wave(3, used(20, 40, 23)), 30, None, 0.0)
     assert (figures.transitions, figures.spent, figures.budget_left) == (20, 23, 7)
+
+
+EVIDENCE_LINE = re.compile(r"^0\.evidence: (\d+)/(\d+) rollouts, [\d.]+ rollouts/s$")
+
+
+def test_the_evidence_bar_advances_as_its_rollouts_finish(monkeypatch):
+    """The evidence bar showed 0/N and "running" until its step ended (a fifth of a run
+    at 2,000 tasks); it now counts the rollouts done, then fills from the step record."""
+    clock = _Clock()
+    monkeypatch.setattr(progress_mod, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    console = Console(file=StringIO(), force_terminal=True, width=200)
+    with CollectionProgress(None, console=console) as progress:
+        progress.start_evidence(Phase("evidence", rollouts_per_task=4), 8)
+        for _ in range(3):
+            clock.now += 1.0
+            progress.rollout_done()
+        task = progress._progress.tasks[0]
+        assert (task.completed, task.total) == (3, 8)
+        assert task.fields["count"] == "3/8 rollouts" and task.fields["rates"] == "running, 1.0 rollouts/s"
+        progress.evidence_done(StepRecord("evidence", "0.evidence", 0, 0, rollouts=8, usage=used(40, 400)))
+        progress.start_phase(1, Phase("continue", transitions=10))
+        assert progress.rollout_done() is None  # a continuation's rollouts: its waves report them
+    assert "8/8 rollouts" in strip_ansi(console.file.getvalue())  # type: ignore[attr-defined]
+
+
+def test_piped_evidence_logs_a_line_per_tenth_of_its_rollouts_and_one_a_minute(monkeypatch):
+    """8,000 evidence rollouts (2,000 tasks x 4) logged nothing until the step's line;
+    now the first rollout's, one per tenth and one at least a minute, then the step's."""
+    clock = _Clock()
+    monkeypatch.setattr(progress_mod, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    progress, infos, _ = _piped(clock)
+    with progress:
+        progress.start_evidence(Phase("evidence", rollouts_per_task=4), 8000)
+        for _ in range(1000):
+            clock.now += 0.01
+            progress.rollout_done()
+        clock.now += 61.0  # a slow stretch: a line though no new tenth is done
+        progress.rollout_done()
+        for _ in range(6999):
+            progress.rollout_done()
+        progress.evidence_done(StepRecord("evidence", "0.evidence", 0, 0, rollouts=8000, usage=used(9000, 90_000)))
+    done = [int(m.group(1)) for line in infos if (m := EVIDENCE_LINE.match(line))]
+    assert done == [1, 800, 1001, *range(1600, 8000, 800)], infos
+    assert infos[-1].startswith("0.evidence: 8000 rollouts, 9000 transitions") and len(infos) == len(done) + 1
+
+
+def test_a_direct_collection_reports_its_evidence_rollouts_and_logs_its_services_once(tmp_path, monkeypatch, caplog):
+    """The library's execution hands each finished rollout to the progress
+    (``Execution.observe_rollouts``), into a pipe here. The flow's own services start
+    nothing the command did not (the config names them): their ``start-up:`` and
+    ``shut-down:`` lines were logged a second time, after the command's."""
+    import asyncio
+    import logging
+
+    from test_pipeline import small_config
+
+    from flows.direct import collect_direct
+    from flows.services import Services
+
+    cfg = small_config(str(tmp_path / "store"), "evidence-lines", progress=True)  # 3 tasks x 2 rollouts
+    monkeypatch.setattr(progress_mod, "_CONSOLE", Console(file=StringIO(), force_terminal=False))
+    with caplog.at_level(logging.INFO):
+        with Services(cfg) as ready:  # the command's (cli.common.started)
+            asyncio.run(collect_direct(ready))
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    evidence = [ln for ln in infos if ln.startswith("0.evidence")]
+    assert [EVIDENCE_LINE.match(ln).groups() for ln in evidence[:-1]] == [  # type: ignore[union-attr]
+        (str(k), "6") for k in range(1, 6)
+    ], evidence
+    assert evidence[-1].startswith("0.evidence: 6 rollouts, ")
+    assert [ln.split(":")[0] for ln in infos if ln.startswith(("start-up:", "shut-down:"))] == ["start-up", "shut-down"]
+
+
+def test_an_execution_hands_each_rollout_to_its_observer_and_pickles_without_it():
+    """``Execution.observe_rollouts``: called once per finished rollout, the rollouts the
+    same as without it; a copy sent to another process (Dask) carries no observer."""
+    import asyncio
+    import pickle
+
+    from fixtures.prefect import DigitPolicy
+
+    from focus.agent import Agent
+    from focus.execution import Execution
+    from focus.search import RolloutJob
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    agent = Agent(DigitPolicy(), ReachTarget(), toy_format(), max_steps=6)
+    starts = [asyncio.run(agent.start(t)) for t in reach_target_tasks(3, seed=1)]
+    jobs = [RolloutJob(i % 3, 0, 1000 + i, starts[i % 3]) for i in range(9)]
+    plain = asyncio.run(Execution(max_concurrency=4).run(agent, jobs))
+    seen: list[Any] = []
+    ex = Execution(max_concurrency=4)
+    ex.observe_rollouts(lambda rollout: seen.append(rollout))  # a lambda: it cannot be pickled
+    observed = asyncio.run(ex.run(agent, jobs))
+    assert sorted(map(id, seen)) == sorted(map(id, observed)) and len(seen) == 9
+    assert [[t.completion_ids for t in r.turns] for r in observed] == [
+        [t.completion_ids for t in r.turns] for r in plain
+    ]
+    copy = pickle.loads(pickle.dumps(ex))
+    assert copy._on_rollout is None and asyncio.run(copy.run(agent, jobs[:2])) is not None
+
+
+def test_the_flow_reports_its_evidence_rollouts_too(tmp_path, monkeypatch, prefect_api):
+    """The ``collect`` flow's progress observes its execution as the direct path's does."""
+    import asyncio
+
+    from test_pipeline import small_config
+
+    import flows.collect as flow_mod
+
+    shown: list[str] = []
+
+    class Recording(CollectionProgress):
+        def rollout_done(self, rollout: object = None) -> str | None:
+            line = super().rollout_done(rollout)
+            shown.extend([line] if line else [])
+            return line
+
+    monkeypatch.setattr(flow_mod, "CollectionProgress", Recording)
+    monkeypatch.setattr(progress_mod, "_CONSOLE", Console(file=StringIO(), force_terminal=False))
+    asyncio.run(flow_mod.collect(small_config(str(tmp_path / "store"), "flow-evidence", progress=True)))
+    assert [EVIDENCE_LINE.match(ln).groups() for ln in shown] == [(str(k), "6") for k in range(1, 7)], shown  # type: ignore[union-attr]
