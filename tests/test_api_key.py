@@ -61,3 +61,31 @@ def test_focus_collect_sends_the_key_a_server_asks_for_and_writes_it_nowhere(tmp
     assert KEY not in done.stdout + done.stderr + refused.stderr + unset.stderr
     assert _files_holding(tmp_path, KEY) == [], "the key was written to disk"
     assert os.environ.get("FOCUS_TEST_KEY") is None
+
+
+def test_the_critic_service_gets_its_own_key(monkeypatch):
+    import asyncio
+
+    import httpx
+
+    from focus.critic import HttpCritic
+    from tasks.config import load_config
+
+    seen: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(200, json={"values": [0.5]})
+
+    critic = HttpCritic(
+        "http://critic.invalid/score", config=HttpConfig(api_key=KEY), transport=httpx.MockTransport(handler)
+    )
+    assert [p.value for p in asyncio.run(critic.predict_with_std([[1, 2]]))] == [0.5]
+    assert seen == [f"Bearer {KEY}"]
+
+    over = {"critic.kind": "http", "critic.url": "http://127.0.0.1:9/score", "critic.api_key_env": "FOCUS_CRITIC_KEY"}
+    monkeypatch.setenv("FOCUS_CRITIC_KEY", KEY)
+    assert load_config(overrides=over).build_critic().http.config.api_key == KEY
+    monkeypatch.delenv("FOCUS_CRITIC_KEY")
+    with pytest.raises(ConfigError, match="critic.api_key_env names FOCUS_CRITIC_KEY, which is not set"):
+        load_config(overrides=over).build_critic()

@@ -77,15 +77,17 @@ def check_factories(config: FocusConfig) -> None:
             pass  # no signature to check (a builtin)
 
 
-def api_key(variable: str | None) -> str | None:
-    """The key in environment variable ``variable`` (``model.api_key_env``); ``None`` if unset."""
+def api_key(variable: str | None, field: str = "model.api_key_env") -> str | None:
+    """The key in environment variable ``variable`` (``field``: ``model.api_key_env`` or
+    ``critic.api_key_env``); ``None`` if unset."""
     if variable is None:
         return None
     key = os.environ.get(variable, "").strip()
     if not key:
+        service = field.split(".")[0]
         raise ConfigError(
-            f"model.api_key_env names {variable}, which is not set (or empty) in this process's environment; "
-            f"export {variable}=<the model service's key> where the collection runs, or unset model.api_key_env"
+            f"{field} names {variable}, which is not set (or empty) in this process's environment; "
+            f"export {variable}=<the {service} service's key> where the collection runs, or unset {field}"
         )
     return key
 
@@ -179,7 +181,8 @@ def build_critic(config: FocusConfig) -> Any:
     if c.kind == "constant":
         return critics.ConstantCritic(c.value)
     if c.kind == "http":
-        return critics.HttpCritic(c.url or "", config=HttpConfig(**c.http.model_dump()), **c.options)
+        http = HttpConfig(**c.http.model_dump(), api_key=api_key(c.api_key_env, "critic.api_key_env"))
+        return critics.HttpCritic(c.url or "", config=http, **c.options)
     if c.kind == "local":
         if c.weights:
             return critics.LocalCritic.load(c.weights)

@@ -100,6 +100,8 @@ MEANING: dict[str, str] = {
     "`focus.critic.LocalCritic`) \\| `factory`",
     "critic.value": "with kind `constant`: the prediction at every checkpoint",
     "critic.url": "with kind `http`: the scoring service's URL",
+    "critic.api_key_env": "with kind `http`: name of the environment variable holding the scoring service's API "
+    "key, as `model.api_key_env`; unset: no key",
     "critic.weights": "with kind `local`: a saved critic to start from (the train loop sets it to each new version's)",
     "critic.factory": "with kind `factory`: import path of a callable returning a `focus.critic.Critic`",
     "critic.options": "keyword options of the critic (or of the factory)",

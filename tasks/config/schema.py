@@ -63,6 +63,14 @@ LOOP_ONLY = Resumable("collection", "read by the train loop alone")
 LOOP_EXTENT = Resumable("loop", "how much of the loop runs")
 
 
+def _check_env_name(name: str, variable: str | None) -> None:
+    if variable is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", variable):
+        raise ValueError(
+            f"{name} {variable!r} is not an environment variable's name: it names the variable that holds "
+            "the key (e.g. VLLM_API_KEY), not the key itself"
+        )
+
+
 def _check_http_url(name: str, url: str | None) -> None:
     if url is not None and not url.startswith(("http://", "https://")):
         raise ValueError(f"{name} {url!r} must start with http:// or https://")
@@ -153,11 +161,7 @@ class ModelConfig(_Pluggable):
         if self.kind == "tinker" and not (self.model or self.weights):
             raise ValueError("model.model (a base model) or model.weights (a tinker:// path) is required for tinker")
         _check_http_url("model.url", self.url)
-        if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
-            raise ValueError(
-                f"model.api_key_env {self.api_key_env!r} is not an environment variable's name: it names the "
-                "variable that holds the key (e.g. VLLM_API_KEY), not the key itself"
-            )
+        _check_env_name("model.api_key_env", self.api_key_env)
         if self.kind in SERVED:
             for url in [self.url, *self.urls]:
                 if why := endpoint_in_url(url):
@@ -222,6 +226,9 @@ class CriticConfig(_Pluggable):
     url: Annotated[str | None, RUNTIME] = None
     #: Timeouts, retries, deadline and hedging of the HTTP critic's client (kind http).
     http: Annotated[RetryPolicy, RUNTIME] = RetryPolicy()
+    #: Name of the environment variable holding the critic service's API key (kind http),
+    #: as ``model.api_key_env``: read where the client is built, never stored.
+    api_key_env: Annotated[str | None, RUNTIME] = None
     #: ``local``: a saved ``LocalCritic`` (fsspec URL) to start from; the train loop
     #: sets it to the critic each iteration trained.
     weights: str | None = None
@@ -231,6 +238,7 @@ class CriticConfig(_Pluggable):
         if self.kind == "http" and not self.url:
             raise ValueError("critic.url is required when critic.kind is 'http'")
         _check_http_url("critic.url", self.url)
+        _check_env_name("critic.api_key_env", self.api_key_env)
         check_options(self)
         return self
 
