@@ -1,7 +1,9 @@
-"""The error a configuration raises, and the one syntax rule both the schema and the
+"""The error a configuration raises, and the syntax rules the schema and the
 builders check (kept apart so that neither imports the other to share them)."""
 
 from __future__ import annotations
+
+import re
 
 
 class ConfigError(ValueError):
@@ -13,3 +15,12 @@ def check_import_path(value: str | None) -> str | None:
     if value is not None and (value.count(":") != 1 or not all(value.split(":"))):
         raise ValueError(f"{value!r} is not an import path of the form 'package.module:name'")
     return value
+
+
+def check_env_name(name: str, variable: str | None) -> None:
+    """``ValueError`` unless ``variable`` (the value of field ``name``) can name an environment variable."""
+    if variable is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", variable):
+        raise ValueError(
+            f"{name} {variable!r} is not an environment variable's name: it names the variable that holds "
+            "the key (e.g. VLLM_API_KEY), not the key itself"
+        )

@@ -27,7 +27,7 @@ from focus.backends.tinker_backend import TinkerUpdateConfig
 from focus.policy import SamplingParams
 from focus.priority import Phase, Priority, Selective, Uniform
 from focus.train_local import UpdateConfig
-from tasks.config.errors import ConfigError, check_import_path
+from tasks.config.errors import ConfigError, check_env_name, check_import_path
 from tasks.config.options import check_options
 
 if TYPE_CHECKING:
@@ -61,14 +61,6 @@ RUNTIME = Resumable("any", "where and how patiently things run")
 LOOP_ONLY = Resumable("collection", "read by the train loop alone")
 #: How much of a train loop runs: more iterations extend it, another evaluation size evaluates again.
 LOOP_EXTENT = Resumable("loop", "how much of the loop runs")
-
-
-def _check_env_name(name: str, variable: str | None) -> None:
-    if variable is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", variable):
-        raise ValueError(
-            f"{name} {variable!r} is not an environment variable's name: it names the variable that holds "
-            "the key (e.g. VLLM_API_KEY), not the key itself"
-        )
 
 
 def _check_http_url(name: str, url: str | None) -> None:
@@ -161,7 +153,7 @@ class ModelConfig(_Pluggable):
         if self.kind == "tinker" and not (self.model or self.weights):
             raise ValueError("model.model (a base model) or model.weights (a tinker:// path) is required for tinker")
         _check_http_url("model.url", self.url)
-        _check_env_name("model.api_key_env", self.api_key_env)
+        check_env_name("model.api_key_env", self.api_key_env)
         if self.kind in SERVED:
             for url in [self.url, *self.urls]:
                 if why := endpoint_in_url(url):
@@ -238,7 +230,7 @@ class CriticConfig(_Pluggable):
         if self.kind == "http" and not self.url:
             raise ValueError("critic.url is required when critic.kind is 'http'")
         _check_http_url("critic.url", self.url)
-        _check_env_name("critic.api_key_env", self.api_key_env)
+        check_env_name("critic.api_key_env", self.api_key_env)
         check_options(self)
         return self
 
