@@ -268,9 +268,7 @@ class CollectionProgress:
             count = count_text(done, total, "rollouts")
             self._progress.update(self._task, completed=done, count=count, rates=f"running, {rate}")
         elif self.log is not None and done < total:  # the last one's line is the step's
-            tenths, last = done * LOG_STEPS // max(total, 1), self._logged
-            if last is None or tenths > last[0] or now - last[1] >= LOG_EVERY_S:
-                self._logged = (tenths, now)
+            if self._due(done * LOG_STEPS // max(total, 1), now):
                 self.log.info(line, extra=console_extra())
         return line
 
@@ -343,8 +341,13 @@ class CollectionProgress:
     def _log_due(self, fig: WaveFigures, now: float) -> bool:
         """Whether a wave's line goes to the log (see the module docs); notes it if so."""
         tenths = fig.spent * LOG_STEPS // fig.budget if fig.budget else 0
+        return self._due(tenths, now, force=fig.budget_left == 0)
+
+    def _due(self, tenths: int, now: float, force: bool = False) -> bool:
+        """Whether a line is due: the phase's first, another tenth done, a minute since the
+        last, or ``force``; notes it if so (waves and evidence rollouts share the rule)."""
         last = self._logged
-        due = last is None or tenths > last[0] or now - last[1] >= LOG_EVERY_S or fig.budget_left == 0
+        due = force or last is None or tenths > last[0] or now - last[1] >= LOG_EVERY_S
         if due:
             self._logged = (tenths, now)
         return due
