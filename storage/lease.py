@@ -26,8 +26,9 @@ collection's lease before it writes anything and holds it until it ends::
   for ``ttl_s`` on its own monotonic clock. A live owner renews every ``ttl_s / 3``,
   which changes the object's version: the taker then stops with :class:`LeaseHeld`
   (naming the clock difference). Unchanged for ``ttl_s``, the owner has stopped writing
-  (its own :meth:`Lease.check` fences it ``ttl_s`` after its last renewal), and the
-  taker takes over. The take-over is the same compare-and-swap, so two runs racing for
+  (its own :meth:`Lease.check` fences it ``ttl_s`` after its last renewal, on its own
+  monotonic clock, so a wall clock set back cannot keep it writing), and the taker
+  takes over. The take-over is the same compare-and-swap, so two runs racing for
   a dead lease cannot both win.
 
 Other fsspec stores (``memory://``, GCS, Azure ...) get a check-then-write: atomic within
@@ -316,6 +317,7 @@ class Lease:
         self._slot = _slot(self.loc, self.url, self.retry)
         self._version: str | None = None  # of the object as this lease last wrote it
         self._expires_at = 0.0
+        self._fence_at = 0.0  # this host's monotonic clock: ttl_s after the last write began
         self._lost: str | None = None
         self._stop = threading.Event()
         self._renewed = threading.Event()
@@ -353,8 +355,9 @@ class Lease:
         for _ in range(5):  # only a lease released or taken over mid-way makes this loop
             rec = self._record()
             data = rec.to_json()
+            started = self.monotonic()
             if self._slot.create(data):
-                return self._took(rec, data, None)
+                return self._took(rec, data, None, started)
             cur = self._slot.read()
             if cur is None:
                 continue  # released in between: try to create again
@@ -375,8 +378,9 @@ class Lease:
                     why = f"it expired at {other.until(self.clock())} and was not renewed for {other.ttl_s:.0f} s"
             else:
                 why = "it was unreadable" if other is None else "it was this lease's own"
+            started = self.monotonic()
             if self._slot.swap(data, cur[1]):
-                return self._took(rec, data, why)
+                return self._took(rec, data, why, started)
         raise LeaseHeld(
             f"collection {self.collection_id!r} in {self.root}: the lease changed hands five times while "
             "this run tried to take it; another run is starting the same collection"
@@ -413,7 +417,7 @@ class Lease:
             )
         return True
 
-    def _took(self, rec: LeaseRecord, data: bytes, takeover: str | None) -> Lease:
+    def _took(self, rec: LeaseRecord, data: bytes, takeover: str | None, started: float) -> Lease:
         # read back: the create or swap was ours only if the object now holds our token
         cur = self._slot.read()
         got = LeaseRecord.from_json(cur[0]) if cur is not None else None
@@ -424,6 +428,7 @@ class Lease:
                 f"moment (now held by {owner}); this store's writes may not be atomic"
             )
         self._version, self._expires_at, self._lost = cur[1], rec.expires_at, None
+        self._fence_at = started + self.ttl_s
         if takeover:
             log.warning("collection %s: took over the write lease (%s)", self.collection_id, takeover)
         with _HELD_LOCK:
@@ -437,6 +442,7 @@ class Lease:
                 raise LeaseLost(f"collection {self.collection_id!r}: the lease is not held")
             rec = self._record()
             data = rec.to_json()
+            started = self.monotonic()
             if not self._slot.swap(data, self._version):
                 cur = self._slot.read()
                 other = LeaseRecord.from_json(cur[0]) if cur is not None else None
@@ -449,7 +455,7 @@ class Lease:
             if cur is None:
                 self._lost = f"collection {self.collection_id!r}: the lease object vanished right after renewal"
                 raise LeaseLost(self._lost)
-            self._version, self._expires_at = cur[1], rec.expires_at
+            self._version, self._expires_at, self._fence_at = cur[1], rec.expires_at, started + self.ttl_s
         self._renewed.set()
 
     def wait_renewed(self, timeout_s: float) -> bool:
@@ -458,14 +464,21 @@ class Lease:
         return self._renewed.wait(timeout_s)
 
     def check(self) -> None:
-        """Raise :class:`LeaseLost` if the lease was lost or ran out without renewal."""
+        """Raise :class:`LeaseLost` if the lease was lost or ran out without renewal.
+
+        Out means ``ttl_s`` since the last successful write began on this host's monotonic
+        clock (what a taker on another host waits, on its own), or the recorded expiry
+        past on the wall clock (what a taker on this host trusts): whichever comes first.
+        The wall clock alone let a clock set back (NTP stepping it, a VM restored) keep
+        a run writing after a taker elsewhere had rightly taken the lease over.
+        """
         if self._lost is not None:
             raise LeaseLost(self._lost + f"; stopping before writing more ({_AGAIN})")
-        if self._version is not None and self.clock() > self._expires_at:
+        if self._version is not None and (self.clock() > self._expires_at or self.monotonic() > self._fence_at):
             raise LeaseLost(
                 f"collection {self.collection_id!r} in {self.root}: this run's write lease expired at "
                 f"{datetime.fromtimestamp(self._expires_at, UTC).isoformat(timespec='seconds')} without a renewal "
-                f"(was the store unreachable?); stopping before writing more ({_AGAIN})"
+                f"for {self.ttl_s:.0f} s (was the store unreachable?); stopping before writing more ({_AGAIN})"
             )
 
     def release(self) -> None:

@@ -76,6 +76,22 @@ def test_an_expired_lease_is_taken_over_only_after_expiry_and_the_old_owner_is_f
     new.release()
 
 
+def test_the_owner_fences_itself_a_ttl_after_its_last_renewal_even_with_its_clock_set_back(tmp_path):
+    clock, mono = Clock(), Clock(0.0)
+    lease = Lease(tmp_path, "c1", ttl_s=10, clock=clock, monotonic=mono).acquire()
+    mono.t += 8.0
+    lease.renew()  # a renewal moves the fence: ttl from when it began
+    mono.t += 8.0
+    lease.check()
+    clock.t -= 3600.0  # the wall clock is stepped back an hour (NTP, a restored VM)
+    mono.t += 3.0  # ... and the store stays unreachable past the ttl: a taker elsewhere may own it now
+    with pytest.raises(LeaseLost, match="without a renewal for 10 s"):
+        lease.check()
+    with pytest.raises(LeaseLost, match="stopping before writing more"):
+        CheckpointStore(tmp_path).save("c1", 1, 0, "must not be written")
+    lease.release()
+
+
 def test_stores_refuse_to_write_once_the_lease_is_lost(tmp_path):
     clock = Clock()
     lease = Lease(tmp_path, "c1", ttl_s=10, clock=clock).acquire()
