@@ -9,10 +9,11 @@ checkpoint of the collection back and reports:
 - the stored bytes by kind (the evidence state, the waves' rollouts, the critic's
   scores, the tree picture, the records, the manifests), per transition and against the
   Parquet batch; ``pickled`` is the same objects' bare pickle (:func:`storage.checkpoints.dumps`);
-- the CPU (user + system of this process) of :meth:`CheckpointStore.load` of every
-  checkpoint, and of :meth:`CheckpointStore.save` of every one into a fresh store (the
-  fastest of ``--repeats``), and of the encoding alone: :func:`storage.checkpoints.encode`
-  (where it exists, else the bare pickle) and the SHA-256 of its bytes.
+- the CPU (this process's user + system) of :meth:`CheckpointStore.save` of every
+  checkpoint into a fresh store, of :meth:`CheckpointStore.load` of every one back, and
+  of the encoding alone (:func:`storage.checkpoints.encode` and the SHA-256 a save takes):
+  as stored, and bare (``encode`` set to the bare pickle, as the store saved before
+  compression), the two arms interleaved ``--repeats`` times.
 
 Run: ``python -m benchmarks.checkpoint_size [--transitions 5000 --tasks 50] [--model tiny] [--json PATH]``
 """
@@ -28,6 +29,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,11 +66,35 @@ def _cpu() -> float:
     return time.process_time()
 
 
+def _arm(ck: Any, objs: list[tuple[Any, int, Any]], cid: str, bare: bool) -> tuple[float, float, float]:
+    """CPU seconds of saving ``objs`` into a fresh store, of loading them back, and of
+    encoding them alone (with the SHA-256 a save takes); ``bare``: as the store saved
+    before compression, the pickle as it is."""
+    compressed = getattr(ck, "encode", ck.dumps)
+    ck.encode = ck.dumps if bare else compressed
+    try:
+        with tempfile.TemporaryDirectory(prefix="focus-ckpt-save-") as tmp:
+            dst = ck.CheckpointStore(tmp)
+            t = _cpu()
+            for phase, wave, obj in objs:
+                dst.save(cid, phase, wave, obj)
+            save = _cpu() - t
+            t = _cpu()
+            for phase, wave, _ in objs:
+                dst.load(cid, phase, wave)
+            load = _cpu() - t
+        t = _cpu()
+        for _, _, obj in objs:
+            ck.sha256(ck.encode(obj))
+        return save, load, _cpu() - t
+    finally:
+        ck.encode = compressed
+
+
 def measure(store: Path, cid: str, repeats: int) -> dict[str, Any]:
     from storage import checkpoints as ck
-    from storage.checkpoints import CheckpointStore
 
-    src = CheckpointStore(store)
+    src = ck.CheckpointStore(store)
     keys = src.list(cid)
     folder = store / "checkpoints" / cid
     stored: Counter[str] = Counter()
@@ -84,35 +110,22 @@ def measure(store: Path, cid: str, repeats: int) -> dict[str, Any]:
         obj = src.load(cid, phase, wave)
         pickled[kind] += len(ck.dumps(obj))
         objs.append((phase, wave, obj))
-    encoder = getattr(ck, "encode", ck.dumps)  # before compression: the bare pickle
-
-    def encode(obj: Any) -> str:
-        return ck.sha256(encoder(obj))
-
-    load_s, save_s, encode_s = [], [], []
-    for i in range(repeats):
-        t = _cpu()
-        for phase, wave in keys:
-            src.load(cid, phase, wave)
-        load_s.append(_cpu() - t)
-        with tempfile.TemporaryDirectory(prefix="focus-ckpt-save-") as tmp:
-            dst = CheckpointStore(tmp)
-            t = _cpu()
-            for phase, wave, obj in objs:
-                dst.save(cid, phase, wave, obj)
-            save_s.append(_cpu() - t)
-        t = _cpu()
-        for _, _, obj in objs:
-            encode(obj)
-        encode_s.append(_cpu() - t)
+    # the two arms interleaved, so both see the same load from other processes
+    arms: dict[str, list[tuple[float, float, float]]] = {"bare": [], "stored": []}
+    for _ in range(repeats):
+        for arm, runs in arms.items():
+            runs.append(_arm(ck, objs, cid, bare=arm == "bare"))
+    cpu = {
+        f"{arm}_{what}_cpu_s": sorted(r[i] for r in runs)
+        for arm, runs in arms.items()
+        for i, what in enumerate(("save", "load", "encode"))
+    }
     return {
         "checkpoints": len(keys),
         "waves": sum(1 for phase, _ in keys if kind_of(str(phase)) == "wave rollouts"),
         "stored_bytes": {k: stored[k] for k in KINDS},
         "pickled_bytes": {k: pickled[k] for k in KINDS if k != "manifests"},
-        "load_cpu_s": min(load_s),
-        "save_cpu_s": min(save_s),
-        "encode_cpu_s": min(encode_s),
+        **cpu,
     }
 
 
@@ -121,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transitions", type=int, default=5000)
     ap.add_argument("--tasks", type=int, default=50)
     ap.add_argument("--model", choices=("sim", "tiny"), default="sim", help="simulated service or the embedded model")
-    ap.add_argument("--repeats", type=int, default=5, help="save and load CPU: the fastest of this many")
+    ap.add_argument("--repeats", type=int, default=5, help="save and load CPU: the median of this many")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = ap.parse_args(argv)
     cid = f"ckpt-{args.transitions}-{args.tasks}"
@@ -154,9 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(row, indent=1), file=sys.stderr)
     print(
         f"{n} transitions, {figures['checkpoints']} checkpoints: {total / n:.1f} B/transition stored "
-        f"({total / batch:.2f}x the batch's {batch / n:.1f}); by kind {per_t}; "
-        f"save {1000 * figures['save_cpu_s']:.0f} ms CPU (encoding {1000 * figures['encode_cpu_s']:.0f} ms), "
-        f"load {1000 * figures['load_cpu_s']:.0f} ms",
+        f"({total / batch:.2f}x the batch's {batch / n:.1f}); by kind {per_t}"
+        + "; CPU ms, median of "
+        + str(args.repeats)
+        + ", bare pickle / as stored: "
+        + ", ".join(
+            f"{what} {1000 * median(figures[f'bare_{what}_cpu_s']):.0f} / {1000 * median(figures[f'stored_{what}_cpu_s']):.0f}"
+            for what in ("save", "load", "encode")
+        ),
         file=sys.stderr,
     )
     if args.json is not None:
