@@ -6,7 +6,13 @@ Objects are serialised with the standard pickler, which is about twice as fast a
 cloudpickle on a search state (cloudpickle consults a Python hook for every object);
 what the standard pickler cannot restore in another process - lambdas, local classes,
 anything defined in ``__main__`` - is serialised with cloudpickle instead (see
-:func:`dumps`). Both load with ``pickle.loads``.
+:func:`dumps`). Both load with ``pickle.loads``. The pickle is stored compressed with
+zstd (level 1, pyarrow's codec) behind a 14-byte header (:func:`encode`), unless that is
+no smaller (a phase end, a critic's identity): a collection's pickles are mostly the
+repeated structure of dataclass instances and prompts that extend each other, which
+compresses about 5x (benchmarks/README.md, "Checkpoint size"). A data file that starts
+with the header is decompressed on load; any other is a bare pickle, as every version
+before wrote, and loads as it is.
 
 Layout under the store root::
 
@@ -44,12 +50,14 @@ import contextlib
 import logging
 import os
 import pickle
+import struct
 import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import cloudpickle
+import pyarrow as pa
 
 from storage.errors import CheckpointNotFound, CorruptDataError, ManifestError
 from storage.lease import DEFAULT_TTL_S, Lease, check_writer
@@ -74,6 +82,34 @@ def dumps(obj: Any) -> bytes:
         return cloudpickle.dumps(obj, protocol=5)
     # a module name in the stream is a string: a quick look finds the __main__ case
     return cloudpickle.dumps(obj, protocol=5) if b"__main__" in data else data
+
+
+#: The header of a compressed data file: this, then the pickle's size (8 bytes, little
+#: endian), then one zstd frame. A pickle (protocol 2 and later) starts with 0x80 instead.
+ZSTD_HEADER = b"FZSTD\x01"
+_SIZE = struct.Struct("<Q")
+_ZSTD = pa.Codec("zstd", compression_level=1) if pa.Codec.is_available("zstd") else None
+
+
+def encode(obj: Any) -> bytes:
+    """``obj`` as a checkpoint's data file holds it: :func:`dumps`, compressed when that
+    makes it smaller (and pyarrow was built with zstd; without it, bare)."""
+    data = dumps(obj)
+    if _ZSTD is None:
+        return data
+    packed = ZSTD_HEADER + _SIZE.pack(len(data)) + _ZSTD.compress(data, asbytes=True)
+    return packed if len(packed) < len(data) else data
+
+
+def decode(data: bytes) -> Any:
+    """The object a data file holds (:func:`encode`'s, or a bare pickle)."""
+    if data.startswith(ZSTD_HEADER):
+        if _ZSTD is None:
+            raise ValueError("the file is zstd-compressed and this pyarrow was built without zstd")
+        start = len(ZSTD_HEADER) + _SIZE.size
+        (size,) = _SIZE.unpack_from(data, len(ZSTD_HEADER))
+        data = _ZSTD.decompress(memoryview(data)[start:], decompressed_size=size, asbytes=True)
+    return pickle.loads(data)
 
 
 def _phase_key(phase: int | str) -> str:
@@ -151,7 +187,7 @@ class CheckpointStore:
         except FileNotFoundError:
             pass
         try:
-            data = dumps(obj)
+            data = encode(obj)
         except Exception as e:
             raise TypeError(
                 f"checkpoint {collection_id}/{phase}/{wave}: state cannot be pickled: {type(e).__name__}: {e}"
@@ -171,7 +207,7 @@ class CheckpointStore:
             info={"phase": phase, "wave": wave, "seq": seq, "type": f"{type(obj).__module__}.{type(obj).__qualname__}"},
         )
         check_writer(self.root, collection_id)
-        if self.loc.put_bytes(manifest_url, manifest.to_json(), self.retry, exclusive=True):
+        if self.loc.put_bytes(manifest_url, manifest.to_json(compact=True), self.retry, exclusive=True):
             return url
         # another writer saved this checkpoint first: keep its copy, drop ours unless it is the same file
         first = self._read_manifest(manifest_url).files[0].path
@@ -216,7 +252,7 @@ class CheckpointStore:
                 f"{url}: {len(data)} bytes whose checksum differs from the manifest ({entry.bytes} bytes); {todo}"
             )
         try:
-            return pickle.loads(data)
+            return decode(data)
         except Exception as e:
             raise CorruptDataError(f"{url}: checksum matches but unpickling failed: {type(e).__name__}: {e}") from e
 

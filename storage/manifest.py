@@ -52,8 +52,12 @@ class Manifest:
                 return f
         raise ManifestError(f"manifest lists no file {path!r}")
 
-    def to_json(self) -> bytes:
+    def to_json(self, *, compact: bool = False) -> bytes:
+        """The manifest as JSON, one field a line; ``compact``: on one line, without
+        spaces (a checkpoint's: two per wave, 12% smaller)."""
         doc = {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(self)}
+        if compact:
+            return json.dumps(doc, separators=(",", ":"), sort_keys=True, default=_json_default).encode()
         return json.dumps(doc, indent=1, sort_keys=True, default=_json_default).encode()
 
     @classmethod
