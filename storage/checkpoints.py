@@ -118,6 +118,10 @@ class CheckpointStore:
         self.loc = Location(root, storage_options)
         self.retry = retry or Retry()
         self._last_seq = 0
+        self._ahead: ReadAhead | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_ahead": None}  # a read-ahead's threads stay in this process
 
     @property
     def root(self) -> str:
@@ -195,7 +199,17 @@ class CheckpointStore:
         return self.loc.exists(self.url_for(collection_id, phase, wave) + _SUFFIX, self.retry)
 
     def load(self, collection_id: str, phase: int | str, wave: int) -> Any:
-        """The object saved for (collection, phase, wave), checked against its manifest."""
+        """The object saved for (collection, phase, wave), checked against its manifest;
+        taken from the read-ahead (:meth:`reading_ahead`) if it is the next key there."""
+        ahead = self._ahead
+        if ahead is not None and ahead.cid == collection_id:
+            found, value = ahead.take((phase, wave))
+            if found:
+                return value
+        return self.read(collection_id, phase, wave)
+
+    def read(self, collection_id: str, phase: int | str, wave: int) -> Any:
+        """:meth:`load` without the read-ahead: a manifest, then its data file."""
         base, m = self.manifest_of(collection_id, phase, wave)
         return self.unpickle(*self.fetch(base, m))
 
@@ -244,12 +258,19 @@ class CheckpointStore:
         except Exception as e:
             raise CorruptDataError(f"{url}: checksum matches but unpickling failed: {type(e).__name__}: {e}") from e
 
-    def read_ahead(self, collection_id: str, keys: Sequence[tuple[int | str, int]], **window: Any) -> ReadAhead:
-        """The checkpoints ``keys`` of ``collection_id``, to be loaded in this order, read
-        ahead of their use (:class:`storage.read_ahead.ReadAhead`)."""
+    @contextlib.contextmanager
+    def reading_ahead(self, collection_id: str, keys: Sequence[tuple[int | str, int]], **window: Any) -> Iterator[None]:
+        """For the block, :meth:`load` of the checkpoints ``keys`` of ``collection_id``, in
+        this order, from loads run ahead in a few threads (:class:`storage.read_ahead.ReadAhead`;
+        ``window``: its options): the steps a resume replays (:func:`tasks.gaps.repairing`)."""
         from storage.read_ahead import ReadAhead
 
-        return ReadAhead(self, collection_id, keys, **window)
+        with ReadAhead(self, collection_id, keys, **window) as ahead:
+            self._ahead = ahead
+            try:
+                yield
+            finally:
+                self._ahead = None
 
     def sweep(self, collection_id: str) -> list[str]:
         """Remove what interrupted saves of ``collection_id`` left; return the URLs removed.

@@ -12,7 +12,7 @@ What is read ahead is checked exactly as :meth:`storage.CheckpointStore.load` ch
 :meth:`~storage.CheckpointStore.fetch`: the size and SHA-256 against the manifest); it is
 unpickled by the taker, in order. A read that failed for any reason (a missing or
 damaged checkpoint, a store that did not answer) is not reported from the thread: the
-taker loads that checkpoint again itself with :meth:`~storage.CheckpointStore.load`, so
+taker loads that checkpoint again itself with :meth:`~storage.CheckpointStore.read`, so
 what it raises, and when, is what a resume without read-ahead raises. Memory is bounded
 by a window: at most ``window`` keys ahead of the taker have their manifest read, and
 their data files are read in order while the bytes read and not yet taken stay within
@@ -116,7 +116,7 @@ class ReadAhead:
                 if self._next >= len(self.keys):
                     self.close()
         if got is None:  # as a load without read-ahead: its error, raised from here
-            return True, self.store.load(self.cid, *key)
+            return True, self.store.read(self.cid, *key)
         return True, self.store.unpickle(*got)
 
     def _drop(self, i: int) -> None:

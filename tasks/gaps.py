@@ -298,9 +298,9 @@ async def repairing(journal: CheckpointJournal) -> AsyncIterator[None]:
     gap, replayed = await asyncio.to_thread(mend, journal)
     if gap is not None:
         log.warning("%s", gap_line(journal, gap), extra=CONSOLE)
-    journal.read_ahead(replayed)  # the saved steps' loads, run ahead of the replay
     try:
-        yield
+        with journal.store.reading_ahead(journal.cid, replayed):  # the replay's loads, run ahead of it
+            yield
     except BatchExistsError as e:
         if gap is None:
             raise
@@ -310,8 +310,6 @@ async def repairing(journal: CheckpointJournal) -> AsyncIterator[None]:
             "the steps after it, computed again, give another batch (the model's answers did not repeat): "
             f"remove {url} and rerun to write the new one, or keep it and collect under a new collection id"
         ) from e
-    finally:
-        journal.stop_reading_ahead()
     if journal.damaged:
         url = journal.batch_store.url_for(journal.cid, journal.config.iteration)
         why = f"batch {url} did not match its manifest ({journal.damaged})"

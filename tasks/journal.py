@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from focus.journal import Journal, Step, WaveRollouts
@@ -32,7 +32,6 @@ from tasks.records import StepRecord, Tally
 if TYPE_CHECKING:
     from focus.collector import Collector
     from focus.search import SearchState
-    from storage.read_ahead import ReadAhead
 
 _T = TypeVar("_T")
 Key = tuple[str, int]
@@ -86,7 +85,6 @@ class CheckpointJournal(Journal):
         self._mark = time.perf_counter()
         #: The last step being saved: each save waits for the one before it.
         self._saving: asyncio.Future[Any] | None = None
-        self._ahead: ReadAhead | None = None
 
     async def run_step(self, kind: str, step: Step | None, body: Callable[..., _T], *args: Any) -> _T:
         """Run one step's body (blocking: it saves) in a worker thread; ``kind`` is
@@ -94,27 +92,11 @@ class CheckpointJournal(Journal):
         return await asyncio.to_thread(body, *args)
 
     def load(self, key: Key) -> Any | None:
-        """The checkpoint saved under ``key``, or ``None``; from the read-ahead if it is
-        the next of the steps being read ahead (:meth:`read_ahead`)."""
+        """The checkpoint saved under ``key``, or ``None``."""
         try:
-            if self._ahead is not None:
-                found, value = self._ahead.take(key)
-                if found:
-                    return value
             return self.store.load(self.cid, *key)
         except CheckpointNotFound:
             return None
-
-    def read_ahead(self, keys: Sequence[Key]) -> None:
-        """Read the checkpoints ``keys`` ahead, in a few threads, for :meth:`load` to take in
-        this order (:class:`storage.read_ahead.ReadAhead`): the steps a resume replays."""
-        self.stop_reading_ahead()
-        self._ahead = self.store.read_ahead(self.cid, keys) if keys else None
-
-    def stop_reading_ahead(self) -> None:
-        if self._ahead is not None:
-            self._ahead.close()
-            self._ahead = None
 
     def save(self, key: Key, value: Any) -> None:
         self.store.save(self.cid, *key, value)

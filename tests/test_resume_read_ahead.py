@@ -10,6 +10,7 @@ loopback behind :class:`focus.testing.s3faults.S3FaultProxy`, which holds every 
 
 from __future__ import annotations
 
+import pickle
 import time
 
 import pytest
@@ -20,6 +21,7 @@ from test_faults_infra import config
 from focus.journal import wave_step
 from focus.testing.s3faults import S3FaultProxy, peak_in_flight
 from storage import BatchStore, CheckpointNotFound, CheckpointStore, CorruptDataError
+from storage.read_ahead import ReadAhead
 from tasks.journal import CheckpointJournal
 
 pytestmark = pytest.mark.timeout(180)
@@ -54,7 +56,7 @@ def test_the_loads_overlap_within_their_window_and_come_in_order(slow_s3):
     bucket, opts, proxy = slow_s3
     store, keys, values = saved_store(bucket, opts, 24)
     t0 = time.monotonic()
-    ahead = store.read_ahead("c", keys, threads=8, window=8, max_bytes=1)
+    ahead = ReadAhead(store, "c", keys, threads=8, window=8, max_bytes=1)
     deadline = time.monotonic() + 30
     while len(gets(proxy, t0)) < 9 and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -83,7 +85,7 @@ def test_a_damaged_or_missing_checkpoint_is_reported_as_a_load_reports_it(slow_s
         with pytest.raises((CorruptDataError, CheckpointNotFound)) as direct:
             store.load("c", *key)
         errors[key] = (type(direct.value), str(direct.value))
-    ahead = store.read_ahead("c", keys, threads=4, window=4)
+    ahead = ReadAhead(store, "c", keys, threads=4, window=4)
     for key, value in zip(keys, values, strict=True):
         if key in errors:
             with pytest.raises(errors[key][0]) as raised:
@@ -129,3 +131,44 @@ def test_a_resume_on_s3_reads_ahead_and_gives_the_uninterrupted_batch(slow_s3):
     assert len(want.actor) >= 40
     assert mismatches(got, want) == {"actor": 0, "critic": 0}
     assert resumed.manifest(out["batch_url"]).fingerprint == want_manifest.fingerprint
+
+
+def test_the_loop_takes_every_step_read_ahead_in_the_planned_order(tmp_path, monkeypatch):
+    """The plan (:func:`tasks.gaps.replay_order`) is the order the loop asks in: a step
+    taken out of order would be loaded again, one at a time, as before."""
+    plans, served = [], []
+    start, take = ReadAhead.__init__, ReadAhead.take
+
+    def planned(self, store, cid, keys, **window):  # type: ignore[no-untyped-def]
+        plans.append(list(keys))
+        start(self, store, cid, keys, **window)
+
+    def watched(self, key):  # type: ignore[no-untyped-def]
+        found, value = take(self, key)
+        served.extend([key] if found else [])
+        return found, value
+
+    monkeypatch.setattr(ReadAhead, "__init__", planned)
+    monkeypatch.setattr(ReadAhead, "take", watched)
+    cfg = config(str(tmp_path / "store"), "order", transitions=48)
+    with pytest.raises(Stopped):
+        run_collect(cfg, StopAfter(cfg, wave_step(1, 5)))
+    assert plans == [[]] and served == []  # a first run replays nothing
+    run_collect(cfg)
+    (plan,) = plans[1:]
+    # the evidence and its scores, waves 0-4 with their scores, wave 5 (stopped before its scores)
+    assert plan[:3] == [("evidence", 0), ("evidence.score", 0), ("1.continue", 0)]
+    assert len(plan) == 13 and plan[-1] == ("1.continue", 5)
+    assert served == plan
+
+
+def test_a_store_reading_ahead_pickles_without_its_threads(tmp_path):
+    """A store is shipped to other processes (its :class:`storage.urls.Location` opens its
+    own connection there); one reading ahead goes without the read-ahead."""
+    store = CheckpointStore(str(tmp_path))
+    store.save("c", "1.continue", 0, {"x": 1})
+    with store.reading_ahead("c", [("1.continue", 0)]):
+        copy = pickle.loads(pickle.dumps(store))
+        assert copy._ahead is None and copy.load("c", "1.continue", 0) == {"x": 1}
+        assert store.load("c", "1.continue", 0) == {"x": 1}
+    assert store._ahead is None
