@@ -2,7 +2,8 @@
 
 - :class:`BatchStore`: training batches as Parquet (actor and critic tables, stats),
   made visible by a manifest written last.
-- :class:`CheckpointStore`: search state per (collection, phase, wave), for resume.
+- :class:`CheckpointStore`: search state per (collection, phase, wave), for resume (a
+  resume's checkpoints read ahead of its replay: :mod:`storage.read_ahead`).
 - :func:`collection_lease`: one writer per collection (a lease object in the store,
   renewed while the run lives).
 

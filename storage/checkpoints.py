@@ -54,7 +54,7 @@ import struct
 import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import pyarrow as pa
@@ -63,6 +63,9 @@ from storage.errors import CheckpointNotFound, CorruptDataError, ManifestError
 from storage.lease import DEFAULT_TTL_S, Lease, check_writer
 from storage.manifest import FileEntry, Manifest, sha256
 from storage.urls import TEMP_MARK, Location, Retry, check_id
+
+if TYPE_CHECKING:
+    from storage.read_ahead import ReadAhead
 
 _SUFFIX = ".manifest.json"
 log = logging.getLogger(__name__)
@@ -112,6 +115,11 @@ def decode(data: bytes) -> Any:
     return pickle.loads(data)
 
 
+def _todo(manifest_url: str) -> str:
+    """What to do about a damaged checkpoint (its files are kept for a look)."""
+    return f"remove {manifest_url} and rerun to compute it again"
+
+
 def _phase_key(phase: int | str) -> str:
     if isinstance(phase, bool) or not isinstance(phase, (int, str)):
         raise TypeError(f"phase must be an int index or a str name, got {phase!r}")
@@ -146,6 +154,10 @@ class CheckpointStore:
         self.loc = Location(root, storage_options)
         self.retry = retry or Retry()
         self._last_seq = 0
+        self._ahead: ReadAhead | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_ahead": None}  # a read-ahead's threads stay in this process
 
     @property
     def root(self) -> str:
@@ -223,14 +235,30 @@ class CheckpointStore:
         return self.loc.exists(self.url_for(collection_id, phase, wave) + _SUFFIX, self.retry)
 
     def load(self, collection_id: str, phase: int | str, wave: int) -> Any:
-        """The object saved for (collection, phase, wave), checked against its manifest."""
+        """The object saved for (collection, phase, wave), checked against its manifest;
+        taken from the read-ahead (:meth:`reading_ahead`) if it is the next key there."""
+        ahead = self._ahead
+        if ahead is not None and ahead.cid == collection_id:
+            found, value = ahead.take((phase, wave))
+            if found:
+                return value
+        return self.read(collection_id, phase, wave)
+
+    def read(self, collection_id: str, phase: int | str, wave: int) -> Any:
+        """:meth:`load` without the read-ahead: a manifest, then its data file."""
+        base, m = self.manifest_of(collection_id, phase, wave)
+        return self.unpickle(*self.fetch(base, m))
+
+    def manifest_of(self, collection_id: str, phase: int | str, wave: int) -> tuple[str, Manifest]:
+        """(URL without suffix, manifest) of (collection, phase, wave): the first half of
+        :meth:`load`. :class:`CheckpointNotFound` without a manifest (saying whether its data
+        file is there), :class:`CorruptDataError` for a manifest that cannot be read."""
         base = self.url_for(collection_id, phase, wave)
         manifest_url = base + _SUFFIX
-        todo = f"remove {manifest_url} and rerun to compute it again"  # the file is kept for a look
         try:
-            m = self._read_manifest(manifest_url)
+            return base, self._read_manifest(manifest_url)
         except ManifestError as e:  # garbled or cut short (a disk's damage): the same remedy as a bad data file
-            raise CorruptDataError(f"{e}; {todo}") from e
+            raise CorruptDataError(f"{e}; {_todo(manifest_url)}") from e
         except FileNotFoundError:
             stem = base.rsplit("/", 1)[1] + "."
             half = any(
@@ -241,20 +269,44 @@ class CheckpointStore:
                 f"no checkpoint for collection {collection_id!r} phase {phase!r} wave {wave}"
                 + (" (its data file exists without a manifest: the save was interrupted)" if half else "")
             ) from None
+
+    def fetch(self, base: str, m: Manifest) -> tuple[str, bytes]:
+        """(URL, bytes) of the data file manifest ``m`` of checkpoint ``base`` lists, its size
+        and SHA-256 checked (:class:`CorruptDataError` if they differ or it is missing)."""
         entry = m.files[0]
         url = f"{base.rsplit('/', 1)[0]}/{entry.path}"
         try:
             data = self.loc.cat(url, self.retry, entry.bytes)
         except FileNotFoundError:
-            raise CorruptDataError(f"{url}: listed by its manifest but missing; {todo}") from None
+            raise CorruptDataError(f"{url}: listed by its manifest but missing; {_todo(base + _SUFFIX)}") from None
         if len(data) != entry.bytes or sha256(data) != entry.sha256:
             raise CorruptDataError(
-                f"{url}: {len(data)} bytes whose checksum differs from the manifest ({entry.bytes} bytes); {todo}"
+                f"{url}: {len(data)} bytes whose checksum differs from the manifest ({entry.bytes} bytes); "
+                + _todo(base + _SUFFIX)
             )
+        return url, data
+
+    @staticmethod
+    def unpickle(url: str, data: bytes) -> Any:
+        """The object in checked ``data`` read from ``url``: the last part of :meth:`load`."""
         try:
             return decode(data)
         except Exception as e:
             raise CorruptDataError(f"{url}: checksum matches but unpickling failed: {type(e).__name__}: {e}") from e
+
+    @contextlib.contextmanager
+    def reading_ahead(self, collection_id: str, keys: Sequence[tuple[int | str, int]], **window: Any) -> Iterator[None]:
+        """For the block, :meth:`load` of the checkpoints ``keys`` of ``collection_id``, in
+        this order, from loads run ahead in a few threads (:class:`storage.read_ahead.ReadAhead`;
+        ``window``: its options): the steps a resume replays (:func:`tasks.gaps.repairing`)."""
+        from storage.read_ahead import ReadAhead
+
+        with ReadAhead(self, collection_id, keys, **window) as ahead:
+            self._ahead = ahead
+            try:
+                yield
+            finally:
+                self._ahead = None
 
     def sweep(self, collection_id: str) -> list[str]:
         """Remove what interrupted saves of ``collection_id`` left; return the URLs removed.

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -170,13 +171,14 @@ def describe(key: Key) -> str:
 # ---- the I/O: mending a collection's store ----
 
 
-def mend(journal: CheckpointJournal) -> Gap | None:
+def mend(journal: CheckpointJournal) -> tuple[Gap | None, list[Key]]:
     """Make the saved steps of ``journal``'s collection a prefix of it again: find the
     first gap (one listing of its checkpoints and a read of each saved phase end) and
     discard what :func:`find_gap` says must go, last first (whatever an interruption
     leaves, the next rerun finds the same gap). Run it holding the lease, once the
     collection is known to be unfinished: a finished one whose batch checks out needs
-    none of its steps. Returns the gap, ``None`` if there is none."""
+    none of its steps. Returns the gap (``None`` if there is none) and the steps the
+    loop will replay (:func:`replay_order`)."""
     phases, store, cid = journal.config.search.phases, journal.store, journal.cid
     saved = {(p, w): whole for (p, w), whole in store.saved(cid).items() if isinstance(p, str)}
     ends = {}
@@ -187,7 +189,19 @@ def mend(journal: CheckpointJournal) -> Gap | None:
     gap = find_gap(phases, saved, ends)
     if gap is not None:
         store.discard(cid, gap.discard[::-1])
-    return gap
+    return gap, replay_order(phases, saved, ends, gap)
+
+
+def replay_order(
+    phases: Sequence[Any], saved: Mapping[Key, bool], ends: Mapping[Key, int], gap: Gap | None
+) -> list[Key]:
+    """The saved steps a resume replays, in the order the loop asks for them: those of
+    :func:`expected_steps` up to the first one not saved whole, once ``gap``'s are
+    discarded (what :func:`repairing` reads ahead)."""
+    gone = set(gap.discard) if gap is not None else set()
+    kept = {k: whole for k, whole in saved.items() if k not in gone}
+    counts = {k: n for k, n in ends.items() if k in kept}
+    return list(itertools.takewhile(lambda k: kept.get(k, False), expected_steps(phases, kept, counts)))
 
 
 def gap_line(journal: CheckpointJournal, gap: Gap) -> str:
@@ -278,12 +292,15 @@ async def repairing(journal: CheckpointJournal) -> AsyncIterator[None]:
     a gap in its checkpoints mended first (:func:`mend`, one warning line); after, a
     warning if its damaged batch was written again. Where the steps computed again give
     another batch than one an earlier run left (a model whose answers do not repeat), the
-    refusal names the missing step and what to do, not only 'a different batch'."""
-    gap = await asyncio.to_thread(mend, journal)
+    refusal names the missing step and what to do, not only 'a different batch'. The saved
+    steps the search replays are read ahead meanwhile (:func:`replay_order`,
+    :class:`storage.read_ahead.ReadAhead`)."""
+    gap, replayed = await asyncio.to_thread(mend, journal)
     if gap is not None:
         log.warning("%s", gap_line(journal, gap), extra=CONSOLE)
     try:
-        yield
+        with journal.store.reading_ahead(journal.cid, replayed):  # the replay's loads, run ahead of it
+            yield
     except BatchExistsError as e:
         if gap is None:
             raise

@@ -97,6 +97,9 @@ COMMANDS: dict[str, Check] = {
     ".venv/bin/python -m benchmarks.pipeline_scale --sizes 20000:200": Check(
         "parse", "a 20k-transition collection and its rerun: a minute or more on 2 cores"
     ),
+    ".venv/bin/python -m benchmarks.resume_s3 --size 20000:200 --delays-ms 0,20": Check(
+        "parse", "a 20k-transition collection on S3, killed twice and resumed: 6-10 minutes on 2 cores"
+    ),
     ".venv/bin/python -m benchmarks --only load_2k,load_20k": Check("parse", "benchmarks of half an hour"),
     ".venv/bin/python -m benchmarks --only restart": Check("parse", "a benchmark of minutes (30 s and 90 s outages)"),
     ".venv/bin/python -m benchmarks --only learning": Check("parse", "the learning record: 20-35 minutes on 2 cores"),

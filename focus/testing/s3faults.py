@@ -48,7 +48,9 @@ class S3FaultProxy:
     requests (``{"PUT"}``: writes), ``from_path`` holds the fault back until the first
     request whose path contains it (a fault that starts at a chosen step, whatever the
     number of requests before it). :attr:`delay_s` holds every forwarded request that
-    long (a slow store).
+    long (a slow store). :attr:`served` lists every forwarded request as ``(start, end,
+    method, path)`` (``time.monotonic``; the path unquoted, the query string cut), for a
+    count of requests and of how many were in flight at once (:func:`peak_in_flight`).
     """
 
     def __init__(self, upstream: str) -> None:
@@ -63,6 +65,7 @@ class S3FaultProxy:
         self.delay_s = 0.0
         self._lock = threading.Lock()
         self.failed = 0
+        self.served: list[tuple[float, float, str, str]] = []
         self._server: http.server.ThreadingHTTPServer | None = None
 
     @property
@@ -131,6 +134,7 @@ class S3FaultProxy:
                     status, data, kind = fault  # a HEAD answer carries no body: S3 names no code then
                     self._reply(status, [("Content-Type", kind)], data, len(data))
                     return
+                start = time.monotonic()
                 if proxy.delay_s:
                     time.sleep(proxy.delay_s)
                 conn = http.client.HTTPConnection(*proxy._upstream, timeout=60)
@@ -144,6 +148,8 @@ class S3FaultProxy:
                     self._reply(answer.status, kept, data, length)
                 finally:
                     conn.close()
+                    with proxy._lock:
+                        proxy.served.append((start, time.monotonic(), self.command, unquote(self.path.split("?")[0])))
 
             def _reply(self, status: int, headers: list[tuple[str, str]], data: bytes, length: int) -> None:
                 self.send_response(status)
@@ -173,3 +179,13 @@ class S3FaultProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def peak_in_flight(served: list[tuple[float, float, str, str]]) -> int:
+    """The most of ``served`` (:attr:`S3FaultProxy.served` records) in flight at one time."""
+    events = sorted([(t0, 1) for t0, _, _, _ in served] + [(t1, -1) for _, t1, _, _ in served])
+    peak = now = 0
+    for _, step in events:  # at a tie an end comes first: back-to-back requests do not overlap
+        now += step
+        peak = max(peak, now)
+    return peak

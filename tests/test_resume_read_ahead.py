@@ -1,0 +1,174 @@
+"""A resume reads its saved steps ahead of the replay (:class:`storage.read_ahead.ReadAhead`).
+
+Before, the replay loaded one checkpoint after another, a manifest and then its data
+file, so on S3 every saved wave cost four round trips with nothing else in flight
+(16,500 sequential GETs before the first new wave at 100k transitions). Now the loads run
+in a few threads ahead of the replay, which still takes them in order. Moto's S3 on
+loopback behind :class:`focus.testing.s3faults.S3FaultProxy`, which holds every request
+50 ms (a store farther away than loopback) and records when each was in flight.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import pytest
+from fixtures.journal import StopAfter, Stopped, run_collect
+from fixtures.resume import mismatches
+from test_faults_infra import config
+
+from focus.journal import wave_step
+from focus.testing.s3faults import S3FaultProxy, peak_in_flight
+from storage import BatchStore, CheckpointNotFound, CheckpointStore, CorruptDataError
+from storage.read_ahead import ReadAhead
+from tasks.journal import CheckpointJournal
+
+pytestmark = pytest.mark.timeout(180)
+
+DELAY_S = 0.05
+
+
+@pytest.fixture
+def slow_s3(s3_server):
+    """(bucket URL, storage options through the proxy, the proxy holding each request 50 ms)."""
+    with S3FaultProxy(s3_server.endpoint_url) as proxy:
+        proxy.delay_s = DELAY_S
+        opts = {"key": s3_server.key, "secret": s3_server.secret, "endpoint_url": proxy.url}
+        yield s3_server.make_bucket("focus-ahead"), opts, proxy
+
+
+def gets(proxy: S3FaultProxy, since: float, part: str = "/checkpoints/") -> list:
+    return [r for r in proxy.served if r[0] >= since and r[2] == "GET" and part in r[3]]
+
+
+def saved_store(bucket: str, opts: dict, n: int) -> tuple[CheckpointStore, list, list]:
+    """A store holding ``n`` checkpoints of collection ``c``: (store, keys, values)."""
+    store = CheckpointStore(f"{bucket}/runs", storage_options=opts)
+    keys = [(f"1.continue{'.score' if i % 2 else ''}", i // 2) for i in range(n)]
+    values = [{"i": i, "pad": bytes(100 * i)} for i in range(n)]
+    for key, value in zip(keys, values, strict=True):
+        store.save("c", *key, value)
+    return store, keys, values
+
+
+def test_the_loads_overlap_within_their_window_and_come_in_order(slow_s3):
+    bucket, opts, proxy = slow_s3
+    store, keys, values = saved_store(bucket, opts, 24)
+    t0 = time.monotonic()
+    ahead = ReadAhead(store, "c", keys, threads=8, window=8, max_bytes=1)
+    deadline = time.monotonic() + 30
+    while len(gets(proxy, t0)) < 9 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(5 * DELAY_S)  # anything beyond the window would have started by now
+    early = gets(proxy, t0)
+    # nothing taken yet: 8 manifests (the window) and 1 data file (max_bytes=1 admits one at a time)
+    assert sum(r[3].endswith(".manifest.json") for r in early) == 8
+    assert sum(r[3].endswith(".pkl") for r in early) == 1
+    got = [ahead.take(key) for key in keys]
+    assert got == [(True, v) for v in values]
+    assert len(gets(proxy, t0)) == 2 * len(keys)  # each checkpoint read once
+    assert peak_in_flight(gets(proxy, t0)) >= 2
+    assert ahead.take(keys[0]) == (False, None)  # every key taken: the caller loads for itself
+
+
+def test_a_damaged_or_missing_checkpoint_is_reported_as_a_load_reports_it(slow_s3, s3_server):
+    bucket, opts, proxy = slow_s3
+    store, keys, values = saved_store(bucket, opts, 10)
+    fs = s3_server.filesystem()
+    folder = f"{bucket.removeprefix('s3://')}/runs/checkpoints/c"
+    (data,) = fs.glob(f"{folder}/n-1.continue-w00001.*.pkl")
+    fs.pipe(data, fs.cat(data)[:-1] + b"\x00")  # the second wave's data file damaged
+    fs.rm(f"{folder}/n-1.continue.score-w00003.manifest.json")  # the fourth wave's scores gone
+    errors = {}
+    for key in (keys[2], keys[7]):
+        with pytest.raises((CorruptDataError, CheckpointNotFound)) as direct:
+            store.load("c", *key)
+        errors[key] = (type(direct.value), str(direct.value))
+    ahead = ReadAhead(store, "c", keys, threads=4, window=4)
+    for key, value in zip(keys, values, strict=True):
+        if key in errors:
+            with pytest.raises(errors[key][0]) as raised:
+                ahead.take(key)
+            assert str(raised.value) == errors[key][1]
+        else:
+            assert ahead.take(key) == (True, value)
+    assert "checksum differs from the manifest" in errors[keys[2]][1]
+
+
+def test_a_resume_on_s3_reads_ahead_and_gives_the_uninterrupted_batch(slow_s3):
+    """Stopped after its sixth continuation wave was saved, then resumed: the replay's
+    checkpoint reads overlap (they were one at a time), and the batch is the clean run's,
+    every row bit for bit and the same Parquet files."""
+    bucket, opts, proxy = slow_s3
+
+    def journal(root: str, stop: int | None = None) -> tuple:
+        cfg = config(root, "ahead", transitions=48)
+        stores = {
+            "store": CheckpointStore(root, storage_options=opts),
+            "batch_store": BatchStore(root, storage_options=opts),
+        }
+        if stop is None:
+            return cfg, CheckpointJournal(cfg, **stores)
+        return cfg, StopAfter(cfg, wave_step(1, stop), **stores)
+
+    clean = run_collect(*journal(f"{bucket}/clean"))  # the same collection id in another root
+    root = f"{bucket}/resumed"
+    with pytest.raises(Stopped):
+        run_collect(*journal(root, stop=5))
+    store = CheckpointStore(root, storage_options=opts)
+    before = {store.loc.path(u) for u in store.loc.list_files(f"{root}/checkpoints/ahead", store.retry)}
+    t0 = time.monotonic()
+    out = run_collect(*journal(root))
+    replayed = [r for r in gets(proxy, t0) if r[3].lstrip("/") in before]
+    assert len(replayed) >= 2 * 14  # the evidence, its scores and 6 waves with their scores, at least
+    assert peak_in_flight(replayed) >= 2
+    assert out["stats"]["steps_reused"] >= 14
+    batches = BatchStore(f"{bucket}/clean", storage_options=opts)
+    want, want_manifest = batches.read(clean["batch_url"]), batches.manifest(clean["batch_url"])
+    resumed = BatchStore(root, storage_options=opts)
+    got = resumed.read(out["batch_url"])
+    assert len(want.actor) >= 40
+    assert mismatches(got, want) == {"actor": 0, "critic": 0}
+    assert resumed.manifest(out["batch_url"]).fingerprint == want_manifest.fingerprint
+
+
+def test_the_loop_takes_every_step_read_ahead_in_the_planned_order(tmp_path, monkeypatch):
+    """The plan (:func:`tasks.gaps.replay_order`) is the order the loop asks in: a step
+    taken out of order would be loaded again, one at a time, as before."""
+    plans, served = [], []
+    start, take = ReadAhead.__init__, ReadAhead.take
+
+    def planned(self, store, cid, keys, **window):  # type: ignore[no-untyped-def]
+        plans.append(list(keys))
+        start(self, store, cid, keys, **window)
+
+    def watched(self, key):  # type: ignore[no-untyped-def]
+        found, value = take(self, key)
+        served.extend([key] if found else [])
+        return found, value
+
+    monkeypatch.setattr(ReadAhead, "__init__", planned)
+    monkeypatch.setattr(ReadAhead, "take", watched)
+    cfg = config(str(tmp_path / "store"), "order", transitions=48)
+    with pytest.raises(Stopped):
+        run_collect(cfg, StopAfter(cfg, wave_step(1, 5)))
+    assert plans == [[]] and served == []  # a first run replays nothing
+    run_collect(cfg)
+    (plan,) = plans[1:]
+    # the evidence and its scores, waves 0-4 with their scores, wave 5 (stopped before its scores)
+    assert plan[:3] == [("evidence", 0), ("evidence.score", 0), ("1.continue", 0)]
+    assert len(plan) == 13 and plan[-1] == ("1.continue", 5)
+    assert served == plan
+
+
+def test_a_store_reading_ahead_pickles_without_its_threads(tmp_path):
+    """A store is shipped to other processes (its :class:`storage.urls.Location` opens its
+    own connection there); one reading ahead goes without the read-ahead."""
+    store = CheckpointStore(str(tmp_path))
+    store.save("c", "1.continue", 0, {"x": 1})
+    with store.reading_ahead("c", [("1.continue", 0)]):
+        copy = pickle.loads(pickle.dumps(store))
+        assert copy._ahead is None and copy.load("c", "1.continue", 0) == {"x": 1}
+        assert store.load("c", "1.continue", 0) == {"x": 1}
+    assert store._ahead is None
