@@ -20,17 +20,19 @@ and builds the heads again: the same pass the rankings make then.
 Everything here is a function of the trees and of their rankings, which are the same
 whether updated or built from scratch (:mod:`focus.ranking`), so a plan from a state
 with an index is the plan from the same trees without one, job for job; a resumed
-state (:func:`focus.search.replay`) builds the same index. It is never pickled. A tree
-changed in place (not through ``graft``, which the state's facts guard against too,
-:meth:`focus.search.state._TreeFacts.describes`) is found by a sweep of the trees'
-identities and sizes, three C-level passes over the list (:meth:`PlanIndex.sweep`).
+state (:func:`focus.search.replay`) builds the same index. It is never pickled. A
+state's trees are not to be changed in place (``graft`` and ``with_predictions`` make
+successors; :func:`focus.search.copy_state` gives trees to edit): a tree that was is
+read again once its facts notice (:meth:`focus.search.state.SearchState.facts`, which
+every plan asks of the trees it takes jobs from and of those changed since the last
+plan), not by a pass over every tree, whose identities and sizes alone took 1.5 ms a
+plan at 1,000 tasks (cache misses, on a loaded machine).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
-from operator import attrgetter, is_
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from focus.ranking import Entry
@@ -38,10 +40,6 @@ from focus.ranking import Entry
 if TYPE_CHECKING:
     from focus.priority import Calibration, Priority
     from focus.search.state import SearchState
-    from focus.tree import Tree
-
-_nodes = attrgetter("nodes")
-_rollouts = attrgetter("rollouts")
 
 
 class PlanIndex:
@@ -50,13 +48,10 @@ class PlanIndex:
     ``unspent`` and ``unranked``: trees whose spent budget or ranking head may have
     moved since they were read (changed by a graft or a score, or new to the index)."""
 
-    __slots__ = ("trees", "nodes", "rollouts", "spent", "totals", "unspent", "key", "head", "heads", "unranked")
+    __slots__ = ("trees", "spent", "totals", "unspent", "key", "head", "heads", "unranked", "unread", "open")
 
-    def __init__(self, trees: Sequence[Tree]) -> None:
-        n = len(trees)
-        self.trees = list(trees)
-        self.nodes = list(map(len, map(_nodes, trees)))
-        self.rollouts = list(map(_rollouts, trees))
+    def __init__(self, trees: int) -> None:
+        n = self.trees = trees
         #: Each tree's budget spent per phase as last read, and their sums.
         self.spent: list[tuple[tuple[int, int], ...]] = [()] * n
         self.totals: dict[int, int] = {}
@@ -67,34 +62,20 @@ class PlanIndex:
         self.head: list[Entry | None] = [None] * n
         self.heads: list[Entry] = []
         self.unranked: set[int] = set()
+        #: Trees with nodes the critic has not scored (as last read), and those to read again.
+        self.open: set[int] = set()
+        self.unread: set[int] = set(range(n))
 
-    def moved(self, trees: Sequence[Tree], touched: Iterable[int]) -> PlanIndex:
-        """This index for a successor state whose ``trees`` differ from its
-        predecessor's at ``touched`` (the predecessor keeps none: its trees are no
-        longer the ones described)."""
-        for ti in touched:
-            tree = trees[ti]
-            self.trees[ti], self.nodes[ti], self.rollouts[ti] = tree, len(tree.nodes), tree.rollouts
-            self.unspent.add(ti)
-            self.unranked.add(ti)
+    def moved(self, touched: Iterable[int]) -> PlanIndex:
+        """This index for a successor state whose trees differ from its predecessor's at
+        ``touched`` (the predecessor keeps none: its trees are no longer the ones
+        described), or for the same state where its facts found those trees changed in
+        place (:meth:`focus.search.state.SearchState.facts`)."""
+        changed = set(touched)
+        self.unspent |= changed
+        self.unranked |= changed
+        self.unread |= changed
         return self
-
-    def sweep(self, trees: Sequence[Tree]) -> bool:
-        """Mark the trees that are not the objects (or not of the sizes) last recorded:
-        changed in place or replaced without a successor state. False where the tree
-        count differs (the index is of another collection: build a new one)."""
-        if len(trees) != len(self.trees):
-            return False
-        nodes = list(map(len, map(_nodes, trees)))
-        rollouts = list(map(_rollouts, trees))
-        if nodes != self.nodes or rollouts != self.rollouts or not all(map(is_, trees, self.trees)):
-            changed = [
-                ti
-                for ti, tree in enumerate(trees)
-                if tree is not self.trees[ti] or nodes[ti] != self.nodes[ti] or rollouts[ti] != self.rollouts[ti]
-            ]
-            self.moved(trees, changed)
-        return True
 
     def spent_total(self, state: SearchState, phase_index: int) -> int:
         """The budget the rollouts of phase ``phase_index`` spent, over every tree
@@ -137,7 +118,7 @@ class PlanIndex:
         if not self.holds(search, calibration, seed, phase_index):
             self.key = None
             head: list[Entry | None] = []
-            for ti in range(len(self.trees)):
+            for ti in range(self.trees):
                 r = state.facts(ti).ranked(search, calibration, phase_index, seed)
                 head.append(r[0] if r else None)
             self.head = head
@@ -158,13 +139,24 @@ class PlanIndex:
         self.unranked.clear()
         return heads
 
+    def unscored_trees(self, state: SearchState) -> list[int]:
+        """The trees with nodes the critic has not scored yet, in order
+        (:attr:`focus.search.state._TreeFacts.unscored`): what scoring reads each wave."""
+        if self.unread:
+            for ti in self.unread:
+                if state.facts(ti).unscored:
+                    self.open.add(ti)
+                else:
+                    self.open.discard(ti)
+            self.unread.clear()
+        return sorted(self.open)
+
 
 def plan_index(state: SearchState) -> PlanIndex:
-    """``state``'s index, swept for trees changed in place; a new one (every tree to
-    read) where it has none."""
+    """``state``'s index; a new one (every tree to read) where it has none."""
     index = state._index
-    if index is None or not index.sweep(state.trees):
-        index = state._index = PlanIndex(state.trees)
+    if index is None:
+        index = state._index = PlanIndex(len(state.trees))
     return index
 
 

@@ -25,7 +25,7 @@ from focus.noise_rows import Checkpoint, tree_rows
 from focus.priority import Calibration, NodeEvidence, Priority, exploration_rate
 from focus.ranking import Entry, TreeRanking, tie
 from focus.reprs import short_repr
-from focus.search.heads import PlanIndex
+from focus.search.heads import PlanIndex, plan_index
 from focus.search.shape import Known, shape_fact, tree_spreads
 from focus.tree import Edge, Node, Tree
 from focus.usage import Usage
@@ -308,6 +308,8 @@ class SearchState:
         f = self._derived.get(tree_index)
         if f is None or not f.describes(tree, tree_index):
             f = self._derived[tree_index] = _TreeFacts(tree, tree_index)
+            if self._index is not None:  # (a tree changed in place: its plan facts are read again)
+                self._index.moved((tree_index,))
         return f
 
 
@@ -585,10 +587,11 @@ def _successor(
     # the first k waves of a successor are its predecessor's: their counts still hold
     new._spreads = dict(state._spreads)
     index, state._index = state._index, None
-    new._index = None if index is None else index.moved(trees, touched)
+    new._index = None if index is None else index.moved(touched)
     return new
 
 
 def unscored(state: SearchState) -> list[tuple[int, int]]:
-    """(tree index, node id) of every node the critic has not scored yet, in tree order."""
-    return [(ti, nid) for ti in range(len(state.trees)) for nid in state.facts(ti).unscored]
+    """(tree index, node id) of every node the critic has not scored yet, in tree order
+    (of the trees the plan index holds as unscored: those changed since it last looked)."""
+    return [(ti, nid) for ti in plan_index(state).unscored_trees(state) for nid in state.facts(ti).unscored]
