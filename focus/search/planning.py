@@ -80,8 +80,9 @@ def _check_wave(state: SearchState, search: Priority, phase_index: int, wave_ind
 def wave_choices(state: SearchState, search: Priority, phase_index: int, wave_index: int) -> Iterator[InFlight]:
     """The jobs of continuation wave ``wave_index`` (:func:`plan_wave`) one at a time, in
     the order the greedy choice takes them (nothing for an evidence phase, or when the
-    phase is done). Lazy: the first job brings every tree's ranking up to date, each
-    later one costs a heap step. A runner that starts jobs as they are chosen goes
+    phase is done). Lazy: the first job brings the rankings up to date (those of the
+    trees changed since the last plan, :class:`focus.search.heads.PlanIndex`; after the
+    evidence or a refit every tree's), each later one costs a heap step. A runner that starts jobs as they are chosen goes
     through :class:`WaveChoice`, which takes the leading exploration picks before any
     ranking (:meth:`_Greedy.lead`); here, for a plan made whole, that would only add
     the cost of finding them."""
@@ -548,10 +549,10 @@ def _lead(choice: WaveChoice, n: int) -> list[InFlight]:
 
 
 def plan_rank(choice: WaveChoice) -> None:
-    """Fit the wave's calibration and bring every tree's ranking up to date (what the
-    first :func:`plan_choose` after the leading exploration picks would do; pure, and
-    what reads every tree: a runner calls it off its event loop while the lead's jobs
-    run)."""
+    """Fit the wave's calibration and bring the rankings up to date (what the first
+    :func:`plan_choose` after the leading exploration picks would do; pure, and after
+    the evidence or a refit what reads every tree: a runner calls it off its event loop
+    while the lead's jobs run; else it reads the trees changed since the last plan)."""
     if choice._greedy is not None:
         choice._greedy.rank()
 
