@@ -82,10 +82,10 @@ def wave_choices(state: SearchState, search: Priority, phase_index: int, wave_in
     the order the greedy choice takes them (nothing for an evidence phase, or when the
     phase is done). Lazy: the first job brings the rankings up to date (those of the
     trees changed since the last plan, :class:`focus.search.heads.PlanIndex`; after the
-    evidence or a refit every tree's), each later one costs a heap step. A runner that starts jobs as they are chosen goes
-    through :class:`WaveChoice`, which takes the leading exploration picks before any
-    ranking (:meth:`_Greedy.lead`); here, for a plan made whole, that would only add
-    the cost of finding them."""
+    evidence or a refit every tree's), each later one costs a heap step. A runner that
+    starts jobs as they are chosen goes through :class:`WaveChoice`, which takes the
+    leading exploration picks before any ranking (:meth:`_Greedy.lead`); here, for a
+    plan made whole, that would only add the cost of finding them."""
     g = _wave_greedy(state, search, phase_index, wave_index)
     if g is not None:
         yield from g.rest()
