@@ -65,6 +65,7 @@ from focus.search import (
     plan_begin,
     plan_choose,
     plan_chosen,
+    plan_rank,
     score_tree,
     with_predictions,
 )
@@ -233,19 +234,23 @@ class ReplayMismatch(AssertionError):
 
 
 def _plan(state: SearchState, cap: Capture, wave: int, clock: Clock, last: Any) -> tuple[SearchState, Any]:
-    """Plan continuation wave ``wave`` as :func:`focus.search.plan_ahead` does, its parts
-    timed apart: the calibration, every tree's ranking (built or brought up to date),
-    and the rest (the greedy choice: its first slice of jobs, ``greedy``, and the rest,
-    ``greedy_tail``, which the collector chooses while the first jobs run). ``last``: the previous plan's calibration; the
-    parts are named ``first.*`` (no previous plan), ``refit.*`` (a new calibration),
-    ``wave.*`` or, for the plan that finds nothing more to do, ``last.*``. The
-    calibration and the rankings are timed before the choice, so a wave's leading
-    exploration picks (``focus.search.planning._Greedy.lead``, which a collector starts
-    before it fits and ranks) are not modelled: here the fit and the rankings count in
-    the barrier whether or not a lead runs beside them."""
+    """Plan continuation wave ``wave`` as the collector does (:func:`focus.waves.launch_choosing`,
+    then :func:`focus.search.plan_ahead`), its parts timed apart: the calibration, the
+    rankings brought up to date (:func:`focus.search.plan_rank`: every tree's after the
+    evidence or a refit, ``rank_build``, else the trees changed since the last plan,
+    ``rank_update``), and the rest (the wave begun and its first slice of jobs,
+    ``greedy``, and the rest, ``greedy_tail``, which the collector chooses while the
+    first jobs run). ``last``: the previous plan's calibration; the parts are named
+    ``first.*`` (no previous plan), ``refit.*`` (a new calibration), ``wave.*`` or, for
+    the plan that finds nothing more to do, ``last.*``. The rankings are brought up to
+    date before the choice, so a wave's leading exploration picks
+    (``focus.search.planning._Greedy.lead``, which a collector starts before it fits
+    and ranks) are not modelled: here the fit and the rankings count in the barrier
+    whether or not a lead runs beside them."""
     search, pi = cap.search, 1
     own = Clock()
-    if _plans_nothing(state, search, pi):
+    choice = own("greedy", plan_begin, state, search, pi)
+    if choice is None or choice.done:
         # the collector's plan stops at the budget (focus.search.planning._wave_greedy):
         # no fit, no ranking
         state = own("greedy", plan_ahead, state, search, pi)
@@ -256,38 +261,22 @@ def _plan(state: SearchState, cap: Capture, wave: int, clock: Clock, last: Any) 
         clock.count["last"] = clock.count.get("last", 0) + 1
         return state, last
     calib = own("calibration", state.calibration, search)
-    for ti in range(len(state.trees)):
-        f = state.facts(ti)
-        built = f.rank is None or not f.rank.matches(search, calib, state.seed)
-        own("rank_build" if built else "rank_update", f.ranked, search, calib, pi, state.seed)
-    choice = plan_begin(state, search, pi)
-    if choice is not None:  # as the collector does it (focus.waves.launch_choosing)
-        own("greedy", plan_choose, choice, CHOOSE_SLICE)  # the wave's first jobs wait for this slice
-        while not choice.done:  # the rest is chosen while those run: not the barrier
-            own("greedy_tail", plan_choose, choice, CHOOSE_SLICE)
-        state = own("greedy_tail", plan_chosen, choice)
+    kind = "first" if last is None else "refit" if calib is not last else "wave"
+    own("rank_update" if kind == "wave" else "rank_build", plan_rank, choice)
+    own("greedy", plan_choose, choice, CHOOSE_SLICE)  # the wave's first jobs wait for this slice
+    while not choice.done:  # the rest is chosen while those run: not the barrier
+        own("greedy_tail", plan_choose, choice, CHOOSE_SLICE)
+    state = own("greedy_tail", plan_chosen, choice)
     state = own("greedy", plan_ahead, state, search, pi)
     want = cap.plans[wave + 1] if wave + 1 < len(cap.plans) else ()
     got = job_key(state.planned[0]) if state.planned else ()
     if got != want:
         raise ReplayMismatch(f"continuation wave {wave}: the replay plans {len(got)} jobs, the live run {len(want)}")
-    kind = "first" if last is None else "last" if not got else "refit" if calib is not last else "wave"
+    kind = kind if got else "last"
     for name, cpu in own.cpu.items():
         clock.add(f"{kind}.{name}", cpu)
     clock.count[kind] = clock.count.get(kind, 0) + 1
     return state, calib
-
-
-def _plans_nothing(state: SearchState, search: Priority, pi: int) -> bool:
-    """Whether the next plan of phase ``pi`` finds its waves or its budget used up (the
-    check :func:`focus.search.planning._wave_greedy` makes before any fit or ranking)."""
-    phase = search.phases[pi]
-    if phase.max_waves is not None and state.waves_done(pi) + len(state.planned) >= phase.max_waves:
-        return True
-    remaining: float = (phase.transitions or 0) - sum(
-        state.facts(ti).spent.get(pi, 0) for ti in range(len(state.trees))
-    )
-    return remaining - sum(sum(p.expected) for p in state.planned) <= 0
 
 
 def _tail(

@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 from focus.agent import Rollout
 from focus.critic import warm_start
 from focus.priority import Priority, exploration_rate
-from focus.search import Predictions, SearchState, TreeWave, WavePlan, graft, plan_next, ranking_work, with_predictions
+from focus.search import Predictions, SearchState, TreeWave, WavePlan, graft, plan_next, with_predictions
+from focus.search.work import trees_work
 
 _T = TypeVar("_T")
 
@@ -52,7 +53,7 @@ _RANK_NODE_S = 8e-6
 #: ranking: its path and the views that read it, about 60% of the tree recomputed per
 #: wave (with the tail not ranking ahead: 42-71 ms for about 2,000 changed nodes).
 _UPDATE_NODE_S = 25e-6
-#: A tree a plan reads (its facts, its next entry on the choice's heap).
+#: A tree a plan reads (its facts, its ranking head brought up to date in the plan index).
 _TREE_S = 3e-6
 #: A node of a tree whose checkpoints' exploration draws a lead draws (a hash each).
 _DRAW_NODE_S = 4e-6
@@ -85,9 +86,10 @@ async def placed(cost_s: float, fn: Callable[..., _T], *args: Any) -> _T:
 
 
 def ranking_s(state: SearchState, search: Priority) -> float:
-    """Bringing every tree's ranking up to date (:func:`focus.search.plan_rank`, or the
-    first job a plan takes after its lead); infinite where the calibration is fitted
-    first (:func:`focus.search.ranking_work`): that reads every tree."""
+    """Bringing the rankings up to date (:func:`focus.search.plan_rank`, or the first
+    job a plan takes after its lead: the trees changed since the last plan, or after
+    the evidence or a refit every tree); infinite where the calibration is fitted first
+    (:func:`focus.search.ranking_work`): that reads every tree."""
     return _choice(state, search)[1]
 
 
@@ -95,10 +97,12 @@ def choice_s(state: SearchState, search: Priority) -> tuple[float, float]:
     """The two parts of choosing a wave a slice at a time (:func:`focus.waves.launch_choosing`),
     from one look at the trees: :func:`focus.search.plan_begin` with the first slice of
     the wave's leading exploration picks (:func:`focus.search.plan_lead`), then
-    :func:`ranking_s`. Beginning reads each tree's facts and, where some tree is to be
-    ranked (a lead is taken only then), draws the checkpoints' exploration slots of the
-    trees not drawn yet; nothing where the waves in flight are planned already (no wave
-    to begin). Past :data:`INLINE_S` in the trees alone, neither looks further."""
+    :func:`ranking_s`. Beginning reads the facts of the trees changed since the last
+    plan (every tree's where the state has no plan index under the calibration,
+    :class:`focus.search.heads.PlanIndex`) and, where some tree is to be ranked (a lead
+    is taken only then), draws the checkpoints' exploration slots of the trees not
+    drawn yet; nothing where the waves in flight are planned already (no wave to
+    begin). Past :data:`INLINE_S` in the trees alone, neither looks further."""
     if len(state.planned) >= search.waves_in_flight:
         return 0.0, 0.0
     return _choice(state, search)
@@ -106,10 +110,11 @@ def choice_s(state: SearchState, search: Priority) -> tuple[float, float]:
 
 def _choice(state: SearchState, search: Priority) -> tuple[float, float]:
     """:func:`choice_s` whether or not a wave is to begin."""
-    trees = len(state.trees) * _TREE_S
-    if trees > INLINE_S:  # long whatever else it does: no need to look at every tree to tell
+    work = trees_work(state, search, INLINE_S / _TREE_S)  # the trees changed since the last plan, or every tree
+    if work is None:  # every tree, long whatever else it does: no need to look at each to tell
+        trees = len(state.trees) * _TREE_S
         return trees, trees
-    work = ranking_work(state, search)
+    trees = work.trees * _TREE_S
     lead = (work.fit or work.fresh > 0) and exploration_rate(search, 0.0) > 0
     rank = math.inf if work.fit else trees + work.fresh * _RANK_NODE_S + work.changed * _UPDATE_NODE_S
     begin = trees + work.unsummed * _SUM_TREE_S + (work.undrawn * _DRAW_NODE_S if lead else 0.0)

@@ -263,12 +263,11 @@ class WaveTail:
         self._rows_only = prefit is not None and last_wave(state, prefit, self.plan)
         if prefit is not None and score is not None and rank:
             self._refit = _Refit(state, prefit, len(self.plan.jobs))
-        rest = [ti for ti in range(len(state.trees)) if ti not in self._jobs]
         unranked: list[int] = []
         if prefit is not None:
-            await _sliced(lambda ti: state.facts(ti).prefit(prefit, rows_only=self._rows_only), rest)
+            await _sliced(lambda ti: state.facts(ti).prefit(prefit, rows_only=self._rows_only), self._rest(state))
         elif self.rank_rest and score is not None and rank:
-            unranked = rest[::-1]
+            unranked = self._rest(state)[::-1]
         while not self.stopped:
             if not self._ready:
                 if task.done():
@@ -298,6 +297,11 @@ class WaveTail:
             if score is not None:
                 parts, score = await self._score(state, parts, *score)
             self.parts.update((p.tree_index, p) for p in parts)
+
+    def _rest(self, state: SearchState) -> list[int]:
+        """The trees the wave does not touch (a pass over every tree: only where the tail
+        works on them)."""
+        return [ti for ti in range(len(state.trees)) if ti not in self._jobs]
 
     def _rank_some(self, state: SearchState, search: Priority, unranked: list[int]) -> None:
         """Rank trees of ``unranked`` (taken from its end) under the calibration, for

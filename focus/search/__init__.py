@@ -1,7 +1,7 @@
 """The search: a state and pure functions from a state to the next jobs and from
 finished rollouts to the next state.
 
-Four modules, one job each:
+Five modules, one job each:
 
 - :mod:`focus.search.state`: :class:`SearchState` (the trees of a collection and the
   waves that built them; saved by the pipeline whole after the evidence, then wave by
@@ -12,6 +12,9 @@ Four modules, one job each:
   (:func:`plan_begin` / :func:`plan_lead` / :func:`plan_choose` / :func:`plan_rank` /
   :func:`plan_chosen`:
   :func:`plan_next`'s wave handed over a slice of jobs at a time);
+- :mod:`focus.search.heads`: the plan index a state hands to its successor - every
+  tree's ranking head (sorted), budget spent and unscored nodes, brought up to date for
+  the trees a wave changed, so a plan reads those and the trees it takes jobs from;
 - :mod:`focus.search.work`: :func:`ranking_work` - what a plan's rankings will read,
   told from the caches alone (where :mod:`focus.placement` runs a call);
 - :mod:`focus.search.grafting`: :func:`graft`, :func:`with_predictions`,

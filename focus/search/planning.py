@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from focus.calibration import Calibration
 from focus.node_view import subtree_length
 from focus.priority import NodeEvidence, Phase, Priority, exploration_rate, explores
-from focus.ranking import entry, tie
-from focus.search.state import RolloutJob, SearchState, WavePlan, _successor, _TreeFacts, rollout_seed
+from focus.ranking import Entry, entry, tie
+from focus.search.heads import PlanIndex, plan_index, spent
+from focus.search.state import RolloutJob, SearchState, WavePlan, _successor, rollout_seed
 from focus.sums import left_sum
 
 
@@ -79,11 +80,12 @@ def _check_wave(state: SearchState, search: Priority, phase_index: int, wave_ind
 def wave_choices(state: SearchState, search: Priority, phase_index: int, wave_index: int) -> Iterator[InFlight]:
     """The jobs of continuation wave ``wave_index`` (:func:`plan_wave`) one at a time, in
     the order the greedy choice takes them (nothing for an evidence phase, or when the
-    phase is done). Lazy: the first job brings every tree's ranking up to date, each
-    later one costs a heap step. A runner that starts jobs as they are chosen goes
-    through :class:`WaveChoice`, which takes the leading exploration picks before any
-    ranking (:meth:`_Greedy.lead`); here, for a plan made whole, that would only add
-    the cost of finding them."""
+    phase is done). Lazy: the first job brings the rankings up to date (those of the
+    trees changed since the last plan, :class:`focus.search.heads.PlanIndex`; after the
+    evidence or a refit every tree's), each later one costs a heap step. A runner that
+    starts jobs as they are chosen goes through :class:`WaveChoice`, which takes the
+    leading exploration picks before any ranking (:meth:`_Greedy.lead`); here, for a
+    plan made whole, that would only add the cost of finding them."""
     g = _wave_greedy(state, search, phase_index, wave_index)
     if g is not None:
         yield from g.rest()
@@ -98,8 +100,8 @@ def _wave_greedy(state: SearchState, search: Priority, phase_index: int, wave_in
         return None
     # A rollout that made no task transition (only parse errors or compactions) still
     # counts one against the budget (Usage.spend), so a phase always ends.
-    facts = [state.facts(ti) for ti in range(len(state.trees))]
-    remaining: float = (phase.transitions or 0) - sum(f.spent.get(phase_index, 0) for f in facts)
+    index = plan_index(state)
+    remaining: float = (phase.transitions or 0) - index.spent_total(state, phase_index)
     pending: dict[tuple[int, int], int] = {}
     for p in state.planned:
         remaining -= left_sum(p.expected)
@@ -108,8 +110,8 @@ def _wave_greedy(state: SearchState, search: Priority, phase_index: int, wave_in
     if remaining <= 0:
         return None
     # Each tree's eligible checkpoints are ranked once per tree version (cached in the
-    # state); the wave merges the per-tree rankings.
-    return _Greedy(state, search, phase_index, facts, pending, None, remaining)
+    # state); the wave merges the per-tree rankings, whose heads the index keeps.
+    return _Greedy(state, search, phase_index, index, pending, None, remaining)
 
 
 def last_wave(state: SearchState, search: Priority, plan: WavePlan) -> bool:
@@ -125,9 +127,7 @@ def last_wave(state: SearchState, search: Priority, plan: WavePlan) -> bool:
         return False
     if phase.max_waves is not None and plan.wave_index + 1 >= phase.max_waves:
         return True
-    remaining: float = (phase.transitions or 0) - sum(
-        state.facts(ti).spent.get(pi, 0) for ti in range(len(state.trees))
-    )
+    remaining: float = (phase.transitions or 0) - spent(state, pi)
     for p in state.planned:
         remaining -= left_sum(p.expected)
     return remaining <= 0
@@ -204,10 +204,10 @@ def plan_refill(
         raise ValueError(f"phase {phase.name!r} is an evidence phase: it runs as one wave, not by refills")
     if slots <= 0:
         return ()
-    facts = [state.facts(ti) for ti in range(len(state.trees))]
+    index = plan_index(state)
     remaining = (
         (phase.transitions or 0)
-        - sum(f.spent.get(phase_index, 0) for f in facts)
+        - index.spent_total(state, phase_index)
         - left_sum(f.expected_transitions for f in in_flight)
     )
     if remaining <= 0:
@@ -216,7 +216,7 @@ def plan_refill(
     for f in in_flight:
         key = (f.job.tree_index, f.job.node_id)
         pending[key] = pending.get(key, 0) + 1
-    return tuple(_Greedy(state, search, phase_index, facts, pending, slots, remaining).rest())  # no lead: planned whole
+    return tuple(_Greedy(state, search, phase_index, index, pending, slots, remaining).rest())  # no lead: planned whole
 
 
 def wave_limits(phase: Phase, calib: Calibration, slots: int | None = None) -> tuple[int, float]:
@@ -256,23 +256,28 @@ class _Greedy:
 
     ``pending`` holds continuations already running (streaming mode, or waves planned
     ahead; empty otherwise): their checkpoints leave the cached rankings (ranked with
-    nothing pending) and enter the heap re-ranked with their pending count. The heap
-    holds the next entry of every tree's ranking plus the re-ranked entries, so it pops
-    exactly the order a heap of every eligible checkpoint would. A checkpoint taken
-    again reads the view it was re-ranked with (``taken``: the ranking's view with its
-    pending count, the same fields) instead of copying the ranking's view once more.
+    nothing pending) and enter the heap re-ranked with their pending count. The choice
+    pops the smallest of two sources: the heads of every tree's ranking, kept sorted
+    for the collection (:class:`focus.search.heads.PlanIndex`; the trees with a
+    checkpoint pending left out), and a heap of the next entry of each tree whose head
+    (or later entry) was taken, the first entries of the trees left out, and the
+    re-ranked entries. That is exactly the order a heap of every eligible checkpoint
+    would pop (an entry names its checkpoint, so no two compare equal), and a plan
+    reads the trees it takes jobs from, not every tree. A checkpoint taken again reads
+    the view it was re-ranked with (``taken``: the ranking's view with its pending
+    count, the same fields) instead of copying the ranking's view once more.
 
     The choice comes in two parts. Slots drawn for exploration rank above every other
     whatever the calibration (:func:`focus.priority.exploration_rate`), so the greedy
     takes them first, in their seeded tie-break order, and that is all of the choice
     until none is left: :meth:`lead` takes them from the trees as they are, with the
     wave's limits from the mean rollout length alone, without fitting the noise model
-    or ranking any tree. :meth:`rank` then does both (the part of a plan that reads
-    every tree, about a second at 100k transitions over 2,000 tasks after the evidence
-    or a refit) and :meth:`rest` takes the remaining jobs, the lead's counted as
-    pending. A runner starts the lead's jobs while it ranks (:func:`plan_rank`). At
-    100k transitions over 2,000 tasks the first three waves after the evidence were
-    exploration picks only (472-488 jobs each).
+    or ranking any tree. :meth:`rank` then does both (after the evidence or a refit a
+    pass over every tree, about a second at 100k transitions over 2,000 tasks; else
+    the trees changed since the last plan) and :meth:`rest` takes the remaining jobs,
+    the lead's counted as pending. A runner starts the lead's jobs while it ranks
+    (:func:`plan_rank`). At 100k transitions over 2,000 tasks the first three waves
+    after the evidence were exploration picks only (472-488 jobs each).
     """
 
     def __init__(
@@ -280,12 +285,12 @@ class _Greedy:
         state: SearchState,
         search: Priority,
         phase_index: int,
-        facts: list[_TreeFacts],
+        index: PlanIndex,
         pending: dict[tuple[int, int], int],
         slots: int | None,
         remaining: float,
     ) -> None:
-        self.state, self.search, self.facts, self.pending = state, search, facts, pending
+        self.state, self.search, self.index, self.pending = state, search, index, pending
         self.phase = search.phases[phase_index]
         self.phase_index = phase_index
         self.mean_leaf = state.mean_leaf_transitions(search)
@@ -318,7 +323,8 @@ class _Greedy:
             return
         seed, most, deepest = state.seed, phase.max_branches, phase.max_depth
         heap: list[tuple[float, int, int]] = []
-        for ti, f in enumerate(self.facts):
+        for ti in range(len(state.trees)):  # some tree is to be ranked: a pass over every tree anyway
+            f = state.facts(ti)
             nodes = f.tree.nodes
             for u, nid in f.draws:  # the slots of checkpoints with nothing pending
                 if u >= rate:
@@ -347,12 +353,16 @@ class _Greedy:
                 heapq.heappush(heap, (tie(seed, ti, nid, branch + 1), ti, nid))
 
     def _ranked_already(self) -> bool:
-        """Whether the calibration is fitted and every tree's ranking built under it."""
+        """Whether the calibration is fitted and every tree's ranking built under it:
+        where the index's heads are under it, every tree's was when they were last
+        brought up to date, so only the trees changed since are asked."""
         state, search = self.state, self.search
         if not state.calibrated(search):
             return False
         calib, seed = state.calibration(search), state.seed
-        return all(f.built(search, calib, seed) for f in self.facts)
+        index = self.index
+        trees = sorted(index.unranked) if index.holds(search, calib, seed) else range(len(state.trees))
+        return all(state.facts(ti).built(search, calib, seed) for ti in trees)
 
     def _expected(self, ti: int, nid: int, lengths: dict[int, dict[int, float]]) -> float:
         """The view's ``expected_transitions`` (:func:`focus.node_view.node_view`) from the
@@ -365,34 +375,63 @@ class _Greedy:
         return max(length, 1.0)
 
     def rank(self) -> None:
-        """Fit the calibration and bring every tree's ranking up to date, then fill the
-        heap: the lead's picks enter it re-ranked with their pending counts."""
+        """Fit the calibration and bring the rankings up to date (every tree's after a
+        refit, else those of the trees changed since the last plan: :class:`PlanIndex`),
+        then fill the heap: the lead's picks enter it re-ranked with their pending
+        counts, with the first entries of their trees' rankings."""
         if self._heap is not None:
             return
-        state, search, facts, pending, phase = self.state, self.search, self.facts, self.pending, self.phase
+        state, search, pending, phase = self.state, self.search, self.pending, self.phase
         calib = state.calibration(search)
-        ranked = [f.ranked(search, calib, self.phase_index, state.seed) for f in facts]
+        heads = self.index.ranked_heads(state, search, calib, self.phase_index)
         heap: list[tuple[float, float, int, int, int]] = []
         for (ti, nid), n in pending.items():
-            ev = facts[ti].view(search, calib, state.seed, nid)
+            ev = state.facts(ti).view(search, calib, state.seed, nid)
             if ev is None or nid not in state.trees[ti].states or ev.depth > phase.max_depth:
                 continue
             ev = ev.with_pending(n)
             if ev.branches + n < phase.max_branches:
                 heap.append((*entry(search, state.seed, ev), -1))
-        self._ranked, self._busy, self._calib = ranked, dict(pending), calib
-        for ti in range(len(ranked)):
+        self._ranked: dict[int, list[Entry]] = {}
+        self._busy, self._calib, self._heads = dict(pending), calib, heads
+        #: Trees with a checkpoint pending: their heads are read from their rankings.
+        self._aside = {ti for ti, _ in self._busy}
+        for ti in sorted(self._aside):
             self._push_next(heap, ti, 0)
         heapq.heapify(heap)
         self._heap = heap
 
     def _push_next(self, heap: list[tuple[float, float, int, int, int]], ti: int, pos: int) -> None:
         # the next entry of tree ti's ranking at or after pos whose node has nothing in flight
-        r, busy = self._ranked[ti], self._busy
+        r = self._ranked.get(ti)
+        if r is None:
+            r = self._ranked[ti] = self.state.facts(ti).ranked(
+                self.search, self._calib, self.phase_index, self.state.seed
+            )
+        busy = self._busy
         while pos < len(r) and busy and (ti, r[pos][3]) in busy:
             pos += 1
         if pos < len(r):
             heapq.heappush(heap, (*r[pos], pos))
+
+    def _next(self, heap: list[tuple[float, float, int, int, int]], at: int) -> tuple[int, int, int] | None:
+        """Pop the smallest of the heap and the heads from ``at`` on (those of trees set
+        aside skipped), pushing its tree's next entry: (tree, node, where the heads go
+        on), or ``None`` where both are empty."""
+        heads, aside = self._heads, self._aside
+        n = len(heads)
+        while at < n and heads[at][2] in aside:
+            at += 1
+        if heap and (at == n or heap[0] < heads[at]):
+            _, _, ti, nid, pos = heapq.heappop(heap)
+            if pos >= 0:
+                self._push_next(heap, ti, pos + 1)
+            return ti, nid, at
+        if at == n:
+            return None
+        _, _, ti, nid = heads[at]
+        self._push_next(heap, ti, 1)
+        return ti, nid, at + 1
 
     def rest(self) -> Iterator[InFlight]:
         """The choice's jobs after :meth:`lead` (ranking first if :meth:`rank` was not called)."""
@@ -400,17 +439,19 @@ class _Greedy:
             return
         self.rank()
         heap, calib = self._heap, self._calib
-        state, search, facts, pending, phase = self.state, self.search, self.facts, self.pending, self.phase
+        state, search, pending, phase = self.state, self.search, self.pending, self.phase
         assert heap is not None
         taken: dict[tuple[int, int], NodeEvidence] = {}
-        while heap and not self.full:
-            _, _, ti, nid, pos = heapq.heappop(heap)
-            if pos >= 0:
-                self._push_next(heap, ti, pos + 1)
+        at = 0
+        while not self.full:
+            popped = self._next(heap, at)
+            if popped is None:
+                break
+            ti, nid, at = popped
             key = (ti, nid)
             ev = taken.get(key)
             if ev is None:
-                ev = facts[ti].view(search, calib, state.seed, nid)
+                ev = state.facts(ti).view(search, calib, state.seed, nid)
                 assert ev is not None  # a ranked entry is a checkpoint's
                 n = pending.get(key, 0)
                 if n != ev.pending:  # a ranking's views have none pending: mostly no copy to make
@@ -508,10 +549,10 @@ def _lead(choice: WaveChoice, n: int) -> list[InFlight]:
 
 
 def plan_rank(choice: WaveChoice) -> None:
-    """Fit the wave's calibration and bring every tree's ranking up to date (what the
-    first :func:`plan_choose` after the leading exploration picks would do; pure, and
-    what reads every tree: a runner calls it off its event loop while the lead's jobs
-    run)."""
+    """Fit the wave's calibration and bring the rankings up to date (what the first
+    :func:`plan_choose` after the leading exploration picks would do; pure, and after
+    the evidence or a refit what reads every tree: a runner calls it off its event loop
+    while the lead's jobs run; else it reads the trees changed since the last plan)."""
     if choice._greedy is not None:
         choice._greedy.rank()
 

@@ -25,6 +25,7 @@ from focus.noise_rows import Checkpoint, tree_rows
 from focus.priority import Calibration, NodeEvidence, Priority, exploration_rate
 from focus.ranking import Entry, TreeRanking, tie
 from focus.reprs import short_repr
+from focus.search.heads import PlanIndex, plan_index
 from focus.search.shape import Known, shape_fact, tree_spreads
 from focus.tree import Edge, Node, Tree
 from focus.usage import Usage
@@ -95,6 +96,8 @@ class SearchState:
     )
     #: Waves -> :meth:`spread_count` of the first that many waves.
     _spreads: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: What every plan reads of every tree (:mod:`focus.search.heads`), handed to successors.
+    _index: PlanIndex | None = field(default=None, init=False, repr=False, compare=False)
 
     def __repr__(self) -> str:
         # A summary: the dataclass's own repr printed every tree, megabytes at 100k
@@ -118,6 +121,7 @@ class SearchState:
         state.pop("_derived", None)
         state.pop("_calibrations", None)
         state.pop("_spreads", None)
+        state.pop("_index", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -125,6 +129,7 @@ class SearchState:
         self._derived = {}
         self._calibrations = {}
         self._spreads = {}
+        self._index = None
 
     def calibration(self, search: Priority) -> Calibration:
         """The ranking's :class:`~focus.priority.Calibration`, a pure function of the
@@ -303,6 +308,8 @@ class SearchState:
         f = self._derived.get(tree_index)
         if f is None or not f.describes(tree, tree_index):
             f = self._derived[tree_index] = _TreeFacts(tree, tree_index)
+            if self._index is not None:  # (a tree changed in place: its plan facts are read again)
+                self._index.moved((tree_index,))
         return f
 
 
@@ -570,15 +577,21 @@ def _successor(
     waves: list[Any],
     planned: tuple[WavePlan, ...],
     calibrations: dict[tuple[Any, ...], Calibration],
+    touched: Iterable[int] = (),
 ) -> SearchState:
+    """A successor of ``state`` whose trees differ from its own at ``touched``; it
+    takes ``state``'s plan index over (:meth:`focus.search.heads.PlanIndex.moved`)."""
     new = SearchState(state.collection_id, state.seed, state.tasks, trees, waves, planned)
     new._derived = derived
     new._calibrations = calibrations
     # the first k waves of a successor are its predecessor's: their counts still hold
     new._spreads = dict(state._spreads)
+    index, state._index = state._index, None
+    new._index = None if index is None else index.moved(touched)
     return new
 
 
 def unscored(state: SearchState) -> list[tuple[int, int]]:
-    """(tree index, node id) of every node the critic has not scored yet, in tree order."""
-    return [(ti, nid) for ti in range(len(state.trees)) for nid in state.facts(ti).unscored]
+    """(tree index, node id) of every node the critic has not scored yet, in tree order
+    (of the trees the plan index holds as unscored: those changed since it last looked)."""
+    return [(ti, nid) for ti in plan_index(state).unscored_trees(state) for nid in state.facts(ti).unscored]
