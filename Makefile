@@ -32,8 +32,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check focus tasks flows storage deployments cli
 	$(BIN)/mypy focus tasks flows storage deployments cli
 
+# --dist worksteal: a worker out of tests takes half of the other's queue, so the last
+# long tests (a minute each) do not run on one worker while the other waits
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -n 2 tests
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal tests
 
 # the edit-test loop: library and unit tests, no servers, nothing slow (under a minute on 2 cores)
 test-fast: $(STAMP)

@@ -305,21 +305,19 @@ def test_a_second_ctrl_c_exits_at_once_and_the_store_still_resumes(clean, tmp_pa
 
 
 @pytest.mark.parametrize("how", ["dask", "prefect"])
-def test_ctrl_c_stops_the_dask_and_the_prefect_paths_cleanly(how, tmp_path, tmp_path_factory):
-    cid = f"stopped-{how}"
+def test_ctrl_c_stops_the_dask_and_the_prefect_paths_cleanly(how, clean, tmp_path):
     execution = "dask" if how == "dask" else "local"
-    clean_root = tmp_path / "clean"
     env = base_env(tmp_path / "prefect")
-    resume(config_file(tmp_path, clean_root, latency=0.0, execution="local", cid=cid), env)
     root = tmp_path / "store"
-    cfg = config_file(tmp_path, root, execution=execution, cid=cid)
+    cfg = config_file(tmp_path, root, execution=execution)
     args = ["collect", "--config", str(cfg), *(["--prefect"] if how == "prefect" else [])]
-    code, shown = in_terminal(args, env, lambda: ("1.continue", 0) in saved(root, cid), [b"\x03"])
+    code, shown = in_terminal(args, env, lambda: ("1.continue", 0) in saved(root), [b"\x03"])
     assert code == 130, shown[-3000:]
     assert one_line(shown).startswith("interrupted (SIGINT)"), shown[-3000:]
     resume(cfg, env)
-    got = batch(root, cid)
-    assert got.stats["failed_rollouts"] == 0 and mismatches(got, batch(clean_root, cid)) == {"actor": 0, "critic": 0}
+    got = batch(root)
+    # the uninterrupted batch: the module's collection (local execution, the same seed and id)
+    assert got.stats["failed_rollouts"] == 0 and mismatches(got, batch(clean)) == {"actor": 0, "critic": 0}
 
 
 def test_sigterm_stops_the_prefect_path_cleanly(tmp_path):
@@ -329,7 +327,9 @@ def test_sigterm_stops_the_prefect_path_cleanly(tmp_path):
     `CancelledError`) traceback and exit 1, 3 times in 3. It stops as without Prefect:
     exit 143, one line, and the rerun writes the uninterrupted batch."""
     env = base_env(tmp_path / "prefect")
-    flags = ["--tasks", "8", "--transitions", "1000", "--collection-id", "term", "--json"]
+    # 500 transitions: about 20 continuation waves, so the run stopped after its second is
+    # stopped with most of them to go
+    flags = ["--tasks", "8", "--transitions", "500", "--collection-id", "term", "--json"]
     clean, root = tmp_path / "clean", tmp_path / "store"
     first = subprocess.run(
         [sys.executable, "-m", "cli", "collect", "--store", str(clean), *flags],
