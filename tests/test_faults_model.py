@@ -246,7 +246,7 @@ def test_a_service_that_hangs_for_good_ends_the_call_at_its_deadline(local_model
             sample(policy)
         elapsed = time.monotonic() - t0
     # the deadline bounds the call (scheduling slack aside); 50 retries of 0.5 s would take 25 s
-    assert 2.0 - 0.05 <= elapsed < 4.0
+    assert 2.0 - 0.05 <= elapsed < 10.0
     stats = policy.stats()
     assert stats["deadline_exceeded"] == 1 and stats["failed_calls"] == {"timeout": 1}
     assert stats["retries"]["timeout"] == stats["attempts"] - 1 >= 2

@@ -67,7 +67,9 @@ def test_a_fast_first_request_sends_no_copy():
 def test_a_copy_that_answers_first_wins_and_the_first_request_is_cancelled():
     s = Script((5.0, "ok"), (0.0, "ok"))
     value, copies, waited = run(s.race())
-    assert (value, copies) == ("answer 1", 1) and waited == pytest.approx(0.05, abs=0.04)
+    # the copy went out at the timer (50 ms; later on a loaded machine, whose loop wakes
+    # late), not when the first request would have answered (5 s)
+    assert (value, copies) == ("answer 1", 1) and 0.05 <= waited < 2.5
     assert s.cancelled == [0]
 
 
