@@ -94,8 +94,8 @@ COMMANDS: dict[str, Check] = {
     "tests/test_relocate.py": Check("parse", "these tests are part of `make test`; here they are collected only"),
     ".venv/bin/python -m benchmarks.batch_write --repeats 5": Check("parse", "a benchmark of minutes"),
     ".venv/bin/python -m benchmarks.writer_race": Check("parse", "a benchmark of minutes (300 racing writers)"),
-    ".venv/bin/python -m benchmarks.pipeline_scale --sizes 20000:200": Check(
-        "parse", "a 20k-transition collection and its rerun: a minute or more on 2 cores"
+    ".venv/bin/python -m benchmarks.pipeline_scale --sizes 20000:200 50000:1000 100000:2000": Check(
+        "parse", "three collections of 20k-120k transitions and their reruns: about 2 minutes on 2 cores"
     ),
     ".venv/bin/python -m benchmarks.resume_s3 --size 20000:200 --delays-ms 0,20": Check(
         "parse", "a 20k-transition collection on S3, killed twice and resumed: 6-10 minutes on 2 cores"
