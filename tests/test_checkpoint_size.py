@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from fixtures.journal import run_collect
 from fixtures.prefect import base_env
-from fixtures.resume import crash_at, mismatches
+from fixtures.resume import collect_args, crash_at, mismatches, run_cli
 
 from storage import BatchStore, CheckpointStore, CorruptDataError
 from storage import checkpoints as ck
@@ -136,35 +136,17 @@ def test_checkpoints_saved_bare_as_before_load_and_resume_to_the_same_batch(fini
 
 
 def cli_settings(root: str, url: str, cid: str) -> list[str]:
-    out = ["collect", "--json", "--collection-id", cid, "--tasks", "3", "--transitions", "40"]
-    for key, value in {
-        "model.kind": "local",
-        "model.url": url,
-        "agent.sampling.max_tokens": 8,
-        "agent.max_steps": 4,
-        "execution.kind": "local",
-        "storage.root": root,
-        "progress": False,
-    }.items():
-        out += ["--set", f"{key}={json.dumps(value)}"]
-    return out
+    return collect_args(root, url, cid, tasks=3, transitions=40)
 
 
 @pytest.mark.slow
 def test_kill_9_on_s3_resumes_to_the_uninterrupted_batch(local_model_server, s3_bucket, tmp_path):
     """Killed (SIGKILL) right after its second wave's checkpoint went to moto's S3, the
     same command resumes there and writes the uninterrupted local run's Parquet bytes."""
-    import subprocess
-    import sys
-
     env = base_env(tmp_path / "prefect")
 
     def focus(args: list[str]) -> dict:
-        done = subprocess.run(
-            [sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
-        )
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        return run_cli(args, env, tmp_path)
 
     url, ref_root, s3_root = local_model_server.url, str(tmp_path / "ref"), f"{s3_bucket}/kill"
     ref = focus(cli_settings(ref_root, url, "k"))

@@ -6,15 +6,12 @@ records written before that (absolute URLs) still resolve under the new root."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from fixtures.prefect import base_env
-from fixtures.resume import crash_at
+from fixtures.resume import collect_args, crash_at, run_cli
 
 from storage import BatchStore, CheckpointStore
 
@@ -23,26 +20,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 def settings(root: str, url: str, cid: str) -> list[str]:
     """A small collection (2 toy tasks, two continuation waves) against the shared model server."""
-    out = ["collect", "--json", "--collection-id", cid, "--tasks", "2", "--transitions", "24"]
-    for key, value in {
-        "model.kind": "local",
-        "model.url": url,
-        "agent.sampling.max_tokens": 8,
-        "agent.max_steps": 4,
-        "execution.kind": "local",
-        "storage.root": root,
-        "progress": False,
-    }.items():
-        out += ["--set", f"{key}={json.dumps(value)}"]
-    return out
+    return collect_args(root, url, cid, tasks=2, transitions=24)
 
 
 def focus(args: list[str], env: dict[str, str], cwd: Path) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_cli(args, env, cwd)
 
 
 def fingerprint(root: str, url: str) -> str:
