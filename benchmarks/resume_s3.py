@@ -82,6 +82,20 @@ def _kill_at(cmd: list[str], env: dict[str, str], proxy: Any, root_path: str, wa
     return _waves_saved(proxy, root_path)
 
 
+def what(method: str, path: str) -> str:
+    """A request as the rerun's figures count it: a listing, a checkpoint manifest or
+    data file read or written, a lease's request, anything else (batches, HEADs)."""
+    if method == "GET" and path.count("/") <= 1:
+        return "LIST"  # GET on the bucket: list-objects (the query is not recorded)
+    if "/leases/" in path or path.endswith(".lease"):
+        return f"{method} lease"
+    if "/checkpoints/" in path and path.endswith(".manifest.json"):
+        return f"{method} manifest"
+    if "/checkpoints/" in path and path.endswith(".pkl"):
+        return f"{method} data"
+    return f"{method} other"
+
+
 def _tables(root: str, url: str) -> tuple[Any, Any, str]:
     import polars as pl
 
@@ -106,7 +120,9 @@ def resume(url: str, bucket: str, proxy: Any, size: tuple[int, int], delay_s: fl
     proxy.delay_s = 0.0
     if code != 0:
         raise RuntimeError(f"the rerun exited {code}")
-    mine = [r for r in list(proxy.served) if r[0] >= start and r[3].startswith(root_path)]
+    # its requests: those under its root, and the listings (a GET on the bucket, whose
+    # prefix is in the query the proxy does not record; nothing else runs meanwhile)
+    mine = [r for r in list(proxy.served) if r[0] >= start and (r[3].startswith(root_path) or r[3] == f"/{bucket}")]
     first = min(r[0] for r in mine if r[2] == "PUT" and "/checkpoints/" in r[3] and r[3].endswith(".pkl"))
     before = [r for r in mine if r[0] < first]
     out = json.loads((tmp / "rerun.json").read_text())
@@ -118,6 +134,12 @@ def resume(url: str, bucket: str, proxy: Any, size: tuple[int, int], delay_s: fl
         "to_first_new_wave_s": first - start,
         "requests_to_first_new_wave": len(before),
         "by_method": dict(Counter(r[2] for r in before)),
+        "by_what": dict(Counter(what(r[2], r[3]) for r in before)),
+        "most_gets_of_one_checkpoint_file": max(
+            Counter(r[3] for r in before if what(r[2], r[3]) in ("GET manifest", "GET data")).values()
+        ),
+        "rerun_requests": len(mine),
+        "rerun_by_what": dict(Counter(what(r[2], r[3]) for r in mine)),
         "rerun_wall_s": wall,
         "rerun_cpu_s": cpu,
         "actor_equal": actor.equals(clean["actor"]),

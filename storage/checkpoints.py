@@ -21,8 +21,11 @@ Layout under the store root::
 
 ``phase`` is a phase index (int) or a phase name (str). A checkpoint exists when its
 manifest does. Saving a (collection, phase, wave) that already exists keeps the first
-copy and writes nothing: a wave's state is a pure function of its inputs and the seed,
-and later waves may already have been computed from the first copy. A resume that must
+copy: a wave's state is a pure function of its inputs and the seed, and later waves may
+already have been computed from the first copy. A save does not look first (a journal
+saves only the steps it did not find, so the look was a request per save that always
+missed): it writes its data file, finds the manifest there when it creates its own, and
+removes its data file unless it is the first copy's (the same bytes, the same name). A resume that must
 compute a saved step again (one after a missing checkpoint, :mod:`tasks.gaps`) removes
 it first (:meth:`CheckpointStore.discard`).
 
@@ -52,8 +55,7 @@ import os
 import pickle
 import struct
 import time
-from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -195,10 +197,6 @@ class CheckpointStore:
         manifest_url = base + _SUFFIX
         folder = base.rsplit("/", 1)[0]
         try:
-            return f"{folder}/{self._read_manifest(manifest_url).files[0].path}"
-        except FileNotFoundError:
-            pass
-        try:
             data = encode(obj)
         except Exception as e:
             raise TypeError(
@@ -210,16 +208,11 @@ class CheckpointStore:
         url = f"{folder}/{name}"
         check_writer(self.root, collection_id)
         self.loc.put_bytes(url, data, self.retry, atomic=True)  # complete before the manifest
-        manifest = Manifest(
-            kind="checkpoint",
-            collection_id=collection_id,
-            files=(FileEntry(name, len(data), digest),),
-            fingerprint=digest,
-            created_at=datetime.now(UTC).isoformat(),
-            info={"phase": phase, "wave": wave, "seq": seq, "type": f"{type(obj).__module__}.{type(obj).__qualname__}"},
-        )
+        # written short (storage.manifest.SHORT_VERSION): seq is the save's time, the fingerprint the file's digest
+        entry, info = FileEntry(name, len(data), digest), {"phase": phase, "wave": wave, "seq": seq}
+        manifest = Manifest("checkpoint", collection_id, (entry,), fingerprint=digest, info=info)
         check_writer(self.root, collection_id)
-        if self.loc.put_bytes(manifest_url, manifest.to_json(compact=True), self.retry, exclusive=True):
+        if self.loc.put_bytes(manifest_url, manifest.to_json(short=True), self.retry, exclusive=True):
             return url
         # another writer saved this checkpoint first: keep its copy, drop ours unless it is the same file
         first = self._read_manifest(manifest_url).files[0].path
@@ -234,25 +227,30 @@ class CheckpointStore:
     def exists(self, collection_id: str, phase: int | str, wave: int) -> bool:
         return self.loc.exists(self.url_for(collection_id, phase, wave) + _SUFFIX, self.retry)
 
-    def load(self, collection_id: str, phase: int | str, wave: int) -> Any:
+    def load(self, collection_id: str, phase: int | str, wave: int, *, explain: bool = True) -> Any:
         """The object saved for (collection, phase, wave), checked against its manifest;
-        taken from the read-ahead (:meth:`reading_ahead`) if it is the next key there."""
+        taken from the read-ahead (:meth:`reading_ahead`) if it is the next key there.
+        ``explain``: see :meth:`manifest_of`."""
         ahead = self._ahead
         if ahead is not None and ahead.cid == collection_id:
             found, value = ahead.take((phase, wave))
             if found:
                 return value
-        return self.read(collection_id, phase, wave)
+        return self.read(collection_id, phase, wave, explain=explain)
 
-    def read(self, collection_id: str, phase: int | str, wave: int) -> Any:
+    def read(self, collection_id: str, phase: int | str, wave: int, *, explain: bool = True) -> Any:
         """:meth:`load` without the read-ahead: a manifest, then its data file."""
-        base, m = self.manifest_of(collection_id, phase, wave)
+        base, m = self.manifest_of(collection_id, phase, wave, explain=explain)
         return self.unpickle(*self.fetch(base, m))
 
-    def manifest_of(self, collection_id: str, phase: int | str, wave: int) -> tuple[str, Manifest]:
+    def manifest_of(
+        self, collection_id: str, phase: int | str, wave: int, *, explain: bool = True
+    ) -> tuple[str, Manifest]:
         """(URL without suffix, manifest) of (collection, phase, wave): the first half of
-        :meth:`load`. :class:`CheckpointNotFound` without a manifest (saying whether its data
-        file is there), :class:`CorruptDataError` for a manifest that cannot be read."""
+        :meth:`load`. :class:`CheckpointNotFound` without a manifest (saying, with
+        ``explain``, whether its data file is there: a listing of the collection, which a
+        caller that takes the miss for "not saved yet" goes without, as a journal asking
+        for each step does), :class:`CorruptDataError` for a manifest that cannot be read."""
         base = self.url_for(collection_id, phase, wave)
         manifest_url = base + _SUFFIX
         try:
@@ -261,7 +259,7 @@ class CheckpointStore:
             raise CorruptDataError(f"{e}; {_todo(manifest_url)}") from e
         except FileNotFoundError:
             stem = base.rsplit("/", 1)[1] + "."
-            half = any(
+            half = explain and any(
                 u.rsplit("/", 1)[1].startswith(stem) and ".pkl" in u
                 for u in self.loc.list_files(base.rsplit("/", 1)[0], self.retry)
             )
@@ -295,13 +293,20 @@ class CheckpointStore:
             raise CorruptDataError(f"{url}: checksum matches but unpickling failed: {type(e).__name__}: {e}") from e
 
     @contextlib.contextmanager
-    def reading_ahead(self, collection_id: str, keys: Sequence[tuple[int | str, int]], **window: Any) -> Iterator[None]:
+    def reading_ahead(
+        self,
+        collection_id: str,
+        keys: Sequence[tuple[int | str, int]],
+        known: Mapping[tuple[int | str, int], Any] | None = None,
+        **window: Any,
+    ) -> Iterator[None]:
         """For the block, :meth:`load` of the checkpoints ``keys`` of ``collection_id``, in
         this order, from loads run ahead in a few threads (:class:`storage.read_ahead.ReadAhead`;
-        ``window``: its options): the steps a resume replays (:func:`tasks.gaps.repairing`)."""
+        ``window``: its options): the steps a resume replays (:func:`tasks.gaps.repairing`).
+        ``known``: checkpoints among ``keys`` the caller loaded already, not read again."""
         from storage.read_ahead import ReadAhead
 
-        with ReadAhead(self, collection_id, keys, **window) as ahead:
+        with ReadAhead(self, collection_id, keys, known=known, **window) as ahead:
             self._ahead = ahead
             try:
                 yield

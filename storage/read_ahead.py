@@ -16,13 +16,15 @@ taker loads that checkpoint again itself with :meth:`~storage.CheckpointStore.re
 what it raises, and when, is what a resume without read-ahead raises. Memory is bounded
 by a window: at most ``window`` keys ahead of the taker have their manifest read, and
 their data files are read in order while the bytes read and not yet taken stay within
-``max_bytes`` (one file is always read, however large).
+``max_bytes`` (one file is always read, however large). Checkpoints the caller has
+loaded already (``known``: a resume reads its phase ends before it knows what it
+replays, :func:`tasks.gaps.mend`) are handed out as they are, not read again.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -46,17 +48,19 @@ class ReadAhead:
         threads: int = 8,
         window: int = 32,
         max_bytes: int = 64 * 2**20,
+        known: Mapping[Key, Any] | None = None,
     ) -> None:
         if threads < 1 or window < 1 or max_bytes < 0:
             raise ValueError(f"threads and window must be at least 1, max_bytes not negative: {threads}, {window}")
         self.store, self.cid, self.keys = store, collection_id, list(keys)
         self.window, self.max_bytes = window, max_bytes
+        self._known = {k: v for k, v in (known or {}).items() if k in self.keys}
         self._at: dict[Key, int] = {}
         for i, k in enumerate(self.keys):
             self._at.setdefault(k, i)
         self._next = 0  # the next key to be taken
         self._sent = 0  # keys [0, _sent) have a job
-        self._admit = 0  # the next key whose data file may be read (in order)
+        self._admit = self._unknown(0)  # the next key whose data file may be read (in order)
         self._held = 0  # bytes of the data files admitted and not yet taken
         self._sizes: dict[int, int] = {}
         self._jobs: dict[int, Future[tuple[str, bytes] | None]] = {}
@@ -70,8 +74,15 @@ class ReadAhead:
     def _top_up(self) -> None:
         """Give every key in the window a job (hold the lock)."""
         while self._pool is not None and self._sent < min(len(self.keys), self._next + self.window):
-            self._jobs[self._sent] = self._pool.submit(self._read, self._sent)
+            if self.keys[self._sent] not in self._known:
+                self._jobs[self._sent] = self._pool.submit(self._read, self._sent)
             self._sent += 1
+
+    def _unknown(self, i: int) -> int:
+        """The first key from ``i`` on that is not :attr:`_known` (its data file is read)."""
+        while i < len(self.keys) and self.keys[i] in self._known:
+            i += 1
+        return i
 
     def _read(self, i: int) -> tuple[str, bytes] | None:
         """Key ``i``'s data file, (URL, checked bytes); ``None`` if no longer wanted."""
@@ -82,7 +93,7 @@ class ReadAhead:
                 self._cond.wait()
             if self._pool is None or i < self._next:
                 return None
-            self._admit, self._held, self._sizes[i] = i + 1, self._held + size, size
+            self._admit, self._held, self._sizes[i] = self._unknown(i + 1), self._held + size, size
             self._cond.notify_all()
         return self.store.fetch(base, m)
 
@@ -100,21 +111,23 @@ class ReadAhead:
             for j in range(self._next, i):  # skipped: the caller took another way
                 self._drop(j)
             self._cond.notify_all()  # their jobs, waiting to be admitted, end
-            self._next, self._sent, self._admit = i, max(self._sent, i), max(self._admit, i)
+            self._next, self._sent, self._admit = i, max(self._sent, i), max(self._admit, self._unknown(i))
             self._top_up()
-            job = self._jobs[i]
+            job = self._jobs.get(i)  # none for a known key
         try:
-            got = job.result()
+            got = None if job is None else job.result()
         except Exception:
             got = None
         finally:
             with self._cond:
                 self._drop(i)
-                self._next, self._admit = i + 1, max(self._admit, i + 1)
+                self._next, self._admit = i + 1, max(self._admit, self._unknown(i + 1))
                 self._cond.notify_all()
                 self._top_up()
                 if self._next >= len(self.keys):
                     self.close()
+        if job is None:
+            return True, self._known[key]
         if got is None:  # as a load without read-ahead: its error, raised from here
             return True, self.store.read(self.cid, *key)
         return True, self.store.unpickle(*got)

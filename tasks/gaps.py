@@ -171,25 +171,26 @@ def describe(key: Key) -> str:
 # ---- the I/O: mending a collection's store ----
 
 
-def mend(journal: CheckpointJournal) -> tuple[Gap | None, list[Key]]:
+def mend(journal: CheckpointJournal) -> tuple[Gap | None, list[Key], dict[Key, Any]]:
     """Make the saved steps of ``journal``'s collection a prefix of it again: find the
     first gap (one listing of its checkpoints and a read of each saved phase end) and
     discard what :func:`find_gap` says must go, last first (whatever an interruption
     leaves, the next rerun finds the same gap). Run it holding the lease, once the
     collection is known to be unfinished: a finished one whose batch checks out needs
-    none of its steps. Returns the gap (``None`` if there is none) and the steps the
-    loop will replay (:func:`replay_order`)."""
+    none of its steps. Returns the gap (``None`` if there is none), the steps the loop
+    will replay (:func:`replay_order`) and the phase ends read here, as loaded (the
+    replay takes them from there: each checkpoint is read once)."""
     phases, store, cid = journal.config.search.phases, journal.store, journal.cid
     saved = {(p, w): whole for (p, w), whole in store.saved(cid).items() if isinstance(p, str)}
-    ends = {}
+    ends, loaded = {}, {}
     for key, whole in saved.items():
         if whole and key[0].endswith(".end") and position(phases, key) is not None:
             if (n := journal.load(key)) is not None:
-                ends[key] = int(n)
+                ends[key], loaded[key] = int(n), n
     gap = find_gap(phases, saved, ends)
     if gap is not None:
         store.discard(cid, gap.discard[::-1])
-    return gap, replay_order(phases, saved, ends, gap)
+    return gap, replay_order(phases, saved, ends, gap), loaded
 
 
 def replay_order(
@@ -295,11 +296,11 @@ async def repairing(journal: CheckpointJournal) -> AsyncIterator[None]:
     refusal names the missing step and what to do, not only 'a different batch'. The saved
     steps the search replays are read ahead meanwhile (:func:`replay_order`,
     :class:`storage.read_ahead.ReadAhead`)."""
-    gap, replayed = await asyncio.to_thread(mend, journal)
+    gap, replayed, loaded = await asyncio.to_thread(mend, journal)
     if gap is not None:
         log.warning("%s", gap_line(journal, gap), extra=CONSOLE)
     try:
-        with journal.store.reading_ahead(journal.cid, replayed):  # the replay's loads, run ahead of it
+        with journal.store.reading_ahead(journal.cid, replayed, loaded):  # the replay's loads, run ahead of it
             yield
     except BatchExistsError as e:
         if gap is None:

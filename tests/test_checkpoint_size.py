@@ -21,7 +21,7 @@ from fixtures.journal import run_collect
 from fixtures.prefect import base_env
 from fixtures.resume import collect_args, crash_at, mismatches, run_cli
 
-from storage import BatchStore, CheckpointStore, CorruptDataError
+from storage import BatchStore, CheckpointStore, CorruptDataError, ManifestError
 from storage import checkpoints as ck
 from storage.manifest import FileEntry, Manifest, sha256
 from tasks.config import load_config
@@ -83,29 +83,55 @@ def test_a_collections_checkpoints_take_under_the_bound_per_transition(finished)
     assert len(waves) >= 8 and all(p.read_bytes().startswith(ck.ZSTD_HEADER) for p in waves)
     manifest = (root / "checkpoints" / CID / "n-1.continue-w00000.manifest.json").read_bytes()
     assert b"\n" not in manifest and json.loads(manifest)["info"]["wave"] == 0
+    # written short: no created_at (the seq is the save's time), no fingerprint (the file's digest), no type
+    assert json.loads(manifest)["format_version"] == 2 and len(manifest) < 320, manifest
 
 
-def bare_copy(root: Path, dest: Path) -> Path:
-    """A copy of the store ``root`` whose checkpoints are saved as every version before
-    compression saved them: the bare pickle (:func:`storage.checkpoints.dumps`) named by
-    its digest, and an indented manifest."""
+def old_copy(root: Path, dest: Path, *, bare: bool) -> Path:
+    """A copy of the store ``root`` whose checkpoints are saved as earlier versions saved
+    them: a version 1 manifest with every field (a time, the object's type), on one line
+    as the version before short manifests wrote it, the data file as it is; ``bare``: as
+    every version before compression, the bare pickle (:func:`storage.checkpoints.dumps`)
+    named by its digest and an indented manifest."""
     shutil.copytree(root, dest)
     store = CheckpointStore(dest)
     folder = dest / "checkpoints" / CID
     for phase, wave in store.list(CID):
         base = Path(store.url_for(CID, phase, wave).removeprefix("file://"))
         manifest_path = base.with_name(base.name + ".manifest.json")
-        old = Manifest.from_json(manifest_path.read_bytes(), str(manifest_path))
-        data = ck.dumps(store.load(CID, phase, wave))
-        digest = sha256(data)
-        (folder / old.files[0].path).unlink()
-        name = f"{base.name}.{digest[:16]}.pkl"
-        (folder / name).write_bytes(data)
-        bare = Manifest(
-            "checkpoint", CID, (FileEntry(name, len(data), digest),), digest, created_at=old.created_at, info=old.info
-        )
-        manifest_path.write_bytes(bare.to_json())
+        new = Manifest.from_json(manifest_path.read_bytes(), str(manifest_path))
+        obj = store.load(CID, phase, wave)
+        name, data = new.files[0].path, (folder / new.files[0].path).read_bytes()
+        if bare:
+            data = ck.dumps(obj)
+            (folder / name).unlink()
+            name = f"{base.name}.{sha256(data)[:16]}.pkl"
+            (folder / name).write_bytes(data)
+        digest, kind = sha256(data), f"{type(obj).__module__}.{type(obj).__qualname__}"
+        old = Manifest(
+            "checkpoint", CID, (FileEntry(name, len(data), digest),), digest, created_at="2026-12-01T10:00:00+00:00",
+            info={**new.info, "type": kind},
+        )  # fmt: skip
+        manifest_path.write_bytes(old.to_json(compact=not bare))
     return dest
+
+
+def cut_and_resume(old: Path, url: str) -> tuple[CheckpointStore, dict]:
+    """The collection in store ``old`` cut after its second wave's scores (what a run
+    killed there leaves, its batch gone too) and run again: (store, the rerun's result)."""
+    store = CheckpointStore(old)
+    keys = store.list(CID)
+    store.discard(CID, keys[keys.index(("1.continue.score", 1)) + 1 :])
+    shutil.rmtree(old / "batches")
+    return store, run_collect(config(str(old), url))
+
+
+def same_batch(old: Path, again: dict, root: Path, out: dict) -> None:
+    got, want = BatchStore(str(old)).read(again["batch_url"]), BatchStore(str(root)).read(out["batch_url"])
+    assert mismatches(got, want) == {"actor": 0, "critic": 0}
+    assert BatchStore(str(old)).manifest(again["batch_url"]).fingerprint == (
+        BatchStore(str(root)).manifest(out["batch_url"]).fingerprint
+    )
 
 
 def test_checkpoints_saved_bare_as_before_load_and_resume_to_the_same_batch(finished, local_model_server, tmp_path):
@@ -113,26 +139,42 @@ def test_checkpoints_saved_bare_as_before_load_and_resume_to_the_same_batch(fini
     collection, cut after its second wave, resumes to the finished batch bit for bit (its
     new waves saved compressed beside the bare ones)."""
     root, out = finished
-    old = bare_copy(root, tmp_path / "old")
+    old = old_copy(root, tmp_path / "old", bare=True)
     store, new = CheckpointStore(old), CheckpointStore(root)
-    keys = store.list(CID)
-    for key in keys:
+    for key in store.list(CID):
         assert store.load(CID, *key) == new.load(CID, *key), key
     data = sorted((old / "checkpoints" / CID).glob("*.pkl"))
     assert all(p.read_bytes()[:1] == b"\x80" for p in data)
     assert folder_bytes(old / "checkpoints") > 2 * folder_bytes(root / "checkpoints")
-    # cut after the second wave's scores: what a run killed there leaves
-    store.discard(CID, keys[keys.index(("1.continue.score", 1)) + 1 :])
-    shutil.rmtree(old / "batches")
-    again = run_collect(config(str(old), local_model_server.url))
+    store, again = cut_and_resume(old, local_model_server.url)
     assert again["stats"]["steps_reused"] == 7, again["stats"]
-    got, want = BatchStore(str(old)).read(again["batch_url"]), BatchStore(str(root)).read(out["batch_url"])
-    assert mismatches(got, want) == {"actor": 0, "critic": 0}
-    assert BatchStore(str(old)).manifest(again["batch_url"]).fingerprint == (
-        BatchStore(str(root)).manifest(out["batch_url"]).fingerprint
-    )
+    same_batch(old, again, root, out)
     later = (old / "checkpoints" / CID).glob("n-1.continue-w0000[2-9].*.pkl")
     assert all(p.read_bytes().startswith(ck.ZSTD_HEADER) for p in later)
+
+
+def test_checkpoints_with_full_manifests_as_before_load_and_resume_to_the_same_batch(
+    finished, local_model_server, tmp_path
+):
+    """A store written before short manifests (each a version 1 manifest on one line,
+    with a time, a fingerprint and the object's type; the data compressed): each
+    checkpoint loads as it was, in the order saved, and the collection, cut after its
+    second wave, resumes to the finished batch bit for bit; its new manifests are short."""
+    root, out = finished
+    old = old_copy(root, tmp_path / "old", bare=False)
+    store, new = CheckpointStore(old), CheckpointStore(root)
+    assert store.list(CID) == new.list(CID)
+    for key in store.list(CID):
+        assert store.load(CID, *key) == new.load(CID, *key), key
+    manifests = sorted((old / "checkpoints" / CID).glob("*.manifest.json"))
+    docs = [json.loads(p.read_bytes()) for p in manifests]
+    assert all(d["format_version"] == 1 and "type" in d["info"] and d["created_at"] for d in docs)
+    store, again = cut_and_resume(old, local_model_server.url)
+    assert again["stats"]["steps_reused"] == 7, again["stats"]
+    same_batch(old, again, root, out)
+    later = [json.loads(p.read_bytes()) for p in (old / "checkpoints" / CID).glob("n-1.continue-w0000[2-9].man*")]
+    assert len(later) >= 2 and all(d["format_version"] == 2 for d in later)
+    assert store.latest(CID) == ("export", 0)
 
 
 def cli_settings(root: str, url: str, cid: str) -> list[str]:
@@ -190,3 +232,24 @@ def test_a_compressed_file_that_does_not_decompress_is_refused_in_one_line(tmp_p
     with pytest.raises(CorruptDataError, match="checksum matches but unpickling failed") as e:
         store.load("c", "w", 0)
     assert "\n" not in str(e.value)
+
+
+def test_a_short_manifest_reads_back_whole_and_another_version_is_refused():
+    """Written short, a manifest leaves out what repeats another field or holds its
+    default, and reads back equal to the full one; one file of several without its
+    fingerprint, or a version this reader does not know, is refused in one line."""
+    full = Manifest("checkpoint", "c", (FileEntry("a.pkl", 3, "ab" * 32),), "ab" * 32, info={"phase": "x", "wave": 1})
+    short = full.to_json(short=True)
+    assert json.loads(short) == {
+        "format": "focus-manifest", "format_version": 2, "kind": "checkpoint", "collection_id": "c",
+        "files": [{"path": "a.pkl", "bytes": 3, "sha256": "ab" * 32}], "info": {"phase": "x", "wave": 1},
+    }  # fmt: skip
+    assert Manifest.from_json(short, "m") == full == Manifest.from_json(full.to_json(compact=True), "m")
+    dated = Manifest("batch", "c", full.files * 2, "f" * 64, schema_version=2, created_at="2026-12-06T00:00:00+00:00")
+    assert Manifest.from_json(dated.to_json(short=True), "m") == dated
+    doc = json.loads(dated.to_json(short=True))
+    del doc["fingerprint"]
+    with pytest.raises(ManifestError, match=r"^m: manifest lacks field\(s\) \['fingerprint'\]$"):
+        Manifest.from_json(json.dumps(doc).encode(), "m")
+    with pytest.raises(ManifestError, match="^m: manifest format version 3, this reader knows 1 and 2$"):
+        Manifest.from_json(json.dumps({**doc, "format_version": 3}).encode(), "m")

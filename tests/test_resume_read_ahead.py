@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import pickle
 import time
+from collections import Counter
 
 import pytest
 from fixtures.journal import StopAfter, Stopped, run_collect
 from fixtures.resume import mismatches
 from test_faults_infra import config
 
-from focus.journal import wave_step
+from focus.journal import end_step, wave_step
 from focus.testing.s3faults import S3FaultProxy, peak_in_flight
 from storage import BatchStore, CheckpointNotFound, CheckpointStore, CorruptDataError
 from storage.read_ahead import ReadAhead
+from storage.urls import Location
 from tasks.journal import CheckpointJournal
 
 pytestmark = pytest.mark.timeout(180)
@@ -172,3 +174,34 @@ def test_a_store_reading_ahead_pickles_without_its_threads(tmp_path):
         assert copy._ahead is None and copy.load("c", "1.continue", 0) == {"x": 1}
         assert store.load("c", "1.continue", 0) == {"x": 1}
     assert store._ahead is None
+
+
+def test_a_resume_reads_each_checkpoint_file_once_and_lists_the_collection_three_times(tmp_path, monkeypatch):
+    """Stopped right after its phase's end was saved, then resumed: the phase end, read
+    to find gaps (:func:`tasks.gaps.mend`), was read again by the replay, and every step
+    the loop asked for and found missing (the tree picture, the export) listed the whole
+    collection to word an error nobody saw. Now each checkpoint file is read once, and the
+    collection is listed by the records' check, the lease's sweep and the mend alone."""
+    cfg = config(str(tmp_path / "store"), "once", transitions=24)
+    with pytest.raises(Stopped):
+        run_collect(cfg, StopAfter(cfg, end_step(1)))
+    reads: Counter[str] = Counter()
+    listings: list[str] = []
+    cat, list_files = Location.cat, Location.list_files
+
+    def counted_cat(self, url, *args, **kwargs):  # type: ignore[no-untyped-def]
+        reads[url] += 1
+        return cat(self, url, *args, **kwargs)
+
+    def counted_list(self, url, *args, **kwargs):  # type: ignore[no-untyped-def]
+        listings.append(url)
+        return list_files(self, url, *args, **kwargs)
+
+    monkeypatch.setattr(Location, "cat", counted_cat)
+    monkeypatch.setattr(Location, "list_files", counted_list)
+    out = run_collect(cfg)
+    assert out["stats"]["steps_reused"] >= 10, out["stats"]
+    data = [u for u in reads if "/checkpoints/once/" in u and u.endswith(".pkl")]
+    assert any(".end-w" in u for u in data) and len(data) >= 10
+    assert [u for u, n in reads.items() if "/checkpoints/" in u and n > 1] == []
+    assert sum(u.endswith("/checkpoints/once") for u in listings) == 3, listings
