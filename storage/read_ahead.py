@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from storage.checkpoints import CheckpointStore
 
 Key = tuple[int | str, int]
+#: The default sizes (the pipeline's are ``storage.read_ahead`` in the configuration):
+#: threads, keys ahead of the taker whose manifest is read, bytes of data read and not taken.
+THREADS, WINDOW, MAX_BYTES = 8, 32, 64 * 2**20
 
 
 class ReadAhead:
@@ -45,9 +48,9 @@ class ReadAhead:
         collection_id: str,
         keys: Sequence[Key],
         *,
-        threads: int = 8,
-        window: int = 32,
-        max_bytes: int = 64 * 2**20,
+        threads: int = THREADS,
+        window: int = WINDOW,
+        max_bytes: int = MAX_BYTES,
         known: Mapping[Key, Any] | None = None,
     ) -> None:
         if threads < 1 or window < 1 or max_bytes < 0:

@@ -300,7 +300,8 @@ async def repairing(journal: CheckpointJournal) -> AsyncIterator[None]:
     if gap is not None:
         log.warning("%s", gap_line(journal, gap), extra=CONSOLE)
     try:
-        with journal.store.reading_ahead(journal.cid, replayed, loaded):  # the replay's loads, run ahead of it
+        sizes = journal.config.storage.read_ahead.options()
+        with journal.store.reading_ahead(journal.cid, replayed, loaded, **sizes):  # the replay's loads, ahead of it
             yield
     except BatchExistsError as e:
         if gap is None:

@@ -24,6 +24,7 @@ from focus.testing.s3faults import S3FaultProxy, peak_in_flight
 from storage import BatchStore, CheckpointNotFound, CheckpointStore, CorruptDataError
 from storage.read_ahead import ReadAhead
 from storage.urls import Location
+from tasks.config import StorageConfig
 from tasks.journal import CheckpointJournal
 
 pytestmark = pytest.mark.timeout(180)
@@ -205,3 +206,26 @@ def test_a_resume_reads_each_checkpoint_file_once_and_lists_the_collection_three
     assert any(".end-w" in u for u in data) and len(data) >= 10
     assert [u for u, n in reads.items() if "/checkpoints/" in u and n > 1] == []
     assert sum(u.endswith("/checkpoints/once") for u in listings) == 3, listings
+
+
+def test_a_resume_reads_ahead_with_the_configured_sizes(tmp_path, monkeypatch):
+    """``storage.read_ahead`` sizes the resume's read-ahead (they were keyword defaults:
+    8 threads, a window of 32 steps, 64 MiB); the replay and its batch are the same."""
+    sizes = []
+    start = ReadAhead.__init__
+
+    def sized(self, store, cid, keys, **options):  # type: ignore[no-untyped-def]
+        sizes.append({k: options[k] for k in ("threads", "window", "max_bytes")})
+        start(self, store, cid, keys, **options)
+
+    monkeypatch.setattr(ReadAhead, "__init__", sized)
+    base = config(str(tmp_path / "store"), "sized", transitions=24)
+    read_ahead = {"threads": 2, "window": 3, "max_mib": 0.5}
+    cfg = base.model_copy(update={"storage": StorageConfig(root=base.storage.root, read_ahead=read_ahead)})
+    with pytest.raises(Stopped):
+        run_collect(cfg, StopAfter(cfg, wave_step(1, 2)))
+    out = run_collect(cfg)
+    assert sizes == [{"threads": 2, "window": 3, "max_bytes": 2**19}] * 2
+    assert out["stats"]["steps_reused"] >= 6
+    default = config(str(tmp_path / "other"), "sized").storage.read_ahead.options()
+    assert default == {"threads": 8, "window": 32, "max_bytes": 64 * 2**20}

@@ -129,6 +129,11 @@ MEANING: dict[str, str] = {
     "stops the collection at its wave whatever the share, docs/operations.md)",
     "storage.root": "a folder or an fsspec URL (`s3://bucket/prefix`, `memory://...`): batches, checkpoints and "
     "weights live under it",
+    "storage.read_ahead.threads": "threads a resume reads its saved steps in, ahead of the replay "
+    '(docs/operations.md, "A large collection")',
+    "storage.read_ahead.window": "saved steps ahead of the replay whose manifest is read",
+    "storage.read_ahead.max_mib": "MiB of checkpoint data read ahead and not yet replayed (one file is read "
+    "whatever its size)",
     "train.iterations": "collect/train rounds",
     "train.trainer": "`local` (the embedded model) \\| `tinker` (LoRA on Tinker; a dry run without "
     "`TINKER_API_KEY`) \\| `package.module:function` (your trainer; the current folder is on the import path)",

@@ -29,6 +29,7 @@ from focus.priority import Phase, Priority, Selective, Uniform
 from focus.train_local import UpdateConfig
 from tasks.config.errors import ConfigError, check_env_name, check_import_path
 from tasks.config.options import check_options
+from tasks.config.read_ahead import ReadAheadConfig
 
 if TYPE_CHECKING:
     from focus.agent import Agent
@@ -293,6 +294,7 @@ class StorageConfig(_Model):
     """Object storage root (any fsspec URL); a bare path means a local folder."""
 
     root: str = "runs"
+    read_ahead: ReadAheadConfig = Field(default_factory=ReadAheadConfig)
 
     @field_validator("root")
     @classmethod
