@@ -169,7 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     ):
         root = f"s3://{bucket}/clean"
         cmd = _command(server.url, root, transitions, tasks, Path(tmp) / "clean.log")
+        start = time.monotonic()
         code, wall, cpu = _run(cmd, _env(proxy.url), Path(tmp) / "clean.json")
+        ours = [
+            r
+            for r in list(proxy.served)
+            if r[0] >= start and (r[3].startswith(f"/{bucket}/clean/") or r[3] == f"/{bucket}")
+        ]
         if code != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {code}")
         out = json.loads((Path(tmp) / "clean.json").read_text())
@@ -177,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         clean = {"waves": _waves_saved(proxy, f"/{bucket}/clean/"), "actor": actor, "critic": critic}
         clean["fingerprint"] = fingerprint
         head = {"transitions": int(out["stats"]["transitions"]), "tasks": tasks, "clean_waves": clean["waves"]}
-        head |= {"clean_wall_s": wall, "clean_cpu_s": cpu}
+        head |= {"clean_wall_s": wall, "clean_cpu_s": cpu, "clean_requests": len(ours)}
+        head["clean_by_what"] = dict(Counter(what(r[2], r[3]) for r in ours))
         print(json.dumps(head), file=sys.stderr)
         for delay in (float(d) / 1000 for d in args.delays_ms.split(",")):
             rows.append(resume(server.url, bucket, proxy, (transitions, tasks), delay, clean, Path(tmp)))
