@@ -25,9 +25,10 @@ copy: a wave's state is a pure function of its inputs and the seed, and later wa
 already have been computed from the first copy. A save does not look first (a journal
 saves only the steps it did not find, so the look was a request per save that always
 missed): it writes its data file, finds the manifest there when it creates its own, and
-removes its data file unless it is the first copy's (the same bytes, the same name). A resume that must
-compute a saved step again (one after a missing checkpoint, :mod:`tasks.gaps`) removes
-it first (:meth:`CheckpointStore.discard`).
+removes its data file unless it is the first copy's (the same bytes, the same name). A
+resume that must compute a saved step again (one after a missing checkpoint,
+:mod:`tasks.gaps`) removes it first (:meth:`CheckpointStore.discard`). A manifest is
+written short (:data:`storage.manifest.SHORT_VERSION`); the longer version 1 loads too.
 
 A checkpoint's data can never disagree with its manifest, even with two writers racing
 (the pipeline also keeps a second writer out with a lease, :mod:`storage.lease`): the
