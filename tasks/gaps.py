@@ -171,7 +171,7 @@ def describe(key: Key) -> str:
 # ---- the I/O: mending a collection's store ----
 
 
-def mend(journal: CheckpointJournal) -> tuple[Gap | None, list[Key], dict[Key, Any]]:
+def mend(journal: CheckpointJournal) -> tuple[Gap | None, list[Key], dict[tuple[int | str, int], Any]]:
     """Make the saved steps of ``journal``'s collection a prefix of it again: find the
     first gap (one listing of its checkpoints and a read of each saved phase end) and
     discard what :func:`find_gap` says must go, last first (whatever an interruption
@@ -182,7 +182,8 @@ def mend(journal: CheckpointJournal) -> tuple[Gap | None, list[Key], dict[Key, A
     replay takes them from there: each checkpoint is read once)."""
     phases, store, cid = journal.config.search.phases, journal.store, journal.cid
     saved = {(p, w): whole for (p, w), whole in store.saved(cid).items() if isinstance(p, str)}
-    ends, loaded = {}, {}
+    ends: dict[Key, int] = {}
+    loaded: dict[tuple[int | str, int], Any] = {}  # as the store's keys are typed
     for key, whole in saved.items():
         if whole and key[0].endswith(".end") and position(phases, key) is not None:
             if (n := journal.load(key)) is not None:
