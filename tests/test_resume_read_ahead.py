@@ -229,3 +229,27 @@ def test_a_resume_reads_ahead_with_the_configured_sizes(tmp_path, monkeypatch):
     assert out["stats"]["steps_reused"] >= 6
     default = config(str(tmp_path / "other"), "sized").storage.read_ahead.options()
     assert default == {"threads": 8, "window": 32, "max_bytes": 64 * 2**20}
+
+
+def test_checkpoints_the_caller_loaded_are_handed_out_unread(tmp_path, monkeypatch):
+    """``known`` (what a resume's gap search read: its phase ends) comes back as given
+    and in its place, with no read of its files; the others are read ahead as before,
+    one data file at a time here (``max_bytes=1``), past the known ones."""
+    store = CheckpointStore(str(tmp_path))
+    keys = [("1.continue", w) for w in range(6)]
+    for i, key in enumerate(keys):
+        store.save("c", *key, {"i": i})
+    known = {keys[0]: "first", keys[3]: "fourth", ("other", 0): "not a key"}
+    reads: list[str] = []
+    cat = Location.cat
+
+    def counted(self, url, *args, **kwargs):  # type: ignore[no-untyped-def]
+        reads.append(url.rsplit("/", 1)[1])
+        return cat(self, url, *args, **kwargs)
+
+    monkeypatch.setattr(Location, "cat", counted)
+    with ReadAhead(store, "c", keys, threads=2, window=3, max_bytes=1, known=known) as ahead:
+        got = [ahead.take(key) for key in keys]
+    assert got == [(True, "first"), (True, {"i": 1}), (True, {"i": 2}), (True, "fourth"), (True, {"i": 4}),
+                   (True, {"i": 5})]  # fmt: skip
+    assert sorted(r.rsplit(".", 2)[0] for r in reads) == sorted(["n-1.continue-w0000" + str(w) for w in (1, 2, 4, 5)] * 2)
