@@ -45,7 +45,14 @@ def test_servers_wording_of_a_prompt_over_the_context_is_recognised():
     vllm = "This model's maximum context length is 4096 tokens. However, you requested 4100 tokens"
     sglang = "The input (5000 tokens) is longer than the model's context length (4096 tokens)."
     openai = '{"error": {"code": "context_length_exceeded"}}'
-    assert all(is_context_limit(400, text) for text in (vllm, sglang, openai))
+    # vLLM's engine (vllm/v1/engine/input_processor.py), for a prompt that fills the context by itself
+    engine = (
+        "The decoder prompt (length 5000) is longer than the maximum model length of 4096. "
+        "Make sure that `max_model_len` is no smaller than the number of text tokens."
+    )
+    full = "The decoder prompt (length 4096) plus the number of requested output tokens (at least 1) is longer than "
+    full += "the maximum model length of 4096."
+    assert all(is_context_limit(400, text) for text in (vllm, sglang, openai, engine, full))
     assert is_context_limit(413, vllm)
     assert not is_context_limit(400, "invalid temperature -1")  # another refusal stays one
     assert not is_context_limit(404, vllm)  # a refused path or model name is never this

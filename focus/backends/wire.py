@@ -43,12 +43,14 @@ class Rejected(Exception):
 
 
 #: How servers word a prompt over the model's context length (vLLM and the embedded
-#: server: "maximum context length"; SGLang: "longer than the model's context length",
-#: "exceeds the model's maximum context length"; OpenAI: "context_length_exceeded";
-#: llama-server: "request (N tokens) exceeds the available context size", type
-#: "exceed_context_size_error").
+#: server: "maximum context length"; vLLM's engine, for a prompt that fills the context
+#: by itself: "The decoder prompt (length N) is longer than the maximum model length of
+#: M"; SGLang: "longer than the model's context length", "exceeds the model's maximum
+#: context length"; OpenAI: "context_length_exceeded"; llama-server: "request (N tokens)
+#: exceeds the available context size", type "exceed_context_size_error").
 _CONTEXT_LIMIT = re.compile(
-    r"context[ _]length|context window|longer than the model|available context size|exceed_context_size",
+    r"context[ _]length|context window|longer than the model|maximum model length|available context size"
+    r"|exceed_context_size",
     re.IGNORECASE,
 )
 
