@@ -142,6 +142,8 @@ def parse_completion(data: Any, stop_ids: Sequence[int] = (), max_tokens: int | 
     timings = data.get("timings")
     cached = timings.get("cache_n") if isinstance(timings, dict) else None
     meta = {k: data[k] for k in ("model", "id_slot") if k in data}
+    if data.get("truncated") is True:  # the context ran out: shifted or cut (HttpPolicy.check_echo)
+        meta["context_truncated"] = True
     return Completion(tuple(ids[:end]), tuple(lps[:end]), finish, cached if isinstance(cached, int) else None, meta)
 
 

@@ -265,6 +265,8 @@ def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
     echoed = ch.get("prompt_token_ids")
     if isinstance(echoed, list):  # the prompt the server sampled from (HttpPolicy.check_echo)
         meta["prompt_token_ids"] = echoed
+    if type(read := usage.get("prompt_tokens")) is int:  # how many of the prompt's tokens it read (check_echo)
+        meta["prompt_tokens"] = read
     # the embedded server names its weights; vLLM names the served model (or LoRA adapter)
     version = data.get("policy_version") or data.get("model")
     version = version if isinstance(version, str) and version else None

@@ -128,6 +128,8 @@ def parse_generate(data: Any) -> Completion:
         raise MalformedResponse(aborted(finish, len(ids), fr.get("message") if isinstance(fr, dict) else None))
     cached = meta.get("cached_tokens")
     extra = {k: meta[k] for k in ("policy_version", "weight_version", "id") if k in meta}
+    if type(read := meta.get("prompt_tokens")) is int:  # the input ids it sampled after (HttpPolicy.check_echo)
+        extra["prompt_tokens"] = read
     # SGLang names the weights that sampled the answer (set by weight updates)
     version = meta.get("weight_version") or meta.get("policy_version")
     version = version if isinstance(version, str) and version else None
