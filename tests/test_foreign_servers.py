@@ -24,7 +24,8 @@ from fixtures.prefect import run_focus
 
 from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy
 from focus.backends.http import MalformedResponse
-from focus.backends.openai_compat import parse_completion
+from focus.backends.llamacpp import parse_completion as parse_llamacpp
+from focus.backends.openai_compat import parse_completion, parse_completions
 from focus.backends.sglang import parse_generate
 from focus.env import Message
 from focus.format import ByteCodec
@@ -91,6 +92,44 @@ def test_vllm_answers_with_optional_fields_missing_or_null_keep_their_ids():
         assert (c.token_ids, c.logprobs, c.finish_reason) == ((5, 6), (-0.5, -9999.0), "length")
         assert c.policy_version == "Qwen/Qwen3-4B" and c.cached_prompt_tokens is None
     assert parse_completion(vllm_answer([7], [-1.0], finish="stop", stop_reason=7)).finish_reason == "stop"
+
+
+def test_answers_no_server_should_send_are_malformed_naming_what_they_hold():
+    """Three answers the parsers took or misread: an error sent with status 200 (a proxy's,
+    or a server's own ``{"object": "error"}``) was "no 'choices' in the answer", its
+    message dropped; choices of an ``n`` answer without their ``index`` raised a
+    ``TypeError`` comparing None, and one choice numbered 2 of 3 was taken as sample 0
+    (seed + 2's tokens recorded as seed + 0's); a negative id passed where the policy
+    knows no vocabulary size."""
+    said = {"object": "error", "message": "This model's maximum context length is 4096 tokens.", "code": 400}
+    with pytest.raises(MalformedResponse, match="no 'choices' in the answer but an error: This model's maximum"):
+        parse_completion(said)
+    with pytest.raises(MalformedResponse, match="no 'meta_info' in the answer but an error: upstream timed out"):
+        parse_generate({"error": {"message": "upstream\ntimed out", "code": 504}})
+    with pytest.raises(MalformedResponse, match=r"^no 'choices' in the answer$"):
+        parse_completion({"choices": []})
+    two = vllm_answer([5], [-0.5])
+    two["choices"] = [{**two["choices"][0], "index": None}, {**two["choices"][0], "index": None}]
+    with pytest.raises(
+        MalformedResponse, match=r"asked for 2 samples, the answer's choices are numbered \[None, None\]"
+    ):
+        parse_completions(two, 2)
+    third = vllm_answer([5], [-0.5])
+    third["choices"][0]["index"] = 2
+    with pytest.raises(MalformedResponse, match=r"asked for 3 samples, the answer's choices are numbered \[2\]"):
+        parse_completions(third, 3)
+    assert [c.token_ids for c in parse_completions(vllm_answer([5], [-0.5]), 3)] == [(5,)]  # n ignored: sample 0
+    negative = vllm_answer([-1], [-0.5])
+    with pytest.raises(MalformedResponse, match="not a list of token ids"):
+        parse_completion(negative)
+    negative["choices"][0]["token_ids"] = None  # the id from 'token_id:-1'
+    with pytest.raises(MalformedResponse, match="not a list of token ids"):
+        parse_completion(negative)
+    with pytest.raises(MalformedResponse, match="is not \\[logprob, token_id, text\\]"):
+        parse_generate({"meta_info": {"output_token_logprobs": [[-0.5, -1, None]], "finish_reason": {"type": "stop"}}})
+    llama = {"tokens": [-1], "completion_probabilities": [{"id": -1, "logprob": -0.5}], "stop_type": "eos"}
+    with pytest.raises(MalformedResponse, match="negative token id"):
+        parse_llamacpp(llama)
 
 
 def test_an_answer_the_server_ended_itself_is_retried_not_recorded():

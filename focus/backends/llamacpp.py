@@ -122,6 +122,8 @@ def parse_completion(data: Any, stop_ids: Sequence[int] = (), max_tokens: int | 
     entries = data.get("completion_probabilities")
     if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids) or (entries and not ids):
         raise MalformedResponse("no 'tokens' in the answer (return_tokens): run a llama-server of 2025 or later")
+    if ids and min(ids) < 0:
+        raise MalformedResponse(f"'tokens' holds a negative token id: {ids[:20]!r}")
     if not isinstance(entries, list):
         if not ids:  # nothing sampled: no entries to give
             entries = []

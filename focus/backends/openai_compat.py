@@ -207,11 +207,24 @@ def _token_id(tok: Any) -> int:
     raise MalformedResponse(f"log-prob token {tok!r} is not of the form 'token_id:<id>'")
 
 
+def server_said(data: Any) -> str:
+    """What an answer without the fields asked for says of itself: an error a proxy or
+    server sent with status 200 (``{"error": {"message": ...}}``, vLLM's and SGLang's
+    ``{"object": "error", "message": ...}``), for the line that names the missing field."""
+    if not isinstance(data, dict):
+        return ""
+    error = data.get("error")
+    said = error.get("message") if isinstance(error, dict) else error
+    if not said and data.get("object") == "error":
+        said = data.get("message")
+    return f" but an error: {' '.join(str(said).split())[:200]}" if said else ""
+
+
 def parse_completion(data: Any) -> Completion:
     """A vLLM completions answer -> Completion; MalformedResponse when it cannot be trusted."""
     choices = data.get("choices") if isinstance(data, dict) else None
     if not choices or not isinstance(choices, list):
-        raise MalformedResponse("no 'choices' in the answer")
+        raise MalformedResponse(f"no 'choices' in the answer{server_said(data)}")
     return _parse_choice(data, choices[0])
 
 
@@ -220,11 +233,15 @@ def parse_completions(data: Any, n: int) -> list[Completion]:
     than ``n`` when the server gave fewer: one that ignores ``n`` answers one)."""
     choices = data.get("choices") if isinstance(data, dict) else None
     if not choices or not isinstance(choices, list) or not all(isinstance(ch, dict) for ch in choices):
-        raise MalformedResponse("no 'choices' in the answer")
+        raise MalformedResponse(f"no 'choices' in the answer{server_said(data)}")
+    index = [ch.get("index") for ch in choices]
+    if len(choices) == 1:  # one that ignores n answers sample 0; another one alone is not sample 0
+        numbered = index[0] in (0, None)
+    else:
+        numbered = len(choices) <= n and all(type(i) is int for i in index) and sorted(index) == list(range(len(index)))
+    if not numbered:
+        raise MalformedResponse(f"asked for {n} samples, the answer's choices are numbered {index}")
     if len(choices) > 1:
-        index = [ch.get("index") for ch in choices]
-        if sorted(index) != list(range(len(choices))) or len(choices) > n:  # type: ignore[type-var]
-            raise MalformedResponse(f"asked for {n} samples, the answer's choices are numbered {index}")
         choices = sorted(choices, key=lambda ch: ch["index"])
     return [_parse_choice(data, ch) for ch in choices]
 
@@ -244,8 +261,8 @@ def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
     elif lp.get("tokens") and all(isinstance(t, str) and t.startswith("token_id:") for t in lp["tokens"]):
         if [_token_id(t) for t in lp["tokens"]] != list(ids):
             raise MalformedResponse("'token_ids' and the ids in 'logprobs.tokens' disagree")
-    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-        raise MalformedResponse("'token_ids' is not a list of ints")
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids) or (ids and min(ids) < 0):
+        raise MalformedResponse(f"'token_ids' is not a list of token ids (ints >= 0): {ids!r}"[:300])
     if len(logprobs) != len(ids):
         raise MalformedResponse(f"{len(ids)} tokens but {len(logprobs)} log-probs")
     values = []

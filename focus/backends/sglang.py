@@ -20,7 +20,7 @@ from typing import Any
 
 from focus.backends.http import HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
-from focus.backends.openai_compat import NEUTRAL, aborted
+from focus.backends.openai_compat import NEUTRAL, aborted, server_said
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable, UnreadableAnswers
 
@@ -102,14 +102,14 @@ def parse_generate(data: Any) -> Completion:
         data = data[0]
     meta = data.get("meta_info") if isinstance(data, dict) else None
     if not isinstance(meta, dict):
-        raise MalformedResponse("no 'meta_info' in the answer")
+        raise MalformedResponse(f"no 'meta_info' in the answer{server_said(data)}")
     triples = meta.get("output_token_logprobs")
     if not isinstance(triples, list):
         raise MalformedResponse("no 'meta_info.output_token_logprobs' (was return_logprob dropped?)")
     ids: list[int] = []
     lps: list[float] = []
     for i, tr in enumerate(triples):
-        if not isinstance(tr, list | tuple) or len(tr) < 2 or not isinstance(tr[1], int):
+        if not isinstance(tr, list | tuple) or len(tr) < 2 or not isinstance(tr[1], int) or tr[1] < 0:
             raise MalformedResponse(f"log-prob entry {i} is not [logprob, token_id, text]: {tr!r}")
         lp = tr[0]
         if not isinstance(lp, int | float) or not math.isfinite(lp):
