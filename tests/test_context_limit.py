@@ -55,7 +55,11 @@ def test_servers_wording_of_a_prompt_over_the_context_is_recognised():
     )
     full = "The decoder prompt (length 4096) plus the number of requested output tokens (at least 1) is longer than "
     full += "the maximum model length of 4096."
-    assert all(is_context_limit(400, text) for text in (vllm, sglang, openai, engine, full))
+    # SGLang's scheduler (validate_input_length), where the KV cache holds less than the context
+    pool = "Input length (5000 tokens) exceeds the maximum allowed length (4095 tokens). Use a shorter input or "
+    pool += "enable --allow-auto-truncate."
+    assert all(is_context_limit(400, text) for text in (vllm, sglang, openai, engine, full, pool))
+    assert not is_context_limit(400, "The title exceeds the maximum allowed length of 80 characters.")
     assert is_context_limit(413, vllm)
     assert not is_context_limit(400, "invalid temperature -1")  # another refusal stays one
     assert not is_context_limit(404, vllm)  # a refused path or model name is never this

@@ -46,11 +46,13 @@ class Rejected(Exception):
 #: server: "maximum context length"; vLLM's engine, for a prompt that fills the context
 #: by itself: "The decoder prompt (length N) is longer than the maximum model length of
 #: M"; SGLang: "longer than the model's context length", "exceeds the model's maximum
-#: context length"; OpenAI: "context_length_exceeded"; llama-server: "request (N tokens)
-#: exceeds the available context size", type "exceed_context_size_error").
+#: context length", and its scheduler, where the KV cache holds less than the context:
+#: "Input length (N tokens) exceeds the maximum allowed length (M tokens)"; OpenAI:
+#: "context_length_exceeded"; llama-server: "request (N tokens) exceeds the available
+#: context size", type "exceed_context_size_error").
 _CONTEXT_LIMIT = re.compile(
     r"context[ _]length|context window|longer than the model|maximum model length|available context size"
-    r"|exceed_context_size",
+    r"|exceed_context_size|maximum allowed length \(\d+ tokens\)",
     re.IGNORECASE,
 )
 
