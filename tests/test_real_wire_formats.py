@@ -458,6 +458,41 @@ def test_a_rollout_against_sglang_generate_records_the_sampled_ids_and_logprobs(
     run(go())
 
 
+def test_a_fleet_of_current_sglang_replicas_asks_model_info_for_their_weight_versions():
+    """SGLang since late 2025 answers ``/get_weight_version`` with 404 ("deprecated.
+    Please use '/model_info' instead"): a fleet's check of its replicas' weights before
+    the first call asked it alone, got refusals, and checked nothing."""
+
+    def current(weight_version: str) -> dict[tuple[str, str], Any]:
+        routes = sglang_routes(weight_version=weight_version)
+        gone = "Endpoint '/get_weight_version' or '/weight_version' is deprecated. Please use '/model_info' instead."
+        routes[("GET", "/get_weight_version")] = lambda s, b: (404, {"detail": gone})
+        routes[("GET", "/model_info")] = lambda s, b: (
+            200,
+            {"model_path": "Qwen/Qwen3-4B", "is_generation": True, "weight_version": weight_version},
+        )
+        return routes
+
+    async def version(url: str) -> str | None:
+        policy = SGLangPolicy(url, config=FAST)
+        try:
+            return await policy.served_version()
+        finally:
+            await policy.aclose()
+
+    async def go() -> None:
+        async with serve(current("default")) as a, serve(current("step-9")) as b:
+            assert await version(a.url) == "default"
+            fleet = FleetPolicy([SGLangPolicy(s.url, config=FAST) for s in (a, b)])
+            with pytest.raises(BadResponse, match="serve different weights.*default.*step-9"):
+                await fleet.verify()
+            await fleet.aclose()
+        async with serve(sglang_routes(weight_version="step-3")) as old:  # a release before /model_info
+            assert await version(old.url) == "step-3"
+
+    run(go())
+
+
 def test_a_fleet_of_sglang_replicas_checks_their_weight_versions():
     async def go() -> None:
         async with serve(sglang_routes()) as a, serve(sglang_routes()) as b:

@@ -86,7 +86,22 @@ class SGLangPolicy(HttpPolicy):
             return False
         return True
 
-    version_path = "/get_weight_version"
+    #: Where SGLang names its weights: ``/model_info`` (releases since late 2025 answer
+    #: ``/get_weight_version`` with 404, "deprecated. Please use '/model_info' instead"),
+    #: else ``/get_weight_version`` (releases before ``/model_info``).
+    version_path = "/model_info"
+    version_paths = ("/model_info", "/get_weight_version")
+
+    async def served_version(self) -> str | None:
+        """The ``weight_version`` of :attr:`version_paths`' first that the server has."""
+        for path in self.version_paths[:-1]:
+            try:
+                return await self.http.request("GET", path, None, self.parse_version, hedge=False)
+            except ServiceUnavailable:
+                raise
+            except PolicyError:  # refused: a release without this endpoint
+                continue
+        return await self.http.request("GET", self.version_paths[-1], None, self.parse_version, hedge=False)
 
     @staticmethod
     def parse_version(data: Any) -> str | None:
