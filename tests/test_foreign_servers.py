@@ -16,10 +16,13 @@ answering directly.
 from __future__ import annotations
 
 import copy
+import gzip
+import json
 from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 from fixtures.prefect import run_focus
 
 from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy
@@ -29,7 +32,7 @@ from focus.backends.openai_compat import parse_completion, parse_completions
 from focus.backends.sglang import parse_generate
 from focus.env import Message
 from focus.format import ByteCodec
-from focus.policy import BadResponse, SamplingParams
+from focus.policy import BadResponse, SamplingParams, UnreadableAnswers
 from focus.testing import run
 from focus.testing.faults import FaultProxy
 from focus.toy import opening_text
@@ -334,3 +337,44 @@ def test_a_server_that_refuses_every_request_ends_the_command_with_status_2(scri
         )
         assert "invalid API key" in last and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "runs" / "batches").exists()
+
+
+async def _encoded_server(encoding: str, body: bytes) -> tuple[web.AppRunner, str]:
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(body=body, headers={"Content-Encoding": encoding, "Content-Type": "application/json"})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+#: A gzip stream with its deflate data garbled (the header and the trailer intact).
+_GZIP = gzip.compress(json.dumps(vllm_answer([5], [-0.5])).encode())
+CORRUPT_GZIP = _GZIP[:10] + bytes(b ^ 0x55 for b in _GZIP[10:40]) + _GZIP[40:]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("encoding", "body"), [("gzip", CORRUPT_GZIP), ("br", b"\x8b\x02\x80garbled")])
+def test_a_body_whose_encoding_cannot_be_undone_is_an_answer_not_an_outage(encoding, body):
+    """aiohttp raises a body it cannot decode (a corrupt gzip stream; brotli, which the
+    client does not ask for, without the Brotli package) as it does a connection cut
+    mid-body: it was a "connection" failure, so a server answering every request so was
+    waited for as down for ``outage_wait_s`` and reported as an outage. It is a
+    malformed answer: every request answered so stops the collection at once."""
+    config = HttpConfig(backoff_s=0.01, backoff_max_s=0.05, max_retries=3, timeout_s=60, outage_wait_s=5)
+
+    async def go() -> None:
+        runner, url = await _encoded_server(encoding, body)
+        policy = OpenAICompatPolicy(url, config=config)
+        try:
+            await policy.sample(PROMPT, SamplingParams(max_tokens=4, seed=1))
+        finally:
+            await policy.aclose()
+            await runner.cleanup()
+
+    with pytest.raises(UnreadableAnswers, match="malformed|decode content-encoding") as e:
+        run(go())
+    assert "decode content-encoding" in str(e.value) and "has not answered" not in str(e.value)

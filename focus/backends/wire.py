@@ -14,7 +14,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import httpx
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 
 from focus.backends.hedge import Hedges
 from focus.backends.outage import OutageGate
@@ -126,13 +128,29 @@ def expire(entry: Entry) -> None:
 def classify(e: BaseException) -> Retryable:
     """A transport error -> timeout, connection or (an undecodable body) malformed.
     httpx-aiohttp maps every aiohttp connection error to ``httpx.ConnectTimeout``; the
-    aiohttp error it chains says which it was."""
-    if isinstance(e, httpx.DecodingError):
-        return Retryable("malformed response", None, f"{type(e).__name__}: {e}")
+    aiohttp error it chains says which it was.
+
+    A body whose ``Content-Encoding`` cannot be undone (a corrupt gzip stream, brotli
+    without the Brotli package) is an answer, if a bad one: aiohttp raises it as a
+    ``ClientPayloadError`` (or ``ClientResponseError``) as it does a connection cut
+    mid-body, and it was a "connection" failure, so a server answering every request
+    so was waited for as down for ``outage_wait_s`` (300 s) and reported as an outage."""
+    if isinstance(e, httpx.DecodingError) or _undecodable(e):
+        return Retryable("malformed response", None, f"{type(e).__name__}: {' '.join(str(e).split())}")
     cause = e.__cause__ if isinstance(e, httpx.TransportError) and e.__cause__ is not None else e
     if isinstance(cause, TimeoutError) or (cause is e and isinstance(e, httpx.TimeoutException)):
         return Retryable("timeout", None, f"{type(cause).__name__}: {cause}")
     return Retryable("connection", None, f"{type(cause).__name__}: {cause}")
+
+
+def _undecodable(e: BaseException) -> bool:
+    """Whether aiohttp raised ``e`` for a body it could not decode (its encoding)."""
+    if not isinstance(e, aiohttp.ClientPayloadError | aiohttp.ClientResponseError):
+        return False
+    cause = e.__cause__
+    return isinstance(cause, ContentEncodingError) or (
+        isinstance(cause, HttpProcessingError) and "content-encoding" in str(cause)
+    )
 
 
 def gave_up(
