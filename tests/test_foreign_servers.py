@@ -339,9 +339,11 @@ def test_a_server_that_refuses_every_request_ends_the_command_with_status_2(scri
     assert not (tmp_path / "runs" / "batches").exists()
 
 
-async def _encoded_server(encoding: str, body: bytes) -> tuple[web.AppRunner, str]:
+async def _raw_server(body: bytes, **headers: str) -> tuple[web.AppRunner, str]:
+    """A server on 127.0.0.1 answering every ``/v1/completions`` with ``body`` as it is."""
+
     async def answer(request: web.Request) -> web.Response:
-        return web.Response(body=body, headers={"Content-Encoding": encoding, "Content-Type": "application/json"})
+        return web.Response(body=body, headers={"Content-Type": "application/json", **headers})
 
     app = web.Application()
     app.router.add_post("/v1/completions", answer)
@@ -367,7 +369,7 @@ def test_a_body_whose_encoding_cannot_be_undone_is_an_answer_not_an_outage(encod
     config = HttpConfig(backoff_s=0.01, backoff_max_s=0.05, max_retries=3, timeout_s=60, outage_wait_s=5)
 
     async def go() -> None:
-        runner, url = await _encoded_server(encoding, body)
+        runner, url = await _raw_server(body, **{"Content-Encoding": encoding})
         policy = OpenAICompatPolicy(url, config=config)
         try:
             await policy.sample(PROMPT, SamplingParams(max_tokens=4, seed=1))
@@ -378,3 +380,27 @@ def test_a_body_whose_encoding_cannot_be_undone_is_an_answer_not_an_outage(encod
     with pytest.raises(UnreadableAnswers, match="malformed|decode content-encoding") as e:
         run(go())
     assert "decode content-encoding" in str(e.value) and "has not answered" not in str(e.value)
+
+
+@pytest.mark.integration
+def test_a_token_text_that_is_not_utf8_leaves_the_ids_and_logprobs_readable():
+    """A server that writes a token's text cut inside a UTF-8 character as raw bytes
+    (a byte-fallback token) sends a body that is not UTF-8: it failed as "not JSON" on
+    every try, though FOCUS reads only the ids and log-probs beside that text."""
+    answer = vllm_answer([226, 128], [-0.5, -0.25])
+    answer["usage"]["prompt_tokens"] = len(PROMPT)
+    answer["choices"][0]["text"] = "@CUT@"
+    answer["choices"][0]["logprobs"]["top_logprobs"] = [{"@CUT@": -0.5}, {"@CUT@": -0.25}]
+    body = json.dumps(answer).encode().replace(b"@CUT@", b"\xe2\x80")
+
+    async def go() -> Any:
+        runner, url = await _raw_server(body)
+        policy = OpenAICompatPolicy(url, config=FAST)
+        try:
+            return await policy.sample(PROMPT, SamplingParams(max_tokens=4, seed=1))
+        finally:
+            await policy.aclose()
+            await runner.cleanup()
+
+    completion = run(go())
+    assert (completion.token_ids, completion.logprobs) == ((226, 128), (-0.5, -0.25))

@@ -9,6 +9,7 @@ and the classification of transport errors.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -170,6 +171,24 @@ def gave_up(
     else:
         within = ""
     return f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}"
+
+
+def decode(data: bytes, status: int) -> Any:
+    """The JSON value of a 2xx body; :class:`Retryable` ``malformed response`` when it
+    is none. A body that is not UTF-8 is read with its undecodable bytes replaced: they
+    can only be inside a string (a token's text, cut inside a character by a server
+    that does not sanitise it), and FOCUS reads ids and numbers, never those texts; it
+    failed the whole answer as "not JSON", the same on every try of a seeded request."""
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError:
+        pass
+    except ValueError as e:
+        raise Retryable("malformed response", status, f"not JSON ({e}): {snippet(text(data))}") from e
+    try:
+        return json.loads(data.decode("utf-8", errors="replace"))
+    except ValueError as e:
+        raise Retryable("malformed response", status, f"not JSON ({e}): {snippet(text(data))}") from e
 
 
 def headers(extra: dict[str, str], api_key: str | None) -> dict[str, str]:
