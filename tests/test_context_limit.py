@@ -181,7 +181,7 @@ def test_llama_server_out_of_context_during_an_answer_ends_the_episode_truncated
     async def go():  # type: ignore[no-untyped-def]
         policy = LlamaCppPolicy(scripted.url, config=HttpConfig(outage_wait_s=0))
         try:
-            with pytest.raises(ContextLimit, match=r"ran out of context during the answer .*\(truncated\)"):
+            with pytest.raises(ContextLimit, match=r"ran out of context during the answer .*\(truncated: "):
                 await policy.sample([1, 2, 3, 4, 5], SamplingParams(max_tokens=2, seed=1))
             return await policy.sample([1, 2, 3, 4, 5], SamplingParams(max_tokens=2, seed=1))
         finally:

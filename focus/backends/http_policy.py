@@ -239,11 +239,17 @@ def cut_prompt(url: str, sent: int, read: int | None) -> str:
     """Why an answer sampled after a cut context is not recorded. A server that does not
     refuse a prompt over the model's context cuts it instead - SGLang started with
     ``--allow-auto-truncate`` keeps its first tokens and drops the rest, llama-server
-    with its context shift drops tokens from the middle and says ``truncated`` - and the
+    with ``--context-shift`` drops tokens from the middle and says ``truncated`` - and the
     answer continues a context that is not the one recorded. The episode has outgrown
-    the model, as with a server that refuses such a prompt (:class:`ContextLimit`)."""
+    the model, as with a server that refuses such a prompt (:class:`ContextLimit`).
+    llama-server without its context shift says ``truncated`` too, where an answer
+    stopped at the context's end: a sound answer, but the turn after it would not fit
+    (the answer cannot tell the two apart), so the episode ends one turn sooner."""
     if read is None:
-        what = f"ran out of context during the answer to a prompt of {sent} tokens (truncated): it cut the context"
+        what = (
+            f"ran out of context during the answer to a prompt of {sent} tokens (truncated: it stopped at the "
+            "context's end, or went on after a context shift dropped tokens)"
+        )
     else:
         what = (
             f"sampled after {read} of the {sent} prompt tokens sent: it cut a prompt over the model's context "
