@@ -438,7 +438,7 @@ def sglang_routes(completions_token_ids: bool = True, weight_version: str = "def
         ("POST", "/v1/completions"): completions,
         ("GET", "/v1/models"): lambda s, b: (
             200,
-            {"object": "list", "data": [{"id": "Qwen/Qwen3-4B", "root": "Qwen/Qwen3-4B"}]},
+            {"object": "list", "data": [{"id": "Qwen/Qwen3-4B", "owned_by": "sglang", "root": "Qwen/Qwen3-4B"}]},
         ),
     }
 
@@ -520,6 +520,33 @@ def test_sglang_openai_completions_with_token_ids_work_and_without_them_say_whic
             with pytest.raises(UnreadableAnswers) as e:
                 await rollout(OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST))
         assert "model.kind = sglang" in str(e.value), e.value
+
+    run(go())
+
+
+def test_sglang_openai_completions_record_the_weights_version_sglang_names():
+    """SGLang's ``/v1/completions`` answers ``model`` with the name asked for and names
+    the weights that sampled in ``metadata.weight_version``: every turn was recorded
+    with the model's name, so a weights update (``update_weights_from_disk`` with a
+    ``weight_version``) went unseen, and a fleet of replicas on different weights
+    passed its check."""
+
+    async def go() -> None:
+        async with serve(sglang_routes(weight_version="step-3")) as server:
+            ro = await rollout(OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST))
+            check_exact(ro, server, server.prompts("/v1/completions", "prompt"))
+            assert {t.policy_version for t in ro.turns} == {"step-3"}
+        async with (
+            serve(sglang_routes(weight_version="step-3")) as a,
+            serve(sglang_routes(weight_version="step-3")) as b,
+        ):
+            ro = await rollout(FleetPolicy([OpenAICompatPolicy(s.url, "Qwen/Qwen3-4B", config=FAST) for s in (a, b)]))
+            assert all(p.kind != "failed" for p in ro.pieces) and {t.policy_version for t in ro.turns} == {"step-3"}
+        async with serve(sglang_routes()) as a, serve(sglang_routes(weight_version="step-9")) as b:
+            fleet = FleetPolicy([OpenAICompatPolicy(s.url, "Qwen/Qwen3-4B", config=FAST) for s in (a, b)])
+            with pytest.raises(BadResponse, match="serve different weights.*default.*step-9"):
+                await fleet.verify()
+            await fleet.aclose()
 
     run(go())
 

@@ -13,7 +13,15 @@ from typing import Any, ClassVar
 
 from focus.backends.foreign import endpoint_in_url
 from focus.backends.http import HttpClient, HttpConfig
-from focus.policy import Completion, ContextLimit, Policy, SamplingParams, UnreadableAnswers
+from focus.policy import (
+    Completion,
+    ContextLimit,
+    Policy,
+    PolicyError,
+    SamplingParams,
+    ServiceUnavailable,
+    UnreadableAnswers,
+)
 
 __all__ = ["HttpPolicy"]
 
@@ -226,6 +234,18 @@ class HttpPolicy(Policy):
     async def served_version(self) -> str | None:
         """The weights version the server says it serves (None when it does not say)."""
         return await self.http.request("GET", self.version_path, None, self.parse_version, hedge=False)
+
+    async def version_at(self, paths: Sequence[str], parse: Callable[[Any], str | None]) -> str | None:
+        """What ``parse`` reads from the first of ``paths`` (``GET``) that the server does
+        not refuse: its releases name their weights at different endpoints."""
+        for path in paths[:-1]:
+            try:
+                return await self.http.request("GET", path, None, parse, hedge=False)
+            except ServiceUnavailable:
+                raise
+            except PolicyError:  # refused: a release without this endpoint
+                continue
+        return await self.http.request("GET", paths[-1], None, parse, hedge=False)
 
     def stats(self) -> dict[str, Any]:
         """The HTTP client's totals in this process (:meth:`HttpClient.stats`)."""

@@ -21,7 +21,7 @@ from typing import Any
 from focus.backends.http import HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
-from focus.policy import Completion, SamplingParams
+from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable
 
 #: vLLM's finish reasons (``vllm/v1/engine``); ``repetition``: a request with
 #: ``repetition_detection`` cut where its tokens repeat, a server's limit as ``length`` is.
@@ -106,10 +106,21 @@ class OpenAICompatPolicy(HttpPolicy):
     version_path = "/v1/models"
 
     async def served_version(self) -> str | None:
-        """The version of :attr:`model`'s card on ``/v1/models`` (:meth:`parse_version`)."""
-        return await self.http.request(
-            "GET", self.version_path, None, partial(self.parse_version, model=self.model), hedge=False
+        """The version of :attr:`model`'s card on ``/v1/models`` (:meth:`parse_version`);
+        SGLang's (a card ``owned_by`` it) names its weights elsewhere, as its answers do
+        (``metadata.weight_version``): its ``weight_version``, where it says one."""
+        card = await self.http.request(
+            "GET", self.version_path, None, partial(model_card, model=self.model), hedge=False
         )
+        if card.get("owned_by") == "sglang" and not card.get("policy_version"):
+            try:
+                if version := await self.version_at(SGLANG_VERSION_PATHS, weight_version):
+                    return version
+            except ServiceUnavailable:
+                raise
+            except PolicyError:  # a release that names no weights: its answers name the model
+                pass
+        return card_version(card)
 
     @staticmethod
     def parse_version(data: Any, model: str | None = None) -> str | None:
@@ -122,13 +133,35 @@ class OpenAICompatPolicy(HttpPolicy):
         Not vLLM's ``root`` (the weights' path): no answer names it, so a server started
         with ``--served-model-name``, or a LoRA adapter as the model, failed every call
         of a fleet."""
-        cards = data.get("data") if isinstance(data, dict) else None
-        cards = [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
-        card = next((c for c in cards if c.get("id") == model), None)
-        if card is None or not card.get("parent"):  # a base model: vLLM's answers give its first served name
-            card = cards[0] if cards else {}
-        version = card.get("policy_version") or card.get("id")
-        return str(version) if version else None
+        return card_version(model_card(data, model))
+
+
+def model_card(data: Any, model: str | None = None) -> dict[str, Any]:
+    """``model``'s card in a ``/v1/models`` answer (see :meth:`OpenAICompatPolicy.parse_version`)."""
+    cards = data.get("data") if isinstance(data, dict) else None
+    cards = [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
+    card = next((c for c in cards if c.get("id") == model), None)
+    if card is None or not card.get("parent"):  # a base model: vLLM's answers give its first served name
+        card = cards[0] if cards else {}
+    return card
+
+
+def card_version(card: dict[str, Any]) -> str | None:
+    version = card.get("policy_version") or card.get("id")
+    return str(version) if version else None
+
+
+#: Where SGLang names the weights it serves: ``/model_info``, or ``/get_weight_version``
+#: on releases before it (releases since late 2025 refuse that one with 404,
+#: "deprecated. Please use '/model_info' instead").
+SGLANG_VERSION_PATHS = ("/model_info", "/get_weight_version")
+
+
+def weight_version(data: Any) -> str | None:
+    """SGLang's ``weight_version`` in an answer of one of :data:`SGLANG_VERSION_PATHS`
+    (or its completions answer's ``metadata``)."""
+    version = data.get("weight_version") if isinstance(data, dict) else None
+    return str(version) if version else None
 
 
 def unserved_model(base_url: str, model: str, *, headers: dict[str, str] | None = None) -> str | None:
@@ -284,7 +317,8 @@ def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
         meta["prompt_token_ids"] = echoed
     if type(read := usage.get("prompt_tokens")) is int:  # how many of the prompt's tokens it read (check_echo)
         meta["prompt_tokens"] = read
-    # the embedded server names its weights; vLLM names the served model (or LoRA adapter)
-    version = data.get("policy_version") or data.get("model")
+    # the embedded server names its weights, SGLang too (metadata.weight_version; its 'model'
+    # is the name asked for); vLLM names the served model (or LoRA adapter)
+    version = data.get("policy_version") or weight_version(data.get("metadata")) or data.get("model")
     version = version if isinstance(version, str) and version else None
     return Completion(tuple(ids), tuple(values), finish, cached, meta, version)

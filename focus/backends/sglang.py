@@ -20,7 +20,7 @@ from typing import Any
 
 from focus.backends.http import HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
-from focus.backends.openai_compat import NEUTRAL, aborted, server_said
+from focus.backends.openai_compat import NEUTRAL, SGLANG_VERSION_PATHS, aborted, server_said, weight_version
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable, UnreadableAnswers
 
@@ -86,27 +86,14 @@ class SGLangPolicy(HttpPolicy):
             return False
         return True
 
-    #: Where SGLang names its weights: ``/model_info`` (releases since late 2025 answer
-    #: ``/get_weight_version`` with 404, "deprecated. Please use '/model_info' instead"),
-    #: else ``/get_weight_version`` (releases before ``/model_info``).
-    version_path = "/model_info"
-    version_paths = ("/model_info", "/get_weight_version")
+    version_path = SGLANG_VERSION_PATHS[0]
 
     async def served_version(self) -> str | None:
-        """The ``weight_version`` of :attr:`version_paths`' first that the server has."""
-        for path in self.version_paths[:-1]:
-            try:
-                return await self.http.request("GET", path, None, self.parse_version, hedge=False)
-            except ServiceUnavailable:
-                raise
-            except PolicyError:  # refused: a release without this endpoint
-                continue
-        return await self.http.request("GET", self.version_paths[-1], None, self.parse_version, hedge=False)
+        """The ``weight_version`` at the first of :data:`~focus.backends.openai_compat.SGLANG_VERSION_PATHS`
+        that the server has."""
+        return await self.version_at(SGLANG_VERSION_PATHS, self.parse_version)
 
-    @staticmethod
-    def parse_version(data: Any) -> str | None:
-        version = data.get("weight_version") if isinstance(data, dict) else None
-        return str(version) if version else None
+    parse_version = staticmethod(weight_version)
 
 
 def parse_generate(data: Any) -> Completion:
