@@ -98,7 +98,7 @@ def test_vllm_answers_with_optional_fields_missing_or_null_keep_their_ids():
 
 
 def test_answers_no_server_should_send_are_malformed_naming_what_they_hold():
-    """Three answers the parsers took or misread: an error sent with status 200 (a proxy's,
+    """Answers the parsers took or misread: an error sent with status 200 (a proxy's,
     or a server's own ``{"object": "error"}``) was "no 'choices' in the answer", its
     message dropped; choices of an ``n`` answer without their ``index`` raised a
     ``TypeError`` comparing None, and one choice numbered 2 of 3 was taken as sample 0
@@ -114,14 +114,20 @@ def test_answers_no_server_should_send_are_malformed_naming_what_they_hold():
     two = vllm_answer([5], [-0.5])
     two["choices"] = [{**two["choices"][0], "index": None}, {**two["choices"][0], "index": None}]
     with pytest.raises(
-        MalformedResponse, match=r"asked for 2 samples, the answer's choices are numbered \[None, None\]"
+        MalformedResponse, match=r"asked for 2 sample\(s\), the answer's choices are numbered \[None, None\]"
     ):
         parse_completions(two, 2)
     third = vllm_answer([5], [-0.5])
     third["choices"][0]["index"] = 2
-    with pytest.raises(MalformedResponse, match=r"asked for 3 samples, the answer's choices are numbered \[2\]"):
+    with pytest.raises(MalformedResponse, match=r"asked for 3 sample\(s\), the answer's choices are numbered \[2\]"):
         parse_completions(third, 3)
     assert [c.token_ids for c in parse_completions(vllm_answer([5], [-0.5]), 3)] == [(5,)]  # n ignored: sample 0
+    with pytest.raises(MalformedResponse, match=r"asked for 1 sample\(s\), the answer's choices are numbered \[2\]"):
+        parse_completion(third)  # one sample asked for, and the answer's one choice is another
+    both = vllm_answer([5], [-0.5])
+    both["choices"] = [{**both["choices"][0], "index": 1, "token_ids": [7]}, both["choices"][0]]
+    with pytest.raises(MalformedResponse, match=r"asked for 1 sample\(s\), the answer's choices are numbered \[1, 0\]"):
+        parse_completion(both)  # choices[0] was taken: sample 1's tokens
     negative = vllm_answer([-1], [-0.5])
     with pytest.raises(MalformedResponse, match="not a list of token ids"):
         parse_completion(negative)

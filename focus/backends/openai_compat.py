@@ -254,11 +254,9 @@ def server_said(data: Any) -> str:
 
 
 def parse_completion(data: Any) -> Completion:
-    """A vLLM completions answer -> Completion; MalformedResponse when it cannot be trusted."""
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if not choices or not isinstance(choices, list):
-        raise MalformedResponse(f"no 'choices' in the answer{server_said(data)}")
-    return _parse_choice(data, choices[0])
+    """A vLLM completions answer -> Completion; MalformedResponse when it cannot be trusted
+    (its one choice not sample 0, or more than one: which was sampled as asked?)."""
+    return parse_completions(data, 1)[0]
 
 
 def parse_completions(data: Any, n: int) -> list[Completion]:
@@ -273,7 +271,7 @@ def parse_completions(data: Any, n: int) -> list[Completion]:
     else:
         numbered = len(choices) <= n and all(type(i) is int for i in index) and sorted(index) == list(range(len(index)))
     if not numbered:
-        raise MalformedResponse(f"asked for {n} samples, the answer's choices are numbered {index}")
+        raise MalformedResponse(f"asked for {n} sample(s), the answer's choices are numbered {index}")
     if len(choices) > 1:
         choices = sorted(choices, key=lambda ch: ch["index"])
     return [_parse_choice(data, ch) for ch in choices]
