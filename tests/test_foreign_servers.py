@@ -16,19 +16,23 @@ answering directly.
 from __future__ import annotations
 
 import copy
+import gzip
+import json
 from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 from fixtures.prefect import run_focus
 
 from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy
 from focus.backends.http import MalformedResponse
-from focus.backends.openai_compat import parse_completion
+from focus.backends.llamacpp import parse_completion as parse_llamacpp
+from focus.backends.openai_compat import parse_completion, parse_completions
 from focus.backends.sglang import parse_generate
 from focus.env import Message
 from focus.format import ByteCodec
-from focus.policy import BadResponse, SamplingParams
+from focus.policy import BadResponse, SamplingParams, UnreadableAnswers
 from focus.testing import run
 from focus.testing.faults import FaultProxy
 from focus.toy import opening_text
@@ -91,6 +95,50 @@ def test_vllm_answers_with_optional_fields_missing_or_null_keep_their_ids():
         assert (c.token_ids, c.logprobs, c.finish_reason) == ((5, 6), (-0.5, -9999.0), "length")
         assert c.policy_version == "Qwen/Qwen3-4B" and c.cached_prompt_tokens is None
     assert parse_completion(vllm_answer([7], [-1.0], finish="stop", stop_reason=7)).finish_reason == "stop"
+
+
+def test_answers_no_server_should_send_are_malformed_naming_what_they_hold():
+    """Answers the parsers took or misread: an error sent with status 200 (a proxy's,
+    or a server's own ``{"object": "error"}``) was "no 'choices' in the answer", its
+    message dropped; choices of an ``n`` answer without their ``index`` raised a
+    ``TypeError`` comparing None, and one choice numbered 2 of 3 was taken as sample 0
+    (seed + 2's tokens recorded as seed + 0's); a negative id passed where the policy
+    knows no vocabulary size."""
+    said = {"object": "error", "message": "This model's maximum context length is 4096 tokens.", "code": 400}
+    with pytest.raises(MalformedResponse, match="no 'choices' in the answer but an error: This model's maximum"):
+        parse_completion(said)
+    with pytest.raises(MalformedResponse, match="no 'meta_info' in the answer but an error: upstream timed out"):
+        parse_generate({"error": {"message": "upstream\ntimed out", "code": 504}})
+    with pytest.raises(MalformedResponse, match=r"^no 'choices' in the answer$"):
+        parse_completion({"choices": []})
+    two = vllm_answer([5], [-0.5])
+    two["choices"] = [{**two["choices"][0], "index": None}, {**two["choices"][0], "index": None}]
+    with pytest.raises(
+        MalformedResponse, match=r"asked for 2 sample\(s\), the answer's choices are numbered \[None, None\]"
+    ):
+        parse_completions(two, 2)
+    third = vllm_answer([5], [-0.5])
+    third["choices"][0]["index"] = 2
+    with pytest.raises(MalformedResponse, match=r"asked for 3 sample\(s\), the answer's choices are numbered \[2\]"):
+        parse_completions(third, 3)
+    assert [c.token_ids for c in parse_completions(vllm_answer([5], [-0.5]), 3)] == [(5,)]  # n ignored: sample 0
+    with pytest.raises(MalformedResponse, match=r"asked for 1 sample\(s\), the answer's choices are numbered \[2\]"):
+        parse_completion(third)  # one sample asked for, and the answer's one choice is another
+    both = vllm_answer([5], [-0.5])
+    both["choices"] = [{**both["choices"][0], "index": 1, "token_ids": [7]}, both["choices"][0]]
+    with pytest.raises(MalformedResponse, match=r"asked for 1 sample\(s\), the answer's choices are numbered \[1, 0\]"):
+        parse_completion(both)  # choices[0] was taken: sample 1's tokens
+    negative = vllm_answer([-1], [-0.5])
+    with pytest.raises(MalformedResponse, match="not a list of token ids"):
+        parse_completion(negative)
+    negative["choices"][0]["token_ids"] = None  # the id from 'token_id:-1'
+    with pytest.raises(MalformedResponse, match="not a list of token ids"):
+        parse_completion(negative)
+    with pytest.raises(MalformedResponse, match="is not \\[logprob, token_id, text\\]"):
+        parse_generate({"meta_info": {"output_token_logprobs": [[-0.5, -1, None]], "finish_reason": {"type": "stop"}}})
+    llama = {"tokens": [-1], "completion_probabilities": [{"id": -1, "logprob": -0.5}], "stop_type": "eos"}
+    with pytest.raises(MalformedResponse, match="negative token id"):
+        parse_llamacpp(llama)
 
 
 def test_an_answer_the_server_ended_itself_is_retried_not_recorded():
@@ -295,3 +343,70 @@ def test_a_server_that_refuses_every_request_ends_the_command_with_status_2(scri
         )
         assert "invalid API key" in last and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "runs" / "batches").exists()
+
+
+async def _raw_server(body: bytes, **headers: str) -> tuple[web.AppRunner, str]:
+    """A server on 127.0.0.1 answering every ``/v1/completions`` with ``body`` as it is."""
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(body=body, headers={"Content-Type": "application/json", **headers})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+#: A gzip stream with its deflate data garbled (the header and the trailer intact).
+_GZIP = gzip.compress(json.dumps(vllm_answer([5], [-0.5])).encode())
+CORRUPT_GZIP = _GZIP[:10] + bytes(b ^ 0x55 for b in _GZIP[10:40]) + _GZIP[40:]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("encoding", "body"), [("gzip", CORRUPT_GZIP), ("br", b"\x8b\x02\x80garbled")])
+def test_a_body_whose_encoding_cannot_be_undone_is_an_answer_not_an_outage(encoding, body):
+    """aiohttp raises a body it cannot decode (a corrupt gzip stream; brotli, which the
+    client does not ask for, without the Brotli package) as it does a connection cut
+    mid-body: it was a "connection" failure, so a server answering every request so was
+    waited for as down for ``outage_wait_s`` and reported as an outage. It is a
+    malformed answer: every request answered so stops the collection at once."""
+    config = HttpConfig(backoff_s=0.01, backoff_max_s=0.05, max_retries=3, timeout_s=60, outage_wait_s=5)
+
+    async def go() -> None:
+        runner, url = await _raw_server(body, **{"Content-Encoding": encoding})
+        policy = OpenAICompatPolicy(url, config=config)
+        try:
+            await policy.sample(PROMPT, SamplingParams(max_tokens=4, seed=1))
+        finally:
+            await policy.aclose()
+            await runner.cleanup()
+
+    with pytest.raises(UnreadableAnswers, match="malformed|decode content-encoding") as e:
+        run(go())
+    assert "decode content-encoding" in str(e.value) and "has not answered" not in str(e.value)
+
+
+@pytest.mark.integration
+def test_a_token_text_that_is_not_utf8_leaves_the_ids_and_logprobs_readable():
+    """A server that writes a token's text cut inside a UTF-8 character as raw bytes
+    (a byte-fallback token) sends a body that is not UTF-8: it failed as "not JSON" on
+    every try, though FOCUS reads only the ids and log-probs beside that text."""
+    answer = vllm_answer([226, 128], [-0.5, -0.25])
+    answer["usage"]["prompt_tokens"] = len(PROMPT)
+    answer["choices"][0]["text"] = "@CUT@"
+    answer["choices"][0]["logprobs"]["top_logprobs"] = [{"@CUT@": -0.5}, {"@CUT@": -0.25}]
+    body = json.dumps(answer).encode().replace(b"@CUT@", b"\xe2\x80")
+
+    async def go() -> Any:
+        runner, url = await _raw_server(body)
+        policy = OpenAICompatPolicy(url, config=FAST)
+        try:
+            return await policy.sample(PROMPT, SamplingParams(max_tokens=4, seed=1))
+        finally:
+            await policy.aclose()
+            await runner.cleanup()
+
+    completion = run(go())
+    assert (completion.token_ids, completion.logprobs) == ((226, 128), (-0.5, -0.25))

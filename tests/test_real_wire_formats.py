@@ -438,7 +438,7 @@ def sglang_routes(completions_token_ids: bool = True, weight_version: str = "def
         ("POST", "/v1/completions"): completions,
         ("GET", "/v1/models"): lambda s, b: (
             200,
-            {"object": "list", "data": [{"id": "Qwen/Qwen3-4B", "root": "Qwen/Qwen3-4B"}]},
+            {"object": "list", "data": [{"id": "Qwen/Qwen3-4B", "owned_by": "sglang", "root": "Qwen/Qwen3-4B"}]},
         ),
     }
 
@@ -454,6 +454,41 @@ def test_a_rollout_against_sglang_generate_records_the_sampled_ids_and_logprobs(
             assert sp["sampling_seed"] == 11 and sp["max_new_tokens"] == 3 and EOT in sp["stop_token_ids"]
             assert {t.policy_version for t in ro.turns} == {"step-3"}
             assert server.used and all(u == SGLANG_DEFAULTS for u in server.used)
+
+    run(go())
+
+
+def test_a_fleet_of_current_sglang_replicas_asks_model_info_for_their_weight_versions():
+    """SGLang since late 2025 answers ``/get_weight_version`` with 404 ("deprecated.
+    Please use '/model_info' instead"): a fleet's check of its replicas' weights before
+    the first call asked it alone, got refusals, and checked nothing."""
+
+    def current(weight_version: str) -> dict[tuple[str, str], Any]:
+        routes = sglang_routes(weight_version=weight_version)
+        gone = "Endpoint '/get_weight_version' or '/weight_version' is deprecated. Please use '/model_info' instead."
+        routes[("GET", "/get_weight_version")] = lambda s, b: (404, {"detail": gone})
+        routes[("GET", "/model_info")] = lambda s, b: (
+            200,
+            {"model_path": "Qwen/Qwen3-4B", "is_generation": True, "weight_version": weight_version},
+        )
+        return routes
+
+    async def version(url: str) -> str | None:
+        policy = SGLangPolicy(url, config=FAST)
+        try:
+            return await policy.served_version()
+        finally:
+            await policy.aclose()
+
+    async def go() -> None:
+        async with serve(current("default")) as a, serve(current("step-9")) as b:
+            assert await version(a.url) == "default"
+            fleet = FleetPolicy([SGLangPolicy(s.url, config=FAST) for s in (a, b)])
+            with pytest.raises(BadResponse, match="serve different weights.*default.*step-9"):
+                await fleet.verify()
+            await fleet.aclose()
+        async with serve(sglang_routes(weight_version="step-3")) as old:  # a release before /model_info
+            assert await version(old.url) == "step-3"
 
     run(go())
 
@@ -485,6 +520,33 @@ def test_sglang_openai_completions_with_token_ids_work_and_without_them_say_whic
             with pytest.raises(UnreadableAnswers) as e:
                 await rollout(OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST))
         assert "model.kind = sglang" in str(e.value), e.value
+
+    run(go())
+
+
+def test_sglang_openai_completions_record_the_weights_version_sglang_names():
+    """SGLang's ``/v1/completions`` answers ``model`` with the name asked for and names
+    the weights that sampled in ``metadata.weight_version``: every turn was recorded
+    with the model's name, so a weights update (``update_weights_from_disk`` with a
+    ``weight_version``) went unseen, and a fleet of replicas on different weights
+    passed its check."""
+
+    async def go() -> None:
+        async with serve(sglang_routes(weight_version="step-3")) as server:
+            ro = await rollout(OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST))
+            check_exact(ro, server, server.prompts("/v1/completions", "prompt"))
+            assert {t.policy_version for t in ro.turns} == {"step-3"}
+        async with (
+            serve(sglang_routes(weight_version="step-3")) as a,
+            serve(sglang_routes(weight_version="step-3")) as b,
+        ):
+            ro = await rollout(FleetPolicy([OpenAICompatPolicy(s.url, "Qwen/Qwen3-4B", config=FAST) for s in (a, b)]))
+            assert all(p.kind != "failed" for p in ro.pieces) and {t.policy_version for t in ro.turns} == {"step-3"}
+        async with serve(sglang_routes()) as a, serve(sglang_routes(weight_version="step-9")) as b:
+            fleet = FleetPolicy([OpenAICompatPolicy(s.url, "Qwen/Qwen3-4B", config=FAST) for s in (a, b)])
+            with pytest.raises(BadResponse, match="serve different weights.*default.*step-9"):
+                await fleet.verify()
+            await fleet.aclose()
 
     run(go())
 

@@ -61,6 +61,7 @@ from focus.backends.wire import Rejected as _Rejected
 from focus.backends.wire import Retryable as _Retryable
 from focus.backends.wire import Wire as _Wire
 from focus.backends.wire import classify as _classify
+from focus.backends.wire import decode as _decode
 from focus.backends.wire import expire as _expire
 from focus.backends.wire import gave_up as _gave_up
 from focus.backends.wire import headers as _headers
@@ -523,10 +524,7 @@ class HttpClient:
                 raise _Retryable("server error", status, _snippet(_text(data)), parse_retry_after(retry_after))
             text = _text(data)
             raise _Rejected(f"{method} {url} was rejected with status {status}: {_snippet(text)}", status, text)
-        try:
-            decoded = json.loads(data)
-        except ValueError as e:
-            raise _Retryable("malformed response", status, f"not JSON ({e}): {_snippet(_text(data))}") from e
+        decoded = _decode(data, status)
         try:
             value = parse(decoded)
         except (MalformedResponse, self.error, KeyError, TypeError, IndexError, ValueError, AttributeError) as e:

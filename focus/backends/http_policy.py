@@ -13,7 +13,15 @@ from typing import Any, ClassVar
 
 from focus.backends.foreign import endpoint_in_url
 from focus.backends.http import HttpClient, HttpConfig
-from focus.policy import Completion, Policy, SamplingParams, UnreadableAnswers
+from focus.policy import (
+    Completion,
+    ContextLimit,
+    Policy,
+    PolicyError,
+    SamplingParams,
+    ServiceUnavailable,
+    UnreadableAnswers,
+)
 
 __all__ = ["HttpPolicy"]
 
@@ -187,13 +195,22 @@ class HttpPolicy(Policy):
         return completions[:n]
 
     def check_echo(self, prompt_ids: Sequence[int], completion: Completion) -> None:
-        """:class:`UnreadableAnswers` when the answer names the prompt it sampled from
+        """:class:`ContextLimit` when the server says it sampled after fewer prompt tokens
+        than were sent (``meta["prompt_tokens"]``, its count of them, where it does not
+        echo the prompt) or ran out of context during the answer
+        (``meta["context_truncated"]``): see :func:`cut_prompt`.
+
+        :class:`UnreadableAnswers` when the answer names the prompt it sampled from
         (``meta["prompt_token_ids"]``, vLLM's with ``return_token_ids``) and that is not
         the ids sent: something between FOCUS and the model (a proxy that passed the
         prompt on as text, a server that re-tokenised it) changed the prompt, so the
         sample continues another context than the one recorded. Every request is
         changed so; the first such answer stops the collection."""
         echoed = completion.meta.pop("prompt_token_ids", None)
+        read = completion.meta.pop("prompt_tokens", None)
+        cut = echoed is None and type(read) is int and 0 < read < len(prompt_ids)  # an echo is the authority
+        if completion.meta.pop("context_truncated", False) or cut:
+            raise ContextLimit(cut_prompt(self.url, len(prompt_ids), read if cut else None))
         if echoed is None or list(echoed) == list(prompt_ids):
             return
         first = next(
@@ -218,9 +235,44 @@ class HttpPolicy(Policy):
         """The weights version the server says it serves (None when it does not say)."""
         return await self.http.request("GET", self.version_path, None, self.parse_version, hedge=False)
 
+    async def version_at(self, paths: Sequence[str], parse: Callable[[Any], str | None]) -> str | None:
+        """What ``parse`` reads from the first of ``paths`` (``GET``) that the server does
+        not refuse: its releases name their weights at different endpoints."""
+        for path in paths[:-1]:
+            try:
+                return await self.http.request("GET", path, None, parse, hedge=False)
+            except ServiceUnavailable:
+                raise
+            except PolicyError:  # refused: a release without this endpoint
+                continue
+        return await self.http.request("GET", paths[-1], None, parse, hedge=False)
+
     def stats(self) -> dict[str, Any]:
         """The HTTP client's totals in this process (:meth:`HttpClient.stats`)."""
         return self.http.stats()
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+
+def cut_prompt(url: str, sent: int, read: int | None) -> str:
+    """Why an answer sampled after a cut context is not recorded. A server that does not
+    refuse a prompt over the model's context cuts it instead - SGLang started with
+    ``--allow-auto-truncate`` keeps its first tokens and drops the rest, llama-server
+    with ``--context-shift`` drops tokens from the middle and says ``truncated`` - and the
+    answer continues a context that is not the one recorded. The episode has outgrown
+    the model, as with a server that refuses such a prompt (:class:`ContextLimit`).
+    llama-server without its context shift says ``truncated`` too, where an answer
+    stopped at the context's end: a sound answer, but the turn after it would not fit
+    (the answer cannot tell the two apart), so the episode ends one turn sooner."""
+    if read is None:
+        what = (
+            f"ran out of context during the answer to a prompt of {sent} tokens (truncated: it stopped at the "
+            "context's end, or went on after a context shift dropped tokens)"
+        )
+    else:
+        what = (
+            f"sampled after {read} of the {sent} prompt tokens sent: it cut a prompt over the model's context "
+            "(SGLang's --allow-auto-truncate), or something in between re-tokenised it"
+        )
+    return f"the model server at {url} {what}; the answer does not continue the prompt recorded"

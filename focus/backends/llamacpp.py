@@ -122,6 +122,8 @@ def parse_completion(data: Any, stop_ids: Sequence[int] = (), max_tokens: int | 
     entries = data.get("completion_probabilities")
     if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids) or (entries and not ids):
         raise MalformedResponse("no 'tokens' in the answer (return_tokens): run a llama-server of 2025 or later")
+    if ids and min(ids) < 0:
+        raise MalformedResponse(f"'tokens' holds a negative token id: {ids[:20]!r}")
     if not isinstance(entries, list):
         if not ids:  # nothing sampled: no entries to give
             entries = []
@@ -142,6 +144,8 @@ def parse_completion(data: Any, stop_ids: Sequence[int] = (), max_tokens: int | 
     timings = data.get("timings")
     cached = timings.get("cache_n") if isinstance(timings, dict) else None
     meta = {k: data[k] for k in ("model", "id_slot") if k in data}
+    if data.get("truncated") is True:  # the context ran out: shifted or cut (HttpPolicy.check_echo)
+        meta["context_truncated"] = True
     return Completion(tuple(ids[:end]), tuple(lps[:end]), finish, cached if isinstance(cached, int) else None, meta)
 
 

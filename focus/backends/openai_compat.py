@@ -21,7 +21,7 @@ from typing import Any
 from focus.backends.http import HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
-from focus.policy import Completion, SamplingParams
+from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable
 
 #: vLLM's finish reasons (``vllm/v1/engine``); ``repetition``: a request with
 #: ``repetition_detection`` cut where its tokens repeat, a server's limit as ``length`` is.
@@ -106,10 +106,21 @@ class OpenAICompatPolicy(HttpPolicy):
     version_path = "/v1/models"
 
     async def served_version(self) -> str | None:
-        """The version of :attr:`model`'s card on ``/v1/models`` (:meth:`parse_version`)."""
-        return await self.http.request(
-            "GET", self.version_path, None, partial(self.parse_version, model=self.model), hedge=False
+        """The version of :attr:`model`'s card on ``/v1/models`` (:meth:`parse_version`);
+        SGLang's (a card ``owned_by`` it) names its weights elsewhere, as its answers do
+        (``metadata.weight_version``): its ``weight_version``, where it says one."""
+        card = await self.http.request(
+            "GET", self.version_path, None, partial(model_card, model=self.model), hedge=False
         )
+        if card.get("owned_by") == "sglang" and not card.get("policy_version"):
+            try:
+                if version := await self.version_at(SGLANG_VERSION_PATHS, weight_version):
+                    return version
+            except ServiceUnavailable:
+                raise
+            except PolicyError:  # a release that names no weights: its answers name the model
+                pass
+        return card_version(card)
 
     @staticmethod
     def parse_version(data: Any, model: str | None = None) -> str | None:
@@ -122,13 +133,35 @@ class OpenAICompatPolicy(HttpPolicy):
         Not vLLM's ``root`` (the weights' path): no answer names it, so a server started
         with ``--served-model-name``, or a LoRA adapter as the model, failed every call
         of a fleet."""
-        cards = data.get("data") if isinstance(data, dict) else None
-        cards = [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
-        card = next((c for c in cards if c.get("id") == model), None)
-        if card is None or not card.get("parent"):  # a base model: vLLM's answers give its first served name
-            card = cards[0] if cards else {}
-        version = card.get("policy_version") or card.get("id")
-        return str(version) if version else None
+        return card_version(model_card(data, model))
+
+
+def model_card(data: Any, model: str | None = None) -> dict[str, Any]:
+    """``model``'s card in a ``/v1/models`` answer (see :meth:`OpenAICompatPolicy.parse_version`)."""
+    cards = data.get("data") if isinstance(data, dict) else None
+    cards = [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
+    card = next((c for c in cards if c.get("id") == model), None)
+    if card is None or not card.get("parent"):  # a base model: vLLM's answers give its first served name
+        card = cards[0] if cards else {}
+    return card
+
+
+def card_version(card: dict[str, Any]) -> str | None:
+    version = card.get("policy_version") or card.get("id")
+    return str(version) if version else None
+
+
+#: Where SGLang names the weights it serves: ``/model_info``, or ``/get_weight_version``
+#: on releases before it (releases since late 2025 refuse that one with 404,
+#: "deprecated. Please use '/model_info' instead").
+SGLANG_VERSION_PATHS = ("/model_info", "/get_weight_version")
+
+
+def weight_version(data: Any) -> str | None:
+    """SGLang's ``weight_version`` in an answer of one of :data:`SGLANG_VERSION_PATHS`
+    (or its completions answer's ``metadata``)."""
+    version = data.get("weight_version") if isinstance(data, dict) else None
+    return str(version) if version else None
 
 
 def unserved_model(base_url: str, model: str, *, headers: dict[str, str] | None = None) -> str | None:
@@ -207,12 +240,23 @@ def _token_id(tok: Any) -> int:
     raise MalformedResponse(f"log-prob token {tok!r} is not of the form 'token_id:<id>'")
 
 
+def server_said(data: Any) -> str:
+    """What an answer without the fields asked for says of itself: an error a proxy or
+    server sent with status 200 (``{"error": {"message": ...}}``, vLLM's and SGLang's
+    ``{"object": "error", "message": ...}``), for the line that names the missing field."""
+    if not isinstance(data, dict):
+        return ""
+    error = data.get("error")
+    said = error.get("message") if isinstance(error, dict) else error
+    if not said and data.get("object") == "error":
+        said = data.get("message")
+    return f" but an error: {' '.join(str(said).split())[:200]}" if said else ""
+
+
 def parse_completion(data: Any) -> Completion:
-    """A vLLM completions answer -> Completion; MalformedResponse when it cannot be trusted."""
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if not choices or not isinstance(choices, list):
-        raise MalformedResponse("no 'choices' in the answer")
-    return _parse_choice(data, choices[0])
+    """A vLLM completions answer -> Completion; MalformedResponse when it cannot be trusted
+    (its one choice not sample 0, or more than one: which was sampled as asked?)."""
+    return parse_completions(data, 1)[0]
 
 
 def parse_completions(data: Any, n: int) -> list[Completion]:
@@ -220,11 +264,15 @@ def parse_completions(data: Any, n: int) -> list[Completion]:
     than ``n`` when the server gave fewer: one that ignores ``n`` answers one)."""
     choices = data.get("choices") if isinstance(data, dict) else None
     if not choices or not isinstance(choices, list) or not all(isinstance(ch, dict) for ch in choices):
-        raise MalformedResponse("no 'choices' in the answer")
+        raise MalformedResponse(f"no 'choices' in the answer{server_said(data)}")
+    index = [ch.get("index") for ch in choices]
+    if len(choices) == 1:  # one that ignores n answers sample 0; another one alone is not sample 0
+        numbered = index[0] in (0, None)
+    else:
+        numbered = len(choices) <= n and all(type(i) is int for i in index) and sorted(index) == list(range(len(index)))
+    if not numbered:
+        raise MalformedResponse(f"asked for {n} sample(s), the answer's choices are numbered {index}")
     if len(choices) > 1:
-        index = [ch.get("index") for ch in choices]
-        if sorted(index) != list(range(len(choices))) or len(choices) > n:  # type: ignore[type-var]
-            raise MalformedResponse(f"asked for {n} samples, the answer's choices are numbered {index}")
         choices = sorted(choices, key=lambda ch: ch["index"])
     return [_parse_choice(data, ch) for ch in choices]
 
@@ -244,8 +292,8 @@ def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
     elif lp.get("tokens") and all(isinstance(t, str) and t.startswith("token_id:") for t in lp["tokens"]):
         if [_token_id(t) for t in lp["tokens"]] != list(ids):
             raise MalformedResponse("'token_ids' and the ids in 'logprobs.tokens' disagree")
-    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-        raise MalformedResponse("'token_ids' is not a list of ints")
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids) or (ids and min(ids) < 0):
+        raise MalformedResponse(f"'token_ids' is not a list of token ids (ints >= 0): {ids!r}"[:300])
     if len(logprobs) != len(ids):
         raise MalformedResponse(f"{len(ids)} tokens but {len(logprobs)} log-probs")
     values = []
@@ -265,7 +313,10 @@ def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
     echoed = ch.get("prompt_token_ids")
     if isinstance(echoed, list):  # the prompt the server sampled from (HttpPolicy.check_echo)
         meta["prompt_token_ids"] = echoed
-    # the embedded server names its weights; vLLM names the served model (or LoRA adapter)
-    version = data.get("policy_version") or data.get("model")
+    if type(read := usage.get("prompt_tokens")) is int:  # how many of the prompt's tokens it read (check_echo)
+        meta["prompt_tokens"] = read
+    # the embedded server names its weights, SGLang too (metadata.weight_version; its 'model'
+    # is the name asked for); vLLM names the served model (or LoRA adapter)
+    version = data.get("policy_version") or weight_version(data.get("metadata")) or data.get("model")
     version = version if isinstance(version, str) and version else None
     return Completion(tuple(ids), tuple(values), finish, cached, meta, version)

@@ -20,7 +20,7 @@ from typing import Any
 
 from focus.backends.http import HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
-from focus.backends.openai_compat import NEUTRAL, aborted
+from focus.backends.openai_compat import NEUTRAL, SGLANG_VERSION_PATHS, aborted, server_said, weight_version
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable, UnreadableAnswers
 
@@ -86,12 +86,14 @@ class SGLangPolicy(HttpPolicy):
             return False
         return True
 
-    version_path = "/get_weight_version"
+    version_path = SGLANG_VERSION_PATHS[0]
 
-    @staticmethod
-    def parse_version(data: Any) -> str | None:
-        version = data.get("weight_version") if isinstance(data, dict) else None
-        return str(version) if version else None
+    async def served_version(self) -> str | None:
+        """The ``weight_version`` at the first of :data:`~focus.backends.openai_compat.SGLANG_VERSION_PATHS`
+        that the server has."""
+        return await self.version_at(SGLANG_VERSION_PATHS, self.parse_version)
+
+    parse_version = staticmethod(weight_version)
 
 
 def parse_generate(data: Any) -> Completion:
@@ -102,14 +104,14 @@ def parse_generate(data: Any) -> Completion:
         data = data[0]
     meta = data.get("meta_info") if isinstance(data, dict) else None
     if not isinstance(meta, dict):
-        raise MalformedResponse("no 'meta_info' in the answer")
+        raise MalformedResponse(f"no 'meta_info' in the answer{server_said(data)}")
     triples = meta.get("output_token_logprobs")
     if not isinstance(triples, list):
         raise MalformedResponse("no 'meta_info.output_token_logprobs' (was return_logprob dropped?)")
     ids: list[int] = []
     lps: list[float] = []
     for i, tr in enumerate(triples):
-        if not isinstance(tr, list | tuple) or len(tr) < 2 or not isinstance(tr[1], int):
+        if not isinstance(tr, list | tuple) or len(tr) < 2 or not isinstance(tr[1], int) or tr[1] < 0:
             raise MalformedResponse(f"log-prob entry {i} is not [logprob, token_id, text]: {tr!r}")
         lp = tr[0]
         if not isinstance(lp, int | float) or not math.isfinite(lp):
@@ -128,6 +130,8 @@ def parse_generate(data: Any) -> Completion:
         raise MalformedResponse(aborted(finish, len(ids), fr.get("message") if isinstance(fr, dict) else None))
     cached = meta.get("cached_tokens")
     extra = {k: meta[k] for k in ("policy_version", "weight_version", "id") if k in meta}
+    if type(read := meta.get("prompt_tokens")) is int:  # the input ids it sampled after (HttpPolicy.check_echo)
+        extra["prompt_tokens"] = read
     # SGLang names the weights that sampled the answer (set by weight updates)
     version = meta.get("weight_version") or meta.get("policy_version")
     version = version if isinstance(version, str) and version else None

@@ -9,12 +9,15 @@ and the classification of transport errors.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import httpx
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 
 from focus.backends.hedge import Hedges
 from focus.backends.outage import OutageGate
@@ -43,12 +46,16 @@ class Rejected(Exception):
 
 
 #: How servers word a prompt over the model's context length (vLLM and the embedded
-#: server: "maximum context length"; SGLang: "longer than the model's context length",
-#: "exceeds the model's maximum context length"; OpenAI: "context_length_exceeded";
-#: llama-server: "request (N tokens) exceeds the available context size", type
-#: "exceed_context_size_error").
+#: server: "maximum context length"; vLLM's engine, for a prompt that fills the context
+#: by itself: "The decoder prompt (length N) is longer than the maximum model length of
+#: M"; SGLang: "longer than the model's context length", "exceeds the model's maximum
+#: context length", and its scheduler, where the KV cache holds less than the context:
+#: "Input length (N tokens) exceeds the maximum allowed length (M tokens)"; OpenAI:
+#: "context_length_exceeded"; llama-server: "request (N tokens) exceeds the available
+#: context size", type "exceed_context_size_error").
 _CONTEXT_LIMIT = re.compile(
-    r"context[ _]length|context window|longer than the model|available context size|exceed_context_size",
+    r"context[ _]length|context window|longer than the model|maximum model length|available context size"
+    r"|exceed_context_size|maximum allowed length \(\d+ tokens\)",
     re.IGNORECASE,
 )
 
@@ -122,13 +129,29 @@ def expire(entry: Entry) -> None:
 def classify(e: BaseException) -> Retryable:
     """A transport error -> timeout, connection or (an undecodable body) malformed.
     httpx-aiohttp maps every aiohttp connection error to ``httpx.ConnectTimeout``; the
-    aiohttp error it chains says which it was."""
-    if isinstance(e, httpx.DecodingError):
-        return Retryable("malformed response", None, f"{type(e).__name__}: {e}")
+    aiohttp error it chains says which it was.
+
+    A body whose ``Content-Encoding`` cannot be undone (a corrupt gzip stream, brotli
+    without the Brotli package) is an answer, if a bad one: aiohttp raises it as a
+    ``ClientPayloadError`` (or ``ClientResponseError``) as it does a connection cut
+    mid-body, and it was a "connection" failure, so a server answering every request
+    so was waited for as down for ``outage_wait_s`` (300 s) and reported as an outage."""
+    if isinstance(e, httpx.DecodingError) or _undecodable(e):
+        return Retryable("malformed response", None, f"{type(e).__name__}: {' '.join(str(e).split())}")
     cause = e.__cause__ if isinstance(e, httpx.TransportError) and e.__cause__ is not None else e
     if isinstance(cause, TimeoutError) or (cause is e and isinstance(e, httpx.TimeoutException)):
         return Retryable("timeout", None, f"{type(cause).__name__}: {cause}")
     return Retryable("connection", None, f"{type(cause).__name__}: {cause}")
+
+
+def _undecodable(e: BaseException) -> bool:
+    """Whether aiohttp raised ``e`` for a body it could not decode (its encoding)."""
+    if not isinstance(e, aiohttp.ClientPayloadError | aiohttp.ClientResponseError):
+        return False
+    cause = e.__cause__
+    return isinstance(cause, ContentEncodingError) or (
+        isinstance(cause, HttpProcessingError) and "content-encoding" in str(cause)
+    )
 
 
 def gave_up(
@@ -148,6 +171,24 @@ def gave_up(
     else:
         within = ""
     return f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}"
+
+
+def decode(data: bytes, status: int) -> Any:
+    """The JSON value of a 2xx body; :class:`Retryable` ``malformed response`` when it
+    is none. A body that is not UTF-8 is read with its undecodable bytes replaced: they
+    can only be inside a string (a token's text, cut inside a character by a server
+    that does not sanitise it), and FOCUS reads ids and numbers, never those texts; it
+    failed the whole answer as "not JSON", the same on every try of a seeded request."""
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError:
+        pass
+    except ValueError as e:
+        raise Retryable("malformed response", status, f"not JSON ({e}): {snippet(text(data))}") from e
+    try:
+        return json.loads(data.decode("utf-8", errors="replace"))
+    except ValueError as e:
+        raise Retryable("malformed response", status, f"not JSON ({e}): {snippet(text(data))}") from e
 
 
 def headers(extra: dict[str, str], api_key: str | None) -> dict[str, str]:

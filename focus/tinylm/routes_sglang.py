@@ -107,6 +107,7 @@ def router(state: ServerState) -> list[Route]:
         body["policy_version"] = body["weight_version"] = version
         return body
 
+    @r.get("/model_info")  # SGLang's since late 2025; /get_model_info the older name
     @r.get("/get_model_info")
     async def model_info(request: Request) -> dict[str, Any]:
         return {

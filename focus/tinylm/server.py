@@ -4,7 +4,8 @@ The application is :func:`focus.tinylm.app.create_app`; the engine is
 :class:`focus.tinylm.engine.Engine`. Endpoints: ``POST /v1/completions``,
 ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /tokenize``,
 ``POST /detokenize`` (vLLM); ``POST /generate``, ``POST /update_weights_from_disk``,
-``GET /get_model_info``, ``POST /flush_cache`` (SGLang); ``GET /health``,
+``GET /model_info`` (and its older name ``/get_model_info``), ``GET /get_weight_version``,
+``POST /flush_cache`` (SGLang); ``GET /health``,
 ``GET /metrics``. Every answer names the policy version (a hash of the weights file,
 or the ``weight_version`` given at reload).
 
