@@ -82,15 +82,23 @@ def _stop_now(signum: int, frame: Any) -> None:
     for proc in _STARTED:
         if proc is not None and proc.poll() is None:
             proc.kill()
-    os.write(2, f"interrupted ({signal.Signals(signum).name}): nothing was running\n".encode())
+    try:  # a closed terminal (SIGHUP) or pipe takes no line
+        os.write(2, f"interrupted ({signal.Signals(signum).name}): nothing was running\n".encode())
+    except OSError:
+        pass
     os._exit(128 + signum)
 
 
 def main() -> None:  # pragma: no cover - console entry point (tested through the installed command)
     import signal
 
+    from cli.streams import install
+
+    install()  # a console that goes away (a closed pipe or terminal) does not stop the command
     if sys.argv[1:2] in (["collect"], ["train"]):  # the others stop on Ctrl-C as they are
-        for s in (signal.SIGINT, signal.SIGTERM):
+        from cli.interrupts import handled
+
+        for s in handled():
             signal.signal(s, _stop_now)
     loopback_without_proxy()
     home_or_temporary()

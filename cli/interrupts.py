@@ -1,4 +1,4 @@
-"""Stopping a command cleanly on SIGINT (Ctrl-C) or SIGTERM.
+"""Stopping a command cleanly on SIGINT (Ctrl-C), SIGTERM or SIGHUP (its terminal closed).
 
 The first signal cancels the command's main task: the collection stops launching,
 abandons the rollouts in flight (never recorded, so never counted as failures),
@@ -7,6 +7,11 @@ the services it started and exits 130 (SIGINT) or 143 (SIGTERM) with one line sa
 how to resume. A second signal exits at once, the services' processes killed first:
 the store stays resumable, since every save is atomic and what an interrupted save
 leaves is swept by the next run. A signal while the services start stops the start.
+
+SIGHUP, which a terminal that closes (an ssh session that drops) sends, killed the
+command where it stood: no line, the write lease left behind, a Prefect run left
+running. It stops the command as SIGTERM does (exit 129), unless it was ignored when
+the command started (``nohup``), which is left as it is.
 """
 
 from __future__ import annotations
@@ -20,7 +25,13 @@ from types import FrameType
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def handled() -> list[int]:
+    """The signals a command stops on: :data:`SIGNALS`, but SIGHUP when it is ignored
+    (``nohup focus ...``: the command is to outlive its terminal)."""
+    return [s for s in SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
 
 
 class Interrupts:
@@ -36,7 +47,7 @@ class Interrupts:
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> Interrupts:
-        for s in SIGNALS:
+        for s in handled():
             self._old[s] = signal.signal(s, self._handle)
         return self
 
@@ -46,7 +57,7 @@ class Interrupts:
 
     @property
     def code(self) -> int:
-        """The exit status of the first signal: 128 + its number (130, 143)."""
+        """The exit status of the first signal: 128 + its number (130, 143, 129)."""
         return 128 + self.signals[0]
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
