@@ -89,6 +89,19 @@ class _Pluggable(_Model):
         return self
 
     @model_validator(mode="after")
+    def _factory_needs_its_kind(self) -> _Pluggable:
+        """A factory under another kind was never imported nor called: ``--set
+        env.factory=mypkg.envs:make`` alone collected the toy task, without a word."""
+        kind = getattr(self, "kind", None)
+        if self.factory and kind not in (None, "factory"):
+            where = self._section
+            raise ValueError(
+                f"{where}.factory {self.factory!r} is set but {where}.kind is {kind!r}, which does not use it; "
+                f"set {where}.kind = 'factory' to use it, or remove {where}.factory"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _one_place_for_http(self) -> _Pluggable:
         """A section with an ``http`` client policy takes its timeouts there, not in ``options``."""
         if "http" in type(self).model_fields and "config" in self.options:
