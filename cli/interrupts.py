@@ -45,6 +45,9 @@ class Interrupts:
         self._task: asyncio.Task[Any] | None = None
         self._done = False
         self._old: dict[int, Any] = {}
+        #: The command that resumes the work, and the log file: the line a second signal leaves.
+        self.resume: str | None = None
+        self.log_file: str | None = None
 
     def __enter__(self) -> Interrupts:
         for s in handled():
@@ -66,6 +69,7 @@ class Interrupts:
             for kill in self.on_exit_now:
                 with contextlib.suppress(Exception):
                     kill()
+            self._last_words(signum)
             os._exit(self.code)
         if self._done:
             return  # the work is finished: let the command end as it would
@@ -73,6 +77,19 @@ class Interrupts:
             self._loop.call_soon_threadsafe(self._task.cancel)
         else:
             raise KeyboardInterrupt  # nothing running yet (services starting): unwind
+
+    def _last_words(self, signum: int) -> None:
+        """The line of a second signal (it exited without a word): on the terminal and in
+        the log file, each best effort (a closed terminal takes nothing)."""
+        line = (
+            f"interrupted again ({signal.Signals(signum).name}): stopped at once, the command's servers killed; "
+            "finished steps are saved" + (f"; resume with: {self.resume}" if self.resume else "")
+        )
+        with contextlib.suppress(OSError):
+            os.write(2, f"{line}\n".encode())
+        if self.log_file:
+            with contextlib.suppress(OSError), open(self.log_file, "a", encoding="utf-8") as f:
+                f.write(f"{line}\n")
 
     def run(self, main: Coroutine[Any, Any, _T]) -> _T:
         """``asyncio.run(main)``, cancelled by the first signal."""

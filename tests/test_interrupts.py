@@ -217,6 +217,38 @@ def test_sigterm_stops_cleanly_too(clean, tmp_path):
     assert mismatches(batch(root), batch(clean)) == {"actor": 0, "critic": 0}
 
 
+def test_a_second_signal_exits_at_once_with_a_line(clean, tmp_path):
+    """A second signal exits at once (the test above); it did so without a word, so the
+    terminal's last line was the first signal's echo or a progress line. SIGINT and
+    SIGTERM sent together: two signals pending at once (Python runs their handlers in
+    the signals' order, SIGINT first), so the second always lands before the first's
+    stop can end the command."""
+    root = tmp_path / "store"
+    cfg = config_file(tmp_path, root)
+    env = base_env(tmp_path / "prefect")
+    log = tmp_path / "focus.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "collect", "--config", str(cfg), "--log-file", str(log)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while ("1.continue", 0) not in saved(root):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    line = (
+        "interrupted again (SIGTERM): stopped at once, the command's servers killed; finished steps are saved; "
+        f"resume with: focus collect -c {cfg} --collection-id {CID}"
+    )
+    assert err.strip().splitlines()[-1] == line, err[-3000:]
+    assert line in log.read_text()
+    resume(cfg, env)
+    assert mismatches(batch(root), batch(clean)) == {"actor": 0, "critic": 0}
+
+
 def test_the_resume_line_is_the_command_that_resumes(tmp_path):
     """The line said `resume with: focus collect --collection-id <id>` whatever the
     command's flags: run as it says, the store was ./runs and the configuration the
