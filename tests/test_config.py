@@ -147,4 +147,7 @@ def test_a_factory_its_kind_does_not_use_is_refused(section, kind):
         f"{section}.factory 'mypkg.things:make' is set but {section}.kind is '{kind}', which does not use it; "
         f"set {section}.kind = 'factory'" in str(e.value)
     ), str(e.value)
-    assert load_config(None, {**over, f"{section}.kind": "factory"}).model_dump()[section]["factory"] == "mypkg.things:make"
+    assert (
+        load_config(None, {**over, f"{section}.kind": "factory"}).model_dump()[section]["factory"]
+        == "mypkg.things:make"
+    )

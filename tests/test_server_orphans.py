@@ -66,7 +66,8 @@ def test_the_temporary_prefect_server_goes_with_a_killed_command(tmp_path):
     root = tmp_path / "store"
     cfg = tmp_path / "c.toml"
     cfg.write_text(CONFIG.format(root=root))
-    cmd = [sys.executable, "-m", "cli", "collect", "--config", str(cfg), "--prefect", "--log-file", str(tmp_path / "log")]
+    log = str(tmp_path / "log")
+    cmd = [sys.executable, "-m", "cli", "collect", "--config", str(cfg), "--prefect", "--log-file", log]
     proc = subprocess.Popen(cmd, env=base_env(tmp_path / "prefect"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     servers: set[int] = set()
     try:

@@ -82,23 +82,12 @@ class _Pluggable(_Model):
 
     @model_validator(mode="after")
     def _needs_factory(self) -> _Pluggable:
-        if getattr(self, "kind", None) == "factory" and not self.factory:
-            raise ValueError(
-                f"{self._section}.factory (an import path) is required when {self._section}.kind is 'factory'"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _factory_needs_its_kind(self) -> _Pluggable:
-        """A factory under another kind was never imported nor called: ``--set
-        env.factory=mypkg.envs:make`` alone collected the toy task, without a word."""
-        kind = getattr(self, "kind", None)
-        if self.factory and kind not in (None, "factory"):
-            where = self._section
-            raise ValueError(
-                f"{where}.factory {self.factory!r} is set but {where}.kind is {kind!r}, which does not use it; "
-                f"set {where}.kind = 'factory' to use it, or remove {where}.factory"
-            )
+        kind, where = getattr(self, "kind", None), self._section
+        if kind == "factory" and not self.factory:
+            raise ValueError(f"{where}.factory (an import path) is required when {where}.kind is 'factory'")
+        if self.factory and kind not in (None, "factory"):  # `--set env.factory=...` alone ran the toy task
+            why = f"{where}.kind is {kind!r}, which does not use it; set {where}.kind = 'factory' to use it"
+            raise ValueError(f"{where}.factory {self.factory!r} is set but {why}, or remove {where}.factory")
         return self
 
     @model_validator(mode="after")
