@@ -323,6 +323,43 @@ def test_ctrl_c_before_the_work_begins_is_one_line(tmp_path):
     assert proc.returncode == 130 and lines == ["interrupted (SIGINT): nothing was running"], (proc.returncode, lines)
 
 
+@pytest.mark.parametrize("command", ["inspect", "deploy"])
+def test_ctrl_c_of_the_other_commands_is_one_line(tmp_path, command):
+    """`focus inspect` (reading a batch), `focus config show` and the start of `focus
+    deploy` and `focus serve-model` answered Ctrl-C with a KeyboardInterrupt traceback
+    of 18-51 lines. Here each waits on a server that accepts connections and never
+    answers (an object store, a Prefect API); the signal comes once it has connected."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(60)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    env = {**base_env(tmp_path / "prefect"), "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+    if command == "inspect":
+        env |= {"AWS_ENDPOINT_URL": url, "AWS_DEFAULT_REGION": "us-east-1"}
+        args = ["inspect", "s3://silent/runs/batches/c/iter-000000"]
+    else:
+        env["PREFECT_API_URL"] = f"{url}/api"
+        args = ["deploy", "--watchdog-only"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        conn, _ = listener.accept()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        listener.close()
+    conn.close()
+    lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+    assert proc.returncode == 130 and lines == ["interrupted (SIGINT)"], (proc.returncode, lines[-12:])
+
+
 def test_a_second_ctrl_c_exits_at_once_and_the_store_still_resumes(clean, tmp_path):
     root = tmp_path / "store"
     cfg = config_file(tmp_path, root)
