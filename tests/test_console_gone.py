@@ -48,15 +48,17 @@ name = "continue"
 transitions = 40
 wave_size = 3
 max_depth = 6
+[execution]
+kind = "{execution}"
 [storage]
 root = "{root}"
 """
 CID = "gone"
 
 
-def config_file(tmp: Path, root: Path, latency: float) -> Path:
+def config_file(tmp: Path, root: Path, latency: float, execution: str = "local") -> Path:
     path = tmp / f"{root.name}.toml"
-    path.write_text(CONFIG.format(cid=CID, root=root, latency=latency))
+    path.write_text(CONFIG.format(cid=CID, root=root, latency=latency, execution=execution))
     return path
 
 
@@ -160,6 +162,34 @@ def test_a_closed_terminal_stops_the_collection_cleanly(clean, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     got = batch(root)
     assert got.stats["failed_rollouts"] == 0 and mismatches(got, batch(clean)) == {"actor": 0, "critic": 0}
+
+
+def test_a_hang_up_of_the_job_leaves_dask_quiet(clean, tmp_path):
+    """A shell whose terminal hangs up (an ssh session that drops) sends SIGHUP to each of
+    its jobs' process groups: on Dask that is the command, its worker processes and
+    multiprocessing's resource tracker. Killed by it, the tracker was started again
+    without the workers' records and printed a `KeyError` traceback for each (7-12 in
+    probes) into the command's standard error; now only the command's line."""
+    root, log, err = tmp_path / "store", tmp_path / "focus.log", tmp_path / "stderr"
+    cfg = config_file(tmp_path, root, latency=0.1, execution="dask")
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            command(cfg, log), env=base_env(tmp_path / "prefect"), stdout=subprocess.DEVNULL, stderr=stderr,
+            start_new_session=True,  # a job: its own process group
+        )  # fmt: skip
+    try:
+        while ("1.continue", 0) not in saved(root):
+            assert proc.poll() is None, err.read_text()[-3000:]
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGHUP)
+        assert proc.wait(timeout=120) == 129, err.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(1.5)  # what the command's children print after it ended
+    lines = [ln for ln in err.read_text().splitlines() if ln.strip()]
+    assert lines[-1].startswith("interrupted (SIGHUP): finished steps are saved"), lines[-20:]
+    assert "Traceback" not in err.read_text(), err.read_text()[-3000:]
 
 
 def test_under_nohup_the_collection_outlives_its_terminal(clean, tmp_path):

@@ -383,6 +383,9 @@ def test_ctrl_c_stops_the_dask_and_the_prefect_paths_cleanly(how, clean, tmp_pat
     code, shown = in_terminal(args, env, lambda: ("1.continue", 0) in saved(root), [b"\x03"])
     assert code == 130, shown[-3000:]
     assert one_line(shown).startswith("interrupted (SIGINT)"), shown[-3000:]
+    # the terminal's SIGINT reaches the whole process group: each Dask worker process
+    # printed a 30-line KeyboardInterrupt traceback above the line
+    assert "Traceback" not in shown and "KeyboardInterrupt" not in shown, shown[-3000:]
     resume(cfg, env)
     got = batch(root)
     # the uninterrupted batch: the module's collection (local execution, the same seed and id)
