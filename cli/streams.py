@@ -77,7 +77,7 @@ class SurvivingStream:
             f"the console's {self._name} was closed ({self.gone}): the command goes on; what it "
             "prints is dropped, its log goes on in this file"
         )
-        record = log.makeRecord(log.name, logging.WARNING, __file__, 0, note, None, None)
+        record = log.makeRecord(log.name, logging.WARNING, __file__, 0, note, (), None)
         # to the log file alone: the console's handler would write to this stream again
         for handler in logging.getLogger().handlers:
             if isinstance(handler, logging.FileHandler):
