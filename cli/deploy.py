@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.common import Console, DebugOpt, SetOpt, fail, help_default, overrides
-from cli.entry import serving
+from cli.interrupts import serving
 from flows.errors import one_line, prefect_unanswered
 from tasks.config import ConfigError
 

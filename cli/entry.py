@@ -71,8 +71,6 @@ def home_or_temporary(env: Any = None) -> None:
 _STARTED: list[Any] = []
 
 
-#: The handlers :func:`main` replaced with :func:`_stop_now` (put back by :func:`serving`).
-_REPLACED: dict[int, Any] = {}
 #: What the line of :func:`_stop_now` adds (a collection or loop: that no work was running).
 _NOTE: list[str] = [""]
 
@@ -85,7 +83,7 @@ def _stop_now(signum: int, frame: Any) -> None:
     so did one of `focus inspect`, `focus config show` or the start of `focus deploy`
     and `focus serve-model` (18-51 lines). The work of `collect` and `train` installs its
     own handling (:mod:`cli.interrupts`), then puts this back; `serve-model` and `deploy`
-    put Python's back once they serve (:func:`serving`), as they stop on Ctrl-C."""
+    put Python's back once they serve (:func:`cli.interrupts.serving`), as they stop on Ctrl-C."""
     import signal
 
     for proc in _STARTED:
@@ -98,28 +96,18 @@ def _stop_now(signum: int, frame: Any) -> None:
     os._exit(128 + signum)
 
 
-def serving() -> None:
-    """Put back the signal handlers :func:`main` replaced: a server that runs until
-    Ctrl-C (`focus serve-model`, `focus deploy`) stops on it its own way."""
-    import signal
-
-    for s, handler in _REPLACED.items():
-        signal.signal(s, handler)
-    _REPLACED.clear()
-
-
 def main() -> None:  # pragma: no cover - console entry point (tested through the installed command)
     import signal
 
     from cli.streams import install
 
     install()  # a console that goes away (a closed pipe or terminal) does not stop the command
-    from cli.interrupts import handled
+    from cli.interrupts import REPLACED, handled
 
     if sys.argv[1:2] in (["collect"], ["train"]):
         _NOTE[0] = ": nothing was running"
     for s in handled():
-        _REPLACED[s] = signal.signal(s, _stop_now)
+        REPLACED[s] = signal.signal(s, _stop_now)
     loopback_without_proxy()
     home_or_temporary()
     from focus.extras import MissingExtra, missing, require

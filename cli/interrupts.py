@@ -28,6 +28,18 @@ _T = TypeVar("_T")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+#: The handlers the console entry replaced with its one-line stop (:mod:`cli.entry`).
+REPLACED: dict[int, Any] = {}
+
+
+def serving() -> None:
+    """Put back the signal handlers the console entry replaced: a server that runs until
+    Ctrl-C (`focus serve-model`, `focus deploy`) stops on it its own way."""
+    for s, handler in REPLACED.items():
+        signal.signal(s, handler)
+    REPLACED.clear()
+
+
 def handled() -> list[int]:
     """The signals a command stops on: :data:`SIGNALS`, but SIGHUP when it is ignored
     (``nohup focus ...``: the command is to outlive its terminal)."""

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from cli.common import fail, help_default
-from cli.entry import serving
+from cli.interrupts import serving
 
 
 def serve_model(
