@@ -261,6 +261,7 @@ def one_line_ending(out: Console, resume: str) -> Iterator[Interrupts]:
     does not finish: the line of an interrupt (with ``resume``, the command that resumes
     it) or the one line of an error, each with its exit status."""
     with Interrupts() as interrupts:
+        interrupts.resume, interrupts.log_file = resume, str(out.log_file)
         try:
             yield interrupts
         except BaseException as e:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.common import Console, DebugOpt, SetOpt, fail, help_default, overrides
+from cli.interrupts import serving
 from flows.errors import one_line, prefect_unanswered
 from tasks.config import ConfigError
 
@@ -101,6 +102,7 @@ def deploy(
             out.fail(e)
         typer.echo(f"automation {auto.name!r} ({auto.id}): Crashed after {crash_after:g} s without a heartbeat")
         return
+    serving()  # Prefect's serve stops on Ctrl-C its own way (before: one line, cli.entry)
     try:
         serve_deployments(spec)
     except Exception as e:  # noqa: BLE001 - every error becomes one line

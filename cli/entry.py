@@ -71,27 +71,43 @@ def home_or_temporary(env: Any = None) -> None:
 _STARTED: list[Any] = []
 
 
+#: What the line of :func:`_stop_now` adds (a collection or loop: that no work was running).
+_NOTE: list[str] = [""]
+
+
 def _stop_now(signum: int, frame: Any) -> None:
     """A signal before the command's work began (imports, the configuration, the
     preflight) or after it ended: nothing runs that a resume would need, so one line and
     the signal's exit status. A Ctrl-C there printed a KeyboardInterrupt traceback (20-40
-    lines, one a `RuntimeError: Error calling __set_name__` from the import it cut). The
-    command's work installs its own handling (:mod:`cli.interrupts`), then puts this back."""
+    lines, one a `RuntimeError: Error calling __set_name__` from the import it cut), and
+    so did one of `focus inspect`, `focus config show` or the start of `focus deploy`
+    and `focus serve-model` (18-51 lines). The work of `collect` and `train` installs its
+    own handling (:mod:`cli.interrupts`), then puts this back; `serve-model` and `deploy`
+    put Python's back once they serve (:func:`cli.interrupts.serving`), as they stop on Ctrl-C."""
     import signal
 
     for proc in _STARTED:
         if proc is not None and proc.poll() is None:
             proc.kill()
-    os.write(2, f"interrupted ({signal.Signals(signum).name}): nothing was running\n".encode())
+    try:  # a closed terminal (SIGHUP) or pipe takes no line
+        os.write(2, f"interrupted ({signal.Signals(signum).name}){_NOTE[0]}\n".encode())
+    except OSError:
+        pass
     os._exit(128 + signum)
 
 
 def main() -> None:  # pragma: no cover - console entry point (tested through the installed command)
     import signal
 
-    if sys.argv[1:2] in (["collect"], ["train"]):  # the others stop on Ctrl-C as they are
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, _stop_now)
+    from cli.streams import install
+
+    install()  # a console that goes away (a closed pipe or terminal) does not stop the command
+    from cli.interrupts import REPLACED, handled
+
+    if sys.argv[1:2] in (["collect"], ["train"]):
+        _NOTE[0] = ": nothing was running"
+    for s in handled():
+        REPLACED[s] = signal.signal(s, _stop_now)
     loopback_without_proxy()
     home_or_temporary()
     from focus.extras import MissingExtra, missing, require

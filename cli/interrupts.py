@@ -1,4 +1,4 @@
-"""Stopping a command cleanly on SIGINT (Ctrl-C) or SIGTERM.
+"""Stopping a command cleanly on SIGINT (Ctrl-C), SIGTERM or SIGHUP (its terminal closed).
 
 The first signal cancels the command's main task: the collection stops launching,
 abandons the rollouts in flight (never recorded, so never counted as failures),
@@ -7,6 +7,11 @@ the services it started and exits 130 (SIGINT) or 143 (SIGTERM) with one line sa
 how to resume. A second signal exits at once, the services' processes killed first:
 the store stays resumable, since every save is atomic and what an interrupted save
 leaves is swept by the next run. A signal while the services start stops the start.
+
+SIGHUP, which a terminal that closes (an ssh session that drops) sends, killed the
+command where it stood: no line, the write lease left behind, a Prefect run left
+running. It stops the command as SIGTERM does (exit 129), unless it was ignored when
+the command started (``nohup``), which is left as it is.
 """
 
 from __future__ import annotations
@@ -20,7 +25,25 @@ from types import FrameType
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+#: The handlers the console entry replaced with its one-line stop (:mod:`cli.entry`).
+REPLACED: dict[int, Any] = {}
+
+
+def serving() -> None:
+    """Put back the signal handlers the console entry replaced: a server that runs until
+    Ctrl-C (`focus serve-model`, `focus deploy`) stops on it its own way."""
+    for s, handler in REPLACED.items():
+        signal.signal(s, handler)
+    REPLACED.clear()
+
+
+def handled() -> list[int]:
+    """The signals a command stops on: :data:`SIGNALS`, but SIGHUP when it is ignored
+    (``nohup focus ...``: the command is to outlive its terminal)."""
+    return [s for s in SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
 
 
 class Interrupts:
@@ -34,9 +57,12 @@ class Interrupts:
         self._task: asyncio.Task[Any] | None = None
         self._done = False
         self._old: dict[int, Any] = {}
+        #: The command that resumes the work, and the log file: the line a second signal leaves.
+        self.resume: str | None = None
+        self.log_file: str | None = None
 
     def __enter__(self) -> Interrupts:
-        for s in SIGNALS:
+        for s in handled():
             self._old[s] = signal.signal(s, self._handle)
         return self
 
@@ -46,7 +72,7 @@ class Interrupts:
 
     @property
     def code(self) -> int:
-        """The exit status of the first signal: 128 + its number (130, 143)."""
+        """The exit status of the first signal: 128 + its number (130, 143, 129)."""
         return 128 + self.signals[0]
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -55,6 +81,7 @@ class Interrupts:
             for kill in self.on_exit_now:
                 with contextlib.suppress(Exception):
                     kill()
+            self._last_words(signum)
             os._exit(self.code)
         if self._done:
             return  # the work is finished: let the command end as it would
@@ -62,6 +89,19 @@ class Interrupts:
             self._loop.call_soon_threadsafe(self._task.cancel)
         else:
             raise KeyboardInterrupt  # nothing running yet (services starting): unwind
+
+    def _last_words(self, signum: int) -> None:
+        """The line of a second signal (it exited without a word): on the terminal and in
+        the log file, each best effort (a closed terminal takes nothing)."""
+        line = (
+            f"interrupted again ({signal.Signals(signum).name}): stopped at once, the command's servers killed; "
+            "finished steps are saved" + (f"; resume with: {self.resume}" if self.resume else "")
+        )
+        with contextlib.suppress(OSError):
+            os.write(2, f"{line}\n".encode())
+        if self.log_file:
+            with contextlib.suppress(OSError), open(self.log_file, "a", encoding="utf-8") as f:
+                f.write(f"{line}\n")
 
     def run(self, main: Coroutine[Any, Any, _T]) -> _T:
         """``asyncio.run(main)``, cancelled by the first signal."""

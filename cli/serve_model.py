@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from cli.common import fail, help_default
+from cli.interrupts import serving
 
 
 def serve_model(
@@ -28,6 +29,7 @@ def serve_model(
         server.stop()
         busy = "Address already in use" in str(e)
         fail(f"{e}" + (f" (127.0.0.1:{port}); choose another --port, 0 picks a free one" if busy else ""), 1)
+    serving()  # Ctrl-C from here on stops the server below (before: one line, cli.entry)
     with server:
         try:  # from the line on: a Ctrl-C right after it stops the server the same way
             typer.echo(

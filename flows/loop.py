@@ -359,10 +359,6 @@ class LoopSteps:
     a step needs it."""
 
     lazy = True
-    #: Whether a collection shows its progress only where the loop shows its own (on a
-    #: terminal): the direct path is quiet in a pipe; a flow's collections log their
-    #: waves into the run's log, which the UI shows.
-    collection_lines_follow_loop = True
 
     async def collect(self, cfg: FocusConfig, needs_services: bool) -> dict[str, Any]:
         if not needs_services:  # finished: its stored result, nothing to start
@@ -459,8 +455,6 @@ async def _run_loop(
             # collection's config lets a loop be extended (more iterations) or its trainer
             # retuned and rerun, reusing every finished collection
             coll_cfg = it_cfg.with_updates(train=TrainConfig().model_dump())
-            if steps.collection_lines_follow_loop:  # where things are shown is no part of the result
-                coll_cfg = coll_cfg.with_updates(progress=coll_cfg.progress and show.interactive)
             needs = not await asyncio.to_thread(_collection_finished, coll_cfg)
             if needs:
                 coll_cfg = await model.ready(coll_cfg, latest["weights"])

@@ -6,8 +6,10 @@ bars (:class:`flows.progress.CollectionProgress`), training with its steps and l
 publishing the new version, evaluating it episode by episode - each redrawn with its
 elapsed time, so something moves at least once a second. A row of the table of
 versions prints as soon as a version is evaluated. Elsewhere (a pipe, a log file, a
-deployment's worker) the console stays quiet and the log file gets one line per
-stage; with ``progress = false`` nothing. Either way, whenever a version is evaluated the held-out success per version
+deployment's worker) each stage is one line on standard error and in the log file, as
+``focus collect`` prints its waves into a pipe (``nohup focus train > out 2>&1``
+showed nothing for the hours a loop ran, until its table); with ``progress = false``
+nothing. Either way, whenever a version is evaluated the held-out success per version
 is drawn into ``weights/<run>/success.png`` beside the weights (its values also in the
 PNG's ``focus`` text field, for a reader that checks them).
 """
@@ -173,8 +175,10 @@ class LoopProgress:
         self.lines.append(line)
         if self.interactive:
             self.console.print(line, markup=False, highlight=False, soft_wrap=True)
-        elif self.enabled:  # quiet on the console: the log file has it
-            self.log.info(line)
+        elif self.enabled:  # a line on the console (quiet mode shows lines so marked) and in the log file
+            from flows.logs import console_extra
+
+            self.log.info(line, extra=console_extra())
 
     def stage(self, i: int, what: str, detail: str = "") -> None:
         self.say(f"iteration {i}: {what}{' ' + detail if detail else ''}")

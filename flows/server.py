@@ -76,7 +76,9 @@ class TemporaryServer:
         env.pop("PREFECT_API_URL", None)
         out: Any = self.log if self.log is not None else subprocess.DEVNULL
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory"]
+            # flows.guard: it stops when this process is gone, however this process ended
+            [sys.executable, "-m", "flows.guard", "--parent-pid", str(os.getpid()), "-m", "uvicorn"]
+            + ["--app-dir", app_dir, "--factory"]
             + ["prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port)]
             + ["--log-level", "error", "--lifespan", "on"],
             env=env,

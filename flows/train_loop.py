@@ -80,7 +80,6 @@ class PrefectSteps(LoopSteps):
     subflow of a finished collection would otherwise start one of its own)."""
 
     lazy = False
-    collection_lines_follow_loop = False
 
     async def collect(self, cfg: FocusConfig, needs_services: bool) -> dict[str, Any]:
         return await collect(cfg)

@@ -178,14 +178,19 @@ class DaskExecution(Execution):
                 from distributed import Client, LocalCluster
 
                 if self.address is None:
-                    # Worker threads talk in-process (inproc://), which takes no host.
-                    host = {"host": "127.0.0.1"} if self.processes else {}
+                    # Worker threads talk in-process (inproc://), which takes no host. Worker
+                    # processes leave a terminal's Ctrl-C and hang-up to this one (focus.dask_preload).
+                    own = {"host": "127.0.0.1", "preload": ["focus.dask_preload"]} if self.processes else {}
+                    if self.processes:
+                        from focus.dask_preload import tracker_ignores_hangup
+
+                        tracker_ignores_hangup()
                     self._cluster = LocalCluster(
                         n_workers=self.n_workers,
                         threads_per_worker=self.threads_per_worker,
                         processes=self.processes,
                         dashboard_address=None,
-                        **host,
+                        **own,
                     )
                     self._client = Client(self._cluster)
                 else:

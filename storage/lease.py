@@ -475,11 +475,38 @@ class Lease:
         if self._lost is not None:
             raise LeaseLost(self._lost + f"; stopping before writing more ({_AGAIN})")
         if self._version is not None and (self.clock() > self._expires_at or self.monotonic() > self._fence_at):
+            if self._renewed_late():
+                return
             raise LeaseLost(
                 f"collection {self.collection_id!r} in {self.root}: this run's write lease expired at "
                 f"{datetime.fromtimestamp(self._expires_at, UTC).isoformat(timespec='seconds')} without a renewal "
                 f"for {self.ttl_s:.0f} s (was the store unreachable?); stopping before writing more ({_AGAIN})"
             )
+
+    def _renewed_late(self) -> bool:
+        """Whether a lease past its time, that no other run took meanwhile, is renewed now.
+
+        A process that did not run for longer than ``ttl_s`` - suspended with Ctrl-Z and
+        brought back with ``fg``, a laptop asleep, a paused VM, a debugger - found its
+        lease out at its next save and stopped with :class:`LeaseLost`, though nobody had
+        taken the lease. The renewal is the same compare-and-swap as every renewal: it
+        succeeds only if the lease object is still the version this run last wrote, so a
+        run that took the lease over meanwhile keeps it (:class:`LeaseLost` here), and
+        one that is watching it before a take-over sees it renewed and stops. ``False``
+        when the store cannot be reached: the fence holds."""
+        idle = self.monotonic() - (self._fence_at - self.ttl_s)
+        try:
+            self.renew()
+        except LeaseLost:
+            raise LeaseLost(f"{self._lost}; stopping before writing more ({_AGAIN})") from None
+        except Exception:  # noqa: BLE001 - unreachable: the lease ran out, as check() says
+            return False
+        log.warning(
+            "collection %s: the write lease ran out (no renewal for %.0f s: was this process suspended, or the "
+            "store unreachable?); no other run had taken it, so it is renewed and the run goes on",
+            self.collection_id, idle,
+        )  # fmt: skip
+        return True
 
     def release(self) -> None:
         """Give the lease up (if still ours); stops the renewer."""

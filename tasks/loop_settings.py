@@ -120,7 +120,23 @@ def _saved(store: CheckpointStore, base: str) -> list[tuple[int | str, int]]:
 
 def _records(store: CheckpointStore, base: str) -> list[tuple[int, dict[str, Any]]]:
     ns = sorted(n for (phase, n) in _saved(store, base) if phase == SETTINGS)
-    return [(int(r["from"]), dict(r["settings"])) for r in (store.load(base, SETTINGS, n) for n in ns)]
+    return [(int(r["from"]), dict(r["settings"])) for r in (_load(store, base, n) for n in ns)]
+
+
+def _load(store: CheckpointStore, base: str, n: int) -> Any:
+    """A settings record; a damaged one is :class:`~tasks.gaps.RecordMissing`. The store's
+    line for a damaged step, to remove its manifest and compute it again, done for a
+    record let the rerun's settings stand for those the made iterations had."""
+    from storage.errors import CorruptDataError, ManifestError
+    from tasks.gaps import RecordMissing
+
+    try:
+        return store.load(base, SETTINGS, n)
+    except (CorruptDataError, ManifestError) as e:
+        raise RecordMissing(
+            f"train loop {base}: its settings record is damaged ({str(e).split('; ')[0]}); restore it from where "
+            "the store came from, or train under a new --collection-id"
+        ) from e
 
 
 def settle(config: FocusConfig, *, allow_change: bool = False, record: bool = True) -> LoopSettings:

@@ -128,3 +128,26 @@ def test_a_scheduler_address_selects_dask_however_the_config_is_built():
     assert ExecutionConfig.model_validate({"address": addr}).kind == "dask"
     assert FocusConfig.model_validate({"execution": {"address": addr}}).execution.kind == "dask"
     assert ExecutionConfig().kind == "local" and ExecutionConfig(kind="dask").address is None
+
+
+@pytest.mark.parametrize(
+    "section,kind",
+    [("env", "reach_target"), ("model", "local"), ("critic", "constant"), ("model", "openai")],
+)
+def test_a_factory_its_kind_does_not_use_is_refused(section, kind):
+    """``--set env.factory=mypkg.envs:make`` without ``env.kind = "factory"`` collected
+    the toy task instead, without a word (the import path was never even imported);
+    the same for a model's or a critic's factory."""
+    over = {f"{section}.factory": "mypkg.things:make", f"{section}.kind": kind}
+    if kind == "openai":
+        over["model.url"] = "http://127.0.0.1:8000"
+    with pytest.raises(ConfigError) as e:
+        load_config(None, over)
+    assert (
+        f"{section}.factory 'mypkg.things:make' is set but {section}.kind is '{kind}', which does not use it; "
+        f"set {section}.kind = 'factory'" in str(e.value)
+    ), str(e.value)
+    assert (
+        load_config(None, {**over, f"{section}.kind": "factory"}).model_dump()[section]["factory"]
+        == "mypkg.things:make"
+    )

@@ -217,6 +217,38 @@ def test_sigterm_stops_cleanly_too(clean, tmp_path):
     assert mismatches(batch(root), batch(clean)) == {"actor": 0, "critic": 0}
 
 
+def test_a_second_signal_exits_at_once_with_a_line(clean, tmp_path):
+    """A second signal exits at once (the test above); it did so without a word, so the
+    terminal's last line was the first signal's echo or a progress line. SIGINT and
+    SIGTERM sent together: two signals pending at once (Python runs their handlers in
+    the signals' order, SIGINT first), so the second always lands before the first's
+    stop can end the command."""
+    root = tmp_path / "store"
+    cfg = config_file(tmp_path, root)
+    env = base_env(tmp_path / "prefect")
+    log = tmp_path / "focus.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "collect", "--config", str(cfg), "--log-file", str(log)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while ("1.continue", 0) not in saved(root):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    line = (
+        "interrupted again (SIGTERM): stopped at once, the command's servers killed; finished steps are saved; "
+        f"resume with: focus collect -c {cfg} --collection-id {CID}"
+    )
+    assert err.strip().splitlines()[-1] == line, err[-3000:]
+    assert line in log.read_text()
+    resume(cfg, env)
+    assert mismatches(batch(root), batch(clean)) == {"actor": 0, "critic": 0}
+
+
 def test_the_resume_line_is_the_command_that_resumes(tmp_path):
     """The line said `resume with: focus collect --collection-id <id>` whatever the
     command's flags: run as it says, the store was ./runs and the configuration the
@@ -291,6 +323,43 @@ def test_ctrl_c_before_the_work_begins_is_one_line(tmp_path):
     assert proc.returncode == 130 and lines == ["interrupted (SIGINT): nothing was running"], (proc.returncode, lines)
 
 
+@pytest.mark.parametrize("command", ["inspect", "deploy"])
+def test_ctrl_c_of_the_other_commands_is_one_line(tmp_path, command):
+    """`focus inspect` (reading a batch), `focus config show` and the start of `focus
+    deploy` and `focus serve-model` answered Ctrl-C with a KeyboardInterrupt traceback
+    of 18-51 lines. Here each waits on a server that accepts connections and never
+    answers (an object store, a Prefect API); the signal comes once it has connected."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(60)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    env = {**base_env(tmp_path / "prefect"), "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+    if command == "inspect":
+        env |= {"AWS_ENDPOINT_URL": url, "AWS_DEFAULT_REGION": "us-east-1"}
+        args = ["inspect", "s3://silent/runs/batches/c/iter-000000"]
+    else:
+        env["PREFECT_API_URL"] = f"{url}/api"
+        args = ["deploy", "--watchdog-only"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        conn, _ = listener.accept()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        listener.close()
+    conn.close()
+    lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+    assert proc.returncode == 130 and lines == ["interrupted (SIGINT)"], (proc.returncode, lines[-12:])
+
+
 def test_a_second_ctrl_c_exits_at_once_and_the_store_still_resumes(clean, tmp_path):
     root = tmp_path / "store"
     cfg = config_file(tmp_path, root)
@@ -314,6 +383,9 @@ def test_ctrl_c_stops_the_dask_and_the_prefect_paths_cleanly(how, clean, tmp_pat
     code, shown = in_terminal(args, env, lambda: ("1.continue", 0) in saved(root), [b"\x03"])
     assert code == 130, shown[-3000:]
     assert one_line(shown).startswith("interrupted (SIGINT)"), shown[-3000:]
+    # the terminal's SIGINT reaches the whole process group: each Dask worker process
+    # printed a 30-line KeyboardInterrupt traceback above the line
+    assert "Traceback" not in shown and "KeyboardInterrupt" not in shown, shown[-3000:]
     resume(cfg, env)
     got = batch(root)
     # the uninterrupted batch: the module's collection (local execution, the same seed and id)

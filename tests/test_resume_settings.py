@@ -23,6 +23,7 @@ from storage import CheckpointStore
 from tasks.config import load_config
 from tasks.config.schema import resumable_fields
 from tasks.fingerprint import changes, describe
+from tasks.gaps import RecordMissing
 from tasks.loop_settings import LoopSettingsChanged, settle
 
 COLLECT = ["--tasks", "2", "--transitions", "6", "--set", "agent.sampling.max_tokens=4", "--set", "agent.max_steps=4"]
@@ -179,6 +180,30 @@ def test_a_loop_made_before_loops_recorded_their_settings_is_recorded_once_a_run
     first.record(config(tmp_path))
     with pytest.raises(LoopSettingsChanged, match=r"its iteration 0 was made with other settings \(seed 0 → 1\)"):
         settle(config(tmp_path, seed=1))
+
+
+@pytest.mark.parametrize("damage", ["manifest", "data"])
+def test_a_damaged_settings_record_is_restored_not_computed_again(tmp_path, damage):
+    """A loop's settings record cut short said what a damaged step says: `remove <its
+    manifest> and rerun to compute it again`. A record is not computed: done as told,
+    the loop took the rerun's settings (another learning rate) for those its trained
+    iterations were made with, with a warning meant for loops made before records."""
+    store = CheckpointStore(str(tmp_path))
+    settle(config(tmp_path))
+    store.save("L", "train", 0, {"policy_version": "v1"})
+    manifest = Path(store.url_for("L", "settings", 0).removeprefix("file://") + ".manifest.json")
+    if damage == "manifest":
+        manifest.write_text(manifest.read_text()[:10])
+    else:
+        data = next(manifest.parent.glob("n-settings-w00000.*.pkl"))
+        data.write_bytes(data.read_bytes()[:20])
+    with pytest.raises(RecordMissing) as e:
+        settle(config(tmp_path, **{"train.local.lr": 0.1}))
+    line = str(e.value)
+    assert line.startswith("train loop L: its settings record is damaged (") and line.endswith(
+        "); restore it from where the store came from, or train under a new --collection-id"
+    ), line
+    assert "compute it again" not in line and "\n" not in line
 
 
 @pytest.mark.integration  # a Prefect server

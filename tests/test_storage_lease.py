@@ -61,10 +61,10 @@ def test_an_expired_lease_is_taken_over_only_after_expiry_and_the_old_owner_is_f
     with pytest.raises(LeaseHeld, match="1 s from now"):
         Lease(tmp_path, "c1", ttl_s=10, clock=clock).acquire()
     clock.t += 2.0  # expired: the old owner stalled without renewing
-    with pytest.raises(LeaseLost, match="expired .* without a renewal"):
-        old.check()
     new = Lease(tmp_path, "c1", ttl_s=10, clock=clock).acquire()
     assert lease_doc(tmp_path, "c1")["owner"] == new.owner
+    with pytest.raises(LeaseLost, match=f"now held by {new.owner}.*stopping before writing more"):
+        old.check()  # its late renewal finds the lease taken
     with pytest.raises(LeaseLost, match=f"now held by {new.owner}"):
         old.renew()  # compare-and-swap: the stale owner cannot overwrite the new lease
     assert lease_doc(tmp_path, "c1")["owner"] == new.owner
@@ -84,10 +84,35 @@ def test_the_owner_fences_itself_a_ttl_after_its_last_renewal_even_with_its_cloc
     lease.check()
     clock.t -= 3600.0  # the wall clock is stepped back an hour (NTP, a restored VM)
     mono.t += 3.0  # ... and the store stays unreachable past the ttl: a taker elsewhere may own it now
+    good_swap = lease._slot.swap
+    lease._slot.swap = unreachable  # type: ignore[method-assign]
     with pytest.raises(LeaseLost, match="without a renewal for 10 s"):
         lease.check()
     with pytest.raises(LeaseLost, match="stopping before writing more"):
         CheckpointStore(tmp_path).save("c1", 1, 0, "must not be written")
+    lease._slot.swap = good_swap  # type: ignore[method-assign]
+    lease.release()
+
+
+def unreachable(*args: object) -> bool:
+    raise OSError("[Errno 111] Connection refused")
+
+
+def test_a_lease_that_ran_out_while_its_process_was_suspended_is_renewed_if_nobody_took_it(tmp_path, caplog):
+    """Ctrl-Z for a minute, then ``fg`` (or a laptop asleep, a paused VM): the next save
+    stopped the collection with LeaseLost although no other run had taken the lease.
+    Its late renewal is the compare-and-swap of every renewal: nobody took it, so the
+    run goes on (one that was taken meanwhile stops: the test above)."""
+    clock, mono = Clock(), Clock(0.0)
+    lease = Lease(tmp_path, "c1", ttl_s=10, clock=clock, monotonic=mono).acquire()
+    store = CheckpointStore(tmp_path)
+    store.save("c1", 1, 0, "before")
+    clock.t += 60.0
+    mono.t += 60.0  # suspended: no renewal, no write, for six times the ttl
+    store.save("c1", 1, 1, "after")  # it raised LeaseLost: 'expired ... without a renewal for 10 s'
+    assert store.load("c1", 1, 1) == "after" and lease.held
+    assert lease_doc(tmp_path, "c1")["expires_at"] == pytest.approx(clock.t + 10)
+    assert "the write lease ran out (no renewal for 60 s" in caplog.text
     lease.release()
 
 

@@ -83,10 +83,12 @@ class _Pluggable(_Model):
 
     @model_validator(mode="after")
     def _needs_factory(self) -> _Pluggable:
-        if getattr(self, "kind", None) == "factory" and not self.factory:
-            raise ValueError(
-                f"{self._section}.factory (an import path) is required when {self._section}.kind is 'factory'"
-            )
+        kind, where = getattr(self, "kind", None), self._section
+        if kind == "factory" and not self.factory:
+            raise ValueError(f"{where}.factory (an import path) is required when {where}.kind is 'factory'")
+        if self.factory and kind not in (None, "factory"):  # `--set env.factory=...` alone ran the toy task
+            why = f"{where}.kind is {kind!r}, which does not use it; set {where}.kind = 'factory' to use it"
+            raise ValueError(f"{where}.factory {self.factory!r} is set but {why}, or remove {where}.factory")
         return self
 
     @model_validator(mode="after")
