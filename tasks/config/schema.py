@@ -112,9 +112,9 @@ class ModelConfig(_Pluggable):
     ``local`` with no ``url`` starts the embedded tiny model on loopback for the run;
     ``factory`` names a callable returning a :class:`focus.policy.Policy` (called with
     ``options`` as keyword arguments), for services FOCUS has no backend for. ``http``
-    holds the HTTP client's timeouts and retries (:class:`focus.backends.HttpConfig`)
-    for the ``local``, ``openai``, ``sglang`` and ``llamacpp`` kinds; it says how patiently to talk to
-    the service, not what it computes, so it may change when a collection is resumed.
+    holds the HTTP client's timeouts and retries (:class:`focus.backends.HttpConfig`) for the
+    served kinds; it says how patiently to talk to the service, not what it computes, so it
+    may change when a collection is resumed.
     """
 
     _section: ClassVar[str] = "model"
@@ -190,9 +190,8 @@ def _default_phases() -> list[Phase]:
 class SearchConfig(_Model):
     """The search and its phases (:class:`focus.priority.Phase`, validated the same way).
 
-    The search ranks with the estimator's γ, truncation rule and critic weight (one of
-    each per collection): :meth:`FocusConfig.build_search`.
-    """
+    It ranks with the estimator's γ, truncation rule and critic weight (one of each per
+    collection): :meth:`FocusConfig.build_search`."""
 
     kind: Literal["selective", "uniform"] = "selective"
     phases: list[Phase] = Field(default_factory=_default_phases)
