@@ -40,6 +40,7 @@ def user_temp_folder(name: str) -> Path:
     put there. One that another user owns or can write into is refused for a fresh
     private folder."""
     path = Path(tempfile.gettempdir()) / f"{name}-{os.getuid()}"
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         path.mkdir(mode=0o700)
     except FileExistsError:
