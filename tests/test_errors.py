@@ -316,9 +316,13 @@ def test_disk_made_read_only_mid_run_is_one_line_without_credentials(tmp_path):
     args = [*SMALL, "--collection-id", "ro", "--store", str(disk), "--transitions", "40"]
     args += ["--set", "search.phases.1.wave_size=2", "--set", 'model.options={"latency_s": 0.05}']
     evidence = disk / "checkpoints" / "ro" / "n-evidence-w00000.manifest.json"
-    # once the evidence is saved, the disk is remounted read-only (retried while a file is open)
-    flip = f'while [ ! -e "{evidence}" ]; do sleep 0.05; done; until mount -o remount,ro "{disk}"; do sleep 0.05; done'
-    script = f'mount -t tmpfs -o size=16m tmpfs "{disk}" || exit 97; ({flip}) 2>/dev/null & exec "$@"'
+    # once the evidence is saved, the disk is remounted read-only (retried while a file is
+    # open). `remount,bind,ro` makes the mount read-only, which a user namespace
+    # (`unshare -rm`, a user other than root) may do; `remount,ro` (the file system's
+    # superblock) failed there every time, and the loop, holding the command's output
+    # open, hung the test until its timeout. The loop writes nothing to that output now.
+    flip = f'while [ ! -e "{evidence}" ]; do sleep 0.05; done; until mount -o remount,bind,ro "{disk}"; do sleep 0.05; done'
+    script = f'mount -t tmpfs -o size=16m tmpfs "{disk}" || exit 97; ({flip}) >/dev/null 2>&1 & exec "$@"'
     cmd = [*prefix, "sh", "-c", script, "sh", sys.executable, "-m", "cli", "collect", *args]
     env = base_env(tmp_path / "prefect")
     done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
