@@ -207,6 +207,23 @@ def test_storage_root_on_a_file_system_without_storage():
         check_root("/proc/focus-runs")
 
 
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into any folder: this runs as another user")
+def test_storage_root_in_a_folder_this_user_cannot_write(tmp_path):
+    """A folder of another user's (here one made read-only to its owner): refused before
+    anything starts, as not writable, not as a read-only file system."""
+    from flows.preflight import check_root
+    from storage.errors import StorageAccessDenied
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    theirs.chmod(0o555)
+    try:
+        with pytest.raises(StorageAccessDenied, match=r"is not writable \(permission denied\)"):
+            check_root(str(theirs / "runs"))
+    finally:
+        theirs.chmod(0o755)
+
+
 # ---- object storage: moto's S3 server ----
 
 
