@@ -157,4 +157,4 @@ def test_collect_runs_with_an_unwritable_home_spaces_the_c_locale_and_no_termina
     assert "Traceback" not in done.stderr
     logs = list((tmp / f"focus-logs-{os.getuid()}").glob("collect-*.log"))
     assert len(logs) == 1 and f"logging to {logs[0]} instead" in done.stderr
-    assert "collection c1: batch at" in logs[0].read_text()
+    assert "collection c1: batch at" in logs[0].read_text(encoding="utf-8")

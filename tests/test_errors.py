@@ -301,7 +301,7 @@ def test_disk_full_mid_run_is_one_line_and_the_runs_state(tmp_path, prefect_env,
     done = subprocess.run(cmd, env=prefect_env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
     line = error_line(done)
     assert "no space left on the device" in line and f"traceback: {log}" in line
-    assert "Traceback" in log.read_text()  # the full story is in the log file
+    assert "Traceback" in log.read_text(encoding="utf-8")  # the full story is in the log file
     state = flow_run_state(prefect_server, "full")
     cause = line.removeprefix("error: ").split(" (traceback:")[0]
     assert state["type"] == "FAILED" and cause in state["message"]

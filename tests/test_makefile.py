@@ -68,8 +68,8 @@ def test_the_makefile_check_passes_this_python_and_matches_requires_python(tmp_p
     probe = ["--eval", "probe: ; @$(call py_ok,$(PY),$(PY),x)", "probe", f"PY={sys.executable}"]
     assert make(probe).returncode == 0  # this interpreter meets requires-python
     assert make(probe, env=older_python(tmp_path)).returncode != 0
-    text = (ROOT / "Makefile").read_text()
-    required = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    required = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["requires-python"]
     minimum = re.search(r"^PY_MIN := (\S+)$", text, re.M)
     assert minimum is not None and required == f">={minimum.group(1)}"
     assert f"v >= ({minimum.group(1).replace('.', ', ')})" in text
