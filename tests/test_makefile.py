@@ -34,16 +34,28 @@ def older_python(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(site)}
 
 
-def make(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    # the repository's Makefile, its venv elsewhere: nothing in the checkout is touched
+def make(args: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["make", "--no-print-directory", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        ["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
+
+
+def beside(tmp_path: Path) -> Path:
+    """A folder with pyproject.toml, where ``make`` runs with the repository's Makefile
+    and a relative venv: nothing in the checkout is touched, and a temporary folder whose
+    path holds a space (make splits targets on spaces) does not matter."""
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
 
 
 def test_make_install_refuses_an_older_python_before_making_the_venv(tmp_path):
     venv = tmp_path / "venv"
-    done = make(["install", f"PY={sys.executable}", f"VENV={venv}"], env=older_python(tmp_path))
+    done = make(["install", f"PY={sys.executable}", "VENV=venv"], env=older_python(tmp_path), cwd=beside(tmp_path))
     assert done.returncode != 0
     line = f"{sys.executable} is Python 3.11.2; FOCUS needs 3.11.4 or later: make PY=python3.12"
     assert line in done.stderr, done.stderr
@@ -58,9 +70,9 @@ def test_make_install_refuses_a_venv_made_from_an_older_python(tmp_path):
     env = older_python(tmp_path)
     python.write_text(f'#!/bin/sh\nPYTHONPATH="{env["PYTHONPATH"]}" exec "{sys.executable}" "$@"\n')
     python.chmod(0o755)
-    done = make(["install", f"PY={sys.executable}", f"VENV={venv}"])
+    done = make(["install", f"PY={sys.executable}", "VENV=venv"], cwd=beside(tmp_path))
     assert done.returncode != 0
-    assert f"{venv} is Python 3.11.2; FOCUS needs 3.11.4 or later: remove it (make clean)" in done.stderr, done.stderr
+    assert "venv is Python 3.11.2; FOCUS needs 3.11.4 or later: remove it (make clean)" in done.stderr, done.stderr
     assert "pip install" not in done.stdout and not (venv / ".installed").exists()
 
 
