@@ -14,8 +14,17 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
 .PHONY: install run test test-fast test-lowest lint bench clean
 
+# pyproject.toml's requires-python, checked before anything is installed: pip refused an older
+# Python (Debian 12's python3 is 3.11.2) only after torch was in, and the venv made from it stayed
+# and was reused by `make PY=python3.12` (the python that makes a venv, and a venv already there)
+PY_MIN := 3.11.4
+py_ok = $(1) -c 'import sys; v = sys.version_info[:3]; sys.exit(0 if v >= (3, 11, 4) else \
+	"$(2) is Python %d.%d.%d; FOCUS needs $(PY_MIN) or later: $(3)" % v)'
+
 $(STAMP): pyproject.toml
+	@$(call py_ok,$(PY),$(PY),make PY=python3.12 (or another Python $(PY_MIN)+) $(MAKECMDGOALS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(call py_ok,$(BIN)/python,$(VENV),remove it (make clean) and run make again)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q --retries 0 --index-url $(TORCH_CPU_INDEX) torch==2.13.0 2>/dev/null \
 		|| $(BIN)/pip install -q torch==2.13.0
@@ -46,6 +55,7 @@ test-fast: $(STAMP)
 # checks them (docs/operations.md, "Dependency versions"). Not part of `make test`. torch is the
 # pinned 2.13.0, from a wheel folder where there is one (uv does not read pip's configuration).
 test-lowest:
+	@$(call py_ok,$(PY),$(PY),make PY=python3.12 (or another Python $(PY_MIN)+) test-lowest)
 	test -x .venv-lowest/bin/python || $(PY) -m venv .venv-lowest
 	.venv-lowest/bin/pip install -q uv
 	.venv-lowest/bin/uv pip install -q -p .venv-lowest/bin/python --resolution lowest-direct \

@@ -85,19 +85,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ran {len(chosen)} benchmark(s) in {(time.perf_counter() - t0) / 60:.1f} min", file=sys.stderr)
 
     targets = {name: folder / name for name in readme.PAGES}
-    texts = {name: (t if t.exists() else BENCH / name).read_text() for name, t in targets.items()}
+    texts = {name: (t if t.exists() else BENCH / name).read_text(encoding="utf-8") for name, t in targets.items()}
     rendered, warnings = readme.render_pages(texts, results)
     for w in warnings:
         print(f"readme: {w}", file=sys.stderr)
     if args.check:
-        stale = [str(t) for name, t in targets.items() if not t.exists() or rendered[name] != t.read_text()]
+        stale = [str(t) for name, t in targets.items() if not t.exists() or rendered[name] != t.read_text(encoding="utf-8")]
         if stale:
             print(f"{', '.join(stale)}: not what the records render: run `python -m benchmarks --render-only`", file=sys.stderr)
             return 1
     else:
         folder.mkdir(parents=True, exist_ok=True)
         for name, t in targets.items():
-            t.write_text(rendered[name])
+            t.write_text(rendered[name], encoding="utf-8")
         print(f"rendered {', '.join(map(str, targets.values()))} from {results}", file=sys.stderr)
     if failed:
         print(f"failed: {', '.join(failed)} (their previous records, if any, were kept)", file=sys.stderr)

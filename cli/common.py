@@ -78,9 +78,13 @@ def writable_log_file(path: Path) -> Path:
     Everything downstream (the embedded model server's and a temporary Prefect
     server's output, Dask workers' logging, the traceback of an error) writes to the
     file this returns, so it is decided once, before any of them starts."""
-    fallback = Path(tempfile.gettempdir()) / f"focus-logs-{os.getuid()}" / path.name  # per user: /tmp is shared
-    for i, candidate in enumerate((path, fallback)):
+    from storage.weights import user_temp_folder
+
+    for i in range(2):
+        candidate = Path(tempfile.gettempdir()) / f"focus-logs-{os.getuid()}" / path.name if i else path
         try:
+            if i:  # per user and private: /tmp is shared
+                candidate = user_temp_folder("focus-logs") / path.name
             candidate.parent.mkdir(parents=True, exist_ok=True)
             with open(candidate, "a", encoding="utf-8"):
                 pass
@@ -109,7 +113,12 @@ def writable_prefect_home(env: Any = None) -> None:
             return
     except OSError:
         pass
-    env["PREFECT_HOME"] = str(Path(tempfile.gettempdir()) / f"focus-prefect-{os.getuid()}")
+    from storage.weights import user_temp_folder
+
+    try:  # per user and private: /tmp is shared
+        env["PREFECT_HOME"] = str(user_temp_folder("focus-prefect"))
+    except OSError:  # no temporary folder either: Prefect says so
+        env["PREFECT_HOME"] = str(Path(tempfile.gettempdir()) / f"focus-prefect-{os.getuid()}")
 
 
 class Console:

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
@@ -138,14 +137,14 @@ def train_body(
     import time
 
     from storage import CheckpointStore
-    from storage.weights import WeightStore
+    from storage.weights import WeightStore, user_temp_folder
 
     store, weights = CheckpointStore(config.storage.root), WeightStore(config.storage.root)
     if store.exists(base_id, TRAIN_PHASE, iteration):
         return {**located(weights, store.load(base_id, TRAIN_PHASE, iteration)), "reused": True}
     t0 = time.perf_counter()
     trainer = import_object(config.train.trainer_path())
-    workdir = Path(tempfile.gettempdir()) / "focus-train" / base_id / f"it{iteration}"
+    workdir = user_temp_folder("focus-train") / base_id / f"it{iteration}"
     workdir.mkdir(parents=True, exist_ok=True)
     ctx = TrainContext(
         iteration=iteration,

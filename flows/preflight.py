@@ -121,15 +121,17 @@ def check_root(root: str) -> None:
             probe = parent
         if not os.path.isdir(probe):
             raise RootNotFound(f"storage root {root}: {probe} is a file, not a folder")
+        # before the permission check: /proc is writable to root alone, and a user
+        # other than root was told "permission denied", which no permission fixes
+        if os.statvfs(probe).f_blocks == 0:  # procfs, sysfs: no storage to write to
+            raise RootNotFound(
+                f"storage root {root}: {probe} is on a virtual file system that stores nothing (no blocks)"
+            )
         if not os.access(probe, os.W_OK | os.X_OK):
             ro = _read_only(probe)
             raise StorageAccessDenied(
                 f"storage root {root}: {probe} is "
                 + ("on a read-only file system" if ro else "not writable (permission denied)")
-            )
-        if os.statvfs(probe).f_blocks == 0:  # procfs, sysfs: no storage to write to
-            raise RootNotFound(
-                f"storage root {root}: {probe} is on a virtual file system that stores nothing (no blocks)"
             )
         if shutil.disk_usage(probe).free < MIN_FREE_BYTES:
             raise StorageFull(f"storage root {root}: no space left on the device of {probe}")

@@ -31,7 +31,7 @@ def configured_api_url(environ: dict[str, str] | None = None) -> str | None:
     home = Path(env.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
     path = Path(env.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     active = env.get("PREFECT_PROFILE") or data.get("active")

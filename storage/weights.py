@@ -33,6 +33,24 @@ from storage.urls import Location, Retry, check_id
 MANIFEST = "_manifest.json"
 
 
+def user_temp_folder(name: str) -> Path:
+    """``<temporary folder>/<name>-<uid>``, made private (mode 0700) and this user's: a
+    fixed name in a shared ``/tmp`` is made by whichever user came first, and the next
+    user could not write in it (``PermissionError``), or would read files that user
+    put there. One that another user owns or can write into is refused for a fresh
+    private folder."""
+    path = Path(tempfile.gettempdir()) / f"{name}-{os.getuid()}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if path.is_symlink() or not path.is_dir() or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return Path(tempfile.mkdtemp(prefix=f"{name}-{os.getuid()}-"))
+    return path
+
+
 class WeightStore:
     """Writes and reads versioned weight files of one or more train loops under a root."""
 
@@ -149,7 +167,7 @@ class WeightStore:
         that need a path. Cached by checksum: fetching the same bytes again is free."""
         folder, _, name = url.rstrip("/").rpartition("/")
         entry = self.manifest(folder).file(name)
-        base = Path(cache) if cache is not None else Path(tempfile.gettempdir()) / "focus-weights"
+        base = Path(cache) if cache is not None else user_temp_folder("focus-weights")
         path = base / f"{entry.sha256[:32]}-{name}"
         if path.is_file() and path.stat().st_size == entry.bytes:
             return path

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,7 +90,7 @@ def local_weights(url: str | None, root: str) -> str | None:
     if "://" not in url:
         return url
     from storage import CorruptDataError, ManifestError
-    from storage.weights import WeightStore
+    from storage.weights import WeightStore, user_temp_folder
 
     store = WeightStore(root)
     try:
@@ -106,8 +105,7 @@ def local_weights(url: str | None, root: str) -> str | None:
 
         with fsspec.open(url, "rb") as f:
             data = f.read()
-        path = Path(tempfile.gettempdir()) / "focus-weights" / f"{sha256(data)[:32]}-{url.rsplit('/', 1)[-1]}"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = user_temp_folder("focus-weights") / f"{sha256(data)[:32]}-{url.rsplit('/', 1)[-1]}"
         if not path.is_file():
             tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
             tmp.write_bytes(data)

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only compare; exit 1 if the table is out of date")
     args = ap.parse_args(argv)
-    text = TEST.read_text()
+    text = TEST.read_text(encoding="utf-8")
     if not TABLE.search(text):
         raise SystemExit(f"no PINNED table in {TEST}")
     new = table(computed())

@@ -33,10 +33,10 @@ def test_smoke_run_gives_cosines_updates_and_a_reference_that_agrees_with_itself
     # GRPO's batch at the full budget is 2 * EVIDENCE rollouts per task; FOCUS spends the same
     by = {(r["method"], r["budget"]): r["transitions"] for r in rows}
     assert 0.5 < by[("focus", 2)] / by[("grpo", 2)] < 2.0
-    saved = json.loads(out.read_text())
+    saved = json.loads(out.read_text(encoding="utf-8"))
     assert saved["table"] == json.loads(json.dumps(result["table"]))
     assert len(saved["table"]) == 4  # 2 budgets x 2 methods
-    assert out.with_suffix(".jsonl").read_text().count("\n") == 4
+    assert out.with_suffix(".jsonl").read_text(encoding="utf-8").count("\n") == 4
 
 
 @pytest.mark.needs("torch")

@@ -88,7 +88,7 @@ def test_quick_run_writes_json_and_png(tmp_path):
     result = learning.main(
         ["--quick", "--tasks", "toy", "bridge", "--methods", *METHODS, "--out", str(tmp_path), "--quiet"]
     )
-    saved = json.loads((tmp_path / "learning.json").read_text())
+    saved = json.loads((tmp_path / "learning.json").read_text(encoding="utf-8"))
     assert saved["verdicts"] == json.loads(json.dumps(result["verdicts"]))
     assert (tmp_path / "learning.png").stat().st_size > 10_000
     assert sorted(r["method"] for r in saved["runs"] if r["task"] == "toy") == sorted(METHODS)
@@ -162,7 +162,7 @@ def test_assemble_keeps_the_seeds_every_method_finished(tmp_path):
     result = learning.main(args)
     assert result["seeds_per_task"] == {"toy": [0, 1]} and len(result["runs"]) == 4
     assert (
-        json.loads((tmp_path / "a.json").read_text())["verdicts"]["tasks"]["toy"]["vs_grpo"]["focus"]["verdict"]
+        json.loads((tmp_path / "a.json").read_text(encoding="utf-8"))["verdicts"]["tasks"]["toy"]["vs_grpo"]["focus"]["verdict"]
         == "better"
     )
     assert (out / "learning.png").stat().st_size > 5_000
@@ -263,7 +263,7 @@ def test_quick_sweep_runs_every_method_at_every_setting(tmp_path):
 
     args = ["--quick", "--tasks", "bridge", "--sweep", "target_kl=0.05,0.2", "--sweep", "lr=3e-4,1.2e-3"]
     result = learning.main([*args, "--tasks-per-iteration", "2", "--out", str(tmp_path), "--quiet"])
-    saved = json.loads((tmp_path / "sweep.json").read_text())
+    saved = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
     assert saved["sizes"] == {"iterations": 1, "tasks": 2, "eval_tasks": 6}
     assert saved["command"].endswith("--tasks-per-iteration 2")  # the record names the smaller batches
     assert saved["labels"] == ["target_kl=0.05,lr=0.0003", "target_kl=0.2,lr=0.0012"]
@@ -296,7 +296,7 @@ def test_a_sweep_stopped_early_keeps_the_seeds_finished_everywhere(tmp_path):
     result = learning.main(args)
     assert result["seeds_per_task"] == {"bridge": [0, 1]} and [len(runs) for runs in result["runs"]] == [4, 4]
     assert result["at_best"]["bridge"]["best"] == {"focus": 1, "grpo": 1}
-    assert json.loads((tmp_path / "sweep-assembled.json").read_text())["labels"] == [label(s) for s in settings]
+    assert json.loads((tmp_path / "sweep-assembled.json").read_text(encoding="utf-8"))["labels"] == [label(s) for s in settings]
 
 
 def test_the_long_bridge_is_opt_in_and_its_agent_can_cross_it():

@@ -16,7 +16,7 @@ def test_orchestration_benchmark_runs_small_and_reports_every_figure(prefect_api
     figures = orchestration.main(
         ["--small", "--service-latency-s", "0.01", "--latency-ms", "0", "--repeats", "1", "--json", str(out)]
     )
-    assert json.loads(out.read_text()) == figures
+    assert json.loads(out.read_text(encoding="utf-8")) == figures
     for suffix in ("", "_inprocess"):
         for size in ("2k", "10k"):
             key = f"{size}{suffix}"

@@ -25,7 +25,7 @@ PAGES = {name: ROOT / "benchmarks" / name for name in readme.PAGES}
 
 
 def _pages() -> dict[str, str]:
-    return {name: path.read_text() for name, path in PAGES.items()}
+    return {name: path.read_text(encoding="utf-8") for name, path in PAGES.items()}
 
 
 def test_the_committed_pages_are_what_the_committed_records_render():
@@ -46,13 +46,13 @@ def test_every_benchmark_has_its_block_and_its_renderer():
     assert set(readme.RENDERERS) == set(BY_NAME)
     assert len(BY_NAME) == len(REGISTRY)  # names are unique
     for b in REGISTRY:  # every registered module takes --json PATH (the runner passes it)
-        src = (ROOT / (b.module.replace(".", "/") + ".py")).read_text()
+        src = (ROOT / (b.module.replace(".", "/") + ".py")).read_text(encoding="utf-8")
         assert re.search(r'add_argument\(\s*"--json"', src), b.module
 
 
 def test_records_on_disk_are_the_registry_s():
     for path in RESULTS.glob("*.json"):
-        rec = json.loads(path.read_text())
+        rec = json.loads(path.read_text(encoding="utf-8"))
         assert rec["benchmark"] == path.stem and path.stem in BY_NAME
         assert not rec["quick"], f"{path.name} is a smoke run's record"
         for key in ("command", "started_utc", "wall_s", "load_average_before", "load_average_after", "machine"):
@@ -84,7 +84,7 @@ def test_a_record_without_the_keys_its_renderer_reads_is_reported(tmp_path):
         "figures": {"attempts": 1},  # no writers, no local: the benchmark's figures changed
     }
     (tmp_path / "writer_race.json").write_text(json.dumps(record))
-    rendered, warnings = readme.render(PAGES["README.md"].read_text(), tmp_path)
+    rendered, warnings = readme.render(PAGES["README.md"].read_text(encoding="utf-8"), tmp_path)
     assert len(warnings) == 1 and warnings[0].startswith("writer_race:")
     body = _body(rendered, "writer_race")
     assert body.startswith("Run of 2026-01-01 00:00 UTC at `abc1234`, 12 s: `python -m benchmarks.writer_race`")
@@ -124,20 +124,20 @@ def test_quick_run_records_and_renders_a_readme_copy(tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stderr[-3000:]
     for name in chosen:
-        rec = json.loads((tmp_path / f"{name}.json").read_text())
+        rec = json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8"))
         assert rec["benchmark"] == name and rec["quick"] is True
         assert rec["command"].startswith(f"python -m {BY_NAME[name].module} ")
         assert rec["machine"]["cores"] == os.cpu_count() and rec["machine"]["python"]
         assert len(rec["load_average_before"]) == 3 and len(rec["load_average_after"]) == 3
         assert rec["load_average_max_during"] >= 0 and rec["wall_s"] > 0 and rec["git_commit"]
         assert rec["figures"], name
-    race = json.loads((tmp_path / "writer_race.json").read_text())["figures"]
+    race = json.loads((tmp_path / "writer_race.json").read_text(encoding="utf-8"))["figures"]
     assert race["local"]["holders_max"] == 1 and race["local"]["mismatched"] == 0
     assert "s3" not in race  # --no-s3 in the smoke arguments
-    copies = {name: (tmp_path / name).read_text() for name in readme.PAGES}
+    copies = {name: (tmp_path / name).read_text(encoding="utf-8") for name in readme.PAGES}
     assert readme.problems("\n".join(copies.values())) == []
     copy = copies["README.md"]
-    assert copy != PAGES["README.md"].read_text()
+    assert copy != PAGES["README.md"].read_text(encoding="utf-8")
     for name in chosen:
         body = _body(copy, name)
         assert "Smoke run (`--quick`)" in body and "|" in body, body

@@ -198,7 +198,7 @@ def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
 
     out = tmp_path / "scale.json"
     figures = scale.main(["--quick", "--json", str(out)])
-    assert json.loads(out.read_text()) == json.loads(json.dumps(figures))
+    assert json.loads(out.read_text(encoding="utf-8")) == json.loads(json.dumps(figures))
     keys = [r["key"] for r in figures["rows"]]
     assert keys == ["300_6t", "1k_6t", "1k_20t"]
     # rows up to --repeat-max-size run twice at quick size; the kept run is one of them

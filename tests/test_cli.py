@@ -45,7 +45,7 @@ def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
     for chatter in ("INFO", "distributed", "Traceback", "temporary server", "prefect"):
         assert chatter not in done.stderr, done.stderr
     assert len(done.stdout.strip().splitlines()) == 1  # --json: the result alone on standard output
-    text = log.read_text()
+    text = log.read_text(encoding="utf-8")
     assert "collection emb: batch at" in text and "flow run" not in text
     # the model server was started by the console entry before the configuration was read
     assert "(started by the console entry)" in text, text
@@ -60,7 +60,7 @@ def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
     )
     assert as_flow.returncode == 0, as_flow.stderr[-3000:]
     flowed = json.loads(as_flow.stdout.strip().splitlines()[-1])
-    text = flow_log.read_text()
+    text = flow_log.read_text(encoding="utf-8")
     assert "Beginning flow run 'emb-flow'" in text and "Finished in state Completed" in text
     assert text.count("start-up:") == 1 and text.count("shut-down:") == 1, text
     for chatter in ("INFO", "distributed", "Traceback", "temporary server", "prefect"):
@@ -230,7 +230,7 @@ def test_help_shows_no_placeholder_for_flags_and_says_the_defaults(command):
 
 def test_every_statistic_shown_is_defined_in_the_docs():
     """Each figure the CLI shows has a line saying what it means (docs/pipeline.md, "The statistics")."""
-    text = (ROOT / "docs" / "pipeline.md").read_text()
+    text = (ROOT / "docs" / "pipeline.md").read_text(encoding="utf-8")
     section = text[text.index("### The statistics") :]
     for name in (
         *SHOWN,
@@ -274,7 +274,7 @@ def test_quiet_mode_sends_dask_worker_processes_logs_to_the_log_file(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
-    text = log.read_text()
+    text = log.read_text(encoding="utf-8")
     assert "ERROR" in text and "during heartbeat" in text and "nanny chatter" in text
     mine = {"DASK_LOGGING__DISTRIBUTED": "error"}
     dask_workers_log_to(log, mine)

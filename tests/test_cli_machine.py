@@ -43,6 +43,22 @@ def test_a_log_file_that_cannot_be_made_moves_to_the_temporary_folder(tmp_path, 
     assert writable_log_file(wanted) == Path(os.devnull)  # nowhere to write: no log, still no crash
 
 
+def test_the_log_file_fallback_is_not_a_folder_others_can_write(tmp_path, monkeypatch, capsys):
+    """``/tmp`` is shared: a ``focus-logs-<uid>`` folder that others can write into (made
+    by another user, who could put a link named like the log file there) is not used;
+    the log goes to a fresh folder only this user can open. It was used as found."""
+    blocker = tmp_path / "home"
+    blocker.write_text("")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    shared = tmp_path / f"focus-logs-{os.getuid()}"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    got = writable_log_file(blocker / "logs" / "collect-1.log")
+    assert got.exists() and got.parent != shared and not list(shared.iterdir())
+    assert got.parent.name.startswith(f"focus-logs-{os.getuid()}-") and got.parent.stat().st_mode & 0o077 == 0
+    assert f"logging to {got} instead" in capsys.readouterr().err
+
+
 def test_prefect_home_moves_to_the_temporary_folder_only_when_home_cannot_hold_it(tmp_path, monkeypatch):
     blocker = tmp_path / "home"
     blocker.write_text("")
@@ -141,4 +157,4 @@ def test_collect_runs_with_an_unwritable_home_spaces_the_c_locale_and_no_termina
     assert "Traceback" not in done.stderr
     logs = list((tmp / f"focus-logs-{os.getuid()}").glob("collect-*.log"))
     assert len(logs) == 1 and f"logging to {logs[0]} instead" in done.stderr
-    assert "collection c1: batch at" in logs[0].read_text()
+    assert "collection c1: batch at" in logs[0].read_text(encoding="utf-8")

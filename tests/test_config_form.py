@@ -22,7 +22,7 @@ from tasks.config import FocusConfig, config_at_runtime
 from tasks.config.form import from_form
 from tasks.config.reference import meaning, reference_paths
 
-RECORD = json.loads((Path(__file__).parent / "fixtures" / "prefect_form.json").read_text())
+RECORD = json.loads((Path(__file__).parent / "fixtures" / "prefect_form.json").read_text(encoding="utf-8"))
 WORKER = {"FOCUS_STORAGE__ROOT": "memory://worker-store", "FOCUS_MODEL__URL": "http://127.0.0.1:9/v1"}
 
 

@@ -27,7 +27,7 @@ def toml_fields(path: Path) -> set[str]:
     list-of-table entries as ``name[].key``."""
     out: set[str] = set()
     section = ""
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         line = line.strip()
         if m := re.match(r"^\[\[([\w.]+)\]\]$", line):
             section = m.group(1) + "[]."
@@ -46,7 +46,7 @@ def test_every_field_is_in_the_configs_and_the_docs():
     assert fields - loop == set(), "configs/loop.toml lacks these fields"
     assert {f for f in fields if not f.startswith("train.")} - collect == set(), "configs/collect.toml lacks these"
     assert (loop | collect) - fields - {"search.phases"} == set(), "the configs name fields that do not exist"
-    docs = (ROOT / "docs" / "pipeline.md").read_text().split("## Configuration reference", 1)[1]
+    docs = (ROOT / "docs" / "pipeline.md").read_text(encoding="utf-8").split("## Configuration reference", 1)[1]
     named = set(re.findall(r"^\| `([\w.\[\]]+)` \|", docs, flags=re.M))
     assert fields - named == set(), "docs/pipeline.md's Configuration reference lacks these fields"
     assert named - fields - {"search.phases"} == set(), "the reference names fields that do not exist"
@@ -67,7 +67,7 @@ def test_every_field_has_a_comment():
     """Each block of consecutive key lines (set, or commented out) follows a comment."""
     for path in CONFIGS.glob("*.toml"):
         prev = ""
-        for n, line in enumerate(path.read_text().splitlines(), 1):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             is_key = bool(KEY.match(line.strip()))
             if is_key and not (prev.startswith("#") or KEY.match(prev)):
                 pytest.fail(f"{path.name}:{n}: {line!r} has no comment above it")

@@ -137,7 +137,7 @@ _LOGS: dict[int, Path] = {}
 
 def _log_of(proc: Any) -> str:
     path = _LOGS.get(proc.pid)
-    return path.read_text()[-3000:] if path is not None and path.exists() else ""
+    return path.read_text(encoding="utf-8")[-3000:] if path is not None and path.exists() else ""
 
 
 def deploy(env: dict[str, str], *args: str, log: Path) -> subprocess.Popen[bytes]:
@@ -165,7 +165,7 @@ def deployment(api: str, name: str, proc: subprocess.Popen[bytes], log: Path, si
             d = dict(r.json())
             if datetime.fromisoformat(d["updated"]).timestamp() > since:
                 return d
-        assert proc.poll() is None, log.read_text()[-3000:]
+        assert proc.poll() is None, log.read_text(encoding="utf-8")[-3000:]
         assert time.monotonic() < deadline, "deployments were not registered"
         time.sleep(0.3)
 
@@ -382,7 +382,7 @@ def test_cancel_ends_quietly_and_retry_resumes(prefect_server, prefect_env, tmp_
         assert CANCELLED in messages and not any("Finished in state Running" in m for m in messages), messages
         errors = [x["message"] for x in run_logs(api, run["id"]) if x["level"] >= 40]
         assert errors == [], errors
-        console = log.read_text()
+        console = log.read_text(encoding="utf-8")
         assert "Traceback" not in console and "TerminationSignal" not in console and "ERROR" not in console, console
         assert not (store / "leases" / f"{cid}.json").exists(), "the cancelled run kept its lease"
 

@@ -116,9 +116,9 @@ async def _wait_final(client: Any, run_id: Any, worker: subprocess.Popen, log: P
         if run.state_type.value in FINAL:
             return run
         if worker.poll() is not None:
-            raise AssertionError(f"worker exited with {worker.returncode}: {log.read_text()[-3000:]}")
+            raise AssertionError(f"worker exited with {worker.returncode}: {log.read_text(encoding='utf-8')[-3000:]}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"flow run stayed {run.state_type.value}; worker log: {log.read_text()[-3000:]}")
+            raise AssertionError(f"flow run stayed {run.state_type.value}; worker log: {log.read_text(encoding='utf-8')[-3000:]}")
         await asyncio.sleep(0.3)
 
 
@@ -194,7 +194,7 @@ async def _deploy_and_run(pool: str, env: dict[str, str], store: Path, tmp_path:
             finally:
                 kill_tree(worker)
                 await _kill_unfinished_run(client, run.id)
-        assert done.state_type.value == "COMPLETED", log.read_text()[-3000:]
+        assert done.state_type.value == "COMPLETED", log.read_text(encoding="utf-8")[-3000:]
         assert done.deployment_id == manual.id and done.work_pool_name == pool
 
         # the flow's return value is not persisted; its batch URL is in the stats artifact

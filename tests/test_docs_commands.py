@@ -459,7 +459,7 @@ def documented() -> dict[str, list[str]]:
     """Each command the docs show, with the files that show it."""
     found: dict[str, list[str]] = {}
     for path in doc_files():
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
         for cmd in [*block_commands(text), *inline_commands(text)]:
             found.setdefault(cmd, []).append(str(path.relative_to(ROOT)))
     return found
@@ -480,7 +480,7 @@ def test_every_documented_command_has_a_check_and_every_check_a_command():
 
 def test_command_blocks_are_labelled_so_none_is_missed():
     for path in doc_files():
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
         lines = unlabelled_command_lines(text)
         assert not lines, f"{path.relative_to(ROOT)}: label these blocks ```bash: {lines}"
         prose = re.sub(FENCED, "", text, flags=re.S | re.M)
@@ -629,7 +629,7 @@ def parse_command(cmd: str, config: bool, monkeypatch: pytest.MonkeyPatch) -> bo
     if words[:2] == ["pip", "install"]:  # this project, with extras it defines
         import tomllib
 
-        project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
         for spec in words[2:]:
             m = re.fullmatch(r"([\w-]+)(?:\[([\w,]+)\])?", spec)
             assert m and m.group(1) == project["name"], f"{cmd!r}: installs {spec!r}, not {project['name']}"

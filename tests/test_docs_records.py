@@ -14,7 +14,7 @@ from examples.records import BY_NAME, EXAMPLES, REGISTRY, read, record_path
 
 def test_the_example_readmes_are_what_their_records_render():
     for path in readme.readmes():
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
         rendered, warnings = readme.render(text)
         assert not warnings, f"{path}: {warnings}"
         assert rendered == text, (
@@ -25,7 +25,7 @@ def test_the_example_readmes_are_what_their_records_render():
 
 def test_every_example_has_its_block_record_and_renderer():
     for e in REGISTRY:
-        text = (EXAMPLES / e.name / "README.md").read_text()
+        text = (EXAMPLES / e.name / "README.md").read_text(encoding="utf-8")
         assert f"<!-- generated: {e.name} -->" in text, f"examples/{e.name}/README.md has no block for its record"
         assert e.name in readme.RENDERERS
         rec = read(e.name)
@@ -36,11 +36,11 @@ def test_every_example_has_its_block_record_and_renderer():
             assert (EXAMPLES / e.name / kept).is_file()
         # the README shows the command it measured
         assert e.command in text, f"examples/{e.name}/README.md does not show {e.command!r}"
-    assert "<!-- generated: summary -->" in (EXAMPLES / "README.md").read_text()
+    assert "<!-- generated: summary -->" in (EXAMPLES / "README.md").read_text(encoding="utf-8")
 
 
 def test_a_missing_or_incomplete_record_is_said_not_hidden(tmp_path):
-    text = (EXAMPLES / "math" / "README.md").read_text()
+    text = (EXAMPLES / "math" / "README.md").read_text(encoding="utf-8")
     rendered, warnings = readme.render(text, tmp_path)
     assert "Not recorded yet" in rendered and not warnings
     (tmp_path / "math").mkdir()
@@ -55,7 +55,7 @@ def test_a_missing_or_incomplete_record_is_said_not_hidden(tmp_path):
 def test_the_train_local_table_comes_from_the_record():
     rec = read("train_local")
     assert rec is not None
-    text = (EXAMPLES / "train_local" / "README.md").read_text()
+    text = (EXAMPLES / "train_local" / "README.md").read_text(encoding="utf-8")
     block = re.search(r"<!-- generated: train_local -->\n(.*?)<!-- end generated", text, re.S)
     assert block is not None
     for seed, rates in rec["result"]["success"].items():

@@ -207,6 +207,23 @@ def test_storage_root_on_a_file_system_without_storage():
         check_root("/proc/focus-runs")
 
 
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into any folder: this runs as another user")
+def test_storage_root_in_a_folder_this_user_cannot_write(tmp_path):
+    """A folder of another user's (here one made read-only to its owner): refused before
+    anything starts, as not writable, not as a read-only file system."""
+    from flows.preflight import check_root
+    from storage.errors import StorageAccessDenied
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    theirs.chmod(0o555)
+    try:
+        with pytest.raises(StorageAccessDenied, match=r"is not writable \(permission denied\)"):
+            check_root(str(theirs / "runs"))
+    finally:
+        theirs.chmod(0o755)
+
+
 # ---- object storage: moto's S3 server ----
 
 
@@ -284,7 +301,7 @@ def test_disk_full_mid_run_is_one_line_and_the_runs_state(tmp_path, prefect_env,
     done = subprocess.run(cmd, env=prefect_env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
     line = error_line(done)
     assert "no space left on the device" in line and f"traceback: {log}" in line
-    assert "Traceback" in log.read_text()  # the full story is in the log file
+    assert "Traceback" in log.read_text(encoding="utf-8")  # the full story is in the log file
     state = flow_run_state(prefect_server, "full")
     cause = line.removeprefix("error: ").split(" (traceback:")[0]
     assert state["type"] == "FAILED" and cause in state["message"]
@@ -316,9 +333,13 @@ def test_disk_made_read_only_mid_run_is_one_line_without_credentials(tmp_path):
     args = [*SMALL, "--collection-id", "ro", "--store", str(disk), "--transitions", "40"]
     args += ["--set", "search.phases.1.wave_size=2", "--set", 'model.options={"latency_s": 0.05}']
     evidence = disk / "checkpoints" / "ro" / "n-evidence-w00000.manifest.json"
-    # once the evidence is saved, the disk is remounted read-only (retried while a file is open)
-    flip = f'while [ ! -e "{evidence}" ]; do sleep 0.05; done; until mount -o remount,ro "{disk}"; do sleep 0.05; done'
-    script = f'mount -t tmpfs -o size=16m tmpfs "{disk}" || exit 97; ({flip}) 2>/dev/null & exec "$@"'
+    # once the evidence is saved, the disk is remounted read-only (retried while a file is
+    # open). `remount,bind,ro` makes the mount read-only, which a user namespace
+    # (`unshare -rm`, a user other than root) may do; `remount,ro` (the file system's
+    # superblock) failed there every time, and the loop, holding the command's output
+    # open, hung the test until its timeout. The loop writes nothing to that output now.
+    flip = f'while [ ! -e "{evidence}" ]; do sleep 0.05; done; until mount -o remount,bind,ro "{disk}"; do sleep 0.05; done'
+    script = f'mount -t tmpfs -o size=16m tmpfs "{disk}" || exit 97; ({flip}) >/dev/null 2>&1 & exec "$@"'
     cmd = [*prefix, "sh", "-c", script, "sh", sys.executable, "-m", "cli", "collect", *args]
     env = base_env(tmp_path / "prefect")
     done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -81,7 +81,7 @@ def test_missing_extra_is_a_one_line_module_not_found_error():
 def test_every_extra_in_the_table_is_one_of_pyprojects():
     import tomllib
 
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
     assert set(EXTRAS) <= set(extras)
 
 

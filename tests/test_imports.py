@@ -52,7 +52,7 @@ def _imported_modules(path):
     (imports inside functions count: a lazy import is still a dependency)."""
     import ast
 
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -89,7 +89,7 @@ def test_extend_exports_every_interface_the_readme_table_names():
     import re
     from pathlib import Path
 
-    readme = Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
+    readme = Path(__file__).resolve().parents[1].joinpath("README.md").read_text(encoding="utf-8")
     table = readme.split("all re-exported\nby `focus.extend`):", 1)[1].split("\n\n", 2)[1]
     named = {n for line in table.splitlines()[2:] for n in re.findall(r"`(\w+)`", line.split("|")[1])}
     assert {"Env", "ToolEnv", "Tool", "Priority", "Execution"} <= named

@@ -301,7 +301,7 @@ def _check_orphan(tmp_path, imports: str, start: str) -> None:
         f"pathlib.Path({str(out)!r}).write_text(f'{{pid}} {{folder}}'); os._exit(0)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-    pid, folder = out.read_text().split(" ", 1)
+    pid, folder = out.read_text(encoding="utf-8").split(" ", 1)
     if not _gone(int(pid), within_s=30.0):  # a slow machine imports the server before it reads its stdin
         os.kill(int(pid), 9)
         raise AssertionError(f"server {pid} outlived its parent")
@@ -357,7 +357,7 @@ def test_a_terminals_ctrl_c_reaches_the_command_not_its_server(tmp_path):
         deadline = time.monotonic() + 120
         while not out.exists() and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        pids = [int(p) for p in out.read_text().split()]
+        pids = [int(p) for p in out.read_text(encoding="utf-8").split()]
         for pid in pids:
             assert os.getsid(pid) != os.getsid(child.pid) and os.getpgid(pid) != os.getpgid(child.pid)
         os.killpg(child.pid, signal.SIGINT)  # what the terminal does
@@ -365,7 +365,7 @@ def test_a_terminals_ctrl_c_reaches_the_command_not_its_server(tmp_path):
     finally:
         if child.poll() is None:
             child.kill()
-    assert out.with_suffix(".after").read_text() == "200 200"
+    assert out.with_suffix(".after").read_text(encoding="utf-8") == "200 200"
     assert all(_gone(pid) for pid in pids), "the command's exit did not stop its servers"
 
 
@@ -434,7 +434,7 @@ def test_a_server_start_removes_the_folders_of_servers_killed_with_their_command
         folders[name] = folder
     warm = WarmServer()
     try:
-        assert (warm.tmp / "pid").read_text() == str(warm.proc.pid)
+        assert (warm.tmp / "pid").read_text(encoding="utf-8") == str(warm.proc.pid)
         assert not folders["dead"].exists()
         assert folders["alive"].exists() and folders["starting"].exists()
     finally:

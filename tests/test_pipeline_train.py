@@ -193,7 +193,7 @@ def test_focus_train_runs_a_user_trainer_from_the_users_folder(prefect_env, tmp_
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [r["iteration"] for r in records] == [0, 1] and "eval" in records[1]
-    called = json.loads((user / "called.json").read_text())
+    called = json.loads((user / "called.json").read_text(encoding="utf-8"))
     assert called["note"] == "hello" and called["batch"] == records[0]["batch_url"]
     assert records[0]["train"]["weights"] == called["out"] + "/policy.pt"
     assert records[1]["policy_version"] == records[0]["train"]["policy_version"]

@@ -116,6 +116,6 @@ def test_prefect_away_for_a_few_seconds_fails_nothing(tmp_path, prefect_env, pre
     runs = httpx.post(f"{prefect_server}/flow_runs/filter", json={"flow_runs": {"name": {"any_": ["blip"]}}}).json()
     assert [r["state_type"] for r in runs] == ["COMPLETED"], runs
     (log_file,) = (tmp_path / "state" / "focus" / "logs").glob("collect-*.log")
-    text = log_file.read_text()
+    text = log_file.read_text(encoding="utf-8")
     assert f"the Prefect server at {relay.url}/api did not answer a health check" in text, text[-3000:]
     assert f"the Prefect server at {relay.url}/api answers again after" in text, text[-3000:]

@@ -117,7 +117,7 @@ def test_engine_benchmark_runs_at_tiny_size_and_reports_every_figure(tmp_path):
 
     out = tmp_path / "engine.json"
     figures = engine.main(["--small", "--json", str(out)])
-    assert json.loads(out.read_text()) == json.loads(json.dumps(figures))
+    assert json.loads(out.read_text(encoding="utf-8")) == json.loads(json.dumps(figures))
     for key in ("slot_utilisation", "engine_cpu_ms_per_transition", "prefix_cache_hit_ratio", "scaling_1_to_2_workers"):
         assert key in figures and figures[key] == figures[key]  # present and not NaN
     assert 0 < figures["slot_utilisation"] <= 1.0 and figures["engine_cpu_ms_per_transition"] > 0

@@ -34,7 +34,7 @@ class Clock:
 
 
 def lease_doc(root: Path, cid: str) -> dict:
-    return json.loads((root / "leases" / f"{cid}.json").read_text())
+    return json.loads((root / "leases" / f"{cid}.json").read_text(encoding="utf-8"))
 
 
 def test_a_second_writer_is_refused_in_one_line_naming_owner_and_expiry(tmp_path):

@@ -51,7 +51,7 @@ def _type_checking(node: ast.AST) -> bool:
 @functools.cache
 def parsed(path: Path) -> ast.Module:
     """``path``'s syntax tree, parsed once per process for every check that reads it."""
-    return ast.parse(path.read_text(), filename=str(path))
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
 
 def imports(path: Path, *, runtime_only: bool = False) -> Iterator[tuple[str, int]]:
@@ -161,7 +161,7 @@ def long_modules() -> dict[str, int]:
     return {
         str(p.relative_to(ROOT)): n
         for p in modules().values()
-        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
     }
 
 
@@ -193,13 +193,13 @@ def test_no_function_over_80_lines():
 
 
 def test_the_collection_path_is_small_and_has_one_loop():
-    lines = {p: len((ROOT / p).read_text().splitlines()) for p in COLLECTION_PATH}
+    lines = {p: len((ROOT / p).read_text(encoding="utf-8").splitlines()) for p in COLLECTION_PATH}
     assert sum(lines.values()) <= MAX_COLLECTION_PATH_LINES, lines
     # the phase and wave loops are the collector's: the path calls Collector.search, once
-    calls = [p for p in COLLECTION_PATH if "collector.search(" in (ROOT / p).read_text()]
+    calls = [p for p in COLLECTION_PATH if "collector.search(" in (ROOT / p).read_text(encoding="utf-8")]
     assert calls == ["tasks/collect.py"], calls
     for p in COLLECTION_PATH:
-        tree = ast.parse((ROOT / p).read_text())
+        tree = ast.parse((ROOT / p).read_text(encoding="utf-8"))
         loops = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.For | ast.AsyncFor | ast.While)]
-        waves = [ln for ln in loops if "wave" in (ROOT / p).read_text().splitlines()[ln - 1]]
+        waves = [ln for ln in loops if "wave" in (ROOT / p).read_text(encoding="utf-8").splitlines()[ln - 1]]
         assert not waves, f"{p} loops over waves at lines {waves}"

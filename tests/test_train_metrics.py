@@ -127,14 +127,14 @@ def test_each_iteration_rewrites_the_runs_metrics_file(tmp_path):
     for i in (0, 1):
         show.row(_record(i))
     assert show.metrics is not None and show.metrics.endswith(f"/weights/w/{METRICS}")
-    lines = Path(show.metrics.removeprefix("file://")).read_text().splitlines()
+    lines = Path(show.metrics.removeprefix("file://")).read_text(encoding="utf-8").splitlines()
     rows = [json.loads(x) for x in lines]
     assert [r["iteration"] for r in rows] == [0, 1] and rows[1]["return_mean"] == 0.25
     # a resumed loop shows every record again, from the first: the same file
     again = LoopProgress(small(tmp_path), enabled=False, console=Console(file=StringIO()))
     for i in (0, 1):
         again.row(_record(i))
-    assert Path(again.metrics.removeprefix("file://")).read_text().splitlines() == lines
+    assert Path(again.metrics.removeprefix("file://")).read_text(encoding="utf-8").splitlines() == lines
     assert all(math.isfinite(r["train_grad_norm"]) for r in rows)
 
 

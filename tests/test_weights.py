@@ -4,18 +4,48 @@ continues bit for bit from the previous version's weights and optimizer state.""
 
 from __future__ import annotations
 
+import os
+import stat
+import tempfile
 import uuid
 
 import pytest
 
 from storage import BatchStore
 from storage.errors import CorruptDataError, PathOutsideRoot
-from storage.weights import WeightStore
+from storage.weights import WeightStore, user_temp_folder
 from tasks.config import TrainContext, load_config
 
 
 def memory_root() -> str:
     return f"memory://focus-test-{uuid.uuid4().hex[:8]}"
+
+
+def test_local_copies_use_a_private_folder_of_this_user(tmp_path, monkeypatch):
+    """The default cache of local copies is ``<tmp>/focus-weights-<uid>``, mode 0700: it
+    was ``<tmp>/focus-weights`` for every user, made by whichever came first, so the
+    next user's copy failed (permission denied) or returned a file of the right size
+    that another user put there. A folder of that name others can write into is not
+    used."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    store = WeightStore(memory_root())
+    folder = store.put(store.folder("run", 1), {"policy.pt": b"the stored weights"}, {})
+    entry = store.manifest(folder).file("policy.pt")
+    planted = f"{entry.sha256[:32]}-policy.pt"
+    for shared in ("focus-weights", f"focus-weights-{os.getuid()}"):  # the name before, and now
+        (tmp_path / shared).mkdir(mode=0o777)
+        os.chmod(tmp_path / shared, 0o777)  # whatever the umask
+        (tmp_path / shared / planted).write_bytes(b"another user bytes")  # the same size: 18 bytes
+    local = store.local_copy(f"{folder}/policy.pt")
+    assert local.read_bytes() == b"the stored weights"
+    assert local.parent.name.startswith(f"focus-weights-{os.getuid()}-")  # a fresh private one
+    assert stat.S_IMODE(local.parent.stat().st_mode) == 0o700
+
+    (tmp_path / "mine").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "mine"))
+    path = user_temp_folder("focus-train")
+    assert path == tmp_path / "mine" / f"focus-train-{os.getuid()}" and stat.S_IMODE(path.stat().st_mode) == 0o700
+    assert user_temp_folder("focus-train") == path  # the same folder again
 
 
 def test_weight_store_versions_checks_and_local_copies(tmp_path):

@@ -55,7 +55,7 @@ def test_a_directory_workspace_removes_the_temporary_folders_it_made(tmp_path):
     del ws, forked, copied, given
     gc.collect()
     assert not any(p.exists() for p in made)
-    assert (tmp_path / "mine" / "b.txt").read_text() == "y"  # a folder it was given stays
+    assert (tmp_path / "mine" / "b.txt").read_text(encoding="utf-8") == "y"  # a folder it was given stays
 
 
 class _ReadThrough(MemoryWorkspace):

@@ -317,14 +317,14 @@ def render_toml(text: str) -> str:
 
 def rendered() -> dict[Path, str]:
     """What docs/pipeline.md and configs/*.toml hold when they are up to date."""
-    doc = DOC.read_text()
+    doc = DOC.read_text(encoding="utf-8")
     head, start, rest = doc.partition(START)
     _, end, tail = rest.partition(END)
     if not (start and end):
         raise SystemExit(f"{DOC}: the markers of the configuration reference are missing")
     out = {DOC: head + render_reference() + tail}
     for path in sorted((ROOT / "configs").glob("*.toml")):
-        out[path] = render_toml(path.read_text())
+        out[path] = render_toml(path.read_text(encoding="utf-8"))
     return out
 
 
@@ -335,12 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tasks.config.reference", description=main.__doc__)
     ap.add_argument("--check", action="store_true", help="only list what is out of date; exit 1 if anything is")
     check = ap.parse_args(argv).check
-    stale = [path for path, text in rendered().items() if path.read_text() != text]
+    stale = [path for path, text in rendered().items() if path.read_text(encoding="utf-8") != text]
     for path in stale:
         if check:
             print(f"{path.relative_to(ROOT)} is out of date: run python -m tasks.config.reference")
         else:
-            path.write_text(rendered()[path])
+            path.write_text(rendered()[path], encoding="utf-8")
             print(f"rewrote {path.relative_to(ROOT)}")
     return 1 if check and stale else 0
 

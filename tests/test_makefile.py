@@ -1,0 +1,87 @@
+"""The Makefile on a machine whose ``python3`` is older than pyproject.toml's
+``requires-python`` (Debian 12's python3 is 3.11.2): ``make install`` stops at once with
+one line naming the Python and what to run, before a venv is made or anything installed.
+It made the venv, installed torch for minutes, then pip refused the project; and the venv
+made from the old Python stayed, so ``make PY=python3.12 install`` reused it and failed
+the same way.
+
+An older Python is the running one with ``sys.version_info`` set to 3.11.2 by a
+``sitecustomize`` module on ``PYTHONPATH``: the Makefile's check is what runs, on a real
+interpreter."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
+
+
+def older_python(tmp_path: Path) -> dict[str, str]:
+    """An environment in which Python reports version 3.11.2."""
+    site = tmp_path / "old-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.version_info = (3, 11, 2, 'final', 0)\n")
+    return {**os.environ, "PYTHONPATH": str(site)}
+
+
+def make(args: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def beside(tmp_path: Path) -> Path:
+    """A folder with pyproject.toml, where ``make`` runs with the repository's Makefile
+    and a relative venv: nothing in the checkout is touched, and a temporary folder whose
+    path holds a space (make splits targets on spaces) does not matter."""
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def test_make_install_refuses_an_older_python_before_making_the_venv(tmp_path):
+    venv = tmp_path / "venv"
+    done = make(["install", f"PY={sys.executable}", "VENV=venv"], env=older_python(tmp_path), cwd=beside(tmp_path))
+    assert done.returncode != 0
+    line = f"{sys.executable} is Python 3.11.2; FOCUS needs 3.11.4 or later: make PY=python3.12"
+    assert line in done.stderr, done.stderr
+    assert not venv.exists()  # nothing was made, nothing installed
+
+
+def test_make_install_refuses_a_venv_made_from_an_older_python(tmp_path):
+    """A venv left by an older Python is named, with how to remove it, before pip runs."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    env = older_python(tmp_path)
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{env["PYTHONPATH"]}" exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    done = make(["install", f"PY={sys.executable}", "VENV=venv"], cwd=beside(tmp_path))
+    assert done.returncode != 0
+    assert "venv is Python 3.11.2; FOCUS needs 3.11.4 or later: remove it (make clean)" in done.stderr, done.stderr
+    assert "pip install" not in done.stdout and not (venv / ".installed").exists()
+
+
+def test_the_makefile_check_passes_this_python_and_matches_requires_python(tmp_path):
+    probe = ["--eval", "probe: ; @$(call py_ok,$(PY),$(PY),x)", "probe", f"PY={sys.executable}"]
+    assert make(probe).returncode == 0  # this interpreter meets requires-python
+    assert make(probe, env=older_python(tmp_path)).returncode != 0
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    required = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["requires-python"]
+    minimum = re.search(r"^PY_MIN := (\S+)$", text, re.M)
+    assert minimum is not None and required == f">={minimum.group(1)}"
+    assert f"v >= ({minimum.group(1).replace('.', ', ')})" in text
