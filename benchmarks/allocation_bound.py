@@ -19,6 +19,7 @@ ranking differs):
   oracle_var   d(s)·Var(G | s)·(1/k − 1/(k+1)) per expected transition, k the
                checkpoint's children: the exact return variance of the state (what one
                more child averages away of V(s)), weighted as the metric weighs it
+  decisive_depth  a depth profile at each task's own decisive depth (families with one)
 
 The rules that read the MDP find a checkpoint's state from the search's trees, which a
 :class:`WatchingCollector` hands them before every plan (scoring is not done ahead of
@@ -58,7 +59,7 @@ from focus.tree import Tree
 
 DEPTHS = (0, 1, 2, 4, 8, 16)
 #: The benchmark-only methods (``benchmarks.estimator_quality --methods`` accepts them).
-BOUND_METHODS = (*(f"depth_d{d}" for d in DEPTHS), "reach", "sqrt_reach", "oracle_var")
+BOUND_METHODS = (*(f"depth_d{d}" for d in DEPTHS), "reach", "sqrt_reach", "oracle_var", "decisive_depth")
 FAMILIES = ("early_gate", "risky_bridge", "multi_key", "wide", "gauss_noise", "decisive", "heavy_tail", "truncated")
 
 
@@ -140,6 +141,16 @@ class ReturnVariance(Oracle):
         return float(gain / max(node.expected_transitions, 1.0))
 
 
+class DecisiveDepth(Oracle):
+    """A depth profile at each task's own decisive depth (``TreeMDP.decisive``; the root
+    where the family has none): the fixed profile a ranking would follow if it knew
+    where each task's return is decided."""
+
+    def __call__(self, node: NodeEvidence) -> float:
+        at = max(self.world.mdps[node.tree_index].decisive, 0)
+        return -float(abs(node.depth - at)) - 0.1 * (node.branches + node.pending)
+
+
 def bound_search(method: str, phases: tuple[Any, ...]) -> Priority:
     """The search of a :data:`BOUND_METHODS` method with the benchmark's ``phases``."""
     if method.startswith("depth_d"):
@@ -150,6 +161,8 @@ def bound_search(method: str, phases: tuple[Any, ...]) -> Priority:
         return Reach(phases=phases, power=0.5)
     if method == "oracle_var":
         return ReturnVariance(phases=phases)
+    if method == "decisive_depth":
+        return DecisiveDepth(phases=phases)
     raise ValueError(f"unknown allocation rule {method!r} (known: {', '.join(BOUND_METHODS)})")
 
 

@@ -38,6 +38,14 @@ def test_a_depth_profile_continues_only_checkpoints_at_its_depth_while_they_have
     assert {d for _, d, _ in other} == {0}
 
 
+def test_the_decisive_depth_rule_continues_each_task_at_its_own_decisive_step() -> None:
+    job = ("decisive", 4, 2, "noise_1", "decisive_depth", 0)
+    got, world = starts(job)
+    at = [m.decisive for m in world.mdps]
+    assert len(set(at)) > 1  # the tasks decide at different depths
+    assert got and all(d == at[t] for t, d, _ in got)
+
+
 @pytest.mark.parametrize("family", ["heavy_tail", "truncated"])
 def test_the_reach_rule_continues_states_the_policy_reaches_often(family: str) -> None:
     # the exact MDP's mean reach of the starts: 0.72-0.84 for the rule, 0.19-0.26 for
