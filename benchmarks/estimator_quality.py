@@ -42,6 +42,9 @@ ablations:
                      spread + critic disagreement + a [0, 1] prior, κ = 1)
   selective_advonly  selective ranking the advantage error alone (``Selective(targets=False)``)
   uniform_k1         uniform with κ fixed at 1 (the estimator's earlier default)
+allocation rules not meant for the library (``benchmarks.allocation_bound``; not run
+unless named in ``--methods``): fixed depth profiles ``depth_d<k>``, ``reach``,
+``sqrt_reach`` and ``oracle_var`` (the exact MDP's reach and return variance).
 
 Metrics: token-weighted MSE of the segment advantages against the exact ones, sign
 agreement (tokens whose exact advantage is non-zero), critic-target MSE (weighted by
@@ -86,6 +89,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from benchmarks.allocation_bound import BOUND_METHODS, WatchingCollector, World, attach, bound_search
 from benchmarks.quality_summary import cells_above, mean_rows, plot, summarise
 from focus.agent import Agent
 from focus.batch import Batch
@@ -176,6 +180,8 @@ def make_search(method: str, evidence: int, transitions: int) -> tuple[Priority,
     phases = (ev, Phase("continue", transitions=transitions))
     if method == "node_mc":
         return Uniform(phases=phases), NodeMonteCarlo()
+    if method in BOUND_METHODS:  # benchmark-only allocation rules (benchmarks.allocation_bound)
+        return bound_search(method, phases), DirectBranchTd()
     kappa = 1.0 if method == "uniform_k1" else None
     est = DirectBranchTd(kappa=kappa)
     if method.startswith("uniform"):
@@ -297,7 +303,12 @@ def search_state(
     if update:
         search = search.model_copy(update={"phases": (search.phases[0], search.phases[1].model_copy(update=update))})
     crit = make_critic(critic, mdps, fam.gamma, seed, fam.max_steps)
-    col = Collector(
+    make: Any = Collector
+    if method in BOUND_METHODS:  # the rules that read the MDP see the search's trees
+        world = World(mdps, fam.gamma)
+        attach(search, world)
+        make = lambda *a, **k: WatchingCollector(world, *a, **k)  # noqa: E731
+    col = make(
         agent,
         search,
         crit,
@@ -357,7 +368,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for flag, given, known in (
         ("--families", families, ALL_FAMILIES),
         ("--critics", critics, CRITICS),
-        ("--methods", methods, METHODS),
+        ("--methods", methods, (*METHODS, *BOUND_METHODS)),
     ):
         unknown = [x for x in given if x not in known]
         if unknown:
@@ -372,7 +383,7 @@ def print_tables(
 ) -> None:
     """The run's tables on standard output: every cell's row, the ratios, the cells above 1.1x."""
     families, critics = info["families"], info["critics"]
-    order = {m: i for i, m in enumerate(METHODS)}
+    order = {m: i for i, m in enumerate((*METHODS, *BOUND_METHODS))}
     rows.sort(key=lambda r: (families.index(r["family"]), r["budget"], critics.index(r["critic"]), order[r["method"]]))
     print(
         "| family | budget | critic | method | adv MSE | sign agree | target MSE | transitions "

@@ -140,6 +140,9 @@ COMMANDS: dict[str, Check] = {
     ),
     ".venv/bin/python -m benchmarks.estimator_quality --families truncated --budgets 6 --critics biased "
     "--methods grpo,uniform,selective --seeds 8 --jobs 1": Check("parse", "one held-out cell, 22 seeds: about 10 s"),
+    ".venv/bin/python -m benchmarks.allocation_bound --seeds 8 --jobs 2 --json runs/allocation_bound.json": Check(
+        "parse", "4,224 collections: 29 minutes on 2 loaded cores"
+    ),
     # docs/findings/learning-steps.md
     ".venv/bin/python -m benchmarks.learning --seeds 10 11 12 13 14 15 16 17 18 19 --jobs 2 "
     "--out runs/learn-s10-19": Check("parse", "120 learning runs, about 15 minutes on 2 cores"),
