@@ -234,9 +234,10 @@ def summary(result: dict[str, Any]) -> str:
 def _versus(method: str, c: dict[str, Any], mine: str, base: str) -> str:
     d = c["difference"]
     share = "never" if c["share_median"] is None else f"{c['share_median']:.2f}"
+    ratio = c.get("reach_ratio_median")
     return (
         f"{method} ({mine}) - grpo ({base}) {d['mean']:+.3f} [{d['interval'][0]:+.3f}, {d['interval'][1]:+.3f}], "
-        f"{c['verdict']}; share of GRPO's transitions {share}"
+        f"{c['verdict']}; share of GRPO's transitions {share}; reach ratio {'-' if ratio is None else f'{ratio:.2f}'}"
     )
 
 

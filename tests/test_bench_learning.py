@@ -374,6 +374,21 @@ def test_the_area_under_the_curve_picks_the_setting_that_gets_there_sooner():
     assert [c["auc"] for c in result["grid"]["t"]["grpo"]] == pytest.approx([(25 + 180) / 400, (55 + 270) / 400])
 
 
+def test_the_reach_ratio_reads_equal_methods_that_level_off_early_as_equal():
+    runs = []
+    for seed in range(5):
+        v0, top = _outcomes(0.2), _outcomes(1.0)
+        curve = [(0, 0.2), (100, 1.0), (200, 1.0), (400, 1.0)]  # both at the ceiling after a quarter
+        runs.append(_run("grpo", seed, curve, v0, top))
+        runs.append(_run("focus", seed, [(0, 0.2), (50, 1.0), (300, 1.0), (400, 1.0)] if seed < 3 else curve, v0, top))
+    c = compare(runs, "t", "focus")
+    assert c["share_median"] == pytest.approx(0.125)  # FOCUS reaches 1.0 at 50 of GRPO's 400 transitions
+    assert c["reach_ratio_median"] == pytest.approx(0.5)  # GRPO itself got there at 100
+    assert c["reach_ratio_per_seed"][4] == pytest.approx(1.0)
+    flat = [_run(m, 0, [(0, 0.4), (100, 0.3)], _outcomes(0.4), _outcomes(0.3)) for m in ("grpo", "focus")]
+    assert compare(flat, "t", "focus")["reach_ratio_median"] is None  # GRPO's final was its v0's
+
+
 def test_the_long_bridge_is_opt_in_and_its_agent_can_cross_it():
     """bridge-long (rare successes at first) runs on request only: the record's tasks,
     the default of --tasks, stay the six it was made with."""
