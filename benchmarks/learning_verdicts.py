@@ -95,7 +95,8 @@ def compare(runs: Sequence[dict[str, Any]], task: str, method: str, baseline: st
     never reaches it counts as infinitely late); ``share_median_curves``: the same read
     off the median curves. ``reach_ratio``: the transitions ``method`` needs to reach the
     baseline's final success over the transitions the baseline itself first reached it
-    at, per seed and median (None: never, or the baseline's final is its v0's) - the
+    at, per seed (None: never; seeds where the baseline ends at its v0's success left
+    out) and median (a never counting as infinitely late) - the
     share counts the baseline's whole run, so two equal methods that level off early
     read below 1 by it, not by this. ``difference``: final success minus the baseline's, per
     seed, and the mean with its interval. ``verdict``: ``better`` / ``worse`` (interval
@@ -111,7 +112,8 @@ def compare(runs: Sequence[dict[str, Any]], task: str, method: str, baseline: st
         x = reach([(p["transitions"], p["success"]) for p in mine[s]["points"]], b[-1]["success"])
         shares[s] = None if x is None or b[-1]["transitions"] <= 0 else round(x / b[-1]["transitions"], 6)
         own = reach([(p["transitions"], p["success"]) for p in b], b[-1]["success"])
-        ratios[s] = None if x is None or not own else round(x / own, 6)
+        if own:  # a seed where GRPO ends at its v0's success has no time to compare with
+            ratios[s] = None if x is None else round(x / own, 6)
     finite = sorted(v if v is not None else float("inf") for v in shares.values())
     share_median = statistics.median(finite) if finite else None
     bcurve = median_curve([base[s] for s in seeds])
