@@ -34,6 +34,7 @@ difference with its interval. Writes a JSON (and ``runs.jsonl`` as runs finish) 
     .venv/bin/python -m benchmarks.learning --assemble runs/learning/runs.jsonl   # the result of a run stopped early
     .venv/bin/python -m benchmarks.learning --sweep target_kl=0.05,0.1,0.2 --sweep lr=3e-4,6e-4,1.2e-3   # each method at its best (learning_sweep)
     .venv/bin/python -m benchmarks.learning --tasks-per-iteration 4 --set rule=sgd --set target_kl=0.2   # half the data per update
+    .venv/bin/python -m benchmarks.learning --sweep-sizes 8x3,4x6,2x12 --sweep target_kl=0.1,0.2   # batch size x step
 """
 
 from __future__ import annotations
@@ -406,6 +407,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FIELD=V1,V2",
         help="run every method at every setting (lists zipped); each method read at its best (learning_sweep)",
     )
+    ap.add_argument("--sweep-sizes", metavar="TxI,...", help="sweep sizes too, e.g. 8x3,4x6,2x12 (learning_sweep)")
     return ap
 
 
@@ -425,7 +427,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return result
     given = given_options(args)
     options = {**TRAINER, **given}
-    if args.assemble and args.sweep:
+    if args.assemble and (args.sweep or args.sweep_sizes):
         from benchmarks import learning_sweep
 
         return learning_sweep.assemble_cut(args, options)
@@ -433,7 +435,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return _assemble(args, options)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else SEEDS)
     sizes = sizes_of(args)
-    if args.sweep:
+    if args.sweep or args.sweep_sizes:
         from benchmarks import learning_sweep
 
         return learning_sweep.run(args, options, sizes, seeds)

@@ -7,9 +7,17 @@ runs every method at every setting with the same seeds, the same collected tasks
 the same held-out tasks as a plain run (``benchmarks.learning``), one process per
 (setting, task) in a pool of ``--jobs``.
 
+``--sweep-sizes 8x3,4x6,2x12`` crosses the settings with batch sizes (tasks per
+iteration x iterations; the same total tasks collected at each), sizes outer: the
+question whether many small updates beat few large ones needs every method swept over
+batch size and step alike.
+
 Selection rule: per task and method, the setting with the highest final held-out
 success (mean over seeds); a tie goes to the earlier setting in the sweep (the smaller
-update, as the sweep is written). The selection and the verdict read the same seeds and
+update, as the sweep is written; with sizes, the first size). Beside it, the same
+rule on the area under the learning curve (``auc``: mean success over the transitions
+axis, from v0 to the last version), which rewards reaching a level sooner - the
+tie-break of the final's rule at the ceiling says nothing about speed. The selection and the verdict read the same seeds and
 held-out tasks, so the best of ``k`` is biased upwards by selection on evaluation noise
 - for every method alike, as each picks from the same grid - and the verdicts at the
 best settings are reported beside the verdicts at each matched setting.
@@ -54,6 +62,48 @@ def parse_sweep(specs: Sequence[str]) -> list[dict[str, Any]]:
     return settings
 
 
+#: Fields of a setting that size the run rather than the trainer (``--sweep-sizes``).
+SIZE_FIELDS = ("tasks_per_iteration", "iterations")
+
+
+def parse_sizes(spec: str) -> list[dict[str, int]]:
+    """``"8x3,4x6"`` -> ``[{tasks_per_iteration: 8, iterations: 3}, {... 4, ... 6}]``."""
+    out = []
+    for item in spec.split(","):
+        tasks, sep, iterations = item.strip().partition("x")
+        if not sep or not tasks.isdigit() or not iterations.isdigit() or int(tasks) < 1 or int(iterations) < 1:
+            raise ValueError(f"--sweep-sizes takes TASKSxITERATIONS,...; got {item!r}")
+        out.append({"tasks_per_iteration": int(tasks), "iterations": int(iterations)})
+    if len({(d["tasks_per_iteration"], d["iterations"]) for d in out}) != len(out):
+        raise ValueError("--sweep-sizes repeats a size")
+    return out
+
+
+def settings_of(sweep: Sequence[str], sizes: str | None) -> list[dict[str, Any]]:
+    """The sweep's settings: every size (outer) with every ``--sweep`` setting (inner)."""
+    trainer = parse_sweep(sweep) if sweep else [{}]
+    if not sizes:
+        return trainer
+    return [{**z, **t} for z in parse_sizes(sizes) for t in trainer]
+
+
+def split(setting: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(size fields, trainer options) of a setting."""
+    return {k: v for k, v in setting.items() if k in SIZE_FIELDS}, {
+        k: v for k, v in setting.items() if k not in SIZE_FIELDS
+    }
+
+
+def sized(sizes: Any, setting: dict[str, Any]) -> Any:
+    """``sizes`` (a ``benchmarks.learning.Sizes``) with the setting's size fields."""
+    from dataclasses import replace
+
+    own, _ = split(setting)
+    return replace(
+        sizes, tasks=own.get("tasks_per_iteration", sizes.tasks), iterations=own.get("iterations", sizes.iterations)
+    )
+
+
 def _value(text: str) -> Any:
     try:
         return json.loads(text)
@@ -62,8 +112,11 @@ def _value(text: str) -> Any:
 
 
 def label(setting: dict[str, Any]) -> str:
-    """``target_kl=0.1,lr=0.0006``: a setting's name in the report and its folder."""
-    return ",".join(f"{k}={v}" for k, v in setting.items())
+    """``target_kl=0.1,lr=0.0006`` (``4x6,target_kl=0.1`` with sizes): a setting's name
+    in the report and its folder."""
+    own, rest = split(setting)
+    head = [f"{own['tasks_per_iteration']}x{own['iterations']}"] if len(own) == 2 else []
+    return ",".join(head + [f"{k}={v}" for k, v in setting.items() if k in rest or not head])
 
 
 def check_pairing(by_setting: Sequence[Sequence[dict[str, Any]]]) -> None:
@@ -77,9 +130,19 @@ def check_pairing(by_setting: Sequence[Sequence[dict[str, Any]]]) -> None:
                 raise ValueError(f"v0 evaluations differ across settings at {key}: runs are not paired")
 
 
+def auc(points: Sequence[dict[str, Any]]) -> float:
+    """Mean success over the transitions axis from v0 to the last version (trapezoids)."""
+    xs, ys = [p["transitions"] for p in points], [p["success"] for p in points]
+    if len(points) < 2 or xs[-1] <= xs[0]:
+        return ys[-1]
+    area = sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:], strict=False))
+    return area / (xs[-1] - xs[0])
+
+
 def grid(by_setting: Sequence[Sequence[dict[str, Any]]], tasks: Sequence[str]) -> dict[str, Any]:
     """Per task, method and setting (index): final success (mean over seeds), gain over
-    v0 (mean over seeds), median and max approximate KL per update, update count."""
+    v0 (mean over seeds), ``auc`` (mean over seeds), median and max approximate KL per
+    update, update count."""
     out: dict[str, Any] = {}
     for task in tasks:
         out[task] = {}
@@ -97,6 +160,7 @@ def grid(by_setting: Sequence[Sequence[dict[str, Any]]], tasks: Sequence[str]) -
                         "gain": round(
                             statistics.fmean(r["points"][-1]["success"] - r["points"][0]["success"] for r in mine), 6
                         ),
+                        "auc": round(statistics.fmean(auc(r["points"]) for r in mine), 6),
                         "kl_median": round(statistics.median(kls), 6) if kls else 0.0,
                         "kl_max": round(max(kls, default=0.0), 6),
                         "updates": len(kls),
@@ -108,19 +172,20 @@ def grid(by_setting: Sequence[Sequence[dict[str, Any]]], tasks: Sequence[str]) -
     return out
 
 
-def best(cells: Sequence[dict[str, Any]]) -> int:
-    """The selection rule: the highest mean final success; ties to the earlier setting."""
-    return max(range(len(cells)), key=lambda i: (cells[i]["final"], -i))
+def best(cells: Sequence[dict[str, Any]], key: str = "final") -> int:
+    """The selection rule: the highest mean ``key`` (final success, or ``auc``); ties to
+    the earlier setting."""
+    return max(range(len(cells)), key=lambda i: (cells[i][key], -i))
 
 
 def at_best(
-    by_setting: Sequence[Sequence[dict[str, Any]]], tasks: Sequence[str], table: dict[str, Any]
+    by_setting: Sequence[Sequence[dict[str, Any]]], tasks: Sequence[str], table: dict[str, Any], key: str = "final"
 ) -> dict[str, Any]:
-    """Per task: each method's best setting (index), and the verdicts (gains, FOCUS and
-    uniform against GRPO) on the runs of each method at its own best setting."""
+    """Per task: each method's best setting (index) by ``key``, and the verdicts (gains,
+    FOCUS and uniform against GRPO) on the runs of each method at its own best setting."""
     out: dict[str, Any] = {}
     for task in tasks:
-        chosen = {m: best(cells) for m, cells in table[task].items()}
+        chosen = {m: best(cells, key) for m, cells in table[task].items()}
         runs = [r for m, i in chosen.items() for r in by_setting[i] if r["task"] == task and r["method"] == m]
         out[task] = {"best": chosen, "verdicts": verdicts(runs, [task])["tasks"][task]}
     return out
@@ -137,7 +202,9 @@ def assemble(settings: Sequence[dict[str, Any]], by_setting: Sequence[Sequence[d
         "grid": table,
         "at_setting": [verdicts(runs, tasks) for runs in by_setting],
         "at_best": at_best(by_setting, tasks, table),
-        "selection": "per task and method, the highest mean final success over the sweep; ties to the earlier setting",
+        "at_best_auc": at_best(by_setting, tasks, table, "auc"),
+        "selection": "per task and method, the highest mean final success over the sweep (at_best_auc: the highest "
+        "mean area under the learning curve); ties to the earlier setting",
     }
 
 
@@ -149,13 +216,15 @@ def summary(result: dict[str, Any]) -> str:
         lines.append(f"{task}:")
         for m, cells in methods.items():
             row = "; ".join(
-                f"{lab}: final {c['final']:.3f} gain {c['gain']:+.3f} KL {c['kl_median']:.3f} (max {c['kl_max']:.3f})"
+                f"{lab}: final {c['final']:.3f} gain {c['gain']:+.3f} auc {c.get('auc', 0.0):.3f} "
+                f"KL {c['kl_median']:.3f} (max {c['kl_max']:.3f})"
                 for lab, c in zip(labels, cells, strict=True)
             )
             lines.append(f"  {m:7s} {row}; best {labels[best(cells)]}")
-        b = result["at_best"][task]
-        for m, c in b["verdicts"]["vs_grpo"].items():
-            lines.append("  at best: " + _versus(m, c, labels[b["best"][m]], labels[b["best"]["grpo"]]))
+        for name, key in (("at best", "at_best"), ("at best auc", "at_best_auc")):
+            b = result.get(key, {}).get(task)
+            for m, c in (b["verdicts"]["vs_grpo"] if b else {}).items():
+                lines.append(f"  {name}: " + _versus(m, c, labels[b["best"][m]], labels[b["best"]["grpo"]]))
         for lab, v in zip(labels, result["at_setting"], strict=True):
             for m, c in v["tasks"][task]["vs_grpo"].items():
                 lines.append(f"  at {lab}: " + _versus(m, c, lab, lab))
@@ -165,9 +234,10 @@ def summary(result: dict[str, Any]) -> str:
 def _versus(method: str, c: dict[str, Any], mine: str, base: str) -> str:
     d = c["difference"]
     share = "never" if c["share_median"] is None else f"{c['share_median']:.2f}"
+    ratio = c.get("reach_ratio_median")
     return (
         f"{method} ({mine}) - grpo ({base}) {d['mean']:+.3f} [{d['interval'][0]:+.3f}, {d['interval'][1]:+.3f}], "
-        f"{c['verdict']}; share of GRPO's transitions {share}"
+        f"{c['verdict']}; share of GRPO's transitions {share}; reach ratio {'-' if ratio is None else f'{ratio:.2f}'}"
     )
 
 
@@ -177,7 +247,7 @@ def run(args: Any, options: dict[str, Any], sizes: Any, seeds: Sequence[int]) ->
     as they finish and everything to ``<out>/sweep.json``."""
     from benchmarks.learning import _task_worker, given_options, size_options, task_trainer
 
-    settings = parse_sweep(args.sweep)
+    settings = settings_of(args.sweep, args.sweep_sizes)
     out = Path(args.out)
     t0 = time.perf_counter()
     jobs, where = [], []
@@ -187,8 +257,8 @@ def run(args: Any, options: dict[str, Any], sizes: Any, seeds: Sequence[int]) ->
         partial = folder / "runs.jsonl"
         partial.unlink(missing_ok=True)
         for name in args.tasks:
-            own = task_trainer(name, options, {**given_options(args), **s})
-            jobs.append((name, sizes, seeds, args.methods, not args.quiet, own, partial))
+            own = task_trainer(name, options, {**given_options(args), **split(s)[1]})
+            jobs.append((name, sized(sizes, s), seeds, args.methods, not args.quiet, own, partial))
             where.append(i)
     by_setting: list[list[dict[str, Any]]] = [[] for _ in settings]
     if args.jobs <= 1:
@@ -204,6 +274,7 @@ def run(args: Any, options: dict[str, Any], sizes: Any, seeds: Sequence[int]) ->
     result = {
         "command": "python -m benchmarks.learning "
         + " ".join([*(f"--set {o}" for o in args.set), *(f"--sweep {s}" for s in args.sweep)])
+        + (f" --sweep-sizes {args.sweep_sizes}" if args.sweep_sizes else "")
         + size_options(args),
         "methods": args.methods,
         "jobs": args.jobs,
@@ -224,7 +295,7 @@ def assemble_cut(args: Any, options: dict[str, Any]) -> dict[str, Any]:
     """The figures of a sweep stopped early, from ``<folder>/<label>/runs.jsonl``: per
     task, the seeds that every method finished at every setting (a comparison across
     settings needs them all)."""
-    settings = parse_sweep(args.sweep)
+    settings = settings_of(args.sweep, args.sweep_sizes)
     folder = Path(args.assemble)
     done = []
     for s in settings:

@@ -93,7 +93,12 @@ def compare(runs: Sequence[dict[str, Any]], task: str, method: str, baseline: st
     ``share``: the transitions ``method`` needs to reach the baseline's final success,
     as a share of the baseline's, per seed (None: never) and their median (a seed that
     never reaches it counts as infinitely late); ``share_median_curves``: the same read
-    off the median curves. ``difference``: final success minus the baseline's, per
+    off the median curves. ``reach_ratio``: the transitions ``method`` needs to reach the
+    baseline's final success over the transitions the baseline itself first reached it
+    at, per seed (None: never; seeds where the baseline ends at its v0's success left
+    out) and median (a never counting as infinitely late) - the
+    share counts the baseline's whole run, so two equal methods that level off early
+    read below 1 by it, not by this. ``difference``: final success minus the baseline's, per
     seed, and the mean with its interval. ``verdict``: ``better`` / ``worse`` (interval
     above / below 0), ``no difference``, or ``not judged`` when the baseline does not
     learn.
@@ -101,10 +106,14 @@ def compare(runs: Sequence[dict[str, Any]], task: str, method: str, baseline: st
     mine, base = _by_seed(runs, task, method), _by_seed(runs, task, baseline)
     seeds = sorted(set(mine) & set(base))
     shares: dict[int, float | None] = {}
+    ratios: dict[int, float | None] = {}
     for s in seeds:
         b = base[s]["points"]
         x = reach([(p["transitions"], p["success"]) for p in mine[s]["points"]], b[-1]["success"])
         shares[s] = None if x is None or b[-1]["transitions"] <= 0 else round(x / b[-1]["transitions"], 6)
+        own = reach([(p["transitions"], p["success"]) for p in b], b[-1]["success"])
+        if own:  # a seed where GRPO ends at its v0's success has no time to compare with
+            ratios[s] = None if x is None else round(x / own, 6)
     finite = sorted(v if v is not None else float("inf") for v in shares.values())
     share_median = statistics.median(finite) if finite else None
     bcurve = median_curve([base[s] for s in seeds])
@@ -116,6 +125,8 @@ def compare(runs: Sequence[dict[str, Any]], task: str, method: str, baseline: st
     return {
         "share_per_seed": shares,
         "share_median": None if share_median is None or share_median == float("inf") else round(share_median, 6),
+        "reach_ratio_per_seed": ratios,
+        "reach_ratio_median": _median_or_none(ratios.values()),
         "share_median_curves": None if x is None or bcurve[-1][0] <= 0 else round(x / bcurve[-1][0], 6),
         "difference_per_seed": {
             s: round(mine[s]["points"][-1]["success"] - base[s]["points"][-1]["success"], 6) for s in seeds
@@ -152,6 +163,13 @@ def verdicts(runs: Sequence[dict[str, Any]], tasks: Sequence[str]) -> dict[str, 
         "focus_better_on": wins,
         "goal_met": median_share is not None and median_share <= 0.5 and len(wins) >= 3,
     }
+
+
+def _median_or_none(values: Any) -> float | None:
+    """The median, a None counting as infinitely late; None when that median is."""
+    finite = sorted(v if v is not None else float("inf") for v in values)
+    m = statistics.median(finite) if finite else float("inf")
+    return None if m == float("inf") else round(m, 6)
 
 
 def cost(runs: Sequence[dict[str, Any]], task: str, method: str) -> dict[str, float]:

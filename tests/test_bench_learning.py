@@ -7,7 +7,17 @@ import json
 import pytest
 
 from benchmarks.learning import Sizes
-from benchmarks.learning_sweep import assemble, best, check_pairing, label, parse_sweep
+from benchmarks.learning_sweep import (
+    assemble,
+    auc,
+    best,
+    check_pairing,
+    label,
+    parse_sizes,
+    parse_sweep,
+    settings_of,
+    sized,
+)
 from benchmarks.learning_verdicts import METHODS, compare, gain, paired_bootstrap, reach, verdicts
 
 pytestmark = pytest.mark.timeout(600)
@@ -122,8 +132,10 @@ def test_each_task_trains_at_its_own_step_and_the_command_line_wins():
     from benchmarks.learning import TASK_TRAINER, TRAINER, per_task_changes, task_trainer
 
     # the long reach's step differs from the rest (both methods were best at 0.1 there)
-    assert task_trainer("long-reach", TRAINER, {})["target_kl"] == TASK_TRAINER["long-reach"]["target_kl"] != (
-        TRAINER["target_kl"]
+    assert (
+        task_trainer("long-reach", TRAINER, {})["target_kl"]
+        == TASK_TRAINER["long-reach"]["target_kl"]
+        != (TRAINER["target_kl"])
     )
     assert task_trainer("toy", TRAINER, {}) == TRAINER
     # --set is over every task's own step, so a run at one setting is one setting everywhere
@@ -297,6 +309,84 @@ def test_a_sweep_stopped_early_keeps_the_seeds_finished_everywhere(tmp_path):
     assert result["seeds_per_task"] == {"bridge": [0, 1]} and [len(runs) for runs in result["runs"]] == [4, 4]
     assert result["at_best"]["bridge"]["best"] == {"focus": 1, "grpo": 1}
     assert json.loads((tmp_path / "sweep-assembled.json").read_text(encoding="utf-8"))["labels"] == [label(s) for s in settings]
+
+
+def test_sweep_sizes_cross_the_step_settings_sizes_outer():
+    settings = settings_of(["target_kl=0.1,0.2"], "8x3,2x12")
+    assert [label(s) for s in settings] == [
+        "8x3,target_kl=0.1",
+        "8x3,target_kl=0.2",
+        "2x12,target_kl=0.1",
+        "2x12,target_kl=0.2",
+    ]
+    base = Sizes(iterations=3, tasks=8, eval_tasks=50)
+    assert sized(base, settings[3]) == Sizes(iterations=12, tasks=2, eval_tasks=50)
+    assert sized(base, {"target_kl": 0.1}) == base  # a setting without sizes keeps the run's
+    assert settings_of([], "4x6") == [{"tasks_per_iteration": 4, "iterations": 6}]
+    assert settings_of(["target_kl=0.1,0.2"], None) == parse_sweep(["target_kl=0.1,0.2"])
+    for bad in ("8", "8x", "0x3", "ax3", "8x3,8x3"):
+        with pytest.raises(ValueError, match="sweep-sizes"):
+            parse_sizes(bad)
+
+
+def test_a_size_sweep_gives_each_job_its_sizes_and_the_trainer_only_its_options(tmp_path, monkeypatch):
+    from benchmarks import learning
+
+    jobs = []
+
+    def worker(job):
+        name, sizes, seeds, methods, _, options, _ = job
+        jobs.append((sizes, options))
+        v0 = _outcomes(0.2)
+        curve = [(i * 100 // sizes.iterations, 0.2) for i in range(sizes.iterations + 1)]
+        return [{**_run(m, s, curve, v0, v0), "task": name} for s in seeds for m in methods]
+
+    monkeypatch.setattr(learning, "_task_worker", worker)
+    args = ["--tasks", "bridge", "--seeds", "0", "1", "--jobs", "1", "--set", "rule=sgd", "--quiet"]
+    saved = learning.main([*args, "--sweep-sizes", "8x3,2x12", "--sweep", "target_kl=0.1,0.2", "--out", str(tmp_path)])
+    assert [(s.tasks, s.iterations, o["target_kl"]) for s, o in jobs] == [
+        (8, 3, 0.1),
+        (8, 3, 0.2),
+        (2, 12, 0.1),
+        (2, 12, 0.2),
+    ]
+    assert all(o["rule"] == "sgd" and "iterations" not in o and "tasks_per_iteration" not in o for _, o in jobs)
+    assert saved["command"].endswith("--sweep-sizes 8x3,2x12")
+    assert [c["updates"] for c in saved["grid"]["bridge"]["grpo"]] == [6, 6, 24, 24]  # 2 seeds x iterations
+    assert (tmp_path / "2x12,target_kl=0.2").is_dir()  # each setting its folder
+
+
+def test_the_area_under_the_curve_picks_the_setting_that_gets_there_sooner():
+    assert auc([{"transitions": 0, "success": 0.2}, {"transitions": 100, "success": 0.6}]) == pytest.approx(0.4)
+    assert auc([{"transitions": 0, "success": 0.3}]) == 0.3  # v0 alone: its success
+    # GRPO ends at 0.9 at both settings; at the second it gets there after 100 of 400 transitions
+    by_setting = []
+    for mid in (0.3, 0.9):
+        runs = []
+        for seed in range(5):
+            for m in ("grpo", "focus"):
+                curve = [(0, 0.2), (100, mid), (400, 0.9)]
+                runs.append(_run(m, seed, curve, _outcomes(0.2), _outcomes(0.9, shift=seed)))
+        by_setting.append(runs)
+    result = assemble(parse_sweep(["target_kl=0.1,0.2"]), by_setting, ["t"])
+    assert result["at_best"]["t"]["best"] == {"focus": 0, "grpo": 0}  # the finals tie: the earlier
+    assert result["at_best_auc"]["t"]["best"] == {"focus": 1, "grpo": 1}
+    assert [c["auc"] for c in result["grid"]["t"]["grpo"]] == pytest.approx([(25 + 180) / 400, (55 + 270) / 400])
+
+
+def test_the_reach_ratio_reads_equal_methods_that_level_off_early_as_equal():
+    runs = []
+    for seed in range(5):
+        v0, top = _outcomes(0.2), _outcomes(1.0)
+        curve = [(0, 0.2), (100, 1.0), (200, 1.0), (400, 1.0)]  # both at the ceiling after a quarter
+        runs.append(_run("grpo", seed, curve, v0, top))
+        runs.append(_run("focus", seed, [(0, 0.2), (50, 1.0), (300, 1.0), (400, 1.0)] if seed < 3 else curve, v0, top))
+    c = compare(runs, "t", "focus")
+    assert c["share_median"] == pytest.approx(0.125)  # FOCUS reaches 1.0 at 50 of GRPO's 400 transitions
+    assert c["reach_ratio_median"] == pytest.approx(0.5)  # GRPO itself got there at 100
+    assert c["reach_ratio_per_seed"][4] == pytest.approx(1.0)
+    flat = [_run(m, 0, [(0, 0.4), (100, 0.3)], _outcomes(0.4), _outcomes(0.3)) for m in ("grpo", "focus")]
+    assert compare(flat, "t", "focus")["reach_ratio_median"] is None  # GRPO's final was its v0's
 
 
 def test_the_long_bridge_is_opt_in_and_its_agent_can_cross_it():

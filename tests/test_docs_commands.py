@@ -146,6 +146,10 @@ COMMANDS: dict[str, Check] = {
     # docs/findings/learning-steps.md
     ".venv/bin/python -m benchmarks.learning --seeds 10 11 12 13 14 15 16 17 18 19 --jobs 2 "
     "--out runs/learn-s10-19": Check("parse", "120 learning runs, about 15 minutes on 2 cores"),
+    ".venv/bin/python -m benchmarks.learning --jobs 2 --tasks toy --seeds 0 1 2 3 4 --set rule=sgd "
+    "--sweep-sizes 8x3,4x6,2x12 --sweep target_kl=0.1,0.2 --out runs/bs/toy": Check(
+        "parse", "60 learning runs (3 sizes x 2 steps x 2 methods x 5 seeds), about 16 minutes on 2 cores"
+    ),
     ".venv/bin/python -m benchmarks.learning --tasks bridge-long --seeds 0 1 2 3 4 5 6 7 8 9 --jobs 2 "
     "--out runs/learning-bridge-long": Check("parse", "20 learning runs of the long bridge, about 15 minutes"),
     ".venv/bin/python -m benchmarks.learning --assemble runs/learn-s0-19.jsonl --out runs/learn-s0-19": Check(
