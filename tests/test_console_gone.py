@@ -25,34 +25,13 @@ from pathlib import Path
 
 import pytest
 from fixtures.prefect import base_env
-from fixtures.resume import mismatches
+from fixtures.resume import SLOW_DIGITS, mismatches
 
 from storage import BatchStore, CheckpointStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-CONFIG = """
-seed = 17
-collection_id = "{cid}"
-[model]
-kind = "factory"
-factory = "fixtures.prefect:digit_policy"
-options = {{latency_s = {latency}}}
-[env]
-n_tasks = 3
-[[search.phases]]
-name = "evidence"
-rollouts_per_task = 2
-[[search.phases]]
-name = "continue"
-transitions = 40
-wave_size = 3
-max_depth = 6
-[execution]
-kind = "{execution}"
-[storage]
-root = "{root}"
-"""
+CONFIG = SLOW_DIGITS
 CID = "gone"
 
 

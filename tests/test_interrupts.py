@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.prefect import base_env
-from fixtures.resume import mismatches
+from fixtures.resume import SLOW_DIGITS, mismatches
 
 from storage import BatchStore, CheckpointStore
 from tasks.config import load_config
@@ -37,28 +37,7 @@ from tasks.config import load_config
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 CID = "stopped"
-CONFIG = """
-seed = 17
-collection_id = "{cid}"
-[model]
-kind = "factory"
-factory = "fixtures.prefect:digit_policy"
-options = {{latency_s = {latency}}}
-[env]
-n_tasks = 3
-[[search.phases]]
-name = "evidence"
-rollouts_per_task = 2
-[[search.phases]]
-name = "continue"
-transitions = 40
-wave_size = 3
-max_depth = 6
-[execution]
-kind = "{execution}"
-[storage]
-root = "{root}"
-"""
+CONFIG = SLOW_DIGITS
 
 
 def config_file(tmp: Path, root: Path, *, latency: float = 0.1, execution: str = "local", cid: str = CID) -> Path:
