@@ -15,10 +15,10 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 .PHONY: install run test test-fast test-lowest lint bench clean
 
 # pyproject.toml's requires-python, checked before anything is installed: pip refused an older
-# Python (Debian 12's python3 is 3.11.2) only after torch was in, and the venv made from it stayed
+# Python (Ubuntu 22.04's python3 is 3.10.12) only after torch was in, and the venv made from it stayed
 # and was reused by `make PY=python3.12` (the python that makes a venv, and a venv already there)
-PY_MIN := 3.11.4
-py_ok = $(1) -c 'import sys; v = sys.version_info[:3]; sys.exit(0 if v >= (3, 11, 4) else \
+PY_MIN := 3.11
+py_ok = $(1) -c 'import sys; v = sys.version_info[:3]; sys.exit(0 if v >= (3, 11) else \
 	"$(2) is Python %d.%d.%d; FOCUS needs $(PY_MIN) or later: $(3)" % v)'
 
 $(STAMP): pyproject.toml

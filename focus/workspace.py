@@ -103,6 +103,43 @@ class MemoryWorkspace(Workspace):
     __hash__ = None  # type: ignore[assignment]
 
 
+def _check_member(member: tarfile.TarInfo, root: str) -> None:
+    """Refuse a member :class:`DirectoryWorkspace` never packs: anything but a regular file or a
+    directory, an absolute path, a ``..`` component, a path that resolves outside ``root``."""
+    name = member.name
+    if not (member.isreg() or member.isdir()):
+        raise WorkspaceError(f"workspace archive member {name!r} is not a regular file or a directory")
+    if name.startswith("/") or os.path.isabs(name):
+        raise WorkspaceError(f"workspace archive member {name!r} has an absolute path")
+    if ".." in PurePosixPath(name).parts:
+        raise WorkspaceError(f"workspace archive member {name!r} has a '..' component")
+    target = os.path.realpath(os.path.join(root, name))
+    if os.path.commonpath([target, root]) != root:
+        raise WorkspaceError(f"workspace archive member {name!r} resolves outside the workspace")
+
+
+def _unpack(tar: tarfile.TarFile, root: Path) -> None:
+    """Extract a :class:`DirectoryWorkspace` archive into ``root``, every member checked first.
+
+    Python 3.11.4+ also extracts with ``filter="data"`` (PEP 706). Before 3.11.4 (Debian 12's
+    python3 is 3.11.2) there is no filter: the checks above stand in for it, and each member's
+    mode loses the bits the data filter clears (setuid, setgid, sticky, group/other write) and
+    its owner is the current user's, so no version extracts what another refuses.
+    """
+    real = os.path.realpath(root)
+    members = tar.getmembers()
+    for member in members:
+        _check_member(member, real)
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(root, filter="data")
+        return
+    for member in members:
+        mode = member.mode & 0o755
+        member.mode = mode | (0o700 if member.isdir() else 0o600)
+        member.uid, member.gid, member.uname, member.gname = os.getuid(), os.getgid(), "", ""
+    tar.extractall(root)
+
+
 class DirectoryWorkspace(Workspace):
     """Files in a real directory, for tools that need paths. Fork copies the tree.
 
@@ -161,7 +198,7 @@ class DirectoryWorkspace(Workspace):
     def __setstate__(self, state: dict[str, bytes]) -> None:
         self._own(Path(tempfile.mkdtemp(prefix="focus-ws-")))
         with tarfile.open(fileobj=io.BytesIO(state["tar"]), mode="r") as tar:
-            tar.extractall(self.root, filter="data")
+            _unpack(tar, self.root)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Workspace) and self.snapshot() == other.snapshot()

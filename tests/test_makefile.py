@@ -1,11 +1,11 @@
 """The Makefile on a machine whose ``python3`` is older than pyproject.toml's
-``requires-python`` (Debian 12's python3 is 3.11.2): ``make install`` stops at once with
+``requires-python`` (Ubuntu 22.04's python3 is 3.10.12): ``make install`` stops at once with
 one line naming the Python and what to run, before a venv is made or anything installed.
 It made the venv, installed torch for minutes, then pip refused the project; and the venv
 made from the old Python stayed, so ``make PY=python3.12 install`` reused it and failed
 the same way.
 
-An older Python is the running one with ``sys.version_info`` set to 3.11.2 by a
+An older Python is the running one with ``sys.version_info`` set to 3.10.12 by a
 ``sitecustomize`` module on ``PYTHONPATH``: the Makefile's check is what runs, on a real
 interpreter."""
 
@@ -27,10 +27,10 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make he
 
 
 def older_python(tmp_path: Path) -> dict[str, str]:
-    """An environment in which Python reports version 3.11.2."""
+    """An environment in which Python reports version 3.10.12."""
     site = tmp_path / "old-site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text("import sys\nsys.version_info = (3, 11, 2, 'final', 0)\n")
+    (site / "sitecustomize.py").write_text("import sys\nsys.version_info = (3, 10, 12, 'final', 0)\n")
     return {**os.environ, "PYTHONPATH": str(site)}
 
 
@@ -57,7 +57,7 @@ def test_make_install_refuses_an_older_python_before_making_the_venv(tmp_path):
     venv = tmp_path / "venv"
     done = make(["install", f"PY={sys.executable}", "VENV=venv"], env=older_python(tmp_path), cwd=beside(tmp_path))
     assert done.returncode != 0
-    line = f"{sys.executable} is Python 3.11.2; FOCUS needs 3.11.4 or later: make PY=python3.12"
+    line = f"{sys.executable} is Python 3.10.12; FOCUS needs 3.11 or later: make PY=python3.12"
     assert line in done.stderr, done.stderr
     assert not venv.exists()  # nothing was made, nothing installed
 
@@ -72,7 +72,7 @@ def test_make_install_refuses_a_venv_made_from_an_older_python(tmp_path):
     python.chmod(0o755)
     done = make(["install", f"PY={sys.executable}", "VENV=venv"], cwd=beside(tmp_path))
     assert done.returncode != 0
-    assert "venv is Python 3.11.2; FOCUS needs 3.11.4 or later: remove it (make clean)" in done.stderr, done.stderr
+    assert "venv is Python 3.10.12; FOCUS needs 3.11 or later: remove it (make clean)" in done.stderr, done.stderr
     assert "pip install" not in done.stdout and not (venv / ".installed").exists()
 
 
