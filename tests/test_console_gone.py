@@ -102,14 +102,19 @@ def test_a_closed_standard_output_leaves_the_exit_status_to_the_work(clean, tmp_
     assert "the console's standard output was closed (Broken pipe)" in log.read_text()
 
 
+def _hup_default() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def in_terminal_then_close(argv: list[str], env: dict[str, str], root: Path, *, ignore_hup: bool) -> int:
     """Run ``argv`` as the session leader of a pseudo-terminal (as a login shell's job
     is), close the terminal once the first continuation wave is saved (the kernel then
     sends SIGHUP), and return the exit status."""
     pid, fd = pty.fork()
     if pid == 0:
-        if ignore_hup:  # as `nohup` leaves it, its output aside
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        # as `nohup` leaves it, its output aside; else as a login shell's job has it, whatever
+        # this test runs under (pytest started under nohup passes SIGHUP ignored on)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if ignore_hup else signal.SIG_DFL)
         os.execve(argv[0], argv, env)
     try:
         while ("1.continue", 0) not in saved(root):
@@ -155,6 +160,7 @@ def test_a_hang_up_of_the_job_leaves_dask_quiet(clean, tmp_path):
         proc = subprocess.Popen(
             command(cfg, log), env=base_env(tmp_path / "prefect"), stdout=subprocess.DEVNULL, stderr=stderr,
             start_new_session=True,  # a job: its own process group
+            preexec_fn=_hup_default,  # a job of a live shell, not of a nohup that started pytest
         )  # fmt: skip
     try:
         while ("1.continue", 0) not in saved(root):
