@@ -21,6 +21,7 @@ import re
 import select
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -267,64 +268,23 @@ def test_the_resume_line_is_the_command_that_resumes(tmp_path):
     assert not (tmp_path / "runs").exists()  # nothing went to the default store
 
 
-def test_ctrl_c_before_the_work_begins_is_one_line(tmp_path):
-    """A Ctrl-C while the command imports or reads its configuration printed a
-    KeyboardInterrupt traceback (20-40 lines); in its preflight, nothing at all. Here the
-    preflight waits on an object store that accepts connections and never answers; the
-    signal comes once it has connected: one line, exit 130."""
-    import socket
-
+def _silent_server() -> socket.socket:
+    """A server on loopback that accepts connections and never answers."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
     listener.settimeout(60)
-    env = {
-        **base_env(tmp_path / "prefect"),
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{listener.getsockname()[1]}",
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "collect", "--store", "s3://silent/runs", "--collection-id", "c"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        conn, _ = listener.accept()  # the preflight asks the store: the work has not begun
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        listener.close()
-    conn.close()
-    lines = [ln for ln in (out + err).splitlines() if ln.strip()]
-    assert proc.returncode == 130 and lines == ["interrupted (SIGINT): nothing was running"], (proc.returncode, lines)
+    return listener
 
 
-@pytest.mark.parametrize("command", ["inspect", "deploy"])
-def test_ctrl_c_of_the_other_commands_is_one_line(tmp_path, command):
-    """`focus inspect` (reading a batch), `focus config show` and the start of `focus
-    deploy` and `focus serve-model` answered Ctrl-C with a KeyboardInterrupt traceback
-    of 18-51 lines. Here each waits on a server that accepts connections and never
-    answers (an object store, a Prefect API); the signal comes once it has connected."""
-    import socket
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    listener.settimeout(60)
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    env = {**base_env(tmp_path / "prefect"), "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
-    if command == "inspect":
-        env |= {"AWS_ENDPOINT_URL": url, "AWS_DEFAULT_REGION": "us-east-1"}
-        args = ["inspect", "s3://silent/runs/batches/c/iter-000000"]
-    else:
-        env["PREFECT_API_URL"] = f"{url}/api"
-        args = ["deploy", "--watchdog-only"]
+def _ctrl_c_once_connected(
+    args: list[str], env: dict[str, str], cwd: Path, listener: socket.socket
+) -> tuple[int, list[str]]:
+    """Run ``focus <args>``, send SIGINT once it has connected to ``listener``: its exit
+    status and the non-empty lines it printed."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli", *args],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         conn, _ = listener.accept()
@@ -335,8 +295,44 @@ def test_ctrl_c_of_the_other_commands_is_one_line(tmp_path, command):
             proc.kill()
         listener.close()
     conn.close()
-    lines = [ln for ln in (out + err).splitlines() if ln.strip()]
-    assert proc.returncode == 130 and lines == ["interrupted (SIGINT)"], (proc.returncode, lines[-12:])
+    return proc.returncode, [ln for ln in (out + err).splitlines() if ln.strip()]
+
+
+def test_ctrl_c_before_the_work_begins_is_one_line(tmp_path):
+    """A Ctrl-C while the command imports or reads its configuration printed a
+    KeyboardInterrupt traceback (20-40 lines); in its preflight, nothing at all. Here the
+    preflight waits on an object store that accepts connections and never answers; the
+    signal comes once it has connected: one line, exit 130."""
+    listener = _silent_server()
+    env = {
+        **base_env(tmp_path / "prefect"),
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{listener.getsockname()[1]}",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    args = ["collect", "--store", "s3://silent/runs", "--collection-id", "c"]
+    code, lines = _ctrl_c_once_connected(args, env, tmp_path, listener)
+    assert code == 130 and lines == ["interrupted (SIGINT): nothing was running"], (code, lines)
+
+
+@pytest.mark.parametrize("command", ["inspect", "deploy"])
+def test_ctrl_c_of_the_other_commands_is_one_line(tmp_path, command):
+    """`focus inspect` (reading a batch), `focus config show` and the start of `focus
+    deploy` and `focus serve-model` answered Ctrl-C with a KeyboardInterrupt traceback
+    of 18-51 lines. Here each waits on a server that accepts connections and never
+    answers (an object store, a Prefect API); the signal comes once it has connected."""
+    listener = _silent_server()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    env = {**base_env(tmp_path / "prefect"), "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+    if command == "inspect":
+        env |= {"AWS_ENDPOINT_URL": url, "AWS_DEFAULT_REGION": "us-east-1"}
+        args = ["inspect", "s3://silent/runs/batches/c/iter-000000"]
+    else:
+        env["PREFECT_API_URL"] = f"{url}/api"
+        args = ["deploy", "--watchdog-only"]
+    code, lines = _ctrl_c_once_connected(args, env, tmp_path, listener)
+    assert code == 130 and lines == ["interrupted (SIGINT)"], (code, lines[-12:])
 
 
 def test_a_second_ctrl_c_exits_at_once_and_the_store_still_resumes(clean, tmp_path):
