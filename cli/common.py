@@ -78,7 +78,7 @@ def writable_log_file(path: Path) -> Path:
     Everything downstream (the embedded model server's and a temporary Prefect
     server's output, Dask workers' logging, the traceback of an error) writes to the
     file this returns, so it is decided once, before any of them starts."""
-    from storage.weights import user_temp_folder
+    from storage.temp import user_temp_folder
 
     for i in range(2):
         candidate = Path(tempfile.gettempdir()) / f"focus-logs-{os.getuid()}" / path.name if i else path
@@ -113,7 +113,7 @@ def writable_prefect_home(env: Any = None) -> None:
             return
     except OSError:
         pass
-    from storage.weights import user_temp_folder
+    from storage.temp import user_temp_folder
 
     try:  # per user and private: /tmp is shared
         env["PREFECT_HOME"] = str(user_temp_folder("focus-prefect"))

@@ -137,7 +137,8 @@ def train_body(
     import time
 
     from storage import CheckpointStore
-    from storage.weights import WeightStore, user_temp_folder
+    from storage.temp import user_temp_folder
+    from storage.weights import WeightStore
 
     store, weights = CheckpointStore(config.storage.root), WeightStore(config.storage.root)
     if store.exists(base_id, TRAIN_PHASE, iteration):

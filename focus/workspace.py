@@ -109,7 +109,7 @@ def _check_member(member: tarfile.TarInfo, root: str) -> None:
     name = member.name
     if not (member.isreg() or member.isdir()):
         raise WorkspaceError(f"workspace archive member {name!r} is not a regular file or a directory")
-    if name.startswith("/") or os.path.isabs(name):
+    if os.path.isabs(name):
         raise WorkspaceError(f"workspace archive member {name!r} has an absolute path")
     if ".." in PurePosixPath(name).parts:
         raise WorkspaceError(f"workspace archive member {name!r} has a '..' component")

@@ -21,34 +21,16 @@ a stored file into a local cache named by its checksum, so the bytes the server 
 from __future__ import annotations
 
 import os
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from storage.errors import CorruptDataError, ManifestError
 from storage.manifest import FileEntry, Manifest, sha256
+from storage.temp import user_temp_folder
 from storage.urls import Location, Retry, check_id
 
 MANIFEST = "_manifest.json"
-
-
-def user_temp_folder(name: str) -> Path:
-    """``<temporary folder>/<name>-<uid>``, made private (mode 0700) and this user's: a
-    fixed name in a shared ``/tmp`` is made by whichever user came first, and the next
-    user could not write in it (``PermissionError``), or would read files that user
-    put there. One that another user owns or can write into is refused for a fresh
-    private folder."""
-    path = Path(tempfile.gettempdir()) / f"{name}-{os.getuid()}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if path.is_symlink() or not path.is_dir() or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        return Path(tempfile.mkdtemp(prefix=f"{name}-{os.getuid()}-"))
-    return path
 
 
 class WeightStore:

@@ -90,7 +90,8 @@ def local_weights(url: str | None, root: str) -> str | None:
     if "://" not in url:
         return url
     from storage import CorruptDataError, ManifestError
-    from storage.weights import WeightStore, user_temp_folder
+    from storage.temp import user_temp_folder
+    from storage.weights import WeightStore
 
     store = WeightStore(root)
     try:

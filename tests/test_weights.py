@@ -13,7 +13,8 @@ import pytest
 
 from storage import BatchStore
 from storage.errors import CorruptDataError, PathOutsideRoot
-from storage.weights import WeightStore, user_temp_folder
+from storage.temp import user_temp_folder
+from storage.weights import WeightStore
 from tasks.config import TrainContext, load_config
 
 
