@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import re
 import time
 import types
@@ -177,14 +178,17 @@ class Agent:
         try:
             workspace = self.env.make_workspace(task)
             async with timer:
-                reset = check_reset(await self.env.reset(task, workspace), where)
+                reset = check_reset(await _awaitable(self.env.reset(task, workspace), where), where)
         except EnvError as e:
             raise EnvError(f"task {task.id!r}: {e}") from e
         except Exception as e:
             if isinstance(e, TimeoutError) and timer.expired():  # not a TimeoutError the env raised itself
                 raise EnvError(f"{where} of task {task.id!r} timed out after {self.env_timeout_s:g} s") from None
             raise EnvError(f"{where} of task {task.id!r} failed: {type(e).__name__}: {e}") from e
-        ctx = self.context.start(self.format.codec, reset.messages)
+        try:
+            ctx = self.context.start(self.format.codec, reset.messages)
+        except ValueError as e:  # a role the codec has no marker for, say
+            raise EnvError(f"the opening messages {where} gave task {task.id!r} do not render: {e}") from e
         try:
             self.policy.check_prompt(ctx.prompt_ids)
         except PolicyError as e:
@@ -327,6 +331,8 @@ class Agent:
             except StopIteration as done:
                 return done.value
             step = _resume(step, pending)
+        else:
+            step = _awaitable(step, f"{type(self.env).__name__}.step")
         timer = asyncio.timeout_at(deadline)  # another awaitable: awaited whole under the timer
         try:
             async with timer:
@@ -348,6 +354,13 @@ class Agent:
     async def rollouts(self, starts: Sequence[tuple[BranchState, int]]) -> list[Rollout]:
         """Run several rollouts concurrently (the caller bounds concurrency)."""
         return list(await asyncio.gather(*(self.rollout(s, seed) for s, seed in starts)))
+
+
+def _awaitable(made: Any, where: str) -> Any:
+    """``made``, what an env's ``reset`` or ``step`` returned, if it can be awaited."""
+    if not inspect.isawaitable(made):
+        raise EnvError(f"{where} returned {type(made).__name__}, not an awaitable: declare it `async def`")
+    return made
 
 
 @types.coroutine
