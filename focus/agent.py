@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import re
 import time
 import types
@@ -114,6 +115,10 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
+class _StepTimeout(TimeoutError):
+    """An env step ran past ``Agent.env_timeout_s`` (not a ``TimeoutError`` of its own)."""
+
+
 class BrokenParser(TypeError):
     """The action parser returned neither an :class:`~focus.env.Action` nor a
     :class:`~focus.format.ParseError` (:class:`focus.format.ActionParser`'s contract)."""
@@ -169,16 +174,21 @@ class Agent:
         model fails here, naming the task, instead of failing every rollout later.
         """
         where = f"{type(self.env).__name__}.reset"
+        timer = asyncio.timeout(self.env_timeout_s)
         try:
             workspace = self.env.make_workspace(task)
-            reset = check_reset(await asyncio.wait_for(self.env.reset(task, workspace), self.env_timeout_s), where)
-        except TimeoutError:
-            raise EnvError(f"{where} of task {task.id!r} timed out after {self.env_timeout_s:g} s") from None
+            async with timer:
+                reset = check_reset(await _awaitable(self.env.reset(task, workspace), where), where)
         except EnvError as e:
             raise EnvError(f"task {task.id!r}: {e}") from e
         except Exception as e:
+            if isinstance(e, TimeoutError) and timer.expired():  # not a TimeoutError the env raised itself
+                raise EnvError(f"{where} of task {task.id!r} timed out after {self.env_timeout_s:g} s") from None
             raise EnvError(f"{where} of task {task.id!r} failed: {type(e).__name__}: {e}") from e
-        ctx = self.context.start(self.format.codec, reset.messages)
+        try:
+            ctx = self.context.start(self.format.codec, reset.messages)
+        except ValueError as e:  # a role the codec has no marker for, say
+            raise EnvError(f"the opening messages {where} gave task {task.id!r} do not render: {e}") from e
         try:
             self.policy.check_prompt(ctx.prompt_ids)
         except PolicyError as e:
@@ -269,7 +279,7 @@ class Agent:
         raised, hung or broke its contract, or the parser returned no action."""
         if isinstance(e, BrokenParser):
             return f"error: {e}, expected an Action or a ParseError"
-        if isinstance(e, TimeoutError):
+        if isinstance(e, _StepTimeout):
             return f"env: step timed out after {self.env_timeout_s:g} s"
         return f"env: {e}" if isinstance(e, EnvError) else f"env: {type(e).__name__}: {e}"
 
@@ -296,7 +306,7 @@ class Agent:
         return state
 
     async def _step(self, state: BranchState, action: Any, seed: int) -> Any:
-        """One env step from ``state``, bounded by ``env_timeout_s`` (``TimeoutError``).
+        """One env step from ``state``, bounded by ``env_timeout_s`` (``_StepTimeout``).
 
         The step's coroutine is run by hand up to its first suspension: a step that
         finishes without one (an env computed in Python, as most toy and test envs are)
@@ -310,18 +320,27 @@ class Agent:
         deadline = loop.time() + self.env_timeout_s
         if self._env_takes_seed():
             seeded: Any = self.env  # step(..., *, seed) is an optional extension
-            step = seeded.step(state.env_state, action, state.workspace, seed=derive_seed(seed, state.steps, "env"))
+            step: Any = seeded.step(
+                state.env_state, action, state.workspace, seed=derive_seed(seed, state.steps, "env")
+            )
         else:
             step = self.env.step(state.env_state, action, state.workspace)
-        if type(step) is not types.CoroutineType:  # another awaitable: awaited under the timer
-            async with asyncio.timeout_at(deadline):
-                return await step
+        if type(step) is types.CoroutineType:  # run by hand up to its first suspension
+            try:
+                pending = step.send(None)
+            except StopIteration as done:
+                return done.value
+            step = _resume(step, pending)
+        else:
+            step = _awaitable(step, f"{type(self.env).__name__}.step")
+        timer = asyncio.timeout_at(deadline)  # another awaitable: awaited whole under the timer
         try:
-            pending = step.send(None)
-        except StopIteration as done:
-            return done.value
-        async with asyncio.timeout_at(deadline):
-            return await _resume(step, pending)
+            async with timer:
+                return await step
+        except TimeoutError:
+            if timer.expired():  # the env's own TimeoutError is its failure, named as raised
+                raise _StepTimeout from None
+            raise
 
     def _env_takes_seed(self) -> bool:
         """Whether env steps get a seed (see :class:`focus.env.Env`, "Randomness");
@@ -335,6 +354,13 @@ class Agent:
     async def rollouts(self, starts: Sequence[tuple[BranchState, int]]) -> list[Rollout]:
         """Run several rollouts concurrently (the caller bounds concurrency)."""
         return list(await asyncio.gather(*(self.rollout(s, seed) for s, seed in starts)))
+
+
+def _awaitable(made: Any, where: str) -> Any:
+    """``made``, what an env's ``reset`` or ``step`` returned, if it can be awaited."""
+    if not inspect.isawaitable(made):
+        raise EnvError(f"{where} returned {type(made).__name__}, not an awaitable: declare it `async def`")
+    return made
 
 
 @types.coroutine

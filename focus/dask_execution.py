@@ -274,7 +274,7 @@ class DaskExecution(Execution):
         client = self.client()
         threads = sum(client.nthreads().values()) or 1
         shards = self.shards(jobs, threads)
-        data = cloudpickle.dumps(agent)
+        data = _pickled_agent(agent)
         parts = [cloudpickle.dumps([jobs[i] for i in shard]) for shard in shards]
         # A small agent travels inside each task, so the scheduler can rerun a shard
         # whatever workers die; only a large one is scattered once per wave (data that
@@ -312,3 +312,35 @@ class DaskExecution(Execution):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _pickled_agent(agent: Agent) -> bytes:
+    """``agent`` pickled for the workers; one that does not pickle is named by the part
+    that does not (an env holding a lock, a client or an open file, mostly), with the
+    remedy, instead of ``TypeError: cannot pickle '_thread.lock' object``."""
+    import cloudpickle
+
+    from focus.env import EnvError
+
+    try:
+        return bytes(cloudpickle.dumps(agent))
+    except Exception as e:
+        parts = {"env": agent.env, "policy": agent.policy, "format": agent.format, "context": agent.context}
+        part = next((name for name, obj in parts.items() if not _pickles(obj)), "agent")
+        what = f"the {part} ({type(parts.get(part, agent)).__name__})"
+        line = (
+            f"{what} does not pickle ({type(e).__name__}: {e}); Dask ships the agent to its workers: open "
+            "clients, locks and files on first use in the worker (not in __init__), or drop them in __getstate__, "
+            "or run the rollouts in-process (execution.kind = local, --local)"
+        )
+        raise (EnvError(line) if part == "env" else TypeError(line)) from e
+
+
+def _pickles(obj: Any) -> bool:
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(obj)
+    except Exception:
+        return False
+    return True

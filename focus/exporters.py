@@ -28,6 +28,8 @@ those tokens once per branch. Nothing is re-tokenised: every id comes from the r
   same ``group_index`` (slime reads it for per-group metrics only). ``rollout_id`` is
   left unset, so slime counts each sample as one rollout. slime is not installable
   here; when it is not importable a field-for-field mirror, :class:`SlimeSample`, is used.
+- :func:`to_verl_batch` builds the padded arrays of a verl ``DataProto`` (prompts left-,
+  responses right-padded; per-token arrays aligned with ``responses``).
 """
 
 from __future__ import annotations
@@ -291,3 +293,83 @@ def to_slime_samples(
             )
         )
     return out
+
+
+# --- verl ------------------------------------------------------------------------------------
+
+
+def to_verl_batch(
+    batch: Batch,
+    *,
+    pad_token_id: int,
+    temperature: float | None = None,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+    merge_turns: bool = True,
+    skip_unmasked: bool = True,
+) -> dict[str, dict[str, Any]]:
+    """The arguments of verl's ``DataProto.from_dict(tensors, non_tensors, meta_info)``
+    for one PPO update, one row per sequence of :func:`actor_sequences` (same order).
+
+    ``tensors`` holds numpy arrays (``torch.from_numpy`` each) with verl's names and
+    layout (``verl/trainer/ppo/ray_trainer.py``, ``workers/actor/dp_actor.py``):
+    ``prompts`` (n, P) left-padded with ``pad_token_id``, ``responses`` (n, R)
+    right-padded, ``input_ids`` = the two side by side, ``attention_mask`` (1 on real
+    tokens), ``position_ids`` (``cumsum(attention_mask) - 1``, 0 on left padding), all
+    int64; ``response_mask`` (int64, 1 on trained tokens: observation tokens inside
+    the response and padding are 0), ``advantages`` (float32, the segment advantage on
+    trained tokens), ``old_log_probs`` and ``rollout_log_probs`` (float32, the behaviour
+    log-probs; 0 on observation tokens and padding). The per-token arrays are aligned
+    with ``responses``: entry j belongs to ``responses[:, j]``, predicted from what
+    precedes it (verl shifts inside the actor). P and R are the longest prompt and
+    response unless given; a longer one is refused. ``non_tensors`` holds ``uid`` (the
+    tree: verl's GRPO grouping key) and the ids of each row; ``meta_info`` the sampling
+    ``temperature`` if given (verl's actor divides its logits by it).
+    """
+    import numpy as np
+
+    seqs = actor_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)
+    if not seqs:
+        raise ValueError("the batch has no sequence with a trained token")
+    p_len = max(s.prompt_length for s in seqs) if max_prompt_length is None else max_prompt_length
+    r_len = max(len(s.tokens) - s.prompt_length for s in seqs) if max_response_length is None else max_response_length
+    n = len(seqs)
+    prompts = np.full((n, p_len), pad_token_id, dtype=np.int64)
+    responses = np.full((n, r_len), pad_token_id, dtype=np.int64)
+    attention = np.zeros((n, p_len + r_len), dtype=np.int64)
+    mask = np.zeros((n, r_len), dtype=np.int64)
+    logprobs = np.zeros((n, r_len), dtype=np.float32)
+    advantages = np.zeros((n, r_len), dtype=np.float32)
+    for i, s in enumerate(seqs):
+        p, r = s.prompt_length, len(s.tokens) - s.prompt_length
+        if p > p_len or r > r_len:
+            first = s.rows[0]
+            raise ValueError(
+                f"sequence {i} (task {first.task_id!r}, edge {first.edge_id}) has a prompt of {p} and a response "
+                f"of {r} tokens; max_prompt_length {p_len}, max_response_length {r_len}"
+            )
+        prompts[i, p_len - p :] = s.tokens[:p]
+        responses[i, :r] = s.tokens[p:]
+        attention[i, p_len - p : p_len + r] = 1
+        mask[i, :r] = s.mask[p:]
+        logprobs[i, :r] = s.logprobs[p:]
+        advantages[i, :r] = s.advantages[p:]
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": np.concatenate([prompts, responses], axis=1),
+        "attention_mask": attention,
+        "position_ids": np.clip(np.cumsum(attention, axis=1) - 1, 0, None),
+        "response_mask": mask,
+        "advantages": advantages,
+        "old_log_probs": logprobs,
+        "rollout_log_probs": logprobs.copy(),
+    }
+    rows = [s.rows[0] for s in seqs]
+    non_tensors = {
+        "uid": np.array([f"{r.collection_id}/{r.tree_id}" for r in rows], dtype=object),
+        "task_id": np.array([r.task_id for r in rows], dtype=object),
+        "edge_id": np.array([r.edge_id for r in rows], dtype=object),
+    }
+    meta_info: dict[str, Any] = {} if temperature is None else {"temperature": temperature}
+    return {"tensors": tensors, "non_tensors": non_tensors, "meta_info": meta_info}

@@ -181,13 +181,15 @@ class ToolEnv(Env):
         if problem:
             return f"Invalid arguments: {problem}.", {"tool_error": 1}
         ctx = ToolContext(state.task, state, workspace)
+        timer = asyncio.timeout(t.timeout_s)
         try:
             out = t.fn(action.arguments, ctx)
             if inspect.isawaitable(out):
-                out = await asyncio.wait_for(out, t.timeout_s)
-        except TimeoutError:
-            return f"Tool {t.name} timed out after {t.timeout_s:g} s.", {"tool_error": 1, "tool_timeout": 1}
+                async with timer:
+                    out = await out
         except Exception as e:  # noqa: BLE001 - a tool failure is the model's observation
+            if isinstance(e, TimeoutError) and timer.expired():  # not the tool's own TimeoutError
+                return f"Tool {t.name} timed out after {t.timeout_s:g} s.", {"tool_error": 1, "tool_timeout": 1}
             return f"Tool {t.name} failed: {type(e).__name__}: {e}", {"tool_error": 1}
         if not isinstance(out, str):
             return f"Tool {t.name} returned {type(out).__name__}, not text.", {"tool_error": 1}

@@ -259,3 +259,90 @@ def test_env_steps_that_suspend_finish_fail_or_time_out_as_without_the_fast_path
     assert rollout(FailsLate()).leaf.cause == "env: ValueError: broken after a suspension"
     hung = rollout(Hangs(), timeout_s=0.05)
     assert hung.leaf.kind == "failed" and hung.leaf.cause == "env: step timed out after 0.05 s"
+
+
+def test_an_env_s_own_timeout_error_is_named_as_raised_not_as_the_step_timeout():
+    """A ``TimeoutError`` the env raises itself (its HTTP client's, ``socket.timeout``)
+    is the env's failure: the cause names it, not ``env_timeout_s``, which never ran out."""
+    import asyncio
+
+    import pytest
+
+    from focus.env import EnvError
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class OwnTimeout(ReachTarget):
+        def __init__(self, suspend: bool) -> None:
+            super().__init__()
+            self.suspend = suspend
+
+        async def step(self, state, action, workspace):
+            if self.suspend:
+                await asyncio.sleep(0)
+            raise TimeoutError("search API did not answer in 2 s")
+
+    class ResetTimesOut(ReachTarget):
+        async def reset(self, task, workspace):
+            await asyncio.sleep(0)
+            raise TimeoutError("sandbox did not boot in 3 s")
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+    for env in (OwnTimeout(False), OwnTimeout(True)):
+        agent = Agent(ScriptedPolicy(["5"], ByteCodec()), env, toy_format(), env_timeout_s=60.0)
+
+        async def go(agent=agent):
+            return await agent.rollout(await agent.start(task), seed=0)
+
+        leaf = run(go()).leaf
+        assert leaf.kind == "failed" and leaf.cause == "env: TimeoutError: search API did not answer in 2 s"
+    agent = Agent(ScriptedPolicy(["5"], ByteCodec()), ResetTimesOut(), toy_format(), env_timeout_s=60.0)
+    with pytest.raises(EnvError) as e:
+        run(agent.start(task))
+    assert str(e.value) == f"ResetTimesOut.reset of task {task.id!r} failed: TimeoutError: sandbox did not boot in 3 s"
+
+    class Hangs(ReachTarget):
+        async def reset(self, task, workspace):
+            await asyncio.sleep(30)
+
+    agent = Agent(ScriptedPolicy(["5"], ByteCodec()), Hangs(), toy_format(), env_timeout_s=0.05)
+    with pytest.raises(EnvError, match=r"^Hangs.reset of task .* timed out after 0.05 s$"):
+        run(agent.start(task))
+
+
+def test_a_synchronous_env_or_an_unknown_role_fails_naming_the_env_and_what_to_change():
+    """``def step`` instead of ``async def step`` failed every rollout with ``TypeError:
+    object StepResult can't be used in 'await' expression``; an opening message with a
+    role the codec lacks stopped the collection with a bare ``ValueError`` of the codec's."""
+    import pytest
+
+    from focus.env import EnvError, StepResult
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class SyncStep(ReachTarget):
+        def step(self, state, action, workspace):
+            return StepResult(state, "ok", 0.0, True)
+
+    class SyncReset(ReachTarget):
+        def reset(self, task, workspace):
+            return Reset(None, (Message("user", "hi"),))
+
+    class EnvRole(ReachTarget):
+        async def reset(self, task, workspace):
+            return Reset((await super().reset(task, workspace)).state, (Message("environment", "hi"),))
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+
+    def agent(env):
+        return Agent(ScriptedPolicy(["5"], ByteCodec()), env, toy_format())
+
+    a = agent(SyncStep())
+    leaf = run(a.rollout(run(a.start(task)), seed=0)).leaf
+    assert leaf.kind == "failed"
+    assert leaf.cause == "env: SyncStep.step returned StepResult, not an awaitable: declare it `async def`"
+    with pytest.raises(EnvError) as e:
+        run(agent(SyncReset()).start(task))
+    assert str(e.value) == f"task {task.id!r}: SyncReset.reset returned Reset, not an awaitable: declare it `async def`"
+    with pytest.raises(EnvError) as e:
+        run(agent(EnvRole()).start(task))
+    assert str(e.value).startswith(f"the opening messages EnvRole.reset gave task {task.id!r} do not render: ")
+    assert "ByteCodec has no role 'environment'" in str(e.value)

@@ -90,6 +90,31 @@ def test_unimportable_factory_fails_when_built_naming_the_path():
         cfg.build_env()
 
 
+def test_an_env_factory_that_raises_or_returns_the_wrong_parts_is_named_in_one_line():
+    """A user's env factory that raises, or returns (format, env, tasks) or dicts as tasks,
+    failed as ``RuntimeError: ...`` or ``AttributeError: 'X' object has no attribute
+    'codec'`` from deep in the agent, naming neither the factory nor what was wrong."""
+    from flows.errors import one_line
+
+    def built(factory):
+        cfg = load_config(overrides={"env.kind": "factory", "env.factory": f"fixtures.failing:{factory}"}, environ={})
+        with pytest.raises(Exception) as e:
+            cfg.build_env()
+        return e.value, one_line(e.value)
+
+    err, line = built("unreadable_tasks")
+    assert isinstance(err, EnvError)
+    assert line == "env.factory 'fixtures.failing:unreadable_tasks' raised FileNotFoundError: tasks.jsonl is not there"
+    err, line = built("swapped_parts")
+    assert isinstance(err, ConfigError)
+    assert line == (
+        "env.factory 'fixtures.failing:swapped_parts' must return (env, format, tasks): its env is a "
+        "PolicyFormat, not a focus.env.Env; its format is a ReachTarget, not a focus.format.PolicyFormat"
+    )
+    err, line = built("dict_tasks")
+    assert line.endswith("must return (env, format, tasks): its task 0 is a dict, not a focus.env.Task"), line
+
+
 def test_cli_reports_a_bad_config_file_without_a_traceback(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[model]\nkind = "vllm"\n[agent]\nmax_steps = 0\n')

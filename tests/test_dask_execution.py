@@ -246,3 +246,34 @@ def test_a_scheduler_killed_mid_wave_is_named_in_one_line(tmp_path):
             p.wait()
         log.close()
     assert one_line(err.value).startswith("the Dask scheduler is gone: "), one_line(err.value)
+
+
+def test_an_agent_that_does_not_pickle_is_named_by_its_part_with_the_remedy():
+    """An env holding a lock (or a client, an open file) stopped a --dask collection with
+    ``TypeError: cannot pickle '_thread.lock' object``, naming neither the env nor why
+    it must pickle."""
+    import threading
+
+    import cloudpickle
+
+    from focus.dask_execution import _pickled_agent
+    from focus.env import EnvError
+
+    class Locked(ReachTarget):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lock = threading.Lock()
+
+    agent = Agent(DigitPolicy(), Locked(), toy_format())
+    with pytest.raises(EnvError) as e:
+        _pickled_agent(agent)
+    assert str(e.value).startswith(
+        "the env (Locked) does not pickle (TypeError: cannot pickle '_thread.lock' object); Dask ships the agent"
+    )
+    assert "--local" in str(e.value)
+    agent = Agent(DigitPolicy(), ReachTarget(), toy_format())
+    agent.policy.lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"^the policy \(DigitPolicy\) does not pickle"):
+        _pickled_agent(agent)
+    del agent.policy.lock
+    assert cloudpickle.loads(_pickled_agent(agent)).env.__class__ is ReachTarget

@@ -404,6 +404,9 @@ COMMANDS: dict[str, Check] = {
         "slime's own training command (slime and GPUs); tests/test_examples_slime.py calls the rollout function",
         imports="examples.train_slime.rollout:generate_rollout",
     ),
+    # examples/README.md: an env factory for focus collect
+    ".venv/bin/focus collect --set env.kind=factory --set env.factory=examples.math.env:env_factory --set "
+    "env.options.difficulty=digit_sum --tasks 4 --transitions 20": Check("run", expect=("batch:",)),
     # the records runner, in examples/train_local/README.md
     ".venv/bin/python -m examples.records --only train_local": Check(
         "parse", "runs the example's command (three train loops) and renders the READMEs"

@@ -19,6 +19,7 @@ from focus.exporters import (
     slime_sample_class,
     to_slime_samples,
     to_tinker_datums,
+    to_verl_batch,
 )
 from focus.format import ByteCodec, PolicyFormat, XmlToolCallParser
 from focus.testing import run
@@ -263,3 +264,43 @@ def test_tinker_datums_equal_the_cookbooks_for_each_segment(batch):
         for k in ("target_tokens", "logprobs", "advantages", "mask"):
             want = np.asarray(e[k], dtype=np.int64 if k == "target_tokens" else np.float32)
             assert np.array_equal(d.loss_fn_inputs[k].to_numpy(), want), k
+
+
+def test_verl_batch_has_verl_s_names_layout_and_alignment(batch):
+    """verl's PPO actor reads ``responses``, ``response_mask``, ``input_ids``,
+    ``attention_mask``, ``position_ids``, ``old_log_probs`` and ``advantages`` from a
+    ``DataProto``: prompts left-padded, responses right-padded, per-token arrays of
+    shape (n, R) aligned with ``responses``. There was no verl export at all."""
+    pad = 262
+    out = to_verl_batch(batch, pad_token_id=pad, temperature=1.0)
+    t, nt = out["tensors"], out["non_tensors"]
+    seqs = actor_sequences(batch)
+    n, p_len, r_len = len(seqs), max(s.prompt_length for s in seqs), max(len(s.tokens) - s.prompt_length for s in seqs)
+    for key in ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask"):
+        assert t[key].dtype == np.int64, key
+    for key in ("advantages", "old_log_probs", "rollout_log_probs"):
+        assert t[key].dtype == np.float32 and t[key].shape == (n, r_len), key
+    assert t["prompts"].shape == (n, p_len) and t["input_ids"].shape == t["attention_mask"].shape == (n, p_len + r_len)
+    assert out["meta_info"] == {"temperature": 1.0} and len(nt["uid"]) == n
+    assert (
+        len({u for u, s in zip(nt["uid"], seqs, strict=True) if s.rows[0].task_id == "a"}) == 1
+    )  # one GRPO group per tree
+    for i, seq in enumerate(seqs):
+        real = t["attention_mask"][i] == 1
+        assert tuple(t["input_ids"][i][real]) == seq.tokens
+        assert not real[: p_len - seq.prompt_length].any()  # left padding, then prompt, response, right padding
+        assert (t["input_ids"][i][~real] == pad).all()
+        assert list(t["position_ids"][i][real]) == list(range(len(seq.tokens)))
+        assert (t["input_ids"][i, p_len:] == t["responses"][i]).all()
+        trained = 0
+        for row, k, pos in _positions(seq):
+            j = pos - seq.prompt_length  # the token's column in responses
+            assert t["responses"][i, j] == row.completion_ids[k]
+            assert t["response_mask"][i, j] == row.loss_mask[k]
+            assert t["old_log_probs"][i, j] == np.float32(row.logprobs[k]) == t["rollout_log_probs"][i, j]
+            assert t["advantages"][i, j] == np.float32(row.advantage * row.loss_mask[k])
+            trained += row.loss_mask[k]
+        assert t["response_mask"][i].sum() == trained  # observation tokens and padding are never trained
+    assert any(t["response_mask"][i].sum() < t["attention_mask"][i, p_len:].sum() for i in range(n))  # obs inside
+    with pytest.raises(ValueError, match="max_response_length 1"):
+        to_verl_batch(batch, pad_token_id=pad, max_response_length=1)

@@ -113,3 +113,26 @@ def test_a_judge_with_a_third_parameter_reads_the_branchs_workspace():
     assert run(env.step(state, Action("answer", text="done"), other)).reward == 0.0
     # a judge of two parameters is called as before
     assert run(ToolEnv([], lambda task, answer: 0.5).step(state, Action("answer", text="x"), None)).reward == 0.5
+
+
+def test_a_tool_s_own_timeout_error_is_its_failure_not_the_tool_timeout():
+    """``socket.timeout`` is ``TimeoutError``: a tool whose client gave up on its own (or a
+    synchronous tool, which no timer bounds) failed with that error; the observation must
+    not claim the tool's ``timeout_s`` ran out, nor count a tool timeout."""
+
+    def sync_timeout(args, ctx):
+        raise TimeoutError("timed out")  # what urllib / socket raise
+
+    async def async_timeout(args, ctx):
+        await asyncio.sleep(0)
+        raise TimeoutError("upstream read timed out")
+
+    env = ToolEnv(
+        [Tool("s", "", {}, sync_timeout, timeout_s=30), Tool("a", "", {}, async_timeout, timeout_s=30)],
+        judge=lambda t, a: 0.0,
+    )
+    state = run(env.reset(Task("t", {"prompt": "p"}), None)).state
+    for name, text in (("s", "timed out"), ("a", "upstream read timed out")):
+        r = run(env.step(state, Action("tool", name=name), None))
+        assert r.observation == f"Tool {name} failed: TimeoutError: {text}", r.observation
+        assert r.info == {"tool_error": 1}

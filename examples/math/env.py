@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from examples.math.problems import DIFFICULTIES, Problem, generate_problems
 from examples.math.verifier import answers_equivalent
 from focus.env import Action, Env, Message, Reset, StepResult, Task
+from focus.format import PolicyFormat
 from focus.workspace import Workspace
 
 INSTRUCTIONS = "Solve the problem. Finish your reply with 'Answer: <value>'."
@@ -64,3 +65,24 @@ class MathEnv(Env):
         if new.attempts >= self.max_attempts:
             return StepResult(new, "Not correct.", 0.0, True)
         return StepResult(new, "Not correct. Try again.", 0.0, False)
+
+
+def env_factory(
+    n_tasks: int, seed: int, *, difficulty: str = "standard", max_attempts: int = 2, tokenizer: str | None = None
+) -> tuple[MathEnv, PolicyFormat, list[Task]]:
+    """The ``env.factory`` of ``focus collect`` for this env: ``(env, format, tasks)``.
+
+    ``focus collect --set env.kind=factory --set env.factory=examples.math.env:env_factory``;
+    ``env.options`` are the keyword arguments (``--set env.options.difficulty=digit_sum``).
+    ``tokenizer``: a local ``tokenizer.json`` for a real model's ChatML, else the
+    embedded tiny model's byte codec.
+    """
+    from focus.format import ByteCodec, ChatCodec, FinalAnswerParser
+
+    codec: ChatCodec = ByteCodec()
+    if tokenizer:
+        from focus.hf_codec import HFChatCodec
+
+        codec = HFChatCodec(tokenizer)
+    fmt = PolicyFormat(codec, FinalAnswerParser(require_marker=False))
+    return MathEnv(max_attempts=max_attempts), fmt, default_tasks(n_tasks, seed, difficulty)

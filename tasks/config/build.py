@@ -140,15 +140,40 @@ def build_env(config: FocusConfig) -> tuple[Env, PolicyFormat, list[Task]]:
     """The env, its policy format and the tasks of this collection."""
     e = config.env
     if e.kind == "factory":
-        made = import_object(e.factory or "")(n_tasks=e.n_tasks, seed=e.task_seed, **e.options)
-        try:
-            env, fmt, tasks = made
-        except (TypeError, ValueError):
-            raise ConfigError(f"env.factory {e.factory!r} must return (env, format, tasks)") from None
-        return env, fmt, list(tasks)
+        return _env_from_factory(e.factory or "", n_tasks=e.n_tasks, seed=e.task_seed, **e.options)
     from focus.toy import ReachTarget, reach_target_tasks, toy_format
 
     return ReachTarget(**e.options), toy_format(), list(reach_target_tasks(e.n_tasks, seed=e.task_seed))
+
+
+def _env_from_factory(path: str, **kwargs: Any) -> tuple[Env, PolicyFormat, list[Task]]:
+    """What ``env.factory`` returns, checked: a factory that raises, or returns its parts
+    in another order or of other types, fails in one line naming the factory (not as an
+    ``AttributeError`` of the agent's, later)."""
+    from focus.env import Env, EnvError, Task
+    from focus.format import PolicyFormat
+
+    fn = import_object(path)
+    try:
+        made = fn(**kwargs)
+    except Exception as e:
+        raise EnvError(f"env.factory {path!r} raised {type(e).__name__}: {e}") from e
+    try:
+        env, fmt, tasks = made
+        tasks = list(tasks)
+    except (TypeError, ValueError):
+        raise ConfigError(f"env.factory {path!r} must return (env, format, tasks)") from None
+    wrong = [
+        f"{what} is a {type(got).__name__}, not a {want.__module__}.{want.__name__}"
+        for what, got, want in (("env", env, Env), ("format", fmt, PolicyFormat))
+        if not isinstance(got, want)
+    ]
+    bad = next(((i, t) for i, t in enumerate(tasks) if not isinstance(t, Task)), None)
+    if bad is not None:
+        wrong.append(f"task {bad[0]} is a {type(bad[1]).__name__}, not a focus.env.Task")
+    if wrong:
+        raise ConfigError(f"env.factory {path!r} must return (env, format, tasks): its {'; its '.join(wrong)}")
+    return env, fmt, tasks
 
 
 def build_agent(config: FocusConfig, policy: Policy) -> tuple[Agent, list[Task]]:
