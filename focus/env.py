@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import inspect
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from focus.reprs import short_repr
@@ -145,7 +145,9 @@ def check_step_result(result: object, where: str) -> StepResult:
     if not abs(reward) <= VALUE_LIMIT:  # NaN too: it went into every value of its tree
         raise EnvError(f"{where} returned the reward {reward!r}, not a finite number within ±{VALUE_LIMIT:g}")
     if not isinstance(result.done, bool):
-        raise EnvError(f"{where} returned done={result.done!r}, expected a bool")
+        if type(result.done).__module__ != "numpy" or type(result.done).__name__ not in ("bool", "bool_"):
+            raise EnvError(f"{where} returned done={result.done!r}, expected a bool")
+        return replace(result, done=bool(result.done))  # numpy's bool, as gym-style envs return it
     return result
 
 
