@@ -198,3 +198,37 @@ def test_a_hung_embedded_server_is_killed_and_started_again_and_the_batch_is_unc
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         server.stop()
+
+
+def test_weights_published_while_the_embedded_server_restarts_are_loaded_when_it_is_back(tmp_path):
+    """A train loop publishes each new version into its embedded server. Killed just
+    before (here: just killed, its keeper starting it again), the load met a refused
+    connection and `focus train` stopped with `ConnectError: [Errno 111] Connection
+    refused`. The load now waits for the server its keeper starts again, and a server
+    started again after it serves the new weights."""
+    import os
+    import signal
+
+    torch = pytest.importorskip("torch")
+    from focus.tinylm.arch import DEFAULT_WEIGHTS, weights_version
+
+    saved = torch.load(DEFAULT_WEIGHTS, weights_only=False)
+    saved["state_dict"]["embed.weight"] = saved["state_dict"]["embed.weight"] * 1.01
+    other = tmp_path / "other.pt"
+    torch.save(saved, other)
+    server = LocalModelServer().start()
+    try:
+        server.keep_alive()
+        first = server.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        assert server.reload(other) == weights_version(other) == server.policy_version
+        assert server.restarts == 1 and server.pid != first
+        os.kill(server.pid, signal.SIGKILL)  # started again now: with the weights last loaded
+        deadline = time.monotonic() + 30
+        while server.restarts < 2 or not server._answers(1.0):
+            assert time.monotonic() < deadline, "not started again within 30 s"
+            time.sleep(0.05)
+        assert server.policy_version == weights_version(other)
+    finally:
+        server.stop()

@@ -420,18 +420,38 @@ class LocalModelServer:
         return str(self.info()["policy_version"])
 
     def reload(self, weights: str | os.PathLike[str]) -> str:
-        """Load new weights into the running server; returns the new policy version."""
+        """Load new weights into the running server; returns the new policy version.
+
+        The weights are noted first, so that a server its keeper starts again from then
+        on (:meth:`keep_alive`) starts with them; while it is down (killed, being started
+        again), the load is tried again for up to ``startup_timeout_s``. A train loop
+        whose server died as it published a version stopped with ``ConnectError:
+        Connection refused``; one that died between the load and the note would have
+        been started again with the old weights under the new version's name."""
         import httpx
 
         from focus.policy import PolicyError
 
-        resp = httpx.post(
-            f"{self.url}/update_weights_from_disk", json={"model_path": str(weights)}, timeout=60.0, trust_env=False
-        )
+        previous, self.weights = self.weights, str(weights)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            try:
+                resp = httpx.post(
+                    f"http://127.0.0.1:{self.port}/update_weights_from_disk",
+                    json={"model_path": str(weights)},
+                    timeout=60.0,
+                    trust_env=False,
+                )
+                break
+            except httpx.TransportError as e:
+                if self.proc is None or time.monotonic() > deadline:
+                    self.weights = previous
+                    raise PolicyError(f"weight reload from {weights} failed: {type(e).__name__}: {e}") from e
+                time.sleep(0.05)
         data = resp.json()
         if resp.status_code != 200 or not data.get("success"):
+            self.weights = previous
             raise PolicyError(f"weight reload from {weights} failed: {data.get('message', resp.text)}")
-        self.weights = str(weights)
         return str(data["policy_version"])
 
     def policy(self, **kwargs: Any) -> Any:
