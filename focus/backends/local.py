@@ -318,28 +318,37 @@ class LocalModelServer:
 
         A server that is alive but does not answer (stopped, wedged) is killed and
         started again the same way once ``/health`` has gone unanswered for ``hang_s``
-        seconds (asked every sixth of it, each try waiting at most a third; a started
-        server is given ``startup_timeout_s`` for its first answer): the calls waited on
-        it until their deadline (``model.http.deadline_s``, 600 s)."""
+        seconds, from the first unanswered try to the latest (asked every sixth of it,
+        each try waiting at most a third; a server started again is given
+        ``startup_timeout_s`` first): the calls waited on it until their deadline
+        (``model.http.deadline_s``, 600 s)."""
         threading.Thread(
             target=self._keep, args=(restarts, hang_s), name="focus-model-server-keeper", daemon=True
         ).start()
 
     def _keep(self, restarts: int, hang_s: float) -> None:
         """The keeper's loop (:meth:`keep_alive`)."""
-        proc, answered = self.proc, time.monotonic()
+        # failing: since when every probe went unanswered (None: the last one was answered);
+        # counted from a failed probe, never from the last answer, so a keeper that was not
+        # running (its command suspended with Ctrl-Z) does not take its own pause for a hang
+        proc, failing, grace = self.proc, None, 0.0
         hung: dict[int, float] = {}
         while proc is not None:
             try:
                 code = proc.wait(timeout=hang_s / 6)
             except subprocess.TimeoutExpired:
+                now = time.monotonic()
                 if self._answers(hang_s / 3):
-                    answered = time.monotonic()
-                elif time.monotonic() - answered >= hang_s:
+                    failing = None
+                elif now < grace:  # a server started again is still starting
+                    pass
+                elif failing is None:
+                    failing = now
+                elif now - failing >= hang_s:
                     with self._lock:
                         if self.proc is not proc:  # stopped by its owner
                             return
-                        hung[proc.pid] = time.monotonic() - answered
+                        hung[proc.pid] = now - failing
                         proc.kill()  # SIGKILL: a stopped process dies too; wait() sees it next
                 continue
             dead = proc.pid
@@ -357,7 +366,7 @@ class LocalModelServer:
                     return
                 self.restarts += 1
                 self.proc = proc = self._spawn()
-                answered = time.monotonic() + max(0.0, self.startup_timeout_s - hang_s)
+                failing, grace = None, time.monotonic() + self.startup_timeout_s
             log.warning(
                 "the embedded model server (pid %s) %s (%s) while in use; started again on port %s "
                 "with the same weights", dead, "hung" if dead in hung else "exited", how, self.port, extra=_CONSOLE,
