@@ -253,7 +253,7 @@ def _run(
     # With no Prefect server to keep the run, a temporary one would record it only to
     # forget it: run the collection directly (flows/direct.py; same store, same resume).
     orchestrated = prefect or bool(configured_api_url())
-    with one_line_ending(out, resume) as interrupts:
+    with one_line_ending(out, resume, lambda: _finished_line(cfg)) as interrupts:
         with started(out, cfg, prefect=orchestrated, warm=warm, interrupts=interrupts) as ready:
             if orchestrated:
                 from flows.collect import collect as collect_flow
@@ -262,6 +262,21 @@ def _run(
             from flows.direct import collect_direct
 
             return interrupts.run(collect_direct(ready, allow))
+
+
+def _finished_line(cfg: FocusConfig) -> str | None:
+    """What an interrupted collection finished all the same: a signal that comes while
+    the batch is written lets the write (and the export's record) complete, and the line
+    said "interrupted ... resume with" of a collection whose rerun said it was finished."""
+    from tasks.journal import CheckpointJournal
+
+    done = CheckpointJournal(cfg).finished_export()
+    if done is None:
+        return None
+    return (
+        f"the batch's write had begun and was completed first: the collection is finished, its batch is "
+        f"{done['batch_url']} (a rerun prints its statistics)"
+    )
 
 
 def _unserved_model(cfg: FocusConfig) -> str | None:

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -140,9 +140,17 @@ class Console:
             self.log_file = setup(self.console, verbosity=self.verbosity, log_file=self.log_file) or self.log_file
             self.logging_ready = True
 
-    def interrupted(self, interrupts: Interrupts, resume: str) -> NoReturn:
-        """The one line of a command stopped by a signal, and its status (130, 143)."""
-        line = interrupts.line(resume)
+    def interrupted(
+        self, interrupts: Interrupts, resume: str, finished: Callable[[], str | None] | None = None
+    ) -> NoReturn:
+        """The one line of a command stopped by a signal, and its status (130, 143).
+        ``finished``: what the command's work left finished (a batch whose write had
+        begun completes), or ``None``: then the line is what it says."""
+        said = None
+        if finished is not None:
+            with contextlib.suppress(Exception):  # a store that cannot be read now: the usual line
+                said = finished()
+        line = interrupts.line(resume, said)
         with contextlib.suppress(OSError):
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_file, "a", encoding="utf-8") as f:
@@ -265,17 +273,20 @@ def started(
 
 
 @contextmanager
-def one_line_ending(out: Console, resume: str) -> Iterator[Interrupts]:
+def one_line_ending(
+    out: Console, resume: str, finished: Callable[[], str | None] | None = None
+) -> Iterator[Interrupts]:
     """The command's :class:`~cli.interrupts.Interrupts`, and how its body ends when it
     does not finish: the line of an interrupt (with ``resume``, the command that resumes
-    it) or the one line of an error, each with its exit status."""
+    it; ``finished``: what the work left finished, :meth:`Console.interrupted`) or the
+    one line of an error, each with its exit status."""
     with Interrupts() as interrupts:
         interrupts.resume, interrupts.log_file = resume, str(out.log_file)
         try:
             yield interrupts
         except BaseException as e:
             if interrupts.signals:
-                out.interrupted(interrupts, resume)
+                out.interrupted(interrupts, resume, finished)
             if isinstance(e, Exception | KeyboardInterrupt):
                 out.fail(e)
             raise

@@ -142,7 +142,10 @@ class Interrupts:
         if engine is not None and callable(getattr(engine, "_prefect_sigterm_handler", None)):
             engine._prefect_sigterm_handler = self._handle  # type: ignore[attr-defined]
 
-    def line(self, resume: str) -> str:
-        """The one line an interrupted command ends with."""
+    def line(self, resume: str, finished: str | None = None) -> str:
+        """The one line an interrupted command ends with; ``finished``: what its work
+        completed all the same (the line then says that, not how to resume)."""
         name = signal.Signals(self.signals[0]).name
+        if finished:
+            return f"interrupted ({name}): {finished}"
         return f"interrupted ({name}): finished steps are saved, nothing half-made is kept; resume with: {resume}"

@@ -139,6 +139,7 @@ def train_body(
     from storage import CheckpointStore
     from storage.temp import user_temp_folder
     from storage.weights import WeightStore
+    from tasks.loop_settings import MARK, SETTINGS
 
     store, weights = CheckpointStore(config.storage.root), WeightStore(config.storage.root)
     if store.exists(base_id, TRAIN_PHASE, iteration):
@@ -169,6 +170,8 @@ def train_body(
     if not isinstance(result, TrainResult):
         raise TypeError(f"trainer {config.train.trainer!r} returned {type(result).__name__}, expected TrainResult")
     record = {**asdict(result), "metrics": dict(result.metrics), "wall_s": time.perf_counter() - t0}
+    # a rerun tells a lost settings record from a loop made before loops kept one by this
+    record[MARK] = store.exists(base_id, SETTINGS, 0)
     store.save(base_id, TRAIN_PHASE, iteration, relative(weights, record))
     return {**record, "reused": False}
 

@@ -28,7 +28,9 @@ the latest record (:func:`settle`):
 
 A loop made before loops recorded their settings gets those of its first run that ends
 well as its first record, with a warning (its trainer steps cannot be checked; its
-collections check themselves on the way).
+collections check themselves on the way). A trainer step's record says whether the
+loop's first settings record was saved before it (:data:`MARK`), which tells such a
+loop from one whose record was deleted: that one is refused (``RecordMissing``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ from tasks.config.schema import resumable_fields
 from tasks.fingerprint import Change, ResumeMismatch, changes, describe, fingerprint, without
 
 SETTINGS = "settings"
+#: A key of a trainer step's record (``("train", i)`` of the loop's id): true when the
+#: loop's first settings record was saved before the step's record. A loop whose
+#: settings record is gone while such a step is saved lost the record (a file deleted,
+#: a partial copy); one whose steps all lack it was made before loops kept one.
+MARK = "settings_recorded"
 #: Fields a train loop's resume ignores (read off the schema).
 LOOP_IGNORED = resumable_fields("loop")
 log = logging.getLogger("focus.train")
@@ -139,6 +146,24 @@ def _load(store: CheckpointStore, base: str, n: int) -> Any:
         ) from e
 
 
+def _lost(store: CheckpointStore, base: str, trained: list[int]) -> Exception | None:
+    """The error for a loop without settings records whose trainer steps say one was
+    saved before them (:data:`MARK`); ``None`` where none does (a loop made before
+    loops kept a record, or its steps before they said so). The latest step is read:
+    a loop made before records and extended since has its first record before it."""
+    from tasks.gaps import RecordMissing
+
+    if not trained or not store.load(base, "train", max(trained)).get(MARK):
+        return None
+    manifest = store.url_for(base, SETTINGS, 0) + ".manifest.json"
+    return RecordMissing(
+        f"train loop {base}: its settings record {manifest} is missing while {len(trained)} trainer step(s) of it "
+        "are saved, the latest made after the record was (a loop saves it before its first iteration): without it "
+        "a rerun cannot tell whether they were made with these settings; restore the file from where the store "
+        "came from, or train under a new --collection-id"
+    )
+
+
 def settle(config: FocusConfig, *, allow_change: bool = False, record: bool = True) -> LoopSettings:
     """Compare ``config`` with the loop's recorded settings; record them where they are
     new (not with ``record=False``: a check before anything starts). Raises
@@ -147,10 +172,13 @@ def settle(config: FocusConfig, *, allow_change: bool = False, record: bool = Tr
     store = CheckpointStore(config.storage.root)
     records, mine = _records(store, base), loop_fingerprint(config)
     if not records:
-        if _made(store, base, 0).first_free(trainer_only=False) is None:  # a new loop
+        made = _made(store, base, 0)
+        if made.first_free(trainer_only=False) is None:  # a new loop
             if record:
                 store.save(base, SETTINGS, 0, {"from": 0, "settings": mine})
             return LoopSettings([(0, mine)])
+        if lost := _lost(store, base, made.trained):
+            raise lost
         if record:
             log.warning(
                 "train loop %s has no record of the settings its iterations were made with (it was made before "

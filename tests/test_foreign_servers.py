@@ -78,7 +78,7 @@ def vllm_answer(ids: list[int], lps: list[float], finish: str = "stop", **extra:
 
 
 def test_vllm_answers_with_optional_fields_missing_or_null_keep_their_ids():
-    base = vllm_answer([5, 6], [-0.5, -9999.0], finish="length")  # vLLM clamps -inf to -9999.0
+    base = vllm_answer([5, 6], [-0.5, -9998.5], finish="length")
     variants = [base]
     no_ids = copy.deepcopy(base)
     no_ids["choices"][0]["token_ids"] = None  # return_token_ids not honoured: ids from 'token_id:<id>'
@@ -92,9 +92,41 @@ def test_vllm_answers_with_optional_fields_missing_or_null_keep_their_ids():
     variants.append(no_usage)
     for v in variants:
         c = parse_completion(v)
-        assert (c.token_ids, c.logprobs, c.finish_reason) == ((5, 6), (-0.5, -9999.0), "length")
+        assert (c.token_ids, c.logprobs, c.finish_reason) == ((5, 6), (-0.5, -9998.5), "length")
         assert c.policy_version == "Qwen/Qwen3-4B" and c.cached_prompt_tokens is None
     assert parse_completion(vllm_answer([7], [-1.0], finish="stop", stop_reason=7)).finish_reason == "stop"
+
+
+def test_vllms_stand_in_for_minus_infinity_on_a_sampled_token_is_malformed():
+    """vLLM writes a log-prob below -9999 (-inf included) as -9999.0. On a sampled token
+    it was recorded as an ordinary behaviour log-prob, where a trainer's importance ratio
+    exp(new - old) overflows; now the answer is malformed (retried, never recorded).
+    The value in the top log-probs of other tokens is no concern (never read)."""
+    with pytest.raises(MalformedResponse, match=r"log-prob -9999.0 of sampled token 1 is vLLM's stand-in for -inf"):
+        parse_completion(vllm_answer([5, 6], [-0.5, -9999.0], finish="length"))
+    with pytest.raises(MalformedResponse, match="stand-in for -inf"):
+        parse_completion(vllm_answer([5], [-9999], finish="length"))  # an int in the JSON
+    assert parse_completion(vllm_answer([5], [-9998.99], finish="length")).logprobs == (-9998.99,)
+
+
+def test_chat_format_log_probs_name_the_server_only_when_it_is_known():
+    """Log-probs in the chat format ({"content": [...]}) on /v1/completions: the line
+    named llama-server whatever the server; now llama-server only where its build
+    fingerprint says so, otherwise what the answer names of the server, or nothing."""
+    answer = vllm_answer([5], [-0.5], finish="length")
+    answer["choices"][0]["logprobs"] = {"content": [{"id": 5, "token": "x", "logprob": -0.5}]}
+    answer["system_fingerprint"], answer["model"] = "fp_44709d6fcb", "gateway-model"
+    with pytest.raises(MalformedResponse) as e:
+        parse_completion(answer)
+    line = str(e.value)
+    assert "this is llama" not in line, line
+    assert "chat format" in line and "system_fingerprint 'fp_44709d6fcb', model 'gateway-model'" in line, line
+    answer["system_fingerprint"] = answer["model"] = None
+    with pytest.raises(MalformedResponse, match=r"chat format \('logprobs.content'\) with no token ids: FOCUS"):
+        parse_completion(answer)
+    answer["system_fingerprint"] = "b6710-74b8fc17"  # llama-server's build
+    with pytest.raises(MalformedResponse, match="this is llama.cpp's llama-server"):
+        parse_completion(answer)
 
 
 def test_answers_no_server_should_send_are_malformed_naming_what_they_hold():

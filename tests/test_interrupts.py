@@ -453,3 +453,45 @@ def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weigh
         got = WeightStore(str(root)).read(f"{WeightStore(str(root)).folder('r', 2)}/{name}")
         want = WeightStore(str(clean)).read(f"{WeightStore(str(clean)).folder('r', 2)}/{name}")
         assert got == want, name
+
+
+#: ``focus collect`` whose batch write sends the process SIGINT (as a Ctrl-C at that
+#: moment would) and goes on writing while the signal is handled.
+_SIGINT_IN_THE_WRITE = """
+import os, signal, sys, time
+from storage.batches import BatchStore
+write = BatchStore.write
+def interrupted_write(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.5)
+    return write(self, *args, **kwargs)
+BatchStore.write = interrupted_write
+sys.argv = ["focus", *sys.argv[1:]]
+from cli.entry import main
+main()
+"""
+
+
+def test_ctrl_c_while_the_batch_is_written_says_the_collection_is_finished(tmp_path):
+    """A signal while the batch is written lets the write complete (it is never left
+    half-made); the line said "interrupted ... finished steps are saved ...; resume
+    with: ..." of a collection whose rerun then said it was finished. It says now that
+    the write completed and where the batch is; exit 130 all the same."""
+    root = tmp_path / "store"
+    args = ["collect", "--store", str(root), "--collection-id", "written", "--tasks", "2", "--transitions", "8"]
+    env = base_env(tmp_path / "prefect")
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGINT_IN_THE_WRITE, *args],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    url = BatchStore(str(root)).url_for("written", 0)
+    assert done.returncode == 130 and lines[-1] == (
+        "interrupted (SIGINT): the batch's write had begun and was completed first: the collection is finished, "
+        f"its batch is {url} (a rerun prints its statistics)"
+    ), (done.returncode, done.stdout[-1000:], done.stderr[-2000:])
+    again = subprocess.run(
+        [sys.executable, "-m", "cli", *args, "--json"], env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=240, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert again.returncode == 0 and json.loads(again.stdout.splitlines()[-1])["already_finished"] is True

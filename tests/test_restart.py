@@ -13,7 +13,9 @@ code runs as for a real restart); ``python -m benchmarks.restart`` measures 30 s
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 
 import pytest
 from fixtures.journal import run_collect
@@ -30,14 +32,14 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.integration]
 HTTP = {"max_retries": 2, "backoff_s": 0.01, "backoff_max_s": 0.2, "timeout_s": 20.0, "connect_timeout_s": 2.0}
 
 
-def config(root: str, cid: str, url: str, outage_wait_s: float):  # type: ignore[no-untyped-def]
+def config(root: str, cid: str, url: str, outage_wait_s: float, deadline_s: float = 600.0):  # type: ignore[no-untyped-def]
     return load_config(
         overrides={
             "collection_id": cid,
             "seed": 11,
             "model.kind": "openai",
             "model.url": url,
-            "model.http": {**HTTP, "outage_wait_s": outage_wait_s},
+            "model.http": {**HTTP, "outage_wait_s": outage_wait_s, "deadline_s": deadline_s},
             "env.n_tasks": 4,
             "agent.sampling.max_tokens": 8,
             "search.phases": [
@@ -150,3 +152,83 @@ def test_the_embedded_server_a_command_started_is_started_again_when_killed(tmp_
         httpx.get(f"{url}/health", timeout=2, trust_env=False)
     with pytest.raises(ProcessLookupError):
         os.kill(again, 0)
+
+
+def test_a_hung_embedded_server_is_killed_and_started_again_and_the_batch_is_unchanged(tmp_path, caplog):
+    """An embedded server alive but not answering (SIGSTOP here; a wedged process) was
+    not started again: its keeper waited for the process to exit, and the calls waited
+    out their deadline (600 s). Its keeper now asks ``/health`` and, after ``hang_s``
+    without an answer, kills it and starts it again as a dead one; the seeded requests
+    in flight are sent again and the batch is an uninterrupted run's, bit for bit."""
+    import os
+    import signal
+    import threading
+
+    server = LocalModelServer().start()
+    stopped: list[int] = []
+    try:
+        server.keep_alive(hang_s=2.0)
+        root = str(tmp_path / "store")
+        before = served_requests(server.url)
+        clean = run_collect(config(root, "clean", server.url, 60.0))
+        calls = served_requests(server.url) - before
+
+        def stop_mid_run() -> None:
+            while served_requests(server.url) < before + calls + calls // 2:
+                time.sleep(0.02)
+            assert server.pid is not None
+            stopped.append(server.pid)
+            os.kill(server.pid, signal.SIGSTOP)
+
+        stopper = threading.Thread(target=stop_mid_run, daemon=True)
+        stopper.start()
+        t0 = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="focus.backends.local"):
+            hung = run_collect(config(root, "hung", server.url, 60.0, deadline_s=90.0))
+        took = time.monotonic() - t0
+        stopper.join(timeout=5)
+        assert stopped and server.restarts == 1 and server.pid != stopped[0]
+        assert rows(root, hung["batch_url"])[1:] == rows(root, clean["batch_url"])[1:]
+        assert rows(root, hung["batch_url"])[0]["failed_rollouts"] == 0
+        lines = [r.getMessage() for r in caplog.records if "embedded model server" in r.getMessage()]
+        assert len(lines) == 1 and f"(pid {stopped[0]}) hung (killed: alive, but /health unanswered for" in lines[0]
+        assert took < 60, took  # the hang costs hang_s and a restart, not a call's deadline
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        server.stop()
+
+
+def test_weights_published_while_the_embedded_server_restarts_are_loaded_when_it_is_back(tmp_path):
+    """A train loop publishes each new version into its embedded server. Killed just
+    before (here: just killed, its keeper starting it again), the load met a refused
+    connection and `focus train` stopped with `ConnectError: [Errno 111] Connection
+    refused`. The load now waits for the server its keeper starts again, and a server
+    started again after it serves the new weights."""
+    import os
+    import signal
+
+    torch = pytest.importorskip("torch")
+    from focus.tinylm.arch import DEFAULT_WEIGHTS, weights_version
+
+    saved = torch.load(DEFAULT_WEIGHTS, weights_only=False)
+    saved["state_dict"]["embed.weight"] = saved["state_dict"]["embed.weight"] * 1.01
+    other = tmp_path / "other.pt"
+    torch.save(saved, other)
+    server = LocalModelServer().start()
+    try:
+        server.keep_alive()
+        first = server.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        assert server.reload(other) == weights_version(other) == server.policy_version
+        assert server.restarts == 1 and server.pid != first
+        os.kill(server.pid, signal.SIGKILL)  # started again now: with the weights last loaded
+        deadline = time.monotonic() + 30
+        while server.restarts < 2 or not server._answers(1.0):
+            assert time.monotonic() < deadline, "not started again within 30 s"
+            time.sleep(0.05)
+        assert server.policy_version == weights_version(other)
+    finally:
+        server.stop()

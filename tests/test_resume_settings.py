@@ -99,6 +99,28 @@ def test_train_refuses_settings_that_would_change_its_made_iterations_and_ignore
     assert reused(again) and again["train"]["metrics"]["lr"] == 0.001
 
 
+@pytest.mark.integration  # the embedded model server
+def test_a_settings_record_deleted_outright_stops_the_rerun_in_one_line(tmp_path):
+    """A loop whose settings record was deleted (manifest and data: no damage to see)
+    was taken for one made before loops kept a record: a rerun with another learning
+    rate warned, took the new settings for those its trained iteration was made with
+    and recorded them. A trainer step now says that the record was saved before it, so
+    the rerun stops in one line naming the record, exit 1; nothing is written."""
+    (tmp_path / "lrtrain.py").write_text(textwrap.dedent(TRAINER))
+    loop(tmp_path, "--iterations", "1")
+    store = CheckpointStore(str(tmp_path / "s"))
+    manifest = Path(store.url_for("L", "settings", 0).removeprefix("file://") + ".manifest.json")
+    for f in manifest.parent.glob("n-settings-w00000*"):
+        f.unlink()
+    base = ["train", *LOOP, "--store", str(tmp_path / "s"), "--collection-id", "L", "--iterations", "1"]
+    done = focus([*base, "--set", "train.local.lr=0.1"], tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stdout[-1000:] + done.stderr[-2000:]
+    assert lines[0].startswith(f"error: train loop L: its settings record {manifest.as_uri()} is missing while 1 ")
+    assert "the latest made after the record was" in lines[0] and "or train under a new --collection-id" in lines[0]
+    assert not store.exists("L", "settings", 0)
+
+
 @pytest.mark.integration
 def test_train_extends_and_applies_accepted_changes_from_the_first_iteration_not_begun(tmp_path):
     (tmp_path / "lrtrain.py").write_text(textwrap.dedent(TRAINER))
@@ -180,6 +202,18 @@ def test_a_loop_made_before_loops_recorded_their_settings_is_recorded_once_a_run
     first.record(config(tmp_path))
     with pytest.raises(LoopSettingsChanged, match=r"its iteration 0 was made with other settings \(seed 0 → 1\)"):
         settle(config(tmp_path, seed=1))
+
+
+def test_a_missing_settings_record_is_told_from_one_never_made_by_the_trainer_steps_mark(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    store.save("L", "train", 0, {"policy_version": "v1", "settings_recorded": False})  # made before records
+    store.save("L", "train", 1, {"policy_version": "v2", "settings_recorded": True})  # made after one was saved
+    with pytest.raises(
+        RecordMissing, match=r"^train loop L: its settings record file://.*/n-settings-w00000\.manifest"
+    ):
+        settle(config(tmp_path), record=False)
+    store.save("M", "train", 0, {"policy_version": "v1"})  # a loop made before its steps said so
+    assert settle(config(tmp_path, collection_id="M")).unrecorded
 
 
 @pytest.mark.parametrize("damage", ["manifest", "data"])

@@ -39,6 +39,12 @@ log = logging.getLogger(__name__)
 #: ``extra=`` of a record the ``focus`` command shows on the console in quiet mode.
 _CONSOLE = {"focus_console": True}
 
+#: Seconds without an answer to ``/health`` after which a live embedded server is taken
+#: for hung, killed and started again (:meth:`LocalModelServer.keep_alive`). It answers
+#: ``/health`` from its event loop, beside the engine's thread, in milliseconds; 30 s is
+#: far past that on a loaded machine and far below the calls' 600 s deadline.
+HANG_S = 30.0
+
 # httpx and focus.policy load where used: ``focus collect`` imports this module first
 # thing to start a WarmServer, and every millisecond before that spawn is on its wall time
 
@@ -301,37 +307,81 @@ class LocalModelServer:
         self._log.seek(0)
         return self._log.read().decode(errors="replace")[-4000:]
 
-    def keep_alive(self, restarts: int = 3) -> None:
+    def keep_alive(self, restarts: int = 3, hang_s: float = HANG_S) -> None:
         """Start the server again, on its port and with the weights it serves, whenever its
         process dies while nobody stopped it (``kill -9``, the OOM killer), up to
         ``restarts`` times; one warning line each. The clients' outage wait
         (``model.http.outage_wait_s``) then sees it come back as after any restart, and
         seeded sampling gives the same answers. Nothing but its owner could start it
         again on that port: a collection waited the whole outage wait (300 s) for it,
-        then failed its wave."""
+        then failed its wave.
 
-        def watch() -> None:
-            proc = self.proc
-            while proc is not None:
-                code, dead = proc.wait(), proc.pid
-                how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-                with self._lock:
-                    if self.proc is not proc:  # stopped by its owner
-                        return
-                    if self.restarts >= restarts:
-                        log.warning(
-                            "the embedded model server (pid %s) exited (%s) again; it was started again %d "
-                            "time(s) and is not any more", dead, how, self.restarts, extra=_CONSOLE,
-                        )  # fmt: skip
-                        return
-                    self.restarts += 1
-                    self.proc = proc = self._spawn()
-                log.warning(
-                    "the embedded model server (pid %s) exited (%s) while in use; started again on port %s "
-                    "with the same weights", dead, how, self.port, extra=_CONSOLE,
-                )  # fmt: skip
+        A server that is alive but does not answer (stopped, wedged) is killed and
+        started again the same way once ``/health`` has gone unanswered for ``hang_s``
+        seconds, from the first unanswered try to the latest (asked every sixth of it,
+        each try waiting at most a third; a server started again is given
+        ``startup_timeout_s`` first): the calls waited on it until their deadline
+        (``model.http.deadline_s``, 600 s)."""
+        threading.Thread(
+            target=self._keep, args=(restarts, hang_s), name="focus-model-server-keeper", daemon=True
+        ).start()
 
-        threading.Thread(target=watch, name="focus-model-server-keeper", daemon=True).start()
+    def _keep(self, restarts: int, hang_s: float) -> None:
+        """The keeper's loop (:meth:`keep_alive`)."""
+        # failing: since when every probe went unanswered (None: the last one was answered);
+        # counted from a failed probe, never from the last answer, so a keeper that was not
+        # running (its command suspended with Ctrl-Z) does not take its own pause for a hang
+        proc, failing, grace = self.proc, None, 0.0
+        hung: dict[int, float] = {}
+        while proc is not None:
+            try:
+                code = proc.wait(timeout=hang_s / 6)
+            except subprocess.TimeoutExpired:
+                now = time.monotonic()
+                if self._answers(hang_s / 3):
+                    failing = None
+                elif now < grace:  # a server started again is still starting
+                    pass
+                elif failing is None:
+                    failing = now
+                elif now - failing >= hang_s:
+                    with self._lock:
+                        if self.proc is not proc:  # stopped by its owner
+                            return
+                        hung[proc.pid] = now - failing
+                        proc.kill()  # SIGKILL: a stopped process dies too; wait() sees it next
+                continue
+            dead = proc.pid
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+            if dead in hung:
+                how = f"killed: alive, but /health unanswered for {hung[dead]:.0f} s, hang_s = {hang_s:g} s"
+            with self._lock:
+                if self.proc is not proc:  # stopped by its owner
+                    return
+                if self.restarts >= restarts:
+                    log.warning(
+                        "the embedded model server (pid %s) exited (%s) again; it was started again %d "
+                        "time(s) and is not any more", dead, how, self.restarts, extra=_CONSOLE,
+                    )  # fmt: skip
+                    return
+                self.restarts += 1
+                self.proc = proc = self._spawn()
+                failing, grace = None, time.monotonic() + self.startup_timeout_s
+            log.warning(
+                "the embedded model server (pid %s) %s (%s) while in use; started again on port %s "
+                "with the same weights", dead, "hung" if dead in hung else "exited", how, self.port, extra=_CONSOLE,
+            )  # fmt: skip
+
+    def _answers(self, timeout_s: float) -> bool:
+        """Whether the server answers ``/health`` within ``timeout_s``."""
+        import httpx
+
+        try:
+            return (
+                httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=timeout_s, trust_env=False).status_code == 200
+            )
+        except httpx.HTTPError:
+            return False
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         """A new server process on :attr:`port` (its own temporary folder)."""
@@ -379,18 +429,38 @@ class LocalModelServer:
         return str(self.info()["policy_version"])
 
     def reload(self, weights: str | os.PathLike[str]) -> str:
-        """Load new weights into the running server; returns the new policy version."""
+        """Load new weights into the running server; returns the new policy version.
+
+        The weights are noted first, so that a server its keeper starts again from then
+        on (:meth:`keep_alive`) starts with them; while it is down (killed, being started
+        again), the load is tried again for up to ``startup_timeout_s``. A train loop
+        whose server died as it published a version stopped with ``ConnectError:
+        Connection refused``; one that died between the load and the note would have
+        been started again with the old weights under the new version's name."""
         import httpx
 
         from focus.policy import PolicyError
 
-        resp = httpx.post(
-            f"{self.url}/update_weights_from_disk", json={"model_path": str(weights)}, timeout=60.0, trust_env=False
-        )
+        previous, self.weights = self.weights, str(weights)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            try:
+                resp = httpx.post(
+                    f"http://127.0.0.1:{self.port}/update_weights_from_disk",
+                    json={"model_path": str(weights)},
+                    timeout=60.0,
+                    trust_env=False,
+                )
+                break
+            except httpx.TransportError as e:
+                if self.proc is None or time.monotonic() > deadline:
+                    self.weights = previous
+                    raise PolicyError(f"weight reload from {weights} failed: {type(e).__name__}: {e}") from e
+                time.sleep(0.05)
         data = resp.json()
         if resp.status_code != 200 or not data.get("success"):
+            self.weights = previous
             raise PolicyError(f"weight reload from {weights} failed: {data.get('message', resp.text)}")
-        self.weights = str(weights)
         return str(data["policy_version"])
 
     def policy(self, **kwargs: Any) -> Any:

@@ -208,6 +208,12 @@ def aborted(finish: str, n: int, detail: Any) -> str:
     return f"the server ended the request with finish_reason {finish!r} after {n} token(s){why} (a cut-off sample)"
 
 
+#: vLLM writes a log-prob below it (``-inf`` included) as this value
+#: (``max(logprob, -9999.0)`` in its completions serving): a sampled token's behaviour
+#: log-prob there makes a trainer's importance ratio ``exp(new - old)`` overflow, so such
+#: an answer is malformed, never recorded (docs/operations.md).
+NEG_INF_STAND_IN = -9999.0
+
 #: Why an answer without ids cannot be used, and what to set on the server.
 NO_IDS = (
     "no token ids in the answer, only token texts (never re-tokenised): run vLLM >= 0.8 or start it "
@@ -223,12 +229,25 @@ LLAMACPP = (
 )
 
 
-def _llamacpp(data: dict[str, Any], lp: Any) -> bool:
-    """Whether a completions answer is llama-server's (its ``system_fingerprint`` is its
-    build, ``b<number>-<commit>``; its log-probs are a chat-style ``content`` list)."""
+def _llamacpp(data: dict[str, Any]) -> bool:
+    """Whether a completions answer is llama-server's: its ``system_fingerprint`` is its
+    build, ``b<number>-<commit>``."""
     fingerprint = data.get("system_fingerprint")
-    return (isinstance(fingerprint, str) and re.fullmatch(r"b\d+-[0-9a-f]+", fingerprint) is not None) or (
-        isinstance(lp, dict) and isinstance(lp.get("content"), list)
+    return isinstance(fingerprint, str) and re.fullmatch(r"b\d+-[0-9a-f]+", fingerprint) is not None
+
+
+def chat_logprobs(data: dict[str, Any]) -> str:
+    """The line for log-probs in the chat format (``{"content": [...]}``, no token ids)
+    from a server that is not known to be llama-server: it names what the answer says of
+    the server (``system_fingerprint``, ``model``), nothing more. Other servers give this
+    format too (an OpenAI-compatible proxy or gateway that rewrites answers); the line
+    named llama-server whatever the server was."""
+    said = [f"{k} {data[k]!r}" for k in ("system_fingerprint", "model") if isinstance(data.get(k), str) and data[k]]
+    who = f" (the answer names {', '.join(said)})" if said else ""
+    return (
+        f"the answer's log-probs are in the chat format ('logprobs.content') with no token ids{who}: "
+        "FOCUS reads /v1/completions' 'token_logprobs' and 'token_ids' (vLLM); for llama.cpp's llama-server set "
+        "model.kind = llamacpp, for SGLang model.kind = sglang"
     )
 
 
@@ -282,8 +301,10 @@ def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
         raise MalformedResponse("a choice of the answer is not an object")
     lp = ch.get("logprobs")
     if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs"), list):
-        if _llamacpp(data, lp):
+        if _llamacpp(data):
             raise MalformedResponse(LLAMACPP)
+        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+            raise MalformedResponse(chat_logprobs(data))
         raise MalformedResponse("the choice has no 'logprobs.token_logprobs' (was 'logprobs' dropped?)")
     logprobs = lp["token_logprobs"]
     ids = ch.get("token_ids")
@@ -300,6 +321,11 @@ def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
     for i, x in enumerate(logprobs):
         if not isinstance(x, int | float) or not math.isfinite(x):
             raise MalformedResponse(f"log-prob {x!r} of token {i} is not a finite number")
+        if x <= NEG_INF_STAND_IN:
+            raise MalformedResponse(
+                f"log-prob {x!r} of sampled token {i} is vLLM's stand-in for -inf: the server gives the token it "
+                "sampled probability 0, so its log-probs are not those of its sampler (see --logprobs-mode)"
+            )
         values.append(float(x))
     finish = _FINISH.get(str(ch.get("finish_reason")))
     if finish is None:
