@@ -432,13 +432,10 @@ def _critic_by_depth(recs: list[Checkpoint], mo: _Moments, s: np.ndarray, t: flo
     neighbours and the pool. Where the ranking chose the branched checkpoints these
     residuals are selected (it branches where the critic's miss was small); the
     continuations :attr:`focus.priority.Selective.explore` places by a hash are not,
-    and they reach the depths the ranking avoids. The only-child residuals count too,
-    ``(v̂ − q)² − Var(q)`` (Var(q) the modelled variance of the one child's value: its
-    transitions' s and its bootstrapped leaves' pooled t), at the same weights: they
-    are where search did not branch, so a depth the ranking avoided (because the
-    critic looked right where it branched) still shows the critic's error. (Read off
-    the first children *instead* of the spreads, t(d) took the difference where the
-    depth prior blurs a decisive step and s is short, 0.04 for an exact critic.)"""
+    and they reach the depths the ranking avoids. (Reading t(d) off every checkpoint's
+    first child instead, ``(v̂ − q_1)² − Var(q_1)``, needs the modelled Var(q_1): where
+    the depth prior blurs a decisive step, s is short and t(d) took the difference, 0.04
+    for an exact critic.)"""
     nd, res_ix = mo.nd, mo.res_ix
     if not len(res_ix):
         return np.full(nd, t)
@@ -449,14 +446,6 @@ def _critic_by_depth(recs: list[Checkpoint], mo: _Moments, s: np.ndarray, t: flo
     np.add.at(weight, [recs[i].depth for i in res_ix], wt)
     np.add.at(total, [recs[i].depth for i in res_ix], wt * mo.t_obs)
     unit = float(np.mean(wt))
-    if len(mo.one_y):
-        # the only-child residuals, (v̂ − q)² less the modelled Var(q) (its transitions'
-        # s and its bootstrapped leaves' pooled t), at the same weights: where search
-        # did not branch
-        var_one = _mv(mo.one_rows[:, :nd], s) + (mo.one_t - 1.0) * t
-        w_one = 1.0 / (t + var_one + floor) ** 2
-        np.add.at(weight, mo.one_depth, w_one)
-        np.add.at(total, mo.one_depth, w_one * (mo.one_y - var_one))
     mat = np.diag(weight) + unit * (_DEPTH_PRIOR_DOF * _depth_walk(nd) + _CRITIC_PRIOR_DOF * np.eye(nd))
     return _nnls(mat, total + unit * _CRITIC_PRIOR_DOF * t)
 

@@ -89,11 +89,11 @@ def digest(batch) -> str:  # type: ignore[no-untyped-def]
 PINNED = {
     ("grpo", 0): ("ab80e8e291288554", 232, 208),
     ("grpo", 1): ("2b39ebd36a704827", 234, 212),
-    ("selective", 0): ("1833425b45cc8af8", 345, 248),
-    ("selective", 1): ("dd4782206bcfb4cf", 346, 220),
-    ("selective_jobs", 0): ("9b087dd3c29abd28", 347, 274),
-    ("uniform", 0): ("ca31ec59fa325159", 282, 238),
-    ("uniform", 1): ("e624091ea6a320ee", 285, 238),
+    ("selective", 0): ("20485b8802288702", 343, 272),
+    ("selective", 1): ("03990c109b956168", 342, 188),
+    ("selective_jobs", 0): ("7950a5fa15a40b6a", 343, 228),
+    ("uniform", 0): ("4ec6b78f9286f22a", 282, 238),
+    ("uniform", 1): ("067a9a2a4c6360e8", 285, 238),
 }
 
 
