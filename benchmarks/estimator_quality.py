@@ -73,6 +73,11 @@ paired bootstrap over seeds: both methods' MSEs resampled on the same seeds), wh
 cells stay above 1.1 across that interval, and how many cells exceed 1.1 in each
 disjoint group of 4 and of 12 seeds (what a run of that many seeds would have reported).
 
+Families and critics kept outside the project run by ``module:attr`` specs (the
+module on ``PYTHONPATH``): ``--families mymdps:FAMILIES`` (a dict of :class:`Family`,
+or one), ``--critics mymdps:my_critic`` (a callable ``(mdps, gamma, seed, reach) ->
+Critic``); :func:`external`.
+
     .venv/bin/python -m benchmarks.estimator_quality [--quick] [--jobs 2] [--json PATH] [--plot PNG]
 """
 
@@ -80,6 +85,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import math
 import os
@@ -160,7 +166,57 @@ class OldSelective(Selective):
         return (spread + dis) * gain * node.influence / node.expected_transitions
 
 
+def external(spec: str) -> Any:
+    """The object a ``module:attr`` spec names, ``attr`` a dotted path of attributes
+    and, in a dict, keys (``mymdps:FAMILIES.walk``). The module is imported by name, so
+    its folder must be on ``PYTHONPATH``. Lets a run use families and critics kept
+    outside the project (made so that they cannot be tuned to)."""
+    module, _, path = spec.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in path.split(".") if path else []:
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+def resolve_family(name: str) -> Family:
+    """The family a name gives: one of :data:`ALL_FAMILIES`, or a ``module:attr`` spec
+    naming a :class:`Family` (:func:`external`)."""
+    if name in ALL_FAMILIES:
+        return ALL_FAMILIES[name]
+    fam = external(name) if ":" in name else None
+    if not isinstance(fam, Family):
+        raise ValueError(f"{name!r} is not a family (known: {', '.join(ALL_FAMILIES)}, or module:attr)")
+    return fam
+
+
+def expand_families(names: list[str]) -> list[str]:
+    """``--families`` with every ``module:attr`` spec that names a dict of families
+    replaced by one spec per family in it (``module:attr.key``). Raises ValueError
+    (with the reason) for a name that gives no family."""
+    out: list[str] = []
+    for name in names:
+        if name in ALL_FAMILIES or ":" not in name:
+            out.append(name)
+            continue
+        try:
+            obj = external(name)
+        except (ImportError, AttributeError, KeyError) as e:
+            raise ValueError(f"{name}: {type(e).__name__}: {e}") from e
+        if isinstance(obj, dict):
+            out.extend(f"{name}.{k}" for k, v in obj.items() if isinstance(v, Family))
+        elif isinstance(obj, Family):
+            out.append(name)
+        else:
+            raise ValueError(f"{name}: names a {type(obj).__name__}, not a Family or a dict of them")
+    return out
+
+
 def make_critic(name: str, mdps: list[TreeMDP], gamma: float, seed: int, reach: int | None = None) -> Critic:
+    """The critic a name gives (:data:`CRITICS`), or, for a ``module:attr`` spec, what
+    the callable it names returns for ``(mdps, gamma, seed, reach)``."""
+    if ":" in name:
+        critic: Critic = external(name)(mdps, gamma, seed, reach)
+        return critic
     if name in DEPTH_CRITICS:
         return depth_critic(name, mdps, gamma, seed, reach)
     if name in UNSEEN_CRITICS:
@@ -288,7 +344,7 @@ def search_state(
     critic. ``phase`` overrides fields of the continuation phase (benchmarks.waves);
     ``fraction`` runs that share of its budget only (benchmarks.priority_terms)."""
     family, n_tasks, budget, critic, method, seed = job
-    fam = ALL_FAMILIES[family]
+    fam = resolve_family(family)
     mdps = [fam.make(1000 * seed + i) for i in range(n_tasks)]
     values = [m.values(fam.gamma) for m in mdps]
     max_steps = fam.max_steps or fam.horizon + 2
@@ -351,8 +407,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--ablation-seeds", type=int, default=12, help="seeds per cell of the ablation rows (at most --seeds)"
     )
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="transitions per task, in multiples of H")
-    ap.add_argument("--families", default=",".join(ALL_FAMILIES))
-    ap.add_argument("--critics", default=",".join(CRITICS))
+    ap.add_argument(
+        "--families",
+        default=",".join(ALL_FAMILIES),
+        help="names, or module:attr specs of a Family or a dict of them (module on PYTHONPATH)",
+    )
+    ap.add_argument(
+        "--critics",
+        default=",".join(CRITICS),
+        help="names, or module:attr specs of a callable (mdps, gamma, seed, reach) -> Critic",
+    )
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: one per core)")
     args = ap.parse_args(argv)
@@ -365,12 +429,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--budgets takes whole multiples of H separated by commas, got {args.budgets!r}")
     if min(budgets) < 1:
         ap.error(f"--budgets must be at least 1 (H), got {args.budgets!r}")
+    try:
+        families = expand_families(families)
+    except ValueError as e:
+        ap.error(f"--families: {e}")
+    for spec in (c for c in critics if ":" in c):
+        try:
+            factory = external(spec)
+        except (ImportError, AttributeError, KeyError) as e:
+            ap.error(f"--critics: {spec}: {type(e).__name__}: {e}")
+        if not callable(factory):
+            ap.error(f"--critics: {spec} names a {type(factory).__name__}, not a callable")
     for flag, given, known in (
         ("--families", families, ALL_FAMILIES),
         ("--critics", critics, CRITICS),
         ("--methods", methods, (*METHODS, *BOUND_METHODS)),
     ):
-        unknown = [x for x in given if x not in known]
+        unknown = [x for x in given if x not in known and not (flag != "--methods" and ":" in x)]
         if unknown:
             ap.error(f"{flag}: unknown {', '.join(unknown)} (known: {', '.join(known)})")
     args.families, args.critics, args.methods, args.budget_list = families, critics, methods, budgets
