@@ -310,6 +310,7 @@ class WaveTail:
         t = time.perf_counter()
         while unranked and time.perf_counter() - t < SLICE_S:
             state.facts(unranked.pop()).ranked(search, calib, pi, seed)
+        refreeze()  # the rankings made stay alive (see _sliced)
 
     def _graft(self, state: SearchState, ti: int, phase_name: str) -> TreeWave:
         jobs = self._jobs[ti]
