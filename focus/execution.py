@@ -131,18 +131,12 @@ def frozen_heap(enabled: bool = True) -> Iterator[bool]:
 
 
 def refreeze() -> None:
-    """Move what was made since the last freeze into the frozen set (``gc.freeze()``,
-    O(1): the generations' lists are spliced onto the permanent one, and the young
-    count starts again), while a holder of :func:`frozen_heap` in this process froze.
-
-    For the collector's own bulk work between a wave's freezes (``focus.waves``: the
-    tail grafts, scores and prefits trees in slices, and calls this between them): at
-    100k transitions over 2,000 tasks a wave's tail (the evidence wave's grafts, every
-    tree's noise rows, a refit's scores) made more than :data:`GC_THRESHOLD_FROZEN`
-    containers that stay alive with the trees, and each young collection walked them
-    all and freed nothing (4 collections of 150-270 ms each, about 8 us per transition,
-    at load 9). Cyclic garbage made meanwhile waits for the last holder's exit, as
-    what a wave makes already does once the next wave freezes it."""
+    """``gc.freeze()`` again (O(1): the generations' lists are spliced onto the permanent
+    one and the young count starts over) while a :func:`frozen_heap` holder froze: for
+    the collector's bulk work between a wave's freezes (``focus.waves``' tail slices),
+    whose containers stay alive with the trees. At 100k transitions over 2,000 tasks
+    young collections walked them (4 of 150-270 ms, nothing freed). Cyclic garbage made
+    meanwhile waits for the last holder's exit, as a wave's does after the next freeze."""
     with _FROZEN_LOCK:
         if _FROZEN_RUNS:
             gc.freeze()
