@@ -21,7 +21,6 @@ from focus.sums import left_sum
 from focus.usage import Usage
 
 NODE_KINDS = ("checkpoint", "terminal", "truncated", "failed")
-_new = object.__new__
 
 
 @dataclass(frozen=True)
@@ -194,17 +193,8 @@ class Tree:
         for t in turns:
             if t.transition:
                 k += 1
-        # Edge(...) and Node(...) without their __init__s (the fields straight into the
-        # instances' __dicts__, in field order; neither class has a __post_init__):
-        # grafting adds a node per piece of every rollout, about one per transition
-        edge = _new(Edge)
-        edge.__dict__ = {"id": eid, "parent": parent, "child": nid, "turns": turns, "rollout": rollout}
-        node = _new(Node)
-        node.__dict__ = {
-            "id": nid, "parent_edge": eid, "depth": p.depth + 1, "transitions": p.transitions + k,
-            "steps": steps, "kind": kind, "context_ids": context_ids, "value": None, "value_std": None,
-            "children": [], "cause": cause,
-        }  # fmt: skip
+        edge = Edge(eid, parent, nid, turns, rollout)
+        node = Node(nid, eid, p.depth + 1, p.transitions + k, steps, kind, context_ids, cause=cause)
         self.nodes[nid] = node
         self.edges[eid] = edge
         p.children.append(eid)

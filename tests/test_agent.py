@@ -261,44 +261,29 @@ def test_env_steps_that_suspend_finish_fail_or_time_out_as_without_the_fast_path
     assert hung.leaf.kind == "failed" and hung.leaf.cause == "env: step timed out after 0.05 s"
 
 
-def test_records_made_without_init_are_what_their_constructors_make():
-    """A rollout's turns, pieces and the rollout itself, and the tree nodes and edges a
-    graft adds, are made without their dataclasses' ``__init__``s (focus.agent._turn,
-    focus.tree.Tree.add_node): each equals, hashes (the frozen ones) and pickles as the
-    instance its constructor makes from the same fields."""
-    import dataclasses
-
-    from focus.agent import Piece, Rollout
+def test_a_rollout_s_nodes_count_the_transitions_from_the_root():
+    """``Tree.add_node`` counts a segment's task transitions itself (``Edge.k``'s count,
+    without its generator): each node's ``transitions`` is its parent's plus its
+    segment's, and the nodes and edges are those their constructors make."""
     from focus.tree import Edge, Node, Tree, Turn
 
     codec = ByteCodec()
     policy = ScriptedPolicy([CALL] * 3 + ["<answer>42</answer>"], codec)
     agent = Agent(policy, make_env(), PolicyFormat(codec, XmlToolCallParser()), branch_points=EveryDecision())
     ro = run(agent.rollout(run(agent.start(TASK)), seed=0))
+    compaction = Turn((1,), (2,), (-0.5,), 0, "stop", "compaction", 0.0, False)
     tree = Tree.new(TASK.id, None)
     parent = 0
     for p in ro.pieces:
         parent = tree.add_node(parent, p.turns, p.kind, steps=p.steps, context_ids=p.context_ids, rollout=0).id
-
-    def same(made: object, hashed: bool) -> None:
-        cls = type(made)
-        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        assert list(vars(made)) == names  # the fields, in order
-        built = cls(**{n: getattr(made, n) for n in names})
-        assert built == made and pickle.dumps(built) == pickle.dumps(made)
-        if hashed:
-            assert hash(built) == hash(made)
-
-    same(ro, False)  # a rollout and its pieces hold dicts: unhashable either way
-    for p in ro.pieces:
-        same(p, False)
-        for t in p.turns:
-            same(t, True)
-    assert len(ro.turns) == 4 and [p.kind for p in ro.pieces][-1] == "terminal"
+    tree.add_node(parent - 1, (compaction, *ro.pieces[-1].turns), "terminal", steps=9, rollout=1)
+    assert [n.transitions for n in tree.nodes.values()] == [0, 1, 2, 3, 4, 4]
     for n in tree.nodes.values():
-        same(n, False)
-    for e in tree.edges.values():
-        same(e, False)
-    assert [n.transitions for n in tree.nodes.values()] == [0, 1, 2, 3, 4]
-    assert isinstance(tree.nodes[1], Node) and isinstance(tree.edges[0], Edge) and isinstance(ro.turns[0], Turn)
-    assert isinstance(ro, Rollout) and isinstance(ro.pieces[0], Piece)
+        if n.parent_edge is not None:
+            e = tree.edges[n.parent_edge]
+            assert n.transitions == tree.nodes[e.parent].transitions + e.k
+            assert e == Edge(e.id, e.parent, e.child, e.turns, e.rollout)
+            made = Node(n.id, e.id, n.depth, n.transitions, n.steps, n.kind, n.context_ids, cause=n.cause)
+            made.children = list(n.children)
+            assert n == made
+            assert pickle.dumps(e) == pickle.dumps(Edge(e.id, e.parent, e.child, e.turns, e.rollout))
