@@ -202,10 +202,10 @@ class Agent:
         fresh = True  # the first model call: sampled with the rollout's own seed (focus.siblings)
         while True:
             if state.steps >= self.max_steps:
-                pieces.append(_piece(tuple(turns), "truncated", state.steps, state.context.prompt_ids))
+                pieces.append(Piece(tuple(turns), "truncated", state.steps, state.context.prompt_ids))
                 break
             if turns and self.branch_points.eligible(state):
-                pieces.append(_piece(tuple(turns), "checkpoint", state.steps, state.context.prompt_ids, state.fork()))
+                pieces.append(Piece(tuple(turns), "checkpoint", state.steps, state.context.prompt_ids, state.fork()))
                 turns = []
             params = self.sampling.with_seed(seed if fresh else derive_seed(seed, state.steps))
             try:
@@ -218,7 +218,7 @@ class Agent:
                     continue
                 prompt = state.context.prompt_ids
                 if self.max_prompt_tokens is not None and len(prompt) > self.max_prompt_tokens:
-                    pieces.append(_piece(tuple(turns), "truncated", state.steps, prompt, cause=CONTEXT_LIMIT))
+                    pieces.append(Piece(tuple(turns), "truncated", state.steps, prompt, cause=CONTEXT_LIMIT))
                     break
                 completion = await self._call(state.route, prompt, params, fresh)
                 fresh = False
@@ -231,11 +231,11 @@ class Agent:
                 # the episode outgrew the model, as at max_prompt_tokens; a task whose own
                 # prompt does not fit fails, as any refused request does
                 kind, cause = ("truncated", CONTEXT_LIMIT) if state.steps else ("failed", f"{failure_prefix(e)}: {e}")
-                pieces.append(_piece(tuple(turns), kind, state.steps, state.context.prompt_ids, cause=cause))
+                pieces.append(Piece(tuple(turns), kind, state.steps, state.context.prompt_ids, cause=cause))
                 break
             except (PolicyError, NotImplementedError) as e:
                 cause = f"{failure_prefix(e)}: {e}"
-                pieces.append(_piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=cause))
+                pieces.append(Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=cause))
                 break
             text = codec.decode(completion.token_ids)
             action = self.format.parser.parse(text)
@@ -252,17 +252,17 @@ class Agent:
                 result = check_step_result(await self._step(state, action, seed), f"{type(self.env).__name__}.step")
             except Exception as e:  # noqa: BLE001 - env (or parser) code failing ends this rollout only
                 _count_unrecorded(counters, completion)
-                pieces.append(_piece(tuple(turns), "failed", state.steps, prompt, cause=self._step_cause(e)))
+                pieces.append(Piece(tuple(turns), "failed", state.steps, prompt, cause=self._step_cause(e)))
                 break
             counters["tool_errors"] += int(result.info.get("tool_error", 0))
             turns.append(_turn(prompt, completion, 1, "action", float(result.reward), True, result.observation))
             state = state.evolve(env_state=result.state, steps=state.steps + 1, transitions=state.transitions + 1)
             if result.done:
-                pieces.append(_piece(tuple(turns), "terminal", state.steps, ()))
+                pieces.append(Piece(tuple(turns), "terminal", state.steps, ()))
                 break
             obs = [Message("tool" if action.kind == "tool" else "user", result.observation)]
             state = state.evolve(context=self.context.extend(state.context, codec, completion, text, obs))
-        return _rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
+        return Rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
 
     def _step_cause(self, e: Exception) -> str:
         """The cause of a rollout whose answer could not be acted on: the env's step
@@ -427,51 +427,15 @@ def _count_unrecorded(counters: dict[str, int], completion: Completion) -> None:
 def _turn(
     prompt: Sequence[int], c: Completion, mask: int, kind: str, reward: float, transition: bool, obs: str
 ) -> Turn:
-    """``Turn(...)`` without the frozen dataclass's ``__init__``, which sets each of its
-    10 fields through ``object.__setattr__``: the fields go straight into the new
-    instance's ``__dict__``, in field order (the class has no ``__post_init__``; the
-    same instance, equal and pickled alike). A rollout makes one per model call."""
-    turn = _new(Turn)
-    _set(
-        turn,
-        "__dict__",
-        {
-            "prompt_ids": tuple(prompt),
-            "completion_ids": tuple(c.token_ids),
-            "logprobs": tuple(c.logprobs),
-            "loss_mask": mask,
-            "finish_reason": c.finish_reason,
-            "kind": kind,
-            "reward": reward,
-            "transition": transition,
-            "observation": obs,
-            "policy_version": c.policy_version,
-        },
+    return Turn(
+        tuple(prompt),
+        tuple(c.token_ids),
+        tuple(c.logprobs),
+        mask,
+        c.finish_reason,
+        kind,
+        reward,
+        transition,
+        obs,
+        c.policy_version,
     )
-    return turn
-
-
-def _piece(
-    turns: tuple[Turn, ...],
-    kind: str,
-    steps: int,
-    context_ids: tuple[int, ...],
-    state: BranchState | None = None,
-    cause: str = "",
-) -> Piece:
-    """``Piece(...)`` made as :func:`_turn` makes a turn: one per checkpoint and leaf."""
-    piece = _new(Piece)
-    fields = {"turns": turns, "kind": kind, "steps": steps, "context_ids": context_ids, "state": state, "cause": cause}
-    _set(piece, "__dict__", fields)
-    return piece
-
-
-def _rollout(task_id: str, pieces: tuple[Piece, ...], wall_s: float, counters: dict[str, int]) -> Rollout:
-    """``Rollout(...)`` made as :func:`_turn` makes a turn: one per rollout."""
-    rollout = _new(Rollout)
-    _set(rollout, "__dict__", {"task_id": task_id, "pieces": pieces, "wall_s": wall_s, "counters": counters})
-    return rollout
-
-
-_new = object.__new__
-_set = object.__setattr__
