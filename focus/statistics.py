@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from focus.sums import left_sum
-from focus.usage import FAILURE_KINDS, Usage, failure_kind, wall_of
+from focus.usage import FAILURE_KINDS, Usage, failure_kind
 
 if TYPE_CHECKING:
     from focus.agent import Rollout
@@ -26,25 +26,41 @@ def collection_statistics(
     phases: Sequence[Phase], trees: Sequence[Tree], *, excluded_segments: int = 0
 ) -> dict[str, Any]:
     """Usage per phase and in total (:class:`focus.usage.Usage`, from the trees' rollout
-    logs), elapsed time, and failures by kind and by cause."""
-    records = [r for t in trees for r in t.log]
+    logs), elapsed time, and failures by kind and by cause.
+
+    One pass over the rollout records (one per rollout, all over a large heap: a pass
+    per phase and one for the total read each record three times) gives each phase's
+    and the total's usage, waves, wall time and failure causes, every sum taken in the
+    records' order as :meth:`Usage.total` and :func:`focus.usage.wall_of` of each
+    phase's records take it."""
+    walls: dict[tuple[int, int], float] = {}  # wall_of's: the last record's wall per wave
+    causes: Counter[str | None] = Counter()
+
+    def usages() -> Iterator[tuple[int, Usage]]:
+        for t in trees:
+            for r in t.log:
+                phase = r.phase
+                walls[(phase, r.wave)] = r.wave_wall_s
+                if r.failed:
+                    causes[r.cause] += 1
+                yield phase, r.usage
+
+    total, by_phase = Usage.totals_by(usages())
     per_phase = []
     for pi, phase in enumerate(phases):
-        recs = [r for r in records if r.phase == pi]
-        budget = phase.transitions if not phase.is_evidence else None
+        waves = [w for (p, _), w in walls.items() if p == pi]
         per_phase.append(
             {
                 "name": phase.name,
                 "index": pi,
-                "transition_budget": budget,
+                "transition_budget": phase.transitions if not phase.is_evidence else None,
                 "rollouts_per_task": phase.rollouts_per_task,
-                "waves": len({r.wave for r in recs}),
-                **flat(Usage.of_records(recs)),
-                "wall_s": wall_of(recs),
+                "waves": len(waves),
+                **flat(by_phase.get(pi, Usage())),
+                "wall_s": sum(waves),
             }
         )
     returns = evidence_returns(phases, trees)
-    causes = Counter(r.cause for r in records if r.failed)
     # A tree none of whose rollouts completed (e.g. its whole evidence phase failed)
     # contributes no actor rows; name it so it is not mistaken for a finished task.
     failed_trees = [t.task_id for t in trees if t.rollouts and not t.reaches_valid_leaf(t.ROOT)]
@@ -52,12 +68,12 @@ def collection_statistics(
         "trees": len(trees),
         "failed_trees": len(failed_trees),
         "failed_tree_ids": failed_trees,
-        **flat(Usage.of_records(records)),
-        "wall_s": wall_of(records),
+        **flat(total),
+        "wall_s": sum(walls.values()),
         "excluded_segments": excluded_segments,
         "evidence_rollouts": len(returns),
         "return_mean": left_sum(returns) / len(returns) if returns else None,
-        "checkpoints": sum(1 for t in trees for _ in t.checkpoints()),
+        "checkpoints": sum(1 for t in trees for n in t.nodes.values() if n.kind == "checkpoint"),
         "phases": per_phase,
         "failure_causes": dict(causes.most_common(10)),
     }
@@ -68,17 +84,23 @@ def evidence_returns(phases: Sequence[Phase], trees: Sequence[Tree]) -> list[flo
     not fail (pure). Those start at the root, the same number on every task, so their
     mean is an unbiased estimate of the reward of the policy that collected the batch:
     what a train loop follows. Later phases' rollouts are not (search chose where, and
-    on which tasks, they start). A truncated rollout counts with the rewards it got."""
+    on which tasks, they start). A truncated rollout counts with the rewards it got.
+    Only those rollouts' segments are summed (each in the tree's order of segments)."""
     out: list[float] = []
     for t in trees:
-        got: dict[int, float] = {}
-        for e in t.edges.values():
-            got[e.rollout] = got.get(e.rollout, 0.0) + left_sum(e.rewards)
-        out += [
-            got.get(r.rollout, 0.0)
+        chosen = [
+            r.rollout
             for r in t.log
             if r.node == t.ROOT and not r.failed and r.phase < len(phases) and phases[r.phase].is_evidence
         ]
+        if not chosen:
+            continue
+        wanted = set(chosen)
+        got: dict[int, float] = {}
+        for e in t.edges.values():
+            if e.rollout in wanted:
+                got[e.rollout] = got.get(e.rollout, 0.0) + left_sum(e.rewards)
+        out += [got.get(r, 0.0) for r in chosen]
     return out
 
 

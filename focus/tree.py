@@ -189,8 +189,12 @@ class Tree:
             raise ValueError(f"unknown node kind {kind!r}")
         p = self.nodes[parent]
         nid, eid = len(self.nodes), len(self.edges)
+        k = 0  # Edge.k, without its generator
+        for t in turns:
+            if t.transition:
+                k += 1
         edge = Edge(eid, parent, nid, turns, rollout)
-        node = Node(nid, eid, p.depth + 1, p.transitions + edge.k, steps, kind, context_ids, cause=cause)
+        node = Node(nid, eid, p.depth + 1, p.transitions + k, steps, kind, context_ids, cause=cause)
         self.nodes[nid] = node
         self.edges[eid] = edge
         p.children.append(eid)

@@ -346,3 +346,31 @@ def test_a_synchronous_env_or_an_unknown_role_fails_naming_the_env_and_what_to_c
         run(agent(EnvRole()).start(task))
     assert str(e.value).startswith(f"the opening messages EnvRole.reset gave task {task.id!r} do not render: ")
     assert "ByteCodec has no role 'environment'" in str(e.value)
+
+
+def test_a_rollout_s_nodes_count_the_transitions_from_the_root():
+    """``Tree.add_node`` counts a segment's task transitions itself (``Edge.k``'s count,
+    without its generator): each node's ``transitions`` is its parent's plus its
+    segment's, and the nodes and edges are those their constructors make."""
+    from focus.tree import Edge, Node, Tree, Turn
+
+    codec = ByteCodec()
+    policy = ScriptedPolicy([CALL] * 3 + ["<answer>42</answer>"], codec)
+    agent = Agent(policy, make_env(), PolicyFormat(codec, XmlToolCallParser()), branch_points=EveryDecision())
+    ro = run(agent.rollout(run(agent.start(TASK)), seed=0))
+    compaction = Turn((1,), (2,), (-0.5,), 0, "stop", "compaction", 0.0, False)
+    tree = Tree.new(TASK.id, None)
+    parent = 0
+    for p in ro.pieces:
+        parent = tree.add_node(parent, p.turns, p.kind, steps=p.steps, context_ids=p.context_ids, rollout=0).id
+    tree.add_node(parent - 1, (compaction, *ro.pieces[-1].turns), "terminal", steps=9, rollout=1)
+    assert [n.transitions for n in tree.nodes.values()] == [0, 1, 2, 3, 4, 4]
+    for n in tree.nodes.values():
+        if n.parent_edge is not None:
+            e = tree.edges[n.parent_edge]
+            assert n.transitions == tree.nodes[e.parent].transitions + e.k
+            assert e == Edge(e.id, e.parent, e.child, e.turns, e.rollout)
+            made = Node(n.id, e.id, n.depth, n.transitions, n.steps, n.kind, n.context_ids, cause=n.cause)
+            made.children = list(n.children)
+            assert n == made
+            assert pickle.dumps(e) == pickle.dumps(Edge(e.id, e.parent, e.child, e.turns, e.rollout))

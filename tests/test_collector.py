@@ -409,6 +409,44 @@ def test_what_was_made_while_the_heap_was_held_joins_the_oldest_generation_unwal
     del made, more
 
 
+def test_the_wave_tail_s_slices_keep_what_they_make_out_of_young_collections(monkeypatch):
+    """While a collection holds the heap frozen, the wave tail's slices
+    (``focus.waves._sliced``: grafts, scores, noise rows, all alive with the trees)
+    freeze what each made, so no young collection walks it; outside a holder, or with
+    ``freeze_gc`` off, nothing is frozen."""
+    import gc
+
+    from focus import execution, waves
+
+    monkeypatch.setattr(execution, "GC_THRESHOLD_FROZEN", 2_000)
+    monkeypatch.setattr(waves, "SLICE_S", -1.0)  # a slice per item
+    young: list[int] = []
+
+    def meter(phase, info):  # type: ignore[no-untyped-def]
+        if phase == "start" and info["generation"] == 0:
+            young.append(1)
+
+    kept: list[list[list[int]]] = []
+
+    def make(i: int) -> None:
+        kept.append([[j] for j in range(1_500)])  # alive and tracked: 1,501 containers a slice
+
+    gc.collect()
+    gc.callbacks.append(meter)
+    try:
+        with execution.frozen_heap() as froze:
+            run(waves._sliced(make, list(range(20))))  # 30,000 of them, 15 thresholds
+            walked = len(young)
+    finally:
+        gc.callbacks.remove(meter)
+    assert froze and walked == 0 and len(kept) == 20
+    count = gc.get_freeze_count()
+    execution.refreeze()
+    with execution.frozen_heap(False):
+        execution.refreeze()
+    assert gc.get_freeze_count() == count
+
+
 def test_freeze_gc_off_leaves_the_garbage_collector_alone():
     import gc
 

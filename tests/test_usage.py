@@ -187,3 +187,107 @@ def test_a_model_call_whose_env_step_failed_counts_as_a_call_and_its_tokens():
     assert stats["failed_env"] == 2 and stats["transitions"] == 2
     assert stats["model_calls"] == 4 and stats["tokens"] == 4 * len(b"abc") + 4  # + the stop id of each answer
     assert stats["rollout_steps"] == 2  # the failed step is no rollout step
+
+
+def test_totals_by_key_are_each_keys_total_and_the_whole():
+    """``Usage.totals_by`` reads each record once and gives :meth:`Usage.total` of all of
+    them and of each key's, bit for bit (the same float sums in the same order)."""
+    import random
+
+    rng = random.Random(2)
+    kinds = [(), (("env", 1),), (("bad response", 1), ("model", 2))]
+    items = [
+        (
+            rng.randint(0, 3),
+            Usage(
+                rollouts=1,
+                transitions=rng.randint(0, 9),
+                rollout_wall_s=rng.random(),
+                failed_wall_s=rng.random() / 3,
+                retry_s=rng.random() / 7,
+                failures=rng.choice(kinds),
+                retry_causes=rng.choice([(), (("timeout", 3),), (("server error", 1),)]),
+            ),
+        )
+        for _ in range(400)
+    ]
+    whole, by_key = Usage.totals_by(iter(items))
+    assert whole == Usage.total(u for _, u in items)
+    assert by_key == {k: Usage.total(u for key, u in items if key == k) for k in dict.fromkeys(k for k, _ in items)}
+    assert Usage.totals_by([]) == (Usage(), {})
+
+
+class _FailsEverySeventhStep(SyntheticEnv):
+    """Every seventh env step raises: some rollouts of every phase fail."""
+
+    steps = 0
+
+    async def step(self, state, action, workspace):  # type: ignore[no-untyped-def]
+        type(self).steps += 1
+        if type(self).steps % 7 == 0:
+            raise RuntimeError(f"broke at {type(self).steps}")
+        return await super().step(state, action, workspace)
+
+
+def _former_statistics(phases, trees):  # type: ignore[no-untyped-def]
+    """What focus.statistics computed before it read the records in one pass (a pass per
+    phase and one for the total, every edge's rewards summed for the returns)."""
+    from collections import Counter
+
+    from focus.statistics import flat
+    from focus.sums import left_sum
+    from focus.usage import wall_of
+
+    records = [r for t in trees for r in t.log]
+    per_phase = []
+    for pi, phase in enumerate(phases):
+        recs = [r for r in records if r.phase == pi]
+        per_phase.append(
+            {
+                "name": phase.name,
+                "index": pi,
+                "transition_budget": phase.transitions if not phase.is_evidence else None,
+                "rollouts_per_task": phase.rollouts_per_task,
+                "waves": len({r.wave for r in recs}),
+                **flat(Usage.of_records(recs)),
+                "wall_s": wall_of(recs),
+            }
+        )
+    returns: list[float] = []
+    for t in trees:
+        got: dict[int, float] = {}
+        for e in t.edges.values():
+            got[e.rollout] = got.get(e.rollout, 0.0) + left_sum(e.rewards)
+        returns += [
+            got.get(r.rollout, 0.0)
+            for r in t.log
+            if r.node == t.ROOT and not r.failed and r.phase < len(phases) and phases[r.phase].is_evidence
+        ]
+    failed_trees = [t.task_id for t in trees if t.rollouts and not t.reaches_valid_leaf(t.ROOT)]
+    return {
+        "trees": len(trees),
+        "failed_trees": len(failed_trees),
+        "failed_tree_ids": failed_trees,
+        **flat(Usage.of_records(records)),
+        "wall_s": wall_of(records),
+        "excluded_segments": 0,
+        "evidence_rollouts": len(returns),
+        "return_mean": left_sum(returns) / len(returns) if returns else None,
+        "checkpoints": sum(1 for t in trees for _ in t.checkpoints()),
+        "phases": per_phase,
+        "failure_causes": dict(Counter(r.cause for r in records if r.failed).most_common(10)),
+    }
+
+
+def test_statistics_in_one_pass_are_the_per_phase_recount():
+    """The collection's statistics read each rollout record once; every figure (floats
+    bit for bit, failure causes in their order) is what a recount per phase gives."""
+    mdps = [SHAPES[s](i) for i, s in enumerate(["uniform", "critical", "long", "uniform", "critical"])]
+    agent = Agent(RetriedPolicy(mdps), _FailsEverySeventhStep(mdps), synthetic_format(), max_steps=20)
+    phases = (Phase("evidence", rollouts_per_task=3), Phase("continue", transitions=60, wave_size=4, wave_unit="jobs"))
+    col = Collector(agent, Selective(phases=phases), ConstantCritic(0.5), execution=Execution(max_concurrency=4))
+    state = run(col.search([Task(f"t{i}", {"mdp": i}) for i in range(5)]))
+    stats = col.statistics(state.trees)
+    assert stats == _former_statistics(phases, state.trees)
+    assert stats["failed_env"] > 0 and stats["retries"] > 0 and stats["phases"][1]["waves"] > 1
+    assert stats["phases"][0]["failed_env"] > 0 and stats["phases"][1]["failed_env"] > 0
