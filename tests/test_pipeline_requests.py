@@ -15,7 +15,7 @@ import collections
 from typing import Any
 
 import pytest
-from fixtures.journal import Stopped, StopAfter, run_collect
+from fixtures.journal import StopAfter, Stopped, run_collect
 from typer.testing import CliRunner
 
 import storage.urls
@@ -48,9 +48,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     return calls
 
 
-def test_a_resumed_rerun_reads_the_configuration_record_once_and_lists_once_before_the_lease(
-    tmp_path, monkeypatch
-):
+def test_a_resumed_rerun_reads_the_configuration_record_once_and_lists_once_before_the_lease(tmp_path, monkeypatch):
     """Before: the configuration record's manifest and data file read twice, the
     checkpoints listed four times (preflight, the collection's record check, the lease's
     sweep, the gap search). Now once, and three times."""
