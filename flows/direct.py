@@ -18,12 +18,13 @@ from tasks.config import FocusConfig
 from tasks.journal import CheckpointJournal
 
 
-async def collect_direct(config: FocusConfig, allow_policy_change: bool = False, read: Any = None) -> dict[str, Any]:
+async def collect_direct(
+    config: FocusConfig, allow_policy_change: bool = False, read_by_preflight: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Collect one iteration without Prefect; returns what the ``collect`` flow returns.
 
     ``config`` must name its collection (``collection_id``): there is no flow run to
-    derive one from. ``read``: what a preflight read (``CheckpointJournal(read_by_preflight)``).
-    A failure raises as the flow does (one line naming the cause).
+    derive one from. A failure raises as the flow does (one line naming the cause).
     """
     if not config.collection_id:
         raise ValueError("an unorchestrated collection needs a collection_id")
@@ -32,9 +33,8 @@ async def collect_direct(config: FocusConfig, allow_policy_change: bool = False,
         async with services_in_thread(config) as (cfg, _server):
             progress = CollectionProgress(cfg, enabled=cfg.progress, log=log)
             with progress:
-                journal = CheckpointJournal(
-                    cfg, on_step=progress.step, allow_policy_change=allow_policy_change, read_by_preflight=read
-                )
+                journal = CheckpointJournal(cfg, on_step=progress.step, allow_policy_change=allow_policy_change)
+                journal.read_by_preflight = read_by_preflight
                 result = await collect(cfg, journal, execution=progress.execution())
             log.info("collection %s: batch at %s", cfg.collection_id, result["batch_url"])
             return result

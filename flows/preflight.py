@@ -44,7 +44,7 @@ class Preflight:
     damaged: str | None = None
     #: The stored configuration record read here, the collection's records checked with
     #: it (``None``: none is stored): the collection that follows in this process takes
-    #: both from here instead of asking the store again (:class:`tasks.journal.CheckpointJournal`).
+    #: both from here instead of asking the store again (``CheckpointJournal.read_by_preflight``).
     fingerprint: dict[str, Any] | None = None
 
 

@@ -69,7 +69,6 @@ class CheckpointJournal(Journal):
         *,
         on_step: Callable[[StepRecord], None] | None = None,
         allow_policy_change: bool = False,
-        read_by_preflight: dict[str, Any] | None = None,
     ) -> None:
         if not config.collection_id:
             raise ValueError("a collection needs a collection_id before it is journaled")
@@ -83,7 +82,7 @@ class CheckpointJournal(Journal):
         self.policy = PolicyIdentity(self.cid, allow_change=allow_policy_change)
         self.critic = CriticIdentity(self.cid, allow_change=allow_policy_change)  # the same flag allows both
         self._mark = time.perf_counter()
-        self.read_by_preflight = read_by_preflight  # flows.preflight.Preflight.fingerprint: records checked
+        self.read_by_preflight: dict[str, Any] | None = None  # the config record, read (records checked) by a preflight
         #: The last step being saved: each save waits for the one before it.
         self._saving: asyncio.Future[Any] | None = None
 
