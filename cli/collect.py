@@ -10,6 +10,20 @@ and the collection runs - as the ``collect`` flow when a Prefect server is confi
 (or ``--prefect``), else directly (:mod:`flows.direct`): same loop, same store, same
 resume. The console shows progress and the result; any error is one line and a
 non-zero status (:mod:`flows.errors`).
+
+How a collection runs, in order (docs/architecture.md has the picture):
+
+1. :func:`flows.preflight.preflight`: the store's records checked (one listing), the
+   stored configuration record compared, a finished collection answered from its
+   export record and batch manifest. Nothing else runs for a finished one.
+2. :func:`cli.common.started`: the services; then :func:`flows.direct.collect_direct`
+   (handed what the preflight read, not read again) or the ``collect`` flow.
+3. :func:`tasks.collect.collect` under the collection's write lease (whose sweep lists
+   the checkpoints once): the configuration check (``check-config``), the export
+   record read again (a run may have finished it meanwhile), then
+   :func:`tasks.gaps.repairing` (a gap mended, the replay read ahead) around the
+   collector's loop, whose every step :class:`tasks.journal.CheckpointJournal` replays
+   or saves; last, the batch written and the export record saved.
 """
 
 from __future__ import annotations
@@ -261,7 +275,7 @@ def _run(
                 return dict(interrupts.run(collect_flow(ready, allow)))
             from flows.direct import collect_direct
 
-            return interrupts.run(collect_direct(ready, allow))
+            return interrupts.run(collect_direct(ready, allow, pre.fingerprint))  # not read again
 
 
 def _finished_line(cfg: FocusConfig) -> str | None:

@@ -40,7 +40,7 @@ _T = TypeVar("_T")
 
 
 async def _step(kind: str, phase: int, wave: int, body: Any, *args: Any) -> Any:
-    return await asyncio.to_thread(body, *args)
+    return await asyncio.to_thread(body, *args)  # kind, phase, wave: for the task run's name only
 
 
 #: The steps that are task runs, by kind: (task name, task run name). A wave's scores

@@ -18,7 +18,9 @@ from tasks.config import FocusConfig
 from tasks.journal import CheckpointJournal
 
 
-async def collect_direct(config: FocusConfig, allow_policy_change: bool = False) -> dict[str, Any]:
+async def collect_direct(
+    config: FocusConfig, allow_policy_change: bool = False, read_by_preflight: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Collect one iteration without Prefect; returns what the ``collect`` flow returns.
 
     ``config`` must name its collection (``collection_id``): there is no flow run to
@@ -32,6 +34,7 @@ async def collect_direct(config: FocusConfig, allow_policy_change: bool = False)
             progress = CollectionProgress(cfg, enabled=cfg.progress, log=log)
             with progress:
                 journal = CheckpointJournal(cfg, on_step=progress.step, allow_policy_change=allow_policy_change)
+                journal.read_by_preflight = read_by_preflight
                 result = await collect(cfg, journal, execution=progress.execution())
             log.info("collection %s: batch at %s", cfg.collection_id, result["batch_url"])
             return result

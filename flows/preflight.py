@@ -42,6 +42,10 @@ class Preflight:
     resumed: bool = False
     #: Why a finished collection's batch must be written again (``None``: nothing to repair).
     damaged: str | None = None
+    #: The stored configuration record read here, the collection's records checked with
+    #: it (``None``: none is stored): the collection that follows in this process takes
+    #: both from here instead of asking the store again (``CheckpointJournal.read_by_preflight``).
+    fingerprint: dict[str, Any] | None = None
 
 
 def new_collection_id(prefix: str = "collect", when: datetime | None = None, token: str | None = None) -> str:
@@ -182,7 +186,7 @@ def preflight(config: FocusConfig, *, allow_policy_change: bool = False) -> Pref
     options), a :class:`storage.StorageError` (a root that cannot be used, a damaged
     checkpoint) or :class:`tasks.fingerprint.ResumeMismatch`.
     """
-    from tasks.fingerprint import fingerprint, resume_mismatch
+    from tasks.fingerprint import fingerprint, resume_mismatch, without
     from tasks.gaps import check_records
     from tasks.journal import CheckpointJournal
 
@@ -197,16 +201,15 @@ def preflight(config: FocusConfig, *, allow_policy_change: bool = False) -> Pref
     stored = journal.stored_fingerprint()
     if stored is None:
         return Preflight(config)
-    mine = fingerprint(config)
+    mine, compared = fingerprint(config), stored
     if _embedded_version_open(config):
         # the server started later reports the version; the flow compares it then
-        stored.get("model", {}).pop("policy_version", None)
-        mine.get("model", {}).pop("policy_version", None)
-    error = resume_mismatch(config, stored, mine, allow_policy_change=allow_policy_change)
+        compared, mine = (without(f, ("model.policy_version",)) for f in (stored, mine))
+    error = resume_mismatch(config, compared, mine, allow_policy_change=allow_policy_change)
     if error is not None:
         raise error
     finished = journal.finished_export()
-    return Preflight(config, finished=finished, resumed=True, damaged=journal.damaged)
+    return Preflight(config, finished=finished, resumed=True, damaged=journal.damaged, fingerprint=stored)
 
 
 def collection_id_for_run(config: FocusConfig) -> FocusConfig:

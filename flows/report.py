@@ -37,7 +37,9 @@ async def publish_report(journal: CheckpointJournal, result: dict[str, Any]) -> 
         for s in journal.records
     ]
     await acreate_table_artifact(step_rows, key=_artifact_key(cid, "steps"), description=f"Collection {cid}: steps")
-    svg = await asyncio.to_thread(journal.tree_picture)
+    from tasks.journal import TREES_SVG
+
+    svg = str(await asyncio.to_thread(journal.load, TREES_SVG) or "")  # the export drew it (none: empty)
     if svg:
         body = base64.b64encode(svg.encode()).decode()
         await acreate_markdown_artifact(

@@ -16,7 +16,6 @@ from focus.execution import Execution
 from tasks.config import ExecutionConfig, FocusConfig
 from tasks.gaps import check_records, load_record, repairing
 from tasks.journal import CheckpointJournal
-from tasks.records import StepRecord
 
 
 def make_execution(ex: ExecutionConfig) -> Execution:
@@ -36,24 +35,31 @@ async def collect(
     config: FocusConfig, journal: CheckpointJournal, *, execution: Execution | None = None
 ) -> dict[str, Any]:
     """Collect ``config``'s iteration through ``journal``; returns the collection's id,
-    batch URL, statistics and failure causes (:func:`collection_result`).
+    batch URL, statistics (with its steps: how many, how many replayed) and failure causes.
 
     ``execution`` replaces the one the configuration describes (it is closed at the end
     either way). A finished collection whose batch checks out returns at once; an
     unfinished one resumes after its last saved step (:func:`tasks.gaps.repairing`).
     """
     t0 = time.perf_counter()
-    await asyncio.to_thread(check_records, journal)  # before the lease's sweep: a lost record is left as it is
+    if journal.read_by_preflight is None:  # else the preflight checked them
+        # before the lease: its sweep deletes a data file whose manifest is gone, a lost record's too
+        await asyncio.to_thread(check_records, journal)
     with journal.lease():
         await journal.check_config()
         result = await journal.finished()
         if result is None:
             async with repairing(journal):  # a gap in the checkpoints mended, a damaged batch written again
                 result = await _search_and_export(config, journal, execution or make_execution(config.execution))
-    return collection_result(config, result, journal.records, t0)
+    steps = journal.records
+    stats = {**result.get("summary", {}), "steps": len(steps), "steps_reused": sum(r.reused for r in steps)}
+    stats["flow_wall_s"] = time.perf_counter() - t0
+    cid, url, causes = config.collection_id, result["batch_url"], result.get("failure_causes", {})
+    return {"collection_id": cid, "batch_url": url, "stats": stats, "failure_causes": causes}
 
 
 async def _search_and_export(config: FocusConfig, journal: CheckpointJournal, execution: Execution) -> dict[str, Any]:
+    """The objects built from the configuration, the search, the batch exported; all closed after."""
     policy = config.build_policy()
     collector = None
     try:
@@ -74,13 +80,3 @@ async def _search_and_export(config: FocusConfig, journal: CheckpointJournal, ex
             close = getattr(execution, "close", None)
             if close is not None:  # a Dask client's close blocks: not on the event loop
                 await asyncio.to_thread(close)
-
-
-def collection_result(
-    config: FocusConfig, result: dict[str, Any], records: list[StepRecord], t0: float
-) -> dict[str, Any]:
-    """What a collection returns: its id, the batch URL, statistics and failure causes."""
-    stats = {**result.get("summary", {}), "steps": len(records), "steps_reused": sum(r.reused for r in records)}
-    stats["flow_wall_s"] = time.perf_counter() - t0
-    cid, url, causes = config.collection_id, result["batch_url"], result.get("failure_causes", {})
-    return {"collection_id": cid, "batch_url": url, "stats": stats, "failure_causes": causes}

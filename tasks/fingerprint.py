@@ -184,8 +184,9 @@ class PolicyIdentity:
             raise _policy_changed(self.collection_id, ", ".join(sorted(self.versions)), now)
 
 
-#: Where the identity of the critic a collection started with is saved.
-CRITIC_KEY = ("critic", 0)
+#: Where a collection's first run saves, before any step, its configuration's
+#: fingerprint and the identity of its critic (checked by :func:`tasks.gaps.check_records`).
+CONFIG_KEY, CRITIC_KEY = ("config", 0), ("critic", 0)
 #: Contexts the critic scores to identify itself: short, ids below 256 (inside any
 #: vocabulary), different lengths and tails, so two critics that differ anywhere a
 #: context's tail reaches are unlikely to agree on all of them.
@@ -227,7 +228,7 @@ class CriticIdentity:
     ) -> None:
         """Save ``critic``'s identity on the first run; compare it on a resume. ``load``
         returns ``None`` only where no identity is saved and none is needed
-        (:meth:`tasks.journal.CheckpointJournal.load_record`: no step saved yet)."""
+        (:func:`tasks.gaps.load_record`: no step saved yet, or another critic allowed)."""
         mine = await critic_identity(critic)
         stored = await asyncio.to_thread(load, CRITIC_KEY)
         if stored is not None and stored != mine and not self.allow_change:

@@ -36,10 +36,10 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from storage import BatchExistsError, CorruptDataError, StorageError
-from tasks.fingerprint import CRITIC_KEY
+from tasks.fingerprint import CONFIG_KEY, CRITIC_KEY
 
 if TYPE_CHECKING:
     from tasks.journal import CheckpointJournal
@@ -53,7 +53,7 @@ Key = tuple[str, int]
 AFTER_STEPS = {"trees.svg": 0, "export": 1}
 _LAST = float("inf")
 #: The records a collection's first run saves before any step (:mod:`tasks.journal`), by what they are.
-RECORDS: dict[Key, str] = {("config", 0): "configuration record", ("critic", 0): "critic-identity record"}
+RECORDS: dict[Key, str] = {CONFIG_KEY: "configuration record", CRITIC_KEY: "critic-identity record"}
 
 
 class RecordMissing(StorageError):
@@ -171,15 +171,24 @@ def describe(key: Key) -> str:
 # ---- the I/O: mending a collection's store ----
 
 
-def mend(journal: CheckpointJournal) -> tuple[Gap | None, list[Key], dict[tuple[int | str, int], Any]]:
+class Mended(NamedTuple):
+    """What :func:`mend` found and left for the resume."""
+
+    gap: Gap | None
+    #: The saved steps the loop will replay, in the order it asks for them (:func:`replay_order`).
+    replayed: list[Key]
+    #: The checkpoints read to find the gap (the phase ends), for the replay to take as they are.
+    loaded: dict[tuple[int | str, int], Any]
+
+
+def mend(journal: CheckpointJournal) -> Mended:
     """Make the saved steps of ``journal``'s collection a prefix of it again: find the
     first gap (one listing of its checkpoints and a read of each saved phase end) and
     discard what :func:`find_gap` says must go, last first (whatever an interruption
     leaves, the next rerun finds the same gap). Run it holding the lease, once the
     collection is known to be unfinished: a finished one whose batch checks out needs
-    none of its steps. Returns the gap (``None`` if there is none), the steps the loop
-    will replay (:func:`replay_order`) and the phase ends read here, as loaded (the
-    replay takes them from there: each checkpoint is read once)."""
+    none of its steps. Each checkpoint is read once: what is read here goes on to the
+    replay (:attr:`Mended.loaded`)."""
     phases, store, cid = journal.config.search.phases, journal.store, journal.cid
     saved = {(p, w): whole for (p, w), whole in store.saved(cid).items() if isinstance(p, str)}
     ends: dict[Key, int] = {}
@@ -191,7 +200,7 @@ def mend(journal: CheckpointJournal) -> tuple[Gap | None, list[Key], dict[tuple[
     gap = find_gap(phases, saved, ends)
     if gap is not None:
         store.discard(cid, gap.discard[::-1])
-    return gap, replay_order(phases, saved, ends, gap), loaded
+    return Mended(gap, replay_order(phases, saved, ends, gap), loaded)
 
 
 def replay_order(
@@ -217,26 +226,32 @@ def gap_line(journal: CheckpointJournal, gap: Gap) -> str:
     )
 
 
+def _may_go_without(journal: CheckpointJournal, key: Key) -> bool:
+    """Whether the collection may resume without its record ``key``: only the critic's
+    identity, with another critic allowed (``--allow-policy-change``)."""
+    return key == CRITIC_KEY and journal.critic.allow_change
+
+
 def missing_record(
-    journal: CheckpointJournal, key: Key, *, allowed: str = "", saved: Mapping[Any, bool] | None = None
+    journal: CheckpointJournal, key: Key, *, saved: Mapping[Any, bool] | None = None
 ) -> RecordMissing | None:
     """The refusal for ``journal``'s collection, whose record ``key`` (:data:`RECORDS`)
     was not found, if any step of it is saved (``saved``: its checkpoints, listed here
     when not given); ``None`` when none is (a first run, or one stopped before its first
-    step), where the record is saved as new. ``allowed``: a flag that resumes anyway,
-    said in the line."""
+    step), where the record is saved as new. The critic's names the flag that resumes anyway."""
     listed = journal.store.saved(journal.cid) if saved is None else saved
     steps = [k for k in listed if k not in RECORDS]
     if not steps:
         return None
     manifest = journal.store.url_for(journal.cid, *key) + ".manifest.json"
     folder = manifest.rsplit("/", 1)[0]
-    also = f", or pass {allowed}" if allowed else ""
+    critic = key == CRITIC_KEY
     return RecordMissing(
         f"collection {journal.cid}: its {RECORDS[key]} {manifest} is missing while {len(steps)} step(s) of it are "
         "saved (a first run saves it before any step): without it a rerun cannot tell whether they were made "
-        f"with this {'critic' if key == ('critic', 0) else 'configuration'}; restore the file from where the store "
-        f"came from, or collect under a new collection id (or remove {folder} to start this one again){also}"
+        f"with this {'critic' if critic else 'configuration'}; restore the file from where the store "
+        f"came from, or collect under a new collection id (or remove {folder} to start this one again)"
+        + (", or pass --allow-policy-change" if critic else "")
     )
 
 
@@ -247,11 +262,9 @@ def check_records(journal: CheckpointJournal) -> None:
     taken, whose sweep removes a data file whose manifest is gone, a lost record's too."""
     saved = journal.store.saved(journal.cid)
     for key in RECORDS:
-        critic = key == CRITIC_KEY
-        if key in saved or (critic and journal.critic.allow_change):
+        if key in saved or _may_go_without(journal, key):
             continue
-        error = missing_record(journal, key, allowed="--allow-policy-change" if critic else "", saved=saved)
-        if error is not None:
+        if (error := missing_record(journal, key, saved=saved)) is not None:
             raise error
 
 
@@ -271,11 +284,10 @@ def load_record(journal: CheckpointJournal, key: Key) -> Any | None:
         ) from e
     if value is not None:
         return value
-    critic = key == CRITIC_KEY
-    error = missing_record(journal, key, allowed="--allow-policy-change" if critic else "")
+    error = missing_record(journal, key)
     if error is None:
         return None
-    if not (critic and journal.critic.allow_change):
+    if not _may_go_without(journal, key):
         raise error
     url = journal.store.url_for(journal.cid, *key) + ".manifest.json"
     log.warning(

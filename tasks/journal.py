@@ -25,8 +25,8 @@ from focus.journal import Journal, Step, WaveRollouts
 from storage import BatchNotFound, BatchStore, CheckpointNotFound, CheckpointStore, CorruptDataError, ManifestError
 from storage.checkpoints import collection_lease
 from tasks.config import FocusConfig
-from tasks.fingerprint import CriticIdentity, PolicyIdentity, fingerprint, resume_mismatch
-from tasks.gaps import load_record
+from tasks.fingerprint import CONFIG_KEY, CriticIdentity, PolicyIdentity, fingerprint, resume_mismatch
+from tasks.gaps import Key, load_record
 from tasks.records import StepRecord, Tally
 
 if TYPE_CHECKING:
@@ -34,8 +34,7 @@ if TYPE_CHECKING:
     from focus.search import SearchState
 
 _T = TypeVar("_T")
-Key = tuple[str, int]
-CONFIG, EXPORT, TREES_SVG = ("config", 0), ("export", 0), ("trees.svg", 0)
+EXPORT, TREES_SVG = ("export", 0), ("trees.svg", 0)
 
 
 async def uninterrupted(work: Awaitable[_T]) -> _T:
@@ -83,6 +82,7 @@ class CheckpointJournal(Journal):
         self.policy = PolicyIdentity(self.cid, allow_change=allow_policy_change)
         self.critic = CriticIdentity(self.cid, allow_change=allow_policy_change)  # the same flag allows both
         self._mark = time.perf_counter()
+        self.read_by_preflight: dict[str, Any] | None = None  # the config record, read (records checked) by a preflight
         #: The last step being saved: each save waits for the one before it.
         self._saving: asyncio.Future[Any] | None = None
 
@@ -142,7 +142,7 @@ class CheckpointJournal(Journal):
     async def _after(self, before: asyncio.Future[Any] | None, step: Step, value: Any) -> None:
         if before is not None:
             await before
-        await self.run_step(step.kind, step, self._record, step, value)
+        await self.run_step(step.kind, step, self._save_step, step, value)
 
     async def flush(self) -> None:
         """Wait until every step recorded is saved, also when cancelled meanwhile (an
@@ -150,7 +150,7 @@ class CheckpointJournal(Journal):
         if self._saving is not None:
             await uninterrupted(self._saving)
 
-    def _record(self, step: Step, value: Any) -> StepRecord:
+    def _save_step(self, step: Step, value: Any) -> StepRecord:
         key = checkpoint_key(self.config, step)
         self.save(key, value)
         return self.note(step.kind, key, step.phase, **self.tally.step(step, value))
@@ -158,7 +158,10 @@ class CheckpointJournal(Journal):
     # ---- the pipeline's own steps ----
 
     def stored_fingerprint(self) -> dict[str, Any] | None:
-        return None if (stored := load_record(self, CONFIG)) is None else dict(json.loads(stored))
+        """The configuration record (a record is written once: a preflight's read stands)."""
+        if self.read_by_preflight is not None:
+            return self.read_by_preflight
+        return None if (stored := load_record(self, CONFIG_KEY)) is None else dict(json.loads(stored))
 
     async def check_config(self) -> StepRecord:
         """Record the configuration on the first run; refuse to resume with another one."""
@@ -170,8 +173,8 @@ class CheckpointJournal(Journal):
         if stored is not None and (error := resume_mismatch(self.config, stored, mine, allow_policy_change=allow)):
             raise error
         if stored is None:
-            self.save(CONFIG, json.dumps(mine, sort_keys=True))
-        return self.note("config", CONFIG, reused=stored is not None)
+            self.save(CONFIG_KEY, json.dumps(mine, sort_keys=True))
+        return self.note("config", CONFIG_KEY, reused=stored is not None)
 
     def finished_export(self) -> dict[str, Any] | None:
         """The stored export of a finished collection whose batch checks out against its
@@ -214,7 +217,3 @@ class CheckpointJournal(Journal):
         self.save(EXPORT, {**result, "batch_url": self.batch_store.ref(url)})
         self.note("export", EXPORT)
         return result
-
-    def tree_picture(self) -> str:
-        """The SVG the export drew (empty if none)."""
-        return str(self.load(TREES_SVG) or "")
