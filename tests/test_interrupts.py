@@ -13,7 +13,6 @@ failed.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import pty
@@ -33,7 +32,6 @@ from fixtures.prefect import base_env
 from fixtures.resume import SLOW_DIGITS, mismatches
 
 from storage import BatchStore, CheckpointStore
-from tasks.config import load_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -407,7 +405,9 @@ def test_sigterm_stops_the_prefect_path_cleanly(tmp_path):
 
 
 @pytest.mark.needs("torch")  # the loop's critic is a LocalCritic
-def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weights(prefect_env, tmp_path, monkeypatch):
+def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weights(
+    prefect_env, clean_train_loop, tmp_path
+):
     """Interrupted while iteration 0 collects, then while its trainer runs (weights
     written, result not yet recorded), the loop resumes and ends with the weights of a
     loop that was never interrupted (tests/test_train_resume.py's loop and trainer)."""
@@ -442,13 +442,9 @@ def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weigh
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    # the same loop never interrupted, run directly in this process from the user's folder
-    clean = tmp_path / "clean"
-    monkeypatch.chdir(user)
-    cfg = load_config(user / "loop.toml", {"storage.root": str(clean), "train.options.pause_s": 0}, environ={})
-    from flows.loop import train_direct
-
-    asyncio.run(train_direct(cfg))
+    # the same loop never interrupted, run directly from a user's folder (once a session:
+    # tests/test_train_resume.py compares with it too)
+    clean, _ = clean_train_loop
     for name in ("policy.pt", "critic.pt", "optimizer.pt"):
         got = WeightStore(str(root)).read(f"{WeightStore(str(root)).folder('r', 2)}/{name}")
         want = WeightStore(str(clean)).read(f"{WeightStore(str(clean)).folder('r', 2)}/{name}")

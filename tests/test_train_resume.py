@@ -8,7 +8,6 @@ but the current directory's."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 import subprocess
@@ -22,7 +21,6 @@ from fixtures.prefect import base_env, kill_tree
 
 from storage import BatchStore, CheckpointStore
 from storage.weights import WeightStore
-from tasks.config import load_config
 
 pytestmark = [
     # Generous and bounded: three runs to kill, a resume and a clean loop, each a few
@@ -100,7 +98,7 @@ def _wait(proc, what, cond, timeout=300):
 
 
 @pytest.mark.needs("torch")  # a LocalCritic
-def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_weights(prefect_env, tmp_path, monkeypatch):
+def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_weights(prefect_env, clean_train_loop, tmp_path):
     user = tmp_path / "user"  # the user's folder: config and trainer module
     user.mkdir()
     (user / "slowtrain.py").write_text(textwrap.dedent(TRAINER))
@@ -147,13 +145,9 @@ def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_weights(prefect_env
     assert resumed[0]["train"]["reused"] and resumed[0]["stats"]["steps_reused"] == resumed[0]["stats"]["steps"]
     assert not resumed[1]["train"]["reused"] and 0 < resumed[1]["stats"]["steps_reused"]
 
-    # the same loop, never interrupted, in this process, from the user's folder
-    monkeypatch.chdir(user)
-    clean_root = tmp_path / "clean"
-    cfg = load_config(user / "loop.toml", {"storage.root": str(clean_root), "train.options.pause_s": 0}, environ={})
-    from flows.loop import train_direct
-
-    clean = asyncio.run(train_direct(cfg))
+    # the same loop, never interrupted, run from a user's folder (once a session: the
+    # Ctrl-C test of tests/test_interrupts.py compares with it too)
+    clean_root, clean = clean_train_loop
     for a, b in zip(resumed, clean, strict=True):
         assert a["train"]["policy_version"] == b["train"]["policy_version"]
         ra = BatchStore(str(root)).read(a["batch_url"])
