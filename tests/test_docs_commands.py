@@ -156,7 +156,7 @@ COMMANDS: dict[str, Check] = {
     "--set target_kl=0.2 --sweep-sizes 2x12,8x3 --out runs/s5-9": Check(
         "parse", "40 learning runs (2 tasks x 2 sizes x 2 methods x 5 seeds), about 30 minutes on 2 loaded cores"
     ),
-    ".venv/bin/python -m benchmarks.learning --assemble runs/s5-14 --tasks toy corridor-late --sweep-sizes 2x12,8x3 "
+    ".venv/bin/python -m benchmarks.learning --assemble runs/s5-19 --tasks toy corridor-late --sweep-sizes 2x12,8x3 "
     "--set rule=sgd --set target_kl=0.2": Check("parse", "reads the joined runs of two sweeps (learning-steps.md)"),
     ".venv/bin/python -m benchmarks.learning --jobs 1 --methods focus --evidence 6 --tasks toy --seeds 5 6 7 8 9 "
     "--set rule=sgd --set target_kl=0.2 --sweep-sizes 2x12 --out runs/ev6-toy": Check(
