@@ -35,6 +35,7 @@ difference with its interval. Writes a JSON (and ``runs.jsonl`` as runs finish) 
     .venv/bin/python -m benchmarks.learning --sweep target_kl=0.05,0.1,0.2 --sweep lr=3e-4,6e-4,1.2e-3   # each method at its best (learning_sweep)
     .venv/bin/python -m benchmarks.learning --tasks-per-iteration 4 --set rule=sgd --set target_kl=0.2   # half the data per update
     .venv/bin/python -m benchmarks.learning --sweep-sizes 8x3,4x6,2x12 --sweep target_kl=0.1,0.2   # batch size x step
+    .venv/bin/python -m benchmarks.learning --evidence 6   # FOCUS: 6 of GRPO's 8 rollouts' worth as evidence (learning_collect)
 """
 
 from __future__ import annotations
@@ -50,16 +51,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.learning_collect import EVIDENCE, collect, collect_counted  # noqa: F401 (collect: re-exported)
 from benchmarks.learning_plot import plot
 from benchmarks.learning_verdicts import METHODS, summary, verdicts
 from focus.agent import Agent, derive_seed
 from focus.critic import ConstantCritic, Critic, LocalCritic
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, GroupNormalized
-from focus.priority import Phase, Priority, Selective, Uniform
+from focus.priority import Priority, Selective, Uniform
 
-#: Complete rollouts per task before any branching (every method).
-EVIDENCE = 4
 #: The trainer of every method: the library's ``UpdateConfig`` with one step per update
 #: sized to a KL target (``rule="sgd"``: the plain gradient, a line search to
 #: ``target_kl``; matched update sizes). Each task's step is the one both methods were
@@ -92,6 +92,11 @@ class Sizes:
     iterations: int
     tasks: int  # collected per iteration
     eval_tasks: int
+    #: FOCUS's and uniform's evidence rollouts per task, and their continuation budget in
+    #: rollouts' worth per task (None: ``2 * EVIDENCE - evidence``, GRPO's batch cost);
+    #: GRPO's group is ``2 * EVIDENCE`` whatever they are (``learning_collect``)
+    evidence: int = EVIDENCE
+    continuation: int | None = None
 
 
 #: Chosen for the time budget of a loaded 2-core machine, not tuned per method (one toy
@@ -208,43 +213,6 @@ def make_method(method: str, seed: int) -> tuple[type[Priority], Estimator, Crit
     return (Selective if method == "focus" else Uniform), DirectBranchTd(), LocalCritic(seed=seed), True
 
 
-async def collect(
-    agent: Agent, method: str, critic: Critic, estimator: Estimator, tasks: list[Task], cid: str, it: int, seed: int
-) -> Any:
-    """One iteration's batch. GRPO: ``2 * EVIDENCE`` independent rollouts per task.
-    FOCUS and uniform: ``EVIDENCE`` rollouts per task, then a continuation phase whose
-    budget is the transitions those rollouts took - so a batch costs what ``2 *
-    EVIDENCE`` independent rollouts of the same policy cost."""
-    from focus.collector import Collector
-    from focus.execution import Execution
-
-    priority, _, _, _ = make_method(method, 0)
-
-    def collector(*phases: Phase) -> Collector:
-        return Collector(
-            agent,
-            search=priority(phases=phases),
-            critic=critic,
-            estimator=estimator,
-            execution=Execution(max_concurrency=32),
-            collection_id=cid,
-            iteration=it,
-            seed=seed,
-        )
-
-    if method == "grpo":
-        return await collector(Phase("evidence", rollouts_per_task=2 * EVIDENCE)).collect(tasks)
-    evidence = Phase("evidence", rollouts_per_task=EVIDENCE)
-    state = await collector(evidence).run_evidence(tasks)
-    used = state.usage().transitions
-    full = collector(evidence, Phase("continue", transitions=used))
-    wave = 0
-    while not (plan := full.plan_wave(state, 1, wave)).empty:
-        state = await full.run_wave(state, plan)
-        wave += 1
-    return full.prepare(state)
-
-
 def _cpu_s(pid: int | None) -> float:
     """CPU seconds so far of this process and of the model server (user + system)."""
     import psutil
@@ -284,7 +252,10 @@ async def run_one(
             # the same tasks for every method at this seed and iteration
             tasks = domain.tasks(sizes.tasks, derive_seed("tasks", seed, it))
             cid = f"{domain.name}-{method}-s{seed}"
-            batch = await collect(agent, method, critic, estimator, tasks, cid, it, derive_seed("learning", seed, it))
+            cseed = derive_seed("learning", seed, it)
+            batch, flats = await collect_counted(
+                agent, method, critic, estimator, tasks, cid, it, cseed, sizes.evidence, sizes.continuation
+            )
             path = workdir / f"{method}-s{seed}.pt"
             out = await asyncio.to_thread(train_iteration, trainer, critic if fit else None, batch, path)
             await asyncio.to_thread(server.reload, path)
@@ -304,6 +275,8 @@ async def run_one(
                     "actor_rows": len(batch.actor),
                     "nonzero_advantage_rows": sum(1 for r in batch.actor if abs(r.advantage) > 1e-9),
                     "batch_reward": sum(r.reward for r in batch.actor),
+                    "evidence_rollouts": batch.stats["evidence_rollouts"],
+                    **flats,
                     "approx_kl": round(train["final_kl"], 6),
                     "optimizer_steps": train["steps"],
                     "stopped_early": train["stopped_early"],
@@ -387,6 +360,15 @@ def _parser() -> argparse.ArgumentParser:
         help=f"tasks collected per iteration (default {DEFAULT_SIZES.tasks}): fewer transitions per update",
     )
     ap.add_argument("--iterations", type=int, metavar="N", help=f"default {DEFAULT_SIZES.iterations}")
+    ap.add_argument(
+        "--evidence", type=int, metavar="N", help=f"FOCUS's evidence rollouts per task (default {EVIDENCE})"
+    )
+    ap.add_argument(
+        "--continuation-rollouts",
+        type=int,
+        metavar="M",
+        help=f"FOCUS's continuations, in rollouts' worth per task (default {2 * EVIDENCE} - evidence: GRPO's cost)",
+    )
     ap.add_argument("--report", metavar="JSON", help="print the verdicts and redraw the plot of a saved run")
     ap.add_argument(
         "--assemble",
@@ -567,12 +549,20 @@ def sizes_of(args: argparse.Namespace) -> Sizes:
     iterations = base.iterations if args.iterations is None else args.iterations
     if tasks < 1 or iterations < 1:
         raise ValueError(f"--tasks-per-iteration and --iterations take a positive number; got {tasks}, {iterations}")
-    return Sizes(iterations=iterations, tasks=tasks, eval_tasks=base.eval_tasks)
+    evidence = EVIDENCE if args.evidence is None else args.evidence
+    if evidence < 1 or (args.continuation_rollouts or 0) < 0:
+        raise ValueError(f"--evidence takes a positive number and --continuation-rollouts one >= 0; got {evidence}")
+    return Sizes(iterations, tasks, base.eval_tasks, evidence, args.continuation_rollouts)
 
 
 def size_options(args: argparse.Namespace) -> str:
     """The size options as the command line gave them (for a record's ``command``)."""
-    given = (("--tasks-per-iteration", args.tasks_per_iteration), ("--iterations", args.iterations))
+    given = (
+        ("--tasks-per-iteration", args.tasks_per_iteration),
+        ("--iterations", args.iterations),
+        ("--evidence", args.evidence),
+        ("--continuation-rollouts", args.continuation_rollouts),
+    )
     return "".join(f" {flag} {n}" for flag, n in given if n is not None)
 
 

@@ -276,7 +276,7 @@ def test_quick_sweep_runs_every_method_at_every_setting(tmp_path):
     args = ["--quick", "--tasks", "bridge", "--sweep", "target_kl=0.05,0.2", "--sweep", "lr=3e-4,1.2e-3"]
     result = learning.main([*args, "--tasks-per-iteration", "2", "--out", str(tmp_path), "--quiet"])
     saved = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
-    assert saved["sizes"] == {"iterations": 1, "tasks": 2, "eval_tasks": 6}
+    assert saved["sizes"] == {"iterations": 1, "tasks": 2, "eval_tasks": 6, "evidence": 4, "continuation": None}
     assert saved["command"].endswith("--tasks-per-iteration 2")  # the record names the smaller batches
     assert saved["labels"] == ["target_kl=0.05,lr=0.0003", "target_kl=0.2,lr=0.0012"]
     assert saved["at_best"] == json.loads(json.dumps(result["at_best"]))

@@ -152,6 +152,20 @@ COMMANDS: dict[str, Check] = {
     ),
     ".venv/bin/python -m benchmarks.learning --tasks bridge-long --seeds 0 1 2 3 4 5 6 7 8 9 --jobs 2 "
     "--out runs/learning-bridge-long": Check("parse", "20 learning runs of the long bridge, about 15 minutes"),
+    ".venv/bin/python -m benchmarks.learning --jobs 1 --tasks toy corridor-late --seeds 5 6 7 8 9 --set rule=sgd "
+    "--set target_kl=0.2 --sweep-sizes 2x12,8x3 --out runs/s5-9": Check(
+        "parse", "40 learning runs (2 tasks x 2 sizes x 2 methods x 5 seeds), about 30 minutes on 2 loaded cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning --assemble runs/s5-19 --tasks toy corridor-late --sweep-sizes 2x12,8x3 "
+    "--set rule=sgd --set target_kl=0.2": Check("parse", "reads the joined runs of two sweeps (learning-steps.md)"),
+    ".venv/bin/python -m benchmarks.learning --jobs 1 --methods focus --evidence 6 --tasks toy --seeds 5 6 7 8 9 "
+    "--set rule=sgd --set target_kl=0.2 --sweep-sizes 2x12 --out runs/ev6-toy": Check(
+        "parse", "5 learning runs of 12 updates, about 3 minutes on 2 loaded cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning --jobs 1 --tasks toy --seeds 5 6 7 8 9 10 11 12 13 14 --set rule=sgd "
+    "--set target_kl=0.1 --sweep-sizes 2x12 --out runs/kl01-toy": Check(
+        "parse", "20 learning runs of 12 updates, about 15 minutes on 2 loaded cores"
+    ),
     ".venv/bin/python -m benchmarks.learning --assemble runs/learn-s0-19.jsonl --out runs/learn-s0-19": Check(
         "parse",
         "reads the runs of two learning runs joined into one file (docs/findings/learning-steps.md, 'Twenty seeds')",
