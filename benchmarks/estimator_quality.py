@@ -46,7 +46,7 @@ allocation rules not meant for the library (``benchmarks.allocation_bound``; not
 unless named in ``--methods``): fixed depth profiles ``depth_d<k>``, ``reach``,
 ``sqrt_reach`` and ``oracle_var`` (the exact MDP's reach and return variance); hedges
 of selective (``benchmarks.hedges``, also only when named): ``selective_explore50``,
-``selective_explore100``, ``selective_unifirst``.
+``selective_explore100``, ``selective_unifirst``, ``selective_unifirst_w8``.
 
 Metrics: token-weighted MSE of the segment advantages against the exact ones, sign
 agreement (tokens whose exact advantage is non-zero), critic-target MSE (weighted by

@@ -7,6 +7,9 @@ a library default; ``benchmarks.estimator_quality --methods`` takes their names.
   uniformly, independently of the critic and of the outcomes seen.
 * ``selective_unifirst``: :class:`UniformFirst`, uniform while nothing but the roots
   has been branched (the first continuation wave), selective from the next fit on.
+* ``selective_unifirst_w8``: the same with continuation waves half the default size
+  (``Phase.wave_size`` 8), so that at 2H, where a default wave is the whole budget, the
+  second half is ranked on a model fitted on the first half's spreads.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from focus.priority import Phase, Selective
 from focus.search.shape import tree_spreads
 from focus.tree import Edge, Tree
 
-HEDGE_METHODS = ("selective_explore50", "selective_explore100", "selective_unifirst")
+HEDGE_METHODS = ("selective_explore50", "selective_explore100", "selective_unifirst", "selective_unifirst_w8")
 
 
 def branched_below_root(trees: Sequence[Tree], keep: Callable[[Tree, Edge], bool] | None = None) -> bool:
@@ -60,4 +63,6 @@ def hedge_search(method: str, phases: tuple[Phase, ...]) -> Selective:
         return Selective(phases=phases, explore=1.0)
     if method == "selective_unifirst":
         return UniformFirst(phases=phases)
+    if method == "selective_unifirst_w8":
+        return UniformFirst(phases=(*phases[:-1], phases[-1].model_copy(update={"wave_size": 8})))
     raise ValueError(f"unknown hedge method {method!r} (known: {', '.join(HEDGE_METHODS)})")

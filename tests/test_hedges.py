@@ -63,5 +63,7 @@ def test_the_hedges_are_named_methods_of_the_benchmark() -> None:
     assert hedge_search("selective_explore50", phases).explore == 0.5
     assert hedge_search("selective_explore100", phases).explore == 1.0
     assert type(make_search("selective_unifirst", 1, 10)[0]) is UniformFirst
+    halved = hedge_search("selective_unifirst_w8", phases)
+    assert type(halved) is UniformFirst and halved.phases[-1].wave_size == 8 and halved.phases[0] == phases[0]
     with pytest.raises(ValueError, match="unknown hedge"):
         hedge_search("selective_nothing", phases)
