@@ -44,7 +44,9 @@ ablations:
   uniform_k1         uniform with κ fixed at 1 (the estimator's earlier default)
 allocation rules not meant for the library (``benchmarks.allocation_bound``; not run
 unless named in ``--methods``): fixed depth profiles ``depth_d<k>``, ``reach``,
-``sqrt_reach`` and ``oracle_var`` (the exact MDP's reach and return variance).
+``sqrt_reach`` and ``oracle_var`` (the exact MDP's reach and return variance); hedges
+of selective (``benchmarks.hedges``, also only when named): ``selective_explore50``,
+``selective_explore100``, ``selective_unifirst``, ``selective_unifirst_w8``.
 
 Metrics: token-weighted MSE of the segment advantages against the exact ones, sign
 agreement (tokens whose exact advantage is non-zero), critic-target MSE (weighted by
@@ -96,6 +98,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from benchmarks.allocation_bound import BOUND_METHODS, WatchingCollector, World, attach, bound_search
+from benchmarks.hedges import HEDGE_METHODS, hedge_search
 from benchmarks.quality_summary import cells_above, mean_rows, plot, summarise
 from focus.agent import Agent
 from focus.batch import Batch
@@ -238,6 +241,8 @@ def make_search(method: str, evidence: int, transitions: int) -> tuple[Priority,
         return Uniform(phases=phases), NodeMonteCarlo()
     if method in BOUND_METHODS:  # benchmark-only allocation rules (benchmarks.allocation_bound)
         return bound_search(method, phases), DirectBranchTd()
+    if method in HEDGE_METHODS:  # benchmark-only hedges of selective (benchmarks.hedges)
+        return hedge_search(method, phases), DirectBranchTd()
     kappa = 1.0 if method == "uniform_k1" else None
     est = DirectBranchTd(kappa=kappa)
     if method.startswith("uniform"):
@@ -443,7 +448,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for flag, given, known in (
         ("--families", families, ALL_FAMILIES),
         ("--critics", critics, CRITICS),
-        ("--methods", methods, (*METHODS, *BOUND_METHODS)),
+        ("--methods", methods, (*METHODS, *BOUND_METHODS, *HEDGE_METHODS)),
     ):
         unknown = [x for x in given if x not in known and not (flag != "--methods" and ":" in x)]
         if unknown:
@@ -458,7 +463,7 @@ def print_tables(
 ) -> None:
     """The run's tables on standard output: every cell's row, the ratios, the cells above 1.1x."""
     families, critics = info["families"], info["critics"]
-    order = {m: i for i, m in enumerate((*METHODS, *BOUND_METHODS))}
+    order = {m: i for i, m in enumerate((*METHODS, *BOUND_METHODS, *HEDGE_METHODS))}
     rows.sort(key=lambda r: (families.index(r["family"]), r["budget"], critics.index(r["critic"]), order[r["method"]]))
     print(
         "| family | budget | critic | method | adv MSE | sign agree | target MSE | transitions "

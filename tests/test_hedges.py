@@ -1,0 +1,69 @@
+"""benchmarks/hedges.py: the benchmark-only hedges of Selective. ``selective_unifirst``
+places the first continuation wave uniformly (at 2H, the only wave, its batch is
+uniform's) and ranks selectively once a checkpoint below a root has two children; the
+explore variants are Selective with a larger exploration share."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks.estimator_quality import make_search, parse_args, run_one, search_state
+from benchmarks.hedges import HEDGE_METHODS, UniformFirst, branched_below_root, hedge_search
+from focus.priority import Phase, Selective
+
+KEYS = ("adv_mse", "target_mse", "transitions", "tokens")
+
+
+def test_at_2h_the_first_wave_is_the_only_one_and_unifirst_collects_uniform_s_batch() -> None:
+    job = ("heavy_tail", 3, 2, "biased", "{}", 1)
+    uniform, selective, first = (
+        run_one(job[:4] + (m,) + job[5:]) for m in ("uniform", "selective", "selective_unifirst")
+    )
+    assert selective["adv_mse"] != uniform["adv_mse"]  # otherwise the test could not fail
+    for key in KEYS:
+        assert first[key] == uniform[key], key
+
+
+def test_from_the_second_wave_on_unifirst_ranks_like_selective_not_uniform() -> None:
+    job = ("heavy_tail", 3, 6, "biased", "{}", 1)
+    uniform, selective, first = (
+        run_one(job[:4] + (m,) + job[5:]) for m in ("uniform", "selective", "selective_unifirst")
+    )
+    assert first["adv_mse"] != uniform["adv_mse"]
+    assert first["adv_mse"] != selective["adv_mse"]  # the first wave differs from selective's
+
+
+def test_branched_below_root_ignores_the_roots_spreads_and_the_segments_keep_drops() -> None:
+    # 6H: two evidence rollouts per task branch every root, the continuations branch below
+    _, state, search, *_ = search_state(("heavy_tail", 3, 6, "biased", "uniform", 1))
+    trees = list(state.trees)
+    assert branched_below_root(trees)
+    assert not branched_below_root(trees, keep=lambda t, e: False)
+    # the evidence segments only (those leaving a root): only the roots are branched
+    assert not branched_below_root(trees, keep=lambda t, e: e.parent == t.ROOT)
+
+
+def test_unifirst_s_calibration_is_the_unknown_model_until_something_below_a_root_branched() -> None:
+    _, state, _, *_ = search_state(("heavy_tail", 3, 6, "biased", "uniform", 1))
+    trees = list(state.trees)
+    phases = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=100))
+    first, plain = UniformFirst(phases=phases), Selective(phases=phases)
+    assert first.calibrate(trees) == plain.calibrate(trees)
+    evidence_only = lambda t, e: e.parent == t.ROOT  # noqa: E731
+    c = first.calibrate(trees, evidence_only)
+    assert not c.noise.known and math.isinf(c.noise.critic_at(0))
+    assert plain.calibrate(trees, evidence_only).noise != c.noise
+
+
+def test_the_hedges_are_named_methods_of_the_benchmark() -> None:
+    assert parse_args(["--methods", ",".join(HEDGE_METHODS)]).methods == list(HEDGE_METHODS)
+    phases = (Phase("evidence", rollouts_per_task=1), Phase("continue", transitions=10))
+    assert hedge_search("selective_explore50", phases).explore == 0.5
+    assert hedge_search("selective_explore100", phases).explore == 1.0
+    assert type(make_search("selective_unifirst", 1, 10)[0]) is UniformFirst
+    halved = hedge_search("selective_unifirst_w8", phases)
+    assert type(halved) is UniformFirst and halved.phases[-1].wave_size == 8 and halved.phases[0] == phases[0]
+    with pytest.raises(ValueError, match="unknown hedge"):
+        hedge_search("selective_nothing", phases)
