@@ -49,8 +49,10 @@ class S3FaultProxy:
     request whose path contains it (a fault that starts at a chosen step, whatever the
     number of requests before it). :attr:`delay_s` holds every forwarded request that
     long (a slow store). :attr:`served` lists every forwarded request as ``(start, end,
-    method, path)`` (``time.monotonic``; the path unquoted, the query string cut), for a
-    count of requests and of how many were in flight at once (:func:`peak_in_flight`).
+    method, path)`` (``time.monotonic``; the path unquoted, the query string cut; ``end``
+    when the store answered, recorded before the answer goes back, so a client holding
+    its answer finds its request listed), for a count of requests and of how many were
+    in flight at once (:func:`peak_in_flight`).
     """
 
     def __init__(self, upstream: str) -> None:
@@ -138,6 +140,14 @@ class S3FaultProxy:
                 if proxy.delay_s:
                     time.sleep(proxy.delay_s)
                 conn = http.client.HTTPConnection(*proxy._upstream, timeout=60)
+                recorded = False
+
+                def record() -> None:  # before the reply: a client that has its answer finds it in ``served``
+                    nonlocal recorded
+                    recorded = True
+                    with proxy._lock:
+                        proxy.served.append((start, time.monotonic(), self.command, unquote(self.path.split("?")[0])))
+
                 try:
                     headers = {k: v for k, v in self.headers.items() if k.lower() not in _SKIP}
                     conn.request(self.command, self.path, body=body if size else None, headers=headers)
@@ -145,11 +155,12 @@ class S3FaultProxy:
                     data = answer.read()
                     length = int(answer.headers.get("Content-Length") or len(data))
                     kept = [(k, v) for k, v in answer.getheaders() if k.lower() not in _SKIP]
+                    record()
                     self._reply(answer.status, kept, data, length)
                 finally:
                     conn.close()
-                    with proxy._lock:
-                        proxy.served.append((start, time.monotonic(), self.command, unquote(self.path.split("?")[0])))
+                    if not recorded:  # the store upstream failed: the request is still one that came
+                        record()
 
             def _reply(self, status: int, headers: list[tuple[str, str]], data: bytes, length: int) -> None:
                 self.send_response(status)
