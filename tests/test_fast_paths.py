@@ -255,6 +255,12 @@ def test_evidence_copies_and_builds_equal_the_dataclass() -> None:
     assert made.with_pending(7) == dataclasses.replace(made, pending=7)
     with pytest.raises(TypeError):
         make_evidence(**{n: v for n, v in fields.items() if n != "signal"})
+    # made through a slotted twin whose class is then set: a frozen NodeEvidence all the same
+    for view in (made, made.with_pending(7)):
+        assert type(view) is NodeEvidence and not hasattr(view, "__dict__")
+        assert hash(view) == hash(NodeEvidence(**{**fields, "pending": view.pending}))  # type: ignore[arg-type]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            view.signal = 1.0  # type: ignore[misc]
 
 
 def test_target_weight_is_cached_per_calibration() -> None:
