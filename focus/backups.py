@@ -8,8 +8,9 @@ batch and search's incremental rankings share; :func:`tree_values` backs a whole
 from __future__ import annotations
 
 import math
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from focus.noise import NoiseModel, Truncation, leaf_value, noise_model
 from focus.segments import Segment, segment
@@ -46,7 +47,7 @@ class TreeValues:
     #: Mean discounted return from the root of the valid leaves below n.
     root_return: Mapping[int, float | None]
     #: Discounted returns from the root of every valid leaf (one per complete rollout path).
-    leaf_returns: tuple[float, ...]
+    leaf_returns: Sequence[float]
     #: Noise model the critic weights came from (None with a fixed κ).
     noise: NoiseModel | None = None
     #: Modelled error variance of the plain backup (λ = 0: the critic target Q̄(n)),
@@ -336,8 +337,6 @@ def tree_values(
     q_bar: dict[int, float | None] = {}
     child_q: dict[int, tuple[float, ...]] = {}
     m: dict[int, int] = {}
-    mc_sum: dict[int, float] = {}
-    mc_n: dict[int, int] = {}
     edges = tree.edges
     known = segments if segments is not None else {}
     segs = {
@@ -350,20 +349,13 @@ def tree_values(
             settle_children(tree, node, segs, value, weight, error, plain, noise, kappa, truncation)
         r = node_value(node, segs, value, error, noise, kappa, truncation, plain)
         value[i], weight[i], error[i], plain[i] = r.value, r.weight, r.error, r.plain_error
-        if node.is_leaf:
-            v = value[i]
-            mc_sum[i], mc_n[i] = (v, 1) if v is not None else (0.0, 0)
-            continue
-        q_bar[i], child_q[i], m[i] = r.q_bar, r.qs, len(r.qs)
-        s, cnt = 0.0, 0
-        for eid in node.children:
-            sg = segs[eid]
-            if mc_n[sg.child]:
-                s += mc_n[sg.child] * sg.reward + sg.discount * mc_sum[sg.child]
-                cnt += mc_n[sg.child]
-        mc_sum[i], mc_n[i] = s, cnt
-    mc = {i: (mc_sum[i] / mc_n[i] if mc_n[i] else None) for i in tree.nodes}
-    root_return, leaf_returns = _root_returns(tree, segs, value)
+        if not node.is_leaf:
+            q_bar[i], child_q[i], m[i] = r.q_bar, r.qs, len(r.qs)
+    # the Monte Carlo values and the returns from the root read only the leaves' values
+    # and the segments: computed when an estimator first reads them (DirectBranchTd, the
+    # collector's default, reads neither: a fifth of a batch's backups)
+    returns = _Returns(tree, segs, value)
+    mc, root_return, leaf_returns = _LazyMap(returns, 0), _LazyMap(returns, 1), _LazyTuple(returns)
     return TreeValues(
         gamma,
         weight,
@@ -381,6 +373,102 @@ def tree_values(
         plain,
         segs,
     )
+
+
+class _Returns:
+    """:attr:`TreeValues.mc`, :attr:`~TreeValues.root_return` and
+    :attr:`~TreeValues.leaf_returns` of one backup, computed on the first read of any."""
+
+    __slots__ = ("_args", "_out")
+
+    def __init__(self, tree: Tree, segs: Mapping[int, Segment], value: Mapping[int, float | None]) -> None:
+        self._args: tuple[Tree, Mapping[int, Segment], Mapping[int, float | None]] | None = (tree, segs, value)
+        self._out: tuple[dict[int, float | None], dict[int, float | None], tuple[float, ...]] | None = None
+
+    def get(self) -> tuple[dict[int, float | None], dict[int, float | None], tuple[float, ...]]:
+        out = self._out
+        if out is None:
+            assert self._args is not None
+            tree, segs, value = self._args
+            out = self._out = (_monte_carlo(tree, segs, value), *_root_returns(tree, segs, value))
+            self._args = None
+        return out
+
+
+class _LazyMap(Mapping[int, "float | None"]):
+    """A dict of :class:`_Returns`, read through (equal to that dict, as a mapping is)."""
+
+    __slots__ = ("_src", "_k")
+
+    def __init__(self, src: _Returns, k: int) -> None:
+        self._src, self._k = src, k
+
+    def _dict(self) -> dict[int, float | None]:
+        return self._src.get()[self._k]  # type: ignore[return-value]
+
+    def __getitem__(self, key: int) -> float | None:
+        return self._dict()[key]
+
+    def get(self, key: int, default: float | None = None) -> float | None:  # type: ignore[override]
+        return self._dict().get(key, default)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        return len(self._dict())
+
+    def __repr__(self) -> str:
+        return repr(self._dict())
+
+
+class _LazyTuple(Sequence[float]):
+    """The leaf returns of :class:`_Returns`, read through (equal to that tuple)."""
+
+    __slots__ = ("_src",)
+
+    def __init__(self, src: _Returns) -> None:
+        self._src = src
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._src.get()[2][i]
+
+    def __len__(self) -> int:
+        return len(self._src.get()[2])
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self._src.get()[2])
+
+    def __eq__(self, other: object) -> bool:
+        mine = self._src.get()[2]
+        return mine == (tuple(other) if isinstance(other, _LazyTuple) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._src.get()[2])
+
+    def __repr__(self) -> str:
+        return repr(self._src.get()[2])
+
+
+def _monte_carlo(tree: Tree, segs: Mapping[int, Segment], value: Mapping[int, float | None]) -> dict[int, float | None]:
+    """Plain Monte Carlo value of each node: the mean return from it over every valid
+    leaf below it (the leaves' values are final before any checkpoint's)."""
+    mc_sum: dict[int, float] = {}
+    mc_n: dict[int, int] = {}
+    for node in tree.postorder():
+        i = node.id
+        if node.is_leaf:
+            v = value[i]
+            mc_sum[i], mc_n[i] = (v, 1) if v is not None else (0.0, 0)
+            continue
+        s, cnt = 0.0, 0
+        for eid in node.children:
+            sg = segs[eid]
+            if mc_n[sg.child]:
+                s += mc_n[sg.child] * sg.reward + sg.discount * mc_sum[sg.child]
+                cnt += mc_n[sg.child]
+        mc_sum[i], mc_n[i] = s, cnt
+    return {i: (mc_sum[i] / mc_n[i] if mc_n[i] else None) for i in tree.nodes}
 
 
 def _root_returns(

@@ -16,10 +16,12 @@ from collections.abc import Mapping
 import pytest
 from test_ranking import grow
 
+from focus import backups
 from focus.calibration import Calibration, calibrate
 from focus.estimation import (
     CriticTarget,
     DirectBranchTd,
+    GroupNormalized,
     NodeMonteCarlo,
     NoiseModel,
     Segment,
@@ -529,3 +531,49 @@ def test_noise_rows_equal_the_former_collect(gamma: float, truncation: str) -> N
     # the trees exercise every case: only children, spreads, same-action groups, unscored checkpoints
     assert any(r.m == 1 for r in rows) and any(r.ss is not None for r in rows)
     assert any(r.ss_same is not None for r in rows) and any(r.d2 is None for r in rows)
+
+
+def reference_monte_carlo(tree: Tree, gamma: float) -> dict[int, float | None]:
+    """The Monte Carlo values as ``tree_values`` computed them in its backup loop: the
+    mean return from each node over the valid leaves below it."""
+    tv = tree_values(tree, gamma=gamma, kappa=0.0)
+    total: dict[int, float] = {}
+    count: dict[int, int] = {}
+    for node in tree.postorder():
+        i = node.id
+        if node.is_leaf:
+            v = tv.value[i]
+            total[i], count[i] = (v, 1) if v is not None else (0.0, 0)
+            continue
+        s, n = 0.0, 0
+        for eid in node.children:
+            sg = segment(tree.edges[eid], gamma)
+            if count[sg.child]:
+                s += count[sg.child] * sg.reward + sg.discount * total[sg.child]
+                n += count[sg.child]
+        total[i], count[i] = s, n
+    return {i: (total[i] / count[i] if count[i] else None) for i in tree.nodes}
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_returns_are_computed_when_first_read(seed: int, gamma: float) -> None:
+    """``tree_values`` leaves the Monte Carlo values and the returns from the root until
+    an estimator reads them (the collector's DirectBranchTd reads neither); read, they
+    are the numbers the backup computed before, and the values equal an eager copy."""
+    tree = random_trees(seed)[-1]
+    est = DirectBranchTd(gamma=gamma)
+    values = est.values(tree)
+    est.advantages(list(tree.edges.values()), values)
+    assert values.mc._src._out is None  # type: ignore[attr-defined]  # nothing read them
+    mc = reference_monte_carlo(tree, gamma)
+    root_return, leaf_returns = backups._root_returns(tree, values.segments, values.value)
+    assert dict(values.mc) == mc and list(values.mc) == list(tree.nodes)
+    assert values.root_return == root_return and values.root_return.get(-1, 0.5) == 0.5
+    assert values.leaf_returns == leaf_returns and tuple(values.leaf_returns) == leaf_returns
+    assert len(values.leaf_returns) == len(leaf_returns) and values.leaf_returns[::-1] == leaf_returns[::-1]
+    eager = dataclasses.replace(values, mc=mc, root_return=root_return, leaf_returns=leaf_returns)
+    assert values == eager and eager == values
+    assert GroupNormalized(gamma=gamma).advantages(list(tree.edges.values()), values) == GroupNormalized(
+        gamma=gamma
+    ).advantages(list(tree.edges.values()), eager)
