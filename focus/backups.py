@@ -343,10 +343,18 @@ def tree_values(
         i: sg if (sg := known.get(i)) is not None and sg.child == e.child else segment(e, gamma)
         for i, e in edges.items()
     }
+    # A checkpoint with a prediction below another is refined once, at its parent's
+    # step, with its influence (as search's rankings do, focus.ranking): refined at its
+    # own step too, settle_children replaced all but its Q̄ and child values there.
+    deferred: dict[int, Node] = {}
+    out = (value, weight, error, plain, q_bar, child_q, m)
     for node in tree.postorder():
         i = node.id
-        if not node.is_leaf:
-            settle_children(tree, node, segs, value, weight, error, plain, noise, kappa, truncation)
+        if kappa is None and not node.is_leaf:
+            _settle_deferred(node, segs, deferred, out, noise, truncation)
+            if node.value is not None and node.parent_edge is not None:
+                deferred[i] = node
+                continue
         r = node_value(node, segs, value, error, noise, kappa, truncation, plain)
         value[i], weight[i], error[i], plain[i] = r.value, r.weight, r.error, r.plain_error
         if not node.is_leaf:
@@ -373,6 +381,38 @@ def tree_values(
         plain,
         segs,
     )
+
+
+def _settle_deferred(
+    node: Node,
+    segs: Mapping[int, Segment],
+    deferred: dict[int, Node],
+    out: tuple[dict[int, Any], ...],
+    noise: NoiseModel,
+    truncation: Truncation,
+) -> None:
+    """:func:`settle_children` of ``node`` where its children with a prediction were
+    left to this step (``deferred``, taken out here): each refined once, with its
+    :func:`value_influence` where ``node`` has two or more valid children (a child with
+    a prediction always has a value), without one otherwise, as its own step would
+    have. ``out``: the backup's value, weight, error, plain error, Q̄, child values and
+    count, by node."""
+    value, weight, error, plain, q_bar, child_q, m = out
+    m_p = 0
+    for eid in node.children:
+        c = segs[eid].child
+        if c in deferred or value.get(c) is not None:
+            m_p += 1
+    for eid in node.children:
+        sg = segs[eid]
+        c = sg.child
+        child = deferred.pop(c, None)
+        if child is None:
+            continue
+        infl = value_influence(sg.discount, m_p) if m_p >= 2 else 0.0
+        r = node_value(child, segs, value, error, noise, None, truncation, plain, infl)
+        value[c], weight[c], error[c], plain[c] = r.value, r.weight, r.error, r.plain_error
+        q_bar[c], child_q[c], m[c] = r.q_bar, r.qs, len(r.qs)
 
 
 class _Returns:

@@ -577,3 +577,26 @@ def test_returns_are_computed_when_first_read(seed: int, gamma: float) -> None:
     assert GroupNormalized(gamma=gamma).advantages(list(tree.edges.values()), values) == GroupNormalized(
         gamma=gamma
     ).advantages(list(tree.edges.values()), eager)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(("gamma", "truncation"), [(1.0, "bootstrap"), (0.9, "bootstrap"), (0.97, "terminal")])
+def test_backup_refining_once_equals_settling_after(seed: int, gamma: float, truncation: str) -> None:
+    """``tree_values`` refines a checkpoint with a prediction once, at its parent's step:
+    the numbers of the backup that refined it at its own step and again in its
+    parent's ``settle_children``, bit for bit."""
+    for tree in random_trees(seed, steps=12)[2:]:
+        noise = noise_model([tree], gamma=gamma, truncation=truncation)  # type: ignore[arg-type]
+        segs = {i: segment(e, gamma) for i, e in tree.edges.items()}
+        want: dict[str, dict[int, object]] = {k: {} for k in ("value", "weight", "error", "plain", "q", "qs", "m")}
+        value, weight, error, plain = want["value"], want["weight"], want["error"], want["plain"]
+        for node in tree.postorder():
+            if not node.is_leaf:
+                backups.settle_children(tree, node, segs, value, weight, error, plain, noise, None, truncation)  # type: ignore[arg-type]
+            r = node_value(node, segs, value, error, noise, None, truncation, plain)  # type: ignore[arg-type]
+            value[node.id], weight[node.id], error[node.id], plain[node.id] = r.value, r.weight, r.error, r.plain_error
+            if not node.is_leaf:
+                want["q"][node.id], want["qs"][node.id], want["m"][node.id] = r.q_bar, r.qs, len(r.qs)
+        got = tree_values(tree, gamma=gamma, noise=noise, truncation=truncation)  # type: ignore[arg-type]
+        assert (got.value, got.critic_weight, got.error, got.plain_error) == (value, weight, error, plain)
+        assert (got.q_bar, got.child_q, got.m) == (want["q"], want["qs"], want["m"])
