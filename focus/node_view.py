@@ -118,9 +118,7 @@ def node_view(
     gamma = values.gamma
     noise = calibration.noise
     infl, t_infl, v_infl = _parent_terms(tree, node, values, segs, valid, mu)
-    # the calibration's per-depth terms and chains, read from its caches where held
-    # (Calibration.at_depth, fresh_chain: the same tuples), a view per changed checkpoint
-    terms = calibration._depths.get(depth)
+    terms = calibration._depths.get(depth)  # at_depth's and fresh_chain's caches read first
     step, action, nu, critic = terms if terms is not None else calibration.at_depth(depth)
     sig, rest, plain, n = _child_sums(node, values, segs, step, action)
     if length != length:  # NaN: no children
@@ -133,15 +131,13 @@ def node_view(
         sig, rest, plain = sig / n, rest / n, plain / n
     else:
         sig, rest, plain = action, fresh, fresh_target
-    if noise.shared <= 0 or calibration.bootstrapped <= 0:  # shared_error's own early answer
-        shared = 0.0
-    else:
+    shared = 0.0  # shared_error's early answer, then the call where it has no early answer
+    if not (noise.shared <= 0 or calibration.bootstrapped <= 0):
         shared, rest = shared_error(calibration, depth, length, rest)
     qs = values.child_q.get(i, ())
     if qs:  # without children's values the factor is 1 (_spread_factor), and 1.0 * x is x
         rho = _spread_factor(node, qs, sig + rest, noise, critic)
         sig, rest = rho * sig, rho * rest
-    tw = calibration._target_weight
     # in field order, each named (a call naming them costs more than making the view)
     return make_evidence(
         tree_index,  # tree_index
@@ -169,7 +165,7 @@ def node_view(
         fresh_target,  # fresh_target
         chain.targets,  # chain_target
         t_infl,  # target_influence
-        tw[0] if tw else calibration.target_weight,  # target_weight
+        calibration.target_weight,  # target_weight
         calibration.mean_leaf_transitions,  # rollout_transitions
         shared,  # shared_error
         v_infl,  # value_influence
