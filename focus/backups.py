@@ -8,8 +8,9 @@ batch and search's incremental rankings share; :func:`tree_values` backs a whole
 from __future__ import annotations
 
 import math
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from focus.noise import NoiseModel, Truncation, leaf_value, noise_model
 from focus.segments import Segment, segment
@@ -46,7 +47,7 @@ class TreeValues:
     #: Mean discounted return from the root of the valid leaves below n.
     root_return: Mapping[int, float | None]
     #: Discounted returns from the root of every valid leaf (one per complete rollout path).
-    leaf_returns: tuple[float, ...]
+    leaf_returns: Sequence[float]
     #: Noise model the critic weights came from (None with a fixed κ).
     noise: NoiseModel | None = None
     #: Modelled error variance of the plain backup (λ = 0: the critic target Q̄(n)),
@@ -190,6 +191,12 @@ def refine(
     return _backed_up(v_hat, qs, signal, rest, plain, noise, depth, kappa, influence)
 
 
+#: :class:`Refined`'s fields in field order, as a tuple (what the per-node steps of a
+#: backup and of search's rankings read: made per node, a tuple costs a fifth of a
+#: ``Refined``).
+Terms = tuple[float | None, float, float, float | None, tuple[float, ...], float, float, float]
+
+
 def _backed_up(
     v_hat: float | None,
     qs: list[float],
@@ -205,11 +212,27 @@ def _backed_up(
     """:func:`refine` from its children's sums: the valid children's backed-up values
     ``qs`` and their summed signal, noise and plain-backup variances; ``t``:
     ``noise.critic_error_at(depth)``, if known."""
+    return _refined(*_backed_up_terms(v_hat, qs, signal, rest, plain, noise, depth, kappa, influence, t))
+
+
+def _backed_up_terms(
+    v_hat: float | None,
+    qs: list[float],
+    signal: float,
+    rest: float,
+    plain: float,
+    noise: NoiseModel,
+    depth: int,
+    kappa: float | None,
+    influence: float,
+    t: float | None = None,
+) -> Terms:
+    """:func:`_backed_up`'s fields as a tuple (:data:`Terms`)."""
     m = len(qs)
     if t is None:
         t = noise.critic_error_at(depth)
     if not m:
-        return _refined(v_hat, 1.0, t, None, (), 0.0, 0.0, t)
+        return (v_hat, 1.0, t, None, (), 0.0, 0.0, t)
     q_bar = left_sum(qs) / m
     var_q = (signal + rest) / (m * m)
     if v_hat is None:
@@ -223,7 +246,7 @@ def _backed_up(
         lam = critic_weight(signal / (m * m), var_q, t, influence / m) if noise.known else 0.0
         value = q_bar if lam <= 0.0 else lam * v_hat + (1.0 - lam) * q_bar
     error = (lam * lam * t if lam > 0 else 0.0) + (1.0 - lam) ** 2 * var_q
-    return _refined(value, lam, error, q_bar, tuple(qs), signal, rest, plain / (m * m))
+    return (value, lam, error, q_bar, tuple(qs), signal, rest, plain / (m * m))
 
 
 def node_value(
@@ -241,9 +264,25 @@ def node_value(
     of :func:`tree_values`, shared with search's incremental rankings so both compute
     the same numbers in the same order. ``plain`` holds the children's plain-backup
     errors (:attr:`Refined.plain_error`); ``influence`` is :func:`value_influence`."""
+    return _refined(*node_terms(node, segments, value, error, noise, kappa, truncation, plain, influence))
+
+
+def node_terms(
+    node: Node,
+    segments: Mapping[int, Segment],
+    value: Mapping[int, float | None],
+    error: Mapping[int, float],
+    noise: NoiseModel,
+    kappa: float | None,
+    truncation: Truncation,
+    plain: Mapping[int, float],
+    influence: float = 0.0,
+) -> Terms:
+    """:func:`node_value`'s fields as a tuple (:data:`Terms`): value, weight, error,
+    Q̄, child values, signal, noise, plain error."""
     if node.is_leaf:
         v, err = leaf_value(node.kind, node.value, truncation, noise.critic_error_at(node.depth))
-        return _refined(v, 1.0, err, None, (), 0.0, 0.0, err)
+        return (v, 1.0, err, None, (), 0.0, 0.0, err)
     # refine's loop over (reward, γ^k, V(c), error, weight, plain error) tuples, written
     # out over the segments (the same operations in the same order, no tuple per child:
     # a backup runs once per node in every batch and per changed node in search)
@@ -263,7 +302,7 @@ def node_value(
         signal += sig
         rest += step * w1 - sig + disc * disc * error[c]
         acc += step * w1 + disc * disc * plain[c]
-    return _backed_up(node.value, qs, signal, rest, acc, noise, depth, kappa, influence, t)
+    return _backed_up_terms(node.value, qs, signal, rest, acc, noise, depth, kappa, influence, t)
 
 
 def settle_children(
@@ -336,34 +375,33 @@ def tree_values(
     q_bar: dict[int, float | None] = {}
     child_q: dict[int, tuple[float, ...]] = {}
     m: dict[int, int] = {}
-    mc_sum: dict[int, float] = {}
-    mc_n: dict[int, int] = {}
     edges = tree.edges
     known = segments if segments is not None else {}
     segs = {
         i: sg if (sg := known.get(i)) is not None and sg.child == e.child else segment(e, gamma)
         for i, e in edges.items()
     }
+    # A checkpoint with a prediction below another is refined once, at its parent's
+    # step, with its influence (as search's rankings do, focus.ranking): refined at its
+    # own step too, settle_children replaced all but its Q̄ and child values there.
+    deferred: dict[int, Node] = {}
+    out = (value, weight, error, plain, q_bar, child_q, m)
     for node in tree.postorder():
         i = node.id
+        if kappa is None and not node.is_leaf:
+            _settle_deferred(node, segs, deferred, out, noise, truncation)
+            if node.value is not None and node.parent_edge is not None:
+                deferred[i] = node
+                continue
+        r = node_terms(node, segs, value, error, noise, kappa, truncation, plain)
+        value[i], weight[i], error[i], plain[i] = r[0], r[1], r[2], r[7]
         if not node.is_leaf:
-            settle_children(tree, node, segs, value, weight, error, plain, noise, kappa, truncation)
-        r = node_value(node, segs, value, error, noise, kappa, truncation, plain)
-        value[i], weight[i], error[i], plain[i] = r.value, r.weight, r.error, r.plain_error
-        if node.is_leaf:
-            v = value[i]
-            mc_sum[i], mc_n[i] = (v, 1) if v is not None else (0.0, 0)
-            continue
-        q_bar[i], child_q[i], m[i] = r.q_bar, r.qs, len(r.qs)
-        s, cnt = 0.0, 0
-        for eid in node.children:
-            sg = segs[eid]
-            if mc_n[sg.child]:
-                s += mc_n[sg.child] * sg.reward + sg.discount * mc_sum[sg.child]
-                cnt += mc_n[sg.child]
-        mc_sum[i], mc_n[i] = s, cnt
-    mc = {i: (mc_sum[i] / mc_n[i] if mc_n[i] else None) for i in tree.nodes}
-    root_return, leaf_returns = _root_returns(tree, segs, value)
+            q_bar[i], child_q[i], m[i] = r[3], r[4], len(r[4])
+    # the Monte Carlo values and the returns from the root read only the leaves' values
+    # and the segments: computed when an estimator first reads them (DirectBranchTd, the
+    # collector's default, reads neither: a fifth of a batch's backups)
+    returns = _Returns(tree, segs, value)
+    mc, root_return, leaf_returns = _LazyMap(returns, 0), _LazyMap(returns, 1), _LazyTuple(returns)
     return TreeValues(
         gamma,
         weight,
@@ -381,6 +419,134 @@ def tree_values(
         plain,
         segs,
     )
+
+
+def _settle_deferred(
+    node: Node,
+    segs: Mapping[int, Segment],
+    deferred: dict[int, Node],
+    out: tuple[dict[int, Any], ...],
+    noise: NoiseModel,
+    truncation: Truncation,
+) -> None:
+    """:func:`settle_children` of ``node`` where its children with a prediction were
+    left to this step (``deferred``, taken out here): each refined once, with its
+    :func:`value_influence` where ``node`` has two or more valid children (a child with
+    a prediction always has a value), without one otherwise, as its own step would
+    have. ``out``: the backup's value, weight, error, plain error, Q̄, child values and
+    count, by node."""
+    value, weight, error, plain, q_bar, child_q, m = out
+    m_p = 0
+    for eid in node.children:
+        c = segs[eid].child
+        if c in deferred or value.get(c) is not None:
+            m_p += 1
+    for eid in node.children:
+        sg = segs[eid]
+        c = sg.child
+        child = deferred.pop(c, None)
+        if child is None:
+            continue
+        infl = value_influence(sg.discount, m_p) if m_p >= 2 else 0.0
+        r = node_terms(child, segs, value, error, noise, None, truncation, plain, infl)
+        value[c], weight[c], error[c], plain[c] = r[0], r[1], r[2], r[7]
+        q_bar[c], child_q[c], m[c] = r[3], r[4], len(r[4])
+
+
+class _Returns:
+    """:attr:`TreeValues.mc`, :attr:`~TreeValues.root_return` and
+    :attr:`~TreeValues.leaf_returns` of one backup, computed on the first read of any."""
+
+    __slots__ = ("_args", "_out")
+
+    def __init__(self, tree: Tree, segs: Mapping[int, Segment], value: Mapping[int, float | None]) -> None:
+        self._args: tuple[Tree, Mapping[int, Segment], Mapping[int, float | None]] | None = (tree, segs, value)
+        self._out: tuple[dict[int, float | None], dict[int, float | None], tuple[float, ...]] | None = None
+
+    def get(self) -> tuple[dict[int, float | None], dict[int, float | None], tuple[float, ...]]:
+        out = self._out
+        if out is None:
+            assert self._args is not None
+            tree, segs, value = self._args
+            out = self._out = (_monte_carlo(tree, segs, value), *_root_returns(tree, segs, value))
+            self._args = None
+        return out
+
+
+class _LazyMap(Mapping[int, "float | None"]):
+    """A dict of :class:`_Returns`, read through (equal to that dict, as a mapping is)."""
+
+    __slots__ = ("_src", "_k")
+
+    def __init__(self, src: _Returns, k: int) -> None:
+        self._src, self._k = src, k
+
+    def _dict(self) -> dict[int, float | None]:
+        return self._src.get()[self._k]  # type: ignore[return-value]
+
+    def __getitem__(self, key: int) -> float | None:
+        return self._dict()[key]
+
+    def get(self, key: int, default: float | None = None) -> float | None:  # type: ignore[override]
+        return self._dict().get(key, default)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        return len(self._dict())
+
+    def __repr__(self) -> str:
+        return repr(self._dict())
+
+
+class _LazyTuple(Sequence[float]):
+    """The leaf returns of :class:`_Returns`, read through (equal to that tuple)."""
+
+    __slots__ = ("_src",)
+
+    def __init__(self, src: _Returns) -> None:
+        self._src = src
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._src.get()[2][i]
+
+    def __len__(self) -> int:
+        return len(self._src.get()[2])
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self._src.get()[2])
+
+    def __eq__(self, other: object) -> bool:
+        mine = self._src.get()[2]
+        return mine == (tuple(other) if isinstance(other, _LazyTuple) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._src.get()[2])
+
+    def __repr__(self) -> str:
+        return repr(self._src.get()[2])
+
+
+def _monte_carlo(tree: Tree, segs: Mapping[int, Segment], value: Mapping[int, float | None]) -> dict[int, float | None]:
+    """Plain Monte Carlo value of each node: the mean return from it over every valid
+    leaf below it (the leaves' values are final before any checkpoint's)."""
+    mc_sum: dict[int, float] = {}
+    mc_n: dict[int, int] = {}
+    for node in tree.postorder():
+        i = node.id
+        if node.is_leaf:
+            v = value[i]
+            mc_sum[i], mc_n[i] = (v, 1) if v is not None else (0.0, 0)
+            continue
+        s, cnt = 0.0, 0
+        for eid in node.children:
+            sg = segs[eid]
+            if mc_n[sg.child]:
+                s += mc_n[sg.child] * sg.reward + sg.discount * mc_sum[sg.child]
+                cnt += mc_n[sg.child]
+        mc_sum[i], mc_n[i] = s, cnt
+    return {i: (mc_sum[i] / mc_n[i] if mc_n[i] else None) for i in tree.nodes}
 
 
 def _root_returns(

@@ -118,21 +118,26 @@ def node_view(
     gamma = values.gamma
     noise = calibration.noise
     infl, t_infl, v_infl = _parent_terms(tree, node, values, segs, valid, mu)
-    step, action, nu, critic = calibration.at_depth(depth)
+    terms = calibration._depths.get(depth)  # at_depth's and fresh_chain's caches read first
+    step, action, nu, critic = terms if terms is not None else calibration.at_depth(depth)
     sig, rest, plain, n = _child_sums(node, values, segs, step, action)
-    if math.isnan(length):
+    if length != length:  # NaN: no children
         length = max(1.0, calibration.mean_leaf_transitions - node.transitions)
-    chain = calibration.fresh_chain(depth + 1, max(int(round(length)) - 1, 0))
+    key = (depth + 1, max(int(round(length)) - 1, 0))
+    chain = calibration._chains.get(key) or calibration.fresh_chain(*key)
     fresh = nu + gamma * gamma * chain.head_error
     fresh_target = step + gamma * gamma * chain.head_target
     if n:
         sig, rest, plain = sig / n, rest / n, plain / n
     else:
         sig, rest, plain = action, fresh, fresh_target
-    shared, rest = shared_error(calibration, depth, length, rest)
+    shared = 0.0  # shared_error's early answer, then the call where it has no early answer
+    if not (noise.shared <= 0 or calibration.bootstrapped <= 0):
+        shared, rest = shared_error(calibration, depth, length, rest)
     qs = values.child_q.get(i, ())
-    rho = _spread_factor(node, qs, sig + rest, noise, critic)
-    sig, rest = rho * sig, rho * rest
+    if qs:  # without children's values the factor is 1 (_spread_factor), and 1.0 * x is x
+        rho = _spread_factor(node, qs, sig + rest, noise, critic)
+        sig, rest = rho * sig, rho * rest
     # in field order, each named (a call naming them costs more than making the view)
     return make_evidence(
         tree_index,  # tree_index

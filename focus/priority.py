@@ -202,18 +202,22 @@ _EVIDENCE_COPY = tuple((NodeEvidence.__dict__[n].__get__, _EVIDENCE_SET[n]) for 
 
 def _evidence_functions() -> tuple[Callable[..., NodeEvidence], Callable[[NodeEvidence, int], NodeEvidence]]:
     """:func:`make_evidence` and the copy :meth:`NodeEvidence.with_pending` makes, written
-    out field by field (as ``dataclasses`` writes an ``__init__``): one setter call per
-    slot with nothing else around it - no keyword dict to check and walk, no loop. A
+    out field by field (as ``dataclasses`` writes an ``__init__``). Each fills a plain
+    slotted twin of the class (the same slots, in the same order, so the same layout) by
+    plain attribute stores, then makes it a :class:`NodeEvidence` by assigning its
+    ``__class__``: a frozen class's stores go through its ``__setattr__``, and a slot's
+    setter called per field (what this did before) took 3.0 µs a view against 1.1. A
     ranking builds a view per changed checkpoint and the planner copies one twice per
-    job; this halves what :meth:`NodeEvidence.build` and the loop took per view."""
+    job."""
     names = [f.name for f in dataclasses.fields(NodeEvidence)]
-    env: dict[str, Any] = {"_new": object.__new__, "_cls": NodeEvidence}
-    env.update({f"_set_{n}": _EVIDENCE_SET[n] for n in names})
-    make = [f"def make({', '.join(names)}):", "    new = _new(_cls)"]
-    make += [f"    _set_{n}(new, {n})" for n in names]
-    copy = ["def copy(old, pending):", "    new = _new(_cls)"]
-    copy += [f"    _set_{n}(new, {'pending' if n == 'pending' else 'old.' + n})" for n in names]
-    exec("\n".join([*make, "    return new", *copy, "    return new", ""]), env)  # noqa: S102 - fixed source
+    twin = type("_EvidenceTwin", (), {"__slots__": NodeEvidence.__slots__})
+    env: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": NodeEvidence}
+    make = [f"def make({', '.join(names)}):", "    new = _new(_twin)"]
+    make += [f"    new.{n} = {n}" for n in names]
+    copy = ["def copy(old, pending):", "    new = _new(_twin)"]
+    copy += [f"    new.{n} = {'pending' if n == 'pending' else 'old.' + n}" for n in names]
+    body = ["    new.__class__ = _cls", "    return new"]
+    exec("\n".join([*make, *body, *copy, *body, ""]), env)  # noqa: S102 - fixed source
     return env["make"], env["copy"]
 
 

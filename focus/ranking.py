@@ -39,8 +39,8 @@ import math
 from collections.abc import Iterable
 
 from focus.agent import derive_seed
-from focus.backups import Refined, value_influence
-from focus.estimation import Segment, TreeValues, leaf_value, node_value, segment
+from focus.backups import Terms, node_terms, value_influence
+from focus.estimation import Segment, TreeValues, leaf_value, segment
 from focus.node_view import node_view
 from focus.priority import Calibration, NodeEvidence, Priority
 from focus.tree import Node, Tree
@@ -248,13 +248,13 @@ class TreeRanking:
         lengths[i] = total / len(ch) if ch else math.nan
         self.valid[i] = float(tokens)
         if s.kappa is not None:  # no influence: nothing to settle, nothing deferred
-            self._set(i, node_value(node, segs, value, self.error, noise, s.kappa, self._truncation, self.plain))
+            self._set(i, node_terms(node, segs, value, self.error, noise, s.kappa, self._truncation, self.plain))
             return
         self._settle(tree, node, m_now, path if path is not None and self.m.get(i) == m_now else None)
         if node.value is not None and node.parent_edge is not None:
             deferred.add(i)  # refined at its parent's step (_settle)
             return
-        self._set(i, node_value(node, segs, value, self.error, noise, s.kappa, self._truncation, self.plain))
+        self._set(i, node_terms(node, segs, value, self.error, noise, s.kappa, self._truncation, self.plain))
 
     def _settle(self, tree: Tree, node: Node, m_now: int, only: set[int] | None) -> None:
         """:func:`focus.estimation.settle_children` of ``node`` (whose valid children
@@ -272,18 +272,19 @@ class TreeRanking:
             if c in deferred:
                 deferred.discard(c)
                 infl = value_influence(sg.discount, m_now) if m_now >= 2 else 0.0
-                self._set(c, node_value(nodes[c], segs, value, error, noise, None, truncation, plain, infl))
+                self._set(c, node_terms(nodes[c], segs, value, error, noise, None, truncation, plain, infl))
             elif m_now >= 2 and (only is None or c in only):
                 child = nodes[c]
                 if child.is_leaf or child.value is None or value.get(c) is None:
                     continue
                 infl = value_influence(sg.discount, m_now)
-                r = node_value(child, segs, value, error, noise, None, truncation, plain, infl)
-                value[c], self.weight[c], error[c], plain[c] = r.value, r.weight, r.error, r.plain_error
+                r = node_terms(child, segs, value, error, noise, None, truncation, plain, infl)
+                value[c], self.weight[c], error[c], plain[c] = r[0], r[1], r[2], r[7]
 
-    def _set(self, i: int, r: Refined) -> None:
-        self.value[i], self.weight[i], self.error[i], self.plain[i] = r.value, r.weight, r.error, r.plain_error
-        self.q_bar[i], self.child_q[i], self.m[i] = r.q_bar, r.qs, len(r.qs)
+    def _set(self, i: int, r: Terms) -> None:
+        self.value[i], self.weight[i], self.error[i], self.plain[i] = r[0], r[1], r[2], r[7]
+        qs = r[4]
+        self.q_bar[i], self.child_q[i], self.m[i] = r[3], qs, len(qs)
 
     def _view(self, tree: Tree, node: Node) -> NodeEvidence:
         i = node.id

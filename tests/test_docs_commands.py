@@ -110,6 +110,11 @@ COMMANDS: dict[str, Check] = {
     "'scale_advantages=\"task\"' --out runs/task-scale": Check("parse", "a study of five minutes on 2 cores"),
     # docs/findings/speed.md
     ".venv/bin/python -m benchmarks.replay --load /tmp/focus-replay-100k.pkl --repeats 3": Check("parse", SCALE_STUDY),
+    ".venv/bin/python -m benchmarks.replay --load /tmp/focus-replay-100k.pkl --repeats 1": Check("parse", SCALE_STUDY),
+    ".venv/bin/python -m benchmarks.replay --source scale --transitions 10000 --tasks 200 --save /tmp/focus-replay-10k.pkl": Check(
+        "parse", SCALE_STUDY
+    ),
+    ".venv/bin/python -m benchmarks.replay --load /tmp/focus-replay-10k.pkl --repeats 3": Check("parse", SCALE_STUDY),
     ".venv/bin/python -m benchmarks.replay --source scale --transitions 100000 --tasks 2000 --wave-size 16 "
     "--save /tmp/focus-replay-100k-16.pkl": Check("parse", SCALE_STUDY),
     ".venv/bin/python -m benchmarks.pipeline_scale --sizes 50000:1000": Check(

@@ -16,10 +16,12 @@ from collections.abc import Mapping
 import pytest
 from test_ranking import grow
 
+from focus import backups
 from focus.calibration import Calibration, calibrate
 from focus.estimation import (
     CriticTarget,
     DirectBranchTd,
+    GroupNormalized,
     NodeMonteCarlo,
     NoiseModel,
     Segment,
@@ -255,6 +257,12 @@ def test_evidence_copies_and_builds_equal_the_dataclass() -> None:
     assert made.with_pending(7) == dataclasses.replace(made, pending=7)
     with pytest.raises(TypeError):
         make_evidence(**{n: v for n, v in fields.items() if n != "signal"})
+    # made through a slotted twin whose class is then set: a frozen NodeEvidence all the same
+    for view in (made, made.with_pending(7)):
+        assert type(view) is NodeEvidence and not hasattr(view, "__dict__")
+        assert hash(view) == hash(NodeEvidence(**{**fields, "pending": view.pending}))  # type: ignore[arg-type]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            view.signal = 1.0  # type: ignore[misc]
 
 
 def test_target_weight_is_cached_per_calibration() -> None:
@@ -523,3 +531,72 @@ def test_noise_rows_equal_the_former_collect(gamma: float, truncation: str) -> N
     # the trees exercise every case: only children, spreads, same-action groups, unscored checkpoints
     assert any(r.m == 1 for r in rows) and any(r.ss is not None for r in rows)
     assert any(r.ss_same is not None for r in rows) and any(r.d2 is None for r in rows)
+
+
+def reference_monte_carlo(tree: Tree, gamma: float) -> dict[int, float | None]:
+    """The Monte Carlo values as ``tree_values`` computed them in its backup loop: the
+    mean return from each node over the valid leaves below it."""
+    tv = tree_values(tree, gamma=gamma, kappa=0.0)
+    total: dict[int, float] = {}
+    count: dict[int, int] = {}
+    for node in tree.postorder():
+        i = node.id
+        if node.is_leaf:
+            v = tv.value[i]
+            total[i], count[i] = (v, 1) if v is not None else (0.0, 0)
+            continue
+        s, n = 0.0, 0
+        for eid in node.children:
+            sg = segment(tree.edges[eid], gamma)
+            if count[sg.child]:
+                s += count[sg.child] * sg.reward + sg.discount * total[sg.child]
+                n += count[sg.child]
+        total[i], count[i] = s, n
+    return {i: (total[i] / count[i] if count[i] else None) for i in tree.nodes}
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_returns_are_computed_when_first_read(seed: int, gamma: float) -> None:
+    """``tree_values`` leaves the Monte Carlo values and the returns from the root until
+    an estimator reads them (the collector's DirectBranchTd reads neither); read, they
+    are the numbers the backup computed before, and the values equal an eager copy."""
+    tree = random_trees(seed)[-1]
+    est = DirectBranchTd(gamma=gamma)
+    values = est.values(tree)
+    est.advantages(list(tree.edges.values()), values)
+    assert values.mc._src._out is None  # type: ignore[attr-defined]  # nothing read them
+    mc = reference_monte_carlo(tree, gamma)
+    root_return, leaf_returns = backups._root_returns(tree, values.segments, values.value)
+    assert dict(values.mc) == mc and list(values.mc) == list(tree.nodes)
+    assert values.root_return == root_return and values.root_return.get(-1, 0.5) == 0.5
+    assert values.leaf_returns == leaf_returns and tuple(values.leaf_returns) == leaf_returns
+    assert len(values.leaf_returns) == len(leaf_returns) and values.leaf_returns[::-1] == leaf_returns[::-1]
+    eager = dataclasses.replace(values, mc=mc, root_return=root_return, leaf_returns=leaf_returns)
+    assert values == eager and eager == values
+    assert GroupNormalized(gamma=gamma).advantages(list(tree.edges.values()), values) == GroupNormalized(
+        gamma=gamma
+    ).advantages(list(tree.edges.values()), eager)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(("gamma", "truncation"), [(1.0, "bootstrap"), (0.9, "bootstrap"), (0.97, "terminal")])
+def test_backup_refining_once_equals_settling_after(seed: int, gamma: float, truncation: str) -> None:
+    """``tree_values`` refines a checkpoint with a prediction once, at its parent's step:
+    the numbers of the backup that refined it at its own step and again in its
+    parent's ``settle_children``, bit for bit."""
+    for tree in random_trees(seed, steps=12)[2:]:
+        noise = noise_model([tree], gamma=gamma, truncation=truncation)  # type: ignore[arg-type]
+        segs = {i: segment(e, gamma) for i, e in tree.edges.items()}
+        want: dict[str, dict[int, object]] = {k: {} for k in ("value", "weight", "error", "plain", "q", "qs", "m")}
+        value, weight, error, plain = want["value"], want["weight"], want["error"], want["plain"]
+        for node in tree.postorder():
+            if not node.is_leaf:
+                backups.settle_children(tree, node, segs, value, weight, error, plain, noise, None, truncation)  # type: ignore[arg-type]
+            r = node_value(node, segs, value, error, noise, None, truncation, plain)  # type: ignore[arg-type]
+            value[node.id], weight[node.id], error[node.id], plain[node.id] = r.value, r.weight, r.error, r.plain_error
+            if not node.is_leaf:
+                want["q"][node.id], want["qs"][node.id], want["m"][node.id] = r.q_bar, r.qs, len(r.qs)
+        got = tree_values(tree, gamma=gamma, noise=noise, truncation=truncation)  # type: ignore[arg-type]
+        assert (got.value, got.critic_weight, got.error, got.plain_error) == (value, weight, error, plain)
+        assert (got.q_bar, got.child_q, got.m) == (want["q"], want["qs"], want["m"])

@@ -183,14 +183,14 @@ def test_each_node_is_refined_once_per_pass(monkeypatch: pytest.MonkeyPatch, kap
     import focus.ranking as ranking
 
     calls: list[int] = []
-    real = backups.node_value
+    real = backups.node_terms
 
     def counted(node, *args, **kw):  # type: ignore[no-untyped-def]
         calls.append(node.id)
         return real(node, *args, **kw)
 
-    monkeypatch.setattr(ranking, "node_value", counted)
-    monkeypatch.setattr(backups, "node_value", counted)  # settle_children's
+    monkeypatch.setattr(ranking, "node_terms", counted)
+    monkeypatch.setattr(backups, "node_terms", counted)  # node_value's (settle_children's)
     search = Selective(phases=PHASES, kappa=kappa)
     rng = random.Random(3)
     tree = Tree.new("t", None, (1,))
