@@ -102,7 +102,7 @@ def train(
         from flows.preflight import new_collection_id
 
         cfg = cfg.with_updates(collection_id=new_collection_id("train"))
-    resume = resume_command("train", config, flags, sets, transitions, str(cfg.collection_id))
+    resume = resume_command("train", config, flags, sets, transitions, str(cfg.collection_id), cfg)
     out = Console(verbose, debug, log_file, "train")
     records = _run(out, cfg, resume, prefect=prefect, allow=allow_config_change)
     if as_json:

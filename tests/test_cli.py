@@ -388,3 +388,30 @@ def test_inspect_summarises_a_batch_from_its_columns_without_building_rows(tmp_p
     assert summary["policy_versions"] == ["v0", "v1"]
     assert (summary["advantage_mean"], summary["advantage_std"]) == (float(adv.mean()), float(adv.std()))
     assert summary["critic_target_mean"] == float(tgt.mean()) and summary["actor_rows"] == 5
+
+
+def test_the_resume_line_names_the_pythonpath_a_factory_was_found_through(monkeypatch):
+    """`PYTHONPATH=examples/math focus collect --set env.kind=factory ...`, interrupted,
+    printed a resume line without the PYTHONPATH: pasted into another shell it stopped
+    with `cannot import module`. The line now starts with it when the configuration
+    names the user's code, quoted for the shell; without such code it is left out."""
+    import shlex
+
+    from cli.common import resume_command
+    from tasks.config import load_config
+
+    sets = ["env.kind=factory", "env.factory=env:env_factory"]
+    factory = load_config(overrides={"env.kind": "factory", "env.factory": "env:env_factory"}, environ={})
+    monkeypatch.setenv("PYTHONPATH", "examples/math:/opt/my envs")
+    line = resume_command("collect", None, {"seed": 3}, sets, None, "c1", factory)
+    assert line == (
+        "PYTHONPATH='examples/math:/opt/my envs' focus collect --seed 3 "
+        "--set env.kind=factory --set env.factory=env:env_factory --collection-id c1"
+    )
+    assert shlex.split(line)[0] == "PYTHONPATH=examples/math:/opt/my envs"  # one assignment word
+    trainer = load_config(overrides={"train.trainer": "mytrainers:train"}, environ={})
+    assert resume_command("train", None, {}, None, None, "L", trainer).startswith("PYTHONPATH=")
+    toy = load_config(overrides={}, environ={})
+    assert resume_command("collect", None, {}, None, None, "c1", toy) == "focus collect --collection-id c1"
+    monkeypatch.delenv("PYTHONPATH")
+    assert resume_command("collect", None, {}, sets, None, "c1", factory).startswith("focus collect ")
