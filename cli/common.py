@@ -241,15 +241,18 @@ def started(
     ``warm``: the model server process the console entry already started
     (:mod:`cli.entry`). Yields the config naming what was started; stops it all on exit
     (kills it at once on a second signal, with ``interrupts``)."""
-    from flows.services import Services
+    from flows.services import ON_MODEL_GONE, Services
 
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if prefect:
         writable_prefect_home()
     services = Services(cfg, prefect=prefect, model=model, warm=warm, log_file=out.log_file)
+    gone = None
     if interrupts is not None:
         interrupts.on_exit_now.append(services.kill)
+        # an embedded model server gone for good stops the run at once, with its line
+        gone = ON_MODEL_GONE.set(interrupts.stop)
     try:
         services.start()
         if cfg.execution.kind == "dask":
@@ -270,6 +273,8 @@ def started(
         yield ready
     finally:
         services.stop()
+        if gone is not None:
+            ON_MODEL_GONE.reset(gone)
 
 
 @contextmanager

@@ -415,3 +415,35 @@ def test_the_resume_line_names_the_pythonpath_a_factory_was_found_through(monkey
     assert resume_command("collect", None, {}, None, None, "c1", toy) == "focus collect --collection-id c1"
     monkeypatch.delenv("PYTHONPATH")
     assert resume_command("collect", None, {}, sets, None, "c1", factory).startswith("focus collect ")
+
+
+def test_stop_from_another_thread_ends_the_run_with_its_error():
+    """What a command's work cannot go on without (its embedded model server gone for
+    good, found by the server's keeper thread) stops the run as a first signal does,
+    and the run ends with that error, not with a cancellation; after the work ended, or
+    after a signal, it changes nothing."""
+    import asyncio
+    import threading
+
+    from cli.interrupts import Interrupts
+
+    started = threading.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    stopper = Interrupts()
+    gone = RuntimeError("the embedded model server is gone")
+    threading.Thread(target=lambda: (started.wait(30), stopper.stop(gone)), daemon=True).start()
+    with pytest.raises(RuntimeError, match="is gone") as raised:
+        stopper.run(forever())
+    assert raised.value is gone and isinstance(raised.value.__cause__, asyncio.CancelledError)
+
+    async def done() -> int:
+        return 7
+
+    finished = Interrupts()
+    assert finished.run(done()) == 7
+    finished.stop(gone)
+    assert finished.error is None

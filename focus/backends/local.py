@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,11 @@ HANG_S = 30.0
 
 # httpx and focus.policy load where used: ``focus collect`` imports this module first
 # thing to start a WarmServer, and every millisecond before that spawn is on its wall time
+
+
+class ModelServerGone(RuntimeError):
+    """The embedded model server stopped serving more often than its keeper starts it
+    again (:meth:`LocalModelServer.keep_alive`); the message says how it ended."""
 
 
 def stop_process(proc: subprocess.Popen[Any] | None, timeout_s: float = 5.0) -> None:
@@ -309,7 +315,9 @@ class LocalModelServer:
         self._log.seek(0)
         return self._log.read().decode(errors="replace")[-4000:]
 
-    def keep_alive(self, restarts: int = 3, hang_s: float = HANG_S) -> None:
+    def keep_alive(
+        self, restarts: int = 3, hang_s: float = HANG_S, on_gone: Callable[[Exception], None] | None = None
+    ) -> None:
         """Start the server again, on its port and with the weights it serves, whenever its
         process dies while nobody stopped it (``kill -9``, the OOM killer), up to
         ``restarts`` times; one warning line each. The clients' outage wait
@@ -331,12 +339,17 @@ class LocalModelServer:
 
         ``restarts`` is one budget for exits and hangs together: either way the server
         stopped serving and a restart costs the same (the requests in flight sent again);
-        the line of the last one says how many of each there were."""
+        the line of the last one says how many of each there were.
+
+        ``on_gone``: called (from the keeper's thread) with :class:`ModelServerGone` when
+        the budget is spent, instead of the warning line: a command stops its run with it
+        (``focus collect`` and ``focus train`` do), where the calls would otherwise wait
+        ``model.http.outage_wait_s`` (300 s) for a server nobody starts again."""
         threading.Thread(
-            target=self._keep, args=(restarts, hang_s), name="focus-model-server-keeper", daemon=True
+            target=self._keep, args=(restarts, hang_s, on_gone), name="focus-model-server-keeper", daemon=True
         ).start()
 
-    def _keep(self, restarts: int, hang_s: float) -> None:
+    def _keep(self, restarts: int, hang_s: float, on_gone: Callable[[Exception], None] | None = None) -> None:
         """The keeper's loop (:meth:`keep_alive`)."""
         # failing: since when every probe went unanswered (None: the last one was answered);
         # counted from a failed probe, never from the last answer, so a keeper that was not
@@ -367,23 +380,30 @@ class LocalModelServer:
                         hung[proc.pid] = f"{why}, hang_s = {hang_s:g} s"
                         proc.kill()  # SIGKILL: a stopped process dies too; wait() sees it next
                 continue
-            dead = proc.pid
+            dead, gone = proc.pid, None
             what = "hung" if dead in hung else "exited"
             how = hung.get(dead) or (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
             with self._lock:
                 if self.proc is not proc:  # stopped by its owner
                     return
-                if self.restarts >= restarts:
-                    log.warning(
-                        "the embedded model server (pid %s) %s (%s) again; it was started again %d time(s) "
-                        "(%d after it exited, %d after it hung: restarts = %d counts both) and is not any more",
-                        dead, what, how, self.restarts, causes["exited"], causes["hung"], restarts, extra=_CONSOLE,
-                    )  # fmt: skip
-                    return
-                self.restarts += 1
-                causes[what] += 1
-                self.proc = proc = self._spawn()
-                failing, grace = None, time.monotonic() + self.startup_timeout_s
+                if self.restarts < restarts:
+                    self.restarts += 1
+                    causes[what] += 1
+                    self.proc = proc = self._spawn()
+                    failing, grace = None, time.monotonic() + self.startup_timeout_s
+                else:
+                    gone = ModelServerGone(
+                        f"the embedded model server (pid {dead}) {what} ({how}) again; it was started again "
+                        f"{self.restarts} time(s) ({causes['exited']} after it exited, {causes['hung']} after it "
+                        f"hung: restarts = {restarts} counts both) and is not any more; rerun with the same "
+                        "collection id to resume"
+                    )
+            if gone is not None:
+                if on_gone is None:
+                    log.warning("%s", gone, extra=_CONSOLE)
+                else:
+                    on_gone(gone)  # the command stops its run with it: the calls would wait outage_wait_s
+                return
             log.warning(
                 "the embedded model server (pid %s) %s (%s) while in use; started again on port %s "
                 "with the same weights (restart %d of %d, exits and hangs counted together)",
