@@ -447,3 +447,14 @@ def test_stop_from_another_thread_ends_the_run_with_its_error():
     assert finished.run(done()) == 7
     finished.stop(gone)
     assert finished.error is None
+
+
+def test_focus_train_ends_with_the_command_that_resumes_it(capsys):
+    """`focus train` ended with `resume or rerun with the same options and:
+    --collection-id L`, a command to complete by hand; it prints the command itself, as
+    `focus collect` does (`rerun or resume: ...`)."""
+    from cli.train import _print_table
+
+    resume = "focus train -c configs/loop.toml --iterations 2 --collection-id L"
+    _print_table([], "L", resume)
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"rerun or resume: {resume}"
