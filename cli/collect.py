@@ -194,7 +194,7 @@ def collect(
         if load_with_budget(config, flags, sets, transitions).model.kind not in REMOTE:
             flags["model.kind"] = "openai"
     cfg = _config(config, flags, sets, transitions)
-    resume = resume_command("collect", config, flags, sets, transitions, str(cfg.collection_id))
+    resume = resume_command("collect", config, flags, sets, transitions, str(cfg.collection_id), cfg)
     out = Console(verbose, debug, log_file, "collect")
     warm = (ctx.obj or {}).get("warm_model")
     result = _run(out, cfg, resume, prefect=prefect, warm=warm, as_json=as_json, allow=allow_policy_change)

@@ -241,15 +241,18 @@ def started(
     ``warm``: the model server process the console entry already started
     (:mod:`cli.entry`). Yields the config naming what was started; stops it all on exit
     (kills it at once on a second signal, with ``interrupts``)."""
-    from flows.services import Services
+    from flows.services import ON_MODEL_GONE, Services
 
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if prefect:
         writable_prefect_home()
     services = Services(cfg, prefect=prefect, model=model, warm=warm, log_file=out.log_file)
+    gone = None
     if interrupts is not None:
         interrupts.on_exit_now.append(services.kill)
+        # an embedded model server gone for good stops the run at once, with its line
+        gone = ON_MODEL_GONE.set(interrupts.stop)
     try:
         services.start()
         if cfg.execution.kind == "dask":
@@ -270,6 +273,8 @@ def started(
         yield ready
     finally:
         services.stop()
+        if gone is not None:
+            ON_MODEL_GONE.reset(gone)
 
 
 @contextmanager
@@ -349,13 +354,37 @@ FLAG_OF = {
 }
 
 
+def user_code(cfg: FocusConfig) -> list[str]:
+    """The import paths of the user's code the configuration names (factories, a trainer)."""
+    paths = [
+        section.factory
+        for section in (cfg.model, cfg.env, cfg.critic)
+        if getattr(section, "kind", None) == "factory" and section.factory
+    ]
+    return [*paths, *([cfg.train.trainer] if ":" in cfg.train.trainer else [])]
+
+
 def resume_command(
-    command: str, config: Path | None, flags: dict[str, Any], sets: list[str] | None, transitions: int | None, cid: str
+    command: str,
+    config: Path | None,
+    flags: dict[str, Any],
+    sets: list[str] | None,
+    transitions: int | None,
+    cid: str,
+    cfg: FocusConfig | None = None,
 ) -> str:
     """The command line that resumes this run: its file, flags and ``--set``s with its
     collection id, ready to copy. A bare ``focus collect --collection-id c`` ran under
     the default store (``./runs``) and with the default configuration when the run had
-    ``--store`` or ``--tasks``: a new collection, not the resume it promised."""
+    ``--store`` or ``--tasks``: a new collection, not the resume it promised.
+
+    When ``cfg`` names code of the user's (an env, model or critic factory, a trainer)
+    and the command ran with ``PYTHONPATH`` set, the line starts with that
+    ``PYTHONPATH=...``: the factory may be found only through it (``PYTHONPATH=examples/math
+    focus collect --set env.kind=factory ...``), and the line pasted into another shell
+    stopped with ``cannot import module``."""
+    pythonpath = os.environ.get("PYTHONPATH")
+    prefix = f"PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath and cfg is not None and user_code(cfg) else ""
     words = ["focus", command, *(["-c", str(config)] if config else [])]
     words += [
         w
@@ -367,4 +396,4 @@ def resume_command(
         words.append("--dask")
     words += ["--transitions", str(transitions)] if transitions is not None else []
     words += [w for s in sets or [] for w in ("--set", s)]
-    return shlex.join([*words, "--collection-id", cid])
+    return prefix + shlex.join([*words, "--collection-id", cid])

@@ -60,6 +60,8 @@ class Interrupts:
         #: The command that resumes the work, and the log file: the line a second signal leaves.
         self.resume: str | None = None
         self.log_file: str | None = None
+        #: What stopped the work from inside (:meth:`stop`): raised by :meth:`run` in its place.
+        self.error: BaseException | None = None
 
     def __enter__(self) -> Interrupts:
         for s in handled():
@@ -103,6 +105,17 @@ class Interrupts:
             with contextlib.suppress(OSError), open(self.log_file, "a", encoding="utf-8") as f:
                 f.write(f"{line}\n")
 
+    def stop(self, error: BaseException) -> None:
+        """Stop the work as a first signal does, from any thread, and end :meth:`run` with
+        ``error`` (the embedded model server gone for good: the calls would wait
+        ``outage_wait_s`` for it). Nothing if a signal or the end of the work came first."""
+        if self.error is not None or self.signals or self._done:
+            return
+        self.error = error
+        loop, task = self._loop, self._task
+        if task is not None and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(task.cancel)
+
     def run(self, main: Coroutine[Any, Any, _T]) -> _T:
         """``asyncio.run(main)``, cancelled by the first signal."""
 
@@ -124,6 +137,8 @@ class Interrupts:
             sig = getattr(e, "signal", None)
             if sig in SIGNALS and not self.signals:
                 self.signals.append(sig)
+            if self.error is not None and not self.signals:
+                raise self.error from e  # the cancellation it caused, or what the work raised meanwhile
             raise
         self._done = True
         return out

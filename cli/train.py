@@ -102,14 +102,14 @@ def train(
         from flows.preflight import new_collection_id
 
         cfg = cfg.with_updates(collection_id=new_collection_id("train"))
-    resume = resume_command("train", config, flags, sets, transitions, str(cfg.collection_id))
+    resume = resume_command("train", config, flags, sets, transitions, str(cfg.collection_id), cfg)
     out = Console(verbose, debug, log_file, "train")
     records = _run(out, cfg, resume, prefect=prefect, allow=allow_config_change)
     if as_json:
         for rec in records:
             typer.echo(json.dumps(rec, default=str))
         return
-    _print_table(records, cfg.collection_id)
+    _print_table(records, cfg.collection_id, resume)
     from flows.loop_progress import METRICS, PICTURE
     from storage.weights import WeightStore
 
@@ -151,8 +151,11 @@ def _run(
             return interrupts.run(train_direct(ready, allow_config_change=allow))
 
 
-def _print_table(records: list[dict[str, Any]], cid: str | None) -> None:
-    """The table of versions (as the live rows show it: 78 columns, versions whole)."""
+def _print_table(records: list[dict[str, Any]], cid: str | None, resume: str) -> None:
+    """The table of versions (as the live rows show it: 78 columns, versions whole), then
+    the command that reruns or extends the loop (``resume``), ready to copy as
+    ``focus collect`` prints its own; it said ``resume or rerun with the same options and:
+    --collection-id L``, which the operator had to complete."""
     from flows.loop_progress import header_line, row_cells, row_line
 
     run_id = records[0]["run_id"] if records else cid
@@ -163,4 +166,4 @@ def _print_table(records: list[dict[str, Any]], cid: str | None) -> None:
     trained = [r["train"] for r in records if r.get("train", {}).get("weights")]
     if trained:
         typer.echo(f"weights: {trained[-1]['weights']}")
-    typer.echo(f"resume or rerun with the same options and: --collection-id {run_id}")
+    typer.echo(f"rerun or resume: {resume}")

@@ -32,6 +32,7 @@ SELF_EXPLAINED = frozenset(
         "WorkerImportError",
         "NoDaskWorkers",
         "ModelServiceOutage",
+        "ModelServerGone",
         "BadResponses",
         "RequestsRefused",
         "ModelServiceError",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import subprocess
@@ -43,6 +44,15 @@ if TYPE_CHECKING:
     from focus.dask_execution import DaskExecution
 
 log = logging.getLogger("focus.services")
+
+#: What a command does when the embedded model server it started is gone for good (its
+#: keeper's restarts spent): stop the run with that error (:meth:`cli.interrupts.Interrupts.stop`).
+#: A context variable, so the train loop's server, started in a worker thread of the
+#: command's event loop, finds it too; unset (a flow run by a deployment), the keeper
+#: logs a warning and the calls wait out ``model.http.outage_wait_s``.
+ON_MODEL_GONE: contextvars.ContextVar[Callable[[Exception], None] | None] = contextvars.ContextVar(
+    "focus_on_model_gone", default=None
+)
 
 
 class Services:
@@ -148,7 +158,8 @@ class Services:
         )
         updates: dict[str, Any] = {}
         if self.model_server is not None:
-            self.model_server.keep_alive()  # ours alone to start again, should it die mid-run
+            # ours alone to start again, should it die mid-run; the command stops when it cannot
+            self.model_server.keep_alive(on_gone=ON_MODEL_GONE.get())
             updates["model.url"] = self.model_server.url
             if self.config.model.policy_version is None:
                 # the batch records which weights sampled it

@@ -10,6 +10,19 @@ concatenation of per-message ids, so ``render(messages + [reply, *observations])
 equals ``render(messages) + reply ids + observation_ids(...)``, and sampled replies go
 in verbatim. Nothing is fetched from a hub: ``tokenizer_path`` is a ``tokenizer.json``
 file or a folder holding one.
+
+Special-token strings inside a message's text (``<|im_end|>`` in a tool's output, a web
+page, a file the agent reads) are encoded as the characters they spell by default
+(``content_special_tokens="text"``), so env text cannot close its turn and open
+another: a tool output holding ``<|im_end|>\\n<|im_start|>assistant\\n`` was encoded as
+the control ids of a turn boundary, and the model saw a forged assistant turn in its
+context. ``"control"`` keeps what ``apply_chat_template``, vLLM's and SGLang's chat
+endpoints, and the multi-turn rollouts of verl and slime (which tokenise tool messages
+with ``apply_chat_template``) do: the strings become the special tokens' ids. Only
+special tokens are split; the tokenizer's other added tokens (Qwen's ``<think>``,
+``<tool_call>``) are matched in either setting, and text without special-token strings
+gets the same ids in both. Sampled replies are never encoded (their ids go in as
+sampled), whatever the setting.
 """
 
 from __future__ import annotations
@@ -18,7 +31,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from focus.env import Message
 from focus.format import ChatCodec
@@ -42,10 +55,28 @@ CHATML = ChatTemplate()
 TEMPLATES = {"chatml": CHATML}
 
 
-class HFChatCodec(ChatCodec):
-    """ChatML (or another :class:`ChatTemplate`) over a local ``tokenizers`` tokenizer."""
+#: What special-token strings in a message's text become (:class:`HFChatCodec`).
+CONTENT_SPECIAL_TOKENS = ("text", "control")
 
-    def __init__(self, tokenizer_path: str | os.PathLike[str], chat_template: str | ChatTemplate = "chatml") -> None:
+
+class HFChatCodec(ChatCodec):
+    """ChatML (or another :class:`ChatTemplate`) over a local ``tokenizers`` tokenizer.
+
+    ``content_special_tokens``: ``"text"`` (default) encodes special-token strings in the
+    text of messages (env and tool text, task prompts) as the characters they spell
+    (tokenizers' ``encode_special_tokens``, transformers' ``split_special_tokens=True``);
+    ``"control"`` encodes them as the special tokens' ids, as ``apply_chat_template`` and
+    vLLM do (see the module's docstring). The template's own pieces are always control
+    ids.
+    """
+
+    def __init__(
+        self,
+        tokenizer_path: str | os.PathLike[str],
+        chat_template: str | ChatTemplate = "chatml",
+        *,
+        content_special_tokens: Literal["text", "control"] = "text",
+    ) -> None:
         from tokenizers import Tokenizer
 
         path = Path(tokenizer_path)
@@ -59,9 +90,18 @@ class HFChatCodec(ChatCodec):
                     f"unknown chat template {chat_template!r}; known: {sorted(TEMPLATES)} or a ChatTemplate"
                 )
             chat_template = TEMPLATES[chat_template]
+        if content_special_tokens not in CONTENT_SPECIAL_TOKENS:
+            raise ValueError(
+                f"content_special_tokens must be one of {CONTENT_SPECIAL_TOKENS}, got {content_special_tokens!r}"
+            )
         self.path = str(path)
         self.template = chat_template
+        self.content_special_tokens = content_special_tokens
         self._tok: Any = Tokenizer.from_file(self.path)
+        # a second tokenizer that splits special-token strings (tokenizers keeps the
+        # switch on the tokenizer object, and the template's pieces need the first)
+        self._plain: Any = Tokenizer.from_file(self.path)
+        self._plain.encode_special_tokens = True
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         end = self._tok.token_to_id(chat_template.turn_end)
         if end is None:
@@ -78,17 +118,27 @@ class HFChatCodec(ChatCodec):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_tok"] = self._tok.to_str()
+        del state["_plain"]  # the same tokenizer, with the switch set again on load
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         from tokenizers import Tokenizer
 
-        state["_tok"] = Tokenizer.from_str(state["_tok"])
+        text = state["_tok"]
+        state["_tok"], state["_plain"] = Tokenizer.from_str(text), Tokenizer.from_str(text)
+        state["_plain"].encode_special_tokens = True
+        state.setdefault("content_special_tokens", "control")  # pickled before the setting existed
         self.__dict__.update(state)
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of plain text (special-token strings in it map to their ids)."""
         return list(self._tok.encode(text, add_special_tokens=False).ids) if text else []
+
+    def encode_content(self, text: str) -> list[int]:
+        """Ids of a message's text, as ``content_special_tokens`` says."""
+        if self.content_special_tokens == "control" or not text:
+            return self.encode_text(text)
+        return list(self._plain.encode(text, add_special_tokens=False).ids)
 
     def _header(self, role: str) -> list[int]:
         try:
@@ -97,7 +147,7 @@ class HFChatCodec(ChatCodec):
             raise ValueError(f"chat template has no role {role!r}; known: {list(self._role_ids)}") from None
 
     def _message(self, m: Message) -> list[int]:
-        body = list(m.token_ids) if m.token_ids is not None else self.encode_text(m.content)
+        body = list(m.token_ids) if m.token_ids is not None else self.encode_content(m.content)
         if not body or body[-1] != self.end_id:
             body.append(self.end_id)
         return [*self._header(m.role), *body, *self._sep]

@@ -388,3 +388,73 @@ def test_inspect_summarises_a_batch_from_its_columns_without_building_rows(tmp_p
     assert summary["policy_versions"] == ["v0", "v1"]
     assert (summary["advantage_mean"], summary["advantage_std"]) == (float(adv.mean()), float(adv.std()))
     assert summary["critic_target_mean"] == float(tgt.mean()) and summary["actor_rows"] == 5
+
+
+def test_the_resume_line_names_the_pythonpath_a_factory_was_found_through(monkeypatch):
+    """`PYTHONPATH=examples/math focus collect --set env.kind=factory ...`, interrupted,
+    printed a resume line without the PYTHONPATH: pasted into another shell it stopped
+    with `cannot import module`. The line now starts with it when the configuration
+    names the user's code, quoted for the shell; without such code it is left out."""
+    import shlex
+
+    from cli.common import resume_command
+    from tasks.config import load_config
+
+    sets = ["env.kind=factory", "env.factory=env:env_factory"]
+    factory = load_config(overrides={"env.kind": "factory", "env.factory": "env:env_factory"}, environ={})
+    monkeypatch.setenv("PYTHONPATH", "examples/math:/opt/my envs")
+    line = resume_command("collect", None, {"seed": 3}, sets, None, "c1", factory)
+    assert line == (
+        "PYTHONPATH='examples/math:/opt/my envs' focus collect --seed 3 "
+        "--set env.kind=factory --set env.factory=env:env_factory --collection-id c1"
+    )
+    assert shlex.split(line)[0] == "PYTHONPATH=examples/math:/opt/my envs"  # one assignment word
+    trainer = load_config(overrides={"train.trainer": "mytrainers:train"}, environ={})
+    assert resume_command("train", None, {}, None, None, "L", trainer).startswith("PYTHONPATH=")
+    toy = load_config(overrides={}, environ={})
+    assert resume_command("collect", None, {}, None, None, "c1", toy) == "focus collect --collection-id c1"
+    monkeypatch.delenv("PYTHONPATH")
+    assert resume_command("collect", None, {}, sets, None, "c1", factory).startswith("focus collect ")
+
+
+def test_stop_from_another_thread_ends_the_run_with_its_error():
+    """What a command's work cannot go on without (its embedded model server gone for
+    good, found by the server's keeper thread) stops the run as a first signal does,
+    and the run ends with that error, not with a cancellation; after the work ended, or
+    after a signal, it changes nothing."""
+    import asyncio
+    import threading
+
+    from cli.interrupts import Interrupts
+
+    started = threading.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    stopper = Interrupts()
+    gone = RuntimeError("the embedded model server is gone")
+    threading.Thread(target=lambda: (started.wait(30), stopper.stop(gone)), daemon=True).start()
+    with pytest.raises(RuntimeError, match="is gone") as raised:
+        stopper.run(forever())
+    assert raised.value is gone and isinstance(raised.value.__cause__, asyncio.CancelledError)
+
+    async def done() -> int:
+        return 7
+
+    finished = Interrupts()
+    assert finished.run(done()) == 7
+    finished.stop(gone)
+    assert finished.error is None
+
+
+def test_focus_train_ends_with_the_command_that_resumes_it(capsys):
+    """`focus train` ended with `resume or rerun with the same options and:
+    --collection-id L`, a command to complete by hand; it prints the command itself, as
+    `focus collect` does (`rerun or resume: ...`)."""
+    from cli.train import _print_table
+
+    resume = "focus train -c configs/loop.toml --iterations 2 --collection-id L"
+    _print_table([], "L", resume)
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"rerun or resume: {resume}"

@@ -219,8 +219,8 @@ def test_a_second_signal_exits_at_once_with_a_line(clean, tmp_path):
     assert proc.returncode == 130, err[-3000:]
     line = (
         "interrupted again (SIGTERM): stopped at once, the command's servers killed; finished steps are saved; "
-        f"resume with: focus collect -c {cfg} --collection-id {CID}"
-    )
+        f"resume with: PYTHONPATH={shlex.quote(env['PYTHONPATH'])} focus collect -c {cfg} --collection-id {CID}"
+    )  # the configuration's model factory is found through PYTHONPATH
     assert err.strip().splitlines()[-1] == line, err[-3000:]
     assert line in log.read_text()
     resume(cfg, env)
@@ -252,12 +252,17 @@ def test_the_resume_line_is_the_command_that_resumes(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-3000:]
     line = err.strip().splitlines()[-1]
-    assert line.startswith("interrupted (SIGTERM)") and "resume with: focus collect " in line, line
-    command = shlex.split(line.split("resume with: ", 1)[1])
+    assert line.startswith("interrupted (SIGTERM)") and " focus collect " in line, line
+    command = shlex.split(line.split("resume with: ", 1)[1])[1:]  # after PYTHONPATH=...
     assert command[:2] == ["focus", "collect"] and command[-2:] == ["--collection-id", cid], command
     before = saved(root, cid) - {("critic", 0)}
+    # pasted into another shell, whose PYTHONPATH does not name the factory's folder: the
+    # line omitted the PYTHONPATH the factory was found through (`cannot import module`)
+    assert line.split("resume with: ", 1)[1].startswith(f"PYTHONPATH={shlex.quote(env['PYTHONPATH'])} focus collect ")
+    shell = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    shell["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     done = subprocess.run(
-        [sys.executable, "-m", "cli", *command[1:], "--json"], cwd=tmp_path, env=env,
+        ["bash", "-c", line.split("resume with: ", 1)[1] + " --json"], cwd=tmp_path, env=shell,
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

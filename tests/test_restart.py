@@ -232,3 +232,66 @@ def test_weights_published_while_the_embedded_server_restarts_are_loaded_when_it
         assert server.policy_version == weights_version(other)
     finally:
         server.stop()
+
+
+def _server_of(pid: int) -> int | None:
+    """The embedded model server process that process ``pid`` started, if one runs."""
+    import os
+    from pathlib import Path
+
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid and b"focus.tinylm.server" in cmdline and os.path.exists(proc):
+            return int(proc.name)
+    return None
+
+
+def test_a_command_whose_embedded_server_is_gone_for_good_stops_at_once_with_one_line(tmp_path):
+    """Killed once more than its keeper starts it again (3 times), the embedded server
+    stayed down and `focus collect` waited the whole `model.http.outage_wait_s` (300 s:
+    the probe measured 314 s) before its wave failed as an outage. The keeper's last word
+    now stops the run as a signal does: exit 1 at once, its line last, nothing half-made
+    kept."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from fixtures.prefect import base_env
+
+    root = tmp_path / "store"
+    args = ["collect", "--store", str(root), "--tasks", "12", "--transitions", "100000", "--collection-id", "gone"]
+    args += ["--set", "model.http.outage_wait_s=900"]  # a wait this long cannot end within the test
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args], cwd=tmp_path, env=base_env(tmp_path / "prefect"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    killed: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(killed) < 4:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            pid = _server_of(proc.pid)
+            if pid is not None and pid not in killed and (root / "checkpoints" / "gone").exists():
+                time.sleep(0.5)  # in use
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: the embedded model server (pid {killed[-1]}) exited (killed by SIGKILL) again;")
+    assert "started again 3 time(s) (3 after it exited, 0 after it hung: restarts = 3 counts both)" in last
+    assert sum("is not any more" in line for line in (out + err).splitlines()) == 1
+    assert _server_of(proc.pid) is None

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +41,20 @@ log = logging.getLogger(__name__)
 _CONSOLE = {"focus_console": True}
 
 #: Seconds without an answer to ``/health`` after which a live embedded server is taken
-#: for hung, killed and started again (:meth:`LocalModelServer.keep_alive`). It answers
-#: ``/health`` from its event loop, beside the engine's thread, in milliseconds; 30 s is
-#: far past that on a loaded machine and far below the calls' 600 s deadline.
+#: for hung, killed and started again (:meth:`LocalModelServer.keep_alive`); also the
+#: seconds its engine may spend in one step (``engine_step_s`` of ``/health``). It answers
+#: ``/health`` from its event loop, beside the engine's thread, in milliseconds, and a step
+#: (one token of each sequence) takes milliseconds; 30 s is far past both on a loaded
+#: machine and far below the calls' 600 s deadline.
 HANG_S = 30.0
 
 # httpx and focus.policy load where used: ``focus collect`` imports this module first
 # thing to start a WarmServer, and every millisecond before that spawn is on its wall time
+
+
+class ModelServerGone(RuntimeError):
+    """The embedded model server stopped serving more often than its keeper starts it
+    again (:meth:`LocalModelServer.keep_alive`); the message says how it ended."""
 
 
 def stop_process(proc: subprocess.Popen[Any] | None, timeout_s: float = 5.0) -> None:
@@ -307,7 +315,9 @@ class LocalModelServer:
         self._log.seek(0)
         return self._log.read().decode(errors="replace")[-4000:]
 
-    def keep_alive(self, restarts: int = 3, hang_s: float = HANG_S) -> None:
+    def keep_alive(
+        self, restarts: int = 3, hang_s: float = HANG_S, on_gone: Callable[[Exception], None] | None = None
+    ) -> None:
         """Start the server again, on its port and with the weights it serves, whenever its
         process dies while nobody stopped it (``kill -9``, the OOM killer), up to
         ``restarts`` times; one warning line each. The clients' outage wait
@@ -316,64 +326,106 @@ class LocalModelServer:
         again on that port: a collection waited the whole outage wait (300 s) for it,
         then failed its wave.
 
-        A server that is alive but does not answer (stopped, wedged) is killed and
-        started again the same way once ``/health`` has gone unanswered for ``hang_s``
-        seconds, from the first unanswered try to the latest (asked every sixth of it,
+        A server that is alive but does not serve is killed and started again the same
+        way: one whose ``/health`` has gone unanswered for ``hang_s`` seconds (stopped,
+        wedged; from the first unanswered try to the latest), and one whose ``/health``
+        answers but says its engine has been inside one step for ``hang_s`` or more
+        (``engine_step_s``; a step is one token of every running sequence, so a long
+        generation is many short steps). ``/health`` is asked every sixth of ``hang_s``,
         each try waiting at most a third; a server started again is given
-        ``startup_timeout_s`` first): the calls waited on it until their deadline
-        (``model.http.deadline_s``, 600 s)."""
+        ``startup_timeout_s`` first. The calls waited on such a server until their
+        deadline (``model.http.deadline_s``, 600 s); one with a stuck engine answered
+        ``/health`` all along.
+
+        ``restarts`` is one budget for exits and hangs together: either way the server
+        stopped serving and a restart costs the same (the requests in flight sent again);
+        the line of the last one says how many of each there were.
+
+        ``on_gone``: called (from the keeper's thread) with :class:`ModelServerGone` when
+        the budget is spent, instead of the warning line: a command stops its run with it
+        (``focus collect`` and ``focus train`` do), where the calls would otherwise wait
+        ``model.http.outage_wait_s`` (300 s) for a server nobody starts again."""
         threading.Thread(
-            target=self._keep, args=(restarts, hang_s), name="focus-model-server-keeper", daemon=True
+            target=self._keep, args=(restarts, hang_s, on_gone), name="focus-model-server-keeper", daemon=True
         ).start()
 
-    def _keep(self, restarts: int, hang_s: float) -> None:
+    def _keep(self, restarts: int, hang_s: float, on_gone: Callable[[Exception], None] | None = None) -> None:
         """The keeper's loop (:meth:`keep_alive`)."""
         # failing: since when every probe went unanswered (None: the last one was answered);
         # counted from a failed probe, never from the last answer, so a keeper that was not
         # running (its command suspended with Ctrl-Z) does not take its own pause for a hang
         proc, failing, grace = self.proc, None, 0.0
-        hung: dict[int, float] = {}
+        hung: dict[int, str] = {}  # pid -> why it was killed
+        causes = {"exited": 0, "hung": 0}
         while proc is not None:
             try:
                 code = proc.wait(timeout=hang_s / 6)
             except subprocess.TimeoutExpired:
-                now = time.monotonic()
-                if self._answers(hang_s / 3):
+                now, step = time.monotonic(), self._engine_step(hang_s / 3)
+                why = None
+                if step is not None and step < hang_s:
                     failing = None
                 elif now < grace:  # a server started again is still starting
                     pass
+                elif step is not None:
+                    why = f"killed: /health answers, but its engine has been in one step for {step:.0f} s"
                 elif failing is None:
                     failing = now
                 elif now - failing >= hang_s:
+                    why = f"killed: alive, but /health unanswered for {now - failing:.0f} s"
+                if why is not None:
                     with self._lock:
                         if self.proc is not proc:  # stopped by its owner
                             return
-                        hung[proc.pid] = now - failing
+                        hung[proc.pid] = f"{why}, hang_s = {hang_s:g} s"
                         proc.kill()  # SIGKILL: a stopped process dies too; wait() sees it next
                 continue
-            dead = proc.pid
-            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-            if dead in hung:
-                how = f"killed: alive, but /health unanswered for {hung[dead]:.0f} s, hang_s = {hang_s:g} s"
+            dead, gone = proc.pid, None
+            what = "hung" if dead in hung else "exited"
+            how = hung.get(dead) or (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
             with self._lock:
                 if self.proc is not proc:  # stopped by its owner
                     return
-                if self.restarts >= restarts:
-                    log.warning(
-                        "the embedded model server (pid %s) exited (%s) again; it was started again %d "
-                        "time(s) and is not any more", dead, how, self.restarts, extra=_CONSOLE,
-                    )  # fmt: skip
-                    return
-                self.restarts += 1
-                self.proc = proc = self._spawn()
-                failing, grace = None, time.monotonic() + self.startup_timeout_s
+                if self.restarts < restarts:
+                    self.restarts += 1
+                    causes[what] += 1
+                    self.proc = proc = self._spawn()
+                    failing, grace = None, time.monotonic() + self.startup_timeout_s
+                else:
+                    gone = ModelServerGone(
+                        f"the embedded model server (pid {dead}) {what} ({how}) again; it was started again "
+                        f"{self.restarts} time(s) ({causes['exited']} after it exited, {causes['hung']} after it "
+                        f"hung: restarts = {restarts} counts both) and is not any more; rerun with the same "
+                        "collection id to resume"
+                    )
+            if gone is not None:
+                if on_gone is None:
+                    log.warning("%s", gone, extra=_CONSOLE)
+                else:
+                    on_gone(gone)  # the command stops its run with it: the calls would wait outage_wait_s
+                return
             log.warning(
                 "the embedded model server (pid %s) %s (%s) while in use; started again on port %s "
-                "with the same weights", dead, "hung" if dead in hung else "exited", how, self.port, extra=_CONSOLE,
+                "with the same weights (restart %d of %d, exits and hangs counted together)",
+                dead, what, how, self.port, self.restarts, restarts, extra=_CONSOLE,
             )  # fmt: skip
 
+    def _engine_step(self, timeout_s: float) -> float | None:
+        """How long the server's engine has been in its current step, from ``/health``
+        (200, or 503 once it is stalled); ``None`` if it does not answer within
+        ``timeout_s``. A server without the figure counts as answering with 0."""
+        import httpx
+
+        try:
+            resp = httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=timeout_s, trust_env=False)
+            if resp.status_code not in (200, 503):
+                return None
+            return float(resp.json().get("engine_step_s", 0.0))
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+
     def _answers(self, timeout_s: float) -> bool:
-        """Whether the server answers ``/health`` within ``timeout_s``."""
+        """Whether the server answers ``/health`` within ``timeout_s``, its engine not stalled."""
         import httpx
 
         try:

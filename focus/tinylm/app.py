@@ -21,10 +21,16 @@ from starlette.responses import JSONResponse, Response
 from focus.tinylm import routes_openai, routes_sglang
 from focus.tinylm.engine import Engine, EngineError
 from focus.tinylm.protocol import RequestError
-from focus.tinylm.serving import MODEL_NAME, ClientGone, Routes, ServerState, error_response
+from focus.tinylm.serving import ENGINE_STALL_S, MODEL_NAME, ClientGone, Routes, ServerState, error_response
 
 
-def create_app(engine: Engine, *, model_name: str = MODEL_NAME) -> Starlette:
+def create_app(engine: Engine, *, model_name: str = MODEL_NAME, engine_stall_s: float = ENGINE_STALL_S) -> Starlette:
+    """The app over ``engine``. ``/health`` is answered by the web loop but speaks for the
+    engine: 503 (``"engine stalled"``) once one step of it has run longer than
+    ``engine_stall_s`` (a step is one token of every running sequence, milliseconds here;
+    a long generation is many), as vLLM answers 503 for a dead engine; both answers carry
+    ``engine_step_s``, which :class:`focus.backends.local.LocalModelServer`'s keeper reads.
+    It answered 200 from the loop while the engine was stuck."""
     state = ServerState(engine, model_name)
     own = Routes()
 
@@ -47,8 +53,12 @@ def create_app(engine: Engine, *, model_name: str = MODEL_NAME) -> Starlette:
         return error_response(f"{type(exc).__name__}: {exc}", 500)
 
     @own.get("/health")
-    async def health(request: Request) -> dict[str, Any]:
-        return {"status": "ok", "policy_version": engine.policy_version}
+    async def health(request: Request) -> Any:
+        step = engine.step_s()
+        body = {"status": "ok", "policy_version": engine.policy_version, "engine_step_s": round(step, 3)}
+        if step > engine_stall_s:
+            return JSONResponse({**body, "status": "engine stalled"}, status_code=503)
+        return body
 
     @own.get("/version")
     async def version(request: Request) -> dict[str, Any]:

@@ -13,6 +13,12 @@ and log-probs do not depend on what is cached or on what else is decoded. Sampli
 draws from a per-request random stream (:class:`focus.tinylm.sampler.Stream`, seeded by
 the request's ``seed``; sample ``i`` of ``n`` uses ``seed + i``, as vLLM does).
 
+Liveness: :meth:`Engine.step_s` is how long the scheduler's current iteration has run (0
+while it waits for work). An iteration is one token of every running sequence (and a
+bounded prefill), milliseconds on this model, so a long generation is many short
+iterations; an engine stuck inside one (or whose thread died in one) reports a time that
+only grows, which ``/health`` answers with (:mod:`focus.tinylm.app`).
+
 Weights are swapped with :meth:`Engine.reload` while serving: requests already
 admitted finish on the weights they started with (their own batch drains); requests
 admitted afterwards use the new weights; the prefix cache is cleared.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -253,6 +260,7 @@ class Engine:
         prefill_chunk: int = 256,
         logprobs_mode: str = "processed_logprobs",
         version: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"unknown logprobs mode {logprobs_mode!r}; one of {LOGPROBS_MODES}")
@@ -274,6 +282,9 @@ class Engine:
         self.generation_tokens = 0
         self.prompt_tokens = 0
         self.finished: dict[str, int] = {}
+        self._clock = clock
+        #: When the scheduler's running iteration began (None: it waits for work).
+        self._step_began: float | None = None
 
     # --- weights -----------------------------------------------------------------------
     @staticmethod
@@ -391,6 +402,12 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
+    def step_s(self) -> float:
+        """Seconds the scheduler's current iteration has run; 0 while it waits for work.
+        Read without the lock (an engine stuck holding it must not stop the answer)."""
+        began = self._step_began
+        return 0.0 if began is None else max(0.0, self._clock() - began)
+
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify()
@@ -403,6 +420,8 @@ class Engine:
                     self._cond.wait()
                 if self._closed:
                     return
+            # not reset if the thread dies inside: the time grows, and /health says so
+            self._step_began = self._clock()
             try:
                 self._iteration()
             except Exception as e:  # noqa: BLE001 - fail what was running, keep serving
@@ -410,6 +429,7 @@ class Engine:
                     seq.on_event(RuntimeError(f"engine failure: {type(e).__name__}: {e}"))
                 self._prefilling.clear()
                 self._batches.clear()
+            self._step_began = None
 
     def _iteration(self) -> None:
         if self._cache_weights is not self._current or self._flush:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from focus.tinylm.sampler import LOGPROBS_MODES
-from focus.tinylm.serving import MODEL_NAME
+from focus.tinylm.serving import ENGINE_STALL_S, MODEL_NAME
 
 
 def _watch_parent(pid: int, owned: Path | None) -> None:
@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--workers", type=int, default=1, help="kept for compatibility; one engine thread serves")
     ap.add_argument("--torch-threads", type=int, default=1, help="kept for compatibility; unused (numpy serves)")
+    ap.add_argument(
+        "--engine-stall-s",
+        type=float,
+        default=ENGINE_STALL_S,
+        help="/health answers 503 once one engine step has run this long (a step is one token of each sequence)",
+    )
     ap.add_argument("--debug", action="store_true", help="mount the test fault layer (focus.tinylm.testing)")
     ap.add_argument("--parent-pid", type=int, help="exit when this process exits")
     ap.add_argument("--owned-dir", type=Path, help="remove this folder when exiting because the parent is gone")
@@ -135,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         prefill_chunk=args.prefill_chunk,
         prefix_cache_tokens=args.prefix_cache_tokens,
     )
-    app: Any = create_app(engine, model_name=args.served_model_name)
+    app: Any = create_app(engine, model_name=args.served_model_name, engine_stall_s=args.engine_stall_s)
     if args.debug:
         from focus.tinylm.testing import FaultLayer
 

@@ -35,6 +35,9 @@ from focus.tinylm.protocol import ErrorInfo, ErrorResponse, RequestError
 M = TypeVar("M", bound=BaseModel)
 
 MODEL_NAME = "focus-tinylm"
+#: Seconds one engine step may run before ``/health`` answers 503 (``--engine-stall-s``;
+#: :func:`focus.tinylm.app.create_app`). A step is milliseconds on this model.
+ENGINE_STALL_S = 30.0
 _SPECIAL = {
     ByteCodec.BOS: "<bos>",
     ByteCodec.EOT: "<eot>",

@@ -4,7 +4,10 @@
 request (``GET /debug/requests``, cleared by ``DELETE``) and injects the next queued
 fault (``POST /debug/faults`` with ``{"status": 503}``, ``{"delay_s": 2.5}``,
 ``{"malformed": true}``, ``{"nan_logprobs": true}``, and ``"count"``), which is how
-tests exercise client retries against a real socket. The served app
+tests exercise client retries against a real socket. ``POST /debug/stall_engine`` with
+``{"s": 60}`` wedges the engine: its scheduler thread blocks for that long inside one
+step (a request whose completion callback does not return), while the web loop goes on
+answering, ``/health`` included. The served app
 (:func:`focus.tinylm.app.create_app`) knows nothing of it; ``python -m
 focus.tinylm.server --debug`` (``LocalModelServer(debug=True)``) wraps the app in it.
 For faults at the connection level (resets, closed sockets, short answers) see the
@@ -68,6 +71,11 @@ class FaultLayer:
             self.faults.push(spec)
             await _json(send, 200, {"queued": len(self.faults.queue)})
             return
+        if path == "/debug/stall_engine" and method == "POST":
+            spec = json.loads(await _body(receive) or b"{}")
+            _stall(self.app.state.tinylm.engine, float(spec.get("s", 3600.0)))
+            await _json(send, 200, {"stalled_s": float(spec.get("s", 3600.0))})
+            return
         if method != "POST" or path not in GENERATION_PATHS:
             await self.app(scope, receive, send)
             return
@@ -103,6 +111,19 @@ class FaultLayer:
             data = {}
         ids = data.get("prompt", data.get("input_ids")) if isinstance(data, dict) else None
         self.received.append({"endpoint": path, "prompt_ids": ids, "t": time.time()})
+
+
+def _stall(engine: Any, seconds: float) -> None:
+    """Block ``engine``'s scheduler thread for ``seconds`` inside one step: the step that
+    finishes a one-token request calls back into this, and the call does not return."""
+    from focus.format import ByteCodec
+    from focus.tinylm.engine import GenRequest
+
+    def on_event(event: Any) -> None:
+        if not isinstance(event, Exception):
+            time.sleep(seconds)
+
+    engine.submit(GenRequest((ByteCodec.BOS,), max_tokens=1, temperature=0.0), on_event)
 
 
 def _nan_logprobs(obj: Any) -> Any:
