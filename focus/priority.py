@@ -357,8 +357,9 @@ class Selective(Priority):
     #: a phase starts at one depth stay at most ``depth_share`` times that depth's share
     #: of the eligible checkpoints (uniform branching's share), plus one, of the phase's
     #: continuations so far; the planner leaves a checkpoint of a full depth out of the
-    #: wave (:class:`focus.search.depth_share.DepthShare`). 0: no bound. Measured:
-    #: docs/algorithm.md, "Depth share".
+    #: wave (:class:`focus.search.depth_share.DepthShare`). 0 (the default): no bound;
+    #: 3 bounds the worst case on families made outside the project at a cost to the
+    #: exact critic's gain on the project's (docs/algorithm.md, "Depth share").
     depth_share: float = Field(0.0, ge=0.0)
 
     def depth_share_bound(self) -> float:
