@@ -301,6 +301,12 @@ class Priority(BaseModel, abc.ABC):
     def __call__(self, node: NodeEvidence) -> float:
         """Score of continuing ``node`` once more; higher first."""
 
+    def depth_share_bound(self) -> float:
+        """The most a continuation phase's checkpoints of one depth may take of its
+        continuations, relative to uniform branching's share for that depth
+        (:class:`focus.search.depth_share.DepthShare`); 0: no bound (the default)."""
+        return 0.0
+
 
 class Uniform(Priority):
     """Every eligible checkpoint is equally good: continuations spread at random
@@ -351,6 +357,17 @@ class Selective(Priority):
     #: misses the noise model reads are not only those the ranking chose. Measured:
     #: docs/algorithm.md, "Exploration share".
     explore: float = Field(0.25, ge=0.0, le=1.0)
+    #: Bound on the ranking's concentration (issue 31, mechanism 3): the continuations
+    #: a phase starts at one depth stay at most ``depth_share`` times that depth's share
+    #: of the eligible checkpoints (uniform branching's share), plus one, of the phase's
+    #: continuations so far; the planner leaves a checkpoint of a full depth out of the
+    #: wave (:class:`focus.search.depth_share.DepthShare`). 0 (the default): no bound;
+    #: 3 bounds the worst case on families made outside the project at a cost to the
+    #: exact critic's gain on the project's (docs/algorithm.md, "Depth share").
+    depth_share: float = Field(0.0, ge=0.0)
+
+    def depth_share_bound(self) -> float:
+        return self.depth_share
 
     def weight(self, node: NodeEvidence, m: int) -> float:
         """λ the estimator would give n with ``m`` like children

@@ -21,6 +21,7 @@ from focus.calibration import Calibration
 from focus.node_view import subtree_length
 from focus.priority import NodeEvidence, Phase, Priority, exploration_rate, explores
 from focus.ranking import Entry, entry, tie
+from focus.search.depth_share import DepthShare
 from focus.search.heads import PlanIndex, plan_index, spent
 from focus.search.state import RolloutJob, SearchState, WavePlan, _successor, rollout_seed
 from focus.sums import left_sum
@@ -442,11 +443,19 @@ class _Greedy:
         state, search, pending, phase = self.state, self.search, self.pending, self.phase
         assert heap is not None
         taken: dict[tuple[int, int], NodeEvidence] = {}
+        factor = search.depth_share_bound()
+        share = DepthShare.of(state, self.phase_index, phase, factor, pending) if factor > 0 else None
+        held: list[tuple[float, float, int, int, int]] = []  # checkpoints of depths that were full
         at = 0
         while not self.full:
             popped = self._next(heap, at)
             if popped is None:
-                break
+                if not held:
+                    break
+                share, heap[:] = None, held  # every depth is full or done: the wave takes the rest unbounded
+                heapq.heapify(heap)
+                held = []
+                continue
             ti, nid, at = popped
             key = (ti, nid)
             ev = taken.get(key)
@@ -456,6 +465,11 @@ class _Greedy:
                 n = pending.get(key, 0)
                 if n != ev.pending:  # a ranking's views have none pending: mostly no copy to make
                     ev = ev.with_pending(n)
+            if share is not None:
+                if not share.allows(ev.depth):
+                    held.append((*entry(search, state.seed, ev), -1))
+                    continue
+                share.take(ev.depth)
             branch = ev.branches + ev.pending
             job = RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), state.trees[ti].states[nid], branch)
             yield self._take(job, ev.expected_transitions)
