@@ -93,6 +93,34 @@ def test_an_estimator_that_gives_a_nan_advantage_is_named():
         col.prepare(state)
 
 
+class ListTd(DirectBranchTd):
+    def advantages(self, edges, values):  # type: ignore[no-untyped-def]
+        return list(super().advantages(edges, values).values())
+
+
+class TextKeyedTd(DirectBranchTd):
+    def advantages(self, edges, values):  # type: ignore[no-untyped-def]
+        return {str(i): a for i, a in super().advantages(edges, values).items()}  # as from a JSON service
+
+
+def test_an_estimator_that_returns_no_dict_is_named():
+    # a list failed with "AttributeError: 'list' object has no attribute 'get'"
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]), estimator=ListTd())
+    state = run(col.search(tasks))
+    with pytest.raises(BatchError, match=r"ListTd\.advantages returned a list for tree t0#0: it must return a dict"):
+        col.prepare(state)
+
+
+def test_an_estimator_whose_keys_are_no_segment_ids_is_named():
+    # keyed by "3" instead of 3, every segment was left out as failed: an empty batch, no error
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]), estimator=TextKeyedTd())
+    state = run(col.search(tasks))
+    with pytest.raises(
+        BatchError, match=r"TextKeyedTd\.advantages gave tree t0#0 the key '\d+', not one of its segment ids"
+    ):
+        col.prepare(state)
+
+
 @pytest.mark.parametrize(
     ("part", "value", "says"),
     [
