@@ -9,7 +9,9 @@ import pytest
 
 from focus.agent import Agent
 from focus.batch import BatchError
+from focus.branching import EveryDecision
 from focus.collector import Collector
+from focus.context import Segments
 from focus.critic import ConstantCritic
 from focus.env import Task
 from focus.estimation import DirectBranchTd
@@ -137,4 +139,26 @@ def test_a_part_given_as_its_class_or_of_another_role_is_named(part, value, says
     parts = {"search": col.priority, "critic": col.critic, "estimator": col.estimator, "execution": col.execution}
     with pytest.raises(TypeError) as e:
         Collector(col.agent, **{**parts, part: value})
+    assert str(e.value).startswith(says)
+
+
+@pytest.mark.parametrize(
+    ("position", "value", "says"),
+    [
+        ("format", ByteCodec(), "Agent's format must be a PolicyFormat, got a ByteCodec (pair the codec with a parser"),
+        ("format", TextParser(), "Agent's format must be a PolicyFormat, got a TextParser (pair it with a codec"),
+        ("env", synthetic_format(), "Agent's env must be an instance of Env, got a PolicyFormat"),
+        ("context", Segments, "Agent's context must be an instance of ContextManager, got the class Segments (call it"),
+        ("branch_points", EveryDecision, "Agent's branch_points must be an instance of BranchPoints, got the class Ev"),
+        ("sampling", {"max_tokens": 4}, "Agent's sampling must be an instance of SamplingParams, got a dict"),
+    ],
+)
+def test_an_agent_part_of_another_role_is_named(position, value, says):  # type: ignore[no-untyped-def]
+    # Agent(policy, env, ByteCodec()) failed with "'ByteCodec' object has no attribute
+    # 'codec'"; context=Segments (the class) was taken and failed in the first rollout
+    mdps = [SHAPES["uniform"](0)]
+    parts = {"policy": SyntheticPolicy(mdps), "env": SyntheticEnv(mdps), "format": synthetic_format()}
+    parts[position] = value
+    with pytest.raises(TypeError) as e:
+        Agent(parts.pop("policy"), parts.pop("env"), parts.pop("format"), **parts)
     assert str(e.value).startswith(says)
