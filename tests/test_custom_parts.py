@@ -12,7 +12,7 @@ from focus.batch import BatchError
 from focus.branching import EveryDecision
 from focus.collector import Collector
 from focus.context import Segments
-from focus.critic import ConstantCritic
+from focus.critic import ConstantCritic, Critic, CriticError, Prediction
 from focus.env import Task
 from focus.estimation import DirectBranchTd
 from focus.execution import Execution
@@ -162,3 +162,38 @@ def test_an_agent_part_of_another_role_is_named(position, value, says):  # type:
     with pytest.raises(TypeError) as e:
         Agent(parts.pop("policy"), parts.pop("env"), parts.pop("format"), **parts)
     assert str(e.value).startswith(says)
+
+
+class ByIndexCritic(Critic):
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        return {i: 0.3 for i in range(len(contexts))}
+
+
+class PlainDefCritic(Critic):
+    def predict(self, contexts):  # type: ignore[no-untyped-def]
+        return [0.3] * len(contexts)
+
+
+class ByIndexStdCritic(Critic):
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        return [0.3] * len(contexts)
+
+    async def predict_with_std(self, contexts):  # type: ignore[no-untyped-def]
+        return {i: Prediction(0.3, 0.1) for i in range(len(contexts))}
+
+
+@pytest.mark.parametrize(
+    ("critic", "says"),
+    [
+        # a dict's keys were taken as the values: predictions 0, 1, 2, ... and no error
+        (ByIndexCritic(), r"critic ByIndexCritic returned a dict: return a list, one value per context in order"),
+        (ByIndexStdCritic(), r"critic ByIndexStdCritic returned a dict: return a list, one value per context in"),
+        # "object list can't be used in 'await' expression"
+        (PlainDefCritic(), r"PlainDefCritic\.predict returned list, not an awaitable: declare it `async def`"),
+    ],
+)
+def test_a_critic_that_returns_no_list_of_values_is_named(critic, says):  # type: ignore[no-untyped-def]
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.critic = critic
+    with pytest.raises(CriticError, match=says):
+        run(col.collect(tasks))
