@@ -144,6 +144,19 @@ def check_agent_parts(**parts: Any) -> None:
         raise TypeError(f"Agent's {name} must be an instance of {interface.__name__}, got {what}{hint}")
 
 
+def check_colours(policy: Policy, branch_points: BranchPoints | None) -> None:
+    """``Policy.sample`` is ``async def`` and ``BranchPoints.eligible`` is not: an async
+    ``eligible`` returns a coroutine, which is true, so every decision point became a
+    checkpoint (with a "never awaited" warning); a plain ``sample`` failed every rollout
+    with "object Completion can't be used in 'await' expression"."""
+    if branch_points is not None and inspect.iscoroutinefunction(inspect.unwrap(type(branch_points).eligible)):
+        name = type(branch_points).__name__
+        raise TypeError(f"{name}.eligible is `async def`: declare it `def` (its answer is read at once, as a bool)")
+    sample = inspect.unwrap(type(policy).sample)
+    if inspect.isfunction(sample) and not inspect.iscoroutinefunction(sample):
+        raise TypeError(f"{type(policy).__name__}.sample is not `async def`: declare it `async def`")
+
+
 def check_format(format: object) -> None:
     """``format`` is a :class:`PolicyFormat`; a codec or a parser alone is named."""
     if isinstance(format, PolicyFormat):
@@ -181,6 +194,7 @@ class Agent:
             raise ValueError("Agent.max_steps must be at least 1")
         check_agent_parts(policy=policy, env=env, context=context, branch_points=branch_points, sampling=sampling)
         check_format(format)
+        check_colours(policy, branch_points)
         self.policy = policy
         self.env = env
         self.format = format

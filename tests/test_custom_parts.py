@@ -197,3 +197,25 @@ def test_a_critic_that_returns_no_list_of_values_is_named(critic, says):  # type
     col.critic = critic
     with pytest.raises(CriticError, match=says):
         run(col.collect(tasks))
+
+
+class AsyncEligible(EveryDecision):
+    async def eligible(self, state):  # type: ignore[no-untyped-def]
+        return False
+
+
+class PlainDefPolicy(SyntheticPolicy):
+    def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        return None
+
+
+def test_a_branch_point_rule_or_policy_of_the_wrong_colour_is_named():
+    # an async eligible's coroutine is true: every decision point became a checkpoint,
+    # with only "coroutine ... was never awaited" warnings; a plain-def sample failed every
+    # rollout with "object Completion can't be used in 'await' expression"
+    mdps = [SHAPES["uniform"](0)]
+    env, fmt = SyntheticEnv(mdps), synthetic_format()
+    with pytest.raises(TypeError, match=r"AsyncEligible\.eligible is `async def`: declare it `def`"):
+        Agent(SyntheticPolicy(mdps), env, fmt, branch_points=AsyncEligible())
+    with pytest.raises(TypeError, match=r"PlainDefPolicy\.sample is not `async def`: declare it `async def`"):
+        Agent(PlainDefPolicy(mdps), env, fmt)
