@@ -58,3 +58,12 @@ def test_architecture_roles_table_has_every_extension_interface():
     for row in rows:
         for path in re.findall(r"`(focus/[\w/]+\.py)`", row[1]):
             assert (ROOT / path).is_file(), path
+
+
+def test_readme_names_the_conformance_checks_for_custom_parts():
+    import focus.testing
+
+    mixins = sorted(n for n in dir(focus.testing) if n.endswith("Conformance"))
+    assert mixins, "focus.testing has no conformance mixins"
+    readme = (ROOT / "README.md").read_text()
+    assert [n for n in mixins if f"`{n}`" not in readme] == []
