@@ -144,14 +144,20 @@ def check_agent_parts(**parts: Any) -> None:
         raise TypeError(f"Agent's {name} must be an instance of {interface.__name__}, got {what}{hint}")
 
 
-def check_colours(policy: Policy, branch_points: BranchPoints | None) -> None:
-    """``Policy.sample`` is ``async def`` and ``BranchPoints.eligible`` is not: an async
-    ``eligible`` returns a coroutine, which is true, so every decision point became a
-    checkpoint (with a "never awaited" warning); a plain ``sample`` failed every rollout
-    with "object Completion can't be used in 'await' expression"."""
-    if branch_points is not None and inspect.iscoroutinefunction(inspect.unwrap(type(branch_points).eligible)):
-        name = type(branch_points).__name__
-        raise TypeError(f"{name}.eligible is `async def`: declare it `def` (its answer is read at once, as a bool)")
+def check_colours(
+    policy: Policy, format: PolicyFormat, context: ContextManager | None, rule: BranchPoints | None
+) -> None:
+    """``Policy.sample`` is ``async def``; ``BranchPoints.eligible``, ``ContextManager.extend``
+    and ``ActionParser.parse`` are not. An async ``eligible`` returns a coroutine, which is
+    true, so every decision point became a checkpoint (with a "never awaited" warning); an
+    async ``extend`` failed every rollout with "'coroutine' object has no attribute
+    'prompt_ids'"; a plain ``sample`` with "object Completion can't be used in 'await'
+    expression"."""
+    for part, method in ((rule, "eligible"), (context, "extend"), (format.parser, "parse")):
+        if part is not None and inspect.iscoroutinefunction(inspect.unwrap(getattr(type(part), method))):
+            raise TypeError(
+                f"{type(part).__name__}.{method} is `async def`: declare it `def` (its answer is used at once)"
+            )
     sample = inspect.unwrap(type(policy).sample)
     if inspect.isfunction(sample) and not inspect.iscoroutinefunction(sample):
         raise TypeError(f"{type(policy).__name__}.sample is not `async def`: declare it `async def`")
@@ -194,7 +200,7 @@ class Agent:
             raise ValueError("Agent.max_steps must be at least 1")
         check_agent_parts(policy=policy, env=env, context=context, branch_points=branch_points, sampling=sampling)
         check_format(format)
-        check_colours(policy, branch_points)
+        check_colours(policy, format, context, branch_points)
         self.policy = policy
         self.env = env
         self.format = format

@@ -219,3 +219,24 @@ def test_a_branch_point_rule_or_policy_of_the_wrong_colour_is_named():
         Agent(SyntheticPolicy(mdps), env, fmt, branch_points=AsyncEligible())
     with pytest.raises(TypeError, match=r"PlainDefPolicy\.sample is not `async def`: declare it `async def`"):
         Agent(PlainDefPolicy(mdps), env, fmt)
+
+
+class AsyncExtend(Segments):
+    async def extend(self, ctx, codec, completion, text, observations):  # type: ignore[no-untyped-def]
+        return super().extend(ctx, codec, completion, text, observations)
+
+
+class AsyncParser(ActionParser):
+    async def parse(self, text):  # type: ignore[no-untyped-def]
+        return None
+
+
+def test_a_context_manager_or_parser_declared_async_is_named():
+    # an async extend failed every rollout with "AttributeError: 'coroutine' object has
+    # no attribute 'prompt_ids'", naming neither the manager nor the method
+    mdps = [SHAPES["uniform"](0)]
+    policy, env = SyntheticPolicy(mdps), SyntheticEnv(mdps)
+    with pytest.raises(TypeError, match=r"AsyncExtend\.extend is `async def`: declare it `def`"):
+        Agent(policy, env, synthetic_format(), context=AsyncExtend())
+    with pytest.raises(TypeError, match=r"AsyncParser\.parse is `async def`: declare it `def`"):
+        Agent(policy, env, PolicyFormat(ByteCodec(), AsyncParser()))
