@@ -133,7 +133,7 @@ def check_agent_parts(**parts: Any) -> None:
     """Each part given to an :class:`Agent` (``None``: its default) is an instance of its
     interface, or a :class:`TypeError` names it: a class or another role's part was taken
     and failed in the first rollout, or with an ``AttributeError`` about something else."""
-    roles = {"policy": Policy, "env": Env, "context": ContextManager}
+    roles: dict[str, type] = {"policy": Policy, "env": Env, "context": ContextManager}
     roles |= {"branch_points": BranchPoints, "sampling": SamplingParams}
     for name, value in parts.items():
         interface = roles[name]

@@ -59,12 +59,12 @@ class Critic(abc.ABC):
 
     async def predict_with_std(self, contexts: Sequence[Sequence[int]]) -> list[Prediction]:
         """Predictions with an uncertainty; the default reports none."""
-        values = self.predict(contexts)
-        if not inspect.isawaitable(values):
+        pending: Any = self.predict(contexts)  # a subclass may declare it without async
+        if not inspect.isawaitable(pending):
             raise CriticError(
-                f"{type(self).__name__}.predict returned {type(values).__name__}, not an awaitable: declare it `async def`"
+                f"{type(self).__name__}.predict returned {type(pending).__name__}, not an awaitable: declare it `async def`"
             )
-        values = await values
+        values = await pending
         _check_listed(values, f"critic {type(self).__name__}")
         return [Prediction(v) for v in values]
 
