@@ -90,7 +90,7 @@ def test_extend_exports_every_interface_the_readme_table_names():
     from pathlib import Path
 
     readme = Path(__file__).resolve().parents[1].joinpath("README.md").read_text(encoding="utf-8")
-    table = readme.split("all re-exported\nby `focus.extend`):", 1)[1].split("\n\n", 2)[1]
+    table = readme.split("Where your code fits", 1)[1].split("\n\n", 2)[1]
     named = {n for line in table.splitlines()[2:] for n in re.findall(r"`(\w+)`", line.split("|")[1])}
     assert {"Env", "ToolEnv", "Tool", "Priority", "Execution"} <= named
     assert named <= set(focus.extend.__all__), named - set(focus.extend.__all__)
