@@ -54,7 +54,12 @@ _EXPORTS = {
     "BadResponses": "focus.execution",
     "RequestsRefused": "focus.execution",
     "Usage": "focus.usage",
+    "ConstantCritic": "focus.critic",
+    "HttpCritic": "focus.critic",
+    "LocalCritic": "focus.critic",
     "DirectBranchTd": "focus.estimation",
+    "GroupNormalized": "focus.estimation",
+    "NodeMonteCarlo": "focus.estimation",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -61,7 +61,7 @@ from focus.journal import (
     unfinished_step,
     wave_step,
 )
-from focus.parts import bad_advantage, check_parts, check_trees
+from focus.parts import advantages_of, bad_advantage, check_parts, check_trees
 from focus.placement import graft_placed, off_loop, plan_next_placed, scored_placed, warm_start_placed
 from focus.priority import Priority, Selective
 from focus.search import (
@@ -565,7 +565,7 @@ class Collector:
             tree_id = f"{tree.task_id}#{ti}"
             task_id = tree.task_id
             values = est.values(tree, noise) if segments is None else est.values(tree, noise, segments[ti])
-            adv = est.advantages(list(tree.edges.values()), values)
+            adv = advantages_of(est, tree, values, tree_id)
             truncated = truncated_segments(tree)
             for e in tree.edges.values():
                 a = adv.get(e.id)

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import inspect
 import json
 import math
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -58,10 +59,23 @@ class Critic(abc.ABC):
 
     async def predict_with_std(self, contexts: Sequence[Sequence[int]]) -> list[Prediction]:
         """Predictions with an uncertainty; the default reports none."""
-        return [Prediction(v) for v in await self.predict(contexts)]
+        pending: Any = self.predict(contexts)  # a subclass may declare it without async
+        if not inspect.isawaitable(pending):
+            raise CriticError(
+                f"{type(self).__name__}.predict returned {type(pending).__name__}, not an awaitable: declare it `async def`"
+            )
+        values = await pending
+        _check_listed(values, f"critic {type(self).__name__}")
+        return [Prediction(v) for v in values]
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the default holds none."""
+
+
+def _check_listed(values: object, where: str) -> None:
+    """A mapping's keys were taken as the values (``{i: v}`` scored 0, 1, 2, ...)."""
+    if isinstance(values, Mapping):
+        raise CriticError(f"{where} returned a {type(values).__name__}: return a list, one value per context in order")
 
 
 def _check_values(values: Sequence[Any], n: int, where: str, label: Callable[[int], str] | None = None) -> list[float]:
@@ -109,6 +123,7 @@ def check_predictions(
     ``label`` (position -> text, :func:`context_label`), by the state it scored: a
     position in a call of hundreds of contexts does not tell a user which state their
     critic fails on."""
+    _check_listed(preds, where)
     if len(preds) != n:
         raise CriticError(f"{where} returned {len(preds)} predictions for {n} contexts")
     values = _check_values([getattr(p, "value", p) for p in preds], n, where, label)

@@ -10,7 +10,7 @@ said here, naming the part.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from focus.agent import Agent
@@ -41,6 +41,24 @@ def bad_advantage(estimator: object, edge_id: int, tree_id: str, advantage: floa
         f"{type(estimator).__name__} gave segment {edge_id} of tree {tree_id} the advantage {advantage!r}: "
         "an advantage must be a finite number (leave a segment out to give it none)"
     )
+
+
+def advantages_of(estimator: Estimator, tree: Tree, values: Any, tree_id: str) -> Mapping[int, float]:
+    """``estimator.advantages`` of ``tree``'s segments, or a :class:`BatchError` naming the
+    estimator when it returns no mapping (a list failed with "'list' object has no attribute
+    'get'") or a key that is no segment id of the tree (keys as text left every segment out
+    as failed: an empty batch and no error)."""
+    adv = estimator.advantages(list(tree.edges.values()), values)
+    name = f"{type(estimator).__name__}.advantages"
+    if not isinstance(adv, Mapping):
+        raise BatchError(
+            f"{name} returned a {type(adv).__name__} for tree {tree_id}: it must return a dict "
+            "{edge_id: advantage} (a segment left out gets no learning signal)"
+        )
+    if not adv.keys() <= tree.edges.keys():
+        key = next(k for k in adv if k not in tree.edges)
+        raise BatchError(f"{name} gave tree {tree_id} the key {key!r}, not one of its segment ids (Edge.id)")
+    return adv
 
 
 def check_trees(trees: Any) -> Sequence[Tree]:

@@ -9,8 +9,10 @@ import pytest
 
 from focus.agent import Agent
 from focus.batch import BatchError
+from focus.branching import EveryDecision
 from focus.collector import Collector
-from focus.critic import ConstantCritic
+from focus.context import Segments
+from focus.critic import ConstantCritic, Critic, CriticError, Prediction
 from focus.env import Task
 from focus.estimation import DirectBranchTd
 from focus.execution import Execution
@@ -93,6 +95,34 @@ def test_an_estimator_that_gives_a_nan_advantage_is_named():
         col.prepare(state)
 
 
+class ListTd(DirectBranchTd):
+    def advantages(self, edges, values):  # type: ignore[no-untyped-def]
+        return list(super().advantages(edges, values).values())
+
+
+class TextKeyedTd(DirectBranchTd):
+    def advantages(self, edges, values):  # type: ignore[no-untyped-def]
+        return {str(i): a for i, a in super().advantages(edges, values).items()}  # as from a JSON service
+
+
+def test_an_estimator_that_returns_no_dict_is_named():
+    # a list failed with "AttributeError: 'list' object has no attribute 'get'"
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]), estimator=ListTd())
+    state = run(col.search(tasks))
+    with pytest.raises(BatchError, match=r"ListTd\.advantages returned a list for tree t0#0: it must return a dict"):
+        col.prepare(state)
+
+
+def test_an_estimator_whose_keys_are_no_segment_ids_is_named():
+    # keyed by "3" instead of 3, every segment was left out as failed: an empty batch, no error
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]), estimator=TextKeyedTd())
+    state = run(col.search(tasks))
+    with pytest.raises(
+        BatchError, match=r"TextKeyedTd\.advantages gave tree t0#0 the key '\d+', not one of its segment ids"
+    ):
+        col.prepare(state)
+
+
 @pytest.mark.parametrize(
     ("part", "value", "says"),
     [
@@ -110,3 +140,103 @@ def test_a_part_given_as_its_class_or_of_another_role_is_named(part, value, says
     with pytest.raises(TypeError) as e:
         Collector(col.agent, **{**parts, part: value})
     assert str(e.value).startswith(says)
+
+
+@pytest.mark.parametrize(
+    ("position", "value", "says"),
+    [
+        ("format", ByteCodec(), "Agent's format must be a PolicyFormat, got a ByteCodec (pair the codec with a parser"),
+        ("format", TextParser(), "Agent's format must be a PolicyFormat, got a TextParser (pair it with a codec"),
+        ("env", synthetic_format(), "Agent's env must be an instance of Env, got a PolicyFormat"),
+        ("context", Segments, "Agent's context must be an instance of ContextManager, got the class Segments (call it"),
+        ("branch_points", EveryDecision, "Agent's branch_points must be an instance of BranchPoints, got the class Ev"),
+        ("sampling", {"max_tokens": 4}, "Agent's sampling must be an instance of SamplingParams, got a dict"),
+    ],
+)
+def test_an_agent_part_of_another_role_is_named(position, value, says):  # type: ignore[no-untyped-def]
+    # Agent(policy, env, ByteCodec()) failed with "'ByteCodec' object has no attribute
+    # 'codec'"; context=Segments (the class) was taken and failed in the first rollout
+    mdps = [SHAPES["uniform"](0)]
+    parts = {"policy": SyntheticPolicy(mdps), "env": SyntheticEnv(mdps), "format": synthetic_format()}
+    parts[position] = value
+    with pytest.raises(TypeError) as e:
+        Agent(parts.pop("policy"), parts.pop("env"), parts.pop("format"), **parts)
+    assert str(e.value).startswith(says)
+
+
+class ByIndexCritic(Critic):
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        return {i: 0.3 for i in range(len(contexts))}
+
+
+class PlainDefCritic(Critic):
+    def predict(self, contexts):  # type: ignore[no-untyped-def]
+        return [0.3] * len(contexts)
+
+
+class ByIndexStdCritic(Critic):
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        return [0.3] * len(contexts)
+
+    async def predict_with_std(self, contexts):  # type: ignore[no-untyped-def]
+        return {i: Prediction(0.3, 0.1) for i in range(len(contexts))}
+
+
+@pytest.mark.parametrize(
+    ("critic", "says"),
+    [
+        # a dict's keys were taken as the values: predictions 0, 1, 2, ... and no error
+        (ByIndexCritic(), r"critic ByIndexCritic returned a dict: return a list, one value per context in order"),
+        (ByIndexStdCritic(), r"critic ByIndexStdCritic returned a dict: return a list, one value per context in"),
+        # "object list can't be used in 'await' expression"
+        (PlainDefCritic(), r"PlainDefCritic\.predict returned list, not an awaitable: declare it `async def`"),
+    ],
+)
+def test_a_critic_that_returns_no_list_of_values_is_named(critic, says):  # type: ignore[no-untyped-def]
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.critic = critic
+    with pytest.raises(CriticError, match=says):
+        run(col.collect(tasks))
+
+
+class AsyncEligible(EveryDecision):
+    async def eligible(self, state):  # type: ignore[no-untyped-def]
+        return False
+
+
+class PlainDefPolicy(SyntheticPolicy):
+    def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        return None
+
+
+def test_a_branch_point_rule_or_policy_of_the_wrong_colour_is_named():
+    # an async eligible's coroutine is true: every decision point became a checkpoint,
+    # with only "coroutine ... was never awaited" warnings; a plain-def sample failed every
+    # rollout with "object Completion can't be used in 'await' expression"
+    mdps = [SHAPES["uniform"](0)]
+    env, fmt = SyntheticEnv(mdps), synthetic_format()
+    with pytest.raises(TypeError, match=r"AsyncEligible\.eligible is `async def`: declare it `def`"):
+        Agent(SyntheticPolicy(mdps), env, fmt, branch_points=AsyncEligible())
+    with pytest.raises(TypeError, match=r"PlainDefPolicy\.sample is not `async def`: declare it `async def`"):
+        Agent(PlainDefPolicy(mdps), env, fmt)
+
+
+class AsyncExtend(Segments):
+    async def extend(self, ctx, codec, completion, text, observations):  # type: ignore[no-untyped-def]
+        return super().extend(ctx, codec, completion, text, observations)
+
+
+class AsyncParser(ActionParser):
+    async def parse(self, text):  # type: ignore[no-untyped-def]
+        return None
+
+
+def test_a_context_manager_or_parser_declared_async_is_named():
+    # an async extend failed every rollout with "AttributeError: 'coroutine' object has
+    # no attribute 'prompt_ids'", naming neither the manager nor the method
+    mdps = [SHAPES["uniform"](0)]
+    policy, env = SyntheticPolicy(mdps), SyntheticEnv(mdps)
+    with pytest.raises(TypeError, match=r"AsyncExtend\.extend is `async def`: declare it `def`"):
+        Agent(policy, env, synthetic_format(), context=AsyncExtend())
+    with pytest.raises(TypeError, match=r"AsyncParser\.parse is `async def`: declare it `def`"):
+        Agent(policy, env, PolicyFormat(ByteCodec(), AsyncParser()))

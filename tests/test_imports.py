@@ -90,7 +90,36 @@ def test_extend_exports_every_interface_the_readme_table_names():
     from pathlib import Path
 
     readme = Path(__file__).resolve().parents[1].joinpath("README.md").read_text(encoding="utf-8")
-    table = readme.split("all re-exported\nby `focus.extend`):", 1)[1].split("\n\n", 2)[1]
+    table = readme.split("Where your code fits", 1)[1].split("\n\n", 2)[1]
     named = {n for line in table.splitlines()[2:] for n in re.findall(r"`(\w+)`", line.split("|")[1])}
     assert {"Env", "ToolEnv", "Tool", "Priority", "Execution"} <= named
     assert named <= set(focus.extend.__all__), named - set(focus.extend.__all__)
+
+
+def test_every_builtin_part_of_a_run_is_exported_from_focus():
+    # "use focus to assemble a run": a run's critic came from focus.critic and the
+    # estimators other than DirectBranchTd from focus.estimation only
+    import importlib
+    import inspect
+
+    for module, interface in [
+        ("focus.branching", "BranchPoints"),
+        ("focus.context", "ContextManager"),
+        ("focus.priority", "Priority"),
+        ("focus.critic", "Critic"),
+        ("focus.estimation", "Estimator"),
+    ]:
+        mod = importlib.import_module(module)
+        base = getattr(focus.extend, interface)
+        builtins = [
+            n
+            for n, c in vars(mod).items()
+            if inspect.isclass(c)
+            and issubclass(c, base)
+            and c is not base
+            and c.__module__ == module
+            and not n.startswith("_")
+            and not inspect.isabstract(c)
+        ]
+        assert builtins, module
+        assert [n for n in builtins if n not in focus.__all__] == [], module

@@ -5,7 +5,7 @@
 * :class:`LlamaCppPolicy` - llama.cpp's ``llama-server`` native ``/completion``.
 * :class:`TinkerPolicy` - a Tinker ``SamplingClient``.
 * :class:`FleetPolicy` - several replicas of one model, calls routed by the search tree.
-* :class:`LocalModelServer` - the tiny torch model served on loopback.
+* :class:`LocalModelServer` - the embedded tiny model served on loopback (numpy, no torch).
 * :class:`RetryPolicy` - timeouts, retries, deadline and hedging of every HTTP client;
   :class:`HttpConfig` adds concurrency and headers.
 
