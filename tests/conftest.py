@@ -21,7 +21,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 #: the default, 6.9 with one thread (same machine, back to back, twice). The library's
 #: own torch work sets its thread count itself (``train.local.torch_threads``, the
 #: critic's single thread), so what it computes is what it computes for a user.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+if not os.environ.get("OMP_NUM_THREADS"):  # unset or empty; a value given is kept
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 pytest_plugins = sorted(
     f"fixtures.{p.stem}"
