@@ -13,6 +13,16 @@ import pytest
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+#: One OpenMP/BLAS thread in this process and every command a test starts (they inherit
+#: the environment), before torch or numpy is imported. ``make test`` runs two workers on
+#: two cores: with the default (a thread per core) each torch or BLAS call of a worker
+#: spread over both cores while the other worker used them too, and OpenMP's threads
+#: spin while they wait for each other. tests/test_train_kl_step.py took 16-18 CPU-s with
+#: the default, 6.9 with one thread (same machine, back to back, twice). The library's
+#: own torch work sets its thread count itself (``train.local.torch_threads``, the
+#: critic's single thread), so what it computes is what it computes for a user.
+if not os.environ.get("OMP_NUM_THREADS"):  # unset or empty; a value given is kept
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 pytest_plugins = sorted(
     f"fixtures.{p.stem}"

@@ -41,7 +41,7 @@ seed = 3
 progress = {progress}
 [model]
 kind = "factory"
-factory = "fixtures.prefect:digit_policy"
+factory = "fixtures.digits:digit_policy"
 options = {{latency_s = {latency}}}
 [env]
 n_tasks = 2
@@ -54,7 +54,7 @@ transitions = {transitions}
 wave_size = 3
 [critic]
 kind = "factory"
-factory = "fixtures.prefect:flaky_critic"
+factory = "fixtures.digits:flaky_critic"
 options = {{marker = "{marker}"}}
 """
 
@@ -327,14 +327,14 @@ def gated_config(
     path: Path, transitions: int, store: Path, gate: Path, free_calls: int = 0, execution: str = ""
 ) -> Path:
     """A run's config: in-process, its own store, a model that answers ``free_calls``
-    calls and then waits until ``gate`` exists (``fixtures.prefect.gated_policy``): the
+    calls and then waits until ``gate`` exists (``fixtures.digits.gated_policy``): the
     run is still running when the test acts on it, whatever the machine's speed (with
     50 ms answers, runs of 30 and of 600 transitions ended in about 4 s: under load one
     ended before its Cancel, another before a second run came due)."""
     text = BASE.format(transitions=transitions, marker=path.parent / "never", progress="false", latency=0)
-    model = '"fixtures.prefect:digit_policy"\noptions = {latency_s = 0}'
+    model = '"fixtures.digits:digit_policy"\noptions = {latency_s = 0}'
     assert model in text
-    gated = f'"fixtures.prefect:gated_policy"\noptions = {{gate = "{gate}", free_calls = {free_calls}}}'
+    gated = f'"fixtures.digits:gated_policy"\noptions = {{gate = "{gate}", free_calls = {free_calls}}}'
     path.write_text(
         text.replace(model, gated) + f'[execution]\nkind = "local"\n{execution}[storage]\nroot = "{store}"\n'
     )

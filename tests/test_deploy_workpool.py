@@ -47,7 +47,7 @@ def toy_config() -> dict[str, Any]:
     return {
         "seed": 5,
         "progress": False,
-        "model": {"kind": "factory", "factory": "fixtures.prefect:digit_policy"},
+        "model": {"kind": "factory", "factory": "fixtures.digits:digit_policy"},
         "env": {"n_tasks": 2},
         "search": {
             "phases": [

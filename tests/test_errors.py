@@ -44,7 +44,7 @@ SMALL = [
     "--set",
     "model.kind=factory",
     "--set",
-    "model.factory=fixtures.prefect:digit_policy",
+    "model.factory=fixtures.digits:digit_policy",
 ]
 
 

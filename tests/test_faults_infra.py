@@ -63,7 +63,7 @@ def config(root: str, cid: str, transitions: int = 24):
             "collection_id": cid,
             "seed": 5,
             "model.kind": "factory",
-            "model.factory": "fixtures.prefect:digit_policy",
+            "model.factory": "fixtures.digits:digit_policy",
             "env.n_tasks": 3,
             "search.phases": [
                 {"name": "evidence", "rollouts_per_task": 2},

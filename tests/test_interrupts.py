@@ -236,7 +236,7 @@ def test_the_resume_line_is_the_command_that_resumes(tmp_path):
 
     root = tmp_path / "elsewhere"
     args = ["collect", "--store", str(root), "--tasks", "3", "--transitions", "40", "--seed", "17"]
-    args += ["--set", "model.kind=factory", "--set", "model.factory=fixtures.prefect:digit_policy"]
+    args += ["--set", "model.kind=factory", "--set", "model.factory=fixtures.digits:digit_policy"]
     args += ["--set", 'model.options={"latency_s": 0.1}', "--set", "search.phases.1.wave_size=3"]
     env = base_env(tmp_path / "prefect")
     proc = subprocess.Popen(

@@ -22,7 +22,7 @@ SMALL = [
     "--set",
     "model.kind=factory",
     "--set",
-    "model.factory=fixtures.prefect:digit_policy",
+    "model.factory=fixtures.digits:digit_policy",
     "--set",
     "env.n_tasks=2",
     "--set",

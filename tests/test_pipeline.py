@@ -21,7 +21,7 @@ def small_config(root: str, cid: str, **updates) -> FocusConfig:
             "collection_id": cid,
             "seed": 7,
             "model.kind": "factory",
-            "model.factory": "fixtures.prefect:digit_policy",
+            "model.factory": "fixtures.digits:digit_policy",
             "env.n_tasks": 3,
             "search.phases": [
                 {"name": "evidence", "rollouts_per_task": 2},

@@ -113,7 +113,7 @@ def test_a_critic_failure_keeps_the_wave_and_the_rerun_scores_it(tmp_path):
     from focus.critic import CriticError
 
     marker = tmp_path / "critic-down"
-    critic = {"critic.kind": "factory", "critic.factory": "fixtures.prefect:flaky_critic"}
+    critic = {"critic.kind": "factory", "critic.factory": "fixtures.digits:flaky_critic"}
     cfg = small_config(str(tmp_path / "store"), "flaky", **critic, **{"critic.options": {"marker": str(marker)}})
     want = direct_batch(cfg.with_updates(collection_id="flaky-direct"))
 

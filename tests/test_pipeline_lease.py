@@ -25,7 +25,7 @@ def test_a_second_run_of_the_same_collection_is_refused_and_the_first_finishes(p
             "collection_id": "twice",
             "seed": 3,
             "model.kind": "factory",
-            "model.factory": "fixtures.prefect:gated_policy",
+            "model.factory": "fixtures.digits:gated_policy",
             "model.options": {"gate": str(gate)},
             "env.n_tasks": 2,
             "search.phases": [

@@ -28,7 +28,7 @@ CID = "counted"
 REQUESTS = ("cat", "cat_many", "put_bytes", "exists", "list_files", "remove_many", "remove_folder", "copy")
 SETS = {
     "model.kind": "factory",
-    "model.factory": "fixtures.prefect:digit_policy",
+    "model.factory": "fixtures.digits:digit_policy",
     "env.n_tasks": 2,
     "search.phases.1.transitions": 8,
 }

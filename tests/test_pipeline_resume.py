@@ -25,7 +25,7 @@ collection_id = "killed"
 progress = false
 [model]
 kind = "factory"
-factory = "fixtures.prefect:digit_policy"
+factory = "fixtures.digits:digit_policy"
 options = {{latency_s = 0.03}}
 [env]
 n_tasks = 3

@@ -110,8 +110,8 @@ def test_a_failure_that_names_its_cause_is_one_line_in_the_state_and_the_log(pre
     cfg = {
         **SMALL,
         "collection_id": "critic-down",
-        "model": {"kind": "factory", "factory": "fixtures.prefect:digit_policy"},
-        "critic": {"kind": "factory", "factory": "fixtures.prefect:flaky_critic", "options": {"marker": str(marker)}},
+        "model": {"kind": "factory", "factory": "fixtures.digits:digit_policy"},
+        "critic": {"kind": "factory", "factory": "fixtures.digits:flaky_critic", "options": {"marker": str(marker)}},
         "storage": {"root": str(tmp_path / "store")},
     }
     with pytest.raises(CriticError) as caught:  # awaited, the flow raises the error itself

@@ -27,7 +27,7 @@ seed = 3
 collection_id = "orphan"
 [model]
 kind = "factory"
-factory = "fixtures.prefect:digit_policy"
+factory = "fixtures.digits:digit_policy"
 options = {{latency_s = 0.2}}
 [env]
 n_tasks = 3

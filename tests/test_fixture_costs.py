@@ -1,0 +1,28 @@
+"""What the test fixtures cost the processes the tests start (tests/conftest.py, tests/fixtures/)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from fixtures.prefect import base_env
+
+
+def test_the_factories_a_command_imports_bring_no_pytest_or_httpx(tmp_path: Path) -> None:
+    """A ``focus`` command a test starts builds its model from ``fixtures.digits`` (the
+    ``model.factory`` of the pipeline tests): importing it must not pull in pytest or httpx,
+    which the command itself does not import (0.11-0.16 CPU-s a process, when the factories
+    lived in fixtures.prefect)."""
+    import fixtures.digits as digits
+    import fixtures.prefect as prefect
+
+    # the names the tests import from fixtures.prefect are these same objects
+    for name in ("DigitPolicy", "GatedPolicy", "FlakyCritic", "digit_policy", "gated_policy", "flaky_critic"):
+        assert getattr(prefect, name) is getattr(digits, name), name
+    code = "import sys, fixtures.digits; print(sorted({'pytest', 'httpx', '_pytest'} & set(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=base_env(tmp_path / "prefect"), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
