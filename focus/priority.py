@@ -293,6 +293,12 @@ class Priority(BaseModel, abc.ABC):
         ``parts``: its per-tree ``counts`` and ``rows``, if known."""
         return calibrate(trees, gamma=self.discount, truncation=self.truncation_rule, keep=keep, **parts)
 
+    def wave_share(self, branched: bool) -> float:
+        """The most of what is left of a continuation phase's budget one wave may plan,
+        while the collection has no checkpoint with two valid children (``branched``
+        False) and once it has: 1 (a wave is limited by ``Phase.wave_size`` alone)."""
+        return 1.0
+
     @abc.abstractmethod
     def __call__(self, node: NodeEvidence) -> float:
         """Score of continuing ``node`` once more; higher first."""
@@ -330,6 +336,15 @@ class Selective(Priority):
     """
 
     use_influence: bool = True
+    #: The most of what is left of a continuation phase's budget that one wave plans
+    #: while no checkpoint of the collection has two valid children (issue 31, h45w).
+    #: The noise model is then the unbranched rollouts' (``focus.noise``, the chain
+    #: model), whose split of a step's variance between the actions and the env is the
+    #: prior's half and whose split of the residuals' common part between the critic and
+    #: the last steps is a guess; the rest of the budget is planned on a fit that reads
+    #: the spreads this wave makes. 1: the first wave is limited by ``Phase.wave_size``
+    #: alone (before h45w). Measured: docs/algorithm.md, "The first wave".
+    first_wave: float = Field(0.5, gt=0.0, le=1.0)
     #: Count the critic targets' error beside the advantages' (issue 12 item 3: budget
     #: goes where a continuation reduces both), each relative to its level along an
     #: unbranched rollout (:attr:`Calibration.target_weight`).
@@ -347,6 +362,9 @@ class Selective(Priority):
     #: misses the noise model reads are not only those the ranking chose. Measured:
     #: docs/algorithm.md, "Exploration share".
     explore: float = Field(0.25, ge=0.0, le=1.0)
+
+    def wave_share(self, branched: bool) -> float:
+        return 1.0 if branched else self.first_wave
 
     def weight(self, node: NodeEvidence, m: int) -> float:
         """λ the estimator would give n with ``m`` like children

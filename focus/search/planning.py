@@ -296,7 +296,10 @@ class _Greedy:
         self.mean_leaf = state.mean_leaf_transitions(search)
         self.limit, fill = _limits(self.phase, self.mean_leaf, slots)
         self.refill = slots is not None
-        self.remaining = min(remaining, fill)
+        # before any spread the ranking's model is the unbranched rollouts' guess: a
+        # priority may keep part of the budget for a fit on the spreads this wave makes
+        share = search.wave_share(state.spread_count(len(state.waves)) > 0)
+        self.remaining = min(remaining * share if share < 1.0 else remaining, fill)
         self.jobs = 0
         self.planned = 0.0
         self._heap: list[tuple[float, float, int, int, int]] | None = None
