@@ -294,9 +294,10 @@ class Priority(BaseModel, abc.ABC):
         return calibrate(trees, gamma=self.discount, truncation=self.truncation_rule, keep=keep, **parts)
 
     def wave_share(self, branched: bool) -> float:
-        """The most of what is left of a continuation phase's budget one wave may plan,
-        while the collection has no checkpoint with two valid children (``branched``
-        False) and once it has: 1 (a wave is limited by ``Phase.wave_size`` alone)."""
+        """The most of what is left of a continuation phase's budget one wave may plan:
+        ``branched`` is False while no continuation wave has been grafted and the
+        evidence has no checkpoint with two valid children (the noise model is the
+        unbranched rollouts'). 1: a wave is limited by ``Phase.wave_size`` alone."""
         return 1.0
 
     @abc.abstractmethod
@@ -337,7 +338,8 @@ class Selective(Priority):
 
     use_influence: bool = True
     #: The most of what is left of a continuation phase's budget that one wave plans
-    #: while no checkpoint of the collection has two valid children (issue 31, h45w).
+    #: while no checkpoint of the collection has two valid children (no continuation
+    #: grafted yet, and one evidence rollout per task or none; issue 31, h45w).
     #: The noise model is then the unbranched rollouts' (``focus.noise``, the chain
     #: model), whose split of a step's variance between the actions and the env is the
     #: prior's half and whose split of the residuals' common part between the critic and
