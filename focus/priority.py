@@ -297,7 +297,10 @@ class Priority(BaseModel, abc.ABC):
         """The most of what is left of a continuation phase's budget one wave may plan:
         ``branched`` is False while no continuation wave has been grafted and the
         evidence has no checkpoint with two valid children (the noise model is the
-        unbranched rollouts'). 1: a wave is limited by ``Phase.wave_size`` alone."""
+        unbranched rollouts'). 1 (every priority of the library): a wave is limited by
+        ``Phase.wave_size`` alone. A benchmark-only hedge keeps part of the budget for a
+        fit on spreads (``benchmarks.hedges``, docs/findings/estimator-issue31.md, "The
+        first wave")."""
         return 1.0
 
     @abc.abstractmethod
@@ -337,16 +340,6 @@ class Selective(Priority):
     """
 
     use_influence: bool = True
-    #: The most of what is left of a continuation phase's budget that one wave plans
-    #: while no checkpoint of the collection has two valid children (no continuation
-    #: grafted yet, and one evidence rollout per task or none; issue 31, h45w).
-    #: The noise model is then the unbranched rollouts' (``focus.noise``, the chain
-    #: model), whose split of a step's variance between the actions and the env is the
-    #: prior's half and whose split of the residuals' common part between the critic and
-    #: the last steps is a guess; the rest of the budget is planned on a fit that reads
-    #: the spreads this wave makes. 1: the first wave is limited by ``Phase.wave_size``
-    #: alone (before h45w). Measured: docs/algorithm.md, "The first wave".
-    first_wave: float = Field(0.5, gt=0.0, le=1.0)
     #: Count the critic targets' error beside the advantages' (issue 12 item 3: budget
     #: goes where a continuation reduces both), each relative to its level along an
     #: unbranched rollout (:attr:`Calibration.target_weight`).
@@ -364,9 +357,6 @@ class Selective(Priority):
     #: misses the noise model reads are not only those the ranking chose. Measured:
     #: docs/algorithm.md, "Exploration share".
     explore: float = Field(0.25, ge=0.0, le=1.0)
-
-    def wave_share(self, branched: bool) -> float:
-        return 1.0 if branched else self.first_wave
 
     def weight(self, node: NodeEvidence, m: int) -> float:
         """λ the estimator would give n with ``m`` like children

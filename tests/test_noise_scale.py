@@ -39,10 +39,7 @@ def _batch_advantages(c: float) -> list[float]:
     moved most), every reward times ``c``; the advantages divided by ``c``."""
     mdps = [_scaled(critical_decision(i), c) for i in range(6)]
     agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=8)
-    # first_wave=1: the plan this test was written on (with the default's half first
-    # wave, this seed's batch has no advantage away from 0, and nothing to compare)
-    phases = (Phase("evidence", rollouts_per_task=1), Phase("continue", transitions=36))
-    search = Selective(phases=phases, first_wave=1.0)
+    search = Selective(phases=(Phase("evidence", rollouts_per_task=1), Phase("continue", transitions=36)))
     col = Collector(
         agent,
         search,

@@ -122,22 +122,29 @@ def test_a_wave_holds_wave_size_half_rollouts_of_transitions() -> None:
     assert len(plan_wave(state, by_jobs, 1, 0).jobs) == cont.wave_size
 
 
+class _HalfFirst(Selective):
+    """A priority that keeps half of what is left of a phase while nothing is branched."""
+
+    def wave_share(self, branched: bool) -> float:
+        return 1.0 if branched else 0.5
+
+
 @pytest.mark.parametrize("evidence", [1, 2])
-def test_a_wave_planned_before_any_spread_keeps_half_of_the_budget(evidence: int) -> None:
-    """Before any checkpoint has two children (one evidence rollout per task) the noise
-    model is the unbranched rollouts' guess: Selective's first wave plans half of what
-    is left of the phase (``first_wave``), so the rest is ranked on a fit that reads the
-    spreads it makes. With two evidence rollouts (the roots branched) and for uniform
-    branching, or ``first_wave=1``, a wave larger than the budget plans all of it."""
+def test_a_wave_planned_before_any_spread_takes_the_priority_s_share_of_the_budget(evidence: int) -> None:
+    """``Priority.wave_share``: before any checkpoint has two children (one evidence
+    rollout per task, no continuation grafted) the planner asks the priority how much of
+    what is left of the phase one wave may plan (the hook benchmarks.hedges'
+    ``selective_halffirst`` uses). The library's priorities answer 1: a wave larger than
+    the budget plans all of it; so does every priority once the roots are branched."""
     col, tasks = collection("selective", 0)
     budget = 60
     phases = (Phase("evidence", rollouts_per_task=evidence), Phase("continue", transitions=budget, wave_size=10**4))
-    sel = Selective(phases=phases).resolved(col.estimator)
-    col.priority = sel
+    half = _HalfFirst(phases=phases).resolved(col.estimator)
+    col.priority = half
     state = run(col.run_evidence(tasks))
     assert (state.spread_count(len(state.waves)) > 0) == (evidence == 2)
-    shares = ((sel, 0.5 if evidence == 1 else 1.0), (Uniform(phases=phases).resolved(col.estimator), 1.0))
-    for search, share in (*shares, (sel.model_copy(update={"first_wave": 1.0}), 1.0)):
+    shares = ((half, 0.5 if evidence == 1 else 1.0), (Uniform(phases=phases).resolved(col.estimator), 1.0))
+    for search, share in (*shares, (Selective(phases=phases).resolved(col.estimator), 1.0)):
         plan = plan_wave(state, search, 1, 0)
         assert sum(plan.expected[:-1]) < share * budget <= sum(plan.expected)
 
