@@ -10,6 +10,9 @@ a library default; ``benchmarks.estimator_quality --methods`` takes their names.
 * ``selective_unifirst_w8``: the same with continuation waves half the default size
   (``Phase.wave_size`` 8), so that at 2H, where a default wave is the whole budget, the
   second half is ranked on a model fitted on the first half's spreads.
+* ``selective_halffirst``: :class:`HalfFirst`, a wave planned before any spread
+  (:meth:`focus.priority.Priority.wave_share`) takes half of what is left of the phase,
+  so at 2H the rest is ranked on a fit that reads the spreads it made (h45w).
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ from focus.priority import Phase, Selective
 from focus.search.shape import tree_spreads
 from focus.tree import Edge, Tree
 
-HEDGE_METHODS = ("selective_explore50", "selective_explore100", "selective_unifirst", "selective_unifirst_w8")
+HEDGE_METHODS = (
+    "selective_explore50",
+    "selective_explore100",
+    "selective_unifirst",
+    "selective_unifirst_w8",
+    "selective_halffirst",
+)
 
 
 def branched_below_root(trees: Sequence[Tree], keep: Callable[[Tree, Edge], bool] | None = None) -> bool:
@@ -55,6 +64,15 @@ class UniformFirst(Selective):
         return dataclasses.replace(c, noise=NoiseModel.unknown(c.noise.residuals))
 
 
+class HalfFirst(Selective):
+    """Selective whose waves planned before any spread (one evidence rollout per task,
+    no continuation grafted) take half of what is left of the phase: the rest is
+    ranked on a fit that reads the spreads they made."""
+
+    def wave_share(self, branched: bool) -> float:
+        return 1.0 if branched else 0.5
+
+
 def hedge_search(method: str, phases: tuple[Phase, ...]) -> Selective:
     """The search of one of :data:`HEDGE_METHODS` over ``phases``."""
     if method == "selective_explore50":
@@ -65,4 +83,6 @@ def hedge_search(method: str, phases: tuple[Phase, ...]) -> Selective:
         return UniformFirst(phases=phases)
     if method == "selective_unifirst_w8":
         return UniformFirst(phases=(*phases[:-1], phases[-1].model_copy(update={"wave_size": 8})))
+    if method == "selective_halffirst":
+        return HalfFirst(phases=phases)
     raise ValueError(f"unknown hedge method {method!r} (known: {', '.join(HEDGE_METHODS)})")

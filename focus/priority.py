@@ -297,6 +297,16 @@ class Priority(BaseModel, abc.ABC):
         ``parts``: its per-tree ``counts`` and ``rows``, if known."""
         return calibrate(trees, gamma=self.discount, truncation=self.truncation_rule, keep=keep, **parts)
 
+    def wave_share(self, branched: bool) -> float:
+        """The most of what is left of a continuation phase's budget one wave may plan:
+        ``branched`` is False while no continuation wave has been grafted and the
+        evidence has no checkpoint with two valid children (the noise model is the
+        unbranched rollouts'). 1 (every priority of the library): a wave is limited by
+        ``Phase.wave_size`` alone. A benchmark-only hedge keeps part of the budget for a
+        fit on spreads (``benchmarks.hedges``, docs/findings/estimator-issue31.md, "The
+        first wave")."""
+        return 1.0
+
     @abc.abstractmethod
     def __call__(self, node: NodeEvidence) -> float:
         """Score of continuing ``node`` once more; higher first."""

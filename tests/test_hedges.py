@@ -10,7 +10,7 @@ import math
 import pytest
 
 from benchmarks.estimator_quality import make_search, parse_args, run_one, search_state
-from benchmarks.hedges import HEDGE_METHODS, UniformFirst, branched_below_root, hedge_search
+from benchmarks.hedges import HEDGE_METHODS, HalfFirst, UniformFirst, branched_below_root, hedge_search
 from focus.priority import Phase, Selective
 
 KEYS = ("adv_mse", "target_mse", "transitions", "tokens")
@@ -65,5 +65,17 @@ def test_the_hedges_are_named_methods_of_the_benchmark() -> None:
     assert type(make_search("selective_unifirst", 1, 10)[0]) is UniformFirst
     halved = hedge_search("selective_unifirst_w8", phases)
     assert type(halved) is UniformFirst and halved.phases[-1].wave_size == 8 and halved.phases[0] == phases[0]
+    assert type(hedge_search("selective_halffirst", phases)) is HalfFirst
     with pytest.raises(ValueError, match="unknown hedge"):
         hedge_search("selective_nothing", phases)
+
+
+def test_halffirst_plans_a_second_wave_at_2h_where_selective_plans_one() -> None:
+    """At 2H the default continuation wave covers the whole budget; a wave planned before
+    any spread that takes half of what is left leaves a second one."""
+    waves = {}
+    for method in ("selective", "selective_halffirst"):
+        _, state, *_ = search_state(("critical", 6, 2, "noise_1", method, 0))
+        waves[method] = state.waves_done(1)
+    assert waves["selective"] == 1
+    assert waves["selective_halffirst"] == 2

@@ -122,6 +122,33 @@ def test_a_wave_holds_wave_size_half_rollouts_of_transitions() -> None:
     assert len(plan_wave(state, by_jobs, 1, 0).jobs) == cont.wave_size
 
 
+class _HalfFirst(Selective):
+    """A priority that keeps half of what is left of a phase while nothing is branched."""
+
+    def wave_share(self, branched: bool) -> float:
+        return 1.0 if branched else 0.5
+
+
+@pytest.mark.parametrize("evidence", [1, 2])
+def test_a_wave_planned_before_any_spread_takes_the_priority_s_share_of_the_budget(evidence: int) -> None:
+    """``Priority.wave_share``: before any checkpoint has two children (one evidence
+    rollout per task, no continuation grafted) the planner asks the priority how much of
+    what is left of the phase one wave may plan (the hook benchmarks.hedges'
+    ``selective_halffirst`` uses). The library's priorities answer 1: a wave larger than
+    the budget plans all of it; so does every priority once the roots are branched."""
+    col, tasks = collection("selective", 0)
+    budget = 60
+    phases = (Phase("evidence", rollouts_per_task=evidence), Phase("continue", transitions=budget, wave_size=10**4))
+    half = _HalfFirst(phases=phases).resolved(col.estimator)
+    col.priority = half
+    state = run(col.run_evidence(tasks))
+    assert (state.spread_count(len(state.waves)) > 0) == (evidence == 2)
+    shares = ((half, 0.5 if evidence == 1 else 1.0), (Uniform(phases=phases).resolved(col.estimator), 1.0))
+    for search, share in (*shares, (Selective(phases=phases).resolved(col.estimator), 1.0)):
+        plan = plan_wave(state, search, 1, 0)
+        assert sum(plan.expected[:-1]) < share * budget <= sum(plan.expected)
+
+
 def test_a_state_prints_as_a_summary_not_its_trees() -> None:
     """The dataclass's repr printed every tree (megabytes at 100k transitions), and
     asyncio.run on Python 3.11 formats its main coroutine's result: every benchmark and

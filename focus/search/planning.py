@@ -242,6 +242,15 @@ def wave_limits(phase: Phase, calib: Calibration, slots: int | None = None) -> t
     return _limits(phase, calib.mean_leaf_transitions, slots)
 
 
+def _branched(state: SearchState) -> bool:
+    """Whether the next wave is planned on a fit that may read spreads: a continuation
+    wave has been grafted, or the evidence (the first wave) has a checkpoint with two
+    valid children. Counted on the first wave alone, a count cached once and carried to
+    successor states, so a plan off a refit does not read every tree for it."""
+    n = len(state.waves)
+    return n > 1 or (n == 1 and state.spread_count(1) > 0)
+
+
 def _limits(phase: Phase, mean_leaf_transitions: float, slots: int | None) -> tuple[int, float]:
     """:func:`wave_limits` from the calibration's mean rollout length alone."""
     if phase.wave_unit == "jobs":
@@ -297,7 +306,10 @@ class _Greedy:
         self.mean_leaf = state.mean_leaf_transitions(search)
         self.limit, fill = _limits(self.phase, self.mean_leaf, slots)
         self.refill = slots is not None
-        self.remaining = min(remaining, fill)
+        # before any spread the ranking's model is the unbranched rollouts' guess: a
+        # priority may keep part of the budget for a fit on the spreads this wave makes
+        share = search.wave_share(_branched(state))
+        self.remaining = min(remaining * share if share < 1.0 else remaining, fill)
         self.jobs = 0
         self.planned = 0.0
         self._heap: list[tuple[float, float, int, int, int]] | None = None
