@@ -463,10 +463,9 @@ def _chain_model(recs: list[Checkpoint], residuals: int, bases: Sequence[int]) -
     child): each residual ``(v̂ − Q̄)²`` has expectation ``t·(1 + β) + Σ_d α(d)·s(d)``
     (the critic's error plus the one-rollout return's variance below). Its depth
     profile tells s from t only through the prior that neighbouring depths are alike
-    (the return's variance grows as the rollout has more steps to go), except for the
-    part every residual shares, which is split halfway (:func:`_chain_fit`, t free and
-    t = 0). ν is the prior's s/2: nothing tells the actions from the env's randomness
-    without siblings."""
+    (the return's variance grows as the rollout has more steps to go; the part that
+    does not is the critic's). ν is the prior's s/2: nothing tells the actions from the
+    env's randomness without siblings."""
     res_ix = [i for i, r in enumerate(recs) if r.d2 is not None]
     if not res_ix:
         return NoiseModel.unknown(residuals)
@@ -480,25 +479,6 @@ def _chain_model(recs: list[Checkpoint], residuals: int, bases: Sequence[int]) -
     alpha, beta, _ = coefficients(recs, nd, bases)
     design = np.hstack([alpha[res_ix], (1.0 + beta[res_ix])[:, None]])
     ys = np.array([recs[i].d2 for i in res_ix], dtype=np.float64)
-    # Every residual includes the critic's error and the variance of the steps every
-    # rollout takes (all of them, where rollouts end at one depth: the last step), so
-    # the residuals cannot divide that common part between the two: a fit with t free
-    # gives it all to t (the depth prior makes a spike in s cost, t costs nothing), one
-    # with t = 0 all to the last steps. Planned on, the first reads a last step that is
-    # an env coin as quiet and cheap to branch (issue 31, h45w: funnel/2H 2.4x
-    # uniform), the second reads a noisy critic as outcome noise. Their midpoint is the
-    # mean of the split under a flat prior along it.
-    x = (_chain_fit(design, ys, nd, True) + _chain_fit(design, ys, nd, False)) / 2
-    s = tuple(_sig6(v) for v in x[:nd])
-    return NoiseModel(s, _sig6(x[nd]), tuple(_sig6(v / 2) for v in s), residuals, 0, 0)
-
-
-def _chain_fit(design: np.ndarray, ys: np.ndarray, nd: int, critic: bool) -> np.ndarray:
-    """:func:`_chain_model`'s least squares for (s, t) ≥ 0 with the depth prior, t free
-    (``critic``) or held at 0."""
-    if not critic:
-        design = design.copy()
-        design[:, nd] = 0.0
     centre = np.zeros((nd + 1, nd + 1))
     centre[:nd, :nd] = _depth_walk(nd)
     # Every residual weighs the same (one degree of freedom each, as the spreads of the
@@ -514,6 +494,6 @@ def _chain_fit(design: np.ndarray, ys: np.ndarray, nd: int, critic: bool) -> np.
     unit = float(np.median(np.diag(mat)[:nd][has] / touching[has])) if has.any() else 1.0
     mat = mat + _DEPTH_PRIOR_DOF * unit * centre
     mat += 1e-9 * float(np.trace(mat)) / len(mat) * np.eye(len(mat))
-    if not critic:
-        mat[nd, nd] += 1.0  # t's column is empty: its row only holds t at 0
-    return _nnls(mat, rhs)
+    x = _nnls(mat, rhs)
+    s = tuple(_sig6(v) for v in x[:nd])
+    return NoiseModel(s, _sig6(x[nd]), tuple(_sig6(v / 2) for v in s), residuals, 0, 0)

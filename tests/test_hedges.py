@@ -10,8 +10,19 @@ import math
 import pytest
 
 from benchmarks.estimator_quality import make_search, parse_args, run_one, search_state
-from benchmarks.hedges import HEDGE_METHODS, HalfFirst, UniformFirst, branched_below_root, hedge_search
+from benchmarks.hedges import (
+    HEDGE_METHODS,
+    ChainMid,
+    ChainMidHalf,
+    HalfFirst,
+    UniformFirst,
+    branched_below_root,
+    chain_midpoint,
+    hedge_search,
+)
+from focus.noise import noise_model
 from focus.priority import Phase, Selective
+from focus.tree import Tree, Turn
 
 KEYS = ("adv_mse", "target_mse", "transitions", "tokens")
 
@@ -66,16 +77,53 @@ def test_the_hedges_are_named_methods_of_the_benchmark() -> None:
     halved = hedge_search("selective_unifirst_w8", phases)
     assert type(halved) is UniformFirst and halved.phases[-1].wave_size == 8 and halved.phases[0] == phases[0]
     assert type(hedge_search("selective_halffirst", phases)) is HalfFirst
+    assert type(hedge_search("selective_chainmid", phases)) is ChainMid
+    assert type(hedge_search("selective_chainmid_half", phases)) is ChainMidHalf
     with pytest.raises(ValueError, match="unknown hedge"):
         hedge_search("selective_nothing", phases)
+
+
+def _coin_at_the_end(n: int) -> list[Tree]:
+    """``n`` unbranched rollouts of 8 steps: seven rewards of variance 0.001, a last one
+    of ±0.45 (an env coin, variance 0.2025), a critic nearly exact (seeded)."""
+    import random
+
+    rng = random.Random(1)
+    trees = []
+    for i in range(n):
+        t = Tree.new(f"c{i}", None, (1,))
+        node = t.root
+        for step in range(1, 9):
+            node.value = rng.gauss(0.0, 0.001)
+            reward = rng.choice((-0.45, 0.45)) if step == 8 else rng.gauss(0.0, 0.001**0.5)
+            turn = Turn((1,), (5, 5), (-0.5, -0.5), 1, "stop", reward=reward, transition=True)
+            node = t.add_node(node.id, (turn,), "terminal" if step == 8 else "checkpoint", steps=step)
+        trees.append(t)
+    return trees
+
+
+def test_the_chain_midpoint_splits_a_last_step_coin_the_library_gives_to_the_critic() -> None:
+    """Every unbranched residual holds the last step's variance as it holds the critic's
+    error: the library's fit (t free) gives a last-step coin of 0.2 all to t (s(7)
+    0.002); the midpoint of that fit and the t = 0 one splits it (t about 0.10, s(7)
+    about 0.09), the total kept."""
+    trees = _coin_at_the_end(60)
+    lib = noise_model(trees)
+    mid = chain_midpoint(trees, 1.0, "bootstrap", None)
+    assert mid is not None and lib.spreads == 0
+    assert lib.critic_var > 0.18 and lib.step_var(7) < 0.01
+    assert mid.critic_var < 0.15 and mid.step_var(7) > 0.05
+    total = lambda m: m.critic_var + sum(m.step_var(d) for d in range(8))  # noqa: E731
+    assert total(mid) == pytest.approx(total(lib), rel=0.15)
+    assert mid.noise_var(7) == pytest.approx(mid.step_var(7) / 2, rel=1e-5)
 
 
 def test_halffirst_plans_a_second_wave_at_2h_where_selective_plans_one() -> None:
     """At 2H the default continuation wave covers the whole budget; a wave planned before
     any spread that takes half of what is left leaves a second one."""
     waves = {}
-    for method in ("selective", "selective_halffirst"):
+    for method in ("selective", "selective_halffirst", "selective_chainmid_half"):
         _, state, *_ = search_state(("critical", 6, 2, "noise_1", method, 0))
         waves[method] = state.waves_done(1)
     assert waves["selective"] == 1
-    assert waves["selective_halffirst"] == 2
+    assert waves["selective_halffirst"] == waves["selective_chainmid_half"] == 2
