@@ -15,6 +15,10 @@ a library default; ``benchmarks.estimator_quality --methods`` takes their names.
 * ``selective_chainmid``: :class:`ChainMid`, the unbranched (chain) noise model with the
   residuals' common part split halfway between the critic and the last steps
   (:func:`chain_midpoint`); ``selective_chainmid_half``: both (h45w's candidate).
+* ``selective_depthshare3``: ``Selective(depth_share=3)``, the library's bound on one
+  depth's share of a phase's continuations at 3x its uniform share (off by default;
+  h45c measured it); ``selective_chainmid_depthshare3``: that bound with
+  :class:`ChainMid`'s first-wave fit (the 2H and 6H fixes together).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ HEDGE_METHODS = (
     "selective_halffirst",
     "selective_chainmid",
     "selective_chainmid_half",
+    "selective_depthshare3",
+    "selective_chainmid_depthshare3",
 )
 
 
@@ -156,4 +162,8 @@ def hedge_search(method: str, phases: tuple[Phase, ...]) -> Selective:
         return ChainMid(phases=phases)
     if method == "selective_chainmid_half":
         return ChainMidHalf(phases=phases)
+    if method == "selective_depthshare3":
+        return Selective(phases=phases, depth_share=3.0)
+    if method == "selective_chainmid_depthshare3":
+        return ChainMid(phases=phases, depth_share=3.0)
     raise ValueError(f"unknown hedge method {method!r} (known: {', '.join(HEDGE_METHODS)})")
