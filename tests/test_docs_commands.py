@@ -150,6 +150,11 @@ COMMANDS: dict[str, Check] = {
     "selective_explore100,selective_unifirst,selective_unifirst_w8 --seeds 2 --jobs 1": Check(
         "parse", "the hedges on the project's families, reduced: about 15 minutes on 2 loaded cores"
     ),
+    ".venv/bin/python -m benchmarks.estimator_quality --families uniform,critical,long,slippery,forage,project,timing,subtle "
+    "--critics exact,noise_1,noise_3,constant --budgets 2,6 --methods uniform,selective,selective_depthshare3,"
+    "selective_chainmid_depthshare3 --seeds 2 --jobs 1": Check(
+        "parse", "the depth-share hedges on the project's families at 2H and 6H: about 2 minutes on 2 cores"
+    ),
     ".venv/bin/python -m benchmarks.allocation_bound --seeds 8 --jobs 2 --json runs/allocation_bound.json": Check(
         "parse", "4,224 collections: 29 minutes on 2 loaded cores"
     ),
