@@ -17,6 +17,7 @@ from focus.execution import Execution
 from focus.priority import Phase, Selective, Uniform
 from focus.search import SearchState, plan_wave
 from focus.search.depth_share import DepthShare, phase_starts, uniform_shares
+from focus.search.heads import plan_index
 from focus.synthetic import FAMILIES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
 from focus.testing import run
 
@@ -111,5 +112,45 @@ def test_the_phase_starts_count_the_pending_continuations() -> None:
 
 def test_only_selective_bounds_by_default() -> None:
     assert Uniform().depth_share_bound() == 0.0
+    assert Selective().depth_share_bound() == 3.0  # the default (docs/algorithm.md, "Depth share")
     assert Selective(depth_share=2.5).depth_share_bound() == 2.5
     assert Selective(depth_share=0).depth_share_bound() == 0.0
+
+
+def counted_over_every_tree(state: SearchState) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int]]:
+    """The plan index's depth counts by a pass over every tree: the reference."""
+    open_: collections.Counter[tuple[int, int]] = collections.Counter()
+    starts: collections.Counter[tuple[int, int]] = collections.Counter()
+    for tree in state.trees:
+        open_.update((tree.nodes[n].depth, len(tree.nodes[n].children)) for n in tree.states)
+        starts.update((r.phase, tree.nodes[r.node].depth) for r in tree.log)
+    return dict(open_), dict(starts)
+
+
+def test_the_depth_counts_kept_wave_by_wave_are_those_of_every_tree() -> None:
+    # the plan index brings its counts up to date from the trees each wave changed
+    # (focus.search.heads.PlanIndex.depth_counts); they must equal a pass over all trees
+    search, state = evidence("forage", 3.0, budget=6.0)
+    fam = FAMILIES["forage"]
+    mdps = [fam.make(i) for i in range(6)]
+    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=fam.horizon + 2)
+    col = Collector(
+        agent,
+        search,
+        SyntheticCritic(mdps, 0.0, gamma=fam.gamma),
+        DirectBranchTd(gamma=fam.gamma),
+        Execution(max_concurrency=4),
+        collection_id="d",
+        seed=0,
+    )
+    waves = 0
+    for wave in range(50):
+        plan = col.plan_wave(state, 1, wave)
+        if plan.empty:
+            break
+        assert plan_index(state).depth_counts(state) == counted_over_every_tree(state)
+        state = run(col.run_wave(state, plan))
+        waves += 1
+    assert waves >= 2
+    assert plan_index(state).depth_counts(state) == counted_over_every_tree(state)
+    assert phase_starts(state, 1, {}) == {d: n for (p, d), n in counted_over_every_tree(state)[1].items() if p == 1}

@@ -83,6 +83,8 @@ def test_the_hedges_are_named_methods_of_the_benchmark() -> None:
     assert type(bounded) is Selective and bounded.depth_share_bound() == 3.0
     both = hedge_search("selective_chainmid_depthshare3", phases)
     assert type(both) is ChainMid and both.depth_share_bound() == 3.0
+    unbounded = hedge_search("selective_nobound", phases)
+    assert type(unbounded) is Selective and unbounded.depth_share_bound() == 0.0
     with pytest.raises(ValueError, match="unknown hedge"):
         hedge_search("selective_nothing", phases)
 
@@ -90,8 +92,8 @@ def test_the_hedges_are_named_methods_of_the_benchmark() -> None:
 def test_the_depth_share_hedge_collects_another_batch_where_selective_concentrates() -> None:
     # long/6H: selective starts most continuations at the last depths; the bound spreads them
     job = ("long", 3, 6, "noise_1", "{}", 1)
-    selective, bounded = (run_one(job[:4] + (m,) + job[5:]) for m in ("selective", "selective_depthshare3"))
-    assert bounded["adv_mse"] != selective["adv_mse"]
+    unbounded, bounded = (run_one(job[:4] + (m,) + job[5:]) for m in ("selective_nobound", "selective"))
+    assert bounded["adv_mse"] != unbounded["adv_mse"]
 
 
 def _coin_at_the_end(n: int) -> list[Tree]:

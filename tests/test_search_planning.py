@@ -89,9 +89,9 @@ def digest(batch) -> str:  # type: ignore[no-untyped-def]
 PINNED = {
     ("grpo", 0): ("ab80e8e291288554", 232, 208),
     ("grpo", 1): ("2b39ebd36a704827", 234, 212),
-    ("selective", 0): ("20485b8802288702", 343, 272),
-    ("selective", 1): ("03990c109b956168", 342, 188),
-    ("selective_jobs", 0): ("7950a5fa15a40b6a", 343, 228),
+    ("selective", 0): ("2629e78a3f3a7727", 343, 269),
+    ("selective", 1): ("b2a3c9c5768331c3", 342, 210),
+    ("selective_jobs", 0): ("3f0ae3bfdc41c751", 342, 246),
     ("uniform", 0): ("4ec6b78f9286f22a", 282, 238),
     ("uniform", 1): ("067a9a2a4c6360e8", 285, 238),
 }

@@ -1,5 +1,6 @@
 """A tree's shape facts grown graft by graft (focus.search.shape) equal those computed
-over the whole tree: spreads, counts per truncation rule, exploration draws."""
+over the whole tree: spreads, counts per truncation rule, exploration draws, the
+depth-share bound's counts."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import random
 
 import pytest
 
+from focus.agent import CONTEXT_LIMIT
 from focus.search.shape import known_shape, shape_fact
 from focus.search.state import copy_tree
-from focus.tree import Tree, Turn
+from focus.tree import RolloutRecord, Tree, Turn
+from focus.usage import Usage
 
-KEYS = ("spreads", "draws", "bootstrap", "terminal")
+KEYS = ("spreads", "draws", "bootstrap", "terminal", "depths")
 
 
 def _turn(rng: random.Random) -> Turn:
@@ -21,19 +24,26 @@ def _turn(rng: random.Random) -> Turn:
 
 def _graft(tree: Tree, rng: random.Random) -> Tree:
     """A copy of ``tree`` with a few rollouts added below its continuable checkpoints
-    (as grafting adds them: a chain of checkpoints ending in a leaf of any kind, the
-    first checkpoint's branch state dropped now and then, as at a context limit)."""
+    (as grafting adds them: a chain of checkpoints ending in a leaf of any kind, now
+    and then a turnless context-limit leaf that takes its parent's branch state, and a
+    log record per rollout)."""
     tree = copy_tree(tree)
     for _ in range(rng.randint(1, 3)):
-        parent = rng.choice(sorted(tree.states))
-        start = parent
+        if not tree.states:
+            break
+        parent = start = rng.choice(sorted(tree.states))
         for _ in range(rng.randint(0, 2)):
             parent = tree.add_node(parent, (_turn(rng),), "checkpoint", steps=1).id
             tree.states[parent] = object()
-        kind = rng.choice(("terminal", "truncated", "failed"))
-        tree.add_node(parent, (_turn(rng),) * rng.randint(0, 2), kind, steps=1)
-        if rng.random() < 0.1 and len(tree.states) > 1:
-            tree.states.pop(start, None)
+        if rng.random() < 0.15:  # the checkpoint's next prompt does not fit the model
+            tree.add_node(parent, (), "truncated", steps=1, cause=CONTEXT_LIMIT)
+            tree.states.pop(parent, None)
+        else:
+            kind = rng.choice(("terminal", "truncated", "failed"))
+            tree.add_node(parent, (_turn(rng),) * rng.randint(0, 2), kind, steps=1)
+        phase = rng.randint(0, 2)
+        tree.log.append(RolloutRecord(tree.rollouts, phase, "p", 0, start, 0, 0, False, None, "x", 0.0, 0.0, Usage()))
+        tree.rollouts += 1
     return tree
 
 

@@ -4,7 +4,9 @@ the same jobs, in the same order, as the greedy choice over every checkpoint's v
 
 from __future__ import annotations
 
+import collections
 import heapq
+from typing import Any
 
 import pytest
 
@@ -15,7 +17,7 @@ from focus.collector import Collector
 from focus.env import Task
 from focus.estimation import DirectBranchTd
 from focus.execution import Execution
-from focus.priority import Phase, Selective, explores
+from focus.priority import EXPLORE, Phase, Selective, explores
 from focus.ranking import entry
 from focus.search import SearchState, plan_begin, plan_choose, plan_chosen, plan_next, plan_rank
 from focus.search.planning import wave_limits
@@ -70,11 +72,37 @@ def reference_wave(state: SearchState, search: Selective, phase_index: int) -> l
                 views[(ti, node.id)] = ev
                 heap.append(entry(search, state.seed, ev))
     heapq.heapify(heap)
+    # the depth-share bound (Selective.depth_share): a depth's continuations of the phase
+    # stay within factor x its share of the eligible checkpoints x (N + 1), plus one;
+    # exploration picks are counted, never held; where only held ones are left, they go
+    # in rank order
+    factor = search.depth_share_bound()
+    eligible = collections.Counter(
+        tree.nodes[n].depth
+        for tree in state.trees
+        for n in tree.states
+        if tree.nodes[n].depth <= phase.max_depth and len(tree.nodes[n].children) < phase.max_branches
+    )
+    starts = collections.Counter(
+        tree.nodes[r.node].depth for tree in state.trees for r in tree.log if r.phase == phase_index
+    )
+    for (ti, nid), n in pending.items():
+        starts[state.trees[ti].nodes[nid].depth] += n
+    held: list[Any] = []
     out: list[tuple[int, int, int, float]] = []
     planned = 0.0
-    while heap and len(out) < limit and planned < remaining:
+    while (heap or held) and len(out) < limit and planned < remaining:
+        if not heap:
+            heap, held, factor = held, [], 0.0
+            heapq.heapify(heap)
         _, _, ti, nid = heapq.heappop(heap)
         ev = views[(ti, nid)]
+        d, n = ev.depth, sum(starts.values())
+        if factor > 0 and search(ev) != EXPLORE:
+            if starts[d] + 1 > factor * eligible[d] / sum(eligible.values()) * (n + 1) + 1:
+                held.append(entry(search, state.seed, ev))
+                continue
+        starts[d] += 1
         out.append((ti, nid, ev.branches + ev.pending, ev.expected_transitions))
         planned += ev.expected_transitions
         ev = views[(ti, nid)] = ev.with_pending(ev.pending + 1)

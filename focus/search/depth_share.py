@@ -9,6 +9,9 @@ two). The planner's greedy choice (:class:`focus.search.planning._Greedy`) asks 
 times the share uniform branching would give it (its share of the eligible
 checkpoints), plus one continuation, of the phase's continuations so far; a
 checkpoint of a depth that is full leaves the wave (it is ranked again in the next).
+An exploration pick is counted but never held: those slots are drawn independently of
+the critic and of every outcome (``Selective.explore``), and a wave takes them first
+whether or not it ranks (the plan's lead takes them before any ranking).
 """
 
 from __future__ import annotations
@@ -16,35 +19,34 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from focus.priority import Phase
+from focus.search.heads import plan_index
 from focus.search.state import SearchState
 
 
 def uniform_shares(state: SearchState, phase: Phase) -> dict[int, float]:
     """Each depth's share of the checkpoints eligible for ``phase`` (a saved state, depth
     at most ``max_depth``, fewer than ``max_branches`` continuations): where uniform
-    branching would start a continuation, in expectation."""
+    branching would start a continuation, in expectation. Read from the plan index's
+    counts (:meth:`focus.search.heads.PlanIndex.depth_counts`), kept up to date from the
+    trees each wave changed: a pass over every tree's checkpoints at each wave cost
+    0.03 ms a transition at 100k transitions over 2,000 tasks (benchmarks/README.md)."""
     counts: dict[int, int] = {}
     deepest, most = phase.max_depth, phase.max_branches
-    for tree in state.trees:
-        nodes = tree.nodes
-        for nid in tree.states:
-            node = nodes[nid]
-            if node.depth <= deepest and len(node.children) < most:
-                counts[node.depth] = counts.get(node.depth, 0) + 1
+    for (depth, children), n in plan_index(state).depth_counts(state)[0].items():
+        if depth <= deepest and children < most:
+            counts[depth] = counts.get(depth, 0) + n
     total = sum(counts.values())
     return {d: c / total for d, c in counts.items()} if total else {}
 
 
 def phase_starts(state: SearchState, phase_index: int, pending: Mapping[tuple[int, int], int]) -> dict[int, int]:
     """The continuations of phase ``phase_index`` by the depth of their checkpoint: those
-    grafted (the trees' logs) and ``pending`` (planned or running, per checkpoint)."""
+    grafted (the trees' logs, through the plan index's counts) and ``pending`` (planned
+    or running, per checkpoint)."""
     starts: dict[int, int] = {}
-    for tree in state.trees:
-        nodes = tree.nodes
-        for rec in tree.log:
-            if rec.phase == phase_index:
-                d = nodes[rec.node].depth
-                starts[d] = starts.get(d, 0) + 1
+    for (phase, depth), n in plan_index(state).depth_counts(state)[1].items():
+        if phase == phase_index:
+            starts[depth] = starts.get(depth, 0) + n
     for (ti, nid), n in pending.items():
         d = state.trees[ti].nodes[nid].depth
         starts[d] = starts.get(d, 0) + n

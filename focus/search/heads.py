@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from focus.ranking import Entry
+from focus.search.shape import Depths, count
 
 if TYPE_CHECKING:
     from focus.priority import Calibration, Priority
@@ -48,7 +49,22 @@ class PlanIndex:
     ``unspent`` and ``unranked``: trees whose spent budget or ranking head may have
     moved since they were read (changed by a graft or a score, or new to the index)."""
 
-    __slots__ = ("trees", "spent", "totals", "unspent", "key", "head", "heads", "unranked", "unread", "open")
+    __slots__ = (
+        "trees",
+        "spent",
+        "totals",
+        "unspent",
+        "key",
+        "head",
+        "heads",
+        "unranked",
+        "unread",
+        "open",
+        "depths",
+        "open_at",
+        "started",
+        "undepthed",
+    )
 
     def __init__(self, trees: int) -> None:
         n = self.trees = trees
@@ -65,6 +81,12 @@ class PlanIndex:
         #: Trees with nodes the critic has not scored (as last read), and those to read again.
         self.open: set[int] = set()
         self.unread: set[int] = set(range(n))
+        #: Each tree's :attr:`focus.search.state._TreeFacts.depths` as last read, and their
+        #: sums: checkpoints by (depth, children) and rollouts by (phase, depth).
+        self.depths: list[Depths | None] = [None] * n
+        self.open_at: dict[tuple[int, int], int] = {}
+        self.started: dict[tuple[int, int], int] = {}
+        self.undepthed: set[int] = set(range(n))
 
     def moved(self, touched: Iterable[int]) -> PlanIndex:
         """This index for a successor state whose trees differ from its predecessor's at
@@ -75,6 +97,7 @@ class PlanIndex:
         self.unspent |= changed
         self.unranked |= changed
         self.unread |= changed
+        self.undepthed |= changed
         return self
 
     def spent_total(self, state: SearchState, phase_index: int) -> int:
@@ -91,6 +114,23 @@ class PlanIndex:
                 self.spent[ti] = now
             self.unspent.clear()
         return self.totals.get(phase_index, 0)
+
+    def depth_counts(self, state: SearchState) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int]]:
+        """Over every tree: checkpoints with a branch state by (depth, children), and
+        rollouts by (phase, depth they started at); what the depth-share bound reads
+        (``focus.search.depth_share``), brought up to date from the trees that changed
+        (integers, so the same counts as a pass over every tree)."""
+        if self.undepthed:
+            for ti in sorted(self.undepthed):
+                was, now = self.depths[ti], state.facts(ti).depths
+                if was is not None:
+                    _add(self.open_at, was[0], -1)
+                    _add(self.started, was[1], -1)
+                _add(self.open_at, now[0], 1)
+                _add(self.started, now[1], 1)
+                self.depths[ti] = now
+            self.undepthed.clear()
+        return self.open_at, self.started
 
     def holds(self, search: Priority, calibration: Calibration, seed: int, phase_index: int | None = None) -> bool:
         """Whether the heads are of rankings under this configuration, calibration and
@@ -150,6 +190,12 @@ class PlanIndex:
                     self.open.discard(ti)
             self.unread.clear()
         return sorted(self.open)
+
+
+def _add(totals: dict[tuple[int, int], int], counts: dict[tuple[int, int], int], sign: int) -> None:
+    """Add (``sign`` 1) or take away (-1) ``counts`` from ``totals``."""
+    for key, n in counts.items():
+        count(totals, key, sign * n)
 
 
 def plan_index(state: SearchState) -> PlanIndex:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from focus.calibration import Calibration
 from focus.node_view import subtree_length
-from focus.priority import NodeEvidence, Phase, Priority, exploration_rate, explores
+from focus.priority import EXPLORE, NodeEvidence, Phase, Priority, exploration_rate, explores
 from focus.ranking import Entry, entry, tie
 from focus.search.depth_share import DepthShare
 from focus.search.heads import PlanIndex, plan_index, spent
@@ -427,24 +427,26 @@ class _Greedy:
         if pos < len(r):
             heapq.heappush(heap, (*r[pos], pos))
 
-    def _next(self, heap: list[tuple[float, float, int, int, int]], at: int) -> tuple[int, int, int] | None:
+    def _next(self, heap: list[tuple[float, float, int, int, int]], at: int) -> tuple[Entry, int] | None:
         """Pop the smallest of the heap and the heads from ``at`` on (those of trees set
-        aside skipped), pushing its tree's next entry: (tree, node, where the heads go
-        on), or ``None`` where both are empty."""
+        aside skipped), pushing its tree's next entry: (the entry, where the heads go
+        on), or ``None`` where both are empty. The entry's key is its checkpoint's score
+        with what is pending counted (a ranking's entries are of checkpoints with nothing
+        pending; one taken is pushed again re-ranked)."""
         heads, aside = self._heads, self._aside
         n = len(heads)
         while at < n and heads[at][2] in aside:
             at += 1
         if heap and (at == n or heap[0] < heads[at]):
-            _, _, ti, nid, pos = heapq.heappop(heap)
+            key, tied, ti, nid, pos = heapq.heappop(heap)
             if pos >= 0:
                 self._push_next(heap, ti, pos + 1)
-            return ti, nid, at
+            return (key, tied, ti, nid), at
         if at == n:
             return None
-        _, _, ti, nid = heads[at]
-        self._push_next(heap, ti, 1)
-        return ti, nid, at + 1
+        head = heads[at]
+        self._push_next(heap, head[2], 1)
+        return head, at + 1
 
     def rest(self) -> Iterator[InFlight]:
         """The choice's jobs after :meth:`lead` (ranking first if :meth:`rank` was not called)."""
@@ -468,7 +470,14 @@ class _Greedy:
                 heapq.heapify(heap)
                 held = []
                 continue
-            ti, nid, at = popped
+            top, at = popped
+            ti, nid = top[2], top[3]
+            if share is not None:  # (an exploration pick, scored EXPLORE, is never held)
+                depth = state.trees[ti].nodes[nid].depth
+                if top[0] != -EXPLORE and not share.allows(depth):
+                    held.append((*top, -1))
+                    continue
+                share.take(depth)
             key = (ti, nid)
             ev = taken.get(key)
             if ev is None:
@@ -477,11 +486,6 @@ class _Greedy:
                 n = pending.get(key, 0)
                 if n != ev.pending:  # a ranking's views have none pending: mostly no copy to make
                     ev = ev.with_pending(n)
-            if share is not None:
-                if not share.allows(ev.depth):
-                    held.append((*entry(search, state.seed, ev), -1))
-                    continue
-                share.take(ev.depth)
             branch = ev.branches + ev.pending
             job = RolloutJob(ti, nid, rollout_seed(state.seed, ti, nid, branch), state.trees[ti].states[nid], branch)
             yield self._take(job, ev.expected_transitions)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from focus.agent import CONTEXT_LIMIT
 from focus.calibration import edge_counts, tree_counts
 from focus.priority import explore_draw
 from focus.tree import Edge, Tree
@@ -47,12 +48,76 @@ def tree_draws(tree: Tree, index: int, nodes: Iterable[int] | None = None) -> li
     return out
 
 
+#: What the depth-share bound reads of one tree: checkpoints with a branch state by
+#: (depth, children), rollouts by (phase, depth they started at), and the log's length.
+Depths = tuple[dict[tuple[int, int], int], dict[tuple[int, int], int], int]
+
+
+def tree_depths(tree: Tree) -> Depths:
+    """One tree's :data:`Depths` (``focus.search.depth_share``), over the whole tree."""
+    nodes = tree.nodes
+    open_: dict[tuple[int, int], int] = {}
+    for nid in tree.states:
+        node = nodes[nid]
+        count(open_, (node.depth, len(node.children)), 1)
+    starts: dict[tuple[int, int], int] = {}
+    for rec in tree.log:
+        count(starts, (rec.phase, nodes[rec.node].depth), 1)
+    return open_, starts, len(tree.log)
+
+
+def _grown_depths(tree: Tree, was: Depths, first: int, old_nodes: int) -> Depths:
+    """:func:`tree_depths` of ``tree`` from an earlier form's (``first`` edges and
+    ``old_nodes`` nodes): a graft adds nodes, edges and log records, and changes an old
+    checkpoint only by giving it children, and its branch state is taken only where a
+    new child is a turnless context-limit leaf (``focus.search.grafting``)."""
+    nodes, edges, states = tree.nodes, tree.edges, tree.states
+    open_, starts = dict(was[0]), dict(was[1])
+    for p in {edges[i].parent for i in range(first, len(edges))}:
+        if p >= old_nodes:
+            continue
+        node = nodes[p]
+        before = [i for i in node.children if i < first]
+        had = p in states or (
+            not any(_cut(tree, i) for i in before) and any(_cut(tree, i) for i in node.children if i >= first)
+        )
+        if had:
+            count(open_, (node.depth, len(before)), -1)
+        if p in states:
+            count(open_, (node.depth, len(node.children)), 1)
+    for nid in range(old_nodes, len(nodes)):
+        if nid in states:
+            count(open_, (nodes[nid].depth, len(nodes[nid].children)), 1)
+    for rec in tree.log[was[2] :]:
+        count(starts, (rec.phase, nodes[rec.node].depth), 1)
+    return open_, starts, len(tree.log)
+
+
+def _cut(tree: Tree, edge_id: int) -> bool:
+    """Whether edge ``edge_id`` ends at a turnless context-limit leaf (its checkpoint's
+    next prompt did not fit: grafting took that checkpoint's branch state)."""
+    edge = tree.edges[edge_id]
+    return not edge.turns and tree.nodes[edge.child].cause == CONTEXT_LIMIT
+
+
+def count(counts: dict[tuple[int, int], int], key: tuple[int, int], n: int) -> None:
+    """Add ``n`` to ``counts[key]``, dropping the key at 0 (so equal counts are equal dicts)."""
+    left = counts.get(key, 0) + n
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
+
+
 def shape_fact(tree: Tree, index: int, key: Any, known: Known | None) -> Any:
     """Fact ``key`` of tree ``index``: ``"spreads"`` (:func:`tree_spreads`), ``"draws"``
-    (:func:`tree_draws`, smallest first) or a truncation rule (its
-    :func:`focus.calibration.tree_counts`), grown from ``known`` where that holds it."""
+    (:func:`tree_draws`, smallest first), ``"depths"`` (:func:`tree_depths`) or a
+    truncation rule (its :func:`focus.calibration.tree_counts`), grown from ``known``
+    where that holds it."""
     hit = known.get(key) if known else None
     if hit is None:
+        if key == "depths":
+            return tree_depths(tree)
         if key == "spreads":
             return tree_spreads(tree)
         if key == "draws":
@@ -60,6 +125,8 @@ def shape_fact(tree: Tree, index: int, key: Any, known: Known | None) -> Any:
         return tree_counts(tree, key)
     was, first, old_nodes = hit
     new = [tree.edges[i] for i in range(first, len(tree.edges))]
+    if key == "depths":
+        return _grown_depths(tree, was, first, old_nodes)
     if key == "spreads":
         return was + _spread_change(tree, new, first, old_nodes)
     if key == "draws":

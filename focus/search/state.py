@@ -26,7 +26,7 @@ from focus.priority import Calibration, NodeEvidence, Priority, exploration_rate
 from focus.ranking import Entry, TreeRanking, tie
 from focus.reprs import short_repr
 from focus.search.heads import PlanIndex, plan_index
-from focus.search.shape import Known, shape_fact, tree_spreads
+from focus.search.shape import Depths, Known, shape_fact, tree_spreads
 from focus.tree import Edge, Node, Tree
 from focus.usage import Usage
 
@@ -103,11 +103,9 @@ class SearchState:
         # A summary: the dataclass's own repr printed every tree, megabytes at 100k
         # transitions, and asyncio.run on Python 3.11 formats the result of its main
         # coroutine (twice; CPython #112559): 0.6 s of a benchmark's search at 16H.
-        nodes = sum(len(t.nodes) for t in self.trees)
-        return (
-            f"SearchState({self.collection_id!r}, seed={self.seed}, trees={len(self.trees)}, nodes={nodes}, "
-            f"waves={len(self.waves)}, planned={len(self.planned)})"
-        )
+        nodes, waves = sum(len(t.nodes) for t in self.trees), len(self.waves)
+        trees = len(self.trees)
+        return f"SearchState({self.collection_id!r}, seed={self.seed}, {trees=}, {nodes=}, {waves=}, planned={len(self.planned)})"
 
     def waves_done(self, phase_index: int) -> int:
         return sum(1 for p, _ in self.waves if p == phase_index)
@@ -390,6 +388,10 @@ class _TreeFacts:
         exploration at a rate where its draw is below it (:func:`focus.priority.explores`),
         so a planner reads only the head of the list (``focus.search.planning``)."""
         return self._shape("draws")  # type: ignore[no-any-return]
+
+    @property
+    def depths(self) -> Depths:
+        return self._shape("depths")  # type: ignore[no-any-return]
 
     def _shape(self, key: Any) -> Any:
         """A fact of :attr:`shape` (:func:`focus.search.shape.shape_fact`), grown from an
