@@ -149,20 +149,21 @@ class CodecRecord:
 
     def __init__(self, config: FocusConfig) -> None:
         self.config = config
-        #: A new collection's fingerprint, saved by :meth:`check` with the codec's settings.
-        self.pending: dict[str, Any] | None = None
+        #: The configuration check's fingerprint and the record it read (``None``: a new collection).
+        self.mine: dict[str, Any] | None = None
+        self.stored: dict[str, Any] | None = None
 
-    async def check(
-        self, codec: ChatCodec, stored: Callable[[], dict[str, Any] | None], save: Callable[[Any, Any], None]
-    ) -> None:
+    async def check(self, codec: ChatCodec, save: Callable[[Any, Any], None]) -> None:
         """Save the configuration record with ``codec``'s settings (a new collection), or
-        compare them with the record's; ``stored`` reads the record, ``save`` writes one."""
-        mine = codec_settings(codec)
-        if self.pending is not None:
-            record, self.pending = {**self.pending, CODEC: mine}, None
-            await asyncio.to_thread(save, CONFIG_KEY, json.dumps(record, sort_keys=True))
+        compare them with the record's; after the configuration check, which read it."""
+        if self.mine is None:  # no configuration check: no record to save or compare
             return
-        before = (await asyncio.to_thread(stored) or {}).get(CODEC)
+        mine = codec_settings(codec)
+        if self.stored is None:
+            self.stored = {**self.mine, CODEC: mine}
+            await asyncio.to_thread(save, CONFIG_KEY, json.dumps(self.stored, sort_keys=True))
+            return
+        before = self.stored.get(CODEC)
         if before is not None and (diffs := changes(before, mine, f"{CODEC}.")):
             raise _mismatch(self.config, diffs)
 

@@ -173,7 +173,7 @@ class CheckpointJournal(Journal):
         allow = self.policy.allow_change
         if stored is not None and (error := resume_mismatch(self.config, stored, mine, allow_policy_change=allow)):
             raise error
-        self.codec.pending = mine if stored is None else None  # saved with the env codec's settings
+        self.codec.mine, self.codec.stored = mine, stored  # a new record is saved with the env codec's settings
         return self.note("config", CONFIG_KEY, reused=stored is not None)
 
     def finished_export(self) -> dict[str, Any] | None:
