@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from focus.branching import BranchPoints, EveryDecision
-from focus.context import Context, ContextManager, Segments
+from focus.context import Compaction, Context, ContextManager, Segments, returned
 from focus.env import Action, Env, EnvError, Message, Task, accepts_seed, check_reset, check_step_result
 from focus.format import ActionParser, ChatCodec, ParseError, PolicyFormat
 from focus.policy import (
@@ -235,7 +235,7 @@ class Agent:
                 raise EnvError(f"{where} of task {task.id!r} timed out after {self.env_timeout_s:g} s") from None
             raise EnvError(f"{where} of task {task.id!r} failed: {type(e).__name__}: {e}") from e
         try:
-            ctx = self.context.start(self.format.codec, reset.messages)
+            ctx = returned(self.context, "start", self.context.start(self.format.codec, reset.messages), Context)
         except ValueError as e:  # a role the codec has no marker for, say
             raise EnvError(f"the opening messages {where} gave task {task.id!r} do not render: {e}") from e
         try:
@@ -268,9 +268,9 @@ class Agent:
                 turns = []
             params = self.sampling.with_seed(seed if fresh else derive_seed(seed, state.steps))
             try:
-                if self.context.needs_compaction(state.context):
+                if returned(self.context, "needs_compaction", self.context.needs_compaction(state.context), None):
                     fresh = False
-                    c = await self.context.compact(state.context, codec, self.policy, params)
+                    c = await self._compact(state.context, params)
                     self.policy.check_completion(c.completion, params)
                     turns.append(_turn(c.prompt_ids, c.completion, c.loss_mask, "compaction", 0.0, False, ""))
                     state = state.evolve(context=c.context, steps=state.steps + 1)
@@ -302,8 +302,7 @@ class Agent:
                 counters["parse_errors"] += 1
                 turns.append(_turn(prompt, completion, 1, "action", 0.0, False, action.message))
                 obs = [Message("user", action.message)]
-                ctx = self.context.extend(state.context, codec, completion, text, obs)
-                state = state.evolve(context=ctx, steps=state.steps + 1)
+                state = state.evolve(context=self._extend(state.context, completion, text, obs), steps=state.steps + 1)
                 continue
             try:
                 if not isinstance(action, Action):
@@ -320,8 +319,19 @@ class Agent:
                 pieces.append(Piece(tuple(turns), "terminal", state.steps, ()))
                 break
             obs = [Message("tool" if action.kind == "tool" else "user", result.observation)]
-            state = state.evolve(context=self.context.extend(state.context, codec, completion, text, obs))
+            state = state.evolve(context=self._extend(state.context, completion, text, obs))
         return Rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
+
+    def _extend(self, ctx: Context, completion: Completion, text: str, obs: Sequence[Message]) -> Context:
+        """The context manager's next context, checked (:func:`focus.context.returned`)."""
+        return returned(
+            self.context, "extend", self.context.extend(ctx, self.format.codec, completion, text, obs), Context
+        )
+
+    async def _compact(self, ctx: Context, params: SamplingParams) -> Compaction:
+        """The context manager's compaction, checked (:func:`focus.context.returned`)."""
+        made = await self.context.compact(ctx, self.format.codec, self.policy, params)
+        return returned(self.context, "compact", made, Compaction)
 
     def _step_cause(self, e: Exception) -> str:
         """The cause of a rollout whose answer could not be acted on: the env's step

@@ -61,7 +61,11 @@ class Compaction:
 
 
 class ContextManager(abc.ABC):
-    """Builds and extends contexts. Implement :meth:`extend`; compaction is optional."""
+    """Builds and extends contexts. Implement :meth:`extend`; compaction is optional.
+
+    The agent checks what each method returns (:func:`returned`): a ``Context`` from
+    :meth:`start` and :meth:`extend`, a ``Compaction`` from :meth:`compact`, not ``None``
+    from :meth:`needs_compaction`."""
 
     def start(self, codec: ChatCodec, opening: Sequence[Message]) -> Context:
         return Context(tuple(opening), (), tuple(codec.render(opening)))
@@ -77,6 +81,28 @@ class ContextManager(abc.ABC):
 
     async def compact(self, ctx: Context, codec: ChatCodec, policy: Policy, params: SamplingParams) -> Compaction:
         raise NotImplementedError(f"{type(self).__name__} does not compact")
+
+
+class BrokenContextManager(TypeError):
+    """A context manager's method returned what its interface does not allow (a ``def``
+    that forgot its ``return`` gives ``None``). Code to fix, the same in every rollout,
+    so it stops the collection at the first call that shows it (the agent and the
+    execution layer let it through, as :class:`~focus.policy.UnreadableAnswers`). It
+    failed each rollout with "'NoneType' object has no attribute 'prompt_ids'", naming
+    neither the manager nor the method, and a ``needs_compaction`` without ``return``
+    never compacted, silently."""
+
+
+def returned(manager: ContextManager, method: str, value: Any, expected: type | None) -> Any:
+    """``value``, what ``manager.method`` returned, if it is an ``expected`` (``None``:
+    anything but ``None``, a truth value); else :class:`BrokenContextManager` names both."""
+    if value is not None and (expected is None or isinstance(value, expected)):
+        return value
+    got = "None" if value is None else f"a {type(value).__name__}"
+    want = "a truth value" if expected is None else f"a {expected.__name__}"
+    raise BrokenContextManager(
+        f"{type(manager).__name__}.{method} returned {got}, expected {want} (a `return` missing?)"
+    )
 
 
 def _evolve(ctx: Context, **changes: Any) -> Context:

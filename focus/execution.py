@@ -28,7 +28,9 @@ service is back, instead of keeping a batch made mostly of failures. Two more st
 collection because no rerun of a rollout could help, only a setting: answers the
 client cannot read (:class:`~focus.policy.UnreadableAnswers`, raised through the
 agent and the wave at the first rollout that meets it), and a wave whose every request
-was refused whatever it held (:class:`RequestsRefused`, :func:`check_refused`).
+was refused whatever it held (:class:`RequestsRefused`, :func:`check_refused`). A
+context manager that returns no context (:class:`~focus.context.BrokenContextManager`)
+is code to fix, and stops it the same way as the first rollout meets it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from focus.agent import Piece, Rollout
+from focus.context import BrokenContextManager
 from focus.policy import UnreadableAnswers
 from focus.usage import BAD_RESPONSE, SERVICE, failure_kind
 
@@ -402,7 +405,8 @@ class Execution(BaseModel):
 
     def launch(self, agent: Agent, job: RolloutJob) -> asyncio.Task[Rollout]:
         """Start one job now on the running loop (streaming mode; the caller bounds how
-        many run at once). The task raises only UnreadableAnswers: a crash becomes a failed rollout."""
+        many run at once). The task raises only what :func:`_guarded` lets through: a
+        crash becomes a failed rollout."""
         return asyncio.ensure_future(_guarded(agent, job))
 
     async def _run(
@@ -562,8 +566,9 @@ BAD_RESPONSE_RERUNS = 2
 async def _guarded(agent: Agent, job: RolloutJob) -> Rollout:
     """The job's rollout, run again (same seed) while it ends in a bad response, at
     most :data:`BAD_RESPONSE_RERUNS` times; a rollout that raises comes back as a
-    failed one (cause ``error: ...``), not run again. The one exception it lets through
-    is :class:`~focus.policy.UnreadableAnswers`: every rollout would meet it.
+    failed one (cause ``error: ...``), not run again. The exceptions it lets through
+    are those every rollout would meet: :class:`~focus.policy.UnreadableAnswers` and
+    :class:`~focus.context.BrokenContextManager`.
 
     One coroutine for every run: each one between the worker and the rollout is resumed
     on every model call of it, and continuations are short (1-2 calls), so a frame more
@@ -572,8 +577,8 @@ async def _guarded(agent: Agent, job: RolloutJob) -> Rollout:
         t0 = time.perf_counter()
         try:
             rollout = await agent.rollout(job.start, job.seed)
-        except UnreadableAnswers:
-            raise  # every rollout would get the same answers: the wave (and collection) stops
+        except (UnreadableAnswers, BrokenContextManager):
+            raise  # every rollout would meet it again: the wave (and collection) stops
         except Exception as e:  # noqa: BLE001 - one broken rollout must not lose the wave
             log.warning("rollout from node %s of tree %s failed: %r", job.node_id, job.tree_index, e)
             return failed_rollout(job, f"error: {type(e).__name__}: {e}", time.perf_counter() - t0)

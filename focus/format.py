@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from focus.env import Action, Message
 
@@ -42,6 +43,13 @@ class ChatCodec(abc.ABC):
     @abc.abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
         """Text of sampled ids, without special tokens; for parsing only."""
+
+    def settings(self) -> dict[str, Any]:
+        """What of this codec, beyond its class, decides the ids it renders (JSON values;
+        none by default). The pipeline keeps them with a collection's configuration and
+        refuses a resume whose codec differs in them (``tasks.fingerprint``): the codec
+        comes from the env factory's code, so no configuration field says so."""
+        return {}
 
 
 class ByteCodec(ChatCodec):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -129,6 +129,10 @@ class HFChatCodec(ChatCodec):
         state["_plain"].encode_special_tokens = True
         state.setdefault("content_special_tokens", "control")  # pickled before the setting existed
         self.__dict__.update(state)
+
+    def settings(self) -> dict[str, Any]:
+        """The chat template and what special-token strings in message text become."""
+        return {"template": asdict(self.template), "content_special_tokens": self.content_special_tokens}
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of plain text (special-token strings in it map to their ids)."""

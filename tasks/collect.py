@@ -64,6 +64,7 @@ async def _search_and_export(config: FocusConfig, journal: CheckpointJournal, ex
     collector = None
     try:
         agent, tasks = config.build_agent(policy)
+        await journal.codec.check(agent.format.codec, journal.save)
         collector = config.build_collector(agent, execution)
         await journal.critic.check(collector.critic, lambda k: load_record(journal, k), journal.save)
         try:

@@ -1,6 +1,6 @@
 """What a collection must be resumed with: the configuration that determines its result
-(its fingerprint, compared by the pipeline's first step and by the preflight), the
-policy that sampled it (the versions its rollouts' turns report) and the critic that
+(its fingerprint, compared by the pipeline's first step and by the preflight) and the
+settings of the env's codec (:class:`CodecRecord`), the policy that sampled it (the versions its rollouts' turns report) and the critic that
 scored it (what it predicts on fixed probe contexts), so a resume never mixes two
 policies or two critics in one batch unless the user allows it explicitly."""
 
@@ -11,12 +11,15 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from focus.critic import Critic
 from focus.journal import Step
 from tasks.config import FocusConfig
 from tasks.config.schema import resumable_fields
+
+if TYPE_CHECKING:
+    from focus.format import ChatCodec
 
 #: Fields a collection's resume ignores: where things run and how patiently (the HTTP
 #: clients' timeouts, retries and hedging change how patiently a result is fetched, not
@@ -101,19 +104,68 @@ def resume_mismatch(
     """The error for resuming ``config``'s collection, whose stored fingerprint is
     ``stored``, with the fingerprint ``mine`` (``None`` if they agree). Another
     ``model.policy_version`` (the embedded server's weights) is :class:`PolicyChanged`."""
+    if CODEC not in stored or CODEC not in mine:  # compared once the env is built (CodecRecord)
+        stored, mine = without(stored, (CODEC,)), without(mine, (CODEC,))
     diffs = changes(without(_legacy(stored), RUNTIME_FIELDS), mine)
     if any(path == "model.policy_version" for path, _, _ in diffs):
         if not allow_policy_change:
             versions = [d.get("model", {}).get("policy_version") for d in (stored, mine)]
             return _policy_changed(config.collection_id, *map(str, versions))
         diffs = [d for d in diffs if d[0] != "model.policy_version"]
-    if not diffs:
-        return None
+    return _mismatch(config, diffs) if diffs else None
+
+
+def _mismatch(config: FocusConfig, diffs: list[Change]) -> ResumeMismatch:
     return ResumeMismatch(
         f"collection {config.collection_id!r} already exists in {config.storage.root} with a different "
         f"configuration (differs in: {describe(diffs)}); resume it with the same configuration or use a new "
         "collection id"
     )
+
+
+#: The key of the env codec's settings in a collection's configuration record.
+CODEC = "codec"
+
+
+def codec_settings(codec: ChatCodec) -> dict[str, Any]:
+    """What of the env's codec decides the ids it renders: its class and its
+    :meth:`~focus.format.ChatCodec.settings`, as JSON gives them back."""
+    cls = type(codec)
+    return dict(json.loads(json.dumps({"class": f"{cls.__module__}.{cls.__qualname__}", **codec.settings()})))
+
+
+class CodecRecord:
+    """The env codec's settings, kept in the configuration record (under :data:`CODEC`),
+    and the refusal to resume with others (:class:`ResumeMismatch`, as for a field).
+
+    The codec comes from ``env.factory``'s code, not from the configuration: a factory
+    changed from ``HFChatCodec(..., content_special_tokens="control")`` to the default
+    ``"text"`` changed no field, and a resume rendered env text holding special-token
+    strings into other ids in its new waves than in its old ones, in one batch. The
+    codec is known once the env is built, after the configuration check
+    (:meth:`tasks.journal.CheckpointJournal.check_config`), so a new collection's record
+    is saved then (:meth:`check`), still before its first step. A record saved before
+    codecs were recorded has none, and such a collection resumes unchecked, as it did."""
+
+    def __init__(self, config: FocusConfig) -> None:
+        self.config = config
+        #: The configuration check's fingerprint and the record it read (``None``: a new collection).
+        self.mine: dict[str, Any] | None = None
+        self.stored: dict[str, Any] | None = None
+
+    async def check(self, codec: ChatCodec, save: Callable[[Any, Any], None]) -> None:
+        """Save the configuration record with ``codec``'s settings (a new collection), or
+        compare them with the record's; after the configuration check, which read it."""
+        if self.mine is None:  # no configuration check: no record to save or compare
+            return
+        mine = codec_settings(codec)
+        if self.stored is None:
+            self.stored = {**self.mine, CODEC: mine}
+            await asyncio.to_thread(save, CONFIG_KEY, json.dumps(self.stored, sort_keys=True))
+            return
+        before = self.stored.get(CODEC)
+        if before is not None and (diffs := changes(before, mine, f"{CODEC}.")):
+            raise _mismatch(self.config, diffs)
 
 
 Change = tuple[str, Any, Any]

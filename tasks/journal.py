@@ -25,7 +25,7 @@ from focus.journal import Journal, Step, WaveRollouts
 from storage import BatchNotFound, BatchStore, CheckpointNotFound, CheckpointStore, CorruptDataError, ManifestError
 from storage.checkpoints import collection_lease
 from tasks.config import FocusConfig
-from tasks.fingerprint import CONFIG_KEY, CriticIdentity, PolicyIdentity, fingerprint, resume_mismatch
+from tasks.fingerprint import CONFIG_KEY, CodecRecord, CriticIdentity, PolicyIdentity, fingerprint, resume_mismatch
 from tasks.gaps import Key, load_record
 from tasks.records import StepRecord, Tally
 
@@ -81,6 +81,7 @@ class CheckpointJournal(Journal):
         self.tally = Tally()
         self.policy = PolicyIdentity(self.cid, allow_change=allow_policy_change)
         self.critic = CriticIdentity(self.cid, allow_change=allow_policy_change)  # the same flag allows both
+        self.codec = CodecRecord(config)
         self._mark = time.perf_counter()
         self.read_by_preflight: dict[str, Any] | None = None  # the config record, read (records checked) by a preflight
         #: The last step being saved: each save waits for the one before it.
@@ -164,7 +165,7 @@ class CheckpointJournal(Journal):
         return None if (stored := load_record(self, CONFIG_KEY)) is None else dict(json.loads(stored))
 
     async def check_config(self) -> StepRecord:
-        """Record the configuration on the first run; refuse to resume with another one."""
+        """Refuse to resume with another configuration (a first run's is saved by ``self.codec``)."""
         return await self.run_step("config", None, self._check_config)
 
     def _check_config(self) -> StepRecord:
@@ -172,8 +173,7 @@ class CheckpointJournal(Journal):
         allow = self.policy.allow_change
         if stored is not None and (error := resume_mismatch(self.config, stored, mine, allow_policy_change=allow)):
             raise error
-        if stored is None:
-            self.save(CONFIG_KEY, json.dumps(mine, sort_keys=True))
+        self.codec.mine, self.codec.stored = mine, stored  # a new record is saved with the env codec's settings
         return self.note("config", CONFIG_KEY, reused=stored is not None)
 
     def finished_export(self) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ from focus.agent import Agent
 from focus.batch import BatchError
 from focus.branching import EveryDecision
 from focus.collector import Collector
-from focus.context import Segments
+from focus.context import BrokenContextManager, Segments, Summarize
 from focus.critic import ConstantCritic, Critic, CriticError, Prediction
 from focus.env import Task
 from focus.estimation import DirectBranchTd
@@ -240,3 +240,43 @@ def test_a_context_manager_or_parser_declared_async_is_named():
         Agent(policy, env, synthetic_format(), context=AsyncExtend())
     with pytest.raises(TypeError, match=r"AsyncParser\.parse is `async def`: declare it `def`"):
         Agent(policy, env, PolicyFormat(ByteCodec(), AsyncParser()))
+
+
+class NoReturnExtend(Segments):
+    def extend(self, ctx, codec, completion, text, observations):  # type: ignore[no-untyped-def]
+        super().extend(ctx, codec, completion, text, observations)  # the `return` forgotten
+
+
+class NoReturnStart(Segments):
+    def start(self, codec, opening):  # type: ignore[no-untyped-def]
+        super().start(codec, opening)
+
+
+class NoReturnCompaction(Summarize):
+    def needs_compaction(self, ctx):  # type: ignore[no-untyped-def]
+        super().needs_compaction(ctx)
+
+
+class NoReturnCompact(Summarize):
+    async def compact(self, ctx, codec, policy, params):  # type: ignore[no-untyped-def]
+        await super().compact(ctx, codec, policy, params)
+
+
+@pytest.mark.parametrize(
+    ("manager", "says"),
+    [
+        # each rollout failed with "error: AttributeError: 'NoneType' object has no
+        # attribute 'prompt_ids'" (the batch: every tree failed), naming neither
+        (NoReturnExtend(), r"^NoReturnExtend\.extend returned None, expected a Context \(a `return` missing\?\)$"),
+        # the collection stopped with that AttributeError itself
+        (NoReturnStart(), r"^NoReturnStart\.start returned None, expected a Context"),
+        # never compacted, silently
+        (NoReturnCompaction(8), r"^NoReturnCompaction\.needs_compaction returned None, expected a truth value"),
+        (NoReturnCompact(8), r"^NoReturnCompact\.compact returned None, expected a Compaction"),
+    ],
+)
+def test_a_context_manager_method_that_returns_nothing_stops_the_collection_naming_it(manager, says):  # type: ignore[no-untyped-def]
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.agent.context = manager
+    with pytest.raises(BrokenContextManager, match=says):
+        run(col.search(tasks))

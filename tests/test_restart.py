@@ -200,6 +200,52 @@ def test_a_hung_embedded_server_is_killed_and_started_again_and_the_batch_is_unc
         server.stop()
 
 
+def _until(predicate, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 60
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_a_restart_counts_against_the_keepers_budget_only_within_its_window(caplog):
+    """The keeper's budget (``restarts``) is of the last ``window_s`` seconds, not of the
+    server's life: a long ``focus train`` loop spent it on crashes hours apart, and here
+    (``restarts`` = 1) the second death, past the window, was the end. Within the window
+    the budget still stops a server that cannot stay up. The window is 2 s here
+    (``RESTART_WINDOW_S``: 600 s)."""
+    import os
+    import signal
+
+    server = LocalModelServer().start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="focus.backends.local"):
+            server.keep_alive(restarts=1, window_s=2.0)
+            first = server.pid
+            assert first is not None
+            os.kill(first, signal.SIGKILL)
+            _until(lambda: server.restarts == 1 and server.pid != first, "the killed server was not started again")
+            restarted, second = time.monotonic(), server.pid
+            assert second is not None
+            while time.monotonic() - restarted < 2.0:  # the first restart no longer counts
+                time.sleep(0.05)
+            os.kill(second, signal.SIGKILL)
+            _until(lambda: server.restarts == 2 and server.pid != second, "the server was not started again")
+            third = server.pid
+            assert third is not None
+            os.kill(third, signal.SIGKILL)  # within 2 s of the second restart: the budget of 1 is spent
+            _until(lambda: len(caplog.records) >= 3, "no line for the third death")
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 3 and server.restarts == 2, lines
+        assert all("(restart 1 of 1, exits and hangs counted together, in any 2 s)" in line for line in lines[:2])
+        assert lines[2].startswith(f"the embedded model server (pid {third}) exited (killed by SIGKILL) again; ")
+        assert (
+            "started again 1 time(s) (1 after it exited, 0 after it hung: restarts = 1 counts both) in the last "
+            in (lines[2])
+        )
+    finally:
+        server.stop()
+
+
 def test_weights_published_while_the_embedded_server_restarts_are_loaded_when_it_is_back(tmp_path):
     """A train loop publishes each new version into its embedded server. Killed just
     before (here: just killed, its keeper starting it again), the load met a refused

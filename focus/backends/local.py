@@ -22,6 +22,7 @@ instead of starting a new one.
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import logging
 import os
@@ -47,6 +48,12 @@ _CONSOLE = {"focus_console": True}
 #: (one token of each sequence) takes milliseconds; 30 s is far past both on a loaded
 #: machine and far below the calls' 600 s deadline.
 HANG_S = 30.0
+#: Seconds a restart of the embedded server counts against the keeper's budget
+#: (:meth:`LocalModelServer.keep_alive`'s ``restarts``). A restart costs a wait of a second
+#: (an exit) to ``HANG_S`` plus a start-up (a hang), so the budget spent within 10 minutes
+#: is a server that cannot stay up, and the run stops; crashes hours apart in a long
+#: ``focus train`` loop are unrelated faults, each costing its wait, and spent it.
+RESTART_WINDOW_S = 600.0
 
 # httpx and focus.policy load where used: ``focus collect`` imports this module first
 # thing to start a WarmServer, and every millisecond before that spawn is on its wall time
@@ -316,7 +323,11 @@ class LocalModelServer:
         return self._log.read().decode(errors="replace")[-4000:]
 
     def keep_alive(
-        self, restarts: int = 3, hang_s: float = HANG_S, on_gone: Callable[[Exception], None] | None = None
+        self,
+        restarts: int = 3,
+        hang_s: float = HANG_S,
+        on_gone: Callable[[Exception], None] | None = None,
+        window_s: float = RESTART_WINDOW_S,
     ) -> None:
         """Start the server again, on its port and with the weights it serves, whenever its
         process dies while nobody stopped it (``kill -9``, the OOM killer), up to
@@ -339,24 +350,29 @@ class LocalModelServer:
 
         ``restarts`` is one budget for exits and hangs together: either way the server
         stopped serving and a restart costs the same (the requests in flight sent again);
-        the line of the last one says how many of each there were.
+        the line of the last one says how many of each there were. A restart counts for
+        ``window_s`` seconds (:data:`RESTART_WINDOW_S`, 10 minutes), then no longer: the
+        budget is ``restarts`` within any ``window_s``, not in the server's life.
 
         ``on_gone``: called (from the keeper's thread) with :class:`ModelServerGone` when
         the budget is spent, instead of the warning line: a command stops its run with it
         (``focus collect`` and ``focus train`` do), where the calls would otherwise wait
         ``model.http.outage_wait_s`` (300 s) for a server nobody starts again."""
         threading.Thread(
-            target=self._keep, args=(restarts, hang_s, on_gone), name="focus-model-server-keeper", daemon=True
+            target=self._keep,
+            args=(restarts, hang_s, on_gone, window_s),
+            name="focus-model-server-keeper",
+            daemon=True,
         ).start()
 
-    def _keep(self, restarts: int, hang_s: float, on_gone: Callable[[Exception], None] | None = None) -> None:
+    def _keep(self, restarts: int, hang_s: float, on_gone: Callable[[Exception], None] | None, window_s: float) -> None:
         """The keeper's loop (:meth:`keep_alive`)."""
         # failing: since when every probe went unanswered (None: the last one was answered);
         # counted from a failed probe, never from the last answer, so a keeper that was not
         # running (its command suspended with Ctrl-Z) does not take its own pause for a hang
         proc, failing, grace = self.proc, None, 0.0
         hung: dict[int, str] = {}  # pid -> why it was killed
-        causes = {"exited": 0, "hung": 0}
+        counted: collections.deque[tuple[float, str]] = collections.deque()  # (when, exited or hung) in the window
         while proc is not None:
             try:
                 code = proc.wait(timeout=hang_s / 6)
@@ -386,17 +402,20 @@ class LocalModelServer:
             with self._lock:
                 if self.proc is not proc:  # stopped by its owner
                     return
-                if self.restarts < restarts:
+                while counted and time.monotonic() - counted[0][0] >= window_s:
+                    counted.popleft()
+                if len(counted) < restarts:
                     self.restarts += 1
-                    causes[what] += 1
+                    counted.append((time.monotonic(), what))
                     self.proc = proc = self._spawn()
                     failing, grace = None, time.monotonic() + self.startup_timeout_s
                 else:
+                    exited = sum(w == "exited" for _, w in counted)
                     gone = ModelServerGone(
                         f"the embedded model server (pid {dead}) {what} ({how}) again; it was started again "
-                        f"{self.restarts} time(s) ({causes['exited']} after it exited, {causes['hung']} after it "
-                        f"hung: restarts = {restarts} counts both) and is not any more; rerun with the same "
-                        "collection id to resume"
+                        f"{len(counted)} time(s) ({exited} after it exited, {len(counted) - exited} after it "
+                        f"hung: restarts = {restarts} counts both) in the last {window_s:g} s and is not any "
+                        "more; rerun with the same collection id to resume"
                     )
             if gone is not None:
                 if on_gone is None:
@@ -406,8 +425,8 @@ class LocalModelServer:
                 return
             log.warning(
                 "the embedded model server (pid %s) %s (%s) while in use; started again on port %s "
-                "with the same weights (restart %d of %d, exits and hangs counted together)",
-                dead, what, how, self.port, self.restarts, restarts, extra=_CONSOLE,
+                "with the same weights (restart %d of %d, exits and hangs counted together, in any %g s)",
+                dead, what, how, self.port, len(counted), restarts, window_s, extra=_CONSOLE,
             )  # fmt: skip
 
     def _engine_step(self, timeout_s: float) -> float | None:

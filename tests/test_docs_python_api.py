@@ -1,0 +1,88 @@
+"""docs/python-api.md, the page of the names ``focus`` exports, is rendered from the code:
+each name of ``focus.__all__`` under its role, with its module and the first sentence of
+its docstring. The page is compared with what :func:`render` gives, so a name added,
+removed or redescribed without it fails here; ``python tests/test_docs_python_api.py``
+writes it again."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import focus
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "python-api.md"
+
+#: The roles the page groups ``focus.__all__`` by, in the order a run is assembled.
+ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Tasks and environments", ("Task", "Env", "Reset", "StepResult", "Action", "Message", "Tool", "ToolEnv", "tool")),
+    ("Workspaces", ("Workspace", "MemoryWorkspace", "DirectoryWorkspace")),
+    ("The model", ("Policy", "SamplingParams", "Completion")),
+    (
+        "Formats: codecs and parsers",
+        ("PolicyFormat", "ByteCodec", "FinalAnswerParser", "JsonToolCallParser", "XmlToolCallParser"),
+    ),
+    ("Contexts and checkpoints", ("AppendOnly", "Segments", "Summarize", "EveryDecision", "SparseCheckpoints")),
+    ("Running a collection", ("Agent", "BranchState", "Collector", "Execution", "Usage")),
+    ("The search", ("Phase", "Selective", "Uniform")),
+    ("Critics", ("ConstantCritic", "HttpCritic", "LocalCritic")),
+    ("Estimators", ("DirectBranchTd", "GroupNormalized", "NodeMonteCarlo")),
+    ("Results", ("Tree", "Batch")),
+    ("Errors that stop a collection", ("ModelServiceOutage", "BadResponses", "RequestsRefused")),
+)
+
+HEAD = """# The Python API
+
+The names `import focus` exports (`focus.__all__`), by role, each with its module and the
+first sentence of its docstring; `help(focus.Name)` has the rest. Model clients (vLLM,
+SGLang, llama.cpp, Tinker, the embedded server) are in `focus.backends`; the interfaces a
+custom part subclasses are re-exported by `focus.extend` (README.md, "Where your code
+fits"; docs/architecture.md, "Roles"). This page is generated from the code by
+`tests/test_docs_python_api.py`, which fails when the two differ.
+
+What a critic sees: `Critic.predict(contexts)` is given, for each checkpoint (and each
+truncated leaf it bootstraps), only that state's prompt ids, the exact ids of the next
+model call there (`focus.tree.Node.context_ids`), and nothing else: no task, env state, depth,
+reward or position in the tree. A critic that needs one of those must read it from the ids.
+"""
+
+
+def summary(obj: object) -> str:
+    """The first sentence of ``obj``'s docstring, its reST roles and literals as Markdown code."""
+    doc = inspect.getdoc(obj) or ""
+    text = " ".join(doc.split("\n\n")[0].split())
+    text = re.split(r"(?<=[a-z0-9)\"'`][.])\s+(?=[A-Z(`])", text)[0]
+    text = re.sub(r":[a-z]+:`~?(?:[\w.]*\.)?([\w]+)`", r"`\1`", text)
+    return text.replace("``", "`")
+
+
+def render() -> str:
+    lines = [HEAD]
+    for role, names in ROLES:
+        lines.append(f"## {role}\n")
+        for name in names:
+            module = getattr(focus, name).__module__
+            lines.append(f"- `{name}` (`{module}`): {summary(getattr(focus, name))}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def test_the_roles_hold_each_name_of_focus_exactly_once():
+    listed = [name for _, names in ROLES for name in names]
+    assert sorted(listed) == sorted(focus.__all__), sorted(set(listed) ^ set(focus.__all__))
+    assert len(listed) == len(set(listed))
+
+
+def test_the_python_api_page_is_the_rendered_one():
+    assert PAGE.read_text(encoding="utf-8") == render(), "run: python tests/test_docs_python_api.py"
+
+
+def test_the_page_is_linked_from_the_readme_and_the_architecture():
+    for doc in ("README.md", "docs/architecture.md"):
+        assert "docs/python-api.md" in (ROOT / doc).read_text(encoding="utf-8"), doc
+
+
+if __name__ == "__main__":
+    PAGE.write_text(render(), encoding="utf-8")
