@@ -36,7 +36,7 @@ LEFT_OUT = {
 
 #: What a collection made before the configuration had the knobs ran with: the library's
 #: defaults of that time (explore 0.25 since b0d2244, depth_share 0 since 8d646b1). A
-#: stored fingerprint without a knob is read with these (:func:`tasks.fingerprint.legacy`),
+#: stored fingerprint without a knob is read with these (:func:`tasks.fingerprint.with_old_knobs`),
 #: so it resumes while the library keeps them and is refused once a default moves.
 BEFORE_KNOBS: dict[str, Any] = {"explore": 0.25, "depth_share": 0.0}
 
