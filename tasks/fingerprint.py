@@ -17,6 +17,7 @@ from focus.critic import Critic
 from focus.journal import Step
 from tasks.config import FocusConfig
 from tasks.config.schema import resumable_fields
+from tasks.config.search import BEFORE_KNOBS
 
 if TYPE_CHECKING:
     from focus.format import ChatCodec
@@ -56,8 +57,11 @@ _STORED_WEIGHTS = re.compile(r"^[a-z0-9+.-]+://.*?/(weights/[^/]+/v\d{6}/[^/]+)$
 
 def fingerprint(config: FocusConfig, ignored: tuple[str, ...] = RUNTIME_FIELDS) -> dict[str, Any]:
     """What determines a collection's result: the config without the ``ignored`` fields
-    (where things run) and with the weight store's files named relative to the store's root."""
+    (where things run), with the weight store's files named relative to the store's root,
+    and with each search knob as the search gets it (one left unset: the library's
+    default now, so a resume after that default moved is refused, naming the knob)."""
     data = config.model_dump(mode="json")
+    data["search"].update(config.search.knob_values())
     root = config.storage.root.rstrip("/") + "/"
     for section, key in WEIGHT_FIELDS:
         value = data.get(section, {}).get(key)
@@ -88,14 +92,26 @@ def _normalised(root: str) -> str:
 
 
 def _legacy(stored: dict[str, Any]) -> dict[str, Any]:
-    """A stored fingerprint made before stores were relocatable names weight-store files
-    by absolute URL: the part under the root, as :func:`fingerprint` now writes it."""
-    out = {**stored}
+    """A stored fingerprint as :func:`fingerprint` now writes it. One made before stores
+    were relocatable names weight-store files by absolute URL: the part under the root;
+    and see :func:`with_old_knobs`."""
+    out = with_old_knobs(stored)
     for section, key in WEIGHT_FIELDS:
         value = (out.get(section) or {}).get(key)
         if isinstance(value, str) and (m := _STORED_WEIGHTS.match(value)):
             out[section] = {**out[section], key: m.group(1)}
     return out
+
+
+def with_old_knobs(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored fingerprint (a collection's, a loop's settings) made before the
+    configuration had the search's knobs lacks them: its selective search ran with the
+    library's defaults of that time (:data:`tasks.config.search.BEFORE_KNOBS`), which
+    this fills in (a fingerprint made since names every knob)."""
+    search = stored.get("search")
+    if not isinstance(search, dict) or search.get("kind", "selective") != "selective":
+        return {**stored}
+    return {**stored, "search": {**BEFORE_KNOBS, **search}}
 
 
 def resume_mismatch(

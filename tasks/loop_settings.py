@@ -42,7 +42,7 @@ from typing import Any
 from storage import CheckpointStore
 from tasks.config import FocusConfig
 from tasks.config.schema import resumable_fields
-from tasks.fingerprint import Change, ResumeMismatch, changes, describe, fingerprint, without
+from tasks.fingerprint import Change, ResumeMismatch, changes, describe, fingerprint, with_old_knobs, without
 
 SETTINGS = "settings"
 #: A key of a trainer step's record (``("train", i)`` of the loop's id): true when the
@@ -127,7 +127,7 @@ def _saved(store: CheckpointStore, base: str) -> list[tuple[int | str, int]]:
 
 def _records(store: CheckpointStore, base: str) -> list[tuple[int, dict[str, Any]]]:
     ns = sorted(n for (phase, n) in _saved(store, base) if phase == SETTINGS)
-    return [(int(r["from"]), dict(r["settings"])) for r in (_load(store, base, n) for n in ns)]
+    return [(int(r["from"]), with_old_knobs(dict(r["settings"]))) for r in (_load(store, base, n) for n in ns)]
 
 
 def _load(store: CheckpointStore, base: str, n: int) -> Any:

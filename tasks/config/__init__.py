@@ -2,6 +2,7 @@
 where it is used.
 
 - :mod:`tasks.config.schema`: :class:`FocusConfig`, its sections and their rules
+  (``search`` in :mod:`tasks.config.search`, ``train`` in :mod:`tasks.config.train`)
   (:mod:`tasks.config.options` checks a section's ``options`` against its backend).
 - :mod:`tasks.config.sources`: the defaults, a TOML/YAML file, ``FOCUS_*`` variables and
   ``--set``, in that order; which source set each value (``focus config show``).

@@ -21,7 +21,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from focus.priority import Selective
 from tasks.config.schema import FocusConfig, field_paths
+from tasks.config.search import SELECTIVE_KNOBS
 
 #: One line per field: what it does and what its values mean (markdown).
 MEANING: dict[str, str] = {
@@ -84,6 +86,12 @@ MEANING: dict[str, str] = {
     "search.kind": "`selective` (continue where the critic's error shrinks most) \\| `uniform` (spread evenly)",
     "search.waves_in_flight": "waves planned and running at once: 2 keeps the model service busy while a wave's "
     'last rollouts finish (docs/pipeline.md, "Waves in flight"); 1 runs one wave at a time',
+    "search.explore": "with kind `selective`: the share of continuations placed independently of the critic and of "
+    'every outcome seen, by a fixed hash of the slot (`focus.priority.Selective.explore`; docs/algorithm.md, "The '
+    'exploration share")',
+    "search.depth_share": "with kind `selective`: a bound on one depth's continuations in a phase, at most this "
+    "many times uniform branching's share for that depth, plus one (0: no bound; "
+    '`focus.priority.Selective.depth_share`; docs/algorithm.md, "Depth share")',
     "search.phases": "the phases, in order (`focus.priority.Phase`); only the first may be an evidence phase",
     "search.phases[].name": "unique name of the phase",
     "search.phases[].rollouts_per_task": "makes an evidence phase (first phase only): complete rollouts per root",
@@ -249,10 +257,17 @@ def _attribute(obj: Any, path: str) -> Any:
 
 
 def default_text(path: str, *, code: bool = True) -> str:
-    """The default as the reference writes it: ``unset`` for none, TOML-like values."""
+    """The default as the reference writes it: ``unset`` for none, TOML-like values; for
+    a search knob, the library's default it stands for (read off the library's field)."""
     if path in DEFAULT_TEXT:
         return DEFAULT_TEXT[path]
-    value = _default(path)
+    if (knob := path.removeprefix("search.")) in SELECTIVE_KNOBS:
+        return f"unset (the library's: {default_text_of(Selective.model_fields[knob].default, code=code)})"
+    return default_text_of(_default(path), code=code)
+
+
+def default_text_of(value: Any, *, code: bool = True) -> str:
+    """A default value as the reference writes it."""
     if value is None:
         return "unset"
     if isinstance(value, bool):

@@ -7,6 +7,11 @@ environment or the network (:mod:`tasks.config.sources` loads, :mod:`tasks.confi
 builds the objects a configuration describes). Validation happens once, before any
 work: :func:`validate_config` turns pydantic's errors into one :class:`ConfigError`
 naming every bad field and why, with a "did you mean" for a misspelt one.
+
+Sections with a module of their own: ``search`` (:mod:`tasks.config.search`), ``train``
+(:mod:`tasks.config.train`), ``storage.read_ahead`` (:mod:`tasks.config.read_ahead`);
+the marks of the fields a resume may change are in :mod:`tasks.config.marks`. Each is
+importable from here too.
 """
 
 from __future__ import annotations
@@ -16,20 +21,20 @@ import pathlib
 import re
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from focus.backends.foreign import endpoint_in_url
 from focus.backends.retry import RetryPolicy
-from focus.backends.tinker_backend import TinkerUpdateConfig
 from focus.policy import SamplingParams
-from focus.priority import Phase, Priority, Selective, Uniform
-from focus.train_local import UpdateConfig
+from focus.priority import Priority
 from tasks.config.errors import ConfigError, check_env_name, check_import_path
+from tasks.config.marks import LOOP_EXTENT, LOOP_ONLY, RUNTIME, Resumable  # noqa: F401 (re-exported: moved there)
 from tasks.config.options import check_options
 from tasks.config.read_ahead import ReadAheadConfig
+from tasks.config.search import SearchConfig
+from tasks.config.train import BUILTIN_TRAINERS, TrainConfig  # noqa: F401 (re-exported: moved there)
 
 if TYPE_CHECKING:
     from focus.agent import Agent
@@ -40,28 +45,6 @@ if TYPE_CHECKING:
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-@dataclass(frozen=True)
-class Resumable:
-    """Field metadata (``Annotated[T, RUNTIME]``): the field may differ between a run
-    and its resume, because it does not change what a step already made computed.
-    Every other field does, and a resume that changes one is refused
-    (:mod:`tasks.fingerprint`, :mod:`tasks.loop_settings`). ``scope`` says which
-    resumes ignore it: ``any`` (a collection's and a train loop's), ``collection`` (a
-    collection never reads it; a train loop compares it) or ``loop`` (a train loop's:
-    how much of the loop runs, or a value the loop sets for each iteration itself)."""
-
-    scope: Literal["any", "collection", "loop"]
-    why: str
-
-
-#: Where things run and how patiently, not what they compute.
-RUNTIME = Resumable("any", "where and how patiently things run")
-#: Read by the train loop alone.
-LOOP_ONLY = Resumable("collection", "read by the train loop alone")
-#: How much of a train loop runs: more iterations extend it, another evaluation size evaluates again.
-LOOP_EXTENT = Resumable("loop", "how much of the loop runs")
 
 
 def _check_http_url(name: str, url: str | None) -> None:
@@ -183,34 +166,6 @@ class AgentConfig(_Model):
     sampling: SamplingParams = SamplingParams(max_tokens=48)
 
 
-def _default_phases() -> list[Phase]:
-    return [Phase("evidence", rollouts_per_task=4), Phase("continue", transitions=200, wave_size=16, max_depth=8)]
-
-
-class SearchConfig(_Model):
-    """The search and its phases (:class:`focus.priority.Phase`, validated the same way).
-
-    It ranks with the estimator's γ, truncation rule and critic weight (one of each per
-    collection): :meth:`FocusConfig.build_search`."""
-
-    kind: Literal["selective", "uniform"] = "selective"
-    phases: list[Phase] = Field(default_factory=_default_phases)
-    #: Waves planned and running at once (focus.priority.Priority.waves_in_flight): 2
-    #: keeps the model service busy while a wave's last rollouts finish, is checkpointed,
-    #: and the next one is planned (docs/pipeline.md, "Waves in flight").
-    waves_in_flight: int = Field(2, ge=1)
-
-    @model_validator(mode="after")
-    def _check(self) -> SearchConfig:
-        self.build_search()  # the search's own rules: evidence first, unique names
-        return self
-
-    def build_search(self) -> Priority:
-        """The search alone; :meth:`FocusConfig.build_search` adds the estimator's settings."""
-        cls = Selective if self.kind == "selective" else Uniform
-        return cls(phases=tuple(self.phases), waves_in_flight=self.waves_in_flight)
-
-
 class CriticConfig(_Pluggable):
     _section: ClassVar[str] = "critic"
     kind: Literal["constant", "http", "local", "factory"] = "constant"
@@ -324,49 +279,6 @@ class StorageConfig(_Model):
                 f"storage protocol {protocol!r} needs a package that is missing: {e}{protocol_hint(protocol)}"
             ) from None
         return v
-
-
-#: Trainers shipped with FOCUS, by the short name ``train.trainer`` accepts.
-BUILTIN_TRAINERS = {"local": "tasks.trainers:local_trainer", "tinker": "tasks.trainers:tinker_trainer"}
-
-
-class TrainConfig(_Model):
-    """The train loop (``focus train``): collect -> train -> publish weights -> collect.
-
-    ``trainer`` is ``local`` (the embedded model, :mod:`focus.train_local`, tuned by
-    ``local``), ``tinker`` (LoRA on Tinker, tuned by ``tinker``; a dry run without
-    ``TINKER_API_KEY``) or the import path ``package.module:function`` of your own
-    trainer step (:mod:`tasks.trainers` says what it is given and returns; the current
-    directory is on the import path). Iteration ``i`` collects ``env.n_tasks`` fresh
-    tasks: its seed and task seed are derived from ``seed``, ``env.task_seed`` and ``i``.
-    """
-
-    #: Collect/train rounds.
-    iterations: Annotated[int, LOOP_EXTENT] = Field(2, gt=0)
-    #: ``local``, ``tinker`` or ``package.module:function``.
-    trainer: str = "local"
-    #: Keyword options of a trainer named by import path.
-    options: dict[str, Any] = Field(default_factory=dict)
-    #: Hyper-parameters of the local trainer (``focus.train_local.UpdateConfig``).
-    local: UpdateConfig = UpdateConfig()
-    #: Settings of the Tinker trainer (``focus.backends.tinker_backend.TinkerUpdateConfig``).
-    tinker: TinkerUpdateConfig = TinkerUpdateConfig()
-    #: Held-out tasks evaluated (one plain rollout each) before training and after each
-    #: iteration; 0 turns evaluation off.
-    eval_tasks: Annotated[int, LOOP_EXTENT] = Field(0, ge=0)
-
-    @field_validator("trainer")
-    @classmethod
-    def _check_trainer(cls, v: str) -> str:
-        if v in BUILTIN_TRAINERS:
-            return v
-        if check_import_path(v) is None:
-            raise ValueError("train.trainer must be 'local', 'tinker' or an import path")
-        return v
-
-    def trainer_path(self) -> str:
-        """The import path of the trainer step."""
-        return BUILTIN_TRAINERS.get(self.trainer, self.trainer)
 
 
 class FocusConfig(_Model):
