@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from focus.format import ByteCodec
 from focus.priority import Priority, Selective, Uniform
 from focus.testing import ScriptedPolicy
 from storage import CheckpointStore
@@ -132,9 +133,16 @@ def test_a_uniform_search_has_no_knobs_and_fingerprints_none():
 
 
 def check_config(root: Path, **overrides: Any) -> None:
-    """A collection's first step, as a run or a resume takes it: record or compare the config."""
+    """A collection's first step, as a run or a resume takes it: compare the config, and
+    for a new collection save its record once the env's codec is known (tasks/collect.py)."""
     cfg = load_config(overrides={"collection_id": "c", "storage.root": str(root), **overrides}, environ={})
-    asyncio.run(CheckpointJournal(cfg).check_config())
+    journal = CheckpointJournal(cfg)
+
+    async def first_step() -> None:
+        await journal.check_config()
+        await journal.codec.check(ByteCodec(), journal.save)
+
+    asyncio.run(first_step())
 
 
 def test_a_collection_resumed_with_another_knob_is_refused_naming_it(tmp_path):
