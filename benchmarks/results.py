@@ -250,6 +250,7 @@ def load_average() -> list[float]:
 RECORDED = (
     ":!benchmarks/results",
     ":!benchmarks/README.md",
+    ":!benchmarks/QUALITY.md",
     ":!examples/*/record.json",
     ":!examples/*/README.md",
     ":!examples/*/*.png",
