@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from focus.ranking import Entry
-from focus.search.shape import Depths, count
+from focus.search.shape import Depths
 
 if TYPE_CHECKING:
     from focus.priority import Calibration, Priority
@@ -193,9 +193,14 @@ class PlanIndex:
 
 
 def _add(totals: dict[tuple[int, int], int], counts: dict[tuple[int, int], int], sign: int) -> None:
-    """Add (``sign`` 1) or take away (-1) ``counts`` from ``totals``."""
+    """Add (``sign`` 1) or take away (-1) ``counts`` from ``totals``, dropping keys at 0."""
+    get = totals.get
     for key, n in counts.items():
-        count(totals, key, sign * n)
+        left = get(key, 0) + sign * n
+        if left:
+            totals[key] = left
+        else:
+            del totals[key]
 
 
 def plan_index(state: SearchState) -> PlanIndex:

@@ -59,10 +59,12 @@ def tree_depths(tree: Tree) -> Depths:
     open_: dict[tuple[int, int], int] = {}
     for nid in tree.states:
         node = nodes[nid]
-        count(open_, (node.depth, len(node.children)), 1)
+        key = (node.depth, len(node.children))
+        open_[key] = open_.get(key, 0) + 1
     starts: dict[tuple[int, int], int] = {}
     for rec in tree.log:
-        count(starts, (rec.phase, nodes[rec.node].depth), 1)
+        key = (rec.phase, nodes[rec.node].depth)
+        starts[key] = starts.get(key, 0) + 1
     return open_, starts, len(tree.log)
 
 
@@ -84,12 +86,15 @@ def _grown_depths(tree: Tree, was: Depths, first: int, old_nodes: int) -> Depths
         if had:
             count(open_, (node.depth, len(before)), -1)
         if p in states:
-            count(open_, (node.depth, len(node.children)), 1)
+            key = (node.depth, len(node.children))
+            open_[key] = open_.get(key, 0) + 1  # (a count only grows here: never 0)
     for nid in range(old_nodes, len(nodes)):
         if nid in states:
-            count(open_, (nodes[nid].depth, len(nodes[nid].children)), 1)
+            key = (nodes[nid].depth, len(nodes[nid].children))
+            open_[key] = open_.get(key, 0) + 1
     for rec in tree.log[was[2] :]:
-        count(starts, (rec.phase, nodes[rec.node].depth), 1)
+        key = (rec.phase, nodes[rec.node].depth)
+        starts[key] = starts.get(key, 0) + 1
     return open_, starts, len(tree.log)
 
 
