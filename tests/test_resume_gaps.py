@@ -57,6 +57,7 @@ def config(root: str, url: str):  # type: ignore[no-untyped-def]
             "env.n_tasks": 3,
             "agent.sampling.max_tokens": 16,
             "search.phases": PHASES,
+            "search.depth_share": 0.0,  # the ranking unbounded: CASES count this collection's 4 waves
             "critic.kind": "factory",
             "critic.factory": "fixtures.resume:varied_critic",  # scores that steer the plans
             "execution.kind": "local",
