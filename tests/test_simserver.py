@@ -108,6 +108,10 @@ def test_without_a_cache_nothing_is_served_from_it():
                 await policy.aclose()
 
         assert [c.cached_prompt_tokens for c in asyncio.run(go())] == [0, 0]
+        scratch = server._tmp
+        assert scratch is not None and scratch.is_dir()
+    # stopping removes the server's scratch folder (port file, log): no folder left per start
+    assert server._tmp is None and not scratch.exists()
 
 
 @pytest.mark.timeout(120)

@@ -37,6 +37,7 @@ import json
 import math
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -439,6 +440,7 @@ class SimServerProcess:
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None
+        self._tmp: Path | None = None
         self.port = port
 
     @property
@@ -448,7 +450,7 @@ class SimServerProcess:
     def start(self) -> SimServerProcess:
         import httpx
 
-        tmp = Path(tempfile.mkdtemp(prefix="focus-simserver-"))
+        self._tmp = tmp = Path(tempfile.mkdtemp(prefix="focus-simserver-"))
         port_file = tmp / "port"
         cmd = [
             sys.executable,
@@ -468,10 +470,9 @@ class SimServerProcess:
         deadline = time.monotonic() + self.startup_timeout_s
         while not port_file.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                log = (tmp / "log").read_text(errors="replace")[-2000:]
                 self.stop()
-                raise RuntimeError(
-                    f"simulated server did not start: {(tmp / 'log').read_text(errors='replace')[-2000:]}"
-                )
+                raise RuntimeError(f"simulated server did not start: {log}")
             time.sleep(0.02)
         self.port = int(port_file.read_text())
         httpx.get(f"{self.url}/health", timeout=5.0, trust_env=False).raise_for_status()
@@ -483,6 +484,9 @@ class SimServerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
 
     def stats(self) -> dict[str, Any]:
         import httpx
