@@ -25,6 +25,7 @@ from focus.testing import ScriptedPolicy
 from storage import CheckpointStore
 from tasks.config import ConfigError, FocusConfig, load_config
 from tasks.config.search import LEFT_OUT, SELECTIVE_KNOBS
+from tasks.config.sources import explain_config
 from tasks.fingerprint import CONFIG_KEY, ResumeMismatch, fingerprint
 from tasks.journal import CheckpointJournal
 from tasks.loop_settings import LoopSettingsChanged, settle
@@ -67,6 +68,15 @@ def test_a_config_that_sets_nothing_builds_the_librarys_search_whatever_its_defa
         assert moved == Selective(phases=tuple(cfg.search.phases), waves_in_flight=cfg.search.waves_in_flight)
         assert (moved.depth_share, moved.explore) == (3.0, 0.125)
         assert {k: fingerprint(cfg)["search"][k] for k in SELECTIVE_KNOBS} == {"explore": 0.125, "depth_share": 3.0}
+
+
+def test_config_show_gives_an_unset_knob_the_librarys_value_and_a_set_one_its_source():
+    with library_default("depth_share", 2.5):
+        rows = {key: (value, source) for key, value, source in explain_config(None, {"search.explore": 0.5}, {})[1]}
+    assert rows["search.depth_share"] == (2.5, "library default")  # what the search gets, not null
+    assert rows["search.explore"] == (0.5, "--set search.explore")
+    uniform = {key: value for key, value, _ in explain_config(None, {"search.kind": "uniform"}, {})[1]}
+    assert uniform["search.depth_share"] is None  # a kind without knobs has none to show
 
 
 @pytest.mark.parametrize("suffix", ["toml", "yaml"])
