@@ -27,6 +27,7 @@ sampled), whatever the setting.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -131,8 +132,21 @@ class HFChatCodec(ChatCodec):
         self.__dict__.update(state)
 
     def settings(self) -> dict[str, Any]:
-        """The chat template and what special-token strings in message text become."""
-        return {"template": asdict(self.template), "content_special_tokens": self.content_special_tokens}
+        """The chat template, what special-token strings in message text become, and the
+        tokenizer itself (a digest of its serialisation: another ``tokenizer.json`` at the
+        same path renders other ids; the same one at another path does not)."""
+        return {
+            "template": asdict(self.template),
+            "content_special_tokens": self.content_special_tokens,
+            "tokenizer_sha256": self.tokenizer_digest(),
+        }
+
+    def tokenizer_digest(self) -> str:
+        """SHA-256 of the tokenizer's JSON serialisation (computed once)."""
+        digest: str | None = self.__dict__.get("_digest")
+        if digest is None:
+            digest = self.__dict__["_digest"] = hashlib.sha256(self._tok.to_str().encode()).hexdigest()
+        return digest
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of plain text (special-token strings in it map to their ids)."""

@@ -161,7 +161,9 @@ class CodecRecord:
     codec is known once the env is built, after the configuration check
     (:meth:`tasks.journal.CheckpointJournal.check_config`), so a new collection's record
     is saved then (:meth:`check`), still before its first step. A record saved before
-    codecs were recorded has none, and such a collection resumes unchecked, as it did."""
+    codecs were recorded has none, and such a collection resumes unchecked, as it did; a
+    setting a codec gained since its record was saved (``HFChatCodec``'s tokenizer digest)
+    is likewise not compared."""
 
     def __init__(self, config: FocusConfig) -> None:
         self.config = config
@@ -180,7 +182,11 @@ class CodecRecord:
             await asyncio.to_thread(save, CONFIG_KEY, json.dumps(self.stored, sort_keys=True))
             return
         before = self.stored.get(CODEC)
-        if before is not None and (diffs := changes(before, mine, f"{CODEC}.")):
+        if before is None:
+            return
+        # a setting the record lacks was added to the codec since it was saved: not compared
+        mine = {k: v for k, v in mine.items() if k in before}
+        if diffs := changes(before, mine, f"{CODEC}."):
             raise _mismatch(self.config, diffs)
 
 

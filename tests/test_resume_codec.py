@@ -91,3 +91,24 @@ def test_the_codec_is_compared_only_where_both_sides_have_it(tmp_path):
     assert resume_mismatch(cfg, with_codec, plain) is None and resume_mismatch(cfg, plain, with_codec) is None
     other = {**plain, CODEC: {"class": "focus.hf_codec.HFChatCodec"}}
     assert "differs in: codec.class" in str(resume_mismatch(cfg, with_codec, other))
+
+
+def test_a_codec_setting_the_record_lacks_is_not_compared_and_one_it_has_is(tmp_path):
+    """A record saved before ``HFChatCodec`` reported its tokenizer's digest resumes; one
+    saved with another digest (another ``tokenizer.json`` at the same path) is refused."""
+    import asyncio
+
+    from tasks.fingerprint import CodecRecord, codec_settings
+
+    cfg = small_config(str(tmp_path / "store"), "codec-digest")
+    codec = HFChatCodec(tokenizer(tmp_path))
+    mine = codec_settings(codec)
+    assert set(mine) == {"class", "template", "content_special_tokens", "tokenizer_sha256"}
+    record = CodecRecord(cfg)
+    record.mine = {"seed": 7}
+    record.stored = {"seed": 7, CODEC: {k: v for k, v in mine.items() if k != "tokenizer_sha256"}}
+    asyncio.run(record.check(codec, lambda key, value: None))  # an older record: resumes
+    record.stored = {"seed": 7, CODEC: {**mine, "tokenizer_sha256": "0" * 64}}
+    shown = r"differs in: codec.tokenizer_sha256 0+\.\.\. → " + mine["tokenizer_sha256"][:40]  # long values cut
+    with pytest.raises(ResumeMismatch, match=shown):
+        asyncio.run(record.check(codec, lambda key, value: None))
