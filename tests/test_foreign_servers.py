@@ -442,3 +442,41 @@ def test_a_token_text_that_is_not_utf8_leaves_the_ids_and_logprobs_readable():
 
     completion = run(go())
     assert (completion.token_ids, completion.logprobs) == ((226, 128), (-0.5, -0.25))
+
+
+@pytest.mark.integration
+def test_bodies_go_out_as_json_dumps_would_and_lenient_answers_are_read():
+    """Request bodies are encoded by ``orjson`` (a tenth of ``json.dumps``'s CPU per
+    call), answers decoded by it where they are strict JSON. What a server gets is the
+    JSON ``json.dumps`` gave: a ``logit_bias`` keyed by token ids (``int`` keys, which
+    ``orjson`` refuses by default) and non-ASCII text; and an answer a Python server
+    wrote with ``json.dumps`` holding ``-Infinity`` (a top log-prob of an impossible
+    token, which strict JSON has no word for) is read as before, not "malformed"."""
+    answer = vllm_answer([5, 6], [-0.5, -0.25])
+    answer["usage"]["prompt_tokens"] = len(PROMPT)
+    answer["choices"][0]["logprobs"]["top_logprobs"] = [{"a": -0.5, "é": float("-inf")}, {"b": -0.25}]
+    sent: list[bytes] = []
+
+    async def go() -> Any:
+        async def answer_it(request: web.Request) -> web.Response:
+            sent.append(await request.read())
+            return web.Response(body=json.dumps(answer).encode(), headers={"Content-Type": "application/json"})
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", answer_it)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        policy = OpenAICompatPolicy(url, config=FAST, extra_body={"logit_bias": {7: -100.0}, "user": "zoë"})
+        try:
+            return await policy.sample(PROMPT, SamplingParams(max_tokens=4, seed=1)), policy
+        finally:
+            await policy.aclose()
+            await runner.cleanup()
+
+    completion, policy = run(go())
+    assert (completion.token_ids, completion.logprobs) == ((5, 6), (-0.5, -0.25))
+    expected = json.loads(json.dumps(policy.request_body(PROMPT, SamplingParams(max_tokens=4, seed=1))))
+    assert json.loads(sent[0]) == expected and expected["logit_bias"] == {"7": -100.0}
+    assert expected["user"] == "zoë" and "zoë".encode() in sent[0]  # UTF-8 on the wire, the same string read

@@ -33,7 +33,6 @@ created lazily for the running loop and dropped when pickling.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import Callable, Coroutine
@@ -62,6 +61,7 @@ from focus.backends.wire import Retryable as _Retryable
 from focus.backends.wire import Wire as _Wire
 from focus.backends.wire import classify as _classify
 from focus.backends.wire import decode as _decode
+from focus.backends.wire import encode as _encode
 from focus.backends.wire import expire as _expire
 from focus.backends.wire import gave_up as _gave_up
 from focus.backends.wire import headers as _headers
@@ -78,9 +78,6 @@ from focus.policy import (
 __all__ = ["HttpClient", "HttpConfig", "MalformedResponse", "RetryPolicy"]
 
 T = TypeVar("T")
-
-#: ``json.dumps(body, separators=(",", ":"))`` without making an encoder per call.
-_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class MalformedResponse(ValueError):
@@ -223,7 +220,7 @@ class HttpClient:
     ) -> Coroutine[Any, Any, T]:
         """Send, decode JSON, ``parse`` it; retry transient failures; raise ``self.error``.
         (Await it; the body is encoded when it is called, see :meth:`call`.)"""
-        content = None if body is None else _encode(body).encode()
+        content = None if body is None else _encode(body)
         return self._request(method, path, content, parse, hedge, size)
 
     async def _request(
@@ -253,7 +250,7 @@ class HttpClient:
         collection to walk (pass it straight in, as :meth:`~focus.backends.http_policy.HttpPolicy.sample` does, not
         from a local); and a plain function returning the call's coroutine is one
         coroutine fewer per call than an ``async def`` awaiting it."""
-        content = None if body is None else _encode(body).encode()
+        content = None if body is None else _encode(body)
         return self._call(method, path, content, parse, hedge, size)
 
     async def _call(

@@ -69,7 +69,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from focus.backends.wire import Rejected, Retryable
+from focus.backends.wire import Rejected, Retryable, encode
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ async def probe(
     answers' values are dropped."""
     try:
         body = json.loads(content)
-        others = [json.dumps(make(body, k), separators=(",", ":")).encode() for k in range(1, n + 1)]
+        others = [encode(make(body, k)) for k in range(1, n + 1)]
     except (KeyError, TypeError, ValueError):  # a body of a kind ``make`` does not know (a subclass's): no probe
         tally.probing = False
         return False

@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import orjson
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 
 from focus.backends.hedge import Hedges
@@ -173,12 +174,24 @@ def gave_up(
     return f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}"
 
 
+def encode(body: Any) -> bytes:
+    """A request body as compact JSON bytes (``orjson``: about a tenth of ``json.dumps``'s
+    CPU for a body of a few hundred prompt ids, which every model call sends; the same
+    JSON values, non-ASCII text sent as UTF-8 rather than escaped). Non-string keys are
+    written as strings, as ``json.dumps`` does (``logit_bias`` keyed by token id)."""
+    return orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
+
+
 def decode(data: bytes, status: int) -> Any:
     """The JSON value of a 2xx body; :class:`Retryable` ``malformed response`` when it
     is none. A body that is not UTF-8 is read with its undecodable bytes replaced: they
     can only be inside a string (a token's text, cut inside a character by a server
     that does not sanitise it), and FOCUS reads ids and numbers, never those texts; it
     failed the whole answer as "not JSON", the same on every try of a seeded request."""
+    try:
+        return orjson.loads(data)
+    except ValueError:  # not strict JSON (NaN, Infinity, bad UTF-8, huge ints): the lenient reading below
+        pass
     try:
         return json.loads(data)
     except UnicodeDecodeError:
