@@ -6,7 +6,10 @@ request body ``OpenAICompatPolicy`` sends (a 300-token prompt), ``POST
 /v1/completions``, read, decode JSON, parse with ``parse_completion`` - with
 ``--concurrency`` calls in flight from one process:
 
-* ``aiohttp``: a bare ``aiohttp.ClientSession`` (the path the client took before).
+* ``aiohttp``: a bare ``aiohttp.ClientSession`` (the path the client took before), with
+  ``json.dumps`` and ``json.loads``: the goal's baseline.
+* ``aiohttp_orjson``: the same with ``orjson`` encoding and decoding, as a careful user's
+  loop would have it (FOCUS's client encodes with ``orjson`` since 2026-12-06).
 * ``httpx``: ``httpx.AsyncClient`` with httpx's own transport (httpcore + h11).
 * ``httpx_aiohttp_client``: ``httpx.AsyncClient(transport=httpx_aiohttp.AiohttpTransport())``.
 * ``httpx_aiohttp_transport``: ``httpx.Request`` handed straight to the same transport
@@ -47,6 +50,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import orjson
 from httpx_aiohttp import AiohttpTransport
 
 from benchmarks.results import write_report
@@ -55,7 +59,7 @@ from focus.backends.openai_compat import OpenAICompatPolicy, parse_completion
 from focus.policy import SamplingParams
 from focus.testing.simserver import SimConfig, SimServerProcess
 
-STACKS = ("aiohttp", "httpx", "httpx_aiohttp_client", "httpx_aiohttp_transport", "focus_client")
+STACKS = ("aiohttp", "aiohttp_orjson", "httpx", "httpx_aiohttp_client", "httpx_aiohttp_transport", "focus_client")
 #: httpx's own transport is 10-30x slower than the others; it runs a fifth of the calls
 #: (its per-request figures are unaffected, the benchmark minutes shorter).
 SHARE = {"httpx": 0.2}
@@ -111,6 +115,15 @@ def _sender(stack: str, url: str, n: int, max_tokens: int) -> tuple[Callable[[in
                 return parse_completion(json.loads(await resp.read()))
 
         return aiohttp_call, session.close
+    if stack == "aiohttp_orjson":
+        session = _session(n)
+
+        async def orjson_call(i: int) -> Any:
+            data = orjson.dumps(policy.request_body(PROMPT, params[0].with_seed(i)))
+            async with session.post(target, data=data, headers=JSON_HEADERS) as resp:
+                return parse_completion(orjson.loads(await resp.read()))
+
+        return orjson_call, session.close
     if stack == "httpx_aiohttp_transport":
         transport = AiohttpTransport(client=lambda: _session(n))
 

@@ -360,6 +360,7 @@ def _scale_repeats(f: dict[str, Any]) -> list[str]:
 
 HTTP_STACKS = {
     "aiohttp": "bare `aiohttp.ClientSession`",
+    "aiohttp_orjson": "bare `aiohttp.ClientSession`, `orjson` for JSON",
     "httpx": "`httpx.AsyncClient`, httpx's own transport (httpcore + h11)",
     "httpx_aiohttp_client": "`httpx.AsyncClient` over `httpx_aiohttp.AiohttpTransport`",
     "httpx_aiohttp_transport": "`httpx.Request` straight to `AiohttpTransport`",
