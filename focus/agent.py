@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from focus.branching import BranchPoints, EveryDecision
-from focus.context import Compaction, Context, ContextManager, Segments, returned
+from focus.branching import BranchPoints, EveryDecision, eligible
+from focus.context import BrokenContextManager, Compaction, Context, ContextManager, Segments, returned
 from focus.env import Action, Env, EnvError, Message, Task, accepts_seed, check_reset, check_step_result
 from focus.format import ActionParser, ChatCodec, ParseError, PolicyFormat
 from focus.policy import (
@@ -263,7 +263,7 @@ class Agent:
             if state.steps >= self.max_steps:
                 pieces.append(Piece(tuple(turns), "truncated", state.steps, state.context.prompt_ids))
                 break
-            if turns and self.branch_points.eligible(state):
+            if turns and eligible(self.branch_points, state):
                 pieces.append(Piece(tuple(turns), "checkpoint", state.steps, state.context.prompt_ids, state.fork()))
                 turns = []
             params = self.sampling.with_seed(seed if fresh else derive_seed(seed, state.steps))
@@ -284,16 +284,16 @@ class Agent:
                 self.policy.check_completion(completion, params)
                 if completion.meta:
                     _count_retries(counters, completion.meta)
-            except UnreadableAnswers:
-                raise  # a setting to fix, not this rollout's failure: stops the collection
+            except (UnreadableAnswers, BrokenContextManager):
+                raise  # a setting or code to fix, not this rollout's failure: stops the collection
             except ContextLimit as e:
                 # the episode outgrew the model, as at max_prompt_tokens; a task whose own
                 # prompt does not fit fails, as any refused request does
                 kind, cause = ("truncated", CONTEXT_LIMIT) if state.steps else ("failed", f"{failure_prefix(e)}: {e}")
                 pieces.append(Piece(tuple(turns), kind, state.steps, state.context.prompt_ids, cause=cause))
                 break
-            except (PolicyError, NotImplementedError) as e:
-                cause = f"{failure_prefix(e)}: {e}"
+            except Exception as e:  # noqa: BLE001 - a failed model call ends this rollout only
+                cause = _call_cause(e)
                 pieces.append(Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=cause))
                 break
             text = codec.decode(completion.token_ids)
@@ -470,6 +470,17 @@ def failure_prefix(error: BaseException) -> str:
     if is_outage(error):
         return "model service"
     return "bad response" if isinstance(error, BadResponse) else "model"
+
+
+def _call_cause(error: Exception) -> str:
+    """The cause of a rollout whose model call (or compaction) raised: a
+    :class:`~focus.policy.PolicyError` by its kind (:func:`failure_prefix`); anything else
+    (a custom policy's ``ConnectionError``, a context manager's bug) ``error: ...``, the
+    cause of a rollout job that raises (:mod:`focus.execution`). The rollout's finished
+    segments stay: the job's failure kept none of them."""
+    if isinstance(error, (PolicyError, NotImplementedError)):
+        return f"{failure_prefix(error)}: {error}"
+    return f"error: {type(error).__name__}: {error}"
 
 
 def _count_retries(counters: dict[str, int], meta: dict[str, Any]) -> None:

@@ -208,8 +208,15 @@ class Policy(abc.ABC):
         asked for, or ids that the next prompt - and every trainer - rejects; since
         generated ids are never re-tokenised, this is the one place to catch them.
         The agent calls it on every answer (log-prob alignment is checked when the
-        :class:`Completion` is made).
+        :class:`Completion` is made). An answer that is no :class:`Completion` at all (a
+        custom policy's dict, say) is :class:`UnreadableAnswers` naming the policy: every
+        call would return one, so it stops the collection.
         """
+        if not isinstance(completion, Completion):
+            raise UnreadableAnswers(
+                f"{type(self).__name__}.sample returned {type(completion).__name__}, expected a Completion "
+                "(focus.policy.Completion: token ids, their log-probs, the finish reason)"
+            )
         if params is not None and len(completion.token_ids) > params.max_tokens:
             raise BadResponse(
                 f"{len(completion.token_ids)} tokens sampled where max_tokens = {params.max_tokens} were asked "

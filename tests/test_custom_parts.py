@@ -9,7 +9,7 @@ import pytest
 
 from focus.agent import Agent
 from focus.batch import BatchError
-from focus.branching import EveryDecision
+from focus.branching import BrokenBranchPoints, EveryDecision
 from focus.collector import Collector
 from focus.context import BrokenContextManager, Segments, Summarize
 from focus.critic import ConstantCritic, Critic, CriticError, Prediction
@@ -17,6 +17,7 @@ from focus.env import Task
 from focus.estimation import DirectBranchTd
 from focus.execution import Execution
 from focus.format import ActionParser, ByteCodec, PolicyFormat
+from focus.policy import UnreadableAnswers
 from focus.priority import Phase, Priority, Selective
 from focus.synthetic import SHAPES, SyntheticEnv, SyntheticPolicy, synthetic_format
 from focus.testing import run
@@ -280,3 +281,76 @@ def test_a_context_manager_method_that_returns_nothing_stops_the_collection_nami
     col.agent.context = manager
     with pytest.raises(BrokenContextManager, match=says):
         run(col.search(tasks))
+
+
+class NoReturnCritic(Critic):
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        [0.3] * len(contexts)  # the `return` forgotten
+
+
+class OneValueCritic(Critic):
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        return 0.3
+
+
+@pytest.mark.parametrize(
+    ("critic", "says"),
+    [
+        # the collection stopped with "TypeError: 'NoneType' object is not iterable",
+        # raised inside focus/critic.py, naming neither the critic nor the method
+        (NoReturnCritic(), r"^critic NoReturnCritic returned None: return a list, one value per context in order$"),
+        (OneValueCritic(), r"^critic OneValueCritic returned a float: return a list, one value per context in order$"),
+    ],
+)
+def test_a_critic_that_returns_no_sequence_is_named(critic, says):  # type: ignore[no-untyped-def]
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.critic = critic
+    with pytest.raises(CriticError, match=says):
+        run(col.collect(tasks))
+
+
+class DictPolicy(SyntheticPolicy):
+    async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        c = await super().sample(prompt_ids, params)
+        return {"token_ids": c.token_ids, "logprobs": c.logprobs}
+
+
+def test_a_policy_that_returns_no_completion_stops_the_collection_naming_it():
+    # each rollout failed with "error: AttributeError: 'dict' object has no attribute
+    # 'token_ids'", naming neither the policy nor the method, and the collection ended
+    # with an empty batch
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.agent.policy = DictPolicy(col.agent.policy.mdps)
+    with pytest.raises(UnreadableAnswers, match=r"^DictPolicy\.sample returned dict, expected a Completion"):
+        run(col.search(tasks))
+
+
+class NoReturnEligible(EveryDecision):
+    def eligible(self, state):  # type: ignore[no-untyped-def]
+        super().eligible(state)  # the `return` forgotten
+
+
+def test_a_branch_point_rule_that_returns_nothing_stops_the_collection_naming_it():
+    # no decision point became a checkpoint, silently: the search continued from the roots alone
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.agent.branch_points = NoReturnEligible()
+    with pytest.raises(BrokenBranchPoints, match=r"^NoReturnEligible\.eligible returned None, expected a truth value"):
+        run(col.search(tasks))
+
+
+class DropsOnThirdCall(SyntheticPolicy):
+    async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        if self.calls == 2:
+            raise ConnectionError("connection reset by peer")  # a custom client's own error
+        return await super().sample(prompt_ids, params)
+
+
+def test_a_policy_that_raises_its_own_error_ends_the_rollout_keeping_its_segments():
+    # the rollout raised and its job came back as a bare failed leaf: the two
+    # checkpoints before the failed call were lost
+    mdps = [SHAPES["uniform"](0)]
+    agent = Agent(DropsOnThirdCall(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=20)
+    root = run(agent.start(Task("t0", {"mdp": 0})))
+    rollout = run(agent.rollout(root, seed=1))
+    assert [p.kind for p in rollout.pieces] == ["checkpoint", "checkpoint", "failed"]
+    assert rollout.leaf.cause == "error: ConnectionError: connection reset by peer"
