@@ -121,7 +121,8 @@ class _StepTimeout(TimeoutError):
 
 class BrokenParser(TypeError):
     """The action parser returned neither an :class:`~focus.env.Action` nor a
-    :class:`~focus.format.ParseError` (:class:`focus.format.ActionParser`'s contract)."""
+    :class:`~focus.format.ParseError`, or raised (:class:`focus.format.ActionParser`'s
+    contract: it never raises)."""
 
 
 #: The cause of a truncated leaf whose next prompt does not fit the model (the agent's
@@ -297,7 +298,7 @@ class Agent:
                 pieces.append(Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=cause))
                 break
             text = codec.decode(completion.token_ids)
-            action = self.format.parser.parse(text)
+            action = self._parse(text)
             if isinstance(action, ParseError):
                 counters["parse_errors"] += 1
                 turns.append(_turn(prompt, completion, 1, "action", 0.0, False, action.message))
@@ -306,7 +307,7 @@ class Agent:
                 continue
             try:
                 if not isinstance(action, Action):
-                    raise BrokenParser(f"{type(self.format.parser).__name__}.parse returned {type(action).__name__}")
+                    raise action if isinstance(action, BrokenParser) else BrokenParser(self._parser_returned(action))
                 result = check_step_result(await self._step(state, action, seed), f"{type(self.env).__name__}.step")
             except Exception as e:  # noqa: BLE001 - env (or parser) code failing ends this rollout only
                 _count_unrecorded(counters, completion)
@@ -333,11 +334,25 @@ class Agent:
         made = await self.context.compact(ctx, self.format.codec, self.policy, params)
         return returned(self.context, "compact", made, Compaction)
 
+    def _parse(self, text: str) -> Any:
+        """The parser's answer to ``text``; a parser that raises (its contract: never) gives
+        the :class:`BrokenParser` its rollout fails with, naming it, the rollout's finished
+        segments kept (the exception itself failed the job and kept none of them)."""
+        try:
+            return self.format.parser.parse(text)
+        except Exception as e:  # noqa: BLE001 - the parser's bug ends this rollout only
+            name = type(self.format.parser).__name__
+            return BrokenParser(f"{name}.parse raised {type(e).__name__}: {e} (return a ParseError instead)")
+
+    def _parser_returned(self, action: object) -> str:
+        name = type(self.format.parser).__name__
+        return f"{name}.parse returned {type(action).__name__}, expected an Action or a ParseError"
+
     def _step_cause(self, e: Exception) -> str:
         """The cause of a rollout whose answer could not be acted on: the env's step
         raised, hung or broke its contract, or the parser returned no action."""
         if isinstance(e, BrokenParser):
-            return f"error: {e}, expected an Action or a ParseError"
+            return f"error: {e}"
         if isinstance(e, _StepTimeout):
             return f"env: step timed out after {self.env_timeout_s:g} s"
         return f"env: {e}" if isinstance(e, EnvError) else f"env: {type(e).__name__}: {e}"

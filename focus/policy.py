@@ -138,6 +138,14 @@ class Policy(abc.ABC):
     Implementations: ``focus.backends`` (OpenAI-compatible completions, SGLang native,
     Tinker, the embedded local model). Subclass and implement :meth:`sample` to connect
     another service; ``focus.testing.PolicyConformance`` checks the contract.
+
+    What :meth:`sample` raises decides what the collection does (docs/operations.md,
+    failure causes): :class:`ServiceUnavailable` once the service gave no usable answer
+    within your retries (an outage: too many in a wave fail it, nothing of it is kept),
+    :class:`BadResponse` for an answer that breaks this contract (the rollout is run
+    again), :class:`ContextLimit` for a prompt too long for the model (a truncated leaf),
+    :class:`PolicyError` for a request refused. Any other exception (a client library's
+    ``ConnectionError``) fails only its rollout, cause ``error: ...``, however many do.
     """
 
     #: Size of the token vocabulary when known; prompts are checked against it.

@@ -354,3 +354,26 @@ def test_a_policy_that_raises_its_own_error_ends_the_rollout_keeping_its_segment
     rollout = run(agent.rollout(root, seed=1))
     assert [p.kind for p in rollout.pieces] == ["checkpoint", "checkpoint", "failed"]
     assert rollout.leaf.cause == "error: ConnectionError: connection reset by peer"
+
+
+class RaisesOnThirdAnswer(ActionParser):
+    def __init__(self) -> None:
+        self.answers = 0
+
+    def parse(self, text):  # type: ignore[no-untyped-def]
+        self.answers += 1
+        if self.answers == 3:
+            raise KeyError("no such move")  # its contract: return a ParseError, never raise
+        return synthetic_format().parser.parse(text)
+
+
+def test_a_parser_that_raises_ends_the_rollout_naming_it_keeping_its_segments():
+    # the rollout raised: its job came back as a bare failed leaf (the two checkpoints
+    # before lost), cause "error: KeyError: 'no such move'", naming no parser
+    mdps = [SHAPES["uniform"](0)]
+    fmt = PolicyFormat(synthetic_format().codec, RaisesOnThirdAnswer())
+    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), fmt, max_steps=20)
+    rollout = run(agent.rollout(run(agent.start(Task("t0", {"mdp": 0}))), seed=1))
+    assert [p.kind for p in rollout.pieces] == ["checkpoint", "checkpoint", "failed"]
+    says = "error: RaisesOnThirdAnswer.parse raised KeyError: 'no such move' (return a ParseError instead)"
+    assert rollout.leaf.cause == says

@@ -153,9 +153,10 @@ class WorkspaceConformance:
         a, b = ws.fork(), ws.fork()
         a.write("f", b"a")
         b.write("g", b"b")
-        assert ws.read("f") == b"base" and ws.list() == ["f"]
-        assert a.read("f") == b"a" and a.list() == ["f"]
-        assert b.read("f") == b"base" and b.list() == ["f", "g"]
+        shared = "fork() must copy the files, not share them"
+        assert ws.read("f") == b"base" and ws.list() == ["f"], f"writes to a fork showed in its parent: {shared}"
+        assert a.read("f") == b"a" and a.list() == ["f"], f"a fork sees another fork's writes: {shared}"
+        assert b.read("f") == b"base" and b.list() == ["f", "g"], f"a fork sees another fork's writes: {shared}"
         # the other way: the agent forks a checkpoint's copy and keeps writing to the
         # live branch's workspace, which the copy must not see
         ws.write("f", b"later")
