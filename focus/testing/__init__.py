@@ -25,7 +25,10 @@ from focus.workspace import Workspace
 class ScriptedPolicy(Policy):
     """Answers with scripted texts in turn, encoded by ``codec``; log-prob -1 per token.
 
-    A double for unit tests of one piece. It records every prompt it was sent.
+    A double for unit tests of one piece. It records every prompt it was sent. A text
+    is encoded with ``codec.encode_text`` (``ByteCodec``'s and ``HFChatCodec``'s); a codec
+    without one gets the text's UTF-8 bytes as ids, so give such a codec an
+    ``encode_text`` unless its ids are bytes.
     """
 
     def __init__(self, responses: Sequence[str], codec: ChatCodec | None = None, *, end_turn: bool = True) -> None:
@@ -41,7 +44,8 @@ class ScriptedPolicy(Policy):
         self.check_prompt(prompt_ids)
         text = self.responses[len(self.prompts) % len(self.responses)]
         self.prompts.append(tuple(prompt_ids))
-        data = list(text.encode())
+        encode = getattr(self.codec, "encode_text", None)
+        data = list(encode(text)) if encode is not None else list(text.encode())
         stop = list(self.codec.stop_token_ids[:1]) if self.end_turn else []
         # as a model would: the stop id is a sampled token, inside max_tokens like the rest
         if len(data) + len(stop) <= params.max_tokens:
