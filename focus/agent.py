@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from focus.branching import BranchPoints, EveryDecision, eligible
+from focus.branching import BranchPoints, BrokenBranchPoints, EveryDecision, eligible
 from focus.context import BrokenContextManager, Compaction, Context, ContextManager, Segments, returned
 from focus.env import Action, Env, EnvError, Message, Task, accepts_seed, check_reset, check_step_result
 from focus.format import ActionParser, ChatCodec, ParseError, PolicyFormat
@@ -264,11 +264,13 @@ class Agent:
             if state.steps >= self.max_steps:
                 pieces.append(Piece(tuple(turns), "truncated", state.steps, state.context.prompt_ids))
                 break
-            if turns and eligible(self.branch_points, state):
-                pieces.append(Piece(tuple(turns), "checkpoint", state.steps, state.context.prompt_ids, state.fork()))
-                turns = []
             params = self.sampling.with_seed(seed if fresh else derive_seed(seed, state.steps))
             try:
+                if turns and eligible(self.branch_points, state):
+                    pieces.append(
+                        Piece(tuple(turns), "checkpoint", state.steps, state.context.prompt_ids, state.fork())
+                    )
+                    turns = []
                 if returned(self.context, "needs_compaction", self.context.needs_compaction(state.context), None):
                     fresh = False
                     c = await self._compact(state.context, params)
@@ -285,7 +287,7 @@ class Agent:
                 self.policy.check_completion(completion, params)
                 if completion.meta:
                     _count_retries(counters, completion.meta)
-            except (UnreadableAnswers, BrokenContextManager):
+            except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints):
                 raise  # a setting or code to fix, not this rollout's failure: stops the collection
             except ContextLimit as e:
                 # the episode outgrew the model, as at max_prompt_tokens; a task whose own
@@ -488,9 +490,10 @@ def failure_prefix(error: BaseException) -> str:
 
 
 def _call_cause(error: Exception) -> str:
-    """The cause of a rollout whose model call (or compaction) raised: a
-    :class:`~focus.policy.PolicyError` by its kind (:func:`failure_prefix`); anything else
-    (a custom policy's ``ConnectionError``, a context manager's bug) ``error: ...``, the
+    """The cause of a rollout whose model call (or compaction, or the checkpoint before
+    it) raised: a :class:`~focus.policy.PolicyError` by its kind (:func:`failure_prefix`);
+    anything else (a custom policy's ``ConnectionError``, a bug of a context manager,
+    a branch-point rule or a workspace's ``fork``) ``error: ...``, the
     cause of a rollout job that raises (:mod:`focus.execution`). The rollout's finished
     segments stay: the job's failure kept none of them."""
     if isinstance(error, (PolicyError, NotImplementedError)):

@@ -377,3 +377,25 @@ def test_a_parser_that_raises_ends_the_rollout_naming_it_keeping_its_segments():
     assert [p.kind for p in rollout.pieces] == ["checkpoint", "checkpoint", "failed"]
     says = "error: RaisesOnThirdAnswer.parse raised KeyError: 'no such move' (return a ParseError instead)"
     assert rollout.leaf.cause == says
+
+
+class RaisesOnSecondQuestion(EveryDecision):
+    def __init__(self) -> None:
+        self.questions = 0
+
+    def eligible(self, state):  # type: ignore[no-untyped-def]
+        self.questions += 1
+        if self.questions == 2:
+            raise KeyError("no such state")
+        return True
+
+
+def test_a_branch_point_rule_that_raises_ends_the_rollout_keeping_its_segments():
+    # the rollout raised: its job came back as a bare failed leaf, the checkpoint before lost
+    mdps = [SHAPES["uniform"](0)]
+    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=20)
+    agent.branch_points = RaisesOnSecondQuestion()
+    rollout = run(agent.rollout(run(agent.start(Task("t0", {"mdp": 0}))), seed=1))
+    assert [p.kind for p in rollout.pieces] == ["checkpoint", "failed"]
+    assert rollout.leaf.cause == "error: KeyError: 'no such state'"
+    assert len(rollout.leaf.turns) == 1  # the turn after the checkpoint, not lost either
