@@ -13,14 +13,14 @@ from focus.branching import BrokenBranchPoints, EveryDecision
 from focus.collector import Collector
 from focus.context import BrokenContextManager, Segments, Summarize
 from focus.critic import ConstantCritic, Critic, CriticError, Prediction
-from focus.env import Task
+from focus.env import Action, Env, Message, Reset, StepResult, Task
 from focus.estimation import DirectBranchTd
 from focus.execution import Execution
 from focus.format import ActionParser, ByteCodec, PolicyFormat
 from focus.policy import UnreadableAnswers
 from focus.priority import Phase, Priority, Selective
 from focus.synthetic import SHAPES, SyntheticEnv, SyntheticPolicy, synthetic_format
-from focus.testing import run
+from focus.testing import EnvConformance, PolicyConformance, run
 
 PHASES = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=20, wave_size=4, wave_unit="jobs"))
 
@@ -399,3 +399,40 @@ def test_a_branch_point_rule_that_raises_ends_the_rollout_keeping_its_segments()
     assert [p.kind for p in rollout.pieces] == ["checkpoint", "failed"]
     assert rollout.leaf.cause == "error: KeyError: 'no such state'"
     assert len(rollout.leaf.turns) == 1  # the turn after the checkpoint, not lost either
+
+
+class _MutatingEnv(Env):
+    async def reset(self, task, workspace):  # type: ignore[no-untyped-def]
+        return Reset({"total": 0}, (Message("user", "count"),))
+
+    async def step(self, state, action, workspace):  # type: ignore[no-untyped-def]
+        state["total"] += 1  # in place: a sibling branch's old state changes too
+        return StepResult(dict(state), "ok")
+
+
+class _DictAnswers(SyntheticPolicy):
+    async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        return {"token_ids": (1,), "logprobs": (-1.0,)}
+
+
+def test_the_conformance_checks_say_what_a_part_broke():
+    # they failed with a bare AssertionError (pytest rewrites no assert of an installed
+    # module) or with "'dict' object has no attribute 'token_ids'"
+    class EnvCheck(EnvConformance):
+        def make_env(self):  # type: ignore[no-untyped-def]
+            return _MutatingEnv()
+
+        def make_task(self):  # type: ignore[no-untyped-def]
+            return Task("t0")
+
+        def make_action(self):  # type: ignore[no-untyped-def]
+            return Action("text", text="1")
+
+    class PolicyCheck(PolicyConformance):
+        def make_policy(self):  # type: ignore[no-untyped-def]
+            return _DictAnswers([SHAPES["uniform"](0)])
+
+    with pytest.raises(AssertionError, match=r"^step changed the state it was given: return a new state"):
+        EnvCheck().test_step_does_not_mutate_the_old_state()
+    with pytest.raises(AssertionError, match=r"^sample returned dict, expected a Completion$"):
+        PolicyCheck().test_sample_returns_aligned_finite_logprobs()
