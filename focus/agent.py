@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from focus.branching import BranchPoints, EveryDecision
-from focus.context import Compaction, Context, ContextManager, Segments, returned
+from focus.branching import BranchPoints, BrokenBranchPoints, EveryDecision, eligible
+from focus.context import BrokenContextManager, Compaction, Context, ContextManager, Segments, returned
 from focus.env import Action, Env, EnvError, Message, Task, accepts_seed, check_reset, check_step_result
 from focus.format import ActionParser, ChatCodec, ParseError, PolicyFormat
 from focus.policy import (
@@ -121,7 +121,8 @@ class _StepTimeout(TimeoutError):
 
 class BrokenParser(TypeError):
     """The action parser returned neither an :class:`~focus.env.Action` nor a
-    :class:`~focus.format.ParseError` (:class:`focus.format.ActionParser`'s contract)."""
+    :class:`~focus.format.ParseError`, or raised (:class:`focus.format.ActionParser`'s
+    contract: it never raises)."""
 
 
 #: The cause of a truncated leaf whose next prompt does not fit the model (the agent's
@@ -263,11 +264,13 @@ class Agent:
             if state.steps >= self.max_steps:
                 pieces.append(Piece(tuple(turns), "truncated", state.steps, state.context.prompt_ids))
                 break
-            if turns and self.branch_points.eligible(state):
-                pieces.append(Piece(tuple(turns), "checkpoint", state.steps, state.context.prompt_ids, state.fork()))
-                turns = []
             params = self.sampling.with_seed(seed if fresh else derive_seed(seed, state.steps))
             try:
+                if turns and eligible(self.branch_points, state):
+                    pieces.append(
+                        Piece(tuple(turns), "checkpoint", state.steps, state.context.prompt_ids, state.fork())
+                    )
+                    turns = []
                 if returned(self.context, "needs_compaction", self.context.needs_compaction(state.context), None):
                     fresh = False
                     c = await self._compact(state.context, params)
@@ -284,20 +287,20 @@ class Agent:
                 self.policy.check_completion(completion, params)
                 if completion.meta:
                     _count_retries(counters, completion.meta)
-            except UnreadableAnswers:
-                raise  # a setting to fix, not this rollout's failure: stops the collection
+            except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints):
+                raise  # a setting or code to fix, not this rollout's failure: stops the collection
             except ContextLimit as e:
                 # the episode outgrew the model, as at max_prompt_tokens; a task whose own
                 # prompt does not fit fails, as any refused request does
                 kind, cause = ("truncated", CONTEXT_LIMIT) if state.steps else ("failed", f"{failure_prefix(e)}: {e}")
                 pieces.append(Piece(tuple(turns), kind, state.steps, state.context.prompt_ids, cause=cause))
                 break
-            except (PolicyError, NotImplementedError) as e:
-                cause = f"{failure_prefix(e)}: {e}"
+            except Exception as e:  # noqa: BLE001 - a failed model call ends this rollout only
+                cause = _call_cause(e)
                 pieces.append(Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=cause))
                 break
             text = codec.decode(completion.token_ids)
-            action = self.format.parser.parse(text)
+            action = self._parse(text)
             if isinstance(action, ParseError):
                 counters["parse_errors"] += 1
                 turns.append(_turn(prompt, completion, 1, "action", 0.0, False, action.message))
@@ -306,7 +309,7 @@ class Agent:
                 continue
             try:
                 if not isinstance(action, Action):
-                    raise BrokenParser(f"{type(self.format.parser).__name__}.parse returned {type(action).__name__}")
+                    raise action if isinstance(action, BrokenParser) else BrokenParser(self._parser_returned(action))
                 result = check_step_result(await self._step(state, action, seed), f"{type(self.env).__name__}.step")
             except Exception as e:  # noqa: BLE001 - env (or parser) code failing ends this rollout only
                 _count_unrecorded(counters, completion)
@@ -333,11 +336,25 @@ class Agent:
         made = await self.context.compact(ctx, self.format.codec, self.policy, params)
         return returned(self.context, "compact", made, Compaction)
 
+    def _parse(self, text: str) -> Any:
+        """The parser's answer to ``text``; a parser that raises (its contract: never) gives
+        the :class:`BrokenParser` its rollout fails with, naming it, the rollout's finished
+        segments kept (the exception itself failed the job and kept none of them)."""
+        try:
+            return self.format.parser.parse(text)
+        except Exception as e:  # noqa: BLE001 - the parser's bug ends this rollout only
+            name = type(self.format.parser).__name__
+            return BrokenParser(f"{name}.parse raised {type(e).__name__}: {e} (return a ParseError instead)")
+
+    def _parser_returned(self, action: object) -> str:
+        name = type(self.format.parser).__name__
+        return f"{name}.parse returned {type(action).__name__}, expected an Action or a ParseError"
+
     def _step_cause(self, e: Exception) -> str:
         """The cause of a rollout whose answer could not be acted on: the env's step
         raised, hung or broke its contract, or the parser returned no action."""
         if isinstance(e, BrokenParser):
-            return f"error: {e}, expected an Action or a ParseError"
+            return f"error: {e}"
         if isinstance(e, _StepTimeout):
             return f"env: step timed out after {self.env_timeout_s:g} s"
         return f"env: {e}" if isinstance(e, EnvError) else f"env: {type(e).__name__}: {e}"
@@ -470,6 +487,18 @@ def failure_prefix(error: BaseException) -> str:
     if is_outage(error):
         return "model service"
     return "bad response" if isinstance(error, BadResponse) else "model"
+
+
+def _call_cause(error: Exception) -> str:
+    """The cause of a rollout whose model call (or compaction, or the checkpoint before
+    it) raised: a :class:`~focus.policy.PolicyError` by its kind (:func:`failure_prefix`);
+    anything else (a custom policy's ``ConnectionError``, a bug of a context manager,
+    a branch-point rule or a workspace's ``fork``) ``error: ...``, the
+    cause of a rollout job that raises (:mod:`focus.execution`). The rollout's finished
+    segments stay: the job's failure kept none of them."""
+    if isinstance(error, (PolicyError, NotImplementedError)):
+        return f"{failure_prefix(error)}: {error}"
+    return f"error: {type(error).__name__}: {error}"
 
 
 def _count_retries(counters: dict[str, int], meta: dict[str, Any]) -> None:

@@ -25,6 +25,24 @@ class BranchPoints(abc.ABC):
     def eligible(self, state: BranchState) -> bool: ...
 
 
+class BrokenBranchPoints(TypeError):
+    """A rule's :meth:`BranchPoints.eligible` returned ``None`` (a ``def`` that forgot its
+    ``return``). No decision point became a checkpoint, silently: the search continued
+    from the roots alone. Code to fix, the same in every rollout, so it stops the
+    collection at the first call that shows it, as
+    :class:`~focus.context.BrokenContextManager` does."""
+
+
+def eligible(rule: BranchPoints, state: BranchState) -> bool:
+    """``rule.eligible(state)``, or :class:`BrokenBranchPoints` naming the rule when it is ``None``."""
+    ok = rule.eligible(state)
+    if ok is None:
+        raise BrokenBranchPoints(
+            f"{type(rule).__name__}.eligible returned None, expected a truth value (a `return` missing?)"
+        )
+    return ok
+
+
 class EveryDecision(BranchPoints):
     """Every decision point is a checkpoint."""
 

@@ -73,9 +73,12 @@ class Critic(abc.ABC):
 
 
 def _check_listed(values: object, where: str) -> None:
-    """A mapping's keys were taken as the values (``{i: v}`` scored 0, 1, 2, ...)."""
-    if isinstance(values, Mapping):
-        raise CriticError(f"{where} returned a {type(values).__name__}: return a list, one value per context in order")
+    """A mapping's keys were taken as the values (``{i: v}`` scored 0, 1, 2, ...); ``None``
+    (a ``return`` forgotten) or a single number failed with "'NoneType' object is not
+    iterable" inside this module, naming neither the critic nor its method."""
+    if isinstance(values, (Mapping, str, bytes)) or not hasattr(values, "__iter__"):
+        what = "None" if values is None else f"a {type(values).__name__}"
+        raise CriticError(f"{where} returned {what}: return a list, one value per context in order")
 
 
 def _check_values(values: Sequence[Any], n: int, where: str, label: Callable[[int], str] | None = None) -> list[float]:

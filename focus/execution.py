@@ -30,6 +30,7 @@ client cannot read (:class:`~focus.policy.UnreadableAnswers`, raised through the
 agent and the wave at the first rollout that meets it), and a wave whose every request
 was refused whatever it held (:class:`RequestsRefused`, :func:`check_refused`). A
 context manager that returns no context (:class:`~focus.context.BrokenContextManager`)
+or a branch-point rule that returns nothing (:class:`~focus.branching.BrokenBranchPoints`)
 is code to fix, and stops it the same way as the first rollout meets it.
 """
 
@@ -52,6 +53,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from focus.agent import Piece, Rollout
+from focus.branching import BrokenBranchPoints
 from focus.context import BrokenContextManager
 from focus.policy import UnreadableAnswers
 from focus.usage import BAD_RESPONSE, SERVICE, failure_kind
@@ -567,8 +569,8 @@ async def _guarded(agent: Agent, job: RolloutJob) -> Rollout:
     """The job's rollout, run again (same seed) while it ends in a bad response, at
     most :data:`BAD_RESPONSE_RERUNS` times; a rollout that raises comes back as a
     failed one (cause ``error: ...``), not run again. The exceptions it lets through
-    are those every rollout would meet: :class:`~focus.policy.UnreadableAnswers` and
-    :class:`~focus.context.BrokenContextManager`.
+    are those every rollout would meet: :class:`~focus.policy.UnreadableAnswers`,
+    :class:`~focus.context.BrokenContextManager` and :class:`~focus.branching.BrokenBranchPoints`.
 
     One coroutine for every run: each one between the worker and the rollout is resumed
     on every model call of it, and continuations are short (1-2 calls), so a frame more
@@ -577,7 +579,7 @@ async def _guarded(agent: Agent, job: RolloutJob) -> Rollout:
         t0 = time.perf_counter()
         try:
             rollout = await agent.rollout(job.start, job.seed)
-        except (UnreadableAnswers, BrokenContextManager):
+        except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints):
             raise  # every rollout would meet it again: the wave (and collection) stops
         except Exception as e:  # noqa: BLE001 - one broken rollout must not lose the wave
             log.warning("rollout from node %s of tree %s failed: %r", job.node_id, job.tree_index, e)

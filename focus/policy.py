@@ -138,6 +138,14 @@ class Policy(abc.ABC):
     Implementations: ``focus.backends`` (OpenAI-compatible completions, SGLang native,
     Tinker, the embedded local model). Subclass and implement :meth:`sample` to connect
     another service; ``focus.testing.PolicyConformance`` checks the contract.
+
+    What :meth:`sample` raises decides what the collection does (docs/operations.md,
+    failure causes): :class:`ServiceUnavailable` once the service gave no usable answer
+    within your retries (an outage: too many in a wave fail it, nothing of it is kept),
+    :class:`BadResponse` for an answer that breaks this contract (the rollout is run
+    again), :class:`ContextLimit` for a prompt too long for the model (a truncated leaf),
+    :class:`PolicyError` for a request refused. Any other exception (a client library's
+    ``ConnectionError``) fails only its rollout, cause ``error: ...``, however many do.
     """
 
     #: Size of the token vocabulary when known; prompts are checked against it.
@@ -208,8 +216,15 @@ class Policy(abc.ABC):
         asked for, or ids that the next prompt - and every trainer - rejects; since
         generated ids are never re-tokenised, this is the one place to catch them.
         The agent calls it on every answer (log-prob alignment is checked when the
-        :class:`Completion` is made).
+        :class:`Completion` is made). An answer that is no :class:`Completion` at all (a
+        custom policy's dict, say) is :class:`UnreadableAnswers` naming the policy: every
+        call would return one, so it stops the collection.
         """
+        if not isinstance(completion, Completion):
+            raise UnreadableAnswers(
+                f"{type(self).__name__}.sample returned {type(completion).__name__}, expected a Completion "
+                "(focus.policy.Completion: token ids, their log-probs, the finish reason)"
+            )
         if params is not None and len(completion.token_ids) > params.max_tokens:
             raise BadResponse(
                 f"{len(completion.token_ids)} tokens sampled where max_tokens = {params.max_tokens} were asked "

@@ -39,7 +39,9 @@ class Workspace(abc.ABC):
 
     A fork is independent both ways: the agent stores a fork as a checkpoint's copy and
     keeps writing to the original in the live branch, so a fork that reads through to
-    its parent's live files leaks the branch's later writes into every continuation.
+    its parent's live files leaks the branch's later writes into every continuation, and
+    one that shares its parent's files gives every branch the same files. A path that
+    leaves the workspace (``../x``) raises :class:`WorkspaceError`.
     ``focus.testing.WorkspaceConformance`` checks the contract."""
 
     @abc.abstractmethod

@@ -9,17 +9,18 @@ import pytest
 
 from focus.agent import Agent
 from focus.batch import BatchError
-from focus.branching import EveryDecision
+from focus.branching import BrokenBranchPoints, EveryDecision
 from focus.collector import Collector
 from focus.context import BrokenContextManager, Segments, Summarize
 from focus.critic import ConstantCritic, Critic, CriticError, Prediction
-from focus.env import Task
+from focus.env import Action, Env, Message, Reset, StepResult, Task
 from focus.estimation import DirectBranchTd
 from focus.execution import Execution
 from focus.format import ActionParser, ByteCodec, PolicyFormat
+from focus.policy import UnreadableAnswers
 from focus.priority import Phase, Priority, Selective
 from focus.synthetic import SHAPES, SyntheticEnv, SyntheticPolicy, synthetic_format
-from focus.testing import run
+from focus.testing import EnvConformance, PolicyConformance, run
 
 PHASES = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=20, wave_size=4, wave_unit="jobs"))
 
@@ -280,3 +281,158 @@ def test_a_context_manager_method_that_returns_nothing_stops_the_collection_nami
     col.agent.context = manager
     with pytest.raises(BrokenContextManager, match=says):
         run(col.search(tasks))
+
+
+class NoReturnCritic(Critic):
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        [0.3] * len(contexts)  # the `return` forgotten
+
+
+class OneValueCritic(Critic):
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        return 0.3
+
+
+@pytest.mark.parametrize(
+    ("critic", "says"),
+    [
+        # the collection stopped with "TypeError: 'NoneType' object is not iterable",
+        # raised inside focus/critic.py, naming neither the critic nor the method
+        (NoReturnCritic(), r"^critic NoReturnCritic returned None: return a list, one value per context in order$"),
+        (OneValueCritic(), r"^critic OneValueCritic returned a float: return a list, one value per context in order$"),
+    ],
+)
+def test_a_critic_that_returns_no_sequence_is_named(critic, says):  # type: ignore[no-untyped-def]
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.critic = critic
+    with pytest.raises(CriticError, match=says):
+        run(col.collect(tasks))
+
+
+class DictPolicy(SyntheticPolicy):
+    async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        c = await super().sample(prompt_ids, params)
+        return {"token_ids": c.token_ids, "logprobs": c.logprobs}
+
+
+def test_a_policy_that_returns_no_completion_stops_the_collection_naming_it():
+    # each rollout failed with "error: AttributeError: 'dict' object has no attribute
+    # 'token_ids'", naming neither the policy nor the method, and the collection ended
+    # with an empty batch
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.agent.policy = DictPolicy(col.agent.policy.mdps)
+    with pytest.raises(UnreadableAnswers, match=r"^DictPolicy\.sample returned dict, expected a Completion"):
+        run(col.search(tasks))
+
+
+class NoReturnEligible(EveryDecision):
+    def eligible(self, state):  # type: ignore[no-untyped-def]
+        super().eligible(state)  # the `return` forgotten
+
+
+def test_a_branch_point_rule_that_returns_nothing_stops_the_collection_naming_it():
+    # no decision point became a checkpoint, silently: the search continued from the roots alone
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.agent.branch_points = NoReturnEligible()
+    with pytest.raises(BrokenBranchPoints, match=r"^NoReturnEligible\.eligible returned None, expected a truth value"):
+        run(col.search(tasks))
+
+
+class DropsOnThirdCall(SyntheticPolicy):
+    async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        if self.calls == 2:
+            raise ConnectionError("connection reset by peer")  # a custom client's own error
+        return await super().sample(prompt_ids, params)
+
+
+def test_a_policy_that_raises_its_own_error_ends_the_rollout_keeping_its_segments():
+    # the rollout raised and its job came back as a bare failed leaf: the two
+    # checkpoints before the failed call were lost
+    mdps = [SHAPES["uniform"](0)]
+    agent = Agent(DropsOnThirdCall(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=20)
+    root = run(agent.start(Task("t0", {"mdp": 0})))
+    rollout = run(agent.rollout(root, seed=1))
+    assert [p.kind for p in rollout.pieces] == ["checkpoint", "checkpoint", "failed"]
+    assert rollout.leaf.cause == "error: ConnectionError: connection reset by peer"
+
+
+class RaisesOnThirdAnswer(ActionParser):
+    def __init__(self) -> None:
+        self.answers = 0
+
+    def parse(self, text):  # type: ignore[no-untyped-def]
+        self.answers += 1
+        if self.answers == 3:
+            raise KeyError("no such move")  # its contract: return a ParseError, never raise
+        return synthetic_format().parser.parse(text)
+
+
+def test_a_parser_that_raises_ends_the_rollout_naming_it_keeping_its_segments():
+    # the rollout raised: its job came back as a bare failed leaf (the two checkpoints
+    # before lost), cause "error: KeyError: 'no such move'", naming no parser
+    mdps = [SHAPES["uniform"](0)]
+    fmt = PolicyFormat(synthetic_format().codec, RaisesOnThirdAnswer())
+    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), fmt, max_steps=20)
+    rollout = run(agent.rollout(run(agent.start(Task("t0", {"mdp": 0}))), seed=1))
+    assert [p.kind for p in rollout.pieces] == ["checkpoint", "checkpoint", "failed"]
+    says = "error: RaisesOnThirdAnswer.parse raised KeyError: 'no such move' (return a ParseError instead)"
+    assert rollout.leaf.cause == says
+
+
+class RaisesOnSecondQuestion(EveryDecision):
+    def __init__(self) -> None:
+        self.questions = 0
+
+    def eligible(self, state):  # type: ignore[no-untyped-def]
+        self.questions += 1
+        if self.questions == 2:
+            raise KeyError("no such state")
+        return True
+
+
+def test_a_branch_point_rule_that_raises_ends_the_rollout_keeping_its_segments():
+    # the rollout raised: its job came back as a bare failed leaf, the checkpoint before lost
+    mdps = [SHAPES["uniform"](0)]
+    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=20)
+    agent.branch_points = RaisesOnSecondQuestion()
+    rollout = run(agent.rollout(run(agent.start(Task("t0", {"mdp": 0}))), seed=1))
+    assert [p.kind for p in rollout.pieces] == ["checkpoint", "failed"]
+    assert rollout.leaf.cause == "error: KeyError: 'no such state'"
+    assert len(rollout.leaf.turns) == 1  # the turn after the checkpoint, not lost either
+
+
+class _MutatingEnv(Env):
+    async def reset(self, task, workspace):  # type: ignore[no-untyped-def]
+        return Reset({"total": 0}, (Message("user", "count"),))
+
+    async def step(self, state, action, workspace):  # type: ignore[no-untyped-def]
+        state["total"] += 1  # in place: a sibling branch's old state changes too
+        return StepResult(dict(state), "ok")
+
+
+class _DictAnswers(SyntheticPolicy):
+    async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        return {"token_ids": (1,), "logprobs": (-1.0,)}
+
+
+def test_the_conformance_checks_say_what_a_part_broke():
+    # they failed with a bare AssertionError (pytest rewrites no assert of an installed
+    # module) or with "'dict' object has no attribute 'token_ids'"
+    class EnvCheck(EnvConformance):
+        def make_env(self):  # type: ignore[no-untyped-def]
+            return _MutatingEnv()
+
+        def make_task(self):  # type: ignore[no-untyped-def]
+            return Task("t0")
+
+        def make_action(self):  # type: ignore[no-untyped-def]
+            return Action("text", text="1")
+
+    class PolicyCheck(PolicyConformance):
+        def make_policy(self):  # type: ignore[no-untyped-def]
+            return _DictAnswers([SHAPES["uniform"](0)])
+
+    with pytest.raises(AssertionError, match=r"^step changed the state it was given: return a new state"):
+        EnvCheck().test_step_does_not_mutate_the_old_state()
+    with pytest.raises(AssertionError, match=r"^sample returned dict, expected a Completion$"):
+        PolicyCheck().test_sample_returns_aligned_finite_logprobs()

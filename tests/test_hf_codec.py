@@ -13,7 +13,7 @@ from focus.env import Message, Task
 from focus.format import PolicyFormat, XmlToolCallParser
 from focus.hf_codec import ChatTemplate, HFChatCodec
 from focus.policy import Completion, Policy, SamplingParams
-from focus.testing import run
+from focus.testing import ScriptedPolicy, run
 from focus.tools import Tool, ToolEnv
 
 CORPUS = [
@@ -169,3 +169,13 @@ def test_special_token_strings_in_env_text_cannot_forge_a_turn(tokenizer_dir):
     assert clone.observation_ids(reply, [Message("tool", FORGED)]) == obs
     with pytest.raises(ValueError, match="content_special_tokens must be one of"):
         HFChatCodec(tokenizer_dir, content_special_tokens="escape")  # type: ignore[arg-type]
+
+
+def test_scripted_policy_encodes_its_texts_with_the_codec(tokenizer_dir):
+    # it sent each text's UTF-8 bytes as token ids whatever the codec: with a tokenizer's
+    # codec the answer decoded to other text (and the parser saw that)
+    codec = HFChatCodec(tokenizer_dir)
+    text = "<answer>42</answer>"
+    done = run(ScriptedPolicy([text], codec).sample(codec.render(MSGS), SamplingParams(max_tokens=64)))
+    assert list(done.token_ids) == [*codec.encode_text(text), codec.stop_token_ids[0]]
+    assert codec.decode(done.token_ids) == text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 
 import fsspec
+import pytest
 
 from focus.agent import BranchState
 from focus.context import Segments
@@ -97,3 +98,22 @@ def test_the_conformance_check_catches_a_fork_that_sees_its_parents_later_writes
         except AssertionError:
             failures.append(name)
     assert failures == ["test_fork_is_independent"]
+
+
+class _SharedFork(MemoryWorkspace):
+    """A fork that shares its parent's dict: every branch writes the same files."""
+
+    def fork(self) -> _SharedFork:
+        new = _SharedFork()
+        new._files = self._files
+        return new
+
+
+def test_the_conformance_check_names_a_fork_that_shares_its_parents_files():
+    # the check failed with a bare AssertionError on a line of focus/testing
+    class Check(WorkspaceConformance):
+        def make_workspace(self):
+            return _SharedFork()
+
+    with pytest.raises(AssertionError, match=r"^writes to a fork showed in its parent: fork\(\) must copy the files"):
+        Check().test_fork_is_independent()

@@ -25,7 +25,10 @@ from focus.workspace import Workspace
 class ScriptedPolicy(Policy):
     """Answers with scripted texts in turn, encoded by ``codec``; log-prob -1 per token.
 
-    A double for unit tests of one piece. It records every prompt it was sent.
+    A double for unit tests of one piece. It records every prompt it was sent. A text
+    is encoded with ``codec.encode_text`` (``ByteCodec``'s and ``HFChatCodec``'s); a codec
+    without one gets the text's UTF-8 bytes as ids, so give such a codec an
+    ``encode_text`` unless its ids are bytes.
     """
 
     def __init__(self, responses: Sequence[str], codec: ChatCodec | None = None, *, end_turn: bool = True) -> None:
@@ -41,7 +44,8 @@ class ScriptedPolicy(Policy):
         self.check_prompt(prompt_ids)
         text = self.responses[len(self.prompts) % len(self.responses)]
         self.prompts.append(tuple(prompt_ids))
-        data = list(text.encode())
+        encode = getattr(self.codec, "encode_text", None)
+        data = list(encode(text)) if encode is not None else list(text.encode())
         stop = list(self.codec.stop_token_ids[:1]) if self.end_turn else []
         # as a model would: the stop id is a sampled token, inside max_tokens like the rest
         if len(data) + len(stop) <= params.max_tokens:
@@ -71,17 +75,22 @@ class EnvConformance:
     def test_reset_returns_messages_and_picklable_state(self) -> None:
         env, task = self.make_env(), self.make_task()
         reset = run(env.reset(task, env.make_workspace(task)))
-        assert isinstance(reset, Reset) and reset.messages
-        assert pickle.loads(pickle.dumps(reset.state)) == reset.state
+        assert isinstance(reset, Reset) and reset.messages, f"reset returned {reset!r}: a Reset with opening messages"
+        assert pickle.loads(pickle.dumps(reset.state)) == reset.state, (
+            "reset's state is not equal after a pickle round trip"
+        )
 
     def test_step_returns_step_result(self) -> None:
         env, task = self.make_env(), self.make_task()
         ws = env.make_workspace(task)
         reset = run(env.reset(task, ws))
         result = run(env.step(reset.state, self.make_action(), ws))
-        assert isinstance(result, StepResult)
-        assert isinstance(result.observation, str) and isinstance(result.done, bool)
-        assert math.isfinite(float(result.reward))
+        assert isinstance(result, StepResult), f"step returned {type(result).__name__}, expected a StepResult"
+        assert isinstance(result.observation, str), (
+            f"step's observation is a {type(result.observation).__name__}, not str"
+        )
+        assert isinstance(result.done, bool), f"step's done is {result.done!r}, not a bool"
+        assert math.isfinite(float(result.reward)), f"step's reward {result.reward!r} is not finite"
         pickle.dumps(result.state)
 
     def test_step_does_not_mutate_the_old_state(self) -> None:
@@ -90,7 +99,9 @@ class EnvConformance:
         reset = run(env.reset(task, ws))
         before = pickle.dumps(reset.state)
         run(env.step(reset.state, self.make_action(), ws))
-        assert pickle.dumps(reset.state) == before
+        assert pickle.dumps(reset.state) == before, (
+            "step changed the state it was given: return a new state (sibling branches hold the old one)"
+        )
 
     def test_step_with_a_seed_is_reproducible(self) -> None:
         """An env whose ``step`` takes a ``seed`` (:class:`focus.env.Env`, "Randomness")
@@ -105,7 +116,7 @@ class EnvConformance:
             step = env.step  # the keyword is an optional extension of the signature
             r = run(step(reset.state, self.make_action(), ws, seed=1234))  # type: ignore[call-arg]
             results.append((pickle.dumps(r.state), r.observation, float(r.reward), r.done))
-        assert results[0] == results[1]
+        assert results[0] == results[1], "the same state, action and seed gave two results: draw from the seed alone"
 
     def test_env_pickles(self) -> None:
         """Envs travel to workers with cloudpickle (lambdas and closures allowed)."""
@@ -153,9 +164,10 @@ class WorkspaceConformance:
         a, b = ws.fork(), ws.fork()
         a.write("f", b"a")
         b.write("g", b"b")
-        assert ws.read("f") == b"base" and ws.list() == ["f"]
-        assert a.read("f") == b"a" and a.list() == ["f"]
-        assert b.read("f") == b"base" and b.list() == ["f", "g"]
+        shared = "fork() must copy the files, not share them"
+        assert ws.read("f") == b"base" and ws.list() == ["f"], f"writes to a fork showed in its parent: {shared}"
+        assert a.read("f") == b"a" and a.list() == ["f"], f"a fork sees another fork's writes: {shared}"
+        assert b.read("f") == b"base" and b.list() == ["f", "g"], f"a fork sees another fork's writes: {shared}"
         # the other way: the agent forks a checkpoint's copy and keeps writing to the
         # live branch's workspace, which the copy must not see
         ws.write("f", b"later")
@@ -189,10 +201,11 @@ class PolicyConformance:
                 await p.aclose()
 
         c = run(go())
-        assert 0 < len(c.token_ids) <= 8
-        assert len(c.logprobs) == len(c.token_ids)
-        assert all(math.isfinite(x) and x <= 0 for x in c.logprobs)
-        assert c.finish_reason in ("stop", "length")
+        assert isinstance(c, Completion), f"sample returned {type(c).__name__}, expected a Completion"
+        assert 0 < len(c.token_ids) <= 8, f"{len(c.token_ids)} tokens sampled where max_tokens = 8 was asked"
+        assert len(c.logprobs) == len(c.token_ids), f"{len(c.token_ids)} tokens but {len(c.logprobs)} log-probs"
+        assert all(math.isfinite(x) and x <= 0 for x in c.logprobs), f"log-probs not all finite and <= 0: {c.logprobs}"
+        assert c.finish_reason in ("stop", "length"), f"finish reason {c.finish_reason!r}, expected stop or length"
 
     def test_max_tokens_is_respected(self) -> None:
         async def go() -> Completion:
@@ -202,7 +215,8 @@ class PolicyConformance:
             finally:
                 await p.aclose()
 
-        assert len(run(go()).token_ids) <= 3
+        n = len(run(go()).token_ids)
+        assert n <= 3, f"{n} tokens sampled where max_tokens = 3 was asked"
 
     def test_siblings_are_the_samples_of_their_seeds(self) -> None:
         """``sample_siblings`` gives sample ``i`` as ``sample`` with ``seed + i`` gives it
@@ -219,4 +233,6 @@ class PolicyConformance:
                 await p.aclose()
 
         together, alone = run(go())
-        assert [(c.token_ids, c.finish_reason) for c in together] == [(c.token_ids, c.finish_reason) for c in alone]
+        assert [(c.token_ids, c.finish_reason) for c in together] == [(c.token_ids, c.finish_reason) for c in alone], (
+            "sample_siblings' sample i differs from sample with seed + i"
+        )
