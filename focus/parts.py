@@ -10,6 +10,7 @@ said here, naming the part.
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,8 +47,9 @@ def bad_advantage(estimator: object, edge_id: int, tree_id: str, advantage: floa
 def advantages_of(estimator: Estimator, tree: Tree, values: Any, tree_id: str) -> Mapping[int, float]:
     """``estimator.advantages`` of ``tree``'s segments, or a :class:`BatchError` naming the
     estimator when it returns no mapping (a list failed with "'list' object has no attribute
-    'get'") or a key that is no segment id of the tree (keys as text left every segment out
-    as failed: an empty batch and no error)."""
+    'get'"), a key that is no segment id of the tree (keys as text left every segment out
+    as failed: an empty batch and no error) or a value that is no number (``None`` leaves
+    its segment out, as a missing key does)."""
     adv = estimator.advantages(list(tree.edges.values()), values)
     name = f"{type(estimator).__name__}.advantages"
     if not isinstance(adv, Mapping):
@@ -58,6 +60,12 @@ def advantages_of(estimator: Estimator, tree: Tree, values: Any, tree_id: str) -
     if not adv.keys() <= tree.edges.keys():
         key = next(k for k in adv if k not in tree.edges)
         raise BatchError(f"{name} gave tree {tree_id} the key {key!r}, not one of its segment ids (Edge.id)")
+    for key, value in adv.items():  # text was read as a number where it spelled one, else failed unnamed
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise BatchError(
+                f"{type(estimator).__name__} gave segment {key} of tree {tree_id} the advantage {value!r} "
+                f"({type(value).__name__}): an advantage must be a number (leave a segment out to give it none)"
+            )
     return adv
 
 

@@ -124,6 +124,23 @@ def test_an_estimator_whose_keys_are_no_segment_ids_is_named():
         col.prepare(state)
 
 
+class TextValuedTd(DirectBranchTd):
+    def advantages(self, edges, values):  # type: ignore[no-untyped-def]
+        return {i: str(a) for i, a in super().advantages(edges, values).items()}  # as from a JSON service
+
+
+def test_an_estimator_whose_advantages_are_not_numbers_is_named():
+    # "0.25" went into the batch as the number; other text failed inside the collector as
+    # "could not convert string to float", naming no part
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]), estimator=TextValuedTd())
+    state = run(col.search(tasks))
+    with pytest.raises(
+        BatchError,
+        match=r"TextValuedTd gave segment \d+ of tree t0#0 the advantage '[-0-9.e]+' \(str\): an advantage must",
+    ):
+        col.prepare(state)
+
+
 @pytest.mark.parametrize(
     ("part", "value", "says"),
     [
