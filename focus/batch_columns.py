@@ -120,8 +120,8 @@ def _list_column(values: np.ndarray, lengths: np.ndarray, value_type: pa.DataTyp
         base = int(offsets[row])
         if int(offsets[end]) - base > _I32.max:
             raise BatchError(f"a row holds {int(offsets[end]) - base} values, more than a list column can hold")
-        off = pa.array((offsets[row : end + 1] - base).astype(np.int32))
-        values_ = pa.array(values[base : int(offsets[end])], type=value_type)
+        off = _from_numpy((offsets[row : end + 1] - base).astype(np.int32), pa.int32())
+        values_ = _from_numpy(values[base : int(offsets[end])], value_type)
         chunks.append(pa.ListArray.from_arrays(off, values_, type=_list(value_type)))
     return pa.chunked_array(chunks, type=_list(value_type))
 
@@ -152,11 +152,94 @@ def _gathered(pool: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.n
     return out
 
 
+#: Arrow's fixed-width types the conversions below build from numpy buffers, with their dtypes.
+_NUMPY: dict[pa.DataType, np.dtype] = {
+    pa.int8(): np.dtype(np.int8),
+    pa.int32(): np.dtype(np.int32),
+    pa.int64(): np.dtype(np.int64),
+    pa.float64(): np.dtype(np.float64),
+}
+#: Python values of these exact types convert on the paths below; anything else goes to pyarrow.
+_PYTHON: dict[pa.DataType, type] = {
+    pa.int32(): int,
+    pa.int64(): int,
+    pa.float64(): float,
+    pa.bool_(): bool,
+    pa.string(): str,
+}
+
+
+def _from_numpy(values: np.ndarray, type_: pa.DataType) -> pa.Array:
+    """``pa.array(values, type_)`` for a 1-d numpy array, built on its buffer.
+
+    The same array (no validity bitmap, the same values) without ``pa.array``, which
+    imports pandas the first time it is called (pyarrow's pandas shim, 0.2-0.3 CPU-s a
+    process): a ``focus collect`` imported pandas only to write its batch. A dtype
+    other than the type's goes to ``pa.array``, as before."""
+    dtype = _NUMPY.get(type_)
+    if dtype is None or values.dtype != dtype or values.ndim != 1:
+        return pa.array(values, type=type_)
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(values)])
+
+
+def _python_values(values: Sequence[Any], type_: pa.DataType) -> pa.Array | None:
+    """``pa.array(values, type_)`` for a list of Python values of exactly the type's
+    Python type (no ``None``, no subclasses, ints inside the type's range, strings that
+    encode to UTF-8), built from buffers (see :func:`_from_numpy`); ``None`` for any other
+    list, which ``pa.array`` converts (or refuses) as before."""
+    kind = _PYTHON.get(type_)
+    if kind is None or any(type(v) is not kind for v in values):
+        return None
+    if kind is str:
+        try:
+            data = [v.encode("utf-8") for v in values]
+        except UnicodeEncodeError:
+            return None
+        offsets = _offsets(np.fromiter(map(len, data), dtype=np.int64, count=len(data)))
+        if offsets[-1] > _I32.max:
+            return None
+        buffers = [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(data))]
+        return pa.Array.from_buffers(type_, len(data), buffers)
+    if kind is bool:
+        bits = np.packbits(np.array(values, dtype=np.bool_), bitorder="little")
+        return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(bits)])
+    if kind is int:
+        info = np.iinfo(_NUMPY[type_])
+        if values and not (info.min <= min(values) and max(values) <= info.max):
+            return None
+    return _from_numpy(np.array(values, dtype=_NUMPY[type_]), type_)
+
+
+def arrow_scalar(value: Any, type_: pa.DataType) -> pa.Scalar:
+    """``pa.scalar(value)`` (its type inferred) for an operand of a compute function;
+    a Python value of exactly ``type_``'s Python type is made from a buffer instead
+    (the same scalar, without pandas: see :func:`_from_numpy`)."""
+    one = _python_values([value], type_)
+    return pa.scalar(value) if one is None else one[0]
+
+
+def numpy_of(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """``values.to_numpy(zero_copy_only=False)`` for a column of int8, int32, int64 or
+    float64 without nulls, read from its buffers (``to_numpy`` imports pandas the first
+    time); any other column goes to ``to_numpy``."""
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    dtype = _NUMPY.get(values.type)
+    if dtype is None or any(c.null_count for c in chunks):
+        return values.to_numpy(zero_copy_only=False)
+    parts = [np.frombuffer(c.buffers()[1], dtype=dtype, count=len(c), offset=c.offset * dtype.itemsize) for c in chunks]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
 def _repeat(value: Any, n: int, type_: pa.DataType) -> pa.Array:
-    return pa.repeat(pa.scalar(value, type_), n)
+    one = _python_values([value], type_)
+    return pa.repeat(pa.scalar(value, type_) if one is None else one[0], n)
 
 
 def _scalars(values: list[Any], type_: pa.DataType, column: str) -> pa.Array:
+    fast = _python_values(values, type_)
+    if fast is not None:
+        return fast
     try:
         return pa.array(values, type_)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:

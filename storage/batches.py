@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from focus.batch import Batch, BatchError
+from focus.batch_columns import arrow_scalar, numpy_of
 from storage.errors import (
     BatchExistsError,
     BatchNotFound,
@@ -446,7 +447,7 @@ def _tokens_per_row(table: pa.Table) -> np.ndarray:
     cols = ["prompt_ids", "completion_ids"] if "prompt_ids" in table.column_names else ["context_ids"]
     out = np.zeros(table.num_rows, dtype=np.int64)
     for c in cols:
-        out += pc.list_value_length(table.column(c)).to_numpy(zero_copy_only=False).astype(np.int64)
+        out += numpy_of(pc.list_value_length(table.column(c))).astype(np.int64)
     return out
 
 
@@ -473,7 +474,8 @@ def _check_same_batch(table: pa.Table, what: str, collection_id: str, iteration:
     if not table.num_rows:
         return
     bad = pc.or_(
-        pc.not_equal(table.column("collection_id"), collection_id), pc.not_equal(table.column("iteration"), iteration)
+        pc.not_equal(table.column("collection_id"), arrow_scalar(collection_id, pa.string())),
+        pc.not_equal(table.column("iteration"), arrow_scalar(iteration, pa.int64())),
     )
     if pc.any(bad).as_py():
         i = pc.index(bad, True).as_py()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -63,6 +64,12 @@ def _tables(actor: Sequence[ActorRow], critic: Sequence[CriticRow]) -> tuple[pa.
         raise SchemaError(str(e)) from None
 
 
+#: 0 and 1 as Arrow int8 scalars, made from a buffer: a Python 0 given to a compute
+#: function is converted with ``pa.scalar``, which imports pandas the first time
+#: (pyarrow's pandas shim, 0.2-0.3 CPU-s a process that writes a batch).
+_ZERO, _ONE = pa.Array.from_buffers(pa.int8(), 2, [None, pa.py_buffer(np.array([0, 1], dtype=np.int8))])
+
+
 def _check_actor_shapes(table: pa.Table, where: str) -> None:
     """Every row has one log-prob and one mask entry per completion token; masks are 0/1."""
     if not table.num_rows:
@@ -77,7 +84,7 @@ def _check_actor_shapes(table: pa.Table, where: str) -> None:
                 f"{pc.list_value_length(table.column(other))[i].as_py()} {other} entries; they must match"
             )
     mask = pc.list_flatten(table.column("loss_mask"))
-    if len(mask) and pc.any(pc.and_(pc.not_equal(mask, 0), pc.not_equal(mask, 1))).as_py():
+    if len(mask) and pc.any(pc.and_(pc.not_equal(mask, _ZERO), pc.not_equal(mask, _ONE))).as_py():
         raise SchemaError(f"{where}: loss_mask entries must be 0 or 1")
 
 

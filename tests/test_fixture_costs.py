@@ -26,3 +26,23 @@ def test_the_factories_a_command_imports_bring_no_pytest_or_httpx(tmp_path: Path
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_the_template_prefect_home_is_migrated_and_holds_no_runs(prefect_template: Path, tmp_path: Path) -> None:
+    """tests/fixtures/prefect.py copies the first session server's home (once it answers)
+    for the servers started later: the copy is a migrated database with Prefect's block
+    types and no flow run, task run, deployment or automation of any test."""
+    import sqlite3
+
+    from fixtures.prefect import TEMPLATE_FILES, from_template
+
+    home = from_template(prefect_template, tmp_path / "home")
+    assert sorted(p.name for p in home.iterdir()) == sorted(TEMPLATE_FILES)
+    db = sqlite3.connect(home / "prefect.db")
+    try:
+        assert db.execute("select count(*) from alembic_version").fetchone()[0] == 1
+        assert db.execute("select count(*) from block_type").fetchone()[0] > 0
+        for table in ("flow_run", "task_run", "deployment", "automation", "flow"):
+            assert db.execute(f"select count(*) from {table}").fetchone()[0] == 0, table
+    finally:
+        db.close()
