@@ -255,8 +255,10 @@ def to_slime_samples(
 
     ``reward="advantage"`` (default) puts the segment's FOCUS advantage in
     ``Sample.reward``, so slime's stock per-sample advantage path trains on it;
-    ``"reward"`` puts the env reward of the segment there instead. Both values, the
-    per-token advantages and the ids are in ``Sample.metadata`` either way.
+    ``"reward"`` puts the env reward of the sample's turns there instead (the segment's,
+    unless a prompt that does not extend the previous turn, e.g. after a compaction, split
+    it into several samples). Both values, the per-token advantages and the ids are in
+    ``Sample.metadata`` either way.
     """
     if reward not in ("advantage", "reward"):
         raise ValueError(f"reward must be 'advantage' or 'reward', got {reward!r}")
@@ -324,7 +326,8 @@ def to_verl_batch(
     precedes it (verl shifts inside the actor). P and R are the longest prompt and
     response unless given; a longer one is refused. ``non_tensors`` holds ``uid`` (the
     tree: verl's GRPO grouping key) and the ids of each row; ``meta_info`` the sampling
-    ``temperature`` if given (verl's actor divides its logits by it).
+    ``temperature`` if given (verl's actor divides its logits by it, and its
+    ``update_policy`` raises ``KeyError`` without it).
     """
     import numpy as np
 

@@ -197,8 +197,10 @@ def tinker_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainRe
     ``options`` override fields of ``train.tinker``. Sends nothing (a dry run) when
     ``dry_run`` is set, when ``TINKER_API_KEY`` is not, or when the batch was not
     sampled from a Tinker model (``model.kind`` is not ``tinker``: its token ids are
-    another model's). Either way every request is built and checked, and what it would
-    send is written to ``ctx.out`` as ``requests.json``.
+    another model's) or was sampled from the base weights of another model than the one
+    trained (no ``ctx.weights`` and ``model.model`` is not the base model). Either way
+    every request is built and checked, and what it would send is written to ``ctx.out``
+    as ``requests.json``.
     """
     from focus.backends.tinker_backend import TinkerTrainer, TinkerUpdateConfig, build_requests, check_requests
     from focus.exporters import to_tinker_datums
@@ -222,6 +224,8 @@ def tinker_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainRe
         why = "TINKER_API_KEY is not set"
     elif cfg.model.kind != "tinker":
         why = f"model.kind is {cfg.model.kind!r}: the batch's token ids are not {base_model}'s"
+    elif not ctx.weights and cfg.model.model != base_model:  # sampled by model.model's base weights
+        why = f"the batch was sampled by {cfg.model.model}: its token ids are not {base_model}'s"
     store = WeightStore(cfg.storage.root)
     counts = {k: float(report[k]) for k in ("datums", "tokens", "tokens_with_advantage", "forward_backward_bytes")}
     if why is not None:

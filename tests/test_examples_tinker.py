@@ -101,3 +101,48 @@ def test_trainer_step_sends_the_calls_in_order_and_continues_from_the_saved_stat
     svc.calls.clear()
     trainer.step(datums, "v2", state_path=first.state_path)
     assert svc.calls[0] == ("create_training_client_from_state_with_optimizer", ("tinker://run/weights/v1",), {})
+
+
+@pytest.mark.parametrize(
+    ("weights", "sent"),
+    [(None, False), ("tinker://run/sampler_weights/v1", True)],
+    ids=["sampled-by-model.model", "sampled-by-trained-weights"],
+)
+def test_pipeline_trainer_sends_nothing_for_a_batch_another_base_model_sampled(tmp_path, monkeypatch, weights, sent):
+    """model.kind = "tinker" sampling `model.model` (no weights yet) while train.tinker.base_model
+    names another model: the batch's ids are the sampler's, not the trained model's, so the step
+    is a dry run, as the README says. It was sent. From the trained model's own sampler
+    weights (later iterations) it is sent."""
+    from focus.backends.tinker_backend import TinkerStep, TinkerTrainer
+    from focus.batch import ActorRow, Batch
+    from storage.weights import WeightStore
+    from tasks.config import load_config
+    from tasks.trainers import TrainContext, tinker_trainer
+
+    row = ActorRow("c", 0, "t", "t#0", 0, 0, 0, "v0", (5, 6, 7), (8, 9), (-0.5, -0.25), (1, 1), 0.5, 1.0, "stop")
+    cfg = load_config(
+        overrides={
+            "collection_id": "c",
+            "storage.root": str(tmp_path),
+            "model.kind": "tinker",
+            "model.model": "Qwen/Qwen3-8B",
+            "train.trainer": "tinker",
+            "train.tinker.base_model": "Qwen/Qwen3-4B-Instruct-2507",
+        },
+        environ={},
+    )
+    url = BatchStore(str(tmp_path)).write(Batch("c", 0, [row]))
+    steps: list[str] = []
+
+    def step(self, datums, name, state_path=None):
+        steps.append(name)
+        return TinkerStep("tinker://run/sampler_weights/v2", "tinker://run/weights/v2", {})
+
+    monkeypatch.setattr(TinkerTrainer, "step", step)
+    monkeypatch.setenv("TINKER_API_KEY", "test-key")
+    out = WeightStore(str(tmp_path)).folder("c", 1)
+    ctx = TrainContext(iteration=0, config=cfg, weights=weights, policy_version=None, workdir=str(tmp_path), out=out)
+    result = tinker_trainer(url, ctx)
+    assert result.metrics["sent"] == float(sent) and len(steps) == int(sent)
+    if not sent:
+        assert result.weights is None  # the next collection samples the same model again
