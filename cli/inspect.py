@@ -181,6 +181,8 @@ def _loop(url: str, as_json: bool) -> None:
     try:
         weights = WeightStore(root)
         data = weights.loc.cat(weights.run_file(run_id, METRICS), weights.retry)
+    except FileNotFoundError:
+        fail(_no_metrics(root, run_id, weights.run_file(run_id, METRICS)), 1)
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         fail(f"cannot read the metrics of train loop {run_id!r} under {root}: {one_line(e)}", 1)
     rows = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
@@ -194,6 +196,20 @@ def _loop(url: str, as_json: bool) -> None:
     typer.echo(f"train loop {run_id}: {sum('train_loss' in r for r in rows)} trained iteration(s)")
     for line in table:
         typer.echo("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
+
+
+def _no_metrics(root: str, run_id: str, metrics: str) -> str:
+    """The line for a loop without ``metrics``: one in its first iteration (its records
+    are there, the file is written as each iteration ends), or no loop at all."""
+    from storage import CheckpointStore
+
+    try:
+        begun = bool(CheckpointStore(root).saved(run_id))
+    except Exception:  # noqa: BLE001 - an id that cannot be one, a store that does not answer: no loop found
+        begun = False
+    if begun:
+        return f"train loop {run_id!r} under {root} has no finished iteration yet: its metrics are written as each iteration ends"
+    return f"no train loop {run_id!r} under {root} (no records of it, no {metrics})"
 
 
 def _when(stamp: Any) -> str:

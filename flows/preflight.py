@@ -107,6 +107,11 @@ def check_torch(config: FocusConfig, *, training: bool) -> None:
         raise ConfigError(f"{' and '.join(needs)} {verb} torch, which is not installed: pip install 'focus-rl[train]'")
 
 
+#: The folders a store keeps under its root (``storage``): a file at one of those names
+#: failed the run with the OS's error, for ``batches`` once every rollout had run.
+STORE_FOLDERS = ("batches", "checkpoints", "leases", "_staging", "weights")
+
+
 def check_root(root: str) -> None:
     """Fail with a storage error naming the cause if ``root`` cannot be used: a local
     folder that is not writable or whose disk is full, a bucket that does not exist or
@@ -139,6 +144,11 @@ def check_root(root: str) -> None:
             )
         if shutil.disk_usage(probe).free < MIN_FREE_BYTES:
             raise StorageFull(f"storage root {root}: no space left on the device of {probe}")
+        for folder in STORE_FOLDERS:
+            if os.path.isfile(inside := os.path.join(path, folder)):
+                raise RootNotFound(
+                    f"storage root {root}: {inside} is a file, not a folder (the store keeps its {folder} there)"
+                )
         return
     if loc.protocol in ("s3", "s3a", "gs", "gcs", "abfs", "az"):
         bucket = loc.root.partition("://")[2].split("/", 1)[0]

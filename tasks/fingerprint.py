@@ -33,6 +33,11 @@ class ResumeMismatch(RuntimeError):
     """A collection id reused with a different configuration."""
 
 
+class IdTaken(ResumeMismatch):
+    """An id given to a collection and a train loop: both keep their records under
+    ``checkpoints/<id>`` (:func:`tasks.gaps.check_records`, :func:`tasks.loop_settings.settle`)."""
+
+
 class PolicyChanged(ResumeMismatch):
     """A collection resumed against another policy than the one that sampled it."""
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from storage import BatchExistsError, CorruptDataError, StorageError
-from tasks.fingerprint import CONFIG_KEY, CRITIC_KEY
+from tasks.fingerprint import CONFIG_KEY, CRITIC_KEY, IdTaken
 
 if TYPE_CHECKING:
     from tasks.journal import CheckpointJournal
@@ -54,6 +54,13 @@ AFTER_STEPS = {"trees.svg": 0, "export": 1}
 _LAST = float("inf")
 #: The records a collection's first run saves before any step (:mod:`tasks.journal`), by what they are.
 RECORDS: dict[Key, str] = {CONFIG_KEY: "configuration record", CRITIC_KEY: "critic-identity record"}
+
+
+def is_loop_record(key: tuple[Any, int]) -> bool:
+    """Whether ``key`` is a record a train loop keeps under its own id (its settings, a
+    trainer step, an evaluation: :mod:`tasks.loop_settings`, :mod:`flows.loop`), never a
+    collection's: the two share ``checkpoints/<id>``, so one id cannot name both."""
+    return key[0] in ("settings", "train") or str(key[0]).startswith("eval-")
 
 
 class RecordMissing(StorageError):
@@ -261,6 +268,13 @@ def check_records(journal: CheckpointJournal) -> None:
     (:class:`RecordMissing`). One listing, nothing written: run it before the lease is
     taken, whose sweep removes a data file whose manifest is gone, a lost record's too."""
     saved = journal.store.saved(journal.cid)
+    if CONFIG_KEY not in saved and any(is_loop_record(k) for k in saved):
+        folder = journal.store.url_for(journal.cid, *CONFIG_KEY).rsplit("/", 1)[0]
+        raise IdTaken(
+            f"collection id {journal.cid!r} in {journal.config.storage.root} is a train loop's ({folder} holds its "
+            "settings and trainer records): a collection and a train loop cannot share an id; collect under "
+            "another collection id"
+        )
     for key in RECORDS:
         if key in saved or _may_go_without(journal, key):
             continue

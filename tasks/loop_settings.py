@@ -42,7 +42,17 @@ from typing import Any
 from storage import CheckpointStore
 from tasks.config import FocusConfig
 from tasks.config.schema import resumable_fields
-from tasks.fingerprint import Change, ResumeMismatch, changes, describe, fingerprint, with_old_knobs, without
+from tasks.fingerprint import (
+    CONFIG_KEY,
+    Change,
+    IdTaken,
+    ResumeMismatch,
+    changes,
+    describe,
+    fingerprint,
+    with_old_knobs,
+    without,
+)
 
 SETTINGS = "settings"
 #: A key of a trainer step's record (``("train", i)`` of the loop's id): true when the
@@ -174,6 +184,7 @@ def settle(config: FocusConfig, *, allow_change: bool = False, record: bool = Tr
     if not records:
         made = _made(store, base, 0)
         if made.first_free(trainer_only=False) is None:  # a new loop
+            _refuse_a_collections_id(config, store, base)
             if record:
                 store.save(base, SETTINGS, 0, {"from": 0, "settings": mine})
             return LoopSettings([(0, mine)])
@@ -204,6 +215,17 @@ def settle(config: FocusConfig, *, allow_change: bool = False, record: bool = Tr
     if start == since:
         records = records[:-1]  # nothing was made with the latest record: the new one replaces it
     return LoopSettings([*records, (start, mine)])
+
+
+def _refuse_a_collections_id(config: FocusConfig, store: CheckpointStore, base: str) -> None:
+    """A new loop over a collection's records (its configuration record): both keep them
+    under ``checkpoints/<id>``; the loop wrote its own beside the collection's."""
+    if store.exists(base, *CONFIG_KEY):
+        raise IdTaken(
+            f"train loop {base!r}: {base!r} is the id of a collection in {config.storage.root} (its records are "
+            f"in {store.url_for(base, *CONFIG_KEY).rsplit('/', 1)[0]}): a train loop and a collection cannot share "
+            "an id; use another --collection-id"
+        )
 
 
 def _span(first: int, last: int) -> str:

@@ -77,6 +77,16 @@ def test_with_updates_validates():
         ),
         ({"environ": {"FOCUS_MODLE__URL": "http://x"}}, "(from FOCUS_MODLE__URL; did you mean FOCUS_MODEL__URL?)"),
         ({"environ": {"FOCUS_SEEED": "3"}}, "seeed: unknown field (from FOCUS_SEEED; did you mean FOCUS_SEED?)"),
+        # one underscore where nested fields need two: it was taken for another tool's variable and ignored
+        (
+            {"environ": {"FOCUS_MODEL_URL": "http://x"}},
+            "model_url: unknown field (from FOCUS_MODEL_URL; did you mean FOCUS_MODEL__URL?)",
+        ),
+        (
+            {"environ": {"FOCUS_MODEL_HTTP_TIMEOUT_S": "5"}},
+            "(from FOCUS_MODEL_HTTP_TIMEOUT_S; did you mean FOCUS_MODEL__HTTP__TIMEOUT_S?)",
+        ),
+        ({"environ": {"FOCUS_STORAGE_ROOT": "/x"}}, "(from FOCUS_STORAGE_ROOT; did you mean FOCUS_STORAGE__ROOT?)"),
         ({"overrides": {"search.phases.1.wave_sise": 3}}, "did you mean search.phases.1.wave_size?"),
         ({"overrides": {"root": "/tmp/x"}}, "root: unknown field (from --set root; did you mean storage.root?)"),
     ],

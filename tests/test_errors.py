@@ -197,6 +197,23 @@ def test_storage_root_that_is_a_file(tmp_path):
     assert str(blocker) in line and "is a file, not a folder" in line and done.returncode == 1
 
 
+@pytest.mark.parametrize("folder", ["batches", "checkpoints", "leases", "_staging", "weights"])
+def test_a_folder_of_the_store_that_is_a_file_is_refused_before_anything_starts(tmp_path, folder):
+    """A file where the store keeps a folder (a botched copy, a stray `touch`) stopped the
+    run with `FileExistsError: [Errno 17] File exists: '<root>/leases'`, or, for
+    `batches`, `NotADirectoryError: ...` once every rollout had run."""
+    from flows.preflight import check_root
+    from storage.errors import RootNotFound
+
+    (tmp_path / folder).write_text("x")
+    with pytest.raises(RootNotFound) as e:
+        check_root(str(tmp_path))
+    assert (
+        str(e.value)
+        == f"storage root {tmp_path}: {tmp_path / folder} is a file, not a folder (the store keeps its {folder} there)"
+    )
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc") or os.statvfs("/proc").f_blocks != 0, reason="needs Linux's procfs")
 def test_storage_root_on_a_file_system_without_storage():
     """/proc reports no blocks: the root is refused as such, not as a full disk."""

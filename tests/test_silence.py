@@ -78,3 +78,33 @@ def test_a_server_that_never_answers_is_named_after_silence_warn_s(local_model_s
     (record,) = [r for r in caplog.records if "no answer has come" in r.getMessage()]
     assert record.focus_console  # the focus command shows it in quiet mode too
     assert took >= 3.5
+
+
+@pytest.mark.integration
+def test_a_server_that_answers_only_429_is_named_after_silence_warn_s(local_model_server, caplog):
+    """A service that throttles every request (429, or any retryable status) answers at
+    once, and each call spends its time in the backoff between attempts, where no request
+    is in flight: the watch saw none waiting and said nothing until the calls gave up
+    (106 s of silence for `focus collect` with the default retries behind a 429 with
+    `Retry-After: 3600`). Calls backing off count as waiting now, and the line says what
+    the service answers."""
+    cfg = HttpConfig(
+        silence_warn_s=0.4, max_retries=6, backoff_s=0.25, backoff_max_s=0.25, jitter=False, adaptive_hedge=False
+    )
+    with FaultProxy(local_model_server.url, rate=1.0, kinds=("429",)) as proxy:
+        policy = OpenAICompatPolicy(proxy.url, config=cfg)
+
+        async def go() -> object:
+            try:
+                return await policy.sample(PROMPT, SamplingParams(max_tokens=4, seed=0))
+            except ServiceUnavailable as e:
+                return e
+            finally:
+                await policy.aclose()
+
+        with caplog.at_level(logging.WARNING, logger="focus.backends.outage"):
+            out = asyncio.run(go())
+    assert isinstance(out, ServiceUnavailable), out
+    (line,) = _lines(caplog, "no usable answer has come")
+    assert line.startswith(f"no usable answer has come from the model service at {proxy.url} for "), line
+    assert "; 1 request(s) wait, retried after each answer (the last: status 429" in line, line

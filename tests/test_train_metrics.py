@@ -161,7 +161,7 @@ def test_inspect_shows_a_loops_metrics(tmp_path):
     rows = CliRunner().invoke(app, ["inspect", f"{tmp_path}/weights/w", "--json"]).output.splitlines()
     assert [json.loads(r)["iteration"] for r in rows] == [0, 1]
     missing = CliRunner().invoke(app, ["inspect", f"{tmp_path}/weights/nope"])
-    assert missing.exit_code == 1 and "cannot read the metrics of train loop 'nope'" in missing.output
+    assert missing.exit_code == 1 and "no train loop 'nope'" in missing.output
 
 
 def test_the_trained_line_shows_kl_clip_and_grad_norm(tmp_path):
@@ -173,3 +173,25 @@ def test_the_trained_line_shows_kl_clip_and_grad_norm(tmp_path):
         "iteration 0: trained 6 steps, loss 0.2322, kl 0.0228, clip 0.14, grad norm 1.13 (4.4 s)",
         "iteration 1: trained 6 steps, loss 0.2322, kl 0.0228, clip 0.14 (recorded)",
     ]
+
+
+def test_inspect_of_a_loop_before_its_first_iteration_ends_says_so(tmp_path):
+    """`focus inspect <root>/weights/L` while a loop is in its first iteration (no
+    metrics.jsonl yet) said `cannot read the metrics ...: FileNotFoundError: [Errno 2]
+    ...`, as for a loop that does not exist; each is now told apart in one line, exit 1."""
+    from typer.testing import CliRunner
+
+    from cli.app import app
+    from tasks.loop_settings import settle
+
+    settle(small(tmp_path))  # the loop's first run records its settings before its first iteration
+    begun = CliRunner().invoke(app, ["inspect", f"{tmp_path}/weights/w"], env={"COLUMNS": "400"})
+    assert begun.exit_code == 1, begun.output
+    assert begun.output.strip() == (
+        f"error: train loop 'w' under {tmp_path} has no finished iteration yet: its metrics are written as each "
+        "iteration ends"
+    ), begun.output
+    missing = CliRunner().invoke(app, ["inspect", f"{tmp_path}/weights/nope"], env={"COLUMNS": "400"})
+    assert missing.exit_code == 1 and missing.output.strip() == (
+        f"error: no train loop 'nope' under {tmp_path} (no records of it, no file://{tmp_path}/weights/nope/metrics.jsonl)"
+    ), missing.output

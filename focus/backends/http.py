@@ -352,7 +352,8 @@ class HttpClient:
                 if deadline is not None and time.monotonic() + wait >= deadline:
                     ended = "deadline"
                     break
-                await asyncio.sleep(wait)
+                with gate.backing_off(t0, str(last), last.status):  # waiting, with no request in flight
+                    await asyncio.sleep(wait)
                 retry += 1
             errors.append((last.kind, time.monotonic() - started))
             started = time.monotonic()

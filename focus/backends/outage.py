@@ -35,8 +35,10 @@ log lines, and its only asyncio object the event waiting calls sleep on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +105,10 @@ class OutageGate:
         self.silent_since: float | None = None
         #: When requests were first seen waiting with no answer since (the silence watch's).
         self._waiting_since: float | None = None
+        #: Calls in the backoff between attempts (no request in flight): when each began.
+        self._backing_off: dict[object, float] = {}
+        #: The last failure a call backs off from, and its status (None: no answer).
+        self._last_failure: tuple[str, int | None] = ("", None)
         self._next_probe = 0.0
         self._up = asyncio.Event()
         self._up.set()
@@ -139,6 +145,25 @@ class OutageGate:
             self.down_since = now
             self._up.clear()
 
+    @contextlib.contextmanager
+    def backing_off(self, began: float, cause: str, status: int | None) -> Iterator[None]:
+        """A call that began at ``began`` waits out its backoff after ``cause``: it
+        counts as waiting for the silence watch (a service answering 429 to every
+        request keeps no request in flight)."""
+        token = object()
+        self._backing_off[token] = began
+        self._last_failure = (cause, status)
+        try:
+            yield
+        finally:
+            del self._backing_off[token]
+
+    def waiting_calls(self, in_flight: int, oldest: float | None) -> tuple[int, float | None]:
+        """The calls waiting for an answer: ``in_flight`` requests (the ``oldest`` sent
+        then) and those backing off; when the oldest of them began."""
+        starts = [t for t in (oldest, *self._backing_off.values()) if t is not None]
+        return in_flight + len(self._backing_off), min(starts, default=None)
+
     def look(self, now: float, waiting: int, oldest: float | None, after_s: float, timeouts: str) -> None:
         """The silence watch's look (every ``after_s / 4``, :func:`watch_silence`):
         ``waiting`` requests in flight, the ``oldest`` sent at that time. Once no answer
@@ -152,6 +177,22 @@ class OutageGate:
         quiet = max(self._waiting_since, self.last_answer if self.last_answer is not None else oldest)
         if self.silent_since is None and now - quiet >= after_s:
             self.silent_since = quiet
+            cause, status = self._last_failure
+            if status is not None and self._backing_off:  # the service answers, but nothing usable
+                log.warning(
+                    "no usable answer has come from the %s at %s for %.0f s; %d request(s) wait, retried after "
+                    "each answer (the last: status %d: %s; silence_warn_s = %g s; %s)",
+                    self.service,
+                    self.url,
+                    now - quiet,
+                    waiting,
+                    status,
+                    cause,
+                    after_s,
+                    timeouts,
+                    extra=CONSOLE,
+                )
+                return
             log.warning(
                 "no answer has come from the %s at %s for %.0f s; %d request(s) wait (silence_warn_s = %g s; %s)",
                 self.service,
@@ -254,7 +295,7 @@ def watch_silence(loop: asyncio.AbstractEventLoop, gate: OutageGate, clock: Any,
         handle: asyncio.TimerHandle | None = None
 
         def tick(self) -> None:
-            gate.look(time.monotonic(), len(clock), clock.oldest(), after_s, timeouts)
+            gate.look(time.monotonic(), *gate.waiting_calls(len(clock), clock.oldest()), after_s, timeouts)
             self.handle = loop.call_later(after_s / 4, self.tick)
 
         def cancel(self) -> None:

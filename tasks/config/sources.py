@@ -145,11 +145,14 @@ def env_layers(environ: Mapping[str, str]) -> tuple[list[Layer], list[str]]:
 
     A variable whose first part names no field belongs to another tool
     (``FOCUS_WORK_POOL`` and ``FOCUS_PROJECT_DIR`` of ``deployments/prefect.yaml``) and
-    is skipped, unless it nests (``__``), is close to a field's name or is the name of
-    a nested field (``FOCUS_URL``): those are errors with the field it likely meant.
+    is skipped, unless it nests (``__``), is close to a field's name, is the name of
+    a nested field (``FOCUS_URL``) or a nested field's path with single underscores
+    (``FOCUS_MODEL_URL``, which was ignored): those are errors with the field it likely meant.
     """
     fields = list(FocusConfig.model_fields)
     leaves = {p.rsplit(".", 1)[-1] for p in field_paths()}
+    # a nested field's name with one underscore where the parts need two (FOCUS_MODEL_URL)
+    flat = {p.replace(".", "_"): p for p in field_paths() if "." in p}
     layers, problems = [], []
     for name in sorted(environ):
         if not name.startswith(ENV_PREFIX) or len(name) == len(ENV_PREFIX):
@@ -159,7 +162,9 @@ def env_layers(environ: Mapping[str, str]) -> tuple[list[Layer], list[str]]:
         if top in fields:
             layers.append(Layer(name, key=key, value=_env_value(key, environ[name])))
             continue
-        if "." in key or top in leaves or difflib.get_close_matches(top, fields, n=1, cutoff=0.8):
+        if key in flat:
+            problems.append(_line(key, "unknown field", name, flat[key]))
+        elif "." in key or top in leaves or difflib.get_close_matches(top, fields, n=1, cutoff=0.8):
             problems.append(_line(key, "unknown field", name, suggest_field(key)))
     return layers, problems
 
