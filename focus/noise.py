@@ -275,7 +275,11 @@ def _moments(recs: list[Checkpoint], bases: Sequence[int]) -> _Moments:
         dtype=np.float64,
     )
     # degrees of freedom of the same-action spreads whose first transition is at each depth
-    repeat_dof = _mv((same_rows[:, nd:] > 0).T.astype(np.float64), same_dof) if len(same_y) else np.zeros(nd)
+    # (each checkpoint with same-action groups once, at its depth: the rows after those
+    # are the agreeing groups' first transitions, focus.noise_rows.coefficients)
+    same_ix = [i for i, r in enumerate(recs) if r.ss_same is not None]
+    repeat_dof = np.zeros(nd)
+    np.add.at(repeat_dof, np.array([recs[i].depth for i in same_ix], dtype=np.int64), same_dof[: len(same_ix)])
     # Checkpoints with one child and a prediction: (v̂ − q)² has expectation
     # t·(1 + β) + Σ_d α(d)·s(d) (the chain model's residual). Search picks which
     # checkpoints get a second child, so the spreads describe the checkpoints it chose;
@@ -288,7 +292,7 @@ def _moments(recs: list[Checkpoint], bases: Sequence[int]) -> _Moments:
     return _Moments(
         nd, alpha, beta, design, t_rows, ys, dofs, res_ix, t_obs,
         one_rows, 1.0 + beta[one_ix], np.array([recs[i].depth for i in one_ix], dtype=np.int64), one_y,
-        repeat_dof, len(spread_ix), len(same_y),
+        repeat_dof, len(spread_ix), len(same_ix),
     )  # fmt: skip
 
 
