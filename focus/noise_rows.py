@@ -274,8 +274,8 @@ def coefficients(
         beta[rows] /= msq[rows]
     # same-action spreads: Σ_g (g−1)/g · Σ_{j∈g} Var(q_j | action), ν for the first
     # transition; a group whose first transitions all met the same outcome holds none of
-    # ν (the env added nothing between them there): its first transition goes to a row
-    # of its own that observes 0 (the ν part of the agreeing groups, below)
+    # it (the env added nothing between them there), so its first transitions have no ν
+    # term and ν is the env's variance where outcomes differ (focus.noise reads it so)
     with_same = [i for i, r in enumerate(recs) if r.ss_same is not None]
     row_of = np.full(n, -1, dtype=np.int64)
     row_of[with_same] = np.arange(len(with_same))
@@ -285,7 +285,7 @@ def coefficients(
     sp, sc, sd2, sw, sf, sa = kp[pick], kc[pick], kd2[pick], kw[pick], kf[pick], ka[pick]
     sr = row_of[sp]
     first = np.minimum(sw, 1.0)
-    np.add.at(same_rows, (sr[~sa], nd + bucket[sp[~sa]]), (sf * first)[~sa])
+    np.add.at(same_rows, (sr, nd + bucket[sp]), np.where(sa, 0.0, sf * first))
     np.add.at(same_rows, (sr, bucket[sp]), sf * (sw - first))
     inner = sc >= 0
     np.add.at(same_rows[:, :nd], sr[inner], (sf * sd2)[inner, None] * alpha[sc[inner]])
@@ -295,15 +295,4 @@ def coefficients(
     same_y = np.array([recs[i].ss_same for i in with_same], dtype=np.float64)
     # degrees of freedom Σ_g (g − 1): the factors (g−1)/g of a group's g children sum to it
     same_dof = np.array([round(left_sum(k[3] for k in recs[i].kids)) for i in with_same], dtype=np.float64)
-    # the agreeing groups' first transitions: observed to spread by 0
-    agree_dof = np.zeros(len(with_same))
-    np.add.at(agree_dof, sr[sa], sf[sa])
-    has = np.flatnonzero(agree_dof > 0.5)
-    if len(has):
-        zero_rows = np.zeros((len(has), 2 * nd))
-        np.add.at(zero_rows, (np.searchsorted(has, sr[sa]), nd + bucket[sp[sa]]), (sf * first)[sa])
-        same_rows = np.vstack([same_rows, zero_rows])
-        same_t = np.concatenate([same_t, np.zeros(len(has))])
-        same_y = np.concatenate([same_y, np.zeros(len(has))])
-        same_dof = np.concatenate([same_dof, np.round(agree_dof[has])])
     return alpha, beta, (same_rows, same_t, same_y, same_dof)
