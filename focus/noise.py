@@ -29,7 +29,6 @@ from focus.noise_rows import (
     tree_rows,
 )
 from focus.segments import first_step_weight
-from focus.sums import left_sum
 from focus.tree import Edge, Tree
 
 __all__ = ["DEPTH_BUCKETS", "NoiseModel", "Truncation", "first_step_weight", "leaf_value", "noise_model"]
@@ -137,8 +136,7 @@ _NOISE_PRIOR_DOF = 2.0
 
 def _env_share(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> float:
     """The env's share ν/s of a transition's variance, pooled over the depths whose
-    same-action spreads measured it (weighted by their degrees of freedom; ``nu``: the
-    variance where outcomes differed, :func:`_agreeing`), with
+    same-action spreads measured it (weighted by their degrees of freedom), with
     ``_NOISE_PRIOR_DOF`` pseudo-observations at one half. Whether an env is random is
     mostly a property of the env, not of a depth: a deterministic env shows ν ≈ 0
     wherever siblings repeat an action, and the depths without such siblings should
@@ -149,20 +147,6 @@ def _env_share(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> float:
             num.append(k * min(v / sd, 1.0))
             den.append(k)
     return math.fsum(num) / math.fsum(den)
-
-
-def _agreeing(agree: np.ndarray, repeat: np.ndarray) -> np.ndarray:
-    """Per depth, the share p(d) of the same-action spreads (in degrees of freedom,
-    ``repeat``) whose first transitions all met one outcome (``agree``), with
-    ``_NOISE_PRIOR_DOF`` pseudo-observations at the share pooled over depths, which has
-    as many at 0 (without such siblings the env's randomness is not ruled out). A
-    sibling that took the same action meets another outcome with probability 1 − p;
-    otherwise the env added nothing between them. So the spreads of the groups that met
-    more than one outcome hold ν/(1 − p) per first transition (ν the unconditional env
-    variance the model keeps), and the prior that ν is the env's share of s is
-    (1 − p)·ρ·s, ρ that share where outcomes differ."""
-    pooled = float(np.sum(agree)) / (float(np.sum(repeat)) + _NOISE_PRIOR_DOF)
-    return (agree + _NOISE_PRIOR_DOF * pooled) / (repeat + _NOISE_PRIOR_DOF)
 
 
 def noise_model(
@@ -186,8 +170,7 @@ def noise_model(
       backed-up values around Q̄ has expectation ``(m−1)·m·Var(Q̄)``;
     * same-action spread: within each group of children whose first model turn is the
       same (the same action), the sum of squares has the same form with ν(d) in place
-      of s(d) for the first transition: none of it in groups whose first transitions
-      met one outcome, ν/(1 − p) in the others (:func:`_agreeing`);
+      of s(d) for the first transition;
     * residual: at the same checkpoints, ``(v̂ − Q̄)² − SS/(m(m−1))`` is an unbiased
       estimate of t whatever the model (the correction is the checkpoint's own
       sampling variance of Q̄);
@@ -225,7 +208,7 @@ def noise_model(
     for it in range(3):
         x = _solve_spreads(mo, t, x, rho, it, by_depth)
         s = x[:nd]
-        rho = _env_share(x[nd:] / mo.differ, s, mo.repeat_dof)
+        rho = _env_share(x[nd:], s, mo.repeat_dof)
         t = _critic_error(mo, s, t, it)
         by_depth = _critic_by_depth(recs, mo, s, t)
     shared = _shared_share(mo, t, x, rho, by_depth)
@@ -264,11 +247,8 @@ class _Moments:
     one_t: np.ndarray
     one_depth: np.ndarray
     one_y: np.ndarray
-    #: Degrees of freedom of the same-action spreads per depth of their first transition
-    #: within groups whose first transitions met more than one outcome (what measures ν).
+    #: Degrees of freedom of the same-action spreads per depth of their first transition.
     repeat_dof: np.ndarray
-    #: Per depth, the share of same-action siblings that meet another outcome (_agreeing).
-    differ: np.ndarray
     spreads: int
     repeats: int
 
@@ -284,18 +264,7 @@ def _moments(recs: list[Checkpoint], bases: Sequence[int]) -> _Moments:
     t_rows = beta[spread_ix] * scale
     ys = np.array([recs[i].ss for i in spread_ix], dtype=np.float64)
     dofs = m - 1
-    # degrees of freedom of the same-action spreads whose first transition is at each
-    # depth, and of those whose first transitions met one outcome; the share that met
-    # another, and the same-action rows' ν read as the unconditional ν (_agreeing)
-    same_ix = [i for i, r in enumerate(recs) if r.ss_same is not None]
-    repeat_dof, agree_dof = np.zeros(nd), np.zeros(nd)
-    for i, dof in zip(same_ix, same_dof.tolist(), strict=True):
-        repeat_dof[recs[i].depth] += dof
-        agree_dof[recs[i].depth] += left_sum(k[3] for k in recs[i].kids if k[4])
-    differ = 1.0 - _agreeing(agree_dof, repeat_dof)
     if len(same_y):
-        same_rows = same_rows.copy()
-        same_rows[:, nd:] /= differ[None, :]
         design = np.vstack([design, same_rows])
         t_rows = np.concatenate([t_rows, same_t])
         ys = np.concatenate([ys, same_y])
@@ -305,6 +274,8 @@ def _moments(recs: list[Checkpoint], bases: Sequence[int]) -> _Moments:
         [recs[i].d2 - recs[i].ss / (recs[i].m * (recs[i].m - 1)) for i in res_ix],  # type: ignore[operator]
         dtype=np.float64,
     )
+    # degrees of freedom of the same-action spreads whose first transition is at each depth
+    repeat_dof = _mv((same_rows[:, nd:] > 0).T.astype(np.float64), same_dof) if len(same_y) else np.zeros(nd)
     # Checkpoints with one child and a prediction: (v̂ − q)² has expectation
     # t·(1 + β) + Σ_d α(d)·s(d) (the chain model's residual). Search picks which
     # checkpoints get a second child, so the spreads describe the checkpoints it chose;
@@ -317,18 +288,17 @@ def _moments(recs: list[Checkpoint], bases: Sequence[int]) -> _Moments:
     return _Moments(
         nd, alpha, beta, design, t_rows, ys, dofs, res_ix, t_obs,
         one_rows, 1.0 + beta[one_ix], np.array([recs[i].depth for i in one_ix], dtype=np.int64), one_y,
-        repeat_dof - agree_dof, differ, len(spread_ix), len(same_ix),
+        repeat_dof, len(spread_ix), len(same_y),
     )  # fmt: skip
 
 
-def _share_form(nd: int, rho: np.ndarray) -> np.ndarray:
-    """The prior that ν(d) is ρ(d)·s(d), ρ(d) the env's share where same-action siblings
-    met different outcomes, pooled over depths (half before any), times the share that
-    does (_agreeing): the quadratic form of Σ_d (ν(d) − ρ(d)·s(d))²."""
+def _share_form(nd: int, rho: float) -> np.ndarray:
+    """The prior that ν(d) is ρ·s(d), ρ the env's share pooled over the depths with
+    same-action siblings (half before any): the quadratic form of Σ_d (ν(d) − ρ·s(d))²."""
     form = np.zeros((2 * nd, 2 * nd))
-    for d, r in enumerate(rho.tolist()):
-        form[d, d], form[nd + d, nd + d] = r * r, 1.0
-        form[d, nd + d] = form[nd + d, d] = -r
+    for d in range(nd):
+        form[d, d], form[nd + d, nd + d] = rho * rho, 1.0
+        form[d, nd + d] = form[nd + d, d] = -rho
     return form
 
 
@@ -395,7 +365,7 @@ def _spread_system(
         mat = mat + k_one * _mm(one_rows.T, one_rows)
         # (v̂ − q)² − t(d) − β·t: the checkpoint's own critic error at its depth
         rhs = rhs + k_one * _mv(one_rows.T, mo.one_y - t_depth[mo.one_depth] - t * (mo.one_t - 1.0))
-    mat = mat + _DEPTH_PRIOR_DOF * unit * centre + _NOISE_PRIOR_DOF * unit * _share_form(nd, rho * mo.differ)
+    mat = mat + _DEPTH_PRIOR_DOF * unit * centre + _NOISE_PRIOR_DOF * unit * _share_form(nd, rho)
     return mat, rhs
 
 

@@ -7,15 +7,15 @@ backed-up value's variance over the per-depth step variances (α) and the critic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
 from focus.segments import Segment, segment
 from focus.sums import left_sum
-from focus.tree import Edge, Node, Tree, Turn
+from focus.tree import Edge, Tree, Turn
 
 Truncation = Literal["bootstrap", "terminal"]
 
@@ -61,9 +61,8 @@ class Checkpoint:
     v_hat: float | None
     #: Per valid child: (first-step weight, γ^{2k}, reference: record index or
     #: _EXACT / _CRITIC, (g−1)/g for a child in a group of g ≥ 2 that took the same
-    #: action, else 0, whether every child of that group met the same outcome of its
-    #: first transition: the same observation and reward, :func:`_first_outcome`).
-    kids: list[tuple[float, float, int, float, bool]]
+    #: action, else 0).
+    kids: list[tuple[float, float, int, float]]
 
 
 def collect(
@@ -101,7 +100,7 @@ def collect(
                 val[i], ref[i] = None, _EXACT
             continue
         qs: list[float] = []
-        kids: list[tuple[float, float, int, float, bool]] = []
+        kids: list[tuple[float, float, int, float]] = []
         valid: list[int] = []
         for eid in node.children:
             sg = seg_of(eid)
@@ -114,7 +113,7 @@ def collect(
             disc = sg.discount
             qs.append(sg.reward + disc * vc)
             valid.append(eid)
-            kids.append((sg.weight, disc * disc, ref[c], 0.0, False))
+            kids.append((sg.weight, disc * disc, ref[c], 0.0))
         m = len(qs)
         if not m:
             val[i], ref[i] = node.value, _CRITIC
@@ -126,7 +125,7 @@ def collect(
         ss_same: float | None = None
         if m >= 2:
             ss = _above(left_sum([(q - q_bar) ** 2 for q in qs]), m * floor)
-            ss_same, kids = _same_action(qs, [edges[e] for e in valid], nodes, kids, m * floor)
+            ss_same, kids = _same_action(qs, [_first_action(edges[e].turns) for e in valid], kids, m * floor)
         value = node.value
         d2 = _above((value - q_bar) ** 2, max(floor, (ROUNDING * value) ** 2)) if value is not None else None
         val[i], ref[i] = q_bar, len(out)
@@ -140,51 +139,23 @@ def collect(
 
 
 def _same_action(
-    qs: list[float],
-    valid: list[Edge],
-    nodes: Mapping[int, Node],
-    kids: list[tuple[float, float, int, float, bool]],
-    floor: float,
-) -> tuple[float | None, list[tuple[float, float, int, float, bool]]]:
+    qs: list[float], firsts: list[tuple[int, ...]], kids: list[tuple[float, float, int, float]], floor: float
+) -> tuple[float | None, list[tuple[float, float, int, float]]]:
     """The sum of squares within groups of children whose first model turn is the same
-    (None without such a pair) and the children with their group's ``(g−1)/g`` and
-    whether the group's first transitions all met the same outcome
-    (:func:`_first_outcome`). Each child's first action is the exact tokens of its
-    segment's first model turn, read only where there are two children to compare (most
-    checkpoints have one, and the turn is a few pointers away, all over a large heap)."""
-    firsts = [_first_action(e.turns) for e in valid]
+    (None without such a pair) and the children with their group's ``(g−1)/g``. Each
+    child's first action is the exact tokens of its segment's first model turn, read only
+    where there are two children to compare (most checkpoints have one, and the turn is a
+    few pointers away, all over a large heap)."""
     if len(set(firsts)) == len(qs):
         return None, kids
     index: dict[tuple[int, ...], int] = {}
     groups = [index.setdefault(f, len(index)) for f in firsts]
     members: dict[int, list[float]] = {}
-    outcomes: dict[int, set[Any]] = {}
     for q, g in zip(qs, groups, strict=True):
         members.setdefault(g, []).append(q)
-    for g, e in zip(groups, valid, strict=True):
-        if len(members[g]) > 1:
-            outcomes.setdefault(g, set()).add(_first_outcome(e, nodes))
     ss_same = _above(left_sum(left_sum((q - left_sum(v) / len(v)) ** 2 for q in v) for v in members.values()), floor)
     sizes = [len(members[g]) for g in groups]
-    return ss_same, [
-        (w, d, c, (n - 1) / n, n > 1 and len(outcomes[g]) == 1)
-        for (w, d, c, _, _), n, g in zip(kids, sizes, groups, strict=True)
-    ]
-
-
-def _first_outcome(e: Edge, nodes: Mapping[int, Node]) -> tuple[Any, ...]:
-    """What the env answered to a segment's first transition: the turns up to it (their
-    tokens, observations, rewards) and, where it ends the segment, the kind of node it
-    reached. Two children that took the same action and share this reached the same
-    context: the env added nothing between them on that transition, whatever it is."""
-    out: list[Any] = []
-    for j, t in enumerate(e.turns):
-        out.append((t.completion_ids, t.observation, t.reward, t.transition))
-        if t.transition:
-            if j == len(e.turns) - 1:
-                out.append(nodes[e.child].kind)
-            break
-    return tuple(out)
+    return ss_same, [(w, d, c, (n - 1) / n) for (w, d, c, _), n in zip(kids, sizes, strict=True)]
 
 
 def _above(x: float, floor: float) -> float:
@@ -237,22 +208,20 @@ def coefficients(
     ``bases``: each row's offset for its child references (:func:`joined`; none: the
     references index ``recs`` as they are)."""
     n = len(recs)
-    parent, weight, disc2, child, factor, agree = [], [], [], [], [], []
+    parent, weight, disc2, child, factor = [], [], [], [], []
     for i, r in enumerate(recs):
         b = bases[i] if bases is not None else 0
-        for w1, d2, c, f, same in r.kids:
+        for w1, d2, c, f in r.kids:
             parent.append(i)
             weight.append(w1)
             disc2.append(d2)
             child.append(c + b if c >= 0 else c)
             factor.append(f)
-            agree.append(same)
     kp = np.array(parent, dtype=np.int64)
     kw = np.array(weight, dtype=np.float64)
     kd2 = np.array(disc2, dtype=np.float64)
     kc = np.array(child, dtype=np.int64)
     kf = np.array(factor, dtype=np.float64)
-    ka = np.array(agree, dtype=bool)
     bucket = np.array([r.depth for r in recs], dtype=np.int64)
     level = np.array([r.level for r in recs], dtype=np.int64)
     msq = np.array([r.m * r.m for r in recs], dtype=np.float64)
@@ -272,20 +241,17 @@ def coefficients(
         rows = np.flatnonzero(level == lv)
         alpha[rows] /= msq[rows, None]
         beta[rows] /= msq[rows]
-    # same-action spreads: Σ_g (g−1)/g · Σ_{j∈g} Var(q_j | action), ν for the first
-    # transition; a group whose first transitions all met the same outcome holds none of
-    # it (the env added nothing between them there), so its first transitions have no ν
-    # term and ν is the env's variance where outcomes differ (focus.noise reads it so)
+    # same-action spreads: Σ_g (g−1)/g · Σ_{j∈g} Var(q_j | action), ν for the first transition
     with_same = [i for i, r in enumerate(recs) if r.ss_same is not None]
     row_of = np.full(n, -1, dtype=np.int64)
     row_of[with_same] = np.arange(len(with_same))
     same_rows = np.zeros((len(with_same), 2 * nd))
     same_t = np.zeros(len(with_same))
     pick = (kf > 0) & (row_of[kp] >= 0)
-    sp, sc, sd2, sw, sf, sa = kp[pick], kc[pick], kd2[pick], kw[pick], kf[pick], ka[pick]
+    sp, sc, sd2, sw, sf = kp[pick], kc[pick], kd2[pick], kw[pick], kf[pick]
     sr = row_of[sp]
     first = np.minimum(sw, 1.0)
-    np.add.at(same_rows, (sr, nd + bucket[sp]), np.where(sa, 0.0, sf * first))
+    np.add.at(same_rows, (sr, nd + bucket[sp]), sf * first)
     np.add.at(same_rows, (sr, bucket[sp]), sf * (sw - first))
     inner = sc >= 0
     np.add.at(same_rows[:, :nd], sr[inner], (sf * sd2)[inner, None] * alpha[sc[inner]])
@@ -294,5 +260,5 @@ def coefficients(
     np.add.at(same_t, sr[crit], (sf * sd2)[crit])
     same_y = np.array([recs[i].ss_same for i in with_same], dtype=np.float64)
     # degrees of freedom Σ_g (g − 1): the factors (g−1)/g of a group's g children sum to it
-    same_dof = np.array([round(left_sum(k[3] for k in recs[i].kids)) for i in with_same], dtype=np.float64)
+    same_dof = np.array([round(left_sum(fk for *_, fk in recs[i].kids)) for i in with_same], dtype=np.float64)
     return alpha, beta, (same_rows, same_t, same_y, same_dof)

@@ -452,8 +452,7 @@ def test_slot_hashes_equal_the_hash_of_the_tuples_repr() -> None:
 
 def reference_collect(tree: Tree, gamma: float, truncation: str, keep, out: list, segments=None) -> None:  # type: ignore[no-untyped-def]
     """``focus.noise_rows.collect`` as it was (a checkpoint's row made by its dataclass
-    ``__init__``, its children grouped by first action in one pass), with the flag of
-    same-action groups whose first transitions met one outcome."""
+    ``__init__``, its children grouped by first action in one pass)."""
     from focus.noise_rows import _CRITIC, _EXACT, DEPTH_BUCKETS, Checkpoint
 
     nodes, edges = tree.nodes, tree.edges
@@ -474,9 +473,8 @@ def reference_collect(tree: Tree, gamma: float, truncation: str, keep, out: list
             ref[i] = _CRITIC if kind == "truncated" and boot else _EXACT
             continue
         qs: list[float] = []
-        kids: list[tuple[float, float, int, float, bool]] = []
+        kids: list[tuple[float, float, int, float]] = []
         groups: list[int] = []
-        outcomes: list[tuple] = []  # type: ignore[type-arg]
         index: dict[tuple[int, ...], int] = {}
         for eid in node.children:
             sg = segs.get(eid)
@@ -490,13 +488,7 @@ def reference_collect(tree: Tree, gamma: float, truncation: str, keep, out: list
             qs.append(sg.reward + disc * vc)
             turns = edges[eid].turns
             groups.append(index.setdefault(turns[0].completion_ids if turns else (), len(index)))
-            # what the env answered to the first transition (and, where that ends the
-            # segment, the kind of node reached)
-            j = next((k for k, t in enumerate(turns) if t.transition), len(turns) - 1)
-            seen = tuple((t.completion_ids, t.observation, t.reward, t.transition) for t in turns[: j + 1])
-            ends = bool(turns) and turns[j].transition and j == len(turns) - 1
-            outcomes.append(seen + ((nodes[c].kind,) if ends else ()))
-            kids.append((sg.weight, disc * disc, ref[c], 0.0, False))
+            kids.append((sg.weight, disc * disc, ref[c], 0.0))
         m = len(qs)
         if not m:
             val[i], ref[i] = node.value, _CRITIC
@@ -510,11 +502,7 @@ def reference_collect(tree: Tree, gamma: float, truncation: str, keep, out: list
                 members.setdefault(g, []).append(q)
             ss_same = left_sum(left_sum((q - left_sum(v) / len(v)) ** 2 for q in v) for v in members.values())
             sizes = [len(members[g]) for g in groups]
-            seen_by: dict[int, set] = {}  # type: ignore[type-arg]
-            for g, o in zip(groups, outcomes, strict=True):
-                seen_by.setdefault(g, set()).add(o)
-            agree = [n > 1 and len(seen_by[g]) == 1 for n, g in zip(sizes, groups, strict=True)]
-            kids = [(w, d, c, (n - 1) / n, a) for (w, d, c, _, _), n, a in zip(kids, sizes, agree, strict=True)]
+            kids = [(w, d, c, (n - 1) / n) for (w, d, c, _), n in zip(kids, sizes, strict=True)]
         d2 = (node.value - q_bar) ** 2 if node.value is not None else None
         val[i], ref[i] = q_bar, len(out)
         depth = node.depth
@@ -543,9 +531,6 @@ def test_noise_rows_equal_the_former_collect(gamma: float, truncation: str) -> N
     # the trees exercise every case: only children, spreads, same-action groups, unscored checkpoints
     assert any(r.m == 1 for r in rows) and any(r.ss is not None for r in rows)
     assert any(r.ss_same is not None for r in rows) and any(r.d2 is None for r in rows)
-    # same-action groups whose first transitions met one outcome, and groups that did not
-    flags = {k[4] for r in rows for k in r.kids if k[3] > 0}
-    assert flags == {False, True}
 
 
 def reference_monte_carlo(tree: Tree, gamma: float) -> dict[int, float | None]:

@@ -89,11 +89,11 @@ def digest(batch) -> str:  # type: ignore[no-untyped-def]
 PINNED = {
     ("grpo", 0): ("ab80e8e291288554", 232, 208),
     ("grpo", 1): ("2b39ebd36a704827", 234, 212),
-    ("selective", 0): ("baee5be76bdc6027", 342, 176),
-    ("selective", 1): ("6e380eb732e0d679", 343, 195),
-    ("selective_jobs", 0): ("6301cf77bb4f7d21", 343, 180),
-    ("uniform", 0): ("f255b51d7dcbb5b4", 282, 238),
-    ("uniform", 1): ("01c1f6a2e19a34c0", 285, 238),
+    ("selective", 0): ("2629e78a3f3a7727", 343, 269),
+    ("selective", 1): ("b2a3c9c5768331c3", 342, 210),
+    ("selective_jobs", 0): ("3f0ae3bfdc41c751", 342, 246),
+    ("uniform", 0): ("4ec6b78f9286f22a", 282, 238),
+    ("uniform", 1): ("067a9a2a4c6360e8", 285, 238),
 }
 
 

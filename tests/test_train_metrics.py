@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from test_collector import PHASES, synthetic
+from test_collector import synthetic
 from test_train_local import _toy_batch
 from test_train_watch import small
 
 from flows.errors import one_line
 from flows.loop import train_body
 from flows.loop_progress import METRICS, LoopProgress, metrics_row, row_cells
-from focus.priority import Uniform
 from focus.testing import run
 from focus.train_local import PolicyTrainer, TrainingDiverged, UpdateConfig, UpdateStep, train_iteration
 from storage import CheckpointStore
@@ -37,9 +36,7 @@ def _path_return(tree, rollout: int) -> float:
 
 
 def test_a_batch_records_the_mean_return_of_its_rollouts_from_the_root():
-    # uniform branching: continuations from every depth, roots among them (which
-    # checkpoints Selective picks on these three tasks moves with its noise fit)
-    col, tasks, _ = synthetic(search=Uniform(phases=PHASES))
+    col, tasks, _ = synthetic()
     state = run(col.search(tasks))
     batch = col.prepare(state)
     roots = [(t, r.rollout) for t in state.trees for r in t.log if r.phase == 0 and not r.failed]
