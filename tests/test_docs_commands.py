@@ -155,6 +155,10 @@ COMMANDS: dict[str, Check] = {
     "selective_chainmid_depthshare3 --seeds 2 --jobs 1": Check(
         "parse", "the depth-share hedges on the project's families at 2H and 6H: about 2 minutes on 2 cores"
     ),
+    ".venv/bin/python -m benchmarks.estimator_quality --families critical --budgets 6,16 "
+    "--critics exact,noise_0.5,noise_1,constant --methods grpo,uniform,selective --seeds 16 --jobs 1": Check(
+        "parse", "critical's composition-neutral cells, 531 collections: about 2 minutes on 2 loaded cores"
+    ),
     ".venv/bin/python -m benchmarks.allocation_bound --seeds 8 --jobs 2 --json runs/allocation_bound.json": Check(
         "parse", "4,224 collections: 29 minutes on 2 loaded cores"
     ),
