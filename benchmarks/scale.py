@@ -175,9 +175,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="per arm")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each row up to --repeat-max-size; median run kept")
     ap.add_argument("--repeat-max-size", type=int, default=40000, help="larger rows run once")
+    ap.add_argument(
+        "--depth-share",
+        type=float,
+        help="FOCUS's Selective.depth_share (default: the library's); for a comparison, not the record",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.depth_share is not None and not args.depth_share >= 0:
+        ap.error(f"--depth-share must be 0 or more, got {args.depth_share}")
     if args.quick and not args.child:
         args.sizes, args.few_tasks, args.tasks_per_1k = [300, 1000], 6, 20.0
         args.slots, args.latency_ms, args.concurrency = 16, 2.0, 32
@@ -199,6 +206,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         "critic": f"ConstantCritic({CRITIC_VALUE})",
         "repeats": args.repeats,
         "repeat_max_size": args.repeat_max_size,
+        "depth_share": args.depth_share,
     }
 
 
@@ -212,6 +220,7 @@ def child_config(args: argparse.Namespace, arm: str, n: int, tasks: int) -> dict
         "latency_s": args.latency_ms / 1000,
         "completion_tokens": args.tokens,
         "concurrency": args.concurrency,
+        "depth_share": args.depth_share,
     }
 
 

@@ -100,8 +100,17 @@ def _run(make: Callable[[], Awaitable[Any]]) -> Any:
 # -- the two arms ----------------------------------------------------------------------
 
 
+def arm_search(cfg: dict[str, Any], tasks: Sequence[Task], max_steps: int) -> Selective:
+    """The FOCUS arm's search: :func:`focus_search`, with ``depth_share`` where the run
+    sets one (``--depth-share``: a comparison, not the library's default)."""
+    search = focus_search(cfg["transitions"], tasks, max_steps, cfg["concurrency"])
+    if cfg.get("depth_share") is not None:
+        search = search.model_copy(update={"depth_share": float(cfg["depth_share"])})
+    return search
+
+
 def run_focus(agent: Agent, tasks: list[Task], cfg: dict[str, Any]) -> tuple[dict[str, Any], Batch]:
-    search = focus_search(cfg["transitions"], tasks, agent.max_steps, cfg["concurrency"])
+    search = arm_search(cfg, tasks, agent.max_steps)
     collector = Collector(
         agent,
         search,

@@ -290,3 +290,20 @@ def test_the_arms_in_process_collect_what_the_server_would_answer():
         parts = a["rollout_us"] + a["search_us"] + a["prepare_us"]
         assert parts == pytest.approx(a["cpu_us"]) and a["rollout_us"] > 0
         assert (a["search_us"] > 0) == (arm == "focus")
+
+
+def test_depth_share_reaches_the_focus_arms_search_and_is_recorded():
+    from benchmarks.scale import child_config, parse_args, run_config
+    from benchmarks.scale_arms import arm_search
+    from focus.priority import Selective
+
+    tasks = reach_target_tasks(4, seed=0)
+    default = parse_args([])
+    cfg = child_config(default, "focus", 2000, 4)
+    assert cfg["depth_share"] is None and run_config(default)["depth_share"] is None
+    assert arm_search(cfg, tasks, 20).depth_share == Selective().depth_share  # the library's default
+    zero = parse_args(["--depth-share", "0"])
+    assert run_config(zero)["depth_share"] == 0.0
+    assert arm_search(child_config(zero, "focus", 2000, 4), tasks, 20).depth_share == 0.0
+    with pytest.raises(SystemExit):
+        parse_args(["--depth-share", "-1"])
