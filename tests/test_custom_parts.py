@@ -200,6 +200,16 @@ class ByIndexStdCritic(Critic):
         return {i: Prediction(0.3, 0.1) for i in range(len(contexts))}
 
 
+class NoReturnCritic(Critic):
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        [0.3] * len(contexts)  # the `return` forgotten
+
+
+class OneValueCritic(Critic):
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        return 0.3
+
+
 @pytest.mark.parametrize(
     ("critic", "says"),
     [
@@ -208,6 +218,10 @@ class ByIndexStdCritic(Critic):
         (ByIndexStdCritic(), r"critic ByIndexStdCritic returned a dict: return a list, one value per context in"),
         # "object list can't be used in 'await' expression"
         (PlainDefCritic(), r"PlainDefCritic\.predict returned list, not an awaitable: declare it `async def`"),
+        # the collection stopped with "TypeError: 'NoneType' object is not iterable",
+        # raised inside focus/critic.py, naming neither the critic nor the method
+        (NoReturnCritic(), r"^critic NoReturnCritic returned None: return a list, one value per context in order$"),
+        (OneValueCritic(), r"^critic OneValueCritic returned a float: return a list, one value per context in order$"),
     ],
 )
 def test_a_critic_that_returns_no_list_of_values_is_named(critic, says):  # type: ignore[no-untyped-def]
@@ -298,32 +312,6 @@ def test_a_context_manager_method_that_returns_nothing_stops_the_collection_nami
     col.agent.context = manager
     with pytest.raises(BrokenContextManager, match=says):
         run(col.search(tasks))
-
-
-class NoReturnCritic(Critic):
-    async def predict(self, contexts):  # type: ignore[no-untyped-def]
-        [0.3] * len(contexts)  # the `return` forgotten
-
-
-class OneValueCritic(Critic):
-    async def predict(self, contexts):  # type: ignore[no-untyped-def]
-        return 0.3
-
-
-@pytest.mark.parametrize(
-    ("critic", "says"),
-    [
-        # the collection stopped with "TypeError: 'NoneType' object is not iterable",
-        # raised inside focus/critic.py, naming neither the critic nor the method
-        (NoReturnCritic(), r"^critic NoReturnCritic returned None: return a list, one value per context in order$"),
-        (OneValueCritic(), r"^critic OneValueCritic returned a float: return a list, one value per context in order$"),
-    ],
-)
-def test_a_critic_that_returns_no_sequence_is_named(critic, says):  # type: ignore[no-untyped-def]
-    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
-    col.critic = critic
-    with pytest.raises(CriticError, match=says):
-        run(col.collect(tasks))
 
 
 class DictPolicy(SyntheticPolicy):
