@@ -193,6 +193,8 @@ def scale(f: dict[str, Any]) -> str:
             if a.get("continuation_waves")
             else ""
         )
+        if quarters and "jobs_per_wave_first_quarter" in a:  # (records before 2026-12-06 lack it)
+            quarters += f" ({num(a['jobs_per_wave_first_quarter'])} -> {num(a['jobs_per_wave_last_quarter'])} jobs)"
         rows.append(
             [
                 r["key"].split("_")[0],

@@ -201,6 +201,9 @@ class SearchMeter:
             for name, part in (("first", waves[:q]), ("last", waves[-q:])):
                 for k in ("plan", "graft", "score"):
                     out[f"{k}_cpu_ms_per_wave_{name}_quarter"] = sum(w[f"{k}_ms"] for w in part) / len(part)
+                # a wave's jobs grow where the plan picks later checkpoints (a wave is counted
+                # in transitions): its plan CPU per wave grows with them, per job it need not
+                out[f"jobs_per_wave_{name}_quarter"] = sum(w["jobs"] for w in part) / len(part)
             first = out["plan_cpu_ms_per_wave_first_quarter"]
             out["plan_cpu_per_wave_last_vs_first_quarter"] = (
                 out["plan_cpu_ms_per_wave_last_quarter"] / first if first > 0 else None

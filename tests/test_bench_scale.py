@@ -43,6 +43,8 @@ WAVE_FIGURES = (
     "plan_cpu_ms_per_wave_first_quarter",
     "plan_cpu_ms_per_wave_last_quarter",
     "plan_cpu_per_wave_last_vs_first_quarter",
+    "jobs_per_wave_first_quarter",
+    "jobs_per_wave_last_quarter",
 )
 
 
@@ -240,6 +242,8 @@ def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
         assert all(w["plan_ms"] > 0 and w["graft_ms"] > 0 and w["jobs"] > 0 for w in waves)
         assert sum(w["jobs"] for w in waves) == focus["rollouts"] - 4 * row["tasks"]
         assert all(focus.get(k) is not None for k in WAVE_FIGURES)
+        q = max(1, len(waves) // 4)
+        assert focus["jobs_per_wave_last_quarter"] == sum(w["jobs"] for w in waves[-q:]) / q
     ratios = figures["ratios"]
     for k in (
         "focus_vs_baseline_cpu_per_transition",
