@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from aiohttp import web
 from fixtures.prefect import run_focus
@@ -28,6 +29,7 @@ from fixtures.prefect import run_focus
 from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy
 from focus.backends.http import MalformedResponse
 from focus.backends.llamacpp import parse_completion as parse_llamacpp
+from focus.backends.wire import encode
 from focus.backends.openai_compat import parse_completion, parse_completions
 from focus.backends.sglang import parse_generate
 from focus.env import Message
@@ -468,7 +470,8 @@ def test_bodies_go_out_as_json_dumps_would_and_lenient_answers_are_read():
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        policy = OpenAICompatPolicy(url, config=FAST, extra_body={"logit_bias": {7: -100.0}, "user": "zoë"})
+        extra = {"logit_bias": {7: -100.0}, "user": "zoë", "top_p": np.float64(0.9)}  # (a sweep's numpy float)
+        policy = OpenAICompatPolicy(url, config=FAST, extra_body=extra)
         try:
             return await policy.sample(PROMPT, SamplingParams(max_tokens=4, seed=1)), policy
         finally:
@@ -480,3 +483,24 @@ def test_bodies_go_out_as_json_dumps_would_and_lenient_answers_are_read():
     expected = json.loads(json.dumps(policy.request_body(PROMPT, SamplingParams(max_tokens=4, seed=1))))
     assert json.loads(sent[0]) == expected and expected["logit_bias"] == {"7": -100.0}
     assert expected["user"] == "zoë" and "zoë".encode() in sent[0]  # UTF-8 on the wire, the same string read
+    assert expected["top_p"] == 0.9
+
+
+class _Fraction(float):
+    """A ``float`` subclass of another library (``orjson`` writes only ``float`` itself)."""
+
+
+@pytest.mark.parametrize(
+    "value",
+    [np.float64(0.7), np.int64(3), np.float32(0.5), 2**70, _Fraction(0.25), {5: np.int64(-100)}],
+    ids=["np.float64", "np.int64", "np.float32", "int past 64 bits", "float subclass", "numpy in a dict"],
+)
+def test_a_body_holding_numbers_orjson_does_not_write_alone_still_goes_out(value):
+    # a request body's values as a user's code makes them: what json.dumps wrote (or
+    # what it would have written as numbers) goes out as those JSON numbers
+    body = {"prompt": [1, 2], "x": value}
+    got = json.loads(encode(body))
+    plain = value.item() if isinstance(value, np.generic) else value
+    if isinstance(value, dict):
+        plain = {str(k): v.item() for k, v in value.items()}
+    assert got == {"prompt": [1, 2], "x": plain}

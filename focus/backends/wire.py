@@ -178,8 +178,17 @@ def encode(body: Any) -> bytes:
     """A request body as compact JSON bytes (``orjson``: about a tenth of ``json.dumps``'s
     CPU for a body of a few hundred prompt ids, which every model call sends; the same
     JSON values, non-ASCII text sent as UTF-8 rather than escaped). Non-string keys are
-    written as strings, as ``json.dumps`` does (``logit_bias`` keyed by token id)."""
-    return orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
+    written as strings, as ``json.dumps`` does (``logit_bias`` keyed by token id), numpy
+    numbers as numbers (a ``temperature`` read off a ``np.linspace`` sweep, which
+    ``json.dumps`` wrote, being a ``float``); what ``orjson`` does not write (an ``int``
+    past 64 bits, a ``float`` subclass of another library) goes through ``json.dumps``."""
+    try:
+        return orjson.dumps(body, option=_OPTIONS)
+    except TypeError:  # (orjson.JSONEncodeError is one)
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
 def decode(data: bytes, status: int) -> Any:
