@@ -29,9 +29,9 @@ from fixtures.prefect import run_focus
 from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy
 from focus.backends.http import MalformedResponse
 from focus.backends.llamacpp import parse_completion as parse_llamacpp
-from focus.backends.wire import encode
 from focus.backends.openai_compat import parse_completion, parse_completions
 from focus.backends.sglang import parse_generate
+from focus.backends.wire import encode
 from focus.env import Message
 from focus.format import ByteCodec
 from focus.policy import BadResponse, SamplingParams, UnreadableAnswers
