@@ -141,6 +141,25 @@ def test_an_estimator_whose_advantages_are_not_numbers_is_named():
         col.prepare(state)
 
 
+class NoneValuedTd(DirectBranchTd):
+    def advantages(self, edges, values):  # type: ignore[no-untyped-def]
+        return {i: None for i in super().advantages(edges, values)}  # e.g. a lookup that found nothing
+
+
+def test_an_estimator_whose_advantage_is_none_is_named():
+    # None left its segment out, as a missing key does, though the interface says neither
+    # (``dict[int, float]``; "a segment left out gets none"): every segment was dropped
+    # and the batch came out empty, with no error
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]), estimator=NoneValuedTd())
+    state = run(col.search(tasks))
+    with pytest.raises(
+        BatchError,
+        match=r"NoneValuedTd gave segment \d+ of tree t0#0 the advantage None \(NoneType\): an advantage must be a "
+        r"number \(leave a segment out to give it none\)",
+    ):
+        col.prepare(state)
+
+
 @pytest.mark.parametrize(
     ("part", "value", "says"),
     [
