@@ -70,10 +70,12 @@ TransitionsOpt = Annotated[
 ]
 
 
-def writable_log_file(path: Path) -> Path:
+def writable_log_file(path: Path, *, chosen: bool = False) -> Path:
     """``path``, or the same name under the temporary folder when ``path``'s folder
     cannot be made (a read-only or full home: the log is no reason to stop a command),
-    with one warning line; ``os.devnull`` when neither can.
+    with one warning line; ``os.devnull`` when neither can. A path the user ``chosen``
+    (``--log-file``) is not moved: a log somewhere else would be missed where they look
+    for it, so it is one line and exit 2, as for any wrong option.
 
     Everything downstream (the embedded model server's and a temporary Prefect
     server's output, Dask workers' logging, the traceback of an error) writes to the
@@ -89,13 +91,24 @@ def writable_log_file(path: Path) -> Path:
             with open(candidate, "a", encoding="utf-8"):
                 pass
         except OSError as e:
-            why = e.strerror or type(e).__name__
+            why = not_a_folder(candidate) or e.strerror or type(e).__name__
+            if chosen and not i:
+                fail(f"--log-file {path}: cannot write it ({why})")
             typer.secho(f"warning: cannot write the log file {candidate} ({why})", fg=typer.colors.YELLOW, err=True)
             continue
         if i:
             typer.secho(f"warning: logging to {candidate} instead", fg=typer.colors.YELLOW, err=True)
         return candidate
     return Path(os.devnull)
+
+
+def not_a_folder(path: Path) -> str | None:
+    """``<folder> is a file, not a folder`` when the nearest existing folder above
+    ``path`` is a file: the OS says "File exists" or "Not a directory", naming neither."""
+    for above in path.parents:
+        if os.path.lexists(above):
+            return f"{above} is a file, not a folder" if above.exists() and not above.is_dir() else None
+    return None
 
 
 def writable_prefect_home(env: Any = None) -> None:
@@ -129,7 +142,7 @@ class Console:
         from flows.progress import console
 
         self.verbosity, self.debug = verbosity, debug
-        self.log_file = writable_log_file(log_file or default_log_file(kind))
+        self.log_file = writable_log_file(log_file or default_log_file(kind), chosen=log_file is not None)
         self.console = console()
         self.logging_ready = False
 

@@ -19,12 +19,51 @@ def _split_batch_url(url: str) -> tuple[str, str, str | None]:
     """(store root, collection id, iteration folder or ``None``) of a batch or collection URL."""
     root, sep, rest = url.rstrip("/").rpartition("/batches/")
     if not sep or not rest:
+        if (line := _store_root(url)) is not None:
+            fail(line)
         fail(
             f"{url!r} is neither a batch URL (<root>/batches/<collection>/iter-<n>) "
             "nor a collection folder (<root>/batches/<collection>)"
         )
     cid, _, it = rest.partition("/")
     return root, cid, it or None
+
+
+#: The folders of a store root that ``focus inspect`` reads one entry of: (folder, what
+#: its entries are).
+STORE_FOLDERS = (("batches", "collection"), ("weights", "train loop"))
+
+
+def _store_root(url: str, most: int = 8) -> str | None:
+    """The line for ``url`` that is a store root (or its ``batches``/``weights`` folder)
+    rather than one batch, collection or train loop: what it holds and how to inspect
+    each (the first ``most`` names of each kind); ``None`` when it holds neither (or
+    cannot be listed), and the generic line stands."""
+    from storage.urls import Location
+
+    top = url.rstrip("/")
+    head, _, last = top.rpartition("/")
+    root = head if head and last in dict(STORE_FOLDERS) else top
+    held = []
+    try:
+        loc = Location(root)
+        for folder, what in STORE_FOLDERS:
+            try:
+                entries = loc.fs.ls(loc.path(loc.url(folder)), detail=True)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            names = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+            if names:
+                more = f" and {len(names) - most} more" if len(names) > most else ""
+                held.append(
+                    f"{len(names)} {what}(s): {', '.join(names[:most])}{more} (focus inspect {root}/{folder}/<id>)"
+                )
+    except Exception:  # noqa: BLE001 - a root that cannot be listed: the generic line
+        return None
+    if not held:
+        return None
+    where = "a store root" if root == top else f"the {last} folder of the store {root}"
+    return f"{url} is {where}, not a batch, a collection or a train loop; it holds {' and '.join(held)}"
 
 
 def inspect(

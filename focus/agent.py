@@ -264,7 +264,7 @@ class Agent:
             if state.steps >= self.max_steps:
                 pieces.append(Piece(tuple(turns), "truncated", state.steps, state.context.prompt_ids))
                 break
-            params = self.sampling.with_seed(seed if fresh else derive_seed(seed, state.steps))
+            params, calling = self.sampling.with_seed(seed if fresh else derive_seed(seed, state.steps)), False
             try:
                 if turns and eligible(self.branch_points, state):
                     pieces.append(
@@ -282,8 +282,9 @@ class Agent:
                 if self.max_prompt_tokens is not None and len(prompt) > self.max_prompt_tokens:
                     pieces.append(Piece(tuple(turns), "truncated", state.steps, prompt, cause=CONTEXT_LIMIT))
                     break
+                calling = True  # a NotImplementedError from here on is the policy's, not a custom part's
                 completion = await self._call(state.route, prompt, params, fresh)
-                fresh = False
+                fresh = calling = False
                 self.policy.check_completion(completion, params)
                 if completion.meta:
                     _count_retries(counters, completion.meta)
@@ -296,7 +297,7 @@ class Agent:
                 pieces.append(Piece(tuple(turns), kind, state.steps, state.context.prompt_ids, cause=cause))
                 break
             except Exception as e:  # noqa: BLE001 - a failed model call ends this rollout only
-                cause = _call_cause(e)
+                cause = _call_cause(e, calling)
                 pieces.append(Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=cause))
                 break
             text = codec.decode(completion.token_ids)
@@ -489,14 +490,16 @@ def failure_prefix(error: BaseException) -> str:
     return "bad response" if isinstance(error, BadResponse) else "model"
 
 
-def _call_cause(error: Exception) -> str:
+def _call_cause(error: Exception, calling: bool) -> str:
     """The cause of a rollout whose model call (or compaction, or the checkpoint before
-    it) raised: a :class:`~focus.policy.PolicyError` by its kind (:func:`failure_prefix`);
-    anything else (a custom policy's ``ConnectionError``, a bug of a context manager,
-    a branch-point rule or a workspace's ``fork``) ``error: ...``, the
+    it) raised: a :class:`~focus.policy.PolicyError` by its kind (:func:`failure_prefix`),
+    and a ``NotImplementedError`` the model call raised (``calling``: a policy without
+    the method) as ``model``; anything else (a custom policy's ``ConnectionError``, a bug
+    of a context manager, a branch-point rule or a workspace's ``fork``, their
+    ``NotImplementedError`` too: it said ``model:`` of them) ``error: ...``, the
     cause of a rollout job that raises (:mod:`focus.execution`). The rollout's finished
     segments stay: the job's failure kept none of them."""
-    if isinstance(error, (PolicyError, NotImplementedError)):
+    if isinstance(error, PolicyError) or (calling and isinstance(error, NotImplementedError)):
         return f"{failure_prefix(error)}: {error}"
     return f"error: {type(error).__name__}: {error}"
 

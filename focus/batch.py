@@ -285,6 +285,21 @@ class BatchBuilder:
 # --- the batch --------------------------------------------------------------------------------
 
 
+#: The endings of a statistic that is a time (``wall_s``, ``retry_s``, ``retry_ms``):
+#: a run's, not its data's.
+TIME_SUFFIXES = ("_s", "_ms")
+
+
+def timeless(stats: Any) -> Any:
+    """``stats`` without the statistics that are times (:data:`TIME_SUFFIXES`), at any
+    depth (a phase's ``wall_s`` too): what :meth:`Batch.__eq__` compares."""
+    if isinstance(stats, dict):
+        return {k: timeless(v) for k, v in stats.items() if not (isinstance(k, str) and k.endswith(TIME_SUFFIXES))}
+    if isinstance(stats, list):
+        return [timeless(v) for v in stats]
+    return stats
+
+
 class Batch:
     """Actor and critic tables and statistics of one collection (see the module docstring).
 
@@ -388,10 +403,14 @@ class Batch:
         }
 
     def __eq__(self, other: object) -> bool:
+        """The same collection, iteration, rows and statistics, the times among them
+        aside (:func:`timeless`): the same collection run twice, or resumed, gives equal
+        batches; its wall times differ run to run, and made every two unequal."""
         if not isinstance(other, Batch):
             return NotImplemented
         return (
-            (self.collection_id, self.iteration, self.stats) == (other.collection_id, other.iteration, other.stats)
+            (self.collection_id, self.iteration) == (other.collection_id, other.iteration)
+            and timeless(self.stats) == timeless(other.stats)
             and self.actor == other.actor
             and self.critic == other.critic
         )

@@ -123,7 +123,9 @@ class Estimator(BaseModel, abc.ABC):
 
     @abc.abstractmethod
     def advantages(self, edges: Sequence[Edge], values: TreeValues) -> dict[int, float]:
-        """``{edge_id: advantage}`` for the segments that get a learning signal."""
+        """``{edge_id: advantage}`` for the segments that get a learning signal: a
+        finite number each; a segment left out gets none (a ``None``, NaN or text is a
+        :class:`~focus.batch_schema.BatchError` naming the estimator)."""
 
 
 def _segment_td(

@@ -48,8 +48,10 @@ def advantages_of(estimator: Estimator, tree: Tree, values: Any, tree_id: str) -
     """``estimator.advantages`` of ``tree``'s segments, or a :class:`BatchError` naming the
     estimator when it returns no mapping (a list failed with "'list' object has no attribute
     'get'"), a key that is no segment id of the tree (keys as text left every segment out
-    as failed: an empty batch and no error) or a value that is no number (``None`` leaves
-    its segment out, as a missing key does)."""
+    as failed: an empty batch and no error) or a value that is no number. ``None`` is no
+    number either: a segment gets no advantage by being left out (the interface's
+    contract), and a ``None`` (a lookup that found nothing) dropped every segment it
+    was given without a word."""
     adv = estimator.advantages(list(tree.edges.values()), values)
     name = f"{type(estimator).__name__}.advantages"
     if not isinstance(adv, Mapping):
@@ -61,7 +63,7 @@ def advantages_of(estimator: Estimator, tree: Tree, values: Any, tree_id: str) -
         key = next(k for k in adv if k not in tree.edges)
         raise BatchError(f"{name} gave tree {tree_id} the key {key!r}, not one of its segment ids (Edge.id)")
     for key, value in adv.items():  # text was read as a number where it spelled one, else failed unnamed
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise BatchError(
                 f"{type(estimator).__name__} gave segment {key} of tree {tree_id} the advantage {value!r} "
                 f"({type(value).__name__}): an advantage must be a number (leave a segment out to give it none)"

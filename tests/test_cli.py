@@ -209,6 +209,29 @@ def test_inspect_names_a_missing_batch_and_a_bad_url(tmp_path):
     assert out.exit_code == 2 and "neither a batch URL" in out.output
 
 
+def test_inspect_of_a_store_root_says_so_and_names_what_it_holds(tmp_path):
+    """A store root (``runs``, what ``--store`` names) got the line for a bad URL, which
+    said nothing of the collections and loops right under it."""
+    for part in ("batches/c2/iter-000000", "batches/c1/iter-000000", "weights/loop1/v000000", "_staging/x"):
+        (tmp_path / part).mkdir(parents=True)
+    (tmp_path / "weights" / "loop1" / "metrics.jsonl").write_text("")
+    both = (
+        f"it holds 2 collection(s): c1, c2 (focus inspect {tmp_path}/batches/<id>) and "
+        f"1 train loop(s): loop1 (focus inspect {tmp_path}/weights/<id>)"
+    )
+    for url, where in (
+        (str(tmp_path), "a store root"),
+        (f"{tmp_path}/batches/", f"the batches folder of the store {tmp_path}"),
+    ):
+        out = CliRunner().invoke(app, ["inspect", url, "--json"])
+        assert out.exit_code == 2, out.output
+        assert out.output == f"error: {url} is {where}, not a batch, a collection or a train loop; {both}\n"
+    for i in range(3, 12):
+        (tmp_path / "batches" / f"c{i}").mkdir()
+    out = CliRunner().invoke(app, ["inspect", str(tmp_path)], env={"COLUMNS": "400"})
+    assert "11 collection(s): c1, c10, c11, c2, c3, c4, c5, c6 and 3 more (" in out.output, out.output
+
+
 @pytest.mark.parametrize("command", ["collect", "deploy", "train", "inspect", "serve-model"])
 def test_help_shows_no_placeholder_for_flags_and_says_the_defaults(command):
     out = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "250", "NO_COLOR": "1"})

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 from fixtures.prefect import base_env
 
 from cli.common import writable_log_file, writable_prefect_home
@@ -35,12 +36,39 @@ def test_a_log_file_that_cannot_be_made_moves_to_the_temporary_folder(tmp_path, 
     got = writable_log_file(wanted)
     assert got == tmp_path / "tmp" / f"focus-logs-{os.getuid()}" / "collect-1.log" and got.exists()
     err = capsys.readouterr().err
-    assert f"cannot write the log file {wanted}" in err and f"logging to {got} instead" in err
+    assert f"cannot write the log file {wanted} ({blocker} is a file, not a folder)" in err
+    assert f"logging to {got} instead" in err
     ok = tmp_path / "logs" / "x.log"
     assert writable_log_file(ok) == ok  # a writable one is kept, silently
     assert capsys.readouterr().err == ""
     monkeypatch.setattr("tempfile.tempdir", str(blocker / "tmp"))
     assert writable_log_file(wanted) == Path(os.devnull)  # nowhere to write: no log, still no crash
+
+
+@pytest.mark.parametrize("under", ["x.log", "sub/x.log"])
+def test_a_log_file_option_under_a_file_is_one_line_naming_the_file_and_exit_2(tmp_path, under):
+    """``--log-file`` whose folder is a file: the OS says only "File exists" (or "Not a
+    directory"), and the command went on logging somewhere else. A path the user named
+    is not moved: one line naming the file in the way, exit 2, before anything starts."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    wanted = blocker / under
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "collect", "--tasks", "1", "--log-file", str(wanted), "--store", str(tmp_path)],
+        cwd=tmp_path,
+        env=base_env(tmp_path / "prefect"),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        f"error: --log-file {wanted}: cannot write it ({blocker} is a file, not a folder)"
+    ]
+    assert done.stdout == ""
+    with pytest.raises(typer.Exit):  # the function itself, as the command calls it
+        writable_log_file(wanted, chosen=True)
 
 
 def test_the_log_file_fallback_is_not_a_folder_others_can_write(tmp_path, monkeypatch, capsys):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import cloudpickle
 import pytest
 
 from focus.agent import Agent
+from focus.batch import Batch
 from focus.collector import Collector
 from focus.context import Summarize
 from focus.critic import ConstantCritic, Critic, CriticError, Prediction
@@ -595,3 +597,21 @@ def test_preparing_a_state_reads_its_search_s_rows_and_segments_and_gives_the_sa
 
     own = Collector(col.agent, Selective(phases=PHASES), col.critic, OwnValues(gamma=gamma), seed=0)
     assert own.prepare(state).actor_table.equals(from_state.actor_table)
+
+
+def test_batches_of_the_same_rows_are_equal_whatever_their_wall_times():
+    """``Batch.__eq__`` compared every statistic, the wall times among them, so the same
+    collection run twice (or resumed) gave unequal batches. It compares the rows and the
+    statistics that are no times (``*_s``, ``*_ms``, at any depth)."""
+    tasks = synthetic()[1]
+    a, b = (run(synthetic()[0].collect(tasks)) for _ in range(2))
+    assert a.stats["wall_s"] != b.stats["wall_s"] and a.stats["phases"][0]["wall_s"] != b.stats["phases"][0]["wall_s"]
+    assert a == b
+    c = Batch(b.collection_id, b.iteration, b.actor_table, b.critic_table, copy.deepcopy(b.stats))
+    c.stats["phases"][0]["rollouts"] += 1  # a deterministic figure, in a phase
+    assert a != c
+    c = Batch(b.collection_id, b.iteration, b.actor_table, b.critic_table, {**b.stats, "noise_model": {}})
+    assert a != c
+    c = Batch(b.collection_id, b.iteration, b.actor_table.slice(1), b.critic_table, b.stats)  # one row less
+    assert a != c
+    assert a != Batch(b.collection_id, b.iteration + 1, b.actor_table, b.critic_table, b.stats)

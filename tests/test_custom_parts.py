@@ -21,6 +21,7 @@ from focus.policy import UnreadableAnswers
 from focus.priority import Phase, Priority, Selective
 from focus.synthetic import SHAPES, SyntheticEnv, SyntheticPolicy, synthetic_format
 from focus.testing import EnvConformance, PolicyConformance, run
+from focus.workspace import MemoryWorkspace
 
 PHASES = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=20, wave_size=4, wave_unit="jobs"))
 
@@ -137,6 +138,25 @@ def test_an_estimator_whose_advantages_are_not_numbers_is_named():
     with pytest.raises(
         BatchError,
         match=r"TextValuedTd gave segment \d+ of tree t0#0 the advantage '[-0-9.e]+' \(str\): an advantage must",
+    ):
+        col.prepare(state)
+
+
+class NoneValuedTd(DirectBranchTd):
+    def advantages(self, edges, values):  # type: ignore[no-untyped-def]
+        return {i: None for i in super().advantages(edges, values)}  # e.g. a lookup that found nothing
+
+
+def test_an_estimator_whose_advantage_is_none_is_named():
+    # None left its segment out, as a missing key does, though the interface says neither
+    # (``dict[int, float]``; "a segment left out gets none"): every segment was dropped
+    # and the batch came out empty, with no error
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]), estimator=NoneValuedTd())
+    state = run(col.search(tasks))
+    with pytest.raises(
+        BatchError,
+        match=r"NoneValuedTd gave segment \d+ of tree t0#0 the advantage None \(NoneType\): an advantage must be a "
+        r"number \(leave a segment out to give it none\)",
     ):
         col.prepare(state)
 
@@ -404,6 +424,62 @@ def test_a_branch_point_rule_that_raises_ends_the_rollout_keeping_its_segments()
     assert [p.kind for p in rollout.pieces] == ["checkpoint", "failed"]
     assert rollout.leaf.cause == "error: KeyError: 'no such state'"
     assert len(rollout.leaf.turns) == 1  # the turn after the checkpoint, not lost either
+
+
+class NotYetRule(EveryDecision):
+    def __init__(self) -> None:
+        self.questions = 0
+
+    def eligible(self, state):  # type: ignore[no-untyped-def]
+        self.questions += 1
+        if self.questions == 2:
+            raise NotImplementedError("no rule for this state yet")
+        return True
+
+
+class ForksOnce(MemoryWorkspace):
+    forks = 0
+
+    def fork(self):  # type: ignore[no-untyped-def]
+        ForksOnce.forks += 1
+        if ForksOnce.forks > 1:  # the rollout's own fork passes; its first checkpoint's does not
+            raise NotImplementedError("ForksOnce cannot fork twice")
+        return ForksOnce()
+
+
+class ForksOnceEnv(SyntheticEnv):
+    def make_workspace(self, task):  # type: ignore[no-untyped-def]
+        return ForksOnce()
+
+
+class NotImplementedOnThirdCall(SyntheticPolicy):
+    async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        if self.calls == 2:
+            raise NotImplementedError("no sampler for this prompt")
+        return await super().sample(prompt_ids, params)
+
+
+@pytest.mark.parametrize(
+    ("part", "pieces", "cause"),
+    [
+        ("branch_points", ["checkpoint", "failed"], "error: NotImplementedError: no rule for this state yet"),
+        ("workspace", ["failed"], "error: NotImplementedError: ForksOnce cannot fork twice"),
+        ("policy", ["checkpoint", "checkpoint", "failed"], "model: no sampler for this prompt"),
+    ],
+)
+def test_a_not_implemented_error_is_the_models_only_from_the_model_call(part, pieces, cause):  # type: ignore[no-untyped-def]
+    # a branch-point rule's or a workspace fork's NotImplementedError was labelled
+    # "model: ...", as if the model service had failed; the user's part's error is "error: ..."
+    mdps = [SHAPES["uniform"](0)]
+    policy = NotImplementedOnThirdCall(mdps) if part == "policy" else SyntheticPolicy(mdps)
+    env = ForksOnceEnv(mdps) if part == "workspace" else SyntheticEnv(mdps)
+    agent = Agent(policy, env, synthetic_format(), max_steps=20)
+    if part == "branch_points":
+        agent.branch_points = NotYetRule()
+    ForksOnce.forks = 0
+    rollout = run(agent.rollout(run(agent.start(Task("t0", {"mdp": 0}))), seed=1))
+    assert [p.kind for p in rollout.pieces] == pieces
+    assert rollout.leaf.cause == cause
 
 
 class _MutatingEnv(Env):

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from examples.train_slime.rollout import generate_rollout, model_url
+from examples.train_slime.rollout import check_args, generate_rollout, model_url
 from focus.exporters import slime_sample_class
 from focus.format import ByteCodec
 
@@ -93,6 +93,23 @@ def test_train_rollout_refuses_settings_that_misread_the_advantages(local_model_
         generate_rollout(args_for(url, rewards_normalization=False, advantage_estimator="ppo"), 0, None)
     out = generate_rollout(args_for(url, rewards_normalization=False, global_batch_size=4), 0, None)
     assert out.metrics["focus/slime_samples_past_last_step"] == out.metrics["focus/slime_samples"] % 4
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ({"rewards_normalization": True}, "--disable-rewards-normalization"),
+        ({"normalize_advantages": True}, r"slime's --normalize-advantages would whiten the FOCUS advantages"),
+        ({"advantage_estimator": "reinforce_plus_plus"}, "does not use Sample.reward"),
+    ],
+)
+def test_settings_that_misread_the_advantages_are_refused_before_collecting(settings, says):
+    # --normalize-advantages passed: slime whitened FOCUS's advantages over the batch's
+    # tokens after its estimator, re-centring every segment on the others' mean
+    args = SimpleNamespace(**{"rewards_normalization": False, "advantage_estimator": "grpo", **settings})
+    with pytest.raises(ValueError, match=says):
+        check_args(args)
+    check_args(SimpleNamespace(rewards_normalization=False, normalize_advantages=False, advantage_estimator="gspo"))
 
 
 def test_evaluation_and_data_source(local_model_server):

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from focus.backends import HttpConfig, OpenAICompatPolicy
-from focus.backends.outage import OVER, PROBE, UP, OutageGate, is_down_cause
+from focus.backends.outage import OVER, PROBE, UP, OutageGate, is_down_cause, span
 from focus.policy import SamplingParams, ServiceUnavailable
 from focus.testing import run
 
@@ -121,6 +121,34 @@ def test_down_causes():
     assert not is_down_cause("timeout", None) and not is_down_cause("malformed response", 200)
 
 
+def test_the_lines_give_a_duration_under_a_second_rather_than_0_s(caplog):
+    """A client with quick retries enters the wait a fraction of a second after the first
+    failure: the lines said "has not answered for 0 s" and "answers again after 0 s"."""
+
+    async def go() -> None:
+        gate = OutageGate(30.0, service="model service", url="http://m")
+        gate.failed(time.monotonic() - 0.3)
+        gate._announce("connection refused")
+        gate.answered(time.monotonic(), gate.down_since + 0.6)  # type: ignore[operator]
+
+    with caplog.at_level(logging.WARNING, logger="focus.backends.outage"):
+        run(go())
+    wait, back = (r.getMessage() for r in caplog.records)
+    assert "has not answered for 0.3 s (connection refused)" in wait, wait
+    assert "answers again after 0.6 s;" in back, back
+    assert [span(s) for s in (0.0, 0.04, 0.06, 0.5, 1.0, 2.46, 9.94, 9.96, 61.4)] == [
+        "under 0.1 s",
+        "under 0.1 s",
+        "0.1 s",
+        "0.5 s",
+        "1 s",
+        "2.5 s",
+        "9.9 s",
+        "10 s",
+        "61 s",
+    ]
+
+
 # ---- the client ----
 
 
@@ -167,7 +195,8 @@ def test_past_the_window_the_calls_fail_as_an_outage_naming_the_wait():
 
     t0 = time.monotonic()
     with pytest.raises(
-        ServiceUnavailable, match=r"has not answered for \d s \(waited for it up to outage_wait_s = 0.5"
+        ServiceUnavailable,
+        match=r"has not answered for (0\.[5-9]|[1-9](\.\d)?) s \(waited for it up to outage_wait_s = 0.5",
     ):
         run(go())
     assert 0.5 <= time.monotonic() - t0 < 10

@@ -17,8 +17,8 @@ rollouts per task, ``args.focus_transitions`` continuation transitions.
 
 Groups have as many samples as their tree has segments, not ``n_samples_per_prompt``:
 run slime with ``--advantage-estimator grpo`` (or gspo, cispo) and
-``--disable-rewards-normalization`` so the reward (already an advantage) is used as is;
-:func:`check_args` refuses other settings. Evaluation samples come from
+``--disable-rewards-normalization``, without ``--normalize-advantages``, so the reward
+(already an advantage) is used as is; :func:`check_args` refuses other settings. Evaluation samples come from
 :func:`eval_sample`. When slime is not installed (here) the output classes are
 field-for-field stand-ins.
 """
@@ -192,6 +192,12 @@ def check_args(args: Any) -> None:
         raise ValueError(
             "slime would re-normalise the FOCUS advantages (by position, n_samples_per_prompt at a time, or over "
             "the whole batch): run slime with --disable-rewards-normalization"
+        )
+    if getattr(args, "normalize_advantages", False):
+        raise ValueError(
+            "slime's --normalize-advantages would whiten the FOCUS advantages over every response token of the "
+            "batch (re-centred on the token-weighted mean: a segment's advantage can change sign): run slime "
+            "without it"
         )
     estimator = getattr(args, "advantage_estimator", "grpo")
     if getattr(args, "custom_advantage_function_path", None) is None and estimator not in REWARD_AS_ADVANTAGE:

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from focus.backends.http_policy import HttpPolicy
-from focus.backends.outage import CONSOLE, OVER, OutageGate, OutageTotals
+from focus.backends.outage import CONSOLE, OVER, OutageGate, OutageTotals, span
 from focus.backends.routing import Router, TreeRouter
 from focus.policy import BadResponse, Completion, Policy, SamplingParams, ServiceUnavailable
 
@@ -227,7 +227,7 @@ class FleetPolicy(Policy):
             if turn == OVER:
                 raise ServiceUnavailable(
                     f"every replica of the model ({', '.join(self.urls)}) has been down for "
-                    f"{time.monotonic() - (gate.down_since or now):.0f} s (waited up to outage_wait_s = "
+                    f"{span(time.monotonic() - (gate.down_since or now))} (waited up to outage_wait_s = "
                     f"{gate.window_s:g} s)"
                 )
             # one replica (the one down the shortest) gets a call again now

@@ -58,6 +58,17 @@ PROBE = "probe"
 OVER = "over"
 
 
+def span(seconds: float) -> str:
+    """A duration for a log line or an error: whole seconds from 10 s up, one decimal
+    below (at most), ``under 0.1 s`` below that. Rounded to whole seconds, the waits of a
+    client whose retries are quick read "for 0 s", which says nothing happened."""
+    if seconds < 0.05:
+        return "under 0.1 s"
+    if seconds >= 9.95:
+        return f"{seconds:.0f} s"
+    return f"{seconds:.1f}".rstrip("0").rstrip(".") + " s"
+
+
 @dataclass
 class OutageTotals:
     """Outages of a client's service waited out, and the seconds they lasted (from
@@ -130,10 +141,10 @@ class OutageGate:
             self.totals.outages += 1
             self.totals.outage_s += now - self.down_since
             log.warning(
-                "%s at %s answers again after %.0f s; the waiting rollouts go on",
+                "%s at %s answers again after %s; the waiting rollouts go on",
                 self.service,
                 self.url,
-                now - self.down_since,
+                span(now - self.down_since),
                 extra=CONSOLE,
             )
         self.down_since, self.waiting = None, False
@@ -180,11 +191,11 @@ class OutageGate:
             cause, status = self._last_failure
             if status is not None and self._backing_off:  # the service answers, but nothing usable
                 log.warning(
-                    "no usable answer has come from the %s at %s for %.0f s; %d request(s) wait, retried after "
+                    "no usable answer has come from the %s at %s for %s; %d request(s) wait, retried after "
                     "each answer (the last: status %d: %s; silence_warn_s = %g s; %s)",
                     self.service,
                     self.url,
-                    now - quiet,
+                    span(now - quiet),
                     waiting,
                     status,
                     cause,
@@ -194,10 +205,10 @@ class OutageGate:
                 )
                 return
             log.warning(
-                "no answer has come from the %s at %s for %.0f s; %d request(s) wait (silence_warn_s = %g s; %s)",
+                "no answer has come from the %s at %s for %s; %d request(s) wait (silence_warn_s = %g s; %s)",
                 self.service,
                 self.url,
-                now - quiet,
+                span(now - quiet),
                 waiting,
                 after_s,
                 timeouts,
@@ -207,10 +218,10 @@ class OutageGate:
     def _heard(self, now: float) -> None:
         assert self.silent_since is not None
         log.warning(
-            "%s at %s answers again after %.0f s without an answer",
+            "%s at %s answers again after %s without an answer",
             self.service,
             self.url,
-            now - self.silent_since,
+            span(now - self.silent_since),
             extra=CONSOLE,
         )
         self.silent_since = self._waiting_since = None
@@ -267,11 +278,11 @@ class OutageGate:
         self.waiting = True
         since = self.down_since if self.down_since is not None else time.monotonic()
         log.warning(
-            "%s at %s has not answered for %.0f s (%s); waiting up to %g s from then for it to come back "
+            "%s at %s has not answered for %s (%s); waiting up to %g s from then for it to come back "
             "(outage_wait_s); rollouts in flight wait too",
             self.service,
             self.url,
-            time.monotonic() - since,
+            span(time.monotonic() - since),
             cause,
             self.window_s,
             extra=CONSOLE,

@@ -21,7 +21,7 @@ import orjson
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 
 from focus.backends.hedge import Hedges
-from focus.backends.outage import OutageGate
+from focus.backends.outage import OutageGate, span
 from focus.backends.send import Sender
 from focus.backends.watch import Entry, Watch
 
@@ -164,7 +164,7 @@ def gave_up(
         within = f" in {elapsed:.1f} s (deadline {deadline_s:g} s)"
     elif ended == "outage" and gate.down_since is not None:
         within = (
-            f"; the {gate.service} has not answered for {time.monotonic() - gate.down_since:.0f} s "
+            f"; the {gate.service} has not answered for {span(time.monotonic() - gate.down_since)} "
             f"(waited for it up to outage_wait_s = {gate.window_s:g} s)"
         )
     elif ended == "down":
