@@ -500,8 +500,16 @@ def _call_cause(error: Exception, calling: bool) -> str:
     cause of a rollout job that raises (:mod:`focus.execution`). The rollout's finished
     segments stay: the job's failure kept none of them."""
     if isinstance(error, PolicyError) or (calling and isinstance(error, NotImplementedError)):
-        return f"{failure_prefix(error)}: {error}"
-    return f"error: {type(error).__name__}: {error}"
+        return f"{failure_prefix(error)}: {str(error) or type(error).__name__}"
+    return error_cause(error)
+
+
+def error_cause(error: BaseException) -> str:
+    """``error: <type>: <message>``, the cause of a rollout a part's exception ended;
+    ``error: <type>`` where the message is empty (a bare ``raise NotImplementedError``
+    gave ``error: NotImplementedError: ``, and a policy's ``model: `` named nothing)."""
+    text = str(error)
+    return f"error: {type(error).__name__}: {text}" if text else f"error: {type(error).__name__}"
 
 
 def _count_retries(counters: dict[str, int], meta: dict[str, Any]) -> None:

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from focus.agent import Piece, Rollout
+from focus.agent import Piece, Rollout, error_cause
 from focus.branching import BrokenBranchPoints
 from focus.context import BrokenContextManager
 from focus.policy import UnreadableAnswers
@@ -583,7 +583,7 @@ async def _guarded(agent: Agent, job: RolloutJob) -> Rollout:
             raise  # every rollout would meet it again: the wave (and collection) stops
         except Exception as e:  # noqa: BLE001 - one broken rollout must not lose the wave
             log.warning("rollout from node %s of tree %s failed: %r", job.node_id, job.tree_index, e)
-            return failed_rollout(job, f"error: {type(e).__name__}: {e}", time.perf_counter() - t0)
+            return failed_rollout(job, error_cause(e), time.perf_counter() - t0)
         if not (isinstance(rollout, Rollout) and rollout.leaf.kind == "failed"):
             return rollout
         if run == BAD_RESPONSE_RERUNS or failure_kind(rollout.leaf.cause) != BAD_RESPONSE:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from focus.agent import Agent
+from focus.agent import Agent, _call_cause
 from focus.batch import BatchError
 from focus.branching import BrokenBranchPoints, EveryDecision
 from focus.collector import Collector
@@ -480,6 +480,20 @@ def test_a_not_implemented_error_is_the_models_only_from_the_model_call(part, pi
     rollout = run(agent.rollout(run(agent.start(Task("t0", {"mdp": 0}))), seed=1))
     assert [p.kind for p in rollout.pieces] == pieces
     assert rollout.leaf.cause == cause
+
+
+@pytest.mark.parametrize(
+    ("error", "calling", "cause"),
+    [
+        (NotImplementedError(), True, "model: NotImplementedError"),
+        (NotImplementedError(), False, "error: NotImplementedError"),
+        (KeyError(), False, "error: KeyError"),
+        (ValueError("bad"), False, "error: ValueError: bad"),
+    ],
+)
+def test_an_exception_without_a_message_names_its_type_in_the_cause(error, calling, cause):  # type: ignore[no-untyped-def]
+    # a bare `raise NotImplementedError` in a policy gave the cause "model: ", naming nothing
+    assert _call_cause(error, calling) == cause
 
 
 class _MutatingEnv(Env):
