@@ -98,10 +98,6 @@ def test_the_running_bound() -> None:
     share.take(1)
     share.take(1)
     assert share.allows(0)  # 3 <= 2·0.25·5 + 1 = 3.5
-    # admit: take where allowed, in one call (what the greedy choice asks)
-    assert share.admit(0) and share.starts[0] == 3 and share.total == 5  # 3 <= 3.5
-    assert share.admit(0) and share.starts[0] == 4 and share.total == 6  # 4 <= 2·0.25·6 + 1 = 4
-    assert not share.admit(0) and share.starts[0] == 4 and share.total == 6  # 5 > 4.5: not counted
     assert share.allows(7) and not DepthShare(2.0, {0: 1.0}, {7: 1}).allows(7)  # no share: one only
 
 
@@ -147,21 +143,14 @@ def test_the_depth_counts_kept_wave_by_wave_are_those_of_every_tree() -> None:
         collection_id="d",
         seed=0,
     )
-    waves = grown = 0
+    waves = 0
     for wave in range(50):
-        index = plan_index(state)
-        # trees grown from the very fact the index read last: it adds their change alone
-        grown += sum(
-            1
-            for ti in index.undepthed
-            if index.depths[ti] is not None and state.facts(ti).depths.base == id(index.depths[ti])
-        )
         plan = col.plan_wave(state, 1, wave)
         if plan.empty:
             break
         assert plan_index(state).depth_counts(state) == counted_over_every_tree(state)
         state = run(col.run_wave(state, plan))
         waves += 1
-    assert waves >= 2 and grown > 0
+    assert waves >= 2
     assert plan_index(state).depth_counts(state) == counted_over_every_tree(state)
     assert phase_starts(state, 1, {}) == {d: n for (p, d), n in counted_over_every_tree(state)[1].items() if p == 1}

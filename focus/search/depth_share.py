@@ -76,16 +76,6 @@ class DepthShare:
         """Whether one more continuation may start at ``depth``."""
         return self.starts.get(depth, 0) + 1 <= self.factor * self.shares.get(depth, 0.0) * (self.total + 1) + 1
 
-    def admit(self, depth: int) -> bool:
-        """Count one continuation started at ``depth`` where :meth:`allows` does; whether
-        it did (the greedy choice's one call per checkpoint it reaches)."""
-        n = self.starts.get(depth, 0) + 1
-        if n > self.factor * self.shares.get(depth, 0.0) * (self.total + 1) + 1:
-            return False
-        self.starts[depth] = n
-        self.total += 1
-        return True
-
     def take(self, depth: int) -> None:
         """Count one continuation started at ``depth``."""
         self.starts[depth] = self.starts.get(depth, 0) + 1

@@ -123,15 +123,11 @@ class PlanIndex:
         if self.undepthed:
             for ti in sorted(self.undepthed):
                 was, now = self.depths[ti], state.facts(ti).depths
-                if was is not None and now.change is not None and now.base == id(was):
-                    _add(self.open_at, now.change[0], 1)  # grown from the fact read last: its change alone
-                    _add(self.started, now.change[1], 1)
-                else:
-                    if was is not None:
-                        _add(self.open_at, was.open, -1)
-                        _add(self.started, was.starts, -1)
-                    _add(self.open_at, now.open, 1)
-                    _add(self.started, now.starts, 1)
+                if was is not None:
+                    _add(self.open_at, was[0], -1)
+                    _add(self.started, was[1], -1)
+                _add(self.open_at, now[0], 1)
+                _add(self.started, now[1], 1)
                 self.depths[ti] = now
             self.undepthed.clear()
         return self.open_at, self.started

@@ -16,7 +16,6 @@ import math
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from focus.calibration import Calibration
 from focus.node_view import subtree_length
@@ -428,22 +427,21 @@ class _Greedy:
         if pos < len(r):
             heapq.heappush(heap, (*r[pos], pos))
 
-    def _next(self, heap: list[tuple[float, float, int, int, int]], at: int) -> tuple[tuple[Any, ...], int] | None:
+    def _next(self, heap: list[tuple[float, float, int, int, int]], at: int) -> tuple[Entry, int] | None:
         """Pop the smallest of the heap and the heads from ``at`` on (those of trees set
         aside skipped), pushing its tree's next entry: (the entry, where the heads go
-        on), or ``None`` where both are empty: a head, or a heap entry with its ranking
-        position last. The entry's key is its checkpoint's score with what is pending
-        counted (a ranking's entries are of checkpoints with nothing pending; one taken
-        is pushed again re-ranked)."""
+        on), or ``None`` where both are empty. The entry's key is its checkpoint's score
+        with what is pending counted (a ranking's entries are of checkpoints with nothing
+        pending; one taken is pushed again re-ranked)."""
         heads, aside = self._heads, self._aside
         n = len(heads)
         while at < n and heads[at][2] in aside:
             at += 1
         if heap and (at == n or heap[0] < heads[at]):
-            top = heapq.heappop(heap)
-            if top[4] >= 0:
-                self._push_next(heap, top[2], top[4] + 1)
-            return top, at
+            key, tied, ti, nid, pos = heapq.heappop(heap)
+            if pos >= 0:
+                self._push_next(heap, ti, pos + 1)
+            return (key, tied, ti, nid), at
         if at == n:
             return None
         head = heads[at]
@@ -461,27 +459,25 @@ class _Greedy:
         taken: dict[tuple[int, int], NodeEvidence] = {}
         factor = search.depth_share_bound()
         share = DepthShare.of(state, self.phase_index, phase, factor, pending) if factor > 0 else None
-        held: list[tuple[Any, ...]] = []  # checkpoints of depths that were full
-        trees, at = state.trees, 0
+        held: list[tuple[float, float, int, int, int]] = []  # checkpoints of depths that were full
+        at = 0
         while not self.full:
             popped = self._next(heap, at)
             if popped is None:
                 if not held:
                     break
-                # every depth is full or done: the wave takes the rest unbounded (their trees' next entries are in)
-                share, heap[:] = None, [(*h[:4], -1) for h in held]
+                share, heap[:] = None, held  # every depth is full or done: the wave takes the rest unbounded
                 heapq.heapify(heap)
                 held = []
                 continue
             top, at = popped
             ti, nid = top[2], top[3]
             if share is not None:  # (an exploration pick, scored EXPLORE, is never held)
-                depth = trees[ti].nodes[nid].depth
-                if top[0] == -EXPLORE:
-                    share.take(depth)
-                elif not share.admit(depth):
-                    held.append(top)
+                depth = state.trees[ti].nodes[nid].depth
+                if top[0] != -EXPLORE and not share.allows(depth):
+                    held.append((*top, -1))
                     continue
+                share.take(depth)
             key = (ti, nid)
             ev = taken.get(key)
             if ev is None:
@@ -501,11 +497,12 @@ class _Greedy:
 
 
 class WaveChoice:
-    """A continuation wave chosen a slice at a time (:func:`plan_begin`, :func:`plan_choose`,
-    :func:`plan_rank`, :func:`plan_chosen`): :func:`plan_next`'s wave, the same jobs in
-    the same order, handed over as they are taken so that a runner starts the first ones
-    while the greedy choice takes the rest (each later job costs a heap step; a wave of a
-    thousand jobs took 15-60 ms at the barrier, benchmarks/README.md, scale)."""
+    """A continuation wave being chosen a slice at a time (:func:`plan_begin`,
+    :func:`plan_choose`, :func:`plan_rank`, :func:`plan_chosen`): :func:`plan_next`'s
+    wave, the same jobs in the same order, handed over as they are taken so that a
+    runner starts the first ones while the greedy choice takes the rest (each later job
+    costs a heap step; a wave of a thousand jobs took 15-60 ms at the barrier,
+    benchmarks/README.md, scale)."""
 
     def __init__(self, state: SearchState, search: Priority, phase_index: int) -> None:
         self.state, self.phase_index = state, phase_index
@@ -514,7 +511,8 @@ class WaveChoice:
         self._lead: Iterator[InFlight] | None = None if self._greedy is None else self._greedy.lead()
         self._rest: Iterator[InFlight] | None = None
         self.chosen: list[InFlight] = []
-        #: Jobs taken so far that are the leading exploration picks (no fit, no ranking).
+        #: How many of the jobs taken so far are the leading exploration picks (chosen
+        #: without the calibration's fit or any ranking).
         self.lead = 0
         #: Every job of the wave is taken.
         self.done = self._greedy is None

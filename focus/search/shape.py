@@ -15,7 +15,7 @@ grafted trees of 50-60 nodes had their facts computed again).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 from focus.agent import CONTEXT_LIMIT
 from focus.calibration import edge_counts, tree_counts
@@ -48,30 +48,13 @@ def tree_draws(tree: Tree, index: int, nodes: Iterable[int] | None = None) -> li
     return out
 
 
-class Depths(NamedTuple):
-    """What the depth-share bound reads of one tree: checkpoints with a branch state by
-    (depth, children), rollouts by (phase, depth they started at), and the log's length.
-
-    A fact grown from an earlier one (:func:`_grown_depths`) also says what growing it
-    changed (``change``: the two counts' differences) and which fact it grew from
-    (``base``: that fact's ``id``), so a reader that holds that very fact adds the
-    change alone (:meth:`focus.search.heads.PlanIndex.depth_counts`) instead of taking
-    the whole of one and adding the whole of the other: at 40k transitions over 800
-    tasks, most trees changed every wave and that cost about 7 ms a wave. An ``id``
-    names one object only while it lives; the fact grown from stays alive while the
-    grown one is read (the tree's facts keep it, ``_TreeFacts.known``), so a held fact
-    with that ``id`` is that fact.
-    """
-
-    open: dict[tuple[int, int], int]
-    starts: dict[tuple[int, int], int]
-    log: int
-    base: int = 0
-    change: tuple[dict[tuple[int, int], int], dict[tuple[int, int], int]] | None = None
+#: What the depth-share bound reads of one tree: checkpoints with a branch state by
+#: (depth, children), rollouts by (phase, depth they started at), and the log's length.
+Depths = tuple[dict[tuple[int, int], int], dict[tuple[int, int], int], int]
 
 
 def tree_depths(tree: Tree) -> Depths:
-    """One tree's :class:`Depths` (``focus.search.depth_share``), over the whole tree."""
+    """One tree's :data:`Depths` (``focus.search.depth_share``), over the whole tree."""
     nodes = tree.nodes
     open_: dict[tuple[int, int], int] = {}
     for nid in tree.states:
@@ -82,18 +65,16 @@ def tree_depths(tree: Tree) -> Depths:
     for rec in tree.log:
         key = (rec.phase, nodes[rec.node].depth)
         starts[key] = starts.get(key, 0) + 1
-    return Depths(open_, starts, len(tree.log))
+    return open_, starts, len(tree.log)
 
 
 def _grown_depths(tree: Tree, was: Depths, first: int, old_nodes: int) -> Depths:
     """:func:`tree_depths` of ``tree`` from an earlier form's (``first`` edges and
-    ``old_nodes`` nodes), with what changed: a graft adds nodes, edges and log records,
-    and changes an old checkpoint only by giving it children, and its branch state is
-    taken only where a new child is a turnless context-limit leaf
-    (``focus.search.grafting``)."""
+    ``old_nodes`` nodes): a graft adds nodes, edges and log records, and changes an old
+    checkpoint only by giving it children, and its branch state is taken only where a
+    new child is a turnless context-limit leaf (``focus.search.grafting``)."""
     nodes, edges, states = tree.nodes, tree.edges, tree.states
-    d_open: dict[tuple[int, int], int] = {}
-    d_starts: dict[tuple[int, int], int] = {}
+    open_, starts = dict(was[0]), dict(was[1])
     for p in {edges[i].parent for i in range(first, len(edges))}:
         if p >= old_nodes:
             continue
@@ -103,20 +84,18 @@ def _grown_depths(tree: Tree, was: Depths, first: int, old_nodes: int) -> Depths
             not any(_cut(tree, i) for i in before) and any(_cut(tree, i) for i in node.children if i >= first)
         )
         if had:
-            count(d_open, (node.depth, len(before)), -1)
+            count(open_, (node.depth, len(before)), -1)
         if p in states:
-            count(d_open, (node.depth, len(node.children)), 1)
+            key = (node.depth, len(node.children))
+            open_[key] = open_.get(key, 0) + 1  # (a count only grows here: never 0)
     for nid in range(old_nodes, len(nodes)):
         if nid in states:
-            count(d_open, (nodes[nid].depth, len(nodes[nid].children)), 1)
-    for rec in tree.log[was.log :]:
-        count(d_starts, (rec.phase, nodes[rec.node].depth), 1)
-    open_, starts = dict(was.open), dict(was.starts)
-    for key, n in d_open.items():
-        count(open_, key, n)
-    for key, n in d_starts.items():
-        count(starts, key, n)
-    return Depths(open_, starts, len(tree.log), id(was), (d_open, d_starts))
+            key = (nodes[nid].depth, len(nodes[nid].children))
+            open_[key] = open_.get(key, 0) + 1
+    for rec in tree.log[was[2] :]:
+        key = (rec.phase, nodes[rec.node].depth)
+        starts[key] = starts.get(key, 0) + 1
+    return open_, starts, len(tree.log)
 
 
 def _cut(tree: Tree, edge_id: int) -> bool:
