@@ -108,12 +108,15 @@ class CriticRow:
 
 
 def _lists(col: pa.ChunkedArray) -> list[tuple[Any, ...]]:
+    # numpy_of, not to_numpy: to_numpy imports pandas on first use (0.2-0.3 CPU-s a process)
+    from focus.batch_columns import numpy_of  # batch_columns imports this module
+
     out: list[tuple[Any, ...]] = []
     for arr in col.chunks:
         if not len(arr):
             continue
-        offsets = arr.offsets.to_numpy()
-        flat = arr.values.slice(offsets[0], offsets[-1] - offsets[0]).to_numpy(zero_copy_only=False).tolist()
+        offsets = numpy_of(arr.offsets)
+        flat = numpy_of(arr.values.slice(offsets[0], offsets[-1] - offsets[0])).tolist()
         o = (offsets - offsets[0]).tolist()
         out += [tuple(flat[o[i] : o[i + 1]]) for i in range(len(arr))]
     return out
