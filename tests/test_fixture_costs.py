@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +47,19 @@ def test_the_template_prefect_home_is_migrated_and_holds_no_runs(prefect_templat
             assert db.execute(f"select count(*) from {table}").fetchone()[0] == 0, table
     finally:
         db.close()
+
+
+def test_the_commands_a_test_starts_keep_their_bytecode(tmp_path: Path) -> None:
+    """Where the suite was started with ``PYTHONDONTWRITEBYTECODE`` set, each command a test
+    starts compiled the project's modules again (0.13 CPU-s of a small ``focus collect``) and
+    each xdist worker rewrote every test module again: tests/conftest.py lets them keep it."""
+    import focus.batch_schema
+
+    code = "import sys, focus.batch_schema; print(sys.dont_write_bytecode, focus.batch_schema.__cached__)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=base_env(tmp_path / "prefect"), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    writes, cached = done.stdout.split()
+    assert writes == "False" and not sys.dont_write_bytecode and "PYTHONDONTWRITEBYTECODE" not in os.environ
+    assert cached == focus.batch_schema.__cached__ and Path(cached).is_file()
