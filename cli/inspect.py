@@ -86,7 +86,7 @@ def batch_summary(batch: Batch) -> dict[str, Any]:
     100k-transition collection), five times the read itself."""
     import pyarrow.compute as pc
 
-    from focus.batch_columns import numpy_of  # to_numpy() imports pandas (0.2-0.3 CPU-s)
+    from focus.batch_schema import numpy_of  # to_numpy() imports pandas (0.2-0.3 CPU-s)
 
     actor, critic = batch.actor_table, batch.critic_table
     adv = numpy_of(actor.column("advantage")).astype(float)

@@ -41,7 +41,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from focus.batch import Batch, BatchError
-from focus.batch_columns import arrow_scalar, numpy_of
+from focus.batch_columns import arrow_scalar
+from focus.batch_schema import numpy_of
 from storage.errors import (
     BatchExistsError,
     BatchNotFound,

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 from fixtures.prefect import base_env
 
-from focus.batch_columns import _from_numpy, _repeat, _scalars, arrow_scalar, numpy_of
-from focus.batch_schema import BatchError
+from focus.batch_columns import _from_numpy, _repeat, _scalars, arrow_scalar
+from focus.batch_schema import BatchError, numpy_of
 
 I32, I64 = np.iinfo(np.int32), np.iinfo(np.int64)
 
