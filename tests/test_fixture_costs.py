@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fixtures.prefect import base_env
 
 
@@ -29,14 +30,21 @@ def test_the_factories_a_command_imports_bring_no_pytest_or_httpx(tmp_path: Path
     assert done.stdout.strip() == "[]"
 
 
-def test_the_template_prefect_home_is_migrated_and_holds_no_runs(prefect_template: Path, tmp_path: Path) -> None:
+def test_the_template_prefect_home_is_migrated_and_holds_no_runs(
+    prefect_template: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """tests/fixtures/prefect.py copies the first session server's home (once it answers)
     for the servers started later: the copy is a migrated database with Prefect's block
-    types and no flow run, task run, deployment or automation of any test."""
+    types and no flow run, task run, deployment or automation of any test. It is kept
+    outside the run's temporary folders, for the Prefect installed, so the next run's first
+    servers start on it too (kept per run, both xdist workers' first servers migrated)."""
     import sqlite3
+    from importlib.metadata import version
 
     from fixtures.prefect import TEMPLATE_FILES, from_template
 
+    run = tmp_path_factory.getbasetemp().parent
+    assert not prefect_template.is_relative_to(run) and prefect_template.name.endswith(version("prefect"))
     home = from_template(prefect_template, tmp_path / "home")
     assert sorted(p.name for p in home.iterdir()) == sorted(TEMPLATE_FILES)
     db = sqlite3.connect(home / "prefect.db")
