@@ -125,9 +125,11 @@ def batch_summary(batch: Batch) -> dict[str, Any]:
     100k-transition collection), five times the read itself."""
     import pyarrow.compute as pc
 
+    from focus.batch_schema import numpy_of  # to_numpy() imports pandas (0.2-0.3 CPU-s)
+
     actor, critic = batch.actor_table, batch.critic_table
-    adv = actor.column("advantage").to_numpy().astype(float)
-    tgt = critic.column("target").to_numpy().astype(float)
+    adv = numpy_of(actor.column("advantage")).astype(float)
+    tgt = numpy_of(critic.column("target")).astype(float)
     out = dict(batch.summary())
     out["policy_versions"] = sorted(pc.unique(actor.column("policy_version")).to_pylist())
     out["advantage_mean"] = float(adv.mean()) if adv.size else None

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from focus.batch_schema import BatchError, _list
+from focus.batch_schema import _NUMPY, BatchError, _list
 
 _I32 = np.iinfo(np.int32)
 #: Values per chunk of a list column, below the 2^31 offsets of Arrow's ``list`` type.
@@ -152,13 +152,6 @@ def _gathered(pool: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.n
     return out
 
 
-#: Arrow's fixed-width types the conversions below build from numpy buffers, with their dtypes.
-_NUMPY: dict[pa.DataType, np.dtype] = {
-    pa.int8(): np.dtype(np.int8),
-    pa.int32(): np.dtype(np.int32),
-    pa.int64(): np.dtype(np.int64),
-    pa.float64(): np.dtype(np.float64),
-}
 #: Python values of these exact types convert on the paths below; anything else goes to pyarrow.
 _PYTHON: dict[pa.DataType, type] = {
     pa.int32(): int,
@@ -217,18 +210,6 @@ def arrow_scalar(value: Any, type_: pa.DataType) -> pa.Scalar:
     (the same scalar, without pandas: see :func:`_from_numpy`)."""
     one = _python_values([value], type_)
     return pa.scalar(value) if one is None else one[0]
-
-
-def numpy_of(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """``values.to_numpy(zero_copy_only=False)`` for a column of int8, int32, int64 or
-    float64 without nulls, read from its buffers (``to_numpy`` imports pandas the first
-    time); any other column goes to ``to_numpy``."""
-    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
-    dtype = _NUMPY.get(values.type)
-    if dtype is None or any(c.null_count for c in chunks):
-        return values.to_numpy(zero_copy_only=False)
-    parts = [np.frombuffer(c.buffers()[1], dtype=dtype, count=len(c), offset=c.offset * dtype.itemsize) for c in chunks]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
 
 def _repeat(value: Any, n: int, type_: pa.DataType) -> pa.Array:

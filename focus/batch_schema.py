@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from focus.reprs import short_repr
@@ -107,13 +108,36 @@ class CriticRow:
     prediction: float | None
 
 
+#: Arrow's fixed-width types read (:func:`numpy_of`) and built (focus.batch_columns) from
+#: numpy buffers, with their dtypes.
+_NUMPY: dict[pa.DataType, np.dtype] = {
+    pa.int8(): np.dtype(np.int8),
+    pa.int32(): np.dtype(np.int32),
+    pa.int64(): np.dtype(np.int64),
+    pa.float64(): np.dtype(np.float64),
+}
+
+
+def numpy_of(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """``values.to_numpy(zero_copy_only=False)`` for a column of int8, int32, int64 or
+    float64 without nulls, read from its buffers (``to_numpy`` imports pandas the first
+    time); any other column goes to ``to_numpy``."""
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    dtype = _NUMPY.get(values.type)
+    if dtype is None or any(c.null_count for c in chunks):
+        return values.to_numpy(zero_copy_only=False)
+    parts = [np.frombuffer(c.buffers()[1], dtype=dtype, count=len(c), offset=c.offset * dtype.itemsize) for c in chunks]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
 def _lists(col: pa.ChunkedArray) -> list[tuple[Any, ...]]:
+    # numpy_of, not to_numpy: to_numpy imports pandas on first use (0.2-0.3 CPU-s a process)
     out: list[tuple[Any, ...]] = []
     for arr in col.chunks:
         if not len(arr):
             continue
-        offsets = arr.offsets.to_numpy()
-        flat = arr.values.slice(offsets[0], offsets[-1] - offsets[0]).to_numpy(zero_copy_only=False).tolist()
+        offsets = numpy_of(arr.offsets)
+        flat = numpy_of(arr.values.slice(offsets[0], offsets[-1] - offsets[0])).tolist()
         o = (offsets - offsets[0]).tolist()
         out += [tuple(flat[o[i] : o[i + 1]]) for i in range(len(arr))]
     return out

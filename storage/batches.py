@@ -41,7 +41,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from focus.batch import Batch, BatchError
-from focus.batch_columns import arrow_scalar, numpy_of
+from focus.batch_columns import arrow_scalar
+from focus.batch_schema import numpy_of
 from storage.errors import (
     BatchExistsError,
     BatchNotFound,
@@ -416,7 +417,9 @@ class BatchStore:
             if kind not in tables:
                 raise ManifestError(f"{url}/{MANIFEST}: unknown data file {f.path!r}")
             try:
-                t = pq.read_table(pa.BufferReader(data))
+                # ParquetFile, not pq.read_table: read_table goes through pyarrow.dataset,
+                # whose import imports pandas (0.2-0.3 CPU-s a process); same table
+                t = pq.ParquetFile(pa.BufferReader(data)).read()
             except (pa.ArrowInvalid, OSError) as e:
                 raise CorruptDataError(f"{where}: not a readable Parquet file ({e})") from e
             tables[kind].append(validate(t, kind, where))

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 from fixtures.prefect import base_env
 
-from focus.batch_columns import _from_numpy, _repeat, _scalars, arrow_scalar, numpy_of
-from focus.batch_schema import BatchError
+from focus.batch_columns import _from_numpy, _repeat, _scalars, arrow_scalar
+from focus.batch_schema import BatchError, numpy_of
 
 I32, I64 = np.iinfo(np.int32), np.iinfo(np.int64)
 
@@ -122,3 +122,33 @@ def test_building_and_writing_a_batch_imports_no_pandas(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     imported, url = done.stdout.split()
     assert imported == "False" and url.endswith("/batches/c/iter-000000")
+
+
+def test_reading_a_batch_and_its_rows_imports_no_pandas(tmp_path):
+    """``focus inspect`` and a trainer that reads its batch imported pandas only to read it:
+    ``pq.read_table`` imports ``pyarrow.dataset``, which imports pandas, and ``to_numpy``
+    (the summary's columns, the rows' token lists) imports it on first use."""
+    from focus.batch import BatchBuilder
+    from storage import BatchStore
+
+    b = BatchBuilder("c", 0)
+    for i in range(3):
+        b.add_turn(
+            "t0", "tree", i, i, 0, "v0", "policy", (1, 2, i), (3, 4), [-0.5, -0.25], [1, 0], 0.5, 1.0, "stop", False
+        )
+        b.add_checkpoint("t0", "tree", i, (1, 2), 0.25, 1.0, 0.5)
+    url = BatchStore(str(tmp_path / "runs")).write(b.build())
+    code = (
+        "import sys\n"
+        "from cli.inspect import batch_summary\n"
+        "from storage import BatchStore\n"
+        f"batch = BatchStore({str(tmp_path / 'runs')!r}).read({url!r})\n"
+        "summary = batch_summary(batch)\n"
+        "actor, critic = batch.actor, batch.critic\n"
+        "print('pandas' in sys.modules, summary['actor_rows'], actor[2].prompt_ids, critic[1].context_ids)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=base_env(tmp_path / "prefect"), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False", "3", "(1,", "2,", "2)", "(1,", "2)"]

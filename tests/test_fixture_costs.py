@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fixtures.prefect import base_env
 
 
@@ -28,14 +30,21 @@ def test_the_factories_a_command_imports_bring_no_pytest_or_httpx(tmp_path: Path
     assert done.stdout.strip() == "[]"
 
 
-def test_the_template_prefect_home_is_migrated_and_holds_no_runs(prefect_template: Path, tmp_path: Path) -> None:
+def test_the_template_prefect_home_is_migrated_and_holds_no_runs(
+    prefect_template: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """tests/fixtures/prefect.py copies the first session server's home (once it answers)
     for the servers started later: the copy is a migrated database with Prefect's block
-    types and no flow run, task run, deployment or automation of any test."""
+    types and no flow run, task run, deployment or automation of any test. It is kept
+    outside the run's temporary folders, for the Prefect installed, so the next run's first
+    servers start on it too (kept per run, both xdist workers' first servers migrated)."""
     import sqlite3
+    from importlib.metadata import version
 
     from fixtures.prefect import TEMPLATE_FILES, from_template
 
+    run = tmp_path_factory.getbasetemp().parent
+    assert not prefect_template.is_relative_to(run) and prefect_template.name.endswith(version("prefect"))
     home = from_template(prefect_template, tmp_path / "home")
     assert sorted(p.name for p in home.iterdir()) == sorted(TEMPLATE_FILES)
     db = sqlite3.connect(home / "prefect.db")
@@ -46,3 +55,19 @@ def test_the_template_prefect_home_is_migrated_and_holds_no_runs(prefect_templat
             assert db.execute(f"select count(*) from {table}").fetchone()[0] == 0, table
     finally:
         db.close()
+
+
+def test_the_commands_a_test_starts_keep_their_bytecode(tmp_path: Path) -> None:
+    """Where the suite was started with ``PYTHONDONTWRITEBYTECODE`` set, each command a test
+    starts compiled the project's modules again (0.13 CPU-s of a small ``focus collect``) and
+    each xdist worker rewrote every test module again: tests/conftest.py lets them keep it."""
+    import focus.batch_schema
+
+    code = "import sys, focus.batch_schema; print(sys.dont_write_bytecode, focus.batch_schema.__cached__)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=base_env(tmp_path / "prefect"), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    writes, cached = done.stdout.split()
+    assert writes == "False" and not sys.dont_write_bytecode and "PYTHONDONTWRITEBYTECODE" not in os.environ
+    assert cached == focus.batch_schema.__cached__ and Path(cached).is_file()
