@@ -25,7 +25,6 @@ if not os.environ.get("OMP_NUM_THREADS"):  # unset or empty; a value given is ke
     os.environ["OMP_NUM_THREADS"] = "1"
 
 
-
 def _temporary_folder_with_a_space() -> None:
     """Run the suite, and every command it starts, in a temporary folder whose path holds a
     space (``<temp>/focus tests-<uid>``, private), unless it already does: a user's
