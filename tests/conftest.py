@@ -47,6 +47,20 @@ def _temporary_folder_with_a_space() -> None:
 
 _temporary_folder_with_a_space()
 
+
+def _a_home_as_the_command_has() -> None:
+    """``HOME`` set to the temporary folder where no home can be found (``HOME`` unset and
+    a user id without a password entry: a container under an arbitrary id), as the
+    ``focus`` command does for itself (``cli.entry.home_or_temporary``): the tests import
+    Prefect in this process, whose settings call ``Path.home()`` on import, so every test
+    that imported it stopped with ``RuntimeError: Could not determine home directory``."""
+    from cli.entry import home_or_temporary
+
+    home_or_temporary()
+
+
+_a_home_as_the_command_has()
+
 pytest_plugins = sorted(
     f"fixtures.{p.stem}"
     for p in (pathlib.Path(__file__).parent / "fixtures").glob("*.py")

@@ -239,5 +239,6 @@ def test_focus_train_prints_a_table_per_version(monkeypatch, tmp_path):
     words = ["-c", str(LOOP_TOML), "--iterations", "1", "--set", f"storage.root={tmp_path}"]
     rerun = f"rerun or resume: {shlex.join(['focus', 'train', *words, '--collection-id', seen['cfg'].collection_id])}\n"
     assert rerun in out.output
+    monkeypatch.chdir(tmp_path)  # the default storage root, runs/, is in the working folder: not the checkout's
     js = CliRunner().invoke(app, ["train", "-c", str(LOOP_TOML), "--json"], env={})
     assert [json.loads(line)["iteration"] for line in js.output.splitlines()] == [0, 1]
