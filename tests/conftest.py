@@ -35,6 +35,43 @@ if not os.environ.get("OMP_NUM_THREADS"):  # unset or empty; a value given is ke
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", ""):
     sys.dont_write_bytecode = False
 
+
+def _temporary_folder_with_a_space() -> None:
+    """Run the suite, and every command it starts, in a temporary folder whose path holds a
+    space (``<temp>/focus tests-<uid>``, private), unless it already does: a user's
+    ``TMPDIR`` may (``/tmp/probe tmp``, a macOS or Windows user folder), and tests that
+    built an expected line or split output on whitespace passed here and failed there
+    (the rerun line quotes the path, a printed URL held a space). Set before pytest picks
+    its base folder; the xdist workers and the tests' subprocesses inherit ``TMPDIR``."""
+    import tempfile
+
+    if " " in tempfile.gettempdir():
+        return
+    path = pathlib.Path(tempfile.gettempdir()) / f"focus tests-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = os.lstat(path)
+    if path.is_symlink() or not path.is_dir() or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        path = pathlib.Path(tempfile.mkdtemp(prefix=f"focus tests-{os.getuid()}-"))  # not ours: a fresh one
+    os.environ["TMPDIR"] = tempfile.tempdir = str(path)
+
+
+_temporary_folder_with_a_space()
+
+
+def _a_home_as_the_command_has() -> None:
+    """``HOME`` set to the temporary folder where no home can be found (``HOME`` unset and
+    a user id without a password entry: a container under an arbitrary id), as the
+    ``focus`` command does for itself (``cli.entry.home_or_temporary``): the tests import
+    Prefect in this process, whose settings call ``Path.home()`` on import, so every test
+    that imported it stopped with ``RuntimeError: Could not determine home directory``."""
+    from cli.entry import home_or_temporary
+
+    home_or_temporary()
+
+
+_a_home_as_the_command_has()
+
 pytest_plugins = sorted(
     f"fixtures.{p.stem}"
     for p in (pathlib.Path(__file__).parent / "fixtures").glob("*.py")

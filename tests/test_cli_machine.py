@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import typer
@@ -111,7 +112,8 @@ def test_no_home_at_all_gives_the_temporary_folder(tmp_path, monkeypatch):
 
     from flows.logs import default_log_file
 
-    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setenv("HOME", "")  # then removed: the HOME home_or_temporary() sets is undone after the test
+    monkeypatch.delenv("HOME")
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)  # set, it names the log's folder without a home
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     with mock.patch("pwd.getpwuid", side_effect=KeyError("uid 12345")):
@@ -124,7 +126,8 @@ def test_no_home_at_all_gives_the_temporary_folder(tmp_path, monkeypatch):
     home_or_temporary(mine)
     assert mine == {"HOME": "/home/me"}
     known: dict[str, str] = {}
-    home_or_temporary(known)  # no HOME, but this user id has an entry: Path.home() finds it
+    with mock.patch("pwd.getpwuid", return_value=SimpleNamespace(pw_dir="/home/known")):
+        home_or_temporary(known)  # no HOME, but this user id has an entry: Path.home() finds it
     assert known == {}
 
 

@@ -219,7 +219,7 @@ def test_a_second_signal_exits_at_once_with_a_line(clean, tmp_path):
     assert proc.returncode == 130, err[-3000:]
     line = (
         "interrupted again (SIGTERM): stopped at once, the command's servers killed; finished steps are saved; "
-        f"resume with: PYTHONPATH={shlex.quote(env['PYTHONPATH'])} focus collect -c {cfg} --collection-id {CID}"
+        f"resume with: PYTHONPATH={shlex.quote(env['PYTHONPATH'])} focus collect -c {shlex.quote(str(cfg))} --collection-id {CID}"
     )  # the configuration's model factory is found through PYTHONPATH
     assert err.strip().splitlines()[-1] == line, err[-3000:]
     assert line in log.read_text()

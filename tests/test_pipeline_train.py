@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -235,7 +236,9 @@ def test_focus_train_prints_a_table_per_version(monkeypatch, tmp_path):
     assert seen["cfg"].train.iterations == 1 and seen["cfg"].train.trainer == "local"
     assert "0.250" in out.output and "0.500" in out.output and "-0.125" in out.output
     assert "weights: file:///s/weights/x/v000001/policy.pt" in out.output
-    rerun = f"rerun or resume: focus train -c {LOOP_TOML} --iterations 1 --set storage.root={tmp_path}"
-    assert f"{rerun} --collection-id {seen['cfg'].collection_id}\n" in out.output
+    words = ["-c", str(LOOP_TOML), "--iterations", "1", "--set", f"storage.root={tmp_path}"]
+    rerun = f"rerun or resume: {shlex.join(['focus', 'train', *words, '--collection-id', seen['cfg'].collection_id])}\n"
+    assert rerun in out.output
+    monkeypatch.chdir(tmp_path)  # the default storage root, runs/, is in the working folder: not the checkout's
     js = CliRunner().invoke(app, ["train", "-c", str(LOOP_TOML), "--json"], env={})
     assert [json.loads(line)["iteration"] for line in js.output.splitlines()] == [0, 1]

@@ -116,7 +116,8 @@ def test_a_settings_record_deleted_outright_stops_the_rerun_in_one_line(tmp_path
     done = focus([*base, "--set", "train.local.lr=0.1"], tmp_path)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stdout[-1000:] + done.stderr[-2000:]
-    assert lines[0].startswith(f"error: train loop L: its settings record {manifest.as_uri()} is missing while 1 ")
+    # the store's URL: "file://" and the path as it is (as_uri() writes a space as %20)
+    assert lines[0].startswith(f"error: train loop L: its settings record file://{manifest} is missing while 1 ")
     assert "the latest made after the record was" in lines[0] and "or train under a new --collection-id" in lines[0]
     assert not store.exists("L", "settings", 0)
 
