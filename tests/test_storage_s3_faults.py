@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 import s3fs
@@ -65,6 +68,25 @@ def test_a_gateway_or_a_store_with_its_own_codes_is_waited_for(proxied, fault):
     proxy.fail(**fault, for_s=1.0)
     store.save("c", "evidence", 1, {"x": 2})  # raised OSError: [Errno 5] at the first answer
     assert proxy.failed >= 2 and store.load("c", "evidence", 1) == {"x": 2}
+
+
+def test_a_timed_fault_lasts_its_time_from_the_first_request_it_answers(proxied):
+    # it lasted from the call: a save whose first request came 0.8 s late (two workers on
+    # a loaded machine) met one failure of a one-second fault, and the test above failed
+    _, _, proxy = proxied
+
+    def status() -> int:
+        try:
+            with urllib.request.urlopen(proxy.url + "/", timeout=10) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    proxy.fail(503, for_s=0.3)
+    time.sleep(0.5)
+    assert status() == 503 and proxy.failed == 1  # the window opens here
+    time.sleep(0.5)
+    assert status() != 503 and proxy.failed == 1
 
 
 def test_a_gateway_that_keeps_failing_is_one_line_with_what_to_do(proxied):

@@ -42,7 +42,9 @@ class S3FaultProxy:
     """``with S3FaultProxy("http://127.0.0.1:9000") as proxy: proxy.fail(503, for_s=2)``.
 
     :meth:`fail` answers every request with ``status`` (one of :data:`ERRORS`) until
-    :meth:`restore` or for ``for_s`` seconds; :attr:`failed` counts the requests so
+    :meth:`restore` or for ``for_s`` seconds from the first request it answers (not from
+    the call: a client whose first request comes late, on a loaded machine, still meets
+    the whole fault); :attr:`failed` counts the requests so
     answered. ``code`` replaces the status's S3 error code, ``html=True`` sends a
     gateway's HTML page instead (no code at all), ``methods`` limits the fault to those
     requests (``{"PUT"}``: writes), ``from_path`` holds the fault back until the first
@@ -64,6 +66,7 @@ class S3FaultProxy:
         self._methods: frozenset[str] | None = None
         self._from_path: str | None = None
         self._until = float("inf")
+        self._for_s: float | None = None
         self.delay_s = 0.0
         self._lock = threading.Lock()
         self.failed = 0
@@ -91,7 +94,8 @@ class S3FaultProxy:
             self._status, self._code, self._html = status, code, html
             self._methods = frozenset(m.upper() for m in methods) if methods else None
             self._from_path = from_path
-            self._until = time.monotonic() + for_s if for_s is not None else float("inf")
+            self._until = float("inf")
+            self._for_s = for_s  # the window opens at the first request answered with the fault
 
     def restore(self) -> None:
         with self._lock:
@@ -108,6 +112,8 @@ class S3FaultProxy:
                 self._from_path = None  # armed from here on
             if self._status is None or (self._methods is not None and method not in self._methods):
                 return None
+            if self._for_s is not None:
+                self._until, self._for_s = time.monotonic() + self._for_s, None
             self.failed += 1
             code, message = ERRORS[self._status]
             if self._html:
