@@ -299,12 +299,16 @@ def _tail(
         preds.setdefault(key[0], {})[key] = value
     c0 = time.thread_time()
     search = cap.search
-    calib = state.calibration(search) if score and rank else None
-    prefit = state.may_refit(search, len(plan.jobs))  # what the fit reads of every tree, done here (WaveTail)
+    calib = state.next_calibration(search) if score and rank else None
+    prefit = state.fits_at_graft()  # what the evidence's fit reads of every tree, done here (WaveTail)
     if prefit:
         for ti in range(len(state.trees)):
             if ti not in by_tree:
                 state.facts(ti).prefit(search)
+    elif calib is not None and state.refits_next(search):  # a lagged refit: every tree ranked under it
+        for ti in range(len(state.trees)):
+            if ti not in by_tree:
+                state.facts(ti).ranked(search, calib, plan.phase_index, state.seed)
     parts = {}
     for ti, jobs in by_tree.items():
         part = graft_tree(state, plan, ti, [rollouts[i] for i in jobs], phase_name, jobs)

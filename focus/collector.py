@@ -247,20 +247,20 @@ class Collector:
         """Wait for a launched wave and graft its rollouts onto ``state``; each tree is
         grafted as soon as its jobs are done (:class:`focus.waves.WaveTail`), and with
         ``score_ahead`` and a row-wise critic also scored and, with ``rank``, ranked then
-        (its predictions in the :class:`Landed`); nothing else is scored.
-
-        Raises :class:`focus.execution.ModelServiceOutage` (grafting nothing) when too
-        many of its rollouts failed because the model service was out, and
+        (its predictions in the :class:`Landed`); nothing else is scored. Raises
+        :class:`focus.execution.ModelServiceOutage` (grafting nothing) when too many of
+        its rollouts failed because the model service was out, and
         :class:`focus.execution.BadResponses` (grafting nothing) when any got bad
-        responses. ``since``: when the wave's elapsed time starts (default: its launch).
-        """
+        responses. ``since``: when the wave's elapsed time starts (default: its launch)."""
         plan, tail = launched.plan, launched.tail
         phase = self.priority.phases[plan.phase_index]
+        rank = not (last := last_wave(state, self.priority, plan)) and rank  # rankings no plan reads
         if tail is not None:
             score = (self.priority, self.critic) if score_ahead and self.critic.row_wise else None
-            prefit = self.priority if state.may_refit(self.priority, len(plan.jobs)) else None
-            rank = rank and not last_wave(state, self.priority, plan)  # rankings no plan reads
+            prefit = self.priority if state.fits_at_graft() or last else None
             await tail.follow(state, launched.task, phase.name, score, prefit, rank)
+        if rank and not state.fits_at_graft() and state.refits_next(self.priority):
+            state.next_calibration(self.priority)  # (as a rule by the tail) fitted on the trees at hand
         rollouts = await launched.task
         check_outage(rollouts, self.execution.max_outage_share)
         now = tail.finished_at if tail is not None and tail.finished_at is not None else time.perf_counter()

@@ -21,7 +21,7 @@ from focus.execution import Execution
 from focus.journal import MemoryJournal
 from focus.priority import Phase, Selective
 from focus.ranking import TreeRanking
-from focus.search import graft, graft_tree, plan_ahead, score_tree, unscored, with_predictions
+from focus.search import REFIT_LAG, graft, graft_tree, last_wave, plan_ahead, score_tree, unscored, with_predictions
 from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
 
 
@@ -273,14 +273,17 @@ def test_the_calibration_reads_the_parts_the_tail_computed() -> None:
     assert np.array_equal(whole[0], parts[0]) and np.array_equal(whole[1], parts[1])
     assert all(np.array_equal(a, b) for a, b in zip(whole[2], parts[2], strict=True))
     assert state.spread_count(1) == sum(1 for r in one if r.m >= 2) > 0
-    # refits come only at powers of two of waves, once the spreads can have doubled
-    spreads = state.spread_count(1)
-    later = [state.may_refit(search, spreads)]
-    for n in range(2, 9):
-        state.waves.append((1, n - 2))
-        later.append(state.may_refit(search, spreads))
-    assert later == [True, False, True, False, False, False, True, False]
-    assert not state.may_refit(search, spreads - 1)  # a wave too small to double them
+    # only the evidence's graft fits on trees its state lacks; a refit comes at a power
+    # of two of waves once the spreads have doubled, and lags its waves by one
+    assert not state.fits_at_graft() and REFIT_LAG == 1
+    state._spreads.update({k: state.spread_count(1) << (k - 1) for k in range(2, 10)})  # doubling every wave
+    sizes, nexts = [], []
+    for n in range(1, 10):
+        sizes.append(state._fit_size(search))
+        nexts.append(state.refits_next(search))
+        state.waves.append((1, n - 1))
+    assert sizes == [1, 1, 2, 2, 4, 4, 4, 4, 8]  # unlagged: 1, 2, 2, 4, 4, 4, 4, 8, 8
+    assert nexts == [False, True, False, True, False, False, False, True, False]
 
 
 def test_a_wave_that_ends_the_search_is_scored_ahead_but_not_ranked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -290,7 +293,7 @@ def test_a_wave_that_ends_the_search_is_scored_ahead_but_not_ranked(monkeypatch:
     ranked, and nothing is planned after it. The batch is the barrier's either way
     (:func:`test_grafting_ahead_changes_neither_the_journal_nor_the_batch`)."""
     import focus.collector
-    from focus.search import WavePlan, last_wave
+    from focus.search import WavePlan
 
     seen: list[tuple[int, bool]] = []
     ranked: dict[int, set[bool]] = {}
@@ -308,8 +311,7 @@ def test_a_wave_that_ends_the_search_is_scored_ahead_but_not_ranked(monkeypatch:
 
     monkeypatch.setattr(focus.collector, "last_wave", spy_last)
     monkeypatch.setattr(focus.waves, "score_tree", spy_score)
-    # seed 6: a collection of 8 waves whose last graft may refit (checked below; seed 3,
-    # the default, makes 10)
+    # seed 6: a collection of 8 waves
     col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1, seed=6)
     state = run(col.search(tasks))
     continuation = [(w, out) for w, out in seen if w in ranked]
@@ -318,40 +320,45 @@ def test_a_wave_that_ends_the_search_is_scored_ahead_but_not_ranked(monkeypatch:
     assert ranked[last] == {False} and all(True in ranked[w] for w, _ in before[:1])
     assert not plan_ahead(state, col.priority, 1).planned  # nothing after it
     assert not last_wave(state, col.priority, WavePlan(0, 0))  # an evidence wave
-    # its graft made a power of two of waves (it might have refit): the tail computed what
-    # the batch's noise fit reads of the trees (their rows), not what only a plan reads (draws)
-    assert len(state.waves) & (len(state.waves) - 1) == 0
+    # the tail computed what the batch's noise fit reads of the trees (their rows), not
+    # what only a plan reads (draws)
     g, rule = col.priority.discount, col.priority.truncation_rule
     touched = [ti for ti, t in enumerate(state.trees) if any(r.phase == 1 and r.wave == last for r in t.log)]
     assert touched and all((g, rule) in state.facts(ti)._rows for ti in range(len(state.trees)))
     assert not any("draws" in state.facts(ti).shape for ti in touched)
 
 
-def test_a_wave_whose_graft_refits_is_not_ranked_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A wave whose graft fits a new calibration ranks none of its trees ahead (the plan
-    ranks every tree again under the new one), told as its trees come in
-    (:meth:`focus.search.SearchState.refit_floor`: the graft refits exactly when the
-    spreads reach it); the waves that do not refit rank theirs. The batch is the
-    barrier's either way (:func:`test_grafting_ahead_changes_neither_the_journal_nor_the_batch`)."""
+def test_a_wave_whose_graft_refits_ranks_its_trees_under_the_new_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refit lags its waves by one (:data:`focus.search.REFIT_LAG`), so the tail of
+    the wave whose graft brings it in knows it from the start
+    (:meth:`focus.search.SearchState.refits_next`): it fits it on the waves before the
+    wave and ranks the trees it scores under it, and the new state takes that fit over
+    instead of fitting again; a wave whose graft keeps the calibration ranks under the
+    one it has. The batch is the barrier's either way
+    (:func:`test_grafting_ahead_changes_neither_the_journal_nor_the_batch`)."""
     import focus.collector
 
-    ranked: dict[int, list[bool]] = {}
+    ranked: dict[int, list[Any]] = {}
     refits: dict[int, bool] = {}
     real_land, real_score = focus.collector.Collector.land, focus.waves.score_tree
 
     async def spy_land(self, state, launched, *args, **kw):  # type: ignore[no-untyped-def]
         plan, search = launched.plan, self.priority
-        floor = state.refit_floor(search) if plan.phase_index == 1 else None
+        refit = plan.phase_index == 1 and state.refits_next(search)
         new, landed = await real_land(self, state, launched, *args, **kw)
-        if plan.phase_index == 1:
-            refit = new.calibration(search) is not state.calibration(search)
-            assert refit == (floor is not None and new.spread_count(len(new.waves)) >= floor)
+        if plan.phase_index == 1 and not last_wave(state, search, plan):
+            calib = new.calibration(search)
+            assert (calib is not state.calibration(search)) == refit
+            assert calib is state.next_calibration(search)  # fitted before the graft, taken over
+            if refit:
+                assert new._fit_size(search) == len(state.waves)  # the waves before this one
             refits[plan.wave_index] = refit
+            assert all(c is calib for c in ranked.get(plan.wave_index, []))
         return new, landed
 
     def spy_score(*args):  # type: ignore[no-untyped-def]
-        if args[2].phase_index == 1:
-            ranked.setdefault(args[2].wave_index, []).append(args[4])
+        if args[2].phase_index == 1 and args[4]:
+            ranked.setdefault(args[2].wave_index, []).append(args[5])
         return real_score(*args)
 
     monkeypatch.setattr(focus.collector.Collector, "land", spy_land)
@@ -359,7 +366,4 @@ def test_a_wave_whose_graft_refits_is_not_ranked_ahead(monkeypatch: pytest.Monke
     col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
     run(col.search(tasks))
     assert any(refits.values()) and not all(refits.values())
-    assert any(ranked.get(w) for w, refit in refits.items() if refit)  # trees scored ahead in a refit wave
-    for wave, refit in refits.items():
-        if refit:
-            assert not any(ranked.get(wave, []))
+    assert any(ranked.get(w) for w, refit in refits.items() if refit)  # trees ranked ahead in a refit wave

@@ -58,6 +58,7 @@ from focus.search.planning import (
 )
 from focus.search.state import (
     CALIBRATION_SPREADS,
+    REFIT_LAG,
     RolloutJob,
     SearchState,
     WavePlan,
@@ -70,6 +71,7 @@ from focus.search.work import RankingWork, ranking_work
 
 __all__ = [
     "CALIBRATION_SPREADS",
+    "REFIT_LAG",
     "InFlight",
     "Predictions",
     "RankingWork",

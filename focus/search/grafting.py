@@ -15,6 +15,7 @@ from typing import Any
 
 from focus.agent import CONTEXT_LIMIT, Rollout
 from focus.priority import Calibration, Priority
+from focus.search.copies import cow_tree, own
 from focus.search.planning import plan_ahead
 from focus.search.shape import known_shape
 from focus.search.state import (
@@ -22,8 +23,6 @@ from focus.search.state import (
     RolloutJob,
     SearchState,
     WavePlan,
-    _cow_tree,
-    _own,
     _successor,
     _TreeFacts,
 )
@@ -69,7 +68,7 @@ def graft(
         if not 0 <= ti < len(trees):
             raise ValueError(f"job continues tree {ti}, but the state has {len(trees)} trees")
         if ti not in owned:
-            trees[ti], owned[ti] = _cow_tree(trees[ti]), set()
+            trees[ti], owned[ti] = cow_tree(trees[ti]), set()
         _add_rollout(trees[ti], job, ro, owned[ti], plan, phase_name, wave_wall_s)
     derived = dict(state._derived)  # a copy at C speed; the changed trees' facts replaced below
     for ti in owned:
@@ -112,10 +111,10 @@ def _after(state: SearchState, plan: WavePlan) -> tuple[WavePlan, ...]:
 def _add_rollout(
     tree: Tree, job: RolloutJob, ro: Rollout, owned: set[int], plan: WavePlan, phase_name: str, wave_wall_s: float
 ) -> None:
-    """Add ``ro`` below ``job``'s checkpoint of ``tree`` (a private copy: :func:`_cow_tree`)."""
+    """Add ``ro`` below ``job``'s checkpoint of ``tree`` (a private copy: :func:`focus.search.copies.cow_tree`)."""
     if job.node_id not in tree.nodes or tree.nodes[job.node_id].is_leaf:
         raise ValueError(f"job continues node {job.node_id} of tree {job.tree_index}, which is not a checkpoint")
-    _own(tree, job.node_id, owned)
+    own(tree, job.node_id, owned)
     index = tree.rollouts
     parent = job.node_id
     for piece in ro.pieces:
@@ -202,8 +201,8 @@ def with_predictions(
     owned: dict[int, set[int]] = {}
     for (ti, nid), (value, std) in predictions.items():
         if ti not in owned:
-            trees[ti], owned[ti] = _cow_tree(trees[ti]), set()
-        node = _own(trees[ti], nid, owned[ti])
+            trees[ti], owned[ti] = cow_tree(trees[ti]), set()
+        node = own(trees[ti], nid, owned[ti])
         node.value, node.value_std = value, std
     derived = dict(state._derived)
     for ti, nids in owned.items():
@@ -294,7 +293,7 @@ def graft_tree(
         raise ValueError(f"jobs {list(jobs)} are not tree {tree_index}'s jobs in plan order")
     if len(rollouts) != len(mine):
         raise ValueError(f"tree {tree_index} has {len(mine)} jobs in the wave but {len(rollouts)} rollouts came back")
-    tree, owned = _cow_tree(state.trees[tree_index]), set[int]()
+    tree, owned = cow_tree(state.trees[tree_index]), set[int]()
     for job, ro in zip(mine, rollouts, strict=True):
         _add_rollout(tree, job, ro, owned, plan, phase_name, 0.0)
     facts = _grown_facts(state, tree_index, tree)
@@ -315,12 +314,12 @@ def score_tree(
     ``state``'s calibration, the work the next plan would otherwise do at the barrier
     (if the wave moves the calibration, the plan ranks the tree again, as it would
     have). ``calibration``: ``state.calibration(search)``, if the caller has it."""
-    tree, owned = _cow_tree(part.tree), set[int]()
+    tree, owned = cow_tree(part.tree), set[int]()
     nids: set[int] = set()
     for (ti, nid), (value, std) in predictions.items():
         if ti != part.tree_index:
             raise ValueError(f"a prediction for tree {ti} given to tree {part.tree_index}'s part")
-        node = _own(tree, nid, owned)
+        node = own(tree, nid, owned)
         node.value, node.value_std = value, std
         nids.add(nid)
     facts = part.facts.rescored(tree, nids)

@@ -25,9 +25,10 @@ from focus.noise_rows import Checkpoint, tree_rows
 from focus.priority import Calibration, NodeEvidence, Priority, exploration_rate
 from focus.ranking import Entry, TreeRanking, tie
 from focus.reprs import short_repr
+from focus.search.copies import copy_tree
 from focus.search.heads import PlanIndex, plan_index
 from focus.search.shape import Depths, Known, shape_fact, tree_spreads
-from focus.tree import Edge, Node, Tree
+from focus.tree import Edge, Tree
 from focus.usage import Usage
 
 #: Spreads (checkpoints with two valid children) after which the ranking's calibration
@@ -143,6 +144,13 @@ class SearchState:
         continuation waves do not refit; one of few tasks doubles its evidence with
         nearly every doubling of its waves. Once a fit rests on
         :data:`CALIBRATION_SPREADS` spreads it is kept from then on.
+
+        A refit lags its waves by one (:data:`REFIT_LAG`): the state of ``2^k + 1``
+        waves is the first to use the fit on ``2^k``, except for the evidence, whose
+        graft makes the first fit. So the fit a graft brings in reads only trees the
+        state before it has, and a collector fits it and ranks every tree under it
+        while that wave still runs (:meth:`next_calibration`, :class:`focus.waves.WaveTail`)
+        instead of in a barrier with no model call in flight.
         """
         return self._fitted(search)[1]
 
@@ -151,26 +159,47 @@ class SearchState:
         size = self._fit_size(search)
         return size, self._fit(size, search)
 
-    def _fit_size(self, search: Priority, at_hand: bool = False) -> int:
+    def _fit_size(self, search: Priority, at_hand: bool = False, waves: int | None = None) -> int:
         """How many waves :meth:`calibration` is fitted on, deciding it without the fit on
         all of them (which only a fit on fewer waves' spreads can rule out: a fit on
-        every wave is the last one to consider, whatever its own spreads). ``at_hand``:
-        from the fits and spread counts cached (a count of every wave's spreads taken
-        from the trees' facts), raising :class:`NotAtHand` where one is missing."""
-        n = len(self.waves)
+        the last waves it may read is the last one to consider, whatever its own
+        spreads). ``at_hand``: from the fits and spread counts cached (a count of every
+        wave's spreads taken from the trees' facts), raising :class:`NotAtHand` where
+        one is missing. ``waves``: for a state of that many waves whose first waves are
+        this one's (the next graft's, ``len(self.waves) + 1``), default this state."""
+        n = len(self.waves) if waves is None else waves
         fit, spreads = (self._cached_fit, self._cached_spreads) if at_hand else (self._fit, self.spread_count)
         size = 1 if n else 0
-        while size < n:
+        last = max(n - REFIT_LAG, size)  # the refits lag their waves; the evidence's fit does not
+        while size < last:
             if fit(size, search).noise.spreads >= CALIBRATION_SPREADS:
                 break
             floor = 2 * spreads(size)
             nxt = 2 * size
-            while nxt <= n and spreads(nxt) < floor:
+            while nxt <= last and spreads(nxt) < floor:
                 nxt *= 2
-            if nxt > n:
+            if nxt > last:
                 break
             size = nxt
         return size
+
+    def next_calibration(self, search: Priority) -> Calibration:
+        """The :meth:`calibration` of the state the next graft makes, fitted here: it
+        reads only waves this state has (a refit lags its waves, :data:`REFIT_LAG`), so
+        the trees a wave does not touch can be ranked under it while the wave runs.
+        Cached here and carried to that state, which finds it fitted. Not before the
+        evidence, whose graft makes the first fit (:meth:`fits_at_graft`)."""
+        if not self.waves:
+            raise ValueError("no calibration before the evidence: its graft makes the first fit")
+        return self._fit(self._fit_size(search, waves=len(self.waves) + 1), search)
+
+    def refits_next(self, search: Priority) -> bool:
+        """Whether the next graft brings in another calibration than this state's
+        (:meth:`next_calibration`; always before the evidence)."""
+        if not self.waves:
+            return True
+        n = len(self.waves)
+        return self._fit_size(search, waves=n + 1) != self._fit_size(search, waves=n)
 
     def _cached_fit(self, size: int, search: Priority) -> Calibration:
         c = self._calibrations.get((size, search.discount, search.truncation_rule))
@@ -205,35 +234,13 @@ class SearchState:
             counts = [tree_counts(tree, rule, keep) for tree in self.trees]  # type: ignore[arg-type]
         return leaf_mean(counts)
 
-    def may_refit(self, search: Priority, jobs: int) -> bool:
-        """Whether grafting a wave of ``jobs`` jobs onto this state may fit a new
-        calibration: only at a power of two of waves (:meth:`calibration`), not once
-        the fit is kept, and only if the spreads can reach twice those of the last fit
-        (a job gives at most one checkpoint its second child). The fit reads every tree
+    def fits_at_graft(self) -> bool:
+        """Whether grafting a wave onto this state fits a calibration on trees it does
+        not have yet: only the evidence's graft, the first fit (every later refit lags
+        its waves, :data:`REFIT_LAG`). That fit reads every tree
         (:meth:`_TreeFacts.prefit`), so a collector does that ahead, while the wave runs
         (:class:`focus.waves.WaveTail`)."""
-        if not self.waves:
-            return True
-        floor = self.refit_floor(search)
-        return floor is not None and self.spread_count(len(self.waves)) + jobs >= floor
-
-    def refit_floor(self, search: Priority) -> int | None:
-        """The spreads (:meth:`spread_count` of every wave) from which grafting the next
-        wave onto this state fits a new calibration, ``None`` where no graft can (not at
-        a power of two of waves, or the fit is kept; 0 before the evidence, the first
-        fit). Exact: the fits on fewer waves are this state's, so the next graft's fit
-        is on all of its waves once their spreads reach twice those of this state's fit,
-        and on as many as this state's otherwise. A wave's spreads only grow as its trees
-        come in, so a runner can tell before the wave ends whether it refits."""
-        n = len(self.waves) + 1
-        if n & (n - 1):
-            return None
-        if not self.waves:
-            return 0
-        size, c = self._fitted(search)
-        if c.noise.spreads >= CALIBRATION_SPREADS:
-            return None
-        return 2 * self.spread_count(size)
+        return not self.waves
 
     def _fit(self, size: int, search: Priority) -> Calibration:
         key = (size, search.discount, search.truncation_rule)
@@ -309,6 +316,14 @@ class SearchState:
             if self._index is not None:  # (a tree changed in place: its plan facts are read again)
                 self._index.moved((tree_index,))
         return f
+
+
+#: Waves a refit of the calibration lags behind its waves (:meth:`SearchState.calibration`).
+#: With one, the fit a graft brings in is on waves the state before it already has: at
+#: 40k transitions over 800 tasks each refit was a barrier of 0.3-0.4 s (a fit, then a
+#: ranking of every tree) with no model call in flight, most of the model service's
+#: idle time there (docs/findings/speed.md); lagged, both run while the next wave does.
+REFIT_LAG = 1
 
 
 class NotAtHand(LookupError):
@@ -519,12 +534,6 @@ class _TreeFacts:
         return self.ranking(search, calibration, seed).ranked(self.tree, phase_index)
 
 
-def copy_tree(tree: Tree) -> Tree:
-    """A copy that shares only immutable parts (edges, turns, branch states)."""
-    nodes = {i: _node_copy(n) for i, n in tree.nodes.items()}
-    return Tree(tree.task_id, nodes, dict(tree.edges), dict(tree.states), tree.rollouts, list(tree.log))
-
-
 def copy_state(state: SearchState) -> SearchState:
     return SearchState(
         state.collection_id,
@@ -542,34 +551,6 @@ def rollout_seed(seed: int, tree_index: int, node_id: int, branch: int) -> int:
     branch index), so that siblings' first model calls can go as one request
     (:mod:`focus.siblings`)."""
     return derive_seed(seed, tree_index, node_id) + branch
-
-
-def _cow_tree(tree: Tree) -> Tree:
-    """A new tree object sharing nodes, edges, states and log records with ``tree``;
-    a node is copied (:func:`_own`) before it is changed."""
-    return Tree(tree.task_id, dict(tree.nodes), dict(tree.edges), dict(tree.states), tree.rollouts, list(tree.log))
-
-
-def _own(tree: Tree, node_id: int, owned: set[int]) -> Node:
-    """Node ``node_id`` of ``tree`` as a private copy, safe to change."""
-    if node_id not in owned:
-        node = tree.nodes[node_id]
-        tree.nodes[node_id] = _node_copy(node)
-        owned.add(node_id)
-    return tree.nodes[node_id]
-
-
-def _node_copy(node: Node) -> Node:
-    """``dataclasses.replace(node, children=list(node.children))`` without re-running
-    ``__init__`` field by field (``Node`` has no ``__post_init__``): grafting and scoring
-    copy every node they change, about one per transition (1.9 against 0.5 us)."""
-    new = _new(type(node))
-    new.__dict__.update(node.__dict__)
-    new.children = list(node.children)
-    return new
-
-
-_new = object.__new__
 
 
 def _successor(
