@@ -85,13 +85,18 @@ class SearchMeter:
                 if inspect.isfunction(value) and value in originals:
                     self._undo.append((mod, attr, value))
                     setattr(mod, attr, self._timed(originals[value], value))
-        # What a refit's calibration reads of each tree, computed in the wave's tail
-        # (focus.waves.WaveTail) since h37f: planning's work, done ahead, through a
-        # method rather than a public function.
-        from focus.search.state import _TreeFacts
+        # Planning's work done ahead in a wave's tail (focus.waves.WaveTail), through
+        # methods rather than public functions: what the evidence's fit reads of each
+        # tree (since h37f), and a lagged refit's fit and the rankings of the trees the
+        # wave does not touch under it (REFIT_LAG; the trees it touches are ranked in
+        # score_tree, timed as scoring).
+        from focus.search.state import SearchState, _TreeFacts
+        from focus.waves import WaveTail
 
-        self._undo.append((_TreeFacts, "prefit", _TreeFacts.prefit))
-        _TreeFacts.prefit = self._timed_plain("prefit", _TreeFacts.prefit)  # type: ignore[method-assign]
+        for owner, attr in ((_TreeFacts, "prefit"), (SearchState, "next_calibration"), (WaveTail, "_rank_some")):
+            original = getattr(owner, attr)
+            self._undo.append((owner, attr, original))
+            setattr(owner, attr, self._timed_plain("prefit", original))
         return self
 
     def uninstall(self) -> None:

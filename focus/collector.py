@@ -15,11 +15,11 @@ has, over an explicit :class:`~focus.search.SearchState`:
 
 While a wave runs, each tree whose jobs in it have all finished is grafted (and, with a
 row-wise critic, scored and ranked; evidence trees scored, not ranked) between the
-rollouts' callbacks (:mod:`focus.waves`), and before a graft that may refit the
-calibration, what the fit reads of each tree is computed then too, so the barrier keeps
-only the trees that finished last, the merge, the fit's joining of the trees' parts,
-the rankings a new calibration rebuilds and the next plan's greedy choice (its jobs
-start as it takes them); the results are those of doing it all at the barrier.
+rollouts' callbacks (:mod:`focus.waves`), under the calibration the graft's state will
+have (a refit lags its waves by one, :data:`focus.search.REFIT_LAG`, so it is fitted and
+every tree ranked under it while the wave runs), so the barrier keeps only the trees
+that finished last, the merge and the next plan's greedy choice (its jobs start as it
+takes them); the results are those of doing it all at the barrier.
 
 At each step boundary the loop consults a :class:`~focus.journal.Journal`: a step it
 holds is replayed, one it lacks is computed and recorded. The pipeline's journal

@@ -294,8 +294,8 @@ class SearchState:
     ) -> tuple[list[list[Checkpoint]] | None, list[dict[int, Segment] | None]]:
         """Each tree's noise rows (:meth:`_TreeFacts.noise_rows`; with ``rows``) and its kept
         edge segments at ``gamma``: what a batch's noise fit and backups read of the trees,
-        taken from what the search computed (the rows a refit's prefit computed while the
-        last wave ran, the rankings' segments) rather than computed again. The rows leave
+        taken from what the search computed (the rows the last wave's tail computed
+        while it ran, the rankings' segments) rather than computed again. The rows leave
         the facts (read once)."""
         out: list[list[Checkpoint]] | None = [] if rows else None
         segs = []
