@@ -358,7 +358,9 @@ class Agent:
             return f"error: {e}"
         if isinstance(e, _StepTimeout):
             return f"env: step timed out after {self.env_timeout_s:g} s"
-        return f"env: {e}" if isinstance(e, EnvError) else f"env: {type(e).__name__}: {e}"
+        if isinstance(e, EnvError):
+            return f"env: {e}"
+        return "env" + error_cause(e).removeprefix("error")  # its type alone where its message is empty
 
     def _call(
         self, route: tuple[Hashable, ...], prompt: Sequence[int], params: SamplingParams, fresh: bool

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from focus.reprs import short_repr
+from focus.reprs import short_repr, short_value
 from focus.workspace import Workspace
 
 #: The largest magnitude of a reward or a critic value FOCUS takes. The noise model
@@ -138,6 +138,8 @@ def check_step_result(result: object, where: str) -> StepResult:
         raise EnvError(f"{where} returned {type(result).__name__}, expected StepResult")
     if not isinstance(result.observation, str):
         raise EnvError(f"{where} returned an observation of type {type(result.observation).__name__}, expected str")
+    _check_text(result.observation, where)
+    _check_info(result.info, where)
     try:
         reward = float(result.reward)
     except (TypeError, ValueError):
@@ -149,6 +151,42 @@ def check_step_result(result: object, where: str) -> StepResult:
             raise EnvError(f"{where} returned done={result.done!r}, expected a bool")
         return replace(result, done=bool(result.done))  # numpy's bool, as gym-style envs return it
     return result
+
+
+def _check_text(observation: str, where: str) -> None:
+    """Refuse an observation no codec can encode: a lone surrogate (bytes decoded with
+    ``errors="surrogateescape"``, as ``os.fsdecode`` does with a file name that is not
+    UTF-8, or a subprocess's output read so) is no Unicode text. Found later, when the
+    codec encoded it, it failed the rollout's job: its finished segments were lost and
+    the cause named a ``UnicodeEncodeError`` but not the env."""
+    if observation.isascii():
+        return
+    try:
+        observation.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise EnvError(
+            f"{where} returned an observation that is not valid text: {observation[e.start]!r} at character "
+            f"{e.start} is a lone surrogate (bytes decoded with errors='surrogateescape'?); decode such bytes with "
+            "errors='replace'"
+        ) from None
+
+
+def _check_info(info: object, where: str) -> None:
+    """``info`` is a mapping whose ``tool_error``, where given, counts the step's tool
+    failures (:class:`focus.tools.ToolEnv`; the agent sums it into the rollout's
+    counters). ``info=None`` or a text there failed the rollout's job with a bare
+    ``AttributeError`` or ``ValueError`` that named neither the env nor ``info``."""
+    if not isinstance(info, Mapping):
+        raise EnvError(f"{where} returned info={short_value(info)}, expected a mapping (a dict; {{}} for none)")
+    count = info.get("tool_error", 0)
+    try:
+        if isinstance(count, str | bytes):  # int("1") would read it; a count is a number
+            raise TypeError(count)
+        int(count)
+    except (TypeError, ValueError, OverflowError):
+        raise EnvError(
+            f"{where} returned info['tool_error']={short_value(count)}, expected a number of tool failures"
+        ) from None
 
 
 def check_reset(result: object, where: str) -> Reset:

@@ -374,3 +374,48 @@ def test_a_rollout_s_nodes_count_the_transitions_from_the_root():
             made.children = list(n.children)
             assert n == made
             assert pickle.dumps(e) == pickle.dumps(Edge(e.id, e.parent, e.child, e.turns, e.rollout))
+
+
+def test_an_env_s_bad_info_or_undecodable_observation_fails_its_rollout_keeping_earlier_segments():
+    """Found after the step (the tool-error count, the codec encoding the observation),
+    they failed the rollout's job: every finished segment lost, a bare
+    AttributeError/UnicodeEncodeError as the cause. A step raising an exception without
+    a message is named by its type alone (it read 'env: RuntimeError: ')."""
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class BadAt2(ReachTarget):
+        def __init__(self, bad):
+            super().__init__()
+            self.bad = bad
+
+        async def step(self, state, action, workspace):
+            result = await super().step(state, action, workspace)
+            if state.turns == 1:
+                if self.bad == "raise":
+                    raise RuntimeError()
+                return result.__class__(**{**result.__dict__, **self.bad})
+            return result
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+    codec = toy_format().codec
+    causes = {}
+    for name, bad in (
+        ("info", {"info": None}),
+        ("count", {"info": {"tool_error": "yes"}}),
+        ("text", {"observation": b"\xff".decode(errors="surrogateescape")}),
+        ("raise", "raise"),
+    ):
+        agent = Agent(ScriptedPolicy(["5", "4", "3"], codec), BadAt2(bad), toy_format(), branch_points=EveryDecision())
+        ro = run(agent.rollout(run(agent.start(task)), seed=0))
+        assert [p.kind for p in ro.pieces] == ["checkpoint", "failed"], name
+        assert len(ro.pieces[0].turns) == 1, name  # the first step's segment is kept
+        causes[name] = ro.leaf.cause
+    assert causes == {
+        "info": "env: BadAt2.step returned info=None, expected a mapping (a dict; {} for none)",
+        "count": "env: BadAt2.step returned info['tool_error']='yes', expected a number of tool failures",
+        "text": (
+            "env: BadAt2.step returned an observation that is not valid text: '\\udcff' at character 0 is a lone "
+            "surrogate (bytes decoded with errors='surrogateescape'?); decode such bytes with errors='replace'"
+        ),
+        "raise": "env: RuntimeError",
+    }
