@@ -280,8 +280,9 @@ class Agent:
                     continue
                 prompt = state.context.prompt_ids
                 if self.max_prompt_tokens is not None and len(prompt) > self.max_prompt_tokens:
-                    pieces.append(Piece(tuple(turns), "truncated", state.steps, prompt, cause=CONTEXT_LIMIT))
-                    break
+                    raise ContextLimit(
+                        f"the prompt has {len(prompt)} tokens, over max_prompt_tokens {self.max_prompt_tokens}"
+                    )
                 calling = True  # a NotImplementedError from here on is the policy's, not a custom part's
                 completion = await self._call(state.route, prompt, params, fresh)
                 fresh = calling = False
@@ -291,8 +292,7 @@ class Agent:
             except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints):
                 raise  # a setting or code to fix, not this rollout's failure: stops the collection
             except ContextLimit as e:
-                # the episode outgrew the model, as at max_prompt_tokens; a task whose own
-                # prompt does not fit fails, as any refused request does
+                # the episode outgrew the context; a task's own prompt over it fails, as refused
                 kind, cause = ("truncated", CONTEXT_LIMIT) if state.steps else ("failed", f"{failure_prefix(e)}: {e}")
                 pieces.append(Piece(tuple(turns), kind, state.steps, state.context.prompt_ids, cause=cause))
                 break

@@ -419,3 +419,30 @@ def test_an_env_s_bad_info_or_undecodable_observation_fails_its_rollout_keeping_
         ),
         "raise": "env: RuntimeError",
     }
+
+
+def test_an_opening_prompt_over_max_prompt_tokens_fails_its_rollout_as_the_server_s_refusal_does():
+    """Over the agent's ``max_prompt_tokens`` at the root, a rollout was a truncated leaf
+    without a turn: no failure and no cause, an empty batch with ``truncated_rollouts``
+    alone, where the same prompt refused by the server's context fails naming it
+    (docs/operations.md). A later prompt over the limit still ends truncated."""
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class Verbose(ReachTarget):
+        async def step(self, state, action, workspace):
+            result = await super().step(state, action, workspace)
+            return type(result)(result.state, result.observation + "." * 200, result.reward, result.done)
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+    codec = toy_format().codec
+    opening = len(run(Agent(ScriptedPolicy(["5"], codec), Verbose(), toy_format()).start(task)).context.prompt_ids)
+
+    def rollout(limit):
+        agent = Agent(ScriptedPolicy(["5", "4", "3"], codec), Verbose(), toy_format(), max_prompt_tokens=limit)
+        return run(agent.rollout(run(agent.start(task)), seed=0))
+
+    root = rollout(opening - 1)
+    assert root.leaf.kind == "failed" and not root.turns
+    assert root.leaf.cause == f"model: the prompt has {opening} tokens, over max_prompt_tokens {opening - 1}"
+    later = rollout(opening + 100)
+    assert later.leaf.kind == "truncated" and later.leaf.cause == "context limit" and len(later.turns) == 1
