@@ -32,6 +32,7 @@ from focus.policy import (
     SamplingParams,
     ServiceUnavailable,
     UnreadableAnswers,
+    check_vocabulary,
 )
 from focus.reprs import short_repr
 from focus.siblings import SiblingCalls
@@ -274,7 +275,7 @@ class Agent:
                 if returned(self.context, "needs_compaction", self.context.needs_compaction(state.context), None):
                     fresh = False
                     c = await self._compact(state.context, params)
-                    self.policy.check_completion(c.completion, params)
+                    self._check(c.completion, params)
                     turns.append(_turn(c.prompt_ids, c.completion, c.loss_mask, "compaction", 0.0, False, ""))
                     state = state.evolve(context=c.context, steps=state.steps + 1)
                     continue
@@ -286,7 +287,7 @@ class Agent:
                 calling = True  # a NotImplementedError from here on is the policy's, not a custom part's
                 completion = await self._call(state.route, prompt, params, fresh)
                 fresh = calling = False
-                self.policy.check_completion(completion, params)
+                self._check(completion, params)
                 if completion.meta:
                     _count_retries(counters, completion.meta)
             except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints):
@@ -325,6 +326,18 @@ class Agent:
             obs = [Message("tool" if action.kind == "tool" else "user", result.observation)]
             state = state.evolve(context=self._extend(state.context, completion, text, obs))
         return Rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
+
+    def _check(self, completion: Completion, params: SamplingParams) -> None:
+        """The policy's check of an answer, and the ids against the codec's vocabulary
+        where the policy knows none (``OpenAICompatPolicy(url)`` without ``vocab_size``,
+        as a library user builds it): an id of another tokenizer was dropped silently by
+        ``HFChatCodec.decode`` and went on into the next prompt and the batch, and failed
+        ``ByteCodec.decode`` outside the rollout's guard (its job failed, every finished
+        segment lost). A :class:`~focus.policy.BadResponse` runs the rollout again, as
+        where the policy knows its vocabulary."""
+        self.policy.check_completion(completion, params)
+        if self.policy.vocab_size is None and isinstance(vocab := getattr(self.format.codec, "vocab_size", None), int):
+            check_vocabulary(completion, vocab)
 
     def _extend(self, ctx: Context, completion: Completion, text: str, obs: Sequence[Message]) -> Context:
         """The context manager's next context, checked (:func:`focus.context.returned`)."""

@@ -230,15 +230,18 @@ class Policy(abc.ABC):
                 f"{len(completion.token_ids)} tokens sampled where max_tokens = {params.max_tokens} were asked "
                 "(does the server honour max_tokens?)"
             )
-        if self.vocab_size is None:
-            return
-        vocab = self.vocab_size
-        ids = completion.token_ids
-        if not ids or (0 <= min(ids) and max(ids) < vocab):
-            return
-        for i, t in enumerate(ids):
-            if not 0 <= t < vocab:
-                raise BadResponse(
-                    f"sampled token id {t} at position {i} is outside the vocabulary [0, {vocab}) "
-                    "(does the model match the codec?)"
-                )
+        if self.vocab_size is not None:
+            check_vocabulary(completion, self.vocab_size)
+
+
+def check_vocabulary(completion: Completion, vocab: int) -> None:
+    """:class:`BadResponse` naming the first sampled id outside ``[0, vocab)``."""
+    ids = completion.token_ids
+    if not ids or (0 <= min(ids) and max(ids) < vocab):
+        return
+    for i, t in enumerate(ids):
+        if not 0 <= t < vocab:
+            raise BadResponse(
+                f"sampled token id {t} at position {i} is outside the vocabulary [0, {vocab}) "
+                "(does the model match the codec?)"
+            )

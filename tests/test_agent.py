@@ -446,3 +446,31 @@ def test_an_opening_prompt_over_max_prompt_tokens_fails_its_rollout_as_the_serve
     assert root.leaf.cause == f"model: the prompt has {opening} tokens, over max_prompt_tokens {opening - 1}"
     later = rollout(opening + 100)
     assert later.leaf.kind == "truncated" and later.leaf.cause == "context limit" and len(later.turns) == 1
+
+
+def test_a_policy_that_knows_no_vocabulary_is_checked_against_the_codec_s():
+    """``OpenAICompatPolicy(url)`` without ``vocab_size``, as the README builds it: an
+    id of another tokenizer failed ``ByteCodec.decode`` outside the rollout's guard (the
+    job failed, its finished segments lost, cause 'error: ValueError') and went silently
+    into the next prompt and the batch with ``HFChatCodec`` (tests/test_hf_codec.py).
+    Now it is a bad response, as where the policy knows its vocabulary."""
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class Foreign(ScriptedPolicy):  # the second answer holds an id of a larger vocabulary
+        async def sample(self, prompt_ids, params):
+            c = await super().sample(prompt_ids, params)
+            if len(self.prompts) > 1:
+                c = Completion((70000, *c.token_ids), (-1.0, *c.logprobs), c.finish_reason)
+            return c
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+    codec = toy_format().codec
+    policy = Foreign(["5", "4", "3"], codec)
+    policy.vocab_size = None  # it does not know the vocabulary
+    agent = Agent(policy, ReachTarget(), toy_format(), branch_points=EveryDecision())
+    ro = run(agent.rollout(run(agent.start(task)), seed=0))
+    assert [p.kind for p in ro.pieces] == ["checkpoint", "failed"] and len(ro.turns) == 1
+    assert ro.leaf.cause == (
+        "bad response: sampled token id 70000 at position 0 is outside the vocabulary [0, 263) "
+        "(does the model match the codec?)"
+    )
