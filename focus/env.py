@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import inspect
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -153,8 +154,8 @@ def check_step_result(result: object, where: str) -> StepResult:
     return result
 
 
-def _check_text(observation: str, where: str) -> None:
-    """Refuse an observation no codec can encode: a lone surrogate (bytes decoded with
+def _check_text(observation: str, where: str, what: str = "an observation") -> None:
+    """Refuse an observation (or ``what``) no codec can encode: a lone surrogate (bytes decoded with
     ``errors="surrogateescape"``, as ``os.fsdecode`` does with a file name that is not
     UTF-8, or a subprocess's output read so) is no Unicode text. Found later, when the
     codec encoded it, it failed the rollout's job: its finished segments were lost and
@@ -165,7 +166,7 @@ def _check_text(observation: str, where: str) -> None:
         observation.encode("utf-8")
     except UnicodeEncodeError as e:
         raise EnvError(
-            f"{where} returned an observation that is not valid text: {observation[e.start]!r} at character "
+            f"{where} returned {what} that is not valid text: {observation[e.start]!r} at character "
             f"{e.start} is a lone surrogate (bytes decoded with errors='surrogateescape'?); decode such bytes with "
             "errors='replace'"
         ) from None
@@ -190,8 +191,21 @@ def _check_info(info: object, where: str) -> None:
 
 
 def check_reset(result: object, where: str) -> Reset:
+    """Validate what an env's reset returned, each opening message's text and ids too: a
+    ``Message("user", task.data.get("question"))`` whose key is missing (``None``), or a
+    number, stopped the collection with a bare ``AttributeError`` naming neither the
+    env, the task nor the message."""
     if not isinstance(result, Reset):
         raise EnvError(f"{where} returned {type(result).__name__}, expected Reset")
     if not result.messages or not all(isinstance(m, Message) for m in result.messages):
         raise EnvError(f"{where} returned no opening messages (a tuple of Message)")
+    for i, m in enumerate(result.messages):
+        if not isinstance(m.content, str):
+            raise EnvError(
+                f"{where} returned opening message {i} ({m.role!r}) with content {short_value(m.content)}, expected str"
+            )
+        _check_text(m.content, where, f"opening message {i}")
+        ids = m.token_ids
+        if ids is not None and not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids):
+            raise EnvError(f"{where} returned opening message {i} with token_ids {short_value(ids)}, expected ints")
     return result

@@ -38,3 +38,24 @@ def test_an_observation_holding_a_lone_surrogate_is_refused_naming_the_env():
         check_step_result(StepResult(None, f"{name}", 0.0, False), "Env.step")
     for fine in ("plain", "Grüße, 世界 🙂", ""):
         assert check_step_result(StepResult(None, fine, 0.0, False), "Env.step").observation == fine
+
+
+def test_opening_messages_whose_text_or_ids_are_not_text_or_ids_are_refused_naming_the_message():
+    """``Message("user", task.data.get("question"))`` with the key missing gives None:
+    the collection stopped with a bare AttributeError ('NoneType' object has no
+    attribute 'encode', from the codec) naming neither env, task nor message."""
+    from focus.env import Message, Reset, check_reset
+
+    def reset(*messages):
+        return check_reset(Reset(None, messages), "Env.reset")
+
+    assert reset(Message("system", "s"), Message("user", "Grüße")).messages[1].content == "Grüße"
+    assert reset(Message("assistant", "x", token_ids=(1, np.int64(2)))).messages[0].token_ids == (1, 2)
+    for content, said in ((None, "None"), (42, "42"), (b"bytes", "b'bytes'")):
+        with pytest.raises(EnvError, match=rf"^Env.reset returned opening message 1 \('user'\) with content {said}, "):
+            reset(Message("system", "s"), Message("user", content))
+    with pytest.raises(EnvError, match=r"^Env.reset returned opening message 0 that is not valid text: '\\udcff'"):
+        reset(Message("user", b"\xff".decode(errors="surrogateescape")))
+    for ids in (("a",), (1.5,), (True,)):
+        with pytest.raises(EnvError, match=r"^Env.reset returned opening message 0 with token_ids .*expected ints"):
+            reset(Message("assistant", "x", token_ids=ids))
