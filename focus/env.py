@@ -37,6 +37,12 @@ class Task:
     id: str
     data: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # a dataset's integer id (Task(row["id"])) ran the whole collection and failed
+        # when the batch was built, its task_id column refusing the int
+        if not isinstance(self.id, str):
+            raise TypeError(f"Task.id must be a str, got {type(self.id).__name__} {self.id!r}: write Task(str(...))")
+
 
 @dataclass(frozen=True)
 class Message:

@@ -59,3 +59,14 @@ def test_opening_messages_whose_text_or_ids_are_not_text_or_ids_are_refused_nami
     for ids in (("a",), (1.5,), (True,)):
         with pytest.raises(EnvError, match=r"^Env.reset returned opening message 0 with token_ids .*expected ints"):
             reset(Message("assistant", "x", token_ids=ids))
+
+
+def test_a_task_id_that_is_no_str_is_refused_when_the_task_is_made():
+    """A dataset's integer id (``Task(row["id"])``) ran the whole collection, then the
+    batch refused it: "column 'task_id': Expected bytes, got a 'int' object"."""
+    from focus.env import Task
+
+    for bad in (7, None, ("a",)):
+        with pytest.raises(TypeError, match=rf"^Task.id must be a str, got {type(bad).__name__} .*write Task\(str"):
+            Task(bad)  # type: ignore[arg-type]
+    assert Task("7", {"q": 1}).id == "7"
