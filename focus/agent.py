@@ -577,5 +577,7 @@ def _turn(
         reward,
         transition,
         obs,
-        c.policy_version,
+        # a custom policy's number, as the policy's own version is read (str()): an int
+        # here ran the whole collection and failed at the batch's policy_version column
+        None if c.policy_version is None else str(c.policy_version),
     )

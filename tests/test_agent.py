@@ -474,3 +474,20 @@ def test_a_policy_that_knows_no_vocabulary_is_checked_against_the_codec_s():
         "bad response: sampled token id 70000 at position 0 is outside the vocabulary [0, 263) "
         "(does the model match the codec?)"
     )
+
+
+def test_a_completion_s_policy_version_that_is_a_number_is_recorded_as_text():
+    """A custom policy's ``Completion(..., policy_version=7)`` ran the whole collection,
+    then the batch refused it ("column 'policy_version': Expected bytes, got a 'int'
+    object"); the policy's own version was read with str() already."""
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class Numbered(ScriptedPolicy):
+        async def sample(self, prompt_ids, params):
+            c = await super().sample(prompt_ids, params)
+            return Completion(c.token_ids, c.logprobs, c.finish_reason, policy_version=7)
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+    agent = Agent(Numbered(["5", "4", "3"], toy_format().codec), ReachTarget(), toy_format())
+    ro = run(agent.rollout(run(agent.start(task)), seed=0))
+    assert [t.policy_version for t in ro.turns] == ["7", "7", "7"]
