@@ -11,8 +11,10 @@ from __future__ import annotations
 import abc
 import asyncio
 import math
+import operator
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -82,11 +84,27 @@ class Completion:
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise BadResponse(f"completion has {len(self.token_ids)} tokens but {len(self.logprobs)} log-probs")
+        if not all(type(t) is int for t in self.token_ids):
+            _check_ids(self.token_ids)
         for lp in self.logprobs:
             if not math.isfinite(lp) or lp > 1e-6:
                 raise BadResponse(f"completion has an invalid log-prob {lp!r}")
         if self.finish_reason not in FINISH_REASONS:
             raise BadResponse(f"unknown finish reason {self.finish_reason!r}")
+
+
+def _check_ids(ids: Sequence[Any]) -> None:
+    """Token ids are integers (numpy's and torch's too, as ``operator.index`` reads them);
+    a float (a custom policy's ``tensor.float()``), a bool or a text failed each rollout's
+    job later, in the codec's decode (``TypeError: 'float' object cannot be interpreted
+    as an integer``), naming neither the policy nor the id."""
+    for i, t in enumerate(ids):
+        try:
+            if isinstance(t, bool | str | bytes):
+                raise TypeError
+            operator.index(t)
+        except TypeError:
+            raise BadResponse(f"completion has token id {t!r} at position {i}, not an integer") from None
 
 
 class PolicyError(RuntimeError):

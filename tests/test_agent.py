@@ -491,3 +491,32 @@ def test_a_completion_s_policy_version_that_is_a_number_is_recorded_as_text():
     agent = Agent(Numbered(["5", "4", "3"], toy_format().codec), ReachTarget(), toy_format())
     ro = run(agent.rollout(run(agent.start(task)), seed=0))
     assert [t.policy_version for t in ro.turns] == ["7", "7", "7"]
+
+
+def test_a_completion_s_token_ids_must_be_integers_and_a_custom_policy_s_floats_are_a_bad_response():
+    """A custom policy's ``tuple(tensor.float())`` ids failed every rollout's job in the
+    codec's decode ('float' object cannot be interpreted as an integer), a warning line
+    each, naming neither the policy nor the id; a bool went into the batch as 1."""
+    import numpy as np
+    import pytest
+    import torch
+
+    from focus.policy import BadResponse
+
+    for ids in ((53, 257), tuple(np.array([53, 257])), tuple(torch.tensor([53, 257]))):
+        assert Completion(ids, (-1.0, -1.0)).token_ids == ids  # numpy's and torch's integers read as ids
+    for ids, said in (((53.0, 257), "53.0"), (tuple(torch.tensor([53.0, 257.0])), "tensor"), ((True, 257), "True")):
+        with pytest.raises(BadResponse, match=rf"^completion has token id {said}.* at position 0, not an integer"):
+            Completion(ids, (-1.0, -1.0))
+
+    class Floats(ScriptedPolicy):
+        async def sample(self, prompt_ids, params):
+            c = await super().sample(prompt_ids, params)
+            return Completion(tuple(float(t) for t in c.token_ids), c.logprobs, c.finish_reason)
+
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    agent = Agent(Floats(["5"], toy_format().codec), ReachTarget(), toy_format())
+    ro = run(agent.rollout(run(agent.start(reach_target_tasks(1, seed=3)[0])), seed=0))
+    assert ro.leaf.kind == "failed"
+    assert ro.leaf.cause == "bad response: completion has token id 53.0 at position 0, not an integer"
