@@ -87,9 +87,12 @@ class Completion:
             raise BadResponse(f"completion has {len(self.token_ids)} tokens but {len(self.logprobs)} log-probs")
         if not set(map(type, self.token_ids)) <= _INT:  # plain ints: the HTTP backends' (one pass in C)
             _check_ids(self.token_ids)
-        for lp in self.logprobs:
-            if not math.isfinite(lp) or lp > 1e-6:
-                raise BadResponse(f"completion has an invalid log-prob {lp!r}")
+        try:
+            for lp in self.logprobs:
+                if not math.isfinite(lp) or lp > 1e-6:
+                    raise BadResponse(f"completion has an invalid log-prob {lp!r}")
+        except TypeError:  # None, a text: it said "must be real number, not NoneType" and named no log-prob
+            raise BadResponse(f"completion has an invalid log-prob {lp!r}, not a number") from None
         if self.finish_reason not in FINISH_REASONS:
             raise BadResponse(f"unknown finish reason {self.finish_reason!r}")
 

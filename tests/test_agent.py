@@ -508,6 +508,9 @@ def test_a_completion_s_token_ids_must_be_integers_and_a_custom_policy_s_floats_
     for ids, said in (((53.0, 257), "53.0"), (tuple(torch.tensor([53.0, 257.0])), "tensor"), ((True, 257), "True")):
         with pytest.raises(BadResponse, match=rf"^completion has token id {said}.* at position 0, not an integer"):
             Completion(ids, (-1.0, -1.0))
+    for lp in (None, "-1.0"):  # a TypeError that named no log-prob: "must be real number, not NoneType"
+        with pytest.raises(BadResponse, match=rf"^completion has an invalid log-prob {lp!r}, not a number"):
+            Completion((53,), (lp,))
 
     class Floats(ScriptedPolicy):
         async def sample(self, prompt_ids, params):
