@@ -232,6 +232,8 @@ class Agent:
                 reset = check_reset(await _awaitable(self.env.reset(task, workspace), where), where)
         except EnvError as e:
             raise EnvError(f"task {task.id!r}: {e}") from e
+        except asyncio.CancelledError as e:
+            raise EnvError(f"task {task.id!r}: {own_cancel(e, where)}") from e
         except Exception as e:
             if isinstance(e, TimeoutError) and timer.expired():  # not a TimeoutError the env raised itself
                 raise EnvError(f"{where} of task {task.id!r} timed out after {self.env_timeout_s:g} s") from None
@@ -407,32 +409,36 @@ class Agent:
         ``asyncio.timeout_at`` with the deadline taken before it started, the same
         deadline ``asyncio.timeout`` would have set (no timer can interrupt the
         synchronous part either way). Not ``wait_for``: that wraps every step in a task.
+        A ``CancelledError`` of the env's own is its failure (:func:`own_cancel`).
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.env_timeout_s
-        if self._env_takes_seed():
-            seeded: Any = self.env  # step(..., *, seed) is an optional extension
-            step: Any = seeded.step(
-                state.env_state, action, state.workspace, seed=derive_seed(seed, state.steps, "env")
-            )
-        else:
-            step = self.env.step(state.env_state, action, state.workspace)
-        if type(step) is types.CoroutineType:  # run by hand up to its first suspension
-            try:
-                pending = step.send(None)
-            except StopIteration as done:
-                return done.value
-            step = _resume(step, pending)
-        else:
-            step = _awaitable(step, f"{type(self.env).__name__}.step")
-        timer = asyncio.timeout_at(deadline)  # another awaitable: awaited whole under the timer
         try:
-            async with timer:
-                return await step
-        except TimeoutError:
-            if timer.expired():  # the env's own TimeoutError is its failure, named as raised
-                raise _StepTimeout from None
-            raise
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.env_timeout_s
+            if self._env_takes_seed():
+                seeded: Any = self.env  # step(..., *, seed) is an optional extension
+                step: Any = seeded.step(
+                    state.env_state, action, state.workspace, seed=derive_seed(seed, state.steps, "env")
+                )
+            else:
+                step = self.env.step(state.env_state, action, state.workspace)
+            if type(step) is types.CoroutineType:  # run by hand up to its first suspension
+                try:
+                    pending = step.send(None)
+                except StopIteration as done:
+                    return done.value
+                step = _resume(step, pending)
+            else:
+                step = _awaitable(step, f"{type(self.env).__name__}.step")
+            timer = asyncio.timeout_at(deadline)  # another awaitable: awaited whole under the timer
+            try:
+                async with timer:
+                    return await step
+            except TimeoutError:
+                if timer.expired():  # the env's own TimeoutError is its failure, named as raised
+                    raise _StepTimeout from None
+                raise
+        except asyncio.CancelledError as e:
+            raise own_cancel(e, f"{type(self.env).__name__}.step") from e
 
     def _env_takes_seed(self) -> bool:
         """Whether env steps get a seed (see :class:`focus.env.Env`, "Randomness");
@@ -494,6 +500,17 @@ def is_outage(error: BaseException) -> bool:
     return isinstance(error, ServiceUnavailable) or (
         isinstance(error, PolicyError) and _RETRIES_EXHAUSTED.search(str(error)) is not None
     )
+
+
+def own_cancel(error: asyncio.CancelledError, where: str) -> EnvError:
+    """The :class:`EnvError` of a ``CancelledError`` that env code raised itself (a
+    library's cancel scope, a future cancelled elsewhere) while its task was not being
+    cancelled; re-raises one that cancels the task (an interrupt, a failed wave). It
+    stopped the whole collection as a bare ``CancelledError``, read as an interrupt."""
+    task = asyncio.current_task()
+    if task is None or task.cancelling():
+        raise error
+    return EnvError(f"{where} raised CancelledError{f': {error}' if str(error) else ''}")
 
 
 def failure_prefix(error: BaseException) -> str:

@@ -523,3 +523,56 @@ def test_a_completion_s_token_ids_must_be_integers_and_a_custom_policy_s_floats_
     ro = run(agent.rollout(run(agent.start(reach_target_tasks(1, seed=3)[0])), seed=0))
     assert ro.leaf.kind == "failed"
     assert ro.leaf.cause == "bad response: completion has token id 53.0 at position 0, not an integer"
+
+
+def test_a_cancelled_error_of_the_env_s_own_fails_its_rollout_and_a_real_cancel_still_cancels():
+    """A CancelledError raised by env code while its rollout was not being cancelled (a
+    library's cancel scope, a future cancelled elsewhere) stopped the whole collection
+    as a bare CancelledError, read as an interrupt; it is the env's failure now, the
+    rollout's earlier segments kept. Cancelling the rollout still cancels it."""
+    import asyncio
+
+    import pytest
+
+    from focus.env import EnvError
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class Cancels(ReachTarget):
+        def __init__(self, where):
+            super().__init__()
+            self.where = where
+
+        async def reset(self, task, workspace):
+            if self.where == "reset":
+                raise asyncio.CancelledError("scope closed")
+            return await super().reset(task, workspace)
+
+        async def step(self, state, action, workspace):
+            if self.where == "hang" and state.turns == 1:
+                await asyncio.sleep(30)
+            if self.where == "step" and state.turns == 1:
+                await asyncio.sleep(0)
+                raise asyncio.CancelledError("scope closed")
+            return await super().step(state, action, workspace)
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+    codec = toy_format().codec
+
+    def agent(where):
+        return Agent(ScriptedPolicy(["5", "4", "3"], codec), Cancels(where), toy_format(), branch_points=EveryDecision())
+
+    step = agent("step")
+    ro = run(step.rollout(run(step.start(task)), seed=0))
+    assert [p.kind for p in ro.pieces] == ["checkpoint", "failed"]
+    assert ro.leaf.cause == "env: Cancels.step raised CancelledError: scope closed"
+    with pytest.raises(EnvError, match=r"^task '.*': Cancels.reset raised CancelledError: scope closed$"):
+        run(agent("reset").start(task))
+
+    async def cancelled():
+        hang = agent("hang")
+        job = asyncio.ensure_future(hang.rollout(await hang.start(task), seed=0))
+        await asyncio.sleep(0.05)
+        job.cancel()
+        return await asyncio.gather(job, return_exceptions=True)
+
+    assert isinstance(run(cancelled())[0], asyncio.CancelledError)
