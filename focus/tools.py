@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from focus.env import Action, Env, Message, Reset, StepResult, Task
+from focus.env import Action, Env, EnvError, Message, Reset, StepResult, Task
+from focus.reprs import short_value
 from focus.workspace import Workspace
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
@@ -167,7 +168,14 @@ class ToolEnv(Env):
                 reward = self.judge(state.task, action.text)
             if inspect.isawaitable(reward):
                 reward = await reward
-            return StepResult(state, "", float(reward), True)
+            try:  # what float() reads, as an env's reward (numpy's and torch's numbers too)
+                value = float(reward)
+            except (TypeError, ValueError):  # None (a forgotten return) failed naming no judge
+                raise EnvError(
+                    f"the judge of {type(self).__name__} returned {short_value(reward)} for task {state.task.id!r}, "
+                    "expected a number (the reward)"
+                ) from None
+            return StepResult(state, "", value, True)
         if action.kind != "tool":
             return StepResult(state, "Call a tool or give a final answer.", 0.0, False, {"invalid_action": 1})
         new_state = replace(state, calls=state.calls + 1)

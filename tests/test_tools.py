@@ -156,3 +156,23 @@ def test_a_tool_s_text_from_undecodable_bytes_reaches_the_model_with_those_bytes
     assert readable("a\ud800b") == "a\ufffd\ufffd\ufffdb"  # a surrogate that escapes no byte
     for text in ("plain", "Grüße, 世界 🙂"):
         assert readable(text) is text
+
+
+def test_a_judge_that_returns_no_number_fails_naming_the_judge_and_the_task():
+    """A judge without its ``return`` (None), or one returning a dict, failed the
+    rollout with "TypeError: float() argument must be a string or a real number, not
+    'NoneType'", naming neither the judge nor the task."""
+    import pytest
+
+    from focus.env import EnvError
+
+    def judge_returning(out):
+        return lambda task, answer: out
+
+    for out, said in ((None, "None"), ({"score": 1}, r"\{'score': 1\}"), ("yes", "'yes'")):
+        env = ToolEnv([], judge=judge_returning(out))
+        reset = run(env.reset(Task("t7", {"prompt": "p"}), None))
+        with pytest.raises(EnvError, match=rf"^the judge of ToolEnv returned {said} for task 't7', expected a number"):
+            run(env.step(reset.state, Action("answer", text="42"), None))
+    env = ToolEnv([], judge=lambda t, a: True)
+    assert run(env.step(run(env.reset(Task("t", {"prompt": "p"}), None)).state, Action("answer", text="4"), None)).reward == 1.0
