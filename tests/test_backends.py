@@ -199,7 +199,7 @@ def test_completion_parser_validates_alignment_and_values():
                 {"choices": [{"finish_reason": "stop", "logprobs": {"tokens": [tok], "token_logprobs": [-1.0]}}]},
                 rf"log-prob token '{tok}' is not of the form 'token_id:<id>'",
             )
-            for tok in ("token_id:", "token_id:abc", "token_id:1e3", "token_id: 7", "token_id:-3")
+            for tok in ("token_id:", "token_id:abc", "token_id:1e3", "token_id: 7", "token_id:--3")
         ),
         ({"choices": []}, "no 'choices'"),
     ]:
