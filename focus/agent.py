@@ -32,6 +32,7 @@ from focus.policy import (
     SamplingParams,
     ServiceUnavailable,
     UnreadableAnswers,
+    check_vocabulary,
 )
 from focus.reprs import short_repr
 from focus.siblings import SiblingCalls
@@ -231,6 +232,8 @@ class Agent:
                 reset = check_reset(await _awaitable(self.env.reset(task, workspace), where), where)
         except EnvError as e:
             raise EnvError(f"task {task.id!r}: {e}") from e
+        except asyncio.CancelledError as e:
+            raise EnvError(f"task {task.id!r}: {own_cancel(e, where)}") from e
         except Exception as e:
             if isinstance(e, TimeoutError) and timer.expired():  # not a TimeoutError the env raised itself
                 raise EnvError(f"{where} of task {task.id!r} timed out after {self.env_timeout_s:g} s") from None
@@ -274,25 +277,25 @@ class Agent:
                 if returned(self.context, "needs_compaction", self.context.needs_compaction(state.context), None):
                     fresh = False
                     c = await self._compact(state.context, params)
-                    self.policy.check_completion(c.completion, params)
+                    self._check(c.completion, params)
                     turns.append(_turn(c.prompt_ids, c.completion, c.loss_mask, "compaction", 0.0, False, ""))
                     state = state.evolve(context=c.context, steps=state.steps + 1)
                     continue
                 prompt = state.context.prompt_ids
                 if self.max_prompt_tokens is not None and len(prompt) > self.max_prompt_tokens:
-                    pieces.append(Piece(tuple(turns), "truncated", state.steps, prompt, cause=CONTEXT_LIMIT))
-                    break
+                    raise ContextLimit(
+                        f"the prompt has {len(prompt)} tokens, over max_prompt_tokens {self.max_prompt_tokens}"
+                    )
                 calling = True  # a NotImplementedError from here on is the policy's, not a custom part's
                 completion = await self._call(state.route, prompt, params, fresh)
                 fresh = calling = False
-                self.policy.check_completion(completion, params)
+                self._check(completion, params)
                 if completion.meta:
                     _count_retries(counters, completion.meta)
             except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints):
                 raise  # a setting or code to fix, not this rollout's failure: stops the collection
             except ContextLimit as e:
-                # the episode outgrew the model, as at max_prompt_tokens; a task whose own
-                # prompt does not fit fails, as any refused request does
+                # the episode outgrew the context; a task's own prompt over it fails, as refused
                 kind, cause = ("truncated", CONTEXT_LIMIT) if state.steps else ("failed", f"{failure_prefix(e)}: {e}")
                 pieces.append(Piece(tuple(turns), kind, state.steps, state.context.prompt_ids, cause=cause))
                 break
@@ -326,6 +329,18 @@ class Agent:
             state = state.evolve(context=self._extend(state.context, completion, text, obs))
         return Rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
 
+    def _check(self, completion: Completion, params: SamplingParams) -> None:
+        """The policy's check of an answer, and the ids against the codec's vocabulary
+        where the policy knows none (``OpenAICompatPolicy(url)`` without ``vocab_size``,
+        as a library user builds it): an id of another tokenizer was dropped silently by
+        ``HFChatCodec.decode`` and went on into the next prompt and the batch, and failed
+        ``ByteCodec.decode`` outside the rollout's guard (its job failed, every finished
+        segment lost). A :class:`~focus.policy.BadResponse` runs the rollout again, as
+        where the policy knows its vocabulary."""
+        self.policy.check_completion(completion, params)
+        if self.policy.vocab_size is None and isinstance(vocab := getattr(self.format.codec, "vocab_size", None), int):
+            check_vocabulary(completion, vocab)
+
     def _extend(self, ctx: Context, completion: Completion, text: str, obs: Sequence[Message]) -> Context:
         """The context manager's next context, checked (:func:`focus.context.returned`)."""
         return returned(
@@ -358,7 +373,9 @@ class Agent:
             return f"error: {e}"
         if isinstance(e, _StepTimeout):
             return f"env: step timed out after {self.env_timeout_s:g} s"
-        return f"env: {e}" if isinstance(e, EnvError) else f"env: {type(e).__name__}: {e}"
+        if isinstance(e, EnvError):
+            return f"env: {e}"
+        return "env" + error_cause(e).removeprefix("error")  # its type alone where its message is empty
 
     def _call(
         self, route: tuple[Hashable, ...], prompt: Sequence[int], params: SamplingParams, fresh: bool
@@ -392,32 +409,36 @@ class Agent:
         ``asyncio.timeout_at`` with the deadline taken before it started, the same
         deadline ``asyncio.timeout`` would have set (no timer can interrupt the
         synchronous part either way). Not ``wait_for``: that wraps every step in a task.
+        A ``CancelledError`` of the env's own is its failure (:func:`own_cancel`).
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.env_timeout_s
-        if self._env_takes_seed():
-            seeded: Any = self.env  # step(..., *, seed) is an optional extension
-            step: Any = seeded.step(
-                state.env_state, action, state.workspace, seed=derive_seed(seed, state.steps, "env")
-            )
-        else:
-            step = self.env.step(state.env_state, action, state.workspace)
-        if type(step) is types.CoroutineType:  # run by hand up to its first suspension
-            try:
-                pending = step.send(None)
-            except StopIteration as done:
-                return done.value
-            step = _resume(step, pending)
-        else:
-            step = _awaitable(step, f"{type(self.env).__name__}.step")
-        timer = asyncio.timeout_at(deadline)  # another awaitable: awaited whole under the timer
         try:
-            async with timer:
-                return await step
-        except TimeoutError:
-            if timer.expired():  # the env's own TimeoutError is its failure, named as raised
-                raise _StepTimeout from None
-            raise
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.env_timeout_s
+            if self._env_takes_seed():
+                seeded: Any = self.env  # step(..., *, seed) is an optional extension
+                step: Any = seeded.step(
+                    state.env_state, action, state.workspace, seed=derive_seed(seed, state.steps, "env")
+                )
+            else:
+                step = self.env.step(state.env_state, action, state.workspace)
+            if type(step) is types.CoroutineType:  # run by hand up to its first suspension
+                try:
+                    pending = step.send(None)
+                except StopIteration as done:
+                    return done.value
+                step = _resume(step, pending)
+            else:
+                step = _awaitable(step, f"{type(self.env).__name__}.step")
+            timer = asyncio.timeout_at(deadline)  # another awaitable: awaited whole under the timer
+            try:
+                async with timer:
+                    return await step
+            except TimeoutError:
+                if timer.expired():  # the env's own TimeoutError is its failure, named as raised
+                    raise _StepTimeout from None
+                raise
+        except asyncio.CancelledError as e:
+            raise own_cancel(e, f"{type(self.env).__name__}.step") from e
 
     def _env_takes_seed(self) -> bool:
         """Whether env steps get a seed (see :class:`focus.env.Env`, "Randomness");
@@ -479,6 +500,17 @@ def is_outage(error: BaseException) -> bool:
     return isinstance(error, ServiceUnavailable) or (
         isinstance(error, PolicyError) and _RETRIES_EXHAUSTED.search(str(error)) is not None
     )
+
+
+def own_cancel(error: asyncio.CancelledError, where: str) -> EnvError:
+    """The :class:`EnvError` of a ``CancelledError`` that env code raised itself (a
+    library's cancel scope, a future cancelled elsewhere) while its task was not being
+    cancelled; re-raises one that cancels the task (an interrupt, a failed wave). It
+    stopped the whole collection as a bare ``CancelledError``, read as an interrupt."""
+    task = asyncio.current_task()
+    if task is None or task.cancelling():
+        raise error
+    return EnvError(f"{where} raised CancelledError{f': {error}' if str(error) else ''}")
 
 
 def failure_prefix(error: BaseException) -> str:
@@ -562,5 +594,7 @@ def _turn(
         reward,
         transition,
         obs,
-        c.policy_version,
+        # a custom policy's number, as the policy's own version is read (str()): an int
+        # here ran the whole collection and failed at the batch's policy_version column
+        None if c.policy_version is None else str(c.policy_version),
     )

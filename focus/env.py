@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import abc
 import inspect
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from focus.reprs import short_repr
+from focus.reprs import short_repr, short_value
 from focus.workspace import Workspace
 
 #: The largest magnitude of a reward or a critic value FOCUS takes. The noise model
@@ -35,6 +36,12 @@ class Task:
 
     id: str
     data: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # a dataset's integer id (Task(row["id"])) ran the whole collection and failed
+        # when the batch was built, its task_id column refusing the int
+        if not isinstance(self.id, str):
+            raise TypeError(f"Task.id must be a str, got {type(self.id).__name__} {self.id!r}: write Task(str(...))")
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,8 @@ def check_step_result(result: object, where: str) -> StepResult:
         raise EnvError(f"{where} returned {type(result).__name__}, expected StepResult")
     if not isinstance(result.observation, str):
         raise EnvError(f"{where} returned an observation of type {type(result.observation).__name__}, expected str")
+    _check_text(result.observation, where)
+    _check_info(result.info, where)
     try:
         reward = float(result.reward)
     except (TypeError, ValueError):
@@ -151,9 +160,58 @@ def check_step_result(result: object, where: str) -> StepResult:
     return result
 
 
+def _check_text(observation: str, where: str, what: str = "an observation") -> None:
+    """Refuse an observation (or ``what``) no codec can encode: a lone surrogate (bytes decoded with
+    ``errors="surrogateescape"``, as ``os.fsdecode`` does with a file name that is not
+    UTF-8, or a subprocess's output read so) is no Unicode text. Found later, when the
+    codec encoded it, it failed the rollout's job: its finished segments were lost and
+    the cause named a ``UnicodeEncodeError`` but not the env."""
+    if observation.isascii():
+        return
+    try:
+        observation.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise EnvError(
+            f"{where} returned {what} that is not valid text: {observation[e.start]!r} at character "
+            f"{e.start} is a lone surrogate (bytes decoded with errors='surrogateescape'?); decode such bytes with "
+            "errors='replace'"
+        ) from None
+
+
+def _check_info(info: object, where: str) -> None:
+    """``info`` is a mapping whose ``tool_error``, where given, counts the step's tool
+    failures (:class:`focus.tools.ToolEnv`; the agent sums it into the rollout's
+    counters). ``info=None`` or a text there failed the rollout's job with a bare
+    ``AttributeError`` or ``ValueError`` that named neither the env nor ``info``."""
+    if not isinstance(info, Mapping):
+        raise EnvError(f"{where} returned info={short_value(info)}, expected a mapping (a dict; {{}} for none)")
+    count = info.get("tool_error", 0)
+    try:
+        if isinstance(count, str | bytes):  # int("1") would read it; a count is a number
+            raise TypeError(count)
+        int(count)
+    except (TypeError, ValueError, OverflowError):
+        raise EnvError(
+            f"{where} returned info['tool_error']={short_value(count)}, expected a number of tool failures"
+        ) from None
+
+
 def check_reset(result: object, where: str) -> Reset:
+    """Validate what an env's reset returned, each opening message's text and ids too: a
+    ``Message("user", task.data.get("question"))`` whose key is missing (``None``), or a
+    number, stopped the collection with a bare ``AttributeError`` naming neither the
+    env, the task nor the message."""
     if not isinstance(result, Reset):
         raise EnvError(f"{where} returned {type(result).__name__}, expected Reset")
     if not result.messages or not all(isinstance(m, Message) for m in result.messages):
         raise EnvError(f"{where} returned no opening messages (a tuple of Message)")
+    for i, m in enumerate(result.messages):
+        if not isinstance(m.content, str):
+            raise EnvError(
+                f"{where} returned opening message {i} ({m.role!r}) with content {short_value(m.content)}, expected str"
+            )
+        _check_text(m.content, where, f"opening message {i}")
+        ids = m.token_ids
+        if ids is not None and not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids):
+            raise EnvError(f"{where} returned opening message {i} with token_ids {short_value(ids)}, expected ints")
     return result

@@ -94,8 +94,9 @@ class ByteCodec(ChatCodec):
     def decode(self, ids: Sequence[int]) -> str:
         """Text of the byte ids; role markers are skipped. An id outside the vocabulary
         raises :class:`ValueError` naming it, never dropped: it means the model behind
-        the policy is not this codec's (``Policy.check_completion`` catches it first
-        when the policy knows its ``vocab_size``)."""
+        the policy is not this codec's (an agent's check of each answer catches it
+        first: ``Policy.check_completion``, against this ``vocab_size`` where the policy
+        knows none)."""
         if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
             bad = next(i for i in ids if not 0 <= i < self.vocab_size)
             raise ValueError(f"ByteCodec cannot decode token id {bad}: outside its vocabulary [0, {self.vocab_size})")

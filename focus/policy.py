@@ -11,8 +11,10 @@ from __future__ import annotations
 import abc
 import asyncio
 import math
+import operator
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,6 +64,7 @@ def _nth(seed: int | None, i: int) -> int | None:
 
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
+_INT = {int}
 
 
 @dataclass(frozen=True)
@@ -82,11 +85,30 @@ class Completion:
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise BadResponse(f"completion has {len(self.token_ids)} tokens but {len(self.logprobs)} log-probs")
-        for lp in self.logprobs:
-            if not math.isfinite(lp) or lp > 1e-6:
-                raise BadResponse(f"completion has an invalid log-prob {lp!r}")
+        if not set(map(type, self.token_ids)) <= _INT:  # plain ints: the HTTP backends' (one pass in C)
+            _check_ids(self.token_ids)
+        try:
+            for lp in self.logprobs:
+                if not math.isfinite(lp) or lp > 1e-6:
+                    raise BadResponse(f"completion has an invalid log-prob {lp!r}")
+        except TypeError:  # None, a text: it said "must be real number, not NoneType" and named no log-prob
+            raise BadResponse(f"completion has an invalid log-prob {lp!r}, not a number") from None
         if self.finish_reason not in FINISH_REASONS:
             raise BadResponse(f"unknown finish reason {self.finish_reason!r}")
+
+
+def _check_ids(ids: Sequence[Any]) -> None:
+    """Token ids are integers (numpy's and torch's too, as ``operator.index`` reads them);
+    a float (a custom policy's ``tensor.float()``), a bool or a text failed each rollout's
+    job later, in the codec's decode (``TypeError: 'float' object cannot be interpreted
+    as an integer``), naming neither the policy nor the id."""
+    for i, t in enumerate(ids):
+        try:
+            if isinstance(t, bool | str | bytes):
+                raise TypeError
+            operator.index(t)
+        except TypeError:
+            raise BadResponse(f"completion has token id {t!r} at position {i}, not an integer") from None
 
 
 class PolicyError(RuntimeError):
@@ -230,15 +252,18 @@ class Policy(abc.ABC):
                 f"{len(completion.token_ids)} tokens sampled where max_tokens = {params.max_tokens} were asked "
                 "(does the server honour max_tokens?)"
             )
-        if self.vocab_size is None:
-            return
-        vocab = self.vocab_size
-        ids = completion.token_ids
-        if not ids or (0 <= min(ids) and max(ids) < vocab):
-            return
-        for i, t in enumerate(ids):
-            if not 0 <= t < vocab:
-                raise BadResponse(
-                    f"sampled token id {t} at position {i} is outside the vocabulary [0, {vocab}) "
-                    "(does the model match the codec?)"
-                )
+        if self.vocab_size is not None:
+            check_vocabulary(completion, self.vocab_size)
+
+
+def check_vocabulary(completion: Completion, vocab: int) -> None:
+    """:class:`BadResponse` naming the first sampled id outside ``[0, vocab)``."""
+    ids = completion.token_ids
+    if not ids or (0 <= min(ids) and max(ids) < vocab):
+        return
+    for i, t in enumerate(ids):
+        if not 0 <= t < vocab:
+            raise BadResponse(
+                f"sampled token id {t} at position {i} is outside the vocabulary [0, {vocab}) "
+                "(does the model match the codec?)"
+            )

@@ -4,7 +4,9 @@ A parsed action is either a tool call (the observation is the tool's result) or 
 answer (judged into a reward, and the episode ends). Tool failures - an exception, a
 timeout, a wrong return type, arguments that do not match the schema - become
 observations that tell the model what went wrong: the rollout goes on, and the
-failure is counted in ``StepResult.info``.
+failure is counted in ``StepResult.info``. A tool's text from bytes that are not UTF-8
+(lone surrogates: a file name ``os.listdir`` gives) reaches the model with those bytes
+as U+FFFD (:func:`readable`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from focus.env import Action, Env, Message, Reset, StepResult, Task
+from focus.env import Action, Env, EnvError, Message, Reset, StepResult, Task
+from focus.reprs import short_value
 from focus.workspace import Workspace
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
@@ -165,7 +168,14 @@ class ToolEnv(Env):
                 reward = self.judge(state.task, action.text)
             if inspect.isawaitable(reward):
                 reward = await reward
-            return StepResult(state, "", float(reward), True)
+            try:  # what float() reads, as an env's reward (numpy's and torch's numbers too)
+                value = float(reward)
+            except (TypeError, ValueError):  # None (a forgotten return) failed naming no judge
+                raise EnvError(
+                    f"the judge of {type(self).__name__} returned {short_value(reward)} for task {state.task.id!r}, "
+                    "expected a number (the reward)"
+                ) from None
+            return StepResult(state, "", value, True)
         if action.kind != "tool":
             return StepResult(state, "Call a tool or give a final answer.", 0.0, False, {"invalid_action": 1})
         new_state = replace(state, calls=state.calls + 1)
@@ -193,4 +203,24 @@ class ToolEnv(Env):
             return f"Tool {t.name} failed: {type(e).__name__}: {e}", {"tool_error": 1}
         if not isinstance(out, str):
             return f"Tool {t.name} returned {type(out).__name__}, not text.", {"tool_error": 1}
-        return out, {}
+        return readable(out), {}
+
+
+def readable(text: str) -> str:
+    """``text`` with the lone surrogates replaced by U+FFFD, as a terminal shows bytes it
+    cannot decode. A tool that lists files or reads a process's output has text from
+    bytes that are not UTF-8 (``os.listdir``, ``os.fsdecode``, ``errors="surrogateescape"``);
+    no codec encodes it, and the observation was refused, failing the rollout
+    (:func:`focus.env.check_step_result`), where all of the output but those bytes reads."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = text.encode("utf-8", "surrogateescape")  # an escaped byte (U+DC80-U+DCFF) back to that byte
+    except UnicodeEncodeError:  # another surrogate: its three bytes, none of them UTF-8
+        raw = text.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace")

@@ -15,6 +15,7 @@ import tarfile
 import tempfile
 import weakref
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 
 class WorkspaceError(RuntimeError):
@@ -106,11 +107,21 @@ class MemoryWorkspace(Workspace):
 
 
 def _check_member(member: tarfile.TarInfo, root: str) -> None:
-    """Refuse a member :class:`DirectoryWorkspace` never packs: anything but a regular file or a
-    directory, an absolute path, a ``..`` component, a path that resolves outside ``root``."""
+    """Refuse a member :class:`DirectoryWorkspace` never packs: anything but a regular file, a
+    directory or a symbolic link to a relative path inside ``root`` (as tarfile's data filter
+    takes them), an absolute path, a ``..`` component, a path that resolves outside ``root``."""
     name = member.name
-    if not (member.isreg() or member.isdir()):
-        raise WorkspaceError(f"workspace archive member {name!r} is not a regular file or a directory")
+    if member.issym():
+        link = member.linkname
+        if os.path.isabs(link):
+            raise WorkspaceError(f"workspace archive member {name!r} is a symbolic link to the absolute path {link!r}")
+        pointed = os.path.realpath(os.path.join(root, os.path.dirname(name), link))
+        if os.path.commonpath([pointed, root]) != root:
+            raise WorkspaceError(
+                f"workspace archive member {name!r} is a symbolic link to {link!r}, outside the workspace"
+            )
+    elif not (member.isreg() or member.isdir()):
+        raise WorkspaceError(f"workspace archive member {name!r} is not a regular file, a directory or a symbolic link")
     if os.path.isabs(name):
         raise WorkspaceError(f"workspace archive member {name!r} has an absolute path")
     if ".." in PurePosixPath(name).parts:
@@ -121,7 +132,8 @@ def _check_member(member: tarfile.TarInfo, root: str) -> None:
 
 
 def _unpack(tar: tarfile.TarFile, root: Path) -> None:
-    """Extract a :class:`DirectoryWorkspace` archive into ``root``, every member checked first.
+    """Extract a :class:`DirectoryWorkspace` archive into ``root``, every member checked first
+    (the fallback checks each again as it extracts it: a link may pass through one before it).
 
     Python 3.11.4+ also extracts with ``filter="data"`` (PEP 706). Before 3.11.4 (Debian 12's
     python3 is 3.11.2) there is no filter: the checks above stand in for it, and each member's
@@ -133,20 +145,36 @@ def _unpack(tar: tarfile.TarFile, root: Path) -> None:
     for member in members:
         _check_member(member, real)
     if hasattr(tarfile, "data_filter"):
-        tar.extractall(root, filter="data")
+        try:
+            tar.extractall(root, filter="data")
+        except tarfile.FilterError as e:  # a link through a link unpacked before it
+            raise WorkspaceError(
+                f"workspace archive member {e.tarinfo.name!r} resolves outside the workspace ({e})"
+            ) from None
         return
     for member in members:
+        _check_member(member, real)  # again, through the links unpacked before it (as the data filter does)
         mode = member.mode & 0o755
         member.mode = mode | (0o700 if member.isdir() else 0o600)
         member.uid, member.gid, member.uname, member.gname = os.getuid(), os.getgid(), "", ""
-    tar.extractall(root)
+        tar.extract(member, root)
+
+
+class _NoHardLinks(dict):  # type: ignore[type-arg]
+    """``TarFile.inodes`` that remembers no file: tarfile packs a file whose inode it has
+    packed before as a hard link to it, a member no unpacking takes; each is packed whole."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
 
 
 class DirectoryWorkspace(Workspace):
     """Files in a real directory, for tools that need paths. Fork copies the tree.
 
     Pickling packs the directory into a tar archive; unpickling unpacks it into a new
-    temporary directory, so a restored workspace on another worker is a true copy.
+    temporary directory, so a restored workspace on another worker is a true copy. It
+    holds regular files, directories and symbolic links to relative paths inside it; a
+    link elsewhere is refused when the workspace is pickled.
     A temporary directory the workspace made itself (no ``root`` given, a fork, an
     unpickled copy) is removed when the workspace is garbage or the process exits, as
     :class:`tempfile.TemporaryDirectory` does; a ``root`` given is left alone.
@@ -187,14 +215,31 @@ class DirectoryWorkspace(Workspace):
         return sorted(p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file())
 
     def fork(self) -> DirectoryWorkspace:
+        """A copy of the tree; a symbolic link is copied as the link (followed, it copied
+        the file or folder it names, from outside the workspace too, and a dangling one
+        failed the fork and so its rollout)."""
         new = DirectoryWorkspace()
-        shutil.copytree(self.root, new.root, dirs_exist_ok=True)
+        shutil.copytree(self.root, new.root, symlinks=True, dirs_exist_ok=True)
         return new
 
     def __getstate__(self) -> dict[str, bytes]:
+        """The tree as a tar archive, every entry checked as unpacking checks it, so a
+        workspace that cannot be restored fails here, naming the entry, and not at a
+        resume or on a Dask worker (a symbolic link to an absolute path, such as a
+        virtualenv's ``bin/python``, packed and was refused on unpacking)."""
         buf = io.BytesIO()
+        real = os.path.realpath(self.root)
+
+        def checked(member: tarfile.TarInfo) -> tarfile.TarInfo:
+            try:
+                _check_member(member, real)
+            except WorkspaceError as e:
+                raise WorkspaceError(f"the DirectoryWorkspace at {self.root} cannot be saved: {e}") from None
+            return member
+
         with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(self.root, arcname=".")
+            tar.inodes = _NoHardLinks()  # type: ignore[attr-defined]
+            tar.add(self.root, arcname=".", filter=checked)
         return {"tar": buf.getvalue()}
 
     def __setstate__(self, state: dict[str, bytes]) -> None:

@@ -374,3 +374,205 @@ def test_a_rollout_s_nodes_count_the_transitions_from_the_root():
             made.children = list(n.children)
             assert n == made
             assert pickle.dumps(e) == pickle.dumps(Edge(e.id, e.parent, e.child, e.turns, e.rollout))
+
+
+def test_an_env_s_bad_info_or_undecodable_observation_fails_its_rollout_keeping_earlier_segments():
+    """Found after the step (the tool-error count, the codec encoding the observation),
+    they failed the rollout's job: every finished segment lost, a bare
+    AttributeError/UnicodeEncodeError as the cause. A step raising an exception without
+    a message is named by its type alone (it read 'env: RuntimeError: ')."""
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class BadAt2(ReachTarget):
+        def __init__(self, bad):
+            super().__init__()
+            self.bad = bad
+
+        async def step(self, state, action, workspace):
+            result = await super().step(state, action, workspace)
+            if state.turns == 1:
+                if self.bad == "raise":
+                    raise RuntimeError()
+                return result.__class__(**{**result.__dict__, **self.bad})
+            return result
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+    codec = toy_format().codec
+    causes = {}
+    for name, bad in (
+        ("info", {"info": None}),
+        ("count", {"info": {"tool_error": "yes"}}),
+        ("text", {"observation": b"\xff".decode(errors="surrogateescape")}),
+        ("raise", "raise"),
+    ):
+        agent = Agent(ScriptedPolicy(["5", "4", "3"], codec), BadAt2(bad), toy_format(), branch_points=EveryDecision())
+        ro = run(agent.rollout(run(agent.start(task)), seed=0))
+        assert [p.kind for p in ro.pieces] == ["checkpoint", "failed"], name
+        assert len(ro.pieces[0].turns) == 1, name  # the first step's segment is kept
+        causes[name] = ro.leaf.cause
+    assert causes == {
+        "info": "env: BadAt2.step returned info=None, expected a mapping (a dict; {} for none)",
+        "count": "env: BadAt2.step returned info['tool_error']='yes', expected a number of tool failures",
+        "text": (
+            "env: BadAt2.step returned an observation that is not valid text: '\\udcff' at character 0 is a lone "
+            "surrogate (bytes decoded with errors='surrogateescape'?); decode such bytes with errors='replace'"
+        ),
+        "raise": "env: RuntimeError",
+    }
+
+
+def test_an_opening_prompt_over_max_prompt_tokens_fails_its_rollout_as_the_server_s_refusal_does():
+    """Over the agent's ``max_prompt_tokens`` at the root, a rollout was a truncated leaf
+    without a turn: no failure and no cause, an empty batch with ``truncated_rollouts``
+    alone, where the same prompt refused by the server's context fails naming it
+    (docs/operations.md). A later prompt over the limit still ends truncated."""
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class Verbose(ReachTarget):
+        async def step(self, state, action, workspace):
+            result = await super().step(state, action, workspace)
+            return type(result)(result.state, result.observation + "." * 200, result.reward, result.done)
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+    codec = toy_format().codec
+    opening = len(run(Agent(ScriptedPolicy(["5"], codec), Verbose(), toy_format()).start(task)).context.prompt_ids)
+
+    def rollout(limit):
+        agent = Agent(ScriptedPolicy(["5", "4", "3"], codec), Verbose(), toy_format(), max_prompt_tokens=limit)
+        return run(agent.rollout(run(agent.start(task)), seed=0))
+
+    root = rollout(opening - 1)
+    assert root.leaf.kind == "failed" and not root.turns
+    assert root.leaf.cause == f"model: the prompt has {opening} tokens, over max_prompt_tokens {opening - 1}"
+    later = rollout(opening + 100)
+    assert later.leaf.kind == "truncated" and later.leaf.cause == "context limit" and len(later.turns) == 1
+
+
+def test_a_policy_that_knows_no_vocabulary_is_checked_against_the_codec_s():
+    """``OpenAICompatPolicy(url)`` without ``vocab_size``, as the README builds it: an
+    id of another tokenizer failed ``ByteCodec.decode`` outside the rollout's guard (the
+    job failed, its finished segments lost, cause 'error: ValueError') and went silently
+    into the next prompt and the batch with ``HFChatCodec`` (tests/test_hf_codec.py).
+    Now it is a bad response, as where the policy knows its vocabulary."""
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class Foreign(ScriptedPolicy):  # the second answer holds an id of a larger vocabulary
+        async def sample(self, prompt_ids, params):
+            c = await super().sample(prompt_ids, params)
+            if len(self.prompts) > 1:
+                c = Completion((70000, *c.token_ids), (-1.0, *c.logprobs), c.finish_reason)
+            return c
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+    codec = toy_format().codec
+    policy = Foreign(["5", "4", "3"], codec)
+    policy.vocab_size = None  # it does not know the vocabulary
+    agent = Agent(policy, ReachTarget(), toy_format(), branch_points=EveryDecision())
+    ro = run(agent.rollout(run(agent.start(task)), seed=0))
+    assert [p.kind for p in ro.pieces] == ["checkpoint", "failed"] and len(ro.turns) == 1
+    assert ro.leaf.cause == (
+        "bad response: sampled token id 70000 at position 0 is outside the vocabulary [0, 263) "
+        "(does the model match the codec?)"
+    )
+
+
+def test_a_completion_s_policy_version_that_is_a_number_is_recorded_as_text():
+    """A custom policy's ``Completion(..., policy_version=7)`` ran the whole collection,
+    then the batch refused it ("column 'policy_version': Expected bytes, got a 'int'
+    object"); the policy's own version was read with str() already."""
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class Numbered(ScriptedPolicy):
+        async def sample(self, prompt_ids, params):
+            c = await super().sample(prompt_ids, params)
+            return Completion(c.token_ids, c.logprobs, c.finish_reason, policy_version=7)
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+    agent = Agent(Numbered(["5", "4", "3"], toy_format().codec), ReachTarget(), toy_format())
+    ro = run(agent.rollout(run(agent.start(task)), seed=0))
+    assert [t.policy_version for t in ro.turns] == ["7", "7", "7"]
+
+
+def test_a_completion_s_token_ids_must_be_integers_and_a_custom_policy_s_floats_are_a_bad_response():
+    """A custom policy's ``tuple(tensor.float())`` ids failed every rollout's job in the
+    codec's decode ('float' object cannot be interpreted as an integer), a warning line
+    each, naming neither the policy nor the id; a bool went into the batch as 1."""
+    import numpy as np
+    import pytest
+    import torch
+
+    from focus.policy import BadResponse
+
+    for ids in ((53, 257), tuple(np.array([53, 257])), tuple(torch.tensor([53, 257]))):
+        assert Completion(ids, (-1.0, -1.0)).token_ids == ids  # numpy's and torch's integers read as ids
+    for ids, said in (((53.0, 257), "53.0"), (tuple(torch.tensor([53.0, 257.0])), "tensor"), ((True, 257), "True")):
+        with pytest.raises(BadResponse, match=rf"^completion has token id {said}.* at position 0, not an integer"):
+            Completion(ids, (-1.0, -1.0))
+    for lp in (None, "-1.0"):  # a TypeError that named no log-prob: "must be real number, not NoneType"
+        with pytest.raises(BadResponse, match=rf"^completion has an invalid log-prob {lp!r}, not a number"):
+            Completion((53,), (lp,))
+
+    class Floats(ScriptedPolicy):
+        async def sample(self, prompt_ids, params):
+            c = await super().sample(prompt_ids, params)
+            return Completion(tuple(float(t) for t in c.token_ids), c.logprobs, c.finish_reason)
+
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    agent = Agent(Floats(["5"], toy_format().codec), ReachTarget(), toy_format())
+    ro = run(agent.rollout(run(agent.start(reach_target_tasks(1, seed=3)[0])), seed=0))
+    assert ro.leaf.kind == "failed"
+    assert ro.leaf.cause == "bad response: completion has token id 53.0 at position 0, not an integer"
+
+
+def test_a_cancelled_error_of_the_env_s_own_fails_its_rollout_and_a_real_cancel_still_cancels():
+    """A CancelledError raised by env code while its rollout was not being cancelled (a
+    library's cancel scope, a future cancelled elsewhere) stopped the whole collection
+    as a bare CancelledError, read as an interrupt; it is the env's failure now, the
+    rollout's earlier segments kept. Cancelling the rollout still cancels it."""
+    import asyncio
+
+    import pytest
+
+    from focus.env import EnvError
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class Cancels(ReachTarget):
+        def __init__(self, where):
+            super().__init__()
+            self.where = where
+
+        async def reset(self, task, workspace):
+            if self.where == "reset":
+                raise asyncio.CancelledError("scope closed")
+            return await super().reset(task, workspace)
+
+        async def step(self, state, action, workspace):
+            if self.where == "hang" and state.turns == 1:
+                await asyncio.sleep(30)
+            if self.where == "step" and state.turns == 1:
+                await asyncio.sleep(0)
+                raise asyncio.CancelledError("scope closed")
+            return await super().step(state, action, workspace)
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+    codec = toy_format().codec
+
+    def agent(where):
+        return Agent(ScriptedPolicy(["5", "4", "3"], codec), Cancels(where), toy_format(), branch_points=EveryDecision())
+
+    step = agent("step")
+    ro = run(step.rollout(run(step.start(task)), seed=0))
+    assert [p.kind for p in ro.pieces] == ["checkpoint", "failed"]
+    assert ro.leaf.cause == "env: Cancels.step raised CancelledError: scope closed"
+    with pytest.raises(EnvError, match=r"^task '.*': Cancels.reset raised CancelledError: scope closed$"):
+        run(agent("reset").start(task))
+
+    async def cancelled():
+        hang = agent("hang")
+        job = asyncio.ensure_future(hang.rollout(await hang.start(task), seed=0))
+        await asyncio.sleep(0.05)
+        job.cancel()
+        return await asyncio.gather(job, return_exceptions=True)
+
+    assert isinstance(run(cancelled())[0], asyncio.CancelledError)

@@ -193,6 +193,14 @@ def test_completion_parser_validates_alignment_and_values():
         ),
         ({"choices": [{"token_ids": [5], "finish_reason": "stop", "logprobs": None}]}, "no 'logprobs"),
         (_vllm([5], [-1.0], finish="weird"), "unknown finish_reason"),
+        # ids in 'token_id:<id>' strings alone (no token_ids) that spell no id: a bare ValueError before
+        *(
+            (
+                {"choices": [{"finish_reason": "stop", "logprobs": {"tokens": [tok], "token_logprobs": [-1.0]}}]},
+                rf"log-prob token '{tok}' is not of the form 'token_id:<id>'",
+            )
+            for tok in ("token_id:", "token_id:abc", "token_id:1e3", "token_id: 7", "token_id:--3")
+        ),
         ({"choices": []}, "no 'choices'"),
     ]:
         with pytest.raises(MalformedResponse, match=match):

@@ -179,3 +179,27 @@ def test_scripted_policy_encodes_its_texts_with_the_codec(tokenizer_dir):
     done = run(ScriptedPolicy([text], codec).sample(codec.render(MSGS), SamplingParams(max_tokens=64)))
     assert list(done.token_ids) == [*codec.encode_text(text), codec.stop_token_ids[0]]
     assert codec.decode(done.token_ids) == text
+
+
+def test_an_id_of_another_tokenizer_never_reaches_a_prompt_when_the_policy_knows_no_vocabulary(tokenizer_dir):
+    """The tokenizer's decode drops an id it does not have without a word: a policy
+    built without ``vocab_size`` (``OpenAICompatPolicy(url)``) in front of a model of
+    another tokenizer put the id into the next prompt and the batch. The agent checks
+    such a policy's answers against the codec's vocabulary (a bad response)."""
+    codec = HFChatCodec(tokenizer_dir)
+    assert codec.decode([70000]) == ""  # what made it silent
+    note = Tool("note", "save", {"type": "object", "properties": {"text": {"type": "string"}}}, lambda a, c: "saved")
+    env = ToolEnv([note], judge=lambda t, a: float(a == "42"))
+    call = '<tool_call>{"name": "note", "arguments": {"text": "x"}}</tool_call>'
+
+    class Foreign(_HFScripted):
+        async def sample(self, prompt_ids, params: SamplingParams) -> Completion:
+            c = await super().sample(prompt_ids, params)
+            return Completion((*c.token_ids[:-1], 70000, c.token_ids[-1]), (*c.logprobs, -0.5), "stop")
+
+    policy = Foreign(codec, [call, call, "<answer>42</answer>"])
+    policy.vocab_size = None
+    agent = Agent(policy, env, PolicyFormat(codec, XmlToolCallParser()), max_steps=5)
+    ro = run(agent.rollout(run(agent.start(Task("t", {"prompt": "What is 6*7?"}))), seed=0))
+    assert len(policy.prompts) == 1 and not ro.turns  # no prompt after the answer carried the id
+    assert ro.leaf.kind == "failed" and ro.leaf.cause.startswith("bad response: sampled token id 70000 at position")

@@ -242,3 +242,16 @@ def test_focus_train_prints_a_table_per_version(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # the default storage root, runs/, is in the working folder: not the checkout's
     js = CliRunner().invoke(app, ["train", "-c", str(LOOP_TOML), "--json"], env={})
     assert [json.loads(line)["iteration"] for line in js.output.splitlines()] == [0, 1]
+
+
+def test_loop_refuses_the_tinker_trainer_without_a_model_to_fine_tune_before_collecting(tmp_path):
+    """train.tinker.base_model and model.model unset: the trainer said so after the first
+    collection had run (every rollout of it, for nothing); the loop's check says it first."""
+    from flows.train_loop import _check
+    from tasks.config import ConfigError
+
+    cfg = loop_config(str(tmp_path), **{"train.trainer": "tinker"})
+    assert not cfg.model.model and not cfg.train.tinker.base_model
+    with pytest.raises(ConfigError, match=r"^the tinker trainer needs train.tinker.base_model \(or model.model\)"):
+        _check(cfg)
+    _check(loop_config(str(tmp_path), **{"train.trainer": "tinker", "train.tinker.base_model": "Qwen/Qwen3-4B"}))

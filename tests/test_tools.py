@@ -136,3 +136,43 @@ def test_a_tool_s_own_timeout_error_is_its_failure_not_the_tool_timeout():
         r = run(env.step(state, Action("tool", name=name), None))
         assert r.observation == f"Tool {name} failed: TimeoutError: {text}", r.observation
         assert r.info == {"tool_error": 1}
+
+
+def test_a_tool_s_text_from_undecodable_bytes_reaches_the_model_with_those_bytes_replaced():
+    """A file listing with a name that is not UTF-8 (``os.listdir`` gives it with lone
+    surrogates) could not be encoded by any codec: the observation was refused and the
+    rollout failed. The model now reads the listing, each such byte as U+FFFD."""
+    import os
+
+    from focus.env import check_step_result
+    from focus.tools import readable
+
+    name = os.fsdecode(b"report-\xff.txt")  # as os.listdir gives it
+    listing = Tool("ls", "list", {}, lambda args, ctx: f"notes.md\n{name}\n")
+    env = ToolEnv([listing], judge=lambda t, a: 0.0)
+    reset = run(env.reset(Task("t", {"prompt": "p"}), None))
+    result = check_step_result(run(env.step(reset.state, Action("tool", name="ls"), None)), "ToolEnv.step")
+    assert result.observation == "notes.md\nreport-\ufffd.txt\n" and result.info == {} and not result.done
+    assert readable("a\ud800b") == "a\ufffd\ufffd\ufffdb"  # a surrogate that escapes no byte
+    for text in ("plain", "Grüße, 世界 🙂"):
+        assert readable(text) is text
+
+
+def test_a_judge_that_returns_no_number_fails_naming_the_judge_and_the_task():
+    """A judge without its ``return`` (None), or one returning a dict, failed the
+    rollout with "TypeError: float() argument must be a string or a real number, not
+    'NoneType'", naming neither the judge nor the task."""
+    import pytest
+
+    from focus.env import EnvError
+
+    def judge_returning(out):
+        return lambda task, answer: out
+
+    for out, said in ((None, "None"), ({"score": 1}, r"\{'score': 1\}"), ("yes", "'yes'")):
+        env = ToolEnv([], judge=judge_returning(out))
+        reset = run(env.reset(Task("t7", {"prompt": "p"}), None))
+        with pytest.raises(EnvError, match=rf"^the judge of ToolEnv returned {said} for task 't7', expected a number"):
+            run(env.step(reset.state, Action("answer", text="42"), None))
+    env = ToolEnv([], judge=lambda t, a: True)
+    assert run(env.step(run(env.reset(Task("t", {"prompt": "p"}), None)).state, Action("answer", text="4"), None)).reward == 1.0

@@ -76,12 +76,17 @@ MALICIOUS = {
     "dotdot": lambda out: [_file("ok.txt"), _file(f"{_up(out)}/dotdot.txt")],
     "dotdot-inner": lambda out: [_file(f"./a/../{_up(out)}/inner.txt")],
     "symlink-out": lambda out: [_symlink("link", str(out)), _file("link/through.txt")],
+    "symlink-up": lambda out: [_symlink("link", _up(out)), _file("link/through.txt")],
+    # each link inside when read alone ('b/..' is the root), outside once 'b' is the root itself
+    "symlink-chain": lambda out: [_symlink("b", "."), _symlink("a", "b/.."), _file(f"a/{out.name}/chain.txt")],
 }
 SAYS = {
     "absolute": "absolute path",
     "dotdot": "'..' component",
     "dotdot-inner": "'..' component",
-    "symlink-out": "not a regular file or a directory",
+    "symlink-out": "symbolic link to the absolute path",
+    "symlink-up": "outside the workspace",
+    "symlink-chain": "outside the workspace",
 }
 
 
@@ -92,7 +97,7 @@ def test_a_malicious_archive_is_refused_on_both_paths(unpack_path, tmp_path, cas
     members = MALICIOUS[case](outside)
     with pytest.raises(WorkspaceError, match=SAYS[case]) as caught:
         _unpickle(_archive(*members))
-    bad = next(info.name for info, _ in members if info.name != "ok.txt")
+    bad = next(info.name for info, _ in members if info.name not in ("ok.txt", "b"))
     assert repr(bad) in str(caught.value)  # the error names the member
     assert list(outside.iterdir()) == []  # nothing was written outside the new root
 
@@ -100,7 +105,7 @@ def test_a_malicious_archive_is_refused_on_both_paths(unpack_path, tmp_path, cas
 def test_a_hard_link_and_a_device_are_refused_on_both_paths(unpack_path):
     link = tarfile.TarInfo("hard")
     link.type, link.linkname = tarfile.LNKTYPE, "ok.txt"
-    with pytest.raises(WorkspaceError, match="'hard' is not a regular file"):
+    with pytest.raises(WorkspaceError, match="'hard' is not a regular file, a directory or a symbolic link"):
         _unpickle(_archive(_file("ok.txt"), (link, None)))
     dev = tarfile.TarInfo("dev")
     dev.type = tarfile.CHRTYPE
@@ -113,3 +118,28 @@ def test_the_fallback_clears_the_mode_bits_the_data_filter_clears(monkeypatch):
     ws = _unpickle(_archive(_file("run.sh", b"#!/bin/sh\n", mode=0o6777), _file("ro.txt", mode=0o400)))
     assert stat.S_IMODE((ws.root / "run.sh").stat().st_mode) == 0o755
     assert stat.S_IMODE((ws.root / "ro.txt").stat().st_mode) == 0o600
+
+
+def test_a_workspace_with_symbolic_links_and_hard_links_forks_and_round_trips(unpack_path):
+    """A repository's or a package manager's links: a fork followed them (copying what
+    they name, from outside the workspace too) and failed on a dangling one, failing
+    its rollout; a pickle packed them and the unpickling refused the archive (a resume,
+    a Dask worker), and a hard link within the workspace alike. A link inside is kept as
+    a link; one to an absolute path is refused when the workspace is pickled, naming it."""
+    import os
+
+    ws = DirectoryWorkspace()
+    ws.write_text("src/a.txt", "a")
+    os.symlink("src/a.txt", ws.root / "link.txt")
+    (ws.root / "bin").mkdir()
+    os.symlink("../src", ws.root / "bin" / "src")
+    os.symlink("missing.txt", ws.root / "dangling")
+    os.link(ws.root / "src/a.txt", ws.root / "hard.txt")
+    for copy in (ws.fork(), pickle.loads(pickle.dumps(ws))):
+        assert copy.list() == ["hard.txt", "link.txt", "src/a.txt"] and copy == ws  # a linked folder is not listed
+        assert os.readlink(copy.root / "link.txt") == "src/a.txt" and os.readlink(copy.root / "dangling") == "missing.txt"
+        copy.write_text("src/a.txt", "changed")  # the copy's link reads the copy's file, not the original's
+        assert copy.read_text("link.txt") == "changed" and ws.read_text("link.txt") == "a"
+    os.symlink("/usr/bin/env", ws.root / "python")
+    with pytest.raises(WorkspaceError, match=r"cannot be saved: .*'./python' is a symbolic link to the absolute path '/usr/bin/env'"):
+        pickle.dumps(ws)

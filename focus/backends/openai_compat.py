@@ -253,7 +253,12 @@ def chat_logprobs(data: dict[str, Any]) -> str:
 
 def _token_id(tok: Any) -> int:
     if isinstance(tok, str) and tok.startswith("token_id:"):
-        return int(tok[len("token_id:") :])
+        digits = tok[len("token_id:") :]
+        # int() took ' 7', '+7', '1_0' too, and raised a bare ValueError; a negative id is
+        # read, and refused below as one
+        if digits.isascii() and digits.removeprefix("-").isdigit():
+            return int(digits)
+        raise MalformedResponse(f"log-prob token {tok!r} is not of the form 'token_id:<id>'")
     if isinstance(tok, str):  # a token's text: the server ignored both id fields of the request
         raise MalformedResponse(NO_IDS)
     raise MalformedResponse(f"log-prob token {tok!r} is not of the form 'token_id:<id>'")
