@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import logging
 import re
 import time
 import types
@@ -37,7 +38,10 @@ from focus.policy import (
 from focus.reprs import short_repr
 from focus.siblings import SiblingCalls
 from focus.tree import Turn
+from focus.usage import count_retries
 from focus.workspace import Workspace
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -291,7 +295,7 @@ class Agent:
                 fresh = calling = False
                 self._check(completion, params)
                 if completion.meta:
-                    _count_retries(counters, completion.meta)
+                    count_retries(counters, completion.meta)
             except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints):
                 raise  # a setting or code to fix, not this rollout's failure: stops the collection
             except ContextLimit as e:
@@ -375,6 +379,9 @@ class Agent:
             return f"env: step timed out after {self.env_timeout_s:g} s"
         if isinstance(e, EnvError):
             return f"env: {e}"
+        # the cause is one line; where the env's own code raised, its traceback is what
+        # a user debugging the env needs (``-vv``, or a DEBUG handler of their own)
+        log.debug("%s.step raised; the rollout ends with it", type(self.env).__name__, exc_info=e)
         return "env" + error_cause(e).removeprefix("error")  # its type alone where its message is empty
 
     def _call(
@@ -542,35 +549,6 @@ def error_cause(error: BaseException) -> str:
     gave ``error: NotImplementedError: ``, and a policy's ``model: `` named nothing)."""
     text = str(error)
     return f"error: {type(error).__name__}: {text}" if text else f"error: {type(error).__name__}"
-
-
-def _count_retries(counters: dict[str, int], meta: dict[str, Any]) -> None:
-    """Add a call's retries to the rollout's counters (``retries:<cause>`` per cause; see
-    :class:`focus.usage.Usage`). The HTTP clients report them in ``Completion.meta["http"]``
-    (a :class:`focus.backends.retry.CallRecord`: one ``(cause, seconds lost)`` per failed
-    attempt); another client may give ``retries`` (a count, or counts by cause) and
-    ``retry_s`` in ``meta`` itself."""
-    record = meta.get("http")
-    errors = getattr(record, "errors", None)
-    if errors is not None:
-        by_cause: dict[str, int] = {}
-        for cause, _lost in errors:
-            by_cause[str(cause)] = by_cause.get(str(cause), 0) + 1
-        lost_s = sum(float(lost) for _cause, lost in errors)
-    else:
-        retries = meta.get("retries")
-        by_cause = (
-            {str(k): int(v) for k, v in retries.items()} if isinstance(retries, dict) else {"": int(retries or 0)}
-        )
-        lost_s = float(meta.get("retry_s", 0.0))
-    total = sum(by_cause.values())
-    if total:
-        counters["retried_calls"] = counters.get("retried_calls", 0) + 1
-        counters["retries"] = counters.get("retries", 0) + total
-        counters["retry_ms"] = counters.get("retry_ms", 0) + round(1000 * lost_s)
-        for cause, n in by_cause.items():
-            if cause and n:
-                counters[f"retries:{cause}"] = counters.get(f"retries:{cause}", 0) + n
 
 
 def _count_unrecorded(counters: dict[str, int], completion: Completion) -> None:

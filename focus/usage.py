@@ -257,3 +257,32 @@ def wall_of(records: Iterable[RolloutRecord]) -> float:
     """Elapsed time of the waves the records belong to: each wave's ``wave_wall_s`` once."""
     waves = {(r.phase, r.wave): r.wave_wall_s for r in records}
     return sum(waves.values())
+
+
+def count_retries(counters: dict[str, int], meta: dict[str, Any]) -> None:
+    """Add a call's retries to the rollout's counters (``retries:<cause>`` per cause; see
+    :class:`focus.usage.Usage`). The HTTP clients report them in ``Completion.meta["http"]``
+    (a :class:`focus.backends.retry.CallRecord`: one ``(cause, seconds lost)`` per failed
+    attempt); another client may give ``retries`` (a count, or counts by cause) and
+    ``retry_s`` in ``meta`` itself."""
+    record = meta.get("http")
+    errors = getattr(record, "errors", None)
+    if errors is not None:
+        by_cause: dict[str, int] = {}
+        for cause, _lost in errors:
+            by_cause[str(cause)] = by_cause.get(str(cause), 0) + 1
+        lost_s = sum(float(lost) for _cause, lost in errors)
+    else:
+        retries = meta.get("retries")
+        by_cause = (
+            {str(k): int(v) for k, v in retries.items()} if isinstance(retries, dict) else {"": int(retries or 0)}
+        )
+        lost_s = float(meta.get("retry_s", 0.0))
+    total = sum(by_cause.values())
+    if total:
+        counters["retried_calls"] = counters.get("retried_calls", 0) + 1
+        counters["retries"] = counters.get("retries", 0) + total
+        counters["retry_ms"] = counters.get("retry_ms", 0) + round(1000 * lost_s)
+        for cause, n in by_cause.items():
+            if cause and n:
+                counters[f"retries:{cause}"] = counters.get(f"retries:{cause}", 0) + n

@@ -421,6 +421,28 @@ def test_an_env_s_bad_info_or_undecodable_observation_fails_its_rollout_keeping_
     }
 
 
+def test_an_env_step_s_own_exception_keeps_its_traceback_in_a_debug_record(caplog):
+    """A rollout's cause is one line ('env: KeyError: ...'), naming neither the env nor
+    where in it the exception came from; the traceback goes to a DEBUG record of
+    ``focus.agent`` (``-vv`` on the command line), so a user debugging the env finds it."""
+    import logging
+
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class Buggy(ReachTarget):
+        async def step(self, state, action, workspace):
+            return {}["missing_key_in_buggy_step"]
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+    agent = Agent(ScriptedPolicy(["5"], toy_format().codec), Buggy(), toy_format())
+    with caplog.at_level(logging.DEBUG, logger="focus.agent"):
+        ro = run(agent.rollout(run(agent.start(task)), seed=0))
+    assert ro.leaf.cause == "env: KeyError: 'missing_key_in_buggy_step'"
+    (record,) = [r for r in caplog.records if r.name == "focus.agent" and r.exc_info]
+    assert record.levelno == logging.DEBUG and "Buggy.step raised" in record.getMessage()
+    assert "return {}[\"missing_key_in_buggy_step\"]" in caplog.text  # the env's own line, from its traceback
+
+
 def test_an_opening_prompt_over_max_prompt_tokens_fails_its_rollout_as_the_server_s_refusal_does():
     """Over the agent's ``max_prompt_tokens`` at the root, a rollout was a truncated leaf
     without a turn: no failure and no cause, an empty batch with ``truncated_rollouts``
