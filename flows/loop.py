@@ -416,11 +416,11 @@ async def run_loop(
     loop is refused with :class:`~storage.LeaseHeld`. Without it the second ran beside the
     first, trained the iterations again and wrote their weights and records a second time
     (the same bytes only where training is bit-exact, and twice the work where it is)."""
-    from storage import collection_lease
+    from storage import held_lease
     from tasks.loop_settings import settle
 
     check(config)
-    with collection_lease(config.storage.root, config.collection_id or "train"):
+    async with held_lease(config.storage.root, config.collection_id or "train"):
         settings = await asyncio.to_thread(settle, config, allow_change=allow_config_change)
         records = await _run_loop(config, steps, progress, settings)
         await asyncio.to_thread(settings.record, config)  # a loop made before loops recorded their settings

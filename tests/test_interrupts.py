@@ -499,3 +499,48 @@ def test_ctrl_c_while_the_batch_is_written_says_the_collection_is_finished(tmp_p
         timeout=240, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert again.returncode == 0 and json.loads(again.stdout.splitlines()[-1])["already_finished"] is True
+
+
+def test_ctrl_c_while_waiting_for_another_hosts_lease_stops_at_once(tmp_path):
+    """A rerun that finds the lease of another host, expired by its clock, watches it for
+    30 s before it takes it over (clocks may disagree). That wait ran on the event loop:
+    nothing on the console said why the command sat silent, and a Ctrl-C took effect only
+    once the lease was taken, 28 s later. Now the wait is one console line and a Ctrl-C
+    ends it at once, the other host's lease left as it was."""
+    root = tmp_path / "store"
+    (root / "leases").mkdir(parents=True)
+    now = time.time()
+    theirs = {
+        "format": "focus-lease", "collection_id": "c", "owner": "pod-7:42:abcd1234", "host": "pod-7", "pid": 42,
+        "pid_start": None, "token": "abcd1234", "acquired_at": now - 60, "expires_at": now - 5, "ttl_s": 30.0,
+    }  # fmt: skip
+    lease = root / "leases" / "c.json"
+    lease.write_text(json.dumps(theirs), encoding="utf-8")
+    env = base_env(tmp_path / "prefect")
+    args = ["collect", "--store", str(root), "--collection-id", "c", "--tasks", "2", "--transitions", "8"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        seen: list[str] = []
+        deadline = time.monotonic() + 60
+        assert proc.stderr is not None
+        while time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stderr], [], [], 0.1)[0]:
+                line = proc.stderr.readline()
+                seen.append(line)
+                if "waiting up to 30 s to be sure it is abandoned" in line:
+                    break
+        assert seen and "host pod-7" in seen[-1] and seen[-1].startswith("warning: "), seen[-12:]
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and took < 5, (proc.returncode, took, err[-2000:])
+    lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+    assert lines[-1].startswith("interrupted (SIGINT): finished steps are saved"), lines[-6:]
+    assert json.loads(lease.read_text(encoding="utf-8")) == theirs  # not taken, not released
