@@ -161,3 +161,40 @@ def test_a_factory_its_kind_does_not_use_is_refused(section, kind):
         load_config(None, {**over, f"{section}.kind": "factory"}).model_dump()[section]["factory"]
         == "mypkg.things:make"
     )
+
+
+def test_a_list_index_past_the_next_entry_is_refused_naming_the_key():
+    """`--set search.phases.5.transitions=3` (two phases) added empty phases 2-4 and the
+    error named their missing fields (`search.phases.2.name: Field required; ...`), not
+    the key that made them. One past the end still adds a phase."""
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={"search.phases.5.transitions": 3}, environ={})
+    msg = str(e.value)
+    assert msg == (
+        "invalid configuration key 'search.phases.5.transitions': search.phases has 2 entries, "
+        "so its next one is 2, not 5"
+    ), msg
+    with pytest.raises(ConfigError, match=r"search\.phases has 2 entries, so its next one is 2, not 3"):
+        load_config(environ={"FOCUS_SEARCH__PHASES__3__TRANSITIONS": "3"})
+    cfg = load_config(overrides={"search.phases.2.name": "more", "search.phases.2.transitions": 8}, environ={})
+    assert [p.name for p in cfg.search.phases] == ["evidence", "continue", "more"]
+
+
+def test_a_set_value_in_tomls_inline_syntax_is_read_as_a_config_file_writes_it(capsys):
+    """A --set list or table written as in a TOML file (`[{name = "e", ...}]`) was taken
+    for text: `search.phases: Input should be a valid list`. It is read as TOML now; one
+    that reads neither way is one line naming both readings."""
+    import typer
+
+    from cli.common import overrides
+
+    got = overrides(['search.phases=[{name = "e", rollouts_per_task = 2}]', "seed=3", "model.model=Qwen/Qwen3"])
+    assert got == {"search.phases": [{"name": "e", "rollouts_per_task": 2}], "seed": 3, "model.model": "Qwen/Qwen3"}
+    assert [p.rollouts_per_task for p in load_config(overrides=got, environ={}).search.phases] == [2]
+    with pytest.raises(typer.Exit) as e:
+        overrides(['search.phases=[{name = "e"}'])
+    assert e.value.exit_code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --set 'search.phases=[{name = \"e\"}': the value is neither JSON (") and (
+        "nor a TOML inline value (" in err and "\n" not in err
+    ), err

@@ -373,34 +373,39 @@ def resumable_fields(scope: Literal["collection", "loop"], cls: type[BaseModel] 
 
 def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     """Set ``data[a][b]...`` for ``key = "a.b..."``; a digit part indexes a list
-    (``search.phases.1.transitions``), growing it with empty tables as needed."""
+    (``search.phases.1.transitions``), one past its end adds an entry. An index further
+    out is refused: the entries between were added empty, and the error named their
+    missing fields (``search.phases.2.name: Field required; ...``), not the key."""
     parts = key.split(".")
     node: Any = data
     for i, part in enumerate(parts[:-1]):
         nxt = parts[i + 1]
         if isinstance(node, list):
-            idx = _index(part, key)
-            while len(node) <= idx:
-                node.append({})
-            node = node[idx]
+            node = node[_index(part, key, node, parts[:i])]
             continue
         if part not in node or node[part] is None:
             node[part] = [] if nxt.isdigit() else {}
         node = node[part]
     last = parts[-1]
     if isinstance(node, list):
-        idx = _index(last, key)
-        while len(node) <= idx:
-            node.append({})
-        node[idx] = value
+        node[_index(last, key, node, parts[:-1])] = value
     else:
         node[last] = value
 
 
-def _index(part: str, key: str) -> int:
+def _index(part: str, key: str, node: list[Any], at: list[str]) -> int:
+    """``part`` as an index of ``node``, which grows by one entry where it is its length."""
     if not part.isdigit():
         raise ConfigError(f"invalid configuration key {key!r}: {part!r} must be a list index")
-    return int(part)
+    idx = int(part)
+    if idx > len(node):
+        raise ConfigError(
+            f"invalid configuration key {key!r}: {'.'.join(at)} has {len(node)} entr{'y' if len(node) == 1 else 'ies'}, "
+            f"so its next one is {len(node)}, not {idx}"
+        )
+    if idx == len(node):
+        node.append({})
+    return idx
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
