@@ -198,3 +198,20 @@ def test_a_set_value_in_tomls_inline_syntax_is_read_as_a_config_file_writes_it(c
     assert err.startswith("error: --set 'search.phases=[{name = \"e\"}': the value is neither JSON (") and (
         "nor a TOML inline value (" in err and "\n" not in err
     ), err
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "tcp://127.0.0.1", "localhost:abc"])
+def test_a_dask_address_without_a_port_is_refused_before_anything_starts(address):
+    """`focus collect --dask-address 127.0.0.1` got as far as connecting and stopped with
+    distributed's `ValueError: missing port number in address '127.0.0.1'`, exit 1."""
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={"execution.address": address}, environ={}, labels={"execution.address": "--dask-address"})
+    msg = str(e.value)
+    assert f"execution.address: {address!r} is not a Dask scheduler address: write host:port" in msg, msg
+    assert msg.endswith("(from --dask-address)"), msg
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:8786", "tcp://10.0.0.5:8786", "tls://[::1]:8786", "ucx://node-1"])
+def test_dask_addresses_with_their_port_pass(address):
+    cfg = load_config(overrides={"execution.address": address}, environ={})
+    assert (cfg.execution.kind, cfg.execution.address) == ("dask", address)

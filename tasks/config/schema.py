@@ -203,6 +203,12 @@ class EstimatorConfig(_Model):
     truncation: Literal["bootstrap", "terminal"] = "bootstrap"
 
 
+#: A Dask scheduler address: ``[scheme://]host[:port][/...]`` (the port is checked per scheme).
+_DASK_ADDRESS = re.compile(
+    r"(?:(?P<scheme>[a-z][a-z0-9+.-]*)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+)(?::(?P<port>\d{1,5}))?(?:/\S*)?"
+)
+
+
 class ExecutionConfig(_Model):
     """Where rollouts run: in the task's process (``local``, the default) or on Dask (``dask``).
 
@@ -233,6 +239,22 @@ class ExecutionConfig(_Model):
     #: none joined yet) before the collection fails with one line; workers that join in
     #: time pick the wave up (focus.dask_execution.workerless_since).
     no_workers_timeout_s: float = Field(300.0, gt=0)
+
+    @field_validator("address")
+    @classmethod
+    def _address_has_a_port(cls, v: str | None) -> str | None:
+        """A TCP scheduler address without its port (``--dask-address 127.0.0.1``) is named
+        here, before anything starts: distributed's ``ValueError: missing port number in
+        address`` came once the services had started, exit 1 with a traceback."""
+        if v is None or not v.strip():
+            return None
+        m = _DASK_ADDRESS.fullmatch(v.strip())
+        if m is None or (m["scheme"] in (None, "tcp", "tls", "ws", "wss") and m["port"] is None):
+            raise ValueError(
+                f"{v!r} is not a Dask scheduler address: write host:port or tcp://host:port "
+                "(a scheduler listens on 8786 unless told otherwise: tcp://127.0.0.1:8786)"
+            )
+        return v.strip()
 
     @model_validator(mode="before")
     @classmethod
