@@ -215,3 +215,16 @@ def test_a_dask_address_without_a_port_is_refused_before_anything_starts(address
 def test_dask_addresses_with_their_port_pass(address):
     cfg = load_config(overrides={"execution.address": address}, environ={})
     assert (cfg.execution.kind, cfg.execution.address) == ("dask", address)
+
+
+def test_a_sections_error_is_blamed_on_the_field_it_names():
+    """A section's check that names one of its fields (`model.urls '...' must start with
+    http://`) named the last source that set anything in the section: with the URLs and
+    the kind set apart, `(from --set model.kind)`."""
+    overrides = {"model.urls": ["127.0.0.1:1"], "model.kind": "openai"}
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=overrides, environ={})
+    assert str(e.value).endswith("model.urls '127.0.0.1:1' must start with http:// or https:// (from --set model.urls)")
+    with pytest.raises(ConfigError) as e:  # the field named is not set: the section's source, as before
+        load_config(overrides={"critic.kind": "http"}, environ={})
+    assert str(e.value).endswith("critic.url is required when critic.kind is 'http' (from --set critic.kind)")
