@@ -228,3 +228,15 @@ def test_a_sections_error_is_blamed_on_the_field_it_names():
     with pytest.raises(ConfigError) as e:  # the field named is not set: the section's source, as before
         load_config(overrides={"critic.kind": "http"}, environ={})
     assert str(e.value).endswith("critic.url is required when critic.kind is 'http' (from --set critic.kind)")
+
+
+def test_a_trainer_that_is_neither_built_in_nor_an_import_path_names_the_built_ins():
+    """`--trainer verl` said only `'verl' is not an import path of the form
+    'package.module:name'`: the check meant to name the trainers FOCUS ships never ran."""
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={"train.trainer": "verl"}, environ={}, labels={"train.trainer": "--trainer"})
+    assert str(e.value) == (
+        "invalid configuration: train.trainer: 'verl' is neither a trainer FOCUS ships ('local', 'tinker') nor an "
+        "import path of the form 'package.module:name' (from --trainer)"
+    ), str(e.value)
+    assert load_config(overrides={"train.trainer": "mymod:train"}, environ={}).train.trainer == "mymod:train"
