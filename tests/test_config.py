@@ -240,3 +240,14 @@ def test_a_trainer_that_is_neither_built_in_nor_an_import_path_names_the_built_i
         "import path of the form 'package.module:name' (from --trainer)"
     ), str(e.value)
     assert load_config(overrides={"train.trainer": "mymod:train"}, environ={}).train.trainer == "mymod:train"
+
+
+@pytest.mark.parametrize(("named", "kind"), [("vllm", "openai"), ("llama.cpp", "llamacpp"), ("SGLang", "sglang")])
+def test_a_server_named_where_its_kind_belongs_names_the_kind(named, kind):
+    """model.kind = "vllm" was refused with the list of kinds alone."""
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={"model.kind": named, "model.url": "http://127.0.0.1:8000"}, environ={})
+    assert str(e.value) == (
+        f"invalid configuration: model.kind: {named!r} is not a model.kind; for that server write "
+        f"model.kind = {kind!r} (from --set model.kind)"
+    ), str(e.value)

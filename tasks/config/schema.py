@@ -128,6 +128,16 @@ class ModelConfig(_Pluggable):
     #: request"). The answers, and so the batch, are the same either way.
     group_siblings: Annotated[bool, RUNTIME] = True
 
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _server_named(cls, v: Any) -> Any:
+        """A server's name where its kind belongs (``vllm``, ``llama.cpp``, ``SGLang``) names
+        the kind that speaks to it; it was refused with the list of kinds alone."""
+        kind = _KIND_OF_SERVER.get(re.sub(r"[^a-z]", "", v.lower())) if isinstance(v, str) else None
+        if kind is not None and kind != v:
+            raise ValueError(f"{v!r} is not a model.kind; for that server write model.kind = {kind!r}")
+        return v
+
     @model_validator(mode="after")
     def _needs(self) -> ModelConfig:
         if self.kind in REMOTE and not (self.url or self.urls):
@@ -203,6 +213,9 @@ class EstimatorConfig(_Model):
     truncation: Literal["bootstrap", "terminal"] = "bootstrap"
 
 
+#: ``model.kind`` of a server named as people write it (letters only, lower case).
+_KIND_OF_SERVER = {"vllm": "openai", "openaicompatible": "openai", "openai": "openai", "sglang": "sglang",
+                   "llamacpp": "llamacpp", "llamaserver": "llamacpp"}  # fmt: skip
 #: A Dask scheduler address: ``[scheme://]host[:port][/...]`` (the port is checked per scheme).
 _DASK_ADDRESS = re.compile(
     r"(?:(?P<scheme>[a-z][a-z0-9+.-]*)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+)(?::(?P<port>\d{1,5}))?(?:/\S*)?"
