@@ -201,12 +201,29 @@ def overrides(sets: list[str] | None, **flags: Any) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             fail(f"--set {item!r}: expected KEY=VALUE, e.g. --set seed=3")
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
+        out[key.strip()] = set_value(item, value)
     out.update({k: v for k, v in flags.items() if v is not None})
     return out
+
+
+def set_value(item: str, value: str) -> Any:
+    """A ``--set`` value: JSON (``3``, ``true``, ``[1, 2]``), else for a list or table a
+    TOML inline value, as a config file writes it (``[{name = "e", ...}]``), else the text.
+
+    A list or table in TOML's syntax was taken for text, and the field's check said only
+    ``search.phases: Input should be a valid list``; one that neither reads is refused
+    naming both readings."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as e:
+        if not value.lstrip().startswith(("[", "{")):
+            return value
+        import tomllib
+
+        try:
+            return tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError as t:
+            fail(f"--set {item!r}: the value is neither JSON ({e}) nor a TOML inline value ({t})")
 
 
 #: The command-line flags that set a configuration field, as an error names its source.

@@ -22,6 +22,8 @@ def serve_model(
     from focus.backends import LocalModelServer
     from focus.policy import PolicyError
 
+    if not 0 <= port <= 65535:  # the server's own 'OverflowError: bind(): port must be 0-65535.', exit 1
+        fail(f"--port {port}: a port is 0-65535 (0 picks a free one)")
     server = LocalModelServer(weights, port=port)
     try:
         server.start()

@@ -92,7 +92,7 @@ def check(config: FocusConfig) -> None:
     import_object(config.train.trainer_path())  # fail before any work if it does not import
 
 
-# ---- the steps' bodies (blocking; run in daemon threads) ----
+# ---- the steps' bodies (training blocks: a daemon thread; the evaluation runs on the loop) ----
 
 
 async def in_daemon_thread(fn: Callable[..., _T], *args: Any) -> _T:
@@ -214,31 +214,34 @@ def located(weights: Any, record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def evaluate_body(
+async def evaluate_body(
     config: FocusConfig, base_id: str, version: int, report: Callable[[int, int], None] | None = None
 ) -> dict[str, Any]:
     """One plain rollout on each of ``train.eval_tasks`` held-out tasks with the weights
     ``config`` names (recorded once per version, reused on reruns). ``report(done,
-    total)`` hears of each finished episode."""
+    total)`` hears of each finished episode.
+
+    On the caller's event loop (the store's calls in threads), so a cancelled loop (a
+    first Ctrl-C or SIGTERM) cancels the evaluation's rollouts with it. It ran in a daemon
+    thread with a loop of its own, which went on calling the model server after the
+    command had stopped it: a `focus train` stopped while it evaluated printed the model
+    service's outage warning above its last line."""
     from focus.train_local import evaluate
     from storage import CheckpointStore
 
     store = CheckpointStore(config.storage.root)
     phase = eval_phase(config)
-    if store.exists(base_id, phase, version):
-        return {**store.load(base_id, phase, version), "reused": True}
-
-    async def run() -> Any:
-        policy = config.build_policy()
-        try:
-            agent, tasks = config.build_agent(policy)
-            counted: Any = _Counted(agent, len(tasks), report) if report is not None else agent
-            return await evaluate(counted, tasks, config.seed, config.execution.max_concurrency)
-        finally:
-            await policy.aclose()
-
-    record = {**asdict(asyncio.run(run())), "policy_version": config.model.policy_version}
-    store.save(base_id, phase, version, record)
+    if await asyncio.to_thread(store.exists, base_id, phase, version):
+        return {**await asyncio.to_thread(store.load, base_id, phase, version), "reused": True}
+    policy = config.build_policy()
+    try:
+        agent, tasks = config.build_agent(policy)
+        counted: Any = _Counted(agent, len(tasks), report) if report is not None else agent
+        result = await evaluate(counted, tasks, config.seed, config.execution.max_concurrency)
+    finally:
+        await policy.aclose()
+    record = {**asdict(result), "policy_version": config.model.policy_version}
+    await asyncio.to_thread(store.save, base_id, phase, version, record)
     return {**record, "reused": False}
 
 
@@ -382,7 +385,7 @@ class LoopSteps:
         return await in_daemon_thread(train_body, cfg, base, i, batch_url, latest, report)
 
     async def evaluate(self, cfg: FocusConfig, base: str, version: int, report: Any) -> dict[str, Any]:
-        return await in_daemon_thread(evaluate_body, cfg, base, version, report)
+        return await evaluate_body(cfg, base, version, report)
 
 
 def _collection_finished(cfg: FocusConfig) -> bool:
@@ -419,11 +422,11 @@ async def run_loop(
     loop is refused with :class:`~storage.LeaseHeld`. Without it the second ran beside the
     first, trained the iterations again and wrote their weights and records a second time
     (the same bytes only where training is bit-exact, and twice the work where it is)."""
-    from storage import collection_lease
+    from storage import held_lease
     from tasks.loop_settings import settle
 
     check(config)
-    with collection_lease(config.storage.root, config.collection_id or "train"):
+    async with held_lease(config.storage.root, config.collection_id or "train"):
         settings = await asyncio.to_thread(settle, config, allow_change=allow_config_change)
         records = await _run_loop(config, steps, progress, settings)
         await asyncio.to_thread(settings.record, config)  # a loop made before loops recorded their settings

@@ -138,6 +138,10 @@ class Services:
             from focus.dask_execution import DaskExecution
 
             ex = cfg.execution
+            if ex.processes:  # the resource tracker the workers share writes to the log file, not below our line
+                from focus.dask_preload import tracker_ignores_hangup
+
+                tracker_ignores_hangup(self.log_file)
             self.cluster = DaskExecution(
                 n_workers=ex.n_workers, threads_per_worker=ex.threads_per_worker, processes=ex.processes
             )

@@ -71,7 +71,7 @@ async def train_step(
 async def evaluate_step(config: FocusConfig, base_id: str, version: int, report: Any = None) -> dict[str, Any]:
     """One plain rollout on each of ``train.eval_tasks`` held-out tasks with the weights
     ``config`` names (recorded once per version, reused on reruns)."""
-    return await in_daemon_thread(evaluate_body, config, base_id, version, report)
+    return await evaluate_body(config, base_id, version, report)
 
 
 class PrefectSteps(LoopSteps):

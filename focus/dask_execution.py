@@ -20,6 +20,7 @@ import asyncio
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,7 @@ def _run_shard(
     model service, and a wave planned ahead must be able to start its shards while this
     one still runs, instead of queueing behind it for a thread.
     """
+    released = _released_check()
     try:
         from distributed import secede
 
@@ -101,14 +103,61 @@ def _run_shard(
         # Python 3.11 ``asyncio.run`` formats the repr of its finished main task (result
         # included) while restoring the SIGINT handler, which for a shard of rollouts
         # cost ~0.5 s of CPU per shard.
+        ex = Execution(max_concurrency=max_concurrency, max_outage_share=max_outage_share, freeze_gc=freeze_gc)
+        run = asyncio.ensure_future(ex.run(agent, jobs))
+        watch = asyncio.ensure_future(_stop_when(released, run)) if released is not None else None
         try:
-            ex = Execution(max_concurrency=max_concurrency, max_outage_share=max_outage_share, freeze_gc=freeze_gc)
-            out.extend(await ex.run(agent, jobs))
+            out.extend(await run)
+        except asyncio.CancelledError:
+            if watch is None or not watch.done():
+                raise
+            raise ShardReleased("the shard's result is no longer wanted (its wave was cancelled)") from None
         finally:
+            if watch is not None:
+                watch.cancel()
             await agent.policy.aclose()
 
     asyncio.run(go())
     return out
+
+
+class ShardReleased(RuntimeError):
+    """A running shard stopped because its client let it go (its wave was cancelled, or the
+    command that ran the collection stopped): nobody reads its result."""
+
+
+#: Seconds between a running shard's looks at whether it is still wanted.
+RELEASE_POLL_S = 1.0
+
+
+def _released_check() -> Callable[[], bool] | None:
+    """In a Dask task: whether the worker has let this task go (the client cancelled it, or
+    its client is gone); ``None`` elsewhere. Dask cannot stop a task that runs: a cancelled
+    shard went on calling the model service until its rollouts ended, after a Ctrl-C up to
+    ``outage_wait_s`` (300 s) against the embedded server the command had stopped."""
+    try:
+        from distributed import get_worker
+        from distributed.worker import thread_state
+
+        worker, key = get_worker(), thread_state.key
+        tasks = worker.state.tasks
+    except (ImportError, ValueError, AttributeError):  # not a worker's task, or another distributed
+        return None
+
+    def released() -> bool:
+        ts = tasks.get(key)
+        return ts is None or ts.state in ("cancelled", "released", "forgotten")
+
+    return released
+
+
+async def _stop_when(released: Callable[[], bool], run: asyncio.Future[Any]) -> None:
+    """Cancel ``run`` once ``released()`` says nobody wants its result."""
+    while not run.done():
+        await asyncio.sleep(RELEASE_POLL_S)
+        if released():
+            run.cancel()
+            return
 
 
 #: Pickled agents up to this size travel inside every shard's task instead of being scattered.
@@ -227,7 +276,8 @@ class DaskExecution(Execution):
             results = await loop.run_in_executor(pool, self._gather, client, futures)
         finally:
             # also when this wave is cancelled (another wave hit an outage, the run
-            # ends): the shards stop, and the thread blocked in gather returns
+            # ends): the thread blocked in gather returns, and running shards stop at
+            # their next look (_released_check: Dask cannot stop a running task)
             await loop.run_in_executor(
                 pool, client.cancel, [*futures, *([] if isinstance(payload, bytes) else [payload])]
             )

@@ -16,8 +16,11 @@ each).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -29,15 +32,43 @@ def dask_setup(worker: Any) -> None:
             return
 
 
-def tracker_ignores_hangup() -> None:
+def tracker_ignores_hangup(stderr: str | os.PathLike[str] | None = None) -> None:
     """Start multiprocessing's resource tracker (if it is not running) with SIGHUP
-    ignored, which it inherits; this process's handler is put back at once."""
+    ignored, which it inherits; this process's handler is put back at once.
+
+    ``stderr``: a file (the command's log file) the tracker writes to instead of this
+    process's standard error. A command stopped while its ``LocalCluster`` started left
+    the cluster's semaphores to the tracker, which printed ``UserWarning: resource_tracker:
+    There appear to be 12 leaked semaphore objects to clean up at shutdown`` (two lines)
+    below the command's last line, after the command had exited."""
     from multiprocessing import resource_tracker
 
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers are the main thread's to set; the tracker starts as it would
     old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        resource_tracker.ensure_running()
+        with _stderr_to(stderr):  # the tracker inherits descriptor 2 as it is at its start
+            resource_tracker.ensure_running()
     finally:
         signal.signal(signal.SIGHUP, old)
+
+
+@contextlib.contextmanager
+def _stderr_to(path: str | os.PathLike[str] | None) -> Iterator[None]:
+    """Descriptor 2 goes to ``path`` (appended) for the block; nothing if ``None`` or it
+    cannot be opened."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600) if path is not None else None
+    except OSError:
+        fd = None
+    if fd is None:
+        yield
+        return
+    saved = os.dup(2)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)

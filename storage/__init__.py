@@ -4,20 +4,21 @@
   made visible by a manifest written last.
 - :class:`CheckpointStore`: search state per (collection, phase, wave), for resume (a
   resume's checkpoints read ahead of its replay: :mod:`storage.read_ahead`).
-- :func:`collection_lease`: one writer per collection (a lease object in the store,
-  renewed while the run lives).
+- :func:`collection_lease` (:func:`held_lease` in a coroutine): one writer per
+  collection (a lease object in the store, renewed while the run lives).
 
 Plain paths mean the local disk; ``s3://`` goes through s3fs (credentials and endpoint
 from ``AWS_*`` environment variables or ``storage_options``).
 """
 
 from storage.batches import PARQUET_OPTIONS, BatchStore, BatchTables
-from storage.checkpoints import CheckpointStore, collection_lease
+from storage.checkpoints import CheckpointStore, collection_lease, held_lease
 from storage.errors import (
     BatchExistsError,
     BatchNotFound,
     CheckpointNotFound,
     CorruptDataError,
+    LeaseAborted,
     LeaseHeld,
     LeaseLost,
     ManifestError,
@@ -48,6 +49,7 @@ __all__ = [
     "CheckpointStore",
     "CorruptDataError",
     "Lease",
+    "LeaseAborted",
     "LeaseHeld",
     "LeaseLost",
     "Manifest",
@@ -62,4 +64,5 @@ __all__ = [
     "StorageUnavailable",
     "StorageUnsupported",
     "collection_lease",
+    "held_lease",
 ]

@@ -50,13 +50,14 @@ already written, as an earlier version did, made each save O(checkpoints).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import pickle
 import struct
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -406,10 +407,57 @@ def collection_lease(
 
     On entry, after taking the lease, removes what interrupted writes of the collection
     left behind (temporary files, checkpoint data without a manifest). Raises
-    :class:`LeaseHeld` if another live run holds it.
+    :class:`LeaseHeld` if another live run holds it. In a coroutine use
+    :func:`held_lease`, which keeps the event loop (and Ctrl-C) running meanwhile.
     """
-    with Lease(root, collection_id, ttl_s=ttl_s, storage_options=storage_options) as lease:
-        removed = CheckpointStore(root, storage_options=storage_options).sweep(collection_id)
-        if removed:
-            log.info("collection %s: removed %d leftover(s) of interrupted writes", collection_id, len(removed))
+    lease = Lease(root, collection_id, ttl_s=ttl_s, storage_options=storage_options)
+    _take(lease, root, storage_options)
+    try:
         yield lease
+    finally:
+        lease.release()
+
+
+@contextlib.asynccontextmanager
+async def held_lease(
+    root: str | os.PathLike[str],
+    collection_id: str,
+    *,
+    ttl_s: float = DEFAULT_TTL_S,
+    storage_options: dict[str, Any] | None = None,
+) -> AsyncIterator[Lease]:
+    """:func:`collection_lease` for a coroutine: the lease is taken (and the leftovers
+    swept) in a worker thread, and a cancellation (a command's first Ctrl-C or SIGTERM)
+    ends a wait for another host's lease at once, the lease not taken.
+
+    Taken on the event loop, the wait of up to ``ttl_s`` for a lease that looks abandoned
+    held the loop: the first signal took effect only once the lease was taken, 28 s
+    after it came (`focus collect` against a lease of another host).
+    """
+    lease = Lease(root, collection_id, ttl_s=ttl_s, storage_options=storage_options)
+    taking = asyncio.ensure_future(asyncio.to_thread(_take, lease, root, storage_options))
+    try:
+        await asyncio.shield(taking)
+    except asyncio.CancelledError:
+        lease.abort()
+        with contextlib.suppress(BaseException):  # ends at once: the wait sleeps on the abort
+            await taking
+        await asyncio.to_thread(lease.release)  # taken all the same just before the abort
+        raise
+    try:
+        yield lease
+    finally:
+        await asyncio.to_thread(lease.release)
+
+
+def _take(lease: Lease, root: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> None:
+    """Acquire ``lease``, start its renewer, sweep what interrupted writes left."""
+    lease.acquire()
+    lease.start_renewing()
+    try:
+        removed = CheckpointStore(root, storage_options=storage_options).sweep(lease.collection_id)
+    except BaseException:
+        lease.release()
+        raise
+    if removed:
+        log.info("collection %s: removed %d leftover(s) of interrupted writes", lease.collection_id, len(removed))

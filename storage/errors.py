@@ -55,6 +55,11 @@ class LeaseLost(StorageError, RuntimeError):
     """This run's write lease expired or was taken over; it must stop writing the collection."""
 
 
+class LeaseAborted(StorageError, RuntimeError):
+    """A wait for another run's lease was ended by :meth:`storage.Lease.abort` (the run
+    was interrupted); the lease was not taken."""
+
+
 class StorageAccessDenied(StorageError, PermissionError):
     """The store refused access: wrong or missing credentials, a folder without write
     permission, or a read-only file system."""

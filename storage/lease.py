@@ -57,11 +57,13 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from storage.errors import LeaseHeld, LeaseLost
+from storage.errors import LeaseAborted, LeaseHeld, LeaseLost
 from storage.manifest import sha256
 from storage.urls import Location, Retry, check_id, retrying
 
 log = logging.getLogger(__name__)
+#: Marks a log record for the command's quiet console (flows/logs.py).
+_CONSOLE = {"focus_console": True}
 
 LEASES = "leases"
 FORMAT = "focus-lease"
@@ -283,8 +285,9 @@ def check_writer(root: str, collection_id: str) -> None:
 class Lease:
     """The write lease of one collection in one store; see the module docstring.
 
-    ``acquire``/``release`` by hand, or as a context manager, which also runs the
-    background renewer. ``clock``, ``monotonic`` and ``sleep`` are for tests.
+        ``acquire``/``release`` by hand, or as a context manager, which also runs the
+        background renewer. ``clock``, ``monotonic`` and ``sleep`` are for tests (``sleep``
+    defaults to a wait that :meth:`abort` ends).
     """
 
     def __init__(
@@ -297,7 +300,7 @@ class Lease:
         retry: Retry | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] | None = None,
     ) -> None:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
@@ -308,7 +311,10 @@ class Lease:
         # timeouts could take about 54 s against the 30 s it holds)
         self.retry = retry or Retry(attempts=3, backoff_s=0.2, max_backoff_s=2.0)
         self.ttl_s = float(ttl_s)
-        self.clock, self.monotonic, self.sleep = clock, monotonic, sleep
+        self._aborted = threading.Event()  # abort(): an acquire waiting on another host's lease gives up
+        # the wait for an abandoned lease sleeps on the abort, so a Ctrl-C ends it at once
+        self.clock, self.monotonic = clock, monotonic
+        self.sleep: Callable[[float], object] = sleep if sleep is not None else self._aborted.wait
         self.url = self.loc.url(LEASES, f"{collection_id}.json")
         self.token = uuid.uuid4().hex
         self.host = socket.gethostname()
@@ -396,10 +402,13 @@ class Lease:
             "collection %s: the lease was last renewed by host %s (%s) and expired at %s by this machine's clock; "
             "waiting up to %.0f s to be sure it is abandoned (the clocks of two machines may disagree)",
             self.collection_id, other.host, other.owner, other.until(now), window,
+            extra=_CONSOLE,  # the run is silent meanwhile: say why on the console, not in the log file alone
         )  # fmt: skip
         start = self.monotonic()
         while (left := window - (self.monotonic() - start)) > 0:
             self.sleep(min(left, window / 6))
+            if self._aborted.is_set():
+                raise LeaseAborted(f"collection {self.collection_id!r}: stopped waiting for the lease of {other.owner}")
             cur = self._slot.read()
             if cur is None:
                 return False  # released: create it
@@ -434,6 +443,11 @@ class Lease:
         with _HELD_LOCK:
             _HELD[(self.root, self.collection_id)] = self
         return self
+
+    def abort(self) -> None:
+        """End a wait of :meth:`acquire` for another host's lease at once, from another
+        thread (the run was interrupted): it raises :class:`LeaseAborted`, the lease not taken."""
+        self._aborted.set()
 
     def renew(self) -> None:
         """Push the expiry ``ttl_s`` ahead; :class:`LeaseLost` if another run owns it now."""

@@ -70,11 +70,11 @@ _TRANSIENT_ERRNO = {
 }
 #: HTTP statuses of a store that is throttled, failing, or behind a gateway that lost it:
 #: retried whatever error code (or none) the answer carries. s3fs knows S3's own codes
-#: (``SlowDown``, ``InternalError``) but makes ``OSError(EIO)`` of any other, which was
-#: not retried: one 502 or 504 of a load balancer (an HTML page, no code), MinIO's 503
-#: ``XMinioServerNotInitialized`` or a 429 stopped a collection at once with
-#: ``OSError: [Errno 5] ...`` (``tests/test_storage_s3_faults.py``). botocore, which would
-#: retry them, makes one attempt here (``Location.S3_DEFAULTS``).
+#: (``SlowDown``, ``InternalError``) but makes ``OSError(EIO)`` of any other, which was not
+#: retried: one 502 or 504 of a load balancer (an HTML page, no code), MinIO's 503
+#: ``XMinioServerNotInitialized`` or a 429 stopped a collection at once with ``OSError:
+#: [Errno 5] ...`` (``tests/test_storage_s3_faults.py``). botocore, which would retry them,
+#: makes one attempt here (``Location.S3_DEFAULTS``).
 _TRANSIENT_STATUS = {429, 500, 502, 503, 504}
 
 
@@ -83,9 +83,8 @@ class Retry(BaseModel):
 
     The default waits about 14 s in all (0.2 s doubling to 4 s between 8 attempts): an
     object store that throttles (S3's ``503 SlowDown``) or fails (``500``) for a few
-    seconds, or restarts, does not stop a collection that has run for hours. With 3
-    attempts over 0.6 s, a 3 s ``SlowDown`` on moto's S3 stopped it with
-    ``StorageUnavailable`` (``tests/test_storage_throttle.py``).
+    seconds, or restarts, does not stop a collection that has run for hours. With 3 attempts
+    over 0.6 s, a 3 s ``SlowDown`` on moto's S3 stopped it (``tests/test_storage_throttle.py``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -169,6 +168,7 @@ AGAIN = "run again: a collection resumes from its last saved step with the same 
 
 
 _FULL_ERRNO = {errno.ENOSPC, errno.EDQUOT}
+_MOVED = " (or copy the store elsewhere and set the storage root there)"
 #: The credential that expires: named where access is refused (S3 says ``ExpiredToken``).
 _SESSION = " and, for temporary credentials, AWS_SESSION_TOKEN, which expires"
 
@@ -181,8 +181,8 @@ def refused(exc: BaseException, what: str) -> StorageAccessDenied | StorageFull 
     if isinstance(exc, OSError) and exc.errno == errno.EROFS:
         # a disk remounted read-only (an I/O error, a full snapshot): no credential helps
         return StorageAccessDenied(
-            f"{what}: the file system is read-only; make it writable (or copy the store elsewhere and set "
-            "the storage root there), then rerun with the same collection id to resume"
+            f"{what}: the file system is read-only; make it writable{_MOVED}, then rerun with the same collection id "
+            "to resume"
         )
     if isinstance(exc, PermissionError):
         cause = str(exc) or "forbidden"
@@ -207,7 +207,7 @@ def refused(exc: BaseException, what: str) -> StorageAccessDenied | StorageFull 
             f"or the region is not the bucket's (AWS_DEFAULT_REGION); fix it, then {AGAIN}"
         )
     if isinstance(exc, OSError) and exc.errno in _FULL_ERRNO:
-        return StorageFull(f"{what}: no space left on the device (or quota exceeded); free space or use another root")
+        return StorageFull(f"{what}: no space left on the device (or quota exceeded); free space{_MOVED}, then {AGAIN}")
     return None
 
 

@@ -45,7 +45,7 @@ async def collect(
     if journal.read_by_preflight is None:  # else the preflight checked them
         # before the lease: its sweep deletes a data file whose manifest is gone, a lost record's too
         await asyncio.to_thread(check_records, journal)
-    with journal.lease():
+    async with journal.lease():
         await journal.check_config()
         result = await journal.finished()
         if result is None:

@@ -18,12 +18,12 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from focus.journal import Journal, Step, WaveRollouts
 from storage import BatchNotFound, BatchStore, CheckpointNotFound, CheckpointStore, CorruptDataError, ManifestError
-from storage.checkpoints import collection_lease
+from storage.checkpoints import held_lease
 from tasks.config import FocusConfig
 from tasks.fingerprint import CONFIG_KEY, CodecRecord, CriticIdentity, PolicyIdentity, fingerprint, resume_mismatch
 from tasks.gaps import Key, load_record
@@ -102,10 +102,11 @@ class CheckpointJournal(Journal):
     def save(self, key: Key, value: Any) -> None:
         self.store.save(self.cid, *key, value)
 
-    @contextlib.contextmanager
-    def lease(self) -> Iterator[None]:
-        """The collection's write lease (a second writer is refused), held for the block."""
-        with collection_lease(self.store.loc.root, self.cid, storage_options=self.store.loc.storage_options):
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncIterator[None]:
+        """The collection's write lease (a second writer is refused), held for the block;
+        taken off the event loop, so a Ctrl-C ends a wait for another host's lease."""
+        async with held_lease(self.store.loc.root, self.cid, storage_options=self.store.loc.storage_options):
             yield
 
     def note(self, kind: str, key: Key, phase: int = 0, reused: bool = False, **figures: Any) -> StepRecord:

@@ -200,6 +200,14 @@ def test_serve_model_that_cannot_start_says_why_in_one_line(tmp_path):
     assert "no tinylm weights file at" in lines[0]
 
 
+@pytest.mark.parametrize("port", ["-1", "65536"])
+def test_serve_model_with_a_port_out_of_range_is_one_line_exit_2(port):
+    """A port out of range started the server process, which failed with
+    'OverflowError: bind(): port must be 0-65535.', exit 1."""
+    out = CliRunner().invoke(app, ["serve-model", "--port", port])
+    assert (out.exit_code, out.output) == (2, f"error: --port {port}: a port is 0-65535 (0 picks a free one)\n")
+
+
 def test_inspect_names_a_missing_batch_and_a_bad_url(tmp_path):
     out = CliRunner().invoke(app, ["inspect", f"file://{tmp_path}/batches/none/iter-000000"])
     assert out.exit_code == 1 and "cannot read batch" in out.output and "_manifest.json is missing" in out.output

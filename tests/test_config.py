@@ -161,3 +161,93 @@ def test_a_factory_its_kind_does_not_use_is_refused(section, kind):
         load_config(None, {**over, f"{section}.kind": "factory"}).model_dump()[section]["factory"]
         == "mypkg.things:make"
     )
+
+
+def test_a_list_index_past_the_next_entry_is_refused_naming_the_key():
+    """`--set search.phases.5.transitions=3` (two phases) added empty phases 2-4 and the
+    error named their missing fields (`search.phases.2.name: Field required; ...`), not
+    the key that made them. One past the end still adds a phase."""
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={"search.phases.5.transitions": 3}, environ={})
+    msg = str(e.value)
+    assert msg == (
+        "invalid configuration key 'search.phases.5.transitions': search.phases has 2 entries, "
+        "so its next one is 2, not 5"
+    ), msg
+    with pytest.raises(ConfigError, match=r"search\.phases has 2 entries, so its next one is 2, not 3"):
+        load_config(environ={"FOCUS_SEARCH__PHASES__3__TRANSITIONS": "3"})
+    cfg = load_config(overrides={"search.phases.2.name": "more", "search.phases.2.transitions": 8}, environ={})
+    assert [p.name for p in cfg.search.phases] == ["evidence", "continue", "more"]
+
+
+def test_a_set_value_in_tomls_inline_syntax_is_read_as_a_config_file_writes_it(capsys):
+    """A --set list or table written as in a TOML file (`[{name = "e", ...}]`) was taken
+    for text: `search.phases: Input should be a valid list`. It is read as TOML now; one
+    that reads neither way is one line naming both readings."""
+    import typer
+
+    from cli.common import overrides
+
+    got = overrides(['search.phases=[{name = "e", rollouts_per_task = 2}]', "seed=3", "model.model=Qwen/Qwen3"])
+    assert got == {"search.phases": [{"name": "e", "rollouts_per_task": 2}], "seed": 3, "model.model": "Qwen/Qwen3"}
+    assert [p.rollouts_per_task for p in load_config(overrides=got, environ={}).search.phases] == [2]
+    with pytest.raises(typer.Exit) as e:
+        overrides(['search.phases=[{name = "e"}'])
+    assert e.value.exit_code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --set 'search.phases=[{name = \"e\"}': the value is neither JSON (") and (
+        "nor a TOML inline value (" in err and "\n" not in err
+    ), err
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "tcp://127.0.0.1", "localhost:abc"])
+def test_a_dask_address_without_a_port_is_refused_before_anything_starts(address):
+    """`focus collect --dask-address 127.0.0.1` got as far as connecting and stopped with
+    distributed's `ValueError: missing port number in address '127.0.0.1'`, exit 1."""
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={"execution.address": address}, environ={}, labels={"execution.address": "--dask-address"})
+    msg = str(e.value)
+    assert f"execution.address: {address!r} is not a Dask scheduler address: write host:port" in msg, msg
+    assert msg.endswith("(from --dask-address)"), msg
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:8786", "tcp://10.0.0.5:8786", "tls://[::1]:8786", "ucx://node-1"])
+def test_dask_addresses_with_their_port_pass(address):
+    cfg = load_config(overrides={"execution.address": address}, environ={})
+    assert (cfg.execution.kind, cfg.execution.address) == ("dask", address)
+
+
+def test_a_sections_error_is_blamed_on_the_field_it_names():
+    """A section's check that names one of its fields (`model.urls '...' must start with
+    http://`) named the last source that set anything in the section: with the URLs and
+    the kind set apart, `(from --set model.kind)`."""
+    overrides = {"model.urls": ["127.0.0.1:1"], "model.kind": "openai"}
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=overrides, environ={})
+    assert str(e.value).endswith("model.urls '127.0.0.1:1' must start with http:// or https:// (from --set model.urls)")
+    with pytest.raises(ConfigError) as e:  # the field named is not set: the section's source, as before
+        load_config(overrides={"critic.kind": "http"}, environ={})
+    assert str(e.value).endswith("critic.url is required when critic.kind is 'http' (from --set critic.kind)")
+
+
+def test_a_trainer_that_is_neither_built_in_nor_an_import_path_names_the_built_ins():
+    """`--trainer verl` said only `'verl' is not an import path of the form
+    'package.module:name'`: the check meant to name the trainers FOCUS ships never ran."""
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={"train.trainer": "verl"}, environ={}, labels={"train.trainer": "--trainer"})
+    assert str(e.value) == (
+        "invalid configuration: train.trainer: 'verl' is neither a trainer FOCUS ships ('local', 'tinker') nor an "
+        "import path of the form 'package.module:name' (from --trainer)"
+    ), str(e.value)
+    assert load_config(overrides={"train.trainer": "mymod:train"}, environ={}).train.trainer == "mymod:train"
+
+
+@pytest.mark.parametrize(("named", "kind"), [("vllm", "openai"), ("llama.cpp", "llamacpp"), ("SGLang", "sglang")])
+def test_a_server_named_where_its_kind_belongs_names_the_kind(named, kind):
+    """model.kind = "vllm" was refused with the list of kinds alone."""
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={"model.kind": named, "model.url": "http://127.0.0.1:8000"}, environ={})
+    assert str(e.value) == (
+        f"invalid configuration: model.kind: {named!r} is not a model.kind; for that server write "
+        f"model.kind = {kind!r} (from --set model.kind)"
+    ), str(e.value)

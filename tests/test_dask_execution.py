@@ -277,3 +277,51 @@ def test_an_agent_that_does_not_pickle_is_named_by_its_part_with_the_remedy():
         _pickled_agent(agent)
     del agent.policy.lock
     assert cloudpickle.loads(_pickled_agent(agent)).env.__class__ is ReachTarget
+
+
+STARTED: list[int] = []
+ANSWERED: list[int] = []
+
+
+class SlowDigits(DigitPolicy):
+    """The digit policy, counting the calls it starts and those it answers."""
+
+    async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        STARTED.append(1)
+        out = await super().sample(prompt_ids, params)
+        ANSWERED.append(1)
+        return out
+
+
+@pytest.mark.integration  # starts a cluster (its dashboard listens)
+def test_a_cancelled_wave_stops_its_running_shards():
+    """Dask cannot stop a task that runs: a wave cancelled (a Ctrl-C, another wave's
+    outage) left its shards calling the model service until their rollouts ended, on an
+    external cluster up to outage_wait_s (300 s) against the embedded server the command
+    had stopped. A shard now looks every second (RELEASE_POLL_S) whether it is still
+    wanted, and cancels its rollouts when not: calls that take 4 s are never answered."""
+    from distributed import LocalCluster
+
+    agent = Agent(SlowDigits(latency_s=4.0), ReachTarget(), toy_format(), max_steps=20)
+    start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+    jobs = [RolloutJob(0, 0, 1000 + i, start) for i in range(8)]
+    STARTED.clear()
+    ANSWERED.clear()
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster:
+        ex = DaskExecution(address=cluster.scheduler_address, max_concurrency=8, shard_size=4)
+
+        async def main() -> None:
+            run = asyncio.ensure_future(ex.run(agent, jobs))
+            while len(STARTED) < len(jobs):  # every rollout's first call is waiting
+                assert not run.done()
+                await asyncio.sleep(0.01)
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+            await asyncio.sleep(5.5)  # past the calls' 4 s: answered, had the shards run on
+
+        try:
+            asyncio.run(main())
+        finally:
+            ex.close()
+    assert (len(STARTED), len(ANSWERED)) == (len(jobs), 0), (len(STARTED), len(ANSWERED))

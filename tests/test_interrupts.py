@@ -499,3 +499,91 @@ def test_ctrl_c_while_the_batch_is_written_says_the_collection_is_finished(tmp_p
         timeout=240, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert again.returncode == 0 and json.loads(again.stdout.splitlines()[-1])["already_finished"] is True
+
+
+def test_ctrl_c_while_waiting_for_another_hosts_lease_stops_at_once(tmp_path):
+    """A rerun that finds the lease of another host, expired by its clock, watches it for
+    30 s before it takes it over (clocks may disagree). That wait ran on the event loop:
+    nothing on the console said why the command sat silent, and a Ctrl-C took effect only
+    once the lease was taken, 28 s later. Now the wait is one console line and a Ctrl-C
+    ends it at once, the other host's lease left as it was."""
+    root = tmp_path / "store"
+    (root / "leases").mkdir(parents=True)
+    now = time.time()
+    theirs = {
+        "format": "focus-lease", "collection_id": "c", "owner": "pod-7:42:abcd1234", "host": "pod-7", "pid": 42,
+        "pid_start": None, "token": "abcd1234", "acquired_at": now - 60, "expires_at": now - 5, "ttl_s": 30.0,
+    }  # fmt: skip
+    lease = root / "leases" / "c.json"
+    lease.write_text(json.dumps(theirs), encoding="utf-8")
+    env = base_env(tmp_path / "prefect")
+    args = ["collect", "--store", str(root), "--collection-id", "c", "--tasks", "2", "--transitions", "8"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        seen: list[str] = []
+        deadline = time.monotonic() + 60
+        assert proc.stderr is not None
+        while time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stderr], [], [], 0.1)[0]:
+                line = proc.stderr.readline()
+                seen.append(line)
+                if "waiting up to 30 s to be sure it is abandoned" in line:
+                    break
+        assert seen and "host pod-7" in seen[-1] and seen[-1].startswith("warning: "), seen[-12:]
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and took < 5, (proc.returncode, took, err[-2000:])
+    lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+    assert lines[-1].startswith("interrupted (SIGINT): finished steps are saved"), lines[-6:]
+    assert json.loads(lease.read_text(encoding="utf-8")) == theirs  # not taken, not released
+
+
+def _children(pid: int, mark: str) -> list[int]:
+    """Processes whose parent is ``pid`` and whose command line holds ``mark``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and mark in cmd:
+            out.append(int(entry.name))
+    return out
+
+
+def test_a_signal_while_the_dask_cluster_starts_leaves_one_line(tmp_path):
+    """SIGTERM while the LocalCluster's workers start: the cluster, half made, left its
+    semaphores to multiprocessing's resource tracker, which printed `UserWarning:
+    resource_tracker: There appear to be 12 leaked semaphore objects to clean up at
+    shutdown` (two lines) below the command's line once it had exited. The tracker now
+    writes to the log file."""
+    log = tmp_path / "focus.log"
+    args = ["collect", "--dask", "--store", str(tmp_path / "store"), "--collection-id", "c", "--log-file", str(log)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args], cwd=tmp_path, env=base_env(tmp_path / "prefect"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not _children(proc.pid, "spawn_main") and proc.poll() is None:  # a worker is starting
+            assert time.monotonic() < deadline, "no Dask worker process started"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)  # the tracker holds the pipes until it has written
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+    assert proc.returncode == 143 and lines and lines[-1].startswith("interrupted (SIGTERM)"), (proc.returncode, lines)
+    assert not [ln for ln in lines if "leaked" in ln or "Warning" in ln], lines

@@ -647,3 +647,20 @@ def test_token_columns_gathered_in_blocks_equal_the_rows(monkeypatch):
         actor, _ = b.tables()
         assert [tuple(p) for p in actor.column("prompt_ids").to_pylist()] == rows, block
         assert actor.column("completion_ids").to_pylist() == [[1, 2]] * len(rows)
+
+
+def test_a_full_or_read_only_disk_says_how_to_resume():
+    """A full disk's line ended `free space or use another root`: another root holds none
+    of the collection's saved steps, so the rerun there started it again. Both lines now
+    name the copy that keeps them, and the resume."""
+    import errno
+
+    from storage.urls import AGAIN, refused
+
+    full = str(refused(OSError(errno.ENOSPC, "No space left on device"), "write /d/x.pkl"))
+    assert full == (
+        "write /d/x.pkl: no space left on the device (or quota exceeded); free space (or copy the store elsewhere "
+        f"and set the storage root there), then {AGAIN}"
+    ), full
+    read_only = str(refused(OSError(errno.EROFS, "Read-only file system"), "write /d/x.pkl"))
+    assert "(or copy the store elsewhere and set the storage root there), then rerun" in read_only, read_only

@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -413,3 +414,54 @@ def test_a_lease_expired_past_the_skew_margin_is_taken_at_once(lease_root, caplo
     assert _lease_owner(lease_root) == hosts.taker.owner and hosts.mono == 0.0
     assert "waiting" not in caplog.text and "took over the write lease (it expired at" in caplog.text
     hosts.taker.release()
+
+
+def test_a_coroutine_waiting_for_another_hosts_lease_is_cancelled_at_once(tmp_path):
+    """held_lease takes the lease off the event loop: while it watches another host's
+    lease (up to its ttl_s), the loop runs, and a cancellation (a command's Ctrl-C) ends
+    the wait at once with the other host's lease untouched. collection_lease blocked the
+    loop for the whole wait."""
+    import asyncio
+
+    from storage import held_lease
+
+    now = time.time()
+    theirs = {
+        "format": "focus-lease", "collection_id": "c1", "owner": "node-7:42:abcd1234", "host": "node-7", "pid": 42,
+        "pid_start": None, "token": "abcd1234", "acquired_at": now - 60, "expires_at": now - 5, "ttl_s": 30.0,
+    }  # fmt: skip: expired 5 s ago by this machine's clock
+    (tmp_path / "leases").mkdir()
+    (tmp_path / "leases" / "c1.json").write_text(json.dumps(theirs), encoding="utf-8")
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        waiting = asyncio.ensure_future(held_lease(tmp_path, "c1").__aenter__())
+        ticks = 0
+        while ticks < 5:  # the loop runs while the lease is watched
+            await asyncio.sleep(0.05)
+            ticks += 1
+        assert not waiting.done()
+        start = loop.time()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return loop.time() - start
+
+    took = asyncio.run(main())
+    assert took < 2.0, took
+    assert lease_doc(tmp_path, "c1") == theirs
+
+
+def test_held_lease_holds_the_lease_for_the_block_and_releases_it(tmp_path):
+    import asyncio
+
+    from storage import held_lease
+
+    async def main() -> None:
+        async with held_lease(tmp_path, "c1") as lease:
+            assert lease.held and lease_doc(tmp_path, "c1")["owner"] == lease.owner
+            with pytest.raises(LeaseHeld):
+                Lease(tmp_path, "c1").acquire()
+
+    asyncio.run(main())
+    assert not (tmp_path / "leases" / "c1.json").exists()

@@ -128,6 +128,16 @@ class ModelConfig(_Pluggable):
     #: request"). The answers, and so the batch, are the same either way.
     group_siblings: Annotated[bool, RUNTIME] = True
 
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _server_named(cls, v: Any) -> Any:
+        """A server's name where its kind belongs (``vllm``, ``llama.cpp``, ``SGLang``) names
+        the kind that speaks to it; it was refused with the list of kinds alone."""
+        kind = _KIND_OF_SERVER.get(re.sub(r"[^a-z]", "", v.lower())) if isinstance(v, str) else None
+        if kind is not None and kind != v:
+            raise ValueError(f"{v!r} is not a model.kind; for that server write model.kind = {kind!r}")
+        return v
+
     @model_validator(mode="after")
     def _needs(self) -> ModelConfig:
         if self.kind in REMOTE and not (self.url or self.urls):
@@ -203,6 +213,15 @@ class EstimatorConfig(_Model):
     truncation: Literal["bootstrap", "terminal"] = "bootstrap"
 
 
+#: ``model.kind`` of a server named as people write it (letters only, lower case).
+_KIND_OF_SERVER = {"vllm": "openai", "openaicompatible": "openai", "openai": "openai", "sglang": "sglang",
+                   "llamacpp": "llamacpp", "llamaserver": "llamacpp"}  # fmt: skip
+#: A Dask scheduler address: ``[scheme://]host[:port][/...]`` (the port is checked per scheme).
+_DASK_ADDRESS = re.compile(
+    r"(?:(?P<scheme>[a-z][a-z0-9+.-]*)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+)(?::(?P<port>\d{1,5}))?(?:/\S*)?"
+)
+
+
 class ExecutionConfig(_Model):
     """Where rollouts run: in the task's process (``local``, the default) or on Dask (``dask``).
 
@@ -233,6 +252,22 @@ class ExecutionConfig(_Model):
     #: none joined yet) before the collection fails with one line; workers that join in
     #: time pick the wave up (focus.dask_execution.workerless_since).
     no_workers_timeout_s: float = Field(300.0, gt=0)
+
+    @field_validator("address")
+    @classmethod
+    def _address_has_a_port(cls, v: str | None) -> str | None:
+        """A TCP scheduler address without its port (``--dask-address 127.0.0.1``) is named
+        here, before anything starts: distributed's ``ValueError: missing port number in
+        address`` came once the services had started, exit 1 with a traceback."""
+        if v is None or not v.strip():
+            return None
+        m = _DASK_ADDRESS.fullmatch(v.strip())
+        if m is None or (m["scheme"] in (None, "tcp", "tls", "ws", "wss") and m["port"] is None):
+            raise ValueError(
+                f"{v!r} is not a Dask scheduler address: write host:port or tcp://host:port "
+                "(a scheduler listens on 8786 unless told otherwise: tcp://127.0.0.1:8786)"
+            )
+        return v.strip()
 
     @model_validator(mode="before")
     @classmethod
@@ -373,34 +408,39 @@ def resumable_fields(scope: Literal["collection", "loop"], cls: type[BaseModel] 
 
 def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     """Set ``data[a][b]...`` for ``key = "a.b..."``; a digit part indexes a list
-    (``search.phases.1.transitions``), growing it with empty tables as needed."""
+    (``search.phases.1.transitions``), one past its end adds an entry. An index further
+    out is refused: the entries between were added empty, and the error named their
+    missing fields (``search.phases.2.name: Field required; ...``), not the key."""
     parts = key.split(".")
     node: Any = data
     for i, part in enumerate(parts[:-1]):
         nxt = parts[i + 1]
         if isinstance(node, list):
-            idx = _index(part, key)
-            while len(node) <= idx:
-                node.append({})
-            node = node[idx]
+            node = node[_index(part, key, node, parts[:i])]
             continue
         if part not in node or node[part] is None:
             node[part] = [] if nxt.isdigit() else {}
         node = node[part]
     last = parts[-1]
     if isinstance(node, list):
-        idx = _index(last, key)
-        while len(node) <= idx:
-            node.append({})
-        node[idx] = value
+        node[_index(last, key, node, parts[:-1])] = value
     else:
         node[last] = value
 
 
-def _index(part: str, key: str) -> int:
+def _index(part: str, key: str, node: list[Any], at: list[str]) -> int:
+    """``part`` as an index of ``node``, which grows by one entry where it is its length."""
     if not part.isdigit():
         raise ConfigError(f"invalid configuration key {key!r}: {part!r} must be a list index")
-    return int(part)
+    idx = int(part)
+    if idx > len(node):
+        raise ConfigError(
+            f"invalid configuration key {key!r}: {'.'.join(at)} has {len(node)} entr{'y' if len(node) == 1 else 'ies'}, "
+            f"so its next one is {len(node)}, not {idx}"
+        )
+    if idx == len(node):
+        node.append({})
+    return idx
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:

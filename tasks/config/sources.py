@@ -212,10 +212,21 @@ def build_config(layers: list[Layer], problems: list[str] | None = None) -> Focu
     try:
         config = FocusConfig.model_validate(data)
     except ValidationError as e:
-        lines += [_line(loc, why, source_of(loc, layers), hint) for loc, why, hint in problems_of(e)]
+        lines += [_line(loc, why, _blamed(loc, why, layers), hint) for loc, why, hint in problems_of(e)]
     if lines:
         raise config_error(lines)
     return config
+
+
+def _blamed(loc: str, why: str, layers: list[Layer]) -> str | None:
+    """The source of a bad value: a section's error that opens with one of its fields
+    (``model: model.urls '...' must start with http://``) is that field's, where a layer set
+    it. Else the last source that set anything in the section was named: with
+    ``--set model.urls=... --set model.kind=openai`` the line said ``(from --set model.kind)``."""
+    named = why.split(" ", 1)[0]
+    if named.startswith(loc + ".") and (source := source_of(named, layers)) is not None:
+        return source
+    return source_of(loc, layers)
 
 
 def file_layers(path: str | os.PathLike[str] | None) -> list[Layer]:

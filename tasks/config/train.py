@@ -52,9 +52,13 @@ class TrainConfig(BaseModel):
     def _check_trainer(cls, v: str) -> str:
         if v in BUILTIN_TRAINERS:
             return v
-        if check_import_path(v) is None:
-            raise ValueError("train.trainer must be 'local', 'tinker' or an import path")
-        return v
+        try:  # its own line named the import path alone: a mistyped built-in ('Local', 'verl') read as one
+            return str(check_import_path(v))
+        except ValueError:
+            raise ValueError(
+                f"{v!r} is neither a trainer FOCUS ships ({', '.join(map(repr, BUILTIN_TRAINERS))}) nor an import "
+                "path of the form 'package.module:name'"
+            ) from None
 
     def trainer_path(self) -> str:
         """The import path of the trainer step."""
