@@ -299,8 +299,8 @@ def _tail(
         preds.setdefault(key[0], {})[key] = value
     c0 = time.thread_time()
     search = cap.search
-    calib = state.next_calibration(search) if score and rank else None
-    prefit = state.fits_at_graft()  # what the evidence's fit reads of every tree, done here (WaveTail)
+    calib = (state.next_calibration(search) or state.calibration(search)) if score and rank else None
+    prefit = state.may_refit(search, len(plan.jobs))  # what the fit reads of every tree, done here (WaveTail)
     if prefit:
         for ti in range(len(state.trees)):
             if ti not in by_tree:

@@ -7,19 +7,19 @@ has, over an explicit :class:`~focus.search.SearchState`:
 
 * :meth:`start` (roots) and :meth:`evidence` (the evidence wave, grafted);
 * :meth:`predict` / :meth:`score` (critic predictions for unscored checkpoints);
-* :meth:`advance` (plan ahead, launch what is planned, graft the oldest wave: one
-  wave of a continuation phase; :meth:`run_rollouts` is the same for a single plan),
-  and :meth:`phase_waves`, the waves of a phase one after another, each scored and
-  its successors launched before it is handed over;
+* :meth:`advance` (plan ahead, launch what is planned, graft the oldest wave; :meth:`run_rollouts`
+  is the same for a single plan), and :meth:`phase_waves`, the waves of a phase one
+  after another, each scored and its successors launched before it is handed over;
 * :meth:`prepare` (estimator, critic targets, the batch).
 
 While a wave runs, each tree whose jobs in it have all finished is grafted (and, with a
 row-wise critic, scored and ranked; evidence trees scored, not ranked) between the
 rollouts' callbacks (:mod:`focus.waves`), under the calibration the graft's state will
-have (a refit lags its waves by one, :data:`focus.search.REFIT_LAG`, so it is fitted and
-every tree ranked under it while the wave runs), so the barrier keeps only the trees
-that finished last, the merge and the next plan's greedy choice (its jobs start as it
-takes them); the results are those of doing it all at the barrier.
+have (a lagged refit, :data:`focus.search.REFIT_LAG`, is fitted and every tree ranked
+under it then; before a graft that may refit on its own trees, what that fit reads of
+each tree is computed then), so the barrier keeps only the trees that finished last, the
+merge and the next plan's greedy choice (its jobs start as it takes them); the results
+are those of doing it all at the barrier.
 
 At each step boundary the loop consults a :class:`~focus.journal.Journal`: a step it
 holds is replayed, one it lacks is computed and recorded. The pipeline's journal
@@ -257,9 +257,9 @@ class Collector:
         rank = not (last := last_wave(state, self.priority, plan)) and rank  # rankings no plan reads
         if tail is not None:
             score = (self.priority, self.critic) if score_ahead and self.critic.row_wise else None
-            prefit = self.priority if state.fits_at_graft() or last else None
+            prefit = self.priority if state.may_refit(self.priority, len(plan.jobs)) or last else None
             await tail.follow(state, launched.task, phase.name, score, prefit, rank)
-        if rank and not state.fits_at_graft() and state.refits_next(self.priority):
+        if rank and state.refits_next(self.priority):
             state.next_calibration(self.priority)  # (as a rule by the tail) fitted on the trees at hand
         rollouts = await launched.task
         check_outage(rollouts, self.execution.max_outage_share)

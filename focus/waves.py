@@ -15,16 +15,19 @@ next plan's greedy selection remain. Every part is the same pure function of the
 the plan and the tree's rollouts whichever order trees finish in, so the states, plans
 and batches are those of grafting everything at the barrier.
 
-Before the evidence's graft, which makes the first fit of the calibration
-(:meth:`focus.search.SearchState.fits_at_graft`), the tail also computes what that fit
-reads of each tree, its noise rows, counts and spreads (each tree as it is scored), and
-the parts of its first ranking that no calibration changes (edge segments, tie-breaks):
-the fit at the barrier joins the trees' rows, and the rankings it makes are built on
-those parts. A fit and a ranking read the same numbers either way. Every later refit
-lags its waves by one (:data:`focus.search.REFIT_LAG`): it reads only trees the state
-before the graft has, so the tail of the wave whose graft brings it in fits it and ranks
-every tree under it while the wave runs, the trees the wave touches as they are scored
-and the others whenever no tree is ready (:meth:`focus.search.SearchState.next_calibration`).
+Before a graft that may fit a new calibration on its own trees (the evidence's, and in
+a small collection one at a power of two of waves,
+:meth:`focus.search.SearchState.may_refit`), the tail also computes what that fit reads
+of each tree, its noise rows, counts and spreads (for the trees the wave does not touch
+first, then each tree as it is scored), and for the evidence trees the parts of their
+first ranking that no calibration changes (edge segments, tie-breaks): the fit at the
+barrier joins the trees' rows, and the rankings it makes new are built on those parts.
+A fit and a ranking read the same numbers either way. Once the fit rests on
+:data:`focus.search.LAG_SPREADS` spreads a refit lags its waves by one
+(:data:`focus.search.REFIT_LAG`): it reads only trees the state before the graft has,
+so the tail of the wave whose graft brings it in fits it and ranks every tree under it
+while the wave runs, the trees the wave touches as they are scored and the others
+whenever no tree is ready (:meth:`focus.search.SearchState.next_calibration`).
 
 The next wave then starts as it is chosen (:func:`launch_choosing`): once every tree's
 ranking is up to date, the greedy choice hands its jobs to the running wave
@@ -171,6 +174,8 @@ class WaveTail:
         #: Prefit the noise rows alone (a wave expected to end the search).
         self._rows_only = False
         self._rank = True
+        #: Whether the graft will fit a new calibration, as the trees come in (``prefit``).
+        self._refit: _Refit | None = None
         #: Rank the trees the wave does not touch too, under the calibration (a wave
         #: chosen before its calibration was fitted, :func:`launch_choosing`).
         self.rank_rest = False
@@ -231,13 +236,17 @@ class WaveTail:
         after a refit every tree's, run while the wave's model calls do, and the next
         plan ranks what is left.
 
-        ``prefit`` (the search, for the evidence, whose graft makes the first fit,
-        :meth:`focus.search.SearchState.fits_at_graft`, and for a wave expected to end
-        the search, :func:`focus.search.last_wave`): compute what that fit reads of
-        each tree (:meth:`_TreeFacts.prefit`; after the last wave, the rows of the
-        batch's noise fit alone), first for the trees the wave does not touch, then for
+        ``prefit`` (the search, when the graft may fit a new calibration on its own
+        trees, :meth:`focus.search.SearchState.may_refit`, or for a wave expected to end
+        the search, :func:`focus.search.last_wave`): compute what that fit reads of each
+        tree (:meth:`_TreeFacts.prefit`; after the last wave, the rows of the batch's
+        noise fit alone) here too, first for the trees the wave does not touch, then for
         each tree as it is grafted (its noise rows once it is scored), so the fit at the
-        barrier only joins them, and rank no tree.
+        barrier only joins them; rank a tree only once the graft is known not to refit
+        (:class:`_Refit`), and once the wave has finished, rank no more trees: the plan
+        ranks them in the same barrier, or, under a new calibration, ranks every tree
+        again (at 40k transitions over 40 tasks, whose trees finish only as their wave
+        ends, 0.1-0.2 s of each refit's barrier went into rankings the refit threw away).
 
         Cancelled (an interrupted notebook cell, a timeout around the search), it cancels
         the wave and waits until it has stopped: nothing else awaits it then, and its
@@ -262,8 +271,10 @@ class WaveTail:
             self.finished_at = time.perf_counter()
         else:
             task.add_done_callback(lambda _: setattr(self, "finished_at", time.perf_counter()))
-        self._prefit, self._rank = prefit, rank and prefit is None
+        self._prefit, self._rank = prefit, rank
         self._rows_only = prefit is not None and last_wave(state, prefit, self.plan)
+        if prefit is not None and score is not None and rank:
+            self._refit = _Refit(state, prefit, len(self.plan.jobs))
         unranked: list[int] = []
         if prefit is not None:
             await _sliced(lambda ti: state.facts(ti).prefit(prefit, rows_only=self._rows_only), self._rest(state))
@@ -286,8 +297,15 @@ class WaveTail:
                 continue
             if task.done() and (task.cancelled() or task.exception() is not None):
                 return
+            if task.done() and prefit is not None:
+                # nothing in flight any more: ranking now or at the plan costs the same
+                # barrier time, and if the graft fits a new calibration the plan ranks
+                # every tree again, so leave the rest of the ranking to the plan
+                self._rank = False
             trees, self._ready = self._ready, []
             parts = await _sliced(lambda ti: self._graft(state, ti, phase_name), trees)
+            if self._refit is not None:
+                self._refit.add(state, parts)
             if score is not None:
                 parts, score = await self._score(state, parts, *score)
             self.parts.update((p.tree_index, p) for p in parts)
@@ -300,7 +318,8 @@ class WaveTail:
     def _rank_some(self, state: SearchState, search: Priority, unranked: list[int]) -> None:
         """Rank trees of ``unranked`` (taken from its end) under the calibration the
         graft's state will have, for :data:`SLICE_S` (the first call fits it)."""
-        calib, pi, seed = state.next_calibration(search), self.plan.phase_index, state.seed
+        calib = state.next_calibration(search) or state.calibration(search)
+        pi, seed = self.plan.phase_index, state.seed
         t = time.perf_counter()
         while unranked and time.perf_counter() - t < SLICE_S:
             state.facts(unranked.pop()).ranked(search, calib, pi, seed)
@@ -342,12 +361,46 @@ class WaveTail:
         by_tree: dict[int, dict[tuple[int, int], tuple[float | None, float | None]]] = {}
         for key, value in preds.items():
             by_tree.setdefault(key[0], {})[key] = value
-        calib = state.next_calibration(search) if self._rank else None
+        # the calibration the graft's state will have where that is known (no refit, or a
+        # lagged one); else a tree ranked under a calibration the graft replaces is
+        # ranked again: until the graft is known to keep it, the next plan ranks the tree
+        calib = (state.next_calibration(search) or state.calibration(search)) if self._rank else None
+        rank = self._rank and (self._refit is None or self._refit.verdict is False)
         scored = await _sliced(
-            lambda p: self._scored(state, search, p, by_tree.get(p.tree_index, {}), calib, self._rank), parts
+            lambda p: self._scored(state, search, p, by_tree.get(p.tree_index, {}), calib, rank), parts
         )
         self.predictions.update(preds)
         return scored, (search, critic)
+
+
+class _Refit:
+    """Whether grafting a wave that may fit a new calibration
+    (:meth:`focus.search.SearchState.may_refit`) will, told as its trees are grafted:
+    the spreads of the state with the trees grafted so far only grow with the rest, by
+    at most one per job (:meth:`focus.search.SearchState.refit_floor`). Rankings made
+    under the calibration a refit replaces are thrown away (at 10k transitions over 200
+    tasks the first continuation wave's were 68 ms of CPU, a seventh of the search's),
+    so the tail ranks a tree only once the graft is known not to refit; the trees scored
+    before that are ranked by the next plan under whichever calibration it has, as at a
+    barrier (in the scale benchmark's collections from 10k to 40k transitions, every
+    wave whose graft refit was known to by the time its first trees were scored)."""
+
+    def __init__(self, state: SearchState, search: Priority, jobs: int) -> None:
+        self.floor = state.refit_floor(search)
+        self.spreads = state.spread_count(len(state.waves))
+        self.open = jobs  # jobs of the trees not grafted yet
+
+    def add(self, state: SearchState, parts: list[TreeWave]) -> None:
+        for p in parts:
+            self.spreads += p.facts.spreads - state.facts(p.tree_index).spreads
+            self.open -= p.records
+
+    @property
+    def verdict(self) -> bool | None:
+        """True: the graft refits; False: it does not; None: not known yet."""
+        if self.floor is None or self.spreads + self.open < self.floor:
+            return False
+        return True if self.spreads >= self.floor else None
 
 
 #: Longest stretch (seconds) the tail's work holds the event loop before it lets the

@@ -88,11 +88,8 @@ def test_a_collection_ranks_first_in_a_thread_the_rest_on_the_loop(monkeypatch: 
 
     monkeypatch.setattr(focus.placement, "off_loop", spy)
     batch = run(col.collect(tasks))
-    # only rankings of many trees may go to the thread: here the first (after the
-    # evidence) and each refit's are made in the tails of waves as they run (a refit
-    # lags its waves, REFIT_LAG), and only what a tail left undone when its wave ended
-    # is ranked by the plan (in the thread where that is long: a loaded machine)
-    assert set(threaded) <= {"plan_rank"}
+    # the first rankings (after the evidence, at a refit) in the thread, nothing else
+    assert threaded and set(threaded) == {"plan_rank"}
     monkeypatch.setattr(focus.placement, "INLINE_S", math.inf)  # every call on the loop
     assert digest(run(col.collect(tasks))) == digest(batch)
 

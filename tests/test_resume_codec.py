@@ -112,3 +112,20 @@ def test_a_codec_setting_the_record_lacks_is_not_compared_and_one_it_has_is(tmp_
     shown = r"differs in: codec.tokenizer_sha256 0+\.\.\. → " + mine["tokenizer_sha256"][:40]  # long values cut
     with pytest.raises(ResumeMismatch, match=shown):
         asyncio.run(record.check(codec, lambda key, value: None))
+
+
+def test_checkpoints_of_older_versions_still_name_the_plan_records_where_they_were() -> None:
+    """A checkpoint is a standard pickle, which names each class by its module: a wave's
+    jobs (``RolloutJob``, ``WavePlan``) lived in ``focus.search.state`` until they moved
+    to ``focus.search.jobs``, and a collection saved before must resume after an upgrade."""
+    import pickle
+    import pickletools
+
+    import focus.search.jobs as jobs
+    import focus.search.state as state
+
+    assert state.RolloutJob is jobs.RolloutJob and state.WavePlan is jobs.WavePlan
+    old = pickle.dumps(jobs.WavePlan(1, 2), protocol=2)  # protocol 2 names a class in one GLOBAL opcode
+    old = old.replace(b"focus.search.jobs\nWavePlan", b"focus.search.state\nWavePlan")
+    assert b"focus.search.state" in old and pickle.loads(old) == jobs.WavePlan(1, 2)
+    assert any(op.name == "GLOBAL" for op, _, _ in pickletools.genops(old))

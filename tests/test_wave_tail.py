@@ -83,10 +83,23 @@ def _collect(col: Collector, tasks: list[Task]) -> tuple[Any, dict[Any, Any]]:
     return col.prepare(state), journal.steps
 
 
-@pytest.mark.parametrize(("critic_cls", "waves_in_flight"), [(SyntheticCritic, 1), (SyntheticCritic, 2), (_Batched, 1)])
+@pytest.mark.parametrize(
+    ("critic_cls", "waves_in_flight", "lag_spreads"),
+    [
+        (SyntheticCritic, 1, None),
+        (SyntheticCritic, 2, None),
+        (_Batched, 1, None),
+        (SyntheticCritic, 1, 0),
+        (SyntheticCritic, 2, 0),
+    ],
+)
 def test_grafting_ahead_changes_neither_the_journal_nor_the_batch(
-    critic_cls: type, waves_in_flight: int, monkeypatch: pytest.MonkeyPatch
+    critic_cls: type, waves_in_flight: int, lag_spreads: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if lag_spreads is not None:  # refits lagged from the first fit on (REFIT_LAG): ranked ahead under the next fit
+        import focus.search.state as search_state
+
+        monkeypatch.setattr(search_state, "LAG_SPREADS", lag_spreads)
     grafted_while_running, scored = [], []
     real_graft_tree, real_score_tree = focus.waves.graft_tree, focus.waves.score_tree
 
@@ -273,17 +286,43 @@ def test_the_calibration_reads_the_parts_the_tail_computed() -> None:
     assert np.array_equal(whole[0], parts[0]) and np.array_equal(whole[1], parts[1])
     assert all(np.array_equal(a, b) for a, b in zip(whole[2], parts[2], strict=True))
     assert state.spread_count(1) == sum(1 for r in one if r.m >= 2) > 0
-    # only the evidence's graft fits on trees its state lacks; a refit comes at a power
-    # of two of waves once the spreads have doubled, and lags its waves by one
-    assert not state.fits_at_graft() and REFIT_LAG == 1
+    # refits come only at powers of two of waves, once the spreads can have doubled
+    spreads = state.spread_count(1)
+    later = [state.may_refit(search, spreads)]
+    for n in range(2, 9):
+        state.waves.append((1, n - 2))
+        later.append(state.may_refit(search, spreads))
+    assert later == [True, False, True, False, False, False, True, False]
+    assert not state.may_refit(search, spreads - 1)  # a wave too small to double them
+
+
+@pytest.mark.parametrize("lag_spreads", [1 << 30, 0])
+def test_a_refit_lags_its_waves_once_the_fit_rests_on_many_spreads(
+    lag_spreads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With spreads doubling every wave, the fit moves at powers of two of waves; once
+    the fit in use rests on LAG_SPREADS spreads it moves a wave later (REFIT_LAG), and
+    the next graft's fit is then known before it (``next_calibration``), where an
+    unlagged one may read the graft's own wave (``None``)."""
+    import focus.search.state as search_state
+
+    monkeypatch.setattr(search_state, "LAG_SPREADS", lag_spreads)
+    col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
+    search = col.priority
+    state = run(col.run_evidence(tasks))
     state._spreads.update({k: state.spread_count(1) << (k - 1) for k in range(2, 10)})  # doubling every wave
-    sizes, nexts = [], []
+    sizes, nexts, known = [], [], []
     for n in range(1, 10):
         sizes.append(state._fit_size(search))
         nexts.append(state.refits_next(search))
+        known.append(state.next_calibration(search) is not None)
         state.waves.append((1, n - 1))
-    assert sizes == [1, 1, 2, 2, 4, 4, 4, 4, 8]  # unlagged: 1, 2, 2, 4, 4, 4, 4, 8, 8
-    assert nexts == [False, True, False, True, False, False, False, True, False]
+    if lag_spreads:
+        assert sizes == [1, 2, 2, 4, 4, 4, 4, 8, 8] and not any(nexts)
+        assert known == [False, True, False, True, True, True, False, True, True]  # (at 1, 3, 7: the graft's own wave)
+    else:
+        assert sizes == [1, 1, 2, 2, 4, 4, 4, 4, 8] and REFIT_LAG == 1
+        assert nexts == [False, True, False, True, False, False, False, True, False] and all(known)
 
 
 def test_a_wave_that_ends_the_search_is_scored_ahead_but_not_ranked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -328,16 +367,55 @@ def test_a_wave_that_ends_the_search_is_scored_ahead_but_not_ranked(monkeypatch:
     assert not any("draws" in state.facts(ti).shape for ti in touched)
 
 
-def test_a_wave_whose_graft_refits_ranks_its_trees_under_the_new_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A refit lags its waves by one (:data:`focus.search.REFIT_LAG`), so the tail of
-    the wave whose graft brings it in knows it from the start
-    (:meth:`focus.search.SearchState.refits_next`): it fits it on the waves before the
-    wave and ranks the trees it scores under it, and the new state takes that fit over
-    instead of fitting again; a wave whose graft keeps the calibration ranks under the
-    one it has. The batch is the barrier's either way
-    (:func:`test_grafting_ahead_changes_neither_the_journal_nor_the_batch`)."""
+def test_a_wave_whose_graft_refits_is_not_ranked_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wave whose graft fits a new calibration ranks none of its trees ahead (the plan
+    ranks every tree again under the new one), told as its trees come in
+    (:meth:`focus.search.SearchState.refit_floor`: the graft refits exactly when the
+    spreads reach it); the waves that do not refit rank theirs. The batch is the
+    barrier's either way (:func:`test_grafting_ahead_changes_neither_the_journal_nor_the_batch`)."""
     import focus.collector
 
+    ranked: dict[int, list[bool]] = {}
+    refits: dict[int, bool] = {}
+    real_land, real_score = focus.collector.Collector.land, focus.waves.score_tree
+
+    async def spy_land(self, state, launched, *args, **kw):  # type: ignore[no-untyped-def]
+        plan, search = launched.plan, self.priority
+        floor = state.refit_floor(search) if plan.phase_index == 1 else None
+        new, landed = await real_land(self, state, launched, *args, **kw)
+        if plan.phase_index == 1:
+            refit = new.calibration(search) is not state.calibration(search)
+            assert refit == (floor is not None and new.spread_count(len(new.waves)) >= floor)
+            refits[plan.wave_index] = refit
+        return new, landed
+
+    def spy_score(*args):  # type: ignore[no-untyped-def]
+        if args[2].phase_index == 1:
+            ranked.setdefault(args[2].wave_index, []).append(args[4])
+        return real_score(*args)
+
+    monkeypatch.setattr(focus.collector.Collector, "land", spy_land)
+    monkeypatch.setattr(focus.waves, "score_tree", spy_score)
+    col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
+    run(col.search(tasks))
+    assert any(refits.values()) and not all(refits.values())
+    assert any(ranked.get(w) for w, refit in refits.items() if refit)  # trees scored ahead in a refit wave
+    for wave, refit in refits.items():
+        if refit:
+            assert not any(ranked.get(wave, []))
+
+
+def test_a_wave_whose_graft_brings_in_a_lagged_refit_ranks_its_trees_under_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lagged refit (:data:`focus.search.REFIT_LAG`, here from the first fit on:
+    LAG_SPREADS 0) is known when its wave starts (:meth:`focus.search.SearchState.refits_next`):
+    the tail fits it on the waves before the wave and ranks the trees it scores under it,
+    and the new state takes that fit over instead of fitting again; a wave whose graft
+    keeps the calibration ranks under the one it has. The batch is the barrier's either
+    way (:func:`test_grafting_ahead_changes_neither_the_journal_nor_the_batch`, lagged too)."""
+    import focus.collector
+    import focus.search.state as search_state
+
+    monkeypatch.setattr(search_state, "LAG_SPREADS", 0)
     ranked: dict[int, list[Any]] = {}
     refits: dict[int, bool] = {}
     real_land, real_score = focus.collector.Collector.land, focus.waves.score_tree

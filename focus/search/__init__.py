@@ -40,6 +40,7 @@ from focus.search.grafting import (
     score_tree,
     with_predictions,
 )
+from focus.search.jobs import RolloutJob, WavePlan, rollout_seed
 from focus.search.planning import (
     InFlight,
     WaveChoice,
@@ -58,19 +59,18 @@ from focus.search.planning import (
 )
 from focus.search.state import (
     CALIBRATION_SPREADS,
+    LAG_SPREADS,
     REFIT_LAG,
-    RolloutJob,
     SearchState,
-    WavePlan,
     copy_state,
     copy_tree,
-    rollout_seed,
     unscored,
 )
 from focus.search.work import RankingWork, ranking_work
 
 __all__ = [
     "CALIBRATION_SPREADS",
+    "LAG_SPREADS",
     "REFIT_LAG",
     "InFlight",
     "Predictions",

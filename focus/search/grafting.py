@@ -16,16 +16,10 @@ from typing import Any
 from focus.agent import CONTEXT_LIMIT, Rollout
 from focus.priority import Calibration, Priority
 from focus.search.copies import cow_tree, own
+from focus.search.jobs import RolloutJob, WavePlan
 from focus.search.planning import plan_ahead
 from focus.search.shape import known_shape
-from focus.search.state import (
-    _SCORED_KINDS,
-    RolloutJob,
-    SearchState,
-    WavePlan,
-    _successor,
-    _TreeFacts,
-)
+from focus.search.state import _SCORED_KINDS, SearchState, _successor, _TreeFacts
 from focus.tree import RolloutRecord, Tree
 from focus.usage import Usage
 

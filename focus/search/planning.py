@@ -23,7 +23,8 @@ from focus.priority import EXPLORE, NodeEvidence, Phase, Priority, exploration_r
 from focus.ranking import Entry, entry, tie
 from focus.search.depth_share import DepthShare
 from focus.search.heads import PlanIndex, plan_index, spent
-from focus.search.state import RolloutJob, SearchState, WavePlan, _successor, rollout_seed
+from focus.search.jobs import RolloutJob, WavePlan, rollout_seed
+from focus.search.state import SearchState, _successor
 from focus.sums import left_sum
 
 

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from focus.agent import BranchState, derive_seed
 from focus.calibration import Counts, tree_counts
 from focus.calibration import mean_leaf_transitions as leaf_mean
 from focus.env import Task
@@ -24,9 +23,9 @@ from focus.estimation import Segment, segment
 from focus.noise_rows import Checkpoint, tree_rows
 from focus.priority import Calibration, NodeEvidence, Priority, exploration_rate
 from focus.ranking import Entry, TreeRanking, tie
-from focus.reprs import short_repr
 from focus.search.copies import copy_tree
 from focus.search.heads import PlanIndex, plan_index
+from focus.search.jobs import RolloutJob, WavePlan  # noqa: F401 - checkpoints pickled before 2026-12-06 name them here
 from focus.search.shape import Depths, Known, shape_fact, tree_spreads
 from focus.tree import Edge, Tree
 from focus.usage import Usage
@@ -35,36 +34,6 @@ from focus.usage import Usage
 #: is no longer refitted: with thousands of spreads the noise model's variances are
 #: known to within a few percent.
 CALIBRATION_SPREADS = 4096
-
-
-@dataclass(frozen=True)
-class RolloutJob:
-    """One rollout to run: from checkpoint ``node_id`` of tree ``tree_index``."""
-
-    __repr__ = short_repr
-
-    tree_index: int
-    node_id: int
-    seed: int
-    start: BranchState
-    #: Index of this continuation among those started from the node (0-based).
-    branch: int = 0
-
-
-@dataclass(frozen=True)
-class WavePlan:
-    """The jobs of one wave of one phase; empty when the phase is done."""
-
-    phase_index: int
-    wave_index: int
-    jobs: tuple[RolloutJob, ...] = ()
-    #: Task transitions each job was expected to take when planned (continuation
-    #: phases): what later plans hold back from the budget while this wave runs.
-    expected: tuple[float, ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        return not self.jobs
 
 
 @dataclass
@@ -145,11 +114,11 @@ class SearchState:
         nearly every doubling of its waves. Once a fit rests on
         :data:`CALIBRATION_SPREADS` spreads it is kept from then on.
 
-        A refit lags its waves by one (:data:`REFIT_LAG`): the state of ``2^k + 1``
-        waves is the first to use the fit on ``2^k``, except for the evidence, whose
-        graft makes the first fit. So the fit a graft brings in reads only trees the
-        state before it has, and a collector fits it and ranks every tree under it
-        while that wave still runs (:meth:`next_calibration`, :class:`focus.waves.WaveTail`)
+        Once the fit in use rests on :data:`LAG_SPREADS` spreads, a refit lags its
+        waves by one (:data:`REFIT_LAG`): the state of ``2^k + 1`` waves is the first to
+        use the fit on ``2^k``. The fit a graft brings in then reads only trees the state
+        before it has, so a collector fits it and ranks every tree under it while that
+        wave still runs (:meth:`next_calibration`, :class:`focus.waves.WaveTail`)
         instead of in a barrier with no model call in flight.
         """
         return self._fitted(search)[1]
@@ -159,47 +128,54 @@ class SearchState:
         size = self._fit_size(search)
         return size, self._fit(size, search)
 
-    def _fit_size(self, search: Priority, at_hand: bool = False, waves: int | None = None) -> int:
+    def _fit_size(self, search: Priority, at_hand: bool = False) -> int:
         """How many waves :meth:`calibration` is fitted on, deciding it without the fit on
         all of them (which only a fit on fewer waves' spreads can rule out: a fit on
         the last waves it may read is the last one to consider, whatever its own
         spreads). ``at_hand``: from the fits and spread counts cached (a count of every
         wave's spreads taken from the trees' facts), raising :class:`NotAtHand` where
-        one is missing. ``waves``: for a state of that many waves whose first waves are
-        this one's (the next graft's, ``len(self.waves) + 1``), default this state."""
-        n = len(self.waves) if waves is None else waves
+        one is missing."""
+        size = self._size_for(len(self.waves), search, at_hand)
+        assert size is not None  # (every wave it may read is this state's)
+        return size
+
+    def _size_for(self, n: int, search: Priority, at_hand: bool = False) -> int | None:
+        """:meth:`_fit_size` of a state of ``n`` waves whose first waves are this one's
+        (``n = len(self.waves) + 1``: the next graft's), ``None`` where that reads the
+        spreads of a wave this state does not have (an unlagged refit, :data:`LAG_SPREADS`)."""
         fit, spreads = (self._cached_fit, self._cached_spreads) if at_hand else (self._fit, self.spread_count)
+        have = len(self.waves)
         size = 1 if n else 0
-        last = max(n - REFIT_LAG, size)  # the refits lag their waves; the evidence's fit does not
-        while size < last:
-            if fit(size, search).noise.spreads >= CALIBRATION_SPREADS:
+        while size < n:
+            c = fit(size, search)
+            if c.noise.spreads >= CALIBRATION_SPREADS:
                 break
+            last = n - REFIT_LAG if c.noise.spreads >= LAG_SPREADS else n  # lagged on a large fit
             floor = 2 * spreads(size)
             nxt = 2 * size
-            while nxt <= last and spreads(nxt) < floor:
+            while nxt <= min(last, have) and spreads(nxt) < floor:
                 nxt *= 2
             if nxt > last:
                 break
+            if nxt > have:
+                return None
             size = nxt
         return size
 
-    def next_calibration(self, search: Priority) -> Calibration:
-        """The :meth:`calibration` of the state the next graft makes, fitted here: it
-        reads only waves this state has (a refit lags its waves, :data:`REFIT_LAG`), so
-        the trees a wave does not touch can be ranked under it while the wave runs.
-        Cached here and carried to that state, which finds it fitted. Not before the
-        evidence, whose graft makes the first fit (:meth:`fits_at_graft`)."""
-        if not self.waves:
-            raise ValueError("no calibration before the evidence: its graft makes the first fit")
-        return self._fit(self._fit_size(search, waves=len(self.waves) + 1), search)
+    def next_calibration(self, search: Priority) -> Calibration | None:
+        """The :meth:`calibration` of the state the next graft makes, fitted here, where
+        it reads only waves this state has (no refit, or a lagged one, :data:`REFIT_LAG`):
+        then the trees a wave does not touch can be ranked under it while the wave runs.
+        Cached here and carried to that state, which finds it fitted. ``None`` before
+        the evidence and where the graft may refit on its own wave (:meth:`may_refit`)."""
+        size = self._size_for(len(self.waves) + 1, search) if self.waves else None
+        return None if size is None else self._fit(size, search)
 
     def refits_next(self, search: Priority) -> bool:
-        """Whether the next graft brings in another calibration than this state's
-        (:meth:`next_calibration`; always before the evidence)."""
-        if not self.waves:
-            return True
-        n = len(self.waves)
-        return self._fit_size(search, waves=n + 1) != self._fit_size(search, waves=n)
+        """Whether the next graft brings in a lagged refit (:meth:`next_calibration`
+        is another calibration than this state's)."""
+        nxt = self.next_calibration(search)
+        return nxt is not None and nxt is not self.calibration(search)
 
     def _cached_fit(self, size: int, search: Priority) -> Calibration:
         c = self._calibrations.get((size, search.discount, search.truncation_rule))
@@ -234,13 +210,37 @@ class SearchState:
             counts = [tree_counts(tree, rule, keep) for tree in self.trees]  # type: ignore[arg-type]
         return leaf_mean(counts)
 
-    def fits_at_graft(self) -> bool:
-        """Whether grafting a wave onto this state fits a calibration on trees it does
-        not have yet: only the evidence's graft, the first fit (every later refit lags
-        its waves, :data:`REFIT_LAG`). That fit reads every tree
+    def may_refit(self, search: Priority, jobs: int) -> bool:
+        """Whether grafting a wave of ``jobs`` jobs onto this state may fit a new
+        calibration on trees it does not have yet: the evidence's graft, or an unlagged
+        refit (:data:`LAG_SPREADS`) at a power of two of waves, not once the fit is
+        kept, and only if the spreads can reach twice those of the last fit (a job gives
+        at most one checkpoint its second child). The fit reads every tree
         (:meth:`_TreeFacts.prefit`), so a collector does that ahead, while the wave runs
         (:class:`focus.waves.WaveTail`)."""
-        return not self.waves
+        if not self.waves:
+            return True
+        floor = self.refit_floor(search)
+        return floor is not None and self.spread_count(len(self.waves)) + jobs >= floor
+
+    def refit_floor(self, search: Priority) -> int | None:
+        """The spreads (:meth:`spread_count` of every wave) from which grafting the next
+        wave onto this state fits a new calibration on all of its waves, ``None`` where
+        no graft can (not at a power of two of waves, the fit is kept, or a refit lags:
+        :data:`LAG_SPREADS`; 0 before the evidence, the first fit). Exact: the fits on
+        fewer waves are this state's, so the next graft's fit is on all of its waves
+        once their spreads reach twice those of this state's fit, and on as many as this
+        state's otherwise. A wave's spreads only grow as its trees come in, so a runner
+        can tell before the wave ends whether it refits."""
+        n = len(self.waves) + 1
+        if n & (n - 1):
+            return None
+        if not self.waves:
+            return 0
+        size, c = self._fitted(search)
+        if c.noise.spreads >= min(CALIBRATION_SPREADS, LAG_SPREADS):
+            return None
+        return 2 * self.spread_count(size)
 
     def _fit(self, size: int, search: Priority) -> Calibration:
         key = (size, search.discount, search.truncation_rule)
@@ -318,12 +318,22 @@ class SearchState:
         return f
 
 
-#: Waves a refit of the calibration lags behind its waves (:meth:`SearchState.calibration`).
-#: With one, the fit a graft brings in is on waves the state before it already has: at
-#: 40k transitions over 800 tasks each refit was a barrier of 0.3-0.4 s (a fit, then a
-#: ranking of every tree) with no model call in flight, most of the model service's
-#: idle time there (docs/findings/speed.md); lagged, both run while the next wave does.
+#: Waves a refit of the calibration lags behind its waves (:meth:`SearchState.calibration`)
+#: once the fit in use rests on :data:`LAG_SPREADS` spreads. With one, the fit a graft
+#: brings in is on waves the state before it already has: at 40k transitions over 800
+#: tasks each refit was a barrier of 0.3-0.4 s (a fit, then a ranking of every tree) with
+#: no model call in flight, most of the model service's idle time there
+#: (docs/findings/speed.md); lagged, both run while the next wave does.
 REFIT_LAG = 1
+
+#: Spreads of the fit in use from which a refit lags (:data:`REFIT_LAG`). A fit on ``m``
+#: spreads has variances within about ``sqrt(2 / m)`` of their values (6% at 512), so
+#: planning one more wave on it costs little, and the barrier a refit makes grows with
+#: the collection. On a small fit the lag cost more than the barrier it saved: with 6
+#: tasks a collection has 3-4 waves, and one of its continuation waves was planned on 6
+#: spreads instead of 15-22 (`benchmarks.estimator_quality_unseen`: wide/6H batch MSE
+#: 1.28x uniform's against 1.0x; docs/findings/speed.md).
+LAG_SPREADS = 512
 
 
 class NotAtHand(LookupError):
@@ -543,14 +553,6 @@ def copy_state(state: SearchState) -> SearchState:
         list(state.waves),
         state.planned,
     )
-
-
-def rollout_seed(seed: int, tree_index: int, node_id: int, branch: int) -> int:
-    """Seed of a continuation: fixed by (collection seed, tree, node, branch index), and
-    consecutive over the branches of one checkpoint (a hash of the checkpoint plus the
-    branch index), so that siblings' first model calls can go as one request
-    (:mod:`focus.siblings`)."""
-    return derive_seed(seed, tree_index, node_id) + branch
 
 
 def _successor(
