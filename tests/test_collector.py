@@ -86,13 +86,22 @@ def test_stepwise_api_matches_collect_and_is_deterministic():
     assert batch_key(run(synthetic(seed=1)[0].collect(tasks))) != batch_key(whole)
 
 
-def test_resume_from_a_pickled_state_reproduces_the_batch():
+@pytest.mark.parametrize(("lag_spreads", "waves"), [(None, 1), (0, 1), (0, 2), (0, 3)])
+def test_resume_from_a_pickled_state_reproduces_the_batch(lag_spreads, waves, monkeypatch):
+    """Also with refits lagged (LAG_SPREADS 0: from the first fit on), where a resumed
+    state fits again, from the trees, the calibrations the live run carried over from the
+    state before each graft (focus.search.REFIT_LAG)."""
+    if lag_spreads is not None:
+        import focus.search.state as search_state
+
+        monkeypatch.setattr(search_state, "LAG_SPREADS", lag_spreads)
     col, tasks, _ = synthetic(seed=3)
     whole = run(col.collect(tasks))
 
     async def interrupted():
         state = await col.run_evidence(tasks)
-        state = await col.run_wave(state, col.plan_wave(state, 1, 0))
+        for w in range(waves):
+            state = await col.run_wave(state, col.plan_wave(state, 1, w))
         blob = cloudpickle.dumps(state)  # what the pipeline persists after a wave
         fresh, _, _ = synthetic(seed=3)  # a new process: new collector, same config
         state = pickle.loads(blob)
