@@ -405,13 +405,14 @@ def test_a_parser_that_raises_ends_the_rollout_naming_it_keeping_its_segments():
 
 
 class RaisesOnSecondQuestion(EveryDecision):
-    def __init__(self) -> None:
+    def __init__(self, error: Exception | None = None) -> None:
         self.questions = 0
+        self.error = error if error is not None else KeyError("no such state")
 
     def eligible(self, state):  # type: ignore[no-untyped-def]
         self.questions += 1
         if self.questions == 2:
-            raise KeyError("no such state")
+            raise self.error
         return True
 
 
@@ -424,17 +425,6 @@ def test_a_branch_point_rule_that_raises_ends_the_rollout_keeping_its_segments()
     assert [p.kind for p in rollout.pieces] == ["checkpoint", "failed"]
     assert rollout.leaf.cause == "error: KeyError: 'no such state'"
     assert len(rollout.leaf.turns) == 1  # the turn after the checkpoint, not lost either
-
-
-class NotYetRule(EveryDecision):
-    def __init__(self) -> None:
-        self.questions = 0
-
-    def eligible(self, state):  # type: ignore[no-untyped-def]
-        self.questions += 1
-        if self.questions == 2:
-            raise NotImplementedError("no rule for this state yet")
-        return True
 
 
 class ForksOnce(MemoryWorkspace):
@@ -475,7 +465,7 @@ def test_a_not_implemented_error_is_the_models_only_from_the_model_call(part, pi
     env = ForksOnceEnv(mdps) if part == "workspace" else SyntheticEnv(mdps)
     agent = Agent(policy, env, synthetic_format(), max_steps=20)
     if part == "branch_points":
-        agent.branch_points = NotYetRule()
+        agent.branch_points = RaisesOnSecondQuestion(NotImplementedError("no rule for this state yet"))
     ForksOnce.forks = 0
     rollout = run(agent.rollout(run(agent.start(Task("t0", {"mdp": 0}))), seed=1))
     assert [p.kind for p in rollout.pieces] == pieces
