@@ -328,14 +328,16 @@ def test_server_exits_when_its_parent_dies_without_cleanup(tmp_path):
 
 
 _CTRL_C_CHILD = """
-import pathlib, signal, sys, httpx
+import pathlib, sys, time, httpx
 from focus.backends import LocalModelServer
 from focus.backends.local import WarmServer
 out = pathlib.Path(sys.argv[1])
 servers = [LocalModelServer().start(), LocalModelServer(warm=WarmServer()).start()]
-out.write_text(" ".join(str(s.pid) for s in servers))
+out.with_suffix(".part").write_text(" ".join(str(s.pid) for s in servers))
+out.with_suffix(".part").rename(out)  # whole, or not there: the test reads it once it exists
 try:
-    signal.pause()
+    while True:  # not signal.pause(): a SIGINT just before pause() blocks it for good
+        time.sleep(0.05)
 except KeyboardInterrupt:  # the command's own Ctrl-C handling: its servers still answer
     codes = [httpx.get(s.url + "/health").status_code for s in servers]
     out.with_suffix(".after").write_text(" ".join(map(str, codes)))
