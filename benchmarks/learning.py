@@ -60,15 +60,16 @@ from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, GroupNormalized
 from focus.priority import Priority, Selective, Uniform
 
-#: The trainer of every method: the library's ``UpdateConfig`` with one step per update
-#: sized to a KL target (``rule="sgd"``: the plain gradient, a line search to
-#: ``target_kl``; matched update sizes). Each task's step is the one both methods were
+#: The trainer of every method: the library's ``UpdateConfig`` with its default rule, one
+#: step per update sized to a KL target (``rule="sgd"``: the plain gradient, a line
+#: search to ``target_kl``; matched update sizes; lr, epochs and clip do not act on an
+#: on-policy batch's step). Each task's step is the one both methods were
 #: best at in the same sweep (``TASK_TRAINER``; docs/findings/learning-steps.md, "A larger step at
 #: matched landed KL" and "The long reach and MATH at the larger step"): issue 32's
 #: "each method at its best setting", which here is one setting per task. The record
 #: before (Adam epochs at lr 3e-4 stopped at KL 0.05, ``ADAM_TRAINER``) left GRPO's gain
 #: within evaluation noise on three of the six tasks, so they were not judged. With the
-#: library's one epoch at lr 1e-3 the update size depended on the batch (GRPO's KL per
+#: library's default of then, one Adam epoch at lr 1e-3, the update size depended on the batch (GRPO's KL per
 #: update ranged 0.001-0.9 on the toy, the oldest record).
 TRAINER = {"rule": "sgd", "lr": 3e-4, "clip": 0.5, "epochs": 8, "target_kl": 0.2}
 #: Per task, what differs from ``TRAINER``: the long reach's third update at 0.2 undid
@@ -76,7 +77,7 @@ TRAINER = {"rule": "sgd", "lr": 3e-4, "clip": 0.5, "epochs": 8, "target_kl": 0.2
 TASK_TRAINER: dict[str, dict[str, Any]] = {"long-reach": {"target_kl": 0.1}}
 #: The small-step Adam trainer of the records before 2026-12-04, which
 #: ``benchmarks.gradient_quality`` and ``benchmarks.learning_probe`` measure.
-ADAM_TRAINER = {"lr": 3e-4, "clip": 0.5, "epochs": 8, "target_kl": 0.05}
+ADAM_TRAINER = {"rule": "adam", "lr": 3e-4, "clip": 0.5, "epochs": 8, "target_kl": 0.05}
 
 
 def task_trainer(task: str, options: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:

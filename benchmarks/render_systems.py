@@ -273,7 +273,7 @@ def train_local(f: dict[str, Any]) -> str:
     default = UpdateConfig().pack
     rows = [
         [
-            f"pack={s['pack']} threads={s['torch_threads']}" + (" (the defaults)" if s["pack"] == default and s["torch_threads"] == 1 else ""),
+            f"pack={s['pack']} threads={s['torch_threads']}" + (" (the default layout and threads)" if s["pack"] == default and s["torch_threads"] == 1 else ""),
             s_(s["median_s"]),
             each(s["runs_s"], s_),
             x_(base["median_s"] / s["median_s"]),
@@ -303,7 +303,7 @@ def _train_layouts(f: dict[str, Any]) -> list[str]:
         for s in steps
     ]
     head = (
-        f'One step sized to KL 0.2 (`rule="sgd"`, the learning benchmark\'s trainer), one thread: token trie '
+        f'One step sized to KL 0.2 (`rule="sgd"`, the default rule at the learning benchmark\'s step), one thread: token trie '
         f'(`pack="tree"`, the whole batch\'s trie): {f["tree_pieces"]:,} pieces ({f["tree_tokens"]:,} tokens).'
     )
     return [head, table(["layout", "median", "each run", "speed-up vs pack=none"], rows)]

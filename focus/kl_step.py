@@ -1,11 +1,11 @@
 """One-step update rules sized to the KL target (``UpdateConfig.rule``; issue 32).
 
-The default rule (``adam``: several Adam epochs over minibatches, stopped at the KL
-target) turns a batch's gradient into a parameter change nearly orthogonal to it: on
-the learning benchmark's corridors the batch gradient's cosine with a
-128-rollouts-per-task reference is 0.8-0.9, the Adam update's 0.04
-(docs/findings/learning.md, "Gradient quality"). These rules keep the direction and choose
-only the length: the whole batch's loss gradient ``g`` (the same clipped loss, scaled
+The ``adam`` rule (several Adam epochs over minibatches, stopped at the KL target;
+the default until 2026-12-06) turns a batch's gradient into a parameter change nearly
+orthogonal to it: on the learning benchmark's corridors the batch gradient's cosine
+with a 128-rollouts-per-task reference is 0.8-0.9, the Adam update's 0.04
+(docs/findings/learning.md, "Gradient quality"). These rules (``sgd`` the default) keep
+the direction and choose only the length: the whole batch's loss gradient ``g`` (the same clipped loss, scaled
 advantages and token mean as the Adam rule), then one step ``alpha * d`` with
 
 - ``sgd``: ``d = -g`` (plain, or normalised, gradient ascent of the objective);

@@ -440,7 +440,7 @@ def test_an_env_step_s_own_exception_keeps_its_traceback_in_a_debug_record(caplo
     assert ro.leaf.cause == "env: KeyError: 'missing_key_in_buggy_step'"
     (record,) = [r for r in caplog.records if r.name == "focus.agent" and r.exc_info]
     assert record.levelno == logging.DEBUG and "Buggy.step raised" in record.getMessage()
-    assert "return {}[\"missing_key_in_buggy_step\"]" in caplog.text  # the env's own line, from its traceback
+    assert 'return {}["missing_key_in_buggy_step"]' in caplog.text  # the env's own line, from its traceback
 
 
 def test_an_opening_prompt_over_max_prompt_tokens_fails_its_rollout_as_the_server_s_refusal_does():
@@ -581,7 +581,9 @@ def test_a_cancelled_error_of_the_env_s_own_fails_its_rollout_and_a_real_cancel_
     codec = toy_format().codec
 
     def agent(where):
-        return Agent(ScriptedPolicy(["5", "4", "3"], codec), Cancels(where), toy_format(), branch_points=EveryDecision())
+        return Agent(
+            ScriptedPolicy(["5", "4", "3"], codec), Cancels(where), toy_format(), branch_points=EveryDecision()
+        )
 
     step = agent("step")
     ro = run(step.rollout(run(step.start(task)), seed=0))

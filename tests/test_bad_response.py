@@ -172,7 +172,9 @@ def test_a_bad_answer_on_every_run_stops_the_collection_and_a_rerun_replays_it(l
             proxy.queue("short_logprobs", (HTTP["max_retries"] + 1) * RUNS, one_request=True)
 
         second = AfterStep(cfg, EVIDENCE_SCORES, break_the_server)
-        with pytest.raises(BadResponses, match=r"^bad responses: 1 of \d+ rollouts of phase continue wave 0 .*log-probs"):
+        with pytest.raises(
+            BadResponses, match=r"^bad responses: 1 of \d+ rollouts of phase continue wave 0 .*log-probs"
+        ):
             run_collect(cfg, second)
         assert proxy.pending() == 0
         assert ("evidence", 0) in store.list(cid) and ("1.continue.unfinished", 0) in store.list(cid)

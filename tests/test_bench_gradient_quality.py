@@ -61,7 +61,9 @@ def test_trainer_table_pairs_gains_by_seed_within_a_trainer():
         r.update(update_gain=gain, update_kl_reference=kl_ref)
         return r if trainer is None else {**r, "trainer": trainer}
 
-    rows = [row(s, m, g, 0.04) for s, m, g in [(0, "focus", 0.3), (0, "grpo", 0.2), (1, "focus", 0.1), (1, "grpo", 0.2)]]
+    rows = [
+        row(s, m, g, 0.04) for s, m, g in [(0, "focus", 0.3), (0, "grpo", 0.2), (1, "focus", 0.1), (1, "grpo", 0.2)]
+    ]
     rows += [row(s, m, 0.5, 0.25, "sgd") for s in (0, 1) for m in ("focus", "grpo")]
     lines = {(t["trainer"], t["method"]): t for t in trainer_table(rows)}
     assert set(lines) == {("adam", "focus"), ("adam", "grpo"), ("sgd", "focus"), ("sgd", "grpo")}

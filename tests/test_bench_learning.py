@@ -174,7 +174,9 @@ def test_assemble_keeps_the_seeds_every_method_finished(tmp_path):
     result = learning.main(args)
     assert result["seeds_per_task"] == {"toy": [0, 1]} and len(result["runs"]) == 4
     assert (
-        json.loads((tmp_path / "a.json").read_text(encoding="utf-8"))["verdicts"]["tasks"]["toy"]["vs_grpo"]["focus"]["verdict"]
+        json.loads((tmp_path / "a.json").read_text(encoding="utf-8"))["verdicts"]["tasks"]["toy"]["vs_grpo"]["focus"][
+            "verdict"
+        ]
         == "better"
     )
     assert (out / "learning.png").stat().st_size > 5_000
@@ -308,7 +310,9 @@ def test_a_sweep_stopped_early_keeps_the_seeds_finished_everywhere(tmp_path):
     result = learning.main(args)
     assert result["seeds_per_task"] == {"bridge": [0, 1]} and [len(runs) for runs in result["runs"]] == [4, 4]
     assert result["at_best"]["bridge"]["best"] == {"focus": 1, "grpo": 1}
-    assert json.loads((tmp_path / "sweep-assembled.json").read_text(encoding="utf-8"))["labels"] == [label(s) for s in settings]
+    assert json.loads((tmp_path / "sweep-assembled.json").read_text(encoding="utf-8"))["labels"] == [
+        label(s) for s in settings
+    ]
 
 
 def test_sweep_sizes_cross_the_step_settings_sizes_outer():

@@ -33,7 +33,9 @@ def test_the_committed_pages_are_what_the_committed_records_render():
     rendered, warnings = readme.render_pages(texts, RESULTS)
     assert warnings == []
     for name, text in texts.items():
-        assert rendered[name] == text, f"benchmarks/{name} differs from its records: run `python -m benchmarks --render-only`"
+        assert rendered[name] == text, (
+            f"benchmarks/{name} differs from its records: run `python -m benchmarks --render-only`"
+        )
 
 
 def test_every_benchmark_has_its_block_and_its_renderer():

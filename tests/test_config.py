@@ -205,7 +205,9 @@ def test_a_dask_address_without_a_port_is_refused_before_anything_starts(address
     """`focus collect --dask-address 127.0.0.1` got as far as connecting and stopped with
     distributed's `ValueError: missing port number in address '127.0.0.1'`, exit 1."""
     with pytest.raises(ConfigError) as e:
-        load_config(overrides={"execution.address": address}, environ={}, labels={"execution.address": "--dask-address"})
+        load_config(
+            overrides={"execution.address": address}, environ={}, labels={"execution.address": "--dask-address"}
+        )
     msg = str(e.value)
     assert f"execution.address: {address!r} is not a Dask scheduler address: write host:port" in msg, msg
     assert msg.endswith("(from --dask-address)"), msg

@@ -118,7 +118,9 @@ async def _wait_final(client: Any, run_id: Any, worker: subprocess.Popen, log: P
         if worker.poll() is not None:
             raise AssertionError(f"worker exited with {worker.returncode}: {log.read_text(encoding='utf-8')[-3000:]}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"flow run stayed {run.state_type.value}; worker log: {log.read_text(encoding='utf-8')[-3000:]}")
+            raise AssertionError(
+                f"flow run stayed {run.state_type.value}; worker log: {log.read_text(encoding='utf-8')[-3000:]}"
+            )
         await asyncio.sleep(0.3)
 
 

@@ -77,7 +77,10 @@ COMMANDS: dict[str, Check] = {
     "make test-fast": Check("parse", "the fast suite: this test's file is part of `make test`"),
     "make bench": Check("parse", "every benchmark: about 45 minutes (benchmarks/README.md records each)"),
     "make install": Check("parse", "installs into .venv: the checkout these tests run in has it"),
-    "make test-lowest": Check("parse", "installs the lowest allowed versions from PyPI into .venv-lowest, then the fast suite: about 15 minutes"),
+    "make test-lowest": Check(
+        "parse",
+        "installs the lowest allowed versions from PyPI into .venv-lowest, then the fast suite: about 15 minutes",
+    ),
     ".venv/bin/focus train -c configs/loop.toml": Check("parse", LONG_TRAIN),
     ".venv/bin/focus config show -c configs/loop.toml": Check("run", expect=("train.iterations",)),
     "pip install focus-rl": Check("external", "installs the published package from a package index"),

@@ -26,7 +26,9 @@ def test_info_that_is_no_mapping_or_counts_tool_errors_with_no_number_is_refused
         with pytest.raises(EnvError, match=rf"^Env.step returned {said}, expected a mapping"):
             check_step_result(StepResult(None, "o", 0.0, False, info), "Env.step")
     for count in ("bad", "1", None, float("nan"), [1]):
-        with pytest.raises(EnvError, match=r"^Env.step returned info\['tool_error'\]=.*expected a number of tool failures"):
+        with pytest.raises(
+            EnvError, match=r"^Env.step returned info\['tool_error'\]=.*expected a number of tool failures"
+        ):
             check_step_result(StepResult(None, "o", 0.0, False, {"tool_error": count}), "Env.step")
 
 
@@ -34,7 +36,9 @@ def test_an_observation_holding_a_lone_surrogate_is_refused_naming_the_env():
     """A file name or a subprocess's output decoded with surrogateescape is no text a
     codec can encode; found by the codec, the rollout's job failed, its segments lost."""
     name = b"report-\xff.txt".decode("utf-8", errors="surrogateescape")
-    with pytest.raises(EnvError, match=r"^Env.step returned an observation that is not valid text: '\\udcff' at character 7"):
+    with pytest.raises(
+        EnvError, match=r"^Env.step returned an observation that is not valid text: '\\udcff' at character 7"
+    ):
         check_step_result(StepResult(None, f"{name}", 0.0, False), "Env.step")
     for fine in ("plain", "Grüße, 世界 🙂", ""):
         assert check_step_result(StepResult(None, fine, 0.0, False), "Env.step").observation == fine

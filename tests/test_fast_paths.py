@@ -376,7 +376,12 @@ def test_per_depth_terms_equal_the_noise_models_own() -> None:
         calib = Calibration(noise, mean_leaf_transitions=3.0)
         for _ in range(2):  # computed, then kept
             for d in range(12):
-                assert calib.at_depth(d) == (noise.step_var(d), noise.action_var(d), noise.noise_var(d), noise.critic_at(d))
+                assert calib.at_depth(d) == (
+                    noise.step_var(d),
+                    noise.action_var(d),
+                    noise.noise_var(d),
+                    noise.critic_at(d),
+                )
                 assert noise.backup_terms(d) == (noise.step_var(d), noise.action_var(d), noise.critic_error_at(d))
         other = dataclasses.replace(calib, noise=NoiseModel((9.0,), 1.0))
         assert other.at_depth(0) == (9.0, 9.0, 0.0, 1.0) and other.noise.backup_terms(0) == (9.0, 9.0, 1.0)

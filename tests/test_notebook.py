@@ -19,7 +19,9 @@ pytest.importorskip("ipykernel")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: docs/operations.md's progress journal, as the page shows it.
 PROGRESS = re.search(
-    r"## Notebooks, asyncio programs and threads.*?```python\n(.*?)```", (ROOT / "docs/operations.md").read_text(encoding="utf-8"), re.S
+    r"## Notebooks, asyncio programs and threads.*?```python\n(.*?)```",
+    (ROOT / "docs/operations.md").read_text(encoding="utf-8"),
+    re.S,
 )[1]
 
 SETUP = """

@@ -162,11 +162,12 @@ def test_pack_modes_and_the_units_an_update_iterates_over():
     assert UpdateConfig(pack=False).pack == "none"
     with pytest.raises(ValueError):
         UpdateConfig(pack="trie")
-    sgd = {"rule": "sgd", "target_kl": 0.1}
-    assert all(isinstance(p, TreePacked) for p in training_units(seqs, UpdateConfig(**sgd)))
+    assert UpdateConfig().rule == "sgd" and UpdateConfig().target_kl == 0.1  # the defaults
+    assert all(isinstance(p, TreePacked) for p in training_units(seqs, UpdateConfig()))
     # adam's minibatches are prefix-packed sequences whatever the layout of a forward pass
-    assert training_units(seqs, UpdateConfig()) == training_units(seqs, UpdateConfig(pack="prefixes"))
-    assert training_units(seqs, UpdateConfig(pack="prefixes", **sgd)) == pack_prefixes(seqs)
+    adam = UpdateConfig(rule="adam")
+    assert training_units(seqs, adam) == training_units(seqs, UpdateConfig(rule="adam", pack="prefixes"))
+    assert training_units(seqs, UpdateConfig(pack="prefixes")) == pack_prefixes(seqs)
     assert training_units(seqs, UpdateConfig(pack="none")) == seqs
 
 
@@ -179,7 +180,7 @@ def test_an_adam_update_is_the_same_laid_out_as_a_trie():
     chunks = [list(range(i, min(i + 4, len(units)))) for i in range(0, len(units), 4)]
     weights = {}
     for pack in ("prefixes", "tree"):
-        trainer = PolicyTrainer(config=UpdateConfig(pack=pack, minibatch=4, lr=1e-3))
+        trainer = PolicyTrainer(config=UpdateConfig(rule="adam", pack=pack, minibatch=4, lr=1e-3))
         trainer.model = _model()
         trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
         trainer._epoch(units, chunks, 1.0, 0, 0, len(chunks), None)  # one epoch, 8 steps

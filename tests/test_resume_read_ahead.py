@@ -252,4 +252,6 @@ def test_checkpoints_the_caller_loaded_are_handed_out_unread(tmp_path, monkeypat
         got = [ahead.take(key) for key in keys]
     assert got == [(True, "first"), (True, {"i": 1}), (True, {"i": 2}), (True, "fourth"), (True, {"i": 4}),
                    (True, {"i": 5})]  # fmt: skip
-    assert sorted(r.rsplit(".", 2)[0] for r in reads) == sorted(["n-1.continue-w0000" + str(w) for w in (1, 2, 4, 5)] * 2)
+    assert sorted(r.rsplit(".", 2)[0] for r in reads) == sorted(
+        ["n-1.continue-w0000" + str(w) for w in (1, 2, 4, 5)] * 2
+    )

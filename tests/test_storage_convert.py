@@ -160,7 +160,9 @@ def test_files_use_the_documented_encodings_and_other_readers_agree(tmp_path):
     for name in ("prompt_ids.list.element", "completion_ids.list.element"):
         assert "BYTE_STREAM_SPLIT" not in cols[name].encodings
     critic = pq.ParquetFile(f"{folder}/critic/part-00000.parquet").metadata.row_group(0)
-    context = [critic.column(i) for i in range(critic.num_columns) if critic.column(i).path_in_schema.startswith("context")]
+    context = [
+        critic.column(i) for i in range(critic.num_columns) if critic.column(i).path_in_schema.startswith("context")
+    ]
     assert context and all("BYTE_STREAM_SPLIT" not in c.encodings for c in context)
     assert cols["advantage"].is_stats_set and cols["task_id"].compression == "ZSTD"
     assert "RLE_DICTIONARY" in cols["task_id"].encodings

@@ -427,8 +427,16 @@ def test_a_coroutine_waiting_for_another_hosts_lease_is_cancelled_at_once(tmp_pa
 
     now = time.time()
     theirs = {
-        "format": "focus-lease", "collection_id": "c1", "owner": "node-7:42:abcd1234", "host": "node-7", "pid": 42,
-        "pid_start": None, "token": "abcd1234", "acquired_at": now - 60, "expires_at": now - 5, "ttl_s": 30.0,
+        "format": "focus-lease",
+        "collection_id": "c1",
+        "owner": "node-7:42:abcd1234",
+        "host": "node-7",
+        "pid": 42,
+        "pid_start": None,
+        "token": "abcd1234",
+        "acquired_at": now - 60,
+        "expires_at": now - 5,
+        "ttl_s": 30.0,
     }  # fmt: skip: expired 5 s ago by this machine's clock
     (tmp_path / "leases").mkdir()
     (tmp_path / "leases" / "c1.json").write_text(json.dumps(theirs), encoding="utf-8")

@@ -21,11 +21,9 @@ MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 
 #: Modules over the limit, and why they still are (the list may only shrink).
-LONG_MODULES = {
-}
+LONG_MODULES = {}
 #: Functions over the limit, and why they still are (the list may only shrink).
-LONG_FUNCTIONS = {
-}
+LONG_FUNCTIONS = {}
 #: The pipeline's collection path, between the command line and the collector: the
 #: two ways in (direct, flow), the one collection function and its journal. The
 #: observers of a collection (progress, the Prefect artifacts) and the lifecycles

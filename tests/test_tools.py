@@ -175,4 +175,7 @@ def test_a_judge_that_returns_no_number_fails_naming_the_judge_and_the_task():
         with pytest.raises(EnvError, match=rf"^the judge of ToolEnv returned {said} for task 't7', expected a number"):
             run(env.step(reset.state, Action("answer", text="42"), None))
     env = ToolEnv([], judge=lambda t, a: True)
-    assert run(env.step(run(env.reset(Task("t", {"prompt": "p"}), None)).state, Action("answer", text="4"), None)).reward == 1.0
+    assert (
+        run(env.step(run(env.reset(Task("t", {"prompt": "p"}), None)).state, Action("answer", text="4"), None)).reward
+        == 1.0
+    )

@@ -79,9 +79,9 @@ def test_kl_verdict_bounds_the_kl_an_epoch_adds():
 
 def test_an_overshooting_first_epoch_is_undone_and_run_again_at_half_the_learning_rate():
     batch = _on_policy(_batch())
-    base = {"lr": 3e-3, "epochs": 1, "minibatch": 2, "scale_advantages": False}
+    base = {"rule": "adam", "lr": 3e-3, "epochs": 1, "minibatch": 2, "scale_advantages": False}
     # without a target this one epoch overshoots: the case the bound is for
-    free = PolicyTrainer(config=UpdateConfig(**base)).update(batch)
+    free = PolicyTrainer(config=UpdateConfig(**base, target_kl=None)).update(batch)
     assert free.final_kl > 2 * 0.05 and free.kl_halvings == 0 and free.initial_kl == 0.0
     trainer = PolicyTrainer(config=UpdateConfig(**base, target_kl=0.05))
     capped = trainer.update(batch)
@@ -106,7 +106,7 @@ def test_an_overshooting_first_epoch_is_undone_and_run_again_at_half_the_learnin
 def test_an_update_from_another_policy_may_add_up_to_twice_the_target():
     batch = _batch()  # behaviour log-probs -2.2 and -2.2: not the model's
     stats = PolicyTrainer(
-        config=UpdateConfig(lr=3e-3, epochs=2, minibatch=2, scale_advantages=False, target_kl=0.05)
+        config=UpdateConfig(rule="adam", lr=3e-3, epochs=2, minibatch=2, scale_advantages=False, target_kl=0.05)
     ).update(batch)
     assert stats.initial_kl > 1.0 and stats.steps >= 1
     assert stats.final_kl <= stats.initial_kl + 2 * 0.05
@@ -142,7 +142,9 @@ def _plain_update(trainer: PolicyTrainer, batch: Batch) -> None:
 
 def test_without_a_target_the_update_is_the_one_before_the_bound():
     batch = _on_policy(_batch())
-    cfg = UpdateConfig(lr=3e-3, epochs=3, minibatch=2, scale_advantages=False, seed=3, pack="prefixes")  # the plain layout, bit for bit
+    cfg = UpdateConfig(
+        rule="adam", target_kl=None, lr=3e-3, epochs=3, minibatch=2, scale_advantages=False, seed=3, pack="prefixes"
+    )  # the plain layout, bit for bit
     new, old = PolicyTrainer(config=cfg), PolicyTrainer(config=cfg)
     stats = new.update(batch)
     _plain_update(old, batch)
@@ -156,10 +158,12 @@ def test_without_a_target_the_update_is_the_one_before_the_bound():
 def test_an_update_stops_once_its_kl_passes_the_target():
     batch = _batch()
     # a large step size: the first optimizer step already moves the policy far
-    free = PolicyTrainer(config=UpdateConfig(lr=3e-2, epochs=6, minibatch=1, scale_advantages=False)).update(batch)
+    free = PolicyTrainer(
+        config=UpdateConfig(rule="adam", target_kl=None, lr=3e-2, epochs=6, minibatch=1, scale_advantages=False)
+    ).update(batch)
     assert free.steps == 6 * 4 and not free.stopped_early
     capped = PolicyTrainer(
-        config=UpdateConfig(lr=3e-2, epochs=6, minibatch=1, scale_advantages=False, target_kl=1e-3)
+        config=UpdateConfig(rule="adam", lr=3e-2, epochs=6, minibatch=1, scale_advantages=False, target_kl=1e-3)
     ).update(batch)
     assert capped.stopped_early and 1 <= capped.steps < free.steps
     # the KL after the update is measured over every trained token: the capped update moved less

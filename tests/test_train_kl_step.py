@@ -105,8 +105,10 @@ def test_a_probe_past_the_bound_is_not_kept():
 
 def test_a_rule_without_a_target_is_refused():
     with pytest.raises(ValidationError, match="target_kl"):
-        UpdateConfig(rule="natural")
-    assert UpdateConfig(rule="adam").target_kl is None  # the default rule needs none
+        UpdateConfig(rule="natural", target_kl=None)
+    with pytest.raises(ValidationError, match="target_kl"):
+        UpdateConfig(target_kl=None)  # the default rule, sgd
+    assert UpdateConfig(rule="adam", target_kl=None).target_kl is None  # adam needs none
 
 
 def test_fisher_product_is_the_curvature_of_the_whole_vocabulary_kl():
@@ -159,6 +161,11 @@ def test_the_forward_mode_curvature_is_v_fisher_v(layout, temperature):
     seqs = pack_sequences(actor_sequences(batch), layout)
     chunks = [pad_sequences(seqs[i : i + 8], ByteCodec.PAD) for i in range(0, len(seqs), 8)]
     v = [torch.randn_like(q) * 1e-2 for q in model.parameters()]
-    want = float(sum((a.double() * b.double()).sum() for a, b in zip(v, fisher_product(model, chunks, temperature, v), strict=True)))
+    want = float(
+        sum(
+            (a.double() * b.double()).sum()
+            for a, b in zip(v, fisher_product(model, chunks, temperature, v), strict=True)
+        )
+    )
     assert want > 0
     assert curvature_along(model, chunks, temperature, v) == pytest.approx(want, rel=1e-4)

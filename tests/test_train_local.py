@@ -104,7 +104,7 @@ def test_update_moves_probability_toward_positive_advantages():
 
     before_good, before_bad = lp(model, good), lp(model, bad)
     batch = Batch("c", 0, [_row(prompt, good, before_good, 1.0, 0), _row(prompt, bad, before_bad, -1.0, 1)])
-    trainer = PolicyTrainer(config=UpdateConfig(lr=3e-3, epochs=4, scale_advantages=False))
+    trainer = PolicyTrainer(config=UpdateConfig(rule="adam", target_kl=None, lr=3e-3, epochs=4, scale_advantages=False))
     stats = trainer.update(batch)
     assert stats.sequences == 2 and stats.tokens == 4 and math.isfinite(stats.loss)
     assert lp(trainer.model, good)[0] > before_good[0] + 0.05
@@ -121,7 +121,7 @@ def _toy_batch(iteration, completions):
 
 def test_each_optimizer_step_is_reported_and_the_report_changes_nothing():
     batch = _toy_batch(0, [("7", 1.0), ("3", -1.0), ("8", 0.5)])
-    cfg = UpdateConfig(lr=3e-3, epochs=2, minibatch=2)
+    cfg = UpdateConfig(rule="adam", target_kl=None, lr=3e-3, epochs=2, minibatch=2)
     seen: list[UpdateStep] = []
     watched, plain = PolicyTrainer(config=cfg), PolicyTrainer(config=cfg)
     stats = watched.update(batch, seen.append)
@@ -145,7 +145,7 @@ def test_each_optimizer_step_is_reported_and_the_report_changes_nothing():
 def test_updates_are_reproducible_and_resume_from_saved_state(tmp_path):
     b0 = _toy_batch(0, [("7", 1.0), ("3", -1.0), ("5", 0.5)])
     b1 = _toy_batch(1, [("8", 1.0), ("2", -0.5), ("9", -1.0)])
-    cfg = UpdateConfig(lr=3e-3, epochs=3, minibatch=2, seed=4)
+    cfg = UpdateConfig(rule="adam", target_kl=None, lr=3e-3, epochs=3, minibatch=2, seed=4)
     # one trainer through both batches
     straight = PolicyTrainer(config=cfg)
     straight.update(b0)

@@ -55,8 +55,12 @@ def test_each_step_reports_its_gradient_norm_before_the_clip():
     batch = _toy_batch(0, [("7", 1.0), ("3", -1.0), ("8", 0.5)])
     seen: list[UpdateStep] = []
     clipped: list[UpdateStep] = []
-    stats = PolicyTrainer(config=UpdateConfig(lr=3e-3, epochs=2, minibatch=2)).update(batch, seen.append)
-    PolicyTrainer(config=UpdateConfig(lr=3e-3, epochs=2, minibatch=2, max_grad_norm=1e-3)).update(batch, clipped.append)
+    stats = PolicyTrainer(config=UpdateConfig(rule="adam", target_kl=None, lr=3e-3, epochs=2, minibatch=2)).update(
+        batch, seen.append
+    )
+    PolicyTrainer(
+        config=UpdateConfig(rule="adam", target_kl=None, lr=3e-3, epochs=2, minibatch=2, max_grad_norm=1e-3)
+    ).update(batch, clipped.append)
     assert len(seen) == 4 and all(s.grad_norm > 0 for s in seen)
     assert stats.grad_norm == pytest.approx(sum(s.grad_norm for s in seen) / 4, rel=1e-12)
     # the first step's gradient is the same whatever the clip: its norm is taken before it
@@ -65,7 +69,9 @@ def test_each_step_reports_its_gradient_norm_before_the_clip():
 
 def test_a_diverging_update_raises_before_writing_weights(tmp_path):
     batch = _toy_batch(0, [("7", 1.0), ("3", -1.0), ("8", 0.5)])
-    trainer = PolicyTrainer(config=UpdateConfig(lr=1e6, epochs=4, minibatch=1, max_grad_norm=1e9))
+    trainer = PolicyTrainer(
+        config=UpdateConfig(rule="adam", target_kl=None, lr=1e6, epochs=4, minibatch=1, max_grad_norm=1e9)
+    )
     with pytest.raises(TrainingDiverged, match="lower the learning rate") as got:
         train_iteration(trainer, None, batch, tmp_path / "policy.pt")
     assert one_line(got.value) == str(got.value)  # shown as it is, one line

@@ -111,6 +111,8 @@ def _train_twice(root: str, tmp_path, *, fresh_second: bool = False) -> list:
             "storage.root": root,
             "critic.kind": "local",
             "critic.options": {"buckets": 64, "hidden": 4, "seed": 1},
+            "train.local.rule": "adam",  # the optimizer state it carries is what this checks
+            "train.local.target_kl": None,
             "train.local.epochs": 2,
             "train.local.minibatch": 2,
         },

@@ -137,9 +137,13 @@ def test_a_workspace_with_symbolic_links_and_hard_links_forks_and_round_trips(un
     os.link(ws.root / "src/a.txt", ws.root / "hard.txt")
     for copy in (ws.fork(), pickle.loads(pickle.dumps(ws))):
         assert copy.list() == ["hard.txt", "link.txt", "src/a.txt"] and copy == ws  # a linked folder is not listed
-        assert os.readlink(copy.root / "link.txt") == "src/a.txt" and os.readlink(copy.root / "dangling") == "missing.txt"
+        assert (
+            os.readlink(copy.root / "link.txt") == "src/a.txt" and os.readlink(copy.root / "dangling") == "missing.txt"
+        )
         copy.write_text("src/a.txt", "changed")  # the copy's link reads the copy's file, not the original's
         assert copy.read_text("link.txt") == "changed" and ws.read_text("link.txt") == "a"
     os.symlink("/usr/bin/env", ws.root / "python")
-    with pytest.raises(WorkspaceError, match=r"cannot be saved: .*'./python' is a symbolic link to the absolute path '/usr/bin/env'"):
+    with pytest.raises(
+        WorkspaceError, match=r"cannot be saved: .*'./python' is a symbolic link to the absolute path '/usr/bin/env'"
+    ):
         pickle.dumps(ws)

@@ -148,26 +148,27 @@ MEANING: dict[str, str] = {
     "train.options": "keyword options of a trainer named by import path",
     "train.eval_tasks": "held-out tasks evaluated (one plain rollout each) before training and after each "
     "iteration (0: off)",
-    "train.local.lr": "AdamW learning rate",
-    "train.local.epochs": "passes over each batch",
-    "train.local.minibatch": "sequences per optimizer step",
+    "train.local.lr": "AdamW learning rate (`rule` adam)",
+    "train.local.epochs": "passes over each batch (`rule` adam)",
+    "train.local.minibatch": "sequences per optimizer step (`rule` adam)",
     "train.local.clip": "PPO clip range of the importance ratio",
-    "train.local.max_grad_norm": "gradient norm clip",
+    "train.local.max_grad_norm": "gradient norm clip (`rule` adam)",
     "train.local.temperature": "temperature of the trained log-probs (unset: `agent.sampling.temperature`)",
     "train.local.scale_advantages": "advantages scaled to unit standard deviation (mean kept): `batch` (true) "
     "over the batch \\| `task` over each task's trained tokens \\| `none` (false)",
-    "train.local.weight_decay": "AdamW weight decay",
+    "train.local.weight_decay": "AdamW weight decay (`rule` adam)",
     "train.local.torch_threads": "torch threads during an update",
     "train.local.pack": "how sequences share forward passes: `tree` (true; prefix packing, and every forward "
     "pass laid out as a token trie, each shared token once) \\| `prefixes` (a sequence that is a prefix of another "
     "rides in it) \\| `none` (false)",
-    "train.local.target_kl": "stop an update once a minibatch's approximate KL(behaviour \\|\\| policy) passes "
-    "this; an epoch (the first too) that adds more than twice this over the batch is undone and run again at half "
-    "the learning rate, up to 4 times (unset: no stop)",
+    "train.local.target_kl": "the update's size in approximate KL(behaviour \\|\\| policy): `sgd`/`natural` "
+    "search the step's length to within 10% of it; `adam` stops once a minibatch passes it, and an epoch that adds "
+    "more than twice this over the batch is undone and run again at half the learning rate, up to 4 times "
+    "(unset, `adam` only: no stop)",
     "train.local.segment_weights": "loss weight of a tree's segments: `equal` \\| `siblings` \\| `reach` "
     '(docs/algorithm.md, "The local trainer")',
-    "train.local.rule": "`adam`: the epochs above \\| `sgd` \\| `natural`: one step along the batch's gradient / "
-    'natural gradient sized to `target_kl` by a line search (needs it; docs/algorithm.md, "The local trainer")',
+    "train.local.rule": "`sgd` \\| `natural`: one step along the batch's gradient / natural gradient sized to "
+    '`target_kl` by a line search \\| `adam`: AdamW epochs over minibatches (docs/algorithm.md, "The local trainer")',
     "train.local.cg_iterations": "`natural`: conjugate-gradient iterations",
     "train.local.damping": "`natural`: damping added to the Fisher",
     "train.local.seed": "seeds the minibatch order",
