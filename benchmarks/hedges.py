@@ -1,5 +1,5 @@
 """Benchmark-only variants of :class:`focus.priority.Selective` that hedge its worst
-case against uniform branching (docs/findings/estimator-issue31.md, "Hedges"). None is
+case against uniform branching (docs/findings/estimator-allocation.md, "Hedges"). None is
 a library default; ``benchmarks.estimator_quality --methods`` takes their names.
 
 * ``selective_explore50`` / ``selective_explore100``: ``Selective(explore=0.5)`` and

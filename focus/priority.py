@@ -303,8 +303,8 @@ class Priority(BaseModel, abc.ABC):
         evidence has no checkpoint with two valid children (the noise model is the
         unbranched rollouts'). 1 (every priority of the library): a wave is limited by
         ``Phase.wave_size`` alone. A benchmark-only hedge keeps part of the budget for a
-        fit on spreads (``benchmarks.hedges``, docs/findings/estimator-issue31.md, "The
-        first wave")."""
+        fit on spreads (``benchmarks.hedges``, docs/findings/estimator-allocation.md,
+        "The first wave")."""
         return 1.0
 
     @abc.abstractmethod

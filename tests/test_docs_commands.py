@@ -148,6 +148,7 @@ COMMANDS: dict[str, Check] = {
     ),
     ".venv/bin/python -m benchmarks.estimator_quality --families truncated --budgets 6 --critics biased "
     "--methods grpo,uniform,selective --seeds 8 --jobs 1": Check("parse", "one held-out cell, 22 seeds: about 10 s"),
+    # docs/findings/estimator-allocation.md
     ".venv/bin/python -m benchmarks.estimator_quality --families uniform,critical,long,slippery,forage,project,timing,subtle "
     "--critics exact,noise_1,noise_3,constant --budgets 2,6 --methods uniform,selective,selective_explore50,"
     "selective_explore100,selective_unifirst,selective_unifirst_w8 --seeds 2 --jobs 1": Check(

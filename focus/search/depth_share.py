@@ -29,7 +29,7 @@ def uniform_shares(state: SearchState, phase: Phase) -> dict[int, float]:
     branching would start a continuation, in expectation. Read from the plan index's
     counts (:meth:`focus.search.heads.PlanIndex.depth_counts`), kept up to date from the
     trees each wave changed: a pass over every tree's checkpoints at each wave cost
-    0.03 ms a transition at 100k transitions over 2,000 tasks (docs/findings/estimator-issue31.md)."""
+    0.03 ms a transition at 100k transitions over 2,000 tasks (docs/findings/estimator-allocation.md, "The bound as the default")."""
     counts: dict[int, int] = {}
     deepest, most = phase.max_depth, phase.max_branches
     for (depth, children), n in plan_index(state).depth_counts(state)[0].items():
