@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.common import fail, fmt, pairs_table
+from cli.common import fail, fmt, pairs_table, pasteable
 from flows.errors import one_line
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def _store_root(url: str, most: int = 8) -> str | None:
             if names:
                 more = f" and {len(names) - most} more" if len(names) > most else ""
                 held.append(
-                    f"{len(names)} {what}(s): {', '.join(names[:most])}{more} (focus inspect {root}/{folder}/<id>)"
+                    f"{len(names)} {what}(s): {', '.join(names[:most])}{more} (focus inspect {pasteable(root)}/{folder}/<id>)"
                 )
     except Exception:  # noqa: BLE001 - a root that cannot be listed: the generic line
         return None
@@ -100,7 +100,9 @@ def inspect(
             else:
                 console.print(_iterations_table(listing), markup=False, highlight=False)
                 # the folder once, on a line of its own: a URL folded in a table cell is unreadable
-                console.print(f"batches in {url.rstrip('/')}/", markup=False, highlight=False, soft_wrap=True)
+                console.print(
+                    f"batches in {pasteable(url.rstrip('/') + '/')}", markup=False, highlight=False, soft_wrap=True
+                )
             return
         summary = batch_summary(store.read(url))
     except typer.Exit:

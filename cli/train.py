@@ -27,6 +27,7 @@ from cli.common import (
     help_default,
     load_with_budget,
     one_line_ending,
+    pasteable,
     resume_command,
     started,
 )
@@ -165,5 +166,5 @@ def _print_table(records: list[dict[str, Any]], cid: str | None, resume: str) ->
         typer.echo(row_line(row_cells(rec)))
     trained = [r["train"] for r in records if r.get("train", {}).get("weights")]
     if trained:
-        typer.echo(f"weights: {trained[-1]['weights']}")
+        typer.echo(f"weights: {pasteable(trained[-1]['weights'])}")
     typer.echo(f"rerun or resume: {resume}")

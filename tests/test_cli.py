@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -223,9 +224,10 @@ def test_inspect_of_a_store_root_says_so_and_names_what_it_holds(tmp_path):
     for part in ("batches/c2/iter-000000", "batches/c1/iter-000000", "weights/loop1/v000000", "_staging/x"):
         (tmp_path / part).mkdir(parents=True)
     (tmp_path / "weights" / "loop1" / "metrics.jsonl").write_text("")
+    root = shlex.quote(str(tmp_path))  # the tests' folder has a space: quoted, ready to paste
     both = (
-        f"it holds 2 collection(s): c1, c2 (focus inspect {tmp_path}/batches/<id>) and "
-        f"1 train loop(s): loop1 (focus inspect {tmp_path}/weights/<id>)"
+        f"it holds 2 collection(s): c1, c2 (focus inspect {root}/batches/<id>) and "
+        f"1 train loop(s): loop1 (focus inspect {root}/weights/<id>)"
     )
     for url, where in (
         (str(tmp_path), "a store root"),
@@ -489,3 +491,23 @@ def test_focus_train_ends_with_the_command_that_resumes_it(capsys):
     resume = "focus train -c configs/loop.toml --iterations 2 --collection-id L"
     _print_table([], "L", resume)
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"rerun or resume: {resume}"
+
+
+def test_urls_with_a_space_are_printed_ready_to_paste(tmp_path, capsys):
+    """A store under a folder with a space: the last line of a collection printed
+    ``batch: file:///.../my runs/...``, which pasted after ``focus inspect`` is two
+    arguments. The URL is quoted as the ``rerun or resume`` line quotes its words, and
+    a shell splits the quoted word back into the one URL."""
+    from cli.collect import print_result
+
+    url = f"file://{tmp_path}/my runs/batches/c/iter-000000"
+    print_result({"collection_id": "c", "stats": {"tasks": 1}, "batch_url": url})
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == f"batch: '{url}'" and shlex.split(last.removeprefix("batch: ")) == [url]
+    plain = "file:///runs/batches/c/iter-000000"
+    print_result({"collection_id": "c", "stats": {"tasks": 1}, "batch_url": plain})
+    assert capsys.readouterr().out.splitlines()[-1] == f"batch: {plain}"  # nothing to quote: as before
+    store = tmp_path / "my runs"
+    (store / "batches" / "c1").mkdir(parents=True)
+    out = CliRunner().invoke(app, ["inspect", str(store)], env={"COLUMNS": "400"})
+    assert out.exit_code == 2 and f"(focus inspect '{store}'/batches/<id>)" in out.output, out.output
