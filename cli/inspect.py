@@ -30,24 +30,30 @@ def _split_batch_url(url: str) -> tuple[str, str, str | None]:
 
 
 #: The folders of a store root that ``focus inspect`` reads one entry of: (folder, what
-#: its entries are).
-STORE_FOLDERS = (("batches", "collection"), ("weights", "train loop"))
+#: its entries are, what that folder is).
+STORE_FOLDERS = (
+    ("batches", "collection", "a folder of batches per collection"),
+    ("weights", "train loop", "the weights each train loop published and its metrics, a folder per loop"),
+)
 
 
 def _store_root(url: str, most: int = 8) -> str | None:
     """The line for ``url`` that is a store root (or its ``batches``/``weights`` folder)
-    rather than one batch, collection or train loop: what it holds and how to inspect
-    each (the first ``most`` names of each kind); ``None`` when it holds neither (or
-    cannot be listed), and the generic line stands."""
+    rather than one batch, collection or train loop: what it is, what it holds and how to
+    inspect each (the first ``most`` names of each kind); ``None`` when the store holds
+    neither (or cannot be listed), and the generic line stands. The ``weights`` folder
+    was said to 'hold' the store's collections (and the ``batches`` folder its loops):
+    each folder now names what it keeps, and the rest of the store comes after it."""
     from storage.urls import Location
 
     top = url.rstrip("/")
     head, _, last = top.rpartition("/")
-    root = head if head and last in dict(STORE_FOLDERS) else top
-    held = []
+    kinds = {folder: (what, keeps) for folder, what, keeps in STORE_FOLDERS}
+    root = head if head and last in kinds else top
+    held = {}
     try:
         loc = Location(root)
-        for folder, what in STORE_FOLDERS:
+        for folder, (what, _) in kinds.items():
             try:
                 entries = loc.fs.ls(loc.path(loc.url(folder)), detail=True)
             except (FileNotFoundError, NotADirectoryError):
@@ -55,15 +61,24 @@ def _store_root(url: str, most: int = 8) -> str | None:
             names = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
             if names:
                 more = f" and {len(names) - most} more" if len(names) > most else ""
-                held.append(
-                    f"{len(names)} {what}(s): {', '.join(names[:most])}{more} (focus inspect {pasteable(root)}/{folder}/<id>)"
+                held[folder] = (
+                    f"{len(names)} {what}(s): {', '.join(names[:most])}{more} "
+                    f"(focus inspect {pasteable(root)}/{folder}/<id>)"
                 )
     except Exception:  # noqa: BLE001 - a root that cannot be listed: the generic line
         return None
     if not held:
         return None
-    where = "a store root" if root == top else f"the {last} folder of the store {root}"
-    return f"{url} is {where}, not a batch, a collection or a train loop; it holds {' and '.join(held)}"
+    if root == top:
+        return (
+            f"{url} is a store root, not a batch, a collection or a train loop; it holds {' and '.join(held.values())}"
+        )
+    what, keeps = kinds[last]
+    line = f"{url} is the {last} folder of the store {root} ({keeps}), not a {what} itself; "
+    rest = " and ".join(v for k, v in held.items() if k != last)
+    if last not in held:
+        return line + f"it holds no {what}; the store holds {rest}"
+    return line + f"it holds {held[last]}" + (f"; the store also holds {rest}" if rest else "")
 
 
 def inspect(

@@ -229,13 +229,16 @@ def test_inspect_of_a_store_root_says_so_and_names_what_it_holds(tmp_path):
         f"it holds 2 collection(s): c1, c2 (focus inspect {root}/batches/<id>) and "
         f"1 train loop(s): loop1 (focus inspect {root}/weights/<id>)"
     )
-    for url, where in (
-        (str(tmp_path), "a store root"),
-        (f"{tmp_path}/batches/", f"the batches folder of the store {tmp_path}"),
-    ):
-        out = CliRunner().invoke(app, ["inspect", url, "--json"])
-        assert out.exit_code == 2, out.output
-        assert out.output == f"error: {url} is {where}, not a batch, a collection or a train loop; {both}\n"
+    out = CliRunner().invoke(app, ["inspect", str(tmp_path), "--json"])
+    assert out.exit_code == 2, out.output
+    assert out.output == f"error: {tmp_path} is a store root, not a batch, a collection or a train loop; {both}\n"
+    out = CliRunner().invoke(app, ["inspect", f"{tmp_path}/batches/", "--json"])
+    assert out.exit_code == 2, out.output
+    assert out.output == (
+        f"error: {tmp_path}/batches/ is the batches folder of the store {tmp_path} (a folder of batches per "
+        f"collection), not a collection itself; it holds 2 collection(s): c1, c2 (focus inspect {root}/batches/<id>); "
+        f"the store also holds 1 train loop(s): loop1 (focus inspect {root}/weights/<id>)\n"
+    )
     for i in range(3, 12):
         (tmp_path / "batches" / f"c{i}").mkdir()
     out = CliRunner().invoke(app, ["inspect", str(tmp_path)], env={"COLUMNS": "400"})
@@ -491,6 +494,30 @@ def test_focus_train_ends_with_the_command_that_resumes_it(capsys):
     resume = "focus train -c configs/loop.toml --iterations 2 --collection-id L"
     _print_table([], "L", resume)
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"rerun or resume: {resume}"
+
+
+def test_inspect_of_the_weights_folder_says_what_it_keeps_and_what_to_inspect(tmp_path):
+    """``focus inspect <root>/weights`` said the weights folder 'holds 2 collection(s)'
+    (the store's, under ``batches``), and nothing of what the folder itself is."""
+    root = shlex.quote(str(tmp_path))
+    for part in ("batches/c1/iter-000000", "batches/c2/iter-000000"):
+        (tmp_path / part).mkdir(parents=True)
+    keeps = "(the weights each train loop published and its metrics, a folder per loop), not a train loop itself"
+    for url in (f"{tmp_path}/weights", f"{tmp_path}/weights/"):
+        out = CliRunner().invoke(app, ["inspect", url])
+        assert out.exit_code == 2, out.output
+        assert out.output == (
+            f"error: {url} is the weights folder of the store {tmp_path} {keeps}; it holds no train loop; "
+            f"the store holds 2 collection(s): c1, c2 (focus inspect {root}/batches/<id>)\n"
+        )
+    (tmp_path / "weights" / "loop1" / "v000000").mkdir(parents=True)
+    out = CliRunner().invoke(app, ["inspect", f"{tmp_path}/weights"])
+    assert out.exit_code == 2, out.output
+    assert out.output == (
+        f"error: {tmp_path}/weights is the weights folder of the store {tmp_path} {keeps}; it holds 1 train "
+        f"loop(s): loop1 (focus inspect {root}/weights/<id>); the store also holds 2 collection(s): c1, c2 "
+        f"(focus inspect {root}/batches/<id>)\n"
+    )
 
 
 def test_urls_with_a_space_are_printed_ready_to_paste(tmp_path, capsys):
