@@ -40,6 +40,7 @@ SELF_EXPLAINED = frozenset(
         "LeaseHeld",
         "PrefectServerGone",
         "MissingExtra",
+        "NothingToTrain",
     }
 )
 #: Errors the user caused and can fix by changing what they asked for (exit status 2).
