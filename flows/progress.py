@@ -240,6 +240,17 @@ class CollectionProgress:
                 self._label, total=rollouts, rates="running", unit="rollouts", count=count_text(0, rollouts, "rollouts")
             )
 
+    def search_started(self) -> None:
+        """The search starts (the journal's ``on_search``): the evidence's clock starts
+        here, not when the command began, so its rates count its rollouts' time and not
+        a wait for another host's lease (30 s and more), the model's or the parts'
+        start-up; a bar's elapsed time starts again with it."""
+        if self._evidence is None:
+            return
+        self._t0 = time.perf_counter()
+        if self._progress is not None and self._task is not None:
+            self._progress.reset(self._task, completed=self._evidence[1])
+
     def execution(self) -> Execution:
         """The execution service the configuration describes
         (:func:`tasks.collect.make_execution`), this progress observing its rollouts."""
