@@ -53,6 +53,7 @@ USAGE = frozenset(
         "UnreadableAnswers",
         "RequestsRefused",
         "RootNotAFolder",
+        "StoreIncomplete",
     }
 )
 #: The longest line: a foreign error's text (a server's page) is cut to it, in the middle,

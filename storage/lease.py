@@ -271,15 +271,19 @@ _HELD: dict[tuple[str, str], Lease] = {}
 _HELD_LOCK = threading.Lock()
 
 
-def check_writer(root: str, collection_id: str) -> None:
+def check_writer(root: str, collection_id: str, *, confirm: bool = False) -> None:
     """Raise :class:`LeaseLost` if this process holds the collection's lease and lost it.
 
     Called by the stores before a manifest goes out; costs a dict look-up (the renewer
-    thread keeps the lease's state). Writers that hold no lease are not fenced.
+    thread keeps the lease's state). Writers that hold no lease are not fenced. With
+    ``confirm`` (before a batch's manifest, once a collection) the lease object is read
+    too (:meth:`Lease.confirm`).
     """
     lease = _HELD.get((root, collection_id))
     if lease is not None:
         lease.check()
+        if confirm:
+            lease.confirm()
 
 
 class Lease:
@@ -496,6 +500,32 @@ class Lease:
                 f"{datetime.fromtimestamp(self._expires_at, UTC).isoformat(timespec='seconds')} without a renewal "
                 f"for {self.ttl_s:.0f} s (was the store unreachable?); stopping before writing more ({_AGAIN})"
             )
+
+    def confirm(self) -> None:
+        """:class:`LeaseLost` unless the lease object is still the one this run last wrote.
+
+        The renewer reads it every ``ttl_s / 3`` (10 s), so a run shorter than that whose
+        store was removed under it (``rm -rf runs`` while it ran, a temporary folder
+        cleaned) never found out: it wrote its later checkpoints and its batch into a
+        store without its first steps and records, ended with exit 0, and its rerun stopped
+        on the missing configuration record. A read before the batch is published costs
+        one request a collection."""
+        with self._lock:
+            if self._version is None or self._lost is not None:
+                return  # not held, or lost: check() says so
+            cur = self._slot.read()
+            if cur is not None and cur[1] == self._version:
+                return
+            other = LeaseRecord.from_json(cur[0]) if cur is not None else None
+            if other is not None:
+                who = f"now held by {other.owner}"
+            else:
+                who = "the lease object is gone: were the store or its leases folder removed while this run wrote it?"
+            self._lost = f"collection {self.collection_id!r} in {self.root}: this run's write lease was lost ({who})"
+        raise LeaseLost(
+            f"{self._lost}; the batch is not written ({_AGAIN}; if the store was removed, start over at a new "
+            "storage root or under a new collection id)"
+        )
 
     def _renewed_late(self) -> bool:
         """Whether a lease past its time, that no other run took meanwhile, is renewed now.
