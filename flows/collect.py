@@ -75,9 +75,7 @@ async def run_collection(config: FocusConfig, allow_policy_change: bool = False)
     """The collection with its steps as task runs (await inside a flow), then its artifacts."""
     log = get_run_logger()
     progress = CollectionProgress(config, enabled=config.progress, log=log)
-    journal = PrefectJournal(
-        config, on_step=progress.step, on_search=progress.search_started, allow_policy_change=allow_policy_change
-    )
+    journal = PrefectJournal(config, on_step=progress.step, allow_policy_change=allow_policy_change)
     with progress:
         result = await collect_iteration(config, journal, execution=progress.execution())
     report: Any = publish_report  # Prefect's typing does not know that quote() is unwrapped

@@ -33,12 +33,7 @@ async def collect_direct(
         async with services_in_thread(config) as (cfg, _server):
             progress = CollectionProgress(cfg, enabled=cfg.progress, log=log)
             with progress:
-                journal = CheckpointJournal(
-                    cfg,
-                    on_step=progress.step,
-                    on_search=progress.search_started,
-                    allow_policy_change=allow_policy_change,
-                )
+                journal = CheckpointJournal(cfg, on_step=progress.step, allow_policy_change=allow_policy_change)
                 journal.read_by_preflight = read_by_preflight
                 result = await collect(cfg, journal, execution=progress.execution())
             log.info("collection %s: batch at %s", cfg.collection_id, result["batch_url"])

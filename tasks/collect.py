@@ -67,8 +67,6 @@ async def _search_and_export(config: FocusConfig, journal: CheckpointJournal, ex
         await journal.codec.check(agent.format.codec, journal.save)
         collector = config.build_collector(agent, execution)
         await journal.critic.check(collector.critic, lambda k: load_record(journal, k), journal.save)
-        if journal.on_search is not None:
-            journal.on_search()
         try:
             state = await collector.search(tasks, journal)
         finally:  # what was recorded is saved, also when the search stopped

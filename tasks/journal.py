@@ -68,7 +68,6 @@ class CheckpointJournal(Journal):
         batch_store: BatchStore | None = None,
         *,
         on_step: Callable[[StepRecord], None] | None = None,
-        on_search: Callable[[], None] | None = None,
         allow_policy_change: bool = False,
     ) -> None:
         if not config.collection_id:
@@ -77,9 +76,6 @@ class CheckpointJournal(Journal):
         self.store = store if store is not None else CheckpointStore(config.storage.root)
         self.batch_store = batch_store if batch_store is not None else BatchStore(config.storage.root)
         self.on_step = on_step
-        #: Called as the search starts: the lease held (after any wait for another
-        #: host's), the parts built and checked (:func:`tasks.collect.collect`).
-        self.on_search = on_search
         self.records: list[StepRecord] = []  # every step's, in order
         self.damaged: str | None = None  # why the finished batch must be written again
         self.tally = Tally()

@@ -15,6 +15,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import struct
 import subprocess
 import sys
@@ -135,7 +136,8 @@ def test_collect_on_a_terminal_shows_the_rich_bar(tmp_path, prefect_env):
     assert done == sorted(done), f"the bar went backwards: {done}"
     assert {int(f[1]) for f in frames} == {BUDGET}
 
-    batch_url = re.findall(r"^batch: (.+?)\s*$", plain, re.M)[-1]  # the whole line: a TMPDIR may hold a space
+    # the whole line, a shell word: a TMPDIR may hold a space, and the URL is then quoted
+    (batch_url,) = shlex.split(re.findall(r"^batch: (.+?)\s*$", plain, re.M)[-1])
     assert "actor_rows" in plain and "flow_wall_s" in plain  # the result table
     phase = _inspect(batch_url)["phases"][1]
     assert phase["name"] == "continue" and phase["transition_budget"] == BUDGET
