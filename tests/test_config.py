@@ -205,7 +205,9 @@ def test_a_dask_address_without_a_port_is_refused_before_anything_starts(address
     """`focus collect --dask-address 127.0.0.1` got as far as connecting and stopped with
     distributed's `ValueError: missing port number in address '127.0.0.1'`, exit 1."""
     with pytest.raises(ConfigError) as e:
-        load_config(overrides={"execution.address": address}, environ={}, labels={"execution.address": "--dask-address"})
+        load_config(
+            overrides={"execution.address": address}, environ={}, labels={"execution.address": "--dask-address"}
+        )
     msg = str(e.value)
     assert f"execution.address: {address!r} is not a Dask scheduler address: write host:port" in msg, msg
     assert msg.endswith("(from --dask-address)"), msg
@@ -251,3 +253,29 @@ def test_a_server_named_where_its_kind_belongs_names_the_kind(named, kind):
         f"invalid configuration: model.kind: {named!r} is not a model.kind; for that server write "
         f"model.kind = {kind!r} (from --set model.kind)"
     ), str(e.value)
+
+
+def test_a_byte_order_mark_is_read_and_a_key_set_twice_is_refused_naming_it(tmp_path):
+    """A TOML file saved with a UTF-8 byte-order mark (Windows editors) was 'not valid
+    TOML: Invalid statement (at line 1, column 1)'; it is read. A key set twice in a YAML
+    file was taken silently, the last value winning (``seed: 1`` under ``seed: 0`` changed
+    the run); TOML refused it with 'Cannot overwrite a value', which named no key."""
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbfseed = 4\n")
+    assert load_config(bom, environ={}).seed == 4
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("seed: 0\nenv:\n  n_tasks: 2\nseed: 1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(twice, environ={})
+    assert (
+        str(e.value) == f"config file {str(twice)!r}: key 'seed' is set twice in one mapping (lines 1 and 4): keep one"
+    )
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("search:\n  phases: []\n  phases: []\n")
+    with pytest.raises(ConfigError, match=r"key 'phases' is set twice in one mapping \(lines 2 and 3\)"):
+        load_config(nested, environ={})
+    toml = tmp_path / "twice.toml"
+    toml.write_text("seed = 0\n[env]\nn_tasks = 2\nn_tasks = 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(toml, environ={})
+    assert str(e.value).endswith("a key or table is set twice (line 4: 'n_tasks = 3'): keep one"), str(e.value)
