@@ -279,3 +279,16 @@ def test_a_byte_order_mark_is_read_and_a_key_set_twice_is_refused_naming_it(tmp_
     with pytest.raises(ConfigError) as e:
         load_config(toml, environ={})
     assert str(e.value).endswith("a key or table is set twice (line 4: 'n_tasks = 3'): keep one"), str(e.value)
+
+
+def test_a_bad_collection_id_says_what_an_id_may_hold_not_its_regex():
+    """It said ``String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$'``,
+    without the value, which an operator had to decode."""
+    for bad in ("runs/c1", "tâche", ".hidden", "x" * 129):
+        with pytest.raises(ConfigError) as e:
+            load_config(overrides={"collection_id": bad}, environ={})
+        assert str(e.value) == (
+            f"invalid configuration: collection_id: {bad!r} is not a collection id: use letters, digits, '_', "
+            "'.' and '-', at most 128, the first a letter or digit (from --set collection_id)"
+        )
+    assert load_config(overrides={"collection_id": "x" * 128}, environ={}).collection_id == "x" * 128
