@@ -117,9 +117,9 @@ def train(
     weights = WeightStore(cfg.storage.root)
     run_id = records[0]["run_id"] if records else str(cfg.collection_id)
     if records:
-        typer.echo(f"metrics per iteration (JSON lines): {weights.run_file(run_id, METRICS)}")
+        typer.echo(f"metrics per iteration (JSON lines): {pasteable(weights.run_file(run_id, METRICS))}")
     if any(r.get("eval") for r in records):
-        typer.echo(f"held-out success per version: {weights.run_file(run_id, PICTURE)}")
+        typer.echo(f"held-out success per version: {pasteable(weights.run_file(run_id, PICTURE))}")
 
 
 def _run(
