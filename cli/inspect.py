@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -21,6 +22,10 @@ def _split_batch_url(url: str) -> tuple[str, str, str | None]:
     if not sep or not rest:
         if (line := _store_root(url)) is not None:
             fail(line)
+        if "://" not in url and not os.path.exists(url):
+            fail(
+                f"{url!r} does not exist: give a batch URL (<root>/batches/<collection>/iter-<n>) or a collection folder"
+            )
         fail(
             f"{url!r} is neither a batch URL (<root>/batches/<collection>/iter-<n>) "
             "nor a collection folder (<root>/batches/<collection>)"
@@ -296,14 +301,17 @@ def _phases_table(phases: list[dict[str, Any]]) -> Any:
 
 def _bucket_error(root: str) -> Exception | None:
     """Why the bucket of ``root`` cannot be read (it does not exist, the credentials are
-    refused or missing), if that is why a batch was not found; ``None`` for a local folder
-    or a bucket that answers. Asked only after a failed read: a missing bucket read as
-    'no batch at ...: _manifest.json is missing'."""
+    refused or missing), or a local root that does not exist, if that is why a batch was
+    not found; ``None`` for a folder or a bucket that is there. Asked only after a failed
+    read: a missing bucket read as 'no batch at ...: _manifest.json is missing'."""
     from flows.preflight import check_root
+    from storage.errors import RootNotFound
     from storage.urls import Location
 
-    if Location(root).protocol == "file":
-        return None
+    loc = Location(root)
+    if loc.protocol == "file":  # a root typed wrong read as 'no finished batch in <root>/batches/c'
+        gone = not os.path.isdir(path := loc.path(loc.root))
+        return RootNotFound(f"no store at {root}: the folder {path} does not exist") if gone else None
     try:
         check_root(root)
     except Exception as e:  # noqa: BLE001 - the cause to show instead

@@ -538,3 +538,16 @@ def test_urls_with_a_space_are_printed_ready_to_paste(tmp_path, capsys):
     (store / "batches" / "c1").mkdir(parents=True)
     out = CliRunner().invoke(app, ["inspect", str(store)], env={"COLUMNS": "400"})
     assert out.exit_code == 2 and f"(focus inspect '{store}'/batches/<id>)" in out.output, out.output
+
+
+def test_inspect_of_a_store_that_does_not_exist_says_so(tmp_path):
+    """A root typed wrong: ``focus inspect <typo>/batches/c`` said 'no finished batch in
+    ... (a batch exists once its _manifest.json is written)', as of a collection still
+    running, and ``focus inspect <typo>`` that it was neither a batch URL nor a collection."""
+    typo = tmp_path / "rusn"
+    for url, head in ((f"{typo}/batches/c", "cannot read batches"), (f"{typo}/batches/c/iter-000000", "cannot read batch")):
+        out = CliRunner().invoke(app, ["inspect", url])
+        assert out.exit_code == 1, out.output
+        assert out.output == f"error: {head}: no store at {typo}: the folder {typo} does not exist\n"
+    out = CliRunner().invoke(app, ["inspect", str(typo)])
+    assert out.exit_code == 2 and out.output.startswith(f"error: {str(typo)!r} does not exist: give a batch URL")
