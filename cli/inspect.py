@@ -73,7 +73,7 @@ def _store_root(url: str, most: int = 8) -> str | None:
     except Exception:  # noqa: BLE001 - a root that cannot be listed: the generic line
         return None
     if not held:
-        return None
+        return _unfinished(loc, url, most) if root == top else None
     if root == top:
         return (
             f"{url} is a store root, not a batch, a collection or a train loop; it holds {' and '.join(held.values())}"
@@ -84,6 +84,25 @@ def _store_root(url: str, most: int = 8) -> str | None:
     if last not in held:
         return line + f"it holds no {what}; the store holds {rest}"
     return line + f"it holds {held[last]}" + (f"; the store also holds {rest}" if rest else "")
+
+
+def _unfinished(loc: Any, url: str, most: int) -> str | None:
+    """The line for a store root that holds saved steps and no batch or train loop yet (a
+    first collection running, or stopped before its batch); it was called 'neither a batch
+    URL nor a collection folder'. ``None`` when it holds none."""
+    try:
+        entries = loc.fs.ls(loc.path(loc.url("checkpoints")), detail=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    names = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+    if not names:
+        return None
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return (
+        f"{url} is a store root with no finished batch yet; it holds the saved steps of {len(names)} "
+        f"collection(s): {', '.join(names[:most])}{more} (running, or stopped before its batch: rerun its "
+        "focus collect with the same collection id to finish it)"
+    )
 
 
 def inspect(

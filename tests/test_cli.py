@@ -551,3 +551,16 @@ def test_inspect_of_a_store_that_does_not_exist_says_so(tmp_path):
         assert out.output == f"error: {head}: no store at {typo}: the folder {typo} does not exist\n"
     out = CliRunner().invoke(app, ["inspect", str(typo)])
     assert out.exit_code == 2 and out.output.startswith(f"error: {str(typo)!r} does not exist: give a batch URL")
+
+
+def test_inspect_of_a_store_with_saved_steps_and_no_batch_yet_says_so(tmp_path):
+    """A store whose first collection runs (or stopped before its batch): it was 'neither
+    a batch URL (...) nor a collection folder (...)'."""
+    (tmp_path / "checkpoints" / "c9").mkdir(parents=True)
+    (tmp_path / "leases").mkdir()
+    out = CliRunner().invoke(app, ["inspect", str(tmp_path)])
+    assert out.exit_code == 2, out.output
+    assert out.output == (
+        f"error: {tmp_path} is a store root with no finished batch yet; it holds the saved steps of 1 collection(s): "
+        "c9 (running, or stopped before its batch: rerun its focus collect with the same collection id to finish it)\n"
+    )
