@@ -512,7 +512,7 @@ class Lease:
         with self._lock:
             if self._version is None or self._lost is not None:
                 return  # not held, or lost: check() says so
-            cur = self._slot.read()
+            cur = _slot(self.loc, self.url, self.patient).read()  # a batch waits out a throttle, as its files do
             if cur is not None and cur[1] == self._version:
                 return
             other = LeaseRecord.from_json(cur[0]) if cur is not None else None
