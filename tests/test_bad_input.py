@@ -113,6 +113,10 @@ def test_an_env_factory_that_raises_or_returns_the_wrong_parts_is_named_in_one_l
     )
     err, line = built("dict_tasks")
     assert line.endswith("must return (env, format, tasks): its task 0 is a dict, not a focus.env.Task"), line
+    # no tasks at all stopped the collection later with 'ValueError: Collector needs at least one task'
+    err, line = built("no_tasks")
+    assert isinstance(err, ConfigError)
+    assert line == "env.factory 'fixtures.failing:no_tasks' returned no tasks (with n_tasks=8, seed=0): nothing to collect on"
 
 
 def test_cli_reports_a_bad_config_file_without_a_traceback(tmp_path):

@@ -173,7 +173,13 @@ def _env_from_factory(path: str, **kwargs: Any) -> tuple[Env, PolicyFormat, list
         wrong.append(f"task {bad[0]} is a {type(bad[1]).__name__}, not a focus.env.Task")
     if wrong:
         raise ConfigError(f"env.factory {path!r} must return (env, format, tasks): its {'; its '.join(wrong)}")
+    if not tasks:  # it stopped the collection with 'ValueError: Collector needs at least one task'
+        raise ConfigError(f"env.factory {path!r} returned no tasks (with {_given(kwargs)}): nothing to collect on")
     return env, fmt, tasks
+
+
+def _given(kwargs: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "no arguments"
 
 
 def build_agent(config: FocusConfig, policy: Policy) -> tuple[Agent, list[Task]]:
