@@ -107,7 +107,9 @@ def build_policy(config: FocusConfig, url: str | None = None) -> Policy:
         api_key=api_key(m.api_key_env),
     )
     if m.kind == "factory":
-        policy = import_object(m.factory or "")(**m.options)
+        from focus.policy import Policy
+
+        policy = _made("model", m.factory or "", m.options, Policy)
     elif m.kind in ("local", "openai"):
         from focus.backends import OpenAICompatPolicy
 
@@ -218,7 +220,19 @@ def build_critic(config: FocusConfig) -> Any:
         if c.weights:
             return critics.LocalCritic.load(c.weights)
         return critics.LocalCritic(**c.options)
-    return import_object(c.factory or "")(**c.options)
+    return _made("critic", c.factory or "", c.options, critics.Critic)
+
+
+def _made(section: str, path: str, options: dict[str, Any], want: type) -> Any:
+    """What ``<section>.factory`` makes, if it is a ``want``: a model factory that returned
+    something else failed later as ``AttributeError: 'str' object has no attribute 'aclose'``,
+    a critic factory's as ``TypeError: Collector's critic must be an instance of Critic``."""
+    made = import_object(path)(**options)
+    if not isinstance(made, want):
+        raise ConfigError(
+            f"{section}.factory {path!r} returned a value of type {type(made).__name__}, not a {want.__module__}.{want.__name__}"
+        )
+    return made
 
 
 def build_estimator(config: FocusConfig) -> Any:
