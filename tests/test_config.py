@@ -292,3 +292,16 @@ def test_a_bad_collection_id_says_what_an_id_may_hold_not_its_regex():
             "'.' and '-', at most 128, the first a letter or digit (from --set collection_id)"
         )
     assert load_config(overrides={"collection_id": "x" * 128}, environ={}).collection_id == "x" * 128
+
+
+def test_a_yaml_error_is_one_line_naming_the_problem_and_where(tmp_path):
+    """PyYAML's error went out as it came: several lines with a copy of the line and a
+    caret, naming the file '<unicode string>' (``focus config show`` printed them all)."""
+    tab = tmp_path / "tab.yaml"
+    tab.write_text("seed: 1\n\tenv: 2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(tab, environ={})
+    assert str(e.value) == (
+        f"config file {str(tab)!r} is not valid YAML: found character '\\t' that cannot start any token at line 2, "
+        "column 1 (while scanning for the next token)"
+    )

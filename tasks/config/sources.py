@@ -99,7 +99,7 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"config file {str(p)!r} is not valid {p.suffix[1:].upper()}: {e}{_toml_twice(e, text)}"
         ) from e
     except Exception as e:  # yaml.YAMLError without importing yaml at module level
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from e
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_yaml_problem(e)}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
     return data
@@ -115,6 +115,16 @@ def _toml_twice(error: Exception, text: str) -> str:
     n = int(m.group(1))
     shown = f": {lines[n - 1].strip()!r}" if 0 < n <= len(lines) else ""
     return f"; a key or table is set twice (line {n}{shown}): keep one"
+
+
+def _yaml_problem(error: Exception) -> str:
+    """PyYAML's error on one line: what is wrong and where (it was several lines, with a
+    copy of the line and a caret, and named the file '<unicode string>')."""
+    problem, mark = getattr(error, "problem", None), getattr(error, "problem_mark", None)
+    if not problem or mark is None:
+        return " ".join(str(error).split())
+    context = getattr(error, "context", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" + (f" ({context})" if context else "")
 
 
 def _load_yaml(text: str, where: str) -> Any:
