@@ -53,6 +53,7 @@ from cli.common import (
     load_with_budget,
     one_line_ending,
     pairs_table,
+    pasteable,
     resume_command,
     started,
 )
@@ -94,7 +95,7 @@ def print_result(result: dict[str, Any], note: str = "") -> None:
     console.print(pairs_table(f"collection {result['collection_id']}{note}", items))
     for cause, n in (result.get("failure_causes") or {}).items():
         console.print(f"failure cause ({n}x): {cause}", markup=False, highlight=False)
-    console.print(f"batch: {result['batch_url']}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"batch: {pasteable(result['batch_url'])}", markup=False, highlight=False, soft_wrap=True)
 
 
 _D = DEFAULTS

@@ -190,6 +190,13 @@ class Console:
         raise typer.Exit(code)
 
 
+def pasteable(url: str) -> str:
+    """``url`` as a shell word, quoted when it needs it (a folder with a space), as the
+    ``rerun or resume`` line quotes its words: a printed batch URL is pasted into ``focus
+    inspect``, which reads it as given, so it is quoted rather than percent-encoded."""
+    return shlex.quote(url)
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)

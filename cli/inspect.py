@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.common import fail, fmt, pairs_table
+from cli.common import fail, fmt, pairs_table, pasteable
 from flows.errors import one_line
 
 if TYPE_CHECKING:
@@ -21,6 +22,10 @@ def _split_batch_url(url: str) -> tuple[str, str, str | None]:
     if not sep or not rest:
         if (line := _store_root(url)) is not None:
             fail(line)
+        if "://" not in url and not os.path.exists(url):
+            fail(
+                f"{url!r} does not exist: give a batch URL (<root>/batches/<collection>/iter-<n>) or a collection folder"
+            )
         fail(
             f"{url!r} is neither a batch URL (<root>/batches/<collection>/iter-<n>) "
             "nor a collection folder (<root>/batches/<collection>)"
@@ -30,24 +35,30 @@ def _split_batch_url(url: str) -> tuple[str, str, str | None]:
 
 
 #: The folders of a store root that ``focus inspect`` reads one entry of: (folder, what
-#: its entries are).
-STORE_FOLDERS = (("batches", "collection"), ("weights", "train loop"))
+#: its entries are, what that folder is).
+STORE_FOLDERS = (
+    ("batches", "collection", "a folder of batches per collection"),
+    ("weights", "train loop", "the weights each train loop published and its metrics, a folder per loop"),
+)
 
 
 def _store_root(url: str, most: int = 8) -> str | None:
     """The line for ``url`` that is a store root (or its ``batches``/``weights`` folder)
-    rather than one batch, collection or train loop: what it holds and how to inspect
-    each (the first ``most`` names of each kind); ``None`` when it holds neither (or
-    cannot be listed), and the generic line stands."""
+    rather than one batch, collection or train loop: what it is, what it holds and how to
+    inspect each (the first ``most`` names of each kind); ``None`` when the store holds
+    neither (or cannot be listed), and the generic line stands. The ``weights`` folder
+    was said to 'hold' the store's collections (and the ``batches`` folder its loops):
+    each folder now names what it keeps, and the rest of the store comes after it."""
     from storage.urls import Location
 
     top = url.rstrip("/")
     head, _, last = top.rpartition("/")
-    root = head if head and last in dict(STORE_FOLDERS) else top
-    held = []
+    kinds = {folder: (what, keeps) for folder, what, keeps in STORE_FOLDERS}
+    root = head if head and last in kinds else top
+    held = {}
     try:
         loc = Location(root)
-        for folder, what in STORE_FOLDERS:
+        for folder, (what, _) in kinds.items():
             try:
                 entries = loc.fs.ls(loc.path(loc.url(folder)), detail=True)
             except (FileNotFoundError, NotADirectoryError):
@@ -55,15 +66,43 @@ def _store_root(url: str, most: int = 8) -> str | None:
             names = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
             if names:
                 more = f" and {len(names) - most} more" if len(names) > most else ""
-                held.append(
-                    f"{len(names)} {what}(s): {', '.join(names[:most])}{more} (focus inspect {root}/{folder}/<id>)"
+                held[folder] = (
+                    f"{len(names)} {what}(s): {', '.join(names[:most])}{more} "
+                    f"(focus inspect {pasteable(root)}/{folder}/<id>)"
                 )
     except Exception:  # noqa: BLE001 - a root that cannot be listed: the generic line
         return None
     if not held:
+        return _unfinished(loc, url, most) if root == top else None
+    if root == top:
+        return (
+            f"{url} is a store root, not a batch, a collection or a train loop; it holds {' and '.join(held.values())}"
+        )
+    what, keeps = kinds[last]
+    line = f"{url} is the {last} folder of the store {root} ({keeps}), not a {what} itself; "
+    rest = " and ".join(v for k, v in held.items() if k != last)
+    if last not in held:
+        return line + f"it holds no {what}; the store holds {rest}"
+    return line + f"it holds {held[last]}" + (f"; the store also holds {rest}" if rest else "")
+
+
+def _unfinished(loc: Any, url: str, most: int) -> str | None:
+    """The line for a store root that holds saved steps and no batch or train loop yet (a
+    first collection running, or stopped before its batch); it was called 'neither a batch
+    URL nor a collection folder'. ``None`` when it holds none."""
+    try:
+        entries = loc.fs.ls(loc.path(loc.url("checkpoints")), detail=True)
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    where = "a store root" if root == top else f"the {last} folder of the store {root}"
-    return f"{url} is {where}, not a batch, a collection or a train loop; it holds {' and '.join(held)}"
+    names = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+    if not names:
+        return None
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return (
+        f"{url} is a store root with no finished batch yet; it holds the saved steps of {len(names)} "
+        f"collection(s): {', '.join(names[:most])}{more} (running, or stopped before its batch: rerun its "
+        "focus collect with the same collection id to finish it)"
+    )
 
 
 def inspect(
@@ -100,7 +139,9 @@ def inspect(
             else:
                 console.print(_iterations_table(listing), markup=False, highlight=False)
                 # the folder once, on a line of its own: a URL folded in a table cell is unreadable
-                console.print(f"batches in {url.rstrip('/')}/", markup=False, highlight=False, soft_wrap=True)
+                console.print(
+                    f"batches in {pasteable(url.rstrip('/') + '/')}", markup=False, highlight=False, soft_wrap=True
+                )
             return
         summary = batch_summary(store.read(url))
     except typer.Exit:
@@ -279,14 +320,17 @@ def _phases_table(phases: list[dict[str, Any]]) -> Any:
 
 def _bucket_error(root: str) -> Exception | None:
     """Why the bucket of ``root`` cannot be read (it does not exist, the credentials are
-    refused or missing), if that is why a batch was not found; ``None`` for a local folder
-    or a bucket that answers. Asked only after a failed read: a missing bucket read as
-    'no batch at ...: _manifest.json is missing'."""
+    refused or missing), or a local root that does not exist, if that is why a batch was
+    not found; ``None`` for a folder or a bucket that is there. Asked only after a failed
+    read: a missing bucket read as 'no batch at ...: _manifest.json is missing'."""
     from flows.preflight import check_root
+    from storage.errors import RootNotFound
     from storage.urls import Location
 
-    if Location(root).protocol == "file":
-        return None
+    loc = Location(root)
+    if loc.protocol == "file":  # a root typed wrong read as 'no finished batch in <root>/batches/c'
+        gone = not os.path.isdir(path := loc.path(loc.root))
+        return RootNotFound(f"no store at {root}: the folder {path} does not exist") if gone else None
     try:
         check_root(root)
     except Exception as e:  # noqa: BLE001 - the cause to show instead

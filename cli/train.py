@@ -27,6 +27,7 @@ from cli.common import (
     help_default,
     load_with_budget,
     one_line_ending,
+    pasteable,
     resume_command,
     started,
 )
@@ -116,9 +117,9 @@ def train(
     weights = WeightStore(cfg.storage.root)
     run_id = records[0]["run_id"] if records else str(cfg.collection_id)
     if records:
-        typer.echo(f"metrics per iteration (JSON lines): {weights.run_file(run_id, METRICS)}")
+        typer.echo(f"metrics per iteration (JSON lines): {pasteable(weights.run_file(run_id, METRICS))}")
     if any(r.get("eval") for r in records):
-        typer.echo(f"held-out success per version: {weights.run_file(run_id, PICTURE)}")
+        typer.echo(f"held-out success per version: {pasteable(weights.run_file(run_id, PICTURE))}")
 
 
 def _run(
@@ -165,5 +166,5 @@ def _print_table(records: list[dict[str, Any]], cid: str | None, resume: str) ->
         typer.echo(row_line(row_cells(rec)))
     trained = [r["train"] for r in records if r.get("train", {}).get("weights")]
     if trained:
-        typer.echo(f"weights: {trained[-1]['weights']}")
+        typer.echo(f"weights: {pasteable(trained[-1]['weights'])}")
     typer.echo(f"rerun or resume: {resume}")

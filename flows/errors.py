@@ -40,11 +40,21 @@ SELF_EXPLAINED = frozenset(
         "LeaseHeld",
         "PrefectServerGone",
         "MissingExtra",
+        "NothingToTrain",
     }
 )
 #: Errors the user caused and can fix by changing what they asked for (exit status 2).
 USAGE = frozenset(
-    {"ConfigError", "ResumeMismatch", "CollectionLocked", "LeaseHeld", "UnreadableAnswers", "RequestsRefused"}
+    {
+        "ConfigError",
+        "ResumeMismatch",
+        "CollectionLocked",
+        "LeaseHeld",
+        "UnreadableAnswers",
+        "RequestsRefused",
+        "RootNotAFolder",
+        "StoreIncomplete",
+    }
 )
 #: The longest line: a foreign error's text (a server's page) is cut to it, in the middle,
 #: keeping the end, where the lines written here say what to do. Lines that name store

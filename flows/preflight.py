@@ -116,7 +116,7 @@ def check_root(root: str) -> None:
     """Fail with a storage error naming the cause if ``root`` cannot be used: a local
     folder that is not writable or whose disk is full, a bucket that does not exist or
     refuses the credentials, an endpoint that does not answer (after the store's retries)."""
-    from storage.errors import RootNotFound, StorageAccessDenied, StorageFull
+    from storage.errors import RootNotAFolder, RootNotFound, StorageAccessDenied, StorageFull
     from storage.urls import Location, Retry, retrying
 
     loc = Location(root)
@@ -129,7 +129,7 @@ def check_root(root: str) -> None:
                 break
             probe = parent
         if not os.path.isdir(probe):
-            raise RootNotFound(f"storage root {root}: {probe} is a file, not a folder")
+            raise RootNotAFolder(f"storage root {root}: {probe} is a file, not a folder")
         # before the permission check: /proc is writable to root alone, and a user
         # other than root was told "permission denied", which no permission fixes
         if os.statvfs(probe).f_blocks == 0:  # procfs, sysfs: no storage to write to
@@ -146,7 +146,7 @@ def check_root(root: str) -> None:
             raise StorageFull(f"storage root {root}: no space left on the device of {probe}")
         for folder in STORE_FOLDERS:
             if os.path.isfile(inside := os.path.join(path, folder)):
-                raise RootNotFound(
+                raise RootNotAFolder(
                     f"storage root {root}: {inside} is a file, not a folder (the store keeps its {folder} there)"
                 )
         return

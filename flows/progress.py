@@ -204,7 +204,9 @@ class CollectionProgress:
         ``on_step``): the evidence bar filled, a wave's figures, the next phase's bar
         started when the one before it ends."""
         phases = self.config.search.phases if self.config is not None else []
-        if record.kind == "evidence" and phases and phases[0].is_evidence:
+        if record.kind == "config":  # the first step, once the lease is held
+            self.restart_evidence_clock()
+        elif record.kind == "evidence" and phases and phases[0].is_evidence:
             self.evidence_done(record)
         elif record.kind == "wave":
             self.wave_done(record)
@@ -239,6 +241,17 @@ class CollectionProgress:
             self._task = self._progress.add_task(
                 self._label, total=rollouts, rates="running", unit="rollouts", count=count_text(0, rollouts, "rollouts")
             )
+
+    def restart_evidence_clock(self) -> None:
+        """The collection's first step (its configuration checked, once the lease is
+        held): the evidence's clock starts here, not when the command began, so its rates
+        do not count a wait for another host's lease (30 s and more); a bar's elapsed
+        time starts again with it."""
+        if self._evidence is None:
+            return
+        self._t0 = time.perf_counter()
+        if self._progress is not None and self._task is not None:
+            self._progress.reset(self._task, completed=self._evidence[1])
 
     def execution(self) -> Execution:
         """The execution service the configuration describes

@@ -298,14 +298,8 @@ class Agent:
                     count_retries(counters, completion.meta)
             except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints):
                 raise  # a setting or code to fix, not this rollout's failure: stops the collection
-            except ContextLimit as e:
-                # the episode outgrew the context; a task's own prompt over it fails, as refused
-                kind, cause = ("truncated", CONTEXT_LIMIT) if state.steps else ("failed", f"{failure_prefix(e)}: {e}")
-                pieces.append(Piece(tuple(turns), kind, state.steps, state.context.prompt_ids, cause=cause))
-                break
-            except Exception as e:  # noqa: BLE001 - a failed model call ends this rollout only
-                cause = _call_cause(e, calling)
-                pieces.append(Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=cause))
+            except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - a failed model call ends this rollout only
+                pieces.append(self._call_failed(e, state, turns, calling))
                 break
             text = codec.decode(completion.token_ids)
             action = self._parse(text)
@@ -332,6 +326,24 @@ class Agent:
             obs = [Message("tool" if action.kind == "tool" else "user", result.observation)]
             state = state.evolve(context=self._extend(state.context, completion, text, obs))
         return Rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
+
+    def _call_failed(self, e: BaseException, state: BranchState, turns: list[Turn], calling: bool) -> Piece:
+        """The leaf of a rollout whose model call (or the compaction, context or checkpoint
+        before it) raised ``e``: a context over the limit truncates it (a task's own
+        prompt over it fails, as refused); anything else fails it (:func:`_call_cause`).
+        A ``CancelledError`` the policy raised itself while the rollout was not being
+        cancelled fails it as any other exception of a custom policy's own does (``error:
+        <Policy>.sample raised CancelledError: ...``), as an env's own fails it (:func:`own_cancel`):
+        it stopped the collection as a bare ``CancelledError``, read as an interrupt; one
+        that cancels the rollout is raised again."""
+        if isinstance(e, ContextLimit):  # the episode outgrew the context
+            kind, cause = ("truncated", CONTEXT_LIMIT) if state.steps else ("failed", f"{failure_prefix(e)}: {e}")
+            return Piece(tuple(turns), kind, state.steps, state.context.prompt_ids, cause=cause)
+        cause = _call_cause(e, calling)
+        if isinstance(e, asyncio.CancelledError):
+            own = own_cancel(e, f"{type(self.policy).__name__}.sample")  # raised again if the rollout is cancelled
+            cause = f"error: {own}" if calling else cause
+        return Piece(tuple(turns), "failed", state.steps, state.context.prompt_ids, cause=cause)
 
     def _check(self, completion: Completion, params: SamplingParams) -> None:
         """The policy's check of an answer, and the ids against the codec's vocabulary
@@ -529,7 +541,7 @@ def failure_prefix(error: BaseException) -> str:
     return "bad response" if isinstance(error, BadResponse) else "model"
 
 
-def _call_cause(error: Exception, calling: bool) -> str:
+def _call_cause(error: BaseException, calling: bool) -> str:
     """The cause of a rollout whose model call (or compaction, or the checkpoint before
     it) raised: a :class:`~focus.policy.PolicyError` by its kind (:func:`failure_prefix`),
     and a ``NotImplementedError`` the model call raised (``calling``: a policy without

@@ -128,6 +128,30 @@ def actor_sequences(batch: Batch, *, merge_turns: bool = True, skip_unmasked: bo
     return [s for s in out if any(s.mask)] if skip_unmasked else out
 
 
+class NothingToTrain(ValueError):
+    """A batch without one trained token (no actor rows, or only rows with loss mask 0):
+    no trainer step can be made from it."""
+
+
+def trainable_sequences(batch: Batch, *, merge_turns: bool, skip_unmasked: bool) -> list[TokenSequence]:
+    """:func:`actor_sequences`, or :class:`NothingToTrain` naming why there are none.
+
+    Every exporter builds one trainer step, and a step of nothing is an error the
+    trainer meets later and less clearly (verl's padding of zero rows, Tinker's
+    ``forward_backward`` of no datums, slime's empty rollout): the Tinker and slime
+    exporters returned ``[]`` where verl's raised, so one trainer saw a batch of every
+    rollout failed as nothing to do and another as an error."""
+    seqs = actor_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)
+    if not seqs:
+        n = len(batch.actor)
+        why = "no actor rows" if not n else f"{n} actor row(s), none with a trained token (loss mask all 0)"
+        raise NothingToTrain(
+            f"batch {batch.collection_id!r} iteration {batch.iteration} has {why}: nothing to train on "
+            "(its statistics say why: failed_rollouts, failure_causes)"
+        )
+    return seqs
+
+
 # --- Tinker ----------------------------------------------------------------------------------
 
 
@@ -155,8 +179,9 @@ def tinker_datum(seq: TokenSequence, *, include_mask: bool = False) -> tinker.Da
 def to_tinker_datums(
     batch: Batch, *, merge_turns: bool = True, include_mask: bool = False, skip_unmasked: bool = True
 ) -> list[tinker.Datum]:
-    """One ``tinker.Datum`` per sequence of :func:`actor_sequences` (same order)."""
-    seqs = actor_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)
+    """One ``tinker.Datum`` per sequence of :func:`actor_sequences` (same order);
+    :class:`NothingToTrain` for a batch without a trained token."""
+    seqs = trainable_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)
     return [tinker_datum(s, include_mask=include_mask) for s in seqs]
 
 
@@ -258,14 +283,15 @@ def to_slime_samples(
     ``"reward"`` puts the env reward of the sample's turns there instead (the segment's,
     unless a prompt that does not extend the previous turn, e.g. after a compaction, split
     it into several samples). Both values, the per-token advantages and the ids are in
-    ``Sample.metadata`` either way.
+    ``Sample.metadata`` either way. :class:`NothingToTrain` for a batch without a
+    trained token.
     """
     if reward not in ("advantage", "reward"):
         raise ValueError(f"reward must be 'advantage' or 'reward', got {reward!r}")
     cls: Any = slime_sample_class()
     groups: dict[tuple[str, str], int] = {}
     out = []
-    for i, seq in enumerate(actor_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)):
+    for i, seq in enumerate(trainable_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)):
         first, last = seq.rows[0], seq.rows[-1]
         group = groups.setdefault((first.task_id, first.tree_id), len(groups))
         p = seq.prompt_length
@@ -327,13 +353,12 @@ def to_verl_batch(
     response unless given; a longer one is refused. ``non_tensors`` holds ``uid`` (the
     tree: verl's GRPO grouping key) and the ids of each row; ``meta_info`` the sampling
     ``temperature`` if given (verl's actor divides its logits by it, and its
-    ``update_policy`` raises ``KeyError`` without it).
+    ``update_policy`` raises ``KeyError`` without it). :class:`NothingToTrain` for a
+    batch without a trained token.
     """
     import numpy as np
 
-    seqs = actor_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)
-    if not seqs:
-        raise ValueError("the batch has no sequence with a trained token")
+    seqs = trainable_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)
     p_len = max(s.prompt_length for s in seqs) if max_prompt_length is None else max_prompt_length
     r_len = max(len(s.tokens) - s.prompt_length for s in seqs) if max_response_length is None else max_response_length
     n = len(seqs)

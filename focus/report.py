@@ -11,6 +11,7 @@ part (positions); the colour scales are pure functions too.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,11 @@ FAILED = "#cf222e"
 VALUE_SCALE = ("#440154", "#3b528b", "#21918c", "#5ec962", "#fde725")
 #: Diverging scale for advantages: negative blue, zero grey, positive orange.
 ADVANTAGE_SCALE = ("#2166ac", "#92c5de", "#d9d9d9", "#f4a582", "#b2182b")
+#: Characters XML 1.0 does not allow (C0 controls but tab, newline and return; lone
+#: surrogates; U+FFFE, U+FFFF): one in a task id made the whole picture unreadable.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+#: The most characters of a task id a panel's title shows (a panel is 360 px wide).
+TITLE_CHARS = 48
 
 
 def layout(tree: Tree) -> dict[int, tuple[float, float]]:
@@ -123,7 +129,7 @@ def tree_svg(
         }
         n_leaves = sum(1 for _ in tree.leaves())
         parts.append(
-            f'<text x="{ox + 8}" y="{oy + 14}" fill="{TEXT}">{_esc(tree.task_id)}: '
+            f'<text x="{ox + 8}" y="{oy + 14}" fill="{TEXT}">{_esc(tree.task_id, TITLE_CHARS)}: '
             f"{len(tree.nodes)} nodes, {n_leaves} leaves</text>"
         )
         for e in tree.edges.values():
@@ -197,5 +203,11 @@ def _legend(y: float, lo: float, hi: float, bound: float) -> list[str]:
     return out
 
 
-def _esc(text: str) -> str:
+def _esc(text: str, most: int | None = None) -> str:
+    """``text`` as XML character data, cut to ``most`` characters (with an ellipsis).
+    A task id is the user's string: a NUL or another control character in one made the
+    SVG ill-formed (no viewer draws it), and a 5,000-character id ran over every panel."""
+    text = _NOT_XML.sub("\ufffd", text).replace("\t", " ").replace("\n", " ").replace("\r", " ")
+    if most is not None and len(text) > most:
+        text = text[: most - 1] + "\u2026"
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

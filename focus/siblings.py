@@ -137,9 +137,9 @@ class SiblingCalls:
                 if not m.future.done():
                     m.future.set_exception(e)
             return
-        except BaseException:  # cancelled, or the process is stopping: no caller waits forever
-            for m in members:
-                m.future.cancel()
+        except BaseException as e:  # cancelled, or the process is stopping: no caller waits forever
+            for m in members:  # a CancelledError of the policy's own keeps its message for the callers' cause
+                m.future.cancel(str(e) or None if isinstance(e, asyncio.CancelledError) else None)
             raise
         took = self.loop.time() - sent
         self.call_s = took if self.call_s is None else self.call_s + 0.05 * (took - self.call_s)

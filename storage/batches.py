@@ -283,7 +283,7 @@ class BatchStore:
         manifest_url = f"{url}/{MANIFEST}"
         if self.loc.is_local:
             self.loc.put_bytes(f"{stage}/{MANIFEST}", manifest.to_json(), self.retry)
-            check_writer(self.root, collection_id)
+            check_writer(self.root, collection_id, confirm=True)
             if replace:
                 old = f"{stage}{_REPLACED}"
                 self.loc.rename_folder(url, old)  # the old batch stops existing in one step
@@ -299,7 +299,7 @@ class BatchStore:
         list(pool.map(lambda f: self.loc.copy(f"{stage}/{f.path}", f"{url}/{f.path}", self.retry), manifest.files))
         if replace:
             self.loc.remove_many(sorted(set(self.loc.list_files(url, self.retry)) - keep - {manifest_url}), self.retry)
-        check_writer(self.root, collection_id)
+        check_writer(self.root, collection_id, confirm=True)
         self.loc.put_bytes(manifest_url, manifest.to_json(), self.retry, atomic=True)
         self.loc.remove_many([f"{stage}/{f.path}" for f in manifest.files], self.retry)
 

@@ -19,6 +19,12 @@ class RootNotFound(StorageError, FileNotFoundError):
     """A write failed because the root's bucket (or parent folder) does not exist."""
 
 
+class RootNotAFolder(RootNotFound):
+    """The root, or a folder the store keeps under it, names a file: a path typed wrong
+    (or a stray file), which the operator fixes by naming another root; not a failure of
+    the store, so ``focus`` exits 2 as for any wrong option."""
+
+
 class StorageUnavailable(StorageError, ConnectionError):
     """The object store could not be reached after the configured retries."""
 

@@ -34,8 +34,7 @@ collection's lease before it writes anything and holds it until it ends::
 Other fsspec stores (``memory://``, GCS, Azure ...) get a check-then-write: atomic within
 one process, not between processes (see ``Location.put_bytes(exclusive=True)``).
 
-The pipeline holds the lease for the whole flow run through
-:func:`storage.checkpoints.collection_lease`,
+The pipeline holds the lease for the whole flow run through :func:`storage.checkpoints.collection_lease`,
 which also removes what interrupted writes left behind (``CheckpointStore.sweep``):
 with the lease held nobody else is writing, so anything half-written is a leftover.
 """
@@ -144,11 +143,9 @@ def _owner_gone(rec: LeaseRecord) -> bool:
 
 
 class _Slot:
-    """The lease object at ``url`` and the four atomic operations a lease needs.
-
-    ``read`` gives the content and a version; ``swap`` and ``delete`` act only if the
-    object is still at that version (compare-and-swap).
-    """
+    """The lease object at ``url`` and the four atomic operations a lease needs: ``read``
+    gives the content and a version; ``swap`` and ``delete`` act only if the object is
+    still at that version (compare-and-swap)."""
 
     def __init__(self, loc: Location, url: str, retry: Retry) -> None:
         self.loc, self.url, self.retry = loc, url, retry
@@ -271,24 +268,25 @@ _HELD: dict[tuple[str, str], Lease] = {}
 _HELD_LOCK = threading.Lock()
 
 
-def check_writer(root: str, collection_id: str) -> None:
+def check_writer(root: str, collection_id: str, *, confirm: bool = False) -> None:
     """Raise :class:`LeaseLost` if this process holds the collection's lease and lost it.
 
     Called by the stores before a manifest goes out; costs a dict look-up (the renewer
-    thread keeps the lease's state). Writers that hold no lease are not fenced.
+    thread keeps the lease's state). Writers that hold no lease are not fenced. With
+    ``confirm`` (before a batch's manifest, once a collection) the lease object is read
+    too (:meth:`Lease.confirm`).
     """
     lease = _HELD.get((root, collection_id))
     if lease is not None:
         lease.check()
+        if confirm:
+            lease.confirm()
 
 
 class Lease:
-    """The write lease of one collection in one store; see the module docstring.
-
-        ``acquire``/``release`` by hand, or as a context manager, which also runs the
-        background renewer. ``clock``, ``monotonic`` and ``sleep`` are for tests (``sleep``
-    defaults to a wait that :meth:`abort` ends).
-    """
+    """The write lease of one collection in one store (see the module docstring): ``acquire``
+    and ``release`` by hand, or a context manager, which also runs the background renewer.
+    ``clock``, ``monotonic`` and ``sleep`` are for tests (``sleep``: a wait :meth:`abort` ends)."""
 
     def __init__(
         self,
@@ -310,6 +308,7 @@ class Lease:
         # and one renewal must not outlast the lease (8 attempts behind 5 s connect
         # timeouts could take about 54 s against the 30 s it holds)
         self.retry = retry or Retry(attempts=3, backoff_s=0.2, max_backoff_s=2.0)
+        self.patient = retry or Retry()  # taking the lease has no such bound: see acquire()
         self.ttl_s = float(ttl_s)
         self._aborted = threading.Event()  # abort(): an acquire waiting on another host's lease gives up
         # the wait for an abandoned lease sleeps on the abort, so a Ctrl-C ends it at once
@@ -357,7 +356,16 @@ class Lease:
         )
 
     def acquire(self) -> Lease:
-        """Take the lease, or raise :class:`LeaseHeld` naming its owner and expiry."""
+        """Take the lease, or raise :class:`LeaseHeld` naming its owner and expiry. Its
+        requests are retried as a step's save is (``patient``): with the renewals' quick
+        retries a store that throttled for a second (503 SlowDown) as a run began stopped it."""
+        self._slot.retry = self.patient
+        try:
+            return self._acquire()
+        finally:
+            self._slot.retry = self.retry
+
+    def _acquire(self) -> Lease:
         for _ in range(5):  # only a lease released or taken over mid-way makes this loop
             rec = self._record()
             data = rec.to_json()
@@ -496,6 +504,27 @@ class Lease:
                 f"{datetime.fromtimestamp(self._expires_at, UTC).isoformat(timespec='seconds')} without a renewal "
                 f"for {self.ttl_s:.0f} s (was the store unreachable?); stopping before writing more ({_AGAIN})"
             )
+
+    def confirm(self) -> None:
+        """:class:`LeaseLost` unless the lease object is still the one this run last wrote:
+        the renewer reads it every 10 s, and a shorter run whose store was removed under it
+        published its batch into what was left and ended with exit 0 (one read a batch)."""
+        with self._lock:
+            if self._version is None or self._lost is not None:
+                return  # not held, or lost: check() says so
+            cur = _slot(self.loc, self.url, self.patient).read()  # a batch waits out a throttle, as its files do
+            if cur is not None and cur[1] == self._version:
+                return
+            other = LeaseRecord.from_json(cur[0]) if cur is not None else None
+            if other is not None:
+                who = f"now held by {other.owner}"
+            else:
+                who = "the lease object is gone: were the store or its leases folder removed while this run wrote it?"
+            self._lost = f"collection {self.collection_id!r} in {self.root}: this run's write lease was lost ({who})"
+        raise LeaseLost(
+            f"{self._lost}; the batch is not written ({_AGAIN}; if the store was removed, start over at a new "
+            "storage root or under a new collection id)"
+        )
 
     def _renewed_late(self) -> bool:
         """Whether a lease past its time, that no other run took meanwhile, is renewed now.

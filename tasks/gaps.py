@@ -54,6 +54,8 @@ AFTER_STEPS = {"trees.svg": 0, "export": 1}
 _LAST = float("inf")
 #: The records a collection's first run saves before any step (:mod:`tasks.journal`), by what they are.
 RECORDS: dict[Key, str] = {CONFIG_KEY: "configuration record", CRITIC_KEY: "critic-identity record"}
+#: The first step of every collection.
+EVIDENCE_KEY: Key = ("evidence", 0)
 
 
 def is_loop_record(key: tuple[Any, int]) -> bool:
@@ -66,6 +68,13 @@ def is_loop_record(key: tuple[Any, int]) -> bool:
 class RecordMissing(StorageError):
     """A record a first run saves before any step (:data:`RECORDS`) is missing while
     steps of the collection are saved; the message names its URL and what to do."""
+
+
+class StoreIncomplete(RecordMissing):
+    """What a first run saves first - the configuration record, the critic's identity and
+    the evidence - is all missing while later steps are saved: the store (or the
+    collection's folder) was removed or cleaned while a run wrote it, or copied in part.
+    Nothing left can be checked or resumed; the operator starts over elsewhere (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +261,17 @@ def missing_record(
         return None
     manifest = journal.store.url_for(journal.cid, *key) + ".manifest.json"
     folder = manifest.rsplit("/", 1)[0]
+    if not any(k in listed for k in (CONFIG_KEY, CRITIC_KEY, EVIDENCE_KEY)):
+        phases = journal.config.search.phases
+        ordered = sorted((at, k) for k in steps if isinstance(k[0], str) and (at := position(phases, (k[0], k[1]))))
+        first = ordered[0][1] if ordered else steps[0]
+        return StoreIncomplete(
+            f"collection {journal.cid}: the store {journal.config.storage.root} is incomplete: {folder} holds "
+            f"{len(steps)} step(s) of it, from {describe((str(first[0]), first[1]))} on, but not its configuration record, its "
+            "critic's identity or its evidence, which its first run saved before them (was the store or the "
+            "folder removed while a run wrote it?); what is left cannot be checked or resumed: start over at a "
+            "new storage root (--store) or under a new collection id"
+        )
     critic = key == CRITIC_KEY
     return RecordMissing(
         f"collection {journal.cid}: its {RECORDS[key]} {manifest} is missing while {len(steps)} step(s) of it are "

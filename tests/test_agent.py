@@ -600,3 +600,51 @@ def test_a_cancelled_error_of_the_env_s_own_fails_its_rollout_and_a_real_cancel_
         return await asyncio.gather(job, return_exceptions=True)
 
     assert isinstance(run(cancelled())[0], asyncio.CancelledError)
+
+
+def test_a_cancelled_error_of_a_custom_policy_s_own_fails_its_rollout_and_a_real_cancel_still_cancels():
+    """A user's Policy that raised its own CancelledError (a client library's cancel
+    scope, a future cancelled elsewhere) while its rollout was not being cancelled
+    stopped the collection as a bare CancelledError, read as an interrupt, where the
+    env's own is its rollout's failure; the policy's is now too (``error:``, as any
+    exception of a custom policy's own), the rollout's earlier
+    segments kept, its first call gathered with its siblings' or not. Cancelling the
+    rollout still cancels it."""
+    import asyncio
+
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class Cancels(ScriptedPolicy):
+        def __init__(self, on_call, groups=False, hang=False):
+            super().__init__(["5", "4", "3"], toy_format().codec)
+            self.on_call, self.groups_siblings, self.hang = on_call, groups, hang
+
+        async def sample(self, prompt_ids, params):
+            if len(self.prompts) == self.on_call:
+                await asyncio.sleep(30 if self.hang else 0)
+                raise asyncio.CancelledError("scope closed")
+            return await super().sample(prompt_ids, params)
+
+    task = reach_target_tasks(1, seed=3, low=12, high=12)[0]
+
+    def agent(policy):
+        return Agent(policy, ReachTarget(), toy_format(), branch_points=EveryDecision())
+
+    later = agent(Cancels(1))
+    ro = run(later.rollout(run(later.start(task)), seed=0))
+    assert [p.kind for p in ro.pieces] == ["checkpoint", "failed"]
+    assert ro.leaf.cause == "error: Cancels.sample raised CancelledError: scope closed"
+    for groups in (False, True):
+        first = agent(Cancels(0, groups=groups))
+        ro = run(first.rollout(run(first.start(task)), seed=0))
+        assert [p.kind for p in ro.pieces] == ["failed"]
+        assert ro.leaf.cause == "error: Cancels.sample raised CancelledError: scope closed", ro.leaf.cause
+
+    async def cancelled():
+        hang = agent(Cancels(0, hang=True))
+        job = asyncio.ensure_future(hang.rollout(await hang.start(task), seed=0))
+        await asyncio.sleep(0.05)
+        job.cancel()
+        return await asyncio.gather(job, return_exceptions=True)
+
+    assert isinstance(run(cancelled())[0], asyncio.CancelledError)

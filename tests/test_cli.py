@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -223,17 +224,21 @@ def test_inspect_of_a_store_root_says_so_and_names_what_it_holds(tmp_path):
     for part in ("batches/c2/iter-000000", "batches/c1/iter-000000", "weights/loop1/v000000", "_staging/x"):
         (tmp_path / part).mkdir(parents=True)
     (tmp_path / "weights" / "loop1" / "metrics.jsonl").write_text("")
+    root = shlex.quote(str(tmp_path))  # the tests' folder has a space: quoted, ready to paste
     both = (
-        f"it holds 2 collection(s): c1, c2 (focus inspect {tmp_path}/batches/<id>) and "
-        f"1 train loop(s): loop1 (focus inspect {tmp_path}/weights/<id>)"
+        f"it holds 2 collection(s): c1, c2 (focus inspect {root}/batches/<id>) and "
+        f"1 train loop(s): loop1 (focus inspect {root}/weights/<id>)"
     )
-    for url, where in (
-        (str(tmp_path), "a store root"),
-        (f"{tmp_path}/batches/", f"the batches folder of the store {tmp_path}"),
-    ):
-        out = CliRunner().invoke(app, ["inspect", url, "--json"])
-        assert out.exit_code == 2, out.output
-        assert out.output == f"error: {url} is {where}, not a batch, a collection or a train loop; {both}\n"
+    out = CliRunner().invoke(app, ["inspect", str(tmp_path), "--json"])
+    assert out.exit_code == 2, out.output
+    assert out.output == f"error: {tmp_path} is a store root, not a batch, a collection or a train loop; {both}\n"
+    out = CliRunner().invoke(app, ["inspect", f"{tmp_path}/batches/", "--json"])
+    assert out.exit_code == 2, out.output
+    assert out.output == (
+        f"error: {tmp_path}/batches/ is the batches folder of the store {tmp_path} (a folder of batches per "
+        f"collection), not a collection itself; it holds 2 collection(s): c1, c2 (focus inspect {root}/batches/<id>); "
+        f"the store also holds 1 train loop(s): loop1 (focus inspect {root}/weights/<id>)\n"
+    )
     for i in range(3, 12):
         (tmp_path / "batches" / f"c{i}").mkdir()
     out = CliRunner().invoke(app, ["inspect", str(tmp_path)], env={"COLUMNS": "400"})
@@ -489,3 +494,73 @@ def test_focus_train_ends_with_the_command_that_resumes_it(capsys):
     resume = "focus train -c configs/loop.toml --iterations 2 --collection-id L"
     _print_table([], "L", resume)
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"rerun or resume: {resume}"
+
+
+def test_inspect_of_the_weights_folder_says_what_it_keeps_and_what_to_inspect(tmp_path):
+    """``focus inspect <root>/weights`` said the weights folder 'holds 2 collection(s)'
+    (the store's, under ``batches``), and nothing of what the folder itself is."""
+    root = shlex.quote(str(tmp_path))
+    for part in ("batches/c1/iter-000000", "batches/c2/iter-000000"):
+        (tmp_path / part).mkdir(parents=True)
+    keeps = "(the weights each train loop published and its metrics, a folder per loop), not a train loop itself"
+    for url in (f"{tmp_path}/weights", f"{tmp_path}/weights/"):
+        out = CliRunner().invoke(app, ["inspect", url])
+        assert out.exit_code == 2, out.output
+        assert out.output == (
+            f"error: {url} is the weights folder of the store {tmp_path} {keeps}; it holds no train loop; "
+            f"the store holds 2 collection(s): c1, c2 (focus inspect {root}/batches/<id>)\n"
+        )
+    (tmp_path / "weights" / "loop1" / "v000000").mkdir(parents=True)
+    out = CliRunner().invoke(app, ["inspect", f"{tmp_path}/weights"])
+    assert out.exit_code == 2, out.output
+    assert out.output == (
+        f"error: {tmp_path}/weights is the weights folder of the store {tmp_path} {keeps}; it holds 1 train "
+        f"loop(s): loop1 (focus inspect {root}/weights/<id>); the store also holds 2 collection(s): c1, c2 "
+        f"(focus inspect {root}/batches/<id>)\n"
+    )
+
+
+def test_urls_with_a_space_are_printed_ready_to_paste(tmp_path, capsys):
+    """A store under a folder with a space: the last line of a collection printed
+    ``batch: file:///.../my runs/...``, which pasted after ``focus inspect`` is two
+    arguments. The URL is quoted as the ``rerun or resume`` line quotes its words, and
+    a shell splits the quoted word back into the one URL."""
+    from cli.collect import print_result
+
+    url = f"file://{tmp_path}/my runs/batches/c/iter-000000"
+    print_result({"collection_id": "c", "stats": {"tasks": 1}, "batch_url": url})
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == f"batch: '{url}'" and shlex.split(last.removeprefix("batch: ")) == [url]
+    plain = "file:///runs/batches/c/iter-000000"
+    print_result({"collection_id": "c", "stats": {"tasks": 1}, "batch_url": plain})
+    assert capsys.readouterr().out.splitlines()[-1] == f"batch: {plain}"  # nothing to quote: as before
+    store = tmp_path / "my runs"
+    (store / "batches" / "c1").mkdir(parents=True)
+    out = CliRunner().invoke(app, ["inspect", str(store)], env={"COLUMNS": "400"})
+    assert out.exit_code == 2 and f"(focus inspect '{store}'/batches/<id>)" in out.output, out.output
+
+
+def test_inspect_of_a_store_that_does_not_exist_says_so(tmp_path):
+    """A root typed wrong: ``focus inspect <typo>/batches/c`` said 'no finished batch in
+    ... (a batch exists once its _manifest.json is written)', as of a collection still
+    running, and ``focus inspect <typo>`` that it was neither a batch URL nor a collection."""
+    typo = tmp_path / "rusn"
+    for url, head in ((f"{typo}/batches/c", "cannot read batches"), (f"{typo}/batches/c/iter-000000", "cannot read batch")):
+        out = CliRunner().invoke(app, ["inspect", url])
+        assert out.exit_code == 1, out.output
+        assert out.output == f"error: {head}: no store at {typo}: the folder {typo} does not exist\n"
+    out = CliRunner().invoke(app, ["inspect", str(typo)])
+    assert out.exit_code == 2 and out.output.startswith(f"error: {str(typo)!r} does not exist: give a batch URL")
+
+
+def test_inspect_of_a_store_with_saved_steps_and_no_batch_yet_says_so(tmp_path):
+    """A store whose first collection runs (or stopped before its batch): it was 'neither
+    a batch URL (...) nor a collection folder (...)'."""
+    (tmp_path / "checkpoints" / "c9").mkdir(parents=True)
+    (tmp_path / "leases").mkdir()
+    out = CliRunner().invoke(app, ["inspect", str(tmp_path)])
+    assert out.exit_code == 2, out.output
+    assert out.output == (
+        f"error: {tmp_path} is a store root with no finished batch yet; it holds the saved steps of 1 collection(s): "
+        "c9 (running, or stopped before its batch: rerun its focus collect with the same collection id to finish it)\n"
+    )

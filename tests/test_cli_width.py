@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import replace
 
 from rich.console import Console
@@ -52,7 +53,7 @@ def test_inspect_and_the_listing_fit_80_columns(tmp_path):
     assert all(len(line) <= 80 for line in shown) and "…" not in listing.output, shown
     assert "iter-000000" in listing.output and "1 finished iteration" in listing.output
     assert len(shown) == 3, shown  # title, header, one row: nothing wrapped
-    assert f"batches in {url.rsplit('/', 1)[0]}/" in ANSI.sub("", listing.output).replace("\n", "")
+    assert f"batches in {shlex.quote(url.rsplit('/', 1)[0] + '/')}" in ANSI.sub("", listing.output).replace("\n", "")
 
 
 def test_pairs_use_one_column_pair_when_two_do_not_fit():

@@ -253,3 +253,55 @@ def test_a_server_named_where_its_kind_belongs_names_the_kind(named, kind):
         f"invalid configuration: model.kind: {named!r} is not a model.kind; for that server write "
         f"model.kind = {kind!r} (from --set model.kind)"
     ), str(e.value)
+
+
+def test_a_byte_order_mark_is_read_and_a_key_set_twice_is_refused_naming_it(tmp_path):
+    """A TOML file saved with a UTF-8 byte-order mark (Windows editors) was 'not valid
+    TOML: Invalid statement (at line 1, column 1)'; it is read. A key set twice in a YAML
+    file was taken silently, the last value winning (``seed: 1`` under ``seed: 0`` changed
+    the run); TOML refused it with 'Cannot overwrite a value', which named no key."""
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbfseed = 4\n")
+    assert load_config(bom, environ={}).seed == 4
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("seed: 0\nenv:\n  n_tasks: 2\nseed: 1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(twice, environ={})
+    assert (
+        str(e.value) == f"config file {str(twice)!r}: key 'seed' is set twice in one mapping (lines 1 and 4): keep one"
+    )
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("search:\n  phases: []\n  phases: []\n")
+    with pytest.raises(ConfigError, match=r"key 'phases' is set twice in one mapping \(lines 2 and 3\)"):
+        load_config(nested, environ={})
+    toml = tmp_path / "twice.toml"
+    toml.write_text("seed = 0\n[env]\nn_tasks = 2\nn_tasks = 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(toml, environ={})
+    assert str(e.value).endswith("a key or table is set twice (line 4: 'n_tasks = 3'): keep one"), str(e.value)
+
+
+def test_a_bad_collection_id_says_what_an_id_may_hold_not_its_regex():
+    """It said ``String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$'``,
+    without the value, which an operator had to decode."""
+    for bad in ("runs/c1", "tâche", ".hidden", "x" * 129):
+        with pytest.raises(ConfigError) as e:
+            load_config(overrides={"collection_id": bad}, environ={})
+        assert str(e.value) == (
+            f"invalid configuration: collection_id: {bad!r} is not a collection id: use letters, digits, '_', "
+            "'.' and '-', at most 128, the first a letter or digit (from --set collection_id)"
+        )
+    assert load_config(overrides={"collection_id": "x" * 128}, environ={}).collection_id == "x" * 128
+
+
+def test_a_yaml_error_is_one_line_naming_the_problem_and_where(tmp_path):
+    """PyYAML's error went out as it came: several lines with a copy of the line and a
+    caret, naming the file '<unicode string>' (``focus config show`` printed them all)."""
+    tab = tmp_path / "tab.yaml"
+    tab.write_text("seed: 1\n\tenv: 2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(tab, environ={})
+    assert str(e.value) == (
+        f"config file {str(tab)!r} is not valid YAML: found character '\\t' that cannot start any token at line 2, "
+        "column 1 (while scanning for the next token)"
+    )

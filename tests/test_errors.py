@@ -194,7 +194,13 @@ def test_storage_root_that_is_a_file(tmp_path):
     blocker.write_text("x")
     done = run_cli([*SMALL, "--store", str(blocker / "runs")], no_prefect_env(tmp_path), tmp_path, timeout=60)
     line = error_line(done)
-    assert str(blocker) in line and "is a file, not a folder" in line and done.returncode == 1
+    # a path typed wrong, fixed by naming another root: exit 2 as any wrong option, no traceback
+    assert str(blocker) in line and "is a file, not a folder" in line and done.returncode == 2
+    assert "traceback" not in line
+    plain = run_cli([*SMALL, "--store", str(blocker)], no_prefect_env(tmp_path), tmp_path, timeout=60)
+    line = error_line(plain)
+    assert line.startswith("error: storage root ") and line.endswith(f": {blocker} is a file, not a folder")
+    assert plain.returncode == 2
 
 
 @pytest.mark.parametrize("folder", ["batches", "checkpoints", "leases", "_staging", "weights"])

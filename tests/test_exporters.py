@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from focus.batch import ActorRow, Batch
 from focus.branching import SparseCheckpoints
 from focus.env import Task
 from focus.exporters import (
+    NothingToTrain,
     SlimeSample,
     TokenSequence,
     actor_sequences,
@@ -149,7 +151,8 @@ def test_default_tinker_datums_go_straight_into_the_rl_losses(batch):
 def test_untrained_turns_and_broken_prefixes(batch):
     r = batch.actor[0]
     compaction = dataclasses.replace(r, edge_id=99, kind="compaction", loss_mask=(0,) * len(r.completion_ids))
-    assert to_tinker_datums(Batch("cx", 1, [compaction])) == []  # no trained token, no datum
+    with pytest.raises(NothingToTrain):  # no trained token, no datum: nothing to train on
+        to_tinker_datums(Batch("cx", 1, [compaction]))
     kept = to_tinker_datums(Batch("cx", 1, [compaction]), skip_unmasked=False)
     assert len(kept) == 1 and not kept[0].loss_fn_inputs["advantages"].to_numpy().any()
     # a turn whose prompt does not extend the previous turn starts a new sequence
@@ -304,3 +307,24 @@ def test_verl_batch_has_verl_s_names_layout_and_alignment(batch):
     assert any(t["response_mask"][i].sum() < t["attention_mask"][i, p_len:].sum() for i in range(n))  # obs inside
     with pytest.raises(ValueError, match="max_response_length 1"):
         to_verl_batch(batch, pad_token_id=pad, max_response_length=1)
+
+
+@pytest.mark.needs("tinker")
+def test_every_exporter_refuses_a_batch_with_nothing_to_train_on_naming_why(batch):
+    """The Tinker and slime exporters returned [] for a batch without a trained token
+    (every rollout failed; only compaction turns) where verl's raised: one trainer took
+    it for nothing to do, another for an error. All three refuse it, naming why."""
+    r = batch.actor[0]
+    untrained = Batch("cx", 1, [dataclasses.replace(r, kind="compaction", loss_mask=(0,) * len(r.completion_ids))])
+    for empty, why in (
+        (Batch("cx", 1, []), "no actor rows"),
+        (untrained, "1 actor row(s), none with a trained token (loss mask all 0)"),
+    ):
+        for export in (to_tinker_datums, to_slime_samples, functools.partial(to_verl_batch, pad_token_id=0)):
+            with pytest.raises(NothingToTrain) as e:
+                export(empty)
+            assert str(e.value) == (
+                f"batch 'cx' iteration 1 has {why}: nothing to train on "
+                "(its statistics say why: failed_rollouts, failure_causes)"
+            )
+            assert isinstance(e.value, ValueError)  # what verl's export raised, and callers catch

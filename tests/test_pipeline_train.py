@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -239,6 +240,10 @@ def test_focus_train_prints_a_table_per_version(monkeypatch, tmp_path):
     words = ["-c", str(LOOP_TOML), "--iterations", "1", "--set", f"storage.root={tmp_path}"]
     rerun = f"rerun or resume: {shlex.join(['focus', 'train', *words, '--collection-id', seen['cfg'].collection_id])}\n"
     assert rerun in out.output
+    # the tests' folder has a space: the files' URLs are quoted, ready to paste, as the batch's
+    folder = f"file://{os.path.realpath(tmp_path)}/weights/x"
+    assert f"metrics per iteration (JSON lines): {shlex.quote(folder + '/metrics.jsonl')}\n" in out.output
+    assert f"held-out success per version: {shlex.quote(folder + '/success.png')}\n" in out.output
     monkeypatch.chdir(tmp_path)  # the default storage root, runs/, is in the working folder: not the checkout's
     js = CliRunner().invoke(app, ["train", "-c", str(LOOP_TOML), "--json"], env={})
     assert [json.loads(line)["iteration"] for line in js.output.splitlines()] == [0, 1]

@@ -15,6 +15,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import struct
 import subprocess
 import sys
@@ -135,7 +136,8 @@ def test_collect_on_a_terminal_shows_the_rich_bar(tmp_path, prefect_env):
     assert done == sorted(done), f"the bar went backwards: {done}"
     assert {int(f[1]) for f in frames} == {BUDGET}
 
-    batch_url = re.findall(r"^batch: (.+?)\s*$", plain, re.M)[-1]  # the whole line: a TMPDIR may hold a space
+    # the whole line, a shell word: a TMPDIR may hold a space, and the URL is then quoted
+    (batch_url,) = shlex.split(re.findall(r"^batch: (.+?)\s*$", plain, re.M)[-1])
     assert "actor_rows" in plain and "flow_wall_s" in plain  # the result table
     phase = _inspect(batch_url)["phases"][1]
     assert phase["name"] == "continue" and phase["transition_budget"] == BUDGET
@@ -414,6 +416,44 @@ def test_a_direct_collection_reports_its_evidence_rollouts_and_logs_its_services
     ], evidence
     assert evidence[-1].startswith("0.evidence: 6 rollouts, ")
     assert [ln.split(":")[0] for ln in infos if ln.startswith(("start-up:", "shut-down:"))] == ["start-up", "shut-down"]
+
+
+def test_the_evidence_rate_starts_when_the_search_starts_not_with_the_lease_wait(tmp_path, monkeypatch, caplog):
+    """A rerun that waited for another host's lease (30 s: ``storage.held_lease``)
+    counted the wait in its evidence rates, which started with the command. The wait is
+    made 1,000 s here (the lease taken 1,000 s later on the progress's clock): the rates
+    are the search's."""
+    import asyncio
+    import contextlib
+    import logging
+
+    from test_pipeline import small_config
+
+    from flows.direct import collect_direct
+    from flows.services import Services
+    from tasks.journal import CheckpointJournal
+
+    offset = [0.0]
+    monkeypatch.setattr(progress_mod, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0]))
+    taken = CheckpointJournal.lease
+
+    @contextlib.asynccontextmanager
+    async def late_lease(self):
+        offset[0] += 1000.0  # the wait for another host's lease
+        async with taken(self):
+            yield
+
+    monkeypatch.setattr(CheckpointJournal, "lease", late_lease)
+    cfg = small_config(str(tmp_path / "store"), "late-lease", progress=True)  # 3 tasks x 2 rollouts
+    monkeypatch.setattr(progress_mod, "_CONSOLE", Console(file=StringIO(), force_terminal=False))
+    with caplog.at_level(logging.INFO):
+        with Services(cfg) as ready:
+            asyncio.run(collect_direct(ready))
+    evidence = [r.getMessage() for r in caplog.records if r.getMessage().startswith("0.evidence")]
+    rates = [float(m.group(1)) for ln in evidence[:-1] if (m := re.search(r", ([\d.]+) rollouts/s$", ln))]
+    assert len(rates) == 5 and min(rates) > 0.1, evidence  # 5 rollouts in 1,000 s: 0.005 a second
+    step = re.search(r"^0\.evidence: 6 rollouts, (\d+) transitions, ([\d.]+) transitions/s", evidence[-1])
+    assert step is not None and float(step.group(2)) > int(step.group(1)) / 100, evidence[-1]
 
 
 def test_an_execution_hands_each_rollout_to_its_observer_and_pickles_without_it():

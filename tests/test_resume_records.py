@@ -30,7 +30,7 @@ from test_resume_gaps import CID, assert_finished_batch, config, copy_without, r
 
 from flows.errors import exit_code, one_line
 from tasks.fingerprint import CRITIC_KEY
-from tasks.gaps import RecordMissing
+from tasks.gaps import RecordMissing, StoreIncomplete
 from tasks.journal import CheckpointJournal
 
 pytestmark = pytest.mark.timeout(240)
@@ -122,6 +122,28 @@ def test_a_finished_collection_without_its_configuration_record_is_refused(finis
     line = refusal(root, local_model_server.url)
     assert f"its configuration record file://{root}/checkpoints/{CID}/{MANIFESTS['config']} is missing" in line
     assert contents(root) == before
+
+
+@pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic
+def test_a_store_removed_under_its_run_says_so_and_to_start_over_exit_2(finished, local_model_server, tmp_path):
+    """What a store removed while a run wrote it leaves (``rm -rf runs`` mid-run: the run
+    recreated the folders and saved its later steps): no configuration record, no
+    critic identity, no evidence, later steps. The rerun said the configuration record
+    was missing and to restore it, exit 1; the store was removed or is incomplete, and
+    the way on is to start over elsewhere, exit 2."""
+    root = copy_without(finished, tmp_path, *MANIFESTS.values(), *EXPORT, "n-evidence-w00000.manifest.json")
+    before = contents(root)
+    cfg = config(str(root), local_model_server.url)
+    with pytest.raises(StoreIncomplete) as stopped:
+        run_collect(cfg, CheckpointJournal(cfg))
+    line = one_line(stopped.value)
+    assert exit_code(stopped.value) == 2 and "\n" not in line, line
+    assert line.startswith(
+        f"collection {CID}: the store file://{root} is incomplete: file://{root}/checkpoints/{CID} holds "
+    ), line
+    assert "but not its configuration record, its critic's identity or its evidence" in line, line
+    assert line.endswith("start over at a new storage root (--store) or under a new collection id"), line
+    assert contents(root) == before  # nothing removed
 
 
 @pytest.mark.needs("torch")  # the finished collection's critic is a LocalCritic

@@ -20,7 +20,7 @@ import pytest
 from benchmarks.writer_race import race
 from storage import CheckpointStore, Lease, LeaseHeld, LeaseLost, collection_lease
 from storage.lease import LeaseRecord
-from storage.urls import TEMP_MARK, Location
+from storage.urls import TEMP_MARK, Location, Retry
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(120)
@@ -473,3 +473,33 @@ def test_held_lease_holds_the_lease_for_the_block_and_releases_it(tmp_path):
 
     asyncio.run(main())
     assert not (tmp_path / "leases" / "c1.json").exists()
+
+
+def test_a_batch_is_not_published_once_the_store_was_removed_under_the_run(lease_root):
+    """A run shorter than the renewer's 10 s whose store was removed under it (``rm -rf
+    runs`` while it ran) recreated the folders as it saved, wrote its batch into a store
+    without its first steps and records and ended with exit 0; its rerun stopped on the
+    missing configuration record. The lease object is read before a batch is published:
+    gone, the batch is not written and the run stops, naming the likely cause."""
+    from test_storage import batch_from_trees, grow_tree
+
+    from storage import BatchStore
+
+    batch = batch_from_trees([grow_tree()], collection_id="c1")
+    lease = Lease(lease_root, "c1").acquire()
+    try:
+        store = BatchStore(lease_root)
+        url = store.write(batch)  # the lease there: published
+        loc = Location(lease_root)
+        loc.remove_folder(loc.url("leases"), Retry(attempts=1))  # rm -rf of the store takes its leases
+        with pytest.raises(LeaseLost) as lost:
+            store.write(batch_from_trees([grow_tree()], collection_id="c1", iteration=1))
+        assert "the lease object is gone: were the store or its leases folder removed while this run wrote it?" in (
+            str(lost.value)
+        )
+        assert "the batch is not written" in str(lost.value) and "\n" not in str(lost.value)
+        assert store.list("c1") == [url]  # iteration 1 never appeared
+        with pytest.raises(LeaseLost):  # and nothing more is written
+            CheckpointStore(lease_root).save("c1", 1, 0, "must not be written")
+    finally:
+        lease.release()

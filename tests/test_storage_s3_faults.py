@@ -161,3 +161,28 @@ def test_a_store_without_conditional_writes_is_named_in_one_line(proxied):
     proxy.fail(501, methods={"PUT"}, from_path="leases/")  # the lease's If-None-Match create
     with pytest.raises(StorageUnsupported, match=r"does not support conditional writes \(it answered 501"):
         Lease(f"{bucket}/runs", "c", storage_options=opts).acquire()  # was OSError: [Errno 38] ...
+
+
+def test_a_store_that_throttles_as_the_lease_is_taken_is_waited_for_as_a_save_is(proxied):
+    """A store answering 503 SlowDown for a second as a run began stopped it: taking the
+    lease used the renewals' quick retries (3 attempts in 1.2 s; a renewal must end
+    within the lease's time), where a step's save waits out 15 s of it. The lease is taken
+    as patiently as a save; its renewals stay quick."""
+    bucket, opts, proxy = proxied
+    proxy.fail(503, code="SlowDown", for_s=1.5)
+    with Lease(f"{bucket}/runs", "c", storage_options=opts) as lease:
+        assert lease.held and proxy.failed >= 2
+        assert lease._slot.retry.attempts == 3  # renewals: still the quick retries
+
+
+def test_a_store_that_throttles_as_a_batch_is_published_is_waited_for(proxied):
+    """The lease object is read before a batch is published (a store removed under the
+    run); that read waits out a throttle as the batch's own writes do, not the renewals' 1.2 s."""
+    from test_storage import batch_from_trees, grow_tree
+
+    bucket, opts, proxy = proxied
+    with Lease(f"{bucket}/runs", "c1", storage_options=opts):
+        store = BatchStore(f"{bucket}/runs", storage_options=opts)
+        proxy.fail(503, code="SlowDown", for_s=1.5, methods={"HEAD", "GET"}, from_path="leases/")
+        url = store.write(batch_from_trees([grow_tree()], collection_id="c1"))
+        assert proxy.failed >= 2 and store.list("c1") == [url]

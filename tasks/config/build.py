@@ -107,7 +107,9 @@ def build_policy(config: FocusConfig, url: str | None = None) -> Policy:
         api_key=api_key(m.api_key_env),
     )
     if m.kind == "factory":
-        policy = import_object(m.factory or "")(**m.options)
+        from focus.policy import Policy
+
+        policy = _made("model", m.factory or "", m.options, Policy)
     elif m.kind in ("local", "openai"):
         from focus.backends import OpenAICompatPolicy
 
@@ -173,7 +175,13 @@ def _env_from_factory(path: str, **kwargs: Any) -> tuple[Env, PolicyFormat, list
         wrong.append(f"task {bad[0]} is a {type(bad[1]).__name__}, not a focus.env.Task")
     if wrong:
         raise ConfigError(f"env.factory {path!r} must return (env, format, tasks): its {'; its '.join(wrong)}")
+    if not tasks:  # it stopped the collection with 'ValueError: Collector needs at least one task'
+        raise ConfigError(f"env.factory {path!r} returned no tasks (with {_given(kwargs)}): nothing to collect on")
     return env, fmt, tasks
+
+
+def _given(kwargs: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "no arguments"
 
 
 def build_agent(config: FocusConfig, policy: Policy) -> tuple[Agent, list[Task]]:
@@ -212,7 +220,19 @@ def build_critic(config: FocusConfig) -> Any:
         if c.weights:
             return critics.LocalCritic.load(c.weights)
         return critics.LocalCritic(**c.options)
-    return import_object(c.factory or "")(**c.options)
+    return _made("critic", c.factory or "", c.options, critics.Critic)
+
+
+def _made(section: str, path: str, options: dict[str, Any], want: type) -> Any:
+    """What ``<section>.factory`` makes, if it is a ``want``: a model factory that returned
+    something else failed later as ``AttributeError: 'str' object has no attribute 'aclose'``,
+    a critic factory's as ``TypeError: Collector's critic must be an instance of Critic``."""
+    made = import_object(path)(**options)
+    if not isinstance(made, want):
+        raise ConfigError(
+            f"{section}.factory {path!r} returned a value of type {type(made).__name__}, not a {want.__module__}.{want.__name__}"
+        )
+    return made
 
 
 def build_estimator(config: FocusConfig) -> Any:

@@ -520,6 +520,10 @@ def suggest_field(key: str, cls: type[BaseModel] = FocusConfig) -> str | None:
     return close[0] if close else None
 
 
+#: What a collection id may hold (its ``pattern``: a folder name in every store).
+ID_RULE = "use letters, digits, '_', '.' and '-', at most 128, the first a letter or digit"
+
+
 def problems_of(error: ValidationError) -> list[tuple[str, str, str | None]]:
     """``(dotted location, reason, field it likely meant)`` per error of a validation;
     the last is set for an unknown field only."""
@@ -528,6 +532,8 @@ def problems_of(error: ValidationError) -> list[tuple[str, str, str | None]]:
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
         if err["type"] == "extra_forbidden":
             out.append((loc, "unknown field", suggest_field(loc)))
+        elif err["type"] == "string_pattern_mismatch" and loc == "collection_id":  # the regex told little
+            out.append((loc, f"{err['input']!r} is not a collection id: {ID_RULE}", None))
         else:
             out.append((loc, err["msg"].removeprefix("Value error, "), None))
     return out

@@ -25,10 +25,11 @@ import difflib
 import json
 import os
 import pathlib
+import re
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +75,9 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The mapping in a TOML or YAML file; errors name the file."""
     p = pathlib.Path(path)
     try:
-        text = p.read_bytes().decode("utf-8")
+        # utf-8-sig: a file saved with a byte-order mark (Windows editors) was "not valid
+        # TOML: Invalid statement (at line 1, column 1)"; YAML skipped it already
+        text = p.read_bytes().decode("utf-8-sig")
     except OSError as e:
         raise ConfigError(f"cannot read config file {str(p)!r}: {e.strerror}") from e
     except UnicodeDecodeError as e:
@@ -86,20 +89,66 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         if p.suffix == ".toml":
             data: Any = tomllib.loads(text)
         elif p.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
+            data = _load_yaml(text, str(p)) or {}
         else:
             raise ConfigError(f"config file {str(p)!r} must end in .toml, .yaml or .yml")
     except (tomllib.TOMLDecodeError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise
-        raise ConfigError(f"config file {str(p)!r} is not valid {p.suffix[1:].upper()}: {e}") from e
+        raise ConfigError(
+            f"config file {str(p)!r} is not valid {p.suffix[1:].upper()}: {e}{_toml_twice(e, text)}"
+        ) from e
     except Exception as e:  # yaml.YAMLError without importing yaml at module level
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from e
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_yaml_problem(e)}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
     return data
+
+
+def _toml_twice(error: Exception, text: str) -> str:
+    """What tomllib's ``Cannot overwrite a value`` and ``Cannot declare ... twice`` mean
+    (a key or table set twice), with the line they point at: the message named neither."""
+    m = re.search(r"at line (\d+), column \d+\)$", str(error))
+    if m is None or not str(error).startswith(("Cannot overwrite", "Cannot declare", "Cannot mutate")):
+        return ""
+    lines = text.splitlines()
+    n = int(m.group(1))
+    shown = f": {lines[n - 1].strip()!r}" if 0 < n <= len(lines) else ""
+    return f"; a key or table is set twice (line {n}{shown}): keep one"
+
+
+def _yaml_problem(error: Exception) -> str:
+    """PyYAML's error on one line: what is wrong and where (it was several lines, with a
+    copy of the line and a caret, and named the file '<unicode string>')."""
+    problem, mark = getattr(error, "problem", None), getattr(error, "problem_mark", None)
+    if not problem or mark is None:
+        return " ".join(str(error).split())
+    context = getattr(error, "context", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" + (f" ({context})" if context else "")
+
+
+def _load_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load`` that refuses a key set twice in one mapping: PyYAML keeps the
+    last silently, so ``seed: 1`` below ``seed: 0`` changed the run without a word,
+    where TOML refuses the file."""
+    import yaml
+
+    class Strict(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if isinstance(key, Hashable) and key in seen:
+                    raise ConfigError(
+                        f"config file {where!r}: key {key!r} is set twice in one mapping (lines {seen[key]} and "
+                        f"{line}): keep one"
+                    )
+                if isinstance(key, Hashable):
+                    seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return yaml.load(text, Loader=Strict)  # noqa: S506 - a SafeLoader
 
 
 def merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
