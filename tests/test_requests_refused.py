@@ -98,14 +98,27 @@ def test_through_prefect_the_flow_run_fails_with_the_line_and_a_rerun_collects(s
     assert BatchStore(str(tmp_path)).read(out["batch_url"]).stats["failed_rollouts"] == 0
 
 
+def test_a_method_or_protocol_the_server_does_not_implement_is_a_refusal_not_an_outage():
+    """501 (Not Implemented) and 505 (HTTP Version Not Supported) say the server cannot do
+    this at all: a plain web server behind model.url answers 501 to every POST. They were
+    retried as an outage (exit 1 after the outage wait) like 502/503/504, a restart."""
+    from focus.backends.retry import is_retry_status
+
+    assert [is_retry_status(s) for s in (500, 502, 503, 504, 501, 505)] == [True] * 4 + [False] * 2
+    refused = _failed("model: POST http://m/v1/completions was rejected with status 501: Unsupported method")
+    with pytest.raises(RequestsRefused, match=r"status 501\)"):
+        check_outage([refused] * 2, 1.0)
+
+
 @pytest.mark.integration
-def test_a_refused_collection_stops_unfinished_and_a_rerun_after_the_fix_collects(scripted, tmp_path):
+@pytest.mark.parametrize("status", [401, 501])
+def test_a_refused_collection_stops_unfinished_and_a_rerun_after_the_fix_collects(scripted, tmp_path, status):
     cfg = load_config(
         overrides={
             "collection_id": "refused",
             "model.kind": "openai",
             "model.url": scripted.url,
-            "model.http": {"outage_wait_s": 0},
+            "model.http": {"outage_wait_s": 0},  # (a 501 used to be waited out as an outage)
             "env.n_tasks": 2,
             "agent.sampling.max_tokens": 8,
             "search.phases": [
@@ -118,11 +131,11 @@ def test_a_refused_collection_stops_unfinished_and_a_rerun_after_the_fix_collect
         },
         environ={},
     )
-    scripted.answers[:] = [(401, {}, {"error": {"message": "invalid API key", "code": 401}})]
+    scripted.answers[:] = [(status, {}, {"error": {"message": "invalid API key", "code": status}})]
     with pytest.raises(RequestsRefused) as stopped:
         run_collect(cfg)
     line = one_line(stopped.value)
-    assert line.startswith("the model service refused every request (4 of 4 rollouts of the wave, status 401)"), line
+    assert line.startswith(f"the model service refused every request (4 of 4 rollouts of the wave, status {status})"), line
     assert "invalid API key" in line and "\n" not in line and exit_code(stopped.value) == 2
     store = CheckpointStore(str(tmp_path))
     assert ("evidence", 0) not in store.list("refused")

@@ -43,18 +43,22 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 #: Why an attempt failed and was (or could have been) retried. ``server error``: status
-#: 408, 409, 425, 429 or any 5xx; ``timeout``: no answer within the attempt's time;
+#: 408, 409, 425, 429 or any 5xx but 501 and 505; ``timeout``: no answer within the attempt's time;
 #: ``connection``: refused, reset or closed before the answer; ``malformed response``:
 #: a 2xx whose body is not JSON or not what the API promises (ids and log-probs that
 #: do not line up, non-finite log-probs, a critic answer of the wrong length).
 CAUSES = ("server error", "timeout", "connection", "malformed response")
 
 RETRY_STATUSES = frozenset({408, 409, 425, 429})
+#: 5xx statuses that say the server cannot do this at all (501 Not Implemented: a web
+#: server that is no model service answers it to every POST; 505 HTTP Version Not
+#: Supported): retrying them only waits out an outage that is not one.
+NEVER_RETRY_5XX = frozenset({501, 505})
 
 
 def is_retry_status(status: int) -> bool:
     """Statuses that say "try again later" rather than "this request is wrong"."""
-    return status in RETRY_STATUSES or status >= 500
+    return status in RETRY_STATUSES or (status >= 500 and status not in NEVER_RETRY_5XX)
 
 
 class RetryPolicy(BaseModel):
