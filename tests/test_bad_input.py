@@ -116,7 +116,10 @@ def test_an_env_factory_that_raises_or_returns_the_wrong_parts_is_named_in_one_l
     # no tasks at all stopped the collection later with 'ValueError: Collector needs at least one task'
     err, line = built("no_tasks")
     assert isinstance(err, ConfigError)
-    assert line == "env.factory 'fixtures.failing:no_tasks' returned no tasks (with n_tasks=8, seed=0): nothing to collect on"
+    assert (
+        line
+        == "env.factory 'fixtures.failing:no_tasks' returned no tasks (with n_tasks=8, seed=0): nothing to collect on"
+    )
 
 
 def test_a_model_or_critic_factory_that_returns_something_else_is_named_in_one_line():
@@ -124,22 +127,15 @@ def test_a_model_or_critic_factory_that_returns_something_else_is_named_in_one_l
     ``AttributeError: 'str' object has no attribute 'aclose'``, a critic factory's with
     ``TypeError: Collector's critic must be an instance of Critic, got a float``: neither
     named the factory."""
-    model = load_config(
-        overrides={"model.kind": "factory", "model.factory": "fixtures.failing:text_policy"}, environ={}
-    )
-    with pytest.raises(ConfigError) as e:
-        model.build_policy()
-    assert str(e.value) == (
-        "model.factory 'fixtures.failing:text_policy' returned a value of type str, not a focus.policy.Policy"
-    )
-    critic = load_config(
-        overrides={"critic.kind": "factory", "critic.factory": "fixtures.failing:number_critic"}, environ={}
-    )
-    with pytest.raises(ConfigError) as e:
-        critic.build_critic()
-    assert str(e.value) == (
-        "critic.factory 'fixtures.failing:number_critic' returned a value of type float, not a focus.critic.Critic"
-    )
+    for section, factory, build, got, wanted in [
+        ("model", "text_policy", "build_policy", "str", "focus.policy.Policy"),
+        ("critic", "number_critic", "build_critic", "float", "focus.critic.Critic"),
+    ]:
+        name = f"fixtures.failing:{factory}"
+        cfg = load_config(overrides={f"{section}.kind": "factory", f"{section}.factory": name}, environ={})
+        with pytest.raises(ConfigError) as e:
+            getattr(cfg, build)()
+        assert str(e.value) == f"{section}.factory {name!r} returned a value of type {got}, not a {wanted}"
 
 
 def test_cli_reports_a_bad_config_file_without_a_traceback(tmp_path):
