@@ -148,9 +148,13 @@ def check_step_result(result: object, where: str) -> StepResult:
     _check_text(result.observation, where)
     _check_info(result.info, where)
     try:
+        # float() reads "1" and a one-element array too: text passed on unparsed, or a
+        # slice where an element was meant, is no reward the env computed
+        if isinstance(result.reward, str | bytes) or getattr(result.reward, "ndim", 0) != 0:
+            raise TypeError(result.reward)
         reward = float(result.reward)
     except (TypeError, ValueError):
-        raise EnvError(f"{where} returned a non-numeric reward {result.reward!r}") from None
+        raise EnvError(f"{where} returned a non-numeric reward {short_value(result.reward)}") from None
     if not abs(reward) <= VALUE_LIMIT:  # NaN too: it went into every value of its tree
         raise EnvError(f"{where} returned the reward {reward!r}, not a finite number within ±{VALUE_LIMIT:g}")
     if not isinstance(result.done, bool):
