@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from numbers import Number
 from typing import Any, ClassVar
 
 from focus.backends.retry import HttpConfig
@@ -72,6 +73,21 @@ class Critic(abc.ABC):
         """Release connections; the default holds none."""
 
 
+async def scored(critic: Critic, contexts: Sequence[Sequence[int]], where: str) -> list[Prediction]:
+    """``critic.predict_with_std(contexts)``, with an exception from inside it (a user's
+    critic with a bug, a client library's error) raised as a :class:`CriticError`
+    naming ``where`` (the critic) and chaining the original: a bare ``KeyError: 'value'``
+    stopped the collection, and the pipeline's one-line error, naming neither the critic
+    nor that it was scoring."""
+    try:
+        return await critic.predict_with_std(contexts)
+    except CriticError:
+        raise
+    except Exception as e:
+        cause = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        raise CriticError(f"{where} raised {cause} while scoring {len(contexts)} contexts") from e
+
+
 def _check_listed(values: object, where: str) -> None:
     """A mapping's keys were taken as the values (``{i: v}`` scored 0, 1, 2, ...); ``None``
     (a ``return`` forgotten) or a single number failed with "'NoneType' object is not
@@ -87,6 +103,8 @@ def _check_values(values: Sequence[Any], n: int, where: str, label: Callable[[in
     out = []
     for i, v in enumerate(values):
         try:
+            if isinstance(v, str | bytes) or getattr(v, "ndim", 0) != 0:  # float() reads "0.3"
+                raise TypeError(v)
             f = float(v)
         except (TypeError, ValueError):
             raise CriticError(f"{where} returned a non-numeric value {v!r} at {_at(i, label)}") from None
@@ -129,10 +147,11 @@ def check_predictions(
     _check_listed(preds, where)
     if len(preds) != n:
         raise CriticError(f"{where} returned {len(preds)} predictions for {n} contexts")
-    values = _check_values([getattr(p, "value", p) for p in preds], n, where, label)
+    # a number is a value without a std: numpy's have a ``std`` method, read as the std
+    values = _check_values([p if isinstance(p, Number) else getattr(p, "value", p) for p in preds], n, where, label)
     out = []
     for i, (p, v) in enumerate(zip(preds, values, strict=True)):
-        std = getattr(p, "std", None)
+        std = None if isinstance(p, Number) else getattr(p, "std", None)
         if std is not None:
             one = (lambda _, i=i: label(i)) if label else None
             (std,) = _check_values([std], 1, f"{where} (std at position {i})", one)

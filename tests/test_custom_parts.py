@@ -251,6 +251,56 @@ def test_a_critic_that_returns_no_list_of_values_is_named(critic, says):  # type
         run(col.collect(tasks))
 
 
+class TextCritic(Critic):
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        return ["0.3"] * len(contexts)  # a service's JSON text passed on unparsed
+
+
+class RaisingCritic(Critic):
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        return {}["value"]  # a user's bug inside predict
+
+
+@pytest.mark.parametrize(
+    ("critic", "says"),
+    [
+        # float() read "0.3" as a prediction: the collection ran on text as values
+        (TextCritic(), r"^critic TextCritic returned a non-numeric value '0.3' at position 0 \(checkpoint node 0"),
+        # the collection stopped with a bare "KeyError: 'value'": the pipeline's one-line
+        # error named neither the critic nor that it was scoring
+        (RaisingCritic(), r"^critic RaisingCritic raised KeyError: 'value' while scoring \d+ contexts$"),
+    ],
+)
+def test_a_critic_that_answers_text_or_raises_is_named(critic, says):  # type: ignore[no-untyped-def]
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.critic = critic
+    with pytest.raises(CriticError, match=says):
+        run(col.collect(tasks))
+
+
+class ArrayStdCritic(Critic):
+    """Answers ``predict_with_std`` with a numpy array of values, as a batched model does."""
+
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        raise AssertionError  # pragma: no cover - predict_with_std is overridden
+
+    async def predict_with_std(self, contexts):  # type: ignore[no-untyped-def]
+        import numpy as np
+
+        return np.full(len(contexts), 0.3)
+
+
+def test_a_critic_answering_predict_with_std_with_a_numpy_array_is_read_as_values_without_std():
+    """A numpy float has a ``std`` method, which was read as the prediction's std: the
+    collection stopped with "returned a non-numeric value <built-in method std of
+    numpy.float64 object ...>" for a plain array of values, which a list of the same
+    floats passed."""
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.critic = ArrayStdCritic()
+    batch = run(col.collect(tasks))
+    assert batch.critic and {r.prediction for r in batch.critic} == {0.3}
+
+
 class AsyncEligible(EveryDecision):
     async def eligible(self, state):  # type: ignore[no-untyped-def]
         return False
