@@ -45,6 +45,12 @@ if TYPE_CHECKING:
     import tinker
 
 
+#: The largest float32 (``numpy.finfo(numpy.float32).max``). Rewards and advantages are
+#: float64 up to ``focus.env.VALUE_LIMIT`` (1e60), but every trainer's arrays are float32
+#: (or narrower): an advantage beyond this becomes ``inf`` there.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 @dataclass(frozen=True)
 class TokenSequence:
     """One training sequence: consecutive turns of one segment, aligned per token.
@@ -112,6 +118,12 @@ def actor_sequences(batch: Batch, *, merge_turns: bool = True, skip_unmasked: bo
             raise ValueError(
                 f"actor row (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}) has "
                 f"{len(r.completion_ids)} ids, {len(r.logprobs)} log-probs and {len(r.loss_mask)} mask entries"
+            )
+        if not abs(r.advantage) <= FLOAT32_MAX:  # NaN too
+            raise ValueError(
+                f"actor row (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}) has the advantage "
+                f"{r.advantage!r}, beyond float32 (±{FLOAT32_MAX:.4g}), which trainers compute in: it would train "
+                "as inf; scale the rewards down"
             )
         segments.setdefault((r.task_id, r.tree_id, r.edge_id), []).append(r)
     out: list[TokenSequence] = []
