@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import copy
 import inspect
 import json
 import math
@@ -458,11 +459,28 @@ class LocalCritic(Critic):
         """Fit on rows with ``context_ids``, ``target`` and ``weight``; returns the final
         weighted mean squared error on the rows. Rows of weight 0 are skipped."""
 
+        for i, r in enumerate(rows):
+            if not (math.isfinite(float(r.target)) and math.isfinite(float(r.weight))):
+                raise ValueError(
+                    f"LocalCritic.fit: row {i} has target {float(r.target)!r} and weight {float(r.weight)!r}: "
+                    "both must be finite numbers"
+                )
         rows = [r for r in rows if float(r.weight) > 0]
         if not rows:
             raise ValueError("LocalCritic.fit needs rows with positive weight (context_ids, target, weight)")
+        # a fit that ends non-finite (float32 squares overflow past 1.8e19) leaves NaN
+        # weights that a later collection only finds as NaN predictions: undone here
+        kept = (copy.deepcopy(self._model), self.fitted)
         with _torch_threads(1):
-            return self._fit(rows, epochs, lr, batch_size)
+            mse = self._fit(rows, epochs, lr, batch_size)
+        if not math.isfinite(mse):
+            self._model, self.fitted = kept
+            targets = [float(r.target) for r in rows]
+            raise ValueError(
+                f"LocalCritic.fit diverged (weighted squared error {mse!r}) on targets from {min(targets):g} to "
+                f"{max(targets):g}; the critic is as it was: it computes in float32, scale the rewards down"
+            )
+        return mse
 
     def _fit(self, rows: Sequence[Any], epochs: int, lr: float, batch_size: int) -> float:
         import torch

@@ -302,6 +302,32 @@ class TestLocal(CriticConformance):
         with pytest.raises(ValueError, match="positive weight"):
             c.fit([])
 
+    def test_a_fit_that_cannot_be_finite_is_refused_and_leaves_the_critic_as_it_was(self):
+        """Targets whose squares overflow float32 (3e38, 1e39: rewards are collected up to
+        1e60), a NaN target or an infinite weight made every weight NaN: the fit returned
+        ``nan`` without a word, and the critic, saved as the loop's next one, predicted
+        NaN everywhere, refused only when the next collection asked it."""
+        import math
+        from types import SimpleNamespace as Row
+
+        c = self.make_critic()
+        before = run(c.predict(CONTEXTS))
+        for target, weight, says in (
+            (3e38, 1.0, r"^LocalCritic.fit diverged \(weighted squared error nan\) on targets from 0 to 3e\+38"),
+            (1e39, 1.0, r"^LocalCritic.fit diverged"),
+            (math.nan, 1.0, r"^LocalCritic.fit: row 1 has target nan and weight 1.0: both must be finite"),
+            (0.5, math.inf, r"^LocalCritic.fit: row 1 has target 0.5 and weight inf: both must be finite"),
+        ):
+            rows = [Row(context_ids=(256, 1, i), target=0.0, weight=1.0) for i in range(4)]
+            rows[1] = Row(context_ids=(256, 1, 1), target=target, weight=weight)
+            with pytest.raises(ValueError, match=says):
+                c.fit(rows, epochs=3)
+            assert run(c.predict(CONTEXTS)) == before and c.fitted
+        fresh = LocalCritic(buckets=256, hidden=8, default=0.3)
+        with pytest.raises(ValueError, match="diverged"):
+            fresh.fit([Row(context_ids=(256, 1), target=1e39, weight=1.0)], epochs=2)
+        assert not fresh.fitted and run(fresh.predict(CONTEXTS)) == [0.3] * 3
+
     def test_save_load_and_pickle_round_trip(self, tmp_path):
         c = self.make_critic()
         before = run(c.predict(CONTEXTS))
