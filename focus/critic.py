@@ -335,7 +335,10 @@ def serve_critic(critic: Critic, host: str = "127.0.0.1", port: int = 0) -> Iter
                 ):
                     self._send(400, {"error": "expected a JSON list of contexts, each a list of integer token ids"})
                     return
-                preds = asyncio.run(critic.predict_with_std(body))
+                where = f"critic {type(critic).__name__}"
+                # checked and made floats here: a numpy float or a number without a std
+                # broke the handler below, outside this try, and closed the connection
+                preds = check_predictions(asyncio.run(critic.predict_with_std(body)), len(body), where)
             except json.JSONDecodeError as e:
                 self._send(400, {"error": f"body is not JSON: {e.msg}"})
                 return

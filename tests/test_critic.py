@@ -211,6 +211,41 @@ def test_served_critic_rejects_bad_requests():
         assert r.status_code == 400 and "list of contexts" in r.json()["error"]
 
 
+@pytest.mark.integration  # starts a server
+def test_a_served_critic_answering_numpy_numbers_or_nan_is_served_or_named():
+    """A critic whose predictions are numpy floats (a model's output) or plain numbers
+    from ``predict_with_std`` broke the handler outside its try ("Object of type float32
+    is not JSON serializable", "'float' object has no attribute 'value'"): the connection
+    closed without an answer, and the client retried, then blamed the network. A NaN
+    went out as ``NaN``, which is no JSON. Each is now served, or answered with a 500
+    naming the critic and the value."""
+    import httpx
+    import numpy as np
+
+    class Numpy(Critic):
+        async def predict(self, contexts):  # type: ignore[no-untyped-def]
+            return list(np.full(len(contexts), 0.25, dtype=np.float32))
+
+    class Plain(Critic):
+        async def predict(self, contexts):  # type: ignore[no-untyped-def]
+            raise AssertionError  # pragma: no cover - predict_with_std is overridden
+
+        async def predict_with_std(self, contexts):  # type: ignore[no-untyped-def]
+            return [0.5] * len(contexts)
+
+    class Nan(Critic):
+        async def predict(self, contexts):  # type: ignore[no-untyped-def]
+            return [float("nan")] * len(contexts)
+
+    for critic, want in ((Numpy(), 0.25), (Plain(), 0.5)):
+        with serve_critic(critic) as url:
+            assert run(HttpCritic(url, config=FAST).predict(CONTEXTS)) == [want] * len(CONTEXTS)
+    with serve_critic(Nan()) as url:
+        r = httpx.post(url, json=CONTEXTS)
+        assert r.status_code == 500
+        assert r.json()["error"] == "CriticError: critic Nan returned a non-finite value nan at position 0"
+
+
 @functools.cache
 def _synthetic_rows(seed: int):
     """Critic rows of a small uniform collection (made once: several tests fit on them)."""
