@@ -34,6 +34,7 @@ those tokens once per branch. Nothing is re-tokenised: every id comes from the r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
@@ -120,10 +121,15 @@ def actor_sequences(batch: Batch, *, merge_turns: bool = True, skip_unmasked: bo
                 f"{len(r.completion_ids)} ids, {len(r.logprobs)} log-probs and {len(r.loss_mask)} mask entries"
             )
         if not abs(r.advantage) <= FLOAT32_MAX:  # NaN too
+            why = (
+                "not a number"
+                if math.isnan(r.advantage)
+                else f"beyond float32 (±{FLOAT32_MAX:.4g}), which trainers compute in: it would train as inf; "
+                "scale the rewards down"
+            )
             raise ValueError(
                 f"actor row (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}) has the advantage "
-                f"{r.advantage!r}, beyond float32 (±{FLOAT32_MAX:.4g}), which trainers compute in: it would train "
-                "as inf; scale the rewards down"
+                f"{r.advantage!r}, {why}"
             )
         segments.setdefault((r.task_id, r.tree_id, r.edge_id), []).append(r)
     out: list[TokenSequence] = []

@@ -179,6 +179,8 @@ def test_an_advantage_beyond_float32_is_refused_naming_its_row(batch):
     for export in (actor_sequences, to_tinker_datums, to_slime_samples, lambda b: to_verl_batch(b, pad_token_id=0)):
         with pytest.raises(ValueError, match=said):
             export(Batch("cx", 1, big))
+    with pytest.raises(ValueError, match=r"has the advantage nan, not a number$"):
+        actor_sequences(Batch("cx", 1, [dataclasses.replace(r, advantage=float("nan"))]))
     most = float(np.finfo(np.float32).max)
     edge = Batch("cx", 1, [dataclasses.replace(r, advantage=-most) for r in batch.actor])
     assert np.isfinite(to_verl_batch(edge, pad_token_id=0)["tensors"]["advantages"]).all()
