@@ -212,8 +212,8 @@ class BatchBuilder:
     def _same_batch(self, r: ActorRow | CriticRow, what: str, index: int) -> None:
         if r.collection_id != self.collection_id or r.iteration != self.iteration:
             raise BatchError(
-                f"{what} row {index} belongs to collection {r.collection_id!r} iteration {r.iteration}, "
-                f"but the batch is {self.collection_id!r} iteration {self.iteration}"
+                f"{what} row {index} belongs to collection {r.collection_id!r} iteration {r.iteration!r}, "
+                f"but the batch is {self.collection_id!r} iteration {self.iteration!r}"
             )
 
     def tables(self) -> tuple[pa.Table, pa.Table]:
