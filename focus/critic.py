@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from focus.backends.retry import HttpConfig
 from focus.env import VALUE_LIMIT
+from focus.reprs import short_value
 
 
 class CriticError(RuntimeError):
@@ -109,6 +110,10 @@ def _check_values(values: Sequence[Any], n: int, where: str, label: Callable[[in
             f = float(v)
         except (TypeError, ValueError):
             raise CriticError(f"{where} returned a non-numeric value {v!r} at {_at(i, label)}") from None
+        except OverflowError:  # an int past a float's range (10**400)
+            raise CriticError(
+                f"{where} returned the value {short_value(v)} beyond ±{VALUE_LIMIT:g} at {_at(i, label)}"
+            ) from None
         if not math.isfinite(f):
             raise CriticError(f"{where} returned a non-finite value {f!r} at {_at(i, label)}")
         if abs(f) > VALUE_LIMIT:  # its square's square overflows in the noise fit

@@ -246,6 +246,14 @@ def test_a_served_critic_answering_numpy_numbers_or_nan_is_served_or_named():
         assert r.json()["error"] == "CriticError: critic Nan returned a non-finite value nan at position 0"
 
 
+def test_a_critic_value_too_large_for_a_float_is_named():
+    """``float(10**400)`` raised a bare OverflowError out of the check, naming no critic."""
+    from focus.critic import check_predictions
+
+    with pytest.raises(CriticError, match=r"^critic X returned the value 1000.* beyond ±1e\+60 at position 1$"):
+        check_predictions([0.5, 10**400], 2, "critic X")
+
+
 @functools.cache
 def _synthetic_rows(seed: int):
     """Critic rows of a small uniform collection (made once: several tests fit on them)."""

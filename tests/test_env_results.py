@@ -82,3 +82,11 @@ def test_a_reward_given_as_text_or_as_an_array_is_refused_naming_the_env():
     for bad in ("1", b"0.5", np.array([1.0]), np.zeros((1, 1))):
         with pytest.raises(EnvError, match=r"^Env.step returned a non-numeric reward "):
             check_step_result(StepResult(None, "o", bad, False), "Env.step")
+
+
+def test_an_integer_reward_too_large_for_a_float_is_refused_naming_the_env():
+    """``float(10**400)`` raises OverflowError, which the check did not catch: the rollout
+    failed with a bare "int too large to convert to float", naming no env."""
+    with pytest.raises(EnvError, match=r"^Env.step returned the reward 1000.*, not a finite number within ±1e\+60$"):
+        check_step_result(StepResult(None, "o", 10**400, False), "Env.step")
+    assert check_step_result(StepResult(None, "o", 10**60, False), "Env.step").reward == 10**60
