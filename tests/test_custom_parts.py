@@ -571,3 +571,47 @@ def test_the_conformance_checks_say_what_a_part_broke():
         EnvCheck().test_step_does_not_mutate_the_old_state()
     with pytest.raises(AssertionError, match=r"^sample returned dict, expected a Completion$"):
         PolicyCheck().test_sample_returns_aligned_finite_logprobs()
+
+
+class _ReturnsEnv(Env):
+    """One step that returns ``result`` (its state, observation, reward, done)."""
+
+    def __init__(self, reward, done) -> None:  # type: ignore[no-untyped-def]
+        self.reward, self.done = reward, done
+
+    async def reset(self, task, workspace):  # type: ignore[no-untyped-def]
+        return Reset(0, (Message("user", "go"),))
+
+    async def step(self, state, action, workspace):  # type: ignore[no-untyped-def]
+        return StepResult(state + 1, "ok", self.reward, self.done)
+
+
+@pytest.mark.parametrize(
+    ("reward", "done", "says"),
+    [
+        (1.0, __import__("numpy").bool_(True), None),  # gym-style: the agent takes it as a bool
+        (__import__("numpy").float32(0.5), False, None),
+        ("1", False, r"returned a non-numeric reward '1'"),  # the agent refuses it
+        (1e61, False, r"returned the reward 1e\+61, not a finite number within"),  # so too
+    ],
+)
+def test_the_env_conformance_check_holds_an_env_to_what_the_agent_accepts(reward, done, says):
+    """The mixin asserted ``isinstance(done, bool)``, failing a numpy bool the agent
+    accepts, and ``float(reward)`` finite, passing a text reward and one past ±1e60 that
+    the agent refuses: an env could pass its conformance test and fail every rollout."""
+
+    class EnvCheck(EnvConformance):
+        def make_env(self):  # type: ignore[no-untyped-def]
+            return _ReturnsEnv(reward, done)
+
+        def make_task(self):  # type: ignore[no-untyped-def]
+            return Task("t0")
+
+        def make_action(self):  # type: ignore[no-untyped-def]
+            return Action("text", text="1")
+
+    if says is None:
+        EnvCheck().test_step_returns_step_result()
+    else:
+        with pytest.raises(AssertionError, match=says):
+            EnvCheck().test_step_returns_step_result()
