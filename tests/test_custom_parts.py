@@ -615,3 +615,22 @@ def test_the_env_conformance_check_holds_an_env_to_what_the_agent_accepts(reward
     else:
         with pytest.raises(AssertionError, match=says):
             EnvCheck().test_step_returns_step_result()
+
+
+def test_the_env_conformance_check_refuses_opening_messages_the_agent_refuses():
+    """``Message("user", task.data.get("question"))`` with the key missing passed the
+    mixin's reset check (a Reset with messages) and failed every rollout."""
+
+    class NoQuestion(_ReturnsEnv):
+        async def reset(self, task, workspace):  # type: ignore[no-untyped-def]
+            return Reset(0, (Message("user", task.data.get("question")),))
+
+    class EnvCheck(EnvConformance):
+        def make_env(self):  # type: ignore[no-untyped-def]
+            return NoQuestion(0.0, False)
+
+        def make_task(self):  # type: ignore[no-untyped-def]
+            return Task("t0")
+
+    with pytest.raises(AssertionError, match=r"^NoQuestion.reset returned opening message 0 \('user'\) with content None"):
+        EnvCheck().test_reset_returns_messages_and_picklable_state()

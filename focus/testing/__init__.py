@@ -16,7 +16,7 @@ import math
 import pickle
 from collections.abc import Sequence
 
-from focus.env import Action, Env, EnvError, Reset, Task, accepts_seed, check_step_result
+from focus.env import Action, Env, EnvError, Task, accepts_seed, check_reset, check_step_result
 from focus.format import ByteCodec, ChatCodec
 from focus.policy import Completion, Policy, SamplingParams
 from focus.workspace import Workspace
@@ -74,8 +74,10 @@ class EnvConformance:
 
     def test_reset_returns_messages_and_picklable_state(self) -> None:
         env, task = self.make_env(), self.make_task()
-        reset = run(env.reset(task, env.make_workspace(task)))
-        assert isinstance(reset, Reset) and reset.messages, f"reset returned {reset!r}: a Reset with opening messages"
+        try:  # the agent's own check, opening messages' text and ids too
+            reset = check_reset(run(env.reset(task, env.make_workspace(task))), f"{type(env).__name__}.reset")
+        except EnvError as e:
+            raise AssertionError(str(e)) from None
         assert pickle.loads(pickle.dumps(reset.state)) == reset.state, (
             "reset's state is not equal after a pickle round trip"
         )
