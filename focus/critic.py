@@ -215,9 +215,11 @@ class ConstantCritic(Critic):
     row_wise: ClassVar[bool] = True
 
     def __init__(self, value: float = 0.0, std: float | None = None) -> None:
-        if not math.isfinite(value):
-            raise ValueError(f"ConstantCritic value must be finite, got {value}")
-        self.value, self.std = float(value), std
+        if not abs(value) <= VALUE_LIMIT:  # refused at the first scoring otherwise, after the evidence
+            raise ValueError(f"ConstantCritic value must be finite and within ±{VALUE_LIMIT:g}, got {value!r}")
+        if std is not None and not (math.isfinite(std) and std >= 0):
+            raise ValueError(f"ConstantCritic std must be a finite number >= 0 or None, got {std!r}")
+        self.value, self.std = float(value), None if std is None else float(std)
 
     async def predict(self, contexts: Sequence[Sequence[int]]) -> list[float]:
         return [self.value] * len(contexts)

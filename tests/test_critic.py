@@ -58,6 +58,18 @@ class TestConstant(CriticConformance):
         with pytest.raises(ValueError, match="finite"):
             ConstantCritic(float("nan"))
 
+    def test_a_value_or_std_no_collection_takes_is_refused_where_it_is_made(self):
+        """A std of -1 or NaN, or a value past ±1e60, was taken here and refused at the
+        collection's first scoring, after the evidence ran."""
+        for value, std, says in (
+            (0.5, -1.0, r"std must be a finite number >= 0 or None, got -1.0"),
+            (0.5, float("nan"), r"std must be a finite number >= 0 or None, got nan"),
+            (1e61, None, r"value must be finite and within ±1e\+60, got 1e\+61"),
+        ):
+            with pytest.raises(ValueError, match=rf"^ConstantCritic {says}$"):
+                ConstantCritic(value, std)
+        assert run(ConstantCritic(0.5, 0).predict_with_std([[1]]))[0].std == 0.0
+
 
 @pytest.mark.integration  # serves the critic over HTTP
 class TestHttpAgainstServedLocalCritic(CriticConformance):
