@@ -100,3 +100,11 @@ def test_the_policy_docstring_names_every_policy_focus_backends_exports():
     assert {"OpenAICompatPolicy", "LlamaCppPolicy", "FleetPolicy"} <= set(policies)
     doc = " ".join((Policy.__doc__ or "").split())
     assert [n for n in policies if f"``{n}``" not in doc] == []
+
+
+def test_the_phase_docstring_describes_every_field():
+    """``help(focus.Phase)`` listed each budget but ``max_waves``."""
+    from focus.priority import Phase
+
+    doc = Phase.__doc__ or ""
+    assert [f for f in Phase.model_fields if f != "name" and f"``{f}``" not in doc] == []
