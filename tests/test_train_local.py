@@ -127,6 +127,21 @@ def test_an_advantage_beyond_float32_is_refused_and_task_scaling_brings_it_withi
     assert stats.steps == 1 and math.isfinite(stats.loss)
 
 
+def test_a_batch_of_another_model_s_token_ids_is_refused_naming_the_row_and_the_vocabulary():
+    """A batch sampled by another model (a Qwen tokenizer's ids behind vLLM) handed to the
+    local trainer, which trains the embedded byte-level model: the update stopped with a
+    bare IndexError "index out of range in self" from the embedding."""
+    good = _toy_batch(0, [("7", 1.0)])
+    r = good.actor[0]
+    foreign = Batch("c", 0, [dataclasses.replace(r, completion_ids=(151643,) + r.completion_ids[1:])])
+    said = (
+        rf"^actor row \(task {r.task_id!r}, edge {r.edge_id}, turn 0\) holds the token id 151643, outside the "
+        r"embedded model's vocabulary of \d+ ids"
+    )
+    with pytest.raises(ValueError, match=said):
+        PolicyTrainer().update(foreign)
+
+
 def _toy_batch(iteration, completions):
     prompt = CODEC.render([Message("user", f"Reach {7 + iteration}. Total 0.")])
     rows = [_row(prompt, [ord(d), ByteCodec.EOT], [-2.2, -0.01], adv, i) for i, (d, adv) in enumerate(completions)]
