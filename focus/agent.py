@@ -13,7 +13,6 @@ import asyncio
 import hashlib
 import inspect
 import logging
-import numbers
 import re
 import time
 import types
@@ -203,7 +202,7 @@ class Agent:
         max_prompt_tokens: int | None = None,
         env_timeout_s: float = 60.0,
     ) -> None:
-        if isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral):
+        if isinstance(max_steps, bool) or not hasattr(max_steps, "__index__"):  # an int, numpy's too
             raise TypeError(f"Agent.max_steps must be an int, got {max_steps!r}")
         if max_steps < 1:
             raise ValueError("Agent.max_steps must be at least 1")
