@@ -105,7 +105,7 @@ def _check_values(values: Sequence[Any], n: int, where: str, label: Callable[[in
     out = []
     for i, v in enumerate(values):
         try:
-            if isinstance(v, str | bytes) or getattr(v, "ndim", 0) != 0:  # float() reads "0.3"
+            if isinstance(v, str | bytes):  # float() reads "0.3"
                 raise TypeError(v)
             f = float(v)
         except (TypeError, ValueError):

@@ -149,9 +149,7 @@ def check_step_result(result: object, where: str) -> StepResult:
     _check_text(result.observation, where)
     _check_info(result.info, where)
     try:
-        # float() reads "1" and a one-element array too: text passed on unparsed, or a
-        # slice where an element was meant, is no reward the env computed
-        if isinstance(result.reward, str | bytes) or getattr(result.reward, "ndim", 0) != 0:
+        if isinstance(result.reward, str | bytes):  # float() reads "1": a judge's text passed on unparsed
             raise TypeError(result.reward)
         reward = float(result.reward)
     except (TypeError, ValueError):
