@@ -153,11 +153,15 @@ def check_predictions(
     _check_listed(preds, where)
     if len(preds) != n:
         raise CriticError(f"{where} returned {len(preds)} predictions for {n} contexts")
-    # a number is a value without a std: numpy's have a ``std`` method, read as the std
-    values = _check_values([p if isinstance(p, Number) else getattr(p, "value", p) for p in preds], n, where, label)
+    # a number is a value without a std: numpy's and torch's have a ``std`` method, which
+    # was read as the std
+    bare = [isinstance(p, Number) or callable(getattr(p, "std", None)) for p in preds]
+    values = _check_values(
+        [p if b else getattr(p, "value", p) for p, b in zip(preds, bare, strict=True)], n, where, label
+    )
     out = []
     for i, (p, v) in enumerate(zip(preds, values, strict=True)):
-        std = None if isinstance(p, Number) else getattr(p, "std", None)
+        std = None if bare[i] else getattr(p, "std", None)
         if std is not None:
             one = (lambda _, i=i: label(i)) if label else None
             (std,) = _check_values([std], 1, f"{where} (std at position {i})", one)

@@ -301,6 +301,22 @@ def test_a_critic_answering_predict_with_std_with_a_numpy_array_is_read_as_value
     assert batch.critic and {r.prediction for r in batch.critic} == {0.3}
 
 
+@pytest.mark.needs("torch")
+def test_a_critic_answering_predict_with_std_with_torch_scalars_is_read_as_values_without_std():
+    """``list(net(x).squeeze(-1))``: 0-d tensors, whose ``std`` method was read as the std
+    as a numpy float's was."""
+    import torch
+
+    class TorchStdCritic(ArrayStdCritic):
+        async def predict_with_std(self, contexts):  # type: ignore[no-untyped-def]
+            return list(torch.full((len(contexts),), 0.25, dtype=torch.float64))
+
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.critic = TorchStdCritic()
+    batch = run(col.collect(tasks))
+    assert batch.critic and {r.prediction for r in batch.critic} == {0.25}
+
+
 class AsyncEligible(EveryDecision):
     async def eligible(self, state):  # type: ignore[no-untyped-def]
         return False
