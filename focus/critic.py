@@ -471,7 +471,10 @@ class LocalCritic(Critic):
 
     def fit(self, rows: Sequence[Any], *, epochs: int = 200, lr: float = 3e-3, batch_size: int = 1024) -> float:
         """Fit on rows with ``context_ids``, ``target`` and ``weight``; returns the final
-        weighted mean squared error on the rows. Rows of weight 0 are skipped."""
+        weighted mean squared error on the rows. Rows of weight 0 are skipped; a target or
+        weight that is not finite is a ``ValueError`` naming the row, and so is a fit that
+        ends non-finite (float32 squares overflow past about 2e19), which is undone first:
+        a NaN critic would otherwise be saved and found only by the next collection."""
 
         for i, r in enumerate(rows):
             if not (math.isfinite(float(r.target)) and math.isfinite(float(r.weight))):
