@@ -109,7 +109,10 @@ def actor_sequences(batch: Batch, *, merge_turns: bool = True, skip_unmasked: bo
     With ``merge_turns`` the turns of one segment are joined while each prompt extends
     the previous turn and the advantage stays the same; otherwise each turn is its own
     sequence. With ``skip_unmasked`` sequences without a single trained token (e.g. a
-    lone compaction turn) are left out, since they carry no gradient.
+    lone compaction turn) are left out, since they carry no gradient. A row without
+    prompt ids, with log-probs or a mask of another length than its completion, or with
+    an advantage that is NaN or beyond float32 (:data:`FLOAT32_MAX`, where every
+    trainer computes) is a ``ValueError`` naming it.
     """
     segments: dict[tuple[str, str, int], list[ActorRow]] = {}
     for r in batch.actor:
