@@ -52,15 +52,15 @@ def segment_weights(rows: Sequence[ActorRow], mode: str) -> dict[tuple[str, str,
             ]
             parent[k] = max(cands, key=lambda p: len(ends[p])) if cands else None
         raw = {}
-
-        def reach(k: tuple[str, str, int]) -> float:
-            if k not in raw:
-                p = parent[k]
-                raw[k] = own[k] * (reach(p) if p is not None else 1.0)
-            return raw[k]
-
-        for k in first:
-            reach(k)
+        for k in first:  # up the parents to one known (or the root), then down: no recursion
+            chain: list[tuple[str, str, int]] = []
+            up: tuple[str, str, int] | None = k
+            while up is not None and up not in raw:
+                chain.append(up)
+                up = parent[up]
+            above = raw[up] if up is not None else 1.0
+            for c in reversed(chain):
+                above = raw[c] = own[c] * above
     mean = left_sum(raw.values()) / len(raw) if raw else 1.0
     return {k: w / mean for k, w in raw.items()}
 
