@@ -42,20 +42,15 @@ def segment_weights(rows: Sequence[ActorRow], mode: str) -> dict[tuple[str, str,
     if mode == "siblings":
         raw = own
     else:
-        ends = {k: r.prompt_ids + r.completion_ids for k, r in last.items()}
-        parent: dict[tuple[str, str, int], tuple[str, str, int] | None] = {}
-        for k, r in first.items():
-            cands = [
-                p
-                for p, e in ends.items()
-                if p[:2] == k[:2] and p != k and first[p].node_id != r.node_id and r.prompt_ids[: len(e)] == e
-            ]
-            parent[k] = max(cands, key=lambda p: len(ends[p])) if cands else None
+        parent = _parents(first, last)
         raw = {}
         for k in first:  # up the parents to one known (or the root), then down: no recursion
             chain: list[tuple[str, str, int]] = []
             up: tuple[str, str, int] | None = k
             while up is not None and up not in raw:
+                if up in chain:  # a cycle (turns without tokens): its first segment is a root
+                    up = None
+                    break
                 chain.append(up)
                 up = parent[up]
             above = raw[up] if up is not None else 1.0
@@ -63,6 +58,31 @@ def segment_weights(rows: Sequence[ActorRow], mode: str) -> dict[tuple[str, str,
                 above = raw[c] = own[c] * above
     mean = left_sum(raw.values()) / len(raw) if raw else 1.0
     return {k: w / mean for k, w in raw.items()}
+
+
+Key = tuple[str, str, int]
+
+
+def _parents(first: dict[Key, ActorRow], last: dict[Key, ActorRow]) -> dict[Key, Key | None]:
+    """Each segment's parent segment (``None`` at the root): of its tree's segments from
+    another checkpoint, the one whose last turn (prompt and completion) is the longest
+    prefix of the segment's first prompt, the earliest of equals. Looked up by that
+    prefix in a dict per tree, longest first: comparing every pair of the batch's
+    segments took 14.7 s for 9,000 segments of 300 trees and 49 s for one tree of 2,311."""
+    ends: dict[tuple[str, str], dict[tuple[int, ...], list[Key]]] = {}
+    for k, r in last.items():
+        ends.setdefault(k[:2], {}).setdefault(tuple(r.prompt_ids + r.completion_ids), []).append(k)
+    lengths = {tree: sorted({len(e) for e in by_end}, reverse=True) for tree, by_end in ends.items()}
+    parent: dict[Key, Key | None] = {}
+    for k, r in first.items():
+        by_end, prompt, found = ends.get(k[:2], {}), tuple(r.prompt_ids), None
+        for n in lengths.get(k[:2], ()):
+            if n <= len(prompt):
+                found = next((p for p in by_end.get(prompt[:n], ()) if p != k and first[p].node_id != r.node_id), None)
+                if found is not None:
+                    break
+        parent[k] = found
+    return parent
 
 
 def weighted(batch: Batch, mode: str) -> Batch:

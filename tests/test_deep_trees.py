@@ -77,3 +77,31 @@ def test_reach_weights_of_a_chain_of_segments_deeper_than_the_frames_to_spare():
     with frames_to_spare(60):
         weights = segment_weights(rows, "reach")
     assert len(weights) == DEPTH and weights == pytest.approx({k: 1.0 for k in weights})
+
+
+def test_reach_weights_of_a_large_batch_are_found_without_comparing_every_pair():
+    """Every segment's parent was looked for among every segment of the batch, each a
+    prefix comparison: 9,000 segments of 300 trees took 14.7 s and one tree of 2,311
+    segments 49 s (``segment_weights="reach"``, the local trainer's option); now a
+    lookup per tree, longest prefix first (0.05 s and 0.15 s). 400 trees of 30 chained
+    segments here, 12,000 segments: the pairs grow as their square."""
+    import time
+
+    rows = [
+        ActorRow("c", 0, f"t{t}", f"t{t}#0", i, i, 0, "v0", tuple(range(i + 1)), (i + 1,), (-1.0,), (1,), 1.0, 0.0, "stop")
+        for t in range(400)
+        for i in range(30)
+    ]
+    start = time.perf_counter()
+    weights = segment_weights(rows, "reach")
+    assert time.perf_counter() - start < 5.0
+    assert len(weights) == 12_000 and set(weights.values()) == {1.0}
+
+
+def test_reach_weights_end_where_segments_without_tokens_are_each_other_s_parent():
+    """Two turns without a completion token from two checkpoints of one prompt are each
+    other's longest prefix: the walk up the parents went round for ever (recursing, it
+    had raised RecursionError)."""
+    a = ActorRow("c", 0, "t", "t#0", 1, 1, 0, "v0", (1, 2), (), (), (), 1.0, 0.0, "stop")
+    b = ActorRow("c", 0, "t", "t#0", 2, 2, 0, "v0", (1, 2), (), (), (), 1.0, 0.0, "stop")
+    assert segment_weights([a, b], "reach") == {("t", "t#0", 1): 1.0, ("t", "t#0", 2): 1.0}
