@@ -352,6 +352,10 @@ def to_verl_batch(
     """
     import numpy as np
 
+    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(
+            f"temperature must be a finite number > 0 (verl's actor divides its logits by it), got {temperature!r}"
+        )
     seqs = actor_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)
     if not seqs:
         raise ValueError("the batch has no sequence with a trained token")

@@ -188,6 +188,14 @@ def test_an_advantage_beyond_float32_is_refused_naming_its_row(batch):
     assert torch.isfinite(torch.tensor([s.reward for s in to_slime_samples(edge)], dtype=torch.float32)).all()
 
 
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_verl_temperature_its_actor_cannot_divide_by_is_refused(batch, temperature):
+    """verl's actor divides its logits by ``meta_info["temperature"]``: 0 (a greedy
+    collection's) made every logit inf and the update NaN, far from here."""
+    with pytest.raises(ValueError, match=rf"^temperature must be a finite number > 0 \(verl's actor divides its logits by it\), got {temperature!r}"):
+        to_verl_batch(batch, pad_token_id=0, temperature=temperature)
+
+
 def test_slime_mirror_has_slime_field_names():
     assert [f.name for f in dataclasses.fields(SlimeSample)] == SLIME_SAMPLE_FIELDS
     assert [s.name for s in SlimeSample.Status] == SLIME_STATUS
