@@ -383,6 +383,16 @@ def test_rows_with_values_no_trainer_can_use_are_refused_naming_the_row(tmp_path
     assert store.list() == []
 
 
+@pytest.mark.parametrize("iteration", [True, -1, 1.5, "3"])
+def test_a_batch_iteration_that_is_no_count_is_refused_naming_it(tmp_path, iteration):
+    """``True`` passed the check (a bool is an int) and was written as iteration 1's
+    folder, then the table refused it: ``ArrowTypeError: Expected integer, got bool``;
+    the weight and checkpoint stores refused a bool already."""
+    with pytest.raises(ValueError, match=rf"^iteration must be a non-negative int, got {iteration!r}$"):
+        BatchStore(tmp_path).write(Batch("c1", iteration, [], [], {}))
+    assert not (tmp_path / "batches").exists()
+
+
 def test_paths_outside_the_root_are_refused(tmp_path, batch):
     store = BatchStore(tmp_path / "root")
     with pytest.raises(PathOutsideRoot, match="outside the store's root"):
