@@ -86,6 +86,10 @@ def check(config: FocusConfig) -> None:
             f"train.trainer 'local' trains the embedded model, but model.kind is {config.model.kind!r}: "
             "use the 'tinker' trainer or name your own (train.trainer = 'package.module:function')"
         )
+    if config.train.trainer == "local":  # the trainer's own check came after the first collection had run
+        from tasks.trainers import check_local_sampling
+
+        check_local_sampling(config)
     if config.train.trainer == "tinker" and not (config.train.tinker.base_model or config.model.model):
         # tasks.trainers.tinker_trainer's own check came after the first collection had run
         raise ConfigError("the tinker trainer needs train.tinker.base_model (or model.model): the model to fine-tune")

@@ -202,8 +202,15 @@ class Agent:
         max_prompt_tokens: int | None = None,
         env_timeout_s: float = 60.0,
     ) -> None:
+        if isinstance(max_steps, bool) or not hasattr(max_steps, "__index__"):  # an int, numpy's too
+            raise TypeError(f"Agent.max_steps must be an int, got {max_steps!r}")
         if max_steps < 1:
             raise ValueError("Agent.max_steps must be at least 1")
+        # 0 or less timed a suspending step out at once, and NaN turned the timeout off
+        if not env_timeout_s > 0:
+            raise ValueError(f"Agent.env_timeout_s must be a number of seconds > 0, got {env_timeout_s!r}")
+        if max_prompt_tokens is not None and max_prompt_tokens < 1:  # 0 failed every rollout
+            raise ValueError(f"Agent.max_prompt_tokens must be at least 1 (None: no limit), got {max_prompt_tokens}")
         check_agent_parts(policy=policy, env=env, context=context, branch_points=branch_points, sampling=sampling)
         check_format(format)
         check_colours(policy, format, context, branch_points)

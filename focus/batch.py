@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from focus.batch_columns import TokenBuffer, _gathered, _list_column, _Packer, _repeat, _scalars
+from focus.batch_columns import TokenBuffer, _gathered, _list_column, _Packer, _repeat, _scalars, finite
 from focus.batch_schema import (
     _TOKEN,
     ACTOR_SCHEMA,
@@ -45,6 +45,7 @@ from focus.batch_schema import (
     CriticRow,
     actor_rows,
     critic_rows,
+    numpy_of,
 )
 
 __all__ = [
@@ -211,8 +212,8 @@ class BatchBuilder:
     def _same_batch(self, r: ActorRow | CriticRow, what: str, index: int) -> None:
         if r.collection_id != self.collection_id or r.iteration != self.iteration:
             raise BatchError(
-                f"{what} row {index} belongs to collection {r.collection_id!r} iteration {r.iteration}, "
-                f"but the batch is {self.collection_id!r} iteration {self.iteration}"
+                f"{what} row {index} belongs to collection {r.collection_id!r} iteration {r.iteration!r}, "
+                f"but the batch is {self.collection_id!r} iteration {self.iteration!r}"
             )
 
     def tables(self) -> tuple[pa.Table, pa.Table]:
@@ -258,6 +259,9 @@ class BatchBuilder:
             ],
             schema=ACTOR_SCHEMA,
         )
+        finite(logprobs, "logprobs", "actor", c_len)
+        for name in ("advantage", "reward"):  # numpy_of: to_numpy and compute kernels import pandas
+            finite(numpy_of(actor.column(name)), name, "actor")
         m = len(c["task_id"])
         x_len = np.array(c["context_len"], dtype=np.int64)
         contexts = _gathered(pool, np.array(c["context_start"], dtype=np.int64), x_len)
@@ -275,6 +279,9 @@ class BatchBuilder:
             ],
             schema=CRITIC_SCHEMA,
         )
+        for name in ("target", "weight"):
+            finite(numpy_of(critic.column(name)), name, "critic")
+        finite(np.array([0.0 if p is None else p for p in self._predictions], np.float64), "prediction", "critic")
         return actor, critic
 
     def build(self, stats: dict[str, Any] | None = None) -> Batch:

@@ -221,7 +221,24 @@ def _scalars(values: list[Any], type_: pa.DataType, column: str) -> pa.Array:
     fast = _python_values(values, type_)
     if fast is not None:
         return fast
+    if pa.types.is_integer(type_):  # pa.array truncates 1.5 to 1, as numpy would
+        for i, v in enumerate(values):
+            if isinstance(v, float | np.floating) and not float(v).is_integer():
+                raise BatchError(f"column {column!r} has the value {v!r}, not an integer (row {i})")
     try:
         return pa.array(values, type_)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
         raise BatchError(f"column {column!r}: {e}") from None
+
+
+def finite(values: np.ndarray, column: str, what: str, lengths: np.ndarray | None = None) -> None:
+    """Refuse a NaN or infinite value of a float column, naming the row: ``lengths``
+    are the rows' list lengths where ``values`` is a list column's flat values. A NaN
+    advantage or log-prob reaches every weight a trainer updates; a collection never
+    makes one, rows handed to the store may hold one."""
+    bad = ~np.isfinite(values)
+    if not bad.any():
+        return
+    i = int(bad.argmax())
+    row = i if lengths is None else int(np.searchsorted(np.cumsum(lengths), i, side="right"))
+    raise BatchError(f"{what} row {row}: column {column!r} has the value {float(values[i])!r}, not a finite number")

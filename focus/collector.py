@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 from focus.agent import Agent
 from focus.batch import Batch, BatchBuilder
-from focus.critic import ConstantCritic, Critic, check_predictions, context_label
+from focus.critic import ConstantCritic, Critic, check_predictions, context_label, scored
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, critic_targets, truncated_segments
 from focus.execution import BadResponses, Execution, check_outage, check_responses, is_bad_response
@@ -211,8 +211,8 @@ class Collector:
         todo = unscored(state)
         if not todo:
             return {}
-        preds = await self.critic.predict_with_std([state.trees[ti].nodes[nid].context_ids for ti, nid in todo])
         where = f"critic {type(self.critic).__name__}"
+        preds = await scored(self.critic, [state.trees[ti].nodes[nid].context_ids for ti, nid in todo], where)
         checked = check_predictions(preds, len(todo), where, context_label(state.trees, todo))
         return {key: (p.value, p.std) for key, p in zip(todo, checked, strict=True)}
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import copy
 import inspect
 import json
 import math
@@ -26,10 +27,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from numbers import Number
 from typing import Any, ClassVar
 
 from focus.backends.retry import HttpConfig
 from focus.env import VALUE_LIMIT
+from focus.reprs import short_value
 
 
 class CriticError(RuntimeError):
@@ -72,6 +75,21 @@ class Critic(abc.ABC):
         """Release connections; the default holds none."""
 
 
+async def scored(critic: Critic, contexts: Sequence[Sequence[int]], where: str) -> list[Prediction]:
+    """``critic.predict_with_std(contexts)``, with an exception from inside it (a user's
+    critic with a bug, a client library's error) raised as a :class:`CriticError`
+    naming ``where`` (the critic) and chaining the original: a bare ``KeyError: 'value'``
+    stopped the collection, and the pipeline's one-line error, naming neither the critic
+    nor that it was scoring."""
+    try:
+        return await critic.predict_with_std(contexts)
+    except CriticError:
+        raise
+    except Exception as e:
+        cause = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        raise CriticError(f"{where} raised {cause} while scoring {len(contexts)} contexts") from e
+
+
 def _check_listed(values: object, where: str) -> None:
     """A mapping's keys were taken as the values (``{i: v}`` scored 0, 1, 2, ...); ``None``
     (a ``return`` forgotten) or a single number failed with "'NoneType' object is not
@@ -87,9 +105,15 @@ def _check_values(values: Sequence[Any], n: int, where: str, label: Callable[[in
     out = []
     for i, v in enumerate(values):
         try:
+            if isinstance(v, str | bytes):  # float() reads "0.3"
+                raise TypeError(v)
             f = float(v)
         except (TypeError, ValueError):
             raise CriticError(f"{where} returned a non-numeric value {v!r} at {_at(i, label)}") from None
+        except OverflowError:  # an int past a float's range (10**400)
+            raise CriticError(
+                f"{where} returned the value {short_value(v)} beyond ±{VALUE_LIMIT:g} at {_at(i, label)}"
+            ) from None
         if not math.isfinite(f):
             raise CriticError(f"{where} returned a non-finite value {f!r} at {_at(i, label)}")
         if abs(f) > VALUE_LIMIT:  # its square's square overflows in the noise fit
@@ -129,10 +153,15 @@ def check_predictions(
     _check_listed(preds, where)
     if len(preds) != n:
         raise CriticError(f"{where} returned {len(preds)} predictions for {n} contexts")
-    values = _check_values([getattr(p, "value", p) for p in preds], n, where, label)
+    # a number is a value without a std: numpy's and torch's have a ``std`` method, which
+    # was read as the std
+    bare = [isinstance(p, Number) or callable(getattr(p, "std", None)) for p in preds]
+    values = _check_values(
+        [p if b else getattr(p, "value", p) for p, b in zip(preds, bare, strict=True)], n, where, label
+    )
     out = []
     for i, (p, v) in enumerate(zip(preds, values, strict=True)):
-        std = getattr(p, "std", None)
+        std = None if bare[i] else getattr(p, "std", None)
         if std is not None:
             one = (lambda _, i=i: label(i)) if label else None
             (std,) = _check_values([std], 1, f"{where} (std at position {i})", one)
@@ -190,9 +219,11 @@ class ConstantCritic(Critic):
     row_wise: ClassVar[bool] = True
 
     def __init__(self, value: float = 0.0, std: float | None = None) -> None:
-        if not math.isfinite(value):
-            raise ValueError(f"ConstantCritic value must be finite, got {value}")
-        self.value, self.std = float(value), std
+        if not abs(value) <= VALUE_LIMIT:  # refused at the first scoring otherwise, after the evidence
+            raise ValueError(f"ConstantCritic value must be finite and within ±{VALUE_LIMIT:g}, got {value!r}")
+        if std is not None and not (math.isfinite(std) and std >= 0):
+            raise ValueError(f"ConstantCritic std must be a finite number >= 0 or None, got {std!r}")
+        self.value, self.std = float(value), None if std is None else float(std)
 
     async def predict(self, contexts: Sequence[Sequence[int]]) -> list[float]:
         return [self.value] * len(contexts)
@@ -315,7 +346,10 @@ def serve_critic(critic: Critic, host: str = "127.0.0.1", port: int = 0) -> Iter
                 ):
                     self._send(400, {"error": "expected a JSON list of contexts, each a list of integer token ids"})
                     return
-                preds = asyncio.run(critic.predict_with_std(body))
+                where = f"critic {type(critic).__name__}"
+                # checked and made floats here: a numpy float or a number without a std
+                # broke the handler below, outside this try, and closed the connection
+                preds = check_predictions(asyncio.run(critic.predict_with_std(body)), len(body), where)
             except json.JSONDecodeError as e:
                 self._send(400, {"error": f"body is not JSON: {e.msg}"})
                 return
@@ -437,13 +471,33 @@ class LocalCritic(Critic):
 
     def fit(self, rows: Sequence[Any], *, epochs: int = 200, lr: float = 3e-3, batch_size: int = 1024) -> float:
         """Fit on rows with ``context_ids``, ``target`` and ``weight``; returns the final
-        weighted mean squared error on the rows. Rows of weight 0 are skipped."""
+        weighted mean squared error on the rows. Rows of weight 0 are skipped; a target or
+        weight that is not finite is a ``ValueError`` naming the row, and so is a fit that
+        ends non-finite (float32 squares overflow past about 2e19), which is undone first:
+        a NaN critic would otherwise be saved and found only by the next collection."""
 
+        for i, r in enumerate(rows):
+            if not (math.isfinite(float(r.target)) and math.isfinite(float(r.weight))):
+                raise ValueError(
+                    f"LocalCritic.fit: row {i} has target {float(r.target)!r} and weight {float(r.weight)!r}: "
+                    "both must be finite numbers"
+                )
         rows = [r for r in rows if float(r.weight) > 0]
         if not rows:
             raise ValueError("LocalCritic.fit needs rows with positive weight (context_ids, target, weight)")
+        # a fit that ends non-finite (float32 squares overflow past 1.8e19) leaves NaN
+        # weights that a later collection only finds as NaN predictions: undone here
+        kept = (copy.deepcopy(self._model), self.fitted)
         with _torch_threads(1):
-            return self._fit(rows, epochs, lr, batch_size)
+            mse = self._fit(rows, epochs, lr, batch_size)
+        if not math.isfinite(mse):
+            self._model, self.fitted = kept
+            targets = [float(r.target) for r in rows]
+            raise ValueError(
+                f"LocalCritic.fit diverged (weighted squared error {mse!r}) on targets from {min(targets):g} to "
+                f"{max(targets):g}; the critic is as it was: it computes in float32, scale the rewards down"
+            )
+        return mse
 
     def _fit(self, rows: Sequence[Any], epochs: int, lr: float, batch_size: int) -> float:
         import torch

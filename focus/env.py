@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import inspect
+import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -148,11 +149,16 @@ def check_step_result(result: object, where: str) -> StepResult:
     _check_text(result.observation, where)
     _check_info(result.info, where)
     try:
+        if isinstance(result.reward, str | bytes):  # float() reads "1": a judge's text passed on unparsed
+            raise TypeError(result.reward)
         reward = float(result.reward)
     except (TypeError, ValueError):
-        raise EnvError(f"{where} returned a non-numeric reward {result.reward!r}") from None
+        raise EnvError(f"{where} returned a non-numeric reward {short_value(result.reward)}") from None
+    except OverflowError:  # an int past a float's range (10**400)
+        reward = math.inf
     if not abs(reward) <= VALUE_LIMIT:  # NaN too: it went into every value of its tree
-        raise EnvError(f"{where} returned the reward {reward!r}, not a finite number within ±{VALUE_LIMIT:g}")
+        shown = short_value(result.reward) if math.isinf(reward) else repr(reward)
+        raise EnvError(f"{where} returned the reward {shown}, not a finite number within ±{VALUE_LIMIT:g}")
     if not isinstance(result.done, bool):
         if type(result.done).__module__ != "numpy" or type(result.done).__name__ not in ("bool", "bool_"):
             raise EnvError(f"{where} returned done={result.done!r}, expected a bool")

@@ -162,12 +162,19 @@ class GroupNormalized(Estimator):
     """
 
     scale: bool = True
-    eps: float = 1e-6
+    #: Added to the standard deviation (verl's 1e-6); 0 is the exact normalisation.
+    eps: float = Field(1e-6, ge=0.0, allow_inf_nan=False)
 
     def advantages(self, edges: Sequence[Edge], values: TreeValues) -> dict[int, float]:
         rets = values.leaf_returns
         if not rets:
             return {}
+        if min(rets) == max(rets):
+            # all success or all failure: no signal. The mean of equal returns may round
+            # off their value (0.1 * 3 / 3), and that rounding over the std of the
+            # rounding (1e-17), or over eps = 0, gave every segment -1.0, or raised
+            # ZeroDivisionError
+            return {e.id: 0.0 for e in edges if values.root_return.get(e.child) is not None}
         mu = left_sum(rets) / len(rets)
         sd = math.sqrt(left_sum((r - mu) ** 2 for r in rets) / len(rets)) if self.scale else 1.0
         out: dict[int, float] = {}

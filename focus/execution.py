@@ -238,9 +238,8 @@ class RequestsRefused(RuntimeError):
 
 
 #: Statuses that refuse any request, whatever its prompt: 401/403 (the key), 404 (the
-#: path or the model name), 405 (the method: a path that is not a generation endpoint),
-#: 501 and 505 (a server that cannot do it: :data:`focus.backends.retry.NEVER_RETRY_5XX`).
-#: A 400 or 413 may be this request's own (a prompt over the server's context length).
+#: path or the model name), 405 (not a generation endpoint), 501/505 (a server that cannot
+#: do it, ``retry.NEVER_RETRY_5XX``). A 400 or 413 may be the request's own (its length).
 REFUSED_STATUSES = frozenset({401, 403, 404, 405, 501, 505})
 _REJECTED = re.compile(r"rejected with status (\d{3})")
 

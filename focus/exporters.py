@@ -34,6 +34,7 @@ those tokens once per branch. Nothing is re-tokenised: every id comes from the r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
@@ -43,6 +44,12 @@ from focus.sums import left_sum
 
 if TYPE_CHECKING:
     import tinker
+
+
+#: The largest float32 (``numpy.finfo(numpy.float32).max``). Rewards and advantages are
+#: float64 up to ``focus.env.VALUE_LIMIT`` (1e60), but every trainer's arrays are float32
+#: (or narrower): an advantage beyond this becomes ``inf`` there.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass(frozen=True)
@@ -102,7 +109,10 @@ def actor_sequences(batch: Batch, *, merge_turns: bool = True, skip_unmasked: bo
     With ``merge_turns`` the turns of one segment are joined while each prompt extends
     the previous turn and the advantage stays the same; otherwise each turn is its own
     sequence. With ``skip_unmasked`` sequences without a single trained token (e.g. a
-    lone compaction turn) are left out, since they carry no gradient.
+    lone compaction turn) are left out, since they carry no gradient. A row without
+    prompt ids, with log-probs or a mask of another length than its completion, or with
+    an advantage that is NaN or beyond float32 (:data:`FLOAT32_MAX`, where every
+    trainer computes) is a ``ValueError`` naming it.
     """
     segments: dict[tuple[str, str, int], list[ActorRow]] = {}
     for r in batch.actor:
@@ -112,6 +122,17 @@ def actor_sequences(batch: Batch, *, merge_turns: bool = True, skip_unmasked: bo
             raise ValueError(
                 f"actor row (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}) has "
                 f"{len(r.completion_ids)} ids, {len(r.logprobs)} log-probs and {len(r.loss_mask)} mask entries"
+            )
+        if not abs(r.advantage) <= FLOAT32_MAX:  # NaN too
+            why = (
+                "not a number"
+                if math.isnan(r.advantage)
+                else f"beyond float32 (±{FLOAT32_MAX:.4g}), which trainers compute in: it would train as inf; "
+                "scale the rewards down"
+            )
+            raise ValueError(
+                f"actor row (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}) has the advantage "
+                f"{r.advantage!r}, {why}"
             )
         segments.setdefault((r.task_id, r.tree_id, r.edge_id), []).append(r)
     out: list[TokenSequence] = []
@@ -358,6 +379,10 @@ def to_verl_batch(
     """
     import numpy as np
 
+    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(
+            f"temperature must be a finite number > 0 (verl's actor divides its logits by it), got {temperature!r}"
+        )
     seqs = trainable_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)
     p_len = max(s.prompt_length for s in seqs) if max_prompt_length is None else max_prompt_length
     r_len = max(len(s.tokens) - s.prompt_length for s in seqs) if max_response_length is None else max_response_length

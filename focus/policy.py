@@ -157,9 +157,12 @@ class ServiceUnavailable(PolicyError):
 class Policy(abc.ABC):
     """A model service that samples one response from exact prompt token ids.
 
-    Implementations: ``focus.backends`` (OpenAI-compatible completions, SGLang native,
-    Tinker, the embedded local model). Subclass and implement :meth:`sample` to connect
-    another service; ``focus.testing.PolicyConformance`` checks the contract.
+    Implementations in ``focus.backends``: ``OpenAICompatPolicy`` (OpenAI-compatible
+    completions, as vLLM and the embedded ``LocalModelServer`` serve them),
+    ``SGLangPolicy`` (SGLang native), ``LlamaCppPolicy`` (llama.cpp's ``llama-server``),
+    ``TinkerPolicy`` and ``FleetPolicy`` (several replicas, calls routed by the search
+    tree). Subclass and implement :meth:`sample` to connect another service;
+    ``focus.testing.PolicyConformance`` checks the contract.
 
     What :meth:`sample` raises decides what the collection does (docs/operations.md,
     failure causes): :class:`ServiceUnavailable` once the service gave no usable answer

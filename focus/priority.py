@@ -58,6 +58,9 @@ class Phase(BaseModel):
       ``"jobs"``: ``wave_size`` continuations, however short (every wave before issue 37).
     * ``max_branches``: most continuations started from one checkpoint (all phases).
     * ``max_depth``: deepest checkpoint continued (root = 0; 0 means root only).
+    * ``max_waves``: most waves of a continuation phase (unset: until the budget is spent
+      or nothing is eligible); refused with ``Execution(streaming=True)``, which has no
+      waves to count.
 
     With ``Execution(streaming=True)`` a continuation phase has no wave barriers: the
     collector refills free slots as rollouts finish (a refill is capped by the free

@@ -54,6 +54,10 @@ class Tool:
     fn: ToolFn
     timeout_s: float = 30.0
 
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:  # 0 timed a suspending call out at once; NaN turned the timeout off
+            raise ValueError(f"Tool {self.name!r}: timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
+
     def schema(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}
 
@@ -141,6 +145,8 @@ class ToolEnv(Env):
         max_tool_calls: int | None = None,
         workspace_factory: Callable[[Task], Workspace | None] | None = None,
     ) -> None:
+        if max_tool_calls is not None and max_tool_calls < 0:
+            raise ValueError(f"ToolEnv.max_tool_calls must be >= 0 (None: no limit), got {max_tool_calls}")
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
             raise ValueError(f"tool names must be unique, got {names}")

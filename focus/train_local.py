@@ -254,6 +254,21 @@ def training_units(raw: Sequence[TokenSequence], cfg: UpdateConfig) -> list[Trai
     return pack_sequences(raw, "none" if cfg.pack == "none" else "prefixes")
 
 
+def _check_vocabulary(raw: Sequence[TokenSequence], vocab_size: int) -> None:
+    """Refuse a batch holding a token id the embedded model has no embedding for (a batch
+    another model sampled), naming the row: the embedding raised a bare IndexError."""
+    for s in raw:
+        if s.tokens and not 0 <= min(s.tokens) <= max(s.tokens) < vocab_size:
+            for r in s.rows:
+                bad = next((t for t in r.prompt_ids + r.completion_ids if not 0 <= t < vocab_size), None)
+                if bad is not None:
+                    raise ValueError(
+                        f"actor row (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}) holds the token id "
+                        f"{bad}, outside the embedded model's vocabulary of {vocab_size} ids: the local trainer "
+                        "trains the embedded byte-level model, and this batch was sampled with another tokenizer"
+                    )
+
+
 class PolicyTrainer:
     """Holds the tiny model and its optimizer across iterations.
 
@@ -324,6 +339,7 @@ class PolicyTrainer:
             raise ValueError(
                 f"batch {batch.collection_id!r} iteration {batch.iteration} has no trainable actor sequences"
             )
+        _check_vocabulary(raw, self.model.cfg.vocab_size)
         seqs = training_units(raw, cfg)
         trained = [a for s in seqs for a, m in zip(s.advantages, s.mask, strict=True) if m]
         mean = left_sum(trained) / len(trained)

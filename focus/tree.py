@@ -227,11 +227,19 @@ class Tree:
         return [self.nodes[i] for i in sorted(self.nodes, reverse=True)]
 
     def reaches_valid_leaf(self, node_id: int) -> bool:
-        """Whether some complete (non-failed) rollout passes through ``node_id``."""
-        node = self.nodes[node_id]
-        if node.is_leaf:
-            return node.kind != "failed"
-        return any(self.reaches_valid_leaf(e.child) for e in self.child_edges(node_id))
+        """Whether some complete (non-failed) rollout passes through ``node_id``. A walk
+        with a stack of its own: recursing, an episode of about 500 checkpoints
+        (``EveryDecision``, 500 steps) exceeded Python's recursion limit once the whole
+        collection had run."""
+        stack = [node_id]
+        while stack:
+            node = self.nodes[stack.pop()]
+            if node.is_leaf:
+                if node.kind != "failed":
+                    return True
+            else:
+                stack.extend(self.edges[e].child for e in node.children)
+        return False
 
     def without_states(self) -> Tree:
         """A copy without branch states (what a batch or a report needs)."""

@@ -42,27 +42,47 @@ def segment_weights(rows: Sequence[ActorRow], mode: str) -> dict[tuple[str, str,
     if mode == "siblings":
         raw = own
     else:
-        ends = {k: r.prompt_ids + r.completion_ids for k, r in last.items()}
-        parent: dict[tuple[str, str, int], tuple[str, str, int] | None] = {}
-        for k, r in first.items():
-            cands = [
-                p
-                for p, e in ends.items()
-                if p[:2] == k[:2] and p != k and first[p].node_id != r.node_id and r.prompt_ids[: len(e)] == e
-            ]
-            parent[k] = max(cands, key=lambda p: len(ends[p])) if cands else None
+        parent = _parents(first, last)
         raw = {}
-
-        def reach(k: tuple[str, str, int]) -> float:
-            if k not in raw:
-                p = parent[k]
-                raw[k] = own[k] * (reach(p) if p is not None else 1.0)
-            return raw[k]
-
-        for k in first:
-            reach(k)
+        for k in first:  # up the parents to one known (or the root), then down: no recursion
+            chain: list[tuple[str, str, int]] = []
+            up: tuple[str, str, int] | None = k
+            while up is not None and up not in raw:
+                if up in chain:  # a cycle (turns without tokens): its first segment is a root
+                    up = None
+                    break
+                chain.append(up)
+                up = parent[up]
+            above = raw[up] if up is not None else 1.0
+            for c in reversed(chain):
+                above = raw[c] = own[c] * above
     mean = left_sum(raw.values()) / len(raw) if raw else 1.0
     return {k: w / mean for k, w in raw.items()}
+
+
+Key = tuple[str, str, int]
+
+
+def _parents(first: dict[Key, ActorRow], last: dict[Key, ActorRow]) -> dict[Key, Key | None]:
+    """Each segment's parent segment (``None`` at the root): of its tree's segments from
+    another checkpoint, the one whose last turn (prompt and completion) is the longest
+    prefix of the segment's first prompt, the earliest of equals. Looked up by that
+    prefix in a dict per tree, longest first: comparing every pair of the batch's
+    segments took 14.7 s for 9,000 segments of 300 trees and 49 s for one tree of 2,311."""
+    ends: dict[tuple[str, str], dict[tuple[int, ...], list[Key]]] = {}
+    for k, r in last.items():
+        ends.setdefault(k[:2], {}).setdefault(tuple(r.prompt_ids + r.completion_ids), []).append(k)
+    lengths = {tree: sorted({len(e) for e in by_end}, reverse=True) for tree, by_end in ends.items()}
+    parent: dict[Key, Key | None] = {}
+    for k, r in first.items():
+        by_end, prompt, found = ends.get(k[:2], {}), tuple(r.prompt_ids), None
+        for n in lengths.get(k[:2], ()):
+            if n <= len(prompt):
+                found = next((p for p in by_end.get(prompt[:n], ()) if p != k and first[p].node_id != r.node_id), None)
+                if found is not None:
+                    break
+        parent[k] = found
+    return parent
 
 
 def weighted(batch: Batch, mode: str) -> Batch:
@@ -82,14 +102,16 @@ def task_scaled(batch: Batch) -> Batch:
     all equal keeps them. GRPO's group-normalised advantages are already so; a tree's
     TD advantages are not: a task with a payoff in its tree dominates the batch's
     scale otherwise."""
-    sums: dict[str, list[float]] = {}
+    # two passes, the spread about each task's mean: E[a^2] - E[a]^2 lost it to rounding
+    # where the advantages sit far from 0 (1e8 +- 3: variance 8 for 9; 3e8 +- 1: 0)
+    tokens: dict[str, list[tuple[float, float]]] = {}
     for r in batch.actor:
-        n = float(sum(1 for m in r.loss_mask if m))
-        acc = sums.setdefault(r.task_id, [0.0, 0.0, 0.0])
-        acc[0], acc[1], acc[2] = acc[0] + n, acc[1] + n * r.advantage, acc[2] + n * r.advantage**2
+        tokens.setdefault(r.task_id, []).append((float(sum(1 for m in r.loss_mask if m)), r.advantage))
     scale = {}
-    for task, (n, s1, s2) in sums.items():
-        var = s2 / n - (s1 / n) ** 2 if n else 0.0
+    for task, pairs in tokens.items():
+        n = left_sum(k for k, _ in pairs)
+        mean = left_sum(k * a for k, a in pairs) / n if n else 0.0
+        var = left_sum(k * (a - mean) ** 2 for k, a in pairs) / n if n else 0.0
         scale[task] = 1.0 / math.sqrt(var) if var > 1e-16 else 1.0
     out = [replace(r, advantage=r.advantage * scale[r.task_id]) for r in batch.actor]
     return Batch(batch.collection_id, batch.iteration, out, batch.critic, batch.stats)

@@ -153,7 +153,7 @@ class BatchStore:
 
     def url_for(self, collection_id: str, iteration: int) -> str:
         check_id(collection_id, "collection id")
-        if not isinstance(iteration, int) or iteration < 0:
+        if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
             raise ValueError(f"iteration must be a non-negative int, got {iteration!r}")
         return self.loc.url("batches", collection_id, f"iter-{iteration:06d}")
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from focus.critic import Critic
+from focus.critic import Critic, check_predictions, scored
 from focus.journal import Step
 from tasks.config import FocusConfig
 from tasks.config.schema import resumable_fields
@@ -288,7 +288,8 @@ async def critic_identity(critic: Critic) -> str:
     differ in the last bits between calls (a GPU's reduction order) still reads as
     itself, while a refit critic, whose values move far more, does not. Costs one
     critic call of six short contexts per run."""
-    preds = await critic.predict_with_std(PROBES)
+    where = f"critic {type(critic).__name__}"
+    preds = check_predictions(await scored(critic, PROBES, where), len(PROBES), where)
     data = [[f"{p.value:.9g}", None if p.std is None else f"{p.std:.9g}"] for p in preds]
     digest = hashlib.sha256(json.dumps(data).encode()).hexdigest()[:12]
     return f"{type(critic).__name__} {digest}"

@@ -140,6 +140,22 @@ def _read_batch(config: FocusConfig, batch_url: str) -> Any:
     return BatchStore(config.storage.root).read(batch_url)
 
 
+def check_local_sampling(cfg: FocusConfig) -> None:
+    """Refuse sampling the local trainer's ratio cannot compare with: top-p below 1 (the
+    ratio assumes full softmax sampling), and a greedy collection (temperature 0)
+    without an explicit ``train.local.temperature``, which was trained at temperature 1
+    without a word. The loop checks it before its first collection (:func:`flows.loop.check`)."""
+    from tasks.config.schema import ConfigError
+
+    if cfg.agent.sampling.top_p != 1.0:
+        raise ConfigError("the local trainer needs agent.sampling.top_p = 1 (its ratio assumes full softmax sampling)")
+    if cfg.train.local.temperature is None and cfg.agent.sampling.temperature <= 0:
+        raise ConfigError(
+            "the local trainer needs agent.sampling.temperature > 0: greedy samples have no behaviour distribution "
+            "for its ratio (or set train.local.temperature)"
+        )
+
+
 def local_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainResult:
     """Train the embedded model and the local critic on one batch; publish the version.
 
@@ -154,8 +170,7 @@ def local_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainRes
     cfg = ctx.config
     if cfg.model.kind != "local":
         raise ConfigError(f"train.trainer 'local' trains the embedded model; model.kind is {cfg.model.kind!r}")
-    if cfg.agent.sampling.top_p != 1.0:
-        raise ConfigError("the local trainer needs agent.sampling.top_p = 1 (its ratio assumes full softmax sampling)")
+    check_local_sampling(cfg)
     update = UpdateConfig(**{**cfg.train.local.model_dump(), **options})
     if update.temperature is None:
         update = update.model_copy(update={"temperature": cfg.agent.sampling.temperature})

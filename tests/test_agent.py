@@ -648,3 +648,32 @@ def test_a_cancelled_error_of_a_custom_policy_s_own_fails_its_rollout_and_a_real
         return await asyncio.gather(job, return_exceptions=True)
 
     assert isinstance(run(cancelled())[0], asyncio.CancelledError)
+
+
+def test_limits_that_could_never_hold_are_refused_where_the_agent_is_made():
+    """``env_timeout_s=0``, a negative one or NaN was taken: a step that suspends timed out
+    at once, one that does not ran unbounded, and NaN turned the timeout off without a
+    word; ``max_prompt_tokens=0`` failed every rollout of the collection ("over
+    max_prompt_tokens 0"); ``max_steps=1.5`` or ``True`` was taken as a step budget."""
+    import math
+
+    import pytest
+
+    from focus.toy import ReachTarget, toy_format
+
+    def agent(**kw):  # type: ignore[no-untyped-def]
+        return Agent(ScriptedPolicy(["3"]), ReachTarget(), toy_format(), **kw)
+
+    for bad in (0, -5.0, math.nan):
+        with pytest.raises(ValueError, match=rf"^Agent.env_timeout_s must be a number of seconds > 0, got {bad!r}"):
+            agent(env_timeout_s=bad)
+    for bad in (0, -3):
+        with pytest.raises(
+            ValueError, match=rf"^Agent.max_prompt_tokens must be at least 1 \(None: no limit\), got {bad}"
+        ):
+            agent(max_prompt_tokens=bad)
+    for bad in (1.5, True, "8"):
+        with pytest.raises(TypeError, match=rf"^Agent.max_steps must be an int, got {bad!r}"):
+            agent(max_steps=bad)
+    ok = agent(env_timeout_s=math.inf, max_prompt_tokens=1, max_steps=1)
+    assert (ok.env_timeout_s, ok.max_prompt_tokens, ok.max_steps) == (math.inf, 1, 1)

@@ -58,6 +58,18 @@ class TestConstant(CriticConformance):
         with pytest.raises(ValueError, match="finite"):
             ConstantCritic(float("nan"))
 
+    def test_a_value_or_std_no_collection_takes_is_refused_where_it_is_made(self):
+        """A std of -1 or NaN, or a value past ±1e60, was taken here and refused at the
+        collection's first scoring, after the evidence ran."""
+        for value, std, says in (
+            (0.5, -1.0, r"std must be a finite number >= 0 or None, got -1.0"),
+            (0.5, float("nan"), r"std must be a finite number >= 0 or None, got nan"),
+            (1e61, None, r"value must be finite and within ±1e\+60, got 1e\+61"),
+        ):
+            with pytest.raises(ValueError, match=rf"^ConstantCritic {says}$"):
+                ConstantCritic(value, std)
+        assert run(ConstantCritic(0.5, 0).predict_with_std([[1]]))[0].std == 0.0
+
 
 @pytest.mark.integration  # serves the critic over HTTP
 class TestHttpAgainstServedLocalCritic(CriticConformance):
@@ -211,6 +223,49 @@ def test_served_critic_rejects_bad_requests():
         assert r.status_code == 400 and "list of contexts" in r.json()["error"]
 
 
+@pytest.mark.integration  # starts a server
+def test_a_served_critic_answering_numpy_numbers_or_nan_is_served_or_named():
+    """A critic whose predictions are numpy floats (a model's output) or plain numbers
+    from ``predict_with_std`` broke the handler outside its try ("Object of type float32
+    is not JSON serializable", "'float' object has no attribute 'value'"): the connection
+    closed without an answer, and the client retried, then blamed the network. A NaN
+    went out as ``NaN``, which is no JSON. Each is now served, or answered with a 500
+    naming the critic and the value."""
+    import httpx
+    import numpy as np
+
+    class Numpy(Critic):
+        async def predict(self, contexts):  # type: ignore[no-untyped-def]
+            return list(np.full(len(contexts), 0.25, dtype=np.float32))
+
+    class Plain(Critic):
+        async def predict(self, contexts):  # type: ignore[no-untyped-def]
+            raise AssertionError  # pragma: no cover - predict_with_std is overridden
+
+        async def predict_with_std(self, contexts):  # type: ignore[no-untyped-def]
+            return [0.5] * len(contexts)
+
+    class Nan(Critic):
+        async def predict(self, contexts):  # type: ignore[no-untyped-def]
+            return [float("nan")] * len(contexts)
+
+    for critic, want in ((Numpy(), 0.25), (Plain(), 0.5)):
+        with serve_critic(critic) as url:
+            assert run(HttpCritic(url, config=FAST).predict(CONTEXTS)) == [want] * len(CONTEXTS)
+    with serve_critic(Nan()) as url:
+        r = httpx.post(url, json=CONTEXTS)
+        assert r.status_code == 500
+        assert r.json()["error"] == "CriticError: critic Nan returned a non-finite value nan at position 0"
+
+
+def test_a_critic_value_too_large_for_a_float_is_named():
+    """``float(10**400)`` raised a bare OverflowError out of the check, naming no critic."""
+    from focus.critic import check_predictions
+
+    with pytest.raises(CriticError, match=r"^critic X returned the value 1000.* beyond ±1e\+60 at position 1$"):
+        check_predictions([0.5, 10**400], 2, "critic X")
+
+
 @functools.cache
 def _synthetic_rows(seed: int):
     """Critic rows of a small uniform collection (made once: several tests fit on them)."""
@@ -301,6 +356,32 @@ class TestLocal(CriticConformance):
         assert run(c.predict(CONTEXTS)) == [0.3] * 3
         with pytest.raises(ValueError, match="positive weight"):
             c.fit([])
+
+    def test_a_fit_that_cannot_be_finite_is_refused_and_leaves_the_critic_as_it_was(self):
+        """Targets whose squares overflow float32 (3e38, 1e39: rewards are collected up to
+        1e60), a NaN target or an infinite weight made every weight NaN: the fit returned
+        ``nan`` without a word, and the critic, saved as the loop's next one, predicted
+        NaN everywhere, refused only when the next collection asked it."""
+        import math
+        from types import SimpleNamespace as Row
+
+        c = self.make_critic()
+        before = run(c.predict(CONTEXTS))
+        for target, weight, says in (
+            (3e38, 1.0, r"^LocalCritic.fit diverged \(weighted squared error nan\) on targets from 0 to 3e\+38"),
+            (1e39, 1.0, r"^LocalCritic.fit diverged"),
+            (math.nan, 1.0, r"^LocalCritic.fit: row 1 has target nan and weight 1.0: both must be finite"),
+            (0.5, math.inf, r"^LocalCritic.fit: row 1 has target 0.5 and weight inf: both must be finite"),
+        ):
+            rows = [Row(context_ids=(256, 1, i), target=0.0, weight=1.0) for i in range(4)]
+            rows[1] = Row(context_ids=(256, 1, 1), target=target, weight=weight)
+            with pytest.raises(ValueError, match=says):
+                c.fit(rows, epochs=3)
+            assert run(c.predict(CONTEXTS)) == before and c.fitted
+        fresh = LocalCritic(buckets=256, hidden=8, default=0.3)
+        with pytest.raises(ValueError, match="diverged"):
+            fresh.fit([Row(context_ids=(256, 1), target=1e39, weight=1.0)], epochs=2)
+        assert not fresh.fitted and run(fresh.predict(CONTEXTS)) == [0.3] * 3
 
     def test_save_load_and_pickle_round_trip(self, tmp_path):
         c = self.make_critic()

@@ -30,6 +30,39 @@ def test_the_identity_tells_critics_apart_and_is_stable():
     assert asyncio.run(critic_identity(fresh)) != asyncio.run(critic_identity(refit))
 
 
+def test_the_identity_of_a_critic_that_raises_or_answers_plain_numbers():
+    """The pipeline's first critic call is the identity's probe: a critic raising inside
+    ``predict_with_std`` stopped the run with its bare error (``KeyError: 'value'``),
+    and one answering plain numbers (a list of floats, a numpy array), which the
+    collector reads as values without a std, with "'float' object has no attribute
+    'value'" from tasks/fingerprint.py."""
+    import numpy as np
+
+    from focus.critic import Critic, CriticError
+
+    class Raising(Critic):
+        async def predict(self, contexts):  # type: ignore[no-untyped-def]
+            return {}["value"]
+
+    class Plain(Critic):
+        def __init__(self, answer):  # type: ignore[no-untyped-def]
+            self.answer = answer
+
+        async def predict(self, contexts):  # type: ignore[no-untyped-def]
+            raise AssertionError  # pragma: no cover - predict_with_std is overridden
+
+        async def predict_with_std(self, contexts):  # type: ignore[no-untyped-def]
+            return self.answer(len(contexts))
+
+    with pytest.raises(CriticError, match=r"^critic Raising raised KeyError: 'value' while scoring 6 contexts$"):
+        asyncio.run(critic_identity(Raising()))
+    same = asyncio.run(critic_identity(ConstantCritic(0.5))).split()[1]
+    assert asyncio.run(critic_identity(Plain(lambda n: [0.5] * n))) == f"Plain {same}"
+    assert asyncio.run(critic_identity(Plain(lambda n: np.full(n, 0.5)))) == f"Plain {same}"
+    with pytest.raises(CriticError, match=r"^critic Plain returned a non-finite value nan at position 0$"):
+        asyncio.run(critic_identity(Plain(lambda n: [float("nan")] * n)))
+
+
 @pytest.mark.integration
 def test_a_resume_with_another_critic_behind_the_same_url_is_refused_unless_allowed(tmp_path):
     """A scoring service restarted with other weights at the same URL: the configuration

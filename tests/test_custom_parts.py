@@ -251,6 +251,72 @@ def test_a_critic_that_returns_no_list_of_values_is_named(critic, says):  # type
         run(col.collect(tasks))
 
 
+class TextCritic(Critic):
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        return ["0.3"] * len(contexts)  # a service's JSON text passed on unparsed
+
+
+class RaisingCritic(Critic):
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        return {}["value"]  # a user's bug inside predict
+
+
+@pytest.mark.parametrize(
+    ("critic", "says"),
+    [
+        # float() read "0.3" as a prediction: the collection ran on text as values
+        (TextCritic(), r"^critic TextCritic returned a non-numeric value '0.3' at position 0 \(checkpoint node 0"),
+        # the collection stopped with a bare "KeyError: 'value'": the pipeline's one-line
+        # error named neither the critic nor that it was scoring
+        (RaisingCritic(), r"^critic RaisingCritic raised KeyError: 'value' while scoring \d+ contexts$"),
+    ],
+)
+def test_a_critic_that_answers_text_or_raises_is_named(critic, says):  # type: ignore[no-untyped-def]
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.critic = critic
+    with pytest.raises(CriticError, match=says):
+        run(col.collect(tasks))
+
+
+class ArrayStdCritic(Critic):
+    """Answers ``predict_with_std`` with a numpy array of values, as a batched model does."""
+
+    async def predict(self, contexts):  # type: ignore[no-untyped-def]
+        raise AssertionError  # pragma: no cover - predict_with_std is overridden
+
+    async def predict_with_std(self, contexts):  # type: ignore[no-untyped-def]
+        import numpy as np
+
+        return np.full(len(contexts), 0.3)
+
+
+def test_a_critic_answering_predict_with_std_with_a_numpy_array_is_read_as_values_without_std():
+    """A numpy float has a ``std`` method, which was read as the prediction's std: the
+    collection stopped with "returned a non-numeric value <built-in method std of
+    numpy.float64 object ...>" for a plain array of values, which a list of the same
+    floats passed."""
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.critic = ArrayStdCritic()
+    batch = run(col.collect(tasks))
+    assert batch.critic and {r.prediction for r in batch.critic} == {0.3}
+
+
+@pytest.mark.needs("torch")
+def test_a_critic_answering_predict_with_std_with_torch_scalars_is_read_as_values_without_std():
+    """``list(net(x).squeeze(-1))``: 0-d tensors, whose ``std`` method was read as the std
+    as a numpy float's was."""
+    import torch
+
+    class TorchStdCritic(ArrayStdCritic):
+        async def predict_with_std(self, contexts):  # type: ignore[no-untyped-def]
+            return list(torch.full((len(contexts),), 0.25, dtype=torch.float64))
+
+    col, tasks = collector(search=IntScore(phases=PHASES[:1]))
+    col.critic = TorchStdCritic()
+    batch = run(col.collect(tasks))
+    assert batch.critic and {r.prediction for r in batch.critic} == {0.25}
+
+
 class AsyncEligible(EveryDecision):
     async def eligible(self, state):  # type: ignore[no-untyped-def]
         return False
@@ -521,3 +587,66 @@ def test_the_conformance_checks_say_what_a_part_broke():
         EnvCheck().test_step_does_not_mutate_the_old_state()
     with pytest.raises(AssertionError, match=r"^sample returned dict, expected a Completion$"):
         PolicyCheck().test_sample_returns_aligned_finite_logprobs()
+
+
+class _ReturnsEnv(Env):
+    """One step that returns ``result`` (its state, observation, reward, done)."""
+
+    def __init__(self, reward, done) -> None:  # type: ignore[no-untyped-def]
+        self.reward, self.done = reward, done
+
+    async def reset(self, task, workspace):  # type: ignore[no-untyped-def]
+        return Reset(0, (Message("user", "go"),))
+
+    async def step(self, state, action, workspace):  # type: ignore[no-untyped-def]
+        return StepResult(state + 1, "ok", self.reward, self.done)
+
+
+@pytest.mark.parametrize(
+    ("reward", "done", "says"),
+    [
+        (1.0, __import__("numpy").bool_(True), None),  # gym-style: the agent takes it as a bool
+        (__import__("numpy").float32(0.5), False, None),
+        ("1", False, r"returned a non-numeric reward '1'"),  # the agent refuses it
+        (1e61, False, r"returned the reward 1e\+61, not a finite number within"),  # so too
+    ],
+)
+def test_the_env_conformance_check_holds_an_env_to_what_the_agent_accepts(reward, done, says):
+    """The mixin asserted ``isinstance(done, bool)``, failing a numpy bool the agent
+    accepts, and ``float(reward)`` finite, passing a text reward and one past ±1e60 that
+    the agent refuses: an env could pass its conformance test and fail every rollout."""
+
+    class EnvCheck(EnvConformance):
+        def make_env(self):  # type: ignore[no-untyped-def]
+            return _ReturnsEnv(reward, done)
+
+        def make_task(self):  # type: ignore[no-untyped-def]
+            return Task("t0")
+
+        def make_action(self):  # type: ignore[no-untyped-def]
+            return Action("text", text="1")
+
+    if says is None:
+        EnvCheck().test_step_returns_step_result()
+    else:
+        with pytest.raises(AssertionError, match=says):
+            EnvCheck().test_step_returns_step_result()
+
+
+def test_the_env_conformance_check_refuses_opening_messages_the_agent_refuses():
+    """``Message("user", task.data.get("question"))`` with the key missing passed the
+    mixin's reset check (a Reset with messages) and failed every rollout."""
+
+    class NoQuestion(_ReturnsEnv):
+        async def reset(self, task, workspace):  # type: ignore[no-untyped-def]
+            return Reset(0, (Message("user", task.data.get("question")),))
+
+    class EnvCheck(EnvConformance):
+        def make_env(self):  # type: ignore[no-untyped-def]
+            return NoQuestion(0.0, False)
+
+        def make_task(self):  # type: ignore[no-untyped-def]
+            return Task("t0")
+
+    with pytest.raises(AssertionError, match=r"^NoQuestion.reset returned opening message 0 \('user'\) with content None"):
+        EnvCheck().test_reset_returns_messages_and_picklable_state()

@@ -86,3 +86,25 @@ def test_the_page_is_linked_from_the_readme_and_the_architecture():
 
 if __name__ == "__main__":
     PAGE.write_text(render(), encoding="utf-8")
+
+
+def test_the_policy_docstring_names_every_policy_focus_backends_exports():
+    """``help(focus.Policy)`` is where a user looks for the clients there are; it named
+    four kinds and left out llama.cpp's and the fleet of replicas."""
+    import focus.backends
+    from focus.policy import Policy
+
+    policies = [
+        n for n in focus.backends.__all__ if isinstance(c := getattr(focus.backends, n), type) and issubclass(c, Policy)
+    ]
+    assert {"OpenAICompatPolicy", "LlamaCppPolicy", "FleetPolicy"} <= set(policies)
+    doc = " ".join((Policy.__doc__ or "").split())
+    assert [n for n in policies if f"``{n}``" not in doc] == []
+
+
+def test_the_phase_docstring_describes_every_field():
+    """``help(focus.Phase)`` listed each budget but ``max_waves``."""
+    from focus.priority import Phase
+
+    doc = Phase.__doc__ or ""
+    assert [f for f in Phase.model_fields if f != "name" and f"``{f}``" not in doc] == []

@@ -74,3 +74,22 @@ def test_a_task_id_that_is_no_str_is_refused_when_the_task_is_made():
         with pytest.raises(TypeError, match=rf"^Task.id must be a str, got {type(bad).__name__} .*write Task\(str"):
             Task(bad)  # type: ignore[arg-type]
     assert Task("7", {"q": 1}).id == "7"
+
+
+def test_a_reward_given_as_text_is_refused_naming_the_env():
+    """``float()`` read ``"1"`` and ``b"0.5"`` (a judge's answer passed on unparsed) as
+    rewards: a collection of them ran to the end and trained on text. Numbers of every
+    kind (numpy's, ints, bools, a 0-d array) are still rewards."""
+    for reward in (1, True, np.float32(0.5), np.int64(-2), np.bool_(True), np.array(0.25)):
+        assert check_step_result(StepResult(None, "o", reward, False), "Env.step").reward == reward
+    for bad in ("1", b"0.5"):
+        with pytest.raises(EnvError, match=r"^Env.step returned a non-numeric reward "):
+            check_step_result(StepResult(None, "o", bad, False), "Env.step")
+
+
+def test_an_integer_reward_too_large_for_a_float_is_refused_naming_the_env():
+    """``float(10**400)`` raises OverflowError, which the check did not catch: the rollout
+    failed with a bare "int too large to convert to float", naming no env."""
+    with pytest.raises(EnvError, match=r"^Env.step returned the reward 1000.*, not a finite number within ±1e\+60$"):
+        check_step_result(StepResult(None, "o", 10**400, False), "Env.step")
+    assert check_step_result(StepResult(None, "o", 10**60, False), "Env.step").reward == 10**60

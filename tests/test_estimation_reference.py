@@ -356,6 +356,30 @@ def test_group_normalized_is_deepseekmaths_outcome_supervision_with_the_populati
     assert g.advantages(list(alone.edges.values()), g.values(alone)) == {0: 0.0}
 
 
+@pytest.mark.parametrize("reward", [1.0, 0.1, 0.0])
+@pytest.mark.parametrize("eps", [1e-6, 0.0])
+def test_group_normalized_gives_a_group_whose_returns_are_all_equal_zero_advantages(reward, eps):
+    """All-success or all-failure groups are GRPO's commonest: no signal. With ``eps=0``
+    a group of returns 1.0 stopped the collection with a bare ZeroDivisionError, and
+    returns 0.1, whose mean rounds to 0.10000000000000002, gave every segment -1.0 (a
+    rounding error over a spread of 1.4e-17); with the default eps, -1.4e-11. A negative
+    or non-finite eps is refused where the estimator is made."""
+    # two rollouts through the first checkpoint (its mean return may round too), one alone
+    root = cp(
+        0.5,
+        seg(cp(0.5, *[seg(term(), Step(reward)) for _ in range(2)]), Step(0.0)),
+        seg(cp(0.5, seg(term(), Step(reward))), Step(0.0)),
+    )
+    tree = to_tree(root)
+    for scale in (True, False):
+        g = GroupNormalized(eps=eps, scale=scale)
+        adv = g.advantages(list(tree.edges.values()), g.values(tree))
+        assert len(adv) == 5 and set(adv.values()) == {0.0}
+    for bad in (-1e-6, math.nan, math.inf):
+        with pytest.raises(ValueError, match="eps"):
+            GroupNormalized(eps=bad)
+
+
 def test_an_infinite_kappa_is_refused_before_a_collection_runs():
     """κ → ∞ is λ = 1 (V = v̂: one-step TD on the critic), but κ/(κ + m) at κ = ∞ is
     ∞/∞: every refined value was NaN, and ``Collector.prepare`` refused the batch only

@@ -166,6 +166,39 @@ def test_untrained_turns_and_broken_prefixes(batch):
         actor_sequences(Batch("cx", 1, [dataclasses.replace(r, prompt_ids=())]))
 
 
+@pytest.mark.needs("tinker")
+@pytest.mark.needs("torch")
+def test_an_advantage_beyond_float32_is_refused_naming_its_row(batch):
+    """Rewards up to 1e60 are collected (``focus.env.VALUE_LIMIT``), but Tinker's and
+    verl's arrays, slime's tensors and the local trainer are float32: an advantage of
+    1e39 became ``inf`` in every token's advantage with a RuntimeWarning at most (the
+    local trainer stopped with "lower the learning rate", or, with rule sgd or natural,
+    took no step and said nothing). Up to float32's largest it is exported as it is."""
+    import torch
+
+    big = [dataclasses.replace(r, advantage=1e39 if i == 3 else r.advantage) for i, r in enumerate(batch.actor)]
+    r = batch.actor[3]
+    said = rf"^actor row \(task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}\) has the advantage 1e\+39, beyond"
+    for export in (actor_sequences, to_tinker_datums, to_slime_samples, lambda b: to_verl_batch(b, pad_token_id=0)):
+        with pytest.raises(ValueError, match=said):
+            export(Batch("cx", 1, big))
+    with pytest.raises(ValueError, match=r"has the advantage nan, not a number$"):
+        actor_sequences(Batch("cx", 1, [dataclasses.replace(r, advantage=float("nan"))]))
+    most = float(np.finfo(np.float32).max)
+    edge = Batch("cx", 1, [dataclasses.replace(r, advantage=-most) for r in batch.actor])
+    assert np.isfinite(to_verl_batch(edge, pad_token_id=0)["tensors"]["advantages"]).all()
+    assert all(np.isfinite(d.loss_fn_inputs["advantages"].to_numpy()).all() for d in to_tinker_datums(edge))
+    assert torch.isfinite(torch.tensor([s.reward for s in to_slime_samples(edge)], dtype=torch.float32)).all()
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_verl_temperature_its_actor_cannot_divide_by_is_refused(batch, temperature):
+    """verl's actor divides its logits by ``meta_info["temperature"]``: 0 (a greedy
+    collection's) made every logit inf and the update NaN, far from here."""
+    with pytest.raises(ValueError, match=rf"^temperature must be a finite number > 0 \(verl's actor divides its logits by it\), got {temperature!r}"):
+        to_verl_batch(batch, pad_token_id=0, temperature=temperature)
+
+
 def test_slime_mirror_has_slime_field_names():
     assert [f.name for f in dataclasses.fields(SlimeSample)] == SLIME_SAMPLE_FIELDS
     assert [s.name for s in SlimeSample.Status] == SLIME_STATUS

@@ -130,6 +130,30 @@ def test_loop_refuses_the_local_trainer_for_a_remote_model(tmp_path):
         _check(bad)
 
 
+def test_a_loop_the_local_trainer_cannot_train_is_refused_before_the_first_collection(tmp_path):
+    """``agent.sampling.top_p`` below 1 was refused by the local trainer only once the
+    first collection had run; a greedy collection (``temperature = 0``) was trained
+    without a word at temperature 1 (the trainer read 0 as unset), its ratios comparing
+    distributions the batch was not sampled from. An explicit ``train.local.temperature``
+    is the user's choice."""
+    from flows.train_loop import _check
+    from tasks.config import ConfigError
+    from tasks.trainers import TrainContext, local_trainer
+
+    top_p = loop_config(str(tmp_path), **{"agent.sampling.top_p": 0.9})
+    greedy = loop_config(str(tmp_path), **{"agent.sampling.temperature": 0.0})
+    for cfg, says in (
+        (top_p, r"^the local trainer needs agent.sampling.top_p = 1 \(its ratio assumes full softmax sampling\)"),
+        (greedy, r"^the local trainer needs agent.sampling.temperature > 0"),
+    ):
+        with pytest.raises(ConfigError, match=says):
+            _check(cfg)
+        ctx = TrainContext(0, cfg, None, None, str(tmp_path / "work"))
+        with pytest.raises(ConfigError, match=says):
+            local_trainer(str(tmp_path / "no-batch"), ctx)
+    _check(loop_config(str(tmp_path), **{"agent.sampling.temperature": 0.0, "train.local.temperature": 1.0}))
+
+
 def test_collect_toml_runs(prefect_api, tmp_path):
     from flows.collect import collect
 

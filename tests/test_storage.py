@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -338,12 +339,58 @@ def test_bad_rows_are_rejected_before_anything_is_written(tmp_path, batch):
     wrong = ActorRow(**{**r.__dict__, "collection_id": "other"})
     with pytest.raises(SchemaError, match="belongs to collection 'other'"):
         store.write(Batch("c1", 0, [wrong], [], {}))
+    # a dataset's text iteration: the message said "iteration 0, but the batch is 'c1' iteration 0"
+    text = ActorRow(**{**r.__dict__, "collection_id": "c1", "iteration": "0"})
+    with pytest.raises(SchemaError, match=r"belongs to collection 'c1' iteration '0', but the batch is 'c1' iteration 0$"):
+        store.write(Batch("c1", 0, [text], [], {}))
     huge = ActorRow(**{**r.__dict__, "completion_ids": (2**40,), "logprobs": (-1.0,), "loss_mask": (1,)})
     with pytest.raises(SchemaError, match="outside int32"):
         store.write(Batch("c1", 0, [huge], [], {}))
     with pytest.raises(TypeError, match="not JSON-serialisable"):
         store.write(Batch("c1", 0, [], [], {"bad": object()}))
     assert store.list() == [] and not os.path.exists(tmp_path / "batches")
+
+
+@pytest.mark.parametrize(
+    ("table", "change", "says"),
+    [
+        ("actor", {"advantage": math.nan}, r"actor row 1: column 'advantage' has the value nan, not a finite number"),
+        ("actor", {"reward": -math.inf}, r"actor row 1: column 'reward' has the value -inf, not a finite number"),
+        ("actor", {"logprobs": "nan"}, r"actor row 1: column 'logprobs' has the value nan, not a finite number"),
+        ("critic", {"target": math.inf}, r"critic row 1: column 'target' has the value inf, not a finite number"),
+        ("critic", {"weight": math.nan}, r"critic row 1: column 'weight' has the value nan, not a finite number"),
+        ("critic", {"prediction": math.nan}, r"critic row 1: column 'prediction' has the value nan, not a finite"),
+        ("actor", {"turn_index": 1.5}, r"column 'turn_index' has the value 1.5, not an integer"),
+        ("actor", {"edge_id": 2.5}, r"column 'edge_id' has the value 2.5, not an integer"),
+        ("critic", {"node_id": math.nan}, r"column 'node_id' has the value nan, not an integer"),
+    ],
+)
+def test_rows_with_values_no_trainer_can_use_are_refused_naming_the_row(tmp_path, batch, table, change, says):
+    """A batch made from rows (a user's re-weighted advantages, divided by a spread of 0)
+    was written with NaN advantages, rewards, targets or log-probs, read back as they
+    were and trained on; a turn index or id of 1.5 was written as 1 (pyarrow truncates a
+    float to an integer column), as the doc says of token ids it must not be. Refused
+    before anything is written; a collection never makes such a value (each part is
+    checked where it gives one)."""
+    store = BatchStore(tmp_path)
+    rows = list(getattr(batch, table)[:2])
+    if change.get("logprobs") == "nan":
+        change = {"logprobs": (math.nan,) * len(rows[1].logprobs)}
+    rows[1] = dataclasses.replace(rows[1], **change)
+    actor, critic = (rows, []) if table == "actor" else ([], rows)
+    with pytest.raises(SchemaError, match=says):
+        store.write(Batch(batch.collection_id, batch.iteration, actor, critic, {}))
+    assert store.list() == []
+
+
+@pytest.mark.parametrize("iteration", [True, -1, 1.5, "3"])
+def test_a_batch_iteration_that_is_no_count_is_refused_naming_it(tmp_path, iteration):
+    """``True`` passed the check (a bool is an int) and was written as iteration 1's
+    folder, then the table refused it: ``ArrowTypeError: Expected integer, got bool``;
+    the weight and checkpoint stores refused a bool already."""
+    with pytest.raises(ValueError, match=rf"^iteration must be a non-negative int, got {iteration!r}$"):
+        BatchStore(tmp_path).write(Batch("c1", iteration, [], [], {}))
+    assert not (tmp_path / "batches").exists()
 
 
 def test_paths_outside_the_root_are_refused(tmp_path, batch):

@@ -179,3 +179,25 @@ def test_a_judge_that_returns_no_number_fails_naming_the_judge_and_the_task():
         run(env.step(run(env.reset(Task("t", {"prompt": "p"}), None)).state, Action("answer", text="4"), None)).reward
         == 1.0
     )
+
+
+def test_a_tool_timeout_or_call_limit_that_could_never_hold_is_refused_where_it_is_made():
+    """``timeout_s=0`` or below timed every call of a tool that suspends out at once, and
+    NaN turned its timeout off, without a word; ``max_tool_calls=-1`` ended an episode at
+    its first call, as 0 does (0: no tool call allowed, still taken)."""
+    import math
+
+    import pytest
+
+    from focus.tools import Tool, ToolEnv
+
+    async def fn(args, ctx):  # type: ignore[no-untyped-def]
+        return "ok"
+
+    for bad in (0, -1.0, math.nan):
+        with pytest.raises(ValueError, match=rf"^Tool 'x': timeout_s must be a number of seconds > 0, got {bad!r}$"):
+            Tool("x", "d", {"type": "object"}, fn, timeout_s=bad)
+    ok = Tool("x", "d", {"type": "object"}, fn, timeout_s=math.inf)
+    with pytest.raises(ValueError, match=r"^ToolEnv.max_tool_calls must be >= 0 \(None: no limit\), got -1$"):
+        ToolEnv([ok], judge=lambda t, a: 1.0, max_tool_calls=-1)
+    assert ToolEnv([ok], judge=lambda t, a: 1.0, max_tool_calls=0).max_tool_calls == 0

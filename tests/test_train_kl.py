@@ -214,6 +214,12 @@ def test_task_scaling_gives_every_task_unit_spread_and_keeps_a_flat_task():
     a_after = [r.advantage for r in out if r.task_id == "a"]
     assert a_after[0] / a_after[1] == pytest.approx(a_before[0] / a_before[1])  # one factor per task, signs kept
     assert [r.advantage for r in out if r.task_id == "c"] == [0.5, 0.5]
+    # a task whose advantages sit far from 0 (rewards in the millions, a critic at 0):
+    # E[a^2] - E[a]^2 lost their spread to rounding, 0 (kept unscaled) or 8 for 9
+    for centre, half in ((1e8, 3.0), (3e8, 1.0), (1e6, 1e-3)):
+        hi, lo = centre + half, centre - half
+        got = [r.advantage for r in task_scaled(Batch("c", 0, [row("d", hi, 1, 7), row("d", lo, 1, 8)])).actor]
+        assert got == pytest.approx([hi / ((hi - lo) / 2), lo / ((hi - lo) / 2)], rel=1e-9)
     assert UpdateConfig(scale_advantages=True).scale_advantages == "batch"
     assert UpdateConfig(scale_advantages=False).scale_advantages == "none"
     with pytest.raises(ValueError):

@@ -113,6 +113,35 @@ def test_update_moves_probability_toward_positive_advantages():
         trainer.update(Batch("c", 1, []))
 
 
+@pytest.mark.parametrize("rule", ["adam", "sgd"])
+def test_an_advantage_beyond_float32_is_refused_and_task_scaling_brings_it_within(rule):
+    """An advantage of 1e39 (rewards are collected up to 1e60) became inf in the float32
+    tensors: ``adam`` stopped with TrainingDiverged telling the user to lower the
+    learning rate, ``sgd`` and ``natural`` took no step and said nothing. Scaled per task
+    first (in float64), the same advantages train."""
+    big = _toy_batch(0, [("7", 1e39), ("3", -1e39)])
+    kl = {"target_kl": 0.01} if rule != "adam" else {}
+    with pytest.raises(ValueError, match=r"^actor row \(task .*\) has the advantage 1e\+39, beyond float32"):
+        PolicyTrainer(config=UpdateConfig(rule=rule, **kl)).update(big)
+    stats = PolicyTrainer(config=UpdateConfig(rule=rule, scale_advantages="task", **kl)).update(big)
+    assert stats.steps == 1 and math.isfinite(stats.loss)
+
+
+def test_a_batch_of_another_model_s_token_ids_is_refused_naming_the_row_and_the_vocabulary():
+    """A batch sampled by another model (a Qwen tokenizer's ids behind vLLM) handed to the
+    local trainer, which trains the embedded byte-level model: the update stopped with a
+    bare IndexError "index out of range in self" from the embedding."""
+    good = _toy_batch(0, [("7", 1.0)])
+    r = good.actor[0]
+    foreign = Batch("c", 0, [dataclasses.replace(r, completion_ids=(151643,) + r.completion_ids[1:])])
+    said = (
+        rf"^actor row \(task {r.task_id!r}, edge {r.edge_id}, turn 0\) holds the token id 151643, outside the "
+        r"embedded model's vocabulary of \d+ ids"
+    )
+    with pytest.raises(ValueError, match=said):
+        PolicyTrainer().update(foreign)
+
+
 def _toy_batch(iteration, completions):
     prompt = CODEC.render([Message("user", f"Reach {7 + iteration}. Total 0.")])
     rows = [_row(prompt, [ord(d), ByteCodec.EOT], [-2.2, -0.01], adv, i) for i, (d, adv) in enumerate(completions)]

@@ -16,7 +16,7 @@ import math
 import pickle
 from collections.abc import Sequence
 
-from focus.env import Action, Env, Reset, StepResult, Task, accepts_seed
+from focus.env import Action, Env, EnvError, Task, accepts_seed, check_reset, check_step_result
 from focus.format import ByteCodec, ChatCodec
 from focus.policy import Completion, Policy, SamplingParams
 from focus.workspace import Workspace
@@ -74,8 +74,10 @@ class EnvConformance:
 
     def test_reset_returns_messages_and_picklable_state(self) -> None:
         env, task = self.make_env(), self.make_task()
-        reset = run(env.reset(task, env.make_workspace(task)))
-        assert isinstance(reset, Reset) and reset.messages, f"reset returned {reset!r}: a Reset with opening messages"
+        try:  # the agent's own check, opening messages' text and ids too
+            reset = check_reset(run(env.reset(task, env.make_workspace(task))), f"{type(env).__name__}.reset")
+        except EnvError as e:
+            raise AssertionError(str(e)) from None
         assert pickle.loads(pickle.dumps(reset.state)) == reset.state, (
             "reset's state is not equal after a pickle round trip"
         )
@@ -85,12 +87,12 @@ class EnvConformance:
         ws = env.make_workspace(task)
         reset = run(env.reset(task, ws))
         result = run(env.step(reset.state, self.make_action(), ws))
-        assert isinstance(result, StepResult), f"step returned {type(result).__name__}, expected a StepResult"
-        assert isinstance(result.observation, str), (
-            f"step's observation is a {type(result.observation).__name__}, not str"
-        )
-        assert isinstance(result.done, bool), f"step's done is {result.done!r}, not a bool"
-        assert math.isfinite(float(result.reward)), f"step's reward {result.reward!r} is not finite"
+        # the agent's own check: what it refuses fails here, what it accepts (a numpy
+        # bool for done, a numpy reward) passes
+        try:
+            result = check_step_result(result, f"{type(env).__name__}.step")
+        except EnvError as e:
+            raise AssertionError(str(e)) from None
         pickle.dumps(result.state)
 
     def test_step_does_not_mutate_the_old_state(self) -> None:

@@ -78,7 +78,7 @@ MEANING: dict[str, str] = {
     "agent.branch_points": "`every` (a checkpoint at every decision) \\| `sparse` (every `sparse_every` decisions)",
     "agent.sparse_every": "with `sparse`: a checkpoint every this many decisions",
     "agent.sampling.max_tokens": "most tokens of one model response",
-    "agent.sampling.temperature": "sampling temperature",
+    "agent.sampling.temperature": "sampling temperature (the local trainer needs > 0, or `train.local.temperature` set)",
     "agent.sampling.top_p": "nucleus mass (the local trainer needs 1)",
     "agent.sampling.stop": "stop strings",
     "agent.sampling.stop_token_ids": "stop token ids",
