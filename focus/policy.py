@@ -67,6 +67,12 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 _INT = {int}
 
 
+#: How far above 0 a log-prob may be: a token of probability 1 that a server's float
+#: rounding put just above it (what :class:`Completion` and
+#: :class:`focus.testing.PolicyConformance` accept).
+LOGPROB_SLACK = 1e-6
+
+
 @dataclass(frozen=True)
 class Completion:
     """One sampled response: ids, their behaviour log-probs and why sampling ended."""
@@ -89,7 +95,7 @@ class Completion:
             _check_ids(self.token_ids)
         try:
             for lp in self.logprobs:
-                if not math.isfinite(lp) or lp > 1e-6:
+                if not math.isfinite(lp) or lp > LOGPROB_SLACK:
                     raise BadResponse(f"completion has an invalid log-prob {lp!r}")
         except TypeError:  # None, a text: it said "must be real number, not NoneType" and named no log-prob
             raise BadResponse(f"completion has an invalid log-prob {lp!r}, not a number") from None

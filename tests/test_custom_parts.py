@@ -17,7 +17,7 @@ from focus.env import Action, Env, Message, Reset, StepResult, Task
 from focus.estimation import DirectBranchTd
 from focus.execution import Execution
 from focus.format import ActionParser, ByteCodec, PolicyFormat
-from focus.policy import UnreadableAnswers
+from focus.policy import Completion, UnreadableAnswers
 from focus.priority import Phase, Priority, Selective
 from focus.synthetic import SHAPES, SyntheticEnv, SyntheticPolicy, synthetic_format
 from focus.testing import EnvConformance, PolicyConformance, run
@@ -566,6 +566,26 @@ class _DictAnswers(SyntheticPolicy):
         return {"token_ids": (1,), "logprobs": (-1.0,)}
 
 
+class _RoundedUp(SyntheticPolicy):
+    """A sampled token of probability 1 whose log-prob a server's float rounding put just
+    above 0, as Completion accepts (up to 1e-6)."""
+
+    async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        return Completion((1, 2), (-0.5, 4e-7), "stop")
+
+
+def test_the_policy_check_takes_the_log_probs_a_completion_takes():
+    """PolicyConformance asked for log-probs <= 0 where Completion (the library's own
+    check on every answer) allows rounding up to 1e-6: a policy the collector runs failed
+    its conformance test."""
+
+    class PolicyCheck(PolicyConformance):
+        def make_policy(self):  # type: ignore[no-untyped-def]
+            return _RoundedUp([SHAPES["uniform"](0)])
+
+    PolicyCheck().test_sample_returns_aligned_finite_logprobs()
+
+
 def test_the_conformance_checks_say_what_a_part_broke():
     # they failed with a bare AssertionError (pytest rewrites no assert of an installed
     # module) or with "'dict' object has no attribute 'token_ids'"
@@ -648,5 +668,7 @@ def test_the_env_conformance_check_refuses_opening_messages_the_agent_refuses():
         def make_task(self):  # type: ignore[no-untyped-def]
             return Task("t0")
 
-    with pytest.raises(AssertionError, match=r"^NoQuestion.reset returned opening message 0 \('user'\) with content None"):
+    with pytest.raises(
+        AssertionError, match=r"^NoQuestion.reset returned opening message 0 \('user'\) with content None"
+    ):
         EnvCheck().test_reset_returns_messages_and_picklable_state()
