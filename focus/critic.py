@@ -474,8 +474,14 @@ class LocalCritic(Critic):
         weighted mean squared error on the rows. Rows of weight 0 are skipped; a target or
         weight that is not finite is a ``ValueError`` naming the row, and so is a fit that
         ends non-finite (float32 squares overflow past about 2e19), which is undone first:
-        a NaN critic would otherwise be saved and found only by the next collection."""
-
+        a NaN critic would otherwise be saved and found only by the next collection.
+        ``epochs``, ``lr`` and ``batch_size`` that cannot train (``epochs=0`` marked the
+        critic fitted without a step) are a ``ValueError`` too."""
+        if not (isinstance(epochs, int) and epochs >= 1 and batch_size >= 1 and math.isfinite(lr) and lr > 0):
+            raise ValueError(
+                f"LocalCritic.fit needs epochs >= 1, batch_size >= 1 and a finite lr > 0, got epochs={epochs!r}, "
+                f"batch_size={batch_size!r}, lr={lr!r}"
+            )
         for i, r in enumerate(rows):
             if not (math.isfinite(float(r.target)) and math.isfinite(float(r.weight))):
                 raise ValueError(

@@ -357,6 +357,18 @@ class TestLocal(CriticConformance):
         with pytest.raises(ValueError, match="positive weight"):
             c.fit([])
 
+    def test_fit_settings_that_cannot_train_are_refused(self):
+        """``epochs=0`` marked the critic fitted after no step at all (its predictions the
+        initial network's), and the loop saved it as trained."""
+        from types import SimpleNamespace as Row
+
+        c = LocalCritic(default=0.3)
+        rows = [Row(context_ids=(256, 1, i), target=1.0, weight=1.0) for i in range(4)]
+        for bad in ({"epochs": 0}, {"lr": 0.0}, {"lr": float("nan")}, {"batch_size": 0}):
+            with pytest.raises(ValueError, match=r"^LocalCritic.fit needs epochs >= 1"):
+                c.fit(rows, **bad)
+        assert not c.fitted
+
     def test_a_fit_that_cannot_be_finite_is_refused_and_leaves_the_critic_as_it_was(self):
         """Targets whose squares overflow float32 (3e38, 1e39: rewards are collected up to
         1e60), a NaN target or an infinite weight made every weight NaN: the fit returned
