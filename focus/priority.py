@@ -260,6 +260,11 @@ class Priority(BaseModel, abc.ABC):
     def _check_phases(self) -> Priority:
         if not self.phases:
             raise ValueError("a search needs at least one phase")
+        if not any(p.is_evidence or p.transitions for p in self.phases):
+            raise ValueError(  # the collection ran and returned an empty batch without a word
+                "the search's phases budget nothing (no evidence phase, and every continuation phase has transitions 0):"
+                " its collections would be empty"
+            )
         for i, p in enumerate(self.phases):
             if p.is_evidence and i > 0:
                 raise ValueError(f"phase {p.name!r}: only the first phase may be an evidence phase (rollouts_per_task)")

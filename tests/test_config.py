@@ -42,6 +42,9 @@ def test_invalid_config_names_every_field_and_reason(tmp_path):
     assert "FOCUS_EXECUTION__N_WORKERS" in msg  # says where values came from
     with pytest.raises(ConfigError, match="only the first phase may be an evidence phase"):
         load_config(overrides={"search.phases.1": {"name": "again", "rollouts_per_task": 2}}, environ={})
+    # a search that budgets nothing ran and returned an empty batch without a word
+    with pytest.raises(ConfigError, match=r"the search's phases budget nothing"):
+        load_config(overrides={"search.phases": [{"name": "continue", "transitions": 0}]}, environ={})
 
 
 def test_bad_files_and_import_paths_are_named(tmp_path):
