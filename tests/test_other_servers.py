@@ -59,6 +59,7 @@ from test_real_wire_formats import (
 )
 
 from focus.backends import LlamaCppPolicy, OpenAICompatPolicy, SGLangPolicy
+from focus.backends.http import MalformedResponse
 from focus.backends.llamacpp import SAMPLING, parse_completion
 from focus.policy import SamplingParams, UnreadableAnswers
 from focus.testing import PolicyConformance
@@ -182,6 +183,10 @@ class LlamaCpp:
     split_utf8: bool = False
     #: A release of 2024: probs as ``{"content", "probs": [{"tok_str", "prob"}]}``, no ``tokens``.
     old: bool = False
+    #: The first sampled token has probability 0 in the log-probs it reports (a logit
+    #: bias or grammar applied after them): written as the lowest float32, its
+    #: ``logarithm(0)`` (``server-task.cpp``; its JSON library writes ``-inf`` as null).
+    zero_prob: bool = False
 
 
 def llamacpp_sample(prompt: list[int], seed: int, n_predict: int, v: LlamaCpp) -> tuple[list[int], list[float], str]:
@@ -214,6 +219,8 @@ def llamacpp_routes(v: LlamaCpp = LlamaCpp()) -> dict[tuple[str, str], Any]:
         cut = ids.index(EOT) + 1 if EOT in ids else len(ids)
         server.sampled.append((ids[:cut], lps[:cut]))  # what FOCUS must record
         post = bool(body.get("post_sampling_probs"))
+        if v.zero_prob:
+            lps = [-3.4028234663852886e38, *lps[1:]]
         kept = [(t, lp) for i, (t, lp) in enumerate(zip(ids, lps, strict=True)) if not (v.split_utf8 and i == 0)]
         answer: dict[str, Any] = {
             "index": 0,
@@ -324,6 +331,25 @@ def test_llama_server_answers_that_cannot_be_recorded_token_exactly_stop_in_one_
     assert "stop strings ['\\n']" in stop and "stop_token_ids" in stop, stop
 
 
+def test_llama_servers_stand_in_for_minus_infinity_on_a_sampled_token_is_never_recorded():
+    """llama-server writes the log of a probability of 0 as the lowest float32 (-3.4e38),
+    as vLLM writes -9999.0. On a sampled token it was recorded as the turn's behaviour
+    log-prob, where a trainer's ratio exp(new - old) overflows; now the answer is
+    malformed, as vLLM's is, and a server that answers every request so stops the
+    collection with one line that names the value."""
+
+    async def go() -> str:
+        async with serve(llamacpp_routes(LlamaCpp(zero_prob=True))) as server:
+            with pytest.raises(UnreadableAnswers) as e:
+                await rollout(LlamaCppPolicy(server.url, config=FAST))
+            assert server.bodies  # it asked, and recorded nothing
+        return str(e.value)
+
+    line = asyncio.run(go())
+    assert "\n" not in line and "-3.4028234663852886e+38 of sampled token 0" in line, line
+    assert "llama-server's stand-in for -inf" in line, line
+
+
 def test_llama_server_answer_shapes_as_parsed():
     lp = {"id": 49, "token": "1", "bytes": [49], "logprob": -0.5, "top_logprobs": []}
     answer = {"tokens": [49, 50], "completion_probabilities": [lp, {**lp, "id": 50}], "stop_type": "limit"}
@@ -331,9 +357,11 @@ def test_llama_server_answer_shapes_as_parsed():
     assert (got.token_ids, got.logprobs, got.finish_reason) == ((49, 50), (-0.5, -0.5), "length")
     post = {**answer, "completion_probabilities": [{"id": t, "prob": 0.25} for t in (49, 50)]}
     assert parse_completion(post).logprobs == (math.log(0.25), math.log(0.25))  # post_sampling_probs
-    # 0 written as the lowest float (llama.cpp's logarithm(0)): finite, recorded as given
+    # 0 written as the lowest float (llama.cpp's logarithm(0)): its stand-in for -inf, never recorded
     lowest = {**answer, "completion_probabilities": [lp, {**lp, "id": 50, "logprob": -3.4028234663852886e38}]}
-    assert parse_completion(lowest).logprobs[1] == -3.4028234663852886e38
+    with pytest.raises(MalformedResponse, match="sampled token 1 is llama-server's stand-in for -inf"):
+        parse_completion(lowest)
+    assert parse_completion({**lowest, "completion_probabilities": [lp, {**lp, "id": 50, "logprob": -1e38}]})
     assert parse_completion({**answer, "stop_type": "eos"}, stop_ids=(50,)).finish_reason == "stop"
     cut = parse_completion({**answer, "stop_type": "eos"}, stop_ids=(49,))
     assert (cut.token_ids, cut.finish_reason) == ((49,), "stop")

@@ -174,9 +174,23 @@ def _logprobs(ids: list[int], entries: list[Any]) -> list[float]:
     return [_value(e, i) for i, e in enumerate(entries)]
 
 
+#: llama-server writes the log of a probability of 0 as the lowest float32 (its
+#: ``completion_token_output::logarithm``: its JSON library would write ``-inf`` as
+#: ``null``), as vLLM writes ``-9999.0``: on a sampled token it says the server gives
+#: the token it drew probability 0 (a logit bias or grammar applied after the log-probs
+#: were taken), and recorded as a behaviour log-prob it makes a trainer's ratio
+#: ``exp(new - old)`` overflow, so such an answer is malformed, never recorded.
+LOWEST_FLOAT32 = -3.4028234663852886e38
+
+
 def _value(entry: dict[str, Any], i: int) -> float:
     if "logprob" in entry:
         x = entry["logprob"]
+        if isinstance(x, int | float) and math.isfinite(x) and x <= LOWEST_FLOAT32:
+            raise MalformedResponse(
+                f"log-prob {x!r} of sampled token {i} is llama-server's stand-in for -inf (the lowest float): the "
+                "server gives the token it sampled probability 0, so its log-probs are not those of its sampler"
+            )
         if isinstance(x, int | float) and math.isfinite(x) and x <= 0:
             return float(x)
     elif "prob" in entry:  # post_sampling_probs
