@@ -155,6 +155,10 @@ def vllm_routes(v: Vllm) -> dict[tuple[str, str], Any]:
     def complete(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
         if body.get("model") not in (None, v.served_name, *v.aliases, "adapter"):
             return 404, vllm_error(f"The model `{body['model']}` does not exist.", "NotFoundError", 404)
+        if body.get("temperature") is not None and body["temperature"] < 1e-5 and body.get("n", 1) > 1:
+            # SamplingParams._verify_greedy_sampling, raised as the request's ValueError
+            message = f"n must be 1 when using greedy sampling, got {body['n']}."
+            return 400, {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
         server.used.append(effective(body, dict(v.generation_config), VLLM_DEFAULTS))
         as_ids = v.ids_flag or (v.ids_as_request_field and bool(body.get("return_tokens_as_token_ids")))
         choices = []
@@ -309,6 +313,31 @@ def test_n_samples_with_a_seed_are_one_request_as_vllm_answers_them():
                 await policy.aclose()
             ns = [b.get("n") for _, b in server.bodies]
             assert sorted(ns) == [1, 3, 3]  # the first grouped request and its check, then one request
+
+    run(go())
+
+
+def test_siblings_at_temperature_0_go_one_request_each_as_vllm_refuses_n_when_greedy():
+    """vLLM samples greedily below temperature 1e-5 and refuses a greedy request for
+    ``n`` > 1 with status 400 ("n must be 1 when using greedy sampling", every release:
+    ``SamplingParams._verify_greedy_sampling``). The first calls of sibling rollouts
+    went as one such request, so at temperature 0 (an evaluation) each of them failed
+    as a refused request; now they go one request each, as they would ungrouped."""
+
+    async def go() -> None:
+        async with serve(vllm_routes(Vllm())) as server:
+            policy = OpenAICompatPolicy(
+                server.url, "Qwen/Qwen3-4B", config=FAST.model_copy(update={"group_siblings": True})
+            )
+            policy.vocab_size = FORMAT.codec.vocab_size
+            prompt = FORMAT.codec.render([])
+            params = SamplingParams(max_tokens=3, seed=40, temperature=0.0)
+            try:
+                got = await policy.sample_siblings(prompt, params, [("a",), ("b",), ("c",)])
+            finally:
+                await policy.aclose()
+            assert [list(c.token_ids) for c in got] == [draw(prompt, 40 + i, 3)[0] for i in range(3)]
+            assert [b.get("n") for _, b in server.bodies] == [1, 1, 1]
 
     run(go())
 

@@ -27,6 +27,11 @@ __all__ = ["HttpPolicy"]
 
 log = logging.getLogger(__name__)
 
+#: vLLM samples greedily below this temperature (its ``_SAMPLING_EPS``) and refuses a
+#: greedy request for ``n`` > 1 with status 400 ("n must be 1 when using greedy
+#: sampling", every release): siblings at such a temperature go one request each.
+GREEDY_BELOW = 1e-5
+
 
 class HttpPolicy(Policy):
     """A policy behind one HTTP endpoint of a model server.
@@ -125,9 +130,10 @@ class HttpPolicy(Policy):
         such request of this policy is checked once against a request for its last
         sample alone: a server whose ``n`` does not follow vLLM's seed rule (or ignores
         ``n``) gets one warning and separate requests from then on, so the answers never
-        depend on how calls were grouped."""
+        depend on how calls were grouped. Greedy calls (:data:`GREEDY_BELOW`) go
+        separately: vLLM refuses ``n`` > 1 for them."""
         n = len(routes)
-        if n < 2 or params.seed is None or not self.groups_siblings:
+        if n < 2 or params.seed is None or params.temperature < GREEDY_BELOW or not self.groups_siblings:
             return await super().sample_siblings(prompt_ids, params, routes)
         if self.__dict__.get("_siblings_ok") is None:
             loop = asyncio.get_running_loop()
