@@ -12,7 +12,8 @@ field for field, for the requests FOCUS sends, including versions a user may sti
   ``--return-tokens-as-token-ids``, else as text; unknown request fields ignored; the
   sampled token's log-prob in ``token_logprobs`` (``top_logprobs`` may rank another token
   first); ``stop_reason`` the matched stop id; sample ``i`` of a request with ``n`` and a
-  seed drawn with ``seed + i`` (``vllm/v1/engine/parallel_sampling.py``); ``/v1/models``
+  seed drawn with ``seed + i`` (``vllm/v1/engine/parallel_sampling.py``), and ``n`` > 1
+  refused with 400 below temperature 1e-5 (greedy: ``SamplingParams._verify_greedy_sampling``); ``/v1/models``
   cards with ``id`` the served name and ``root`` the weights' path
   (``entrypoints/openai/models/serving.py``); 404 with an ``error`` object for a model it
   does not serve; a sampling field a request leaves out takes the model's
