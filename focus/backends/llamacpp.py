@@ -23,6 +23,10 @@ What ``llama-server`` does not do as vLLM does, and what this client does about 
 * Its sampler chain is set to ``temperature`` then ``top_p`` only (``samplers``), with
   top-k, min-p, typical-p, the penalties, DRY, XTC and mirostat off: the distribution
   the request names, not the server's defaults (top-k 40, min-p 0.05).
+* With speculative decoding (a draft model), no log-prob for the tokens it accepts from
+  a draft: their entries hold a placeholder probability 1 and no top log-probs, where
+  ``n_probs: 1`` lists one. Such an answer is malformed as a whole, never recorded with
+  log-prob 0 for those tokens.
 * No weights version: each completion carries ``policy_version`` as configured.
 * No ``n`` samples with vLLM's seed rule: siblings go one request each.
 """
@@ -184,6 +188,12 @@ LOWEST_FLOAT32 = -3.4028234663852886e38
 
 
 def _value(entry: dict[str, Any], i: int) -> float:
+    if entry.get("top_logprobs", entry.get("top_probs")) == []:  # n_probs >= 1 lists at least one
+        raise MalformedResponse(
+            f"log-prob entry {i} (id {entry.get('id')}) is a placeholder (no top log-probs): llama-server gives a "
+            "token it accepted from a speculative draft probability 1 without computing it, so those log-probs are "
+            "not its sampler's; start it without speculative decoding (no draft model), or serve with vLLM"
+        )
     if "logprob" in entry:
         x = entry["logprob"]
         if isinstance(x, int | float) and math.isfinite(x) and x <= LOWEST_FLOAT32:
