@@ -343,6 +343,43 @@ def test_siblings_at_temperature_0_go_one_request_each_as_vllm_refuses_n_when_gr
     run(go())
 
 
+def test_a_server_that_refuses_n_gets_one_request_per_sibling_after_one_warning(caplog):
+    """A server, router or gateway that refuses ``n`` > 1 (one that maps one request to
+    one answer) answered the first
+    grouped request of every sibling set with 400: the check of vLLM's seed rule failed
+    with it and stayed undecided, so every grouped call was refused and its rollouts
+    failed. Now a refused grouped request whose lone sample was answered is one
+    warning, and the calls go one by one from then on."""
+    routes = vllm_routes(Vllm())
+    complete = routes[("POST", "/v1/completions")]
+
+    def no_n(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
+        if body.get("n", 1) > 1:
+            message = f"n must be 1 (parallel sampling is not supported), got {body['n']}"
+            return 400, {"error": {"message": message, "type": "BadRequestError", "param": "n", "code": 400}}
+        return complete(server, body)
+
+    async def go() -> None:
+        async with serve({**routes, ("POST", "/v1/completions"): no_n}) as server:
+            config = FAST.model_copy(update={"group_siblings": True})
+            policy = OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=config)
+            policy.vocab_size = FORMAT.codec.vocab_size
+            prompt = FORMAT.codec.render([])
+            try:
+                for seed in (40, 50):
+                    params = SamplingParams(max_tokens=3, seed=seed)
+                    got = await policy.sample_siblings(prompt, params, [("a",), ("b",), ("c",)])
+                    assert [list(c.token_ids) for c in got] == [draw(prompt, seed + i, 3)[0] for i in range(3)]
+            finally:
+                await policy.aclose()
+            assert [b.get("n") for _, b in server.bodies].count(3) == 1  # asked once, then one by one
+
+    with caplog.at_level("WARNING", logger="focus.backends.http_policy"):
+        run(go())
+    warned = [r.getMessage() for r in caplog.records if "n samples" in r.getMessage()]
+    assert len(warned) == 1 and "it refused n = 3" in warned[0] and "status 400" in warned[0], warned
+
+
 def test_a_model_name_vllm_does_not_serve_is_one_line_before_and_a_refusal_after():
     from focus.backends.openai_compat import unserved_model
     from focus.policy import PolicyError
