@@ -12,7 +12,7 @@ Read from the sources (the public repositories as indexed in December 2026):
   merges choices need not.
 * SGLang (``python/sglang/srt/managers/tokenizer_manager.py``):
   ``meta_info`` adds ``reasoning_tokens``, ``cached_tokens_details`` and timing fields;
-  releases of 2025 wrote ``output_ids`` only for a server started with
+  some releases wrote ``output_ids`` only for a server started with
   ``--return-token-ids`` (``{"text", "meta_info"}`` otherwise).
 * llama-server (``tools/server/server-task.cpp``, ``to_json_non_oaicompat``): ``tokens``
   always, ``timings`` with ``draft_n`` and ``draft_n_accepted`` under speculative
