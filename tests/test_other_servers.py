@@ -16,7 +16,9 @@ requests FOCUS sends (read from the sources, never copied):
   ``server-common.cpp``): ``/completion`` takes a prompt of ids, ``n_predict``,
   ``n_probs``, ``return_tokens``, ``samplers``, ``seed``; answers ``tokens``,
   ``completion_probabilities`` (``{id, token, bytes, logprob, top_logprobs}``, or ``prob``
-  and ``top_probs`` with ``post_sampling_probs``), ``stop_type`` ``eos``/``limit``/``word``,
+  and ``top_probs`` with ``post_sampling_probs``; ``n_probs`` top entries, none and a
+  placeholder probability 1 for a token accepted from a speculative draft), ``stop_type``
+  ``eos``/``limit``/``word``,
   ``timings.cache_n``. It stops only at the model's end-of-generation tokens, and records
   no log-prob for a token that leaves the text inside a UTF-8 character. Its
   ``/v1/completions`` takes ``logprobs`` as ``n_probs`` (0: none, ``logprobs: null``),
@@ -59,6 +61,7 @@ from test_real_wire_formats import (
 )
 
 from focus.backends import LlamaCppPolicy, OpenAICompatPolicy, SGLangPolicy
+from focus.backends.http import MalformedResponse
 from focus.backends.llamacpp import SAMPLING, parse_completion
 from focus.policy import SamplingParams, UnreadableAnswers
 from focus.testing import PolicyConformance
@@ -182,6 +185,14 @@ class LlamaCpp:
     split_utf8: bool = False
     #: A release of 2024: probs as ``{"content", "probs": [{"tok_str", "prob"}]}``, no ``tokens``.
     old: bool = False
+    #: The first sampled token has probability 0 in the log-probs it reports (a logit
+    #: bias or grammar applied after them): written as the lowest float32, its
+    #: ``logarithm(0)`` (``server-task.cpp``; its JSON library writes ``-inf`` as null).
+    zero_prob: bool = False
+    #: Speculative decoding (a draft model): every token after the first is accepted
+    #: from a draft, and its entry holds a placeholder probability 1 and no top
+    #: log-probs (``server-context.cpp``: ``result.prob = 1.0f; // set later``).
+    speculative: bool = False
 
 
 def llamacpp_sample(prompt: list[int], seed: int, n_predict: int, v: LlamaCpp) -> tuple[list[int], list[float], str]:
@@ -199,12 +210,20 @@ def llamacpp_sample(prompt: list[int], seed: int, n_predict: int, v: LlamaCpp) -
 
 
 def llamacpp_routes(v: LlamaCpp = LlamaCpp()) -> dict[tuple[str, str], Any]:
-    def entry(t: int, lp: float, post: bool) -> dict[str, Any]:
+    def entry(t: int, lp: float, post: bool, drafted: bool = False) -> dict[str, Any]:
         text = "" if t > 255 else chr(t)
-        if post:
-            return {"id": t, "token": text, "bytes": [t % 256], "prob": math.exp(lp), "top_probs": []}
-        top = [{"id": 7, "token": "\x07", "bytes": [7], "logprob": -0.01}, {"id": t, "token": text, "logprob": lp}]
-        return {"id": t, "token": text, "bytes": [t % 256], "logprob": lp, "top_logprobs": top}
+        if post:  # n_probs 1: the most probable token after the sampler chain
+            top = [] if drafted else [{"id": t, "token": text, "bytes": [t % 256], "prob": math.exp(lp)}]
+            return {
+                "id": t,
+                "token": text,
+                "bytes": [t % 256],
+                "prob": 1.0 if drafted else math.exp(lp),
+                "top_probs": top,
+            }
+        # n_probs 1: the most probable token, another than the one sampled
+        top = [] if drafted else [{"id": 7, "token": "\x07", "bytes": [7], "logprob": -0.01}]
+        return {"id": t, "token": text, "bytes": [t % 256], "logprob": 0.0 if drafted else lp, "top_logprobs": top}
 
     def completion(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
         prompt = body["prompt"]
@@ -214,6 +233,8 @@ def llamacpp_routes(v: LlamaCpp = LlamaCpp()) -> dict[tuple[str, str], Any]:
         cut = ids.index(EOT) + 1 if EOT in ids else len(ids)
         server.sampled.append((ids[:cut], lps[:cut]))  # what FOCUS must record
         post = bool(body.get("post_sampling_probs"))
+        if v.zero_prob:
+            lps = [-3.4028234663852886e38, *lps[1:]]
         kept = [(t, lp) for i, (t, lp) in enumerate(zip(ids, lps, strict=True)) if not (v.split_utf8 and i == 0)]
         answer: dict[str, Any] = {
             "index": 0,
@@ -234,7 +255,9 @@ def llamacpp_routes(v: LlamaCpp = LlamaCpp()) -> dict[tuple[str, str], Any]:
             "timings": {"cache_n": 0, "prompt_n": len(prompt), "predicted_n": len(ids)},
         }
         if body.get("n_probs", 0) > 0:
-            answer["completion_probabilities"] = [entry(t, lp, post) for t, lp in kept]
+            answer["completion_probabilities"] = [
+                entry(t, lp, post, drafted=v.speculative and i > 0) for i, (t, lp) in enumerate(kept)
+            ]
         if v.old:
             del answer["tokens"]
             answer["completion_probabilities"] = [
@@ -324,16 +347,57 @@ def test_llama_server_answers_that_cannot_be_recorded_token_exactly_stop_in_one_
     assert "stop strings ['\\n']" in stop and "stop_token_ids" in stop, stop
 
 
+def test_llama_servers_stand_in_for_minus_infinity_on_a_sampled_token_is_never_recorded():
+    """llama-server writes the log of a probability of 0 as the lowest float32 (-3.4e38),
+    as vLLM writes -9999.0. On a sampled token it was recorded as the turn's behaviour
+    log-prob, where a trainer's ratio exp(new - old) overflows; now the answer is
+    malformed, as vLLM's is, and a server that answers every request so stops the
+    collection with one line that names the value."""
+
+    async def go() -> str:
+        async with serve(llamacpp_routes(LlamaCpp(zero_prob=True))) as server:
+            with pytest.raises(UnreadableAnswers) as e:
+                await rollout(LlamaCppPolicy(server.url, config=FAST))
+            assert server.bodies  # it asked, and recorded nothing
+        return str(e.value)
+
+    line = asyncio.run(go())
+    assert "\n" not in line and "-3.4028234663852886e+38 of sampled token 0" in line, line
+    assert "llama-server's stand-in for -inf" in line, line
+
+
+@pytest.mark.parametrize("post", [False, True], ids=["logprob", "post_sampling_probs"])
+def test_llama_server_with_speculative_decoding_stops_in_one_line_not_recording_placeholders(post):
+    """llama-server gives the tokens it accepts from a speculative draft probability 1
+    without computing it (no top log-probs, where ``n_probs: 1`` lists one): they were
+    recorded with behaviour log-prob 0.0, a silent wrong log-prob for most tokens of an
+    answer. Now such an answer is malformed, and a server that answers every request
+    so stops the collection with one line that says to turn drafting off."""
+
+    async def go() -> str:
+        async with serve(llamacpp_routes(LlamaCpp(speculative=True))) as server:
+            extra = {"post_sampling_probs": True} if post else None
+            with pytest.raises(UnreadableAnswers) as e:
+                await rollout(LlamaCppPolicy(server.url, config=FAST, extra_body=extra))
+        return str(e.value)
+
+    line = asyncio.run(go())
+    assert "\n" not in line and "log-prob entry 1 (id " in line and "is a placeholder" in line, line
+    assert "speculative draft" in line and "without speculative decoding" in line, line
+
+
 def test_llama_server_answer_shapes_as_parsed():
-    lp = {"id": 49, "token": "1", "bytes": [49], "logprob": -0.5, "top_logprobs": []}
+    lp = {"id": 49, "token": "1", "bytes": [49], "logprob": -0.5, "top_logprobs": [{"id": 49, "logprob": -0.5}]}
     answer = {"tokens": [49, 50], "completion_probabilities": [lp, {**lp, "id": 50}], "stop_type": "limit"}
     got = parse_completion(answer)
     assert (got.token_ids, got.logprobs, got.finish_reason) == ((49, 50), (-0.5, -0.5), "length")
     post = {**answer, "completion_probabilities": [{"id": t, "prob": 0.25} for t in (49, 50)]}
     assert parse_completion(post).logprobs == (math.log(0.25), math.log(0.25))  # post_sampling_probs
-    # 0 written as the lowest float (llama.cpp's logarithm(0)): finite, recorded as given
+    # 0 written as the lowest float (llama.cpp's logarithm(0)): its stand-in for -inf, never recorded
     lowest = {**answer, "completion_probabilities": [lp, {**lp, "id": 50, "logprob": -3.4028234663852886e38}]}
-    assert parse_completion(lowest).logprobs[1] == -3.4028234663852886e38
+    with pytest.raises(MalformedResponse, match="sampled token 1 is llama-server's stand-in for -inf"):
+        parse_completion(lowest)
+    assert parse_completion({**lowest, "completion_probabilities": [lp, {**lp, "id": 50, "logprob": -1e38}]})
     assert parse_completion({**answer, "stop_type": "eos"}, stop_ids=(50,)).finish_reason == "stop"
     cut = parse_completion({**answer, "stop_type": "eos"}, stop_ids=(49,))
     assert (cut.token_ids, cut.finish_reason) == ((49,), "stop")
@@ -556,7 +620,10 @@ class LlamaServerFront:
             self.longer += EOT in ids[:-1]
             finish = got["meta_info"]["finish_reason"]
             kind = finish.get("type") if isinstance(finish, dict) else finish
-            probs = [{"id": t, "token": "", "bytes": [], "logprob": lp, "top_logprobs": []} for lp, t, _ in triples]
+            probs = [  # n_probs 1: one top log-prob (here the sampled token's)
+                {"id": t, "token": "", "bytes": [], "logprob": lp, "top_logprobs": [{"id": t, "logprob": lp}]}
+                for lp, t, _ in triples
+            ]
             answer = {
                 "content": "",
                 "tokens": [t for _, t, _ in triples] if body.get("return_tokens") else [],

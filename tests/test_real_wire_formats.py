@@ -12,7 +12,8 @@ field for field, for the requests FOCUS sends, including versions a user may sti
   ``--return-tokens-as-token-ids``, else as text; unknown request fields ignored; the
   sampled token's log-prob in ``token_logprobs`` (``top_logprobs`` may rank another token
   first); ``stop_reason`` the matched stop id; sample ``i`` of a request with ``n`` and a
-  seed drawn with ``seed + i`` (``vllm/v1/engine/parallel_sampling.py``); ``/v1/models``
+  seed drawn with ``seed + i`` (``vllm/v1/engine/parallel_sampling.py``), and ``n`` > 1
+  refused with 400 below temperature 1e-5 (greedy: ``SamplingParams._verify_greedy_sampling``); ``/v1/models``
   cards with ``id`` the served name and ``root`` the weights' path
   (``entrypoints/openai/models/serving.py``); 404 with an ``error`` object for a model it
   does not serve; a sampling field a request leaves out takes the model's
@@ -155,6 +156,10 @@ def vllm_routes(v: Vllm) -> dict[tuple[str, str], Any]:
     def complete(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
         if body.get("model") not in (None, v.served_name, *v.aliases, "adapter"):
             return 404, vllm_error(f"The model `{body['model']}` does not exist.", "NotFoundError", 404)
+        if body.get("temperature") is not None and body["temperature"] < 1e-5 and body.get("n", 1) > 1:
+            # SamplingParams._verify_greedy_sampling, raised as the request's ValueError
+            message = f"n must be 1 when using greedy sampling, got {body['n']}."
+            return 400, {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
         server.used.append(effective(body, dict(v.generation_config), VLLM_DEFAULTS))
         as_ids = v.ids_flag or (v.ids_as_request_field and bool(body.get("return_tokens_as_token_ids")))
         choices = []
@@ -311,6 +316,68 @@ def test_n_samples_with_a_seed_are_one_request_as_vllm_answers_them():
             assert sorted(ns) == [1, 3, 3]  # the first grouped request and its check, then one request
 
     run(go())
+
+
+def test_siblings_at_temperature_0_go_one_request_each_as_vllm_refuses_n_when_greedy():
+    """vLLM samples greedily below temperature 1e-5 and refuses a greedy request for
+    ``n`` > 1 with status 400 ("n must be 1 when using greedy sampling", every release:
+    ``SamplingParams._verify_greedy_sampling``). The first calls of sibling rollouts
+    went as one such request, so at temperature 0 (an evaluation) each of them failed
+    as a refused request; now they go one request each, as they would ungrouped."""
+
+    async def go() -> None:
+        async with serve(vllm_routes(Vllm())) as server:
+            policy = OpenAICompatPolicy(
+                server.url, "Qwen/Qwen3-4B", config=FAST.model_copy(update={"group_siblings": True})
+            )
+            policy.vocab_size = FORMAT.codec.vocab_size
+            prompt = FORMAT.codec.render([])
+            params = SamplingParams(max_tokens=3, seed=40, temperature=0.0)
+            try:
+                got = await policy.sample_siblings(prompt, params, [("a",), ("b",), ("c",)])
+            finally:
+                await policy.aclose()
+            assert [list(c.token_ids) for c in got] == [draw(prompt, 40 + i, 3)[0] for i in range(3)]
+            assert [b.get("n") for _, b in server.bodies] == [1, 1, 1]
+
+    run(go())
+
+
+def test_a_server_that_refuses_n_gets_one_request_per_sibling_after_one_warning(caplog):
+    """A server, router or gateway that refuses ``n`` > 1 (one that maps one request to
+    one answer) answered the first
+    grouped request of every sibling set with 400: the check of vLLM's seed rule failed
+    with it and stayed undecided, so every grouped call was refused and its rollouts
+    failed. Now a refused grouped request whose lone sample was answered is one
+    warning, and the calls go one by one from then on."""
+    routes = vllm_routes(Vllm())
+    complete = routes[("POST", "/v1/completions")]
+
+    def no_n(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
+        if body.get("n", 1) > 1:
+            message = f"n must be 1 (parallel sampling is not supported), got {body['n']}"
+            return 400, {"error": {"message": message, "type": "BadRequestError", "param": "n", "code": 400}}
+        return complete(server, body)
+
+    async def go() -> None:
+        async with serve({**routes, ("POST", "/v1/completions"): no_n}) as server:
+            config = FAST.model_copy(update={"group_siblings": True})
+            policy = OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=config)
+            policy.vocab_size = FORMAT.codec.vocab_size
+            prompt = FORMAT.codec.render([])
+            try:
+                for seed in (40, 50):
+                    params = SamplingParams(max_tokens=3, seed=seed)
+                    got = await policy.sample_siblings(prompt, params, [("a",), ("b",), ("c",)])
+                    assert [list(c.token_ids) for c in got] == [draw(prompt, seed + i, 3)[0] for i in range(3)]
+            finally:
+                await policy.aclose()
+            assert [b.get("n") for _, b in server.bodies].count(3) == 1  # asked once, then one by one
+
+    with caplog.at_level("WARNING", logger="focus.backends.http_policy"):
+        run(go())
+    warned = [r.getMessage() for r in caplog.records if "n samples" in r.getMessage()]
+    assert len(warned) == 1 and "it refused n = 3" in warned[0] and "status 400" in warned[0], warned
 
 
 def test_a_model_name_vllm_does_not_serve_is_one_line_before_and_a_refusal_after():

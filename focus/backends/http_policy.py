@@ -27,6 +27,11 @@ __all__ = ["HttpPolicy"]
 
 log = logging.getLogger(__name__)
 
+#: vLLM samples greedily below this temperature (its ``_SAMPLING_EPS``) and refuses a
+#: greedy request for ``n`` > 1 with status 400 ("n must be 1 when using greedy
+#: sampling", every release): siblings at such a temperature go one request each.
+GREEDY_BELOW = 1e-5
+
 
 class HttpPolicy(Policy):
     """A policy behind one HTTP endpoint of a model server.
@@ -124,10 +129,11 @@ class HttpPolicy(Policy):
         :meth:`Policy.sample_siblings`) where :attr:`groups_siblings` allows it. The first
         such request of this policy is checked once against a request for its last
         sample alone: a server whose ``n`` does not follow vLLM's seed rule (or ignores
-        ``n``) gets one warning and separate requests from then on, so the answers never
-        depend on how calls were grouped."""
+        or refuses ``n``) gets one warning and separate requests from then on, so the answers never
+        depend on how calls were grouped. Greedy calls (:data:`GREEDY_BELOW`) go
+        separately: vLLM refuses ``n`` > 1 for them."""
         n = len(routes)
-        if n < 2 or params.seed is None or not self.groups_siblings:
+        if n < 2 or params.seed is None or params.temperature < GREEDY_BELOW or not self.groups_siblings:
             return await super().sample_siblings(prompt_ids, params, routes)
         if self.__dict__.get("_siblings_ok") is None:
             loop = asyncio.get_running_loop()
@@ -156,19 +162,33 @@ class HttpPolicy(Policy):
             together, alone = await asyncio.gather(
                 self._send_siblings(prompt_ids, params, n),
                 self.sample(prompt_ids, params.with_seed(params.seed + n - 1)),
+                return_exceptions=True,
             )
-            ok = self.__dict__["_siblings_ok"] = len(together) == n and together[-1].token_ids == alone.token_ids
+            if isinstance(alone, BaseException):
+                raise alone
+            # the lone sample answered and the request for n refused (not an outage): the server refuses n
+            if isinstance(together, BaseException) and (
+                not isinstance(together, PolicyError) or isinstance(together, ServiceUnavailable)
+            ):
+                raise together
+            ok = self.__dict__["_siblings_ok"] = (
+                isinstance(together, list) and len(together) == n and together[-1].token_ids == alone.token_ids
+            )
         finally:  # undecided when it failed: the next grouped request checks again
             self.__dict__.pop("_siblings_check", None)
             check.set_result(None)
-        if ok:
+        if ok and isinstance(together, list):
             together[-1].meta["siblings_check"] = alone  # a request sent too: for a fleet's figures
             return together
+        if isinstance(together, BaseException):
+            why = f"it refused n = {n}: {' '.join(str(together).split())[:300]}"
+        else:
+            why = "it ignored n" if len(together) < n else f"sample {n - 1} differs from a request with seed + {n - 1}"
         log.warning(
             "the model server at %s does not answer a request for n samples as vLLM does (sample i with seed + i; "
             "%s): each call goes alone from now on",
             self.url,
-            "it ignored n" if len(together) < n else f"sample {n - 1} differs from a request with seed + {n - 1}",
+            why,
         )
         return await super().sample_siblings(prompt_ids, params, routes)
 

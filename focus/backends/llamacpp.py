@@ -23,6 +23,10 @@ What ``llama-server`` does not do as vLLM does, and what this client does about 
 * Its sampler chain is set to ``temperature`` then ``top_p`` only (``samplers``), with
   top-k, min-p, typical-p, the penalties, DRY, XTC and mirostat off: the distribution
   the request names, not the server's defaults (top-k 40, min-p 0.05).
+* With speculative decoding (a draft model), no log-prob for the tokens it accepts from
+  a draft: their entries hold a placeholder probability 1 and no top log-probs, where
+  ``n_probs: 1`` lists one. Such an answer is malformed as a whole, never recorded with
+  log-prob 0 for those tokens.
 * No weights version: each completion carries ``policy_version`` as configured.
 * No ``n`` samples with vLLM's seed rule: siblings go one request each.
 """
@@ -174,9 +178,29 @@ def _logprobs(ids: list[int], entries: list[Any]) -> list[float]:
     return [_value(e, i) for i, e in enumerate(entries)]
 
 
+#: llama-server writes the log of a probability of 0 as the lowest float32 (its
+#: ``completion_token_output::logarithm``: its JSON library would write ``-inf`` as
+#: ``null``), as vLLM writes ``-9999.0``: on a sampled token it says the server gives
+#: the token it drew probability 0 (a logit bias or grammar applied after the log-probs
+#: were taken), and recorded as a behaviour log-prob it makes a trainer's ratio
+#: ``exp(new - old)`` overflow, so such an answer is malformed, never recorded.
+LOWEST_FLOAT32 = -3.4028234663852886e38
+
+
 def _value(entry: dict[str, Any], i: int) -> float:
+    if entry.get("top_logprobs", entry.get("top_probs")) == []:  # n_probs >= 1 lists at least one
+        raise MalformedResponse(
+            f"log-prob entry {i} (id {entry.get('id')}) is a placeholder (no top log-probs): llama-server gives a "
+            "token it accepted from a speculative draft probability 1 without computing it, so those log-probs are "
+            "not its sampler's; start it without speculative decoding (no draft model), or serve with vLLM"
+        )
     if "logprob" in entry:
         x = entry["logprob"]
+        if isinstance(x, int | float) and math.isfinite(x) and x <= LOWEST_FLOAT32:
+            raise MalformedResponse(
+                f"log-prob {x!r} of sampled token {i} is llama-server's stand-in for -inf (the lowest float): the "
+                "server gives the token it sampled probability 0, so its log-probs are not those of its sampler"
+            )
         if isinstance(x, int | float) and math.isfinite(x) and x <= 0:
             return float(x)
     elif "prob" in entry:  # post_sampling_probs

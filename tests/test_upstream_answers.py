@@ -1,0 +1,163 @@
+"""The clients against answers shaped as the newest vLLM, SGLang and llama-server
+releases write them, sent as those servers' HTTP layers may send them.
+
+Read from the sources (the public repositories as indexed in December 2026):
+
+* vLLM (``vllm/entrypoints/openai/completion/protocol.py``, ``completion/serving.py``,
+  ``fingerprint.py``): ``CompletionResponse`` now also carries ``ec_transfer_params``
+  and ``metrics``, each choice ``routed_experts``, and ``system_fingerprint`` is
+  ``vllm-<version>-<hash8>`` by default (``--fingerprint-mode full``). A choice's
+  ``index`` is ``len(choices)`` in the order of the request's outputs, which
+  ``v1/engine/parallel_sampling.py`` keeps by sample index; a proxy or gateway that
+  merges choices need not.
+* SGLang (``python/sglang/srt/managers/tokenizer_manager.py``):
+  ``meta_info`` adds ``reasoning_tokens``, ``cached_tokens_details`` and timing fields;
+  some releases wrote ``output_ids`` only for a server started with
+  ``--return-token-ids`` (``{"text", "meta_info"}`` otherwise).
+* llama-server (``tools/server/server-task.cpp``, ``to_json_non_oaicompat``): ``tokens``
+  always, ``timings`` with ``draft_n`` and ``draft_n_accepted`` under speculative
+  decoding.
+
+Every body goes out with ``Transfer-Encoding: chunked`` in small pieces, no
+``Content-Length``: what a server that streams its JSON (or a proxy that re-chunks it)
+sends although no stream was asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from aiohttp import web
+from test_other_servers import llamacpp_routes
+from test_real_wire_formats import (
+    FAST,
+    FORMAT,
+    Server,
+    Vllm,
+    check_exact,
+    draw,
+    rollout,
+    sglang_routes,
+    vllm_routes,
+)
+
+from focus.backends import LlamaCppPolicy, OpenAICompatPolicy, SGLangPolicy
+from focus.policy import SamplingParams
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.integration]  # loopback servers; fast, not slow
+
+Answer = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@asynccontextmanager
+async def serve_chunked(routes: dict[tuple[str, str], Any], newest: Answer) -> AsyncIterator[Server]:
+    """:func:`test_real_wire_formats.serve` whose answers to POSTs are rewritten by
+    ``newest`` and sent chunked, 7 bytes a chunk."""
+    server = Server()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.json() if request.can_read_body else {}
+        server.bodies.append((request.path, body))
+        status, answer = routes[(request.method, request.path)](server, body)
+        if status == 200 and request.method == "POST":
+            answer = newest(answer)
+        data = json.dumps(answer).encode()
+        response = web.StreamResponse(status=status, headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for i in range(0, len(data), 7):
+            await response.write(data[i : i + 7])
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    for method, path in routes:
+        app.router.add_route(method, path, handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        yield server
+    finally:
+        await runner.cleanup()
+
+
+def newest_vllm(answer: dict[str, Any]) -> dict[str, Any]:
+    for choice in answer["choices"]:
+        choice["routed_experts"] = None
+    return {**answer, "system_fingerprint": "vllm-0.13.0-1f0e2d3c", "ec_transfer_params": None, "metrics": None}
+
+
+def newest_sglang(answer: dict[str, Any]) -> dict[str, Any]:
+    meta = {**answer["meta_info"], "reasoning_tokens": 0, "queue_time": 0.001, "prefill_launch_delay": 0.0}
+    meta["cached_tokens_details"] = {"device": 0, "host": 0}
+    return {"text": answer["text"], "meta_info": meta}  # no output_ids: a server without --return-token-ids
+
+
+def newest_llamacpp(answer: dict[str, Any]) -> dict[str, Any]:
+    return {**answer, "timings": {**answer["timings"], "draft_n": 4, "draft_n_accepted": 3}}
+
+
+CASES = {
+    "vllm": (
+        lambda: vllm_routes(Vllm()),
+        newest_vllm,
+        lambda url: OpenAICompatPolicy(url, "Qwen/Qwen3-4B", config=FAST),
+    ),
+    "sglang": (sglang_routes, newest_sglang, lambda url: SGLangPolicy(url, config=FAST)),
+    "llama-server": (llamacpp_routes, newest_llamacpp, lambda url: LlamaCppPolicy(url, config=FAST)),
+}
+#: Where each sends its prompts, and the field of the request that holds them.
+PROMPTS = {
+    "vllm": ("/v1/completions", "prompt"),
+    "sglang": ("/generate", "input_ids"),
+    "llama-server": ("/completion", "prompt"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_newest_answers_sent_in_chunks_are_recorded_token_exactly(name):
+    """Fields the clients do not read ride along; a body in chunks reads as one."""
+    routes, newest, make = CASES[name]
+
+    async def go() -> None:
+        async with serve_chunked(routes(), newest) as server:
+            ro = await rollout(make(server.url))
+            check_exact(ro, server, server.prompts(*PROMPTS[name]))
+
+    asyncio.run(go())
+
+
+def test_n_samples_whose_choices_come_in_another_order_go_to_their_own_seeds():
+    """Sample ``i`` of a request with ``n`` and a seed is the choice whose ``index`` is
+    ``i`` (drawn with ``seed + i``), wherever it stands in the list: a gateway that
+    merges choices as they finish writes them in that order."""
+
+    def reorder(answer: dict[str, Any]) -> dict[str, Any]:
+        return {**answer, "choices": answer["choices"][::-1]}
+
+    async def go() -> None:
+        async with serve_chunked(vllm_routes(Vllm()), reorder) as server:
+            config = FAST.model_copy(update={"group_siblings": True})
+            policy = OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=config)
+            policy.vocab_size = FORMAT.codec.vocab_size
+            prompt = FORMAT.codec.render([])
+            try:
+                for _ in range(2):
+                    got = await policy.sample_siblings(
+                        prompt, SamplingParams(max_tokens=3, seed=40), [("a",), ("b",), ("c",)]
+                    )
+                    want = [draw(prompt, 40 + i, 3) for i in range(3)]
+                    assert [(list(c.token_ids), list(c.logprobs)) for c in got] == [(w[0], w[1]) for w in want]
+            finally:
+                await policy.aclose()
+            assert sorted(b.get("n") for _, b in server.bodies) == [1, 3, 3]  # grouped: the rule held
+
+    asyncio.run(go())
