@@ -174,7 +174,7 @@ def run(
         # what the HTTP client did: retries by cause, hedges, seconds lost (HttpClient.stats)
         "client": client,
         "retries": client["retries"],
-        # the adaptive hedge delay at the end of the run (docs/operations.md, "Hedging")
+        # the adaptive hedge delay at the end of the run (docs/model-services.md, "Hedging")
         "hedge_delay_s": delays,
         # the same retries as the rollouts' usage records count them (batch.stats)
         "usage": {k: st[k] for k in ("retried_calls", "retries", "retry_s", "retry_causes")},

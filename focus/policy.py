@@ -170,7 +170,7 @@ class Policy(abc.ABC):
     tree). Subclass and implement :meth:`sample` to connect another service;
     ``focus.testing.PolicyConformance`` checks the contract.
 
-    What :meth:`sample` raises decides what the collection does (docs/operations.md,
+    What :meth:`sample` raises decides what the collection does (docs/model-services.md,
     failure causes): :class:`ServiceUnavailable` once the service gave no usable answer
     within your retries (an outage: too many in a wave fail it, nothing of it is kept),
     :class:`BadResponse` for an answer that breaks this contract (the rollout is run

@@ -211,7 +211,7 @@ def aborted(finish: str, n: int, detail: Any) -> str:
 #: vLLM writes a log-prob below it (``-inf`` included) as this value
 #: (``max(logprob, -9999.0)`` in its completions serving): a sampled token's behaviour
 #: log-prob there makes a trainer's importance ratio ``exp(new - old)`` overflow, so such
-#: an answer is malformed, never recorded (docs/operations.md).
+#: an answer is malformed, never recorded (docs/model-services.md).
 NEG_INF_STAND_IN = -9999.0
 
 #: Why an answer without ids cannot be used, and what to set on the server.

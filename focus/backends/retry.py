@@ -64,7 +64,7 @@ def is_retry_status(status: int) -> bool:
 class RetryPolicy(BaseModel):
     """How long to wait and how often to try again: one policy for every HTTP client.
 
-    Set from a config file as ``model.http`` / ``critic.http`` (see docs/operations.md,
+    Set from a config file as ``model.http`` / ``critic.http`` (see docs/model-services.md,
     "Timeouts, retries and hedging").
     """
 
@@ -79,7 +79,7 @@ class RetryPolicy(BaseModel):
     #: Backoff cap before retry ``n`` (0-based) is ``min(backoff_max_s, backoff_s * 2**n)``.
     #: A short first wait (an isolated failure is retried at once, 10 ms on average, well
     #: under one generation) and many doublings (10 retries span up to 20 s, about 10 s
-    #: with jitter: a server restart) - see docs/operations.md.
+    #: with jitter: a server restart) - see docs/model-services.md.
     backoff_s: float = Field(0.02, ge=0)
     backoff_max_s: float = Field(10.0, ge=0)
     #: Full jitter: wait a uniform draw from ``[0, cap]``; False waits exactly ``cap``.
@@ -155,7 +155,7 @@ class HedgeTimer:
     same path and the same *size class* (the request's size hint - ``max_tokens`` for a
     generation, contexts for a critic - rounded to a power of two, so a long generation
     is compared with generations of its length, not with short ones). Why these numbers
-    (docs/operations.md, "Hedging"): a healthy server answers past ``2 * q99`` about once
+    (docs/model-services.md, "Hedging"): a healthy server answers past ``2 * q99`` about once
     in 10^4 calls for an exponential tail, about once in 400 for a Pareto tail of index 2
     - so hedges on a healthy server, slow or not, are rare and cost at most that share
     of extra requests; a server that is slow throughout has slow answers in its window

@@ -38,7 +38,7 @@ MEANING: dict[str, str] = {
     "model.url": "server root (not an endpoint such as `/v1/chat/completions`); required for `openai`/`sglang`/"
     "`llamacpp`; for `local`, unset starts the embedded server for the run",
     "model.urls": "several replicas of the model instead of `url` (`openai`/`sglang`/`llamacpp`): each call goes where the "
-    'prefix it continues is cached, and to another replica when one is down (docs/operations.md, "Several replicas")',
+    'prefix it continues is cached, and to another replica when one is down (docs/model-services.md, "Several replicas")',
     "model.model": "served model name sent with each request; for `tinker` the base model",
     "model.weights": "`local`: weights file the embedded server starts from (path or URL; unset: the committed "
     "weights); `tinker`: a `tinker://` sampler path",
@@ -48,7 +48,7 @@ MEANING: dict[str, str] = {
     "model.vocab_size": "token ids the model knows; a sampled id outside fails its rollout (unset: asked from the "
     "embedded server, else the env codec's tokenizer)",
     "model.group_siblings": "send the first calls of sibling rollouts as one request with `n` samples (`local`, "
-    '`openai`: vLLM\'s rule, sample i with seed + i, checked once; docs/operations.md, "Siblings in one request"); '
+    '`openai`: vLLM\'s rule, sample i with seed + i, checked once; docs/model-services.md, "Siblings in one request"); '
     "the batch is the same either way",
     "model.api_key_env": "name of the environment variable holding the model service's API key (a server started "
     "with `--api-key`), sent as `Authorization: Bearer`; read where the client is built, never stored or logged; "
@@ -67,7 +67,7 @@ MEANING: dict[str, str] = {
     "URL and the requests waiting (looked at every quarter of it; null: never)",
     "model.http.hedge_after_s": "a fixed hedge delay in seconds, instead of the adaptive one",
     "model.http.adaptive_hedge": "send a copy of a seeded request that has waited twice the recent p99 latency of "
-    'its endpoint and size class; first good answer wins (docs/operations.md, "Hedging")',
+    'its endpoint and size class; first good answer wins (docs/model-services.md, "Hedging")',
     "env.kind": "`reach_target` (the toy task) \\| `factory` (returns `(env, format, tasks)`)",
     "env.n_tasks": "tasks in a collection (per iteration in the train loop, fresh ones each iteration)",
     "env.task_seed": "seed the tasks are drawn with (iteration i of a train loop: a seed derived from it and i)",
@@ -134,7 +134,7 @@ MEANING: dict[str, str] = {
     "before it stops with one line (a shorter outage, a restart, fails nothing: docs/operations.md)",
     "execution.max_outage_share": "share of a wave's rollouts that may fail for want of the model service before "
     "the wave fails with `ModelServiceOutage` (1.0: keep such failed rollouts in the batch; a bad response "
-    "stops the collection at its wave whatever the share, docs/operations.md)",
+    "stops the collection at its wave whatever the share, docs/model-services.md)",
     "storage.root": "a folder or an fsspec URL (`s3://bucket/prefix`, `memory://...`): batches, checkpoints and "
     "weights live under it",
     "storage.read_ahead.threads": "threads a resume reads its saved steps in, ahead of the replay "

@@ -124,7 +124,7 @@ class ModelConfig(_Pluggable):
     #: configuration, its record or a log. Unset: no key is sent.
     api_key_env: Annotated[str | None, RUNTIME] = None
     #: Send the first calls of sibling rollouts as one request with ``n`` samples
-    #: (local, openai: vLLM's rule, checked once; docs/operations.md, "Siblings in one
+    #: (local, openai: vLLM's rule, checked once; docs/model-services.md, "Siblings in one
     #: request"). The answers, and so the batch, are the same either way.
     group_siblings: Annotated[bool, RUNTIME] = True
 
