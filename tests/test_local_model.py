@@ -328,10 +328,17 @@ def test_server_exits_when_its_parent_dies_without_cleanup(tmp_path):
 
 
 _CTRL_C_CHILD = """
-import pathlib, sys, time, httpx
+import faulthandler, pathlib, signal, sys, time, httpx
+# a command started from a terminal has SIGINT unblocked and Python's handler; a pytest
+# worker's children may inherit it blocked or ignored (the suite hung here twice under load)
+inherited = (signal.getsignal(signal.SIGINT), sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+signal.signal(signal.SIGINT, signal.default_int_handler)
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's dump if it hangs anyway
 from focus.backends import LocalModelServer
 from focus.backends.local import WarmServer
 out = pathlib.Path(sys.argv[1])
+out.with_suffix(".inherited").write_text(repr(inherited))
 servers = [LocalModelServer().start(), LocalModelServer(warm=WarmServer()).start()]
 out.with_suffix(".part").write_text(" ".join(str(s.pid) for s in servers))
 out.with_suffix(".part").rename(out)  # whole, or not there: the test reads it once it exists
@@ -354,7 +361,9 @@ def test_a_terminals_ctrl_c_reaches_the_command_not_its_server(tmp_path):
     import sys
 
     out = tmp_path / "pids"
-    child = subprocess.Popen([sys.executable, "-c", _CTRL_C_CHILD, str(out)], start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CTRL_C_CHILD, str(out)], start_new_session=True, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 120
         while not out.exists() and child.poll() is None and time.monotonic() < deadline:
@@ -363,7 +372,17 @@ def test_a_terminals_ctrl_c_reaches_the_command_not_its_server(tmp_path):
         for pid in pids:
             assert os.getsid(pid) != os.getsid(child.pid) and os.getpgid(pid) != os.getpgid(child.pid)
         os.killpg(child.pid, signal.SIGINT)  # what the terminal does
-        assert child.wait(timeout=60) == 0
+        try:
+            code = child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack to stderr
+            time.sleep(1)
+            child.kill()
+            inherited = out.with_suffix(".inherited").read_text(encoding="utf-8")
+            raise AssertionError(
+                f"no exit 60 s after SIGINT (inherited {inherited}):\n{child.communicate()[1]}"
+            ) from None
+        assert code == 0, child.communicate()[1]
     finally:
         if child.poll() is None:
             child.kill()
