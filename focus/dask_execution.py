@@ -243,6 +243,7 @@ class DaskExecution(Execution):
                     )
                     self._client = Client(self._cluster)
                 else:
+                    _answers(self.address, self.connect_timeout_s)
                     try:
                         self._client = Client(self.address, timeout=f"{self.connect_timeout_s}s")
                     except OSError as e:
@@ -362,6 +363,41 @@ class DaskExecution(Execution):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: Seconds past ``connect_timeout_s`` that a scheduler's handshake may take.
+HANDSHAKE_MARGIN_S = 1.0
+
+
+def _answers(address: str, timeout_s: float) -> None:
+    """Fail in one line unless ``address`` answers Dask's handshake within ``timeout_s``.
+
+    ``Client(address, timeout=...)`` bounds the TCP connect only: a port that accepts and
+    never answers (another service, a stopped scheduler, a proxy) hung the collection
+    forever in distributed's handshake, without a line, whatever ``connect_timeout_s``.
+    """
+    from distributed.comm import connect
+
+    async def shake() -> None:
+        comm = await connect(address, timeout=timeout_s)
+        await comm.close()
+
+    async def bounded() -> None:  # past connect's own timeout, which names a refused port
+        await asyncio.wait_for(shake(), timeout_s + HANDSHAKE_MARGIN_S)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the caller's thread may run a loop
+        try:
+            pool.submit(asyncio.run, bounded()).result()
+        except TimeoutError:
+            raise RuntimeError(
+                f"the Dask scheduler address {address!r} accepted a connection but did not answer as a Dask "
+                f"scheduler within {timeout_s + HANDSHAKE_MARGIN_S:g} s (execution.connect_timeout_s + {HANDSHAKE_MARGIN_S:g}); give the address the scheduler "
+                "prints at its start (tcp://host:8786 by default, not the dashboard's :8787), then rerun"
+            ) from None
+        except OSError as e:
+            raise RuntimeError(f"cannot reach the Dask scheduler at {address!r}: {e}") from e
+        except ValueError as e:  # an address Dask does not parse
+            raise RuntimeError(f"the Dask scheduler address {address!r} is not one Dask takes: {e}") from e
 
 
 def _pickled_agent(agent: Agent) -> bytes:

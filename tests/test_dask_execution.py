@@ -325,3 +325,25 @@ def test_a_cancelled_wave_stops_its_running_shards():
         finally:
             ex.close()
     assert (len(STARTED), len(ANSWERED)) == (len(jobs), 0), (len(STARTED), len(ANSWERED))
+
+
+@pytest.mark.integration  # listens on a port
+def test_an_address_that_accepts_but_never_answers_fails_in_one_line_instead_of_hanging():
+    """``Client(address, timeout=...)`` bounds the TCP connect only: a port that accepts
+    and stays silent (another service, a stopped scheduler) hung the run forever."""
+    import socket
+    import time
+
+    agent = Agent(DigitPolicy(), ReachTarget(), toy_format())
+    start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        ex = DaskExecution(address=f"tcp://127.0.0.1:{silent.getsockname()[1]}", connect_timeout_s=0.3)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"accepted a connection but did not answer as a Dask scheduler"):
+            asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 10))
+        assert time.monotonic() - t0 < 5
+    for address in ("tcp://127.0.0.1", "foo://x:1"):
+        with pytest.raises(RuntimeError, match=r"is not one Dask takes"):
+            DaskExecution(address=address).client()
