@@ -30,6 +30,7 @@ SELF_EXPLAINED = frozenset(
         "CollectionFailed",
         "TrainingDiverged",
         "WorkerImportError",
+        "WorkerMismatch",
         "NoDaskWorkers",
         "ModelServiceOutage",
         "ModelServerGone",

@@ -36,6 +36,10 @@ class WorkerImportError(RuntimeError):
     """A Dask worker cannot import a module the agent or the branch states need."""
 
 
+class WorkerMismatch(RuntimeError):
+    """A Dask worker runs another focus or another Python than the process that sends it rollouts."""
+
+
 class NoDaskWorkers(RuntimeError):
     """The scheduler has had no workers for longer than the execution allows."""
 
@@ -188,6 +192,8 @@ class DaskExecution(Execution):
     _cluster: Any = PrivateAttr(None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
     _threads: Any = PrivateAttr(None)
+    #: Workers whose focus and Python were found to be the caller's (:func:`check_workers`).
+    _checked: set[str] = PrivateAttr(default_factory=set)
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()
@@ -196,7 +202,13 @@ class DaskExecution(Execution):
         return {
             **state,
             "__dict__": fields,
-            "__pydantic_private__": {"_client": None, "_cluster": None, "_limits": {}, "_threads": None},
+            "__pydantic_private__": {
+                "_client": None,
+                "_cluster": None,
+                "_limits": {},
+                "_threads": None,
+                "_checked": set(),
+            },
         }
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
@@ -207,6 +219,7 @@ class DaskExecution(Execution):
             "_lock": threading.Lock(),
             "_limits": {},
             "_threads": None,
+            "_checked": set(),
         }
         object.__setattr__(self, "__pydantic_private__", private)
 
@@ -323,7 +336,10 @@ class DaskExecution(Execution):
         import cloudpickle
 
         client = self.client()
-        threads = sum(client.nthreads().values()) or 1
+        nthreads = client.nthreads()
+        check_workers(client, set(nthreads) - self._checked)
+        self._checked.update(nthreads)
+        threads = sum(nthreads.values()) or 1
         shards = self.shards(jobs, threads)
         data = _pickled_agent(agent)
         parts = [cloudpickle.dumps([jobs[i] for i in shard]) for shard in shards]
@@ -367,6 +383,59 @@ class DaskExecution(Execution):
 
 #: Seconds past ``connect_timeout_s`` that a scheduler's handshake may take.
 HANDSHAKE_MARGIN_S = 1.0
+
+
+def _worker_versions() -> Any:
+    """A function that says which Python and focus its process runs, or why focus does not
+    import there. A local function, so cloudpickle ships it by value: it runs on a worker
+    that lacks focus, where a module-level one would not even unpickle."""
+
+    def versions() -> tuple[str, str, str]:
+        import sys
+
+        python = "%d.%d" % sys.version_info[:2]
+        try:
+            import focus.dask_execution  # noqa: F401 - what the shards import
+
+            from focus import __version__
+        except BaseException as e:  # noqa: BLE001 - any failure is the answer
+            return python, "", f"{type(e).__name__}: {e}"
+        return python, __version__, ""
+
+    return versions
+
+
+def check_workers(client: Any, workers: set[str]) -> None:
+    """Refuse, in one line, a worker whose focus does not import or differs from the caller's.
+
+    A worker that cannot import focus cannot even unpickle a shard's task: it closed its
+    connection and left, the next one likewise, and the wave waited the whole
+    ``no_workers_timeout_s`` (300 s) for a line that said to start workers. A worker on
+    another focus or Python ran the shards with other code, without a word.
+    """
+    import sys
+
+    from focus import __version__
+
+    if not workers:
+        return
+    mine = "%d.%d" % sys.version_info[:2], __version__
+    found = client.run(_worker_versions(), workers=sorted(workers), on_error="return")
+    for address, answer in sorted(found.items()):
+        if isinstance(answer, BaseException):
+            continue  # gone since it was listed: the scheduler reruns its shards elsewhere
+        python, version, error = answer
+        if error:
+            raise WorkerMismatch(
+                f"a Dask worker ({address}) cannot import focus: {error}; install focus-rl {__version__} in the "
+                f"workers' environment (Python {mine[0]}), then rerun with the same collection id"
+            )
+        if (python, version) != mine:
+            raise WorkerMismatch(
+                f"a Dask worker ({address}) runs focus {version} on Python {python}, this process focus "
+                f"{__version__} on Python {mine[0]}: shards must run the code that planned them; install the same "
+                "versions in the workers' environment, then rerun with the same collection id"
+            )
 
 
 def _answers(address: str, timeout_s: float) -> None:

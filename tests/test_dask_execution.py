@@ -347,3 +347,59 @@ def test_an_address_that_accepts_but_never_answers_fails_in_one_line_instead_of_
     for address in ("tcp://127.0.0.1", "foo://x:1"):
         with pytest.raises(RuntimeError, match=r"is not one Dask takes"):
             DaskExecution(address=address).client()
+
+
+@pytest.mark.integration  # starts a scheduler and worker processes
+def test_a_worker_whose_focus_does_not_import_or_differs_is_named_in_one_line(tmp_path):
+    """A worker that cannot import focus could not unpickle a shard: it left, and the wave
+    waited no_workers_timeout_s (300 s) for a line saying to start workers; a worker on
+    another focus ran the shards with other code without a word."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import focus
+    from fixtures.prefect import free_port
+
+    from flows.errors import one_line
+
+    real = Path(focus.__file__).parent
+    (tmp_path / "broken" / "focus").mkdir(parents=True)
+    (tmp_path / "broken" / "focus" / "__init__.py").write_text("raise ImportError('this focus is broken')\n")
+    (tmp_path / "other" / "focus").mkdir(parents=True)
+    (tmp_path / "other" / "focus" / "__init__.py").write_text(
+        f"__path__.append({str(real)!r})\nexec(open({str(real / '__init__.py')!r}).read())\n__version__ = '9.9.9'\n"
+    )
+    agent = Agent(DigitPolicy(), ReachTarget(), toy_format())
+    start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+    log = open(tmp_path / "dask.log", "w")  # noqa: SIM115 - closed below
+    for shadow, line in (("broken", "cannot import focus: ImportError: this focus is broken"), ("other", "runs focus 9.9.9")):
+        address = f"tcp://127.0.0.1:{free_port()}"
+        env = {**os.environ, "PYTHONPATH": str(tmp_path / shadow)}
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                 "--port", address.rsplit(":", 1)[1], "--dashboard-address", ":0"], stdout=log, stderr=log,
+            ),
+            subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny",
+                 "--host", "127.0.0.1", "--dashboard-address", ":0"], env=env, cwd=tmp_path, stdout=log, stderr=log,
+            ),
+        ]  # fmt: skip
+        ex = DaskExecution(address=address, connect_timeout_s=20, no_workers_timeout_s=5)
+        try:
+            ex.client().wait_for_workers(1, timeout=30)
+            t0 = time.monotonic()
+            with pytest.raises(Exception) as err:  # noqa: B017, PT011 - which one is what the line is about
+                asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 30))
+            assert time.monotonic() - t0 < 5
+            assert type(err.value).__name__ == "WorkerMismatch", one_line(err.value)
+            assert line in one_line(err.value) and "\n" not in one_line(err.value), one_line(err.value)
+        finally:
+            ex.close()
+            for p in procs:
+                p.kill()
+                p.wait()
+    log.close()
