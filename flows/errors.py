@@ -31,6 +31,7 @@ SELF_EXPLAINED = frozenset(
         "TrainingDiverged",
         "WorkerImportError",
         "WorkerMismatch",
+        "ShardOutOfMemory",
         "NoDaskWorkers",
         "ModelServiceOutage",
         "ModelServerGone",

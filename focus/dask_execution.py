@@ -40,6 +40,10 @@ class WorkerMismatch(RuntimeError):
     """A Dask worker runs another focus or another Python than the process that sends it rollouts."""
 
 
+class ShardOutOfMemory(RuntimeError):
+    """A shard's workers were restarted by their nannies for memory until Dask gave up."""
+
+
 class NoDaskWorkers(RuntimeError):
     """The scheduler has had no workers for longer than the execution allows."""
 
@@ -322,7 +326,12 @@ class DaskExecution(Execution):
             since = workerless_since(
                 since, n_workers, time.monotonic(), self.no_workers_timeout_s, self.scheduler_address
             )
-        return list(client.gather(futures))
+        try:
+            return list(client.gather(futures))
+        except Exception as e:
+            if type(e).__name__ == "KilledWorker":
+                raise _out_of_memory(client, e) or e from None
+            raise
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads that wait on the cluster, one per wave in flight: not the event loop's
@@ -436,6 +445,28 @@ def check_workers(client: Any, workers: set[str]) -> None:
                 f"{__version__} on Python {mine[0]}: shards must run the code that planned them; install the same "
                 "versions in the workers' environment, then rerun with the same collection id"
             )
+
+
+def _out_of_memory(client: Any, err: Exception) -> ShardOutOfMemory | None:
+    """The line for a shard whose workers died (``KilledWorker``) because their nanny
+    restarted them for memory, or ``None`` when the scheduler recorded no such restart of
+    the last one. Dask's own line sent the user to the workers' logs, and the library's
+    said "rerun to resume", which died again the same way."""
+    worker = err.last_worker  # type: ignore[attr-defined]
+    try:
+        events = client.get_events("worker-restart-memory")
+    except Exception:  # noqa: BLE001 - the scheduler is gone too: Dask's line stands
+        return None
+    rss = [e.get("rss", 0) for _, e in events if e.get("worker") == worker.address]
+    if not rss:
+        return None
+    limit = getattr(worker, "memory_limit", 0)
+    return ShardOutOfMemory(
+        f"a shard of rollouts ran its Dask workers out of memory (the last, {worker.address}, at "
+        f"{max(rss) / 2**20:.0f} MiB of its {limit / 2**20:.0f} MiB memory limit; its nanny restarts a worker past "
+        "95%); give the workers more memory (dask worker --memory-limit) or run fewer rollouts per shard "
+        "(execution.shard_size, max_concurrency), then rerun with the same collection id"
+    )
 
 
 def _answers(address: str, timeout_s: float) -> None:

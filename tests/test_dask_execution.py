@@ -403,3 +403,71 @@ def test_a_worker_whose_focus_does_not_import_or_differs_is_named_in_one_line(tm
                 p.kill()
                 p.wait()
     log.close()
+
+
+HOG = '''
+import asyncio
+
+from fixtures.prefect import DigitPolicy
+
+HELD = []
+
+
+class HogPolicy(DigitPolicy):
+    async def sample(self, prompt_ids, params):
+        HELD.append(bytearray(400 << 20))
+        for i in range(0, len(HELD[-1]), 4096):
+            HELD[-1][i] = 1
+        await asyncio.sleep(2)
+        return await super().sample(prompt_ids, params)
+'''
+
+
+@pytest.mark.integration  # starts a scheduler and a worker process
+def test_a_shard_past_its_workers_memory_limit_is_named_with_the_remedy(tmp_path, monkeypatch):
+    """A nanny restarts its worker past 95% of the memory limit; a shard that needs more
+    kills every worker it runs on, and the line was Dask's KilledWorker, which sends the
+    user to the workers' logs, ending "rerun to resume": the rerun died the same way."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fixtures.prefect import free_port
+
+    from flows.errors import one_line
+
+    (tmp_path / "hog.py").write_text(HOG)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from hog import HogPolicy  # type: ignore[import-not-found]
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(tests), str(tests.parent)])}
+    log = open(tmp_path / "dask.log", "w")  # noqa: SIM115 - closed below
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+             "--port", address.rsplit(":", 1)[1], "--dashboard-address", ":0"], stdout=log, stderr=log,
+        ),
+        subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1", "--memory-limit",
+             "300MB", "--host", "127.0.0.1", "--dashboard-address", ":0"], env=env, stdout=log, stderr=log,
+        ),
+    ]  # fmt: skip
+    agent = Agent(HogPolicy(), ReachTarget(), toy_format())
+    start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+    ex = DaskExecution(address=address, connect_timeout_s=20, no_workers_timeout_s=30)
+    try:
+        ex.client().wait_for_workers(1, timeout=30)
+        with pytest.raises(Exception) as err:  # noqa: B017, PT011 - which one is what the line is about
+            asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 60))
+    finally:
+        ex.close()
+        for p in procs:
+            p.kill()
+            p.wait()
+        log.close()
+    line = one_line(err.value)
+    assert line.startswith("a shard of rollouts ran its Dask workers out of memory (the last, tcp://127.0.0.1:"), line
+    assert "of its 286 MiB memory limit" in line and "--memory-limit" in line and "shard_size" in line, line
