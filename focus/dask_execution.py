@@ -421,10 +421,9 @@ def _worker_versions() -> Any:
     def versions() -> tuple[str, str, str]:
         import sys
 
-        python = "%d.%d" % sys.version_info[:2]
+        python = f"{sys.version_info[0]}.{sys.version_info[1]}"
         try:
             import focus.dask_execution  # noqa: F401 - what the shards import
-
             from focus import __version__
         except BaseException as e:  # noqa: BLE001 - any failure is the answer
             return python, "", f"{type(e).__name__}: {e}"
@@ -447,7 +446,7 @@ def check_workers(client: Any, workers: set[str]) -> None:
 
     if not workers:
         return
-    mine = "%d.%d" % sys.version_info[:2], __version__
+    mine = f"{sys.version_info[0]}.{sys.version_info[1]}", __version__
     found = client.run(_worker_versions(), workers=sorted(workers), on_error="return")
     for address, answer in sorted(found.items()):
         if isinstance(answer, BaseException):

@@ -360,9 +360,9 @@ def test_a_worker_whose_focus_does_not_import_or_differs_is_named_in_one_line(tm
     import time
     from pathlib import Path
 
-    import focus
     from fixtures.prefect import free_port
 
+    import focus
     from flows.errors import one_line
 
     real = Path(focus.__file__).parent
@@ -375,7 +375,10 @@ def test_a_worker_whose_focus_does_not_import_or_differs_is_named_in_one_line(tm
     agent = Agent(DigitPolicy(), ReachTarget(), toy_format())
     start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
     log = open(tmp_path / "dask.log", "w")  # noqa: SIM115 - closed below
-    for shadow, line in (("broken", "cannot import focus: ImportError: this focus is broken"), ("other", "runs focus 9.9.9")):
+    for shadow, line in (
+        ("broken", "cannot import focus: ImportError: this focus is broken"),
+        ("other", "runs focus 9.9.9"),
+    ):
         address = f"tcp://127.0.0.1:{free_port()}"
         env = {**os.environ, "PYTHONPATH": str(tmp_path / shadow)}
         procs = [
@@ -405,7 +408,7 @@ def test_a_worker_whose_focus_does_not_import_or_differs_is_named_in_one_line(tm
     log.close()
 
 
-HOG = '''
+HOG = """
 import asyncio
 
 from fixtures.prefect import DigitPolicy
@@ -420,7 +423,7 @@ class HogPolicy(DigitPolicy):
             HELD[-1][i] = 1
         await asyncio.sleep(2)
         return await super().sample(prompt_ids, params)
-'''
+"""
 
 
 @pytest.mark.integration  # starts a scheduler and a worker process
