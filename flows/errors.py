@@ -30,6 +30,8 @@ SELF_EXPLAINED = frozenset(
         "CollectionFailed",
         "TrainingDiverged",
         "WorkerImportError",
+        "WorkerMismatch",
+        "ShardOutOfMemory",
         "NoDaskWorkers",
         "ModelServiceOutage",
         "ModelServerGone",

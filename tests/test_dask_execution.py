@@ -325,3 +325,189 @@ def test_a_cancelled_wave_stops_its_running_shards():
         finally:
             ex.close()
     assert (len(STARTED), len(ANSWERED)) == (len(jobs), 0), (len(STARTED), len(ANSWERED))
+
+
+@pytest.mark.integration  # listens on a port
+def test_an_address_that_accepts_but_never_answers_fails_in_one_line_instead_of_hanging():
+    """``Client(address, timeout=...)`` bounds the TCP connect only: a port that accepts
+    and stays silent (another service, a stopped scheduler) hung the run forever."""
+    import socket
+    import time
+
+    agent = Agent(DigitPolicy(), ReachTarget(), toy_format())
+    start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        ex = DaskExecution(address=f"tcp://127.0.0.1:{silent.getsockname()[1]}", connect_timeout_s=0.3)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"accepted a connection but did not answer as a Dask scheduler"):
+            asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 10))
+        assert time.monotonic() - t0 < 5
+    for address in ("tcp://127.0.0.1", "foo://x:1"):
+        with pytest.raises(RuntimeError, match=r"is not one Dask takes"):
+            DaskExecution(address=address).client()
+
+
+@pytest.mark.integration  # starts a scheduler and worker processes
+def test_a_worker_whose_focus_does_not_import_or_differs_is_named_in_one_line(tmp_path):
+    """A worker that cannot import focus could not unpickle a shard: it left, and the wave
+    waited no_workers_timeout_s (300 s) for a line saying to start workers; a worker on
+    another focus ran the shards with other code without a word."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from fixtures.prefect import free_port
+
+    import focus
+    from flows.errors import one_line
+
+    real = Path(focus.__file__).parent
+    (tmp_path / "broken" / "focus").mkdir(parents=True)
+    (tmp_path / "broken" / "focus" / "__init__.py").write_text("raise ImportError('this focus is broken')\n")
+    (tmp_path / "other" / "focus").mkdir(parents=True)
+    (tmp_path / "other" / "focus" / "__init__.py").write_text(
+        f"__path__.append({str(real)!r})\nexec(open({str(real / '__init__.py')!r}).read())\n__version__ = '9.9.9'\n"
+    )
+    agent = Agent(DigitPolicy(), ReachTarget(), toy_format())
+    start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+    log = open(tmp_path / "dask.log", "w")  # noqa: SIM115 - closed below
+    for shadow, line in (
+        ("broken", "cannot import focus: ImportError: this focus is broken"),
+        ("other", "runs focus 9.9.9"),
+    ):
+        address = f"tcp://127.0.0.1:{free_port()}"
+        env = {**os.environ, "PYTHONPATH": str(tmp_path / shadow)}
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                 "--port", address.rsplit(":", 1)[1], "--dashboard-address", ":0"], stdout=log, stderr=log,
+            ),
+            subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny",
+                 "--host", "127.0.0.1", "--dashboard-address", ":0"], env=env, cwd=tmp_path, stdout=log, stderr=log,
+            ),
+        ]  # fmt: skip
+        ex = DaskExecution(address=address, connect_timeout_s=20, no_workers_timeout_s=5)
+        try:
+            ex.client().wait_for_workers(1, timeout=30)
+            t0 = time.monotonic()
+            with pytest.raises(Exception) as err:  # noqa: B017, PT011 - which one is what the line is about
+                asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 30))
+            assert time.monotonic() - t0 < 5
+            assert type(err.value).__name__ == "WorkerMismatch", one_line(err.value)
+            assert line in one_line(err.value) and "\n" not in one_line(err.value), one_line(err.value)
+        finally:
+            ex.close()
+            for p in procs:
+                p.kill()
+                p.wait()
+    log.close()
+
+
+HOG = """
+import asyncio
+
+from fixtures.prefect import DigitPolicy
+
+HELD = []
+
+
+class HogPolicy(DigitPolicy):
+    async def sample(self, prompt_ids, params):
+        HELD.append(bytearray(400 << 20))
+        for i in range(0, len(HELD[-1]), 4096):
+            HELD[-1][i] = 1
+        await asyncio.sleep(2)
+        return await super().sample(prompt_ids, params)
+"""
+
+
+@pytest.mark.integration  # starts a scheduler and a worker process
+def test_a_shard_past_its_workers_memory_limit_is_named_with_the_remedy(tmp_path, monkeypatch):
+    """A nanny restarts its worker past 95% of the memory limit; a shard that needs more
+    kills every worker it runs on, and the line was Dask's KilledWorker, which sends the
+    user to the workers' logs, ending "rerun to resume": the rerun died the same way."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fixtures.prefect import free_port
+
+    from flows.errors import one_line
+
+    (tmp_path / "hog.py").write_text(HOG)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from hog import HogPolicy  # type: ignore[import-not-found]
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(tests), str(tests.parent)])}
+    log = open(tmp_path / "dask.log", "w")  # noqa: SIM115 - closed below
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+             "--port", address.rsplit(":", 1)[1], "--dashboard-address", ":0"], stdout=log, stderr=log,
+        ),
+        subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1", "--memory-limit",
+             "300MB", "--host", "127.0.0.1", "--dashboard-address", ":0"], env=env, stdout=log, stderr=log,
+        ),
+    ]  # fmt: skip
+    agent = Agent(HogPolicy(), ReachTarget(), toy_format())
+    start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+    ex = DaskExecution(address=address, connect_timeout_s=20, no_workers_timeout_s=30)
+    try:
+        ex.client().wait_for_workers(1, timeout=30)
+        with pytest.raises(Exception) as err:  # noqa: B017, PT011 - which one is what the line is about
+            asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 60))
+    finally:
+        ex.close()
+        for p in procs:
+            p.kill()
+            p.wait()
+        log.close()
+    line = one_line(err.value)
+    assert line.startswith("a shard of rollouts ran its Dask workers out of memory (the last, tcp://127.0.0.1:"), line
+    assert "of its 286 MiB memory limit" in line and "--memory-limit" in line and "shard_size" in line, line
+
+
+class BlobEnv(ReachTarget):
+    """A toy env with a large workspace-like attribute: its agent pickles past INLINE_AGENT_BYTES."""
+
+    def __init__(self, blob: bytes) -> None:
+        super().__init__()
+        self.blob = blob
+
+
+@pytest.mark.integration  # starts a cluster
+def test_a_large_agent_is_scattered_once_for_the_waves_that_ship_it_unchanged():
+    """A large agent was pickled and scattered to every worker again for every wave: a
+    50 MB env cost 0.27 s a wave. The same bytes are now scattered once; a changed agent
+    is scattered again, and every wave gives the in-process rollouts."""
+    from distributed import LocalCluster
+
+    from focus.dask_execution import INLINE_AGENT_BYTES
+
+    agent = Agent(DigitPolicy(), BlobEnv(bytes(INLINE_AGENT_BYTES + 1)), toy_format(), max_steps=6)
+    starts = [asyncio.run(agent.start(t)) for t in reach_target_tasks(2, seed=1)]
+    jobs = [RolloutJob(i % 2, 0, 1000 + i, starts[i % 2]) for i in range(6)]
+    local = turns(asyncio.run(Execution().run(agent, jobs)))
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster:
+        ex = DaskExecution(address=cluster.scheduler_address, shard_size=3)
+        try:
+            client = ex.client()
+            scatter, scattered = client.scatter, []
+            client.scatter = lambda data, **kw: scattered.append(len(data)) or scatter(data, **kw)
+            for _ in range(3):
+                assert turns(asyncio.run(ex.run(agent, jobs))) == local
+            assert len(scattered) == 1, scattered
+            agent.env.blob = bytes(INLINE_AGENT_BYTES + 2)  # changed between waves: shipped anew
+            assert turns(asyncio.run(ex.run(agent, jobs))) == local
+            assert len(scattered) == 2, scattered
+        finally:
+            ex.close()
