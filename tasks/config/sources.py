@@ -320,6 +320,11 @@ def config_at_runtime(
     :class:`ConfigError` line naming the field and the parameter as its source.
     """
     env, problems = env_layers(os.environ if environ is None else environ)
+    if not isinstance(config, Mapping | FocusConfig | None):  # the API takes any JSON for it
+        raise ConfigError(
+            f"invalid configuration: config: {type(config).__name__} {str(config)[:60]!r} is not a table of fields "
+            f'(a JSON object such as {{"seed": 1}}) or null (from {PARAMETER_SOURCE})'
+        )
     if isinstance(config, Mapping):
         from tasks.config.form import from_form
 
