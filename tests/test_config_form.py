@@ -132,3 +132,20 @@ def test_a_run_config_that_is_no_table_or_no_json_is_one_line_naming_the_field(c
     line = str(e.value)
     assert "\n" not in line and line.startswith("invalid configuration: ") and "the run's config parameter" in line
     assert all(n in line for n in names), line
+
+
+def test_focus_deploy_registers_a_schema_that_refuses_a_parameter_the_flow_does_not_take():
+    """The server validates a run's parameters against the deployment's schema when the
+    run is created. Prefect's schema left unknown parameters open, so a run with one
+    (``prefect deployment run collect/manual --param bogus=1``, the API) was created and
+    crashed in the engine: ``Process exited with status code: 1``, its cause only in the
+    serving process's console (measured against a real server before the fix)."""
+    from prefect.utilities.schema_tools.validation import ValidationError, validate
+
+    from deployments.serve import DeploySpec, build_deployments
+
+    for served in build_deployments(DeploySpec(manual={"seed": 42})):
+        schema = served._parameter_openapi_schema.model_dump(exclude_unset=True)  # what is registered
+        validate({"config": {"seed": 1}, "allow_policy_change": True}, schema, raise_on_error=True)
+        with pytest.raises(ValidationError, match="'bogus' was unexpected"):
+            validate({"config": {"seed": 1}, "bogus": 1}, schema, raise_on_error=True)
