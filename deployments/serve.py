@@ -120,9 +120,10 @@ def build_deployments(spec: DeploySpec) -> list[Any]:
         description="Manual collection: Quick run, or Custom run to edit 'config'.",
         tags=["focus"],
     )
-    for deployment in (scheduled, manual):
+    served: list[Any] = [scheduled, manual]  # to_deployment's typing allows a coroutine; sync here it is none
+    for deployment in served:
         deployment._parameter_openapi_schema = _closed(deployment._parameter_openapi_schema)
-    return [scheduled, manual]
+    return served
 
 
 def _closed(schema: Any) -> Any:
