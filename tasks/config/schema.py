@@ -516,7 +516,12 @@ def suggest_field(key: str, cls: type[BaseModel] = FocusConfig) -> str | None:
     same = [p for p in paths if p.rsplit(".", 1)[-1] == name]
     if same:
         return " or ".join(same[:3])
-    close = difflib.get_close_matches(key, paths, n=1, cutoff=0.75)
+    # Not a section the key lies in ("storage.xyz" is not "storage", which it names
+    # already), nor a field beside it (weighed by its name above; a whole path's likeness
+    # counts the shared section: "agent.sampling.bogus" is not "agent.sampling.stop").
+    inside = (f"{key}.", f"{parent}.") if parent else (f"{key}.",)
+    others = [p for p in paths if not any(k.startswith(f"{p}.") for k in inside) and not p.startswith(inside[-1])]
+    close = difflib.get_close_matches(key, others, n=1, cutoff=0.75)
     return close[0] if close else None
 
 
