@@ -138,6 +138,23 @@ def test_a_model_or_critic_factory_that_returns_something_else_is_named_in_one_l
         assert str(e.value) == f"{section}.factory {name!r} returned a value of type {got}, not a {wanted}"
 
 
+def test_a_factory_that_passes_its_options_on_names_a_misspelt_option_in_one_line():
+    """A factory taking ``**options`` passes the check of its signature; the class it
+    hands them to refused one, and a Custom run with ``model.options = {"nope": 1}``
+    failed with ``TypeError: DigitPolicy.__init__() got an unexpected keyword argument
+    'nope'``, naming neither the field nor the factory."""
+    name = "fixtures.digits:digit_policy"
+    cfg = load_config(
+        overrides={"model.kind": "factory", "model.factory": name, "model.options": {"nope": 1}}, environ={}
+    )
+    with pytest.raises(ConfigError) as e:
+        cfg.build_policy()
+    line = str(e.value)
+    assert (
+        line.startswith(f"model.factory {name!r} raised TypeError: ") and "(called with model.options nope=1)" in line
+    )
+
+
 def test_cli_reports_a_bad_config_file_without_a_traceback(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[model]\nkind = "vllm"\n[agent]\nmax_steps = 0\n')
