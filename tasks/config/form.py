@@ -32,7 +32,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator
 from pydantic.json_schema import JsonSchemaValue
 
-from tasks.config.errors import ConfigError
+from tasks.config.errors import PARAMETER_SOURCE, ConfigError
 from tasks.config.schema import FocusConfig
 
 UNSET_NOTE = "Left empty: the worker's `FOCUS_*` variable, else the default."
@@ -68,8 +68,6 @@ def _unkind(value: Any, path: str) -> Any:
     try:
         return json.loads(inner)
     except json.JSONDecodeError as e:
-        from tasks.config.sources import PARAMETER_SOURCE
-
         raise ConfigError(f"invalid configuration: {path}: not JSON: {e} (from {PARAMETER_SOURCE})") from None
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tasks.config.errors import PARAMETER_SOURCE
 from tasks.config.schema import (
     ConfigError,
     FocusConfig,
@@ -293,10 +294,6 @@ def load_config(
     not ``--set <key>``."""
     env, problems = env_layers(os.environ if environ is None else environ)
     return build_config(file_layers(path) + env + override_layers(overrides, labels), problems)
-
-
-#: What a configuration error calls the fields a flow run's ``config`` parameter sets.
-PARAMETER_SOURCE = "the run's config parameter"
 
 
 def config_at_runtime(
