@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from focus.backends.foreign import endpoint_in_url
 from focus.backends.retry import RetryPolicy
+from focus.env import VALUE_LIMIT
 from focus.policy import SamplingParams
 from focus.priority import Priority
 from tasks.config.errors import ConfigError, check_env_name, check_import_path
@@ -179,6 +180,9 @@ class AgentConfig(_Model):
 class CriticConfig(_Pluggable):
     _section: ClassVar[str] = "critic"
     kind: Literal["constant", "http", "local", "factory"] = "constant"
+    #: What ConstantCritic takes (finite, within focus.env.VALUE_LIMIT): refused here, with
+    #: its name; ``inf`` (TOML and JSON both write it) failed when the critic was built, as
+    #: ``ValueError: ConstantCritic value must be finite ...``, naming no field.
     value: float = 0.5
     #: Where the scoring service runs; what it predicts is checked on resume by the
     #: critic's identity (tasks.fingerprint.CriticIdentity), as the policy's is by its version.
@@ -191,6 +195,15 @@ class CriticConfig(_Pluggable):
     #: ``local``: a saved ``LocalCritic`` (fsspec URL) to start from; the train loop
     #: sets it to the critic each iteration trained.
     weights: str | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        """What ConstantCritic takes, refused here with the field's name: ``inf`` (TOML
+        and JSON both write it) failed once the critic was built, naming no field."""
+        if not -VALUE_LIMIT <= value <= VALUE_LIMIT:  # NaN fails both
+            raise ValueError(f"must be finite and within ±{VALUE_LIMIT:g}, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _needs(self) -> CriticConfig:
