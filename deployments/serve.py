@@ -120,7 +120,26 @@ def build_deployments(spec: DeploySpec) -> list[Any]:
         description="Manual collection: Quick run, or Custom run to edit 'config'.",
         tags=["focus"],
     )
-    return [scheduled, manual]
+    served: list[Any] = [scheduled, manual]  # to_deployment's typing allows a coroutine; sync here it is none
+    for deployment in served:
+        deployment._parameter_openapi_schema = _closed(deployment._parameter_openapi_schema)
+    return served
+
+
+def _closed(schema: Any) -> Any:
+    """The flow's parameter schema with ``additionalProperties: false``, so the server
+    refuses a run that names a parameter the flow does not take when the run is created
+    (``409 ... Additional properties are not allowed ('bogus' was unexpected)``), as it
+    refuses an unknown ``config`` field. Prefect's schema leaves it open, and such a run
+    (``prefect deployment run collect/manual --param bogus=1``, the API) crashed in the
+    engine before the flow began: ``Process exited with status code: 1``, the cause only
+    in the serving process's console."""
+    from prefect.utilities.callables import ParameterSchema
+
+    class ClosedParameterSchema(ParameterSchema):
+        additionalProperties: bool = False  # noqa: N815 - the JSON schema's keyword
+
+    return ClosedParameterSchema(**schema.model_dump(exclude_unset=True), additionalProperties=False)
 
 
 def _one_at_a_time() -> Any:

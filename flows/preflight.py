@@ -228,18 +228,30 @@ def collection_id_for_run(config: FocusConfig) -> FocusConfig:
     the same collection and runs scheduled together get different ones."""
     if config.collection_id:
         return config
+    return config.with_updates(collection_id=_run_collection_id())
+
+
+def _run_collection_id() -> str:
+    """The collection id of a flow run whose config names none (the same for its retries)."""
     from prefect.runtime import deployment, flow_run
 
     run_id = str(flow_run.id or "")
     prefix = str(deployment.name or flow_run.name or "collect")
     when = flow_run.scheduled_start_time if run_id else None
-    return config.with_updates(collection_id=new_collection_id(prefix, when, run_id or None))
+    return new_collection_id(prefix, when, run_id or None)
 
 
 def flow_run_name() -> str:
-    """Name a flow run after its collection when the config names one."""
-    from prefect.runtime import flow_run
+    """Name a flow run after its collection: the one its config names, else the one
+    :func:`collection_id_for_run` derives for it. A scheduled or Quick run kept Prefect's
+    random name (``sepia-chachalaca``) while it collected ``scheduled-20261206-234100-
+    3f9a2c``: nothing in the UI's list of runs tied a run to its collection and batch.
+    Evaluated when the run starts, from what the id is derived from (its deployment's
+    name, scheduled start and run id), so it is the same id."""
+    from prefect.runtime import deployment, flow_run
 
     cfg = flow_run.parameters.get("config")
     cid = getattr(cfg, "collection_id", None) or (cfg.get("collection_id") if isinstance(cfg, dict) else None)
-    return str(cid or flow_run.name)
+    cid = cid or os.environ.get("FOCUS_COLLECTION_ID")  # the worker's variable, as config_at_runtime reads it
+    # a run of no deployment derives its id from its own name: it keeps that name
+    return str(cid or (_run_collection_id() if deployment.name else flow_run.name))

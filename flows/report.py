@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 from typing import TYPE_CHECKING, Any
 
 from prefect import task
@@ -50,6 +51,13 @@ async def publish_report(journal: CheckpointJournal, result: dict[str, Any]) -> 
 
 
 def _artifact_key(cid: str, what: str) -> str:
-    """Artifact keys allow lowercase letters, digits and dashes only."""
-    clean = "".join(c if c.isalnum() else "-" for c in cid.lower()).strip("-") or "collection"
-    return f"{clean[:60]}-{what}"
+    """The artifact's key: the collection id itself where it is a valid key (lowercase
+    letters, digits and dashes, at most 60), else its cleaned form and 8 hex of a hash of
+    the id. Keys are global in a Prefect server and its UI shows a key's latest version,
+    so a lossy cleaning alone gave ``Odd.Id_1``, ``odd-id-1`` and ``ODD_ID_1`` (and ids
+    alike in their first 60 characters) one key: each collection's report replaced the
+    other's."""
+    clean = "".join(c if c.isalnum() and c.isascii() else "-" for c in cid.lower()).strip("-") or "collection"
+    if clean != cid or len(clean) > 60:
+        clean = f"{clean[:51]}-{hashlib.sha256(cid.encode()).hexdigest()[:8]}"
+    return f"{clean}-{what}"

@@ -16,7 +16,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
 from focus.reprs import short_repr
 
@@ -34,7 +34,9 @@ class SamplingParams(BaseModel):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
+    #: Token ids are >= 0: a server refuses a negative one (vLLM: 400 "stop_token_ids must
+    #: be non-negative"), so every request of a collection failed.
+    stop_token_ids: tuple[NonNegativeInt, ...] = ()
     seed: int | None = None
 
     def with_seed(self, seed: int | None) -> SamplingParams:

@@ -128,11 +128,16 @@ def resume_mismatch(
     if CODEC not in stored or CODEC not in mine:  # compared once the env is built (CodecRecord)
         stored, mine = without(stored, (CODEC,)), without(mine, (CODEC,))
     diffs = changes(without(_legacy(stored), RUNTIME_FIELDS), mine)
-    if any(path == "model.policy_version" for path, _, _ in diffs):
-        if not allow_policy_change:
-            versions = [d.get("model", {}).get("policy_version") for d in (stored, mine)]
-            return _policy_changed(config.collection_id, *map(str, versions))
-        diffs = [d for d in diffs if d[0] != "model.policy_version"]
+    others = [d for d in diffs if d[0] != "model.policy_version"]
+    if allow_policy_change or others:
+        # another model altogether (model.kind, its factory) is a configuration that
+        # differs, named in full: it was "sampled by policy 3457..., the model service now
+        # serves None", which hid what changed and offered --allow-policy-change, which
+        # cannot resume it
+        diffs = others if allow_policy_change else diffs
+    elif diffs:
+        versions = [d.get("model", {}).get("policy_version") for d in (stored, mine)]
+        return _policy_changed(config.collection_id, *map(str, versions))
     return _mismatch(config, diffs) if diffs else None
 
 

@@ -9,6 +9,7 @@ server (the fault proxy counts every generation request).
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 
@@ -136,6 +137,40 @@ def test_a_model_or_critic_factory_that_returns_something_else_is_named_in_one_l
         with pytest.raises(ConfigError) as e:
             getattr(cfg, build)()
         assert str(e.value) == f"{section}.factory {name!r} returned a value of type {got}, not a {wanted}"
+
+
+def test_a_factory_that_passes_its_options_on_names_a_misspelt_option_in_one_line():
+    """A factory taking ``**options`` passes the check of its signature; the class it
+    hands them to refused one, and a Custom run with ``model.options = {"nope": 1}``
+    failed with ``TypeError: DigitPolicy.__init__() got an unexpected keyword argument
+    'nope'``, naming neither the field nor the factory."""
+    name = "fixtures.digits:digit_policy"
+    cfg = load_config(
+        overrides={"model.kind": "factory", "model.factory": name, "model.options": {"nope": 1}}, environ={}
+    )
+    with pytest.raises(ConfigError) as e:
+        cfg.build_policy()
+    line = str(e.value)
+    assert (
+        line.startswith(f"model.factory {name!r} raised TypeError: ") and "(called with model.options nope=1)" in line
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("critic.value", float("inf"), "critic.value: must be finite and within ±1e+60, got inf"),
+        ("critic.value", float("nan"), "critic.value: must be finite and within ±1e+60, got nan"),
+        ("agent.sampling.stop_token_ids", [0, -1], "agent.sampling.stop_token_ids.1: Input should be greater than"),
+    ],
+)
+def test_a_value_no_part_can_use_is_refused_naming_its_field(field, value, why):
+    """``critic.value = inf`` passed the configuration and failed once the critic was
+    built (``ValueError: ConstantCritic value must be finite ...``, no field named); a
+    negative stop token id passed both and every request of the collection was refused
+    by the model server (400 ``stop_token_ids must be non-negative``)."""
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        load_config(overrides={field: value}, environ={})
 
 
 def test_cli_reports_a_bad_config_file_without_a_traceback(tmp_path):

@@ -308,3 +308,15 @@ def test_a_yaml_error_is_one_line_naming_the_problem_and_where(tmp_path):
         f"config file {str(tab)!r} is not valid YAML: found character '\\t' that cannot start any token at line 2, "
         "column 1 (while scanning for the next token)"
     )
+
+
+@pytest.mark.parametrize("key", ["execution.bogus", "storage.xyz", "search.phases.0.bogus", "agent.sampling.bogus"])
+def test_an_unknown_field_is_not_taken_for_its_own_section_or_a_sibling_alike_only_in_it(key):
+    """An unknown field in a section was offered that section (``storage.xyz: unknown
+    field (did you mean storage?)``) or a sibling whose whole path is alike only by the
+    section they share (``agent.sampling.bogus``: ``agent.sampling.stop``): the whole
+    paths were compared, and the section's own name made up most of the likeness. What
+    the key names is not misspelt there: no suggestion."""
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={key: 1}, environ={})
+    assert "did you mean" not in str(e.value), str(e.value)

@@ -106,3 +106,46 @@ def test_from_form_reads_the_forms_markers_and_keeps_explicit_values():
     assert from_form(config) is config
     run = config_at_runtime(FocusConfig.model_validate(from_form(sent)), WORKER)
     assert run.model.url is None and run.storage.root == "memory://worker-store"
+
+
+@pytest.mark.parametrize(
+    ("config", "names"),
+    [
+        ({"env": {"options": {"__prefect_kind": "json", "value": "{span: 3}"}}}, ["env.options: not JSON"]),
+        (
+            {"search": {"phases": [{"name": "evidence", "options": {"__prefect_kind": "json", "value": "["}}]}},
+            ["search.phases.0.options: not JSON"],
+        ),
+        ("seed=1", ["config: str 'seed=1' is not a table of fields"]),
+        ([1, 2], ["config: list '[1, 2]' is not a table of fields"]),
+    ],
+)
+def test_a_run_config_that_is_no_table_or_no_json_is_one_line_naming_the_field(config, names):
+    """A run's ``config`` parameter comes from the API as any JSON: a JSON input whose text
+    is no JSON (a deployment's server refuses it; a flow called with the form's markers
+    does not) stopped the run with a ``JSONDecodeError`` traceback, a string or a list
+    with ``AttributeError: 'str' object has no attribute 'collection_id'``."""
+    from tasks.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        config_at_runtime(config, WORKER)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("invalid configuration: ") and "the run's config parameter" in line
+    assert all(n in line for n in names), line
+
+
+def test_focus_deploy_registers_a_schema_that_refuses_a_parameter_the_flow_does_not_take():
+    """The server validates a run's parameters against the deployment's schema when the
+    run is created. Prefect's schema left unknown parameters open, so a run with one
+    (``prefect deployment run collect/manual --param bogus=1``, the API) was created and
+    crashed in the engine: ``Process exited with status code: 1``, its cause only in the
+    serving process's console (measured against a real server before the fix)."""
+    from prefect.utilities.schema_tools.validation import ValidationError, validate
+
+    from deployments.serve import DeploySpec, build_deployments
+
+    for served in build_deployments(DeploySpec(manual={"seed": 42})):
+        schema = served._parameter_openapi_schema.model_dump(exclude_unset=True)  # what is registered
+        validate({"config": {"seed": 1}, "allow_policy_change": True}, schema, raise_on_error=True)
+        with pytest.raises(ValidationError, match="'bogus' was unexpected"):
+            validate({"config": {"seed": 1}, "bogus": 1}, schema, raise_on_error=True)

@@ -216,3 +216,13 @@ def test_a_train_loop_resumed_with_another_knob_or_default_is_refused_and_an_old
     with library_default("explore", 0.25), library_default("depth_share", 3.0):
         with pytest.raises(LoopSettingsChanged, match=r"\(search.depth_share 0.0 → 3.0\)"):
             settle(loop_config(tmp_path / "old"))
+
+
+@pytest.mark.parametrize("name", ["a/b", "x#%?", "e v", "évidence", "n" * 151])
+def test_a_phase_name_the_store_cannot_hold_is_refused_with_the_configuration(name):
+    """A phase's checkpoints are named after it in the store: ``a/b`` passed the
+    configuration, and the collection ran its evidence phase, then stopped at the first
+    wave's save (``phase name '1.a/b' is not a valid storage name``)."""
+    phases = [{"name": "evidence", "rollouts_per_task": 2}, {"name": name, "transitions": 12}]
+    with pytest.raises(ConfigError, match=r"search\.phases\.1\.name .* names the phase's checkpoints in the store"):
+        load_config(overrides={"search.phases": phases}, environ={})

@@ -129,3 +129,22 @@ def test_checkpoints_of_older_versions_still_name_the_plan_records_where_they_we
     old = old.replace(b"focus.search.jobs\nWavePlan", b"focus.search.state\nWavePlan")
     assert b"focus.search.state" in old and pickle.loads(old) == jobs.WavePlan(1, 2)
     assert any(op.name == "GLOBAL" for op, _, _ in pickletools.genops(old))
+
+
+def test_another_model_altogether_is_a_configuration_that_differs_not_another_policy(tmp_path):
+    """A collection sampled by the embedded model, resumed with a factory's policy (no
+    policy version): it was refused as "sampled by policy 3457..., the model service now
+    serves None ... or pass --allow-policy-change", hiding what changed (model.kind) and
+    offering a flag that cannot resume it. Only other weights alone are PolicyChanged."""
+    from tasks.fingerprint import PolicyChanged
+
+    cfg = small_config(str(tmp_path / "store"), "other-model")
+    stored = {"seed": 7, "model": {"kind": "local", "policy_version": "3457"}}
+    factory = {"seed": 7, "model": {"kind": "factory", "policy_version": None}}
+    for allow in (False, True):
+        found = resume_mismatch(cfg, stored, factory, allow_policy_change=allow)
+        assert type(found) is ResumeMismatch and "differs in: model.kind local → factory" in str(found), found
+        assert "serves None" not in str(found)
+    other_weights = {"seed": 7, "model": {"kind": "local", "policy_version": "9abc"}}
+    assert isinstance(resume_mismatch(cfg, stored, other_weights), PolicyChanged)
+    assert resume_mismatch(cfg, stored, other_weights, allow_policy_change=True) is None

@@ -226,8 +226,17 @@ def build_critic(config: FocusConfig) -> Any:
 def _made(section: str, path: str, options: dict[str, Any], want: type) -> Any:
     """What ``<section>.factory`` makes, if it is a ``want``: a model factory that returned
     something else failed later as ``AttributeError: 'str' object has no attribute 'aclose'``,
-    a critic factory's as ``TypeError: Collector's critic must be an instance of Critic``."""
-    made = import_object(path)(**options)
+    a critic factory's as ``TypeError: Collector's critic must be an instance of Critic``.
+    A factory that takes any options (``**options``) and passes them on cannot be checked
+    beforehand (:func:`check_factories`): a ``TypeError`` it raises is a
+    :class:`ConfigError` naming the factory and the options, where it named neither
+    (``TypeError: DigitPolicy.__init__() got an unexpected keyword argument 'nope'``)."""
+    try:
+        made = import_object(path)(**options)
+    except TypeError as e:
+        raise ConfigError(
+            f"{section}.factory {path!r} raised TypeError: {e} (called with {section}.options {_given(options)})"
+        ) from e
     if not isinstance(made, want):
         raise ConfigError(
             f"{section}.factory {path!r} returned a value of type {type(made).__name__}, not a {want.__module__}.{want.__name__}"

@@ -10,6 +10,10 @@ class ConfigError(ValueError):
     """A configuration that cannot run; the message names each field and the reason."""
 
 
+#: What a configuration error calls the fields a flow run's ``config`` parameter sets.
+PARAMETER_SOURCE = "the run's config parameter"
+
+
 def check_import_path(value: str | None) -> str | None:
     """``value`` if it has the form ``package.module:name`` (or is ``None``), else ``ValueError``."""
     if value is not None and (value.count(":") != 1 or not all(value.split(":"))):

@@ -32,6 +32,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator
 from pydantic.json_schema import JsonSchemaValue
 
+from tasks.config.errors import PARAMETER_SOURCE, ConfigError
 from tasks.config.schema import FocusConfig
 
 UNSET_NOTE = "Left empty: the worker's `FOCUS_*` variable, else the default."
@@ -51,22 +52,30 @@ def _item_model(annotation: Any) -> type[BaseModel] | None:
     return _model_of(args[0]) if typing.get_origin(annotation) in (list, tuple) and args else None
 
 
-def _unkind(value: Any) -> Any:
+def _unkind(value: Any, path: str) -> Any:
     """A value of the form's JSON input: ``{"__prefect_kind": "json", "value": text}``
-    is the parsed text; without a value it was left empty (``...``)."""
+    is the parsed text; without a value it was left empty (``...``). Text that is no
+    JSON is a :class:`ConfigError` naming the field (``path``): a deployment's run has it
+    parsed by the server, which refuses it, but a run started without one (a flow called
+    with the form's markers) stopped with a ``JSONDecodeError`` traceback naming nothing."""
     if not (isinstance(value, dict) and "__prefect_kind" in value):
         return value
     if "value" not in value:
         return ...
     inner = value["value"]
-    return json.loads(inner) if value["__prefect_kind"] == "json" and isinstance(inner, str) else inner
+    if value["__prefect_kind"] != "json" or not isinstance(inner, str):
+        return inner
+    try:
+        return json.loads(inner)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"invalid configuration: {path}: not JSON: {e} (from {PARAMETER_SOURCE})") from None
 
 
-def _clean(data: dict[str, Any], cls: type[BaseModel]) -> dict[str, Any]:
+def _clean(data: dict[str, Any], cls: type[BaseModel], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, raw in data.items():
         info = cls.model_fields.get(key)
-        value = _unkind(raw)
+        value = _unkind(raw, f"{prefix}{key}")
         if value is ... or info is None:
             if info is None:
                 out[key] = raw  # an unknown field: validation names it
@@ -74,9 +83,9 @@ def _clean(data: dict[str, Any], cls: type[BaseModel]) -> dict[str, Any]:
         if value is None and not _nullable(info.annotation):
             continue  # "unset" in the form
         if (sub := _model_of(info.annotation)) is not None and isinstance(value, dict):
-            value = _clean(value, sub)
+            value = _clean(value, sub, f"{prefix}{key}.")
         elif (item := _item_model(info.annotation)) is not None and isinstance(value, list):
-            value = [_clean(v, item) if isinstance(v, dict) else v for v in value]
+            value = [_clean(v, item, f"{prefix}{key}.{i}.") if isinstance(v, dict) else v for i, v in enumerate(value)]
         out[key] = value
     return out
 

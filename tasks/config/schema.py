@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from focus.backends.foreign import endpoint_in_url
 from focus.backends.retry import RetryPolicy
+from focus.env import VALUE_LIMIT
 from focus.policy import SamplingParams
 from focus.priority import Priority
 from tasks.config.errors import ConfigError, check_env_name, check_import_path
@@ -179,6 +180,9 @@ class AgentConfig(_Model):
 class CriticConfig(_Pluggable):
     _section: ClassVar[str] = "critic"
     kind: Literal["constant", "http", "local", "factory"] = "constant"
+    #: What ConstantCritic takes (finite, within focus.env.VALUE_LIMIT): refused here, with
+    #: its name; ``inf`` (TOML and JSON both write it) failed when the critic was built, as
+    #: ``ValueError: ConstantCritic value must be finite ...``, naming no field.
     value: float = 0.5
     #: Where the scoring service runs; what it predicts is checked on resume by the
     #: critic's identity (tasks.fingerprint.CriticIdentity), as the policy's is by its version.
@@ -191,6 +195,15 @@ class CriticConfig(_Pluggable):
     #: ``local``: a saved ``LocalCritic`` (fsspec URL) to start from; the train loop
     #: sets it to the critic each iteration trained.
     weights: str | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        """What ConstantCritic takes, refused here with the field's name: ``inf`` (TOML
+        and JSON both write it) failed once the critic was built, naming no field."""
+        if not -VALUE_LIMIT <= value <= VALUE_LIMIT:  # NaN fails both
+            raise ValueError(f"must be finite and within ±{VALUE_LIMIT:g}, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _needs(self) -> CriticConfig:
@@ -516,7 +529,12 @@ def suggest_field(key: str, cls: type[BaseModel] = FocusConfig) -> str | None:
     same = [p for p in paths if p.rsplit(".", 1)[-1] == name]
     if same:
         return " or ".join(same[:3])
-    close = difflib.get_close_matches(key, paths, n=1, cutoff=0.75)
+    # Not a section the key lies in ("storage.xyz" is not "storage", which it names
+    # already), nor a field beside it (weighed by its name above; a whole path's likeness
+    # counts the shared section: "agent.sampling.bogus" is not "agent.sampling.stop").
+    inside = (f"{key}.", f"{parent}.") if parent else (f"{key}.",)
+    others = [p for p in paths if not any(k.startswith(f"{p}.") for k in inside) and not p.startswith(inside[-1])]
+    close = difflib.get_close_matches(key, others, n=1, cutoff=0.75)
     return close[0] if close else None
 
 

@@ -13,6 +13,7 @@ refused like any other change of the search (:mod:`tasks.fingerprint`).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -50,6 +51,10 @@ def _default_phases() -> list[Phase]:
     return [Phase("evidence", rollouts_per_task=4), Phase("continue", transitions=200, wave_size=16, max_depth=8)]
 
 
+#: What a phase's name may hold: a part of its checkpoints' names in the store.
+_PHASE_NAME = re.compile(r"[A-Za-z0-9_.=-]{0,150}")
+
+
 class SearchConfig(BaseModel):
     """The search and its phases (:class:`focus.priority.Phase`, validated the same way).
 
@@ -77,6 +82,15 @@ class SearchConfig(BaseModel):
                 f"{names} {'is' if len(knobs) == 1 else 'are'} set but search.kind is {self.kind!r}, which does not "
                 f"use {'it' if len(knobs) == 1 else 'them'}; set search.kind = 'selective', or remove {names}"
             )
+        for i, phase in enumerate(self.phases):
+            # a phase's checkpoints are named "<index>.<name>[.score|.end]" in the store
+            # (storage.urls.check_id): a name it cannot hold passed here and failed at
+            # the first wave's save, after the evidence phase had run
+            if not _PHASE_NAME.fullmatch(phase.name):
+                raise ValueError(
+                    f"search.phases.{i}.name {phase.name!r} names the phase's checkpoints in the store: use "
+                    "letters, digits, '_', '-', '.' and '=', at most 150"
+                )
         self.build_search()  # the search's own rules: evidence first, unique names
         return self
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tasks.config.errors import PARAMETER_SOURCE
 from tasks.config.schema import (
     ConfigError,
     FocusConfig,
@@ -295,10 +296,6 @@ def load_config(
     return build_config(file_layers(path) + env + override_layers(overrides, labels), problems)
 
 
-#: What a configuration error calls the fields a flow run's ``config`` parameter sets.
-PARAMETER_SOURCE = "the run's config parameter"
-
-
 def config_at_runtime(
     config: FocusConfig | Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
 ) -> FocusConfig:
@@ -320,6 +317,11 @@ def config_at_runtime(
     :class:`ConfigError` line naming the field and the parameter as its source.
     """
     env, problems = env_layers(os.environ if environ is None else environ)
+    if not isinstance(config, Mapping | FocusConfig | None):  # the API takes any JSON for it
+        raise ConfigError(
+            f"invalid configuration: config: {type(config).__name__} {str(config)[:60]!r} is not a table of fields "
+            f'(a JSON object such as {{"seed": 1}}) or null (from {PARAMETER_SOURCE})'
+        )
     if isinstance(config, Mapping):
         from tasks.config.form import from_form
 
