@@ -100,13 +100,20 @@ async def serve(
             return web.Response(text=answer, status=status)
         return web.json_response(answer, status=status)
 
+    async with serving(server, routes, handle):
+        yield server
+
+
+@asynccontextmanager
+async def serving(server: Server, routes: Any, handle: Callable[[web.Request], Any]) -> AsyncIterator[Server]:
+    """``handle`` answering every ``(method, path)`` of ``routes`` on 127.0.0.1, at
+    ``server.url`` while the block runs."""
     app = web.Application()
     for method, path in routes:
         app.router.add_route(method, path, handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
     server.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     try:
         yield server

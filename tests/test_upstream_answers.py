@@ -42,6 +42,7 @@ from test_real_wire_formats import (
     check_exact,
     draw,
     rollout,
+    serving,
     sglang_routes,
     vllm_routes,
 )
@@ -75,18 +76,8 @@ async def serve_chunked(routes: dict[tuple[str, str], Any], newest: Answer) -> A
         await response.write_eof()
         return response
 
-    app = web.Application()
-    for method, path in routes:
-        app.router.add_route(method, path, handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
+    async with serving(server, routes, handle):
         yield server
-    finally:
-        await runner.cleanup()
 
 
 def newest_vllm(answer: dict[str, Any]) -> dict[str, Any]:
