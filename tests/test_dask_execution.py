@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+from typing import Any
 
 import pytest
 from fixtures.prefect import DigitPolicy
@@ -16,6 +17,25 @@ from focus.search import RolloutJob
 from focus.toy import ReachTarget, reach_target_tasks, toy_format
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def start_cluster(address: str, log: Any, *worker_args: str, scheduler_env: Any = None, **worker: Any) -> list[Any]:
+    """A Dask scheduler at ``address`` and one single-threaded worker, each a process on
+    127.0.0.1 (an external cluster, as a user starts one), logging to ``log``."""
+    import subprocess
+    import sys
+
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+         "--port", address.rsplit(":", 1)[1], "--dashboard-address", ":0"], env=scheduler_env, stdout=log, stderr=log,
+    )  # fmt: skip
+    args = ["--nthreads", "1", "--host", "127.0.0.1", "--dashboard-address", ":0", *worker_args]
+    return [
+        scheduler,
+        subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", address, *args], stdout=log, stderr=log, **worker
+        ),
+    ]
 
 
 def turns(rollouts):
@@ -199,8 +219,6 @@ def test_a_scheduler_killed_mid_wave_is_named_in_one_line(tmp_path):
     """``dask scheduler`` + ``dask worker`` on loopback, the scheduler killed (SIGKILL)
     while a wave runs: the one line says the scheduler is gone, not Dask's exception."""
     import os
-    import subprocess
-    import sys
     import threading
     import time
     from pathlib import Path
@@ -212,16 +230,8 @@ def test_a_scheduler_killed_mid_wave_is_named_in_one_line(tmp_path):
     address = f"tcp://127.0.0.1:{free_port()}"
     tests = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent)])}
-    cli = [sys.executable, "-m"]
     log = open(tmp_path / "dask.log", "w")  # noqa: SIM115 - closed below
-    scheduler = subprocess.Popen(
-        [*cli, "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1]],
-        env=env, stdout=log, stderr=log,
-    )  # fmt: skip
-    worker = subprocess.Popen(
-        [*cli, "distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny", "--host", "127.0.0.1"],
-        env=env, stdout=log, stderr=log,
-    )  # fmt: skip
+    scheduler, worker = start_cluster(address, log, "--no-nanny", scheduler_env=env, env=env)
     ex = DaskExecution(address=address, connect_timeout_s=20)
     try:
         client = ex.client()
@@ -355,8 +365,6 @@ def test_a_worker_whose_focus_does_not_import_or_differs_is_named_in_one_line(tm
     waited no_workers_timeout_s (300 s) for a line saying to start workers; a worker on
     another focus ran the shards with other code without a word."""
     import os
-    import subprocess
-    import sys
     import time
     from pathlib import Path
 
@@ -381,16 +389,7 @@ def test_a_worker_whose_focus_does_not_import_or_differs_is_named_in_one_line(tm
     ):
         address = f"tcp://127.0.0.1:{free_port()}"
         env = {**os.environ, "PYTHONPATH": str(tmp_path / shadow)}
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                 "--port", address.rsplit(":", 1)[1], "--dashboard-address", ":0"], stdout=log, stderr=log,
-            ),
-            subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny",
-                 "--host", "127.0.0.1", "--dashboard-address", ":0"], env=env, cwd=tmp_path, stdout=log, stderr=log,
-            ),
-        ]  # fmt: skip
+        procs = start_cluster(address, log, "--no-nanny", env=env, cwd=tmp_path)
         ex = DaskExecution(address=address, connect_timeout_s=20, no_workers_timeout_s=5)
         try:
             ex.client().wait_for_workers(1, timeout=30)
@@ -432,8 +431,6 @@ def test_a_shard_past_its_workers_memory_limit_is_named_with_the_remedy(tmp_path
     kills every worker it runs on, and the line was Dask's KilledWorker, which sends the
     user to the workers' logs, ending "rerun to resume": the rerun died the same way."""
     import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     from fixtures.prefect import free_port
@@ -448,16 +445,7 @@ def test_a_shard_past_its_workers_memory_limit_is_named_with_the_remedy(tmp_path
     tests = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(tests), str(tests.parent)])}
     log = open(tmp_path / "dask.log", "w")  # noqa: SIM115 - closed below
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-             "--port", address.rsplit(":", 1)[1], "--dashboard-address", ":0"], stdout=log, stderr=log,
-        ),
-        subprocess.Popen(
-            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1", "--memory-limit",
-             "300MB", "--host", "127.0.0.1", "--dashboard-address", ":0"], env=env, stdout=log, stderr=log,
-        ),
-    ]  # fmt: skip
+    procs = start_cluster(address, log, "--memory-limit", "300MB", env=env)
     agent = Agent(HogPolicy(), ReachTarget(), toy_format())
     start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
     ex = DaskExecution(address=address, connect_timeout_s=20, no_workers_timeout_s=30)
