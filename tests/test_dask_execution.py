@@ -38,6 +38,14 @@ def start_cluster(address: str, log: Any, *worker_args: str, scheduler_env: Any 
     ]
 
 
+def stop_cluster(ex: DaskExecution, procs: list[Any]) -> None:
+    """Close the client, then kill the processes of :func:`start_cluster`."""
+    ex.close()
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
 def turns(rollouts):
     return [[(t.prompt_ids, t.completion_ids, t.logprobs) for t in r.turns] + [r.leaf.kind] for r in rollouts]
 
@@ -400,10 +408,7 @@ def test_a_worker_whose_focus_does_not_import_or_differs_is_named_in_one_line(tm
             assert type(err.value).__name__ == "WorkerMismatch", one_line(err.value)
             assert line in one_line(err.value) and "\n" not in one_line(err.value), one_line(err.value)
         finally:
-            ex.close()
-            for p in procs:
-                p.kill()
-                p.wait()
+            stop_cluster(ex, procs)
     log.close()
 
 
@@ -454,10 +459,7 @@ def test_a_shard_past_its_workers_memory_limit_is_named_with_the_remedy(tmp_path
         with pytest.raises(Exception) as err:  # noqa: B017, PT011 - which one is what the line is about
             asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 60))
     finally:
-        ex.close()
-        for p in procs:
-            p.kill()
-            p.wait()
+        stop_cluster(ex, procs)
         log.close()
     line = one_line(err.value)
     assert line.startswith("a shard of rollouts ran its Dask workers out of memory (the last, tcp://127.0.0.1:"), line

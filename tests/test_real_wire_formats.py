@@ -300,16 +300,20 @@ def test_a_vllm_that_names_tokens_by_text_stops_with_the_flag_to_set():
     run(go())
 
 
+def grouping_policy(server: Server) -> OpenAICompatPolicy:
+    """An OpenAI-compatible client of ``server`` that sends siblings' first calls as one request."""
+    policy = OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST.model_copy(update={"group_siblings": True}))
+    policy.vocab_size = FORMAT.codec.vocab_size
+    return policy
+
+
 def test_n_samples_with_a_seed_are_one_request_as_vllm_answers_them():
     """vLLM samples choice ``i`` of a seeded request with ``seed + i``: FOCUS sends
     siblings as one request (after one check of the rule) and records each choice's ids."""
 
     async def go() -> None:
         async with serve(vllm_routes(Vllm())) as server:
-            policy = OpenAICompatPolicy(
-                server.url, "Qwen/Qwen3-4B", config=FAST.model_copy(update={"group_siblings": True})
-            )
-            policy.vocab_size = FORMAT.codec.vocab_size
+            policy = grouping_policy(server)
             prompt = FORMAT.codec.render([])
             params = SamplingParams(max_tokens=3, seed=40)
             try:
@@ -334,10 +338,7 @@ def test_siblings_at_temperature_0_go_one_request_each_as_vllm_refuses_n_when_gr
 
     async def go() -> None:
         async with serve(vllm_routes(Vllm())) as server:
-            policy = OpenAICompatPolicy(
-                server.url, "Qwen/Qwen3-4B", config=FAST.model_copy(update={"group_siblings": True})
-            )
-            policy.vocab_size = FORMAT.codec.vocab_size
+            policy = grouping_policy(server)
             prompt = FORMAT.codec.render([])
             params = SamplingParams(max_tokens=3, seed=40, temperature=0.0)
             try:
