@@ -432,5 +432,6 @@ def resume_command(
     if flags.get("execution.kind") == "dask" and not flags.get("execution.address"):
         words.append("--dask")
     words += ["--transitions", str(transitions)] if transitions is not None else []
-    words += [w for s in sets or [] for w in ("--set", s)]
+    # an id given as ``--set collection_id=...`` is said once, by the ``--collection-id`` below
+    words += [w for s in sets or [] if s.partition("=")[0].strip() != "collection_id" for w in ("--set", s)]
     return prefix + shlex.join([*words, "--collection-id", cid])

@@ -451,6 +451,11 @@ def test_the_resume_line_names_the_pythonpath_a_factory_was_found_through(monkey
     assert resume_command("collect", None, {}, None, None, "c1", toy) == "focus collect --collection-id c1"
     monkeypatch.delenv("PYTHONPATH")
     assert resume_command("collect", None, {}, sets, None, "c1", factory).startswith("focus collect ")
+    # an id given as --set is said once, as --collection-id (it was said both ways)
+    named = ["collection_id=c1", "seed=4", "collection_id = c1"]
+    assert (
+        resume_command("collect", None, {}, named, None, "c1", toy) == "focus collect --set seed=4 --collection-id c1"
+    )
 
 
 def test_stop_from_another_thread_ends_the_run_with_its_error():
@@ -545,7 +550,10 @@ def test_inspect_of_a_store_that_does_not_exist_says_so(tmp_path):
     ... (a batch exists once its _manifest.json is written)', as of a collection still
     running, and ``focus inspect <typo>`` that it was neither a batch URL nor a collection."""
     typo = tmp_path / "rusn"
-    for url, head in ((f"{typo}/batches/c", "cannot read batches"), (f"{typo}/batches/c/iter-000000", "cannot read batch")):
+    for url, head in (
+        (f"{typo}/batches/c", "cannot read batches"),
+        (f"{typo}/batches/c/iter-000000", "cannot read batch"),
+    ):
         out = CliRunner().invoke(app, ["inspect", url])
         assert out.exit_code == 1, out.output
         assert out.output == f"error: {head}: no store at {typo}: the folder {typo} does not exist\n"
