@@ -278,7 +278,11 @@ def missing_record(
         "saved (a first run saves it before any step): without it a rerun cannot tell whether they were made "
         f"with this {'critic' if critic else 'configuration'}; restore the file from where the store "
         f"came from, or collect under a new collection id (or remove {folder} to start this one again)"
-        + (", or pass --allow-policy-change" if critic else "")
+        + (
+            ", or pass --allow-policy-change (in a Prefect run, the flow's allow_policy_change parameter)"
+            if critic
+            else ""
+        )
     )
 
 
