@@ -50,7 +50,7 @@ def _policy_changed(cid: str | None, before: str, now: str) -> PolicyChanged:
     return PolicyChanged(
         f"collection {cid!r} was sampled by policy {before}, the model service now serves {now}: going on would "
         "mix two policies in one batch (a resume, or weights changed while it ran); collect against the same "
-        "weights (rerun with the same id), or pass --allow-policy-change (in a Prefect run, the flow's allow_policy_change parameter)"
+        "weights (rerun with the same id), or pass --allow-policy-change (in a Prefect run of the collect flow, its allow_policy_change parameter)"
     )
 
 
@@ -257,7 +257,7 @@ class PolicyIdentity:
             raise PolicyChanged(
                 f"collection {self.collection_id!r}: the rollouts of its {step.kind} step were sampled by "
                 f"{len(found)} policies ({', '.join(sorted(found))}): the model service changed weights while it "
-                "ran; rerun against one set of weights, or pass --allow-policy-change (in a Prefect run, the flow's allow_policy_change parameter)"
+                "ran; rerun against one set of weights, or pass --allow-policy-change (in a Prefect run of the collect flow, its allow_policy_change parameter)"
             )
         if self.versions is None or self.allow_change or not new:
             self.versions = (self.versions or set()) | found
@@ -320,7 +320,7 @@ class CriticIdentity:
             raise CriticChanged(
                 f"collection {self.collection_id!r} was scored by critic {stored}, the critic now is {mine}: "
                 "resuming would mix two critics' scores in one batch; resume with the same critic, or pass "
-                "--allow-policy-change (in a Prefect run, the flow's allow_policy_change parameter)"
+                "--allow-policy-change (in a Prefect run of the collect flow, its allow_policy_change parameter)"
             )
         if stored is None:
             await asyncio.to_thread(save, CRITIC_KEY, mine)

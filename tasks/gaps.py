@@ -279,7 +279,7 @@ def missing_record(
         f"with this {'critic' if critic else 'configuration'}; restore the file from where the store "
         f"came from, or collect under a new collection id (or remove {folder} to start this one again)"
         + (
-            ", or pass --allow-policy-change (in a Prefect run, the flow's allow_policy_change parameter)"
+            ", or pass --allow-policy-change (in a Prefect run of the collect flow, its allow_policy_change parameter)"
             if critic
             else ""
         )
