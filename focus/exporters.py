@@ -307,7 +307,9 @@ def to_slime_samples(
     ``"reward"`` puts the env reward of the sample's turns there instead (the segment's,
     unless a prompt that does not extend the previous turn, e.g. after a compaction, split
     it into several samples). Both values, the per-token advantages and the ids are in
-    ``Sample.metadata`` either way. The samples of one segment share its ``rollout_id``,
+    ``Sample.metadata`` either way; ``metadata["raw_reward"]`` is the env reward, which
+    slime logs in place of ``reward`` (``rollout/raw_reward``, pass rates), so its reward
+    metrics are rewards even when it trains on the advantage. The samples of one segment share its ``rollout_id``,
     so slime's loss counts the segment once (slime/utils/types.py, ``Sample.rollout_id``).
     :class:`NothingToTrain` for a batch without a trained token.
     """
@@ -344,6 +346,7 @@ def to_slime_samples(
                     "turns": [r.turn_index for r in seq.rows],
                     "advantage": seq.advantage,
                     "reward": seq.reward,
+                    "raw_reward": seq.reward,  # what slime logs as the reward (rollout/raw_reward, pass rates)
                     "advantages": list(seq.advantages[p:]),
                 },
             )

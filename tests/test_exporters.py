@@ -411,3 +411,22 @@ def test_slime_samples_split_from_one_segment_share_its_rollout_id(batch):
         seg = (s.metadata["task_id"], s.metadata["tree_id"], s.metadata["edge_id"])
         assert seg_of_rid.setdefault(s.rollout_id, seg) == seg
     assert len(seg_of_rid) == len({(q.task_id, q.tree_id, q.edge_id) for q in batch.actor if any(q.loss_mask)})
+
+
+def test_slime_logs_the_env_reward_as_raw_reward_while_training_on_the_advantage(batch):
+    """slime trains on ``Sample.reward`` (here the FOCUS advantage) but logs ``raw_reward``
+    (``rollout/raw_reward``, pass rates, the "correct" response metrics that test
+    ``raw_reward == 1``), which ``_convert_samples_to_train_data`` takes from
+    ``metadata["raw_reward"]`` when a sample has it, else from ``reward`` (THUDM/slime
+    slime/ray/rollout.py, commit 624b824a898ab0ec1fcb4d373004c7f3852bf515). Without it slime
+    logged the advantages (centred near 0) as the rewards."""
+    samples = to_slime_samples(batch)
+    seqs = actor_sequences(batch)
+    raw = (
+        [s.metadata["raw_reward"] if s.metadata and "raw_reward" in s.metadata else s.reward for s in samples]
+        if any(s.metadata and "raw_reward" in s.metadata for s in samples)
+        else [s.reward for s in samples]
+    )
+    assert raw == [sum(r.reward for r in q.rows) for q in seqs]
+    assert [s.reward for s in samples] == [q.rows[0].advantage for q in seqs]
+    assert raw != [s.reward for s in samples]  # the fixture's advantages are not its rewards
