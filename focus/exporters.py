@@ -25,9 +25,12 @@ those tokens once per branch. Nothing is re-tokenised: every id comes from the r
   slime must not re-normalise it (``--disable-rewards-normalization``): its normalisation
   groups rewards by position, ``n_samples_per_prompt`` at a time, or the whole batch
   when the count differs, never by ``group_index``. Every sample of one tree gets the
-  same ``group_index`` (slime reads it for per-group metrics only). ``rollout_id`` is
-  left unset, so slime counts each sample as one rollout. slime is not installable
-  here; when it is not importable a field-for-field mirror, :class:`SlimeSample`, is used.
+  same ``group_index`` (slime reads it for per-group metrics only). The samples of one
+  segment share a ``rollout_id`` (the segment's number in the batch): slime's loss takes
+  one token-mean per ``rollout_id``, and a segment split into several samples (a
+  compaction, or ``merge_turns=False``) is one rollout, not one per piece. slime is not
+  installable here; when it is not importable a field-for-field mirror,
+  :class:`SlimeSample`, is used.
 - :func:`to_verl_batch` builds the padded arrays of a verl ``DataProto`` (prompts left-,
   responses right-padded; per-token arrays aligned with ``responses``).
 """
@@ -304,22 +307,28 @@ def to_slime_samples(
     ``"reward"`` puts the env reward of the sample's turns there instead (the segment's,
     unless a prompt that does not extend the previous turn, e.g. after a compaction, split
     it into several samples). Both values, the per-token advantages and the ids are in
-    ``Sample.metadata`` either way. :class:`NothingToTrain` for a batch without a
-    trained token.
+    ``Sample.metadata`` either way; ``metadata["raw_reward"]`` is the env reward, which
+    slime logs in place of ``reward`` (``rollout/raw_reward``, pass rates), so its reward
+    metrics are rewards even when it trains on the advantage. The samples of one segment share its ``rollout_id``,
+    so slime's loss counts the segment once (slime/utils/types.py, ``Sample.rollout_id``).
+    :class:`NothingToTrain` for a batch without a trained token.
     """
     if reward not in ("advantage", "reward"):
         raise ValueError(f"reward must be 'advantage' or 'reward', got {reward!r}")
     cls: Any = slime_sample_class()
     groups: dict[tuple[str, str], int] = {}
+    segments: dict[tuple[str, str, int], int] = {}
     out = []
     for i, seq in enumerate(trainable_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)):
         first, last = seq.rows[0], seq.rows[-1]
         group = groups.setdefault((first.task_id, first.tree_id), len(groups))
+        segment = segments.setdefault((first.task_id, first.tree_id, first.edge_id), len(segments))
         p = seq.prompt_length
         out.append(
             cls(
                 group_index=group,
                 index=i,
+                rollout_id=segment,
                 tokens=list(seq.tokens),
                 response_length=len(seq.tokens) - p,
                 reward=seq.advantage if reward == "advantage" else seq.reward,
@@ -337,6 +346,7 @@ def to_slime_samples(
                     "turns": [r.turn_index for r in seq.rows],
                     "advantage": seq.advantage,
                     "reward": seq.reward,
+                    "raw_reward": seq.reward,  # what slime logs as the reward (rollout/raw_reward, pass rates)
                     "advantages": list(seq.advantages[p:]),
                 },
             )

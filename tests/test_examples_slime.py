@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from examples.train_slime.rollout import check_args, generate_rollout, model_url
+from examples.train_slime.rollout import check_args, generate_rollout, model_url, step_metrics
 from focus.exporters import slime_sample_class
 from focus.format import ByteCodec
 
@@ -92,7 +92,50 @@ def test_train_rollout_refuses_settings_that_misread_the_advantages(local_model_
     with pytest.raises(ValueError, match="does not use Sample.reward"):
         generate_rollout(args_for(url, rewards_normalization=False, advantage_estimator="ppo"), 0, None)
     out = generate_rollout(args_for(url, rewards_normalization=False, global_batch_size=4), 0, None)
-    assert out.metrics["focus/slime_samples_past_last_step"] == out.metrics["focus/slime_samples"] % 4
+    flat = [s for g in out.samples for s in g]
+    assert out.metrics["focus/slime_samples_past_last_step"] == len(flat) - len(slime_steps(flat, 4))
+
+
+def slime_steps(samples, global_batch_size) -> list[int]:
+    """The positions of the samples slime trains on: ``build_dp_schedule``
+    (THUDM/slime slime/utils/dp_schedule.py, commit 624b824a898ab0ec1fcb4d373004c7f3852bf515)
+    groups samples by rollout id (``_convert_samples_to_train_data`` gives a sample without one
+    a fresh id) in order of first occurrence, takes ``global_batch_size`` rollouts a step and
+    drops the rollouts after the last full step."""
+    ids, taken, tmp = [s.rollout_id for s in samples], {s.rollout_id for s in samples} - {None}, 0
+    for i, rid in enumerate(ids):
+        if rid is None:
+            while tmp in taken:
+                tmp += 1
+            ids[i] = tmp
+            taken.add(tmp)
+    by_rollout: dict[int, list[int]] = {}
+    for pos, rid in enumerate(ids):
+        by_rollout.setdefault(rid, []).append(pos)
+    rollouts = list(by_rollout)[: len(by_rollout) // global_batch_size * global_batch_size]
+    return [pos for rid in rollouts for pos in by_rollout[rid]]
+
+
+def test_step_metrics_count_what_slime_drops_when_a_segment_splits():
+    """A compaction splits one segment into two samples sharing its rollout_id: slime's steps
+    hold ``global_batch_size`` rollouts, so the samples past the last step are counted by
+    rollout, not ``n % global_batch_size``."""
+    import dataclasses
+
+    from test_exporters import multi_turn_tree
+    from test_storage import batch_from_trees
+
+    from focus.batch import Batch
+    from focus.exporters import to_slime_samples
+
+    r = batch_from_trees([multi_turn_tree("a")], "cx", 1).actor[0]
+    rows = [dataclasses.replace(r, edge_id=e) for e in range(3)]
+    rows.insert(1, dataclasses.replace(r, turn_index=1, prompt_ids=(7, 7, 7)))  # splits segment 0
+    samples = to_slime_samples(Batch("cx", 1, rows))
+    assert len(samples) == 4
+    m = step_metrics(samples, 2)
+    assert m["focus/slime_samples"] == 4 and m["focus/slime_rollouts"] == 3
+    assert m["focus/slime_samples_past_last_step"] == len(samples) - len(slime_steps(samples, 2)) == 1
 
 
 @pytest.mark.parametrize(

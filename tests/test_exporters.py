@@ -195,7 +195,10 @@ def test_an_advantage_beyond_float32_is_refused_naming_its_row(batch):
 def test_a_verl_temperature_its_actor_cannot_divide_by_is_refused(batch, temperature):
     """verl's actor divides its logits by ``meta_info["temperature"]``: 0 (a greedy
     collection's) made every logit inf and the update NaN, far from here."""
-    with pytest.raises(ValueError, match=rf"^temperature must be a finite number > 0 \(verl's actor divides its logits by it\), got {temperature!r}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^temperature must be a finite number > 0 \(verl's actor divides its logits by it\), got {temperature!r}",
+    ):
         to_verl_batch(batch, pad_token_id=0, temperature=temperature)
 
 
@@ -361,3 +364,69 @@ def test_every_exporter_refuses_a_batch_with_nothing_to_train_on_naming_why(batc
                 "(its statistics say why: failed_rollouts, failure_causes)"
             )
             assert isinstance(e.value, ValueError)  # what verl's export raised, and callers catch
+
+
+def _slime_rollout_mask_sums(samples: list) -> list[int]:
+    """slime's per-rollout loss denominator, as ``RolloutManager._convert_samples_to_train_data``
+    computes it (THUDM/slime slime/ray/rollout.py, commit 624b824a898ab0ec1fcb4d373004c7f3852bf515):
+    a sample without ``rollout_id`` gets a fresh id of its own, and each sample's denominator
+    is the loss-mask total of every sample sharing its id (slime/backends/megatron_utils/loss.py
+    ``get_sum_of_sample_mean``: each rollout is one token-mean)."""
+    rollout_ids = [s.rollout_id for s in samples]
+    taken = {rid for rid in rollout_ids if rid is not None}
+    tmp = 0
+    for i, rid in enumerate(rollout_ids):
+        if rid is None:
+            while tmp in taken:
+                tmp += 1
+            rollout_ids[i] = tmp
+            taken.add(tmp)
+    total: dict[int, int] = {}
+    for rid, s in zip(rollout_ids, samples, strict=True):
+        total[rid] = total.get(rid, 0) + sum(s.loss_mask)
+    return [total[rid] for rid in rollout_ids]
+
+
+def test_slime_samples_split_from_one_segment_share_its_rollout_id(batch):
+    """slime's convention (``Sample.rollout_id``, slime/utils/types.py at 624b824a): samples
+    that split one rollout execution share one ``rollout_id``, so the loss reducer takes one
+    token-mean over them instead of one per piece. A FOCUS segment is that execution: a
+    prompt that does not extend the previous turn (a compaction) splits it into samples,
+    which left without a ``rollout_id`` counted twice, each piece weighing as much as a
+    whole segment."""
+    r = batch.actor[0]
+    # turn 1's prompt does not extend turn 0 (a compaction rewrote the context): two samples
+    split = dataclasses.replace(r, turn_index=1, prompt_ids=(7, 7, 7))
+    other = dataclasses.replace(r, edge_id=r.edge_id + 1000)  # another segment of the same tree
+    samples = to_slime_samples(Batch("cx", 1, [r, split, other]))
+    assert len(samples) == 3
+    assert samples[0].rollout_id is not None and samples[0].rollout_id == samples[1].rollout_id
+    assert samples[2].rollout_id is not None and samples[2].rollout_id != samples[0].rollout_id
+    both = sum(r.loss_mask) * 2
+    assert _slime_rollout_mask_sums(samples) == [both, both, sum(r.loss_mask)]
+    # one turn per sample (merge_turns=False) splits every multi-turn segment the same way
+    by_turn = to_slime_samples(batch, merge_turns=False)
+    seg_of_rid: dict[int, tuple] = {}
+    for s in by_turn:
+        seg = (s.metadata["task_id"], s.metadata["tree_id"], s.metadata["edge_id"])
+        assert seg_of_rid.setdefault(s.rollout_id, seg) == seg
+    assert len(seg_of_rid) == len({(q.task_id, q.tree_id, q.edge_id) for q in batch.actor if any(q.loss_mask)})
+
+
+def test_slime_logs_the_env_reward_as_raw_reward_while_training_on_the_advantage(batch):
+    """slime trains on ``Sample.reward`` (here the FOCUS advantage) but logs ``raw_reward``
+    (``rollout/raw_reward``, pass rates, the "correct" response metrics that test
+    ``raw_reward == 1``), which ``_convert_samples_to_train_data`` takes from
+    ``metadata["raw_reward"]`` when a sample has it, else from ``reward`` (THUDM/slime
+    slime/ray/rollout.py, commit 624b824a898ab0ec1fcb4d373004c7f3852bf515). Without it slime
+    logged the advantages (centred near 0) as the rewards."""
+    samples = to_slime_samples(batch)
+    seqs = actor_sequences(batch)
+    raw = (
+        [s.metadata["raw_reward"] if s.metadata and "raw_reward" in s.metadata else s.reward for s in samples]
+        if any(s.metadata and "raw_reward" in s.metadata for s in samples)
+        else [s.reward for s in samples]
+    )
+    assert raw == [sum(r.reward for r in q.rows) for q in seqs]
+    assert [s.reward for s in samples] == [q.rows[0].advantage for q in seqs]
+    assert raw != [s.reward for s in samples]  # the fixture's advantages are not its rewards

@@ -226,7 +226,21 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     for s in to_slime_samples(batch, reward="advantage"):
         groups.setdefault(s.group_index, []).append(s)
     metrics = {f"focus/{k}": v for k, v in batch.summary().items() if isinstance(v, int | float)}
-    n = metrics["focus/slime_samples"] = sum(len(g) for g in groups.values())
-    if getattr(args, "global_batch_size", None):  # slime trains n // gbs steps and drops the rest
-        metrics["focus/slime_samples_past_last_step"] = n % int(args.global_batch_size)
-    return train_cls(samples=[groups[g] for g in sorted(groups)], metrics=metrics)
+    out = [groups[g] for g in sorted(groups)]
+    metrics.update(step_metrics([s for g in out for s in g], getattr(args, "global_batch_size", None)))
+    return train_cls(samples=out, metrics=metrics)
+
+
+def step_metrics(samples: list[Any], global_batch_size: int | None) -> dict[str, int]:
+    """How slime's trainer steps will cut these (flattened) samples.
+
+    slime splits steps by ``rollout_id`` (``slime/utils/dp_schedule.py::build_dp_schedule``):
+    ``global_batch_size`` rollouts a step, in order of first occurrence, and the rollouts
+    after the last full step are dropped with all their samples. The samples of one FOCUS
+    segment share a ``rollout_id``, so a step holds that many segments, not samples."""
+    rollouts = list(dict.fromkeys(s.rollout_id for s in samples))
+    out = {"focus/slime_samples": len(samples), "focus/slime_rollouts": len(rollouts)}
+    if global_batch_size:
+        dropped = set(rollouts[len(rollouts) - len(rollouts) % int(global_batch_size) :])
+        out["focus/slime_samples_past_last_step"] = sum(s.rollout_id in dropped for s in samples)
+    return out
