@@ -14,6 +14,16 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
 .PHONY: install run test test-fast test-lowest lint bench clean
 
+# a checkout this user cannot write (mounted read-only in CI, another user's): ruff and mypy
+# keep their caches in the temporary folder instead of .ruff_cache/.mypy_cache, where both
+# stopped `make lint` (so `make test`) at once with "Read-only file system" or an INTERNAL
+# ERROR. A RUFF_CACHE_DIR or MYPY_CACHE_DIR already set is kept.
+ifeq ($(shell test -w . && echo yes),)
+LINT_CACHE := $(or $(TMPDIR),/tmp)/focus-lint-cache-$(shell id -u)
+export RUFF_CACHE_DIR ?= $(LINT_CACHE)/ruff
+export MYPY_CACHE_DIR ?= $(LINT_CACHE)/mypy
+endif
+
 # pyproject.toml's requires-python, checked before anything is installed: pip refused an older
 # Python (Ubuntu 22.04's python3 is 3.10.12) only after torch was in, and the venv made from it stayed
 # and was reused by `make PY=python3.12` (the python that makes a venv, and a venv already there)

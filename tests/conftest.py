@@ -64,10 +64,16 @@ def _a_home_as_the_command_has() -> None:
     a user id without a password entry: a container under an arbitrary id), as the
     ``focus`` command does for itself (``cli.entry.home_or_temporary``): the tests import
     Prefect in this process, whose settings call ``Path.home()`` on import, so every test
-    that imported it stopped with ``RuntimeError: Could not determine home directory``."""
+    that imported it stopped with ``RuntimeError: Could not determine home directory``.
+    And ``PREFECT_HOME`` in the temporary folder where ``~/.prefect`` cannot be made (a
+    read-only ``HOME``, or one that does not exist: a CI user made without one), as the
+    command does (``cli.common.writable_prefect_home``): Prefect, imported here, warned
+    "Failed to create the Prefect home directory" into every such run's summary."""
+    from cli.common import writable_prefect_home
     from cli.entry import home_or_temporary
 
     home_or_temporary()
+    writable_prefect_home()
 
 
 _a_home_as_the_command_has()

@@ -189,3 +189,28 @@ def test_collect_runs_with_an_unwritable_home_spaces_the_c_locale_and_no_termina
     logs = list((tmp / f"focus-logs-{os.getuid()}").glob("collect-*.log"))
     assert len(logs) == 1 and f"logging to {logs[0]} instead" in done.stderr
     assert "collection c1: batch at" in logs[0].read_text(encoding="utf-8")
+
+
+def test_the_suite_imports_prefect_quietly_where_home_cannot_hold_its_folder(tmp_path):
+    """The test process (tests/conftest.py) under a ``HOME`` where ``~/.prefect`` cannot be
+    made (here a file; a read-only or missing home for a CI user): Prefect, imported by
+    the tests, warned "Failed to create the Prefect home directory" into the summary. The
+    conftest points ``PREFECT_HOME`` at the temporary folder, as the command does."""
+    home = tmp_path / "home-is-a-file"
+    home.write_text("", encoding="utf-8")
+    code = (
+        "import sys, warnings; sys.path.insert(0, 'tests'); import conftest; "
+        "warnings.simplefilter('error'); import prefect.settings; "
+        "print(prefect.settings.get_current_settings().home)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_HOME"}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**env, "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not done.stdout.strip().startswith(str(home)), done.stdout

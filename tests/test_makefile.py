@@ -85,3 +85,47 @@ def test_the_makefile_check_passes_this_python_and_matches_requires_python(tmp_p
     minimum = re.search(r"^PY_MIN := (\S+)$", text, re.M)
     assert minimum is not None and required == f">={minimum.group(1)}"
     assert f"v >= ({minimum.group(1).replace('.', ', ')})" in text
+
+
+def _private_mounts() -> list[str] | None:
+    """The unshare prefix that gives a private mount namespace here, or None."""
+    if not shutil.which("unshare"):
+        return None
+    for prefix in (["unshare", "-m"], ["unshare", "-rm"]):
+        probe = subprocess.run([*prefix, "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /tmp 2>/dev/null"], timeout=10)
+        if probe.returncode == 0:
+            return prefix
+    return None
+
+
+def test_lint_caches_leave_a_read_only_checkout(tmp_path):
+    """``make lint`` (the first step of ``make test``) in a checkout mounted read-only: ruff
+    and mypy stopped at once, unable to make .ruff_cache and .mypy_cache there. The
+    Makefile points both caches at the temporary folder then, and leaves them alone in a
+    checkout that can be written (and where the user set them)."""
+    prefix = _private_mounts()
+    if prefix is None:
+        pytest.skip("no private mount namespace here (unshare -m or -rm) to mount a folder read-only")
+    show = 'show: ; @echo "[$$RUFF_CACHE_DIR][$$MYPY_CACHE_DIR]"'
+    (tmp_path / "checkout").mkdir()
+    checkout = beside(tmp_path / "checkout")
+    env = {k: v for k, v in os.environ.items() if k not in ("RUFF_CACHE_DIR", "MYPY_CACHE_DIR")}
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    makefile = str(ROOT / "Makefile")
+    script = (
+        'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && cd "$1" && exec make -s -f "$2" --eval "$3" show'
+    )
+    done = subprocess.run(
+        [*prefix, "sh", "-c", script, "sh", str(checkout), makefile, show],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    cache = re.escape(f"{tmp_path / 'tmp'}/focus-lint-cache-") + r"\d+"  # the id inside the namespace
+    assert re.fullmatch(rf"\[{cache}/ruff\]\[{cache}/mypy\]", done.stdout.strip()), done.stdout
+    writable = make(["-s", "--eval", show, "show"], env=env, cwd=checkout)
+    assert writable.stdout.strip() == "[][]", writable.stderr
+    mine = subprocess.run(
+        [*prefix, "sh", "-c", script, "sh", str(checkout), makefile, show],
+        env={**env, "RUFF_CACHE_DIR": "/r", "MYPY_CACHE_DIR": "/m"}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert mine.stdout.strip() == "[/r][/m]", mine.stderr
