@@ -18,13 +18,13 @@ import errno
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
+from fixtures.mounts import private_mounts
 from fixtures.prefect import base_env, free_port
 
 from flows.errors import CollectionFailed, as_failure, exit_code, one_line
@@ -271,14 +271,8 @@ def test_s3_bad_credentials(tmp_path, s3_server):
         httpx.post(reset, content=b"inf")
     assert "access to bucket" in line and "denied" in line and "AWS_ACCESS_KEY_ID" in line
 
+    # ---- real file systems: a full and a read-only tmpfs in a private mount namespace ----
 
-# ---- real file systems: a full and a read-only tmpfs in a private mount namespace ----
-
-
-def _can_mount() -> list[str] | None:
-    """The unshare prefix that gives a private mount namespace here, or None."""
-    if not shutil.which("unshare"):
-        return None
     for prefix in (["unshare", "-m"], ["unshare", "-rm"]):
         probe = subprocess.run([*prefix, "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /tmp 2>/dev/null"], timeout=10)
         if probe.returncode == 0:
@@ -300,7 +294,7 @@ def flow_run_state(api: str, name: str) -> dict:
 
 
 def test_disk_full_mid_run_is_one_line_and_the_runs_state(tmp_path, prefect_env, prefect_server):
-    prefix = _can_mount()
+    prefix = private_mounts()
     if prefix is None:
         pytest.skip("no private mount namespace here (unshare -m / -rm)")
     disk = tmp_path / "disk"
@@ -332,7 +326,7 @@ def test_disk_full_mid_run_is_one_line_and_the_runs_state(tmp_path, prefect_env,
 
 @pytest.mark.slow
 def test_read_only_disk_is_refused_before_work(tmp_path):
-    prefix = _can_mount()
+    prefix = private_mounts()
     if prefix is None:
         pytest.skip("no private mount namespace here (unshare -m / -rm)")
     disk = tmp_path / "ro"
@@ -348,7 +342,7 @@ def test_disk_made_read_only_mid_run_is_one_line_without_credentials(tmp_path):
     I/O error): the line said `access denied (read-only file system); check the
     credentials (for S3: AWS_ACCESS_KEY_ID ...)`, which no credential fixes. It says the
     file system is read-only and how to resume."""
-    prefix = _can_mount()
+    prefix = private_mounts()
     if prefix is None:
         pytest.skip("no private mount namespace here (unshare -m / -rm)")
     disk = tmp_path / "disk"

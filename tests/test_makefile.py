@@ -20,6 +20,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from fixtures.mounts import private_mounts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,11 +87,6 @@ def test_the_makefile_check_passes_this_python_and_matches_requires_python(tmp_p
     assert minimum is not None and required == f">={minimum.group(1)}"
     assert f"v >= ({minimum.group(1).replace('.', ', ')})" in text
 
-
-def _private_mounts() -> list[str] | None:
-    """The unshare prefix that gives a private mount namespace here, or None."""
-    if not shutil.which("unshare"):
-        return None
     for prefix in (["unshare", "-m"], ["unshare", "-rm"]):
         probe = subprocess.run([*prefix, "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /tmp 2>/dev/null"], timeout=10)
         if probe.returncode == 0:
@@ -103,7 +99,7 @@ def test_lint_caches_leave_a_read_only_checkout(tmp_path):
     and mypy stopped at once, unable to make .ruff_cache and .mypy_cache there. The
     Makefile points both caches at the temporary folder then, and leaves them alone in a
     checkout that can be written (and where the user set them)."""
-    prefix = _private_mounts()
+    prefix = private_mounts()
     if prefix is None:
         pytest.skip("no private mount namespace here (unshare -m or -rm) to mount a folder read-only")
     show = 'show: ; @echo "[$$RUFF_CACHE_DIR][$$MYPY_CACHE_DIR]"'
