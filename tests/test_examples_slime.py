@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from fixtures.slime_ids import slime_rollout_ids
 
 from examples.train_slime.rollout import check_args, generate_rollout, model_url, step_metrics
 from focus.exporters import slime_sample_class
@@ -102,13 +103,7 @@ def slime_steps(samples, global_batch_size) -> list[int]:
     groups samples by rollout id (``_convert_samples_to_train_data`` gives a sample without one
     a fresh id) in order of first occurrence, takes ``global_batch_size`` rollouts a step and
     drops the rollouts after the last full step."""
-    ids, taken, tmp = [s.rollout_id for s in samples], {s.rollout_id for s in samples} - {None}, 0
-    for i, rid in enumerate(ids):
-        if rid is None:
-            while tmp in taken:
-                tmp += 1
-            ids[i] = tmp
-            taken.add(tmp)
+    ids = slime_rollout_ids(samples)
     by_rollout: dict[int, list[int]] = {}
     for pos, rid in enumerate(ids):
         by_rollout.setdefault(rid, []).append(pos)

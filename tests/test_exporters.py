@@ -7,6 +7,7 @@ import functools
 
 import numpy as np
 import pytest
+from fixtures.slime_ids import slime_rollout_ids
 from test_storage import CALL, VaryingLogprobPolicy, _note, batch_from_trees, graft
 
 from focus.agent import Agent
@@ -372,15 +373,7 @@ def _slime_rollout_mask_sums(samples: list) -> list[int]:
     a sample without ``rollout_id`` gets a fresh id of its own, and each sample's denominator
     is the loss-mask total of every sample sharing its id (slime/backends/megatron_utils/loss.py
     ``get_sum_of_sample_mean``: each rollout is one token-mean)."""
-    rollout_ids = [s.rollout_id for s in samples]
-    taken = {rid for rid in rollout_ids if rid is not None}
-    tmp = 0
-    for i, rid in enumerate(rollout_ids):
-        if rid is None:
-            while tmp in taken:
-                tmp += 1
-            rollout_ids[i] = tmp
-            taken.add(tmp)
+    rollout_ids = slime_rollout_ids(samples)
     total: dict[int, int] = {}
     for rid, s in zip(rollout_ids, samples, strict=True):
         total[rid] = total.get(rid, 0) + sum(s.loss_mask)
