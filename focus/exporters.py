@@ -378,14 +378,23 @@ def to_verl_batch(
     int64; ``response_mask`` (int64, 1 on trained tokens: observation tokens inside
     the response and padding are 0), ``advantages`` (float32, the segment advantage on
     trained tokens), ``old_log_probs`` and ``rollout_log_probs`` (float32, the behaviour
-    log-probs; 0 on observation tokens and padding). The per-token arrays are aligned
+    log-probs; 0 on observation tokens and padding). For verl's metric helpers
+    (``compute_data_metrics``, which its trainer runs on every batch) it also holds
+    ``token_level_scores`` = ``token_level_rewards`` (float32, each turn's env reward on
+    the turn's last completion token, so a row sums to its sequence's reward; verl puts
+    an outcome score on the last response token; equal, as verl has them without a KL
+    penalty in the reward) and ``returns`` (= ``advantages``, as verl's critic-free
+    estimators set them: FOCUS's critic values checkpoints, not tokens, so there are no
+    ``values`` and the helpers take ``use_critic=False``). The per-token arrays are aligned
     with ``responses``: entry j belongs to ``responses[:, j]``, predicted from what
     precedes it (verl shifts inside the actor). P and R are the longest prompt and
     response unless given; a longer one is refused. ``non_tensors`` holds ``uid`` (the
-    tree: verl's GRPO grouping key) and the ids of each row; ``meta_info`` the sampling
-    ``temperature`` if given (verl's actor divides its logits by it, and its
-    ``update_policy`` raises ``KeyError`` without it). :class:`NothingToTrain` for a
-    batch without a trained token.
+    tree: verl's GRPO grouping key) and the ids of each row; ``meta_info`` holds
+    ``global_token_num`` (each row's real tokens: verl's throughput metrics and its actor
+    worker's MFU read it after ``update_policy``) and the sampling ``temperature`` if
+    given (verl's actor divides its logits by it, and its ``update_policy`` raises
+    ``KeyError`` without it). A reward beyond float32 is refused naming its sequence.
+    :class:`NothingToTrain` for a batch without a trained token.
     """
     import numpy as np
 
@@ -417,6 +426,7 @@ def to_verl_batch(
         mask[i, :r] = s.mask[p:]
         logprobs[i, :r] = s.logprobs[p:]
         advantages[i, :r] = s.advantages[p:]
+    scores = _verl_scores(seqs, r_len)
     tensors = {
         "prompts": prompts,
         "responses": responses,
@@ -427,6 +437,9 @@ def to_verl_batch(
         "advantages": advantages,
         "old_log_probs": logprobs,
         "rollout_log_probs": logprobs.copy(),
+        "token_level_scores": scores,
+        "token_level_rewards": scores.copy(),
+        "returns": advantages.copy(),
     }
     rows = [s.rows[0] for s in seqs]
     non_tensors = {
@@ -434,5 +447,27 @@ def to_verl_batch(
         "task_id": np.array([r.task_id for r in rows], dtype=object),
         "edge_id": np.array([r.edge_id for r in rows], dtype=object),
     }
-    meta_info: dict[str, Any] = {} if temperature is None else {"temperature": temperature}
+    meta_info: dict[str, Any] = {"global_token_num": attention.sum(axis=1).tolist()}
+    if temperature is not None:
+        meta_info["temperature"] = temperature
     return {"tensors": tensors, "non_tensors": non_tensors, "meta_info": meta_info}
+
+
+def _verl_scores(seqs: list[TokenSequence], r_len: int) -> Any:
+    """verl's ``token_level_scores`` (n, R), float32: each turn's env reward on its last
+    completion token (column 0 for a turn without a completion token in the response)."""
+    import numpy as np
+
+    scores = np.zeros((len(seqs), r_len), dtype=np.float32)
+    for i, s in enumerate(seqs):
+        for row in s.rows:
+            if not abs(row.reward) <= FLOAT32_MAX:
+                first = s.rows[0]
+                raise ValueError(
+                    f"sequence {i} (task {first.task_id!r}, edge {first.edge_id}) has the reward {row.reward!r}, "
+                    f"beyond float32 (±{FLOAT32_MAX:.4g}), which verl's scores are in; scale the rewards down"
+                )
+            j = len(row.prompt_ids) + len(row.completion_ids) - 1 - s.prompt_length
+            if r_len:
+                scores[i, max(j, 0)] += row.reward
+    return scores

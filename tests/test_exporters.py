@@ -321,7 +321,8 @@ def test_verl_batch_has_verl_s_names_layout_and_alignment(batch):
     for key in ("advantages", "old_log_probs", "rollout_log_probs"):
         assert t[key].dtype == np.float32 and t[key].shape == (n, r_len), key
     assert t["prompts"].shape == (n, p_len) and t["input_ids"].shape == t["attention_mask"].shape == (n, p_len + r_len)
-    assert out["meta_info"] == {"temperature": 1.0} and len(nt["uid"]) == n
+    assert out["meta_info"]["temperature"] == 1.0 and len(nt["uid"]) == n
+    assert out["meta_info"]["global_token_num"] == [len(s.tokens) for s in seqs]
     assert (
         len({u for u, s in zip(nt["uid"], seqs, strict=True) if s.rows[0].task_id == "a"}) == 1
     )  # one GRPO group per tree
