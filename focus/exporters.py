@@ -12,7 +12,9 @@ those tokens once per branch. Nothing is re-tokenised: every id comes from the r
   convention (``tinker_cookbook/rl/data_processing.py``): ``model_input = tokens[:-1]``,
   and ``target_tokens``, ``logprobs`` and ``advantages`` aligned with ``tokens[1:]``:
   exactly the inputs of Tinker's built-in RL losses (``importance_sampling``, ``ppo``,
-  ``cispo``), so the datums go straight into ``forward_backward``. The service answers
+  ``cispo``; ``loss_fn="gspo"`` adds ``sequence_ratio_mask``, the trained tokens), so the
+  datums go straight into ``forward_backward``. Losses a batch cannot feed
+  (``stable_reinforce``, which needs sampling-time ``sequence_id``s) are refused, naming why. The service answers
   400 "Could not convert loss function inputs to array record" to a datum that also
   carries ``mask`` (the cookbook strips it, ``rl/train.py::_remove_mask``, before every
   ``forward_backward``); ``include_mask=True`` adds it, aligned the same way, for the
@@ -179,34 +181,79 @@ def trainable_sequences(batch: Batch, *, merge_turns: bool, skip_unmasked: bool)
 # --- Tinker ----------------------------------------------------------------------------------
 
 
-def tinker_datum(seq: TokenSequence, *, include_mask: bool = False) -> tinker.Datum:
+#: The ``loss_fn_inputs`` of each built-in Tinker loss a FOCUS batch feeds (Tinker's docs,
+#: tinker-docs.thinkingmachines.ai ``losses/`` and ``losses/gspo/``). GSPO's sequence ratio is
+#: the mean log-ratio over the positions ``sequence_ratio_mask`` marks: the trained tokens,
+#: since prompt and observation tokens carry log-prob 0 (they were never sampled).
+TINKER_LOSS_INPUTS: dict[str, tuple[str, ...]] = {
+    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
+    "ppo": ("target_tokens", "logprobs", "advantages"),
+    "cispo": ("target_tokens", "logprobs", "advantages"),
+    "gspo": ("target_tokens", "logprobs", "advantages", "sequence_ratio_mask"),
+}
+
+#: Tinker's other losses (``tinker.types.LossFnType``), and why a batch cannot feed them.
+TINKER_REFUSED: dict[str, str] = {
+    "stable_reinforce": "it needs each token's sampling sequence_id (datum provenance, recorded by a sampling "
+    "client made with record_stability_info=True and kept by the service for a day), which a FOCUS batch "
+    "does not hold",
+    "cross_entropy": "it is the supervised loss (target_tokens and weights), not an RL loss of advantages",
+    "dro": "its inputs have not been checked against a FOCUS batch (Tinker documents them nowhere we read)",
+    "custom": "it is the loss of forward_backward_custom: pass your function there with the datums of any other loss",
+}
+
+
+def tinker_datum(
+    seq: TokenSequence, *, include_mask: bool = False, loss_fn: str = "importance_sampling"
+) -> tinker.Datum:
     """A ``tinker.Datum`` for one sequence, shifted as the tinker cookbook does.
 
-    Without ``include_mask`` it carries exactly the loss inputs the built-in RL losses
-    accept; the service rejects a datum with an extra ``mask`` (see the module docstring).
+    Without ``include_mask`` it carries exactly the inputs of ``loss_fn``
+    (:data:`TINKER_LOSS_INPUTS`); the service rejects a datum with an extra ``mask``
+    (see the module docstring).
     """
     import numpy as np
     import tinker
 
     if len(seq.tokens) < 2:
         raise ValueError(f"a sequence of {len(seq.tokens)} token(s) has nothing to predict")
-    inputs: dict[str, Any] = {
-        "target_tokens": tinker.TensorData.from_numpy(np.asarray(seq.tokens[1:], dtype=np.int64)),
-        "logprobs": tinker.TensorData.from_numpy(np.asarray(seq.logprobs[1:], dtype=np.float32)),
-        "advantages": tinker.TensorData.from_numpy(np.asarray(seq.advantages[1:], dtype=np.float32)),
+    arrays = {
+        "target_tokens": np.asarray(seq.tokens[1:], dtype=np.int64),
+        "logprobs": np.asarray(seq.logprobs[1:], dtype=np.float32),
+        "advantages": np.asarray(seq.advantages[1:], dtype=np.float32),
+        "sequence_ratio_mask": np.asarray(seq.mask[1:], dtype=np.float32),
     }
-    if include_mask:
-        inputs["mask"] = tinker.TensorData.from_numpy(np.asarray(seq.mask[1:], dtype=np.float32))
+    keys = [*tinker_loss_inputs(loss_fn), *(["mask"] if include_mask else [])]
+    inputs = {
+        k: tinker.TensorData.from_numpy(arrays[k] if k != "mask" else arrays["sequence_ratio_mask"]) for k in keys
+    }
     return tinker.Datum(model_input=tinker.ModelInput.from_ints(list(seq.tokens[:-1])), loss_fn_inputs=inputs)
 
 
+def tinker_loss_inputs(loss_fn: str) -> tuple[str, ...]:
+    """The ``loss_fn_inputs`` keys a datum for Tinker's ``loss_fn`` carries, or a
+    ``ValueError`` naming why a FOCUS batch cannot feed that loss."""
+    if loss_fn in TINKER_LOSS_INPUTS:
+        return TINKER_LOSS_INPUTS[loss_fn]
+    if loss_fn in TINKER_REFUSED:
+        raise ValueError(f"Tinker loss {loss_fn!r} cannot be fed from a FOCUS batch: {TINKER_REFUSED[loss_fn]}")
+    raise ValueError(f"unknown Tinker loss {loss_fn!r}; the datums are built for {', '.join(TINKER_LOSS_INPUTS)}")
+
+
 def to_tinker_datums(
-    batch: Batch, *, merge_turns: bool = True, include_mask: bool = False, skip_unmasked: bool = True
+    batch: Batch,
+    *,
+    loss_fn: str = "importance_sampling",
+    merge_turns: bool = True,
+    include_mask: bool = False,
+    skip_unmasked: bool = True,
 ) -> list[tinker.Datum]:
-    """One ``tinker.Datum`` per sequence of :func:`actor_sequences` (same order);
-    :class:`NothingToTrain` for a batch without a trained token."""
+    """One ``tinker.Datum`` per sequence of :func:`actor_sequences` (same order), with
+    the inputs of ``loss_fn`` (:func:`tinker_loss_inputs`); :class:`NothingToTrain` for
+    a batch without a trained token."""
+    tinker_loss_inputs(loss_fn)  # a loss the batch cannot feed is refused before any work
     seqs = trainable_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)
-    return [tinker_datum(s, include_mask=include_mask) for s in seqs]
+    return [tinker_datum(s, include_mask=include_mask, loss_fn=loss_fn) for s in seqs]
 
 
 # --- slime -----------------------------------------------------------------------------------

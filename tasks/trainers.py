@@ -228,8 +228,8 @@ def tinker_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainRe
     if not base_model:
         raise ConfigError("the tinker trainer needs train.tinker.base_model (or model.model): the model to fine-tune")
     batch = _read_batch(cfg, batch_url)
-    # Tinker's built-in RL losses take target_tokens, logprobs and advantages only
-    datums = to_tinker_datums(batch, include_mask=False)
+    # exactly the inputs of the configured loss: the service refuses any other key
+    datums = to_tinker_datums(batch, loss_fn=tcfg.loss_fn, include_mask=False)
     name = f"{ctx.config.collection_id or 'focus'}-v{ctx.iteration + 1:06d}"
     report = check_requests(build_requests(datums, tcfg, base_model=base_model, name=name, state_path=ctx.state))
     why = None

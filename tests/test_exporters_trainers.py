@@ -59,3 +59,58 @@ def test_a_reward_beyond_float32_is_refused_by_the_verl_export_naming_its_sequen
     big = Batch("cx", 1, [dataclasses.replace(r, reward=1e39)])
     with pytest.raises(ValueError, match=rf"sequence 0 \(task {r.task_id!r}, edge {r.edge_id}\) has the reward 1e\+39"):
         to_verl_batch(big, pad_token_id=0)
+
+
+#: What each loss of the installed SDK's ``tinker.types.LossFnType`` reads from a datum, as
+#: documented at tinker-docs.thinkingmachines.ai (losses/, losses/gspo/, losses/stable-reinforce/,
+#: datum/): GSPO takes the mean log-ratio over the positions ``sequence_ratio_mask`` marks.
+TINKER_LOSS_INPUTS = {
+    "importance_sampling": {"target_tokens", "logprobs", "advantages"},
+    "ppo": {"target_tokens", "logprobs", "advantages"},
+    "cispo": {"target_tokens", "logprobs", "advantages"},
+    "gspo": {"target_tokens", "logprobs", "advantages", "sequence_ratio_mask"},
+}
+#: Losses a FOCUS batch cannot feed, and the words of the refusal.
+TINKER_REFUSED = {
+    "stable_reinforce": "sequence_id",
+    "cross_entropy": "supervised",
+    "dro": "not been checked",
+    "custom": "forward_backward_custom",
+}
+
+
+@pytest.mark.needs("tinker")
+def test_every_tinker_loss_gets_its_inputs_or_a_refusal_naming_why(batch):  # noqa: F811
+    """Tinker's SDK gained ``gspo``, ``stable_reinforce`` and ``dro``; the export gave every
+    loss the same three inputs. GSPO's sequence ratio is the mean log-ratio over the tokens
+    ``sequence_ratio_mask`` marks: a FOCUS sequence's prompt and observation tokens carry
+    log-prob 0 (they were not sampled), so without the mask they would enter the ratio as
+    if sampled with probability 1. StableReinforce needs each token's sampling
+    ``sequence_id`` (recorded by a sampling client with ``record_stability_info``), which a
+    batch does not hold."""
+    import typing
+
+    import tinker
+
+    from focus.exporters import NothingToTrain, to_tinker_datums
+
+    losses = set(typing.get_args(tinker.types.LossFnType))
+    assert losses == set(TINKER_LOSS_INPUTS) | set(TINKER_REFUSED)  # a new loss must be looked at
+    seqs = actor_sequences(batch)
+    for loss_fn, keys in TINKER_LOSS_INPUTS.items():
+        datums = to_tinker_datums(batch, loss_fn=loss_fn)
+        tinker.types.ForwardBackwardInput(data=datums, loss_fn=loss_fn)  # type: ignore[arg-type]
+        for seq, d in zip(seqs, datums, strict=True):
+            assert set(d.loss_fn_inputs) == keys, loss_fn
+            n = d.model_input.length
+            assert all(v.shape == [n] for v in d.loss_fn_inputs.values())
+            if loss_fn == "gspo":
+                ratio = d.loss_fn_inputs["sequence_ratio_mask"].to_numpy()
+                assert ratio.dtype == np.float32 and ratio.tolist() == [float(m) for m in seq.mask[1:]]
+                assert not d.loss_fn_inputs["logprobs"].to_numpy()[ratio == 0].any()  # unsampled: out of the ratio
+    for loss_fn, why in TINKER_REFUSED.items():
+        with pytest.raises(ValueError, match=why) as e:
+            to_tinker_datums(batch, loss_fn=loss_fn)
+        assert not isinstance(e.value, NothingToTrain) and loss_fn in str(e.value)
+    with pytest.raises(ValueError, match="unknown Tinker loss 'grpo'"):
+        to_tinker_datums(batch, loss_fn="grpo")

@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         ap.error("give --store and --batch-url, or --collect-toy")
     cfg = TinkerUpdateConfig(loss_fn=args.loss_fn, learning_rate=args.lr, dry_run=args.dry_run)
-    # Tinker's built-in RL losses take target_tokens, logprobs and advantages only.
-    datums = to_tinker_datums(batch, include_mask=False)
+    # Exactly the inputs of the loss: the service refuses any other key.
+    datums = to_tinker_datums(batch, loss_fn=args.loss_fn, include_mask=False)
     requests = build_requests(datums, cfg, base_model=args.base_model, name=args.name, state_path=args.state)
     result: dict[str, Any] = {"batch": url, **check_requests(requests)}
     if os.environ.get("TINKER_API_KEY") and not args.dry_run:
