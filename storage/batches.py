@@ -517,6 +517,10 @@ class _Encoder:
         self.futures: list[Future[None]] = []
 
     def add(self, table: pa.Table) -> None:
+        if not table.num_rows:
+            # an empty table is a file with the schema and no row group: a row group of 0
+            # rows stops HF ``datasets``, which reads in batches of the first group's size
+            return
         if self.executor is None:
             self.writer.write_table(table)
         else:
