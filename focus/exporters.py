@@ -217,16 +217,16 @@ def tinker_datum(
 
     if len(seq.tokens) < 2:
         raise ValueError(f"a sequence of {len(seq.tokens)} token(s) has nothing to predict")
-    arrays = {
+    mask = np.asarray(seq.mask[1:], dtype=np.float32)  # 1 on trained tokens, never on unsampled ones
+    arrays: dict[str, np.ndarray] = {
         "target_tokens": np.asarray(seq.tokens[1:], dtype=np.int64),
         "logprobs": np.asarray(seq.logprobs[1:], dtype=np.float32),
         "advantages": np.asarray(seq.advantages[1:], dtype=np.float32),
-        "sequence_ratio_mask": np.asarray(seq.mask[1:], dtype=np.float32),
+        "sequence_ratio_mask": mask,
+        "mask": mask,
     }
     keys = [*tinker_loss_inputs(loss_fn), *(["mask"] if include_mask else [])]
-    inputs = {
-        k: tinker.TensorData.from_numpy(arrays[k] if k != "mask" else arrays["sequence_ratio_mask"]) for k in keys
-    }
+    inputs = {k: tinker.TensorData.from_numpy(arrays[k]) for k in keys}
     return tinker.Datum(model_input=tinker.ModelInput.from_ints(list(seq.tokens[:-1])), loss_fn_inputs=inputs)
 
 
@@ -452,6 +452,24 @@ def to_verl_batch(
     seqs = trainable_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)
     p_len = max(s.prompt_length for s in seqs) if max_prompt_length is None else max_prompt_length
     r_len = max(len(s.tokens) - s.prompt_length for s in seqs) if max_response_length is None else max_response_length
+    tensors = _verl_tensors(seqs, pad_token_id, p_len, r_len)
+    rows = [s.rows[0] for s in seqs]
+    non_tensors = {
+        "uid": np.array([f"{r.collection_id}/{r.tree_id}" for r in rows], dtype=object),
+        "task_id": np.array([r.task_id for r in rows], dtype=object),
+        "edge_id": np.array([r.edge_id for r in rows], dtype=object),
+    }
+    meta_info: dict[str, Any] = {"global_token_num": tensors["attention_mask"].sum(axis=1).tolist()}
+    if temperature is not None:
+        meta_info["temperature"] = temperature
+    return {"tensors": tensors, "non_tensors": non_tensors, "meta_info": meta_info}
+
+
+def _verl_tensors(seqs: list[TokenSequence], pad_token_id: int, p_len: int, r_len: int) -> dict[str, Any]:
+    """:func:`to_verl_batch`'s ``tensors``: prompts left-, responses right-padded to
+    ``p_len`` and ``r_len``; a longer sequence is a ``ValueError`` naming it."""
+    import numpy as np
+
     n = len(seqs)
     prompts = np.full((n, p_len), pad_token_id, dtype=np.int64)
     responses = np.full((n, r_len), pad_token_id, dtype=np.int64)
@@ -474,7 +492,7 @@ def to_verl_batch(
         logprobs[i, :r] = s.logprobs[p:]
         advantages[i, :r] = s.advantages[p:]
     scores = _verl_scores(seqs, r_len)
-    tensors = {
+    return {
         "prompts": prompts,
         "responses": responses,
         "input_ids": np.concatenate([prompts, responses], axis=1),
@@ -488,16 +506,6 @@ def to_verl_batch(
         "token_level_rewards": scores.copy(),
         "returns": advantages.copy(),
     }
-    rows = [s.rows[0] for s in seqs]
-    non_tensors = {
-        "uid": np.array([f"{r.collection_id}/{r.tree_id}" for r in rows], dtype=object),
-        "task_id": np.array([r.task_id for r in rows], dtype=object),
-        "edge_id": np.array([r.edge_id for r in rows], dtype=object),
-    }
-    meta_info: dict[str, Any] = {"global_token_num": attention.sum(axis=1).tolist()}
-    if temperature is not None:
-        meta_info["temperature"] = temperature
-    return {"tensors": tensors, "non_tensors": non_tensors, "meta_info": meta_info}
 
 
 def _verl_scores(seqs: list[TokenSequence], r_len: int) -> Any:
