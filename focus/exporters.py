@@ -34,7 +34,8 @@ those tokens once per branch. Nothing is re-tokenised: every id comes from the r
   installable here; when it is not importable a field-for-field mirror,
   :class:`SlimeSample`, is used.
 - :func:`to_verl_batch` builds the padded arrays of a verl ``DataProto`` (prompts left-,
-  responses right-padded; per-token arrays aligned with ``responses``).
+  responses right-padded; per-token arrays aligned with ``responses``), with what verl's
+  actor and its metric helpers read (scores, rewards, returns, ``global_token_num``).
 """
 
 from __future__ import annotations
