@@ -199,7 +199,8 @@ TINKER_REFUSED: dict[str, str] = {
     "client made with record_stability_info=True and kept by the service for a day), which a FOCUS batch "
     "does not hold",
     "cross_entropy": "it is the supervised loss (target_tokens and weights), not an RL loss of advantages",
-    "dro": "its inputs have not been checked against a FOCUS batch (Tinker documents them nowhere we read)",
+    "dro": "its inputs have not been checked against a FOCUS batch (Tinker's loss pages do not give them): "
+    "refused rather than guessed",
     "custom": "it is the loss of forward_backward_custom: pass your function there with the datums of any other loss",
 }
 
