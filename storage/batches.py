@@ -52,7 +52,7 @@ from storage.errors import (
 )
 from storage.lease import check_writer
 from storage.manifest import FileEntry, Manifest, dumps_json, sha256
-from storage.schema import ACTOR_SCHEMA, CRITIC_SCHEMA, SCHEMA_VERSION, validate
+from storage.schema import ACTOR_SCHEMA, CRITIC_SCHEMA, SCHEMA_VERSION, validate, version_refused
 from storage.urls import Location, Retry, check_id
 
 T = TypeVar("T")
@@ -383,9 +383,7 @@ class BatchStore:
         """The manifest at ``url`` and its files' bytes, each checked against the manifest."""
         m = self.manifest(url)
         if m.schema_version != SCHEMA_VERSION:
-            raise SchemaError(
-                f"{url}: batch written with schema version {m.schema_version}, this reader knows {SCHEMA_VERSION}"
-            )
+            raise version_refused(url, m.schema_version)
         try:
             blobs = self.loc.cat_many([f"{url}/{f.path}" for f in m.files], self.retry)
         except FileNotFoundError as e:

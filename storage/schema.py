@@ -88,6 +88,20 @@ def _check_actor_shapes(table: pa.Table, where: str) -> None:
         raise SchemaError(f"{where}: loss_mask entries must be 0 or 1")
 
 
+#: What each earlier schema version lacks, for the refusal of a batch it wrote.
+OLDER_VERSIONS = {1: "version 1 has no actor column 'truncated'"}
+
+
+def version_refused(where: str, version: object) -> SchemaError:
+    """The refusal of a batch of another schema version: what differs, and that its
+    Parquet files still read with the query tools (docs/batch-schema.md)."""
+    differs = OLDER_VERSIONS.get(int(version)) if str(version).isdigit() else None
+    return SchemaError(
+        f"{where}: batch written with schema version {version}, this reader knows {SCHEMA_VERSION}"
+        + (f" ({differs}); its Parquet files read as they are with DuckDB, polars or datasets" if differs else "")
+    )
+
+
 def validate(table: pa.Table, kind: str, where: str) -> pa.Table:
     """``table`` cast to the exact schema of ``kind``, or :class:`SchemaError` naming what differs.
 
@@ -104,9 +118,7 @@ def validate(table: pa.Table, kind: str, where: str) -> pa.Table:
         )
     version = (table.schema.metadata or {}).get(b"focus.schema_version")
     if version is not None and version.decode() != str(SCHEMA_VERSION):
-        raise SchemaError(
-            f"{where}: written with schema version {version.decode()}, this reader knows {SCHEMA_VERSION}"
-        )
+        raise version_refused(where, version.decode())
     cols = []
     for f in schema:
         col = table.column(f.name)
