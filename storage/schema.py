@@ -95,7 +95,7 @@ OLDER_VERSIONS = {1: "version 1 has no actor column 'truncated'"}
 def version_refused(where: str, version: object) -> SchemaError:
     """The refusal of a batch of another schema version: what differs, and that its
     Parquet files still read with the query tools (docs/batch-schema.md)."""
-    differs = OLDER_VERSIONS.get(int(version)) if str(version).isdigit() else None
+    differs = OLDER_VERSIONS.get(int(str(version))) if str(version).isdigit() else None
     return SchemaError(
         f"{where}: batch written with schema version {version}, this reader knows {SCHEMA_VERSION}"
         + (f" ({differs}); its Parquet files read as they are with DuckDB, polars or datasets" if differs else "")
