@@ -49,6 +49,18 @@ def test_bad_requests_are_named():
         main([])
 
 
+def test_each_rl_loss_gets_exactly_its_inputs():
+    seq = TokenSequence((), (1, 2, 3, 4), (0.0, -0.5, -0.2, -0.1), (0.0, 1.0, 1.0, 1.0), (0, 1, 1, 1), 1)
+    for loss_fn in ("importance_sampling", "ppo", "cispo", "gspo"):
+        cfg = TinkerUpdateConfig(loss_fn=loss_fn)
+        sent = check_requests(build_requests([tinker_datum(seq, loss_fn=loss_fn)], cfg, base_model="m", name="n"))
+        assert sent["loss_fn"] == loss_fn and ("sequence_ratio_mask" in sent["loss_fn_inputs"]) == (loss_fn == "gspo")
+    # a datum built for another loss is refused before anything is sent (GSPO needs the ratio mask)
+    gspo = TinkerUpdateConfig(loss_fn="gspo")
+    with pytest.raises(ValueError, match="'gspo' loss takes exactly"):
+        check_requests(build_requests([tinker_datum(seq)], gspo, base_model="m", name="n"))
+
+
 class _Done:
     def __init__(self, value):
         self.value = value

@@ -33,7 +33,7 @@ from typing import Any
 from examples import common
 from focus.batch import Batch
 
-LOSS_FNS = ("importance_sampling", "ppo")
+LOSS_FNS = ("importance_sampling", "ppo", "cispo", "gspo")
 
 
 async def toy_batch(out: str, url: str | None = None) -> tuple[str, Batch]:

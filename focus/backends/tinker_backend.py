@@ -152,9 +152,6 @@ def parse_sample_response(resp: Any) -> Completion:
 
 # --- training -------------------------------------------------------------------------------
 
-#: The loss inputs of Tinker's built-in RL losses (the mask is not one of them).
-RL_LOSS_INPUTS = ("advantages", "logprobs", "target_tokens")
-
 
 class TinkerUpdateConfig(BaseModel):
     """One Tinker training step per loop iteration (the pipeline's ``train.tinker``)."""
@@ -165,8 +162,10 @@ class TinkerUpdateConfig(BaseModel):
     base_model: str | None = None
     #: LoRA rank of a new training run.
     lora_rank: int = Field(32, ge=1)
-    #: Built-in loss: ``importance_sampling`` (REINFORCE with importance weights) or ``ppo``.
-    loss_fn: Literal["importance_sampling", "ppo"] = "importance_sampling"
+    #: Built-in RL loss: ``importance_sampling`` (REINFORCE with importance weights), ``ppo``,
+    #: ``cispo`` or ``gspo`` (sequence-level ratio over the trained tokens); the datums carry
+    #: exactly that loss's inputs (``focus.exporters.TINKER_LOSS_INPUTS``).
+    loss_fn: Literal["importance_sampling", "ppo", "cispo", "gspo"] = "importance_sampling"
     #: Adam learning rate of ``optim_step``.
     learning_rate: float = Field(1e-5, gt=0.0)
     #: Seed of the LoRA initialisation (reproducible runs).
@@ -246,6 +245,10 @@ def check_requests(reqs: TinkerRequests) -> dict[str, Any]:
     from tinker._compat import model_dump
     from tinker.proto.request_conv import forward_backward_request_to_proto
 
+    from focus.exporters import tinker_loss_inputs
+
+    loss_fn = reqs.forward_backward.forward_backward_input.loss_fn
+    expected = tuple(sorted(tinker_loss_inputs(loss_fn)))
     data = reqs.forward_backward.forward_backward_input.data
     if not data:
         raise ValueError("the batch has no trainable sequences: nothing to send")
@@ -254,8 +257,8 @@ def check_requests(reqs: TinkerRequests) -> dict[str, Any]:
     for i, d in enumerate(data):
         n = d.model_input.length
         keys = tuple(sorted(d.loss_fn_inputs))
-        if keys != RL_LOSS_INPUTS:
-            raise ValueError(f"datum {i}: loss inputs {keys}, the RL losses take exactly {RL_LOSS_INPUTS}")
+        if keys != expected:
+            raise ValueError(f"datum {i}: loss inputs {keys}, Tinker's {loss_fn!r} loss takes exactly {expected}")
         for key, t in d.loss_fn_inputs.items():
             if list(t.shape) != [n]:
                 raise ValueError(f"datum {i}: {key} has shape {t.shape}, model_input has {n} tokens")
@@ -274,8 +277,8 @@ def check_requests(reqs: TinkerRequests) -> dict[str, Any]:
     }
     return {
         "datums": len(data),
-        "loss_fn": reqs.forward_backward.forward_backward_input.loss_fn,
-        "loss_fn_inputs": list(RL_LOSS_INPUTS),
+        "loss_fn": loss_fn,
+        "loss_fn_inputs": list(expected),
         "tokens": sum(lengths),
         "tokens_with_advantage": trained,
         "max_len": max(lengths),

@@ -174,7 +174,7 @@ MEANING: dict[str, str] = {
     "train.local.seed": "seeds the minibatch order",
     "train.tinker.base_model": "model to fine-tune (unset: `model.model`)",
     "train.tinker.lora_rank": "LoRA rank of a new training run",
-    "train.tinker.loss_fn": "`importance_sampling` \\| `ppo`",
+    "train.tinker.loss_fn": "`importance_sampling` \\| `ppo` \\| `cispo` \\| `gspo`",
     "train.tinker.learning_rate": "Adam learning rate",
     "train.tinker.seed": "seed of the LoRA initialisation",
     "train.tinker.ttl_seconds": "lifetime of saved Tinker checkpoints in seconds (unset: kept)",
