@@ -163,3 +163,15 @@ def test_the_train_loop_validates_its_config_after_the_variables_too(prefect_api
         state.message or ""
     ), state.message
     assert "(from the run's config parameter)" in (state.message or "")
+
+
+def test_the_fields_a_runs_config_leaves_out_are_the_stored_ones_it_does_not_name():
+    """What the run's WARNING line names (``flows.preflight.note_replaced``): a stored table is looked
+    into, a list counts as one field, and a field the run names (even as null) is not left out."""
+    from flows.preflight import left_out
+
+    stored = {"seed": 3, "model": {"kind": "openai", "url": "http://gpu:8000"}, "search": {"phases": [{"name": "a"}]}}
+    assert left_out(stored, {"seed": 5}) == ["model", "search"]
+    assert left_out(stored, {"model": {"kind": "local", "url": None}, "search": {"phases": []}}) == ["seed"]
+    assert left_out(stored, {"seed": 3, "model": {"kind": "openai"}, "search": {}}) == ["model.url", "search.phases"]
+    assert left_out(stored, stored) == [] and left_out({}, {"seed": 1}) == []
