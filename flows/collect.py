@@ -5,7 +5,7 @@ The flow runs :func:`tasks.collect.collect` with a journal that makes each step 
 and ``prepare-export``. A rerun (a retry, the UI, the CLI with the same id) continues from the last saved step.
 Services start for the run (:mod:`flows.services`); heartbeats let a watchdog mark a lost node's run ``Crashed``
 (:mod:`flows.heartbeat`); a Prefect server gone stops it (:mod:`flows.watch`); a failure is one line (:mod:`flows.errors`),
-a cancel an INFO line (:mod:`flows.cancel`), stored config fields a run's config drops a WARNING (``note_replaced``).
+a cancel an INFO line (:mod:`flows.cancel`), an open schema or dropped stored config a WARNING (``note_deployment``).
 Async: Prefect's sync engine waits ~1 s on exit."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from prefect.utilities.annotations import quote
 from flows.cancel import quiet_cancellation
 from flows.errors import failed_state
 from flows.heartbeat import heartbeats
-from flows.preflight import collection_id_for_run, flow_run_name, note_replaced
+from flows.preflight import collection_id_for_run, flow_run_name, note_deployment
 from flows.progress import CollectionProgress
 from flows.report import publish_report
 from flows.services import services_in_thread
@@ -95,7 +95,7 @@ async def collect(config: ConfigParameter = None, allow_policy_change: bool = Fa
     """
     cid = config.get("collection_id") if isinstance(config, dict) else getattr(config, "collection_id", None)
     try:
-        await note_replaced(config, get_run_logger())
+        await note_deployment(config, get_run_logger())
         cfg = collection_id_for_run(config_at_runtime(config))
         cid = cfg.collection_id
         with quiet_cancellation(), heartbeats(cfg.execution.heartbeat_s):

@@ -269,7 +269,8 @@ def flow_run_name() -> str:
 # the operator clears is one the run does not set), so FOCUS keeps it rather than merging
 # ``config`` key by key, where a cleared field would come back from the deployment. What it
 # adds is that the run says so: the stored fields the run's ``config`` does not name, in
-# one WARNING line of the run's log (docs/pipeline.md, "Run-time configuration").
+# one WARNING line of the run's log (docs/pipeline.md, "Run-time configuration"). The same
+# read of the deployment tells whether its parameter schema is open (deployments/pool.py).
 
 
 def left_out(stored: Mapping[str, Any], given: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -284,14 +285,15 @@ def left_out(stored: Mapping[str, Any], given: Mapping[str, Any], prefix: str = 
     return out
 
 
-async def note_replaced(config: Any, log: Any) -> list[str]:
+async def note_deployment(config: Any, log: Any) -> list[str]:
     """Log which fields of the deployment's stored ``config`` this run's ``config`` (as the
-    API sent it) leaves out; those names. Nothing for a run of no deployment, a run that
-    passed no ``config`` (it got the stored one) or a ``config`` that is no mapping (the
+    API sent it) leaves out, and whether the deployment's parameter schema is open; the
+    names left out. Nothing for a run of no deployment; no names for a run that passed no
+    ``config`` (it got the stored one) or a ``config`` that is no mapping (the
     configuration's own check names that). A failed read of the deployment is not the
     run's failure: it is skipped."""
     deployment_id = getattr(_context_run(), "deployment_id", None)
-    if deployment_id is None or not isinstance(config, Mapping):
+    if deployment_id is None:
         return []
     from prefect.client.orchestration import get_client
 
@@ -300,10 +302,17 @@ async def note_replaced(config: Any, log: Any) -> list[str]:
             deployment = await client.read_deployment(deployment_id)
     except Exception:  # noqa: BLE001 - a note, never a reason to fail the run
         return []
-    stored = (deployment.parameters or {}).get("config")
+    if (deployment.parameter_openapi_schema or {}).get("additionalProperties") is not False:
+        # `prefect deploy` stores it so (deployments/pool.py): a run naming a parameter the
+        # flow lacks is accepted, and crashes before the flow begins, the cause only on the worker
+        log.warning(
+            "deployment %r takes runs with parameters its flow does not take (its parameter schema is open, as "
+            "prefect deploy stores it); run 'focus deploy --work-pool' against this server to close it",
+            deployment.name,
+        )
     from tasks.config.form import from_form
 
-    stored, given = from_form(stored), from_form(dict(config))
+    stored, given = from_form((deployment.parameters or {}).get("config")), from_form(config)
     names = left_out(stored, given) if isinstance(stored, Mapping) and isinstance(given, Mapping) else []
     if names:
         log.warning(

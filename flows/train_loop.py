@@ -48,7 +48,7 @@ from flows.loop import (
     train_body,
 )
 from flows.loop_progress import LoopProgress, success_points
-from flows.preflight import collection_id_for_run, note_replaced
+from flows.preflight import collection_id_for_run, note_deployment
 from flows.report import _artifact_key
 from flows.watch import watched
 from tasks.config import FocusConfig
@@ -125,7 +125,7 @@ async def train_loop(config: ConfigParameter = None, allow_config_change: bool =
     were made with, from the first iteration not yet begun (:mod:`tasks.loop_settings`).
     """
     log = get_run_logger()
-    await note_replaced(config, log)
+    await note_deployment(config, log)
     config = collection_id_for_run(config_at_runtime(config))
     log.info("train loop %s", config.collection_id)
     progress = LoopProgress(config, enabled=config.progress, log=log)  # off a terminal: lines in the UI
