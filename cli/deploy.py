@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -55,6 +56,14 @@ WatchdogOnlyOpt = Annotated[
         "serves (deployments/prefect.yaml).",
     ),
 ]
+WorkPoolOpt = Annotated[
+    bool,
+    typer.Option(
+        "--work-pool",
+        help="Only set the server up for the deployments of deployments/prefect.yaml, then exit: close their "
+        "parameter schemas (prefect deploy leaves them open) and install the watchdog. Run after every prefect deploy.",
+    ),
+]
 
 
 def deploy(
@@ -66,6 +75,7 @@ def deploy(
     crash_after: CrashAfterOpt = 30.0,
     overlap: OverlapOpt = "queue",
     watchdog_only: WatchdogOnlyOpt = False,
+    work_pool: WorkPoolOpt = False,
     sets: SetOpt = None,
     debug: DebugOpt = False,
 ) -> None:
@@ -83,24 +93,33 @@ def deploy(
         fail("--limit must be at least 1")
     if overlap not in ("queue", "skip"):
         fail(f"--overlap must be 'queue' or 'skip', got {overlap!r}")
+    if watchdog_only and work_pool:
+        fail("--watchdog-only and --work-pool exclude each other (--work-pool installs the watchdog too)")
     if 0 < crash_after < 10 or (watchdog_only and crash_after == 0):
         fail("--crash-after must be 0 (no watchdog) or at least 10 seconds (Prefect's shortest proactive trigger)")
+    from deployments.pool import close_schemas
     from deployments.serve import DeploySpec, serve_deployments
     from deployments.watchdog import ensure_watchdog
 
     spec = DeploySpec(cron=cron, limit=limit, crash_after_s=crash_after, overlap=overlap)
-    if not watchdog_only:  # what this process would serve, checked before anything is registered
+    if not (watchdog_only or work_pool):  # what this process would serve, checked before anything is registered
         spec = served(spec, scheduled_config or config, manual_config or config, overrides(sets))
     out = Console(0, debug, None, "deploy")
     unanswered = server_unanswered(api)
     if unanswered:
         fail(prefect_unanswered(api, unanswered, then="run focus deploy again"), code=1)
-    if watchdog_only:
+    if watchdog_only or work_pool:
         try:
-            auto = ensure_watchdog(crash_after)
+            closed = asyncio.run(close_schemas()) if work_pool else []
+            auto = ensure_watchdog(crash_after) if crash_after > 0 else None
         except Exception as e:  # noqa: BLE001 - every error becomes one line
             out.fail(e)
-        typer.echo(f"automation {auto.name!r} ({auto.id}): Crashed after {crash_after:g} s without a heartbeat")
+        for name in closed:
+            typer.echo(
+                f"deployment {name}: parameter schema closed (a run naming a parameter the flow lacks is refused)"
+            )
+        if auto is not None:
+            typer.echo(f"automation {auto.name!r} ({auto.id}): Crashed after {crash_after:g} s without a heartbeat")
         return
     serving()  # Prefect's serve stops on Ctrl-C its own way (before: one line, cli.entry)
     try:

@@ -13,9 +13,10 @@ it sets the run ``Crashed`` with a message saying why, and the UI's Retry resume
 Prefect's built-in flow-run heartbeats would work too but are at least 30 s apart (180 s
 by default), so detection would take minutes; ours are as frequent as configured.
 
-``focus deploy`` installs it; for the ``prefect.yaml`` work-pool path run once::
+``focus deploy`` installs it; for the ``prefect.yaml`` work-pool path run (after every
+``prefect deploy``, as it also closes the deployments' parameter schemas)::
 
-    focus deploy --watchdog-only --crash-after 30
+    focus deploy --work-pool --crash-after 30
 
 It is created or updated by name, so running it again changes the timeout in place.
 """

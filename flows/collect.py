@@ -1,13 +1,12 @@
 """The ``collect`` flow: one iteration of collection as a Prefect flow run, resumable.
 
-The flow runs :func:`tasks.collect.collect` with a journal that makes each step a task
-run as it is saved: ``check-config``, ``evidence-rollouts``, ``critic-scoring``, one
-``continuation-wave`` per wave (``wave-<phase>-<wave>``) and ``prepare-export``. A rerun
-(a retry, the UI, the CLI with the same collection id) continues from the last saved step.
-Implicit services start for the run (:mod:`flows.services`); heartbeats (:mod:`flows.heartbeat`) let a watchdog
-mark a lost node's run ``Crashed``; a Prefect server gone stops it (:mod:`flows.watch`); a failure is one line
-(:mod:`flows.errors`), a cancel an INFO line (:mod:`flows.cancel`). Async: Prefect's sync engine waits ~1 s on exit.
-"""
+The flow runs :func:`tasks.collect.collect` with a journal that makes each step a task run as it is saved:
+``check-config``, ``evidence-rollouts``, ``critic-scoring``, one ``continuation-wave`` per wave (``wave-<phase>-<wave>``)
+and ``prepare-export``. A rerun (a retry, the UI, the CLI with the same id) continues from the last saved step.
+Services start for the run (:mod:`flows.services`); heartbeats let a watchdog mark a lost node's run ``Crashed``
+(:mod:`flows.heartbeat`); a Prefect server gone stops it (:mod:`flows.watch`); a failure is one line (:mod:`flows.errors`),
+a cancel an INFO line (:mod:`flows.cancel`), an open schema or dropped stored config a WARNING (``note_deployment``).
+Async: Prefect's sync engine waits ~1 s on exit."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from prefect.utilities.annotations import quote
 from flows.cancel import quiet_cancellation
 from flows.errors import failed_state
 from flows.heartbeat import heartbeats
-from flows.preflight import collection_id_for_run, flow_run_name
+from flows.preflight import collection_id_for_run, flow_run_name, note_deployment
 from flows.progress import CollectionProgress
 from flows.report import publish_report
 from flows.services import services_in_thread
@@ -96,6 +95,7 @@ async def collect(config: ConfigParameter = None, allow_policy_change: bool = Fa
     """
     cid = config.get("collection_id") if isinstance(config, dict) else getattr(config, "collection_id", None)
     try:
+        await note_deployment(config, get_run_logger())
         cfg = collection_id_for_run(config_at_runtime(config))
         cid = cfg.collection_id
         with quiet_cancellation(), heartbeats(cfg.execution.heartbeat_s):

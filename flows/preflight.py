@@ -21,6 +21,7 @@ import importlib.util
 import os
 import shutil
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -255,3 +256,77 @@ def flow_run_name() -> str:
     cid = cid or os.environ.get("FOCUS_COLLECTION_ID")  # the worker's variable, as config_at_runtime reads it
     # a run of no deployment derives its id from its own name: it keeps that name
     return str(cid or (_run_collection_id() if deployment.name else flow_run.name))
+
+
+# One log line when a run's ``config`` leaves out fields its deployment stores.
+#
+# Prefect merges a run's parameters into its deployment's at the top level only (the
+# server's ``dict.update``; ``prefect deployment run --param``/``--params`` and the API
+# alike), so a run that passes ``config`` replaces the deployment's stored ``config``
+# whole: ``{"seed": 5}`` against a deployment that stores ``model.kind = "openai"`` and
+# its URL samples from the embedded model. That is Prefect's rule for every parameter,
+# and the UI's Custom run relies on it (its form starts from the stored values, so a field
+# the operator clears is one the run does not set), so FOCUS keeps it rather than merging
+# ``config`` key by key, where a cleared field would come back from the deployment. What it
+# adds is that the run says so: the stored fields the run's ``config`` does not name, in
+# one WARNING line of the run's log (docs/pipeline.md, "Run-time configuration"). The same
+# read of the deployment tells whether its parameter schema is open (deployments/pool.py).
+
+
+def left_out(stored: Mapping[str, Any], given: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted names of the fields ``stored`` sets and ``given`` does not (a list is one field)."""
+    out: list[str] = []
+    for key, value in stored.items():
+        name = f"{prefix}{key}"
+        if key not in given:
+            out.append(name)
+        elif isinstance(value, Mapping) and value and isinstance(given[key], Mapping):
+            out += left_out(value, given[key], name + ".")
+    return out
+
+
+async def note_deployment(config: Any, log: Any) -> list[str]:
+    """Log which fields of the deployment's stored ``config`` this run's ``config`` (as the
+    API sent it) leaves out, and whether the deployment's parameter schema is open; the
+    names left out. Nothing for a run of no deployment; no names for a run that passed no
+    ``config`` (it got the stored one) or a ``config`` that is no mapping (the
+    configuration's own check names that). A failed read of the deployment is not the
+    run's failure: it is skipped."""
+    deployment_id = getattr(_context_run(), "deployment_id", None)
+    if deployment_id is None:
+        return []
+    from prefect.client.orchestration import get_client
+
+    try:
+        async with get_client() as client:
+            deployment = await client.read_deployment(deployment_id)
+    except Exception:  # noqa: BLE001 - a note, never a reason to fail the run
+        return []
+    if (deployment.parameter_openapi_schema or {}).get("additionalProperties") is not False:
+        # `prefect deploy` stores it so (deployments/pool.py): a run naming a parameter the
+        # flow lacks is accepted, and crashes before the flow begins, the cause only on the worker
+        log.warning(
+            "deployment %r takes runs with parameters its flow does not take (its parameter schema is open, as "
+            "prefect deploy stores it); run 'focus deploy --work-pool' against this server to close it",
+            deployment.name,
+        )
+    from tasks.config.form import from_form
+
+    stored, given = from_form((deployment.parameters or {}).get("config")), from_form(config)
+    names = left_out(stored, given) if isinstance(stored, Mapping) and isinstance(given, Mapping) else []
+    if names:
+        log.warning(
+            "config: this run's config replaces the one deployment %r stores, whole (Prefect merges a "
+            "run's parameters at the top level only); not applied from the deployment: %s. Send them in "
+            "the run's config to keep them",
+            deployment.name,
+            ", ".join(names),
+        )
+    return names
+
+
+def _context_run() -> Any:
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    return context.flow_run if context is not None else None

@@ -48,7 +48,7 @@ from flows.loop import (
     train_body,
 )
 from flows.loop_progress import LoopProgress, success_points
-from flows.preflight import collection_id_for_run
+from flows.preflight import collection_id_for_run, note_deployment
 from flows.report import _artifact_key
 from flows.watch import watched
 from tasks.config import FocusConfig
@@ -124,8 +124,9 @@ async def train_loop(config: ConfigParameter = None, allow_config_change: bool =
     ``allow_config_change``: resume with other settings than the recorded iterations
     were made with, from the first iteration not yet begun (:mod:`tasks.loop_settings`).
     """
-    config = collection_id_for_run(config_at_runtime(config))
     log = get_run_logger()
+    await note_deployment(config, log)
+    config = collection_id_for_run(config_at_runtime(config))
     log.info("train loop %s", config.collection_id)
     progress = LoopProgress(config, enabled=config.progress, log=log)  # off a terminal: lines in the UI
     # heartbeats also close what crashed attempts left Running; a cancel ends with an INFO line

@@ -17,7 +17,7 @@ import time
 import pytest
 from fixtures.prefect import kill_tree
 from fixtures.ui_form import form_post
-from test_deploy import BASE, FINAL, artifacts, create_run, deploy, deployment, table, wait_state
+from test_deploy import BASE, FINAL, artifacts, create_run, deploy, deployment, run_logs, table, wait_state
 
 from storage import BatchStore, CheckpointStore
 
@@ -49,5 +49,30 @@ def test_a_custom_run_edits_one_field_and_keeps_the_workers_store(prefect_server
         assert not (tmp_path / "runs").exists()
         stored = json.loads(CheckpointStore(str(store)).load(cid, "config", 0))
         assert stored["seed"] == 9 and stored["env"]["n_tasks"] == 2  # the edit, and the deployment's file
+
+        # the API's (and `prefect deployment run --param config=...`'s) way: a config that
+        # leaves out a stored field replaces the stored config whole, Prefect's rule for a
+        # parameter; the run's log says which stored fields did not apply, once
+        partial = {k: v for k, v in dep["parameters"]["config"].items() if k != "seed"}
+        api_run = create_run(api, dep["id"], {"config": partial})
+        done = wait_state(api, api_run["id"], FINAL, proc=proc)
+        assert done["state_type"] == "COMPLETED", done["state"].get("message")
+        notes = _replaced_notes(api, api_run["id"], wait_s=15)
+        assert len(notes) == 1 and "not applied from the deployment: seed." in notes[0], notes
+        stats = {r["statistic"]: r["value"] for r in table(artifacts(api, api_run["id"])["stats"])}
+        assert json.loads(CheckpointStore(str(store)).load(stats["collection_id"], "config", 0))["seed"] == 0
+        # the Custom run sent every stored field (the form starts from them): nothing to say
+        assert _replaced_notes(api, run["id"]) == []
     finally:
         kill_tree(proc)
+
+
+def _replaced_notes(api: str, run_id: str, wait_s: float = 0) -> list[str]:
+    """The run's log lines about stored config fields its own config left out, waited for
+    up to ``wait_s`` (logs reach the server in batches: the final state may come first)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        notes = [x["message"] for x in run_logs(api, run_id) if "not applied from the deployment" in x["message"]]
+        if notes or time.monotonic() > deadline:
+            return notes
+        time.sleep(0.5)

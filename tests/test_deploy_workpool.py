@@ -104,6 +104,12 @@ def deployed(prefect_api: str, prefect_env: dict[str, str]) -> Iterator[tuple[st
     try:
         cli(["work-pool", "create", pool, "--type", "process"], env)
         cli(["deploy", "--all", "--prefect-file", str(YAML)], env)
+        # the documented step after `prefect deploy`: close the schemas (the watchdog: tests/test_deploy.py)
+        focus = [sys.executable, "-m", "cli", "deploy", "--work-pool", "--crash-after", "0"]
+        done = subprocess.run(focus, env=env, cwd=ROOT, capture_output=True, text=True, timeout=90)
+        assert done.returncode == 0, done.stdout + done.stderr
+        closed = {line.split()[1].rstrip(":") for line in done.stdout.splitlines() if line.startswith("deployment ")}
+        assert set(NAMES) <= closed, done.stdout
         yield pool, {**env, "FOCUS_PROJECT_DIR": str(ROOT)}
     finally:
         asyncio.run(_forget(pool))
@@ -238,6 +244,30 @@ def test_prefect_yaml_work_pool_deploys_and_runs(deployed, tmp_path):
     assert actor["collection_id"].unique().to_list() == [cid]
     assert (actor["completion_ids"].list.len() == actor["logprobs"].list.len()).all()
     assert pl.read_parquet(path / "critic" / "*.parquet").height > 0
+
+
+def test_work_pool_deployments_refuse_a_parameter_the_flow_lacks(deployed):
+    """`prefect deploy` stores the flow's open schema; after `focus deploy --work-pool` the
+    server refuses a run naming a parameter the flow does not take when it is created.
+    Before, it was created and crashed in Prefect's engine (`Process exited with status
+    code: 1`) on the worker, the cause only in the worker's console."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    async def runs() -> tuple[str, Any]:
+        async with get_client() as client:
+            manual = await client.read_deployment_by_name("collect/pool-manual")
+            with pytest.raises(PrefectHTTPStatusError) as refused:
+                await client.create_flow_run_from_deployment(manual.id, parameters={"bogus": 1})
+            # a run of the parameters the flow takes is still created (and not run here)
+            run = await client.create_flow_run_from_deployment(manual.id, parameters={"config": {"seed": 3}})
+            await client.delete_flow_run(run.id)
+            return str(refused.value), manual.parameter_openapi_schema
+
+    refused, schema = asyncio.run(runs())
+    assert "409" in refused and "'bogus' was unexpected" in refused, refused
+    # the rest of the schema is Prefect's own: the config form's properties are kept
+    assert schema["additionalProperties"] is False and set(schema["properties"]) == {"config", "allow_policy_change"}
 
 
 def test_prefect_yaml_without_pool_variable_fails_naming_it(prefect_env):

@@ -400,8 +400,9 @@ COMMANDS: dict[str, Check] = {
         "external", "names your own trainer module (mytrainer.py), which this checkout does not have"
     ),
     ".venv/bin/python -m benchmarks.cli_start": Check("parse", "a benchmark of minutes"),
-    ".venv/bin/focus deploy --watchdog-only --crash-after 30": Check(
-        "external", "installs an automation on a Prefect server; tests/test_deploy.py runs it"
+    ".venv/bin/focus deploy --work-pool --crash-after 30": Check(
+        "external",
+        "changes a Prefect server's deployments and automations; tests/test_deploy_workpool.py runs it",
     ),
     ".venv/bin/python -m cli collect": Check("run", expect=("batch:",)),
     # examples

@@ -163,3 +163,48 @@ def test_the_train_loop_validates_its_config_after_the_variables_too(prefect_api
         state.message or ""
     ), state.message
     assert "(from the run's config parameter)" in (state.message or "")
+
+
+def test_the_fields_a_runs_config_leaves_out_are_the_stored_ones_it_does_not_name():
+    """What the run's WARNING line names (``flows.preflight.note_deployment``): a stored table is looked
+    into, a list counts as one field, and a field the run names (even as null) is not left out."""
+    from flows.preflight import left_out
+
+    stored = {"seed": 3, "model": {"kind": "openai", "url": "http://gpu:8000"}, "search": {"phases": [{"name": "a"}]}}
+    assert left_out(stored, {"seed": 5}) == ["model", "search"]
+    assert left_out(stored, {"model": {"kind": "local", "url": None}, "search": {"phases": []}}) == ["seed"]
+    assert left_out(stored, {"seed": 3, "model": {"kind": "openai"}, "search": {}}) == ["model.url", "search.phases"]
+    assert left_out(stored, stored) == [] and left_out({}, {"seed": 1}) == []
+
+
+def test_a_run_of_a_deployment_with_an_open_schema_says_how_to_close_it(prefect_api, tmp_path):
+    """A deployment whose parameter schema is open (what `prefect deploy` stores, before
+    `focus deploy --work-pool`) takes runs naming parameters the flow lacks, which crash
+    before the flow begins: the runs it does start say so, once, with the command that
+    closes it. A run whose config leaves out stored fields names them."""
+    from prefect.client.orchestration import get_client
+    from prefect.flow_engine import run_flow
+
+    from flows.collect import collect
+
+    stored = {**SMALL, "model": {"kind": "factory", "factory": "fixtures.digits:digit_policy"}}
+    stored |= {"storage": {"root": str(tmp_path / "store")}}
+
+    async def run() -> str:
+        deployment = await asyncio.to_thread(collect.to_deployment, name="open-schema", parameters={"config": stored})
+        deployment_id = await deployment.aapply()
+        async with get_client() as client:
+            try:
+                given = {k: v for k, v in stored.items() if k != "seed"}
+                flow_run = await client.create_flow_run_from_deployment(deployment_id, parameters={"config": given})
+                await flushed(run_flow(collect, flow_run=flow_run, parameters=flow_run.parameters))
+            finally:
+                await client.delete_deployment(deployment_id)
+        return str(flow_run.id)
+
+    lines = [m for level, m in run_logs(prefect_api, asyncio.run(run())) if level == 30]
+    assert [m for m in lines if "focus deploy --work-pool" in m] == [
+        "deployment 'open-schema' takes runs with parameters its flow does not take (its parameter schema is "
+        "open, as prefect deploy stores it); run 'focus deploy --work-pool' against this server to close it"
+    ], lines
+    assert [m for m in lines if "not applied from the deployment: seed." in m] != [], lines
