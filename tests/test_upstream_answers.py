@@ -42,13 +42,19 @@ from test_real_wire_formats import (
     check_exact,
     draw,
     rollout,
+    serve,
     serving,
     sglang_routes,
     vllm_routes,
 )
 
+from focus.agent import Agent
 from focus.backends import LlamaCppPolicy, OpenAICompatPolicy, SGLangPolicy
-from focus.policy import SamplingParams
+from focus.branching import EveryDecision
+from focus.context import AppendOnly
+from focus.env import Task
+from focus.policy import SamplingParams, UnreadableAnswers
+from focus.toy import ReachTarget
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.integration]  # loopback servers; fast, not slow
 
@@ -150,5 +156,112 @@ def test_n_samples_whose_choices_come_in_another_order_go_to_their_own_seeds():
             finally:
                 await policy.aclose()
             assert sorted(b.get("n") for _, b in server.bodies) == [1, 3, 3]  # grouped: the rule held
+
+    asyncio.run(go())
+
+
+# ---- what vLLM does to a request that the answer does not say ----
+
+
+def agent_at(policy: Any, temperature: float) -> Agent:
+    policy.vocab_size = FORMAT.codec.vocab_size
+    sampling = SamplingParams(max_tokens=3, temperature=temperature)
+    return Agent(
+        policy,
+        ReachTarget(),
+        FORMAT,
+        context=AppendOnly(),
+        branch_points=EveryDecision(),
+        max_steps=4,
+        sampling=sampling,
+    )
+
+
+async def rollout_at(policy: Any, temperature: float) -> Any:
+    agent = agent_at(policy, temperature)
+    try:
+        root = await agent.start(Task("reach-9", {"target": 9}))
+        return await agent.rollout(root, seed=11)
+    finally:
+        await policy.aclose()
+
+
+def test_a_temperature_vllm_would_raise_to_0_01_stops_before_any_request():
+    """vLLM raises a temperature in (0, 0.01) to 0.01 (``SamplingParams.__post_init__``,
+    ``_MAX_TEMP``) and says so only in its own log: a collection at 0.005 recorded
+    samples and log-probs of temperature 0.01 as those of 0.005, which the trainer then
+    recomputes at 0.005. It stops now, before any completion is asked for, in one line."""
+
+    async def go() -> None:
+        async with serve(vllm_routes(Vllm())) as server:
+            with pytest.raises(UnreadableAnswers) as e:
+                await rollout_at(OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST), 0.005)
+            assert server.prompts("/v1/completions", "prompt") == []  # nothing sampled at the wrong temperature
+        line = str(e.value)
+        assert "\n" not in line and "raises a temperature in (0, 0.01) to 0.01" in line and "0.005" in line, line
+
+    asyncio.run(go())
+
+
+def test_behind_a_proxy_the_answer_names_vllm_and_the_low_temperature_stops_at_the_first_answer():
+    """A gateway's ``/v1/models`` names itself (LiteLLM: ``owned_by`` ``openai``); vLLM's
+    answer names vLLM in its ``system_fingerprint`` (``vllm-<version>-<hash8>``)."""
+    routes = vllm_routes(Vllm())
+    models = routes[("GET", "/v1/models")]
+
+    def gateway_models(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
+        status, data = models(server, body)
+        return status, {**data, "data": [{**c, "owned_by": "openai"} for c in data["data"]]}
+
+    routes[("GET", "/v1/models")] = gateway_models
+
+    async def go() -> None:
+        async with serve_chunked(routes, newest_vllm) as server:
+            with pytest.raises(UnreadableAnswers, match=r"is vLLM, which raises a temperature"):
+                await rollout_at(OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST), 0.005)
+            assert len(server.prompts("/v1/completions", "prompt")) == 1
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.01, 0.5])
+def test_vllm_samples_at_0_at_0_01_and_above_as_asked(temperature):
+    """Greedy (0) and every temperature from 0.01 on are vLLM's own: recorded as before,
+    and ``/v1/models`` is not asked (nothing to check)."""
+
+    async def go() -> None:
+        async with serve_chunked(vllm_routes(Vllm()), newest_vllm) as server:
+            ro = await rollout_at(OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST), temperature)
+            check_exact(ro, server, server.prompts("/v1/completions", "prompt"))
+            assert {u["temperature"] for u in server.used} == {temperature}
+            assert all(p != "/v1/models" for p, _ in server.bodies)
+
+    asyncio.run(go())
+
+
+def test_another_server_samples_at_a_temperature_below_0_01():
+    """The embedded server and SGLang sample at the temperature asked, however low: a
+    server that is not vLLM (its cards not ``owned_by`` it, no vLLM fingerprint) is
+    asked once and then sampled from."""
+    routes = vllm_routes(Vllm())
+    models = routes[("GET", "/v1/models")]
+
+    def other_models(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
+        status, data = models(server, body)
+        return status, {**data, "data": [{**c, "owned_by": "focus"} for c in data["data"]]}
+
+    def honest(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
+        status, answer = complete(server, body)
+        server.used[-1]["temperature"] = body["temperature"]  # this server samples at the temperature asked
+        return status, answer
+
+    complete = routes[("POST", "/v1/completions")]
+    routes.update({("GET", "/v1/models"): other_models, ("POST", "/v1/completions"): honest})
+
+    async def go() -> None:
+        async with serve(routes) as server:
+            ro = await rollout_at(OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST), 0.005)
+            check_exact(ro, server, server.prompts("/v1/completions", "prompt"))
+            assert [p for p, _ in server.bodies].count("/v1/models") == 1
 
     asyncio.run(go())

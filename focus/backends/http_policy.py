@@ -27,9 +27,10 @@ __all__ = ["HttpPolicy"]
 
 log = logging.getLogger(__name__)
 
-#: vLLM samples greedily below this temperature (its ``_SAMPLING_EPS``) and refuses a
-#: greedy request for ``n`` > 1 with status 400 ("n must be 1 when using greedy
-#: sampling", every release): siblings at such a temperature go one request each.
+#: vLLM samples greedily below this temperature (its ``_SAMPLING_EPS``; since it raises
+#: any temperature in (0, 0.01) to 0.01 first, only at 0) and refuses a greedy request for
+#: ``n`` > 1 with status 400 ("n must be 1 when using greedy sampling", every release):
+#: siblings at such a temperature go one request each.
 GREEDY_BELOW = 1e-5
 
 
@@ -98,8 +99,17 @@ class HttpPolicy(Policy):
         server gave fewer)."""
         raise NotImplementedError
 
+    async def check_params(self, params: SamplingParams) -> None:
+        """Refuse, before a request goes, ``params`` that this server would not sample
+        with as they say (a dialect's rule; by default none)."""
+
+    def check_answer(self, params: SamplingParams, completion: Completion) -> None:
+        """Refuse an answer that shows the server did not sample with ``params`` (a
+        dialect's rule; by default none)."""
+
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         self.check_prompt(prompt_ids)
+        await self.check_params(params)
         completion, record = await self.http.call(  # the body straight in: not kept in flight (call())
             "POST",
             self.path,
@@ -108,6 +118,7 @@ class HttpPolicy(Policy):
             hedge=params.seed is not None,
             size=params.max_tokens,
         )
+        self.check_answer(params, completion)
         self.check_echo(prompt_ids, completion)
         if completion.policy_version:
             self.policy_version = completion.policy_version
@@ -199,6 +210,7 @@ class HttpPolicy(Policy):
 
     async def _send_siblings(self, prompt_ids: Sequence[int], params: SamplingParams, n: int) -> list[Completion]:
         self.check_prompt(prompt_ids)
+        await self.check_params(params)
         completions, record = await self.http.call(  # the body straight in, as in sample()
             "POST",
             self.path,
@@ -208,6 +220,7 @@ class HttpPolicy(Policy):
             size=params.max_tokens,
         )
         for c in completions:
+            self.check_answer(params, c)
             self.check_echo(prompt_ids, c)
             if c.policy_version:
                 self.policy_version = c.policy_version

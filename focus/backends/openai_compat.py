@@ -21,7 +21,7 @@ from typing import Any
 from focus.backends.http import HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
-from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable
+from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable, UnreadableAnswers
 
 #: vLLM's finish reasons (``vllm/v1/engine``); ``repetition``: a request with
 #: ``repetition_detection`` cut where its tokens repeat, a server's limit as ``length`` is.
@@ -42,6 +42,11 @@ _FINISH = {
 NEUTRAL = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 #: The served model name a request names when none is given (the embedded server's).
 DEFAULT_MODEL = "focus-tinylm"
+#: vLLM raises a temperature in (0, this) to this value (``_MAX_TEMP`` in
+#: ``vllm/sampling_params.py``, ``SamplingParams.__post_init__``), saying so only in its own
+#: log: the tokens and log-probs come from another distribution than the one the request
+#: names and the trainer recomputes (``agent.sampling.temperature``).
+VLLM_MIN_TEMPERATURE = 0.01
 
 
 class OpenAICompatPolicy(HttpPolicy):
@@ -100,6 +105,33 @@ class OpenAICompatPolicy(HttpPolicy):
 
     samples_siblings = True  # vLLM: sample i of a request with n and a seed uses seed + i
 
+    async def check_params(self, params: SamplingParams) -> None:
+        """:class:`UnreadableAnswers` for a temperature in (0, :data:`VLLM_MIN_TEMPERATURE`)
+        when the server is vLLM (a ``/v1/models`` card ``owned_by`` it, asked once), which
+        would sample at 0.01 instead; other servers (the embedded one, SGLang) sample at
+        the temperature asked."""
+        if 0 < params.temperature < VLLM_MIN_TEMPERATURE and await self._is_vllm():
+            raise UnreadableAnswers(raised_temperature(self.url, params.temperature))
+
+    def check_answer(self, params: SamplingParams, completion: Completion) -> None:
+        """The same rule for an answer that names vLLM (``system_fingerprint``
+        ``vllm-<version>-...``) where ``/v1/models`` did not (a proxy in front of it)."""
+        fingerprint = completion.meta.pop("system_fingerprint", None)
+        if 0 < params.temperature < VLLM_MIN_TEMPERATURE and str(fingerprint).startswith("vllm-"):
+            raise UnreadableAnswers(raised_temperature(self.url, params.temperature))
+
+    async def _is_vllm(self) -> bool:
+        if (known := self.__dict__.get("_vllm")) is not None:
+            return bool(known)
+        try:
+            cards = await self.http.request("GET", "/v1/models", None, model_owners, hedge=False)
+        except ServiceUnavailable:
+            raise
+        except PolicyError:  # no /v1/models: not vLLM's server
+            cards = set()
+        self.__dict__["_vllm"] = "vllm" in cards
+        return "vllm" in cards
+
     def parse_siblings(self, data: Any, n: int) -> list[Completion]:
         return parse_completions(data, n)
 
@@ -134,6 +166,23 @@ class OpenAICompatPolicy(HttpPolicy):
         with ``--served-model-name``, or a LoRA adapter as the model, failed every call
         of a fleet."""
         return card_version(model_card(data, model))
+
+
+def model_owners(data: Any) -> set[str]:
+    """The ``owned_by`` of each card in a ``/v1/models`` answer (vLLM's say ``vllm``)."""
+    cards = data.get("data") if isinstance(data, dict) else None
+    return {c["owned_by"] for c in cards or () if isinstance(c, dict) and isinstance(c.get("owned_by"), str)}
+
+
+def raised_temperature(url: str, temperature: float) -> str:
+    """The line for a temperature vLLM would raise (:data:`VLLM_MIN_TEMPERATURE`)."""
+    return (
+        f"the model server at {url} is vLLM, which raises a temperature in (0, {VLLM_MIN_TEMPERATURE:g}) to "
+        f"{VLLM_MIN_TEMPERATURE:g} (vllm/sampling_params.py, _MAX_TEMP) and says so only in its own log: asked for "
+        f"{temperature:g}, its tokens and log-probs would be those of temperature {VLLM_MIN_TEMPERATURE:g}, not of the "
+        f"temperature recorded and trained with; set agent.sampling.temperature to 0 (greedy) or at least "
+        f"{VLLM_MIN_TEMPERATURE:g}"
+    )
 
 
 def model_card(data: Any, model: str | None = None) -> dict[str, Any]:
@@ -340,7 +389,7 @@ def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
     usage = data.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    meta: dict[str, Any] = {k: data[k] for k in ("policy_version", "model", "id") if k in data}
+    meta: dict[str, Any] = {k: data[k] for k in ("policy_version", "model", "id", "system_fingerprint") if k in data}
     echoed = ch.get("prompt_token_ids")
     if isinstance(echoed, list):  # the prompt the server sampled from (HttpPolicy.check_echo)
         meta["prompt_token_ids"] = echoed
