@@ -35,6 +35,7 @@ import pytest
 from aiohttp import web
 from test_other_servers import llamacpp_routes
 from test_real_wire_formats import (
+    EOT,
     FAST,
     FORMAT,
     Server,
@@ -263,5 +264,80 @@ def test_another_server_samples_at_a_temperature_below_0_01():
             ro = await rollout_at(OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST), 0.005)
             check_exact(ro, server, server.prompts("/v1/completions", "prompt"))
             assert [p for p, _ in server.bodies].count("/v1/models") == 1
+
+    asyncio.run(go())
+
+
+# ---- stops that FOCUS did not ask for ----
+
+#: An end-of-generation id of the model's own (``generation_config.json``'s ``eos_token_id``
+#: beside the tokenizer's: Qwen3's ``<|endoftext|>`` beside ``<|im_end|>``), which vLLM adds
+#: to the request's ``stop_token_ids`` (``SamplingParams.update_from_generation_config``).
+MODEL_EOS = 262
+
+
+def model_stop_routes() -> dict[tuple[str, str], Any]:
+    """vLLM whose sample ends in the model's own stop id where the stand-in drew the end of
+    turn: ``finish_reason`` ``stop``, ``stop_reason`` that id (``check_stop``), the id kept
+    in ``token_ids`` and its log-prob in ``token_logprobs``."""
+    routes = vllm_routes(Vllm())
+    complete = routes[("POST", "/v1/completions")]
+
+    def answer(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
+        assert MODEL_EOS not in body.get("stop_token_ids", ())  # the server's addition, not FOCUS's
+        status, data = complete(server, body)
+        for i, choice in enumerate(data["choices"]):
+            ids, lps = server.sampled[i - len(data["choices"])]
+            if choice["finish_reason"] == "stop":
+                ids[-1] = MODEL_EOS
+                choice.update(token_ids=ids, stop_reason=MODEL_EOS)
+                choice["logprobs"]["tokens"][-1] = f"token_id:{MODEL_EOS}"
+        return status, data
+
+    routes[("POST", "/v1/completions")] = answer
+    return routes
+
+
+def test_a_stop_id_the_model_adds_ends_a_turn_recorded_exactly_as_stopped():
+    """The turn holds the model's stop id and its log-prob as sampled, is recorded as
+    ``stop``, and the next prompt continues it exactly (the codec closes the turn after it)."""
+
+    async def go() -> None:
+        async with serve_chunked(model_stop_routes(), newest_vllm) as server:
+            ro = await rollout(OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST))
+            check_exact(ro, server, server.prompts("/v1/completions", "prompt"))
+            ended = [t for t in ro.turns if t.completion_ids[-1] == MODEL_EOS]
+            assert ended and all(t.finish_reason == "stop" for t in ended)
+            assert all(t.finish_reason == "length" for t in ro.turns if t.completion_ids[-1] != MODEL_EOS)
+
+    asyncio.run(go())
+
+
+def test_a_stop_id_sampled_as_the_last_allowed_token_is_recorded_as_stop():
+    """vLLM releases whose ``check_stop`` tested the length cap before the stop ids (the V1
+    engine until 2025) answer ``length`` for a sample whose last allowed token is one of
+    the request's stop ids: the turn is complete, but was recorded ``length`` and exported
+    as truncated (slime's ``TRUNCATED``)."""
+    routes = vllm_routes(Vllm())
+    complete = routes[("POST", "/v1/completions")]
+
+    def length_first(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
+        status, data = complete(server, body)
+        for choice in data["choices"]:
+            if len(choice["token_ids"]) >= body["max_tokens"]:
+                choice.update(finish_reason="length", stop_reason=None)
+        return status, data
+
+    routes[("POST", "/v1/completions")] = length_first
+
+    async def go() -> None:
+        async with serve(routes) as server:
+            ro = await rollout(OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST), seed=3)
+            check_exact(ro, server, server.prompts("/v1/completions", "prompt"))
+            full = [t for t in ro.turns if len(t.completion_ids) == 3 and t.completion_ids[-1] == EOT]
+            assert full, "no sample ended in its stop id at max_tokens: pick another seed"
+            assert [t.finish_reason for t in ro.turns] == [
+                "stop" if t.completion_ids[-1] == EOT else "length" for t in ro.turns
+            ]
 
     asyncio.run(go())

@@ -94,9 +94,9 @@ class HttpPolicy(Policy):
     #: sends one request (set by a dialect that implements :meth:`parse_siblings`).
     samples_siblings: ClassVar[bool] = False
 
-    def parse_siblings(self, data: Any, n: int) -> list[Completion]:
-        """The answer to a request for ``n`` samples, in sample order (fewer when the
-        server gave fewer)."""
+    def parse_siblings(self, data: Any, n: int, params: SamplingParams) -> list[Completion]:
+        """The answer to a request for ``n`` samples with ``params``, in sample order
+        (fewer when the server gave fewer)."""
         raise NotImplementedError
 
     async def check_params(self, params: SamplingParams) -> None:
@@ -215,7 +215,7 @@ class HttpPolicy(Policy):
             "POST",
             self.path,
             {**self.request_body(prompt_ids, params), "n": n},
-            lambda data: self.parse_siblings(data, n),
+            lambda data: self.parse_siblings(data, n, params),
             hedge=True,
             size=params.max_tokens,
         )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -103,6 +103,9 @@ class OpenAICompatPolicy(HttpPolicy):
     def parse(self, data: Any) -> Completion:
         return parse_completion(data)
 
+    def parser(self, params: SamplingParams) -> Callable[[Any], Completion]:
+        return partial(parse_completion, stop_ids=params.stop_token_ids)
+
     samples_siblings = True  # vLLM: sample i of a request with n and a seed uses seed + i
 
     async def check_params(self, params: SamplingParams) -> None:
@@ -132,8 +135,8 @@ class OpenAICompatPolicy(HttpPolicy):
         self.__dict__["_vllm"] = "vllm" in cards
         return "vllm" in cards
 
-    def parse_siblings(self, data: Any, n: int) -> list[Completion]:
-        return parse_completions(data, n)
+    def parse_siblings(self, data: Any, n: int, params: SamplingParams) -> list[Completion]:
+        return parse_completions(data, n, params.stop_token_ids)
 
     version_path = "/v1/models"
 
@@ -326,15 +329,20 @@ def server_said(data: Any) -> str:
     return f" but an error: {' '.join(str(said).split())[:200]}" if said else ""
 
 
-def parse_completion(data: Any) -> Completion:
+def parse_completion(data: Any, stop_ids: Sequence[int] = ()) -> Completion:
     """A vLLM completions answer -> Completion; MalformedResponse when it cannot be trusted
     (its one choice not sample 0, or more than one: which was sampled as asked?)."""
-    return parse_completions(data, 1)[0]
+    return parse_completions(data, 1, stop_ids)[0]
 
 
-def parse_completions(data: Any, n: int) -> list[Completion]:
+def parse_completions(data: Any, n: int, stop_ids: Sequence[int] = ()) -> list[Completion]:
     """The samples of an answer to a request with ``n`` samples, by their ``index`` (fewer
-    than ``n`` when the server gave fewer: one that ignores ``n`` answers one)."""
+    than ``n`` when the server gave fewer: one that ignores ``n`` answers one).
+
+    A sample whose last token is one of the request's ``stop_ids`` is ``stop`` even where
+    the server says ``length``: vLLM releases whose ``check_stop`` tested the length cap
+    first (older releases of its V1 engine) answer ``length`` when the stop id is the last token
+    ``max_tokens`` allows, and the complete turn was recorded (and exported) as truncated."""
     choices = data.get("choices") if isinstance(data, dict) else None
     if not choices or not isinstance(choices, list) or not all(isinstance(ch, dict) for ch in choices):
         raise MalformedResponse(f"no 'choices' in the answer{server_said(data)}")
@@ -347,10 +355,10 @@ def parse_completions(data: Any, n: int) -> list[Completion]:
         raise MalformedResponse(f"asked for {n} sample(s), the answer's choices are numbered {index}")
     if len(choices) > 1:
         choices = sorted(choices, key=lambda ch: ch["index"])
-    return [_parse_choice(data, ch) for ch in choices]
+    return [_parse_choice(data, ch, stop_ids) for ch in choices]
 
 
-def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
+def _parse_choice(data: dict[str, Any], ch: Any, stop_ids: Sequence[int] = ()) -> Completion:
     if not isinstance(ch, dict):
         raise MalformedResponse("a choice of the answer is not an object")
     lp = ch.get("logprobs")
@@ -386,6 +394,8 @@ def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
         raise MalformedResponse(f"unknown finish_reason {ch.get('finish_reason')!r}")
     if finish in ("abort", "error"):
         raise MalformedResponse(aborted(finish, len(ids), ch.get("stop_reason")))
+    if finish == "length" and ids and ids[-1] in stop_ids:
+        finish = "stop"
     usage = data.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
