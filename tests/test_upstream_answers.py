@@ -314,8 +314,8 @@ def test_a_stop_id_the_model_adds_ends_a_turn_recorded_exactly_as_stopped():
 
 
 def test_a_stop_id_sampled_as_the_last_allowed_token_is_recorded_as_stop():
-    """vLLM releases whose ``check_stop`` tested the length cap before the stop ids (the V1
-    engine until 2025) answer ``length`` for a sample whose last allowed token is one of
+    """vLLM releases whose ``check_stop`` tested the length cap before the stop ids (older
+    releases of its V1 engine) answer ``length`` for a sample whose last allowed token is one of
     the request's stop ids: the turn is complete, but was recorded ``length`` and exported
     as truncated (slime's ``TRUNCATED``)."""
     routes = vllm_routes(Vllm())
