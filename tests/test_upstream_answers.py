@@ -341,3 +341,87 @@ def test_a_stop_id_sampled_as_the_last_allowed_token_is_recorded_as_stop():
             ]
 
     asyncio.run(go())
+
+
+# ---- SGLang without --enable-deterministic-inference ----
+
+
+def server_info(deterministic: bool | None) -> dict[str, Any]:
+    """SGLang's ``/server_info``: ``dataclasses.asdict(server_args)`` and more (a release
+    before its deterministic-inference work has no such field)."""
+    info: dict[str, Any] = {"model_path": "Qwen/Qwen3-4B", "attention_backend": "fa3", "version": "0.5.6"}
+    if deterministic is not None:
+        info["enable_deterministic_inference"] = deterministic
+    return info
+
+
+@asynccontextmanager
+async def slow_sglang(deterministic: bool | None, path: str = "/server_info") -> AsyncIterator[Server]:
+    """SGLang's ``/generate`` answering after 0.15 s; without deterministic inference it
+    ignores ``sampling_seed`` (``SamplingBatchInfo`` builds no seed tensor) and draws anew."""
+    routes = sglang_routes()
+    generate = routes[("POST", "/generate")]
+    draws = iter(range(10**6))
+    server = Server()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.method == "GET":
+            server.bodies.append((request.path, {}))
+            if request.path != path or deterministic is None and path == "/server_info":
+                return web.json_response({"detail": "Not Found"}, status=404)
+            return web.json_response(server_info(deterministic))
+        body = await request.json()
+        server.bodies.append((request.path, body))
+        if not deterministic:
+            body["sampling_params"]["sampling_seed"] = 1000 + next(draws)  # the seed sent plays no part
+        await asyncio.sleep(0.15)
+        status, answer = generate(server, body)
+        return web.json_response(answer, status=status)
+
+    async with serving(server, {**routes, ("GET", path): None}, handle):
+        yield server
+
+
+@pytest.mark.parametrize("path", ["/server_info", "/get_server_info"])
+def test_an_sglang_that_ignores_sampling_seed_is_named_once_and_not_hedged(path, caplog):
+    """SGLang without ``--enable-deterministic-inference`` accepts ``sampling_seed`` and
+    samples unseeded. FOCUS hedged its seeded requests as if both copies sampled the same
+    tokens: two samples, the faster one kept (short completions favoured). Now one
+    warning line names the flag, and its requests are not hedged."""
+
+    async def go() -> dict[str, Any]:
+        async with slow_sglang(False, path) as server:
+            policy = SGLangPolicy(server.url, config=FAST.model_copy(update={"hedge_after_s": 0.02}))
+            try:
+                for seed in (1, 2, 3):
+                    await policy.sample(FORMAT.codec.render([]), SamplingParams(max_tokens=3, seed=seed))
+                stats = policy.stats()
+            finally:
+                await policy.aclose()
+            assert [p for p, _ in server.bodies].count("/generate") == 3  # one request a call, no copies
+            return stats
+
+    with caplog.at_level("WARNING"):
+        stats = asyncio.run(go())
+    assert stats["hedges"] == 0, stats
+    lines = [r.getMessage() for r in caplog.records if "deterministic" in r.getMessage()]
+    assert len(lines) == 1 and "--enable-deterministic-inference" in lines[0] and "\n" not in lines[0], lines
+
+
+@pytest.mark.parametrize("deterministic", [True, None])
+def test_an_sglang_with_deterministic_inference_or_that_does_not_say_is_hedged_as_before(deterministic, caplog):
+    async def go() -> dict[str, Any]:
+        async with slow_sglang(deterministic) as server:
+            policy = SGLangPolicy(server.url, config=FAST.model_copy(update={"hedge_after_s": 0.02}))
+            try:
+                got = await policy.sample(FORMAT.codec.render([]), SamplingParams(max_tokens=3, seed=5))
+                if deterministic:
+                    assert list(got.token_ids) == draw(FORMAT.codec.render([]), 5, 3)[0]
+                return policy.stats()
+            finally:
+                await policy.aclose()
+
+    with caplog.at_level("WARNING"):
+        stats = asyncio.run(go())
+    assert stats["hedges"] >= 1, stats
+    assert not [r for r in caplog.records if "deterministic" in r.getMessage()]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from focus.backends.foreign import endpoint_in_url
 from focus.backends.http import HttpClient, HttpConfig
@@ -26,6 +26,8 @@ from focus.policy import (
 __all__ = ["HttpPolicy"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: vLLM samples greedily below this temperature (its ``_SAMPLING_EPS``; since it raises
 #: any temperature in (0, 0.01) to 0.01 first, only at 0) and refuses a greedy request for
@@ -101,7 +103,10 @@ class HttpPolicy(Policy):
 
     async def check_params(self, params: SamplingParams) -> None:
         """Refuse, before a request goes, ``params`` that this server would not sample
-        with as they say (a dialect's rule; by default none)."""
+        with as they say (a dialect's rule; by default none). A dialect that finds its
+        server ignores seeds sets ``self.__dict__["_seeds_ignored"]``: seeded requests are
+        then not hedged (two copies would be two samples, and the faster one favours
+        short completions)."""
 
     def check_answer(self, params: SamplingParams, completion: Completion) -> None:
         """Refuse an answer that shows the server did not sample with ``params`` (a
@@ -115,7 +120,7 @@ class HttpPolicy(Policy):
             self.path,
             self.request_body(prompt_ids, params),
             self.parser(params),
-            hedge=params.seed is not None,
+            hedge=params.seed is not None and not self.__dict__.get("_seeds_ignored"),
             size=params.max_tokens,
         )
         self.check_answer(params, completion)
@@ -268,9 +273,10 @@ class HttpPolicy(Policy):
         """The weights version the server says it serves (None when it does not say)."""
         return await self.http.request("GET", self.version_path, None, self.parse_version, hedge=False)
 
-    async def version_at(self, paths: Sequence[str], parse: Callable[[Any], str | None]) -> str | None:
+    async def version_at(self, paths: Sequence[str], parse: Callable[[Any], T]) -> T:
         """What ``parse`` reads from the first of ``paths`` (``GET``) that the server does
-        not refuse: its releases name their weights at different endpoints."""
+        not refuse: its releases name their weights (and their settings) at different
+        endpoints."""
         for path in paths[:-1]:
             try:
                 return await self.http.request("GET", path, None, parse, hedge=False)

@@ -14,6 +14,7 @@ agree with them.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +24,31 @@ from focus.backends.http_policy import HttpPolicy
 from focus.backends.openai_compat import NEUTRAL, SGLANG_VERSION_PATHS, aborted, server_said, weight_version
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable, UnreadableAnswers
+
+log = logging.getLogger(__name__)
+
+
+#: Where SGLang says how it was started (``dataclasses.asdict(server_args)`` and more):
+#: ``/server_info``, or ``/get_server_info`` on releases before it (later ones keep it as a
+#: deprecated alias).
+SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
+
+
+def deterministic_inference(data: Any) -> bool | None:
+    """``enable_deterministic_inference`` of a :data:`SERVER_INFO_PATHS` answer (None: not said)."""
+    flag = data.get("enable_deterministic_inference") if isinstance(data, dict) else None
+    return flag if isinstance(flag, bool) else None
+
+
+def seeds_ignored(url: str) -> str:
+    """The line for an SGLang server that ignores ``sampling_seed``."""
+    return (
+        f"the SGLang server at {url} was started without --enable-deterministic-inference, so it ignores each "
+        "request's sampling_seed and samples anew every time: a retried request, a resumed collection and two "
+        "runs of one collection get other samples; FOCUS no longer hedges its requests (two copies would be two "
+        "samples, and the faster one favours short completions); start it with --enable-deterministic-inference "
+        "for seeded sampling"
+    )
 
 
 class SGLangPolicy(HttpPolicy):
@@ -62,6 +88,24 @@ class SGLangPolicy(HttpPolicy):
 
     def parse(self, data: Any) -> Completion:
         return parse_generate(data)
+
+    async def check_params(self, params: SamplingParams) -> None:
+        """Once, at the first seeded call: whether the server was started with
+        ``--enable-deterministic-inference`` (its ``/server_info``, or ``/get_server_info``
+        on releases before it). Without it SGLang ignores ``sampling_seed``
+        (``SamplingBatchInfo.from_schedule_batch`` builds the seed tensor only then, and
+        the sampler draws unseeded), so a seeded request samples anew each time: one
+        warning line, and its seeded requests are no longer hedged (:func:`seeds_ignored`).
+        A server that does not say (an older release, a proxy, no answer) is left as it is."""
+        if params.seed is None or "_seeds_ignored" in self.__dict__:
+            return
+        self.__dict__["_seeds_ignored"] = False  # asked once: the calls beside this one go on
+        for path in SERVER_INFO_PATHS:  # one GET each, not retried or counted (HttpClient.peek)
+            if (flag := await self.http.peek(path, deterministic_inference)) is not None:
+                break
+        if flag is False:
+            self.__dict__["_seeds_ignored"] = True
+            log.warning("%s", seeds_ignored(self.url))
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """:meth:`HttpPolicy.sample`; a seeded call that gave up on status 500 before any
