@@ -308,6 +308,26 @@ def test_retry_after_reads_seconds_and_http_dates():
     assert parse_retry_after("soon") is None and parse_retry_after(None) is None
 
 
+def test_retry_after_dates_without_a_zone_are_gmt(monkeypatch):
+    """An HTTP date is GMT (RFC 9110), in every form it may take: asctime's form and a
+    ``-0000`` zone parse to a datetime without a zone, which was then read as the local
+    time - on a machine 5 hours behind UTC, 4 s ahead became 5 h (then capped to
+    ``backoff_max_s``), and one ahead of UTC waited nothing."""
+    now = 1_700_000_000.0
+    when = time.gmtime(now + 4)
+    asctime = time.strftime("%a %b %d %H:%M:%S %Y", when)
+    no_zone = time.strftime("%a, %d %b %Y %H:%M:%S -0000", when)
+    try:
+        for zone in ("EST+5", "JST-9"):
+            monkeypatch.setenv("TZ", zone)
+            time.tzset()
+            for value in (asctime, no_zone):
+                assert parse_retry_after(value, now=now) == pytest.approx(4.0), (zone, value)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 def test_client_stats_total_call_records():
     """What an engine does with the records of many completions (and each client with its own)."""
     stats = ClientStats()
