@@ -425,3 +425,62 @@ def test_an_sglang_with_deterministic_inference_or_that_does_not_say_is_hedged_a
         stats = asyncio.run(go())
     assert stats["hedges"] >= 1, stats
     assert not [r for r in caplog.records if "deterministic" in r.getMessage()]
+
+
+# ---- request fields that change what the answer is ----
+
+
+@pytest.mark.parametrize(
+    "extra, why",
+    [
+        ({"echo": True}, "log-probs would start with the prompt's"),
+        ({"stream": True}, "server-sent events"),
+        ({"n": 4}, "its own seed"),
+        ({"best_of": 3}, "likeliest of several samples"),
+        ({"use_beam_search": True}, "does not sample"),
+        ({"seed": 7}, "every rollout the same"),
+        ({"temperature": 0.5, "top_k": 20}, "another temperature than the one recorded"),
+    ],
+)
+def test_extra_body_may_not_set_what_changes_the_answer_or_the_sample(extra, why):
+    """vLLM with ``echo`` answers the prompt's log-probs before the sample's (``token_ids``
+    the sample's only), ``stream`` answers server-sent events, ``best_of`` keeps the
+    likeliest sample, a fixed ``seed`` gives every call one seed, and ``temperature``
+    samples at another temperature than the recorded one: each was merged into every
+    request unchecked (the answers then failed as malformed, or were recorded wrong).
+    Refused where the client is made, in the configuration too, in one line."""
+    from tasks.config import ConfigError, load_config
+
+    with pytest.raises(ValueError, match=f"extra_body sets {next(iter(extra))} .*{why}.*: leave it out"):
+        OpenAICompatPolicy("http://127.0.0.1:9", config=FAST, extra_body=extra)
+    settings = {"model.kind": "openai", "model.url": "http://127.0.0.1:9", "model.options": {"extra_body": extra}}
+    with pytest.raises(ConfigError, match="extra_body sets"):
+        load_config(overrides=settings).build_policy()
+    OpenAICompatPolicy("http://127.0.0.1:9", config=FAST, extra_body={"top_k": 20, "prompt_logprobs": 1})  # fine
+
+
+def test_prompt_logprobs_ride_along_and_the_sample_is_recorded_exactly():
+    """``prompt_logprobs`` (set through ``extra_body``) adds the prompt's log-probs to each
+    choice (``None`` for its first token, then ``{id: {logprob, rank, decoded_token}}``):
+    nothing FOCUS reads, and the turn is the sample's."""
+    routes = vllm_routes(Vllm())
+    complete = routes[("POST", "/v1/completions")]
+
+    def with_prompt_logprobs(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
+        status, data = complete(server, body)
+        assert body["prompt_logprobs"] == 1
+        for choice in data["choices"]:
+            choice["prompt_logprobs"] = [None] + [
+                {str(t): {"logprob": -1.5, "rank": 2, "decoded_token": chr(t % 256)}} for t in body["prompt"][1:]
+            ]
+        return status, data
+
+    routes[("POST", "/v1/completions")] = with_prompt_logprobs
+
+    async def go() -> None:
+        async with serve_chunked(routes, newest_vllm) as server:
+            policy = OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST, extra_body={"prompt_logprobs": 1})
+            ro = await rollout(policy)
+            check_exact(ro, server, server.prompts("/v1/completions", "prompt"))
+
+    asyncio.run(go())

@@ -40,6 +40,17 @@ _FINISH = {
 #: 1.05 - and the tokens would be drawn from another distribution than the one the
 #: request names and the trainer recomputes. ``extra_body`` may still set them.
 NEUTRAL = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+#: Request fields ``extra_body`` may not set, and why: each makes the answer one FOCUS
+#: would misread, or the sample another than the one recorded.
+NOT_EXTRA = {
+    "echo": "the answer's log-probs would start with the prompt's",
+    "stream": "the answer would come as server-sent events, and FOCUS reads one JSON body",
+    "n": "FOCUS asks for several samples itself, each recorded with its own seed",
+    "best_of": "the server would keep the likeliest of several samples: not a sample of the policy",
+    "use_beam_search": "beam search does not sample the policy",
+    "seed": "FOCUS sends each call's own seed; one for all would make every rollout the same",
+    "temperature": "the samples would be of another temperature than the one recorded (agent.sampling.temperature)",
+}
 #: The served model name a request names when none is given (the embedded server's).
 DEFAULT_MODEL = "focus-tinylm"
 #: vLLM raises a temperature in (0, this) to this value (``_MAX_TEMP`` in
@@ -75,6 +86,10 @@ class OpenAICompatPolicy(HttpPolicy):
         root = root[: -len("/v1")] if root.endswith("/v1") else root
         self.connect(root, config, transport, probe_body, vocab_size, model)
         self.model = model
+        if taken := sorted(set(extra_body or ()) & set(NOT_EXTRA)):
+            raise ValueError(
+                "model.options.extra_body sets " + "; ".join(f"{k} ({NOT_EXTRA[k]})" for k in taken) + ": leave it out"
+            )
         self.extra_body = dict(extra_body or {})
 
     def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
