@@ -366,6 +366,18 @@ def test_retry_after_is_honoured(scripted):
 
 
 @pytest.mark.integration  # starts a server
+def test_retry_after_as_an_http_date_is_honoured(scripted):
+    """A 429 whose ``Retry-After`` is an HTTP date (whole seconds): the retry waits until
+    then, here at least 1 s (the date is 2 s on, less what is left of this second)."""
+    when = email.utils.formatdate(math.floor(time.time()) + 2, usegmt=True)
+    scripted.answers[:] = [(429, {"Retry-After": when}, {"error": "busy"}), (200, {}, {"ok": 1})]
+    client = HttpClient(scripted.url, HttpConfig(backoff_s=0.001, backoff_max_s=5.0))
+    assert run(_post(client)) == {"ok": 1}
+    assert 1.0 <= scripted.arrivals[1] - scripted.arrivals[0] <= 3.5
+    assert client.stats()["retries"] == {"server error": 1}
+
+
+@pytest.mark.integration  # starts a server
 def test_a_retry_that_cannot_finish_by_the_deadline_is_not_started(scripted):
     scripted.answers[:] = [(503, {"Retry-After": "10"}, {"error": "down"}), (200, {}, {"ok": 1})]
     client = HttpClient(scripted.url, HttpConfig(backoff_max_s=5.0, deadline_s=3.0))

@@ -484,3 +484,76 @@ def test_prompt_logprobs_ride_along_and_the_sample_is_recorded_exactly():
             check_exact(ro, server, server.prompts("/v1/completions", "prompt"))
 
     asyncio.run(go())
+
+
+# ---- HTTP/1.0 and connections a server closes ----
+
+
+@asynccontextmanager
+async def raw_http(mode: str) -> AsyncIterator[Server]:
+    """vLLM's answers written by hand on a bare socket, the way an HTTP/1.0 server or a
+    proxy in front of one sends them: ``http10-close`` (HTTP/1.0, no ``Content-Length``,
+    the body ends when the server closes), ``http10-keepalive`` (HTTP/1.0 with
+    ``Connection: keep-alive`` and ``Content-Length``, the connection kept), ``close``
+    (HTTP/1.1 ``Connection: close``), ``silent-close`` (HTTP/1.1 with ``Content-Length``,
+    the connection closed after each answer without a word)."""
+    server = Server()
+    complete = vllm_routes(Vllm())[("POST", "/v1/completions")]
+
+    async def serve_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:] if x)}
+                body = json.loads(await reader.readexactly(int(headers.get("content-length", 0))) or b"{}")
+                path = lines[0].split()[1]
+                server.bodies.append((path, body))
+                status, answer = complete(server, body) if path == "/v1/completions" else (404, {"detail": "Not Found"})
+                data = json.dumps(answer).encode()
+                reason = "OK" if status == 200 else "Not Found"
+                if mode == "http10-close":
+                    writer.write(f"HTTP/1.0 {status} {reason}\r\nContent-Type: application/json\r\n\r\n".encode() + data)
+                else:
+                    version, conn = {
+                        "http10-keepalive": ("1.0", "Connection: keep-alive\r\n"),
+                        "close": ("1.1", "Connection: close\r\n"),
+                        "silent-close": ("1.1", ""),
+                    }[mode]
+                    writer.write(
+                        f"HTTP/{version} {status} {reason}\r\nContent-Type: application/json\r\n{conn}"
+                        f"Content-Length: {len(data)}\r\n\r\n".encode() + data
+                    )
+                await writer.drain()
+                if mode != "http10-keepalive":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    listener = await asyncio.start_server(serve_conn, "127.0.0.1", 0)
+    server.url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    try:
+        yield server
+    finally:
+        listener.close()
+        await listener.wait_closed()
+
+
+@pytest.mark.parametrize("mode", ["http10-close", "http10-keepalive", "close", "silent-close"])
+def test_http_1_0_and_closed_connections_are_read_whole_without_retries(mode):
+    async def go() -> None:
+        async with raw_http(mode) as server:
+            policy = OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST)
+            policy.vocab_size = FORMAT.codec.vocab_size
+            try:
+                for seed in range(6):
+                    got = await policy.sample(FORMAT.codec.render([]), SamplingParams(max_tokens=3, seed=seed))
+                    assert (list(got.token_ids), list(got.logprobs)) == server.sampled[-1]
+                stats = policy.stats()
+            finally:
+                await policy.aclose()
+            assert stats["retries"] == {} and stats["attempts"] == 6, stats
+
+    asyncio.run(go())
