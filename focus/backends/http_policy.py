@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 from focus.backends.foreign import endpoint_in_url
 from focus.backends.http import HttpClient, HttpConfig
@@ -26,8 +26,6 @@ from focus.policy import (
 __all__ = ["HttpPolicy"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 #: vLLM samples greedily below this temperature (its ``_SAMPLING_EPS``; since it raises
 #: any temperature in (0, 0.01) to 0.01 first, only at 0) and refuses a greedy request for
@@ -273,10 +271,9 @@ class HttpPolicy(Policy):
         """The weights version the server says it serves (None when it does not say)."""
         return await self.http.request("GET", self.version_path, None, self.parse_version, hedge=False)
 
-    async def version_at(self, paths: Sequence[str], parse: Callable[[Any], T]) -> T:
+    async def version_at(self, paths: Sequence[str], parse: Callable[[Any], str | None]) -> str | None:
         """What ``parse`` reads from the first of ``paths`` (``GET``) that the server does
-        not refuse: its releases name their weights (and their settings) at different
-        endpoints."""
+        not refuse: its releases name their weights at different endpoints."""
         for path in paths[:-1]:
             try:
                 return await self.http.request("GET", path, None, parse, hedge=False)

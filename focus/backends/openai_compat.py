@@ -125,7 +125,8 @@ class OpenAICompatPolicy(HttpPolicy):
 
     async def check_params(self, params: SamplingParams) -> None:
         """:class:`UnreadableAnswers` for a temperature in (0, :data:`VLLM_MIN_TEMPERATURE`)
-        when the server is vLLM (a ``/v1/models`` card ``owned_by`` it, asked once), which
+        when the server is vLLM (a ``/v1/models`` card ``owned_by`` it, asked once; no
+        answer counts as not), which
         would sample at 0.01 instead; other servers (the embedded one, SGLang) sample at
         the temperature asked."""
         if 0 < params.temperature < VLLM_MIN_TEMPERATURE and await self._is_vllm():
@@ -139,16 +140,9 @@ class OpenAICompatPolicy(HttpPolicy):
             raise UnreadableAnswers(raised_temperature(self.url, params.temperature))
 
     async def _is_vllm(self) -> bool:
-        if (known := self.__dict__.get("_vllm")) is not None:
-            return bool(known)
-        try:
-            cards = await self.http.request("GET", "/v1/models", None, model_owners, hedge=False)
-        except ServiceUnavailable:
-            raise
-        except PolicyError:  # no /v1/models: not vLLM's server
-            cards = set()
-        self.__dict__["_vllm"] = "vllm" in cards
-        return "vllm" in cards
+        if (known := self.__dict__.get("_vllm")) is None:  # one GET, not retried or counted (HttpClient.peek)
+            known = self.__dict__["_vllm"] = "vllm" in (await self.http.peek("/v1/models", model_owners) or ())
+        return bool(known)
 
     def parse_siblings(self, data: Any, n: int, params: SamplingParams) -> list[Completion]:
         return parse_completions(data, n, params.stop_token_ids)
