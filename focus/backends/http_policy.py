@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, ClassVar
 
 from focus.backends.foreign import endpoint_in_url
@@ -99,12 +99,14 @@ class HttpPolicy(Policy):
         (fewer when the server gave fewer)."""
         raise NotImplementedError
 
-    async def check_params(self, params: SamplingParams) -> None:
-        """Refuse, before a request goes, ``params`` that this server would not sample
-        with as they say (a dialect's rule; by default none). A dialect that finds its
-        server ignores seeds sets ``self.__dict__["_seeds_ignored"]``: seeded requests are
-        then not hedged (two copies would be two samples, and the faster one favours
-        short completions)."""
+    def check_params(self, params: SamplingParams) -> Awaitable[None] | None:
+        """What to ask the server before a request with ``params`` goes (a dialect's rule;
+        by default nothing): an awaitable that refuses ``params`` the server would not
+        sample with as they say, or None, the common case, at no cost per call. A
+        dialect that finds its server ignores seeds sets ``self.__dict__["_seeds_ignored"]``:
+        seeded requests are then not hedged (two copies would be two samples, and the
+        faster one favours short completions)."""
+        return None
 
     def check_answer(self, params: SamplingParams, completion: Completion) -> None:
         """Refuse an answer that shows the server did not sample with ``params`` (a
@@ -112,7 +114,8 @@ class HttpPolicy(Policy):
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         self.check_prompt(prompt_ids)
-        await self.check_params(params)
+        if (check := self.check_params(params)) is not None:
+            await check
         completion, record = await self.http.call(  # the body straight in: not kept in flight (call())
             "POST",
             self.path,
@@ -213,7 +216,8 @@ class HttpPolicy(Policy):
 
     async def _send_siblings(self, prompt_ids: Sequence[int], params: SamplingParams, n: int) -> list[Completion]:
         self.check_prompt(prompt_ids)
-        await self.check_params(params)
+        if (check := self.check_params(params)) is not None:
+            await check
         completions, record = await self.http.call(  # the body straight in, as in sample()
             "POST",
             self.path,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -123,13 +123,15 @@ class OpenAICompatPolicy(HttpPolicy):
 
     samples_siblings = True  # vLLM: sample i of a request with n and a seed uses seed + i
 
-    async def check_params(self, params: SamplingParams) -> None:
+    def check_params(self, params: SamplingParams) -> Awaitable[None] | None:
         """:class:`UnreadableAnswers` for a temperature in (0, :data:`VLLM_MIN_TEMPERATURE`)
         when the server is vLLM (a ``/v1/models`` card ``owned_by`` it, asked once; no
-        answer counts as not), which
-        would sample at 0.01 instead; other servers (the embedded one, SGLang) sample at
-        the temperature asked."""
-        if 0 < params.temperature < VLLM_MIN_TEMPERATURE and await self._is_vllm():
+        answer counts as not), which would sample at 0.01 instead; other servers (the
+        embedded one, SGLang) sample at the temperature asked."""
+        return self._refuse_on_vllm(params) if 0 < params.temperature < VLLM_MIN_TEMPERATURE else None
+
+    async def _refuse_on_vllm(self, params: SamplingParams) -> None:
+        if await self._is_vllm():
             raise UnreadableAnswers(raised_temperature(self.url, params.temperature))
 
     def check_answer(self, params: SamplingParams, completion: Completion) -> None:

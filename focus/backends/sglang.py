@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from focus.backends.http import HttpConfig, MalformedResponse
@@ -89,8 +89,8 @@ class SGLangPolicy(HttpPolicy):
     def parse(self, data: Any) -> Completion:
         return parse_generate(data)
 
-    async def check_params(self, params: SamplingParams) -> None:
-        """Once, at the first seeded call: whether the server was started with
+    def check_params(self, params: SamplingParams) -> Awaitable[None] | None:
+        """Once, at the first seeded call (:meth:`_ask_deterministic`): whether the server was started with
         ``--enable-deterministic-inference`` (its ``/server_info``, or ``/get_server_info``
         on releases before it). Without it SGLang ignores ``sampling_seed``
         (``SamplingBatchInfo.from_schedule_batch`` builds the seed tensor only then, and
@@ -98,8 +98,11 @@ class SGLangPolicy(HttpPolicy):
         warning line, and its seeded requests are no longer hedged (:func:`seeds_ignored`).
         A server that does not say (an older release, a proxy, no answer) is left as it is."""
         if params.seed is None or "_seeds_ignored" in self.__dict__:
-            return
+            return None
         self.__dict__["_seeds_ignored"] = False  # asked once: the calls beside this one go on
+        return self._ask_deterministic()
+
+    async def _ask_deterministic(self) -> None:
         for path in SERVER_INFO_PATHS:  # one GET each, not retried or counted (HttpClient.peek)
             if (flag := await self.http.peek(path, deterministic_inference)) is not None:
                 break
