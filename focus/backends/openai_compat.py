@@ -55,8 +55,9 @@ NOT_EXTRA = {
 DEFAULT_MODEL = "focus-tinylm"
 #: vLLM raises a temperature in (0, this) to this value (``_MAX_TEMP`` in
 #: ``vllm/sampling_params.py``, ``SamplingParams.__post_init__``), saying so only in its own
-#: log: the tokens and log-probs come from another distribution than the one the request
-#: names and the trainer recomputes (``agent.sampling.temperature``).
+#: log: the tokens are drawn from another distribution than the one the request names and
+#: the trainer recomputes (``agent.sampling.temperature``), and so are the log-probs of a
+#: processed ``--logprobs-mode``.
 VLLM_MIN_TEMPERATURE = 0.01
 
 
@@ -193,8 +194,9 @@ def raised_temperature(url: str, temperature: float) -> str:
     return (
         f"the model server at {url} is vLLM, which raises a temperature in (0, {VLLM_MIN_TEMPERATURE:g}) to "
         f"{VLLM_MIN_TEMPERATURE:g} (vllm/sampling_params.py, _MAX_TEMP) and says so only in its own log: asked for "
-        f"{temperature:g}, its tokens and log-probs would be those of temperature {VLLM_MIN_TEMPERATURE:g}, not of the "
-        f"temperature recorded and trained with; set agent.sampling.temperature to 0 (greedy) or at least "
+        f"{temperature:g}, it would draw the tokens at {VLLM_MIN_TEMPERATURE:g} (and a processed --logprobs-mode "
+        f"would report their log-probs at {VLLM_MIN_TEMPERATURE:g}), not at the temperature recorded and trained "
+        f"with; set agent.sampling.temperature to 0 (greedy) or at least "
         f"{VLLM_MIN_TEMPERATURE:g}"
     )
 
