@@ -360,7 +360,6 @@ async def slow_sglang(deterministic: bool | None, path: str = "/server_info") ->
     """SGLang's ``/generate`` answering after 0.15 s; without deterministic inference it
     ignores ``sampling_seed`` (``SamplingBatchInfo`` builds no seed tensor) and draws anew."""
     routes = sglang_routes()
-    generate = routes[("POST", "/generate")]
     draws = iter(range(10**6))
     server = Server()
 
@@ -372,10 +371,11 @@ async def slow_sglang(deterministic: bool | None, path: str = "/server_info") ->
             return web.json_response(server_info(deterministic))
         body = await request.json()
         server.bodies.append((request.path, body))
-        if not deterministic:
-            body["sampling_params"]["sampling_seed"] = 1000 + next(draws)  # the seed sent plays no part
+        if not deterministic:  # the seed sent plays no part
+            seeded = body["sampling_params"] if request.path == "/generate" else body
+            seeded["sampling_seed" if request.path == "/generate" else "seed"] = 1000 + next(draws)
         await asyncio.sleep(0.15)
-        status, answer = generate(server, body)
+        status, answer = routes[("POST", request.path)](server, body)
         return web.json_response(answer, status=status)
 
     async with serving(server, {**routes, ("GET", path): None}, handle):
@@ -406,6 +406,32 @@ def test_an_sglang_that_ignores_sampling_seed_is_named_once_and_not_hedged(path,
     assert stats["hedges"] == 0, stats
     lines = [r.getMessage() for r in caplog.records if "deterministic" in r.getMessage()]
     assert len(lines) == 1 and "--enable-deterministic-inference" in lines[0] and "\n" not in lines[0], lines
+
+
+def test_sglang_s_completions_behind_the_openai_kind_are_checked_the_same_way(caplog):
+    """SGLang's ``/v1/completions`` (``model.kind = openai``; its answers carry
+    ``metadata.weight_version``) takes ``seed`` as ``sampling_seed`` and ignores it the same
+    way: after its first answer the client asks, warns once, and hedges no more. A vLLM
+    answer (no such ``metadata``) asks nothing."""
+
+    async def go() -> None:
+        async with slow_sglang(False) as server:
+            policy = OpenAICompatPolicy(server.url, "default", config=FAST.model_copy(update={"hedge_after_s": 0.02}))
+            try:
+                await policy.sample(FORMAT.codec.render([]), SamplingParams(max_tokens=3, seed=1))
+                before = policy.stats()["hedges"]
+                for seed in (2, 3, 4):
+                    await policy.sample(FORMAT.codec.render([]), SamplingParams(max_tokens=3, seed=seed))
+                after = policy.stats()["hedges"]
+            finally:
+                await policy.aclose()
+            assert before >= 1 and after == before, (before, after)  # the first answer told; none since
+            assert [p for p, _ in server.bodies].count("/server_info") == 1
+
+    with caplog.at_level("WARNING"):
+        asyncio.run(go())
+    lines = [r.getMessage() for r in caplog.records if "deterministic" in r.getMessage()]
+    assert len(lines) == 1 and "--enable-deterministic-inference" in lines[0], lines
 
 
 @pytest.mark.parametrize("deterministic", [True, None])

@@ -129,7 +129,13 @@ class OpenAICompatPolicy(HttpPolicy):
         when the server is vLLM (a ``/v1/models`` card ``owned_by`` it, asked once; no
         answer counts as not), which would sample at 0.01 instead; other servers (the
         embedded one, SGLang) sample at the temperature asked."""
-        return self._refuse_on_vllm(params) if 0 < params.temperature < VLLM_MIN_TEMPERATURE else None
+        if 0 < params.temperature < VLLM_MIN_TEMPERATURE:
+            return self._refuse_on_vllm(params)
+        if params.seed is not None and self.__dict__.get("_sglang") and "_seeds_ignored" not in self.__dict__:
+            from focus.backends.sglang import ask_deterministic  # (it imports this module)
+
+            return ask_deterministic(self)  # SGLang's completions: the same seeds as its /generate
+        return None
 
     async def _refuse_on_vllm(self, params: SamplingParams) -> None:
         if await self._is_vllm():
@@ -137,7 +143,11 @@ class OpenAICompatPolicy(HttpPolicy):
 
     def check_answer(self, params: SamplingParams, completion: Completion) -> None:
         """The same rule for an answer that names vLLM (``system_fingerprint``
-        ``vllm-<version>-...``) where ``/v1/models`` did not (a proxy in front of it)."""
+        ``vllm-<version>-...``) where ``/v1/models`` did not (a proxy in front of it). An
+        answer of SGLang's (``metadata.weight_version``) has the next seeded call ask it
+        whether it honours seeds, as :class:`~focus.backends.sglang.SGLangPolicy` does."""
+        if completion.meta.pop("sglang", False):
+            self.__dict__.setdefault("_sglang", True)
         fingerprint = completion.meta.pop("system_fingerprint", None)
         if 0 < params.temperature < VLLM_MIN_TEMPERATURE and str(fingerprint).startswith("vllm-"):
             raise UnreadableAnswers(raised_temperature(self.url, params.temperature))
@@ -413,6 +423,8 @@ def _parse_choice(data: dict[str, Any], ch: Any, stop_ids: Sequence[int] = ()) -
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     meta: dict[str, Any] = {k: data[k] for k in ("policy_version", "model", "id", "system_fingerprint") if k in data}
+    if isinstance(data.get("metadata"), dict) and "weight_version" in data["metadata"]:
+        meta["sglang"] = True  # SGLang's completions (OpenAICompatPolicy.check_answer)
     echoed = ch.get("prompt_token_ids")
     if isinstance(echoed, list):  # the prompt the server sampled from (HttpPolicy.check_echo)
         meta["prompt_token_ids"] = echoed

@@ -51,6 +51,23 @@ def seeds_ignored(url: str) -> str:
     )
 
 
+def ask_deterministic(policy: HttpPolicy) -> Awaitable[None]:
+    """Ask ``policy``'s SGLang server once whether it honours ``sampling_seed``
+    (:data:`SERVER_INFO_PATHS`); one warning line and no more hedged requests when it
+    does not (:func:`seeds_ignored`). The calls beside the one that asks go on meanwhile."""
+    policy.__dict__["_seeds_ignored"] = False
+
+    async def ask() -> None:
+        for path in SERVER_INFO_PATHS:  # one GET each, not retried or counted (HttpClient.peek)
+            if (flag := await policy.http.peek(path, deterministic_inference)) is not None:
+                break
+        if flag is False:
+            policy.__dict__["_seeds_ignored"] = True
+            log.warning("%s", seeds_ignored(policy.url))
+
+    return ask()
+
+
 class SGLangPolicy(HttpPolicy):
     """``POST {base_url}/generate`` of an SGLang server (or the embedded one)."""
 
@@ -90,8 +107,8 @@ class SGLangPolicy(HttpPolicy):
         return parse_generate(data)
 
     def check_params(self, params: SamplingParams) -> Awaitable[None] | None:
-        """Once, at the first seeded call (:meth:`_ask_deterministic`): whether the server was started with
-        ``--enable-deterministic-inference`` (its ``/server_info``, or ``/get_server_info``
+        """Once, at the first seeded call (:func:`ask_deterministic`): whether the server
+        was started with ``--enable-deterministic-inference`` (its ``/server_info``, or ``/get_server_info``
         on releases before it). Without it SGLang ignores ``sampling_seed``
         (``SamplingBatchInfo.from_schedule_batch`` builds the seed tensor only then, and
         the sampler draws unseeded), so a seeded request samples anew each time: one
@@ -99,16 +116,7 @@ class SGLangPolicy(HttpPolicy):
         A server that does not say (an older release, a proxy, no answer) is left as it is."""
         if params.seed is None or "_seeds_ignored" in self.__dict__:
             return None
-        self.__dict__["_seeds_ignored"] = False  # asked once: the calls beside this one go on
-        return self._ask_deterministic()
-
-    async def _ask_deterministic(self) -> None:
-        for path in SERVER_INFO_PATHS:  # one GET each, not retried or counted (HttpClient.peek)
-            if (flag := await self.http.peek(path, deterministic_inference)) is not None:
-                break
-        if flag is False:
-            self.__dict__["_seeds_ignored"] = True
-            log.warning("%s", seeds_ignored(self.url))
+        return ask_deterministic(self)
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """:meth:`HttpPolicy.sample`; a seeded call that gave up on status 500 before any
