@@ -14,58 +14,22 @@ agree with them.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from focus.backends.http import HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
-from focus.backends.openai_compat import NEUTRAL, SGLANG_VERSION_PATHS, aborted, server_said, weight_version
+from focus.backends.openai_compat import (
+    NEUTRAL,
+    SGLANG_VERSION_PATHS,
+    aborted,
+    ask_deterministic,
+    server_said,
+    weight_version,
+)
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable, UnreadableAnswers
-
-log = logging.getLogger(__name__)
-
-
-#: Where SGLang says how it was started (``dataclasses.asdict(server_args)`` and more):
-#: ``/server_info``, or ``/get_server_info`` on releases before it (later ones keep it as a
-#: deprecated alias).
-SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
-
-
-def deterministic_inference(data: Any) -> bool | None:
-    """``enable_deterministic_inference`` of a :data:`SERVER_INFO_PATHS` answer (None: not said)."""
-    flag = data.get("enable_deterministic_inference") if isinstance(data, dict) else None
-    return flag if isinstance(flag, bool) else None
-
-
-def seeds_ignored(url: str) -> str:
-    """The line for an SGLang server that ignores ``sampling_seed``."""
-    return (
-        f"the SGLang server at {url} was started without --enable-deterministic-inference, so it ignores each "
-        "request's sampling_seed and samples anew every time: a retried request, a resumed collection and two "
-        "runs of one collection get other samples; FOCUS no longer hedges its requests (two copies would be two "
-        "samples, and the faster one favours short completions); start it with --enable-deterministic-inference "
-        "for seeded sampling"
-    )
-
-
-def ask_deterministic(policy: HttpPolicy) -> Awaitable[None]:
-    """Ask ``policy``'s SGLang server once whether it honours ``sampling_seed``
-    (:data:`SERVER_INFO_PATHS`); one warning line and no more hedged requests when it
-    does not (:func:`seeds_ignored`). The calls beside the one that asks go on meanwhile."""
-    policy.__dict__["_seeds_ignored"] = False
-
-    async def ask() -> None:
-        for path in SERVER_INFO_PATHS:  # one GET each, not retried or counted (HttpClient.peek)
-            if (flag := await policy.http.peek(path, deterministic_inference)) is not None:
-                break
-        if flag is False:
-            policy.__dict__["_seeds_ignored"] = True
-            log.warning("%s", seeds_ignored(policy.url))
-
-    return ask()
 
 
 class SGLangPolicy(HttpPolicy):
