@@ -308,6 +308,26 @@ def test_retry_after_reads_seconds_and_http_dates():
     assert parse_retry_after("soon") is None and parse_retry_after(None) is None
 
 
+def test_retry_after_dates_without_a_zone_are_gmt(monkeypatch):
+    """An HTTP date is GMT (RFC 9110), in every form it may take: asctime's form and a
+    ``-0000`` zone parse to a datetime without a zone, which was then read as the local
+    time - on a machine 5 hours behind UTC, 4 s ahead became 5 h (then capped to
+    ``backoff_max_s``), and one ahead of UTC waited nothing."""
+    now = 1_700_000_000.0
+    when = time.gmtime(now + 4)
+    asctime = time.strftime("%a %b %d %H:%M:%S %Y", when)
+    no_zone = time.strftime("%a, %d %b %Y %H:%M:%S -0000", when)
+    try:
+        for zone in ("EST+5", "JST-9"):
+            monkeypatch.setenv("TZ", zone)
+            time.tzset()
+            for value in (asctime, no_zone):
+                assert parse_retry_after(value, now=now) == pytest.approx(4.0), (zone, value)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 def test_client_stats_total_call_records():
     """What an engine does with the records of many completions (and each client with its own)."""
     stats = ClientStats()
@@ -343,6 +363,18 @@ def test_retry_after_is_honoured(scripted):
     assert scripted.arrivals[1] - scripted.arrivals[0] >= 0.4
     stats = client.stats()
     assert stats["retries"] == {"server error": 1} and stats["lost_s"]["server error"] >= 0.4
+
+
+@pytest.mark.integration  # starts a server
+def test_retry_after_as_an_http_date_is_honoured(scripted):
+    """A 429 whose ``Retry-After`` is an HTTP date (whole seconds): the retry waits until
+    then, here at least 1 s (the date is 2 s on, less what is left of this second)."""
+    when = email.utils.formatdate(math.floor(time.time()) + 2, usegmt=True)
+    scripted.answers[:] = [(429, {"Retry-After": when}, {"error": "busy"}), (200, {}, {"ok": 1})]
+    client = HttpClient(scripted.url, HttpConfig(backoff_s=0.001, backoff_max_s=5.0))
+    assert run(_post(client)) == {"ok": 1}
+    assert 1.0 <= scripted.arrivals[1] - scripted.arrivals[0] <= 3.5
+    assert client.stats()["retries"] == {"server error": 1}
 
 
 @pytest.mark.integration  # starts a server

@@ -208,10 +208,13 @@ GOOD = {
 
 
 def _mock(answer: Any, others: Any = None, bodies: list[bytes] | None = None) -> httpx.MockTransport:
-    """``answer`` to the first request's body, ``others`` (default ``answer``) to any other."""
+    """``answer`` to the first POST's body, ``others`` (default ``answer``) to any other
+    request (a GET too: SGLang's client asks ``/server_info`` at its first seeded call)."""
     seen = [] if bodies is None else bodies
 
     def reply(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, json=answer if others is None else others)
         seen.append(request.content)
         return httpx.Response(200, json=answer if others is None or request.content == seen[0] else others)
 

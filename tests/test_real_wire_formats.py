@@ -163,11 +163,14 @@ def vllm_routes(v: Vllm) -> dict[tuple[str, str], Any]:
     def complete(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
         if body.get("model") not in (None, v.served_name, *v.aliases, "adapter"):
             return 404, vllm_error(f"The model `{body['model']}` does not exist.", "NotFoundError", 404)
-        if body.get("temperature") is not None and body["temperature"] < 1e-5 and body.get("n", 1) > 1:
+        temperature = body.get("temperature")
+        if temperature is not None and 0 < temperature < 0.01:
+            temperature = 0.01  # SamplingParams.__post_init__ (_MAX_TEMP): a warning in its own log only
+        if temperature is not None and temperature < 1e-5 and body.get("n", 1) > 1:
             # SamplingParams._verify_greedy_sampling, raised as the request's ValueError
             message = f"n must be 1 when using greedy sampling, got {body['n']}."
             return 400, {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
-        server.used.append(effective(body, dict(v.generation_config), VLLM_DEFAULTS))
+        server.used.append(effective({**body, "temperature": temperature}, dict(v.generation_config), VLLM_DEFAULTS))
         as_ids = v.ids_flag or (v.ids_as_request_field and bool(body.get("return_tokens_as_token_ids")))
         choices = []
         for i in range(body.get("n", 1)):

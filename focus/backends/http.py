@@ -529,6 +529,20 @@ class HttpClient:
             raise _Retryable("malformed response", status, f"{type(e).__name__}: {e}") from e
         return value, time.monotonic() - sent
 
+    async def peek(self, path: str, parse: Callable[[Any], T]) -> T | None:
+        """One ``GET`` of ``path``, ``parse``d: what a client asks of the server's settings
+        beside its calls. Never retried, hedged, waited for or counted in :meth:`stats`
+        (the calls' figures stay the calls'); None on any failure, within ``timeout_s``."""
+        wire = self._wire_for_loop()
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                status, data, _ = await wire.sender.send(
+                    "GET", wire.sender.url(f"{self.base_url}{path}"), None, self._headers
+                )
+            return parse(_decode(data, status)) if status == 200 else None
+        except (TimeoutError, OSError, httpx.HTTPError, aiohttp.ClientError, _Retryable, ValueError):
+            return None
+
     async def aclose(self) -> None:
         wire, self._wire = self._wire, None
         if wire is not None:

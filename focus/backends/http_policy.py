@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, ClassVar
 
 from focus.backends.foreign import endpoint_in_url
@@ -27,9 +27,10 @@ __all__ = ["HttpPolicy"]
 
 log = logging.getLogger(__name__)
 
-#: vLLM samples greedily below this temperature (its ``_SAMPLING_EPS``) and refuses a
-#: greedy request for ``n`` > 1 with status 400 ("n must be 1 when using greedy
-#: sampling", every release): siblings at such a temperature go one request each.
+#: vLLM samples greedily below this temperature (its ``_SAMPLING_EPS``; since it raises
+#: any temperature in (0, 0.01) to 0.01 first, only at 0) and refuses a greedy request for
+#: ``n`` > 1 with status 400 ("n must be 1 when using greedy sampling", every release):
+#: siblings at such a temperature go one request each.
 GREEDY_BELOW = 1e-5
 
 
@@ -93,21 +94,37 @@ class HttpPolicy(Policy):
     #: sends one request (set by a dialect that implements :meth:`parse_siblings`).
     samples_siblings: ClassVar[bool] = False
 
-    def parse_siblings(self, data: Any, n: int) -> list[Completion]:
-        """The answer to a request for ``n`` samples, in sample order (fewer when the
-        server gave fewer)."""
+    def parse_siblings(self, data: Any, n: int, params: SamplingParams) -> list[Completion]:
+        """The answer to a request for ``n`` samples with ``params``, in sample order
+        (fewer when the server gave fewer)."""
         raise NotImplementedError
+
+    def check_params(self, params: SamplingParams) -> Awaitable[None] | None:
+        """What to ask the server before a request with ``params`` goes (a dialect's rule;
+        by default nothing): an awaitable that refuses ``params`` the server would not
+        sample with as they say, or None, the common case, at no cost per call. A
+        dialect that finds its server ignores seeds sets ``self.__dict__["_seeds_ignored"]``:
+        seeded requests are then not hedged (two copies would be two samples, and the
+        faster one favours short completions)."""
+        return None
+
+    def check_answer(self, params: SamplingParams, completion: Completion) -> None:
+        """Refuse an answer that shows the server did not sample with ``params`` (a
+        dialect's rule; by default none)."""
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         self.check_prompt(prompt_ids)
+        if (check := self.check_params(params)) is not None:
+            await check
         completion, record = await self.http.call(  # the body straight in: not kept in flight (call())
             "POST",
             self.path,
             self.request_body(prompt_ids, params),
             self.parser(params),
-            hedge=params.seed is not None,
+            hedge=params.seed is not None and not self.__dict__.get("_seeds_ignored"),
             size=params.max_tokens,
         )
+        self.check_answer(params, completion)
         self.check_echo(prompt_ids, completion)
         if completion.policy_version:
             self.policy_version = completion.policy_version
@@ -199,15 +216,18 @@ class HttpPolicy(Policy):
 
     async def _send_siblings(self, prompt_ids: Sequence[int], params: SamplingParams, n: int) -> list[Completion]:
         self.check_prompt(prompt_ids)
+        if (check := self.check_params(params)) is not None:
+            await check
         completions, record = await self.http.call(  # the body straight in, as in sample()
             "POST",
             self.path,
             {**self.request_body(prompt_ids, params), "n": n},
-            lambda data: self.parse_siblings(data, n),
+            lambda data: self.parse_siblings(data, n, params),
             hedge=True,
             size=params.max_tokens,
         )
         for c in completions:
+            self.check_answer(params, c)
             self.check_echo(prompt_ids, c)
             if c.policy_version:
                 self.policy_version = c.policy_version

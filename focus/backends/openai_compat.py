@@ -12,16 +12,19 @@ or carry non-finite log-probs, are treated as malformed and retried.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
 from focus.backends.http import HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
-from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable
+from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable, UnreadableAnswers
+
+log = logging.getLogger(__name__)
 
 #: vLLM's finish reasons (``vllm/v1/engine``); ``repetition``: a request with
 #: ``repetition_detection`` cut where its tokens repeat, a server's limit as ``length`` is.
@@ -40,8 +43,25 @@ _FINISH = {
 #: 1.05 - and the tokens would be drawn from another distribution than the one the
 #: request names and the trainer recomputes. ``extra_body`` may still set them.
 NEUTRAL = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+#: Request fields ``extra_body`` may not set, and why: each makes the answer one FOCUS
+#: would misread, or the sample another than the one recorded.
+NOT_EXTRA = {
+    "echo": "the answer's log-probs would start with the prompt's",
+    "stream": "the answer would come as server-sent events, and FOCUS reads one JSON body",
+    "n": "FOCUS asks for several samples itself, each recorded with its own seed",
+    "best_of": "the server would keep the likeliest of several samples: not a sample of the policy",
+    "use_beam_search": "beam search does not sample the policy",
+    "seed": "FOCUS sends each call's own seed; one for all would make every rollout the same",
+    "temperature": "the samples would be of another temperature than the one recorded (agent.sampling.temperature)",
+}
 #: The served model name a request names when none is given (the embedded server's).
 DEFAULT_MODEL = "focus-tinylm"
+#: vLLM raises a temperature in (0, this) to this value (``_MAX_TEMP`` in
+#: ``vllm/sampling_params.py``, ``SamplingParams.__post_init__``), saying so only in its own
+#: log: the tokens are drawn from another distribution than the one the request names and
+#: the trainer recomputes (``agent.sampling.temperature``), and so are the log-probs of a
+#: processed ``--logprobs-mode``.
+VLLM_MIN_TEMPERATURE = 0.01
 
 
 class OpenAICompatPolicy(HttpPolicy):
@@ -70,6 +90,10 @@ class OpenAICompatPolicy(HttpPolicy):
         root = root[: -len("/v1")] if root.endswith("/v1") else root
         self.connect(root, config, transport, probe_body, vocab_size, model)
         self.model = model
+        if taken := sorted(set(extra_body or ()) & set(NOT_EXTRA)):
+            raise ValueError(
+                "model.options.extra_body sets " + "; ".join(f"{k} ({NOT_EXTRA[k]})" for k in taken) + ": leave it out"
+            )
         self.extra_body = dict(extra_body or {})
 
     def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
@@ -98,10 +122,44 @@ class OpenAICompatPolicy(HttpPolicy):
     def parse(self, data: Any) -> Completion:
         return parse_completion(data)
 
+    def parser(self, params: SamplingParams) -> Callable[[Any], Completion]:
+        return partial(parse_completion, stop_ids=params.stop_token_ids)
+
     samples_siblings = True  # vLLM: sample i of a request with n and a seed uses seed + i
 
-    def parse_siblings(self, data: Any, n: int) -> list[Completion]:
-        return parse_completions(data, n)
+    def check_params(self, params: SamplingParams) -> Awaitable[None] | None:
+        """:class:`UnreadableAnswers` for a temperature in (0, :data:`VLLM_MIN_TEMPERATURE`)
+        when the server is vLLM (a ``/v1/models`` card ``owned_by`` it, asked once; no
+        answer counts as not), which would sample at 0.01 instead; other servers (the
+        embedded one, SGLang) sample at the temperature asked."""
+        if 0 < params.temperature < VLLM_MIN_TEMPERATURE:
+            return self._refuse_on_vllm(params)
+        if params.seed is not None and self.__dict__.get("_sglang") and "_seeds_ignored" not in self.__dict__:
+            return ask_deterministic(self)  # SGLang's completions: the same seeds as its /generate
+        return None
+
+    async def _refuse_on_vllm(self, params: SamplingParams) -> None:
+        if await self._is_vllm():
+            raise UnreadableAnswers(raised_temperature(self.url, params.temperature))
+
+    def check_answer(self, params: SamplingParams, completion: Completion) -> None:
+        """The same rule for an answer that names vLLM (``system_fingerprint``
+        ``vllm-<version>-...``) where ``/v1/models`` did not (a proxy in front of it). An
+        answer of SGLang's (``metadata.weight_version``) has the next seeded call ask it
+        whether it honours seeds, as :class:`~focus.backends.sglang.SGLangPolicy` does."""
+        if completion.meta.pop("sglang", False):
+            self.__dict__.setdefault("_sglang", True)
+        fingerprint = completion.meta.pop("system_fingerprint", None)
+        if 0 < params.temperature < VLLM_MIN_TEMPERATURE and str(fingerprint).startswith("vllm-"):
+            raise UnreadableAnswers(raised_temperature(self.url, params.temperature))
+
+    async def _is_vllm(self) -> bool:
+        if (known := self.__dict__.get("_vllm")) is None:  # one GET, not retried or counted (HttpClient.peek)
+            known = self.__dict__["_vllm"] = "vllm" in (await self.http.peek("/v1/models", model_owners) or ())
+        return bool(known)
+
+    def parse_siblings(self, data: Any, n: int, params: SamplingParams) -> list[Completion]:
+        return parse_completions(data, n, params.stop_token_ids)
 
     version_path = "/v1/models"
 
@@ -134,6 +192,64 @@ class OpenAICompatPolicy(HttpPolicy):
         with ``--served-model-name``, or a LoRA adapter as the model, failed every call
         of a fleet."""
         return card_version(model_card(data, model))
+
+
+#: Where SGLang says how it was started (``dataclasses.asdict(server_args)`` and more):
+#: ``/server_info``, or ``/get_server_info`` on releases before it (later ones keep it as a
+#: deprecated alias).
+SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
+
+
+def deterministic_inference(data: Any) -> bool | None:
+    """``enable_deterministic_inference`` of a :data:`SERVER_INFO_PATHS` answer (None: not said)."""
+    flag = data.get("enable_deterministic_inference") if isinstance(data, dict) else None
+    return flag if isinstance(flag, bool) else None
+
+
+def seeds_ignored(url: str) -> str:
+    """The line for an SGLang server that ignores ``sampling_seed``."""
+    return (
+        f"the SGLang server at {url} was started without --enable-deterministic-inference, so it ignores each "
+        "request's sampling_seed and samples anew every time: a retried request, a resumed collection and two "
+        "runs of one collection get other samples; FOCUS no longer hedges its requests (two copies would be two "
+        "samples, and the faster one favours short completions); start it with --enable-deterministic-inference "
+        "for seeded sampling"
+    )
+
+
+def ask_deterministic(policy: HttpPolicy) -> Awaitable[None]:
+    """Ask ``policy``'s SGLang server once whether it honours ``sampling_seed``
+    (:data:`SERVER_INFO_PATHS`); one warning line and no more hedged requests when it
+    does not (:func:`seeds_ignored`). The calls beside the one that asks go on meanwhile."""
+    policy.__dict__["_seeds_ignored"] = False
+
+    async def ask() -> None:
+        for path in SERVER_INFO_PATHS:  # one GET each, not retried or counted (HttpClient.peek)
+            if (flag := await policy.http.peek(path, deterministic_inference)) is not None:
+                break
+        if flag is False:
+            policy.__dict__["_seeds_ignored"] = True
+            log.warning("%s", seeds_ignored(policy.url))
+
+    return ask()
+
+
+def model_owners(data: Any) -> set[str]:
+    """The ``owned_by`` of each card in a ``/v1/models`` answer (vLLM's say ``vllm``)."""
+    cards = data.get("data") if isinstance(data, dict) else None
+    return {c["owned_by"] for c in cards or () if isinstance(c, dict) and isinstance(c.get("owned_by"), str)}
+
+
+def raised_temperature(url: str, temperature: float) -> str:
+    """The line for a temperature vLLM would raise (:data:`VLLM_MIN_TEMPERATURE`)."""
+    return (
+        f"the model server at {url} is vLLM, which raises a temperature in (0, {VLLM_MIN_TEMPERATURE:g}) to "
+        f"{VLLM_MIN_TEMPERATURE:g} (vllm/sampling_params.py, _MAX_TEMP) and says so only in its own log: asked for "
+        f"{temperature:g}, it would draw the tokens at {VLLM_MIN_TEMPERATURE:g} (and a processed --logprobs-mode "
+        f"would report their log-probs at {VLLM_MIN_TEMPERATURE:g}), not at the temperature recorded and trained "
+        f"with; set agent.sampling.temperature to 0 (greedy) or at least "
+        f"{VLLM_MIN_TEMPERATURE:g}"
+    )
 
 
 def model_card(data: Any, model: str | None = None) -> dict[str, Any]:
@@ -277,15 +393,20 @@ def server_said(data: Any) -> str:
     return f" but an error: {' '.join(str(said).split())[:200]}" if said else ""
 
 
-def parse_completion(data: Any) -> Completion:
+def parse_completion(data: Any, stop_ids: Sequence[int] = ()) -> Completion:
     """A vLLM completions answer -> Completion; MalformedResponse when it cannot be trusted
     (its one choice not sample 0, or more than one: which was sampled as asked?)."""
-    return parse_completions(data, 1)[0]
+    return parse_completions(data, 1, stop_ids)[0]
 
 
-def parse_completions(data: Any, n: int) -> list[Completion]:
+def parse_completions(data: Any, n: int, stop_ids: Sequence[int] = ()) -> list[Completion]:
     """The samples of an answer to a request with ``n`` samples, by their ``index`` (fewer
-    than ``n`` when the server gave fewer: one that ignores ``n`` answers one)."""
+    than ``n`` when the server gave fewer: one that ignores ``n`` answers one).
+
+    A sample whose last token is one of the request's ``stop_ids`` is ``stop`` even where
+    the server says ``length``: vLLM releases whose ``check_stop`` tested the length cap
+    first (older releases of its V1 engine) answer ``length`` when the stop id is the last token
+    ``max_tokens`` allows, and the complete turn was recorded (and exported) as truncated."""
     choices = data.get("choices") if isinstance(data, dict) else None
     if not choices or not isinstance(choices, list) or not all(isinstance(ch, dict) for ch in choices):
         raise MalformedResponse(f"no 'choices' in the answer{server_said(data)}")
@@ -298,10 +419,10 @@ def parse_completions(data: Any, n: int) -> list[Completion]:
         raise MalformedResponse(f"asked for {n} sample(s), the answer's choices are numbered {index}")
     if len(choices) > 1:
         choices = sorted(choices, key=lambda ch: ch["index"])
-    return [_parse_choice(data, ch) for ch in choices]
+    return [_parse_choice(data, ch, stop_ids) for ch in choices]
 
 
-def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
+def _parse_choice(data: dict[str, Any], ch: Any, stop_ids: Sequence[int] = ()) -> Completion:
     if not isinstance(ch, dict):
         raise MalformedResponse("a choice of the answer is not an object")
     lp = ch.get("logprobs")
@@ -337,10 +458,14 @@ def _parse_choice(data: dict[str, Any], ch: Any) -> Completion:
         raise MalformedResponse(f"unknown finish_reason {ch.get('finish_reason')!r}")
     if finish in ("abort", "error"):
         raise MalformedResponse(aborted(finish, len(ids), ch.get("stop_reason")))
+    if finish == "length" and ids and ids[-1] in stop_ids:
+        finish = "stop"
     usage = data.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    meta: dict[str, Any] = {k: data[k] for k in ("policy_version", "model", "id") if k in data}
+    meta: dict[str, Any] = {k: data[k] for k in ("policy_version", "model", "id", "system_fingerprint") if k in data}
+    if isinstance(data.get("metadata"), dict) and "weight_version" in data["metadata"]:
+        meta["sglang"] = True  # SGLang's completions (OpenAICompatPolicy.check_answer)
     echoed = ch.get("prompt_token_ids")
     if isinstance(echoed, list):  # the prompt the server sampled from (HttpPolicy.check_echo)
         meta["prompt_token_ids"] = echoed

@@ -31,6 +31,7 @@ stack.
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import math
 import random
@@ -289,6 +290,8 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
         return None
     if when is None:
         return None
+    if when.tzinfo is None:  # asctime's form, or "-0000": GMT all the same (RFC 9110), never local time
+        when = when.replace(tzinfo=datetime.UTC)
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 

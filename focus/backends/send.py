@@ -29,6 +29,10 @@ import aiohttp
 import httpx
 from yarl import URL
 
+#: How aiohttp's error begins where the request could not be written to its connection
+#: (``ClientRequest.write_bytes``): nothing of it reached the server.
+UNWRITTEN = "Can not write request body"
+
 #: What a sender returns: the status, the whole body, and the ``Retry-After`` header.
 Answer = tuple[int, bytes, str | None]
 
@@ -68,7 +72,27 @@ class AiohttpSender(Sender):
         return self._session
 
     async def send(self, method: str, url: Any, content: bytes | None, headers: dict[str, str]) -> Answer:
+        """One request; sent once more, at once, on another connection when the pooled one
+        it went out on was closed before the request could be written (aiohttp's "Can not
+        write request body"): the server never read it. A server that closes each
+        connection after its answer without ``Connection: close`` (an HTTP/1.1 server with
+        keep-alive off, a proxy), or an idle timeout that meets the connection's reuse, made
+        each call after the first fail so once, counted, backed off and retried as a
+        ``connection`` failure. A connection closed or reset after the request was sent
+        (the server may have read it) and one that cannot be opened are the client's to
+        retry, as before."""
         session = self._session or self._open()
+        try:
+            return await self._send(session, method, url, content, headers)
+        except aiohttp.ClientOSError as e:
+            if isinstance(e, aiohttp.ClientConnectorError) or not str(e.strerror).startswith(UNWRITTEN):
+                raise
+        return await self._send(session, method, url, content, headers)
+
+    @staticmethod
+    async def _send(
+        session: aiohttp.ClientSession, method: str, url: Any, content: bytes | None, headers: dict[str, str]
+    ) -> Answer:
         async with session.request(method, url, data=content, headers=headers) as response:
             status = response.status
             return status, await response.read(), response.headers.get("Retry-After") if status >= 400 else None

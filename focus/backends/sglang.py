@@ -15,12 +15,19 @@ agree with them.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from focus.backends.http import HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
-from focus.backends.openai_compat import NEUTRAL, SGLANG_VERSION_PATHS, aborted, server_said, weight_version
+from focus.backends.openai_compat import (
+    NEUTRAL,
+    SGLANG_VERSION_PATHS,
+    aborted,
+    ask_deterministic,
+    server_said,
+    weight_version,
+)
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable, UnreadableAnswers
 
@@ -62,6 +69,18 @@ class SGLangPolicy(HttpPolicy):
 
     def parse(self, data: Any) -> Completion:
         return parse_generate(data)
+
+    def check_params(self, params: SamplingParams) -> Awaitable[None] | None:
+        """Once, at the first seeded call (:func:`ask_deterministic`): whether the server
+        was started with ``--enable-deterministic-inference`` (its ``/server_info``, or ``/get_server_info``
+        on releases before it). Without it SGLang ignores ``sampling_seed``
+        (``SamplingBatchInfo.from_schedule_batch`` builds the seed tensor only then, and
+        the sampler draws unseeded), so a seeded request samples anew each time: one
+        warning line, and its seeded requests are no longer hedged (:func:`seeds_ignored`).
+        A server that does not say (an older release, a proxy, no answer) is left as it is."""
+        if params.seed is None or "_seeds_ignored" in self.__dict__:
+            return None
+        return ask_deterministic(self)
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """:meth:`HttpPolicy.sample`; a seeded call that gave up on status 500 before any

@@ -116,7 +116,10 @@ def build_policy(config: FocusConfig, url: str | None = None) -> Policy:
         if not urls:
             raise ConfigError("model.url is not set and no local model server was started")
         named = {"model": m.model} if m.model else {}
-        policy = one_or_fleet(urls, lambda u: OpenAICompatPolicy(u, **named, config=http, **m.options))
+        try:
+            policy = one_or_fleet(urls, lambda u: OpenAICompatPolicy(u, **named, config=http, **m.options))
+        except ValueError as e:  # model.options.extra_body setting a field FOCUS owns (NOT_EXTRA)
+            raise ConfigError(str(e)) from None
     elif m.kind == "sglang":
         from focus.backends import SGLangPolicy
 
