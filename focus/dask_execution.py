@@ -26,14 +26,21 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, PrivateAttr
 
+from focus.dask_payload import (
+    APART_START_BYTES,
+    EnvCache,
+    load,
+    load_shard,
+    pickled_agent,
+    pickled_shard,
+    pickled_starts,
+)
+from focus.dask_payload import WorkerImportError as WorkerImportError
+from focus.dask_payload import digest as payload_digest
 from focus.execution import Execution
 
 if TYPE_CHECKING:
     from focus.agent import Agent, Rollout
-
-
-class WorkerImportError(RuntimeError):
-    """A Dask worker cannot import a module the agent or the branch states need."""
 
 
 class WorkerMismatch(RuntimeError):
@@ -46,21 +53,6 @@ class ShardOutOfMemory(RuntimeError):
 
 class NoDaskWorkers(RuntimeError):
     """The scheduler has had no workers for longer than the execution allows."""
-
-
-def _load(data: bytes) -> Any:
-    """Unpickle what the caller sent, naming a module this worker lacks in one line."""
-    import socket
-
-    import cloudpickle
-
-    try:
-        return cloudpickle.loads(data)
-    except ImportError as e:
-        raise WorkerImportError(
-            f"a Dask worker (host {socket.gethostname()}) cannot import what the rollouts need: {e}; install it "
-            "in the workers' environment (or put it on their PYTHONPATH), then rerun with the same collection id"
-        ) from None
 
 
 def workerless_since(
@@ -87,9 +79,16 @@ def workerless_since(
 
 
 def _run_shard(
-    agent_bytes: bytes, jobs_bytes: bytes, max_concurrency: int, max_outage_share: float = 1.0, freeze_gc: bool = True
+    agent_bytes: bytes,
+    env_bytes: bytes,
+    jobs_bytes: bytes,
+    starts: list[bytes],
+    max_concurrency: int,
+    max_outage_share: float = 1.0,
+    freeze_gc: bool = True,
 ) -> list[Rollout]:
-    """Body of one Dask task: unpickle the agent and run the shard on a fresh loop.
+    """Body of one Dask task: unpickle the agent (its env apart) and the jobs (their
+    distinct starts apart, :mod:`focus.dask_payload`) and run the shard on a fresh loop.
 
     The shard leaves the worker's thread pool first (``secede``): it mostly waits on the
     model service, and a wave planned ahead must be able to start its shards while this
@@ -102,8 +101,8 @@ def _run_shard(
         secede()
     except ValueError:  # not inside a Dask worker (called directly)
         pass
-    agent = _load(agent_bytes)
-    jobs = _load(jobs_bytes)
+    agent = load(agent_bytes, {"env": load(env_bytes)})
+    jobs = load_shard(jobs_bytes, starts)
     out: list[Rollout] = []
 
     async def go() -> None:
@@ -171,6 +170,28 @@ async def _stop_when(released: Callable[[], bool], run: asyncio.Future[Any]) -> 
 #: Pickled agents up to this size travel inside every shard's task instead of being scattered.
 INLINE_AGENT_BYTES = 1 << 20
 
+#: Held while a large start is submitted: the filter that hides Dask's warning is global.
+_APART_LOCK = threading.Lock()
+
+
+def _held(data: bytes) -> bytes:
+    """The task that holds a large pickled start on a worker for the shards that need it."""
+    return data
+
+
+def _apart(client: Any, data: bytes) -> Any:
+    """A pickled start as the shards get it: ``data`` itself when small; a large one as a
+    task of its own (:mod:`focus.dask_payload`), which the scheduler can run again when the
+    worker holding it dies. Dask's "Sending large graph" warning (a start over 10 MB), which
+    advises what this does, is not printed."""
+    import warnings
+
+    if len(data) < APART_START_BYTES:
+        return data
+    with _APART_LOCK, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+        return client.submit(_held, data, pure=False)
+
 
 class DaskExecution(Execution):
     """Run rollout jobs as shards on a ``distributed`` cluster.
@@ -198,8 +219,11 @@ class DaskExecution(Execution):
     _threads: Any = PrivateAttr(None)
     #: Workers whose focus and Python were found to be the caller's (:func:`check_workers`).
     _checked: set[str] = PrivateAttr(default_factory=set)
-    #: (digest, future) of the large pickled agent last scattered, which later waves reuse.
-    _shipped: Any = PrivateAttr(None)
+    #: (digest, future) of the large pickled agent (slot "agent") or env (slot "env") last
+    #: scattered, which later waves reuse.
+    _shipped: dict[str, Any] = PrivateAttr(default_factory=dict)
+    #: The env pickled last, which later waves reuse while it is unchanged.
+    _envs: EnvCache = PrivateAttr(default_factory=EnvCache)
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()
@@ -214,7 +238,8 @@ class DaskExecution(Execution):
                 "_limits": {},
                 "_threads": None,
                 "_checked": set(),
-                "_shipped": None,
+                "_shipped": {},
+                "_envs": None,  # made anew by __setstate__ (it holds a lock)
             },
         }
 
@@ -227,7 +252,8 @@ class DaskExecution(Execution):
             "_limits": {},
             "_threads": None,
             "_checked": set(),
-            "_shipped": None,
+            "_shipped": {},
+            "_envs": EnvCache(),
         }
         object.__setattr__(self, "__pydantic_private__", private)
 
@@ -344,54 +370,55 @@ class DaskExecution(Execution):
             return self._threads
 
     def _submit(self, agent: Agent, jobs: list[Any]) -> tuple[Any, list[list[int]], list[Any], Any]:
-        import cloudpickle
-
         client = self.client()
         nthreads = client.nthreads()
         check_workers(client, set(nthreads) - self._checked)
         self._checked.update(nthreads)
         threads = sum(nthreads.values()) or 1
         shards = self.shards(jobs, threads)
-        data = _pickled_agent(agent)
-        parts = [cloudpickle.dumps([jobs[i] for i in shard]) for shard in shards]
-        payload = self._payload(client, data)
-        futures = [
-            client.submit(
-                _run_shard,
-                payload,
-                part,
-                self.max_concurrency,
-                self.max_outage_share,
-                self.freeze_gc,
-                pure=False,
+        agent_data, env_data, env_digest = pickled_agent(agent, self._envs)
+        payload = (self._payload(client, "agent", agent_data), self._payload(client, "env", env_data, env_digest))
+        starts, index = pickled_starts(jobs)
+        sent = [_apart(client, data) for data in starts]
+        futures = []
+        for shard in shards:
+            part, needed = pickled_shard([jobs[i] for i in shard], index)
+            futures.append(
+                client.submit(
+                    _run_shard,
+                    *payload,
+                    part,
+                    [sent[k] for k in needed],
+                    self.max_concurrency,
+                    self.max_outage_share,
+                    self.freeze_gc,
+                    pure=False,
+                )
             )
-            for part in parts
-        ]
-        return client, shards, futures, payload
+        return client, shards, futures, (payload, sent)
 
-    def _payload(self, client: Any, data: bytes) -> Any:
-        """What the shards get of the pickled agent: ``data`` itself when small, so the
-        scheduler can rerun a shard whatever workers die; a large one scattered to every
-        worker, and kept there for the next waves while their agent pickles to the same
-        bytes. Each wave scattered it anew: a 50 MB env cost 0.27 s a wave, 5.5 s of a 6.1 s
-        collection of 20 waves. A changed agent is scattered again; one lost with its last
-        worker too (data that lives on workers dies with them)."""
-        import hashlib
-
+    def _payload(self, client: Any, slot: str, data: bytes, digest: bytes | None = None) -> Any:
+        """What the shards get of the pickled agent (``slot``: the agent without its env, or
+        the env): ``data`` itself when small, so the scheduler can rerun a shard whatever
+        workers die; a large one scattered to every worker, and kept there for the next
+        waves while they ship the same bytes (``digest``, when known). Each wave scattered
+        it anew: a 50 MB env cost 0.27 s a wave, 5.5 s of a 6.1 s collection of 20 waves. A
+        changed one is scattered again; one lost with its last worker too (data that lives on
+        workers dies with them)."""
         if len(data) <= INLINE_AGENT_BYTES:
             return data
-        digest = hashlib.blake2b(data, digest_size=16).digest()
-        shipped = self._shipped
+        digest = digest or payload_digest(data)
+        shipped = self._shipped.get(slot)
         if shipped is not None and shipped[0] == digest and shipped[1].status == "finished":
             return shipped[1]
         future = client.scatter(data, broadcast=True, hash=False)
-        self._shipped = (digest, future)  # the previous one is released once no wave holds it
+        self._shipped[slot] = (digest, future)  # the previous one is released once no wave holds it
         return future
 
     def close(self) -> None:
         """Close the client, and the LocalCluster if this object started it."""
         with self._lock:
-            self._shipped = None
+            self._shipped = {}
             if self._threads is not None:
                 self._threads.shutdown(wait=False)
                 self._threads = None
@@ -516,35 +543,3 @@ def _answers(address: str, timeout_s: float) -> None:
             raise RuntimeError(f"cannot reach the Dask scheduler at {address!r}: {e}") from e
         except ValueError as e:  # an address Dask does not parse
             raise RuntimeError(f"the Dask scheduler address {address!r} is not one Dask takes: {e}") from e
-
-
-def _pickled_agent(agent: Agent) -> bytes:
-    """``agent`` pickled for the workers; one that does not pickle is named by the part
-    that does not (an env holding a lock, a client or an open file, mostly), with the
-    remedy, instead of ``TypeError: cannot pickle '_thread.lock' object``."""
-    import cloudpickle
-
-    from focus.env import EnvError
-
-    try:
-        return bytes(cloudpickle.dumps(agent))
-    except Exception as e:
-        parts = {"env": agent.env, "policy": agent.policy, "format": agent.format, "context": agent.context}
-        part = next((name for name, obj in parts.items() if not _pickles(obj)), "agent")
-        what = f"the {part} ({type(parts.get(part, agent)).__name__})"
-        line = (
-            f"{what} does not pickle ({type(e).__name__}: {e}); Dask ships the agent to its workers: open "
-            "clients, locks and files on first use in the worker (not in __init__), or drop them in __getstate__, "
-            "or run the rollouts in-process (execution.kind = local, --local)"
-        )
-        raise (EnvError(line) if part == "env" else TypeError(line)) from e
-
-
-def _pickles(obj: Any) -> bool:
-    import cloudpickle
-
-    try:
-        cloudpickle.dumps(obj)
-    except Exception:
-        return False
-    return True

@@ -272,10 +272,11 @@ def test_an_agent_that_does_not_pickle_is_named_by_its_part_with_the_remedy():
     it must pickle."""
     import threading
 
-    import cloudpickle
-
-    from focus.dask_execution import _pickled_agent
+    from focus.dask_payload import EnvCache, load, pickled_agent
     from focus.env import EnvError
+
+    def _pickled_agent(agent):  # type: ignore[no-untyped-def]
+        return pickled_agent(agent, EnvCache())
 
     class Locked(ReachTarget):
         def __init__(self) -> None:
@@ -294,7 +295,8 @@ def test_an_agent_that_does_not_pickle_is_named_by_its_part_with_the_remedy():
     with pytest.raises(TypeError, match=r"^the policy \(DigitPolicy\) does not pickle"):
         _pickled_agent(agent)
     del agent.policy.lock
-    assert cloudpickle.loads(_pickled_agent(agent)).env.__class__ is ReachTarget
+    rest, env, _ = _pickled_agent(agent)
+    assert load(rest, {"env": load(env)}).env.__class__ is ReachTarget
 
 
 STARTED: list[int] = []
