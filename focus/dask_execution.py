@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, PrivateAttr
 
+from focus.dask_checks import WorkerMismatch as WorkerMismatch
+from focus.dask_checks import answers, check_workers
 from focus.dask_payload import (
     APART_START_BYTES,
     EnvCache,
@@ -41,10 +43,6 @@ from focus.execution import Execution
 
 if TYPE_CHECKING:
     from focus.agent import Agent, Rollout
-
-
-class WorkerMismatch(RuntimeError):
-    """A Dask worker runs another focus or another Python than the process that sends it rollouts."""
 
 
 class ShardOutOfMemory(RuntimeError):
@@ -290,7 +288,7 @@ class DaskExecution(Execution):
                     )
                     self._client = Client(self._cluster)
                 else:
-                    _answers(self.address, self.connect_timeout_s)
+                    answers(self.address, self.connect_timeout_s)
                     try:
                         self._client = Client(self.address, timeout=f"{self.connect_timeout_s}s")
                     except OSError as e:
@@ -436,62 +434,6 @@ class DaskExecution(Execution):
         self.close()
 
 
-#: Seconds past ``connect_timeout_s`` that a scheduler's handshake may take.
-HANDSHAKE_MARGIN_S = 1.0
-
-
-def _worker_versions() -> Any:
-    """A function that says which Python and focus its process runs, or why focus does not
-    import there. A local function, so cloudpickle ships it by value: it runs on a worker
-    that lacks focus, where a module-level one would not even unpickle."""
-
-    def versions() -> tuple[str, str, str]:
-        import sys
-
-        python = f"{sys.version_info[0]}.{sys.version_info[1]}"
-        try:
-            import focus.dask_execution  # noqa: F401 - what the shards import
-            from focus import __version__
-        except BaseException as e:  # noqa: BLE001 - any failure is the answer
-            return python, "", f"{type(e).__name__}: {e}"
-        return python, __version__, ""
-
-    return versions
-
-
-def check_workers(client: Any, workers: set[str]) -> None:
-    """Refuse, in one line, a worker whose focus does not import or differs from the caller's.
-
-    A worker that cannot import focus cannot even unpickle a shard's task: it closed its
-    connection and left, the next one likewise, and the wave waited the whole
-    ``no_workers_timeout_s`` (300 s) for a line that said to start workers. A worker on
-    another focus or Python ran the shards with other code, without a word.
-    """
-    import sys
-
-    from focus import __version__
-
-    if not workers:
-        return
-    mine = f"{sys.version_info[0]}.{sys.version_info[1]}", __version__
-    found = client.run(_worker_versions(), workers=sorted(workers), on_error="return")
-    for address, answer in sorted(found.items()):
-        if isinstance(answer, BaseException):
-            continue  # gone since it was listed: the scheduler reruns its shards elsewhere
-        python, version, error = answer
-        if error:
-            raise WorkerMismatch(
-                f"a Dask worker ({address}) cannot import focus: {error}; install focus-rl {__version__} in the "
-                f"workers' environment (Python {mine[0]}), then rerun with the same collection id"
-            )
-        if (python, version) != mine:
-            raise WorkerMismatch(
-                f"a Dask worker ({address}) runs focus {version} on Python {python}, this process focus "
-                f"{__version__} on Python {mine[0]}: shards must run the code that planned them; install the same "
-                "versions in the workers' environment, then rerun with the same collection id"
-            )
-
-
 def _out_of_memory(client: Any, err: Exception) -> ShardOutOfMemory | None:
     """The line for a shard whose workers died (``KilledWorker``) because their nanny
     restarted them for memory, or ``None`` when the scheduler recorded no such restart of
@@ -512,34 +454,3 @@ def _out_of_memory(client: Any, err: Exception) -> ShardOutOfMemory | None:
         "95%); give the workers more memory (dask worker --memory-limit) or run fewer rollouts per shard "
         "(execution.shard_size, max_concurrency), then rerun with the same collection id"
     )
-
-
-def _answers(address: str, timeout_s: float) -> None:
-    """Fail in one line unless ``address`` answers Dask's handshake within ``timeout_s``.
-
-    ``Client(address, timeout=...)`` bounds the TCP connect only: a port that accepts and
-    never answers (another service, a stopped scheduler, a proxy) hung the collection
-    forever in distributed's handshake, without a line, whatever ``connect_timeout_s``.
-    """
-    from distributed.comm import connect
-
-    async def shake() -> None:
-        comm = await connect(address, timeout=timeout_s)
-        await comm.close()
-
-    async def bounded() -> None:  # past connect's own timeout, which names a refused port
-        await asyncio.wait_for(shake(), timeout_s + HANDSHAKE_MARGIN_S)
-
-    with ThreadPoolExecutor(max_workers=1) as pool:  # the caller's thread may run a loop
-        try:
-            pool.submit(asyncio.run, bounded()).result()
-        except TimeoutError:
-            raise RuntimeError(
-                f"the Dask scheduler address {address!r} accepted a connection but did not answer as a Dask "
-                f"scheduler within {timeout_s + HANDSHAKE_MARGIN_S:g} s (execution.connect_timeout_s + {HANDSHAKE_MARGIN_S:g}); give the address the scheduler "
-                "prints at its start (tcp://host:8786 by default, not the dashboard's :8787), then rerun"
-            ) from None
-        except OSError as e:
-            raise RuntimeError(f"cannot reach the Dask scheduler at {address!r}: {e}") from e
-        except ValueError as e:  # an address Dask does not parse
-            raise RuntimeError(f"the Dask scheduler address {address!r} is not one Dask takes: {e}") from e
