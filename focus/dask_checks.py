@@ -47,31 +47,10 @@ class WorkerMismatch(RuntimeError):
 HANDSHAKE_MARGIN_S = 1.0
 
 
-def _worker_versions() -> Any:
-    """A function that says which Python, focus and Dask packages (:data:`WIRE`) its process
-    runs, or why focus does not import there. A local function, so cloudpickle ships it by
-    value: it runs on a worker that lacks focus, where a module-level one would not even
-    unpickle."""
-
-    def versions() -> tuple[str, str, str, dict[str, str]]:
-        import sys
-        from importlib.metadata import version
-
-        python = f"{sys.version_info[0]}.{sys.version_info[1]}"
-        packages = {name: version(name) for name in ("dask", "distributed", "cloudpickle")}  # WIRE
-        try:
-            import focus.dask_execution  # noqa: F401 - what the shards import
-            from focus import __version__
-        except BaseException as e:  # noqa: BLE001 - any failure is the answer
-            return python, "", f"{type(e).__name__}: {e}", packages
-        return python, __version__, "", packages
-
-    return versions
-
-
-def check_workers(client: Any, workers: set[str]) -> None:
+def check_workers(client: Any, workers: set[str], versions: Any) -> None:
     """Refuse, in one line, a worker whose focus does not import or whose focus, Python or
-    Dask packages (:data:`WIRE`) differ from the caller's.
+    Dask packages (:data:`WIRE`) differ from the caller's, as ``versions`` (run on each of
+    ``workers``: :func:`focus.dask_execution._worker_versions`) reports them.
 
     A worker that cannot import focus cannot even unpickle a shard's task: it closed its
     connection and left, the next one likewise, and the wave waited the whole
@@ -85,7 +64,7 @@ def check_workers(client: Any, workers: set[str]) -> None:
     if not workers:
         return
     mine = f"{sys.version_info[0]}.{sys.version_info[1]}", __version__
-    found = client.run(_worker_versions(), workers=sorted(workers), on_error="return")
+    found = client.run(versions, workers=sorted(workers), on_error="return")
     for address, answer in sorted(found.items()):
         if isinstance(answer, BaseException):
             continue  # gone since it was listed: the scheduler reruns its shards elsewhere
@@ -110,9 +89,10 @@ def check_workers(client: Any, workers: set[str]) -> None:
             )
 
 
-def answers(address: str, timeout_s: float) -> None:
-    """Fail in one line unless ``address`` answers Dask's handshake within ``timeout_s``, or
-    when its scheduler runs other Dask packages (:data:`WIRE`) than this process.
+def answers(address: str, timeout_s: float, setting: str = "DaskExecution.connect_timeout_s") -> None:
+    """Fail in one line unless ``address`` answers Dask's handshake within ``timeout_s`` (from
+    ``setting``, which the line names), or when its scheduler runs other Dask packages
+    (:data:`WIRE`) than this process.
 
     ``Client(address, timeout=...)`` bounds the TCP connect only: a port that accepts and
     never answers (another service, a stopped scheduler, a proxy) hung the collection
@@ -137,7 +117,7 @@ def answers(address: str, timeout_s: float) -> None:
         except TimeoutError:
             raise RuntimeError(
                 f"the Dask scheduler address {address!r} accepted a connection but did not answer as a Dask "
-                f"scheduler within {timeout_s + HANDSHAKE_MARGIN_S:g} s (execution.connect_timeout_s + {HANDSHAKE_MARGIN_S:g}); give the address the scheduler "
+                f"scheduler within {timeout_s + HANDSHAKE_MARGIN_S:g} s ({setting} + {HANDSHAKE_MARGIN_S:g}); give the address the scheduler "
                 "prints at its start (tcp://host:8786 by default, not the dashboard's :8787), then rerun"
             ) from None
         except OSError as e:

@@ -207,7 +207,9 @@ class DaskExecution(Execution):
     threads_per_worker: int = Field(1, ge=1)
     processes: bool = True
     shard_size: int | None = Field(None, ge=1)
-    connect_timeout_s: float = Field(10.0, gt=0)
+    #: Seconds to reach the scheduler; ``None``: Dask's ``distributed.comm.timeouts.connect``
+    #: (30 s unless the user's Dask configuration says otherwise), which a fixed 10 s overrode.
+    connect_timeout_s: float | None = Field(None, gt=0)
     #: How long a wave waits while the scheduler has no workers before it fails.
     no_workers_timeout_s: float = Field(300.0, gt=0)
 
@@ -288,12 +290,23 @@ class DaskExecution(Execution):
                     )
                     self._client = Client(self._cluster)
                 else:
-                    answers(self.address, self.connect_timeout_s)
+                    timeout_s, setting = self._connect_timeout()
+                    answers(self.address, timeout_s, setting)
                     try:
-                        self._client = Client(self.address, timeout=f"{self.connect_timeout_s}s")
+                        self._client = Client(self.address, timeout=f"{timeout_s}s")
                     except OSError as e:
                         raise RuntimeError(f"cannot reach the Dask scheduler at {self.address!r}: {e}") from e
             return self._client
+
+    def _connect_timeout(self) -> tuple[float, str]:
+        """Seconds to reach the scheduler, and the setting they come from."""
+        if self.connect_timeout_s is not None:
+            return self.connect_timeout_s, "DaskExecution.connect_timeout_s"
+        import dask.config
+        from dask.utils import parse_timedelta
+
+        key = "distributed.comm.timeouts.connect"
+        return float(parse_timedelta(dask.config.get(key), default="s")), key
 
     def shards(self, jobs: list[Any], workers: int) -> list[list[int]]:
         """Indices of the jobs of each shard (pure: same jobs, same shards).
@@ -370,7 +383,7 @@ class DaskExecution(Execution):
     def _submit(self, agent: Agent, jobs: list[Any]) -> tuple[Any, list[list[int]], list[Any], Any]:
         client = self.client()
         nthreads = client.nthreads()
-        check_workers(client, set(nthreads) - self._checked)
+        check_workers(client, set(nthreads) - self._checked, _worker_versions())
         self._checked.update(nthreads)
         threads = sum(nthreads.values()) or 1
         shards = self.shards(jobs, threads)
@@ -432,6 +445,28 @@ class DaskExecution(Execution):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _worker_versions() -> Any:
+    """A function that says which Python, focus and Dask packages (:data:`WIRE`) its process
+    runs, or why focus does not import there. A local function, so cloudpickle ships it by
+    value: it runs on a worker that lacks focus, where a module-level one would not even
+    unpickle."""
+
+    def versions() -> tuple[str, str, str, dict[str, str]]:
+        import sys
+        from importlib.metadata import version
+
+        python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        packages = {name: version(name) for name in ("dask", "distributed", "cloudpickle")}  # WIRE
+        try:
+            import focus.dask_execution  # noqa: F401 - what the shards import
+            from focus import __version__
+        except BaseException as e:  # noqa: BLE001 - any failure is the answer
+            return python, "", f"{type(e).__name__}: {e}", packages
+        return python, __version__, "", packages
+
+    return versions
 
 
 def _out_of_memory(client: Any, err: Exception) -> ShardOutOfMemory | None:

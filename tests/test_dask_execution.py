@@ -364,6 +364,15 @@ def test_an_address_that_accepts_but_never_answers_fails_in_one_line_instead_of_
         with pytest.raises(RuntimeError, match=r"accepted a connection but did not answer as a Dask scheduler"):
             asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 10))
         assert time.monotonic() - t0 < 5
+        # the user's Dask configuration sets the wait when the execution does not (a fixed 10 s overrode it)
+        import dask.config
+
+        ex = DaskExecution(address=f"tcp://127.0.0.1:{silent.getsockname()[1]}")
+        t0 = time.monotonic()
+        with dask.config.set({"distributed.comm.timeouts.connect": "0.5s"}), pytest.raises(RuntimeError) as err:
+            asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 20))
+        assert time.monotonic() - t0 < 4
+        assert "within 1.5 s (distributed.comm.timeouts.connect + 1)" in str(err.value), str(err.value)
     for address in ("tcp://127.0.0.1", "foo://x:1"):
         with pytest.raises(RuntimeError, match=r"is not one Dask takes"):
             DaskExecution(address=address).client()
