@@ -286,6 +286,10 @@ class DaskExecution(Execution):
                         threads_per_worker=self.threads_per_worker,
                         processes=self.processes,
                         dashboard_address=None,
+                        # no dashboard, but the scheduler's HTTP server (health, metrics) still
+                        # took :8787 and, that port taken (another cluster), printed "Port 8787
+                        # is already in use. Perhaps you already have a cluster running?"
+                        scheduler_kwargs={"dashboard_address": ":0"},
                         **own,
                     )
                     self._client = Client(self._cluster)

@@ -110,3 +110,26 @@ def test_siblings_in_a_shard_share_one_start_object_as_in_process():
     out = load_shard(part, [starts[k] for k in needed])
     assert out == [jobs[1], jobs[2], jobs[3]]
     assert out[1].start is out[2].start and out[0].start is not out[1].start
+
+
+@pytest.mark.integration  # listens on a port, starts a cluster
+def test_a_local_cluster_prints_nothing_when_port_8787_is_taken():
+    """The LocalCluster has no dashboard, but its scheduler's HTTP server took :8787 and
+    warned "Port 8787 is already in use. Perhaps you already have a cluster running?"
+    (four lines on the terminal) when another cluster (another collection) held it."""
+    import socket
+    import warnings
+
+    taken = socket.socket()
+    try:
+        taken.bind(("", 8787))
+        taken.listen()
+    except OSError:
+        pass  # held by another process: taken all the same
+    try:
+        with warnings.catch_warnings(record=True) as seen, DaskExecution(n_workers=1, processes=False) as ex:
+            warnings.simplefilter("always")
+            ex.client()
+    finally:
+        taken.close()
+    assert not [str(w.message) for w in seen if "8787" in str(w.message)]
