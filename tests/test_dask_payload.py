@@ -133,3 +133,40 @@ def test_a_local_cluster_prints_nothing_when_port_8787_is_taken():
     finally:
         taken.close()
     assert not [str(w.message) for w in seen if "8787" in str(w.message)]
+
+
+@pytest.mark.integration  # starts a cluster of worker processes
+def test_a_worker_killed_holding_a_large_start_reruns_the_wave_to_the_same_rollouts():
+    """A worker process killed (kill -9) mid-wave while it holds a large start (a task of
+    its own, which the scheduler can compute again; the shards on the other worker may
+    hold copies too): the wave's shards rerun to the rollouts in-process execution gives."""
+    import os
+    import signal
+    import threading
+
+    agent = Agent(DigitPolicy(latency_s=0.3), ReachTarget(), toy_format(), max_steps=6)
+    blob = bytes(range(256)) * (APART_START_BYTES // 128)
+    starts = [
+        asyncio.run(agent.start(t)).evolve(workspace=MemoryWorkspace({"blob": blob + bytes([k])}))
+        for k, t in enumerate(reach_target_tasks(4, seed=1))
+    ]
+    jobs = [RolloutJob(i // 4, 0, 1000 + i, starts[i // 4]) for i in range(16)]
+    local = turns(asyncio.run(Execution().run(agent, jobs)))
+    out: dict[str, Any] = {}
+    with DaskExecution(n_workers=2, threads_per_worker=1, shard_size=4) as ex:
+        client = ex.client()
+        pids = client.run(os.getpid)
+        wave = threading.Thread(target=lambda: out.update(rollouts=asyncio.run(ex.run(agent, jobs))))
+        wave.start()
+        deadline = time.monotonic() + 60
+        while not (held := [w for k, ws in client.who_has().items() if "_held" in str(k) for w in ws]):
+            assert time.monotonic() < deadline and wave.is_alive(), "no start was held"
+            time.sleep(0.02)
+        while not any(client.processing().values()):
+            assert time.monotonic() < deadline and wave.is_alive(), "the shards never ran"
+            time.sleep(0.02)
+        os.kill(pids[held[0]], signal.SIGKILL)
+        wave.join(timeout=90)
+        assert not wave.is_alive(), "the wave did not finish after the worker was killed"
+        assert pids[held[0]] not in client.run(os.getpid).values()  # it died (its nanny started another)
+    assert turns(out["rollouts"]) == local
