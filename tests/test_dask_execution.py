@@ -429,7 +429,7 @@ def test_a_worker_or_scheduler_on_other_dask_packages_is_named_in_one_line(tmp_p
     distributed could not unpickle a shard's task and left (the wave waited
     no_workers_timeout_s for workers), a client failed against a scheduler on another
     distributed with "TypeError: Scheduler.identity() got an unexpected keyword argument".
-    Here the other version is an older cloudpickle's metadata on that process's path."""
+    Here the other version is an older cloudpickle's, as that process reads it."""
     import os
     import time
     from pathlib import Path
@@ -443,6 +443,8 @@ def test_a_worker_or_scheduler_on_other_dask_packages_is_named_in_one_line(tmp_p
     (other / "cloudpickle-2.2.1.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: cloudpickle\nVersion: 2.2.1\n"
     )
+    # distributed 2024.8 reads a module's __version__ (later ones the installed metadata)
+    (other / "sitecustomize.py").write_text("import cloudpickle\ncloudpickle.__version__ = '2.2.1'\n")
     agent = Agent(DigitPolicy(), ReachTarget(), toy_format())
     start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
     log = open(tmp_path / "dask.log", "w")  # noqa: SIM115 - closed below
