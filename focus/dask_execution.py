@@ -5,12 +5,15 @@ One Prefect task per rollout would cost ~85 ms of orchestration each; a plain
 is one Dask task, and a worker runs its shard on its own asyncio loop
 (:meth:`Execution.run`), keeping up to ``max_concurrency`` model calls in flight.
 
-The agent travels as cloudpickled bytes (inside each shard's task when small, scattered
-to the workers when large, once for all the waves whose agent pickles to the same bytes) and is unpickled inside every shard: each shard gets its own policy client bound to its own event loop, and no
-state is shared between shards or with the caller's process. Branch states travel in
-the jobs, cloudpickled to bytes as well, and come back inside the rollouts: the
-scheduler unpickles a task's arguments, and a scheduler without the user's env module
-refused the whole wave with Dask's "Error during deserialization of the task graph". ``distributed`` is imported only
+The agent travels as cloudpickled bytes, its env apart and pickled once for the waves
+that ship it unchanged (:mod:`focus.dask_payload`), inside each shard's task when small,
+scattered to the workers when large, once for all the waves that ship the same bytes, and
+is unpickled inside every shard: each shard gets its own policy client bound to its own
+event loop, and no state is shared between shards or with the caller's process. Branch
+states travel with the jobs, each distinct start pickled once a wave, as bytes as well,
+and come back inside the rollouts: the scheduler unpickles a task's arguments, and a
+scheduler without the user's env module refused the whole wave with Dask's "Error during
+deserialization of the task graph". ``distributed`` is imported only
 when a cluster is first needed, so ``import focus`` stays free of Dask.
 """
 
