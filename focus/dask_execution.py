@@ -194,6 +194,17 @@ def _apart(client: Any, data: bytes) -> Any:
         return client.submit(_held, data, pure=False)
 
 
+def _scattered_lost(client: Any, payload: Any) -> bool:
+    """Whether a wave failed because the agent it shipped scattered died with the workers
+    that held it (a single worker restarted by its nanny, all of them killed): Dask cancels
+    its shards ("FutureCancelledError: ... cancelled for reason: already forgotten"), where a
+    worker lost with shards alone has them rerun. The wave is then shipped once more, its
+    agent scattered anew: its rollouts rerun with the same seeds, as Dask reruns a shard."""
+    parts, _starts = payload
+    scattered = [p for p in parts if not isinstance(p, bytes)]
+    return client.status == "running" and any(f.status != "finished" for f in scattered)
+
+
 class DaskExecution(Execution):
     """Run rollout jobs as shards on a ``distributed`` cluster.
 
@@ -337,14 +348,19 @@ class DaskExecution(Execution):
         jobs = list(jobs)
         loop = asyncio.get_running_loop()
         pool = self._pool()
-        client, shards, futures, payload = await loop.run_in_executor(pool, self._submit, agent, jobs)
-        try:
-            results = await loop.run_in_executor(pool, self._gather, client, futures)
-        finally:
-            # also when this wave is cancelled (another wave hit an outage, the run
-            # ends): the thread blocked in gather returns, and running shards stop at
-            # their next look (_released_check: Dask cannot stop a running task)
-            await loop.run_in_executor(pool, client.cancel, futures)
+        for again in (False, True):
+            client, shards, futures, payload = await loop.run_in_executor(pool, self._submit, agent, jobs)
+            try:
+                results = await loop.run_in_executor(pool, self._gather, client, futures)
+                break
+            except Exception:
+                if again or not _scattered_lost(client, payload):
+                    raise
+            finally:
+                # also when this wave is cancelled (another wave hit an outage, the run
+                # ends): the thread blocked in gather returns, and running shards stop at
+                # their next look (_released_check: Dask cannot stop a running task)
+                await loop.run_in_executor(pool, client.cancel, futures)
         out: list[Any] = [None] * len(jobs)
         for shard, rollouts in zip(shards, results, strict=True):
             for i, rollout in zip(shard, rollouts, strict=True):
@@ -422,7 +438,7 @@ class DaskExecution(Execution):
         waves while they ship the same bytes (``digest``, when known). Each wave scattered
         it anew: a 50 MB env cost 0.27 s a wave, 5.5 s of a 6.1 s collection of 20 waves. A
         changed one is scattered again; one lost with its last worker too (data that lives on
-        workers dies with them)."""
+        workers dies with them), and the wave it was lost in is shipped again (:func:`_scattered_lost`)."""
         if len(data) <= INLINE_AGENT_BYTES:
             return data
         digest = digest or payload_digest(data)

@@ -170,3 +170,52 @@ def test_a_worker_killed_holding_a_large_start_reruns_the_wave_to_the_same_rollo
         assert not wave.is_alive(), "the wave did not finish after the worker was killed"
         assert pids[held[0]] not in client.run(os.getpid).values()  # it died (its nanny started another)
     assert turns(out["rollouts"]) == local
+
+
+class BlobEnv(ReachTarget):
+    """A toy env with a large attribute: its pickle is scattered to the workers."""
+
+    def __init__(self, blob: bytes) -> None:
+        super().__init__()
+        self.blob = blob
+
+
+@pytest.mark.integration  # starts a cluster of worker processes
+def test_a_wave_whose_scattered_env_died_with_its_only_worker_reruns_to_the_same_rollouts():
+    """A large env is scattered to the workers; killed with the only worker holding it (its
+    nanny starts another), the wave failed with "FutureCancelledError: ... cancelled for
+    reason: already forgotten". It is shipped once more, and its rollouts are in-process's."""
+    import os
+    import signal
+    import threading
+
+    from focus.dask_execution import INLINE_AGENT_BYTES
+
+    agent = Agent(DigitPolicy(latency_s=0.3), BlobEnv(bytes(INLINE_AGENT_BYTES + 1)), toy_format(), max_steps=6)
+    starts = [asyncio.run(agent.start(t)) for t in reach_target_tasks(2, seed=1)]
+    jobs = [RolloutJob(i % 2, 0, 1000 + i, starts[i % 2]) for i in range(8)]
+    local = turns(asyncio.run(Execution().run(agent, jobs)))
+    out: dict[str, Any] = {}
+    with DaskExecution(n_workers=1, threads_per_worker=1, shard_size=4) as ex:
+        client = ex.client()
+        assert turns(asyncio.run(ex.run(agent, jobs))) == local  # the env is scattered, and kept
+        (pid,) = client.run(os.getpid).values()
+
+        def wave() -> None:
+            try:
+                out["rollouts"] = asyncio.run(ex.run(agent, jobs))
+            except Exception as e:  # noqa: BLE001 - the failure is what the test reports
+                out["error"] = e
+
+        runner = threading.Thread(target=wave)
+        runner.start()
+        deadline = time.monotonic() + 60
+        while not any(client.processing().values()):
+            assert time.monotonic() < deadline and runner.is_alive(), "the shards never ran"
+            time.sleep(0.02)
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGKILL)
+        runner.join(timeout=90)
+        assert not runner.is_alive(), "the wave did not finish after the worker was killed"
+    assert "error" not in out, repr(out["error"])
+    assert turns(out["rollouts"]) == local
