@@ -5,12 +5,15 @@ One Prefect task per rollout would cost ~85 ms of orchestration each; a plain
 is one Dask task, and a worker runs its shard on its own asyncio loop
 (:meth:`Execution.run`), keeping up to ``max_concurrency`` model calls in flight.
 
-The agent travels as cloudpickled bytes (inside each shard's task when small, scattered
-to the workers when large, once for all the waves whose agent pickles to the same bytes) and is unpickled inside every shard: each shard gets its own policy client bound to its own event loop, and no
-state is shared between shards or with the caller's process. Branch states travel in
-the jobs, cloudpickled to bytes as well, and come back inside the rollouts: the
-scheduler unpickles a task's arguments, and a scheduler without the user's env module
-refused the whole wave with Dask's "Error during deserialization of the task graph". ``distributed`` is imported only
+The agent travels as cloudpickled bytes, its env apart and pickled once for the waves
+that ship it unchanged (:mod:`focus.dask_payload`), inside each shard's task when small,
+scattered to the workers when large, once for all the waves that ship the same bytes, and
+is unpickled inside every shard: each shard gets its own policy client bound to its own
+event loop, and no state is shared between shards or with the caller's process. Branch
+states travel with the jobs, each distinct start pickled once a wave, as bytes as well,
+and come back inside the rollouts: the scheduler unpickles a task's arguments, and a
+scheduler without the user's env module refused the whole wave with Dask's "Error during
+deserialization of the task graph". ``distributed`` is imported only
 when a cluster is first needed, so ``import focus`` stays free of Dask.
 """
 
@@ -26,18 +29,23 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, PrivateAttr
 
+from focus.dask_checks import WorkerMismatch as WorkerMismatch
+from focus.dask_checks import answers, check_workers
+from focus.dask_payload import (
+    APART_START_BYTES,
+    EnvCache,
+    load,
+    load_shard,
+    pickled_agent,
+    pickled_shard,
+    pickled_starts,
+)
+from focus.dask_payload import WorkerImportError as WorkerImportError
+from focus.dask_payload import digest as payload_digest
 from focus.execution import Execution
 
 if TYPE_CHECKING:
     from focus.agent import Agent, Rollout
-
-
-class WorkerImportError(RuntimeError):
-    """A Dask worker cannot import a module the agent or the branch states need."""
-
-
-class WorkerMismatch(RuntimeError):
-    """A Dask worker runs another focus or another Python than the process that sends it rollouts."""
 
 
 class ShardOutOfMemory(RuntimeError):
@@ -46,21 +54,6 @@ class ShardOutOfMemory(RuntimeError):
 
 class NoDaskWorkers(RuntimeError):
     """The scheduler has had no workers for longer than the execution allows."""
-
-
-def _load(data: bytes) -> Any:
-    """Unpickle what the caller sent, naming a module this worker lacks in one line."""
-    import socket
-
-    import cloudpickle
-
-    try:
-        return cloudpickle.loads(data)
-    except ImportError as e:
-        raise WorkerImportError(
-            f"a Dask worker (host {socket.gethostname()}) cannot import what the rollouts need: {e}; install it "
-            "in the workers' environment (or put it on their PYTHONPATH), then rerun with the same collection id"
-        ) from None
 
 
 def workerless_since(
@@ -87,9 +80,16 @@ def workerless_since(
 
 
 def _run_shard(
-    agent_bytes: bytes, jobs_bytes: bytes, max_concurrency: int, max_outage_share: float = 1.0, freeze_gc: bool = True
+    agent_bytes: bytes,
+    env_bytes: bytes,
+    jobs_bytes: bytes,
+    starts: list[bytes],
+    max_concurrency: int,
+    max_outage_share: float = 1.0,
+    freeze_gc: bool = True,
 ) -> list[Rollout]:
-    """Body of one Dask task: unpickle the agent and run the shard on a fresh loop.
+    """Body of one Dask task: unpickle the agent (its env apart) and the jobs (their
+    distinct starts apart, :mod:`focus.dask_payload`) and run the shard on a fresh loop.
 
     The shard leaves the worker's thread pool first (``secede``): it mostly waits on the
     model service, and a wave planned ahead must be able to start its shards while this
@@ -102,8 +102,8 @@ def _run_shard(
         secede()
     except ValueError:  # not inside a Dask worker (called directly)
         pass
-    agent = _load(agent_bytes)
-    jobs = _load(jobs_bytes)
+    agent = load(agent_bytes, {"env": load(env_bytes)})
+    jobs = load_shard(jobs_bytes, starts)
     out: list[Rollout] = []
 
     async def go() -> None:
@@ -171,6 +171,39 @@ async def _stop_when(released: Callable[[], bool], run: asyncio.Future[Any]) -> 
 #: Pickled agents up to this size travel inside every shard's task instead of being scattered.
 INLINE_AGENT_BYTES = 1 << 20
 
+#: Held while a large start is submitted: the filter that hides Dask's warning is global.
+_APART_LOCK = threading.Lock()
+
+
+def _held(data: bytes) -> bytes:
+    """The task that holds a large pickled start on a worker for the shards that need it."""
+    return data
+
+
+def _apart(client: Any, data: bytes) -> Any:
+    """A pickled start as the shards get it: ``data`` itself when small; a large one as a
+    task of its own (:mod:`focus.dask_payload`), which the scheduler can run again when the
+    worker holding it dies. Dask's "Sending large graph" warning (a start over 10 MB), which
+    advises what this does, is not printed."""
+    import warnings
+
+    if len(data) < APART_START_BYTES:
+        return data
+    with _APART_LOCK, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+        return client.submit(_held, data, pure=False)
+
+
+def _scattered_lost(client: Any, payload: Any) -> bool:
+    """Whether a wave failed because the agent it shipped scattered died with the workers
+    that held it (a single worker restarted by its nanny, all of them killed): Dask cancels
+    its shards ("FutureCancelledError: ... cancelled for reason: already forgotten"), where a
+    worker lost with shards alone has them rerun. The wave is then shipped once more, its
+    agent scattered anew: its rollouts rerun with the same seeds, as Dask reruns a shard."""
+    parts, _starts = payload
+    scattered = [p for p in parts if not isinstance(p, bytes)]
+    return client.status == "running" and any(f.status != "finished" for f in scattered)
+
 
 class DaskExecution(Execution):
     """Run rollout jobs as shards on a ``distributed`` cluster.
@@ -188,7 +221,9 @@ class DaskExecution(Execution):
     threads_per_worker: int = Field(1, ge=1)
     processes: bool = True
     shard_size: int | None = Field(None, ge=1)
-    connect_timeout_s: float = Field(10.0, gt=0)
+    #: Seconds to reach the scheduler; ``None``: Dask's ``distributed.comm.timeouts.connect``
+    #: (30 s unless the user's Dask configuration says otherwise), which a fixed 10 s overrode.
+    connect_timeout_s: float | None = Field(None, gt=0)
     #: How long a wave waits while the scheduler has no workers before it fails.
     no_workers_timeout_s: float = Field(300.0, gt=0)
 
@@ -198,8 +233,11 @@ class DaskExecution(Execution):
     _threads: Any = PrivateAttr(None)
     #: Workers whose focus and Python were found to be the caller's (:func:`check_workers`).
     _checked: set[str] = PrivateAttr(default_factory=set)
-    #: (digest, future) of the large pickled agent last scattered, which later waves reuse.
-    _shipped: Any = PrivateAttr(None)
+    #: (digest, future) of the large pickled agent (slot "agent") or env (slot "env") last
+    #: scattered, which later waves reuse.
+    _shipped: dict[str, Any] = PrivateAttr(default_factory=dict)
+    #: The env pickled last, which later waves reuse while it is unchanged.
+    _envs: EnvCache = PrivateAttr(default_factory=EnvCache)
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()
@@ -214,7 +252,8 @@ class DaskExecution(Execution):
                 "_limits": {},
                 "_threads": None,
                 "_checked": set(),
-                "_shipped": None,
+                "_shipped": {},
+                "_envs": None,  # made anew by __setstate__ (it holds a lock)
             },
         }
 
@@ -227,7 +266,8 @@ class DaskExecution(Execution):
             "_limits": {},
             "_threads": None,
             "_checked": set(),
-            "_shipped": None,
+            "_shipped": {},
+            "_envs": EnvCache(),
         }
         object.__setattr__(self, "__pydantic_private__", private)
 
@@ -260,16 +300,31 @@ class DaskExecution(Execution):
                         threads_per_worker=self.threads_per_worker,
                         processes=self.processes,
                         dashboard_address=None,
+                        # no dashboard, but the scheduler's HTTP server (health, metrics) still
+                        # took :8787 and, that port taken (another cluster), printed "Port 8787
+                        # is already in use. Perhaps you already have a cluster running?"
+                        scheduler_kwargs={"dashboard_address": ":0"},
                         **own,
                     )
                     self._client = Client(self._cluster)
                 else:
-                    _answers(self.address, self.connect_timeout_s)
+                    timeout_s, setting = self._connect_timeout()
+                    answers(self.address, timeout_s, setting)
                     try:
-                        self._client = Client(self.address, timeout=f"{self.connect_timeout_s}s")
+                        self._client = Client(self.address, timeout=f"{timeout_s}s")
                     except OSError as e:
                         raise RuntimeError(f"cannot reach the Dask scheduler at {self.address!r}: {e}") from e
             return self._client
+
+    def _connect_timeout(self) -> tuple[float, str]:
+        """Seconds to reach the scheduler, and the setting they come from."""
+        if self.connect_timeout_s is not None:
+            return self.connect_timeout_s, "DaskExecution.connect_timeout_s"
+        import dask.config
+        from dask.utils import parse_timedelta
+
+        key = "distributed.comm.timeouts.connect"
+        return float(parse_timedelta(dask.config.get(key), default="s")), key
 
     def shards(self, jobs: list[Any], workers: int) -> list[list[int]]:
         """Indices of the jobs of each shard (pure: same jobs, same shards).
@@ -293,14 +348,19 @@ class DaskExecution(Execution):
         jobs = list(jobs)
         loop = asyncio.get_running_loop()
         pool = self._pool()
-        client, shards, futures, payload = await loop.run_in_executor(pool, self._submit, agent, jobs)
-        try:
-            results = await loop.run_in_executor(pool, self._gather, client, futures)
-        finally:
-            # also when this wave is cancelled (another wave hit an outage, the run
-            # ends): the thread blocked in gather returns, and running shards stop at
-            # their next look (_released_check: Dask cannot stop a running task)
-            await loop.run_in_executor(pool, client.cancel, futures)
+        for again in (False, True):
+            client, shards, futures, payload = await loop.run_in_executor(pool, self._submit, agent, jobs)
+            try:
+                results = await loop.run_in_executor(pool, self._gather, client, futures)
+                break
+            except Exception:
+                if again or not _scattered_lost(client, payload):
+                    raise
+            finally:
+                # also when this wave is cancelled (another wave hit an outage, the run
+                # ends): the thread blocked in gather returns, and running shards stop at
+                # their next look (_released_check: Dask cannot stop a running task)
+                await loop.run_in_executor(pool, client.cancel, futures)
         out: list[Any] = [None] * len(jobs)
         for shard, rollouts in zip(shards, results, strict=True):
             for i, rollout in zip(shard, rollouts, strict=True):
@@ -344,54 +404,55 @@ class DaskExecution(Execution):
             return self._threads
 
     def _submit(self, agent: Agent, jobs: list[Any]) -> tuple[Any, list[list[int]], list[Any], Any]:
-        import cloudpickle
-
         client = self.client()
         nthreads = client.nthreads()
-        check_workers(client, set(nthreads) - self._checked)
+        check_workers(client, set(nthreads) - self._checked, _worker_versions())
         self._checked.update(nthreads)
         threads = sum(nthreads.values()) or 1
         shards = self.shards(jobs, threads)
-        data = _pickled_agent(agent)
-        parts = [cloudpickle.dumps([jobs[i] for i in shard]) for shard in shards]
-        payload = self._payload(client, data)
-        futures = [
-            client.submit(
-                _run_shard,
-                payload,
-                part,
-                self.max_concurrency,
-                self.max_outage_share,
-                self.freeze_gc,
-                pure=False,
+        agent_data, env_data, env_digest = pickled_agent(agent, self._envs)
+        payload = (self._payload(client, "agent", agent_data), self._payload(client, "env", env_data, env_digest))
+        starts, index = pickled_starts(jobs)
+        sent = [_apart(client, data) for data in starts]
+        futures = []
+        for shard in shards:
+            part, needed = pickled_shard([jobs[i] for i in shard], index)
+            futures.append(
+                client.submit(
+                    _run_shard,
+                    *payload,
+                    part,
+                    [sent[k] for k in needed],
+                    self.max_concurrency,
+                    self.max_outage_share,
+                    self.freeze_gc,
+                    pure=False,
+                )
             )
-            for part in parts
-        ]
-        return client, shards, futures, payload
+        return client, shards, futures, (payload, sent)
 
-    def _payload(self, client: Any, data: bytes) -> Any:
-        """What the shards get of the pickled agent: ``data`` itself when small, so the
-        scheduler can rerun a shard whatever workers die; a large one scattered to every
-        worker, and kept there for the next waves while their agent pickles to the same
-        bytes. Each wave scattered it anew: a 50 MB env cost 0.27 s a wave, 5.5 s of a 6.1 s
-        collection of 20 waves. A changed agent is scattered again; one lost with its last
-        worker too (data that lives on workers dies with them)."""
-        import hashlib
-
+    def _payload(self, client: Any, slot: str, data: bytes, digest: bytes | None = None) -> Any:
+        """What the shards get of the pickled agent (``slot``: the agent without its env, or
+        the env): ``data`` itself when small, so the scheduler can rerun a shard whatever
+        workers die; a large one scattered to every worker, and kept there for the next
+        waves while they ship the same bytes (``digest``, when known). Each wave scattered
+        it anew: a 50 MB env cost 0.27 s a wave, 5.5 s of a 6.1 s collection of 20 waves. A
+        changed one is scattered again; one lost with its last worker too (data that lives on
+        workers dies with them), and the wave it was lost in is shipped again (:func:`_scattered_lost`)."""
         if len(data) <= INLINE_AGENT_BYTES:
             return data
-        digest = hashlib.blake2b(data, digest_size=16).digest()
-        shipped = self._shipped
+        digest = digest or payload_digest(data)
+        shipped = self._shipped.get(slot)
         if shipped is not None and shipped[0] == digest and shipped[1].status == "finished":
             return shipped[1]
         future = client.scatter(data, broadcast=True, hash=False)
-        self._shipped = (digest, future)  # the previous one is released once no wave holds it
+        self._shipped[slot] = (digest, future)  # the previous one is released once no wave holds it
         return future
 
     def close(self) -> None:
         """Close the client, and the LocalCluster if this object started it."""
         with self._lock:
-            self._shipped = None
+            self._shipped = {}
             if self._threads is not None:
                 self._threads.shutdown(wait=False)
                 self._threads = None
@@ -409,60 +470,26 @@ class DaskExecution(Execution):
         self.close()
 
 
-#: Seconds past ``connect_timeout_s`` that a scheduler's handshake may take.
-HANDSHAKE_MARGIN_S = 1.0
-
-
 def _worker_versions() -> Any:
-    """A function that says which Python and focus its process runs, or why focus does not
-    import there. A local function, so cloudpickle ships it by value: it runs on a worker
-    that lacks focus, where a module-level one would not even unpickle."""
+    """A function that says which Python, focus and Dask packages (:data:`WIRE`) its process
+    runs, or why focus does not import there. A local function, so cloudpickle ships it by
+    value: it runs on a worker that lacks focus, where a module-level one would not even
+    unpickle."""
 
-    def versions() -> tuple[str, str, str]:
+    def versions() -> tuple[str, str, str, dict[str, str]]:
         import sys
+        from importlib.metadata import version
 
         python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        packages = {name: version(name) for name in ("dask", "distributed", "cloudpickle")}  # WIRE
         try:
             import focus.dask_execution  # noqa: F401 - what the shards import
             from focus import __version__
         except BaseException as e:  # noqa: BLE001 - any failure is the answer
-            return python, "", f"{type(e).__name__}: {e}"
-        return python, __version__, ""
+            return python, "", f"{type(e).__name__}: {e}", packages
+        return python, __version__, "", packages
 
     return versions
-
-
-def check_workers(client: Any, workers: set[str]) -> None:
-    """Refuse, in one line, a worker whose focus does not import or differs from the caller's.
-
-    A worker that cannot import focus cannot even unpickle a shard's task: it closed its
-    connection and left, the next one likewise, and the wave waited the whole
-    ``no_workers_timeout_s`` (300 s) for a line that said to start workers. A worker on
-    another focus or Python ran the shards with other code, without a word.
-    """
-    import sys
-
-    from focus import __version__
-
-    if not workers:
-        return
-    mine = f"{sys.version_info[0]}.{sys.version_info[1]}", __version__
-    found = client.run(_worker_versions(), workers=sorted(workers), on_error="return")
-    for address, answer in sorted(found.items()):
-        if isinstance(answer, BaseException):
-            continue  # gone since it was listed: the scheduler reruns its shards elsewhere
-        python, version, error = answer
-        if error:
-            raise WorkerMismatch(
-                f"a Dask worker ({address}) cannot import focus: {error}; install focus-rl {__version__} in the "
-                f"workers' environment (Python {mine[0]}), then rerun with the same collection id"
-            )
-        if (python, version) != mine:
-            raise WorkerMismatch(
-                f"a Dask worker ({address}) runs focus {version} on Python {python}, this process focus "
-                f"{__version__} on Python {mine[0]}: shards must run the code that planned them; install the same "
-                "versions in the workers' environment, then rerun with the same collection id"
-            )
 
 
 def _out_of_memory(client: Any, err: Exception) -> ShardOutOfMemory | None:
@@ -485,66 +512,3 @@ def _out_of_memory(client: Any, err: Exception) -> ShardOutOfMemory | None:
         "95%); give the workers more memory (dask worker --memory-limit) or run fewer rollouts per shard "
         "(execution.shard_size, max_concurrency), then rerun with the same collection id"
     )
-
-
-def _answers(address: str, timeout_s: float) -> None:
-    """Fail in one line unless ``address`` answers Dask's handshake within ``timeout_s``.
-
-    ``Client(address, timeout=...)`` bounds the TCP connect only: a port that accepts and
-    never answers (another service, a stopped scheduler, a proxy) hung the collection
-    forever in distributed's handshake, without a line, whatever ``connect_timeout_s``.
-    """
-    from distributed.comm import connect
-
-    async def shake() -> None:
-        comm = await connect(address, timeout=timeout_s)
-        await comm.close()
-
-    async def bounded() -> None:  # past connect's own timeout, which names a refused port
-        await asyncio.wait_for(shake(), timeout_s + HANDSHAKE_MARGIN_S)
-
-    with ThreadPoolExecutor(max_workers=1) as pool:  # the caller's thread may run a loop
-        try:
-            pool.submit(asyncio.run, bounded()).result()
-        except TimeoutError:
-            raise RuntimeError(
-                f"the Dask scheduler address {address!r} accepted a connection but did not answer as a Dask "
-                f"scheduler within {timeout_s + HANDSHAKE_MARGIN_S:g} s (execution.connect_timeout_s + {HANDSHAKE_MARGIN_S:g}); give the address the scheduler "
-                "prints at its start (tcp://host:8786 by default, not the dashboard's :8787), then rerun"
-            ) from None
-        except OSError as e:
-            raise RuntimeError(f"cannot reach the Dask scheduler at {address!r}: {e}") from e
-        except ValueError as e:  # an address Dask does not parse
-            raise RuntimeError(f"the Dask scheduler address {address!r} is not one Dask takes: {e}") from e
-
-
-def _pickled_agent(agent: Agent) -> bytes:
-    """``agent`` pickled for the workers; one that does not pickle is named by the part
-    that does not (an env holding a lock, a client or an open file, mostly), with the
-    remedy, instead of ``TypeError: cannot pickle '_thread.lock' object``."""
-    import cloudpickle
-
-    from focus.env import EnvError
-
-    try:
-        return bytes(cloudpickle.dumps(agent))
-    except Exception as e:
-        parts = {"env": agent.env, "policy": agent.policy, "format": agent.format, "context": agent.context}
-        part = next((name for name, obj in parts.items() if not _pickles(obj)), "agent")
-        what = f"the {part} ({type(parts.get(part, agent)).__name__})"
-        line = (
-            f"{what} does not pickle ({type(e).__name__}: {e}); Dask ships the agent to its workers: open "
-            "clients, locks and files on first use in the worker (not in __init__), or drop them in __getstate__, "
-            "or run the rollouts in-process (execution.kind = local, --local)"
-        )
-        raise (EnvError(line) if part == "env" else TypeError(line)) from e
-
-
-def _pickles(obj: Any) -> bool:
-    import cloudpickle
-
-    try:
-        cloudpickle.dumps(obj)
-    except Exception:
-        return False
-    return True

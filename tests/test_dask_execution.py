@@ -272,10 +272,11 @@ def test_an_agent_that_does_not_pickle_is_named_by_its_part_with_the_remedy():
     it must pickle."""
     import threading
 
-    import cloudpickle
-
-    from focus.dask_execution import _pickled_agent
+    from focus.dask_payload import EnvCache, load, pickled_agent
     from focus.env import EnvError
+
+    def _pickled_agent(agent):  # type: ignore[no-untyped-def]
+        return pickled_agent(agent, EnvCache())
 
     class Locked(ReachTarget):
         def __init__(self) -> None:
@@ -294,7 +295,8 @@ def test_an_agent_that_does_not_pickle_is_named_by_its_part_with_the_remedy():
     with pytest.raises(TypeError, match=r"^the policy \(DigitPolicy\) does not pickle"):
         _pickled_agent(agent)
     del agent.policy.lock
-    assert cloudpickle.loads(_pickled_agent(agent)).env.__class__ is ReachTarget
+    rest, env, _ = _pickled_agent(agent)
+    assert load(rest, {"env": load(env)}).env.__class__ is ReachTarget
 
 
 STARTED: list[int] = []
@@ -362,6 +364,15 @@ def test_an_address_that_accepts_but_never_answers_fails_in_one_line_instead_of_
         with pytest.raises(RuntimeError, match=r"accepted a connection but did not answer as a Dask scheduler"):
             asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 10))
         assert time.monotonic() - t0 < 5
+        # the user's Dask configuration sets the wait when the execution does not (a fixed 10 s overrode it)
+        import dask.config
+
+        ex = DaskExecution(address=f"tcp://127.0.0.1:{silent.getsockname()[1]}")
+        t0 = time.monotonic()
+        with dask.config.set({"distributed.comm.timeouts.connect": "0.5s"}), pytest.raises(RuntimeError) as err:
+            asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 20))
+        assert time.monotonic() - t0 < 4
+        assert "within 1.5 s (distributed.comm.timeouts.connect + 1)" in str(err.value), str(err.value)
     for address in ("tcp://127.0.0.1", "foo://x:1"):
         with pytest.raises(RuntimeError, match=r"is not one Dask takes"):
             DaskExecution(address=address).client()
@@ -407,6 +418,52 @@ def test_a_worker_whose_focus_does_not_import_or_differs_is_named_in_one_line(tm
             assert time.monotonic() - t0 < 5
             assert type(err.value).__name__ == "WorkerMismatch", one_line(err.value)
             assert line in one_line(err.value) and "\n" not in one_line(err.value), one_line(err.value)
+        finally:
+            stop_cluster(ex, procs)
+    log.close()
+
+
+@pytest.mark.integration  # starts a scheduler and worker processes
+def test_a_worker_or_scheduler_on_other_dask_packages_is_named_in_one_line(tmp_path):
+    """Dask only logs "Mismatched versions found" in the worker's log: a worker on another
+    distributed could not unpickle a shard's task and left (the wave waited
+    no_workers_timeout_s for workers), a client failed against a scheduler on another
+    distributed with "TypeError: Scheduler.identity() got an unexpected keyword argument".
+    Here the other version is an older cloudpickle's, as that process reads it."""
+    import os
+    import time
+    from pathlib import Path
+
+    from fixtures.prefect import free_port
+
+    from flows.errors import one_line
+
+    other = tmp_path / "other"
+    (other / "cloudpickle-2.2.1.dist-info").mkdir(parents=True)
+    (other / "cloudpickle-2.2.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: cloudpickle\nVersion: 2.2.1\n"
+    )
+    # distributed 2024.8 reads a module's __version__ (later ones the installed metadata)
+    (other / "sitecustomize.py").write_text("import cloudpickle\ncloudpickle.__version__ = '2.2.1'\n")
+    agent = Agent(DigitPolicy(), ReachTarget(), toy_format())
+    start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
+    log = open(tmp_path / "dask.log", "w")  # noqa: SIM115 - closed below
+    tests = Path(__file__).parent  # the worker can import the policy: only the versions differ
+    shadow = {**os.environ, "PYTHONPATH": os.pathsep.join([str(other), str(tests), str(tests.parent)])}
+    for who, line in (("worker", "a Dask worker (tcp://"), ("scheduler", "the Dask scheduler at tcp://")):
+        address = f"tcp://127.0.0.1:{free_port()}"
+        procs = start_cluster(address, log, "--no-nanny", cwd=tmp_path, **({"env": shadow} if who == "worker" else {}),
+                              scheduler_env=shadow if who == "scheduler" else None)  # fmt: skip
+        ex = DaskExecution(address=address, connect_timeout_s=20, no_workers_timeout_s=5)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(Exception) as err:  # noqa: B017, PT011 - which one is what the line is about
+                ex.client().wait_for_workers(1, timeout=30)
+                asyncio.run(asyncio.wait_for(ex.run(agent, [RolloutJob(0, 0, 1, start)]), 30))
+            assert time.monotonic() - t0 < 30
+            assert type(err.value).__name__ == "WorkerMismatch", one_line(err.value)
+            assert one_line(err.value).startswith(line) and "runs dask " in one_line(err.value), one_line(err.value)
+            assert "cloudpickle 2.2, this process dask " in one_line(err.value), one_line(err.value)
         finally:
             stop_cluster(ex, procs)
     log.close()
