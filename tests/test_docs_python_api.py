@@ -6,6 +6,7 @@ writes it again."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 from pathlib import Path
@@ -49,6 +50,34 @@ reward or position in the tree. A critic that needs one of those must read it fr
 """
 
 
+#: Configurable parts a run uses that ``import focus`` does not export (README.md's
+#: "Layout"): the user's guide sends a reader to this page for "execution services,
+#: checkpoint storage and batch export" and their options, which it did not list.
+OUTSIDE: tuple[str, ...] = (
+    "focus.dask_execution:DaskExecution",
+    "storage:BatchStore",
+    "storage:CheckpointStore",
+    "focus.exporters:to_tinker_datums",
+    "focus.exporters:to_slime_samples",
+    "focus.exporters:to_verl_batch",
+)
+
+OUTSIDE_HEAD = """## Execution, storage and export (outside `import focus`)
+
+Each with its signature, whose keywords are its options (`Execution`'s are above, under
+"Running a collection"); `storage` comes with the pipeline's extra
+(`pip install 'focus-rl[pipeline]'`); docs/batch-schema.md has what a batch and each
+export hold.
+"""
+
+
+def signature(obj: object) -> str:
+    """``obj``'s parameters without annotations: the options a reader passes."""
+    sig = inspect.signature(obj)
+    params = [p.replace(annotation=p.empty) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=params, return_annotation=sig.empty))
+
+
 def summary(obj: object) -> str:
     """The first sentence of ``obj``'s docstring, its reST roles and literals as Markdown code."""
     doc = inspect.getdoc(obj) or ""
@@ -66,6 +95,12 @@ def render() -> str:
             module = getattr(focus, name).__module__
             lines.append(f"- `{name}` (`{module}`): {summary(getattr(focus, name))}")
         lines.append("")
+    lines.append(OUTSIDE_HEAD)
+    for path in OUTSIDE:
+        module, name = path.split(":")
+        obj = getattr(importlib.import_module(module), name)
+        lines.append(f"- `{module}.{name}{signature(obj)}`: {summary(obj)}")
+    lines.append("")
     return "\n".join(lines)
 
 
