@@ -280,7 +280,12 @@ def check_outage(rollouts: Sequence[Rollout], share: float) -> None:
 
 
 class Execution(BaseModel):
-    """Runs rollout jobs in-process with bounded concurrency."""
+    """Runs rollout jobs in-process with bounded concurrency.
+
+    A frozen pydantic model (``DaskExecution`` subclasses it): a subclass's own options
+    are annotated fields, set by keyword (``address: str | None = None``), never
+    assigned in an ``__init__``.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
