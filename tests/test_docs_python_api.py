@@ -165,7 +165,7 @@ def test_a_subclass_declared_as_the_interfaces_say_runs():
     """The pattern the docstrings give: an annotated field, set by keyword."""
     import asyncio
 
-    from focus import Collector, Phase, Selective
+    from focus import Agent, Collector, Phase
     from focus.estimation import Estimator
     from focus.priority import Priority
     from focus.testing import ScriptedPolicy
@@ -182,8 +182,6 @@ def test_a_subclass_declared_as_the_interfaces_say_runs():
 
         def advantages(self, edges, values):
             return {e.id: self.scale for e in edges}
-
-    from focus import Agent
 
     agent = Agent(ScriptedPolicy(["3", "4", "9"]), ReachTarget(), toy_format(), max_steps=4)
     phases = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=8, wave_size=4))
