@@ -66,8 +66,8 @@ OUTSIDE_HEAD = """## Execution, storage and export (outside `import focus`)
 
 Each with its signature, whose keywords are its options (`Execution`'s are above, under
 "Running a collection"); `storage` comes with the pipeline's extra
-(`pip install 'focus-rl[pipeline]'`); docs/batch-schema.md has what a batch and each
-export hold.
+(`pip install 'focus-rl[pipeline]'`), `to_tinker_datums` needs the `[tinker]` one;
+docs/batch-schema.md has what a batch and each export hold.
 """
 
 
