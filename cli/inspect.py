@@ -252,6 +252,13 @@ LOOP_COLUMNS = (
 )
 
 
+def _measured(row: dict[str, Any], key: str) -> bool:
+    """Whether ``row`` has a figure for ``key``: the one-step rules (``sgd``, the default,
+    and ``natural``) measure no gradient norm and record 0, which the table showed as a
+    zero gradient; the live line leaves it out (``flows.loop_progress``), and so does this."""
+    return row.get(key) is not None and (key != "train_grad_norm" or row[key] > 0)
+
+
 def _loop(url: str, as_json: bool) -> None:
     """A train loop's ``metrics.jsonl`` (``<root>/weights/<id>``): its lines as they are
     (``--json``), or a table of the figures an RL run is judged by."""
@@ -273,7 +280,7 @@ def _loop(url: str, as_json: bool) -> None:
             typer.echo(json.dumps(row))
         return
     table = [[h for _, h in LOOP_COLUMNS]]
-    table += [[fmt(r[k]) if r.get(k) is not None else "-" for k, _ in LOOP_COLUMNS] for r in rows]
+    table += [[fmt(r[k]) if _measured(r, k) else "-" for k, _ in LOOP_COLUMNS] for r in rows]
     widths = [max(len(line[j]) for line in table) for j in range(len(LOOP_COLUMNS))]
     typer.echo(f"train loop {run_id}: {sum('train_loss' in r for r in rows)} trained iteration(s)")
     for line in table:

@@ -92,6 +92,12 @@ class Estimator(BaseModel, abc.ABC):
     noise model once per collection (the collector calls it with every tree and passes
     the result to ``values``). Segments left out of the returned dict (failed ones)
     are not trained on.
+
+    A frozen pydantic model: ``gamma``, ``kappa`` and ``truncation`` are set by keyword
+    (``MyRule(gamma=0.9)``), and a subclass's own parameters are annotated fields
+    (``scale: float = 0.5``). Pydantic refuses ``self.scale = ...`` in an ``__init__``
+    (the instance is frozen), and ``gamma = 0.9`` or ``scale = 0.5`` without an
+    annotation in the class body.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

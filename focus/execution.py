@@ -83,8 +83,7 @@ _THRESHOLDS = gc.get_threshold()
 #: most 0.005 ms in the other rows (benchmarks/README.md, scale). At 100,000 it was again
 #: 0.017-0.021 ms later (the largest part of what FOCUS's rollout CPU spends beyond the
 #: loop a user writes with the collector off), at 400,000 0.008-0.009, with the same
-#: peak RSS (816-818 MiB; two runs each, load 1.2). Cyclic garbage waits longer: up to
-#: a few tens of MB.
+#: peak RSS (816-818 MiB; two runs each, load 1.2). Cyclic garbage waits longer (tens of MB).
 GC_THRESHOLD_FROZEN = 400_000
 #: Objects in the permanent generation that nobody froze. CPython 3.12's collector moves
 #: immortal objects there (the tuples of the built-in types: 375 in a fresh 3.12.1, back
@@ -280,7 +279,8 @@ def check_outage(rollouts: Sequence[Rollout], share: float) -> None:
 
 
 class Execution(BaseModel):
-    """Runs rollout jobs in-process with bounded concurrency."""
+    """Runs rollout jobs in-process with bounded concurrency. A frozen pydantic model: a
+    subclass's own options are annotated fields, set by keyword (as ``DaskExecution``'s)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -236,6 +236,11 @@ class Priority(BaseModel, abc.ABC):
     ``kappa``, ``gamma`` and ``truncation`` refine values for ranking. Left ``None``
     they follow the estimator the collector is given (:meth:`resolved`), so one γ and
     one truncation rule hold for search and batch.
+
+    A frozen pydantic model, like every built-in: a subclass's own parameters are
+    annotated fields, set by keyword (``class Deep(Priority): weight: float = 1.0``,
+    then ``Deep(weight=2.0, phases=...)``). Pydantic refuses ``self.weight = ...`` in an
+    ``__init__`` (the instance is frozen) and ``weight = 1.0`` without an annotation.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -46,7 +46,14 @@ ToolFn = Callable[[Mapping[str, Any], ToolContext], Awaitable[str] | str]
 
 @dataclass(frozen=True)
 class Tool:
-    """A tool declaration: a name, a description, a JSON-schema for its arguments, a call."""
+    """A tool declaration: a name, a description, a JSON-schema for its arguments, a call.
+
+    ``fn`` is ``async def fn(args, ctx)`` or a plain ``def``. ``timeout_s`` bounds an
+    ``async`` call only: a plain ``def`` runs on the event loop, to its end, whatever
+    ``timeout_s`` says, and every rollout of the process waits while it runs (the
+    agent's ``env_timeout_s`` cannot fire either). Blocking work (a subprocess, a file
+    scan, a socket read) goes in an ``async def`` through ``await asyncio.to_thread(...)``.
+    """
 
     name: str
     description: str

@@ -269,6 +269,23 @@ def _check_vocabulary(raw: Sequence[TokenSequence], vocab_size: int) -> None:
                     )
 
 
+def _check_lengths(raw: Sequence[TokenSequence], max_len: int) -> None:
+    """Refuse a sequence longer than the embedded model's context, naming its last row: a
+    batch sampled from a custom policy or another server (no 4096-token limit) failed
+    deep in the forward pass with ``position 5292 exceeds the model's max_len 4096``,
+    naming no row and not what to change. The embedded server refuses such prompts, so a
+    batch it sampled always fits."""
+    for s in raw:
+        if len(s.tokens) > max_len:
+            r = s.rows[-1]
+            raise ValueError(
+                f"actor row (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}) ends a sequence of "
+                f"{len(s.tokens)} tokens, over the embedded model's context of {max_len}: the local trainer trains "
+                f"the embedded model; collect with Agent(max_prompt_tokens=...) so that "
+                "a prompt and its completion fit"
+            )
+
+
 class PolicyTrainer:
     """Holds the tiny model and its optimizer across iterations.
 
@@ -340,6 +357,7 @@ class PolicyTrainer:
                 f"batch {batch.collection_id!r} iteration {batch.iteration} has no trainable actor sequences"
             )
         _check_vocabulary(raw, self.model.cfg.vocab_size)
+        _check_lengths(raw, self.model.cfg.max_len)
         seqs = training_units(raw, cfg)
         trained = [a for s in seqs for a, m in zip(s.advantages, s.mask, strict=True) if m]
         mean = left_sum(trained) / len(trained)

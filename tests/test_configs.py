@@ -134,3 +134,26 @@ def test_user_trainer_imports_from_the_current_folder(tmp_path, monkeypatch):
     cfg = FocusConfig.model_validate({"train": {"trainer": "my_trainer_mod:train"}})
     assert import_object(cfg.train.trainer_path())("u", None) == "mine"
     assert FocusConfig().train.trainer_path() == "tasks.trainers:local_trainer"
+
+
+def test_each_commented_import_path_of_this_repository_imports():
+    """A ``# factory = "pkg.mod:name"`` example that names a package of this repository
+    is one a reader copies: collect.toml's env factory was ``examples.math.factory:make``,
+    a module that does not exist (the math example's is ``examples.math.env:env_factory``)."""
+    import importlib
+
+    ours = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    named = []
+    for path in CONFIGS.glob("*.toml"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            m = re.match(r'^#?\s*\w+\s*=\s*"([\w.]+):(\w+)"', line.strip())
+            if m and m.group(1).split(".")[0] in ours:
+                named.append((path.name, m.group(1), m.group(2)))
+    assert named, "no import path of this repository in the configs"
+    missing = []
+    for name, module, attr in named:
+        try:
+            getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            missing.append(f"{name}: {module}:{attr} ({e})")
+    assert missing == []

@@ -6,6 +6,7 @@ writes it again."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 from pathlib import Path
@@ -49,6 +50,34 @@ reward or position in the tree. A critic that needs one of those must read it fr
 """
 
 
+#: Configurable parts a run uses that ``import focus`` does not export (README.md's
+#: "Layout"): the user's guide sends a reader to this page for "execution services,
+#: checkpoint storage and batch export" and their options, which it did not list.
+OUTSIDE: tuple[str, ...] = (
+    "focus.dask_execution:DaskExecution",
+    "storage:BatchStore",
+    "storage:CheckpointStore",
+    "focus.exporters:to_tinker_datums",
+    "focus.exporters:to_slime_samples",
+    "focus.exporters:to_verl_batch",
+)
+
+OUTSIDE_HEAD = """## Execution, storage and export (outside `import focus`)
+
+Each with its signature, whose keywords are its options (`Execution`'s are above, under
+"Running a collection"); `storage` comes with the pipeline's extra
+(`pip install 'focus-rl[pipeline]'`), `to_tinker_datums` needs the `[tinker]` one;
+docs/batch-schema.md has what a batch and each export hold.
+"""
+
+
+def signature(obj: object) -> str:
+    """``obj``'s parameters without annotations: the options a reader passes."""
+    sig = inspect.signature(obj)
+    params = [p.replace(annotation=p.empty) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=params, return_annotation=sig.empty))
+
+
 def summary(obj: object) -> str:
     """The first sentence of ``obj``'s docstring, its reST roles and literals as Markdown code."""
     doc = inspect.getdoc(obj) or ""
@@ -66,6 +95,12 @@ def render() -> str:
             module = getattr(focus, name).__module__
             lines.append(f"- `{name}` (`{module}`): {summary(getattr(focus, name))}")
         lines.append("")
+    lines.append(OUTSIDE_HEAD)
+    for path in OUTSIDE:
+        module, name = path.split(":")
+        obj = getattr(importlib.import_module(module), name)
+        lines.append(f"- `{module}.{name}{signature(obj)}`: {summary(obj)}")
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -108,3 +143,48 @@ def test_the_phase_docstring_describes_every_field():
 
     doc = Phase.__doc__ or ""
     assert [f for f in Phase.model_fields if f != "name" and f"``{f}``" not in doc] == []
+
+
+def test_each_extension_interface_that_is_a_pydantic_model_says_how_a_subclass_takes_parameters():
+    """``Priority``, ``Estimator`` and ``Execution`` are frozen pydantic models. A user's
+    subclass written as plain Python - ``self.weight = weight`` in ``__init__``, or
+    ``scale = 0.5`` in the class body - is refused by pydantic ("Instance is frozen",
+    "A non-annotated attribute was detected"), and ``help()`` of none of them said so."""
+    from pydantic import BaseModel
+
+    import focus.extend
+
+    models = [n for n in focus.extend.__all__ if issubclass(getattr(focus.extend, n), BaseModel)]
+    assert {"Priority", "Estimator", "Execution"} <= set(models)
+    for name in models:
+        doc = " ".join((getattr(focus.extend, name).__doc__ or "").split())
+        assert "pydantic" in doc and "annotated field" in doc and "frozen" in doc, name
+
+
+def test_a_subclass_declared_as_the_interfaces_say_runs():
+    """The pattern the docstrings give: an annotated field, set by keyword."""
+    import asyncio
+
+    from focus import Agent, Collector, Phase
+    from focus.estimation import Estimator
+    from focus.priority import Priority
+    from focus.testing import ScriptedPolicy
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class Deep(Priority):
+        weight: float = 1.0
+
+        def __call__(self, node):
+            return self.weight * node.depth
+
+    class Flat(Estimator):
+        scale: float = 0.5
+
+        def advantages(self, edges, values):
+            return {e.id: self.scale for e in edges}
+
+    agent = Agent(ScriptedPolicy(["3", "4", "9"]), ReachTarget(), toy_format(), max_steps=4)
+    phases = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=8, wave_size=4))
+    search = Deep(weight=2.0, phases=phases)
+    batch = asyncio.run(Collector(agent, search=search, estimator=Flat(scale=0.25)).collect(reach_target_tasks(2)))
+    assert search.weight == 2.0 and {r.advantage for r in batch.actor} == {0.25}

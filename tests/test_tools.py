@@ -201,3 +201,23 @@ def test_a_tool_timeout_or_call_limit_that_could_never_hold_is_refused_where_it_
     with pytest.raises(ValueError, match=r"^ToolEnv.max_tool_calls must be >= 0 \(None: no limit\), got -1$"):
         ToolEnv([ok], judge=lambda t, a: 1.0, max_tool_calls=-1)
     assert ToolEnv([ok], judge=lambda t, a: 1.0, max_tool_calls=0).max_tool_calls == 0
+
+
+def test_a_plain_def_tool_is_not_timed_out_and_its_declaration_says_so():
+    """``Tool.timeout_s`` bounds an ``async`` call; a plain ``def`` ran to its end past it
+    with no word anywhere (the type allows both), so a user's blocking tool held every
+    rollout while it ran. The behaviour stays (a thread cannot be stopped); the
+    declaration says it and what to write instead."""
+    import time
+
+    from focus.tools import ToolState
+
+    def slow(args, ctx):
+        time.sleep(0.3)
+        return "done"
+
+    env = ToolEnv([Tool("slow", "", {"type": "object"}, slow, timeout_s=0.05)], lambda t, a: 0.0)
+    result = asyncio.run(env.step(ToolState(Task("t", {"prompt": "x"})), Action("tool", name="slow"), None))
+    assert result.observation == "done" and "tool_timeout" not in result.info
+    doc = " ".join((Tool.__doc__ or "").split())
+    assert "``timeout_s`` bounds an ``async`` call only" in doc and "asyncio.to_thread" in doc

@@ -142,6 +142,23 @@ def test_a_batch_of_another_model_s_token_ids_is_refused_naming_the_row_and_the_
         PolicyTrainer().update(foreign)
 
 
+def test_a_sequence_longer_than_the_model_s_context_is_refused_naming_the_row_and_the_limit():
+    """A batch sampled by a custom policy (or a server without the embedded model's
+    4096-token context) whose tool observations made a prompt longer than the model's
+    context: the update failed deep in the forward pass with "position 5292 exceeds the
+    model's max_len 4096", naming no row and not what to change."""
+    good = _toy_batch(0, [("7", 1.0)])
+    r = good.actor[0]
+    limit = load().cfg.max_len
+    long = dataclasses.replace(r, prompt_ids=r.prompt_ids + (ord("a"),) * limit)
+    said = (
+        rf"^actor row \(task {r.task_id!r}, edge {r.edge_id}, turn 0\) ends a sequence of {limit + len(r.prompt_ids) + 2} "
+        rf"tokens, over the embedded model's context of {limit}: .*max_prompt_tokens"
+    )
+    with pytest.raises(ValueError, match=said):
+        PolicyTrainer().update(Batch("c", 0, [long]))
+
+
 def _toy_batch(iteration, completions):
     prompt = CODEC.render([Message("user", f"Reach {7 + iteration}. Total 0.")])
     rows = [_row(prompt, [ord(d), ByteCodec.EOT], [-2.2, -0.01], adv, i) for i, (d, adv) in enumerate(completions)]

@@ -170,6 +170,23 @@ def test_inspect_shows_a_loops_metrics(tmp_path):
     assert missing.exit_code == 1 and "no train loop 'nope'" in missing.output
 
 
+def test_inspect_shows_no_grad_norm_for_a_one_step_rule(tmp_path):
+    """The default rule (``sgd``, one step sized to the target KL) measures no gradient
+    norm and records 0: ``focus inspect`` of every default loop showed "grad norm 0" on
+    each trained iteration, read as a zero gradient, where the live line shows none."""
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    show = LoopProgress(small(tmp_path), enabled=False, console=Console(file=StringIO()))
+    record = _record(1)
+    record["train"]["metrics"] = {**record["train"]["metrics"], "train_grad_norm": 0.0}
+    show.row(record)
+    out = CliRunner().invoke(app, ["inspect", f"{tmp_path}/weights/w"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert out.output.splitlines()[2].split() == ["1", "0.25", "301", "0.1", "0.01", "-", "-", "1.5", "2", "-"]
+
+
 def test_the_trained_line_shows_kl_clip_and_grad_norm(tmp_path):
     show = LoopProgress(small(tmp_path), enabled=False, console=Console(file=StringIO()))
     metrics = {"train_steps": 6.0, "train_loss": 0.2322, "train_final_kl": 0.02276, "train_clip_fraction": 0.14}
