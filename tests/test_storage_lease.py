@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -501,5 +502,56 @@ def test_a_batch_is_not_published_once_the_store_was_removed_under_the_run(lease
         assert store.list("c1") == [url]  # iteration 1 never appeared
         with pytest.raises(LeaseLost):  # and nothing more is written
             CheckpointStore(lease_root).save("c1", 1, 0, "must not be written")
+    finally:
+        lease.release()
+
+
+def _take_over(root: str) -> None:
+    """Another run (host ``elsewhere``) takes the lease over, as after an expiry."""
+    slot = Lease(root, "c1")._slot  # nothing else is asked of this Lease
+    cur = slot.read()
+    assert cur is not None
+    doc = json.loads(cur[0])
+    doc.update(owner="elsewhere:1:abcd", host="elsewhere", token="x" * 32)
+    assert slot.swap(json.dumps(doc).encode(), cur[1])
+
+
+@pytest.mark.parametrize("when", ["before the write", "during the write"])
+def test_a_batch_write_that_lost_its_lease_leaves_no_staging_and_keeps_the_holders(lease_root, when, monkeypatch):
+    """``LeaseLost`` while publishing a batch left the whole ``_staging/<id>/iter-<n>``
+    folder behind, and the write shared that folder with the run that took the lease
+    over: the loser's files mixed with the holder's, and a loser beginning its write
+    removed the holder's staged files as leftovers. Each write now stages in a folder of
+    its own, removes it when it fails, and removes other writes' leftovers only while it
+    still holds the lease."""
+    from test_storage import batch_from_trees, grow_tree
+
+    from storage import BatchStore
+
+    batch = batch_from_trees([grow_tree()], collection_id="c1")
+    store = BatchStore(lease_root)
+    loc, quick = store.loc, Retry(attempts=1)
+    holders = f"{store.staging_for('c1', 0)}/w-holder/actor/part-00000.parquet"  # the new holder's write
+    lease = Lease(lease_root, "c1").acquire()
+    try:
+        if when == "before the write":
+            _take_over(lease_root)
+            loc.put_bytes(holders, b"the holder's staged file", quick)
+        else:
+            real_put, once = Location.put_bytes, threading.Lock()  # S3's files are written on threads
+
+            def put(self, url, data, retry, **kw):  # the take-over lands while this run stages its files
+                if "/_staging/" in url and url != holders and once.acquire(blocking=False):
+                    _take_over(lease_root)
+                    real_put(self, holders, b"the holder's staged file", quick)
+                return real_put(self, url, data, retry, **kw)
+
+            monkeypatch.setattr(Location, "put_bytes", put)
+        with pytest.raises(LeaseLost, match="elsewhere:1:abcd"):
+            store.write(batch)
+        monkeypatch.undo()
+        assert loc.list_files(loc.url("_staging"), quick) == [holders]  # the holder's, and only the holder's
+        assert loc.cat(holders, quick) == b"the holder's staged file"
+        assert store.list("c1") == []
     finally:
         lease.release()
