@@ -555,3 +555,25 @@ def test_a_batch_write_that_lost_its_lease_leaves_no_staging_and_keeps_the_holde
         assert store.list("c1") == []
     finally:
         lease.release()
+
+
+def test_a_weights_save_cut_short_leaves_no_temporary_file_once_the_loop_takes_its_lease(tmp_path):
+    """A `focus train` interrupted while its trainer wrote a version's weights (the
+    trainer runs in a daemon thread, which the command does not wait for) left
+    `weights/<loop>/v000001/optimizer.pt.tmp-<pid>-<hex>` in the store for good: the
+    rerun wrote the version again beside it (probed: SIGINT once the trainer's save
+    began). Taking the loop's lease removes it, as it removes a collection's."""
+    from storage.weights import WeightStore
+
+    weights = WeightStore(tmp_path)
+    folder = weights.put(weights.folder("L", 1), {"policy.pt": b"weights"})
+    version = Path(folder.removeprefix("file://"))
+    (version / f"optimizer.pt{TEMP_MARK}19722-141e799fc1b3").write_bytes(b"half an optimizer")
+    other = tmp_path / "weights" / "L2" / "v000001"  # another loop's: its own lease sweeps it
+    other.mkdir(parents=True)
+    (other / f"policy.pt{TEMP_MARK}1-a").write_bytes(b"half")
+    with collection_lease(tmp_path, "L"):
+        pass
+    assert sorted(os.listdir(version)) == ["_manifest.json", "policy.pt"]
+    assert weights.read(f"{folder}/policy.pt") == b"weights"
+    assert os.listdir(other) == [f"policy.pt{TEMP_MARK}1-a"]
