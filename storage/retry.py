@@ -152,7 +152,8 @@ _SESSION = " and, for temporary credentials, AWS_SESSION_TOKEN, which expires"
 
 def refused(exc: BaseException, what: str) -> StorageAccessDenied | StorageFull | None:
     """``exc`` as the storage error an operator can act on, if it is one: access denied
-    (credentials, permissions, a read-only file system) or no space left; else ``None``."""
+    (credentials, permissions, a read-only file system), no space left or a file too
+    large; else ``None``."""
     if isinstance(exc, StorageAccessDenied | StorageFull):
         return None
     if isinstance(exc, OSError) and exc.errno == errno.EROFS:
@@ -185,4 +186,12 @@ def refused(exc: BaseException, what: str) -> StorageAccessDenied | StorageFull 
         )
     if isinstance(exc, OSError) and exc.errno in _FULL_ERRNO:
         return StorageFull(f"{what}: no space left on the device (or quota exceeded); free space{_MOVED}, then {AGAIN}")
+    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+        # RLIMIT_FSIZE (`ulimit -f` of a batch job or a container) or the file system's
+        # largest file: it said `OSError: [Errno 27] File too large`, naming no file
+        return StorageFull(
+            f"{what}: the file is larger than this process may write (File too large): a file-size limit "
+            f"(`ulimit -f`, a batch system's or a container's) or the file system's largest file; raise the limit"
+            f"{_MOVED}, then {AGAIN}"
+        )
     return None
