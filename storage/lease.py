@@ -202,7 +202,10 @@ class Lease:
                         f"{other.until(now)}; wait for that run to end, or for the lease to expire"
                     )
                 why = f"its owner {other.owner} has exited" if gone else f"it expired at {other.until(now)}"
-                if not gone and other.host != self.host and now - other.expires_at <= SKEW_MARGIN_S:
+                # a live owner on this host looked expired only if its clock was stepped
+                # forward or it did not run (suspended): watched too, whatever the margin
+                here = other.host == self.host
+                if not gone and (here or now - other.expires_at <= SKEW_MARGIN_S):
                     if not self._unchanged(other, cur[1], now):
                         continue  # released or taken by another run meanwhile: look again
                     why = f"it expired at {other.until(self.clock())} and was not renewed for {other.ttl_s:.0f} s"
@@ -220,12 +223,20 @@ class Lease:
         """Whether the lease stays at ``version`` for the owner's ``ttl_s`` on this host's
         monotonic clock (then it is abandoned); ``False`` if it is released or changes hands
         meanwhile. :class:`LeaseHeld` if its owner renews it: it only looked expired because
-        this host's clock runs ahead of the owner's."""
+        this host's clock runs ahead of the owner's (another host), or was stepped forward
+        since the owner's renewal (this host)."""
         window = max(other.ttl_s, self.ttl_s)
+        here = other.host == self.host
+        why = (
+            f"its owner {other.owner} is a live process on this host (was the clock stepped forward, or the owner "
+            "suspended?)"
+            if here
+            else f"the clocks of two machines may disagree: it was last renewed by host {other.host} ({other.owner})"
+        )
         log.warning(
-            "collection %s: the lease was last renewed by host %s (%s) and expired at %s by this machine's clock; "
-            "waiting up to %.0f s to be sure it is abandoned (the clocks of two machines may disagree)",
-            self.collection_id, other.host, other.owner, other.until(now), window,
+            "collection %s: the lease expired at %s by this machine's clock, but %s; waiting up to %.0f s to be "
+            "sure it is abandoned",
+            self.collection_id, other.until(now), why, window,
             extra=_CONSOLE,  # the run is silent meanwhile: say why on the console, not in the log file alone
         )  # fmt: skip
         start = self.monotonic()
@@ -242,11 +253,17 @@ class Lease:
             if rec is None or rec.token != other.token:
                 return False
             ahead = self.clock() - (rec.expires_at - rec.ttl_s)
+            cause = (
+                "it is a live process on this host, and this host's clock was stepped forward since it last renewed "
+                "the lease (NTP, a VM resumed); wait for that run to end"
+                if here
+                else f"this machine's clock is about {ahead:.0f} s ahead of host {rec.host}'s; "
+                "wait for that run to end (and set both clocks right, e.g. with NTP)"
+            )
             raise LeaseHeld(
                 f"collection {self.collection_id!r} in {self.root} is being written by another run: lease held by "
                 f"{rec.owner} (host {rec.host}, pid {rec.pid}), renewed while this run waited although it looked "
-                f"expired: this machine's clock is about {ahead:.0f} s ahead of host {rec.host}'s; "
-                "wait for that run to end (and set both clocks right, e.g. with NTP)"
+                f"expired: {cause}"
             )
         return True
 

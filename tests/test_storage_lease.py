@@ -577,3 +577,54 @@ def test_a_weights_save_cut_short_leaves_no_temporary_file_once_the_loop_takes_i
     assert sorted(os.listdir(version)) == ["_manifest.json", "policy.pt"]
     assert weights.read(f"{folder}/policy.pt") == b"weights"
     assert os.listdir(other) == [f"policy.pt{TEMP_MARK}1-a"]
+
+
+class SameHost(Hosts):
+    """Owner and taker are processes of this host (the owner: this live process), and the
+    taker's wall clock reads ``skew`` s ahead of the time the owner last renewed by: the
+    clock was stepped forward (NTP correcting a clock that ran behind, a VM resumed)
+    between the owner's renewal and the taker's start."""
+
+    def __init__(self, root: str, skew: float, *, alive: bool, ttl_s: float = 30.0) -> None:
+        self.t, self.mono, self.skew, self.alive, self.ttl_s = 1_000_000.0, 0.0, skew, alive, ttl_s
+        self.owner = Lease(root, "c1", ttl_s=ttl_s, clock=lambda: self.t).acquire()
+        self.since_renewal = 0.0
+        self.taker = Lease(
+            root, "c1", ttl_s=ttl_s, clock=lambda: self.t + self.skew, monotonic=lambda: self.mono, sleep=self.sleep
+        )
+
+
+def test_a_live_run_on_this_host_keeps_its_lease_when_the_clock_jumps_forward(lease_root, caplog):
+    """A second run of the collection on the same host, started while the wall clock read
+    120 s past the owner's last renewal, took the lease of the live owner at once (the
+    owner's process was alive; its lease looked expired): both wrote until the owner's next
+    renewal, when the owner, a healthy run, stopped with `LeaseLost` (probed: two `focus
+    collect` of one collection, the second with its clock 120 s ahead). A live owner on
+    this host is watched as another host's is, and keeps its lease by renewing it."""
+    hosts = SameHost(lease_root, 120.0, alive=True)
+    hosts.sleep(5.0)
+    with caplog.at_level("WARNING", logger="storage.lease"), pytest.raises(LeaseHeld) as err:
+        hosts.taker.acquire()
+    msg = str(err.value)
+    assert "\n" not in msg and hosts.owner.owner in msg and "renewed while this run waited" in msg, msg
+    assert "a live process on this host" in msg and "clock was stepped forward" in msg, msg
+    assert "is a live process on this host" in caplog.text and "waiting up to 30 s" in caplog.text
+    assert hosts.mono <= 10.0  # it gave up at the first renewal it saw
+    assert _lease_owner(lease_root) == hosts.owner.owner and not hosts.taker.held
+    hosts.owner.check()
+    hosts.owner.renew()  # still the owner's
+    hosts.owner.release()
+
+
+def test_a_live_run_on_this_host_that_stopped_renewing_loses_its_lease_after_a_ttl(lease_root, caplog):
+    """A live owner that does not renew (suspended with Ctrl-Z, its store unreachable) is
+    taken over once its lease stayed unchanged for a ttl on the taker's monotonic clock."""
+    hosts = SameHost(lease_root, 0.0, alive=False)
+    hosts.t += 31.0
+    with caplog.at_level("WARNING", logger="storage.lease"):
+        hosts.taker.acquire()
+    assert _lease_owner(lease_root) == hosts.taker.owner and hosts.taker.held
+    assert hosts.mono == pytest.approx(30.0) and "and was not renewed for 30 s" in caplog.text
+    with pytest.raises(LeaseLost):
+        hosts.owner.check()
+    hosts.taker.release()
