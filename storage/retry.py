@@ -11,6 +11,7 @@ no retry fixes into one line that says what to do. Split from :mod:`storage.urls
 from __future__ import annotations
 
 import errno
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -162,6 +163,12 @@ def refused(exc: BaseException, what: str) -> StorageAccessDenied | StorageFull 
             f"{what}: the file system is read-only; make it writable{_MOVED}, then rerun with the same collection id "
             "to resume"
         )
+    if isinstance(exc, PermissionError) and "file://" in what:
+        # a local folder: no credential opens it (the line named S3's variables first)
+        return StorageAccessDenied(
+            f"{what}: permission denied (this process runs as user {_user()}); make the folder "
+            f"writable for that user again{_MOVED}, then {AGAIN}"
+        )
     if isinstance(exc, PermissionError):
         cause = str(exc) or "forbidden"
         return StorageAccessDenied(
@@ -195,3 +202,13 @@ def refused(exc: BaseException, what: str) -> StorageAccessDenied | StorageFull 
             f"{_MOVED}, then {AGAIN}"
         )
     return None
+
+
+def _user() -> str:
+    """This process's user name (its uid where it has none: a container's arbitrary id)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - KeyError or OSError, by Python version
+        return f"uid {os.getuid()}"

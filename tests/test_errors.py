@@ -163,6 +163,22 @@ def test_a_file_over_the_file_size_limit_is_one_line_naming_it_and_the_limit(tmp
     assert left == [], left  # no temporary file, no data file without its manifest
 
 
+def test_a_local_folder_that_became_unwritable_is_not_blamed_on_credentials(tmp_path):
+    """A local store whose folder lost its write permission mid-run (a `chmod -R a-w`, a
+    folder handed to another user) said `access denied ([Errno 13] Permission denied:
+    '<path>'); check the credentials (for S3: AWS_ACCESS_KEY_ID and ...)`: no credential
+    opens a local folder. It names the permission and the user, as the read-only file
+    system's line names the file system; an S3 store's line still names the credentials."""
+    path = f"{tmp_path}/store/checkpoints/c/p001-w00000.abc.pkl"
+    denied = PermissionError(errno.EACCES, "Permission denied", path)
+    line = str(refused(denied, f"write file://{path}"))
+    assert line.startswith(f"write file://{path}: permission denied (this process runs as user "), line
+    assert "make the folder writable for that user again" in line and "AWS_" not in line, line
+    assert "credentials" not in line and line.endswith("resumes from its last saved step with the same collection id")
+    s3 = str(refused(PermissionError(errno.EACCES, "Access Denied"), "write s3://b/p/x"))
+    assert "AWS_ACCESS_KEY_ID" in s3, s3
+
+
 def test_model_client_timeout_and_retries_from_file_and_flags(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text(
