@@ -53,6 +53,7 @@ from storage.errors import (
     CorruptDataError,
     ManifestError,
     SchemaError,
+    StorageUnavailable,
 )
 from storage.lease import check_writer
 from storage.manifest import FileEntry, Manifest, dumps_json, sha256
@@ -268,8 +269,9 @@ class BatchStore:
             try:
                 list(pool.map(lambda f: self.loc.put_bytes(f"{stage}/{f[0]}", f[1], self.retry), files))
                 self._publish(pool, batch.collection_id, stage, url, manifest, replace=bool(listed_f.result()))
-            except Exception:  # killed or interrupted, it leaves its folder to the next write, as a crash does
-                self._abandon(stage)
+            except Exception as e:  # killed or interrupted, it leaves its folder to the next write, as a crash does
+                if not isinstance(e, StorageUnavailable):  # unreachable: a removal would wait out its timeouts too
+                    self._abandon(stage)
                 raise
         return url
 

@@ -628,3 +628,35 @@ def test_a_live_run_on_this_host_that_stopped_renewing_loses_its_lease_after_a_t
     with pytest.raises(LeaseLost):
         hosts.owner.check()
     hosts.taker.release()
+
+
+def test_a_batch_write_that_fails_removes_its_staging_unless_the_store_is_unreachable(tmp_path, monkeypatch):
+    """A full disk: the write's own staged files are removed (they take the space the
+    rerun needs). An unreachable store: no removal is tried, which would wait out its
+    timeouts again before the line; the next write removes them."""
+    from test_storage import batch_from_trees, grow_tree
+
+    from storage import BatchStore
+    from storage.errors import StorageFull, StorageUnavailable
+
+    store, real_put = BatchStore(tmp_path, rows_per_file=2), Location.put_bytes
+    for error in (StorageFull("write x: no space left"), StorageUnavailable("write x: storage unreachable")):
+        seen = []
+
+        def put(self, url, data, retry, error=error, seen=seen, **kw):
+            if url.endswith(".parquet") and seen:
+                raise error
+            seen.append(url)
+            return real_put(self, url, data, retry, **kw)
+
+        monkeypatch.setattr(Location, "put_bytes", put)
+        with pytest.raises(type(error)):
+            store.write(batch_from_trees([grow_tree()], collection_id="c1"))
+        monkeypatch.undo()
+        left = store.loc.list_files(store.loc.url("_staging"), store.retry)
+        if isinstance(error, StorageFull):
+            assert left == [], left
+        else:
+            assert seen[0] in left and all("/_staging/c1/iter-000000/w-" in u for u in left), left
+    store.write(batch_from_trees([grow_tree()], collection_id="c1"))  # the next write starts from nothing
+    assert store.loc.list_files(store.loc.url("_staging"), store.retry) == []
