@@ -371,12 +371,21 @@ class Lease:
         one that is watching it before a take-over sees it renewed and stops. ``False``
         when the store cannot be reached: the fence holds."""
         idle = self.monotonic() - (self._fence_at - self.ttl_s)
+        past = self.clock() - self._expires_at
         try:
             self.renew()
         except LeaseLost:
             raise LeaseLost(f"{self._lost}; stopping before writing more ({_AGAIN})") from None
         except Exception:  # noqa: BLE001 - unreachable: the lease ran out, as check() says
             return False
+        if idle < self.ttl_s:  # in time on the monotonic clock: only the wall clock moved
+            log.warning(
+                "collection %s: the wall clock reads %.0f s past the lease's expiry %.0f s after its renewal: it was "
+                "stepped forward (NTP, a VM resumed); no other run had taken the lease, so it is renewed and the "
+                "run goes on",
+                self.collection_id, past, idle,
+            )  # fmt: skip
+            return True
         log.warning(
             "collection %s: the write lease ran out (no renewal for %.0f s: was this process suspended, or the "
             "store unreachable?); no other run had taken it, so it is renewed and the run goes on",

@@ -660,3 +660,22 @@ def test_a_batch_write_that_fails_removes_its_staging_unless_the_store_is_unreac
             assert seen[0] in left and all("/_staging/c1/iter-000000/w-" in u for u in left), left
     store.write(batch_from_trees([grow_tree()], collection_id="c1"))  # the next write starts from nothing
     assert store.loc.list_files(store.loc.url("_staging"), store.retry) == []
+
+
+def test_a_clock_stepped_forward_under_a_running_owner_is_named_as_such(tmp_path, caplog):
+    """The wall clock stepped 120 s forward while the run wrote (NTP correcting a clock
+    that ran behind): its next save found the lease past its recorded expiry, renewed it
+    (nobody had taken it) and said `the write lease ran out (no renewal for 3 s: was this
+    process suspended, or the store unreachable?)` on the console: neither had happened.
+    It names the clock."""
+    clock, mono = Clock(), Clock(0.0)
+    lease = Lease(tmp_path, "c1", ttl_s=30, clock=clock, monotonic=mono).acquire()
+    store = CheckpointStore(tmp_path)
+    clock.t += 120.0
+    mono.t += 3.0  # 3 s really passed
+    with caplog.at_level("WARNING", logger="storage.lease"):
+        store.save("c1", 1, 0, "after the step")
+    assert store.load("c1", 1, 0) == "after the step" and lease.held
+    assert "the wall clock reads 90 s past the lease's expiry 3 s after its renewal" in caplog.text, caplog.text
+    assert "stepped forward" in caplog.text and "suspended" not in caplog.text
+    lease.release()
