@@ -269,7 +269,7 @@ class BatchStore:
             try:
                 list(pool.map(lambda f: self.loc.put_bytes(f"{stage}/{f[0]}", f[1], self.retry), files))
                 self._publish(pool, batch.collection_id, stage, url, manifest, replace=bool(listed_f.result()))
-            except Exception as e:  # killed or interrupted, it leaves its folder to the next write, as a crash does
+            except Exception as e:  # an interrupt (no Exception) leaves the folder to the next write, as a kill does
                 if not isinstance(e, StorageUnavailable):  # unreachable: a removal would wait out its timeouts too
                     self._abandon(stage)
                 raise
