@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import errno
 import logging
 import threading
 from collections.abc import Callable
@@ -99,6 +100,35 @@ def check(config: FocusConfig) -> None:
 # ---- the steps' bodies (training blocks: a daemon thread; the evaluation runs on the loop) ----
 
 
+def _out_of_room(exc: OSError, workdir: Path, iteration: int) -> OSError | None:
+    """A full disk or a file-size limit met by the trainer, as one line naming where it
+    wrote and what to do; ``None`` for any other error (and for the store's own, which
+    name their file already). A trainer writes its files in its work folder, under the
+    temporary folder, before the store gets them: ``Path.write_bytes`` there names no
+    file, and the line was ``OSError: [Errno 27] File too large``."""
+    from storage.errors import StorageError, StorageFull
+
+    if isinstance(exc, StorageError) or exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return None
+    if exc.errno == errno.EFBIG:
+        what = (
+            "File too large: past the file-size limit, `ulimit -f` of a batch system or a container, "
+            "or the file system's largest file"
+        )
+        todo = "raise the limit"
+    else:
+        what, todo = "no space left on the device (or quota exceeded)", "free space"
+    where = (
+        f"{exc.filename}"
+        if exc.filename
+        else f"in its work folder {workdir} (under the temporary folder: set TMPDIR to move it)"
+    )
+    return StorageFull(
+        f"iteration {iteration}: the trainer cannot write {where} ({what}); {todo}, then rerun to resume: "
+        f"the loop trains iteration {iteration} again"
+    )
+
+
 async def in_daemon_thread(fn: Callable[..., _T], *args: Any) -> _T:
     """``fn(*args)`` in a daemon thread of its own (with this context, as
     ``asyncio.to_thread``): training blocks for as long as it takes, and an interrupted
@@ -174,6 +204,11 @@ def train_body(
         result = trainer(batch_url, ctx, **options)
     except TrainingDiverged as e:  # nothing recorded: a rerun with a smaller step trains again
         raise TrainingDiverged(f"iteration {iteration}: {e}") from None
+    except OSError as e:
+        full = _out_of_room(e, workdir, iteration)
+        if full is None:
+            raise
+        raise full from e
     if not isinstance(result, TrainResult):
         raise TypeError(f"trainer {config.train.trainer!r} returned {type(result).__name__}, expected TrainResult")
     record = {**asdict(result), "metrics": dict(result.metrics), "wall_s": time.perf_counter() - t0}

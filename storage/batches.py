@@ -7,7 +7,7 @@ Layout under the store root::
         critic/part-00000.parquet ...  one row per checkpoint
         stats.json                     the collection's statistics
         _manifest.json                 lists every file with size and SHA-256
-    _staging/<collection_id>/iter-<iteration:06d>/
+    _staging/<collection_id>/iter-<iteration:06d>/w-<random>/
         ...                            the same files while a write is in progress
 
 A batch exists exactly when its manifest does, and its folder never holds a file of an
@@ -18,7 +18,9 @@ idempotent: the same actor and critic content written again is a no-op (statisti
 such as wall time may differ between reruns and do not count), and different content
 at the same URL is refused unless ``overwrite=True``, so a finished batch is never
 silently replaced. What an interrupted write left is removed by the next write of the
-batch. The batch comes as Arrow columns (:mod:`focus.batch`; the collector builds them
+batch; each write stages in a folder of its own, so a write never touches the files of
+another (a run that lost its write lease, still writing beside the run that took it
+over), and removes its folder when it fails. The batch comes as Arrow columns (:mod:`focus.batch`; the collector builds them
 as it prepares the batch), so writing is Parquet encoding, checksums and the manifest.
 Records about a store name its batches relative to its root (:meth:`BatchStore.ref`,
 :meth:`BatchStore.locate`), so a store can be copied or moved.
@@ -28,7 +30,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
+import secrets
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,6 +53,7 @@ from storage.errors import (
     CorruptDataError,
     ManifestError,
     SchemaError,
+    StorageUnavailable,
 )
 from storage.lease import check_writer
 from storage.manifest import FileEntry, Manifest, dumps_json, sha256
@@ -56,6 +61,7 @@ from storage.schema import ACTOR_SCHEMA, CRITIC_SCHEMA, SCHEMA_VERSION, validate
 from storage.urls import Location, Retry, check_id
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 MANIFEST = "_manifest.json"
 STATS = "stats.json"
@@ -224,7 +230,8 @@ class BatchStore:
         :meth:`_publish`. A crash before that leaves nothing in the batch folder.
         """
         url = self.url_for(batch.collection_id, batch.iteration)
-        stage = self.staging_for(batch.collection_id, batch.iteration)
+        staging = self.staging_for(batch.collection_id, batch.iteration)
+        stage = f"{staging}/w-{secrets.token_hex(6)}"  # this write's own folder
         # Object stores answer in milliseconds, so their requests overlap with encoding; a
         # local disk answers in microseconds, less than handing work to a thread costs.
         io: Executor = (
@@ -240,9 +247,7 @@ class BatchStore:
             existing = existing_f.result()
             entries = tuple(FileEntry(path, len(data), digest, rows) for path, data, rows, digest in files)
             fingerprint = sha256("\n".join(f"{e.path}:{e.sha256}" for e in entries if e.path != STATS).encode())
-            if staged_f.result():  # what an interrupted write staged: start from nothing
-                self.loc.remove_folder(stage, self.retry)
-                self.loc.remove_folder(stage + _REPLACED, self.retry)
+            self._remove_leftovers(batch.collection_id, staging, staged_f.result())
             if existing is not None:
                 if existing.fingerprint == fingerprint and not overwrite:
                     return url  # the same batch (with overwrite: rewrite it, e.g. to repair damaged files)
@@ -252,7 +257,6 @@ class BatchStore:
                         f"({existing.info.get('summary', {}).get('actor_rows')} actor rows, written {existing.created_at}); "
                         "pass overwrite=True to replace it"
                     )
-            list(pool.map(lambda f: self.loc.put_bytes(f"{stage}/{f[0]}", f[1], self.retry), files))
             manifest = Manifest(
                 kind="batch",
                 collection_id=batch.collection_id,
@@ -262,8 +266,39 @@ class BatchStore:
                 created_at=datetime.now(UTC).isoformat(),
                 info={"iteration": batch.iteration, "summary": batch.summary()},
             )
-            self._publish(pool, batch.collection_id, stage, url, manifest, replace=bool(listed_f.result()))
+            try:
+                list(pool.map(lambda f: self.loc.put_bytes(f"{stage}/{f[0]}", f[1], self.retry), files))
+                self._publish(pool, batch.collection_id, stage, url, manifest, replace=bool(listed_f.result()))
+            except Exception as e:  # an interrupt (no Exception) leaves the folder to the next write, as a kill does
+                if not isinstance(e, StorageUnavailable):  # unreachable: a removal would wait out its timeouts too
+                    self._abandon(stage)
+                raise
         return url
+
+    def _remove_leftovers(self, collection_id: str, staging: str, staged: list[str]) -> None:
+        """Remove what interrupted writes of the batch left in its staging area, once this
+        run is known to hold the collection's lease (one read of the lease object): a run
+        that lost it must not remove the staged files of the run that took it over."""
+        if not staged:
+            return
+        check_writer(self.root, collection_id, confirm=True)
+        self.loc.remove_folder(staging, self.retry)
+        self.loc.remove_folder(staging + _REPLACED, self.retry)  # an older version's name
+        log.info("collection %s: removed %d file(s) an interrupted batch write left in %s", collection_id, len(staged), staging)  # fmt: skip
+
+    def _abandon(self, stage: str) -> None:
+        """Remove this write's own staging folder after it failed (a lost lease, a full
+        disk), leaving other writes' folders be; a failure to remove it is
+        logged, not raised over the write's own error. On an object store, files already
+        copied into the batch folder stay: another writer may be copying the same names
+        there, and readers that go through the manifest never see them."""
+        try:
+            self.loc.remove_folder(stage, Retry(attempts=1))
+            if self.loc.is_local:
+                parent = stage.rsplit("/", 1)[0]
+                self.loc.remove_empty(parent, parent.rsplit("/", 1)[0], self.loc.url(STAGING))
+        except Exception as e:  # noqa: BLE001 - the write's own error is the one to report
+            log.warning("cannot remove the staging folder %s of a failed batch write: %s", stage, e)
 
     def _publish(
         self, pool: Executor, collection_id: str, stage: str, url: str, manifest: Manifest, *, replace: bool
@@ -291,7 +326,8 @@ class BatchStore:
                 self.loc.remove_folder(old, self.retry)
             else:
                 self.loc.rename_folder(stage, url)
-            self.loc.remove_empty(stage.rsplit("/", 1)[0], self.loc.url(STAGING))
+            staging = stage.rsplit("/", 1)[0]
+            self.loc.remove_empty(staging, staging.rsplit("/", 1)[0], self.loc.url(STAGING))
             return
         if replace:
             self.loc.remove(manifest_url, self.retry)  # the old batch stops existing before its files change
@@ -304,9 +340,10 @@ class BatchStore:
         self.loc.remove_many([f"{stage}/{f.path}" for f in manifest.files], self.retry)
 
     def staging_for(self, collection_id: str, iteration: int) -> str:
-        """Where a write of (collection, iteration) puts its files until they are all
-        written: ``<root>/_staging/<collection_id>/iter-<n>``, outside ``batches/``, so a
-        reader that globs the batch folder never meets an unfinished batch."""
+        """The staging area of (collection, iteration), where a write puts its files until
+        they are all written: ``<root>/_staging/<collection_id>/iter-<n>``, outside
+        ``batches/``, so a reader that globs the batch folder never meets an unfinished
+        batch. Each write stages in a folder of its own there (``w-<random>``)."""
         check_id(collection_id, "collection id")
         return self.loc.url(STAGING, collection_id, self.url_for(collection_id, iteration).rsplit("/", 1)[1])
 
@@ -318,8 +355,8 @@ class BatchStore:
         return self.loc.url(STAGING, parts[1], parts[2])
 
     def _staged(self, collection_id: str, iteration: int) -> list[str]:
-        """Files an interrupted write of (collection, iteration) left in its staging area
-        (the staging folder, and an old batch renamed away during an overwrite)."""
+        """Files interrupted writes of (collection, iteration) left in its staging area
+        (their folders, and an old batch renamed away during an overwrite)."""
         stage = self.staging_for(collection_id, iteration)
         name = stage.rsplit("/", 1)[1]
         folder = stage.rsplit("/", 1)[0]

@@ -327,7 +327,8 @@ class CheckpointStore:
         left) has its manifest read, and if it cannot be read both are kept. Reading every
         manifest cost a resume as many requests as checkpoints (735 GETs on S3 at 20k
         transitions, a third of what the resume read). Also removes temporary files under
-        the collection's batches.
+        the collection's batches and, on a local disk, under the weights of the train
+        loop of that id.
         """
         folder = self.loc.url("checkpoints", check_id(collection_id, "collection id"))
         files = self.loc.list_files(folder, self.retry)
@@ -347,6 +348,11 @@ class CheckpointStore:
             doomed += [u for u in urls if u != listed]
         batches = self.loc.url("batches", collection_id)
         doomed += [u for u in self.loc.list_files(batches, self.retry) if TEMP_MARK in u.rsplit("/", 1)[1]]
+        if self.loc.is_local:  # an object store's single PUT leaves no temporary file
+            # a train loop's weights: its trainer writes them in a thread the interrupted
+            # command does not wait for, so a Ctrl-C cut a file short there for good
+            weights = self.loc.url("weights", collection_id)
+            doomed += [u for u in self.loc.list_files(weights, self.retry) if TEMP_MARK in u.rsplit("/", 1)[1]]
         for u in doomed:
             self.loc.remove(u, self.retry)
         return doomed

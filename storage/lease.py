@@ -41,31 +41,31 @@ with the lease held nobody else is writing, so anything half-written is a leftov
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
-import json
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from storage.errors import LeaseAborted, LeaseHeld, LeaseLost
-from storage.manifest import sha256
-from storage.urls import Location, Retry, check_id, retrying
+from storage.lease_object import FORMAT, LeaseRecord
+from storage.lease_object import owner_gone as _owner_gone
+from storage.lease_object import pid_state as _pid_state
+from storage.lease_object import quick_reads as _quick_reads
+from storage.lease_object import slot_for as _slot
+from storage.urls import Location, Retry, check_id
+
+__all__ = ["DEFAULT_TTL_S", "FORMAT", "LEASES", "SKEW_MARGIN_S", "Lease", "LeaseRecord", "check_writer"]
 
 log = logging.getLogger(__name__)
 #: Marks a log record for the command's quiet console (flows/logs.py).
 _CONSOLE = {"focus_console": True}
 
 LEASES = "leases"
-FORMAT = "focus-lease"
 #: What to do once a lease is lost: the steps saved under it are kept.
 _AGAIN = "rerun with the same collection id to resume from its last saved step once no other run writes it"
 #: Default time a lease stays valid without renewal.
@@ -75,190 +75,6 @@ DEFAULT_TTL_S = 30.0
 #: docstring). An hour: clocks without NTP, or a VM resumed from suspend, can be minutes
 #: apart, and the wait it saves is only ``ttl_s``.
 SKEW_MARGIN_S = 3600.0
-
-
-@dataclass(frozen=True)
-class LeaseRecord:
-    """What the lease object holds: who writes the collection and until when."""
-
-    collection_id: str
-    owner: str  # "host:pid:token", unique per Lease object
-    host: str
-    pid: int
-    #: Start time of the owner process (``/proc/<pid>/stat``), to tell a reused pid apart.
-    pid_start: str | None
-    token: str
-    acquired_at: float
-    expires_at: float  # Unix time
-    ttl_s: float
-
-    def to_json(self) -> bytes:
-        return json.dumps({"format": FORMAT, **asdict(self)}, sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> LeaseRecord | None:
-        """The record, or ``None`` if ``data`` is not a lease (treated as stale)."""
-        try:
-            doc = json.loads(data.decode())
-            if doc.pop("format", None) != FORMAT:
-                return None
-            return cls(**doc)
-        except (UnicodeDecodeError, ValueError, TypeError):
-            return None
-
-    def until(self, now: float) -> str:
-        at = datetime.fromtimestamp(self.expires_at, UTC).isoformat(timespec="seconds")
-        left = self.expires_at - now
-        return f"{at} ({left:.0f} s from now)" if left >= 0 else f"{at} ({-left:.0f} s ago)"
-
-
-def _pid_state(pid: int) -> tuple[str, str] | None:
-    """(state letter, start time) of a live process on this host, ``None`` if there is none."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return fields[0], fields[19]  # state, starttime (fields 3 and 22 of stat)
-    except (OSError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return "?", ""
-
-
-def _owner_gone(rec: LeaseRecord) -> bool:
-    """Whether the owner was a process on this host that has exited (or is a zombie)."""
-    if rec.host != socket.gethostname():
-        return False
-    state = _pid_state(rec.pid)
-    if state is None or state[0] in ("Z", "X"):
-        return True
-    return rec.pid_start is not None and state[1] != "" and state[1] != rec.pid_start
-
-
-# --- the lease object's atomic operations, per kind of store ------------------------------
-
-
-class _Slot:
-    """The lease object at ``url`` and the four atomic operations a lease needs: ``read``
-    gives the content and a version; ``swap`` and ``delete`` act only if the object is
-    still at that version (compare-and-swap)."""
-
-    def __init__(self, loc: Location, url: str, retry: Retry) -> None:
-        self.loc, self.url, self.retry = loc, url, retry
-        self.path = loc.path(url)
-
-    def create(self, data: bytes) -> bool:
-        return self.loc.put_bytes(self.url, data, self.retry, exclusive=True)
-
-    def read(self) -> tuple[bytes, str] | None:
-        try:
-            data = self.loc.cat(self.url, self.retry)
-        except FileNotFoundError:
-            return None
-        return data, sha256(data)
-
-    def swap(self, data: bytes, version: str) -> bool:
-        with self._mutex():
-            cur = self.read()
-            if cur is None or cur[1] != version:
-                return False
-            self.loc.put_bytes(self.url, data, self.retry, atomic=True)
-            return True
-
-    def delete(self, version: str) -> bool:
-        with self._mutex():
-            cur = self.read()
-            if cur is None or cur[1] != version:
-                return False
-            self.loc.remove(self.url, self.retry)
-            return True
-
-    @contextlib.contextmanager
-    def _mutex(self) -> Iterator[None]:
-        """Check-then-act made atomic: within the process for stores without conditional
-        writes; on a local disk also between processes (``flock`` of the leases folder)."""
-        with _PROCESS_MUTEX:
-            if not self.loc.is_local:
-                yield
-                return
-            folder = os.path.dirname(self.path)
-            os.makedirs(folder, exist_ok=True)
-            fd = os.open(folder, os.O_RDONLY)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)  # closing drops the lock
-
-
-_PROCESS_MUTEX = threading.RLock()
-
-
-class _S3Slot(_Slot):
-    """S3 conditional writes: ``If-None-Match: *`` to create, ``If-Match: <etag>`` to swap."""
-
-    def read(self) -> tuple[bytes, str] | None:
-        def get() -> tuple[bytes, str] | None:
-            fs = self.loc.fs
-            try:
-                # the ETag first: if the object changes before the read, the swap with
-                # this (older) ETag fails, so a decision is never based on a newer body
-                etag = str(fs.info(self.path, refresh=True)["ETag"])
-                return fs.cat_file(self.path), etag
-            except FileNotFoundError:
-                return None
-
-        return retrying(get, f"read {self.url}", self.retry)
-
-    def swap(self, data: bytes, version: str) -> bool:
-        def put() -> bool:
-            try:
-                self.loc.fs.pipe_file(self.path, data, IfMatch=version)
-            except FileNotFoundError:
-                return False
-            except OSError as e:
-                text = str(e).lower()
-                if e.errno == errno.EINVAL and ("pre-condition" in text or "precondition" in text):
-                    return False  # If-Match failed: the object changed since it was read
-                raise
-            return True
-
-        return retrying(put, f"renew {self.url}", self.retry)
-
-    def delete(self, version: str) -> bool:
-        # S3 general-purpose buckets have no conditional delete in every deployment; a
-        # holder deletes only its own unexpired lease, which nobody else may take.
-        cur = self.read()
-        if cur is None or cur[1] != version:
-            return False
-        self.loc.remove(self.url, self.retry)
-        return True
-
-
-#: Seconds a lease request waits for an answer on S3 (s3fs waits 15): a lease object is
-#: a few hundred bytes, and a renewal's 3 attempts must end well within the 20 s left of
-#: the lease when it starts. Behind a store that takes connections and never answers,
-#: 3 attempts of 15 s took 45 s, so the lease ran out while one renewal was under way.
-LEASE_READ_TIMEOUT_S = 5.0
-
-
-def _quick_reads(root: str | os.PathLike[str], options: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``options`` with :data:`LEASE_READ_TIMEOUT_S` as the S3 read timeout (unless set)."""
-    if Location(root).protocol not in ("s3", "s3a"):
-        return options
-    out = dict(options or {})
-    config = {**Location.S3_DEFAULTS["config_kwargs"], **out.get("config_kwargs", {})}
-    config.setdefault("read_timeout", LEASE_READ_TIMEOUT_S)
-    out["config_kwargs"] = config
-    return out
-
-
-def _slot(loc: Location, url: str, retry: Retry) -> _Slot:
-    return _S3Slot(loc, url, retry) if loc.is_s3 else _Slot(loc, url, retry)
 
 
 # --- the lease -----------------------------------------------------------------------------
@@ -386,7 +202,10 @@ class Lease:
                         f"{other.until(now)}; wait for that run to end, or for the lease to expire"
                     )
                 why = f"its owner {other.owner} has exited" if gone else f"it expired at {other.until(now)}"
-                if not gone and other.host != self.host and now - other.expires_at <= SKEW_MARGIN_S:
+                # a live owner on this host looked expired only if its clock was stepped
+                # forward or it did not run (suspended): watched too, whatever the margin
+                here = other.host == self.host
+                if not gone and (here or now - other.expires_at <= SKEW_MARGIN_S):
                     if not self._unchanged(other, cur[1], now):
                         continue  # released or taken by another run meanwhile: look again
                     why = f"it expired at {other.until(self.clock())} and was not renewed for {other.ttl_s:.0f} s"
@@ -404,12 +223,20 @@ class Lease:
         """Whether the lease stays at ``version`` for the owner's ``ttl_s`` on this host's
         monotonic clock (then it is abandoned); ``False`` if it is released or changes hands
         meanwhile. :class:`LeaseHeld` if its owner renews it: it only looked expired because
-        this host's clock runs ahead of the owner's."""
+        this host's clock runs ahead of the owner's (another host), or was stepped forward
+        since the owner's renewal (this host)."""
         window = max(other.ttl_s, self.ttl_s)
+        here = other.host == self.host
+        why = (
+            f"its owner {other.owner} is a live process on this host (was the clock stepped forward, or the owner "
+            "suspended?)"
+            if here
+            else f"the clocks of two machines may disagree: it was last renewed by host {other.host} ({other.owner})"
+        )
         log.warning(
-            "collection %s: the lease was last renewed by host %s (%s) and expired at %s by this machine's clock; "
-            "waiting up to %.0f s to be sure it is abandoned (the clocks of two machines may disagree)",
-            self.collection_id, other.host, other.owner, other.until(now), window,
+            "collection %s: the lease expired at %s by this machine's clock, but %s; waiting up to %.0f s to be "
+            "sure it is abandoned",
+            self.collection_id, other.until(now), why, window,
             extra=_CONSOLE,  # the run is silent meanwhile: say why on the console, not in the log file alone
         )  # fmt: skip
         start = self.monotonic()
@@ -426,11 +253,17 @@ class Lease:
             if rec is None or rec.token != other.token:
                 return False
             ahead = self.clock() - (rec.expires_at - rec.ttl_s)
+            cause = (
+                "it is a live process on this host, and this host's clock was stepped forward since it last renewed "
+                "the lease (NTP, a VM resumed); wait for that run to end"
+                if here
+                else f"this machine's clock is about {ahead:.0f} s ahead of host {rec.host}'s; "
+                "wait for that run to end (and set both clocks right, e.g. with NTP)"
+            )
             raise LeaseHeld(
                 f"collection {self.collection_id!r} in {self.root} is being written by another run: lease held by "
                 f"{rec.owner} (host {rec.host}, pid {rec.pid}), renewed while this run waited although it looked "
-                f"expired: this machine's clock is about {ahead:.0f} s ahead of host {rec.host}'s; "
-                "wait for that run to end (and set both clocks right, e.g. with NTP)"
+                f"expired: {cause}"
             )
         return True
 
@@ -538,12 +371,21 @@ class Lease:
         one that is watching it before a take-over sees it renewed and stops. ``False``
         when the store cannot be reached: the fence holds."""
         idle = self.monotonic() - (self._fence_at - self.ttl_s)
+        past = self.clock() - self._expires_at
         try:
             self.renew()
         except LeaseLost:
             raise LeaseLost(f"{self._lost}; stopping before writing more ({_AGAIN})") from None
         except Exception:  # noqa: BLE001 - unreachable: the lease ran out, as check() says
             return False
+        if idle < self.ttl_s:  # in time on the monotonic clock: only the wall clock moved
+            log.warning(
+                "collection %s: the wall clock reads %.0f s past the lease's expiry %.0f s after its renewal: it was "
+                "stepped forward (NTP, a VM resumed); no other run had taken the lease, so it is renewed and the "
+                "run goes on",
+                self.collection_id, past, idle,
+            )  # fmt: skip
+            return True
         log.warning(
             "collection %s: the write lease ran out (no renewal for %.0f s: was this process suspended, or the "
             "store unreachable?); no other run had taken it, so it is renewed and the run goes on",

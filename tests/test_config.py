@@ -320,3 +320,35 @@ def test_an_unknown_field_is_not_taken_for_its_own_section_or_a_sibling_alike_on
     with pytest.raises(ConfigError) as e:
         load_config(overrides={key: 1}, environ={})
     assert "did you mean" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("empty.toml", ""),
+        ("comments.toml", "# seed = 3\n\n   # n_tasks = 8\n"),
+        ("empty.yaml", "\n"),
+        ("comments.yml", "# seed: 3\n---\n"),
+    ],
+)
+def test_a_config_file_with_no_settings_is_refused_naming_it(tmp_path, name, text):
+    """A config file with no setting in it (0 bytes, or only comments: a file that was
+    never saved, a wrong path to a template) was taken as the defaults without a word, so
+    `-c` at it ran a default collection into the default store. It is refused before
+    anything starts: `-c` names a file because its settings are wanted."""
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, environ={})
+    assert str(e.value) == (
+        f"config file {str(path)!r} holds no settings (it is empty or holds only comments): "
+        "was it saved, and is it the file you meant? To run with the defaults, leave out -c"
+    ), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_config_file_with_only_an_empty_table_is_read(tmp_path):
+    """An empty table is a setting someone wrote: the file is read (the defaults)."""
+    path = tmp_path / "table.toml"
+    path.write_text("[model]\n", encoding="utf-8")
+    assert load_config(path, environ={}) == load_config(None, environ={})

@@ -124,6 +124,7 @@ def test_storage_errors_are_typed_at_the_edge():
     assert isinstance(refused(PermissionError("Forbidden"), "write s3://b/x"), StorageAccessDenied)
     assert isinstance(refused(OSError(errno.EROFS, "Read-only file system"), "write /x"), StorageAccessDenied)
     assert isinstance(refused(OSError(errno.ENOSPC, "No space"), "write /x"), StorageFull)
+    assert isinstance(refused(OSError(errno.EFBIG, "File too large"), "write /x"), StorageFull)
     assert refused(FileNotFoundError("x"), "read /x") is None
 
     def full() -> None:
@@ -131,6 +132,51 @@ def test_storage_errors_are_typed_at_the_edge():
 
     with pytest.raises(StorageFull, match="write /x: no space left"):
         retrying(full, "write /x", Retry(attempts=2, backoff_s=0))
+
+
+_OVER_THE_FILE_SIZE_LIMIT = """
+import os, resource, sys
+from storage import CheckpointStore
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # `ulimit -f 4`: a file of over 4 KiB fails
+try:
+    CheckpointStore(sys.argv[1]).save("c", 1, 0, os.urandom(16384))  # zstd cannot shrink it
+except Exception as e:
+    print(f"{type(e).__name__}: {e}")
+"""
+
+
+def test_a_file_over_the_file_size_limit_is_one_line_naming_it_and_the_limit(tmp_path):
+    """A write past the file-size limit (RLIMIT_FSIZE: `ulimit -f` in a batch job or a
+    container, or a file system's largest file) fails with EFBIG, which the store passed
+    on as `OSError: [Errno 27] File too large`: no file named, nothing to do (probed:
+    `focus collect` under `ulimit -f 3`, and `ulimit -f 8`, which the batch's first
+    Parquet file crossed). It says which file and what to change; nothing half-written stays."""
+    done = subprocess.run(
+        [sys.executable, "-c", _OVER_THE_FILE_SIZE_LIMIT, str(tmp_path / "store")],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    line = done.stdout.strip()
+    assert line.startswith(f"StorageFull: write file://{tmp_path}/store/checkpoints/c/p001-w00000."), line
+    assert "larger than this process may write (File too large)" in line and "ulimit -f" in line, line
+    assert line.endswith("then run again: a collection resumes from its last saved step with the same collection id")
+    left = [p.name for p in (tmp_path / "store" / "checkpoints" / "c").iterdir()]
+    assert left == [], left  # no temporary file, no data file without its manifest
+
+
+def test_a_local_folder_that_became_unwritable_is_not_blamed_on_credentials(tmp_path):
+    """A local store whose folder lost its write permission mid-run (a `chmod -R a-w`, a
+    folder handed to another user) said `access denied ([Errno 13] Permission denied:
+    '<path>'); check the credentials (for S3: AWS_ACCESS_KEY_ID and ...)`: no credential
+    opens a local folder. It names the permission and the user, as the read-only file
+    system's line names the file system; an S3 store's line still names the credentials."""
+    path = f"{tmp_path}/store/checkpoints/c/p001-w00000.abc.pkl"
+    denied = PermissionError(errno.EACCES, "Permission denied", path)
+    line = str(refused(denied, f"write file://{path}"))
+    assert line.startswith(f"write file://{path}: permission denied (this process runs as user "), line
+    assert "make the folder writable for that user again" in line and "AWS_" not in line, line
+    assert "credentials" not in line and line.endswith("resumes from its last saved step with the same collection id")
+    s3 = str(refused(PermissionError(errno.EACCES, "Access Denied"), "write s3://b/p/x"))
+    assert "AWS_ACCESS_KEY_ID" in s3, s3
 
 
 def test_model_client_timeout_and_retries_from_file_and_flags(tmp_path):

@@ -174,7 +174,7 @@ def test_kill_9_at_six_points_resumes_to_the_uninterrupted_batch_bit_for_bit(pre
                 server = LocalModelServer().start()
         # the kill during export left staged files, and nothing a reader globbing the batch folder sees
         batch_dir = tmp_path / "crashed" / "batches" / CID / "iter-000000"
-        assert list((tmp_path / "crashed" / "_staging" / CID / "iter-000000").glob("actor/*.parquet"))
+        assert list((tmp_path / "crashed" / "_staging" / CID / "iter-000000").glob("w-*/actor/*.parquet"))
         assert not batch_dir.exists()
 
         before = [k for k in store.list(CID) if k[0] not in ("config", "critic")]  # not steps

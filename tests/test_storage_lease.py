@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -503,3 +504,178 @@ def test_a_batch_is_not_published_once_the_store_was_removed_under_the_run(lease
             CheckpointStore(lease_root).save("c1", 1, 0, "must not be written")
     finally:
         lease.release()
+
+
+def _take_over(root: str) -> None:
+    """Another run (host ``elsewhere``) takes the lease over, as after an expiry."""
+    slot = Lease(root, "c1")._slot  # nothing else is asked of this Lease
+    cur = slot.read()
+    assert cur is not None
+    doc = json.loads(cur[0])
+    doc.update(owner="elsewhere:1:abcd", host="elsewhere", token="x" * 32)
+    assert slot.swap(json.dumps(doc).encode(), cur[1])
+
+
+@pytest.mark.parametrize("when", ["before the write", "during the write"])
+def test_a_batch_write_that_lost_its_lease_leaves_no_staging_and_keeps_the_holders(lease_root, when, monkeypatch):
+    """``LeaseLost`` while publishing a batch left the whole ``_staging/<id>/iter-<n>``
+    folder behind, and the write shared that folder with the run that took the lease
+    over: the loser's files mixed with the holder's, and a loser beginning its write
+    removed the holder's staged files as leftovers. Each write now stages in a folder of
+    its own, removes it when it fails, and removes other writes' leftovers only while it
+    still holds the lease."""
+    from test_storage import batch_from_trees, grow_tree
+
+    from storage import BatchStore
+
+    batch = batch_from_trees([grow_tree()], collection_id="c1")
+    store = BatchStore(lease_root)
+    loc, quick = store.loc, Retry(attempts=1)
+    holders = f"{store.staging_for('c1', 0)}/w-holder/actor/part-00000.parquet"  # the new holder's write
+    lease = Lease(lease_root, "c1").acquire()
+    try:
+        if when == "before the write":
+            _take_over(lease_root)
+            loc.put_bytes(holders, b"the holder's staged file", quick)
+        else:
+            real_put, once = Location.put_bytes, threading.Lock()  # S3's files are written on threads
+
+            def put(self, url, data, retry, **kw):  # the take-over lands while this run stages its files
+                if "/_staging/" in url and url != holders and once.acquire(blocking=False):
+                    _take_over(lease_root)
+                    real_put(self, holders, b"the holder's staged file", quick)
+                return real_put(self, url, data, retry, **kw)
+
+            monkeypatch.setattr(Location, "put_bytes", put)
+        with pytest.raises(LeaseLost, match="elsewhere:1:abcd"):
+            store.write(batch)
+        monkeypatch.undo()
+        assert loc.list_files(loc.url("_staging"), quick) == [holders]  # the holder's, and only the holder's
+        assert loc.cat(holders, quick) == b"the holder's staged file"
+        assert store.list("c1") == []
+    finally:
+        lease.release()
+
+
+def test_a_weights_save_cut_short_leaves_no_temporary_file_once_the_loop_takes_its_lease(tmp_path):
+    """A `focus train` interrupted while its trainer wrote a version's weights (the
+    trainer runs in a daemon thread, which the command does not wait for) left
+    `weights/<loop>/v000001/optimizer.pt.tmp-<pid>-<hex>` in the store for good: the
+    rerun wrote the version again beside it (probed: SIGINT once the trainer's save
+    began). Taking the loop's lease removes it, as it removes a collection's."""
+    from storage.weights import WeightStore
+
+    weights = WeightStore(tmp_path)
+    folder = weights.put(weights.folder("L", 1), {"policy.pt": b"weights"})
+    version = Path(folder.removeprefix("file://"))
+    (version / f"optimizer.pt{TEMP_MARK}19722-141e799fc1b3").write_bytes(b"half an optimizer")
+    other = tmp_path / "weights" / "L2" / "v000001"  # another loop's: its own lease sweeps it
+    other.mkdir(parents=True)
+    (other / f"policy.pt{TEMP_MARK}1-a").write_bytes(b"half")
+    with collection_lease(tmp_path, "L"):
+        pass
+    assert sorted(os.listdir(version)) == ["_manifest.json", "policy.pt"]
+    assert weights.read(f"{folder}/policy.pt") == b"weights"
+    assert os.listdir(other) == [f"policy.pt{TEMP_MARK}1-a"]
+
+
+class SameHost(Hosts):
+    """Owner and taker are processes of this host (the owner: this live process), and the
+    taker's wall clock reads ``skew`` s ahead of the time the owner last renewed by: the
+    clock was stepped forward (NTP correcting a clock that ran behind, a VM resumed)
+    between the owner's renewal and the taker's start."""
+
+    def __init__(self, root: str, skew: float, *, alive: bool, ttl_s: float = 30.0) -> None:
+        self.t, self.mono, self.skew, self.alive, self.ttl_s = 1_000_000.0, 0.0, skew, alive, ttl_s
+        self.owner = Lease(root, "c1", ttl_s=ttl_s, clock=lambda: self.t).acquire()
+        self.since_renewal = 0.0
+        self.taker = Lease(
+            root, "c1", ttl_s=ttl_s, clock=lambda: self.t + self.skew, monotonic=lambda: self.mono, sleep=self.sleep
+        )
+
+
+def test_a_live_run_on_this_host_keeps_its_lease_when_the_clock_jumps_forward(lease_root, caplog):
+    """A second run of the collection on the same host, started while the wall clock read
+    120 s past the owner's last renewal, took the lease of the live owner at once (the
+    owner's process was alive; its lease looked expired): both wrote until the owner's next
+    renewal, when the owner, a healthy run, stopped with `LeaseLost` (probed: two `focus
+    collect` of one collection, the second with its clock 120 s ahead). A live owner on
+    this host is watched as another host's is, and keeps its lease by renewing it."""
+    hosts = SameHost(lease_root, 120.0, alive=True)
+    hosts.sleep(5.0)
+    with caplog.at_level("WARNING", logger="storage.lease"), pytest.raises(LeaseHeld) as err:
+        hosts.taker.acquire()
+    msg = str(err.value)
+    assert "\n" not in msg and hosts.owner.owner in msg and "renewed while this run waited" in msg, msg
+    assert "a live process on this host" in msg and "clock was stepped forward" in msg, msg
+    assert "is a live process on this host" in caplog.text and "waiting up to 30 s" in caplog.text
+    assert hosts.mono <= 10.0  # it gave up at the first renewal it saw
+    assert _lease_owner(lease_root) == hosts.owner.owner and not hosts.taker.held
+    hosts.owner.check()
+    hosts.owner.renew()  # still the owner's
+    hosts.owner.release()
+
+
+def test_a_live_run_on_this_host_that_stopped_renewing_loses_its_lease_after_a_ttl(lease_root, caplog):
+    """A live owner that does not renew (suspended with Ctrl-Z, its store unreachable) is
+    taken over once its lease stayed unchanged for a ttl on the taker's monotonic clock."""
+    hosts = SameHost(lease_root, 0.0, alive=False)
+    hosts.t += 31.0
+    with caplog.at_level("WARNING", logger="storage.lease"):
+        hosts.taker.acquire()
+    assert _lease_owner(lease_root) == hosts.taker.owner and hosts.taker.held
+    assert hosts.mono == pytest.approx(30.0) and "and was not renewed for 30 s" in caplog.text
+    with pytest.raises(LeaseLost):
+        hosts.owner.check()
+    hosts.taker.release()
+
+
+def test_a_batch_write_that_fails_removes_its_staging_unless_the_store_is_unreachable(tmp_path, monkeypatch):
+    """A full disk: the write's own staged files are removed (they take the space the
+    rerun needs). An unreachable store: no removal is tried, which would wait out its
+    timeouts again before the line; the next write removes them."""
+    from test_storage import batch_from_trees, grow_tree
+
+    from storage import BatchStore
+    from storage.errors import StorageFull, StorageUnavailable
+
+    store, real_put = BatchStore(tmp_path, rows_per_file=2), Location.put_bytes
+    for error in (StorageFull("write x: no space left"), StorageUnavailable("write x: storage unreachable")):
+        seen = []
+
+        def put(self, url, data, retry, error=error, seen=seen, **kw):
+            if url.endswith(".parquet") and seen:
+                raise error
+            seen.append(url)
+            return real_put(self, url, data, retry, **kw)
+
+        monkeypatch.setattr(Location, "put_bytes", put)
+        with pytest.raises(type(error)):
+            store.write(batch_from_trees([grow_tree()], collection_id="c1"))
+        monkeypatch.undo()
+        left = store.loc.list_files(store.loc.url("_staging"), store.retry)
+        if isinstance(error, StorageFull):
+            assert left == [], left
+        else:
+            assert seen[0] in left and all("/_staging/c1/iter-000000/w-" in u for u in left), left
+    store.write(batch_from_trees([grow_tree()], collection_id="c1"))  # the next write starts from nothing
+    assert store.loc.list_files(store.loc.url("_staging"), store.retry) == []
+
+
+def test_a_clock_stepped_forward_under_a_running_owner_is_named_as_such(tmp_path, caplog):
+    """The wall clock stepped 120 s forward while the run wrote (NTP correcting a clock
+    that ran behind): its next save found the lease past its recorded expiry, renewed it
+    (nobody had taken it) and said `the write lease ran out (no renewal for 3 s: was this
+    process suspended, or the store unreachable?)` on the console: neither had happened.
+    It names the clock."""
+    clock, mono = Clock(), Clock(0.0)
+    lease = Lease(tmp_path, "c1", ttl_s=30, clock=clock, monotonic=mono).acquire()
+    store = CheckpointStore(tmp_path)
+    clock.t += 120.0
+    mono.t += 3.0  # 3 s really passed
+    with caplog.at_level("WARNING", logger="storage.lease"):
+        store.save("c1", 1, 0, "after the step")
+    assert store.load("c1", 1, 0) == "after the step" and lease.held
+    assert "the wall clock reads 90 s past the lease's expiry 3 s after its renewal" in caplog.text, caplog.text
+    assert "stepped forward" in caplog.text and "suspended" not in caplog.text
+    lease.release()

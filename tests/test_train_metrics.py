@@ -5,6 +5,7 @@ and a non-finite update refused before anything is written or recorded."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 from io import StringIO
@@ -22,6 +23,7 @@ from flows.loop_progress import METRICS, LoopProgress, metrics_row, row_cells
 from focus.testing import run
 from focus.train_local import PolicyTrainer, TrainingDiverged, UpdateConfig, UpdateStep, train_iteration
 from storage import CheckpointStore
+from storage.errors import StorageFull
 
 
 def _path_return(tree, rollout: int) -> float:
@@ -89,6 +91,42 @@ def test_a_diverged_step_is_not_recorded_and_names_its_iteration(tmp_path):
     with pytest.raises(TrainingDiverged, match=r"^iteration 3: policy update diverged at step 2 of 6"):
         train_body(cfg, "w", 3, "file:///nowhere", latest)
     assert not CheckpointStore(str(tmp_path)).exists("w", "train", 3)  # a rerun trains it again
+
+
+def trainer_over_the_limit(batch_url, ctx, **options):
+    """A trainer whose weights file passes the file-size limit as it is written in its work
+    folder: ``Path.write_bytes`` raises EFBIG naming no file (what the local trainer met
+    under ``ulimit -f 1100``)."""
+    Path(ctx.workdir, "policy.pt").write_bytes(b"")  # the folder is there to write in
+    raise OSError(errno.EFBIG, "File too large")
+
+
+def trainer_out_of_space(batch_url, ctx, **options):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize(
+    "trainer, what",
+    [
+        ("trainer_over_the_limit", "File too large: past the file-size limit"),
+        ("trainer_out_of_space", "no space left on the device (or quota exceeded)"),
+    ],
+)
+def test_a_trainer_that_fills_its_disk_names_its_work_folder_and_what_to_do(tmp_path, trainer, what):
+    """`focus train` under `ulimit -f 1100` stopped with `error: OSError: [Errno 27] File
+    too large`: no file, no folder, no advice (the local trainer writes policy.pt in its
+    work folder, under the temporary folder, not in the store). A full disk there said
+    `no space left on the device; free space and rerun to resume`, naming nothing either.
+    The line names the work folder, how to move it, and that the rerun trains again."""
+    cfg = small(tmp_path, **{"train.trainer": f"test_train_metrics:{trainer}"})
+    latest = {"weights": None, "policy_version": "v0", "critic": None, "state": None}
+    with pytest.raises(StorageFull) as got:
+        train_body(cfg, "w", 3, "file:///nowhere", latest)
+    line = one_line(got.value)
+    assert line.startswith("iteration 3: the trainer cannot write in its work folder ") and what in line, line
+    assert "focus-train" in line and "set TMPDIR to move it" in line, line
+    assert line.endswith("then rerun to resume: the loop trains iteration 3 again"), line
+    assert not CheckpointStore(str(tmp_path)).exists("w", "train", 3)
 
 
 def _record(i: int) -> dict:

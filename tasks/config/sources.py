@@ -103,6 +103,14 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_yaml_problem(e)}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
+    if not data:
+        # refused, not warned about: a file named on purpose that sets nothing (never
+        # saved, a template's wrong path) ran a whole collection on the defaults, into
+        # the default store, and a warning scrolls away above hours of progress
+        raise ConfigError(
+            f"config file {str(p)!r} holds no settings (it is empty or holds only comments): "
+            "was it saved, and is it the file you meant? To run with the defaults, leave out -c"
+        )
     return data
 
 
