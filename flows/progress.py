@@ -289,7 +289,10 @@ class CollectionProgress:
         self._evidence = (total, done)
         now = time.perf_counter()
         per_s = done / max(now - self._t0, 1e-9)
-        rate = f"{per_s:.1f} rollouts/s" + (f", {time_left((total - done) / per_s)}" if done < total else "")
+        # no guess from the first rollouts: the rate climbs until the concurrency is full
+        # (the first line said "about 7 min left" of an evidence phase that took 3 s)
+        sure = done < total and done > 1 and done * 100 >= total
+        rate = f"{per_s:.1f} rollouts/s" + (f", {time_left((total - done) / per_s)}" if sure else "")
         line = f"{self._label}: {count_text(done, total, 'rollouts')}, {rate}"
         if self._progress is not None and self._task is not None:
             count = count_text(done, total, "rollouts")

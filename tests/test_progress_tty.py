@@ -457,7 +457,9 @@ def test_the_evidence_rate_starts_when_the_search_starts_not_with_the_lease_wait
         with Services(cfg) as ready:
             asyncio.run(collect_direct(ready))
     evidence = [r.getMessage() for r in caplog.records if r.getMessage().startswith("0.evidence")]
-    rates = [float(m.group(1)) for ln in evidence[:-1] if (m := re.search(r", ([\d.]+) rollouts/s, about ", ln))]
+    rates = [
+        float(m.group(1)) for ln in evidence[:-1] if (m := re.search(r", ([\d.]+) rollouts/s(?:, about .*)?$", ln))
+    ]
     assert len(rates) == 5 and min(rates) > 0.1, evidence  # 5 rollouts in 1,000 s: 0.005 a second
     step = re.search(r"^0\.evidence: 6 rollouts, (\d+) transitions, ([\d.]+) transitions/s", evidence[-1])
     assert step is not None and float(step.group(2)) > int(step.group(1)) / 100, evidence[-1]
@@ -529,11 +531,13 @@ def test_the_lines_say_how_long_is_left_at_the_rate_so_far(monkeypatch):
             clock.now += 1 / 1_250
             lines.append(p.rollout_done())
         assert lines[-1] == "0.evidence: 5000/50000 rollouts, 1250.0 rollouts/s, about 36 s left"
+        assert lines[0] == "0.evidence: 1/50000 rollouts, 1250.0 rollouts/s"  # no guess before 1% is done
+        assert lines[499].endswith("rollouts/s, about 40 s left") and not lines[498].endswith("left")
         for _ in range(45_000):
             clock.now += 1 / 125
             last = p.rollout_done()
         assert last == "0.evidence: 50000/50000 rollouts, 137.4 rollouts/s"  # the step's line is logged instead
-        assert len(logged) == 10 and all(re.search(r"rollouts/s, about [\d.]+ (s|min) left$", ln) for ln in logged)
+        assert len(logged) == 10 and all(re.search(r"rollouts/s, about [\d.]+ (s|min) left$", ln) for ln in logged[1:])
         p.start_phase(1, Phase("continue", transitions=1_000_000))
         clock.now += 10.0
         assert p.wave_done(wave(0, used(1_000, 3_000))).endswith(
