@@ -73,6 +73,17 @@ def count_text(done: int, total: int | None, unit: str) -> str:
     return f"{done}/{total} {unit}"
 
 
+def time_left(seconds: float) -> str:
+    """``about 40 s left``, ``about 12 min left``, ``about 2.5 h left``: what the rate
+    so far gives for the rest (a 50,000-task evidence phase logged its rate alone, and
+    the operator divided)."""
+    if seconds < 90:
+        return f"about {seconds:.0f} s left"
+    if seconds < 5400:
+        return f"about {seconds / 60:.0f} min left"
+    return f"about {seconds / 3600:.1f} h left"
+
+
 def failure_line(label: str, record: StepRecord) -> str | None:
     """The WARNING line for a step whose rollouts failed (``None`` if none did)."""
     failed = record.failed_rollouts
@@ -110,6 +121,8 @@ class WaveFigures:
             out = f"{self.transitions_per_s:.1f} transitions/s, {self.tokens_per_s:.0f} tokens/s"
         if self.budget_left is not None:
             out += f", budget left {self.budget_left}"
+            if self.budget_left and self.transitions_per_s:
+                out += f", {time_left(self.budget_left / self.transitions_per_s)}"
         return out
 
 
@@ -275,7 +288,11 @@ class CollectionProgress:
         total, done = self._evidence[0], self._evidence[1] + 1
         self._evidence = (total, done)
         now = time.perf_counter()
-        rate = f"{done / max(now - self._t0, 1e-9):.1f} rollouts/s"
+        per_s = done / max(now - self._t0, 1e-9)
+        # no guess from the first rollouts: the rate climbs until the concurrency is full
+        # (the first line said "about 7 min left" of an evidence phase that took 3 s)
+        sure = done < total and done > 1 and done * 100 >= total
+        rate = f"{per_s:.1f} rollouts/s" + (f", {time_left((total - done) / per_s)}" if sure else "")
         line = f"{self._label}: {count_text(done, total, 'rollouts')}, {rate}"
         if self._progress is not None and self._task is not None:
             count = count_text(done, total, "rollouts")

@@ -210,7 +210,10 @@ def test_figures_after_wave_records(monkeypatch):
         progress.start_phase(1, Phase("continue", transitions=100))
         clock.now += 2.0
         line = progress.wave_done(wave(0, used(30, 900)))
-        assert line == "1.continue wave 0: 30 transitions, 15.0 transitions/s, 450 tokens/s, budget left 70"
+        assert (
+            line
+            == "1.continue wave 0: 30 transitions, 15.0 transitions/s, 450 tokens/s, budget left 70, about 5 s left"
+        )
         assert progress.wave_done(wave(1)) == ""  # not measured: nothing shown
         clock.now += 3.0
         line = progress.wave_done(wave(2, used(110, 2000)))
@@ -264,7 +267,7 @@ def test_not_a_terminal_logs_lines_and_draws_nothing():
         assert not progress.interactive
         progress.start_phase(1, Phase("continue", transitions=10))
         line = progress.wave_done(wave(0, used(4, 8)))
-    assert logged == [line] == progress.lines and line.endswith("budget left 6")
+    assert logged == [line] == progress.lines and re.search(r"budget left 6, about \d+ s left$", line)
     assert console.file.getvalue() == ""  # type: ignore[attr-defined]
 
 
@@ -347,7 +350,9 @@ def test_budget_left_counts_as_the_planner_does():
     assert (figures.transitions, figures.spent, figures.budget_left) == (20, 23, 7)
 
 
-EVIDENCE_LINE = re.compile(r"^0\.evidence: (\d+)/(\d+) rollouts, [\d.]+ rollouts/s$")
+EVIDENCE_LINE = re.compile(
+    r"^0\.evidence: (\d+)/(\d+) rollouts, [\d.]+ rollouts/s(?:, about \d+(?:\.\d)? (?:s|min|h) left)?$"  # none on the last
+)
 
 
 def test_the_evidence_bar_advances_as_its_rollouts_finish(monkeypatch):
@@ -363,7 +368,9 @@ def test_the_evidence_bar_advances_as_its_rollouts_finish(monkeypatch):
             progress.rollout_done()
         task = progress._progress.tasks[0]
         assert (task.completed, task.total) == (3, 8)
-        assert task.fields["count"] == "3/8 rollouts" and task.fields["rates"] == "running, 1.0 rollouts/s"
+        assert (
+            task.fields["count"] == "3/8 rollouts" and task.fields["rates"] == "running, 1.0 rollouts/s, about 5 s left"
+        )
         progress.evidence_done(StepRecord("evidence", "0.evidence", 0, 0, rollouts=8, usage=used(40, 400)))
         progress.start_phase(1, Phase("continue", transitions=10))
         assert progress.rollout_done() is None  # a continuation's rollouts: its waves report them
@@ -450,7 +457,9 @@ def test_the_evidence_rate_starts_when_the_search_starts_not_with_the_lease_wait
         with Services(cfg) as ready:
             asyncio.run(collect_direct(ready))
     evidence = [r.getMessage() for r in caplog.records if r.getMessage().startswith("0.evidence")]
-    rates = [float(m.group(1)) for ln in evidence[:-1] if (m := re.search(r", ([\d.]+) rollouts/s$", ln))]
+    rates = [
+        float(m.group(1)) for ln in evidence[:-1] if (m := re.search(r", ([\d.]+) rollouts/s(?:, about .*)?$", ln))
+    ]
     assert len(rates) == 5 and min(rates) > 0.1, evidence  # 5 rollouts in 1,000 s: 0.005 a second
     step = re.search(r"^0\.evidence: 6 rollouts, (\d+) transitions, ([\d.]+) transitions/s", evidence[-1])
     assert step is not None and float(step.group(2)) > int(step.group(1)) / 100, evidence[-1]
@@ -505,3 +514,33 @@ def test_the_flow_reports_its_evidence_rollouts_too(tmp_path, monkeypatch, prefe
     monkeypatch.setattr(progress_mod, "_CONSOLE", Console(file=StringIO(), force_terminal=False))
     asyncio.run(flow_mod.collect(small_config(str(tmp_path / "store"), "flow-evidence", progress=True)))
     assert [EVIDENCE_LINE.match(ln).groups() for ln in shown] == [(str(k), "6") for k in range(1, 7)], shown  # type: ignore[union-attr]
+
+
+def test_the_lines_say_how_long_is_left_at_the_rate_so_far(monkeypatch):
+    """A long phase said its rate alone (50,000 evidence rollouts at 1,200 a second, in
+    a pipe: a line per tenth); each line now says what is left at that rate, the last
+    none. Waves: the budget left over the transitions per second."""
+    clock = _Clock()
+    monkeypatch.setattr(progress_mod, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    logged: list[str] = []
+    console = Console(file=StringIO(), force_terminal=False)
+    with CollectionProgress(None, log=SimpleNamespace(info=lambda ln, **_: logged.append(ln)), console=console) as p:
+        p.start_evidence(Phase("evidence", rollouts_per_task=1), 50_000)
+        lines = []
+        for _ in range(5_000):
+            clock.now += 1 / 1_250
+            lines.append(p.rollout_done())
+        assert lines[-1] == "0.evidence: 5000/50000 rollouts, 1250.0 rollouts/s, about 36 s left"
+        assert lines[0] == "0.evidence: 1/50000 rollouts, 1250.0 rollouts/s"  # no guess before 1% is done
+        assert lines[499].endswith("rollouts/s, about 40 s left") and not lines[498].endswith("left")
+        for _ in range(45_000):
+            clock.now += 1 / 125
+            last = p.rollout_done()
+        assert last == "0.evidence: 50000/50000 rollouts, 137.4 rollouts/s"  # the step's line is logged instead
+        assert len(logged) == 10 and all(re.search(r"rollouts/s, about [\d.]+ (s|min) left$", ln) for ln in logged[1:])
+        p.start_phase(1, Phase("continue", transitions=1_000_000))
+        clock.now += 10.0
+        assert p.wave_done(wave(0, used(1_000, 3_000))).endswith(
+            "100.0 transitions/s, 300 tokens/s, budget left 999000, about 2.8 h left"
+        )
+    assert progress_mod.time_left(89.4) == "about 89 s left" and progress_mod.time_left(90) == "about 2 min left"
