@@ -595,10 +595,3 @@ class _Encoder:
         f = self.executor.submit(self._close)
         self.executor.shutdown(wait=False)
         return f
-
-
-def parquet_bytes(table: pa.Table) -> bytes:
-    """``table`` as one Parquet file in memory, with the store's settings."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, **PARQUET_OPTIONS)
-    return sink.getvalue().to_pybytes()
