@@ -227,9 +227,9 @@ def vllm_routes(v: Vllm) -> dict[tuple[str, str], Any]:
     return {("POST", "/v1/completions"): complete, ("GET", "/v1/models"): models}
 
 
-def make_agent(policy: Any) -> Agent:
+def make_agent(policy: Any, temperature: float = 1.0) -> Agent:
     policy.vocab_size = FORMAT.codec.vocab_size
-    sampling = SamplingParams(max_tokens=3, temperature=1.0)
+    sampling = SamplingParams(max_tokens=3, temperature=temperature)
     return Agent(
         policy,
         ReachTarget(),

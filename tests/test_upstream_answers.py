@@ -42,6 +42,7 @@ from test_real_wire_formats import (
     Vllm,
     check_exact,
     draw,
+    make_agent,
     rollout,
     serve,
     serving,
@@ -49,13 +50,9 @@ from test_real_wire_formats import (
     vllm_routes,
 )
 
-from focus.agent import Agent
 from focus.backends import LlamaCppPolicy, OpenAICompatPolicy, SGLangPolicy
-from focus.branching import EveryDecision
-from focus.context import AppendOnly
 from focus.env import Task
 from focus.policy import SamplingParams, UnreadableAnswers
-from focus.toy import ReachTarget
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.integration]  # loopback servers; fast, not slow
 
@@ -164,22 +161,8 @@ def test_n_samples_whose_choices_come_in_another_order_go_to_their_own_seeds():
 # ---- what vLLM does to a request that the answer does not say ----
 
 
-def agent_at(policy: Any, temperature: float) -> Agent:
-    policy.vocab_size = FORMAT.codec.vocab_size
-    sampling = SamplingParams(max_tokens=3, temperature=temperature)
-    return Agent(
-        policy,
-        ReachTarget(),
-        FORMAT,
-        context=AppendOnly(),
-        branch_points=EveryDecision(),
-        max_steps=4,
-        sampling=sampling,
-    )
-
-
 async def rollout_at(policy: Any, temperature: float) -> Any:
-    agent = agent_at(policy, temperature)
+    agent = make_agent(policy, temperature)
     try:
         root = await agent.start(Task("reach-9", {"target": 9}))
         return await agent.rollout(root, seed=11)
@@ -539,7 +522,9 @@ async def raw_http(mode: str) -> AsyncIterator[Server]:
                 data = json.dumps(answer).encode()
                 reason = "OK" if status == 200 else "Not Found"
                 if mode == "http10-close":
-                    writer.write(f"HTTP/1.0 {status} {reason}\r\nContent-Type: application/json\r\n\r\n".encode() + data)
+                    writer.write(
+                        f"HTTP/1.0 {status} {reason}\r\nContent-Type: application/json\r\n\r\n".encode() + data
+                    )
                 else:
                     version, conn = {
                         "http10-keepalive": ("1.0", "Connection: keep-alive\r\n"),
@@ -548,7 +533,8 @@ async def raw_http(mode: str) -> AsyncIterator[Server]:
                     }[mode]
                     writer.write(
                         f"HTTP/{version} {status} {reason}\r\nContent-Type: application/json\r\n{conn}"
-                        f"Content-Length: {len(data)}\r\n\r\n".encode() + data
+                        f"Content-Length: {len(data)}\r\n\r\n".encode()
+                        + data
                     )
                 await writer.drain()
                 if mode != "http10-keepalive":
