@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from flows.logs import console_extra
+
 _T = TypeVar("_T")
 log = logging.getLogger("focus.train")
 
@@ -75,24 +77,34 @@ async def in_daemon_thread(fn: Callable[..., _T], *args: Any) -> _T:
     try:
         return await done
     except asyncio.CancelledError:
-        await _stop_thread(thread, started, fn.__name__)
+        await _stop_thread(thread, started)
         raise
 
 
-async def _stop_thread(thread: threading.Thread, started: threading.Event, name: str) -> None:
+async def _stop_thread(thread: threading.Thread, started: threading.Event) -> None:
     """Raise :class:`TrainerStopped` in ``thread`` (once, and only inside its ``run``)
-    and wait for it to end, at most :data:`STOP_WAIT_S`."""
+    and wait for it to end, at most :data:`STOP_WAIT_S`; a line says so when that takes
+    over a second (a trainer inside one long call: a sleep, a request, a large kernel)."""
     import ctypes
 
     if thread.is_alive() and started.is_set() and thread.ident is not None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(TrainerStopped))
-    deadline = asyncio.get_running_loop().time() + STOP_WAIT_S
-    while thread.is_alive() and asyncio.get_running_loop().time() < deadline:
+    clock = asyncio.get_running_loop().time
+    start, said = clock(), False
+    while thread.is_alive() and clock() < start + STOP_WAIT_S:
+        if not said and clock() > start + 1.0:
+            said = True
+            log.warning(
+                "interrupted: waiting for the trainer to stop, at most %.0f s: it is inside one long call "
+                "(interrupt again to stop at once)",
+                STOP_WAIT_S,
+                extra=console_extra(),
+            )
         await asyncio.sleep(0.02)
     if thread.is_alive():
         log.warning(
-            "interrupted: the trainer's thread (%s) did not stop within %.0f s, inside one long call; "
-            "the loop stops without it (what it finishes now is not recorded: a rerun trains the iteration again)",
-            name,
+            "the trainer did not stop within %.0f s; the loop stops without it "
+            "(what it finishes now is not recorded: a rerun trains the iteration again)",
             STOP_WAIT_S,
+            extra=console_extra(),
         )
