@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import errno
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
+from flows.trainer_thread import in_daemon_thread
 from tasks.config import ConfigError, FocusConfig, TrainConfig, TrainContext, TrainResult, import_object
 
 if TYPE_CHECKING:
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
     from flows.services import Services
     from tasks.loop_settings import LoopSettings
 
-_T = TypeVar("_T")
 TRAIN_PHASE = "train"
 EVAL_PHASE = "eval"
 log = logging.getLogger("focus.train")
@@ -127,37 +125,6 @@ def _out_of_room(exc: OSError, workdir: Path, iteration: int) -> OSError | None:
         f"iteration {iteration}: the trainer cannot write {where} ({what}); {todo}, then rerun to resume: "
         f"the loop trains iteration {iteration} again"
     )
-
-
-async def in_daemon_thread(fn: Callable[..., _T], *args: Any) -> _T:
-    """``fn(*args)`` in a daemon thread of its own (with this context, as
-    ``asyncio.to_thread``): training blocks for as long as it takes, and an interrupted
-    loop must be able to exit without waiting for it, which the event loop's executor
-    would (its shutdown joins every thread). What the trainer leaves unfinished is not
-    recorded, so a rerun trains that iteration again."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[_T] = loop.create_future()
-    ctx = contextvars.copy_context()
-
-    def settle(out: Any, error: BaseException | None) -> None:
-        if done.done():
-            return
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(out)
-
-    def run() -> None:
-        out, error = None, None
-        try:
-            out = ctx.run(fn, *args)
-        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
-            error = e
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
-            loop.call_soon_threadsafe(settle, out, error)
-
-    threading.Thread(target=run, name=f"focus-{fn.__name__}", daemon=True).start()
-    return await done
 
 
 def train_body(

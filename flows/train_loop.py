@@ -42,7 +42,6 @@ from flows.loop import (
     check,
     eval_config,
     evaluate_body,
-    in_daemon_thread,
     iteration_config,
     run_loop,
     train_body,
@@ -50,6 +49,7 @@ from flows.loop import (
 from flows.loop_progress import LoopProgress, success_points
 from flows.preflight import collection_id_for_run, note_deployment
 from flows.report import _artifact_key
+from flows.trainer_thread import in_daemon_thread
 from flows.watch import watched
 from tasks.config import FocusConfig
 from tasks.config.form import ConfigParameter

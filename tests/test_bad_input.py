@@ -9,6 +9,7 @@ server (the fault proxy counts every generation request).
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import subprocess
 import sys
@@ -121,6 +122,33 @@ def test_an_env_factory_that_raises_or_returns_the_wrong_parts_is_named_in_one_l
         line
         == "env.factory 'fixtures.failing:no_tasks' returned no tasks (with n_tasks=8, seed=0): nothing to collect on"
     )
+
+
+@pytest.mark.slow  # starts the focus command
+def test_an_env_factory_with_fewer_tasks_than_asked_for_is_refused_in_one_line(tmp_path):
+    """A factory that returned 3 tasks where ``--tasks 64`` asked for 64 (a filter too
+    strict, a short data file) was accepted without a word: the collection ran on 3 and
+    looked like a finished one of 64."""
+    from pathlib import Path
+
+    tests = str(Path(__file__).resolve().parent)  # fixtures.failing
+    out = subprocess.run(
+        [sys.executable, "-m", "cli", "collect", "--store", str(tmp_path / "runs"), "--tasks", "64",
+         "--set", "env.kind=factory", "--set", "env.factory=fixtures.failing:three_tasks", "--collection-id", "few"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": tests},
+    )  # fmt: skip
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    assert out.returncode == 2 and lines == [
+        "error: env.factory 'fixtures.failing:three_tasks' returned 3 tasks where 64 were asked for "
+        "(with n_tasks=64, seed=0): its code or its data falls short; to collect on those 3, "
+        "ask for 3 (--tasks 3, env.n_tasks = 3)"
+    ], (out.returncode, lines)
+    assert not CheckpointStore(str(tmp_path / "runs")).list("few")  # refused before anything ran
+    # asked for the 3 it has, the factory is taken
+    cfg = load_config(
+        overrides={"env.kind": "factory", "env.factory": "fixtures.failing:three_tasks", "env.n_tasks": 3}, environ={}
+    )
+    assert len(cfg.build_env()[2]) == 3
 
 
 def test_a_model_or_critic_factory_that_returns_something_else_is_named_in_one_line():

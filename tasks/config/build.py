@@ -154,7 +154,9 @@ def build_env(config: FocusConfig) -> tuple[Env, PolicyFormat, list[Task]]:
 def _env_from_factory(path: str, **kwargs: Any) -> tuple[Env, PolicyFormat, list[Task]]:
     """What ``env.factory`` returns, checked: a factory that raises, or returns its parts
     in another order or of other types, fails in one line naming the factory (not as an
-    ``AttributeError`` of the agent's, later)."""
+    ``AttributeError`` of the agent's, later). So does one that returns fewer tasks than
+    ``n_tasks``: 3 where 64 were asked for is almost surely a mistake in the factory or
+    its data file, and a collection on them looks like a finished one of 64."""
     from focus.env import Env, EnvError, Task
     from focus.format import PolicyFormat
 
@@ -180,6 +182,12 @@ def _env_from_factory(path: str, **kwargs: Any) -> tuple[Env, PolicyFormat, list
         raise ConfigError(f"env.factory {path!r} must return (env, format, tasks): its {'; its '.join(wrong)}")
     if not tasks:  # it stopped the collection with 'ValueError: Collector needs at least one task'
         raise ConfigError(f"env.factory {path!r} returned no tasks (with {_given(kwargs)}): nothing to collect on")
+    if len(tasks) < kwargs["n_tasks"]:  # it collected on 3 tasks of the 64 asked for without a word
+        raise ConfigError(
+            f"env.factory {path!r} returned {len(tasks)} tasks where {kwargs['n_tasks']} were asked for "
+            f"(with {_given(kwargs)}): its code or its data falls short; to collect on those {len(tasks)}, "
+            f"ask for {len(tasks)} (--tasks {len(tasks)}, env.n_tasks = {len(tasks)})"
+        )
     return env, fmt, tasks
 
 
