@@ -2,8 +2,9 @@
 
 :func:`run_loop` is the one loop; its steps come from a :class:`LoopSteps`. Without a
 Prefect server (``focus train``'s default) they are plain calls (:class:`DirectSteps`:
-the collection through :func:`flows.direct.collect_direct`, the trainer and the
-evaluation in daemon threads); the ``train_loop`` flow (:mod:`flows.train_loop`) makes
+the collection through :func:`flows.direct.collect_direct`, the trainer in a daemon
+thread stopped and joined when the loop is cancelled, the evaluation on the event
+loop); the ``train_loop`` flow (:mod:`flows.train_loop`) makes
 each a subflow or task run. Both record the same things in the same store, so a loop
 started on one path resumes on the other.
 

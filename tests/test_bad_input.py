@@ -141,7 +141,7 @@ def test_an_env_factory_with_fewer_tasks_than_asked_for_is_refused_in_one_line(t
     assert out.returncode == 2 and lines == [
         "error: env.factory 'fixtures.failing:three_tasks' returned 3 tasks where 64 were asked for "
         "(with n_tasks=64, seed=0): its code or its data falls short; to collect on those 3, "
-        "ask for 3 (--tasks 3, env.n_tasks = 3)"
+        "ask for 3 (--tasks 3, env.n_tasks; a train loop's held-out evaluation: train.eval_tasks)"
     ], (out.returncode, lines)
     assert not CheckpointStore(str(tmp_path / "runs")).list("few")  # refused before anything ran
     # asked for the 3 it has, the factory is taken

@@ -186,7 +186,7 @@ def _env_from_factory(path: str, **kwargs: Any) -> tuple[Env, PolicyFormat, list
         raise ConfigError(
             f"env.factory {path!r} returned {len(tasks)} tasks where {kwargs['n_tasks']} were asked for "
             f"(with {_given(kwargs)}): its code or its data falls short; to collect on those {len(tasks)}, "
-            f"ask for {len(tasks)} (--tasks {len(tasks)}, env.n_tasks = {len(tasks)})"
+            f"ask for {len(tasks)} (--tasks {len(tasks)}, env.n_tasks; a train loop's held-out evaluation: train.eval_tasks)"
         )
     return env, fmt, tasks
 
