@@ -79,8 +79,11 @@ def train(batch_url, ctx, marker_dir, pause_s):
     trained = mark / f"trained-{ctx.iteration}"
     first = ctx.iteration == 0 and not trained.exists()
     trained.touch()  # weights published, result not yet recorded
-    if first:  # the run that trains iteration 0 first waits here to be killed
-        time.sleep(pause_s)
+    if first:  # the run that trains iteration 0 first waits here to be killed (in short
+        # sleeps, as a Python trainer's steps are: a Ctrl-C's stop lands between them)
+        end = time.monotonic() + pause_s
+        while time.monotonic() < end:
+            time.sleep(0.05)
     return result
 '''
 
