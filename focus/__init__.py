@@ -52,7 +52,7 @@ _EXPORTS = {
     "Execution": "focus.execution",
     "ModelServiceOutage": "focus.execution",
     "BadResponses": "focus.execution",
-    "RequestsRefused": "focus.execution",
+    "RequestsRefused": "focus.refusals",
     "Usage": "focus.usage",
     "ConstantCritic": "focus.critic",
     "HttpCritic": "focus.critic",

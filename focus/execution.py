@@ -42,7 +42,6 @@ import contextlib
 import gc
 import heapq
 import logging
-import re
 import sys
 import threading
 import time
@@ -56,6 +55,8 @@ from focus.agent import Piece, Rollout, error_cause
 from focus.branching import BrokenBranchPoints
 from focus.context import BrokenContextManager
 from focus.policy import UnreadableAnswers
+from focus.refusals import RequestsRefused as RequestsRefused  # the name callers know from here
+from focus.refusals import check_refused
 from focus.usage import BAD_RESPONSE, SERVICE, failure_kind
 
 if TYPE_CHECKING:
@@ -225,47 +226,6 @@ def check_responses(rollouts: Sequence[Rollout], where: str, wave: tuple[int, in
             wall_s,
             wave,
         )
-
-
-class RequestsRefused(RuntimeError):
-    """The model service refused every request of a wave with a status that does not
-    depend on what the request holds (:data:`REFUSED_STATUSES`: a wrong API key, path or
-    model name). A 4xx is not retried, so each rollout failed at once, and the collection
-    used to finish with an empty batch, marked finished, so that a rerun after fixing
-    the setting returned the same empty batch. Now the wave keeps nothing and the
-    collection stops unfinished: a rerun collects."""
-
-
-#: Statuses that refuse any request, whatever its prompt: 401/403 (the key), 404 (the
-#: path or the model name), 405 (not a generation endpoint), 501/505 (a server that cannot
-#: do it, ``retry.NEVER_RETRY_5XX``). A 400 or 413 may be the request's own (its length).
-REFUSED_STATUSES = frozenset({401, 403, 404, 405, 501, 505})
-_REJECTED = re.compile(r"rejected with status (\d{3})")
-
-
-def refused_status(rollout: Rollout) -> int | None:
-    """The status with which the model service refused ``rollout``'s request (its leaf's
-    cause, as :mod:`focus.backends.http` words it), or None."""
-    leaf = rollout.leaf if isinstance(rollout, Rollout) else None
-    if leaf is None or leaf.kind != "failed" or not leaf.cause.startswith("model:"):
-        return None
-    m = _REJECTED.search(leaf.cause)
-    return int(m.group(1)) if m else None
-
-
-def check_refused(rollouts: Sequence[Rollout]) -> None:
-    """Raise :class:`RequestsRefused` if every one of ``rollouts`` was refused with one
-    of :data:`REFUSED_STATUSES`."""
-    statuses = [s for s in map(refused_status, rollouts) if s in REFUSED_STATUSES]
-    if not statuses or len(statuses) < len(rollouts):
-        return
-    n = len(statuses)
-    raise RequestsRefused(
-        f"the model service refused every request ({n} of {n} rollouts of the wave, status "
-        f"{'/'.join(str(s) for s in sorted(set(statuses)))}): check model.url, model.model and the API key "
-        f"(focus.backends.HttpConfig.api_key); nothing of the wave is kept and the collection is not finished, so a rerun "
-        f"with the same collection id collects; last: {rollouts[-1].leaf.cause.removeprefix('model: ')}"
-    )
 
 
 def check_outage(rollouts: Sequence[Rollout], share: float) -> None:

@@ -5,7 +5,7 @@ A 4xx is not retried, so every rollout failed at once, and the collection finish
 an empty batch: in the library (``Collector``, ``tasks.collect``) and the pipeline
 (``focus train``, Prefect deployments), with the collection id marked finished, so a
 rerun after fixing the key returned the same empty batch. Now the wave raises
-:class:`~focus.execution.RequestsRefused`, nothing of it is kept, and a rerun with the
+:class:`~focus.refusals.RequestsRefused`, nothing of it is kept, and a rerun with the
 same id collects. Real parts: a scripted server on loopback, then the same server
 answering."""
 
@@ -16,7 +16,8 @@ from fixtures.journal import run_collect
 
 from flows.errors import exit_code, one_line
 from focus.agent import Piece, Rollout
-from focus.execution import RequestsRefused, check_outage
+from focus.execution import check_outage
+from focus.refusals import RequestsRefused
 from storage import BatchStore, CheckpointStore
 from tasks.config import load_config
 
@@ -110,8 +111,29 @@ def test_a_method_or_protocol_the_server_does_not_implement_is_a_refusal_not_an_
         check_outage([refused] * 2, 1.0)
 
 
+def test_the_same_400_for_every_rollout_of_a_wave_is_a_setting_and_stops_it():
+    """A sampling setting the server does not take (a temperature outside its range)
+    is carried by every request and refused the same way each time: every rollout
+    failed, and the collection finished with an empty batch under a spent collection id.
+    A 400 that differs from rollout to rollout, or stands alone, or is a prompt over the
+    context, is a request's own and is kept as a failed rollout."""
+    why = "model: POST http://m/v1/completions was rejected with status 400: temperature must be in [0, 2], got 2.5"
+    with pytest.raises(RequestsRefused, match=r"\(3 of 3 rollouts of the wave, status 400\): a setting every"):
+        check_outage([_failed(why)] * 3, 1.0)
+    with pytest.raises(RequestsRefused, match="status 422"):
+        check_outage([_failed(why.replace("400", "422"))] * 2, 1.0)
+    check_outage([_failed(why)], 1.0)  # one rollout: its own prompt's as likely as a setting's
+    check_outage([_failed(why), _failed(why + "!")], 1.0)  # refusals that differ are the requests' own
+    check_outage([_failed(why), Rollout("t", (Piece((), "terminal", 1, ()),))], 1.0)  # one answered
+    over = "model: POST http://m/v1/completions was rejected with status 400: maximum context length is 4096"
+    check_outage([_failed(over)] * 3, 1.0)  # the agent truncates such a prompt instead
+
+
+REFUSALS = {401: "invalid API key", 501: "Unsupported method", 400: "temperature must be in [0, 2], got 2.5"}
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("status", [401, 501])
+@pytest.mark.parametrize("status", sorted(REFUSALS))
 def test_a_refused_collection_stops_unfinished_and_a_rerun_after_the_fix_collects(scripted, tmp_path, status):
     cfg = load_config(
         overrides={
@@ -131,12 +153,14 @@ def test_a_refused_collection_stops_unfinished_and_a_rerun_after_the_fix_collect
         },
         environ={},
     )
-    scripted.answers[:] = [(status, {}, {"error": {"message": "invalid API key", "code": status}})]
+    scripted.answers[:] = [(status, {}, {"error": {"message": REFUSALS[status], "code": status}})]
     with pytest.raises(RequestsRefused) as stopped:
         run_collect(cfg)
     line = one_line(stopped.value)
-    assert line.startswith(f"the model service refused every request (4 of 4 rollouts of the wave, status {status})"), line
-    assert "invalid API key" in line and "\n" not in line and exit_code(stopped.value) == 2
+    assert line.startswith(f"the model service refused every request (4 of 4 rollouts of the wave, status {status})"), (
+        line
+    )
+    assert REFUSALS[status] in line and "\n" not in line and exit_code(stopped.value) == 2
     store = CheckpointStore(str(tmp_path))
     assert ("evidence", 0) not in store.list("refused")
     scripted.answers[:] = [(200, {}, _answer())]  # the key is fixed
