@@ -35,148 +35,26 @@ those tokens once per branch. Nothing is re-tokenised: every id comes from the r
   :class:`SlimeSample`, is used.
 - :func:`to_verl_batch` builds the padded arrays of a verl ``DataProto`` (prompts left-,
   responses right-padded; per-token arrays aligned with ``responses``), with what verl's
-  actor and its metric helpers read (scores, rewards, returns, ``global_token_num``).
+  actor and its metric helpers read (scores, rewards, returns, ``global_token_num``);
+  it lives in :mod:`focus.export_verl`, the sequences in :mod:`focus.export_sequences`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
-from focus.batch import ActorRow, Batch
-from focus.sums import left_sum
+from focus.batch import Batch
+from focus.export_sequences import FLOAT32_MAX as FLOAT32_MAX  # re-exported: the exporters' common part
+from focus.export_sequences import NothingToTrain as NothingToTrain
+from focus.export_sequences import TokenSequence as TokenSequence
+from focus.export_sequences import actor_sequences as actor_sequences
+from focus.export_sequences import trainable_sequences
+from focus.export_verl import to_verl_batch as to_verl_batch
 
 if TYPE_CHECKING:
     import tinker
-
-
-#: The largest float32 (``numpy.finfo(numpy.float32).max``). Rewards and advantages are
-#: float64 up to ``focus.env.VALUE_LIMIT`` (1e60), but every trainer's arrays are float32
-#: (or narrower): an advantage beyond this becomes ``inf`` there.
-FLOAT32_MAX = 3.4028234663852886e38
-
-
-@dataclass(frozen=True)
-class TokenSequence:
-    """One training sequence: consecutive turns of one segment, aligned per token.
-
-    ``tokens`` is the first turn's prompt followed by every completion and the
-    observation ids between them. ``logprobs``, ``advantages`` and ``mask`` have one
-    entry per token: the behaviour log-prob, the row's advantage and the loss mask for
-    completion tokens; 0 for prompt and observation tokens. ``prompt_length`` is the
-    length of the first turn's prompt (everything after it is the "response").
-    """
-
-    rows: tuple[ActorRow, ...]
-    tokens: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    advantages: tuple[float, ...]
-    mask: tuple[int, ...]
-    prompt_length: int
-
-    @property
-    def advantage(self) -> float:
-        return self.rows[0].advantage
-
-    @property
-    def reward(self) -> float:
-        return left_sum(r.reward for r in self.rows)
-
-
-def _extends(prev: ActorRow, nxt: ActorRow) -> bool:
-    head = prev.prompt_ids + prev.completion_ids
-    return len(nxt.prompt_ids) >= len(head) and nxt.prompt_ids[: len(head)] == head
-
-
-def _sequence(rows: list[ActorRow]) -> TokenSequence:
-    first = rows[0]
-    tokens: list[int] = list(first.prompt_ids)
-    lps: list[float] = [0.0] * len(tokens)
-    advs: list[float] = [0.0] * len(tokens)
-    mask: list[int] = [0] * len(tokens)
-    for r in rows:
-        obs = r.prompt_ids[len(tokens) :]  # the observation ids appended since the last turn
-        tokens += obs
-        lps += [0.0] * len(obs)
-        advs += [0.0] * len(obs)
-        mask += [0] * len(obs)
-        tokens += r.completion_ids
-        lps += r.logprobs
-        advs += [r.advantage if m else 0.0 for m in r.loss_mask]
-        mask += r.loss_mask
-    return TokenSequence(tuple(rows), tuple(tokens), tuple(lps), tuple(advs), tuple(mask), len(first.prompt_ids))
-
-
-def actor_sequences(batch: Batch, *, merge_turns: bool = True, skip_unmasked: bool = True) -> list[TokenSequence]:
-    """The batch's actor rows as training sequences, in the batch's order of segments.
-
-    With ``merge_turns`` the turns of one segment are joined while each prompt extends
-    the previous turn and the advantage stays the same; otherwise each turn is its own
-    sequence. With ``skip_unmasked`` sequences without a single trained token (e.g. a
-    lone compaction turn) are left out, since they carry no gradient. A row without
-    prompt ids, with log-probs or a mask of another length than its completion, or with
-    an advantage that is NaN or beyond float32 (:data:`FLOAT32_MAX`, where every
-    trainer computes) is a ``ValueError`` naming it.
-    """
-    segments: dict[tuple[str, str, int], list[ActorRow]] = {}
-    for r in batch.actor:
-        if not r.prompt_ids:  # the first completion token would have no input to be predicted from
-            raise ValueError(f"actor row (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}) has no prompt ids")
-        if len(r.logprobs) != len(r.completion_ids) or len(r.loss_mask) != len(r.completion_ids):
-            raise ValueError(
-                f"actor row (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}) has "
-                f"{len(r.completion_ids)} ids, {len(r.logprobs)} log-probs and {len(r.loss_mask)} mask entries"
-            )
-        if not abs(r.advantage) <= FLOAT32_MAX:  # NaN too
-            why = (
-                "not a number"
-                if math.isnan(r.advantage)
-                else f"beyond float32 (±{FLOAT32_MAX:.4g}), which trainers compute in: it would train as inf; "
-                "scale the rewards down"
-            )
-            raise ValueError(
-                f"actor row (task {r.task_id!r}, edge {r.edge_id}, turn {r.turn_index}) has the advantage "
-                f"{r.advantage!r}, {why}"
-            )
-        segments.setdefault((r.task_id, r.tree_id, r.edge_id), []).append(r)
-    out: list[TokenSequence] = []
-    for rows in segments.values():
-        rows = sorted(rows, key=lambda r: r.turn_index)
-        run: list[ActorRow] = []
-        for r in rows:
-            if run and not (merge_turns and _extends(run[-1], r) and r.advantage == run[-1].advantage):
-                out.append(_sequence(run))
-                run = []
-            run.append(r)
-        if run:
-            out.append(_sequence(run))
-    return [s for s in out if any(s.mask)] if skip_unmasked else out
-
-
-class NothingToTrain(ValueError):
-    """A batch without one trained token (no actor rows, or only rows with loss mask 0):
-    no trainer step can be made from it."""
-
-
-def trainable_sequences(batch: Batch, *, merge_turns: bool, skip_unmasked: bool) -> list[TokenSequence]:
-    """:func:`actor_sequences`, or :class:`NothingToTrain` naming why there are none.
-
-    Every exporter builds one trainer step, and a step of nothing is an error the
-    trainer meets later and less clearly (verl's padding of zero rows, Tinker's
-    ``forward_backward`` of no datums, slime's empty rollout): the Tinker and slime
-    exporters returned ``[]`` where verl's raised, so one trainer saw a batch of every
-    rollout failed as nothing to do and another as an error."""
-    seqs = actor_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)
-    if not seqs:
-        n = len(batch.actor)
-        why = "no actor rows" if not n else f"{n} actor row(s), none with a trained token (loss mask all 0)"
-        raise NothingToTrain(
-            f"batch {batch.collection_id!r} iteration {batch.iteration} has {why}: nothing to train on "
-            "(its statistics say why: failed_rollouts, failure_causes)"
-        )
-    return seqs
 
 
 # --- Tinker ----------------------------------------------------------------------------------
@@ -401,130 +279,3 @@ def to_slime_samples(
             )
         )
     return out
-
-
-# --- verl ------------------------------------------------------------------------------------
-
-
-def to_verl_batch(
-    batch: Batch,
-    *,
-    pad_token_id: int,
-    temperature: float | None = None,
-    max_prompt_length: int | None = None,
-    max_response_length: int | None = None,
-    merge_turns: bool = True,
-    skip_unmasked: bool = True,
-) -> dict[str, dict[str, Any]]:
-    """The arguments of verl's ``DataProto.from_dict(tensors, non_tensors, meta_info)``
-    for one PPO update, one row per sequence of :func:`actor_sequences` (same order).
-
-    ``tensors`` holds numpy arrays (``torch.from_numpy`` each) with verl's names and
-    layout (``verl/trainer/ppo/ray_trainer.py``, ``workers/actor/dp_actor.py``):
-    ``prompts`` (n, P) left-padded with ``pad_token_id``, ``responses`` (n, R)
-    right-padded, ``input_ids`` = the two side by side, ``attention_mask`` (1 on real
-    tokens), ``position_ids`` (``cumsum(attention_mask) - 1``, 0 on left padding), all
-    int64; ``response_mask`` (int64, 1 on trained tokens: observation tokens inside
-    the response and padding are 0), ``advantages`` (float32, the segment advantage on
-    trained tokens), ``old_log_probs`` and ``rollout_log_probs`` (float32, the behaviour
-    log-probs; 0 on observation tokens and padding). For verl's metric helpers
-    (``compute_data_metrics``, which its trainer runs on every batch) it also holds
-    ``token_level_scores`` = ``token_level_rewards`` (float32, each turn's env reward on
-    the turn's last completion token, so a row sums to its sequence's reward; verl puts
-    an outcome score on the last response token; equal, as verl has them without a KL
-    penalty in the reward) and ``returns`` (= ``advantages``, as verl's critic-free
-    estimators set them: FOCUS's critic values checkpoints, not tokens, so there are no
-    ``values`` and the helpers take ``use_critic=False``). The per-token arrays are aligned
-    with ``responses``: entry j belongs to ``responses[:, j]``, predicted from what
-    precedes it (verl shifts inside the actor). P and R are the longest prompt and
-    response unless given; a longer one is refused. ``non_tensors`` holds ``uid`` (the
-    tree: verl's GRPO grouping key) and the ids of each row; ``meta_info`` holds
-    ``global_token_num`` (each row's real tokens: verl's throughput metrics and its actor
-    worker's MFU read it after ``update_policy``) and the sampling ``temperature`` if
-    given (verl's actor divides its logits by it, and its ``update_policy`` raises
-    ``KeyError`` without it). A reward beyond float32 is refused naming its sequence.
-    :class:`NothingToTrain` for a batch without a trained token.
-    """
-    import numpy as np
-
-    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(
-            f"temperature must be a finite number > 0 (verl's actor divides its logits by it), got {temperature!r}"
-        )
-    seqs = trainable_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)
-    p_len = max(s.prompt_length for s in seqs) if max_prompt_length is None else max_prompt_length
-    r_len = max(len(s.tokens) - s.prompt_length for s in seqs) if max_response_length is None else max_response_length
-    tensors = _verl_tensors(seqs, pad_token_id, p_len, r_len)
-    rows = [s.rows[0] for s in seqs]
-    non_tensors = {
-        "uid": np.array([f"{r.collection_id}/{r.tree_id}" for r in rows], dtype=object),
-        "task_id": np.array([r.task_id for r in rows], dtype=object),
-        "edge_id": np.array([r.edge_id for r in rows], dtype=object),
-    }
-    meta_info: dict[str, Any] = {"global_token_num": tensors["attention_mask"].sum(axis=1).tolist()}
-    if temperature is not None:
-        meta_info["temperature"] = temperature
-    return {"tensors": tensors, "non_tensors": non_tensors, "meta_info": meta_info}
-
-
-def _verl_tensors(seqs: list[TokenSequence], pad_token_id: int, p_len: int, r_len: int) -> dict[str, Any]:
-    """:func:`to_verl_batch`'s ``tensors``: prompts left-, responses right-padded to
-    ``p_len`` and ``r_len``; a longer sequence is a ``ValueError`` naming it."""
-    import numpy as np
-
-    n = len(seqs)
-    prompts = np.full((n, p_len), pad_token_id, dtype=np.int64)
-    responses = np.full((n, r_len), pad_token_id, dtype=np.int64)
-    attention = np.zeros((n, p_len + r_len), dtype=np.int64)
-    mask = np.zeros((n, r_len), dtype=np.int64)
-    logprobs = np.zeros((n, r_len), dtype=np.float32)
-    advantages = np.zeros((n, r_len), dtype=np.float32)
-    for i, s in enumerate(seqs):
-        p, r = s.prompt_length, len(s.tokens) - s.prompt_length
-        if p > p_len or r > r_len:
-            first = s.rows[0]
-            raise ValueError(
-                f"sequence {i} (task {first.task_id!r}, edge {first.edge_id}) has a prompt of {p} and a response "
-                f"of {r} tokens; max_prompt_length {p_len}, max_response_length {r_len}"
-            )
-        prompts[i, p_len - p :] = s.tokens[:p]
-        responses[i, :r] = s.tokens[p:]
-        attention[i, p_len - p : p_len + r] = 1
-        mask[i, :r] = s.mask[p:]
-        logprobs[i, :r] = s.logprobs[p:]
-        advantages[i, :r] = s.advantages[p:]
-    scores = _verl_scores(seqs, r_len)
-    return {
-        "prompts": prompts,
-        "responses": responses,
-        "input_ids": np.concatenate([prompts, responses], axis=1),
-        "attention_mask": attention,
-        "position_ids": np.clip(np.cumsum(attention, axis=1) - 1, 0, None),
-        "response_mask": mask,
-        "advantages": advantages,
-        "old_log_probs": logprobs,
-        "rollout_log_probs": logprobs.copy(),
-        "token_level_scores": scores,
-        "token_level_rewards": scores.copy(),
-        "returns": advantages.copy(),
-    }
-
-
-def _verl_scores(seqs: list[TokenSequence], r_len: int) -> Any:
-    """verl's ``token_level_scores`` (n, R), float32: each turn's env reward on its last
-    completion token (column 0 for a turn without a completion token in the response)."""
-    import numpy as np
-
-    scores = np.zeros((len(seqs), r_len), dtype=np.float32)
-    for i, s in enumerate(seqs):
-        for row in s.rows:
-            if not abs(row.reward) <= FLOAT32_MAX:
-                first = s.rows[0]
-                raise ValueError(
-                    f"sequence {i} (task {first.task_id!r}, edge {first.edge_id}) has the reward {row.reward!r}, "
-                    f"beyond float32 (±{FLOAT32_MAX:.4g}), which verl's scores are in; scale the rewards down"
-                )
-            j = len(row.prompt_ids) + len(row.completion_ids) - 1 - s.prompt_length
-            if r_len:
-                scores[i, max(j, 0)] += row.reward
-    return scores
