@@ -35,7 +35,9 @@ those tokens once per branch. Nothing is re-tokenised: every id comes from the r
   :class:`SlimeSample`, is used.
 - :func:`to_verl_batch` builds the padded arrays of a verl ``DataProto`` (prompts left-,
   responses right-padded; per-token arrays aligned with ``responses``), with what verl's
-  actor and its metric helpers read (scores, rewards, returns, ``global_token_num``);
+  actor and its metric helpers read (scores, rewards, returns, ``global_token_num``,
+  ``__num_turns__``); :func:`to_verl_batches` gives it in pieces padded by their own
+  lengths, so one long sequence does not widen every row;
   it lives in :mod:`focus.export_verl`, the sequences in :mod:`focus.export_sequences`.
 """
 
@@ -52,6 +54,7 @@ from focus.export_sequences import TokenSequence as TokenSequence
 from focus.export_sequences import actor_sequences as actor_sequences
 from focus.export_sequences import trainable_sequences
 from focus.export_verl import to_verl_batch as to_verl_batch
+from focus.export_verl import to_verl_batches as to_verl_batches
 
 if TYPE_CHECKING:
     import tinker

@@ -60,6 +60,7 @@ OUTSIDE: tuple[str, ...] = (
     "focus.exporters:to_tinker_datums",
     "focus.exporters:to_slime_samples",
     "focus.exporters:to_verl_batch",
+    "focus.exporters:to_verl_batches",
 )
 
 OUTSIDE_HEAD = """## Execution, storage and export (outside `import focus`)
