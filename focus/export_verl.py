@@ -52,7 +52,8 @@ def to_verl_batch(
     them: the prompt (whatever earlier turns it holds), each model turn and each
     observation between two of them, so 2 per model turn); ``meta_info`` holds
     ``global_token_num`` (each row's real tokens: verl's throughput metrics and its actor
-    worker's MFU read it after ``update_policy``) and the sampling ``temperature`` if
+    worker's MFU read it after ``update_policy``), ``pad_token_id`` (verl's actor reads it,
+    0 when absent, where its prefix grouper finds a prompt's padding) and the sampling ``temperature`` if
     given (verl's actor divides its logits by it, and its ``update_policy`` raises
     ``KeyError`` without it). A reward beyond float32 is refused naming its sequence.
     :class:`NothingToTrain` for a batch without a trained token.
@@ -138,7 +139,10 @@ def _verl_dict(
         # tool answer between them), which its compute_data_metrics reports as num_turns/*
         "__num_turns__": np.array([2 * len(s.rows) for s in seqs], dtype=np.int32),
     }
-    meta_info: dict[str, Any] = {"global_token_num": tensors["attention_mask"].sum(axis=1).tolist()}
+    meta_info: dict[str, Any] = {
+        "global_token_num": tensors["attention_mask"].sum(axis=1).tolist(),
+        "pad_token_id": pad_token_id,  # verl's actor reads it (default 0) to find padding in shared prefixes
+    }
     if temperature is not None:
         meta_info["temperature"] = temperature
     return {"tensors": tensors, "non_tensors": non_tensors, "meta_info": meta_info}

@@ -128,3 +128,16 @@ def test_verl_reads_each_sequence_s_chat_turns_as_its_agent_loop_counts_them(bat
     metrics = compute_data_metrics(DataProto.from_dict(out["tensors"], out["non_tensors"], out["meta_info"]), False)
     assert (metrics["num_turns/min"], metrics["num_turns/max"]) == (turns.min(), turns.max())
     assert metrics["num_turns/mean"] == pytest.approx(np.mean([2 * len(s.rows) for s in seqs]))
+
+
+def test_verl_s_actor_reads_the_export_s_pad_token(batch):  # noqa: F811
+    """verl's actor takes ``data.meta_info.get("pad_token_id", 0)`` (workers/actor/dp_actor.py,
+    ``compute_log_prob`` and ``update_policy``; its prefix grouper tells a prompt's padding
+    from its tokens with it, verl's trainer sets it from the tokenizer). The export did not
+    give it, so a batch padded with 262 read as padded with 0, one of the vocabulary's ids."""
+    out = to_verl_batch(batch, pad_token_id=262)
+    assert out["meta_info"].get("pad_token_id", 0) == 262
+    prompts, mask = out["tensors"]["prompts"], out["tensors"]["attention_mask"][:, : out["tensors"]["prompts"].shape[1]]
+    assert ((prompts == out["meta_info"].get("pad_token_id", 0)) == (mask == 0)).all()  # padding as verl finds it
+    for piece in to_verl_batches(batch, pad_token_id=262, max_padded_tokens=1000):
+        assert piece["meta_info"]["pad_token_id"] == 262
