@@ -7,7 +7,9 @@ teacher forcing, at the position each trainer takes it from:
 - Tinker: position j of ``model_input`` predicts ``target_tokens[j]``;
 - slime (``get_responses``): ``logits[-response_length - 1 : -1]`` over ``tokens``;
 - verl (``dp_actor``): ``input_ids`` with left-padded prompts, ``attention_mask`` and
-  ``position_ids``, then ``logits[:, -R - 1 : -1]`` against ``responses``.
+  ``position_ids``, then ``logits[:, -R - 1 : -1]`` against ``responses``; and verl's
+  trainer without its legacy workers, which unpads each row and slices its response back
+  (``to_verl_batches``' pieces).
 
 At temperature 1 without truncation the sampler's distribution is the model's softmax,
 so each must equal the recorded behaviour log-prob; a shift by one token, an observation
@@ -130,4 +132,44 @@ def test_verl_batch_read_with_its_padding_gives_the_models_logprobs(batch, model
         trained = t["response_mask"][i] == 1
         np.testing.assert_allclose(t["old_log_probs"][i][trained], want[trained], atol=TOL, rtol=0)
         checked += int(trained.sum())
+    assert checked == sum(sum(r.loss_mask) for r in batch.actor)
+
+
+@pytest.mark.needs("torch")
+def test_verl_pieces_read_without_padding_give_the_models_logprobs(batch, model):
+    """verl's trainer without its legacy workers hands the actor no padding
+    (``left_right_2_no_padding``: each row's tokens where ``attention_mask`` is 1, with their
+    ``position_ids``, packed one after another) and takes each row's response back with
+    ``_slice_response_from_unpad_output`` (verl/workers/utils/losses.py, commit
+    b178a3cd56f58b2d502255daba591e92833930a7): lengths from ``attention_mask`` split at
+    ``prompts``' width, then ``values[end - response_length - 1 : end - 1]``, right-padded to
+    R. Read so, every piece of ``to_verl_batches`` gives the recorded log-probs."""
+    import torch
+
+    from focus.exporters import to_verl_batches
+
+    checked = 0
+    pieces = to_verl_batches(batch, pad_token_id=0, max_padded_tokens=2000, temperature=1.0)
+    assert len(pieces) > 1
+    for piece in pieces:
+        t = piece["tensors"]
+        p_width, r_len = t["prompts"].shape[1], t["responses"].shape[1]
+        attention = torch.from_numpy(t["attention_mask"])
+        flat = []  # the engine's packed output: each row's next-token log-probs over its real tokens
+        for i in range(len(attention)):
+            real = attention[i].bool()
+            ids = torch.from_numpy(t["input_ids"][i])[real]
+            causal = torch.tril(torch.ones(len(ids), len(ids), dtype=torch.bool))
+            lp = _logprobs(model, ids.tolist(), torch.from_numpy(t["position_ids"][i])[real], causal)
+            flat.append(np.append(lp[np.arange(len(ids) - 1), ids[1:].numpy()], 0.0))  # entry k predicts k + 1
+        values = np.concatenate(flat)
+        prompt_lens = attention[:, :p_width].sum(dim=1)
+        response_lens = attention[:, p_width:].sum(dim=1)
+        ends = (prompt_lens + response_lens).cumsum(dim=0)
+        assert int(ends[-1]) == len(values)
+        for i, (resp, end) in enumerate(zip(response_lens.tolist(), ends.tolist(), strict=True)):
+            got = np.pad(values[end - resp - 1 : end - 1], (0, r_len - resp))
+            trained = t["response_mask"][i] == 1
+            np.testing.assert_allclose(t["old_log_probs"][i][trained], got[trained], atol=TOL, rtol=0)
+            checked += int(trained.sum())
     assert checked == sum(sum(r.loss_mask) for r in batch.actor)
