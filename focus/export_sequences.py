@@ -133,9 +133,12 @@ def trainable_sequences(batch: Batch, *, merge_turns: bool, skip_unmasked: bool)
     trainer meets later and less clearly (verl's padding of zero rows, Tinker's
     ``forward_backward`` of no datums, slime's empty rollout): the Tinker and slime
     exporters returned ``[]`` where verl's raised, so one trainer saw a batch of every
-    rollout failed as nothing to do and another as an error."""
+    rollout failed as nothing to do and another as an error. ``skip_unmasked=False``
+    keeps untrained sequences beside trained ones, not in place of them: sequences none
+    of which has a trained token are refused too (verl's token-mean loss divides by the
+    trained tokens, 0 there, and trains on NaN)."""
     seqs = actor_sequences(batch, merge_turns=merge_turns, skip_unmasked=skip_unmasked)
-    if not seqs:
+    if not any(any(s.mask) for s in seqs):
         n = len(batch.actor)
         why = "no actor rows" if not n else f"{n} actor row(s), none with a trained token (loss mask all 0)"
         raise NothingToTrain(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from focus.exporters import (
     to_slime_samples,
     to_tinker_datums,
     to_verl_batch,
+    to_verl_batches,
 )
 from focus.format import ByteCodec, PolicyFormat, XmlToolCallParser
 from focus.testing import run
@@ -154,8 +156,8 @@ def test_untrained_turns_and_broken_prefixes(batch):
     compaction = dataclasses.replace(r, edge_id=99, kind="compaction", loss_mask=(0,) * len(r.completion_ids))
     with pytest.raises(NothingToTrain):  # no trained token, no datum: nothing to train on
         to_tinker_datums(Batch("cx", 1, [compaction]))
-    kept = to_tinker_datums(Batch("cx", 1, [compaction]), skip_unmasked=False)
-    assert len(kept) == 1 and not kept[0].loss_fn_inputs["advantages"].to_numpy().any()
+    kept = to_tinker_datums(Batch("cx", 1, [r, compaction]), skip_unmasked=False)
+    assert len(kept) == 2 and not kept[1].loss_fn_inputs["advantages"].to_numpy().any()
     # a turn whose prompt does not extend the previous turn starts a new sequence
     second = dataclasses.replace(r, turn_index=1, prompt_ids=(7, 7, 7))
     assert len(actor_sequences(Batch("cx", 1, [r, second]))) == 2
@@ -351,16 +353,25 @@ def test_verl_batch_has_verl_s_names_layout_and_alignment(batch):
 def test_every_exporter_refuses_a_batch_with_nothing_to_train_on_naming_why(batch):
     """The Tinker and slime exporters returned [] for a batch without a trained token
     (every rollout failed; only compaction turns) where verl's raised: one trainer took
-    it for nothing to do, another for an error. All three refuse it, naming why."""
+    it for nothing to do, another for an error. All three refuse it, naming why. With
+    ``skip_unmasked=False`` the untrained sequences were exported alone: Tinker got datums
+    of zero advantages, verl a ``response_mask`` of zeros, which its token-mean loss
+    divides by (0 / 0: NaN in every weight)."""
     r = batch.actor[0]
     untrained = Batch("cx", 1, [dataclasses.replace(r, kind="compaction", loss_mask=(0,) * len(r.completion_ids))])
     for empty, why in (
         (Batch("cx", 1, []), "no actor rows"),
         (untrained, "1 actor row(s), none with a trained token (loss mask all 0)"),
     ):
-        for export in (to_tinker_datums, to_slime_samples, functools.partial(to_verl_batch, pad_token_id=0)):
+        exports = (
+            to_tinker_datums,
+            to_slime_samples,
+            functools.partial(to_verl_batch, pad_token_id=0),
+            functools.partial(to_verl_batches, pad_token_id=0, max_padded_tokens=1000),
+        )
+        for export, skip_unmasked in itertools.product(exports, (True, False)):
             with pytest.raises(NothingToTrain) as e:
-                export(empty)
+                export(empty, skip_unmasked=skip_unmasked)
             assert str(e.value) == (
                 f"batch 'cx' iteration 1 has {why}: nothing to train on "
                 "(its statistics say why: failed_rollouts, failure_causes)"
