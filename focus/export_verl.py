@@ -199,7 +199,8 @@ def _verl_tensors(
 
 def _verl_scores(seqs: list[TokenSequence], index: list[int], r_len: int) -> Any:
     """verl's ``token_level_scores`` (n, R), float32: each turn's env reward on its last
-    completion token (column 0 for a turn without a completion token in the response)."""
+    completion token (a turn without completion tokens: on the token before it, column 0
+    at the response's start), so each row sums to its turns' rewards."""
     import numpy as np
 
     scores = np.zeros((len(seqs), r_len), dtype=np.float32)
