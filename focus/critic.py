@@ -194,7 +194,9 @@ def warm_start(critic: Critic, trees: Sequence[Any], gamma: float = 1.0, truncat
     a negative advantage, and every other token a positive bias: the first update
     barely teaches a decision no continuation repeats. The fit is deterministic
     (:class:`LocalCritic`: seeded, one thread), so a resumed collection, whose evidence
-    its journal replays, fits the same critic.
+    its journal replays, fits the same critic. A truncated leaf without a value is left
+    out of the targets; the collector values them by the critic first, where they
+    bootstrap (:func:`focus.placement.bootstrapped`).
     """
     from focus.estimation import critic_targets
 

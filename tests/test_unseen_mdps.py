@@ -15,7 +15,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 
-from focus import Agent, Collector, ConstantCritic, DirectBranchTd, Execution, SamplingParams, Task
+from focus import Agent, Collector, ConstantCritic, DirectBranchTd, Execution, LocalCritic, SamplingParams, Task
 from focus.env import Action, Env, Message, Reset, StepResult
 from focus.format import ActionParser, ByteCodec, ParseError, PolicyFormat
 from focus.policy import Completion, Policy
@@ -92,3 +92,20 @@ def test_a_bad_reward_is_one_line_naming_the_task_the_step_and_the_value(caplog)
     assert {r.node_id for r in batch.actor if r.task_id == "t1"} and all(
         math.isfinite(r.advantage) for r in batch.actor
     )
+
+
+def test_a_trainable_critic_is_warm_started_on_evidence_that_every_rollout_truncates() -> None:
+    """Rewards of -1 a step for 8 steps, 3 seen (``max_steps``): every rollout truncates.
+    The warm start's targets left every truncated leaf out (unscored), so there were
+    none: the critic stayed unfitted at 0 and the batch's targets were the 3 steps'
+    rewards alone (-3 at the root, where every return is -8). Valued by the critic as it
+    was, the leaves give it targets; fitted on them, it predicts the steps it saw, and
+    the batch bootstraps on that."""
+    critic = LocalCritic()
+    col, tasks = collector(lambda task, t, x, a: -1.0, 8, critic, max_steps=3)
+    batch = asyncio.run(col.collect(tasks))
+    assert batch.stats["truncated_rollouts"] == batch.stats["rollouts"] > 0
+    assert critic.fitted
+    roots = [c for c in batch.critic if c.node_id == 0]
+    assert roots and all(c.prediction is not None and c.prediction < -2.5 for c in roots), roots
+    assert all(c.target < -3.25 for c in roots), roots  # the 3 rewards and a bootstrap below 0
