@@ -10,6 +10,7 @@ rollout truncated, a trainable critic warm-started on such evidence.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import random
@@ -109,3 +110,42 @@ def test_a_trainable_critic_is_warm_started_on_evidence_that_every_rollout_trunc
     roots = [c for c in batch.critic if c.node_id == 0]
     assert roots and all(c.prediction is not None and c.prediction < -2.5 for c in roots), roots
     assert all(c.target < -3.25 for c in roots), roots  # the 3 rewards and a bootstrap below 0
+
+
+def test_a_scoring_service_s_nan_is_refused_at_once_naming_the_state() -> None:
+    """A service answering NaN (JSON allows it) for the states at step 2 of task t1. It
+    was retried as a malformed answer, 11 attempts over 9-14 s, and the collection
+    stopped naming the position in one HTTP request ('at position 15'), not the state.
+    A direct ``predict`` still refuses it, at once."""
+    import httpx
+    import pytest
+
+    from focus import HttpCritic
+    from focus.critic import CriticError
+
+    sent: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        contexts = json.loads(request.content)
+        sent.append(len(contexts))
+        values = []
+        for c in contexts:
+            text = bytes(i for i in c if i < 256).decode()
+            values.append(math.nan if text.startswith("t1") and _state(c)[0] == 2 else 0.5)
+        return httpx.Response(200, content=json.dumps(values).encode())  # json writes NaN
+
+    critic = HttpCritic("http://critic.invalid/score", transport=httpx.MockTransport(handler))
+    col, tasks = collector(lambda task, t, x, a: float(a), 4, critic, max_steps=6)
+    with pytest.raises(
+        CriticError,
+        match=r"^critic HttpCritic returned a non-finite value nan at position \d+ "
+        r"\(checkpoint node \d+ at depth 2 of tree t1#1\)$",
+    ):
+        asyncio.run(col.collect(tasks))
+    assert critic.stats()["retries"] == {}
+    calls = len(sent)
+    with pytest.raises(
+        CriticError, match=r"^critic at http://critic.invalid/score returned a non-finite value nan at position 1$"
+    ):
+        asyncio.run(critic.predict([list(b"t0 s=0,0|"), list(b"t1 s=2,0|")]))
+    assert len(sent) == calls + 1
