@@ -99,7 +99,9 @@ def _check_listed(values: object, where: str) -> None:
         raise CriticError(f"{where} returned {what}: return a list, one value per context in order")
 
 
-def _check_values(values: Sequence[Any], n: int, where: str, label: Callable[[int], str] | None = None) -> list[float]:
+def _check_values(
+    values: Sequence[Any], n: int, where: str, label: Callable[[int], str] | None = None, *, finite: bool = True
+) -> list[float]:
     if len(values) != n:
         raise CriticError(f"{where} returned {len(values)} values for {n} contexts")
     out = []
@@ -114,9 +116,9 @@ def _check_values(values: Sequence[Any], n: int, where: str, label: Callable[[in
             raise CriticError(
                 f"{where} returned the value {short_value(v)} beyond ±{VALUE_LIMIT:g} at {_at(i, label)}"
             ) from None
-        if not math.isfinite(f):
+        if finite and not math.isfinite(f):
             raise CriticError(f"{where} returned a non-finite value {f!r} at {_at(i, label)}")
-        if abs(f) > VALUE_LIMIT:  # its square's square overflows in the noise fit
+        if finite and abs(f) > VALUE_LIMIT:  # its square's square overflows in the noise fit
             raise CriticError(f"{where} returned the value {f!r} beyond ±{VALUE_LIMIT:g} at {_at(i, label)}")
         out.append(f)
     return out
@@ -194,7 +196,8 @@ def warm_start(critic: Critic, trees: Sequence[Any], gamma: float = 1.0, truncat
     a negative advantage, and every other token a positive bias: the first update
     barely teaches a decision no continuation repeats. The fit is deterministic
     (:class:`LocalCritic`: seeded, one thread), so a resumed collection, whose evidence
-    its journal replays, fits the same critic.
+    its journal replays, fits the same critic. Truncated leaves without a value are left
+    out; the collector values them first (:func:`focus.placement.bootstrapped`).
     """
     from focus.estimation import critic_targets
 
@@ -244,8 +247,10 @@ class HttpCritic(Critic):
     the wrong shape counts as malformed and is retried like one; the same malformed
     answer to different requests, probes beside one included (:func:`probe_contexts`),
     is a service of another shape, and the call stops at once with a :class:`CriticError`
-    saying so (:mod:`focus.backends.unreadable`). ``transport``: an
-    httpx transport to send through instead of the default (tests, proxies).
+    saying so (:mod:`focus.backends.unreadable`). A NaN, infinite or huge value is the
+    service's answer, not retried: :meth:`predict` refuses it, :meth:`predict_with_std`
+    passes it to the caller's :func:`check_predictions` (the collector's names the state).
+    ``transport``: an httpx transport to send through instead of the default (tests, proxies).
     """
 
     def __init__(
@@ -286,12 +291,13 @@ class HttpCritic(Critic):
                 raise CriticError(f"critic at {self.url} answered an object without 'values': keys {sorted(body)}")
             values = body["values"]
             if body.get("stds") is not None:
-                stds = list(_check_values(body["stds"], n, f"critic at {self.url} (stds)"))
+                stds = list(_check_values(body["stds"], n, f"critic at {self.url} (stds)", finite=False))
         else:
             values = body
         if not isinstance(values, list):
             raise CriticError(f"critic at {self.url} answered {type(values).__name__}, expected a list of numbers")
-        vals = _check_values(values, n, f"critic at {self.url}")
+        # finite=False: retried as malformed, a NaN took 11 attempts and named no state
+        vals = _check_values(values, n, f"critic at {self.url}", finite=False)
         return [Prediction(v, s) for v, s in zip(vals, stds, strict=True)]
 
     async def predict_with_std(self, contexts: Sequence[Sequence[int]]) -> list[Prediction]:
@@ -301,7 +307,8 @@ class HttpCritic(Critic):
         return [p for part in results for p in part]
 
     async def predict(self, contexts: Sequence[Sequence[int]]) -> list[float]:
-        return [p.value for p in await self.predict_with_std(contexts)]
+        values = [p.value for p in await self.predict_with_std(contexts)]
+        return _check_values(values, len(values), f"critic at {self.url}")
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -25,10 +25,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from focus.agent import Rollout
-from focus.critic import warm_start
+from focus.critic import check_predictions, context_label, scored, warm_start
 from focus.priority import Priority, exploration_rate
 from focus.search import Predictions, SearchState, TreeWave, WavePlan, graft, plan_next, with_predictions
+from focus.search.copies import cow_tree, own
 from focus.search.work import trees_work
+from focus.tree import Tree
 
 _T = TypeVar("_T")
 
@@ -183,6 +185,40 @@ async def plan_next_placed(state: SearchState, search: Priority, phase_index: in
     return await placed(plan_s(state, search, phase_index), plan_next, state, search, phase_index)
 
 
-async def warm_start_placed(critic: Any, trees: Sequence[Any], gamma: float, truncation: str) -> bool:
-    """:func:`focus.critic.warm_start`, placed by :func:`warm_start_s`."""
-    return await placed(warm_start_s(critic), warm_start, critic, trees, gamma, truncation)
+async def warm_start_placed(critic: Any, trees: Sequence[Tree], gamma: float, truncation: str) -> bool:
+    """:func:`focus.critic.warm_start`, placed by :func:`warm_start_s`, on the trees with
+    their truncated leaves scored first where it fits the critic and they bootstrap
+    (:func:`bootstrapped`)."""
+    cost = warm_start_s(critic)
+    if cost and truncation == "bootstrap":
+        trees = await bootstrapped(critic, trees)
+    return await placed(cost, warm_start, critic, trees, gamma, truncation)
+
+
+async def bootstrapped(critic: Any, trees: Sequence[Tree]) -> list[Tree]:
+    """``trees`` with each unscored truncated leaf valued by ``critic`` as it is (copies
+    of the trees and leaves it values), what the collection's own targets bootstrap on.
+
+    Before the warm start's first prediction no leaf has a value, and a targets' backup
+    leaves a child without one out (as a failed one): every truncated rollout was
+    dropped from the fit. Where every evidence rollout ran to ``max_steps`` there was no
+    target at all, and the critic stayed at its default (0) for the collection (rewards
+    of -1 a step, 3 steps of 8 seen: targets of -3 against returns of -8 and less); where
+    only some did, it was fitted on the rollouts that ended, selected by how they went.
+    Valued by the unfitted critic, a truncated rollout's target is its rewards so far
+    plus that prediction, as the batch's are with the critic it will have."""
+    keys = [
+        (ti, n.id) for ti, t in enumerate(trees) for n in t.nodes.values() if n.kind == "truncated" and n.value is None
+    ]
+    if not keys:
+        return list(trees)
+    where = f"critic {type(critic).__name__}"
+    got = await scored(critic, [trees[ti].nodes[nid].context_ids for ti, nid in keys], where)
+    preds = check_predictions(got, len(keys), where, context_label(trees, keys))
+    out, owned = list(trees), dict[int, set[int]]()
+    for (ti, nid), p in zip(keys, preds, strict=True):
+        if ti not in owned:
+            out[ti], owned[ti] = cow_tree(trees[ti]), set()
+        node = own(out[ti], nid, owned[ti])
+        node.value, node.value_std = p.value, p.std
+    return out

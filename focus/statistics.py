@@ -115,18 +115,25 @@ def flat(usage: Usage) -> dict[str, Any]:
 
 
 def warn_failures(phase: str, wave: int, rollouts: Sequence[Rollout]) -> None:
-    """One WARNING line per wave in which rollouts failed: how many, by kind, and a cause."""
-    failed = [r.leaf.cause for r in rollouts if r.leaf.kind == "failed"]
+    """One WARNING line per wave in which rollouts failed: how many, by kind, and the
+    last one's cause with its task and the step it failed at (rollout steps from the
+    root, the first 0). A cause names the value (``returned the reward nan``) but not
+    where: the same cause of every task counts as one in ``failure_causes``, so the line
+    is what tells a user which task's step to reproduce."""
+    failed = [r for r in rollouts if r.leaf.kind == "failed"]
     if failed:
-        kinds = Counter(failure_kind(c) for c in failed)
+        kinds = Counter(failure_kind(r.leaf.cause) for r in failed)
+        last = failed[-1]
         log.warning(
-            "phase %s wave %d: %d of %d rollouts failed (%s); last cause: %s",
+            "phase %s wave %d: %d of %d rollouts failed (%s); last cause (task %r, step %d): %s",
             phase,
             wave,
             len(failed),
             len(rollouts),
             ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
-            failed[-1],
+            last.task_id,
+            last.leaf.steps,
+            last.leaf.cause,
         )
 
 

@@ -123,7 +123,6 @@ def test_http_critic_retries_malformed_answers_then_names_them(bad_server):
         ([0.1], "returned 1 values for 3 contexts"),
         ({"vals": []}, "without 'values'"),
         (["x", 1, 2], "non-numeric value 'x' at position 0"),
-        ([1.0, float("inf"), 2.0], "non-finite value inf at position 1"),
     ]:
         bad_server.answers[:] = [(200, {}, answer)]
         critic = HttpCritic(bad_server.url, config=FAST)
@@ -134,6 +133,12 @@ def test_http_critic_retries_malformed_answers_then_names_them(bad_server):
     critic = HttpCritic(bad_server.url, config=FAST)
     assert run(critic.predict(CONTEXTS)) == [1.0, 2.0, 3.0]
     assert critic.stats()["retries"] == {"malformed response": 1}
+    # a number past the limit is the service's answer for that context: refused, not retried
+    bad_server.answers[:] = [(200, {}, [1.0, float("inf"), 2.0])]
+    critic = HttpCritic(bad_server.url, config=FAST)
+    with pytest.raises(CriticError, match=r"^critic at \S+ returned a non-finite value inf at position 1$"):
+        run(critic.predict(CONTEXTS))
+    assert critic.stats()["retries"] == {}
 
 
 @pytest.mark.integration  # starts a server

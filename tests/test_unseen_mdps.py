@@ -1,0 +1,151 @@
+"""MDPs unlike the project's families, driven through the public API with its defaults.
+
+A counter env written here (not :mod:`focus.synthetic`): the state is (step, position),
+each action adds its index to the position, and the reward is whatever the test's
+function says; the policy reads the state from the prompt ids and picks uniformly by
+the request's seed. The edge cases a user's env and critic bring: bad rewards, every
+rollout truncated, a trainable critic warm-started on such evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import random
+from collections.abc import Callable, Sequence
+
+from focus import Agent, Collector, ConstantCritic, DirectBranchTd, Execution, LocalCritic, SamplingParams, Task
+from focus.env import Action, Env, Message, Reset, StepResult
+from focus.format import ActionParser, ByteCodec, ParseError, PolicyFormat
+from focus.policy import Completion, Policy
+
+Reward = Callable[[str, int, int, int], object]  # (task id, step, position, action) -> reward
+
+
+def _state(ids: Sequence[int]) -> tuple[int, int]:
+    text = bytes(i for i in ids if i < 256).decode()
+    step, pos = text[text.rfind("s=") + 2 :].split("|")[0].split(",")
+    return int(step), int(pos)
+
+
+class Counter(Env):
+    """Position += action (0 or 1) for ``horizon`` steps; ``reward(task, step, pos, action)``."""
+
+    def __init__(self, reward: Reward, horizon: int) -> None:
+        self.reward, self.horizon = reward, horizon
+
+    async def reset(self, task: Task, workspace: object) -> Reset:
+        return Reset((task.id, 0, 0), (Message("user", f"{task.id} s=0,0|"),))
+
+    async def step(self, state: tuple[str, int, int], action: Action, workspace: object) -> StepResult:
+        task, t, x = state
+        a = int(action.text)
+        return StepResult(
+            (task, t + 1, x + a), f"s={t + 1},{x + a}|", self.reward(task, t, x, a), t + 1 >= self.horizon
+        )
+
+
+class Digit(ActionParser):
+    def parse(self, text: str) -> Action | ParseError:
+        return Action("text", text=text.strip()) if text.strip().isdigit() else ParseError("a digit")
+
+
+class Coin(Policy):
+    vocab_size = ByteCodec.vocab_size
+
+    async def sample(self, prompt_ids: Sequence[int], params) -> Completion:  # type: ignore[no-untyped-def]
+        _state(prompt_ids)  # the prompt names a state
+        a = random.Random(params.seed).randrange(2)
+        return Completion((48 + a, ByteCodec.EOT), (math.log(0.5), 0.0), "stop")
+
+
+def collector(reward: Reward, horizon: int, critic, *, max_steps: int, tasks: int = 2) -> tuple[Collector, list[Task]]:  # type: ignore[no-untyped-def]
+    agent = Agent(
+        Coin(),
+        Counter(reward, horizon),
+        PolicyFormat(ByteCodec(), Digit()),
+        max_steps=max_steps,
+        sampling=SamplingParams(max_tokens=4),
+    )
+    col = Collector(agent, critic=critic, estimator=DirectBranchTd(), execution=Execution(max_concurrency=8))
+    return col, [Task(f"t{i}") for i in range(tasks)]
+
+
+def test_a_bad_reward_is_one_line_naming_the_task_the_step_and_the_value(caplog) -> None:  # type: ignore[no-untyped-def]
+    """A NaN reward at step 2 of task t1 fails those rollouts and keeps their finished
+    segments; before, the wave's warning named the value (``returned the reward nan``)
+    but neither the task nor the step, and ``failure_causes`` counts one cause for all."""
+
+    def reward(task: str, t: int, x: int, a: int) -> float:
+        return math.nan if task == "t1" and t == 2 else float(a)
+
+    col, tasks = collector(reward, 4, ConstantCritic(0.5), max_steps=6)
+    with caplog.at_level(logging.WARNING, logger="focus.collector"):
+        batch = asyncio.run(col.collect(tasks))
+    lines = [r.getMessage() for r in caplog.records if "rollouts failed" in r.getMessage()]
+    assert lines and all(
+        "last cause (task 't1', step 2): env: Counter.step returned the reward nan" in line for line in lines
+    ), lines
+    assert batch.stats["failed_env"] > 0
+    # the failed rollouts' first two steps are segments between checkpoints: kept and trained
+    assert {r.node_id for r in batch.actor if r.task_id == "t1"} and all(
+        math.isfinite(r.advantage) for r in batch.actor
+    )
+
+
+def test_a_trainable_critic_is_warm_started_on_evidence_that_every_rollout_truncates() -> None:
+    """Rewards of -1 a step for 8 steps, 3 seen (``max_steps``): every rollout truncates.
+    The warm start's targets left every truncated leaf out (unscored), so there were
+    none: the critic stayed unfitted at 0 and the batch's targets were the 3 steps'
+    rewards alone (-3 at the root, where every return is -8). Valued by the critic as it
+    was, the leaves give it targets; fitted on them, it predicts the steps it saw, and
+    the batch bootstraps on that."""
+    critic = LocalCritic()
+    col, tasks = collector(lambda task, t, x, a: -1.0, 8, critic, max_steps=3)
+    batch = asyncio.run(col.collect(tasks))
+    assert batch.stats["truncated_rollouts"] == batch.stats["rollouts"] > 0
+    assert critic.fitted
+    roots = [c for c in batch.critic if c.node_id == 0]
+    assert roots and all(c.prediction is not None and c.prediction < -2.5 for c in roots), roots
+    assert all(c.target < -3.25 for c in roots), roots  # the 3 rewards and a bootstrap below 0
+
+
+def test_a_scoring_service_s_nan_is_refused_at_once_naming_the_state() -> None:
+    """A service answering NaN (JSON allows it) for the states at step 2 of task t1. It
+    was retried as a malformed answer, 11 attempts over 9-14 s, and the collection
+    stopped naming the position in one HTTP request ('at position 15'), not the state.
+    A direct ``predict`` still refuses it, at once."""
+    import httpx
+    import pytest
+
+    from focus import HttpCritic
+    from focus.critic import CriticError
+
+    sent: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        contexts = json.loads(request.content)
+        sent.append(len(contexts))
+        values = []
+        for c in contexts:
+            text = bytes(i for i in c if i < 256).decode()
+            values.append(math.nan if text.startswith("t1") and _state(c)[0] == 2 else 0.5)
+        return httpx.Response(200, content=json.dumps(values).encode())  # json writes NaN
+
+    critic = HttpCritic("http://critic.invalid/score", transport=httpx.MockTransport(handler))
+    col, tasks = collector(lambda task, t, x, a: float(a), 4, critic, max_steps=6)
+    with pytest.raises(
+        CriticError,
+        match=r"^critic HttpCritic returned a non-finite value nan at position \d+ "
+        r"\(checkpoint node \d+ at depth 2 of tree t1#1\)$",
+    ):
+        asyncio.run(col.collect(tasks))
+    assert critic.stats()["retries"] == {}
+    calls = len(sent)
+    with pytest.raises(
+        CriticError, match=r"^critic at http://critic.invalid/score returned a non-finite value nan at position 1$"
+    ):
+        asyncio.run(critic.predict([list(b"t0 s=0,0|"), list(b"t1 s=2,0|")]))
+    assert len(sent) == calls + 1
