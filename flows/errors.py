@@ -37,6 +37,7 @@ SELF_EXPLAINED = frozenset(
         "ModelServerGone",
         "BadResponses",
         "RequestsRefused",
+        "BrokenEnv",
         "ModelServiceError",
         "CollectionLocked",
         "LeaseHeld",

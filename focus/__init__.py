@@ -53,6 +53,7 @@ _EXPORTS = {
     "ModelServiceOutage": "focus.execution",
     "BadResponses": "focus.execution",
     "RequestsRefused": "focus.refusals",
+    "BrokenEnv": "focus.refusals",
     "Usage": "focus.usage",
     "ConstantCritic": "focus.critic",
     "HttpCritic": "focus.critic",

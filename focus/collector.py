@@ -13,20 +13,19 @@ has, over an explicit :class:`~focus.search.SearchState`:
 * :meth:`prepare` (estimator, critic targets, the batch).
 
 While a wave runs, each tree whose jobs in it have all finished is grafted (and, with a
-row-wise critic, scored and ranked; evidence trees scored, not ranked) between the
-rollouts' callbacks (:mod:`focus.waves`), under the calibration the graft's state will
-have (a lagged refit, :data:`focus.search.REFIT_LAG`, is fitted and every tree ranked
-under it then; before a graft that may refit on its own trees, what that fit reads of
-each tree is computed then), so the barrier keeps only the trees that finished last, the
-merge and the next plan's greedy choice (its jobs start as it takes them); the results
-are those of doing it all at the barrier.
+row-wise critic, scored and ranked; evidence trees scored, not ranked) between the rollouts'
+callbacks (:mod:`focus.waves`), under the calibration the graft's state will have (a lagged
+refit, :data:`focus.search.REFIT_LAG`, is fitted and every tree ranked under it then; before a
+graft that may refit on its own trees, what that fit reads of each tree is computed then), so
+the barrier keeps only the trees that finished last, the merge and the next plan's greedy choice
+(its jobs start as it takes them); the results are those of doing it all at the barrier.
 
-At each step boundary the loop consults a :class:`~focus.journal.Journal`: a step it
-holds is replayed, one it lacks is computed and recorded. The pipeline's journal
-writes to its checkpoint store, so a rerun after a crash continues after the last
-recorded step. Every step is a function of its inputs and the collection seed, so a
-resumed collection rebuilds the same trees and the same batch. A wave whose rollouts got
-bad responses on every run stops the loop, kept as ``unfinished`` (:mod:`focus.journal`).
+At each step boundary the loop consults a :class:`~focus.journal.Journal`: a step it holds is
+replayed, one it lacks is computed and recorded. The pipeline's journal writes to its checkpoint
+store, so a rerun after a crash continues after the last recorded step. Every step is a function
+of its inputs and the collection seed, so a resumed collection rebuilds the same trees and the
+same batch. A wave whose rollouts got bad responses on every run stops the loop, kept as
+``unfinished`` (:mod:`focus.journal`).
 
 With ``Execution(streaming=True)``, ``search`` runs each continuation phase with
 :meth:`Collector.stream_phase` instead of in waves: no barrier, results depend on the
@@ -48,7 +47,7 @@ from focus.batch import Batch, BatchBuilder
 from focus.critic import ConstantCritic, Critic, check_predictions, context_label, scored
 from focus.env import Task
 from focus.estimation import DirectBranchTd, Estimator, critic_targets, truncated_segments
-from focus.execution import BadResponses, Execution, check_outage, check_responses, is_bad_response
+from focus.execution import BadResponses, Execution, check_env_failures, check_outage, check_responses, is_bad_response
 from focus.journal import (
     EVIDENCE,
     EVIDENCE_SCORES,
@@ -263,6 +262,7 @@ class Collector:
             state.next_calibration(self.priority)  # (as a rule by the tail) fitted on the trees at hand
         rollouts = await launched.task
         check_outage(rollouts, self.execution.max_outage_share)
+        check_env_failures(rollouts, plan.jobs)
         now = tail.finished_at if tail is not None and tail.finished_at is not None else time.perf_counter()
         wall = now - (launched.t0 if since is None else since)
         check_responses(rollouts, _wave_name(self.priority, plan), (plan.phase_index, plan.wave_index), wall)

@@ -55,7 +55,9 @@ from focus.agent import Piece, Rollout, error_cause
 from focus.branching import BrokenBranchPoints
 from focus.context import BrokenContextManager
 from focus.policy import UnreadableAnswers
+from focus.refusals import BrokenEnv as BrokenEnv  # beside RequestsRefused
 from focus.refusals import RequestsRefused as RequestsRefused  # the name callers know from here
+from focus.refusals import check_env_failures as check_env_failures  # the collector's, beside check_outage
 from focus.refusals import check_refused
 from focus.usage import BAD_RESPONSE, SERVICE, failure_kind
 

@@ -1,4 +1,4 @@
-"""A wave whose every request the model service refused: a setting to fix, not a batch.
+"""A wave whose every rollout failed alike: a setting or code to fix, not a batch.
 
 A 4xx is not retried, so a service that refuses every request fails each rollout at
 once. The collection used to finish with an empty batch, marked finished, so a rerun
@@ -13,14 +13,23 @@ every one of at least :data:`SAME_REFUSAL_MIN` rollouts got the same refusal, wo
 word, and it is not a prompt over the context (which the agent truncates instead): a
 sampling setting the server refuses (a temperature outside its range, a ``top_k`` it
 does not take) is carried by every request and refused the same way each time.
+
+An env that fails every fresh episode of a wave the same way (at least
+:data:`SAME_ENV_FAILURE_MIN` of them, from two tasks or more, numbers and quoted parts
+aside: a bug at one step of every task, a service the env calls that is gone) is
+:class:`BrokenEnv`, which stops the collection the same way. It used to spend the whole budget on continuations that
+failed at the same step, one warning a wave, and finish with a batch of truncated
+segments under a spent id.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from focus.agent import Rollout
+from focus.usage import failure_kind
 
 #: Statuses that refuse any request, whatever its prompt: 401/403 (the key), 404 (the
 #: path or the model name), 405 (not a generation endpoint), 501/505 (a server that cannot
@@ -32,6 +41,10 @@ SETTING_STATUSES = frozenset({400, 422})
 #: The fewest rollouts whose identical 400/422 refusal stops a wave (one rollout's refusal
 #: is its own prompt's as likely as a setting's).
 SAME_REFUSAL_MIN = 2
+#: The fewest rollouts of a wave whose env failures, all alike, stop it. A wave's
+#: rollouts span its tasks and checkpoints, so four alike are a rule of the env, not
+#: one task's bad luck.
+SAME_ENV_FAILURE_MIN = 4
 _REJECTED = re.compile(r"rejected with status (\d{3})")
 
 
@@ -42,6 +55,45 @@ class RequestsRefused(RuntimeError):
     for every rollout (a sampling setting the server does not take). The wave keeps
     nothing and the collection stops unfinished: a rerun after fixing the setting
     collects with the same collection id."""
+
+
+class BrokenEnv(RuntimeError):
+    """Every fresh episode of a wave (at least :data:`SAME_ENV_FAILURE_MIN`, from two
+    tasks or more) failed in the env with one cause, numbers and quoted parts aside: the env's code, or a service it
+    calls, fails whatever the policy does. The wave keeps nothing and the collection
+    stops unfinished: a rerun after the fix collects with the same collection id."""
+
+
+def check_env_failures(rollouts: Sequence[Rollout], jobs: Sequence[Any]) -> None:
+    """Raise :class:`BrokenEnv` if the rollouts of ``jobs`` (aligned) that start at a
+    task's root, at least :data:`SAME_ENV_FAILURE_MIN` of them from two tasks or more,
+    all failed in the env (cause ``env: ...``) with one cause, numbers and quoted parts
+    aside (the task's id, an index, a time).
+
+    Fresh episodes only: a continuation starts where the search chose, and a wave of
+    continuations from checkpoints that all lead to a state the env cannot step from (a
+    tool that crashes on one input) fails alike though the env serves every other state.
+    """
+    from focus.backends.unreadable import cause_key
+
+    fresh = [r for r, j in zip(rollouts, jobs, strict=True) if j.start.steps == 0]
+    if len(fresh) < SAME_ENV_FAILURE_MIN or len({r.task_id for r in fresh}) < 2:
+        return
+    keys = set()
+    for r in fresh:
+        if r.leaf.kind != "failed" or failure_kind(r.leaf.cause) != "env":
+            return
+        keys.add(cause_key(r.leaf.cause))
+        if len(keys) > 1:
+            return
+    last = fresh[-1]
+    n, tasks = len(fresh), len({r.task_id for r in fresh})
+    raise BrokenEnv(
+        f"the env failed every fresh episode of the wave the same way ({n} of {n} rollouts from the root, {tasks} "
+        "tasks): fix the env or the service it calls; nothing of the wave is kept and the collection is not "
+        f"finished, so a rerun with the same collection id collects; last (task {last.task_id!r}, step "
+        f"{last.leaf.steps}): {last.leaf.cause.removeprefix('env: ')}"
+    )
 
 
 def refused_status(rollout: Rollout) -> int | None:

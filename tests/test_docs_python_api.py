@@ -31,7 +31,7 @@ ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Critics", ("ConstantCritic", "HttpCritic", "LocalCritic")),
     ("Estimators", ("DirectBranchTd", "GroupNormalized", "NodeMonteCarlo")),
     ("Results", ("Tree", "Batch")),
-    ("Errors that stop a collection", ("ModelServiceOutage", "BadResponses", "RequestsRefused")),
+    ("Errors that stop a collection", ("ModelServiceOutage", "BadResponses", "RequestsRefused", "BrokenEnv")),
 )
 
 HEAD = """# The Python API

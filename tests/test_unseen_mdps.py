@@ -149,3 +149,51 @@ def test_a_scoring_service_s_nan_is_refused_at_once_naming_the_state() -> None:
     ):
         asyncio.run(critic.predict([list(b"t0 s=0,0|"), list(b"t1 s=2,0|")]))
     assert len(sent) == calls + 1
+
+
+def test_an_env_that_fails_every_fresh_episode_alike_stops_unfinished_and_a_rerun_collects() -> None:
+    """Every task's step 2 raises the same error (its index aside). The collection spent
+    its whole budget on 30 waves of continuations failing at that step, one warning a
+    wave, and finished with truncated segments under a spent id. Now the evidence wave
+    raises :class:`BrokenEnv`, keeps nothing, and the same journal collects once the env
+    is fixed: the batch of a clean run."""
+    import pytest
+
+    from focus import BrokenEnv
+    from focus.journal import MemoryJournal
+
+    fixed = False
+
+    def reward(task: str, t: int, x: int, a: int) -> float:
+        if t == 2 and not fixed:
+            raise ValueError(f"bad index {x} in table of {task}")
+        return float(a)
+
+    col, tasks = collector(reward, 5, ConstantCritic(0.5), max_steps=8, tasks=4)
+    journal = MemoryJournal()
+    with pytest.raises(
+        BrokenEnv,
+        match=r"^the env failed every fresh episode of the wave the same way \(\d+ of \d+ rollouts from the root, "
+        r"4 tasks\): .* last \(task 't\d', step 2\): ValueError: bad index \d+ in table of t\d$",
+    ):
+        asyncio.run(col.search(tasks, journal))
+    assert journal.steps == {}  # the evidence wave kept nothing
+    fixed = True
+    after = col.prepare(asyncio.run(col.search(tasks, journal)))
+    clean_col, _ = collector(reward, 5, ConstantCritic(0.5), max_steps=8, tasks=4)
+    clean = asyncio.run(clean_col.collect(tasks))
+    assert after.stats["failed_env"] == 0 and [r.advantage for r in after.actor] == [r.advantage for r in clean.actor]
+
+
+def test_an_env_that_fails_at_some_states_or_one_task_goes_on() -> None:
+    """Failing alike at one state every continuation of a wave leads to is the env's
+    rule for that state, not a broken env; nor is every rollout of one task failing."""
+    col, tasks = collector(
+        lambda task, t, x, a: 1 / 0 if (t == 3 and x == 3) or task == "t0" else float(a),
+        5,
+        ConstantCritic(0.5),
+        max_steps=8,
+        tasks=3,
+    )
+    batch = asyncio.run(col.collect(tasks))
+    assert batch.stats["failed_env"] > 0 and batch.actor
