@@ -41,6 +41,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from focus.backends.foreign import server_key
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.outage import CONSOLE, OVER, OutageGate, OutageTotals, span
 from focus.backends.routing import Router, TreeRouter
@@ -84,6 +85,7 @@ class FleetPolicy(Policy):
     def __init__(self, replicas: Sequence[HttpPolicy], router: Router | None = None, *, down_s: float = 2.0) -> None:
         if not replicas:
             raise ValueError("FleetPolicy needs at least one replica")
+        _check_replicas(replicas)
         self.replicas = list(replicas)
         self.router = router or TreeRouter()
         self.down_s = down_s
@@ -321,6 +323,24 @@ class FleetPolicy(Policy):
                     s.failovers,
                 )
         await asyncio.gather(*(r.aclose() for r in self.replicas))
+
+
+def _check_replicas(replicas: Sequence[Any]) -> None:
+    """``TypeError`` for a replica that is no HTTP policy (a URL: it failed later on
+    ``'str' object has no attribute 'vocab_size'``), ``ValueError`` for one server listed
+    twice (``http://gpu0:8000`` and ``http://gpu0:8000/v1``): it was taken for two replicas,
+    with twice its share of the calls, counted and failed over as two."""
+    seen: dict[tuple[str, str, int | None, str], str] = {}
+    for r in replicas:
+        if not isinstance(r, HttpPolicy):
+            raise TypeError(
+                f"FleetPolicy takes one HTTP policy per replica (OpenAICompatPolicy(url), SGLangPolicy(url), ...), "
+                f"not {type(r).__name__} {r!r}: FleetPolicy([OpenAICompatPolicy(u) for u in urls])"
+            )
+        key = server_key(r.http.base_url)
+        if key in seen:
+            raise ValueError(f"FleetPolicy's replicas {seen[key]} and {r.http.base_url} are one server: list it once")
+        seen[key] = r.http.base_url
 
 
 def one_or_fleet(urls: Sequence[str], make: Callable[[str], HttpPolicy], router: Router | None = None) -> Policy:

@@ -42,7 +42,7 @@ import aiohttp
 import httpx
 
 from focus.backends import hedge as hedging
-from focus.backends.foreign import refused_token_ids
+from focus.backends.foreign import refused_token_ids, url_problem
 from focus.backends.outage import OVER, UP, OutageGate, OutageTotals, is_down_cause, watch_silence
 from focus.backends.retry import (
     CallRecord,
@@ -110,8 +110,8 @@ class HttpClient:
         wait_outages: bool = True,
         probe: Callable[[Any, int], Any] | None = None,
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+        if why := url_problem(base_url, "base_url"):
+            raise ValueError(why)
         self.base_url = base_url.rstrip("/")
         self.config = config or HttpConfig()
         self.error = error

@@ -17,6 +17,7 @@ importable from here too.
 from __future__ import annotations
 
 import difflib
+import json
 import pathlib
 import re
 import typing
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from focus.backends.foreign import endpoint_in_url
+from focus.backends.foreign import endpoint_in_url, server_key, url_problem
 from focus.backends.retry import RetryPolicy
 from focus.env import VALUE_LIMIT
 from focus.policy import SamplingParams
@@ -49,8 +50,24 @@ class _Model(BaseModel):
 
 
 def _check_http_url(name: str, url: str | None) -> None:
-    if url is not None and not url.startswith(("http://", "https://")):
-        raise ValueError(f"{name} {url!r} must start with http:// or https://")
+    if url is not None and (why := url_problem(url, name)):
+        raise ValueError(why)
+
+
+def _check_replicas(kind: str, urls: list[str]) -> None:
+    """``model.urls`` entries that name one server twice (``http://gpu0:8000`` and
+    ``http://gpu0:8000/``, or ``.../v1`` where the openai client strips it): the fleet took
+    them for two replicas, so that server got twice its share of the calls and was
+    counted, and failed over, as two."""
+    seen: dict[tuple[str, str, int | None, str], str] = {}
+    for u in urls:
+        key = server_key(u)
+        if kind in ("openai", "local") and key[3].endswith("/v1"):
+            key = (*key[:3], key[3][: -len("/v1")])
+        if key in seen:
+            same = f"{u!r} twice" if seen[key] == u else f"{seen[key]!r} and {u!r}, which name one server"
+            raise ValueError(f"model.urls lists {same}: list each replica once")
+        seen[key] = u
 
 
 class _Pluggable(_Model):
@@ -139,6 +156,19 @@ class ModelConfig(_Pluggable):
             raise ValueError(f"{v!r} is not a model.kind; for that server write model.kind = {kind!r}")
         return v
 
+    @field_validator("urls", mode="before")
+    @classmethod
+    def _urls_listed(cls, v: Any) -> Any:
+        """One string where the list belongs (``--set model.urls=http://a,http://b``) was
+        refused as ``Input should be a valid list``, which did not say how to write one."""
+        if isinstance(v, str):
+            listed = json.dumps([u.strip() for u in v.split(",") if u.strip()] or ["http://gpu0:8000"])
+            raise ValueError(
+                f"takes a list of URLs, not the string {v!r}: write model.urls = {listed} "
+                f"(with --set, as JSON: --set 'model.urls={listed}')"
+            )
+        return v
+
     @model_validator(mode="after")
     def _needs(self) -> ModelConfig:
         if self.kind in REMOTE and not (self.url or self.urls):
@@ -147,13 +177,14 @@ class ModelConfig(_Pluggable):
             raise ValueError("model.urls replaces model.url, for the openai, sglang and llamacpp kinds")
         for u in self.urls:
             _check_http_url("model.urls", u)
+        _check_replicas(self.kind, self.urls)
         if self.kind == "tinker" and not (self.model or self.weights):
             raise ValueError("model.model (a base model) or model.weights (a tinker:// path) is required for tinker")
         _check_http_url("model.url", self.url)
         check_env_name("model.api_key_env", self.api_key_env)
         if self.kind in SERVED:
-            for url in [self.url, *self.urls]:
-                if why := endpoint_in_url(url):
+            for name, url in [("model.url", self.url), *(("model.urls", u) for u in self.urls)]:
+                if why := endpoint_in_url(url, name):
                     raise ValueError(why)
         check_options(self)
         return self
