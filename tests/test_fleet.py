@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -149,3 +152,36 @@ def test_model_urls_builds_a_fleet_from_the_config():
         load_config(overrides={**base, "model.url": "http://c:8000"}, environ={})
     with pytest.raises(ConfigError, match="must start with http"):
         load_config(overrides={**base, "model.urls": ["a:8000"]}, environ={})
+
+
+def test_a_replica_that_stops_answering_costs_one_timeout_not_the_deadline(sims, caplog):
+    """A wedged replica (SIGSTOP: connections accepted, nothing answered) held each of its
+    calls through every retry on it, up to deadline_s (11 attempts of timeout_s here, 30 s
+    with hedges; 600 s by default), while the other replicas could answer at once: one
+    attempt's timeout_s is the proof now, and the call goes to another replica."""
+    single = collect(FleetPolicy([replica(sims[0].url)]), tasks=12)
+    fresh(sims)
+    http = HTTP.model_copy(update={"timeout_s": 1.5, "max_retries": 10, "deadline_s": 30})
+    fleet = FleetPolicy([OpenAICompatPolicy(s.url, vocab_size=ByteCodec.vocab_size, config=http) for s in sims])
+    stopped = threading.Event()
+
+    def stop_one() -> None:
+        while sims[1].stats()["requests"] < 5:
+            time.sleep(0.01)
+        os.kill(sims[1].proc.pid, signal.SIGSTOP)
+        stopped.set()
+
+    watcher = threading.Thread(target=stop_one, daemon=True)
+    watcher.start()
+    t0 = time.monotonic()
+    try:
+        with caplog.at_level(logging.WARNING, logger="focus.backends.fleet"):
+            batch = collect(fleet, tasks=12)
+        took = time.monotonic() - t0
+    finally:
+        watcher.join(timeout=5)
+        os.kill(sims[1].proc.pid, signal.SIGCONT)
+    assert stopped.is_set() and batch.stats["failed_rollouts"] == 0 and rows(batch) == rows(single)
+    assert took < 10, took  # before: 16.6 s at least (11 attempts of 1.5 s on the stopped replica)
+    assert fleet.stats()["replicas"][1]["failovers"] >= 1
+    assert any("timeout: no answer within 1.5 s" in r.getMessage() for r in caplog.records)

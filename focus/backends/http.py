@@ -124,7 +124,9 @@ class HttpClient:
         #: What the outage log lines call the service.
         self.service = service or ("model service" if error is PolicyError else "service")
         #: False: a service that is down (past the quick retries) fails the call at once
-        #: instead of being waited for - a replica whose calls others can take.
+        #: instead of being waited for - a replica whose calls others can take; so does
+        #: an attempt unanswered for ``timeout_s`` (a wedged or stopped replica, where
+        #: retrying the same replica held the call up to ``deadline_s``).
         self.wait_outages = wait_outages
         #: The k-th request body (from 1) beside a given one (decoded), to another prompt: the
         #: probe telling another server's answer format from one request's bad answer.
@@ -328,6 +330,9 @@ class HttpClient:
                 raise self.unreadable(unreadable_line(self.service, method, url, self._unread)) from None
             if not answered:
                 gate.failed(now)
+            if last.kind == "timeout" and not self.wait_outages:
+                ended = "down"  # a replica that held an attempt timeout_s unanswered: another takes the call
+                break
             if not answered and gate.should_wait(
                 streak_start=streak,
                 # retrying on its own only while the waits are shorter than the gate's
