@@ -8,6 +8,7 @@ processes, one killed with SIGKILL mid-collection - is tests/test_fleet.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import httpx
@@ -120,3 +121,23 @@ def test_an_answer_from_other_weights_fails_as_a_bad_response():
 
     with pytest.raises(BadResponse, match=r"replica http://replica1.invalid answered with weights w2, .* w1"):
         run(go())
+
+
+def test_a_replica_back_with_other_weights_is_refused_not_announced_as_back(caplog):
+    a, b = Replica(), Replica()
+    policy = fleet([a, b], router=RoundRobin(), down_s=0.05)
+
+    async def go() -> None:
+        await policy.verify()
+        b.down_until = time.monotonic() + 0.1
+        await calls(policy, 2)  # b found down on its turn; both answered by a
+        b.version = "w2"  # restarted on another checkpoint
+        await asyncio.sleep(0.2)
+        await calls(policy, 2)
+
+    with caplog.at_level(logging.WARNING, logger="focus.backends.fleet"):
+        with pytest.raises(BadResponse, match=r"replica http://replica1.invalid answered with weights w2, .* w1"):
+            run(go())
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("replica1.invalid of the model is down" in m for m in lines)
+    assert not any("answers again" in m for m in lines), lines

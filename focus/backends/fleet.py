@@ -261,12 +261,12 @@ class FleetPolicy(Policy):
     def _answered(self, i: int, prompt_ids: Sequence[int], completion: Completion, prompt_sent: bool = True) -> None:
         """Count an answer of replica ``i``; ``prompt_sent``: false for the second and later
         samples of one request (its prompt, and its cache hits, counted once)."""
+        self._check_version(i, completion)  # first: a replica back with other weights is not "back"
         if self._down_until[i] > 0:
             log.warning("replica %s of the model answers again", self.urls[i], extra=CONSOLE)
             self._down_until[i], self._probing[i] = 0.0, False
         now = time.monotonic()
         self._gate_for_loop().answered(now, now)
-        self._check_version(i, completion)
         s = self._replica_stats[i]
         s.calls += 1
         if prompt_sent:
