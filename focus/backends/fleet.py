@@ -21,6 +21,9 @@ replica. This module is the I/O around that decision:
   marked down gets one call again after ``down_s`` (doubling while it stays down, up to
   a minute); its first answer brings it back. When every replica is down the calls wait
   for one, as a single server's do (``outage_wait_s``, :mod:`focus.backends.outage`).
+* **Slow replicas.** The router sees each replica's calls in flight weighed by how much
+  slower than the median replica it answers (:meth:`FleetPolicy._weighed_loads`), so a
+  replica on a slower GPU holds few calls instead of its share of them.
 * **Siblings.** The first calls of a checkpoint's siblings (:mod:`focus.siblings`) go
   to the replica chosen for the first of them, as one request where the replicas send
   them so, and the router records the others as placed there.
@@ -95,6 +98,9 @@ class FleetPolicy(Policy):
             r.http.wait_outages = False  # a replica that is down fails over at once
         n = len(self.replicas)
         self.loads = [0] * n
+        #: Seconds per answered call, a moving average per replica (None: no answer yet).
+        self.latency: list[float | None] = [None] * n
+        self._timed_at = [0.0] * n
         self._down_until = [0.0] * n
         self._down_for = [0.0] * n
         self._probing = [False] * n
@@ -164,6 +170,7 @@ class FleetPolicy(Policy):
         while True:
             i, probe = await self._place(prompt_ids, route)
             self.loads[i] += 1
+            t0 = time.monotonic()
             try:
                 completion = await self.replicas[i].sample(prompt_ids, params)
             except ServiceUnavailable as e:
@@ -172,6 +179,7 @@ class FleetPolicy(Policy):
             finally:
                 self.loads[i] -= 1
             self._answered(i, prompt_ids, completion)
+            self._timed(i, time.monotonic() - t0)
             return completion
 
     @property
@@ -193,6 +201,7 @@ class FleetPolicy(Policy):
             for route in routes[1:]:
                 self.router.join(route, i)
             self.loads[i] += n
+            t0 = time.monotonic()
             try:
                 completions = await self.replicas[i].sample_siblings(prompt_ids, params, routes)
             except ServiceUnavailable as e:
@@ -200,6 +209,7 @@ class FleetPolicy(Policy):
                 continue
             finally:
                 self.loads[i] -= n
+            self._timed(i, time.monotonic() - t0)
             sent = None  # the request of the previous answer: the next one's, if it came in it
             for completion in completions:
                 record = completion.meta.get("http")
@@ -219,7 +229,7 @@ class FleetPolicy(Policy):
             now = time.monotonic()
             up = [self._is_up(i, now) for i in range(len(self.replicas))]
             if any(up):
-                i = self.router.choose(prompt_ids, route, self.loads, up)
+                i = self.router.choose(prompt_ids, route, self._weighed_loads(), up)
                 probe = self._down_until[i] > 0
                 if probe:
                     self._probing[i] = True
@@ -236,6 +246,45 @@ class FleetPolicy(Policy):
             soonest = min(range(len(self.replicas)), key=lambda j: self._down_until[j])
             self._down_until[soonest] = min(self._down_until[soonest], time.monotonic())
             self._probing[soonest] = False
+
+    #: Weight of the newest call in a replica's latency average.
+    LATENCY_WEIGHT = 0.2
+    #: A replica this many times slower than the fleet's median counts its calls in flight
+    #: as that many (rounded down); faster or nearer ones count them as they are.
+    SLOW = 2.0
+
+    #: A replica's average older than this (no answer from it since) weighs nothing.
+    LATENCY_KEPT_S = 10.0
+
+    def _timed(self, i: int, seconds: float) -> None:
+        old = self.latency[i]
+        self.latency[i] = seconds if old is None else old + self.LATENCY_WEIGHT * (seconds - old)
+        self._timed_at[i] = time.monotonic()
+
+    def _weighed_loads(self) -> list[int]:
+        """The calls in flight per replica as the router weighs them. A replica ``k >=``
+        :attr:`SLOW` times slower per call than the median replica counts as ``k`` calls
+        per call it would hold with the one placed, less that one: what the call would
+        wait there, in the median replica's calls. Counted as one each, a much slower
+        replica (another GPU, a noisy neighbour) took a call whenever it held fewer than
+        the others, and the rollouts routed there held every wave: three replicas, one 30
+        times slower, collected 6.5 times slower than the two fast ones alone. Its
+        average is forgotten :attr:`LATENCY_KEPT_S` after its last answer, so a replica
+        that was slow for a while gets calls again and is timed anew."""
+        now = time.monotonic()
+        kept = [
+            x if x is not None and now - t < self.LATENCY_KEPT_S else None
+            for x, t in zip(self.latency, self._timed_at, strict=True)
+        ]
+        known = sorted(x for x in kept if x is not None)
+        if len(known) < 2:
+            return self.loads
+        mid = known[len(known) // 2] if len(known) % 2 else (known[len(known) // 2 - 1] + known[len(known) // 2]) / 2
+        out = list(self.loads)
+        for i, x in enumerate(kept):
+            if x is not None and mid > 0 and x >= self.SLOW * mid:
+                out[i] = (out[i] + 1) * int(x / mid) - 1
+        return out
 
     def _is_up(self, i: int, now: float) -> bool:
         until = self._down_until[i]
