@@ -25,7 +25,7 @@ from focus.collector import Collector
 from focus.critic import ConstantCritic
 from focus.execution import Execution
 from focus.format import ByteCodec
-from focus.policy import BadResponse, SamplingParams
+from focus.policy import ReplicasDiffer, SamplingParams
 from focus.priority import Phase, Selective
 from focus.testing.faults import ServerRestart
 from focus.testing.simserver import SimConfig, SimServerProcess
@@ -138,8 +138,35 @@ def test_replicas_serving_other_weights_are_refused_naming_both():
             finally:
                 await fleet.aclose()
 
-        with pytest.raises(BadResponse, match=rf"serve different weights \({a.url}: w1, {b.url}: w2\)"):
+        with pytest.raises(ReplicasDiffer, match=rf"serve different weights \({a.url}: w1, {b.url}: w2\): every"):
             asyncio.run(go())
+
+
+def test_a_replica_restarted_on_other_weights_mid_collection_is_set_aside_and_costs_nothing(caplog):
+    """Its answers failed the rollouts sent there as bad responses, each run again on it
+    or on another replica: the collection finished, or stopped as a "model service
+    outage" a rerun would meet again, by chance. Now the replica is named once and set
+    aside, and the batch is the one an intact fleet collects."""
+    slow = SIM.model_copy(update={"latency_s": 0.1})  # the collection outlasts the restart
+    servers = [SimServerProcess(slow).start() for _ in range(3)]
+    try:
+        single = collect(FleetPolicy([replica(servers[0].url)]), tasks=12)
+        fresh(servers)
+        fleet = FleetPolicy([replica(s.url) for s in servers], down_s=0.1)
+        servers[1].config = slow.model_copy(update={"version": "w9"})
+        with caplog.at_level(logging.WARNING, logger="focus.backends.fleet"):
+            with ServerRestart(servers[1], after_requests=3, down_s=0.05) as restart:
+                batch = collect(fleet, tasks=12)
+        assert restart.up_at is not None
+        assert rows(batch) == rows(single) and batch.stats["failed_rollouts"] == 0
+        assert {r.policy_version for r in batch.actor} == {"w1"}
+        stats = fleet.stats()
+        assert stats["calls"] == batch.stats["model_calls"] and stats["replicas"][1]["failovers"] >= 1
+        said = f"replica {servers[1].url} of the model answers with weights w9, the others' are w1"
+        assert sum(said in r.getMessage() for r in caplog.records) == 1
+    finally:
+        for s in servers:
+            s.stop()
 
 
 def test_model_urls_builds_a_fleet_from_the_config():

@@ -11,9 +11,11 @@ replica. This module is the I/O around that decision:
 * **Same weights.** Replicas must serve the same weights: before the first call the
   fleet asks each for its version (:meth:`HttpPolicy.served_version`) and refuses to
   sample if they differ, naming them; every answer's version is checked against the
-  fleet's afterwards (a replica restarted with other weights). Either is a
-  :class:`~focus.policy.BadResponse`, which fails the wave rather than mixing two
-  policies in one batch.
+  fleet's afterwards. Replicas that differ at the start stop the collection at once
+  (:class:`~focus.policy.ReplicasDiffer`: which weights are meant is the user's to say);
+  a replica that answers with other weights later (restarted on another checkpoint) is
+  set aside for good and its answer dropped, the call going to another replica: one
+  policy in the batch, nothing lost.
 * **Failover.** A replica whose calls find it down (its client's quick retries spent on
   refused or reset connections or 502/503/504, about a second) is marked down and the
   call goes to another replica at once; nothing is lost, and since a sample depends on
@@ -48,9 +50,15 @@ from focus.backends.foreign import server_key
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.outage import CONSOLE, OVER, OutageGate, OutageTotals, span
 from focus.backends.routing import Router, TreeRouter
-from focus.policy import BadResponse, Completion, Policy, SamplingParams, ServiceUnavailable
+from focus.policy import Completion, Policy, ReplicasDiffer, SamplingParams, ServiceUnavailable
 
 log = logging.getLogger(__name__)
+
+#: What the lines for replicas that serve different weights say to do.
+SAME_WEIGHTS = (
+    ": every replica in model.urls must serve the same weights (list only those that serve the ones to collect "
+    "with); nothing of the running wave is kept, and a rerun with the same collection id goes on once they do"
+)
 
 
 @dataclass
@@ -104,6 +112,8 @@ class FleetPolicy(Policy):
         self._down_until = [0.0] * n
         self._down_for = [0.0] * n
         self._probing = [False] * n
+        #: Replicas set aside for good: they answered with other weights than the fleet's.
+        self._refused = [False] * n
         self._replica_stats = [ReplicaStats(r.http.base_url) for r in self.replicas]
         self._outages = OutageTotals()
         self._gate: OutageGate | None = None
@@ -125,13 +135,13 @@ class FleetPolicy(Policy):
     # ---- the weights ----
 
     async def verify(self) -> None:
-        """Ask every replica which weights it serves; :class:`BadResponse` if they
+        """Ask every replica which weights it serves; :class:`ReplicasDiffer` if they
         differ (replicas that cannot be asked now are checked by their answers)."""
         versions = await asyncio.gather(*(r.served_version() for r in self.replicas), return_exceptions=True)
         known = {url: v for url, v in zip(self.urls, versions, strict=True) if isinstance(v, str)}
         if len(set(known.values())) > 1:
             named = ", ".join(f"{url}: {v}" for url, v in known.items())
-            raise BadResponse(f"the model's replicas serve different weights ({named})")
+            raise ReplicasDiffer(f"the model's replicas serve different weights ({named}){SAME_WEIGHTS}")
         if known:
             self._version = next(iter(known.values()))
             self.policy_version = self._version
@@ -146,16 +156,37 @@ class FleetPolicy(Policy):
             if not self._verified:
                 await self.verify()
 
-    def _check_version(self, i: int, completion: Completion) -> None:
+    def _same_weights(self, i: int, completion: Completion) -> bool:
+        """Whether replica ``i``'s answer names the fleet's weights (or none). One that
+        names others is set aside for good, with one warning line naming it, and the
+        answer dropped: the call goes to another replica, so the batch keeps one policy
+        and loses nothing. It failed as a bad response: the rollout ran again, on
+        another replica or the same, and the collection went on or stopped as a "model
+        service outage" by chance. :class:`ReplicasDiffer` once no replica is left."""
         version = completion.policy_version
         if not version:
-            return
+            return True
         if self._version is None:
             self._version = self.policy_version = version
-        elif version != self._version:
-            raise BadResponse(
-                f"replica {self.urls[i]} answered with weights {version}, the other replicas' are {self._version}"
+        if version == self._version:
+            return True
+        self._replica_stats[i].failovers += 1
+        if not self._refused[i]:
+            self._refused[i] = True
+            log.warning(
+                "replica %s of the model answers with weights %s, the others' are %s (restarted on another "
+                "checkpoint?): it gets no more calls in this collection; its answers are dropped",
+                self.urls[i],
+                version,
+                self._version,
+                extra=CONSOLE,
             )
+        if all(self._refused):
+            raise ReplicasDiffer(
+                f"every replica of the model now answers with other weights than {self._version}, the weights this "
+                f"collection samples with (the last: {self.urls[i]} with {version}){SAME_WEIGHTS}"
+            )
+        return False
 
     # ---- sampling ----
 
@@ -178,6 +209,8 @@ class FleetPolicy(Policy):
                 continue
             finally:
                 self.loads[i] -= 1
+            if not self._same_weights(i, completion):
+                continue
             self._answered(i, prompt_ids, completion)
             self._timed(i, time.monotonic() - t0)
             return completion
@@ -209,6 +242,8 @@ class FleetPolicy(Policy):
                 continue
             finally:
                 self.loads[i] -= n
+            if not all(self._same_weights(i, c) for c in completions):
+                continue
             self._timed(i, time.monotonic() - t0)
             sent = None  # the request of the previous answer: the next one's, if it came in it
             for completion in completions:
@@ -243,7 +278,9 @@ class FleetPolicy(Policy):
                     f"{gate.window_s:g} s)"
                 )
             # one replica (the one down the shortest) gets a call again now
-            soonest = min(range(len(self.replicas)), key=lambda j: self._down_until[j])
+            soonest = min(
+                (j for j in range(len(self.replicas)) if not self._refused[j]), key=lambda j: self._down_until[j]
+            )
             self._down_until[soonest] = min(self._down_until[soonest], time.monotonic())
             self._probing[soonest] = False
 
@@ -287,6 +324,8 @@ class FleetPolicy(Policy):
         return out
 
     def _is_up(self, i: int, now: float) -> bool:
+        if self._refused[i]:
+            return False
         until = self._down_until[i]
         return until == 0.0 or (now >= until and not self._probing[i])
 
@@ -310,7 +349,6 @@ class FleetPolicy(Policy):
     def _answered(self, i: int, prompt_ids: Sequence[int], completion: Completion, prompt_sent: bool = True) -> None:
         """Count an answer of replica ``i``; ``prompt_sent``: false for the second and later
         samples of one request (its prompt, and its cache hits, counted once)."""
-        self._check_version(i, completion)  # first: a replica back with other weights is not "back"
         if self._down_until[i] > 0:
             log.warning("replica %s of the model answers again", self.urls[i], extra=CONSOLE)
             self._down_until[i], self._probing[i] = 0.0, False
