@@ -20,11 +20,14 @@ failed every rollout as "rejected with status 422" and finished with an empty ba
   of type 'string'``).
 
 :func:`endpoint_in_url` refuses a ``model.url`` that names an endpoint instead of the
-server root (vLLM's chat endpoint given by mistake).
+server root (vLLM's chat endpoint given by mistake); :func:`url_problem` one no request
+could reach (no host, a port that is no number, two URLs in one) or that carries
+credentials; :func:`listed_twice` a ``model.urls`` naming one server twice.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 #: (pattern of a refusal's body, the server, what it lacks).
@@ -170,3 +173,30 @@ def server_key(url: str) -> tuple[str, str, int | None, str]:
         port = None
     default = {"http": 80, "https": 443}.get(parts.scheme)
     return parts.scheme, (parts.hostname or "").lower(), port or default, parts.path.rstrip("/")
+
+
+def listed_twice(urls: list[str], *, strip_v1: bool) -> str | None:
+    """Why ``model.urls`` cannot be a fleet's replicas: two entries name one server
+    (:func:`server_key`; ``strip_v1``: ``/v1`` names the root too, as for the openai
+    client), or None. The fleet took them for two replicas, so that server got twice its
+    share of the calls and was counted, and failed over, as two."""
+    seen: dict[tuple[str, str, int | None, str], str] = {}
+    for u in urls:
+        key = server_key(u)
+        if strip_v1 and key[3].endswith("/v1"):
+            key = (*key[:3], key[3][: -len("/v1")])
+        if key in seen:
+            same = f"{u!r} twice" if seen[key] == u else f"{seen[key]!r} and {u!r}, which name one server"
+            return f"model.urls lists {same}: list each replica once"
+        seen[key] = u
+    return None
+
+
+def urls_as_one_string(value: str) -> str:
+    """The line for ``model.urls`` given one string (``--set model.urls=http://a,http://b``),
+    which pydantic refused as ``Input should be a valid list``: how to write the list."""
+    listed = json.dumps([u.strip() for u in value.split(",") if u.strip()] or ["http://gpu0:8000"])
+    return (
+        f"takes a list of URLs, not the string {value!r}: write model.urls = {listed} "
+        f"(with --set, as JSON: --set 'model.urls={listed}')"
+    )

@@ -330,15 +330,13 @@ class HttpClient:
                 raise self.unreadable(unreadable_line(self.service, method, url, self._unread)) from None
             if not answered:
                 gate.failed(now)
-            if last.kind == "timeout" and not self.wait_outages:
-                ended = "down"  # a replica that held an attempt timeout_s unanswered: another takes the call
-                break
+            stuck = last.kind == "timeout" and not self.wait_outages  # a replica: another takes the call
             if not answered and gate.should_wait(
                 streak_start=streak,
                 # retrying on its own only while the waits are shorter than the gate's
                 # probes: past that a call waiting at the gate goes on sooner
-                retries_left=retry < cfg.max_retries and cfg.backoff_cap(retry) < gate.probe_s,
-                down_cause=is_down_cause(last.kind, last.status),
+                retries_left=not stuck and retry < cfg.max_retries and cfg.backoff_cap(retry) < gate.probe_s,
+                down_cause=stuck or is_down_cause(last.kind, last.status),
             ):
                 if not self.wait_outages:
                     ended = "down"

@@ -17,7 +17,6 @@ importable from here too.
 from __future__ import annotations
 
 import difflib
-import json
 import pathlib
 import re
 import typing
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from focus.backends.foreign import endpoint_in_url, server_key, url_problem
+from focus.backends.foreign import endpoint_in_url, listed_twice, url_problem, urls_as_one_string
 from focus.backends.retry import RetryPolicy
 from focus.env import VALUE_LIMIT
 from focus.policy import SamplingParams
@@ -52,22 +51,6 @@ class _Model(BaseModel):
 def _check_http_url(name: str, url: str | None) -> None:
     if url is not None and (why := url_problem(url, name)):
         raise ValueError(why)
-
-
-def _check_replicas(kind: str, urls: list[str]) -> None:
-    """``model.urls`` entries that name one server twice (``http://gpu0:8000`` and
-    ``http://gpu0:8000/``, or ``.../v1`` where the openai client strips it): the fleet took
-    them for two replicas, so that server got twice its share of the calls and was
-    counted, and failed over, as two."""
-    seen: dict[tuple[str, str, int | None, str], str] = {}
-    for u in urls:
-        key = server_key(u)
-        if kind in ("openai", "local") and key[3].endswith("/v1"):
-            key = (*key[:3], key[3][: -len("/v1")])
-        if key in seen:
-            same = f"{u!r} twice" if seen[key] == u else f"{seen[key]!r} and {u!r}, which name one server"
-            raise ValueError(f"model.urls lists {same}: list each replica once")
-        seen[key] = u
 
 
 class _Pluggable(_Model):
@@ -162,11 +145,7 @@ class ModelConfig(_Pluggable):
         """One string where the list belongs (``--set model.urls=http://a,http://b``) was
         refused as ``Input should be a valid list``, which did not say how to write one."""
         if isinstance(v, str):
-            listed = json.dumps([u.strip() for u in v.split(",") if u.strip()] or ["http://gpu0:8000"])
-            raise ValueError(
-                f"takes a list of URLs, not the string {v!r}: write model.urls = {listed} "
-                f"(with --set, as JSON: --set 'model.urls={listed}')"
-            )
+            raise ValueError(urls_as_one_string(v))
         return v
 
     @model_validator(mode="after")
@@ -177,7 +156,8 @@ class ModelConfig(_Pluggable):
             raise ValueError("model.urls replaces model.url, for the openai, sglang and llamacpp kinds")
         for u in self.urls:
             _check_http_url("model.urls", u)
-        _check_replicas(self.kind, self.urls)
+        if why := listed_twice(self.urls, strip_v1=self.kind in ("openai", "local")):
+            raise ValueError(why)
         if self.kind == "tinker" and not (self.model or self.weights):
             raise ValueError("model.model (a base model) or model.weights (a tinker:// path) is required for tinker")
         _check_http_url("model.url", self.url)
