@@ -229,3 +229,29 @@ def test_a_much_slower_replica_is_given_few_calls_and_the_batch_is_the_same(sims
     assert sum(calls) == batch.stats["model_calls"]
     assert calls[0] <= 7, calls  # 4 now (its first calls, before any replica was timed); 13-14 before
     assert fleet.latency[0] is not None and fleet.latency[0] > 10 * max(fleet.latency[1:])  # type: ignore[operator]
+
+
+def test_a_replica_stopped_before_the_collection_holds_nothing_up(sims, caplog):
+    """Every call waits for the weights check before the first call, which waited for a
+    stopped replica's whole timeout_s (30 s here, 120 s by default); then each probe of
+    it (a call) waited as long. Now the check gives it VERIFY_S and sets it aside, and a
+    probe asks its weights (GET, VERIFY_S at most) before a call is sent there."""
+    single = collect(FleetPolicy([replica(sims[0].url)]), tasks=12)
+    fresh(sims)
+    http = HTTP.model_copy(update={"timeout_s": 30, "deadline_s": 60})
+    slow = [OpenAICompatPolicy(s.url, vocab_size=ByteCodec.vocab_size, config=http) for s in sims]
+    fleet = FleetPolicy(slow, down_s=0.2)
+    fleet.VERIFY_S = 0.5
+    os.kill(sims[1].proc.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        with caplog.at_level(logging.WARNING, logger="focus.backends.fleet"):
+            batch = collect(fleet, tasks=12)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(sims[1].proc.pid, signal.SIGCONT)
+    assert rows(batch) == rows(single) and batch.stats["failed_rollouts"] == 0
+    assert took < 10, took  # 1.0-1.5 s; before: 60.5 s (the check, then a probing call, each 30 s)
+    assert fleet.stats()["replicas"][1]["calls"] == 0
+    said = f"replica {sims[1].url} of the model is down; its calls go to the others (asked which weights it serves"
+    assert any(said in r.getMessage() for r in caplog.records)

@@ -50,7 +50,7 @@ from focus.backends.foreign import server_key
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.outage import CONSOLE, OVER, OutageGate, OutageTotals, span
 from focus.backends.routing import Router, TreeRouter
-from focus.policy import Completion, Policy, ReplicasDiffer, SamplingParams, ServiceUnavailable
+from focus.policy import Completion, Policy, PolicyError, ReplicasDiffer, SamplingParams, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,8 @@ class ReplicaStats:
     #: Prompt tokens the replica reports as served from its prefix cache.
     cached_tokens: int = 0
     completion_tokens: int = 0
-    #: Calls that found it down and went to another replica.
+    #: Calls that found it down, or that it answered with other weights than the fleet's,
+    #: and went to another replica.
     failovers: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -134,10 +135,33 @@ class FleetPolicy(Policy):
 
     # ---- the weights ----
 
+    #: How long the weights check before the first call waits for a replica: one that has
+    #: not answered by then, or is down, is set aside as down (and checked by its answers).
+    VERIFY_S = 10.0
+
     async def verify(self) -> None:
         """Ask every replica which weights it serves; :class:`ReplicasDiffer` if they
-        differ (replicas that cannot be asked now are checked by their answers)."""
-        versions = await asyncio.gather(*(r.served_version() for r in self.replicas), return_exceptions=True)
+        differ. Replicas that cannot be asked now are checked by their answers; those
+        down or silent for :attr:`VERIFY_S` are set aside as down. Every call waits for
+        this check, and a stopped (wedged) replica held it for its client's whole
+        ``timeout_s`` (120 s by default), then took calls that waited as long."""
+
+        async def ask(r: HttpPolicy) -> str | None:
+            return await asyncio.wait_for(r.served_version(), self.VERIFY_S)
+
+        versions = await asyncio.gather(*(ask(r) for r in self.replicas), return_exceptions=True)
+        now = time.monotonic()
+        for i, v in enumerate(versions):
+            if isinstance(v, (TimeoutError, ServiceUnavailable)) and self._down_until[i] == 0.0:
+                self._down_for[i] = self.down_s
+                self._down_until[i] = now + self.down_s
+                why = f"no answer within {self.VERIFY_S:g} s" if isinstance(v, TimeoutError) else str(v)
+                log.warning(
+                    "replica %s of the model is down; its calls go to the others (asked which weights it serves: %s)",
+                    self.urls[i],
+                    why,
+                    extra=CONSOLE,
+                )
         known = {url: v for url, v in zip(self.urls, versions, strict=True) if isinstance(v, str)}
         if len(set(known.values())) > 1:
             named = ", ".join(f"{url}: {v}" for url, v in known.items())
@@ -200,6 +224,8 @@ class FleetPolicy(Policy):
             await self._verify_once()
         while True:
             i, probe = await self._place(prompt_ids, route)
+            if probe and not await self._alive(i):
+                continue
             self.loads[i] += 1
             t0 = time.monotonic()
             try:
@@ -231,6 +257,8 @@ class FleetPolicy(Policy):
         n = len(routes)
         while True:
             i, probe = await self._place(prompt_ids, routes[0])
+            if probe and not await self._alive(i):
+                continue
             for route in routes[1:]:
                 self.router.join(route, i)
             self.loads[i] += n
@@ -328,6 +356,23 @@ class FleetPolicy(Policy):
             return False
         until = self._down_until[i]
         return until == 0.0 or (now >= until and not self._probing[i])
+
+    async def _alive(self, i: int) -> bool:
+        """Whether replica ``i``, down until now, answers a ``GET`` of its weights within
+        :attr:`VERIFY_S`, before a probing call is sent there; if not, it stays down (for
+        twice as long) and the call goes elsewhere. The probe was the call itself, which
+        on a stopped (wedged) replica waited its whole ``timeout_s`` each time."""
+        try:
+            await asyncio.wait_for(self.replicas[i].served_version(), self.VERIFY_S)
+        except TimeoutError:
+            self._failed(i, ServiceUnavailable(f"no answer to a GET within {self.VERIFY_S:g} s"), probe=True)
+            return False
+        except ServiceUnavailable as e:
+            self._failed(i, e, probe=True)
+            return False
+        except PolicyError:
+            pass  # it answers (refused, or a server without the endpoint): its call tells the rest
+        return True
 
     def _failed(self, i: int, error: ServiceUnavailable, probe: bool) -> None:
         now = time.monotonic()
