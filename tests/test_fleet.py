@@ -229,6 +229,11 @@ def test_a_much_slower_replica_is_given_few_calls_and_the_batch_is_the_same(sims
     assert sum(calls) == batch.stats["model_calls"]
     assert calls[0] <= 7, calls  # 4 now (its first calls, before any replica was timed); 13-14 before
     assert fleet.latency[0] is not None and fleet.latency[0] > 10 * max(fleet.latency[1:])  # type: ignore[operator]
+    fresh(sims)
+    with SimServerProcess(SIM.model_copy(update={"latency_s": 0.3})) as slow:  # of two, the faster is the median
+        pair = FleetPolicy([replica(slow.url), replica(sims[1].url)])
+        assert rows(collect(pair, tasks=12)) == rows(single)
+    assert pair.stats()["replicas"][0]["calls"] <= 7, pair.stats()["replicas"]
 
 
 def test_a_replica_stopped_before_the_collection_holds_nothing_up(sims, caplog):

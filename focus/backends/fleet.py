@@ -328,7 +328,7 @@ class FleetPolicy(Policy):
 
     def _weighed_loads(self) -> list[int]:
         """The calls in flight per replica as the router weighs them. A replica ``k >=``
-        :attr:`SLOW` times slower per call than the median replica counts as ``k`` calls
+        :attr:`SLOW` times slower per call than the (lower) median replica counts as ``k`` calls
         per call it would hold with the one placed, less that one: what the call would
         wait there, in the median replica's calls. Counted as one each, a much slower
         replica (another GPU, a noisy neighbour) took a call whenever it held fewer than
@@ -344,7 +344,7 @@ class FleetPolicy(Policy):
         known = sorted(x for x in kept if x is not None)
         if len(known) < 2:
             return self.loads
-        mid = known[len(known) // 2] if len(known) % 2 else (known[len(known) // 2 - 1] + known[len(known) // 2]) / 2
+        mid = known[(len(known) - 1) // 2]  # the lower median: of two replicas, the faster
         out = list(self.loads)
         for i, x in enumerate(kept):
             if x is not None and mid > 0 and x >= self.SLOW * mid:
