@@ -125,6 +125,9 @@ def test_a_replica_killed_mid_collection_costs_no_rollout_and_changes_nothing(si
     assert batch.stats["failed_rollouts"] == 0 and rows(batch) == rows(single)
     stats = fleet.stats()
     assert stats["replicas"][1]["failovers"] >= 1 and stats["replicas"][0]["calls"] > 0
+    # what each replica answered adds up to the batch's figures
+    assert stats["calls"] == batch.stats["model_calls"]
+    assert sum(r["completion_tokens"] for r in stats["replicas"]) == batch.stats["tokens"]
     assert any("replica http://127.0.0.1" in r.getMessage() and "is down" in r.getMessage() for r in caplog.records)
 
 
