@@ -27,7 +27,7 @@ from focus.execution import Execution
 from focus.format import ByteCodec
 from focus.policy import ReplicasDiffer, SamplingParams
 from focus.priority import Phase, Selective
-from focus.testing.faults import ServerRestart
+from focus.testing.faults import FaultProxy, ServerRestart
 from focus.testing.simserver import SimConfig, SimServerProcess
 from focus.toy import ReachTarget, reach_target_tasks, toy_format
 from tasks.config import ConfigError, load_config
@@ -263,3 +263,23 @@ def test_a_replica_stopped_before_the_collection_holds_nothing_up(sims, caplog):
     assert fleet.stats()["replicas"][1]["calls"] == 0
     said = f"replica {sims[1].url} of the model is down; its calls go to the others (asked which weights it serves"
     assert any(said in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("status", ["429", "500"])
+def test_a_replica_answering_every_call_with_a_retried_status_fails_over_within_a_second(sims, status):
+    """An overloaded replica (429) or a broken one (500 to every call) held each of its
+    calls through all its retries, backing off up to backoff_max_s (11 attempts, 21-23 s
+    for this collection with the default settings), while the others could answer; a
+    replica refusing connections or answering 503 fails over after its quick retries."""
+    single = collect(FleetPolicy([replica(sims[0].url)]), tasks=12)
+    fresh(sims)
+    with FaultProxy(sims[1].url) as proxy:
+        proxy.queue(status, 1000)
+        urls = [sims[0].url, proxy.url, sims[2].url]
+        fleet = FleetPolicy([OpenAICompatPolicy(u, vocab_size=ByteCodec.vocab_size, config=HttpConfig()) for u in urls])
+        t0 = time.monotonic()
+        batch = collect(fleet, tasks=12)
+        took = time.monotonic() - t0
+    assert rows(batch) == rows(single) and batch.stats["failed_rollouts"] == 0
+    assert took < 8, took  # 1.2-1.4 s; before: 21-23 s
+    assert proxy.injected[status] > 0 and fleet.stats()["replicas"][1]["calls"] == 0

@@ -124,9 +124,11 @@ class HttpClient:
         #: What the outage log lines call the service.
         self.service = service or ("model service" if error is PolicyError else "service")
         #: False: a service that is down (past the quick retries) fails the call at once
-        #: instead of being waited for - a replica whose calls others can take; so does
-        #: an attempt unanswered for ``timeout_s`` (a wedged or stopped replica, where
-        #: retrying the same replica held the call up to ``deadline_s``).
+        #: instead of being waited for - a replica whose calls others can take. Any failure
+        #: but a malformed answer counts as down then (a 429 or 500 to every call was
+        #: retried on the replica for 11 attempts, about 20 s, while others could answer),
+        #: and an attempt unanswered for ``timeout_s`` fails the call at once (a wedged or
+        #: stopped replica, where retrying it held the call up to ``deadline_s``).
         self.wait_outages = wait_outages
         #: The k-th request body (from 1) beside a given one (decoded), to another prompt: the
         #: probe telling another server's answer format from one request's bad answer.
@@ -336,7 +338,7 @@ class HttpClient:
                 # retrying on its own only while the waits are shorter than the gate's
                 # probes: past that a call waiting at the gate goes on sooner
                 retries_left=not stuck and retry < cfg.max_retries and cfg.backoff_cap(retry) < gate.probe_s,
-                down_cause=stuck or is_down_cause(last.kind, last.status),
+                down_cause=not self.wait_outages or is_down_cause(last.kind, last.status),
             ):
                 if not self.wait_outages:
                     ended = "down"
