@@ -128,7 +128,9 @@ class HttpClient:
         #: but a malformed answer counts as down then (a 429 or 500 to every call was
         #: retried on the replica for 11 attempts, about 20 s, while others could answer),
         #: and an attempt unanswered for ``timeout_s`` fails the call at once (a wedged or
-        #: stopped replica, where retrying it held the call up to ``deadline_s``).
+        #: stopped replica, where retrying it held the call up to ``deadline_s``), as does
+        #: a ``Retry-After`` longer than the quick retries (each retry waited it, up to
+        #: ``backoff_max_s``).
         self.wait_outages = wait_outages
         #: The k-th request body (from 1) beside a given one (decoded), to another prompt: the
         #: probe telling another server's answer format from one request's bad answer.
@@ -332,7 +334,8 @@ class HttpClient:
                 raise self.unreadable(unreadable_line(self.service, method, url, self._unread)) from None
             if not answered:
                 gate.failed(now)
-            stuck = last.kind == "timeout" and not self.wait_outages  # a replica: another takes the call
+            # a replica (not waited for) that timed out, or asks for a longer wait than quick retries: fail over
+            stuck = not self.wait_outages and (last.kind == "timeout" or (last.retry_after or 0) >= gate.probe_s)
             if not answered and gate.should_wait(
                 streak_start=streak,
                 # retrying on its own only while the waits are shorter than the gate's
