@@ -144,7 +144,7 @@ def url_problem(url: object, name: str = "model.url") -> str | None:
         shown = f"{parts.scheme}://***@{parts.netloc.rpartition('@')[2]}{parts.path}"
         return (
             f"{name} {shown!r} carries credentials, which every log line and failure cause naming the server "
-            "would show (and a collection's configuration record keep): remove them from the URL and give the key "
+            "would show, and a collection's configuration record would keep: remove them from the URL and give the key "
             "as model.api_key_env (sent as Authorization: Bearer; HttpConfig.api_key or headers in the library)"
         )
     if not parts.hostname:
