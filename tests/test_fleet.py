@@ -285,3 +285,31 @@ def test_a_replica_answering_every_call_with_a_retried_status_fails_over_within_
     assert rows(batch) == rows(single) and batch.stats["failed_rollouts"] == 0
     assert took < 8, took  # 0.3-1.4 s; before: 21-23 s, with Retry-After: 30 60.5 s
     assert proxy.injected[status] > 0 and fleet.stats()["replicas"][1]["calls"] == 0
+
+
+def test_every_replica_killed_then_one_restarted_loses_nothing(sims):
+    """SIGKILL of the whole fleet mid-collection, one replica back on its port a second
+    later: the calls wait at the fleet's gate, the probes find the one that is back, and
+    the batch is the uninterrupted one, its figures adding up."""
+    single = collect(FleetPolicy([replica(s.url) for s in sims]), tasks=12)
+    fresh(sims)
+    fleet = FleetPolicy([replica(s.url) for s in sims])
+
+    def kill_all_then_one_back() -> None:
+        while sum(s.stats()["requests"] for s in sims) < 10:
+            time.sleep(0.01)
+        for s in sims:
+            os.kill(s.proc.pid, signal.SIGKILL)
+            s.proc.wait()
+            s.stop()
+        time.sleep(1.0)
+        sims[2].start()
+
+    killer = threading.Thread(target=kill_all_then_one_back, daemon=True)
+    killer.start()
+    batch = collect(fleet, tasks=12)
+    killer.join(timeout=30)
+    assert rows(batch) == rows(single) and batch.stats["failed_rollouts"] == 0
+    stats = fleet.stats()
+    assert stats["outages"] == 1 and stats["calls"] == batch.stats["model_calls"]
+    assert sum(r["completion_tokens"] for r in stats["replicas"]) == batch.stats["tokens"]
