@@ -146,6 +146,15 @@ class UnreadableAnswers(PolicyError):
     ``str()`` leads with the cause (:mod:`focus.backends.unreadable`)."""
 
 
+class ReplicasDiffer(UnreadableAnswers):
+    """The replicas of one model (:class:`focus.backends.FleetPolicy`) serve different
+    weights: asked before the first call, or an answer naming other weights than the
+    fleet's (a replica restarted on another checkpoint). A setting to fix, as
+    :class:`UnreadableAnswers` is, and stopped at once the same way: as a bad response
+    it failed each rollout sent there and then the wave as a "model service outage",
+    which said a rerun would compute it again, where the rerun met the same replicas."""
+
+
 class ContextLimit(PolicyError):
     """The model service refused a request because its prompt (with ``max_tokens``) does
     not fit the model's context length (vLLM's and the embedded server's 400 "maximum

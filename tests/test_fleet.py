@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -22,9 +25,9 @@ from focus.collector import Collector
 from focus.critic import ConstantCritic
 from focus.execution import Execution
 from focus.format import ByteCodec
-from focus.policy import BadResponse, SamplingParams
+from focus.policy import ReplicasDiffer, SamplingParams
 from focus.priority import Phase, Selective
-from focus.testing.faults import ServerRestart
+from focus.testing.faults import FaultProxy, ServerRestart
 from focus.testing.simserver import SimConfig, SimServerProcess
 from focus.toy import ReachTarget, reach_target_tasks, toy_format
 from tasks.config import ConfigError, load_config
@@ -122,6 +125,9 @@ def test_a_replica_killed_mid_collection_costs_no_rollout_and_changes_nothing(si
     assert batch.stats["failed_rollouts"] == 0 and rows(batch) == rows(single)
     stats = fleet.stats()
     assert stats["replicas"][1]["failovers"] >= 1 and stats["replicas"][0]["calls"] > 0
+    # what each replica answered adds up to the batch's figures
+    assert stats["calls"] == batch.stats["model_calls"]
+    assert sum(r["completion_tokens"] for r in stats["replicas"]) == batch.stats["tokens"]
     assert any("replica http://127.0.0.1" in r.getMessage() and "is down" in r.getMessage() for r in caplog.records)
 
 
@@ -135,8 +141,35 @@ def test_replicas_serving_other_weights_are_refused_naming_both():
             finally:
                 await fleet.aclose()
 
-        with pytest.raises(BadResponse, match=rf"serve different weights \({a.url}: w1, {b.url}: w2\)"):
+        with pytest.raises(ReplicasDiffer, match=rf"serve different weights \({a.url}: w1, {b.url}: w2\): every"):
             asyncio.run(go())
+
+
+def test_a_replica_restarted_on_other_weights_mid_collection_is_set_aside_and_costs_nothing(caplog):
+    """Its answers failed the rollouts sent there as bad responses, each run again on it
+    or on another replica: the collection finished, or stopped as a "model service
+    outage" a rerun would meet again, by chance. Now the replica is named once and set
+    aside, and the batch is the one an intact fleet collects."""
+    slow = SIM.model_copy(update={"latency_s": 0.1})  # the collection outlasts the restart
+    servers = [SimServerProcess(slow).start() for _ in range(3)]
+    try:
+        single = collect(FleetPolicy([replica(servers[0].url)]), tasks=12)
+        fresh(servers)
+        fleet = FleetPolicy([replica(s.url) for s in servers], down_s=0.1)
+        servers[1].config = slow.model_copy(update={"version": "w9"})
+        with caplog.at_level(logging.WARNING, logger="focus.backends.fleet"):
+            with ServerRestart(servers[1], after_requests=3, down_s=0.05) as restart:
+                batch = collect(fleet, tasks=12)
+        assert restart.up_at is not None
+        assert rows(batch) == rows(single) and batch.stats["failed_rollouts"] == 0
+        assert {r.policy_version for r in batch.actor} == {"w1"}
+        stats = fleet.stats()
+        assert stats["calls"] == batch.stats["model_calls"] and stats["replicas"][1]["failovers"] >= 1
+        said = f"replica {servers[1].url} of the model answers with weights w9, the others' are w1"
+        assert sum(said in r.getMessage() for r in caplog.records) == 1
+    finally:
+        for s in servers:
+            s.stop()
 
 
 def test_model_urls_builds_a_fleet_from_the_config():
@@ -149,3 +182,134 @@ def test_model_urls_builds_a_fleet_from_the_config():
         load_config(overrides={**base, "model.url": "http://c:8000"}, environ={})
     with pytest.raises(ConfigError, match="must start with http"):
         load_config(overrides={**base, "model.urls": ["a:8000"]}, environ={})
+
+
+def test_a_replica_that_stops_answering_costs_one_timeout_not_the_deadline(sims, caplog):
+    """A wedged replica (SIGSTOP: connections accepted, nothing answered) held each of its
+    calls through every retry on it, up to deadline_s (11 attempts of timeout_s here, 30 s
+    with hedges; 600 s by default), while the other replicas could answer at once: one
+    attempt's timeout_s is the proof now, and the call goes to another replica."""
+    single = collect(FleetPolicy([replica(sims[0].url)]), tasks=12)
+    fresh(sims)
+    http = HTTP.model_copy(update={"timeout_s": 1.5, "max_retries": 10, "deadline_s": 30})
+    fleet = FleetPolicy([OpenAICompatPolicy(s.url, vocab_size=ByteCodec.vocab_size, config=http) for s in sims])
+    stopped = threading.Event()
+
+    def stop_one() -> None:
+        while sims[1].stats()["requests"] < 5:
+            time.sleep(0.01)
+        os.kill(sims[1].proc.pid, signal.SIGSTOP)
+        stopped.set()
+
+    watcher = threading.Thread(target=stop_one, daemon=True)
+    watcher.start()
+    t0 = time.monotonic()
+    try:
+        with caplog.at_level(logging.WARNING, logger="focus.backends.fleet"):
+            batch = collect(fleet, tasks=12)
+        took = time.monotonic() - t0
+    finally:
+        watcher.join(timeout=5)
+        os.kill(sims[1].proc.pid, signal.SIGCONT)
+    assert stopped.is_set() and batch.stats["failed_rollouts"] == 0 and rows(batch) == rows(single)
+    assert took < 10, took  # 1.8 s; before: 17.2 s (11 attempts of 1.5 s on the stopped replica)
+    assert fleet.stats()["replicas"][1]["failovers"] >= 1
+    assert any("timeout: no answer within 1.5 s" in r.getMessage() for r in caplog.records)
+
+
+def test_a_much_slower_replica_is_given_few_calls_and_the_batch_is_the_same(sims):
+    """A replica 30 times slower per call than the others (another GPU, a noisy
+    neighbour) took a call whenever it held fewer than they did: 13-14 of 116 calls, each
+    holding its wave, and the collection took 2.6 s against 0.4 s without it. The router
+    now weighs its calls in flight by how much slower it answers (FleetPolicy.latency)."""
+    single = collect(FleetPolicy([replica(sims[0].url)]), tasks=12)
+    fresh(sims)
+    with SimServerProcess(SIM.model_copy(update={"latency_s": 0.3})) as slow:
+        fleet = FleetPolicy([replica(slow.url), replica(sims[1].url), replica(sims[2].url)])
+        batch = collect(fleet, tasks=12)
+    assert rows(batch) == rows(single) and batch.stats["failed_rollouts"] == 0
+    calls = [r["calls"] for r in fleet.stats()["replicas"]]
+    assert sum(calls) == batch.stats["model_calls"]
+    assert calls[0] <= 7, calls  # 4 now (its first calls, before any replica was timed); 13-14 before
+    assert fleet.latency[0] is not None and fleet.latency[0] > 10 * max(fleet.latency[1:])  # type: ignore[operator]
+    fresh(sims)
+    with SimServerProcess(SIM.model_copy(update={"latency_s": 0.3})) as slow:  # of two, the faster is the median
+        pair = FleetPolicy([replica(slow.url), replica(sims[1].url)])
+        assert rows(collect(pair, tasks=12)) == rows(single)
+    assert pair.stats()["replicas"][0]["calls"] <= 7, pair.stats()["replicas"]
+
+
+def test_a_replica_stopped_before_the_collection_holds_nothing_up(sims, caplog):
+    """Every call waits for the weights check before the first call, which waited for a
+    stopped replica's whole timeout_s (30 s here, 120 s by default); then each probe of
+    it (a call) waited as long. Now the check gives it VERIFY_S and sets it aside, and a
+    probe asks its weights (GET, VERIFY_S at most) before a call is sent there."""
+    single = collect(FleetPolicy([replica(sims[0].url)]), tasks=12)
+    fresh(sims)
+    http = HTTP.model_copy(update={"timeout_s": 30, "deadline_s": 60})
+    slow = [OpenAICompatPolicy(s.url, vocab_size=ByteCodec.vocab_size, config=http) for s in sims]
+    fleet = FleetPolicy(slow, down_s=0.2)
+    fleet.VERIFY_S = 0.5
+    os.kill(sims[1].proc.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        with caplog.at_level(logging.WARNING, logger="focus.backends.fleet"):
+            batch = collect(fleet, tasks=12)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(sims[1].proc.pid, signal.SIGCONT)
+    assert rows(batch) == rows(single) and batch.stats["failed_rollouts"] == 0
+    assert took < 10, took  # 1.0-1.5 s; before: 60.5 s (the check, then a probing call, each 30 s)
+    assert fleet.stats()["replicas"][1]["calls"] == 0
+    said = f"replica {sims[1].url} of the model is down; its calls go to the others (asked which weights it serves"
+    assert any(said in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(("status", "retry_after_s"), [("429", 0.0), ("500", 0.0), ("429", 30.0)])
+def test_a_replica_answering_every_call_with_a_retried_status_fails_over_within_a_second(sims, status, retry_after_s):
+    """An overloaded replica (429) or a broken one (500 to every call) held each of its
+    calls through all its retries, backing off up to backoff_max_s (11 attempts, 21-23 s
+    for this collection with the default settings), while the others could answer; a
+    replica refusing connections or answering 503 fails over after its quick retries.
+    A Retry-After longer than those (30 s) was waited, up to backoff_max_s, by each."""
+    single = collect(FleetPolicy([replica(sims[0].url)]), tasks=12)
+    fresh(sims)
+    with FaultProxy(sims[1].url) as proxy:
+        proxy.retry_after_s = retry_after_s
+        proxy.queue(status, 1000)
+        urls = [sims[0].url, proxy.url, sims[2].url]
+        fleet = FleetPolicy([OpenAICompatPolicy(u, vocab_size=ByteCodec.vocab_size, config=HttpConfig()) for u in urls])
+        t0 = time.monotonic()
+        batch = collect(fleet, tasks=12)
+        took = time.monotonic() - t0
+    assert rows(batch) == rows(single) and batch.stats["failed_rollouts"] == 0
+    assert took < 8, took  # 0.3-1.4 s; before: 21-23 s, with Retry-After: 30 60.5 s
+    assert proxy.injected[status] > 0 and fleet.stats()["replicas"][1]["calls"] == 0
+
+
+def test_every_replica_killed_then_one_restarted_loses_nothing(sims):
+    """SIGKILL of the whole fleet mid-collection, one replica back on its port a second
+    later: the calls wait at the fleet's gate, the probes find the one that is back, and
+    the batch is the uninterrupted one, its figures adding up."""
+    single = collect(FleetPolicy([replica(s.url) for s in sims]), tasks=12)
+    fresh(sims)
+    fleet = FleetPolicy([replica(s.url) for s in sims])
+
+    def kill_all_then_one_back() -> None:
+        while sum(s.stats()["requests"] for s in sims) < 10:
+            time.sleep(0.01)
+        for s in sims:
+            os.kill(s.proc.pid, signal.SIGKILL)
+            s.proc.wait()
+            s.stop()
+        time.sleep(1.0)
+        sims[2].start()
+
+    killer = threading.Thread(target=kill_all_then_one_back, daemon=True)
+    killer.start()
+    batch = collect(fleet, tasks=12)
+    killer.join(timeout=30)
+    assert rows(batch) == rows(single) and batch.stats["failed_rollouts"] == 0
+    stats = fleet.stats()
+    assert stats["outages"] == 1 and stats["calls"] == batch.stats["model_calls"]
+    assert sum(r["completion_tokens"] for r in stats["replicas"]) == batch.stats["tokens"]

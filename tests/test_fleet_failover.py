@@ -8,6 +8,7 @@ processes, one killed with SIGKILL mid-collection - is tests/test_fleet.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import httpx
@@ -15,7 +16,7 @@ import pytest
 
 from focus.backends import FleetPolicy, HttpConfig, OpenAICompatPolicy
 from focus.backends.routing import RoundRobin
-from focus.policy import BadResponse, SamplingParams, ServiceUnavailable
+from focus.policy import ReplicasDiffer, SamplingParams, ServiceUnavailable
 from focus.testing import run
 
 HTTP = HttpConfig(max_retries=2, backoff_s=0.005, backoff_max_s=0.02, timeout_s=5, outage_wait_s=5)
@@ -109,14 +110,61 @@ def test_past_the_window_every_replica_down_fails_as_an_outage():
         run(go())
 
 
-def test_an_answer_from_other_weights_fails_as_a_bad_response():
+def test_a_replica_answering_with_other_weights_is_set_aside_and_its_calls_go_elsewhere(caplog):
+    """Its answer failed the call as a bad response: the rollout ran again, on that
+    replica or another, and the collection went on or stopped as an outage by chance."""
+    a, b = Replica(), Replica()
+    policy = fleet([a, b], router=RoundRobin())
+
+    async def go() -> list:  # type: ignore[type-arg]
+        await policy.verify()
+        b.version = "w2"  # restarted on another checkpoint
+        return await calls(policy, 6)
+
+    with caplog.at_level(logging.WARNING, logger="focus.backends.fleet"):
+        answers = run(go())
+    assert [c.policy_version for c in answers] == ["w1"] * 6 and policy.policy_version == "w1"
+    stats = policy.stats()["replicas"]
+    assert b.answered == 1 and stats[1]["calls"] == 0 and stats[1]["failovers"] == 1 and stats[0]["calls"] == 6
+    lines = [r.getMessage() for r in caplog.records]
+    assert len([m for m in lines if "answers with weights w2, the others' are w1" in m]) == 1, lines
+    assert "replica http://replica1.invalid of the model answers with weights w2" in lines[0]
+
+
+def test_when_every_replica_answers_with_other_weights_the_collection_stops():
     a, b = Replica(), Replica()
     policy = fleet([a, b], router=RoundRobin())
 
     async def go() -> None:
         await policy.verify()
-        b.version = "w2"  # restarted on another checkpoint
+        a.version = b.version = "w2"
         await calls(policy, 2)
 
-    with pytest.raises(BadResponse, match=r"replica http://replica1.invalid answered with weights w2, .* w1"):
+    with pytest.raises(ReplicasDiffer, match=r"every replica of the model now answers with other weights than w1"):
         run(go())
+
+
+def test_a_replica_back_with_other_weights_is_not_announced_as_back(caplog):
+    a, b = Replica(), Replica()
+    policy = fleet([a, b], router=RoundRobin(), down_s=0.05)
+
+    async def go() -> None:
+        await policy.verify()
+        b.down_until = time.monotonic() + 0.1
+        await calls(policy, 2)  # b found down on its turn; both answered by a
+        b.version = "w2"  # restarted on another checkpoint
+        await asyncio.sleep(0.2)
+        await calls(policy, 4)
+
+    with caplog.at_level(logging.WARNING, logger="focus.backends.fleet"):
+        run(go())
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("replica1.invalid of the model is down" in m for m in lines)
+    assert any("replica1.invalid of the model answers with weights w2" in m for m in lines)
+    assert not any("answers again" in m for m in lines), lines
+
+
+def test_replicas_that_differ_are_a_setting_to_fix_exit_2():
+    from flows.errors import exit_code
+
+    assert exit_code(ReplicasDiffer("the model's replicas serve different weights (...)")) == 2

@@ -47,7 +47,7 @@ from focus.backends import FleetPolicy, HttpConfig, OpenAICompatPolicy, SGLangPo
 from focus.branching import EveryDecision
 from focus.context import AppendOnly
 from focus.env import Task
-from focus.policy import BadResponse, SamplingParams, UnreadableAnswers
+from focus.policy import ReplicasDiffer, SamplingParams, UnreadableAnswers
 from focus.testing import run
 from focus.toy import ReachTarget, toy_format
 
@@ -562,7 +562,7 @@ def test_a_fleet_of_current_sglang_replicas_asks_model_info_for_their_weight_ver
         async with serve(current("default")) as a, serve(current("step-9")) as b:
             assert await version(a.url) == "default"
             fleet = FleetPolicy([SGLangPolicy(s.url, config=FAST) for s in (a, b)])
-            with pytest.raises(BadResponse, match="serve different weights.*default.*step-9"):
+            with pytest.raises(ReplicasDiffer, match="serve different weights.*default.*step-9"):
                 await fleet.verify()
             await fleet.aclose()
         async with serve(sglang_routes(weight_version="step-3")) as old:  # a release before /model_info
@@ -578,7 +578,7 @@ def test_a_fleet_of_sglang_replicas_checks_their_weight_versions():
             assert all(p.kind != "failed" for p in ro.pieces) and {t.policy_version for t in ro.turns} == {"default"}
         async with serve(sglang_routes()) as a, serve(sglang_routes(weight_version="step-9")) as b:
             fleet = FleetPolicy([SGLangPolicy(s.url, config=FAST) for s in (a, b)])
-            with pytest.raises(BadResponse, match="serve different weights.*default.*step-9"):
+            with pytest.raises(ReplicasDiffer, match="serve different weights.*default.*step-9"):
                 await fleet.verify()
             await fleet.aclose()
 
@@ -622,7 +622,7 @@ def test_sglang_openai_completions_record_the_weights_version_sglang_names():
             assert all(p.kind != "failed" for p in ro.pieces) and {t.policy_version for t in ro.turns} == {"step-3"}
         async with serve(sglang_routes()) as a, serve(sglang_routes(weight_version="step-9")) as b:
             fleet = FleetPolicy([OpenAICompatPolicy(s.url, "Qwen/Qwen3-4B", config=FAST) for s in (a, b)])
-            with pytest.raises(BadResponse, match="serve different weights.*default.*step-9"):
+            with pytest.raises(ReplicasDiffer, match="serve different weights.*default.*step-9"):
                 await fleet.verify()
             await fleet.aclose()
 

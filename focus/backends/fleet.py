@@ -11,9 +11,11 @@ replica. This module is the I/O around that decision:
 * **Same weights.** Replicas must serve the same weights: before the first call the
   fleet asks each for its version (:meth:`HttpPolicy.served_version`) and refuses to
   sample if they differ, naming them; every answer's version is checked against the
-  fleet's afterwards (a replica restarted with other weights). Either is a
-  :class:`~focus.policy.BadResponse`, which fails the wave rather than mixing two
-  policies in one batch.
+  fleet's afterwards. Replicas that differ at the start stop the collection at once
+  (:class:`~focus.policy.ReplicasDiffer`: which weights are meant is the user's to say);
+  a replica that answers with other weights later (restarted on another checkpoint) is
+  set aside for good and its answer dropped, the call going to another replica: one
+  policy in the batch, nothing lost.
 * **Failover.** A replica whose calls find it down (its client's quick retries spent on
   refused or reset connections or 502/503/504, about a second) is marked down and the
   call goes to another replica at once; nothing is lost, and since a sample depends on
@@ -21,6 +23,9 @@ replica. This module is the I/O around that decision:
   marked down gets one call again after ``down_s`` (doubling while it stays down, up to
   a minute); its first answer brings it back. When every replica is down the calls wait
   for one, as a single server's do (``outage_wait_s``, :mod:`focus.backends.outage`).
+* **Slow replicas.** The router sees each replica's calls in flight weighed by how much
+  slower than the median replica it answers (:meth:`FleetPolicy._weighed_loads`), so a
+  replica on a slower GPU holds few calls instead of its share of them.
 * **Siblings.** The first calls of a checkpoint's siblings (:mod:`focus.siblings`) go
   to the replica chosen for the first of them, as one request where the replicas send
   them so, and the router records the others as placed there.
@@ -41,12 +46,19 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from focus.backends.foreign import server_key
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.outage import CONSOLE, OVER, OutageGate, OutageTotals, span
 from focus.backends.routing import Router, TreeRouter
-from focus.policy import BadResponse, Completion, Policy, SamplingParams, ServiceUnavailable
+from focus.policy import Completion, Policy, PolicyError, ReplicasDiffer, SamplingParams, ServiceUnavailable
 
 log = logging.getLogger(__name__)
+
+#: What the lines for replicas that serve different weights say to do.
+SAME_WEIGHTS = (
+    ": every replica in model.urls must serve the same weights (list only those that serve the ones to collect "
+    "with); nothing of the running wave is kept, and a rerun with the same collection id goes on once they do"
+)
 
 
 @dataclass
@@ -61,7 +73,8 @@ class ReplicaStats:
     #: Prompt tokens the replica reports as served from its prefix cache.
     cached_tokens: int = 0
     completion_tokens: int = 0
-    #: Calls that found it down and went to another replica.
+    #: Calls that found it down, or that it answered with other weights than the fleet's,
+    #: and went to another replica.
     failovers: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -84,6 +97,7 @@ class FleetPolicy(Policy):
     def __init__(self, replicas: Sequence[HttpPolicy], router: Router | None = None, *, down_s: float = 2.0) -> None:
         if not replicas:
             raise ValueError("FleetPolicy needs at least one replica")
+        _check_replicas(replicas)
         self.replicas = list(replicas)
         self.router = router or TreeRouter()
         self.down_s = down_s
@@ -93,9 +107,14 @@ class FleetPolicy(Policy):
             r.http.wait_outages = False  # a replica that is down fails over at once
         n = len(self.replicas)
         self.loads = [0] * n
+        #: Seconds per answered call, a moving average per replica (None: no answer yet).
+        self.latency: list[float | None] = [None] * n
+        self._timed_at = [0.0] * n
         self._down_until = [0.0] * n
         self._down_for = [0.0] * n
         self._probing = [False] * n
+        #: Replicas set aside for good: they answered with other weights than the fleet's.
+        self._refused = [False] * n
         self._replica_stats = [ReplicaStats(r.http.base_url) for r in self.replicas]
         self._outages = OutageTotals()
         self._gate: OutageGate | None = None
@@ -116,14 +135,37 @@ class FleetPolicy(Policy):
 
     # ---- the weights ----
 
+    #: How long the weights check before the first call waits for a replica: one that has
+    #: not answered by then, or is down, is set aside as down (and checked by its answers).
+    VERIFY_S = 10.0
+
     async def verify(self) -> None:
-        """Ask every replica which weights it serves; :class:`BadResponse` if they
-        differ (replicas that cannot be asked now are checked by their answers)."""
-        versions = await asyncio.gather(*(r.served_version() for r in self.replicas), return_exceptions=True)
+        """Ask every replica which weights it serves; :class:`ReplicasDiffer` if they
+        differ. Replicas that cannot be asked now are checked by their answers; those
+        down or silent for :attr:`VERIFY_S` are set aside as down. Every call waits for
+        this check, and a stopped (wedged) replica held it for its client's whole
+        ``timeout_s`` (120 s by default), then took calls that waited as long."""
+
+        async def ask(r: HttpPolicy) -> str | None:
+            return await asyncio.wait_for(r.served_version(), self.VERIFY_S)
+
+        versions = await asyncio.gather(*(ask(r) for r in self.replicas), return_exceptions=True)
+        now = time.monotonic()
+        for i, v in enumerate(versions):
+            if isinstance(v, (TimeoutError, ServiceUnavailable)) and self._down_until[i] == 0.0:
+                self._down_for[i] = self.down_s
+                self._down_until[i] = now + self.down_s
+                why = f"no answer within {self.VERIFY_S:g} s" if isinstance(v, TimeoutError) else str(v)
+                log.warning(
+                    "replica %s of the model is down; its calls go to the others (asked which weights it serves: %s)",
+                    self.urls[i],
+                    why,
+                    extra=CONSOLE,
+                )
         known = {url: v for url, v in zip(self.urls, versions, strict=True) if isinstance(v, str)}
         if len(set(known.values())) > 1:
             named = ", ".join(f"{url}: {v}" for url, v in known.items())
-            raise BadResponse(f"the model's replicas serve different weights ({named})")
+            raise ReplicasDiffer(f"the model's replicas serve different weights ({named}){SAME_WEIGHTS}")
         if known:
             self._version = next(iter(known.values()))
             self.policy_version = self._version
@@ -138,16 +180,37 @@ class FleetPolicy(Policy):
             if not self._verified:
                 await self.verify()
 
-    def _check_version(self, i: int, completion: Completion) -> None:
+    def _same_weights(self, i: int, completion: Completion) -> bool:
+        """Whether replica ``i``'s answer names the fleet's weights (or none). One that
+        names others is set aside for good, with one warning line naming it, and the
+        answer dropped: the call goes to another replica, so the batch keeps one policy
+        and loses nothing. It failed as a bad response: the rollout ran again, on
+        another replica or the same, and the collection went on or stopped as a "model
+        service outage" by chance. :class:`ReplicasDiffer` once no replica is left."""
         version = completion.policy_version
         if not version:
-            return
+            return True
         if self._version is None:
             self._version = self.policy_version = version
-        elif version != self._version:
-            raise BadResponse(
-                f"replica {self.urls[i]} answered with weights {version}, the other replicas' are {self._version}"
+        if version == self._version:
+            return True
+        self._replica_stats[i].failovers += 1
+        if not self._refused[i]:
+            self._refused[i] = True
+            log.warning(
+                "replica %s of the model answers with weights %s, the others' are %s (restarted on another "
+                "checkpoint?): it gets no more calls in this collection; its answers are dropped",
+                self.urls[i],
+                version,
+                self._version,
+                extra=CONSOLE,
             )
+        if all(self._refused):
+            raise ReplicasDiffer(
+                f"every replica of the model now answers with other weights than {self._version}, the weights this "
+                f"collection samples with (the last: {self.urls[i]} with {version}){SAME_WEIGHTS}"
+            )
+        return False
 
     # ---- sampling ----
 
@@ -161,7 +224,10 @@ class FleetPolicy(Policy):
             await self._verify_once()
         while True:
             i, probe = await self._place(prompt_ids, route)
+            if probe and not await self._alive(i):
+                continue
             self.loads[i] += 1
+            t0 = time.monotonic()
             try:
                 completion = await self.replicas[i].sample(prompt_ids, params)
             except ServiceUnavailable as e:
@@ -169,7 +235,10 @@ class FleetPolicy(Policy):
                 continue
             finally:
                 self.loads[i] -= 1
+            if not self._same_weights(i, completion):
+                continue
             self._answered(i, prompt_ids, completion)
+            self._timed(i, time.monotonic() - t0)
             return completion
 
     @property
@@ -188,9 +257,12 @@ class FleetPolicy(Policy):
         n = len(routes)
         while True:
             i, probe = await self._place(prompt_ids, routes[0])
+            if probe and not await self._alive(i):
+                continue
             for route in routes[1:]:
                 self.router.join(route, i)
             self.loads[i] += n
+            t0 = time.monotonic()
             try:
                 completions = await self.replicas[i].sample_siblings(prompt_ids, params, routes)
             except ServiceUnavailable as e:
@@ -198,6 +270,9 @@ class FleetPolicy(Policy):
                 continue
             finally:
                 self.loads[i] -= n
+            if not all(self._same_weights(i, c) for c in completions):
+                continue
+            self._timed(i, time.monotonic() - t0)
             sent = None  # the request of the previous answer: the next one's, if it came in it
             for completion in completions:
                 record = completion.meta.get("http")
@@ -217,7 +292,7 @@ class FleetPolicy(Policy):
             now = time.monotonic()
             up = [self._is_up(i, now) for i in range(len(self.replicas))]
             if any(up):
-                i = self.router.choose(prompt_ids, route, self.loads, up)
+                i = self.router.choose(prompt_ids, route, self._weighed_loads(), up)
                 probe = self._down_until[i] > 0
                 if probe:
                     self._probing[i] = True
@@ -231,13 +306,73 @@ class FleetPolicy(Policy):
                     f"{gate.window_s:g} s)"
                 )
             # one replica (the one down the shortest) gets a call again now
-            soonest = min(range(len(self.replicas)), key=lambda j: self._down_until[j])
+            soonest = min(
+                (j for j in range(len(self.replicas)) if not self._refused[j]), key=lambda j: self._down_until[j]
+            )
             self._down_until[soonest] = min(self._down_until[soonest], time.monotonic())
             self._probing[soonest] = False
 
+    #: Weight of the newest call in a replica's latency average.
+    LATENCY_WEIGHT = 0.2
+    #: A replica this many times slower than the fleet's median counts its calls in flight
+    #: as that many (rounded down); faster or nearer ones count them as they are.
+    SLOW = 2.0
+
+    #: A replica's average older than this (no answer from it since) weighs nothing.
+    LATENCY_KEPT_S = 10.0
+
+    def _timed(self, i: int, seconds: float) -> None:
+        old = self.latency[i]
+        self.latency[i] = seconds if old is None else old + self.LATENCY_WEIGHT * (seconds - old)
+        self._timed_at[i] = time.monotonic()
+
+    def _weighed_loads(self) -> list[int]:
+        """The calls in flight per replica as the router weighs them. A replica ``k >=``
+        :attr:`SLOW` times slower per call than the (lower) median replica counts as ``k`` calls
+        per call it would hold with the one placed, less that one: what the call would
+        wait there, in the median replica's calls. Counted as one each, a much slower
+        replica (another GPU, a noisy neighbour) took a call whenever it held fewer than
+        the others, and the rollouts routed there held every wave: three replicas, one 30
+        times slower, collected 6.5 times slower than the two fast ones alone. Its
+        average is forgotten :attr:`LATENCY_KEPT_S` after its last answer, so a replica
+        that was slow for a while gets calls again and is timed anew."""
+        now = time.monotonic()
+        kept = [
+            x if x is not None and now - t < self.LATENCY_KEPT_S else None
+            for x, t in zip(self.latency, self._timed_at, strict=True)
+        ]
+        known = sorted(x for x in kept if x is not None)
+        if len(known) < 2:
+            return self.loads
+        mid = known[(len(known) - 1) // 2]  # the lower median: of two replicas, the faster
+        out = list(self.loads)
+        for i, x in enumerate(kept):
+            if x is not None and mid > 0 and x >= self.SLOW * mid:
+                out[i] = (out[i] + 1) * int(x / mid) - 1
+        return out
+
     def _is_up(self, i: int, now: float) -> bool:
+        if self._refused[i]:
+            return False
         until = self._down_until[i]
         return until == 0.0 or (now >= until and not self._probing[i])
+
+    async def _alive(self, i: int) -> bool:
+        """Whether replica ``i``, down until now, answers a ``GET`` of its weights within
+        :attr:`VERIFY_S`, before a probing call is sent there; if not, it stays down (for
+        twice as long) and the call goes elsewhere. The probe was the call itself, which
+        on a stopped (wedged) replica waited its whole ``timeout_s`` each time."""
+        try:
+            await asyncio.wait_for(self.replicas[i].served_version(), self.VERIFY_S)
+        except TimeoutError:
+            self._failed(i, ServiceUnavailable(f"no answer to a GET within {self.VERIFY_S:g} s"), probe=True)
+            return False
+        except ServiceUnavailable as e:
+            self._failed(i, e, probe=True)
+            return False
+        except PolicyError:
+            pass  # it answers (refused, or a server without the endpoint): its call tells the rest
+        return True
 
     def _failed(self, i: int, error: ServiceUnavailable, probe: bool) -> None:
         now = time.monotonic()
@@ -264,7 +399,6 @@ class FleetPolicy(Policy):
             self._down_until[i], self._probing[i] = 0.0, False
         now = time.monotonic()
         self._gate_for_loop().answered(now, now)
-        self._check_version(i, completion)
         s = self._replica_stats[i]
         s.calls += 1
         if prompt_sent:
@@ -321,6 +455,24 @@ class FleetPolicy(Policy):
                     s.failovers,
                 )
         await asyncio.gather(*(r.aclose() for r in self.replicas))
+
+
+def _check_replicas(replicas: Sequence[Any]) -> None:
+    """``TypeError`` for a replica that is no HTTP policy (a URL: it failed later on
+    ``'str' object has no attribute 'vocab_size'``), ``ValueError`` for one server listed
+    twice (``http://gpu0:8000`` and ``http://gpu0:8000/v1``): it was taken for two replicas,
+    with twice its share of the calls, counted and failed over as two."""
+    seen: dict[tuple[str, str, int | None, str], str] = {}
+    for r in replicas:
+        if not isinstance(r, HttpPolicy):
+            raise TypeError(
+                f"FleetPolicy takes one HTTP policy per replica (OpenAICompatPolicy(url), SGLangPolicy(url), ...), "
+                f"not {type(r).__name__} {r!r}: FleetPolicy([OpenAICompatPolicy(u) for u in urls])"
+            )
+        key = server_key(r.http.base_url)
+        if key in seen:
+            raise ValueError(f"FleetPolicy's replicas {seen[key]} and {r.http.base_url} are one server: list it once")
+        seen[key] = r.http.base_url
 
 
 def one_or_fleet(urls: Sequence[str], make: Callable[[str], HttpPolicy], router: Router | None = None) -> Policy:

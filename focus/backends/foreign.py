@@ -20,11 +20,14 @@ failed every rollout as "rejected with status 422" and finished with an empty ba
   of type 'string'``).
 
 :func:`endpoint_in_url` refuses a ``model.url`` that names an endpoint instead of the
-server root (vLLM's chat endpoint given by mistake).
+server root (vLLM's chat endpoint given by mistake); :func:`url_problem` one no request
+could reach (no host, a port that is no number, two URLs in one) or that carries
+credentials; :func:`listed_twice` a ``model.urls`` naming one server twice.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 #: (pattern of a refusal's body, the server, what it lacks).
@@ -85,8 +88,9 @@ _ENDPOINTS = (
 )
 
 
-def endpoint_in_url(url: str | None) -> str | None:
-    """Why ``url`` cannot be a model server's root (it ends in an endpoint path), or None.
+def endpoint_in_url(url: str | None, name: str = "model.url") -> str | None:
+    """Why ``url`` (the setting ``name``) cannot be a model server's root (it ends in an
+    endpoint path), or None.
 
     The clients add their endpoint to the root (``/v1/completions``, ``/generate``,
     ``/completion``): a URL that already names one made every request go to
@@ -108,7 +112,91 @@ def endpoint_in_url(url: str | None) -> str | None:
                 else "the client adds its own endpoint, "
             )
             return (
-                f"model.url {url!r} names the endpoint {end}, not the server root: {why}while FOCUS posts token ids "
-                f"to the root's completions endpoint; set model.url = {base!r}"
+                f"{name} {url!r} names the endpoint {end}, not the server root: {why}while FOCUS posts token ids "
+                f"to the root's completions endpoint; "
+                + (f"list {base!r} in {name} instead" if name.endswith("urls") else f"set {name} = {base!r}")
             )
     return None
+
+
+def url_problem(url: object, name: str = "model.url") -> str | None:
+    """Why ``url`` (the setting ``name``) cannot be a model server's root, or None: what
+    the client would otherwise meet only at its first request, as a connection error
+    retried into an outage (``http://gpu0:80OO``, ``http://``, two URLs in one string) or
+    not at all. Credentials in it (``http://user:key@host``) are refused: the URL is
+    written in the collection's configuration record, in log lines and in the failure
+    causes a batch keeps, where an API key never is (``HttpConfig.api_key``)."""
+    from urllib.parse import urlsplit
+
+    if isinstance(url, (list, tuple)):
+        return (
+            f"{name} is one server's URL, not {len(url)}: for replicas of one model, one policy each in a "
+            "FleetPolicy (focus.backends.fleet.one_or_fleet(urls, make), model.urls in a configuration)"
+        )
+    if not isinstance(url, str):
+        return f"{name} must be a URL (a string), not {type(url).__name__}"
+    if not url.startswith(("http://", "https://")):
+        return f"{name} {url!r} must start with http:// or https://"
+    if any(c.isspace() or c == "," for c in url):
+        return f"{name} {url!r} holds a space or a comma: one server's URL per entry (model.urls lists several)"
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        shown = f"{parts.scheme}://***@{parts.netloc.rpartition('@')[2]}{parts.path}"
+        return (
+            f"{name} {shown!r} carries credentials, which every log line and failure cause naming the server "
+            "would show, and a collection's configuration record would keep: remove them from the URL and give the key "
+            "as model.api_key_env (sent as Authorization: Bearer; HttpConfig.api_key or headers in the library)"
+        )
+    if not parts.hostname:
+        return f"{name} {url!r} names no host"
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or past 65535
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        return f"{name} {url!r} has a port that is not a number from 1 to 65535"
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        return f"{name} {url!r} has a query or fragment: give the server root (the client adds its endpoint's path)"
+    return None
+
+
+def server_key(url: str) -> tuple[str, str, int | None, str]:
+    """What tells two URLs of one server apart from two servers': scheme, host (lower
+    case), port (the scheme's default when none is written) and path, without its
+    trailing slashes. ``http://gpu0:80/`` and ``http://GPU0`` are one server."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), port or default, parts.path.rstrip("/")
+
+
+def listed_twice(urls: list[str], *, strip_v1: bool) -> str | None:
+    """Why ``model.urls`` cannot be a fleet's replicas: two entries name one server
+    (:func:`server_key`; ``strip_v1``: ``/v1`` names the root too, as for the openai
+    client), or None. The fleet took them for two replicas, so that server got twice its
+    share of the calls and was counted, and failed over, as two."""
+    seen: dict[tuple[str, str, int | None, str], str] = {}
+    for u in urls:
+        key = server_key(u)
+        if strip_v1 and key[3].endswith("/v1"):
+            key = (*key[:3], key[3][: -len("/v1")])
+        if key in seen:
+            same = f"{u!r} twice" if seen[key] == u else f"{seen[key]!r} and {u!r}, which name one server"
+            return f"model.urls lists {same}: list each replica once"
+        seen[key] = u
+    return None
+
+
+def urls_as_one_string(value: str) -> str:
+    """The line for ``model.urls`` given one string (``--set model.urls=http://a,http://b``),
+    which pydantic refused as ``Input should be a valid list``: how to write the list."""
+    listed = json.dumps([u.strip() for u in value.split(",") if u.strip()] or ["http://gpu0:8000"])
+    return (
+        f"takes a list of URLs, not the string {value!r}: write model.urls = {listed} "
+        f"(with --set, as JSON: --set 'model.urls={listed}')"
+    )

@@ -42,7 +42,7 @@ import aiohttp
 import httpx
 
 from focus.backends import hedge as hedging
-from focus.backends.foreign import refused_token_ids
+from focus.backends.foreign import refused_token_ids, url_problem
 from focus.backends.outage import OVER, UP, OutageGate, OutageTotals, is_down_cause, watch_silence
 from focus.backends.retry import (
     CallRecord,
@@ -110,8 +110,8 @@ class HttpClient:
         wait_outages: bool = True,
         probe: Callable[[Any, int], Any] | None = None,
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+        if why := url_problem(base_url, "base_url"):
+            raise ValueError(why)
         self.base_url = base_url.rstrip("/")
         self.config = config or HttpConfig()
         self.error = error
@@ -124,7 +124,13 @@ class HttpClient:
         #: What the outage log lines call the service.
         self.service = service or ("model service" if error is PolicyError else "service")
         #: False: a service that is down (past the quick retries) fails the call at once
-        #: instead of being waited for - a replica whose calls others can take.
+        #: instead of being waited for - a replica whose calls others can take. Any failure
+        #: but a malformed answer counts as down then (a 429 or 500 to every call was
+        #: retried on the replica for 11 attempts, about 20 s, while others could answer),
+        #: and an attempt unanswered for ``timeout_s`` fails the call at once (a wedged or
+        #: stopped replica, where retrying it held the call up to ``deadline_s``), as does
+        #: a ``Retry-After`` longer than the quick retries (each retry waited it, up to
+        #: ``backoff_max_s``).
         self.wait_outages = wait_outages
         #: The k-th request body (from 1) beside a given one (decoded), to another prompt: the
         #: probe telling another server's answer format from one request's bad answer.
@@ -328,12 +334,14 @@ class HttpClient:
                 raise self.unreadable(unreadable_line(self.service, method, url, self._unread)) from None
             if not answered:
                 gate.failed(now)
+            # a replica (not waited for) that timed out, or asks for a longer wait than quick retries: fail over
+            stuck = not self.wait_outages and (last.kind == "timeout" or (last.retry_after or 0) >= gate.probe_s)
             if not answered and gate.should_wait(
                 streak_start=streak,
                 # retrying on its own only while the waits are shorter than the gate's
                 # probes: past that a call waiting at the gate goes on sooner
-                retries_left=retry < cfg.max_retries and cfg.backoff_cap(retry) < gate.probe_s,
-                down_cause=is_down_cause(last.kind, last.status),
+                retries_left=not stuck and retry < cfg.max_retries and cfg.backoff_cap(retry) < gate.probe_s,
+                down_cause=not self.wait_outages or is_down_cause(last.kind, last.status),
             ):
                 if not self.wait_outages:
                     ended = "down"

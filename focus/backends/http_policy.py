@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, ClassVar
 
-from focus.backends.foreign import endpoint_in_url
+from focus.backends.foreign import endpoint_in_url, url_problem
 from focus.backends.http import HttpClient, HttpConfig
 from focus.policy import (
     Completion,
@@ -68,7 +68,7 @@ class HttpPolicy(Policy):
         """What every dialect's constructor does: the client of the server at ``base_url``
         (refused when it names an endpoint: the dialect adds its own ``path``), with the
         dialect's ``probe`` body, and the vocabulary size and version it starts from."""
-        if why := endpoint_in_url(base_url):
+        if why := url_problem(base_url, "base_url") or endpoint_in_url(base_url):
             raise ValueError(why)
         self.http = HttpClient(base_url, config, transport=transport, probe=probe)
         self.vocab_size = vocab_size

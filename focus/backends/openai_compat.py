@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
+from focus.backends.foreign import url_problem
 from focus.backends.http import HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
@@ -86,6 +87,8 @@ class OpenAICompatPolicy(HttpPolicy):
         extra_body: dict[str, Any] | None = None,
         transport: Any = None,
     ) -> None:
+        if why := url_problem(base_url, "base_url"):
+            raise ValueError(why)
         root = base_url.rstrip("/")
         root = root[: -len("/v1")] if root.endswith("/v1") else root
         self.connect(root, config, transport, probe_body, vocab_size, model)

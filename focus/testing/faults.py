@@ -131,6 +131,8 @@ class FaultProxy:
         self.hang_s = hang_s
         self.latency_s = latency_s
         self.reshape = reshape
+        #: The ``Retry-After`` of an injected 429, in seconds.
+        self.retry_after_s = 0.0
         self._rng = random.Random(seed)
         #: Queued faults: a kind, or (kind, count) for ``count`` answers to one request.
         self._queue: deque[str | tuple[str, int]] = deque()
@@ -286,7 +288,7 @@ class FaultProxy:
     ) -> tuple[int, bytes, str, dict[str, str]]:
         if fault is not None and fault.isdigit():
             err = {"object": "error", "message": f"injected {fault}", "type": "InjectedFault", "code": int(fault)}
-            extra = {"Retry-After": "0"} if fault == "429" else {}
+            extra = {"Retry-After": f"{self.retry_after_s:g}"} if fault == "429" else {}
             return int(fault), json.dumps(err).encode(), "application/json", extra
         if fault == "malformed":
             return 200, b'{"choices": [{"text": "', "application/json", {}

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from focus.backends.foreign import endpoint_in_url
+from focus.backends.foreign import endpoint_in_url, listed_twice, url_problem, urls_as_one_string
 from focus.backends.retry import RetryPolicy
 from focus.env import VALUE_LIMIT
 from focus.policy import SamplingParams
@@ -49,8 +49,8 @@ class _Model(BaseModel):
 
 
 def _check_http_url(name: str, url: str | None) -> None:
-    if url is not None and not url.startswith(("http://", "https://")):
-        raise ValueError(f"{name} {url!r} must start with http:// or https://")
+    if url is not None and (why := url_problem(url, name)):
+        raise ValueError(why)
 
 
 class _Pluggable(_Model):
@@ -139,6 +139,15 @@ class ModelConfig(_Pluggable):
             raise ValueError(f"{v!r} is not a model.kind; for that server write model.kind = {kind!r}")
         return v
 
+    @field_validator("urls", mode="before")
+    @classmethod
+    def _urls_listed(cls, v: Any) -> Any:
+        """One string where the list belongs (``--set model.urls=http://a,http://b``) was
+        refused as ``Input should be a valid list``, which did not say how to write one."""
+        if isinstance(v, str):
+            raise ValueError(urls_as_one_string(v))
+        return v
+
     @model_validator(mode="after")
     def _needs(self) -> ModelConfig:
         if self.kind in REMOTE and not (self.url or self.urls):
@@ -147,13 +156,15 @@ class ModelConfig(_Pluggable):
             raise ValueError("model.urls replaces model.url, for the openai, sglang and llamacpp kinds")
         for u in self.urls:
             _check_http_url("model.urls", u)
+        if why := listed_twice(self.urls, strip_v1=self.kind in ("openai", "local")):
+            raise ValueError(why)
         if self.kind == "tinker" and not (self.model or self.weights):
             raise ValueError("model.model (a base model) or model.weights (a tinker:// path) is required for tinker")
         _check_http_url("model.url", self.url)
         check_env_name("model.api_key_env", self.api_key_env)
         if self.kind in SERVED:
-            for url in [self.url, *self.urls]:
-                if why := endpoint_in_url(url):
+            for name, url in [("model.url", self.url), *(("model.urls", u) for u in self.urls)]:
+                if why := endpoint_in_url(url, name):
                     raise ValueError(why)
         check_options(self)
         return self
