@@ -134,8 +134,10 @@ def test_wall_meter_splits_the_loop_threads_wall():
         asyncio.run(go())
     f = meter.figures()
     assert f["main_thread_cpu_s"] >= 0.05
-    assert 0.1 <= f["loop_wait_calls_s"] < 0.1 + 0.05
-    assert 0.06 <= f["loop_wait_idle_s"] < 0.06 + 0.05
+    # asyncio wakes a sleeper up to its clock's resolution early, and a loaded machine
+    # moves part of a wait to the run queue (0.0973 s of 0.1 seen with 6 agents on 2 cores)
+    assert 0.1 - 0.01 <= f["loop_wait_calls_s"] < 0.1 + 0.05
+    assert 0.06 - 0.01 <= f["loop_wait_idle_s"] < 0.06 + 0.05
     # the sleep outside the selector, less what a loaded machine may move to the run queue
     assert 0.08 - (f["runqueue_s"] or 0.0) - 0.01 <= f["other_wait_s"] < 0.08 + 0.05
     if f["runqueue_s"] is not None:  # Linux
