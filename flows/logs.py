@@ -109,7 +109,9 @@ def setup(console: Any, *, verbosity: int = 0, log_file: Path | None = None) -> 
     if log_file is not None:
         try:
             log_file.parent.mkdir(parents=True, exist_ok=True)
-            fh: logging.FileHandler | None = _LogFile(log_file, encoding="utf-8", delay=True)
+            # surrogateescape: a folder name the locale could not decode (LC_ALL=C, PYTHONUTF8=0)
+            # is written as its bytes; strict stopped the log at the first line naming it
+            fh: logging.FileHandler | None = _LogFile(log_file, encoding="utf-8", errors="surrogateescape", delay=True)
         except OSError:
             fh = None
         if fh is not None:

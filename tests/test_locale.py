@@ -4,7 +4,9 @@ encoding is not UTF-8 (``LC_ALL=C`` with Python's UTF-8 mode off, as
 encoding reads ASCII or that code page: ``python -m tasks.config.reference --check`` and
 ``python -m benchmarks --render-only --check`` stopped with ``UnicodeDecodeError`` on
 the docs' non-ASCII characters, and a Prefect profiles file with one (a comment) was
-ignored, so its ``PREFECT_API_URL`` was not used."""
+ignored, so its ``PREFECT_API_URL`` was not used. The console under such a locale takes
+any text: ``focus collect --help`` stopped with a traceback, and a folder name the locale
+could not decode stopped the log file and was printed as ``?``."""
 
 from __future__ import annotations
 
@@ -56,3 +58,79 @@ def test_a_prefect_profile_with_non_ascii_text_is_read(tmp_path):
     env.pop("PREFECT_PROFILE", None)
     done = run(["-c", code], env)
     assert done.returncode == 0 and done.stdout.strip() == "http://127.0.0.1:4999/api", done.stdout + done.stderr
+
+
+def test_an_ascii_console_takes_any_text_and_gives_back_undecodable_bytes():
+    """The console's streams under an ASCII locale: a character the locale cannot encode
+    (``…`` in the help, ``é`` in a task) no longer raises, and a surrogate that stands for
+    a byte the locale could not decode (a folder ``st öre`` given on the command line) is
+    written as that byte again, not as ``?``."""
+    import io
+
+    from cli.streams import ENCODE_ERRORS, install
+
+    raw = io.BytesIO()
+    ascii_out = io.TextIOWrapper(raw, encoding="ascii", errors="strict")
+    latin = io.TextIOWrapper(io.BytesIO(), encoding="latin-1", errors="strict")
+    saved = sys.stdout, sys.stderr
+    try:
+        sys.stdout, sys.stderr = ascii_out, latin
+        install()
+        out, err = sys.stdout, sys.stderr
+    finally:
+        sys.stdout, sys.stderr = saved
+    folder = "st öre".encode().decode("ascii", "surrogateescape")
+    out.write(f"more… {folder}\n")
+    out.flush()
+    assert raw.getvalue() == "more… st öre\n".encode()
+    err.write("é … \udcc3\n")
+    err.flush()
+    assert latin.buffer.getvalue() == "é \\u2026 ".encode("latin-1") + b"\xc3\n"
+    assert latin.errors == ENCODE_ERRORS
+
+
+@pytest.mark.slow
+def test_the_help_prints_under_an_ascii_locale():
+    """``focus collect --help`` under ``LC_ALL=C`` with UTF-8 mode off: a 50-line
+    ``UnicodeEncodeError`` traceback on the help's first ``…``, exit 1."""
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "collect", "--help"],
+        cwd=ROOT,
+        env=non_utf8_env(),
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr.decode()[-2000:]
+    assert "…".encode() in done.stdout and b"--transitions" in done.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_collection_in_folders_the_locale_cannot_name(tmp_path):
+    """A collection run from a folder ``dïr ü`` into a store ``st öre`` under an ASCII
+    locale: it finished, but the log file stopped at its first line naming the folder
+    (``'utf-8' codec can't encode characters: surrogates not allowed``) and the ``rerun
+    or resume`` line said ``--store 'st ??re'``, a store that does not exist."""
+    from fixtures.prefect import base_env
+
+    work = tmp_path / "dïr ü"
+    work.mkdir()
+    env = {**base_env(tmp_path / "prefect"), **non_utf8_env(XDG_STATE_HOME=str(tmp_path / "state"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    args = ["collect", "--tasks", "2", "--transitions", "6", "--collection-id", "c1", "--store", "st öre"]
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    assert b"cannot write the log file" not in done.stderr, done.stderr.decode(errors="replace")
+    assert "rerun or resume: focus collect --store 'st öre' ".encode() in done.stdout, done.stdout.decode(
+        errors="replace"
+    )
+    assert f"batch: 'file://{work}/st öre/batches/c1/iter-000000'".encode() in done.stdout
+    (log,) = (tmp_path / "state" / "focus" / "logs").glob("collect-*.log")
+    assert f"collection c1: batch at file://{work}/st öre/".encode() in log.read_bytes()
