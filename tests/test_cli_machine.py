@@ -214,3 +214,69 @@ def test_the_suite_imports_prefect_quietly_where_home_cannot_hold_its_folder(tmp
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert not done.stdout.strip().startswith(str(home)), done.stdout
+
+
+def test_the_command_raises_its_soft_limit_on_open_files_to_the_hard_one():
+    """A soft limit of 64 under a hard one of 4096 (``ulimit -Sn 64``; a laptop's 256):
+    64 rollouts in flight, a connection each, stopped the collection with ``Too many open
+    files``. The command takes what the hard limit allows (up to 10240); a hard limit
+    stays as it is."""
+    code = (
+        "import resource, sys; R = resource.RLIMIT_NOFILE; resource.setrlimit(R, tuple(map(int, sys.argv[1:]))); "
+        "from cli.entry import more_open_files; more_open_files(); print(*resource.getrlimit(R))"
+    )
+    import resource
+
+    top = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # a limit may be lowered, not raised
+    top = 1 << 20 if top == resource.RLIM_INFINITY else top
+    wanted = {(64, min(4096, top)): [min(4096, top)] * 2, (64, 64): [64, 64]}
+    if top > 10240:
+        wanted[128, top] = [10240, top]
+    got = {}
+    for soft, hard in wanted:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(soft), str(hard)],
+            cwd=Path(__file__).resolve().parents[1],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        got[soft, hard] = [int(x) for x in done.stdout.split()]
+    assert got == wanted
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_collection_past_the_limit_on_open_files_stops_in_one_line_naming_it(tmp_path):
+    """64 rollouts in flight (the default) under ``prlimit --nofile=48:4096``: it finishes
+    (the soft limit is raised); under 48:48 it stops in one line naming the limit and
+    what to change, not ``OSError: [Errno 24] Too many open files: <a file>``, and no
+    thread's traceback reaches the terminal."""
+    import resource
+    import shutil
+
+    if shutil.which("prlimit") is None:
+        pytest.skip("needs prlimit (util-linux)")
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 4096:
+        pytest.skip("needs a hard limit on open files of 4096 or more (a limit may be lowered, not raised)")
+    env = base_env(tmp_path / "prefect")
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    args = ["collect", "--tasks", "64", "--transitions", "300", "--collection-id", "c1"]
+    for limit in ("48:4096", "48:48"):
+        done = subprocess.run(
+            ["prlimit", f"--nofile={limit}", sys.executable, "-m", "cli", *args, "--store", str(tmp_path / limit)],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=200,
+        )
+        if limit == "48:4096":
+            assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert "this process reached its limit on open files, 48 (`ulimit -n`; hard limit 48)" in line
+    assert "execution.max_concurrency" in line
