@@ -30,6 +30,25 @@ _CHATTY = ("prefect", "distributed", "dask", "httpx", "asyncio", "urllib3", "bot
 _STDERR_OWNERS = frozenset({"distributed", "dask", "tornado", "bokeh"})
 
 
+def utc_offset(when: time.struct_time) -> str:
+    """``when``'s offset from UTC as ISO 8601 writes it: ``+05:30``, ``-03:00``, ``+00:00``."""
+    minutes = (when.tm_gmtoff or 0) // 60
+    sign = "-" if minutes < 0 else "+"
+    return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+
+
+class _FileFormatter(logging.Formatter):
+    """The log file's lines start with the local date, time and UTC offset
+    (``2026-12-07T09:26:07.123+05:30``). They started with the time of day alone
+    (``09:26:07.123``): the lines of a loop that ran past midnight, or of a run under
+    another ``TZ`` than the reader's, named no day and no zone, beside the store's
+    records, which are in UTC."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's
+        when = self.converter(record.created)
+        return f"{time.strftime('%Y-%m-%dT%H:%M:%S', when)}.{int(record.msecs):03d}{utc_offset(when)}"
+
+
 def console_extra() -> dict[str, Any]:
     """``extra=`` for a log call whose message the console should show in quiet mode."""
     return {CONSOLE_FLAG: True}
@@ -115,7 +134,7 @@ def setup(console: Any, *, verbosity: int = 0, log_file: Path | None = None) -> 
         except OSError:
             fh = None
         if fh is not None:
-            fh.setFormatter(logging.Formatter(_FORMAT, "%H:%M:%S"))
+            fh.setFormatter(_FileFormatter(_FORMAT.replace(".%(msecs)03d", "")))
             fh.setLevel(level)
             root.addHandler(fh)
             path = log_file
@@ -167,6 +186,8 @@ def dask_workers_log_to(log_file: Path, env: MutableMapping[str, str] | None = N
             "DASK_LOGGING__VERSION": "1",
             "DASK_LOGGING__DISABLE_EXISTING_LOGGERS": "False",
             "DASK_LOGGING__FORMATTERS__FOCUS__FORMAT": _FORMAT.replace(".%(msecs)03d", ""),
+            # the day and the offset from UTC, as this process's lines (_FileFormatter; %z: +0530)
+            "DASK_LOGGING__FORMATTERS__FOCUS__DATEFMT": "%Y-%m-%dT%H:%M:%S%z",
             "DASK_LOGGING__HANDLERS__FILE__CLASS": "logging.FileHandler",
             "DASK_LOGGING__HANDLERS__FILE__FILENAME": str(log_file),
             "DASK_LOGGING__HANDLERS__FILE__FORMATTER": "focus",

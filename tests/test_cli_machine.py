@@ -280,3 +280,33 @@ def test_a_collection_past_the_limit_on_open_files_stops_in_one_line_naming_it(t
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
     assert "this process reached its limit on open files, 48 (`ulimit -n`; hard limit 48)" in line
     assert "execution.max_concurrency" in line
+
+
+@pytest.mark.parametrize(
+    ("tz", "offset"), [("Asia/Kolkata", r"\+05:30"), ("America/St_Johns", "-0[23]:30"), ("UTC", r"\+00:00")]
+)
+def test_log_file_lines_name_their_day_and_offset_from_utc(tmp_path, tz, offset):
+    """The log file under ``TZ=Asia/Kolkata``: its lines started with the time of day
+    alone (``09:26:07.123``), naming neither the day (a loop runs past midnight) nor the
+    zone (the store's records and Prefect's are in UTC)."""
+    import re
+
+    code = (
+        "import io, logging, sys; from pathlib import Path; from rich.console import Console; "
+        "from flows.logs import setup; setup(Console(file=io.StringIO()), log_file=Path(sys.argv[1])); "
+        "logging.getLogger('focus.collect').info('one line')"
+    )
+    log = tmp_path / "x.log"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(log)],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "TZ": tz},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = log.read_text(encoding="utf-8").splitlines()[-1]
+    assert re.fullmatch(
+        rf"\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{{3}}{offset} \| INFO    \| focus.collect - one line", line
+    ), line
