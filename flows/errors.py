@@ -41,6 +41,7 @@ SELF_EXPLAINED = frozenset(
         "CollectionLocked",
         "LeaseHeld",
         "PrefectServerGone",
+        "PrefectHomeUnwritable",
         "MissingExtra",
         "NothingToTrain",
     }
@@ -56,6 +57,7 @@ USAGE = frozenset(
         "RequestsRefused",
         "RootNotAFolder",
         "StoreIncomplete",
+        "PrefectHomeUnwritable",
     }
 )
 #: The longest line: a foreign error's text (a server's page) is cut to it, in the middle,

@@ -310,3 +310,44 @@ def test_log_file_lines_name_their_day_and_offset_from_utc(tmp_path, tz, offset)
     assert re.fullmatch(
         rf"\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{{3}}{offset} \| INFO    \| focus.collect - one line", line
     ), line
+
+
+def test_a_prefect_home_that_cannot_be_written_is_named_before_the_server_starts(tmp_path):
+    from flows.server import PrefectHomeUnwritable, check_prefect_home
+
+    (tmp_path / "file").write_text("", encoding="utf-8")
+    bad = str(tmp_path / "file" / "prefect")
+    with pytest.raises(PrefectHomeUnwritable) as e:
+        check_prefect_home({"PREFECT_HOME": bad})
+    assert str(e.value).startswith(f"PREFECT_HOME={bad} cannot be written (Not a directory): the temporary Prefect")
+    check_prefect_home({"PREFECT_HOME": bad, "PREFECT_SERVER_DATABASE_CONNECTION_URL": "postgresql://db/p"})
+    check_prefect_home({"PREFECT_HOME": str(tmp_path / "new")})  # made, as Prefect would
+    assert (tmp_path / "new").is_dir()
+    check_prefect_home({})  # unset: the command moved it where it can be written
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_collect_under_prefect_with_a_prefect_home_it_cannot_write_says_so(tmp_path):
+    """``PREFECT_HOME`` set to a folder this user cannot write (here under a file): the
+    temporary server exited with status 3 and the line said ``RuntimeError: the temporary
+    Prefect server exited with status 3 while starting (see the log file)``."""
+    (tmp_path / "file").write_text("", encoding="utf-8")
+    env = base_env(tmp_path / "file" / "prefect")
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    args = ["collect", "--prefect", "--tasks", "2", "--transitions", "6", "--store", str(tmp_path / "runs")]
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: PREFECT_HOME={tmp_path / 'file' / 'prefect'} cannot be written (Not a directory): the temporary "
+        "Prefect server keeps its database there; set PREFECT_HOME to a folder you can write (or unset it), or "
+        "PREFECT_API_URL to a running server"
+    )
