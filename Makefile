@@ -31,7 +31,19 @@ PY_MIN := 3.11
 py_ok = $(1) -c 'import sys; v = sys.version_info[:3]; sys.exit(0 if v >= (3, 11) else \
 	"$(2) is Python %d.%d.%d; FOCUS needs $(PY_MIN) or later: $(3)" % v)'
 
+# a venv whose Python no longer runs (the Python it was made from was removed or replaced:
+# `pyenv uninstall`, `brew upgrade python`, a venv copied from another machine) is named, with
+# what to do: `python -m venv` over it stopped with "Error: [Errno 2] No such file or
+# directory: '.venv/bin/python3'", and with its stamp in place `make install` did nothing and
+# `make test` stopped at mypy's "bad interpreter"
+VENV_DEAD := $(if $(wildcard $(VENV)/pyvenv.cfg),$(shell $(BIN)/python -c '' >/dev/null 2>&1 || echo yes))
+ifneq ($(VENV_DEAD),)
+.PHONY: $(STAMP)
+endif
+
 $(STAMP): pyproject.toml
+	@test -z "$(VENV_DEAD)" || { echo "$(VENV)'s Python does not run (made from $$(sed -n 's/^executable = //p' \
+		$(VENV)/pyvenv.cfg), gone or replaced since): remove it (make clean) and run make again" >&2; exit 1; }
 	@$(call py_ok,$(PY),$(PY),make PY=python3.12 (or another Python $(PY_MIN)+) $(MAKECMDGOALS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@$(call py_ok,$(BIN)/python,$(VENV),remove it (make clean) and run make again)
