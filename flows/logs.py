@@ -190,6 +190,11 @@ def dask_workers_log_to(log_file: Path, env: MutableMapping[str, str] | None = N
             "DASK_LOGGING__FORMATTERS__FOCUS__DATEFMT": "%Y-%m-%dT%H:%M:%S%z",
             "DASK_LOGGING__HANDLERS__FILE__CLASS": "logging.FileHandler",
             "DASK_LOGGING__HANDLERS__FILE__FILENAME": str(log_file),
+            # UTF-8 as this process writes the file, whatever the locale: under LC_ALL=C with
+            # PYTHONUTF8=0 a worker's line with a non-ASCII character ("tâche") was lost
+            # ("--- Logging error --- UnicodeEncodeError" on the worker's standard error)
+            "DASK_LOGGING__HANDLERS__FILE__ENCODING": "utf-8",
+            "DASK_LOGGING__HANDLERS__FILE__ERRORS": "surrogateescape",
             "DASK_LOGGING__HANDLERS__FILE__FORMATTER": "focus",
             "DASK_LOGGING__LOGGERS__DISTRIBUTED__LEVEL": "INFO",
             "DASK_LOGGING__LOGGERS__DISTRIBUTED__HANDLERS": "['file']",

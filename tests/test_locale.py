@@ -145,3 +145,20 @@ def test_a_collection_in_folders_the_locale_cannot_name(tmp_path):
     assert f"batch: 'file://{work}/st öre/batches/c1/iter-000000'".encode() in done.stdout
     (log,) = (tmp_path / "state" / "focus" / "logs").glob("collect-*.log")
     assert f"collection c1: batch at file://{work}/st öre/".encode() in log.read_bytes()
+
+
+@importable
+def test_dask_workers_write_the_log_file_in_utf8(tmp_path):
+    """The logging configuration Dask workers get (``flows.logs.dask_workers_log_to``)
+    under an ASCII locale: a worker's line with a non-ASCII character was lost, and
+    ``--- Logging error --- UnicodeEncodeError: 'ascii' codec`` went to its standard error."""
+    log = tmp_path / "x.log"
+    code = (
+        "import sys; from pathlib import Path; from flows.logs import dask_workers_log_to; "
+        "dask_workers_log_to(Path(sys.argv[1])); import logging, distributed; "
+        "logging.getLogger('distributed.worker').warning('t\\u00e2che \\u2026 done')"
+    )
+    env = {k: v for k, v in non_utf8_env().items() if not k.startswith("DASK_")}
+    done = run(["-c", code, str(log)], env)
+    assert done.returncode == 0 and "Logging error" not in done.stderr, done.stderr[-2000:]
+    assert "tâche … done" in log.read_text(encoding="utf-8")
