@@ -55,8 +55,11 @@ def console_extra() -> dict[str, Any]:
 
 
 def default_log_file(kind: str = "collect") -> Path:
-    """A fresh file under ``$XDG_STATE_HOME/focus/logs`` (``~/.local/state/focus/logs``)."""
-    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "focus" / "logs"
+    """A fresh file under ``$XDG_STATE_HOME/focus/logs`` (``~/.local/state/focus/logs``).
+    A relative ``XDG_STATE_HOME`` is ignored, as the XDG specification says: the log went
+    under the folder the command ran in, a different one from each folder."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(state if os.path.isabs(state) else Path.home() / ".local" / "state") / "focus" / "logs"
     return base / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
 
 

@@ -351,3 +351,15 @@ def test_collect_under_prefect_with_a_prefect_home_it_cannot_write_says_so(tmp_p
         "Prefect server keeps its database there; set PREFECT_HOME to a folder you can write (or unset it), or "
         "PREFECT_API_URL to a running server"
     )
+
+
+def test_a_relative_xdg_state_home_is_ignored(tmp_path, monkeypatch):
+    """``XDG_STATE_HOME=state`` (relative, which the XDG specification says to ignore): the
+    default log file went under ``./state`` of whatever folder the command ran in."""
+    from flows.logs import default_log_file
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_STATE_HOME", "state")
+    assert default_log_file().parent == tmp_path / "home" / ".local" / "state" / "focus" / "logs"
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert default_log_file().parent == tmp_path / "xdg" / "focus" / "logs"
