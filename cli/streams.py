@@ -101,8 +101,8 @@ ENCODE_ERRORS = "focus-anything"
 def encode_anything(error: UnicodeError) -> tuple[str | bytes, int]:
     """Encode what the encoding cannot: a surrogate U+DC80-U+DCFF as the byte it stands
     for (Python decodes a file name or argument the locale cannot read that way: written
-    back, the user's folder is named as typed), any other character as ``\\uXXXX``
-    (Python's standard error does the same): a line is never lost for one character."""
+    back, the user's folder is named as typed), any other character as a backslash escape
+    (``\\xe9``, ``\\u2026``, as Python's standard error does): a line is never lost for one character."""
     if not isinstance(error, UnicodeEncodeError):
         raise error
     char = error.object[error.start]
