@@ -202,5 +202,10 @@ def dask_workers_log_to(log_file: Path, env: MutableMapping[str, str] | None = N
             "DASK_LOGGING__LOGGERS__DISTRIBUTED__LEVEL": "INFO",
             "DASK_LOGGING__LOGGERS__DISTRIBUTED__HANDLERS": "['file']",
             "DASK_LOGGING__LOGGERS__DISTRIBUTED__PROPAGATE": "False",
+            # tornado runs a worker's callbacks: one that raised (its memory monitor under
+            # `ulimit -n 64`: Too many open files) printed "Exception in callback" and a
+            # traceback on the terminal, as the command's own tornado records do not
+            "DASK_LOGGING__LOGGERS__TORNADO__HANDLERS": "['file']",
+            "DASK_LOGGING__LOGGERS__TORNADO__PROPAGATE": "False",
         }
     )

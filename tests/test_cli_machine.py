@@ -363,3 +363,26 @@ def test_a_relative_xdg_state_home_is_ignored(tmp_path, monkeypatch):
     assert default_log_file().parent == tmp_path / "home" / ".local" / "state" / "focus" / "logs"
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     assert default_log_file().parent == tmp_path / "xdg" / "focus" / "logs"
+
+
+def test_a_dask_workers_tornado_errors_go_to_the_log_file(tmp_path):
+    """A Dask worker's callback that raised (its memory monitor under ``ulimit -n 64``:
+    ``Too many open files``) is logged by tornado: ``Exception in callback`` and a
+    traceback reached the terminal, as the command's own tornado records do not."""
+    log = tmp_path / "x.log"
+    code = (
+        "import sys; from pathlib import Path; from flows.logs import dask_workers_log_to; "
+        "dask_workers_log_to(Path(sys.argv[1])); import logging, distributed; "
+        "logging.getLogger('tornado.application').error('Exception in callback', exc_info=OSError(24, 'x'))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(log)],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "Exception in callback" not in done.stderr, done.stderr[-2000:]
+    assert "Exception in callback" in log.read_text(encoding="utf-8")
