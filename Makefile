@@ -28,12 +28,26 @@ endif
 # Python (Ubuntu 22.04's python3 is 3.10.12) only after torch was in, and the venv made from it stayed
 # and was reused by `make PY=python3.12` (the python that makes a venv, and a venv already there)
 PY_MIN := 3.11
-py_ok = $(1) -c 'import sys; v = sys.version_info[:3]; sys.exit(0 if v >= (3, 11) else \
+# $(PY) quoted: a Python under a folder with a space (a checkout's own venv there, as the tests
+# give it) was cut at the space: "make: /tmp/a: No such file or directory"
+py_ok = "$(1)" -c 'import sys; v = sys.version_info[:3]; sys.exit(0 if v >= (3, 11) else \
 	"$(2) is Python %d.%d.%d; FOCUS needs $(PY_MIN) or later: $(3)" % v)'
 
+# a venv whose Python no longer runs (the Python it was made from was removed or replaced:
+# `pyenv uninstall`, `brew upgrade python`, a venv copied from another machine) is named, with
+# what to do: `python -m venv` over it stopped with "Error: [Errno 2] No such file or
+# directory: '.venv/bin/python3'", and with its stamp in place `make install` did nothing and
+# `make test` stopped at mypy's "bad interpreter"
+VENV_DEAD := $(if $(wildcard $(VENV)/pyvenv.cfg),$(shell $(BIN)/python -c '' >/dev/null 2>&1 || echo yes))
+ifneq ($(VENV_DEAD),)
+.PHONY: $(STAMP)
+endif
+
 $(STAMP): pyproject.toml
+	@test -z "$(VENV_DEAD)" || { echo "$(VENV)'s Python does not run (made from $$(sed -n 's/^executable = //p' \
+		$(VENV)/pyvenv.cfg), gone or replaced since): remove it (make clean) and run make again" >&2; exit 1; }
 	@$(call py_ok,$(PY),$(PY),make PY=python3.12 (or another Python $(PY_MIN)+) $(MAKECMDGOALS))
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	test -x $(BIN)/python || "$(PY)" -m venv $(VENV)
 	@$(call py_ok,$(BIN)/python,$(VENV),remove it (make clean) and run make again)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q --retries 0 --index-url $(TORCH_CPU_INDEX) torch==2.13.0 2>/dev/null \
@@ -66,7 +80,7 @@ test-fast: $(STAMP)
 # pinned 2.13.0, from a wheel folder where there is one (uv does not read pip's configuration).
 test-lowest:
 	@$(call py_ok,$(PY),$(PY),make PY=python3.12 (or another Python $(PY_MIN)+) test-lowest)
-	test -x .venv-lowest/bin/python || $(PY) -m venv .venv-lowest
+	test -x .venv-lowest/bin/python || "$(PY)" -m venv .venv-lowest
 	.venv-lowest/bin/pip install -q uv
 	.venv-lowest/bin/uv pip install -q -p .venv-lowest/bin/python --resolution lowest-direct \
 		$(if $(wildcard /opt/wheels),--find-links /opt/wheels) -e '.[pipeline,local,s3,tinker,examples,dev]' torch==2.13.0

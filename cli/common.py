@@ -166,7 +166,7 @@ class Console:
         line = interrupts.line(resume, said)
         with contextlib.suppress(OSError):
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.log_file, "a", encoding="utf-8") as f:
+            with open(self.log_file, "a", encoding="utf-8", errors="surrogateescape") as f:
                 f.write(f"{line}\n")
         typer.secho(line, fg=typer.colors.YELLOW, err=True)
         raise typer.Exit(interrupts.code)
@@ -181,7 +181,7 @@ class Console:
         elif code != 2:  # a configuration error needs no traceback
             try:
                 self.log_file.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.log_file, "a", encoding="utf-8") as f:
+                with open(self.log_file, "a", encoding="utf-8", errors="surrogateescape") as f:
                     f.write(f"error: {line}\n{''.join(traceback.format_exception(exc))}")
                 where = f" (traceback: {self.log_file})" if str(self.log_file) != os.devnull else ""
             except OSError:

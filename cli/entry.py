@@ -67,6 +67,29 @@ def home_or_temporary(env: Any = None) -> None:
     env["HOME"] = tempfile.gettempdir()
 
 
+#: The most open files :func:`more_open_files` asks for: many times what a collection
+#: needs (one connection per rollout in flight), under what macOS allows (OPEN_MAX, 10240).
+OPEN_FILES = 10240
+
+
+def more_open_files() -> None:
+    """Raise this process's soft limit on open files (``ulimit -Sn``) towards its hard
+    limit, up to :data:`OPEN_FILES`; the embedded model server inherits it. Each rollout
+    in flight holds a connection to the model service, so the default
+    ``execution.max_concurrency`` (64) needs about 80 files, and a soft limit of 64 (or a
+    laptop's 256 with more rollouts in flight) stopped a collection with ``Too many open
+    files`` though the hard limit allowed thousands. A hard limit is left as it is."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, OSError, ValueError):  # no resource module, or a limit the system refuses
+        pass
+
+
 #: What the command started before its own handling of signals: killed by :func:`_stop_now`.
 _STARTED: list[Any] = []
 
@@ -110,6 +133,7 @@ def main() -> None:  # pragma: no cover - console entry point (tested through th
         REPLACED[s] = signal.signal(s, _stop_now)
     loopback_without_proxy()
     home_or_temporary()
+    more_open_files()
     from focus.extras import MissingExtra, missing, require
 
     try:

@@ -14,10 +14,17 @@ that share it and the interpreter's last flush do not fail either), one warning 
 the log file, and the command carries on; its exit status is its work's. What it would
 have printed is in the log file (progress, warnings, errors), and a rerun of a finished
 collection prints its result again.
+
+:func:`install` also keeps a console whose locale is not UTF-8 from stopping the command
+with ``UnicodeEncodeError`` (:func:`encode_anything`): under ``LC_ALL=C`` with Python's
+UTF-8 mode off (``PYTHONUTF8=0``) ``focus collect --help`` printed a 50-line traceback on
+its first ``…``, and click rewrote an ASCII stream as UTF-8 with ``?`` for the bytes of a
+folder name the locale could not decode, so the ``rerun or resume`` line named another store.
 """
 
 from __future__ import annotations
 
+import codecs
 import logging
 import os
 import sys
@@ -87,9 +94,46 @@ class SurvivingStream:
         return getattr(self._stream, name)
 
 
+#: The error handler of the console's streams (see :func:`encode_anything`).
+ENCODE_ERRORS = "focus-anything"
+
+
+def encode_anything(error: UnicodeError) -> tuple[str | bytes, int]:
+    """Encode what the encoding cannot: a surrogate U+DC80-U+DCFF as the byte it stands
+    for (Python decodes a file name or argument the locale cannot read that way: written
+    back, the user's folder is named as typed), any other character as a backslash escape
+    (``\\xe9``, ``\\u2026``, as Python's standard error does): a line is never lost for one character."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    char = error.object[error.start]
+    if "\udc80" <= char <= "\udcff":
+        return bytes([ord(char) - 0xDC00]), error.start + 1
+    return char.encode("ascii", "backslashreplace").decode("ascii"), error.start + 1
+
+
+codecs.register_error(ENCODE_ERRORS, encode_anything)
+
+
+def _encode_anything(stream: Any) -> None:
+    """An ASCII console (the C or POSIX locale with UTF-8 mode off) is written in UTF-8, as
+    Python's UTF-8 mode and click do there (click rewrote it with ``?`` for what it could not
+    encode); another code page (Latin-1) keeps its encoding. Neither raises for a character
+    it cannot encode (:func:`encode_anything`)."""
+    try:
+        name = codecs.lookup(stream.encoding).name
+    except (AttributeError, LookupError, TypeError):
+        return
+    wanted = {"encoding": "utf-8", "errors": ENCODE_ERRORS} if name == "ascii" else {"errors": ENCODE_ERRORS}
+    try:
+        stream.reconfigure(**wanted)
+    except (AttributeError, OSError, ValueError):  # not a TextIOWrapper (a test's capture)
+        pass
+
+
 def install() -> None:
     """Wrap ``sys.stdout`` and ``sys.stderr`` (once)."""
     for attr, name in (("stdout", "standard output"), ("stderr", "standard error")):
         stream = getattr(sys, attr)
         if stream is not None and not isinstance(stream, SurvivingStream):
+            _encode_anything(stream)
             setattr(sys, attr, SurvivingStream(stream, name))

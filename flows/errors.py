@@ -42,6 +42,7 @@ SELF_EXPLAINED = frozenset(
         "CollectionLocked",
         "LeaseHeld",
         "PrefectServerGone",
+        "PrefectHomeUnwritable",
         "MissingExtra",
         "NothingToTrain",
     }
@@ -57,6 +58,7 @@ USAGE = frozenset(
         "RequestsRefused",
         "RootNotAFolder",
         "StoreIncomplete",
+        "PrefectHomeUnwritable",
     }
 )
 #: The longest line: a foreign error's text (a server's page) is cut to it, in the middle,
@@ -150,6 +152,8 @@ def one_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         where = f" writing {exc.filename}" if exc.filename else ""
         return f"no space left on the device{where}; free space and rerun to resume"
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        return _flatten(too_many_open_files(exc))
     if isinstance(exc, PermissionError) or (isinstance(exc, OSError) and exc.errno == errno.EROFS):
         where = f" on {exc.filename}" if exc.filename else ""
         return _flatten(f"permission denied{where}: {exc.strerror or text or 'forbidden'}")
@@ -161,6 +165,31 @@ def one_line(exc: BaseException) -> str:
         cause = f"{names[0]}: {text}" if text and not text.startswith("Failed to reach API") else names[0]
         return _flatten(prefect_unanswered(api, cause))
     return _flatten(f"{names[0]}: {text}") if text else names[0]
+
+
+def too_many_open_files(exc: OSError) -> str:
+    """The line for ``EMFILE`` (this process's limit on open files, ``ulimit -n``) or
+    ``ENFILE`` (the system's). Each rollout in flight holds a connection to the model
+    service, so ``execution.max_concurrency`` (64) rollouts need about 80 files; under
+    ``ulimit -n 64`` the line was ``OSError: [Errno 24] Too many open files: <a checkpoint
+    file>``, which named neither the limit nor the concurrency behind it."""
+    where = f" (opening {exc.filename})" if exc.filename else ""
+    if exc.errno == errno.ENFILE:
+        limit = "the system's limit on open files is reached (ENFILE: fs.file-max, all processes together)"
+    else:
+        limit = "this process reached its limit on open files"
+        try:
+            import resource
+
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            shown = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+            limit += f", {soft} (`ulimit -n`; hard limit {shown})"
+        except (ImportError, OSError, ValueError):
+            pass
+    return (
+        f"too many open files{where}: {limit}; each rollout in flight holds a connection to the model service, "
+        "so raise the limit (`ulimit -n 4096`) or lower execution.max_concurrency, then rerun to resume"
+    )
 
 
 def exit_code(exc: BaseException) -> int:

@@ -30,14 +30,36 @@ _CHATTY = ("prefect", "distributed", "dask", "httpx", "asyncio", "urllib3", "bot
 _STDERR_OWNERS = frozenset({"distributed", "dask", "tornado", "bokeh"})
 
 
+def utc_offset(when: time.struct_time) -> str:
+    """``when``'s offset from UTC as ISO 8601 writes it: ``+05:30``, ``-03:00``, ``+00:00``."""
+    minutes = (when.tm_gmtoff or 0) // 60
+    sign = "-" if minutes < 0 else "+"
+    return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+
+
+class _FileFormatter(logging.Formatter):
+    """The log file's lines start with the local date, time and UTC offset
+    (``2026-12-07T09:26:07.123+05:30``). They started with the time of day alone
+    (``09:26:07.123``): the lines of a loop that ran past midnight, or of a run under
+    another ``TZ`` than the reader's, named no day and no zone, beside the store's
+    records, which are in UTC."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's
+        when = self.converter(record.created)
+        return f"{time.strftime('%Y-%m-%dT%H:%M:%S', when)}.{int(record.msecs):03d}{utc_offset(when)}"
+
+
 def console_extra() -> dict[str, Any]:
     """``extra=`` for a log call whose message the console should show in quiet mode."""
     return {CONSOLE_FLAG: True}
 
 
 def default_log_file(kind: str = "collect") -> Path:
-    """A fresh file under ``$XDG_STATE_HOME/focus/logs`` (``~/.local/state/focus/logs``)."""
-    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "focus" / "logs"
+    """A fresh file under ``$XDG_STATE_HOME/focus/logs`` (``~/.local/state/focus/logs``).
+    A relative ``XDG_STATE_HOME`` is ignored, as the XDG specification says: the log went
+    under the folder the command ran in, a different one from each folder."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(state if os.path.isabs(state) else Path.home() / ".local" / "state") / "focus" / "logs"
     return base / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
 
 
@@ -109,11 +131,13 @@ def setup(console: Any, *, verbosity: int = 0, log_file: Path | None = None) -> 
     if log_file is not None:
         try:
             log_file.parent.mkdir(parents=True, exist_ok=True)
-            fh: logging.FileHandler | None = _LogFile(log_file, encoding="utf-8", delay=True)
+            # surrogateescape: a folder name the locale could not decode (LC_ALL=C, PYTHONUTF8=0)
+            # is written as its bytes; strict stopped the log at the first line naming it
+            fh: logging.FileHandler | None = _LogFile(log_file, encoding="utf-8", errors="surrogateescape", delay=True)
         except OSError:
             fh = None
         if fh is not None:
-            fh.setFormatter(logging.Formatter(_FORMAT, "%H:%M:%S"))
+            fh.setFormatter(_FileFormatter(_FORMAT.replace(".%(msecs)03d", "")))
             fh.setLevel(level)
             root.addHandler(fh)
             path = log_file
@@ -165,11 +189,23 @@ def dask_workers_log_to(log_file: Path, env: MutableMapping[str, str] | None = N
             "DASK_LOGGING__VERSION": "1",
             "DASK_LOGGING__DISABLE_EXISTING_LOGGERS": "False",
             "DASK_LOGGING__FORMATTERS__FOCUS__FORMAT": _FORMAT.replace(".%(msecs)03d", ""),
+            # the day and the offset from UTC, as this process's lines (_FileFormatter; %z: +0530)
+            "DASK_LOGGING__FORMATTERS__FOCUS__DATEFMT": "%Y-%m-%dT%H:%M:%S%z",
             "DASK_LOGGING__HANDLERS__FILE__CLASS": "logging.FileHandler",
             "DASK_LOGGING__HANDLERS__FILE__FILENAME": str(log_file),
+            # UTF-8 as this process writes the file, whatever the locale: under LC_ALL=C with
+            # PYTHONUTF8=0 a worker's line with a non-ASCII character ("tâche") was lost
+            # ("--- Logging error --- UnicodeEncodeError" on the worker's standard error)
+            "DASK_LOGGING__HANDLERS__FILE__ENCODING": "utf-8",
+            "DASK_LOGGING__HANDLERS__FILE__ERRORS": "surrogateescape",
             "DASK_LOGGING__HANDLERS__FILE__FORMATTER": "focus",
             "DASK_LOGGING__LOGGERS__DISTRIBUTED__LEVEL": "INFO",
             "DASK_LOGGING__LOGGERS__DISTRIBUTED__HANDLERS": "['file']",
             "DASK_LOGGING__LOGGERS__DISTRIBUTED__PROPAGATE": "False",
+            # tornado runs a worker's callbacks: one that raised (its memory monitor under
+            # `ulimit -n 64`: Too many open files) printed "Exception in callback" and a
+            # traceback on the terminal, as the command's own tornado records do not
+            "DASK_LOGGING__LOGGERS__TORNADO__HANDLERS": "['file']",
+            "DASK_LOGGING__LOGGERS__TORNADO__PROPAGATE": "False",
         }
     )

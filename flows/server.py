@@ -45,6 +45,39 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: Where a Prefect server's database is named (Prefect 3's name, and its older one).
+DATABASE_URL_VARIABLES = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
+
+
+class PrefectHomeUnwritable(RuntimeError):
+    """``PREFECT_HOME`` names a folder this user cannot write: a temporary server keeps its
+    database there. ``str()`` is the one line."""
+
+
+def check_prefect_home(env: Any = None) -> None:
+    """Refuse, in one line naming it, a ``PREFECT_HOME`` the user set that cannot hold the
+    temporary server's database (``<home>/prefect.db``): the server exited with status 3
+    and the line said only ``the temporary Prefect server exited with status 3 while
+    starting (see the log file)``, the cause (``sqlite3.OperationalError: unable to open
+    database file``) 40 lines into the log. An unset one is moved where it can be written
+    (:func:`cli.common.writable_prefect_home`); a database named elsewhere is not checked."""
+    env = os.environ if env is None else env
+    if not env.get("PREFECT_HOME") or any(env.get(k) for k in DATABASE_URL_VARIABLES):
+        return
+    home = Path(env["PREFECT_HOME"]).expanduser()
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if os.access(home, os.W_OK | os.X_OK):
+            return
+        why = "Permission denied"
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+    raise PrefectHomeUnwritable(
+        f"PREFECT_HOME={home} cannot be written ({why}): the temporary Prefect server keeps its database "
+        "there; set PREFECT_HOME to a folder you can write (or unset it), or PREFECT_API_URL to a running server"
+    )
+
+
 class TemporaryServer:
     """A Prefect API server on 127.0.0.1 for the life of one command."""
 
@@ -65,6 +98,7 @@ class TemporaryServer:
         spec = importlib.util.find_spec("prefect")
         if spec is None or spec.origin is None:
             raise RuntimeError("Prefect is not installed: pip install 'focus-rl[pipeline]'")
+        check_prefect_home()
         app_dir = str(Path(spec.origin).parent.parent)
         env = {
             **os.environ,

@@ -239,6 +239,6 @@ def finite(values: np.ndarray, column: str, what: str, lengths: np.ndarray | Non
     bad = ~np.isfinite(values)
     if not bad.any():
         return
-    i = int(bad.argmax())
+    i = int(np.argmax(bad))
     row = i if lengths is None else int(np.searchsorted(np.cumsum(lengths), i, side="right"))
     raise BatchError(f"{what} row {row}: column {column!r} has the value {float(values[i])!r}, not a finite number")

@@ -214,3 +214,175 @@ def test_the_suite_imports_prefect_quietly_where_home_cannot_hold_its_folder(tmp
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert not done.stdout.strip().startswith(str(home)), done.stdout
+
+
+def test_the_command_raises_its_soft_limit_on_open_files_to_the_hard_one():
+    """A soft limit of 64 under a hard one of 4096 (``ulimit -Sn 64``; a laptop's 256):
+    64 rollouts in flight, a connection each, stopped the collection with ``Too many open
+    files``. The command takes what the hard limit allows (up to 10240); a hard limit
+    stays as it is."""
+    code = (
+        "import resource, sys; R = resource.RLIMIT_NOFILE; resource.setrlimit(R, tuple(map(int, sys.argv[1:]))); "
+        "from cli.entry import more_open_files; more_open_files(); print(*resource.getrlimit(R))"
+    )
+    import resource
+
+    top = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # a limit may be lowered, not raised
+    top = 1 << 20 if top == resource.RLIM_INFINITY else top
+    wanted = {(64, min(4096, top)): [min(4096, top)] * 2, (64, 64): [64, 64]}
+    if top > 10240:
+        wanted[128, top] = [10240, top]
+    got = {}
+    for soft, hard in wanted:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(soft), str(hard)],
+            cwd=Path(__file__).resolve().parents[1],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        got[soft, hard] = [int(x) for x in done.stdout.split()]
+    assert got == wanted
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_collection_past_the_limit_on_open_files_stops_in_one_line_naming_it(tmp_path):
+    """64 rollouts in flight (the default) under ``prlimit --nofile=48:4096``: it finishes
+    (the soft limit is raised); under 48:48 it stops in one line naming the limit and
+    what to change, not ``OSError: [Errno 24] Too many open files: <a file>``, and no
+    thread's traceback reaches the terminal."""
+    import resource
+    import shutil
+
+    if shutil.which("prlimit") is None:
+        pytest.skip("needs prlimit (util-linux)")
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 4096:
+        pytest.skip("needs a hard limit on open files of 4096 or more (a limit may be lowered, not raised)")
+    env = base_env(tmp_path / "prefect")
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    args = ["collect", "--tasks", "64", "--transitions", "300", "--collection-id", "c1"]
+    for limit in ("48:4096", "48:48"):
+        done = subprocess.run(
+            ["prlimit", f"--nofile={limit}", sys.executable, "-m", "cli", *args, "--store", str(tmp_path / limit)],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=200,
+        )
+        if limit == "48:4096":
+            assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert "this process reached its limit on open files, 48 (`ulimit -n`; hard limit 48)" in line
+    assert "execution.max_concurrency" in line
+
+
+@pytest.mark.parametrize(
+    ("tz", "offset"), [("Asia/Kolkata", r"\+05:30"), ("America/St_Johns", "-0[23]:30"), ("UTC", r"\+00:00")]
+)
+def test_log_file_lines_name_their_day_and_offset_from_utc(tmp_path, tz, offset):
+    """The log file under ``TZ=Asia/Kolkata``: its lines started with the time of day
+    alone (``09:26:07.123``), naming neither the day (a loop runs past midnight) nor the
+    zone (the store's records and Prefect's are in UTC)."""
+    import re
+
+    code = (
+        "import io, logging, sys; from pathlib import Path; from rich.console import Console; "
+        "from flows.logs import setup; setup(Console(file=io.StringIO()), log_file=Path(sys.argv[1])); "
+        "logging.getLogger('focus.collect').info('one line')"
+    )
+    log = tmp_path / "x.log"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(log)],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "TZ": tz},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = log.read_text(encoding="utf-8").splitlines()[-1]
+    assert re.fullmatch(
+        rf"\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{{3}}{offset} \| INFO    \| focus.collect - one line", line
+    ), line
+
+
+def test_a_prefect_home_that_cannot_be_written_is_named_before_the_server_starts(tmp_path):
+    from flows.server import PrefectHomeUnwritable, check_prefect_home
+
+    (tmp_path / "file").write_text("", encoding="utf-8")
+    bad = str(tmp_path / "file" / "prefect")
+    with pytest.raises(PrefectHomeUnwritable) as e:
+        check_prefect_home({"PREFECT_HOME": bad})
+    assert str(e.value).startswith(f"PREFECT_HOME={bad} cannot be written (Not a directory): the temporary Prefect")
+    check_prefect_home({"PREFECT_HOME": bad, "PREFECT_SERVER_DATABASE_CONNECTION_URL": "postgresql://db/p"})
+    check_prefect_home({"PREFECT_HOME": str(tmp_path / "new")})  # made, as Prefect would
+    assert (tmp_path / "new").is_dir()
+    check_prefect_home({})  # unset: the command moved it where it can be written
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_collect_under_prefect_with_a_prefect_home_it_cannot_write_says_so(tmp_path):
+    """``PREFECT_HOME`` set to a folder this user cannot write (here under a file): the
+    temporary server exited with status 3 and the line said ``RuntimeError: the temporary
+    Prefect server exited with status 3 while starting (see the log file)``."""
+    (tmp_path / "file").write_text("", encoding="utf-8")
+    env = base_env(tmp_path / "file" / "prefect")
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    args = ["collect", "--prefect", "--tasks", "2", "--transitions", "6", "--store", str(tmp_path / "runs")]
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: PREFECT_HOME={tmp_path / 'file' / 'prefect'} cannot be written (Not a directory): the temporary "
+        "Prefect server keeps its database there; set PREFECT_HOME to a folder you can write (or unset it), or "
+        "PREFECT_API_URL to a running server"
+    )
+
+
+def test_a_relative_xdg_state_home_is_ignored(tmp_path, monkeypatch):
+    """``XDG_STATE_HOME=state`` (relative, which the XDG specification says to ignore): the
+    default log file went under ``./state`` of whatever folder the command ran in."""
+    from flows.logs import default_log_file
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_STATE_HOME", "state")
+    assert default_log_file().parent == tmp_path / "home" / ".local" / "state" / "focus" / "logs"
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert default_log_file().parent == tmp_path / "xdg" / "focus" / "logs"
+
+
+def test_a_dask_workers_tornado_errors_go_to_the_log_file(tmp_path):
+    """A Dask worker's callback that raised (its memory monitor under ``ulimit -n 64``:
+    ``Too many open files``) is logged by tornado: ``Exception in callback`` and a
+    traceback reached the terminal, as the command's own tornado records do not."""
+    log = tmp_path / "x.log"
+    code = (
+        "import sys; from pathlib import Path; from flows.logs import dask_workers_log_to; "
+        "dask_workers_log_to(Path(sys.argv[1])); import logging, distributed; "
+        "logging.getLogger('tornado.application').error('Exception in callback', exc_info=OSError(24, 'x'))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(log)],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "Exception in callback" not in done.stderr, done.stderr[-2000:]
+    assert "Exception in callback" in log.read_text(encoding="utf-8")

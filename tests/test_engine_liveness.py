@@ -122,3 +122,23 @@ def test_a_stuck_engine_is_seen_by_the_keeper_and_restarts_share_one_budget(capl
         assert "(0 after it exited, 1 after it hung: restarts = 1 counts both)" in lines[1]
     finally:
         server.stop()
+
+
+def test_the_keeper_does_not_die_when_this_process_cannot_open_a_file(monkeypatch):
+    """The keeper's probe under ``ulimit -n 32``: httpx's client could not open its
+    certificates (``OSError: [Errno 24] Too many open files``), the keeper's thread died
+    with a traceback on the terminal, and the server went unguarded. A probe this process
+    cannot make says nothing of the server: it is not counted as unanswered."""
+    import errno
+
+    import httpx
+
+    from focus.backends import LocalModelServer
+
+    def no_files(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    server = LocalModelServer.__new__(LocalModelServer)
+    server.port = 9
+    monkeypatch.setattr(httpx, "get", no_files)
+    assert server._engine_step(0.1) == 0.0

@@ -513,3 +513,17 @@ def test_a_dask_scheduler_gone_is_one_line_and_no_dask_log_reaches_the_terminal(
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
         logging.raiseExceptions = saved[2]
+
+
+def test_too_many_open_files_is_one_line_naming_the_limit_and_the_concurrency():
+    """``EMFILE`` under ``ulimit -n 64`` (64 rollouts in flight by default, a connection
+    each): the line was ``OSError: [Errno 24] Too many open files: <a checkpoint file>``."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    line = one_line(OSError(errno.EMFILE, "Too many open files", "/runs/x.pkl"))
+    assert line.startswith("too many open files (opening /runs/x.pkl): this process reached its limit on open")
+    assert f", {soft} (`ulimit -n`; hard limit " in line and "execution.max_concurrency" in line
+    assert line.endswith("then rerun to resume") and exit_code(OSError(errno.EMFILE, "x")) == 1
+    system = one_line(OSError(errno.ENFILE, "Too many open files in system"))
+    assert system.startswith("too many open files: the system's limit on open files is reached (ENFILE")

@@ -125,3 +125,25 @@ def test_lint_caches_leave_a_read_only_checkout(tmp_path):
         env={**env, "RUFF_CACHE_DIR": "/r", "MYPY_CACHE_DIR": "/m"}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert mine.stdout.strip() == "[/r][/m]", mine.stderr
+
+
+@pytest.mark.parametrize("stamped", [True, False], ids=["installed", "half-made"])
+def test_make_names_a_venv_whose_python_is_gone(tmp_path, stamped):
+    """A venv whose interpreter was removed or replaced since (``pyenv uninstall``, ``brew
+    upgrade python``, a venv copied from another machine): installed, ``make install`` did
+    nothing and ``make lint``/``make test`` stopped at ``bad interpreter``; half made,
+    ``python -m venv`` over it stopped with ``Error: [Errno 2] No such file or directory:
+    'venv/bin/python3'``. Both name the venv, the Python it was made from and what to do."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /gone/bin\nexecutable = /gone/bin/python3.12\nversion = 3.12.1\n")
+    (venv / "bin" / "python").symlink_to("/gone/bin/python3.12")
+    cwd = beside(tmp_path)
+    if stamped:
+        (venv / ".installed").touch()
+    for goal in ("install", "lint") if stamped else ("install",):
+        done = make([goal, f"PY={sys.executable}", "VENV=venv"], cwd=cwd)
+        assert done.returncode != 0, (goal, done.stdout, done.stderr)
+        line = "venv's Python does not run (made from /gone/bin/python3.12, gone or replaced since): remove it (make clean)"
+        assert line in done.stderr, (goal, done.stderr)
+        assert "bad interpreter" not in done.stderr and "Errno" not in done.stderr

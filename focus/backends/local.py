@@ -432,7 +432,8 @@ class LocalModelServer:
     def _engine_step(self, timeout_s: float) -> float | None:
         """How long the server's engine has been in its current step, from ``/health``
         (200, or 503 once it is stalled); ``None`` if it does not answer within
-        ``timeout_s``. A server without the figure counts as answering with 0."""
+        ``timeout_s``. A server without the figure counts as answering with 0, and so does
+        one this process could not ask (an ``OSError`` of its own)."""
         import httpx
 
         try:
@@ -442,6 +443,11 @@ class LocalModelServer:
             return float(resp.json().get("engine_step_s", 0.0))
         except (httpx.HTTPError, ValueError, AttributeError):
             return None
+        except OSError:
+            # this process could not make the probe (Too many open files: httpx's client
+            # opens a file for its certificates): nothing is known of the server, so it is
+            # not counted as unanswered; the keeper's thread died of it with a traceback
+            return 0.0
 
     def _answers(self, timeout_s: float) -> bool:
         """Whether the server answers ``/health`` within ``timeout_s``, its engine not stalled."""

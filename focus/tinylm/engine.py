@@ -228,7 +228,7 @@ class _Batch:
         self.k[layer][rows, :, self.positions] = k[:, :, 0]
         self.v[layer][rows, :, self.positions] = v[:, :, 0]
         self.vabs[layer][rows, :, self.positions] = value_magnitudes(v[:, :, 0])
-        n = int(self.positions.max()) + 1
+        n = int(np.max(self.positions)) + 1
         return self.k[layer][:b, :, :n], self.v[layer][:b, :, :n], self.vabs[layer][:b, :, :n]
 
     def decode(self, tokens: list[int], positions: list[int]) -> np.ndarray:
