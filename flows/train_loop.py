@@ -28,7 +28,7 @@ of held-out success per version is a run artifact as well as a file beside the w
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, cast
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -36,6 +36,7 @@ from prefect.utilities.annotations import quote
 
 from flows.cancel import quiet_cancellation
 from flows.collect import collect
+from flows.errors import failed_state
 from flows.heartbeat import heartbeats
 from flows.loop import (
     LoopSteps,
@@ -125,14 +126,19 @@ async def train_loop(config: ConfigParameter = None, allow_config_change: bool =
     were made with, from the first iteration not yet begun (:mod:`tasks.loop_settings`).
     """
     log = get_run_logger()
-    await note_deployment(config, log)
-    config = collection_id_for_run(config_at_runtime(config))
-    log.info("train loop %s", config.collection_id)
-    progress = LoopProgress(config, enabled=config.progress, log=log)  # off a terminal: lines in the UI
-    # heartbeats also close what crashed attempts left Running; a cancel ends with an INFO line
-    with quiet_cancellation(), heartbeats(config.execution.heartbeat_s):
-        run = _loop_and_report(config, progress, allow_config_change)
-        return await watched(run, config.execution.prefect_grace_s)
+    cid = config.get("collection_id") if isinstance(config, dict) else getattr(config, "collection_id", None)
+    try:
+        await note_deployment(config, log)
+        config = collection_id_for_run(config_at_runtime(config))
+        cid = config.collection_id
+        log.info("train loop %s", cid)
+        progress = LoopProgress(config, enabled=config.progress, log=log)  # off a terminal: lines in the UI
+        # heartbeats also close what crashed attempts left Running; a cancel ends with an INFO line
+        with quiet_cancellation(), heartbeats(config.execution.heartbeat_s):
+            run = _loop_and_report(config, progress, allow_config_change)
+            return await watched(run, config.execution.prefect_grace_s)
+    except Exception as e:  # one line as the state's message and in the log, as the collect flow's
+        return cast(list[dict[str, Any]], failed_state(e, log, cid, what="train loop"))  # awaiting it raises
 
 
 async def _loop_and_report(config: FocusConfig, progress: LoopProgress, allow: bool) -> list[dict[str, Any]]:
