@@ -48,7 +48,7 @@ from flows.loop import (
     train_body,
 )
 from flows.loop_progress import LoopProgress, success_points
-from flows.preflight import collection_id_for_run, note_deployment
+from flows.preflight import collection_id_for_run, flow_run_name, note_deployment
 from flows.report import _artifact_key
 from flows.trainer_thread import in_daemon_thread
 from flows.watch import watched
@@ -115,7 +115,7 @@ async def publish_success(base: str, records: list[dict[str, Any]], png: bytes |
         )
 
 
-@flow(name="train_loop", log_prints=True, validate_parameters=False)
+@flow(name="train_loop", log_prints=True, flow_run_name=flow_run_name, validate_parameters=False)
 async def train_loop(config: ConfigParameter = None, allow_config_change: bool = False) -> list[dict[str, Any]]:
     """``train.iterations`` rounds of collect then train; one record per iteration
     (and, with ``train.eval_tasks``, a last record evaluating the final weights).

@@ -128,6 +128,18 @@ def test_a_failure_that_names_its_cause_is_one_line_in_the_state_and_the_log(pre
     assert not any("Traceback" in m for _, m in logs), logs
 
 
+def test_a_train_loop_run_is_named_after_its_loop(prefect_api, tmp_path):
+    """As a collection's run is named after the collection: the UI's list of runs showed
+    a train loop's run by Prefect's random name (``polite-seagull``), which tied it to no
+    loop; its collections' runs were ``<loop>-it<i>``."""
+    from flows.train_loop import train_loop
+
+    sent = {"collection_id": "named-loop", "model": {"url": "ftp://x"}, "storage": {"root": str(tmp_path)}}
+    state = asyncio.run(train_loop(sent, return_state=True))
+    assert state.is_failed()
+    assert run_named(prefect_api, "named-loop")["id"] == str(state.state_details.flow_run_id)
+
+
 def test_only_an_error_nobody_described_keeps_its_traceback():
     assert explained(CriticError("critic service unavailable"))
     assert explained(LeaseHeld("collection 'c' is being written by another run"))
