@@ -41,23 +41,30 @@ HEARTBEATS_MISSED = 2
 EVENT_LAG_S = 5.0
 
 
+@contextlib.asynccontextmanager
+async def closing_abandoned(cid: str, heartbeat_s: float) -> AsyncIterator[None]:
+    """Enter once the lease of ``cid`` is held: :func:`end_abandoned_runs` runs beside the
+    block, and is waited for at its end only where a candidate was not silent long enough."""
+    closing = asyncio.ensure_future(end_abandoned_runs(cid, heartbeat_s))
+    try:
+        yield
+        await closing
+    finally:
+        closing.cancel()
+
+
 class ClosesAbandoned:
-    """A journal mixin (before :class:`~tasks.journal.CheckpointJournal`): while its lease
-    is held, :func:`end_abandoned_runs` runs beside the collection, and is waited for at
-    the end only where a candidate was not silent long enough yet."""
+    """A journal mixin (before :class:`~tasks.journal.CheckpointJournal`): its lease
+    closes the runs of the collection a gone process left unfinished
+    (:func:`closing_abandoned`)."""
 
     cid: str
     config: Any
 
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncIterator[None]:
-        async with super().lease():  # type: ignore[misc]
-            closing = asyncio.ensure_future(end_abandoned_runs(self.cid, self.config.execution.heartbeat_s))
-            try:
-                yield
-                await closing
-            finally:
-                closing.cancel()
+        async with super().lease(), closing_abandoned(self.cid, self.config.execution.heartbeat_s):  # type: ignore[misc]
+            yield
 
 
 def silence_s(heartbeat_s: float) -> float:

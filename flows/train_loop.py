@@ -28,12 +28,14 @@ of held-out success per version is a run artifact as well as a file beside the w
 from __future__ import annotations
 
 import base64
+import contextlib
 from typing import Any, cast
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
+from flows.abandoned import closing_abandoned
 from flows.cancel import quiet_cancellation
 from flows.collect import collect
 from flows.errors import failed_state
@@ -94,6 +96,10 @@ class PrefectSteps(LoopSteps):
     async def evaluate(self, cfg: FocusConfig, base: str, version: int, report: Any) -> dict[str, Any]:
         call: Any = evaluate_step
         return await call(cfg, base, version, quote(report))  # type: ignore[no-any-return]
+
+    def leased(self, config: FocusConfig) -> contextlib.AbstractAsyncContextManager[None]:
+        """Runs of this loop a gone process left ``Running`` are closed (:mod:`flows.abandoned`)."""
+        return closing_abandoned(config.collection_id or "train", config.execution.heartbeat_s)
 
 
 async def publish_success(base: str, records: list[dict[str, Any]], png: bytes | None, url: str | None) -> None:

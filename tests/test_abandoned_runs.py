@@ -24,16 +24,16 @@ from flows.heartbeat import HEARTBEAT_EVENT
 pytestmark = pytest.mark.timeout(120)
 
 
-async def left_running(name: str) -> Any:
-    """A flow run of the ``collect`` flow named ``name``, ``Running`` as a process that
-    died (or could not reach the server at its end) leaves it."""
+async def left_running(name: str, flow: Any = None) -> Any:
+    """A flow run of ``flow`` (default: ``collect``) named ``name``, ``Running`` as a
+    process that died (or could not reach the server at its end) leaves it."""
     from prefect import get_client
     from prefect.states import Running
 
     from flows.collect import collect
 
     async with get_client() as client:
-        run = await client.create_flow_run(collect, name=name, parameters={})
+        run = await client.create_flow_run(flow or collect, name=name, parameters={})
         await client.set_flow_run_state(run.id, Running(), force=True)
     return run.id
 
@@ -97,3 +97,24 @@ def test_the_next_run_of_a_collection_closes_the_runs_a_gone_process_left_runnin
     finally:
         stop.set()
     assert time.monotonic() - t0 < took + 5
+
+
+@pytest.mark.needs("torch")  # the local trainer
+def test_the_next_run_of_a_train_loop_closes_the_loop_run_a_gone_process_left_running(prefect_api, tmp_path):
+    """The same for the ``train_loop`` flow, under the loop's own lease (its runs are
+    named after the loop's id); a ``collect`` run of that name is another flow's, left alone."""
+    from fixtures.loop import TINY_LOOP
+    from test_train_watch import LOOP_TOML
+
+    from flows.train_loop import train_loop
+    from tasks.config import load_config
+
+    gone, other = asyncio.run(left_running("loop-left", train_loop)), asyncio.run(left_running("loop-left"))
+    over = {"collection_id": "loop-left", **TINY_LOOP, "storage.root": str(tmp_path), "train.iterations": 1}
+    cfg = load_config(LOOP_TOML, overrides={**over, "train.eval_tasks": 0, "progress": False}, environ={})
+    state = asyncio.run(flushed(train_loop(cfg, return_state=True)))
+    assert state.is_completed(), state
+    closed = asyncio.run(state_of(gone))
+    assert closed.type.value == "CRASHED", closed
+    assert "took collection 'loop-left' over" in closed.message, closed.message
+    assert asyncio.run(state_of(other)).type.value == "RUNNING"  # a collect run: not the loop's
