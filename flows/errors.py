@@ -28,6 +28,7 @@ SELF_EXPLAINED = frozenset(
         "CriticError",
         "EnvError",
         "CollectionFailed",
+        "RunCancelled",
         "TrainingDiverged",
         "WorkerImportError",
         "WorkerMismatch",
@@ -65,6 +66,17 @@ USAGE = frozenset(
 MAX_CHARS = 1200
 #: What a cut line keeps of its end.
 TAIL_CHARS = 300
+
+
+class RunCancelled(Exception):
+    """A flow run no runner or worker started was set ``Cancelling`` (the UI's Cancel) and
+    stopped as by Ctrl-C (:func:`flows.watch.watched`); the flow ends ``Cancelled``."""
+
+    def __init__(self, run: str) -> None:
+        super().__init__(
+            f"flow run {run!r} was cancelled (the Prefect UI's Cancel, or the API): finished steps are saved; "
+            "rerun with the same collection id to resume"
+        )
 
 
 class CollectionFailed(RuntimeError):
@@ -221,6 +233,9 @@ def failed_state(exc: Exception, log: Any, collection_id: str | None, what: str 
     by :func:`log_failure`) and whose data is :func:`as_failure` of ``exc``, which
     awaiting the flow raises. Returned, not raised: Prefect logs a raised exception's
     traceback in the run's log, under the line that already says what to do."""
-    from prefect.states import Failed
+    from prefect.states import Cancelled, Failed
 
+    if isinstance(exc, RunCancelled):
+        log.info("%s", exc)
+        return Cancelled(message=str(exc), data=exc)
     return Failed(message=log_failure(exc, log, collection_id, what), data=as_failure(exc))
