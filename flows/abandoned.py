@@ -126,8 +126,8 @@ async def _end(run_id: str, cid: str, silent_s: float, taken_at: dt.datetime) ->
                 if current.state_type is None or current.state_type.value not in UNFINISHED:
                     continue  # it ended meanwhile
                 await client.set_flow_run_state(run.id, Crashed(message=message(me, cid)), force=True)
-                log.info(
-                    "flow run %s (%s) of collection %s was left %s: marked Crashed",
+                _run_log().info(
+                    "flow run %s (%s) of collection %s was left %s by a process that is gone: marked Crashed",
                     run.name,
                     run.id,
                     cid,
@@ -140,6 +140,16 @@ async def _end(run_id: str, cid: str, silent_s: float, taken_at: dt.datetime) ->
             await asyncio.sleep(max(0.0, (due - dt.datetime.now(dt.UTC)).total_seconds()) + 0.1)
             waiting = [run for _, run in later]
     return done
+
+
+def _run_log() -> Any:
+    """The run's own log (the line shows in the UI beside the run's), else this module's."""
+    from prefect import get_run_logger
+
+    try:
+        return get_run_logger()
+    except Exception:  # noqa: BLE001 - no run context: this module's logger
+        return log
 
 
 async def _candidates(client: Any, me: Any, cid: str, taken_at: dt.datetime) -> list[Any]:

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 import pytest
-from test_run_parameters import SMALL, flushed
+from test_run_parameters import SMALL, flushed, run_logs
 
 from flows.heartbeat import HEARTBEAT_EVENT
 
@@ -86,6 +86,10 @@ def test_the_next_run_of_a_collection_closes_the_runs_a_gone_process_left_runnin
     assert closed.message.startswith("its process ended without reporting the run's end"), closed.message
     assert f"({me}) took collection 'left-running' over" in closed.message, closed.message
     assert live.type.value == "RUNNING", live  # it sends heartbeats: alive, left alone
+    said = [m for lv, m in run_logs(prefect_api, str(me)) if lv == 20 and "by a process that is gone" in m]
+    assert said == [
+        f"flow run {cid} ({gone}) of collection {cid} was left RUNNING by a process that is gone: marked Crashed"
+    ]
     # the gone run was changed moments before (its Running state): the run waited for it
     # to be silent for 2 heartbeats (0.5 s) and the event lag (5 s), and no longer
     assert took < 60, took
