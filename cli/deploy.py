@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -121,6 +122,11 @@ def deploy(
         if auto is not None:
             typer.echo(f"automation {auto.name!r} ({auto.id}): Crashed after {crash_after:g} s without a heartbeat")
         return
+    from deployments.serve import edited_on_server
+
+    with contextlib.suppress(Exception):  # a notice: a failed read is the registration's to report
+        for line in asyncio.run(edited_on_server(spec)):
+            typer.secho(f"warning: {line}", fg=typer.colors.YELLOW, err=True)
     serving()  # Prefect's serve stops on Ctrl-C its own way (before: one line, cli.entry)
     try:
         serve_deployments(spec)

@@ -151,6 +151,46 @@ def _one_at_a_time() -> Any:
     return ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 
 
+def differing(stored: Any, served: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the fields whose values differ between two ``config`` parameters
+    (a field one of them sets and the other does not included; a list is one field)."""
+    if not (isinstance(stored, dict) and isinstance(served, dict)):
+        return [prefix.rstrip(".") or "config"] if stored != served else []
+    out: list[str] = []
+    for key in sorted(set(stored) | set(served), key=str):
+        if key not in stored or key not in served:
+            out.append(f"{prefix}{key}")
+        else:
+            out += differing(stored[key], served[key], f"{prefix}{key}.")
+    return out
+
+
+async def edited_on_server(spec: DeploySpec) -> list[str]:
+    """One line per deployment of ``spec`` the server already stores with another
+    ``config`` than this command registers (edited in the UI or through the API since the
+    last ``focus deploy``, or registered from other files): serving replaces it, as
+    Prefect's ``serve`` re-registers each deployment whole, and the edit was lost without a
+    word. Nothing for a deployment not registered yet."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    lines = []
+    async with get_client() as client:
+        for name, config in ((SCHEDULED, spec.scheduled), (MANUAL, spec.manual)):
+            try:
+                stored = await client.read_deployment_by_name(f"collect/{name}")
+            except ObjectNotFound:
+                continue
+            fields = differing((stored.parameters or {}).get("config") or {}, config)
+            if fields:
+                lines.append(
+                    f"deployment collect/{name}: the server's config differs from the one served now in "
+                    f"{', '.join(fields)} (edited in the UI or the API?): replaced by this command's; put the "
+                    "change in the configuration file (or --set) to keep it"
+                )
+    return lines
+
+
 def serve_deployments(spec: DeploySpec, **serve_kwargs: Any) -> None:
     """Register both deployments and the watchdog, then run their flow runs in this
     process (at most ``spec.limit`` at once) until stopped."""

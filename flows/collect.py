@@ -18,6 +18,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
+from flows.abandoned import ClosesAbandoned
 from flows.cancel import quiet_cancellation
 from flows.errors import failed_state
 from flows.heartbeat import heartbeats
@@ -54,11 +55,10 @@ _STEP_TASKS = {
 }
 
 
-class PrefectJournal(CheckpointJournal):
-    """A :class:`~tasks.journal.CheckpointJournal` whose steps are Prefect task runs (each
-    step's blocking body in a worker thread). Arguments are ``quote``-d: Prefect walked
-    the config and a wave's rollouts twice per task run, a third of the flow's own CPU,
-    for futures they never hold."""
+class PrefectJournal(ClosesAbandoned, CheckpointJournal):
+    """A :class:`~tasks.journal.CheckpointJournal` whose steps are Prefect task runs (each step's blocking body in a
+    worker thread; under its lease, runs of the collection a gone process left ``Running`` are closed). Arguments are
+    ``quote``-d: Prefect walked the config and a wave's rollouts twice per task run, a third of the flow's own CPU."""
 
     async def run_step(self, kind: str, step: Step | None, body: Callable[..., _T], *args: Any) -> _T:
         run = _STEP_TASKS.get(kind)

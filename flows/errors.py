@@ -28,6 +28,7 @@ SELF_EXPLAINED = frozenset(
         "CriticError",
         "EnvError",
         "CollectionFailed",
+        "RunCancelled",
         "TrainingDiverged",
         "WorkerImportError",
         "WorkerMismatch",
@@ -68,6 +69,17 @@ USAGE = frozenset(
 MAX_CHARS = 1200
 #: What a cut line keeps of its end.
 TAIL_CHARS = 300
+
+
+class RunCancelled(Exception):
+    """A flow run no runner or worker started was set ``Cancelling`` (the UI's Cancel) and
+    stopped as by Ctrl-C (:func:`flows.watch.watched`); the flow ends ``Cancelled``."""
+
+    def __init__(self, run: str) -> None:
+        super().__init__(
+            f"flow run {run!r} was cancelled (the Prefect UI's Cancel, or the API): finished steps are saved; "
+            "rerun with the same collection id to resume"
+        )
 
 
 class CollectionFailed(RuntimeError):
@@ -193,8 +205,12 @@ def too_many_open_files(exc: OSError) -> str:
 
 
 def exit_code(exc: BaseException) -> int:
-    """2 for what the user asked for wrongly (configuration, resume), 1 for everything else."""
-    return 2 if USAGE.intersection(_names(root_cause(exc))) else 1
+    """2 for what the user asked for wrongly (configuration, resume), 1 for everything else;
+    a flow's :class:`CollectionFailed` (:func:`as_failure`) by the error it stands for."""
+    exc = root_cause(exc)
+    if isinstance(exc, CollectionFailed) and exc.__cause__ is not None:
+        exc = root_cause(exc.__cause__)
+    return 2 if USAGE.intersection(_names(exc)) else 1
 
 
 def as_failure(exc: BaseException) -> BaseException:
@@ -218,11 +234,12 @@ def explained(exc: BaseException) -> bool:
     return bool(SELF_EXPLAINED.intersection(names)) or one_line(exc) != generic
 
 
-def log_failure(exc: BaseException, log: Any, collection_id: str | None) -> str:
-    """Log that collection ``collection_id`` failed, in one line; the traceback beside it
-    only when the line does not explain the error (else at debug level). Returns the line."""
+def log_failure(exc: BaseException, log: Any, collection_id: str | None, kind: str = "collection") -> str:
+    """Log that collection (or train loop: ``kind``) ``collection_id`` failed, in one line; the
+    traceback beside it only when the line does not explain the error (else at debug level).
+    Returns the line."""
     line = one_line(exc)
-    what = f"collection {collection_id}" if collection_id else "the collection"  # none yet: a bad config
+    what = f"{kind} {collection_id}" if collection_id else f"the {kind}"  # none yet: a bad config
     if explained(exc):
         log.error("%s failed: %s", what, line)
         log.debug("%s failed here:", what, exc_info=exc)
@@ -241,11 +258,14 @@ def raise_one_line(exc: Exception, log: Any, collection_id: str | None) -> NoRet
     raise failure from exc
 
 
-def failed_state(exc: Exception, log: Any, collection_id: str | None) -> Any:
+def failed_state(exc: Exception, log: Any, collection_id: str | None, what: str = "collection") -> Any:
     """What a flow returns for ``exc``: a Failed state whose message is the one line (logged
     by :func:`log_failure`) and whose data is :func:`as_failure` of ``exc``, which
     awaiting the flow raises. Returned, not raised: Prefect logs a raised exception's
     traceback in the run's log, under the line that already says what to do."""
-    from prefect.states import Failed
+    from prefect.states import Cancelled, Failed
 
-    return Failed(message=log_failure(exc, log, collection_id), data=as_failure(exc))
+    if isinstance(exc, RunCancelled):
+        log.info("%s", exc)
+        return Cancelled(message=str(exc), data=exc)
+    return Failed(message=log_failure(exc, log, collection_id, what), data=as_failure(exc))

@@ -394,6 +394,10 @@ class LoopSteps:
     async def evaluate(self, cfg: FocusConfig, base: str, version: int, report: Any) -> dict[str, Any]:
         return await evaluate_body(cfg, base, version, report)
 
+    def leased(self, config: FocusConfig) -> contextlib.AbstractAsyncContextManager[None]:
+        """Entered once the loop holds its lease, around the loop (nothing here)."""
+        return contextlib.nullcontext()
+
 
 def _collection_finished(cfg: FocusConfig) -> bool:
     from tasks.journal import CheckpointJournal
@@ -433,7 +437,7 @@ async def run_loop(
     from tasks.loop_settings import settle
 
     check(config)
-    async with held_lease(config.storage.root, config.collection_id or "train"):
+    async with held_lease(config.storage.root, config.collection_id or "train"), steps.leased(config):
         settings = await asyncio.to_thread(settle, config, allow_change=allow_config_change)
         records = await _run_loop(config, steps, progress, settings)
         await asyncio.to_thread(settings.record, config)  # a loop made before loops recorded their settings

@@ -28,14 +28,17 @@ of held-out success per version is a run artifact as well as a file beside the w
 from __future__ import annotations
 
 import base64
-from typing import Any
+import contextlib
+from typing import Any, cast
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
+from flows.abandoned import closing_abandoned
 from flows.cancel import quiet_cancellation
 from flows.collect import collect
+from flows.errors import failed_state
 from flows.heartbeat import heartbeats
 from flows.loop import (
     LoopSteps,
@@ -47,7 +50,7 @@ from flows.loop import (
     train_body,
 )
 from flows.loop_progress import LoopProgress, success_points
-from flows.preflight import collection_id_for_run, note_deployment
+from flows.preflight import collection_id_for_run, flow_run_name, note_deployment
 from flows.report import _artifact_key
 from flows.trainer_thread import in_daemon_thread
 from flows.watch import watched
@@ -94,6 +97,10 @@ class PrefectSteps(LoopSteps):
         call: Any = evaluate_step
         return await call(cfg, base, version, quote(report))  # type: ignore[no-any-return]
 
+    def leased(self, config: FocusConfig) -> contextlib.AbstractAsyncContextManager[None]:
+        """Runs of this loop a gone process left ``Running`` are closed (:mod:`flows.abandoned`)."""
+        return closing_abandoned(config.collection_id or "train", config.execution.heartbeat_s)
+
 
 async def publish_success(base: str, records: list[dict[str, Any]], png: bytes | None, url: str | None) -> None:
     """The run's artifacts: held-out success per version, as a table and a picture."""
@@ -114,7 +121,7 @@ async def publish_success(base: str, records: list[dict[str, Any]], png: bytes |
         )
 
 
-@flow(name="train_loop", log_prints=True, validate_parameters=False)
+@flow(name="train_loop", log_prints=True, flow_run_name=flow_run_name, validate_parameters=False)
 async def train_loop(config: ConfigParameter = None, allow_config_change: bool = False) -> list[dict[str, Any]]:
     """``train.iterations`` rounds of collect then train; one record per iteration
     (and, with ``train.eval_tasks``, a last record evaluating the final weights).
@@ -125,14 +132,19 @@ async def train_loop(config: ConfigParameter = None, allow_config_change: bool =
     were made with, from the first iteration not yet begun (:mod:`tasks.loop_settings`).
     """
     log = get_run_logger()
-    await note_deployment(config, log)
-    config = collection_id_for_run(config_at_runtime(config))
-    log.info("train loop %s", config.collection_id)
-    progress = LoopProgress(config, enabled=config.progress, log=log)  # off a terminal: lines in the UI
-    # heartbeats also close what crashed attempts left Running; a cancel ends with an INFO line
-    with quiet_cancellation(), heartbeats(config.execution.heartbeat_s):
-        run = _loop_and_report(config, progress, allow_config_change)
-        return await watched(run, config.execution.prefect_grace_s)
+    cid = config.get("collection_id") if isinstance(config, dict) else getattr(config, "collection_id", None)
+    try:
+        await note_deployment(config, log)
+        config = collection_id_for_run(config_at_runtime(config))
+        cid = config.collection_id
+        log.info("train loop %s", cid)
+        progress = LoopProgress(config, enabled=config.progress, log=log)  # off a terminal: lines in the UI
+        # heartbeats also close what crashed attempts left Running; a cancel ends with an INFO line
+        with quiet_cancellation(), heartbeats(config.execution.heartbeat_s):
+            run = _loop_and_report(config, progress, allow_config_change)
+            return await watched(run, config.execution.prefect_grace_s)
+    except Exception as e:  # one line as the state's message and in the log, as the collect flow's
+        return cast(list[dict[str, Any]], failed_state(e, log, cid, what="train loop"))  # awaiting it raises
 
 
 async def _loop_and_report(config: FocusConfig, progress: LoopProgress, allow: bool) -> list[dict[str, Any]]:

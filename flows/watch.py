@@ -66,8 +66,16 @@ class _Probe:
     """The thread that checks the server's health; calls ``on_gone`` once, from the
     thread, when no check has answered for ``grace_s`` seconds."""
 
-    def __init__(self, api: str, grace_s: float, on_gone: Callable[[PrefectServerGone], None]) -> None:
+    def __init__(
+        self,
+        api: str,
+        grace_s: float,
+        on_gone: Callable[[PrefectServerGone], None],
+        cancel: tuple[str, Callable[[], None]] | None = None,
+    ) -> None:
         self.api, self.grace_s, self.on_gone = api, grace_s, on_gone
+        #: (flow run id, what to call, once, when the run is set Cancelling): see :func:`watched`
+        self.cancel = cancel
         self.every_s = min(PROBE_S, grace_s / 3)
         self._stop = threading.Event()
         # the thread runs in a copy of this context: Prefect's settings live in it
@@ -102,6 +110,9 @@ class _Probe:
                     if failed:
                         log.info("the Prefect server at %s answers again after %.1f s", self.api, now - last_ok)
                     last_ok, failed = now, False
+                    if self.cancel is not None and _cancelling(client, self.cancel[0]):
+                        self.cancel[1]()
+                        return
                 elif now - last_ok >= self.grace_s and not self._stop.is_set():
                     cause = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
                     self.on_gone(PrefectServerGone(self.api, f"{cause}; no answer for {now - last_ok:.0f} s"))
@@ -120,6 +131,15 @@ class _Probe:
                     return
 
 
+def _cancelling(client: Any, run_id: str) -> bool:
+    """Whether flow run ``run_id`` was set ``Cancelling`` (the UI's Cancel, the API's)."""
+    try:
+        state = client.read_flow_run(run_id).state_type
+    except Exception:  # noqa: BLE001 - a read that failed is no cancel; the health check says the rest
+        return False
+    return state is not None and state.value == "CANCELLING"
+
+
 def _unanswered(error: Exception | None) -> Exception | None:
     """The error of a health check that got no answer; ``None`` if the server answered
     (a 4xx is an answer: the server is there, and the call that matters says the rest)."""
@@ -132,9 +152,19 @@ def _unanswered(error: Exception | None) -> Exception | None:
 async def watched(body: Coroutine[Any, Any, _T], grace_s: float) -> _T:
     """Await ``body`` (a flow's work) while the Prefect server answers; raise
     :class:`~flows.errors.PrefectServerGone` once it has not for ``grace_s`` seconds.
-    Outside a flow run, without an API URL, or inside a watched flow, just ``body``."""
-    from prefect.runtime import flow_run
+    Outside a flow run, without an API URL, or inside a watched flow, just ``body``.
+
+    A run no runner or worker started (``focus collect`` or ``focus train`` with a Prefect
+    server, a flow called from Python: no deployment) is also stopped as by Ctrl-C when it
+    is set ``Cancelling`` (the UI's Cancel), raising :class:`~flows.errors.RunCancelled`,
+    which the flow ends ``Cancelled`` with. Nothing else would: Prefect leaves a cancel to
+    the runner or worker that started the run (which sends its process SIGTERM,
+    :mod:`flows.cancel`), so such a run went on, stayed ``Cancelling`` and ended
+    ``Completed``, the Cancel ignored."""
+    from prefect.runtime import deployment, flow_run
     from prefect.settings import PREFECT_API_URL
+
+    from flows.errors import RunCancelled
 
     api = (PREFECT_API_URL.value() or "").rstrip("/")
     if _WATCHED.get() or not flow_run.id or not api:
@@ -158,9 +188,17 @@ async def watched(body: Coroutine[Any, Any, _T], grace_s: float) -> _T:
         GONE[api] = error
         loop.call_soon_threadsafe(gone.set)
 
+    cancelled: list[RunCancelled] = []
+    name = str(flow_run.name)
+
+    def on_cancel() -> None:  # in the probe's thread
+        cancelled.append(RunCancelled(name))
+        loop.call_soon_threadsafe(gone.set)
+
+    unsupervised = None if deployment.id else (str(flow_run.id), on_cancel)
     task = asyncio.create_task(run(), name="focus-watched-body")
     waiter = asyncio.ensure_future(gone.wait())
-    probe = _Probe(api, grace_s, on_gone).start()
+    probe = _Probe(api, grace_s, on_gone, unsupervised).start()
     try:
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -169,6 +207,8 @@ async def watched(body: Coroutine[Any, Any, _T], grace_s: float) -> _T:
         if not task.done():
             task.cancel()  # the server is gone, or the flow itself was cancelled (Ctrl-C)
             await asyncio.wait({task})
+    if cancelled and (task.cancelled() or task.exception() is not None):
+        raise cancelled[0] from None
     if not found:
         return task.result()
     _try_once_from_here()

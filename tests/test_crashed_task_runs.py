@@ -87,3 +87,32 @@ def test_a_crashed_runs_task_runs_end_crashed_when_the_collection_reruns(
     t0 = time.perf_counter()
     assert asyncio.run(end_stale_task_runs(flow.id)) == 0
     print(f"sweep with nothing to close: {1000 * (time.perf_counter() - t0):.0f} ms")
+
+
+def test_a_killed_run_nothing_marked_is_closed_by_the_collections_next_run(
+    local_model_server, prefect_env, prefect_api, tmp_path
+):
+    """No watchdog (a CLI run): the killed run stays ``Running``, as does its task run in
+    flight, until the rerun closes both once the killed run has been silent for two
+    heartbeats plus the event lag (flows/abandoned.py); they stayed ``Running`` for good."""
+    beat = ["--set", "execution.heartbeat_s=1"]
+    args = [*settings(str(tmp_path / "store"), local_model_server.url, "unmarked"), "--prefect", *beat]
+
+    def in_flight() -> list:
+        _, tasks = asyncio.run(runs_of(prefect_api, "unmarked"))
+        return [t for t in tasks if t.state_type is not None and t.state_type.value in ("RUNNING", "PENDING")]
+
+    crash_at("saved:1.continue:1", args, prefect_env, tmp_path, settled=lambda: bool(in_flight()))
+    (killed,), _ = asyncio.run(runs_of(prefect_api, "unmarked"))
+    assert killed.state_type.value == "RUNNING"  # nobody reported its end
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *args], env=prefect_env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    flows, tasks = asyncio.run(runs_of(prefect_api, "unmarked"))
+    states = {f.id: f.state for f in flows}
+    assert len(flows) == 2 and states[killed.id].type.value == "CRASHED", states
+    assert states[killed.id].message.startswith("its process ended without reporting the run's end")
+    final = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+    unfinished = [(t.name, t.state_type) for t in tasks if t.state_type is None or t.state_type.value not in final]
+    assert not unfinished, unfinished

@@ -128,6 +128,18 @@ def test_a_failure_that_names_its_cause_is_one_line_in_the_state_and_the_log(pre
     assert not any("Traceback" in m for _, m in logs), logs
 
 
+def test_a_train_loop_run_is_named_after_its_loop(prefect_api, tmp_path):
+    """As a collection's run is named after the collection: the UI's list of runs showed
+    a train loop's run by Prefect's random name (``polite-seagull``), which tied it to no
+    loop; its collections' runs were ``<loop>-it<i>``."""
+    from flows.train_loop import train_loop
+
+    sent = {"collection_id": "named-loop", "model": {"url": "ftp://x"}, "storage": {"root": str(tmp_path)}}
+    state = asyncio.run(train_loop(sent, return_state=True))
+    assert state.is_failed()
+    assert run_named(prefect_api, "named-loop")["id"] == str(state.state_details.flow_run_id)
+
+
 def test_only_an_error_nobody_described_keeps_its_traceback():
     assert explained(CriticError("critic service unavailable"))
     assert explained(LeaseHeld("collection 'c' is being written by another run"))
@@ -154,15 +166,24 @@ def test_focus_deploy_checks_its_files_under_its_own_variables(tmp_path, monkeyp
 
 
 def test_the_train_loop_validates_its_config_after_the_variables_too(prefect_api, tmp_path):
+    """...and fails as the collect flow does: the line as the state's message and once in
+    the run's log, no traceback. It was ``Flow run encountered an exception: ConfigError:
+    ...`` with the traceback in the run's log; a lease held by another loop the same."""
     from flows.train_loop import train_loop
 
     sent = {"model": {"url": "ftp://x"}, "storage": {"root": str(tmp_path)}}
-    state = asyncio.run(train_loop(sent, return_state=True))
+    state = asyncio.run(flushed(train_loop(sent, return_state=True)))
     assert state.is_failed()
-    assert "invalid configuration: model: model.url 'ftp://x' must start with http:// or https:// " in (
-        state.message or ""
-    ), state.message
-    assert "(from the run's config parameter)" in (state.message or "")
+    line = (
+        "invalid configuration: model: model.url 'ftp://x' must start with http:// or https:// "
+        "(from the run's config parameter)"
+    )
+    assert state.message == line, state.message
+    logs = run_logs(prefect_api, str(state.state_details.flow_run_id))
+    assert [m for lv, m in logs if lv >= 40] == [f"the train loop failed: {line}", f"Finished in state Failed({line!r})"]
+    assert not any("Traceback" in m for _, m in logs), logs
+    with pytest.raises(ConfigError):  # awaited, the flow raises the error itself
+        asyncio.run(train_loop(sent))
 
 
 def test_the_fields_a_runs_config_leaves_out_are_the_stored_ones_it_does_not_name():
@@ -208,3 +229,17 @@ def test_a_run_of_a_deployment_with_an_open_schema_says_how_to_close_it(prefect_
         "open, as prefect deploy stores it); run 'focus deploy --work-pool' against this server to close it"
     ], lines
     assert [m for m in lines if "not applied from the deployment: seed." in m] != [], lines
+
+
+def test_a_flows_wrapped_failure_keeps_the_exit_status_of_the_error_it_stands_for():
+    """Awaiting a failed flow raises :func:`flows.errors.as_failure` of the error: the error
+    itself, or ``CollectionFailed`` with its one line when its own text is not that line (a
+    message over several lines). ``focus train --prefect`` (and ``focus collect``) exit with
+    the status of the error it stands for: 2 for a configuration refused; it was 1."""
+    from flows.errors import as_failure, exit_code
+
+    error = ConfigError("invalid configuration:\n  seed: not an integer")
+    wrapped = as_failure(error)
+    assert isinstance(wrapped, CollectionFailed) and wrapped.__cause__ is error
+    assert exit_code(error) == 2 and exit_code(wrapped) == 2
+    assert exit_code(as_failure(ValueError("a\nb"))) == 1
