@@ -112,6 +112,10 @@ def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
         (["collect", "--model-url", "http://127.0.0.1:1"], False),
         (["collect", "--model-url=http://127.0.0.1:1"], False),
         (["collect", "--help"], False),
+        # a named collection may be finished, which its preflight answers without a server
+        (["collect", "--collection-id", "c"], False),
+        (["collect", "--collection-id=c"], False),
+        (["collect", "--set", "collection_id=c"], False),
         (["train"], False),
         (["inspect", "runs"], False),
         ([], False),
@@ -120,7 +124,8 @@ def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
 def test_only_a_collection_that_may_use_the_embedded_model_starts_it_early(argv, starts):
     from cli.entry import wants_embedded_model
 
-    assert wants_embedded_model(argv) is starts
+    assert wants_embedded_model(argv, env={}) is starts
+    assert wants_embedded_model(["collect"], env={"FOCUS_COLLECTION_ID": "c"}) is False
 
 
 def test_invalid_config_fails_before_any_work(tmp_path):
