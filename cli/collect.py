@@ -58,7 +58,7 @@ from cli.common import (
     started,
 )
 from tasks.config import FocusConfig
-from tasks.config.schema import REMOTE
+from tasks.config.schema import REMOTE, SERVED
 
 if TYPE_CHECKING:
     from focus.backends.local import WarmServer
@@ -260,7 +260,7 @@ def _run(
         _print_finished(cfg, pre.finished, as_json)
         _fail_if_all_failed({"stats": pre.finished.get("summary", {}), **pre.finished})
         return None
-    unserved = _unserved_model(cfg)
+    unserved = _unreached_model(cfg) or _unserved_model(cfg)
     if unserved:
         fail(unserved)
     if pre.damaged:
@@ -292,6 +292,19 @@ def _finished_line(cfg: FocusConfig) -> str | None:
         f"the batch's write had begun and was completed first: the collection is finished, its batch is "
         f"{done['batch_url']} (a rerun prints its statistics)"
     )
+
+
+def _unreached_model(cfg: FocusConfig) -> str | None:
+    """One line if no model service the configuration names takes a connection
+    (:func:`focus.backends.reach.first_contact`): a wrong URL fails in seconds, where the
+    outage wait held it for ``model.http.outage_wait_s`` (300 s)."""
+    m = cfg.model
+    urls = m.urls or ([m.url] if m.url else [])
+    if m.kind not in SERVED or not urls:
+        return None
+    from focus.backends.reach import first_contact
+
+    return first_contact([str(u) for u in urls])
 
 
 def _unserved_model(cfg: FocusConfig) -> str | None:
