@@ -476,9 +476,10 @@ async def _run_loop(
                 coll_cfg = await model.ready(coll_cfg, latest["weights"])
             show.stage(i, "collect", coll_cfg.collection_id or "")
             out = await steps.collect(coll_cfg, needs)
-            if _user_trainer(config) and not await asyncio.to_thread(_train_recorded, config, base, i):
+            recorded = await asyncio.to_thread(_train_recorded, config, base, i)
+            if _user_trainer(config) and not recorded:
                 it_cfg = await model.ready(it_cfg, latest["weights"])  # a user's trainer may call the model
-            with show.training(i) as report:
+            with show.training(i, fresh=not recorded) as report:
                 trained = await steps.train(it_cfg, base, i, out["batch_url"], latest, report)
             show.trained(i, trained)
             # a trainer that returns no weights or critic leaves them as they were
