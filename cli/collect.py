@@ -260,7 +260,7 @@ def _run(
         _print_finished(cfg, pre.finished, as_json)
         _fail_if_all_failed({"stats": pre.finished.get("summary", {}), **pre.finished})
         return None
-    unserved = _unreached_model(cfg) or _unserved_model(cfg)
+    unserved = _unreached(cfg) or _unserved_model(cfg)
     if unserved:
         fail(unserved)
     if pre.damaged:
@@ -294,17 +294,19 @@ def _finished_line(cfg: FocusConfig) -> str | None:
     )
 
 
-def _unreached_model(cfg: FocusConfig) -> str | None:
+def _unreached(cfg: FocusConfig) -> str | None:
     """One line if no model service the configuration names takes a connection
-    (:func:`focus.backends.reach.first_contact`): a wrong URL fails in seconds, where the
-    outage wait held it for ``model.http.outage_wait_s`` (300 s)."""
-    m = cfg.model
-    urls = m.urls or ([m.url] if m.url else [])
-    if m.kind not in SERVED or not urls:
-        return None
-    from focus.backends.reach import first_contact
+    (:func:`focus.backends.reach.first_contact`), or its Dask scheduler does not
+    (:func:`~focus.backends.reach.scheduler_contact`): a wrong URL fails in seconds, where
+    the outage wait held it for ``model.http.outage_wait_s`` (300 s), and a wrong
+    scheduler port before any service starts, where Dask's connect timeout took 30 s."""
+    from focus.backends.reach import first_contact, scheduler_contact
 
-    return first_contact([str(u) for u in urls])
+    m, ex = cfg.model, cfg.execution
+    urls = m.urls or ([m.url] if m.url else [])
+    if m.kind in SERVED and urls and (line := first_contact([str(u) for u in urls])):
+        return line
+    return scheduler_contact(ex.address) if ex.kind == "dask" and ex.address else None
 
 
 def _unserved_model(cfg: FocusConfig) -> str | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fixtures.prefect import base_env, free_port
 
-from focus.backends.reach import first_contact
+from focus.backends.reach import first_contact, scheduler_contact
 
 FOCUS = str(Path(sys.executable).with_name("focus"))
 
@@ -46,6 +46,15 @@ def test_a_port_that_takes_connections_is_there_whatever_it_answers():
         assert first_contact([url], grace_s=0.6) is None
         # a fleet with one replica down goes on with the one that is there
         assert first_contact([f"http://127.0.0.1:{free_port()}", url], grace_s=0.6) is None
+        assert scheduler_contact(url.replace("http://", "tcp://"), grace_s=0.6) is None
+
+
+def test_a_dask_scheduler_address_at_a_closed_port_is_one_line():
+    address = f"tcp://127.0.0.1:{free_port()}"
+    line = scheduler_contact(address, grace_s=0.6)
+    assert line is not None and line.startswith(f"cannot reach the Dask scheduler at {address!r}: no connection in 0.6")
+    assert "--dask-address" in line
+    assert scheduler_contact("inproc://1.2.3.4/5/6") is None  # not TCP: Dask's own check
 
 
 @pytest.mark.integration
@@ -60,3 +69,18 @@ def test_focus_collect_at_a_closed_port_fails_in_seconds(tmp_path):
     assert done.returncode == 2 and len(lines) == 1, lines
     assert lines[0].startswith(f"error: cannot reach the model service at {url}: no connection in 5 s"), lines
     assert not (tmp_path / "runs" / "checkpoints").exists() or not any((tmp_path / "runs" / "checkpoints").iterdir())
+
+
+@pytest.mark.integration
+def test_focus_collect_with_a_dask_scheduler_at_a_closed_port_fails_before_anything_starts(tmp_path):
+    """Dask retried the refused port for its 30 s connect timeout, after the model server
+    had started, and the line was ``RuntimeError: cannot reach ...`` with exit 1."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [FOCUS, "collect", "--dask-address", address, "--collection-id", "d", "--store", str(tmp_path / "runs"),
+         "--log-file", str(tmp_path / "c.log")],
+        cwd=tmp_path, env=base_env(tmp_path / "prefect"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: cannot reach the Dask scheduler at {address!r}: no connection in 5 s"), lines

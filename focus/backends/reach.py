@@ -9,14 +9,15 @@ connection that cannot be made within a few seconds (refused, the host unknown, 
 route, a certificate refused) is one line naming the URL, before anything starts. A
 server that accepts the connection is there, whatever it answers (any status, or no
 answer yet: vLLM takes connections while it loads its weights), and from then on an
-outage is waited for as before.
+outage is waited for as before. A Dask scheduler address is asked the same way
+(:func:`scheduler_contact`): Dask retried a refused port for its whole connect timeout.
 """
 
 from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 #: Seconds :func:`first_contact` tries to connect before it gives up on a URL: a server
 #: whose port opens that late is still starting (SGLang listens once its weights are
@@ -51,27 +52,69 @@ def _connects(url: str) -> BaseException | None:
     return None
 
 
+def _tcp_connects(address: str) -> BaseException | None:
+    """``None`` if a TCP connection to ``address`` (``tcp://host:port``, ``tls://...``
+    or ``host:port``) was made, else why not."""
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_S):
+            return None
+    except (OSError, ValueError) as e:
+        return e
+
+
+def _first(
+    targets: Sequence[str], connects: Callable[[str], BaseException | None], grace_s: float
+) -> tuple[str, BaseException] | None:
+    """``None`` as soon as one of ``targets`` connects within ``grace_s`` seconds, else
+    the last target tried and why it did not (an unknown host is not tried again)."""
+    deadline = time.monotonic() + grace_s
+    errors: dict[str, BaseException] = {}
+    while True:
+        for target in targets:
+            error = connects(target)
+            if error is None:
+                return None
+            errors[target] = error
+        if all(_unknown_host(e) for e in errors.values()) or time.monotonic() + RETRY_S > deadline:
+            return next(iter(errors.items()))
+        time.sleep(RETRY_S)
+
+
+def _why(error: BaseException, grace_s: float) -> str:
+    cause = f"{type(error).__name__}: {error}".rstrip(": ")
+    return f"{'its host name is not known' if _unknown_host(error) else f'no connection in {grace_s:g} s'} ({cause})"
+
+
 def first_contact(urls: Sequence[str], grace_s: float = FIRST_CONTACT_S) -> str | None:
     """One line saying that no connection could be made to any of ``urls`` within
     ``grace_s`` seconds; ``None`` as soon as one connects (a fleet goes on with the
     replicas that are there, as it does mid-run)."""
-    deadline = time.monotonic() + grace_s
-    errors: dict[str, BaseException] = {}
-    while True:
-        for url in urls:
-            error = _connects(url)
-            if error is None:
-                return None
-            errors[url] = error
-        if all(_unknown_host(e) for e in errors.values()) or time.monotonic() + RETRY_S > deadline:
-            break
-        time.sleep(RETRY_S)
-    url, error = next(iter(errors.items()))
-    cause = f"{type(error).__name__}: {error}".rstrip(": ")
+    failed = _first(urls, _connects, grace_s)
+    if failed is None:
+        return None
+    url, error = failed
     where = f"the model service at {url}" if len(urls) == 1 else f"any of the {len(urls)} model services ({url}, ...)"
-    tried = "its host name is not known" if _unknown_host(error) else f"no connection in {grace_s:g} s"
     return (
-        f"cannot reach {where}: {tried} ({cause}); nothing has answered there in this run: check model.url "
+        f"cannot reach {where}: {_why(error, grace_s)}; nothing has answered there in this run: check model.url "
         "(--model-url), its host and port, and that the server runs; a server still starting is not waited for (run "
         "again once it answers), one that stops answering after it answered is (model.http.outage_wait_s)"
+    )
+
+
+def scheduler_contact(address: str, grace_s: float = FIRST_CONTACT_S) -> str | None:
+    """One line saying that no TCP connection could be made to the Dask scheduler at
+    ``address`` within ``grace_s`` seconds (``None`` if one was, or the address is not
+    TCP: ``inproc://``, ``ucx://``). Dask retries a refused connection for its whole
+    connect timeout (30 s by default), after the model server has started: a wrong port
+    cost 31 s and ended as ``RuntimeError: cannot reach the Dask scheduler ...``."""
+    if "://" in address and not address.startswith(("tcp://", "tls://")):
+        return None
+    failed = _first([address], _tcp_connects, grace_s)
+    if failed is None:
+        return None
+    return (
+        f"cannot reach the Dask scheduler at {address!r}: {_why(failed[1], grace_s)}; check execution.address "
+        "(--dask-address): the address the scheduler prints at its start (tcp://host:8786 by default), and that "
+        "it runs; or leave it out to run rollouts in-process (--dask: a cluster started for the run)"
     )
