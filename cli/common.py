@@ -197,6 +197,14 @@ def pasteable(url: str) -> str:
     return shlex.quote(url)
 
 
+def summary(command: Callable[..., Any]) -> str:
+    """A command's docstring's first paragraph on one line: its entry in the list of
+    commands (``focus --help``, ``focus config --help``). Typer kept the docstring's line
+    breaks there, so a two-line summary broke mid-sentence (``every phase),`` / ``the
+    iterations of ...``)."""
+    return " ".join((command.__doc__ or "").split("\n\n")[0].split())
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
