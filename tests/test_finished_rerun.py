@@ -86,12 +86,15 @@ def test_a_finished_collection_is_answered_before_any_server_starts(tmp_path):
         assert _servers(record) == [] and record["started"] == [], (args, record)
 
 
-def test_a_named_collection_not_yet_finished_still_starts_its_model_server(tmp_path):
-    """A named collection's server starts after its preflight: the run collects."""
+def test_a_new_collection_starts_its_model_server_early_and_a_named_one_after_its_preflight(tmp_path):
+    """A new collection (no id: it cannot be finished) gets the server the console entry
+    started before reading the configuration; a named one starts it after its preflight
+    found it unfinished. Each run collects, with one server."""
     store = str(tmp_path / "runs")
-    done, record = _focus(
-        tmp_path, "collect", *SMALL, "--store", store, "--collection-id", "new", "--json",
-        "--log-file", str(tmp_path / "c.log"),
-    )  # fmt: skip
-    assert json.loads(done.stdout.strip().splitlines()[-1])["stats"]["actor_rows"] > 0
-    assert sum("focus.tinylm.server" in cmd for cmd in record["started"]) == 1, record
+    for named, early in (([], True), (["--collection-id", "new"], False)):
+        log = tmp_path / f"c{len(named)}.log"
+        args = ["collect", *SMALL, "--store", store, *named, "--json", "--log-file", str(log)]
+        done, record = _focus(tmp_path, *args)
+        assert json.loads(done.stdout.strip().splitlines()[-1])["stats"]["actor_rows"] > 0
+        assert sum("focus.tinylm.server" in cmd for cmd in record["started"]) == 1, record
+        assert ("(started by the console entry)" in log.read_text()) is early, log.read_text()[-2000:]
