@@ -58,7 +58,7 @@ from cli.common import (
     started,
 )
 from tasks.config import FocusConfig
-from tasks.config.schema import REMOTE, SERVED
+from tasks.config.schema import REMOTE
 
 if TYPE_CHECKING:
     from focus.backends.local import WarmServer
@@ -249,7 +249,7 @@ def _run(
 ) -> dict[str, Any] | None:
     """Preflight, services and the collection; its result (``None``: it was finished
     already, and that was printed). ``resume``: the command line that resumes it."""
-    from flows.preflight import preflight
+    from flows.preflight import preflight, unreachable
     from flows.server import configured_api_url
 
     try:
@@ -260,7 +260,7 @@ def _run(
         _print_finished(cfg, pre.finished, as_json)
         _fail_if_all_failed({"stats": pre.finished.get("summary", {}), **pre.finished})
         return None
-    unserved = _unreached(cfg) or _unserved_model(cfg)
+    unserved = unreachable(cfg) or _unserved_model(cfg)
     if unserved:
         fail(unserved)
     if pre.damaged:
@@ -292,21 +292,6 @@ def _finished_line(cfg: FocusConfig) -> str | None:
         f"the batch's write had begun and was completed first: the collection is finished, its batch is "
         f"{done['batch_url']} (a rerun prints its statistics)"
     )
-
-
-def _unreached(cfg: FocusConfig) -> str | None:
-    """One line if no model service the configuration names takes a connection
-    (:func:`focus.backends.reach.first_contact`), or its Dask scheduler does not
-    (:func:`~focus.backends.reach.scheduler_contact`): a wrong URL fails in seconds, where
-    the outage wait held it for ``model.http.outage_wait_s`` (300 s), and a wrong
-    scheduler port before any service starts, where Dask's connect timeout took 30 s."""
-    from focus.backends.reach import first_contact, scheduler_contact
-
-    m, ex = cfg.model, cfg.execution
-    urls = m.urls or ([m.url] if m.url else [])
-    if m.kind in SERVED and urls and (line := first_contact([str(u) for u in urls])):
-        return line
-    return scheduler_contact(ex.address) if ex.kind == "dask" and ex.address else None
 
 
 def _unserved_model(cfg: FocusConfig) -> str | None:

@@ -311,8 +311,15 @@ class ModelService:
         return weights_version(local_weights(self.config.model.weights, self.config.storage.root) or DEFAULT_WEIGHTS)
 
     async def _start(self, weights: str | None) -> None:
+        from flows.preflight import unreachable
         from flows.services import Services, services_in_thread
+        from tasks.config import ConfigError
         from tasks.trainers import local_weights
+
+        # the first step that needs the model: a URL nothing answers is one line, not an
+        # outage waited out for model.http.outage_wait_s (a finished loop never asks)
+        if line := await asyncio.to_thread(unreachable, self.config):
+            raise ConfigError(line)
 
         # the embedded server starts from a local file; iterations name the weights by URL
         path = await asyncio.to_thread(local_weights, weights, self.config.storage.root)

@@ -84,3 +84,21 @@ def test_focus_collect_with_a_dask_scheduler_at_a_closed_port_fails_before_anyth
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, lines
     assert lines[0].startswith(f"error: cannot reach the Dask scheduler at {address!r}: no connection in 5 s"), lines
+
+
+@pytest.mark.integration
+@pytest.mark.needs("tinker")  # a loop on a served model trains a Tinker model (a dry run without a key)
+def test_focus_train_at_a_closed_port_fails_once_a_step_needs_the_model(tmp_path):
+    """The loop asks the URL when its first step needs the model (a finished loop never
+    does): it waited model.http.outage_wait_s (300 s) in its first collection."""
+    url = f"http://127.0.0.1:{free_port()}"
+    sets = {"model.url": url, "model.kind": "openai", "model.model": "Qwen/Qwen3-4B"}
+    done = subprocess.run(
+        [FOCUS, "train", "--trainer", "tinker", "--iterations", "1", "--tasks", "2", "--transitions", "6",
+         "--store", str(tmp_path / "runs"), "--log-file", str(tmp_path / "t.log"),
+         *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]],
+        cwd=tmp_path, env=base_env(tmp_path / "prefect"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 2, lines
+    assert lines[-1].startswith(f"error: cannot reach the model service at {url}: no connection in 5 s"), lines
