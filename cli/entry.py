@@ -32,13 +32,13 @@ def wants_embedded_model(argv: list[str], env: Any = None) -> bool:
 def names_collection(args: list[str], env: Any) -> bool:
     """Whether ``focus collect``'s ``args`` (or a ``FOCUS_*`` variable) may name its
     collection: ``--collection-id``, ``--set collection_id=...``, ``FOCUS_COLLECTION_ID``
-    or a config file (``-c``) whose text holds ``collection_id``. Only a named collection
+    or a config file (``-c``) with ``collection_id`` outside a comment. Only a named collection
     can be finished already, which its preflight answers from the store without any
     service; so a named one's model server starts after that check (:func:`cli.common.started`,
     beside the library's import), and a new one's here, before the configuration is read.
     A finished collection's rerun started it here and stopped it unused: 0.26 s of CPU
-    for nothing to do. A file is read as text, not parsed: ``collection_id`` in a comment
-    only costs the early start."""
+    for nothing to do. A file is read as text, not parsed (``configs/collect.toml``'s
+    commented ``# collection_id = "demo"`` names nothing)."""
     if any(k.upper() == "FOCUS_COLLECTION_ID" for k in env):
         return True
     for i, a in enumerate(args):
@@ -47,8 +47,8 @@ def names_collection(args: list[str], env: Any) -> bool:
             return True
         if a in ("-c", "--config") or a.startswith("--config="):
             try:
-                with open(value, encoding="utf-8", errors="replace") as f:
-                    if "collection_id" in f.read():
+                with open(value, encoding="utf-8", errors="replace") as f:  # TOML and YAML: '#' comments
+                    if any("collection_id" in line.partition("#")[0] for line in f):
                         return True
             except OSError:
                 pass  # the configuration's own check names it

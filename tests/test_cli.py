@@ -129,6 +129,18 @@ def test_only_a_collection_that_may_use_the_embedded_model_starts_it_early(argv,
     assert wants_embedded_model(["collect"], env={"FOCUS_COLLECTION_ID": "c"}) is False
 
 
+def test_a_config_file_names_a_collection_only_outside_its_comments(tmp_path):
+    """configs/collect.toml's commented ``# collection_id = "demo"`` names nothing: a new
+    collection from it gets the early model server."""
+    from cli.entry import wants_embedded_model
+
+    collect_toml = Path(__file__).resolve().parent.parent / "configs" / "collect.toml"
+    assert wants_embedded_model(["collect", "-c", str(collect_toml)], env={}) is True
+    named = tmp_path / "named.yaml"
+    named.write_text("seed: 3\ncollection_id: nightly  # resumed by name\n")
+    assert wants_embedded_model(["collect", "--config", str(named)], env={}) is False
+
+
 def test_invalid_config_fails_before_any_work(tmp_path):
     out = CliRunner().invoke(
         app, ["collect", "--set", "search.phases.1.wave_size=0", "--store", str(tmp_path / "s")], env={}
