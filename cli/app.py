@@ -15,7 +15,7 @@ import typer
 from typer.core import TyperArgument, TyperOption
 
 from cli.collect import collect
-from cli.common import summary
+from cli.common import reflowed, summary
 from cli.config import config_app
 from cli.deploy import deploy
 from cli.inspect import inspect
@@ -34,8 +34,9 @@ TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-
 
 
 def _listed(command: Any, name: str | None = None) -> Any:
-    """``command`` on the app, listed in ``focus --help`` by :func:`cli.common.summary`."""
-    return app.command(name, short_help=summary(command))(command)
+    """``command`` on the app, listed in ``focus --help`` by :func:`cli.common.summary`,
+    its ``--help`` text :func:`cli.common.reflowed`."""
+    return app.command(name, short_help=summary(command), help=reflowed(command))(command)
 
 
 app = typer.Typer(

@@ -205,6 +205,13 @@ def summary(command: Callable[..., Any]) -> str:
     return " ".join((command.__doc__ or "").split("\n\n")[0].split())
 
 
+def reflowed(command: Callable[..., Any]) -> str:
+    """A command's docstring with each paragraph on one line: its ``--help`` text, which
+    the terminal wraps. Typer kept the docstring's line breaks (``focus deploy -h`` broke
+    after ``FOCUS_*``, wrapped to the source's width whatever the terminal's)."""
+    return "\n\n".join(" ".join(p.split()) for p in (command.__doc__ or "").split("\n\n") if p.strip())
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)

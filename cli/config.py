@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import ConfigOpt, SetOpt, fail, overrides, summary
+from cli.common import ConfigOpt, SetOpt, fail, overrides, reflowed, summary
 from tasks.config import ConfigError
 
 config_app = typer.Typer(no_args_is_help=True, help="Show the effective configuration.")
@@ -37,4 +37,4 @@ def config_show(
         typer.echo(f"{key:<{width}} = {text:<{vwidth}}  # {source}")
 
 
-config_app.command("show", short_help=summary(config_show))(config_show)
+config_app.command("show", short_help=summary(config_show), help=reflowed(config_show))(config_show)

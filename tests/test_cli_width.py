@@ -102,3 +102,6 @@ def test_the_lists_of_commands_and_arguments_read_as_written():
     assert "<str>" not in shown and re.search(r"\*\s+URL\s+A batch URL", shown), shown
     shown = CliRunner().invoke(app, ["config", "--help"], env=wide).output
     assert "came from (default, the file" in shown, shown
+    # a command's own help: each paragraph wrapped by the terminal, not at the source's breaks
+    shown = CliRunner().invoke(app, ["deploy", "--help"], env=wide).output
+    assert "FOCUS_* variables of this process apply when each run starts" in shown, shown
