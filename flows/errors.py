@@ -31,6 +31,7 @@ SELF_EXPLAINED = frozenset(
         "TrainingDiverged",
         "WorkerImportError",
         "WorkerMismatch",
+        "SchedulerUnreachable",
         "ShardOutOfMemory",
         "NoDaskWorkers",
         "ModelServiceOutage",

@@ -102,3 +102,16 @@ def test_focus_train_at_a_closed_port_fails_once_a_step_needs_the_model(tmp_path
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert done.returncode == 2, lines
     assert lines[-1].startswith(f"error: cannot reach the model service at {url}: no connection in 5 s"), lines
+
+
+@pytest.mark.needs("distributed")
+def test_a_dask_address_that_cannot_be_used_is_its_own_line_not_a_bug():
+    """Dask's own check of the scheduler (past the command's, or from the library) said
+    ``RuntimeError: cannot reach ...`` with a pointer to a traceback, as for a bug."""
+    from flows.errors import explained, one_line
+    from focus.dask_checks import SchedulerUnreachable, answers
+
+    with pytest.raises(SchedulerUnreachable) as e:
+        answers(f"tcp://127.0.0.1:{free_port()}", 0.5, "a test's timeout")
+    assert one_line(e.value).startswith("cannot reach the Dask scheduler at 'tcp://127.0.0.1:"), one_line(e.value)
+    assert explained(e.value)
