@@ -12,9 +12,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import typer
-from typer.core import TyperOption
+from typer.core import TyperArgument, TyperOption
 
 from cli.collect import collect
+from cli.common import reflowed, summary
 from cli.config import config_app
 from cli.deploy import deploy
 from cli.inspect import inspect
@@ -28,6 +29,15 @@ if TYPE_CHECKING:
 # beside the metavars we name (SECONDS, PATH): one style only - the named metavar (every
 # option with a value has one; tests/test_cli.py checks), nothing for a flag.
 TyperOption.display_type_rich = lambda self, ctx: None if (self.is_flag or self.count) else self.metavar  # type: ignore[method-assign]
+# ... and an argument's name column is its metavar already (URL): no "<str>" beside it
+TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
+
+
+def _listed(command: Any, name: str | None = None) -> Any:
+    """``command`` on the app, listed in ``focus --help`` by :func:`cli.common.summary`,
+    its ``--help`` text :func:`cli.common.reflowed`."""
+    return app.command(name, short_help=summary(command), help=reflowed(command))(command)
+
 
 app = typer.Typer(
     add_completion=False,
@@ -35,12 +45,12 @@ app = typer.Typer(
     help="FOCUS: branching rollout collection for RL of LLM agents.",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.command()(collect)
-app.command()(train)
+_listed(collect)
+_listed(train)
 app.add_typer(config_app, name="config")
-app.command()(inspect)
-app.command("serve-model")(serve_model)
-app.command()(deploy)
+_listed(inspect)
+_listed(serve_model, "serve-model")
+_listed(deploy)
 
 
 def run(args: list[str] | None = None, **extra: Any) -> int:

@@ -249,7 +249,7 @@ def _run(
 ) -> dict[str, Any] | None:
     """Preflight, services and the collection; its result (``None``: it was finished
     already, and that was printed). ``resume``: the command line that resumes it."""
-    from flows.preflight import preflight
+    from flows.preflight import preflight, unreachable
     from flows.server import configured_api_url
 
     try:
@@ -260,7 +260,7 @@ def _run(
         _print_finished(cfg, pre.finished, as_json)
         _fail_if_all_failed({"stats": pre.finished.get("summary", {}), **pre.finished})
         return None
-    unserved = _unserved_model(cfg)
+    unserved = unreachable(cfg) or _unserved_model(cfg)
     if unserved:
         fail(unserved)
     if pre.damaged:

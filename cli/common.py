@@ -197,6 +197,21 @@ def pasteable(url: str) -> str:
     return shlex.quote(url)
 
 
+def summary(command: Callable[..., Any]) -> str:
+    """A command's docstring's first paragraph on one line: its entry in the list of
+    commands (``focus --help``, ``focus config --help``). Typer kept the docstring's line
+    breaks there, so a two-line summary broke mid-sentence (``every phase),`` / ``the
+    iterations of ...``)."""
+    return " ".join((command.__doc__ or "").split("\n\n")[0].split())
+
+
+def reflowed(command: Callable[..., Any]) -> str:
+    """A command's docstring with each paragraph on one line: its ``--help`` text, which
+    the terminal wraps. Typer kept the docstring's line breaks (``focus deploy -h`` broke
+    after ``FOCUS_*``, wrapped to the source's width whatever the terminal's)."""
+    return "\n\n".join(" ".join(p.split()) for p in (command.__doc__ or "").split("\n\n") if p.strip())
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)

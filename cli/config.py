@@ -7,13 +7,12 @@ from typing import Annotated
 
 import typer
 
-from cli.common import ConfigOpt, SetOpt, fail, overrides
+from cli.common import ConfigOpt, SetOpt, fail, overrides, reflowed, summary
 from tasks.config import ConfigError
 
 config_app = typer.Typer(no_args_is_help=True, help="Show the effective configuration.")
 
 
-@config_app.command("show")
 def config_show(
     config: ConfigOpt = None,
     sets: SetOpt = None,
@@ -36,3 +35,6 @@ def config_show(
     vwidth = min(48, max(len(t) for t in texts))
     for (key, _, source), text in zip(rows, texts, strict=True):
         typer.echo(f"{key:<{width}} = {text:<{vwidth}}  # {source}")
+
+
+config_app.command("show", short_help=summary(config_show), help=reflowed(config_show))(config_show)

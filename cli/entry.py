@@ -2,11 +2,13 @@
 
 Most of the start-up of ``focus collect`` on the embedded model is the model server
 importing torch (about a second), and that import does not depend on the
-configuration. So this entry starts a :class:`focus.backends.local.WarmServer` before it
-imports the command line (typer, pydantic and the configuration: about 0.4 s more), and
-``focus collect`` hands it its command line once the configuration is known. When no
-embedded model is needed (another model service, an error, a finished collection) it
-is stopped unused: what it cost is a fraction of a second of the other core.
+configuration. So this entry starts a :class:`focus.backends.local.WarmServer` for a new
+collection before it imports the command line (typer, pydantic and the configuration),
+and ``focus collect`` hands it its command line once the configuration is known. When no
+embedded model is needed (another model service, an error) it is stopped unused: what
+it cost is a fraction of a second of the other core. A collection the command line
+names may be finished already, which costs no server at all: its server starts once the
+preflight has found it unfinished (:func:`names_collection`).
 """
 
 from __future__ import annotations
@@ -16,12 +18,41 @@ import sys
 from typing import Any
 
 
-def wants_embedded_model(argv: list[str]) -> bool:
+def wants_embedded_model(argv: list[str], env: Any = None) -> bool:
     """Whether a command line may start the embedded model server: ``collect`` without
-    ``--model-url`` or help. The configuration decides in the end."""
+    ``--model-url`` or help, of a new collection (:func:`names_collection`). The
+    configuration decides in the end."""
     if not argv or argv[0] != "collect":
         return False
-    return not any(a in ("-h", "--help") or a.startswith("--model-url") for a in argv[1:])
+    if any(a in ("-h", "--help") or a.startswith("--model-url") for a in argv[1:]):
+        return False
+    return not names_collection(argv[1:], os.environ if env is None else env)
+
+
+def names_collection(args: list[str], env: Any) -> bool:
+    """Whether ``focus collect``'s ``args`` (or a ``FOCUS_*`` variable) may name its
+    collection: ``--collection-id``, ``--set collection_id=...``, ``FOCUS_COLLECTION_ID``
+    or a config file (``-c``) with ``collection_id`` outside a comment. Only a named collection
+    can be finished already, which its preflight answers from the store without any
+    service; so a named one's model server starts after that check (:func:`cli.common.started`,
+    beside the library's import), and a new one's here, before the configuration is read.
+    A finished collection's rerun started it here and stopped it unused: 0.26 s of CPU
+    for nothing to do. A file is read as text, not parsed (``configs/collect.toml``'s
+    commented ``# collection_id = "demo"`` names nothing)."""
+    if any(k.upper() == "FOCUS_COLLECTION_ID" for k in env):
+        return True
+    for i, a in enumerate(args):
+        value = a.partition("=")[2] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+        if a.startswith("--collection-id") or (a.startswith("--set") and value.strip().startswith("collection_id")):
+            return True
+        if a in ("-c", "--config") or a.startswith("--config="):
+            try:
+                with open(value, encoding="utf-8", errors="replace") as f:  # TOML and YAML: '#' comments
+                    if any("collection_id" in line.partition("#")[0] for line in f):
+                        return True
+            except OSError:
+                pass  # the configuration's own check names it
+    return False
 
 
 #: The environment variables that name a proxy, for httpx and Prefect's client.

@@ -110,7 +110,8 @@ def inspect(
         str,
         typer.Argument(
             help="A batch URL printed by 'focus collect', a collection folder, or a train loop's "
-            "weights folder (<root>/weights/<id>)."
+            "weights folder (<root>/weights/<id>).",
+            metavar="URL",
         ),
     ],
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,

@@ -32,6 +32,7 @@ SELF_EXPLAINED = frozenset(
         "TrainingDiverged",
         "WorkerImportError",
         "WorkerMismatch",
+        "SchedulerUnreachable",
         "ShardOutOfMemory",
         "NoDaskWorkers",
         "ModelServiceOutage",

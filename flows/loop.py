@@ -311,8 +311,15 @@ class ModelService:
         return weights_version(local_weights(self.config.model.weights, self.config.storage.root) or DEFAULT_WEIGHTS)
 
     async def _start(self, weights: str | None) -> None:
+        from flows.preflight import unreachable
         from flows.services import Services, services_in_thread
+        from tasks.config import ConfigError
         from tasks.trainers import local_weights
+
+        # the first step that needs the model: a URL nothing answers is one line, not an
+        # outage waited out for model.http.outage_wait_s (a finished loop never asks)
+        if line := await asyncio.to_thread(unreachable, self.config):
+            raise ConfigError(line)
 
         # the embedded server starts from a local file; iterations name the weights by URL
         path = await asyncio.to_thread(local_weights, weights, self.config.storage.root)
@@ -480,9 +487,10 @@ async def _run_loop(
                 coll_cfg = await model.ready(coll_cfg, latest["weights"])
             show.stage(i, "collect", coll_cfg.collection_id or "")
             out = await steps.collect(coll_cfg, needs)
-            if _user_trainer(config) and not await asyncio.to_thread(_train_recorded, config, base, i):
+            recorded = await asyncio.to_thread(_train_recorded, config, base, i)
+            if _user_trainer(config) and not recorded:
                 it_cfg = await model.ready(it_cfg, latest["weights"])  # a user's trainer may call the model
-            with show.training(i) as report:
+            with show.training(i, fresh=not recorded) as report:
                 trained = await steps.train(it_cfg, base, i, out["batch_url"], latest, report)
             show.trained(i, trained)
             # a trainer that returns no weights or critic leaves them as they were

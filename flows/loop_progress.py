@@ -212,11 +212,17 @@ class LoopProgress:
             yield report
 
     @contextlib.contextmanager
-    def training(self, i: int) -> Iterator[Callable[..., None]]:
+    def training(self, i: int, fresh: bool = True) -> Iterator[Callable[..., None]]:
         """The training stage of iteration ``i``; yields what a trainer reports to
         (``report(step=, total=, loss=)``, :class:`tasks.trainers.TrainContext`): the
-        live line's count and latest loss on a terminal; elsewhere a log line at most
-        every :attr:`log_every_s` (none for a training shorter than that)."""
+        live line's count and latest loss on a terminal; elsewhere a line as it begins
+        (``fresh``: it trains, not a step recorded by an earlier run), then one at most
+        every :attr:`log_every_s` (none for a training shorter than that). Without the
+        first, a pipe or log file saw nothing from the collection's last wave to the
+        ``trained`` line: 12 s for the toy loop's first step (torch's import, the model's
+        load), as long as the update takes for a real one."""
+        if fresh and self.enabled and not self.interactive:
+            self.stage(i, "train", f"with the {self.config.train.trainer} trainer")
         last = [time.monotonic()]
         with self.live(f"iteration {i}: train", "steps") as update:
 

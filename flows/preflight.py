@@ -113,6 +113,23 @@ def check_torch(config: FocusConfig, *, training: bool) -> None:
 STORE_FOLDERS = ("batches", "checkpoints", "leases", "_staging", "weights")
 
 
+def unreachable(config: FocusConfig) -> str | None:
+    """One line if no model service ``config`` names takes a connection
+    (:func:`focus.backends.reach.first_contact`), or its Dask scheduler does not
+    (:func:`~focus.backends.reach.scheduler_contact`); asked once a run has work to do
+    (``focus collect`` after its finished check, a train loop when a step first needs the
+    model). A wrong URL failed after ``model.http.outage_wait_s`` (300 s), as an outage,
+    and a wrong scheduler port after Dask's connect timeout (30 s)."""
+    from focus.backends.reach import first_contact, scheduler_contact
+    from tasks.config.schema import SERVED
+
+    m, ex = config.model, config.execution
+    urls = m.urls or ([m.url] if m.url else [])
+    if m.kind in SERVED and urls and (line := first_contact([str(u) for u in urls])):
+        return line
+    return scheduler_contact(ex.address) if ex.kind == "dask" and ex.address else None
+
+
 def check_root(root: str) -> None:
     """Fail with a storage error naming the cause if ``root`` cannot be used: a local
     folder that is not writable or whose disk is full, a bucket that does not exist or

@@ -16,6 +16,7 @@ from focus.noise import NoiseModel, Truncation, leaf_value, noise_model
 from focus.segments import Segment, segment
 from focus.sums import left_sum
 from focus.tree import Node, Tree
+from focus.weighting import critic_weight as critic_weight  # re-exported: moved there
 
 
 @dataclass(frozen=True)
@@ -141,17 +142,6 @@ def value_influence(discount: float, m_parent: int) -> float:
     The parent's own λ is left out so that the weight is known when V(c) is computed
     (it depends on the tree's shape, not on values computed after c's)."""
     return discount * discount * (m_parent - 1) / m_parent if m_parent >= 2 else 0.0
-
-
-def critic_weight(signal: float, var_q: float, t: float, iota: float) -> float:
-    """λ minimising the summed error of the advantages V(n) enters: its m child
-    segments' (``T = signal``, the variance of the mean true advantage of the sampled
-    actions, against ``t + Var(Q̄)``) and, with ``iota`` = the influence per child
-    segment (:func:`value_influence` / m), the segments above, which want V(n)'s own
-    error small (the value weight ``Var(Q̄)/(t + Var(Q̄))``):
-    ``λ = (T + ι·Var(Q̄)) / ((1 + ι)·(t + Var(Q̄)))``, docs/algorithm.md."""
-    den = (1.0 + iota) * (t + var_q)
-    return (signal + iota * var_q) / den if den > 0 else 1.0
 
 
 def refine(

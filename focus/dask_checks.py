@@ -43,6 +43,13 @@ class WorkerMismatch(RuntimeError):
     """A Dask worker or scheduler runs another focus, Python or Dask than the process that sends it rollouts."""
 
 
+class SchedulerUnreachable(RuntimeError):
+    """The Dask scheduler address cannot be used: nothing answers there, something that
+    is no Dask scheduler does, or Dask does not parse it. The message says what to do; as
+    a bare ``RuntimeError`` the command printed ``RuntimeError: ...`` with a pointer to a
+    traceback, as for a bug."""
+
+
 #: Seconds past ``connect_timeout_s`` that a scheduler's handshake may take.
 HANDSHAKE_MARGIN_S = 1.0
 
@@ -115,15 +122,15 @@ def answers(address: str, timeout_s: float, setting: str = "DaskExecution.connec
         try:
             versions = pool.submit(asyncio.run, bounded()).result()
         except TimeoutError:
-            raise RuntimeError(
+            raise SchedulerUnreachable(
                 f"the Dask scheduler address {address!r} accepted a connection but did not answer as a Dask "
                 f"scheduler within {timeout_s + HANDSHAKE_MARGIN_S:g} s ({setting} + {HANDSHAKE_MARGIN_S:g}); give the address the scheduler "
                 "prints at its start (tcp://host:8786 by default, not the dashboard's :8787), then rerun"
             ) from None
         except OSError as e:
-            raise RuntimeError(f"cannot reach the Dask scheduler at {address!r}: {e}") from e
+            raise SchedulerUnreachable(f"cannot reach the Dask scheduler at {address!r}: {e}") from e
         except ValueError as e:  # an address Dask does not parse
-            raise RuntimeError(f"the Dask scheduler address {address!r} is not one Dask takes: {e}") from e
+            raise SchedulerUnreachable(f"the Dask scheduler address {address!r} is not one Dask takes: {e}") from e
     packages = versions.get("packages") if isinstance(versions, dict) else None
     if isinstance(packages, dict) and wire(packages) != my_wire():
         raise WorkerMismatch(

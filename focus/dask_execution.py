@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, PrivateAttr
 
+from focus.dask_checks import SchedulerUnreachable, answers, check_workers
 from focus.dask_checks import WorkerMismatch as WorkerMismatch
-from focus.dask_checks import answers, check_workers
 from focus.dask_payload import (
     APART_START_BYTES,
     EnvCache,
@@ -313,7 +313,7 @@ class DaskExecution(Execution):
                     try:
                         self._client = Client(self.address, timeout=f"{timeout_s}s")
                     except OSError as e:
-                        raise RuntimeError(f"cannot reach the Dask scheduler at {self.address!r}: {e}") from e
+                        raise SchedulerUnreachable(f"cannot reach the Dask scheduler at {self.address!r}: {e}") from e
             return self._client
 
     def _connect_timeout(self) -> tuple[float, str]:

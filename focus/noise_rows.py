@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from focus.segments import Segment, segment
 from focus.sums import left_sum
 from focus.tree import Edge, Tree, Turn
-
-Truncation = Literal["bootstrap", "terminal"]
+from focus.weighting import Truncation as Truncation  # re-exported: moved there
 
 #: Depths fitted separately; deeper checkpoints share the last bucket's variances.
 DEPTH_BUCKETS = 32

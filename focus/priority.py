@@ -25,20 +25,30 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from focus.backups import critic_weight
-from focus.calibration import Calibration, Chain, calibrate  # noqa: F401 (re-exported: moved there)
-from focus.estimation import (
-    Estimator,
-    NoiseModel,
-    TreeValues,
-    Truncation,
-    tree_values,
-)
 from focus.tree import Edge, Tree
+from focus.weighting import Truncation, critic_weight
+
+if TYPE_CHECKING:
+    from focus.calibration import Calibration
+    from focus.estimation import Estimator, NoiseModel, TreeValues
+
+#: Names this module re-exports from :mod:`focus.calibration` (moved there), imported
+#: when first asked for: the calibration's noise model needs numpy, and the pipeline's
+#: configuration imports this module to validate a search (``focus --help`` loaded
+#: numpy for it; tests/test_imports.py).
+_MOVED = {"Calibration": "focus.calibration", "Chain": "focus.calibration", "calibrate": "focus.calibration"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Phase(BaseModel):
@@ -301,6 +311,8 @@ class Priority(BaseModel, abc.ABC):
 
     def values(self, tree: Tree, noise: NoiseModel | None = None) -> TreeValues:
         """Refined values the ranking reads."""
+        from focus.estimation import tree_values
+
         return tree_values(tree, gamma=self.discount, kappa=self.kappa, noise=noise, truncation=self.truncation_rule)
 
     def calibrate(
@@ -308,6 +320,8 @@ class Priority(BaseModel, abc.ABC):
     ) -> Calibration:
         """:func:`focus.calibration.calibrate` under this search's γ and truncation rule;
         ``parts``: its per-tree ``counts`` and ``rows``, if known."""
+        from focus.calibration import calibrate
+
         return calibrate(trees, gamma=self.discount, truncation=self.truncation_rule, keep=keep, **parts)
 
     def wave_share(self, branched: bool) -> float:
@@ -397,7 +411,7 @@ class Selective(Priority):
 
     def weight(self, node: NodeEvidence, m: int) -> float:
         """λ the estimator would give n with ``m`` like children
-        (:func:`focus.backups.critic_weight`, with n's ``value_influence``)."""
+        (:func:`focus.weighting.critic_weight`, with n's ``value_influence``)."""
         if node.value is None or m <= 0:
             return 0.0
         if self.kappa is not None:

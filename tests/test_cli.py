@@ -48,8 +48,9 @@ def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
     assert len(done.stdout.strip().splitlines()) == 1  # --json: the result alone on standard output
     text = log.read_text(encoding="utf-8")
     assert "collection emb: batch at" in text and "flow run" not in text
-    # the model server was started by the console entry before the configuration was read
-    assert "(started by the console entry)" in text, text
+    # a named collection may be finished: its model server starts after the preflight,
+    # not in the console entry (tests/test_finished_rerun.py has a new one's early start)
+    assert "model server ready at" in text and "(started by the console entry)" not in text, text
     assert text.count("start-up:") == 1 and text.count("shut-down:") == 1, text  # the command's, not twice
 
     # the same collection as a Prefect flow (a temporary server): the same batch
@@ -112,6 +113,10 @@ def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
         (["collect", "--model-url", "http://127.0.0.1:1"], False),
         (["collect", "--model-url=http://127.0.0.1:1"], False),
         (["collect", "--help"], False),
+        # a named collection may be finished, which its preflight answers without a server
+        (["collect", "--collection-id", "c"], False),
+        (["collect", "--collection-id=c"], False),
+        (["collect", "--set", "collection_id=c"], False),
         (["train"], False),
         (["inspect", "runs"], False),
         ([], False),
@@ -120,7 +125,20 @@ def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
 def test_only_a_collection_that_may_use_the_embedded_model_starts_it_early(argv, starts):
     from cli.entry import wants_embedded_model
 
-    assert wants_embedded_model(argv) is starts
+    assert wants_embedded_model(argv, env={}) is starts
+    assert wants_embedded_model(["collect"], env={"FOCUS_COLLECTION_ID": "c"}) is False
+
+
+def test_a_config_file_names_a_collection_only_outside_its_comments(tmp_path):
+    """configs/collect.toml's commented ``# collection_id = "demo"`` names nothing: a new
+    collection from it gets the early model server."""
+    from cli.entry import wants_embedded_model
+
+    collect_toml = Path(__file__).resolve().parent.parent / "configs" / "collect.toml"
+    assert wants_embedded_model(["collect", "-c", str(collect_toml)], env={}) is True
+    named = tmp_path / "named.yaml"
+    named.write_text("seed: 3\ncollection_id: nightly  # resumed by name\n")
+    assert wants_embedded_model(["collect", "--config", str(named)], env={}) is False
 
 
 def test_invalid_config_fails_before_any_work(tmp_path):

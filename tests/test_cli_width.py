@@ -84,3 +84,24 @@ def test_every_option_with_a_value_names_it_in_one_style():
     assert seen >= 20
     out = CliRunner().invoke(app, ["collect", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
     assert "<str>" not in out.output and "<int>" not in out.output and re.search(r"--store\s+URL", out.output)
+
+
+def test_the_lists_of_commands_and_arguments_read_as_written():
+    """``focus --help`` lists each command by its docstring's first paragraph on one line
+    (typer kept its line breaks: ``inspect``'s broke after ``every phase),``), and an
+    argument shows its metavar alone (``inspect --help`` showed ``url <str>``)."""
+    import typer
+
+    wide = {"COLUMNS": "250", "NO_COLOR": "1"}
+    listing = CliRunner().invoke(app, ["--help"], env=wide).output
+    group = typer.main.get_command(app)
+    for name, cmd in getattr(group, "commands", {}).items():
+        first = " ".join((cmd.help or "").split("\n\n")[0].split())
+        assert any(f"{name} " in line and first in line for line in listing.splitlines()), (name, listing)
+    shown = CliRunner().invoke(app, ["inspect", "--help"], env=wide).output
+    assert "<str>" not in shown and re.search(r"\*\s+URL\s+A batch URL", shown), shown
+    shown = CliRunner().invoke(app, ["config", "--help"], env=wide).output
+    assert "came from (default, the file" in shown, shown
+    # a command's own help: each paragraph wrapped by the terminal, not at the source's breaks
+    shown = CliRunner().invoke(app, ["deploy", "--help"], env=wide).output
+    assert "FOCUS_* variables of this process apply when each run starts" in shown, shown

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import focus
 import focus.extend
@@ -138,3 +139,45 @@ def test_the_command_line_and_its_configuration_load_no_batch_or_checkpoint_stor
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[:2] == ["[]", "True True"], out.stdout
+
+
+#: Modules a command that reads no batch, trains nothing and starts nothing must not load.
+DATA_MODULES = ("numpy", "pyarrow", "torch", "pandas", "prefect", "dask", "distributed", "polars", "duckdb")
+
+
+def test_commands_that_do_no_data_work_load_no_numpy_pyarrow_or_torch():
+    """``focus --help``, every command's ``--help``, ``focus config show`` and a wrong
+    command line read the configuration's schema and print: they loaded numpy and
+    pyarrow (the search's configuration imported the noise model through
+    ``focus.priority``, the train settings the local trainer and its batch), 0.64 s of
+    imports for ``focus --help`` under ``-X importtime``, 0.38 s of it for these. Each
+    command runs in one process in turn, and the first that loads one is named."""
+    root = Path(__file__).resolve().parent.parent
+    commands = [
+        ["--help"],
+        ["collect", "--help"],
+        ["train", "--help"],
+        ["inspect", "--help"],
+        ["serve-model", "--help"],
+        ["deploy", "--help"],
+        ["config", "--help"],
+        ["config", "show"],
+        ["config", "show", "-c", str(root / "configs" / "loop.toml")],
+        ["config", "show", "--json", "-c", str(root / "configs" / "collect.toml")],
+        ["collect", "--bogus"],
+    ]
+    code = (
+        "import contextlib, io, sys\n"
+        "from cli.app import run\n"
+        f"for args in {commands!r}:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        code = run(args, obj={'warm_model': None})\n"
+        f"    heavy = sorted(m for m in {DATA_MODULES!r} if m in sys.modules)\n"
+        "    print(' '.join(args[:3]), code, heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == len(commands), out.stdout + out.stderr
+    assert [line for line in lines if not line.endswith(" []")] == [], out.stdout
+    assert [line.split()[-2] for line in lines] == ["0"] * (len(commands) - 1) + ["2"], out.stdout

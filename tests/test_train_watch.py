@@ -124,7 +124,11 @@ def test_off_a_terminal_a_long_training_logs_how_far_it_is(tmp_path, caplog):
     with caplog.at_level("INFO", logger="focus.train"), show.training(0) as report:
         report(1, 3, 0.25)
         report(2, 3)
-    assert show.lines == ["iteration 0: train 1/3 steps, loss 0.25", "iteration 0: train 2/3 steps"]
+    assert show.lines == [
+        "iteration 0: train with the local trainer",  # as it begins: a pipe saw nothing until the first count
+        "iteration 0: train 1/3 steps, loss 0.25",
+        "iteration 0: train 2/3 steps",
+    ]
     assert "iteration 0: train 1/3 steps, loss 0.25" in caplog.text
     assert console.file.getvalue() == ""  # type: ignore[attr-defined]
     assert not log_due(100.0, 109.9, 10.0) and log_due(100.0, 110.0, 10.0)
@@ -148,6 +152,7 @@ def test_lines_in_a_pipe_and_none_with_progress_off(tmp_path, caplog):
         shown = [r for r in caplog.records if getattr(r, "focus_console", False)]
         assert [r.getMessage() for r in shown][:1] == (["iteration 0: collect w-it0"] if enabled else [])
         assert "train 1/2" not in caplog.text  # a training shorter than log_every_s logs no count
+        assert ("iteration 0: train with the local trainer" in caplog.text) is enabled  # but says it began
         caplog.clear()
     # a reused evaluation draws no picture; finish draws the missing one
     assert show.picture is None
@@ -240,6 +245,9 @@ def test_focus_train_into_a_pipe_says_each_stage(tmp_path):
     for i in range(2):  # two iterations; the third record is the last version's evaluation
         assert lines.count(f"iteration {i}: collect w-it{i}") == 1, done.stderr[-3000:]
         assert sum(ln.startswith(f"iteration {i}: trained ") for ln in lines) == 1, done.stderr[-3000:]
+        assert lines.index(f"iteration {i}: train with the local trainer") < lines.index(
+            next(ln for ln in lines if ln.startswith(f"iteration {i}: trained "))
+        )
         assert sum(ln.startswith(f"iteration {i}: publish version {i + 1} ") for ln in lines) == 1
     assert sum(ln.startswith("0.evidence: ") and "transitions" in ln for ln in lines) == 2, done.stderr[-3000:]
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -27,7 +27,7 @@ FOCUS = str(Path(sys.executable).parent / "focus")  # the console script a user 
             ["train", "--iterations", "x"],
             "error: Invalid value for '--iterations': Input should be a valid integer, unable to parse string as an integer; focus train -h lists the options",
         ),
-        (["inspect"], "error: Missing argument 'url'; focus inspect -h lists the options"),
+        (["inspect"], "error: Missing argument 'URL'; focus inspect -h lists the options"),
         (["nocommand"], "error: No such command 'nocommand'; focus -h lists the options"),
         (["config", "show", "--bogus"], "error: No such option: --bogus; focus config show -h lists the options"),
     ],

@@ -25,7 +25,9 @@ are waiting, any retryable failure of another call (a timeout, any 5xx) joins th
 rather than spending its own retries. A malformed answer is an answer and never waits.
 The same holds for a service that is not up yet when the collection starts (a server
 still loading its weights): it is waited for like a restart, and the log line names
-the URL, so a wrong one is seen at once.
+the URL. The ``focus`` command first connects to the URL once
+(:func:`focus.backends.reach.first_contact`), so one that nothing answers in this run
+(a wrong port or host) fails in seconds instead of after the whole window.
 
 The decisions (:meth:`OutageGate.should_wait`, when a probe is due, when the window
 ends) are plain arithmetic on times the caller passes; the gate's only I/O is the

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from focus.backends.tinker_backend import TinkerUpdateConfig
-from focus.train_local import UpdateConfig
+from focus.update_config import UpdateConfig
 from tasks.config.errors import check_import_path
 from tasks.config.marks import LOOP_EXTENT
 

@@ -1,0 +1,120 @@
+"""Whether a model service is there at all, asked once before a collection starts.
+
+A client waits out a service that stops answering (:mod:`focus.backends.outage`): up to
+``outage_wait_s`` (300 s by default) for a restart. A URL that nothing has answered in
+this run is another matter: a typo, the wrong port or host, a server never started. It
+got the same wait: ``focus collect --model-url http://127.0.0.1:<closed port>`` stopped
+after 300 s. So the ``focus`` command asks each URL first (:func:`first_contact`): a
+connection that cannot be made within a few seconds (refused, the host unknown, no
+route, a certificate refused) is one line naming the URL, before anything starts. A
+server that accepts the connection is there, whatever it answers (any status, or no
+answer yet: vLLM takes connections while it loads its weights), and from then on an
+outage is waited for as before. A Dask scheduler address is asked the same way
+(:func:`scheduler_contact`): Dask retried a refused port for its whole connect timeout.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Sequence
+
+#: Seconds :func:`first_contact` tries to connect before it gives up on a URL: a server
+#: whose port opens that late is still starting (SGLang listens once its weights are
+#: loaded, minutes for a large model), which the command does not wait for.
+FIRST_CONTACT_S = 5.0
+#: Seconds between attempts, and the connect timeout of one.
+RETRY_S = 0.5
+CONNECT_S = 3.0
+
+
+def _unknown_host(error: BaseException) -> bool:
+    """Whether ``error`` (or what it was raised from) is a failed name lookup: the host
+    does not exist, which no retry changes."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, socket.gaierror):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _connects(url: str) -> BaseException | None:
+    """``None`` if a connection to ``url`` was made (whatever came back), else why not."""
+    import httpx
+
+    try:
+        httpx.get(url, timeout=httpx.Timeout(CONNECT_S), trust_env=False)  # as the clients: no proxy
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as e:
+        return e
+    except httpx.HTTPError:
+        return None  # connected: no answer yet (a server still loading), a protocol error
+    return None
+
+
+def _tcp_connects(address: str) -> BaseException | None:
+    """``None`` if a TCP connection to ``address`` (``tcp://host:port``, ``tls://...``
+    or ``host:port``) was made, else why not."""
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_S):
+            return None
+    except (OSError, ValueError) as e:
+        return e
+
+
+def _first(
+    targets: Sequence[str], connects: Callable[[str], BaseException | None], grace_s: float
+) -> tuple[str, BaseException] | None:
+    """``None`` as soon as one of ``targets`` connects within ``grace_s`` seconds, else
+    the last target tried and why it did not (an unknown host is not tried again)."""
+    deadline = time.monotonic() + grace_s
+    errors: dict[str, BaseException] = {}
+    while True:
+        for target in targets:
+            error = connects(target)
+            if error is None:
+                return None
+            errors[target] = error
+        if all(_unknown_host(e) for e in errors.values()) or time.monotonic() + RETRY_S > deadline:
+            return next(iter(errors.items()))
+        time.sleep(RETRY_S)
+
+
+def _why(error: BaseException, grace_s: float) -> str:
+    cause = f"{type(error).__name__}: {error}".rstrip(": ")
+    return f"{'its host name is not known' if _unknown_host(error) else f'no connection in {grace_s:g} s'} ({cause})"
+
+
+def first_contact(urls: Sequence[str], grace_s: float = FIRST_CONTACT_S) -> str | None:
+    """One line saying that no connection could be made to any of ``urls`` within
+    ``grace_s`` seconds; ``None`` as soon as one connects (a fleet goes on with the
+    replicas that are there, as it does mid-run)."""
+    failed = _first(urls, _connects, grace_s)
+    if failed is None:
+        return None
+    url, error = failed
+    where = f"the model service at {url}" if len(urls) == 1 else f"any of the {len(urls)} model services ({url}, ...)"
+    return (
+        f"cannot reach {where}: {_why(error, grace_s)}; nothing has answered there in this run: check model.url "
+        "(--model-url), its host and port, and that the server runs; a server still starting is not waited for (run "
+        "again once it answers), one that stops answering after it answered is (model.http.outage_wait_s)"
+    )
+
+
+def scheduler_contact(address: str, grace_s: float = FIRST_CONTACT_S) -> str | None:
+    """One line saying that no TCP connection could be made to the Dask scheduler at
+    ``address`` within ``grace_s`` seconds (``None`` if one was, or the address is not
+    TCP: ``inproc://``, ``ucx://``). Dask retries a refused connection for its whole
+    connect timeout (30 s by default), after the model server has started: a wrong port
+    cost 31 s and ended as ``RuntimeError: cannot reach the Dask scheduler ...``."""
+    if "://" in address and not address.startswith(("tcp://", "tls://")):
+        return None
+    failed = _first([address], _tcp_connects, grace_s)
+    if failed is None:
+        return None
+    return (
+        f"cannot reach the Dask scheduler at {address!r}: {_why(failed[1], grace_s)}; check execution.address "
+        "(--dask-address): the address the scheduler prints at its start (tcp://host:8786 by default), and that "
+        "it runs; or leave it out to run rollouts in-process (--dask: a cluster started for the run)"
+    )

@@ -1,0 +1,117 @@
+"""A model URL nothing answers fails in seconds; a service that answered is waited for.
+
+``focus collect --model-url`` at a closed port on 127.0.0.1 waited the whole outage
+window (``model.http.outage_wait_s``, 300 s) and then failed its first wave: a wrong
+port looked like a restart. The command now asks the URL before anything starts
+(:func:`focus.backends.reach.first_contact`): a real closed port is one line naming the
+URL and exit 2 within seconds; a port that takes connections and does not answer yet (a
+server loading its weights), or a fleet with one replica there, goes on.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fixtures.prefect import base_env, free_port
+
+from focus.backends.reach import first_contact, scheduler_contact
+
+FOCUS = str(Path(sys.executable).with_name("focus"))
+
+
+def test_a_closed_port_is_one_line_naming_the_url():
+    url = f"http://127.0.0.1:{free_port()}"
+    line = first_contact([url], grace_s=0.6)
+    assert line is not None and line.startswith(f"cannot reach the model service at {url}: no connection in 0.6 s")
+    assert "Connection refused" in line and "model.url" in line
+
+
+def test_an_unknown_host_is_not_retried():
+    line = first_contact(["http://no-such-host.invalid:8000"], grace_s=30.0)  # a name lookup fails at once
+    assert line is not None and "its host name is not known" in line
+
+
+@pytest.mark.integration
+def test_a_port_that_takes_connections_is_there_whatever_it_answers():
+    """A server that accepts and never answers (vLLM loading its weights) is not refused
+    here: the outage and silence watches of the run take it from there."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        url = f"http://127.0.0.1:{listening.getsockname()[1]}"
+        assert first_contact([url], grace_s=0.6) is None
+        # a fleet with one replica down goes on with the one that is there
+        assert first_contact([f"http://127.0.0.1:{free_port()}", url], grace_s=0.6) is None
+        assert scheduler_contact(url.replace("http://", "tcp://"), grace_s=0.6) is None
+
+
+def test_a_dask_scheduler_address_at_a_closed_port_is_one_line():
+    address = f"tcp://127.0.0.1:{free_port()}"
+    line = scheduler_contact(address, grace_s=0.6)
+    assert line is not None and line.startswith(f"cannot reach the Dask scheduler at {address!r}: no connection in 0.6")
+    assert "--dask-address" in line
+    assert scheduler_contact("inproc://1.2.3.4/5/6") is None  # not TCP: Dask's own check
+
+
+@pytest.mark.integration
+def test_focus_collect_at_a_closed_port_fails_in_seconds(tmp_path):
+    """Before, this waited model.http.outage_wait_s (300 s): the subprocess's timeout fails it."""
+    url = f"http://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [FOCUS, "collect", "--model-url", url, "--store", str(tmp_path / "runs"), "--log-file", str(tmp_path / "c.log")],
+        cwd=tmp_path, env=base_env(tmp_path / "prefect"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: cannot reach the model service at {url}: no connection in 5 s"), lines
+    assert not (tmp_path / "runs" / "checkpoints").exists() or not any((tmp_path / "runs" / "checkpoints").iterdir())
+
+
+@pytest.mark.integration
+def test_focus_collect_with_a_dask_scheduler_at_a_closed_port_fails_before_anything_starts(tmp_path):
+    """Dask retried the refused port for its 30 s connect timeout, after the model server
+    had started, and the line was ``RuntimeError: cannot reach ...`` with exit 1."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [FOCUS, "collect", "--dask-address", address, "--collection-id", "d", "--store", str(tmp_path / "runs"),
+         "--log-file", str(tmp_path / "c.log")],
+        cwd=tmp_path, env=base_env(tmp_path / "prefect"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: cannot reach the Dask scheduler at {address!r}: no connection in 5 s"), lines
+
+
+@pytest.mark.integration
+@pytest.mark.needs("tinker")  # a loop on a served model trains a Tinker model (a dry run without a key)
+def test_focus_train_at_a_closed_port_fails_once_a_step_needs_the_model(tmp_path):
+    """The loop asks the URL when its first step needs the model (a finished loop never
+    does): it waited model.http.outage_wait_s (300 s) in its first collection."""
+    url = f"http://127.0.0.1:{free_port()}"
+    sets = {"model.url": url, "model.kind": "openai", "model.model": "Qwen/Qwen3-4B"}
+    done = subprocess.run(
+        [FOCUS, "train", "--trainer", "tinker", "--iterations", "1", "--tasks", "2", "--transitions", "6",
+         "--store", str(tmp_path / "runs"), "--log-file", str(tmp_path / "t.log"),
+         *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]],
+        cwd=tmp_path, env=base_env(tmp_path / "prefect"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 2, lines
+    assert lines[-1].startswith(f"error: cannot reach the model service at {url}: no connection in 5 s"), lines
+
+
+@pytest.mark.needs("distributed")
+def test_a_dask_address_that_cannot_be_used_is_its_own_line_not_a_bug():
+    """Dask's own check of the scheduler (past the command's, or from the library) said
+    ``RuntimeError: cannot reach ...`` with a pointer to a traceback, as for a bug."""
+    from flows.errors import explained, one_line
+    from focus.dask_checks import SchedulerUnreachable, answers
+
+    with pytest.raises(SchedulerUnreachable) as e:
+        answers(f"tcp://127.0.0.1:{free_port()}", 0.5, "a test's timeout")
+    assert one_line(e.value).startswith("cannot reach the Dask scheduler at 'tcp://127.0.0.1:"), one_line(e.value)
+    assert explained(e.value)
