@@ -151,6 +151,52 @@ def test_a_scoring_service_s_nan_is_refused_at_once_naming_the_state() -> None:
     assert len(sent) == calls + 1
 
 
+def test_a_scoring_service_s_null_or_short_answer_is_refused_at_once() -> None:
+    """A service answering null for the states at step 2 of task t1 (JavaScript's
+    ``JSON.stringify`` writes a NaN so), or one value too few for a request: both were
+    retried as malformed answers, 11 attempts over 9-14 s, and the null named a position
+    in one HTTP request. Now the null stops the collection at once naming the state, and
+    the short answer stops it at once naming the counts."""
+    import httpx
+    import pytest
+
+    from focus import HttpCritic
+    from focus.critic import CriticError
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        contexts = json.loads(request.content)
+        values: list[float | None] = []
+        for c in contexts:
+            text = bytes(i for i in c if i < 256).decode()
+            values.append(None if text.startswith("t1") and _state(c)[0] == 2 else 0.5)
+        return httpx.Response(200, content=json.dumps(values).encode())
+
+    critic = HttpCritic("http://critic.invalid/score", transport=httpx.MockTransport(handler))
+    col, tasks = collector(lambda task, t, x, a: float(a), 4, critic, max_steps=6)
+    with pytest.raises(
+        CriticError,
+        match=r"^critic HttpCritic returned a non-numeric value None at position \d+ "
+        r"\(checkpoint node \d+ at depth 2 of tree t1#1\)$",
+    ):
+        asyncio.run(col.collect(tasks))
+    assert critic.stats()["retries"] == {}
+    with pytest.raises(
+        CriticError, match=r"^critic at http://critic.invalid/score returned a non-numeric value None at position 1$"
+    ):
+        asyncio.run(critic.predict([list(b"t0 s=0,0|"), list(b"t1 s=2,0|")]))
+
+    def short(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"values": [0.5] * (len(json.loads(request.content)) - 1), "stds": None})
+
+    critic = HttpCritic("http://critic.invalid/score", transport=httpx.MockTransport(short))
+    col, tasks = collector(lambda task, t, x, a: float(a), 4, critic, max_steps=6)
+    with pytest.raises(
+        CriticError, match=r"^critic at http://critic.invalid/score returned \d+ values for \d+ contexts$"
+    ):
+        asyncio.run(col.collect(tasks))
+    assert critic.stats()["retries"] == {}
+
+
 def test_an_env_that_fails_every_fresh_episode_alike_stops_unfinished_and_a_rerun_collects() -> None:
     """Every task's step 2 raises the same error (its index aside). The collection spent
     its whole budget on 30 waves of continuations failing at that step, one warning a
