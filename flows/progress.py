@@ -85,14 +85,20 @@ def time_left(seconds: float) -> str:
 
 
 def failure_line(label: str, record: StepRecord) -> str | None:
-    """The WARNING line for a step whose rollouts failed (``None`` if none did)."""
+    """The WARNING line for a step whose rollouts failed (``None`` if none did): how many,
+    their causes and, as the library's line (:func:`focus.statistics.warn_failures`), the
+    last one's task and step, which no cause names."""
     failed = record.failed_rollouts
     if not failed:
         return None
     total = record.rollouts
     causes = "; ".join(f"{c} (x{n})" for c, n in record.failure_causes.items())
     of = f" of {total}" if total else ""
-    return f"{label}: {failed}{of} rollouts failed: {causes or 'cause unknown'}"
+    last = ""
+    if record.last_failure is not None:
+        task, step, cause = record.last_failure
+        last = f"; last cause (task {task!r}, step {step}): {cause}"
+    return f"{label}: {failed}{of} rollouts failed: {causes or 'cause unknown'}{last}"
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ from focus.journal import (
     Step,
     WaveRollouts,
     end_step,
+    kept,
     scores_step,
     unfinished_step,
     wave_step,
@@ -347,8 +348,8 @@ class Collector:
         ``journal`` records each step as it ends and, for steps it holds already, gives
         the recorded value instead (:mod:`focus.journal`): a collection given the
         journal of an interrupted one continues after its last recorded step and
-        returns the same state. Streaming phases are not resumable, so they take no
-        journal.
+        returns the same state; one given none loses its finished steps to an error that
+        stops it (the error's note says so). Streamed phases, not resumable, take none.
         """
         if self.execution.streaming:
             if journal is not None:
@@ -359,8 +360,7 @@ class Collector:
                         f"phase {phase.name!r} sets max_waves, which streaming mode has no waves to count; "
                         "drop max_waves or run with Execution(streaming=False)"
                     )
-        journal = journal if journal is not None else NoJournal()
-        with self.execution.frozen_heap():
+        with kept(journal, not self.execution.streaming) as journal, self.execution.frozen_heap():
             state = await self.run_evidence(tasks, journal)
             for pi, phase in enumerate(self.priority.phases):
                 if phase.is_evidence:
@@ -526,8 +526,8 @@ class Collector:
                 for t in running:
                     t.cancel()
 
-    async def collect(self, tasks: Sequence[Task]) -> Batch:
-        return self.prepare(await self.search(tasks))
+    async def collect(self, tasks: Sequence[Task], journal: Journal | None = None) -> Batch:
+        return self.prepare(await self.search(tasks, journal))
 
     def prepare(self, trees: Sequence[Tree] | SearchState) -> Batch:
         """Actor rows (one per model turn of every segment with an advantage) and critic

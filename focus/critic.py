@@ -104,12 +104,12 @@ def _check_values(
 ) -> list[float]:
     if len(values) != n:
         raise CriticError(f"{where} returned {len(values)} values for {n} contexts")
-    out = []
+    out: list[Any] = []
     for i, v in enumerate(values):
         try:
             if isinstance(v, str | bytes):  # float() reads "0.3"
                 raise TypeError(v)
-            f = float(v)
+            f: Any = v if v is None and not finite else float(v)  # a null (as a NaN): the caller names it
         except (TypeError, ValueError):
             raise CriticError(f"{where} returned a non-numeric value {v!r} at {_at(i, label)}") from None
         except OverflowError:  # an int past a float's range (10**400)
@@ -247,9 +247,12 @@ class HttpCritic(Critic):
     the wrong shape counts as malformed and is retried like one; the same malformed
     answer to different requests, probes beside one included (:func:`probe_contexts`),
     is a service of another shape, and the call stops at once with a :class:`CriticError`
-    saying so (:mod:`focus.backends.unreadable`). A NaN, infinite or huge value is the
-    service's answer, not retried: :meth:`predict` refuses it, :meth:`predict_with_std`
-    passes it to the caller's :func:`check_predictions` (the collector's names the state).
+    saying so (:mod:`focus.backends.unreadable`). A NaN, infinite, huge or null value is
+    the service's answer, not retried: :meth:`predict` refuses it, :meth:`predict_with_std`
+    passes it to the caller's :func:`check_predictions` (the collector's names the state): a
+    null is sent by choice (JavaScript's JSON writes NaN so); a null std is none. Too many
+    or too few values are refused at once naming the counts: a service's batching bug, which
+    a retry of the same request repeats (both took 11 attempts, 9-14 s, before).
     ``transport``: an httpx transport to send through instead of the default (tests, proxies).
     """
 
@@ -280,25 +283,21 @@ class HttpCritic(Critic):
         return self.http.stats()
 
     async def _post(self, batch: list[list[int]]) -> list[Prediction]:
-        return await self.http.request(
-            "POST", self._path, batch, lambda body: self._parse(body, len(batch)), size=len(batch)
-        )
+        values, stds = await self.http.request("POST", self._path, batch, self._parse, size=len(batch))
+        for what, got in (("values", values), ("stds", stds)):  # counted here, not in the parse: not retried
+            if len(got) != len(batch):
+                raise CriticError(f"critic at {self.url} returned {len(got)} {what} for {len(batch)} contexts")
+        return [Prediction(v, s) for v, s in zip(values, stds, strict=True)]
 
-    def _parse(self, body: Any, n: int) -> list[Prediction]:
-        stds: list[float | None] = [None] * n
-        if isinstance(body, dict):
-            if "values" not in body:
-                raise CriticError(f"critic at {self.url} answered an object without 'values': keys {sorted(body)}")
-            values = body["values"]
-            if body.get("stds") is not None:
-                stds = list(_check_values(body["stds"], n, f"critic at {self.url} (stds)", finite=False))
-        else:
-            values = body
+    def _parse(self, body: Any) -> list[list[Any]]:
+        if isinstance(body, dict) and "values" not in body:
+            raise CriticError(f"critic at {self.url} answered an object without 'values': keys {sorted(body)}")
+        values, stds = (body["values"], body.get("stds")) if isinstance(body, dict) else (body, None)
         if not isinstance(values, list):
             raise CriticError(f"critic at {self.url} answered {type(values).__name__}, expected a list of numbers")
-        # finite=False: retried as malformed, a NaN took 11 attempts and named no state
-        vals = _check_values(values, n, f"critic at {self.url}", finite=False)
-        return [Prediction(v, s) for v, s in zip(vals, stds, strict=True)]
+        # finite=False, nulls kept: retried as malformed, a NaN or null took 11 attempts and named no state
+        where, stds = f"critic at {self.url}", [None] * len(values) if stds is None else stds
+        return [_check_values(v, len(v), w, finite=False) for v, w in ((values, where), (stds, f"{where} (stds)"))]
 
     async def predict_with_std(self, contexts: Sequence[Sequence[int]]) -> list[Prediction]:
         batches = [[int(t) for t in c] for c in contexts]

@@ -151,7 +151,8 @@ def refreeze() -> None:
 
 class ModelServiceOutage(RuntimeError):
     """Too many rollouts of a wave failed because the model service gave no usable
-    answer within the client's retries. Nothing of the wave is kept; finished waves are."""
+    answer within the client's retries. Nothing of the wave is kept; finished waves are,
+    by the collection's journal (a collection given none keeps nothing)."""
 
     def __init__(self, message: str, failed: int = 0, jobs: int = 0, cause: str = "") -> None:
         super().__init__(message)

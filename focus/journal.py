@@ -39,7 +39,8 @@ wave costs in proportion to the wave, not to the collection.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -119,13 +120,38 @@ class Journal(abc.ABC):
 
 
 class NoJournal(Journal):
-    """Records nothing: a collection kept in memory only (``Collector.collect``'s default)."""
+    """Records nothing: a collection kept in memory only (``Collector.collect``'s default).
+    It counts the steps it drops, for :func:`kept`."""
+
+    def __init__(self) -> None:
+        self.dropped = 0
 
     async def recorded(self, step: Step) -> Any | None:
         return None
 
     async def record(self, step: Step, value: Any) -> None:
-        return None
+        self.dropped += 1
+
+
+@contextmanager
+def kept(journal: Journal | None, resumable: bool = True) -> Iterator[Journal]:
+    """``journal``, or for a collection given none a :class:`NoJournal`, whose dropped
+    steps an error that stops the collection (a critic's, an outage, a broken env) names
+    in a note with how to keep them: ``collect`` lost everything it had finished, and
+    nothing said so or that a journal keeps it. Not for a streamed (``resumable`` false)
+    collection, which takes no journal."""
+    used = journal if journal is not None else NoJournal()
+    try:
+        yield used
+    except Exception as e:
+        if resumable and isinstance(used, NoJournal) and used.dropped:
+            e.add_note(
+                f"Lost with this error: {used.dropped} finished step{'s' * (used.dropped > 1)} of this collection "
+                "(its waves' rollouts, their critic scores), as it was given no journal. Pass one made before the "
+                "call (journal = focus.journal.MemoryJournal(); collector.collect(tasks, journal)), and a call "
+                "again with it continues after the last step it recorded."
+            )
+        raise
 
 
 class MemoryJournal(Journal):

@@ -34,6 +34,11 @@ class StepRecord:
     failed_rollouts: int = 0
     #: The most frequent causes of its failed rollouts, ``{cause: count}``.
     failure_causes: Mapping[str, int] = field(default_factory=dict)
+    #: The last failed rollout's task, the rollout step it failed at (from the root, the
+    #: first 0) and its cause, as the library's line names them
+    #: (:func:`focus.statistics.warn_failures`): a cause names no task, and its count
+    #: is over every task, so this is what tells an operator which step to reproduce.
+    last_failure: tuple[str, int, str] | None = None
     #: The collection's usage so far, and its phase's (steps that run rollouts).
     usage: Usage | None = None
     phase_usage: Usage | None = None
@@ -54,27 +59,36 @@ class Tally:
 
     def step(self, step: Step, value: Any) -> dict[str, Any]:
         """The figures of a step's record (none for steps that run no rollouts)."""
+        last: tuple[str, int, str] | None = None
         if step.kind == "evidence":
             logs = [r for t in value.trees for r in t.log]
             used = [(r.phase, r.usage) for r in logs]
             causes = [r.cause for r in logs if r.failed]
+            # the last failed leaf of the last tree that has one
+            leaves = ((t.task_id, n) for t in reversed(value.trees) for n in reversed(t.nodes.values()))
+            if causes and (leaf := next(((i, n) for i, n in leaves if n.kind == "failed"), None)):
+                last = (leaf[0], leaf[1].steps, leaf[1].cause or "unknown")
         elif step.kind in ("wave", "unfinished"):
             # an unfinished wave counts its bad responses only: the rest count once the
             # wave is recorded whole (as the evidence state, or as its wave step)
             wave: WaveRollouts = value
             rollouts = [r for r in wave.rollouts if step.kind == "wave" or is_bad_response(r)]
             used = [(step.phase, Usage.of_rollout(ro)) for ro in rollouts]
-            causes = [ro.leaf.cause for ro in rollouts if ro.leaf.kind == "failed"]
+            failed = [ro for ro in rollouts if ro.leaf.kind == "failed"]
+            causes = [ro.leaf.cause for ro in failed]
+            if failed:
+                last = (failed[-1].task_id, failed[-1].leaf.steps, failed[-1].leaf.cause or "unknown")
         else:
             return {}
         for phase, u in used:
             self.usage = self.usage + u
             self.phases[phase] = self.phases.get(phase, Usage()) + u
-        failed, top = failures(causes)
+        n_failed, top = failures(causes)
         return {
             "rollouts": len(used),
-            "failed_rollouts": failed,
+            "failed_rollouts": n_failed,
             "failure_causes": top,
+            "last_failure": last,
             "usage": self.usage,
             "phase_usage": self.phases.get(step.phase, Usage()),
         }

@@ -120,7 +120,6 @@ def bad_server(scripted):
 @pytest.mark.integration  # starts a server
 def test_http_critic_retries_malformed_answers_then_names_them(bad_server):
     for answer, match in [
-        ([0.1], "returned 1 values for 3 contexts"),
         ({"vals": []}, "without 'values'"),
         (["x", 1, 2], "non-numeric value 'x' at position 0"),
     ]:
@@ -139,6 +138,16 @@ def test_http_critic_retries_malformed_answers_then_names_them(bad_server):
     with pytest.raises(CriticError, match=r"^critic at \S+ returned a non-finite value inf at position 1$"):
         run(critic.predict(CONTEXTS))
     assert critic.stats()["retries"] == {}
+    # too few values, or stds, is the service's bug, which a retry repeats: refused at once
+    for answer, match in [([0.1], "1 values"), ({"values": [1, 2, 3], "stds": [0.1]}, "1 stds")]:
+        bad_server.answers[:] = [(200, {}, answer)]
+        critic = HttpCritic(bad_server.url, config=FAST)
+        with pytest.raises(CriticError, match=rf"^critic at \S+ returned {match} for 3 contexts$"):
+            run(critic.predict(CONTEXTS))
+        assert critic.stats()["retries"] == {}
+    # a null std is no std for that context
+    bad_server.answers[:] = [(200, {}, {"values": [1, 2, 3], "stds": [0.1, None, 0.2]})]
+    assert [p.std for p in run(HttpCritic(bad_server.url, config=FAST).predict_with_std(CONTEXTS))] == [0.1, None, 0.2]
 
 
 @pytest.mark.integration  # starts a server

@@ -453,12 +453,16 @@ def test_failed_rollouts_warn_and_show_their_causes(tmp_path, prefect_env, prefe
     done = run_cli(args, prefect_env, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     cause = "env: RuntimeError: the env cannot move by 7"
-    # one warning per step whose rollouts failed, naming how many and why
+    # one warning per step whose rollouts failed, naming how many, why, and the last one's
+    # task and step (the library's line names them; the pipeline's did not)
     warnings = [ln for ln in done.stderr.splitlines() if ln.startswith("warning: ")]
     assert warnings, done.stderr[-3000:]
+    c = re.escape(cause)
     for w in warnings:
         assert re.fullmatch(
-            rf"warning: \d+\.\w+( wave \d+)?: \d+ of \d+ rollouts failed: {re.escape(cause)} \(x\d+\)", w
+            rf"warning: \d+\.\w+( wave \d+)?: \d+ of \d+ rollouts failed: {c} \(x\d+\); "
+            rf"last cause \(task '[^']+', step \d+\): {c}",
+            w,
         ), w
     shown = re.search(rf"failure cause \((\d+)x\): {re.escape(cause)}", done.stdout)
     assert shown, done.stdout

@@ -544,3 +544,41 @@ def test_the_lines_say_how_long_is_left_at_the_rate_so_far(monkeypatch):
             "100.0 transitions/s, 300 tokens/s, budget left 999000, about 2.8 h left"
         )
     assert progress_mod.time_left(89.4) == "about 89 s left" and progress_mod.time_left(90) == "about 2 min left"
+
+
+def test_the_pipeline_s_failure_line_names_the_last_failure_s_task_and_step():
+    """A NaN reward at step 2 of task t1 (``test_unseen_mdps``'s counter env): the
+    library's line names the task and step of the last failure, the pipeline's named the
+    causes and counts only, so an operator could not tell which task's step to reproduce.
+    The step records (:class:`tasks.records.Tally`, as the pipeline's journal makes them)
+    now carry it, for the evidence and for a wave."""
+    import asyncio
+    import math
+
+    from test_unseen_mdps import collector
+
+    from flows.progress import failure_line
+    from focus import ConstantCritic
+    from focus.journal import MemoryJournal
+    from tasks.records import Tally
+
+    def reward(task: str, t: int, x: int, a: int) -> float:
+        return math.nan if task == "t1" and t == 2 else float(a)
+
+    tally, lines = Tally(), []
+
+    class Noted(MemoryJournal):
+        async def record(self, step, value):  # type: ignore[no-untyped-def]
+            await super().record(step, value)
+            record = StepRecord(step.kind, "key", step.wave, step.phase, **tally.step(step, value))
+            if line := failure_line(f"{step.kind} {step.phase}.{step.wave}", record):
+                lines.append(line)
+
+    col, tasks = collector(reward, 4, ConstantCritic(0.5), max_steps=6)
+    asyncio.run(col.search(tasks, Noted()))
+    assert {line.split(":")[0] for line in lines} >= {"evidence 0.0", "wave 1.0"}, lines
+    cause = re.escape("env: Counter.step returned the reward nan, not a finite number within ±1e+60")
+    for line in lines:
+        assert re.fullmatch(
+            rf"\S+ \S+: \d+ of \d+ rollouts failed: {cause} \(x\d+\); last cause \(task 't1', step 2\): {cause}", line
+        ), line

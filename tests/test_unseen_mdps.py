@@ -139,7 +139,7 @@ def test_a_scoring_service_s_nan_is_refused_at_once_naming_the_state() -> None:
     with pytest.raises(
         CriticError,
         match=r"^critic HttpCritic returned a non-finite value nan at position \d+ "
-        r"\(checkpoint node \d+ at depth 2 of tree t1#1\)$",
+        r"\(checkpoint node \d+ at depth 2 of tree t1#1\)(\n|$)",  # a note may follow
     ):
         asyncio.run(col.collect(tasks))
     assert critic.stats()["retries"] == {}
@@ -149,6 +149,52 @@ def test_a_scoring_service_s_nan_is_refused_at_once_naming_the_state() -> None:
     ):
         asyncio.run(critic.predict([list(b"t0 s=0,0|"), list(b"t1 s=2,0|")]))
     assert len(sent) == calls + 1
+
+
+def test_a_scoring_service_s_null_or_short_answer_is_refused_at_once() -> None:
+    """A service answering null for the states at step 2 of task t1 (JavaScript's
+    ``JSON.stringify`` writes a NaN so), or one value too few for a request: both were
+    retried as malformed answers, 11 attempts over 9-14 s, and the null named a position
+    in one HTTP request. Now the null stops the collection at once naming the state, and
+    the short answer stops it at once naming the counts."""
+    import httpx
+    import pytest
+
+    from focus import HttpCritic
+    from focus.critic import CriticError
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        contexts = json.loads(request.content)
+        values: list[float | None] = []
+        for c in contexts:
+            text = bytes(i for i in c if i < 256).decode()
+            values.append(None if text.startswith("t1") and _state(c)[0] == 2 else 0.5)
+        return httpx.Response(200, content=json.dumps(values).encode())
+
+    critic = HttpCritic("http://critic.invalid/score", transport=httpx.MockTransport(handler))
+    col, tasks = collector(lambda task, t, x, a: float(a), 4, critic, max_steps=6)
+    with pytest.raises(
+        CriticError,
+        match=r"^critic HttpCritic returned a non-numeric value None at position \d+ "
+        r"\(checkpoint node \d+ at depth 2 of tree t1#1\)(\n|$)",  # a note may follow
+    ):
+        asyncio.run(col.collect(tasks))
+    assert critic.stats()["retries"] == {}
+    with pytest.raises(
+        CriticError, match=r"^critic at http://critic.invalid/score returned a non-numeric value None at position 1$"
+    ):
+        asyncio.run(critic.predict([list(b"t0 s=0,0|"), list(b"t1 s=2,0|")]))
+
+    def short(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"values": [0.5] * (len(json.loads(request.content)) - 1), "stds": None})
+
+    critic = HttpCritic("http://critic.invalid/score", transport=httpx.MockTransport(short))
+    col, tasks = collector(lambda task, t, x, a: float(a), 4, critic, max_steps=6)
+    with pytest.raises(
+        CriticError, match=r"^critic at http://critic.invalid/score returned \d+ values for \d+ contexts(\n|$)"
+    ):
+        asyncio.run(col.collect(tasks))
+    assert critic.stats()["retries"] == {}
 
 
 def test_an_env_that_fails_every_fresh_episode_alike_stops_unfinished_and_a_rerun_collects() -> None:
@@ -197,3 +243,51 @@ def test_an_env_that_fails_at_some_states_or_one_task_goes_on() -> None:
     )
     batch = asyncio.run(col.collect(tasks))
     assert batch.stats["failed_env"] > 0 and batch.actor
+
+
+def test_a_collection_without_a_journal_says_what_an_error_lost_and_how_to_keep_it() -> None:
+    """A critic that fails after the evidence's scores stops the collection. Without a
+    journal ``collect`` lost the steps it had finished and nothing said so; ``collect``
+    took no journal at all (``search`` did). Now the error's note counts the lost steps
+    and says to pass a journal; given one, a call again after the critic is mended
+    continues after its last recorded step and ends with a clean run's batch."""
+    import pytest
+
+    from focus.critic import CriticError, Prediction
+    from focus.journal import MemoryJournal
+
+    class Flaky(ConstantCritic):
+        row_wise = False  # one call per scoring step
+
+        def __init__(self) -> None:
+            super().__init__(0.5)
+            self.calls, self.broken = 0, True
+
+        async def predict_with_std(self, contexts: Sequence[Sequence[int]]) -> list[Prediction]:
+            self.calls += 1
+            if self.broken and self.calls > 1:
+                raise CriticError("the scoring service is down")
+            return await super().predict_with_std(contexts)
+
+    clean = asyncio.run(
+        collector(lambda task, t, x, a: float(a), 4, ConstantCritic(0.5), max_steps=6)[0].collect(
+            [Task("t0"), Task("t1")]
+        )
+    )
+    col, tasks = collector(lambda task, t, x, a: float(a), 4, Flaky(), max_steps=6)
+    with pytest.raises(CriticError) as lost:
+        asyncio.run(col.collect(tasks))
+    (note,) = lost.value.__notes__
+    assert note.startswith("Lost with this error: 3 finished steps of this collection"), note
+    assert "focus.journal.MemoryJournal()" in note and "collector.collect(tasks, journal)" in note, note
+
+    col, tasks = collector(lambda task, t, x, a: float(a), 4, Flaky(), max_steps=6)
+    journal = MemoryJournal()
+    with pytest.raises(CriticError) as stopped:
+        asyncio.run(col.collect(tasks, journal))
+    assert not getattr(stopped.value, "__notes__", None)  # kept: nothing to say
+    recorded = set(journal.steps)
+    col.critic.broken = False  # type: ignore[attr-defined]
+    batch = asyncio.run(col.collect(tasks, journal))
+    assert recorded < set(journal.steps)
+    assert batch.actor_table.equals(clean.actor_table) and batch.critic_table.equals(clean.critic_table)
