@@ -430,23 +430,67 @@ def resume_command(
     the default store (``./runs``) and with the default configuration when the run had
     ``--store`` or ``--tasks``: a new collection, not the resume it promised.
 
+    Its paths work from any folder (:func:`anywhere`): ``-c configs/x.toml --store st``
+    repeated as typed resumed only from the folder the run started in; pasted elsewhere
+    it stopped with ``cannot read config file`` or, worse, began a new collection in
+    another ``./st``. A local store given relative anywhere else (the default
+    ``./runs``, a config file's or ``FOCUS_STORAGE__ROOT``'s) is named as ``--store``
+    with its absolute path; URLs and absolute paths are left as they are, so the line
+    grows only where it has to.
+
     When ``cfg`` names code of the user's (an env, model or critic factory, a trainer)
     and the command ran with ``PYTHONPATH`` set, the line starts with that
-    ``PYTHONPATH=...``: the factory may be found only through it (``PYTHONPATH=examples/math
-    focus collect --set env.kind=factory ...``), and the line pasted into another shell
-    stopped with ``cannot import module``."""
+    ``PYTHONPATH=...`` (its entries absolute): the factory may be found only through it
+    (``PYTHONPATH=examples/math focus collect --set env.kind=factory ...``), and the
+    line pasted into another shell stopped with ``cannot import module``."""
     pythonpath = os.environ.get("PYTHONPATH")
-    prefix = f"PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath and cfg is not None and user_code(cfg) else ""
-    words = ["focus", command, *(["-c", str(config)] if config else [])]
+    if pythonpath and cfg is not None and user_code(cfg):
+        entries = os.pathsep.join(anywhere(p) if p else p for p in pythonpath.split(os.pathsep))
+        prefix = f"PYTHONPATH={shlex.quote(entries)} "
+    else:
+        prefix = ""
+    words = ["focus", command, *(["-c", anywhere(str(config))] if config else [])]
     words += [
         w
         for field, value in flags.items()
         if value is not None and field in FLAG_OF
-        for w in (FLAG_OF[field], str(value))
+        for w in (FLAG_OF[field], anywhere(str(value)) if field == "storage.root" else str(value))
     ]
     if flags.get("execution.kind") == "dask" and not flags.get("execution.address"):
         words.append("--dask")
     words += ["--transitions", str(transitions)] if transitions is not None else []
     # an id given as ``--set collection_id=...`` is said once, by the ``--collection-id`` below
-    words += [w for s in sets or [] if s.partition("=")[0].strip() != "collection_id" for w in ("--set", s)]
+    kept = [_set_anywhere(s) for s in sets or [] if s.partition("=")[0].strip() != "collection_id"]
+    words += [w for s in kept for w in ("--set", s)]
+    named = flags.get("storage.root") is not None or any(s.partition("=")[0].strip() == "storage.root" for s in kept)
+    typed = _store_typed(config) if cfg is not None and not named else None
+    if typed is not None and "://" not in typed and not os.path.isabs(typed):
+        words += ["--store", anywhere(typed)]
     return prefix + shlex.join([*words, "--collection-id", cid])
+
+
+def anywhere(path: str) -> str:
+    """``path`` as a resume line names it so that it works from any folder: a local
+    path absolute (``~`` expanded), a URL (``s3://...``, ``file://...``) as it is."""
+    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
+def _set_anywhere(item: str) -> str:
+    """A ``--set`` as the resume line repeats it: ``storage.root`` with a local path
+    made absolute (:func:`anywhere`), any other as typed."""
+    key, _, value = item.partition("=")
+    root = set_value(item, value) if key.strip() == "storage.root" else None
+    return f"storage.root={anywhere(root)}" if isinstance(root, str) else item
+
+
+def _store_typed(config: Path | None) -> str:
+    """The storage root as the config file and ``FOCUS_*`` variables give it, before
+    it is made absolute (``runs``, the default, when neither does): relative, it named
+    a folder under the one the command ran in."""
+    from tasks.config.sources import env_layers, file_layers
+
+    data: dict[str, Any] = {}
+    for layer in file_layers(config) + env_layers(os.environ)[0]:
+        data = layer.apply(data)
+    root = (data.get("storage") or {}).get("root")
+    return root if isinstance(root, str) else DEFAULTS.storage.root

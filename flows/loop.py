@@ -446,7 +446,12 @@ async def run_loop(
     check(config)
     async with held_lease(config.storage.root, config.collection_id or "train"), steps.leased(config):
         settings = await asyncio.to_thread(settle, config, allow_change=allow_config_change)
-        records = await _run_loop(config, steps, progress, settings)
+        try:
+            records = await _run_loop(config, steps, progress, settings)
+        except BaseException:
+            if progress is not None:
+                progress.release()  # the reused steps' lines (the log file) and their one line, before the error's
+            raise
         await asyncio.to_thread(settings.record, config)  # a loop made before loops recorded their settings
         return records
 
@@ -485,7 +490,7 @@ async def _run_loop(
             needs = not await asyncio.to_thread(_collection_finished, coll_cfg)
             if needs:
                 coll_cfg = await model.ready(coll_cfg, latest["weights"])
-            show.stage(i, "collect", coll_cfg.collection_id or "")
+            show.stage(i, "collect", coll_cfg.collection_id or "", recorded=not needs)
             out = await steps.collect(coll_cfg, needs)
             recorded = await asyncio.to_thread(_train_recorded, config, base, i)
             if _user_trainer(config) and not recorded:

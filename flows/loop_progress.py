@@ -110,6 +110,33 @@ def log_due(last: float, now: float, every_s: float) -> bool:
     return now - last >= every_s
 
 
+def recorded_span(held: list[tuple[int, str, str]]) -> str:
+    """What held lines (:meth:`LoopProgress.hold`: unit, what, line) tell of, in a few
+    words (pure): ``iterations 0-1 and the evaluations of versions 0-2``; an iteration
+    only partly reused is named by its parts (``iteration 2's collection``)."""
+    units: dict[int, set[str]] = {}
+    for unit, what, _ in held:
+        units.setdefault(unit, set()).add(what)
+    whole = [u for u, w in units.items() if {"collection", "training"} <= w]
+    evaluated = [u for u, w in units.items() if "evaluation" in w]
+    parts = [_numbers("iteration", whole)] if whole else []
+    if evaluated:
+        parts.append(f"the evaluation{'s' if len(evaluated) > 1 else ''} of {_numbers('version', evaluated)}")
+    for u, w in units.items():
+        parts += [f"iteration {u}'s {what}" for what in ("collection", "training") if what in w and u not in whole]
+    parts = parts or [_numbers("iteration", list(units))]
+    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
+
+
+def _numbers(name: str, nums: list[int]) -> str:
+    """``iteration 3``, ``iterations 0-2``, ``iterations 0, 2`` (pure)."""
+    nums = sorted(nums)
+    if len(nums) == 1:
+        return f"{name} {nums[0]}"
+    run = nums == list(range(nums[0], nums[-1] + 1))
+    return f"{name}s {nums[0]}-{nums[-1]}" if run else f"{name}s {', '.join(map(str, nums))}"
+
+
 def success_points(records: list[dict[str, Any]]) -> list[tuple[int, float]]:
     """(version, held-out success) of every evaluated version (pure)."""
     return [(r["iteration"], float(r["eval"]["success_rate"])) for r in records if r.get("eval")]
@@ -170,8 +197,49 @@ class LoopProgress:
         self.metrics: str | None = None
         #: Off a terminal, a long stage logs how far it is this often (seconds).
         self.log_every_s = log_every_s
+        #: The lines of steps reused from the records, held back (:meth:`release`):
+        #: (unit, what, line); a unit is an iteration, or the version evaluated at its start.
+        self._held: list[tuple[int, str, str]] = []
+        self._ran = False  # a step's line was said: the loop did work
+        self._reused_training: set[int] = set()
 
-    def say(self, line: str) -> None:
+    def say(self, line: str, unit: int | None = None) -> None:
+        """Show ``line`` (on the terminal, else as a log line the console shows).
+        ``unit``: the iteration whose step it tells of; the lines held back for earlier
+        ones are summed up first (:meth:`release`), those of ``unit`` said as they are."""
+        if unit is not None:
+            self._ran = True
+            self.release(before=unit)
+        self._show(line)
+
+    def hold(self, unit: int, what: str, line: str) -> None:
+        """A step reused from the records (``what``: ``collection``, ``training``,
+        ``evaluation``; ``publish``): its line is held back. A rerun of a finished loop
+        said four such lines per iteration (collect, trained ... (recorded), publish,
+        held-out success ... (recorded)), by default, for work it did not do; they go to
+        the log file (the console with ``-v``) and the console shows one line for them."""
+        self._held.append((unit, what, line))
+
+    def release(self, before: int | None = None) -> None:
+        """Say the held lines: those of units before ``before`` (all when ``None``)
+        to the log file only, and one line for them on the console (a loop that did
+        nothing else: ``train loop <id>: finished ...``); then those of ``before``
+        itself (the reused steps of the iteration now running) as they are."""
+        older = [h for h in self._held if before is None or h[0] < before]
+        same = [h for h in self._held if h[0] == before]
+        self._held = [h for h in self._held if before is not None and h[0] > before]
+        for _, _, line in older:
+            self.lines.append(line)
+            if self.enabled:
+                self.log.info(line)  # the log file (and the console with -v), not a quiet console
+        if older and before is None and not self._ran:
+            self._show(f"train loop {self.base}: finished, nothing to do: {recorded_span(older)} recorded")
+        elif older:
+            self._show(f"{recorded_span(older)}: recorded, reused")
+        for _, _, line in same:
+            self._show(line)
+
+    def _show(self, line: str) -> None:
         self.lines.append(line)
         if self.interactive:
             self.console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -180,8 +248,13 @@ class LoopProgress:
 
             self.log.info(line, extra=console_extra())
 
-    def stage(self, i: int, what: str, detail: str = "") -> None:
-        self.say(f"iteration {i}: {what}{' ' + detail if detail else ''}")
+    def stage(self, i: int, what: str, detail: str = "", *, recorded: bool = False) -> None:
+        """A stage of iteration ``i`` begins (``recorded``: its result is reused, held back)."""
+        line = f"iteration {i}: {what}{' ' + detail if detail else ''}"
+        if recorded:
+            self.hold(i, "collection", line)
+        else:
+            self.say(line, i)
 
     @contextlib.contextmanager
     def live(self, label: str, unit: str) -> Iterator[Callable[..., None]]:
@@ -231,7 +304,8 @@ class LoopProgress:
                 update(step, total, note)
                 if self.enabled and not self.interactive and log_due(last[0], time.monotonic(), self.log_every_s):
                     last[0] = time.monotonic()
-                    self.say(f"iteration {i}: train {stage_count(step, total, 'steps')}{', ' + note if note else ''}")
+                    count = stage_count(step, total, "steps")
+                    self.say(f"iteration {i}: train {count}{', ' + note if note else ''}", i)
 
             yield report
 
@@ -245,12 +319,20 @@ class LoopProgress:
         for key, name in (("train_final_kl", "kl"), ("train_clip_fraction", "clip"), ("train_grad_norm", "grad norm")):
             shown = m.get(key) is not None and (key != "train_grad_norm" or m[key] > 0)  # 0: a one-step rule
             what += f", {name} {m[key]:.3g}" if shown else ""
-        how = "recorded" if trained.get("reused") else f"{trained.get('wall_s', 0.0):.1f} s"
-        self.say(f"iteration {i}: trained{what} ({how})")
+        if trained.get("reused"):
+            self._reused_training.add(i)
+            self.hold(i, "training", f"iteration {i}: trained{what} (recorded)")
+        else:
+            self.say(f"iteration {i}: trained{what} ({trained.get('wall_s', 0.0):.1f} s)", i)
 
     def published(self, i: int, latest: dict[str, Any], *, loaded: bool) -> None:
         where = ", loaded by the model server" if loaded else ""
-        self.say(f"iteration {i}: publish version {i + 1} ({latest['policy_version']}){where}")
+        line = f"iteration {i}: publish version {i + 1} ({latest['policy_version']}){where}"
+        # the weights of a recorded training, not loaded anywhere: nothing was done
+        if i in self._reused_training and not loaded:
+            self.hold(i, "publish", line)
+        else:
+            self.say(line, i)
 
     @contextlib.contextmanager
     def evaluating(self, version: int, tasks: int) -> Iterator[Callable[[int, int], None]]:
@@ -260,8 +342,11 @@ class LoopProgress:
     def evaluated(self, version: int, result: dict[str, Any]) -> None:
         self.evaluations[version] = result
         self._fresh = self._fresh or not result.get("reused")
-        how = " (recorded)" if result.get("reused") else ""
-        self.say(f"version {version}: held-out success {result['success_rate']:.3f}{how}")
+        line = f"version {version}: held-out success {result['success_rate']:.3f}"
+        if result.get("reused"):
+            self.hold(version, "evaluation", line + " (recorded)")
+        else:
+            self.say(line, version)
 
     def row(self, record: dict[str, Any]) -> None:
         """One row of the table of versions, once the version's record is complete; the
@@ -295,6 +380,7 @@ class LoopProgress:
         """The picture, drawn again if an evaluation was made or it is missing."""
         from storage.weights import WeightStore
 
+        self.release()
         for r in records:
             self.records[r["iteration"]] = r
         store = WeightStore(self.config.storage.root)

@@ -10,7 +10,8 @@ rollouts finish, then its step's; of a continuation phase its first wave's, one 
 time another tenth of its budget is spent (:data:`LOG_STEPS`), one at least every
 :data:`LOG_EVERY_S` seconds while waves land, and every wave's once the budget is spent.
 A line per wave was 4,137 lines for 100k transitions over 2,000 tasks at the default
-wave size. Rollouts reach the evidence bar only from an execution that runs them in
+wave size. The batch's preparation and write after the last phase, over a second,
+says so in one line (:meth:`CollectionProgress.exporting`). Rollouts reach the evidence bar only from an execution that runs them in
 this process (:meth:`focus.execution.Execution.observe_rollouts`); on Dask the bar fills
 when the evidence step ends.
 Whether the output is a terminal is rich's own decision (a TTY, ``FORCE_COLOR``/
@@ -28,7 +29,9 @@ its budget (rollouts already running finish), and then shows more than its total
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +53,8 @@ _CONSOLE: Any = None
 LOG_STEPS = 10
 #: ... or this many seconds after its last line, whichever comes first.
 LOG_EVERY_S = 60.0
+#: A batch's preparation and write that lasts longer than this says so in one line.
+EXPORT_LINE_AFTER_S = 1.0
 
 
 def console() -> Console:
@@ -164,6 +169,7 @@ class CollectionProgress:
         enabled: bool = True,
         log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
         console: Console | None = None,
+        timer: Callable[[float, Callable[[], None]], Any] = threading.Timer,
     ) -> None:
         self.config = config
         self.enabled = enabled
@@ -183,6 +189,9 @@ class CollectionProgress:
         #: Every line computed, in order, whether the bar showed it or the log took it
         #: (what a caller or a test can read back; an evidence rollout's line is returned, not kept).
         self.lines: list[str] = []
+        #: Makes the timer of :meth:`exporting` (``threading.Timer``'s signature; a test's fake clock).
+        self.timer = timer
+        self._export_timer: Any = None
 
     @property
     def interactive(self) -> bool:
@@ -214,6 +223,7 @@ class CollectionProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._exported()
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
@@ -229,10 +239,42 @@ class CollectionProgress:
             self.evidence_done(record)
         elif record.kind == "wave":
             self.wave_done(record)
+        elif record.kind == "export":
+            self._exported()
         elif record.kind in ("evidence_scores", "phase_end"):
             nxt = record.phase_index + 1
             if nxt < len(phases):
                 self.start_phase(nxt, phases[nxt])
+            else:  # the last phase ended: the batch is prepared and written next
+                self.exporting()
+
+    def exporting(self) -> None:
+        """The search is done (its last phase's end recorded), and the batch is prepared
+        and written: nothing showed for those seconds (2 s at 100k transitions, the last
+        wave's line the last word); one that lasts over :data:`EXPORT_LINE_AFTER_S` now
+        says so in one line, a short one says nothing. It ends with the ``export`` step's
+        record (:meth:`step`) or the progress's end."""
+        if not self.enabled:
+            return
+        self._exported()
+        timer = self._export_timer = self.timer(EXPORT_LINE_AFTER_S, lambda: self._export_slow(timer))
+        timer.daemon = True
+        timer.start()
+
+    def _export_slow(self, timer: Any) -> None:
+        if self._export_timer is not timer:  # the export ended (or another began) first
+            return
+        line = "the search is done: preparing and writing the batch"
+        self.lines.append(line)
+        if self._progress is not None:
+            self._progress.console.print(line, markup=False, highlight=False)
+        elif self.log is not None:
+            self.log.info(line, extra=console_extra())
+
+    def _exported(self) -> None:
+        timer, self._export_timer = self._export_timer, None
+        if timer is not None:
+            timer.cancel()
 
     def start_phase(self, index: int, phase: Phase) -> None:
         self._evidence = None

@@ -12,13 +12,20 @@ these two signals; :func:`tracker_ignores_hangup` starts the resource tracker th
 workers share so that it ignores SIGHUP as it ignores SIGINT and SIGTERM (killed by
 it, it was started again without the workers' records, and printed a traceback for
 each).
+
+A worker's warnings (a model service that does not answer, a server that ignores seeds)
+went to Python's last-resort handler: the bare message on standard error, where the
+same warning of an in-process run says ``warning: ...``, and not in the log file.
+:func:`warnings_as_the_command_says_them` makes them the command's lines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +37,43 @@ def dask_setup(worker: Any) -> None:
             signal.signal(s, signal.SIG_IGN)
         except ValueError:  # not the main thread of its process: not a worker process of its own
             return
+    warnings_as_the_command_says_them()
+
+
+#: The variable the command sets (``flows.logs.dask_workers_log_to``) when its console is
+#: quiet: its workers' Dask records go to this log file.
+LOG_FILE_VARIABLE = "DASK_LOGGING__HANDLERS__FILE__FILENAME"
+
+
+class _Prefixed(logging.Formatter):
+    """``warning: <message>``, as the command's quiet console writes a warning."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
+def warnings_as_the_command_says_them(
+    stream: Any = None, environ: dict[str, str] | os._Environ[str] | None = None
+) -> None:
+    """A worker process's warnings and errors on standard error (``stream``) as the
+    command writes its own: ``warning: <message>``. With the command's log file
+    (:data:`LOG_FILE_VARIABLE`: the console is quiet) they go to the file too, and the
+    console shows only those marked for it (``focus_console``), as in-process. A root
+    logger with handlers (the user's logging configuration) is left alone."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    env = os.environ if environ is None else environ
+    log_file = env.get(LOG_FILE_VARIABLE)
+    console = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    console.setFormatter(_Prefixed())
+    if log_file:
+        console.addFilter(lambda record: bool(getattr(record, "focus_console", False)))
+        to_file = logging.FileHandler(log_file, encoding="utf-8", errors="surrogateescape", delay=True)
+        form, date = (env.get(f"DASK_LOGGING__FORMATTERS__FOCUS__{k}") for k in ("FORMAT", "DATEFMT"))
+        to_file.setFormatter(logging.Formatter(form, date))
+        root.addHandler(to_file)
+    root.addHandler(console)
 
 
 def tracker_ignores_hangup(stderr: str | os.PathLike[str] | None = None) -> None:

@@ -456,24 +456,71 @@ def test_the_resume_line_names_the_pythonpath_a_factory_was_found_through(monkey
 
     sets = ["env.kind=factory", "env.factory=env:env_factory"]
     factory = load_config(overrides={"env.kind": "factory", "env.factory": "env:env_factory"}, environ={})
-    monkeypatch.setenv("PYTHONPATH", "examples/math:/opt/my envs")
-    line = resume_command("collect", None, {"seed": 3}, sets, None, "c1", factory)
+    monkeypatch.setenv("PYTHONPATH", "/srv/math:/opt/my envs")
+    store = {"storage.root": "/data/st"}
+    line = resume_command("collect", None, {"seed": 3, **store}, sets, None, "c1", factory)
     assert line == (
-        "PYTHONPATH='examples/math:/opt/my envs' focus collect --seed 3 "
+        "PYTHONPATH='/srv/math:/opt/my envs' focus collect --seed 3 --store /data/st "
         "--set env.kind=factory --set env.factory=env:env_factory --collection-id c1"
     )
-    assert shlex.split(line)[0] == "PYTHONPATH=examples/math:/opt/my envs"  # one assignment word
+    assert shlex.split(line)[0] == "PYTHONPATH=/srv/math:/opt/my envs"  # one assignment word
     trainer = load_config(overrides={"train.trainer": "mytrainers:train"}, environ={})
-    assert resume_command("train", None, {}, None, None, "L", trainer).startswith("PYTHONPATH=")
+    assert resume_command("train", None, store, None, None, "L", trainer).startswith("PYTHONPATH=")
     toy = load_config(overrides={}, environ={})
-    assert resume_command("collect", None, {}, None, None, "c1", toy) == "focus collect --collection-id c1"
+    assert resume_command("collect", None, store, None, None, "c1", toy) == "focus collect --store /data/st --collection-id c1"
     monkeypatch.delenv("PYTHONPATH")
     assert resume_command("collect", None, {}, sets, None, "c1", factory).startswith("focus collect ")
     # an id given as --set is said once, as --collection-id (it was said both ways)
-    named = ["collection_id=c1", "seed=4", "collection_id = c1"]
+    named = ["collection_id=c1", "seed=4", "collection_id = c1", "storage.root=s3://b/p"]
     assert (
-        resume_command("collect", None, {}, named, None, "c1", toy) == "focus collect --set seed=4 --collection-id c1"
+        resume_command("collect", None, {}, named, None, "c1", toy)
+        == "focus collect --set seed=4 --set storage.root=s3://b/p --collection-id c1"
     )
+
+
+def test_the_resume_line_works_from_any_folder(tmp_path, monkeypatch):
+    """`focus collect -c configs/x.toml --store st` printed its `rerun or resume` line
+    with the paths as typed: pasted in another folder it could not read the config file,
+    or began a new collection in that folder's `./st` (`./runs` for the default store).
+    Local paths are absolute now (the store named as `--store` where it came relative
+    from the default, the file or a variable); URLs are kept as they are."""
+    import shlex
+
+    from cli.common import resume_command
+    from tasks.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "x.toml").write_text('[storage]\nroot = "from file"\n')
+    monkeypatch.delenv("FOCUS_STORAGE__ROOT", raising=False)
+    toy = load_config(overrides={}, environ={})
+
+    def words(config: Path | None, flags: dict, sets: list[str] | None = None) -> list[str]:
+        return shlex.split(resume_command("collect", config, flags, sets, None, "c1", toy))
+
+    here = os.getcwd()  # tmp_path with its links resolved, as abspath gives it
+    assert words(Path("configs/x.toml"), {"storage.root": "st"}) == [
+        "focus", "collect", "-c", f"{here}/configs/x.toml", "--store", f"{here}/st", "--collection-id", "c1",
+    ]  # fmt: skip
+    # a store as --set, made absolute; a URL and an absolute path as typed
+    assert words(None, {}, ["storage.root=my st", "seed=2"])[2:6] == ["--set", f"storage.root={here}/my st", "--set", "seed=2"]
+    assert words(None, {"storage.root": "s3://b/p"})[2:4] == ["--store", "s3://b/p"]
+    assert words(None, {"storage.root": "/abs/st"})[2:4] == ["--store", "/abs/st"]
+    # a store the command did not name, relative: the default, the config file's, a variable's
+    assert words(None, {}) == ["focus", "collect", "--store", f"{here}/runs", "--collection-id", "c1"]
+    assert words(Path("configs/x.toml"), {})[4:6] == ["--store", f"{here}/from file"]
+    monkeypatch.setenv("FOCUS_STORAGE__ROOT", "v")
+    assert words(None, {})[2:4] == ["--store", f"{here}/v"]
+    # ... absolute or a URL already: the line stays short
+    monkeypatch.setenv("FOCUS_STORAGE__ROOT", "memory://b/p")
+    assert words(None, {}) == ["focus", "collect", "--collection-id", "c1"]
+    monkeypatch.setenv("FOCUS_STORAGE__ROOT", "/abs/st")
+    assert words(None, {}) == ["focus", "collect", "--collection-id", "c1"]
+    # a factory found through a relative PYTHONPATH entry is found from anywhere too
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["examples/math", "/opt/x"]))
+    factory = load_config(overrides={"env.kind": "factory", "env.factory": "env:env_factory"}, environ={})
+    line = resume_command("collect", None, {}, None, None, "c1", factory)
+    assert shlex.split(line)[0] == f"PYTHONPATH={here}/examples/math{os.pathsep}/opt/x", line
 
 
 def test_stop_from_another_thread_ends_the_run_with_its_error():

@@ -230,9 +230,11 @@ def test_the_trained_line_shows_kl_clip_and_grad_norm(tmp_path):
     metrics = {"train_steps": 6.0, "train_loss": 0.2322, "train_final_kl": 0.02276, "train_clip_fraction": 0.14}
     show.trained(0, {"metrics": {**metrics, "train_grad_norm": 1.134}, "wall_s": 4.41})
     show.trained(1, {"metrics": {**metrics, "train_grad_norm": 0.0}, "reused": True})  # a one-step rule: no norm
+    show.release()  # a reused step's line is held back until then (tests/test_loop_lines.py)
     assert show.lines == [
         "iteration 0: trained 6 steps, loss 0.2322, kl 0.0228, clip 0.14, grad norm 1.13 (4.4 s)",
         "iteration 1: trained 6 steps, loss 0.2322, kl 0.0228, clip 0.14 (recorded)",
+        "iteration 1's training: recorded, reused",
     ]
 
 

@@ -221,7 +221,9 @@ def test_focus_train_on_a_terminal_shows_each_stage_rows_and_a_picture(tmp_path)
     rerun_s = time.perf_counter() - t0
     again = strip_ansi(raw.decode("utf-8", errors="replace"))
     assert code == 0, again[-3000:]
-    assert "starting the model server" not in again and "(recorded)" in again
+    assert "starting the model server" not in again and "(recorded)" not in again
+    # one line for the reused steps (it said four per iteration, tests/test_loop_lines.py)
+    assert "train loop w: finished, nothing to do: iterations 0-1 and the evaluations of versions 0-2 recorded" in again
     assert {int(m[0]): m[1:3] for m in ROW.findall(again)} == {v: m[1:3] for v, m in rows.items()}
     print(f"finished loop reran in {rerun_s:.2f} s")
 
