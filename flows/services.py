@@ -136,19 +136,16 @@ class Services:
         cfg = self.config
         if cfg.execution.kind == "dask" and cfg.execution.address is None:
             from focus.dask_execution import DaskExecution
-            from focus.dask_preload import stderr_to, tracker_ignores_hangup
 
             ex = cfg.execution
             if ex.processes:  # the resource tracker the workers share writes to the log file, not below our line
+                from focus.dask_preload import tracker_ignores_hangup
+
                 tracker_ignores_hangup(self.log_file)
             self.cluster = DaskExecution(
                 n_workers=ex.n_workers, threads_per_worker=ex.threads_per_worker, processes=ex.processes
             )
-            # the worker processes write what they print to the log file as well: a worker
-            # spawned as a signal stopped the command found its parent gone before it sent
-            # the worker its start, and printed a 20-line EOFError traceback below our line
-            with stderr_to(self.log_file if ex.processes else None):
-                self.cluster.client()
+            self.cluster.client()
             self.ready_at["Dask cluster"] = time.perf_counter() - self._t0
         if self.prefect_server is not None:
             self.prefect_server.wait()

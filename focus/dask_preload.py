@@ -91,17 +91,16 @@ def tracker_ignores_hangup(stderr: str | os.PathLike[str] | None = None) -> None
         return  # signal handlers are the main thread's to set; the tracker starts as it would
     old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        with stderr_to(stderr):  # the tracker inherits descriptor 2 as it is at its start
+        with _stderr_to(stderr):  # the tracker inherits descriptor 2 as it is at its start
             resource_tracker.ensure_running()
     finally:
         signal.signal(signal.SIGHUP, old)
 
 
 @contextlib.contextmanager
-def stderr_to(path: str | os.PathLike[str] | None) -> Iterator[None]:
-    """Descriptor 2 goes to ``path`` (appended) for the block, and to it for good in the
-    processes started meanwhile (they inherit it); nothing if ``None`` or it cannot be
-    opened."""
+def _stderr_to(path: str | os.PathLike[str] | None) -> Iterator[None]:
+    """Descriptor 2 goes to ``path`` (appended) for the block; nothing if ``None`` or it
+    cannot be opened."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600) if path is not None else None
     except OSError:
