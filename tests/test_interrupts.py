@@ -546,6 +546,13 @@ def test_ctrl_c_while_waiting_for_another_hosts_lease_stops_at_once(tmp_path):
     assert json.loads(lease.read_text(encoding="utf-8")) == theirs  # not taken, not released
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _children(pid: int, mark: str) -> list[int]:
     """Processes whose parent is ``pid`` and whose command line holds ``mark``."""
     out = []
@@ -576,9 +583,17 @@ def test_a_signal_while_the_dask_cluster_starts_leaves_one_line(tmp_path):
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while not _children(proc.pid, "spawn_main") and proc.poll() is None:  # a worker is starting
+        while not (workers := _children(proc.pid, "spawn_main")) and proc.poll() is None:  # a worker is starting
             assert time.monotonic() < deadline, "no Dask worker process started"
             time.sleep(0.01)
+        # once it has read its start from the pipe (it closes the pipe then): a signal
+        # before that ends the command before it has written the start, and the worker
+        # prints Python's own "EOFError: Ran out of input" traceback before any code of
+        # ours runs in it (seen once on a loaded machine; a window of microseconds)
+        for w in workers:
+            pipe = re.search(r"pipe_handle=(\d+)", _cmdline(w))
+            while pipe and os.path.exists(f"/proc/{w}/fd/{pipe.group(1)}") and time.monotonic() < deadline:
+                time.sleep(0.005)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)  # the tracker holds the pipes until it has written
     finally:
