@@ -443,7 +443,8 @@ def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weigh
         code, shown = in_terminal(args, prefect_env, when, [b"\x03"], argv=argv, cwd=user)
         assert code == 130, shown[-3000:]
         line = one_line(shown)
-        assert line.startswith("interrupted (SIGINT)") and line.endswith("focus train -c loop.toml --collection-id r")
+        resume = f"focus train -c {shlex.quote(str(user / 'loop.toml'))} --collection-id r"  # works from any folder
+        assert line.startswith("interrupted (SIGINT)") and line.endswith(resume), line
     assert not CheckpointStore(str(root)).exists("r", "train", 0)  # the interrupted training was not recorded
     done = subprocess.run(
         [*argv, *args, "--set", "train.options.pause_s=0"], cwd=user, env=prefect_env,
