@@ -10,6 +10,7 @@ server loading its weights), or a fleet with one replica there, goes on.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -115,3 +116,52 @@ def test_a_dask_address_that_cannot_be_used_is_its_own_line_not_a_bug():
         answers(f"tcp://127.0.0.1:{free_port()}", 0.5, "a test's timeout")
     assert one_line(e.value).startswith("cannot reach the Dask scheduler at 'tcp://127.0.0.1:"), one_line(e.value)
     assert explained(e.value)
+
+
+@pytest.mark.integration
+def test_a_server_whose_certificate_this_check_does_not_trust_is_there(tmp_path):
+    """A TLS server on the port (here self-signed; in use, one behind a private CA that the
+    system's store holds and certifi's does not) took a connection: whether its
+    certificate is trusted is the model client's to say. The check read the failed
+    handshake as no connection and refused the URL after 5 s."""
+    import datetime
+    import ssl
+    import threading
+
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    accepted: list[int] = []
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        listening.settimeout(10)
+
+        def serve() -> None:
+            with contextlib.suppress(OSError):
+                conn, _ = listening.accept()
+                accepted.append(1)
+                with contextlib.suppress(OSError), context.wrap_socket(conn, server_side=True):
+                    pass  # the client refuses the certificate during the handshake
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        assert first_contact([f"https://127.0.0.1:{listening.getsockname()[1]}"], grace_s=0.6) is None
+        thread.join(10)
+    assert accepted == [1]

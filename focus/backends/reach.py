@@ -6,9 +6,9 @@ this run is another matter: a typo, the wrong port or host, a server never start
 got the same wait: ``focus collect --model-url http://127.0.0.1:<closed port>`` stopped
 after 300 s. So the ``focus`` command asks each URL first (:func:`first_contact`): a
 connection that cannot be made within a few seconds (refused, the host unknown, no
-route, a certificate refused) is one line naming the URL, before anything starts. A
-server that accepts the connection is there, whatever it answers (any status, or no
-answer yet: vLLM takes connections while it loads its weights), and from then on an
+route) is one line naming the URL, before anything starts. A server that accepts the
+connection is there, whatever it answers (any status, a TLS handshake this check's trust
+store refuses, or no answer yet: vLLM takes connections while it loads its weights), and from then on an
 outage is waited for as before. A Dask scheduler address is asked the same way
 (:func:`scheduler_contact`): Dask retried a refused port for its whole connect timeout.
 """
@@ -39,13 +39,33 @@ def _unknown_host(error: BaseException) -> bool:
     return False
 
 
+def _tls_refused(error: BaseException) -> bool:
+    """Whether ``error`` (or what it was raised from) is the TLS handshake's: a server
+    answered on the port."""
+    import ssl
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _connects(url: str) -> BaseException | None:
-    """``None`` if a connection to ``url`` was made (whatever came back), else why not."""
+    """``None`` if a connection to ``url`` was made (whatever came back), else why not.
+
+    A TLS handshake that fails is a connection made: whether the server's certificate is
+    trusted is the model client's to say, with its own trust store (the system's), where
+    this check's httpx reads certifi's; a server behind a private CA was refused here
+    after 5 s as "no connection"."""
     import httpx
 
     try:
         httpx.get(url, timeout=httpx.Timeout(CONNECT_S), trust_env=False)  # as the clients: no proxy
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as e:
+        if _tls_refused(e):
+            return None
         return e
     except httpx.HTTPError:
         return None  # connected: no answer yet (a server still loading), a protocol error
