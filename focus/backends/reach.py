@@ -16,6 +16,7 @@ outage is waited for as before. A Dask scheduler address is asked the same way
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 from collections.abc import Callable, Sequence
 
@@ -28,28 +29,25 @@ RETRY_S = 0.5
 CONNECT_S = 3.0
 
 
-def _unknown_host(error: BaseException) -> bool:
-    """Whether ``error`` (or what it was raised from) is a failed name lookup: the host
-    does not exist, which no retry changes."""
+def _raised_from(error: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``error``, or an error it was raised from, is a ``kind``."""
     seen: BaseException | None = error
     while seen is not None:
-        if isinstance(seen, socket.gaierror):
+        if isinstance(seen, kind):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _unknown_host(error: BaseException) -> bool:
+    """Whether ``error`` is a failed name lookup: the host does not exist, which no
+    retry changes."""
+    return _raised_from(error, socket.gaierror)
 
 
 def _tls_refused(error: BaseException) -> bool:
-    """Whether ``error`` (or what it was raised from) is the TLS handshake's: a server
-    answered on the port."""
-    import ssl
-
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, ssl.SSLError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    """Whether ``error`` is the TLS handshake's: a server answered on the port."""
+    return _raised_from(error, ssl.SSLError)
 
 
 def _connects(url: str) -> BaseException | None:
