@@ -16,6 +16,7 @@ from focus.noise import NoiseModel, Truncation, leaf_value, noise_model
 from focus.segments import Segment, segment
 from focus.sums import left_sum
 from focus.tree import Node, Tree
+from focus.weighting import checkpoint_critic_error
 from focus.weighting import critic_weight as critic_weight  # re-exported: moved there
 
 
@@ -232,9 +233,14 @@ def _backed_up_terms(
         lam = kappa / (kappa + m) if kappa > 0 else 0.0
         # (the arithmetic of the fixed-κ formula as it always was: same bits)
         value = q_bar if kappa <= 0 else (kappa * v_hat + m * left_sum(qs) / m) / (kappa + m)
-    else:
-        lam = critic_weight(signal / (m * m), var_q, t, influence / m) if noise.known else 0.0
+    elif noise.known:
+        # the depth's t, unless this checkpoint's own miss says the critic is wrong here
+        t = checkpoint_critic_error(v_hat, qs, q_bar, var_q, t)
+        lam = critic_weight(signal / (m * m), var_q, t, influence / m)
         value = q_bar if lam <= 0.0 else lam * v_hat + (1.0 - lam) * q_bar
+    else:
+        lam = 0.0
+        value = q_bar
     error = (lam * lam * t if lam > 0 else 0.0) + (1.0 - lam) ** 2 * var_q
     return (value, lam, error, q_bar, tuple(qs), signal, rest, plain / (m * m))
 

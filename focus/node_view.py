@@ -17,6 +17,7 @@ from focus.estimation import NoiseModel, Segment, TreeValues, segment, value_inf
 from focus.priority import NodeEvidence, make_evidence
 from focus.sums import left_sum
 from focus.tree import Node, Tree
+from focus.weighting import checkpoint_critic_error
 
 
 def node_evidence(
@@ -104,14 +105,12 @@ def node_view(
     """The evidence view of one checkpoint. It reads the node, its children's values
     and errors, and its parent's weight, count and valid child tokens: nothing else,
     so after a graft only the changed nodes and their children need a new view.
-
     Influence of V(n) on the advantages above it (tokens relative to the calibration's
     mean segment, times the squared derivative of the advantage with respect to V(n)):
     V(n) moves V(p) by ``c = (1−λ_p)·γ^k/m_p``, so the parent segment counts
     ``(γ^k − c)²`` (0 for an only child backed up with λ_p = 0: the change cancels) and
-    each sibling segment ``c²``. Ancestors further up are left out (their share is at
-    most that factor squared again).
-    """
+    each sibling segment ``c²``; ancestors further up are left out (their share is at
+    most that factor squared again)."""
     i = node.id
     depth = node.depth
     mu = calibration.mean_tokens or 1.0
@@ -131,10 +130,12 @@ def node_view(
         sig, rest, plain = sig / n, rest / n, plain / n
     else:
         sig, rest, plain = action, fresh, fresh_target
+    qs = values.child_q.get(i, ())
+    if qs:
+        critic = _critic_here(node, qs, values.q_bar.get(i), (sig + rest) / n, noise, critic)
     shared = 0.0  # shared_error's early answer, then the call where it has no early answer
     if not (noise.shared <= 0 or calibration.bootstrapped <= 0):
         shared, rest = shared_error(calibration, depth, length, rest)
-    qs = values.child_q.get(i, ())
     if qs:  # without children's values the factor is 1 (_spread_factor), and 1.0 * x is x
         rho = _spread_factor(node, qs, sig + rest, noise, critic)
         sig, rest = rho * sig, rho * rest
@@ -232,6 +233,17 @@ def shared_error(calibration: Calibration, depth: int, length: float, rest: floa
     t = noise.critic_error_at(depth + k)
     shared = noise.shared * calibration.bootstrapped * calibration.gamma ** (2 * k) * t
     return shared, max(rest - shared, (1.0 - noise.shared) * rest)
+
+
+def _critic_here(
+    node: Node, qs: Sequence[float], q_bar: float | None, var_q: float, noise: NoiseModel, critic: float
+) -> float:
+    """The critic's error variance at this checkpoint: the depth's ``critic``, unless its
+    own miss says the critic is wrong here (:func:`focus.weighting.checkpoint_critic_error`;
+    an only child too, so that a second child comes and the estimator's test reads it)."""
+    if q_bar is None or node.value is None or not noise.known or not math.isfinite(critic):
+        return critic
+    return checkpoint_critic_error(node.value, qs, q_bar, var_q, critic, only_child=True)
 
 
 def _spread_factor(node: Node, qs: Sequence[float], v: float, noise: NoiseModel, critic: float | None = None) -> float:

@@ -25,7 +25,10 @@ uniform one: a critic fitted on an older policy's data); ``shrunk`` halfway betw
 exact value and the on-policy mean value of the states at the same depth (a critic
 regularised toward the mean); ``biased_early`` the depth's mean value up to a hidden
 depth and the exact value after it (the mirror of ``biased``: it has not learnt what
-the early states differ by).
+the early states differ by); ``wrong_state`` exact everywhere but at the one state past
+the root that episodes reach most often, where it is ten RMS advantages off (a state
+it never saw in training, predicted with confidence; issue 31's "wrong where the
+search does not look" at one state rather than one depth).
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ from focus.synthetic import Family, SyntheticCritic, Transition, TreeMDP, _diric
 from focus.synthetic_hard import depth_means, depths
 
 #: Critics of :func:`unseen_critic`.
-UNSEEN_CRITICS = ("stale", "shrunk", "biased_early")
+UNSEEN_CRITICS = ("stale", "shrunk", "biased_early", "wrong_state")
+#: How far off ``wrong_state`` is at its state, in the task's RMS advantages.
+WRONG_STATE_OFFSET = 10.0
 
 
 def early_gate(seed: int, horizon: int = 16) -> TreeMDP:
@@ -186,7 +191,10 @@ def unseen_critic(
       the policy that collects;
     * ``shrunk``: ``(V(s) + m(d)) / 2``, ``m(d)`` the on-policy mean value at s's depth;
     * ``biased_early``: ``m(d)`` at depths up to a hidden one (seeded per task, in the
-      middle half of the depths a rollout reaches, at most ``reach``), ``V(s)`` after."""
+      middle half of the depths a rollout reaches, at most ``reach``), ``V(s)`` after;
+    * ``wrong_state``: ``V(s)``, but ``V(s*) + WRONG_STATE_OFFSET·scale`` at the state
+      s* past the root (and before ``reach``) with the highest visit probability
+      (lowest id on ties), ``scale`` the task's RMS advantage."""
     if kind not in UNSEEN_CRITICS:
         raise ValueError(f"unknown critic {kind!r} (known: {', '.join(UNSEEN_CRITICS)})")
     critic = SyntheticCritic(mdps, 0.0, seed=seed, gamma=gamma)
@@ -197,6 +205,9 @@ def unseen_critic(
             table.append(TreeMDP(mdp.outcomes, uniform, mdp.tokens).values(gamma))
             continue
         dep, means = depths(mdp), depth_means(mdp, exact)
+        if kind == "wrong_state":
+            table.append(_wrong_at_one_state(mdp, exact, dep, gamma, reach))
+            continue
         if kind == "shrunk":
             table.append([0.5 * (v + means.get(d, v)) for v, d in zip(exact, dep, strict=True)])
             continue
@@ -206,3 +217,17 @@ def unseen_critic(
     critic.values = table
     critic.noises = [0.0] * len(mdps)
     return critic
+
+
+def _wrong_at_one_state(
+    mdp: TreeMDP, exact: Sequence[float], dep: Sequence[int], gamma: float, reach: int | None
+) -> list[float]:
+    """``exact`` with the most visited state past the root (before ``reach``) moved by
+    :data:`WRONG_STATE_OFFSET` RMS advantages (:func:`unseen_critic`, ``wrong_state``)."""
+    visits = mdp.visits()
+    states = [s for s, d in enumerate(dep) if d >= 1 and (reach is None or d < reach)]
+    out = list(exact)
+    if states:
+        star = max(states, key=lambda s: (visits[s], -s))
+        out[star] += WRONG_STATE_OFFSET * mdp.advantage_scale(gamma)
+    return out

@@ -149,6 +149,15 @@ COMMANDS: dict[str, Check] = {
     ),
     ".venv/bin/python -m benchmarks.estimator_quality --families truncated --budgets 6 --critics biased "
     "--methods grpo,uniform,selective --seeds 8 --jobs 1": Check("parse", "one held-out cell, 22 seeds: about 10 s"),
+    # docs/findings/critic-wrong-here.md
+    ".venv/bin/python -m benchmarks.estimator_quality --families critical,slippery,forage,timing,decisive,early_gate "
+    "--budgets 2,6 --critics wrong_state --methods uniform,selective --seeds 6": Check(
+        "parse", "the wrong-state critic, 768 collections: about 1 minute on 2 quiet cores"
+    ),
+    ".venv/bin/python -m benchmarks.estimator_quality --families uniform,long,decisive,heavy_tail,truncated "
+    "--budgets 2,6 --critics exact,noise_1,constant,biased --methods uniform,selective --seeds 6": Check(
+        "parse", "the standard critics beside it, 2,560 collections: about 3 minutes on 2 quiet cores"
+    ),
     # docs/findings/estimator-allocation.md
     ".venv/bin/python -m benchmarks.estimator_quality --families uniform,critical,long,slippery,forage,project,timing,subtle "
     "--critics exact,noise_1,noise_3,constant --budgets 2,6 --methods uniform,selective,selective_explore50,"

@@ -248,14 +248,19 @@ def _leaf_turn(action: int, reward: float) -> Turn:
     return Turn((1,), (48 + action,), (-0.7,), 1, "stop", reward=reward)
 
 
-def test_an_only_childs_critic_miss_is_evidence_of_its_checkpoints_variance():
-    """An only child shows no spread, but ``(v̂ − q)² − t`` is an unbiased estimate of
-    the checkpoint's own one-child variance v: beside one pseudo-observation at the
-    model, weighted by its precision against one degree of freedom of a spread,
-    ``k = v²/(t + v)²``, it scales the modelled variances by ``(1 + k·own/v)/(1 + k)``.
-    The ranking then follows the model: where the critic already predicted the child
-    well, a continuation adds accurate segments and ranks higher. A critic whose error
-    dominates moves the model little: its miss is mostly its own error."""
+def test_an_only_childs_critic_miss_is_evidence_of_its_checkpoints_variance_or_of_the_critic():
+    """An only child shows no spread, but its critic miss ``(v̂ − q)²`` (expectation
+    t + v) is evidence. A miss within the model's reach is read as the checkpoint's own
+    one-child variance: ``(v̂ − q)² − t`` beside one pseudo-observation at the model,
+    weighted by its precision against one degree of freedom of a spread,
+    ``k = v²/(t + v)²``, scales the modelled variances by ``(1 + k·own/v)/(1 + k)``;
+    where the critic predicted the child well, a continuation adds accurate segments
+    and ranks higher. A miss many standard deviations out is read as the critic wrong
+    at this checkpoint (issue 31, :func:`focus.weighting.checkpoint_critic_error`): the
+    view's critic error there becomes the miss's own estimate ``(v̂ − q)² − v``, the
+    child variances stay the model's, and the checkpoint ranks above a calm one, so
+    that a second child tests the critic (the estimator reads the test from two
+    children on)."""
 
     def view(cal: Calibration, reward: float, critic: float | None = 0.5) -> NodeEvidence:
         t = Tree.new("t", None, (1,))
@@ -275,10 +280,23 @@ def test_an_only_childs_critic_miss_is_evidence_of_its_checkpoints_variance():
         v = blind.signal + blind.child_error
         k = v * v / (t_err + v) ** 2
         assert calm.signal + calm.child_error == pytest.approx(v / (1 + k))  # own = 0
-        assert far.signal / calm.signal == pytest.approx(1 + k * 3.0 / v)
-        assert far.child_error / calm.child_error == pytest.approx(1 + k * 3.0 / v)
-        assert Selective(explore=0.0)(calm) > Selective(explore=0.0)(far)
+        assert calm.critic_var == t_err
+        c = far.critic_var
+        k_far = v * v / (c + v) ** 2
+        own = max(3.0 + t_err - c, 0.0)
+        assert far.signal / blind.signal == pytest.approx((1 + k_far * own / v) / (1 + k_far))
         weights.append(k)
+        if t_err == 0.01:
+            # the miss is 17 standard deviations out: the critic is wrong here
+            assert c == pytest.approx(3.0 + t_err - v, rel=1e-6)
+            assert far.signal == pytest.approx(blind.signal)
+            assert Selective(explore=0.0)(far) > Selective(explore=0.0)(calm)
+        else:
+            # 1.7 standard deviations: mostly the checkpoint's variance, the critic's
+            # error barely moved, and the calm checkpoint ranks higher
+            assert t_err < c < 1.1 * t_err
+            assert far.signal / calm.signal > 1.0 + 0.5 * k * 3.0 / v
+            assert Selective(explore=0.0)(calm) > Selective(explore=0.0)(far)
     # the model's one-child variance here is 0.02: a critic with half that error makes
     # its miss count 4/9 of a degree of freedom, one with 50 times it (t = 1) 1/2601
     assert weights == pytest.approx([4 / 9, 1 / 2601])

@@ -41,6 +41,7 @@ from focus.priority import EXPLORE, NodeEvidence, Selective, explores, make_evid
 from focus.search import copy_tree
 from focus.sums import left_sum
 from focus.tree import Edge, Node, Tree
+from focus.weighting import checkpoint_critic_error
 
 
 def reference_critic_targets(tree: Tree, gamma: float, truncation: str) -> dict[int, CriticTarget]:
@@ -159,9 +160,13 @@ def reference_node_view(
         sig, rest, plain = sig / n, rest / n, plain / n
     else:
         sig, rest, plain = action, fresh, fresh_target
-    shared, rest = shared_error(calibration, node.depth, length, rest)
     qs = values.child_q.get(i, ())
-    rho = _spread_factor(node, qs, sig + rest, noise)
+    critic = noise.critic_at(node.depth)
+    q_bar = values.q_bar.get(i)
+    if qs and q_bar is not None and node.value is not None and noise.known:
+        critic = checkpoint_critic_error(node.value, qs, q_bar, (sig + rest) / n, critic, only_child=True)
+    shared, rest = shared_error(calibration, node.depth, length, rest)
+    rho = _spread_factor(node, qs, sig + rest, noise, critic)
     sig, rest = rho * sig, rho * rest
     return NodeEvidence.build(
         tree_index=tree_index,
@@ -182,7 +187,7 @@ def reference_node_view(
         critic_weight=values.critic_weight.get(i, 0.0),
         signal=sig,
         child_error=rest,
-        critic_var=noise.critic_at(node.depth),
+        critic_var=critic,
         fresh_error=fresh,
         chain_error=chain.segments,
         target_var=plain,

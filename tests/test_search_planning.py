@@ -89,11 +89,11 @@ def digest(batch) -> str:  # type: ignore[no-untyped-def]
 PINNED = {
     ("grpo", 0): ("ab80e8e291288554", 232, 208),
     ("grpo", 1): ("2b39ebd36a704827", 234, 212),
-    ("selective", 0): ("2629e78a3f3a7727", 343, 269),
-    ("selective", 1): ("b2a3c9c5768331c3", 342, 210),
-    ("selective_jobs", 0): ("3f0ae3bfdc41c751", 342, 246),
-    ("uniform", 0): ("4ec6b78f9286f22a", 282, 238),
-    ("uniform", 1): ("067a9a2a4c6360e8", 285, 238),
+    ("selective", 0): ("9a4a4aabbe075248", 346, 270),
+    ("selective", 1): ("73ec4de00a5366ff", 342, 207),
+    ("selective_jobs", 0): ("044f9fb7cc5da400", 343, 248),
+    ("uniform", 0): ("aeba9664b0b28b18", 282, 238),
+    ("uniform", 1): ("7a5b5e874cdfc816", 285, 238),
 }
 
 

@@ -16,6 +16,7 @@ from focus.synthetic_hard import depths
 from focus.synthetic_unseen import (
     UNSEEN_CRITICS,
     UNSEEN_FAMILIES,
+    WRONG_STATE_OFFSET,
     early_gate,
     gauss_noise,
     multi_key,
@@ -143,12 +144,30 @@ def test_the_biased_early_critic_is_wrong_early_and_exact_late() -> None:
         assert errs[15] == 0.0 and errs[16] == 0.0
 
 
+def test_the_wrong_state_critic_is_exact_but_at_the_most_visited_state() -> None:
+    mdps = [risky_bridge(i) for i in range(3)]
+    critic = unseen_critic("wrong_state", mdps, 1.0, 0, reach=5)
+    for i, mdp in enumerate(mdps):
+        exact, dep, visits = mdp.values(), depths(mdp), mdp.visits()
+        wrong = [s for s in range(len(exact)) if critic.value(i, s) != exact[s]]
+        assert len(wrong) == 1
+        (s,) = wrong
+        assert 1 <= dep[s] < 5
+        assert visits[s] == max(visits[x] for x in range(len(exact)) if 1 <= dep[x] < 5)
+        assert critic.value(i, s) - exact[s] == pytest.approx(WRONG_STATE_OFFSET * mdp.advantage_scale(1.0))
+
+
 def test_unknown_critic_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown critic"):
         unseen_critic("wrong", [wide(0)], 1.0, 0)
 
 
 def test_a_collection_runs_on_every_family_with_each_new_critic() -> None:
-    for family, critic in (("wide", "stale"), ("risky_bridge", "shrunk"), ("gauss_noise", "biased_early")):
+    for family, critic in (
+        ("wide", "stale"),
+        ("risky_bridge", "shrunk"),
+        ("gauss_noise", "biased_early"),
+        ("early_gate", "wrong_state"),
+    ):
         row = run_one((family, 2, 2, critic, "selective", 0))
         assert row["transitions"] > 0 and 0 <= row["adv_mse"] < 10
