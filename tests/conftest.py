@@ -78,6 +78,10 @@ def _a_home_as_the_command_has() -> None:
 
 _a_home_as_the_command_has()
 
+#: Every module of tests/fixtures/ is a plugin, imported by every pytest process (the xdist
+#: controller too, and the sessions tests start) whichever tests it runs, except those named
+#: with a leading underscore: scripts, and helpers a few test files import themselves
+#: (``_verl_metrics`` imports torch, 1.5-4.4 s a process as a plugin).
 pytest_plugins = sorted(
     f"fixtures.{p.stem}"
     for p in (pathlib.Path(__file__).parent / "fixtures").glob("*.py")

@@ -262,7 +262,9 @@ def test_a_collection_past_the_limit_on_open_files_stops_in_one_line_naming_it(t
         pytest.skip("needs a hard limit on open files of 4096 or more (a limit may be lowered, not raised)")
     env = base_env(tmp_path / "prefect")
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
-    args = ["collect", "--tasks", "64", "--transitions", "300", "--collection-id", "c1"]
+    # the evidence's 256 rollouts, 64 in flight, then three continuation waves and the
+    # export (300 transitions added nine more waves, about 8 s at load 12)
+    args = ["collect", "--tasks", "64", "--transitions", "60", "--collection-id", "c1"]
     for limit in ("48:4096", "48:48"):
         done = subprocess.run(
             ["prlimit", f"--nofile={limit}", sys.executable, "-m", "cli", *args, "--store", str(tmp_path / limit)],

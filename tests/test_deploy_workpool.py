@@ -29,7 +29,7 @@ from typing import Any
 import duckdb
 import polars as pl
 import pytest
-from fixtures.prefect import ROOT, kill_tree
+from fixtures.prefect import ROOT, kill_tree, using_api
 
 from storage import BatchStore
 
@@ -94,9 +94,16 @@ async def _forget(pool: str) -> None:
             pass
 
 
-@pytest.fixture
-def deployed(prefect_api: str, prefect_env: dict[str, str]) -> Iterator[tuple[str, dict[str, str]]]:
-    """A fresh process work pool with the yaml's deployments in it: (pool, worker env)."""
+@pytest.fixture(scope="module")
+def deployed(
+    prefect_server: str, prefect_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """A fresh process work pool with the yaml's deployments in it: (pool, worker env).
+
+    Made once for the module's tests (three Prefect and ``focus`` commands, 5-7 s of a
+    test's time on 2 cores): neither test changes what the other reads. The run test drops
+    ``pool-scheduled`` (the other reads only ``pool-manual``) and deletes the deployments
+    ``focus deploy`` registers beside them; the refusal test deletes the one run it makes."""
     pool = f"focus-test-{uuid.uuid4().hex[:8]}"
     # FOCUS_WORK_POOL is read by `prefect deploy`; FOCUS_PROJECT_DIR is left to the worker,
     # where each flow run's pull step reads it (set at deploy time, it would be stored)
@@ -112,7 +119,8 @@ def deployed(prefect_api: str, prefect_env: dict[str, str]) -> Iterator[tuple[st
         assert set(NAMES) <= closed, done.stdout
         yield pool, {**env, "FOCUS_PROJECT_DIR": str(ROOT)}
     finally:
-        asyncio.run(_forget(pool))
+        with using_api(prefect_server, tmp_path_factory.mktemp("workpool_client")):
+            asyncio.run(_forget(pool))
 
 
 async def _wait_final(client: Any, run_id: Any, worker: subprocess.Popen, log: Path, timeout: float = 90) -> Any:
@@ -214,7 +222,7 @@ async def _deploy_and_run(pool: str, env: dict[str, str], store: Path, tmp_path:
         return done, [a for a in arts if (a.key or "").endswith("-stats")]
 
 
-def test_prefect_yaml_work_pool_deploys_and_runs(deployed, tmp_path):
+def test_prefect_yaml_work_pool_deploys_and_runs(deployed, prefect_api, tmp_path):
     pool, env = deployed
     store = tmp_path / "store"
     done, stats_artifacts = asyncio.run(_deploy_and_run(pool, env, store, tmp_path))
@@ -246,7 +254,7 @@ def test_prefect_yaml_work_pool_deploys_and_runs(deployed, tmp_path):
     assert pl.read_parquet(path / "critic" / "*.parquet").height > 0
 
 
-def test_work_pool_deployments_refuse_a_parameter_the_flow_lacks(deployed):
+def test_work_pool_deployments_refuse_a_parameter_the_flow_lacks(deployed, prefect_api):
     """`prefect deploy` stores the flow's open schema; after `focus deploy --work-pool` the
     server refuses a run naming a parameter the flow does not take when it is created.
     Before, it was created and crashed in Prefect's engine (`Process exited with status

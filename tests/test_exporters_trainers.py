@@ -1,5 +1,5 @@
 """The exports against what each trainer's own code reads from them: verl's metric helpers
-(a mirror of their logic, tests/fixtures/verl_metrics.py), Tinker's loss functions (the
+(a mirror of their logic, tests/fixtures/_verl_metrics.py), Tinker's loss functions (the
 installed SDK's ``LossFnType``), and the Parquet readers of a batch of no rows."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from fixtures.verl_metrics import DataProto, compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
+from fixtures._verl_metrics import DataProto, compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
 from test_exporters import _positions, batch  # noqa: F401 - the multi-turn two-tree batch fixture
 
 from focus.batch import Batch

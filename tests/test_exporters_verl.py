@@ -1,6 +1,6 @@
 """The verl export's size and its multi-turn count: pieces padded by their own lengths
 (``to_verl_batches``), the arrays verl holds once held once, and ``__num_turns__`` read by
-verl's ``compute_data_metrics`` (its logic mirrored in tests/fixtures/verl_metrics.py)."""
+verl's ``compute_data_metrics`` (its logic mirrored in tests/fixtures/_verl_metrics.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from fixtures.verl_metrics import DataProto, compute_data_metrics
+from fixtures._verl_metrics import DataProto, compute_data_metrics
 from test_exporters import batch  # noqa: F401 - the multi-turn two-tree batch fixture
 
 from focus.batch import ActorRow, Batch

@@ -131,3 +131,28 @@ def test_the_commands_a_test_starts_keep_their_bytecode(tmp_path: Path) -> None:
     folder = Path(cached).parent
     if os.access(folder if folder.is_dir() else folder.parent, os.W_OK):
         assert Path(cached).is_file()
+
+
+def test_the_fixture_plugins_every_pytest_process_loads_import_no_torch(tmp_path: Path) -> None:
+    """tests/conftest.py makes every module of tests/fixtures/ a plugin, which every pytest
+    process imports before it runs a test: the xdist controller, which runs none, and the
+    sessions tests start (tests/test_prefect_logs_sent.py). A helper there that imported
+    torch (the verl metrics mirror) cost each of them torch's import: ``pytest
+    --collect-only`` of one test took 2.3 CPU-s, 0.9 without it (2 cores, load 12). Torch
+    is imported by the tests that use it."""
+    code = (
+        "import importlib, sys; sys.path[:0] = ['tests', '.']; import conftest; "
+        "[importlib.import_module(p) for p in conftest.pytest_plugins]; "
+        "print(len(conftest.pytest_plugins), 'torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[1],
+        env=base_env(tmp_path / "prefect"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    plugins, torch = done.stdout.split()
+    assert int(plugins) > 5 and torch == "False", done.stdout

@@ -50,6 +50,18 @@ def sims():  # type: ignore[no-untyped-def]
             s.stop()
 
 
+@pytest.fixture(scope="module")
+def single_rows():  # type: ignore[no-untyped-def]
+    """:func:`rows` of the 12-task collection on one replica: the batch every fleet here
+    must give, bit for bit. Collected once for the module, on a fresh server of its own
+    (each test collected it again on its first replica); what a replica answers depends
+    only on the request's seed, not on its cache or on what it served before (the
+    module's premise, which test_a_fleet_collects_one_server_s_batch_with_its_prefix_cache_hits
+    checks with a reference of its own)."""
+    with SimServerProcess(SIM) as server:
+        return rows(collect(FleetPolicy([replica(server.url)]), tasks=12))
+
+
 def fresh(servers) -> None:  # type: ignore[no-untyped-def]
     """Empty caches and zero counters: the next collection starts as the first did."""
     for s in servers:
@@ -113,16 +125,14 @@ def test_round_robin_spreads_prefixes_and_loses_cache_hits(sims):
     assert rr.stats()["cache_hit_ratio"] < tree.stats()["cache_hit_ratio"]
 
 
-def test_a_replica_killed_mid_collection_costs_no_rollout_and_changes_nothing(sims, caplog):
-    single = collect(FleetPolicy([replica(sims[0].url)]), tasks=12)
-    fresh(sims)
+def test_a_replica_killed_mid_collection_costs_no_rollout_and_changes_nothing(sims, single_rows, caplog):
     fleet = FleetPolicy([replica(s.url) for s in sims])
     with caplog.at_level(logging.WARNING, logger="focus.backends.fleet"):
         with ServerRestart(sims[1], after_requests=5, down_s=None) as restart:
             batch = collect(fleet, tasks=12)
             ended = time.monotonic()
     assert restart.killed_at is not None and restart.killed_at < ended  # mid-collection, never restarted
-    assert batch.stats["failed_rollouts"] == 0 and rows(batch) == rows(single)
+    assert batch.stats["failed_rollouts"] == 0 and rows(batch) == single_rows
     stats = fleet.stats()
     assert stats["replicas"][1]["failovers"] >= 1 and stats["replicas"][0]["calls"] > 0
     # what each replica answered adds up to the batch's figures
@@ -184,13 +194,11 @@ def test_model_urls_builds_a_fleet_from_the_config():
         load_config(overrides={**base, "model.urls": ["a:8000"]}, environ={})
 
 
-def test_a_replica_that_stops_answering_costs_one_timeout_not_the_deadline(sims, caplog):
+def test_a_replica_that_stops_answering_costs_one_timeout_not_the_deadline(sims, single_rows, caplog):
     """A wedged replica (SIGSTOP: connections accepted, nothing answered) held each of its
     calls through every retry on it, up to deadline_s (11 attempts of timeout_s here, 30 s
     with hedges; 600 s by default), while the other replicas could answer at once: one
     attempt's timeout_s is the proof now, and the call goes to another replica."""
-    single = collect(FleetPolicy([replica(sims[0].url)]), tasks=12)
-    fresh(sims)
     http = HTTP.model_copy(update={"timeout_s": 1.5, "max_retries": 10, "deadline_s": 30})
     fleet = FleetPolicy([OpenAICompatPolicy(s.url, vocab_size=ByteCodec.vocab_size, config=http) for s in sims])
     stopped = threading.Event()
@@ -211,23 +219,21 @@ def test_a_replica_that_stops_answering_costs_one_timeout_not_the_deadline(sims,
     finally:
         watcher.join(timeout=5)
         os.kill(sims[1].proc.pid, signal.SIGCONT)
-    assert stopped.is_set() and batch.stats["failed_rollouts"] == 0 and rows(batch) == rows(single)
+    assert stopped.is_set() and batch.stats["failed_rollouts"] == 0 and rows(batch) == single_rows
     assert took < 10, took  # 1.8 s; before: 17.2 s (11 attempts of 1.5 s on the stopped replica)
     assert fleet.stats()["replicas"][1]["failovers"] >= 1
     assert any("timeout: no answer within 1.5 s" in r.getMessage() for r in caplog.records)
 
 
-def test_a_much_slower_replica_is_given_few_calls_and_the_batch_is_the_same(sims):
+def test_a_much_slower_replica_is_given_few_calls_and_the_batch_is_the_same(sims, single_rows):
     """A replica 30 times slower per call than the others (another GPU, a noisy
     neighbour) took a call whenever it held fewer than they did: 13-14 of 116 calls, each
     holding its wave, and the collection took 2.6 s against 0.4 s without it. The router
     now weighs its calls in flight by how much slower it answers (FleetPolicy.latency)."""
-    single = collect(FleetPolicy([replica(sims[0].url)]), tasks=12)
-    fresh(sims)
     with SimServerProcess(SIM.model_copy(update={"latency_s": 0.3})) as slow:
         fleet = FleetPolicy([replica(slow.url), replica(sims[1].url), replica(sims[2].url)])
         batch = collect(fleet, tasks=12)
-    assert rows(batch) == rows(single) and batch.stats["failed_rollouts"] == 0
+    assert rows(batch) == single_rows and batch.stats["failed_rollouts"] == 0
     calls = [r["calls"] for r in fleet.stats()["replicas"]]
     assert sum(calls) == batch.stats["model_calls"]
     assert calls[0] <= 7, calls  # 4 now (its first calls, before any replica was timed); 13-14 before
@@ -235,17 +241,15 @@ def test_a_much_slower_replica_is_given_few_calls_and_the_batch_is_the_same(sims
     fresh(sims)
     with SimServerProcess(SIM.model_copy(update={"latency_s": 0.3})) as slow:  # of two, the faster is the median
         pair = FleetPolicy([replica(slow.url), replica(sims[1].url)])
-        assert rows(collect(pair, tasks=12)) == rows(single)
+        assert rows(collect(pair, tasks=12)) == single_rows
     assert pair.stats()["replicas"][0]["calls"] <= 7, pair.stats()["replicas"]
 
 
-def test_a_replica_stopped_before_the_collection_holds_nothing_up(sims, caplog):
+def test_a_replica_stopped_before_the_collection_holds_nothing_up(sims, single_rows, caplog):
     """Every call waits for the weights check before the first call, which waited for a
     stopped replica's whole timeout_s (30 s here, 120 s by default); then each probe of
     it (a call) waited as long. Now the check gives it VERIFY_S and sets it aside, and a
     probe asks its weights (GET, VERIFY_S at most) before a call is sent there."""
-    single = collect(FleetPolicy([replica(sims[0].url)]), tasks=12)
-    fresh(sims)
     http = HTTP.model_copy(update={"timeout_s": 30, "deadline_s": 60})
     slow = [OpenAICompatPolicy(s.url, vocab_size=ByteCodec.vocab_size, config=http) for s in sims]
     fleet = FleetPolicy(slow, down_s=0.2)
@@ -258,7 +262,7 @@ def test_a_replica_stopped_before_the_collection_holds_nothing_up(sims, caplog):
         took = time.monotonic() - t0
     finally:
         os.kill(sims[1].proc.pid, signal.SIGCONT)
-    assert rows(batch) == rows(single) and batch.stats["failed_rollouts"] == 0
+    assert rows(batch) == single_rows and batch.stats["failed_rollouts"] == 0
     assert took < 10, took  # 1.0-1.5 s; before: 60.5 s (the check, then a probing call, each 30 s)
     assert fleet.stats()["replicas"][1]["calls"] == 0
     said = f"replica {sims[1].url} of the model is down; its calls go to the others (asked which weights it serves"
@@ -266,14 +270,14 @@ def test_a_replica_stopped_before_the_collection_holds_nothing_up(sims, caplog):
 
 
 @pytest.mark.parametrize(("status", "retry_after_s"), [("429", 0.0), ("500", 0.0), ("429", 30.0)])
-def test_a_replica_answering_every_call_with_a_retried_status_fails_over_within_a_second(sims, status, retry_after_s):
+def test_a_replica_answering_every_call_with_a_retried_status_fails_over_within_a_second(
+    sims, single_rows, status, retry_after_s
+):
     """An overloaded replica (429) or a broken one (500 to every call) held each of its
     calls through all its retries, backing off up to backoff_max_s (11 attempts, 21-23 s
     for this collection with the default settings), while the others could answer; a
     replica refusing connections or answering 503 fails over after its quick retries.
     A Retry-After longer than those (30 s) was waited, up to backoff_max_s, by each."""
-    single = collect(FleetPolicy([replica(sims[0].url)]), tasks=12)
-    fresh(sims)
     with FaultProxy(sims[1].url) as proxy:
         proxy.retry_after_s = retry_after_s
         proxy.queue(status, 1000)
@@ -282,7 +286,7 @@ def test_a_replica_answering_every_call_with_a_retried_status_fails_over_within_
         t0 = time.monotonic()
         batch = collect(fleet, tasks=12)
         took = time.monotonic() - t0
-    assert rows(batch) == rows(single) and batch.stats["failed_rollouts"] == 0
+    assert rows(batch) == single_rows and batch.stats["failed_rollouts"] == 0
     assert took < 8, took  # 0.3-1.4 s; before: 21-23 s, with Retry-After: 30 60.5 s
     assert proxy.injected[status] > 0 and fleet.stats()["replicas"][1]["calls"] == 0
 
