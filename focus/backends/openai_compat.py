@@ -451,8 +451,9 @@ def _parse_choice(data: dict[str, Any], ch: Any, stop_ids: Sequence[int] = ()) -
         if not isinstance(x, int | float) or not math.isfinite(x):
             raise MalformedResponse(f"log-prob {x!r} of token {i} is not a finite number")
         if x <= NEG_INF_STAND_IN:
+            who = "vLLM's" if x == NEG_INF_STAND_IN else "a"  # SGLang's completions write the lowest float32
             raise MalformedResponse(
-                f"log-prob {x!r} of sampled token {i} is vLLM's stand-in for -inf: the server gives the token it "
+                f"log-prob {x!r} of sampled token {i} is {who} stand-in for -inf: the server gives the token it "
                 "sampled probability 0, so its log-probs are not those of its sampler (see --logprobs-mode)"
             )
         values.append(float(x))
