@@ -6,11 +6,16 @@ each from a server on 127.0.0.1 inside the test.
   ``python/sglang/srt/layers/sampler.py``, "to avoid -inf"), where vLLM writes
   ``-9999.0`` and llama-server the lowest float too: on a sampled token it is no
   behaviour log-prob, and ``/generate``'s answer carrying it was recorded.
+* An answer whose HTTP head breaks HTTP/1.1 (``Transfer-Encoding`` beside
+  ``Content-Length``, two ``Content-Length`` values, a status line that is not HTTP)
+  is an answer the client cannot read, not a service that is down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,8 +23,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from focus.backends import HttpConfig, SGLangPolicy
-from focus.policy import PolicyError, SamplingParams, UnreadableAnswers
+from focus.backends import HttpConfig, OpenAICompatPolicy, SGLangPolicy
+from focus.policy import PolicyError, SamplingParams, ServiceUnavailable, UnreadableAnswers
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.integration]  # loopback servers; fast, not slow
 
@@ -104,3 +109,79 @@ def test_sglangs_completions_name_no_vllm_for_the_lowest_float():
     with pytest.raises(MalformedResponse, match=r"sampled token 1 is a stand-in for -inf") as caught:
         parse_completion(answer)
     assert "vLLM" not in str(caught.value).split("(see")[0]
+
+
+def vllm_body(ids: list[int]) -> bytes:
+    choice = {
+        "index": 0,
+        "text": "abc",
+        "logprobs": {"token_logprobs": [-0.5] * len(ids), "tokens": [f"token_id:{t}" for t in ids]},
+        "finish_reason": "length",
+        "token_ids": ids,
+    }
+    return json.dumps({"id": "cmpl-0", "object": "text_completion", "model": "m", "choices": [choice]}).encode()
+
+
+#: Heads aiohttp's parser refuses (llhttp), each with the words of its refusal.
+HEADS = {
+    "transfer-encoding beside content-length": (
+        lambda n: (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" % n
+        ),
+        "Transfer-Encoding can't be present with Content-Length",
+    ),
+    "two content-lengths": (
+        lambda n: b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nContent-Length: %d\r\n\r\n" % (n, n + 1),
+        "Duplicate Content-Length",
+    ),
+    "no http status line": (lambda n: b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "Bad status line"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HEADS))
+def test_an_answer_whose_http_head_cannot_be_parsed_is_named_at_once_not_waited_for_as_an_outage(kind):
+    """Every answer's head breaks HTTP/1.1. It was a connection failure, so the client
+    waited for the service as down (``outage_wait_s``, here 20 s; 300 s by default) and
+    then gave up as an outage with the cause last; now the answers are unreadable,
+    named within the first few."""
+    head, words = HEADS[kind]
+    body = vllm_body([65, 66, 67])
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                request_head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in request_head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                await reader.readexactly(length)
+                writer.write(head(len(body)) + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def go() -> tuple[BaseException, float]:
+        listener = await asyncio.start_server(answer, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+        policy = OpenAICompatPolicy(url, "m", config=FAST.model_copy(update={"outage_wait_s": 20.0}))
+        t0 = time.monotonic()
+        try:
+            await policy.sample([1, 2, 3], PARAMS)
+        except PolicyError as e:
+            return e, time.monotonic() - t0
+        finally:
+            await policy.aclose()
+            listener.close()
+            await listener.wait_closed()
+        raise AssertionError("an answer with an unreadable head was read")
+
+    error, took = asyncio.run(go())
+    assert not isinstance(error, ServiceUnavailable), f"{took:.1f} s: {error}"
+    assert isinstance(error, UnreadableAnswers) and took < 10, (took, error)
+    assert str(error).startswith("the model service's answers cannot be read: the answer's HTTP head cannot be parsed")
+    assert words in str(error), error

@@ -139,10 +139,28 @@ def classify(e: BaseException) -> Retryable:
     so was waited for as down for ``outage_wait_s`` (300 s) and reported as an outage."""
     if isinstance(e, httpx.DecodingError) or _undecodable(e):
         return Retryable("malformed response", None, f"{type(e).__name__}: {' '.join(str(e).split())}")
+    if (head := unparsable_head(e)) is not None:
+        return Retryable("malformed response", None, head)
     cause = e.__cause__ if isinstance(e, httpx.TransportError) and e.__cause__ is not None else e
     if isinstance(cause, TimeoutError) or (cause is e and isinstance(e, httpx.TimeoutException)):
         return Retryable("timeout", None, f"{type(cause).__name__}: {cause}")
     return Retryable("connection", None, f"{type(cause).__name__}: {cause}")
+
+
+def unparsable_head(e: BaseException) -> str | None:
+    """What aiohttp's parser found wrong with an answer's status line or headers (None:
+    ``e`` is no such error). An answer whose head breaks HTTP/1.1 - ``Transfer-Encoding``
+    beside ``Content-Length`` (what some proxies and hand-written servers send), two
+    ``Content-Length`` values, a header name with a space, a status line that is not
+    HTTP (another protocol on the port) - is an answer, if one the client cannot read:
+    it was a "connection" failure, so a server answering every request so was waited for
+    as down for ``outage_wait_s`` (300 s) and reported as an outage, its cause last. A
+    connection cut inside the head is no such error (aiohttp raises
+    ``ServerDisconnectedError``), nor one cut inside the body (``ClientPayloadError``)."""
+    if not isinstance(e, aiohttp.ClientResponseError) or not isinstance(e.__cause__, HttpProcessingError):
+        return None
+    said = " ".join(str(e.__cause__.message).split())
+    return f"the answer's HTTP head cannot be parsed ({said[:200]})"
 
 
 def _undecodable(e: BaseException) -> bool:
