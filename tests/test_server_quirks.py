@@ -185,3 +185,59 @@ def test_an_answer_whose_http_head_cannot_be_parsed_is_named_at_once_not_waited_
     assert isinstance(error, UnreadableAnswers) and took < 10, (took, error)
     assert str(error).startswith("the model service's answers cannot be read: the answer's HTTP head cannot be parsed")
     assert words in str(error), error
+
+
+def vllm_answer(ids: list[int], logprobs: list[float], finish: str) -> dict[str, Any]:
+    choice = {
+        "index": 0,
+        "text": "abc",
+        "logprobs": {"token_logprobs": logprobs, "tokens": [f"token_id:{t}" for t in ids]},
+        "finish_reason": finish,
+        "stop_reason": None,
+        "token_ids": ids,
+    }
+    return {"id": "cmpl-0", "object": "text_completion", "model": "m", "choices": [choice]}
+
+
+@pytest.mark.parametrize("kind", ["sglang", "openai"])
+def test_a_burst_of_aborted_samples_is_retried_not_taken_for_unreadable_answers(kind):
+    """Every request in flight is ended by the server once (``finish_reason`` abort: an
+    SGLang weights update with ``abort_all_requests``, vLLM's pause with abort), then
+    answered. Aborted answers counted as answers of one malformed shape: 5 in a row
+    before any good answer (16 after) stopped the calls with ``UnreadableAnswers``, which
+    stops a collection; now each is sampled again with its seed and recorded exactly."""
+    seen: set[str] = set()
+    sampled: dict[int, tuple[list[int], list[float]]] = {}
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.json()
+        sp = body.get("sampling_params", body)
+        seed = sp.get("sampling_seed", sp.get("seed"))
+        ids, logprobs = [60 + seed % 7, 61, 62], [-0.5, -0.25, -1.0 - seed / 64]
+        sampled[seed] = (ids, logprobs)
+        first = json.dumps(body, sort_keys=True) not in seen
+        seen.add(json.dumps(body, sort_keys=True))
+        await asyncio.sleep(0.01)
+        if kind == "sglang":
+            answer = sglang_answer(ids, logprobs)
+            if first:
+                answer["meta_info"]["finish_reason"] = {"type": "abort", "message": "Abort in waiting queue"}
+            return web.json_response(answer)
+        return web.json_response(vllm_answer(ids, logprobs, "abort" if first else "length"))
+
+    async def go() -> tuple[list[Any], dict[str, Any]]:
+        async with aiohttp_server(handle) as url:
+            policy = SGLangPolicy(url, config=FAST) if kind == "sglang" else OpenAICompatPolicy(url, "m", config=FAST)
+            try:
+                got = await asyncio.gather(
+                    *(policy.sample([1, 2, 3], PARAMS.with_seed(seed)) for seed in range(24)), return_exceptions=True
+                )
+                return got, policy.stats()
+            finally:
+                await policy.aclose()
+
+    got, stats = asyncio.run(go())
+    errors = [g for g in got if isinstance(g, BaseException)]
+    assert not errors, errors[0]
+    assert [(list(c.token_ids), list(c.logprobs)) for c in got] == [sampled[seed] for seed in range(24)]
+    assert stats["retries"] == {"malformed response": 24} and stats["failed_calls"] == {}, stats

@@ -18,7 +18,7 @@ import math
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from focus.backends.http import HttpConfig, MalformedResponse
+from focus.backends.http import Aborted, HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.openai_compat import (
     NEG_INF_STAND_IN,
@@ -149,7 +149,7 @@ def parse_generate(data: Any) -> Completion:
     if finish is None:
         raise MalformedResponse(f"unknown finish_reason {fr!r}")
     if finish == "abort":  # e.g. a weights update with abort_all_requests: retried (aborted())
-        raise MalformedResponse(aborted(finish, len(ids), fr.get("message") if isinstance(fr, dict) else None))
+        raise Aborted(aborted(finish, len(ids), fr.get("message") if isinstance(fr, dict) else None))
     cached = meta.get("cached_tokens")
     extra = {k: meta[k] for k in ("policy_version", "weight_version", "id") if k in meta}
     if type(read := meta.get("prompt_tokens")) is int:  # the input ids it sampled after (HttpPolicy.check_echo)

@@ -34,6 +34,8 @@ class Retryable(Exception):
         self.kind, self.status, self.retry_after = kind, status, retry_after
         #: Hedges sent in this attempt (they failed too).
         self.hedged = 0
+        #: A malformed answer that is a sample the server ended itself (:class:`~focus.backends.http.Aborted`).
+        self.aborted = False
 
 
 class Rejected(Exception):
