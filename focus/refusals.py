@@ -31,10 +31,11 @@ from typing import Any
 from focus.agent import Rollout
 from focus.usage import failure_kind
 
-#: Statuses that refuse any request, whatever its prompt: 401/403 (the key), 404 (the
-#: path or the model name), 405 (not a generation endpoint), 501/505 (a server that cannot
-#: do it, ``retry.NEVER_RETRY_5XX``). A 400 or 413 may be the request's own (its length).
-REFUSED_STATUSES = frozenset({401, 403, 404, 405, 501, 505})
+#: Statuses that refuse any request, whatever its prompt: a redirect (3xx: the URL,
+#: :func:`focus.backends.wire.redirected`), 401/403 (the key), 404 (the path or the model
+#: name), 405 (not a generation endpoint), 501/505 (a server that cannot do it,
+#: ``retry.NEVER_RETRY_5XX``). A 400 or 413 may be the request's own (its length).
+REFUSED_STATUSES = frozenset({301, 302, 303, 307, 308, 401, 403, 404, 405, 501, 505})
 #: Statuses of a request the server found invalid: its prompt's, or a setting's that every
 #: request carries (told apart by every rollout of a wave getting the same refusal).
 SETTING_STATUSES = frozenset({400, 422})

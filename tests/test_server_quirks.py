@@ -241,3 +241,52 @@ def test_a_burst_of_aborted_samples_is_retried_not_taken_for_unreadable_answers(
     assert not errors, errors[0]
     assert [(list(c.token_ids), list(c.logprobs)) for c in got] == [sampled[seed] for seed in range(24)]
     assert stats["retries"] == {"malformed response": 24} and stats["failed_calls"] == {}, stats
+
+
+@pytest.mark.parametrize("status", [301, 302, 308])
+def test_a_redirect_is_named_with_where_it_points_not_followed_as_a_get(status):
+    """An ingress that moved the endpoint (``http://`` to ``https://``, another path)
+    answers with a redirect. aiohttp followed it, and resent a POST redirected with 301
+    or 302 as a GET without its body: the server refused that with 405, and the line
+    named a refused method, no redirect. Now no redirect is followed (one that keeps the
+    method cost every call a second request): the call is refused at once with the line
+    naming the status and the address, and a wave of such refusals stops the collection
+    as a refusal of every request (check the URL)."""
+    from focus.agent import Piece, Rollout
+    from focus.refusals import RequestsRefused, check_refused
+
+    seen: list[tuple[str, str]] = []
+
+    async def moved(request: web.Request) -> web.Response:
+        seen.append((request.method, request.path))
+        return web.Response(status=status, headers={"Location": "/v2/completions"})
+
+    async def v2(request: web.Request) -> web.Response:
+        seen.append((request.method, request.path))
+        if request.method != "POST":
+            return web.json_response({"detail": "Method Not Allowed"}, status=405)
+        return web.json_response(vllm_answer([65], [-0.5], "length"))
+
+    async def go() -> Any:
+        app = web.Application()
+        app.router.add_route("POST", "/v1/completions", moved)
+        app.router.add_route("*", "/v2/completions", v2)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        policy = OpenAICompatPolicy(f"http://127.0.0.1:{runner.addresses[0][1]}", "m", config=FAST)
+        try:
+            return await policy.sample([1, 2, 3], PARAMS)
+        finally:
+            await policy.aclose()
+            await runner.cleanup()
+
+    with pytest.raises(PolicyError) as caught:
+        asyncio.run(go())
+    line = str(caught.value)
+    assert f"was rejected with status {status}: it redirects to '/v2/completions'" in line, line
+    assert "set the service's URL (model.url, critic.url)" in line
+    assert seen == [("POST", "/v1/completions")]  # one request, not retried, nothing sent elsewhere
+    failed = Rollout("t", (Piece((), "failed", 0, (1,), cause=f"model: {line}"),))
+    with pytest.raises(RequestsRefused, match=rf"refused every request .*status {status}"):
+        check_refused([failed] * 3)

@@ -65,6 +65,7 @@ from focus.backends.wire import encode as _encode
 from focus.backends.wire import expire as _expire
 from focus.backends.wire import gave_up as _gave_up
 from focus.backends.wire import headers as _headers
+from focus.backends.wire import redirected as _redirected
 from focus.backends.wire import snippet as _snippet
 from focus.backends.wire import text as _text
 from focus.policy import (
@@ -549,6 +550,8 @@ class HttpClient:
                 raise _Retryable("server error", status, _snippet(_text(data)), parse_retry_after(retry_after))
             text = _text(data)
             raise _Rejected(f"{method} {url} was rejected with status {status}: {_snippet(text)}", status, text)
+        if status >= 300:  # ``retry_after`` is the redirect's Location (Sender)
+            raise _Rejected(_redirected(method, url, status, retry_after), status, _text(data))
         decoded = _decode(data, status)
         try:
             value = parse(decoded)

@@ -194,6 +194,20 @@ def gave_up(
     return f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}"
 
 
+def redirected(method: str, url: Any, status: int, location: str | None) -> str:
+    """Why a redirect (3xx) refuses the request: no client follows one. aiohttp resent a
+    POST redirected with 301, 302 or 303 as a GET without its body (RFC 9110 allows it),
+    which the server refused (405, 404) or answered as another request, and the line
+    named that refusal and no redirect (an ingress sending ``http://`` to ``https://``,
+    a path moved); one that keeps the method cost each call a second request. The
+    status reads as a refusal of every request (:data:`focus.refusals.REFUSED_STATUSES`)."""
+    to = f"to {location!r}" if location else "without saying where (no Location)"
+    return (
+        f"{method} {url} was rejected with status {status}: it redirects {to}, and redirects are not followed; "
+        "set the service's URL (model.url, critic.url) to the address it redirects to"
+    )
+
+
 def encode(body: Any) -> bytes:
     """A request body as compact JSON bytes (``orjson``: about a tenth of ``json.dumps``'s
     CPU for a body of a few hundred prompt ids, which every model call sends; the same
