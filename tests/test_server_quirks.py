@@ -290,3 +290,65 @@ def test_a_redirect_is_named_with_where_it_points_not_followed_as_a_get(status):
     failed = Rollout("t", (Piece((), "failed", 0, (1,), cause=f"model: {line}"),))
     with pytest.raises(RequestsRefused, match=rf"refused every request .*status {status}"):
         check_refused([failed] * 3)
+
+
+@pytest.mark.parametrize("limit", ["server", "agent"])
+def test_tasks_whose_opening_prompt_is_over_the_context_stop_the_collection_with_one_line_naming_them(limit):
+    """A 400 "maximum context length" to a task's opening prompt (or the agent's own
+    ``max_prompt_tokens``) is that task's for good: no rerun can sample it. Every request
+    refused so, the search started those roots again until its budget was spent and the
+    collection finished with an empty batch under a spent id; now the first wave of
+    such refusals stops it with one line naming each task and its prompt's length."""
+    from focus.agent import Agent
+    from focus.collector import Collector
+    from focus.critic import ConstantCritic
+    from focus.estimation import DirectBranchTd
+    from focus.execution import Execution
+    from focus.format import ByteCodec
+    from focus.priority import Phase, Selective
+    from focus.refusals import RequestsRefused
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    refused: list[int] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        n = len((await request.json())["prompt"])
+        refused.append(n)
+        message = (  # vLLM's wording (serving's _validate_input)
+            f"This model's maximum context length is 16 tokens. However, your request has {n} input tokens. "
+            "Please reduce the length of the input messages."
+        )
+        return web.json_response({"error": {"message": message, "type": "BadRequestError", "code": 400}}, status=400)
+
+    async def go() -> Any:
+        async with aiohttp_server(handle) as url:
+            policy = OpenAICompatPolicy(url, vocab_size=ByteCodec.vocab_size, config=FAST)
+            agent = Agent(
+                policy,
+                ReachTarget(),
+                toy_format(),
+                max_steps=4,
+                sampling=SamplingParams(max_tokens=4),
+                max_prompt_tokens=16 if limit == "agent" else None,
+            )
+            phases = [Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=40, wave_size=4)]
+            col = Collector(
+                agent,
+                search=Selective(phases=phases),
+                critic=ConstantCritic(0.5),
+                estimator=DirectBranchTd(),
+                execution=Execution(max_concurrency=4),
+                collection_id="too-long",
+                seed=1,
+            )
+            try:
+                return col.prepare(await col.search(reach_target_tasks(2, seed=2)))
+            finally:
+                await policy.aclose()
+
+    with pytest.raises(RequestsRefused) as caught:
+        asyncio.run(go())
+    line = str(caught.value)
+    assert line.startswith("every rollout of the wave (4 of 4) was refused at its task's opening prompt"), line
+    assert "task 'reach-2-0' (21 prompt tokens), task 'reach-2-1' (21 prompt tokens)" in line, line
+    assert "\n" not in line and len(refused) == (4 if limit == "server" else 0)
