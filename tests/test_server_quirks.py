@@ -352,3 +352,97 @@ def test_tasks_whose_opening_prompt_is_over_the_context_stop_the_collection_with
     assert line.startswith("every rollout of the wave (4 of 4) was refused at its task's opening prompt"), line
     assert "task 'reach-2-0' (21 prompt tokens), task 'reach-2-1' (21 prompt tokens)" in line, line
     assert "\n" not in line and len(refused) == (4 if limit == "server" else 0)
+
+
+def _restart_answers(request_body: dict[str, Any]) -> dict[str, Any]:
+    """What a server shutting down for a restart (or an SGLang weights update with
+    ``abort_all_requests``) answers every request in flight: a sample it ended itself."""
+    if "input_ids" in request_body:
+        meta = {"id": "x", "finish_reason": {"type": "abort", "message": "Abort all requests"}, "prompt_tokens": 1}
+        meta.update(completion_tokens=1, cached_tokens=0, output_token_logprobs=[[-0.1, 65, None]])
+        return {"text": "", "output_ids": [65], "meta_info": meta}
+    choice = {"index": 0, "text": "A", "finish_reason": "abort", "token_ids": [65]}
+    choice["logprobs"] = {"token_logprobs": [-0.1], "tokens": ["token_id:65"]}
+    return {"id": "c", "object": "text_completion", "model": "focus-tinylm", "choices": [choice]}
+
+
+@pytest.mark.parametrize("backend", ["openai", "sglang"])
+def test_a_restart_that_aborts_every_request_in_flight_then_502s_leaves_the_batch_unchanged(
+    local_model_server, backend
+):
+    """The embedded model behind a proxy that, from its 8th request, answers 30
+    requests as aborted (a shutdown ending what is in flight), then 502 until 1.5 s have
+    passed (the server gone, the proxy up), then passes the requests on again: the collection
+    waits it out and its batch is the uninterrupted run's, bit for bit. The abort burst
+    stopped it as unreadable answers (16 in a row)."""
+    import aiohttp
+
+    from focus.agent import Agent
+    from focus.collector import Collector
+    from focus.critic import ConstantCritic
+    from focus.estimation import DirectBranchTd
+    from focus.execution import Execution
+    from focus.format import ByteCodec
+    from focus.priority import Phase, Selective
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    upstream: str = local_model_server.url  # type: ignore[attr-defined]
+    seen = {"requests": 0, "aborted": 0, "502": 0}
+    began: list[float] = []
+
+    async def collect(url: str) -> list[tuple[Any, ...]]:
+        config = HttpConfig(outage_wait_s=10, backoff_s=0.01, backoff_max_s=0.1, timeout_s=30)
+        kind = OpenAICompatPolicy if backend == "openai" else SGLangPolicy
+        policy = kind(url, vocab_size=ByteCodec.vocab_size, config=config)
+        agent = Agent(policy, ReachTarget(), toy_format(), max_steps=6, sampling=SamplingParams(max_tokens=8))
+        phases = [Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=24, wave_size=6)]
+        col = Collector(
+            agent,
+            search=Selective(phases=phases),
+            critic=ConstantCritic(0.5),
+            estimator=DirectBranchTd(),
+            execution=Execution(max_concurrency=6),
+            collection_id="restart",
+            seed=3,
+        )
+        try:
+            batch = col.prepare(await col.search(reach_target_tasks(3, seed=2)))
+        finally:
+            await policy.aclose()
+        assert batch.stats["failed_rollouts"] == 0
+        return [(r.tree_id, r.edge_id, r.turn_index, r.prompt_ids, r.completion_ids, r.logprobs) for r in batch.actor]
+
+    async def go() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        session = aiohttp.ClientSession()
+
+        async def forward(request: web.Request) -> web.Response:
+            body = await request.read()
+            seen["requests"] += 1
+            if seen["requests"] == 8:
+                began.append(time.monotonic())
+            since = time.monotonic() - began[0] if began else None
+            if request.method == "POST" and since is not None and seen["aborted"] < 30:
+                seen["aborted"] += 1
+                return web.json_response(_restart_answers(json.loads(body)))
+            if request.method == "POST" and since is not None and since < 1.5:
+                seen["502"] += 1
+                return web.Response(status=502, text="Bad Gateway")
+            async with session.request(request.method, upstream + request.path_qs, data=body) as resp:
+                return web.Response(body=await resp.read(), status=resp.status, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            clean = await collect(upstream)
+            restarted = await collect(f"http://127.0.0.1:{runner.addresses[0][1]}")
+        finally:
+            await session.close()
+            await runner.cleanup()
+        return clean, restarted
+
+    clean, restarted = asyncio.run(go())
+    assert seen["aborted"] == 30 and seen["502"] > 0, seen  # past the 16 in a row the unreadable rule stopped at
+    assert clean and restarted == clean
