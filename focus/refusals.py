@@ -12,7 +12,10 @@ whole. A 400 or 422 may be one request's own (its prompt), so it stops a wave on
 every one of at least :data:`SAME_REFUSAL_MIN` rollouts got the same refusal, word for
 word, and it is not a prompt over the context (which the agent truncates instead): a
 sampling setting the server refuses (a temperature outside its range, a ``top_k`` it
-does not take) is carried by every request and refused the same way each time.
+does not take) is carried by every request and refused the same way each time. A
+prompt over the context at a task's opening prompt, before any turn, is that task's for
+good (past its first turn the agent truncates the episode instead): a wave of nothing
+else stops, naming the tasks (:func:`_opening_prompts_over_context`).
 
 An env that fails every fresh episode of a wave the same way (at least
 :data:`SAME_ENV_FAILURE_MIN` of them, from two tasks or more, numbers and quoted parts
@@ -31,10 +34,11 @@ from typing import Any
 from focus.agent import Rollout
 from focus.usage import failure_kind
 
-#: Statuses that refuse any request, whatever its prompt: 401/403 (the key), 404 (the
-#: path or the model name), 405 (not a generation endpoint), 501/505 (a server that cannot
-#: do it, ``retry.NEVER_RETRY_5XX``). A 400 or 413 may be the request's own (its length).
-REFUSED_STATUSES = frozenset({401, 403, 404, 405, 501, 505})
+#: Statuses that refuse any request, whatever its prompt: a redirect (3xx: the URL,
+#: :func:`focus.backends.wire.redirected`), 401/403 (the key), 404 (the path or the model
+#: name), 405 (not a generation endpoint), 501/505 (a server that cannot do it,
+#: ``retry.NEVER_RETRY_5XX``). A 400 or 413 may be the request's own (its length).
+REFUSED_STATUSES = frozenset({301, 302, 303, 307, 308, 401, 403, 404, 405, 501, 505})
 #: Statuses of a request the server found invalid: its prompt's, or a setting's that every
 #: request carries (told apart by every rollout of a wave getting the same refusal).
 SETTING_STATUSES = frozenset({400, 422})
@@ -113,14 +117,22 @@ def check_refused(rollouts: Sequence[Rollout]) -> None:
     if not rollouts:
         return
     statuses = [refused_status(r) for r in rollouts]
+    n = len(rollouts)
+    last = rollouts[-1].leaf
     if all(s in REFUSED_STATUSES for s in statuses):
         what = "check model.url, model.model and the API key (focus.backends.HttpConfig.api_key)"
     elif _same_setting_refusal(rollouts, statuses):
         what = "a setting every request carries, most often a sampling parameter (agent.sampling.*, model.options)"
+    elif tasks := _opening_prompts_over_context(rollouts, statuses):
+        raise RequestsRefused(
+            f"every rollout of the wave ({n} of {n}) was refused at its task's opening prompt as over the model's "
+            f"context: task {tasks}; those tasks cannot be sampled with this model (serve a longer context, e.g. "
+            "vLLM's --max-model-len, or shorten their prompts: the system prompt, the task's text, agent.max_"
+            "prompt_tokens); nothing of the wave is kept and the collection is not finished, so a rerun with the "
+            f"same collection id collects; last: {last.cause.removeprefix('model: ')}"
+        )
     else:
         return
-    n = len(rollouts)
-    last = rollouts[-1].leaf
     assert last is not None  # every rollout was refused, so each has a failed leaf
     raise RequestsRefused(
         f"the model service refused every request ({n} of {n} rollouts of the wave, status "
@@ -128,6 +140,31 @@ def check_refused(rollouts: Sequence[Rollout]) -> None:
         f"collection is not finished, so a rerun with the same collection id collects; last: "
         f"{last.cause.removeprefix('model: ')}"
     )
+
+
+def _opening_prompts_over_context(rollouts: Sequence[Rollout], statuses: list[int | None]) -> str:
+    """The tasks (with their opening prompts' lengths) when every one of at least
+    :data:`SAME_REFUSAL_MIN` rollouts failed at its task's opening prompt, before any
+    turn, because it does not fit the model's context (the server's refusal, or the
+    agent's ``max_prompt_tokens``); "" otherwise. Past a task's first turn such a refusal
+    ends the rollout in a truncated leaf (the episode outgrew the model); at its opening
+    prompt the task cannot be sampled at all, on any rerun: the search started those
+    roots again until its budget was spent, each call refused at once, and the collection
+    finished with an empty batch under a spent id."""
+    from focus.backends.wire import is_context_limit
+
+    if len(rollouts) < SAME_REFUSAL_MIN:
+        return ""
+    tasks: dict[str, int] = {}
+    for r, status in zip(rollouts, statuses, strict=True):
+        leaf = r.leaf
+        if leaf.kind != "failed" or leaf.steps != 0 or r.turns or not leaf.cause.startswith("model:"):
+            return ""
+        own = status is None and "over max_prompt_tokens" in leaf.cause  # the agent's limit (agent.py)
+        if not own and (status is None or not is_context_limit(status, leaf.cause)):
+            return ""
+        tasks.setdefault(r.task_id, len(leaf.context_ids))
+    return ", task ".join(f"{t!r} ({k} prompt tokens)" for t, k in sorted(tasks.items()))
 
 
 def _same_setting_refusal(rollouts: Sequence[Rollout], statuses: list[int | None]) -> bool:

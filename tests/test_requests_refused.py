@@ -24,8 +24,8 @@ from tasks.config import load_config
 pytestmark = pytest.mark.timeout(120)
 
 
-def _failed(cause: str) -> Rollout:
-    return Rollout("t", (Piece((), "failed", 0, (1,), cause=cause),))
+def _failed(cause: str, steps: int = 0) -> Rollout:
+    return Rollout("t", (Piece((), "failed", steps, (1,), cause=cause),))
 
 
 def test_only_a_wave_refused_whatever_its_requests_hold_stops():
@@ -35,7 +35,12 @@ def test_only_a_wave_refused_whatever_its_requests_hold_stops():
     with pytest.raises(RequestsRefused, match=r"^the model service refused every request \(3 of 3 .*status 401\)"):
         check_outage([refused] * 3, 1.0)
     check_outage([refused] * 3 + [done], 1.0)  # one answered: a request's own refusal, kept as a failed rollout
-    check_outage([too_long] * 3, 1.0)  # a 400 may be the prompt's own (over the context length)
+    # a 400 may be the prompt's own (over the context length): past a task's opening prompt kept as failed
+    check_outage([_failed(too_long.leaf.cause, steps=2)] * 3, 1.0)
+    with pytest.raises(
+        RequestsRefused, match=r"^every rollout of the wave \(3 of 3\) was refused at its task's opening"
+    ):
+        check_outage([too_long] * 3, 1.0)  # at the opening prompt: the task cannot be sampled (test_server_quirks.py)
     check_outage([], 1.0)
 
 
@@ -126,7 +131,7 @@ def test_the_same_400_for_every_rollout_of_a_wave_is_a_setting_and_stops_it():
     check_outage([_failed(why), _failed(why + "!")], 1.0)  # refusals that differ are the requests' own
     check_outage([_failed(why), Rollout("t", (Piece((), "terminal", 1, ()),))], 1.0)  # one answered
     over = "model: POST http://m/v1/completions was rejected with status 400: maximum context length is 4096"
-    check_outage([_failed(over)] * 3, 1.0)  # the agent truncates such a prompt instead
+    check_outage([_failed(over, steps=1)] * 3, 1.0)  # past the opening prompt the agent truncates such a prompt
 
 
 REFUSALS = {401: "invalid API key", 501: "Unsupported method", 400: "temperature must be in [0, 2], got 2.5"}

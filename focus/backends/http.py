@@ -65,6 +65,7 @@ from focus.backends.wire import encode as _encode
 from focus.backends.wire import expire as _expire
 from focus.backends.wire import gave_up as _gave_up
 from focus.backends.wire import headers as _headers
+from focus.backends.wire import redirected as _redirected
 from focus.backends.wire import snippet as _snippet
 from focus.backends.wire import text as _text
 from focus.policy import (
@@ -75,13 +76,22 @@ from focus.policy import (
     UnreadableAnswers,
 )
 
-__all__ = ["HttpClient", "HttpConfig", "MalformedResponse", "RetryPolicy"]
+__all__ = ["Aborted", "HttpClient", "HttpConfig", "MalformedResponse", "RetryPolicy"]
 
 T = TypeVar("T")
 
 
 class MalformedResponse(ValueError):
     """The server answered 2xx but the body is not what the API promises; retried."""
+
+
+class Aborted(MalformedResponse):
+    """The server ended the sample itself (``finish_reason`` ``abort`` or ``error``):
+    retried as a malformed answer, but never counted as an answer of a shape the client
+    cannot read (:mod:`focus.backends.unreadable`). An SGLang weights update with
+    ``abort_all_requests`` (or vLLM's pause with abort) ends every request in flight so
+    at once, each of which is answered on its retry; counted, 16 of them in a row stopped
+    the collection as unreadable."""
 
 
 class HttpClient:
@@ -329,7 +339,7 @@ class HttpClient:
             now = time.monotonic()
             streak = now if streak is None else streak
             answered = last.kind == "malformed response"  # an answer, if a bad one: not an outage
-            if answered and await self._unreadable(wire, method, url, content, parse, deadline, str(last)):
+            if answered and await self._unreadable(wire, method, url, content, parse, deadline, last):
                 self._stats.add(CallRecord(attempts, now - t0, (*errors, (last.kind, now - started)), last.kind))
                 raise self.unreadable(unreadable_line(self.service, method, url, self._unread)) from None
             if not answered:
@@ -408,12 +418,22 @@ class HttpClient:
         return error(_gave_up(method, url, attempts, elapsed, ended, last, gate, self.config.deadline_s))
 
     async def _unreadable(
-        self, wire: _Wire, method: str, url: Any, content: bytes | None, parse: Any, deadline: float | None, cause: str
+        self,
+        wire: _Wire,
+        method: str,
+        url: Any,
+        content: bytes | None,
+        parse: Any,
+        deadline: float | None,
+        last: _Retryable,
     ) -> bool:
-        """After a malformed answer (``cause``) to ``content``, whether the answers cannot
+        """After a malformed answer (``last``) to ``content``, whether the answers cannot
         be read; with a probe, in a slot of its own, where the count wants one
-        (:mod:`focus.backends.unreadable`)."""
-        if self._unread.malformed(cause, content):
+        (:mod:`focus.backends.unreadable`). A sample the server ended itself
+        (:class:`Aborted`) is not counted."""
+        if last.aborted:
+            return False
+        if self._unread.malformed(str(last), content):
             return True
         if self.probe is None or content is None or not (n := self._unread.take_probe(content)):
             return False
@@ -530,11 +550,15 @@ class HttpClient:
                 raise _Retryable("server error", status, _snippet(_text(data)), parse_retry_after(retry_after))
             text = _text(data)
             raise _Rejected(f"{method} {url} was rejected with status {status}: {_snippet(text)}", status, text)
+        if status >= 300:  # ``retry_after`` is the redirect's Location (Sender)
+            raise _Rejected(_redirected(method, url, status, retry_after), status, _text(data))
         decoded = _decode(data, status)
         try:
             value = parse(decoded)
         except (MalformedResponse, self.error, KeyError, TypeError, IndexError, ValueError, AttributeError) as e:
-            raise _Retryable("malformed response", status, f"{type(e).__name__}: {e}") from e
+            bad = _Retryable("malformed response", status, f"{type(e).__name__}: {e}")
+            bad.aborted = isinstance(e, Aborted)
+            raise bad from e
         return value, time.monotonic() - sent
 
     async def peek(self, path: str, parse: Callable[[Any], T]) -> T | None:

@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 from focus.backends.foreign import url_problem
-from focus.backends.http import HttpConfig, MalformedResponse
+from focus.backends.http import Aborted, HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable, UnreadableAnswers
@@ -451,8 +451,9 @@ def _parse_choice(data: dict[str, Any], ch: Any, stop_ids: Sequence[int] = ()) -
         if not isinstance(x, int | float) or not math.isfinite(x):
             raise MalformedResponse(f"log-prob {x!r} of token {i} is not a finite number")
         if x <= NEG_INF_STAND_IN:
+            who = "vLLM's" if x == NEG_INF_STAND_IN else "a"  # SGLang's completions write the lowest float32
             raise MalformedResponse(
-                f"log-prob {x!r} of sampled token {i} is vLLM's stand-in for -inf: the server gives the token it "
+                f"log-prob {x!r} of sampled token {i} is {who} stand-in for -inf: the server gives the token it "
                 "sampled probability 0, so its log-probs are not those of its sampler (see --logprobs-mode)"
             )
         values.append(float(x))
@@ -460,7 +461,7 @@ def _parse_choice(data: dict[str, Any], ch: Any, stop_ids: Sequence[int] = ()) -
     if finish is None:
         raise MalformedResponse(f"unknown finish_reason {ch.get('finish_reason')!r}")
     if finish in ("abort", "error"):
-        raise MalformedResponse(aborted(finish, len(ids), ch.get("stop_reason")))
+        raise Aborted(aborted(finish, len(ids), ch.get("stop_reason")))
     if finish == "length" and ids and ids[-1] in stop_ids:
         finish = "stop"
     usage = data.get("usage") or {}

@@ -33,7 +33,8 @@ from yarl import URL
 #: (``ClientRequest.write_bytes``): nothing of it reached the server.
 UNWRITTEN = "Can not write request body"
 
-#: What a sender returns: the status, the whole body, and the ``Retry-After`` header.
+#: What a sender returns: the status, the whole body, and the ``Retry-After`` header of
+#: a refusal (status >= 400) or the ``Location`` of a redirect (3xx), which no sender follows.
 Answer = tuple[int, bytes, str | None]
 
 
@@ -93,9 +94,12 @@ class AiohttpSender(Sender):
     async def _send(
         session: aiohttp.ClientSession, method: str, url: Any, content: bytes | None, headers: dict[str, str]
     ) -> Answer:
-        async with session.request(method, url, data=content, headers=headers) as response:
+        # redirects not followed: aiohttp resends a POST redirected with 301, 302 or 303 as a GET
+        # without its body (the server refused it, 405 or 404, naming no redirect); the client names it
+        async with session.request(method, url, data=content, headers=headers, allow_redirects=False) as response:
             status = response.status
-            return status, await response.read(), response.headers.get("Retry-After") if status >= 400 else None
+            said = None if status < 300 else response.headers.get("Retry-After" if status >= 400 else "Location")
+            return status, await response.read(), said
 
     async def aclose(self) -> None:
         session, self._session = self._session, None
@@ -120,7 +124,12 @@ class HttpxSender(Sender):
             data = await response.aread()
         finally:
             await response.aclose()
-        return response.status_code, data, response.headers.get("retry-after")
+        status = response.status_code
+        return (
+            status,
+            data,
+            None if status < 300 else response.headers.get("retry-after" if status >= 400 else "location"),
+        )
 
     async def aclose(self) -> None:
         await self.transport.aclose()

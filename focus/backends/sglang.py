@@ -18,9 +18,10 @@ import math
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from focus.backends.http import HttpConfig, MalformedResponse
+from focus.backends.http import Aborted, HttpConfig, MalformedResponse
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.openai_compat import (
+    NEG_INF_STAND_IN,
     NEUTRAL,
     SGLANG_VERSION_PATHS,
     aborted,
@@ -135,6 +136,8 @@ def parse_generate(data: Any) -> Completion:
         lp = tr[0]
         if not isinstance(lp, int | float) or not math.isfinite(lp):
             raise MalformedResponse(f"log-prob {lp!r} of token {i} is not a finite number")
+        if lp <= NEG_INF_STAND_IN:
+            raise MalformedResponse(clamped(lp, i))
         ids.append(tr[1])
         lps.append(float(lp))
     out_ids = data.get("output_ids")
@@ -146,7 +149,7 @@ def parse_generate(data: Any) -> Completion:
     if finish is None:
         raise MalformedResponse(f"unknown finish_reason {fr!r}")
     if finish == "abort":  # e.g. a weights update with abort_all_requests: retried (aborted())
-        raise MalformedResponse(aborted(finish, len(ids), fr.get("message") if isinstance(fr, dict) else None))
+        raise Aborted(aborted(finish, len(ids), fr.get("message") if isinstance(fr, dict) else None))
     cached = meta.get("cached_tokens")
     extra = {k: meta[k] for k in ("policy_version", "weight_version", "id") if k in meta}
     if type(read := meta.get("prompt_tokens")) is int:  # the input ids it sampled after (HttpPolicy.check_echo)
@@ -155,6 +158,20 @@ def parse_generate(data: Any) -> Completion:
     version = meta.get("weight_version") or meta.get("policy_version")
     version = version if isinstance(version, str) and version else None
     return Completion(tuple(ids), tuple(lps), finish, cached if isinstance(cached, int) else None, extra, version)
+
+
+def clamped(lp: float, i: int) -> str:
+    """Why a sampled token's log-prob at or below -9999 is refused. SGLang's sampler
+    writes the log of a probability of 0 as the lowest float32, -3.4e38
+    (``torch.log(probs).clamp(min=torch.finfo(probs.dtype).min)``, "to avoid -inf"), as
+    vLLM writes ``-9999.0`` and llama-server the lowest float: on a sampled token it says
+    the server gives the token it drew probability 0, and recorded as a behaviour
+    log-prob it makes a trainer's ratio ``exp(new - old)`` overflow (it was recorded)."""
+    return (
+        f"log-prob {lp!r} of sampled token {i} is a stand-in for -inf (SGLang clamps the log of a probability "
+        "of 0 to the lowest float, -3.4e38): the server gives the token it sampled probability 0, so its "
+        "log-probs are not those of its sampler"
+    )
 
 
 def seeds_refused(url: str) -> str:

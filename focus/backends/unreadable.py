@@ -8,6 +8,13 @@ a server that gives no log-probs - answers every request the same malformed way,
 retrying it cost every call ``max_retries`` attempts (20-28 s with the default backoff)
 before the wave failed as a "model service outage", the cause at the end of the line.
 
+A sample the server ended itself (``finish_reason`` ``abort``,
+:class:`~focus.backends.http.Aborted`) is retried and never counted here: an SGLang
+weights update with ``abort_all_requests`` ends every request in flight at once, each
+answered on its retry, and 5 such answers in a row before any good one (16 after)
+stopped the collection as unreadable. A server that aborts one request on every try
+still fails that call after its retries, as any bad response does.
+
 :class:`Unreadable` counts, per client and process, the malformed answers in a row
 since the client's last good answer that share one cause (the message with numbers
 and quoted parts blanked, so "token 'a'" and "token 'b'" are one cause, while garbled
@@ -205,7 +212,7 @@ async def probe(
             try:
                 await send(other)
             except Retryable as e:
-                if e.kind == "malformed response" and tally.malformed(str(e), other):
+                if e.kind == "malformed response" and not e.aborted and tally.malformed(str(e), other):
                     return True
                 continue
             except Rejected:

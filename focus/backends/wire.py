@@ -34,6 +34,8 @@ class Retryable(Exception):
         self.kind, self.status, self.retry_after = kind, status, retry_after
         #: Hedges sent in this attempt (they failed too).
         self.hedged = 0
+        #: A malformed answer that is a sample the server ended itself (:class:`~focus.backends.http.Aborted`).
+        self.aborted = False
 
 
 class Rejected(Exception):
@@ -139,10 +141,28 @@ def classify(e: BaseException) -> Retryable:
     so was waited for as down for ``outage_wait_s`` (300 s) and reported as an outage."""
     if isinstance(e, httpx.DecodingError) or _undecodable(e):
         return Retryable("malformed response", None, f"{type(e).__name__}: {' '.join(str(e).split())}")
+    if (head := unparsable_head(e)) is not None:
+        return Retryable("malformed response", None, head)
     cause = e.__cause__ if isinstance(e, httpx.TransportError) and e.__cause__ is not None else e
     if isinstance(cause, TimeoutError) or (cause is e and isinstance(e, httpx.TimeoutException)):
         return Retryable("timeout", None, f"{type(cause).__name__}: {cause}")
     return Retryable("connection", None, f"{type(cause).__name__}: {cause}")
+
+
+def unparsable_head(e: BaseException) -> str | None:
+    """What aiohttp's parser found wrong with an answer's status line or headers (None:
+    ``e`` is no such error). An answer whose head breaks HTTP/1.1 - ``Transfer-Encoding``
+    beside ``Content-Length`` (what some proxies and hand-written servers send), two
+    ``Content-Length`` values, a header name with a space, a status line that is not
+    HTTP (another protocol on the port) - is an answer, if one the client cannot read:
+    it was a "connection" failure, so a server answering every request so was waited for
+    as down for ``outage_wait_s`` (300 s) and reported as an outage, its cause last. A
+    connection cut inside the head is no such error (aiohttp raises
+    ``ServerDisconnectedError``), nor one cut inside the body (``ClientPayloadError``)."""
+    if not isinstance(e, aiohttp.ClientResponseError) or not isinstance(e.__cause__, HttpProcessingError):
+        return None
+    said = " ".join(str(e.__cause__.message).split())
+    return f"the answer's HTTP head cannot be parsed ({said[:200]})"
 
 
 def _undecodable(e: BaseException) -> bool:
@@ -172,6 +192,20 @@ def gave_up(
     else:
         within = ""
     return f"{method} {url} failed after {attempts} attempt(s){within}; last: {status}: {last}"
+
+
+def redirected(method: str, url: Any, status: int, location: str | None) -> str:
+    """Why a redirect (3xx) refuses the request: no client follows one. aiohttp resent a
+    POST redirected with 301, 302 or 303 as a GET without its body (RFC 9110 allows it),
+    which the server refused (405, 404) or answered as another request, and the line
+    named that refusal and no redirect (an ingress sending ``http://`` to ``https://``,
+    a path moved); one that keeps the method cost each call a second request. The
+    status reads as a refusal of every request (:data:`focus.refusals.REFUSED_STATUSES`)."""
+    to = f"to {location!r}" if location else "without saying where (no Location)"
+    return (
+        f"{method} {url} was rejected with status {status}: it redirects {to}, and redirects are not followed; "
+        "set the service's URL (model.url, critic.url) to the address it redirects to"
+    )
 
 
 def encode(body: Any) -> bytes:
