@@ -313,6 +313,9 @@ class LoopProgress:
         m = trained.get("metrics") or {}
         steps, loss = m.get("train_steps"), m.get("train_loss")
         what = f" {steps:.0f} step{'' if steps == 1 else 's'}" if steps else ""
+        if steps == 0:  # said why where it is known: "trained, loss 0" read as a step taken
+            flat = m.get("train_tokens") and m.get("train_advantage_mean") == 0 == m.get("train_advantage_std")
+            what = " no step (every advantage 0: nothing to learn)" if flat else " no step"
         what += f", loss {loss:.4g}" if loss is not None else ""
         # kl: the whole batch's after the update (how far it moved; the per-step figure is 0
         # at a one-step rule's only step)

@@ -244,7 +244,12 @@ class PolicyTrainer:
     def update(self, batch: Batch, on_step: StepHook | None = None) -> TrainStats:
         """Several epochs of clipped policy gradient over the batch's actor sequences
         (``rule`` ``adam``), or one step sized to ``target_kl`` (:mod:`focus.kl_step`);
-        ``on_step`` is told of each optimizer step (:class:`UpdateStep`)."""
+        ``on_step`` is told of each optimizer step (:class:`UpdateStep`).
+
+        A batch whose every trained token has advantage 0 (each tree's rollouts alike in
+        return: nothing to learn) takes no step under any rule (``steps`` 0, weights and
+        optimizer state unchanged): its gradient is 0, but an Adam step still moved the
+        weights by the momentum of earlier updates (and by weight decay)."""
         import torch
 
         cfg = self.config
@@ -269,7 +274,9 @@ class PolicyTrainer:
         torch.set_num_threads(cfg.torch_threads)
         try:
             initial_kl = self._kl(seqs) if cfg.target_kl is not None else 0.0
-            if cfg.rule != "adam":
+            if not any(trained):  # nothing to learn: Adam's momentum (and weight decay) would still move the weights
+                taken, halvings = [], 0
+            elif cfg.rule != "adam":
                 by_len = sorted(seqs, key=lambda s: len(s.tokens))  # less padding
                 p = [self._pad(by_len[i : i + cfg.minibatch]) for i in range(0, len(seqs), cfg.minibatch)]
                 taken, halvings = kl_step(self.model, p, cfg, self._loss_fn(scale), initial_kl, lambda: self._kl(seqs))
@@ -297,7 +304,9 @@ class PolicyTrainer:
             advantage_std=std,
             wall_s=time.perf_counter() - t0,
             final_kl=final_kl,
-            stopped_early=cfg.rule == "adam" and steps < cfg.epochs * math.ceil(len(seqs) / cfg.minibatch),
+            stopped_early=cfg.rule == "adam"
+            and any(trained)
+            and steps < cfg.epochs * math.ceil(len(seqs) / cfg.minibatch),
             initial_kl=initial_kl,
             kl_halvings=halvings,
             grad_norm=left_sum(t.get("grad_norm", 0.0) for t in taken) / n,

@@ -187,6 +187,26 @@ def test_each_optimizer_step_is_reported_and_the_report_changes_nothing():
         seen[0].loss = 0.0  # type: ignore[misc]
 
 
+@pytest.mark.parametrize("rule", ["adam", "sgd", "natural"])
+def test_a_batch_with_nothing_to_learn_takes_no_step_and_leaves_the_weights(rule):
+    """Every advantage 0 (each tree's rollouts alike in return): the gradient is 0, but
+    under ``adam`` the update still took its steps and moved the weights by the momentum
+    of the update before (by 6.7e-4 on a collected toy batch), reporting them as a
+    trained step; the one-step rules already took none."""
+    kl = {"target_kl": None} if rule == "adam" else {"target_kl": 0.05}
+    trainer = PolicyTrainer(config=UpdateConfig(rule=rule, lr=3e-3, **kl))
+    trainer.update(_toy_batch(0, [("7", 1.0), ("3", -1.0)]))  # leaves Adam's moments non-zero
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    moments = [{k: v.clone() for k, v in st.items()} for st in trainer.optimizer.state_dict()["state"].values()]
+    stats = trainer.update(_toy_batch(1, [("7", 0.0), ("3", 0.0)]))
+    assert stats.steps == 0 and not stats.stopped_early and stats.tokens == 4, stats
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    after = list(trainer.optimizer.state_dict()["state"].values())
+    assert len(after) == len(moments)
+    assert all(torch.equal(a[k], m[k]) for a, m in zip(after, moments, strict=True) for k in m)
+
+
 @pytest.mark.slow
 def test_updates_are_reproducible_and_resume_from_saved_state(tmp_path):
     b0 = _toy_batch(0, [("7", 1.0), ("3", -1.0), ("5", 0.5)])
