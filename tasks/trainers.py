@@ -212,8 +212,10 @@ def tinker_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainRe
     ``options`` override fields of ``train.tinker``. Sends nothing (a dry run) when
     ``dry_run`` is set, when ``TINKER_API_KEY`` is not, or when the batch was not
     sampled from a Tinker model (``model.kind`` is not ``tinker``: its token ids are
-    another model's) or was sampled from the base weights of another model than the one
-    trained (no ``ctx.weights`` and ``model.model`` is not the base model). Either way
+    another model's), was sampled from the base weights of another model than the one
+    trained (no ``ctx.weights`` and ``model.model`` is not the base model), or has no
+    nonzero advantage (nothing to learn: its gradient is 0, but ``optim_step`` from the
+    saved optimizer state still moved the weights by Adam's momentum). Either way
     every request is built and checked, and what it would send is written to ``ctx.out``
     as ``requests.json``.
     """
@@ -241,6 +243,8 @@ def tinker_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainRe
         why = f"model.kind is {cfg.model.kind!r}: the batch's token ids are not {base_model}'s"
     elif not ctx.weights and cfg.model.model != base_model:  # sampled by model.model's base weights
         why = f"the batch was sampled by {cfg.model.model}: its token ids are not {base_model}'s"
+    elif not report["tokens_with_advantage"]:  # a zero gradient, but Adam's momentum would move the weights
+        why = "every advantage is 0 (nothing to learn)"
     store = WeightStore(cfg.storage.root)
     counts = {k: float(report[k]) for k in ("datums", "tokens", "tokens_with_advantage", "forward_backward_bytes")}
     if why is not None:
