@@ -154,6 +154,22 @@ def training_units(raw: Sequence[TokenSequence], cfg: UpdateConfig) -> list[Trai
     return pack_sequences(raw, "none" if cfg.pack == "none" else "prefixes")
 
 
+def nothing_to_learn(raw: Sequence[TokenSequence]) -> bool:
+    """Whether the batch's advantages say nothing (pure): at every trained position of
+    every distinct token sequence, the advantages of its copies sum to 0 - every advantage
+    0 (each tree's rollouts alike in return), or advantages that cancel over identical
+    sequences (four identical truncated leaves of a collected toy batch, whose critic
+    predictions differed in float32 rounding, gave +-2.3e-10). At the sampling policy the
+    gradient is then exactly 0."""
+    sums: dict[tuple[int, ...], list[float]] = {}
+    for s in raw:
+        acc = sums.setdefault(s.tokens, [0.0] * len(s.tokens))
+        for j, (a, m) in enumerate(zip(s.advantages, s.mask, strict=True)):
+            if m:
+                acc[j] += a
+    return not any(any(acc) for acc in sums.values())
+
+
 def _check_vocabulary(raw: Sequence[TokenSequence], vocab_size: int) -> None:
     """Refuse a batch holding a token id the embedded model has no embedding for (a batch
     another model sampled), naming the row: the embedding raised a bare IndexError."""
@@ -246,10 +262,10 @@ class PolicyTrainer:
         (``rule`` ``adam``), or one step sized to ``target_kl`` (:mod:`focus.kl_step`);
         ``on_step`` is told of each optimizer step (:class:`UpdateStep`).
 
-        A batch whose every trained token has advantage 0 (each tree's rollouts alike in
-        return: nothing to learn) takes no step under any rule (``steps`` 0, weights and
-        optimizer state unchanged): its gradient is 0, but an Adam step still moved the
-        weights by the momentum of earlier updates (and by weight decay)."""
+        A batch with nothing to learn (:func:`nothing_to_learn`) takes no step under any
+        rule (``steps`` 0, weights and optimizer state unchanged): its gradient is 0, but an
+        Adam step still moved the weights by the momentum of earlier updates (and by weight
+        decay)."""
         import torch
 
         cfg = self.config
@@ -274,8 +290,10 @@ class PolicyTrainer:
         torch.set_num_threads(cfg.torch_threads)
         try:
             initial_kl = self._kl(seqs) if cfg.target_kl is not None else 0.0
-            if not any(trained):  # nothing to learn: Adam's momentum (and weight decay) would still move the weights
-                taken, halvings = [], 0
+            taken: list[dict[str, float]] = []
+            halvings, stopped_early = 0, False
+            if nothing_to_learn(raw):
+                pass  # no step: the gradient is 0, but an Adam step moves the weights by its momentum
             elif cfg.rule != "adam":
                 by_len = sorted(seqs, key=lambda s: len(s.tokens))  # less padding
                 p = [self._pad(by_len[i : i + cfg.minibatch]) for i in range(0, len(seqs), cfg.minibatch)]
@@ -284,7 +302,7 @@ class PolicyTrainer:
                     on_step(UpdateStep(1, 1, 0, **taken[0]))
             else:
                 rng = random.Random(f"{cfg.seed}/{self.updates}")
-                taken, halvings = self._epochs(seqs, scale, rng, initial_kl, on_step)
+                taken, halvings, stopped_early = self._epochs(seqs, scale, rng, initial_kl, on_step)
             final_kl = self._kl(seqs)
         finally:
             self._set_lr(cfg.lr)
@@ -304,9 +322,7 @@ class PolicyTrainer:
             advantage_std=std,
             wall_s=time.perf_counter() - t0,
             final_kl=final_kl,
-            stopped_early=cfg.rule == "adam"
-            and any(trained)
-            and steps < cfg.epochs * math.ceil(len(seqs) / cfg.minibatch),
+            stopped_early=stopped_early,
             initial_kl=initial_kl,
             kl_halvings=halvings,
             grad_norm=left_sum(t.get("grad_norm", 0.0) for t in taken) / n,
@@ -319,9 +335,10 @@ class PolicyTrainer:
         rng: random.Random,
         initial_kl: float,
         on_step: StepHook | None,
-    ) -> tuple[list[dict[str, float]], int]:
-        """The update's epochs: the figures of each optimizer step that stands, and the
-        learning-rate halvings it took (``target_kl``: :func:`kl_verdict` after each epoch)."""
+    ) -> tuple[list[dict[str, float]], int, bool]:
+        """The update's epochs: the figures of each optimizer step that stands, the
+        learning-rate halvings it took (``target_kl``: :func:`kl_verdict` after each epoch),
+        and whether ``target_kl`` ended it before its last epoch was done."""
         cfg = self.config
         taken: list[dict[str, float]] = []
         halvings = 0
@@ -347,12 +364,12 @@ class PolicyTrainer:
                     break
                 self._restore(before)
                 if verdict == "undo":
-                    return taken, halvings
+                    return taken, halvings, True
                 halvings += 1
                 self._set_lr(cfg.lr / 2**halvings)
             if stopped or kl_reached(full, cfg.target_kl):
-                break
-        return taken, halvings
+                return taken, halvings, stopped or epoch < cfg.epochs - 1
+        return taken, halvings, False
 
     def _epoch(
         self,

@@ -188,17 +188,32 @@ def test_each_optimizer_step_is_reported_and_the_report_changes_nothing():
 
 
 @pytest.mark.parametrize("rule", ["adam", "sgd", "natural"])
-def test_a_batch_with_nothing_to_learn_takes_no_step_and_leaves_the_weights(rule):
-    """Every advantage 0 (each tree's rollouts alike in return): the gradient is 0, but
-    under ``adam`` the update still took its steps and moved the weights by the momentum
-    of the update before (by 6.7e-4 on a collected toy batch), reporting them as a
-    trained step; the one-step rules already took none."""
+@pytest.mark.parametrize(
+    "completions",
+    [[("7", 0.0), ("3", 0.0)], [("7", 2.3e-10), ("7", -2.3e-10)]],
+    ids=["every-advantage-0", "advantages-that-cancel"],
+)
+def test_a_batch_with_nothing_to_learn_takes_no_step_and_leaves_the_weights(rule, completions):
+    """Every advantage 0 (each tree's rollouts alike in return), or advantages that cancel
+    over identical sequences sampled from the policy trained (a collected batch of four
+    identical truncated leaves whose critic predictions differed in float32 rounding gave
+    +-2.3e-10): the gradient is 0,
+    but under ``adam`` the update still took its steps and moved the weights by the
+    momentum of the update before (by 6.7e-4 on a collected toy batch), reporting them as
+    a trained step; the one-step rules already took none."""
     kl = {"target_kl": None} if rule == "adam" else {"target_kl": 0.05}
     trainer = PolicyTrainer(config=UpdateConfig(rule=rule, lr=3e-3, **kl))
     trainer.update(_toy_batch(0, [("7", 1.0), ("3", -1.0)]))  # leaves Adam's moments non-zero
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     moments = [{k: v.clone() for k, v in st.items()} for st in trainer.optimizer.state_dict()["state"].values()]
-    stats = trainer.update(_toy_batch(1, [("7", 0.0), ("3", 0.0)]))
+    batch = _toy_batch(1, completions)
+    prompt = batch.actor[0].prompt_ids
+    on_policy = []  # the trained model's own log-probs: ratio 1, so no clipping undoes the cancelling
+    for r in batch.actor:
+        full = prompt_logprobs(trainer.model, prompt + r.completion_ids)
+        lps = tuple(float(full[len(prompt) - 1 + i, t]) for i, t in enumerate(r.completion_ids))
+        on_policy.append(dataclasses.replace(r, logprobs=lps))
+    stats = trainer.update(Batch("c", 1, on_policy))
     assert stats.steps == 0 and not stats.stopped_early and stats.tokens == 4, stats
     for k, v in trainer.model.state_dict().items():
         assert torch.equal(v, before[k]), k
