@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from focus.batch import Batch
+from focus.export_sequences import trainable_sequences
 from focus.exporters import TokenSequence as TokenSequence  # re-exported: callers import them here
-from focus.exporters import actor_sequences
 from focus.kl_bound import MAX_HALVINGS as MAX_HALVINGS  # re-exported: callers import them here
 from focus.kl_bound import kl_reached, kl_verdict
 from focus.kl_step import kl_step
@@ -272,11 +272,9 @@ class PolicyTrainer:
         t0 = time.perf_counter()
         if cfg.scale_advantages == "task":
             batch = task_scaled(batch)
-        raw = actor_sequences(weighted(batch, cfg.segment_weights) if cfg.segment_weights != "equal" else batch)
-        if not raw:
-            raise ValueError(
-                f"batch {batch.collection_id!r} iteration {batch.iteration} has no trainable actor sequences"
-            )
+        # NothingToTrain naming why (no actor rows, or none trained), as every exporter refuses it
+        w = weighted(batch, cfg.segment_weights) if cfg.segment_weights != "equal" else batch
+        raw = trainable_sequences(w, merge_turns=True, skip_unmasked=True)
         _check_vocabulary(raw, self.model.cfg.vocab_size)
         _check_lengths(raw, self.model.cfg.max_len)
         seqs = training_units(raw, cfg)

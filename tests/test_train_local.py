@@ -18,7 +18,7 @@ except ModuleNotFoundError:  # pip install focus-rl without [train]
 
 from focus.batch import ActorRow, Batch
 from focus.env import Message
-from focus.exporters import TokenSequence, actor_sequences
+from focus.exporters import NothingToTrain, TokenSequence, actor_sequences
 from focus.format import ByteCodec
 from focus.tinylm.model import load, prompt_logprobs
 from focus.train_local import (
@@ -109,8 +109,12 @@ def test_update_moves_probability_toward_positive_advantages():
     assert stats.sequences == 2 and stats.tokens == 4 and math.isfinite(stats.loss)
     assert lp(trainer.model, good)[0] > before_good[0] + 0.05
     assert lp(trainer.model, bad)[0] < before_bad[0] - 0.05
-    with pytest.raises(ValueError, match="no trainable actor sequences"):
+    # as every exporter refuses it: NothingToTrain (a ValueError) naming why
+    with pytest.raises(NothingToTrain, match=r"^batch 'c' iteration 1 has no actor rows: nothing to train on"):
         trainer.update(Batch("c", 1, []))
+    untrained = [dataclasses.replace(r, loss_mask=(0, 0)) for r in batch.actor]
+    with pytest.raises(NothingToTrain, match=r"2 actor row\(s\), none with a trained token"):
+        trainer.update(Batch("c", 1, untrained))
 
 
 @pytest.mark.parametrize("rule", ["adam", "sgd"])
