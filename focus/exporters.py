@@ -52,6 +52,7 @@ from focus.export_sequences import FLOAT32_MAX as FLOAT32_MAX  # re-exported: th
 from focus.export_sequences import NothingToTrain as NothingToTrain
 from focus.export_sequences import TokenSequence as TokenSequence
 from focus.export_sequences import actor_sequences as actor_sequences
+from focus.export_sequences import nothing_to_learn as nothing_to_learn
 from focus.export_sequences import trainable_sequences
 from focus.export_verl import to_verl_batch as to_verl_batch
 from focus.export_verl import to_verl_batches as to_verl_batches

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from focus.batch import Batch
+from focus.export_sequences import nothing_to_learn as nothing_to_learn  # re-exported: the trainers' common test
 from focus.export_sequences import trainable_sequences
 from focus.exporters import TokenSequence as TokenSequence  # re-exported: callers import them here
 from focus.kl_bound import MAX_HALVINGS as MAX_HALVINGS  # re-exported: callers import them here
@@ -152,22 +153,6 @@ def training_units(raw: Sequence[TokenSequence], cfg: UpdateConfig) -> list[Trai
     if cfg.pack == "tree" and cfg.rule != "adam":
         return pack_sequences(raw, "tree")
     return pack_sequences(raw, "none" if cfg.pack == "none" else "prefixes")
-
-
-def nothing_to_learn(raw: Sequence[TokenSequence]) -> bool:
-    """Whether the batch's advantages say nothing (pure): at every trained position of
-    every distinct token sequence, the advantages of its copies sum to 0 - every advantage
-    0 (each tree's rollouts alike in return), or advantages that cancel over identical
-    sequences (four identical truncated leaves of a collected toy batch, whose critic
-    predictions differed in float32 rounding, gave +-2.3e-10). At the sampling policy the
-    gradient is then exactly 0."""
-    sums: dict[tuple[int, ...], list[float]] = {}
-    for s in raw:
-        acc = sums.setdefault(s.tokens, [0.0] * len(s.tokens))
-        for j, (a, m) in enumerate(zip(s.advantages, s.mask, strict=True)):
-            if m:
-                acc[j] += a
-    return not any(any(acc) for acc in sums.values())
 
 
 def _check_vocabulary(raw: Sequence[TokenSequence], vocab_size: int) -> None:

@@ -160,9 +160,10 @@ def test_pipeline_trainer_sends_nothing_for_a_batch_another_base_model_sampled(t
         assert result.weights is None  # the next collection samples the same model again
 
 
-def test_pipeline_trainer_sends_nothing_for_a_batch_with_nothing_to_learn(tmp_path, monkeypatch):
-    """Every advantage 0 (each tree's rollouts alike in return): the forward_backward is a
-    zero gradient, but the optim_step that follows, from the optimizer state the last step
+@pytest.mark.parametrize("advantages", [(0.0, 0.0), (0.5, -0.5)], ids=["every-advantage-0", "advantages-that-cancel"])
+def test_pipeline_trainer_sends_nothing_for_a_batch_with_nothing_to_learn(tmp_path, monkeypatch, advantages):
+    """Every advantage 0 (each tree's rollouts alike in return), or advantages that cancel
+    over identical sequences: the forward_backward is a zero gradient, but the optim_step that follows, from the optimizer state the last step
     saved, still moved the LoRA weights by Adam's momentum, and the loop published them as
     a new version. The step is a dry run; the next collection samples the same weights."""
     from focus.backends.tinker_backend import TinkerStep, TinkerTrainer
@@ -173,7 +174,7 @@ def test_pipeline_trainer_sends_nothing_for_a_batch_with_nothing_to_learn(tmp_pa
 
     rows = [
         ActorRow("c", 0, "t", "t#0", 0, e, 0, "v1", (5, 6, 7), (8, 9), (-0.5, -0.25), (1, 1), adv, 1.0, "stop")
-        for e, adv in enumerate((0.0, 0.0))
+        for e, adv in enumerate(advantages)
     ]
     cfg = load_config(
         overrides={
