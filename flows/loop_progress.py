@@ -313,6 +313,12 @@ class LoopProgress:
         m = trained.get("metrics") or {}
         steps, loss = m.get("train_steps"), m.get("train_loss")
         what = f" {steps:.0f} step{'' if steps == 1 else 's'}" if steps else ""
+        if steps == 0:  # said why where it is known: "trained, loss 0" read as a step taken
+            # within 1e-8: the local trainer's own "no spread" (critic predictions of identical
+            # leaves differ in float32 rounding: +-2.3e-10 on a collected toy batch)
+            mean, std = m.get("train_advantage_mean"), m.get("train_advantage_std")
+            flat = bool(m.get("train_tokens")) and mean is not None and std is not None and abs(mean) + std <= 1e-8
+            what = " no step (every advantage 0, to rounding: nothing to learn)" if flat else " no step"
         what += f", loss {loss:.4g}" if loss is not None else ""
         # kl: the whole batch's after the update (how far it moved; the per-step figure is 0
         # at a one-step rule's only step)

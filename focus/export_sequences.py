@@ -13,6 +13,7 @@ rows.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from focus.batch import ActorRow, Batch
@@ -119,6 +120,24 @@ def actor_sequences(batch: Batch, *, merge_turns: bool = True, skip_unmasked: bo
         if run:
             out.append(_sequence(run))
     return [s for s in out if any(s.mask)] if skip_unmasked else out
+
+
+def nothing_to_learn(raw: Sequence[TokenSequence]) -> bool:
+    """Whether a batch's advantages say nothing (pure; ``raw``: its :func:`actor_sequences`):
+    at every trained position of every distinct token sequence, the advantages of its
+    copies sum to 0 - every advantage 0 (each tree's rollouts alike in return), or
+    advantages that cancel over identical sequences (four identical truncated leaves of a
+    collected toy batch, whose critic predictions differed in float32 rounding, gave
+    +-2.3e-10). At the sampling policy the gradient is then exactly 0, and a trainer's
+    step (Adam's, from the state of earlier steps) would move the weights by its momentum
+    alone."""
+    sums: dict[tuple[int, ...], list[float]] = {}
+    for s in raw:
+        acc = sums.setdefault(s.tokens, [0.0] * len(s.tokens))
+        for j, (a, m) in enumerate(zip(s.advantages, s.mask, strict=True)):
+            if m:
+                acc[j] += a
+    return not any(any(acc) for acc in sums.values())
 
 
 class NothingToTrain(ValueError):

@@ -41,13 +41,15 @@ def to_verl_batch(
     an outcome score on the last response token; equal, as verl has them without a KL
     penalty in the reward; one array, as verl's trainer sets them) and ``returns`` (the
     ``advantages`` array, as verl's critic-free estimators set them: FOCUS's critic values checkpoints, not tokens, so there are no
-    ``values`` and the helpers take ``use_critic=False``). The per-token arrays are aligned
+    ``values`` and the helpers take ``use_critic=False``; verl's critic must not be
+    updated on them: its value loss would fit ``returns``, the advantages). The per-token arrays are aligned
     with ``responses``: entry j belongs to ``responses[:, j]``, predicted from what
     precedes it (verl shifts inside the actor). P and R are the longest prompt and
     response unless given; a longer one is refused: every array is n x (P + R), so one long
     sequence widens every row (:func:`to_verl_batches` pads pieces of similar length
     instead). ``non_tensors`` holds ``uid`` (the tree: verl's GRPO grouping key), the ids
-    of each row and ``__num_turns__`` (int32, verl's count of chat turns that its
+    of each row, ``episode_truncated`` (bool, the batch's ``truncated``: the segment ends
+    where ``max_steps`` or the context cut the episode, its advantage bootstrapped) and ``__num_turns__`` (int32, verl's count of chat turns that its
     ``compute_data_metrics`` reports as ``num_turns/*``, counted as its agent loop counts
     them: the prompt (whatever earlier turns it holds), each model turn and each
     observation between two of them, so 2 per model turn); ``meta_info`` holds
@@ -138,6 +140,8 @@ def _verl_dict(
         # verl's chat turns (AgentLoopOutput.num_turns: the prompt, each assistant turn, each
         # tool answer between them), which its compute_data_metrics reports as num_turns/*
         "__num_turns__": np.array([2 * len(s.rows) for s in seqs], dtype=np.int32),
+        # the batch's truncated column: the segment ends where max_steps or the context cut the episode
+        "episode_truncated": np.array([s.rows[-1].truncated for s in seqs], dtype=bool),
     }
     meta_info: dict[str, Any] = {
         "global_token_num": tensors["attention_mask"].sum(axis=1).tolist(),

@@ -52,6 +52,7 @@ from focus.export_sequences import FLOAT32_MAX as FLOAT32_MAX  # re-exported: th
 from focus.export_sequences import NothingToTrain as NothingToTrain
 from focus.export_sequences import TokenSequence as TokenSequence
 from focus.export_sequences import actor_sequences as actor_sequences
+from focus.export_sequences import nothing_to_learn as nothing_to_learn
 from focus.export_sequences import trainable_sequences
 from focus.export_verl import to_verl_batch as to_verl_batch
 from focus.export_verl import to_verl_batches as to_verl_batches
@@ -239,7 +240,10 @@ def to_slime_samples(
     it into several samples). Both values, the per-token advantages and the ids are in
     ``Sample.metadata`` either way; ``metadata["raw_reward"]`` is the env reward, which
     slime logs in place of ``reward`` (``rollout/raw_reward``, pass rates), so its reward
-    metrics are rewards even when it trains on the advantage. The samples of one segment share its ``rollout_id``,
+    metrics are rewards even when it trains on the advantage. ``metadata["episode_truncated"]``
+    is the segment's ``truncated`` (it ends where ``max_steps`` or the context cut the
+    episode): slime's ``status`` ``TRUNCATED`` means the last turn's sampling hit its token
+    limit (``finish_reason`` ``length``), as slime sets it. The samples of one segment share its ``rollout_id``,
     so slime's loss counts the segment once (slime/utils/types.py, ``Sample.rollout_id``).
     :class:`NothingToTrain` for a batch without a trained token.
     """
@@ -278,6 +282,10 @@ def to_slime_samples(
                     "reward": seq.reward,
                     "raw_reward": seq.reward,  # what slime logs as the reward (rollout/raw_reward, pass rates)
                     "advantages": list(seq.advantages[p:]),
+                    # FOCUS's truncated (the segment ends where max_steps or the context cut the
+                    # episode; its advantage bootstraps): not slime's status TRUNCATED, nor the
+                    # "truncated" its agent trajectories put here, both a turn cut at max tokens
+                    "episode_truncated": last.truncated,
                 },
             )
         )

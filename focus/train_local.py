@@ -35,8 +35,9 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from focus.batch import Batch
+from focus.export_sequences import nothing_to_learn as nothing_to_learn  # re-exported: the trainers' common test
+from focus.export_sequences import trainable_sequences
 from focus.exporters import TokenSequence as TokenSequence  # re-exported: callers import them here
-from focus.exporters import actor_sequences
 from focus.kl_bound import MAX_HALVINGS as MAX_HALVINGS  # re-exported: callers import them here
 from focus.kl_bound import kl_reached, kl_verdict
 from focus.kl_step import kl_step
@@ -244,18 +245,21 @@ class PolicyTrainer:
     def update(self, batch: Batch, on_step: StepHook | None = None) -> TrainStats:
         """Several epochs of clipped policy gradient over the batch's actor sequences
         (``rule`` ``adam``), or one step sized to ``target_kl`` (:mod:`focus.kl_step`);
-        ``on_step`` is told of each optimizer step (:class:`UpdateStep`)."""
+        ``on_step`` is told of each optimizer step (:class:`UpdateStep`).
+
+        A batch with nothing to learn (:func:`nothing_to_learn`) takes no step under any
+        rule (``steps`` 0, weights and optimizer state unchanged): its gradient is 0, but an
+        Adam step still moved the weights by the momentum of earlier updates (and by weight
+        decay)."""
         import torch
 
         cfg = self.config
         t0 = time.perf_counter()
         if cfg.scale_advantages == "task":
             batch = task_scaled(batch)
-        raw = actor_sequences(weighted(batch, cfg.segment_weights) if cfg.segment_weights != "equal" else batch)
-        if not raw:
-            raise ValueError(
-                f"batch {batch.collection_id!r} iteration {batch.iteration} has no trainable actor sequences"
-            )
+        # NothingToTrain naming why (no actor rows, or none trained), as every exporter refuses it
+        w = weighted(batch, cfg.segment_weights) if cfg.segment_weights != "equal" else batch
+        raw = trainable_sequences(w, merge_turns=True, skip_unmasked=True)
         _check_vocabulary(raw, self.model.cfg.vocab_size)
         _check_lengths(raw, self.model.cfg.max_len)
         seqs = training_units(raw, cfg)
@@ -269,7 +273,11 @@ class PolicyTrainer:
         torch.set_num_threads(cfg.torch_threads)
         try:
             initial_kl = self._kl(seqs) if cfg.target_kl is not None else 0.0
-            if cfg.rule != "adam":
+            taken: list[dict[str, float]] = []
+            halvings, stopped_early = 0, False
+            if nothing_to_learn(raw):
+                pass  # no step: the gradient is 0, but an Adam step moves the weights by its momentum
+            elif cfg.rule != "adam":
                 by_len = sorted(seqs, key=lambda s: len(s.tokens))  # less padding
                 p = [self._pad(by_len[i : i + cfg.minibatch]) for i in range(0, len(seqs), cfg.minibatch)]
                 taken, halvings = kl_step(self.model, p, cfg, self._loss_fn(scale), initial_kl, lambda: self._kl(seqs))
@@ -277,7 +285,7 @@ class PolicyTrainer:
                     on_step(UpdateStep(1, 1, 0, **taken[0]))
             else:
                 rng = random.Random(f"{cfg.seed}/{self.updates}")
-                taken, halvings = self._epochs(seqs, scale, rng, initial_kl, on_step)
+                taken, halvings, stopped_early = self._epochs(seqs, scale, rng, initial_kl, on_step)
             final_kl = self._kl(seqs)
         finally:
             self._set_lr(cfg.lr)
@@ -297,7 +305,7 @@ class PolicyTrainer:
             advantage_std=std,
             wall_s=time.perf_counter() - t0,
             final_kl=final_kl,
-            stopped_early=cfg.rule == "adam" and steps < cfg.epochs * math.ceil(len(seqs) / cfg.minibatch),
+            stopped_early=stopped_early,
             initial_kl=initial_kl,
             kl_halvings=halvings,
             grad_norm=left_sum(t.get("grad_norm", 0.0) for t in taken) / n,
@@ -310,9 +318,10 @@ class PolicyTrainer:
         rng: random.Random,
         initial_kl: float,
         on_step: StepHook | None,
-    ) -> tuple[list[dict[str, float]], int]:
-        """The update's epochs: the figures of each optimizer step that stands, and the
-        learning-rate halvings it took (``target_kl``: :func:`kl_verdict` after each epoch)."""
+    ) -> tuple[list[dict[str, float]], int, bool]:
+        """The update's epochs: the figures of each optimizer step that stands, the
+        learning-rate halvings it took (``target_kl``: :func:`kl_verdict` after each epoch),
+        and whether ``target_kl`` ended it before its last epoch was done."""
         cfg = self.config
         taken: list[dict[str, float]] = []
         halvings = 0
@@ -338,12 +347,12 @@ class PolicyTrainer:
                     break
                 self._restore(before)
                 if verdict == "undo":
-                    return taken, halvings
+                    return taken, halvings, True
                 halvings += 1
                 self._set_lr(cfg.lr / 2**halvings)
             if stopped or kl_reached(full, cfg.target_kl):
-                break
-        return taken, halvings
+                return taken, halvings, stopped or epoch < cfg.epochs - 1
+        return taken, halvings, False
 
     def _epoch(
         self,

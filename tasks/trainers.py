@@ -212,13 +212,16 @@ def tinker_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainRe
     ``options`` override fields of ``train.tinker``. Sends nothing (a dry run) when
     ``dry_run`` is set, when ``TINKER_API_KEY`` is not, or when the batch was not
     sampled from a Tinker model (``model.kind`` is not ``tinker``: its token ids are
-    another model's) or was sampled from the base weights of another model than the one
-    trained (no ``ctx.weights`` and ``model.model`` is not the base model). Either way
+    another model's), was sampled from the base weights of another model than the one
+    trained (no ``ctx.weights`` and ``model.model`` is not the base model), or has
+    nothing to learn (``focus.exporters.nothing_to_learn``: its gradient is 0, but
+    ``optim_step`` from the saved optimizer state still moved the weights by Adam's
+    momentum). Either way
     every request is built and checked, and what it would send is written to ``ctx.out``
     as ``requests.json``.
     """
     from focus.backends.tinker_backend import TinkerTrainer, TinkerUpdateConfig, build_requests, check_requests
-    from focus.exporters import to_tinker_datums
+    from focus.exporters import actor_sequences, nothing_to_learn, to_tinker_datums
     from storage.weights import WeightStore
     from tasks.config.schema import ConfigError
 
@@ -241,6 +244,8 @@ def tinker_trainer(batch_url: str, ctx: TrainContext, **options: Any) -> TrainRe
         why = f"model.kind is {cfg.model.kind!r}: the batch's token ids are not {base_model}'s"
     elif not ctx.weights and cfg.model.model != base_model:  # sampled by model.model's base weights
         why = f"the batch was sampled by {cfg.model.model}: its token ids are not {base_model}'s"
+    elif nothing_to_learn(actor_sequences(batch)):  # a zero gradient, but Adam's momentum would move the weights
+        why = "every advantage is 0, or they cancel over identical sequences (nothing to learn)"
     store = WeightStore(cfg.storage.root)
     counts = {k: float(report[k]) for k in ("datums", "tokens", "tokens_with_advantage", "forward_backward_bytes")}
     if why is not None:

@@ -158,3 +158,53 @@ def test_pipeline_trainer_sends_nothing_for_a_batch_another_base_model_sampled(t
     assert result.metrics["sent"] == float(sent) and len(steps) == int(sent)
     if not sent:
         assert result.weights is None  # the next collection samples the same model again
+
+
+@pytest.mark.parametrize("advantages", [(0.0, 0.0), (0.5, -0.5)], ids=["every-advantage-0", "advantages-that-cancel"])
+def test_pipeline_trainer_sends_nothing_for_a_batch_with_nothing_to_learn(tmp_path, monkeypatch, advantages):
+    """Every advantage 0 (each tree's rollouts alike in return), or advantages that cancel
+    over identical sequences: the forward_backward is a zero gradient, but the optim_step that follows, from the optimizer state the last step
+    saved, still moved the LoRA weights by Adam's momentum, and the loop published them as
+    a new version. The step is a dry run; the next collection samples the same weights."""
+    from focus.backends.tinker_backend import TinkerStep, TinkerTrainer
+    from focus.batch import ActorRow, Batch
+    from storage.weights import WeightStore
+    from tasks.config import load_config
+    from tasks.trainers import TrainContext, tinker_trainer
+
+    rows = [
+        ActorRow("c", 0, "t", "t#0", 0, e, 0, "v1", (5, 6, 7), (8, 9), (-0.5, -0.25), (1, 1), adv, 1.0, "stop")
+        for e, adv in enumerate(advantages)
+    ]
+    cfg = load_config(
+        overrides={
+            "collection_id": "c",
+            "storage.root": str(tmp_path),
+            "model.kind": "tinker",
+            "model.model": "Qwen/Qwen3-8B",
+            "train.trainer": "tinker",
+        },
+        environ={},
+    )
+    url = BatchStore(str(tmp_path)).write(Batch("c", 0, rows))
+    steps: list[str] = []
+
+    def step(self, datums, name, state_path=None):
+        steps.append(name)
+        return TinkerStep("tinker://run/sampler_weights/v2", "tinker://run/weights/v2", {})
+
+    monkeypatch.setattr(TinkerTrainer, "step", step)
+    monkeypatch.setenv("TINKER_API_KEY", "test-key")
+    weights, state = "tinker://run/sampler_weights/v1", "tinker://run/weights/v1"
+    ctx = TrainContext(
+        iteration=1,
+        config=cfg,
+        weights=weights,
+        policy_version=weights,
+        workdir=str(tmp_path),
+        out=WeightStore(str(tmp_path)).folder("c", 2),
+        state=state,
+    )
+    result = tinker_trainer(url, ctx)
+    assert steps == [] and result.metrics["sent"] == 0.0
+    assert (result.weights, result.state, result.policy_version) == (weights, state, weights)

@@ -435,3 +435,28 @@ def test_slime_logs_the_env_reward_as_raw_reward_while_training_on_the_advantage
     assert raw == [sum(r.reward for r in q.rows) for q in seqs]
     assert [s.reward for s in samples] == [q.rows[0].advantage for q in seqs]
     assert raw != [s.reward for s in samples]  # the fixture's advantages are not its rewards
+
+
+def test_slime_and_verl_mark_the_segments_that_end_in_a_truncated_episode(batch):
+    """The batch's ``truncated`` column (the segment ends where ``max_steps`` or the context
+    cut the episode: its advantage bootstraps from the critic) reached no export: slime's
+    samples said ``COMPLETED`` (their last turn ended with ``stop``) and verl's rows nothing,
+    so a trainer could not tell a cut episode from an ended one. It is ``episode_truncated``
+    in slime's ``metadata`` and verl's ``non_tensors``: slime's own ``status`` ``TRUNCATED``
+    and its trajectories' ``metadata["truncated"]`` mean a turn cut at its token limit."""
+    cut = {(batch.actor[0].tree_id, batch.actor[0].edge_id)}  # one segment
+    marked = Batch(
+        batch.collection_id,
+        batch.iteration,
+        [dataclasses.replace(r, truncated=(r.tree_id, r.edge_id) in cut) for r in batch.actor],
+    )
+    seqs = actor_sequences(marked)
+    expected = [(s.rows[0].tree_id, s.rows[0].edge_id) in cut for s in seqs]
+    assert any(expected) and not all(expected)
+    samples = to_slime_samples(marked)
+    assert [s.metadata["episode_truncated"] for s in samples] == expected
+    assert all(s.status.name == "COMPLETED" for s, e in zip(samples, expected, strict=True) if e)  # not a length cut
+    verl = to_verl_batch(marked, pad_token_id=0)["non_tensors"]["episode_truncated"]
+    assert verl.dtype == np.bool_ and verl.tolist() == expected
+    pieces = to_verl_batches(marked, pad_token_id=0, max_padded_tokens=1)
+    assert sorted(t for p in pieces for t in p["non_tensors"]["episode_truncated"].tolist()) == sorted(expected)

@@ -111,3 +111,20 @@ def test_a_rerun_of_a_real_finished_loop_says_one_line(tmp_path):
     assert lines.shown() == [
         "train loop w: finished, nothing to do: iteration 0 and the evaluations of versions 0-1 recorded"
     ], lines.seen
+
+
+def test_an_update_that_took_no_step_says_so_and_why_where_it_is_known(tmp_path):
+    """A batch whose every advantage is 0 trains no step (``focus.train_local``): the line
+    said ``iteration 1: trained, loss 0, kl 0 (2.0 s)``, as if a step had been taken."""
+    show, lines = progress(tmp_path, "no_step")
+    flat = {"train_steps": 0.0, "train_tokens": 12.0, "train_advantage_mean": 0.0, "train_advantage_std": 0.0}
+    show.trained(1, {"metrics": {**flat, "train_loss": 0.0}, "wall_s": 2.0})
+    show.trained(2, {"metrics": {**flat, "train_advantage_std": 1.6e-10, "train_loss": 0.0}, "wall_s": 2.0})
+    show.trained(3, {"metrics": {**flat, "train_advantage_std": 0.5, "train_loss": 0.0}, "wall_s": 2.0})
+    show.release()
+    why = "no step (every advantage 0, to rounding: nothing to learn)"
+    assert lines.shown() == [
+        f"iteration 1: trained {why}, loss 0 (2.0 s)",
+        f"iteration 2: trained {why}, loss 0 (2.0 s)",  # a collected batch's: critic predictions' float32 rounding
+        "iteration 3: trained no step, loss 0 (2.0 s)",
+    ]

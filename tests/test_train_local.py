@@ -18,7 +18,7 @@ except ModuleNotFoundError:  # pip install focus-rl without [train]
 
 from focus.batch import ActorRow, Batch
 from focus.env import Message
-from focus.exporters import TokenSequence, actor_sequences
+from focus.exporters import NothingToTrain, TokenSequence, actor_sequences
 from focus.format import ByteCodec
 from focus.tinylm.model import load, prompt_logprobs
 from focus.train_local import (
@@ -109,8 +109,12 @@ def test_update_moves_probability_toward_positive_advantages():
     assert stats.sequences == 2 and stats.tokens == 4 and math.isfinite(stats.loss)
     assert lp(trainer.model, good)[0] > before_good[0] + 0.05
     assert lp(trainer.model, bad)[0] < before_bad[0] - 0.05
-    with pytest.raises(ValueError, match="no trainable actor sequences"):
+    # as every exporter refuses it: NothingToTrain (a ValueError) naming why
+    with pytest.raises(NothingToTrain, match=r"^batch 'c' iteration 1 has no actor rows: nothing to train on"):
         trainer.update(Batch("c", 1, []))
+    untrained = [dataclasses.replace(r, loss_mask=(0, 0)) for r in batch.actor]
+    with pytest.raises(NothingToTrain, match=r"2 actor row\(s\), none with a trained token"):
+        trainer.update(Batch("c", 1, untrained))
 
 
 @pytest.mark.parametrize("rule", ["adam", "sgd"])
@@ -185,6 +189,41 @@ def test_each_optimizer_step_is_reported_and_the_report_changes_nothing():
         assert torch.equal(a, b)
     with pytest.raises(dataclasses.FrozenInstanceError):
         seen[0].loss = 0.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("rule", ["adam", "sgd", "natural"])
+@pytest.mark.parametrize(
+    "completions",
+    [[("7", 0.0), ("3", 0.0)], [("7", 2.3e-10), ("7", -2.3e-10)]],
+    ids=["every-advantage-0", "advantages-that-cancel"],
+)
+def test_a_batch_with_nothing_to_learn_takes_no_step_and_leaves_the_weights(rule, completions):
+    """Every advantage 0 (each tree's rollouts alike in return), or advantages that cancel
+    over identical sequences sampled from the policy trained (a collected batch of four
+    identical truncated leaves whose critic predictions differed in float32 rounding gave
+    +-2.3e-10): the gradient is 0,
+    but under ``adam`` the update still took its steps and moved the weights by the
+    momentum of the update before (by 6.7e-4 on a collected toy batch), reporting them as
+    a trained step; the one-step rules already took none."""
+    kl = {"target_kl": None} if rule == "adam" else {"target_kl": 0.05}
+    trainer = PolicyTrainer(config=UpdateConfig(rule=rule, lr=3e-3, **kl))
+    trainer.update(_toy_batch(0, [("7", 1.0), ("3", -1.0)]))  # leaves Adam's moments non-zero
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    moments = [{k: v.clone() for k, v in st.items()} for st in trainer.optimizer.state_dict()["state"].values()]
+    batch = _toy_batch(1, completions)
+    prompt = batch.actor[0].prompt_ids
+    on_policy = []  # the trained model's own log-probs: ratio 1, so no clipping undoes the cancelling
+    for r in batch.actor:
+        full = prompt_logprobs(trainer.model, prompt + r.completion_ids)
+        lps = tuple(float(full[len(prompt) - 1 + i, t]) for i, t in enumerate(r.completion_ids))
+        on_policy.append(dataclasses.replace(r, logprobs=lps))
+    stats = trainer.update(Batch("c", 1, on_policy))
+    assert stats.steps == 0 and not stats.stopped_early and stats.tokens == 4, stats
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    after = list(trainer.optimizer.state_dict()["state"].values())
+    assert len(after) == len(moments)
+    assert all(torch.equal(a[k], m[k]) for a, m in zip(after, moments, strict=True) for k in m)
 
 
 @pytest.mark.slow
