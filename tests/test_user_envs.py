@@ -103,3 +103,61 @@ def test_an_observation_the_codec_cannot_render_fails_its_rollout_keeping_the_tu
 
 async def _rollout(agent, task):
     return await agent.rollout(await agent.start(task), 0)
+
+
+def _whitespace_bpe(path, unk_token=None):
+    """A word-level BPE (whitespace pre-tokenizer, no byte alphabet) trained on ASCII text,
+    as the tokenizers quick tour builds one; without ``unk_token`` it drops what it lacks."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=unk_token))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    specials = ["<|im_start|>", "<|im_end|>"] + ([unk_token] if unk_token else [])
+    tok.train_from_iterator(
+        ["say a digit total user assistant tool system 0123456789 ."] * 20,
+        trainers.BpeTrainer(vocab_size=120, special_tokens=specials),
+    )
+    tok.save(str(path))
+    return path
+
+
+class Echo(Env):
+    """Shows the model a fixed observation after its first reply (a page, a file)."""
+
+    def __init__(self, observation):
+        self.observation = observation
+
+    async def reset(self, task, workspace):
+        return Reset(0, (Message("user", task.data.get("prompt", "say a digit")),))
+
+    async def step(self, state, action, workspace):
+        return StepResult(state + 1, self.observation, 0.0, state + 1 >= 3)
+
+
+def test_a_character_the_tokenizer_drops_is_refused_not_lost_silently(tmp_path):
+    """A tokenizer that has no token for a character and no fallback (a BPE without an
+    unknown token or byte alphabet) encoded an env's ``'total 日本'`` as the ids of
+    ``'total'``: the model read another text than the env wrote, and nothing said so. The
+    observation now fails its rollout after the turns before it, naming the character; a
+    task's opening text stops the collection naming the task."""
+    import pytest
+
+    from focus.env import EnvError
+    from focus.hf_codec import HFChatCodec
+
+    codec = HFChatCodec(_whitespace_bpe(tmp_path / "tok.json"))
+    assert codec.encode_content("total 7 .") and codec.encode_content("say\ta  digit\n")  # whitespace: by design
+    policy = ScriptedPolicy(["7"], codec)
+    agent = Agent(policy, Echo("total 日本"), PolicyFormat(codec, FinalAnswerParser(require_marker=False)))
+    rollout = run(_rollout(agent, Task("t")))
+    assert len(rollout.turns) == 1 and rollout.leaf.kind == "failed" and rollout.leaf.steps == 1
+    assert rollout.leaf.cause.startswith(
+        "error: Segments.extend (HFChatCodec) could not add the 'user' observation of step 0: ValueError: "
+        f"tokenizer {codec.path} has no token for '日' (character 6 of the text) and drops it"
+    )
+    with pytest.raises(EnvError, match="task 'u'.*has no token for 'é' \\(character 4"):
+        run(agent.start(Task("u", {"prompt": "say é digit"})))
+    assert codec.drops_unknown()
+    # a tokenizer with an unknown token shows the model that token: taken as it is
+    with_unk = HFChatCodec(_whitespace_bpe(tmp_path / "unk.json", "[UNK]"))
+    assert not with_unk.drops_unknown() and len(with_unk.encode_content("total 日本")) == 3
