@@ -147,7 +147,7 @@ class Collector:
         recorded evidence state holds those predictions already; the recorded scores are
         all of them, in the order one call at the barrier makes them."""
         journal = journal if journal is not None else NoJournal()
-        state = await journal.recorded(EVIDENCE)
+        state = await journal.evidence(tasks)
         ahead: Predictions = {}
         if state is None:
             state, ahead = await self._evidence(tasks, journal)

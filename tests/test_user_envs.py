@@ -13,6 +13,7 @@ from focus.agent import Agent
 from focus.collector import Collector
 from focus.env import Env, Message, Reset, StepResult, Task
 from focus.format import ByteCodec, FinalAnswerParser, JsonToolCallParser, PolicyFormat
+from focus.journal import MemoryJournal
 from focus.priority import Phase, Selective
 from focus.testing import ScriptedPolicy, run
 from tasks.config import load_config
@@ -161,3 +162,52 @@ def test_a_character_the_tokenizer_drops_is_refused_not_lost_silently(tmp_path):
     # a tokenizer with an unknown token shows the model that token: taken as it is
     with_unk = HFChatCodec(_whitespace_bpe(tmp_path / "unk.json", "[UNK]"))
     assert not with_unk.drops_unknown() and len(with_unk.encode_content("total 日本")) == 3
+
+
+class _Stop(Exception):
+    pass
+
+
+class StopsAfterEvidence(MemoryJournal):
+    """A journal whose process dies once the evidence is recorded (a crash, a Ctrl-C)."""
+
+    armed = True
+
+    async def record(self, step, value):
+        await super().record(step, value)
+        if self.armed and step.kind == "evidence_scores":
+            raise _Stop
+
+
+def test_a_resume_with_other_tasks_is_refused_and_with_the_same_ones_ends_as_a_clean_run():
+    """Tasks read from a user's file at each run: the file edited (or its rows reordered)
+    between a collection's interruption and its resume, the resume went on with the
+    recorded tasks without a word, and its batch was of other tasks than it was given."""
+    import pytest
+
+    def collector():
+        agent = Agent(ScriptedPolicy(["4", "2", "x"]), JsonlQA(), PolicyFormat(ByteCodec(), FinalAnswerParser(False)))
+        phases = [Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=6, wave_size=2)]
+        return Collector(agent, search=Selective(phases=phases), seed=3)
+
+    tasks = [Task(f"q{i}", {"prompt": f"{i}+2?", "answer": str(i + 2), "tags": ["a", i]}) for i in range(3)]
+    journal = StopsAfterEvidence()
+    with pytest.raises(_Stop):
+        run(collector().collect(tasks, journal))
+    journal.armed = False
+    edited = [tasks[0], Task("q1", {**tasks[1].data, "answer": "4"}), tasks[2]]
+    with pytest.raises(ValueError, match=r"^task 1 \('q1'\) holds other data than when the collection started"):
+        run(collector().collect(edited, journal))
+    with pytest.raises(ValueError, match=r"^task 0 of the collection is 'q0', and 'q2' in its resume"):
+        run(collector().collect(tasks[::-1], journal))
+    with pytest.raises(ValueError, match=r"^the collection started on 3 tasks and is resumed with 2"):
+        run(collector().collect(tasks[:2], journal))
+    # data that JSON does not hold is not compared (it may not compare alike in another process)
+    from focus.journal import TasksChanged, check_same_tasks
+
+    from flows.errors import exit_code, one_line
+
+    changed = TasksChanged("task 1 ('q1') holds other data than when the collection started: ...")
+    assert one_line(changed) == str(changed) and exit_code(changed) == 2  # focus collect: the line, exit 2
+    check_same_tasks([Task("a", {"x": object()})], [Task("a", {"x": object()})])
+    assert run(collector().collect(tasks, journal)) == run(collector().collect(tasks, MemoryJournal()))
