@@ -203,9 +203,8 @@ def test_a_resume_with_other_tasks_is_refused_and_with_the_same_ones_ends_as_a_c
     with pytest.raises(ValueError, match=r"^the collection started on 3 tasks and is resumed with 2"):
         run(collector().collect(tasks[:2], journal))
     # data that JSON does not hold is not compared (it may not compare alike in another process)
-    from focus.journal import TasksChanged, check_same_tasks
-
     from flows.errors import exit_code, one_line
+    from focus.journal import TasksChanged, check_same_tasks
 
     changed = TasksChanged("task 1 ('q1') holds other data than when the collection started: ...")
     assert one_line(changed) == str(changed) and exit_code(changed) == 2  # focus collect: the line, exit 2
