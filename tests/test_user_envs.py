@@ -210,3 +210,38 @@ def test_a_resume_with_other_tasks_is_refused_and_with_the_same_ones_ends_as_a_c
     assert one_line(changed) == str(changed) and exit_code(changed) == 2  # focus collect: the line, exit 2
     check_same_tasks([Task("a", {"x": object()})], [Task("a", {"x": object()})])
     assert run(collector().collect(tasks, journal)) == run(collector().collect(tasks, MemoryJournal()))
+
+
+class LockInState(Env):
+    """Keeps a lock in one task's state (a client made per episode): no plain data."""
+
+    async def reset(self, task, workspace):
+        import threading
+
+        state = {"n": 0, "lock": threading.Lock()} if task.id == "u1" else {"n": 0}
+        return Reset(state, (Message("user", "say a digit"),))
+
+    async def step(self, state, action, workspace):
+        return StepResult({**state, "n": state["n"] + 1}, "ok", 0.5, True)
+
+
+def test_a_state_that_does_not_pickle_is_named_by_its_task_and_step(tmp_path):
+    """A branch state holding a lock stopped a pipeline collection with ``checkpoint
+    c/evidence/0: state cannot be pickled: TypeError: cannot pickle '_thread.lock' object``
+    and a Dask one with the bare ``TypeError``: neither named the task, the step or that
+    the env's state was the part at fault."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from focus.dask_payload import pickled_starts
+    from focus.env import EnvError
+    from storage import CheckpointStore
+
+    agent = Agent(ScriptedPolicy(["5"]), LockInState(), PolicyFormat(ByteCodec(), FinalAnswerParser(False)))
+    state = run(Collector(agent).start([Task("u0"), Task("u1")]))
+    named = r"the env state of task 'u1' at step 0 \(TypeError: cannot pickle '_thread.lock' object\) does not pickle"
+    with pytest.raises(TypeError, match=r"^checkpoint c/evidence/0: state cannot be pickled: " + named):
+        CheckpointStore(str(tmp_path)).save("c", "evidence", 0, state)
+    with pytest.raises(EnvError, match="^" + named + ", and Dask ships each checkpoint's state to its workers"):
+        pickled_starts([SimpleNamespace(start=s) for tree in state.trees for s in tree.states.values()])
