@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from focus.agent import Rollout
     from focus.env import Task
-    from focus.search import SearchState
+    from focus.search import SearchState, WavePlan
 
 StepKind = Literal["evidence", "evidence_scores", "wave", "wave_scores", "phase_end", "unfinished"]
 
@@ -150,6 +150,25 @@ def check_same_tasks(recorded: Sequence[Task], tasks: Sequence[Task]) -> None:
         before, after = _json(was.data), _json(now.data)
         if before is not None and after is not None and before != after:
             raise TasksChanged(f"task {i} ({was.id!r}) holds other data than when the collection started: {_RESUME}")
+
+
+def check_unfinished(plan: WavePlan, partial: WaveRollouts) -> None:
+    """Refuse the rollouts of a recorded unfinished wave that are not of ``plan``'s jobs:
+    another number of them (another configuration or seed), or one of another task than
+    its job's (:class:`TasksChanged`: a resume given other tasks, whose evidence was
+    recorded unfinished, before any state that :meth:`Journal.evidence` checks; its
+    rollouts were grafted onto the trees of other tasks)."""
+    if len(plan.jobs) != len(partial.rollouts):
+        raise ValueError(
+            f"the unfinished wave {plan.wave_index} of phase {plan.phase_index} holds {len(partial.rollouts)} "
+            f"rollouts, the search plans {len(plan.jobs)}: it does not belong to this configuration and seed"
+        )
+    for i, (job, rollout) in enumerate(zip(plan.jobs, partial.rollouts, strict=True)):
+        if job.start.task.id != rollout.task_id:
+            raise TasksChanged(
+                f"rollout {i} of the unfinished wave {plan.wave_index} of phase {plan.phase_index} is of task "
+                f"{rollout.task_id!r}, and its job in the resume of task {job.start.task.id!r}: {_RESUME}"
+            )
 
 
 _RESUME = (

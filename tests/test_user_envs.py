@@ -245,3 +245,40 @@ def test_a_state_that_does_not_pickle_is_named_by_its_task_and_step(tmp_path):
         CheckpointStore(str(tmp_path)).save("c", "evidence", 0, state)
     with pytest.raises(EnvError, match="^" + named + ", and Dask ships each checkpoint's state to its workers"):
         pickled_starts([SimpleNamespace(start=s) for tree in state.trees for s in tree.states.values()])
+
+
+class BadFirst(ScriptedPolicy):
+    """Answers with a token id outside the vocabulary (a bad response) while ``bad`` is set."""
+
+    bad = True
+
+    async def sample(self, prompt_ids, params):
+        from focus.policy import Completion
+
+        answer = await super().sample(prompt_ids, params)
+        return Completion((999,), (-1.0,), "stop") if self.bad else answer
+
+
+def test_a_resume_of_unfinished_evidence_with_other_tasks_is_refused():
+    """Evidence whose rollouts got bad responses is recorded unfinished, before any state
+    the resume's task check reads; a resume given the tasks in another order grafted the
+    recorded rollouts of one task onto the tree of another."""
+    import pytest
+
+    from focus.execution import BadResponses, Execution
+
+    policy = BadFirst(["4"])
+    agent = Agent(policy, JsonlQA(), PolicyFormat(ByteCodec(), FinalAnswerParser(False)))
+
+    def collector():
+        search = Selective(phases=[Phase("evidence", rollouts_per_task=1)])
+        return Collector(agent, search=search, execution=Execution(max_outage_share=1.0), seed=1)
+
+    tasks = [Task("a", {"answer": "4"}), Task("b", {"answer": "5"})]
+    journal = MemoryJournal()
+    with pytest.raises(BadResponses):
+        run(collector().collect(tasks, journal))
+    policy.bad = False
+    with pytest.raises(ValueError, match=r"^rollout 0 of the unfinished wave 0 of phase 0 is of task 'a', and its job"):
+        run(collector().collect(tasks[::-1], journal))
+    assert len(run(collector().collect(tasks, journal)).actor) == 2  # the same tasks: the wave run again, finished
