@@ -23,6 +23,7 @@ SELF_EXPLAINED = frozenset(
     {
         "ConfigError",
         "ResumeMismatch",
+        "TasksChanged",
         "StorageError",
         "PolicyError",
         "CriticError",
@@ -54,6 +55,7 @@ USAGE = frozenset(
     {
         "ConfigError",
         "ResumeMismatch",
+        "TasksChanged",
         "CollectionLocked",
         "LeaseHeld",
         "UnreadableAnswers",

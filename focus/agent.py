@@ -20,10 +20,11 @@ from collections.abc import Awaitable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from focus.agent_parts import check_agent_parts, check_colours, check_format
 from focus.branching import BranchPoints, BrokenBranchPoints, EveryDecision, eligible
 from focus.context import BrokenContextManager, Compaction, Context, ContextManager, Segments, returned
 from focus.env import Action, Env, EnvError, Message, Task, accepts_seed, check_reset, check_step_result
-from focus.format import ActionParser, ChatCodec, ParseError, PolicyFormat
+from focus.format import ParseError, PolicyFormat
 from focus.policy import (
     BadResponse,
     Completion,
@@ -133,52 +134,6 @@ class BrokenParser(TypeError):
 #: The cause of a truncated leaf whose next prompt does not fit the model (the agent's
 #: ``max_prompt_tokens``, or the server's context length: :class:`focus.policy.ContextLimit`).
 CONTEXT_LIMIT = "context limit"
-
-
-def check_agent_parts(**parts: Any) -> None:
-    """Each part given to an :class:`Agent` (``None``: its default) is an instance of its
-    interface, or a :class:`TypeError` names it: a class or another role's part was taken
-    and failed in the first rollout, or with an ``AttributeError`` about something else."""
-    roles: dict[str, type] = {"policy": Policy, "env": Env, "context": ContextManager}
-    roles |= {"branch_points": BranchPoints, "sampling": SamplingParams}
-    for name, value in parts.items():
-        interface = roles[name]
-        if value is None and name not in ("policy", "env") or isinstance(value, interface):
-            continue
-        what = f"the class {value.__name__}" if isinstance(value, type) else f"a {type(value).__name__}"
-        hint = " (call it: an instance is a part)" if isinstance(value, type) and issubclass(value, interface) else ""
-        raise TypeError(f"Agent's {name} must be an instance of {interface.__name__}, got {what}{hint}")
-
-
-def check_colours(
-    policy: Policy, format: PolicyFormat, context: ContextManager | None, rule: BranchPoints | None
-) -> None:
-    """``Policy.sample`` is ``async def``; ``BranchPoints.eligible``, ``ContextManager.extend``
-    and ``ActionParser.parse`` are not. An async ``eligible`` returns a coroutine, which is
-    true, so every decision point became a checkpoint (with a "never awaited" warning); an
-    async ``extend`` failed every rollout with "'coroutine' object has no attribute
-    'prompt_ids'"; a plain ``sample`` with "object Completion can't be used in 'await'
-    expression"."""
-    for part, method in ((rule, "eligible"), (context, "extend"), (format.parser, "parse")):
-        if part is not None and inspect.iscoroutinefunction(inspect.unwrap(getattr(type(part), method))):
-            raise TypeError(
-                f"{type(part).__name__}.{method} is `async def`: declare it `def` (its answer is used at once)"
-            )
-    sample = inspect.unwrap(type(policy).sample)
-    if inspect.isfunction(sample) and not inspect.iscoroutinefunction(sample):
-        raise TypeError(f"{type(policy).__name__}.sample is not `async def`: declare it `async def`")
-
-
-def check_format(format: object) -> None:
-    """``format`` is a :class:`PolicyFormat`; a codec or a parser alone is named."""
-    if isinstance(format, PolicyFormat):
-        return
-    hint = ""
-    if isinstance(format, ChatCodec):
-        hint = " (pair the codec with a parser: PolicyFormat(codec, parser))"
-    elif isinstance(format, ActionParser):
-        hint = " (pair it with a codec: PolicyFormat(codec, parser))"
-    raise TypeError(f"Agent's format must be a PolicyFormat, got a {type(format).__name__}{hint}")
 
 
 class Agent:
@@ -313,25 +268,30 @@ class Agent:
             if isinstance(action, ParseError):
                 counters["parse_errors"] += 1
                 turns.append(_turn(prompt, completion, 1, "action", 0.0, False, action.message))
-                obs = [Message("user", action.message)]
-                state = state.evolve(context=self._extend(state.context, completion, text, obs), steps=state.steps + 1)
-                continue
+                obs, state = [Message("user", action.message)], state.evolve(steps=state.steps + 1)
+            else:
+                try:
+                    if isinstance(action, BrokenParser):
+                        raise action
+                    step = check_step_result(await self._step(state, action, seed), f"{type(self.env).__name__}.step")
+                except Exception as e:  # noqa: BLE001 - env (or parser) code failing ends this rollout only
+                    _count_unrecorded(counters, completion)
+                    pieces.append(Piece(tuple(turns), "failed", state.steps, prompt, cause=self._step_cause(e)))
+                    break
+                counters["tool_errors"] += int(step.info.get("tool_error", 0))
+                turns.append(_turn(prompt, completion, 1, "action", float(step.reward), True, step.observation))
+                state = state.evolve(env_state=step.state, steps=state.steps + 1, transitions=state.transitions + 1)
+                if step.done:
+                    pieces.append(Piece(tuple(turns), "terminal", state.steps, ()))
+                    break
+                obs = [Message("tool" if action.kind == "tool" else "user", step.observation)]
             try:
-                if not isinstance(action, Action):
-                    raise action if isinstance(action, BrokenParser) else BrokenParser(self._parser_returned(action))
-                result = check_step_result(await self._step(state, action, seed), f"{type(self.env).__name__}.step")
-            except Exception as e:  # noqa: BLE001 - env (or parser) code failing ends this rollout only
-                _count_unrecorded(counters, completion)
-                pieces.append(Piece(tuple(turns), "failed", state.steps, prompt, cause=self._step_cause(e)))
+                state = state.evolve(context=self._extend(state.context, completion, text, obs))
+            except BrokenContextManager:
+                raise  # a setting or code to fix: stops the collection
+            except Exception as e:  # noqa: BLE001 - an observation the codec cannot render ends this rollout only
+                pieces.append(self._unrendered(e, turns, state.steps, prompt, obs[0].role))
                 break
-            counters["tool_errors"] += int(result.info.get("tool_error", 0))
-            turns.append(_turn(prompt, completion, 1, "action", float(result.reward), True, result.observation))
-            state = state.evolve(env_state=result.state, steps=state.steps + 1, transitions=state.transitions + 1)
-            if result.done:
-                pieces.append(Piece(tuple(turns), "terminal", state.steps, ()))
-                break
-            obs = [Message("tool" if action.kind == "tool" else "user", result.observation)]
-            state = state.evolve(context=self._extend(state.context, completion, text, obs))
         return Rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
 
     def _call_failed(self, e: BaseException, state: BranchState, turns: list[Turn], calling: bool) -> Piece:
@@ -375,15 +335,27 @@ class Agent:
         made = await self.context.compact(ctx, self.format.codec, self.policy, params)
         return returned(self.context, "compact", made, Compaction)
 
+    def _unrendered(self, error: Exception, turns: list[Turn], steps: int, prompt: Sequence[int], role: str) -> Piece:
+        """The failed leaf of a rollout whose context could not take the last step's
+        observation (a ``tool`` message to a chat template without that role, text a codec
+        refuses), after the turns it took: the error ended the rollout's job, whose
+        finished turns were lost, and named the step the job started from."""
+        where = f"{type(self.context).__name__}.extend ({type(self.format.codec).__name__})"
+        what = f"the {role!r} observation of step {steps - 1}"
+        cause = f"error: {where} could not add {what}: {error_cause(error).removeprefix('error: ')}"
+        return Piece(tuple(turns), "failed", steps, tuple(prompt), cause=cause)
+
     def _parse(self, text: str) -> Any:
-        """The parser's answer to ``text``; a parser that raises (its contract: never) gives
-        the :class:`BrokenParser` its rollout fails with, naming it, the rollout's finished
-        segments kept (the exception itself failed the job and kept none of them)."""
+        """The parser's answer to ``text``; a parser that raises (its contract: never), or
+        returns neither an Action nor a ParseError, gives the :class:`BrokenParser` its
+        rollout fails with, naming it, the rollout's finished segments kept (the exception
+        itself failed the job and kept none of them)."""
         try:
-            return self.format.parser.parse(text)
+            action = self.format.parser.parse(text)
         except Exception as e:  # noqa: BLE001 - the parser's bug ends this rollout only
             name = type(self.format.parser).__name__
             return BrokenParser(f"{name}.parse raised {type(e).__name__}: {e} (return a ParseError instead)")
+        return action if isinstance(action, (Action, ParseError)) else BrokenParser(self._parser_returned(action))
 
     def _parser_returned(self, action: object) -> str:
         name = type(self.format.parser).__name__

@@ -55,6 +55,7 @@ from focus.journal import (
     NoJournal,
     Step,
     WaveRollouts,
+    check_unfinished,
     end_step,
     kept,
     scores_step,
@@ -147,7 +148,7 @@ class Collector:
         recorded evidence state holds those predictions already; the recorded scores are
         all of them, in the order one call at the barrier makes them."""
         journal = journal if journal is not None else NoJournal()
-        state = await journal.recorded(EVIDENCE)
+        state = await journal.evidence(tasks)
         ahead: Predictions = {}
         if state is None:
             state, ahead = await self._evidence(tasks, journal)
@@ -189,11 +190,7 @@ class Collector:
         """``partial`` (what a wave that got bad responses left, in ``plan``'s job order)
         with the rollouts that got them run again from their jobs; raises
         :class:`~focus.execution.BadResponses` if some still do."""
-        if len(plan.jobs) != len(partial.rollouts):
-            raise ValueError(
-                f"the unfinished wave {plan.wave_index} of phase {plan.phase_index} holds {len(partial.rollouts)} "
-                f"rollouts, the search plans {len(plan.jobs)}: it does not belong to this configuration and seed"
-            )
+        check_unfinished(plan, partial)
         todo = [i for i, r in enumerate(partial.rollouts) if is_bad_response(r)]
         t0 = time.perf_counter()
         redone = await self.execution.run(self.agent, [plan.jobs[i] for i in todo])

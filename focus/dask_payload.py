@@ -169,7 +169,18 @@ def pickled_starts(jobs: list[Any]) -> tuple[list[bytes], dict[int, int]]:
     for job in jobs:
         if id(job.start) not in index:
             index[id(job.start)] = len(out)
-            out.append(_dumps(job.start))
+            try:
+                out.append(_dumps(job.start))
+            except Exception as e:
+                from focus.env import EnvError
+                from focus.pickling import REMEDY, unpicklable_part
+
+                part = unpicklable_part(job.start)
+                if part is None:
+                    raise
+                raise EnvError(
+                    f"{part} does not pickle, and Dask ships each checkpoint's state to its workers: {REMEDY}"
+                ) from e
     return out, index
 
 

@@ -28,6 +28,7 @@ sampled), whatever the setting.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -153,10 +154,42 @@ class HFChatCodec(ChatCodec):
         return list(self._tok.encode(text, add_special_tokens=False).ids) if text else []
 
     def encode_content(self, text: str) -> list[int]:
-        """Ids of a message's text, as ``content_special_tokens`` says."""
-        if self.content_special_tokens == "control" or not text:
-            return self.encode_text(text)
-        return list(self._plain.encode(text, add_special_tokens=False).ids)
+        """Ids of a message's text, as ``content_special_tokens`` says. A character the
+        tokenizer has no token for, and drops (:meth:`drops_unknown`), is a
+        :class:`ValueError` naming it: the model read the env's text without it, and
+        nothing said so (the opening messages then stop the collection naming the task; an
+        observation fails its rollout)."""
+        if not text:
+            return []
+        tok = self._tok if self.content_special_tokens == "control" else self._plain
+        encoding = tok.encode(text, add_special_tokens=False)
+        if self.drops_unknown():
+            dropped = _uncovered(text, encoding.offsets)
+            if dropped is not None:
+                raise ValueError(
+                    f"tokenizer {self.path} has no token for {text[dropped]!r} (character {dropped} of the text) "
+                    "and drops it (a BPE without an unknown token or byte fallback): the model would read the text "
+                    "without it; replace such characters in the text, or use a tokenizer that covers them"
+                )
+        return list(encoding.ids)
+
+    def drops_unknown(self) -> bool:
+        """Whether the tokenizer encodes a character outside its vocabulary as nothing: a
+        BPE model without an unknown token, byte fallback or the byte-level pre-tokenizer
+        (whose alphabet covers every byte). Other models map such a character to a token,
+        an unknown one at worst, which the model sees (computed once)."""
+        drops: bool | None = self.__dict__.get("_drops")
+        if drops is None:
+            spec = json.loads(self._tok.to_str())
+            model = spec.get("model") or {}
+            drops = (
+                model.get("type") == "BPE"
+                and model.get("unk_token") is None
+                and not model.get("byte_fallback")
+                and "ByteLevel" not in json.dumps(spec.get("pre_tokenizer"))
+            )
+            self.__dict__["_drops"] = drops
+        return drops
 
     def _header(self, role: str) -> list[int]:
         try:
@@ -188,3 +221,15 @@ class HFChatCodec(ChatCodec):
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=True))
+
+
+def _uncovered(text: str, offsets: Sequence[tuple[int, int]]) -> int | None:
+    """The first character of ``text`` outside every token's span that is not whitespace
+    (a pre-tokenizer that splits on whitespace drops it by design), or ``None``."""
+    pos = 0
+    for start, end in [*offsets, (len(text), len(text))]:
+        gap = text[pos:start]
+        if gap and not gap.isspace():
+            return pos + len(gap) - len(gap.lstrip())
+        pos = max(pos, end)
+    return None

@@ -39,6 +39,7 @@ wave costs in proportion to the wave, not to the collection.
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from focus.agent import Rollout
+    from focus.env import Task
+    from focus.search import SearchState, WavePlan
 
 StepKind = Literal["evidence", "evidence_scores", "wave", "wave_scores", "phase_end", "unfinished"]
 
@@ -104,6 +107,16 @@ class Journal(abc.ABC):
     async def record(self, step: Step, value: Any) -> None:
         """Record ``value`` for ``step`` (called once per step, in collection order)."""
 
+    async def evidence(self, tasks: Sequence[Task]) -> SearchState | None:
+        """The recorded evidence state (:data:`EVIDENCE`), if any, once it is found to be
+        of ``tasks`` (:func:`check_same_tasks`): a resume given other tasks (an env
+        factory's data file edited, tasks added or reordered) went on with the recorded
+        ones without a word, and its batch was not of the tasks it was given."""
+        state: SearchState | None = await self.recorded(EVIDENCE)
+        if state is not None:
+            check_same_tasks(state.tasks, tasks)
+        return state
+
     async def phase_ended(self, phase: int, waves: int) -> bool:
         """Whether the end of continuation phase ``phase`` is recorded, once its first
         ``waves`` waves are replayed and the next is not recorded. An end that counts
@@ -117,6 +130,59 @@ class Journal(abc.ABC):
                 "a recorded wave is missing, so the waves after it cannot be replayed"
             )
         return ended is not None
+
+
+class TasksChanged(ValueError):
+    """A collection resumed with other tasks than the ones it started with."""
+
+
+def check_same_tasks(recorded: Sequence[Task], tasks: Sequence[Task]) -> None:
+    """Refuse ``tasks`` unless they are ``recorded``: the same ids in the same order, and
+    the same data where both are JSON values (other data, which may not compare or
+    print alike in another process, is not compared)."""
+    if len(recorded) != len(tasks):
+        raise TasksChanged(
+            f"the collection started on {len(recorded)} tasks and is resumed with {len(tasks)}: {_RESUME}"
+        )
+    for i, (was, now) in enumerate(zip(recorded, tasks, strict=True)):
+        if was.id != now.id:
+            raise TasksChanged(f"task {i} of the collection is {was.id!r}, and {now.id!r} in its resume: {_RESUME}")
+        before, after = _json(was.data), _json(now.data)
+        if before is not None and after is not None and before != after:
+            raise TasksChanged(f"task {i} ({was.id!r}) holds other data than when the collection started: {_RESUME}")
+
+
+def check_unfinished(plan: WavePlan, partial: WaveRollouts) -> None:
+    """Refuse the rollouts of a recorded unfinished wave that are not of ``plan``'s jobs:
+    another number of them (another configuration or seed), or one of another task than
+    its job's (:class:`TasksChanged`: a resume given other tasks, whose evidence was
+    recorded unfinished, before any state that :meth:`Journal.evidence` checks; its
+    rollouts were grafted onto the trees of other tasks)."""
+    if len(plan.jobs) != len(partial.rollouts):
+        raise ValueError(
+            f"the unfinished wave {plan.wave_index} of phase {plan.phase_index} holds {len(partial.rollouts)} "
+            f"rollouts, the search plans {len(plan.jobs)}: it does not belong to this configuration and seed"
+        )
+    for i, (job, rollout) in enumerate(zip(plan.jobs, partial.rollouts, strict=True)):
+        if job.start.task.id != rollout.task_id:
+            raise TasksChanged(
+                f"rollout {i} of the unfinished wave {plan.wave_index} of phase {plan.phase_index} is of task "
+                f"{rollout.task_id!r}, and its job in the resume of task {job.start.task.id!r}: {_RESUME}"
+            )
+
+
+_RESUME = (
+    "a resume goes on with the tasks it started with, so give it those (the env factory's data as it was), "
+    "or collect these under a new collection id"
+)
+
+
+def _json(data: Any) -> str | None:
+    """``data`` as JSON text with sorted keys, or ``None`` for data JSON does not hold."""
+    try:
+        return json.dumps(data, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
 
 
 class NoJournal(Journal):

@@ -201,9 +201,11 @@ class CheckpointStore:
         try:
             data = encode(obj)
         except Exception as e:
-            raise TypeError(
-                f"checkpoint {collection_id}/{phase}/{wave}: state cannot be pickled: {type(e).__name__}: {e}"
-            ) from e
+            from focus.pickling import REMEDY, unpicklable_in
+
+            part = unpicklable_in(getattr(obj, "trees", ()))
+            why = f"{part} does not pickle: {REMEDY}" if part is not None else f"{type(e).__name__}: {e}"
+            raise TypeError(f"checkpoint {collection_id}/{phase}/{wave}: state cannot be pickled: {why}") from e
         seq = self._last_seq = max(time.time_ns(), self._last_seq + 1)
         digest = sha256(data)
         name = f"{base.rsplit('/', 1)[1]}.{digest[:16]}.pkl"

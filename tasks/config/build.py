@@ -151,7 +151,7 @@ def build_env(config: FocusConfig) -> tuple[Env, PolicyFormat, list[Task]]:
     return ReachTarget(**e.options), toy_format(), list(reach_target_tasks(e.n_tasks, seed=e.task_seed))
 
 
-def _env_from_factory(path: str, **kwargs: Any) -> tuple[Env, PolicyFormat, list[Task]]:
+def _env_from_factory(path: str, /, **kwargs: Any) -> tuple[Env, PolicyFormat, list[Task]]:
     """What ``env.factory`` returns, checked: a factory that raises, or returns its parts
     in another order or of other types, fails in one line naming the factory (not as an
     ``AttributeError`` of the agent's, later). So does one that returns fewer tasks than
