@@ -601,6 +601,26 @@ def test_a_second_signals_line_starts_below_the_live_bar():
     ), repr(done.stderr[-300:])
 
 
+def test_the_interrupt_line_does_not_wait_out_an_unreachable_store(monkeypatch):
+    """Whether an interrupted collection's batch write completed is asked of the store
+    before the line is printed; with the store unreachable (an S3 endpoint down) it was
+    asked with a step's 8 patient attempts, and a Ctrl-C printed its line 14 s later (27 s
+    with a save under way). Now with 3 quick ones: the usual line, at once."""
+    import time
+
+    from cli.collect import _finished_line
+    from test_pipeline import small_config
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    cfg = small_config("s3://focus-gone", "cut")
+    start = time.monotonic()
+    with pytest.raises(Exception, match="storage unreachable after 3 attempt"):
+        _finished_line(cfg)
+    assert time.monotonic() - start < 5
+
+
 def test_focus_train_ends_with_the_command_that_resumes_it(capsys):
     """`focus train` ended with `resume or rerun with the same options and:
     --collection-id L`, a command to complete by hand; it prints the command itself, as
