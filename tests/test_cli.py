@@ -608,8 +608,9 @@ def test_the_interrupt_line_does_not_wait_out_an_unreachable_store(monkeypatch):
     with a save under way). Now with 3 quick ones: the usual line, at once."""
     import time
 
-    from cli.collect import _finished_line
     from test_pipeline import small_config
+
+    from cli.collect import _finished_line
 
     for k, v in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(k, v)
