@@ -282,10 +282,24 @@ def _run(
 def _finished_line(cfg: FocusConfig) -> str | None:
     """What an interrupted collection finished all the same: a signal that comes while
     the batch is written lets the write (and the export's record) complete, and the line
-    said "interrupted ... resume with" of a collection whose rerun said it was finished."""
+    said "interrupted ... resume with" of a collection whose rerun said it was finished.
+
+    Asked with the quick retries of the store check and the lease (3 attempts, S3's read
+    timeout 5 s), not a step's patient ones: a Ctrl-C while the store was unreachable
+    printed its line only after 8 more attempts, 14 s of silence (27 s from the Ctrl-C
+    with the save under way). A store that does not answer now gives the usual line,
+    which holds either way: a rerun finds the batch, or resumes."""
+    from storage import BatchStore, CheckpointStore, Retry
+    from storage.lease_object import quick_reads
     from tasks.journal import CheckpointJournal
 
-    done = CheckpointJournal(cfg).finished_export()
+    root = cfg.storage.root
+    quick, options = Retry(attempts=3, backoff_s=0.2, max_backoff_s=2.0), quick_reads(root, None)
+    stores = (
+        CheckpointStore(root, storage_options=options, retry=quick),
+        BatchStore(root, storage_options=options, retry=quick),
+    )
+    done = CheckpointJournal(cfg, *stores).finished_export()
     if done is None:
         return None
     return (

@@ -339,6 +339,7 @@ def one_line_ending(
     one line of an error, each with its exit status."""
     with Interrupts() as interrupts:
         interrupts.resume, interrupts.log_file = resume, str(out.log_file)
+        interrupts.console = out.console
         try:
             yield interrupts
         except BaseException as e:

@@ -46,6 +46,13 @@ def handled() -> list[int]:
     return [s for s in SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
 
 
+def drawing(console: Any) -> bool:
+    """Whether ``console`` (rich's) shows a live display now: a progress bar, a spinner.
+    Read from rich's stack of live displays, which has no public accessor; a rich
+    without it reads as not drawing (the line then follows the cursor as before)."""
+    return bool(getattr(console, "_live_stack", None))
+
+
 class Interrupts:
     """The signals a command received, and what it does about them (a context manager)."""
 
@@ -60,6 +67,8 @@ class Interrupts:
         #: The command that resumes the work, and the log file: the line a second signal leaves.
         self.resume: str | None = None
         self.log_file: str | None = None
+        #: The rich console the command draws its bars and spinners on (:func:`drawing`).
+        self.console: Any = None
         #: What stopped the work from inside (:meth:`stop`): raised by :meth:`run` in its place.
         self.error: BaseException | None = None
 
@@ -99,8 +108,12 @@ class Interrupts:
             f"interrupted again ({signal.Signals(signum).name}): stopped at once, the command's servers killed; "
             "finished steps are saved" + (f"; resume with: {self.resume}" if self.resume else "")
         )
+        # a live bar or spinner leaves the cursor at the end of its last line: the line
+        # went on after the bar's text ('... 0/32 rollouts running 0:00:00interrupted
+        # again ...'); nothing redraws the bar once the process has exited
+        lead = "\n" if drawing(self.console) else ""
         with contextlib.suppress(OSError):
-            os.write(2, f"{line}\n".encode())
+            os.write(2, f"{lead}{line}\n".encode())
         if self.log_file:
             with contextlib.suppress(OSError), open(self.log_file, "a", encoding="utf-8") as f:
                 f.write(f"{line}\n")

@@ -467,7 +467,10 @@ def test_the_resume_line_names_the_pythonpath_a_factory_was_found_through(monkey
     trainer = load_config(overrides={"train.trainer": "mytrainers:train"}, environ={})
     assert resume_command("train", None, store, None, None, "L", trainer).startswith("PYTHONPATH=")
     toy = load_config(overrides={}, environ={})
-    assert resume_command("collect", None, store, None, None, "c1", toy) == "focus collect --store /data/st --collection-id c1"
+    assert (
+        resume_command("collect", None, store, None, None, "c1", toy)
+        == "focus collect --store /data/st --collection-id c1"
+    )
     monkeypatch.delenv("PYTHONPATH")
     assert resume_command("collect", None, {}, sets, None, "c1", factory).startswith("focus collect ")
     # an id given as --set is said once, as --collection-id (it was said both ways)
@@ -503,7 +506,12 @@ def test_the_resume_line_works_from_any_folder(tmp_path, monkeypatch):
         "focus", "collect", "-c", f"{here}/configs/x.toml", "--store", f"{here}/st", "--collection-id", "c1",
     ]  # fmt: skip
     # a store as --set, made absolute; a URL and an absolute path as typed
-    assert words(None, {}, ["storage.root=my st", "seed=2"])[2:6] == ["--set", f"storage.root={here}/my st", "--set", "seed=2"]
+    assert words(None, {}, ["storage.root=my st", "seed=2"])[2:6] == [
+        "--set",
+        f"storage.root={here}/my st",
+        "--set",
+        "seed=2",
+    ]
     assert words(None, {"storage.root": "s3://b/p"})[2:4] == ["--store", "s3://b/p"]
     assert words(None, {"storage.root": "/abs/st"})[2:4] == ["--store", "/abs/st"]
     # a store the command did not name, relative: the default, the config file's, a variable's
@@ -553,6 +561,65 @@ def test_stop_from_another_thread_ends_the_run_with_its_error():
     assert finished.run(done()) == 7
     finished.stop(gone)
     assert finished.error is None
+
+
+_TWO_SIGNALS_UNDER_A_BAR = """
+import asyncio, os, signal
+from rich.console import Console
+from rich.progress import Progress
+from cli.interrupts import Interrupts
+
+console = Console(stderr=True, force_terminal=True, width=60)
+
+async def work():
+    with Progress(console=console) as bar:
+        bar.add_task("0.evidence", total=4)
+        bar.refresh()
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # lands before the first's stop can end the work
+        await asyncio.sleep(30)
+
+with Interrupts() as stop:
+    stop.console, stop.resume = console, "focus collect --collection-id c"
+    stop.run(work())
+"""
+
+
+def test_a_second_signals_line_starts_below_the_live_bar():
+    """A second signal's line was written where a live bar (or spinner) left the cursor,
+    at the end of its last line: the terminal showed `0.evidence ━━━━ 0/32 rollouts
+    running 0:00:00interrupted again (SIGINT): ...`. It now starts a line of its own."""
+    env = {**base_env(ROOT / ".no-prefect-home"), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", _TWO_SIGNALS_UNDER_A_BAR], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert "0.evidence" in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.endswith(
+        "\ninterrupted again (SIGINT): stopped at once, the command's servers killed; finished steps are saved; "
+        "resume with: focus collect --collection-id c\n"
+    ), repr(done.stderr[-300:])
+
+
+def test_the_interrupt_line_does_not_wait_out_an_unreachable_store(monkeypatch):
+    """Whether an interrupted collection's batch write completed is asked of the store
+    before the line is printed; with the store unreachable (an S3 endpoint down) it was
+    asked with a step's 8 patient attempts, and a Ctrl-C printed its line 14 s later (27 s
+    with a save under way). Now with 3 quick ones: the usual line, at once."""
+    import time
+
+    from test_pipeline import small_config
+
+    from cli.collect import _finished_line
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    cfg = small_config("s3://focus-gone", "cut")
+    start = time.monotonic()
+    with pytest.raises(Exception, match="storage unreachable after 3 attempt"):
+        _finished_line(cfg)
+    assert time.monotonic() - start < 5
 
 
 def test_focus_train_ends_with_the_command_that_resumes_it(capsys):
