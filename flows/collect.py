@@ -25,11 +25,12 @@ from flows.heartbeat import heartbeats
 from flows.preflight import collection_id_for_run, flow_run_name, note_deployment
 from flows.progress import CollectionProgress
 from flows.report import publish_report
+from flows.run_log import run_lines
 from flows.services import services_in_thread
 from flows.watch import watched
 from focus.journal import Step
 from tasks.collect import collect as collect_iteration
-from tasks.config import FocusConfig, config_at_runtime
+from tasks.config import ConfigError, FocusConfig, config_at_runtime
 from tasks.config.form import ConfigParameter
 from tasks.journal import CheckpointJournal
 
@@ -43,15 +44,16 @@ async def _step(kind: str, phase: int, wave: int, body: Any, *args: Any) -> Any:
     return await asyncio.to_thread(body, *args)  # kind, phase, wave: for the task run's name only
 
 
-#: The steps that are task runs, by kind: (task name, task run name). A wave's scores
-#: and a phase's end are saved by the flow itself (a second task run per wave doubled
-#: the flow's bookkeeping).
+#: The steps that are task runs, by kind, each named in the UI as the docs name it
+#: (Prefect's default run name adds three random hex digits: ``check-config-1e6``). A
+#: wave's scores and a phase's end are saved by the flow itself (a second task run per
+#: wave doubled the flow's bookkeeping).
 _STEP_TASKS = {
-    "config": task(name="check-config", **_OPTS)(_step),
-    "evidence": task(name="evidence-rollouts", **_OPTS)(_step),
+    "config": task(name="check-config", task_run_name="check-config", **_OPTS)(_step),
+    "evidence": task(name="evidence-rollouts", task_run_name="evidence-rollouts", **_OPTS)(_step),
     "evidence_scores": task(name="critic-scoring", task_run_name="score-evidence", **_OPTS)(_step),
     "wave": task(name="continuation-wave", task_run_name="wave-{phase}-{wave}", **_OPTS)(_step),
-    "export": task(name="prepare-export", **_OPTS)(_step),
+    "export": task(name="prepare-export", task_run_name="prepare-export", **_OPTS)(_step),
 }
 
 
@@ -68,6 +70,16 @@ class PrefectJournal(ClosesAbandoned, CheckpointJournal):
         call: Any = run  # Prefect's typing does not know that quote() is unwrapped
         result: _T = await call(kind, phase, wave, quote(body), *map(quote, args))
         return result
+
+    async def reachable(self) -> None:
+        """A model URL or Dask scheduler nothing answers fails the run in seconds, with one
+        line (:func:`flows.preflight.unreachable`): a deployment's run, which no ``focus``
+        command checked, waited out ``model.http.outage_wait_s`` (300 s) as for an outage,
+        with nothing in the run's log, then failed as one."""
+        from flows.preflight import unreachable
+
+        if line := await asyncio.to_thread(unreachable, self.config):
+            raise ConfigError(line)
 
 
 async def run_collection(config: FocusConfig, allow_policy_change: bool = False) -> dict[str, Any]:
@@ -98,7 +110,7 @@ async def collect(config: ConfigParameter = None, allow_policy_change: bool = Fa
         await note_deployment(config, get_run_logger())
         cfg = collection_id_for_run(config_at_runtime(config))
         cid = cfg.collection_id
-        with quiet_cancellation(), heartbeats(cfg.execution.heartbeat_s):
+        with quiet_cancellation(), heartbeats(cfg.execution.heartbeat_s), run_lines():
             async with services_in_thread(cfg) as (cfg, _server):
                 return await watched(run_collection(cfg, allow_policy_change), cfg.execution.prefect_grace_s)
     except Exception as e:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from tasks.journal import CheckpointJournal
 
 
-@task(name="publish-report", cache_policy=NO_CACHE, persist_result=False)
+@task(name="publish-report", task_run_name="publish-report", cache_policy=NO_CACHE, persist_result=False)
 async def publish_report(journal: CheckpointJournal, result: dict[str, Any]) -> None:
     """Prefect artifacts: a statistics table, the steps, and a picture of the search trees."""
     cid = journal.cid
