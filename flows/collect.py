@@ -91,7 +91,12 @@ async def run_collection(config: FocusConfig, allow_policy_change: bool = False)
         result = await collect_iteration(config, journal, execution=progress.execution())
     report: Any = publish_report  # Prefect's typing does not know that quote() is unwrapped
     await report(quote(journal), quote(result))
-    log.info("collection %s: batch at %s", config.collection_id, result["batch_url"])
+    if any(r.kind == "export" and r.reused for r in journal.records):  # the UI said "batch at" alone: run or not?
+        log.info(
+            "collection %s: finished before, nothing run again; its batch is at %s", journal.cid, result["batch_url"]
+        )
+    else:
+        log.info("collection %s: batch at %s", config.collection_id, result["batch_url"])
     return result
 
 

@@ -10,6 +10,8 @@ deployment's process runs them).
   ``model.http.outage_wait_s`` (300 s by default) as for an outage, its log silent.
 - The library's lines for the operator (``focus_console``: here a damaged batch written
   again) are in the run's log; they reached only the serving process's console.
+- A rerun of a finished collection says so in its log (``finished before, nothing run
+  again``); it said ``batch at <url>`` as a run that collected does.
 """
 
 from __future__ import annotations
@@ -93,6 +95,11 @@ def test_the_librarys_lines_for_the_operator_reach_the_runs_log(prefect_api, tmp
     cfg = small(tmp_path, "page-lines")
     result = asyncio.run(flushed(collect(cfg)))
     (run,) = run_named(prefect_api, "page-lines")
+    # a rerun of the finished collection says that nothing ran again
+    asyncio.run(flushed(collect(cfg)))
+    again = run_named(prefect_api, "page-lines")[-1]
+    said = [m for _, _, m in run_logs(prefect_api, again["id"]) if m.startswith("collection page-lines: ")]
+    assert said == [f"collection page-lines: finished before, nothing run again; its batch is at {result['batch_url']}"]
     # the finished batch damaged: the rerun writes it again and says so in its run's log
     part = Path(result["batch_url"].removeprefix("file://")) / "actor" / "part-00000.parquet"
     good = part.read_bytes()
