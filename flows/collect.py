@@ -5,8 +5,8 @@ The flow runs :func:`tasks.collect.collect` with a journal that makes each step 
 and ``prepare-export``. A rerun (a retry, the UI, the CLI with the same id) continues from the last saved step.
 Services start for the run (:mod:`flows.services`); heartbeats let a watchdog mark a lost node's run ``Crashed``
 (:mod:`flows.heartbeat`); a Prefect server gone stops it (:mod:`flows.watch`); a failure is one line (:mod:`flows.errors`),
-a cancel an INFO line (:mod:`flows.cancel`), an open schema or dropped stored config a WARNING (``note_deployment``).
-Async: Prefect's sync engine waits ~1 s on exit."""
+a cancel an INFO line (:mod:`flows.cancel`), an open schema or dropped stored config a WARNING (``note_deployment``),
+the library's operator lines go to its log (:func:`flows.report.run_lines`). Async: Prefect's sync engine waits ~1 s on exit."""
 
 from __future__ import annotations
 
@@ -22,15 +22,14 @@ from flows.abandoned import ClosesAbandoned
 from flows.cancel import quiet_cancellation
 from flows.errors import failed_state
 from flows.heartbeat import heartbeats
-from flows.preflight import collection_id_for_run, flow_run_name, note_deployment
+from flows.preflight import ChecksReach, collection_id_for_run, flow_run_name, note_deployment
 from flows.progress import CollectionProgress
-from flows.report import publish_report
-from flows.run_log import run_lines
+from flows.report import publish_report, run_lines
 from flows.services import services_in_thread
 from flows.watch import watched
 from focus.journal import Step
 from tasks.collect import collect as collect_iteration
-from tasks.config import ConfigError, FocusConfig, config_at_runtime
+from tasks.config import FocusConfig, config_at_runtime
 from tasks.config.form import ConfigParameter
 from tasks.journal import CheckpointJournal
 
@@ -44,10 +43,8 @@ async def _step(kind: str, phase: int, wave: int, body: Any, *args: Any) -> Any:
     return await asyncio.to_thread(body, *args)  # kind, phase, wave: for the task run's name only
 
 
-#: The steps that are task runs, by kind, each named in the UI as the docs name it
-#: (Prefect's default run name adds three random hex digits: ``check-config-1e6``). A
-#: wave's scores and a phase's end are saved by the flow itself (a second task run per
-#: wave doubled the flow's bookkeeping).
+#: The steps that are task runs, by kind, named exactly (Prefect adds hex: ``check-config-1e6``). A wave's scores
+#: and a phase's end are saved by the flow itself (a second task run per wave doubled the flow's bookkeeping).
 _STEP_TASKS = {
     "config": task(name="check-config", task_run_name="check-config", **_OPTS)(_step),
     "evidence": task(name="evidence-rollouts", task_run_name="evidence-rollouts", **_OPTS)(_step),
@@ -57,10 +54,11 @@ _STEP_TASKS = {
 }
 
 
-class PrefectJournal(ClosesAbandoned, CheckpointJournal):
+class PrefectJournal(ClosesAbandoned, ChecksReach, CheckpointJournal):
     """A :class:`~tasks.journal.CheckpointJournal` whose steps are Prefect task runs (each step's blocking body in a
-    worker thread; under its lease, runs of the collection a gone process left ``Running`` are closed). Arguments are
-    ``quote``-d: Prefect walked the config and a wave's rollouts twice per task run, a third of the flow's own CPU."""
+    worker thread; runs a gone process left ``Running`` closed under its lease; unreachable services fail it at once,
+    :class:`~flows.preflight.ChecksReach`). Arguments are ``quote``-d: Prefect walked them twice per task run (a third
+    of the flow's own CPU)."""
 
     async def run_step(self, kind: str, step: Step | None, body: Callable[..., _T], *args: Any) -> _T:
         run = _STEP_TASKS.get(kind)
@@ -70,16 +68,6 @@ class PrefectJournal(ClosesAbandoned, CheckpointJournal):
         call: Any = run  # Prefect's typing does not know that quote() is unwrapped
         result: _T = await call(kind, phase, wave, quote(body), *map(quote, args))
         return result
-
-    async def reachable(self) -> None:
-        """A model URL or Dask scheduler nothing answers fails the run in seconds, with one
-        line (:func:`flows.preflight.unreachable`): a deployment's run, which no ``focus``
-        command checked, waited out ``model.http.outage_wait_s`` (300 s) as for an outage,
-        with nothing in the run's log, then failed as one."""
-        from flows.preflight import unreachable
-
-        if line := await asyncio.to_thread(unreachable, self.config):
-            raise ConfigError(line)
 
 
 async def run_collection(config: FocusConfig, allow_policy_change: bool = False) -> dict[str, Any]:
@@ -91,12 +79,7 @@ async def run_collection(config: FocusConfig, allow_policy_change: bool = False)
         result = await collect_iteration(config, journal, execution=progress.execution())
     report: Any = publish_report  # Prefect's typing does not know that quote() is unwrapped
     await report(quote(journal), quote(result))
-    if any(r.kind == "export" and r.reused for r in journal.records):  # the UI said "batch at" alone: run or not?
-        log.info(
-            "collection %s: finished before, nothing run again; its batch is at %s", journal.cid, result["batch_url"]
-        )
-    else:
-        log.info("collection %s: batch at %s", config.collection_id, result["batch_url"])
+    log.info("collection %s: %s %s", config.collection_id, journal.batch_said, result["batch_url"])
     return result
 
 

@@ -51,8 +51,7 @@ from flows.loop import (
 )
 from flows.loop_progress import LoopProgress, success_points
 from flows.preflight import collection_id_for_run, flow_run_name, note_deployment
-from flows.report import _artifact_key
-from flows.run_log import run_lines
+from flows.report import _artifact_key, run_lines
 from flows.trainer_thread import in_daemon_thread
 from flows.watch import watched
 from tasks.config import FocusConfig

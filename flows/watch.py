@@ -39,7 +39,7 @@ from flows.errors import GONE, PrefectServerGone
 
 _T = TypeVar("_T")
 log = logging.getLogger("focus.watch")
-#: Marks a record for the operator: the ``focus`` command's console, a flow run's log (:mod:`flows.run_log`).
+#: Marks a record for the operator: the ``focus`` command's console, a flow run's log (:func:`flows.report.run_lines`).
 CONSOLE = {"focus_console": True}
 
 #: Seconds between two health checks of the Prefect server.

@@ -49,7 +49,6 @@ async def collect(
         await journal.check_config()
         result = await journal.finished()
         if result is None:
-            await journal.reachable()
             async with repairing(journal):  # a gap in the checkpoints mended, a damaged batch written again
                 result = await _search_and_export(config, journal, execution or make_execution(config.execution))
     steps = journal.records

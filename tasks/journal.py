@@ -109,12 +109,6 @@ class CheckpointJournal(Journal):
         async with held_lease(self.store.loc.root, self.cid, storage_options=self.store.loc.storage_options):
             yield
 
-    async def reachable(self) -> None:
-        """Raise if a service the search needs takes no connection, once the collection is
-        known to have work to do. Nothing here: the ``focus`` command asks before it starts
-        anything (``flows.preflight.unreachable``); a flow run no command started asks in
-        its journal (``flows.collect.PrefectJournal``)."""
-
     def note(self, kind: str, key: Key, phase: int = 0, reused: bool = False, **figures: Any) -> StepRecord:
         """Add a step record and pass it to ``on_step``."""
         now = time.perf_counter()
