@@ -131,3 +131,36 @@ def test_a_model_url_nothing_answers_fails_the_run_in_seconds(prefect_api, tmp_p
     assert took < 40, took
     logs = run_logs(prefect_api, str(state.state_details.flow_run_id))
     assert any(lv == 40 and line in m for lv, _, m in logs), logs
+
+
+def test_a_train_loops_evaluation_shows_its_progress_in_the_runs_log(prefect_api, tmp_path):
+    """A long evaluation (``train.eval_tasks`` episodes on a real model) is told in the run's
+    log as a training is: a line as it begins, then its episode count (here at every
+    report: ``log_every_s = 0``); a recorded one says nothing. It said nothing between
+    ``publish version`` and ``held-out success``."""
+    from prefect import flow, get_run_logger
+    from test_train_watch import small as loop_config
+
+    from flows.loop_progress import LoopProgress
+
+    @flow(name="loop-progress-page", flow_run_name="loop-progress-page")
+    async def evaluations() -> None:
+        show = LoopProgress(loop_config(tmp_path), enabled=True, log=get_run_logger(), log_every_s=0.0)
+        show.interactive = False  # as a deployment's run (its console no terminal)
+        with show.evaluating(1, 3) as report:
+            for done in (1, 2, 3):
+                report(done, 3)
+        show.evaluated(1, {"success_rate": 2 / 3})
+        with show.evaluating(0, 3, fresh=False) as report:  # recorded by an earlier run: reused, not run
+            report(3, 3)
+
+    asyncio.run(flushed(evaluations()))
+    (run,) = run_named(prefect_api, "loop-progress-page")
+    said = [m for lv, _, m in run_logs(prefect_api, run["id"]) if m.startswith("version ")]
+    assert said == [
+        "version 1: evaluate on 3 held-out tasks",
+        "version 1: evaluate 1/3 episodes",
+        "version 1: evaluate 2/3 episodes",
+        "version 1: evaluate 3/3 episodes",
+        "version 1: held-out success 0.667",
+    ], said
