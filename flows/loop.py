@@ -531,9 +531,10 @@ async def _evaluate(
     latest: dict[str, Any],
 ) -> dict[str, Any]:
     cfg = model.apply(eval_config(config, latest))
-    if not await asyncio.to_thread(_eval_recorded, cfg, base, version):
+    fresh = not await asyncio.to_thread(_eval_recorded, cfg, base, version)
+    if fresh:
         cfg = await model.ready(cfg, latest["weights"])
-    with show.evaluating(version, cfg.env.n_tasks) as report:
+    with show.evaluating(version, cfg.env.n_tasks, fresh) as report:
         result = await steps.evaluate(cfg, base, version, report)
     show.evaluated(version, result)
     return result

@@ -341,9 +341,26 @@ class LoopProgress:
             self.say(line, i)
 
     @contextlib.contextmanager
-    def evaluating(self, version: int, tasks: int) -> Iterator[Callable[[int, int], None]]:
+    def evaluating(self, version: int, tasks: int, fresh: bool = True) -> Iterator[Callable[[int, int], None]]:
+        """The evaluation of ``version`` on ``tasks`` held-out tasks; yields ``report(done,
+        total)``: the live line on a terminal; elsewhere (a pipe, a log file, the run's log
+        in the Prefect UI) a line as it begins (``fresh``: not recorded by an earlier run),
+        then its episode count at most every :attr:`log_every_s`, as a training's. Without
+        them nothing came between ``publish version`` and ``held-out success``, however
+        many episodes the evaluation ran (one rollout of the model per task)."""
+        quiet = not (fresh and self.enabled and not self.interactive)
+        if not quiet:
+            self.say(f"version {version}: evaluate on {tasks} held-out task{'' if tasks == 1 else 's'}", version)
+        last = [time.monotonic()]
         with self.live(f"version {version}: evaluate", "episodes") as update:
-            yield lambda done, total: update(done, total)
+
+            def report(done: int, total: int) -> None:
+                update(done, total)
+                if not quiet and log_due(last[0], time.monotonic(), self.log_every_s):
+                    last[0] = time.monotonic()
+                    self.say(f"version {version}: evaluate {stage_count(done, total, 'episodes')}", version)
+
+            yield report
 
     def evaluated(self, version: int, result: dict[str, Any]) -> None:
         self.evaluations[version] = result

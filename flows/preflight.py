@@ -130,6 +130,34 @@ def unreachable(config: FocusConfig) -> str | None:
     return scheduler_contact(ex.address) if ex.kind == "dask" and ex.address else None
 
 
+class ChecksReach:
+    """A journal mixin: a model URL or Dask scheduler nothing answers fails the collection
+    in seconds, with :func:`unreachable`'s line, once it has work to do (after its
+    finished check, whose answer it keeps: :attr:`finished_before`). A deployment's run, which no ``focus`` command checked, waited out
+    ``model.http.outage_wait_s`` (300 s) as for an outage, its log silent, then failed
+    as one (``tests/test_flow_run_page.py``)."""
+
+    config: FocusConfig
+    #: Whether the collection was finished before this run (its stored export reused).
+    finished_before = False
+
+    async def finished(self) -> dict[str, Any] | None:
+        import asyncio
+
+        from tasks.config import ConfigError
+
+        result: dict[str, Any] | None = await super().finished()  # type: ignore[misc]
+        self.finished_before = result is not None
+        if result is None and (line := await asyncio.to_thread(unreachable, self.config)):
+            raise ConfigError(line)
+        return result
+
+    @property
+    def batch_said(self) -> str:
+        """How the run's last line names its batch: the UI said ``batch at <url>`` of a rerun that ran nothing too."""
+        return "finished before, nothing run again; its batch is at" if self.finished_before else "batch at"
+
+
 def check_root(root: str) -> None:
     """Fail with a storage error naming the cause if ``root`` cannot be used: a local
     folder that is not writable or whose disk is full, a bucket that does not exist or

@@ -51,7 +51,7 @@ from flows.loop import (
 )
 from flows.loop_progress import LoopProgress, success_points
 from flows.preflight import collection_id_for_run, flow_run_name, note_deployment
-from flows.report import _artifact_key
+from flows.report import _artifact_key, run_lines
 from flows.trainer_thread import in_daemon_thread
 from flows.watch import watched
 from tasks.config import FocusConfig
@@ -140,7 +140,7 @@ async def train_loop(config: ConfigParameter = None, allow_config_change: bool =
         log.info("train loop %s", cid)
         progress = LoopProgress(config, enabled=config.progress, log=log)  # off a terminal: lines in the UI
         # heartbeats also close what crashed attempts left Running; a cancel ends with an INFO line
-        with quiet_cancellation(), heartbeats(config.execution.heartbeat_s):
+        with quiet_cancellation(), heartbeats(config.execution.heartbeat_s), run_lines():
             run = _loop_and_report(config, progress, allow_config_change)
             return await watched(run, config.execution.prefect_grace_s)
     except Exception as e:  # one line as the state's message and in the log, as the collect flow's

@@ -39,6 +39,8 @@ from flows.errors import GONE, PrefectServerGone
 
 _T = TypeVar("_T")
 log = logging.getLogger("focus.watch")
+#: Marks a record for the operator: the ``focus`` command's console, a flow run's log (:func:`flows.report.run_lines`).
+CONSOLE = {"focus_console": True}
 
 #: Seconds between two health checks of the Prefect server.
 PROBE_S = 2.0
@@ -71,10 +73,11 @@ class _Probe:
         api: str,
         grace_s: float,
         on_gone: Callable[[PrefectServerGone], None],
-        cancel: tuple[str, Callable[[], None]] | None = None,
+        cancel: tuple[str, Callable[[], None], float] | None = None,
     ) -> None:
         self.api, self.grace_s, self.on_gone = api, grace_s, on_gone
-        #: (flow run id, what to call, once, when the run is set Cancelling): see :func:`watched`
+        #: (flow run id, what to call, once, when the run has been ``Cancelling`` for so
+        #: many seconds): see :func:`watched`
         self.cancel = cancel
         self.every_s = min(PROBE_S, grace_s / 3)
         self._stop = threading.Event()
@@ -98,7 +101,7 @@ class _Probe:
     def _watch(self) -> None:
         from prefect import get_client
 
-        last_ok, failed = time.monotonic(), False
+        last_ok, failed, cancelling = time.monotonic(), False, None
         if self._stop.wait(self.every_s):
             return  # a run this short needs no client
         timeout = min(PROBE_TIMEOUT_S, self.grace_s)
@@ -111,8 +114,12 @@ class _Probe:
                         log.info("the Prefect server at %s answers again after %.1f s", self.api, now - last_ok)
                     last_ok, failed = now, False
                     if self.cancel is not None and _cancelling(client, self.cancel[0]):
-                        self.cancel[1]()
-                        return
+                        cancelling = now if cancelling is None else cancelling
+                        if now - cancelling >= self.cancel[2]:
+                            self.cancel[1]()
+                            return
+                    else:
+                        cancelling = None
                 elif now - last_ok >= self.grace_s and not self._stop.is_set():
                     cause = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
                     self.on_gone(PrefectServerGone(self.api, f"{cause}; no answer for {now - last_ok:.0f} s"))
@@ -160,7 +167,12 @@ async def watched(body: Coroutine[Any, Any, _T], grace_s: float) -> _T:
     which the flow ends ``Cancelled`` with. Nothing else would: Prefect leaves a cancel to
     the runner or worker that started the run (which sends its process SIGTERM,
     :mod:`flows.cancel`), so such a run went on, stayed ``Cancelling`` and ended
-    ``Completed``, the Cancel ignored."""
+    ``Completed``, the Cancel ignored. A deployment's run is stopped so too when it has
+    been ``Cancelling`` for :func:`runner_grace_s` and its runner or worker has not
+    stopped it: Prefect's runner stops watching for cancels for good once its watch
+    failed three times in a row (a Prefect server restart of 20-30 s with the default
+    poll interval, 7 s with a 1 s one: "Cancellation polling task failed ... flow run
+    cancellation will fail"), and every later Cancel of a run it served was ignored."""
     from prefect.runtime import deployment, flow_run
     from prefect.settings import PREFECT_API_URL
 
@@ -192,13 +204,21 @@ async def watched(body: Coroutine[Any, Any, _T], grace_s: float) -> _T:
     name = str(flow_run.name)
 
     def on_cancel() -> None:  # in the probe's thread
+        if deployment.id:
+            log.warning(
+                "flow run %r has been Cancelling for %.0f s and the process serving it has not stopped it (its watch "
+                "for cancels is down, as after a Prefect server restart): the run stops itself",
+                name,
+                after_s,
+                extra=CONSOLE,
+            )
         cancelled.append(RunCancelled(name))
         loop.call_soon_threadsafe(gone.set)
 
-    unsupervised = None if deployment.id else (str(flow_run.id), on_cancel)
+    after_s = runner_grace_s() if deployment.id else 0.0
     task = asyncio.create_task(run(), name="focus-watched-body")
     waiter = asyncio.ensure_future(gone.wait())
-    probe = _Probe(api, grace_s, on_gone, unsupervised).start()
+    probe = _Probe(api, grace_s, on_gone, (str(flow_run.id), on_cancel, after_s)).start()
     try:
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -215,6 +235,18 @@ async def watched(body: Coroutine[Any, Any, _T], grace_s: float) -> _T:
     if not task.cancelled() and task.exception() is None:
         return task.result()  # it finished as the server was found gone: the work is done
     raise found[0] from (None if task.cancelled() else task.exception())
+
+
+def runner_grace_s() -> float:
+    """Seconds a deployment's run stays ``Cancelling`` before it stops itself: two poll
+    intervals of a runner (``PREFECT_RUNNER_POLL_FREQUENCY``) or worker
+    (``PREFECT_WORKER_QUERY_SECONDS``), 10 s each by default, and 5 s more, so a runner
+    whose watch works (at once on its event stream, else at its next poll) stops it
+    first, as Prefect does (SIGTERM, :mod:`flows.cancel`)."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    return 2 * max(float(settings.runner.poll_frequency), float(settings.worker.query_seconds)) + 5.0
 
 
 def _own_settings(max_retries: int | None = None) -> Any:
