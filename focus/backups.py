@@ -235,7 +235,9 @@ def _backed_up_terms(
         value = q_bar if kappa <= 0 else (kappa * v_hat + m * left_sum(qs) / m) / (kappa + m)
     elif noise.known:
         # the depth's t, unless this checkpoint's own miss says the critic is wrong here
-        t = checkpoint_critic_error(v_hat, qs, q_bar, var_q, t)
+        miss = v_hat - q_bar
+        if m >= 2 and miss * miss > t + var_q:  # (the test's own first condition, without a call)
+            t = checkpoint_critic_error(v_hat, qs, q_bar, var_q, t)
         lam = critic_weight(signal / (m * m), var_q, t, influence / m)
         value = q_bar if lam <= 0.0 else lam * v_hat + (1.0 - lam) * q_bar
     else:

@@ -111,8 +111,7 @@ def node_view(
     ``(γ^k − c)²`` (0 for an only child backed up with λ_p = 0: the change cancels) and
     each sibling segment ``c²``; ancestors further up are left out (their share is at
     most that factor squared again)."""
-    i = node.id
-    depth = node.depth
+    i, depth = node.id, node.depth
     mu = calibration.mean_tokens or 1.0
     gamma = values.gamma
     noise = calibration.noise
@@ -131,8 +130,9 @@ def node_view(
     else:
         sig, rest, plain = action, fresh, fresh_target
     qs = values.child_q.get(i, ())
-    if qs:
-        critic = _critic_here(node, qs, values.q_bar.get(i), (sig + rest) / n, noise, critic)
+    miss = node.value - values.q_bar[i] if qs and node.value is not None else 0.0  # type: ignore[operator]
+    if miss and miss * miss > critic + (sig + rest) / n:  # beyond one deviation (never with t unknown: inf)
+        critic = _critic_here(node, qs, values.q_bar[i], (sig + rest) / n, noise, critic)
     shared = 0.0  # shared_error's early answer, then the call where it has no early answer
     if not (noise.shared <= 0 or calibration.bootstrapped <= 0):
         shared, rest = shared_error(calibration, depth, length, rest)
