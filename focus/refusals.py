@@ -34,7 +34,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from focus.agent import Rollout
+from focus.agent import Piece, Rollout
 from focus.tree import Node, Tree
 from focus.usage import failure_kind
 
@@ -176,18 +176,31 @@ _CONTEXT = re.compile(
 )
 
 
-def _refused_text(trees: Sequence[Tree], which: Sequence[int]) -> str:
-    """``task '<id>' (<n> prompt tokens[; the limit is M])`` for each of ``which`` (the
-    limit where the refusal says it: the server's context, or ``max_prompt_tokens``)."""
+def _named(refused: Sequence[tuple[str, Node | Piece]]) -> str:
+    """``task '<id>' (<n> prompt tokens[; the limit is M])`` for each (task id, refused
+    leaf) (the limit where the refusal says it: the server's context, or
+    ``max_prompt_tokens``)."""
     parts = []
-    for ti in which:
-        leaf = refused_task(trees[ti])
-        assert leaf is not None
+    for task_id, leaf in refused:
         m = _CONTEXT.search(leaf.cause or "")
         limit = next((g for g in m.groups() if g), None) if m else None
         reads = f"; the limit is {limit}" if limit else ""
-        parts.append(f"task {trees[ti].task_id!r} ({len(leaf.context_ids)} prompt tokens{reads})")
+        parts.append(f"task {task_id!r} ({len(leaf.context_ids)} prompt tokens{reads})")
     return ", ".join(parts)
+
+
+def left_out_line(refused: Sequence[tuple[str, Node | Piece]], others: int | None = None) -> str:
+    """The warning line for tasks found over the model's context at their opening prompt
+    (each a task id and its refused leaf), ``others`` the tasks the collection goes on
+    with, where known: the library's (:func:`check_tasks_refused`) and the pipeline's
+    console's (``tasks.records``) words."""
+    tail = f"; the collection goes on with the other {others}" if others is not None else ""
+    return f"{len(refused)} task(s) left out, their opening prompt over the model's context: {_named(refused)}{tail}"
+
+
+def refused_tasks(trees: Sequence[Tree]) -> list[tuple[str, Node]]:
+    """(task id, refused leaf) of each of ``trees`` refused at its opening prompt (:func:`refused_task`)."""
+    return [(t.task_id, leaf) for t in trees if (leaf := refused_task(t)) is not None]
 
 
 def check_tasks_refused(before: Sequence[Tree], after: Sequence[Tree]) -> None:
@@ -200,22 +213,16 @@ def check_tasks_refused(before: Sequence[Tree], after: Sequence[Tree]) -> None:
     new = [ti for ti, t in enumerate(after) if refused_task(t) is not None and refused_task(before[ti]) is None]
     if not new:
         return
-    if all(refused_task(t) is not None for t in after):
+    every = refused_tasks(after)
+    if len(every) == len(after):
         n = len(after)
         raise RequestsRefused(
-            f"every task's opening prompt ({n} of {n}) was refused as over the model's context: "
-            f"{_refused_text(after, range(n))}; those tasks cannot be sampled with this model (serve a longer "
-            "context, e.g. vLLM's --max-model-len, or shorten their prompts: the system prompt, the task's text, "
-            "agent.max_prompt_tokens); nothing of the wave is kept and the collection is not finished, so a rerun "
-            "with the same collection id collects"
+            f"every task's opening prompt ({n} of {n}) was refused as over the model's context: {_named(every)}; "
+            "those tasks cannot be sampled with this model (serve a longer context, e.g. vLLM's --max-model-len, or "
+            "shorten their prompts: the system prompt, the task's text, agent.max_prompt_tokens); nothing of the wave "
+            "is kept and the collection is not finished, so a rerun with the same collection id collects"
         )
-    log.warning(
-        "%d task(s) left out, their opening prompt over the model's context: %s; the collection goes on with the "
-        "other %d",
-        len(new),
-        _refused_text(after, new),
-        sum(1 for t in after if refused_task(t) is None),
-    )
+    log.warning(left_out_line(refused_tasks([after[ti] for ti in new]), len(after) - len(every)))
 
 
 def _same_setting_refusal(rollouts: Sequence[Rollout], statuses: list[int | None]) -> bool:

@@ -301,3 +301,38 @@ def test_a_collection_with_a_task_over_the_context_resumes_to_the_uninterrupted_
     assert got["stats"]["steps_reused"] >= 2, got["stats"]
     fingerprint = BatchStore(ref).verify(want["batch_url"]).fingerprint
     assert BatchStore(cut).verify(got["batch_url"]).fingerprint == fingerprint
+
+
+@pytest.mark.parametrize(("long", "code"), [([1], 0), ([0, 1, 2, 3], 2)])
+def test_focus_collect_names_a_task_over_the_context_once_and_stops_only_when_every_task_is(
+    local_model_server, tmp_path, long, code
+):
+    """What ``focus collect`` prints: one warning line naming a task left out (its
+    failed rollouts not counted again in a failure line), the batch of the others and
+    exit 0; with every task over the context, one error line and exit 2."""
+    import json
+    import subprocess
+    import sys
+
+    from fixtures.prefect import base_env
+
+    args = ["collect", "--store", str(tmp_path / "runs"), "--model-url", local_model_server.url, "--tasks", "4"]
+    args += ["--transitions", "24", "--set", "env.kind=factory", "--set", "env.factory=fixtures.wordy:wordy_env"]
+    args += ["--set", f"env.options={json.dumps({'long': long})}", "--set", "agent.sampling.max_tokens=8"]
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        env=base_env(tmp_path / "prefect"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == code, done.stdout[-2000:] + done.stderr[-3000:]
+    lines = [x for x in done.stderr.splitlines() if "reach-0-1" in x]
+    assert len(lines) == 1, done.stderr[-3000:]
+    if code == 0:
+        assert lines[0].startswith("warning: 0.evidence: 1 task(s) left out, their opening prompt over the model"), lines
+        assert "rollouts failed" not in done.stderr and "the collection goes on with the other 3" in lines[0]
+        assert "refused_tasks" in done.stdout
+    else:
+        assert lines[0].startswith("error: every task's opening prompt (4 of 4) was refused"), lines
