@@ -71,6 +71,7 @@ SHOWN = (
     "tasks",
     "trees",
     "failed_trees",
+    "refused_tasks",
     "rollouts",
     "failed_rollouts",
     "transitions",

@@ -370,12 +370,15 @@ class CollectionProgress:
         return line
 
     def warn_failures(self, label: str, record: StepRecord) -> str | None:
-        """Log a WARNING (console and the run's log) when a step's rollouts failed."""
+        """Log a WARNING (console and the run's log) when a step's rollouts failed, and
+        one naming the tasks it found over the model's context at their opening prompt
+        (left out of the collection; their rollouts are not in the first line)."""
         line = failure_line(label, record)
-        if line is not None:
-            self.lines.append(line)
-            if self.log is not None:
-                self.log.warning(line, extra=console_extra())
+        for warning in (line, f"{label}: {record.left_out}" if record.left_out else None):
+            if warning is not None:
+                self.lines.append(warning)
+                if self.log is not None:
+                    self.log.warning(warning, extra=console_extra())
         return line
 
     def _show(self, line: str, rates: str, completed: int | None) -> None:

@@ -184,7 +184,9 @@ class Collector:
         state = await self.start(tasks)
         plan = self.plan_wave(state, 0, 0)
         done = await self.rerun(plan, partial)
-        return await graft_placed(state, plan, done.rollouts, self.priority.phases[0].name, done.wall_s), {}
+        new = await graft_placed(state, plan, done.rollouts, self.priority.phases[0].name, done.wall_s)
+        warn_failures(self.priority.phases[0].name, 0, done.rollouts, state.trees, new.trees)
+        return new, {}
 
     async def rerun(self, plan: WavePlan, partial: WaveRollouts) -> WaveRollouts:
         """``partial`` (what a wave that got bad responses left, in ``plan``'s job order)
@@ -266,7 +268,7 @@ class Collector:
         check_responses(rollouts, _wave_name(self.priority, plan), (plan.phase_index, plan.wave_index), wall)
         ahead = tail.parts if tail is not None else None
         new = await graft_placed(state, plan, rollouts, phase.name, wall, ahead)
-        warn_failures(phase.name, plan.wave_index, rollouts)
+        warn_failures(phase.name, plan.wave_index, rollouts, state.trees, new.trees)
         return new, Landed(plan, tuple(rollouts), wall, dict(tail.predictions) if tail is not None else {})
 
     async def run_rollouts(self, state: SearchState, plan: WavePlan) -> SearchState:
@@ -502,8 +504,9 @@ class Collector:
                         rollouts = [r for _, r in finished]
                         check_outage(rollouts, self.execution.max_outage_share)
                         check_responses(rollouts, _wave_name(self.priority, plan), (phase_index, wave), now - t_last)
-                        state = graft(state, plan, rollouts, phase.name, wave_wall_s=now - t_last)
-                        warn_failures(phase.name, wave, rollouts)
+                        new = graft(state, plan, rollouts, phase.name, wave_wall_s=now - t_last)
+                        warn_failures(phase.name, wave, rollouts, state.trees, new.trees)
+                        state = new
                         state = await self.score(state)
                         finished, t_last, wave = [], now, wave + 1
                         continue

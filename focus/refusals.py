@@ -14,8 +14,10 @@ word, and it is not a prompt over the context (which the agent truncates instead
 sampling setting the server refuses (a temperature outside its range, a ``top_k`` it
 does not take) is carried by every request and refused the same way each time. A
 prompt over the context at a task's opening prompt, before any turn, is that task's for
-good (past its first turn the agent truncates the episode instead): a wave of nothing
-else stops, naming the tasks (:func:`_opening_prompts_over_context`).
+good (past its first turn the agent truncates the episode instead): the task is left
+out, named in one warning line, its root started no more, and the collection goes on
+with the others; only where every task is so does it stop
+(:func:`check_tasks_refused`).
 
 An env that fails every fresh episode of a wave the same way (at least
 :data:`SAME_ENV_FAILURE_MIN` of them, from two tasks or more, numbers and quoted parts
@@ -27,11 +29,13 @@ segments under a spent id.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from focus.agent import Rollout
+from focus.agent import Piece, Rollout
+from focus.tree import Node, Tree
 from focus.usage import failure_kind
 
 #: Statuses that refuse any request, whatever its prompt: a redirect (3xx: the URL,
@@ -50,6 +54,7 @@ SAME_REFUSAL_MIN = 2
 #: one task's bad luck.
 SAME_ENV_FAILURE_MIN = 4
 _REJECTED = re.compile(r"rejected with status (\d{3})")
+log = logging.getLogger("focus.collector")
 
 
 class RequestsRefused(RuntimeError):
@@ -123,14 +128,6 @@ def check_refused(rollouts: Sequence[Rollout]) -> None:
         what = "check model.url, model.model and the API key (focus.backends.HttpConfig.api_key)"
     elif _same_setting_refusal(rollouts, statuses):
         what = "a setting every request carries, most often a sampling parameter (agent.sampling.*, model.options)"
-    elif tasks := _opening_prompts_over_context(rollouts, statuses):
-        raise RequestsRefused(
-            f"every rollout of the wave ({n} of {n}) was refused at its task's opening prompt as over the model's "
-            f"context: task {tasks}; those tasks cannot be sampled with this model (serve a longer context, e.g. "
-            "vLLM's --max-model-len, or shorten their prompts: the system prompt, the task's text, agent.max_"
-            "prompt_tokens); nothing of the wave is kept and the collection is not finished, so a rerun with the "
-            f"same collection id collects; last: {last.cause.removeprefix('model: ')}"
-        )
     else:
         return
     assert last is not None  # every rollout was refused, so each has a failed leaf
@@ -142,29 +139,90 @@ def check_refused(rollouts: Sequence[Rollout]) -> None:
     )
 
 
-def _opening_prompts_over_context(rollouts: Sequence[Rollout], statuses: list[int | None]) -> str:
-    """The tasks (with their opening prompts' lengths) when every one of at least
-    :data:`SAME_REFUSAL_MIN` rollouts failed at its task's opening prompt, before any
-    turn, because it does not fit the model's context (the server's refusal, or the
-    agent's ``max_prompt_tokens``); "" otherwise. Past a task's first turn such a refusal
-    ends the rollout in a truncated leaf (the episode outgrew the model); at its opening
-    prompt the task cannot be sampled at all, on any rerun: the search started those
-    roots again until its budget was spent, each call refused at once, and the collection
-    finished with an empty batch under a spent id."""
+def refused_opening(kind: str, steps: int, cause: str | None) -> bool:
+    """Whether a leaf (its kind, steps and cause) is a task's opening prompt refused as
+    over the model's context, before any turn: the server's refusal (a 400 or 413 in its
+    words, :func:`focus.backends.wire.is_context_limit`) or the agent's own
+    ``max_prompt_tokens`` (``focus.agent``). Past the opening prompt the agent ends such a
+    rollout in a truncated leaf instead; at it the task cannot be sampled on any rerun,
+    so the search continues such a root no more (``focus.search.grafting``)."""
+    if kind != "failed" or steps != 0 or not cause or not cause.startswith("model:"):
+        return False
+    m = _REJECTED.search(cause)
+    if m is None:
+        return "over max_prompt_tokens" in cause  # the agent's limit (agent.py)
     from focus.backends.wire import is_context_limit
 
-    if len(rollouts) < SAME_REFUSAL_MIN:
-        return ""
-    tasks: dict[str, int] = {}
-    for r, status in zip(rollouts, statuses, strict=True):
-        leaf = r.leaf
-        if leaf.kind != "failed" or leaf.steps != 0 or r.turns or not leaf.cause.startswith("model:"):
-            return ""
-        own = status is None and "over max_prompt_tokens" in leaf.cause  # the agent's limit (agent.py)
-        if not own and (status is None or not is_context_limit(status, leaf.cause)):
-            return ""
-        tasks.setdefault(r.task_id, len(leaf.context_ids))
-    return ", task ".join(f"{t!r} ({k} prompt tokens)" for t, k in sorted(tasks.items()))
+    return is_context_limit(int(m.group(1)), cause)
+
+
+def refused_task(tree: Tree) -> Node | None:
+    """The leaf that refused ``tree``'s task (:func:`refused_opening`) where its root's
+    first rollout was refused so: grafting took the root's branch state then, so the
+    task gets no rollout more (its prompt is the same on every one); else None."""
+    root = tree.root
+    if not root.children or tree.ROOT in tree.states:
+        return None
+    edge = tree.edges[root.children[0]]
+    node = tree.nodes[edge.child]
+    return node if not edge.turns and refused_opening(node.kind, node.steps, node.cause) else None
+
+
+#: The model's context as a refusal words it (vLLM, its engine, SGLang, its scheduler),
+#: or the agent's ``max_prompt_tokens``.
+_CONTEXT = re.compile(
+    r"maximum context length is (\d+)|maximum model length of (\d+)|model's context length \((\d+)"
+    r"|maximum allowed length \((\d+)|over max_prompt_tokens (\d+)"
+)
+
+
+def _named(refused: Sequence[tuple[str, Node | Piece]]) -> str:
+    """``task '<id>' (<n> prompt tokens[; the limit is M])`` for each (task id, refused
+    leaf) (the limit where the refusal says it: the server's context, or
+    ``max_prompt_tokens``)."""
+    parts = []
+    for task_id, leaf in refused:
+        m = _CONTEXT.search(leaf.cause or "")
+        limit = next((g for g in m.groups() if g), None) if m else None
+        reads = f"; the limit is {limit}" if limit else ""
+        parts.append(f"task {task_id!r} ({len(leaf.context_ids)} prompt tokens{reads})")
+    return ", ".join(parts)
+
+
+def left_out_line(refused: Sequence[tuple[str, Node | Piece]], others: int | None = None) -> str:
+    """The warning line for tasks found over the model's context at their opening prompt
+    (each a task id and its refused leaf), ``others`` the tasks the collection goes on
+    with, where known: the library's (:func:`check_tasks_refused`) and the pipeline's
+    console's (``tasks.records``) words."""
+    tail = f"; the collection goes on with the other {others}" if others is not None else ""
+    return f"{len(refused)} task(s) left out, their opening prompt over the model's context: {_named(refused)}{tail}"
+
+
+def refused_tasks(trees: Sequence[Tree]) -> list[tuple[str, Node]]:
+    """(task id, refused leaf) of each of ``trees`` refused at its opening prompt (:func:`refused_task`)."""
+    return [(t.task_id, leaf) for t in trees if (leaf := refused_task(t)) is not None]
+
+
+def check_tasks_refused(before: Sequence[Tree], after: Sequence[Tree]) -> None:
+    """Log one WARNING line naming the tasks a wave found over the model's context at
+    their opening prompt (``before`` and ``after``: the trees without and with it), and
+    raise :class:`RequestsRefused` where every task of the collection is so: nothing
+    could be collected. A refused task's root is not started again (its prompt is the
+    same on every rollout); it used to be, every wave, and a wave of nothing else stopped
+    the collection although the other tasks had good data."""
+    new = [ti for ti, t in enumerate(after) if refused_task(t) is not None and refused_task(before[ti]) is None]
+    if not new:
+        return
+    every = refused_tasks(after)
+    if len(every) == len(after):
+        n = len(after)
+        raise RequestsRefused(
+            f"every task's opening prompt ({n} of {n}) was refused as over the model's context: {_named(every)}; "
+            "those tasks cannot be sampled with this model (serve a longer context, e.g. vLLM's --max-model-len, or "
+            "shorten their prompts: the system prompt, the task's text, agent.max_prompt_tokens); nothing of the wave "
+            "is kept and the collection is not finished, so a rerun with the same collection id collects"
+        )
+    log.warning(left_out_line(refused_tasks([after[ti] for ti in new]), len(after) - len(every)))
 
 
 def _same_setting_refusal(rollouts: Sequence[Rollout], statuses: list[int | None]) -> bool:

@@ -60,14 +60,20 @@ def collection_statistics(
                 "wall_s": sum(waves),
             }
         )
+    from focus.refusals import refused_task
+
     returns = evidence_returns(phases, trees)
     # A tree none of whose rollouts completed (e.g. its whole evidence phase failed)
     # contributes no actor rows; name it so it is not mistaken for a finished task.
     failed_trees = [t.task_id for t in trees if t.rollouts and not t.reaches_valid_leaf(t.ROOT)]
+    # of those, the tasks whose opening prompt is over the model's context (left out)
+    refused = [t.task_id for t in trees if refused_task(t) is not None]
     return {
         "trees": len(trees),
         "failed_trees": len(failed_trees),
         "failed_tree_ids": failed_trees,
+        "refused_tasks": len(refused),
+        "refused_task_ids": refused,
         **flat(total),
         "wall_s": sum(walls.values()),
         "excluded_segments": excluded_segments,
@@ -114,13 +120,29 @@ def flat(usage: Usage) -> dict[str, Any]:
     return out  # retry_causes stays a {cause: count} mapping
 
 
-def warn_failures(phase: str, wave: int, rollouts: Sequence[Rollout]) -> None:
+def warn_failures(
+    phase: str, wave: int, rollouts: Sequence[Rollout], before: Sequence[Tree] = (), after: Sequence[Tree] = ()
+) -> None:
     """One WARNING line per wave in which rollouts failed: how many, by kind, and the
     last one's cause with its task and the step it failed at (rollout steps from the
     root, the first 0). A cause names the value (``returned the reward nan``) but not
     where: the same cause of every task counts as one in ``failure_causes``, so the line
-    is what tells a user which task's step to reproduce."""
-    failed = [r for r in rollouts if r.leaf.kind == "failed"]
+    is what tells a user which task's step to reproduce. With the trees ``before`` and
+    ``after`` the wave, the tasks it found over the model's context at their opening
+    prompt get their own line instead, or stop the collection where every task is so
+    (:func:`focus.refusals.check_tasks_refused`)."""
+    from focus.refusals import check_tasks_refused, refused_opening, refused_task
+
+    refused: set[str] = set()
+    if after:
+        check_tasks_refused(before, after)
+        refused = {t.task_id for t in after if refused_task(t) is not None}
+    failed = [
+        r
+        for r in rollouts
+        if r.leaf.kind == "failed"
+        and not (r.task_id in refused and not r.turns and refused_opening(r.leaf.kind, r.leaf.steps, r.leaf.cause))
+    ]
     if failed:
         kinds = Counter(failure_kind(r.leaf.cause) for r in failed)
         last = failed[-1]

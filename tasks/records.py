@@ -9,8 +9,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from focus.agent import Rollout
 from focus.execution import is_bad_response
 from focus.journal import Step, WaveRollouts
+from focus.refusals import left_out_line, refused_opening, refused_task, refused_tasks
 from focus.usage import Usage
 
 
@@ -39,9 +41,16 @@ class StepRecord:
     #: (:func:`focus.statistics.warn_failures`): a cause names no task, and its count
     #: is over every task, so this is what tells an operator which step to reproduce.
     last_failure: tuple[str, int, str] | None = None
+    #: The warning line naming the tasks the step found over the model's context at their
+    #: opening prompt, left out of the collection (:func:`focus.refusals.left_out_line`).
+    left_out: str | None = None
     #: The collection's usage so far, and its phase's (steps that run rollouts).
     usage: Usage | None = None
     phase_usage: Usage | None = None
+
+
+def _leaf(rollout: Rollout) -> tuple[str, int, str | None]:
+    return rollout.leaf.kind, rollout.leaf.steps, rollout.leaf.cause
 
 
 def failures(causes: Iterable[str | None]) -> tuple[int, dict[str, int]]:
@@ -60,12 +69,17 @@ class Tally:
     def step(self, step: Step, value: Any) -> dict[str, Any]:
         """The figures of a step's record (none for steps that run no rollouts)."""
         last: tuple[str, int, str] | None = None
+        left_out: str | None = None
         if step.kind == "evidence":
             logs = [r for t in value.trees for r in t.log]
             used = [(r.phase, r.usage) for r in logs]
-            causes = [r.cause for r in logs if r.failed]
+            # a task refused at its opening prompt has a line of its own (focus.refusals)
+            kept = [t for t in value.trees if refused_task(t) is None]
+            if refused := refused_tasks(value.trees):
+                left_out = left_out_line(refused, len(kept))
+            causes = [r.cause for t in kept for r in t.log if r.failed]
             # the last failed leaf of the last tree that has one
-            leaves = ((t.task_id, n) for t in reversed(value.trees) for n in reversed(t.nodes.values()))
+            leaves = ((t.task_id, n) for t in reversed(kept) for n in reversed(t.nodes.values()))
             if causes and (leaf := next(((i, n) for i, n in leaves if n.kind == "failed"), None)):
                 last = (leaf[0], leaf[1].steps, leaf[1].cause or "unknown")
         elif step.kind in ("wave", "unfinished"):
@@ -74,7 +88,9 @@ class Tally:
             wave: WaveRollouts = value
             rollouts = [r for r in wave.rollouts if step.kind == "wave" or is_bad_response(r)]
             used = [(step.phase, Usage.of_rollout(ro)) for ro in rollouts]
-            failed = [ro for ro in rollouts if ro.leaf.kind == "failed"]
+            opening = [(ro.task_id, ro.leaf) for ro in rollouts if not ro.turns and refused_opening(*_leaf(ro))]
+            left_out = left_out_line(list(dict(opening).items())) if opening else None
+            failed = [ro for ro in rollouts if ro.leaf.kind == "failed" and (ro.task_id, ro.leaf) not in opening]
             causes = [ro.leaf.cause for ro in failed]
             if failed:
                 last = (failed[-1].task_id, failed[-1].leaf.steps, failed[-1].leaf.cause or "unknown")
@@ -89,6 +105,7 @@ class Tally:
             "failed_rollouts": n_failed,
             "failure_causes": top,
             "last_failure": last,
+            "left_out": left_out,
             "usage": self.usage,
             "phase_usage": self.phases.get(step.phase, Usage()),
         }

@@ -193,3 +193,146 @@ def test_llama_server_out_of_context_during_an_answer_ends_the_episode_truncated
     completion = asyncio.run(go())
     assert (completion.token_ids, completion.logprobs, completion.finish_reason) == ((97, 98), (-0.5, -0.25), "length")
     assert len(scripted.paths) == 2  # not retried
+
+
+# ---- a task whose opening prompt is over the context, among others ----
+
+
+def _wordy(
+    url: str, root: str, long: list[int], n_tasks: int = 4, wave_size: int = 2, kind: str = "selective"
+) -> object:
+    """A collection of the toy's tasks from :mod:`fixtures.wordy` (those at ``long`` over
+    the embedded model's context at their opening prompt) through the pipeline's loop."""
+    from tasks.config import load_config
+
+    return load_config(
+        overrides={
+            "collection_id": "wordy",
+            "model.kind": "openai",
+            "model.url": url,
+            "model.http": {"outage_wait_s": 0},
+            "env.kind": "factory",
+            "env.factory": "fixtures.wordy:wordy_env",
+            "env.options": {"long": long},
+            "env.n_tasks": n_tasks,
+            "agent.sampling.max_tokens": 8,
+            "search.kind": kind,
+            "search.phases": [
+                {"name": "evidence", "rollouts_per_task": 2},
+                {"name": "continue", "transitions": 24, "wave_size": wave_size},
+            ],
+            "execution.kind": "local",
+            "storage.root": root,
+            "progress": False,
+        },
+        environ={},
+    )
+
+
+#: (tasks over the context, search kind, wave size): with these, before, the refused roots
+#: were started again (uniform), and a wave of nothing else stopped the collection (selective).
+LEFT_OUT = [([1], "uniform", 4), ([1, 2, 3], "selective", 2)]
+
+
+@pytest.mark.parametrize(("long", "kind", "wave_size"), LEFT_OUT)
+def test_a_task_over_the_context_among_good_ones_is_left_out_in_one_line(
+    local_model_server, tmp_path, caplog, long, kind, wave_size
+):
+    """A task whose opening prompt can never fit was started again (its root kept its
+    branch state), and a wave of nothing else stopped the whole collection, though the
+    other tasks had good data. Now it is refused once, named in one warning line, and
+    the collection finishes with the other tasks' batch."""
+    import logging
+
+    from fixtures.journal import run_collect
+
+    from storage import BatchStore
+
+    cfg = _wordy(local_model_server.url, str(tmp_path), long=long, wave_size=wave_size, kind=kind)
+    with caplog.at_level(logging.WARNING):
+        out = run_collect(cfg)
+    batch = BatchStore(str(tmp_path)).read(out["batch_url"])
+    refused = [f"reach-0-{i}" for i in long]
+    assert batch.stats["failed_rollouts"] == 2 * len(long)  # their evidence rollouts, and no restart after them
+    assert batch.stats["refused_tasks"] == len(long) and batch.stats["refused_task_ids"] == refused
+    assert {r.task_id for r in batch.actor} == {f"reach-0-{i}" for i in range(4)} - set(refused)
+    assert batch.stats["transitions"] >= 24
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    named = [line for line in lines if refused[0] in line]
+    assert len(named) == 1, lines
+    head = f"{len(long)} task(s) left out, their opening prompt over the model's context: task 'reach-0-1' ("
+    assert named[0].startswith(head), named[0]
+    assert all(f"task {t!r} (50" in named[0] for t in refused) and "the limit is 4096" in named[0], named[0]
+    assert "\n" not in named[0]
+
+
+def test_every_task_over_the_context_stops_the_collection_in_one_line(local_model_server, tmp_path):
+    from fixtures.journal import run_collect
+
+    from flows.errors import exit_code, one_line
+    from focus.refusals import RequestsRefused
+    from storage import CheckpointStore
+
+    cfg = _wordy(local_model_server.url, str(tmp_path), long=[0, 1], n_tasks=2)
+    with pytest.raises(RequestsRefused) as stopped:
+        run_collect(cfg)
+    line = one_line(stopped.value)
+    assert line.startswith("every task's opening prompt (2 of 2) was refused as over the model's context: "), line
+    assert "task 'reach-0-0' (" in line and "task 'reach-0-1' (" in line and "the limit is 4096" in line, line
+    assert "\n" not in line and exit_code(stopped.value) == 2
+    assert ("evidence", 0) not in CheckpointStore(str(tmp_path)).list("wordy")
+
+
+def test_a_collection_with_a_task_over_the_context_resumes_to_the_uninterrupted_batch(local_model_server, tmp_path):
+    """Planning reads the refused root from the trees alone (its branch state taken when
+    it was grafted), so a collection stopped after a wave and resumed plans the same
+    waves and writes the same batch, bit for bit."""
+    from fixtures.journal import StopAfter, Stopped, run_collect
+
+    from focus.journal import wave_step
+    from storage import BatchStore
+
+    url, ref, cut = local_model_server.url, str(tmp_path / "ref"), str(tmp_path / "cut")
+    want = run_collect(_wordy(url, ref, long=[1], wave_size=4, kind="uniform"))
+    cfg = _wordy(url, cut, long=[1], wave_size=4, kind="uniform")
+    with pytest.raises(Stopped):
+        run_collect(cfg, StopAfter(cfg, wave_step(1, 1)))
+    got = run_collect(cfg)
+    assert got["stats"]["steps_reused"] >= 2, got["stats"]
+    fingerprint = BatchStore(ref).verify(want["batch_url"]).fingerprint
+    assert BatchStore(cut).verify(got["batch_url"]).fingerprint == fingerprint
+
+
+@pytest.mark.parametrize(("long", "code"), [([1], 0), ([0, 1, 2, 3], 2)])
+def test_focus_collect_names_a_task_over_the_context_once_and_stops_only_when_every_task_is(
+    local_model_server, tmp_path, long, code
+):
+    """What ``focus collect`` prints: one warning line naming a task left out (its
+    failed rollouts not counted again in a failure line), the batch of the others and
+    exit 0; with every task over the context, one error line and exit 2."""
+    import json
+    import subprocess
+    import sys
+
+    from fixtures.prefect import base_env
+
+    args = ["collect", "--store", str(tmp_path / "runs"), "--model-url", local_model_server.url, "--tasks", "4"]
+    args += ["--transitions", "24", "--set", "env.kind=factory", "--set", "env.factory=fixtures.wordy:wordy_env"]
+    args += ["--set", f"env.options={json.dumps({'long': long})}", "--set", "agent.sampling.max_tokens=8"]
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        env=base_env(tmp_path / "prefect"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == code, done.stdout[-2000:] + done.stderr[-3000:]
+    lines = [x for x in done.stderr.splitlines() if "reach-0-1" in x]
+    assert len(lines) == 1, done.stderr[-3000:]
+    if code == 0:
+        assert lines[0].startswith("warning: 0.evidence: 1 task(s) left out, their opening prompt over the model"), lines
+        assert "rollouts failed" not in done.stderr and "the collection goes on with the other 3" in lines[0]
+        assert "refused_tasks" in done.stdout
+    else:
+        assert lines[0].startswith("error: every task's opening prompt (4 of 4) was refused"), lines

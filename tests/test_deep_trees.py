@@ -86,7 +86,9 @@ def test_reach_weights_of_a_large_batch_are_found_without_comparing_every_pair()
     lookup per tree, longest prefix first (0.05 s and 0.15 s). 400 trees of 30 chained
     segments here, 12,000 segments: the pairs grow as their square."""
     rows = [
-        ActorRow("c", 0, f"t{t}", f"t{t}#0", i, i, 0, "v0", tuple(range(i + 1)), (i + 1,), (-1.0,), (1,), 1.0, 0.0, "stop")
+        ActorRow(
+            "c", 0, f"t{t}", f"t{t}#0", i, i, 0, "v0", tuple(range(i + 1)), (i + 1,), (-1.0,), (1,), 1.0, 0.0, "stop"
+        )
         for t in range(400)
         for i in range(30)
     ]

@@ -180,7 +180,10 @@ def test_the_train_loop_validates_its_config_after_the_variables_too(prefect_api
     )
     assert state.message == line, state.message
     logs = run_logs(prefect_api, str(state.state_details.flow_run_id))
-    assert [m for lv, m in logs if lv >= 40] == [f"the train loop failed: {line}", f"Finished in state Failed({line!r})"]
+    assert [m for lv, m in logs if lv >= 40] == [
+        f"the train loop failed: {line}",
+        f"Finished in state Failed({line!r})",
+    ]
     assert not any("Traceback" in m for _, m in logs), logs
     with pytest.raises(ConfigError):  # awaited, the flow raises the error itself
         asyncio.run(train_loop(sent))

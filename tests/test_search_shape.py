@@ -63,3 +63,31 @@ def test_grown_facts_equal_whole_tree_facts(seed: int) -> None:
             grown += key in known
         known = known_shape(shape, tree, known)
     assert grown > 0
+
+
+#: vLLM's refusal of a task's opening prompt over the context (the agent's failed leaf's cause).
+REFUSED = (
+    "model: POST http://m/v1/completions was rejected with status 400: This model's maximum context length is "
+    "16 tokens. However, you requested 30 tokens"
+)
+
+
+@pytest.mark.parametrize("first_refused", [True, False])
+def test_a_root_refused_at_its_opening_prompt_is_counted_without_its_branch_state(first_refused: bool) -> None:
+    """Grafting takes the root's branch state where its first rollout was refused at the
+    task's opening prompt as over the context (focus.search.grafting): the depth-share
+    counts grown from the tree before must drop the root as the whole tree's count does
+    (they kept it open, a checkpoint the plan can no longer continue)."""
+    from focus.refusals import refused_task
+
+    tree = Tree.new("t", object(), (1, 2))
+    known = known_shape({"depths": shape_fact(tree, 3, "depths", None)}, tree, None)
+    tree = copy_tree(tree)
+    if first_refused:
+        tree.add_node(Tree.ROOT, (), "failed", steps=0, cause=REFUSED)
+        tree.states.pop(Tree.ROOT)
+    else:
+        tree.add_node(Tree.ROOT, (_turn(random.Random(1)),), "terminal", steps=1)
+    tree.add_node(Tree.ROOT, (), "failed", steps=0, cause=REFUSED)
+    assert (refused_task(tree) is not None) == first_refused
+    assert shape_fact(tree, 3, "depths", known) == shape_fact(tree, 3, "depths", None)

@@ -297,8 +297,9 @@ def test_tasks_whose_opening_prompt_is_over_the_context_stop_the_collection_with
     """A 400 "maximum context length" to a task's opening prompt (or the agent's own
     ``max_prompt_tokens``) is that task's for good: no rerun can sample it. Every request
     refused so, the search started those roots again until its budget was spent and the
-    collection finished with an empty batch under a spent id; now the first wave of
-    such refusals stops it with one line naming each task and its prompt's length."""
+    collection finished with an empty batch under a spent id; now the wave that finds
+    every task refused so stops it with one line naming each task, its prompt's length
+    and the limit (a task among good ones is left out instead: test_context_limit.py)."""
     from focus.agent import Agent
     from focus.collector import Collector
     from focus.critic import ConstantCritic
@@ -349,8 +350,11 @@ def test_tasks_whose_opening_prompt_is_over_the_context_stop_the_collection_with
     with pytest.raises(RequestsRefused) as caught:
         asyncio.run(go())
     line = str(caught.value)
-    assert line.startswith("every rollout of the wave (4 of 4) was refused at its task's opening prompt"), line
-    assert "task 'reach-2-0' (21 prompt tokens), task 'reach-2-1' (21 prompt tokens)" in line, line
+    assert line.startswith("every task's opening prompt (2 of 2) was refused as over the model's context"), line
+    assert (
+        "task 'reach-2-0' (21 prompt tokens; the limit is 16), task 'reach-2-1' (21 prompt tokens; the limit is 16)"
+        in line
+    ), line
     assert "\n" not in line and len(refused) == (4 if limit == "server" else 0)
 
 

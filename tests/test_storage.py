@@ -341,7 +341,9 @@ def test_bad_rows_are_rejected_before_anything_is_written(tmp_path, batch):
         store.write(Batch("c1", 0, [wrong], [], {}))
     # a dataset's text iteration: the message said "iteration 0, but the batch is 'c1' iteration 0"
     text = ActorRow(**{**r.__dict__, "collection_id": "c1", "iteration": "0"})
-    with pytest.raises(SchemaError, match=r"belongs to collection 'c1' iteration '0', but the batch is 'c1' iteration 0$"):
+    with pytest.raises(
+        SchemaError, match=r"belongs to collection 'c1' iteration '0', but the batch is 'c1' iteration 0$"
+    ):
         store.write(Batch("c1", 0, [text], [], {}))
     huge = ActorRow(**{**r.__dict__, "completion_ids": (2**40,), "logprobs": (-1.0,), "loss_mask": (1,)})
     with pytest.raises(SchemaError, match="outside int32"):

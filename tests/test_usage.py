@@ -268,6 +268,8 @@ def _former_statistics(phases, trees):  # type: ignore[no-untyped-def]
         "trees": len(trees),
         "failed_trees": len(failed_trees),
         "failed_tree_ids": failed_trees,
+        "refused_tasks": 0,  # (no task of these trees was refused at its opening prompt)
+        "refused_task_ids": [],
         **flat(Usage.of_records(records)),
         "wall_s": wall_of(records),
         "excluded_segments": 0,

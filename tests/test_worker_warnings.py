@@ -37,7 +37,10 @@ WORKER = f"""
 def test_a_worker_warning_reads_as_the_commands(tmp_path):
     done = run(WORKER)
     assert done.returncode == 0, done.stderr
-    assert done.stderr.splitlines() == [f"warning: {MESSAGE}", "warning: a warning the quiet console leaves to the log file"]
+    assert done.stderr.splitlines() == [
+        f"warning: {MESSAGE}",
+        "warning: a warning the quiet console leaves to the log file",
+    ]
     # the command's console is quiet (its log file named for the workers): as in-process,
     # only the lines marked for the console show; every one is in the file
     log = tmp_path / "focus.log"

@@ -15,6 +15,7 @@ from typing import Any
 
 from focus.agent import CONTEXT_LIMIT, Rollout
 from focus.priority import Calibration, Priority
+from focus.refusals import refused_opening
 from focus.search.copies import cow_tree, own
 from focus.search.jobs import RolloutJob, WavePlan
 from focus.search.planning import plan_ahead
@@ -127,6 +128,15 @@ def _add_rollout(
         elif piece.cause == CONTEXT_LIMIT and not piece.turns:
             # the checkpoint's next prompt does not fit the model: every continuation
             # from it would end here again, with no transition, so none is planned
+            tree.states.pop(parent, None)
+        elif (
+            parent == tree.ROOT
+            and len(tree.root.children) == 1
+            and not piece.turns
+            and refused_opening(piece.kind, piece.steps, piece.cause)
+        ):
+            # the task's opening prompt is over the model's context, and it is the same
+            # on every rollout: none from the root is planned again (its first decides)
             tree.states.pop(parent, None)
         parent = node.id
     tree.rollouts += 1

@@ -31,7 +31,8 @@ from focus.sums import left_sum
 def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index: int) -> WavePlan:
     """Jobs of wave ``wave_index`` of phase ``phase_index`` (pure; empty when done).
 
-    Evidence phase: ``rollouts_per_task`` rollouts from every root in wave 0.
+    Evidence phase: ``rollouts_per_task`` rollouts from every root in wave 0 (not one
+    refused at its task's opening prompt, :func:`focus.refusals.refused_task`).
     Continuation phase: greedily take the highest-priority eligible checkpoint, count
     the planned continuation into its evidence (``pending``) and re-rank it, until the
     wave is full (``Phase.wave_size`` in ``Phase.wave_unit``: by default the planned
@@ -47,7 +48,7 @@ def plan_wave(state: SearchState, search: Priority, phase_index: int, wave_index
         if state.waves_done(phase_index) or state.planned:
             return WavePlan(phase_index, wave_index)
         jobs = []
-        for ti, tree in enumerate(state.trees):
+        for ti, tree in [(ti, t) for ti, t in enumerate(state.trees) if t.ROOT in t.states]:
             base = len(tree.root.children)
             for b in range(base, base + (phase.rollouts_per_task or 0)):
                 jobs.append(

@@ -4,7 +4,8 @@ the whole tree or grown from an earlier tree's.
 
 Grafting only adds: a grown tree holds its predecessor's edges and nodes, numbered
 first, and new ones after them; an old node changes only by gaining children (and, at
-a context limit, losing its branch state, ``focus.search.grafting``), and an old edge's
+a context limit or, the root, at a task's opening prompt over the context, losing its
+branch state, ``focus.search.grafting``), and an old edge's
 child keeps its kind. So a fact of an earlier tree is brought up to date from the new
 edges and the checkpoints that gained a child alone: the same numbers as over the
 whole tree (integer counts; the draws sorted), for the few nodes a graft touched
@@ -20,6 +21,7 @@ from typing import Any
 from focus.agent import CONTEXT_LIMIT
 from focus.calibration import edge_counts, tree_counts
 from focus.priority import explore_draw
+from focus.refusals import refused_opening
 from focus.tree import Edge, Tree
 
 #: Shape facts of an earlier form of a tree: key -> (fact, that tree's edge and node counts).
@@ -72,7 +74,8 @@ def _grown_depths(tree: Tree, was: Depths, first: int, old_nodes: int) -> Depths
     """:func:`tree_depths` of ``tree`` from an earlier form's (``first`` edges and
     ``old_nodes`` nodes): a graft adds nodes, edges and log records, and changes an old
     checkpoint only by giving it children, and its branch state is taken only where a
-    new child is a turnless context-limit leaf (``focus.search.grafting``)."""
+    new child is a turnless context-limit leaf, or the root's first is a refused opening
+    prompt (``focus.search.grafting``)."""
     nodes, edges, states = tree.nodes, tree.edges, tree.states
     open_, starts = dict(was[0]), dict(was[1])
     for p in {edges[i].parent for i in range(first, len(edges))}:
@@ -80,9 +83,7 @@ def _grown_depths(tree: Tree, was: Depths, first: int, old_nodes: int) -> Depths
             continue
         node = nodes[p]
         before = [i for i in node.children if i < first]
-        had = p in states or (
-            not any(_cut(tree, i) for i in before) and any(_cut(tree, i) for i in node.children if i >= first)
-        )
+        had = p in states or (not _stateless(tree, p, before) and _stateless(tree, p, node.children))
         if had:
             count(open_, (node.depth, len(before)), -1)
         if p in states:
@@ -96,6 +97,20 @@ def _grown_depths(tree: Tree, was: Depths, first: int, old_nodes: int) -> Depths
         key = (rec.phase, nodes[rec.node].depth)
         starts[key] = starts.get(key, 0) + 1
     return open_, starts, len(tree.log)
+
+
+def _stateless(tree: Tree, node_id: int, children: list[int]) -> bool:
+    """Whether grafting took checkpoint ``node_id``'s branch state once it had the
+    edges ``children`` (its first ones): one of them is :func:`_cut`, or it is the root
+    and its first rollout was refused at the task's opening prompt
+    (:func:`focus.refusals.refused_task`)."""
+    if any(_cut(tree, i) for i in children):
+        return True
+    if node_id != tree.ROOT or not children:
+        return False
+    edge = tree.edges[children[0]]
+    leaf = tree.nodes[edge.child]
+    return not edge.turns and refused_opening(leaf.kind, leaf.steps, leaf.cause)
 
 
 def _cut(tree: Tree, edge_id: int) -> bool:
