@@ -25,6 +25,7 @@ from focus.branching import BranchPoints, BrokenBranchPoints, EveryDecision, eli
 from focus.context import BrokenContextManager, Compaction, Context, ContextManager, Segments, returned
 from focus.env import Action, Env, EnvError, Message, Task, accepts_seed, check_reset, check_step_result
 from focus.format import ParseError, PolicyFormat
+from focus.local_limits import LocalResourceError, local_error
 from focus.policy import (
     BadResponse,
     Completion,
@@ -258,9 +259,11 @@ class Agent:
                 self._check(completion, params)
                 if completion.meta:
                     count_retries(counters, completion.meta)
-            except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints):
+            except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints, LocalResourceError):
                 raise  # a setting or code to fix, not this rollout's failure: stops the collection
             except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - a failed model call ends this rollout only
+                if calling and (local := local_error(e, f" in {type(self.policy).__name__}.sample")) is not None:
+                    raise local from e  # out of files, ports or memory here: every rollout would meet it
                 pieces.append(self._call_failed(e, state, turns, calling))
                 break
             text = codec.decode(completion.token_ids)
