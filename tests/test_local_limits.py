@@ -18,12 +18,17 @@ import resource
 import httpx
 import pytest
 
+from focus.agent import Agent
 from focus.backends import HttpConfig, OpenAICompatPolicy
-from focus.critic import HttpCritic
+from focus.collector import Collector
+from focus.critic import ConstantCritic, HttpCritic
+from focus.execution import Execution
 from focus.local_limits import LocalResourceError, local_errno
 from focus.policy import SamplingParams
-from focus.testing import run
+from focus.priority import Phase, Selective
+from focus.testing import ScriptedPolicy, run
 from focus.testing.simserver import SimConfig, SimServerProcess
+from focus.toy import ReachTarget, reach_target_tasks, toy_format
 
 PROMPT = [256, 10, 11, 12]
 #: Quick retries and a long outage window: a local error taken for an outage waits it out.
@@ -149,3 +154,77 @@ def test_the_errno_is_found_along_the_chain_and_not_elsewhere():
     assert local_errno(OSError("[Errno 24] Too many open files")) == errno.EMFILE
     assert local_errno(ConnectionRefusedError(errno.ECONNREFUSED, "refused")) is None
     assert local_errno(OSError(errno.EACCES, "denied")) is None
+
+
+class OutOfFiles(ScriptedPolicy):
+    """A custom policy whose client meets ``Too many open files`` after ``ok`` calls."""
+
+    def __init__(self, ok: int) -> None:
+        super().__init__(["+1"], toy_format().codec)
+        self.ok = ok
+
+    async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+        if len(self.prompts) >= self.ok:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return await super().sample(prompt_ids, params)
+
+
+def test_a_wave_stops_at_the_first_model_call_this_machine_cannot_make():
+    """A custom policy's own ``OSError(EMFILE)`` failed its rollout only (``error: OSError``),
+    and every rollout after it the same way: the wave and the collection went on, the
+    batch made of failures. The agent and the wave let it through as the one line."""
+    policy = OutOfFiles(ok=5)
+    agent = Agent(policy, ReachTarget(), toy_format(), max_steps=4, sampling=SamplingParams(max_tokens=8))
+    collector = Collector(
+        agent,
+        search=Selective(phases=[Phase("evidence", rollouts_per_task=2)]),
+        critic=ConstantCritic(0.5),
+        execution=Execution(max_concurrency=4),
+        collection_id="local",
+        seed=3,
+    )
+    with pytest.raises(LocalResourceError, match=r"too many open files in OutOfFiles\.sample: this process") as err:
+        run(collector.search(reach_target_tasks(8, seed=5)))
+    assert err.value.errno == errno.EMFILE and "execution.max_concurrency" in str(err.value)
+    assert len(policy.prompts) == 5  # no rollout went on past it
+
+
+def test_the_object_stores_retries_stop_at_a_local_error():
+    """aiobotocore's ``ClientConnectorError`` is retried as a store that does not answer
+    (8 attempts, about 14 s), then named "storage unreachable"; carrying EMFILE or
+    EADDRNOTAVAIL it is this machine's, and stops at the first attempt naming that."""
+    import aiohttp
+
+    from storage.retry import Retry, retrying
+
+    attempts = []
+
+    def op() -> None:
+        attempts.append(1)
+        raise aiohttp.ClientConnectorError(None, OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address"))  # type: ignore[arg-type]
+
+    with pytest.raises(LocalResourceError, match=r"no local port left \(to read s3://b/k\).*ip_local_port_range"):
+        retrying(op, "read s3://b/k", Retry(), sleep=lambda s: None)
+    assert len(attempts) == 1
+
+
+def test_a_dask_scheduler_this_machine_cannot_connect_to_names_the_machine(monkeypatch):
+    import distributed.comm
+
+    from focus.dask_checks import answers
+
+    async def connect(address, timeout=None, **kwargs):  # type: ignore[no-untyped-def]
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(distributed.comm, "connect", connect)
+    with pytest.raises(LocalResourceError, match="too many open files connecting to the Dask scheduler at 'tcp://"):
+        answers("tcp://127.0.0.1:8786", 1.0)
+
+
+def test_the_pipelines_line_is_the_errors_own():
+    from flows.errors import exit_code, one_line
+
+    error = LocalResourceError("too many open files connecting to the model service at http://m: ...", errno.EMFILE)
+    assert one_line(error) == str(error) and exit_code(error) == 1
+    ports = one_line(OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address"))
+    assert ports.startswith("no local port left (EADDRNOTAVAIL") and "net.ipv4.ip_local_port_range" in ports
