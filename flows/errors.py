@@ -18,7 +18,7 @@ import os
 import traceback
 from typing import Any, NoReturn
 
-from focus.local_limits import LOCAL_ERRNOS, local_line
+from focus.local_limits import local_errno, local_line
 
 #: Errors whose message is written for the operator: shown as they are (one line).
 SELF_EXPLAINED = frozenset(
@@ -170,8 +170,8 @@ def one_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         where = f" writing {exc.filename}" if exc.filename else ""
         return f"no space left on the device{where}; free space and rerun to resume"
-    if isinstance(exc, OSError) and exc.errno in LOCAL_ERRNOS:  # out of files, ports or memory here
-        return _flatten(local_line(exc.errno, f" (opening {exc.filename})" if exc.filename else ""))
+    if (err := local_errno(exc)) is not None:  # out of files, ports or memory here, however wrapped
+        return _flatten(local_line(err, _where(exc)))
     if isinstance(exc, PermissionError) or (isinstance(exc, OSError) and exc.errno == errno.EROFS):
         where = f" on {exc.filename}" if exc.filename else ""
         return _flatten(f"permission denied{where}: {exc.strerror or text or 'forbidden'}")
@@ -183,6 +183,16 @@ def one_line(exc: BaseException) -> str:
         cause = f"{names[0]}: {text}" if text and not text.startswith("Failed to reach API") else names[0]
         return _flatten(prefect_unanswered(api, cause))
     return _flatten(f"{names[0]}: {text}") if text else names[0]
+
+
+def _where(exc: BaseException) -> str:
+    """Where this machine's limit was met: the file opened, or the Prefect API asked (its
+    client raises httpx's ``ConnectError``, which read as "the Prefect server did not
+    answer" under ``ulimit -n``, the limit never named)."""
+    if isinstance(exc, OSError) and exc.filename:
+        return f" (opening {exc.filename})"
+    api = prefect_api_of(exc)
+    return f" reaching the Prefect API at {api}" if api else ""
 
 
 def exit_code(exc: BaseException) -> int:

@@ -228,3 +228,11 @@ def test_the_pipelines_line_is_the_errors_own():
     assert one_line(error) == str(error) and exit_code(error) == 1
     ports = one_line(OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address"))
     assert ports.startswith("no local port left (EADDRNOTAVAIL") and "net.ipv4.ip_local_port_range" in ports
+    try:
+        try:
+            raise OSError(errno.EMFILE, "Too many open files")
+        except OSError as e:
+            raise RuntimeError("Failed to reach API at http://127.0.0.1:4200/api/") from e
+    except RuntimeError as prefect:  # was "the Prefect server ... did not answer"
+        line = one_line(prefect)
+    assert line.startswith("too many open files reaching the Prefect API at http://127.0.0.1:4200/api"), line
