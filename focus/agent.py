@@ -262,8 +262,6 @@ class Agent:
             except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints, LocalResourceError):
                 raise  # a setting or code to fix, not this rollout's failure: stops the collection
             except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - a failed model call ends this rollout only
-                if calling and (local := local_error(e, f" in {type(self.policy).__name__}.sample")) is not None:
-                    raise local from e  # out of files, ports or memory here: every rollout would meet it
                 pieces.append(self._call_failed(e, state, turns, calling))
                 break
             text = codec.decode(completion.token_ids)
@@ -305,7 +303,11 @@ class Agent:
         cancelled fails it as any other exception of a custom policy's own does (``error:
         <Policy>.sample raised CancelledError: ...``), as an env's own fails it (:func:`own_cancel`):
         it stopped the collection as a bare ``CancelledError``, read as an interrupt; one
-        that cancels the rollout is raised again."""
+        that cancels the rollout is raised again. A model call this machine could not make
+        (out of open files, local ports or socket memory: a custom policy's own ``OSError``)
+        raises :class:`~focus.local_limits.LocalResourceError`: every rollout would meet it."""
+        if calling and (local := local_error(e, f" in {type(self.policy).__name__}.sample")) is not None:
+            raise local from e
         if isinstance(e, ContextLimit):  # the episode outgrew the context
             kind, cause = ("truncated", CONTEXT_LIMIT) if state.steps else ("failed", f"{failure_prefix(e)}: {e}")
             return Piece(tuple(turns), kind, state.steps, state.context.prompt_ids, cause=cause)
