@@ -18,6 +18,8 @@ import os
 import traceback
 from typing import Any, NoReturn
 
+from focus.local_limits import local_errno, local_line
+
 #: Errors whose message is written for the operator: shown as they are (one line).
 SELF_EXPLAINED = frozenset(
     {
@@ -48,6 +50,7 @@ SELF_EXPLAINED = frozenset(
         "PrefectHomeUnwritable",
         "MissingExtra",
         "NothingToTrain",
+        "LocalResourceError",
     }
 )
 #: Errors the user caused and can fix by changing what they asked for (exit status 2).
@@ -167,8 +170,8 @@ def one_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         where = f" writing {exc.filename}" if exc.filename else ""
         return f"no space left on the device{where}; free space and rerun to resume"
-    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-        return _flatten(too_many_open_files(exc))
+    if (err := local_errno(exc)) is not None:  # out of files, ports or memory here, however wrapped
+        return _flatten(local_line(err, _where(exc)))
     if isinstance(exc, PermissionError) or (isinstance(exc, OSError) and exc.errno == errno.EROFS):
         where = f" on {exc.filename}" if exc.filename else ""
         return _flatten(f"permission denied{where}: {exc.strerror or text or 'forbidden'}")
@@ -182,29 +185,14 @@ def one_line(exc: BaseException) -> str:
     return _flatten(f"{names[0]}: {text}") if text else names[0]
 
 
-def too_many_open_files(exc: OSError) -> str:
-    """The line for ``EMFILE`` (this process's limit on open files, ``ulimit -n``) or
-    ``ENFILE`` (the system's). Each rollout in flight holds a connection to the model
-    service, so ``execution.max_concurrency`` (64) rollouts need about 80 files; under
-    ``ulimit -n 64`` the line was ``OSError: [Errno 24] Too many open files: <a checkpoint
-    file>``, which named neither the limit nor the concurrency behind it."""
-    where = f" (opening {exc.filename})" if exc.filename else ""
-    if exc.errno == errno.ENFILE:
-        limit = "the system's limit on open files is reached (ENFILE: fs.file-max, all processes together)"
-    else:
-        limit = "this process reached its limit on open files"
-        try:
-            import resource
-
-            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            shown = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
-            limit += f", {soft} (`ulimit -n`; hard limit {shown})"
-        except (ImportError, OSError, ValueError):
-            pass
-    return (
-        f"too many open files{where}: {limit}; each rollout in flight holds a connection to the model service, "
-        "so raise the limit (`ulimit -n 4096`) or lower execution.max_concurrency, then rerun to resume"
-    )
+def _where(exc: BaseException) -> str:
+    """Where this machine's limit was met: the file opened, or the Prefect API asked (its
+    client raises httpx's ``ConnectError``, which read as "the Prefect server did not
+    answer" under ``ulimit -n``, the limit never named)."""
+    if isinstance(exc, OSError) and exc.filename:
+        return f" (opening {exc.filename})"
+    api = prefect_api_of(exc)
+    return f" reaching the Prefect API at {api}" if api else ""
 
 
 def exit_code(exc: BaseException) -> int:

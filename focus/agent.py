@@ -25,6 +25,7 @@ from focus.branching import BranchPoints, BrokenBranchPoints, EveryDecision, eli
 from focus.context import BrokenContextManager, Compaction, Context, ContextManager, Segments, returned
 from focus.env import Action, Env, EnvError, Message, Task, accepts_seed, check_reset, check_step_result
 from focus.format import ParseError, PolicyFormat
+from focus.local_limits import LocalResourceError, local_error
 from focus.policy import (
     BadResponse,
     Completion,
@@ -258,7 +259,7 @@ class Agent:
                 self._check(completion, params)
                 if completion.meta:
                     count_retries(counters, completion.meta)
-            except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints):
+            except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints, LocalResourceError):
                 raise  # a setting or code to fix, not this rollout's failure: stops the collection
             except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - a failed model call ends this rollout only
                 pieces.append(self._call_failed(e, state, turns, calling))
@@ -302,7 +303,11 @@ class Agent:
         cancelled fails it as any other exception of a custom policy's own does (``error:
         <Policy>.sample raised CancelledError: ...``), as an env's own fails it (:func:`own_cancel`):
         it stopped the collection as a bare ``CancelledError``, read as an interrupt; one
-        that cancels the rollout is raised again."""
+        that cancels the rollout is raised again. A model call this machine could not make
+        (out of open files, local ports or socket memory: a custom policy's own ``OSError``)
+        raises :class:`~focus.local_limits.LocalResourceError`: every rollout would meet it."""
+        if calling and (local := local_error(e, f" in {type(self.policy).__name__}.sample")) is not None:
+            raise local from e
         if isinstance(e, ContextLimit):  # the episode outgrew the context
             kind, cause = ("truncated", CONTEXT_LIMIT) if state.steps else ("failed", f"{failure_prefix(e)}: {e}")
             return Piece(tuple(turns), kind, state.steps, state.context.prompt_ids, cause=cause)

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from focus.backends.retry import HttpConfig
 from focus.env import VALUE_LIMIT
+from focus.local_limits import LocalResourceError
 from focus.reprs import short_value
 
 
@@ -83,7 +84,7 @@ async def scored(critic: Critic, contexts: Sequence[Sequence[int]], where: str) 
     nor that it was scoring."""
     try:
         return await critic.predict_with_std(contexts)
-    except CriticError:
+    except (CriticError, LocalResourceError):  # this machine's limit names itself (focus.local_limits)
         raise
     except Exception as e:
         cause = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
@@ -274,7 +275,7 @@ class HttpCritic(Critic):
         scheme, _, rest = url.partition("://")
         host, slash, path = rest.partition("/")
         self.http = HttpClient(
-            f"{scheme}://{host}", config, transport=transport, error=CriticError, probe=probe_contexts
+            f"{scheme}://{host}", config, transport=transport, error=CriticError, probe=probe_contexts, service="critic"
         )
         self._path = slash + path
 

@@ -15,6 +15,8 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from focus.local_limits import local_error
+
 #: The packages that must match between this process and the cluster: the Dask task and
 #: the payloads are pickled with them (cloudpickle by major.minor, the others exactly).
 WIRE = ("dask", "distributed", "cloudpickle")
@@ -128,7 +130,9 @@ def answers(address: str, timeout_s: float, setting: str = "DaskExecution.connec
                 "prints at its start (tcp://host:8786 by default, not the dashboard's :8787), then rerun"
             ) from None
         except OSError as e:
-            raise SchedulerUnreachable(f"cannot reach the Dask scheduler at {address!r}: {e}") from e
+            raise local_error(e, f" connecting to the Dask scheduler at {address!r}") or SchedulerUnreachable(
+                f"cannot reach the Dask scheduler at {address!r}: {e}"
+            ) from e
         except ValueError as e:  # an address Dask does not parse
             raise SchedulerUnreachable(f"the Dask scheduler address {address!r} is not one Dask takes: {e}") from e
     packages = versions.get("packages") if isinstance(versions, dict) else None

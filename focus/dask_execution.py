@@ -43,6 +43,7 @@ from focus.dask_payload import (
 from focus.dask_payload import WorkerImportError as WorkerImportError
 from focus.dask_payload import digest as payload_digest
 from focus.execution import Execution
+from focus.local_limits import local_error
 
 if TYPE_CHECKING:
     from focus.agent import Agent, Rollout
@@ -313,7 +314,9 @@ class DaskExecution(Execution):
                     try:
                         self._client = Client(self.address, timeout=f"{timeout_s}s")
                     except OSError as e:
-                        raise SchedulerUnreachable(f"cannot reach the Dask scheduler at {self.address!r}: {e}") from e
+                        raise local_error(
+                            e, f" connecting to the Dask scheduler at {self.address!r}"
+                        ) or SchedulerUnreachable(f"cannot reach the Dask scheduler at {self.address!r}: {e}") from e
             return self._client
 
     def _connect_timeout(self) -> tuple[float, str]:

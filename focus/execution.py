@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from focus.agent import Piece, Rollout, error_cause
 from focus.branching import BrokenBranchPoints
 from focus.context import BrokenContextManager
+from focus.local_limits import LocalResourceError
 from focus.policy import UnreadableAnswers
 from focus.refusals import BrokenEnv as BrokenEnv  # beside RequestsRefused
 from focus.refusals import RequestsRefused as RequestsRefused  # the name callers know from here
@@ -533,7 +534,8 @@ async def _guarded(agent: Agent, job: RolloutJob) -> Rollout:
     most :data:`BAD_RESPONSE_RERUNS` times; a rollout that raises comes back as a
     failed one (cause ``error: ...``), not run again. The exceptions it lets through
     are those every rollout would meet: :class:`~focus.policy.UnreadableAnswers`,
-    :class:`~focus.context.BrokenContextManager` and :class:`~focus.branching.BrokenBranchPoints`.
+    :class:`~focus.context.BrokenContextManager`, :class:`~focus.branching.BrokenBranchPoints`
+    and :class:`~focus.local_limits.LocalResourceError` (this machine out of files or ports).
 
     One coroutine for every run: each one between the worker and the rollout is resumed
     on every model call of it, and continuations are short (1-2 calls), so a frame more
@@ -542,7 +544,7 @@ async def _guarded(agent: Agent, job: RolloutJob) -> Rollout:
         t0 = time.perf_counter()
         try:
             rollout = await agent.rollout(job.start, job.seed)
-        except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints):
+        except (UnreadableAnswers, BrokenContextManager, BrokenBranchPoints, LocalResourceError):
             raise  # every rollout would meet it again: the wave (and collection) stops
         except Exception as e:  # noqa: BLE001 - one broken rollout must not lose the wave
             log.warning("rollout from node %s of tree %s failed: %r", job.node_id, job.tree_index, e)

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from focus.local_limits import local_errno, local_error
 from storage.errors import StorageAccessDenied, StorageFull, StorageUnavailable
 
 T = TypeVar("T")
@@ -102,6 +103,8 @@ def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` is a connection-level failure worth retrying (not a missing key)."""
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
+    if local_errno(exc) is not None:  # out of files, ports or memory here: a retry meets the same (focus.local_limits)
+        return False
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNO:
         return True
     answer = http_answer(exc)
@@ -122,6 +125,8 @@ def retrying(op: Callable[[], T], what: str, retry: Retry, *, sleep: Callable[[f
             return op()
         except Exception as e:  # noqa: BLE001 - classified below
             if not is_transient(e):
+                if (local := local_error(e, f" (to {what})")) is not None:
+                    raise local from e
                 typed = refused(e, what)
                 if typed is not None:
                     raise typed from e

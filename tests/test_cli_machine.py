@@ -252,7 +252,14 @@ def test_a_collection_past_the_limit_on_open_files_stops_in_one_line_naming_it(t
     """64 rollouts in flight (the default) under ``prlimit --nofile=48:4096``: it finishes
     (the soft limit is raised); under 48:48 it stops in one line naming the limit and
     what to change, not ``OSError: [Errno 24] Too many open files: <a file>``, and no
-    thread's traceback reaches the terminal."""
+    thread's traceback reaches the terminal.
+
+    Where the limit is met is known: at its peak the command holds about 70 files, 63 of
+    them sockets (a connection per rollout in flight), so under 48 the first wave's model
+    connections run out of descriptors, before any file of the store. It was a race: the
+    client retried that ``EMFILE`` as a connection failure, and the run stopped only where
+    a file open met the limit first, else it finished with exit 0 (under load, now and
+    then). Now the first connection this process cannot open stops it."""
     import resource
     import shutil
 
@@ -280,6 +287,7 @@ def test_a_collection_past_the_limit_on_open_files_stops_in_one_line_naming_it(t
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith("error: too many open files connecting to the model service at http://127.0.0.1:"), line
     assert "this process reached its limit on open files, 48 (`ulimit -n`; hard limit 48)" in line
     assert "execution.max_concurrency" in line
 

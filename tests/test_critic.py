@@ -173,7 +173,7 @@ def test_http_critic_stops_at_once_when_the_service_answers_in_another_shape(bad
     took = time.monotonic() - t0
     line = str(stopped.value)
     print(f"stopped after {took:.2f} s, {len(bad_server.arrivals) - before} requests: {line[:150]}")
-    assert line.startswith("the service's answers cannot be read: CriticError: critic at ") and "\n" not in line
+    assert line.startswith("the critic's answers cannot be read: CriticError: critic at ") and "\n" not in line
     assert "without 'values': keys ['scores']" in line, line
     want = Unreadable.LATER if first == "good" else Unreadable.FIRST
     assert len(bad_server.arrivals) - before == want and f"({want} answers in a row to POST {bad_server.url} " in line

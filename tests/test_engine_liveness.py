@@ -142,3 +142,30 @@ def test_the_keeper_does_not_die_when_this_process_cannot_open_a_file(monkeypatc
     server.port = 9
     monkeypatch.setattr(httpx, "get", no_files)
     assert server._engine_step(0.1) == 0.0
+
+
+def test_a_probe_whose_socket_this_process_cannot_open_is_not_a_hang(monkeypatch):
+    """``Too many open files`` (or no local port) on the probe's connection reaches it as
+    httpx's ``ConnectError``, which counted as "no answer": under the limit the keeper
+    took the server for hung and killed it. It is this process's, not the server's."""
+    import errno
+
+    import httpx
+
+    from focus.backends import LocalModelServer
+
+    def no_socket(url, **kwargs):
+        try:
+            raise OSError(errno.EMFILE, "Too many open files")
+        except OSError as e:
+            raise httpx.ConnectError(str(e)) from e
+
+    def refused(url, **kwargs):
+        raise httpx.ConnectError("[Errno 111] Connection refused")
+
+    server = LocalModelServer.__new__(LocalModelServer)
+    server.port = 9
+    monkeypatch.setattr(httpx, "get", no_socket)
+    assert server._engine_step(0.1) == 0.0
+    monkeypatch.setattr(httpx, "get", refused)
+    assert server._engine_step(0.1) is None  # a server that refuses is unanswered

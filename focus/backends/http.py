@@ -68,6 +68,7 @@ from focus.backends.wire import headers as _headers
 from focus.backends.wire import redirected as _redirected
 from focus.backends.wire import snippet as _snippet
 from focus.backends.wire import text as _text
+from focus.local_limits import local_error
 from focus.policy import (
     BadResponse,
     ContextLimit,
@@ -544,6 +545,8 @@ class HttpClient:
             what = "the call's deadline passed" if limit < self.config.timeout_s else f"no answer within {limit:g} s"
             raise _Retryable("timeout", None, what) from e
         except (httpx.RequestError, aiohttp.ClientError, OSError) as e:
+            if (local := local_error(e, f" connecting to the {self.service} at {self.base_url}")) is not None:
+                raise local from e  # this machine's limit: no retry, no outage (focus.local_limits)
             raise _classify(e) from e
         if status >= 400:
             if is_retry_status(status):

@@ -433,16 +433,20 @@ class LocalModelServer:
         """How long the server's engine has been in its current step, from ``/health``
         (200, or 503 once it is stalled); ``None`` if it does not answer within
         ``timeout_s``. A server without the figure counts as answering with 0, and so does
-        one this process could not ask (an ``OSError`` of its own)."""
+        one this process could not ask (an ``OSError`` of its own, or no socket for the
+        probe: out of open files or local ports, :mod:`focus.local_limits`)."""
         import httpx
+
+        from focus.local_limits import local_errno
 
         try:
             resp = httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=timeout_s, trust_env=False)
             if resp.status_code not in (200, 503):
                 return None
             return float(resp.json().get("engine_step_s", 0.0))
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return None
+        except (httpx.HTTPError, ValueError, AttributeError) as e:
+            # no socket for the probe (out of files or ports here) says nothing of the server
+            return 0.0 if local_errno(e) is not None else None
         except OSError:
             # this process could not make the probe (Too many open files: httpx's client
             # opens a file for its certificates): nothing is known of the server, so it is
