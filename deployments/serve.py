@@ -260,7 +260,17 @@ def serve_deployments(spec: DeploySpec, started: Callable[[], object] | None = N
         from deployments.watchdog import ensure_watchdog
 
         ensure_watchdog(spec.crash_after_s)
-    runner = Runner(pause_on_shutdown=True, limit=spec.limit)
+
+    class Stopping(Runner):  # type: ignore[misc]
+        """Prefect's runner, noting a SIGTERM: it stops on one as on Ctrl-C, and returned without a word."""
+
+        by: str | None = None
+
+        def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
+            self.by = "SIGTERM"
+            super().handle_sigterm(*args, **kwargs)
+
+    runner = Stopping(pause_on_shutdown=True, limit=spec.limit)
     for deployment in build_deployments(spec):
         runner.add_deployment(deployment)
     if started is not None:
@@ -271,7 +281,7 @@ def serve_deployments(spec: DeploySpec, started: Callable[[], object] | None = N
         return "SIGINT"
     except TerminationSignal as e:
         return signal_name(e.signal)
-    return None
+    return runner.by
 
 
 def signal_name(number: int) -> str:

@@ -102,6 +102,29 @@ def test_a_run_leaves_the_console_quiet_and_ctrl_c_ends_in_one_line(prefect_serv
     assert sum("Finished in state Completed()" in m for m in messages) >= 5, messages
 
 
+def test_sigterm_ends_in_one_line_too(prefect_server, prefect_env, tmp_path):
+    """A service manager's stop (systemd, docker stop): it ended without a word, exit 0."""
+    cfg = tmp_path / "collect.toml"
+    cfg.write_text(CONFIG, encoding="utf-8")
+    log = tmp_path / "deploy.log"
+    since = time.time() - 1
+    proc = deploy(operator_env(prefect_env, tmp_path), "-c", str(cfg), "--crash-after", "0", log=log)
+    try:
+        deployment(prefect_server, "manual", proc, log, since)
+        wait_for_line(log, "serving collect/scheduled", proc)
+        time.sleep(1.0)  # the runner polls: its SIGTERM handler is in place
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    finally:
+        kill_tree(proc)
+    lines = lines_of(log)
+    assert (
+        code == 0
+        and len(lines) == 2
+        and lines[1].startswith("stopped (SIGTERM): collect/scheduled and collect/manual paused")
+    ), lines
+
+
 def test_a_second_focus_deploy_of_the_same_deployments_says_another_serves_them(prefect_server, prefect_env, tmp_path):
     cfg = tmp_path / "collect.toml"
     cfg.write_text(CONFIG, encoding="utf-8")
