@@ -51,6 +51,7 @@ from cli.common import (
     fail,
     help_default,
     load_with_budget,
+    name_settings,
     one_line_ending,
     pairs_table,
     pasteable,
@@ -179,6 +180,9 @@ def collect(
     log_file: LogFileOpt = None,
 ) -> None:
     """Collect one iteration and write its batch; prints the batch URL and statistics."""
+    from flows.preflight import CommandNames
+
+    name_settings(CommandNames(*FLAG_NAMES))  # an unreachable model: its flag (a flow run names its parameter)
     flags: dict[str, Any] = {
         "collection_id": collection_id,
         "seed": seed,
@@ -209,6 +213,14 @@ def collect(
         print_result(result)
         typer.echo(f"rerun or resume: {resume}")
     _fail_if_all_failed(result)
+
+
+#: How this command's lines name the model URL, the Dask scheduler and how to run without one.
+FLAG_NAMES = (
+    "model.url (--model-url)",
+    "execution.address (--dask-address)",
+    "leave it out to run rollouts in-process (--dask: a cluster started for the run)",
+)
 
 
 def _fail_if_all_failed(result: dict[str, Any]) -> None:

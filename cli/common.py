@@ -495,3 +495,22 @@ def _store_typed(config: Path | None) -> str:
         data = layer.apply(data)
     root = (data.get("storage") or {}).get("root")
     return root if isinstance(root, str) else DEFAULTS.storage.root
+
+
+def name_settings(names: Any) -> None:
+    """Have the lines of :func:`flows.preflight.unreachable` name the settings as this
+    command does (``names``: a :class:`flows.preflight.CommandNames`) until it ends; then
+    as a flow run does again (tests call commands in one process, then run flows)."""
+    import click
+
+    from flows.preflight import COMMAND_NAMES
+
+    token = COMMAND_NAMES.set(names)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+
+        def reset() -> None:
+            with contextlib.suppress(ValueError):  # set in another context: nothing to undo here
+                COMMAND_NAMES.reset(token)
+
+        ctx.call_on_close(reset)

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.common import Console, DebugOpt, SetOpt, fail, help_default, overrides
+from cli.common import Console, DebugOpt, LogFileOpt, SetOpt, VerboseOpt, fail, help_default, overrides
 from cli.interrupts import serving
+from deployments.console import server_unanswered
 from flows.errors import one_line, prefect_unanswered
 from tasks.config import ConfigError
 
@@ -78,6 +79,8 @@ def deploy(
     watchdog_only: WatchdogOnlyOpt = False,
     work_pool: WorkPoolOpt = False,
     sets: SetOpt = None,
+    verbose: VerboseOpt = 0,
+    log_file: LogFileOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Register and serve the scheduled and the manual collection deployments (needs a Prefect server).
@@ -99,13 +102,13 @@ def deploy(
     if 0 < crash_after < 10 or (watchdog_only and crash_after == 0):
         fail("--crash-after must be 0 (no watchdog) or at least 10 seconds (Prefect's shortest proactive trigger)")
     from deployments.pool import close_schemas
-    from deployments.serve import DeploySpec, serve_deployments
+    from deployments.serve import DeploySpec
     from deployments.watchdog import ensure_watchdog
 
     spec = DeploySpec(cron=cron, limit=limit, crash_after_s=crash_after, overlap=overlap)
     if not (watchdog_only or work_pool):  # what this process would serve, checked before anything is registered
         spec = served(spec, scheduled_config or config, manual_config or config, overrides(sets))
-    out = Console(0, debug, None, "deploy")
+    out = Console(verbose, debug, log_file, "deploy")
     unanswered = server_unanswered(api)
     if unanswered:
         fail(prefect_unanswered(api, unanswered, then="run focus deploy again"), code=1)
@@ -122,16 +125,42 @@ def deploy(
         if auto is not None:
             typer.echo(f"automation {auto.name!r} ({auto.id}): Crashed after {crash_after:g} s without a heartbeat")
         return
-    from deployments.serve import edited_on_server
+    _serve(out, spec, api)
 
-    with contextlib.suppress(Exception):  # a notice: a failed read is the registration's to report
-        for line in asyncio.run(edited_on_server(spec)):
+
+def _serve(out: Console, spec: DeploySpec, api: str) -> None:
+    """Serve until stopped, quietly (:mod:`deployments.console`): a start line, a line
+    when the Prefect server goes and when it is back, a line at the stop."""
+    from deployments.console import ServerWatch, quiet_flow_runs, start_line, ui_url
+    from deployments.serve import serve_deployments, served_names
+
+    quiet_flow_runs(out.verbosity)  # before Prefect is imported: the flow-run processes inherit it
+    with contextlib.suppress(Exception):  # notices: a failed read is the registration's to report
+        for line in asyncio.run(_notices(spec)):
             typer.secho(f"warning: {line}", fg=typer.colors.YELLOW, err=True)
+    import prefect.main  # noqa: F401 - Prefect sets its logging up on this import: ours replaces it
+
+    out.setup_logging()  # Prefect's runner lines (its tracebacks of a server restart) to the log file
+    names = served_names(spec)
     serving()  # Prefect's serve stops on Ctrl-C its own way (before: one line, cli.entry)
     try:
-        serve_deployments(spec)
+        with ServerWatch(api, lambda line: typer.secho(line, fg=typer.colors.YELLOW, err=True)):
+            stopped = serve_deployments(spec, started=lambda: typer.echo(start_line(names, api, ui_url())))
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         out.fail(e)
+    if stopped:
+        typer.echo(
+            f"stopped ({stopped}): {' and '.join(names)} paused on the server (no scheduled runs until focus deploy "
+            f"serves them again); log: {out.log_file}",
+            err=True,
+        )
+
+
+async def _notices(spec: DeploySpec) -> list[str]:
+    """What the server says about the deployments before this command serves them."""
+    from deployments.serve import edited_on_server, served_elsewhere
+
+    return await served_elsewhere(spec) + await edited_on_server(spec)
 
 
 def served(spec: DeploySpec, scheduled: Path | None, manual: Path | None, over: dict[str, Any]) -> DeploySpec:
@@ -151,17 +180,3 @@ def served(spec: DeploySpec, scheduled: Path | None, manual: Path | None, over: 
     if why := too_soon(spec.crash_after_s, beat):
         fail(why)
     return spec
-
-
-def server_unanswered(api: str, timeout_s: float = 5.0) -> str | None:
-    """Why the Prefect server at ``api`` gave no answer to ``GET /health``, or None when
-    it answered (a 4xx is an answer: a server that wants a key is there, and the calls
-    that follow say the rest). Asked before anything registers, so that an unreachable
-    server is one line about deploying, not one about resuming a collection."""
-    import httpx
-
-    try:
-        response = httpx.get(f"{api.rstrip('/')}/health", timeout=timeout_s)
-    except httpx.HTTPError as e:
-        return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-    return f"status {response.status_code}" if response.status_code >= 500 else None

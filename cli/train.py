@@ -26,6 +26,7 @@ from cli.common import (
     VerboseOpt,
     help_default,
     load_with_budget,
+    name_settings,
     one_line_ending,
     pasteable,
     resume_command,
@@ -90,6 +91,9 @@ def train(
     log_file: LogFileOpt = None,
 ) -> None:
     """collect -> train -> publish weights -> collect ...; the same id resumes the loop."""
+    from flows.preflight import CommandNames
+
+    name_settings(CommandNames())  # its settings come from the file, --set or FOCUS_*: no flag to name
     flags = {
         "collection_id": collection_id,
         "seed": seed,

@@ -25,7 +25,7 @@ same, so it resumes after the last finished wave.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,13 +191,103 @@ async def edited_on_server(spec: DeploySpec) -> list[str]:
     return lines
 
 
-def serve_deployments(spec: DeploySpec, **serve_kwargs: Any) -> None:
-    """Register both deployments and the watchdog, then run their flow runs in this
-    process (at most ``spec.limit`` at once) until stopped."""
-    from prefect import serve
+async def served_elsewhere(spec: DeploySpec) -> list[str]:
+    """One line per deployment of ``spec`` another process serves now: a second ``focus
+    deploy`` of the same deployments, here or on another machine. Both take runs, so a
+    run goes to either; and the first of them stopped (Ctrl-C) pauses the deployments for
+    the other, whose schedule then stops without a word. Told by the deployment's
+    ``last_polled`` moving on while this process has not polled yet: read twice, one and a
+    half poll intervals (``PREFECT_RUNNER_POLL_FREQUENCY``, 10 s by default) apart, and
+    only when the first read is recent (within three), so a start after a process was
+    killed (node loss; it paused nothing) is not taken for one that serves."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_RUNNER_POLL_FREQUENCY
+
+    poll_s = float(PREFECT_RUNNER_POLL_FREQUENCY.value())
+    async with get_client() as client:
+        first = await _polled(client, served_names(spec))
+        recent = {n: t for n, t in first.items() if (datetime.now(UTC) - t).total_seconds() <= 3 * poll_s}
+        if not recent:
+            return []
+        await asyncio.sleep(1.5 * poll_s)
+        again = await _polled(client, list(recent))
+    return [
+        f"deployment {name} is served by another process too (it went on asking the server for runs over "
+        f"the last {poll_s * 1.5:g} s): each run goes to one of them, and stopping either pauses the deployment for both "
+        "(its schedule stops); stop the other one, or let this one be the only one"
+        for name in recent
+        if name in again and again[name] > recent[name]
+    ]
+
+
+async def _polled(client: Any, names: list[str]) -> dict[str, Any]:
+    """When each of the deployments ``names`` that is registered and not paused last asked for runs."""
+    from prefect.exceptions import ObjectNotFound
+
+    out = {}
+    for name in names:
+        try:
+            stored = await client.read_deployment_by_name(name)
+        except ObjectNotFound:
+            continue
+        if not stored.paused and stored.last_polled is not None:
+            out[name] = stored.last_polled
+    return out
+
+
+def served_names(spec: DeploySpec) -> list[str]:
+    """The deployments ``spec`` serves, as Prefect names them (``flow/deployment``)."""
+    return [f"collect/{SCHEDULED}", f"collect/{MANUAL}"]
+
+
+def serve_deployments(spec: DeploySpec, started: Callable[[], object] | None = None) -> str | None:
+    """Register both deployments and the watchdog, call ``started`` (the command's start
+    line, after the registration that can fail), then run their flow runs in this process
+    (at most ``spec.limit`` at once) until stopped. Prefect's ``serve``, without its
+    banner table; the name of the signal that stopped it (``SIGINT``, ``SIGTERM``), or
+    None. On its stop the runner pauses both deployments (their schedule stops until a
+    ``focus deploy`` serves them again: runs due meanwhile would pile up as Late and all
+    start then)."""
+    import asyncio
+
+    from prefect.exceptions import TerminationSignal
+    from prefect.runner import Runner
 
     if spec.crash_after_s > 0:
         from deployments.watchdog import ensure_watchdog
 
         ensure_watchdog(spec.crash_after_s)
-    serve(*build_deployments(spec), limit=spec.limit, **serve_kwargs)
+
+    class Stopping(Runner):  # type: ignore[misc]
+        """Prefect's runner, noting a SIGTERM: it stops on one as on Ctrl-C, and returned without a word."""
+
+        by: str | None = None
+
+        def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
+            self.by = "SIGTERM"
+            super().handle_sigterm(*args, **kwargs)
+
+    runner = Stopping(pause_on_shutdown=True, limit=spec.limit)
+    for deployment in build_deployments(spec):
+        runner.add_deployment(deployment)
+    if started is not None:
+        started()
+    try:
+        asyncio.run(runner.start())
+    except KeyboardInterrupt:
+        return "SIGINT"
+    except TerminationSignal as e:
+        return signal_name(e.signal)
+    return runner.by
+
+
+def signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -22,6 +22,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -113,21 +114,62 @@ def check_torch(config: FocusConfig, *, training: bool) -> None:
 STORE_FOLDERS = ("batches", "checkpoints", "leases", "_staging", "weights")
 
 
+@dataclass(frozen=True)
+class CommandNames:
+    """How a ``focus`` command's lines name the settings :func:`unreachable` checks: as
+    its user sets them (its flags). Set in :data:`COMMAND_NAMES` by the command."""
+
+    model_url: str = "model.url"
+    dask_address: str = "execution.address"
+    #: How to run without a scheduler (rollouts in-process).
+    dask_unset: str = "leave it out to run rollouts in-process"
+
+
+#: The command's names (:class:`CommandNames`), or None in a flow run a deployment
+#: started, whose user set the run's ``config`` parameter (or the worker's ``FOCUS_*``
+#: variables), not a flag: its lines said ``check model.url (--model-url)``.
+COMMAND_NAMES: ContextVar[CommandNames | None] = ContextVar("focus_command_names", default=None)
+
+
+def run_setting(field: str, value: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """How a flow run's line names the setting ``field``: the ``FOCUS_*`` variable of the
+    process running it when that is where ``value`` came from (``None``: any value),
+    else the field of the run's ``config`` parameter (:func:`tasks.config.config_at_runtime`)."""
+    env = os.environ if environ is None else environ
+    var = "FOCUS_" + field.upper().replace(".", "__")
+    if env.get(var) and (value is None or env[var].rstrip("/") == value.rstrip("/")):
+        return f"{var} (where this flow run runs)"
+    return f"the {field} field of the run's config parameter"
+
+
 def unreachable(config: FocusConfig) -> str | None:
     """One line if no model service ``config`` names takes a connection
     (:func:`focus.backends.reach.first_contact`), or its Dask scheduler does not
     (:func:`~focus.backends.reach.scheduler_contact`); asked once a run has work to do
     (``focus collect`` after its finished check, a train loop when a step first needs the
     model). A wrong URL failed after ``model.http.outage_wait_s`` (300 s), as an outage,
-    and a wrong scheduler port after Dask's connect timeout (30 s)."""
+    and a wrong scheduler port after Dask's connect timeout (30 s). The line names the
+    setting as the command (:data:`COMMAND_NAMES`) or the flow run's user set it."""
     from focus.backends.reach import first_contact, scheduler_contact
     from tasks.config.schema import SERVED
 
     m, ex = config.model, config.execution
     urls = m.urls or ([m.url] if m.url else [])
-    if m.kind in SERVED and urls and (line := first_contact([str(u) for u in urls])):
-        return line
-    return scheduler_contact(ex.address) if ex.kind == "dask" and ex.address else None
+    names = COMMAND_NAMES.get()
+    if m.kind in SERVED and urls:
+        if m.urls:
+            field = "model.urls" if names is not None else run_setting("model.urls")
+        else:
+            field = names.model_url if names is not None else run_setting("model.url", str(m.url))
+        if line := first_contact([str(u) for u in urls], field=field):
+            return line
+    if not (ex.kind == "dask" and ex.address):
+        return None
+    if names is not None:
+        return scheduler_contact(ex.address, field=names.dask_address, unset=names.dask_unset)
+    return scheduler_contact(
+        ex.address, field=run_setting("execution.address", ex.address), unset="leave it out to run rollouts in-process"
+    )
 
 
 class ChecksReach:

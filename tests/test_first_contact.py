@@ -54,8 +54,32 @@ def test_a_dask_scheduler_address_at_a_closed_port_is_one_line():
     address = f"tcp://127.0.0.1:{free_port()}"
     line = scheduler_contact(address, grace_s=0.6)
     assert line is not None and line.startswith(f"cannot reach the Dask scheduler at {address!r}: no connection in 0.6")
-    assert "--dask-address" in line
+    assert "check execution.address:" in line and "or leave it out to run rollouts in-process" in line, line
     assert scheduler_contact("inproc://1.2.3.4/5/6") is None  # not TCP: Dask's own check
+
+
+@pytest.mark.slow  # two contacts of 5 s each
+def test_a_flow_run_names_the_setting_where_its_value_came_from():
+    """A flow run a deployment started names the field of its ``config`` parameter, or the
+    worker's variable when the value is that variable's (it said ``--model-url``, a flag
+    its user never saw); a command names its flags."""
+    from flows.preflight import COMMAND_NAMES, CommandNames, run_setting, unreachable
+    from tasks.config import FocusConfig
+
+    url = f"http://127.0.0.1:{free_port()}"
+    assert run_setting("model.url", url, {}) == "the model.url field of the run's config parameter"
+    via_env = run_setting("model.url", url, {"FOCUS_MODEL__URL": url + "/"})
+    assert via_env == "FOCUS_MODEL__URL (where this flow run runs)"
+    assert run_setting("model.url", url, {"FOCUS_MODEL__URL": "http://elsewhere:1"}).startswith("the model.url field")
+    address = f"tcp://127.0.0.1:{free_port()}"
+    cfg = FocusConfig.model_validate({"execution": {"kind": "dask", "address": address}})
+    line = unreachable(cfg) or ""
+    assert "check the execution.address field of the run's config parameter:" in line and "--" not in line, line
+    token = COMMAND_NAMES.set(CommandNames(dask_address="execution.address (--dask-address)"))
+    try:
+        assert "check execution.address (--dask-address):" in (unreachable(cfg) or "")
+    finally:
+        COMMAND_NAMES.reset(token)
 
 
 @pytest.mark.integration
@@ -69,6 +93,7 @@ def test_focus_collect_at_a_closed_port_fails_in_seconds(tmp_path):
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, lines
     assert lines[0].startswith(f"error: cannot reach the model service at {url}: no connection in 5 s"), lines
+    assert "check model.url (--model-url)," in lines[0], lines  # the command names its flag
     assert not (tmp_path / "runs" / "checkpoints").exists() or not any((tmp_path / "runs" / "checkpoints").iterdir())
 
 
@@ -85,6 +110,7 @@ def test_focus_collect_with_a_dask_scheduler_at_a_closed_port_fails_before_anyth
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, lines
     assert lines[0].startswith(f"error: cannot reach the Dask scheduler at {address!r}: no connection in 5 s"), lines
+    assert "check execution.address (--dask-address):" in lines[0], lines  # the command names its flag
 
 
 @pytest.mark.integration

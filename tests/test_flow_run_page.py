@@ -128,6 +128,8 @@ def test_a_model_url_nothing_answers_fails_the_run_in_seconds(prefect_api, tmp_p
     line = state.message or ""
     assert line.startswith(f"cannot reach the model service at http://127.0.0.1:{port}"), line
     assert "no connection in 5 s" in line, line
+    # named as the run's user set it: the run's parameter, not the focus command's flag
+    assert "check the model.url field of the run's config parameter," in line and "--model-url" not in line, line
     assert took < 40, took
     logs = run_logs(prefect_api, str(state.state_details.flow_run_id))
     assert any(lv == 40 and line in m for lv, _, m in logs), logs

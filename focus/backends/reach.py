@@ -104,35 +104,43 @@ def _why(error: BaseException, grace_s: float) -> str:
     return f"{'its host name is not known' if _unknown_host(error) else f'no connection in {grace_s:g} s'} ({cause})"
 
 
-def first_contact(urls: Sequence[str], grace_s: float = FIRST_CONTACT_S) -> str | None:
+def first_contact(urls: Sequence[str], grace_s: float = FIRST_CONTACT_S, field: str = "model.url") -> str | None:
     """One line saying that no connection could be made to any of ``urls`` within
     ``grace_s`` seconds; ``None`` as soon as one connects (a fleet goes on with the
-    replicas that are there, as it does mid-run)."""
+    replicas that are there, as it does mid-run). ``field``: the setting the line tells
+    the reader to check, named as they set it (the ``focus`` command's flag, a flow run's
+    parameter): a deployment's run said ``--model-url``, a flag its user never saw."""
     failed = _first(urls, _connects, grace_s)
     if failed is None:
         return None
     url, error = failed
     where = f"the model service at {url}" if len(urls) == 1 else f"any of the {len(urls)} model services ({url}, ...)"
     return (
-        f"cannot reach {where}: {_why(error, grace_s)}; nothing has answered there in this run: check model.url "
-        "(--model-url), its host and port, and that the server runs; a server still starting is not waited for (run "
+        f"cannot reach {where}: {_why(error, grace_s)}; nothing has answered there in this run: check {field}, "
+        "its host and port, and that the server runs; a server still starting is not waited for (run "
         "again once it answers), one that stops answering after it answered is (model.http.outage_wait_s)"
     )
 
 
-def scheduler_contact(address: str, grace_s: float = FIRST_CONTACT_S) -> str | None:
+def scheduler_contact(
+    address: str,
+    grace_s: float = FIRST_CONTACT_S,
+    field: str = "execution.address",
+    unset: str = "leave it out to run rollouts in-process",
+) -> str | None:
     """One line saying that no TCP connection could be made to the Dask scheduler at
     ``address`` within ``grace_s`` seconds (``None`` if one was, or the address is not
     TCP: ``inproc://``, ``ucx://``). Dask retries a refused connection for its whole
     connect timeout (30 s by default), after the model server has started: a wrong port
-    cost 31 s and ended as ``RuntimeError: cannot reach the Dask scheduler ...``."""
+    cost 31 s and ended as ``RuntimeError: cannot reach the Dask scheduler ...``. ``field``
+    and ``unset`` name the setting and how to run without it as the reader set it
+    (:func:`first_contact`)."""
     if "://" in address and not address.startswith(("tcp://", "tls://")):
         return None
     failed = _first([address], _tcp_connects, grace_s)
     if failed is None:
         return None
     return (
-        f"cannot reach the Dask scheduler at {address!r}: {_why(failed[1], grace_s)}; check execution.address "
-        "(--dask-address): the address the scheduler prints at its start (tcp://host:8786 by default), and that "
-        "it runs; or leave it out to run rollouts in-process (--dask: a cluster started for the run)"
+        f"cannot reach the Dask scheduler at {address!r}: {_why(failed[1], grace_s)}; check {field}: the address "
+        f"the scheduler prints at its start (tcp://host:8786 by default), and that it runs; or {unset}"
     )
