@@ -145,6 +145,10 @@ LONG_FILES = frozenset(
         "test_pipeline_resume.py",
         "test_train_direct.py",
         "test_bench_learning.py",
+        "test_deploy_console.py",
+        "test_cancel_unserved.py",
+        "test_prefect_logs_sent.py",
+        "test_abandoned_runs.py",
     }
 )
 
@@ -256,3 +260,14 @@ def _fast_tests_start_no_servers(request):
             "@pytest.mark.integration (make test-fast starts no server)",
             pytrace=False,
         )
+
+
+@pytest.fixture(autouse=True)
+def _no_command_names_left():
+    """Each test starts as a flow run does, with no ``focus`` command's setting names
+    (``flows.preflight.COMMAND_NAMES``): a command run in-process by an earlier test on the
+    same worker left its flags there, and a later test's flow-run line named them."""
+    preflight = sys.modules.get("flows.preflight")
+    if preflight is not None:
+        preflight.COMMAND_NAMES.set(None)
+    yield
