@@ -175,3 +175,48 @@ def test_evaluation_and_data_source(local_model_server):
         generate_rollout(args, 1, Bad())
     with pytest.raises(ValueError, match="no model server"):
         model_url(SimpleNamespace())
+
+
+def _flattened(batch):
+    """``batch`` with every advantage 0: each tree's rollouts alike in return."""
+    import dataclasses
+
+    from focus.batch import Batch
+
+    rows = [dataclasses.replace(r, advantage=0.0) for r in batch.actor]
+    return Batch(batch.collection_id, batch.iteration, rows, batch.critic, batch.stats)
+
+
+def test_a_batch_with_nothing_to_learn_is_skipped_for_the_next_draw(local_model_server, monkeypatch):
+    """slime trains on whatever the function returns, and its Adam step on a batch whose
+    every advantage is 0 moves the weights by momentum alone: such a batch is collected
+    again on the next tasks, as the local trainer takes no step on it."""
+    from examples.train_slime import rollout
+
+    real, drawn = rollout._collect, []
+
+    async def first_flat(args, rollout_id, tasks, *draw):
+        drawn.append([t.id for t in tasks])
+        batch = await real(args, rollout_id, tasks, *draw)
+        return _flattened(batch) if len(drawn) == 1 else batch
+
+    monkeypatch.setattr(rollout, "_collect", first_flat)
+    out = generate_rollout(args_for(local_model_server.url), 0, None)
+    assert len(drawn) == 2 and not set(drawn[0]) & set(drawn[1])  # a second draw, of other tasks
+    assert any(s.reward != 0 for g in out.samples for s in g)
+
+
+def test_draws_that_never_have_anything_to_learn_stop_in_one_line(local_model_server, monkeypatch):
+    from examples.train_slime import rollout
+    from focus.exporters import NothingToTrain
+
+    real, drawn = rollout._collect, []
+
+    async def always_flat(args, rollout_id, tasks, *draw):
+        drawn.append(draw[0] if draw else 0)
+        return _flattened(await real(args, rollout_id, tasks, *draw))
+
+    monkeypatch.setattr(rollout, "_collect", always_flat)
+    with pytest.raises(NothingToTrain, match=r"every advantage 0 in 3 batches collected in a row"):
+        generate_rollout(args_for(local_model_server.url, focus_redraws=2), 0, None)
+    assert drawn == [0, 1, 2]

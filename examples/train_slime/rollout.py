@@ -13,7 +13,9 @@ native ``/generate``) unless ``args.focus_model_url`` names another server. Task
 from ``data_source.get_samples(args.rollout_batch_size)`` (each group's first Sample:
 ``prompt`` is the target, ``label`` unused), or from the toy task generator when
 ``data_source`` is None. Search budgets: ``args.n_samples_per_prompt`` evidence
-rollouts per task, ``args.focus_transitions`` continuation transitions.
+rollouts per task, ``args.focus_transitions`` continuation transitions. A batch with
+nothing to learn (every advantage 0) is collected again on the next tasks
+(:func:`learnable_batch`).
 
 Groups have as many samples as their tree has segments, not ``n_samples_per_prompt``:
 run slime with ``--advantage-estimator grpo`` (or gspo, cispo) and
@@ -78,12 +80,21 @@ def model_url(args: Any) -> str:
     return f"http://{ip}:{port}"
 
 
-def tasks_from(args: Any, rollout_id: int, data_source: Any) -> list[Task]:
+def draw_seed(args: Any, rollout_id: int, draw: int = 0) -> int:
+    """The seed of a rollout's ``draw``-th collection (0: the first; later ones redraw a
+    batch with nothing to learn, :func:`learnable_batch`)."""
+    from focus.agent import derive_seed
+
+    base = int(getattr(args, "seed", 0)) * 100_003 + rollout_id
+    return base if draw == 0 else derive_seed("slime-redraw", base, draw)
+
+
+def tasks_from(args: Any, rollout_id: int, data_source: Any, draw: int = 0) -> list[Task]:
     from focus.toy import reach_target_tasks
 
     n = int(args.rollout_batch_size)
     if data_source is None:
-        return reach_target_tasks(n, seed=int(getattr(args, "seed", 0)) * 100_003 + rollout_id)
+        return reach_target_tasks(n, seed=draw_seed(args, rollout_id, draw))
     tasks = []
     for i, group in enumerate(data_source.get_samples(n)):
         first = group[0]
@@ -91,7 +102,7 @@ def tasks_from(args: Any, rollout_id: int, data_source: Any) -> list[Task]:
             target = int(str(first.prompt).strip())
         except ValueError:
             raise ValueError(f"sample group {i}: prompt {first.prompt!r} is not a target number") from None
-        tasks.append(Task(f"slime-{rollout_id}-{i}", {"target": target}))
+        tasks.append(Task(f"slime-{rollout_id}-{i}" + (f"-{draw}" if draw else ""), {"target": target}))
     return tasks
 
 
@@ -107,7 +118,7 @@ def make_agent(args: Any) -> Any:
     return Agent(policy, ReachTarget(), toy_format(), max_steps=12, sampling=sampling)
 
 
-async def _collect(args: Any, rollout_id: int, tasks: list[Task]) -> Any:
+async def _collect(args: Any, rollout_id: int, tasks: list[Task], draw: int = 0) -> Any:
     from focus.collector import Collector
     from focus.critic import ConstantCritic
     from focus.priority import Phase, Selective
@@ -125,7 +136,7 @@ async def _collect(args: Any, rollout_id: int, tasks: list[Task]) -> Any:
         critic=ConstantCritic(0.3),
         collection_id="slime",
         iteration=rollout_id,
-        seed=int(getattr(args, "seed", 0)) * 100_003 + rollout_id,
+        seed=draw_seed(args, rollout_id, draw),
     )
     try:
         return await collector.collect(tasks)
@@ -221,7 +232,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         data = {"focus_toy": {"rewards": rewards, "truncated": truncated, "samples": samples}}
         return eval_cls(data=data, metrics={"focus_toy/success": sum(r > 0 for r in rewards) / len(rewards)})
     check_args(args)
-    batch = _run(_collect(args, rollout_id, tasks))
+    batch = learnable_batch(args, rollout_id, data_source, tasks)
     groups: dict[int, list[Any]] = {}
     for s in to_slime_samples(batch, reward="advantage"):
         groups.setdefault(s.group_index, []).append(s)
@@ -229,6 +240,37 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     out = [groups[g] for g in sorted(groups)]
     metrics.update(step_metrics([s for g in out for s in g], getattr(args, "global_batch_size", None)))
     return train_cls(samples=out, metrics=metrics)
+
+
+#: Further batches collected, each on the next tasks, after one with nothing to learn
+#: (``args.focus_redraws`` where set).
+REDRAWS = 4
+
+
+def learnable_batch(args: Any, rollout_id: int, data_source: Any, tasks: list[Task]) -> Any:
+    """The first batch, of ``tasks`` and then of newly drawn ones, that has something to
+    learn (:func:`focus.exporters.nothing_to_learn`: not every advantage 0, each tree's
+    rollouts alike in return). slime trains on whatever the function returns (it has no
+    way to skip a step; an empty list fails it), and its Adam step on such a batch moves
+    the weights by momentum alone; the local trainer takes no step on it. The next draw
+    is what slime's dynamic sampling does (more prompts from the data source). After
+    ``1 + REDRAWS`` such batches in a row the policy returns alike on every task drawn:
+    :class:`~focus.exporters.NothingToTrain` says so."""
+    from focus.exporters import NothingToTrain, actor_sequences, nothing_to_learn
+
+    given = getattr(args, "focus_redraws", None)
+    redraws = REDRAWS if given is None else int(given)
+    for draw in range(1 + redraws):
+        if draw:
+            tasks = tasks_from(args, rollout_id, data_source, draw)
+        batch = _run(_collect(args, rollout_id, tasks, draw))
+        if not nothing_to_learn(actor_sequences(batch)):
+            return batch
+    raise NothingToTrain(
+        f"rollout {rollout_id}: every advantage 0 in {1 + redraws} batches collected in a row (each tree's "
+        "rollouts alike in return; nothing to learn): the policy returns alike on every task drawn; give it "
+        "harder or easier tasks, or more rollouts per task (--n-samples-per-prompt, args.focus_transitions)"
+    )
 
 
 def step_metrics(samples: list[Any], global_batch_size: int | None) -> dict[str, int]:
