@@ -75,6 +75,8 @@ SHOWN = (
     "refused_tasks",
     "rollouts",
     "failed_rollouts",
+    "parse_errors",
+    "tool_errors",
     "transitions",
     "tokens",
     "model_calls",

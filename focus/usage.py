@@ -81,6 +81,12 @@ class Usage:
     #: Generated tokens (of every answer received, recorded in a turn or not).
     tokens: int = 0
     compactions: int = 0
+    #: Answers the action parser could not read (each shown back to the model as its
+    #: next observation: a rollout step, no transition), and tool calls that failed, as
+    #: the env's ``StepResult.info["tool_error"]`` counts them; the agent counts both per
+    #: rollout (``Rollout.counters``).
+    parse_errors: int = 0
+    tool_errors: int = 0
     #: Budget spent as the planner counts it: :meth:`spend` of each rollout's transitions.
     budget_spent: int = 0
     #: Wall time of the rollouts, summed (they overlap, so this exceeds elapsed time).
@@ -112,7 +118,7 @@ class Usage:
 
         Made without the dataclass's ``__init__`` (its fields straight into a new
         instance's ``__dict__``, as ``__init__`` would set them: the class has no
-        ``__post_init__``): a frozen dataclass sets each of its 16 fields through
+        ``__post_init__``): a frozen dataclass sets each of its 18 fields through
         ``object.__setattr__``, which cost more than the counting, and grafting makes
         one per rollout (continuations average 1.4-1.7 transitions)."""
         transitions = rollout_steps = tokens = compactions = 0
@@ -141,6 +147,8 @@ class Usage:
                 "model_calls": rollout_steps + c.get("unrecorded_calls", 0),
                 "tokens": tokens + c.get("unrecorded_tokens", 0),
                 "compactions": compactions,
+                "parse_errors": int(c.get("parse_errors", 0)),
+                "tool_errors": int(c.get("tool_errors", 0)),
                 "budget_spent": cls.spend(transitions),
                 "rollout_wall_s": wall,
                 "failed_wall_s": wall if failed else 0.0,

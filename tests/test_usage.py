@@ -293,3 +293,41 @@ def test_statistics_in_one_pass_are_the_per_phase_recount():
     assert stats == _former_statistics(phases, state.trees)
     assert stats["failed_env"] > 0 and stats["retries"] > 0 and stats["phases"][1]["waves"] > 1
     assert stats["phases"][0]["failed_env"] > 0 and stats["phases"][1]["failed_env"] > 0
+
+
+def test_parse_and_tool_errors_reach_the_statistics(capsys):
+    """The agent counts each rollout's parse errors and tool errors; the batch's
+    statistics (per phase and in total), the pipeline's step records and ``focus
+    collect``'s table read them from the one usage record per rollout."""
+    from cli.collect import print_result
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class ToolFails(ReachTarget):
+        """Every step reports one failed tool call (``info['tool_error']``)."""
+
+        async def step(self, state, action, workspace):  # type: ignore[no-untyped-def]
+            r = await super().step(state, action, workspace)
+            return type(r)(r.state, r.observation, r.reward, r.done, {**r.info, "tool_error": 1})
+
+    fmt = toy_format()
+    policy = ScriptedPolicy(["3", "what?", "4", "2", "no", "5"], fmt.codec)  # "what?" and "no" do not parse
+    agent = Agent(policy, ToolFails(), fmt, max_steps=6)
+    phases = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=8, wave_size=2))
+    col = Collector(agent, Selective(phases=phases), ConstantCritic(0.5), execution=Execution(max_concurrency=1))
+    state = run(col.search(reach_target_tasks(2, seed=0)))
+    stats = col.prepare(state).stats
+    turns = [t for tree in state.trees for e in tree.edges.values() for t in e.turns]
+    parse_errors = sum(1 for t in turns if t.kind == "action" and not t.transition)
+    assert parse_errors > 0 and stats["parse_errors"] == parse_errors
+    assert stats["tool_errors"] == stats["transitions"] > 0  # one a step, as the env reported them
+    assert sum(p["parse_errors"] for p in stats["phases"]) == parse_errors
+    assert sum(p["tool_errors"] for p in stats["phases"]) == stats["tool_errors"]
+    assert state.usage().parse_errors == parse_errors  # the record the step records and progress sum
+    print_result({"collection_id": "c", "stats": stats, "batch_url": "file:///b"})
+    shown = capsys.readouterr().out
+    assert "parse_errors" in shown and "tool_errors" in shown, shown
+    # a record of a collection recorded before these counts (resumed) reads 0 for them
+    before = Usage.of_rollout(Rollout("t", (Piece((turn(1),), "terminal", 1, ()),), counters={"parse_errors": 2}))
+    for name in ("parse_errors", "tool_errors"):
+        vars(before).pop(name)
+    assert (before.parse_errors, Usage.total([before, state.usage()]).parse_errors) == (0, parse_errors)
