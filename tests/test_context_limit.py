@@ -199,10 +199,18 @@ def test_llama_server_out_of_context_during_an_answer_ends_the_episode_truncated
 
 
 def _wordy(
-    url: str, root: str, long: list[int], n_tasks: int = 4, wave_size: int = 2, kind: str = "selective"
+    url: str,
+    root: str,
+    long: list[int],
+    n_tasks: int = 4,
+    wave_size: int = 2,
+    kind: str = "selective",
+    obs_pad: int = 0,
+    transitions: int = 24,
 ) -> object:
     """A collection of the toy's tasks from :mod:`fixtures.wordy` (those at ``long`` over
-    the embedded model's context at their opening prompt) through the pipeline's loop."""
+    the embedded model's context at their opening prompt; with ``obs_pad``, every
+    observation padded) through the pipeline's loop."""
     from tasks.config import load_config
 
     return load_config(
@@ -213,13 +221,13 @@ def _wordy(
             "model.http": {"outage_wait_s": 0},
             "env.kind": "factory",
             "env.factory": "fixtures.wordy:wordy_env",
-            "env.options": {"long": long},
+            "env.options": {"long": long, "obs_pad": obs_pad},
             "env.n_tasks": n_tasks,
             "agent.sampling.max_tokens": 8,
             "search.kind": kind,
             "search.phases": [
                 {"name": "evidence", "rollouts_per_task": 2},
-                {"name": "continue", "transitions": 24, "wave_size": wave_size},
+                {"name": "continue", "transitions": transitions, "wave_size": wave_size},
             ],
             "execution.kind": "local",
             "storage.root": root,
@@ -264,6 +272,30 @@ def test_a_task_over_the_context_among_good_ones_is_left_out_in_one_line(
     assert named[0].startswith(head), named[0]
     assert all(f"task {t!r} (50" in named[0] for t in refused) and "the limit is 4096" in named[0], named[0]
     assert "\n" not in named[0]
+
+
+def test_continuations_past_the_context_end_truncated_without_a_line_or_a_stop(local_model_server, tmp_path, caplog):
+    """Every task's opening fits, but a page of output each step fills the context a few
+    turns in: continuations from the deep checkpoints go over it. Each such rollout is
+    counted truncated (its turns before kept), none failed, no task left out, no warning,
+    and the collection finishes with every task's rows."""
+    import logging
+
+    from fixtures.journal import run_collect
+
+    from storage import BatchStore
+
+    cfg = _wordy(local_model_server.url, str(tmp_path), long=[], n_tasks=2, obs_pad=PAD)
+    with caplog.at_level(logging.WARNING):
+        out = run_collect(cfg)
+    stats = BatchStore(str(tmp_path)).read(out["batch_url"]).stats
+    continued = stats["phases"][1]  # the continuations, from checkpoints a few turns in
+    assert continued["truncated_rollouts"] > 0 and continued["transitions"] >= 24, continued
+    assert (
+        stats["failed_rollouts"] == stats["excluded_segments"] == stats["refused_tasks"] == stats["failed_trees"] == 0
+    )
+    assert out["stats"]["tasks"] == 2
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_every_task_over_the_context_stops_the_collection_in_one_line(local_model_server, tmp_path):
@@ -331,7 +363,9 @@ def test_focus_collect_names_a_task_over_the_context_once_and_stops_only_when_ev
     lines = [x for x in done.stderr.splitlines() if "reach-0-1" in x]
     assert len(lines) == 1, done.stderr[-3000:]
     if code == 0:
-        assert lines[0].startswith("warning: 0.evidence: 1 task(s) left out, their opening prompt over the model"), lines
+        assert lines[0].startswith("warning: 0.evidence: 1 task(s) left out, their opening prompt over the model"), (
+            lines
+        )
         assert "rollouts failed" not in done.stderr and "the collection goes on with the other 3" in lines[0]
         assert "refused_tasks" in done.stdout
     else:
