@@ -315,7 +315,8 @@ def test_parse_and_tool_errors_reach_the_statistics(capsys):
     phases = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=8, wave_size=2))
     col = Collector(agent, Selective(phases=phases), ConstantCritic(0.5), execution=Execution(max_concurrency=1))
     state = run(col.search(reach_target_tasks(2, seed=0)))
-    stats = col.prepare(state).stats
+    batch = col.prepare(state)
+    stats = batch.stats
     turns = [t for tree in state.trees for e in tree.edges.values() for t in e.turns]
     parse_errors = sum(1 for t in turns if t.kind == "action" and not t.transition)
     assert parse_errors > 0 and stats["parse_errors"] == parse_errors
@@ -323,6 +324,8 @@ def test_parse_and_tool_errors_reach_the_statistics(capsys):
     assert sum(p["parse_errors"] for p in stats["phases"]) == parse_errors
     assert sum(p["tool_errors"] for p in stats["phases"]) == stats["tool_errors"]
     assert state.usage().parse_errors == parse_errors  # the record the step records and progress sum
+    # the pipeline's result (focus collect --json, the stats artifact) is the batch's summary
+    assert (batch.summary()["parse_errors"], batch.summary()["tool_errors"]) == (parse_errors, stats["tool_errors"])
     print_result({"collection_id": "c", "stats": stats, "batch_url": "file:///b"})
     shown = capsys.readouterr().out
     assert "parse_errors" in shown and "tool_errors" in shown, shown
