@@ -156,16 +156,33 @@ def refused_opening(kind: str, steps: int, cause: str | None) -> bool:
     return is_context_limit(int(m.group(1)), cause)
 
 
+def opening_refusal(tree: Tree, children: Sequence[int]) -> Node | None:
+    """The leaf of the first of ``children`` (the root's edges, in order) refused at the
+    task's opening prompt (:func:`refused_opening`), where every rollout before it ended
+    without a turn (failed otherwise, say a refusal of its own); else None. Grafting takes
+    the root's branch state when it adds that leaf (``focus.search.grafting``): a first
+    rollout that failed otherwise left the root started again on every later wave, each
+    refused. A root with a turn before proves its prompt fits; one whose first refusal
+    came before (a collection started before the refusal was read, whose root kept its
+    state) keeps it, so the waves it recorded are planned again as they were."""
+    for eid in children:
+        edge = tree.edges[eid]
+        if edge.turns:
+            return None
+        node = tree.nodes[edge.child]
+        if refused_opening(node.kind, node.steps, node.cause):
+            return node
+    return None
+
+
 def refused_task(tree: Tree) -> Node | None:
-    """The leaf that refused ``tree``'s task (:func:`refused_opening`) where its root's
-    first rollout was refused so: grafting took the root's branch state then, so the
-    task gets no rollout more (its prompt is the same on every one); else None."""
+    """The leaf that refused ``tree``'s task (:func:`opening_refusal`) where grafting took
+    the root's branch state for it, so the task gets no rollout more (its prompt is the
+    same on every one); else None."""
     root = tree.root
     if not root.children or tree.ROOT in tree.states:
         return None
-    edge = tree.edges[root.children[0]]
-    node = tree.nodes[edge.child]
-    return node if not edge.turns and refused_opening(node.kind, node.steps, node.cause) else None
+    return opening_refusal(tree, root.children)
 
 
 #: The model's context as a refusal words it (vLLM, its engine, SGLang, its scheduler),

@@ -370,3 +370,51 @@ def test_focus_collect_names_a_task_over_the_context_once_and_stops_only_when_ev
         assert "refused_tasks" in done.stdout
     else:
         assert lines[0].startswith("error: every task's opening prompt (4 of 4) was refused"), lines
+
+
+#: How a server words a prompt over its context (vLLM), as the agent's cause carries it.
+OVER = "POST http://x/v1/completions was rejected with status 400: This model's maximum context length is 4096 tokens"
+
+
+def test_a_task_refused_after_a_first_rollout_that_failed_otherwise_is_left_out_in_one_line(caplog):
+    """Whether a task is over the context was read from its root's first rollout only: a
+    first one that failed otherwise (a refusal of its own, the queue full) left the task
+    counted as a failed tree, its root started again in later waves, each refused, each
+    wave a failure line. The first refusal at the opening prompt, with no turn before it,
+    decides."""
+    import logging
+
+    from fixtures.wordy import PAD, WordyReachTarget
+
+    from focus.env import Task
+    from focus.policy import PolicyError
+    from focus.refusals import refused_task
+    from focus.testing import ScriptedPolicy, run
+
+    class QueueFullOnce(ScriptedPolicy):
+        long_calls = 0
+
+        async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+            if len(prompt_ids) > 4096:
+                self.long_calls += 1
+                if self.long_calls == 1:
+                    raise PolicyError("POST http://x/v1/completions was rejected with status 400: request queue full")
+                raise ContextLimit(f"{OVER}. However, you requested {len(prompt_ids) + 8} tokens")
+            return await super().sample(prompt_ids, params)
+
+    fmt = toy_format()
+    tasks = reach_target_tasks(3, seed=0)
+    tasks[1] = Task(tasks[1].id, {**tasks[1].data, "pad": PAD})
+    policy = QueueFullOnce(["3", "4", "2"], fmt.codec)
+    agent = Agent(policy, WordyReachTarget(), fmt, max_steps=6)
+    phases = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=16, wave_size=3))
+    col = Collector(agent, Selective(phases=phases), ConstantCritic(0.5), execution=Execution(max_concurrency=1))
+    with caplog.at_level(logging.WARNING):
+        state = run(col.search(tasks))
+    stats = col.prepare(state).stats
+    assert [refused_task(t) is not None for t in state.trees] == [False, True, False]
+    assert stats["refused_task_ids"] == ["reach-0-1"] and stats["failed_rollouts"] == 2
+    assert policy.long_calls == 2  # its two evidence rollouts; its root is not started again
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len([line for line in lines if "left out" in line]) == 1, lines
+    assert not [line for line in lines if line.startswith("phase continue")], lines

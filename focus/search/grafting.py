@@ -15,7 +15,7 @@ from typing import Any
 
 from focus.agent import CONTEXT_LIMIT, Rollout
 from focus.priority import Calibration, Priority
-from focus.refusals import refused_opening
+from focus.refusals import opening_refusal, refused_opening
 from focus.search.copies import cow_tree, own
 from focus.search.jobs import RolloutJob, WavePlan
 from focus.search.planning import plan_ahead
@@ -131,12 +131,13 @@ def _add_rollout(
             tree.states.pop(parent, None)
         elif (
             parent == tree.ROOT
-            and len(tree.root.children) == 1
             and not piece.turns
             and refused_opening(piece.kind, piece.steps, piece.cause)
+            and opening_refusal(tree, tree.root.children) is node
         ):
             # the task's opening prompt is over the model's context, and it is the same
-            # on every rollout: none from the root is planned again (its first decides)
+            # on every rollout: none from the root is planned again (its first refusal
+            # decides, after rollouts that all ended without a turn)
             tree.states.pop(parent, None)
         parent = node.id
     tree.rollouts += 1

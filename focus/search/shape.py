@@ -21,7 +21,7 @@ from typing import Any
 from focus.agent import CONTEXT_LIMIT
 from focus.calibration import edge_counts, tree_counts
 from focus.priority import explore_draw
-from focus.refusals import refused_opening
+from focus.refusals import opening_refusal
 from focus.tree import Edge, Tree
 
 #: Shape facts of an earlier form of a tree: key -> (fact, that tree's edge and node counts).
@@ -74,8 +74,8 @@ def _grown_depths(tree: Tree, was: Depths, first: int, old_nodes: int) -> Depths
     """:func:`tree_depths` of ``tree`` from an earlier form's (``first`` edges and
     ``old_nodes`` nodes): a graft adds nodes, edges and log records, and changes an old
     checkpoint only by giving it children, and its branch state is taken only where a
-    new child is a turnless context-limit leaf, or the root's first is a refused opening
-    prompt (``focus.search.grafting``)."""
+    new child is a turnless context-limit leaf, or the root's first refused opening
+    prompt after children without a turn (``focus.search.grafting``)."""
     nodes, edges, states = tree.nodes, tree.edges, tree.states
     open_, starts = dict(was[0]), dict(was[1])
     for p in {edges[i].parent for i in range(first, len(edges))}:
@@ -102,15 +102,13 @@ def _grown_depths(tree: Tree, was: Depths, first: int, old_nodes: int) -> Depths
 def _stateless(tree: Tree, node_id: int, children: list[int]) -> bool:
     """Whether grafting took checkpoint ``node_id``'s branch state once it had the
     edges ``children`` (its first ones): one of them is :func:`_cut`, or it is the root
-    and its first rollout was refused at the task's opening prompt
-    (:func:`focus.refusals.refused_task`)."""
+    and one of them was refused at the task's opening prompt, every one before it
+    without a turn (:func:`focus.refusals.opening_refusal`)."""
     if any(_cut(tree, i) for i in children):
         return True
     if node_id != tree.ROOT or not children:
         return False
-    edge = tree.edges[children[0]]
-    leaf = tree.nodes[edge.child]
-    return not edge.turns and refused_opening(leaf.kind, leaf.steps, leaf.cause)
+    return opening_refusal(tree, children) is not None
 
 
 def _cut(tree: Tree, edge_id: int) -> bool:
