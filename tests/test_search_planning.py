@@ -205,6 +205,21 @@ def test_derived_facts_are_not_pickled() -> None:
     assert pickle.loads(pickle.dumps(state))._derived == {}
 
 
+def test_a_rollout_of_another_task_is_not_grafted() -> None:
+    """Grafting checked only how many rollouts a tree's jobs got: rollouts out of job
+    order, or a stored wave replayed under a plan that differs, went onto another
+    task's tree without a word."""
+    col, tasks = collection("selective", 2)
+    state = run(col.run_evidence(tasks))
+    plan = col.plan_wave(state, 1, 0)
+    rollouts = run(col.execution.run(col.agent, list(plan.jobs)))
+    first = next(i for i, job in enumerate(plan.jobs) if job.tree_index != plan.jobs[0].tree_index)
+    swapped = [rollouts[first], *rollouts[1:first], rollouts[0], *rollouts[first + 1 :]]
+    with pytest.raises(ValueError, match=f"a rollout of task '{rollouts[first].task_id}' came back for a job of tree"):
+        graft(state, plan, swapped, "continue")
+    graft(state, plan, rollouts, "continue")  # in job order: grafted
+
+
 def test_graft_and_scoring_leave_the_old_state_alone_and_share_untouched_trees() -> None:
     col, tasks = collection("selective", 2)
     state = run(col.run_evidence(tasks))

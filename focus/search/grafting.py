@@ -109,6 +109,13 @@ def _add_rollout(
     """Add ``ro`` below ``job``'s checkpoint of ``tree`` (a private copy: :func:`focus.search.copies.cow_tree`)."""
     if job.node_id not in tree.nodes or tree.nodes[job.node_id].is_leaf:
         raise ValueError(f"job continues node {job.node_id} of tree {job.tree_index}, which is not a checkpoint")
+    if ro.task_id != tree.task_id:
+        # a rollout stored for another task's job (a replay planned otherwise than the
+        # run was, or rollouts out of job order) would graft silently onto this tree
+        raise ValueError(
+            f"a rollout of task {ro.task_id!r} came back for a job of tree {job.tree_index} (task {tree.task_id!r}): "
+            "the rollouts are not this plan's, in its job order"
+        )
     own(tree, job.node_id, owned)
     index = tree.rollouts
     parent = job.node_id
