@@ -6,10 +6,13 @@ line naming the cause, never a traceback.
   and some service managers start jobs so): every command did its work, then ended with
   ``AttributeError: 'NoneType' object has no attribute 'flush'`` and exit 1; and the
   first file it opened took descriptor 1, so what wrote to standard output wrote into it.
+- A ``memory://`` store: the batch is gone when the command exits, and the command
+  printed its URL and a ``rerun or resume`` line without a word of that.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -60,3 +63,17 @@ def test_a_closed_standard_output_is_not_taken_by_the_next_file(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert path.read_text() == ""
+
+
+@pytest.mark.integration
+def test_a_store_in_the_process_memory_is_said_to_be_gone_at_exit(tmp_path):
+    done = focus(tmp_path, "collect", "--store", "memory://t", "--tasks", "2", "--transitions", "6", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    warning = [ln for ln in done.stderr.splitlines() if ln.startswith("warning: ")]
+    assert warning == [
+        "warning: storage root memory://t is this process's memory: what this command saves is gone when it "
+        "exits (a rerun starts over); give --store a folder or an object store to keep it"
+    ], done.stderr
+    assert json.loads(done.stdout)["batch_url"].startswith("memory://t/")
+    kept = focus(tmp_path, "collect", "--store", str(tmp_path / "runs"), "--tasks", "2", "--transitions", "6")
+    assert kept.returncode == 0 and "warning" not in kept.stderr, kept.stderr[-3000:]
