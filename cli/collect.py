@@ -57,6 +57,7 @@ from cli.common import (
     pasteable,
     resume_command,
     started,
+    warn_if_forgotten,
 )
 from tasks.config import FocusConfig
 from tasks.config.schema import REMOTE
@@ -204,6 +205,7 @@ def collect(
     cfg = _config(config, flags, sets, transitions)
     resume = resume_command("collect", config, flags, sets, transitions, str(cfg.collection_id), cfg)
     out = Console(verbose, debug, log_file, "collect")
+    warn_if_forgotten(cfg.storage.root)
     warm = (ctx.obj or {}).get("warm_model")
     result = _run(out, cfg, resume, prefect=prefect, warm=warm, as_json=as_json, allow=allow_policy_change)
     if result is None:

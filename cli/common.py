@@ -190,6 +190,19 @@ class Console:
         raise typer.Exit(code)
 
 
+def warn_if_forgotten(root: str) -> None:
+    """One warning line when the store is this process's memory (``memory://``): the
+    command printed a batch URL and a ``rerun or resume`` line for a batch that was gone
+    once it exited (a rerun started over), and said nothing of it."""
+    if str(root).startswith("memory://"):
+        typer.secho(
+            f"warning: storage root {root} is this process's memory: what this command saves is gone when it "
+            "exits (a rerun starts over); give --store a folder or an object store to keep it",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+
+
 def pasteable(url: str) -> str:
     """``url`` as a shell word, quoted when it needs it (a folder with a space), as the
     ``rerun or resume`` line quotes its words: a printed batch URL is pasted into ``focus

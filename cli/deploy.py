@@ -149,11 +149,14 @@ def _serve(out: Console, spec: DeploySpec, api: str) -> None:
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         out.fail(e)
     if stopped:
-        typer.echo(
+        line = (
             f"stopped ({stopped}): {' and '.join(names)} paused on the server (no scheduled runs until focus deploy "
-            f"serves them again); log: {out.log_file}",
-            err=True,
+            f"serves them again); log: {out.log_file}"
         )
+        # in the log file too: a SIGHUP's terminal is gone, and the line with it
+        with contextlib.suppress(OSError), open(out.log_file, "a", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(f"{line}\n")
+        typer.echo(line, err=True)
 
 
 async def _notices(spec: DeploySpec) -> list[str]:

@@ -12,6 +12,12 @@ SIGHUP, which a terminal that closes (an ssh session that drops) sends, killed t
 command where it stood: no line, the write lease left behind, a Prefect run left
 running. It stops the command as SIGTERM does (exit 129), unless it was ignored when
 the command started (``nohup``), which is left as it is.
+
+Signals are counted from the interpreter's wake-up descriptor (:class:`_Deliveries`),
+not from the calls of the handler: Python runs a signal's handler once however often
+the signal came before the main thread got back to its bytecode (one "tripped" flag per
+signal), so two Ctrl-Cs 50 ms apart on a loaded machine, or during a long call into C,
+read as one and the second's "stop now" was lost; the descriptor gets a byte per delivery.
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ class Interrupts:
         self.error: BaseException | None = None
 
     def __enter__(self) -> Interrupts:
+        self._deliveries = _Deliveries()
         for s in handled():
             self._old[s] = signal.signal(s, self._handle)
         return self
@@ -80,6 +87,7 @@ class Interrupts:
     def __exit__(self, *exc: object) -> None:
         for s, handler in self._old.items():
             signal.signal(s, handler)
+        self._deliveries.close()
 
     @property
     def code(self) -> int:
@@ -87,7 +95,9 @@ class Interrupts:
         return 128 + self.signals[0]
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.signals.append(signum)
+        # every delivery since the last call (this one's among them); none read: the
+        # descriptor is not ours (another set it meanwhile), then this call is one
+        self.signals.extend(self._deliveries.read(self._old) or [signum])
         if len(self.signals) > 1:
             for kill in self.on_exit_now:
                 with contextlib.suppress(Exception):
@@ -177,3 +187,44 @@ class Interrupts:
         if finished:
             return f"interrupted ({name}): {finished}"
         return f"interrupted ({name}): finished steps are saved, nothing half-made is kept; resume with: {resume}"
+
+
+class _Deliveries:
+    """The signals delivered to this process, one byte each, from the wake-up descriptor
+    (:func:`signal.set_wakeup_fd`) this installs until :meth:`close`, which puts the
+    previous one back. The interpreter's C-level handler writes the byte at each delivery,
+    before the Python-level handler runs (once for any number of deliveries). Outside the
+    main thread, where no descriptor can be set, :meth:`read` reads nothing."""
+
+    def __init__(self) -> None:
+        self._read = self._write = -1
+        self._old = -1
+        try:
+            self._read, self._write = os.pipe()
+            os.set_blocking(self._read, False)
+            os.set_blocking(self._write, False)
+            self._old = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        except (OSError, ValueError):  # not the main thread, or no descriptor left
+            self.close()
+
+    def read(self, wanted: Any) -> list[int]:
+        """The deliveries of the signals in ``wanted`` not read before, in order."""
+        if self._read < 0:
+            return []
+        got = b""
+        with contextlib.suppress(OSError):  # BlockingIOError: nothing (more) to read
+            while chunk := os.read(self._read, 512):
+                got += chunk
+        return [b for b in got if b in wanted]
+
+    def close(self) -> None:
+        if self._write >= 0:
+            with contextlib.suppress(OSError, ValueError):
+                now = signal.set_wakeup_fd(self._old, warn_on_full_buffer=False)
+                if now != self._write:  # another replaced ours meanwhile: theirs stays
+                    signal.set_wakeup_fd(now)
+        for fd in (self._read, self._write):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._read = self._write = -1

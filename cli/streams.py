@@ -130,8 +130,30 @@ def _encode_anything(stream: Any) -> None:
         pass
 
 
+def _closed_at_start() -> None:
+    """Put the null device on a standard descriptor (0, 1, 2) the command was started
+    without (``focus collect >&-``, ``2>&-``; cron and some service managers start jobs
+    so), and give Python a stream on it where it has ``None``. Every command ended with an
+    ``AttributeError: 'NoneType' object has no attribute 'flush'`` traceback and exit 1
+    after its work was done; and the first file the command opened took the free number,
+    so whatever wrote to "standard output" (a subprocess that inherits it, C code) wrote
+    into that file instead. Written there, it is dropped, as for a console that went away."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: ``fd`` itself
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    for attr, fd in (("stdout", 1), ("stderr", 2)):
+        if getattr(sys, attr) is None:
+            setattr(sys, attr, open(fd, "w", encoding="utf-8", errors=ENCODE_ERRORS, closefd=False))  # noqa: SIM115
+
+
 def install() -> None:
     """Wrap ``sys.stdout`` and ``sys.stderr`` (once)."""
+    _closed_at_start()
     for attr, name in (("stdout", "standard output"), ("stderr", "standard error")):
         stream = getattr(sys, attr)
         if stream is not None and not isinstance(stream, SurvivingStream):

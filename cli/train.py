@@ -31,6 +31,7 @@ from cli.common import (
     pasteable,
     resume_command,
     started,
+    warn_if_forgotten,
 )
 from tasks.config import FocusConfig
 
@@ -109,6 +110,7 @@ def train(
         cfg = cfg.with_updates(collection_id=new_collection_id("train"))
     resume = resume_command("train", config, flags, sets, transitions, str(cfg.collection_id), cfg)
     out = Console(verbose, debug, log_file, "train")
+    warn_if_forgotten(cfg.storage.root)
     records = _run(out, cfg, resume, prefect=prefect, allow=allow_config_change)
     if as_json:
         for rec in records:

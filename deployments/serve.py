@@ -247,11 +247,12 @@ def serve_deployments(spec: DeploySpec, started: Callable[[], object] | None = N
     """Register both deployments and the watchdog, call ``started`` (the command's start
     line, after the registration that can fail), then run their flow runs in this process
     (at most ``spec.limit`` at once) until stopped. Prefect's ``serve``, without its
-    banner table; the name of the signal that stopped it (``SIGINT``, ``SIGTERM``), or
+    banner table; the name of the signal that stopped it (``SIGINT``, ``SIGTERM``, ``SIGHUP``), or
     None. On its stop the runner pauses both deployments (their schedule stops until a
     ``focus deploy`` serves them again: runs due meanwhile would pile up as Late and all
     start then)."""
     import asyncio
+    import signal
 
     from prefect.exceptions import TerminationSignal
     from prefect.runner import Runner
@@ -262,15 +263,24 @@ def serve_deployments(spec: DeploySpec, started: Callable[[], object] | None = N
         ensure_watchdog(spec.crash_after_s)
 
     class Stopping(Runner):  # type: ignore[misc]
-        """Prefect's runner, noting a SIGTERM: it stops on one as on Ctrl-C, and returned without a word."""
+        """Prefect's runner, noting a SIGTERM: it stops on one as on Ctrl-C, and returned
+        without a word. A SIGHUP (the terminal closed, an ssh session dropped) killed the
+        process where it stood: no line, the deployments left unpaused (their scheduled
+        runs piled up as Late with nothing to serve them); it stops as on SIGTERM."""
 
         by: str | None = None
 
         def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
-            self.by = "SIGTERM"
+            self.by = self.by or "SIGTERM"
             super().handle_sigterm(*args, **kwargs)
 
+        def handle_sighup(self, *args: Any) -> None:
+            self.by = "SIGHUP"
+            self.handle_sigterm(*args)
+
     runner = Stopping(pause_on_shutdown=True, limit=spec.limit)
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # ignored: nohup, to outlive the terminal
+        signal.signal(signal.SIGHUP, runner.handle_sighup)
     for deployment in build_deployments(spec):
         runner.add_deployment(deployment)
     if started is not None:

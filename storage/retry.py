@@ -168,8 +168,9 @@ def refused(exc: BaseException, what: str) -> StorageAccessDenied | StorageFull 
             f"{what}: the file system is read-only; make it writable{_MOVED}, then rerun with the same collection id "
             "to resume"
         )
-    if isinstance(exc, PermissionError) and "file://" in what:
-        # a local folder: no credential opens it (the line named S3's variables first)
+    if isinstance(exc, PermissionError) and ("file://" in what or os.path.isabs(str(exc.filename or ""))):
+        # a local folder (``what`` names it as a path where `focus inspect` was given one):
+        # no credential opens it (the line named S3's variables first)
         return StorageAccessDenied(
             f"{what}: permission denied (this process runs as user {_user()}); make the folder "
             f"writable for that user again{_MOVED}, then {AGAIN}"

@@ -108,27 +108,36 @@ def test_a_run_leaves_the_console_quiet_and_ctrl_c_ends_in_one_line(prefect_serv
     assert sum("Finished in state Completed()" in m for m in messages) >= 5, messages
 
 
-def test_sigterm_ends_in_one_line_too(prefect_server, prefect_env, tmp_path):
-    """A service manager's stop (systemd, docker stop): it ended without a word, exit 0."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_end_in_one_line_too(sig, prefect_server, prefect_env, tmp_path):
+    """A service manager's stop (systemd, docker stop): it ended without a word, exit 0.
+    A SIGHUP (the terminal closed, an ssh session dropped) killed it where it stood: no
+    line, exit -1, the deployments left unpaused; the line is in the log file too (the
+    terminal that would show it is gone)."""
     cfg = tmp_path / "collect.toml"
     cfg.write_text(CONFIG, encoding="utf-8")
     log = tmp_path / "deploy.log"
     since = time.time() - 1
-    proc = deploy(operator_env(prefect_env, tmp_path), "-c", str(cfg), "--crash-after", "0", log=log)
+    hup = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal's shell starts it (pytest may run under nohup)
+    try:
+        proc = deploy(operator_env(prefect_env, tmp_path), "-c", str(cfg), "--crash-after", "0", log=log)
+    finally:
+        signal.signal(signal.SIGHUP, hup)
     try:
         deployment(prefect_server, "manual", proc, log, since)
         wait_for_line(log, "serving collect/scheduled", proc)
         time.sleep(1.0)  # the runner polls: its SIGTERM handler is in place
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         code = proc.wait(timeout=30)
     finally:
         kill_tree(proc)
     lines = lines_of(log)
-    assert (
-        code == 0
-        and len(lines) == 2
-        and lines[1].startswith("stopped (SIGTERM): collect/scheduled and collect/manual paused")
-    ), lines
+    stopped = f"stopped ({sig.name}): collect/scheduled and collect/manual paused"
+    assert code == 0 and len(lines) == 2 and lines[1].startswith(stopped), (code, lines)
+    log_file = Path(lines[1].rpartition("; log: ")[2])
+    assert stopped in log_file.read_text(encoding="utf-8")
+    for name in ("scheduled", "manual"):
+        assert httpx.get(f"{prefect_server}/deployments/name/collect/{name}", timeout=30).json()["paused"] is True
 
 
 def test_a_second_focus_deploy_of_the_same_deployments_says_another_serves_them(prefect_server, prefect_env, tmp_path):

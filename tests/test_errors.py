@@ -175,6 +175,11 @@ def test_a_local_folder_that_became_unwritable_is_not_blamed_on_credentials(tmp_
     assert line.startswith(f"write file://{path}: permission denied (this process runs as user "), line
     assert "make the folder writable for that user again" in line and "AWS_" not in line, line
     assert "credentials" not in line and line.endswith("resumes from its last saved step with the same collection id")
+    # a store named by its path (`focus inspect <folder>` of another user's store, umask 077)
+    manifest = f"{tmp_path}/store/batches/c/iter-000000/_manifest.json"
+    line = str(refused(PermissionError(errno.EACCES, "Permission denied", manifest), f"read {manifest}"))
+    assert line.startswith(f"read {manifest}: permission denied (this process runs as user "), line
+    assert "AWS_" not in line, line
     s3 = str(refused(PermissionError(errno.EACCES, "Access Denied"), "write s3://b/p/x"))
     assert "AWS_ACCESS_KEY_ID" in s3, s3
 

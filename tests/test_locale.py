@@ -164,3 +164,15 @@ def test_dask_workers_write_the_log_file_in_utf8(tmp_path):
     done = run(["-c", code, str(log)], env)
     assert done.returncode == 0 and "Logging error" not in done.stderr, done.stderr[-2000:]
     assert "tâche … done" in log.read_text(encoding="utf-8")
+
+
+def test_a_collection_id_the_locale_cannot_decode_is_told_the_rule():
+    """``--collection-id naïve`` under ``LC_ALL=C`` (UTF-8 mode off) reaches the
+    configuration as ``'na\\udcc3\\udcafve'``: it was told ``Input should be a valid string,
+    unable to parse raw data as a unicode string``, not what an id may hold."""
+    from tasks.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as refused:
+        load_config(overrides={"collection_id": "na\udcc3\udcafve"}, environ={})
+    assert "collection_id: 'naïve' is not a collection id: use letters, digits" in str(refused.value)
+    assert "raw data" not in str(refused.value)

@@ -562,8 +562,11 @@ def problems_of(error: ValidationError) -> list[tuple[str, str, str | None]]:
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
         if err["type"] == "extra_forbidden":
             out.append((loc, "unknown field", suggest_field(loc)))
-        elif err["type"] == "string_pattern_mismatch" and loc == "collection_id":  # the regex told little
-            out.append((loc, f"{err['input']!r} is not a collection id: {ID_RULE}", None))
+        elif err["type"] in ("string_pattern_mismatch", "string_unicode") and loc == "collection_id":
+            # the regex told little; a non-UTF-8 locale's undecoded bytes (its surrogates), nothing
+            # ("unable to parse raw data as a unicode string"): shown as the terminal showed them
+            shown = str(err["input"]).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            out.append((loc, f"{shown!r} is not a collection id: {ID_RULE}", None))
         else:
             out.append((loc, err["msg"].removeprefix("Value error, "), None))
     return out
