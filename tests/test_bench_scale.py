@@ -130,16 +130,20 @@ def test_wall_meter_splits_the_loop_threads_wall():
         await asyncio.sleep(0.06)  # in the selector, none
         time.sleep(0.08)  # blocked outside the selector
 
+    start = time.perf_counter()
     with WallMeter(calls) as meter:
         asyncio.run(go())
+    # what a loaded machine added to the stretches' 0.29 s (a wake-up late by the run
+    # queue lands in the stretch it ends): each figure may carry that much more
+    slack = max(0.0, time.perf_counter() - start - 0.29) + 0.05
     f = meter.figures()
     assert f["main_thread_cpu_s"] >= 0.05
     # asyncio wakes a sleeper up to its clock's resolution early, and a loaded machine
     # moves part of a wait to the run queue (0.0973 s of 0.1 seen with 6 agents on 2 cores)
-    assert 0.1 - 0.01 <= f["loop_wait_calls_s"] < 0.1 + 0.05
-    assert 0.06 - 0.01 <= f["loop_wait_idle_s"] < 0.06 + 0.05
+    assert 0.1 - 0.01 <= f["loop_wait_calls_s"] < 0.1 + slack
+    assert 0.06 - 0.01 <= f["loop_wait_idle_s"] < 0.06 + slack
     # the sleep outside the selector, less what a loaded machine may move to the run queue
-    assert 0.08 - (f["runqueue_s"] or 0.0) - 0.01 <= f["other_wait_s"] < 0.08 + 0.05
+    assert 0.08 - (f["runqueue_s"] or 0.0) - 0.01 <= f["other_wait_s"] < 0.08 + slack
     if f["runqueue_s"] is not None:  # Linux
         assert 0 <= f["runqueue_s"] and f["runqueue_share"] < 1
     assert selectors.DefaultSelector.select is original  # put back
