@@ -182,7 +182,9 @@ def _python_values(values: Sequence[Any], type_: pa.DataType) -> pa.Array | None
     encode to UTF-8), built from buffers (see :func:`_from_numpy`); ``None`` for any other
     list, which ``pa.array`` converts (or refuses) as before."""
     kind = _PYTHON.get(type_)
-    if kind is None or any(type(v) is not kind for v in values):
+    # every value's exact type, in one C-level pass (a generator over a column's values
+    # was about half of this function's time for the batch's number columns)
+    if kind is None or not set(map(type, values)) <= {kind}:
         return None
     if kind is str:
         try:

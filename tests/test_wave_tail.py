@@ -445,3 +445,41 @@ def test_a_wave_whose_graft_brings_in_a_lagged_refit_ranks_its_trees_under_it(mo
     run(col.search(tasks))
     assert any(refits.values()) and not all(refits.values())
     assert any(ranked.get(w) for w, refit in refits.items() if refit)  # trees ranked ahead in a refit wave
+
+
+def test_what_the_tail_computed_ahead_of_a_first_ranking_outlives_a_rescore_and_a_graft(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The segments and tie-breaks the tail computes ahead of a tree's first ranking
+    (``_TreeFacts.prefit``) pass to the tree's next form, scored or grafted again before
+    that ranking (as the evidence wave's trees are: grafted, then scored, as they finish):
+    over a whole collection every edge's segment is computed once (at 40k transitions over
+    800 tasks, 9,117 of 49,599 were computed again), and the batch is the same."""
+    import focus.ranking
+    import focus.search.state
+    from focus.segments import segment
+
+    made: dict[tuple[int, int], int] = {}
+    kept: list[Any] = []  # the edges' turns stay alive: their ids are not reused
+
+    def counted(e: Any, gamma: float) -> Any:
+        kept.append(e.turns)
+        made[(id(e.turns), e.child)] = made.get((id(e.turns), e.child), 0) + 1
+        return segment(e, gamma)
+
+    col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
+    batch, _ = _collect(col, tasks)
+    for mod in (focus.ranking, focus.search.state):
+        monkeypatch.setattr(mod, "segment", counted)
+    col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
+    again, _ = _collect(col, tasks)
+    assert made and max(made.values()) == 1, sorted(made.values())[-5:]
+    assert again.actor_table.equals(batch.actor_table) and again.critic_table.equals(batch.critic_table)
+    # a state scored again hands them over: the new facts hold them, the old ones none
+    col, tasks = _collector(Execution(max_concurrency=4), SyntheticCritic, 1)
+    state = run(col.run_evidence(tasks))
+    ti, nid = 0, next(n.id for n in state.trees[0].checkpoints())
+    before = state._derived[ti]._ahead
+    assert before and ("segments", col.priority.discount) in before
+    later = with_predictions(state, {(ti, nid): (0.25, None)})
+    assert later.facts(ti)._ahead is before and not state._derived[ti]._ahead

@@ -198,8 +198,8 @@ def _grown_facts(state: SearchState, ti: int, tree: Tree) -> _TreeFacts:
         fresh = (n.id for n in new_nodes if n.value is None and n.kind in _SCORED_KINDS and n.context_ids)
         unscored = old._unscored + tuple(fresh)
     known = known_shape(old.shape, old.tree, old.known)  # grown when next asked for
-    rank, changed = old.handover(range(len(old.tree.nodes), len(tree.nodes)))
-    return _TreeFacts(tree, ti, spent=spent, unscored=unscored, rank=rank, changed=changed, known=known)
+    rank, changed, ahead = old.handover(range(len(old.tree.nodes), len(tree.nodes)))
+    return _TreeFacts(tree, ti, spent=spent, unscored=unscored, rank=rank, changed=changed, known=known, ahead=ahead)
 
 
 def with_predictions(
