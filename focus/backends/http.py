@@ -64,6 +64,7 @@ from focus.backends.wire import decode as _decode
 from focus.backends.wire import encode as _encode
 from focus.backends.wire import expire as _expire
 from focus.backends.wire import gave_up as _gave_up
+from focus.backends.wire import is_context_limit
 from focus.backends.wire import headers as _headers
 from focus.backends.wire import redirected as _redirected
 from focus.backends.wire import snippet as _snippet
@@ -549,9 +550,9 @@ class HttpClient:
                 raise local from e  # this machine's limit: no retry, no outage (focus.local_limits)
             raise _classify(e) from e
         if status >= 400:
-            if is_retry_status(status):
-                raise _Retryable("server error", status, _snippet(_text(data)), parse_retry_after(retry_after))
             text = _text(data)
+            if is_retry_status(status) and not (status >= 500 and is_context_limit(status, text)):
+                raise _Retryable("server error", status, _snippet(text), parse_retry_after(retry_after))
             raise _Rejected(f"{method} {url} was rejected with status {status}: {_snippet(text)}", status, text)
         if status >= 300:  # ``retry_after`` is the redirect's Location (Sender)
             raise _Rejected(_redirected(method, url, status, retry_after), status, _text(data))

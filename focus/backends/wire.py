@@ -63,9 +63,27 @@ _CONTEXT_LIMIT = re.compile(
 )
 
 
+#: The same refusal in the words of vLLM alone, as a gateway or proxy in front of it
+#: passes it on with a status of its own (500, 502, 503: LiteLLM and other gateways map
+#: an upstream error they do not know to one): "This model's maximum context length is
+#: N tokens. However, you requested M tokens ...", its engine's "... longer than the
+#: maximum model length of M", or "prompt is too long". Stricter than
+#: :data:`_CONTEXT_LIMIT`: a 5xx is a server's failure unless its body says this.
+_CONTEXT_LIMIT_5XX = re.compile(
+    r"maximum context length is \d+ tokens|longer than the maximum model length of \d+|prompt is too long",
+    re.IGNORECASE,
+)
+
+
 def is_context_limit(status: int, body: str) -> bool:
-    """Whether a refusal with ``status`` and ``body`` is a prompt over the context."""
-    return status in (400, 413, 422) and _CONTEXT_LIMIT.search(body) is not None
+    """Whether a refusal with ``status`` and ``body`` is a prompt over the context: a
+    400, 413 or 422 in any server's words, or a 500, 502 or 503 whose body says it in
+    vLLM's (:data:`_CONTEXT_LIMIT_5XX`). Such a 5xx was retried as a server error, the
+    same refusal every time, and failed its rollout as an outage after ``max_retries``
+    where a 400 with those words ends the episode truncated (``ContextLimit``)."""
+    if status in (400, 413, 422):
+        return _CONTEXT_LIMIT.search(body) is not None
+    return status in (500, 502, 503) and _CONTEXT_LIMIT_5XX.search(body) is not None
 
 
 class Wire:
