@@ -8,7 +8,11 @@ server is on 127.0.0.1 (``tests/fixtures/scripted.py``).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -128,3 +132,80 @@ def _gather(url: str, n: int, **http: object) -> tuple[list[object], float]:
             await policy.aclose()
 
     return asyncio.run(go())
+
+
+class Throttled:
+    """A gateway on 127.0.0.1 that answers every request 429 with ``Retry-After`` until
+    ``for_s`` after its first request (None: for ever), then passes answers on."""
+
+    def __init__(self, retry_after: float, for_s: float | None) -> None:
+        self.retry_after, self.for_s = retry_after, for_s
+        self.arrivals: list[tuple[float, int]] = []
+        self.start: float | None = None
+        gateway = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: object) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers["Content-Length"]))
+                now = time.monotonic()
+                gateway.start = now if gateway.start is None else gateway.start
+                limited = gateway.for_s is None or now < gateway.start + gateway.for_s
+                status, body = (429, {"error": {"message": "Rate limit exceeded"}}) if limited else (200, answer())
+                gateway.arrivals.append((now, status))
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                if limited:
+                    self.send_header("Retry-After", f"{gateway.retry_after:g}")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Throttled:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+def test_a_rate_limit_longer_than_the_retries_is_waited_for_honouring_retry_after(caplog):
+    """A gateway throttling every request for longer than the quick retries failed every
+    call after them (its ``Retry-After`` was honoured up to ``backoff_max_s`` only, and a
+    429 was no outage); the calls wait, one warning line says so, and no request goes
+    before the ``Retry-After`` the gateway asked for."""
+    with Throttled(retry_after=0.4, for_s=1.2) as gateway, caplog.at_level(logging.WARNING):
+        out, took = _gather(gateway.url, 4, outage_wait_s=10)
+    assert not [o for o in out if isinstance(o, Exception)], out
+    assert [o.token_ids for o in out] == [(5, 6)] * 4  # type: ignore[attr-defined]
+    assert took >= 1.2
+    limited = [t for t, status in gateway.arrivals if status == 429]
+    probes = limited[4:]  # after each call's first request, one request at a time
+    assert all(b - a >= 0.4 - 0.02 for a, b in zip(limited[3:], probes, strict=False)), gateway.arrivals
+    waits = [line for line in _lines(caplog) if "status 429 (rate limited)" in line]
+    assert len(waits) == 1, _lines(caplog)  # one line, not one per call
+    assert waits[0].startswith(f"model service at {gateway.url} has answered every request with status 429"), waits
+    assert "outage_wait_s" in waits[0] and "Retry-After" in waits[0]
+    assert sum("answers again" in line for line in _lines(caplog)) == 1
+
+
+def test_a_rate_limit_past_outage_wait_s_stops_with_the_outage_line_and_no_early_request(caplog):
+    """A ``Retry-After`` longer than the window: nothing is sent again before it, and the
+    calls stop when ``outage_wait_s`` is spent, with the outage line naming the limit."""
+    with Throttled(retry_after=30, for_s=None) as gateway, caplog.at_level(logging.WARNING):
+        out, took = _gather(gateway.url, 3, outage_wait_s=1.0)
+    assert all(isinstance(o, ServiceUnavailable) for o in out), out
+    assert 1.0 - 0.05 <= took < 5, took
+    assert len(gateway.arrivals) == 3  # each call's first request; the gateway asked for 30 s
+    line = str(out[0])
+    assert "has answered every request with status 429 (rate limited) for " in line, line
+    assert "(waited for it up to outage_wait_s = 1 s)" in line and "last: status 429" in line, line
+    assert sum("status 429 (rate limited)" in line for line in _lines(caplog)) == 1

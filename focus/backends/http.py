@@ -64,8 +64,8 @@ from focus.backends.wire import decode as _decode
 from focus.backends.wire import encode as _encode
 from focus.backends.wire import expire as _expire
 from focus.backends.wire import gave_up as _gave_up
-from focus.backends.wire import is_context_limit
 from focus.backends.wire import headers as _headers
+from focus.backends.wire import is_context_limit
 from focus.backends.wire import redirected as _redirected
 from focus.backends.wire import snippet as _snippet
 from focus.backends.wire import text as _text
@@ -345,18 +345,17 @@ class HttpClient:
                 self._stats.add(CallRecord(attempts, now - t0, (*errors, (last.kind, now - started)), last.kind))
                 raise self.unreadable(unreadable_line(self.service, method, url, self._unread)) from None
             if not answered:
-                gate.failed(now)
-            # a replica (not waited for) that timed out, or asks for a longer wait than quick retries: fail over
-            stuck = not self.wait_outages and (last.kind == "timeout" or (last.retry_after or 0) >= gate.probe_s)
+                gate.failed(now, last.retry_after, last.status)
             if not answered and gate.should_wait(
                 streak_start=streak,
-                # retrying on its own only while the waits are shorter than the gate's
-                # probes: past that a call waiting at the gate goes on sooner
-                retries_left=not stuck and retry < cfg.max_retries and cfg.backoff_cap(retry) < gate.probe_s,
+                retries_left=self._quick_retries_left(last, retry, gate.probe_s),
                 down_cause=not self.wait_outages or is_down_cause(last.kind, last.status),
             ):
                 if not self.wait_outages:
                     ended = "down"
+                    break
+                if deadline is not None and now + (last.retry_after or 0.0) >= deadline:
+                    ended = "deadline"  # the service asks for a wait past the call's deadline: no retry
                     break
                 turn = await gate.wait(deadline, str(last))
                 if turn == OVER:
@@ -398,6 +397,17 @@ class HttpClient:
             return value, record
         errors.append((last.kind, time.monotonic() - started))
         raise self._give_up(method, url, attempts, t0, ended, tuple(errors), hedges, last, gate)
+
+    def _quick_retries_left(self, last: _Retryable, retry: int, probe_s: float) -> bool:
+        """Whether a call whose attempt ``retry`` failed with ``last`` retries on its own
+        soon: only while its waits are shorter than the outage gate's probes (``probe_s``;
+        its next backoff, and the ``Retry-After`` asked for): past that a call waiting at the
+        gate goes on sooner. A replica (not waited for) that timed out, or asks for a
+        longer wait, has none: its calls fail over."""
+        cfg = self.config
+        wait = max(cfg.backoff_cap(retry), last.retry_after or 0.0)
+        stuck = not self.wait_outages and (last.kind == "timeout" or (last.retry_after or 0) >= probe_s)
+        return not stuck and retry < cfg.max_retries and wait < probe_s
 
     def _give_up(
         self,

@@ -200,6 +200,11 @@ def gave_up(
     status = f"status {last.status}" if last.status is not None else "no status"
     if ended == "deadline":
         within = f" in {elapsed:.1f} s (deadline {deadline_s:g} s)"
+    elif ended == "outage" and gate.down_since is not None and last.status == 429:
+        within = (
+            f"; the {gate.service} has answered every request with status 429 (rate limited) for "
+            f"{span(time.monotonic() - gate.down_since)} (waited for it up to outage_wait_s = {gate.window_s:g} s)"
+        )
     elif ended == "outage" and gate.down_since is not None:
         within = (
             f"; the {gate.service} has not answered for {span(time.monotonic() - gate.down_since)} "
