@@ -66,6 +66,7 @@ from focus.backends.wire import expire as _expire
 from focus.backends.wire import gave_up as _gave_up
 from focus.backends.wire import headers as _headers
 from focus.backends.wire import is_context_limit
+from focus.backends.wire import quick_retries_left as _quick_retries_left
 from focus.backends.wire import redirected as _redirected
 from focus.backends.wire import snippet as _snippet
 from focus.backends.wire import text as _text
@@ -78,7 +79,7 @@ from focus.policy import (
     UnreadableAnswers,
 )
 
-__all__ = ["Aborted", "HttpClient", "HttpConfig", "MalformedResponse", "RetryPolicy"]
+__all__ = ["Aborted", "HttpClient", "HttpConfig", "MalformedResponse", "RetryPolicy", "Unservable"]
 
 T = TypeVar("T")
 
@@ -94,6 +95,14 @@ class Aborted(MalformedResponse):
     ``abort_all_requests`` (or vLLM's pause with abort) ends every request in flight so
     at once, each of which is answered on its retry; counted, 16 of them in a row stopped
     the collection as unreadable."""
+
+
+class Unservable(MalformedResponse):
+    """An answer whose shape shows the server gives no sampled ids and log-probs on any
+    request (llama-server's ``/v1/completions``, log-prob tokens named by their text,
+    chat-format log-probs): the first stops the collection (``unreadable``) with the
+    message, naming what is missing and the setting that gives it. It waited for
+    :data:`~focus.backends.unreadable.Unreadable.FIRST` such answers (16 mid-run)."""
 
 
 class HttpClient:
@@ -348,7 +357,7 @@ class HttpClient:
                 gate.failed(now, last.retry_after, last.status)
             if not answered and gate.should_wait(
                 streak_start=streak,
-                retries_left=self._quick_retries_left(last, retry, gate.probe_s),
+                retries_left=_quick_retries_left(cfg, self.wait_outages, last, retry, gate.probe_s),
                 down_cause=not self.wait_outages or is_down_cause(last.kind, last.status),
             ):
                 if not self.wait_outages:
@@ -397,17 +406,6 @@ class HttpClient:
             return value, record
         errors.append((last.kind, time.monotonic() - started))
         raise self._give_up(method, url, attempts, t0, ended, tuple(errors), hedges, last, gate)
-
-    def _quick_retries_left(self, last: _Retryable, retry: int, probe_s: float) -> bool:
-        """Whether a call whose attempt ``retry`` failed with ``last`` retries on its own
-        soon: only while its waits are shorter than the outage gate's probes (``probe_s``;
-        its next backoff, and the ``Retry-After`` asked for): past that a call waiting at the
-        gate goes on sooner. A replica (not waited for) that timed out, or asks for a
-        longer wait, has none: its calls fail over."""
-        cfg = self.config
-        wait = max(cfg.backoff_cap(retry), last.retry_after or 0.0)
-        stuck = not self.wait_outages and (last.kind == "timeout" or (last.retry_after or 0) >= probe_s)
-        return not stuck and retry < cfg.max_retries and wait < probe_s
 
     def _give_up(
         self,
@@ -569,6 +567,8 @@ class HttpClient:
         decoded = _decode(data, status)
         try:
             value = parse(decoded)
+        except Unservable as e:  # the first such answer: every other would be the same
+            raise self.unreadable(f"the {self.service} at {self.base_url} cannot be recorded token-exactly: {e}") from e
         except (MalformedResponse, self.error, KeyError, TypeError, IndexError, ValueError, AttributeError) as e:
             bad = _Retryable("malformed response", status, f"{type(e).__name__}: {e}")
             bad.aborted = isinstance(e, Aborted)

@@ -86,6 +86,17 @@ def is_context_limit(status: int, body: str) -> bool:
     return status in (500, 502, 503) and _CONTEXT_LIMIT_5XX.search(body) is not None
 
 
+def quick_retries_left(cfg: Any, wait_outages: bool, last: Retryable, retry: int, probe_s: float) -> bool:
+    """Whether a call (under the retry policy ``cfg``) whose attempt ``retry`` failed with
+    ``last`` retries on its own soon: only while its waits are shorter than the outage
+    gate's probes (``probe_s``; its next backoff, and the ``Retry-After`` asked for): past
+    that a call waiting at the gate goes on sooner. A replica (not ``wait_outages``) that
+    timed out, or asks for a longer wait, has none: its calls fail over."""
+    wait = max(cfg.backoff_cap(retry), last.retry_after or 0.0)
+    stuck = not wait_outages and (last.kind == "timeout" or (last.retry_after or 0) >= probe_s)
+    return not stuck and retry < cfg.max_retries and wait < probe_s
+
+
 class Wire:
     """What a client uses on one event loop: its sender, concurrency slots, outage gate,
     and the watches of its requests' read timeouts (``clock``) and hedged first requests."""
