@@ -136,10 +136,11 @@ def _gather(url: str, n: int, **http: object) -> tuple[list[object], float]:
 
 class Throttled:
     """A gateway on 127.0.0.1 that answers every request 429 with ``Retry-After`` until
-    ``for_s`` after its first request (None: for ever), then passes answers on."""
+    ``for_s`` after its first request (None: for ever), then passes answers on; with
+    ``odd_seeds``, only the requests of an odd seed (it admits the others)."""
 
-    def __init__(self, retry_after: float, for_s: float | None) -> None:
-        self.retry_after, self.for_s = retry_after, for_s
+    def __init__(self, retry_after: float, for_s: float | None, odd_seeds: bool = False) -> None:
+        self.retry_after, self.for_s, self.odd_seeds = retry_after, for_s, odd_seeds
         self.arrivals: list[tuple[float, int]] = []
         self.start: float | None = None
         gateway = self
@@ -149,10 +150,11 @@ class Throttled:
                 pass
 
             def do_POST(self) -> None:  # noqa: N802
-                self.rfile.read(int(self.headers["Content-Length"]))
+                seed = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["seed"]
                 now = time.monotonic()
                 gateway.start = now if gateway.start is None else gateway.start
                 limited = gateway.for_s is None or now < gateway.start + gateway.for_s
+                limited = limited and (seed % 2 == 1 or not gateway.odd_seeds)
                 status, body = (429, {"error": {"message": "Rate limit exceeded"}}) if limited else (200, answer())
                 gateway.arrivals.append((now, status))
                 data = json.dumps(body).encode()
@@ -209,3 +211,56 @@ def test_a_rate_limit_past_outage_wait_s_stops_with_the_outage_line_and_no_early
     assert "has answered every request with status 429 (rate limited) for " in line, line
     assert "(waited for it up to outage_wait_s = 1 s)" in line and "last: status 429" in line, line
     assert sum("status 429 (rate limited)" in line for line in _lines(caplog)) == 1
+
+
+def _beside_others(url: str, **http: object) -> tuple[object, float]:
+    """One call (seed 1) while other calls (even seeds) are answered one after another
+    (``backoff_max_s`` 1 s: a probe interval of 1 s, the default, that tells "answered a
+    moment ago")."""
+    policy = OpenAICompatPolicy(url, config=HttpConfig(**{**QUICK, "backoff_max_s": 1.0, **http}))  # type: ignore[arg-type]
+
+    async def go() -> tuple[object, float]:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await policy.sample(PROMPT, SamplingParams(max_tokens=8, seed=0))  # the service answers
+        call = asyncio.ensure_future(policy.sample(PROMPT, SamplingParams(max_tokens=8, seed=1)))
+        seed = 2
+        try:
+            while not call.done():  # the gateway admits these: the service answers
+                await policy.sample(PROMPT, SamplingParams(max_tokens=8, seed=seed))
+                seed += 2
+                await asyncio.sleep(0.02)
+            try:
+                return call.result(), loop.time() - t0
+            except Exception as e:  # noqa: BLE001 - the test looks at which
+                return e, loop.time() - t0
+        finally:
+            await policy.aclose()
+
+    return asyncio.run(go())
+
+
+def test_a_call_a_rate_limit_refuses_while_others_are_answered_retries_up_to_outage_wait_s(caplog):
+    """A gateway that admits a share of the calls: the service answers, so the refused
+    call does not wait at the outage gate, and it failed after its retries (10 by
+    default, about 100 s with the Retry-After capped at backoff_max_s); it retries on,
+    honouring the Retry-After, up to outage_wait_s, with one warning line."""
+    with Throttled(retry_after=0.1, for_s=1.0, odd_seeds=True) as gateway, caplog.at_level(logging.WARNING):
+        out, took = _beside_others(gateway.url, outage_wait_s=10)
+    assert not isinstance(out, Exception), out
+    assert out.token_ids == (5, 6) and took >= 1.0  # type: ignore[attr-defined]
+    refused = [t for t, status in gateway.arrivals if status == 429]
+    assert len(refused) > QUICK["max_retries"] + 1  # past its retries
+    assert all(b - a >= 0.1 - 0.02 for a, b in zip(refused, refused[1:], strict=False)), refused  # its Retry-After
+    lines = [line for line in _lines(caplog) if "status 429" in line]
+    assert len(lines) == 1 and "answers some requests with status 429 (rate limited)" in lines[0], _lines(caplog)
+
+
+def test_a_call_a_rate_limit_refuses_for_longer_than_outage_wait_s_stops_naming_it():
+    with Throttled(retry_after=0.1, for_s=None, odd_seeds=True) as gateway:
+        out, took = _beside_others(gateway.url, outage_wait_s=0.6)
+    assert isinstance(out, ServiceUnavailable), out
+    assert 0.6 - 0.05 <= took < 5, took
+    line = str(out)
+    assert "answered it with status 429 (rate limited) for " in line, line
+    assert "(retried up to outage_wait_s = 0.6 s); last: status 429" in line, line

@@ -43,7 +43,7 @@ import httpx
 
 from focus.backends import hedge as hedging
 from focus.backends.foreign import refused_token_ids, url_problem
-from focus.backends.outage import OVER, UP, OutageGate, OutageTotals, is_down_cause, watch_silence
+from focus.backends.outage import OVER, UP, OutageGate, OutageTotals, watch_silence
 from focus.backends.retry import (
     CallRecord,
     ClientStats,
@@ -61,11 +61,13 @@ from focus.backends.wire import Retryable as _Retryable
 from focus.backends.wire import Wire as _Wire
 from focus.backends.wire import classify as _classify
 from focus.backends.wire import decode as _decode
+from focus.backends.wire import down_cause as _down_cause
 from focus.backends.wire import encode as _encode
 from focus.backends.wire import expire as _expire
 from focus.backends.wire import gave_up as _gave_up
 from focus.backends.wire import headers as _headers
 from focus.backends.wire import is_context_limit
+from focus.backends.wire import next_wait as _next_wait
 from focus.backends.wire import quick_retries_left as _quick_retries_left
 from focus.backends.wire import redirected as _redirected
 from focus.backends.wire import snippet as _snippet
@@ -358,7 +360,7 @@ class HttpClient:
             if not answered and gate.should_wait(
                 streak_start=streak,
                 retries_left=_quick_retries_left(cfg, self.wait_outages, last, retry, gate.probe_s),
-                down_cause=not self.wait_outages or is_down_cause(last.kind, last.status),
+                down_cause=_down_cause(self.wait_outages, last, gate, now),
             ):
                 if not self.wait_outages:
                     ended = "down"
@@ -373,10 +375,10 @@ class HttpClient:
                 if turn == UP:  # the service is back: this call's retries start afresh
                     retry, streak = 0, None
             else:
-                if retry == cfg.max_retries:
-                    ended = "deadline" if deadline is not None and time.monotonic() >= deadline else "retries"
+                wait = _next_wait(cfg, self._rng, self.wait_outages, last, retry, streak, gate)
+                if isinstance(wait, str):
+                    ended = "deadline" if deadline is not None and time.monotonic() >= deadline else wait
                     break
-                wait = cfg.backoff(retry, self._rng, last.retry_after)
                 if deadline is not None and time.monotonic() + wait >= deadline:
                     ended = "deadline"
                     break
@@ -420,7 +422,8 @@ class HttpClient:
         gate: OutageGate,
     ) -> Exception:
         """Record a call that gave up (``ended`` by its ``retries``, its ``deadline``, the
-        ``outage`` window, or a service ``down`` that is not waited for); the error to
+        ``outage`` window, a ``rate limited`` one's, or a service ``down`` that is not
+        waited for); the error to
         raise (``unavailable``, or ``bad`` for an answer that could not be used)."""
         elapsed = time.monotonic() - t0
         self._stats.add(CallRecord(attempts, elapsed, errors, last.kind, ended == "deadline", hedges))

@@ -134,6 +134,11 @@ class OutageGate:
         self._next_probe = 0.0
         #: The status of the last failed attempt (None: no answer): a rate limit's is named.
         self._status: int | None = None
+        #: Whether a rate limit's line was given (once per gate: a gateway admitting a
+        #: share of the calls ends each wait, and the next 429 begins another).
+        self._throttled = False
+        #: This wait is a rate limit's after its line was given: no lines for it.
+        self._quiet = False
         self._up = asyncio.Event()
         self._up.set()
 
@@ -153,14 +158,15 @@ class OutageGate:
         if self.waiting:
             self.totals.outages += 1
             self.totals.outage_s += now - self.down_since
-            log.warning(
-                "%s at %s answers again after %s; the waiting rollouts go on",
-                self.service,
-                self.url,
-                span(now - self.down_since),
-                extra=CONSOLE,
-            )
-        self.down_since, self.waiting = None, False
+            if not self._quiet:
+                log.warning(
+                    "%s at %s answers again after %s; the waiting rollouts go on",
+                    self.service,
+                    self.url,
+                    span(now - self.down_since),
+                    extra=CONSOLE,
+                )
+        self.down_since, self.waiting, self._quiet = None, False, False
         self._up.set()
 
     def failed(self, now: float, retry_after: float | None = None, status: int | None = None) -> None:
@@ -243,6 +249,24 @@ class OutageGate:
         )
         self.silent_since = self._waiting_since = None
 
+    def throttled(self, cause: str) -> None:
+        """A call refused by a rate limit (429) past its retries while others are answered
+        retries on (``HttpClient._next_wait``): one warning line for the client, not one
+        per call."""
+        if self._throttled:
+            return
+        self._throttled = True
+        log.warning(
+            "%s at %s answers some requests with status 429 (rate limited) again and again (%s); each such call "
+            "retries past its max_retries, up to %g s from its first failure (outage_wait_s), waiting as its "
+            "Retry-After asks",
+            self.service,
+            self.url,
+            cause,
+            self.window_s,
+            extra=CONSOLE,
+        )
+
     # ---- decisions ----
 
     def should_wait(self, *, streak_start: float, retries_left: bool, down_cause: bool) -> bool:
@@ -295,6 +319,9 @@ class OutageGate:
         self.waiting = True
         since = self.down_since if self.down_since is not None else time.monotonic()
         if self._status == RATE_LIMITED:
+            self._quiet, self._throttled = self._throttled, True
+            if self._quiet:
+                return
             log.warning(
                 "%s at %s has answered every request with status 429 (rate limited) for %s (%s); waiting up to %g s "
                 "from then for it to take requests again (outage_wait_s), asking again when its Retry-After says; "
