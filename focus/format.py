@@ -42,7 +42,9 @@ class ChatCodec(abc.ABC):
 
     @abc.abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of sampled ids, without special tokens; for parsing only."""
+        """Text of sampled ids, for parsing only: without the tokens that bound a turn or
+        a sequence (the stop id, an EOS), with any marker the parser reads (a tool-call
+        marker that is a special token: :meth:`focus.hf_codec.HFChatCodec.decode`)."""
 
     def settings(self) -> dict[str, Any]:
         """What of this codec, beyond its class, decides the ids it renders (JSON values;

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -220,7 +221,66 @@ class HFChatCodec(ChatCodec):
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
-        return str(self._tok.decode(list(ids), skip_special_tokens=True))
+        """Text of sampled ids for the action parser: special tokens are kept as the text
+        they spell, but for those that bound a turn or a sequence (:meth:`hidden_ids`).
+        A tool-call marker registered as a special token (Mistral's ``[TOOL_CALLS]``,
+        Llama 3's ``<|python_tag|>``, ``<tool_call>`` where a tokenizer marks it special)
+        was dropped with every other special token, so the parser read the call as
+        plain text (or none at all)."""
+        hidden = self.hidden_ids()
+        return str(self._tok.decode([i for i in ids if i not in hidden], skip_special_tokens=False))
+
+    def hidden_ids(self) -> frozenset[int]:
+        """The special tokens :meth:`decode` leaves out: the chat template's own (the turn
+        end, the role headers', ``begin``'s and the separator's), those the tokenizer adds
+        around a sequence (its post-processor's, its model's unknown token), and those
+        whose text names a sequence's or turn's bounds (:data:`BOUNDARY_TOKENS`: an EOS
+        such as ``<|endoftext|>`` or ``</s>`` that a server stops at and returns as the
+        last sampled id). The parser must not read them: ``Answer: 42<|endoftext|>``
+        would answer ``42<|endoftext|>``. Computed once."""
+        hidden: frozenset[int] | None = self.__dict__.get("_hidden")
+        if hidden is None:
+            special = {i: t.content for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+            pieces = [self.end_id, *self._begin, *self._sep]
+            pieces += [i for header in self._role_ids.values() for i in header]
+            spec = json.loads(self._tok.to_str())
+            named = _sequence_specials(spec.get("post_processor"))
+            unk = (spec.get("model") or {}).get("unk_token")
+            hidden = frozenset(
+                i
+                for i, text in special.items()
+                if i in pieces or text in named or text == unk or BOUNDARY_TOKENS.search(text) is not None
+            )
+            self.__dict__["_hidden"] = hidden
+        return hidden
+
+
+#: Special tokens that bound a sequence or a turn, by their text (any model's spelling:
+#: ``<s>``/``</s>``, ``<|endoftext|>``, ``<|end_of_text|>``, ``<|eot_id|>``, ``<eos>``,
+#: ``<end_of_turn>``, ``<|im_end|>``, ``<|end|>``, DeepSeek's ``<｜end▁of▁sentence｜>``,
+#: ``[INST]``, padding, masks): :meth:`HFChatCodec.decode` leaves them out.
+BOUNDARY_TOKENS = re.compile(
+    r"^(?:<s>|</s>|<unk>|<pad>|<mask>|<bos>|<eos>|<\|end\|>|<\|return\|>|<\|user\|>|<\|assistant\|>|<\|system\|>)$"
+    r"|^\[/?(?:PAD|UNK|CLS|SEP|MASK|INST|SYSTEM_PROMPT)\]$"
+    r"|(?:begin|end|start)\W?_?of\W?_?(?:text|sentence|turn|sequence)|(?<![a-z])(?:eos|eot|eom|bos|pad)(?![a-z])"
+    r"|im_(?:start|end|sep)|_header_id|endofprompt",
+    re.IGNORECASE,
+)
+
+
+def _sequence_specials(processor: Any) -> set[str]:
+    """The special tokens a tokenizer's post-processor (its JSON) adds around a sequence:
+    a template's ``special_tokens``, BERT's and RoBERTa's ``cls`` and ``sep``, in a
+    ``Sequence`` of processors too."""
+    if not isinstance(processor, dict):
+        return set()
+    found = set((processor.get("special_tokens") or {}).keys())
+    for key in ("cls", "sep"):
+        if isinstance(processor.get(key), list) and processor[key]:
+            found.add(str(processor[key][0]))
+    for inner in processor.get("processors") or ():
+        found |= _sequence_specials(inner)
+    return found
 
 
 def _uncovered(text: str, offsets: Sequence[tuple[int, int]]) -> int | None:

@@ -203,3 +203,75 @@ def test_an_id_of_another_tokenizer_never_reaches_a_prompt_when_the_policy_knows
     ro = run(agent.rollout(run(agent.start(Task("t", {"prompt": "What is 6*7?"}))), seed=0))
     assert len(policy.prompts) == 1 and not ro.turns  # no prompt after the answer carried the id
     assert ro.leaf.kind == "failed" and ro.leaf.cause.startswith("bad response: sampled token id 70000 at position")
+
+
+# ---- markers registered as special tokens reach the parser ----
+
+
+@pytest.fixture(scope="module")
+def marker_dir(tmp_path_factory):
+    """The fixture's tokenizer with tool-call markers as special tokens (Mistral's
+    ``[TOOL_CALLS]``; Qwen's ``<tool_call>``/``</tool_call>`` where registered special),
+    an EOS (``<|endoftext|>``) and a post-processor adding ``<s>``/``</s>``."""
+    from tokenizers import processors
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "</s>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    tok.add_special_tokens(["[TOOL_CALLS]", "<tool_call>", "</tool_call>"])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", tok.token_to_id("<s>")), ("</s>", tok.token_to_id("</s>"))]
+    )
+    d = tmp_path_factory.mktemp("markers")
+    tok.save(str(d / "tokenizer.json"))
+    return d
+
+
+CALL = '{"name": "note", "arguments": {"text": "x"}}'
+
+
+def test_a_tool_call_marker_that_is_a_special_token_reaches_the_parser(marker_dir):
+    """``decode`` skipped every special token, so a tool-call marker registered as one
+    was gone from the text the parser read: Qwen's ``<tool_call>`` call read as no call
+    at all, Mistral's ``[TOOL_CALLS]`` as plain text. The markers stay; the tokens that
+    bound a turn or a sequence (the turn end, an EOS the server stopped at, BOS) do not."""
+    codec = HFChatCodec(marker_dir)
+    marker = codec.encode_text("<tool_call>")
+    assert len(marker) == 1 and marker[0] in {i for i, t in codec._tok.get_added_tokens_decoder().items() if t.special}
+    ids = [*codec.encode_text(f"<tool_call>{CALL}</tool_call>"), codec.end_id]
+    assert codec.decode(ids) == f"<tool_call>{CALL}</tool_call>"
+    action = XmlToolCallParser().parse(codec.decode(ids))
+    assert (action.kind, action.name, action.arguments) == ("tool", "note", {"text": "x"}), action  # type: ignore[union-attr]
+    mistral = [*codec.encode_text(f"[TOOL_CALLS][{CALL}]"), codec._tok.token_to_id("</s>")]
+    assert codec.decode(mistral) == f"[TOOL_CALLS][{CALL}]"
+    # what a server returns after the text: the EOS it stopped at, never part of an answer
+    eos = codec._tok.token_to_id("<|endoftext|>")
+    assert codec.decode([*codec.encode_text("The answer is 42."), eos]) == "The answer is 42."
+    bos = codec._tok.token_to_id("<s>")
+    assert codec.decode([bos, *codec.encode_text("Total 12."), codec.end_id]) == "Total 12."
+    assert codec.decode(codec.render(MSGS)) == "system\nYou are a helpful assistant.\nuser\nWhat is 6*7?\nassistant\n"
+    names = {codec._tok.id_to_token(i) for i in codec.hidden_ids()}
+    assert names == {"<s>", "</s>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+    assert pickle.loads(pickle.dumps(codec)).decode(mistral) == f"[TOOL_CALLS][{CALL}]"
+
+
+def test_a_rollout_whose_tool_call_marker_is_a_special_token_calls_the_tool(marker_dir):
+    codec = HFChatCodec(marker_dir)
+    calls: list[dict] = []
+    note = Tool(
+        "note",
+        "save",
+        {"type": "object", "properties": {"text": {"type": "string"}}},
+        lambda a, c: calls.append(a) or "saved",
+    )
+    env = ToolEnv([note], judge=lambda t, a: float(a == "42"))
+    policy = _HFScripted(codec, [f"<tool_call>{CALL}</tool_call>", "<answer>42</answer>"])
+    agent = Agent(policy, env, PolicyFormat(codec, XmlToolCallParser()), max_steps=4)
+    ro = run(agent.rollout(run(agent.start(Task("t", {"prompt": "What is 6*7?"}))), seed=0))
+    assert calls == [{"text": "x"}]
+    assert ro.leaf.kind == "terminal" and ro.turns[-1].reward == 1.0 and len(ro.turns) == 2

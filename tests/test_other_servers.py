@@ -413,6 +413,7 @@ def test_llama_server_openai_endpoint_says_to_use_its_native_one():
         async with serve(llamacpp_routes()) as server:
             with pytest.raises(UnreadableAnswers) as e:
                 await rollout(OpenAICompatPolicy(server.url, "qwen3-4b-q8_0.gguf", config=FAST))
+            assert len(server.bodies) == 1  # its first answer (it took 5: the rule for answers of no known shape)
             return one_line(e.value)
 
     line = asyncio.run(go())
@@ -471,6 +472,7 @@ def test_a_proxy_that_drops_the_id_fields_stops_naming_the_proxy():
         async with serve(proxy_routes("drops")) as server:
             with pytest.raises(UnreadableAnswers) as e:
                 await rollout(OpenAICompatPolicy(server.url, "Qwen/Qwen3-4B", config=FAST))
+            assert len(server.bodies) == 1  # its first answer: every other would be the same (it took 5)
             return one_line(e.value)
 
     line = asyncio.run(go())
@@ -687,3 +689,35 @@ def test_llama_server_cut_at_the_stop_id_gives_the_samples_a_server_that_stops_t
     assert via == direct
     assert sampled_on > 0  # answers the client cut after the stop id
     assert {f for _, _, f in direct} == {"stop", "length"}  # both kinds of ending are compared
+
+
+@pytest.mark.parametrize(
+    "said",
+    [{"system_fingerprint": "b0-unknown"}, {"system_fingerprint": None, "timings": {"predicted_per_second": 41.5}}],
+    ids=["built without git", "fingerprint gone, timings kept"],
+)
+def test_llama_server_built_without_git_is_named_at_its_first_answer(said):
+    """A llama-server built where git could not name the commit (a source tarball, a
+    package build) gives its build as ``b0-unknown`` (``cmake/build-info.cmake``'s
+    fallback), and answers ``logprobs: null`` to ``logprobs: 0``: the line said only
+    "the choice has no 'logprobs.token_logprobs' (was 'logprobs' dropped?)". Its answers
+    also carry ``timings`` (``server-task.cpp``), which no other server's do."""
+    routes = llamacpp_routes()
+    complete = routes[("POST", "/v1/completions")]
+
+    def built(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
+        status, answer = complete(server, body)
+        answer.update(said)
+        if answer["system_fingerprint"] is None:
+            del answer["system_fingerprint"]
+        return status, answer
+
+    async def go() -> str:
+        async with serve({**routes, ("POST", "/v1/completions"): built}) as server:
+            with pytest.raises(UnreadableAnswers) as e:
+                await rollout(OpenAICompatPolicy(server.url, "qwen3-4b-q8_0.gguf", config=FAST))
+            assert len(server.bodies) == 1
+            return one_line(e.value)
+
+    line = asyncio.run(go())
+    assert "llama.cpp's llama-server" in line and "model.kind = llamacpp" in line, line

@@ -19,6 +19,7 @@ test_faults_model.py.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,14 @@ def sglang_v1(answer: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]
     ch = answer["choices"][0]
     ids = ch.pop("token_ids")
     ch["logprobs"]["tokens"] = [chr(97 + t % 26) for t in ids]
+    return answer
+
+
+def ids_counted_wrong(answer: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """An answer of another shape that names nothing of the server: one log-prob fewer
+    than its tokens (counted by the rule, as any malformed answer)."""
+    ch = answer["choices"][0]
+    ch["logprobs"]["token_logprobs"] = ch["logprobs"]["token_logprobs"][:-1]
     return answer
 
 
@@ -131,8 +140,12 @@ def test_a_probe_is_wanted_beside_one_request_and_never_again_beside_one_it_clea
 #: Short waits, no outage wait, no read timeout a slow machine could miss.
 FAST = HttpConfig(backoff_s=0.01, backoff_max_s=0.05, max_retries=10, timeout_s=60, outage_wait_s=0)
 PROMPT = list(range(40, 80))
-#: An SGLang ``/v1/completions`` answer (before ``return_token_ids``): log-prob tokens named by their text, no ids.
-FOREIGN = {
+#: An answer of another shape, without log-probs (a server, or a proxy, that does not give
+#: them). (Log-prob tokens named by their text, an SGLang ``/v1/completions`` before
+#: ``return_token_ids``, stop at the first answer: test_first_answer_of_a_server_without_ids_stops.)
+FOREIGN = {"choices": [{"text": "ab", "finish_reason": "stop"}]}
+#: That SGLang answer: log-prob tokens named by their text, no ids.
+TEXTS = {
     "choices": [
         {"text": "ab", "finish_reason": "stop", "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.1, -0.2]}}
     ]
@@ -163,7 +176,7 @@ def test_one_call_to_a_server_of_another_shape_stops_after_a_probe_not_its_retri
     """Before, this call's 11 attempts ran out (a BadResponse) and only a second request,
     another rollout's, was evidence; now a probe beside it is."""
     bodies: list[bytes] = []
-    with pytest.raises(UnreadableAnswers, match="no token ids in the answer, only token texts"):
+    with pytest.raises(UnreadableAnswers, match=r"the choice has no 'logprobs.token_logprobs'"):
         _sample(FOREIGN, bodies)
     assert len(bodies) == Unreadable.FIRST and len(set(bodies)) == 2  # the request's 4 answers and the probe's
     probe = next(b for b in bodies if b != bodies[0])
@@ -173,6 +186,20 @@ def test_one_call_to_a_server_of_another_shape_stops_after_a_probe_not_its_retri
     assert {k: v for k, v in beside.items() if k not in ("prompt", "seed")} == {
         k: v for k, v in sent.items() if k not in ("prompt", "seed")
     }
+
+
+def test_first_answer_of_a_server_without_ids_stops():
+    """An answer that shows the server cannot give the sampled ids (log-prob tokens named
+    by their text: it ignored both id fields) is the same for every request: the first
+    stops the collection, naming what is missing and the setting that gives it. It took
+    :data:`Unreadable.FIRST` answers and a probe (5 requests)."""
+    bodies: list[bytes] = []
+    with pytest.raises(UnreadableAnswers) as e:
+        _sample(TEXTS, bodies)
+    line = str(e.value)
+    assert line.startswith("the model service at http://127.0.0.1:1 cannot be recorded token-exactly: "), line
+    assert "no token ids in the answer, only token texts" in line and "--return-tokens-as-token-ids" in line, line
+    assert len(bodies) == 1
 
 
 @pytest.mark.parametrize("other", [(503, {"error": "busy"}), (400, {"error": "no"}), (200, {"choices": "garbled"})])
@@ -256,7 +283,9 @@ def test_a_server_of_another_shape_stops_the_collection_at_once_naming_the_cause
     local_model_server, tmp_path, concurrency
 ):
     """Many calls in flight, or one (``max_concurrency = 1``: 24-39 s and 34 requests
-    before the probe, 0.27-0.43 s and 5 after, at a load average of 0.2-4.9 on 2 cores)."""
+    before the probe, 0.27-0.43 s and 5 after, at a load average of 0.2-4.9 on 2 cores;
+    an answer naming log-prob tokens by their text, which says the server gives no ids,
+    now stops at the first answer: :class:`~focus.backends.http.Unservable`)."""
     from fixtures.journal import run_collect
 
     from storage import CheckpointStore
@@ -284,24 +313,23 @@ def test_a_server_of_another_shape_stops_the_collection_at_once_naming_the_cause
             run_collect(cfg)
         took = time.monotonic() - t0
     line = one_line(stopped.value)
-    assert line.startswith(
-        "the model service's answers cannot be read: MalformedResponse: no token ids in the answer"
-    ), line
-    assert "is model.kind right" in line and "none readable yet" in line and "\n" not in line
+    assert line.startswith(f"the model service at {proxy.url} cannot be recorded token-exactly: no token ids"), line
+    assert "--return-tokens-as-token-ids" in line and "\n" not in line
     assert exit_code(stopped.value) == 2
     assert ("evidence", 0) not in CheckpointStore(str(tmp_path)).list("shape")
     # a bound well above the 0.1-0.4 s it takes, well below the 30 s it took with one call in flight
     assert took < 10, took
-    if concurrency == 1:  # the request's 4 answers and the probe's, not 3 runs of 11 attempts and another rollout's
-        assert proxy.requests < 2 * Unreadable.FIRST, proxy.requests
+    if concurrency == 1:  # the first answer: not 3 runs of 11 attempts and another rollout's, nor the rule's 5
+        assert proxy.requests == 1, proxy.requests
     print(f"stopped after {took:.2f} s, {proxy.requests} requests")
 
 
 @pytest.mark.integration
 def test_a_server_swapped_mid_run_for_another_shape_stops_at_once_with_one_call_in_flight(local_model_server, tmp_path):
     """The tiny model answers the evidence and its scoring, then the proxy in front of it
-    answers in SGLang's ``/v1/completions`` shape (a server swapped for another kind),
-    with one call in flight. Before, the first continuation request's retries and its
+    answers in another shape (one log-prob fewer than its tokens: a server swapped for
+    another kind that does not say so; SGLang's ``/v1/completions`` shape says it gives
+    no ids, and stops at its first answer), with one call in flight. Before, the first continuation request's retries and its
     rollout's reruns ran out (one request is never the REQUESTS the later rule needs)
     and the wave failed as a ModelServiceOutage after 32-41 s; now probes beside that
     request are the other requests, and the stop is UnreadableAnswers in about a second."""
@@ -336,7 +364,7 @@ def test_a_server_swapped_mid_run_for_another_shape_stops_at_once_with_one_call_
 
         def other_shape(answer: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
             seen.append((request["seed"], len(request["prompt"])))
-            return sglang_v1(answer, request)
+            return ids_counted_wrong(answer, request)
 
         def swap() -> None:
             marks["swapped"] = time.monotonic()
@@ -348,9 +376,9 @@ def test_a_server_swapped_mid_run_for_another_shape_stops_at_once_with_one_call_
     line = one_line(stopped.value)
     print(f"stopped {took:.2f} s after the swap as {type(stopped.value).__name__}, {len(seen)} requests: {line[:160]}")
     assert isinstance(stopped.value, UnreadableAnswers), line
-    assert line.startswith(
-        "the model service's answers cannot be read: MalformedResponse: no token ids in the answer"
-    ), line
+    assert re.match(
+        r"the model service's answers cannot be read: MalformedResponse: \d+ tokens but \d+ log-probs", line
+    )
     assert "none readable yet" not in line and "\n" not in line and exit_code(stopped.value) == 2
     saved = CheckpointStore(str(tmp_path)).list("swapped")
     assert ("evidence", 0) in saved and ("1.continue", 0) not in saved  # the finished steps are kept

@@ -43,7 +43,7 @@ import httpx
 
 from focus.backends import hedge as hedging
 from focus.backends.foreign import refused_token_ids, url_problem
-from focus.backends.outage import OVER, UP, OutageGate, OutageTotals, is_down_cause, watch_silence
+from focus.backends.outage import OVER, UP, OutageGate, OutageTotals, watch_silence
 from focus.backends.retry import (
     CallRecord,
     ClientStats,
@@ -61,10 +61,14 @@ from focus.backends.wire import Retryable as _Retryable
 from focus.backends.wire import Wire as _Wire
 from focus.backends.wire import classify as _classify
 from focus.backends.wire import decode as _decode
+from focus.backends.wire import down_cause as _down_cause
 from focus.backends.wire import encode as _encode
 from focus.backends.wire import expire as _expire
 from focus.backends.wire import gave_up as _gave_up
 from focus.backends.wire import headers as _headers
+from focus.backends.wire import is_context_limit
+from focus.backends.wire import next_wait as _next_wait
+from focus.backends.wire import quick_retries_left as _quick_retries_left
 from focus.backends.wire import redirected as _redirected
 from focus.backends.wire import snippet as _snippet
 from focus.backends.wire import text as _text
@@ -77,7 +81,7 @@ from focus.policy import (
     UnreadableAnswers,
 )
 
-__all__ = ["Aborted", "HttpClient", "HttpConfig", "MalformedResponse", "RetryPolicy"]
+__all__ = ["Aborted", "HttpClient", "HttpConfig", "MalformedResponse", "RetryPolicy", "Unservable"]
 
 T = TypeVar("T")
 
@@ -93,6 +97,14 @@ class Aborted(MalformedResponse):
     ``abort_all_requests`` (or vLLM's pause with abort) ends every request in flight so
     at once, each of which is answered on its retry; counted, 16 of them in a row stopped
     the collection as unreadable."""
+
+
+class Unservable(MalformedResponse):
+    """An answer whose shape shows the server gives no sampled ids and log-probs on any
+    request (llama-server's ``/v1/completions``, log-prob tokens named by their text,
+    chat-format log-probs): the first stops the collection (``unreadable``) with the
+    message, naming what is missing and the setting that gives it. It waited for
+    :data:`~focus.backends.unreadable.Unreadable.FIRST` such answers (16 mid-run)."""
 
 
 class HttpClient:
@@ -344,18 +356,17 @@ class HttpClient:
                 self._stats.add(CallRecord(attempts, now - t0, (*errors, (last.kind, now - started)), last.kind))
                 raise self.unreadable(unreadable_line(self.service, method, url, self._unread)) from None
             if not answered:
-                gate.failed(now)
-            # a replica (not waited for) that timed out, or asks for a longer wait than quick retries: fail over
-            stuck = not self.wait_outages and (last.kind == "timeout" or (last.retry_after or 0) >= gate.probe_s)
+                gate.failed(now, last.retry_after, last.status)
             if not answered and gate.should_wait(
                 streak_start=streak,
-                # retrying on its own only while the waits are shorter than the gate's
-                # probes: past that a call waiting at the gate goes on sooner
-                retries_left=not stuck and retry < cfg.max_retries and cfg.backoff_cap(retry) < gate.probe_s,
-                down_cause=not self.wait_outages or is_down_cause(last.kind, last.status),
+                retries_left=_quick_retries_left(cfg, self.wait_outages, last, retry, gate.probe_s),
+                down_cause=_down_cause(self.wait_outages, last, gate, now),
             ):
                 if not self.wait_outages:
                     ended = "down"
+                    break
+                if deadline is not None and now + (last.retry_after or 0.0) >= deadline:
+                    ended = "deadline"  # the service asks for a wait past the call's deadline: no retry
                     break
                 turn = await gate.wait(deadline, str(last))
                 if turn == OVER:
@@ -364,10 +375,10 @@ class HttpClient:
                 if turn == UP:  # the service is back: this call's retries start afresh
                     retry, streak = 0, None
             else:
-                if retry == cfg.max_retries:
-                    ended = "deadline" if deadline is not None and time.monotonic() >= deadline else "retries"
+                wait = _next_wait(cfg, self._rng, self.wait_outages, last, retry, streak, gate)
+                if isinstance(wait, str):
+                    ended = "deadline" if deadline is not None and time.monotonic() >= deadline else wait
                     break
-                wait = cfg.backoff(retry, self._rng, last.retry_after)
                 if deadline is not None and time.monotonic() + wait >= deadline:
                     ended = "deadline"
                     break
@@ -411,7 +422,8 @@ class HttpClient:
         gate: OutageGate,
     ) -> Exception:
         """Record a call that gave up (``ended`` by its ``retries``, its ``deadline``, the
-        ``outage`` window, or a service ``down`` that is not waited for); the error to
+        ``outage`` window, a ``rate limited`` one's, or a service ``down`` that is not
+        waited for); the error to
         raise (``unavailable``, or ``bad`` for an answer that could not be used)."""
         elapsed = time.monotonic() - t0
         self._stats.add(CallRecord(attempts, elapsed, errors, last.kind, ended == "deadline", hedges))
@@ -549,15 +561,17 @@ class HttpClient:
                 raise local from e  # this machine's limit: no retry, no outage (focus.local_limits)
             raise _classify(e) from e
         if status >= 400:
-            if is_retry_status(status):
-                raise _Retryable("server error", status, _snippet(_text(data)), parse_retry_after(retry_after))
             text = _text(data)
+            if is_retry_status(status) and not (status >= 500 and is_context_limit(status, text)):
+                raise _Retryable("server error", status, _snippet(text), parse_retry_after(retry_after))
             raise _Rejected(f"{method} {url} was rejected with status {status}: {_snippet(text)}", status, text)
         if status >= 300:  # ``retry_after`` is the redirect's Location (Sender)
             raise _Rejected(_redirected(method, url, status, retry_after), status, _text(data))
         decoded = _decode(data, status)
         try:
             value = parse(decoded)
+        except Unservable as e:  # the first such answer: every other would be the same
+            raise self.unreadable(f"the {self.service} at {self.base_url} cannot be recorded token-exactly: {e}") from e
         except (MalformedResponse, self.error, KeyError, TypeError, IndexError, ValueError, AttributeError) as e:
             bad = _Retryable("malformed response", status, f"{type(e).__name__}: {e}")
             bad.aborted = isinstance(e, Aborted)

@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 from focus.backends.foreign import url_problem
-from focus.backends.http import Aborted, HttpConfig, MalformedResponse
+from focus.backends.http import Aborted, HttpConfig, MalformedResponse, Unservable
 from focus.backends.http_policy import HttpPolicy
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
 from focus.policy import Completion, PolicyError, SamplingParams, ServiceUnavailable, UnreadableAnswers
@@ -350,9 +350,17 @@ LLAMACPP = (
 
 def _llamacpp(data: dict[str, Any]) -> bool:
     """Whether a completions answer is llama-server's: its ``system_fingerprint`` is its
-    build, ``b<number>-<commit>``."""
+    build, ``b<number>-<commit>`` - ``b0-unknown`` for one built where git could not name
+    the commit (a source tarball, a package build: its ``build-info.cmake`` falls back to
+    0 and ``unknown``) - or it carries llama-server's ``timings`` (``predicted_per_second``,
+    which no OpenAI-compatible answer has). A ``b0-unknown`` build's answer to
+    ``logprobs: 0`` (``logprobs: null``) got the line for a dropped field, naming neither
+    the server nor the setting to use."""
     fingerprint = data.get("system_fingerprint")
-    return isinstance(fingerprint, str) and re.fullmatch(r"b\d+-[0-9a-f]+", fingerprint) is not None
+    if isinstance(fingerprint, str) and re.fullmatch(r"b\d+-(?:[0-9a-f]+|unknown)", fingerprint) is not None:
+        return True
+    timings = data.get("timings")
+    return isinstance(timings, dict) and "predicted_per_second" in timings
 
 
 def chat_logprobs(data: dict[str, Any]) -> str:
@@ -379,7 +387,7 @@ def _token_id(tok: Any) -> int:
             return int(digits)
         raise MalformedResponse(f"log-prob token {tok!r} is not of the form 'token_id:<id>'")
     if isinstance(tok, str):  # a token's text: the server ignored both id fields of the request
-        raise MalformedResponse(NO_IDS)
+        raise Unservable(NO_IDS)
     raise MalformedResponse(f"log-prob token {tok!r} is not of the form 'token_id:<id>'")
 
 
@@ -431,9 +439,9 @@ def _parse_choice(data: dict[str, Any], ch: Any, stop_ids: Sequence[int] = ()) -
     lp = ch.get("logprobs")
     if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs"), list):
         if _llamacpp(data):
-            raise MalformedResponse(LLAMACPP)
+            raise Unservable(LLAMACPP)
         if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-            raise MalformedResponse(chat_logprobs(data))
+            raise Unservable(chat_logprobs(data))
         raise MalformedResponse("the choice has no 'logprobs.token_logprobs' (was 'logprobs' dropped?)")
     logprobs = lp["token_logprobs"]
     ids = ch.get("token_ids")

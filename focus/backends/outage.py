@@ -18,9 +18,14 @@ counted from the first failure after the service's last good answer:
   ``unavailable`` error, which fails the wave as a model-service outage).
 
 Which failures enter the gate: a call whose ordinary retries ran out or grew longer
-than a probe interval (about 1.3 s of failures with the default backoff), with a
-connection failure or a 502/503/504 as the last cause, while no request sent since the
-call's first failure has been answered (the service is down, not this request). Once calls
+than a probe interval (about 1.3 s of failures with the default backoff, or at once when
+the answer's ``Retry-After`` asks for longer), with a connection failure or a
+429/502/503/504 as the last cause, while no request sent since the call's first failure
+has been answered (the service is down, not this request). A rate limit (429) is waited
+for as an outage: a gateway in front of the model that throttles every request for a
+minute or more failed every call after its ten retries (``Retry-After`` was honoured up
+to ``backoff_max_s`` only), and the collection stopped as if the service were gone. The
+gate honours a ``Retry-After`` up to the window's end: no probe goes before it. Once calls
 are waiting, any retryable failure of another call (a timeout, any 5xx) joins them
 rather than spending its own retries. A malformed answer is an answer and never waits.
 The same holds for a service that is not up yet when the collection starts (a server
@@ -46,8 +51,12 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-#: Statuses that say the service (or the proxy in front of it) is not there right now.
-DOWN_STATUSES = frozenset({502, 503, 504})
+#: Statuses that say the service (or the proxy in front of it) takes no request right
+#: now: not there (502, 503, 504), or over a rate limit (429: a gateway's, for every
+#: request alike, often for longer than the quick retries - a minute's quota spent).
+DOWN_STATUSES = frozenset({429, 502, 503, 504})
+#: A rate limit's status: the lines name it, and its ``Retry-After`` spaces the probes.
+RATE_LIMITED = 429
 #: Marks a log record for the ``focus`` command's console in quiet mode (the command's
 #: logging setup shows records carrying this attribute; elsewhere it is ignored).
 CONSOLE = {"focus_console": True}
@@ -123,6 +132,13 @@ class OutageGate:
         #: The last failure a call backs off from, and its status (None: no answer).
         self._last_failure: tuple[str, int | None] = ("", None)
         self._next_probe = 0.0
+        #: The status of the last failed attempt (None: no answer): a rate limit's is named.
+        self._status: int | None = None
+        #: Whether a rate limit's line was given (once per gate: a gateway admitting a
+        #: share of the calls ends each wait, and the next 429 begins another).
+        self._throttled = False
+        #: This wait is a rate limit's after its line was given: no lines for it.
+        self._quiet = False
         self._up = asyncio.Event()
         self._up.set()
 
@@ -142,21 +158,26 @@ class OutageGate:
         if self.waiting:
             self.totals.outages += 1
             self.totals.outage_s += now - self.down_since
-            log.warning(
-                "%s at %s answers again after %s; the waiting rollouts go on",
-                self.service,
-                self.url,
-                span(now - self.down_since),
-                extra=CONSOLE,
-            )
-        self.down_since, self.waiting = None, False
+            if not self._quiet:
+                log.warning(
+                    "%s at %s answers again after %s; the waiting rollouts go on",
+                    self.service,
+                    self.url,
+                    span(now - self.down_since),
+                    extra=CONSOLE,
+                )
+        self.down_since, self.waiting, self._quiet = None, False, False
         self._up.set()
 
-    def failed(self, now: float) -> None:
-        """A failed attempt (any retryable cause)."""
+    def failed(self, now: float, retry_after: float | None = None, status: int | None = None) -> None:
+        """A failed attempt (any retryable cause; its ``status``, where it was answered):
+        no probe goes before its ``Retry-After`` (``retry_after`` seconds from ``now``)."""
         if self.down_since is None:
             self.down_since = now
             self._up.clear()
+        if retry_after:
+            self._next_probe = max(self._next_probe, now + retry_after)
+        self._status = status
 
     @contextlib.contextmanager
     def backing_off(self, began: float, cause: str, status: int | None) -> Iterator[None]:
@@ -228,6 +249,24 @@ class OutageGate:
         )
         self.silent_since = self._waiting_since = None
 
+    def throttled(self, cause: str) -> None:
+        """A call refused by a rate limit (429) past its retries while others are answered
+        retries on (``HttpClient._next_wait``): one warning line for the client, not one
+        per call."""
+        if self._throttled:
+            return
+        self._throttled = True
+        log.warning(
+            "%s at %s answers some requests with status 429 (rate limited) again and again (%s); each such call "
+            "retries past its max_retries, up to %g s from its first failure (outage_wait_s), waiting as its "
+            "Retry-After asks",
+            self.service,
+            self.url,
+            cause,
+            self.window_s,
+            extra=CONSOLE,
+        )
+
     # ---- decisions ----
 
     def should_wait(self, *, streak_start: float, retries_left: bool, down_cause: bool) -> bool:
@@ -279,6 +318,22 @@ class OutageGate:
             return
         self.waiting = True
         since = self.down_since if self.down_since is not None else time.monotonic()
+        if self._status == RATE_LIMITED:
+            self._quiet, self._throttled = self._throttled, True
+            if self._quiet:
+                return
+            log.warning(
+                "%s at %s has answered every request with status 429 (rate limited) for %s (%s); waiting up to %g s "
+                "from then for it to take requests again (outage_wait_s), asking again when its Retry-After says; "
+                "rollouts in flight wait too",
+                self.service,
+                self.url,
+                span(time.monotonic() - since),
+                cause,
+                self.window_s,
+                extra=CONSOLE,
+            )
+            return
         log.warning(
             "%s at %s has not answered for %s (%s); waiting up to %g s from then for it to come back "
             "(outage_wait_s); rollouts in flight wait too",
@@ -292,8 +347,8 @@ class OutageGate:
 
 
 def is_down_cause(kind: str, status: int | None) -> bool:
-    """Whether a failed attempt says the service is not there: a refused, reset or closed
-    connection, or a 502/503/504 from the server or the proxy in front of it."""
+    """Whether a failed attempt says the service takes no request now: a refused, reset
+    or closed connection, or a 429/502/503/504 from the server or the proxy in front of it."""
     return kind == "connection" or (status is not None and status in DOWN_STATUSES)
 
 

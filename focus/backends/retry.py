@@ -12,7 +12,7 @@ which follows the :class:`RetryPolicy` here:
   ``[0, min(backoff_max_s, backoff_s * 2**n)]`` - so that clients that failed together
   do not come back together; a ``Retry-After`` header is a floor on that wait;
 * a service that answers nobody for longer than the retries (refused or reset
-  connections, 502/503/504: a restart) is waited for, up to ``outage_wait_s`` from
+  connections, 502/503/504: a restart; 429: a rate limit) is waited for, up to ``outage_wait_s`` from
   its first failure, by every call at once (:mod:`focus.backends.outage`);
 * the whole call, attempts and waits together, ends by ``deadline_s``: a retry that
   could not finish in time is not started;
@@ -90,7 +90,8 @@ class RetryPolicy(BaseModel):
     deadline_s: float | None = Field(600.0, gt=0)
     #: Seconds to wait for a service that has answered this client before and stopped
     #: answering (connections refused or reset, 502/503/504: a restart, a weights
-    #: reload, a node drain), counted from its first failure: the calls in flight wait
+    #: reload, a node drain; 429 to every request: a gateway's rate limit, whose
+    #: ``Retry-After`` is honoured up to the window's end), counted from its first failure: the calls in flight wait
     #: instead of failing and go on when it answers again (focus/backends/outage.py).
     #: The default covers a vLLM or SGLang restart with a large model (weights loaded
     #: from disk, graphs captured); 0: fail within the ordinary retries. A call's

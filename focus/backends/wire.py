@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,7 +22,7 @@ import orjson
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 
 from focus.backends.hedge import Hedges
-from focus.backends.outage import OutageGate, span
+from focus.backends.outage import RATE_LIMITED, OutageGate, is_down_cause, span
 from focus.backends.send import Sender
 from focus.backends.watch import Entry, Watch
 
@@ -63,9 +64,76 @@ _CONTEXT_LIMIT = re.compile(
 )
 
 
+#: The same refusal in the words of vLLM alone, as a gateway or proxy in front of it
+#: passes it on with a status of its own (500, 502, 503: LiteLLM and other gateways map
+#: an upstream error they do not know to one): "This model's maximum context length is
+#: N tokens. However, you requested M tokens ...", its engine's "... longer than the
+#: maximum model length of M", or "prompt is too long". Stricter than
+#: :data:`_CONTEXT_LIMIT`: a 5xx is a server's failure unless its body says this.
+_CONTEXT_LIMIT_5XX = re.compile(
+    r"maximum context length is \d+ tokens|longer than the maximum model length of \d+|prompt is too long",
+    re.IGNORECASE,
+)
+
+
 def is_context_limit(status: int, body: str) -> bool:
-    """Whether a refusal with ``status`` and ``body`` is a prompt over the context."""
-    return status in (400, 413, 422) and _CONTEXT_LIMIT.search(body) is not None
+    """Whether a refusal with ``status`` and ``body`` is a prompt over the context: a
+    400, 413 or 422 in any server's words, or a 500, 502 or 503 whose body says it in
+    vLLM's (:data:`_CONTEXT_LIMIT_5XX`). Such a 5xx was retried as a server error, the
+    same refusal every time, and failed its rollout as an outage after ``max_retries``
+    where a 400 with those words ends the episode truncated (``ContextLimit``)."""
+    if status in (400, 413, 422):
+        return _CONTEXT_LIMIT.search(body) is not None
+    return status in (500, 502, 503) and _CONTEXT_LIMIT_5XX.search(body) is not None
+
+
+def quick_retries_left(cfg: Any, wait_outages: bool, last: Retryable, retry: int, probe_s: float) -> bool:
+    """Whether a call (under the retry policy ``cfg``) whose attempt ``retry`` failed with
+    ``last`` retries on its own soon: only while its waits are shorter than the outage
+    gate's probes (``probe_s``; its next backoff, and the ``Retry-After`` asked for): past
+    that a call waiting at the gate goes on sooner. A replica (not ``wait_outages``) that
+    timed out, or asks for a longer wait, has none: its calls fail over."""
+    wait = max(cfg.backoff_cap(retry), last.retry_after or 0.0)
+    stuck = not wait_outages and (last.kind == "timeout" or (last.retry_after or 0) >= probe_s)
+    return not stuck and retry < cfg.max_retries and wait < probe_s
+
+
+def down_cause(wait_outages: bool, last: Retryable, gate: OutageGate, now: float) -> bool:
+    """Whether a call's failed attempt ``last`` says the service takes no request now
+    (:func:`~focus.backends.outage.is_down_cause`; any failure, for a client that does not
+    wait for outages). A rate limit's 429 does not while another request sent in the last
+    probe interval was answered: the gateway admits a share of the calls, and the
+    refused one retries on its own (:func:`next_wait`); waited for at the gate, each such
+    call announced an outage and the next answer its end, two lines a call."""
+    if not wait_outages:
+        return True
+    if last.status == RATE_LIMITED and gate.last_ok is not None and now - gate.last_ok < gate.probe_s:
+        return False
+    return is_down_cause(last.kind, last.status)
+
+
+def next_wait(
+    cfg: Any, rng: random.Random, wait_outages: bool, last: Retryable, retry: int, streak: float, gate: OutageGate
+) -> float | str:
+    """Seconds to wait before retry ``retry`` (under the retry policy ``cfg``) of a call
+    that failed with ``last``, its failures in a row since ``streak``; or why it ends
+    (``retries``, ``rate limited``).
+
+    A call a rate limit refuses (429) while other calls are answered (a gateway that
+    admits a share of them: no outage, so no wait at the gate) retries past
+    ``max_retries``, up to ``outage_wait_s`` from the first of its failures, waiting each
+    ``Retry-After`` up to that end, as a call waiting out a rate limit at the gate does:
+    it failed after its 10 retries (about 100 s, the Retry-After capped at
+    ``backoff_max_s``). One warning line says so (:meth:`OutageGate.throttled`). A client
+    that does not wait for outages (a fleet's replica) fails over instead."""
+    limited = last.status == RATE_LIMITED and wait_outages
+    left = streak + cfg.outage_wait_s - time.monotonic() if limited else 0.0
+    if retry >= cfg.max_retries:
+        if left <= 0:
+            return "rate limited" if limited and cfg.outage_wait_s > 0 else "retries"
+        gate.throttled(str(last))
+    wait: float = cfg.backoff(retry, rng, last.retry_after)
+    return max(wait, min(last.retry_after or 0.0, left)) if limited else wait
 
 
 class Wire:
@@ -182,10 +250,20 @@ def gave_up(
     status = f"status {last.status}" if last.status is not None else "no status"
     if ended == "deadline":
         within = f" in {elapsed:.1f} s (deadline {deadline_s:g} s)"
+    elif ended == "outage" and gate.down_since is not None and last.status == 429:
+        within = (
+            f"; the {gate.service} has answered every request with status 429 (rate limited) for "
+            f"{span(time.monotonic() - gate.down_since)} (waited for it up to outage_wait_s = {gate.window_s:g} s)"
+        )
     elif ended == "outage" and gate.down_since is not None:
         within = (
             f"; the {gate.service} has not answered for {span(time.monotonic() - gate.down_since)} "
             f"(waited for it up to outage_wait_s = {gate.window_s:g} s)"
+        )
+    elif ended == "rate limited":
+        within = (
+            f"; the {gate.service} answered it with status 429 (rate limited) for {span(elapsed)} "
+            f"(retried up to outage_wait_s = {gate.window_s:g} s)"
         )
     elif ended == "down":
         within = f"; the {gate.service} is down (not waited for)"
