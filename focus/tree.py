@@ -18,7 +18,7 @@ from typing import Any
 
 from focus.reprs import short_repr
 from focus.sums import left_sum
-from focus.usage import Usage
+from focus.usage import Usage, restore_fields
 
 NODE_KINDS = ("checkpoint", "terminal", "truncated", "failed")
 
@@ -104,11 +104,12 @@ class Node:
         return self.kind != "checkpoint"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RolloutRecord:
     """What one rollout grafted by search was: where it started, in which phase and
     wave, with which seed, how it ended and what it used. A tree's ``log`` holds one
-    per rollout, so batch statistics can be derived from the trees alone."""
+    per rollout, so batch statistics can be derived from the trees alone. Slotted, as
+    :class:`~focus.usage.Usage`: one per rollout, kept for the whole collection."""
 
     #: Index of the rollout in its tree (``Edge.rollout`` of its segments).
     rollout: int
@@ -128,6 +129,9 @@ class RolloutRecord:
     #: Elapsed time of its wave (the same for every rollout of the wave).
     wave_wall_s: float
     usage: Usage
+
+    def __setstate__(self, state: Any) -> None:
+        restore_fields(self, state)
 
 
 @dataclass
