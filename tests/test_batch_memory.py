@@ -185,3 +185,14 @@ def test_noise_rows_are_slotted():
 
     row = Checkpoint(1, 1, 2, 0.5, None, None, 0.5, [])
     assert not hasattr(row, "__dict__") and sys.getsizeof(row) <= 96
+
+
+def test_turns_are_slotted_and_load_from_a_dict_pickle():
+    """One per model call, kept all collection: 160 bytes with a ``__dict__``, 112
+    slotted; a turn pickled with a ``__dict__`` (a checkpoint store's trees, made
+    before) loads as it was, its fields left out at their defaults."""
+    turn = Turn((1, 2), (3,), (-0.5,), 1, "stop", observation="Total 3.")
+    assert not hasattr(turn, "__dict__") and sys.getsizeof(turn) <= 112
+    assert pickle.loads(pickle.dumps(turn)) == turn
+    old = {f.name: getattr(turn, f.name) for f in dataclasses.fields(Turn) if f.name != "policy_version"}
+    assert pickle.loads(pickle.dumps(_OldPickle(Turn, old))) == turn
