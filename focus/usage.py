@@ -115,8 +115,8 @@ class Usage:
         its counters: an answer whose env step failed was still sampled).
 
         Made without the dataclass's ``__init__`` (its fields straight into a new
-        instance's slots, in field order, as ``__init__`` would set them: the class has
-        no ``__post_init__``): a frozen dataclass sets each of its 16 fields through
+        instance's slots, as ``__init__`` would set them: the class has no
+        ``__post_init__``): a frozen dataclass sets each of its 16 fields through
         ``object.__setattr__``, which cost more than the counting, and grafting makes
         one per rollout (continuations average 1.4-1.7 transitions)."""
         transitions = rollout_steps = tokens = compactions = 0
@@ -132,29 +132,30 @@ class Usage:
         failed = leaf.kind == "failed"
         c = rollout.counters
         wall = rollout.wall_s
-        values = (
-            1,
-            int(failed),
-            int(leaf.kind == "truncated"),
-            transitions,
-            rollout_steps,
-            rollout_steps + c.get("unrecorded_calls", 0),
-            tokens + c.get("unrecorded_tokens", 0),
-            compactions,
-            cls.spend(transitions),
-            wall,
-            wall if failed else 0.0,
-            int(c.get("retried_calls", 0)),
-            int(c.get("retries", 0)),
-            float(c.get("retry_ms", 0)) / 1000,
-            ((failure_kind(leaf.cause), 1),) if failed else (),
-            tuple(sorted((k[8:], int(n)) for k, n in c.items() if k.startswith("retries:")))
-            if c.get("retries")
-            else (),
-        )
         usage = _new(cls)
-        for put, value in zip(_USAGE_SET, values, strict=True):
-            put(usage, value)
+        _fill(
+            usage,
+            {
+                "rollouts": 1,
+                "failed_rollouts": int(failed),
+                "truncated_rollouts": int(leaf.kind == "truncated"),
+                "transitions": transitions,
+                "rollout_steps": rollout_steps,
+                "model_calls": rollout_steps + c.get("unrecorded_calls", 0),
+                "tokens": tokens + c.get("unrecorded_tokens", 0),
+                "compactions": compactions,
+                "budget_spent": cls.spend(transitions),
+                "rollout_wall_s": wall,
+                "failed_wall_s": wall if failed else 0.0,
+                "retried_calls": int(c.get("retried_calls", 0)),
+                "retries": int(c.get("retries", 0)),
+                "retry_s": float(c.get("retry_ms", 0)) / 1000,
+                "failures": ((failure_kind(leaf.cause), 1),) if failed else (),
+                "retry_causes": tuple(sorted((k[8:], int(n)) for k, n in c.items() if k.startswith("retries:")))
+                if c.get("retries")
+                else (),
+            },
+        )
         return usage
 
     def __add__(self, other: Usage) -> Usage:
@@ -229,8 +230,14 @@ _COUNTED = operator.attrgetter(*_COUNTED_FIELDS)
 _ZERO = _COUNTED(Usage())
 #: Each slot's setter, in field order (a member descriptor's, which the frozen class's
 #: ``__setattr__`` does not guard).
-_USAGE_SET = tuple(Usage.__dict__[name].__set__ for name in _FIELDS)
+_USAGE_SET = {name: Usage.__dict__[name].__set__ for name in _FIELDS}
 _USAGE_STATE = operator.attrgetter(*_FIELDS)
+
+
+def _fill(usage: Usage, fields: dict[str, Any]) -> None:
+    """Every field of a new ``usage`` from ``fields`` (each by its slot's setter)."""
+    for name, value in fields.items():
+        _USAGE_SET[name](usage, value)
 
 
 def fields_state(cls: type) -> Callable[[Any], tuple[Any, ...]]:
