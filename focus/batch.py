@@ -102,7 +102,8 @@ class BatchBuilder:
                 "mask_flag",
             )
         }
-        self._lp_chunks: list[bytes] = []
+        #: packed as they come, grown in place (a list of chunks joined at the end held both)
+        self._logprobs_bytes = bytearray()
         #: row -> packed mask bytes, for rows whose mask is not one repeated flag
         self._mixed_masks: dict[int, bytes] = {}
         self._c: dict[str, list[Any]] = {
@@ -130,10 +131,16 @@ class BatchBuilder:
         reward: float,
         finish_reason: str,
         truncated: bool = False,
+        *,
+        chained: bool = False,
     ) -> None:
         """One actor row. ``loss_mask`` is one flag for every completion token (what the
         collector records per turn) or one entry per token; ``truncated``: the row's
-        segment ends in a truncated leaf."""
+        segment ends in a truncated leaf. ``chained``: the prompt may extend the previous
+        row's prompt and completion (a rollout's next turn), and is then packed by its
+        tail alone (:class:`TokenBuffer`); the prefix is compared by value, so only a
+        caller whose ids were checked when first packed says so (the collector: each
+        prompt is the last one's tuple, its completion and new ids)."""
         n, row = len(completion_ids), len(self)
         if len(logprobs) != n:
             raise BatchError(f"actor row {row} has {n} completion ids but {len(logprobs)} logprobs entries")
@@ -154,9 +161,9 @@ class BatchBuilder:
                 flag = -1
                 self._mixed_masks[row] = packed
         a = self._a
-        prompt_start = self.tokens.add(prompt_ids, "prompt_ids")
+        prompt_start = self.tokens.add(prompt_ids, "prompt_ids", chain=chained)
         completion_start = self.tokens.add(completion_ids, "completion_ids")
-        self._lp_chunks.append(self._logprobs.pack(logprobs))
+        self._logprobs_bytes += self._logprobs.pack(logprobs)
         a["task_id"].append(task_id)
         a["tree_id"].append(tree_id)
         a["node_id"].append(node_id)
@@ -225,7 +232,7 @@ class BatchBuilder:
         c_len = np.array(a["completion_len"], dtype=np.int64)
         prompts = _gathered(pool, np.array(a["prompt_start"], dtype=np.int64), p_len)
         completions = _gathered(pool, np.array(a["completion_start"], dtype=np.int64), c_len)
-        logprobs = np.frombuffer(b"".join(self._lp_chunks), dtype=np.float64)
+        logprobs = np.frombuffer(bytes(self._logprobs_bytes), dtype=np.float64)
         flags = np.array(a["mask_flag"], dtype=np.int8)
         if self._mixed_masks:
             masks = np.concatenate(

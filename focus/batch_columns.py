@@ -62,7 +62,8 @@ class _Packer:
 
 
 class TokenBuffer:
-    """Token-id sequences packed back to back as int32; each distinct sequence object once.
+    """Token-id sequences packed as int32 into one growing buffer; each distinct sequence
+    object once, and a prompt that extends the run at the buffer's end by its tail alone.
 
     The same id tuple object recurs in a batch: sibling branches send their checkpoint's
     very prefix, and a critic row's context is the tuple the first turn after that
@@ -70,32 +71,82 @@ class TokenBuffer:
     sequence lies in the buffer; a sequence met again, by object identity, is not packed
     again. Identity, not equality: looking an object up costs the same whatever its
     length, and the buffer keeps every sequence it has seen alive, so ids stay unique.
+
+    A rollout's prompts grow turn by turn (``Segments``: the next prompt is this one,
+    its completion and the observation's ids), and the builder adds each row's prompt
+    and then its completion. So :meth:`add` with ``chain=True`` (a prompt) first asks
+    whether the sequence starts with the run the buffer ends in - the last chained
+    prompt and everything packed after it - and packs only the rest behind it: a
+    rollout's prompts then take its transcript's length, not the sum of every turn's
+    prompt (20 rollouts of six 100 KB observations: 10 M ids, 38 MiB, where it packed 30 M, 115 MiB).
+    The bytes grow in place (a ``bytearray``), so :meth:`values` shares them instead of
+    joining a copy.
     """
 
     def __init__(self, column: str = "token ids") -> None:
         self._packer = _Packer("i", np.int32, column)
-        self._chunks: list[bytes] = []
+        self._data = bytearray()
         self._size = 0
         self._at: dict[int, int] = {}
         self._keep: list[Sequence[int]] = []
+        #: The run the buffer ends in: its start and the tuples packed back to back since.
+        self._run_start = 0
+        self._run: list[tuple[int, ...]] = []
+        self._run_len = 0
 
-    def add(self, seq: Sequence[int], column: str | None = None) -> int:
-        """Start of ``seq`` in the buffer (its length is ``len(seq)``)."""
+    def __len__(self) -> int:
+        """Ids packed so far (what the buffer holds)."""
+        return self._size
+
+    def add(self, seq: Sequence[int], column: str | None = None, *, chain: bool = False) -> int:
+        """Start of ``seq`` in the buffer (its length is ``len(seq)``). ``chain``: ``seq``
+        may extend the run the buffer ends in (a prompt after the previous turn's prompt
+        and completion); a new run starts at it otherwise."""
         start = self._at.get(id(seq))
         if start is not None:
             return start
         if column is not None:
             self._packer.column = column
-        self._chunks.append(self._packer.pack(seq))
-        start = self._at[id(seq)] = self._size
+        if chain and type(seq) is tuple and self._extends(seq):
+            start, tail = self._run_start, seq[self._run_len :]
+            self._append(tail)
+            self._run, self._run_len = [seq], len(seq)
+        else:
+            start = self._size
+            self._append(seq)
+            if chain or type(seq) is not tuple:
+                self._run_start, self._run, self._run_len = start, [], 0
+            if type(seq) is tuple:
+                self._run.append(seq)
+                self._run_len += len(seq)
+        self._at[id(seq)] = start
         self._keep.append(seq)
-        self._size += len(seq)
         return start
 
+    def _extends(self, seq: tuple[int, ...]) -> bool:
+        """Whether ``seq`` starts with the run the buffer ends in (and is not shorter)."""
+        if not self._run or len(seq) < self._run_len:
+            return False
+        at = 0
+        for part in self._run:
+            end = at + len(part)
+            if seq[at:end] != part:
+                return False
+            at = end
+        return True
+
+    def _append(self, seq: Sequence[int]) -> None:
+        packed = self._packer.pack(seq)
+        try:
+            self._data += packed
+        except BufferError:  # values() handed out a view of the bytes: go on in a copy
+            self._data = bytearray(self._data)
+            self._data += packed
+        self._size += len(seq)
+
     def values(self) -> np.ndarray:
-        data = b"".join(self._chunks)
-        self._chunks = [data]
-        return np.frombuffer(data, dtype=np.int32)
+        """Every id packed so far, a view of the buffer's bytes (no copy)."""
+        return np.frombuffer(self._data, dtype=np.int32, count=self._size)
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
@@ -126,8 +177,10 @@ def _list_column(values: np.ndarray, lengths: np.ndarray, value_type: pa.DataTyp
     return pa.chunked_array(chunks, type=_list(value_type))
 
 
-#: Values gathered per step of :func:`_gathered`: its int64 index is built a block at a time.
-_GATHER_BLOCK = 1 << 20
+#: Values gathered per step of :func:`_gathered`: its int64 index is built a block at a
+#: time (16 bytes a value with its ``arange``: 1 MiB a block; at ``1 << 20`` the 16 MiB
+#: was the largest allocation of preparing a 10k-transition batch, 1.6 KiB a transition).
+_GATHER_BLOCK = 1 << 16
 
 
 def _gathered(pool: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -135,7 +188,7 @@ def _gathered(pool: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.n
     into one output array, over blocks of rows of about ``_GATHER_BLOCK`` values. One
     gather over every row would build two int64 indexes of the whole column (16 bytes
     per token beside the 4 of the output: 160 MB for the prompts of a 100k-transition
-    batch); blocks keep that to a few MB whatever the batch."""
+    batch); blocks keep that to about 1 MiB whatever the batch."""
     offsets = _offsets(lengths)
     total = int(offsets[-1]) if len(lengths) else 0
     if total == 0:

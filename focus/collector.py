@@ -534,9 +534,9 @@ class Collector:
         rows (one per checkpoint), plus what the collection actually used.
 
         The batch is built as Arrow columns (:class:`focus.batch.BatchBuilder`): each
-        turn's ids, log-probs and mask go straight into the column buffers, and a token
-        tuple shared by several rows (a checkpoint's prefix, sent by every branch from
-        it and stored as the critic's context) is converted once.
+        turn's ids, log-probs and mask go straight into the column buffers; a token tuple
+        shared by rows (a checkpoint's prefix, sent by every branch from it and stored as
+        the critic's context) is converted once, a rollout's next prompt by its new ids.
 
         The trees stay out of cyclic GC meanwhile (:meth:`focus.execution.Execution.frozen_heap`):
         once :meth:`search` lets them go back to the oldest generation, preparing made Python
@@ -579,7 +579,7 @@ class Collector:
                         task_id, tree_id, e.parent, e.id, j,
                         t.policy_version or version,  # the weights that sampled this turn
                         t.kind, t.prompt_ids, t.completion_ids, t.logprobs, t.loss_mask,
-                        a, float(t.reward), t.finish_reason, e.id in truncated,
+                        a, float(t.reward), t.finish_reason, e.id in truncated, chained=True,
                     )  # fmt: skip
             for nid, tgt in sorted(
                 critic_targets(tree, gamma=est.gamma, truncation=est.truncation, segments=values.segments).items()

@@ -42,9 +42,11 @@ ROUNDING = 1e-12
 _EXACT, _CRITIC = -1, -2
 
 
-@dataclass
+@dataclass(slots=True)
 class Checkpoint:
-    """One checkpoint's data for the noise fit (λ = 0 backups)."""
+    """One checkpoint's data for the noise fit (λ = 0 backups). Slotted: a search keeps
+    a row per checkpoint for its fits and the batch, and a row with a ``__dict__`` of
+    its 8 fields took 328 bytes, a slotted one 96 (and is made in half the time)."""
 
     #: Depth bucket (the column of its step variance) and true depth.
     depth: int
@@ -128,12 +130,7 @@ def collect(
         d2 = _above((value - q_bar) ** 2, max(floor, (ROUNDING * value) ** 2)) if value is not None else None
         val[i], ref[i] = q_bar, len(out)
         depth = node.depth
-        row = _new(Checkpoint)
-        row.__dict__ = {
-            "depth": depth if depth < last else last, "level": depth, "m": m, "ss": ss,
-            "ss_same": ss_same, "d2": d2, "v_hat": value, "kids": kids,
-        }  # fmt: skip
-        add(row)
+        add(Checkpoint(depth if depth < last else last, depth, m, ss, ss_same, d2, value, kids))
 
 
 def _same_action(
@@ -163,12 +160,6 @@ def _above(x: float, floor: float) -> float:
 
 def _first_action(turns: Sequence[Turn]) -> tuple[int, ...]:
     return turns[0].completion_ids if turns else ()
-
-
-#: ``Checkpoint(...)`` without the dataclass's ``__init__`` (the fields straight into the
-#: instance's ``__dict__``, in field order; the class has no ``__post_init__``): a row per
-#: checkpoint at each fit and at the batch, where ``__init__`` was a sixth of the rows' cost.
-_new = object.__new__
 
 
 def tree_rows(

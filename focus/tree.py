@@ -18,14 +18,16 @@ from typing import Any
 
 from focus.reprs import short_repr
 from focus.sums import left_sum
-from focus.usage import Usage
+from focus.usage import Usage, fields_state, restore_fields
 
 NODE_KINDS = ("checkpoint", "terminal", "truncated", "failed")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Turn:
-    """One model call inside a segment, recorded token-exactly."""
+    """One model call inside a segment, recorded token-exactly. Slotted: one per model
+    call, kept for the whole collection (and pickled with its trees; one pickled with a
+    ``__dict__`` loads field by field, :func:`focus.usage.restore_fields`)."""
 
     __repr__ = short_repr
 
@@ -44,6 +46,12 @@ class Turn:
     observation: str = ""
     #: Policy version that sampled the turn (server-reported); None: the policy's at preparation.
     policy_version: str | None = None
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return _state(self)
+
+    def __setstate__(self, state: Any) -> None:
+        restore_fields(self, state)
 
 
 @dataclass
@@ -104,11 +112,12 @@ class Node:
         return self.kind != "checkpoint"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RolloutRecord:
     """What one rollout grafted by search was: where it started, in which phase and
     wave, with which seed, how it ended and what it used. A tree's ``log`` holds one
-    per rollout, so batch statistics can be derived from the trees alone."""
+    per rollout, so batch statistics can be derived from the trees alone. Slotted, as
+    :class:`~focus.usage.Usage`: one per rollout, kept for the whole collection."""
 
     #: Index of the rollout in its tree (``Edge.rollout`` of its segments).
     rollout: int
@@ -128,6 +137,24 @@ class RolloutRecord:
     #: Elapsed time of its wave (the same for every rollout of the wave).
     wave_wall_s: float
     usage: Usage
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return _state(self)
+
+    def __setstate__(self, state: Any) -> None:
+        restore_fields(self, state)
+
+
+#: Each slotted record class's field getter (:func:`focus.usage.fields_state`).
+_STATE: dict[type, Any] = {}
+
+
+def _state(record: Any) -> tuple[Any, ...]:
+    """The ``__getstate__`` of :class:`Turn` and :class:`RolloutRecord` (and subclasses)."""
+    getter = _STATE.get(type(record))
+    if getter is None:
+        getter = _STATE[type(record)] = fields_state(type(record))
+    return tuple(getter(record))
 
 
 @dataclass

@@ -113,6 +113,7 @@ COMMANDS: dict[str, Check] = {
     "'scale_advantages=\"task\"' --out runs/task-scale": Check("parse", "a study of five minutes on 2 cores"),
     # docs/findings/speed.md
     ".venv/bin/python -m benchmarks.scale --sizes 100000 --repeats 1 --depth-share 0": Check("parse", SCALE_STUDY),
+    ".venv/bin/python -m benchmarks.scale --sizes 10000 --tasks-per-1k 4 --repeats 1": Check("parse", SCALE_STUDY),
     ".venv/bin/python -m benchmarks.replay --load /tmp/focus-replay-100k.pkl --repeats 3": Check("parse", SCALE_STUDY),
     ".venv/bin/python -m benchmarks.replay --load /tmp/focus-replay-100k.pkl --repeats 1": Check("parse", SCALE_STUDY),
     ".venv/bin/python -m benchmarks.replay --source scale --transitions 10000 --tasks 200 --save /tmp/focus-replay-10k.pkl": Check(

@@ -244,11 +244,11 @@ def test_graft_and_scoring_leave_the_old_state_alone_and_share_untouched_trees()
         )
     assert unscored(scored) == []
     assert all(scored.trees[ti].nodes[nid].value is not None for ti, nid in unscored(grafted))
-    # each log record is the record RolloutRecord's own constructor makes (graft fills its __dict__)
+    # each log record is the record RolloutRecord's own constructor makes (graft fills its slots)
     for tree in grafted.trees:
         for r in tree.log:
             made = RolloutRecord(**{f.name: getattr(r, f.name) for f in dataclasses.fields(RolloutRecord)})
-            assert vars(r) == vars(made) and r == made and hash(r) == hash(made)
+            assert r.__getstate__() == made.__getstate__() and r == made and hash(r) == hash(made)
     # the whole-copy path gives the same trees
     assert cloudpickle.dumps(graft(copy_state(state), plan, rollouts, "continue").trees) == cloudpickle.dumps(
         grafted.trees

@@ -9,6 +9,7 @@ state that shares every tree and node it did not change.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,7 +77,7 @@ def graft(
             raise ValueError(f"tree {ti} was grafted ahead with {part.records} of its {jobs_ahead.get(ti, 0)} jobs")
         trees[ti], derived[ti] = part.tree, part.facts
         for record in part.tree.log[len(part.tree.log) - part.records :]:
-            record.__dict__["wave_wall_s"] = wave_wall_s  # made by graft_tree for this wave, not shared
+            _set(record, "wave_wall_s", wave_wall_s)  # made by graft_tree for this wave, not shared
         scored.extend(part.predictions)
     # a calibration covers earlier waves only, which this graft does not change
     waves = [*state.waves, (plan.phase_index, plan.wave_index)]
@@ -169,12 +170,17 @@ def _add_rollout(
 
 def _record(**fields: Any) -> RolloutRecord:
     """``RolloutRecord(**fields)`` without the dataclass's ``__init__`` (the fields
-    straight into the new instance's ``__dict__``; the class has no ``__post_init__``):
-    a frozen dataclass sets each of its 13 fields through ``object.__setattr__``, several
+    straight into the new instance's slots; the class has no ``__post_init__``): a
+    frozen dataclass sets each of its 14 fields through ``object.__setattr__``, several
     microseconds per rollout grafted, more than the rest of its record-keeping."""
     record = _new(RolloutRecord)
-    _set(record, "__dict__", fields)
+    for name, value in fields.items():
+        _RECORD_SET[name](record, value)
     return record
+
+
+#: Each slot's setter (a member descriptor's, which the frozen class's ``__setattr__`` does not guard).
+_RECORD_SET = {f.name: RolloutRecord.__dict__[f.name].__set__ for f in dataclasses.fields(RolloutRecord)}
 
 
 _new = object.__new__
