@@ -114,7 +114,11 @@ def test_the_next_run_of_a_train_loop_closes_the_loop_run_a_gone_process_left_ru
     from tasks.config import load_config
 
     gone, other = asyncio.run(left_running("loop-left", train_loop)), asyncio.run(left_running("loop-left"))
+    # heartbeats every 0.5 s, as the collect test's: the silence that makes the gone run
+    # gone (flows.abandoned.silence_s) is 6 s, which the loop's own work outlasts, not the
+    # default's 25 s (2 heartbeats of 10 s and the event lag), which the loop waited out
     over = {"collection_id": "loop-left", **TINY_LOOP, "storage.root": str(tmp_path), "train.iterations": 1}
+    over["execution.heartbeat_s"] = 0.5
     cfg = load_config(LOOP_TOML, overrides={**over, "train.eval_tasks": 0, "progress": False}, environ={})
     state = asyncio.run(flushed(train_loop(cfg, return_state=True)))
     assert state.is_completed(), state

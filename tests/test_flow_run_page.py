@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from fixtures.prefect import free_port
+from fixtures.prefect import free_port, using_api
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -72,11 +72,23 @@ def run_logs(api: str, run_id: str) -> list[tuple[int, str, str]]:
     return [(x["level"], x["name"], x["message"]) for x in logs]
 
 
-def test_step_task_runs_are_named_as_the_docs_name_them(prefect_api, tmp_path):
+@pytest.fixture(scope="module")
+def first_run(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ...]:
+    """A collect flow run of collection ``page-lines``: its config, result and run (the one
+    run the collection made), whose page the names test reads and that the lines test
+    runs again (each ran one of its own)."""
     from flows.collect import collect
 
-    asyncio.run(flushed(collect(small(tmp_path, "page-names"))))
-    (run,) = run_named(prefect_api, "page-names")
+    tmp = tmp_path_factory.mktemp("page")
+    cfg = small(tmp, "page-lines")
+    with using_api(prefect_server, tmp / "prefect"):
+        result = asyncio.run(flushed(collect(cfg)))
+    (run,) = run_named(prefect_server, "page-lines")
+    return cfg, result, run
+
+
+def test_step_task_runs_are_named_as_the_docs_name_them(prefect_api, first_run):
+    _, _, run = first_run
     names = task_run_names(prefect_api, run["id"])
     waves = [n for n in names if n.startswith("wave-")]
     assert waves and all(n.split("-")[1:] and n.count("-") == 2 for n in waves), names
@@ -89,12 +101,10 @@ def test_step_task_runs_are_named_as_the_docs_name_them(prefect_api, tmp_path):
     ], names
 
 
-def test_the_librarys_lines_for_the_operator_reach_the_runs_log(prefect_api, tmp_path):
+def test_the_librarys_lines_for_the_operator_reach_the_runs_log(prefect_api, first_run):
     from flows.collect import collect
 
-    cfg = small(tmp_path, "page-lines")
-    result = asyncio.run(flushed(collect(cfg)))
-    (run,) = run_named(prefect_api, "page-lines")
+    cfg, result, run = first_run
     # a rerun of the finished collection says that nothing ran again
     asyncio.run(flushed(collect(cfg)))
     again = run_named(prefect_api, "page-lines")[-1]

@@ -64,6 +64,23 @@ def rows(root: str, url: str):  # type: ignore[no-untyped-def]
     return batch.stats, actor, [(r.tree_id, r.node_id, r.context_ids, r.target, r.weight) for r in batch.critic]
 
 
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """The uninterrupted collection the tests compare with, run once for the module on a
+    server of its own, and the model calls it took (the tests kill their server half way
+    through the same collection): each test ran it again, before its own. The same config
+    (the outage wait and deadline change no batch) and model give the same batch, bit
+    for bit, on any server process: what the tests check across a restart."""
+    root = str(tmp_path_factory.mktemp("clean") / "store")
+    s = LocalModelServer().start()
+    try:
+        before = served_requests(s.url)
+        result = run_collect(config(root, "clean", s.url, 60.0))
+        return root, result["batch_url"], served_requests(s.url) - before
+    finally:
+        s.stop()
+
+
 @pytest.fixture
 def server():  # type: ignore[no-untyped-def]
     """A server of this test's own: it is killed."""
@@ -74,20 +91,19 @@ def server():  # type: ignore[no-untyped-def]
         s.stop()
 
 
-def test_a_server_restart_mid_collection_is_waited_out_and_the_batch_is_unchanged(server, tmp_path, caplog):
+def test_a_server_restart_mid_collection_is_waited_out_and_the_batch_is_unchanged(server, clean, tmp_path, caplog):
     root = str(tmp_path / "store")
-    before = served_requests(server.url)
-    clean = run_collect(config(root, "clean", server.url, 60.0))
-    calls = served_requests(server.url) - before
+    clean_root, clean_url, calls = clean
     assert calls > 40
+    before = served_requests(server.url)
 
     with caplog.at_level(logging.WARNING, logger="focus.backends.outage"):
-        with ServerRestart(server, after_requests=before + calls + calls // 2, down_s=3.0) as restart:
+        with ServerRestart(server, after_requests=before + calls // 2, down_s=3.0) as restart:
             restarted = run_collect(config(root, "restarted", server.url, 60.0))
     assert restart.killed_at is not None and restart.down_for_s is not None and restart.down_for_s >= 3.0
-    assert restart.requests_at_kill < before + 2 * calls  # killed mid-collection
+    assert restart.requests_at_kill < before + calls  # killed mid-collection
     stats, actor, critic = rows(root, restarted["batch_url"])
-    want_stats, want_actor, want_critic = rows(root, clean["batch_url"])
+    want_stats, want_actor, want_critic = rows(clean_root, clean_url)
     assert stats["failed_rollouts"] == 0 and len(actor) > 0
     assert (actor, critic) == (want_actor, want_critic)  # bit for bit: log-probs, advantages, targets
     assert stats["rollouts"] == want_stats["rollouts"]
@@ -96,20 +112,19 @@ def test_a_server_restart_mid_collection_is_waited_out_and_the_batch_is_unchange
     assert len(waits) == 1 and "up to 60 s" in waits[0] and len(backs) == 1
 
 
-def test_past_the_window_the_wave_fails_and_a_rerun_completes_the_same_batch(server, tmp_path):
+def test_past_the_window_the_wave_fails_and_a_rerun_completes_the_same_batch(server, clean, tmp_path):
     root = str(tmp_path / "store")
+    clean_root, clean_url, calls = clean
     before = served_requests(server.url)
-    clean = run_collect(config(root, "clean", server.url, 1.0))
-    calls = served_requests(server.url) - before
 
     cfg = config(root, "outage", server.url, 1.0)
-    with ServerRestart(server, after_requests=before + calls + calls // 2, down_s=None) as restart:
+    with ServerRestart(server, after_requests=before + calls // 2, down_s=None) as restart:
         with pytest.raises(ModelServiceOutage, match=r"model service outage.*waited for it up to outage_wait_s = 1 s"):
             run_collect(cfg)
         restart.restart()
     assert ("config", 0) in CheckpointStore(root).list("outage")
     again = run_collect(cfg)
-    got, want = rows(root, again["batch_url"]), rows(root, clean["batch_url"])
+    got, want = rows(root, again["batch_url"]), rows(clean_root, clean_url)
     assert got[0]["failed_rollouts"] == 0 and got[1:] == want[1:]
 
 
@@ -154,7 +169,7 @@ def test_the_embedded_server_a_command_started_is_started_again_when_killed(tmp_
         os.kill(again, 0)
 
 
-def test_a_hung_embedded_server_is_killed_and_started_again_and_the_batch_is_unchanged(tmp_path, caplog):
+def test_a_hung_embedded_server_is_killed_and_started_again_and_the_batch_is_unchanged(clean, tmp_path, caplog):
     """An embedded server alive but not answering (SIGSTOP here; a wedged process) was
     not started again: its keeper waited for the process to exit, and the calls waited
     out their deadline (600 s). Its keeper now asks ``/health`` and, after ``hang_s``
@@ -169,12 +184,11 @@ def test_a_hung_embedded_server_is_killed_and_started_again_and_the_batch_is_unc
     try:
         server.keep_alive(hang_s=2.0)
         root = str(tmp_path / "store")
+        clean_root, clean_url, calls = clean
         before = served_requests(server.url)
-        clean = run_collect(config(root, "clean", server.url, 60.0))
-        calls = served_requests(server.url) - before
 
         def stop_mid_run() -> None:
-            while served_requests(server.url) < before + calls + calls // 2:
+            while served_requests(server.url) < before + calls // 2:
                 time.sleep(0.02)
             assert server.pid is not None
             stopped.append(server.pid)
@@ -188,7 +202,7 @@ def test_a_hung_embedded_server_is_killed_and_started_again_and_the_batch_is_unc
         took = time.monotonic() - t0
         stopper.join(timeout=5)
         assert stopped and server.restarts == 1 and server.pid != stopped[0]
-        assert rows(root, hung["batch_url"])[1:] == rows(root, clean["batch_url"])[1:]
+        assert rows(root, hung["batch_url"])[1:] == rows(clean_root, clean_url)[1:]
         assert rows(root, hung["batch_url"])[0]["failed_rollouts"] == 0
         lines = [r.getMessage() for r in caplog.records if "embedded model server" in r.getMessage()]
         assert len(lines) == 1 and f"(pid {stopped[0]}) hung (killed: alive, but /health unanswered for" in lines[0]
