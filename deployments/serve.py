@@ -272,13 +272,25 @@ def serve_deployments(spec: DeploySpec, started: Callable[[], object] | None = N
 
         def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
             self.by = self.by or "SIGTERM"
+            if not self.started and not self.stopping:
+                # before its loop is up Prefect's handler exits 0 where it stands: no
+                # line, the deployments left unpaused; the stop waits for the loop
+                return
             super().handle_sigterm(*args, **kwargs)
 
         def handle_sighup(self, *args: Any) -> None:
             self.by = "SIGHUP"
             self.handle_sigterm(*args)
 
+        async def __aenter__(self) -> Any:
+            entered = await super().__aenter__()
+            if self.by is not None:  # stopped while it started: it stops now, as on a signal
+                super().handle_sigterm()
+            return entered
+
     runner = Stopping(pause_on_shutdown=True, limit=spec.limit)
+    # in place before the start line, which an operator (or a service manager) answers
+    signal.signal(signal.SIGTERM, runner.handle_sigterm)
     if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # ignored: nohup, to outlive the terminal
         signal.signal(signal.SIGHUP, runner.handle_sighup)
     for deployment in build_deployments(spec):
