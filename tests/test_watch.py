@@ -66,7 +66,9 @@ def test_retime_moves_the_oldest_entry_to_a_shorter_wait():
         after = [10.0]
         fired: list[float] = []
         timers = _Timers(asyncio.get_running_loop())
-        watch = Watch(cast(asyncio.AbstractEventLoop, timers), lambda: after[0], lambda e: fired.append(time.monotonic()))
+        watch = Watch(
+            cast(asyncio.AbstractEventLoop, timers), lambda: after[0], lambda e: fired.append(time.monotonic())
+        )
         t0 = time.monotonic()
         watch.add(_entry(t0))
         after[0] = 0.02
