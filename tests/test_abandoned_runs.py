@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -61,8 +60,27 @@ def beating(run_id: Any, every_s: float) -> threading.Event:
     return stop
 
 
-def test_the_next_run_of_a_collection_closes_the_runs_a_gone_process_left_running(prefect_api, tmp_path):
+class _Sleeps:
+    """``asyncio`` as flows.abandoned sees it, with the sleeps it asks for recorded: how
+    long it waited for a run to be silent, read without wall time (a loaded machine is slow)."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    async def sleep(self, seconds: float) -> None:
+        self.asked.append(seconds)
+        await asyncio.sleep(seconds)
+
+
+def test_the_next_run_of_a_collection_closes_the_runs_a_gone_process_left_running(prefect_api, tmp_path, monkeypatch):
+    from flows import abandoned
     from flows.collect import collect
+
+    sleeps = _Sleeps()
+    monkeypatch.setattr(abandoned, "asyncio", sleeps)
 
     cid = "left-running"
     gone, alive = asyncio.run(left_running(cid)), asyncio.run(left_running(cid))
@@ -74,9 +92,7 @@ def test_the_next_run_of_a_collection_closes_the_runs_a_gone_process_left_runnin
             "model": {"kind": "factory", "factory": "fixtures.digits:digit_policy"},
             "storage": {"root": str(tmp_path / "store")},
         }
-        t0 = time.monotonic()
         state = asyncio.run(flushed(collect(cfg, return_state=True)))
-        took = time.monotonic() - t0
         assert state.is_completed(), state
         closed, live = asyncio.run(state_of(gone)), asyncio.run(state_of(alive))
     finally:
@@ -91,16 +107,20 @@ def test_the_next_run_of_a_collection_closes_the_runs_a_gone_process_left_runnin
         f"flow run {cid} ({gone}) of collection {cid} was left RUNNING by a process that is gone: marked Crashed"
     ]
     # the gone run was changed moments before (its Running state): the run waited for it
-    # to be silent for 2 heartbeats (0.5 s) and the event lag (5 s), and no longer
-    assert took < 60, took
-    # a rerun of the finished collection finds nothing more to close, and waits for nothing
-    t0 = time.monotonic()
+    # to be silent for 2 heartbeats (0.5 s) and the event lag (5 s), and no longer: its
+    # sleeps (one a run looked at, each to 0.1 s past that run's silence) add up to one
+    # silence at most, read without wall time (it once asserted under 60 s)
+    silence = abandoned.silence_s(0.5) + 2 * 0.1
+    assert len(sleeps.asked) <= 2 and sum(sleeps.asked) <= silence, sleeps.asked
+    # a rerun of the finished collection finds nothing more to close, and waits no longer
+    # (the live run's last beat may come just before the rerun takes the lease: one look again)
+    sleeps.asked.clear()
     stop = beating(alive, 0.5)
     try:
         assert asyncio.run(flushed(collect(cfg, return_state=True))).is_completed()
     finally:
         stop.set()
-    assert time.monotonic() - t0 < took + 5
+    assert len(sleeps.asked) <= 1 and sum(sleeps.asked) <= silence, sleeps.asked
 
 
 @pytest.mark.needs("torch")  # the local trainer

@@ -485,8 +485,10 @@ def test_an_adaptive_hedge_overtakes_a_hang_with_the_budget_spent(local_model_se
             await policy.aclose()
 
     (fast, fast_record, delay), (slow, slow_record, _) = run(go())
-    for took, record in ((fast, fast_record), (slow, slow_record)):
-        assert record.hedge_won and record.attempts == 1 and took < 30.0
+    # the copy answered (hedge_won), so it overtook the request held 30 s: read from the
+    # call's record, not wall time (a loaded machine is slow)
+    for record in (fast_record, slow_record):
+        assert record.hedge_won and record.attempts == 1, record
     assert slow >= HedgeTimer.OVERDUE * delay * 0.9  # waited until overdue, then hedged for free
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fixtures.digits import ran_out
 from test_run_parameters import SMALL, flushed
 
 from storage import BatchStore, CheckpointStore
@@ -72,7 +73,9 @@ def test_a_cli_or_python_run_cancelled_in_the_ui_ends_cancelled_and_resumes_bit_
     acting.join(5)
     assert state.is_cancelled(), state
     assert "was cancelled (the Prefect UI's Cancel, or the API)" in (state.message or ""), state.message
-    assert took < 60, took  # not the gate's 90 s hold: the Cancel stopped it
+    # the Cancel stopped the held call, not the gate's 90 s hold running out: read from the
+    # gate, not wall time (a loaded machine is slow)
+    assert not ran_out(gate).exists(), f"a call was held its 90 s; the run took {took:.1f} s"
     assert not (tmp_path / "store" / "leases" / f"{cid}.json").exists(), "the cancelled run kept its lease"
     saved = [k for k in CheckpointStore(root).list(cid) if k[0].startswith("1.continue")]
     assert saved

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fixtures.digits import ran_out
 from fixtures.prefect import ROOT, kill_tree
 
 from storage import CheckpointStore
@@ -96,7 +97,9 @@ def test_a_deployment_run_its_runner_does_not_cancel_stops_itself(prefect_api, p
         log.close()
     state = httpx.get(f"{prefect_api}/flow_runs/{run['id']}", timeout=30).json()
     assert state["state_type"] == "CANCELLED", (state["state"], (tmp_path / "engine.log").read_text()[-3000:])
-    assert took < 30, took  # the grace (7 s) and the engine's exit
+    # the run stopped itself (the grace, 7 s, and the engine's exit), not the gate's 90 s
+    # hold running out: read from the gate, not wall time (a loaded machine is slow)
+    assert not ran_out(gate).exists(), f"a call was held its 90 s; the engine exited {took:.1f} s after the Cancel"
     saved = [p for p, _ in CheckpointStore(root).list(cid)]
     assert "evidence" in saved and any(p.startswith("1.continue") for p in saved), saved
     assert not list((tmp_path / "store" / "leases").glob(f"{cid}*")), "the lease is left behind"

@@ -140,7 +140,9 @@ def test_a_model_url_nothing_answers_fails_the_run_in_seconds(prefect_api, tmp_p
     assert "no connection in 5 s" in line, line
     # named as the run's user set it: the run's parameter, not the focus command's flag
     assert "check the model.url field of the run's config parameter," in line and "--model-url" not in line, line
-    assert took < 40, took
+    # the message names the path that ended the run (no connection in 5 s), not wall time (a
+    # loaded machine is slow); before, an outage after outage_wait_s (60 s), said as one
+    assert "waited for it up to outage_wait_s" not in line, (took, line)
     logs = run_logs(prefect_api, str(state.state_details.flow_run_id))
     assert any(lv == 40 and line in m for lv, _, m in logs), logs
 

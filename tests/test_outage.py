@@ -121,11 +121,11 @@ def test_a_dead_service_fails_the_wave_at_once_instead_of_retrying_every_job(loc
         elapsed = time.monotonic() - t0
     # 20 jobs, 2 at a time: the wave stops once 3 rollouts (> 10% of 20) have failed,
     # instead of sending every job's every attempt (20 x 3 requests); while the calls
-    # wait for the service (1 s), one of them tries again every backoff_max_s
+    # wait for the service (1 s), one of them tries again every backoff_max_s. Read from
+    # the requests, not wall time (it once asserted under 30 s; a loaded machine is slow)
     probes = RETRY["outage_wait_s"] / RETRY["backoff_max_s"] + 2
     assert err.value.failed == 3 and err.value.jobs == 20
-    assert proxy.requests <= (err.value.failed + 2) * ATTEMPTS + probes < 20 * ATTEMPTS
-    assert elapsed < 30  # a few retry windows, not minutes (a loose bound: any machine)
+    assert proxy.requests <= (err.value.failed + 2) * ATTEMPTS + probes < 20 * ATTEMPTS, (proxy.requests, elapsed)
 
 
 # ---- the pipeline: finished waves kept, the failed wave recomputed on rerun ----

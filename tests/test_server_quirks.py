@@ -181,8 +181,10 @@ def test_an_answer_whose_http_head_cannot_be_parsed_is_named_at_once_not_waited_
         raise AssertionError("an answer with an unreadable head was read")
 
     error, took = asyncio.run(go())
+    # the error's type says which path ended the call, not wall time (a loaded machine is
+    # slow): before, a ServiceUnavailable after the outage wait (20 s here)
     assert not isinstance(error, ServiceUnavailable), f"{took:.1f} s: {error}"
-    assert isinstance(error, UnreadableAnswers) and took < 10, (took, error)
+    assert isinstance(error, UnreadableAnswers), (took, error)
     assert str(error).startswith("the model service's answers cannot be read: the answer's HTTP head cannot be parsed")
     assert words in str(error), error
 
