@@ -96,13 +96,20 @@ class Interrupts:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         # every delivery since the last call (this one's among them); none read: the
-        # descriptor is not ours (another set it meanwhile), then this call is one
-        self.signals.extend(self._deliveries.read(self._old) or [signum])
+        # descriptor is not ours (another set it meanwhile), then this call is one.
+        # Signals pending together reach the descriptor in the kernel's order (SIGTERM
+        # before SIGINT) and the handlers in the signals' (SIGINT first): this call's
+        # signal counts first, as it did when each call was one
+        got = self._deliveries.read(self._old)
+        if signum in got:
+            got.remove(signum)
+            got.insert(0, signum)
+        self.signals.extend(got or [signum])
         if len(self.signals) > 1:
             for kill in self.on_exit_now:
                 with contextlib.suppress(Exception):
                     kill()
-            self._last_words(signum)
+            self._last_words(self.signals[1])  # the second (a first and a second can come in one call)
             os._exit(self.code)
         if self._done:
             return  # the work is finished: let the command end as it would

@@ -38,7 +38,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 #: What Prefect's engine logs when its runner cancels the run (``handle_cancellation``).
@@ -113,11 +114,27 @@ def quiet_cancellation() -> Iterator[None]:
     yield
 
 
+#: Prefect's background services, each logging under its class name: on a stop they
+#: drain their queues and warn "Still processing items: N items remaining..." every 4 s
+SERVICE_LOGGERS = ("EventsWorker", "APILogWorker")
+
+
+def quiet_services(environ: Mapping[str, str] = os.environ) -> None:
+    """On a console that shows warnings and errors only (``focus deploy``'s, which sets
+    Prefect's console level to WARNING for its flow-run processes), Prefect's services'
+    draining notes are not a warning an operator acts on: a Ctrl-C left one among the
+    console's lines. Their loggers then keep errors only."""
+    if environ.get("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "").upper() in ("WARNING", "ERROR", "CRITICAL"):
+        for name in SERVICE_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def _install() -> None:
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
+    quiet_services()
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:

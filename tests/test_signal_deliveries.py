@@ -30,10 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = textwrap.dedent(
     """
-    import asyncio, os, sys
+    import asyncio, os, signal, sys
     from cli.interrupts import Interrupts
 
     SIG = sys.argv[1]
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal's shell starts it (the tests may run under nohup)
 
     async def main():
         await asyncio.sleep(0)
@@ -83,3 +84,41 @@ def test_the_descriptor_is_put_back_and_other_signals_are_not_counted():
             signal.raise_signal(signal.SIGTERM)
     assert interrupts.signals == [signal.SIGTERM]
     assert signal.set_wakeup_fd(before) == before
+
+
+TOGETHER = textwrap.dedent(
+    """
+    import asyncio, os, signal
+    from cli.interrupts import Interrupts
+
+    BOTH = {signal.SIGINT, signal.SIGTERM}
+
+    async def main():
+        await asyncio.sleep(0)
+        signal.pthread_sigmask(signal.SIG_BLOCK, BOTH)
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, BOTH)  # both pending: delivered together
+        await asyncio.sleep(60)
+
+    with Interrupts() as interrupts:
+        interrupts.run(main())
+    """
+)
+
+
+def test_signals_pending_together_count_in_the_handlers_order():
+    """The kernel hands SIGINT and SIGTERM pending together to the descriptor SIGTERM
+    first, and Python runs their handlers SIGINT first: counted in the descriptor's
+    order, the command exited 143 naming SIGINT as the second signal; it exits 130 (the
+    first handler's signal) naming SIGTERM, as when each handler call was one signal."""
+    proc = subprocess.run(
+        [sys.executable, "-c", TOGETHER],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 130, (proc.stdout, proc.stderr)
+    assert "interrupted again (SIGTERM): stopped at once" in proc.stderr, (proc.stdout, proc.stderr)
