@@ -38,10 +38,8 @@ class UTCFormatter(logging.Formatter):
     collection it names read a day apart. Dask worker processes format their lines with
     this class too (:func:`dask_workers_log_to`)."""
 
-    converter = time.gmtime
-
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's
-        when = self.converter(record.created)
+        when = time.gmtime(record.created)
         return f"{time.strftime('%Y-%m-%dT%H:%M:%S', when)}.{int(record.msecs):03d}+00:00"
 
 

@@ -323,11 +323,11 @@ def test_log_file_name_and_lines_are_in_utc_as_collection_ids(tmp_path, tz):
     line = log.read_text(encoding="utf-8").splitlines()[-1]
     got = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.\d{3}\+00:00 \| INFO    \| focus.collect - one line", line)
     assert got, line
+    named = re.fullmatch(r"collect-(\d{8}-\d{6})-\d+\.log", name)
+    assert named, name
     utc = {
         "id": datetime.strptime(cid[len("collect-") : -len("-abcdef")], "%Y%m%d-%H%M%S").replace(tzinfo=UTC),
-        "name": datetime.strptime(re.fullmatch(r"collect-(\d{8}-\d{6})-\d+\.log", name)[1], "%Y%m%d-%H%M%S").replace(
-            tzinfo=UTC
-        ),
+        "name": datetime.strptime(named[1], "%Y%m%d-%H%M%S").replace(tzinfo=UTC),
         "line": datetime.fromisoformat(got[1]).replace(tzinfo=UTC),
     }
     assert max(utc.values()) - min(utc.values()) < timedelta(seconds=30), utc  # moments apart, not hours
