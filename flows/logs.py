@@ -30,23 +30,17 @@ _CHATTY = ("prefect", "distributed", "dask", "httpx", "asyncio", "urllib3", "bot
 _STDERR_OWNERS = frozenset({"distributed", "dask", "tornado", "bokeh"})
 
 
-def utc_offset(when: time.struct_time) -> str:
-    """``when``'s offset from UTC as ISO 8601 writes it: ``+05:30``, ``-03:00``, ``+00:00``."""
-    minutes = (when.tm_gmtoff or 0) // 60
-    sign = "-" if minutes < 0 else "+"
-    return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
-
-
-class _FileFormatter(logging.Formatter):
-    """The log file's lines start with the local date, time and UTC offset
-    (``2026-12-07T09:26:07.123+05:30``). They started with the time of day alone
-    (``09:26:07.123``): the lines of a loop that ran past midnight, or of a run under
-    another ``TZ`` than the reader's, named no day and no zone, beside the store's
-    records, which are in UTC."""
+class UTCFormatter(logging.Formatter):
+    """The log file's lines start with the UTC date and time, ISO 8601
+    (``2026-12-07T09:26:07.123+00:00``), as the store's records and the collection ids
+    (``collect-20261207-092607-...``) give them. They were local time with its offset:
+    under a far ``TZ`` (``Pacific/Kiritimati``, UTC+14) a line's time and the id of the
+    collection it names read a day apart. Dask worker processes format their lines with
+    this class too (:func:`dask_workers_log_to`)."""
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's
-        when = self.converter(record.created)
-        return f"{time.strftime('%Y-%m-%dT%H:%M:%S', when)}.{int(record.msecs):03d}{utc_offset(when)}"
+        when = time.gmtime(record.created)
+        return f"{time.strftime('%Y-%m-%dT%H:%M:%S', when)}.{int(record.msecs):03d}+00:00"
 
 
 def console_extra() -> dict[str, Any]:
@@ -55,12 +49,15 @@ def console_extra() -> dict[str, Any]:
 
 
 def default_log_file(kind: str = "collect") -> Path:
-    """A fresh file under ``$XDG_STATE_HOME/focus/logs`` (``~/.local/state/focus/logs``).
+    """A fresh file under ``$XDG_STATE_HOME/focus/logs`` (``~/.local/state/focus/logs``),
+    ``<kind>-<UTC yyyymmdd-HHMMSS>-<pid>.log``.
     A relative ``XDG_STATE_HOME`` is ignored, as the XDG specification says: the log went
     under the folder the command ran in, a different one from each folder."""
     state = os.environ.get("XDG_STATE_HOME", "")
     base = Path(state if os.path.isabs(state) else Path.home() / ".local" / "state") / "focus" / "logs"
-    return base / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    # UTC, as collection ids name their time (flows.preflight.new_collection_id): the
+    # log of a run and its id name the same second whatever the machine's zone
+    return base / f"{kind}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}.log"
 
 
 class _ConsoleHandler(logging.Handler):
@@ -137,7 +134,7 @@ def setup(console: Any, *, verbosity: int = 0, log_file: Path | None = None) -> 
         except OSError:
             fh = None
         if fh is not None:
-            fh.setFormatter(_FileFormatter(_FORMAT.replace(".%(msecs)03d", "")))
+            fh.setFormatter(UTCFormatter(_FORMAT.replace(".%(msecs)03d", "")))
             fh.setLevel(level)
             root.addHandler(fh)
             path = log_file
@@ -189,8 +186,8 @@ def dask_workers_log_to(log_file: Path, env: MutableMapping[str, str] | None = N
             "DASK_LOGGING__VERSION": "1",
             "DASK_LOGGING__DISABLE_EXISTING_LOGGERS": "False",
             "DASK_LOGGING__FORMATTERS__FOCUS__FORMAT": _FORMAT.replace(".%(msecs)03d", ""),
-            # the day and the offset from UTC, as this process's lines (_FileFormatter; %z: +0530)
-            "DASK_LOGGING__FORMATTERS__FOCUS__DATEFMT": "%Y-%m-%dT%H:%M:%S%z",
+            # the UTC day and time, as this process's lines (dictConfig imports the class)
+            "DASK_LOGGING__FORMATTERS__FOCUS__CLASS": f"{__name__}.{UTCFormatter.__name__}",
             "DASK_LOGGING__HANDLERS__FILE__CLASS": "logging.FileHandler",
             "DASK_LOGGING__HANDLERS__FILE__FILENAME": str(log_file),
             # UTF-8 as this process writes the file, whatever the locale: under LC_ALL=C with

@@ -42,8 +42,19 @@ COLUMNS = (
 PICTURE = "success.png"
 #: One JSON line per iteration (:func:`metrics_row`), beside the weights.
 METRICS = "metrics.jsonl"
-#: The collection's figures a metrics row carries (those it has).
-STAT_FIELDS = ("transitions", "rollouts", "failed_rollouts", "truncated_rollouts", "tokens", "actor_rows")
+#: The collection's figures a metrics row carries (those it has), as the batch's stats
+#: hold them: ``parse_errors`` and ``tool_errors`` are the rollouts' usage records summed
+#: once there (:class:`focus.usage.Usage`), not counted again here.
+STAT_FIELDS = (
+    "transitions",
+    "rollouts",
+    "failed_rollouts",
+    "truncated_rollouts",
+    "parse_errors",
+    "tool_errors",
+    "tokens",
+    "actor_rows",
+)
 
 
 def row_cells(record: dict[str, Any]) -> list[str]:

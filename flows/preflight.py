@@ -226,9 +226,12 @@ def check_root(root: str) -> None:
             )
         if not os.access(probe, os.W_OK | os.X_OK):
             ro = _read_only(probe)
+            # the default root is ./runs: a command run in a folder it cannot write named
+            # the folder, not how to keep the store elsewhere
             raise StorageAccessDenied(
                 f"storage root {root}: {probe} is "
                 + ("on a read-only file system" if ro else "not writable (permission denied)")
+                + "; give --store a folder you can write (or set storage.root in the config)"
             )
         if shutil.disk_usage(probe).free < MIN_FREE_BYTES:
             raise StorageFull(f"storage root {root}: no space left on the device of {probe}")

@@ -292,18 +292,21 @@ def test_a_collection_past_the_limit_on_open_files_stops_in_one_line_naming_it(t
     assert "execution.max_concurrency" in line
 
 
-@pytest.mark.parametrize(
-    ("tz", "offset"), [("Asia/Kolkata", r"\+05:30"), ("America/St_Johns", "-0[23]:30"), ("UTC", r"\+00:00")]
-)
-def test_log_file_lines_name_their_day_and_offset_from_utc(tmp_path, tz, offset):
-    """The log file under ``TZ=Asia/Kolkata``: its lines started with the time of day
-    alone (``09:26:07.123``), naming neither the day (a loop runs past midnight) nor the
-    zone (the store's records and Prefect's are in UTC)."""
+@pytest.mark.parametrize("tz", ["Pacific/Kiritimati", "America/St_Johns", "UTC"])
+def test_log_file_name_and_lines_are_in_utc_as_collection_ids(tmp_path, tz):
+    """Collection ids name their time in UTC; the default log file's name and its lines
+    were local time: under ``TZ=Pacific/Kiritimati`` (UTC+14) a run's log was named a day
+    after its collection's id (``collect-20261208-...log`` beside ``collect-20261207-...``)
+    and its lines said ``+14:00``. Both are UTC now, the lines with their day and
+    ``+00:00`` (before that, lines named neither day nor zone: ``09:26:07.123``)."""
     import re
+    from datetime import UTC, datetime, timedelta
 
     code = (
         "import io, logging, sys; from pathlib import Path; from rich.console import Console; "
-        "from flows.logs import setup; setup(Console(file=io.StringIO()), log_file=Path(sys.argv[1])); "
+        "from flows.logs import default_log_file, setup; from flows.preflight import new_collection_id; "
+        "print(new_collection_id('collect', token='abcdef')); print(default_log_file('collect').name); "
+        "setup(Console(file=io.StringIO()), log_file=Path(sys.argv[1])); "
         "logging.getLogger('focus.collect').info('one line')"
     )
     log = tmp_path / "x.log"
@@ -316,10 +319,49 @@ def test_log_file_lines_name_their_day_and_offset_from_utc(tmp_path, tz, offset)
         timeout=60,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    cid, name = done.stdout.splitlines()[-2:]
     line = log.read_text(encoding="utf-8").splitlines()[-1]
-    assert re.fullmatch(
-        rf"\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{{3}}{offset} \| INFO    \| focus.collect - one line", line
-    ), line
+    got = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.\d{3}\+00:00 \| INFO    \| focus.collect - one line", line)
+    assert got, line
+    named = re.fullmatch(r"collect-(\d{8}-\d{6})-\d+\.log", name)
+    assert named, name
+    utc = {
+        "id": datetime.strptime(cid[len("collect-") : -len("-abcdef")], "%Y%m%d-%H%M%S").replace(tzinfo=UTC),
+        "name": datetime.strptime(named[1], "%Y%m%d-%H%M%S").replace(tzinfo=UTC),
+        "line": datetime.fromisoformat(got[1]).replace(tzinfo=UTC),
+    }
+    assert max(utc.values()) - min(utc.values()) < timedelta(seconds=30), utc  # moments apart, not hours
+    assert abs(datetime.now(UTC) - utc["id"]) < timedelta(minutes=2), utc
+
+
+def test_dask_workers_log_lines_in_utc(tmp_path):
+    """The logging configuration Dask worker processes get
+    (``flows.logs.dask_workers_log_to``) under ``TZ=Pacific/Kiritimati``: their lines
+    said local time with its offset (``2026-12-08T00:56:38+1400``) beside the command's
+    own, in UTC."""
+    import re
+    from datetime import UTC, datetime, timedelta
+
+    code = (
+        "import sys; from pathlib import Path; from flows.logs import dask_workers_log_to; "
+        "dask_workers_log_to(Path(sys.argv[1])); import logging, distributed; "
+        "logging.getLogger('distributed.worker').warning('a worker line')"
+    )
+    log = tmp_path / "w.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(log)],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**env, "TZ": "Pacific/Kiritimati"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = log.read_text(encoding="utf-8").splitlines()[-1]
+    got = re.fullmatch(r"(\S+)\.\d{3}\+00:00 \| WARNING \| distributed.worker - a worker line", line)
+    assert got, line
+    assert abs(datetime.now(UTC) - datetime.fromisoformat(got[1]).replace(tzinfo=UTC)) < timedelta(minutes=2), line
 
 
 def test_a_prefect_home_that_cannot_be_written_is_named_before_the_server_starts(tmp_path):

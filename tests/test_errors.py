@@ -298,6 +298,31 @@ def test_storage_root_in_a_folder_this_user_cannot_write(tmp_path):
         theirs.chmod(0o755)
 
 
+def test_a_working_folder_that_cannot_be_written_says_to_give_store_a_folder(tmp_path, monkeypatch):
+    """The default store is ``./runs``: a command run in a folder it cannot write said
+    ``storage root runs: <folder> is not writable (permission denied)``, naming the
+    folder but not the way out (``--store``, or ``storage.root`` in the config). As root
+    (CI) every folder is writable, so the permission is refused by ``os.access``."""
+    from flows.preflight import check_root
+    from storage.errors import StorageAccessDenied
+
+    work = tmp_path / "work"
+    work.mkdir()
+    work.chmod(0o555)
+    monkeypatch.chdir(work)
+    if os.geteuid() == 0:
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, m, **kw: os.fspath(p) != str(work) and real(p, m, **kw))
+    try:
+        with pytest.raises(StorageAccessDenied) as e:
+            check_root("runs")
+    finally:
+        work.chmod(0o755)
+    line = str(e.value)
+    assert line.startswith(f"storage root runs: {work} is not writable (permission denied); "), line
+    assert line.endswith("give --store a folder you can write (or set storage.root in the config)"), line
+
+
 # ---- object storage: moto's S3 server ----
 
 

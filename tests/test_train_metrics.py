@@ -258,3 +258,35 @@ def test_inspect_of_a_loop_before_its_first_iteration_ends_says_so(tmp_path):
     assert missing.exit_code == 1 and missing.output.strip() == (
         f"error: no train loop 'nope' under {tmp_path} (no records of it, no file://{tmp_path}/weights/nope/metrics.jsonl)"
     ), missing.output
+
+
+def test_metrics_rows_carry_the_batchs_parse_and_tool_errors():
+    """The batch's statistics count parse errors and tool errors (the rollouts' usage
+    records summed once); an iteration's ``metrics.jsonl`` line left them out. The
+    row reads them from the record's stats as the collection step returned them
+    (``Batch.summary()``), not counted again."""
+    from focus.agent import Agent
+    from focus.collector import Collector
+    from focus.critic import ConstantCritic
+    from focus.execution import Execution
+    from focus.priority import Phase, Selective
+    from focus.testing import ScriptedPolicy
+    from focus.toy import ReachTarget, reach_target_tasks, toy_format
+
+    class ToolFails(ReachTarget):
+        async def step(self, state, action, workspace):  # type: ignore[no-untyped-def]
+            r = await super().step(state, action, workspace)
+            return type(r)(r.state, r.observation, r.reward, r.done, {**r.info, "tool_error": 1})
+
+    fmt = toy_format()
+    policy = ScriptedPolicy(["3", "what?", "4", "2", "no", "5"], fmt.codec)  # "what?" and "no" do not parse
+    phases = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=8, wave_size=2))
+    agent = Agent(policy, ToolFails(), fmt, max_steps=6)
+    col = Collector(agent, Selective(phases=phases), ConstantCritic(0.5), execution=Execution(max_concurrency=1))
+    summary = col.prepare(run(col.search(reach_target_tasks(2, seed=0)))).summary()
+    assert summary["parse_errors"] > 0 and summary["tool_errors"] > 0
+    row = metrics_row({**_record(1), "stats": {**summary, "wall_s": 1.5}})
+    assert (row["parse_errors"], row["tool_errors"]) == (summary["parse_errors"], summary["tool_errors"])
+    # the same record, not a recount: whatever the stats say is what the row says
+    row = metrics_row({**_record(1), "stats": {**summary, "parse_errors": 7, "tool_errors": 11}})
+    assert (row["parse_errors"], row["tool_errors"]) == (7, 11)
