@@ -30,9 +30,11 @@ def test_collection_under_ten_percent_faults_completes_with_the_same_batch(local
     assert sum(client["retries"].values()) + client["hedges"] >= sum(injected.values())
     cmp = load.compare(faulty, clean)
     assert (cmp["identical_batches"], cmp["rows_lost"], cmp["rows_duplicated"]) == (True, 0, 0)
-    # an injected hang is overtaken by a hedge, not waited out
+    # an injected hang is not waited out (1.5x the 120 s timeout: the test would not end in
+    # seconds): it drew a copy that overtook it, or it fell on a copy itself, whose original
+    # then answered first (no hedge win: seen once in CI); either way a copy was sent for it
     if injected.get("timeout"):
-        assert client["hedge_wins"] >= injected["timeout"] and client["hedge_lost_s"] > 0
+        assert client["hedges"] >= injected["timeout"], client
         assert faulty["wall_s"] < 60
     # memory: what faults add is not kept - only each rollout's usage record counts its
     # retries (a few bytes per fault) - and resident memory grows by no more than a few
