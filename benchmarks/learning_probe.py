@@ -302,7 +302,10 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--task", default="corridor-early", choices=list(learning.DOMAINS))
+    # its readings (decisive turn, good action) know the constant-rule tasks only, not the cued ones
+    ap.add_argument(
+        "--task", default="corridor-early", choices=[t for t in learning.DOMAINS if not t.startswith("cued-")]
+    )
     ap.add_argument("--variants", nargs="+", default=["focus", "grpo"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--iterations", type=int, default=1)

@@ -15,9 +15,21 @@ counts) and vary what a branching search can exploit:
 long reach     the toy's "reach a target total" with targets 20-35: about six turns an
                episode instead of two (a longer horizon, same rule).
 
+A corridor or bridge task with ``ranges`` (one ``[low, high]`` per step, drawn from the
+task set's seed) is *cued*: each step's observation names a digit range, which is the set
+the constant-rule task fixes: the range a corridor's gate passes ("Step 2: 4-6."), the
+range that breaks a plank ("Plank 2: not 4-6."). Without ranges the right action is one
+constant rule (say 1-3 at the gate, never 8 or 9), which a few successes teach as well as
+many; with them it depends on the observation, as in real agent tasks, and the policy
+must learn a mapping (docs/findings/learning-steps.md, "Cued tasks"). The task sets draw
+each range from the blocks 1-3, 4-6 and 7-9 (at width 3), so no digit is right at every
+step: overlapping ranges share digits, and a policy saying those would need no cue.
+Steps other than a corridor's gate name a range too, which nothing checks.
+
 A policy choosing digits uniformly at random succeeds about a third of the time in a
 corridor, ``(7/9)^length`` on a bridge (0.28 at 5 planks) and about a fifth of the
-time on a long reach, which leaves room for RL in every one.
+time on a long reach, which leaves room for RL in every one; cued by blocks of 3, a third
+of the time in a corridor and ``(2/3)^length`` on a bridge.
 """
 
 from __future__ import annotations
@@ -42,6 +54,39 @@ class WalkState:
     gate: int = 0  # corridor only: the 1-based step whose digit decides
     step: int = 0  # steps taken
     passed: bool = True
+    ranges: tuple[tuple[int, int], ...] = ()  # cued: the digit range named at each step
+
+
+def _ranges(task: Task, length: int) -> tuple[tuple[int, int], ...]:
+    """The task's per-step digit ranges (empty: not cued), checked: one [low, high] with
+    1 <= low <= high <= 9 per step."""
+    raw = task.data.get("ranges")
+    if raw is None:
+        return ()
+    ok = isinstance(raw, (list, tuple)) and len(raw) == length
+    out = (
+        tuple((r[0], r[1]) for r in raw)
+        if ok and all(isinstance(r, (list, tuple)) and len(r) == 2 for r in raw)
+        else ()
+    )
+    if not out or not all(isinstance(v, int) and not isinstance(v, bool) for r in out for v in r):
+        raise ValueError(f"task {task.id!r}: 'ranges' must hold one [low, high] per step ({length}), got {raw!r}")
+    if not all(1 <= lo <= hi <= 9 for lo, hi in out):
+        raise ValueError(f"task {task.id!r}: every range needs 1 <= low <= high <= 9, got {raw!r}")
+    return out
+
+
+def _cue(state: WalkState, step: int, prefix: str = "") -> str:
+    """What the observation of 1-based ``step`` adds: the range named there, if cued."""
+    if not state.ranges:
+        return "."
+    lo, hi = state.ranges[step - 1]
+    return f": {prefix}{lo}-{hi}."
+
+
+def _in_range(state: WalkState, step: int, digit: int) -> bool:
+    lo, hi = state.ranges[step - 1]
+    return lo <= digit <= hi
 
 
 def _int_field(task: Task, key: str, low: int) -> int:
@@ -52,63 +97,100 @@ def _int_field(task: Task, key: str, low: int) -> int:
 
 
 class Corridor(Env):
-    """``length`` steps; the digit said at step ``gate`` must be 1-3 (reward at the end)."""
+    """``length`` steps; the digit said at step ``gate`` must be 1-3, or in the range
+    named there if the task is cued (reward at the end)."""
 
     async def reset(self, task: Task, workspace: Workspace | None) -> Reset:
         length = _int_field(task, "length", 1)
         gate = _int_field(task, "gate", 1)
         if gate > length:
             raise ValueError(f"task {task.id!r}: gate {gate} is past the corridor's {length} steps")
-        return Reset(WalkState(length, gate), (Message("user", f"Corridor of {length}. Step 1."),))
+        state = WalkState(length, gate, ranges=_ranges(task, length))
+        return Reset(state, (Message("user", f"Corridor of {length}. Step 1{_cue(state, 1)}"),))
 
     async def step(self, state: WalkState, action: Action, workspace: Workspace | None) -> StepResult:
         digit = _digit(action.text) if action.kind in ("text", "answer") else None
         if digit is None:
             return StepResult(state, INVALID, 0.0, False, {"invalid_action": 1})
         step = state.step + 1
-        passed = state.passed and (step != state.gate or digit in GATE_DIGITS)
+        good = _in_range(state, step, digit) if state.ranges else digit in GATE_DIGITS
+        passed = state.passed and (step != state.gate or good)
         new = replace(state, step=step, passed=passed)
         if step >= state.length:
             return StepResult(new, "End.", 1.0 if passed else 0.0, True)
-        return StepResult(new, f"Step {step + 1}.", 0.0, False)
+        return StepResult(new, f"Step {step + 1}{_cue(state, step + 1)}", 0.0, False)
 
 
 class Bridge(Env):
-    """``length`` planks; 8 or 9 breaks one (episode over, reward 0); reward 1 at the end."""
+    """``length`` planks; 8 or 9 breaks one, or if the task is cued a digit in the range
+    named at that plank (episode over, reward 0); reward 1 at the end."""
 
     async def reset(self, task: Task, workspace: Workspace | None) -> Reset:
         length = _int_field(task, "length", 1)
-        return Reset(WalkState(length), (Message("user", f"Bridge of {length}. Plank 1."),))
+        state = WalkState(length, ranges=_ranges(task, length))
+        return Reset(state, (Message("user", f"Bridge of {length}. Plank 1{_cue(state, 1, 'not ')}"),))
 
     async def step(self, state: WalkState, action: Action, workspace: Workspace | None) -> StepResult:
         digit = _digit(action.text) if action.kind in ("text", "answer") else None
         if digit is None:
             return StepResult(state, INVALID, 0.0, False, {"invalid_action": 1})
         new = replace(state, step=state.step + 1)
-        if digit in BREAKING_DIGITS:
+        if _in_range(state, new.step, digit) if state.ranges else digit in BREAKING_DIGITS:
             return StepResult(replace(new, passed=False), "Fell.", 0.0, True)
         if new.step >= state.length:
             return StepResult(new, "Across.", 1.0, True)
-        return StepResult(new, f"Plank {new.step + 1}.", 0.0, False)
+        return StepResult(new, f"Plank {new.step + 1}{_cue(state, new.step + 1, 'not ')}", 0.0, False)
 
 
-def corridor_tasks(n: int, seed: int = 0, *, gate: str = "late", lengths: tuple[int, int] = (3, 5)) -> list[Task]:
+def _draw_ranges(rng: random.Random, length: int, width: int) -> list[list[int]]:
+    """One range per step, uniform over the blocks of ``width`` digits that tile 1-9 (at
+    3: 1-3, 4-6, 7-9; at 1: one digit): disjoint, so no digit lies in every range or in none."""
+    lows = range(1, 11 - width, width)
+    return [[lo, lo + width - 1] for lo in (rng.choice(lows) for _ in range(length))]
+
+
+def _check_width(width: int | None) -> None:
+    if width not in (None, 1, 3):  # the widths whose blocks tile 1-9
+        raise ValueError(f"width must be None (not cued), 1 or 3 (blocks that tile 1-9), got {width!r}")
+
+
+def corridor_tasks(
+    n: int, seed: int = 0, *, gate: str = "late", lengths: tuple[int, int] = (3, 5), width: int | None = None
+) -> list[Task]:
     """``n`` corridors of random length in ``lengths``; the gate at step 1 (``early``)
-    or at the last step (``late``). Same seed, same tasks."""
+    or at the last step (``late``). ``width``: cued, each step names a range of that many
+    digits (None: the constant rule, 1-3 at the gate). Same seed, same tasks."""
     if gate not in ("early", "late"):
         raise ValueError(f"gate must be 'early' or 'late', got {gate!r}")
+    _check_width(width)
     rng = random.Random(seed)
     out = []
     for i in range(n):
         length = rng.randint(*lengths)
-        out.append(Task(f"corridor-{gate}-{seed}-{i}", {"length": length, "gate": 1 if gate == "early" else length}))
+        data: dict[str, object] = {"length": length, "gate": 1 if gate == "early" else length}
+        if width is not None:
+            data["ranges"] = _draw_ranges(rng, length, width)
+        out.append(
+            Task(f"corridor-{gate}-{seed}-{i}" if width is None else f"corridor-{gate}-w{width}-{seed}-{i}", data)
+        )
     return out
 
 
-def bridge_tasks(n: int, seed: int = 0, *, lengths: tuple[int, int] = (4, 6)) -> list[Task]:
-    """``n`` bridges of random length in ``lengths``. Same seed, same tasks."""
+def bridge_tasks(n: int, seed: int = 0, *, lengths: tuple[int, int] = (4, 6), width: int | None = None) -> list[Task]:
+    """``n`` bridges of random length in ``lengths``; ``width``: cued, each plank names
+    the range of that many digits that breaks it (None: 8 and 9 break). Same seed, same tasks."""
+    _check_width(width)
     rng = random.Random(seed)
-    return [Task(f"bridge-{seed}-{i}", {"length": rng.randint(*lengths)}) for i in range(n)]
+    out = []
+    for i in range(n):
+        length = rng.randint(*lengths)
+        if width is None:
+            out.append(Task(f"bridge-{seed}-{i}", {"length": length}))
+        else:
+            out.append(
+                Task(f"bridge-w{width}-{seed}-{i}", {"length": length, "ranges": _draw_ranges(rng, length, width)})
+            )
+    return out
 
 
 def long_reach_tasks(n: int, seed: int = 0) -> list[Task]:

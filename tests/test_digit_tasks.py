@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from focus.digit_tasks import Bridge, Corridor, bridge_tasks, corridor_tasks, long_reach_tasks
-from focus.env import Action
+from focus.env import Action, Task
 
 
 def play(env, task, digits):
@@ -74,3 +74,92 @@ def test_task_sets_are_seeded_and_long_reach_has_far_targets():
     targets = [t.data["target"] for t in long_reach_tasks(50, 0)]
     assert min(targets) >= 20 and max(targets) <= 35
     assert all(4 <= t.data["length"] <= 6 for t in bridge_tasks(30, 0))
+
+
+def _inside(rng):
+    return rng[0]
+
+
+def _outside(rng):
+    return next(d for d in range(1, 10) if not rng[0] <= d <= rng[1])
+
+
+@pytest.mark.parametrize("gate", ["early", "late"])
+def test_a_cued_corridor_passes_its_gate_on_a_digit_in_the_range_named_there(gate):
+    task = corridor_tasks(1, seed=4, gate=gate, width=3)[0]
+    length, g, ranges = task.data["length"], task.data["gate"], task.data["ranges"]
+    assert len(ranges) == length and all([lo, hi] in ([1, 3], [4, 6], [7, 9]) for lo, hi in ranges)
+    good = [_outside(r) for r in ranges]  # out of range everywhere but at the gate: nothing else is checked
+    good[g - 1] = _inside(ranges[g - 1])
+    rewards, dones = play(Corridor(), task, good)
+    assert rewards == [0.0] * (length - 1) + [1.0] and dones[-1] and not any(dones[:-1])
+    bad = [_inside(r) for r in ranges]
+    bad[g - 1] = _outside(ranges[g - 1])
+    rewards, dones = play(Corridor(), task, bad)
+    assert rewards == [0.0] * length and dones[-1]
+    # the constant rule's digit does not pass a gate whose named range excludes it
+    high = Task("c", {"length": 2, "gate": 2, "ranges": [[1, 3], [7, 9]]})
+    assert play(Corridor(), high, [2, 2])[0] == [0.0, 0.0] and play(Corridor(), high, [9, 8])[0] == [0.0, 1.0]
+
+
+def test_a_cued_step_names_its_range_and_an_uncued_one_does_not():
+    async def texts(env, task, digits):
+        reset = await env.reset(task, None)
+        out, state = [reset.messages[0].content], reset.state
+        for d in digits:
+            r = await env.step(state, Action("text", text=str(d)), None)
+            out.append(r.observation)
+            state = r.state
+        return out
+
+    cued = Task("c", {"length": 3, "gate": 3, "ranges": [[2, 4], [5, 7], [1, 3]]})
+    assert asyncio.run(texts(Corridor(), cued, [2, 5, 1])) == [
+        "Corridor of 3. Step 1: 2-4.",
+        "Step 2: 5-7.",
+        "Step 3: 1-3.",
+        "End.",
+    ]
+    plain = Task("p", {"length": 2, "gate": 2})
+    assert asyncio.run(texts(Corridor(), plain, [2, 2])) == ["Corridor of 2. Step 1.", "Step 2.", "End."]
+    bridge = Task("b", {"length": 2, "ranges": [[1, 3], [7, 9]]})
+    assert asyncio.run(texts(Bridge(), bridge, [7, 1])) == [
+        "Bridge of 2. Plank 1: not 1-3.",
+        "Plank 2: not 7-9.",
+        "Across.",
+    ]
+
+
+def test_a_cued_bridge_breaks_on_a_digit_in_the_range_its_plank_names():
+    task = bridge_tasks(1, seed=2, width=3)[0]
+    ranges = task.data["ranges"]
+    assert len(ranges) == task.data["length"]
+    rewards, dones = play(Bridge(), task, [_outside(r) for r in ranges])
+    assert rewards == [0.0] * (len(ranges) - 1) + [1.0] and dones[-1]
+    walk = [_outside(ranges[0]), _inside(ranges[1])] + [_outside(r) for r in ranges[2:]]
+    rewards, dones = play(Bridge(), task, walk)
+    assert rewards == [0.0, 0.0] and dones == [False, True]  # the second plank broke: over mid-way
+    # 8 and 9 hold where the range does not name them; a low digit breaks where it does
+    low = Task("b", {"length": 2, "ranges": [[1, 3], [1, 3]]})
+    assert play(Bridge(), low, [9, 8])[0] == [0.0, 1.0] and play(Bridge(), low, [2])[0] == [0.0]
+
+
+def test_cued_task_sets_are_seeded_and_leave_the_constant_rule_sets_as_they_were():
+    assert corridor_tasks(5, 2, width=3) == corridor_tasks(5, 2, width=3) != corridor_tasks(5, 3, width=3)
+    assert bridge_tasks(5, 2, width=3) == bridge_tasks(5, 2, width=3) != bridge_tasks(5, 3, width=3)
+    assert all("ranges" not in t.data for t in corridor_tasks(5, 2) + bridge_tasks(5, 2))  # width None: not cued
+    assert corridor_tasks(2, 0, gate="early", width=3)[0].id == "corridor-early-w3-0-0"
+    # blocks: disjoint ranges, so no digit is right at every step
+    assert {tuple(r) for t in bridge_tasks(100, 0, width=3) for r in t.data["ranges"]} == {(1, 3), (4, 6), (7, 9)}
+    singles = {tuple(r) for t in corridor_tasks(100, 0, width=1) for r in t.data["ranges"]}
+    assert singles == {(d, d) for d in range(1, 10)}
+    for width in (2, 4):  # blocks that would leave a digit out of every range (9 at 2 and at 4)
+        with pytest.raises(ValueError, match="width"):
+            bridge_tasks(1, width=width)
+
+
+@pytest.mark.parametrize(
+    "ranges", [[[1, 3]], [[1, 3], [4]], [[0, 3], [1, 2]], [[3, 1], [1, 2]], "1-3", [[1, True], [1, 2]]]
+)
+def test_a_cued_task_with_bad_ranges_is_refused_naming_them(ranges):
+    with pytest.raises(ValueError, match="range"):
+        asyncio.run(Corridor().reset(Task("x", {"length": 2, "gate": 2, "ranges": ranges}), None))
