@@ -16,20 +16,21 @@ long reach     the toy's "reach a target total" with targets 20-35: about six tu
                episode instead of two (a longer horizon, same rule).
 
 A corridor or bridge task with ``ranges`` (one ``[low, high]`` per step, drawn from the
-task set's seed) is *cued*: each step's observation names a digit range, which is the set
-the constant-rule task fixes: the range a corridor's gate passes ("Step 2: 4-6."), the
-range that breaks a plank ("Plank 2: not 4-6."). Without ranges the right action is one
-constant rule (say 1-3 at the gate, never 8 or 9), which a few successes teach as well as
-many; with them it depends on the observation, as in real agent tasks, and the policy
-must learn a mapping (docs/findings/learning-steps.md, "Cued tasks"). The task sets draw
-each range from the blocks 1-3, 4-6 and 7-9 (at width 3), so no digit is right at every
-step: overlapping ranges share digits, and a policy saying those would need no cue.
-Steps other than a corridor's gate name a range too, which nothing checks.
+task set's seed) is *cued*: each step's observation names a digit range. A cued corridor's
+gate passes a digit in the range named there ("Step 2: 4-6."), instead of 1-3; a cued
+bridge's plank breaks on a digit in the range named there ("Plank 2: not 4."), as well as
+on 8 and 9. Without ranges the right action is one constant rule (say 1-3 at the gate,
+never 8 or 9), which a few successes teach as well as many; with them it depends on the
+observation, as in real agent tasks, and the policy must learn a mapping on top of a
+constant part (a corridor's gate never passes 7-9 in the record's cued corridors, 8 and 9
+always break a plank) (docs/findings/learning-steps.md, "Cued tasks"). Steps other than a
+corridor's gate name a range too, which nothing checks.
 
 A policy choosing digits uniformly at random succeeds about a third of the time in a
 corridor, ``(7/9)^length`` on a bridge (0.28 at 5 planks) and about a fifth of the
-time on a long reach, which leaves room for RL in every one; cued by blocks of 3, a third
-of the time in a corridor and ``(2/3)^length`` on a bridge.
+time on a long reach, which leaves room for RL in every one; in the record's cued
+corridors (1-3 or 4-6 named) a third of the time, on its cued bridge (one digit 1-7
+named) ``(2/3)^length``.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def _cue(state: WalkState, step: int, prefix: str = "") -> str:
     if not state.ranges:
         return "."
     lo, hi = state.ranges[step - 1]
-    return f": {prefix}{lo}-{hi}."
+    return f": {prefix}{lo}." if lo == hi else f": {prefix}{lo}-{hi}."
 
 
 def _in_range(state: WalkState, step: int, digit: int) -> bool:
@@ -122,8 +123,8 @@ class Corridor(Env):
 
 
 class Bridge(Env):
-    """``length`` planks; 8 or 9 breaks one, or if the task is cued a digit in the range
-    named at that plank (episode over, reward 0); reward 1 at the end."""
+    """``length`` planks; 8 or 9 breaks one, and if the task is cued so does a digit in
+    the range named at that plank (episode over, reward 0); reward 1 at the end."""
 
     async def reset(self, task: Task, workspace: Workspace | None) -> Reset:
         length = _int_field(task, "length", 1)
@@ -135,51 +136,63 @@ class Bridge(Env):
         if digit is None:
             return StepResult(state, INVALID, 0.0, False, {"invalid_action": 1})
         new = replace(state, step=state.step + 1)
-        if _in_range(state, new.step, digit) if state.ranges else digit in BREAKING_DIGITS:
+        if digit in BREAKING_DIGITS or (bool(state.ranges) and _in_range(state, new.step, digit)):
             return StepResult(replace(new, passed=False), "Fell.", 0.0, True)
         if new.step >= state.length:
             return StepResult(new, "Across.", 1.0, True)
         return StepResult(new, f"Plank {new.step + 1}{_cue(state, new.step + 1, 'not ')}", 0.0, False)
 
 
-def _draw_ranges(rng: random.Random, length: int, width: int) -> list[list[int]]:
-    """One range per step, uniform over the blocks of ``width`` digits that tile 1-9 (at
-    3: 1-3, 4-6, 7-9; at 1: one digit): disjoint, so no digit lies in every range or in none."""
-    lows = range(1, 11 - width, width)
+def _draw_ranges(rng: random.Random, length: int, width: int, blocks: int) -> list[list[int]]:
+    """One range per step, uniform over the first ``blocks`` blocks of ``width`` digits
+    from 1 (width 3, blocks 2: 1-3 or 4-6): disjoint, so no digit is in every range."""
+    lows = [1 + k * width for k in range(blocks)]
     return [[lo, lo + width - 1] for lo in (rng.choice(lows) for _ in range(length))]
 
 
-def _check_width(width: int | None) -> None:
-    if width not in (None, 1, 3):  # the widths whose blocks tile 1-9
-        raise ValueError(f"width must be None (not cued), 1 or 3 (blocks that tile 1-9), got {width!r}")
+def _check_cue(width: int | None, blocks: int) -> None:
+    if width is not None and not (width >= 1 and blocks >= 2 and width * blocks <= 9):
+        raise ValueError(
+            f"a cue needs width >= 1 and 2 or more blocks within 1-9, got width {width!r}, blocks {blocks}"
+        )
 
 
 def corridor_tasks(
-    n: int, seed: int = 0, *, gate: str = "late", lengths: tuple[int, int] = (3, 5), width: int | None = None
+    n: int,
+    seed: int = 0,
+    *,
+    gate: str = "late",
+    lengths: tuple[int, int] = (3, 5),
+    width: int | None = None,
+    blocks: int = 2,
 ) -> list[Task]:
     """``n`` corridors of random length in ``lengths``; the gate at step 1 (``early``)
-    or at the last step (``late``). ``width``: cued, each step names a range of that many
-    digits (None: the constant rule, 1-3 at the gate). Same seed, same tasks."""
+    or at the last step (``late``). ``width``: cued, each step names one of the first
+    ``blocks`` ranges of that many digits, and the gate passes a digit in the range it
+    names (None: the constant rule, 1-3 at the gate). Same seed, same tasks."""
     if gate not in ("early", "late"):
         raise ValueError(f"gate must be 'early' or 'late', got {gate!r}")
-    _check_width(width)
+    _check_cue(width, blocks)
     rng = random.Random(seed)
     out = []
     for i in range(n):
         length = rng.randint(*lengths)
         data: dict[str, object] = {"length": length, "gate": 1 if gate == "early" else length}
         if width is not None:
-            data["ranges"] = _draw_ranges(rng, length, width)
+            data["ranges"] = _draw_ranges(rng, length, width, blocks)
         out.append(
             Task(f"corridor-{gate}-{seed}-{i}" if width is None else f"corridor-{gate}-w{width}-{seed}-{i}", data)
         )
     return out
 
 
-def bridge_tasks(n: int, seed: int = 0, *, lengths: tuple[int, int] = (4, 6), width: int | None = None) -> list[Task]:
-    """``n`` bridges of random length in ``lengths``; ``width``: cued, each plank names
-    the range of that many digits that breaks it (None: 8 and 9 break). Same seed, same tasks."""
-    _check_width(width)
+def bridge_tasks(
+    n: int, seed: int = 0, *, lengths: tuple[int, int] = (4, 6), width: int | None = None, blocks: int = 7
+) -> list[Task]:
+    """``n`` bridges of random length in ``lengths``; 8 and 9 break a plank. ``width``:
+    cued, each plank also names one of the first ``blocks`` ranges of that many digits,
+    which breaks it too (width 1, blocks 7: one digit 1-7). Same seed, same tasks."""
+    _check_cue(width, blocks)
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -188,7 +201,10 @@ def bridge_tasks(n: int, seed: int = 0, *, lengths: tuple[int, int] = (4, 6), wi
             out.append(Task(f"bridge-{seed}-{i}", {"length": length}))
         else:
             out.append(
-                Task(f"bridge-w{width}-{seed}-{i}", {"length": length, "ranges": _draw_ranges(rng, length, width)})
+                Task(
+                    f"bridge-w{width}-{seed}-{i}",
+                    {"length": length, "ranges": _draw_ranges(rng, length, width, blocks)},
+                )
             )
     return out
 

@@ -405,3 +405,25 @@ def test_the_long_bridge_is_opt_in_and_its_agent_can_cross_it():
     lengths = {t.data["length"] for t in domain.tasks(40, 0)}
     assert lengths <= {10, 11, 12} and len(lengths) > 1
     assert domain.make_agent("http://127.0.0.1:9").max_steps >= max(lengths)
+
+
+def test_the_record_runs_the_cued_tasks_and_the_constant_rule_ones_are_opt_in():
+    """The record's corridors and bridge are the cued ones (the right digit depends on the
+    observation); the constant-rule tasks they replaced still run by name, uncued."""
+    from benchmarks import learning
+
+    cued = ["cued-corridor-early", "cued-corridor-late", "cued-bridge"]
+    assert all(t in learning.RECORD_TASKS for t in cued)
+    for old in ("corridor-early", "corridor-late", "bridge"):
+        assert old in learning.DOMAINS and old not in learning.RECORD_TASKS
+        assert all("ranges" not in t.data for t in learning.DOMAINS[old]().tasks(10, 0))
+    for name in cued:
+        domain = learning.DOMAINS[name]()
+        tasks = domain.tasks(40, 0)
+        assert domain.name == name and tasks == domain.tasks(40, 0)
+        assert all(len(t.data["ranges"]) == t.data["length"] for t in tasks)
+        assert domain.make_agent("http://127.0.0.1:9").max_steps >= max(t.data["length"] for t in tasks) + 3
+    gates = {t.data["gate"] for t in learning.DOMAINS["cued-corridor-early"]().tasks(20, 0)}
+    assert gates == {1}
+    late = learning.DOMAINS["cued-corridor-late"]().tasks(20, 0)
+    assert all(t.data["gate"] == t.data["length"] for t in late)

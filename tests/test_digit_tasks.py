@@ -88,7 +88,7 @@ def _outside(rng):
 def test_a_cued_corridor_passes_its_gate_on_a_digit_in_the_range_named_there(gate):
     task = corridor_tasks(1, seed=4, gate=gate, width=3)[0]
     length, g, ranges = task.data["length"], task.data["gate"], task.data["ranges"]
-    assert len(ranges) == length and all([lo, hi] in ([1, 3], [4, 6], [7, 9]) for lo, hi in ranges)
+    assert len(ranges) == length and all(r in ([1, 3], [4, 6]) for r in ranges)  # blocks=2: 7-9 never named
     good = [_outside(r) for r in ranges]  # out of range everywhere but at the gate: nothing else is checked
     good[g - 1] = _inside(ranges[g - 1])
     rewards, dones = play(Corridor(), task, good)
@@ -98,8 +98,8 @@ def test_a_cued_corridor_passes_its_gate_on_a_digit_in_the_range_named_there(gat
     rewards, dones = play(Corridor(), task, bad)
     assert rewards == [0.0] * length and dones[-1]
     # the constant rule's digit does not pass a gate whose named range excludes it
-    high = Task("c", {"length": 2, "gate": 2, "ranges": [[1, 3], [7, 9]]})
-    assert play(Corridor(), high, [2, 2])[0] == [0.0, 0.0] and play(Corridor(), high, [9, 8])[0] == [0.0, 1.0]
+    mid = Task("c", {"length": 2, "gate": 2, "ranges": [[1, 3], [4, 6]]})
+    assert play(Corridor(), mid, [2, 2])[0] == [0.0, 0.0] and play(Corridor(), mid, [9, 5])[0] == [0.0, 1.0]
 
 
 def test_a_cued_step_names_its_range_and_an_uncued_one_does_not():
@@ -121,40 +121,42 @@ def test_a_cued_step_names_its_range_and_an_uncued_one_does_not():
     ]
     plain = Task("p", {"length": 2, "gate": 2})
     assert asyncio.run(texts(Corridor(), plain, [2, 2])) == ["Corridor of 2. Step 1.", "Step 2.", "End."]
-    bridge = Task("b", {"length": 2, "ranges": [[1, 3], [7, 9]]})
-    assert asyncio.run(texts(Bridge(), bridge, [7, 1])) == [
-        "Bridge of 2. Plank 1: not 1-3.",
-        "Plank 2: not 7-9.",
+    bridge = Task("b", {"length": 2, "ranges": [[4, 4], [1, 3]]})
+    assert asyncio.run(texts(Bridge(), bridge, [7, 4])) == [
+        "Bridge of 2. Plank 1: not 4.",
+        "Plank 2: not 1-3.",
         "Across.",
     ]
 
 
-def test_a_cued_bridge_breaks_on_a_digit_in_the_range_its_plank_names():
-    task = bridge_tasks(1, seed=2, width=3)[0]
+def test_a_cued_bridge_breaks_on_the_digit_its_plank_names_and_on_8_and_9():
+    task = bridge_tasks(1, seed=2, width=1)[0]
     ranges = task.data["ranges"]
-    assert len(ranges) == task.data["length"]
-    rewards, dones = play(Bridge(), task, [_outside(r) for r in ranges])
+    assert len(ranges) == task.data["length"] and all(lo == hi and 1 <= lo <= 7 for lo, hi in ranges)
+    safe = [next(d for d in range(1, 8) if d != lo) for lo, _ in ranges]
+    rewards, dones = play(Bridge(), task, safe)
     assert rewards == [0.0] * (len(ranges) - 1) + [1.0] and dones[-1]
-    walk = [_outside(ranges[0]), _inside(ranges[1])] + [_outside(r) for r in ranges[2:]]
-    rewards, dones = play(Bridge(), task, walk)
+    rewards, dones = play(Bridge(), task, [safe[0], ranges[1][0]] + safe[2:])
     assert rewards == [0.0, 0.0] and dones == [False, True]  # the second plank broke: over mid-way
-    # 8 and 9 hold where the range does not name them; a low digit breaks where it does
+    for high in (8, 9):  # 8 and 9 break a cued plank too, whatever it names
+        assert play(Bridge(), task, [safe[0], high] + safe[2:]) == ([0.0, 0.0], [False, True])
     low = Task("b", {"length": 2, "ranges": [[1, 3], [1, 3]]})
-    assert play(Bridge(), low, [9, 8])[0] == [0.0, 1.0] and play(Bridge(), low, [2])[0] == [0.0]
+    assert play(Bridge(), low, [7, 4])[0] == [0.0, 1.0] and play(Bridge(), low, [2])[0] == [0.0]
 
 
 def test_cued_task_sets_are_seeded_and_leave_the_constant_rule_sets_as_they_were():
     assert corridor_tasks(5, 2, width=3) == corridor_tasks(5, 2, width=3) != corridor_tasks(5, 3, width=3)
-    assert bridge_tasks(5, 2, width=3) == bridge_tasks(5, 2, width=3) != bridge_tasks(5, 3, width=3)
+    assert bridge_tasks(5, 2, width=1) == bridge_tasks(5, 2, width=1) != bridge_tasks(5, 3, width=1)
     assert all("ranges" not in t.data for t in corridor_tasks(5, 2) + bridge_tasks(5, 2))  # width None: not cued
     assert corridor_tasks(2, 0, gate="early", width=3)[0].id == "corridor-early-w3-0-0"
-    # blocks: disjoint ranges, so no digit is right at every step
-    assert {tuple(r) for t in bridge_tasks(100, 0, width=3) for r in t.data["ranges"]} == {(1, 3), (4, 6), (7, 9)}
-    singles = {tuple(r) for t in corridor_tasks(100, 0, width=1) for r in t.data["ranges"]}
-    assert singles == {(d, d) for d in range(1, 10)}
-    for width in (2, 4):  # blocks that would leave a digit out of every range (9 at 2 and at 4)
+    # the first `blocks` disjoint blocks, each drawn
+    named = {tuple(r) for t in bridge_tasks(100, 0, width=3, blocks=3) for r in t.data["ranges"]}
+    assert named == {(1, 3), (4, 6), (7, 9)}
+    singles = {tuple(r) for t in bridge_tasks(100, 0, width=1) for r in t.data["ranges"]}
+    assert singles == {(d, d) for d in range(1, 8)}
+    for width, blocks in ((4, 3), (3, 1), (0, 2)):  # past 9, a single block (no cue to read), no digits
         with pytest.raises(ValueError, match="width"):
-            bridge_tasks(1, width=width)
+            corridor_tasks(1, width=width, blocks=blocks)
 
 
 @pytest.mark.parametrize(
