@@ -25,14 +25,14 @@ example at its ``digit_sum`` difficulty. Cued: each step names a digit range and
 digit depends on it (the constant-rule corridors and bridge, which every method solved
 within three updates, stay opt-in by name). Their settings were chosen looking at the
 untrained model and GRPO only, never at FOCUS: v0 held-out success 10-40%, and in a GRPO
-pilot (seeds 0-1, the record's sizes) no 1.00 within three updates and a gain above 0
-(docs/findings/learning-steps.md, "Cued tasks"; v0 0.32, 0.35, 0.15 over 500 tasks). Every method trains with ``TRAINER`` (a KL
-target per update). The x axes are cumulative task transitions and cumulative wall
-time (collection + training + reload; evaluation excluded). The verdicts
-(``benchmarks.learning_verdicts``): per method and task the gain over v0 with a
-bootstrap interval (a method learns when it lies above 0); against a GRPO that learns,
-FOCUS's share of GRPO's transitions to reach GRPO's final success and the final-success
-difference with its interval. Writes a JSON (and ``runs.jsonl`` as runs finish) and a PNG.
+pilot (seeds 0-1, the record's sizes) no 1.00 within three updates and a mean gain above 0
+(docs/findings/learning-steps.md, "Cued tasks"; v0 0.32, 0.35, 0.15 over 500 tasks).
+Every method trains with ``TRAINER`` (a KL target per update). The x axes are
+cumulative task transitions and cumulative wall time (collection + training + reload;
+evaluation excluded). The verdicts (``benchmarks.learning_verdicts``): per method and
+task the gain over v0 with a bootstrap interval (a method learns when it lies above
+0); against a GRPO that learns, FOCUS's share of GRPO's transitions to reach GRPO's
+final success and the final-success difference with its interval. Writes a JSON (and ``runs.jsonl`` as runs finish) and a PNG.
 
     .venv/bin/python -m benchmarks.learning                    # the default run (120 runs, one process per core)
     .venv/bin/python -m benchmarks.learning --quick            # a smoke run (a test uses it)
