@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from numbers import Number
+from numbers import Number, Real
 from typing import Any, ClassVar
 
 from focus.backends.retry import HttpConfig
@@ -223,6 +223,13 @@ class ConstantCritic(Critic):
     row_wise: ClassVar[bool] = True
 
     def __init__(self, value: float = 0.0, std: float | None = None) -> None:
+        # a value read as text ("0.5" from a file or a flag) failed in abs(), naming neither
+        for name, got in (("value", value), ("std", std)):
+            if not isinstance(got, Real) and (name == "value" or got is not None):
+                or_none = " or None" if name == "std" else ""
+                raise TypeError(
+                    f"ConstantCritic {name} must be a number{or_none}, got {short_value(got)} ({type(got).__name__})"
+                )
         if not abs(value) <= VALUE_LIMIT:  # refused at the first scoring otherwise, after the evidence
             raise ValueError(f"ConstantCritic value must be finite and within ±{VALUE_LIMIT:g}, got {value!r}")
         if std is not None and not (math.isfinite(std) and std >= 0):
@@ -267,6 +274,17 @@ class HttpCritic(Critic):
     ) -> None:
         from focus.backends.http import HttpClient  # the HTTP stack loads with the first HTTP critic
 
+        # both failed deeper down, on an attribute the wrong type lacks, naming no argument
+        if not isinstance(url, str):
+            raise TypeError(
+                "HttpCritic url must be a URL string such as 'http://127.0.0.1:8100/score', "
+                f"got {short_value(url)} ({type(url).__name__})"
+            )
+        if config is not None and not isinstance(config, HttpConfig):
+            raise TypeError(
+                "HttpCritic config must be a focus.backends.HttpConfig (HttpConfig(**options)), "
+                f"got a {type(config).__name__}"
+            )
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"HttpCritic url must start with http:// or https://, got {url!r}")
         if batch_size < 1:

@@ -70,6 +70,20 @@ class TestConstant(CriticConformance):
                 ConstantCritic(value, std)
         assert run(ConstantCritic(0.5, 0).predict_with_std([[1]]))[0].std == 0.0
 
+    def test_a_value_or_std_that_is_no_number_is_refused_naming_the_argument(self):
+        """``ConstantCritic("0.5")`` (a value read from a file or a flag as text) raised
+        ``TypeError: bad operand type for abs(): 'str'``, and ``std="x"`` ``must be real
+        number, not str``: neither named the class, the argument or what it takes."""
+        for args, says in (
+            (("0.5",), r"value must be a number, got '0.5' \(str\)"),
+            ((None,), r"value must be a number, got None \(NoneType\)"),
+            (([0.5],), r"value must be a number, got \[0.5\] \(list\)"),
+            ((0.5, "x"), r"std must be a number or None, got 'x' \(str\)"),
+        ):
+            with pytest.raises(TypeError, match=rf"^ConstantCritic {says}$"):
+                ConstantCritic(*args)
+        assert ConstantCritic(True).value == 1.0 and ConstantCritic(1, std=0).std == 0.0  # numbers of any kind
+
 
 @pytest.mark.integration  # serves the critic over HTTP
 class TestHttpAgainstServedLocalCritic(CriticConformance):
@@ -102,6 +116,23 @@ def _free_port() -> int:
 
 
 FAST = HttpConfig(backoff_s=0.01, backoff_max_s=0.02, max_retries=1, timeout_s=10, outage_wait_s=0)
+
+
+def test_an_http_critic_given_no_url_string_or_a_config_of_another_type_says_so():
+    """``HttpCritic(8100)`` raised ``AttributeError: 'int' object has no attribute
+    'startswith'``, and ``config={"timeout_s": 3}`` (a dict where an ``HttpConfig`` goes)
+    ``'dict' object has no attribute 'headers'``: neither named the argument."""
+    with pytest.raises(
+        TypeError,
+        match=r"^HttpCritic url must be a URL string such as 'http://127.0.0.1:8100/score', got 8100 \(int\)$",
+    ):
+        HttpCritic(8100)  # type: ignore[arg-type]
+    with pytest.raises(
+        TypeError,
+        match=r"^HttpCritic config must be a focus.backends.HttpConfig \(HttpConfig\(\*\*options\)\), got a dict$",
+    ):
+        HttpCritic("http://127.0.0.1:8100/score", config={"timeout_s": 3})  # type: ignore[arg-type]
+    assert HttpCritic("http://127.0.0.1:8100/score", config=HttpConfig(timeout_s=3)).url.endswith("/score")
 
 
 def test_http_critic_names_the_url_when_the_service_is_down():
