@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import focus
+import focus.backends as backends
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "python-api.md"
@@ -38,10 +39,11 @@ HEAD = """# The Python API
 
 The names `import focus` exports (`focus.__all__`), by role, each with its module and the
 first sentence of its docstring; `help(focus.Name)` has the rest. Model clients (vLLM,
-SGLang, llama.cpp, Tinker, the embedded server) are in `focus.backends`; the interfaces a
-custom part subclasses are re-exported by `focus.extend` (README.md, "Where your code
-fits"; docs/architecture.md, "Roles"). This page is generated from the code by
-`tests/test_docs_python_api.py`, which fails when the two differ.
+SGLang, llama.cpp, Tinker, the embedded server) are in `focus.backends` ("Model
+clients" below); the interfaces a custom part subclasses are re-exported by
+`focus.extend` (README.md, "Where your code fits"; docs/architecture.md, "Roles"). This
+page is generated from the code by `tests/test_docs_python_api.py`, which fails when the
+two differ.
 
 What a critic sees: `Critic.predict(contexts)` is given, for each checkpoint (and each
 truncated leaf it bootstraps), only that state's prompt ids, the exact ids of the next
@@ -62,6 +64,31 @@ OUTSIDE: tuple[str, ...] = (
     "focus.exporters:to_verl_batch",
     "focus.exporters:to_verl_batches",
 )
+
+#: The model clients, ``focus.backends.__all__``, in the order a reader picks one: the
+#: user's guide sends a reader to ``focus.backends`` for them ("choose an existing policy
+#: backend"), and this page named the package but none of its clients or their options.
+BACKENDS: tuple[str, ...] = (
+    "OpenAICompatPolicy",
+    "SGLangPolicy",
+    "LlamaCppPolicy",
+    "TinkerPolicy",
+    "FleetPolicy",
+    "LocalModelServer",
+    "HttpConfig",
+    "RetryPolicy",
+    "HttpClient",
+)
+
+BACKENDS_HEAD = """## Model clients (`focus.backends`)
+
+Each with its signature, whose keywords are its options; `config` takes a
+`focus.backends.HttpConfig` (timeouts, retries, hedging, concurrency, headers, `api_key`).
+`OpenAICompatPolicy`'s `model` is the name the server serves (vLLM's
+`--served-model-name`, else the model path it was started with); the default names the
+embedded model, so a vLLM server refuses it (404, `RequestsRefused`).
+docs/model-services.md has what each sends and reads, and a server's failures.
+"""
 
 OUTSIDE_HEAD = """## Execution, storage and export (outside `import focus`)
 
@@ -96,6 +123,11 @@ def render() -> str:
             module = getattr(focus, name).__module__
             lines.append(f"- `{name}` (`{module}`): {summary(getattr(focus, name))}")
         lines.append("")
+    lines.append(BACKENDS_HEAD)
+    for name in BACKENDS:
+        obj = getattr(backends, name)
+        lines.append(f"- `focus.backends.{name}{signature(obj)}`: {summary(obj)}")
+    lines.append("")
     lines.append(OUTSIDE_HEAD)
     for path in OUTSIDE:
         module, name = path.split(":")
@@ -109,6 +141,15 @@ def test_the_roles_hold_each_name_of_focus_exactly_once():
     listed = [name for _, names in ROLES for name in names]
     assert sorted(listed) == sorted(focus.__all__), sorted(set(listed) ^ set(focus.__all__))
     assert len(listed) == len(set(listed))
+
+
+def test_the_page_lists_every_model_client_of_focus_backends():
+    """The page said the model clients are in ``focus.backends`` and listed none of them:
+    no name to import for vLLM, SGLang or llama.cpp and no options (``model``, ``config``,
+    ``vocab_size``), where it gave the signatures of the execution, storage and export parts."""
+    assert sorted(BACKENDS) == sorted(backends.__all__)
+    page = PAGE.read_text(encoding="utf-8")
+    assert [n for n in backends.__all__ if f"`focus.backends.{n}(" not in page] == []
 
 
 def test_the_python_api_page_is_the_rendered_one():
