@@ -125,7 +125,7 @@ def check_refused(rollouts: Sequence[Rollout]) -> None:
     n = len(rollouts)
     last = rollouts[-1].leaf
     if all(s in REFUSED_STATUSES for s in statuses):
-        what = "check model.url, model.model and the API key (focus.backends.HttpConfig.api_key)"
+        what = "check model.url, model.model and the API key (model.api_key_env; focus.backends.HttpConfig.api_key in the library)"
     elif _same_setting_refusal(rollouts, statuses):
         what = "a setting every request carries, most often a sampling parameter (agent.sampling.*, model.options)"
     else:
