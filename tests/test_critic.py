@@ -13,7 +13,8 @@ import pytest
 from focus.agent import Agent
 from focus.backends import HttpConfig
 from focus.collector import Collector
-from focus.critic import ConstantCritic, Critic, CriticError, HttpCritic, LocalCritic, serve_critic
+from focus.critic import ConstantCritic, Critic, CriticError, HttpCritic, LocalCritic
+from focus.critic_server import serve_critic
 from focus.env import Task
 from focus.priority import Phase, Uniform
 from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, read_state, synthetic_format
@@ -146,6 +147,33 @@ def bad_server(scripted):
     """The scripted server, answering at ``/score``."""
     scripted.url += "/score"
     return scripted
+
+
+@pytest.mark.integration  # starts a server
+@pytest.mark.parametrize("status", [401, 404, 405, 501])
+def test_a_critic_url_that_refuses_any_request_names_the_critic_settings(bad_server, status):
+    """A URL that is no scoring service (a web server's 501, a wrong path's 404, a wrong
+    key's 401) stopped `focus collect` with `POST <url> was rejected with status 501:
+    <its page>`, exit 1 and a traceback in the log, as for a bug: it named neither the
+    critic nor a setting to change. It is a setting to fix, as a model service's refusal
+    is (`RequestsRefused`): exit 2."""
+    from flows.errors import exit_code
+    from focus.critic import CriticRefused
+
+    bad_server.answers[:] = [(status, {}, "Not here")]
+    with pytest.raises(CriticRefused) as e:
+        run(HttpCritic(bad_server.url, config=FAST).predict(CONTEXTS))
+    line = str(e.value)
+    assert line.startswith(
+        f"the critic service at {bad_server.url} refused the request (status {status}): check critic.url and "
+        "critic.api_key_env (HttpCritic's url and HttpConfig.api_key in the library); "
+        f'last: POST {bad_server.url} was rejected with status {status}: "Not here"'
+    ), line
+    assert isinstance(e.value, CriticError) and exit_code(e.value) == 2
+    bad_server.answers[:] = [(400, {}, "bad contexts")]  # a request's own refusal: as before
+    with pytest.raises(CriticError) as e:
+        run(HttpCritic(bad_server.url, config=FAST).predict(CONTEXTS))
+    assert not isinstance(e.value, CriticRefused) and exit_code(e.value) == 1
 
 
 @pytest.mark.integration  # starts a server
