@@ -99,6 +99,12 @@ docs/batch-schema.md has what a batch and each export hold.
 """
 
 
+#: Names of ``focus`` shown with their signature: the parts a run is assembled from,
+#: whose keywords are its options and budgets (``Agent(max_steps=...)``, ``Phase``'s
+#: transitions, ``SamplingParams.max_tokens``, ``Execution``'s concurrency).
+SIGNED: tuple[str, ...] = ("SamplingParams", "Agent", "Collector", "Execution", "Phase")
+
+
 def signature(obj: object) -> str:
     """``obj``'s parameters without annotations: the options a reader passes."""
     sig = inspect.signature(obj)
@@ -121,7 +127,8 @@ def render() -> str:
         lines.append(f"## {role}\n")
         for name in names:
             module = getattr(focus, name).__module__
-            lines.append(f"- `{name}` (`{module}`): {summary(getattr(focus, name))}")
+            shown = f"{name}{signature(getattr(focus, name))}" if name in SIGNED else name
+            lines.append(f"- `{shown}` (`{module}`): {summary(getattr(focus, name))}")
         lines.append("")
     lines.append(BACKENDS_HEAD)
     for name in BACKENDS:
@@ -141,6 +148,19 @@ def test_the_roles_hold_each_name_of_focus_exactly_once():
     listed = [name for _, names in ROLES for name in names]
     assert sorted(listed) == sorted(focus.__all__), sorted(set(listed) ^ set(focus.__all__))
     assert len(listed) == len(set(listed))
+
+
+def test_the_parts_a_run_is_assembled_from_show_their_options():
+    """The page said of the execution services "`Execution`'s are above", where above was
+    one sentence and no option; `Agent`, `Collector`, `Phase` and `SamplingParams` - the
+    budgets the user's guide names (`Agent(max_steps=...)`, a phase's transitions,
+    `SamplingParams.max_tokens`) - showed none of theirs either."""
+    page = PAGE.read_text(encoding="utf-8")
+    running = page[page.index("## Running a collection") : page.index("## The search")]
+    assert "`Execution(*, max_concurrency=64" in running
+    for name in SIGNED:
+        assert f"- `{name}{signature(getattr(focus, name))}` (`" in page, name
+    assert {"Agent", "Collector", "Execution", "Phase", "SamplingParams"} <= set(SIGNED)
 
 
 def test_the_page_lists_every_model_client_of_focus_backends():
@@ -185,6 +205,16 @@ def test_the_phase_docstring_describes_every_field():
 
     doc = Phase.__doc__ or ""
     assert [f for f in Phase.model_fields if f != "name" and f"``{f}``" not in doc] == []
+
+
+def test_the_execution_docstring_describes_every_field():
+    """The user's guide sends a reader to ``Phase`` and ``Execution`` for the budget
+    controls; ``help(focus.Execution)`` said "bounded concurrency" and named none of its
+    options (their comments are in the source, which ``help`` does not show)."""
+    from focus.execution import Execution
+
+    doc = Execution.__doc__ or ""
+    assert [f for f in Execution.model_fields if f"``{f}``" not in doc] == []
 
 
 def test_each_extension_interface_that_is_a_pydantic_model_says_how_a_subclass_takes_parameters():
