@@ -19,6 +19,38 @@ from focus.policy import Completion, SamplingParams
 from focus.tree import Tree
 
 
+def command(main: Callable[[], object]) -> None:
+    """``main()`` as a command line runs it: an error is one line on standard error naming
+    its cause (``flows.errors.one_line``, as the ``focus`` command words it), exit 2 for a
+    setting to change and 1 otherwise; ``--debug`` shows the traceback instead. A URL
+    that is no model server ended the run with a traceback of forty lines."""
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as e:
+        if "--debug" in sys.argv[1:]:
+            raise
+        from flows.errors import exit_code, one_line
+
+        print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
+        sys.exit(exit_code(e))
+
+
+def add_debug_option(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--debug", action="store_true", help="print the full traceback of an error (see command)")
+
+
+def check_model_url(ap: argparse.ArgumentParser, url: str | None) -> None:
+    """Stop with one line, exit 2, when nothing takes a connection at ``--model-url``
+    (``focus.backends.reach.first_contact``, as ``focus collect`` asks): a wrong port
+    waited ``outage_wait_s`` (300 s) as for a restart, one progress line every 10 s."""
+    from focus.backends.reach import first_contact
+
+    if url and (line := first_contact([url], field="--model-url")):
+        ap.exit(2, f"error: {line}\n")
+
+
 @contextlib.contextmanager
 def model_server(url: str | None, progress: Progress | None = None) -> Iterator[str]:
     """``url`` when given; otherwise the embedded tiny model, started for the block

@@ -63,6 +63,7 @@ USAGE = frozenset(
         "LeaseHeld",
         "UnreadableAnswers",
         "RequestsRefused",
+        "CriticRefused",
         "RootNotAFolder",
         "StoreIncomplete",
         "PrefectHomeUnwritable",

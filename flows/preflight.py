@@ -143,7 +143,7 @@ def run_setting(field: str, value: str | None = None, environ: Mapping[str, str]
 
 
 def unreachable(config: FocusConfig) -> str | None:
-    """One line if no model service ``config`` names takes a connection
+    """One line if no model service ``config`` names, or its HTTP critic, takes a connection
     (:func:`focus.backends.reach.first_contact`), or its Dask scheduler does not
     (:func:`~focus.backends.reach.scheduler_contact`); asked once a run has work to do
     (``focus collect`` after its finished check, a train loop when a step first needs the
@@ -162,6 +162,11 @@ def unreachable(config: FocusConfig) -> str | None:
         else:
             field = names.model_url if names is not None else run_setting("model.url", str(m.url))
         if line := first_contact([str(u) for u in urls], field=field):
+            return line
+    critic = config.critic
+    if critic.kind == "http" and critic.url:  # waited out as an outage, after the evidence, before
+        field = "critic.url" if names is not None else run_setting("critic.url", str(critic.url))
+        if line := first_contact([str(critic.url)], field=field, service="critic"):
             return line
     if not (ex.kind == "dask" and ex.address):
         return None

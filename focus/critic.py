@@ -20,14 +20,11 @@ import abc
 import asyncio
 import copy
 import inspect
-import json
 import math
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from numbers import Number
+from numbers import Number, Real
 from typing import Any, ClassVar
 
 from focus.backends.retry import HttpConfig
@@ -38,6 +35,13 @@ from focus.reprs import short_value
 
 class CriticError(RuntimeError):
     """The critic could not score (service down, malformed answer, bad input)."""
+
+
+class CriticRefused(CriticError):
+    """The critic service refused a request with a status that refuses any request
+    (``focus.refusals.REFUSED_STATUSES``: a wrong URL, path or key, a server that is no
+    scoring service): a setting to fix, not a failure of the collection. It said only
+    ``POST <url> was rejected with status 501: <page>``, naming no critic or setting."""
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,13 @@ class ConstantCritic(Critic):
     row_wise: ClassVar[bool] = True
 
     def __init__(self, value: float = 0.0, std: float | None = None) -> None:
+        # a value read as text ("0.5" from a file or a flag) failed in abs(), naming neither
+        for name, got in (("value", value), ("std", std)):
+            if not isinstance(got, Real) and (name == "value" or got is not None):
+                or_none = " or None" if name == "std" else ""
+                raise TypeError(
+                    f"ConstantCritic {name} must be a number{or_none}, got {short_value(got)} ({type(got).__name__})"
+                )
         if not abs(value) <= VALUE_LIMIT:  # refused at the first scoring otherwise, after the evidence
             raise ValueError(f"ConstantCritic value must be finite and within ±{VALUE_LIMIT:g}, got {value!r}")
         if std is not None and not (math.isfinite(std) and std >= 0):
@@ -267,6 +278,17 @@ class HttpCritic(Critic):
     ) -> None:
         from focus.backends.http import HttpClient  # the HTTP stack loads with the first HTTP critic
 
+        # both failed deeper down, on an attribute the wrong type lacks, naming no argument
+        if not isinstance(url, str):
+            raise TypeError(
+                "HttpCritic url must be a URL string such as 'http://127.0.0.1:8100/score', "
+                f"got {short_value(url)} ({type(url).__name__})"
+            )
+        if config is not None and not isinstance(config, HttpConfig):
+            raise TypeError(
+                "HttpCritic config must be a focus.backends.HttpConfig (HttpConfig(**options)), "
+                f"got a {type(config).__name__}"
+            )
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"HttpCritic url must start with http:// or https://, got {url!r}")
         if batch_size < 1:
@@ -284,11 +306,26 @@ class HttpCritic(Critic):
         return self.http.stats()
 
     async def _post(self, batch: list[list[int]]) -> list[Prediction]:
-        values, stds = await self.http.request("POST", self._path, batch, self._parse, size=len(batch))
+        try:
+            values, stds = await self.http.request("POST", self._path, batch, self._parse, size=len(batch))
+        except CriticError as e:
+            raise self._refused(e) from e
         for what, got in (("values", values), ("stds", stds)):  # counted here, not in the parse: not retried
             if len(got) != len(batch):
                 raise CriticError(f"critic at {self.url} returned {len(got)} {what} for {len(batch)} contexts")
         return [Prediction(v, s) for v, s in zip(values, stds, strict=True)]
+
+    def _refused(self, e: CriticError) -> CriticError:
+        """``e``, or a :class:`CriticRefused` naming the settings when its status refuses any request."""
+        from focus.refusals import REFUSED_STATUSES, rejected_status
+
+        status = rejected_status(str(e))
+        if status not in REFUSED_STATUSES:
+            return e
+        return CriticRefused(
+            f"the critic service at {self.url} refused the request (status {status}): check critic.url and "
+            f"critic.api_key_env (HttpCritic's url and HttpConfig.api_key in the library); last: {e}"
+        )
 
     def _parse(self, body: Any) -> list[list[Any]]:
         if isinstance(body, dict) and "values" not in body:
@@ -323,60 +360,6 @@ def probe_contexts(body: list[list[int]], k: int = 1) -> list[list[int]]:
     from focus.backends.unreadable import PROBE_TOKENS
 
     return [[*c[: PROBE_TOKENS - 1], k] for c in body]
-
-
-@contextmanager
-def serve_critic(critic: Critic, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Serve ``critic`` over HTTP (the protocol :class:`HttpCritic` speaks) in a thread.
-
-    Yields the URL. Used to put a locally trained critic behind the same interface a
-    remote scoring service has, and by the tests as a real loopback server.
-    """
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # silence per-request logs
-            pass
-
-        def _send(self, code: int, body: object) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_POST(self) -> None:  # noqa: N802 - http.server naming
-            try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"null")
-                if not isinstance(body, list) or not all(
-                    isinstance(c, list) and all(isinstance(t, int) for t in c) for c in body
-                ):
-                    self._send(400, {"error": "expected a JSON list of contexts, each a list of integer token ids"})
-                    return
-                where = f"critic {type(critic).__name__}"
-                # checked and made floats here: a numpy float or a number without a std
-                # broke the handler below, outside this try, and closed the connection
-                preds = check_predictions(asyncio.run(critic.predict_with_std(body)), len(body), where)
-            except json.JSONDecodeError as e:
-                self._send(400, {"error": f"body is not JSON: {e.msg}"})
-                return
-            except Exception as e:  # noqa: BLE001 - report, keep serving
-                self._send(500, {"error": f"{type(e).__name__}: {e}"})
-                return
-            stds = [p.std for p in preds]
-            self._send(
-                200, {"values": [p.value for p in preds], "stds": stds if all(s is not None for s in stds) else None}
-            )
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    thread = threading.Thread(target=server.serve_forever, name="focus-critic-server", daemon=True)
-    thread.start()
-    try:
-        yield f"http://{host}:{server.server_address[1]}/score"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @contextmanager

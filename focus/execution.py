@@ -244,7 +244,19 @@ def check_outage(rollouts: Sequence[Rollout], share: float) -> None:
 
 class Execution(BaseModel):
     """Runs rollout jobs in-process with bounded concurrency. A frozen pydantic model: a
-    subclass's own options are annotated fields, set by keyword (as ``DaskExecution``'s)."""
+    subclass's own options are annotated fields, set by keyword (as ``DaskExecution``'s).
+
+    * ``max_concurrency``: rollouts running at once in this process, over every wave.
+    * ``max_outage_share``: the share of a wave's rollouts that may fail for want of the
+      model service before the wave fails with :class:`ModelServiceOutage` (1.0: never).
+    * ``freeze_gc``: keep the trees out of cyclic garbage collection while waves run.
+    * ``streaming``: continuation phases refill free slots as rollouts finish instead of
+      running in waves (not reproducible as a whole, not resumable per wave);
+      ``refill_fraction`` and ``graft_fraction`` pace its refills and grafts.
+
+    The budgets themselves are the search's (:class:`~focus.priority.Phase`); each
+    field's comment in the source says why it is set as it is.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

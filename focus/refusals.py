@@ -105,14 +105,19 @@ def check_env_failures(rollouts: Sequence[Rollout], jobs: Sequence[Any]) -> None
     )
 
 
+def rejected_status(text: str) -> int | None:
+    """The status of a refusal as :mod:`focus.backends.http` words it in ``text``, or None."""
+    m = _REJECTED.search(text)
+    return int(m.group(1)) if m else None
+
+
 def refused_status(rollout: Rollout) -> int | None:
     """The status with which the model service refused ``rollout``'s request (its leaf's
-    cause, as :mod:`focus.backends.http` words it), or None."""
+    cause), or None."""
     leaf = rollout.leaf if isinstance(rollout, Rollout) else None
     if leaf is None or leaf.kind != "failed" or not leaf.cause.startswith("model:"):
         return None
-    m = _REJECTED.search(leaf.cause)
-    return int(m.group(1)) if m else None
+    return rejected_status(leaf.cause)
 
 
 def check_refused(rollouts: Sequence[Rollout]) -> None:
@@ -125,7 +130,7 @@ def check_refused(rollouts: Sequence[Rollout]) -> None:
     n = len(rollouts)
     last = rollouts[-1].leaf
     if all(s in REFUSED_STATUSES for s in statuses):
-        what = "check model.url, model.model and the API key (focus.backends.HttpConfig.api_key)"
+        what = "check model.url, model.model and the API key (model.api_key_env; focus.backends.HttpConfig.api_key in the library)"
     elif _same_setting_refusal(rollouts, statuses):
         what = "a setting every request carries, most often a sampling parameter (agent.sampling.*, model.options)"
     else:

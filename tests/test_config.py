@@ -183,6 +183,29 @@ def test_a_list_index_past_the_next_entry_is_refused_naming_the_key():
     assert [p.name for p in cfg.search.phases] == ["evidence", "continue", "more"]
 
 
+def test_a_field_missing_from_an_entry_a_flag_added_names_the_flag(tmp_path):
+    """`--set search.phases.2.transitions=3` (two phases) adds a third phase without a
+    name; the line was `search.phases.2.name: Field required`, naming no source, so
+    nothing said that the flag had made a new phase rather than edited one."""
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={"search.phases.2.transitions": 3}, environ={})
+    assert str(e.value).endswith(
+        "search.phases.2.name: Field required (from --set search.phases.2.transitions, which adds search.phases.2)"
+    ), str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(environ={"FOCUS_SEARCH__PHASES__2__TRANSITIONS": "3"})
+    assert str(e.value).endswith(
+        "search.phases.2.name: Field required (from FOCUS_SEARCH__PHASES__2__TRANSITIONS, which adds search.phases.2)"
+    ), str(e.value)
+    path = tmp_path / "c.toml"  # past a file's phases: the flag that added one, not the file
+    path.write_text('[[search.phases]]\nname = "e"\nrollouts_per_task = 2\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(path, {"search.phases.1.transitions": 3}, environ={})
+    assert str(e.value).endswith(
+        "search.phases.1.name: Field required (from --set search.phases.1.transitions, which adds search.phases.1)"
+    ), str(e.value)
+
+
 def test_a_set_value_in_tomls_inline_syntax_is_read_as_a_config_file_writes_it(capsys):
     """A --set list or table written as in a TOML file (`[{name = "e", ...}]`) was taken
     for text: `search.phases: Input should be a valid list`. It is read as TOML now; one

@@ -13,7 +13,8 @@ import pytest
 from focus.agent import Agent
 from focus.backends import HttpConfig
 from focus.collector import Collector
-from focus.critic import ConstantCritic, Critic, CriticError, HttpCritic, LocalCritic, serve_critic
+from focus.critic import ConstantCritic, Critic, CriticError, HttpCritic, LocalCritic
+from focus.critic_server import serve_critic
 from focus.env import Task
 from focus.priority import Phase, Uniform
 from focus.synthetic import SHAPES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, read_state, synthetic_format
@@ -70,6 +71,20 @@ class TestConstant(CriticConformance):
                 ConstantCritic(value, std)
         assert run(ConstantCritic(0.5, 0).predict_with_std([[1]]))[0].std == 0.0
 
+    def test_a_value_or_std_that_is_no_number_is_refused_naming_the_argument(self):
+        """``ConstantCritic("0.5")`` (a value read from a file or a flag as text) raised
+        ``TypeError: bad operand type for abs(): 'str'``, and ``std="x"`` ``must be real
+        number, not str``: neither named the class, the argument or what it takes."""
+        for args, says in (
+            (("0.5",), r"value must be a number, got '0.5' \(str\)"),
+            ((None,), r"value must be a number, got None \(NoneType\)"),
+            (([0.5],), r"value must be a number, got \[0.5\] \(list\)"),
+            ((0.5, "x"), r"std must be a number or None, got 'x' \(str\)"),
+        ):
+            with pytest.raises(TypeError, match=rf"^ConstantCritic {says}$"):
+                ConstantCritic(*args)
+        assert ConstantCritic(True).value == 1.0 and ConstantCritic(1, std=0).std == 0.0  # numbers of any kind
+
 
 @pytest.mark.integration  # serves the critic over HTTP
 class TestHttpAgainstServedLocalCritic(CriticConformance):
@@ -104,6 +119,23 @@ def _free_port() -> int:
 FAST = HttpConfig(backoff_s=0.01, backoff_max_s=0.02, max_retries=1, timeout_s=10, outage_wait_s=0)
 
 
+def test_an_http_critic_given_no_url_string_or_a_config_of_another_type_says_so():
+    """``HttpCritic(8100)`` raised ``AttributeError: 'int' object has no attribute
+    'startswith'``, and ``config={"timeout_s": 3}`` (a dict where an ``HttpConfig`` goes)
+    ``'dict' object has no attribute 'headers'``: neither named the argument."""
+    with pytest.raises(
+        TypeError,
+        match=r"^HttpCritic url must be a URL string such as 'http://127.0.0.1:8100/score', got 8100 \(int\)$",
+    ):
+        HttpCritic(8100)  # type: ignore[arg-type]
+    with pytest.raises(
+        TypeError,
+        match=r"^HttpCritic config must be a focus.backends.HttpConfig \(HttpConfig\(\*\*options\)\), got a dict$",
+    ):
+        HttpCritic("http://127.0.0.1:8100/score", config={"timeout_s": 3})  # type: ignore[arg-type]
+    assert HttpCritic("http://127.0.0.1:8100/score", config=HttpConfig(timeout_s=3)).url.endswith("/score")
+
+
 def test_http_critic_names_the_url_when_the_service_is_down():
     url = f"http://127.0.0.1:{_free_port()}/score"
     with pytest.raises(CriticError, match=f"POST {url} failed after 2 attempt.*connection"):
@@ -115,6 +147,33 @@ def bad_server(scripted):
     """The scripted server, answering at ``/score``."""
     scripted.url += "/score"
     return scripted
+
+
+@pytest.mark.integration  # starts a server
+@pytest.mark.parametrize("status", [401, 404, 405, 501])
+def test_a_critic_url_that_refuses_any_request_names_the_critic_settings(bad_server, status):
+    """A URL that is no scoring service (a web server's 501, a wrong path's 404, a wrong
+    key's 401) stopped `focus collect` with `POST <url> was rejected with status 501:
+    <its page>`, exit 1 and a traceback in the log, as for a bug: it named neither the
+    critic nor a setting to change. It is a setting to fix, as a model service's refusal
+    is (`RequestsRefused`): exit 2."""
+    from flows.errors import exit_code
+    from focus.critic import CriticRefused
+
+    bad_server.answers[:] = [(status, {}, "Not here")]
+    with pytest.raises(CriticRefused) as e:
+        run(HttpCritic(bad_server.url, config=FAST).predict(CONTEXTS))
+    line = str(e.value)
+    assert line.startswith(
+        f"the critic service at {bad_server.url} refused the request (status {status}): check critic.url and "
+        "critic.api_key_env (HttpCritic's url and HttpConfig.api_key in the library); "
+        f'last: POST {bad_server.url} was rejected with status {status}: "Not here"'
+    ), line
+    assert isinstance(e.value, CriticError) and exit_code(e.value) == 2
+    bad_server.answers[:] = [(400, {}, "bad contexts")]  # a request's own refusal: as before
+    with pytest.raises(CriticError) as e:
+        run(HttpCritic(bad_server.url, config=FAST).predict(CONTEXTS))
+    assert not isinstance(e.value, CriticRefused) and exit_code(e.value) == 1
 
 
 @pytest.mark.integration  # starts a server

@@ -12,7 +12,8 @@ import pytest
 from fixtures.journal import StopAfter, Stopped, run_collect
 from test_pipeline import small_config
 
-from focus.critic import ConstantCritic, LocalCritic, serve_critic
+from focus.critic import ConstantCritic, LocalCritic
+from focus.critic_server import serve_critic
 from focus.journal import wave_step
 from storage import BatchStore
 from tasks.fingerprint import CRITIC_KEY, CriticChanged, critic_identity

@@ -67,3 +67,37 @@ def test_readme_names_the_conformance_checks_for_custom_parts():
     assert mixins, "focus.testing has no conformance mixins"
     readme = (ROOT / "README.md").read_text()
     assert [n for n in mixins if f"`{n}`" not in readme] == []
+
+
+def test_readme_says_what_focus_collect_takes_for_each_interface():
+    """The user's guide says a run takes the parts you supply; `focus collect` takes an
+    env, a model client and a critic of your own (`*.factory`) and only the built-ins of
+    the rest, which no page said: a custom `Priority` or `Summarize` had no field to name
+    and `--set agent.context=summarize` was refused as an unknown choice. Each row of the
+    table says which fields choose the part in the command, each a real field listed
+    with choices it has, and a row with no factory says that others run through the
+    library."""
+    import typing
+
+    from tasks.config.schema import FocusConfig
+
+    rows = _table((ROOT / "README.md").read_text(), "Where your code fits")
+    assert all(len(row) == 4 for row in rows), "README's table needs its column `focus collect`"
+    named_factories = set()
+    for row in rows:
+        cell = row[3]
+        for path in re.findall(r"`([a-z_]+\.[a-z_]+)`", cell):
+            section, _, name = path.partition(".")
+            fields = FocusConfig.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
+            assert name in fields, path
+            named_factories |= {section} if name == "factory" else set()
+            annotation = fields[name].annotation
+            if typing.get_origin(annotation) is typing.Literal:  # the choices given after it, up to a `;`
+                choices = set(typing.get_args(annotation))
+                listed = set(re.findall(r"`([a-z_]+)`", cell.split(f"`{path}`", 1)[1].split(";")[0]))
+                assert listed and listed <= choices, (path, listed - choices)
+        assert ".factory" in cell or "library only" in cell, row[0]
+    pluggable = {
+        n for n, f in FocusConfig.model_fields.items() if "factory" in getattr(f.annotation, "model_fields", {})
+    }
+    assert named_factories == pluggable, (named_factories, pluggable)

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import focus
+import focus.backends as backends
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "python-api.md"
@@ -38,10 +39,11 @@ HEAD = """# The Python API
 
 The names `import focus` exports (`focus.__all__`), by role, each with its module and the
 first sentence of its docstring; `help(focus.Name)` has the rest. Model clients (vLLM,
-SGLang, llama.cpp, Tinker, the embedded server) are in `focus.backends`; the interfaces a
-custom part subclasses are re-exported by `focus.extend` (README.md, "Where your code
-fits"; docs/architecture.md, "Roles"). This page is generated from the code by
-`tests/test_docs_python_api.py`, which fails when the two differ.
+SGLang, llama.cpp, Tinker, the embedded server) are in `focus.backends` ("Model
+clients" below); the interfaces a custom part subclasses are re-exported by
+`focus.extend` (README.md, "Where your code fits"; docs/architecture.md, "Roles"). This
+page is generated from the code by `tests/test_docs_python_api.py`, which fails when the
+two differ.
 
 What a critic sees: `Critic.predict(contexts)` is given, for each checkpoint (and each
 truncated leaf it bootstraps), only that state's prompt ids, the exact ids of the next
@@ -63,6 +65,31 @@ OUTSIDE: tuple[str, ...] = (
     "focus.exporters:to_verl_batches",
 )
 
+#: The model clients, ``focus.backends.__all__``, in the order a reader picks one: the
+#: user's guide sends a reader to ``focus.backends`` for them ("choose an existing policy
+#: backend"), and this page named the package but none of its clients or their options.
+BACKENDS: tuple[str, ...] = (
+    "OpenAICompatPolicy",
+    "SGLangPolicy",
+    "LlamaCppPolicy",
+    "TinkerPolicy",
+    "FleetPolicy",
+    "LocalModelServer",
+    "HttpConfig",
+    "RetryPolicy",
+    "HttpClient",
+)
+
+BACKENDS_HEAD = """## Model clients (`focus.backends`)
+
+Each with its signature, whose keywords are its options; `config` takes a
+`focus.backends.HttpConfig` (timeouts, retries, hedging, concurrency, headers, `api_key`).
+`OpenAICompatPolicy`'s `model` is the name the server serves (vLLM's
+`--served-model-name`, else the model path it was started with); the default names the
+embedded model, so a vLLM server refuses it (404, `RequestsRefused`).
+docs/model-services.md has what each sends and reads, and a server's failures.
+"""
+
 OUTSIDE_HEAD = """## Execution, storage and export (outside `import focus`)
 
 Each with its signature, whose keywords are its options (`Execution`'s are above, under
@@ -70,6 +97,12 @@ Each with its signature, whose keywords are its options (`Execution`'s are above
 (`pip install 'focus-rl[pipeline]'`), `to_tinker_datums` needs the `[tinker]` one;
 docs/batch-schema.md has what a batch and each export hold.
 """
+
+
+#: Names of ``focus`` shown with their signature: the parts a run is assembled from,
+#: whose keywords are its options and budgets (``Agent(max_steps=...)``, ``Phase``'s
+#: transitions, ``SamplingParams.max_tokens``, ``Execution``'s concurrency).
+SIGNED: tuple[str, ...] = ("SamplingParams", "Agent", "Collector", "Execution", "Phase")
 
 
 def signature(obj: object) -> str:
@@ -94,8 +127,14 @@ def render() -> str:
         lines.append(f"## {role}\n")
         for name in names:
             module = getattr(focus, name).__module__
-            lines.append(f"- `{name}` (`{module}`): {summary(getattr(focus, name))}")
+            shown = f"{name}{signature(getattr(focus, name))}" if name in SIGNED else name
+            lines.append(f"- `{shown}` (`{module}`): {summary(getattr(focus, name))}")
         lines.append("")
+    lines.append(BACKENDS_HEAD)
+    for name in BACKENDS:
+        obj = getattr(backends, name)
+        lines.append(f"- `focus.backends.{name}{signature(obj)}`: {summary(obj)}")
+    lines.append("")
     lines.append(OUTSIDE_HEAD)
     for path in OUTSIDE:
         module, name = path.split(":")
@@ -109,6 +148,28 @@ def test_the_roles_hold_each_name_of_focus_exactly_once():
     listed = [name for _, names in ROLES for name in names]
     assert sorted(listed) == sorted(focus.__all__), sorted(set(listed) ^ set(focus.__all__))
     assert len(listed) == len(set(listed))
+
+
+def test_the_parts_a_run_is_assembled_from_show_their_options():
+    """The page said of the execution services "`Execution`'s are above", where above was
+    one sentence and no option; `Agent`, `Collector`, `Phase` and `SamplingParams` - the
+    budgets the user's guide names (`Agent(max_steps=...)`, a phase's transitions,
+    `SamplingParams.max_tokens`) - showed none of theirs either."""
+    page = PAGE.read_text(encoding="utf-8")
+    running = page[page.index("## Running a collection") : page.index("## The search")]
+    assert "`Execution(*, max_concurrency=64" in running
+    for name in SIGNED:
+        assert f"- `{name}{signature(getattr(focus, name))}` (`" in page, name
+    assert {"Agent", "Collector", "Execution", "Phase", "SamplingParams"} <= set(SIGNED)
+
+
+def test_the_page_lists_every_model_client_of_focus_backends():
+    """The page said the model clients are in ``focus.backends`` and listed none of them:
+    no name to import for vLLM, SGLang or llama.cpp and no options (``model``, ``config``,
+    ``vocab_size``), where it gave the signatures of the execution, storage and export parts."""
+    assert sorted(BACKENDS) == sorted(backends.__all__)
+    page = PAGE.read_text(encoding="utf-8")
+    assert [n for n in backends.__all__ if f"`focus.backends.{n}(" not in page] == []
 
 
 def test_the_python_api_page_is_the_rendered_one():
@@ -144,6 +205,16 @@ def test_the_phase_docstring_describes_every_field():
 
     doc = Phase.__doc__ or ""
     assert [f for f in Phase.model_fields if f != "name" and f"``{f}``" not in doc] == []
+
+
+def test_the_execution_docstring_describes_every_field():
+    """The user's guide sends a reader to ``Phase`` and ``Execution`` for the budget
+    controls; ``help(focus.Execution)`` said "bounded concurrency" and named none of its
+    options (their comments are in the source, which ``help`` does not show)."""
+    from focus.execution import Execution
+
+    doc = Execution.__doc__ or ""
+    assert [f for f in Execution.model_fields if f"``{f}``" not in doc] == []
 
 
 def test_each_extension_interface_that_is_a_pydantic_model_says_how_a_subclass_takes_parameters():

@@ -137,3 +137,56 @@ def test_the_digit_sum_difficulty_draws_single_digit_sums():
     assert [t.data["kind"] for t in default_tasks(5, 0)] == list(DIFFICULTIES["standard"])  # unchanged default
     with pytest.raises(ValueError, match="unknown difficulty"):
         default_tasks(2, 0, "hard")
+
+
+def _example(tmp_path, *args: str):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "examples.math.run", "--problems", "2", "--out", str(tmp_path / "out"), *args]
+    return subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=90)
+
+
+@pytest.mark.integration  # subprocesses, a loopback server
+def test_a_model_url_that_is_no_model_server_is_one_line_and_exit_2(tmp_path):
+    """A closed port waited `outage_wait_s` (300 s), a progress line every 10 s; a web
+    server that is no model service (its 501 to a POST) ended in a traceback of forty
+    lines, exit 1. Each is one line naming the cause now, exit 2; `--debug` keeps the
+    traceback."""
+    import threading
+    from http.server import HTTPServer, SimpleHTTPRequestHandler
+
+    from fixtures.prefect import free_port
+
+    closed = _example(tmp_path, "--model-url", f"http://127.0.0.1:{free_port()}")
+    assert closed.returncode == 2 and closed.stderr.splitlines() == [closed.stderr.strip()], closed.stderr
+    assert closed.stderr.startswith("error: cannot reach the model service at http://127.0.0.1:") and (
+        "check --model-url," in closed.stderr
+    ), closed.stderr
+    web = HTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{web.server_address[1]}"
+        refused = _example(tmp_path, "--model-url", url)
+        debug = _example(tmp_path, "--model-url", url, "--debug")
+    finally:
+        web.shutdown()
+        web.server_close()
+    errors = [line for line in refused.stderr.splitlines() if not line.startswith("math: ")]  # progress lines
+    assert refused.returncode == 2 and len(errors) == 1, refused.stderr
+    assert errors[0].startswith("error: the model service refused every request") and "status 501" in errors[0]
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+
+
+def test_a_flag_out_of_range_is_one_line_naming_the_flag(capsys):
+    """`--problems 0` printed pydantic's ValidationError with its traceback, naming the
+    field `problems`, not the flag."""
+    with pytest.raises(SystemExit) as e:
+        main(["--problems", "0", "--max-tokens", "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith(
+        "error: --problems: Input should be greater than or equal to 1; --max-tokens: Input should be greater than 0"
+    ), err

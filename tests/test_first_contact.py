@@ -93,6 +93,25 @@ def test_a_flow_run_names_the_setting_where_its_value_came_from(monkeypatch):
         COMMAND_NAMES.reset(token)
 
 
+def test_a_critic_url_nothing_answers_is_one_line_naming_the_critic(monkeypatch):
+    """``critic.kind = "http"`` with ``critic.url`` at a closed port waited
+    ``critic.http.outage_wait_s`` (300 s) after the evidence ran, as an outage, where the
+    same mistake in ``model.url`` is one line in seconds. The contact tries for 0.6 s here."""
+    import functools
+
+    from flows.preflight import unreachable
+    from focus.backends import reach
+    from tasks.config import FocusConfig
+
+    monkeypatch.setattr(reach, "first_contact", functools.partial(reach.first_contact, grace_s=0.6))
+    url = f"http://127.0.0.1:{free_port()}/score"
+    cfg = FocusConfig.model_validate({"critic": {"kind": "http", "url": url}})
+    line = unreachable(cfg) or ""
+    assert line.startswith(f"cannot reach the critic service at {url}: no connection in 0.6 s"), line
+    assert "check the critic.url field of the run's config parameter," in line, line
+    assert "(critic.http.outage_wait_s)" in line and "model" not in line, line
+
+
 @pytest.mark.integration
 def test_focus_collect_at_a_closed_port_fails_in_seconds(tmp_path):
     """Before, this waited model.http.outage_wait_s (300 s): the subprocess's timeout fails it."""

@@ -94,6 +94,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--collection-id", default="browse")
     ap.add_argument("--write-corpus", help="write the generated corpus as JSON lines here and exit")
     common.add_json_option(ap)
+    common.add_debug_option(ap)
     return ap
 
 
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         if args.tokenizer and not args.model_url:
             ap.error("--tokenizer belongs to a model served at --model-url")
+        common.check_model_url(ap, args.model_url)
         with common.Progress("browse") as progress, common.model_server(args.model_url, progress) as url:
             result = asyncio.run(collect(url, args, progress))
     common.emit(result, args.json_path)
@@ -118,4 +120,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    common.command(main)

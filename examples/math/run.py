@@ -18,7 +18,7 @@ import argparse
 import asyncio
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from examples import common
 from examples.math.env import MathEnv, default_tasks
@@ -127,6 +127,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default="runs/math", help="batch store root (path or fsspec URL)")
     ap.add_argument("--collection-id", default="math")
     common.add_json_option(ap)
+    common.add_debug_option(ap)
     return ap
 
 
@@ -136,7 +137,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.tokenizer and not args.model_url:
         ap.error("--tokenizer belongs to a model served at --model-url; the embedded model uses its byte codec")
     json_path = vars(args).pop("json_path")
-    config = MathConfig(**{k: v for k, v in vars(args).items() if v is not None})
+    vars(args).pop("debug")
+    try:
+        config = MathConfig(**{k: v for k, v in vars(args).items() if v is not None})
+    except ValidationError as e:  # one line naming the flag, not pydantic's three per field
+        ap.error("; ".join(f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}" for err in e.errors()))
+    common.check_model_url(ap, config.model_url)
     with common.Progress("math") as progress, common.model_server(config.model_url, progress) as url:
         result = asyncio.run(collect(config, url, progress))
     common.emit(result, json_path)
@@ -144,4 +150,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    common.command(main)

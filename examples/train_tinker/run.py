@@ -71,6 +71,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--dry-run", action="store_true", help="build and check every request, even with a key")
     common.add_json_option(ap)
+    common.add_debug_option(ap)
     return ap
 
 
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = parser()
     args = ap.parse_args(argv)
     if args.collect_toy:
+        common.check_model_url(ap, args.model_url)
         url, batch = asyncio.run(toy_batch(args.out, args.model_url))
     elif args.store and args.batch_url:
         url, batch = args.batch_url, BatchStore(args.store).read(args.batch_url)
@@ -109,4 +111,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    common.command(main)

@@ -104,21 +104,29 @@ def _why(error: BaseException, grace_s: float) -> str:
     return f"{'its host name is not known' if _unknown_host(error) else f'no connection in {grace_s:g} s'} ({cause})"
 
 
-def first_contact(urls: Sequence[str], grace_s: float = FIRST_CONTACT_S, field: str = "model.url") -> str | None:
+def first_contact(
+    urls: Sequence[str], grace_s: float = FIRST_CONTACT_S, field: str = "model.url", service: str = "model"
+) -> str | None:
     """One line saying that no connection could be made to any of ``urls`` within
     ``grace_s`` seconds; ``None`` as soon as one connects (a fleet goes on with the
     replicas that are there, as it does mid-run). ``field``: the setting the line tells
     the reader to check, named as they set it (the ``focus`` command's flag, a flow run's
-    parameter): a deployment's run said ``--model-url``, a flag its user never saw."""
+    parameter): a deployment's run said ``--model-url``, a flag its user never saw.
+    ``service``: ``model`` or ``critic`` (an HTTP critic's URL is asked the same way), the
+    section whose ``http.outage_wait_s`` the line names."""
     failed = _first(urls, _connects, grace_s)
     if failed is None:
         return None
     url, error = failed
-    where = f"the model service at {url}" if len(urls) == 1 else f"any of the {len(urls)} model services ({url}, ...)"
+    where = (
+        f"the {service} service at {url}"
+        if len(urls) == 1
+        else f"any of the {len(urls)} {service} services ({url}, ...)"
+    )
     return (
         f"cannot reach {where}: {_why(error, grace_s)}; nothing has answered there in this run: check {field}, "
         "its host and port, and that the server runs; a server still starting is not waited for (run "
-        "again once it answers), one that stops answering after it answered is (model.http.outage_wait_s)"
+        f"again once it answers), one that stops answering after it answered is ({service}.http.outage_wait_s)"
     )
 
 

@@ -21,6 +21,7 @@ which a configuration that travels to other processes as a flow parameter must n
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import os
@@ -62,9 +63,11 @@ class Layer:
     value: Any = None
 
     def apply(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` with this layer's values over it; the layer keeps its own (a later
+        ``--set search.phases.2...`` appended to a file's list of phases in place)."""
         if self.key is None:
-            return merge(data, self.data)
-        set_dotted(data, self.key, self.value)
+            return merge(data, copy.deepcopy(self.data))
+        set_dotted(data, self.key, copy.deepcopy(self.value))
         return data
 
     def keys(self) -> list[str]:
@@ -284,7 +287,41 @@ def _blamed(loc: str, why: str, layers: list[Layer]) -> str | None:
     named = why.split(" ", 1)[0]
     if named.startswith(loc + ".") and (source := source_of(named, layers)) is not None:
         return source
+    if why == "Field required" and (source := _adder(loc, layers)) is not None:
+        return source
     return source_of(loc, layers)
+
+
+def _adder(loc: str, layers: list[Layer]) -> str | None:
+    """The source that added the list entry missing field ``loc`` belongs to, said so:
+    ``--set search.phases.2.transitions=3`` adds a third phase, whose name was then
+    reported required with no source (or, past a file's phases, blamed on the file)."""
+    parts = loc.split(".")
+    digits = [i for i, part in enumerate(parts[:-1]) if part.isdigit()]
+    if not digits:
+        return None
+    entry = ".".join(parts[: digits[-1] + 1])
+    data, adder = FocusConfig.model_construct().model_dump(), None
+    for layer in layers:
+        keys = layer.keys()
+        if any(k == entry or entry.startswith(k + ".") for k in keys):
+            adder = None  # the entry set whole (a file's list): that source is blamed, as before
+        elif adder is None and any(k.startswith(entry + ".") for k in keys) and not _holds(data, entry):
+            adder = f"{layer.source}, which adds {entry}"
+        data = layer.apply(data)
+    return adder
+
+
+def _holds(data: Any, key: str) -> bool:
+    """Whether dotted ``key`` (digit parts index lists) is present in ``data``."""
+    for part in key.split("."):
+        if isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        elif isinstance(data, dict) and part in data:
+            data = data[part]
+        else:
+            return False
+    return True
 
 
 def file_layers(path: str | os.PathLike[str] | None) -> list[Layer]:
