@@ -45,19 +45,22 @@ def gets(proxy: S3FaultProxy, since: float, part: str = "/checkpoints/") -> list
     return [r for r in proxy.served if r[0] >= since and r[2] == "GET" and part in r[3]]
 
 
-def saved_store(bucket: str, opts: dict, n: int) -> tuple[CheckpointStore, list, list]:
-    """A store holding ``n`` checkpoints of collection ``c``: (store, keys, values)."""
+def saved_store(bucket: str, opts: dict, n: int, proxy: S3FaultProxy) -> tuple[CheckpointStore, list, list]:
+    """A store holding ``n`` checkpoints of collection ``c``: (store, keys, values). The
+    saves go at loopback speed (only the reads are looked at), the reads after are held."""
     store = CheckpointStore(f"{bucket}/runs", storage_options=opts)
     keys = [(f"1.continue{'.score' if i % 2 else ''}", i // 2) for i in range(n)]
     values = [{"i": i, "pad": bytes(100 * i)} for i in range(n)]
+    proxy.delay_s = 0.0
     for key, value in zip(keys, values, strict=True):
         store.save("c", *key, value)
+    proxy.delay_s = DELAY_S
     return store, keys, values
 
 
 def test_the_loads_overlap_within_their_window_and_come_in_order(slow_s3):
     bucket, opts, proxy = slow_s3
-    store, keys, values = saved_store(bucket, opts, 24)
+    store, keys, values = saved_store(bucket, opts, 24, proxy)
     t0 = time.monotonic()
     ahead = ReadAhead(store, "c", keys, threads=8, window=8, max_bytes=1)
     deadline = time.monotonic() + 30
@@ -77,7 +80,7 @@ def test_the_loads_overlap_within_their_window_and_come_in_order(slow_s3):
 
 def test_a_damaged_or_missing_checkpoint_is_reported_as_a_load_reports_it(slow_s3, s3_server):
     bucket, opts, proxy = slow_s3
-    store, keys, values = saved_store(bucket, opts, 10)
+    store, keys, values = saved_store(bucket, opts, 10, proxy)
     fs = s3_server.filesystem()
     folder = f"{bucket.removeprefix('s3://')}/runs/checkpoints/c"
     (data,) = fs.glob(f"{folder}/n-1.continue-w00001.*.pkl")
@@ -115,14 +118,19 @@ def test_a_resume_on_s3_reads_ahead_and_gives_the_uninterrupted_batch(slow_s3):
             return cfg, CheckpointJournal(cfg, **stores)
         return cfg, StopAfter(cfg, wave_step(1, stop), **stores)
 
+    # the clean run and the run to stop go at loopback speed: only the resume's reads are
+    # looked at, and they alone are held (the two runs before cost the test 10 s more)
+    proxy.delay_s = 0.0
     clean = run_collect(*journal(f"{bucket}/clean"))  # the same collection id in another root
     root = f"{bucket}/resumed"
     with pytest.raises(Stopped):
         run_collect(*journal(root, stop=5))
     store = CheckpointStore(root, storage_options=opts)
     before = {store.loc.path(u) for u in store.loc.list_files(f"{root}/checkpoints/ahead", store.retry)}
+    proxy.delay_s = DELAY_S
     t0 = time.monotonic()
     out = run_collect(*journal(root))
+    proxy.delay_s = 0.0  # the batches' reads below are not looked at
     replayed = [r for r in gets(proxy, t0) if r[3].lstrip("/") in before]
     assert len(replayed) >= 2 * 14  # the evidence, its scores and 6 waves with their scores, at least
     assert peak_in_flight(replayed) >= 2
