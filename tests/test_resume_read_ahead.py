@@ -5,7 +5,8 @@ file, so on S3 every saved wave cost four round trips with nothing else in fligh
 (16,500 sequential GETs before the first new wave at 100k transitions). Now the loads run
 in a few threads ahead of the replay, which still takes them in order. Moto's S3 on
 loopback behind :class:`focus.testing.s3faults.S3FaultProxy`, which holds every request
-50 ms (a store farther away than loopback) and records when each was in flight.
+the tests look at 50 ms (a store farther away than loopback; what only sets the scene goes
+at loopback speed) and records when each was in flight.
 """
 
 from __future__ import annotations
@@ -102,26 +103,29 @@ def test_a_damaged_or_missing_checkpoint_is_reported_as_a_load_reports_it(slow_s
     assert "checksum differs from the manifest" in errors[keys[2]][1]
 
 
-def test_a_resume_on_s3_reads_ahead_and_gives_the_uninterrupted_batch(slow_s3):
+def test_a_resume_on_s3_reads_ahead_and_gives_the_uninterrupted_batch(slow_s3, tmp_path):
     """Stopped after its sixth continuation wave was saved, then resumed: the replay's
     checkpoint reads overlap (they were one at a time), and the batch is the clean run's,
     every row bit for bit and the same Parquet files."""
     bucket, opts, proxy = slow_s3
 
-    def journal(root: str, stop: int | None = None) -> tuple:
+    def journal(root: str, stop: int | None = None, options: dict | None = opts) -> tuple:
         cfg = config(root, "ahead", transitions=48)
         stores = {
-            "store": CheckpointStore(root, storage_options=opts),
-            "batch_store": BatchStore(root, storage_options=opts),
+            "store": CheckpointStore(root, storage_options=options),
+            "batch_store": BatchStore(root, storage_options=options),
         }
         if stop is None:
             return cfg, CheckpointJournal(cfg, **stores)
         return cfg, StopAfter(cfg, wave_step(1, stop), **stores)
 
-    # the clean run and the run to stop go at loopback speed: only the resume's reads are
-    # looked at, and they alone are held (the two runs before cost the test 10 s more)
+    # the uninterrupted run in a local folder (the same batch wherever it is stored: the
+    # Parquet files' checksums are compared below; on moto it cost the test 5 s), and the
+    # run to stop at loopback speed: only the resume's reads are looked at, and they alone
+    # are held
+    clean_root = str(tmp_path / "clean")
+    clean = run_collect(*journal(clean_root, options=None))  # the same collection id in another root
     proxy.delay_s = 0.0
-    clean = run_collect(*journal(f"{bucket}/clean"))  # the same collection id in another root
     root = f"{bucket}/resumed"
     with pytest.raises(Stopped):
         run_collect(*journal(root, stop=5))
@@ -135,7 +139,7 @@ def test_a_resume_on_s3_reads_ahead_and_gives_the_uninterrupted_batch(slow_s3):
     assert len(replayed) >= 2 * 14  # the evidence, its scores and 6 waves with their scores, at least
     assert peak_in_flight(replayed) >= 2
     assert out["stats"]["steps_reused"] >= 14
-    batches = BatchStore(f"{bucket}/clean", storage_options=opts)
+    batches = BatchStore(clean_root)
     want, want_manifest = batches.read(clean["batch_url"]), batches.manifest(clean["batch_url"])
     resumed = BatchStore(root, storage_options=opts)
     got = resumed.read(out["batch_url"])
