@@ -8,6 +8,7 @@ Against the session's real Prefect server, through the call the UI's edit form m
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -30,10 +31,11 @@ n_tasks = 2
 """
 
 
-def served_once(env: dict[str, str], api: str, cfg: Path, log: Path) -> tuple[dict, str]:
-    """Start ``focus deploy``, wait until it registered ``collect/manual``, stop it; the
-    deployment and what the command printed."""
-    since = time.time() - 1
+def served_once(env: dict[str, str], api: str, cfg: Path, log: Path, after: float = 0.0) -> tuple[dict, str]:
+    """Start ``focus deploy``, wait until it registered ``collect/manual`` (a registration
+    later than ``after`` too, a server time), stop it; the deployment and what the
+    command printed."""
+    since = max(time.time() - 1, after)
     proc = deploy(env, "--config", str(cfg), "--crash-after", "0", log=log)
     try:
         manual = deployment(api, "manual", proc, log, since)
@@ -51,9 +53,12 @@ def test_a_restart_of_focus_deploy_says_which_edited_fields_it_replaces(prefect_
     edited = {**stored, "seed": 11, "env": {**stored["env"], "n_tasks": 5}}
     r = httpx.patch(f"{api}/deployments/{manual['id']}", json={"parameters": {"config": edited}}, timeout=30)
     assert r.status_code == 204, r.text
-    time.sleep(1.5)  # the next registration is told from the edit by its time (1 s of slack)
+    # the next registration is told from the edit by the server's own time of the edit
+    # (a sleep of 1.5 s did it with the command's start time and 1 s of slack)
+    edit = httpx.get(f"{api}/deployments/{manual['id']}", timeout=30).json()
+    assert edit["parameters"]["config"] == edited
 
-    again, out = served_once(prefect_env, api, cfg, tmp_path / "second.log")
+    again, out = served_once(prefect_env, api, cfg, tmp_path / "second.log", after=updated_at(edit))
     assert again["parameters"]["config"] == stored  # the edit is gone: serve registered the file's
     lines = [ln for ln in out.splitlines() if ln.startswith("warning: deployment collect/")]
     assert lines == [
@@ -64,6 +69,10 @@ def test_a_restart_of_focus_deploy_says_which_edited_fields_it_replaces(prefect_
     # started again with nothing edited: no line
     _, out = served_once(prefect_env, api, cfg, tmp_path / "third.log")
     assert "warning: deployment" not in out, out[-3000:]
+
+
+def updated_at(deployment: dict) -> float:
+    return datetime.fromisoformat(deployment["updated"]).timestamp()
 
 
 def test_the_fields_that_differ_are_named_by_their_dotted_path():

@@ -42,6 +42,7 @@ max_depth = 6
 [execution]
 kind = "dask"
 n_workers = 2
+heartbeat_s = 0.5
 [storage]
 root = "{root}"
 """

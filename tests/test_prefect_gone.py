@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fixtures.digits import ran_out
 from test_errors import SMALL, error_line
 
 from focus.testing.faults import TcpRelay
@@ -45,6 +46,15 @@ def _collect(tmp_path: Path, cid: str, latency_s: float, *more: str) -> list[str
     return [sys.executable, "-m", "cli", "collect", *args]
 
 
+def _gated(gate: Path) -> list[str]:
+    """``--set`` flags for a model whose calls after the evidence wave's wait at ``gate``
+    (``fixtures.digits.gated_policy``): the run is still running when the watch stops it,
+    whatever the machine's speed, and the rerun, the gate open, runs at full speed."""
+    # 2 tasks x 4 evidence rollouts of at most 4 steps: the evidence wave is never held
+    options = json.dumps({"gate": str(gate), "free_calls": 2 * 4 * 4})
+    return ["--set", "model.factory=fixtures.digits:gated_policy", "--set", f"model.options={options}"]
+
+
 def _start_and_cut_after_evidence(cmd: list[str], env: dict[str, str], cwd: Path, relay: TcpRelay) -> Any:
     """Start ``cmd``, cut the relay once its evidence wave is saved; the process and the
     time of the cut."""
@@ -59,13 +69,21 @@ def _start_and_cut_after_evidence(cmd: list[str], env: dict[str, str], cwd: Path
     return proc, time.monotonic()
 
 
-def _gone(tmp_path, prefect_env, prefect_server, latency_s: float, *more: str) -> tuple[float, dict[str, Any]]:
+def _gone(
+    tmp_path, prefect_env, prefect_server, cid: str, latency_s: float, *more: str, gate: Path | None = None
+) -> tuple[float, dict[str, Any]]:
     """Cut the server after the evidence wave; seconds from the cut to the command's end
-    (checking its one line) and the rerun's result."""
+    (checking its one line) and the rerun's result (``gate``, where the model waits at
+    one, opened before the rerun)."""
     port = int(prefect_server.rsplit(":", 1)[1].split("/")[0])
     with TcpRelay(port) as relay:
         env = {**prefect_env, "PREFECT_API_URL": f"{relay.url}/api"}  # Prefect's own retries: the default
-        cmd = _collect(tmp_path, "gone", latency_s, *more)
+        # the command's flow run stays Running on the server (gone when it failed): the
+        # rerun closes it once it is silent for two heartbeats and the event lag
+        # (flows.abandoned), 6 s with a heartbeat every 0.5 s (25 s with the default 10 s);
+        # each test's own collection id, so no rerun waits for another test's run
+        more = ("--set", "execution.heartbeat_s=0.5", *more)
+        cmd = _collect(tmp_path, cid, latency_s, *more)
         proc, cut_at = _start_and_cut_after_evidence(cmd, env, tmp_path, relay)
         out, err = proc.communicate(timeout=150)
         ended_s = time.monotonic() - cut_at
@@ -74,6 +92,8 @@ def _gone(tmp_path, prefect_env, prefect_server, latency_s: float, *more: str) -
         assert "Error logging to API" not in err
         assert f"the Prefect server at {relay.url}/api did not answer" in line and done.returncode == 1
         relay.restore()
+        if gate is not None:
+            gate.touch()
         again = subprocess.run([*cmd, "--json"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
     assert again.returncode == 0, again.stderr[-3000:]
     result = json.loads(again.stdout.splitlines()[-1])
@@ -86,16 +106,21 @@ def test_prefect_gone_mid_run_is_one_line_soon_and_a_rerun_finishes(tmp_path, pr
     # the report's artifact waits on Prefect's retries until the watch cancels it. A
     # grace of 2 s, as below: with the default (10 s) the test waited 8 s more for the
     # same ending (the blip test below keeps the default, which it rides out)
-    ended_s, result = _gone(tmp_path, prefect_env, prefect_server, 0.05, "--set", "execution.prefect_grace_s=2")
+    ended_s, result = _gone(tmp_path, prefect_env, prefect_server, "gone", 0.05, "--set", "execution.prefect_grace_s=2")
     assert ended_s < ENDED_WITHIN_S, ended_s
     assert result.get("already_finished") or result["stats"]["steps_reused"] > 0, result
 
 
 def test_prefect_gone_stops_the_steps_and_the_rerun_runs_the_rest(tmp_path, prefect_env, prefect_server):
-    # steps of 0.5 s (the run lasts 8 s or more after the evidence wave, however fast the
-    # machine) and a grace of 2 s: the watch stops the collection between its steps
-    ended_s, result = _gone(tmp_path, prefect_env, prefect_server, 0.5, "--set", "execution.prefect_grace_s=2")
+    # the model's calls after the evidence wave wait at a gate, opened only for the rerun:
+    # the run is mid-collection when the watch stops it (a grace of 2 s), however fast the
+    # machine, and the rerun runs the rest at full speed. (Steps of 0.5 s did the same
+    # and cost the rerun 20 s on a loaded machine)
+    gate = tmp_path / "gate"
+    more = ["--set", "execution.prefect_grace_s=2", *_gated(gate)]
+    ended_s, result = _gone(tmp_path, prefect_env, prefect_server, "gone-held", 0.0, *more, gate=gate)
     assert ended_s < ENDED_WITHIN_S, ended_s
+    assert not ran_out(gate).exists()  # the watch stopped the held calls; their hold did not end
     assert not result.get("already_finished") and result["stats"]["steps_reused"] > 0, result
     assert result["stats"]["steps"] > result["stats"]["steps_reused"], result  # the rerun ran the rest
 

@@ -5,7 +5,8 @@ file, so on S3 every saved wave cost four round trips with nothing else in fligh
 (16,500 sequential GETs before the first new wave at 100k transitions). Now the loads run
 in a few threads ahead of the replay, which still takes them in order. Moto's S3 on
 loopback behind :class:`focus.testing.s3faults.S3FaultProxy`, which holds every request
-50 ms (a store farther away than loopback) and records when each was in flight.
+the tests look at 50 ms (a store farther away than loopback; what only sets the scene goes
+at loopback speed) and records when each was in flight.
 """
 
 from __future__ import annotations
@@ -45,19 +46,22 @@ def gets(proxy: S3FaultProxy, since: float, part: str = "/checkpoints/") -> list
     return [r for r in proxy.served if r[0] >= since and r[2] == "GET" and part in r[3]]
 
 
-def saved_store(bucket: str, opts: dict, n: int) -> tuple[CheckpointStore, list, list]:
-    """A store holding ``n`` checkpoints of collection ``c``: (store, keys, values)."""
+def saved_store(bucket: str, opts: dict, n: int, proxy: S3FaultProxy) -> tuple[CheckpointStore, list, list]:
+    """A store holding ``n`` checkpoints of collection ``c``: (store, keys, values). The
+    saves go at loopback speed (only the reads are looked at), the reads after are held."""
     store = CheckpointStore(f"{bucket}/runs", storage_options=opts)
     keys = [(f"1.continue{'.score' if i % 2 else ''}", i // 2) for i in range(n)]
     values = [{"i": i, "pad": bytes(100 * i)} for i in range(n)]
+    proxy.delay_s = 0.0
     for key, value in zip(keys, values, strict=True):
         store.save("c", *key, value)
+    proxy.delay_s = DELAY_S
     return store, keys, values
 
 
 def test_the_loads_overlap_within_their_window_and_come_in_order(slow_s3):
     bucket, opts, proxy = slow_s3
-    store, keys, values = saved_store(bucket, opts, 24)
+    store, keys, values = saved_store(bucket, opts, 24, proxy)
     t0 = time.monotonic()
     ahead = ReadAhead(store, "c", keys, threads=8, window=8, max_bytes=1)
     deadline = time.monotonic() + 30
@@ -77,7 +81,7 @@ def test_the_loads_overlap_within_their_window_and_come_in_order(slow_s3):
 
 def test_a_damaged_or_missing_checkpoint_is_reported_as_a_load_reports_it(slow_s3, s3_server):
     bucket, opts, proxy = slow_s3
-    store, keys, values = saved_store(bucket, opts, 10)
+    store, keys, values = saved_store(bucket, opts, 10, proxy)
     fs = s3_server.filesystem()
     folder = f"{bucket.removeprefix('s3://')}/runs/checkpoints/c"
     (data,) = fs.glob(f"{folder}/n-1.continue-w00001.*.pkl")
@@ -99,35 +103,43 @@ def test_a_damaged_or_missing_checkpoint_is_reported_as_a_load_reports_it(slow_s
     assert "checksum differs from the manifest" in errors[keys[2]][1]
 
 
-def test_a_resume_on_s3_reads_ahead_and_gives_the_uninterrupted_batch(slow_s3):
+def test_a_resume_on_s3_reads_ahead_and_gives_the_uninterrupted_batch(slow_s3, tmp_path):
     """Stopped after its sixth continuation wave was saved, then resumed: the replay's
     checkpoint reads overlap (they were one at a time), and the batch is the clean run's,
     every row bit for bit and the same Parquet files."""
     bucket, opts, proxy = slow_s3
 
-    def journal(root: str, stop: int | None = None) -> tuple:
+    def journal(root: str, stop: int | None = None, options: dict | None = opts) -> tuple:
         cfg = config(root, "ahead", transitions=48)
         stores = {
-            "store": CheckpointStore(root, storage_options=opts),
-            "batch_store": BatchStore(root, storage_options=opts),
+            "store": CheckpointStore(root, storage_options=options),
+            "batch_store": BatchStore(root, storage_options=options),
         }
         if stop is None:
             return cfg, CheckpointJournal(cfg, **stores)
         return cfg, StopAfter(cfg, wave_step(1, stop), **stores)
 
-    clean = run_collect(*journal(f"{bucket}/clean"))  # the same collection id in another root
+    # the uninterrupted run in a local folder (the same batch wherever it is stored: the
+    # Parquet files' checksums are compared below; on moto it cost the test 5 s), and the
+    # run to stop at loopback speed: only the resume's reads are looked at, and they alone
+    # are held
+    clean_root = str(tmp_path / "clean")
+    clean = run_collect(*journal(clean_root, options=None))  # the same collection id in another root
+    proxy.delay_s = 0.0
     root = f"{bucket}/resumed"
     with pytest.raises(Stopped):
         run_collect(*journal(root, stop=5))
     store = CheckpointStore(root, storage_options=opts)
     before = {store.loc.path(u) for u in store.loc.list_files(f"{root}/checkpoints/ahead", store.retry)}
+    proxy.delay_s = DELAY_S
     t0 = time.monotonic()
     out = run_collect(*journal(root))
+    proxy.delay_s = 0.0  # the batches' reads below are not looked at
     replayed = [r for r in gets(proxy, t0) if r[3].lstrip("/") in before]
     assert len(replayed) >= 2 * 14  # the evidence, its scores and 6 waves with their scores, at least
     assert peak_in_flight(replayed) >= 2
     assert out["stats"]["steps_reused"] >= 14
-    batches = BatchStore(f"{bucket}/clean", storage_options=opts)
+    batches = BatchStore(clean_root)
     want, want_manifest = batches.read(clean["batch_url"]), batches.manifest(clean["batch_url"])
     resumed = BatchStore(root, storage_options=opts)
     got = resumed.read(out["batch_url"])

@@ -26,10 +26,16 @@ from tasks.fingerprint import changes, describe
 from tasks.gaps import RecordMissing
 from tasks.loop_settings import LoopSettingsChanged, settle
 
+#: The digit policy (tests/fixtures/digits.py), not the embedded model: what is checked is
+#: which settings a rerun takes, read from the store; the embedded model's start cost each
+#: command 1.5-3 s, and the tests of it are tests/test_cli.py and tests/test_train_resume.py.
+DIGITS = ["--set", "model.kind=factory", "--set", "model.factory=fixtures.digits:digit_policy"]
 COLLECT = ["--tasks", "2", "--transitions", "6", "--set", "agent.sampling.max_tokens=4", "--set", "agent.max_steps=4"]
+COLLECT += DIGITS
 LOOP = [
     *("--tasks", "2", "--transitions", "4", "--set", "agent.sampling.max_tokens=4", "--set", "agent.max_steps=3"),
     *("--set", "search.phases.0.rollouts_per_task=2", "--set", "progress=false", "--trainer", "lrtrain:train"),
+    *DIGITS,
 ]
 #: Settings that say where and how patiently things run, and the log level: never a change.
 HARMLESS = ["--set", "execution.max_concurrency=3", "--set", "model.http.timeout_s=30", "--set", "progress=true", "-v"]
@@ -99,7 +105,7 @@ def test_train_refuses_settings_that_would_change_its_made_iterations_and_ignore
     assert reused(again) and again["train"]["metrics"]["lr"] == 0.001
 
 
-@pytest.mark.integration  # the embedded model server
+@pytest.mark.integration  # starts focus commands
 def test_a_settings_record_deleted_outright_stops_the_rerun_in_one_line(tmp_path):
     """A loop whose settings record was deleted (manifest and data: no damage to see)
     was taken for one made before loops kept a record: a rerun with another learning
