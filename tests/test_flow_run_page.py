@@ -17,6 +17,7 @@ deployment's process runs them).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -74,16 +75,17 @@ def run_logs(api: str, run_id: str) -> list[tuple[int, str, str]]:
 
 @pytest.fixture(scope="module")
 def first_run(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ...]:
-    """A collect flow run of collection ``page-lines``: its config, result and run (the one
+    """A collect flow run of a collection of its own: its config, result and run (the one
     run the collection made), whose page the names test reads and that the lines test
-    runs again (each ran one of its own)."""
+    runs again. The id is this process's: with ``-n 2`` the two tests can run on both
+    workers, each building this fixture against the one shared server."""
     from flows.collect import collect
 
     tmp = tmp_path_factory.mktemp("page")
-    cfg = small(tmp, "page-lines")
+    cfg = small(tmp, f"page-lines-{os.getpid()}")
     with using_api(prefect_server, tmp / "prefect"):
         result = asyncio.run(flushed(collect(cfg)))
-    (run,) = run_named(prefect_server, "page-lines")
+    (run,) = run_named(prefect_server, cfg["collection_id"])
     return cfg, result, run
 
 
@@ -107,16 +109,17 @@ def test_the_librarys_lines_for_the_operator_reach_the_runs_log(prefect_api, fir
     cfg, result, run = first_run
     # a rerun of the finished collection says that nothing ran again
     asyncio.run(flushed(collect(cfg)))
-    again = run_named(prefect_api, "page-lines")[-1]
-    said = [m for _, _, m in run_logs(prefect_api, again["id"]) if m.startswith("collection page-lines: ")]
-    assert said == [f"collection page-lines: finished before, nothing run again; its batch is at {result['batch_url']}"]
+    cid = cfg["collection_id"]
+    again = run_named(prefect_api, cid)[-1]
+    said = [m for _, _, m in run_logs(prefect_api, again["id"]) if m.startswith(f"collection {cid}: ")]
+    assert said == [f"collection {cid}: finished before, nothing run again; its batch is at {result['batch_url']}"]
     # the finished batch damaged: the rerun writes it again and says so in its run's log
     part = Path(result["batch_url"].removeprefix("file://")) / "actor" / "part-00000.parquet"
     good = part.read_bytes()
     part.write_bytes(good[:-10] + b"0123456789")
     asyncio.run(flushed(collect(cfg)))
     assert part.read_bytes() == good
-    rerun = run_named(prefect_api, "page-lines")[-1]
+    rerun = run_named(prefect_api, cid)[-1]
     assert rerun["id"] != run["id"] and rerun["state_type"] == "COMPLETED"
     lines = [(lv, name, m) for lv, name, m in run_logs(prefect_api, rerun["id"]) if "wrote it again" in m]
     assert len(lines) == 1, run_logs(prefect_api, rerun["id"])
