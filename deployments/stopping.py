@@ -17,8 +17,7 @@ itself, the way it stops them on a SIGTERM (a service manager's stop) and the UI
 does: each run in progress is told that it is cancelled and sent SIGTERM, so it stops as on
 Ctrl-C - finished steps saved, its lease released - and ends ``Cancelled``, with
 :data:`CANCELLED` as the state's message; a Retry resumes it after its last finished step.
-A second signal kills the runs' processes at once (the runs still end ``Cancelled``; what
-they saved stays resumable).
+A second signal kills the runs' processes at once (what they saved stays resumable).
 """
 
 from __future__ import annotations
@@ -77,7 +76,7 @@ class Stopped:
         if not self.cancelled:
             return ""
         names = ", ".join(f"'{n}'" for n in self.cancelled)
-        how = "killed at once (a second signal) and cancelled" if self.killed else "cancelled"
+        how = "cancelled, then killed at once (a second signal)" if self.killed else "cancelled"
         one = len(self.cancelled) == 1
         return (
             f"flow run{'' if one else 's'} {names} {how} (finished steps saved: a Retry in the UI resumes "
