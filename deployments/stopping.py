@@ -118,7 +118,17 @@ def stopping_runner(limit: int) -> Any:
                 # before its loop is up Prefect's handler exits 0 where it stands: no
                 # line, the deployments left unpaused; the stop waits for the loop
                 return
-            super().handle_sigterm()
+            self._stop()
+
+        def _stop(self) -> None:
+            """Prefect's graceful stop, as its SIGTERM handler starts it (which logs
+            "SIGTERM received" whatever the signal): cancel the runs, end the loops."""
+            if not self.started or self._loop is None:
+                return  # stopped already, or stopping
+            by = self.stopped.by if self.stopped is not None else "a stop"
+            self._logger.info("%s received: the runs in progress are cancelled, the deployments paused", by)
+            self.stopping = True
+            self.execute_in_background(self.astop)
 
         def _kill_runs(self) -> int:
             """SIGKILL the runs' processes; how many there were."""
@@ -150,7 +160,7 @@ def stopping_runner(limit: int) -> Any:
         async def __aenter__(self) -> Any:
             entered = await super().__aenter__()
             if self.stopped is not None:  # stopped while it started: it stops now, as on a signal
-                super().handle_sigterm()
+                self._stop()
             return entered
 
     return Stopping(pause_on_shutdown=True, limit=limit)

@@ -34,6 +34,7 @@ from test_deploy import (
     deploy,
     deployment,
     gated_config,
+    kill_run_process,
     read_run,
     retry,
     run_logs,
@@ -131,6 +132,7 @@ def test_a_run_leaves_the_console_quiet_and_ctrl_c_ends_in_one_line(prefect_serv
     env = operator_env(prefect_env, tmp_path)
     since = time.time() - 1
     proc = deploy(env, "-c", str(cfg), "--crash-after", "0", "--limit", "2", log=log)
+    held: dict[str, Any] = {}
     try:
         manual = deployment(api, "manual", proc, log, since)
         held = create_run(api, manual["id"], {"config": gated})
@@ -141,6 +143,8 @@ def test_a_run_leaves_the_console_quiet_and_ctrl_c_ends_in_one_line(prefect_serv
         code = interrupt(proc)  # at once: the run's process may still send its last events
     finally:
         kill_tree(proc)
+        if held:  # its process runs in a session of its own: not in focus deploy's tree
+            kill_run_process(read_run(api, held["id"]))
     lines = lines_of(log)
     assert not [ln for ln in lines if "Task run" in ln or "Flow run" in ln], lines
     assert lines[0].startswith("serving collect/scheduled and collect/manual; runs, their logs and the Run button"), (
@@ -218,6 +222,20 @@ def test_sigterm_and_sighup_end_in_one_line_too(sig, prefect_server, prefect_env
         assert httpx.get(f"{prefect_server}/deployments/name/collect/{name}", timeout=30).json()["paused"] is True
 
 
+def polled_after(api: str, t: float, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """Until both deployments are unpaused and a runner asked for their runs after ``t``."""
+    from datetime import datetime
+
+    deadline = time.monotonic() + timeout
+    while True:
+        ds = [httpx.get(f"{api}/deployments/name/collect/{n}", timeout=30).json() for n in ("scheduled", "manual")]
+        if all(not d["paused"] and d["last_polled"] and datetime.fromisoformat(d["last_polled"]).timestamp() > t
+               for d in ds):  # fmt: skip
+            return
+        assert proc.poll() is None and time.monotonic() < deadline, ds
+        time.sleep(0.2)
+
+
 def test_a_second_focus_deploy_of_the_same_deployments_says_another_serves_them(prefect_server, prefect_env, tmp_path):
     cfg = tmp_path / "collect.toml"
     cfg.write_text(CONFIG, encoding="utf-8")
@@ -228,7 +246,12 @@ def test_a_second_focus_deploy_of_the_same_deployments_says_another_serves_them(
     second = None
     try:
         deployment(prefect_server, "manual", first, first_log, since)
-        time.sleep(2.0)  # it asked for runs (every second here)
+        # serving, and it asked for runs (every second here): waited for, not slept for 2 s,
+        # as the deployments' "updated" of the test before's stop, within the last second,
+        # could pass for the first one's registration (the second then started before the
+        # first asked, and said nothing: the test failed whenever it followed the SIGHUP one)
+        wait_for_line(first_log, "serving collect/scheduled", first)
+        polled_after(prefect_server, time.time(), first)
         since = time.time()
         second = deploy(env, "-c", str(cfg), "--crash-after", "0", log=second_log)
         deployment(prefect_server, "manual", second, second_log, since)
