@@ -150,8 +150,8 @@ def _serve(out: Console, spec: DeploySpec, api: str) -> None:
         out.fail(e)
     if stopped:
         line = (
-            f"stopped ({stopped}): {' and '.join(names)} paused on the server (no scheduled runs until focus deploy "
-            f"serves them again); log: {out.log_file}"
+            f"stopped ({stopped.by}): {stopped.runs()}{' and '.join(names)} paused on the server (no scheduled runs "
+            f"until focus deploy serves them again); log: {out.log_file}"
         )
         # in the log file too: a SIGHUP's terminal is gone, and the line with it
         with contextlib.suppress(OSError), open(out.log_file, "a", encoding="utf-8", errors="surrogateescape") as f:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.stopping import Stopped, apart, stopping_runner
 from tasks.config import read_file, set_dotted
 
 SCHEDULED = "scheduled"
@@ -243,53 +244,28 @@ def served_names(spec: DeploySpec) -> list[str]:
     return [f"collect/{SCHEDULED}", f"collect/{MANUAL}"]
 
 
-def serve_deployments(spec: DeploySpec, started: Callable[[], object] | None = None) -> str | None:
+def serve_deployments(spec: DeploySpec, started: Callable[[], object] | None = None) -> Stopped | None:
     """Register both deployments and the watchdog, call ``started`` (the command's start
     line, after the registration that can fail), then run their flow runs in this process
     (at most ``spec.limit`` at once) until stopped. Prefect's ``serve``, without its
-    banner table; the name of the signal that stopped it (``SIGINT``, ``SIGTERM``, ``SIGHUP``), or
+    banner table; why it stopped (:class:`~deployments.stopping.Stopped`: the signal,
+    ``SIGINT``, ``SIGTERM`` or ``SIGHUP``, and the runs in progress it cancelled), or
     None. On its stop the runner pauses both deployments (their schedule stops until a
     ``focus deploy`` serves them again: runs due meanwhile would pile up as Late and all
-    start then)."""
+    start then). The flow-run processes do not get a terminal's signals
+    (:mod:`deployments.stopping`)."""
     import asyncio
     import signal
 
     from prefect.exceptions import TerminationSignal
-    from prefect.runner import Runner
 
     if spec.crash_after_s > 0:
         from deployments.watchdog import ensure_watchdog
 
         ensure_watchdog(spec.crash_after_s)
-
-    class Stopping(Runner):  # type: ignore[misc]
-        """Prefect's runner, noting a SIGTERM: it stops on one as on Ctrl-C, and returned
-        without a word. A SIGHUP (the terminal closed, an ssh session dropped) killed the
-        process where it stood: no line, the deployments left unpaused (their scheduled
-        runs piled up as Late with nothing to serve them); it stops as on SIGTERM."""
-
-        by: str | None = None
-
-        def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
-            self.by = self.by or "SIGTERM"
-            if not self.started and not self.stopping:
-                # before its loop is up Prefect's handler exits 0 where it stands: no
-                # line, the deployments left unpaused; the stop waits for the loop
-                return
-            super().handle_sigterm(*args, **kwargs)
-
-        def handle_sighup(self, *args: Any) -> None:
-            self.by = "SIGHUP"
-            self.handle_sigterm(*args)
-
-        async def __aenter__(self) -> Any:
-            entered = await super().__aenter__()
-            if self.by is not None:  # stopped while it started: it stops now, as on a signal
-                super().handle_sigterm()
-            return entered
-
-    runner = Stopping(pause_on_shutdown=True, limit=spec.limit)
+    runner = stopping_runner(spec.limit)
     # in place before the start line, which an operator (or a service manager) answers
+    signal.signal(signal.SIGINT, runner.handle_sigint)
     signal.signal(signal.SIGTERM, runner.handle_sigterm)
     if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # ignored: nohup, to outlive the terminal
         signal.signal(signal.SIGHUP, runner.handle_sighup)
@@ -298,12 +274,14 @@ def serve_deployments(spec: DeploySpec, started: Callable[[], object] | None = N
     if started is not None:
         started()
     try:
-        asyncio.run(runner.start())
+        with apart():
+            asyncio.run(runner.start())
     except KeyboardInterrupt:
-        return "SIGINT"
+        return runner.stopped or Stopped("SIGINT")
     except TerminationSignal as e:
-        return signal_name(e.signal)
-    return runner.by
+        return Stopped(signal_name(e.signal))
+    stopped: Stopped | None = runner.stopped
+    return stopped
 
 
 def signal_name(number: int) -> str:

@@ -171,16 +171,21 @@ def deployment(api: str, name: str, proc: subprocess.Popen[bytes], log: Path, si
 
 
 def kill_run_process(run: dict[str, Any]) -> None:
-    """A runner may start a flow run in a session of its own: kill it by the PID it recorded."""
-    pid_text = str(run.get("infrastructure_pid") or "")
-    if not pid_text:
-        return
-    pid = int(pid_text.rpartition(":")[2])
-    with suppress(ProcessLookupError, PermissionError):
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, signal.SIGKILL)
-        else:
-            os.kill(pid, signal.SIGKILL)
+    """SIGKILL a flow run's process and its process group. ``focus deploy`` starts it in a
+    session of its own (deployments/stopping.py), out of the serving process's group that
+    ``kill_tree`` kills; Prefect records no pid for it (``infrastructure_pid`` stays
+    empty): it is the process whose environment names the run (``PREFECT__FLOW_RUN_ID``)."""
+    want = f"PREFECT__FLOW_RUN_ID={run['id']}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with suppress(OSError):
+            if want in (entry / "environ").read_bytes().split(b"\0"):
+                pid = int(entry.name)
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
 
 
 def test_quick_run_custom_run_and_retry(prefect_server, prefect_env, tmp_path):

@@ -355,3 +355,44 @@ def test_a_command_whose_embedded_server_is_gone_for_good_stops_at_once_with_one
     assert "started again 3 time(s) (3 after it exited, 0 after it hung: restarts = 3 counts both)" in last
     assert sum("is not any more" in line for line in (out + err).splitlines()) == 1
     assert _server_of(proc.pid) is None
+
+
+def test_focus_collect_waits_out_a_restart_with_one_line_and_its_batch_is_unchanged(server, clean, tmp_path):
+    """The command an operator runs, against a model service killed mid-collection and
+    started again on its port within ``model.http.outage_wait_s``: it goes on, its
+    console says so, and the batch is an uninterrupted run's (the module's clean one)."""
+    import json
+    import subprocess
+    import sys
+
+    from fixtures.prefect import base_env
+
+    root = tmp_path / "store"
+    clean_root, clean_url, calls = clean
+    http = "\n".join(f"{k} = {v}" for k, v in {**HTTP, "outage_wait_s": 60.0, "deadline_s": 600.0}.items())
+    cfg = tmp_path / "collect.toml"
+    cfg.write_text(
+        f'collection_id = "cli"\nseed = 11\nprogress = false\n[model]\nkind = "openai"\nurl = "{server.url}"\n'
+        f"[model.http]\n{http}\n[env]\nn_tasks = 4\n[agent.sampling]\nmax_tokens = 8\n"
+        '[[search.phases]]\nname = "evidence"\nrollouts_per_task = 2\n'
+        '[[search.phases]]\nname = "continue"\ntransitions = 60\nwave_size = 6\nmax_depth = 6\n'
+        f'[execution]\nkind = "local"\nmax_concurrency = 8\n[storage]\nroot = "{root}"\n',
+        encoding="utf-8",
+    )
+    before = served_requests(server.url)
+    with ServerRestart(server, after_requests=before + calls // 2, down_s=3.0) as restart:
+        done = subprocess.run(
+            [sys.executable, "-m", "cli", "collect", "-c", str(cfg), "--json"], cwd=tmp_path,
+            env=base_env(tmp_path / "prefect"), capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert restart.killed_at is not None and restart.requests_at_kill < before + calls  # killed mid-collection
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 2, lines  # one line when it went, one when it is back; no traceback, no other line
+    assert lines[0].startswith(f"warning: model service at {server.url} has not answered for "), lines
+    assert "waiting up to 60 s from then for it to come back (outage_wait_s)" in lines[0], lines
+    assert lines[1].startswith(f"warning: model service at {server.url} answers again after "), lines
+    result = json.loads(done.stdout.splitlines()[-1])
+    stats, actor, critic = rows(str(root), result["batch_url"])
+    want_stats, want_actor, want_critic = rows(clean_root, clean_url)
+    assert stats["failed_rollouts"] == 0 and (actor, critic) == (want_actor, want_critic)

@@ -161,3 +161,63 @@ def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_weights(prefect_env
         want = WeightStore(str(clean_root)).read(f"{WeightStore(str(clean_root)).folder('r', 2)}/{name}")
         assert got == want, name
     assert Path(resumed[1]["train"]["weights"]).name == "policy.pt"
+
+
+@pytest.mark.needs("torch")  # a LocalCritic
+def test_focus_train_waits_out_its_model_server_killed_after_a_reload(clean_train_loop, tmp_path):
+    """The loop's embedded model server killed (kill -9, the OOM killer) while iteration 1
+    collects, after the loop loaded iteration 0's weights into it: its keeper starts it
+    again on its port, with the weights last loaded, the collection waits it out, and the
+    loop ends as one never interrupted (batches and weights, bit for bit)."""
+    import os
+    import signal
+
+    from test_restart import _server_of
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "slowtrain.py").write_text(textwrap.dedent(TRAINER))
+    launcher = tmp_path / "bin" / "focus_cli.py"
+    launcher.parent.mkdir()
+    launcher.write_text(LAUNCHER)
+    root, markers = tmp_path / "store", tmp_path / "markers"
+    (user / "loop.toml").write_text(CONFIG.format(root=root, markers=markers, pause=0))
+    store = CheckpointStore(str(root))
+    proc = subprocess.Popen(
+        [sys.executable, str(launcher), "train", "-c", "loop.toml", "--json"], cwd=user,
+        env=base_env(tmp_path / "prefect-home"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        _wait(proc, "mid-collection of iteration 1", lambda: any(p == "1.continue" for p, _ in store.list("r-it1")))
+        pid = _server_of(proc.pid)
+        assert pid is not None, "no embedded model server"
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    # the keeper's line; the model client's line when the service went and when it was
+    # back, if the restart outlasted its ordinary retries; nothing else (no traceback)
+    lines = [ln for ln in err.decode().splitlines() if ln.strip()]
+    assert lines[0].startswith(
+        f"warning: the embedded model server (pid {pid}) exited (killed by SIGKILL) while in use; started again on "
+        "port "
+    ), lines
+    port = lines[0].split("started again on port ")[1].split()[0]
+    service = f"warning: model service at http://127.0.0.1:{port}"
+    assert len(lines) in (1, 3), lines
+    assert lines[1:] == [] or (
+        lines[1].startswith(f"{service} has not answered for ") and lines[2].startswith(f"{service} answers again ")
+    ), lines
+    results = [json.loads(line) for line in out.decode().strip().splitlines() if line.startswith("{")]
+    clean_root, clean = clean_train_loop
+    assert [r["iteration"] for r in results] == [0, 1]
+    for a, b in zip(results, clean, strict=True):
+        assert a["train"]["policy_version"] == b["train"]["policy_version"]
+        ra = BatchStore(str(root)).read(a["batch_url"])
+        rb = BatchStore(str(clean_root)).read(b["batch_url"])
+        assert ra.actor == rb.actor and ra.critic == rb.critic
+    for name in ("policy.pt", "critic.pt", "optimizer.pt"):
+        got = WeightStore(str(root)).read(f"{WeightStore(str(root)).folder('r', 2)}/{name}")
+        want = WeightStore(str(clean_root)).read(f"{WeightStore(str(clean_root)).folder('r', 2)}/{name}")
+        assert got == want, name

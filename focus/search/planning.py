@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from focus.calibration import Calibration
 from focus.node_view import subtree_length
 from focus.priority import EXPLORE, NodeEvidence, Phase, Priority, exploration_rate, explores
-from focus.ranking import Entry, entry, tie
+from focus.ranking import Entry, TreeRanking, entry, tie
 from focus.search.depth_share import DepthShare
 from focus.search.heads import PlanIndex, plan_index, spent
 from focus.search.jobs import RolloutJob, WavePlan, rollout_seed
@@ -408,6 +408,7 @@ class _Greedy:
             if ev.branches + n < phase.max_branches:
                 heap.append((*entry(search, state.seed, ev), -1))
         self._ranked: dict[int, list[Entry]] = {}
+        self._rankings: dict[int, TreeRanking] = {}  # theirs: a taken job's view is read there
         self._busy, self._calib, self._heads = dict(pending), calib, heads
         #: Trees with a checkpoint pending: their heads are read from their rankings.
         self._aside = {ti for ti, _ in self._busy}
@@ -419,10 +420,10 @@ class _Greedy:
     def _push_next(self, heap: list[tuple[float, float, int, int, int]], ti: int, pos: int) -> None:
         # the next entry of tree ti's ranking at or after pos whose node has nothing in flight
         r = self._ranked.get(ti)
-        if r is None:
-            r = self._ranked[ti] = self.state.facts(ti).ranked(
-                self.search, self._calib, self.phase_index, self.state.seed
-            )
+        if r is None:  # (_TreeFacts.ranked, keeping the ranking)
+            f = self.state.facts(ti)
+            rk = self._rankings[ti] = f.ranking(self.search, self._calib, self.state.seed)
+            r = self._ranked[ti] = rk.ranked(f.tree, self.phase_index)
         busy = self._busy
         while pos < len(r) and busy and (ti, r[pos][3]) in busy:
             pos += 1
@@ -455,8 +456,7 @@ class _Greedy:
         if self.full:
             return
         self.rank()
-        heap, calib = self._heap, self._calib
-        state, search, pending, phase = self.state, self.search, self.pending, self.phase
+        heap, state, search, pending, phase = self._heap, self.state, self.search, self.pending, self.phase
         assert heap is not None
         taken: dict[tuple[int, int], NodeEvidence] = {}
         factor = search.depth_share_bound()
@@ -483,7 +483,7 @@ class _Greedy:
             key = (ti, nid)
             ev = taken.get(key)
             if ev is None:
-                ev = state.facts(ti).view(search, calib, state.seed, nid)
+                ev = self._rankings[ti].view(nid)  # (_next pushed its tree's next entry: _push_next)
                 assert ev is not None  # a ranked entry is a checkpoint's
                 n = pending.get(key, 0)
                 if n != ev.pending:  # a ranking's views have none pending: mostly no copy to make
