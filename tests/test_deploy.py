@@ -157,13 +157,16 @@ def deploy(env: dict[str, str], *args: str, log: Path) -> subprocess.Popen[bytes
 
 def deployment(api: str, name: str, proc: subprocess.Popen[bytes], log: Path, since: float) -> dict[str, Any]:
     """The deployment once this ``focus deploy`` (re)registered it: updated after ``since``
-    (an earlier test's registration of the same name has other parameters)."""
+    (an earlier test's registration of the same name has other parameters) and not paused
+    (an earlier test's ``focus deploy`` pauses it as it stops, which updates it too: a
+    second before this test began was after ``since``, and a run created then got that
+    test's parameters)."""
     deadline = time.monotonic() + 90
     while True:
         r = httpx.get(f"{api}/deployments/name/collect/{name}", timeout=30)
         if r.status_code == 200:
             d = dict(r.json())
-            if datetime.fromisoformat(d["updated"]).timestamp() > since:
+            if datetime.fromisoformat(d["updated"]).timestamp() > since and not d.get("paused"):
                 return d
         assert proc.poll() is None, log.read_text(encoding="utf-8")[-3000:]
         assert time.monotonic() < deadline, "deployments were not registered"
