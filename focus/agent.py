@@ -237,9 +237,10 @@ class Agent:
             params, calling = self.sampling.with_seed(seed if fresh else derive_seed(seed, state.steps)), False
             try:
                 if turns and eligible(self.branch_points, state):
-                    pieces.append(
-                        Piece(tuple(turns), "checkpoint", state.steps, state.context.prompt_ids, state.fork())
-                    )
+                    # a frozen state without a workspace is its own checkpoint: this
+                    # rollout only replaces it (evolve), so a copy would be the same
+                    held = state if state.workspace is None else state.fork()
+                    pieces.append(Piece(tuple(turns), "checkpoint", state.steps, state.context.prompt_ids, held))
                     turns = []
                 if returned(self.context, "needs_compaction", self.context.needs_compaction(state.context), None):
                     fresh = False
