@@ -237,9 +237,10 @@ class Agent:
             params, calling = self.sampling.with_seed(seed if fresh else derive_seed(seed, state.steps)), False
             try:
                 if turns and eligible(self.branch_points, state):
-                    pieces.append(
-                        Piece(tuple(turns), "checkpoint", state.steps, state.context.prompt_ids, state.fork())
-                    )
+                    # a frozen state without a workspace is its own checkpoint: this
+                    # rollout only replaces it (evolve), so a copy would be the same
+                    held = state if state.workspace is None else state.fork()
+                    pieces.append(Piece(tuple(turns), "checkpoint", state.steps, state.context.prompt_ids, held))
                     turns = []
                 if returned(self.context, "needs_compaction", self.context.needs_compaction(state.context), None):
                     fresh = False
@@ -269,11 +270,9 @@ class Agent:
             if isinstance(action, ParseError):
                 counters["parse_errors"] += 1
                 turns.append(_turn(prompt, completion, 1, "action", 0.0, False, action.message))
-                obs, state = [Message("user", action.message)], state.evolve(steps=state.steps + 1)
+                obs, env_state, transitions = [Message("user", action.message)], state.env_state, state.transitions
             else:
                 try:
-                    if isinstance(action, BrokenParser):
-                        raise action
                     step = check_step_result(await self._step(state, action, seed), f"{type(self.env).__name__}.step")
                 except Exception as e:  # noqa: BLE001 - env (or parser) code failing ends this rollout only
                     _count_unrecorded(counters, completion)
@@ -281,17 +280,18 @@ class Agent:
                     break
                 counters["tool_errors"] += int(step.info.get("tool_error", 0))
                 turns.append(_turn(prompt, completion, 1, "action", float(step.reward), True, step.observation))
-                state = state.evolve(env_state=step.state, steps=state.steps + 1, transitions=state.transitions + 1)
                 if step.done:
-                    pieces.append(Piece(tuple(turns), "terminal", state.steps, ()))
+                    pieces.append(Piece(tuple(turns), "terminal", state.steps + 1, ()))
                     break
                 obs = [Message("tool" if action.kind == "tool" else "user", step.observation)]
-            try:
-                state = state.evolve(context=self._extend(state.context, completion, text, obs))
+                env_state, transitions = step.state, state.transitions + 1
+            try:  # the step's state in one copy, its context with it
+                ctx = self._extend(state.context, completion, text, obs)
+                state = state.evolve(env_state=env_state, steps=state.steps + 1, transitions=transitions, context=ctx)
             except BrokenContextManager:
                 raise  # a setting or code to fix: stops the collection
             except Exception as e:  # noqa: BLE001 - an observation the codec cannot render ends this rollout only
-                pieces.append(self._unrendered(e, turns, state.steps, prompt, obs[0].role))
+                pieces.append(self._unrendered(e, turns, state.steps + 1, prompt, obs[0].role))
                 break
         return Rollout(start.task.id, tuple(pieces), time.perf_counter() - t0, counters)
 
@@ -414,6 +414,8 @@ class Agent:
         synchronous part either way). Not ``wait_for``: that wraps every step in a task.
         A ``CancelledError`` of the env's own is its failure (:func:`own_cancel`).
         """
+        if isinstance(action, BrokenParser):  # no action to act on: the rollout fails with it
+            raise action
         try:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.env_timeout_s

@@ -21,7 +21,7 @@ for a policy that answers siblings in one request (:attr:`Policy.groups_siblings
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from focus.policy import Completion, Policy, SamplingParams
 
@@ -109,19 +109,30 @@ class SiblingCalls:
                 self._send(prompt_ids, params.with_seed(members[0].seed), members)
 
     def _send(self, prompt_ids: Sequence[int], params: SamplingParams, members: list[_Call]) -> None:
-        task = self.loop.create_task(self._answer(prompt_ids, params, members))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        task: asyncio.Task[None] | None = None
 
         def abandon(_: asyncio.Future[Completion]) -> None:
             # every caller gone (their rollouts cancelled): the request is not needed
-            if all(m.future.cancelled() for m in members) and not task.done():
+            if task is not None and all(m.future.cancelled() for m in members) and not task.done():
                 task.cancel()
 
+        task = self.loop.create_task(self._answer(prompt_ids, params, members, abandon))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
         for m in members:
             m.future.add_done_callback(abandon)
 
-    async def _answer(self, prompt_ids: Sequence[int], params: SamplingParams, members: list[_Call]) -> None:
+    async def _answer(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        members: list[_Call],
+        abandon: Callable[[asyncio.Future[Completion]], None],
+    ) -> None:
+        """Send the members' calls as one request and give each caller its answer. A
+        caller answered no longer needs ``abandon`` (it finds a caller that is not
+        cancelled, at the cost of a callback run by the loop for every first call), so it
+        is taken off first."""
         sent = self.loop.time()
         try:
             if len(members) == 1:
@@ -145,4 +156,5 @@ class SiblingCalls:
         self.call_s = took if self.call_s is None else self.call_s + 0.05 * (took - self.call_s)
         for m, answer in zip(members, answers, strict=True):
             if not m.future.done():
+                m.future.remove_done_callback(abandon)
                 m.future.set_result(answer)

@@ -326,6 +326,8 @@ def count_retries(counters: dict[str, int], meta: dict[str, Any]) -> None:
     ``retry_s`` in ``meta`` itself."""
     record = meta.get("http")
     errors = getattr(record, "errors", None)
+    if type(errors) is tuple and not errors:  # a call answered at its first attempt: most calls
+        return
     if errors is not None:
         by_cause: dict[str, int] = {}
         for cause, _lost in errors:

@@ -207,6 +207,27 @@ def test_completion_parser_validates_alignment_and_values():
             parse_completion(bad)
 
 
+
+def test_completion_parser_reads_tokens_back_where_they_are_not_vllms_spelling():
+    """The tokens' cross-check against ``token_ids`` compares vLLM's spelling at once and
+    reads any other spelling token by token, as before: a zero-padded id still agrees,
+    a different id or a text token still disagrees, an id that is no plain int is still
+    refused, by the token that spells it."""
+    padded = _vllm([5, 12], [-0.5, -0.25])
+    padded["choices"][0]["logprobs"]["tokens"] = ["token_id:05", "token_id:12"]
+    assert parse_completion(padded).token_ids == (5, 12)
+    assert parse_completion(_vllm([5, 12], [-0.5, -0.25])).token_ids == (5, 12)
+    for tokens in (["token_id:5", "token_id:13"], ["token_id:5", "twelve"]):
+        bad = _vllm([5, 12], [-0.5, -0.25])
+        bad["choices"][0]["logprobs"]["tokens"] = tokens
+        if all(t.startswith("token_id:") for t in tokens):
+            with pytest.raises(MalformedResponse, match="disagree"):
+                parse_completion(bad)
+        else:  # not all ids: the tokens are not read, token_ids stand (as before)
+            assert parse_completion(bad).token_ids == (5, 12)
+    with pytest.raises(MalformedResponse, match=r"'token_id:True' is not of the form"):
+        parse_completion(_vllm([5, True], [-0.5, -0.25]))
+
 def test_generate_parser_reads_sglang_triples():
     ok = {
         "output_ids": [3, 4],
