@@ -722,3 +722,12 @@ def test_tinker_policy_sends_exact_ids_and_params_and_reads_sequences():
     assert sync.finish_reason == "length" and len(sync.token_ids) == 3
     with pytest.raises(PolicyError, match="no log-probs"):
         run(TinkerPolicy(FakeSamplingClient(logprobs=False)).sample(PROMPT, SamplingParams(max_tokens=3)))
+
+
+@pytest.mark.parametrize("cls", [OpenAICompatPolicy, SGLangPolicy])
+def test_a_config_that_is_no_http_config_is_one_type_error_naming_it(cls):
+    # a dict of options failed later: "'dict' object has no attribute 'headers'"
+    with pytest.raises(TypeError, match=r"config must be a focus\.backends\.HttpConfig .*got a dict"):
+        cls("http://127.0.0.1:9", config={"timeout_s": 3})
+    with pytest.raises(TypeError, match="got a dict"):
+        HttpClient("http://127.0.0.1:9", {"timeout_s": 3})  # type: ignore[arg-type]

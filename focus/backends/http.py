@@ -135,6 +135,11 @@ class HttpClient:
     ) -> None:
         if why := url_problem(base_url, "base_url"):
             raise ValueError(why)
+        if config is not None and not isinstance(config, HttpConfig):
+            # a dict of options failed later on an attribute it lacks ('headers'), naming nothing
+            raise TypeError(
+                f"config must be a focus.backends.HttpConfig (HttpConfig(**options)), got a {type(config).__name__}"
+            )
         self.base_url = base_url.rstrip("/")
         self.config = config or HttpConfig()
         self.error = error
