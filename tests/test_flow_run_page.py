@@ -77,12 +77,14 @@ def run_logs(api: str, run_id: str) -> list[tuple[int, str, str]]:
 def first_run(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ...]:
     """A collect flow run of a collection of its own: its config, result and run (the one
     run the collection made), whose page the names test reads and that the lines test
-    runs again. The id is this process's: with ``-n 2`` the two tests can run on both
-    workers, each building this fixture against the one shared server."""
+    runs again. The id is this build's own: under ``--dist worksteal`` a worker can run
+    this module's tests apart, with another module's between them, and then builds this
+    fixture again against its server, where a second run of the same collection was the
+    finished collection's rerun, and ``(run,)`` found two."""
     from flows.collect import collect
 
     tmp = tmp_path_factory.mktemp("page")
-    cfg = small(tmp, f"page-lines-{os.getpid()}")
+    cfg = small(tmp, f"page-lines-{os.getpid()}-{time.monotonic_ns()}")
     with using_api(prefect_server, tmp / "prefect"):
         result = asyncio.run(flushed(collect(cfg)))
     (run,) = run_named(prefect_server, cfg["collection_id"])
