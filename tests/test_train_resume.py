@@ -101,6 +101,19 @@ def _wait(proc, what, cond, timeout=300):
 
 
 @pytest.mark.needs("torch")  # a LocalCritic
+def assert_same_as_clean(root: Path, results: list[dict], clean_root: Path, clean: list[dict]) -> None:
+    """Each iteration's policy version and batch, and the last weights, are the clean loop's."""
+    for a, b in zip(results, clean, strict=True):
+        assert a["train"]["policy_version"] == b["train"]["policy_version"]
+        ra = BatchStore(str(root)).read(a["batch_url"])
+        rb = BatchStore(str(clean_root)).read(b["batch_url"])
+        assert ra.actor == rb.actor and ra.critic == rb.critic
+    for name in ("policy.pt", "critic.pt", "optimizer.pt"):
+        got = WeightStore(str(root)).read(f"{WeightStore(str(root)).folder('r', 2)}/{name}")
+        want = WeightStore(str(clean_root)).read(f"{WeightStore(str(clean_root)).folder('r', 2)}/{name}")
+        assert got == want, name
+
+
 def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_weights(prefect_env, clean_train_loop, tmp_path):
     user = tmp_path / "user"  # the user's folder: config and trainer module
     user.mkdir()
@@ -151,15 +164,7 @@ def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_weights(prefect_env
     # the same loop, never interrupted, run from a user's folder (once a session: the
     # Ctrl-C test of tests/test_interrupts.py compares with it too)
     clean_root, clean = clean_train_loop
-    for a, b in zip(resumed, clean, strict=True):
-        assert a["train"]["policy_version"] == b["train"]["policy_version"]
-        ra = BatchStore(str(root)).read(a["batch_url"])
-        rb = BatchStore(str(clean_root)).read(b["batch_url"])
-        assert ra.actor == rb.actor and ra.critic == rb.critic
-    for name in ("policy.pt", "critic.pt", "optimizer.pt"):
-        got = WeightStore(str(root)).read(f"{WeightStore(str(root)).folder('r', 2)}/{name}")
-        want = WeightStore(str(clean_root)).read(f"{WeightStore(str(clean_root)).folder('r', 2)}/{name}")
-        assert got == want, name
+    assert_same_as_clean(root, resumed, clean_root, clean)
     assert Path(resumed[1]["train"]["weights"]).name == "policy.pt"
 
 
@@ -212,12 +217,4 @@ def test_focus_train_waits_out_its_model_server_killed_after_a_reload(clean_trai
     results = [json.loads(line) for line in out.decode().strip().splitlines() if line.startswith("{")]
     clean_root, clean = clean_train_loop
     assert [r["iteration"] for r in results] == [0, 1]
-    for a, b in zip(results, clean, strict=True):
-        assert a["train"]["policy_version"] == b["train"]["policy_version"]
-        ra = BatchStore(str(root)).read(a["batch_url"])
-        rb = BatchStore(str(clean_root)).read(b["batch_url"])
-        assert ra.actor == rb.actor and ra.critic == rb.critic
-    for name in ("policy.pt", "critic.pt", "optimizer.pt"):
-        got = WeightStore(str(root)).read(f"{WeightStore(str(root)).folder('r', 2)}/{name}")
-        want = WeightStore(str(clean_root)).read(f"{WeightStore(str(clean_root)).folder('r', 2)}/{name}")
-        assert got == want, name
+    assert_same_as_clean(root, results, clean_root, clean)
