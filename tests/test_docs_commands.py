@@ -184,6 +184,10 @@ COMMANDS: dict[str, Check] = {
     "--sweep-sizes 8x3,4x6,2x12 --sweep target_kl=0.1,0.2 --out runs/bs/toy": Check(
         "parse", "60 learning runs (3 sizes x 2 steps x 2 methods x 5 seeds), about 16 minutes on 2 cores"
     ),
+    ".venv/bin/python -m benchmarks.learning --tasks cued-corridor-early cued-corridor-late cued-bridge "
+    "--iterations 6 --seeds 0 1 2 3 4 5 6 7 8 9 --out runs/cued-six": Check(
+        "parse", "60 learning runs of the cued tasks at six updates, about 11 minutes on 2 cores"
+    ),
     ".venv/bin/python -m benchmarks.learning --tasks bridge-long --seeds 0 1 2 3 4 5 6 7 8 9 --jobs 2 "
     "--out runs/learning-bridge-long": Check("parse", "20 learning runs of the long bridge, about 15 minutes"),
     ".venv/bin/python -m benchmarks.learning --jobs 1 --tasks toy corridor-late --seeds 5 6 7 8 9 --set rule=sgd "
