@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from numbers import Number, Real
 from typing import Any, ClassVar
 
-from focus.backends.retry import HttpConfig
+from focus.backends.retry import HttpConfig, http_config
 from focus.env import VALUE_LIMIT
 from focus.local_limits import LocalResourceError
 from focus.reprs import short_value
@@ -284,11 +284,7 @@ class HttpCritic(Critic):
                 "HttpCritic url must be a URL string such as 'http://127.0.0.1:8100/score', "
                 f"got {short_value(url)} ({type(url).__name__})"
             )
-        if config is not None and not isinstance(config, HttpConfig):
-            raise TypeError(
-                "HttpCritic config must be a focus.backends.HttpConfig (HttpConfig(**options)), "
-                f"got a {type(config).__name__}"
-            )
+        http_config(config, "HttpCritic config")
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"HttpCritic url must start with http:// or https://, got {url!r}")
         if batch_size < 1:

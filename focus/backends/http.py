@@ -50,6 +50,7 @@ from focus.backends.retry import (
     HedgeTimer,
     HttpConfig,
     RetryPolicy,
+    http_config,
     is_retry_status,
     parse_retry_after,
 )
@@ -135,13 +136,8 @@ class HttpClient:
     ) -> None:
         if why := url_problem(base_url, "base_url"):
             raise ValueError(why)
-        if config is not None and not isinstance(config, HttpConfig):
-            # a dict of options failed later on an attribute it lacks ('headers'), naming nothing
-            raise TypeError(
-                f"config must be a focus.backends.HttpConfig (HttpConfig(**options)), got a {type(config).__name__}"
-            )
         self.base_url = base_url.rstrip("/")
-        self.config = config or HttpConfig()
+        self.config = http_config(config)
         self.error = error
         self.unavailable = unavailable or (ServiceUnavailable if error is PolicyError else error)
         #: Raised when the last attempt's answer could not be used (malformed, or a

@@ -146,6 +146,18 @@ class HttpConfig(RetryPolicy):
     api_key: str | None = Field(None, repr=False)
 
 
+def http_config(config: HttpConfig | None, who: str = "config") -> HttpConfig:
+    """``config``, or the defaults for None; anything else is one TypeError naming ``who``
+    (a dict of options failed later, on an attribute it lacks: 'headers')."""
+    if config is None:
+        return HttpConfig()
+    if not isinstance(config, HttpConfig):
+        raise TypeError(
+            f"{who} must be a focus.backends.HttpConfig (HttpConfig(**options)), got a {type(config).__name__}"
+        )
+    return config
+
+
 class HedgeTimer:
     """When an attempt gets a hedge: the delay per endpoint and size class, and a budget.
 
