@@ -265,23 +265,20 @@ def test_metrics_rows_carry_the_batchs_parse_and_tool_errors():
     records summed once); an iteration's ``metrics.jsonl`` line left them out. The
     row reads them from the record's stats as the collection step returned them
     (``Batch.summary()``), not counted again."""
+    from fixtures.failing import ToolFailsReachTarget
+
     from focus.agent import Agent
     from focus.collector import Collector
     from focus.critic import ConstantCritic
     from focus.execution import Execution
     from focus.priority import Phase, Selective
     from focus.testing import ScriptedPolicy
-    from focus.toy import ReachTarget, reach_target_tasks, toy_format
-
-    class ToolFails(ReachTarget):
-        async def step(self, state, action, workspace):  # type: ignore[no-untyped-def]
-            r = await super().step(state, action, workspace)
-            return type(r)(r.state, r.observation, r.reward, r.done, {**r.info, "tool_error": 1})
+    from focus.toy import reach_target_tasks, toy_format
 
     fmt = toy_format()
     policy = ScriptedPolicy(["3", "what?", "4", "2", "no", "5"], fmt.codec)  # "what?" and "no" do not parse
     phases = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=8, wave_size=2))
-    agent = Agent(policy, ToolFails(), fmt, max_steps=6)
+    agent = Agent(policy, ToolFailsReachTarget(), fmt, max_steps=6)
     col = Collector(agent, Selective(phases=phases), ConstantCritic(0.5), execution=Execution(max_concurrency=1))
     summary = col.prepare(run(col.search(reach_target_tasks(2, seed=0)))).summary()
     assert summary["parse_errors"] > 0 and summary["tool_errors"] > 0

@@ -299,19 +299,14 @@ def test_parse_and_tool_errors_reach_the_statistics(capsys):
     """The agent counts each rollout's parse errors and tool errors; the batch's
     statistics (per phase and in total), the pipeline's step records and ``focus
     collect``'s table read them from the one usage record per rollout."""
+    from fixtures.failing import ToolFailsReachTarget
+
     from cli.collect import print_result
-    from focus.toy import ReachTarget, reach_target_tasks, toy_format
-
-    class ToolFails(ReachTarget):
-        """Every step reports one failed tool call (``info['tool_error']``)."""
-
-        async def step(self, state, action, workspace):  # type: ignore[no-untyped-def]
-            r = await super().step(state, action, workspace)
-            return type(r)(r.state, r.observation, r.reward, r.done, {**r.info, "tool_error": 1})
+    from focus.toy import reach_target_tasks, toy_format
 
     fmt = toy_format()
     policy = ScriptedPolicy(["3", "what?", "4", "2", "no", "5"], fmt.codec)  # "what?" and "no" do not parse
-    agent = Agent(policy, ToolFails(), fmt, max_steps=6)
+    agent = Agent(policy, ToolFailsReachTarget(), fmt, max_steps=6)
     phases = (Phase("evidence", rollouts_per_task=2), Phase("continue", transitions=8, wave_size=2))
     col = Collector(agent, Selective(phases=phases), ConstantCritic(0.5), execution=Execution(max_concurrency=1))
     state = run(col.search(reach_target_tasks(2, seed=0)))
