@@ -13,22 +13,10 @@ import time
 from typing import Any
 
 from focus.execution import Execution
-from tasks.config import ExecutionConfig, FocusConfig
+from tasks.config import FocusConfig
+from tasks.config.build import make_execution
 from tasks.gaps import check_records, load_record, repairing
 from tasks.journal import CheckpointJournal
-
-
-def make_execution(ex: ExecutionConfig) -> Execution:
-    """The execution service the rollouts run on, with the library's defaults but where
-    the config says otherwise (the search state is kept out of cyclic GC while the
-    collection runs: ``Execution.freeze_gc``, on by default)."""
-    common: dict[str, Any] = {"max_concurrency": ex.max_concurrency, "max_outage_share": ex.max_outage_share}
-    if ex.kind != "dask":
-        return Execution(**common)
-    from focus.dask_execution import DaskExecution
-
-    where = ex.model_dump(include=set(DaskExecution.model_fields) - set(common))  # where and how it runs
-    return DaskExecution(**common, **where)
 
 
 async def collect(

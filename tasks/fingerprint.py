@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from focus.critic import Critic, check_predictions, scored
 from focus.journal import Step
 from tasks.config import FocusConfig
+from tasks.config.parts import BEFORE_PARTS
 from tasks.config.schema import resumable_fields
 from tasks.config.search import BEFORE_KNOBS
 
@@ -67,6 +68,7 @@ def fingerprint(config: FocusConfig, ignored: tuple[str, ...] = RUNTIME_FIELDS) 
     default now, so a resume after that default moved is refused, naming the knob)."""
     data = config.model_dump(mode="json")
     data["search"].update(config.search.knob_values())
+    data["estimator"].update(config.estimator.knob_values())
     root = config.storage.root.rstrip("/") + "/"
     for section, key in WEIGHT_FIELDS:
         value = data.get(section, {}).get(key)
@@ -99,8 +101,8 @@ def _normalised(root: str) -> str:
 def _legacy(stored: dict[str, Any]) -> dict[str, Any]:
     """A stored fingerprint as :func:`fingerprint` now writes it. One made before stores
     were relocatable names weight-store files by absolute URL: the part under the root;
-    and see :func:`with_old_knobs`."""
-    out = with_old_knobs(stored)
+    and see :func:`with_old_knobs` and :func:`with_old_parts`."""
+    out = with_old_parts(with_old_knobs(stored))
     for section, key in WEIGHT_FIELDS:
         value = (out.get(section) or {}).get(key)
         if isinstance(value, str) and (m := _STORED_WEIGHTS.match(value)):
@@ -117,6 +119,27 @@ def with_old_knobs(stored: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(search, dict) or search.get("kind", "selective") != "selective":
         return {**stored}
     return {**stored, "search": {**BEFORE_KNOBS, **search}}
+
+
+def with_old_parts(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored fingerprint made before the search, the estimator and the agent's parts
+    could name a factory lacks their ``factory`` and ``options`` (and ``estimator.kind``),
+    and names the agent's parts by kind alone (``"context": "segments"``): it ran with
+    the values :data:`tasks.config.parts.BEFORE_PARTS` gives, which this fills in."""
+    out = json.loads(json.dumps(stored))
+    for dotted, before in BEFORE_PARTS.items():
+        *path, last = dotted.split(".")
+        node = out
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or last not in node:
+            continue
+        value = node[last]
+        if isinstance(value, str):
+            value = {"kind": value}
+        if isinstance(value, dict):
+            node[last] = {**before, **value}
+    return dict(out)
 
 
 def resume_mismatch(

@@ -51,6 +51,7 @@ from tasks.fingerprint import (
     describe,
     fingerprint,
     with_old_knobs,
+    with_old_parts,
     without,
 )
 
@@ -137,7 +138,10 @@ def _saved(store: CheckpointStore, base: str) -> list[tuple[int | str, int]]:
 
 def _records(store: CheckpointStore, base: str) -> list[tuple[int, dict[str, Any]]]:
     ns = sorted(n for (phase, n) in _saved(store, base) if phase == SETTINGS)
-    return [(int(r["from"]), with_old_knobs(dict(r["settings"]))) for r in (_load(store, base, n) for n in ns)]
+    return [
+        (int(r["from"]), with_old_parts(with_old_knobs(dict(r["settings"]))))
+        for r in (_load(store, base, n) for n in ns)
+    ]
 
 
 def _load(store: CheckpointStore, base: str, n: int) -> Any:

@@ -74,30 +74,27 @@ def test_readme_says_what_focus_collect_takes_for_each_interface():
     env, a model client and a critic of your own (`*.factory`) and only the built-ins of
     the rest, which no page said: a custom `Priority` or `Summarize` had no field to name
     and `--set agent.context=summarize` was refused as an unknown choice. Each row of the
-    table says which fields choose the part in the command, each a real field listed
-    with choices it has, and a row with no factory says that others run through the
-    library."""
+    table says which fields choose the part in the command, each a real field (at any
+    depth) listed with choices it has, and every section with a factory is named."""
     import typing
 
-    from tasks.config.schema import FocusConfig
+    from tasks.config.schema import field_annotation, field_paths
 
     rows = _table((ROOT / "README.md").read_text(), "Where your code fits")
     assert all(len(row) == 4 for row in rows), "README's table needs its column `focus collect`"
     named_factories = set()
     for row in rows:
         cell = row[3]
-        for path in re.findall(r"`([a-z_]+\.[a-z_]+)`", cell):
-            section, _, name = path.partition(".")
-            fields = FocusConfig.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
-            assert name in fields, path
+        for path in re.findall(r"`([a-z_]+(?:\.[a-z_]+)+)`", cell):  # a field at any depth (agent.context.factory)
+            section, _, name = path.rpartition(".")
+            annotation = field_annotation(path)
+            assert annotation is not None, path
             named_factories |= {section} if name == "factory" else set()
-            annotation = fields[name].annotation
             if typing.get_origin(annotation) is typing.Literal:  # the choices given after it, up to a `;`
                 choices = set(typing.get_args(annotation))
                 listed = set(re.findall(r"`([a-z_]+)`", cell.split(f"`{path}`", 1)[1].split(";")[0]))
                 assert listed and listed <= choices, (path, listed - choices)
         assert ".factory" in cell or "library only" in cell, row[0]
-    pluggable = {
-        n for n, f in FocusConfig.model_fields.items() if "factory" in getattr(f.annotation, "model_fields", {})
-    }
+    pluggable = {p.rpartition(".")[0] for p in field_paths() if p.endswith(".factory")}
+    assert "agent.context" in pluggable and "search" in pluggable
     assert named_factories == pluggable, (named_factories, pluggable)

@@ -1,5 +1,6 @@
 """The objects a configuration describes: the policy client, the env and its tasks, the
-agent, the critic, the estimator, the collector.
+agent and its context manager and branch-point rule, the critic, the search, the
+estimator, the execution service, the collector.
 
 This is the one part of :mod:`tasks.config` with effects: it imports the factories a
 configuration names (``package.module:callable``) and may ask the model server for its
@@ -20,10 +21,16 @@ from tasks.config.errors import ConfigError, check_import_path
 
 if TYPE_CHECKING:
     from focus.agent import Agent
+    from focus.branching import BranchPoints
+    from focus.context import ContextManager
     from focus.env import Env, Task
+    from focus.estimation import Estimator
+    from focus.execution import Execution
     from focus.format import PolicyFormat
     from focus.policy import Policy
-    from tasks.config.schema import FocusConfig
+    from focus.priority import Priority
+    from tasks.config.schema import ExecutionConfig, FocusConfig
+    from tasks.config.search import SearchConfig
 
 
 def _cwd_on_path() -> None:
@@ -54,15 +61,36 @@ def import_object(path: str) -> Any:
     return obj
 
 
-def check_factories(config: FocusConfig) -> None:
-    """Import every factory the configuration names and bind its options to it, so a
-    missing module or a misspelt option fails before any server or cluster starts."""
-    sections: list[tuple[Any, dict[str, Any]]] = [
+def factory_sections(config: FocusConfig) -> list[tuple[Any, dict[str, Any]]]:
+    """Each pluggable section of ``config``, and what its factory is given besides its
+    ``options``: the section's settings that the interface's base class takes (a
+    ``Priority`` its phases, an ``Estimator`` its γ, κ and truncation rule), so that a
+    subclass of the interface is a factory itself."""
+    s, e, ex = config.search, config.estimator, config.execution
+    return [
         (config.model, {}),
         (config.env, {"n_tasks": config.env.n_tasks, "seed": config.env.task_seed}),
         (config.critic, {}),
+        (config.agent.context, {}),
+        (config.agent.branch_points, {}),
+        (s, {"phases": tuple(s.phases), "waves_in_flight": s.waves_in_flight}),
+        (e, {"gamma": e.gamma, "kappa": e.kappa, "truncation": e.truncation}),
+        (ex, {"max_concurrency": ex.max_concurrency, "max_outage_share": ex.max_outage_share}),
     ]
-    for section, fixed in sections:
+
+
+#: Sections whose factory makes a plain object (no service, no file): built by
+#: :func:`check_factories`, so one that raises or returns another type fails before
+#: anything starts.
+PLAIN = ("agent.context", "agent.branch_points", "search", "estimator")
+
+
+def check_factories(config: FocusConfig) -> None:
+    """Import every factory the configuration names and bind its options to it, so a
+    missing module or a misspelt option fails before any server or cluster starts; the
+    plain parts (:data:`PLAIN`) a factory makes are built, and checked, too."""
+    plain = False
+    for section, fixed in factory_sections(config):
         if getattr(section, "kind", None) != "factory" or not section.factory:
             continue
         fn = import_object(section.factory)
@@ -72,9 +100,14 @@ def check_factories(config: FocusConfig) -> None:
         try:
             inspect.signature(fn).bind(**fixed, **section.options)
         except TypeError as e:
-            raise ConfigError(f"{name} cannot be called with {section._section}.options: {e}") from None
+            given = f" (it is given {', '.join(fixed)} too)" if fixed else ""
+            raise ConfigError(f"{name} cannot be called with {section._section}.options{given}: {e}") from None
         except ValueError:
             pass  # no signature to check (a builtin)
+        plain = plain or section._section in PLAIN
+    if plain:
+        config.build_search()  # the estimator too
+        agent_parts(config)
 
 
 def api_key(variable: str | None, field: str = "model.api_key_env") -> str | None:
@@ -198,23 +231,45 @@ def _given(kwargs: dict[str, Any]) -> str:
 def build_agent(config: FocusConfig, policy: Policy) -> tuple[Agent, list[Task]]:
     """The agent sampling from ``policy``, and the tasks of this collection."""
     from focus.agent import Agent
-    from focus.branching import EveryDecision, SparseCheckpoints
-    from focus.context import AppendOnly, Segments
 
     env, fmt, tasks = build_env(config)
     if policy.vocab_size is None:  # no foreign ids in a batch: the codec's tokenizer knows the vocabulary
         policy.vocab_size = vocab_size_for(fmt.codec, config.model.kind)
     a = config.agent
+    context, branch_points = agent_parts(config)
     agent = Agent(
         policy,
         env,
         fmt,
-        context=Segments() if a.context == "segments" else AppendOnly(),
-        branch_points=EveryDecision() if a.branch_points == "every" else SparseCheckpoints(every=a.sparse_every),
+        context=context,
+        branch_points=branch_points,
         max_steps=a.max_steps,
         sampling=a.sampling,
     )
     return agent, tasks
+
+
+def agent_parts(config: FocusConfig) -> tuple[ContextManager, BranchPoints]:
+    """The agent's context manager and branch-point rule. They travel inside the agent
+    to every Dask worker, pickled: a factory's are pickled by reference to their module,
+    which the workers import (``focus.dask_payload``)."""
+    from focus.branching import BranchPoints, EveryDecision, SparseCheckpoints
+    from focus.context import AppendOnly, ContextManager, Segments, Summarize
+
+    c, b = config.agent.context, config.agent.branch_points
+    context: ContextManager
+    if c.kind == "factory":
+        context = _made("agent.context", c.factory or "", c.options, ContextManager, raised=ConfigError)
+    else:
+        context = {"segments": Segments, "append_only": AppendOnly, "summarize": Summarize}[c.kind](**c.options)
+    rule: BranchPoints
+    if b.kind == "factory":
+        rule = _made("agent.branch_points", b.factory or "", b.options, BranchPoints, raised=ConfigError)
+    elif b.kind == "sparse":
+        rule = SparseCheckpoints(every=config.agent.sparse_every, **b.options)
+    else:
+        rule = EveryDecision()
+    return context, rule
 
 
 def build_critic(config: FocusConfig) -> Any:
@@ -234,20 +289,34 @@ def build_critic(config: FocusConfig) -> Any:
     return _made("critic", c.factory or "", c.options, critics.Critic)
 
 
-def _made(section: str, path: str, options: dict[str, Any], want: type) -> Any:
+def _made(
+    section: str,
+    path: str,
+    options: dict[str, Any],
+    want: type,
+    fixed: dict[str, Any] | None = None,
+    raised: type[Exception] | None = None,
+) -> Any:
     """What ``<section>.factory`` makes, if it is a ``want``: a model factory that returned
     something else failed later as ``AttributeError: 'str' object has no attribute 'aclose'``,
     a critic factory's as ``TypeError: Collector's critic must be an instance of Critic``.
     A factory that takes any options (``**options``) and passes them on cannot be checked
     beforehand (:func:`check_factories`): a ``TypeError`` it raises is a
     :class:`ConfigError` naming the factory and the options, where it named neither
-    (``TypeError: DigitPolicy.__init__() got an unexpected keyword argument 'nope'``)."""
+    (``TypeError: DigitPolicy.__init__() got an unexpected keyword argument 'nope'``).
+    With ``raised``, anything else it raises is one of those, naming the factory (the
+    plain parts', whose factory has no service or file to fail on: its code or its
+    options are wrong)."""
     try:
-        made = import_object(path)(**options)
+        made = import_object(path)(**(fixed or {}), **options)
     except TypeError as e:
         raise ConfigError(
             f"{section}.factory {path!r} raised TypeError: {e} (called with {section}.options {_given(options)})"
         ) from e
+    except Exception as e:
+        if raised is None or isinstance(e, ConfigError):
+            raise
+        raise raised(f"{section}.factory {path!r} raised {type(e).__name__}: {e}") from e
     if not isinstance(made, want):
         raise ConfigError(
             f"{section}.factory {path!r} returned a value of type {type(made).__name__}, not a {want.__module__}.{want.__name__}"
@@ -255,11 +324,78 @@ def _made(section: str, path: str, options: dict[str, Any], want: type) -> Any:
     return made
 
 
-def build_estimator(config: FocusConfig) -> Any:
-    from focus.estimation import DirectBranchTd
+def build_estimator(config: FocusConfig) -> Estimator:
+    """The estimator: a built-in kind with its settings, or a factory's, called with
+    ``gamma``, ``kappa`` and ``truncation``, which it must keep (the search ranks with
+    them, and a resume compares them)."""
+    import focus.estimation
+    from tasks.config.parts import ESTIMATORS
 
     e = config.estimator
-    return DirectBranchTd(gamma=e.gamma, kappa=e.kappa, truncation=e.truncation)
+    common = {"gamma": e.gamma, "kappa": e.kappa, "truncation": e.truncation}
+    if e.kind != "factory":
+        return getattr(focus.estimation, ESTIMATORS[e.kind])(**common, **e.knobs_set())
+    made = _made("estimator", e.factory or "", e.options, focus.estimation.Estimator, common, ConfigError)
+    _kept("estimator", e.factory, made, common, "an estimator")
+    return made
+
+
+def _kept(section: str, path: str | None, made: Any, given: dict[str, Any], what: str) -> None:
+    """A factory's ``made`` holds the settings it was ``given``, or :class:`ConfigError`."""
+    for name, value in given.items():
+        got = getattr(made, name, None)
+        if got != value:
+            raise ConfigError(
+                f"{section}.factory {path!r} returned {what} whose {name} is {_short(got)}, not the "
+                f"{_short(value)} of {section}.{name}: pass on the {', '.join(given)} it is called with"
+            )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def search_from_factory(search: SearchConfig) -> Priority:
+    """``search.factory``'s search, called with the phases and ``waves_in_flight``, which
+    it must keep: the pipeline names its checkpoints and reports its progress by them."""
+    from focus.priority import Priority
+
+    given = {"phases": tuple(search.phases), "waves_in_flight": search.waves_in_flight}
+    made = _made("search", search.factory or "", search.options, Priority, given, ConfigError)
+    _kept("search", search.factory, made, given, "a search")
+    return made
+
+
+def build_search(config: FocusConfig) -> Priority:
+    """The search as the collector runs it, with the estimator's γ, truncation rule and
+    critic weight filled in; a factory's search that sets another γ or rule is refused
+    in one line."""
+    search = config.search.build_search()
+    try:
+        return search.resolved(build_estimator(config))
+    except ValueError as e:
+        if config.search.kind != "factory" or isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"search.factory {config.search.factory!r}: {e}") from None
+
+
+def make_execution(ex: ExecutionConfig) -> Execution:
+    """The execution service the rollouts run on, with the library's defaults but where
+    the config says otherwise (the search state is kept out of cyclic GC while the
+    collection runs: ``Execution.freeze_gc``, on by default), or ``execution.factory``'s,
+    called with ``max_concurrency``, ``max_outage_share`` and the options."""
+    from focus.execution import Execution
+
+    common: dict[str, Any] = {"max_concurrency": ex.max_concurrency, "max_outage_share": ex.max_outage_share}
+    if ex.kind == "factory":
+        return _made("execution", ex.factory or "", ex.options, Execution, common, ConfigError)
+    if ex.kind != "dask":
+        return Execution(**common)
+    from focus.dask_execution import DaskExecution
+
+    where = ex.model_dump(include=set(DaskExecution.model_fields) - set(common))  # where and how it runs
+    return DaskExecution(**common, **where)
 
 
 def build_collector(config: FocusConfig, agent: Agent, execution: Any = None) -> Any:

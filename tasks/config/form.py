@@ -127,6 +127,8 @@ def _describe(prop: dict[str, Any], path: str) -> dict[str, Any]:
     if out.get("type") == "boolean":
         del out["type"]
         out["anyOf"] = [{"type": "null", "title": "unset"}, {"type": "boolean", "title": "set"}]
+    elif any(o.get("type") == "boolean" for o in out.get("anyOf", [])):  # a switch that may be unset: unset first
+        out["anyOf"] = sorted(out["anyOf"], key=lambda o: o.get("type") != "null")
     return out
 
 

@@ -69,13 +69,26 @@ def _option_target(section: Any) -> tuple[Any, dict[str, str | None]] | None:
             return critics.LocalCritic, {}  # type: ignore[attr-defined]
         if kind == "constant":
             return (lambda: None), {}  # the value is critic.value; no options
+        return None
+    if kind == "factory":
+        return None  # checked by check_factories
+    if section._section == "agent.context" and kind == "summarize":
+        from focus.context import Summarize
+
+        return Summarize, {}
+    if section._section == "agent.branch_points" and kind == "sparse":
+        from focus.branching import SparseCheckpoints
+
+        return SparseCheckpoints, {"every": "agent.sparse_every"}
+    if section._section in ("agent.context", "agent.branch_points", "search", "estimator", "execution"):
+        return (lambda: None), {}  # a built-in whose settings are the section's fields: no options
     return None
 
 
 def check_options(section: Any) -> None:
     """``ValueError`` naming an option a built-in kind does not take, or of the wrong type.
 
-    ``section`` is a pluggable section of the schema (``model``, ``env``, ``critic``)."""
+    ``section`` is a pluggable section of the schema (:class:`tasks.config.parts.Pluggable`)."""
     if not section.options:
         return
     target = _option_target(section)

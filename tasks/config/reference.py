@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from focus.priority import Selective
+from tasks.config.parts import ESTIMATOR_KNOBS
 from tasks.config.schema import FocusConfig, field_paths
 from tasks.config.search import SELECTIVE_KNOBS
 
@@ -74,8 +75,19 @@ MEANING: dict[str, str] = {
     "env.factory": "with kind `factory`: import path called with `n_tasks`, `seed` and the options",
     "env.options": "keyword options of the env (or of the factory)",
     "agent.max_steps": "most rollout steps from the root (model calls, compactions included)",
-    "agent.context": "`segments` (a new context per segment) \\| `append_only`",
-    "agent.branch_points": "`every` (a checkpoint at every decision) \\| `sparse` (every `sparse_every` decisions)",
+    "agent.context.kind": "`segments` (a new context per segment) \\| `append_only` \\| `summarize` (segments, "
+    "compacted by a model call once the prompt passes `options.max_prompt_tokens`: `focus.context.Summarize`) \\| "
+    '`factory`; a kind\'s name alone (`context = "append_only"`) is the table with that kind',
+    "agent.context.factory": "with kind `factory`: import path of a callable returning a "
+    "`focus.context.ContextManager`, called with the options",
+    "agent.context.options": "keyword options of `summarize` (`max_prompt_tokens`, `instruction`, "
+    "`train_on_summary`) or of the factory",
+    "agent.branch_points.kind": "`every` (a checkpoint at every decision) \\| `sparse` (every `sparse_every` "
+    "decisions) \\| `factory`; a kind's name alone is the table with that kind",
+    "agent.branch_points.factory": "with kind `factory`: import path of a callable returning a "
+    "`focus.branching.BranchPoints`, called with the options",
+    "agent.branch_points.options": "keyword options of `sparse` (`offset`, `max_step`, `min_prompt_tokens`) or of "
+    "the factory",
     "agent.sparse_every": "with `sparse`: a checkpoint every this many decisions",
     "agent.sampling.max_tokens": "most tokens of one model response",
     "agent.sampling.temperature": "sampling temperature (the local trainer needs > 0, or `train.local.temperature` set)",
@@ -83,7 +95,11 @@ MEANING: dict[str, str] = {
     "agent.sampling.stop": "stop strings",
     "agent.sampling.stop_token_ids": "stop token ids",
     "agent.sampling.seed": "a fixed sampling seed (unset: one per step, derived from `seed`)",
-    "search.kind": "`selective` (continue where the critic's error shrinks most) \\| `uniform` (spread evenly)",
+    "search.kind": "`selective` (continue where the critic's error shrinks most) \\| `uniform` (spread evenly) "
+    "\\| `factory`",
+    "search.factory": "with kind `factory`: import path of a callable returning a `focus.priority.Priority` (a "
+    "subclass is one), called with `phases`, `waves_in_flight` and the options, which it keeps",
+    "search.options": "keyword options of the factory (its priority's own parameters)",
     "search.waves_in_flight": "waves planned and running at once: 2 keeps the model service busy while a wave's "
     'last rollouts finish (docs/pipeline.md, "Waves in flight"); 1 runs one wave at a time',
     "search.explore": "with kind `selective`: the share of continuations placed independently of the critic and of "
@@ -113,13 +129,26 @@ MEANING: dict[str, str] = {
     "critic.weights": "with kind `local`: a saved critic to start from (the train loop sets it to each new version's)",
     "critic.factory": "with kind `factory`: import path of a callable returning a `focus.critic.Critic`",
     "critic.options": "keyword options of the critic (or of the factory)",
+    "estimator.kind": "`direct_branch_td` (`focus.estimation.DirectBranchTd`) \\| `group_normalized` (the "
+    "GRPO-style baseline, `GroupNormalized`) \\| `node_monte_carlo` (the VinePPO-style baseline, `NodeMonteCarlo`) "
+    "\\| `factory`; the search ranks with `gamma`, `kappa` and `truncation` whichever it is",
     "estimator.gamma": "discount per task transition (the search ranks with the same γ)",
     "estimator.kappa": "fixed weight of the critic's prediction (pseudo-counts) in refined values (unset: fitted "
     "from the collection's residuals, docs/algorithm.md)",
     "estimator.truncation": "a truncated leaf (`max_steps`) bootstraps from the critic (`bootstrap`) or counts as "
     "terminal (`terminal`)",
+    "estimator.scale": "with kind `group_normalized`: divide by the group's standard deviation (false: centre only, "
+    "Dr. GRPO; `focus.estimation.GroupNormalized.scale`)",
+    "estimator.eps": "with kind `group_normalized`: added to the standard deviation "
+    "(`focus.estimation.GroupNormalized.eps`)",
+    "estimator.factory": "with kind `factory`: import path of a callable returning a `focus.estimation.Estimator` "
+    "(a subclass is one), called with `gamma`, `kappa`, `truncation` and the options, which it keeps",
+    "estimator.options": "keyword options of the factory (its estimator's own parameters)",
     "execution.kind": "`local` (in-process asyncio) \\| `dask` (a LocalCluster unless `address` is set; an "
-    "`address` selects `dask`)",
+    "`address` selects `dask`) \\| `factory`",
+    "execution.factory": "with kind `factory`: import path of a callable returning a `focus.execution.Execution`, "
+    "called with `max_concurrency`, `max_outage_share` and the options (where things run: not compared on resume)",
+    "execution.options": "keyword options of the factory",
     "execution.address": "an existing Dask scheduler",
     "execution.n_workers": "LocalCluster workers",
     "execution.threads_per_worker": "threads per LocalCluster worker",
@@ -264,6 +293,10 @@ def default_text(path: str, *, code: bool = True) -> str:
         return DEFAULT_TEXT[path]
     if (knob := path.removeprefix("search.")) in SELECTIVE_KNOBS:
         return f"unset (the library's: {default_text_of(Selective.model_fields[knob].default, code=code)})"
+    if (knob := path.removeprefix("estimator.")) in ESTIMATOR_KNOBS["group_normalized"]:
+        from focus.estimation import GroupNormalized
+
+        return f"unset (the library's: {default_text_of(GroupNormalized.model_fields[knob].default, code=code)})"
     return default_text_of(_default(path), code=code)
 
 

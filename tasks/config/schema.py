@@ -8,7 +8,8 @@ builds the objects a configuration describes). Validation happens once, before a
 work: :func:`validate_config` turns pydantic's errors into one :class:`ConfigError`
 naming every bad field and why, with a "did you mean" for a misspelt one.
 
-Sections with a module of their own: ``search`` (:mod:`tasks.config.search`), ``train``
+Sections with a module of their own: ``search`` (:mod:`tasks.config.search`), ``agent``
+and ``estimator`` with the pluggable sections' base (:mod:`tasks.config.parts`), ``train``
 (:mod:`tasks.config.train`), ``storage.read_ahead`` (:mod:`tasks.config.read_ahead`);
 the marks of the fields a resume may change are in :mod:`tasks.config.marks`. Each is
 importable from here too.
@@ -28,11 +29,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from focus.backends.foreign import endpoint_in_url, listed_twice, url_problem, urls_as_one_string
 from focus.backends.retry import RetryPolicy
 from focus.env import VALUE_LIMIT
-from focus.policy import SamplingParams
 from focus.priority import Priority
-from tasks.config.errors import ConfigError, check_env_name, check_import_path
+from tasks.config.errors import ConfigError, check_env_name
 from tasks.config.marks import LOOP_EXTENT, LOOP_ONLY, RUNTIME, Resumable  # noqa: F401 (re-exported: moved there)
 from tasks.config.options import check_options
+from tasks.config.parts import AgentConfig, EstimatorConfig, Pluggable
 from tasks.config.read_ahead import ReadAheadConfig
 from tasks.config.search import SearchConfig
 from tasks.config.train import BUILTIN_TRAINERS, TrainConfig  # noqa: F401 (re-exported: moved there)
@@ -53,44 +54,13 @@ def _check_http_url(name: str, url: str | None) -> None:
         raise ValueError(why)
 
 
-class _Pluggable(_Model):
-    """A section whose ``kind="factory"`` names a callable by import path, given ``options``."""
-
-    _section: ClassVar[str]
-    factory: str | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("factory")
-    @classmethod
-    def _check_factory(cls, v: str | None) -> str | None:
-        return check_import_path(v)
-
-    @model_validator(mode="after")
-    def _needs_factory(self) -> _Pluggable:
-        kind, where = getattr(self, "kind", None), self._section
-        if kind == "factory" and not self.factory:
-            raise ValueError(f"{where}.factory (an import path) is required when {where}.kind is 'factory'")
-        if self.factory and kind not in (None, "factory"):  # `--set env.factory=...` alone ran the toy task
-            why = f"{where}.kind is {kind!r}, which does not use it; set {where}.kind = 'factory' to use it"
-            raise ValueError(f"{where}.factory {self.factory!r} is set but {why}, or remove {where}.factory")
-        return self
-
-    @model_validator(mode="after")
-    def _one_place_for_http(self) -> _Pluggable:
-        """A section with an ``http`` client policy takes its timeouts there, not in ``options``."""
-        if "http" in type(self).model_fields and "config" in self.options:
-            where = self._section
-            raise ValueError(f"{where}.options.config is not accepted: set timeouts and retries in {where}.http")
-        return self
-
-
 #: Model kinds served by a model server at ``model.url`` (or ``model.urls``).
 REMOTE = ("openai", "sglang", "llamacpp")
 #: Kinds whose client posts to a server root (``local`` too, when it names one).
 SERVED = ("local", *REMOTE)
 
 
-class ModelConfig(_Pluggable):
+class ModelConfig(Pluggable):
     """The policy's model service.
 
     ``local`` with no ``url`` starts the embedded tiny model on loopback for the run;
@@ -170,7 +140,7 @@ class ModelConfig(_Pluggable):
         return self
 
 
-class EnvConfig(_Pluggable):
+class EnvConfig(Pluggable):
     """The task set: the embedded toy task, or a factory returning ``(env, format, tasks)``."""
 
     _section: ClassVar[str] = "env"
@@ -179,16 +149,7 @@ class EnvConfig(_Pluggable):
     task_seed: int = 0
 
 
-class AgentConfig(_Model):
-    max_steps: int = Field(6, ge=1)
-    context: Literal["segments", "append_only"] = "segments"
-    branch_points: Literal["every", "sparse"] = "every"
-    sparse_every: int = Field(2, ge=1)
-    #: Sampling of one model response; the same model the library uses, so its fields are documented once.
-    sampling: SamplingParams = SamplingParams(max_tokens=48)
-
-
-class CriticConfig(_Pluggable):
+class CriticConfig(Pluggable):
     _section: ClassVar[str] = "critic"
     kind: Literal["constant", "http", "local", "factory"] = "constant"
     #: What ConstantCritic takes (finite, within focus.env.VALUE_LIMIT): refused here, with
@@ -226,17 +187,6 @@ class CriticConfig(_Pluggable):
         return self
 
 
-class EstimatorConfig(_Model):
-    """DirectBranchTd's settings, which the search's ranking also uses (docs/algorithm.md)."""
-
-    #: Discount per task transition.
-    gamma: float = Field(1.0, gt=0.0, le=1.0)
-    #: Fixed critic weight (pseudo-counts, finite); unset: fitted from the collection's residuals.
-    kappa: float | None = Field(None, ge=0.0, allow_inf_nan=False)
-    #: A truncated leaf (max_steps) bootstraps from the critic, or counts as terminal.
-    truncation: Literal["bootstrap", "terminal"] = "bootstrap"
-
-
 #: ``model.kind`` of a server named as people write it (letters only, lower case).
 _KIND_OF_SERVER = {"vllm": "openai", "openaicompatible": "openai", "openai": "openai", "sglang": "sglang",
                    "llamacpp": "llamacpp", "llamaserver": "llamacpp"}  # fmt: skip
@@ -246,8 +196,10 @@ _DASK_ADDRESS = re.compile(
 )
 
 
-class ExecutionConfig(_Model):
-    """Where rollouts run: in the task's process (``local``, the default) or on Dask (``dask``).
+class ExecutionConfig(Pluggable):
+    """Where rollouts run: in the task's process (``local``, the default), on Dask
+    (``dask``), or on a factory's :class:`focus.execution.Execution` (``factory``, called
+    with ``max_concurrency``, ``max_outage_share`` and ``options``).
 
     ``dask`` without an ``address`` starts a LocalCluster for the run; an ``address``
     selects ``dask``. In-process is the default because the rollouts
@@ -262,7 +214,8 @@ class ExecutionConfig(_Model):
     short enough that an operator learns of a dead server within a minute.
     """
 
-    kind: Literal["local", "dask"] = "local"
+    _section: ClassVar[str] = "execution"
+    kind: Literal["local", "dask", "factory"] = "local"
     address: str | None = None
     n_workers: int = Field(2, gt=0)
     threads_per_worker: int = Field(1, gt=0)
@@ -301,9 +254,14 @@ class ExecutionConfig(_Model):
         fields are validated: a value an "after" validator returns in place of the model
         is dropped when the model is built by its ``__init__``, so
         ``ExecutionConfig(address=...)`` stayed ``local``.)"""
-        if isinstance(data, dict) and data.get("address") and data.get("kind") != "dask":
+        if isinstance(data, dict) and data.get("address") and data.get("kind") not in ("dask", "factory"):
             return {**data, "kind": "dask"}
         return data
+
+    @model_validator(mode="after")
+    def _options_fit(self) -> ExecutionConfig:
+        check_options(self)
+        return self
 
 
 class StorageConfig(_Model):
@@ -411,7 +369,9 @@ class FocusConfig(_Model):
     def build_search(self) -> Priority:
         """The search as the collector runs it: the estimator's γ, truncation rule and
         critic weight filled in (what replaying stored waves must plan with, too)."""
-        return self.search.build_search().resolved(self.build_estimator())
+        from tasks.config.build import build_search
+
+        return build_search(self)
 
 
 def resumable_fields(scope: Literal["collection", "loop"], cls: type[BaseModel] = FocusConfig) -> tuple[str, ...]:
@@ -445,6 +405,8 @@ def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
             continue
         if part not in node or node[part] is None:
             node[part] = [] if nxt.isdigit() else {}
+        elif isinstance(node[part], str) and not nxt.isdigit():
+            node[part] = {"kind": node[part]}  # a kind's name alone stands for its table (tasks.config.parts)
         node = node[part]
     last = parts[-1]
     if isinstance(node, list):

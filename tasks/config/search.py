@@ -14,11 +14,13 @@ refused like any other change of the search (:mod:`tasks.fingerprint`).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from focus.priority import Phase, Priority, Selective, Uniform
+from tasks.config.options import check_options
+from tasks.config.parts import Pluggable
 
 #: Fields of :class:`focus.priority.Selective` a configuration may set (only with
 #: ``kind = "selective"``); unset, the library's default holds.
@@ -55,15 +57,16 @@ def _default_phases() -> list[Phase]:
 _PHASE_NAME = re.compile(r"[A-Za-z0-9_.=-]{0,150}")
 
 
-class SearchConfig(BaseModel):
+class SearchConfig(Pluggable):
     """The search and its phases (:class:`focus.priority.Phase`, validated the same way).
 
     It ranks with the estimator's γ, truncation rule and critic weight (one of each per
-    collection): :meth:`FocusConfig.build_search`."""
+    collection): :meth:`FocusConfig.build_search`. ``kind = "factory"`` names a callable
+    returning a :class:`focus.priority.Priority`, called with ``phases``,
+    ``waves_in_flight`` and ``options`` (a ``Priority`` subclass itself is one)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: Literal["selective", "uniform"] = "selective"
+    _section: ClassVar[str] = "search"
+    kind: Literal["selective", "uniform", "factory"] = "selective"
     phases: list[Phase] = Field(default_factory=_default_phases)
     #: Waves planned and running at once (focus.priority.Priority.waves_in_flight): 2
     #: keeps the model service busy while a wave's last rollouts finish, is checkpointed,
@@ -91,7 +94,10 @@ class SearchConfig(BaseModel):
                     f"search.phases.{i}.name {phase.name!r} names the phase's checkpoints in the store: use "
                     "letters, digits, '_', '-', '.' and '=', at most 150"
                 )
-        self.build_search()  # the search's own rules: evidence first, unique names
+        check_options(self)
+        # the search's own rules: evidence first, unique names (a factory's search is
+        # built where factories are imported; its phases are held to these rules there too)
+        Uniform(phases=tuple(self.phases), waves_in_flight=self.waves_in_flight)
         return self
 
     def knobs_set(self) -> dict[str, Any]:
@@ -99,7 +105,12 @@ class SearchConfig(BaseModel):
         return {name: value for name in SELECTIVE_KNOBS if (value := getattr(self, name)) is not None}
 
     def build_search(self) -> Priority:
-        """The search alone; :meth:`FocusConfig.build_search` adds the estimator's settings."""
+        """The search alone (a factory's: :func:`tasks.config.build.build_search`);
+        :meth:`FocusConfig.build_search` adds the estimator's settings."""
+        if self.kind == "factory":
+            from tasks.config.build import search_from_factory
+
+            return search_from_factory(self)
         if self.kind == "uniform":
             return Uniform(phases=tuple(self.phases), waves_in_flight=self.waves_in_flight)
         return Selective(phases=tuple(self.phases), waves_in_flight=self.waves_in_flight, **self.knobs_set())
