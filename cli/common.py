@@ -422,9 +422,11 @@ FLAG_OF = {
 
 def user_code(cfg: FocusConfig) -> list[str]:
     """The import paths of the user's code the configuration names (factories, a trainer)."""
+    from tasks.config.build import factory_sections
+
     paths = [
         section.factory
-        for section in (cfg.model, cfg.env, cfg.critic)
+        for section, _ in factory_sections(cfg)
         if getattr(section, "kind", None) == "factory" and section.factory
     ]
     return [*paths, *([cfg.train.trainer] if ":" in cfg.train.trainer else [])]

@@ -299,3 +299,21 @@ def test_an_execution_factory_makes_the_execution_service():
     check_factories(config)
     assert make_execution(config.execution) == Execution(max_concurrency=3, max_outage_share=0.1, graft_fraction=0.5)
     assert rows(collected(config)) == rows(collected(small()))  # where rollouts run, not what they make
+
+
+def test_the_resume_line_counts_every_factory_as_the_users_code():
+    """``focus collect``'s resume line starts with the ``PYTHONPATH`` a factory was found
+    through; it looked at the env, model and critic factories alone."""
+    from cli.common import user_code
+
+    assert set(user_code(small(**CUSTOM))) >= {"fixtures.parts:AtDepth", "fixtures.parts:tagged"}
+
+
+def test_config_show_gives_an_unset_estimator_knob_the_librarys_value():
+    from tasks.config import explain_config
+
+    _, rows = explain_config(overrides={"estimator.kind": "group_normalized"}, environ={})
+    shown = {key: (value, source) for key, value, source in rows}
+    assert shown["estimator.scale"] == (True, "library default") and shown["estimator.eps"][1] == "library default"
+    _, rows = explain_config(environ={})
+    assert {key: value for key, value, _ in rows}["estimator.scale"] is None  # a kind without the knob: unset

@@ -384,13 +384,14 @@ def explain_config(
 ) -> tuple[FocusConfig, list[tuple[str, Any, str]]]:
     """The effective configuration (as :func:`load_config` builds it) and, per leaf
     field, ``(dotted name, value, source)``: ``default``, the file, the environment
-    variable or ``--set`` that set it last. A search knob left unset shows the value the
-    search gets from the library (source ``library default``), not the unset marker."""
+    variable or ``--set`` that set it last. A search or estimator knob left unset shows
+    the value it gets from the library (source ``library default``), not the unset marker."""
     env, problems = env_layers(os.environ if environ is None else environ)
     layers = file_layers(path) + env + override_layers(overrides)
     config = build_config(layers, problems)
     data = config.model_dump(mode="json")
     library = {f"search.{name}": value for name, value in config.search.knob_values().items()}
+    library |= {f"estimator.{name}": value for name, value in config.estimator.knob_values().items()}
     rows = []
     for leaf in field_paths():
         value: Any = data
