@@ -62,7 +62,8 @@ class NoiseModel:
     repeats: int = 0
     known: bool = True
     #: The critic's error variance per depth t(d) (issue 31; empty: ``critic_var`` at
-    #: every depth), read off every checkpoint's first child (:func:`_critic_by_depth`).
+    #: every depth), read off the branched checkpoints' residuals (:func:`_critic_by_depth`)
+    #: or, with ``noise_model(joint=True)``, with the only children's too (:func:`_joint_fit`).
     critic_vars: tuple[float, ...] = ()
     #: The share of a bootstrapped leaf's critic error that its siblings share
     #: (:func:`_shared_share`): what more siblings do not average away.
@@ -156,6 +157,7 @@ def noise_model(
     truncation: Truncation = "bootstrap",
     keep: Callable[[Tree, Edge], bool] | None = None,
     rows: Sequence[Sequence[Checkpoint]] | None = None,
+    joint: bool | None = None,
 ) -> NoiseModel:
     """Fit the step variances s(d), the same-action noise variances ν(d) ≤ s(d) and
     the critic's error variance t on the λ = 0 backups of ``trees`` (method of
@@ -193,6 +195,9 @@ def noise_model(
     (:func:`focus.noise_rows.tree_rows` with the same γ, truncation rule and ``keep``),
     if known: a tree's rows depend on that tree alone, so a caller that keeps them per
     tree (the search state) computes them once per tree version, not once per fit.
+    ``joint``: fit t(d) with s and ν as one problem, the only-child residuals included
+    (:func:`_joint_fit`; None: :data:`JOINT_CRITIC_FIT`, off: measured and not adopted,
+    docs/findings/estimator-issue31.md, "t(d) fitted jointly with s(d)").
     """
     parts = rows if rows is not None else [tree_rows(tree, gamma, truncation, keep) for tree in trees]
     recs, bases = joined(parts)
@@ -201,16 +206,7 @@ def noise_model(
         return _chain_model(recs, residuals, bases)
     mo = _moments(recs, bases)
     nd = mo.nd
-    rho = 0.5
-    t = 0.0
-    x = np.zeros(2 * nd)
-    by_depth = np.full(nd, t)
-    for it in range(3):
-        x = _solve_spreads(mo, t, x, rho, it, by_depth)
-        s = x[:nd]
-        rho = _env_share(x[nd:], s, mo.repeat_dof)
-        t = _critic_error(mo, s, t, it)
-        by_depth = _critic_by_depth(recs, mo, s, t)
+    x, t, rho, by_depth = _passes(recs, mo, JOINT_CRITIC_FIT if joint is None else joint)
     shared = _shared_share(mo, t, x, rho, by_depth)
     # Six significant digits: the linear solves go through LAPACK, whose last bits may
     # differ between CPUs; rounded, the model (and so every plan) is the same anywhere.
@@ -224,6 +220,28 @@ def noise_model(
         critic_vars=tuple(_sig6(v) for v in by_depth),
         shared=_sig6(shared),
     )
+
+
+def _passes(recs: list[Checkpoint], mo: _Moments, joint: bool) -> tuple[np.ndarray, float, float, np.ndarray]:
+    """:func:`noise_model`'s three passes: ``(x, t, ρ, t(d))``, x = (s, ν). With
+    ``joint`` (and only-child residuals to read), the second and third fit (s, ν) and
+    t(d) as one problem (:func:`_joint_fit`); the first has no t to weigh them by."""
+    nd = mo.nd
+    rho, t = 0.5, 0.0
+    x = np.zeros(2 * nd)
+    by_depth = np.full(nd, t)
+    joint = joint and len(mo.one_y) > 0
+    for it in range(3):
+        if joint and it:
+            x, by_depth = _joint_fit(recs, mo, t, x, rho, by_depth)
+        else:
+            x = _solve_spreads(mo, t, x, rho, it, by_depth)
+        s = x[:nd]
+        rho = _env_share(x[nd:], s, mo.repeat_dof)
+        t = _critic_error(mo, s, t, it)
+        if not (joint and it):
+            by_depth = _critic_by_depth(recs, mo, s, t)
+    return x, t, rho, by_depth
 
 
 @dataclass(frozen=True)
@@ -448,6 +466,76 @@ def _critic_by_depth(recs: list[Checkpoint], mo: _Moments, s: np.ndarray, t: flo
     unit = float(np.mean(wt))
     mat = np.diag(weight) + unit * (_DEPTH_PRIOR_DOF * _depth_walk(nd) + _CRITIC_PRIOR_DOF * np.eye(nd))
     return _nnls(mat, total + unit * _CRITIC_PRIOR_DOF * t)
+
+
+#: Whether :func:`noise_model` fits t(d) jointly with s(d) and ν(d), the only-child
+#: residuals included (:func:`_joint_fit`; docs/algorithm.md, "t(d) from only
+#: children"). Its ``joint`` argument overrides it.
+JOINT_CRITIC_FIT = False
+#: An only child's weight is its precision ``1/(t(d) + v(d))²``, ``v(d)`` its depth's
+#: mean modelled Var(q); a depth the fit calls exact weighs at most as one whose
+#: Var(q) is this share of the mean over every depth (the lock the chain model's
+#: inverse-variance weights had: docs/algorithm.md, "Unbranched rollouts only").
+_ONE_FLOOR = 0.05
+
+
+def _joint_fit(
+    recs: list[Checkpoint], mo: _Moments, t: float, x: np.ndarray, rho: float, t_depth: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(s, ν) and t(d) as one least-squares problem: the spreads (as in
+    :func:`_spread_system`, with its priors), the branched checkpoints' residuals (as in
+    :func:`_critic_by_depth`) and the only-child residuals, each row weighed as its
+    precision in one unit: a degree of freedom of a spread whose Var(q) is ``v``, the
+    only children's mean. ``t`` (pooled) and ``t_depth`` are the previous pass's.
+
+    An only child's squared miss ``(v̂ − q)²`` has expectation ``t(d) + β·t + Σ α·s``:
+    the critic's error at its own checkpoint plus the variance of the one-rollout return
+    below. The branched residuals see t(d) only where search branched, which the ranking
+    picks where the critic looked right; only children are at every checkpoint a rollout
+    passed, so they carry the critic's error where search did not look. Read as
+    ``(v̂ − q)² − Var(q)`` with Var(q) from a fit that had not seen them (h44m), every
+    shortfall of the modelled Var(q) became critic error; here a row can be explained by
+    either unknown, and the spreads (s), the branched residuals (t) and the depth priors
+    share it out, as one likelihood would. A rare outcome is one squared miss among its
+    depth's rows: it moves that depth's mean, not one checkpoint's t. Weights: an only
+    child ``v²/(t(d) + v(d) + floor)²``, a branched residual ``v²/(t(d) + Var(Q̄) +
+    floor)²`` (t(d), not the pooled t: where the critic is wrong its error dominates a
+    row's variance, and the selected residuals, fitted by a t near 0, outweighed the only
+    children by (v(d)/Var(Q̄))²); the t(d) priors' pseudo-observations are each worth a
+    row of median weight."""
+    nd, res_ix, n_one = mo.nd, mo.res_ix, len(mo.one_y)
+    mat = np.zeros((3 * nd, 3 * nd))
+    rhs = np.zeros(3 * nd)
+    mat[: 2 * nd, : 2 * nd], rhs[: 2 * nd] = _spread_system(mo, t, t, x, rho, 0, t_depth)  # no only-child rows
+    one_s = mo.one_rows[:, :nd]
+    var_one = _mv(one_s, x[:nd])
+    v = float(np.mean(var_one))
+    cnt, tot = np.zeros(nd), np.zeros(nd)
+    np.add.at(cnt, mo.one_depth, 1.0)
+    np.add.at(tot, mo.one_depth, var_one)
+    ref = v * v
+    k_one = (ref / (t_depth + tot / np.maximum(cnt, 1.0) + _ONE_FLOOR * v + 1e-100) ** 2)[mo.one_depth]
+    res_depth = np.array([recs[i].depth for i in res_ix], dtype=np.int64)
+    var_q = _mv(mo.alpha[res_ix], x[:nd]) + mo.beta[res_ix] * t
+    floor = 1e-3 * float(np.median(var_q)) + 1e-100 if len(res_ix) else 1e-100
+    w_res = ref / (t_depth[res_depth] + var_q + floor) ** 2
+    if ref <= 0:  # every only child modelled exact: equal weights
+        k_one, w_res = np.ones(n_one), np.ones(len(res_ix))
+    # only-child rows over (s, t(d)): α on s, 1 on their own depth's t (β·t moved right)
+    rows = np.hstack([one_s, np.eye(nd)[mo.one_depth]])
+    sel = np.r_[0:nd, 2 * nd : 3 * nd]
+    mat[np.ix_(sel, sel)] += _mm(rows.T, rows * k_one[:, None])
+    rhs[sel] += _mv(rows.T, k_one * (mo.one_y - t * (mo.one_t - 1.0)))
+    # branched residuals: t(d) alone
+    tt = slice(2 * nd, 3 * nd)
+    weight, total = np.zeros(nd), np.zeros(nd)
+    np.add.at(weight, res_depth, w_res)
+    np.add.at(total, res_depth, w_res * mo.t_obs)
+    unit = float(np.median(np.concatenate([k_one, w_res])))
+    mat[tt, tt] += np.diag(weight) + unit * (_DEPTH_PRIOR_DOF * _depth_walk(nd) + _CRITIC_PRIOR_DOF * np.eye(nd))
+    rhs[tt] += total + unit * _CRITIC_PRIOR_DOF * t
+    out = _solve_av(mat, rhs, nd)
+    return out[: 2 * nd], out[tt]
 
 
 def _one_prediction(recs: list[Checkpoint]) -> bool:

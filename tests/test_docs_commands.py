@@ -212,6 +212,14 @@ COMMANDS: dict[str, Check] = {
     "--critics noise_1,noise_3,constant,biased,early_late --methods grpo,uniform,selective --seeds 2": Check(
         "parse", "a benchmark of about 15 minutes (three families of the issue-31 record)"
     ),
+    ".venv/bin/python -m benchmarks.estimator_quality --families decisive,heavy_tail,truncated --budgets 2,6 "
+    "--critics exact,noise_1,noise_3,constant,biased,early_late,wrong_state --methods uniform,selective --seeds 2": Check(
+        "parse", "a benchmark of 5-10 minutes on 2 loaded cores (h58j's quick set for the joint t(d) fit)"
+    ),
+    ".venv/bin/python -m benchmarks.estimator_quality --families uniform,critical,long,slippery,forage,project,timing,"
+    "subtle --budgets 2,6 --critics exact,noise_1,noise_3,constant --methods uniform,selective --seeds 1": Check(
+        "parse", "a benchmark of about 4 minutes on 2 loaded cores (the project's eight, h58j's joint t(d) fit)"
+    ),
     ".venv/bin/python -m benchmarks.reward_units": Check(
         "parse", "960 collections against 320 unscaled ones: 21 minutes with the machine loaded"
     ),
