@@ -157,7 +157,7 @@ def noise_model(
     truncation: Truncation = "bootstrap",
     keep: Callable[[Tree, Edge], bool] | None = None,
     rows: Sequence[Sequence[Checkpoint]] | None = None,
-    joint: bool | None = None,
+    joint: bool = False,
 ) -> NoiseModel:
     """Fit the step variances s(d), the same-action noise variances ν(d) ≤ s(d) and
     the critic's error variance t on the λ = 0 backups of ``trees`` (method of
@@ -196,7 +196,7 @@ def noise_model(
     if known: a tree's rows depend on that tree alone, so a caller that keeps them per
     tree (the search state) computes them once per tree version, not once per fit.
     ``joint``: fit t(d) with s and ν as one problem, the only-child residuals included
-    (:func:`_joint_fit`; None: :data:`JOINT_CRITIC_FIT`, off: measured and not adopted,
+    (:func:`_joint_fit`; off by default: measured and not adopted,
     docs/findings/estimator-issue31.md, "t(d) fitted jointly with s(d)").
     """
     parts = rows if rows is not None else [tree_rows(tree, gamma, truncation, keep) for tree in trees]
@@ -206,7 +206,7 @@ def noise_model(
         return _chain_model(recs, residuals, bases)
     mo = _moments(recs, bases)
     nd = mo.nd
-    x, t, rho, by_depth = _passes(recs, mo, JOINT_CRITIC_FIT if joint is None else joint)
+    x, t, rho, by_depth = _passes(recs, mo, joint)
     shared = _shared_share(mo, t, x, rho, by_depth)
     # Six significant digits: the linear solves go through LAPACK, whose last bits may
     # differ between CPUs; rounded, the model (and so every plan) is the same anywhere.
@@ -468,10 +468,6 @@ def _critic_by_depth(recs: list[Checkpoint], mo: _Moments, s: np.ndarray, t: flo
     return _nnls(mat, total + unit * _CRITIC_PRIOR_DOF * t)
 
 
-#: Whether :func:`noise_model` fits t(d) jointly with s(d) and ν(d), the only-child
-#: residuals included (:func:`_joint_fit`; docs/algorithm.md, "t(d) from only
-#: children"). Its ``joint`` argument overrides it.
-JOINT_CRITIC_FIT = False
 #: An only child's weight is its precision ``1/(t(d) + v(d))²``, ``v(d)`` its depth's
 #: mean modelled Var(q); a depth the fit calls exact weighs at most as one whose
 #: Var(q) is this share of the mean over every depth (the lock the chain model's
