@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.outage import patient_polls
 from deployments.stopping import Stopped, apart, stopping_runner
 from tasks.config import read_file, set_dotted
 
@@ -274,7 +275,7 @@ def serve_deployments(spec: DeploySpec, started: Callable[[], object] | None = N
     if started is not None:
         started()
     try:
-        with apart():
+        with apart(), patient_polls():  # a Prefect server outage no longer ends the serving
             asyncio.run(runner.start())
     except KeyboardInterrupt:
         return runner.stopped or Stopped("SIGINT")

@@ -10,9 +10,10 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from fixtures.prefect import ROOT, base_env, free_port
+from fixtures.prefect import ROOT, base_env, free_port, from_template
 from typer.testing import CliRunner
 
 from cli.app import app
@@ -31,12 +32,15 @@ def focus(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 220)
 
 
 @pytest.mark.integration
-def test_collect_embedded_default_quietly_then_rerun_and_inspect(tmp_path):
+def test_collect_embedded_default_quietly_then_rerun_and_inspect(prefect_template, tmp_path):
     """No model, no Prefect server, no Dask: the model starts locally and the steps run
     without an orchestrator (no server to keep the run); the console shows the result
     and nothing of the logging, which is in the log file. ``--prefect`` runs the same
-    collection as a flow on a temporary Prefect server."""
-    env = {**base_env(tmp_path / "prefect"), "PREFECT_LOGGING_LEVEL": "INFO"}
+    collection as a flow on a temporary Prefect server, whose home holds the session's
+    migrated database (:func:`fixtures.prefect.from_template`: a fresh home migrated it
+    first, 5-15 s more; a first run on a fresh home: tests/test_server_orphans.py and
+    tests/test_cli_machine.py)."""
+    env = {**base_env(from_template(prefect_template, tmp_path / "prefect")), "PREFECT_LOGGING_LEVEL": "INFO"}
     log = tmp_path / "collect.log"
     done = focus(["collect", *SMALL, "--collection-id", "emb", "--json", "--log-file", str(log)], env, tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -381,35 +385,47 @@ def test_collecting_needs_no_torch_and_training_says_which_extra(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.needs("torch")
-def test_train_takes_the_collect_shorthands_as_their_fields(tmp_path):
+def test_train_takes_the_collect_shorthands_as_their_fields(tmp_path, monkeypatch):
     """``focus train --store --seed --tasks --transitions`` set the same fields as
     ``focus collect``'s flags do (``storage.root``, ``seed``, ``env.n_tasks``, the last
-    phase's budget): a loop run with them is the loop run with ``--set``, record for
-    record, and writes under the store it names."""
-    env = base_env(tmp_path / "prefect")
+    phase's budget): the loop's configuration with them is the one with ``--set``, field
+    for field but the store (read in-process where the command hands it to the loop);
+    and a real loop run with them writes under the store it names.
+
+    Both were real ``focus train`` runs (85 s of a worker's time at load 12), whose
+    records were compared; the same configuration makes the same loop run."""
+    import cli.train
+
     small = ["--iterations", "1", "--collection-id", "t", "--json", "--set", "agent.sampling.max_tokens=8"]
-    runs = {}
-    for name, args in {
-        "flags": ["--store", str(tmp_path / "flags"), "--seed", "5", "--tasks", "3", "--transitions", "12"],
-        "set": [
-            "--set", f"storage.root={tmp_path / 'set'}", "--set", "seed=5", "--set", "env.n_tasks=3",
-            "--set", "search.phases.1.transitions=12",
-        ],
-    }.items():  # fmt: skip
-        done = focus(["train", *small, *args, "--log-file", str(tmp_path / f"{name}.log")], env, tmp_path)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-        [record] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-        # the store's URLs are "file://" and the path as it is (fsspec reads them so):
-        # Path.as_uri() writes a space as %20, and the test failed where TMPDIR had one
-        assert record["batch_url"].startswith(f"file://{tmp_path / name}/"), record["batch_url"]
-        runs[name] = record
-    flags, via_set = runs["flags"], runs["set"]
-    assert flags["stats"]["tasks"] == 3
+    flags = ["--store", str(tmp_path / "flags"), "--seed", "5", "--tasks", "3", "--transitions", "12"]
+    sets = [
+        "--set", f"storage.root={tmp_path / 'set'}", "--set", "seed=5", "--set", "env.n_tasks=3",
+        "--set", "search.phases.1.transitions=12",
+    ]  # fmt: skip
+    for key in [k for k in os.environ if k.upper().startswith(("FOCUS_", "PREFECT_API"))]:
+        monkeypatch.delenv(key)  # as base_env leaves the command's environment
+    handed: list[Any] = []
+    monkeypatch.setattr(cli.train, "_run", lambda out, cfg, resume, **kw: handed.append(cfg) or [])
+    for args in (flags, sets):
+        out = CliRunner().invoke(app, ["train", *small, *args], catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+    by_flags, by_set = handed
+    roots = (by_flags.storage.root, by_set.storage.root)
+    assert roots == (f"file://{tmp_path / 'flags'}", f"file://{tmp_path / 'set'}")
+    assert by_flags.seed == 5 and by_flags.env.n_tasks == 3 and by_flags.search.phases[-1].transitions == 12
+    assert by_flags.with_updates(**{"storage.root": by_set.storage.root}).model_dump() == by_set.model_dump()
+
+    env = base_env(tmp_path / "prefect")
+    done = focus(["train", *small, *flags, "--log-file", str(tmp_path / "flags.log")], env, tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    [record] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    # the store's URLs are "file://" and the path as it is (fsspec reads them so):
+    # Path.as_uri() writes a space as %20, and the test failed where TMPDIR had one
+    assert record["batch_url"].startswith(f"file://{tmp_path / 'flags'}/"), record["batch_url"]
+    assert record["stats"]["tasks"] == 3
     # the evidence phase's rollouts plus a continuation budget of 12, not the default 200
-    assert flags["stats"]["budget_spent"] < 3 * 4 * 6 + 12 + 6
-    for key in ("actor_rows", "critic_rows", "tokens", "transitions", "rollouts", "checkpoints"):
-        assert flags["stats"][key] == via_set["stats"][key], key
-    assert flags["train"]["policy_version"] == via_set["train"]["policy_version"]
+    assert record["stats"]["budget_spent"] < 3 * 4 * 6 + 12 + 6
+    assert record["train"]["policy_version"]
 
 
 def test_inspect_summarises_a_batch_from_its_columns_without_building_rows(tmp_path, monkeypatch):
