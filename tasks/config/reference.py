@@ -131,7 +131,7 @@ MEANING: dict[str, str] = {
     "critic.options": "keyword options of the critic (or of the factory)",
     "estimator.kind": "`direct_branch_td` (`focus.estimation.DirectBranchTd`) \\| `group_normalized` (the "
     "GRPO-style baseline, `GroupNormalized`) \\| `node_monte_carlo` (the VinePPO-style baseline, `NodeMonteCarlo`) "
-    "\\| `factory`; the search ranks with `gamma`, `kappa` and `truncation` whichever it is",
+    "\\| `factory`",
     "estimator.gamma": "discount per task transition (the search ranks with the same γ)",
     "estimator.kappa": "fixed weight of the critic's prediction (pseudo-counts) in refined values (unset: fitted "
     "from the collection's residuals, docs/algorithm.md)",
