@@ -113,7 +113,8 @@ async def collect(config: MathConfig, url: str, progress: common.Progress | None
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # the counts are checked by MathConfig, every flag out of range named in one line
+    ap = common.ArgumentParser(prog="python -m examples.math.run", description=__doc__.splitlines()[0])
     ap.add_argument("--model-url", help="OpenAI-compatible server root (default: the embedded tiny model)")
     ap.add_argument("--tokenizer", help="tokenizer.json of that model (default: the tiny model's byte codec)")
     ap.add_argument("--model", default="focus-tinylm", help="model name sent with each request")

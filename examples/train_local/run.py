@@ -103,7 +103,7 @@ def plot(results: dict[int, list[dict[str, Any]]], path: Path) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(prog="python -m examples.train_local.run", description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", default="runs/train_local", help="folder for the store, results and the plot")
     ap.add_argument(

@@ -58,7 +58,7 @@ async def toy_batch(out: str, url: str | None = None) -> tuple[str, Batch]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(prog="python -m examples.train_tinker.run", description=__doc__.splitlines()[0])
     ap.add_argument("--store", help="batch store root the batch lives in")
     ap.add_argument("--batch-url", help="URL of the batch (BatchStore.write's answer)")
     ap.add_argument("--collect-toy", action="store_true", help="collect a small toy batch first (embedded model)")
@@ -68,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--state", help="tinker:// state saved by the previous step (default: a new LoRA run)")
     ap.add_argument("--name", default="focus-step", help="name of the saved state and sampler weights")
     ap.add_argument("--loss-fn", choices=LOSS_FNS, default="importance_sampling")
-    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--lr", type=common.positive, default=1e-5)
     ap.add_argument("--dry-run", action="store_true", help="build and check every request, even with a key")
     common.add_json_option(ap)
     common.add_debug_option(ap)
