@@ -101,6 +101,21 @@ def check_model_url(ap: argparse.ArgumentParser, url: str | None) -> None:
         ap.exit(2, f"error: {line}\n")
 
 
+def check_out(ap: argparse.ArgumentParser, out: str) -> None:
+    """Stop with one line when the store ``--out`` names cannot be written (a read-only
+    file system, a full disk, a file in the way: ``flows.preflight.check_root``, as
+    ``focus collect`` asks of ``--store``), before anything runs: a read-only ``--out``
+    failed as the batch was written, after the whole collection, and said to rerun with
+    the same collection id to resume, which an example does not."""
+    from flows.errors import exit_code, one_line
+    from flows.preflight import check_root
+
+    try:
+        check_root(out, give="give --out a folder you can write")
+    except Exception as e:  # noqa: BLE001 - every cause is one line
+        ap.exit(exit_code(e), f"error: {one_line(e)}\n")
+
+
 @contextlib.contextmanager
 def model_server(url: str | None, progress: Progress | None = None) -> Iterator[str]:
     """``url`` when given; otherwise the embedded tiny model, started for the block

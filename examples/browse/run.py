@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         if args.tokenizer and not args.model_url:
             ap.error("--tokenizer belongs to a model served at --model-url")
+        common.check_out(ap, args.out)
         common.check_model_url(ap, args.model_url)
         with common.Progress("browse") as progress, common.model_server(args.model_url, progress) as url:
             result = asyncio.run(collect(url, args, progress))

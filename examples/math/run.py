@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         config = MathConfig(**{k: v for k, v in vars(args).items() if v is not None})
     except ValidationError as e:  # one line naming the flag, not pydantic's three per field
         ap.error("; ".join(f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}" for err in e.errors()))
+    common.check_out(ap, config.out)
     common.check_model_url(ap, config.model_url)
     with common.Progress("math") as progress, common.model_server(config.model_url, progress) as url:
         result = asyncio.run(collect(config, url, progress))

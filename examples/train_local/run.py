@@ -114,7 +114,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    common.check_out(ap, args.out)
     overrides: dict[str, Any] = {}
     for item in args.sets:
         key, _, value = item.partition("=")

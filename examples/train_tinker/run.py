@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = parser()
     args = ap.parse_args(argv)
     if args.collect_toy:
+        common.check_out(ap, args.out)
         common.check_model_url(ap, args.model_url)
         url, batch = asyncio.run(toy_batch(args.out, args.model_url))
     elif args.store and args.batch_url:
