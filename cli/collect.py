@@ -60,7 +60,7 @@ from cli.common import (
     warn_if_forgotten,
 )
 from tasks.config import FocusConfig
-from tasks.config.schema import REMOTE
+from tasks.config.schema import REMOTE, SERVED
 
 if TYPE_CHECKING:
     from focus.backends.local import WarmServer
@@ -277,7 +277,7 @@ def _run(
         _print_finished(cfg, pre.finished, as_json)
         _fail_if_all_failed({"stats": pre.finished.get("summary", {}), **pre.finished})
         return None
-    unserved = unreachable(cfg) or _unserved_model(cfg)
+    unserved = unreachable(cfg) or _unserved_model(cfg) or _no_endpoint(cfg)
     if unserved:
         fail(unserved)
     if pre.damaged:
@@ -337,6 +337,35 @@ def _unserved_model(cfg: FocusConfig) -> str | None:
     model = m.model or m.options.get("model") or DEFAULT_MODEL
     # a server that wants a key answers 401 here, which says nothing: its first call will
     return next((line for u in urls if (line := unserved_model(u, str(model)))), None)
+
+
+def _no_endpoint(cfg: FocusConfig) -> str | None:
+    """Whether a server ``model.url`` (``model.urls``) names answers HTTP without the
+    generation endpoint its client posts to (:func:`focus.backends.reach.no_generation_endpoint`):
+    a plain web server or another API on the port failed every rollout of the first
+    wave, a progress line each, before its one line."""
+    m = cfg.model
+    urls = m.urls or ([m.url] if m.url else [])
+    if m.kind not in SERVED or not urls:
+        return None
+    from focus.backends import LlamaCppPolicy, OpenAICompatPolicy, SGLangPolicy
+    from focus.backends.reach import no_generation_endpoint
+    from tasks.config import ConfigError
+    from tasks.config.build import api_key
+
+    path = {"sglang": SGLangPolicy.path, "llamacpp": LlamaCppPolicy.path}.get(m.kind, OpenAICompatPolicy.path)
+    try:
+        key = api_key(m.api_key_env)
+    except ConfigError:
+        key = None  # the client's construction says so
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    field = "model.urls" if m.urls else FLAG_NAMES[0]
+    for url in urls:
+        root = str(url).rstrip("/")
+        root = root[: -len("/v1")] if root.endswith("/v1") else root
+        if line := no_generation_endpoint(root, path, headers=headers, field=field, kind=m.kind):
+            return line
+    return None
 
 
 def _print_finished(cfg: FocusConfig, finished: dict[str, Any], as_json: bool) -> None:

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from focus.backends import OpenAICompatPolicy
 from focus.format import ByteCodec, ChatCodec
@@ -37,6 +37,47 @@ def command(main: Callable[[], object]) -> None:
         sys.exit(exit_code(e))
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line and exit 2, as the ``focus`` command's:
+    ``error: argument --questions: expected a whole number of at least 1, got '0';
+    python -m examples.browse.run -h lists the options``. argparse printed its usage first
+    (three to six lines) above the error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}; {self.prog} -h lists the options\n")
+
+
+def count(least: int = 1) -> Callable[[str], int]:
+    """An argparse ``type=`` for a whole number of at least ``least``: ``--questions 0``
+    collected on no question and ended in ``Collector needs at least one task`` after the
+    corpus was built, ``--questions -3`` sliced the questions from the end and collected
+    on 37 of them."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected a whole number of at least {least}, got {text!r}")
+        return value
+
+    parse.__name__ = f"count_from_{least}"
+    return parse
+
+
+def positive(text: str) -> float:
+    """An argparse ``type=`` for a number above 0 (a learning rate): ``--lr -1`` was refused
+    by the trainer's configuration only after the toy batch was collected."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number above 0, got {text!r}")
+    return value
+
+
 def add_debug_option(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--debug", action="store_true", help="print the full traceback of an error (see command)")
 
@@ -44,11 +85,35 @@ def add_debug_option(ap: argparse.ArgumentParser) -> None:
 def check_model_url(ap: argparse.ArgumentParser, url: str | None) -> None:
     """Stop with one line, exit 2, when nothing takes a connection at ``--model-url``
     (``focus.backends.reach.first_contact``, as ``focus collect`` asks): a wrong port
-    waited ``outage_wait_s`` (300 s) as for a restart, one progress line every 10 s."""
-    from focus.backends.reach import first_contact
+    waited ``outage_wait_s`` (300 s) as for a restart, one progress line every 10 s; or
+    when the server there has no ``/v1/completions`` (a plain web server, another API:
+    ``no_generation_endpoint``), which refused every rollout of the first wave."""
+    from focus.backends.reach import first_contact, no_generation_endpoint
 
-    if url and (line := first_contact([url], field="--model-url")):
+    if not url:
+        return
+    root = url.rstrip("/")
+    root = root[: -len("/v1")] if root.endswith("/v1") else root
+    path = OpenAICompatPolicy.path
+    if line := first_contact([url], field="--model-url") or no_generation_endpoint(
+        root, path, field="--model-url", kind=None
+    ):
         ap.exit(2, f"error: {line}\n")
+
+
+def check_out(ap: argparse.ArgumentParser, out: str) -> None:
+    """Stop with one line when the store ``--out`` names cannot be written (a read-only
+    file system, a full disk, a file in the way: ``flows.preflight.check_root``, as
+    ``focus collect`` asks of ``--store``), before anything runs: a read-only ``--out``
+    failed as the batch was written, after the whole collection, and said to rerun with
+    the same collection id to resume, which an example does not."""
+    from flows.errors import exit_code, one_line
+    from flows.preflight import check_root
+
+    try:
+        check_root(out, give="give --out a folder you can write")
+    except Exception as e:  # noqa: BLE001 - every cause is one line
+        ap.exit(exit_code(e), f"error: {one_line(e)}\n")
 
 
 @contextlib.contextmanager

@@ -205,10 +205,16 @@ class ChecksReach:
         return "finished before, nothing run again; its batch is at" if self.finished_before else "batch at"
 
 
-def check_root(root: str) -> None:
+#: What a line about a local root that cannot be written tells the reader to do.
+GIVE_STORE = "give --store a folder you can write (or set storage.root in the config)"
+
+
+def check_root(root: str, give: str = GIVE_STORE) -> None:
     """Fail with a storage error naming the cause if ``root`` cannot be used: a local
     folder that is not writable or whose disk is full, a bucket that does not exist or
-    refuses the credentials, an endpoint that does not answer (after the store's retries)."""
+    refuses the credentials, an endpoint that does not answer (after the store's retries).
+    ``give``: what to do about a folder that cannot be written, named as the caller's user
+    sets the root (the examples' ``--out``)."""
     from storage.errors import RootNotAFolder, RootNotFound, StorageAccessDenied, StorageFull
     from storage.urls import Location, Retry, retrying
 
@@ -236,7 +242,7 @@ def check_root(root: str) -> None:
             raise StorageAccessDenied(
                 f"storage root {root}: {probe} is "
                 + ("on a read-only file system" if ro else "not writable (permission denied)")
-                + "; give --store a folder you can write (or set storage.root in the config)"
+                + f"; {give}"
             )
         if shutil.disk_usage(probe).free < MIN_FREE_BYTES:
             raise StorageFull(f"storage root {root}: no space left on the device of {probe}")

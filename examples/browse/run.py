@@ -80,16 +80,16 @@ async def collect(url: str, args: argparse.Namespace, progress: common.Progress)
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(prog="python -m examples.browse.run", description=__doc__.splitlines()[0])
     ap.add_argument("--model-url")
     ap.add_argument("--tokenizer")
     ap.add_argument("--model", default="focus-tinylm")
-    ap.add_argument("--questions", type=int, default=8)
+    ap.add_argument("--questions", type=common.count(1), default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rollouts-per-task", type=int, default=2)
-    ap.add_argument("--transitions", type=int, default=16)
-    ap.add_argument("--max-tool-calls", type=int, default=6)
-    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--rollouts-per-task", type=common.count(1), default=2)
+    ap.add_argument("--transitions", type=common.count(0), default=16, help="continuation budget (0: evidence only)")
+    ap.add_argument("--max-tool-calls", type=common.count(0), default=6)
+    ap.add_argument("--max-tokens", type=common.count(1), default=96)
     ap.add_argument("--out", default="runs/browse")
     ap.add_argument("--collection-id", default="browse")
     ap.add_argument("--write-corpus", help="write the generated corpus as JSON lines here and exit")
@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         if args.tokenizer and not args.model_url:
             ap.error("--tokenizer belongs to a model served at --model-url")
+        common.check_out(ap, args.out)
         common.check_model_url(ap, args.model_url)
         with common.Progress("browse") as progress, common.model_server(args.model_url, progress) as url:
             result = asyncio.run(collect(url, args, progress))

@@ -10,7 +10,6 @@ of the example. ``python -m examples.math.problems --n 20`` prints a set as JSON
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -94,8 +93,12 @@ def generate_problems(n: int, seed: int = 0, kinds: tuple[str, ...] = DIFFICULTI
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Print a generated problem set as JSON lines.")
-    ap.add_argument("--n", type=int, default=20)
+    from examples.common import ArgumentParser, count
+
+    ap = ArgumentParser(
+        prog="python -m examples.math.problems", description="Print a generated problem set as JSON lines."
+    )
+    ap.add_argument("--n", type=count(0), default=20)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     for p in generate_problems(args.n, args.seed):

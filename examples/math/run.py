@@ -113,7 +113,8 @@ async def collect(config: MathConfig, url: str, progress: common.Progress | None
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # the counts are checked by MathConfig, every flag out of range named in one line
+    ap = common.ArgumentParser(prog="python -m examples.math.run", description=__doc__.splitlines()[0])
     ap.add_argument("--model-url", help="OpenAI-compatible server root (default: the embedded tiny model)")
     ap.add_argument("--tokenizer", help="tokenizer.json of that model (default: the tiny model's byte codec)")
     ap.add_argument("--model", default="focus-tinylm", help="model name sent with each request")
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         config = MathConfig(**{k: v for k, v in vars(args).items() if v is not None})
     except ValidationError as e:  # one line naming the flag, not pydantic's three per field
         ap.error("; ".join(f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}" for err in e.errors()))
+    common.check_out(ap, config.out)
     common.check_model_url(ap, config.model_url)
     with common.Progress("math") as progress, common.model_server(config.model_url, progress) as url:
         result = asyncio.run(collect(config, url, progress))

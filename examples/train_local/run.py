@@ -103,7 +103,7 @@ def plot(results: dict[int, list[dict[str, Any]]], path: Path) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(prog="python -m examples.train_local.run", description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", default="runs/train_local", help="folder for the store, results and the plot")
     ap.add_argument(
@@ -114,7 +114,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    common.check_out(ap, args.out)
     overrides: dict[str, Any] = {}
     for item in args.sets:
         key, _, value = item.partition("=")

@@ -58,7 +58,7 @@ async def toy_batch(out: str, url: str | None = None) -> tuple[str, Batch]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(prog="python -m examples.train_tinker.run", description=__doc__.splitlines()[0])
     ap.add_argument("--store", help="batch store root the batch lives in")
     ap.add_argument("--batch-url", help="URL of the batch (BatchStore.write's answer)")
     ap.add_argument("--collect-toy", action="store_true", help="collect a small toy batch first (embedded model)")
@@ -68,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--state", help="tinker:// state saved by the previous step (default: a new LoRA run)")
     ap.add_argument("--name", default="focus-step", help="name of the saved state and sampler weights")
     ap.add_argument("--loss-fn", choices=LOSS_FNS, default="importance_sampling")
-    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--lr", type=common.positive, default=1e-5)
     ap.add_argument("--dry-run", action="store_true", help="build and check every request, even with a key")
     common.add_json_option(ap)
     common.add_debug_option(ap)
@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = parser()
     args = ap.parse_args(argv)
     if args.collect_toy:
+        common.check_out(ap, args.out)
         common.check_model_url(ap, args.model_url)
         url, batch = asyncio.run(toy_batch(args.out, args.model_url))
     elif args.store and args.batch_url:

@@ -358,12 +358,24 @@ class LocalModelServer:
         the budget is spent, instead of the warning line: a command stops its run with it
         (``focus collect`` and ``focus train`` do), where the calls would otherwise wait
         ``model.http.outage_wait_s`` (300 s) for a server nobody starts again."""
+        from focus.backends.outage import kept_by_owner
+
+        kept_by_owner(self.url)  # the clients' outage lines go to the log file: the keeper says it
         threading.Thread(
-            target=self._keep,
+            target=self._keeping,
             args=(restarts, hang_s, on_gone, window_s),
             name="focus-model-server-keeper",
             daemon=True,
         ).start()
+
+    def _keeping(self, *args: Any) -> None:
+        from focus.backends.outage import kept_by_owner
+
+        url = self.url
+        try:
+            self._keep(*args)
+        finally:
+            kept_by_owner(url, False)  # stopped, or given up: an outage is the clients' to report again
 
     def _keep(self, restarts: int, hang_s: float, on_gone: Callable[[Exception], None] | None, window_s: float) -> None:
         """The keeper's loop (:meth:`keep_alive`)."""

@@ -61,6 +61,35 @@ RATE_LIMITED = 429
 #: logging setup shows records carrying this attribute; elsewhere it is ignored).
 CONSOLE = {"focus_console": True}
 
+#: Servers (``host:port``) whose owner starts them again itself when they die, and says
+#: so in a line of its own: the embedded model server while its keeper runs
+#: (:meth:`focus.backends.local.LocalModelServer.keep_alive`, :func:`kept_by_owner`). A
+#: gate's lines about such a server go to the log file alone: ``focus train`` with its
+#: server killed printed three lines for one restart (the keeper's, then the client's
+#: "has not answered" and "answers again"). An outage of any other server (vLLM, an
+#: embedded server another process started) is reported as before. Per process: Dask
+#: workers of ``--dask`` do not know the command's keeper, and report as before.
+_KEPT: set[str] = set()
+
+
+def _server(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).netloc.lower()
+
+
+def kept_by_owner(url: str, kept: bool = True) -> None:
+    """Mark the server at ``url`` as one its owner restarts and reports itself
+    (``kept=False``: no more); see :data:`_KEPT`."""
+    (_KEPT.add if kept else _KEPT.discard)(_server(url))
+
+
+def _for(url: str) -> dict[str, Any]:
+    """``extra=`` for a gate's line about ``url``: the console's mark, unless its owner
+    reports its restarts (:data:`_KEPT`)."""
+    return {} if _server(url) in _KEPT else CONSOLE
+
+
 #: What :meth:`OutageGate.wait` returns: the service answered (retry with fresh retries) ...
 UP = "up"
 #: ... it is this call's turn to probe (retry once, then wait again) ...
@@ -164,7 +193,7 @@ class OutageGate:
                     self.service,
                     self.url,
                     span(now - self.down_since),
-                    extra=CONSOLE,
+                    extra=_for(self.url),
                 )
         self.down_since, self.waiting, self._quiet = None, False, False
         self._up.set()
@@ -342,7 +371,7 @@ class OutageGate:
             span(time.monotonic() - since),
             cause,
             self.window_s,
-            extra=CONSOLE,
+            extra=_for(self.url),
         )
 
 

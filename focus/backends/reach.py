@@ -152,3 +152,63 @@ def scheduler_contact(
         f"cannot reach the Dask scheduler at {address!r}: {_why(failed[1], grace_s)}; check {field}: the address "
         f"the scheduler prints at its start (tcp://host:8786 by default), and that it runs; or {unset}"
     )
+
+
+#: Statuses of a probe ``POST`` that say no generation endpoint is at the path, whatever
+#: the request holds: 404 (no such route), 405 and 501 (no ``POST`` there: a plain web
+#: server, ``python -m http.server``), a redirect (the clients follow none). A model
+#: server answers a probe without a prompt 400 or 422; one that wants a key, 401 or 403
+#: (its first call says which key).
+NO_ENDPOINT_STATUSES = frozenset({301, 302, 303, 307, 308, 404, 405, 501})
+
+
+def no_generation_endpoint(
+    root: str,
+    path: str,
+    *,
+    headers: dict[str, str] | None = None,
+    field: str = "model.url",
+    kind: str | None = "openai",
+) -> str | None:
+    """One line if the server at ``root`` answers HTTP but has no generation endpoint at
+    ``path`` (the one the ``kind`` client posts to; ``kind=None``: a client of one kind,
+    and the line names no ``model.kind``); ``None`` when it has one, or does not
+    say (no answer in a few seconds, a 5xx of a server still starting, a refused key).
+
+    :func:`first_contact` takes any answer for a server: a plain web server or another
+    JSON API on the port passed it, and the first wave's every rollout was refused (each
+    one a progress line) before the run stopped with "refused every request". The probe
+    is a ``POST`` of ``{}``: a model server refuses it as a request without a prompt (400,
+    422) and samples nothing."""
+    import httpx
+
+    url = f"{root.rstrip('/')}{path}"
+    try:
+        answer = httpx.post(url, json={}, headers=headers or {}, timeout=CONNECT_S, trust_env=False)
+    except httpx.HTTPError:
+        return None
+    if answer.status_code not in NO_ENDPOINT_STATUSES:
+        return None
+    if answer.is_redirect:
+        said = f"a redirect to {answer.headers.get('location', '(nowhere)')!r}, which the client does not follow"
+    else:
+        said = _page(answer.text) or "an empty body"
+    head = (
+        f"the server at {root} ({field.split()[0]}) answers HTTP but not as a model server: POST {path} was "
+        f"answered with status {answer.status_code} ({said})"
+    )
+    if kind is None:  # a client of one kind (the examples': OpenAI-compatible)
+        return f"{head}: check {field}, the root of an OpenAI-compatible model server (vLLM): its host and port"
+    return (
+        f"{head}; model.kind {kind!r} posts its requests there: check {field}, the model server's root (its host "
+        "and port), and model.kind (openai: vLLM's /v1/completions, sglang: /generate, llamacpp: llama-server's "
+        "/completion)"
+    )
+
+
+def _page(text: str, n: int = 160) -> str:
+    """An answer's body as one short line: an HTML page's text without its tags."""
+    import re
+
+    words = " ".join(re.sub(r"<[^>]*>", " ", text).split())
+    return words if len(words) <= n else words[:n] + "..."
