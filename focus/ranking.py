@@ -143,7 +143,7 @@ class TreeRanking:
         self.lengths: dict[int, float] = {}
         self.valid: dict[int, float] = {}
         #: Checkpoints computed but for their values, refined at their parent's step
-        #: (:meth:`_compute`, :meth:`_settle`); empty between updates.
+        #: (:meth:`_compute`); empty between updates.
         self._deferred: set[int] = set()
         #: Views of the checkpoints some phase may continue, up to date; the others'
         #: views (``_stale``) are computed when asked for (:attr:`evidence`, :meth:`view`).
@@ -211,8 +211,8 @@ class TreeRanking:
         again (:func:`focus.estimation.settle_children` would compute the same).
 
         A checkpoint below another with a prediction of its own is refined at its
-        parent's step, once the parent's count of valid children is known
-        (:meth:`_settle`): its own step computes only its length and valid tokens
+        parent's step, once the parent's count of valid children is known (the
+        parent's :meth:`_compute`): its own step computes only its length and valid tokens
         (:attr:`_deferred`). Computing its value at its own step too, without that
         count's influence, gave numbers the parent's step then replaced in all but
         the refined parts that do not read the influence (its Q̄, child values and
@@ -229,57 +229,57 @@ class TreeRanking:
             return
         segs, value, lengths, gamma, deferred = self.segments, self.value, self.lengths, self.gamma, self._deferred
         # one pass over the children: their segments (made once), how many are valid and
-        # their tokens (what settle_children counts and valid_tokens sums: a child's
-        # validity does not move when it is refined again; a deferred child has a
-        # prediction, so a value) and segment_length's sum, the same terms in the same
-        # order as those functions
+        # their tokens (settle_children's count, valid_tokens' sum: a deferred child has a
+        # prediction, so a value), segment_length's sum, and the valid ones to settle
         m_now = tokens = 0
         total: float = 0
+        kids: list[tuple[int, Segment, bool]] = []
         for eid in node.children:
             sg = segs.get(eid)
             if sg is None:
                 sg = segs[eid] = segment(tree.edges[eid], gamma)
             c = sg.child
             total += sg.k + lengths[c]
-            if c in deferred or value.get(c) is not None:
+            if c in deferred:
                 m_now += 1
                 tokens += sg.tokens
+                kids.append((c, sg, True))
+            elif value.get(c) is not None:
+                m_now += 1
+                tokens += sg.tokens
+                kids.append((c, sg, False))
         ch = node.children
         lengths[i] = total / len(ch) if ch else math.nan
         self.valid[i] = float(tokens)
+        error, plain, weight, truncation = self.error, self.plain, self.weight, self._truncation
         if s.kappa is not None:  # no influence: nothing to settle, nothing deferred
-            self._set(i, node_terms(node, segs, value, self.error, noise, s.kappa, self._truncation, self.plain))
+            self._set(i, node_terms(node, segs, value, error, noise, s.kappa, truncation, plain))
             return
-        self._settle(tree, node, m_now, path if path is not None and self.m.get(i) == m_now else None)
-        if node.value is not None and node.parent_edge is not None:
-            deferred.add(i)  # refined at its parent's step (_settle)
-            return
-        self._set(i, node_terms(node, segs, value, self.error, noise, s.kappa, self._truncation, self.plain))
-
-    def _settle(self, tree: Tree, node: Node, m_now: int, only: set[int] | None) -> None:
-        """:func:`focus.estimation.settle_children` of ``node`` (whose valid children
-        are ``m_now``; ``only``: its argument) with the deferred children
-        (:meth:`_compute`) refined in full: each gets what its own step and then
-        settle_children computed, one :func:`focus.estimation.node_value` (with no
-        influence where fewer than two children are valid, as its own step computed
-        it and settle_children left it)."""
-        deferred, segs, nodes = self._deferred, self.segments, tree.nodes
-        noise, truncation = self.calibration.noise, self._truncation
-        value, error, plain = self.value, self.error, self.plain
-        for eid in node.children:
-            sg = segs[eid]
-            c = sg.child
-            if c in deferred:
+        # settle_children with the deferred children refined in full: one node_value each
+        # (no influence below two valid children, as their own step and settle_children
+        # left it); a child off the path is refined again only if the count moved
+        only = path if path is not None and self.m.get(i) == m_now else None
+        nodes = tree.nodes
+        for c, sg, was_deferred in kids:
+            if was_deferred:
                 deferred.discard(c)
                 infl = value_influence(sg.discount, m_now) if m_now >= 2 else 0.0
-                self._set(c, node_terms(nodes[c], segs, value, error, noise, None, truncation, plain, infl))
+                r = node_terms(nodes[c], segs, value, error, noise, None, truncation, plain, infl)
+                value[c], weight[c], error[c], plain[c] = r[0], r[1], r[2], r[7]
+                qs = r[4]
+                self.q_bar[c], self.child_q[c], self.m[c] = r[3], qs, len(qs)
             elif m_now >= 2 and (only is None or c in only):
                 child = nodes[c]
-                if child.is_leaf or child.value is None or value.get(c) is None:
+                if child.kind != "checkpoint" or child.value is None:  # (value[c] is not None: a valid child)
                     continue
-                infl = value_influence(sg.discount, m_now)
-                r = node_terms(child, segs, value, error, noise, None, truncation, plain, infl)
-                value[c], self.weight[c], error[c], plain[c] = r[0], r[1], r[2], r[7]
+                r = node_terms(
+                    child, segs, value, error, noise, None, truncation, plain, value_influence(sg.discount, m_now)
+                )
+                value[c], weight[c], error[c], plain[c] = r[0], r[1], r[2], r[7]
+        if node.value is not None and node.parent_edge is not None:
+            deferred.add(i)  # refined at its parent's step (the loop above, there)
+            return
+        self._set(i, node_terms(node, segs, value, error, noise, s.kappa, truncation, plain))
 
     def _set(self, i: int, r: Terms) -> None:
         self.value[i], self.weight[i], self.error[i], self.plain[i] = r[0], r[1], r[2], r[7]

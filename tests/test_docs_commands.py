@@ -120,6 +120,9 @@ COMMANDS: dict[str, Check] = {
         "parse", SCALE_STUDY
     ),
     ".venv/bin/python -m benchmarks.replay --load /tmp/focus-replay-10k.pkl --repeats 3": Check("parse", SCALE_STUDY),
+    ".venv/bin/python -m benchmarks.replay --source scale --transitions 40000 --tasks 800 --save /tmp/focus-replay-40k.pkl": Check(
+        "parse", SCALE_STUDY
+    ),
     ".venv/bin/python -m benchmarks.replay --source scale --transitions 100000 --tasks 2000 --wave-size 16 "
     "--save /tmp/focus-replay-100k-16.pkl": Check("parse", SCALE_STUDY),
     ".venv/bin/python -m benchmarks.pipeline_scale --sizes 50000:1000": Check(

@@ -177,7 +177,7 @@ def test_one_update_of_several_waves_equals_an_update_per_wave(seed: int, search
 @pytest.mark.parametrize("kappa", [None, 1.0])
 def test_each_node_is_refined_once_per_pass(monkeypatch: pytest.MonkeyPatch, kappa: float | None) -> None:
     """A ranking's build and each update back up every checkpoint they compute once
-    (:meth:`TreeRanking._settle`): a checkpoint with a prediction is refined at its
+    (:meth:`TreeRanking._compute`): a checkpoint with a prediction is refined at its
     parent's step with its influence, not first without it and then again."""
     import focus.backups as backups
     import focus.ranking as ranking
