@@ -242,10 +242,19 @@ def _cpu_s(pid: int | None) -> float:
 
 
 async def run_one(
-    domain: Domain, method: str, seed: int, sizes: Sizes, server: Any, workdir: Path, trainer_options: dict[str, Any]
+    domain: Domain,
+    method: str,
+    seed: int,
+    sizes: Sizes,
+    server: Any,
+    workdir: Path,
+    trainer_options: dict[str, Any],
+    on_batch: Callable[[int, Any], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One learning curve: evaluate, then ``iterations`` x (collect, train, reload, evaluate).
-    Wall and CPU seconds count collection, training and reload (evaluation excluded)."""
+    Wall and CPU seconds count collection, training and reload (evaluation excluded).
+    ``on_batch(iteration, batch)``, if given, reads each batch before the update; what it
+    returns is kept in that iteration's point under ``"batch"`` (``benchmarks.learning_cues``)."""
     from focus.tinylm.model import DEFAULT_WEIGHTS
     from focus.train_local import PolicyTrainer, UpdateConfig, evaluate, train_iteration
 
@@ -269,6 +278,7 @@ async def run_one(
             batch, flats = await collect_counted(
                 agent, method, critic, estimator, tasks, cid, it, cseed, sizes.evidence, sizes.continuation
             )
+            read = on_batch(it, batch) if on_batch is not None else None
             path = workdir / f"{method}-s{seed}.pt"
             out = await asyncio.to_thread(train_iteration, trainer, critic if fit else None, batch, path)
             await asyncio.to_thread(server.reload, path)
@@ -297,6 +307,7 @@ async def run_one(
                     "kl_halvings": train["kl_halvings"],
                     "tokens_trained": train["tokens"],
                     "policy_version": out["policy_version"],
+                    **({} if read is None else {"batch": read}),
                 }
             )
     finally:

@@ -32,6 +32,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from focus.batch import Batch
@@ -40,6 +41,7 @@ from focus.export_sequences import trainable_sequences
 from focus.exporters import TokenSequence as TokenSequence  # re-exported: callers import them here
 from focus.kl_bound import MAX_HALVINGS as MAX_HALVINGS  # re-exported: callers import them here
 from focus.kl_bound import kl_reached, kl_verdict
+from focus.kl_step import TOLERANCE as KL_TOLERANCE
 from focus.kl_step import kl_step
 from focus.local_eval import Evaluation as Evaluation  # re-exported: callers import them here
 from focus.local_eval import evaluate as evaluate
@@ -278,11 +280,10 @@ class PolicyTrainer:
             if nothing_to_learn(raw):
                 pass  # no step: the gradient is 0, but an Adam step moves the weights by its momentum
             elif cfg.rule != "adam":
-                by_len = sorted(seqs, key=lambda s: len(s.tokens))  # less padding
-                p = [self._pad(by_len[i : i + cfg.minibatch]) for i in range(0, len(seqs), cfg.minibatch)]
-                taken, halvings = kl_step(self.model, p, cfg, self._loss_fn(scale), initial_kl, lambda: self._kl(seqs))
-                if on_step is not None and taken:
-                    on_step(UpdateStep(1, 1, 0, **taken[0]))
+                taken, halvings = self._kl_steps(seqs, scale, initial_kl)
+                if on_step is not None:
+                    for i, t in enumerate(taken):
+                        on_step(UpdateStep(i + 1, len(taken), 0, **t))
             else:
                 rng = random.Random(f"{cfg.seed}/{self.updates}")
                 taken, halvings, stopped_early = self._epochs(seqs, scale, rng, initial_kl, on_step)
@@ -310,6 +311,61 @@ class PolicyTrainer:
             kl_halvings=halvings,
             grad_norm=left_sum(t.get("grad_norm", 0.0) for t in taken) / n,
         )
+
+    def _kl_steps(
+        self, seqs: Sequence[Trainable], scale: float, initial_kl: float
+    ) -> tuple[list[dict[str, float]], int]:
+        """The one-step rules' update (:func:`kl_step`): the figures of every step that
+        stands, and the probes that overshot. ``cfg.steps`` 1 (default): one step sized to
+        ``target_kl``. More: up to that many steps, each along the loss gradient at the
+        weights the one before left (ratio and clip against the batch's behaviour
+        log-probs, as always) and sized to ``target_kl / steps`` of KL from those weights,
+        ending early once the whole batch's KL from the behaviour policy reaches
+        ``target_kl`` (within :data:`focus.kl_step.TOLERANCE`). A later step can take back
+        part of an earlier one, so the update can land below ``target_kl`` (on GRPO's
+        cued-corridor batches 0.12-0.15 at ``steps`` 2: TrainStats.final_kl says where)."""
+        cfg = self.config
+        by_len = sorted(seqs, key=lambda s: len(s.tokens))  # less padding
+        p = [self._pad(by_len[i : i + cfg.minibatch]) for i in range(0, len(seqs), cfg.minibatch)]
+        if cfg.steps == 1:
+            return kl_step(self.model, p, cfg, self._loss_fn(scale), initial_kl, lambda: self._kl(seqs))
+        target = float(cfg.target_kl or 0.0)
+        each = cfg.model_copy(update={"target_kl": target / cfg.steps})
+        taken: list[dict[str, float]] = []
+        halvings = 0
+        for _ in range(cfg.steps):
+            ref = self._at_current_weights(p)
+            got, over = kl_step(self.model, p, each, self._loss_fn(scale), 0.0, partial(self._kl_padded, ref))
+            taken += got
+            halvings += over
+            if not got or self._kl(seqs) - initial_kl >= target * (1 - KL_TOLERANCE):
+                break
+        return taken, halvings
+
+    def _at_current_weights(self, chunks: Sequence[Padded]) -> list[Padded]:
+        """``chunks`` with the current policy's log-probs as their behaviour's (what a
+        KL from the weights as they are now is measured against)."""
+        import dataclasses
+
+        import torch
+
+        self.model.eval()
+        with torch.no_grad():
+            t = self.config.temperature or 1.0
+            return [dataclasses.replace(c, old_logprobs=padded_logprobs(self.model, c, t).detach()) for c in chunks]
+
+    def _kl_padded(self, chunks: Sequence[Padded]) -> float:
+        """The token-mean approximate KL of ``chunks``' behaviour log-probs from the current policy."""
+        import torch
+
+        total, tokens = 0.0, 0.0
+        self.model.eval()
+        with torch.no_grad():
+            for c in chunks:
+                log_ratio = (padded_logprobs(self.model, c, self.config.temperature or 1.0) - c.old_logprobs) * c.mask
+                total += float((((torch.exp(log_ratio) - 1.0) - log_ratio) * c.mask).sum())
+                tokens += float(c.mask.sum())
+        return total / max(tokens, 1.0)
 
     def _epochs(
         self,

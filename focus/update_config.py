@@ -89,6 +89,14 @@ class UpdateConfig(BaseModel):
     #: gradient / natural gradient, sized to ``target_kl`` by a line search (needs it;
     #: :mod:`focus.kl_step`; lr, epochs and max_grad_norm unused).
     rule: Literal["adam", "sgd", "natural"] = "sgd"
+    #: ``sgd`` / ``natural``: steps per update. 1 (default): one step sized to
+    #: ``target_kl``. More: up to that many, each along the gradient at the weights the
+    #: one before left and sized to ``target_kl / steps`` of KL from them, ending early
+    #: once the whole batch's KL from the behaviour policy reaches ``target_kl``: a path
+    #: that follows the gradient as the policy moves. A later step can take back part of
+    #: an earlier one, so the update may land below ``target_kl``
+    #: (docs/findings/learning-steps.md, "Why more successes did not teach the mapping").
+    steps: int = Field(1, ge=1)
     #: ``natural``: conjugate-gradient iterations, and the damping added to the Fisher.
     cg_iterations: int = Field(10, ge=1)
     damping: float = Field(0.1, gt=0.0)

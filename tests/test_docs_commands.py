@@ -191,6 +191,25 @@ COMMANDS: dict[str, Check] = {
     "--iterations 6 --seeds 0 1 2 3 4 5 6 7 8 9 --out runs/cued-six": Check(
         "parse", "60 learning runs of the cued tasks at six updates, about 11 minutes on 2 cores"
     ),
+    ".venv/bin/python -m benchmarks.learning_ceiling --seeds 1 2 --updates 10 --credit decisive "
+    "--out runs/ceiling.jsonl": Check("parse", "20 oracle updates and evaluations, about 10 minutes on 2 cores"),
+    ".venv/bin/python -m benchmarks.learning_ceiling --seeds 0 --updates 8 --credit decisive --shape 64x1 "
+    "--out runs/ceiling.jsonl": Check("parse", "8 oracle updates and evaluations, about 5 minutes on 2 cores"),
+    ".venv/bin/python -m benchmarks.learning_ceiling --seeds 0 --updates 8 --credit decisive --set target_kl=1.0 "
+    "--out runs/ceiling.jsonl": Check("parse", "8 oracle updates and evaluations, about 5 minutes on 2 cores"),
+    ".venv/bin/python -m benchmarks.learning_ceiling --seeds 0 --updates 6 --credit decisive --set rule=adam "
+    "--set lr=1.2e-3 --out runs/ceiling.jsonl": Check("parse", "6 oracle updates of Adam epochs, about 10 minutes"),
+    ".venv/bin/python -m benchmarks.learning_ceiling --seeds 0 --updates 6 --credit decisive trajectory "
+    "--out runs/ceiling-p.jsonl": Check("parse", "12 oracle updates and evaluations, about 8 minutes on 2 cores"),
+    ".venv/bin/python -m benchmarks.learning_cues --seeds 0 1 2 --jobs 1 --out runs/cues.jsonl": Check(
+        "parse", "18 learning runs of the cued tasks, about 25 minutes on 2 cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning --tasks toy cued-corridor-early cued-corridor-late cued-bridge "
+    "--seeds 0 1 2 3 4 --set steps=2 --jobs 3 --out runs/steps2": Check(
+        "parse", "40 learning runs at two steps per update, about 30 minutes on 2 cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning_cues --versus benchmarks/results/learning.json "
+    "runs/steps2/learning.json": Check("parse", "reads a learning run that takes about 30 minutes to make"),
     ".venv/bin/python -m benchmarks.learning --tasks bridge-long --seeds 0 1 2 3 4 5 6 7 8 9 --jobs 2 "
     "--out runs/learning-bridge-long": Check("parse", "20 learning runs of the long bridge, about 15 minutes"),
     ".venv/bin/python -m benchmarks.learning --jobs 1 --tasks toy corridor-late --seeds 5 6 7 8 9 --set rule=sgd "

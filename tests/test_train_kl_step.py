@@ -59,8 +59,8 @@ def test_the_step_is_deterministic_and_differs_between_rules():
     assert not all(torch.equal(a, b) for a, b in zip(runs[("sgd", 0)], runs[("natural", 0)], strict=True))
 
 
-def _trained(rule, batch):
-    trainer = PolicyTrainer(config=UpdateConfig(rule=rule, target_kl=0.05))
+def _trained(rule, batch, target_kl=0.05):
+    trainer = PolicyTrainer(config=UpdateConfig(rule=rule, target_kl=target_kl))
     trainer.update(batch)
     return trainer
 
@@ -169,3 +169,23 @@ def test_the_forward_mode_curvature_is_v_fisher_v(layout, temperature):
     )
     assert want > 0
     assert curvature_along(model, chunks, temperature, v) == pytest.approx(want, rel=1e-4)
+
+
+def test_several_steps_follow_the_gradient_and_land_near_the_target_unlike_one_step():
+    """``steps`` 3: steps of target / 3 each from the weights before it, the gradient
+    taken again after each, until the KL from the behaviour reaches the target; the
+    weights differ from one step's; ``steps`` 1 is the one step (the default)."""
+    batch = _on_policy(_batch())
+    seen = []
+    trainer = PolicyTrainer(config=UpdateConfig(rule="sgd", target_kl=0.06, steps=3))
+    stats = trainer.update(batch, on_step=seen.append)
+    assert 2 <= stats.steps <= 3 and [s.step for s in seen] == list(range(1, stats.steps + 1))
+    assert stats.final_kl >= 0.06 * (1 - TOLERANCE) or stats.steps == 3
+    assert stats.final_kl <= 3 * 0.06
+    one = _weights(_trained("sgd", batch, target_kl=0.06))
+    assert not all(torch.equal(a, b) for a, b in zip(_weights(trainer), one, strict=True))
+    default = PolicyTrainer(config=UpdateConfig(rule="sgd", target_kl=0.06, steps=1))
+    default.update(batch)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(default), one, strict=True))
+    with pytest.raises(ValidationError):
+        UpdateConfig(steps=0)

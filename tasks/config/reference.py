@@ -198,6 +198,9 @@ MEANING: dict[str, str] = {
     '(docs/algorithm.md, "The local trainer")',
     "train.local.rule": "`sgd` \\| `natural`: one step along the batch's gradient / natural gradient sized to "
     '`target_kl` by a line search \\| `adam`: AdamW epochs over minibatches (docs/algorithm.md, "The local trainer")',
+    "train.local.steps": "`sgd` \\| `natural`: steps per update, each along the gradient at the weights the one "
+    "before left and sized to `target_kl` / steps from them, ending once the batch's KL reaches `target_kl` "
+    "(1: one step)",
     "train.local.cg_iterations": "`natural`: conjugate-gradient iterations",
     "train.local.damping": "`natural`: damping added to the Fisher",
     "train.local.seed": "seeds the minibatch order",
