@@ -113,14 +113,16 @@ def test_the_next_run_of_a_collection_closes_the_runs_a_gone_process_left_runnin
     silence = abandoned.silence_s(0.5) + 2 * 0.1
     assert len(sleeps.asked) <= 2 and sum(sleeps.asked) <= silence, sleeps.asked
     # a rerun of the finished collection finds nothing more to close, and waits no longer
-    # (the live run's last beat may come just before the rerun takes the lease: one look again)
+    # (the live run's last beat may come just before the rerun takes the lease: it looks
+    # again; on a loaded machine a late beat can make that twice, each wait shorter, so the
+    # bound is on the time waited, one silence, as above)
     sleeps.asked.clear()
     stop = beating(alive, 0.5)
     try:
         assert asyncio.run(flushed(collect(cfg, return_state=True))).is_completed()
     finally:
         stop.set()
-    assert len(sleeps.asked) <= 1 and sum(sleeps.asked) <= silence, sleeps.asked
+    assert len(sleeps.asked) <= 2 and sum(sleeps.asked) <= silence, sleeps.asked
 
 
 @pytest.mark.needs("torch")  # the local trainer

@@ -226,6 +226,8 @@ def llamacpp_routes(v: LlamaCpp = LlamaCpp()) -> dict[tuple[str, str], Any]:
         return {"id": t, "token": text, "bytes": [t % 256], "logprob": 0.0 if drafted else lp, "top_logprobs": top}
 
     def completion(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
+        if "prompt" not in body:  # llama-server's answer to a request without one (focus's first-contact probe)
+            return 400, {"error": {"code": 400, "message": '"prompt" must be provided', "type": "invalid_request_error"}}
         prompt = body["prompt"]
         assert isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
         server.used.append({k: body.get(k) for k in ("temperature", "top_p", *SAMPLING)})

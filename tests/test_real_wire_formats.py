@@ -82,7 +82,9 @@ class Server:
     used: list[dict[str, Any]] = field(default_factory=list)
 
     def prompts(self, path: str, key: str) -> list[list[int]]:
-        return [b[key] for p, b in self.bodies if p == path]
+        """The prompts of the generation requests to ``path`` (a body without ``key`` is
+        none: the first-contact probe's empty POST)."""
+        return [b[key] for p, b in self.bodies if p == path and key in b]
 
 
 @asynccontextmanager
