@@ -181,3 +181,25 @@ def test_python_m_examples_math_problems_warns_nothing():
     import examples.math
 
     assert examples.math.generate_problems is not None and "MathEnv" in dir(examples.math)
+
+
+def test_inspect_of_a_url_with_an_unknown_protocol_is_one_line_and_status_2(here, capsys):
+    # the store's ValueError came back out of the error's own handler: a rich traceback, exit 1
+    code, err = focus(["inspect", "nosuchproto://x/batches/c"], capsys, here / "log")
+    assert (code, err) == (
+        2,
+        ["error: storage root 'nosuchproto://x': unknown protocol 'nosuchproto' (no fsspec filesystem for it)"],
+    )
+
+
+def test_deploy_with_a_prefect_url_whose_host_no_lookup_takes_is_one_line(here, capsys, monkeypatch):
+    # `IDNAError: Invalid A-label` from the health check: a rich traceback
+    monkeypatch.setenv("PREFECT_API_URL", "http://xn--zz:4200/api")
+    code, err = focus(["deploy"], capsys, here / "log")
+    assert (code, err) == (
+        1,
+        [
+            "error: the Prefect server at http://xn--zz:4200/api did not answer (IDNAError: Invalid A-label); "
+            "start it or set PREFECT_API_URL, then run focus deploy again"
+        ],
+    )
