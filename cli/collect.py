@@ -266,18 +266,22 @@ def _run(
 ) -> dict[str, Any] | None:
     """Preflight, services and the collection; its result (``None``: it was finished
     already, and that was printed). ``resume``: the command line that resumes it."""
-    from flows.preflight import preflight, unreachable
+    from flows.preflight import preflight
     from flows.server import configured_api_url
 
+    # Every check before the work, inside the one-line boundary: a check that raised
+    # instead of returning its line (httpx's IDNAError for a host name no lookup takes)
+    # showed a rich traceback. An error nobody described is still one line, exit 1, its
+    # traceback in the log file (--debug: on the terminal), as for a bug anywhere else.
     try:
         pre = preflight(cfg, allow_policy_change=allow)
+        unserved = None if pre.finished is not None else _unanswered(cfg)
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         out.fail(e)
     if pre.finished is not None:
         _print_finished(cfg, pre.finished, as_json)
         _fail_if_all_failed({"stats": pre.finished.get("summary", {}), **pre.finished})
         return None
-    unserved = unreachable(cfg) or _unserved_model(cfg) or _no_endpoint(cfg)
     if unserved:
         fail(unserved)
     if pre.damaged:
@@ -294,6 +298,15 @@ def _run(
             from flows.direct import collect_direct
 
             return interrupts.run(collect_direct(ready, allow, pre.fingerprint))  # not read again
+
+
+def _unanswered(cfg: FocusConfig) -> str | None:
+    """One line if a service ``cfg`` names cannot serve the collection: nothing takes a
+    connection (:func:`flows.preflight.unreachable`), the server does not serve
+    ``model.model``, or it is no model server; ``None`` when all can."""
+    from flows.preflight import unreachable
+
+    return unreachable(cfg) or _unserved_model(cfg) or _no_endpoint(cfg)
 
 
 def _finished_line(cfg: FocusConfig) -> str | None:

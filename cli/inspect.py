@@ -126,6 +126,7 @@ def inspect(
         _loop(url, as_json)
         return
     root, cid, it = _split_batch_url(url)
+    _known_protocol(root)
     console = Console()
     try:
         store = BatchStore(root)
@@ -352,6 +353,18 @@ def _phases_table(phases: list[dict[str, Any]]) -> Any:
     for k in figures:
         table.add_row(k, *[fmt(p.get(k, "")) for p in phases])
     return table
+
+
+def _known_protocol(root: str) -> None:
+    """One line and exit 2 when ``root`` names no storage protocol fsspec has (a URL typed
+    wrong): the store's ``ValueError`` came back out of the error's own handler
+    (:func:`_bucket_error` read the root again) as a rich traceback, exit 1."""
+    from storage.urls import Location
+
+    try:
+        Location(root)
+    except ValueError as e:
+        fail(str(e))
 
 
 def _bucket_error(root: str) -> Exception | None:

@@ -61,7 +61,9 @@ def server_unanswered(api: str, timeout_s: float = 5.0) -> str | None:
 
     try:
         response = httpx.get(f"{api.rstrip('/')}/health", timeout=timeout_s)
-    except httpx.HTTPError as e:
+    # a host no lookup takes (IDNAError, a UnicodeError) or a URL httpx refuses: no answer
+    # either, and `focus deploy` showed a rich traceback
+    except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as e:
         return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
     return f"status {response.status_code}" if response.status_code >= 500 else None
 

@@ -52,6 +52,11 @@ def import_object(path: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ConfigError(f"cannot import module {module_name!r} of {path!r}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - the user's module raised as it ran: a factory that does not import
+        # was `RuntimeError: ...`, exit 1, naming neither the module nor the setting
+        raise ConfigError(
+            f"cannot import module {module_name!r} of {path!r}: it raised {type(e).__name__}: {e}{_raised_at(e)}"
+        ) from e
     try:
         obj = module
         for part in attr.split("."):
@@ -59,6 +64,15 @@ def import_object(path: str) -> Any:
     except AttributeError:
         raise ConfigError(f"module {module_name!r} has no attribute {attr!r} (from {path!r})") from None
     return obj
+
+
+def _raised_at(exc: BaseException) -> str:
+    """`` (at <file>:<line>)``: where the user's module raised ``exc`` (the last frame of
+    its traceback), as the one line has no traceback beside it."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
 def factory_sections(config: FocusConfig) -> list[tuple[Any, dict[str, Any]]]:

@@ -50,8 +50,30 @@ class _Model(BaseModel):
 
 
 def _check_http_url(name: str, url: str | None) -> None:
-    if url is not None and (why := url_problem(url, name)):
+    if url is not None and (why := url_problem(url, name) or _host_problem(url, name)):
         raise ValueError(why)
+
+
+def _host_problem(url: str, name: str) -> str | None:
+    """Why no HTTP client can ask ``url``'s host, or None: a host name no lookup takes
+    (a label over 63 characters, an empty one, an invalid ``xn--`` label, a character in
+    the path that httpx refuses). ``focus collect`` stopped with a rich traceback
+    (``IDNAError: Invalid A-label``, ``UnicodeError: ... label empty or too long``) from
+    its first contact with the server."""
+    import httpx
+
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as e:
+        return f"{name} {url!r} is not a URL an HTTP client takes ({e})"
+    try:
+        parsed.host  # noqa: B018 - decodes an xn-- label, which raises when it is invalid
+        host = parsed.raw_host.decode("ascii")
+        if not host.startswith("[") and ":" not in host:  # an IPv6 address is no name
+            host.encode("idna")  # what socket.getaddrinfo does with a name
+    except (httpx.InvalidURL, UnicodeError, ValueError) as e:  # idna's IDNAError is a UnicodeError
+        return f"{name} {url!r} names a host no lookup takes ({e})"
+    return None
 
 
 #: Model kinds served by a model server at ``model.url`` (or ``model.urls``).
