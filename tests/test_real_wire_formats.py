@@ -326,7 +326,7 @@ def test_n_samples_with_a_seed_are_one_request_as_vllm_answers_them():
                     assert [list(c.logprobs) for c in got] == [draw(prompt, 40 + i, 3)[1] for i in range(3)]
             finally:
                 await policy.aclose()
-            ns = [b.get("n") for _, b in server.bodies]
+            ns = [b.get("n") for p, b in server.bodies if p == "/v1/completions"]
             assert sorted(ns) == [1, 3, 3]  # the first grouped request and its check, then one request
 
     run(go())
@@ -349,7 +349,7 @@ def test_siblings_at_temperature_0_go_one_request_each_as_vllm_refuses_n_when_gr
             finally:
                 await policy.aclose()
             assert [list(c.token_ids) for c in got] == [draw(prompt, 40 + i, 3)[0] for i in range(3)]
-            assert [b.get("n") for _, b in server.bodies] == [1, 1, 1]
+            assert [b.get("n") for p, b in server.bodies if p == "/v1/completions"] == [1, 1, 1]
 
     run(go())
 
@@ -383,7 +383,7 @@ def test_a_server_that_refuses_n_gets_one_request_per_sibling_after_one_warning(
                     assert [list(c.token_ids) for c in got] == [draw(prompt, seed + i, 3)[0] for i in range(3)]
             finally:
                 await policy.aclose()
-            assert [b.get("n") for _, b in server.bodies].count(3) == 1  # asked once, then one by one
+            assert [b.get("n") for p, b in server.bodies if p == "/v1/completions"].count(3) == 1  # asked once, then one by one
 
     with caplog.at_level("WARNING", logger="focus.backends.http_policy"):
         run(go())
