@@ -297,6 +297,7 @@ def _loop(url: str, as_json: bool) -> None:
 
     root, _, rest = url.rstrip("/").rpartition("/weights/")
     run_id = rest.split("/", 1)[0]
+    _known_protocol(root)
     try:
         weights = WeightStore(root)
         data = weights.loc.cat(weights.run_file(run_id, METRICS), weights.retry)

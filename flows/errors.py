@@ -181,9 +181,19 @@ def one_line(exc: BaseException) -> str:
     if (api := prefect_api_of(exc)) is not None:
         if api in GONE:
             return _flatten(str(GONE[api]))
-        cause = f"{names[0]}: {text}" if text and not text.startswith("Failed to reach API") else names[0]
-        return _flatten(prefect_unanswered(api, cause))
+        return _flatten(prefect_unanswered(api, _unanswered_cause(exc)))
     return _flatten(f"{names[0]}: {text}") if text else names[0]
+
+
+def _unanswered_cause(exc: BaseException) -> str:
+    """How Prefect's client failed to reach its API. Its version check raises a bare
+    ``RuntimeError("Failed to reach API at ...")`` from the error that says how (a host no
+    lookup finds, a refused port): `focus collect --prefect` named only "RuntimeError"."""
+    text = str(exc)
+    if text.startswith("Failed to reach API") and exc.__cause__ is not None:
+        exc, text = exc.__cause__, str(exc.__cause__)
+    name = type(exc).__name__
+    return f"{name}: {text}" if text and not text.startswith("Failed to reach API") else name
 
 
 def _where(exc: BaseException) -> str:

@@ -48,6 +48,25 @@ def prefect_client_error() -> tuple[str, httpx.ConnectError]:
     return api, e.value
 
 
+def test_prefect_clients_version_check_failure_names_how_it_failed():
+    """The engine's first call (its API version check) raises a bare ``RuntimeError``
+    from the connection's error: the line said only "(RuntimeError)"."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    api = f"http://127.0.0.1:{free_port()}/api"
+
+    async def check() -> None:
+        with temporary_settings({PREFECT_API_URL: api, PREFECT_CLIENT_MAX_RETRIES: 0}):
+            async with get_client() as client:
+                await client.raise_for_api_version_mismatch()
+
+    with pytest.raises(RuntimeError, match="Failed to reach API") as e:
+        asyncio.run(check())
+    line = one_line(e.value)
+    assert line.startswith(f"the Prefect server at {api} did not answer (ConnectError: "), line
+
+
 def test_prefect_clients_failure_names_prefect_and_its_url():
     api, error = prefect_client_error()
     line = one_line(error)

@@ -183,9 +183,11 @@ def test_python_m_examples_math_problems_warns_nothing():
     assert examples.math.generate_problems is not None and "MathEnv" in dir(examples.math)
 
 
-def test_inspect_of_a_url_with_an_unknown_protocol_is_one_line_and_status_2(here, capsys):
-    # the store's ValueError came back out of the error's own handler: a rich traceback, exit 1
-    code, err = focus(["inspect", "nosuchproto://x/batches/c"], capsys, here / "log")
+@pytest.mark.parametrize("url", ["nosuchproto://x/batches/c", "nosuchproto://x/weights/loop"])
+def test_inspect_of_a_url_with_an_unknown_protocol_is_one_line_and_status_2(url, here, capsys):
+    # a batch: the store's ValueError came back out of the error's own handler (a rich
+    # traceback, exit 1); a train loop's weights: "cannot read the metrics", exit 1
+    code, err = focus(["inspect", url], capsys, here / "log")
     assert (code, err) == (
         2,
         ["error: storage root 'nosuchproto://x': unknown protocol 'nosuchproto' (no fsspec filesystem for it)"],

@@ -157,6 +157,8 @@ def _sample(answer: Any, bodies: list[bytes], other: Any = None) -> None:
     request but the first one's body)."""
 
     def reply(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":  # what the client asks of the server's weights: no call
+            return httpx.Response(404)
         bodies.append(request.content)
         status, data = (200, answer) if other is None or request.content == bodies[0] else other
         return httpx.Response(status, json=data)
@@ -233,6 +235,8 @@ def _after_a_good_answer(answer: Callable[[int, bytes], dict[str, Any]], bodies:
     ``answer(i, content)``."""
 
     def reply(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":  # what the client asks of the server's weights: no call
+            return httpx.Response(404)
         bodies.append(request.content)
         return httpx.Response(200, json=GOOD if len(bodies) == 1 else answer(len(bodies) - 2, request.content))
 

@@ -581,11 +581,12 @@ class HttpClient:
 
     async def peek(self, path: str, parse: Callable[[Any], T]) -> T | None:
         """One ``GET`` of ``path``, ``parse``d: what a client asks of the server's settings
-        beside its calls. Never retried, hedged, waited for or counted in :meth:`stats`
-        (the calls' figures stay the calls'); None on any failure, within ``timeout_s``."""
+        beside its calls. Never retried, hedged, waited for or counted in :meth:`stats`;
+        None on any failure, within ``timeout_s``. Under the calls' semaphore, which
+        bounds every request: a question after an answer made 3 in flight under 2."""
         wire = self._wire_for_loop()
         try:
-            async with asyncio.timeout(self.config.timeout_s):
+            async with wire.sem, asyncio.timeout(self.config.timeout_s):  # the wait for a slot is not timed
                 status, data, _ = await wire.sender.send(
                     "GET", wire.sender.url(f"{self.base_url}{path}"), None, self._headers
                 )

@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 #: ``n`` > 1 with status 400 ("n must be 1 when using greedy sampling", every release):
 #: siblings at such a temperature go one request each.
 GREEDY_BELOW = 1e-5
+#: A server that said where its weights came from and, back after failures, does not
+#: answer the question is asked this many times more, this many seconds apart
+#: (:meth:`HttpPolicy.weights_said`).
+WEIGHTS_TRIES, WEIGHTS_RETRY_S = 10, 0.3
 
 
 class HttpPolicy(Policy):
@@ -126,7 +130,12 @@ class HttpPolicy(Policy):
         )
         self.check_answer(params, completion)
         self.check_echo(prompt_ids, completion)
+        said = self.__dict__.get("_weights")
+        if said is None or said[0] != self.http._outages.comebacks:  # first contact, or back after failures
+            said = await self.weights_said()
         if completion.policy_version:
+            if said[1]:  # the answer names the served model only: add the weights it was loaded from
+                object.__setattr__(completion, "policy_version", f"{completion.policy_version}@{said[1]}")
             self.policy_version = completion.policy_version
         completion.meta["http"] = record  # meta is the parser's own new dict
         return completion
@@ -212,6 +221,8 @@ class HttpPolicy(Policy):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_siblings_check", None)  # a future of this process's event loop
+        state.pop("_weights_asking", None)
+        state.pop("_weights", None)  # another process asks the server itself (its client counts afresh)
         return state
 
     async def _send_siblings(self, prompt_ids: Sequence[int], params: SamplingParams, n: int) -> list[Completion]:
@@ -226,10 +237,15 @@ class HttpPolicy(Policy):
             hedge=True,
             size=params.max_tokens,
         )
+        said = self.__dict__.get("_weights")
+        if said is None or said[0] != self.http._outages.comebacks:  # first contact, or back after failures
+            said = await self.weights_said()
         for c in completions:
             self.check_answer(params, c)
             self.check_echo(prompt_ids, c)
             if c.policy_version:
+                if said[1]:  # as in sample()
+                    object.__setattr__(c, "policy_version", f"{c.policy_version}@{said[1]}")
                 self.policy_version = c.policy_version
             c.meta["http"] = record  # one request: its record is every sample's
         return completions[:n]
@@ -264,6 +280,51 @@ class HttpPolicy(Policy):
             "server itself"
         )
 
+    #: Whether the dialect's server says where it loaded its weights from (:meth:`read_weights`).
+    says_weights: ClassVar[bool] = False
+
+    async def read_weights(self) -> str | None:
+        """Where the server says it loaded the weights it serves (vLLM's ``root``, SGLang's
+        ``model_path``), when its answers name only the served model: ``""`` when it
+        names its weights itself or does not say, None when it could not be asked."""
+        return ""
+
+    async def weights_said(self) -> tuple[int, str]:
+        """What the server says of its weights (:meth:`read_weights`), asked at first
+        contact and again when it answers after failures a restart gives (no answer,
+        502/503/504: :attr:`~focus.backends.outage.OutageTotals.comebacks`), before the
+        answer that followed them is recorded; never per call. Each completion's
+        ``policy_version`` then carries it (``name@root``), so a server started again on
+        other weights under the same served name reports another version, which the
+        collection refuses (``PolicyChanged``) rather than mixing two policies' samples in
+        one batch. One request at a time (the calls back at once wait for its answer); a
+        server that answered before but not now is asked a few times more: taken for
+        one that says nothing, its version would read as changed."""
+        loop = asyncio.get_running_loop()
+        while True:
+            epoch = self.http._outages.comebacks  # the client's count, over its event loops
+            said = self.__dict__.get("_weights")
+            if said is not None and said[0] == epoch:
+                return said
+            asking = self.__dict__.get("_weights_asking")
+            if asking is not None and asking.get_loop() is loop:
+                await asyncio.shield(asking)
+                continue
+            mine: asyncio.Future[None] = loop.create_future()
+            self.__dict__["_weights_asking"] = mine
+            try:
+                root = await self.read_weights() if self.says_weights else ""
+                for _ in range(WEIGHTS_TRIES if said is not None and said[1] else 0):
+                    if root is not None:
+                        break
+                    await asyncio.sleep(WEIGHTS_RETRY_S)
+                    root = await self.read_weights()
+                self.__dict__["_weights"] = (epoch, root or "")
+            finally:
+                if self.__dict__.get("_weights_asking") is mine:
+                    del self.__dict__["_weights_asking"]
+                mine.set_result(None)
+
     #: Where the server names the weights it serves (``GET``), and how to read it.
     version_path: ClassVar[str]
 
@@ -272,8 +333,17 @@ class HttpPolicy(Policy):
         raise NotImplementedError
 
     async def served_version(self) -> str | None:
-        """The weights version the server says it serves (None when it does not say)."""
-        return await self.http.request("GET", self.version_path, None, self.parse_version, hedge=False)
+        """The weights version the server says it serves (None when it does not say), as
+        its answers will carry it (:meth:`with_weights`)."""
+        return await self.with_weights(
+            await self.http.request("GET", self.version_path, None, self.parse_version, hedge=False)
+        )
+
+    async def with_weights(self, version: str | None) -> str | None:
+        """``version`` as an answer's ``policy_version`` carries it: with where the server
+        loaded its weights from, where it says (:meth:`weights_said`)."""
+        root = (await self.weights_said())[1]
+        return f"{version}@{root}" if version and root else version
 
     async def version_at(self, paths: Sequence[str], parse: Callable[[Any], str | None]) -> str | None:
         """What ``parse`` reads from the first of ``paths`` (``GET``) that the server does

@@ -176,12 +176,29 @@ class OpenAICompatPolicy(HttpPolicy):
         if card.get("owned_by") == "sglang" and not card.get("policy_version"):
             try:
                 if version := await self.version_at(SGLANG_VERSION_PATHS, weight_version):
-                    return version
+                    return await self.with_weights(version)
             except ServiceUnavailable:
                 raise
             except PolicyError:  # a release that names no weights: its answers name the model
                 pass
-        return card_version(card)
+        return await self.with_weights(card_version(card))
+
+    says_weights = True
+
+    async def read_weights(self) -> str | None:
+        """vLLM's card's ``root``, the path or repository its weights were loaded from
+        (``ModelCard`` in ``vllm/entrypoints/openai/protocol.py``), where it is not the
+        served name itself; SGLang's ``model_path`` (:func:`sglang_weights`: its card's
+        ``root`` is the served name); nothing for a server whose card names its weights
+        version (the embedded server's ``policy_version``). One ``GET``, not retried or
+        counted (:meth:`HttpClient.peek`)."""
+        card = await self.http.peek("/v1/models", partial(model_card, model=self.model))
+        if card is None or card.get("policy_version"):
+            return None if card is None else ""
+        if card.get("owned_by") == "sglang":
+            return await sglang_weights(self)
+        root = card.get("root")
+        return root if isinstance(root, str) and root != card.get("id") else ""
 
     @staticmethod
     def parse_version(data: Any, model: str | None = None) -> str | None:
@@ -274,6 +291,26 @@ def card_version(card: dict[str, Any]) -> str | None:
 #: on releases before it (releases since late 2025 refuse that one with 404,
 #: "deprecated. Please use '/model_info' instead").
 SGLANG_VERSION_PATHS = ("/model_info", "/get_weight_version")
+
+
+#: Where SGLang says how its weights were loaded (``model_path``): ``/model_info``, or
+#: ``/get_model_info`` on releases before it.
+SGLANG_INFO_PATHS = ("/model_info", "/get_model_info")
+
+
+async def sglang_weights(policy: HttpPolicy) -> str | None:
+    """SGLang's ``model_path`` (:data:`SGLANG_INFO_PATHS`), the weights it was started on,
+    while its ``weight_version`` is the default one (``"default"``, which every
+    checkpoint reports until a weights update names another); ``""`` when it names a
+    version of its own (the embedded server's hash, a ``--weight-version``) or says
+    nothing; None when it did not answer."""
+    for path in SGLANG_INFO_PATHS:
+        if (info := await policy.http.peek(path, lambda data: data if isinstance(data, dict) else {})) is not None:
+            root = info.get("model_path")
+            if info.get("weight_version") not in (None, "default") or not isinstance(root, str):
+                return ""
+            return root
+    return None
 
 
 def weight_version(data: Any) -> str | None:

@@ -116,6 +116,11 @@ class OutageTotals:
 
     outages: int = 0
     outage_s: float = 0.0
+    #: Times the service answered again after failures that a restart gives (no answer,
+    #: or 502/503/504), waited out or not: a server started again may serve other
+    #: weights, which its client asks about before it records the next answer
+    #: (:meth:`focus.backends.http_policy.HttpPolicy.weights_said`). Not in :meth:`as_dict`.
+    comebacks: int = 0
 
     def as_dict(self) -> dict[str, float]:
         return {"outages": self.outages, "outage_s": round(self.outage_s, 3)}
@@ -163,6 +168,9 @@ class OutageGate:
         self._next_probe = 0.0
         #: The status of the last failed attempt (None: no answer): a rate limit's is named.
         self._status: int | None = None
+        #: Whether a failure since the last good answer is one a restart gives (no answer,
+        #: 502/503/504): the next good answer counts as a comeback (:attr:`OutageTotals.comebacks`).
+        self._lost = False
         #: Whether a rate limit's line was given (once per gate: a gateway admitting a
         #: share of the calls ends each wait, and the next 429 begins another).
         self._throttled = False
@@ -184,6 +192,8 @@ class OutageGate:
             self._heard(now)
         if self.down_since is None or sent < self.down_since:
             return
+        if self.waiting or self._lost:
+            self.totals.comebacks += 1
         if self.waiting:
             self.totals.outages += 1
             self.totals.outage_s += now - self.down_since
@@ -195,7 +205,7 @@ class OutageGate:
                     span(now - self.down_since),
                     extra=_for(self.url),
                 )
-        self.down_since, self.waiting, self._quiet = None, False, False
+        self.down_since, self.waiting, self._quiet, self._lost = None, False, False, False
         self._up.set()
 
     def failed(self, now: float, retry_after: float | None = None, status: int | None = None) -> None:
@@ -207,6 +217,8 @@ class OutageGate:
         if retry_after:
             self._next_probe = max(self._next_probe, now + retry_after)
         self._status = status
+        if status is None or (status in DOWN_STATUSES and status != RATE_LIMITED):
+            self._lost = True
 
     @contextlib.contextmanager
     def backing_off(self, began: float, cause: str, status: int | None) -> Iterator[None]:

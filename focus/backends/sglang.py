@@ -27,6 +27,7 @@ from focus.backends.openai_compat import (
     aborted,
     ask_deterministic,
     server_said,
+    sglang_weights,
     weight_version,
 )
 from focus.backends.unreadable import PROBE_TOKENS, other_seed
@@ -111,7 +112,13 @@ class SGLangPolicy(HttpPolicy):
     async def served_version(self) -> str | None:
         """The ``weight_version`` at the first of :data:`~focus.backends.openai_compat.SGLANG_VERSION_PATHS`
         that the server has."""
-        return await self.version_at(SGLANG_VERSION_PATHS, self.parse_version)
+        return await self.with_weights(await self.version_at(SGLANG_VERSION_PATHS, self.parse_version))
+
+    says_weights = True
+
+    async def read_weights(self) -> str | None:
+        """:func:`~focus.backends.openai_compat.sglang_weights`: its ``model_path``."""
+        return await sglang_weights(self)
 
     parse_version = staticmethod(weight_version)
 

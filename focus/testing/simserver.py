@@ -82,6 +82,9 @@ class SimConfig(BaseModel):
     #: The weights version the server names (``policy_version`` in answers and on
     #: ``GET /v1/models``); None: answers name only the model, as before.
     version: str | None = None
+    #: Where the weights were loaded from, as vLLM's ``/v1/models`` card says (``root``);
+    #: None: the card has none.
+    root: str | None = None
     vocab_size: int = Field(263, ge=len(DIGITS))
     #: As vLLM's ``--api-key``: a ``/v1`` request without ``Authorization: Bearer <key>``
     #: is answered 401 ``{"error": "Unauthorized"}``. None: no key is asked.
@@ -321,6 +324,8 @@ class SimServer:
             card: dict[str, Any] = {"id": "sim", "object": "model", "vocab_size": self.config.vocab_size}
             if self.config.version:
                 card["policy_version"] = self.config.version
+            if self.config.root:
+                card["root"] = self.config.root
             return 200, {"object": "list", "data": [card]}
         if method == "GET" and path == "/stats":
             return 200, self.stats()
