@@ -107,7 +107,7 @@ def config(root: str, cid: str, url: str, **more: Any):  # type: ignore[no-untyp
             "agent.sampling.max_tokens": MAX_TOKENS,
             "search.phases": [
                 {"name": "evidence", "rollouts_per_task": 3},
-                {"name": "continue", "transitions": 40, "wave_size": 6, "max_depth": 6},
+                {"name": "continue", "transitions": 18, "wave_size": 6, "max_depth": 6},
             ],
             "execution.kind": "local",
             "execution.max_concurrency": 4,

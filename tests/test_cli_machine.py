@@ -269,9 +269,11 @@ def test_a_collection_past_the_limit_on_open_files_stops_in_one_line_naming_it(t
         pytest.skip("needs a hard limit on open files of 4096 or more (a limit may be lowered, not raised)")
     env = base_env(tmp_path / "prefect")
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
-    # the evidence's 256 rollouts, 64 in flight, then three continuation waves and the
-    # export (300 transitions added nine more waves, about 8 s at load 12)
+    # the evidence's 128 rollouts (2 a task), 64 in flight, then three continuation waves
+    # and the export (300 transitions added nine more waves, about 8 s at load 12; the
+    # default 4 rollouts a task, 256, held no more files at once, in twice the time)
     args = ["collect", "--tasks", "64", "--transitions", "60", "--collection-id", "c1"]
+    args += ["--set", "search.phases.0.rollouts_per_task=2"]
     for limit in ("48:4096", "48:48"):
         done = subprocess.run(
             ["prlimit", f"--nofile={limit}", sys.executable, "-m", "cli", *args, "--store", str(tmp_path / limit)],

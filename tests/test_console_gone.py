@@ -148,6 +148,20 @@ def test_a_closed_terminal_stops_the_collection_cleanly(clean, tmp_path):
     assert got.stats["failed_rollouts"] == 0 and mismatches(got, batch(clean)) == {"actor": 0, "critic": 0}
 
 
+def group_gone(pgid: int, timeout_s: float = 60) -> None:
+    """Wait until no process of the process group ``pgid`` is left (its children, Dask's
+    workers and multiprocessing's resource tracker, exit after the command): then nothing
+    more can reach the standard error they share. A fixed 1.5 s could miss a child slower
+    than that on a loaded machine, and waited the whole time on a quiet one."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+
+
 def test_a_hang_up_of_the_job_leaves_dask_quiet(clean, tmp_path):
     """A shell whose terminal hangs up (an ssh session that drops) sends SIGHUP to each of
     its jobs' process groups: on Dask that is the command, its worker processes and
@@ -171,7 +185,7 @@ def test_a_hang_up_of_the_job_leaves_dask_quiet(clean, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    time.sleep(1.5)  # what the command's children print after it ended
+    group_gone(proc.pid)  # what the command's children print after it ended, they printed
     lines = [ln for ln in err.read_text().splitlines() if ln.strip()]
     assert lines[-1].startswith("interrupted (SIGHUP): finished steps are saved"), lines[-20:]
     assert "Traceback" not in err.read_text(), err.read_text()[-3000:]

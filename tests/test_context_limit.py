@@ -31,9 +31,22 @@ from focus.toy import ReachTarget, reach_target_tasks, toy_format
 
 pytestmark = pytest.mark.timeout(120)
 
-#: Bytes of padding per observation: the embedded model reads 4,096 tokens (one per
-#: byte), so the third or fourth model call of an episode no longer fits.
-PAD = 1500
+#: The context of :func:`short_server` (``--max-model-len``): the embedded model reads
+#: 4,096 tokens (one per byte), whose prefills near the end take seconds each; a quarter
+#: of it is outgrown the same way, in a sixteenth of the attention work.
+CONTEXT = 1024
+#: Bytes of padding per observation: the third or fourth model call of an episode no
+#: longer fits in :data:`CONTEXT`.
+PAD = 400
+
+
+@pytest.fixture(scope="module")
+def short_server():  # type: ignore[no-untyped-def]
+    """The embedded model served with a context of :data:`CONTEXT` tokens."""
+    from focus.backends import LocalModelServer
+
+    with LocalModelServer(extra_args=["--max-model-len", str(CONTEXT)]) as server:
+        yield server
 
 
 class Verbose(ReachTarget):
@@ -65,9 +78,33 @@ def test_servers_wording_of_a_prompt_over_the_context_is_recognised():
     assert not is_context_limit(404, vllm)  # a refused path or model name is never this
 
 
+def test_a_context_shorter_than_the_weights_is_served_and_refused_past():
+    """``--max-model-len`` (vLLM's flag): the engine refuses a prompt past it, in vLLM's
+    words, and never serves more than the weights' own context."""
+    from focus.tinylm.engine import Engine, EngineError, GenRequest
+    from focus.tinylm.server import build_parser
+
+    assert build_parser().parse_args(["--max-model-len", "1024"]).max_model_len == 1024
+    served = {}
+    for asked in (None, 10**6, CONTEXT):
+        engine = Engine(max_model_len=asked)
+        served[asked] = engine.max_len
+        engine.close()
+    assert served == {None: 4096, 10**6: 4096, CONTEXT: CONTEXT}
+    engine = Engine(max_model_len=CONTEXT)
+    try:
+        engine.check(GenRequest((1,) * (CONTEXT - 8), max_tokens=8))
+        with pytest.raises(EngineError, match=f"maximum context length is {CONTEXT} tokens") as refused:
+            engine.check(GenRequest((1,) * (CONTEXT - 7), max_tokens=8))
+        assert is_context_limit(400, str(refused.value))
+    finally:
+        engine.close()
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("backend", [OpenAICompatPolicy, SGLangPolicy])
-def test_an_episode_past_the_context_ends_in_a_truncated_leaf(local_model_server, backend):
-    policy = backend(local_model_server.url, vocab_size=ByteCodec.vocab_size, config=HttpConfig(outage_wait_s=0))
+def test_an_episode_past_the_context_ends_in_a_truncated_leaf(short_server, backend):
+    policy = backend(short_server.url, vocab_size=ByteCodec.vocab_size, config=HttpConfig(outage_wait_s=0))
     agent = Agent(policy, Verbose(), toy_format(), max_steps=12, sampling=SamplingParams(max_tokens=8))
     # two continuation waves of 3: enough for checkpoints whose next prompt does not fit
     # to be met and not continued again (6 of them; a budget of 12 in waves of 4 met 10,
@@ -103,12 +140,12 @@ def test_an_episode_past_the_context_ends_in_a_truncated_leaf(local_model_server
     assert empty and len(empty) == len(set(empty))
     assert state.usage(1).transitions >= 6
     # every turn before the refused call is in the batch, each prompt within the context
-    assert batch.actor and all(len(r.prompt_ids) + 8 <= 4096 for r in batch.actor)
-    assert max(len(r.prompt_ids) for r in batch.actor) > 4096 - PAD - 100
+    assert batch.actor and all(len(r.prompt_ids) + 8 <= CONTEXT for r in batch.actor)
+    assert max(len(r.prompt_ids) for r in batch.actor) > CONTEXT - PAD - 100
 
 
 #: The context of the cutting server below: the third call of a Verbose episode is longer.
-CUT_AT = 2500
+CUT_AT = 625
 
 
 async def cutting_server(upstream: str, cuts: list[int]) -> tuple[web.AppRunner, str]:
@@ -142,14 +179,15 @@ async def cutting_server(upstream: str, cuts: list[int]) -> tuple[web.AppRunner,
     return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("backend", [OpenAICompatPolicy, SGLangPolicy])
-def test_a_server_that_cuts_a_prompt_over_its_context_ends_the_episode_truncated(local_model_server, backend):
+def test_a_server_that_cuts_a_prompt_over_its_context_ends_the_episode_truncated(short_server, backend):
     """The answer to a cut prompt was recorded as the next turn of the whole one: its
     tokens and log-probs belong to another context than the recorded one."""
     cuts: list[int] = []
 
     async def go():  # type: ignore[no-untyped-def]
-        runner, url = await cutting_server(local_model_server.url, cuts)
+        runner, url = await cutting_server(short_server.url, cuts)
         policy = backend(url, vocab_size=ByteCodec.vocab_size, config=HttpConfig(outage_wait_s=0))
         agent = Agent(policy, Verbose(), toy_format(), max_steps=12, sampling=SamplingParams(max_tokens=8))
         try:
@@ -274,7 +312,8 @@ def test_a_task_over_the_context_among_good_ones_is_left_out_in_one_line(
     assert "\n" not in named[0]
 
 
-def test_continuations_past_the_context_end_truncated_without_a_line_or_a_stop(local_model_server, tmp_path, caplog):
+@pytest.mark.integration
+def test_continuations_past_the_context_end_truncated_without_a_line_or_a_stop(short_server, tmp_path, caplog):
     """Every task's opening fits, but a page of output each step fills the context a few
     turns in: continuations from the deep checkpoints go over it. Each such rollout is
     counted truncated (its turns before kept), none failed, no task left out, no warning,
@@ -285,7 +324,7 @@ def test_continuations_past_the_context_end_truncated_without_a_line_or_a_stop(l
 
     from storage import BatchStore
 
-    cfg = _wordy(local_model_server.url, str(tmp_path), long=[], n_tasks=2, obs_pad=PAD)
+    cfg = _wordy(short_server.url, str(tmp_path), long=[], n_tasks=2, obs_pad=PAD)
     with caplog.at_level(logging.WARNING):
         out = run_collect(cfg)
     stats = BatchStore(str(tmp_path)).read(out["batch_url"]).stats

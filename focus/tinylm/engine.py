@@ -249,6 +249,7 @@ class Engine:
     ``max_num_seqs``: sequences decoded together at most (vLLM's ``--max-num-seqs``).
     ``prefill_chunk``: prompt tokens prefilled per iteration (vLLM's chunked prefill).
     ``logprobs_mode``: which log-probs are reported (:mod:`focus.tinylm.sampler`).
+    ``max_model_len``: the context served if less than the weights' (vLLM's ``--max-model-len``).
     """
 
     def __init__(
@@ -261,9 +262,11 @@ class Engine:
         logprobs_mode: str = "processed_logprobs",
         version: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_model_len: int | None = None,
     ) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"unknown logprobs mode {logprobs_mode!r}; one of {LOGPROBS_MODES}")
+        self._max_model_len = max_model_len
         self.codec = ByteCodec()
         self.logprobs_mode = logprobs_mode
         self.max_num_seqs = max_num_seqs
@@ -306,7 +309,8 @@ class Engine:
 
     @property
     def max_len(self) -> int:
-        return self.config.max_len
+        own = self.config.max_len
+        return own if self._max_model_len is None else min(own, self._max_model_len)
 
     @property
     def vocab_size(self) -> int:

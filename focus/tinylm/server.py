@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together at most")
     ap.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens prefilled per step")
+    ap.add_argument(
+        "--max-model-len",
+        type=_positive,
+        help="context length served, at most the weights' own (vLLM's flag: prompt plus max_tokens beyond it is refused)",
+    )
     ap.add_argument("--prefix-cache-tokens", type=int, default=65536, help="prefix cache budget (0: off)")
     ap.add_argument(
         "--threads",
@@ -140,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         max_num_seqs=args.max_num_seqs,
         prefill_chunk=args.prefill_chunk,
         prefix_cache_tokens=args.prefix_cache_tokens,
+        max_model_len=args.max_model_len,
     )
     app: Any = create_app(engine, model_name=args.served_model_name, engine_stall_s=args.engine_stall_s)
     if args.debug:
