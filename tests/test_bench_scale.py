@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -200,12 +201,53 @@ def test_rows_budgets_and_task_series():
         focus_search(1000, reach_target_tasks(200, seed=1, low=20, high=40), 16, 512)
 
 
-@pytest.mark.integration
-def test_scale_benchmark_quick_run_reports_every_figure(tmp_path):
-    from benchmarks import scale
+class SharedServer:
+    """Stands in for ``SimServerProcess`` in the arms run in this process: one server
+    process for all of them (every arm's is configured alike), its counters, request log
+    and cache emptied as each arm starts, as a fresh server's are."""
 
+    def __init__(self) -> None:
+        self.server = None
+        self.uses = 0
+
+    def __call__(self, config):  # type: ignore[no-untyped-def]
+        from focus.testing.simserver import SimServerProcess
+
+        if self.server is None:
+            self.server = SimServerProcess(config).start()
+        assert config == self.server.config
+        self.server.flush_cache()
+        self.server.reset()
+        self.uses += 1
+        return contextlib.nullcontext(self.server)
+
+
+@pytest.mark.integration
+def test_scale_benchmark_quick_run_reports_every_figure(tmp_path, monkeypatch):
+    from benchmarks import scale, scale_arms
+
+    # The first arm runs as the benchmark runs every arm, in a fresh interpreter
+    # (``--child``, its figures back through ``--child-out``) with a server process of its
+    # own; the other eleven run the same ``run_arm`` in this process, against one server
+    # process: the start-up and imports of a fresh interpreter and of a server were most
+    # of this test's time
+    real_child, arms, shared = scale.run_child, [], SharedServer()
+
+    def run_child(cfg, timeout_s):  # type: ignore[no-untyped-def]
+        arms.append(cfg["arm"])
+        if len(arms) == 1:
+            return real_child(cfg, timeout_s)
+        return json.loads(json.dumps(scale.run_arm(cfg)))
+
+    monkeypatch.setattr(scale, "run_child", run_child)
+    monkeypatch.setattr(scale_arms, "SimServerProcess", shared)
     out = tmp_path / "scale.json"
-    figures = scale.main(["--quick", "--json", str(out)])
+    try:
+        figures = scale.main(["--quick", "--json", str(out)])
+    finally:
+        if shared.server is not None:
+            shared.server.stop()
+    assert sorted(arms) == sorted(["focus", "baseline", "tuned"] * 4) and shared.uses == 11
     assert json.loads(out.read_text(encoding="utf-8")) == json.loads(json.dumps(figures))
     keys = [r["key"] for r in figures["rows"]]
     assert keys == ["300_6t", "1k_6t", "1k_20t"]

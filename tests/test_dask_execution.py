@@ -314,7 +314,7 @@ class SlowDigits(DigitPolicy):
 
 
 @pytest.mark.integration  # starts a cluster (its dashboard listens)
-def test_a_cancelled_wave_stops_its_running_shards():
+def test_a_cancelled_wave_stops_its_running_shards(monkeypatch):
     """Dask cannot stop a task that runs: a wave cancelled (a Ctrl-C, another wave's
     outage) left its shards calling the model service until their rollouts ended, on an
     external cluster up to outage_wait_s (300 s) against the embedded server the command
@@ -322,7 +322,12 @@ def test_a_cancelled_wave_stops_its_running_shards():
     wanted, and cancels its rollouts when not: calls that take 4 s are never answered."""
     from distributed import LocalCluster
 
-    agent = Agent(SlowDigits(latency_s=4.0), ReachTarget(), toy_format(), max_steps=20)
+    from focus import dask_execution
+
+    # the shards look four times as often as by default (the workers are threads of this
+    # process), so calls of 2 s, not 4, are still far longer than the look plus the cancel
+    monkeypatch.setattr(dask_execution, "RELEASE_POLL_S", 0.25)
+    agent = Agent(SlowDigits(latency_s=2.0), ReachTarget(), toy_format(), max_steps=20)
     start = asyncio.run(agent.start(reach_target_tasks(1)[0]))
     jobs = [RolloutJob(0, 0, 1000 + i, start) for i in range(8)]
     STARTED.clear()
@@ -338,7 +343,7 @@ def test_a_cancelled_wave_stops_its_running_shards():
             run.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await run
-            await asyncio.sleep(5.5)  # past the calls' 4 s: answered, had the shards run on
+            await asyncio.sleep(3.0)  # past the calls' 2 s: answered, had the shards run on
 
         try:
             asyncio.run(main())

@@ -191,7 +191,9 @@ def test_a_wave_whose_scattered_env_died_with_its_only_worker_reruns_to_the_same
 
     from focus.dask_execution import INLINE_AGENT_BYTES
 
-    agent = Agent(DigitPolicy(latency_s=0.3), BlobEnv(bytes(INLINE_AGENT_BYTES + 1)), toy_format(), max_steps=6)
+    # calls of 0.15 s: two shards of four rollouts, one after the other on the one worker
+    # thread, outlast the kill 0.3 s after the first shard began
+    agent = Agent(DigitPolicy(latency_s=0.15), BlobEnv(bytes(INLINE_AGENT_BYTES + 1)), toy_format(), max_steps=6)
     starts = [asyncio.run(agent.start(t)) for t in reach_target_tasks(2, seed=1)]
     jobs = [RolloutJob(i % 2, 0, 1000 + i, starts[i % 2]) for i in range(8)]
     local = turns(asyncio.run(Execution().run(agent, jobs)))

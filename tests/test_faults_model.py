@@ -108,14 +108,17 @@ def clean(local_model_server):
 @pytest.mark.parametrize("backend", [OpenAICompatPolicy, SGLangPolicy])
 def test_every_fault_kind_is_retried_and_the_batch_is_unchanged(local_model_server, clean, backend):
     _, want = clean
-    with FaultProxy(local_model_server.url, rate=0.15, seed=1, hang_s=3.0) as proxy:
+    # a timeout fault holds its answer 1.5 s, past the calls' 1 s (each one injected cost
+    # the 2.5 s of the module's timeout_s); a slow answer on a loaded machine is retried
+    with FaultProxy(local_model_server.url, rate=0.15, seed=1, hang_s=1.5) as proxy:
         for kind in KINDS:  # each kind at least once, on the first requests
             proxy.queue(kind)
         # the queued faults go to the first requests, and with the evidence's siblings in
         # one request per task a request and its retries may draw several of them in a
         # row (which one depends on timing: under load one drew 5 and ended its call, a
         # rollout of 6 in the wave failed, past max_outage_share): retries enough for all
-        col = collector(proxy.url, backend=backend, http=HTTP.model_copy(update={"max_retries": len(KINDS) + 1}))
+        http = HTTP.model_copy(update={"max_retries": len(KINDS) + 1, "timeout_s": 1.0})
+        col = collector(proxy.url, backend=backend, http=http)
         state, got = collect(col)
     assert set(proxy.injected) == set(KINDS)
     # every injected fault was retried (a slow answer on a loaded machine may add a

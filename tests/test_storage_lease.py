@@ -64,7 +64,16 @@ def test_an_expired_lease_is_taken_over_only_after_expiry_and_the_old_owner_is_f
     with pytest.raises(LeaseHeld, match="1 s from now"):
         Lease(tmp_path, "c1", ttl_s=10, clock=clock).acquire()
     clock.t += 2.0  # expired: the old owner stalled without renewing
-    new = Lease(tmp_path, "c1", ttl_s=10, clock=clock).acquire()
+    # the old owner is a live process on this host: the taker watches the lease for a
+    # whole ttl on its monotonic clock before taking it (a fake clock: no 10 s of waiting)
+    mono, slept = Clock(0.0), []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        mono.t += s
+
+    new = Lease(tmp_path, "c1", ttl_s=10, clock=clock, monotonic=mono, sleep=sleep).acquire()
+    assert sum(slept) == pytest.approx(10.0)
     assert lease_doc(tmp_path, "c1")["owner"] == new.owner
     with pytest.raises(LeaseLost, match=f"now held by {new.owner}.*stopping before writing more"):
         old.check()  # its late renewal finds the lease taken
