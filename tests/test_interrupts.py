@@ -423,7 +423,12 @@ def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weigh
 ):
     """Interrupted while iteration 0 collects, then while its trainer runs (weights
     written, result not yet recorded), the loop resumes and ends with the weights of a
-    loop that was never interrupted (tests/test_train_resume.py's loop and trainer)."""
+    loop that was never interrupted (tests/test_train_resume.py's loop and trainer).
+
+    The interrupted runs are train_loop flow runs (the session's Prefect server); the
+    run that finishes runs directly (no server configured): one journal, either path
+    resumes the other (tests/test_train_resume.py resumes killed direct runs with a flow
+    run). It was a flow run too, 3-4 s of flow-run overhead checking nothing more."""
     import textwrap
 
     from test_train_resume import CONFIG as LOOP
@@ -452,7 +457,7 @@ def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weigh
         assert line.startswith("interrupted (SIGINT)") and line.endswith(resume), line
     assert not CheckpointStore(str(root)).exists("r", "train", 0)  # the interrupted training was not recorded
     done = subprocess.run(
-        [*argv, *args, "--set", "train.options.pause_s=0"], cwd=user, env=prefect_env,
+        [*argv, *args, "--set", "train.options.pause_s=0"], cwd=user, env=base_env(tmp_path / "prefect-home"),
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
