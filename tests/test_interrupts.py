@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fixtures._procs import children
 from fixtures.prefect import base_env, from_template
 from fixtures.resume import SLOW_DIGITS, mismatches
 
@@ -372,14 +373,17 @@ def test_ctrl_c_stops_the_dask_and_the_prefect_paths_cleanly(how, clean, tmp_pat
     assert got.stats["failed_rollouts"] == 0 and mismatches(got, batch(clean)) == {"actor": 0, "critic": 0}
 
 
-def test_sigterm_stops_the_prefect_path_cleanly(prefect_template, tmp_path):
+def test_sigterm_stops_the_prefect_path_cleanly(prefect_env, tmp_path):
     """Under a flow, Prefect's engine puts its own SIGTERM handler in place of the
     command's: a SIGTERM (a scheduler's, Kubernetes') ended `focus collect --prefect` on
     the embedded model with a 50-line `prefect.exceptions.TerminationSignal` (or
     `CancelledError`) traceback and exit 1, 3 times in 3. It stops as without Prefect:
-    exit 143, one line, and the rerun writes the uninterrupted batch. The temporary
-    server's database is migrated already (its start is not what is tested here)."""
-    env = base_env(from_template(prefect_template, tmp_path / "prefect"))
+    exit 143, one line, and the rerun writes the uninterrupted batch. The flow runs on
+    the session's Prefect server (the engine's handler is the same whichever server the
+    run reports to): a temporary server the command starts, and stops on a signal, is
+    test_ctrl_c_stops_the_dask_and_the_prefect_paths_cleanly[prefect]'s; its start cost
+    this test 4-5 s and was not what it tested."""
+    env = base_env(tmp_path / "prefect")  # the clean run and the rerun: directly, no Prefect server
     # 200 transitions: about 9 continuation waves, so the run stopped after its second is
     # stopped with most of them to go (500, about 20 waves, cost the clean run and the
     # rerun 1 CPU-s each more)
@@ -392,7 +396,7 @@ def test_sigterm_stops_the_prefect_path_cleanly(prefect_template, tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli", "collect", "--store", str(root), *flags, "--prefect"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=prefect_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 180
     while ("1.continue", 1) not in saved(root, "term"):
@@ -419,7 +423,12 @@ def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weigh
 ):
     """Interrupted while iteration 0 collects, then while its trainer runs (weights
     written, result not yet recorded), the loop resumes and ends with the weights of a
-    loop that was never interrupted (tests/test_train_resume.py's loop and trainer)."""
+    loop that was never interrupted (tests/test_train_resume.py's loop and trainer).
+
+    The interrupted runs are train_loop flow runs (the session's Prefect server); the
+    run that finishes runs directly (no server configured): one journal, either path
+    resumes the other (tests/test_train_resume.py resumes killed direct runs with a flow
+    run). It was a flow run too, 3-4 s of flow-run overhead checking nothing more."""
     import textwrap
 
     from test_train_resume import CONFIG as LOOP
@@ -448,7 +457,7 @@ def test_ctrl_c_stops_focus_train_cleanly_and_the_rerun_ends_with_the_same_weigh
         assert line.startswith("interrupted (SIGINT)") and line.endswith(resume), line
     assert not CheckpointStore(str(root)).exists("r", "train", 0)  # the interrupted training was not recorded
     done = subprocess.run(
-        [*argv, *args, "--set", "train.options.pause_s=0"], cwd=user, env=prefect_env,
+        [*argv, *args, "--set", "train.options.pause_s=0"], cwd=user, env=base_env(tmp_path / "prefect-home"),
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -558,22 +567,6 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _children(pid: int, mark: str) -> list[int]:
-    """Processes whose parent is ``pid`` and whose command line holds ``mark``."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid and mark in cmd:
-            out.append(int(entry.name))
-    return out
-
-
 def test_a_signal_while_the_dask_cluster_starts_leaves_one_line(tmp_path):
     """SIGTERM while the LocalCluster's workers start: the cluster, half made, left its
     semaphores to multiprocessing's resource tracker, which printed `UserWarning:
@@ -588,7 +581,7 @@ def test_a_signal_while_the_dask_cluster_starts_leaves_one_line(tmp_path):
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while not (workers := _children(proc.pid, "spawn_main")) and proc.poll() is None:  # a worker is starting
+        while not (workers := children(proc.pid, "spawn_main")) and proc.poll() is None:  # a worker is starting
             assert time.monotonic() < deadline, "no Dask worker process started"
             time.sleep(0.01)
         # once it has read its start from the pipe (it closes the pipe then): a signal

@@ -186,12 +186,19 @@ def train(batch_url, ctx, note):
 """
 
 
+@pytest.mark.integration  # the command starts the embedded model server
 @pytest.mark.needs("torch")  # a LocalCritic
-def test_focus_train_runs_a_user_trainer_from_the_users_folder(prefect_env, tmp_path):
+def test_focus_train_runs_a_user_trainer_from_the_users_folder(tmp_path):
     """As the installed `focus` command runs: the script is elsewhere, the user's folder
-    (holding the trainer module) is the current directory and on no import path."""
+    (holding the trainer module) is the current directory and on no import path. On the
+    direct path (no Prefect server configured); a user's trainer found so by a
+    ``train_loop`` flow run: tests/test_train_resume.py (the run that finishes the loop
+    killed with kill -9) and tests/test_interrupts.py (focus train stopped with Ctrl-C),
+    whose flow runs cost this test 3-4 s more and checked nothing more here."""
     import subprocess
     import sys
+
+    from fixtures.prefect import base_env
 
     user = tmp_path / "user"
     user.mkdir()
@@ -215,7 +222,9 @@ def test_focus_train_runs_a_user_trainer_from_the_users_folder(prefect_env, tmp_
     cmd = [sys.executable, str(launcher), "train", "-c", str(LOOP_TOML), "--trainer", "mytrainer:train", "--json"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
-    done = subprocess.run(cmd, cwd=user, env=prefect_env, capture_output=True, text=True, timeout=200)
+    done = subprocess.run(
+        cmd, cwd=user, env=base_env(tmp_path / "prefect"), capture_output=True, text=True, timeout=200
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [r["iteration"] for r in records] == [0, 1] and "eval" in records[1]

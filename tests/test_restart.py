@@ -18,6 +18,7 @@ import logging
 import time
 
 import pytest
+from fixtures._procs import server_of
 from fixtures.journal import run_collect
 
 from focus.backends import LocalModelServer
@@ -27,6 +28,12 @@ from storage import BatchStore, CheckpointStore
 from tasks.config import load_config
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.integration]
+
+#: How long the server is down: past the ordinary retries (spent within a fraction of a
+#: second), so the calls wait at the outage gate, whose probes (one a second) find the
+#: server back within a second of its return. It was 3 s: 1.5 s more per restart,
+#: checking nothing more.
+DOWN_S = 1.5
 
 #: Ordinary retries spent within a fraction of a second: a restart is past them.
 HTTP = {"max_retries": 2, "backoff_s": 0.01, "backoff_max_s": 0.2, "timeout_s": 20.0, "connect_timeout_s": 2.0}
@@ -98,9 +105,9 @@ def test_a_server_restart_mid_collection_is_waited_out_and_the_batch_is_unchange
     before = served_requests(server.url)
 
     with caplog.at_level(logging.WARNING, logger="focus.backends.outage"):
-        with ServerRestart(server, after_requests=before + calls // 2, down_s=3.0) as restart:
+        with ServerRestart(server, after_requests=before + calls // 2, down_s=DOWN_S) as restart:
             restarted = run_collect(config(root, "restarted", server.url, 60.0))
-    assert restart.killed_at is not None and restart.down_for_s is not None and restart.down_for_s >= 3.0
+    assert restart.killed_at is not None and restart.down_for_s is not None and restart.down_for_s >= DOWN_S
     assert restart.requests_at_kill < before + calls  # killed mid-collection
     stats, actor, critic = rows(root, restarted["batch_url"])
     want_stats, want_actor, want_critic = rows(clean_root, clean_url)
@@ -294,25 +301,6 @@ def test_weights_published_while_the_embedded_server_restarts_are_loaded_when_it
         server.stop()
 
 
-def _server_of(pid: int) -> int | None:
-    """The embedded model server process that process ``pid`` started, if one runs."""
-    import os
-    from pathlib import Path
-
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid and b"focus.tinylm.server" in cmdline and os.path.exists(proc):
-            return int(proc.name)
-    return None
-
-
 def test_a_command_whose_embedded_server_is_gone_for_good_stops_at_once_with_one_line(tmp_path):
     """Killed once more than its keeper starts it again (3 times), the embedded server
     stayed down and `focus collect` waited the whole `model.http.outage_wait_s` (300 s:
@@ -338,7 +326,7 @@ def test_a_command_whose_embedded_server_is_gone_for_good_stops_at_once_with_one
         deadline = time.monotonic() + 120
         while len(killed) < 4:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-            pid = _server_of(proc.pid)
+            pid = server_of(proc.pid)
             if pid is not None and pid not in killed and (root / "checkpoints" / "gone").exists():
                 time.sleep(0.5)  # in use
                 os.kill(pid, signal.SIGKILL)
@@ -354,7 +342,7 @@ def test_a_command_whose_embedded_server_is_gone_for_good_stops_at_once_with_one
     assert last.startswith(f"error: the embedded model server (pid {killed[-1]}) exited (killed by SIGKILL) again;")
     assert "started again 3 time(s) (3 after it exited, 0 after it hung: restarts = 3 counts both)" in last
     assert sum("is not any more" in line for line in (out + err).splitlines()) == 1
-    assert _server_of(proc.pid) is None
+    assert server_of(proc.pid) is None
 
 
 def test_focus_collect_waits_out_a_restart_with_one_line_and_its_batch_is_unchanged(server, clean, tmp_path):
@@ -380,7 +368,7 @@ def test_focus_collect_waits_out_a_restart_with_one_line_and_its_batch_is_unchan
         encoding="utf-8",
     )
     before = served_requests(server.url)
-    with ServerRestart(server, after_requests=before + calls // 2, down_s=3.0) as restart:
+    with ServerRestart(server, after_requests=before + calls // 2, down_s=DOWN_S) as restart:
         done = subprocess.run(
             [sys.executable, "-m", "cli", "collect", "-c", str(cfg), "--json"], cwd=tmp_path,
             env=base_env(tmp_path / "prefect"), capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,

@@ -9,6 +9,10 @@ happened; the client's two lines about it now go to the log file alone
 (``focus.backends.outage.kept_by_owner``). An outage of a server nobody here restarts
 (vLLM; an embedded server another process started) is reported as before
 (``tests/test_restart.py``, ``test_focus_collect_waits_out_a_restart_with_one_line...``).
+The real ``focus train`` with its server killed mid-collection, one line on its console
+and the client's two in its log file: ``tests/test_train_resume.py``,
+``test_focus_train_waits_out_its_model_server_killed_after_a_reload`` (which also checks
+that the loop ends with the uninterrupted weights: one train loop for both).
 """
 
 from __future__ import annotations
@@ -17,10 +21,7 @@ import asyncio
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -116,55 +117,3 @@ def test_kept_servers_are_told_apart_by_host_and_port():
     finally:
         kept_by_owner("http://127.0.0.1:5", False)
     assert _for("http://127.0.0.1:5") == CONSOLE
-
-
-def _server_of(pid: int) -> int | None:
-    """The embedded model server process that process ``pid`` started, if one runs."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"focus.tinylm.server" in cmdline:
-            return int(proc.name)
-    return None
-
-
-@pytest.mark.slow  # a train loop of one iteration, its server killed in its collection
-def test_focus_train_with_its_server_killed_mid_collection_says_so_in_one_line(tmp_path):
-    from fixtures.prefect import base_env
-
-    root, log = tmp_path / "store", tmp_path / "t.log"
-    args = ["train", "-c", str(Path(__file__).resolve().parents[1] / "configs" / "loop.toml"), "--store", str(root)]
-    args += ["--iterations", "1", "--tasks", "8", "--transitions", "400", "--log-file", str(log)]
-    args += ["--set", "train.eval_tasks=4", "--set", "progress=false", "--collection-id", "one"]
-    # retries spent within a second: the calls cut by the kill wait for the server at the gate
-    args += ["--set", "model.http.max_retries=1", "--set", "model.http.backoff_s=0.01"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", *args], cwd=tmp_path, env=base_env(tmp_path / "prefect"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    killed = None
-    try:
-        deadline = time.monotonic() + 180
-        while killed is None:  # in the loop's first collection, between its continuation waves
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-            pid = _server_of(proc.pid)
-            if pid is not None and list((root / "checkpoints").glob("one-it0/*continue*")):
-                os.kill(pid, signal.SIGKILL)
-                killed = pid
-            time.sleep(0.02)
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err[-3000:]
-    said = [ln for ln in err.splitlines() if ln.startswith(("warning:", "error:"))]
-    assert len(said) == 1, said
-    assert said[0].startswith(f"warning: the embedded model server (pid {killed}) exited (killed by SIGKILL) while")
-    text = log.read_text()
-    assert "has not answered for" in text and "answers again after" in text  # in the log file, as before
