@@ -30,7 +30,7 @@ unchanged: a SIGTERM that is no cancellation (a crash) keeps Prefect's lines, an
 states are Prefect's (the step's task run stays ``Crashed``, the flow run ``Cancelled``).
 Both hooks key on Prefect's wording: a Prefect that words these otherwise gets its own
 lines back, nothing breaks.
-Test: ``tests/test_deploy.py::test_cancel_ends_quietly_and_retry_resumes``.
+Test: ``tests/test_deploy.py::test_overlap_skip_and_cancel_ends_quietly_and_retry_resumes``.
 """
 
 from __future__ import annotations

@@ -95,7 +95,9 @@ def test_a_killed_run_nothing_marked_is_closed_by_the_collections_next_run(
     """No watchdog (a CLI run): the killed run stays ``Running``, as does its task run in
     flight, until the rerun closes both once the killed run has been silent for two
     heartbeats plus the event lag (flows/abandoned.py); they stayed ``Running`` for good."""
-    beat = ["--set", "execution.heartbeat_s=1"]
+    # heartbeats every 0.5 s: the rerun waits out a silence of 6 s (2 heartbeats and the
+    # event lag), 7 s with 1 s ones
+    beat = ["--set", "execution.heartbeat_s=0.5"]
     args = [*settings(str(tmp_path / "store"), local_model_server.url, "unmarked"), "--prefect", *beat]
 
     def in_flight() -> list:

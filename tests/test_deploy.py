@@ -191,6 +191,7 @@ def kill_run_process(run: dict[str, Any]) -> None:
                     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.timeout(480)  # six runs of one focus deploy (four, and tests/test_custom_run.py's two, 240 s each)
 def test_quick_run_custom_run_and_retry(prefect_server, prefect_env, tmp_path):
     api = prefect_server
     marker = tmp_path / "critic-down"
@@ -256,8 +257,68 @@ def test_quick_run_custom_run_and_retry(prefect_server, prefect_env, tmp_path):
         # the watchdog automation is installed
         autos = httpx.post(f"{api}/automations/filter", json={}, timeout=30).json()
         assert any(a["name"] == "focus: mark silent collections crashed" for a in autos)
+
+        # the critic is up again: a Custom run as the UI's form makes it, served by the same process
+        custom_run_keeps_the_workers_store(api, manual, proc, store, tmp_path)
     finally:
         kill_tree(proc)
+
+
+def custom_run_keeps_the_workers_store(
+    api: str, dep: dict[str, Any], proc: subprocess.Popen[bytes], store: Path, folder: Path
+) -> None:
+    """A Custom run from the Prefect UI of ``dep`` (the manual deployment ``proc`` serves,
+    its file naming no store, ``store`` the serving process's ``FOCUS_STORAGE__ROOT``, its
+    folder ``folder``): the run changes the field the operator edited and takes the rest
+    from the serving process's ``FOCUS_*`` variables, as a Quick run does.
+
+    The run is created the way the UI's form creates it: ``POST
+    /api/deployments/{id}/create_flow_run`` with the parameters the form posts for the
+    deployment's ``parameter_openapi_schema`` and stored parameters, one field edited
+    (:func:`fixtures.ui_form.form_post`, checked against what the real form sent in
+    ``tests/test_config_form.py``). (It was tests/test_custom_run.py, with a ``focus
+    deploy`` of its own: 5-10 s of a loaded machine to start and register.)"""
+    from fixtures.ui_form import form_post
+
+    parameters = form_post(dep["parameter_openapi_schema"], dep["parameters"], {"config.seed": 9})
+    sent = parameters["config"]
+    assert sent["seed"] == 9 and "storage" not in sent and sent["execution"]["processes"] is None  # switch unset
+    run = create_run(api, dep["id"], parameters)
+    done = wait_state(api, run["id"], FINAL, proc=proc)
+    assert done["state_type"] == "COMPLETED", done["state"].get("message")
+    stats = {r["statistic"]: r["value"] for r in table(artifacts(api, run["id"])["stats"])}
+    cid = stats["collection_id"]
+    # the serving process's FOCUS_STORAGE__ROOT decided where the batch went, not the default ./runs
+    assert stats["batch_url"] == BatchStore(str(store)).url_for(cid, 0)
+    assert BatchStore(str(store)).verify(stats["batch_url"])
+    assert not (folder / "runs").exists()
+    stored = json.loads(CheckpointStore(str(store)).load(cid, "config", 0))
+    assert stored["seed"] == 9 and stored["env"]["n_tasks"] == 2  # the edit, and the deployment's file
+
+    # the API's (and `prefect deployment run --param config=...`'s) way: a config that
+    # leaves out a stored field replaces the stored config whole, Prefect's rule for a
+    # parameter; the run's log says which stored fields did not apply, once
+    partial = {k: v for k, v in dep["parameters"]["config"].items() if k != "seed"}
+    api_run = create_run(api, dep["id"], {"config": partial})
+    done = wait_state(api, api_run["id"], FINAL, proc=proc)
+    assert done["state_type"] == "COMPLETED", done["state"].get("message")
+    notes = _replaced_notes(api, api_run["id"], wait_s=15)
+    assert len(notes) == 1 and "not applied from the deployment: seed." in notes[0], notes
+    stats = {r["statistic"]: r["value"] for r in table(artifacts(api, api_run["id"])["stats"])}
+    assert json.loads(CheckpointStore(str(store)).load(stats["collection_id"], "config", 0))["seed"] == 0
+    # the Custom run sent every stored field (the form starts from them): nothing to say
+    assert _replaced_notes(api, run["id"]) == []
+
+
+def _replaced_notes(api: str, run_id: str, wait_s: float = 0) -> list[str]:
+    """The run's log lines about stored config fields its own config left out, waited for
+    up to ``wait_s`` (logs reach the server in batches: the final state may come first)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        notes = [x["message"] for x in run_logs(api, run_id) if "not applied from the deployment" in x["message"]]
+        if notes or time.monotonic() > deadline:
+            return notes
+        time.sleep(0.5)
 
 
 def test_node_loss_is_crashed_quickly_and_retry_resumes(prefect_server, prefect_env, tmp_path):
@@ -290,6 +351,15 @@ def test_node_loss_is_crashed_quickly_and_retry_resumes(prefect_server, prefect_
         kill_run_process(running)  # ... and the flow run it started
         killed_at = time.monotonic()
         assert read_run(api, run["id"])["state_type"] == "RUNNING"  # nobody reported the loss
+        before = [k for k in checkpoints.list(cid) if k[0] not in ("config", "critic")]
+
+        # the replacement node's focus deploy starts while the watchdog waits out the
+        # silence (its start is 5-10 s of a loaded machine, the wait at least 10 s): with
+        # --crash-after 0 it leaves the watchdog the first one installed as it is (the
+        # same --crash-after would update it in place mid-wait)
+        since = time.time()
+        gate.touch()
+        second = deploy(prefect_env, "--config", str(cfg), "--crash-after", "0", log=tmp_path / "deploy2.log")
 
         crashed = wait_state(api, run["id"], {"CRASHED", "COMPLETED", "FAILED"}, timeout=60)
         waited = time.monotonic() - killed_at
@@ -298,10 +368,6 @@ def test_node_loss_is_crashed_quickly_and_retry_resumes(prefect_server, prefect_
         print(f"node loss: Crashed {waited:.1f} s after the kill")
         assert waited < crash_after + 5 + 15, waited
 
-        before = [k for k in checkpoints.list(cid) if k[0] not in ("config", "critic")]
-        since = time.time()
-        gate.touch()
-        second = deploy(prefect_env, *args, log=tmp_path / "deploy2.log")
         deployment(api, "manual", second, tmp_path / "deploy2.log", since - 1)
         retry(api, run["id"])
         done = wait_state(api, run["id"], FINAL, proc=second)
@@ -349,66 +415,12 @@ def gated_config(
     return path
 
 
-def test_cancel_ends_quietly_and_retry_resumes(prefect_server, prefect_env, tmp_path):
-    """The UI's Cancel (the run set Cancelling; the serving process sends its flow run
-    SIGTERM): the run's log says it was cancelled at INFO - it ended with ``[ERROR]
-    Finished in state Running()`` - the serving console shows no traceback (it showed
-    asyncio's 50-line TerminationSignal one), the lease is released, and a Retry
-    resumes after the last finished step (flows/cancel.py)."""
-    from flows.cancel import CANCELLED, ENDED
+def test_overlap_skip_and_cancel_ends_quietly_and_retry_resumes(prefect_server, prefect_env, tmp_path):
+    """One ``focus deploy`` (a start and its registration: 8-12 s of a test at load 7) for
+    two checks, one after the other: ``--overlap skip`` on its scheduled deployment, then
+    the UI's Cancel of a Custom run of its manual one (:func:`cancel_quietly_and_retry`).
 
-    api = prefect_server
-    store, gate = tmp_path / "store", tmp_path / "gate"
-    cfg = gated_config(tmp_path / "manual.toml", 30, store, gate, EVIDENCE_AND_THREE_WAVES)
-    log = tmp_path / "deploy.log"
-    since = time.time() - 1
-    # INFO: the lines an operator reads (the fixture's WARNING would hide the new one)
-    proc = deploy({**prefect_env, "PREFECT_LOGGING_LEVEL": "INFO"}, "--config", str(cfg), "--crash-after", "0", log=log)
-    try:
-        manual = deployment(api, "manual", proc, log, since)
-        run = create_run(api, manual["id"])
-        wait_state(api, run["id"], {"RUNNING"}, proc=proc)
-        checkpoints, deadline, cid = CheckpointStore(str(store)), time.monotonic() + 90, None
-        while cid is None or not any(p == "1.continue.score" for p, _ in checkpoints.list(cid)):
-            assert time.monotonic() < deadline, f"no continuation wave finished in time: {read_run(api, run['id'])}"
-            ck = store / "checkpoints"
-            cid = next((p.name for p in ck.iterdir()), None) if ck.exists() else None
-            time.sleep(0.1)
-        assert read_run(api, run["id"])["state_type"] == "RUNNING"  # held at the gate: cancelled mid-run
-        r = httpx.post(
-            f"{api}/flow_runs/{run['id']}/set_state",
-            json={"state": {"type": "CANCELLING", "name": "Cancelling"}},
-            timeout=30,
-        )
-        assert r.status_code in (200, 201) and r.json()["status"] == "ACCEPT", r.text
-        cancelled = wait_state(api, run["id"], FINAL, timeout=60, proc=proc)
-        assert cancelled["state_type"] == "CANCELLED", cancelled["state"]
-        deadline = time.monotonic() + 20  # the run's last lines reach the API as its process exits
-        while ENDED not in (messages := [x["message"] for x in run_logs(api, run["id"])]):
-            assert time.monotonic() < deadline, messages
-            time.sleep(0.3)
-        assert CANCELLED in messages and not any("Finished in state Running" in m for m in messages), messages
-        errors = [x["message"] for x in run_logs(api, run["id"]) if x["level"] >= 40]
-        assert errors == [], errors
-        console = log.read_text(encoding="utf-8")
-        assert "Traceback" not in console and "TerminationSignal" not in console and "ERROR" not in console, console
-        assert not (store / "leases" / f"{cid}.json").exists(), "the cancelled run kept its lease"
-
-        before = [k for k in checkpoints.list(cid) if k[0] not in ("config", "critic")]
-        gate.touch()
-        retry(api, run["id"])
-        done = wait_state(api, run["id"], FINAL, proc=proc)
-        assert done["state_type"] == "COMPLETED" and done["run_count"] == 2
-        reused = sum(1 for s in table(artifacts(api, run["id"])["steps"]) if s["reused"])
-        assert reused >= len(before) > 0, (reused, before)
-        stats = {r["statistic"]: r["value"] for r in table(artifacts(api, run["id"])["stats"])}
-        assert stats["collection_id"] == cid and stats["transitions"] >= 30
-    finally:
-        kill_tree(proc)
-
-
-def test_overlap_skip_cancels_a_scheduled_run_due_while_one_runs(prefect_server, prefect_env, tmp_path):
-    """``--overlap skip``: the scheduled deployment has a concurrency limit of 1 with
+    ``--overlap skip``: the scheduled deployment has a concurrency limit of 1 with
     Prefect's CANCEL_NEW strategy, so a run of it due while another runs is Cancelled at
     once instead of waiting (with a short cron, runs longer than the interval piled up,
     each a new collection). ``--limit 2`` lets the serving process start both; the
@@ -422,7 +434,8 @@ def test_overlap_skip_cancels_a_scheduled_run_due_while_one_runs(prefect_server,
     log = tmp_path / "deploy.log"
     since = time.time() - 1
     args = ["--config", str(cfg), "--cron", "0 3 * * *", "--limit", "2", "--overlap", "skip", "--crash-after", "0"]
-    proc = deploy(prefect_env, *args, log=log)
+    # INFO: the lines an operator reads (the fixture's WARNING would hide the cancel's)
+    proc = deploy({**prefect_env, "PREFECT_LOGGING_LEVEL": "INFO"}, *args, log=log)
     scheduled: dict[str, Any] = {}
     try:
         scheduled = deployment(api, "scheduled", proc, log, since)
@@ -439,7 +452,64 @@ def test_overlap_skip_cancels_a_scheduled_run_due_while_one_runs(prefect_server,
         assert read_run(api, first["id"])["state_type"] == "RUNNING"  # it was cancelled while one ran
         gate.touch()
         assert wait_state(api, first["id"], FINAL, proc=proc)["state_type"] == "COMPLETED"
+
+        cancel_quietly_and_retry(api, manual, proc, log, tmp_path / "cancelled")
     finally:
         kill_tree(proc)
         if scheduled:  # other tests of this server register it again without a limit
             httpx.delete(f"{api}/deployments/{scheduled['id']}", timeout=30)
+
+
+def cancel_quietly_and_retry(
+    api: str, manual: dict[str, Any], proc: subprocess.Popen[bytes], log: Path, folder: Path
+) -> None:
+    """The UI's Cancel of a Custom run of ``manual`` served by ``proc`` (the run set
+    Cancelling; the serving process sends its flow run SIGTERM): the run's log says it was
+    cancelled at INFO - it ended with ``[ERROR] Finished in state Running()`` - the serving
+    console ``log`` shows no traceback (it showed asyncio's 50-line TerminationSignal
+    one), the lease is released, and a Retry resumes after the last finished step
+    (flows/cancel.py). The run's config: its own store and gate, under ``folder``."""
+    import tomllib
+
+    from flows.cancel import CANCELLED, ENDED
+
+    folder.mkdir()
+    store, gate = folder / "store", folder / "gate"
+    cfg = gated_config(folder / "manual.toml", 30, store, gate, EVIDENCE_AND_THREE_WAVES)
+    run = create_run(api, manual["id"], {"config": tomllib.loads(cfg.read_text(encoding="utf-8"))})
+    wait_state(api, run["id"], {"RUNNING"}, proc=proc)
+    checkpoints, deadline, cid = CheckpointStore(str(store)), time.monotonic() + 90, None
+    while cid is None or not any(p == "1.continue.score" for p, _ in checkpoints.list(cid)):
+        assert time.monotonic() < deadline, f"no continuation wave finished in time: {read_run(api, run['id'])}"
+        ck = store / "checkpoints"
+        cid = next((p.name for p in ck.iterdir()), None) if ck.exists() else None
+        time.sleep(0.1)
+    assert read_run(api, run["id"])["state_type"] == "RUNNING"  # held at the gate: cancelled mid-run
+    r = httpx.post(
+        f"{api}/flow_runs/{run['id']}/set_state",
+        json={"state": {"type": "CANCELLING", "name": "Cancelling"}},
+        timeout=30,
+    )
+    assert r.status_code in (200, 201) and r.json()["status"] == "ACCEPT", r.text
+    cancelled = wait_state(api, run["id"], FINAL, timeout=60, proc=proc)
+    assert cancelled["state_type"] == "CANCELLED", cancelled["state"]
+    deadline = time.monotonic() + 20  # the run's last lines reach the API as its process exits
+    while ENDED not in (messages := [x["message"] for x in run_logs(api, run["id"])]):
+        assert time.monotonic() < deadline, messages
+        time.sleep(0.3)
+    assert CANCELLED in messages and not any("Finished in state Running" in m for m in messages), messages
+    errors = [x["message"] for x in run_logs(api, run["id"]) if x["level"] >= 40]
+    assert errors == [], errors
+    console = log.read_text(encoding="utf-8")
+    assert "Traceback" not in console and "TerminationSignal" not in console and "ERROR" not in console, console
+    assert not (store / "leases" / f"{cid}.json").exists(), "the cancelled run kept its lease"
+
+    before = [k for k in checkpoints.list(cid) if k[0] not in ("config", "critic")]
+    gate.touch()
+    retry(api, run["id"])
+    done = wait_state(api, run["id"], FINAL, proc=proc)
+    assert done["state_type"] == "COMPLETED" and done["run_count"] == 2
+    reused = sum(1 for s in table(artifacts(api, run["id"])["steps"]) if s["reused"])
+    assert reused >= len(before) > 0, (reused, before)
+    stats = {r["statistic"]: r["value"] for r in table(artifacts(api, run["id"])["stats"])}
+    assert stats["collection_id"] == cid and stats["transitions"] >= 30

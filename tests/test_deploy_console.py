@@ -136,11 +136,13 @@ def test_a_run_leaves_the_console_quiet_and_ctrl_c_ends_in_one_line(prefect_serv
     held: dict[str, Any] = {}
     try:
         manual = deployment(api, "manual", proc, log, since)
+        # both at once (their processes' starts overlap): the held run waits at its gate
+        # until after the Ctrl-C, whenever the other one completes
         held = create_run(api, manual["id"], {"config": gated})
-        wait_state(api, held["id"], {"RUNNING"}, proc=proc)
-        cid = held_mid_collection(store, api, held["id"])
         run = create_run(api, manual["id"])
+        wait_state(api, held["id"], {"RUNNING"}, proc=proc)
         wait_state(api, run["id"], {"COMPLETED"}, timeout=90, proc=proc)
+        cid = held_mid_collection(store, api, held["id"])
         # at once: the run's process may still send its last events. The stop waits for the
         # held run to stop (4 s measured at load 6.6 on 2 cores; over 30 s once at load 10)
         code = interrupt(proc, timeout=90)

@@ -15,12 +15,12 @@ import contextlib
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from fixtures.http_stub import serving
 from fixtures.prefect import base_env, free_port
 
 from focus.backends.reach import no_generation_endpoint
@@ -48,14 +48,8 @@ def answering(status: int, body: dict[str, object], headers: dict[str, str] | No
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url
 
 
 def test_a_json_api_without_the_endpoint_is_one_line_naming_the_url_and_the_answer():

@@ -40,9 +40,12 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 ENDED_WITHIN_S = 60.0
 
 
-def _collect(tmp_path: Path, cid: str, latency_s: float, *more: str) -> list[str]:
+def _collect(tmp_path: Path, cid: str, latency_s: float, *more: str, fast_after: Path | None = None) -> list[str]:
+    """``focus collect`` of 60 transitions, the model's calls ``latency_s`` each (until
+    ``fast_after`` exists, if named: :class:`fixtures.digits.DigitPolicy`)."""
     args = [*SMALL, "--collection-id", cid, "--store", str(tmp_path / "store"), "--transitions", "60"]
-    args += ["--set", "search.phases.1.wave_size=2", "--set", f'model.options={{"latency_s": {latency_s}}}', *more]
+    options = json.dumps({"latency_s": latency_s, **({"fast_after": str(fast_after)} if fast_after else {})})
+    args += ["--set", "search.phases.1.wave_size=2", "--set", f"model.options={options}", *more]
     return [sys.executable, "-m", "cli", "collect", *args]
 
 
@@ -129,14 +132,18 @@ def test_prefect_away_for_a_few_seconds_fails_nothing(tmp_path, prefect_env, pre
     # away 4 s: more than a restart's second or two, and long enough that a health check
     # (every 2 s, a refused connection tried for 1.5 s by Prefect's transport) fails
     # within it, so the watch is seen to ride the outage out
-    port = int(prefect_server.rsplit(":", 1)[1].split("/")[0])
+    # the model's calls take 0.5 s until the server is back (steps go on through the
+    # outage, and the run outlasts it), then none: the rest of the run (5-9 s at 0.5 s,
+    # on a loaded machine) checks nothing the outage did not
+    port, restored = int(prefect_server.rsplit(":", 1)[1].split("/")[0]), tmp_path / "restored"
     with TcpRelay(port) as relay:
         env = {**prefect_env, "PREFECT_API_URL": f"{relay.url}/api", "XDG_STATE_HOME": str(tmp_path / "state")}
-        cmd = [*_collect(tmp_path, "blip", 0.5), "--json"]
+        cmd = [*_collect(tmp_path, "blip", 0.5, fast_after=restored), "--json"]
         proc, _ = _start_and_cut_after_evidence(cmd, env, tmp_path, relay)
         time.sleep(4.0)
         relay.restore()
         assert proc.poll() is None  # the outage fell within the run
+        restored.touch()
         out, err = proc.communicate(timeout=150)
     assert proc.returncode == 0, err[-3000:]
     result = json.loads(out.splitlines()[-1])

@@ -10,10 +10,11 @@ import asyncio
 import http.server
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
+from fixtures.http_stub import serving
 from fixtures.prefect import free_port
 
 import flows.watch as watch
@@ -22,13 +23,16 @@ from tests.test_operator_lines import prefect_client_error
 
 
 @contextmanager
-def health_server(status: int) -> Iterator[str]:
-    """An HTTP server on loopback answering every GET with ``status``; its API URL."""
+def health_server(status: int) -> Iterator[tuple[str, list[float]]]:
+    """An HTTP server on loopback answering every GET with ``status``; its API URL and
+    when each GET arrived (``time.monotonic``), appended as they come."""
+    arrivals: list[float] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            arrivals.append(time.monotonic())
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", "4")
@@ -38,26 +42,22 @@ def health_server(status: int) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/api"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield f"{url}/api", arrivals
 
 
-def watch_for(api: str, grace_s: float, seconds: float) -> list[PrefectServerGone]:
-    """Run a probe of ``api`` for ``seconds`` (or until it finds the server gone)."""
+def watch_for(
+    api: str, grace_s: float, seconds: float, until: Callable[[], bool] = lambda: False
+) -> list[PrefectServerGone]:
+    """Run a probe of ``api`` for ``seconds``, or until it finds the server gone, or until
+    ``until()`` says enough was seen."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     found: list[PrefectServerGone] = []
     with temporary_settings({PREFECT_API_URL: api}):
         probe = watch._Probe(api, grace_s, found.append).start()
         deadline = time.monotonic() + seconds
-        while not found and time.monotonic() < deadline:
+        while not found and not until() and time.monotonic() < deadline:
             time.sleep(0.02)
         probe.stop()
     return found
@@ -66,9 +66,16 @@ def watch_for(api: str, grace_s: float, seconds: float) -> list[PrefectServerGon
 @pytest.mark.integration
 @pytest.mark.parametrize("status", [200, 404])
 def test_a_server_that_answers_is_not_taken_for_gone(status, monkeypatch):
+    """Watched until two health checks arrived a grace after the first one, not for a fixed
+    3 s: the watch counts the grace from before its first check, so a watch that took the
+    answers for silence calls the server gone at the first of the two at the latest, and
+    the second comes only from a watch that did not."""
     monkeypatch.setattr(watch, "PROBE_S", 0.1)
-    with health_server(status) as api:
-        assert watch_for(api, grace_s=1.0, seconds=3.0) == []
+    grace_s = 1.0
+    with health_server(status) as (api, arrivals):
+        past_grace = lambda: sum(t >= arrivals[0] + grace_s for t in arrivals[:]) >= 2  # noqa: E731
+        assert watch_for(api, grace_s=grace_s, seconds=60, until=past_grace) == []
+        assert past_grace(), arrivals  # watched past the grace, not stopped by the deadline
 
 
 @pytest.mark.integration
@@ -80,7 +87,7 @@ def test_a_server_that_does_not_answer_is_gone_after_the_grace(how, monkeypatch)
         t0 = time.monotonic()
         found = watch_for(api, grace_s=0.5, seconds=60)
     else:
-        with health_server(503) as api:
+        with health_server(503) as (api, _):
             t0 = time.monotonic()
             found = watch_for(api, grace_s=0.5, seconds=60)
     assert len(found) == 1 and time.monotonic() - t0 >= 0.5
