@@ -143,6 +143,15 @@ def test_prefect_away_for_a_few_seconds_fails_nothing(tmp_path, prefect_env, pre
         time.sleep(4.0)
         relay.restore()
         assert proc.poll() is None  # the outage fell within the run
+        # full speed only once the watch has seen the server back: touched at once, the run
+        # ended before the next health check, and the "answers again" line was never written
+        back = f"the Prefect server at {relay.url}/api answers again after"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            logs = list((tmp_path / "state" / "focus" / "logs").glob("collect-*.log"))
+            if logs and back in logs[0].read_text(encoding="utf-8"):
+                break
+            time.sleep(0.2)
         restored.touch()
         out, err = proc.communicate(timeout=150)
     assert proc.returncode == 0, err[-3000:]
