@@ -478,13 +478,8 @@ def cancel_quietly_and_retry(
     cfg = gated_config(folder / "manual.toml", 30, store, gate, EVIDENCE_AND_THREE_WAVES)
     run = create_run(api, manual["id"], {"config": tomllib.loads(cfg.read_text(encoding="utf-8"))})
     wait_state(api, run["id"], {"RUNNING"}, proc=proc)
-    checkpoints, deadline, cid = CheckpointStore(str(store)), time.monotonic() + 90, None
-    while cid is None or not any(p == "1.continue.score" for p, _ in checkpoints.list(cid)):
-        assert time.monotonic() < deadline, f"no continuation wave finished in time: {read_run(api, run['id'])}"
-        ck = store / "checkpoints"
-        cid = next((p.name for p in ck.iterdir()), None) if ck.exists() else None
-        time.sleep(0.1)
-    assert read_run(api, run["id"])["state_type"] == "RUNNING"  # held at the gate: cancelled mid-run
+    cid = held_mid_collection(store, api, run["id"])  # held at the gate: cancelled mid-run
+    checkpoints = CheckpointStore(str(store))
     r = httpx.post(
         f"{api}/flow_runs/{run['id']}/set_state",
         json={"state": {"type": "CANCELLING", "name": "Cancelling"}},
@@ -513,3 +508,16 @@ def cancel_quietly_and_retry(
     assert reused >= len(before) > 0, (reused, before)
     stats = {r["statistic"]: r["value"] for r in table(artifacts(api, run["id"])["stats"])}
     assert stats["collection_id"] == cid and stats["transitions"] >= 30
+
+
+def held_mid_collection(store: Path, api: str, run_id: str) -> str:
+    """The collection id of the run writing ``store`` once a continuation wave is saved
+    (the run then waits at its gate: still in progress when the test acts on it)."""
+    checkpoints, deadline, cid = CheckpointStore(str(store)), time.monotonic() + 90, None
+    while cid is None or not any(p == "1.continue.score" for p, _ in checkpoints.list(cid)):
+        assert time.monotonic() < deadline, f"no continuation wave finished in time: {read_run(api, run_id)}"
+        ck = store / "checkpoints"
+        cid = next((p.name for p in ck.iterdir()), None) if ck.exists() else None
+        time.sleep(0.1)
+    assert read_run(api, run_id)["state_type"] == "RUNNING"
+    return cid

@@ -34,6 +34,7 @@ from test_deploy import (
     deploy,
     deployment,
     gated_config,
+    held_mid_collection,
     kill_run_process,
     read_run,
     retry,
@@ -98,19 +99,6 @@ def gated_run_config(tmp_path: Path) -> tuple[dict[str, Any], Path, Path]:
     store, gate = tmp_path / "store", tmp_path / "gate"
     path = gated_config(tmp_path / "gated.toml", 30, store, gate, EVIDENCE_AND_THREE_WAVES)
     return tomllib.loads(path.read_text(encoding="utf-8")), store, gate
-
-
-def held_mid_collection(store: Path, api: str, run_id: str) -> str:
-    """The collection id of the run writing ``store`` once a continuation wave is saved
-    (the run then waits at its gate: still in progress when the test acts on it)."""
-    checkpoints, deadline, cid = CheckpointStore(str(store)), time.monotonic() + 90, None
-    while cid is None or not any(p == "1.continue.score" for p, _ in checkpoints.list(cid)):
-        assert time.monotonic() < deadline, f"no continuation wave finished in time: {read_run(api, run_id)}"
-        ck = store / "checkpoints"
-        cid = next((p.name for p in ck.iterdir()), None) if ck.exists() else None
-        time.sleep(0.1)
-    assert read_run(api, run_id)["state_type"] == "RUNNING"
-    return cid
 
 
 @pytest.mark.timeout(300)  # two focus deploy starts, two runs, a Retry: 25-130 s measured under load
@@ -296,7 +284,9 @@ def start_server(home: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
         time.sleep(0.2)
 
 
-@pytest.mark.timeout(300)  # a focus deploy start, two server starts: 180 s ran out at load 15 (63 s the session's server)
+@pytest.mark.timeout(
+    300
+)  # a focus deploy start, two server starts: 180 s ran out at load 15 (63 s the session's server)
 def test_a_prefect_server_restart_is_one_line_when_it_goes_and_one_when_it_is_back(
     prefect_server, prefect_template, tmp_path
 ):
