@@ -20,6 +20,8 @@ import tomllib
 from pathlib import Path
 from typing import IO, Any
 
+from focus.spawn import spawn
+
 
 def configured_api_url(environ: dict[str, str] | None = None) -> str | None:
     """``PREFECT_API_URL`` from the environment, else from the active Prefect profile
@@ -109,7 +111,7 @@ class TemporaryServer:
         }
         env.pop("PREFECT_API_URL", None)
         out: Any = self.log if self.log is not None else subprocess.DEVNULL
-        self.proc = subprocess.Popen(
+        self.proc = spawn(
             # flows.guard: it stops when this process is gone, however this process ended
             [sys.executable, "-m", "flows.guard", "--parent-pid", str(os.getpid()), "-m", "uvicorn"]
             + ["--app-dir", app_dir, "--factory"]

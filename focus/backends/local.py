@@ -37,6 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from focus.spawn import spawn
+
 log = logging.getLogger(__name__)
 #: ``extra=`` of a record the ``focus`` command shows on the console in quiet mode.
 _CONSOLE = {"focus_console": True}
@@ -123,7 +125,7 @@ class WarmServer:
         self.log: Any = open(self.tmp / "server.log", "w+b")  # noqa: SIM115 - closed by the adopter or discard()
         cmd = [sys.executable, "-m", "focus.tinylm.server", "--args-from-stdin", "--parent-pid", str(os.getpid())]
         cmd += ["--owned-dir", str(self.tmp)]
-        self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+        self.proc: subprocess.Popen[bytes] | None = spawn(
             cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True
         )
         atexit.register(self.discard)
@@ -239,7 +241,7 @@ class LocalModelServer:
         port_file = tmp / "port"
         cmd = [sys.executable, "-m", "focus.tinylm.server", *self._args(port_file)]
         if self.proc is None:
-            self.proc = subprocess.Popen(
+            self.proc = spawn(
                 cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
             _record_pid(tmp, self.proc)
@@ -485,9 +487,7 @@ class LocalModelServer:
             self._log.close()
         self._log = open(self._tmp / "server.log", "w+b")  # noqa: SIM115 - closed in stop()
         cmd = [sys.executable, "-m", "focus.tinylm.server", *self._args(self._tmp / "port")]
-        proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-        )
+        proc = spawn(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         _record_pid(self._tmp, proc)
         return proc
 

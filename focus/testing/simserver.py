@@ -52,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from focus.backends.local import stop_process
 from focus.backends.routing import PrefixBlocks
+from focus.spawn import spawn
 
 DIGITS = tuple(range(ord("1"), ord("9") + 1))
 DIGIT_LOGPROB = -math.log(len(DIGITS))
@@ -471,7 +472,7 @@ class SimServerProcess:
             self.config.model_dump_json(),
         ]
         self._log = open(tmp / "log", "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log)
+        self.proc = spawn(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log)
         deadline = time.monotonic() + self.startup_timeout_s
         while not port_file.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
