@@ -19,6 +19,7 @@ from focus.lsq import mm as _mm
 from focus.lsq import mv as _mv
 from focus.lsq import nnls as _nnls
 from focus.lsq import sig6 as _sig6
+from focus.noise_excess import only_excess
 from focus.noise_rows import (
     DEPTH_BUCKETS,
     Checkpoint,
@@ -158,6 +159,7 @@ def noise_model(
     keep: Callable[[Tree, Edge], bool] | None = None,
     rows: Sequence[Sequence[Checkpoint]] | None = None,
     joint: bool = False,
+    excess: bool = False,
 ) -> NoiseModel:
     """Fit the step variances s(d), the same-action noise variances ν(d) ≤ s(d) and
     the critic's error variance t on the λ = 0 backups of ``trees`` (method of
@@ -198,6 +200,8 @@ def noise_model(
     ``joint``: fit t(d) with s and ν as one problem, the only-child residuals included
     (:func:`_joint_fit`; off by default: measured and not adopted,
     docs/findings/estimator-issue31.md, "t(d) fitted jointly with s(d)").
+    ``excess``: t(d) also takes the only children's significant excess (:func:`focus.noise_excess.only_excess`;
+    off by default, docs/findings/estimator-issue31.md, "The only children's excess").
     """
     parts = rows if rows is not None else [tree_rows(tree, gamma, truncation, keep) for tree in trees]
     recs, bases = joined(parts)
@@ -206,7 +210,7 @@ def noise_model(
         return _chain_model(recs, residuals, bases)
     mo = _moments(recs, bases)
     nd = mo.nd
-    x, t, rho, by_depth = _passes(recs, mo, joint)
+    x, t, rho, by_depth = _passes(recs, mo, joint, excess)
     shared = _shared_share(mo, t, x, rho, by_depth)
     # Six significant digits: the linear solves go through LAPACK, whose last bits may
     # differ between CPUs; rounded, the model (and so every plan) is the same anywhere.
@@ -222,7 +226,9 @@ def noise_model(
     )
 
 
-def _passes(recs: list[Checkpoint], mo: _Moments, joint: bool) -> tuple[np.ndarray, float, float, np.ndarray]:
+def _passes(
+    recs: list[Checkpoint], mo: _Moments, joint: bool, excess: bool = False
+) -> tuple[np.ndarray, float, float, np.ndarray]:
     """:func:`noise_model`'s three passes: ``(x, t, ρ, t(d))``, x = (s, ν). With
     ``joint`` (and only-child residuals to read), the second and third fit (s, ν) and
     t(d) as one problem (:func:`_joint_fit`); the first has no t to weigh them by."""
@@ -241,6 +247,8 @@ def _passes(recs: list[Checkpoint], mo: _Moments, joint: bool) -> tuple[np.ndarr
         t = _critic_error(mo, s, t, it)
         if not (joint and it):
             by_depth = _critic_by_depth(recs, mo, s, t)
+            if excess and len(mo.one_y):
+                by_depth = by_depth + only_excess(recs, mo, s, t)
     return x, t, rho, by_depth
 
 

@@ -243,6 +243,14 @@ COMMANDS: dict[str, Check] = {
     "subtle --budgets 2,6 --critics exact,noise_1,noise_3,constant --methods uniform,selective --seeds 1": Check(
         "parse", "a benchmark of about 4 minutes on 2 loaded cores (the project's eight, h58j's joint t(d) fit)"
     ),
+    ".venv/bin/python -m benchmarks.noise_variant excess --families decisive,heavy_tail,truncated --budgets 2,6 "
+    "--critics exact,noise_1,noise_3,constant,biased,early_late,wrong_state --methods uniform,selective --seeds 2 "
+    "--jobs 1": Check("parse", "a benchmark of about 12 minutes on 2 loaded cores (h60b's excess t(d) test)"),
+    ".venv/bin/python -m benchmarks.noise_variant excess --families uniform,critical,long,slippery,forage,project,"
+    "timing,subtle --budgets 2,6 --critics exact,noise_1,noise_3,constant --methods uniform,selective --seeds 1 "
+    "--jobs 1": Check(
+        "parse", "a benchmark of 4-7 minutes on 2 loaded cores (the project's eight, h60b's excess test)"
+    ),
     ".venv/bin/python -m benchmarks.reward_units": Check(
         "parse", "960 collections against 320 unscaled ones: 21 minutes with the machine loaded"
     ),
