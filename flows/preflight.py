@@ -144,8 +144,8 @@ def run_setting(field: str, value: str | None = None, environ: Mapping[str, str]
 
 def unreachable(config: FocusConfig) -> str | None:
     """One line if no model service ``config`` names, or its HTTP critic, takes a connection
-    (:func:`focus.backends.reach.first_contact`), or its Dask scheduler does not
-    (:func:`~focus.backends.reach.scheduler_contact`); asked once a run has work to do
+    within its ``http.first_contact_s`` (:func:`focus.backends.reach.first_contact`), or its
+    Dask scheduler does not (:func:`~focus.backends.reach.scheduler_contact`); asked once a run has work to do
     (``focus collect`` after its finished check, a train loop when a step first needs the
     model). A wrong URL failed after ``model.http.outage_wait_s`` (300 s), as an outage,
     and a wrong scheduler port after Dask's connect timeout (30 s). The line names the
@@ -161,12 +161,13 @@ def unreachable(config: FocusConfig) -> str | None:
             field = "model.urls" if names is not None else run_setting("model.urls")
         else:
             field = names.model_url if names is not None else run_setting("model.url", str(m.url))
-        if line := first_contact([str(u) for u in urls], field=field):
+        if line := first_contact([str(u) for u in urls], grace_s=m.http.first_contact_s, field=field):
             return line
     critic = config.critic
     if critic.kind == "http" and critic.url:  # waited out as an outage, after the evidence, before
         field = "critic.url" if names is not None else run_setting("critic.url", str(critic.url))
-        if line := first_contact([str(critic.url)], field=field, service="critic"):
+        grace_s = critic.http.first_contact_s
+        if line := first_contact([str(critic.url)], grace_s=grace_s, field=field, service="critic"):
             return line
     if not (ex.kind == "dask" and ex.address):
         return None

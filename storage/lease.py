@@ -298,7 +298,10 @@ class Lease:
             rec = self._record()
             data = rec.to_json()
             started = self.monotonic()
-            if not self._slot.swap(data, self._version):
+            # the version this swap wrote: reading it back cost two requests more on S3
+            # each renewal, and took a version another run wrote meanwhile for this one's
+            version = self._slot.swap(data, self._version)
+            if version is None:
                 cur = self._slot.read()
                 other = LeaseRecord.from_json(cur[0]) if cur is not None else None
                 who = f"now held by {other.owner}" if other is not None else "the lease object is gone"
@@ -306,11 +309,7 @@ class Lease:
                     f"collection {self.collection_id!r} in {self.root}: this run's write lease was lost ({who})"
                 )
                 raise LeaseLost(self._lost)
-            cur = self._slot.read()
-            if cur is None:
-                self._lost = f"collection {self.collection_id!r}: the lease object vanished right after renewal"
-                raise LeaseLost(self._lost)
-            self._version, self._expires_at, self._fence_at = cur[1], rec.expires_at, started + self.ttl_s
+            self._version, self._expires_at, self._fence_at = version, rec.expires_at, started + self.ttl_s
         self._renewed.set()
 
     def wait_renewed(self, timeout_s: float) -> bool:
@@ -345,9 +344,10 @@ class Lease:
         with self._lock:
             if self._version is None or self._lost is not None:
                 return  # not held, or lost: check() says so
-            cur = _slot(self.loc, self.url, self.patient).read()  # a batch waits out a throttle, as its files do
-            if cur is not None and cur[1] == self._version:
+            slot = _slot(self.loc, self.url, self.patient)  # a batch waits out a throttle, as its files do
+            if slot.version() == self._version:  # on S3 a HEAD: the body only names another owner
                 return
+            cur = slot.read()
             other = LeaseRecord.from_json(cur[0]) if cur is not None else None
             if other is not None:
                 who = f"now held by {other.owner}"

@@ -91,9 +91,11 @@ def owner_gone(rec: LeaseRecord) -> bool:
 
 
 class Slot:
-    """The lease object at ``url`` and the four atomic operations a lease needs: ``read``
-    gives the content and a version; ``swap`` and ``delete`` act only if the object is
-    still at that version (compare-and-swap)."""
+    """The lease object at ``url`` and the atomic operations a lease needs: ``read`` gives
+    the content and a version (``version`` the version alone); ``swap`` and ``delete`` act
+    only if the object is still at that version (compare-and-swap). ``swap`` gives the
+    version it wrote: a renewal read the object back for it, two requests more on S3
+    every ``ttl_s / 3``."""
 
     def __init__(self, loc: Location, url: str, retry: Retry) -> None:
         self.loc, self.url, self.retry = loc, url, retry
@@ -109,18 +111,23 @@ class Slot:
             return None
         return data, sha256(data)
 
-    def swap(self, data: bytes, version: str) -> bool:
+    def version(self) -> str | None:
+        """The object's version (``None`` if there is none), as :meth:`read` gives it."""
+        cur = self.read()
+        return None if cur is None else cur[1]
+
+    def swap(self, data: bytes, version: str) -> str | None:
+        """Write ``data`` if the object is still at ``version``: the version written, or
+        ``None`` if it is not (another writer's, or gone)."""
         with self._mutex():
-            cur = self.read()
-            if cur is None or cur[1] != version:
-                return False
+            if self.version() != version:
+                return None
             self.loc.put_bytes(self.url, data, self.retry, atomic=True)
-            return True
+            return sha256(data)
 
     def delete(self, version: str) -> bool:
         with self._mutex():
-            cur = self.read()
-            if cur is None or cur[1] != version:
+            if self.version() != version:
                 return False
             self.loc.remove(self.url, self.retry)
             return True
@@ -147,41 +154,53 @@ PROCESS_MUTEX = threading.RLock()
 
 
 class S3Slot(Slot):
-    """S3 conditional writes: ``If-None-Match: *`` to create, ``If-Match: <etag>`` to swap."""
+    """S3 conditional writes: ``If-None-Match: *`` to create, ``If-Match: <etag>`` to swap.
+    The version is the ETag: a ``HEAD`` alone where only the version is asked (a batch's
+    :meth:`Lease.confirm`, a release), the ``PUT``'s own answer after a swap."""
 
     def read(self) -> tuple[bytes, str] | None:
         def get() -> tuple[bytes, str] | None:
             fs = self.loc.fs
             try:
                 # the ETag first: if the object changes before the read, the swap with
-                # this (older) ETag fails, so a decision is never based on a newer body
+                # this (older) ETag fails, so a decision is never based on a newer body.
+                # One GET for the body (s3fs sized it with a HEAD of its own first)
                 etag = str(fs.info(self.path, refresh=True)["ETag"])
-                return fs.cat_file(self.path), etag
+                return fs.cat_file(self.path, **self.loc.one_get()), etag
             except FileNotFoundError:
                 return None
 
         return retrying(get, f"read {self.url}", self.retry)
 
-    def swap(self, data: bytes, version: str) -> bool:
-        def put() -> bool:
+    def version(self) -> str | None:
+        def head() -> str | None:
             try:
-                self.loc.fs.pipe_file(self.path, data, IfMatch=version)
+                return str(self.loc.fs.info(self.path, refresh=True)["ETag"])
             except FileNotFoundError:
-                return False
+                return None
+
+        return retrying(head, f"stat {self.url}", self.retry)
+
+    def swap(self, data: bytes, version: str) -> str | None:
+        def put() -> str | None:
+            try:
+                out = self.loc.fs.pipe_file(self.path, data, IfMatch=version)
+            except FileNotFoundError:
+                return None
             except OSError as e:
                 text = str(e).lower()
                 if e.errno == errno.EINVAL and ("pre-condition" in text or "precondition" in text):
-                    return False  # If-Match failed: the object changed since it was read
+                    return None  # If-Match failed: the object changed since it was read
                 raise
-            return True
+            # the ETag S3 gave the object this PUT wrote (asked again only if it said none)
+            return str(out["ETag"]) if isinstance(out, dict) and out.get("ETag") else self.version()
 
         return retrying(put, f"renew {self.url}", self.retry)
 
     def delete(self, version: str) -> bool:
         # S3 general-purpose buckets have no conditional delete in every deployment; a
         # holder deletes only its own unexpired lease, which nobody else may take.
-        cur = self.read()
-        if cur is None or cur[1] != version:
+        if self.version() != version:
             return False
         self.loc.remove(self.url, self.retry)
         return True

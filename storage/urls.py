@@ -218,9 +218,9 @@ class Location:
 
     def cat(self, url: str, retry: Retry, size: int | None = None) -> bytes:
         path = self.path(url)  # size, where known, lets a large S3 object come in parallel ranges
-        return retrying(lambda: self.fs.cat_file(path, **self._one_get(size)), f"read {url}", retry)
+        return retrying(lambda: self.fs.cat_file(path, **self.one_get(size)), f"read {url}", retry)
 
-    def _one_get(self, size: int | None = None) -> dict[str, Any]:
+    def one_get(self, size: int | None = None) -> dict[str, Any]:
         """s3fs (2025.x) sizes a file before reading it (a HEAD; for a missing one a LIST too): one GET will do."""
         one = self.is_s3 and (size or 0) <= self.fs.default_block_size
         one = one and "max_concurrency" in inspect.signature(self.fs._cat_file).parameters
@@ -233,7 +233,7 @@ class Location:
             return []
 
         def fetch() -> list[bytes]:
-            got = self.fs.cat(paths, on_error="return", **self._one_get())
+            got = self.fs.cat(paths, on_error="return", **self.one_get())
             out: list[bytes] = []
             for u, p in zip(urls, paths, strict=True):
                 v = got.get(p) if isinstance(got, dict) else got

@@ -101,8 +101,10 @@ def gated_run_config(tmp_path: Path) -> tuple[dict[str, Any], Path, Path]:
     return tomllib.loads(path.read_text(encoding="utf-8")), store, gate
 
 
-@pytest.mark.timeout(300)  # two focus deploy starts, two runs, a Retry: 25-130 s measured under load
-def test_a_run_leaves_the_console_quiet_and_ctrl_c_ends_in_one_line(prefect_server, prefect_env, tmp_path):
+@pytest.mark.timeout(400)  # three focus deploy starts, two runs, a Retry: 25-130 s measured under load for two starts
+def test_a_run_leaves_the_console_quiet_and_ctrl_c_sigterm_and_sighup_end_in_one_line(
+    prefect_server, prefect_env, tmp_path
+):
     """Two runs served at once (``--limit 2``): one completes, the Ctrl-C comes at once -
     its process may still be sending its last events - while the other is held mid-collection.
     The flow-run processes were in the terminal's process group: the Ctrl-C reached them,
@@ -110,7 +112,18 @@ def test_a_run_leaves_the_console_quiet_and_ctrl_c_ends_in_one_line(prefect_serv
     second ended ``Crashed`` with two ERROR lines on the console. Now only ``focus deploy``
     gets it and cancels the run in progress: one line, the run ``Cancelled``, its lease
     released, and a Retry (served by the next ``focus deploy``) resumes it after its
-    finished steps (deployments/stopping.py)."""
+    finished steps (deployments/stopping.py).
+
+    That next ``focus deploy`` is then the first of two: a second ``focus deploy`` of the
+    same deployments warns that another process serves them. Then the stops of a service
+    manager (systemd, docker stop: SIGTERM) and of a closed terminal or dropped ssh session
+    (SIGHUP): the first ended without a word, exit 0; the second killed it where it stood:
+    no line, exit -1, the deployments left unpaused. Each is one line now, the deployments
+    paused. The second process gets its SIGTERM as soon as it serves (the runner may still
+    be starting: Prefect's handler then exited 0, silently); the first its SIGHUP. (The
+    Retry's ``focus deploy`` is the pair's first: the pair was a test of its own, two
+    starts of 6-25 s; a Ctrl-C of a ``focus deploy`` with no run in progress is the
+    server-restart test's end.)"""
     from deployments.stopping import CANCELLED
 
     api = prefect_server
@@ -168,20 +181,62 @@ def test_a_run_leaves_the_console_quiet_and_ctrl_c_ends_in_one_line(prefect_serv
     # the next focus deploy serves the Retry, which resumes after the finished steps
     gate.touch()
     log = tmp_path / "again.log"
-    proc = deploy(env, "-c", str(cfg), "--crash-after", "0", log=log)
+    hup = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal's shell starts it (pytest may run under nohup)
+    try:
+        proc = deploy(env, "-c", str(cfg), "--crash-after", "0", log=log)
+    finally:
+        signal.signal(signal.SIGHUP, hup)
+    second = None
     try:
         deployment(api, "manual", proc, log, time.time() - 1)
         retry(api, held["id"])
         done = wait_state(api, held["id"], {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}, proc=proc)
-        interrupt(proc)
+        second, second_lines, first_lines = second_deploy_and_stops(api, env, cfg, proc, log, tmp_path)
     finally:
-        kill_tree(proc)
+        for p in (proc, second):
+            if p is not None:
+                kill_tree(p)
     assert done["state_type"] == "COMPLETED" and done["run_count"] == 2, done["state"]
     reused = sum(1 for s in table(artifacts(api, held["id"])["steps"]) if s["reused"])
     assert reused >= len(before) > 0, (reused, before)
     stats = {r["statistic"]: r["value"] for r in table(artifacts(api, held["id"])["stats"])}
     assert stats["collection_id"] == cid and stats["transitions"] >= 30
-    assert len(lines_of(log)) == 2 and lines_of(log)[1].startswith("stopped (SIGINT): collect/"), lines_of(log)
+    assert len(lines_of(log)) == 2 and lines_of(log)[1].startswith("stopped (SIGHUP): collect/"), lines_of(log)
+    warnings = [ln for ln in second_lines if ln.startswith("warning: ")]
+    assert [w.split(" is served")[0] for w in warnings] == [
+        "warning: deployment collect/scheduled",
+        "warning: deployment collect/manual",
+    ], second_lines
+    assert "stopping either pauses the deployment for both" in warnings[0]
+    assert len(second_lines) == 4, second_lines  # serving, the two warnings, stopped
+    assert len(first_lines) == 2 and not any(ln.startswith("warning: ") for ln in first_lines), first_lines
+    for name in ("scheduled", "manual"):
+        assert httpx.get(f"{api}/deployments/name/collect/{name}", timeout=30).json()["paused"] is True
+
+
+def second_deploy_and_stops(
+    api: str, env: dict[str, str], cfg: Path, first: subprocess.Popen[bytes], first_log: Path, tmp_path: Path
+) -> tuple[subprocess.Popen[bytes], list[str], list[str]]:
+    """A second ``focus deploy`` beside ``first``, which serves; SIGTERM to the second as
+    soon as it serves, then SIGHUP to the first: (the second, its lines, the first's)."""
+    # serving, and it asked for runs (every second here): waited for, not slept for 2 s,
+    # as the deployments' "updated" of the test before's stop, within the last second,
+    # could pass for the first one's registration (the second then started before the
+    # first asked, and said nothing: the test failed whenever it followed the SIGHUP one)
+    wait_for_line(first_log, "serving collect/scheduled", first)
+    polled_after(api, time.time(), first)
+    since = time.time()
+    second_log = tmp_path / "second.log"
+    second = deploy(env, "-c", str(cfg), "--crash-after", "0", log=second_log)
+    try:
+        deployment(api, "manual", second, second_log, since)
+        wait_for_line(second_log, "serving collect/scheduled", second)
+        second_lines = stopped_by(second, signal.SIGTERM, second_log)
+        first_lines = stopped_by(first, signal.SIGHUP, first_log)
+    except BaseException:
+        kill_tree(second)
+        raise
+    return second, second_lines, first_lines
 
 
 def stopped_by(proc: subprocess.Popen[bytes], sig: signal.Signals, log: Path) -> list[str]:
@@ -210,58 +265,6 @@ def polled_after(api: str, t: float, proc: subprocess.Popen[bytes], timeout: flo
             return
         assert proc.poll() is None and time.monotonic() < deadline, ds
         time.sleep(0.2)
-
-
-def test_a_second_focus_deploy_says_another_serves_them_and_sigterm_and_sighup_end_in_one_line(
-    prefect_server, prefect_env, tmp_path
-):
-    """A second ``focus deploy`` of the same deployments warns that another process serves
-    them. Then the stops of a service manager (systemd, docker stop: SIGTERM) and of a
-    closed terminal or dropped ssh session (SIGHUP): the first ended without a word, exit
-    0; the second killed it where it stood: no line, exit -1, the deployments left
-    unpaused. Each is one line now, the deployments paused. The second process gets its
-    SIGTERM as soon as it serves (the runner may still be starting: Prefect's handler then
-    exited 0, silently); the first its SIGHUP. (One pair of ``focus deploy`` starts for
-    the three: they were four, 16-25 s each at load 12.)"""
-    cfg = tmp_path / "collect.toml"
-    cfg.write_text(CONFIG, encoding="utf-8")
-    env = operator_env(prefect_env, tmp_path)
-    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
-    since = time.time() - 1
-    hup = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal's shell starts it (pytest may run under nohup)
-    try:
-        first = deploy(env, "-c", str(cfg), "--crash-after", "0", log=first_log)
-    finally:
-        signal.signal(signal.SIGHUP, hup)
-    second = None
-    try:
-        deployment(prefect_server, "manual", first, first_log, since)
-        # serving, and it asked for runs (every second here): waited for, not slept for 2 s,
-        # as the deployments' "updated" of the test before's stop, within the last second,
-        # could pass for the first one's registration (the second then started before the
-        # first asked, and said nothing: the test failed whenever it followed the SIGHUP one)
-        wait_for_line(first_log, "serving collect/scheduled", first)
-        polled_after(prefect_server, time.time(), first)
-        since = time.time()
-        second = deploy(env, "-c", str(cfg), "--crash-after", "0", log=second_log)
-        deployment(prefect_server, "manual", second, second_log, since)
-        wait_for_line(second_log, "serving collect/scheduled", second)
-        second_lines = stopped_by(second, signal.SIGTERM, second_log)
-        first_lines = stopped_by(first, signal.SIGHUP, first_log)
-    finally:
-        for proc in (first, second):
-            if proc is not None:
-                kill_tree(proc)
-    warnings = [ln for ln in second_lines if ln.startswith("warning: ")]
-    assert [w.split(" is served")[0] for w in warnings] == [
-        "warning: deployment collect/scheduled",
-        "warning: deployment collect/manual",
-    ], second_lines
-    assert "stopping either pauses the deployment for both" in warnings[0]
-    assert len(second_lines) == 4, second_lines  # serving, the two warnings, stopped
-    assert len(first_lines) == 2 and not any(ln.startswith("warning: ") for ln in first_lines), first_lines
-    for name in ("scheduled", "manual"):
-        assert httpx.get(f"{prefect_server}/deployments/name/collect/{name}", timeout=30).json()["paused"] is True
 
 
 def start_server(home: Path, port: int, log: Path) -> subprocess.Popen[bytes]:

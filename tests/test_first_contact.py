@@ -93,36 +93,64 @@ def test_a_flow_run_names_the_setting_where_its_value_came_from(monkeypatch):
         COMMAND_NAMES.reset(token)
 
 
-def test_a_critic_url_nothing_answers_is_one_line_naming_the_critic(monkeypatch):
+def test_a_critic_url_nothing_answers_is_one_line_naming_the_critic():
     """``critic.kind = "http"`` with ``critic.url`` at a closed port waited
     ``critic.http.outage_wait_s`` (300 s) after the evidence ran, as an outage, where the
-    same mistake in ``model.url`` is one line in seconds. The contact tries for 0.6 s here."""
-    import functools
-
+    same mistake in ``model.url`` is one line in seconds. The contact tries for
+    ``critic.http.first_contact_s`` = 0.6 s here (the line says so)."""
     from flows.preflight import unreachable
-    from focus.backends import reach
     from tasks.config import FocusConfig
 
-    monkeypatch.setattr(reach, "first_contact", functools.partial(reach.first_contact, grace_s=0.6))
     url = f"http://127.0.0.1:{free_port()}/score"
-    cfg = FocusConfig.model_validate({"critic": {"kind": "http", "url": url}})
+    cfg = FocusConfig.model_validate({"critic": {"kind": "http", "url": url, "http": {"first_contact_s": 0.6}}})
     line = unreachable(cfg) or ""
     assert line.startswith(f"cannot reach the critic service at {url}: no connection in 0.6 s"), line
     assert "check the critic.url field of the run's config parameter," in line, line
     assert "(critic.http.outage_wait_s)" in line and "model" not in line, line
+    assert "wait longer: critic.http.first_contact_s" in line, line
+
+
+def test_the_first_contact_waits_as_long_as_the_model_client_is_told(monkeypatch):
+    """``model.http.first_contact_s`` (5 s by default, as the constant it replaced) is how
+    long the contact tries: a server that opens its port only once its weights are loaded
+    (SGLang) is waited for longer, a script's closed port fails sooner. What each contact
+    was given is recorded here (nothing waits); the line names the wait and the setting."""
+    from flows.preflight import unreachable
+    from focus.backends import reach
+    from tasks.config import FocusConfig
+
+    asked: list[float] = []
+
+    def refused(targets, connects, grace_s):
+        asked.append(grace_s)
+        return targets[0], ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(reach, "_first", refused)
+    url = f"http://127.0.0.1:{free_port()}"
+    served = {"kind": "openai", "url": url}
+    assert reach.FIRST_CONTACT_S == 5.0 and "no connection in 5 s" in (unreachable(FocusConfig(model=served)) or "")
+    line = unreachable(FocusConfig.model_validate({"model": {**served, "http": {"first_contact_s": 600}}})) or ""
+    assert line.startswith(f"cannot reach the model service at {url}: no connection in 600 s"), line
+    assert "wait longer: model.http.first_contact_s" in line, line
+    critic = {"kind": "http", "url": url, "http": {"first_contact_s": 0.25}}
+    assert "no connection in 0.25 s" in (unreachable(FocusConfig.model_validate({"critic": critic})) or "")
+    assert asked == [5.0, 600.0, 0.25]
 
 
 @pytest.mark.integration
 def test_focus_collect_at_a_closed_port_fails_in_seconds(tmp_path):
-    """Before, this waited model.http.outage_wait_s (300 s): the subprocess's timeout fails it."""
+    """Before, this waited model.http.outage_wait_s (300 s): the subprocess's timeout fails it.
+    The contact tries for ``model.http.first_contact_s`` = 0.5 s, set as a user sets it (the
+    default's 5 s is the test above's)."""
     url = f"http://127.0.0.1:{free_port()}"
     done = subprocess.run(
-        [FOCUS, "collect", "--model-url", url, "--store", str(tmp_path / "runs"), "--log-file", str(tmp_path / "c.log")],
+        [FOCUS, "collect", "--model-url", url, "--store", str(tmp_path / "runs"), "--log-file", str(tmp_path / "c.log"),
+         "--set", "model.http.first_contact_s=0.5"],
         cwd=tmp_path, env=base_env(tmp_path / "prefect"), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, lines
-    assert lines[0].startswith(f"error: cannot reach the model service at {url}: no connection in 5 s"), lines
+    assert lines[0].startswith(f"error: cannot reach the model service at {url}: no connection in 0.5 s"), lines
     assert "check model.url (--model-url)," in lines[0], lines  # the command names its flag
     assert not (tmp_path / "runs" / "checkpoints").exists() or not any((tmp_path / "runs" / "checkpoints").iterdir())
 
@@ -149,7 +177,7 @@ def test_focus_train_at_a_closed_port_fails_once_a_step_needs_the_model(tmp_path
     """The loop asks the URL when its first step needs the model (a finished loop never
     does): it waited model.http.outage_wait_s (300 s) in its first collection."""
     url = f"http://127.0.0.1:{free_port()}"
-    sets = {"model.url": url, "model.kind": "openai", "model.model": "Qwen/Qwen3-4B"}
+    sets = {"model.url": url, "model.kind": "openai", "model.model": "Qwen/Qwen3-4B", "model.http.first_contact_s": 0.5}
     done = subprocess.run(
         [FOCUS, "train", "--trainer", "tinker", "--iterations", "1", "--tasks", "2", "--transitions", "6",
          "--store", str(tmp_path / "runs"), "--log-file", str(tmp_path / "t.log"),
@@ -158,7 +186,7 @@ def test_focus_train_at_a_closed_port_fails_once_a_step_needs_the_model(tmp_path
     )  # fmt: skip
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert done.returncode == 2, lines
-    assert lines[-1].startswith(f"error: cannot reach the model service at {url}: no connection in 5 s"), lines
+    assert lines[-1].startswith(f"error: cannot reach the model service at {url}: no connection in 0.5 s"), lines
 
 
 @pytest.mark.needs("distributed")

@@ -135,17 +135,18 @@ def test_a_model_url_nothing_answers_fails_the_run_in_seconds(prefect_api, tmp_p
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"  # nothing listens there
     cfg = {**small(tmp_path, "page-unreachable"), "model": {"kind": "openai", "url": url}}
-    cfg["model"]["http"] = {"outage_wait_s": 60}  # before: failed as an outage after this long
+    # before: failed as an outage after outage_wait_s; the contact tries for first_contact_s (5 s by default)
+    cfg["model"]["http"] = {"outage_wait_s": 60, "first_contact_s": 0.5}
     t0 = time.monotonic()
     state = asyncio.run(flushed(collect(cfg, return_state=True)))
     took = time.monotonic() - t0
     assert state.is_failed()
     line = state.message or ""
     assert line.startswith(f"cannot reach the model service at http://127.0.0.1:{port}"), line
-    assert "no connection in 5 s" in line, line
+    assert "no connection in 0.5 s" in line, line
     # named as the run's user set it: the run's parameter, not the focus command's flag
     assert "check the model.url field of the run's config parameter," in line and "--model-url" not in line, line
-    # the message names the path that ended the run (no connection in 5 s), not wall time (a
+    # the message names the path that ended the run (no connection in 0.5 s), not wall time (a
     # loaded machine is slow); before, an outage after outage_wait_s (60 s), said as one
     assert "waited for it up to outage_wait_s" not in line, (took, line)
     logs = run_logs(prefect_api, str(state.state_details.flow_run_id))

@@ -110,3 +110,37 @@ def test_a_checkpoint_costs_one_request_per_object_on_s3(s3_bucket, monkeypatch)
     calls.clear()
     assert store.load("c", "wave", 3) == {"rollouts": list(range(100))}
     assert calls == ["get_object", "get_object"]
+
+
+def test_a_lease_asks_s3_only_what_it_needs(s3_bucket, monkeypatch):
+    """Requests per lease operation on S3. A read of the lease object was a HEAD for its
+    ETag, a HEAD of s3fs's to size the body and a GET; a renewal (every ``ttl_s / 3``) read
+    the object back after its PUT for the new ETag, which the PUT's answer holds; a
+    batch's confirm and a release read the whole object to compare its ETag. Taking the
+    lease still reads it back (the create was this run's only if the object holds its
+    token: a store whose writes are not atomic), and each version taken is the one S3
+    compares: a second renewal's ``If-Match`` succeeds, and confirm finds the lease its own."""
+    from storage.lease import Lease
+
+    lease = Lease(s3_bucket + "/runs", "c1")
+    calls: list[str] = []
+    real = lease.loc.fs._call_s3
+
+    async def counted(method: str, *args: object, **kwargs: object) -> object:
+        calls.append(method)
+        return await real(method, *args, **kwargs)
+
+    monkeypatch.setattr(lease.loc.fs, "_call_s3", counted)
+
+    def asked(step) -> list[str]:  # type: ignore[no-untyped-def]
+        calls.clear()
+        step()
+        return list(calls)
+
+    assert asked(lease.acquire) == ["put_object", "head_object", "get_object"]  # was 2 HEADs
+    assert asked(lease.renew) == ["put_object"]  # was PUT, 2 HEADs, GET
+    assert lease._version == lease.loc.fs.info(lease._slot.path, refresh=True)["ETag"]
+    assert asked(lease.renew) == ["put_object"] and lease.held  # the If-Match of the version the PUT gave
+    assert asked(lease.confirm) == ["head_object"]  # was 2 HEADs, GET
+    assert asked(lease.release) == ["head_object", "delete_objects"]  # was 2 HEADs, GET, DELETE
+    assert not lease.loc.fs.exists(lease._slot.path)

@@ -5,8 +5,8 @@ A client waits out a service that stops answering (:mod:`focus.backends.outage`)
 this run is another matter: a typo, the wrong port or host, a server never started. It
 got the same wait: ``focus collect --model-url http://127.0.0.1:<closed port>`` stopped
 after 300 s. So the ``focus`` command asks each URL first (:func:`first_contact`): a
-connection that cannot be made within a few seconds (refused, the host unknown, no
-route) is one line naming the URL, before anything starts. A server that accepts the
+connection that cannot be made within ``model.http.first_contact_s`` (5 s by default;
+refused, the host unknown, no route) is one line naming the URL, before anything starts. A server that accepts the
 connection is there, whatever it answers (any status, a TLS handshake this check's trust
 store refuses, or no answer yet: vLLM takes connections while it loads its weights), and from then on an
 outage is waited for as before. A Dask scheduler address is asked the same way
@@ -20,10 +20,10 @@ import ssl
 import time
 from collections.abc import Callable, Sequence
 
-#: Seconds :func:`first_contact` tries to connect before it gives up on a URL: a server
-#: whose port opens that late is still starting (SGLang listens once its weights are
-#: loaded, minutes for a large model), which the command does not wait for.
-FIRST_CONTACT_S = 5.0
+#: Seconds :func:`first_contact` tries to connect before it gives up on a URL, unless
+#: told otherwise: the default of ``model.http.first_contact_s`` (``critic.http`` too).
+from focus.backends.retry import FIRST_CONTACT_S
+
 #: Seconds between attempts, and the connect timeout of one.
 RETRY_S = 0.5
 CONNECT_S = 3.0
@@ -125,8 +125,9 @@ def first_contact(
     )
     return (
         f"cannot reach {where}: {_why(error, grace_s)}; nothing has answered there in this run: check {field}, "
-        "its host and port, and that the server runs; a server still starting is not waited for (run "
-        f"again once it answers), one that stops answering after it answered is ({service}.http.outage_wait_s)"
+        "its host and port, and that the server runs; a server still starting is waited for only that long (run "
+        f"again once it answers, or wait longer: {service}.http.first_contact_s), one that stops answering after "
+        f"it answered is ({service}.http.outage_wait_s)"
     )
 
 

@@ -50,6 +50,9 @@ from pydantic import BaseModel, ConfigDict, Field
 #: do not line up, non-finite log-probs, a critic answer of the wrong length).
 CAUSES = ("server error", "timeout", "connection", "malformed response")
 
+#: Default of :attr:`RetryPolicy.first_contact_s`.
+FIRST_CONTACT_S = 5.0
+
 RETRY_STATUSES = frozenset({408, 409, 425, 429})
 #: 5xx statuses that say the server cannot do this at all (501 Not Implemented: a web
 #: server that is no model service answers it to every POST; 505 HTTP Version Not
@@ -97,6 +100,13 @@ class RetryPolicy(BaseModel):
     #: from disk, graphs captured); 0: fail within the ordinary retries. A call's
     #: ``deadline_s`` still ends it.
     outage_wait_s: float = Field(300.0, ge=0)
+    #: Seconds the ``focus`` command (and a flow run, once it has work to do) tries to
+    #: connect to the service before anything starts (:mod:`focus.backends.reach`): a URL
+    #: that takes no connection in that time (a wrong port or host, a server not
+    #: started) is one line, not an outage waited out. A server that opens its port only
+    #: once it has loaded its weights (SGLang, minutes for a large model) is there after
+    #: a longer one; a script that starts the server itself may want a shorter one.
+    first_contact_s: float = Field(FIRST_CONTACT_S, gt=0)
     #: Seconds without any answer from the service, while requests wait, after which
     #: one warning line says so (with the URL and how many wait), looked at every
     #: quarter of it: a server that accepts connections and never answers was silent

@@ -64,6 +64,9 @@ MEANING: dict[str, str] = {
     "model.http.deadline_s": "seconds one call may take, attempts and waits included",
     "model.http.outage_wait_s": "seconds a service that answers nobody (refused, reset, 502/503/504: a restart; "
     "429 to every request: a rate limit) is waited for before the calls fail (0: fail within the ordinary retries)",
+    "model.http.first_contact_s": "seconds the command (a flow run, once it has work to do) tries to connect to the "
+    "service before anything starts; none in that time (a wrong port or host, a server not started) stops it with one "
+    "line. Raise it for a server that opens its port only once its weights are loaded (SGLang)",
     "model.http.silence_warn_s": "seconds with no answer while requests wait before one warning line names the "
     "URL and the requests waiting (looked at every quarter of it; null: never)",
     "model.http.hedge_after_s": "a fixed hedge delay in seconds, instead of the adaptive one",
