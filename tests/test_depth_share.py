@@ -15,11 +15,10 @@ from focus.collector import Collector
 from focus.env import Task
 from focus.estimation import DirectBranchTd
 from focus.execution import Execution
-from focus.priority import EXPLORE, Phase, Selective, Uniform
-from focus.search import SearchState, copy_state, plan_ahead, plan_wave, planning
+from focus.priority import Phase, Selective, Uniform
+from focus.search import SearchState, plan_wave
 from focus.search.depth_share import DepthShare, phase_starts, uniform_shares
 from focus.search.heads import plan_index
-from focus.search.planning import _Greedy
 from focus.synthetic import FAMILIES, SyntheticCritic, SyntheticEnv, SyntheticPolicy, synthetic_format
 from focus.testing import run
 
@@ -175,61 +174,3 @@ def test_the_depth_counts_kept_wave_by_wave_are_those_of_every_tree() -> None:
     assert waves >= 2
     assert plan_index(state).depth_counts(state) == counted_over_every_tree(state)
     assert phase_starts(state, 1, {}) == {d: n for (p, d), n in counted_over_every_tree(state)[1].items() if p == 1}
-
-
-class _PopByPop(_Greedy):
-    """The greedy choice as it was before :meth:`focus.search.merged.Merged._next_allowed`:
-    one :meth:`_next` and one question to the bound per checkpoint held back."""
-
-    held = 0
-
-    def _next_allowed(self, heap, at, share, held):  # type: ignore[no-untyped-def]
-        while True:
-            popped = self._next(heap, at)
-            if popped is None:
-                return None
-            top, at = popped
-            depth = self.state.trees[top[2]].nodes[top[3]].depth
-            if top[0] == -EXPLORE or share.allows(depth):
-                return top, at, depth
-            held.append(top)
-            _PopByPop.held += 1
-
-
-@pytest.mark.parametrize(("family", "factor"), [("long", 2.0), ("forage", 3.0), ("timing", 1.0), ("long", 1e-9)])
-def test_the_held_checkpoints_loop_plans_what_popping_each_did(
-    monkeypatch: pytest.MonkeyPatch, family: str, factor: float
-) -> None:
-    # the bound's loop over held-back checkpoints (Merged._next_allowed) inlines the
-    # merge's steps: every wave of a collection is the plan the step-by-step loop makes
-    search, state = evidence(family, factor, budget=6.0)
-    fam = FAMILIES[family]
-    mdps = [fam.make(i) for i in range(6)]
-    agent = Agent(SyntheticPolicy(mdps), SyntheticEnv(mdps), synthetic_format(), max_steps=fam.horizon + 2)
-    col = Collector(
-        agent,
-        search,
-        SyntheticCritic(mdps, 0.0, gamma=fam.gamma),
-        DirectBranchTd(gamma=fam.gamma),
-        Execution(max_concurrency=4),
-        collection_id="d",
-        seed=0,
-    )
-    _PopByPop.held, waves = 0, 0
-    for wave in range(50):
-        with monkeypatch.context() as m:
-            m.setattr(planning, "_Greedy", _PopByPop)
-            old = plan_wave(copy_state(state), search, 1, wave)
-        plan = col.plan_wave(state, 1, wave)
-        assert plan.jobs == old.jobs and plan.expected == old.expected
-        # two waves planned ahead: the second's checkpoints pending from the first
-        ahead = search.model_copy(update={"waves_in_flight": 2})
-        with monkeypatch.context() as m:
-            m.setattr(planning, "_Greedy", _PopByPop)
-            old_ahead = plan_ahead(copy_state(state), ahead, 1).planned
-        assert plan_ahead(copy_state(state), ahead, 1).planned == old_ahead
-        if plan.empty:
-            break
-        state = run(col.run_wave(state, plan))
-        waves += 1
-    assert waves >= 2 and _PopByPop.held > 0

@@ -55,15 +55,16 @@ def test_a_plan_reads_the_trees_changed_since_the_last_plan_and_those_it_takes_j
     monkeypatch.setattr(SearchState, "facts", counting)
     # the trees whose checkpoints the greedy choice considered: those it took jobs from
     # and, under the depth-share bound (Selective.depth_share), those it held back
-    # (every tree whose ranking the merge reads: focus.search.merged.Merged._fetch)
     considered: set[int] = set()
-    fetch = _Greedy._fetch
+    pop = _Greedy._next
 
-    def fetching(self: _Greedy, ti: int) -> Any:
-        considered.add(ti)
-        return fetch(self, ti)
+    def popping(self: _Greedy, heap: list[Any], at: int) -> Any:
+        popped = pop(self, heap, at)
+        if popped is not None:
+            considered.add(popped[0][2])
+        return popped
 
-    monkeypatch.setattr(_Greedy, "_fetch", fetching)
+    monkeypatch.setattr(_Greedy, "_next", popping)
     calib, touched, narrow = None, set(range(len(tasks))), 0
     while True:
         work = ranking_work(state, search)  # what the placement's estimate reads (choice_s)

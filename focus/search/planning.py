@@ -19,12 +19,11 @@ from dataclasses import dataclass
 
 from focus.calibration import Calibration
 from focus.node_view import subtree_length
-from focus.priority import NodeEvidence, Phase, Priority, exploration_rate, explores
+from focus.priority import EXPLORE, NodeEvidence, Phase, Priority, exploration_rate, explores
 from focus.ranking import Entry, TreeRanking, entry, tie
 from focus.search.depth_share import DepthShare
 from focus.search.heads import PlanIndex, plan_index, spent
 from focus.search.jobs import RolloutJob, WavePlan, rollout_seed
-from focus.search.merged import Merged
 from focus.search.state import SearchState, _successor
 from focus.sums import left_sum
 
@@ -261,7 +260,7 @@ def _limits(phase: Phase, mean_leaf_transitions: float, slots: int | None) -> tu
     return (sys.maxsize if slots is None else slots), phase.wave_size * mean_leaf_transitions / 2
 
 
-class _Greedy(Merged):
+class _Greedy:
     """Greedily take the highest-priority eligible checkpoint, count the planned
     continuation into its evidence (``pending``) and re-rank it, until the wave is full
     (:func:`wave_limits`, at most ``slots`` jobs when given) or the planned jobs'
@@ -418,6 +417,40 @@ class _Greedy(Merged):
         heapq.heapify(heap)
         self._heap = heap
 
+    def _push_next(self, heap: list[tuple[float, float, int, int, int]], ti: int, pos: int) -> None:
+        # the next entry of tree ti's ranking at or after pos whose node has nothing in flight
+        r = self._ranked.get(ti)
+        if r is None:  # (_TreeFacts.ranked, keeping the ranking)
+            f = self.state.facts(ti)
+            rk = self._rankings[ti] = f.ranking(self.search, self._calib, self.state.seed)
+            r = self._ranked[ti] = rk.ranked(f.tree, self.phase_index)
+        busy = self._busy
+        while pos < len(r) and busy and (ti, r[pos][3]) in busy:
+            pos += 1
+        if pos < len(r):
+            heapq.heappush(heap, (*r[pos], pos))
+
+    def _next(self, heap: list[tuple[float, float, int, int, int]], at: int) -> tuple[Entry, int] | None:
+        """Pop the smallest of the heap and the heads from ``at`` on (those of trees set
+        aside skipped), pushing its tree's next entry: (the entry, where the heads go
+        on), or ``None`` where both are empty. The entry's key is its checkpoint's score
+        with what is pending counted (a ranking's entries are of checkpoints with nothing
+        pending; one taken is pushed again re-ranked)."""
+        heads, aside = self._heads, self._aside
+        n = len(heads)
+        while at < n and heads[at][2] in aside:
+            at += 1
+        if heap and (at == n or heap[0] < heads[at]):
+            key, tied, ti, nid, pos = heapq.heappop(heap)
+            if pos >= 0:
+                self._push_next(heap, ti, pos + 1)
+            return (key, tied, ti, nid), at
+        if at == n:
+            return None
+        head = heads[at]
+        self._push_next(heap, head[2], 1)
+        return head, at + 1
+
     def rest(self) -> Iterator[InFlight]:
         """The choice's jobs after :meth:`lead` (ranking first if :meth:`rank` was not called)."""
         if self.full:
@@ -431,22 +464,21 @@ class _Greedy(Merged):
         held: list[Entry] = []  # checkpoints of depths that were full
         at = 0
         while not self.full:
-            if share is None:
-                popped = self._next(heap, at)
-                if popped is None:
-                    break
-                top, at = popped
-            else:  # (an exploration pick, scored EXPLORE, is never held)
-                allowed = self._next_allowed(heap, at, share, held)
-                if allowed is None:
-                    if not held:
-                        break  # every depth is full or done: the wave takes the rest unbounded
-                    share, heap[:], held = None, [(*h, -1) for h in held], []
-                    heapq.heapify(heap)
-                    continue
-                top, at, depth = allowed
-                share.take(depth)
+            popped = self._next(heap, at)
+            if popped is None:
+                if not held:
+                    break  # every depth is full or done: the wave takes the rest unbounded
+                share, heap[:], held = None, [(*h, -1) for h in held], []
+                heapq.heapify(heap)
+                continue
+            top, at = popped
             ti, nid = top[2], top[3]
+            if share is not None:  # (an exploration pick, scored EXPLORE, is never held)
+                depth = state.trees[ti].nodes[nid].depth
+                if top[0] != -EXPLORE and not share.allows(depth):
+                    held.append(top)
+                    continue
+                share.take(depth)
             key = (ti, nid)
             ev = taken.get(key)
             if ev is None:
