@@ -6,6 +6,7 @@ continuations, plus one."""
 from __future__ import annotations
 
 import collections
+import random
 
 import pytest
 
@@ -99,6 +100,25 @@ def test_the_running_bound() -> None:
     share.take(1)
     assert share.allows(0)  # 3 <= 2·0.25·5 + 1 = 3.5
     assert share.allows(7) and not DepthShare(2.0, {0: 1.0}, {7: 1}).allows(7)  # no share: one only
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_bound_answers_what_its_formula_does_between_takes(seed: int) -> None:
+    # DepthShare keeps its answers until the next take (a late wave asks about a full
+    # depth thousands of times between takes): each must be the formula's at that moment
+    rng = random.Random(seed)
+    shares = {d: rng.random() for d in range(6)}
+    total = sum(shares.values())
+    share = DepthShare(rng.choice((0.5, 1.0, 3.0)), {d: v / total for d, v in shares.items()}, {1: rng.randint(0, 9)})
+    refused = 0
+    for _ in range(400):
+        d = rng.randrange(7)
+        fresh = share.starts.get(d, 0) + 1 <= share.factor * share.shares.get(d, 0.0) * (share.total + 1) + 1
+        assert share.allows(d) == fresh
+        refused += not fresh
+        if fresh and rng.random() < 0.5:
+            share.take(d)
+    assert refused > 0 and share.total > 10
 
 
 def test_the_phase_starts_count_the_pending_continuations() -> None:

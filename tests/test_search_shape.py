@@ -4,12 +4,15 @@ depth-share bound's counts."""
 
 from __future__ import annotations
 
+import collections
 import random
+from types import SimpleNamespace
 
 import pytest
 
 from focus.agent import CONTEXT_LIMIT
-from focus.search.shape import known_shape, shape_fact
+from focus.search.heads import PlanIndex
+from focus.search.shape import DepthChange, Depths, known_shape, shape_fact, tree_depths
 from focus.search.state import copy_tree
 from focus.tree import RolloutRecord, Tree, Turn
 from focus.usage import Usage
@@ -59,10 +62,65 @@ def test_grown_facts_equal_whole_tree_facts(seed: int) -> None:
         # some facts are read after each graft, others only after several
         shape = {k: shape_fact(tree, 3, k, known) for k in KEYS if rng.random() < 0.5}
         for key, fact in shape.items():
-            assert fact == shape_fact(tree, 3, key, None), key
+            whole = shape_fact(tree, 3, key, None)
+            if key == "depths":  # the counts; a grown one also says what its graft changed
+                assert fact[:3] == whole[:3]
+                assert (fact[3] is not None) == ("depths" in known)
+                if fact[3] is not None:
+                    assert isinstance(fact[3], DepthChange) and fact[3].base is known["depths"][0]
+                    assert changed(fact[3].base, fact) == (fact[3].open, fact[3].starts)
+            else:
+                assert fact == whole, key
             grown += key in known
         known = known_shape(shape, tree, known)
     assert grown > 0
+
+
+def changed(base: Depths, now: Depths) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int]]:
+    """``now``'s counts less ``base``'s, keys at 0 left out (what a :class:`DepthChange` holds)."""
+    out: list[dict[tuple[int, int], int]] = []
+    for b, n in ((base[0], now[0]), (base[1], now[1])):
+        diff = {k: n.get(k, 0) - b.get(k, 0) for k in {*b, *n}}
+        out.append({k: v for k, v in diff.items() if v})
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_plan_index_adds_what_each_graft_changed_to_the_counts_over_every_tree(seed: int) -> None:
+    """The plan index adds a graft's :class:`DepthChange` where it counted the counts the
+    graft grew from, and takes the whole counts away and adds the new ones where it did
+    not (it skipped a graft, or the tree's counts were made over the whole tree): either
+    way its sums are those of a pass over every tree (focus.search.heads.PlanIndex.depth_counts)."""
+    rng = random.Random(seed)
+    trees = [Tree.new(f"t{i}", object(), (1, 2)) for i in range(4)]
+    facts = [{"depths": shape_fact(t, i, "depths", None)} for i, t in enumerate(trees)]
+    index = PlanIndex(len(trees))
+    state = SimpleNamespace(facts=lambda ti: SimpleNamespace(depths=facts[ti]["depths"]))
+    deltas = 0
+    for _ in range(40):
+        ti = rng.randrange(len(trees))
+        known = known_shape(facts[ti], trees[ti], None)
+        trees[ti] = _graft(trees[ti], rng)
+        # now and then the facts are made afresh (a tree changed in place, an unpickled state)
+        fresh = rng.random() < 0.1
+        facts[ti] = {"depths": shape_fact(trees[ti], ti, "depths", None if fresh else known)}
+        index.moved((ti,))
+        if rng.random() < 0.6:  # the index reads some grafts, and skips others
+            change = facts[ti]["depths"][3]
+            deltas += change is not None and change.base is index.depths[ti]
+            assert index.depth_counts(state) == over_every_tree(trees)  # type: ignore[arg-type]
+    assert index.depth_counts(state) == over_every_tree(trees)  # type: ignore[arg-type]
+    assert deltas > 0
+
+
+def over_every_tree(trees: list[Tree]) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int]]:
+    open_: collections.Counter[tuple[int, int]] = collections.Counter()
+    starts: collections.Counter[tuple[int, int]] = collections.Counter()
+    for tree in trees:
+        o, s, _, _ = tree_depths(tree)
+        open_.update(o)
+        starts.update(s)
+    return dict(open_), dict(starts)
 
 
 #: vLLM's refusal of a task's opening prompt over the context (the agent's failed leaf's cause).
@@ -90,4 +148,4 @@ def test_a_root_refused_at_its_opening_prompt_is_counted_without_its_branch_stat
         tree.add_node(Tree.ROOT, (_turn(random.Random(1)),), "terminal", steps=1)
     tree.add_node(Tree.ROOT, (), "failed", steps=0, cause=REFUSED)
     assert (refused_task(tree) is not None) == first_refused
-    assert shape_fact(tree, 3, "depths", known) == shape_fact(tree, 3, "depths", None)
+    assert shape_fact(tree, 3, "depths", known)[:3] == shape_fact(tree, 3, "depths", None)[:3]

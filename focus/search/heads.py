@@ -121,13 +121,21 @@ class PlanIndex:
         (``focus.search.depth_share``), brought up to date from the trees that changed
         (integers, so the same counts as a pass over every tree)."""
         if self.undepthed:
+            open_at, started = self.open_at, self.started
             for ti in sorted(self.undepthed):
                 was, now = self.depths[ti], state.facts(ti).depths
-                if was is not None:
-                    _add(self.open_at, was[0], -1)
-                    _add(self.started, was[1], -1)
-                _add(self.open_at, now[0], 1)
-                _add(self.started, now[1], 1)
+                if now is was:  # (only its predictions changed)
+                    continue
+                change = now[3]
+                if change is not None and change.base is was and was is not None:
+                    _add(open_at, change.open, 1)  # what the graft changed, where its base is counted
+                    _add(started, change.starts, 1)
+                else:
+                    if was is not None:
+                        _add(open_at, was[0], -1)
+                        _add(started, was[1], -1)
+                    _add(open_at, now[0], 1)
+                    _add(started, now[1], 1)
                 self.depths[ti] = now
             self.undepthed.clear()
         return self.open_at, self.started

@@ -461,23 +461,22 @@ class _Greedy:
         taken: dict[tuple[int, int], NodeEvidence] = {}
         factor = search.depth_share_bound()
         share = DepthShare.of(state, self.phase_index, phase, factor, pending) if factor > 0 else None
-        held: list[tuple[float, float, int, int, int]] = []  # checkpoints of depths that were full
+        held: list[Entry] = []  # checkpoints of depths that were full
         at = 0
         while not self.full:
             popped = self._next(heap, at)
             if popped is None:
                 if not held:
-                    break
-                share, heap[:] = None, held  # every depth is full or done: the wave takes the rest unbounded
+                    break  # every depth is full or done: the wave takes the rest unbounded
+                share, heap[:], held = None, [(*h, -1) for h in held], []
                 heapq.heapify(heap)
-                held = []
                 continue
             top, at = popped
             ti, nid = top[2], top[3]
             if share is not None:  # (an exploration pick, scored EXPLORE, is never held)
                 depth = state.trees[ti].nodes[nid].depth
                 if top[0] != -EXPLORE and not share.allows(depth):
-                    held.append((*top, -1))
+                    held.append(top)
                     continue
                 share.take(depth)
             key = (ti, nid)

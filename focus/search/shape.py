@@ -50,9 +50,25 @@ def tree_draws(tree: Tree, index: int, nodes: Iterable[int] | None = None) -> li
     return out
 
 
+class DepthChange:
+    """What a graft changed in one tree's :data:`Depths`: the counts it grew from
+    (``base``) and the two counts' differences (keys at 0 left out). The plan index adds
+    the differences where it counted ``base`` (:meth:`focus.search.heads.PlanIndex.depth_counts`)
+    instead of taking the tree's whole counts away and adding the new ones: a few keys
+    a graft instead of every (depth, children) key of the tree four times. ``base`` is
+    dropped once a later graft grows the counts again, so no tree holds a chain of them."""
+
+    __slots__ = ("base", "open", "starts")
+
+    def __init__(self, base: Depths, open_: dict[tuple[int, int], int], starts: dict[tuple[int, int], int]) -> None:
+        self.base: Depths | None = base
+        self.open, self.starts = open_, starts
+
+
 #: What the depth-share bound reads of one tree: checkpoints with a branch state by
-#: (depth, children), rollouts by (phase, depth they started at), and the log's length.
-Depths = tuple[dict[tuple[int, int], int], dict[tuple[int, int], int], int]
+#: (depth, children), rollouts by (phase, depth they started at), the log's length, and
+#: what the graft that grew them changed (``None`` for counts over the whole tree).
+Depths = tuple[dict[tuple[int, int], int], dict[tuple[int, int], int], int, DepthChange | None]
 
 
 def tree_depths(tree: Tree) -> Depths:
@@ -67,7 +83,7 @@ def tree_depths(tree: Tree) -> Depths:
     for rec in tree.log:
         key = (rec.phase, nodes[rec.node].depth)
         starts[key] = starts.get(key, 0) + 1
-    return open_, starts, len(tree.log)
+    return open_, starts, len(tree.log), None
 
 
 def _grown_depths(tree: Tree, was: Depths, first: int, old_nodes: int) -> Depths:
@@ -77,7 +93,8 @@ def _grown_depths(tree: Tree, was: Depths, first: int, old_nodes: int) -> Depths
     new child is a turnless context-limit leaf, or the root's first refused opening
     prompt after children without a turn (``focus.search.grafting``)."""
     nodes, edges, states = tree.nodes, tree.edges, tree.states
-    open_, starts = dict(was[0]), dict(was[1])
+    d_open: dict[tuple[int, int], int] = {}
+    d_starts: dict[tuple[int, int], int] = {}
     for p in {edges[i].parent for i in range(first, len(edges))}:
         if p >= old_nodes:
             continue
@@ -85,18 +102,22 @@ def _grown_depths(tree: Tree, was: Depths, first: int, old_nodes: int) -> Depths
         before = [i for i in node.children if i < first]
         had = p in states or (not _stateless(tree, p, before) and _stateless(tree, p, node.children))
         if had:
-            count(open_, (node.depth, len(before)), -1)
+            count(d_open, (node.depth, len(before)), -1)
         if p in states:
-            key = (node.depth, len(node.children))
-            open_[key] = open_.get(key, 0) + 1  # (a count only grows here: never 0)
+            count(d_open, (node.depth, len(node.children)), 1)
     for nid in range(old_nodes, len(nodes)):
         if nid in states:
-            key = (nodes[nid].depth, len(nodes[nid].children))
-            open_[key] = open_.get(key, 0) + 1
+            count(d_open, (nodes[nid].depth, len(nodes[nid].children)), 1)
     for rec in tree.log[was[2] :]:
-        key = (rec.phase, nodes[rec.node].depth)
-        starts[key] = starts.get(key, 0) + 1
-    return open_, starts, len(tree.log)
+        count(d_starts, (rec.phase, nodes[rec.node].depth), 1)
+    open_, starts = dict(was[0]), dict(was[1])
+    for key, n in d_open.items():
+        count(open_, key, n)
+    for key, n in d_starts.items():
+        count(starts, key, n)
+    if was[3] is not None:
+        was[3].base = None  # (the counts before ``was`` are no one's to add to now)
+    return open_, starts, len(tree.log), DepthChange(was, d_open, d_starts)
 
 
 def _stateless(tree: Tree, node_id: int, children: list[int]) -> bool:
@@ -142,9 +163,9 @@ def shape_fact(tree: Tree, index: int, key: Any, known: Known | None) -> Any:
             return sorted(tree_draws(tree, index))
         return tree_counts(tree, key)
     was, first, old_nodes = hit
-    new = [tree.edges[i] for i in range(first, len(tree.edges))]
     if key == "depths":
         return _grown_depths(tree, was, first, old_nodes)
+    new = [tree.edges[i] for i in range(first, len(tree.edges))]
     if key == "spreads":
         return was + _spread_change(tree, new, first, old_nodes)
     if key == "draws":
