@@ -62,7 +62,7 @@ run: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check focus tasks flows storage deployments cli tests benchmarks examples
-	$(BIN)/ruff format --check focus tasks flows storage deployments cli
+	$(BIN)/ruff format --check focus tasks flows storage deployments cli tests benchmarks examples
 	$(BIN)/mypy focus tasks flows storage deployments cli
 
 # --dist worksteal: a worker out of tests takes half of the other's queue, so the last

@@ -90,9 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     for w in warnings:
         print(f"readme: {w}", file=sys.stderr)
     if args.check:
-        stale = [str(t) for name, t in targets.items() if not t.exists() or rendered[name] != t.read_text(encoding="utf-8")]
+        stale = [
+            str(t) for name, t in targets.items() if not t.exists() or rendered[name] != t.read_text(encoding="utf-8")
+        ]
         if stale:
-            print(f"{', '.join(stale)}: not what the records render: run `python -m benchmarks --render-only`", file=sys.stderr)
+            print(
+                f"{', '.join(stale)}: not what the records render: run `python -m benchmarks --render-only`",
+                file=sys.stderr,
+            )
             return 1
     else:
         folder.mkdir(parents=True, exist_ok=True)

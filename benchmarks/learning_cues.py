@@ -186,10 +186,14 @@ def versus(base: Sequence[dict[str, Any]], variant: Sequence[dict[str, Any]]) ->
                 continue
             a = [old[(task, method, s)] for s in seeds]
             b = [new[(task, method, s)] for s in seeds]
-            mean, lo, hi = paired_bootstrap([(x["outcomes"]["last"], y["outcomes"]["last"]) for x, y in zip(a, b, strict=True)])
+            mean, lo, hi = paired_bootstrap(
+                [(x["outcomes"]["last"], y["outcomes"]["last"]) for x, y in zip(a, b, strict=True)]
+            )
             fa = statistics.mean(x["points"][-1]["success"] for x in a)
             fb = statistics.mean(y["points"][-1]["success"] for y in b)
-            lines.append(f"| {task} | {method} | {len(seeds)} | {fa:.3f} | {fb:.3f} | {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] |")
+            lines.append(
+                f"| {task} | {method} | {len(seeds)} | {fa:.3f} | {fb:.3f} | {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] |"
+            )
         for name, runs in (("without", old), ("with", new)):
             seeds = sorted(s for t, m, s in new if (t, m) == (task, "focus") and (t, "grpo", s) in new)
             seeds = [s for s in seeds if (task, "focus", s) in runs and (task, "grpo", s) in runs]
@@ -197,7 +201,9 @@ def versus(base: Sequence[dict[str, Any]], variant: Sequence[dict[str, Any]]) ->
                 pairs = [(runs[(task, "grpo", s)]["outcomes"]["last"], runs[(task, "focus", s)]["outcomes"]["last"])
                          for s in seeds]  # fmt: skip
                 mean, lo, hi = paired_bootstrap(pairs)
-                lines.append(f"| {task} | focus - grpo, {name} | {len(seeds)} | | | {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] |")
+                lines.append(
+                    f"| {task} | focus - grpo, {name} | {len(seeds)} | | | {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] |"
+                )
     return "\n".join(lines)
 
 

@@ -207,7 +207,6 @@ def test_completion_parser_validates_alignment_and_values():
             parse_completion(bad)
 
 
-
 def test_completion_parser_reads_tokens_back_where_they_are_not_vllms_spelling():
     """The tokens' cross-check against ``token_ids`` compares vLLM's spelling at once and
     reads any other spelling token by token, as before: a zero-padded id still agrees,
@@ -227,6 +226,7 @@ def test_completion_parser_reads_tokens_back_where_they_are_not_vllms_spelling()
             assert parse_completion(bad).token_ids == (5, 12)
     with pytest.raises(MalformedResponse, match=r"'token_id:True' is not of the form"):
         parse_completion(_vllm([5, True], [-0.5, -0.25]))
+
 
 def test_generate_parser_reads_sglang_triples():
     ok = {

@@ -227,7 +227,9 @@ def llamacpp_routes(v: LlamaCpp = LlamaCpp()) -> dict[tuple[str, str], Any]:
 
     def completion(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
         if "prompt" not in body:  # llama-server's answer to a request without one (focus's first-contact probe)
-            return 400, {"error": {"code": 400, "message": '"prompt" must be provided', "type": "invalid_request_error"}}
+            return 400, {
+                "error": {"code": 400, "message": '"prompt" must be provided', "type": "invalid_request_error"}
+            }
         prompt = body["prompt"]
         assert isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
         server.used.append({k: body.get(k) for k in ("temperature", "top_p", *SAMPLING)})

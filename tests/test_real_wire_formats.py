@@ -385,7 +385,9 @@ def test_a_server_that_refuses_n_gets_one_request_per_sibling_after_one_warning(
                     assert [list(c.token_ids) for c in got] == [draw(prompt, seed + i, 3)[0] for i in range(3)]
             finally:
                 await policy.aclose()
-            assert [b.get("n") for p, b in server.bodies if p == "/v1/completions"].count(3) == 1  # asked once, then one by one
+            assert [b.get("n") for p, b in server.bodies if p == "/v1/completions"].count(
+                3
+            ) == 1  # asked once, then one by one
 
     with caplog.at_level("WARNING", logger="focus.backends.http_policy"):
         run(go())

@@ -66,12 +66,16 @@ def test_a_critic_url_whose_host_no_lookup_takes_is_one_line_and_status_2(here, 
 
 
 @pytest.mark.parametrize("command", ["collect", "train"])
-def test_a_factory_module_that_raises_as_it_imports_is_one_line_naming_it_and_status_2(command, here, capsys, monkeypatch):
+def test_a_factory_module_that_raises_as_it_imports_is_one_line_naming_it_and_status_2(
+    command, here, capsys, monkeypatch
+):
     # it was `error: RuntimeError: no data here (traceback: <log>)`, exit 1: neither the module nor the setting
-    (here / "brokenenv_h58k.py").write_text(textwrap.dedent("""\
+    (here / "brokenenv_h58k.py").write_text(
+        textwrap.dedent("""\
         import os
         raise RuntimeError("no data here")
-        """))
+        """)
+    )
     monkeypatch.syspath_prepend(str(here))
     sets = ["--set", "env.kind=factory", "--set", "env.factory=brokenenv_h58k:make"]
     code, err = focus([command, *sets], capsys, here / "log")
@@ -109,7 +113,11 @@ def test_a_pre_check_that_raises_is_one_line_with_its_traceback_in_the_log(here,
             "error: invalid configuration: storage.root: unknown storage protocol 'nosuchproto' in 'nosuchproto://x' "
             "(from --store)",
         ),
-        (["collect", "--store", "{here}/afile"], {}, "error: storage root file://{here}/afile: {here}/afile is a file, not a folder"),
+        (
+            ["collect", "--store", "{here}/afile"],
+            {},
+            "error: storage root file://{here}/afile: {here}/afile is a file, not a folder",
+        ),
         (
             ["collect", "--model-url", "http://127.0.0.1:99999"],
             {},
@@ -128,9 +136,17 @@ def test_a_pre_check_that_raises_is_one_line_with_its_traceback_in_the_log(here,
             "error: invalid configuration: seed: Input should be a valid integer, unable to parse string as an "
             "integer (from --set seed)",
         ),
-        (["collect", "-c", "{here}/bad.toml"], {}, "error: config file '{here}/bad.toml' is not valid TOML: Invalid value (at end of document)"),
+        (
+            ["collect", "-c", "{here}/bad.toml"],
+            {},
+            "error: config file '{here}/bad.toml' is not valid TOML: Invalid value (at end of document)",
+        ),
         (["collect", "-c", "{here}"], {}, "error: cannot read config file '{here}': Is a directory"),
-        (["config", "show", "-c", "{here}/none.toml"], {}, "error: cannot read config file '{here}/none.toml': No such file or directory"),
+        (
+            ["config", "show", "-c", "{here}/none.toml"],
+            {},
+            "error: cannot read config file '{here}/none.toml': No such file or directory",
+        ),
         (
             ["train"],
             {"FOCUS_SEED": "abc"},
