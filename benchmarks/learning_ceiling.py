@@ -287,8 +287,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a trainer option (UpdateConfig)")
     ap.add_argument("--out", type=Path, default=Path("runs/ceiling.jsonl"))
     ap.add_argument("--report", action="store_true", help="print the table of --out; run nothing")
-    ap.add_argument("--supervised", type=int, default=0, metavar="STEPS",
-                    help="not RL: this many supervised Adam steps on the gate's mapping (cued-corridor-early)")
+    ap.add_argument(
+        "--supervised",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="not RL: this many supervised Adam steps on the gate's mapping (cued-corridor-early)",
+    )
     ap.add_argument("--supervised-lr", type=float, default=3e-3)
     ap.add_argument("--train-tasks", type=int, default=64, help="--supervised: distinct training openings")
     ap.add_argument("--scratch", action="store_true", help="--supervised: from a fresh init, not the default weights")
