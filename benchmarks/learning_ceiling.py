@@ -21,6 +21,10 @@ tasks and evaluation the record's (50 tasks, one plain rollout each by the model
 server). The answer: held-out success per update, and the first update at which it
 passes ``--goal`` (0.8), against the record's 3 (and 6) updates.
 
+``--supervised STEPS`` is not RL: plain supervised Adam steps on the gate's mapping
+(:func:`supervised_gate`), to ask how many gradient steps this policy needs before the
+mapping forms at all (docs/findings/learning-steps.md, "Ceilings of the cued tasks").
+
     .venv/bin/python -m benchmarks.learning_ceiling --task cued-corridor-early --seeds 0 1 2 --updates 8
 """
 
@@ -172,6 +176,54 @@ async def ceiling_run(task: str, seed: int, shape: tuple[int, int], credit: str,
             "given": given, "points": points}  # fmt: skip
 
 
+def supervised_gate(task: str, seed: int, steps: int, lr: float, n_train: int, eval_tasks: int, scratch: bool,
+                    every: int) -> dict[str, Any]:  # fmt: skip
+    """Not RL: plain supervised Adam steps (16 gate openings each, drawn from ``n_train``
+    training tasks) on the log of the probability of the range named at the gate, from the
+    default weights (or a fresh init, ``scratch``). How many gradient steps the policy needs
+    before the mapping forms at all, which the RL updates above never come near; the
+    held-out gate probabilities every ``every`` steps. Cued-corridor-early only (its gate
+    is the opening)."""
+    import torch
+
+    from focus.format import ByteCodec
+    from focus.tinylm.model import TinyLM, load
+
+    torch.set_num_threads(1)  # reproducible, and one core left to other work
+    if task != "cued-corridor-early":
+        raise SystemExit(f"--supervised: only cued-corridor-early has its gate at the opening, not {task!r}")
+    codec, domain = ByteCodec(), learning.DOMAINS[task]()
+    agent = domain.make_agent("http://127.0.0.1:9")  # only renders openings; never called
+
+    async def openings(tasks: list[Any]) -> list[list[int]]:
+        return [list((await agent.start(t)).context.prompt_ids) for t in tasks]
+
+    held = asyncio.run(openings(domain.tasks(eval_tasks, 10_000 + seed)))
+    train = asyncio.run(openings(domain.tasks(n_train, derive_seed("supervised", seed))))
+    right = []
+    for ids in train:
+        cue = decisive(task, codec.decode(ids))
+        assert cue is not None
+        right.append([ord(str(d)) for d in range(1, 10) if judged(task, cue, d)[0]])
+    torch.manual_seed(seed)
+    model = TinyLM() if scratch else load()
+    opt, rng = torch.optim.Adam(model.parameters(), lr=lr), random.Random(seed)
+    points = [{"step": 0, **(gate_probabilities(model, task, held, codec) or {})}]
+    for step in range(1, steps + 1):
+        model.train()
+        opt.zero_grad()
+        picks = [rng.randrange(len(train)) for _ in range(16)]
+        loss = sum(-torch.logsumexp(torch.log_softmax(model(torch.tensor([train[i]]))[0][0, -1].float(), -1)[right[i]], 0)
+                   for i in picks) / len(picks)  # fmt: skip
+        loss.backward()  # type: ignore[union-attr]
+        opt.step()
+        if step % every == 0 or step == steps:
+            probs = gate_probabilities(model, task, held, codec) or {}
+            points.append({"step": step, "loss": round(float(loss.detach()), 4), **probs})
+    return {"task": task, "seed": seed, "supervised": {"steps": steps, "lr": lr, "train_tasks": n_train,
+            "scratch": scratch}, "points": points}  # fmt: skip
+
+
 def reached(run: dict[str, Any], goal: float) -> int | None:
     """The first update whose held-out success is at least ``goal`` (None: none did)."""
     return next((p["version"] for p in run["points"][1:] if p["success"] >= goal), None)
@@ -185,6 +237,9 @@ def _credit(run: dict[str, Any]) -> str:
 def table(runs: Sequence[dict[str, Any]], goal: float) -> str:
     """Per (task, shape, credit): mean held-out success per version, and per seed the
     first update at ``goal``."""
+    runs = [r for r in runs if "supervised" not in r]
+    if not runs:
+        return ""
     keys = list(dict.fromkeys((r["task"], r["shape"], _credit(r)) for r in runs))
     n = max(len(r["points"]) for r in runs)
     lines = ["| task | shape | credit | seeds | " + " | ".join(f"v{v}" for v in range(n)) + f" | first update >= {goal} |",
@@ -232,8 +287,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a trainer option (UpdateConfig)")
     ap.add_argument("--out", type=Path, default=Path("runs/ceiling.jsonl"))
     ap.add_argument("--report", action="store_true", help="print the table of --out; run nothing")
+    ap.add_argument(
+        "--supervised",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="not RL: this many supervised Adam steps on the gate's mapping (cued-corridor-early)",
+    )
+    ap.add_argument("--supervised-lr", type=float, default=3e-3)
+    ap.add_argument("--train-tasks", type=int, default=64, help="--supervised: distinct training openings")
+    ap.add_argument("--scratch", action="store_true", help="--supervised: from a fresh init, not the default weights")
     args = ap.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.supervised and not args.report:
+        for seed in args.seeds:
+            run = supervised_gate(args.task, seed, args.supervised, args.supervised_lr, args.train_tasks,
+                                  args.eval_tasks, args.scratch, max(1, args.supervised // 10))  # fmt: skip
+            with args.out.open("a") as f:
+                f.write(json.dumps(run) + "\n")
+            print(f"{args.task} supervised {run['supervised']} s{seed}: step loss p_right/p_other/p_789 " + " ".join(
+                f"{p['step']}:{p.get('loss', '-')}:{p['p_right']:.2f}/{p['p_other']:.2f}/{p['p_789']:.2f}"
+                for p in run["points"]), flush=True)  # fmt: skip
+        return
     if not args.report:
         asyncio.run(main_async(args))
     print(table([json.loads(x) for x in args.out.read_text().splitlines() if x.strip()], args.goal))

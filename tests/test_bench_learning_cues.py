@@ -87,3 +87,26 @@ def test_the_oracle_says_right_or_wrong_digits_with_the_model_s_log_probs():
         assert a.token_ids[1] == ByteCodec.EOT
         assert a.logprobs == tuple(right.logprobs(prompt, list(a.token_ids)))
         assert all(lp < 0 for lp in a.logprobs)
+
+
+def test_supervised_steps_on_the_gate_move_the_held_out_probabilities():
+    """``--supervised``: a few Adam steps toward the range named at the gate already
+    take mass off 7-9 at held-out gates (the constant part, learned first), and the
+    record keeps the probabilities every ``every`` steps; the ceiling's table skips it."""
+    pytest.importorskip("torch")
+    from benchmarks.learning_ceiling import supervised_gate, table
+
+    run = supervised_gate("cued-corridor-early", 0, steps=6, lr=3e-3, n_train=8, eval_tasks=6, scratch=False, every=3)
+    points = run["points"]
+    assert [p["step"] for p in points] == [0, 3, 6]
+    assert points[-1]["p_789"] < points[0]["p_789"] - 0.05
+    assert all(0.99 <= p["p_right"] + p["p_other"] + p["p_789"] <= 1.0 + 1e-6 for p in points[:1])
+    assert all(p["loss"] > 0 for p in points[1:])
+    assert table([run], 0.8) == ""
+
+
+def test_supervised_gate_refuses_a_task_whose_gate_is_not_the_opening():
+    from benchmarks.learning_ceiling import supervised_gate
+
+    with pytest.raises(SystemExit, match="only cued-corridor-early"):
+        supervised_gate("cued-corridor-late", 0, steps=1, lr=1e-3, n_train=2, eval_tasks=2, scratch=False, every=1)

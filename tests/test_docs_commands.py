@@ -202,6 +202,46 @@ COMMANDS: dict[str, Check] = {
     "--set lr=1.2e-3 --out runs/ceiling.jsonl": Check("parse", "6 oracle updates of Adam epochs, about 10 minutes"),
     ".venv/bin/python -m benchmarks.learning_ceiling --seeds 0 --updates 6 --credit decisive trajectory "
     "--out runs/ceiling-p.jsonl": Check("parse", "12 oracle updates and evaluations, about 8 minutes on 2 cores"),
+    ".venv/bin/python -m benchmarks.learning_ceiling --task cued-corridor-early --seeds 0 1 2 --updates 9 --credit decisive "
+    "--out runs/h60c/early.jsonl": Check(
+        "parse", "27 oracle updates and evaluations, about 15 minutes on 2 loaded cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning_ceiling --task cued-corridor-late --seeds 0 1 2 --updates 9 --credit decisive "
+    "--out runs/h60c/late.jsonl": Check(
+        "parse", "27 oracle updates and evaluations, about 28 minutes on 2 loaded cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning_ceiling --task cued-bridge --seeds 0 1 2 --updates 9 --credit decisive "
+    "--out runs/h60c/bridge.jsonl": Check(
+        "parse", "27 oracle updates and evaluations, about 13 minutes on 2 loaded cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning_ceiling --task cued-bridge --seeds 0 1 2 --updates 9 --credit decisive --wrong 0.2 "
+    "--out runs/h60c/bridge-w02.jsonl": Check(
+        "parse", "27 oracle updates and evaluations, about 9 minutes on 2 loaded cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning_ceiling --task cued-corridor-early --seeds 1 --updates 27 --credit decisive "
+    "--out runs/h60c/long.jsonl": Check(
+        "parse", "27 oracle updates and evaluations, about 9 minutes on 2 loaded cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning_ceiling --task cued-corridor-early --seeds 0 --updates 6 --credit decisive --set rule=natural "
+    "--out runs/h60c/natural.jsonl": Check(
+        "parse", "6 natural-gradient oracle updates, about 15 minutes on 2 loaded cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning_ceiling --task cued-corridor-early --seeds 0 --updates 9 --credit decisive --set rule=adam --set lr=1e-3 "
+    "--set epochs=8 --set target_kl=null --out runs/h60c/adamfit.jsonl": Check(
+        "parse", "9 oracle updates of Adam epochs, about 5 minutes"
+    ),
+    ".venv/bin/python -m benchmarks.learning_ceiling --task cued-corridor-early --seeds 0 --updates 6 --credit decisive --set rule=adam --set lr=3e-3 "
+    "--set epochs=32 --set target_kl=null --out runs/h60c/adam32.jsonl": Check(
+        "parse", "6 oracle updates of 32 Adam epochs, about 9 minutes"
+    ),
+    ".venv/bin/python -m benchmarks.learning_ceiling --supervised 600 --seeds 0 1 2 "
+    "--out runs/h60c/supervised.jsonl": Check("parse", "1,800 supervised steps, about 25 minutes on 2 loaded cores"),
+    ".venv/bin/python -m benchmarks.learning_ceiling --supervised 300 --supervised-lr 1e-3 --scratch --seeds 0 "
+    "--out runs/h60c/scratch.jsonl": Check("parse", "300 supervised steps, about 4 minutes on 2 loaded cores"),
+    ".venv/bin/python -m benchmarks.learning_ceiling --supervised 1500 --seeds 1 "
+    "--out runs/h60c/supervised-1500.jsonl": Check(
+        "parse", "1,500 supervised steps, about 12 minutes on 2 loaded cores"
+    ),
     ".venv/bin/python -m benchmarks.learning_cues --seeds 0 1 2 --jobs 1 --out runs/cues.jsonl": Check(
         "parse", "18 learning runs of the cued tasks, about 25 minutes on 2 cores"
     ),
