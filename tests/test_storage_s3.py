@@ -90,6 +90,19 @@ def test_an_unreachable_endpoint_fails_after_bounded_retries(s3_server, s3_batch
     assert time.perf_counter() - t0 < 20
 
 
+def count_s3_requests(fs, monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
+    """The S3 operations ``fs`` (an s3fs file system) calls from now on, in order."""
+    calls: list[str] = []
+    real = fs._call_s3
+
+    async def counted(method: str, *args: object, **kwargs: object) -> object:
+        calls.append(method)
+        return await real(method, *args, **kwargs)
+
+    monkeypatch.setattr(fs, "_call_s3", counted)
+    return calls
+
+
 def test_a_checkpoint_costs_one_request_per_object_on_s3(s3_bucket, monkeypatch):
     """s3fs (2025.x) sized every file before reading it: a saved checkpoint cost a HEAD
     and a LIST (is the missing manifest a folder?) besides its two PUTs, a loaded one two
@@ -97,14 +110,7 @@ def test_a_checkpoint_costs_one_request_per_object_on_s3(s3_bucket, monkeypatch)
     1,407 HEADs in a 20k-transition collection. Now one request per object, and a save
     no longer reads its (absent) manifest first."""
     store = CheckpointStore(s3_bucket)
-    calls: list[str] = []
-    real = store.loc.fs._call_s3
-
-    async def counted(method: str, *args: object, **kwargs: object) -> object:
-        calls.append(method)
-        return await real(method, *args, **kwargs)
-
-    monkeypatch.setattr(store.loc.fs, "_call_s3", counted)
+    calls = count_s3_requests(store.loc.fs, monkeypatch)
     store.save("c", "wave", 3, {"rollouts": list(range(100))})
     assert calls == ["put_object", "put_object"]  # the data, the manifest (a save does not look first)
     calls.clear()
@@ -123,14 +129,7 @@ def test_a_lease_asks_s3_only_what_it_needs(s3_bucket, monkeypatch):
     from storage.lease import Lease
 
     lease = Lease(s3_bucket + "/runs", "c1")
-    calls: list[str] = []
-    real = lease.loc.fs._call_s3
-
-    async def counted(method: str, *args: object, **kwargs: object) -> object:
-        calls.append(method)
-        return await real(method, *args, **kwargs)
-
-    monkeypatch.setattr(lease.loc.fs, "_call_s3", counted)
+    calls = count_s3_requests(lease.loc.fs, monkeypatch)
 
     def asked(step) -> list[str]:  # type: ignore[no-untyped-def]
         calls.clear()
