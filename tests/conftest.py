@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -117,6 +118,19 @@ def pytest_configure(config):
         "slow: a statistical or end-to-end check over about 2 s of CPU, or one that starts the focus command; "
         "in make test, left out of make test-fast",
     )
+    children_take_ctrl_c()
+
+
+def children_take_ctrl_c() -> None:
+    """Let the processes the tests start take SIGINT as a terminal's would.
+
+    A job a non-interactive shell starts in the background (``make test &``, a CI runner's
+    script, ``nohup``) inherits SIGINT ignored, and an ignored signal stays ignored across
+    ``exec``: a Python child then never raises KeyboardInterrupt, and the tests that send a
+    child Ctrl-C waited out their timeouts (tests/test_train_interrupt_library.py, 60 s).
+    A handled signal is reset to its default in a child, so handling it here is enough."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -27,6 +27,7 @@ import httpx
 import pytest
 from fixtures.digits import ran_out
 from fixtures.prefect import ROOT, kill_tree
+from test_deploy import create_run
 
 from storage import CheckpointStore
 
@@ -67,8 +68,7 @@ def test_a_deployment_run_its_runner_does_not_cancel_stops_itself(prefect_api, p
     root, gate, cid = str(tmp_path / "store"), str(tmp_path / "gate"), "unserved-cancel"
     monkeypatch.chdir(ROOT)  # the deployment's path: where the engine finds flows/collect.py
     dep_id = asyncio.run(register("unserved"))
-    body = {"parameters": {"config": config(root, gate, cid)}}
-    run = httpx.post(f"{prefect_api}/deployments/{dep_id}/create_flow_run", json=body, timeout=30).json()
+    run = create_run(prefect_api, dep_id, {"config": config(root, gate, cid)})  # a busy server's 503 is asked again
     env = {**prefect_env, "PREFECT__FLOW_RUN_ID": run["id"]}
     log = open(tmp_path / "engine.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
