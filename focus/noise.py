@@ -8,6 +8,7 @@ noise model"). Pure and deterministic: the result is rounded to six significant 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from focus.lsq import mv as _mv
 from focus.lsq import nnls as _nnls
 from focus.lsq import sig6 as _sig6
 from focus.noise_excess import only_excess
+from focus.noise_probe import probe_critic, probe_rows
 from focus.noise_rows import (
     DEPTH_BUCKETS,
     Checkpoint,
@@ -160,6 +162,8 @@ def noise_model(
     rows: Sequence[Sequence[Checkpoint]] | None = None,
     joint: bool = False,
     excess: bool = False,
+    probe: float = 0.0,
+    probe_only: bool = False,
 ) -> NoiseModel:
     """Fit the step variances s(d), the same-action noise variances ν(d) ≤ s(d) and
     the critic's error variance t on the λ = 0 backups of ``trees`` (method of
@@ -197,11 +201,11 @@ def noise_model(
     (:func:`focus.noise_rows.tree_rows` with the same γ, truncation rule and ``keep``),
     if known: a tree's rows depend on that tree alone, so a caller that keeps them per
     tree (the search state) computes them once per tree version, not once per fit.
-    ``joint``: fit t(d) with s and ν as one problem, the only-child residuals included
-    (:func:`_joint_fit`; off by default: measured and not adopted,
-    docs/findings/estimator-issue31.md, "t(d) fitted jointly with s(d)").
-    ``excess``: t(d) also takes the only children's significant excess (:func:`focus.noise_excess.only_excess`;
-    off by default, docs/findings/estimator-issue31.md, "The only children's excess").
+    ``joint``, ``excess``, ``probe`` (off by default; measured, not adopted:
+    docs/findings/estimator-issue31.md): t(d) fitted with s and ν as one problem
+    (:func:`_joint_fit`); plus the only children's significant excess
+    (:func:`focus.noise_excess.only_excess`); at least (``probe_only``: just) what the
+    continuations drawn for exploration at share ``probe`` show (:mod:`focus.noise_probe`).
     """
     parts = rows if rows is not None else [tree_rows(tree, gamma, truncation, keep) for tree in trees]
     recs, bases = joined(parts)
@@ -210,7 +214,9 @@ def noise_model(
         return _chain_model(recs, residuals, bases)
     mo = _moments(recs, bases)
     nd = mo.nd
-    x, t, rho, by_depth = _passes(recs, mo, joint, excess)
+    seen = probe_rows(trees, probe, gamma, truncation, keep) if probe > 0 else None
+    fix = functools.partial(probe_critic, *seen, only=probe_only) if seen is not None else None
+    x, t, rho, by_depth = _passes(recs, mo, joint, excess, fix)
     shared = _shared_share(mo, t, x, rho, by_depth)
     # Six significant digits: the linear solves go through LAPACK, whose last bits may
     # differ between CPUs; rounded, the model (and so every plan) is the same anywhere.
@@ -227,11 +233,12 @@ def noise_model(
 
 
 def _passes(
-    recs: list[Checkpoint], mo: _Moments, joint: bool, excess: bool = False
+    recs: list[Checkpoint], mo: _Moments, joint: bool, excess: bool, fix: Callable[[np.ndarray], np.ndarray] | None
 ) -> tuple[np.ndarray, float, float, np.ndarray]:
     """:func:`noise_model`'s three passes: ``(x, t, ρ, t(d))``, x = (s, ν). With
     ``joint`` (and only-child residuals to read), the second and third fit (s, ν) and
-    t(d) as one problem (:func:`_joint_fit`); the first has no t to weigh them by."""
+    t(d) as one problem (:func:`_joint_fit`); the first has no t to weigh them by.
+    ``fix``: what each pass's t(d) becomes (the exploration continuations': :func:`focus.noise_probe.probe_critic`)."""
     nd = mo.nd
     rho, t = 0.5, 0.0
     x = np.zeros(2 * nd)
@@ -249,6 +256,8 @@ def _passes(
             by_depth = _critic_by_depth(recs, mo, s, t)
             if excess and len(mo.one_y):
                 by_depth = by_depth + only_excess(recs, mo, s, t)
+        if fix is not None:
+            by_depth = fix(by_depth)
     return x, t, rho, by_depth
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from focus.draws import explore_draw
 from focus.tree import Edge, Tree
 from focus.weighting import Truncation, critic_weight
 
@@ -566,18 +566,3 @@ def explores(tree_index: int, node_id: int, branch: int, rate: float) -> bool:
     ``tree_index`` is drawn for exploration at ``rate``: a fixed hash of the slot, so
     the draw depends on nothing the collection has seen (the same on every machine)."""
     return rate > 0 and explore_draw(tree_index, node_id, branch) < rate
-
-
-def explore_draw(tree_index: int, node_id: int, branch: int) -> float:
-    """The uniform draw in [0, 1) that :func:`explores` compares with the rate."""
-    if type(tree_index) is int and type(node_id) is int and type(branch) is int:
-        # the tuple's repr written out (the same text for ints, without building and
-        # walking a tuple: a ranking rebuild draws for about 100,000 slots)
-        text = f"('explore', {tree_index}, {node_id}, {branch})"
-    else:
-        text = repr(("explore", tree_index, node_id, branch))
-    digest = _blake2b(text.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2.0**64
-
-
-_blake2b = hashlib.blake2b

@@ -20,7 +20,7 @@ from typing import Any
 
 from focus.agent import CONTEXT_LIMIT
 from focus.calibration import edge_counts, tree_counts
-from focus.priority import explore_draw
+from focus.draws import explore_draw
 from focus.refusals import opening_refusal
 from focus.tree import Edge, Tree
 
