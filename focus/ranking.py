@@ -157,9 +157,6 @@ class TreeRanking:
         #: Per phase: the sorted entries of the eligible checkpoints, and each one's entry.
         self._ranked: dict[int, list[Entry]] = {}
         self._entries: dict[int, dict[int, Entry]] = {}
-        #: Per phase: :meth:`by_depth`'s split of the ranking, once asked for (kept up to
-        #: date with the ranking from then on).
-        self._by_depth: dict[int, dict[int, list[Entry]]] = {}
         #: Views recomputed by the last update (what a wave cost; read by tests).
         self.last_views = 0
         for node in tree.postorder():
@@ -366,7 +363,7 @@ class TreeRanking:
                 self._views.pop(i, None)
                 self._stale.add(i)
                 for phase_index in self._ranked:
-                    self._drop(phase_index, i, node.depth)
+                    self._drop(phase_index, i)
         self.last_views = computed
 
     def _eligible(self, tree: Tree, phase_index: int, ev: NodeEvidence) -> bool:
@@ -376,7 +373,7 @@ class TreeRanking:
     def _move(self, tree: Tree, phase_index: int, ev: NodeEvidence, old: NodeEvidence | None = None) -> None:
         """Re-rank ``ev``; ``old``: the view it replaces, whose entry's seeded tie-break
         (a hash of the slot, :func:`entry`) still holds if the node has as many branches."""
-        before = self._drop(phase_index, ev.node_id, ev.depth)
+        before = self._drop(phase_index, ev.node_id)
         if self._eligible(tree, phase_index, ev):
             if before is not None and old is not None and old.branches == ev.branches and not ev.pending:
                 s = self.search(ev)
@@ -390,25 +387,12 @@ class TreeRanking:
                 e = entry(self.search, self.seed, ev)
             self._entries[phase_index][ev.node_id] = e
             bisect.insort(self._ranked[phase_index], e)
-            split = self._by_depth.get(phase_index)
-            if split is not None:
-                part = split.get(ev.depth)
-                if part is None:
-                    split[ev.depth] = [e]
-                else:
-                    bisect.insort(part, e)
 
-    def _drop(self, phase_index: int, node_id: int, depth: int) -> Entry | None:
+    def _drop(self, phase_index: int, node_id: int) -> Entry | None:
         before = self._entries[phase_index].pop(node_id, None)
         if before is not None:
             ranked = self._ranked[phase_index]
             del ranked[bisect.bisect_left(ranked, before)]
-            split = self._by_depth.get(phase_index)
-            if split is not None:
-                part = split[depth]
-                del part[bisect.bisect_left(part, before)]
-                if not part:
-                    del split[depth]
         return before
 
     def ties(self) -> Ties:
@@ -444,28 +428,3 @@ class TreeRanking:
             out = self._ranked[phase_index] = sorted(entries.values())
             self._entries[phase_index] = entries
         return out
-
-    def by_depth(self, tree: Tree, phase_index: int) -> dict[int, list[Entry]]:
-        """:meth:`ranked` split by the checkpoints' depth, each part best first: what a
-        plan under a depth-share bound merges, one depth at a time
-        (:class:`focus.search.depth_heaps.DepthHeaps`). Made from the ranking when first
-        asked (a pass over its entries), then each entry an update moves is moved in
-        its part as well: a pass at every plan over each changed tree's ranking cost
-        more than the pops of full depths it saved (docs/findings/speed.md)."""
-        out = self._by_depth.get(phase_index)
-        if out is None:
-            out = {}
-            nodes = tree.nodes
-            for e in self.ranked(tree, phase_index):
-                d = nodes[e[3]].depth
-                part = out.get(d)
-                if part is None:
-                    out[d] = [e]
-                else:
-                    part.append(e)
-            self._by_depth[phase_index] = out
-        return out
-
-    def firsts(self, tree: Tree, phase_index: int) -> dict[int, Entry]:
-        """The best entry of each depth (:meth:`by_depth`)."""
-        return {d: part[0] for d, part in self.by_depth(tree, phase_index).items()}

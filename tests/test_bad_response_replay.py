@@ -29,13 +29,13 @@ PHASES = (
 
 
 class Breakable(SyntheticPolicy):
-    """Once ``broken``, answers a call whose seed is a multiple of 7 with a bad response
+    """Once ``broken``, answers a call whose seed is a multiple of 5 with a bad response
     (every run of a rollout makes the same calls, so its every run gets it)."""
 
     broken = False
 
     async def sample(self, prompt_ids, params):  # type: ignore[no-untyped-def]
-        if self.broken and params.seed is not None and params.seed % 7 == 0:
+        if self.broken and params.seed is not None and params.seed % 5 == 0:
             raise BadResponse("12 tokens sampled where max_tokens = 8 were asked")
         return await super().sample(prompt_ids, params)
 

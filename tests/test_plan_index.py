@@ -13,7 +13,6 @@ from focus.collector import Running
 from focus.placement import choice_s
 from focus.priority import Priority
 from focus.search import SearchState, WaveRecord, last_wave, plan_next, replay, unscored
-from focus.search.depth_heaps import DepthHeaps
 from focus.search.heads import PlanIndex, plan_index
 from focus.search.planning import _Greedy
 from focus.search.work import ranking_work
@@ -29,12 +28,8 @@ def plan_of(state: SearchState) -> list[tuple[int, int, int, int, float]]:
 
 def index_of(state: SearchState, search: Priority, phase_index: int) -> tuple[object, ...]:
     """What ``state``'s index holds, brought up to date: heads, spent totals, unscored trees."""
-    index, calib = plan_index(state), state.calibration(search)
-    heads: object
-    if search.depth_share_bound() > 0:  # (kept per depth under the bound)
-        heads = {d: list(h) for d, h in index.depth_heads(state, search, calib, phase_index).items() if h}
-    else:
-        heads = list(index.ranked_heads(state, search, calib, phase_index))
+    index = plan_index(state)
+    heads = list(index.ranked_heads(state, search, state.calibration(search), phase_index))
     index.spent_total(state, phase_index)
     return heads, dict(index.totals), index.unscored_trees(state)
 
@@ -44,7 +39,8 @@ def test_a_plan_reads_the_trees_changed_since_the_last_plan_and_those_it_takes_j
 ) -> None:
     """Every plan read every tree (its facts, its ranking head, its budget spent): 26 ms
     a wave at 2,000 tasks whatever the wave touched. Off a refit, a plan now reads the
-    trees the last wave changed and the trees it takes jobs from; so do the budget
+    trees the last wave changed and the trees it takes jobs from (or, under the
+    depth-share bound, holds a checkpoint of back); so do the budget
     check, the scoring's list of unscored nodes and the placement's estimate."""
     col, tasks = many_tasks(1, tasks=60)
     search = col.priority
@@ -58,7 +54,7 @@ def test_a_plan_reads_the_trees_changed_since_the_last_plan_and_those_it_takes_j
 
     monkeypatch.setattr(SearchState, "facts", counting)
     # the trees whose checkpoints the greedy choice considered: those it took jobs from
-    # (under the depth-share bound, Selective.depth_share, a full depth is not read)
+    # and, under the depth-share bound (Selective.depth_share), those it held back
     considered: set[int] = set()
     pop = _Greedy._next
 
@@ -69,15 +65,6 @@ def test_a_plan_reads_the_trees_changed_since_the_last_plan_and_those_it_takes_j
         return popped
 
     monkeypatch.setattr(_Greedy, "_next", popping)
-    take = DepthHeaps.take  # (under the bound, one merge per depth: what it takes)
-
-    def taking(self: DepthHeaps, share: Any) -> Any:
-        got = take(self, share)
-        if got is not None:
-            considered.add(got[0][2])
-        return got
-
-    monkeypatch.setattr(DepthHeaps, "take", taking)
     calib, touched, narrow = None, set(range(len(tasks))), 0
     while True:
         work = ranking_work(state, search)  # what the placement's estimate reads (choice_s)

@@ -102,7 +102,6 @@ def test_incremental_ranking_equals_a_rebuild(seed: int, search) -> None:  # typ
         grow(t, r)
         live = TreeRanking(t, 0, search, calib, 7)
         live.ranked(t, 1)
-        live.by_depth(t, 1)  # (split once, then kept up to date by every update)
         for _ in range(12):
             t = copy_tree(t)
             live.update(t, grow(t, r))
@@ -121,11 +120,6 @@ def test_incremental_ranking_equals_a_rebuild(seed: int, search) -> None:  # typ
                 assert getattr(live.values, name) == {k: v for k, v in getattr(values, name).items()}, name
             fresh = TreeRanking(t, 0, search, calib, 7)
             assert live.ranked(t, 1) == fresh.ranked(t, 1)
-            split: dict[int, list[object]] = {}
-            for e in fresh.ranked(t, 1):
-                split.setdefault(t.nodes[e[3]].depth, []).append(e)
-            assert live.by_depth(t, 1) == split == fresh.by_depth(t, 1)
-            assert live.firsts(t, 1) == {d: part[0] for d, part in split.items()}
             assert live.ranked(t, 1) == sorted(
                 entry(search, 7, ev)
                 for ev in evidence.values()

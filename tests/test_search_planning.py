@@ -89,9 +89,9 @@ def digest(batch) -> str:  # type: ignore[no-untyped-def]
 PINNED = {
     ("grpo", 0): ("ab80e8e291288554", 232, 208),
     ("grpo", 1): ("2b39ebd36a704827", 234, 212),
-    ("selective", 0): ("c4107106c2ba9978", 342, 270),
-    ("selective", 1): ("e0a0d13fe402f083", 344, 206),
-    ("selective_jobs", 0): ("c96fc07a8b823c1e", 343, 222),
+    ("selective", 0): ("9a4a4aabbe075248", 346, 270),
+    ("selective", 1): ("73ec4de00a5366ff", 342, 207),
+    ("selective_jobs", 0): ("044f9fb7cc5da400", 343, 248),
     ("uniform", 0): ("aeba9664b0b28b18", 282, 238),
     ("uniform", 1): ("7a5b5e874cdfc816", 285, 238),
 }

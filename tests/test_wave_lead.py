@@ -5,6 +5,7 @@ the same jobs, in the same order, as the greedy choice over every checkpoint's v
 from __future__ import annotations
 
 import collections
+import heapq
 from typing import Any
 
 import pytest
@@ -70,10 +71,11 @@ def reference_wave(state: SearchState, search: Selective, phase_index: int) -> l
             if ev.branches + ev.pending < phase.max_branches:
                 views[(ti, node.id)] = ev
                 heap.append(entry(search, state.seed, ev))
+    heapq.heapify(heap)
     # the depth-share bound (Selective.depth_share): a depth's continuations of the phase
-    # stay within factor x its share of the eligible checkpoints x (N + 1), plus one; each
-    # take is the best checkpoint of a depth within it (exploration picks are counted,
-    # never held); where no checkpoint left is, the rest goes in rank order, unbounded
+    # stay within factor x its share of the eligible checkpoints x (N + 1), plus one;
+    # exploration picks are counted, never held; where only held ones are left, they go
+    # in rank order
     factor = search.depth_share_bound()
     eligible = collections.Counter(
         tree.nodes[n].depth
@@ -86,28 +88,26 @@ def reference_wave(state: SearchState, search: Selective, phase_index: int) -> l
     )
     for (ti, nid), n in pending.items():
         starts[state.trees[ti].nodes[nid].depth] += n
-
-    def allowed(e: Any) -> bool:
-        ev = views[(e[2], e[3])]
-        n = sum(starts.values())
-        share = eligible[ev.depth] / sum(eligible.values())
-        return search(ev) == EXPLORE or starts[ev.depth] + 1 <= factor * share * (n + 1) + 1
-
+    held: list[Any] = []
     out: list[tuple[int, int, int, float]] = []
     planned = 0.0
-    while heap and len(out) < limit and planned < remaining:
-        top = next((e for e in sorted(heap) if allowed(e)), None) if factor > 0 else None
-        if top is None:  # nothing within the bound: unbounded from here on
-            factor, top = 0.0, min(heap)
-        heap.remove(top)
-        ti, nid = top[2], top[3]
+    while (heap or held) and len(out) < limit and planned < remaining:
+        if not heap:
+            heap, held, factor = held, [], 0.0
+            heapq.heapify(heap)
+        _, _, ti, nid = heapq.heappop(heap)
         ev = views[(ti, nid)]
-        starts[ev.depth] += 1
+        d, n = ev.depth, sum(starts.values())
+        if factor > 0 and search(ev) != EXPLORE:
+            if starts[d] + 1 > factor * eligible[d] / sum(eligible.values()) * (n + 1) + 1:
+                held.append(entry(search, state.seed, ev))
+                continue
+        starts[d] += 1
         out.append((ti, nid, ev.branches + ev.pending, ev.expected_transitions))
         planned += ev.expected_transitions
         ev = views[(ti, nid)] = ev.with_pending(ev.pending + 1)
         if ev.branches + ev.pending < phase.max_branches:
-            heap.append(entry(search, state.seed, ev))
+            heapq.heappush(heap, entry(search, state.seed, ev))
     return out
 
 

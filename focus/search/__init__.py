@@ -1,7 +1,7 @@
 """The search: a state and pure functions from a state to the next jobs and from
 finished rollouts to the next state.
 
-The modules, one job each:
+Five modules, one job each:
 
 - :mod:`focus.search.state`: :class:`SearchState` (the trees of a collection and the
   waves that built them; saved by the pipeline whole after the evidence, then wave by
@@ -9,10 +9,9 @@ The modules, one job each:
   derived from each tree;
 - :mod:`focus.search.planning`: :func:`plan_wave`, :func:`plan_ahead`,
   :func:`plan_next`, :func:`plan_refill` - which checkpoints the next wave continues
-  (under a depth-share bound one merge per depth, :mod:`focus.search.depth_heaps`);
-  :mod:`focus.search.choice`: :func:`plan_begin` / :func:`plan_lead` /
-  :func:`plan_choose` / :func:`plan_rank` / :func:`plan_chosen`:
-  :func:`plan_next`'s wave handed over a slice of jobs at a time;
+  (:func:`plan_begin` / :func:`plan_lead` / :func:`plan_choose` / :func:`plan_rank` /
+  :func:`plan_chosen`:
+  :func:`plan_next`'s wave handed over a slice of jobs at a time);
 - :mod:`focus.search.heads`: the plan index a state hands to its successor - every
   tree's ranking head (sorted), budget spent and unscored nodes, brought up to date for
   the trees a wave changed, so a plan reads those and the trees it takes jobs from;
@@ -31,7 +30,6 @@ package's public surface; import them from ``focus.search``.
 
 from __future__ import annotations
 
-from focus.search.choice import WaveChoice, plan_begin, plan_choose, plan_chosen, plan_lead, plan_rank
 from focus.search.grafting import (
     Predictions,
     TreeWave,
@@ -45,9 +43,15 @@ from focus.search.grafting import (
 from focus.search.jobs import RolloutJob, WavePlan, rollout_seed
 from focus.search.planning import (
     InFlight,
+    WaveChoice,
     last_wave,
     plan_ahead,
+    plan_begin,
+    plan_choose,
+    plan_chosen,
+    plan_lead,
     plan_next,
+    plan_rank,
     plan_refill,
     plan_wave,
     wave_choices,

@@ -58,9 +58,6 @@ class PlanIndex:
         "head",
         "heads",
         "unranked",
-        "by_depth",
-        "dhead",
-        "dheads",
         "unread",
         "open",
         "depths",
@@ -81,11 +78,6 @@ class PlanIndex:
         self.head: list[Entry | None] = [None] * n
         self.heads: list[Entry] = []
         self.unranked: set[int] = set()
-        #: Whether the heads are kept per depth instead (:meth:`depth_heads`): each
-        #: tree's best entry of each depth, and those of each depth sorted.
-        self.by_depth = False
-        self.dhead: list[dict[int, Entry]] = [{}] * n
-        self.dheads: dict[int, list[Entry]] = {}
         #: Trees with nodes the critic has not scored (as last read), and those to read again.
         self.open: set[int] = set()
         self.unread: set[int] = set(range(n))
@@ -171,8 +163,8 @@ class PlanIndex:
         greedy's order), each tree's ranking brought up to date: only those of the
         :attr:`unranked` trees where the heads hold (:meth:`holds`), else every tree's."""
         seed = state.seed
-        if not self.holds(search, calibration, seed, phase_index) or self.by_depth:
-            self.key, self.by_depth, self.dhead, self.dheads = None, False, [{}] * self.trees, {}
+        if not self.holds(search, calibration, seed, phase_index):
+            self.key = None
             head: list[Entry | None] = []
             for ti in range(self.trees):
                 r = state.facts(ti).ranked(search, calibration, phase_index, seed)
@@ -194,46 +186,6 @@ class PlanIndex:
                 self.head[ti] = new
         self.unranked.clear()
         return heads
-
-    def depth_heads(
-        self, state: SearchState, search: Priority, calibration: Calibration, phase_index: int
-    ) -> dict[int, list[Entry]]:
-        """:meth:`ranked_heads` per depth: for each depth, every tree's best entry of that
-        depth (:meth:`focus.ranking.TreeRanking.firsts`), sorted; what a plan under a
-        depth-share bound merges (:class:`focus.search.depth_heaps.DepthHeaps`), so that
-        a depth the bound holds full is not read. A collection's plans keep one form."""
-        seed = state.seed
-        if not self.holds(search, calibration, seed, phase_index) or not self.by_depth:
-            self.key, self.by_depth, self.head, self.heads = None, True, [None] * self.trees, []
-            dhead: list[dict[int, Entry]] = []
-            dheads: dict[int, list[Entry]] = {}
-            for ti in range(self.trees):
-                f = state.facts(ti)
-                firsts = f.ranking(search, calibration, seed).firsts(f.tree, phase_index)
-                dhead.append(firsts)
-                for d, e in firsts.items():
-                    dheads.setdefault(d, []).append(e)
-            for part in dheads.values():
-                part.sort()
-            self.dhead, self.dheads = dhead, dheads
-            self.unranked.clear()
-            self.key = (search, calibration, seed, phase_index)
-            return dheads
-        dheads = self.dheads
-        for ti in sorted(self.unranked):
-            f = state.facts(ti)
-            new, old = f.ranking(search, calibration, seed).firsts(f.tree, phase_index), self.dhead[ti]
-            if new != old:
-                for d, e in old.items():
-                    if new.get(d) != e:
-                        part = dheads[d]
-                        del part[bisect.bisect_left(part, e)]
-                for d, e in new.items():
-                    if old.get(d) != e:
-                        bisect.insort(dheads.setdefault(d, []), e)
-                self.dhead[ti] = new
-        self.unranked.clear()
-        return dheads
 
     def unscored_trees(self, state: SearchState) -> list[int]:
         """The trees with nodes the critic has not scored yet, in order

@@ -11,6 +11,7 @@ same jobs and the same seeds.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import sys
 from collections.abc import Iterator, Sequence
@@ -18,9 +19,8 @@ from dataclasses import dataclass
 
 from focus.calibration import Calibration
 from focus.node_view import subtree_length
-from focus.priority import NodeEvidence, Phase, Priority, exploration_rate, explores
+from focus.priority import EXPLORE, NodeEvidence, Phase, Priority, exploration_rate, explores
 from focus.ranking import Entry, TreeRanking, entry, tie
-from focus.search.depth_heaps import DepthHeaps
 from focus.search.depth_share import DepthShare
 from focus.search.heads import PlanIndex, plan_index, spent
 from focus.search.jobs import RolloutJob, WavePlan, rollout_seed
@@ -398,9 +398,7 @@ class _Greedy:
             return
         state, search, pending, phase = self.state, self.search, self.pending, self.phase
         calib = state.calibration(search)
-        bounded = search.depth_share_bound() > 0  # (then one merge per depth: DepthHeaps)
-        index, pi = self.index, self.phase_index
-        heads = index.depth_heads(state, search, calib, pi) if bounded else index.ranked_heads(state, search, calib, pi)
+        heads = self.index.ranked_heads(state, search, calib, self.phase_index)
         heap: list[tuple[float, float, int, int, int]] = []
         for (ti, nid), n in pending.items():
             ev = state.facts(ti).view(search, calib, state.seed, nid)
@@ -411,29 +409,13 @@ class _Greedy:
                 heap.append((*entry(search, state.seed, ev), -1))
         self._ranked: dict[int, list[Entry]] = {}
         self._rankings: dict[int, TreeRanking] = {}  # theirs: a taken job's view is read there
-        self._busy, self._calib = dict(pending), calib
+        self._busy, self._calib, self._heads = dict(pending), calib, heads
         #: Trees with a checkpoint pending: their heads are read from their rankings.
         self._aside = {ti for ti, _ in self._busy}
-        self._depths: DepthHeaps | None = None
-        if isinstance(heads, dict):
-            self._heads: list[Entry] = []
-            self._depths = DepthHeaps(heads, self._by_depth, self._busy)
-            for item in heap:
-                self._depths.push(item, state.trees[item[2]].nodes[item[3]].depth)
-            heap = []
-        else:
-            self._heads = heads
-            for ti in sorted(self._aside):
-                self._push_next(heap, ti, 0)
-            heapq.heapify(heap)
+        for ti in sorted(self._aside):
+            self._push_next(heap, ti, 0)
+        heapq.heapify(heap)
         self._heap = heap
-
-    def _by_depth(self, ti: int) -> dict[int, list[Entry]]:
-        # tree ti's ranking split by depth (DepthHeaps' lists), keeping the ranking
-        rk = self._rankings.get(ti)
-        if rk is None:
-            rk = self._rankings[ti] = self.state.facts(ti).ranking(self.search, self._calib, self.state.seed)
-        return rk.by_depth(self.state.trees[ti], self.phase_index)
 
     def _push_next(self, heap: list[tuple[float, float, int, int, int]], ti: int, pos: int) -> None:
         # the next entry of tree ti's ranking at or after pos whose node has nothing in flight
@@ -477,29 +459,30 @@ class _Greedy:
         heap, state, search, pending, phase = self._heap, self.state, self.search, self.pending, self.phase
         assert heap is not None
         taken: dict[tuple[int, int], NodeEvidence] = {}
-        factor, depths = search.depth_share_bound(), self._depths
+        factor = search.depth_share_bound()
         share = DepthShare.of(state, self.phase_index, phase, factor, pending) if factor > 0 else None
-        at = depth = 0
+        held: list[Entry] = []  # checkpoints of depths that were full
+        at = 0
         while not self.full:
-            if depths is not None:  # the best of the depths the bound allows (DepthHeaps.take)
-                chosen = depths.take(share)
-                if chosen is None:
-                    break
-                top, depth = chosen
-            else:
-                popped = self._next(heap, at)
-                if popped is None:
-                    break
-                top, at = popped
+            popped = self._next(heap, at)
+            if popped is None:
+                if not held:
+                    break  # every depth is full or done: the wave takes the rest unbounded
+                share, heap[:], held = None, [(*h, -1) for h in held], []
+                heapq.heapify(heap)
+                continue
+            top, at = popped
             ti, nid = top[2], top[3]
+            if share is not None:  # (an exploration pick, scored EXPLORE, is never held)
+                depth = state.trees[ti].nodes[nid].depth
+                if top[0] != -EXPLORE and not share.allows(depth):
+                    held.append(top)
+                    continue
+                share.take(depth)
             key = (ti, nid)
             ev = taken.get(key)
             if ev is None:
-                rk = self._rankings.get(ti)  # (_next pushed its tree's next entry: _push_next)
-                if rk is None:  # (under the bound, a pending checkpoint's tree read no further)
-                    self._by_depth(ti)
-                    rk = self._rankings[ti]
-                ev = rk.view(nid)
+                ev = self._rankings[ti].view(nid)  # (_next pushed its tree's next entry: _push_next)
                 assert ev is not None  # a ranked entry is a checkpoint's
                 n = pending.get(key, 0)
                 if n != ev.pending:  # a ranking's views have none pending: mostly no copy to make
@@ -511,7 +494,106 @@ class _Greedy:
             pending[key] = ev.pending
             if ev.branches + ev.pending < phase.max_branches:
                 taken[key] = ev
-                if depths is None:
-                    heapq.heappush(heap, (*entry(search, state.seed, ev), -1))
-                else:
-                    depths.push((*entry(search, state.seed, ev), -1), depth)
+                heapq.heappush(heap, (*entry(search, state.seed, ev), -1))
+
+
+class WaveChoice:
+    """A continuation wave being chosen a slice at a time (:func:`plan_begin`,
+    :func:`plan_choose`, :func:`plan_rank`, :func:`plan_chosen`): :func:`plan_next`'s
+    wave, the same jobs in the same order, handed over as they are taken so that a
+    runner starts the first ones while the greedy choice takes the rest (each later job
+    costs a heap step; a wave of a thousand jobs took 15-60 ms at the barrier,
+    benchmarks/README.md, scale)."""
+
+    def __init__(self, state: SearchState, search: Priority, phase_index: int) -> None:
+        self.state, self.phase_index = state, phase_index
+        self.wave_index = state.waves_done(phase_index) + len(state.planned)
+        self._greedy = _wave_greedy(state, search, phase_index, self.wave_index)
+        self._lead: Iterator[InFlight] | None = None if self._greedy is None else self._greedy.lead()
+        self._rest: Iterator[InFlight] | None = None
+        self.chosen: list[InFlight] = []
+        #: How many of the jobs taken so far are the leading exploration picks (chosen
+        #: without the calibration's fit or any ranking).
+        self.lead = 0
+        #: Every job of the wave is taken.
+        self.done = self._greedy is None
+
+    @property
+    def ranked(self) -> bool:
+        """Whether the calibration is fitted and every tree ranked for this wave."""
+        return self._greedy is None or self._greedy._heap is not None
+
+    @property
+    def ranks_next(self) -> bool:
+        """Whether the next :func:`plan_choose` fits the calibration and ranks every tree
+        (the leading exploration picks are taken, :func:`plan_rank` not called)."""
+        g = self._greedy
+        return not self.done and self._lead is None and g is not None and g._heap is None and not g.full
+
+
+def plan_begin(state: SearchState, search: Priority, phase_index: int) -> WaveChoice | None:
+    """The next continuation wave of phase ``phase_index`` to choose a slice at a time;
+    ``None`` where :func:`plan_next` plans no such wave (an evidence phase, or
+    ``search.waves_in_flight`` waves planned already)."""
+    phase = search.phases[phase_index]
+    if phase.is_evidence or len(state.planned) >= search.waves_in_flight:
+        return None
+    return WaveChoice(state, search, phase_index)
+
+
+def plan_choose(choice: WaveChoice, n: int) -> list[RolloutJob]:
+    """The wave's next ``n`` jobs in plan order; fewer where its leading exploration
+    picks end (a runner may then rank off its event loop, :func:`plan_rank`, before it
+    asks for more), or once the wave is full (then ``choice.done``). The first call
+    that takes a job after the lead (the first call, where there is no lead) fits the
+    calibration and ranks every tree unless :func:`plan_rank` did."""
+    taken = _lead(choice, n)
+    g = choice._greedy
+    if g is not None and not choice.done and not taken:
+        if choice._rest is None:
+            choice._rest = g.rest()
+        taken = list(itertools.islice(choice._rest, n))
+        choice.done = len(taken) < n
+        choice.chosen.extend(taken)
+    return [c.job for c in taken]
+
+
+def plan_lead(choice: WaveChoice, n: int) -> list[RolloutJob]:
+    """:func:`plan_choose` as long as the wave's leading exploration picks last: their
+    next ``n`` jobs, fewer (maybe none) where they end; never fits the calibration or
+    ranks a tree, so a runner can take it on its event loop and tell from
+    ``choice.ranks_next`` whether the next slice ranks first."""
+    return [c.job for c in _lead(choice, n)]
+
+
+def _lead(choice: WaveChoice, n: int) -> list[InFlight]:
+    g = choice._greedy
+    if g is None or choice._lead is None:
+        return []
+    taken = list(itertools.islice(choice._lead, n))
+    choice.lead += len(taken)
+    if len(taken) < n:  # the lead is over
+        choice._lead = None
+        choice.done = g.full
+    choice.chosen.extend(taken)
+    return taken
+
+
+def plan_rank(choice: WaveChoice) -> None:
+    """Fit the wave's calibration and bring the rankings up to date (what the first
+    :func:`plan_choose` after the leading exploration picks would do; pure, and after
+    the evidence or a refit what reads every tree: a runner calls it off its event loop
+    while the lead's jobs run; else it reads the trees changed since the last plan)."""
+    if choice._greedy is not None:
+        choice._greedy.rank()
+
+
+def plan_chosen(choice: WaveChoice) -> SearchState:
+    """What :func:`plan_next` returns, once every job of ``choice`` is taken."""
+    if not choice.done:
+        raise ValueError("the wave is still being chosen: take its jobs (plan_choose) until none are left")
+    c = choice.chosen
+    plan = WavePlan(
+        choice.phase_index, choice.wave_index, tuple(x.job for x in c), tuple(x.expected_transitions for x in c)
+    )
+    return choice.state if plan.empty else with_plan(choice.state, plan)
