@@ -250,17 +250,19 @@ async def run_one(
     workdir: Path,
     trainer_options: dict[str, Any],
     on_batch: Callable[[int, Any], dict[str, Any]] | None = None,
+    weights: Path | None = None,
 ) -> dict[str, Any]:
     """One learning curve: evaluate, then ``iterations`` x (collect, train, reload, evaluate).
     Wall and CPU seconds count collection, training and reload (evaluation excluded).
     ``on_batch(iteration, batch)``, if given, reads each batch before the update; what it
-    returns is kept in that iteration's point under ``"batch"`` (``benchmarks.learning_cues``)."""
+    returns is kept in that iteration's point under ``"batch"`` (``benchmarks.learning_cues``).
+    ``weights``: the starting policy (None: the committed weights; ``--start``)."""
     from focus.tinylm.model import DEFAULT_WEIGHTS
     from focus.train_local import PolicyTrainer, UpdateConfig, evaluate, train_iteration
 
-    await asyncio.to_thread(server.reload, DEFAULT_WEIGHTS)
+    await asyncio.to_thread(server.reload, weights or DEFAULT_WEIGHTS)
     _, estimator, critic, fit = make_method(method, seed)
-    trainer = PolicyTrainer(None, UpdateConfig(seed=seed, **trainer_options))
+    trainer = PolicyTrainer(weights, UpdateConfig(seed=seed, **trainer_options))
     agent = domain.make_agent(server.url)
     held_out = domain.tasks(sizes.eval_tasks, 10_000 + seed)
     points: list[dict[str, Any]] = []
@@ -339,6 +341,7 @@ async def run_task(
     log: bool,
     trainer_options: dict[str, Any],
     partial: Path | None = None,
+    weights: Path | None = None,
 ) -> list[dict[str, Any]]:
     from focus.backends import LocalModelServer
 
@@ -348,7 +351,7 @@ async def run_task(
         for seed in seeds:
             for method in methods:
                 t0 = time.perf_counter()
-                run = await run_one(domain, method, seed, sizes, server, workdir, trainer_options)
+                run = await run_one(domain, method, seed, sizes, server, workdir, trainer_options, weights=weights)
                 runs.append(run)
                 if partial is not None:  # a run that dies later keeps what it measured
                     with partial.open("a") as f:
@@ -414,6 +417,12 @@ def _parser() -> argparse.ArgumentParser:
         help="run every method at every setting (lists zipped); each method read at its best (learning_sweep)",
     )
     ap.add_argument("--sweep-sizes", metavar="TxI,...", help="sweep sizes too, e.g. 8x3,4x6,2x12 (learning_sweep)")
+    ap.add_argument(
+        "--start",
+        choices=["default", "pretrained"],
+        default="default",
+        help="every method's starting policy: the committed weights, or those with the cue lookup (learning_start)",
+    )
     return ap
 
 
@@ -448,6 +457,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     check_trainer(args.tasks, options, given)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    from benchmarks.learning_start import start_weights
+
+    weights = start_weights(args.start)  # built here once, before any job: the same file for every method
     t0 = time.perf_counter()
     runs: list[dict[str, Any]] = []
     partial = out / "runs.jsonl"
@@ -456,7 +468,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # so a seed's runs give the same figures in a process of their own, and a machine with
     # more cores than tasks uses them
     jobs = [
-        (name, sizes, [s], args.methods, not args.quiet, task_trainer(name, options, given), partial)
+        (name, sizes, [s], args.methods, not args.quiet, task_trainer(name, options, given), partial, weights)
         for name in args.tasks
         for s in seeds
     ]
@@ -475,7 +487,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": "python -m benchmarks.learning"
         + (" --quick" if args.quick else "")
         + "".join(f" --set {o}" for o in args.set)
-        + size_options(args),
+        + size_options(args)
+        + ("" if args.start == "default" else f" --start {args.start}"),
+        "start": args.start if weights is None else {"start": args.start, "weights": str(weights)},
         "methods": args.methods,
         "jobs": args.jobs,
         "seeds": seeds,
@@ -592,9 +606,10 @@ def size_options(args: argparse.Namespace) -> str:
 
 def _task_worker(job: tuple[Any, ...]) -> list[dict[str, Any]]:
     """One task's runs for the job's seeds, in a process of its own when ``--jobs`` > 1."""
-    name, sizes, seeds, methods, log, options, partial = job
+    name, sizes, seeds, methods, log, options, partial, *start = job  # a sweep's jobs have no start
+    weights = start[0] if start else None
     with tempfile.TemporaryDirectory(prefix="focus-learning-") as tmp:
-        return asyncio.run(run_task(name, sizes, seeds, methods, Path(tmp), log, options, partial))
+        return asyncio.run(run_task(name, sizes, seeds, methods, Path(tmp), log, options, partial, weights))
 
 
 def _option(text: str) -> tuple[str, Any]:

@@ -137,16 +137,18 @@ async def oracle_batch(agent: Any, task: str, tasks: list[Any], rollouts: int, c
 
 
 async def ceiling_run(task: str, seed: int, shape: tuple[int, int], credit: str, updates: int, wrong: float,
-                      eval_tasks: int, server: Any, workdir: Path, given: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """One seed: evaluate v0, then ``updates`` x (oracle batch, the record's update, reload, evaluate)."""
+                      eval_tasks: int, server: Any, workdir: Path, given: dict[str, Any],
+                      weights: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """One seed: evaluate v0, then ``updates`` x (oracle batch, the record's update, reload, evaluate),
+    from ``weights`` (None: the committed weights; ``--start``)."""
     from focus.agent import Agent
     from focus.tinylm.model import DEFAULT_WEIGHTS
     from focus.train_local import PolicyTrainer, UpdateConfig, evaluate, train_iteration
 
-    await asyncio.to_thread(server.reload, DEFAULT_WEIGHTS)
+    await asyncio.to_thread(server.reload, weights or DEFAULT_WEIGHTS)
     domain = learning.DOMAINS[task]()
     options = learning.task_trainer(task, learning.TRAINER, given)
-    trainer = PolicyTrainer(None, UpdateConfig(seed=seed, **options))
+    trainer = PolicyTrainer(weights, UpdateConfig(seed=seed, **options))
     agent = domain.make_agent(server.url)
     oracle = Agent(OraclePolicy(trainer.model, task, wrong), agent.env, agent.format, max_steps=agent.max_steps,
                    sampling=agent.sampling)  # fmt: skip
@@ -173,7 +175,7 @@ async def ceiling_run(task: str, seed: int, shape: tuple[int, int], credit: str,
     finally:
         await agent.policy.aclose()
     return {"task": task, "seed": seed, "shape": f"{n_tasks}x{rollouts}", "credit": credit, "wrong": wrong,
-            "given": given, "points": points}  # fmt: skip
+            "given": given, "start": "default" if weights is None else str(weights), "points": points}  # fmt: skip
 
 
 def supervised_gate(task: str, seed: int, steps: int, lr: float, n_train: int, eval_tasks: int, scratch: bool,
@@ -231,7 +233,8 @@ def reached(run: dict[str, Any], goal: float) -> int | None:
 
 def _credit(run: dict[str, Any]) -> str:
     """The run's credit, with the trainer options it changed (``--set``)."""
-    return run["credit"] + "".join(f" {k}={v}" for k, v in sorted(run.get("given", {}).items()))
+    start = "" if run.get("start", "default") == "default" else " start=pretrained"
+    return run["credit"] + "".join(f" {k}={v}" for k, v in sorted(run.get("given", {}).items())) + start
 
 
 def table(runs: Sequence[dict[str, Any]], goal: float) -> str:
@@ -257,12 +260,15 @@ async def main_async(args: argparse.Namespace) -> None:
     from focus.backends import LocalModelServer
 
     shape = tuple(int(x) for x in args.shape.split("x"))
+    from benchmarks.learning_start import start_weights
+
     given = learning.given_options(args)
+    weights = start_weights(args.start)
     with tempfile.TemporaryDirectory(prefix="focus-ceiling-") as tmp, LocalModelServer() as server:
         for seed in args.seeds:
             for credit in args.credit:
                 run = await ceiling_run(args.task, seed, (shape[0], shape[1]), credit, args.updates, args.wrong,
-                                        args.eval_tasks, server, Path(tmp), given)  # fmt: skip
+                                        args.eval_tasks, server, Path(tmp), given, weights)  # fmt: skip
                 with args.out.open("a") as f:
                     f.write(json.dumps(run) + "\n")
                 curve = " ".join(f"{p['success']:.2f}" for p in run["points"])
@@ -271,7 +277,10 @@ async def main_async(args: argparse.Namespace) -> None:
                     kl += "; p_right/p_other/p_789 " + " ".join(
                         f"{p['p_right']:.2f}/{p['p_other']:.2f}/{p['p_789']:.2f}" for p in run["points"]
                     )
-                print(f"{args.task} {args.shape} {credit} {given} s{seed}: {curve}; KL {kl}", flush=True)
+                print(
+                    f"{args.task} {args.shape} {credit} {given} start {args.start} s{seed}: {curve}; KL {kl}",
+                    flush=True,
+                )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -287,6 +296,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a trainer option (UpdateConfig)")
     ap.add_argument("--out", type=Path, default=Path("runs/ceiling.jsonl"))
     ap.add_argument("--report", action="store_true", help="print the table of --out; run nothing")
+    ap.add_argument("--start", choices=["default", "pretrained"], default="default",
+                    help="the starting policy: the committed weights, or those with the cue lookup (learning_start)")  # fmt: skip
     ap.add_argument(
         "--supervised",
         type=int,

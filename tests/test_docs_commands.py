@@ -242,6 +242,36 @@ COMMANDS: dict[str, Check] = {
     "--out runs/h60c/supervised-1500.jsonl": Check(
         "parse", "1,500 supervised steps, about 12 minutes on 2 loaded cores"
     ),
+    ".venv/bin/python -m benchmarks.learning_start": Check(
+        "parse", "500 supervised steps, about 6 minutes on 2 loaded cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning_start --init default --lr 3e-3 --steps 600 --steps-taught every "
+    "--cache runs/h61c/start": Check("parse", "600 supervised steps on every step's prompt, about 10 minutes"),
+    ".venv/bin/python -m benchmarks.learning_start --init default --lr 1e-2 --steps 2000 --steps-taught every "
+    "--cache runs/h61c/start": Check("parse", "2,000 supervised steps, about 50 minutes on 2 loaded cores"),
+    ".venv/bin/python -m benchmarks.learning_start --init scratch --lr 1e-3 --steps 400 --steps-taught every "
+    "--cache runs/h61c/start": Check("parse", "400 supervised steps, about 13 minutes on 2 loaded cores"),
+    ".venv/bin/python -m benchmarks.learning_start --init scratch --lr 1e-3 --steps 1000 --seed 1 --steps-taught every "
+    "--cache runs/h61c/start": Check("parse", "1,000 supervised steps, about 20 minutes on 2 loaded cores"),
+    ".venv/bin/python -m benchmarks.learning_start --init default --lr 3e-3 --steps 500 --cache runs/h61c/start": Check(
+        "parse", "500 supervised steps, about 6 minutes on 2 loaded cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning_ceiling --task cued-corridor-early --start pretrained --seeds 0 1 2 "
+    "--updates 9 --credit decisive --out runs/h61c/ceil/cued-corridor-early.jsonl": Check(
+        "parse", "27 oracle updates and 30 evaluations, about 30 minutes on 2 loaded cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning_ceiling --task cued-corridor-late --start pretrained --seeds 0 1 2 "
+    "--updates 9 --credit decisive --out runs/h61c/ceil/cued-corridor-late.jsonl": Check(
+        "parse", "27 oracle updates and 30 evaluations, about 30 minutes on 2 loaded cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning_ceiling --task cued-bridge --start pretrained --seeds 0 1 2 "
+    "--updates 9 --credit decisive --out runs/h61c/ceil/cued-bridge.jsonl": Check(
+        "parse", "27 oracle updates and 30 evaluations, about 30 minutes on 2 loaded cores"
+    ),
+    ".venv/bin/python -m benchmarks.learning --tasks cued-corridor-early --start pretrained --methods focus grpo uniform "
+    "--seeds 0 1 2 3 4 --jobs 3 --out runs/h61c/learn-early": Check(
+        "parse", "15 learning runs from the start with the cue lookup, about 25 minutes on 2 loaded cores"
+    ),
     ".venv/bin/python -m benchmarks.learning_cues --seeds 0 1 2 --jobs 1 --out runs/cues.jsonl": Check(
         "parse", "18 learning runs of the cued tasks, about 25 minutes on 2 cores"
     ),
