@@ -69,8 +69,8 @@ lint: $(STAMP)
 # long tests (a minute each) do not run on one worker while the other waits.
 # -n 3 on 2 cores: about a third of a worker's time is spent waiting on servers and
 # processes, which a third worker fills. A fresh clone, 2 cores: -n 2 took 14:02 on a
-# quiet machine (2026-12-07); -n 3 10:53 and -n 4 10:34 with another session's
-# benchmark running (2026-12-08); about 1,120 CPU-s in each run.
+# quiet machine (2026-12-07); -n 3 9:41 quiet (2026-12-08), and 10:53 against -n 4's
+# 10:34 with another session's benchmark running; about 1,120 CPU-s in each run.
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -n 3 --dist worksteal tests
 
